@@ -1,0 +1,3 @@
+from perseus.cli.main import entry
+
+entry()

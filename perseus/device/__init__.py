@@ -1,0 +1,2 @@
+"""device."""
+__all__: list[str] = []

@@ -1,0 +1,50 @@
+"""The GPU interface every backend implements (NVML, simulated) and the agent relies on.
+
+Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the driver's
+list (nearest supported clock) and returns the clock actually requested from the driver.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+__all__ = ["GPU"]
+
+
+@runtime_checkable
+class GPU(Protocol):
+    """One physical GPU, identified by UUID."""
+
+    @property
+    def uuid(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        """Supported SM clocks, highest first."""
+        ...
+
+    def set_locked_clock(self, freq_mhz: int) -> int:
+        """Lock the SM clock to the supported clock nearest ``freq_mhz``; return that clock."""
+        ...
+
+    def reset_locked_clock(self) -> None:
+        """Remove the lock (the driver's default DVFS resumes)."""
+        ...
+
+    def locked_clock_mhz(self) -> int | None:
+        """The current lock, or None when unlocked."""
+        ...
+
+    def current_clock_mhz(self) -> int:
+        """The SM clock the GPU runs at now."""
+        ...
+
+    def energy_mj(self) -> int:
+        """Cumulative energy counter in millijoules (monotone; NVML's TotalEnergyConsumption)."""
+        ...
+
+    def power_w(self) -> float:
+        """Current power draw in watts."""
+        ...

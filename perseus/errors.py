@@ -1,0 +1,67 @@
+"""The PerseusError tree.
+
+Everything perseus raises on purpose derives from :class:`PerseusError`. Bad input (profiles,
+schedules, plans, configs) raises a :class:`ConfigError`, which the CLI turns into one line on
+stderr and exit code 2. Vendor errors (NVML) are wrapped once, in the device layer, with
+``raise ... from e``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DeviceBusyError",
+    "DeviceError",
+    "DeviceLostError",
+    "DeviceNotSupportedError",
+    "DevicePermissionError",
+    "InfeasibleError",
+    "PerseusError",
+    "PlanError",
+    "ProfileError",
+    "ScheduleError",
+]
+
+
+class PerseusError(Exception):
+    """Base class of every error perseus raises deliberately."""
+
+
+class ConfigError(PerseusError, ValueError):
+    """Bad user input: the message names the file, the field or line, and the fix."""
+
+
+class ScheduleError(ConfigError):
+    """A pipeline schedule is malformed (missing, duplicated or deadlocking actions)."""
+
+
+class ProfileError(ConfigError):
+    """A time/energy profile is malformed or incomplete."""
+
+
+class PlanError(ConfigError):
+    """A plan or frontier file does not match its schema or its job."""
+
+
+class InfeasibleError(PerseusError):
+    """No plan satisfies the request (e.g. a deadline below the fastest possible time)."""
+
+
+class DeviceError(PerseusError):
+    """A GPU operation failed."""
+
+
+class DevicePermissionError(DeviceError):
+    """The process may read the GPU but not change its clocks."""
+
+
+class DeviceNotSupportedError(DeviceError):
+    """The GPU or driver does not support the operation (pre-Volta, MIG, ...)."""
+
+
+class DeviceLostError(DeviceError):
+    """The GPU fell off the bus or stopped answering."""
+
+
+class DeviceBusyError(DeviceError):
+    """Another live process owns the GPU's clocks."""

@@ -1,0 +1,28 @@
+"""File formats: profiles (CSV/JSON), plans and frontiers (JSON), bundled data, atomic writes."""
+
+from perseus.io.atomic import atomic_directory, atomic_write_bytes, atomic_write_text
+from perseus.io.bundled import (
+    BUNDLED_PROFILES,
+    BundledProfile,
+    default_blocking_power_w,
+    load_profile,
+    resolve_profile_path,
+)
+from perseus.io.frontier_files import read_frontier, write_frontier
+from perseus.io.profile_files import read_profile, write_profile_csv, write_profile_json
+
+__all__ = [
+    "BUNDLED_PROFILES",
+    "BundledProfile",
+    "atomic_directory",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "default_blocking_power_w",
+    "load_profile",
+    "read_frontier",
+    "read_profile",
+    "resolve_profile_path",
+    "write_frontier",
+    "write_profile_csv",
+    "write_profile_json",
+]

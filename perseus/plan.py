@@ -1,0 +1,142 @@
+"""Frequency plans and frontiers as validated data (never code).
+
+A frontier file holds the job it was computed for, every rank's ops in execution order
+(``stage_ops``), the all-max baseline and a list of points, each a full frequency plan with its
+exact time and energy. A single plan file has the same shape with one point. See the README's
+"File formats" section for an example.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perseus.errors import InfeasibleError, PlanError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Baseline",
+    "Frontier",
+    "JobSpec",
+    "PlanPoint",
+]
+
+SCHEMA_VERSION = 1
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class JobSpec(BaseModel):
+    """What a plan was computed for; a plan is only valid for the same job."""
+
+    model_config = _FROZEN
+
+    schedule: str
+    ranks: PositiveInt
+    stages: PositiveInt
+    microbatches: PositiveInt
+    virtual_stages: PositiveInt = 1
+    blocking_power_w: Annotated[float, Field(ge=0)]
+    profile_sha256: str
+    p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
+    backward_split: Annotated[float, Field(gt=0, lt=1)] | None = None
+    profile_name: str | None = None
+
+
+class Baseline(BaseModel):
+    """The all-max plan's exact figures."""
+
+    model_config = _FROZEN
+
+    time_s: Annotated[float, Field(gt=0)]
+    energy_j: Annotated[float, Field(gt=0)]
+
+
+class PlanPoint(BaseModel):
+    """One plan: ``freqs_mhz[r][j]`` is the clock of ``stage_ops[r][j]``."""
+
+    model_config = _FROZEN
+
+    time_s: Annotated[float, Field(gt=0)]
+    energy_j: Annotated[float, Field(gt=0)]
+    freqs_mhz: tuple[tuple[PositiveInt, ...], ...]
+
+
+class Frontier(BaseModel):
+    """A time–energy frontier (or, with one point, a single plan)."""
+
+    model_config = _FROZEN
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    job: JobSpec
+    stage_ops: tuple[tuple[str, ...], ...]
+    baseline: Baseline
+    points: tuple[PlanPoint, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> Frontier:
+        if len(self.stage_ops) != self.job.ranks:
+            raise ValueError(
+                f"stage_ops has {len(self.stage_ops)} ranks but job.ranks is {self.job.ranks}"
+            )
+        shape = [len(ops) for ops in self.stage_ops]
+        for i, p in enumerate(self.points):
+            got = [len(f) for f in p.freqs_mhz]
+            if got != shape:
+                raise ValueError(
+                    f"points[{i}].freqs_mhz has shape {got}, stage_ops has {shape}"
+                )
+        for i in range(1, len(self.points)):
+            if self.points[i].time_s < self.points[i - 1].time_s:
+                raise ValueError(
+                    f"points must be sorted by time_s ascending; points[{i}] "
+                    f"({self.points[i].time_s}) < points[{i - 1}] ({self.points[i - 1].time_s})"
+                )
+        return self
+
+    @property
+    def fastest(self) -> PlanPoint:
+        """The point with the lowest iteration time."""
+        return self.points[0]
+
+    @property
+    def min_energy(self) -> PlanPoint:
+        """The point with the lowest energy (T*, the slowest useful plan)."""
+        return min(self.points, key=lambda p: (p.energy_j, p.time_s))
+
+    def cheapest_within(self, time_s: float) -> PlanPoint:
+        """The lowest-energy point no slower than ``time_s``.
+
+        Points slower than the minimum-energy point are never useful, so for ``time_s`` beyond
+        T* this returns the minimum-energy point.
+
+        Raises:
+            InfeasibleError: if even the fastest point is slower than ``time_s``.
+        """
+        feasible = [p for p in self.points if p.time_s <= time_s * (1 + 1e-12)]
+        if not feasible:
+            raise InfeasibleError(
+                f"no plan finishes within {time_s:.6g} s; the fastest takes "
+                f"{self.fastest.time_s:.6g} s"
+            )
+        return min(feasible, key=lambda p: (p.energy_j, -p.time_s))
+
+    def with_points(self, points: tuple[PlanPoint, ...] | list[PlanPoint]) -> Frontier:
+        """A copy with other points (e.g. one chosen plan)."""
+        return self.model_copy(update={"points": tuple(points)})
+
+    def check_job(self, job: JobSpec) -> None:
+        """Raise :class:`PlanError` unless this frontier was computed for ``job``.
+
+        The schedule, sizes and profile hash must match; blocking power may differ (it only
+        changes the figures, not what the ops are).
+        """
+        mine = self.job.model_dump(exclude={"blocking_power_w", "profile_name"})
+        theirs = job.model_dump(exclude={"blocking_power_w", "profile_name"})
+        diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
+        if diff:
+            fields = "; ".join(f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items())
+            raise PlanError(f"plan was computed for another job ({fields}); recompute it")

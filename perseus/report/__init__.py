@@ -1,0 +1,2 @@
+"""report."""
+__all__: list[str] = []

@@ -1,0 +1,2 @@
+"""runtime."""
+__all__: list[str] = []

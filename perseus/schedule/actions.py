@@ -1,0 +1,110 @@
+"""The action IR: one compute action of one rank, in torch.distributed.pipelining's vocabulary.
+
+An action is written like torch writes ``_Action``: ``"<stage_index><kind><microbatch_index>"``,
+e.g. ``"1F0"`` is stage 1's forward of microbatch 0. Kinds are ``F`` (forward), ``B`` (backward;
+the full backward, or the input-gradient half when a schedule splits it) and ``W`` (the
+weight-gradient half of a split backward).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from perseus.errors import ScheduleError
+
+__all__ = ["Action", "Kind", "Schedule", "parse_action"]
+
+
+class Kind(str, enum.Enum):
+    """Computation kind of an action; the value is torch's one-letter code."""
+
+    F = "F"
+    B = "B"
+    W = "W"
+
+    @property
+    def profile_name(self) -> str:
+        """The instruction name used in profile files (``forward``/``backward``/``weight``)."""
+        return _PROFILE_NAMES[self]
+
+    @classmethod
+    def from_profile_name(cls, name: str) -> Kind:
+        """Map a profile instruction name to a kind; raises KeyError for unknown names."""
+        return _FROM_PROFILE_NAMES[name]
+
+
+_PROFILE_NAMES = {Kind.F: "forward", Kind.B: "backward", Kind.W: "weight"}
+_FROM_PROFILE_NAMES = {v: k for k, v in _PROFILE_NAMES.items()}
+
+_ACTION_RE = re.compile(r"^(\d+)([FBW])(\d+)$")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Action:
+    """One compute action: ``kind`` of ``microbatch_index`` on ``stage_index``."""
+
+    stage_index: int
+    kind: Kind
+    microbatch_index: int
+
+    def __str__(self) -> str:
+        return f"{self.stage_index}{self.kind.value}{self.microbatch_index}"
+
+    def op_name(self, with_stage: bool) -> str:
+        """The plan-file name of this action: ``F3``, or ``F3@5`` when ranks hold several stages."""
+        name = f"{self.kind.value}{self.microbatch_index}"
+        return f"{name}@{self.stage_index}" if with_stage else name
+
+
+def parse_action(text: str) -> Action:
+    """Parse torch's ``"1F0"`` notation into an :class:`Action`.
+
+    Raises:
+        ScheduleError: if ``text`` is not of the form ``<stage><F|B|W><microbatch>``.
+    """
+    match = _ACTION_RE.match(text.strip())
+    if match is None:
+        raise ScheduleError(
+            f"action {text!r} is not of the form <stage><F|B|W><microbatch>, e.g. '1F0'"
+        )
+    return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A pipeline schedule: every rank's compute actions in execution order.
+
+    Attributes:
+        name: The builder's name (``gpipe``, ``1f1b``, ``interleaved``, ``zb``) or a free label.
+        num_stages: Model stages (profile stages), ``num_ranks * virtual_stages``.
+        num_microbatches: Microbatches per iteration.
+        stage_to_rank: ``stage_to_rank[s]`` is the rank that runs stage ``s``.
+        rank_actions: ``rank_actions[r]`` lists rank ``r``'s actions in execution order.
+    """
+
+    name: str
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    rank_actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.rank_actions)
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.num_stages // max(1, self.num_ranks)
+
+    @property
+    def has_weight_actions(self) -> bool:
+        return any(a.kind is Kind.W for acts in self.rank_actions for a in acts)
+
+    def stage_ops(self) -> tuple[tuple[str, ...], ...]:
+        """Per-rank op names as written in plan files (``F3``, or ``F3@5`` for multi-stage ranks)."""
+        with_stage = self.virtual_stages > 1 or self.num_stages != self.num_ranks
+        return tuple(
+            tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions
+        )

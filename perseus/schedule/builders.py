@@ -1,0 +1,249 @@
+"""Builders for the common pipeline schedules, returning validated :class:`Schedule` values.
+
+Sizes follow torch: ``stages`` counts model stages (profile stages), ``virtual_stages`` is stages
+per rank (1 except for interleaved), and ``ranks = stages / virtual_stages``. Stage ``s`` runs on
+rank ``s % ranks`` (torch's looped placement).
+
+* ``gpipe``: all forwards, then all backwards.
+* ``1f1b``: ``S - r - 1`` warm-up forwards on rank ``r``, then one forward / one backward,
+  then the remaining backwards (PipeDream-flush).
+* ``interleaved``: Megatron's interleaved 1F1B in torch's formulation (rounds of
+  ``microbatches_per_round`` microbatches, warm-up ``(V-1)·mpr + 2·(R-1-r)`` forwards), so that
+  the order equals ``ScheduleInterleaved1F1B``'s.
+* ``zb``: ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward is split into
+  ``B`` (input gradient) and ``W`` (weight gradient); a greedy list scheduler with nominal unit
+  durations runs, whenever a rank is free, a ready ``B`` first, then an ``F`` if fewer than
+  ``S - r`` microbatches are in flight (1F1B's activation memory), then a pending ``W``. ``W``
+  therefore fills the bubbles that 1F1B leaves at the end of the iteration.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from perseus.errors import ScheduleError
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.validate import validate_schedule
+
+__all__ = [
+    "SCHEDULE_NAMES",
+    "build_schedule",
+    "gpipe",
+    "interleaved_1f1b",
+    "one_f_one_b",
+    "schedule_from_actions",
+    "zero_bubble_h1",
+]
+
+
+def _check_sizes(stages: int, microbatches: int) -> None:
+    if stages < 1:
+        raise ScheduleError(f"--stages must be >= 1, got {stages}")
+    if microbatches < 1:
+        raise ScheduleError(f"--microbatches must be >= 1, got {microbatches}")
+
+
+def _looped(stages: int, ranks: int) -> tuple[int, ...]:
+    return tuple(s % ranks for s in range(stages))
+
+
+def schedule_from_actions(
+    name: str,
+    rank_actions: list[list[Action]] | tuple[tuple[Action, ...], ...],
+    num_stages: int,
+    num_microbatches: int,
+    stage_to_rank: tuple[int, ...] | None = None,
+) -> Schedule:
+    """Wrap explicit per-rank action lists (e.g. from another engine) and validate them.
+
+    ``stage_to_rank`` defaults to the rank on which each stage's actions appear.
+
+    Raises:
+        ScheduleError: if the actions are incomplete, misplaced or deadlock.
+    """
+    acts = tuple(tuple(ra) for ra in rank_actions)
+    if stage_to_rank is None:
+        placement: dict[int, int] = {}
+        for rank, ra in enumerate(acts):
+            for a in ra:
+                placement.setdefault(a.stage_index, rank)
+        missing = [s for s in range(num_stages) if s not in placement]
+        if missing:
+            raise ScheduleError(f"no rank runs stage(s) {missing}")
+        stage_to_rank = tuple(placement[s] for s in range(num_stages))
+    schedule = Schedule(name, num_stages, num_microbatches, stage_to_rank, acts)
+    validate_schedule(schedule)
+    return schedule
+
+
+def gpipe(stages: int, microbatches: int) -> Schedule:
+    """GPipe: every rank runs all forwards, then all backwards, in microbatch order."""
+    _check_sizes(stages, microbatches)
+    acts = [
+        [Action(r, Kind.F, m) for m in range(microbatches)]
+        + [Action(r, Kind.B, m) for m in range(microbatches)]
+        for r in range(stages)
+    ]
+    return schedule_from_actions("gpipe", acts, stages, microbatches, _looped(stages, stages))
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """1F1B (PipeDream-flush): warm-up forwards, steady one-forward-one-backward, cool-down."""
+    _check_sizes(stages, microbatches)
+    acts = []
+    for r in range(stages):
+        warmup = min(stages - r - 1, microbatches)
+        ra = [Action(r, Kind.F, m) for m in range(warmup)]
+        for i in range(microbatches - warmup):
+            ra += [Action(r, Kind.F, warmup + i), Action(r, Kind.B, i)]
+        ra += [Action(r, Kind.B, m) for m in range(microbatches - warmup, microbatches)]
+        acts.append(ra)
+    return schedule_from_actions("1f1b", acts, stages, microbatches, _looped(stages, stages))
+
+
+def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """Interleaved 1F1B with ``virtual_stages`` stages per rank, in torch's order.
+
+    Raises:
+        ScheduleError: if ``stages`` is not a multiple of ``virtual_stages`` or the microbatches
+            do not split into whole rounds (torch's rule: ``M % max(1, M // ranks) == 0``).
+    """
+    _check_sizes(stages, microbatches)
+    if virtual_stages < 1 or stages % virtual_stages:
+        raise ScheduleError(
+            f"--stages ({stages}) must be a multiple of --virtual-stages ({virtual_stages})"
+        )
+    ranks, v = stages // virtual_stages, virtual_stages
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        raise ScheduleError(
+            f"interleaved 1F1B needs --microbatches ({microbatches}) to be a multiple of the "
+            f"number of rounds ({rounds} = microbatches // ranks); try a multiple of {ranks}"
+        )
+    per_round = microbatches // rounds
+    total = v * microbatches
+    acts = []
+    for r in range(ranks):
+        warmup = min((v - 1) * per_round + 2 * (ranks - 1 - r), total)
+
+        def fwd_stage(step: int, r: int = r) -> int:
+            return ((step // per_round) % v) * ranks + r
+
+        def bwd_stage(step: int, r: int = r, warmup: int = warmup) -> int:
+            return (v - 1 - ((step - warmup) // per_round) % v) * ranks + r
+
+        next_f: dict[int, int] = {}
+        next_b: dict[int, int] = {}
+
+        def take(counter: dict[int, int], stage: int) -> int:
+            m = counter.get(stage, 0)
+            counter[stage] = m + 1
+            return m
+
+        ra: list[Action] = []
+        for step in range(warmup):
+            s = fwd_stage(step)
+            ra.append(Action(s, Kind.F, take(next_f, s)))
+        for step in range(warmup, total):
+            s = fwd_stage(step)
+            ra.append(Action(s, Kind.F, take(next_f, s)))
+            s = bwd_stage(step)
+            ra.append(Action(s, Kind.B, take(next_b, s)))
+        for step in range(total, total + warmup):
+            s = bwd_stage(step)
+            ra.append(Action(s, Kind.B, take(next_b, s)))
+        acts.append(ra)
+    return schedule_from_actions(
+        "interleaved", acts, stages, microbatches, _looped(stages, ranks)
+    )
+
+
+def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
+    """ZB-H1: 1F1B memory, backward split into ``B`` and ``W``, ``W`` filling bubbles.
+
+    Built by a deterministic greedy list scheduler with unit durations for F, B and W
+    (the ZB paper's T_F = T_B = T_W assumption); see the module docstring.
+
+    Complexity: O(A log R) for A actions and R ranks.
+    """
+    _check_sizes(stages, microbatches)
+    S, M = stages, microbatches
+    end: dict[Action, float] = {}
+    nf, nb, nw = [0] * S, [0] * S, [0] * S
+    free = [0.0] * S
+    acts: list[list[Action]] = [[] for _ in range(S)]
+
+    def ready(a: Action) -> float | None:
+        if a.kind is Kind.F:
+            dep = Action(a.stage_index - 1, Kind.F, a.microbatch_index) if a.stage_index else None
+        elif a.stage_index == S - 1:
+            dep = Action(a.stage_index, Kind.F, a.microbatch_index)
+        else:
+            dep = Action(a.stage_index + 1, Kind.B, a.microbatch_index)
+        if dep is None:
+            return 0.0
+        return end.get(dep)
+
+    def choose(r: int) -> tuple[float, Action] | None:
+        cands: list[tuple[float, int, Action]] = []
+        if nb[r] < nf[r]:
+            a = Action(r, Kind.B, nb[r])
+            t = ready(a)
+            if t is not None:
+                cands.append((max(t, free[r]), 0, a))
+        if nf[r] < M and nf[r] - nw[r] < S - r:
+            a = Action(r, Kind.F, nf[r])
+            t = ready(a)
+            if t is not None:
+                cands.append((max(t, free[r]), 1, a))
+        if nw[r] < nb[r]:
+            cands.append((free[r], 2, Action(r, Kind.W, nw[r])))
+        if not cands:
+            return None
+        start = min(c[0] for c in cands)
+        _, _, action = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
+        return start, action
+
+    total = 3 * S * M
+    while sum(len(a) for a in acts) < total:
+        options = [(c[0], r, c[1]) for r in range(S) if (c := choose(r)) is not None]
+        if not options:  # cannot happen for S - r >= 1; kept as a clear error, not a hang
+            raise ScheduleError(f"zero-bubble construction stalled at S={S}, M={M}")
+        start, r, action = heapq.nsmallest(1, options, key=lambda o: (o[0], o[1]))[0]
+        acts[r].append(action)
+        end[action] = start + 1.0
+        free[r] = start + 1.0
+        counter = {Kind.F: nf, Kind.B: nb, Kind.W: nw}[action.kind]
+        counter[r] += 1
+    return schedule_from_actions("zb", acts, S, M, _looped(S, S))
+
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb")
+
+_BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
+    "gpipe": lambda s, m, v: gpipe(s, m),
+    "1f1b": lambda s, m, v: one_f_one_b(s, m),
+    "interleaved": interleaved_1f1b,
+    "zb": lambda s, m, v: zero_bubble_h1(s, m),
+}
+
+
+def build_schedule(
+    name: str, stages: int, microbatches: int, virtual_stages: int = 1
+) -> Schedule:
+    """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
+
+    Raises:
+        ScheduleError: for an unknown name, bad sizes, or ``virtual_stages != 1`` on a
+            schedule that has one stage per rank.
+    """
+    if name not in _BUILDERS:
+        raise ScheduleError(
+            f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}"
+        )
+    if name != "interleaved" and virtual_stages != 1:
+        raise ScheduleError(
+            f"--virtual-stages {virtual_stages} only applies to the interleaved schedule"
+        )
+    return _BUILDERS[name](stages, microbatches, virtual_stages)

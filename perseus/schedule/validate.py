@@ -1,0 +1,127 @@
+"""Schedule validation with torch-style rank × step grids in the error message.
+
+A schedule is valid when every stage runs ``F`` and ``B`` (and, if any rank runs ``W``, also
+``W``) exactly once per microbatch, on the rank that holds the stage, and the ranks' orders
+cannot deadlock: executing each rank's list in order, respecting the data dependencies of
+:mod:`perseus.schedule.dependencies`, finishes every action. Errors print the grid with the
+offending cells marked, as torch's ``_format_pipeline_order`` does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from perseus.errors import ScheduleError
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.dependencies import action_dependencies
+
+__all__ = ["format_grid", "validate_schedule"]
+
+
+def format_grid(
+    rank_actions: tuple[tuple[Action, ...], ...], marked: Iterable[tuple[int, int]] = ()
+) -> str:
+    """Render a rank × step grid; cells ``(rank, step)`` in ``marked`` are flagged with ``!``."""
+    marks = set(marked)
+    num_steps = max((len(a) for a in rank_actions), default=0)
+    cells = [
+        [
+            (str(acts[step]) + ("!" if (rank, step) in marks else "")) if step < len(acts) else ""
+            for rank, acts in enumerate(rank_actions)
+        ]
+        for step in range(num_steps)
+    ]
+    header = [f"Rank {r}" for r in range(len(rank_actions))]
+    width = max([len(h) for h in header] + [len(c) for row in cells for c in row] + [1])
+    step_w = len(f"Step {max(num_steps - 1, 0):02d}")
+    lines = [" " * step_w + "  " + "  ".join(h.ljust(width) for h in header)]
+    for step, row in enumerate(cells):
+        label = f"Step {step:02d}".ljust(step_w)
+        lines.append(label + "  " + "  ".join(c.ljust(width) for c in row).rstrip())
+    return "\n".join(lines)
+
+
+def validate_schedule(schedule: Schedule) -> None:
+    """Check completeness, placement and deadlock freedom of ``schedule``.
+
+    Raises:
+        ScheduleError: naming the problem, with the rank × step grid and the bad cells marked.
+
+    Complexity: O(A) for A actions (the deadlock check advances every rank at most A times in
+    total, each step O(1) amortised).
+    """
+    acts = schedule.rank_actions
+    S, M = schedule.num_stages, schedule.num_microbatches
+    if S < 1 or M < 1:
+        raise ScheduleError(f"schedule needs stages >= 1 and microbatches >= 1, got {S} and {M}")
+    if len(schedule.stage_to_rank) != S:
+        raise ScheduleError(
+            f"stage_to_rank has {len(schedule.stage_to_rank)} entries for {S} stages"
+        )
+
+    def fail(message: str, marked: Iterable[tuple[int, int]]) -> ScheduleError:
+        return ScheduleError(f"{message}\n{format_grid(acts, marked)}")
+
+    kinds = [Kind.F, Kind.B] + ([Kind.W] if schedule.has_weight_actions else [])
+    counts = Counter(a for rank_acts in acts for a in rank_acts)
+    for rank, rank_acts in enumerate(acts):
+        for step, a in enumerate(rank_acts):
+            if not (0 <= a.stage_index < S and 0 <= a.microbatch_index < M):
+                raise fail(
+                    f"action {a} at rank {rank} step {step} is out of range "
+                    f"(stages 0..{S - 1}, microbatches 0..{M - 1})",
+                    [(rank, step)],
+                )
+            if schedule.stage_to_rank[a.stage_index] != rank:
+                raise fail(
+                    f"action {a} at rank {rank} step {step} belongs to rank "
+                    f"{schedule.stage_to_rank[a.stage_index]} (stage {a.stage_index})",
+                    [(rank, step)],
+                )
+            if counts[a] > 1:
+                dups = [(r, i) for r, ra in enumerate(acts) for i, b in enumerate(ra) if b == a]
+                raise fail(f"action {a} appears {counts[a]} times", dups)
+    for s in range(S):
+        for kind in kinds:
+            for m in range(M):
+                if Action(s, kind, m) not in counts:
+                    raise fail(
+                        f"action {Action(s, kind, m)} (stage {s} {kind.profile_name} of "
+                        f"microbatch {m}) is missing from rank {schedule.stage_to_rank[s]}",
+                        [],
+                    )
+    _check_deadlock(schedule, fail)
+
+
+def _check_deadlock(
+    schedule: Schedule, fail: Callable[[str, Iterable[tuple[int, int]]], ScheduleError]
+) -> None:
+    acts = schedule.rank_actions
+    done: set[Action] = set()
+    pos = [0] * len(acts)
+    remaining = sum(len(a) for a in acts)
+    while remaining:
+        progressed = False
+        for rank, rank_acts in enumerate(acts):
+            while pos[rank] < len(rank_acts):
+                a = rank_acts[pos[rank]]
+                if all(d in done for d in action_dependencies(a, schedule.num_stages)):
+                    done.add(a)
+                    pos[rank] += 1
+                    remaining -= 1
+                    progressed = True
+                else:
+                    break
+        if not progressed:
+            stuck = [(r, pos[r]) for r in range(len(acts)) if pos[r] < len(acts[r])]
+            waits = ", ".join(
+                f"rank {r} waits at {acts[r][i]} for "
+                + "/".join(
+                    str(d)
+                    for d in action_dependencies(acts[r][i], schedule.num_stages)
+                    if d not in done
+                )
+                for r, i in stuck
+            )
+            raise fail(f"schedule deadlocks: {waits}", stuck)

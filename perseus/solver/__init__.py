@@ -1,0 +1,2 @@
+"""solver."""
+__all__: list[str] = []
