@@ -129,4 +129,3 @@ def make_job(
         profile_name=profile_name,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s))
-

@@ -22,7 +22,7 @@ __all__ = [
     "PlanPoint",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -86,9 +86,7 @@ class Frontier(BaseModel):
         for i, p in enumerate(self.points):
             got = [len(f) for f in p.freqs_mhz]
             if got != shape:
-                raise ValueError(
-                    f"points[{i}].freqs_mhz has shape {got}, stage_ops has {shape}"
-                )
+                raise ValueError(f"points[{i}].freqs_mhz has shape {got}, stage_ops has {shape}")
         for i in range(1, len(self.points)):
             if self.points[i].time_s < self.points[i - 1].time_s:
                 raise ValueError(
@@ -138,5 +136,7 @@ class Frontier(BaseModel):
         theirs = job.model_dump(exclude={"blocking_power_w", "profile_name"})
         diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
         if diff:
-            fields = "; ".join(f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items())
+            fields = "; ".join(
+                f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items()
+            )
             raise PlanError(f"plan was computed for another job ({fields}); recompute it")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,9 @@ BUNDLED = REPO / "perseus" / "data" / "profiles"
 
 
 @pytest.fixture(autouse=True)
-def _no_real_nvml(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _no_real_nvml(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Make ``pynvml.nvmlInit`` raise unless the test is marked ``gpu``."""
     if request.node.get_closest_marker("gpu") is not None:
         yield
@@ -47,6 +47,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _has_gpu() -> bool:
     return Path("/proc/driver/nvidia/version").exists()
-
-
-

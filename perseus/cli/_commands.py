@@ -19,6 +19,7 @@ _MODULES = (
     "evaluate",
     "report",
     "export",
+    "straggler_sweep",
     "straggler",
     "device",
 )

@@ -68,7 +68,7 @@ def _longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, Float
             if time_s.ndim == 1:
                 np.maximum.at(start, dst[edges], ready)
             else:
-                np.maximum.at(start, (slice(None), dst[edges]), ready)
+                np.maximum.at(start, (slice(None), dst[edges]), ready)  # type: ignore[arg-type]
         end[..., gen] = start[..., gen] + time_s[..., gen]
     return start, end
 
@@ -116,9 +116,7 @@ def op_costs(
     """
     freqs = np.asarray(freqs_mhz, dtype=np.int64)
     if freqs.shape != (graph.num_nodes,):
-        raise PlanError(
-            f"plan has {freqs.size} clocks but the schedule has {graph.num_nodes} ops"
-        )
+        raise PlanError(f"plan has {freqs.size} clocks but the schedule has {graph.num_nodes} ops")
     kinds = list(Kind)
     time_s = np.empty(graph.num_nodes)
     energy_j = np.empty(graph.num_nodes)

@@ -79,7 +79,9 @@ class OpGraph:
         (``nx.dag_longest_path_length``) equal the iteration time minus the sink's duration."""
         g = nx.DiGraph()
         g.add_nodes_from(range(self.num_nodes))
-        for e, (u, v) in enumerate(zip(self.edge_src.tolist(), self.edge_dst.tolist(), strict=True)):
+        for e, (u, v) in enumerate(
+            zip(self.edge_src.tolist(), self.edge_dst.tolist(), strict=True)
+        ):
             w = float(self.edge_latency_s[e]) + (float(time_s[u]) if time_s is not None else 0.0)
             g.add_edge(u, v, weight=w)
         return g
@@ -127,7 +129,9 @@ def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
     g.add_nodes_from(range(n))
     g.add_edges_from(ordered)
     try:
-        generations = tuple(np.array(sorted(gen), dtype=np.int64) for gen in nx.topological_generations(g))
+        generations = tuple(
+            np.array(sorted(gen), dtype=np.int64) for gen in nx.topological_generations(g)
+        )
     except nx.NetworkXUnfeasible:
         raise ScheduleError(f"schedule {schedule.name!r} has a dependency cycle") from None
     gen_of = np.empty(n, dtype=np.int64)

@@ -34,7 +34,9 @@ class BundledProfile:
 
 
 BUNDLED_PROFILES: tuple[BundledProfile, ...] = (
-    BundledProfile("gpt3-175b+a100_sxm_bf16", "a100", 83.64, "GPT-3 175B, 8 stages, A100 SXM4 80GB"),
+    BundledProfile(
+        "gpt3-175b+a100_sxm_bf16", "a100", 83.64, "GPT-3 175B, 8 stages, A100 SXM4 80GB"
+    ),
     BundledProfile("gpt3-175b+a40_bf16", "a40", 70.38, "GPT-3 175B, 8 stages, A40"),
 )
 
@@ -56,7 +58,9 @@ def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
         if str(arg) in (b.name, b.alias, f"{b.name}.csv"):
             return _bundled_path(b.name)
     names = ", ".join(f"{b.alias} ({b.name})" for b in BUNDLED_PROFILES)
-    raise ConfigError(f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {names}")
+    raise ConfigError(
+        f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {names}"
+    )
 
 
 def load_profile(arg: str | os.PathLike[str]) -> Profile:

@@ -25,7 +25,9 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     try:
         text = p.read_bytes()
     except FileNotFoundError:
-        raise PlanError(f"{p}: file not found; pass a plan/frontier JSON written by perseus") from None
+        raise PlanError(
+            f"{p}: file not found; pass a plan/frontier JSON written by perseus"
+        ) from None
     except OSError as e:
         raise PlanError(f"{p}: cannot read file ({e.strerror})") from None
     if not text.strip():

@@ -84,9 +84,7 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
             if not record or all(not c.strip() for c in record):
                 continue
             if len(record) < len(header):
-                raise ProfileError(
-                    f"{p}:{line}: expected {len(header)} fields, got {len(record)}"
-                )
+                raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
             row = _parse_fields(f"{p}:{line}", {k: record[i].strip() for k, i in col.items()})
             key = row[:3]
             if key in seen:
@@ -130,7 +128,9 @@ def _parse_fields(where: str, fields: dict[str, str]) -> Row:
             raise ProfileError(f"{where}: {name} {fields[name]!r} is not a number") from None
         if not math.isfinite(v) or v <= 0:
             unit = "s" if name == "time" else "J"
-            raise ProfileError(f"{where}: {name} must be a finite number > 0 {unit}, got {fields[name]}")
+            raise ProfileError(
+                f"{where}: {name} must be a finite number > 0 {unit}, got {fields[name]}"
+            )
         values.append(v)
     if stage < 0:
         raise ProfileError(f"{where}: stage must be >= 0, got {stage}")

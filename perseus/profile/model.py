@@ -110,10 +110,18 @@ class Profile:
         for (stage, kind), op in self.ops.items():
             for o in op.options:
                 if kind is Kind.B:
-                    rows.append((stage, Kind.B, o.freq_mhz, o.time_s * b_fraction,
-                                 o.energy_j * b_fraction))
-                    rows.append((stage, Kind.W, o.freq_mhz, o.time_s * (1 - b_fraction),
-                                 o.energy_j * (1 - b_fraction)))
+                    rows.append(
+                        (stage, Kind.B, o.freq_mhz, o.time_s * b_fraction, o.energy_j * b_fraction)
+                    )
+                    rows.append(
+                        (
+                            stage,
+                            Kind.W,
+                            o.freq_mhz,
+                            o.time_s * (1 - b_fraction),
+                            o.energy_j * (1 - b_fraction),
+                        )
+                    )
                 else:
                     rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j))
         return build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
@@ -140,7 +148,9 @@ def build_profile(
     """
     rows = list(rows)
     if not rows:
-        raise ProfileError(f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows")
+        raise ProfileError(
+            f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"
+        )
     grouped: dict[tuple[int, Kind], dict[int, OpOption]] = {}
     for stage, kind, freq, time_s, energy_j in rows:
         where = f"{source}: stage {stage} {kind.profile_name} at {freq} MHz"

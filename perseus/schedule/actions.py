@@ -105,6 +105,4 @@ class Schedule:
     def stage_ops(self) -> tuple[tuple[str, ...], ...]:
         """Per-rank op names as written in plan files (``F3``, or ``F3@5`` for multi-stage ranks)."""
         with_stage = self.virtual_stages > 1 or self.num_stages != self.num_ranks
-        return tuple(
-            tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions
-        )
+        return tuple(tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions)

@@ -154,9 +154,7 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
             s = bwd_stage(step)
             ra.append(Action(s, Kind.B, take(next_b, s)))
         acts.append(ra)
-    return schedule_from_actions(
-        "interleaved", acts, stages, microbatches, _looped(stages, ranks)
-    )
+    return schedule_from_actions("interleaved", acts, stages, microbatches, _looped(stages, ranks))
 
 
 def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
@@ -229,9 +227,7 @@ _BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
 }
 
 
-def build_schedule(
-    name: str, stages: int, microbatches: int, virtual_stages: int = 1
-) -> Schedule:
+def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
     """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
 
     Raises:
@@ -239,9 +235,7 @@ def build_schedule(
             schedule that has one stage per rank.
     """
     if name not in _BUILDERS:
-        raise ScheduleError(
-            f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}"
-        )
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     if name != "interleaved" and virtual_stages != 1:
         raise ScheduleError(
             f"--virtual-stages {virtual_stages} only applies to the interleaved schedule"

@@ -1,0 +1,111 @@
+"""Job configs: TOML files naming a profile, schedule, sizes and blocking power.
+
+A config is a complete, reviewable description of one planning job, so that
+``perseus frontier --config configs/gpt3-a100-1f1b-8x24.toml`` reproduces a figure without a
+long command line. Example::
+
+    description = "GPT-3 175B on A100 SXM4, 1F1B, 8 stages x 24 microbatches"
+    profile = "a100"            # bundled name, or a CSV/JSON path relative to this file
+    schedule = "1f1b"           # gpipe | 1f1b | interleaved | zb
+    stages = 8                  # optional: defaults to the profile's stage count
+    microbatches = 24
+    blocking_power_w = 83.64    # optional for bundled profiles (their measured value)
+    pipelines = 16              # optional: data-parallel pipelines, for straggler what-ifs
+
+Unknown keys are errors (a typo must not silently fall back to a default), and every error
+names the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from perseus.errors import ConfigError
+from perseus.io._errors import describe_validation_error
+
+__all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_config_profile"]
+
+CONFIG_SCHEMA_VERSION = 1
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class JobConfig(BaseModel):
+    """One planning job as written in a TOML config (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = CONFIG_SCHEMA_VERSION
+    description: str | None = None
+    profile: Annotated[str, Field(min_length=1)]
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
+    stages: PositiveInt | None = None
+    microbatches: PositiveInt
+    virtual_stages: PositiveInt = 1
+    blocking_power_w: Annotated[float, Field(ge=0)] | None = None
+    p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
+    backward_split: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    pipelines: Annotated[int, Field(ge=2)] | None = None
+
+
+def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
+    """Load and validate a TOML job config.
+
+    Returns:
+        The config and its path (relative profile paths resolve against its directory, see
+        :func:`resolve_config_profile`).
+
+    Raises:
+        ConfigError: ``"<file>: ..."`` for a missing/unreadable file, bad TOML (with line),
+            an unknown key or a bad value (with the key and the accepted values).
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found; pass a TOML job config (see configs/)") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config ({e.strerror})") from None
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text; a job config is a TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML ({e}); fix the syntax") from None
+    try:
+        config = JobConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_describe(str(p), e)) from None
+    return config, p
+
+
+def _describe(source: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    if first["type"] == "extra_forbidden":
+        key = ".".join(str(part) for part in first["loc"])
+        known = ", ".join(k for k in JobConfig.model_fields if k != "schema_version")
+        return f"{source}: unknown key {key!r}; remove it (known keys: {known})"
+    if first["type"] == "missing":
+        key = ".".join(str(part) for part in first["loc"])
+        return f"{source}: missing key {key!r}; add it (e.g. {key} = {_EXAMPLES.get(key, '...')})"
+    return describe_validation_error(source, error)
+
+
+_EXAMPLES = {"profile": '"a100"', "microbatches": "24"}
+
+
+def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
+    """The profile argument for :func:`perseus.io.bundled.resolve_profile_path`.
+
+    A profile that names an existing file relative to the config's directory becomes that
+    path; anything else (a bundled name, an absolute path) is passed through unchanged.
+    """
+    candidate = config_path.parent / config.profile
+    if not Path(config.profile).is_absolute() and candidate.is_file():
+        return str(candidate)
+    return config.profile

@@ -1,0 +1,149 @@
+"""Per-op cost curves: measured options, their Pareto set and lower convex hull.
+
+With blocking power ``P``, the energy of a plan that finishes at ``T`` is
+``Σ_i (e_i − P·t_i) + P·R·T`` (R ranks), so at a fixed deadline only the *effective* cost
+``c = e − P·t`` of each op matters. Per (stage, kind) we keep
+
+* the **options**: the Pareto-optimal measured clocks in (time, effective cost), sorted by time
+  ascending (so cost strictly decreasing). Real plans only ever use these clocks.
+* the **hull**: the lower convex hull of those options. A piecewise-linear convex cost model is
+  exactly the LP relaxation in which an op may mix two neighbouring clocks; its segment slopes
+  are the min-cut capacities of the frontier tracer. Unlike lowtime's exponential fit it has no
+  fitting error: every hull vertex *is* a measured clock.
+
+Ops of the same (stage, kind) share one curve ("type"), so the tables are tiny; per-node
+lookups index them with :attr:`CostModel.node_type`.
+
+Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.job import PlanningJob
+from perseus.profile.pareto import pareto_options
+from perseus.schedule.actions import Kind
+
+__all__ = ["CostModel", "build_cost_model", "lower_hull"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Padded per-type tables (one type per (stage, kind)) and per-node type ids.
+
+    Attributes:
+        node_type: (N,) type id of each node.
+        opt_time_s, opt_energy_j, opt_cost_j: (K, W) Pareto options per type, time ascending,
+            padded with ``inf`` time / last value.
+        opt_freq_mhz: (K, W) their clocks (padded with the last clock).
+        num_opts: (K,) real options per type.
+        hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
+        hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
+            ``j`` to ``j+1`` (positive, non-increasing in ``j``); 0 past the last segment.
+        num_hull: (K,) real hull vertices per type.
+        blocking_power_w: P used for effective cost.
+    """
+
+    node_type: IntArray
+    opt_time_s: FloatArray
+    opt_energy_j: FloatArray
+    opt_cost_j: FloatArray
+    opt_freq_mhz: IntArray
+    num_opts: IntArray
+    hull_time_s: FloatArray
+    hull_cost_j: FloatArray
+    hull_slope: FloatArray
+    num_hull: IntArray
+    blocking_power_w: float
+
+    def option_index_of_freqs(self, freqs_mhz: IntArray) -> IntArray:
+        """Per-node option index of a plan; -1 where the clock is not a Pareto option."""
+        table = self.opt_freq_mhz[self.node_type]
+        hit = table == np.asarray(freqs_mhz)[:, None]
+        width = self.num_opts[self.node_type]
+        hit &= np.arange(table.shape[1])[None, :] < width[:, None]
+        return np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
+
+
+def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
+    """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain).
+
+    Only the part from the fastest point to the cheapest one is kept; with Pareto input (cost
+    strictly decreasing) that is the whole lower hull.
+
+    Complexity: O(K) for K sorted points.
+    """
+    hull: list[int] = []
+    for i in range(len(time_s)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            cross = (time_s[b] - time_s[a]) * (cost_j[i] - cost_j[a]) - (cost_j[b] - cost_j[a]) * (
+                time_s[i] - time_s[a]
+            )
+            if cross <= 0:  # b lies on or above segment a-i
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.array(hull, dtype=np.int64)
+
+
+def build_cost_model(job: PlanningJob) -> CostModel:
+    """Pareto options and convex hulls of every (stage, kind) the job's DAG uses."""
+    graph, profile, power = job.graph, job.profile, job.blocking_power_w
+    kinds = list(Kind)
+    keys = sorted({(int(s), int(k)) for s, k in zip(graph.stage, graph.kind, strict=True)})
+    type_of = {key: i for i, key in enumerate(keys)}
+    node_type = np.array(
+        [type_of[(int(s), int(k))] for s, k in zip(graph.stage, graph.kind, strict=True)],
+        dtype=np.int64,
+    )
+    options = [pareto_options(profile.op(s, kinds[k]).options, power) for s, k in keys]
+    hulls = []
+    for opts in options:
+        t = np.array([o.time_s for o in opts])
+        c = np.array([o.energy_j - power * o.time_s for o in opts])
+        hulls.append(lower_hull(t, c))
+    width = max(len(o) for o in options)
+    hwidth = max(len(h) for h in hulls)
+    n_types = len(keys)
+    opt_t = np.full((n_types, width), np.inf)
+    opt_e = np.zeros((n_types, width))
+    opt_c = np.zeros((n_types, width))
+    opt_f = np.zeros((n_types, width), dtype=np.int64)
+    hull_t = np.full((n_types, hwidth), np.inf)
+    hull_c = np.zeros((n_types, hwidth))
+    slope = np.zeros((n_types, hwidth))
+    for k, (opts, hull) in enumerate(zip(options, hulls, strict=True)):
+        n = len(opts)
+        opt_t[k, :n] = [o.time_s for o in opts]
+        opt_e[k, :n] = [o.energy_j for o in opts]
+        opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
+        opt_f[k, :n] = [o.freq_mhz for o in opts]
+        opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
+        h = len(hull)
+        hull_t[k, :h] = opt_t[k, hull]
+        hull_c[k, :h] = opt_c[k, hull]
+        hull_c[k, h:] = hull_c[k, h - 1]
+        if h > 1:
+            slope[k, : h - 1] = -np.diff(hull_c[k, :h]) / np.diff(hull_t[k, :h])
+    return CostModel(
+        node_type=node_type,
+        opt_time_s=opt_t,
+        opt_energy_j=opt_e,
+        opt_cost_j=opt_c,
+        opt_freq_mhz=opt_f,
+        num_opts=np.array([len(o) for o in options], dtype=np.int64),
+        hull_time_s=hull_t,
+        hull_cost_j=hull_c,
+        hull_slope=slope,
+        num_hull=np.array([len(h) for h in hulls], dtype=np.int64),
+        blocking_power_w=power,
+    )

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perseus.errors import InfeasibleError, PlanError
+from perseus.io import load_profile, read_frontier, write_frontier
+from perseus.job import make_job
+
+
+@pytest.fixture(scope="module")
+def job():
+    return make_job(load_profile("a100"), "1f1b", 8, 4, 83.64, profile_name="a100")
+
+
+def _clock_plan(job, freq):
+    flat = job.allmax().copy()
+    flat[:] = freq
+    return job.point(flat)
+
+
+def test_round_trip_and_shape(tmp_path, job):
+    points = [job.point(job.allmax()), _clock_plan(job, 1200), _clock_plan(job, 1050)]
+    frontier = job.frontier(points)
+    path = tmp_path / "f.json"
+    write_frontier(frontier, path)
+    again = read_frontier(path)
+    assert again == frontier
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == 1
+    assert doc["stage_ops"][0][:3] == ["F0", "F1", "F2"]
+    assert len(doc["points"][0]["freqs_mhz"][7]) == 8
+    assert [p["time_s"] for p in doc["points"]] == sorted(p["time_s"] for p in doc["points"])
+
+
+def test_pick(job):
+    frontier = job.frontier(
+        [job.point(job.allmax()), _clock_plan(job, 1200), _clock_plan(job, 1080)]
+    )
+    assert frontier.cheapest_within(frontier.fastest.time_s) == frontier.fastest
+    assert frontier.cheapest_within(1e9) == frontier.min_energy
+    with pytest.raises(InfeasibleError, match="fastest takes"):
+        frontier.cheapest_within(frontier.fastest.time_s * 0.5)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda d: d.update(schema_version=2), "field schema_version"),
+        (lambda d: d["job"].pop("ranks"), "field job.ranks"),
+        (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz has shape"),
+        (lambda d: d["points"].reverse(), "sorted by time_s"),
+        (lambda d: d.update(code="__import__('os')"), "field code: Extra inputs"),
+        (lambda d: d["points"][0].update(time_s=-1), r"field points\.0\.time_s"),
+    ],
+)
+def test_bad_frontier_files(tmp_path, job, mutate, match):
+    frontier = job.frontier([job.point(job.allmax()), _clock_plan(job, 1200)])
+    doc = json.loads(frontier.model_dump_json())
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=match):
+        read_frontier(path)
+
+
+def test_empty_and_missing(tmp_path):
+    (tmp_path / "e.json").write_text("")
+    with pytest.raises(PlanError, match="empty"):
+        read_frontier(tmp_path / "e.json")
+    with pytest.raises(PlanError, match="not found"):
+        read_frontier(tmp_path / "x.json")
+
+
+def test_check_job_rejects_other_jobs(job):
+    frontier = job.frontier([job.point(job.allmax())])
+    other = make_job(load_profile("a100"), "gpipe", 8, 4, 83.64)
+    with pytest.raises(PlanError, match=r"job\.schedule: plan has '1f1b', run has 'gpipe'"):
+        other.check_frontier(frontier)
