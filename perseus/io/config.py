@@ -19,7 +19,7 @@ names the file, the key and the fix.
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,6 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the backport
+    import tomli as tomllib
 
 __all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_config_profile"]
 
