@@ -29,3 +29,17 @@ def test_atomic_directory_replaces_existing(tmp_path):
         (tmp / "new.txt").write_text("new")
     assert [p.name for p in target.iterdir()] == ["new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["report"]
+
+
+def test_outputs_get_ordinary_permissions(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "f.txt", "x")
+        with atomic_directory(tmp_path / "d") as tmp:
+            (tmp / "a").write_text("y")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
