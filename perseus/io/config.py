@@ -45,7 +45,7 @@ class JobConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = CONFIG_SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     description: str | None = None
     profile: Annotated[str, Field(min_length=1)]
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
@@ -73,7 +73,9 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found; pass a TOML job config (see configs/)") from None
+        raise ConfigError(
+            f"{p}: config file not found; pass a TOML job config (see configs/)"
+        ) from None
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config ({e.strerror})") from None
     try:

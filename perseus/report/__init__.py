@@ -1,2 +1,17 @@
-"""report."""
-__all__: list[str] = []
+"""Plots and the HTML report (the only package that imports matplotlib).
+
+Importing :mod:`perseus.report` loads matplotlib; the planning core never does.
+"""
+
+from perseus.report.build import REPORT_FILES, ReportInputs, write_report
+from perseus.report.summary import MeasuredRun, Summary, format_summary, summarize
+
+__all__ = [
+    "REPORT_FILES",
+    "MeasuredRun",
+    "ReportInputs",
+    "Summary",
+    "format_summary",
+    "summarize",
+    "write_report",
+]

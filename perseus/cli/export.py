@@ -1,0 +1,92 @@
+"""``perseus export``: write one plan of a frontier in another stack's format.
+
+``--format zeus-pfo`` writes what Zeus's pipeline frequency optimizer server serves to its
+ranks (see :mod:`perseus.io.zeus_export`). The plan is the fastest by default; ``--plan
+min-energy``, ``--plan INDEX`` or ``--max-time-s T`` (the cheapest plan within T) pick others.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from perseus.cli.demo import check_output_dir
+from perseus.errors import ConfigError
+from perseus.io.atomic import atomic_directory
+from perseus.io.frontier_files import read_frontier
+from perseus.io.zeus_export import ZEUS_PFO_FILES, write_zeus_pfo
+from perseus.plan import Frontier, PlanPoint
+
+__all__ = ["register", "run", "select_point"]
+
+_FORMATS = ("zeus-pfo",)
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("export", help="write a plan for another stack (Zeus PFO server)")
+    p.add_argument("frontier", metavar="FRONTIER.json", help="frontier or plan file")
+    p.add_argument("--format", required=True, choices=_FORMATS, help="output format")
+    p.add_argument(
+        "-o", "--out", required=True, metavar="DIR", help="output directory (replaced atomically)"
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--plan",
+        default="fastest",
+        metavar="fastest|min-energy|INDEX",
+        help="which point (default fastest)",
+    )
+    which.add_argument(
+        "--max-time-s",
+        type=float,
+        metavar="T",
+        help="the cheapest plan whose iteration time is at most T seconds",
+    )
+    p.set_defaults(handler=run)
+
+
+def select_point(frontier: Frontier, plan: str, max_time_s: float | None) -> tuple[int, PlanPoint]:
+    """The chosen point and its index.
+
+    Raises:
+        ConfigError: for an unknown name, an index out of range, or a time below T_min.
+    """
+    points = frontier.points
+    if max_time_s is not None:
+        if max_time_s < frontier.fastest.time_s * (1 - 1e-12):
+            raise ConfigError(
+                f"--max-time-s {max_time_s:g}: below the fastest plan ({frontier.fastest.time_s:.6g} s); "
+                f"pass a larger time"
+            )
+        point = frontier.cheapest_within(max_time_s)
+    elif plan == "fastest":
+        point = frontier.fastest
+    elif plan == "min-energy":
+        point = frontier.min_energy
+    else:
+        try:
+            index = int(plan)
+        except ValueError:
+            raise ConfigError(
+                f"--plan {plan!r}: use fastest, min-energy or an index 0..{len(points) - 1}"
+            ) from None
+        if not 0 <= index < len(points):
+            raise ConfigError(f"--plan {index}: the frontier has points 0..{len(points) - 1}")
+        return index, points[index]
+    return points.index(point), point
+
+
+def run(args: argparse.Namespace) -> int:
+    frontier = read_frontier(args.frontier)
+    index, point = select_point(frontier, args.plan, args.max_time_s)
+    out = Path(args.out)
+    check_output_dir(out, ZEUS_PFO_FILES, flag="-o")
+    with atomic_directory(out) as tmp:
+        write_zeus_pfo(frontier, point, tmp)
+    print(
+        f"plan {index} of {len(frontier.points)}: {point.time_s:.4f} s, {point.energy_j / 1e3:.3f} kJ "
+        f"({100 * (1 - point.energy_j / frontier.baseline.energy_j):.1f} % less energy than all-max)"
+    )
+    print(f"wrote {out}/ ({', '.join(ZEUS_PFO_FILES)}) for Zeus's pipeline frequency optimizer")
+    return 0

@@ -1,0 +1,130 @@
+"""Assemble a report directory: frontier.json, summary.json, three PNGs and report.html.
+
+The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
+directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perseus.io.atomic import atomic_write_bytes, atomic_write_text
+from perseus.io.frontier_files import write_frontier
+from perseus.job import PlanningJob
+from perseus.plan import Frontier, PlanPoint
+from perseus.report.frontier import plot_frontier
+from perseus.report.html import render_html
+from perseus.report.straggler import plot_straggler
+from perseus.report.summary import MeasuredRun, Summary, summarize
+from perseus.report.timeline import build_timeline, plot_timelines
+from perseus.sim.straggler_sweep import StragglerCase
+
+__all__ = ["REPORT_FILES", "ReportInputs", "write_report"]
+
+#: Every file a full report holds (timeline.png and straggler.png need a job and a sweep).
+REPORT_FILES = (
+    "frontier.json",
+    "summary.json",
+    "frontier.png",
+    "timeline.png",
+    "straggler.png",
+    "report.html",
+)
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report is built from.
+
+    Attributes:
+        frontier: The frontier (its fastest and minimum-energy plans are the headline).
+        job: The job the frontier was computed for; without it there is no timeline.
+        baselines: Baseline plans by name (``perseus.solver.baseline_plans``), may be empty.
+        global_clock: One-clock-for-all plans, drawn as a curve (may be empty).
+        sweep: Straggler sweep cases (may be empty: no straggler plot).
+        pipelines: Pipelines in the sweep.
+        measured: A run's predicted vs measured figures, if any.
+        title: Report title.
+        details: Extra rows for the job table (e.g. solve time, profile description).
+        notes: Lines shown at the end (e.g. why a plot is missing).
+    """
+
+    frontier: Frontier
+    job: PlanningJob | None = None
+    baselines: Mapping[str, PlanPoint] = field(default_factory=dict)
+    global_clock: Sequence[PlanPoint] = ()
+    sweep: Sequence[StragglerCase] = ()
+    pipelines: int | None = None
+    measured: MeasuredRun | None = None
+    title: str = "Perseus energy report"
+    details: Mapping[str, object] = field(default_factory=dict)
+    notes: Sequence[str] = ()
+
+
+def _job_details(inputs: ReportInputs, summary: Summary) -> dict[str, object]:
+    j = inputs.frontier.job
+    rows: dict[str, object] = {
+        "profile": j.profile_name or "(unnamed)",
+        "profile sha256": j.profile_sha256[:16] + "…",
+        "schedule": j.schedule,
+        "stages": j.stages,
+        "virtual stages per rank": j.virtual_stages,
+        "ranks (GPUs per pipeline)": j.ranks,
+        "microbatches per iteration": j.microbatches,
+        "blocking power (W)": f"{j.blocking_power_w:g}",
+        "P2P latency (s)": f"{j.p2p_latency_s:g}",
+        "frontier points": summary.points,
+    }
+    if j.backward_split is not None:
+        rows["backward split (B share)"] = f"{j.backward_split:g}"
+    if inputs.pipelines is not None:
+        rows["data-parallel pipelines (straggler what-if)"] = inputs.pipelines
+    rows.update(inputs.details)
+    return rows
+
+
+def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
+    """Write the report files into ``directory`` (which must exist) and return the figures.
+
+    Raises:
+        PlanError: if the frontier's plans do not fit ``inputs.job``.
+    """
+    out = Path(directory)
+    f = inputs.frontier
+    summary = summarize(f, inputs.baselines, inputs.sweep, inputs.pipelines)
+    notes = list(inputs.notes)
+    images: dict[str, bytes] = {
+        "frontier": plot_frontier(
+            f, inputs.baselines, global_clock=inputs.global_clock, measured=inputs.measured
+        )
+    }
+    if inputs.job is not None:
+        allmax = inputs.job.point(inputs.job.allmax())
+        images["timeline"] = plot_timelines(
+            [
+                build_timeline(inputs.job, allmax, "All-max"),
+                build_timeline(inputs.job, f.fastest, "Perseus, fastest plan"),
+            ]
+        )
+    else:
+        notes.append("No timeline: the profile this frontier was computed from was not available.")
+    if inputs.sweep and inputs.pipelines is not None:
+        images["straggler"] = plot_straggler(inputs.sweep, f, inputs.pipelines)
+    for name, png in images.items():
+        atomic_write_bytes(out / f"{name}.png", png)
+    write_frontier(f, out / "frontier.json")
+    atomic_write_text(out / "summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n")
+    page = render_html(
+        summary,
+        images,
+        title=inputs.title,
+        details=_job_details(inputs, summary),
+        sweep=inputs.sweep,
+        measured=inputs.measured,
+        notes=notes,
+    )
+    atomic_write_text(out / "report.html", page)
+    return summary

@@ -1,0 +1,216 @@
+"""``frontier.png``: iteration time vs energy, the frontier against the baselines.
+
+What the reader should see at a glance: the Perseus frontier lies below every baseline; at
+the all-max time (T_min, no slowdown) it already saves energy, and at T* it saves the most.
+Both savings are written on the plot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from matplotlib.axes import Axes
+
+from perseus.plan import Frontier, PlanPoint
+from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report.summary import MeasuredRun
+
+__all__ = ["BASELINE_LABELS", "plot_frontier"]
+
+#: Display names of the baselines returned by ``perseus.solver.baseline_plans``.
+BASELINE_LABELS = {
+    "all-max": "All-max (every clock at maximum)",
+    "global-clock": "Global clock (one clock for all GPUs)",
+    "per-stage": "Per-stage clock (one clock per stage)",
+    "envpipe": "EnvPipe-style (slow non-critical stages)",
+}
+_MARKERS = {"all-max": "*", "global-clock": "s", "per-stage": "D", "envpipe": "^"}
+_COLORS = {
+    "all-max": "black",
+    "global-clock": "tab:gray",
+    "per-stage": "tab:purple",
+    "envpipe": "tab:green",
+}
+
+
+def plot_frontier(
+    frontier: Frontier,
+    baselines: Mapping[str, PlanPoint] | None = None,
+    *,
+    global_clock: Sequence[PlanPoint] = (),
+    measured: MeasuredRun | None = None,
+    title: str | None = None,
+) -> bytes:
+    """Render the time–energy plot as PNG bytes.
+
+    Args:
+        frontier: The frontier (its all-max baseline is always drawn).
+        baselines: Other plans by name (keys of :data:`BASELINE_LABELS`, others allowed).
+        global_clock: Optional curve of one-clock-for-all plans, slowest last.
+        measured: Optional emulated/real run: its predicted and measured points are drawn.
+        title: Figure title (default: the job).
+    """
+    base = frontier.baseline
+    fastest, slowest = frontier.fastest, frontier.min_energy
+    kj = 1e-3
+    with report_style():
+        fig = new_figure()
+        ax = fig.add_subplot()
+        if global_clock:
+            # Every setting as a dot; the line joins only the efficient ones (on power-capped
+            # GPUs many clocks run equally fast, and a line through all of them zigzags).
+            gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
+            ax.plot(
+                [p.time_s for p in gc],
+                [p.energy_j * kj for p in gc],
+                ".",
+                color="tab:gray",
+                ms=5,
+                zorder=2,
+            )
+            efficient = [
+                p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])
+            ]
+            ax.plot(
+                [p.time_s for p in efficient],
+                [p.energy_j * kj for p in efficient],
+                "--",
+                color="tab:gray",
+                marker=".",
+                lw=1.2,
+                label="Global clock, every setting (line: efficient ones)",
+                zorder=2,
+            )
+        useful = [p for p in frontier.points if p.time_s <= slowest.time_s]
+        ax.plot(
+            [p.time_s for p in useful],
+            [p.energy_j * kj for p in useful],
+            "-o",
+            color="tab:blue",
+            ms=3,
+            lw=2.2,
+            label=f"Perseus frontier ({len(useful)} plans)",
+            zorder=4,
+        )
+        ax.plot(
+            [base.time_s],
+            [base.energy_j * kj],
+            "*",
+            color="black",
+            ms=16,
+            label=BASELINE_LABELS["all-max"],
+            zorder=6,
+        )
+        for name, p in (baselines or {}).items():
+            if name == "all-max":
+                continue
+            ax.plot(
+                [p.time_s],
+                [p.energy_j * kj],
+                _MARKERS.get(name, "o"),
+                color=_COLORS.get(name, "tab:brown"),
+                ms=10,
+                mec="white",
+                label=BASELINE_LABELS.get(name, name),
+                zorder=5,
+            )
+        if measured is not None:
+            _draw_measured(ax, measured, kj)
+        ymin, ymax = ax.get_ylim()
+        ymin -= 0.18 * (ymax - ymin)  # room for the annotations under the frontier
+        for t, name in ((fastest.time_s, "T_min"), (slowest.time_s, "T*")):
+            ax.axvline(t, color="tab:red", ls=":", lw=1.2, zorder=1)
+            ax.text(
+                t, ymax, f" {name} = {t:.3f} s", color="tab:red", va="top", ha="left", fontsize=10
+            )
+        save_fast = 1 - fastest.energy_j / base.energy_j
+        save_star = 1 - slowest.energy_j / base.energy_j
+        slow_star = slowest.time_s / base.time_s - 1
+        span = ymax - ymin
+        xmin, xmax = ax.get_xlim()
+        box = {"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9}
+        # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
+        ax.annotate(
+            "",
+            xy=(fastest.time_s, fastest.energy_j * kj),
+            xytext=(base.time_s, base.energy_j * kj),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "color": "tab:blue",
+                "lw": 2,
+                "shrinkA": 9,
+                "shrinkB": 3,
+            },
+        )
+        # Below a convex decreasing frontier the lower-left and lower-right corners are empty.
+        ax.annotate(
+            f"−{100 * save_fast:.1f} % energy\nat no slowdown",
+            xy=(fastest.time_s, fastest.energy_j * kj),
+            xytext=(fastest.time_s + 0.06 * (xmax - xmin), ymin + 0.03 * span),
+            fontsize=12,
+            fontweight="bold",
+            color="tab:blue",
+            va="bottom",
+            bbox=box,
+            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
+        )
+        ax.annotate(
+            f"−{100 * save_star:.1f} % energy at T*\n(+{100 * slow_star:.1f} % time)",
+            xy=(slowest.time_s, slowest.energy_j * kj),
+            xytext=(slowest.time_s + 0.30 * (xmax - slowest.time_s), ymin + 0.03 * span),
+            fontsize=12,
+            fontweight="bold",
+            color="tab:blue",
+            va="bottom",
+            bbox=box,
+            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
+        )
+        ax.set_ylim(ymin, ymax)
+        ax.set_xlim(xmin, xmax)
+        ax.set_xlabel("Iteration time (s)")
+        ax.set_ylabel("Energy per iteration, all GPUs (kJ)")
+        ax.set_title(title or _default_title(frontier))
+        ax.legend(loc="upper right", framealpha=0.9)
+        return to_png(fig)
+
+
+def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:
+    pairs = [("plan", run.predicted, run.measured)]
+    if run.allmax is not None:
+        pairs.append(("all-max", run.allmax.predicted, run.allmax.measured))
+    for i, (name, pred, meas) in enumerate(pairs):
+        ax.plot(
+            [pred.time_s, meas.time_s],
+            [pred.energy_j * kj, meas.energy_j * kj],
+            "-",
+            color="tab:orange",
+            lw=1,
+            zorder=6,
+        )
+        ax.plot(
+            [meas.time_s],
+            [meas.energy_j * kj],
+            "X",
+            color="tab:orange",
+            ms=11,
+            mec="black",
+            label="Measured run (X) vs its prediction" if i == 0 else None,
+            zorder=7,
+        )
+        ax.annotate(
+            f"measured {name}",
+            (meas.time_s, meas.energy_j * kj),
+            xytext=(6, -12),
+            textcoords="offset points",
+            fontsize=9,
+            color="tab:orange",
+        )
+
+
+def _default_title(frontier: Frontier) -> str:
+    j = frontier.job
+    who = j.profile_name or "profile"
+    return (
+        f"Time–energy frontier: {who}, {j.schedule}, {j.stages} stages × "
+        f"{j.microbatches} microbatches on {j.ranks} GPUs"
+    )

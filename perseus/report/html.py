@@ -1,0 +1,205 @@
+"""``report.html``: one self-contained page (images inlined as base64) with the figures.
+
+No scripts, no external stylesheets or fonts: the page can be mailed or attached to a ticket
+and still shows everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Mapping, Sequence
+
+from perseus.report.frontier import BASELINE_LABELS
+from perseus.report.summary import MeasuredFigures, MeasuredRun, Summary
+from perseus.sim.straggler_sweep import StragglerCase
+
+__all__ = ["render_html"]
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1200px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.6em 0; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+.headline { font-size: 1.15em; background: #eef5ff; padding: 0.8em 1em; border-radius: 6px; }
+img { max-width: 100%; border: 1px solid #eee; }
+.note { color: #666; font-size: 0.92em; }
+"""
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int = 1) -> str:
+    def cell(tag: str, i: int, v: object) -> str:
+        cls = ' class="l"' if i < left else ""
+        return f"<{tag}{cls}>{html.escape(str(v))}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+
+
+def render_html(
+    summary: Summary,
+    images: Mapping[str, bytes],
+    *,
+    title: str,
+    details: Mapping[str, object],
+    sweep: Sequence[StragglerCase] = (),
+    measured: MeasuredRun | None = None,
+    notes: Sequence[str] = (),
+) -> str:
+    """The report page.
+
+    Args:
+        summary: The figures (see :func:`perseus.report.summary.summarize`).
+        images: PNG bytes by name: ``frontier``, ``timeline``, ``straggler`` (any may be absent).
+        title: Page heading.
+        details: Job details shown as a two-column table.
+        sweep: Straggler sweep cases for the table under the straggler plot.
+        measured: A run's predicted and measured figures, if any.
+        notes: Extra lines (e.g. why a plot is missing).
+    """
+    a, f, m = summary.allmax, summary.fastest, summary.min_energy
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        '<p class="headline">'
+        f"Energy saved at no slowdown: <b>{100 * f.energy_saving:.1f} %</b>. "
+        f"At T* = {m.time_s:.3f} s: <b>{100 * m.energy_saving:.1f} %</b> "
+        f"({100 * m.slowdown:.1f} % slower)."
+        + (
+            f" With a {summary.straggler.factor:g}× straggler among "
+            f"{summary.straggler.pipelines} pipelines: <b>{100 * summary.straggler.saving_vs_allmax:.1f} %</b>."
+            if summary.straggler
+            else ""
+        )
+        + "</p>",
+        "<h2>Job</h2>",
+        _table(["", "value"], [(k, v) for k, v in details.items()], left=2),
+        "<h2>Plans</h2>",
+        _table(
+            ["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"],
+            [
+                ("All-max", f"{a.time_s:.4f}", f"{a.energy_j / 1e3:.3f}", "+0.0 %", "+0.0 %"),
+                (
+                    "Perseus, fastest (T_min)",
+                    f"{f.time_s:.4f}",
+                    f"{f.energy_j / 1e3:.3f}",
+                    _pct(f.slowdown),
+                    _pct(-f.energy_saving),
+                ),
+                (
+                    "Perseus, minimum energy (T*)",
+                    f"{m.time_s:.4f}",
+                    f"{m.energy_j / 1e3:.3f}",
+                    _pct(m.slowdown),
+                    _pct(-m.energy_saving),
+                ),
+                *[
+                    (
+                        BASELINE_LABELS.get(name, name),
+                        f"{b.time_s:.4f}",
+                        f"{b.energy_j / 1e3:.3f}",
+                        _pct(b.slowdown),
+                        _pct(-b.energy_saving),
+                    )
+                    for name, b in summary.baselines.items()
+                    if name != "all-max"
+                ],
+            ],
+        ),
+    ]
+    for key, heading, caption in (
+        (
+            "frontier",
+            "Time–energy frontier",
+            "Every point is a full frequency plan evaluated exactly on the job's DAG. T_min is the "
+            "fastest plan's time, T* the minimum-energy plan's.",
+        ),
+        (
+            "timeline",
+            "One iteration, op by op",
+            "Colour is the op's average power; hatched pale bars are blocking time "
+            "(waiting on a neighbour at blocking power).",
+        ),
+        (
+            "straggler",
+            "One straggling pipeline",
+            "Non-straggler pipelines run the cheapest plan that finishes within the straggler's "
+            "time T′ (capped at T*) instead of running all-max and waiting.",
+        ),
+    ):
+        if key in images:
+            parts += [
+                f"<h2>{heading}</h2>",
+                _img(images[key], heading),
+                f'<p class="note">{caption}</p>',
+            ]
+    if sweep:
+        parts.append(
+            _table(
+                ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"],
+                [
+                    (
+                        f"{c.factor:.2f}",
+                        f"{c.straggler_time_s:.3f}",
+                        f"{c.plan_time_s:.3f}",
+                        f"{100 * c.saving_vs_allmax:.1f} %",
+                        f"{100 * c.saving_vs_fastest:.1f} %",
+                    )
+                    for c in sweep
+                ],
+            )
+        )
+    if measured is not None:
+        rows = [_measured_row("plan", measured.predicted, measured.measured)]
+        if measured.allmax is not None:
+            rows.append(
+                _measured_row("all-max", measured.allmax.predicted, measured.allmax.measured)
+            )
+        parts += [
+            "<h2>Predicted vs measured</h2>",
+            _table(
+                [
+                    "run",
+                    "predicted time (s)",
+                    "measured time (s)",
+                    "error",
+                    "predicted energy (kJ)",
+                    "measured energy (kJ)",
+                    "error",
+                ],
+                rows,
+            ),
+        ]
+    if notes:
+        parts.append("".join(f'<p class="note">{html.escape(n)}</p>' for n in notes))
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _measured_row(name: str, pred: MeasuredFigures, meas: MeasuredFigures) -> tuple[str, ...]:
+    return (
+        name,
+        f"{pred.time_s:.4f}",
+        f"{meas.time_s:.4f}",
+        _pct(meas.time_s / pred.time_s - 1),
+        f"{pred.energy_j / 1e3:.3f}",
+        f"{meas.energy_j / 1e3:.3f}",
+        _pct(meas.energy_j / pred.energy_j - 1),
+    )

@@ -1,0 +1,184 @@
+"""The figures a report shows: savings of the fastest plan, T*, the baselines and a straggler.
+
+Every figure is relative to the all-max plan (all clocks at maximum) of the same job, the way
+the Perseus paper reports them. The same :class:`Summary` feeds the terminal output of
+``perseus demo``, ``summary.json`` and the HTML report, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from perseus.plan import Frontier, PlanPoint
+from perseus.sim.straggler_sweep import StragglerCase
+
+__all__ = [
+    "SUMMARY_STRAGGLER_FACTOR",
+    "MeasuredFigures",
+    "MeasuredRun",
+    "PlanFigures",
+    "StragglerFigures",
+    "Summary",
+    "format_summary",
+    "summarize",
+]
+
+#: The straggler slowdown the summary quotes (the issue's "1.2x straggler").
+SUMMARY_STRAGGLER_FACTOR = 1.2
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFigures:
+    """One plan's figures and its saving relative to all-max.
+
+    Attributes:
+        time_s, energy_j: The plan's exact iteration time and energy.
+        energy_saving: ``1 − energy / all-max energy`` (positive = saves energy).
+        slowdown: ``time / all-max time − 1`` (positive = slower).
+    """
+
+    time_s: float
+    energy_j: float
+    energy_saving: float
+    slowdown: float
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerFigures:
+    """Job-level saving with one straggling pipeline (see :mod:`perseus.sim.straggler_sweep`)."""
+
+    factor: float
+    pipelines: int
+    saving_vs_allmax: float
+    saving_vs_fastest: float
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Everything ``summary.json`` holds (and the terminal summary prints)."""
+
+    job: dict[str, Any]
+    points: int
+    allmax: PlanFigures
+    fastest: PlanFigures
+    min_energy: PlanFigures
+    baselines: dict[str, PlanFigures]
+    straggler: StragglerFigures | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``summary.json`` layout)."""
+        return asdict(self)
+
+
+def _figures(point: PlanPoint | Any, allmax_time_s: float, allmax_energy_j: float) -> PlanFigures:
+    return PlanFigures(
+        time_s=point.time_s,
+        energy_j=point.energy_j,
+        energy_saving=1 - point.energy_j / allmax_energy_j,
+        slowdown=point.time_s / allmax_time_s - 1,
+    )
+
+
+def summarize(
+    frontier: Frontier,
+    baselines: Mapping[str, PlanPoint] | None = None,
+    sweep: Sequence[StragglerCase] = (),
+    pipelines: int | None = None,
+) -> Summary:
+    """Compute the report's figures from a frontier, its baselines and a straggler sweep.
+
+    The straggler figure is the sweep case whose factor is closest to 1.2 (None without a
+    sweep). Complexity: O(K + B + F) for K points, B baselines and F sweep cases.
+    """
+    base = frontier.baseline
+    fig = {
+        "allmax": _figures(base, base.time_s, base.energy_j),
+        "fastest": _figures(frontier.fastest, base.time_s, base.energy_j),
+        "min_energy": _figures(frontier.min_energy, base.time_s, base.energy_j),
+    }
+    straggler = None
+    if sweep and pipelines is not None:
+        case = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
+        straggler = StragglerFigures(
+            factor=case.factor,
+            pipelines=pipelines,
+            saving_vs_allmax=case.saving_vs_allmax,
+            saving_vs_fastest=case.saving_vs_fastest,
+        )
+    return Summary(
+        job=frontier.job.model_dump(),
+        points=len(frontier.points),
+        allmax=fig["allmax"],
+        fastest=fig["fastest"],
+        min_energy=fig["min_energy"],
+        baselines={
+            name: _figures(p, base.time_s, base.energy_j) for name, p in (baselines or {}).items()
+        },
+        straggler=straggler,
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def format_summary(summary: Summary) -> str:
+    """The short terminal summary (a few lines, no trailing newline)."""
+    j = summary.job
+    lines = [
+        f"{j['profile_name'] or 'profile'}: {j['schedule']} {j['stages']} stages x "
+        f"{j['microbatches']} microbatches on {j['ranks']} GPUs, {summary.points} frontier points",
+        f"all-max:                  {summary.allmax.time_s:8.3f} s  {summary.allmax.energy_j / 1e3:8.2f} kJ",
+        f"energy saved, no slowdown: {_pct(summary.fastest.energy_saving):>8}  "
+        f"(fastest plan, {summary.fastest.time_s:.3f} s)",
+        f"energy saved at T*:        {_pct(summary.min_energy.energy_saving):>8}  "
+        f"({summary.min_energy.time_s:.3f} s, {_pct(summary.min_energy.slowdown)} slower)",
+    ]
+    s = summary.straggler
+    if s is not None:
+        lines.append(
+            f"{f'with a {s.factor:g}x straggler:':<27}{_pct(s.saving_vs_allmax):>8}  "
+            f"(job of {s.pipelines} pipelines, vs all-max; {_pct(s.saving_vs_fastest)} from "
+            f"slowing the others)"
+        )
+    if summary.baselines:
+        lines.append("baselines (saving, slowdown vs all-max):")
+        for name, b in summary.baselines.items():
+            lines.append(f"  {name:<14} {_pct(b.energy_saving):>8}  {_pct(b.slowdown):>8}")
+    return "\n".join(lines)
+
+
+_LOOSE = ConfigDict(frozen=True, extra="ignore")
+
+
+class MeasuredFigures(BaseModel):
+    """Time and energy of one iteration (predicted or measured)."""
+
+    model_config = _LOOSE
+
+    time_s: Annotated[float, Field(gt=0)]
+    energy_j: Annotated[float, Field(gt=0)]
+
+
+class _PredictedMeasured(BaseModel):
+    model_config = _LOOSE
+
+    predicted: MeasuredFigures
+    measured: MeasuredFigures
+
+
+class MeasuredRun(BaseModel):
+    """An emulated or real run's ``summary.json``: the plan's predicted and measured figures.
+
+    Extra keys are ignored: runners add their own details, and the report only needs these.
+    """
+
+    model_config = _LOOSE
+
+    predicted: MeasuredFigures
+    measured: MeasuredFigures
+    allmax: _PredictedMeasured | None = None

@@ -1,0 +1,253 @@
+"""Which frontier plan a pipeline runs when another pipeline straggles (pure, deterministic).
+
+In data-parallel training every pipeline waits for the slowest one at the gradient all-reduce,
+so when one pipeline straggles with iteration time T′ the others can slow down to T′ for free:
+they run the cheapest plan whose time is at most T′. Slowing past the minimum-energy plan T*
+only adds blocking time, so the choice is capped at T*. The straggler itself keeps its fastest
+plan (it is the bottleneck). When the straggler recovers, T′ falls and the choice follows it
+back to the fastest plan.
+
+Every rank of a pipeline must switch together, so the decision is a pure function of the
+frontier and the sequence of observed T′ values: all ranks fed the same observations derive the
+same plan, with no communication. Two mechanisms keep measurement noise from making plans flap:
+
+* **Smoothing.** ``smoothed = α·observed + (1−α)·smoothed`` (exponential moving average,
+  ``α = smoothing``; ``α = 1`` disables it).
+* **Hysteresis band.** A decision fixes a deadline ``D`` (the smoothed T′ at that moment) and
+  picks the cheapest plan with time ≤ ``D·(1 − h)``. The plan is kept while the smoothed T′
+  stays inside ``[D·(1 − h), D·(1 + h)]``; only leaving the band re-decides. Because the plan
+  was chosen with the margin ``h``, it is never slower than any T′ inside the band, so keeping
+  it never slows the job; noise smaller than ``h`` causes no switch at all.
+
+Two layers, as elsewhere in perseus: the pure step function :func:`step_policy` maps
+``(state, observation) -> (state, choice)`` over a frozen :class:`PolicyState`, and
+:class:`StragglerPolicy` is a thin holder of that state for callers that want an object::
+
+    policy = StragglerPolicy(frontier, hysteresis=0.01, smoothing=0.5)
+    choice = policy.decide(straggler_time_s)          # this pipeline is not the straggler
+    choice = policy.decide(my_time_s, is_straggler=True)
+    frontier.points[choice.point_index]                # the plan to run next iteration
+
+:func:`choose_plan_index` is the stateless rule used by both (and by the what-if sweep):
+it agrees with :meth:`perseus.plan.Frontier.cheapest_within` but returns the fastest plan
+instead of raising when T′ is below T_min.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from perseus.errors import ConfigError
+from perseus.plan import Frontier
+
+__all__ = [
+    "PlanChoice",
+    "PolicyState",
+    "StragglerPolicy",
+    "choose_plan_index",
+    "initial_state",
+    "step_policy",
+]
+
+Reason = Literal["fastest", "straggler", "slack", "min-energy", "hold"]
+
+# Relative tolerance when comparing a plan's time with a deadline (float noise in JSON times).
+_TIME_RTOL = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChoice:
+    """The plan to run next.
+
+    Attributes:
+        point_index: Index into ``frontier.points``.
+        time_s: That plan's iteration time.
+        energy_j: That plan's energy per iteration.
+        reason: ``"fastest"`` (T′ at or below T_min, or recovered), ``"straggler"`` (this
+            pipeline is the straggler), ``"slack"`` (cheapest plan within T′),
+            ``"min-energy"`` (T′ beyond T*, capped), ``"hold"`` (T′ still inside the
+            hysteresis band; previous plan kept).
+        switched: True when the plan differs from the previous decision's.
+    """
+
+    point_index: int
+    time_s: float
+    energy_j: float
+    reason: Reason
+    switched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """Everything a decision depends on besides the frontier; ranks holding equal states agree.
+
+    Attributes:
+        point_index: The plan currently chosen.
+        deadline_s: The smoothed T′ the current plan was chosen for (None before the first
+            observation, or while this pipeline is the straggler).
+        smoothed_s: Exponential moving average of the observed T′ (None before the first).
+        switches: Number of plan changes so far (for monitoring flapping).
+    """
+
+    point_index: int
+    deadline_s: float | None
+    smoothed_s: float | None
+    switches: int
+
+
+class _Table:
+    """Sorted times and, for each prefix, the index of its cheapest point (O(K) to build)."""
+
+    __slots__ = ("best_index", "energies", "times")
+
+    def __init__(self, frontier: Frontier) -> None:
+        self.times = [p.time_s for p in frontier.points]
+        self.energies = [p.energy_j for p in frontier.points]
+        best: list[int] = []
+        for i, e in enumerate(self.energies):
+            # Ties go to the slower point: same energy, more slack left for the straggler.
+            if not best or e <= self.energies[best[-1]]:
+                best.append(i)
+            else:
+                best.append(best[-1])
+        self.best_index = best
+
+    def choose(self, deadline_s: float) -> int:
+        k = bisect.bisect_right(self.times, deadline_s * (1 + _TIME_RTOL))
+        return 0 if k == 0 else self.best_index[k - 1]
+
+
+def choose_plan_index(frontier: Frontier, straggler_time_s: float) -> int:
+    """Index of the cheapest plan no slower than ``straggler_time_s`` (stateless rule).
+
+    Below T_min the fastest plan (index 0) is returned: nothing is faster, and a non-straggler
+    must not become the bottleneck. Beyond T* the minimum-energy plan is returned (slower
+    plans are never cheaper). ``frontier.points`` must be sorted by time (the format ensures it).
+
+    Complexity: O(K) for K points (use :class:`StragglerPolicy` for O(log K) repeated calls).
+    """
+    return _Table(frontier).choose(straggler_time_s)
+
+
+def initial_state() -> PolicyState:
+    """The state before any observation: the fastest plan."""
+    return PolicyState(point_index=0, deadline_s=None, smoothed_s=None, switches=0)
+
+
+def _check_params(hysteresis: float, smoothing: float) -> None:
+    if not (math.isfinite(hysteresis) and 0 <= hysteresis < 0.5):
+        raise ConfigError(f"hysteresis must be in [0, 0.5), got {hysteresis}; 0.01 is typical")
+    if not (math.isfinite(smoothing) and 0 < smoothing <= 1):
+        raise ConfigError(f"smoothing must be in (0, 1], got {smoothing}; 1 disables smoothing")
+
+
+def _step(
+    table: _Table,
+    state: PolicyState,
+    observed_time_s: float,
+    is_straggler: bool,
+    hysteresis: float,
+    smoothing: float,
+) -> tuple[PolicyState, PlanChoice]:
+    if not (math.isfinite(observed_time_s) and observed_time_s > 0):
+        raise ConfigError(
+            f"observed iteration time must be a positive number, got {observed_time_s}"
+        )
+    prev = state.smoothed_s
+    smoothed = (
+        observed_time_s if prev is None else smoothing * observed_time_s + (1 - smoothing) * prev
+    )
+    reason: Reason
+    if is_straggler:
+        index, deadline, reason = 0, None, "straggler"
+    elif state.deadline_s is not None and (
+        state.deadline_s * (1 - hysteresis) <= smoothed <= state.deadline_s * (1 + hysteresis)
+    ):
+        index, deadline, reason = state.point_index, state.deadline_s, "hold"
+    else:
+        deadline = smoothed
+        index = table.choose(deadline * (1 - hysteresis))
+        if index == 0:
+            reason = "fastest"
+        elif index == table.best_index[-1]:
+            reason = "min-energy"
+        else:
+            reason = "slack"
+    switched = index != state.point_index
+    new_state = replace(
+        state,
+        point_index=index,
+        deadline_s=deadline,
+        smoothed_s=smoothed,
+        switches=state.switches + int(switched),
+    )
+    choice = PlanChoice(index, table.times[index], table.energies[index], reason, switched)
+    return new_state, choice
+
+
+def step_policy(
+    frontier: Frontier,
+    state: PolicyState,
+    observed_time_s: float,
+    *,
+    is_straggler: bool = False,
+    hysteresis: float = 0.01,
+    smoothing: float = 0.5,
+) -> tuple[PolicyState, PlanChoice]:
+    """One decision: fold ``observed_time_s`` (the straggler's T′) into ``state`` and choose.
+
+    Args:
+        frontier: The job's frontier (points sorted by time).
+        state: The previous state (:func:`initial_state` at first).
+        observed_time_s: The slowest pipeline's latest iteration time T′.
+        is_straggler: True on the straggling pipeline itself, which keeps its fastest plan.
+        hysteresis: Relative half-width ``h`` of the band in which the plan is kept.
+        smoothing: EMA weight ``α`` of the newest observation.
+
+    Returns:
+        The new state and the choice. Neither input is modified.
+
+    Raises:
+        ConfigError: on a non-positive observation or parameters out of range.
+
+    Complexity: O(K) per call for K points (the lookup table is rebuilt);
+    :class:`StragglerPolicy` keeps it and costs O(log K).
+    """
+    _check_params(hysteresis, smoothing)
+    return _step(_Table(frontier), state, observed_time_s, is_straggler, hysteresis, smoothing)
+
+
+class StragglerPolicy:
+    """Holds a :class:`PolicyState` and applies :func:`step_policy` to each observation.
+
+    Construction does no I/O; the object is deterministic, so every rank of a pipeline that
+    feeds it the same observations makes the same decisions.
+    """
+
+    def __init__(
+        self, frontier: Frontier, *, hysteresis: float = 0.01, smoothing: float = 0.5
+    ) -> None:
+        _check_params(hysteresis, smoothing)
+        self.frontier = frontier
+        self.hysteresis = hysteresis
+        self.smoothing = smoothing
+        self._table = _Table(frontier)
+        self.state = initial_state()
+
+    def choose(self, straggler_time_s: float) -> int:
+        """Stateless rule (:func:`choose_plan_index`) in O(log K)."""
+        return self._table.choose(straggler_time_s)
+
+    def decide(self, observed_time_s: float, *, is_straggler: bool = False) -> PlanChoice:
+        """Fold in one observation of T′ and return the plan to run next."""
+        self.state, choice = _step(
+            self._table, self.state, observed_time_s, is_straggler, self.hysteresis, self.smoothing
+        )
+        return choice
+
+    def reset(self) -> None:
+        """Back to the fastest plan with no history (e.g. after a job restart)."""
+        self.state = initial_state()

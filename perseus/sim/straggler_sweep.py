@@ -1,0 +1,162 @@
+"""What-if at scale: job-level energy saving when one of N pipelines straggles (no processes).
+
+The model, for a data-parallel job of ``N`` identical pipelines planned with one frontier
+(``T_min`` = its fastest time, ``T*`` = its minimum-energy time, ``R`` ranks per pipeline,
+``P_b`` = blocking power), with one pipeline slowed by a factor ``s``:
+
+* **The straggler** runs its plan with every op ``s`` times longer at unchanged power, so its
+  iteration takes ``T′ = s·T_min`` and its energy is ``s`` times the plan's energy. It is the
+  bottleneck, so it keeps its fastest plan (Perseus) or all-max (baseline).
+* **The job's iteration time** is ``T_job = max(T′, slowest non-straggler plan)``: all
+  pipelines meet at the gradient all-reduce, and a pipeline that finishes early waits there
+  with all ``R`` GPUs drawing ``P_b``.
+* **Baseline "all-max"**: every pipeline runs all clocks at maximum; each of the ``N − 1``
+  others uses ``E_allmax + R·P_b·(T_job − T_allmax)``; the straggler ``s·E_allmax``.
+* **Perseus**: each of the ``N − 1`` others runs the cheapest frontier plan with time ≤ T′,
+  capped at T* (:meth:`~perseus.plan.Frontier.cheapest_within`), and waits for the rest:
+  ``E_p + R·P_b·(T_job − t_p)``; the straggler runs the fastest frontier plan, ``s·E_fastest``.
+* **Saving vs all-max** = ``1 − E_perseus / E_allmax-baseline`` over all N pipelines: the
+  Perseus paper's Table 4 / Figure 8 quantity (intrinsic and extrinsic savings together).
+* **Saving vs fastest** isolates the straggler adaptation: the baseline runs the fastest
+  frontier plan everywhere (then waits), so the straggler's energy is identical in both and
+  cancels in the difference while still counting in the total.
+
+Savings grow with ``s`` until T′ reaches T*; past it both sides only add blocking energy at the
+same rate, so the absolute saving stays constant and the relative saving declines slowly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from perseus.errors import ConfigError
+from perseus.plan import Frontier
+
+__all__ = ["StragglerCase", "parse_factors", "straggler_sweep"]
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerCase:
+    """The job-level figures for one slowdown factor.
+
+    Attributes:
+        factor: Straggler slowdown ``s`` (1.0 = no straggler).
+        straggler_time_s: ``T′ = s·T_min``.
+        job_time_s: The job's iteration time (Perseus and baseline alike, to within the
+            all-max plan's difference from T_min).
+        plan_index: Index of the plan the non-stragglers run (into ``frontier.points``).
+        plan_time_s: That plan's iteration time.
+        plan_energy_j: That plan's energy per iteration and pipeline, before waiting.
+        allmax_energy_j: Job energy per iteration, every pipeline at all-max.
+        fastest_energy_j: Job energy per iteration, every pipeline at the fastest plan.
+        perseus_energy_j: Job energy per iteration with Perseus's straggler policy.
+        saving_vs_allmax: ``1 − perseus / allmax``.
+        saving_vs_fastest: ``1 − perseus / fastest`` (the straggler-adaptation share).
+    """
+
+    factor: float
+    straggler_time_s: float
+    job_time_s: float
+    plan_index: int
+    plan_time_s: float
+    plan_energy_j: float
+    allmax_energy_j: float
+    fastest_energy_j: float
+    perseus_energy_j: float
+    saving_vs_allmax: float
+    saving_vs_fastest: float
+
+
+def _check(pipelines: int, factors: list[float]) -> None:
+    if pipelines < 2:
+        raise ConfigError(
+            f"--pipelines must be at least 2 (one straggler and others), got {pipelines}"
+        )
+    if not factors:
+        raise ConfigError("no slowdown factors given; pass e.g. --factors 1.05:1.5:0.05")
+    for f in factors:
+        if not (math.isfinite(f) and f >= 1.0):
+            raise ConfigError(f"slowdown factor must be a number >= 1, got {f}")
+
+
+def straggler_sweep(
+    frontier: Frontier, *, pipelines: int, factors: Iterable[float]
+) -> tuple[StragglerCase, ...]:
+    """Job-level energy with and without Perseus for each straggler slowdown factor.
+
+    Args:
+        frontier: One pipeline's frontier; its job gives ``R`` (ranks) and ``P_b``.
+        pipelines: ``N``, the number of data-parallel pipelines (at least 2).
+        factors: Slowdown factors ``s >= 1`` of the one straggling pipeline.
+
+    Returns:
+        One frozen :class:`StragglerCase` per factor, in the given order.
+
+    Raises:
+        ConfigError: if ``pipelines < 2`` or a factor is below 1 or not finite.
+
+    Complexity: O(F·K) for F factors and K frontier points.
+    """
+    factor_list = [float(f) for f in factors]
+    _check(pipelines, factor_list)
+    ranks = frontier.job.ranks
+    power_w = frontier.job.blocking_power_w
+    fastest = frontier.fastest
+    allmax = frontier.baseline
+    others = pipelines - 1
+    cases = []
+    for s in factor_list:
+        t_prime = s * fastest.time_s
+        plan = frontier.cheapest_within(t_prime)
+        index = frontier.points.index(plan)
+        job_time = max(t_prime, allmax.time_s, plan.time_s)
+
+        def waited(energy_j: float, time_s: float, job_time: float = job_time) -> float:
+            return energy_j + ranks * power_w * (job_time - time_s)
+
+        allmax_total = others * waited(allmax.energy_j, allmax.time_s) + s * allmax.energy_j
+        fastest_total = others * waited(fastest.energy_j, fastest.time_s) + s * fastest.energy_j
+        perseus_total = others * waited(plan.energy_j, plan.time_s) + s * fastest.energy_j
+        cases.append(
+            StragglerCase(
+                factor=s,
+                straggler_time_s=t_prime,
+                job_time_s=job_time,
+                plan_index=index,
+                plan_time_s=plan.time_s,
+                plan_energy_j=plan.energy_j,
+                allmax_energy_j=allmax_total,
+                fastest_energy_j=fastest_total,
+                perseus_energy_j=perseus_total,
+                saving_vs_allmax=1 - perseus_total / allmax_total,
+                saving_vs_fastest=1 - perseus_total / fastest_total,
+            )
+        )
+    return tuple(cases)
+
+
+def parse_factors(text: str) -> tuple[float, ...]:
+    """``"1.05:1.5:0.05"`` (start:stop:step, stop included) or ``"1.1,1.2,1.5"`` -> factors.
+
+    Raises:
+        ConfigError: naming the bad part and the accepted forms.
+    """
+    hint = "use start:stop:step (e.g. 1.05:1.5:0.05) or a comma list (e.g. 1.1,1.2)"
+    pieces = text.split(":") if ":" in text else [p for p in text.split(",") if p.strip()]
+    try:
+        numbers = [float(p) for p in pieces]
+    except ValueError:
+        raise ConfigError(f"--factors {text!r}: not numbers; {hint}") from None
+    if ":" not in text:
+        return tuple(numbers)
+    if len(numbers) != 3:
+        raise ConfigError(f"--factors {text!r}: need exactly three parts; {hint}")
+    start, stop, step = numbers
+    if not (step > 0 and stop >= start):
+        raise ConfigError(f"--factors {text!r}: need step > 0 and stop >= start; {hint}")
+    count = math.floor((stop - start) / step + 1e-9) + 1
+    if count > 10_000:
+        raise ConfigError(f"--factors {text!r}: {count} factors is too many; {hint}")
+    return tuple(round(start + i * step, 10) for i in range(count))

@@ -1,0 +1,152 @@
+"""The report: summary figures, PNGs and the self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from perseus.io.bundled import load_profile
+from perseus.io.frontier_files import read_frontier
+from perseus.job import PlanningJob, make_job
+from perseus.plan import Frontier
+from perseus.report import (
+    REPORT_FILES,
+    MeasuredRun,
+    ReportInputs,
+    format_summary,
+    summarize,
+    write_report,
+)
+from perseus.report.frontier import plot_frontier
+from perseus.report.straggler import plot_straggler
+from perseus.report.timeline import build_timeline, plot_timelines
+from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def job() -> PlanningJob:
+    return make_job(
+        load_profile("a100"), "1f1b", 8, 8, 83.64, profile_name="gpt3-175b+a100_sxm_bf16"
+    )
+
+
+@pytest.fixture(scope="module")
+def frontier(job: PlanningJob) -> Frontier:
+    from perseus.solver import trace_frontier
+
+    return trace_frontier(job)
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png.startswith(PNG_MAGIC)
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_summary_figures(frontier: Frontier) -> None:
+    sweep = straggler_sweep(frontier, pipelines=16, factors=parse_factors("1.0:1.5:0.05"))
+    s = summarize(frontier, {}, sweep, 16)
+    base = frontier.baseline
+    assert s.allmax.energy_saving == 0.0
+    assert s.fastest.energy_saving == pytest.approx(1 - frontier.fastest.energy_j / base.energy_j)
+    assert s.fastest.energy_saving > 0.05
+    assert s.min_energy.energy_saving > s.fastest.energy_saving
+    assert s.min_energy.slowdown > 0
+    assert s.straggler is not None and s.straggler.factor == 1.2
+    case = next(c for c in sweep if c.factor == 1.2)
+    assert s.straggler.saving_vs_allmax == case.saving_vs_allmax
+    text = format_summary(s)
+    assert f"{100 * s.fastest.energy_saving:.1f} %" in text
+    assert "1.2x straggler" in text
+    json.dumps(s.to_json_dict())
+
+
+def test_plots_are_report_sized_pngs(job: PlanningJob, frontier: Frontier) -> None:
+    from perseus.solver import baseline_plans
+
+    pngs = [
+        plot_frontier(frontier, baseline_plans(job)),
+        plot_timelines(
+            [
+                build_timeline(job, job.point(job.allmax()), "All-max"),
+                build_timeline(job, frontier.fastest, "Perseus"),
+            ]
+        ),
+        plot_straggler(
+            straggler_sweep(frontier, pipelines=4, factors=[1.0, 1.1, 1.2]), frontier, 4
+        ),
+    ]
+    for png in pngs:
+        width, height = _png_size(png)
+        assert width >= 1000 and height >= 600
+
+
+def test_timeline_matches_the_evaluator(job: PlanningJob, frontier: Frontier) -> None:
+    tl = build_timeline(job, frontier.fastest, "Perseus")
+    assert tl.time_s == pytest.approx(frontier.fastest.time_s)
+    assert tl.end_s.max() == pytest.approx(tl.time_s)
+    assert (tl.power_w > job.blocking_power_w).all()
+    # Op energy plus blocking energy over idle time is the plan's energy.
+    busy = (tl.end_s - tl.start_s).sum()
+    op_energy = (tl.power_w * (tl.end_s - tl.start_s)).sum()
+    idle_energy = job.blocking_power_w * (tl.num_ranks * tl.time_s - busy)
+    assert op_energy + idle_energy == pytest.approx(frontier.fastest.energy_j)
+
+
+def test_write_report(tmp_path: Path, job: PlanningJob, frontier: Frontier) -> None:
+    measured = MeasuredRun.model_validate(
+        {
+            "predicted": {"time_s": 2.0, "energy_j": 4000.0},
+            "measured": {"time_s": 2.1, "energy_j": 4100.0},
+            "allmax": {
+                "predicted": {"time_s": 2.2, "energy_j": 5000.0},
+                "measured": {"time_s": 2.25, "energy_j": 5050.0},
+            },
+            "extra": "ignored",
+        }
+    )
+    sweep = straggler_sweep(frontier, pipelines=4, factors=parse_factors("1.0:1.3:0.1"))
+    summary = write_report(
+        ReportInputs(
+            frontier=frontier, job=job, sweep=sweep, pipelines=4, measured=measured, title="T"
+        ),
+        tmp_path,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(REPORT_FILES)
+    assert read_frontier(tmp_path / "frontier.json") == frontier
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["fastest"]["energy_saving"] == pytest.approx(summary.fastest.energy_saving)
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3
+    assert not re.search(r"""(src|href)=["']?(https?:|//|file:)""", page), (
+        "page must be self-contained"
+    )
+    assert "Predicted vs measured" in page and "+5.0 %" in page
+    assert "<script" not in page
+
+
+def test_report_without_job_or_sweep_has_only_the_frontier(
+    tmp_path: Path, frontier: Frontier
+) -> None:
+    write_report(ReportInputs(frontier=frontier, notes=["no profile"]), tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert "timeline.png" not in names and "straggler.png" not in names
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 1
+    assert "No timeline" in page and "no profile" in page
+
+
+def test_core_does_not_import_matplotlib() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, perseus, perseus.solver, perseus.sim, perseus.runtime.straggler_policy\n"
+        "bad = [m for m in ('matplotlib', 'torch', 'pynvml') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
