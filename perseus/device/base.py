@@ -6,9 +6,10 @@ list (nearest supported clock) and returns the clock actually requested from the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GPU"]
+__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning"]
 
 
 @runtime_checkable
@@ -48,3 +49,21 @@ class GPU(Protocol):
     def power_w(self) -> float:
         """Current power draw in watts."""
         ...
+
+
+@runtime_checkable
+class ManagedGPU(GPU, Protocol):
+    """A GPU the safety machinery can protect from another process.
+
+    ``owner_lock_path`` is the file whose exclusive lock makes a process the GPU's owner;
+    ``watchdog_spec`` is a JSON-able description that lets a separate, minimal process (the
+    watchdog) reset this GPU's lock after its owner died.
+    """
+
+    def owner_lock_path(self) -> Path: ...
+
+    def watchdog_spec(self) -> dict[str, str]: ...
+
+
+class ObserveOnlyWarning(RuntimeWarning):
+    """Clocks cannot be changed (no privilege, or unsupported); perseus only measures."""

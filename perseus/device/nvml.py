@@ -1,0 +1,473 @@
+"""The NVML backend (nvidia-ml-py, import name ``pynvml``), following notes §6's checklist.
+
+``pynvml`` is imported lazily, on first use, and can be injected (``nvml_module=``) so tests
+drive a recording fake. Every NVML call goes through :func:`call_nvml`, the one place where
+``NVMLError`` codes become perseus errors:
+
+=============================================  =============================================
+NVML code                                      perseus error
+=============================================  =============================================
+NO_PERMISSION                                  :class:`DevicePermissionError` (observe-only)
+NOT_SUPPORTED                                  :class:`DeviceNotSupportedError`
+GPU_IS_LOST, UNKNOWN                           :class:`DeviceLostError` (stop and surface)
+LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED,          :class:`NvmlUnavailableError` (use the
+FUNCTION_NOT_FOUND, import failure             simulator or run without an agent)
+INVALID_ARGUMENT, FREQ_NOT_SUPPORTED           :class:`DeviceError` after one re-snap
+TIMEOUT and anything else                      :class:`DeviceError`
+=============================================  =============================================
+
+Start-up (:meth:`NvmlGPU.open`): ``nvmlInit`` (reference-counted per process), handle by UUID
+(or index), refuse MIG unless allowed, architecture ≥ Volta or observe-only, clock list at the
+highest memory clock, privilege probe (root or CAP_SYS_ADMIN, else observe-only: set/reset
+raise :class:`DevicePermissionError` without calling NVML), persistence mode recorded.
+Shutdown (:meth:`NvmlGPU.close`): reset the lock if this object set one, ``nvmlShutdown`` when
+the last user closes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from perseus.device.sim_state import default_lock_dir, owner_lock_path
+from perseus.errors import (
+    DeviceError,
+    DeviceLostError,
+    DeviceNotSupportedError,
+    DevicePermissionError,
+)
+
+__all__ = [
+    "NvmlGPU",
+    "NvmlUnavailableError",
+    "call_nvml",
+    "import_nvml",
+    "list_nvml_gpus",
+    "probe_privilege",
+]
+
+# Real pynvml constant values (checked against nvidia-ml-py 13 in tests).
+_NO_PERMISSION = 4
+_NOT_SUPPORTED = 3
+_INVALID_ARGUMENT = 2
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_FREQ_NOT_SUPPORTED = 24
+_UNKNOWN = 999
+_ARCH_VOLTA = 5
+_CLOCK_SM = 1
+_MIG_ENABLE = 1
+_CAP_SYS_ADMIN = 21
+
+
+class NvmlUnavailableError(DeviceError):
+    """No usable NVML: nvidia-ml-py missing, or no NVIDIA driver/library on this machine."""
+
+
+def import_nvml() -> Any:
+    """Import ``pynvml`` (from nvidia-ml-py).
+
+    Raises:
+        NvmlUnavailableError: with the install hint when the package is missing.
+    """
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NvmlUnavailableError(
+            "nvidia-ml-py is not installed; pip install 'perseus-energy[nvml]'"
+        ) from e
+    return pynvml
+
+
+def call_nvml(nvml: Any, function: str, *args: Any, what: str = "") -> Any:
+    """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
+
+    Args:
+        nvml: The ``pynvml`` module (or a fake with the same names).
+        function: The NVML function name.
+        what: Context for the message, e.g. the GPU's name.
+    """
+    try:
+        return getattr(nvml, function)(*args)
+    except nvml.NVMLError as e:
+        code = getattr(e, "value", None)
+        where = f"{what}: " if what else ""
+        message = f"{where}{function} failed: {e} (NVML error {code})"
+        if code == _NO_PERMISSION:
+            raise DevicePermissionError(
+                f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
+            ) from e
+        if code == _NOT_SUPPORTED:
+            raise DeviceNotSupportedError(message) from e
+        if code in (_GPU_IS_LOST, _UNKNOWN):
+            raise DeviceLostError(f"{message}; the GPU stopped answering") from e
+        if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
+            raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
+        raise DeviceError(message) from e
+
+
+def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
+    """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff.
+
+    A zeusd socket (``ZEUSD_SOCK_PATH``) is reported but not used: perseus talks to NVML
+    directly.
+    """
+    if os.geteuid() == 0:
+        return True, "running as root"
+    try:
+        with open(status_path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    if int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1:
+                        return True, "CAP_SYS_ADMIN"
+                    break
+    except (OSError, ValueError):
+        pass
+    hint = (
+        " (a zeusd socket is set, but perseus does not use zeusd)"
+        if os.environ.get("ZEUSD_SOCK_PATH")
+        else ""
+    )
+    return False, f"not root and no CAP_SYS_ADMIN{hint}"
+
+
+# nvmlInit/nvmlShutdown are process-wide; count users per module object.
+_sessions: dict[int, int] = {}
+_sessions_lock = threading.Lock()
+
+
+def _init(nvml: Any) -> None:
+    with _sessions_lock:
+        if _sessions.get(id(nvml), 0) == 0:
+            call_nvml(nvml, "nvmlInit")
+        _sessions[id(nvml)] = _sessions.get(id(nvml), 0) + 1
+
+
+def _shutdown(nvml: Any) -> None:
+    with _sessions_lock:
+        left = _sessions.get(id(nvml), 0) - 1
+        if left > 0:
+            _sessions[id(nvml)] = left
+            return
+        _sessions.pop(id(nvml), None)
+    call_nvml(nvml, "nvmlShutdown")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlGPU:
+    """One physical NVIDIA GPU through NVML, identified by UUID.
+
+    The constructor does no I/O; :meth:`open` (or the first method call, or ``with``) runs the
+    start-up checklist.
+
+    Args:
+        uuid: The GPU's UUID (``GPU-…``), the stable way to name it.
+        index: NVML index, used only when ``uuid`` is None (NVML order is PCI order).
+        nvml_module: ``pynvml`` or a fake; imported lazily when None.
+        allow_mig: Accept a GPU in MIG mode (clock locks then affect every instance).
+        privileged: Skip the privilege probe and assume this answer (tests).
+        lock_dir: Where the ownership lock files live (default ``$PERSEUS_LOCK_DIR``).
+    """
+
+    def __init__(
+        self,
+        uuid: str | None = None,
+        *,
+        index: int | None = None,
+        nvml_module: Any = None,
+        allow_mig: bool = False,
+        privileged: bool | None = None,
+        lock_dir: str | Path | None = None,
+    ) -> None:
+        if uuid is None and index is None:
+            raise ValueError("give the GPU's uuid (preferred) or its NVML index")
+        self._uuid = uuid
+        self._index = index
+        self._nvml = nvml_module
+        self._allow_mig = allow_mig
+        self._privileged_override = privileged
+        self._lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self._handle: Any = None
+        self._name = ""
+        self._clocks: tuple[int, ...] = ()
+        self._locked: int | None = None
+        self.observe_only_reason: str | None = None
+        self.persistence_mode: bool | None = None
+
+    @classmethod
+    def for_cuda_device(cls, cuda_index: int, **kwargs: Any) -> NvmlGPU:
+        """The GPU CUDA calls ``cuda_index``, honouring ``CUDA_VISIBLE_DEVICES``.
+
+        UUID entries are used as is; integer entries are NVML indices, which match CUDA's only
+        with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML enumerates in PCI order).
+        """
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            entries = [e.strip() for e in visible.split(",") if e.strip()]
+            if cuda_index >= len(entries):
+                raise DeviceError(
+                    f"CUDA device {cuda_index} is not visible (CUDA_VISIBLE_DEVICES={visible})"
+                )
+            entry = entries[cuda_index]
+            if entry.startswith(("GPU-", "MIG-")):
+                return cls(entry, **kwargs)
+            return cls(index=int(entry), **kwargs)
+        return cls(index=cuda_index, **kwargs)
+
+    # -----------------------------------------------------------------------------------------
+    # Start-up and shutdown
+
+    @property
+    def is_open(self) -> bool:
+        return self._handle is not None
+
+    def open(self) -> NvmlGPU:
+        """Run the start-up checklist (idempotent).
+
+        Raises:
+            NvmlUnavailableError: no library/driver.
+            DeviceNotSupportedError: MIG mode without ``allow_mig``.
+            DeviceError: the UUID/index does not exist, or another NVML failure.
+        """
+        if self._handle is not None:
+            return self
+        if self._nvml is None:
+            self._nvml = import_nvml()
+        nvml = self._nvml
+        _init(nvml)
+        try:
+            self._open_device(nvml)
+        except BaseException:
+            _shutdown(nvml)
+            raise
+        return self
+
+    def _open_device(self, nvml: Any) -> None:
+        if self._uuid is not None:
+            handle = call_nvml(nvml, "nvmlDeviceGetHandleByUUID", self._uuid, what=self._uuid)
+        else:
+            handle = call_nvml(nvml, "nvmlDeviceGetHandleByIndex", self._index)
+            self._uuid = _text(call_nvml(nvml, "nvmlDeviceGetUUID", handle))
+        what = self._uuid or ""
+        self._name = _text(call_nvml(nvml, "nvmlDeviceGetName", handle, what=what))
+        what = f"{self._name} ({self._uuid})"
+        try:
+            current_mig, _pending = call_nvml(nvml, "nvmlDeviceGetMigMode", handle, what=what)
+        except DeviceNotSupportedError:
+            current_mig = 0
+        if current_mig == _MIG_ENABLE and not self._allow_mig:
+            raise DeviceNotSupportedError(
+                f"{what} is in MIG mode; a clock lock would change every MIG instance. Pass "
+                "allow_mig=True if this job owns the whole GPU"
+            )
+        arch = call_nvml(nvml, "nvmlDeviceGetArchitecture", handle, what=what)
+        reason: str | None = None
+        if arch < _ARCH_VOLTA:
+            reason = f"architecture {arch} is older than Volta"
+        mem = max(call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what))
+        clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
+        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        if not self._clocks:
+            raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
+        if self._privileged_override is None:
+            ok, why = probe_privilege()
+        else:
+            ok, why = self._privileged_override, "marked unprivileged by the caller"
+        if not ok and reason is None:
+            reason = why
+        self.observe_only_reason = reason
+        try:
+            self.persistence_mode = bool(
+                call_nvml(nvml, "nvmlDeviceGetPersistenceMode", handle, what=what)
+            )
+        except DeviceNotSupportedError:
+            self.persistence_mode = None
+        self._handle = handle
+
+    def close(self) -> None:
+        """Reset a lock this object set, then release NVML (idempotent)."""
+        if self._handle is None:
+            return
+        try:
+            if self._locked is not None:
+                self.reset_locked_clock()
+        finally:
+            self._handle = None
+            _shutdown(self._nvml)
+
+    def __enter__(self) -> NvmlGPU:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _h(self) -> Any:
+        if self._handle is None:
+            self.open()
+        return self._handle
+
+    def _what(self) -> str:
+        return f"{self._name} ({self._uuid})"
+
+    # -----------------------------------------------------------------------------------------
+    # GPU protocol
+
+    @property
+    def uuid(self) -> str:
+        if self._uuid is None:
+            self.open()
+        assert self._uuid is not None  # set by open()
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        self._h()
+        return self._name
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        self._h()
+        return self._clocks
+
+    def snap_clock_mhz(self, freq_mhz: int) -> int:
+        """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
+        asc = tuple(reversed(self.supported_clocks_mhz()))
+        i = bisect.bisect_left(asc, freq_mhz)
+        if i == 0:
+            return asc[0]
+        if i == len(asc):
+            return asc[-1]
+        lo, hi = asc[i - 1], asc[i]
+        return lo if freq_mhz - lo < hi - freq_mhz else hi
+
+    def _require_control(self, action: str) -> None:
+        if self.observe_only_reason is not None:
+            raise DevicePermissionError(
+                f"{self._what()}: cannot {action}: {self.observe_only_reason}"
+            )
+
+    def set_locked_clock(self, freq_mhz: int) -> int:
+        """Lock the SM clock (min = max = the snapped clock); on INVALID_ARGUMENT or
+        FREQ_NOT_SUPPORTED, re-read the clock list, re-snap and retry once."""
+        handle = self._h()
+        self._require_control("lock clocks")
+        snapped = self.snap_clock_mhz(freq_mhz)
+        try:
+            call_nvml(
+                self._nvml,
+                "nvmlDeviceSetGpuLockedClocks",
+                handle,
+                snapped,
+                snapped,
+                what=self._what(),
+            )
+        except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
+            raise
+        except DeviceError as e:
+            code = getattr(e.__cause__, "value", None)
+            if code not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
+                raise
+            mem = max(call_nvml(self._nvml, "nvmlDeviceGetSupportedMemoryClocks", handle))
+            clocks = call_nvml(self._nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
+            self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+            retry = self.snap_clock_mhz(freq_mhz)
+            try:
+                call_nvml(
+                    self._nvml,
+                    "nvmlDeviceSetGpuLockedClocks",
+                    handle,
+                    retry,
+                    retry,
+                    what=self._what(),
+                )
+            except DeviceError as again:
+                raise DeviceError(
+                    f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
+                    f"then {retry} MHz); giving up on this clock"
+                ) from again
+            snapped = retry
+        self._locked = snapped
+        return snapped
+
+    def reset_locked_clock(self) -> None:
+        handle = self._h()
+        self._require_control("reset clocks")
+        call_nvml(self._nvml, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
+        self._locked = None
+
+    def locked_clock_mhz(self) -> int | None:
+        """The lock this process set (NVML cannot read back another process's lock)."""
+        return self._locked
+
+    def current_clock_mhz(self) -> int:
+        return int(
+            call_nvml(self._nvml, "nvmlDeviceGetClockInfo", self._h(), _CLOCK_SM, what=self._what())
+        )
+
+    def energy_mj(self) -> int:
+        return int(
+            call_nvml(
+                self._nvml, "nvmlDeviceGetTotalEnergyConsumption", self._h(), what=self._what()
+            )
+        )
+
+    def power_w(self) -> float:
+        milliwatts = call_nvml(self._nvml, "nvmlDeviceGetPowerUsage", self._h(), what=self._what())
+        return float(milliwatts) / 1000.0
+
+    # -----------------------------------------------------------------------------------------
+    # Safety hooks
+
+    def owner_lock_path(self) -> Path:
+        """Ownership lock file keyed by UUID under ``$PERSEUS_LOCK_DIR``.
+
+        The default directory is shared by all users (sticky, world-writable like /tmp), since
+        one GPU must have one owner whoever runs the job.
+        """
+        lock_dir = self._lock_dir
+        if lock_dir is None:
+            lock_dir = default_lock_dir()
+            if not lock_dir.exists():
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    os.chmod(lock_dir, 0o1777)
+        return owner_lock_path(lock_dir, self.uuid)
+
+    def watchdog_spec(self) -> dict[str, str]:
+        return {"backend": "nvml", "uuid": self.uuid}
+
+    def __repr__(self) -> str:
+        return f"NvmlGPU(uuid={self._uuid!r}, index={self._index!r})"
+
+
+def list_nvml_gpus(nvml_module: Any = None) -> list[NvmlGPU]:
+    """Every GPU NVML sees, opened (close them when done).
+
+    Raises:
+        NvmlUnavailableError: when there is no library or driver.
+    """
+    nvml = nvml_module if nvml_module is not None else import_nvml()
+    _init(nvml)
+    try:
+        count = call_nvml(nvml, "nvmlDeviceGetCount")
+        gpus = [NvmlGPU(index=i, nvml_module=nvml) for i in range(count)]
+        opened: list[NvmlGPU] = []
+        try:
+            for g in gpus:
+                opened.append(g.open())
+        except BaseException:
+            for g in opened:
+                g.close()
+            raise
+        return opened
+    finally:
+        _shutdown(nvml)

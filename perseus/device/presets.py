@@ -1,0 +1,142 @@
+"""Simulator presets: clock lists and fitted power/time models for A100-SXM4, A40 and H100.
+
+Numbers come from ``notes/gpu-backend.md`` §4–5. The A100 model is fitted to the Perseus
+GPT-3 A100 measurements (rmse 4.8 W); the A40 model is fitted to the bundled A40 profile
+(power rmse 0.9 W, 300 W cap binding above ~1485 MHz); the H100 row is an **estimate** to be
+re-fitted from one sweep on real hardware (``estimated=True``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perseus.device.power_model import PowerModel, TimeModel
+from perseus.errors import ConfigError
+from perseus.schedule.actions import Kind
+
+__all__ = ["PRESETS", "GPUPreset", "get_preset"]
+
+
+def _clocks(low_mhz: int, high_mhz: int, step_mhz: int = 15) -> tuple[int, ...]:
+    return tuple(range(high_mhz, low_mhz - 1, -step_mhz))
+
+
+@dataclass(frozen=True, slots=True)
+class GPUPreset:
+    """Everything the simulator needs to model one GPU type.
+
+    Attributes:
+        key: Short name used on the command line (``a100``).
+        name: The name NVML would report.
+        clocks_mhz: Supported SM clocks, highest first.
+        power: Power model.
+        time: Op-time model (reference clock = the highest clock).
+        power_cap_w: Default enforced power limit (None: uncapped).
+        activity: Default activity ``u`` of a forward/backward op.
+        op_time_s: Reference time of one op of each kind at the highest clock, uncapped.
+        idle_clock_mhz: Clock reported while idle and unlocked.
+        estimated: True when the numbers are placeholders not yet checked on hardware.
+    """
+
+    key: str
+    name: str
+    clocks_mhz: tuple[int, ...]
+    power: PowerModel
+    time: TimeModel
+    power_cap_w: float | None
+    activity: float
+    op_time_s: dict[Kind, float] = field(default_factory=dict)
+    idle_clock_mhz: int = 210
+    estimated: bool = False
+
+
+_A100_POWER = PowerModel(
+    base_w=37.0,
+    c_w_per_ghz_v2=470.0,
+    v_min=0.70,
+    knee_mhz=1095.0,
+    v_max=0.83,
+    max_mhz=1410.0,
+    idle_w=60.0,
+    blocking_w=83.64,
+)
+_A100_TIMES = {Kind.F: 0.050, Kind.B: 0.095, Kind.W: 0.0475}
+
+PRESETS: dict[str, GPUPreset] = {
+    "a100": GPUPreset(
+        key="a100",
+        name="NVIDIA A100-SXM4-80GB",
+        clocks_mhz=_clocks(210, 1410),
+        power=_A100_POWER,
+        time=TimeModel(ref_mhz=1410.0),
+        power_cap_w=400.0,
+        activity=0.75,
+        op_time_s=_A100_TIMES,
+    ),
+    # The notes' "perseus-500W" fixture: the board the Perseus A100 data was measured on.
+    # u = 1 with a 480 W cap reproduces the §4.2 measurement table.
+    "a100-500w": GPUPreset(
+        key="a100-500w",
+        name="NVIDIA A100-SXM4-80GB (500 W)",
+        clocks_mhz=_clocks(210, 1410),
+        power=_A100_POWER,
+        time=TimeModel(ref_mhz=1410.0),
+        power_cap_w=480.0,
+        activity=1.0,
+        op_time_s=_A100_TIMES,
+    ),
+    "a40": GPUPreset(
+        key="a40",
+        name="NVIDIA A40",
+        clocks_mhz=_clocks(210, 1740),
+        power=PowerModel(
+            base_w=93.0,
+            c_w_per_ghz_v2=202.0,
+            v_min=0.70,
+            knee_mhz=1120.0,
+            v_max=0.92,
+            max_mhz=1740.0,
+            idle_w=30.0,
+            blocking_w=70.38,
+        ),
+        time=TimeModel(ref_mhz=1740.0, form="linear", alpha=0.42),
+        power_cap_w=300.0,
+        activity=1.0,
+        op_time_s={Kind.F: 0.112, Kind.B: 0.277, Kind.W: 0.1385},
+    ),
+    "h100": GPUPreset(
+        key="h100",
+        name="NVIDIA H100 80GB HBM3",
+        clocks_mhz=_clocks(345, 1980),
+        power=PowerModel(
+            base_w=55.0,
+            c_w_per_ghz_v2=700.0,
+            v_min=0.70,
+            knee_mhz=1400.0,
+            v_max=0.95,
+            max_mhz=1980.0,
+            idle_w=70.0,
+            blocking_w=120.0,
+        ),
+        time=TimeModel(ref_mhz=1980.0),
+        power_cap_w=700.0,
+        activity=0.75,
+        op_time_s={Kind.F: 0.025, Kind.B: 0.048, Kind.W: 0.024},
+        idle_clock_mhz=345,
+        estimated=True,
+    ),
+}
+
+
+def get_preset(key: str) -> GPUPreset:
+    """The preset called ``key`` (case-insensitive).
+
+    Raises:
+        ConfigError: naming the known presets.
+    """
+    try:
+        return PRESETS[key.lower()]
+    except KeyError:
+        raise ConfigError(
+            f"unknown GPU preset {key!r}; choose one of {', '.join(sorted(PRESETS))}"
+        ) from None

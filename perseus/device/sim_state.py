@@ -1,0 +1,338 @@
+"""Out-of-process state of simulated GPUs, and the ownership lock files of every GPU.
+
+Like a real driver, a simulated GPU's locked clock, energy counter and owner outlive the
+process that set them: they live in a *state directory* (``PERSEUS_SIM_DIR``, default
+``<tmp>/perseus-sim-<uid>``), one file per GPU (``<uuid>.state``: a 32-byte header, then
+JSON; the static description is in ``<uuid>.info.json``), so several processes see the same
+GPU and a dead process's lock persists until someone resets it.
+
+This module uses the standard library only and imports nothing from perseus, so the watchdog
+process can load it by file path without paying for ``import perseus`` (~1 s).
+
+Energy is the integral of a piecewise-constant power: the state stores the exact integral
+``energy_j`` up to ``t_last``, the power of the running op until ``busy_until`` and the
+blocking power after it. Every transition first *advances* the integral to "now", so any
+process can read the counter at any time without replaying history. The counter NVML would
+report is published only at multiples of ``publish_interval_s`` (``pub_tick``/``pub_mj``).
+
+Concurrency: writers take an exclusive ``flock`` on the state file (re-entrant within a
+process, so a signal handler that resets the GPU while the main thread is mid-update does not
+deadlock) and update it in place under a sequence lock; readers never lock and re-parse only
+when the sequence number changed (see :class:`SimStateFile`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "INFO_SUFFIX",
+    "OWNER_LOCK_SUFFIX",
+    "STATE_SUFFIX",
+    "SimStateFile",
+    "acquire_owner_lock",
+    "advance",
+    "default_lock_dir",
+    "default_state_dir",
+    "energy_at",
+    "list_states",
+    "owner_lock_path",
+    "published_mj",
+    "read_owner_pid",
+    "release_owner_lock",
+    "write_info",
+]
+
+STATE_SUFFIX = ".state"
+INFO_SUFFIX = ".info.json"
+OWNER_LOCK_SUFFIX = ".owner"
+
+State = dict[str, Any]
+
+
+def default_state_dir() -> Path:
+    """``$PERSEUS_SIM_DIR``, else a per-user directory under the system temp dir."""
+    env = os.environ.get("PERSEUS_SIM_DIR")
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"perseus-sim-{os.getuid()}"
+
+
+def default_lock_dir() -> Path:
+    """Where real GPUs' ownership locks live: ``$PERSEUS_LOCK_DIR`` or ``<tmp>/perseus-locks``."""
+    env = os.environ.get("PERSEUS_LOCK_DIR")
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / "perseus-locks"
+
+
+# ---------------------------------------------------------------------------------------------
+# Energy integral (pure functions of a state dict)
+
+
+def energy_at(state: State, t: float) -> float:
+    """Exact energy (J) at time ``t`` ≥ ``state['t_last']``: op power until ``busy_until``,
+    blocking power after it."""
+    t0 = state["t_last"]
+    span = max(0.0, t - t0)
+    busy = max(0.0, min(t, state["busy_until"]) - t0)
+    busy = min(busy, span)
+    return float(
+        state["energy_j"] + state["op_power_w"] * busy + state["idle_power_w"] * (span - busy)
+    )
+
+
+def _tick(t: float, interval_s: float) -> float:
+    return math.floor(t / interval_s) * interval_s
+
+
+def published_mj(state: State, t: float) -> int:
+    """The counter an NVML read at time ``t`` returns: ``floor(∫P dt)`` in mJ, as of the last
+    publish tick (or exact when ``publish_interval_s`` is 0)."""
+    interval = state["publish_interval_s"]
+    if interval <= 0:
+        return math.floor(energy_at(state, t) * 1000.0)
+    tick = _tick(t, interval)
+    if tick <= state["pub_tick"]:
+        return int(state["pub_mj"])
+    # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
+    return math.floor(energy_at(state, tick) * 1000.0)
+
+
+def advance(state: State, now: float) -> float:
+    """Move the integral to ``now`` (never backwards) before a transition; returns ``now`` used."""
+    now = max(now, state["t_last"])
+    interval = state["publish_interval_s"]
+    if interval > 0:
+        tick = _tick(now, interval)
+        if tick > state["pub_tick"]:
+            state["pub_mj"] = published_mj(state, now)
+            state["pub_tick"] = tick
+    state["energy_j"] = energy_at(state, now)
+    state["t_last"] = now
+    return now
+
+
+# ---------------------------------------------------------------------------------------------
+# The state file
+
+
+_HEADER_BYTES = 32  # b"<seq:020d> <length:010d>\n"
+
+
+def _header(seq: int, length: int) -> bytes:
+    return f"{seq:020d} {length:010d}\n".encode("ascii")
+
+
+class SimStateFile:
+    """One simulated GPU's state file: a seqlock-protected JSON document, updated in place.
+
+    Layout: a 32-byte ASCII header ``"<seq> <length>\n"`` followed by ``length`` bytes of
+    JSON. A writer (holding the exclusive ``flock`` on the file) makes ``seq`` odd, writes the
+    JSON, then makes ``seq`` even again; a reader that sees the same even ``seq`` before and
+    after reading the JSON has a consistent copy, and a reader whose cached ``seq`` still
+    matches needs one 32-byte ``pread`` (~1 µs). In-place writes avoid a rename, which costs
+    ~0.4 ms on ext4 and would dominate every emulated op.
+
+    File descriptors are reopened after ``fork`` so a child never shares the parent's lock.
+    """
+
+    def __init__(self, state_dir: Path, uuid: str) -> None:
+        self.path = state_dir / f"{uuid}{STATE_SUFFIX}"
+        self._fd: int | None = None
+        self._pid = 0
+        # (seq, state) in one attribute: a thread reading it never sees one without the other.
+        self._cached: tuple[int, State | None] = (-1, None)
+        self._rlock = threading.RLock()
+        self._depth = 0
+
+    def _file(self) -> int:
+        if self._fd is None or self._pid != os.getpid():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._pid = os.getpid()
+            self._cached = (-1, None)
+        return self._fd
+
+    def close(self) -> None:
+        """Close the file descriptor (reopened on next use)."""
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid() and self._depth == 0:
+            os.close(fd)
+
+    def read(self) -> State | None:
+        """The current state (cached while ``seq`` is unchanged), or None if not created yet."""
+        fd = self._file()
+        for _ in range(50):
+            head = os.pread(fd, _HEADER_BYTES, 0)
+            if len(head) < _HEADER_BYTES:
+                return None
+            seq = int(head[:20])
+            cached_seq, cached = self._cached
+            if seq == cached_seq:
+                return cached
+            if seq % 2 == 0:
+                payload = os.pread(fd, int(head[21:31]), _HEADER_BYTES)
+                if os.pread(fd, 20, 0) == head[:20]:
+                    return self._accept(seq, payload)
+            time.sleep(0)
+        # A writer is slow or died mid-write: read under the lock (writers are excluded).
+        with self._locked():
+            return self._read_locked(fd)
+
+    def _read_locked(self, fd: int) -> State | None:
+        head = os.pread(fd, _HEADER_BYTES, 0)
+        if len(head) < _HEADER_BYTES:
+            return None
+        seq = int(head[:20])
+        cached_seq, cached = self._cached
+        if seq == cached_seq:
+            return cached
+        payload = os.pread(fd, int(head[21:31]), _HEADER_BYTES)
+        try:
+            return self._accept(seq, payload)
+        except ValueError:
+            return None  # torn by a writer that died mid-write: start afresh
+
+    def _accept(self, seq: int, payload: bytes) -> State:
+        state: State = json.loads(payload)
+        self._cached = (seq, state)
+        return state
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._rlock:
+            fd = self._file()
+            if self._depth == 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def update(self, change: Callable[[State | None], State | None]) -> State | None:
+        """Apply ``change`` to the current state under the lock and write the result.
+
+        ``change`` gets a private shallow copy (or None when the state does not exist yet; it
+        must not mutate nested lists) and returns the new state, or None to leave the file
+        untouched. Cost: one JSON encode and three small syscalls, ~20-40 µs.
+        """
+        with self._locked():
+            fd = self._file()
+            current = self._read_locked(fd)
+            new = change(dict(current) if current is not None else None)
+            if new is None:
+                return current
+            data = json.dumps(new, separators=(",", ":")).encode("utf-8")
+            head = os.pread(fd, _HEADER_BYTES, 0)
+            seq = int(head[:20]) if len(head) == _HEADER_BYTES else 0
+            base = seq + (seq % 2)  # an odd seq means a writer died mid-write
+            os.pwrite(fd, _header(base + 1, len(data)), 0)
+            # No truncation (a journaled metadata update on ext4): readers take ``length``
+            # bytes, so a longer old document's tail is ignored.
+            os.pwrite(fd, data, _HEADER_BYTES)
+            os.pwrite(fd, _header(base + 2, len(data)), 0)
+            self._cached = (base + 2, new)
+            return new
+
+
+def write_info(state_dir: Path, uuid: str, info: State) -> None:
+    """Write a GPU's static description (name, clocks...) to ``<uuid>.info.json`` atomically.
+
+    Kept out of the state file so that every op does not re-encode the clock list.
+    """
+    path = state_dir / f"{uuid}{INFO_SUFFIX}"
+    data = json.dumps(info, indent=1).encode("utf-8")
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == data:
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def list_states(state_dir: Path) -> list[State]:
+    """Every simulated GPU's state merged with its description, ordered by index."""
+    if not state_dir.is_dir():
+        return []
+    states = []
+    for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):
+        uuid = path.name[: -len(STATE_SUFFIX)]
+        store = SimStateFile(state_dir, uuid)
+        try:
+            state = store.read()
+            info = json.loads((state_dir / f"{uuid}{INFO_SUFFIX}").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            state = None
+        finally:
+            store.close()
+        if state is not None:
+            states.append({**info, **state})
+    return sorted(states, key=lambda s: (s.get("index", 0), s.get("uuid", "")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Ownership locks (one owner per GPU, keyed by UUID)
+
+
+def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
+    """The lock file that makes a process the owner of GPU ``uuid``."""
+    return lock_dir / f"{uuid}{OWNER_LOCK_SUFFIX}"
+
+
+def acquire_owner_lock(path: Path) -> tuple[int | None, int | None]:
+    """Try to become the owner: ``(fd, None)`` on success, ``(None, owner_pid)`` if taken.
+
+    The exclusive ``flock`` is held as long as ``fd`` is open in some process, and the kernel
+    drops it when the owner dies (even by SIGKILL). The owner's pid is written into the file
+    for error messages and ``perseus device info``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, read_owner_pid(path)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+def release_owner_lock(fd: int, path: Path) -> None:
+    """Give up ownership: clear the recorded pid and close (unlocking) ``fd``."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    os.close(fd)
+
+
+def read_owner_pid(path: Path) -> int | None:
+    """The pid recorded in a lock file, or None when free or unreadable.
+
+    The pid is only meaningful while the lock is held: a clean release truncates it, and a
+    killed owner's stale pid is ignored by callers that first try the lock.
+    """
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

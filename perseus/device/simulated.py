@@ -1,0 +1,577 @@
+"""A simulated GPU whose state lives outside the process, like a real driver's.
+
+The simulator follows ``notes/gpu-backend.md`` §5. Its locked clock, energy counter, slowdown
+and owner live in a state directory (see :mod:`perseus.device.sim_state`), so several
+processes see the same GPU and a killed process's lock stays until someone resets it.
+
+Two ways to build one:
+
+* :meth:`SimulatedGPU.from_profile`: the clock list is the profile's clocks and an op at clock
+  ``f`` costs exactly the profile's time and energy (power = energy / time, so a power cap
+  clamps to the highest profiled clock whose power fits).
+* :meth:`SimulatedGPU.from_preset`: A100-SXM4, A40, H100 (estimated) from fitted physics
+  (:mod:`perseus.device.power_model`).
+
+Emulation API (used by torch emulation): :meth:`~SimulatedGPU.op_cost`,
+:meth:`~SimulatedGPU.begin_op`, :meth:`~SimulatedGPU.end_op`. Energy integrates over real
+wall-clock time: while an op runs the GPU draws ``op energy / op time`` (so a full op adds
+exactly its energy even if ``end_op`` comes late), otherwise ``blocking_power_w``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import uuid as _uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from perseus.device.power_model import capped_clock_mhz
+from perseus.device.presets import GPUPreset, get_preset
+from perseus.device.sim_state import (
+    SimStateFile,
+    State,
+    advance,
+    default_state_dir,
+    energy_at,
+    owner_lock_path,
+    published_mj,
+    write_info,
+)
+from perseus.errors import (
+    ConfigError,
+    DeviceError,
+    DevicePermissionError,
+    ProfileError,
+)
+from perseus.profile.model import Profile
+from perseus.schedule.actions import Kind
+
+__all__ = ["SimulatedGPU", "sim_uuid"]
+
+# (stage_index, kind, freq_mhz) -> (time_s, energy_j) at that clock, before slowdown.
+OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
+
+
+def sim_uuid(index: int) -> str:
+    """The UUID of simulated GPU ``index``: stable, so every process finds the same GPU."""
+    return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
+
+
+class SimulatedGPU:
+    """A GPU model implementing :class:`~perseus.device.base.GPU` plus an emulation API.
+
+    The constructor does no I/O; the state file is created on first use.
+
+    Args:
+        name: Reported device name.
+        clocks_mhz: Supported SM clocks (any order; stored highest first).
+        op_cost_fn: Uncapped ``(time_s, energy_j)`` of an op at a supported clock.
+        blocking_power_w: Power while not running an op (waiting on P2P/collectives).
+        index: Device index; the UUID is derived from it.
+        state_dir: Where the state lives (default ``$PERSEUS_SIM_DIR`` or a per-user temp dir).
+        publish_interval_s: Energy counter update period; 0 publishes exactly (tests).
+        set_latency_s: How long ``set_locked_clock``/``reset_locked_clock`` block the caller
+            (the new clock applies when the call returns).
+        power_cap_w: Enforced power limit, None for none.
+        idle_clock_mhz: Clock reported while idle and unlocked (default: lowest clock).
+        privileged: False makes set/reset raise :class:`DevicePermissionError` (NO_PERMISSION).
+        clamp_out_of_range: Out-of-range requests snap to the nearest end (True) or raise
+            (NVML's INVALID_ARGUMENT, False).
+        source: Free text saying what the model was built from.
+        clock: Wall-clock source shared by all processes (tests inject a fake one).
+        sleep: How to wait out the set latency (tests inject a no-op).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clocks_mhz: tuple[int, ...] | list[int],
+        op_cost_fn: OpCostFn,
+        blocking_power_w: float,
+        index: int = 0,
+        state_dir: str | Path | None = None,
+        publish_interval_s: float = 0.1,
+        set_latency_s: float = 0.005,
+        power_cap_w: float | None = None,
+        idle_clock_mhz: int | None = None,
+        privileged: bool = True,
+        clamp_out_of_range: bool = True,
+        source: str = "",
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not clocks_mhz:
+            raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
+        if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
+            raise ConfigError(
+                f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
+                "set_latency_s must be >= 0"
+            )
+        self._name = name
+        self._clocks = tuple(sorted(set(clocks_mhz), reverse=True))
+        self._ascending = tuple(reversed(self._clocks))
+        self._cost_fn = op_cost_fn
+        self.blocking_power_w = float(blocking_power_w)
+        self.index = index
+        self._state_dir = Path(state_dir) if state_dir is not None else None
+        self.publish_interval_s = float(publish_interval_s)
+        self.set_latency_s = float(set_latency_s)
+        self.power_cap_w = power_cap_w
+        self._idle_clock = idle_clock_mhz if idle_clock_mhz is not None else self._clocks[-1]
+        self.privileged = privileged
+        self.clamp_out_of_range = clamp_out_of_range
+        self.source = source
+        self._clock = clock
+        self._sleep = sleep
+        self._uuid = sim_uuid(index)
+        self._file: SimStateFile | None = None
+        self._injected: dict[str, list[DeviceError]] = {}
+        self._cost_cache: dict[tuple[int, Kind, int], tuple[int, float, float]] = {}
+        self._last_mj = 0
+        self._attach_lock = threading.Lock()
+
+    # -----------------------------------------------------------------------------------------
+    # Constructors
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: Profile,
+        *,
+        blocking_power_w: float,
+        index: int = 0,
+        state_dir: str | Path | None = None,
+        publish_interval_s: float = 0.1,
+        set_latency_s: float = 0.005,
+        power_cap_w: float | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> SimulatedGPU:
+        """A GPU on which an op at clock ``f`` costs exactly ``profile``'s time and energy.
+
+        The clock list is the union of the profile's clocks. An op asked to run at a clock it
+        was not profiled at uses its nearest profiled clock.
+        """
+        clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
+        tables = {
+            key: {o.freq_mhz: (o.time_s, o.energy_j) for o in op.options}
+            for key, op in profile.ops.items()
+        }
+
+        def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
+            table = tables.get((stage_index, kind))
+            if table is None:
+                raise ProfileError(
+                    f"{profile.source}: simulated GPU has no {kind.profile_name!r} rows for "
+                    f"stage {stage_index} (profile has {profile.num_stages} stages)"
+                )
+            hit = table.get(freq_mhz)
+            if hit is None:
+                hit = table[min(table, key=lambda f: (abs(f - freq_mhz), -f))]
+            return hit
+
+        return cls(
+            name=name or f"Simulated GPU ({Path(profile.source).stem})",
+            clocks_mhz=clocks,
+            op_cost_fn=cost,
+            blocking_power_w=blocking_power_w,
+            index=index,
+            state_dir=state_dir,
+            publish_interval_s=publish_interval_s,
+            set_latency_s=set_latency_s,
+            power_cap_w=power_cap_w,
+            source=f"profile {profile.source}",
+            **kwargs,
+        )
+
+    @classmethod
+    def from_profile_file(
+        cls,
+        path: str | Path,
+        *,
+        blocking_power_w: float | None = None,
+        **kwargs: Any,
+    ) -> SimulatedGPU:
+        """Like :meth:`from_profile`, reading a measured profile CSV/JSON (or a bundled name
+        such as ``a100``). ``blocking_power_w`` defaults to the bundled profile's measured value.
+
+        Raises:
+            ConfigError: unreadable profile, or no blocking power for a non-bundled profile.
+        """
+        from perseus.io.bundled import default_blocking_power_w, load_profile
+
+        profile = load_profile(path)
+        if blocking_power_w is None:
+            blocking_power_w = default_blocking_power_w(profile)
+            if blocking_power_w is None:
+                raise ConfigError(
+                    f"{path}: not a bundled profile, so its blocking (P2P-wait) power is unknown; "
+                    "pass blocking_power_w"
+                )
+        return cls.from_profile(profile, blocking_power_w=blocking_power_w, **kwargs)
+
+    @classmethod
+    def from_preset(
+        cls,
+        key: str | GPUPreset,
+        *,
+        index: int = 0,
+        state_dir: str | Path | None = None,
+        publish_interval_s: float = 0.1,
+        set_latency_s: float = 0.005,
+        power_cap_w: float | str | None = "preset",
+        activity: float | None = None,
+        op_time_s: Mapping[Kind, float] | None = None,
+        blocking_power_w: float | None = None,
+        **kwargs: Any,
+    ) -> SimulatedGPU:
+        """A GPU from a fitted preset (``a100``, ``a100-500w``, ``a40``, ``h100``).
+
+        Every stage costs the same: ``op_time_s[kind]`` at the highest clock (uncapped),
+        scaled by the preset's time model; power from its power model at ``activity``.
+        ``power_cap_w="preset"`` keeps the preset's cap; None removes it.
+        """
+        preset = key if isinstance(key, GPUPreset) else get_preset(key)
+        u = preset.activity if activity is None else activity
+        times = dict(preset.op_time_s)
+        if op_time_s is not None:
+            times.update(op_time_s)
+        model_power, model_time = preset.power, preset.time
+
+        def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
+            t = times[kind] * model_time.factor(freq_mhz)
+            return t, model_power.compute_power_w(freq_mhz, u) * t
+
+        cap = preset.power_cap_w if power_cap_w == "preset" else power_cap_w
+        if isinstance(cap, str):
+            raise ConfigError(f"power_cap_w must be a number, None or 'preset', got {cap!r}")
+        return cls(
+            name=f"Simulated {preset.name}",
+            clocks_mhz=preset.clocks_mhz,
+            op_cost_fn=cost,
+            blocking_power_w=(
+                preset.power.blocking_w if blocking_power_w is None else blocking_power_w
+            ),
+            index=index,
+            state_dir=state_dir,
+            publish_interval_s=publish_interval_s,
+            set_latency_s=set_latency_s,
+            power_cap_w=cap,
+            idle_clock_mhz=preset.idle_clock_mhz,
+            source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
+            **kwargs,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Identity and state plumbing
+
+    @property
+    def uuid(self) -> str:
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def state_dir(self) -> Path:
+        """The directory holding this GPU's state (resolved on first use)."""
+        if self._state_dir is None:
+            self._state_dir = default_state_dir()
+        return self._state_dir
+
+    def owner_lock_path(self) -> Path:
+        """Ownership lock file, in the state directory next to the state."""
+        return owner_lock_path(self.state_dir, self._uuid)
+
+    def watchdog_spec(self) -> dict[str, str]:
+        """What the watchdog needs to reset this GPU from another process."""
+        return {"backend": "sim", "state_dir": str(self.state_dir), "uuid": self._uuid}
+
+    def _info(self) -> State:
+        """Static description, kept apart from the small, frequently rewritten state."""
+        return {
+            "uuid": self._uuid,
+            "index": self.index,
+            "name": self._name,
+            "source": self.source,
+            "clocks_mhz": list(self._clocks),
+            "idle_clock_mhz": self._idle_clock,
+        }
+
+    def _initial_state(self, now: float) -> State:
+        return {
+            "uuid": self._uuid,
+            "index": self.index,
+            "idle_power_w": self.blocking_power_w,
+            "publish_interval_s": self.publish_interval_s,
+            "power_cap_w": self.power_cap_w,
+            "locked_mhz": None,
+            "slowdown": 1.0,
+            "energy_j": 0.0,
+            "t_last": now,
+            "busy_until": now,
+            "busy_clock_mhz": None,
+            "op_power_w": 0.0,
+            "pub_tick": 0.0,
+            "pub_mj": 0,
+        }
+
+    def _attach(self, state: State | None, now: float) -> State:
+        """Create the state, or adopt an existing one with this process's model parameters
+        (the lock, counter, slowdown and owner are kept: they belong to the "hardware")."""
+        if state is None:
+            return self._initial_state(now)
+        advance(state, now)
+        state.update(
+            idle_power_w=self.blocking_power_w,
+            publish_interval_s=self.publish_interval_s,
+            power_cap_w=self.power_cap_w,
+        )
+        return state
+
+    def _store(self) -> SimStateFile:
+        f = self._file
+        if f is None:
+            with self._attach_lock:  # the clock worker and the training thread may race here
+                f = self._file
+                if f is None:
+                    f = SimStateFile(self.state_dir, self._uuid)
+                    now = self._clock()
+                    f.update(lambda s: self._attach(s, now))
+                    write_info(self.state_dir, self._uuid, self._info())
+                    self._file = f
+        return f
+
+    def _state(self) -> State:
+        state = self._store().read()
+        if state is None:  # someone deleted the state dir: start afresh, like a driver reload
+            self._file = None
+            state = self._store().read()
+        assert state is not None  # created just above
+        return state
+
+    def _update(self, change: Callable[[State], None]) -> State:
+        def apply(state: State | None) -> State:
+            now = self._clock()  # under the lock: writers' times are ordered like their writes
+            state = self._attach(state, now) if state is None else state
+            advance(state, now)
+            change(state)
+            return state
+
+        new = self._store().update(apply)
+        assert new is not None
+        return new
+
+    # -----------------------------------------------------------------------------------------
+    # Error injection
+
+    def inject_error(self, method: str, error: DeviceError, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` raise ``error`` (GPU_IS_LOST, TIMEOUT...)."""
+        self._injected.setdefault(method, []).extend([error] * times)
+
+    def _check(self, method: str) -> None:
+        queue = self._injected.get(method)
+        if queue:
+            raise queue.pop(0)
+
+    # -----------------------------------------------------------------------------------------
+    # GPU protocol
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return self._clocks
+
+    def snap_clock_mhz(self, freq_mhz: int) -> int:
+        """The supported clock nearest ``freq_mhz`` (ties go to the higher clock).
+
+        Raises:
+            DeviceError: if out of range and ``clamp_out_of_range`` is False.
+        """
+        asc = self._ascending
+        if not asc[0] <= freq_mhz <= asc[-1] and not self.clamp_out_of_range:
+            raise DeviceError(
+                f"{self._name}: {freq_mhz} MHz is outside the supported range "
+                f"{asc[0]}-{asc[-1]} MHz (INVALID_ARGUMENT)"
+            )
+        i = bisect.bisect_left(asc, freq_mhz)
+        if i == 0:
+            return asc[0]
+        if i == len(asc):
+            return asc[-1]
+        lo, hi = asc[i - 1], asc[i]
+        return lo if freq_mhz - lo < hi - freq_mhz else hi
+
+    def set_locked_clock(self, freq_mhz: int) -> int:
+        self._check("set_locked_clock")
+        if not self.privileged:
+            raise DevicePermissionError(
+                f"{self._name}: setting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
+            )
+        snapped = self.snap_clock_mhz(freq_mhz)
+        if self.set_latency_s > 0:
+            self._sleep(self.set_latency_s)
+
+        def change(state: State) -> None:
+            state["locked_mhz"] = snapped
+
+        self._update(change)
+        return snapped
+
+    def reset_locked_clock(self) -> None:
+        self._check("reset_locked_clock")
+        if not self.privileged:
+            raise DevicePermissionError(
+                f"{self._name}: resetting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
+            )
+        if self.set_latency_s > 0:
+            self._sleep(self.set_latency_s)
+
+        def change(state: State) -> None:
+            state["locked_mhz"] = None
+
+        self._update(change)
+
+    def locked_clock_mhz(self) -> int | None:
+        self._check("locked_clock_mhz")
+        locked = self._state()["locked_mhz"]
+        return None if locked is None else int(locked)
+
+    def current_clock_mhz(self) -> int:
+        self._check("current_clock_mhz")
+        state = self._state()
+        if self._clock() < state["busy_until"] and state["busy_clock_mhz"] is not None:
+            return int(state["busy_clock_mhz"])
+        locked = state["locked_mhz"]
+        return int(locked) if locked is not None else self._idle_clock
+
+    def energy_mj(self) -> int:
+        """The published counter, never decreasing as seen by this object.
+
+        The clock is read before the state so the integral is not extrapolated past a change
+        another process is writing; the running maximum covers the remaining window (an op
+        cut short by an early :meth:`end_op` after this object already counted it as busy).
+        """
+        self._check("energy_mj")
+        now = self._clock()
+        value = published_mj(self._state(), now)
+        if value < self._last_mj:
+            return self._last_mj
+        self._last_mj = value
+        return value
+
+    def power_w(self) -> float:
+        self._check("power_w")
+        state = self._state()
+        busy = self._clock() < state["busy_until"]
+        return float(state["op_power_w"] if busy else state["idle_power_w"])
+
+    # -----------------------------------------------------------------------------------------
+    # Emulation API
+
+    def exact_energy_j(self) -> float:
+        """The true energy integral now (the published counter lags it by up to 100 ms)."""
+        return energy_at(self._state(), self._clock())
+
+    @property
+    def slowdown(self) -> float:
+        """Time multiplier of every op (a throttled GPU: ops take longer at the same power)."""
+        return float(self._state()["slowdown"])
+
+    @slowdown.setter
+    def slowdown(self, factor: float) -> None:
+        self.set_slowdown(factor)
+
+    def set_slowdown(self, factor: float) -> None:
+        """Set the slowdown for every process using this GPU (stored in the state dir).
+
+        Raises:
+            ConfigError: if ``factor`` is not positive.
+        """
+        if not factor > 0:
+            raise ConfigError(f"slowdown must be > 0, got {factor}")
+
+        def change(state: State) -> None:
+            state["slowdown"] = float(factor)
+
+        self._update(change)
+
+    def effective_clock_mhz(self, stage_index: int, kind: Kind) -> int:
+        """The clock an op would run at now: the lock (or max when unlocked), power-capped."""
+        locked = self._state()["locked_mhz"]
+        return self._op_at(stage_index, kind, self._clocks[0] if locked is None else locked)[0]
+
+    def _op_at(self, stage_index: int, kind: Kind, freq_mhz: int) -> tuple[int, float, float]:
+        key = (stage_index, kind, freq_mhz)
+        hit = self._cost_cache.get(key)
+        if hit is None:
+            if self.power_cap_w is None:
+                f_eff = freq_mhz
+            else:
+                below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
+                power = {}
+                for f in below:
+                    t, e = self._cost_fn(stage_index, kind, f)
+                    power[f] = e / t
+                f_eff = capped_clock_mhz(below, freq_mhz, power, self.power_cap_w)
+            t, e = self._cost_fn(stage_index, kind, f_eff)
+            hit = (f_eff, t, e)
+            self._cost_cache[key] = hit
+        return hit
+
+    def op_cost(self, stage_index: int, kind: Kind) -> tuple[float, float]:
+        """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown.
+
+        Slowdown multiplies time and, at unchanged power, energy.
+        """
+        state = self._state()
+        locked = state["locked_mhz"]
+        _, t, e = self._op_at(stage_index, kind, self._clocks[0] if locked is None else locked)
+        s = float(state["slowdown"])
+        return t * s, e * s
+
+    def begin_op(self, stage_index: int, kind: Kind, start_s: float | None = None) -> float:
+        """Start an op now; returns how long it takes (s). The GPU draws the op's power until
+        then, and blocking power after, whether or not :meth:`end_op` is called on time.
+
+        ``start_s`` (on this GPU's ``clock``) back-dates the start, for emulators whose host
+        reaches the op a little after the simulated GPU would have started it (a GPU runs
+        queued kernels back to back while the host lags): the span since ``start_s`` is
+        re-attributed from blocking to op power, never before the previous op's end.
+        """
+        self._check("begin_op")
+        result: list[float] = []
+
+        def change(state: State) -> None:
+            locked = state["locked_mhz"]
+            f_eff, t, e = self._op_at(
+                stage_index, kind, self._clocks[0] if locked is None else locked
+            )
+            time_s = t * float(state["slowdown"])
+            begin = state["t_last"]
+            if start_s is not None and start_s < begin:
+                back = max(start_s, min(float(state["busy_until"]), begin))
+                busy = min(begin, back + time_s) - back
+                state["energy_j"] += (e / t - state["idle_power_w"]) * busy
+                begin = back
+            state["busy_until"] = begin + time_s
+            state["op_power_w"] = e / t
+            state["busy_clock_mhz"] = f_eff
+            result.append(time_s)
+
+        self._update(change)
+        return result[0]
+
+    def end_op(self) -> None:
+        """Mark the GPU idle (blocked) from now; an op ended early is cut short."""
+
+        def change(state: State) -> None:
+            state["busy_until"] = min(state["busy_until"], state["t_last"])
+
+        self._update(change)
+
+    def __repr__(self) -> str:
+        return f"SimulatedGPU(name={self._name!r}, index={self.index}, uuid={self._uuid!r})"

@@ -1,0 +1,394 @@
+"""The simulated GPU: exact profile costs, the notes' A100 table, counter publishing, power cap,
+shared out-of-process state and injected errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from perseus.device.base import GPU, ManagedGPU
+from perseus.device.presets import PRESETS, get_preset
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import ConfigError, DeviceError, DeviceLostError, DevicePermissionError
+from perseus.io import load_profile
+from perseus.profile import build_profile
+from perseus.schedule import Kind
+
+# notes §4.2: f -> (power W, t/t(1410), E/E(1410)), A100 SXM GPT-3 stages (500 W board).
+A100_TABLE = {
+    1410: (476, 1.000, 1.000),
+    1395: (474, 1.001, 0.998),
+    1350: (454, 1.011, 0.965),
+    1305: (426, 1.035, 0.928),
+    1260: (386, 1.066, 0.865),
+    1215: (354, 1.100, 0.819),
+    1170: (326, 1.139, 0.780),
+    1125: (306, 1.180, 0.759),
+    1080: (283, 1.227, 0.730),
+    1035: (275, 1.276, 0.737),
+    990: (265, 1.332, 0.742),
+    945: (253, 1.395, 0.743),
+    900: (246, 1.452, 0.750),
+    855: (236, 1.531, 0.760),
+}
+
+
+class FakeClock:
+    """A shared wall clock the test moves by hand."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _from_profile(tmp_path: Path, clock: FakeClock, **kwargs: object) -> SimulatedGPU:
+    return SimulatedGPU.from_profile(
+        load_profile("a100"),
+        blocking_power_w=83.64,
+        state_dir=tmp_path,
+        publish_interval_s=0.0,
+        set_latency_s=0.0,
+        clock=clock,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_implements_protocols(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path)
+    assert isinstance(gpu, GPU)
+    assert isinstance(gpu, ManagedGPU)
+    assert gpu.uuid.startswith("GPU-")
+    assert not list(tmp_path.iterdir()), "constructor must not touch the state dir"
+
+
+def test_profile_gpu_costs_exactly_the_profile_at_every_clock(tmp_path: Path) -> None:
+    profile = load_profile("a100")
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock)
+    clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options}, reverse=True)
+    assert gpu.supported_clocks_mhz() == tuple(clocks)
+    for (stage, kind), op in profile.ops.items():
+        for i, option in enumerate(op.options):
+            gpu.set_locked_clock(option.freq_mhz)
+            assert gpu.op_cost(stage, kind) == (option.time_s, option.energy_j)
+            if i % 4:
+                continue  # the wall-clock energy path below on a quarter of the clocks
+            before = gpu.exact_energy_j()
+            duration = gpu.begin_op(stage, kind)
+            assert duration == option.time_s
+            assert gpu.current_clock_mhz() == option.freq_mhz
+            clock.t += duration
+            gpu.end_op()
+            assert gpu.exact_energy_j() - before == pytest.approx(option.energy_j, rel=1e-9)
+            assert gpu.energy_mj() == math.floor(gpu.exact_energy_j() * 1000)
+
+
+def test_late_end_op_adds_blocking_power_not_op_power(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock)
+    gpu.set_locked_clock(1410)
+    before = gpu.exact_energy_j()
+    duration = gpu.begin_op(0, Kind.F)
+    assert gpu.power_w() == pytest.approx(gpu.op_cost(0, Kind.F)[1] / duration)
+    clock.t += duration + 0.5
+    assert gpu.power_w() == pytest.approx(83.64)
+    gpu.end_op()
+    expected = load_profile("a100").op(0, Kind.F).at(1410).energy_j + 83.64 * 0.5
+    assert gpu.exact_energy_j() - before == pytest.approx(expected)
+
+
+def test_early_end_op_cuts_the_op(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock)
+    gpu.set_locked_clock(1410)
+    before = gpu.exact_energy_j()
+    duration = gpu.begin_op(0, Kind.F)
+    clock.t += duration / 2
+    gpu.end_op()
+    clock.t += duration / 2
+    energy = load_profile("a100").op(0, Kind.F).at(1410).energy_j
+    assert gpu.exact_energy_j() - before == pytest.approx(energy / 2 + 83.64 * duration / 2)
+
+
+@pytest.mark.parametrize("freq", sorted(A100_TABLE))
+def test_a100_preset_reproduces_the_notes_table(tmp_path: Path, freq: int) -> None:
+    preset = get_preset("a100-500w")
+    power_w, t_ratio, e_ratio = A100_TABLE[freq]
+    assert preset.power.compute_power_w(freq, 1.0) == pytest.approx(power_w, rel=0.05)
+    gpu = SimulatedGPU.from_preset(
+        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=FakeClock()
+    )
+    gpu.set_locked_clock(1410)
+    t0, e0 = gpu.op_cost(0, Kind.F)
+    gpu.set_locked_clock(freq)
+    t, e = gpu.op_cost(0, Kind.F)
+    assert t / t0 == pytest.approx(t_ratio, rel=0.05)
+    assert e / e0 == pytest.approx(e_ratio, rel=0.05)
+
+
+def test_a100_energy_minimum_near_the_knee(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset(
+        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=FakeClock()
+    )
+    energies = {}
+    for f in range(855, 1411, 15):
+        gpu.set_locked_clock(f)
+        energies[f] = gpu.op_cost(0, Kind.B)[1]
+    best = min(energies, key=energies.__getitem__)
+    assert 1035 <= best <= 1110
+    assert energies[best] / energies[1410] == pytest.approx(0.73, abs=0.02)
+
+
+def test_counter_moves_only_in_publish_steps(tmp_path: Path) -> None:
+    clock = FakeClock(2000.0)
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.1, clock=clock
+    )
+    gpu.set_locked_clock(1095)
+    seen: list[tuple[float, int]] = []
+    for step in range(60):  # 600 ms in 10 ms steps, with ops starting and ending in between
+        if step % 7 == 0:
+            gpu.begin_op(0, Kind.F)
+        if step % 7 == 3:
+            gpu.end_op()
+        seen.append((clock.t, gpu.energy_mj()))
+        clock.t += 0.01
+    changes = [t for (t, e), (_, prev) in zip(seen[1:], seen, strict=False) if e != prev]
+    assert len(changes) >= 5
+    for t in changes:  # every change happens in the first 10 ms step after a 100 ms tick
+        assert (t + 1e-9) % 0.1 < 0.01 + 1e-6
+    # Between changes the value is frozen even though the exact integral grows.
+    assert gpu.exact_energy_j() * 1000 > gpu.energy_mj()
+
+
+def test_counter_is_the_floor_of_the_integral_at_the_tick(tmp_path: Path) -> None:
+    clock = FakeClock(3000.0)
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.1, clock=clock
+    )
+    gpu.energy_mj()  # create the state at t = 3000.0
+    clock.t = 3000.25
+    # Idle all along: blocking power from 3000.0 to the tick at 3000.2.
+    assert gpu.energy_mj() == math.floor(83.64 * 0.2 * 1000 + 1e-6)
+
+
+def test_power_cap_clamps_the_effective_clock(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, activity=1.0, set_latency_s=0.0, clock=FakeClock()
+    )
+    gpu.set_locked_clock(1410)
+    assert gpu.effective_clock_mhz(0, Kind.F) == 1275  # notes: ≈1275 MHz under 400 W
+    preset = get_preset("a100")
+    assert preset.power.compute_power_w(1275, 1.0) <= 400 < preset.power.compute_power_w(1290, 1.0)
+    t_capped = gpu.op_cost(0, Kind.F)[0]
+    gpu.set_locked_clock(1275)
+    assert gpu.op_cost(0, Kind.F)[0] == t_capped  # asking for more than the cap changes nothing
+    gpu.set_locked_clock(1000)
+    assert gpu.effective_clock_mhz(0, Kind.F) == 1005  # 1000 snaps to 1005, under the cap
+
+
+def test_power_cap_on_a_profile_gpu(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock, power_cap_w=300.0)
+    gpu.set_locked_clock(1410)
+    op = load_profile("a100").op(0, Kind.F)
+    fitting = [o for o in op.options if o.energy_j / o.time_s <= 300.0]
+    assert gpu.effective_clock_mhz(0, Kind.F) == fitting[0].freq_mhz
+    assert gpu.op_cost(0, Kind.F) == (fitting[0].time_s, fitting[0].energy_j)
+
+
+def test_h100_is_marked_estimated() -> None:
+    assert PRESETS["h100"].estimated
+    assert not PRESETS["a100"].estimated
+    assert len(PRESETS["a100"].clocks_mhz) == 81
+    assert PRESETS["a100"].clocks_mhz[-1] == 210
+
+
+def test_state_is_shared_between_objects_and_outlives_them(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first = _from_profile(tmp_path, clock)
+    first.set_locked_clock(1100)
+    del first
+    second = _from_profile(tmp_path, clock)
+    assert second.locked_clock_mhz() == 1095
+    other_model = SimulatedGPU.from_preset("a100", state_dir=tmp_path, clock=clock)
+    assert other_model.uuid == second.uuid
+    assert other_model.locked_clock_mhz() == 1095
+    other_model.set_slowdown(1.5)
+    assert second.slowdown == 1.5
+    second.reset_locked_clock()
+    assert other_model.locked_clock_mhz() is None
+
+
+def test_slowdown_scales_time_and_energy(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock)
+    gpu.set_locked_clock(1410)
+    t, e = gpu.op_cost(1, Kind.B)
+    gpu.slowdown = 2.0
+    assert gpu.op_cost(1, Kind.B) == pytest.approx((2 * t, 2 * e))
+    before = gpu.exact_energy_j()
+    duration = gpu.begin_op(1, Kind.B)
+    clock.t += duration
+    gpu.end_op()
+    assert gpu.exact_energy_j() - before == pytest.approx(2 * e)
+    with pytest.raises(ConfigError):
+        gpu.set_slowdown(0.0)
+
+
+def test_snapping_and_out_of_range(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    assert gpu.snap_clock_mhz(1102) == 1095
+    assert gpu.snap_clock_mhz(1103) == 1110
+    assert gpu.snap_clock_mhz(5000) == 1410
+    strict = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, clamp_out_of_range=False
+    )
+    with pytest.raises(DeviceError, match="INVALID_ARGUMENT"):
+        strict.set_locked_clock(100)
+
+
+def test_unlocked_gpu_runs_ops_at_max_and_idles_at_idle_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0, clock=clock)
+    assert gpu.locked_clock_mhz() is None
+    assert gpu.current_clock_mhz() == 210
+    gpu.begin_op(0, Kind.F)
+    assert gpu.current_clock_mhz() == 1410
+
+
+def test_permission_and_injected_errors(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, privileged=False)
+    with pytest.raises(DevicePermissionError, match="NO_PERMISSION"):
+        gpu.set_locked_clock(1095)
+    with pytest.raises(DevicePermissionError):
+        gpu.reset_locked_clock()
+    ok = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    ok.inject_error("energy_mj", DeviceLostError("GPU_IS_LOST"), times=2)
+    for _ in range(2):
+        with pytest.raises(DeviceLostError):
+            ok.energy_mj()
+    assert ok.energy_mj() >= 0
+
+
+def test_set_latency_blocks_the_caller(tmp_path: Path) -> None:
+    waited: list[float] = []
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.005, sleep=waited.append
+    )
+    gpu.set_locked_clock(1095)
+    gpu.reset_locked_clock()
+    assert waited == [0.005, 0.005]
+
+
+def test_unknown_stage_is_a_profile_error(tmp_path: Path) -> None:
+    profile = build_profile(
+        [(0, Kind.F, 1410, 0.1, 30.0), (0, Kind.B, 1410, 0.2, 60.0)], source="tiny.csv"
+    )
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=80.0, state_dir=tmp_path)
+    with pytest.raises(ConfigError, match="stage 3"):
+        gpu.op_cost(3, Kind.F)
+
+
+def test_unknown_preset() -> None:
+    with pytest.raises(ConfigError, match="a100"):
+        get_preset("v100")
+
+
+def test_from_profile_file_uses_measured_blocking_power(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_profile_file("a40", state_dir=tmp_path, set_latency_s=0.0)
+    assert gpu.blocking_power_w == pytest.approx(70.38)
+    option = load_profile("a40").op(2, Kind.B).options[3]
+    gpu.set_locked_clock(option.freq_mhz)
+    assert gpu.op_cost(2, Kind.B) == (option.time_s, option.energy_j)
+    csv = tmp_path / "p.csv"
+    csv.write_text(
+        "stage,instruction,frequency,time,energy\n0,forward,1410,0.1,30\n0,backward,1410,0.2,60\n"
+    )
+    with pytest.raises(ConfigError, match="blocking_power_w"):
+        SimulatedGPU.from_profile_file(csv, state_dir=tmp_path)
+    assert SimulatedGPU.from_profile_file(csv, blocking_power_w=50.0).supported_clocks_mhz() == (
+        1410,
+    )
+
+
+def test_discovery_lists_and_reopens_simulated_gpus(tmp_path: Path) -> None:
+    from perseus.device.discovery import open_simulated, simulated_devices
+
+    a = SimulatedGPU.from_preset("a40", index=1, state_dir=tmp_path, set_latency_s=0.0)
+    b = SimulatedGPU.from_preset("h100", index=0, state_dir=tmp_path, set_latency_s=0.0)
+    a.set_locked_clock(1200)
+    b.energy_mj()
+    infos = simulated_devices(tmp_path)
+    assert [(i.index, i.name) for i in infos] == [
+        (0, "Simulated NVIDIA H100 80GB HBM3"),
+        (1, "Simulated NVIDIA A40"),
+    ]
+    assert infos[1].locked_mhz == 1200 and infos[1].owner_pid is None
+    assert infos[0].clocks_mhz[0] == 1980
+    handle = open_simulated(1, tmp_path)
+    assert handle.supported_clocks_mhz() == a.supported_clocks_mhz()
+    handle.reset_locked_clock()
+    assert a.locked_clock_mhz() is None
+    with pytest.raises(ConfigError, match="no simulated GPU 5"):
+        open_simulated(5, tmp_path)
+
+
+def test_concurrent_writer_process_never_tears_reads(tmp_path: Path) -> None:
+    """Another process rewrites the state while we read: every read is whole and the counter
+    never goes backwards (the seqlock at work)."""
+    import subprocess
+    import sys
+
+    writer = (
+        "import sys\n"
+        "from perseus.device.simulated import SimulatedGPU\n"
+        "from perseus.schedule import Kind\n"
+        "g = SimulatedGPU.from_preset('a100', state_dir=sys.argv[1], set_latency_s=0.0,"
+        " publish_interval_s=0.0)\n"
+        "print('go', flush=True)\n"
+        "for i in range(1500):\n"
+        "    g.begin_op(0, Kind.F); g.set_locked_clock(1410 - 15 * (i % 50)); g.end_op()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "go"
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, publish_interval_s=0.0)
+    last = -1
+    reads = 0
+    while proc.poll() is None:
+        value = gpu.energy_mj()
+        assert value >= last
+        locked = gpu.locked_clock_mhz()
+        assert locked is None or 675 <= locked <= 1410
+        last = value
+        reads += 1
+    proc.communicate()
+    assert proc.returncode == 0
+    assert reads > 10
+
+
+def test_backdated_op_counts_from_its_start(tmp_path: Path) -> None:
+    clock = FakeClock(1000.0)
+    gpu = _from_profile(tmp_path, clock)
+    gpu.set_locked_clock(1410)
+    start = gpu.exact_energy_j()
+    energy = load_profile("a100").op(0, Kind.F).at(1410).energy_j
+    clock.t = 1000.32  # the host reaches the op 20 ms after the GPU would have started it
+    duration = gpu.begin_op(0, Kind.F, start_s=1000.3)
+    clock.t = 1000.3 + duration
+    assert gpu.exact_energy_j() - start == pytest.approx(83.64 * 0.3 + energy)
+    # Never before the previous op's end: that span was already the previous op's.
+    clock.t += 0.01
+    second = gpu.begin_op(0, Kind.F, start_s=1000.0)
+    clock.t += 1.0
+    elapsed = clock.t - 1000.0
+    assert gpu.exact_energy_j() - start == pytest.approx(
+        2 * energy + 83.64 * (elapsed - duration - second)
+    )

@@ -1,0 +1,252 @@
+"""The rank agent on a simulated GPU: clocks per op, order checks, records, plan swaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import PlanError
+from perseus.io import load_profile
+from perseus.job import make_job
+from perseus.runtime.agent import NullAgent, RankAgent, make_agent
+from perseus.schedule import Kind
+from tests.runtime.plans import tiny_plan
+
+
+@pytest.fixture
+def gpu(tmp_path: Path) -> SimulatedGPU:
+    return SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.0
+    )
+
+
+def _agent(plan, gpu, rank=0, **kwargs):  # type: ignore[no-untyped-def]
+    return RankAgent(plan, gpu, rank, watchdog=False, handle_signals=False, **kwargs)
+
+
+def _run_iteration(agent: RankAgent, ops: tuple[str, ...]) -> list[int | None]:
+    """Run the ops in order; return the GPU's lock seen inside each op."""
+    seen = []
+    agent.step_begin()
+    for name in ops:
+        with agent.op(name[0], int(name[1:].split("@")[0])):
+            agent.wait_for_clock()
+            seen.append(agent.gpu.locked_clock_mhz())  # type: ignore[union-attr]
+    agent.step_end()
+    return seen
+
+
+def test_each_op_runs_at_its_planned_clock(tmp_path: Path) -> None:
+    profile = load_profile("a100")
+    job = make_job(profile, "1f1b", 8, 4, 83.64)
+    flat = job.allmax().copy()
+    clocks = [1410, 1095, 990, 1200]
+    flat[:] = [clocks[i % 4] for i in range(len(flat))]
+    plan = job.frontier([job.point(flat)])
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=83.64, state_dir=tmp_path, set_latency_s=0.0
+    )
+    rank = 3
+    with _agent(plan, gpu, rank=rank) as agent:
+        seen = _run_iteration(agent, plan.stage_ops[rank])
+        assert seen == list(plan.points[0].freqs_mhz[rank])
+        assert agent.planned_clocks_mhz == plan.points[0].freqs_mhz[rank]
+    assert gpu.locked_clock_mhz() is None  # reset on close
+
+
+def test_planned_clocks_are_snapped_to_the_device(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan(freq_mhz=1100)
+    with _agent(plan, gpu) as agent:
+        assert agent.planned_clocks_mhz == (1095,) * 4
+        assert _run_iteration(agent, plan.stage_ops[0]) == [1095] * 4
+
+
+def test_wrong_op_names_expected_and_actual(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    with _agent(plan, gpu) as agent:
+        agent.step_begin()
+        with agent.op("F", 0):
+            pass
+        expected = r"expects op 1 .* 'F1' but the training loop ran 'B0'"
+        with pytest.raises(PlanError, match=expected), agent.op(Kind.B, 0):
+            pass
+
+
+def test_wrong_stage_is_caught(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    with _agent(plan, gpu, rank=1) as agent:
+        agent.step_begin()
+        # rank 1 holds stage 1
+        with pytest.raises(PlanError, match="'F0@0'"), agent.op("F", 0, stage_index=0):
+            pass
+
+
+def test_multi_stage_rank_ops(gpu: SimulatedGPU) -> None:
+    ops = (("F0@0", "F0@2", "B0@2", "B0@0"), ("F0@1", "F0@3", "B0@3", "B0@1"))
+    plan = tiny_plan(stage_ops=ops)
+    with _agent(plan, gpu, rank=0) as agent:
+        agent.step_begin()
+        for stage, kind in ((0, "F"), (2, "F"), (2, "B"), (0, "B")):
+            with agent.op(kind, 0, stage_index=stage):
+                pass
+        agent.step_end()
+        agent.step_begin()
+        expected = "'F0@0' but the training loop ran 'F0@2'"
+        with pytest.raises(PlanError, match=expected), agent.op("F", 0, stage_index=2):
+            pass
+
+
+def test_too_few_and_too_many_ops(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    with _agent(plan, gpu) as agent:
+        agent.step_begin()
+        with agent.op("F", 0):
+            pass
+        with pytest.raises(
+            PlanError, match="ended after 1 of 4 planned ops; the next planned op was 'F1'"
+        ):
+            agent.step_end()
+        _run_iteration(agent, plan.stage_ops[0])
+        agent.step_begin()
+        for name in plan.stage_ops[0]:
+            with agent.op(name[0], int(name[1:])):
+                pass
+        with pytest.raises(PlanError, match="only 4 ops"), agent.op("F", 2):
+            pass
+
+
+def test_op_outside_iteration(gpu: SimulatedGPU) -> None:
+    with _agent(tiny_plan(), gpu) as agent:
+        with pytest.raises(PlanError, match="step_begin"), agent.op("F", 0):
+            pass
+        with pytest.raises(PlanError, match="without step_begin"):
+            agent.step_end()
+        agent.step_begin()
+        with pytest.raises(PlanError, match="twice"):
+            agent.step_begin()
+
+
+def test_records_time_and_energy(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.0
+    )
+    plan = tiny_plan()
+    with _agent(plan, gpu) as agent:
+        agent.step_begin()
+        for name in plan.stage_ops[0]:
+            with agent.op(name[0], int(name[1:])):
+                kind = Kind(name[0])
+                gpu.begin_op(0, kind)
+                gpu.end_op()
+        record = agent.step_end()
+        ops = agent.records.ops
+        assert [o.name for o in ops] == list(plan.stage_ops[0])
+        assert all(o.freq_mhz == 1095 and o.time_s >= 0 and o.energy_j >= 0 for o in ops)
+        assert record.iteration == 0 and record.num_ops == 4 and record.point_index == 0
+        assert record.time_s >= sum(o.time_s for o in ops)
+        assert record.energy_j >= sum(o.energy_j for o in ops) - 1e-3
+        assert record.energy_j > 0
+        assert agent.records.iterations == (record,)
+        assert record.planned_time_s == plan.points[0].time_s
+
+
+def test_swap_plan_takes_effect_at_next_iteration(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan(freq_mhz=1410, points=3)
+    with _agent(plan, gpu) as agent:
+        assert _run_iteration(agent, plan.stage_ops[0]) == [1410] * 4
+        agent.step_begin()
+        agent.swap_plan(plan, point_index=2)  # mid-iteration: the current one is unchanged
+        for name in plan.stage_ops[0]:
+            with agent.op(name[0], int(name[1:])):
+                agent.wait_for_clock()
+                assert gpu.locked_clock_mhz() == 1410
+        agent.step_end()
+        assert _run_iteration(agent, plan.stage_ops[0]) == [1380] * 4
+        assert agent.records.iterations[-1].point_index == 2
+
+
+def test_swap_plan_rejects_other_job(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    other = tiny_plan(stage_ops=(("F0", "B0", "F1", "B1"), ("F0", "B0", "F1", "B1")))
+    with _agent(plan, gpu) as agent:
+        with pytest.raises(PlanError, match="differ"):
+            agent.swap_plan(other)
+        with pytest.raises(PlanError, match="point_index 5"):
+            agent.swap_plan(plan, point_index=5)
+
+
+def test_bad_rank_and_point() -> None:
+    with pytest.raises(PlanError, match="rank 7"):
+        RankAgent(tiny_plan(), None, 7)
+    with pytest.raises(PlanError, match="point_index 1"):
+        RankAgent(tiny_plan(), None, 0, point_index=1)
+
+
+def test_disabled_agent_measures_without_touching_clocks(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    with RankAgent(plan, gpu, 0, enabled=False) as agent:
+        assert agent.observe_only
+        _run_iteration(agent, plan.stage_ops[0])
+        assert gpu.locked_clock_mhz() is None
+        assert len(agent.records.ops) == 4
+    # Not the owner: another agent can take the GPU meanwhile.
+    assert not gpu.owner_lock_path().exists() or gpu.owner_lock_path().read_text() == ""
+
+
+def test_agent_without_gpu_still_checks_order() -> None:
+    plan = tiny_plan()
+    with RankAgent(plan, None, 0) as agent:
+        agent.step_begin()
+        with pytest.raises(PlanError), agent.op("B", 0):
+            pass
+
+
+def test_null_agent_is_inert() -> None:
+    agent = make_agent(tiny_plan(), None, 0)
+    assert isinstance(agent, NullAgent)
+    with agent:
+        agent.step_begin()
+        with agent.op("anything", 99):
+            pass
+        assert agent.step_end() is None
+    assert agent.records.ops == ()
+    assert isinstance(make_agent(tiny_plan(), object(), 0, enabled=False), NullAgent)  # type: ignore[arg-type]
+
+
+def test_close_is_idempotent_and_restartable(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    agent = _agent(plan, gpu)
+    agent.start()
+    _run_iteration(agent, plan.stage_ops[0])
+    agent.close()
+    agent.close()
+    assert gpu.locked_clock_mhz() is None
+    agent.start()
+    _run_iteration(agent, plan.stage_ops[0])
+    assert gpu.locked_clock_mhz() == 1095
+    agent.close()
+
+
+def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
+    plan = tiny_plan()
+    with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:
+        _run_iteration(agent, plan.stage_ops[0])
+        raise RuntimeError("boom")
+    assert gpu.locked_clock_mhz() is None
+
+
+def test_unprivileged_simulated_gpu_warns_once_and_measures(tmp_path: Path) -> None:
+    from perseus.device.base import ObserveOnlyWarning
+
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0, privileged=False)
+    plan = tiny_plan(freq_mhz=1095)
+    with _agent(plan, gpu) as agent:
+        with pytest.warns(ObserveOnlyWarning, match="NO_PERMISSION") as caught:
+            for _ in range(3):
+                _run_iteration(agent, plan.stage_ops[0])
+        assert len(caught) == 1
+        assert agent.observe_only
+        assert len(agent.records.iterations) == 3
+    assert gpu.locked_clock_mhz() is None

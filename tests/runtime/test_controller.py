@@ -1,0 +1,130 @@
+"""The frequency controller: latest request wins, unchanged skipped, errors surfaced."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import DeviceError, DeviceLostError
+from perseus.runtime.controller import FrequencyController
+
+
+class GatedGPU:
+    """Records set calls; the first one blocks until released so requests can pile up."""
+
+    uuid = "GPU-gated"
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.sets: list[int] = []
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def supported_clocks_mhz(self) -> tuple[int, ...]:
+        return (1410, 1095, 900)
+
+    def set_locked_clock(self, freq_mhz: int) -> int:
+        self.entered.set()
+        self.gate.wait(5)
+        self.sets.append(freq_mhz)
+        return freq_mhz
+
+    def reset_locked_clock(self) -> None:
+        pass
+
+    def locked_clock_mhz(self) -> int | None:
+        return self.sets[-1] if self.sets else None
+
+    def current_clock_mhz(self) -> int:
+        return 1410
+
+    def energy_mj(self) -> int:
+        return 0
+
+    def power_w(self) -> float:
+        return 0.0
+
+
+def test_latest_request_wins() -> None:
+    gpu = GatedGPU()
+    ctl = FrequencyController(gpu)
+    ctl.start()
+    ctl.request(1410)
+    assert gpu.entered.wait(5)
+    for f in (900, 1095, 900, 1095):  # piles up while the first call blocks
+        ctl.request(f)
+    gpu.gate.set()
+    assert ctl.flush()
+    assert gpu.sets == [1410, 1095]
+    assert ctl.stats().skipped_stale == 3
+    ctl.close()
+
+
+def test_unchanged_requests_are_skipped() -> None:
+    gpu = GatedGPU()
+    gpu.gate.set()
+    ctl = FrequencyController(gpu)
+    ctl.start()
+    for _ in range(10):
+        ctl.request(1095)
+    ctl.flush()
+    ctl.request(1095)
+    ctl.flush()
+    assert gpu.sets == [1095]
+    assert ctl.applied_mhz == 1095
+    stats = ctl.stats()
+    assert stats.applied == 1 and stats.median_delay_s >= 0
+    ctl.close()
+
+
+def test_error_is_raised_on_next_call_then_cleared(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.inject_error("set_locked_clock", DeviceLostError("GPU_IS_LOST"))
+    ctl = FrequencyController(gpu)
+    ctl.start()
+    ctl.request(1095)
+    with pytest.raises(DeviceLostError):
+        ctl.flush()
+    # The failed value is forgotten, so asking again retries it.
+    ctl.request(1095)
+    ctl.flush()
+    assert gpu.locked_clock_mhz() == 1095
+    ctl.close()
+
+
+def test_unexpected_backend_exception_is_wrapped() -> None:
+    class Broken(GatedGPU):
+        def set_locked_clock(self, freq_mhz: int) -> int:
+            raise ZeroDivisionError("bug")
+
+    ctl = FrequencyController(Broken())
+    ctl.start()
+    ctl.request(1095)
+    with pytest.raises(DeviceError, match="ZeroDivisionError") as info:
+        ctl.flush()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    ctl.close()
+
+
+def test_close_drops_pending_and_stops_thread() -> None:
+    gpu = GatedGPU()
+    ctl = FrequencyController(gpu)
+    ctl.start()
+    worker = ctl._thread
+    ctl.request(1410)
+    assert gpu.entered.wait(5)
+    ctl.request(900)
+
+    def release_once_closing() -> None:  # let the blocked driver call return only after close()
+        while not ctl._closed:
+            time.sleep(0.001)
+        gpu.gate.set()
+
+    threading.Thread(target=release_once_closing).start()
+    ctl.close(timeout_s=5.0)
+    assert gpu.sets == [1410]
+    assert worker is not None and not worker.is_alive()
