@@ -1,0 +1,543 @@
+"""Train a small MLP split into pipeline stages with perseus, on emulated GPUs (CPU + gloo).
+
+Run with torchrun (one process per pipeline rank)::
+
+    torchrun --nproc-per-node 4 examples/train_pipeline.py --emulate --schedule 1f1b \\
+        --microbatches 8 --iterations 6 --summary summary.json
+
+or without torchrun (the script spawns the processes itself)::
+
+    python examples/train_pipeline.py --spawn 4 --emulate --schedule 1f1b --microbatches 8 \\
+        --iterations 6 --summary summary.json
+
+Each rank's simulated GPU is built from a profile (default: the bundled, measured A100 one, cut
+to the pipeline's stage count); every action sleeps out the time that GPU takes at its clock,
+and the GPU integrates energy (blocking power while the rank waits). The script runs an all-max
+phase and a phase with the deployed plan (``--plan PLAN.json``, ``--online-profile``, or by
+default the fastest point of the frontier computed from the profile) and writes the predicted
+and measured figures of both to ``--summary``.
+
+With ``--data-parallel D`` there are D pipelines (world = D x ranks); ``--straggler PIPE:FACTOR``
+slows pipeline PIPE's GPUs from ``--straggler-from`` to ``--straggler-until`` (iterations of
+each straggler phase), and the summary compares an adaptive run (the other pipelines switch
+plans) with a baseline that keeps the fastest plan.
+
+``--time-scale`` multiplies every simulated time and energy (power unchanged) so that tests can
+run short iterations; relative figures (savings) do not change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import ConfigError
+from perseus.io import default_blocking_power_w, load_profile, write_profile_csv
+from perseus.io.atomic import atomic_write_text
+from perseus.plan import Frontier
+from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
+from perseus.runtime.online_profile import profile_cache_path
+from perseus.runtime.session import PerseusPipeline
+from perseus.runtime.straggler_runtime import StragglerRuntime
+from perseus.runtime.torch_pp import build_torch_schedule, job_store, torch_class_for
+from perseus.schedule import SCHEDULE_NAMES, build_schedule
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--emulate", action="store_true", help="simulated GPUs (required on CPU)")
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES, default="1f1b")
+    p.add_argument(
+        "--torch-schedule",
+        help="run this torch class instead (e.g. ZBVZeroBubble, InterleavedZeroBubble), two "
+        "stages per rank; perseus reads its order and plans it",
+    )
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=6, help="measured iterations per phase")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per phase")
+    p.add_argument("--summary", type=Path)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--plan", type=Path, help="plan/frontier JSON to deploy")
+    src.add_argument("--online-profile", action="store_true", help="profile clocks while training")
+    p.add_argument("--profile", default="a100", help="profile of the simulated GPU (default a100)")
+    p.add_argument("--blocking-power-w", type=float)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--profile-cache", type=Path, help="directory for online profiles")
+    p.add_argument("--dump-profile", type=Path, help="write the emulated profile CSV and exit")
+    p.add_argument("--point", default="fastest", help="fastest, min-energy or a point index")
+    p.add_argument("--data-parallel", type=int, default=1)
+    p.add_argument("--straggler", help="PIPE:FACTOR, e.g. 1:1.2")
+    p.add_argument("--straggler-from", type=int, default=0)
+    p.add_argument("--straggler-until", type=int)
+    p.add_argument("--spawn", type=int, metavar="NPROC", help="spawn NPROC processes (no torchrun)")
+    p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--microbatch-size", type=int, default=2)
+    args = p.parse_args(argv)
+    if not args.emulate:
+        p.error("only --emulate is supported on machines without GPUs; pass --emulate")
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# Setup
+
+
+def emulated_profile(args: argparse.Namespace, num_stages: int) -> Any:
+    """The simulated GPU's profile: bundled/path profile cut to the stages, split, scaled."""
+    profile = take_stages(load_profile(args.profile), num_stages)
+    if args.schedule == "zb" or "ZeroBubble" in (args.torch_schedule or ""):
+        profile = profile.split_backward(0.5)
+    return scale_profile(profile, args.time_scale)
+
+
+def blocking_power(args: argparse.Namespace) -> float:
+    if args.blocking_power_w is not None:
+        return float(args.blocking_power_w)
+    power = default_blocking_power_w(load_profile(args.profile))
+    if power is None:
+        raise ConfigError(f"{args.profile}: pass --blocking-power-w for a non-bundled profile")
+    return power
+
+
+def make_groups(world: int, d: int) -> tuple[list[Any], list[Any]]:
+    r = world // d
+    pipes = [dist.new_group(list(range(k * r, (k + 1) * r))) for k in range(d)]
+    dps = [dist.new_group([k * r + i for k in range(d)]) for i in range(r)] if d > 1 else []
+    return pipes, dps
+
+
+def stages_per_rank(args: argparse.Namespace) -> int:
+    return 2 if (args.schedule == "interleaved" or args.torch_schedule) else 1
+
+
+def build_stages(args: argparse.Namespace, prank: int, ranks: int, v: int, group: Any) -> list[Any]:
+    from torch.distributed.pipelining import PipelineStage
+
+    num_stages = ranks * v
+    v_shape = args.torch_schedule in ("ZBVZeroBubble", "DualPipeV")
+    stages = []
+    for k in range(v):
+        index = (2 * ranks - 1 - prank if k else prank) if v_shape else k * ranks + prank
+        torch.manual_seed(index)
+        module = nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.Tanh())
+        stages.append(PipelineStage(module, index, num_stages, torch.device("cpu"), group=group))
+    return stages
+
+
+def choose_point(frontier: Frontier, point: str) -> int:
+    if point == "fastest":
+        return 0
+    if point == "min-energy":
+        return frontier.points.index(frontier.min_energy)
+    return int(point)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker
+
+
+def worker(rank: int, world: int, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    warnings.simplefilter("default", EmulationOverrunWarning)  # report, never abort
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    d = args.data_parallel
+    if world % d:
+        raise ConfigError(f"world size {world} is not a multiple of --data-parallel {d}")
+    ranks = world // d
+    pipe, prank = divmod(rank, ranks)
+    v = stages_per_rank(args)
+    num_stages = ranks * v
+    pipes, dps = make_groups(world, d)
+    pp_group, dp_group = pipes[pipe], (dps[prank] if dps else None)
+
+    run_dir = [tempfile.mkdtemp(prefix="perseus-emu-") if rank == 0 else None]
+    dist.broadcast_object_list(run_dir, src=0)
+    profile = emulated_profile(args, num_stages)
+    power = blocking_power(args)
+    gpu = SimulatedGPU.from_profile(
+        profile,
+        blocking_power_w=power,
+        index=rank,
+        state_dir=run_dir[0],
+        set_latency_s=0.0,
+        clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
+    )
+
+    stages = build_stages(args, prank, ranks, v, pp_group)
+    params = [p for s in stages for p in s.submod.parameters()]
+    optimizer = torch.optim.SGD(params, lr=1e-3)
+    if args.torch_schedule:
+        torch_schedule = torch_class_for(args.torch_schedule)(
+            stages, args.microbatches, loss_fn=nn.functional.mse_loss
+        )
+    else:
+        schedule = build_schedule(args.schedule, num_stages, args.microbatches, v)
+        torch_schedule = build_torch_schedule(schedule, stages, loss_fn=nn.functional.mse_loss)
+
+    cache = None
+    if args.online_profile and args.profile_cache is not None:
+        cache = profile_cache_path(
+            args.profile_cache,
+            model=f"mlp{args.hidden}",
+            schedule=args.schedule,
+            stages=num_stages,
+            microbatches=args.microbatches,
+            gpu=gpu.name,
+            profile=profile.sha256,
+        )
+    session = PerseusPipeline(
+        torch_schedule,
+        stages,
+        gpu=gpu,
+        blocking_power_w=power,
+        emulate=True,
+        group=pp_group,
+        plan=args.plan,
+        profile=None if args.online_profile else profile,
+        online_profile=args.online_profile,
+        profile_cache=cache,
+        timeline=Path(run_dir[0]) / f"timeline-{pipe}.bin",
+    ).start()
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
+    y = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
+    has_first = any(s.is_first for s in stages)
+    has_last = any(s.is_last for s in stages)
+    slowdown = 1.0
+
+    def train_step() -> None:
+        with session.iteration():
+            torch_schedule.step(*((x,) if has_first else ()), target=y if has_last else None)
+            if dp_group is not None:
+                for p in params:
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad, group=dp_group)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    phases: list[tuple[str, int, int]] = []  # (name, first history index, count)
+    while session.profiling:
+        train_step()
+    profile_iterations = len(session.history)
+
+    frontier = session.frontier
+    assert frontier is not None  # set once profiling or planning is done
+    point = choose_point(frontier, args.point)
+
+    def run_phase(name: str, plan: Frontier, index: int, runtime: StragglerRuntime | None) -> None:
+        nonlocal slowdown
+        session.deploy(plan, index)
+        if runtime is not None:
+            session.add_boundary_hook(runtime)
+        first = session.next_iteration
+        n = args.warmup + args.iterations
+        for i in range(n):
+            if straggler is not None and pipe == straggler[0]:
+                until = args.straggler_until if args.straggler_until is not None else n
+                want = straggler[1] if args.straggler_from <= i < until else 1.0
+                if want != slowdown:
+                    gpu.set_slowdown(want)
+                    slowdown = want
+            train_step()
+        phases.append((name, first, n))
+        if runtime is not None:
+            session.remove_boundary_hook(runtime)
+
+    straggler = None
+    if args.straggler:
+        k, f = args.straggler.split(":")
+        straggler = (int(k), float(f))
+    run_phase("allmax", session.allmax_plan(), 0, None)
+    if straggler is None:
+        run_phase("plan", frontier, point, None)
+        runtimes: dict[str, StragglerRuntime] = {}
+    else:
+        runtimes = {}
+        for name, adaptive in (("baseline", False), ("adaptive", True)):
+            rt = StragglerRuntime(
+                frontier,
+                pipeline_index=pipe,
+                num_pipelines=d,
+                store=job_store(),
+                adaptive=adaptive,
+            )
+            runtimes[name] = rt
+            run_phase(name, frontier, 0, rt)
+    if straggler is not None and slowdown != 1.0:
+        gpu.set_slowdown(1.0)
+    session.close()
+
+    mine = {
+        "rank": rank,
+        "pipe": pipe,
+        "prank": prank,
+        "history": [
+            (s.iteration, s.point_index, s.time_s, s.energy_j, s.compute_time_s)
+            for s in session.history
+        ],
+        "phases": phases,
+        "profile_iterations": profile_iterations,
+        "clocks_profiled": {f"{s}{k.value}": n for (s, k), n in session.clocks_profiled.items()},
+        "overruns": session.emulation_overruns,
+        "decisions": {
+            name: [
+                (dd.iteration, dd.point_index, dd.straggler, list(dd.pipeline_times_s))
+                for dd in rt.decisions
+            ]
+            for name, rt in runtimes.items()
+        },
+    }
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank == 0 and args.summary is not None:
+        summary = make_summary(args, gathered, session, frontier, point, profile, power, ranks)
+        atomic_write_text(args.summary, json.dumps(summary, indent=2) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# Summary
+
+
+def _phase_rows(gathered: list[Any], name: str, warmup: int) -> list[dict[str, Any]]:
+    """Per measured iteration of phase ``name``: job time, per-pipeline time/energy/plans."""
+    d = 1 + max(g["pipe"] for g in gathered)
+    phase = {p[0]: p for p in gathered[0]["phases"]}[name]
+    _, first, count = phase
+    rows = []
+    for i in range(count):
+        per_pipe_time = [0.0] * d
+        per_pipe_energy = [0.0] * d
+        per_pipe_compute = [0.0] * d
+        plans: list[list[int | None]] = [[] for _ in range(d)]
+        for g in gathered:
+            _, point, time_s, energy_j, compute_s = g["history"][first + i]
+            k = g["pipe"]
+            per_pipe_time[k] = max(per_pipe_time[k], time_s)
+            per_pipe_energy[k] += energy_j
+            per_pipe_compute[k] = max(per_pipe_compute[k], compute_s)
+            plans[k].append(point)
+        rows.append(
+            {
+                "iteration": i,
+                "measured": i >= warmup,
+                "job_time_s": max(per_pipe_time),
+                "time_s": per_pipe_time,
+                "energy_j": per_pipe_energy,
+                "compute_time_s": per_pipe_compute,
+                "plan": plans,
+            }
+        )
+    return rows
+
+
+def _mean_measured(rows: list[dict[str, Any]], pipes: list[int]) -> dict[str, float]:
+    measured = [r for r in rows if r["measured"]]
+    return {
+        "time_s": statistics.fmean(r["job_time_s"] for r in measured),
+        "energy_j": statistics.fmean(
+            statistics.fmean(r["energy_j"][k] for k in pipes) for r in measured
+        ),
+    }
+
+
+def make_summary(
+    args: argparse.Namespace,
+    gathered: list[Any],
+    session: PerseusPipeline,
+    frontier: Frontier,
+    point: int,
+    profile: Any,
+    power: float,
+    ranks: int,
+) -> dict[str, Any]:
+    d = args.data_parallel
+    allmax_pred = {"time_s": frontier.baseline.time_s, "energy_j": frontier.baseline.energy_j}
+    chosen = frontier.points[point]
+    summary: dict[str, Any] = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "schedule": session.job.spec.schedule if session.job else args.schedule,
+        "torch_schedule": type(session.torch_schedule).__name__,
+        "ranks_per_pipeline": ranks,
+        "pipelines": d,
+        "blocking_power_w": power,
+        "frontier_points": len(frontier.points),
+        "point_index": point,
+        "overruns": sum(g["overruns"] for g in gathered),
+    }
+    allmax_rows = _phase_rows(gathered, "allmax", args.warmup)
+    allmax_meas = _mean_measured(allmax_rows, list(range(d)))
+    summary["allmax"] = {"predicted": allmax_pred, "measured": allmax_meas}
+    if args.straggler is None:
+        rows = _phase_rows(gathered, "plan", args.warmup)
+        meas = _mean_measured(rows, list(range(d)))
+        summary["predicted"] = {"time_s": chosen.time_s, "energy_j": chosen.energy_j}
+        summary["measured"] = meas
+        summary["errors"] = {
+            "time": meas["time_s"] / chosen.time_s - 1,
+            "energy": meas["energy_j"] / chosen.energy_j - 1,
+            "allmax_time": allmax_meas["time_s"] / allmax_pred["time_s"] - 1,
+            "allmax_energy": allmax_meas["energy_j"] / allmax_pred["energy_j"] - 1,
+        }
+        summary["saving"] = {
+            "predicted": 1 - chosen.energy_j / allmax_pred["energy_j"],
+            "measured": 1 - meas["energy_j"] / allmax_meas["energy_j"],
+        }
+        summary["iterations"] = {"allmax": allmax_rows, "plan": rows}
+    else:
+        summary["predicted"] = {"time_s": chosen.time_s, "energy_j": chosen.energy_j}
+        summary["straggler"] = straggler_summary(args, gathered, frontier, power, ranks)
+        summary["measured"] = summary["straggler"]["adaptive"]["measured"]
+    if args.online_profile:
+        summary["online_profile"] = profile_summary(gathered, session, profile)
+    return summary
+
+
+def straggler_summary(
+    args: argparse.Namespace, gathered: list[Any], frontier: Frontier, power: float, ranks: int
+) -> dict[str, Any]:
+    d = args.data_parallel
+    k_slow, factor = args.straggler.split(":")
+    k_slow_i, factor_f = int(k_slow), float(factor)
+    others = [k for k in range(d) if k != k_slow_i]
+    n = args.warmup + args.iterations
+    until = args.straggler_until if args.straggler_until is not None else n
+    # Iterations where the straggler is active and the others had 2 iterations to react.
+    window = [i for i in range(n) if args.straggler_from + 2 <= i < until]
+    out: dict[str, Any] = {
+        "pipeline": k_slow_i,
+        "factor": factor_f,
+        "from": args.straggler_from,
+        "until": until,
+        "window": window,
+    }
+    t_slow = factor_f * frontier.fastest.time_s
+    for name in ("baseline", "adaptive"):
+        rows = _phase_rows(gathered, name, 0)
+        win = [rows[i] for i in window]
+        consistent = all(len(set(r["plan"][k])) == 1 for r in rows for k in range(d))
+        out[name] = {
+            "iterations": rows,
+            "plans_consistent_within_pipelines": consistent,
+            "measured": {
+                "job_time_s": statistics.fmean(r["job_time_s"] for r in win) if win else None,
+                "others_energy_j": statistics.fmean(
+                    statistics.fmean(r["energy_j"][k] for k in others) for r in win
+                )
+                if win
+                else None,
+            },
+        }
+    # Prediction: other pipelines run plan p and wait for the straggler until T' at blocking
+    # power on each of their ranks: E = E_p + P * ranks * (T' - T_p).
+    win_plans = [
+        r["plan"][others[0]][0] for r in out["adaptive"]["iterations"] if r["iteration"] in window
+    ]
+    p_adapt = max(set(win_plans), key=win_plans.count) if win_plans else 0
+
+    def pred(p: int) -> float:
+        pt = frontier.points[p]
+        return pt.energy_j + power * ranks * max(0.0, t_slow - pt.time_s)
+
+    e_base, e_adapt = pred(0), pred(p_adapt)
+    mb, ma = out["baseline"]["measured"], out["adaptive"]["measured"]
+    out["predicted"] = {
+        "straggler_time_s": t_slow,
+        "point_index": p_adapt,
+        "others_energy_baseline_j": e_base,
+        "others_energy_adaptive_j": e_adapt,
+        "reduction": 1 - e_adapt / e_base,
+    }
+    if window and mb["others_energy_j"]:
+        out["measured_reduction"] = 1 - ma["others_energy_j"] / mb["others_energy_j"]
+        out["job_time_increase"] = ma["job_time_s"] / mb["job_time_s"] - 1
+    first_switch = None
+    for r in out["adaptive"]["iterations"]:
+        if r["iteration"] >= args.straggler_from and r["plan"][others[0]][0] != 0:
+            first_switch = r["iteration"]
+            break
+    out["first_switch_iteration"] = first_switch
+    last = out["adaptive"]["iterations"][-1]
+    out["reverted"] = (until < n - 2) and all(p == 0 for k in range(d) for p in last["plan"][k])
+    return out
+
+
+def profile_summary(gathered: list[Any], session: PerseusPipeline, truth: Any) -> dict[str, Any]:
+    profiled = session.profiled
+    errors_t, errors_e = [], []
+    if profiled is not None:
+        for (s, k), op in profiled.ops.items():
+            for o in op.options:
+                ref = truth.op(s, k).at(o.freq_mhz)
+                errors_t.append(abs(o.time_s / ref.time_s - 1))
+                errors_e.append(abs(o.energy_j / ref.energy_j - 1))
+    clocks: dict[str, int] = {}
+    for g in gathered:
+        if g["pipe"] == 0:
+            clocks.update(g["clocks_profiled"])
+    full = len({o.freq_mhz for op in truth.ops.values() for o in op.options})
+    return {
+        "iterations": gathered[0]["profile_iterations"],
+        "clocks_profiled": clocks,
+        "full_clock_list": full,
+        "max_time_error": max(errors_t, default=None),
+        "max_energy_error": max(errors_e, default=None),
+        "mean_time_error": statistics.fmean(errors_t) if errors_t else None,
+        "mean_energy_error": statistics.fmean(errors_e) if errors_e else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawned(rank: int, world: int, args: argparse.Namespace) -> None:
+    worker(rank, world, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dump_profile is not None:
+        v = stages_per_rank(args)
+        ranks = (args.spawn or int(os.environ.get("WORLD_SIZE", 4))) // args.data_parallel
+        write_profile_csv(emulated_profile(args, ranks * v), args.dump_profile)
+        return 0
+    if args.spawn:
+        import torch.multiprocessing as mp
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+        # fork: the children inherit the imported modules instead of importing torch again.
+        mp.start_processes(
+            _spawned, args=(args.spawn, args), nprocs=args.spawn, join=True, start_method="fork"
+        )
+        return 0
+    worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

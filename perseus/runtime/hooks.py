@@ -1,0 +1,69 @@
+"""Wrap a pipeline stage's compute calls so perseus sees every action as it runs.
+
+torch's schedules call three methods of a stage once per compute action (forward, backward or
+its input-gradient half, weight gradient); :data:`perseus.runtime.torch_pp.STAGE_COMPUTE_METHODS`
+names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
+classes, so other stages and other tests are untouched) with wrappers that run the real call
+inside a context manager supplied by the caller: typically the rank agent's ``op`` (set the
+planned clock, measure), the online profiler, and the emulator's stretcher.
+
+The P2P waits happen outside these calls (torch waits for a receive before calling
+``forward_one_chunk``), so the wrapped window is pure compute, which is what a plan's op time
+means.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from perseus.runtime.torch_pp import STAGE_COMPUTE_METHODS
+from perseus.schedule.actions import Action, Kind
+
+__all__ = ["OpContextFactory", "instrument_stages"]
+
+#: ``factory(action)`` returns the context manager that surrounds one compute action.
+OpContextFactory = Callable[[Action], AbstractContextManager[Any]]
+
+
+def _wrap(
+    method: Callable[..., Any], stage: Any, kind: Kind, factory: OpContextFactory
+) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        # A backward on a stage without backward (eval) is a no-op in torch: do not time it.
+        if kind is not Kind.F and not getattr(stage, "has_backward", True):
+            return method(chunk_id, *args, **kwargs)
+        with factory(Action(int(stage.stage_index), kind, int(chunk_id))):
+            return method(chunk_id, *args, **kwargs)
+
+    return wrapper
+
+
+def instrument_stages(stages: Sequence[Any], factory: OpContextFactory) -> Callable[[], None]:
+    """Run every compute call of ``stages`` inside ``factory(action)``.
+
+    Args:
+        stages: This rank's torch ``PipelineStage`` objects.
+        factory: Called with the action about to run; returns a context manager.
+
+    Returns:
+        A function that restores the original methods (idempotent).
+    """
+    originals: list[tuple[Any, str]] = []
+    for stage in stages:
+        for name, kind in STAGE_COMPUTE_METHODS.items():
+            method = getattr(stage, name)
+            setattr(stage, name, _wrap(method, stage, kind, factory))
+            originals.append((stage, name))
+
+    def restore() -> None:
+        while originals:
+            stage, name = originals.pop()
+            # The wrapper is an instance attribute; deleting it re-exposes the class method.
+            if name in vars(stage):
+                delattr(stage, name)
+
+    return restore

@@ -1,0 +1,199 @@
+"""Straggler-aware plan switching at run time, the same decision on every rank of a pipeline.
+
+In data-parallel training the pipelines meet at the gradient all-reduce, so when one pipeline
+is slowed (thermal throttling, a slow node) the others can run a slower, cheaper plan for free.
+This module feeds :class:`perseus.runtime.straggler_policy.StragglerPolicy` at every iteration
+boundary:
+
+* **Detection.** Each rank measures its compute-bound iteration time (window start to the end
+  of its last action, *not* the wait at the data-parallel sync), scaled to its fastest plan
+  (:meth:`StragglerRuntime.intrinsic_time_s`). One all-reduce (MAX) over all
+  ranks of a vector with one slot per pipeline gives every rank every pipeline's time; the
+  pipeline's time is its slowest rank's. Every rank therefore holds the same numbers at the
+  same boundary and derives the same decision: no rank ever runs a different plan from its
+  pipeline peers, without any extra coordination.
+* **External hints.** A cluster monitor (or a person) can declare "pipeline k is slowed to T′"
+  through the job's torch.distributed store (``perseus straggler set --store HOST:PORT
+  --pipeline K --time-s T``), e.g. before a known throttle starts. Only global rank 0 reads the
+  store; its reading travels in the same all-reduce, so all ranks see the same hint.
+* **Switching.** The decision is returned to :class:`perseus.runtime.session.PerseusPipeline`
+  as a boundary hook and takes effect from the next iteration on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.errors import ConfigError
+from perseus.plan import Frontier
+from perseus.runtime.straggler_policy import StragglerPolicy
+
+__all__ = [
+    "HINT_PREFIX",
+    "StragglerDecision",
+    "StragglerRuntime",
+    "clear_hint",
+    "hint_key",
+    "raw_store",
+    "read_hint",
+    "set_hint",
+]
+
+#: Store key prefix of external straggler hints: ``perseus/straggler/<pipeline>``.
+HINT_PREFIX = "perseus/straggler/"
+
+
+def hint_key(pipeline_index: int) -> str:
+    """The store key holding pipeline ``pipeline_index``'s declared iteration time."""
+    return f"{HINT_PREFIX}{pipeline_index}"
+
+
+def raw_store(store: Any) -> Any:
+    """The store under any ``PrefixStore`` wrappers (what an outside client connects to)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def set_hint(store: Any, pipeline_index: int, time_s: float) -> None:
+    """Declare that pipeline ``pipeline_index`` runs at ``time_s`` per iteration.
+
+    Raises:
+        ConfigError: if ``time_s`` is not positive or the index is negative.
+    """
+    if pipeline_index < 0 or not time_s > 0:
+        raise ConfigError(
+            f"--pipeline must be >= 0 and --time-s > 0, got {pipeline_index} and {time_s}"
+        )
+    store.set(hint_key(pipeline_index), repr(float(time_s)))
+
+
+def clear_hint(store: Any, pipeline_index: int) -> None:
+    """Remove pipeline ``pipeline_index``'s hint (no error if there is none)."""
+    key = hint_key(pipeline_index)
+    if store.check([key]):
+        store.delete_key(key)
+
+
+def read_hint(store: Any, pipeline_index: int) -> float | None:
+    """The declared time of pipeline ``pipeline_index``, or None (never blocks)."""
+    key = hint_key(pipeline_index)
+    if not store.check([key]):
+        return None
+    try:
+        value = float(store.get(key).decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if value > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerDecision:
+    """One boundary's decision on one rank.
+
+    Attributes:
+        iteration: The iteration that just ended.
+        pipeline_times_s: Every pipeline's time (measured, raised to its hint if any).
+        straggler: Index of the slowest pipeline.
+        point_index: The plan this pipeline runs next.
+        reason: The policy's reason (``"fastest"``, ``"slack"``, ``"straggler"``, ...).
+    """
+
+    iteration: int
+    pipeline_times_s: tuple[float, ...]
+    straggler: int
+    point_index: int
+    reason: str
+
+
+class StragglerRuntime:
+    """Boundary hook that switches this pipeline's plan when another pipeline straggles.
+
+    Args:
+        frontier: This pipeline's frontier (all pipelines run the same job).
+        pipeline_index: This rank's data-parallel replica (pipeline) index.
+        num_pipelines: Data-parallel degree D.
+        group: Process group spanning all pipelines (default: the world).
+        store: Store to read hints from (read on global rank 0 only); None disables hints.
+        adaptive: False measures and records but never switches (the baseline).
+        hysteresis, smoothing: :class:`StragglerPolicy` parameters.
+
+    Raises:
+        ConfigError: for an index outside ``0..num_pipelines-1``.
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        *,
+        pipeline_index: int,
+        num_pipelines: int,
+        group: Any = None,
+        store: Any = None,
+        adaptive: bool = True,
+        hysteresis: float = 0.01,
+        smoothing: float = 1.0,
+    ) -> None:
+        if not 0 <= pipeline_index < num_pipelines:
+            raise ConfigError(f"pipeline index {pipeline_index} is outside 0..{num_pipelines - 1}")
+        self.frontier = frontier
+        self.pipeline_index = pipeline_index
+        self.num_pipelines = num_pipelines
+        self.group = group
+        self.store = raw_store(store) if store is not None else None
+        self.adaptive = adaptive
+        self.policy = StragglerPolicy(frontier, hysteresis=hysteresis, smoothing=smoothing)
+        self.decisions: list[StragglerDecision] = []
+        self.point_index = 0
+
+    def exchange(self, compute_time_s: float) -> tuple[float, ...]:
+        """All-reduce (MAX) this rank's compute time and rank 0's hints; every pipeline's time."""
+        import torch
+        import torch.distributed as dist
+
+        d = self.num_pipelines
+        buf = torch.zeros(2 * d, dtype=torch.float64)
+        buf[self.pipeline_index] = compute_time_s
+        initialized = dist.is_available() and dist.is_initialized()
+        if self.store is not None and (not initialized or dist.get_rank() == 0):
+            for k in range(d):
+                hint = read_hint(self.store, k)
+                if hint is not None:
+                    buf[d + k] = hint
+        if initialized:
+            dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
+        values = buf.tolist()
+        return tuple(max(values[k], values[d + k]) for k in range(d))
+
+    def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
+        """The policy's choice for this pipeline given every pipeline's time (pure)."""
+        slowest = max(range(len(times_s)), key=lambda k: (times_s[k], -k))
+        me = self.pipeline_index
+        if self.adaptive:
+            choice = self.policy.decide(times_s[slowest], is_straggler=slowest == me)
+            self.point_index, reason = choice.point_index, str(choice.reason)
+        else:
+            reason = "fixed"
+        decision = StragglerDecision(iteration, times_s, slowest, self.point_index, reason)
+        self.decisions.append(decision)
+        return decision
+
+    def intrinsic_time_s(self, compute_time_s: float) -> float:
+        """This pipeline's measured time, scaled to what its fastest plan would take.
+
+        A pipeline that slowed down *by choice* (a cheaper plan) must not look like a
+        straggler, or the pipelines would take turns: each slows to just under the other's
+        time, then looks slowest itself. Scaling by ``T_fastest / T_plan`` (both predicted)
+        leaves only the slowdown the plan does not explain.
+        """
+        points = self.frontier.points
+        return compute_time_s * points[0].time_s / points[self.point_index].time_s
+
+    def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
+        """The :data:`perseus.runtime.session.BoundaryHook` interface."""
+        if stats.phase != "run":
+            return None
+        times = self.exchange(self.intrinsic_time_s(stats.compute_time_s))
+        decision = self.decide(stats.iteration, times)
+        return (self.frontier, decision.point_index) if self.adaptive else None

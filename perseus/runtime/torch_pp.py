@@ -1,0 +1,436 @@
+"""Adapter between ``torch.distributed.pipelining`` schedules and perseus's schedule IR.
+
+This is the only module that touches torch's private pipelining names (``_Action``,
+``_ComputationType``, ``_PipelineScheduleRuntime``, ``pipeline_order_with_comms``, the stage's
+``*_one_chunk`` methods). They are checked once, behind :func:`check_torch_version`, which
+raises a one-line :class:`~perseus.errors.ConfigError` naming the torch version and what is
+missing, instead of an ``AttributeError`` deep inside a training step.
+
+Two directions:
+
+* **torch -> perseus** (:func:`schedule_from_torch`, :func:`schedule_from_torch_class`): the
+  compute actions each rank *really executes*, as a validated :class:`~perseus.schedule.Schedule`.
+  No process group is needed: schedules are built on lightweight stand-in stages.
+
+  - Multi-stage schedules (``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
+    ``DualPipeV``, ``LoopedBFS`` and any ``_PipelineScheduleRuntime``) execute
+    ``pipeline_order_with_comms[rank]``; its compute actions (``OVERLAP_F_B`` flattened into its
+    sub-actions) are read directly.
+  - Single-stage schedules (``GPipe``, ``1F1B``) run hand-written loops in
+    ``_step_microbatches``; their ``pipeline_order`` is only a visualisation aid and, in torch
+    2.13, is wrong for ``Schedule1F1B``'s last rank (it lists ``F1..F{M}`` instead of
+    ``F0..F{M-1}``: ``forward_mb`` starts at 0 and is incremented before the first steady-state
+    forward when there is no warm-up). We therefore *trace* ``_step_microbatches`` with a
+    recording stand-in stage whose P2P op lists are empty, which yields exactly the order the
+    runtime executes.
+
+  torch's ``I`` (input-gradient backward) maps to perseus's ``B``, ``W`` to ``W``, full ``B`` to
+  ``B``. Schedules mixing full and split backwards (DualPipeV) do not fit perseus's IR, which
+  wants either every backward split or none; they raise :class:`~perseus.errors.ScheduleError`.
+
+* **perseus -> torch** (:func:`build_torch_schedule`): a torch schedule object that runs a
+  perseus :class:`~perseus.schedule.Schedule` on real stages, using torch's own
+  ``GPipe``/``1F1B``/``Interleaved1F1B`` classes when perseus's order equals theirs and torch's
+  schedule-IR runtime (``_PipelineScheduleRuntime``) otherwise (e.g. perseus's ZB-H1).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from perseus.errors import ConfigError, ScheduleError
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.builders import schedule_from_actions
+
+__all__ = [
+    "MIN_TORCH_VERSION",
+    "STAGE_COMPUTE_METHODS",
+    "TORCH_SCHEDULE_CLASSES",
+    "build_torch_schedule",
+    "check_torch_version",
+    "job_store",
+    "schedule_from_torch",
+    "schedule_from_torch_class",
+    "torch_class_for",
+]
+
+#: Oldest torch whose pipelining internals this adapter was written against.
+MIN_TORCH_VERSION = (2, 5)
+
+#: perseus schedule name -> torch class name whose executed order equals perseus's builder.
+#: ``zb`` has no torch twin (torch's zero-bubble schedules order differently); it runs through
+#: torch's schedule-IR runtime instead.
+TORCH_SCHEDULE_CLASSES: dict[str, str] = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+}
+
+#: Stage methods the runtime calls once per compute action, with the kind each one performs.
+#: ``backward_one_chunk`` is a full backward, or the input-gradient half when called with
+#: ``full_backward=False``; both are perseus's ``B``.
+STAGE_COMPUTE_METHODS: dict[str, Kind] = {
+    "forward_one_chunk": Kind.F,
+    "backward_one_chunk": Kind.B,
+    "backward_weight_one_chunk": Kind.W,
+}
+
+_REQUIRED_SCHEDULE_NAMES = (
+    "_Action",
+    "_ComputationType",
+    "_PipelineScheduleRuntime",
+    "PipelineScheduleSingle",
+    "PipelineScheduleMulti",
+    "ScheduleGPipe",
+    "Schedule1F1B",
+    "ScheduleInterleaved1F1B",
+)
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_torch_version() -> types.ModuleType:
+    """Import torch's pipelining schedules and check the internals this adapter relies on.
+
+    Returns:
+        The ``torch.distributed.pipelining.schedules`` module.
+
+    Raises:
+        ConfigError: if torch is missing, older than :data:`MIN_TORCH_VERSION`, or lacks one of
+            the private names used here (a newer torch that renamed them).
+    """
+    try:
+        import torch
+        from torch.distributed.pipelining import schedules
+    except ImportError as e:
+        raise ConfigError(
+            "torch with torch.distributed.pipelining is required for perseus.runtime.torch_pp; "
+            "install it with `pip install 'perseus-energy[torch]'`"
+        ) from e
+    version = _parse_version(torch.__version__)
+    if version < MIN_TORCH_VERSION:
+        raise ConfigError(
+            f"torch {torch.__version__} is not supported by perseus's pipelining adapter; "
+            f"upgrade to torch>={MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]}"
+        )
+    missing = [n for n in _REQUIRED_SCHEDULE_NAMES if not hasattr(schedules, n)]
+    if missing:
+        raise ConfigError(
+            f"torch {torch.__version__} lacks torch.distributed.pipelining.schedules."
+            f"{', '.join(missing)}, which perseus's adapter needs; use a torch between "
+            f"{MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]} and 2.13 or report the new version"
+        )
+    return schedules
+
+
+# --------------------------------------------------------------------------------------------
+# torch -> perseus
+
+
+def _convert(torch_action: Any, sched_mod: types.ModuleType) -> list[tuple[Action, bool]]:
+    """Compute actions of one torch ``_Action``: ``(action, is_split_backward)`` pairs."""
+    ct = sched_mod._ComputationType
+    kind_of = {
+        ct.FORWARD: Kind.F,
+        ct.FULL_BACKWARD: Kind.B,
+        ct.BACKWARD_INPUT: Kind.B,
+        ct.BACKWARD_WEIGHT: Kind.W,
+    }
+    if torch_action is None:
+        return []
+    if torch_action.computation_type == ct.OVERLAP_F_B:
+        out: list[tuple[Action, bool]] = []
+        for sub in torch_action.sub_actions or ():
+            out += _convert(sub, sched_mod)
+        return out
+    kind = kind_of.get(torch_action.computation_type)
+    if kind is None:  # communication, (un)shard, reduce-grad: not compute
+        return []
+    split = torch_action.computation_type in (ct.BACKWARD_INPUT, ct.BACKWARD_WEIGHT)
+    return [(Action(torch_action.stage_index, kind, torch_action.microbatch_index), split)]
+
+
+def _schedule_from_orders(
+    orders: Sequence[Sequence[Any]],
+    num_stages: int,
+    num_microbatches: int,
+    name: str,
+    stage_to_rank: tuple[int, ...] | None,
+    sched_mod: types.ModuleType,
+) -> Schedule:
+    rank_actions: list[list[Action]] = []
+    split_kinds: set[bool] = set()
+    for order in orders:
+        acts: list[Action] = []
+        for ta in order:
+            for action, split in _convert(ta, sched_mod):
+                acts.append(action)
+                if action.kind is not Kind.F:
+                    split_kinds.add(split)
+        rank_actions.append(acts)
+    if len(split_kinds) > 1:
+        raise ScheduleError(
+            f"torch schedule {name} mixes full backwards (B) with split ones (I/W); perseus "
+            "plans schedules whose backwards are all full or all split, so this one does not fit"
+        )
+    return schedule_from_actions(name, rank_actions, num_stages, num_microbatches, stage_to_rank)
+
+
+class _RecordingStage:
+    """Stand-in for a ``_PipelineStageBase``: no process group, empty P2P, records compute."""
+
+    def __init__(self, stage_index: int, num_stages: int, group_size: int, group_rank: int):
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.group_size = group_size
+        self.group_rank = group_rank
+        self.submod = None  # not an nn.Module: torch's torch.compile check skips it
+        self.device = "cpu"
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == num_stages - 1
+        self.has_backward = False
+        self.output_chunks: list[Any] = []
+        self.stage_index_to_group_rank: dict[int, int] = {}
+        self.recorded: list[tuple[Action, bool]] = []
+
+    def get_fwd_recv_ops(self, *_: Any) -> list[Any]:
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+    _get_init_p2p_neighbors_ops = get_fwd_recv_ops
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *_: Any, **__: Any) -> None:
+        self.recorded.append((Action(self.stage_index, Kind.F, fwd_chunk_id), False))
+
+    def backward_one_chunk(
+        self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True, **_: Any
+    ) -> None:
+        self.recorded.append((Action(self.stage_index, Kind.B, bwd_chunk_id), not full_backward))
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, **_: Any) -> None:
+        self.recorded.append((Action(self.stage_index, Kind.W, bwd_chunk_id), True))
+
+    def _prepare_forward_infra(self, *_: Any, **__: Any) -> None:
+        return None
+
+    def clear_runtime_states(self) -> None:
+        return None
+
+    def perform_reduce_grad(self, *_: Any) -> None:
+        return None
+
+
+def _trace_single(cls: type, num_stages: int, num_microbatches: int) -> list[list[Action]]:
+    """Run a single-stage schedule's ``_step_microbatches`` on recording stages, rank by rank."""
+    orders = []
+    for rank in range(num_stages):
+        stage = _RecordingStage(rank, num_stages, num_stages, rank)
+        sched = cls(stage, num_microbatches)
+        sched._step_microbatches(None, None, None, None, return_outputs=False)
+        orders.append([a for a, _ in stage.recorded])
+    return orders
+
+
+def _is_single(sched_mod: types.ModuleType, cls: type) -> bool:
+    return issubclass(cls, sched_mod.PipelineScheduleSingle)
+
+
+def schedule_from_torch(torch_schedule: Any, name: str | None = None) -> Schedule:
+    """The perseus schedule that a constructed torch schedule object executes.
+
+    Works on the user's real schedule object (any rank's): for multi-stage schedules every
+    rank's order is already in ``pipeline_order_with_comms``; single-stage schedules are traced
+    on stand-in stages (see the module docstring).
+
+    Args:
+        torch_schedule: An instance of a torch pipelining schedule.
+        name: Label for the result (default: the torch class name).
+
+    Raises:
+        ConfigError: for an unsupported torch.
+        ScheduleError: if the schedule does not fit perseus's IR.
+    """
+    sched_mod = check_torch_version()
+    cls = type(torch_schedule)
+    label = name or cls.__name__
+    n_mb = int(torch_schedule._n_microbatches)
+    if _is_single(sched_mod, cls):
+        num_stages = int(torch_schedule._num_stages)
+        orders = _trace_single(cls, num_stages, n_mb)
+        return schedule_from_actions(label, orders, num_stages, n_mb)
+    if not isinstance(torch_schedule, sched_mod._PipelineScheduleRuntime):
+        raise ScheduleError(
+            f"{cls.__name__} is neither a single-stage schedule nor a schedule-IR runtime; "
+            "perseus cannot read its action order"
+        )
+    with_comms = torch_schedule.pipeline_order_with_comms
+    orders = [with_comms[r] for r in sorted(with_comms)]
+    num_stages = int(torch_schedule._num_stages)
+    mapping = torch_schedule.stage_index_to_group_rank
+    stage_to_rank = tuple(int(mapping[s]) for s in range(num_stages))
+    return _schedule_from_orders(orders, num_stages, n_mb, label, stage_to_rank, sched_mod)
+
+
+def torch_class_for(name_or_class: str | type) -> type:
+    """A torch schedule class from a class, a torch name (``"Interleaved1F1B"``,
+    ``"ScheduleZBVZeroBubble"``) or a perseus name with a torch twin (``"1f1b"``).
+
+    Raises:
+        ConfigError: for an unknown name.
+    """
+    sched_mod = check_torch_version()
+    if isinstance(name_or_class, type):
+        return name_or_class
+    name = TORCH_SCHEDULE_CLASSES.get(name_or_class, name_or_class)
+    bare = name.removeprefix("Schedule")
+    try:
+        cls: type = sched_mod.get_schedule_class(bare)
+    except ValueError:
+        raise ConfigError(
+            f"unknown torch pipeline schedule {name_or_class!r}; use a torch class name "
+            f"(e.g. Interleaved1F1B, ZBVZeroBubble) or one of {', '.join(TORCH_SCHEDULE_CLASSES)}"
+        ) from None
+    return cls
+
+
+def schedule_from_torch_class(
+    name_or_class: str | type,
+    num_ranks: int,
+    num_microbatches: int,
+    stages_per_rank: int = 1,
+) -> Schedule:
+    """Build a torch schedule on stand-in stages (no process group) and convert it.
+
+    Args:
+        name_or_class: See :func:`torch_class_for`.
+        num_ranks: Pipeline ranks.
+        num_microbatches: Microbatches per iteration.
+        stages_per_rank: Local stages per rank (1 for GPipe/1F1B, 2 for ZBV/DualPipeV).
+
+    Raises:
+        ConfigError: unknown class or unsupported torch; torch's own size errors are re-raised
+            as :class:`~perseus.errors.ScheduleError` with its message.
+        ScheduleError: if the order does not fit perseus's IR.
+    """
+    sched_mod = check_torch_version()
+    cls = torch_class_for(name_or_class)
+    if num_ranks < 1 or num_microbatches < 1 or stages_per_rank < 1:
+        raise ScheduleError(
+            f"ranks, microbatches and stages per rank must be >= 1, got {num_ranks}, "
+            f"{num_microbatches}, {stages_per_rank}"
+        )
+    num_stages = num_ranks * stages_per_rank
+    try:
+        if _is_single(sched_mod, cls):
+            if stages_per_rank != 1:
+                raise ScheduleError(
+                    f"{cls.__name__} runs one stage per rank, not {stages_per_rank}"
+                )
+            # Constructing validates torch's own size rules (e.g. 1F1B needs M >= S).
+            cls(_RecordingStage(0, num_stages, num_ranks, 0), num_microbatches)
+            orders = _trace_single(cls, num_stages, num_microbatches)
+            return schedule_from_actions(cls.__name__, orders, num_stages, num_microbatches)
+        local = _local_stage_indices(cls, sched_mod, num_ranks, stages_per_rank)
+        stages = [_RecordingStage(s, num_stages, num_ranks, 0) for s in local]
+        sched = cls(stages, num_microbatches)
+    except (ValueError, RuntimeError) as e:
+        raise ScheduleError(
+            f"torch {cls.__name__} rejects {num_ranks} ranks x {num_microbatches} microbatches "
+            f"x {stages_per_rank} stages per rank: {e}"
+        ) from e
+    return schedule_from_torch(sched, name=cls.__name__)
+
+
+def _local_stage_indices(
+    cls: type, sched_mod: types.ModuleType, num_ranks: int, stages_per_rank: int
+) -> list[int]:
+    """Rank 0's stage indices: looped (0, R, 2R...) or V-shaped (0, 2R-1) placement."""
+    v_style = cls.__name__ in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    if v_style:
+        return [0, 2 * num_ranks - 1][:stages_per_rank]
+    return [k * num_ranks for k in range(stages_per_rank)]
+
+
+# --------------------------------------------------------------------------------------------
+# perseus -> torch
+
+
+def build_torch_schedule(
+    schedule: Schedule,
+    stages: Sequence[Any],
+    loss_fn: Callable[..., Any] | None = None,
+    *,
+    prefer_torch_class: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """A torch schedule object that executes ``schedule`` on this rank's ``stages``.
+
+    With ``prefer_torch_class`` and a schedule named like one of :data:`TORCH_SCHEDULE_CLASSES`,
+    torch's own class is used (after checking that its executed order equals ``schedule``);
+    otherwise torch's schedule-IR runtime is loaded with ``schedule``'s per-rank actions (full
+    backwards as ``B``, split ones as ``I``/``W``), which is how torch runs custom schedules.
+
+    Args:
+        schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
+        stages: This rank's ``PipelineStage`` objects, in stage order.
+        loss_fn: The loss, as for any torch schedule.
+        prefer_torch_class: Use torch's class when one matches.
+        **kwargs: Passed to the torch schedule constructor (e.g. ``scale_grads``).
+
+    Raises:
+        ScheduleError: if torch's class would run a different order than ``schedule``.
+    """
+    sched_mod = check_torch_version()
+    stages = list(stages)
+    single = len(stages) == 1 and schedule.virtual_stages == 1
+    cls_name = TORCH_SCHEDULE_CLASSES.get(schedule.name)
+    if prefer_torch_class and cls_name is not None:
+        cls = getattr(sched_mod, cls_name)
+        theirs = schedule_from_torch_class(
+            cls, schedule.num_ranks, schedule.num_microbatches, schedule.virtual_stages
+        )
+        if theirs.rank_actions != schedule.rank_actions:
+            raise ScheduleError(
+                f"torch {cls_name} would run a different order than perseus's {schedule.name!r} "
+                f"schedule; pass prefer_torch_class=False to run perseus's order"
+            )
+        return cls(stages[0] if single else stages, schedule.num_microbatches, loss_fn, **kwargs)
+    ct = sched_mod._ComputationType
+    split = schedule.has_weight_actions
+    code = {
+        Kind.F: ct.FORWARD,
+        Kind.B: ct.BACKWARD_INPUT if split else ct.FULL_BACKWARD,
+        Kind.W: ct.BACKWARD_WEIGHT,
+    }
+    runtime = sched_mod._PipelineScheduleRuntime(
+        stages, schedule.num_microbatches, loss_fn, **kwargs
+    )
+    order = {
+        rank: [sched_mod._Action(a.stage_index, code[a.kind], a.microbatch_index) for a in acts]
+        for rank, acts in enumerate(schedule.rank_actions)
+    }
+    runtime.pipeline_order = order
+    runtime._prepare_schedule_with_comms(order)
+    return runtime
+
+
+def job_store() -> Any:
+    """The default process group's store (torchrun's ``MASTER_ADDR:MASTER_PORT`` TCP store),
+    through which ``perseus straggler set`` reaches a running job.
+
+    Raises:
+        ConfigError: if torch.distributed is not initialised.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError("job_store() needs torch.distributed to be initialised first")
+    return dist.distributed_c10d._get_default_store()

@@ -1,0 +1,68 @@
+"""Straggler detection and hints without a process group (the decision is pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perseus.errors import ConfigError
+from perseus.io import load_profile
+from perseus.job import make_job
+from perseus.plan import PlanPoint
+from perseus.runtime.emulation import take_stages
+from perseus.runtime.straggler_runtime import (
+    StragglerRuntime,
+    clear_hint,
+    hint_key,
+    read_hint,
+    set_hint,
+)
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def frontier():
+    job = make_job(take_stages(load_profile("a100"), 4), "1f1b", 4, 4, 83.64)
+    fast = job.point(job.allmax())
+    slow = PlanPoint(
+        time_s=fast.time_s * 1.15, energy_j=fast.energy_j * 0.8, freqs_mhz=fast.freqs_mhz
+    )
+    return job.frontier([fast, slow])
+
+
+def test_non_straggler_switches_and_straggler_keeps_fastest(frontier):
+    t = frontier.fastest.time_s
+    pipes = [StragglerRuntime(frontier, pipeline_index=k, num_pipelines=2) for k in range(2)]
+    times = (t, 1.2 * t)  # pipeline 1 straggles
+    a, b = (p.decide(0, times) for p in pipes)
+    assert (a.point_index, b.point_index) == (1, 0)
+    assert a.straggler == b.straggler == 1
+    # The slowed-by-choice pipeline 0 reports its intrinsic time, not its plan's.
+    assert pipes[0].intrinsic_time_s(1.15 * t) == pytest.approx(t)
+    # Recovery: everybody back to the fastest plan.
+    assert pipes[0].decide(1, (t, t)).point_index == 0
+
+
+def test_baseline_never_switches(frontier):
+    rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=2, adaptive=False)
+    assert rt.decide(0, (1.0, 10.0)).point_index == 0
+
+
+def test_exchange_without_process_group_uses_store_hints(frontier):
+    store = torch_dist.HashStore()
+    rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=2, store=store)
+    assert rt.exchange(1.0) == (1.0, 0.0)
+    set_hint(store, 1, 2.5)
+    assert read_hint(store, 1) == 2.5
+    assert rt.exchange(1.0) == (1.0, 2.5)
+    clear_hint(store, 1)
+    clear_hint(store, 1)  # idempotent
+    assert read_hint(store, 1) is None
+    assert hint_key(3) == "perseus/straggler/3"
+
+
+def test_bad_values_are_config_errors(frontier):
+    with pytest.raises(ConfigError):
+        StragglerRuntime(frontier, pipeline_index=2, num_pipelines=2)
+    with pytest.raises(ConfigError):
+        set_hint(torch_dist.HashStore(), 0, -1.0)
