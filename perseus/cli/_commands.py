@@ -26,16 +26,8 @@ _MODULES = (
 
 
 def _load() -> list[Registrar]:
-    registrars = []
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f"perseus.cli.{name}")
-        except ModuleNotFoundError as e:  # TEMPORARY while subcommands are being written
-            if e.name != f"perseus.cli.{name}":
-                raise
-            continue
-        registrars.append(module.register)
-    return registrars
+    # Subcommand modules import their own heavy dependencies lazily, inside ``run``.
+    return [importlib.import_module(f"perseus.cli.{name}").register for name in _MODULES]
 
 
 REGISTRY: list[Registrar] = _load()

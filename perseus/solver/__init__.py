@@ -1,2 +1,17 @@
-"""solver."""
-__all__: list[str] = []
+"""The frontier solver: min-cut frontier tracing, slack reclaiming, baselines, LP floor.
+
+Pure: numpy, scipy and networkx only. See :mod:`perseus.solver.frontier` for the algorithm.
+"""
+
+from __future__ import annotations
+
+from perseus.solver.baselines import baseline_plans, global_clock_plans
+from perseus.solver.frontier import FrontierTrace, trace, trace_frontier
+
+__all__ = [
+    "FrontierTrace",
+    "baseline_plans",
+    "global_clock_plans",
+    "trace",
+    "trace_frontier",
+]

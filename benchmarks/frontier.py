@@ -1,0 +1,276 @@
+"""How fast and how good is perseus's frontier tracer, against lowtime on the same input?
+
+For each case (1F1B), in a fresh subprocess so peak RSS is per case, this prints perseus's
+solve time, min-cut iterations, points and peak RSS, and the gap of its no-slowdown plan to the
+LP floor. When ``lowtime`` is installed (``pip install perseus-energy[bench]``) and the case is
+not too big for it, it also runs lowtime 0.3.0 (1 ms quanta, exponential cost model fitted to
+the same options, effective energy e − P·t, the way Perseus drives it) on the same DAG in the
+same run, evaluates every lowtime plan exactly, and reports the time ratio and whether, for
+every lowtime plan, perseus (``--all-points``, since lowtime keeps one plan per quantum) has a
+point at least as fast with energy no higher ("covered"; "worst" is the largest excess).
+
+Cases: synthetic A100-model profiles (``_synthetic.py``, fixed seeds) at 4×8, 8×32, 8×64,
+16×64 and 32×512, and the bundled GPT-3 175B A100 profile at 8×96. lowtime at 16×64 takes
+about 20 minutes, so it is skipped unless ``--lowtime-16x64``; lowtime is never run at 8×96
+real or 32×512 (hours). Then the intrinsic-bloat table: on both bundled profiles, the energy of
+the cheapest plan no slower than all-max, relative to all-max, at 12/24/48/96 microbatches,
+beside the Perseus authors' published planner figures.
+
+Usage::
+
+    python benchmarks/frontier.py                      # everything (about 15–20 min on 2 cores)
+    python benchmarks/frontier.py --cases 4x8,8x32     # some cases
+    python benchmarks/frontier.py --no-lowtime --no-savings
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _synthetic import SYNTHETIC_BLOCKING_POWER_W, synthetic_profile
+
+from perseus.dag.evaluate import evaluate_many
+from perseus.dag.graph import KIND_CODES
+from perseus.io import load_profile
+from perseus.job import PlanningJob, make_job
+from perseus.schedule import Kind
+from perseus.solver import trace
+from perseus.solver.lp_bound import lp_energy_floor_j
+
+CASES = ("4x8", "8x32", "8x64", "16x64", "real-8x96", "32x512")
+LOWTIME_DEFAULT = {"4x8", "8x32", "8x64"}
+AUTHORS = {  # The Perseus authors' planner predictions of the intrinsic-bloat saving (%).
+    "a100": {12: 15.2, 24: 14.2, 48: 13.6, 96: 13.3},
+    "a40": {12: 11.8, 24: 10.2, 48: 9.3, 96: 8.9},
+}
+POWER = {"a100": 83.64, "a40": 70.38}
+
+
+def _job(case: str) -> PlanningJob:
+    if case.startswith("real-"):
+        stages, micro = (int(x) for x in case[5:].split("x"))
+        return make_job(load_profile("a100"), "1f1b", stages, micro, POWER["a100"])
+    stages, micro = (int(x) for x in case.split("x"))
+    profile = synthetic_profile(stages, seed=stages)
+    return make_job(profile, "1f1b", stages, micro, SYNTHETIC_BLOCKING_POWER_W)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _run_lowtime(job: PlanningJob, unit_time_s: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """lowtime's solve time and, per iteration, its predicted time and its plan's clocks."""
+    import networkx as nx
+    from lowtime.cost_model import ExponentialModel
+    from lowtime.operation import (
+        CandidateExecutionOptions,
+        DummyOperation,
+        ExecutionOption,
+        Operation,
+        OperationSpec,
+    )
+    from lowtime.solver import PhillipsDessouky
+
+    g = job.graph
+    power = job.blocking_power_w
+    kinds = list(Kind)
+    specs: dict[tuple[int, int], OperationSpec[int]] = {}
+    dag = nx.DiGraph()
+    for i, (s, k) in enumerate(zip(g.stage.tolist(), g.kind.tolist(), strict=True)):
+        if (s, k) not in specs:
+            opts = job.profile.op(s, kinds[k]).options
+            cand = CandidateExecutionOptions[int](
+                options=[
+                    ExecutionOption[int](
+                        real_time=o.time_s,
+                        unit_time=unit_time_s,
+                        cost=o.energy_j - power * o.time_s,
+                        knob=o.freq_mhz,
+                    )
+                    for o in opts
+                ]
+            )
+            specs[(s, k)] = OperationSpec[int](options=cand, cost_model=ExponentialModel(cand))
+        dag.add_node(i, op=Operation(spec=specs[(s, k)]))
+    dag.add_edges_from(zip(g.edge_src.tolist(), g.edge_dst.tolist(), strict=True))
+    n = g.num_nodes
+    src, snk = n, n + 1
+    dag.add_node(src, op=DummyOperation())
+    dag.add_node(snk, op=DummyOperation())
+    for i in range(n):
+        if dag.in_degree(i) == 0:
+            dag.add_edge(src, i)
+        if dag.out_degree(i) == 0:
+            dag.add_edge(i, snk)
+    dag.graph["source_node"] = src
+    dag.graph["sink_node"] = snk
+    solver = PhillipsDessouky(dag)
+    plans, times = [], []
+    started = time.perf_counter()
+    for result in solver.run():
+        times.append(result.real_time)
+        plans.append([dag.nodes[i]["op"].assigned_knob for i in range(n)])
+    elapsed = time.perf_counter() - started
+    return elapsed, np.array(times), np.array(plans, dtype=np.int64)
+
+
+def _evaluate_plans(job: PlanningJob, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    g = job.graph
+    table: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for (s, k), op in job.profile.ops.items():
+        for o in op.options:
+            table[(s, KIND_CODES[k], o.freq_mhz)] = (o.time_s, o.energy_j)
+    stage, kind = g.stage.tolist(), g.kind.tolist()
+    t = np.empty(plans.shape)
+    e = np.empty(plans.shape)
+    for r, row in enumerate(plans.tolist()):
+        for i, f in enumerate(row):
+            t[r, i], e[r, i] = table[(stage[i], kind[i], f)]
+    times, energies = [], []
+    for lo in range(0, len(plans), 256):
+        a, b = evaluate_many(g, t[lo : lo + 256], e[lo : lo + 256], job.blocking_power_w)
+        times.append(a)
+        energies.append(b)
+    return np.concatenate(times), np.concatenate(energies)
+
+
+def run_case(case: str, with_lowtime: bool, lp: bool) -> dict[str, object]:
+    """Solve one case (called in a subprocess) and return its figures."""
+    job = _job(case)
+    started = time.perf_counter()
+    result = trace(job)
+    solve_s = time.perf_counter() - started
+    frontier = result.frontier
+    base = frontier.baseline
+    same = frontier.cheapest_within(base.time_s)
+    out: dict[str, object] = {
+        "case": case,
+        "ops": job.graph.num_nodes,
+        "solve_s": solve_s,
+        "iterations": result.iterations,
+        "points": len(frontier.points),
+        "rss_mb": _peak_rss_mb(),
+        "saving_pct": 100 * (1 - same.energy_j / base.energy_j),
+        "lp_floor_gap_pct": None,
+    }
+    if lp:
+        floor = lp_energy_floor_j(job, base.time_s)
+        out["lp_floor_gap_pct"] = 100 * (same.energy_j / floor - 1)
+    if with_lowtime:
+        lt_s, _, plans = _run_lowtime(job, 1e-3)
+        times, energies = _evaluate_plans(job, plans)
+        # lowtime keeps one plan per quantum; compare against perseus's unthinned Pareto set.
+        full = trace(job, all_points=True).frontier
+        ts = np.array([p.time_s for p in full.points])
+        es = np.array([p.energy_j for p in full.points])
+        dominated = 0
+        worst = -np.inf
+        for t, e in zip(times, energies, strict=True):
+            ok = ts <= t * (1 + 1e-12)
+            ours = es[ok].min() if ok.any() else np.inf
+            dominated += bool(ours <= e)
+            worst = max(worst, 100 * (ours / e - 1))
+        out.update(
+            lowtime_s=lt_s,
+            ratio=lt_s / solve_s,
+            lowtime_plans=len(times),
+            covered=dominated,
+            worst_vs_lowtime_pct=float(worst),
+            lowtime_fastest_vs_allmax_pct=float(100 * (times.min() / base.time_s - 1)),
+        )
+    out["rss_mb"] = _peak_rss_mb()
+    return out
+
+
+def savings(profile: str, micro: int) -> tuple[float, float]:
+    job = make_job(load_profile(profile), "1f1b", 8, micro, POWER[profile])
+    started = time.perf_counter()
+    f = trace(job).frontier
+    elapsed = time.perf_counter() - started
+    same = f.cheapest_within(f.baseline.time_s)
+    return 100 * (1 - same.energy_j / f.baseline.energy_j), elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES}")
+    ap.add_argument("--no-lowtime", action="store_true", help="skip lowtime")
+    ap.add_argument(
+        "--lowtime-16x64", action="store_true", help="also run lowtime at 16x64 (~20 min)"
+    )
+    ap.add_argument("--no-savings", action="store_true", help="skip the intrinsic-bloat table")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--with-lowtime", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--lp", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_case(args.one, args.with_lowtime, args.lp)))
+        return
+    try:
+        import lowtime  # noqa: F401
+
+        have_lowtime = not args.no_lowtime
+    except ImportError:
+        have_lowtime = False
+        print("lowtime not installed (pip install perseus-energy[bench]); perseus only")
+    header = (
+        f"{'case':<10} {'ops':>6} {'perseus s':>10} {'iters':>6} {'points':>6} {'RSS MB':>7} "
+        f"{'saving %':>8} {'vs LP %':>8} {'lowtime s':>10} {'ratio':>7} {'covered':>13} {'worst %':>8}"
+    )
+    print(header)
+    for case in args.cases.split(","):
+        run_lt = have_lowtime and (
+            case in LOWTIME_DEFAULT or (case == "16x64" and args.lowtime_16x64)
+        )
+        lp = case != "32x512"  # HiGHS on 32×512 takes minutes; skip
+        cmd = [sys.executable, __file__, "--one", case] + (["--with-lowtime"] if run_lt else [])
+        cmd += ["--lp"] if lp else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            print(f"{case:<10} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        lp_gap = f"{r['lp_floor_gap_pct']:.2f}" if r["lp_floor_gap_pct"] is not None else "-"
+        lt = (
+            f"{r['lowtime_s']:>10.1f} {r['ratio']:>6.0f}x {r['covered']:>6}/{r['lowtime_plans']:<6} "
+            f"{r['worst_vs_lowtime_pct']:>8.2f}"
+            if "lowtime_s" in r
+            else f"{'-':>10} {'-':>7} {'-':>13} {'-':>8}"
+        )
+        print(
+            f"{case:<10} {r['ops']:>6} {r['solve_s']:>10.2f} {r['iterations']:>6} {r['points']:>6} "
+            f"{r['rss_mb']:>7.0f} {r['saving_pct']:>8.2f} {lp_gap:>8} {lt}",
+            flush=True,
+        )
+        if "lowtime_fastest_vs_allmax_pct" in r:
+            print(
+                f"{'':<10} lowtime's fastest plan vs all-max time: {r['lowtime_fastest_vs_allmax_pct']:+.2f} %"
+            )
+    if args.no_savings:
+        return
+    print("\nIntrinsic-bloat saving (cheapest plan no slower than all-max, exact), 1F1B, 8 stages")
+    print(f"{'profile':<8} {'micro':>5} {'perseus %':>10} {'authors %':>10} {'solve s':>8}")
+    for profile in ("a100", "a40"):
+        for micro in (12, 24, 48, 96):
+            pct, elapsed = savings(profile, micro)
+            print(
+                f"{profile:<8} {micro:>5} {pct:>10.2f} {AUTHORS[profile][micro]:>10.1f} {elapsed:>8.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

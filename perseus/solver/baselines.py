@@ -1,0 +1,150 @@
+"""Baseline frequency plans, evaluated by the same exact evaluator as the frontier.
+
+* ``all-max``: every op at its highest profiled clock (what a GPU does by default).
+* ``global-clock`` (Zeus-style): one clock for every GPU. :func:`global_clock_plans` gives one
+  plan per clock (for plots); the named baseline is the one with the least energy, i.e. the
+  best any single-clock setting can do, which is what the frontier's minimum-energy end must
+  beat. (With monotone profiles the best *no-slowdown* global clock is all-max itself.)
+* ``per-stage`` (ZeusPerStage-style): one clock per GPU, each GPU's the lowest clock whose
+  per-microbatch work (F + B (+ W), summed over its stages) is no longer than the slowest GPU's
+  at its highest clock, so that stages are balanced against the bottleneck.
+* ``envpipe`` (EnvPipe's heuristic): ops on the all-max critical path (the pipeline's outer
+  envelope) stay at max; every other op, from the end of the iteration backwards, is lowered
+  to the lowest clock that still fits before its successors need it, i.e. until it becomes
+  critical. Unlike :mod:`perseus.solver.reclaim` it picks the lowest *clock*, not the lowest
+  effective energy.
+
+Complexity: O(C·(N + E)) for C clocks (one exact evaluation per global clock), O(N·K) for the
+rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.job import PlanningJob
+from perseus.plan import PlanPoint
+from perseus.schedule.actions import Kind
+from perseus.solver.paths import build_topology
+
+__all__ = ["baseline_freq_plans", "baseline_plans", "global_clock_plans"]
+
+IntArray = npt.NDArray[np.int64]
+
+_KINDS = list(Kind)
+
+
+def _all_clocks(job: PlanningJob) -> list[int]:
+    clocks = {o.freq_mhz for op in job.profile.ops.values() for o in op.options}
+    return sorted(clocks, reverse=True)
+
+
+def _clock_for(job: PlanningJob, stage: int, kind: int, freq_mhz: int) -> int:
+    """The op's highest measured clock ≤ ``freq_mhz`` (its lowest if none is)."""
+    options = job.profile.op(stage, _KINDS[kind]).options
+    for o in options:  # highest first
+        if o.freq_mhz <= freq_mhz:
+            return o.freq_mhz
+    return options[-1].freq_mhz
+
+
+def _global_freqs(job: PlanningJob, freq_mhz: int) -> IntArray:
+    g = job.graph
+    cache: dict[tuple[int, int], int] = {}
+    out = np.empty(g.num_nodes, dtype=np.int64)
+    for i, (s, k) in enumerate(zip(g.stage.tolist(), g.kind.tolist(), strict=True)):
+        if (s, k) not in cache:
+            cache[(s, k)] = _clock_for(job, s, k, freq_mhz)
+        out[i] = cache[(s, k)]
+    return out
+
+
+def global_clock_plans(job: PlanningJob) -> list[PlanPoint]:
+    """One exact plan per profiled clock (every GPU at that clock), highest clock first."""
+    return [job.point(_global_freqs(job, f)) for f in _all_clocks(job)]
+
+
+def _per_stage_freqs(job: PlanningJob) -> IntArray:
+    g = job.graph
+    kinds = sorted(set(g.kind.tolist()))
+    ranks = g.num_ranks
+    stages_of = [sorted({int(s) for s in g.stage[g.rank == r]}) for r in range(ranks)]
+
+    def load(r: int, freq: int) -> float:
+        total = 0.0
+        for s in stages_of[r]:
+            for k in kinds:
+                total += job.profile.op(s, _KINDS[k]).at(_clock_for(job, s, k, freq)).time_s
+        return total
+
+    clocks = _all_clocks(job)
+    target = max(load(r, clocks[0]) for r in range(ranks))
+    chosen = []
+    for r in range(ranks):
+        pick = clocks[0]
+        for f in clocks:  # descending: keep lowering while the GPU keeps up
+            if load(r, f) <= target * (1 + 1e-12):
+                pick = f
+            else:
+                break
+        chosen.append(pick)
+    out = np.empty(g.num_nodes, dtype=np.int64)
+    for i, (r, s, k) in enumerate(
+        zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True)
+    ):
+        out[i] = _clock_for(job, s, k, chosen[r])
+    return out
+
+
+def _envpipe_freqs(job: PlanningJob) -> IntArray:
+    g = job.graph
+    topo = build_topology(g)
+    freqs = job.allmax()
+    ops = [job.profile.op(int(s), _KINDS[int(k)]) for s, k in zip(g.stage, g.kind, strict=True)]
+    time_s = np.array([op.max_freq.time_s for op in ops])
+    start, end = topo.forward(time_s)
+    deadline = float(end.max())
+    late_finish = topo.backward(time_s, deadline)
+    tol = 1e-9 * deadline
+    envelope = (late_finish - end) <= tol
+    margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
+    late_start = np.full(g.num_nodes + 1, deadline)
+    for gen in reversed(topo.generations):
+        for i in gen.tolist():
+            lf = min(
+                deadline,
+                float((late_start[topo.succ[i]] - topo.succ_lat_s[i]).min()),
+            )
+            if not envelope[i]:
+                window = lf - start[i] - margin
+                for o in ops[i].options:  # highest clock first; keep the lowest that fits
+                    if o.time_s <= window:
+                        freqs[i], time_s[i] = o.freq_mhz, o.time_s
+            late_start[i] = lf - time_s[i]
+    return freqs
+
+
+def baseline_freq_plans(job: PlanningJob) -> list[IntArray]:
+    """Per-node clocks of every baseline: all-max, each global clock, per-stage, EnvPipe."""
+    plans = [job.allmax()]
+    plans.extend(_global_freqs(job, f) for f in _all_clocks(job))
+    plans.append(_per_stage_freqs(job))
+    plans.append(_envpipe_freqs(job))
+    return plans
+
+
+def baseline_plans(job: PlanningJob) -> dict[str, PlanPoint]:
+    """The named baselines as exact plan points.
+
+    Returns:
+        ``{"all-max", "global-clock", "per-stage", "envpipe"}``; ``global-clock`` is the
+        least-energy single clock (see the module docstring).
+    """
+    best_global = min(global_clock_plans(job), key=lambda p: (p.energy_j, p.time_s))
+    return {
+        "all-max": job.point(job.allmax()),
+        "global-clock": best_global,
+        "per-stage": job.point(_per_stage_freqs(job)),
+        "envpipe": job.point(_envpipe_freqs(job)),
+    }
