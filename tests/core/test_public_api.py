@@ -38,6 +38,8 @@ def test_all_is_sorted_and_complete():
     for module in [perseus, *_modules()]:
         exported = getattr(module, "__all__", None)
         assert exported is not None, f"{module.__name__} has no __all__"
-        assert list(exported) == sorted(exported, key=_isort_key), f"{module.__name__}.__all__ is not sorted"
+        assert list(exported) == sorted(exported, key=_isort_key), (
+            f"{module.__name__}.__all__ is not sorted"
+        )
         for name in exported:
             assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name}"
