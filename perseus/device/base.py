@@ -6,10 +6,12 @@ list (nearest supported clock) and returns the clock actually requested from the
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning"]
+__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning", "nearest_clock_mhz"]
 
 
 @runtime_checkable
@@ -67,3 +69,17 @@ class ManagedGPU(GPU, Protocol):
 
 class ObserveOnlyWarning(RuntimeWarning):
     """Clocks cannot be changed (no privilege, or unsupported); perseus only measures."""
+
+
+def nearest_clock_mhz(ascending_mhz: Sequence[int], freq_mhz: int) -> int:
+    """The clock in ``ascending_mhz`` nearest ``freq_mhz``, clamped to the ends.
+
+    Ties go to the higher clock, so snapping never slows an op below what a plan asked for.
+    """
+    i = bisect.bisect_left(ascending_mhz, freq_mhz)
+    if i == 0:
+        return ascending_mhz[0]
+    if i == len(ascending_mhz):
+        return ascending_mhz[-1]
+    lo, hi = ascending_mhz[i - 1], ascending_mhz[i]
+    return lo if freq_mhz - lo < hi - freq_mhz else hi

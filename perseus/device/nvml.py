@@ -26,13 +26,13 @@ the last user closes.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from perseus.device.base import nearest_clock_mhz
 from perseus.device.sim_state import default_lock_dir, owner_lock_path
 from perseus.errors import (
     DeviceError,
@@ -341,13 +341,7 @@ class NvmlGPU:
     def snap_clock_mhz(self, freq_mhz: int) -> int:
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
         asc = tuple(reversed(self.supported_clocks_mhz()))
-        i = bisect.bisect_left(asc, freq_mhz)
-        if i == 0:
-            return asc[0]
-        if i == len(asc):
-            return asc[-1]
-        lo, hi = asc[i - 1], asc[i]
-        return lo if freq_mhz - lo < hi - freq_mhz else hi
+        return nearest_clock_mhz(asc, freq_mhz)
 
     def _require_control(self, action: str) -> None:
         if self.observe_only_reason is not None:

@@ -20,7 +20,6 @@ exactly its energy even if ``end_op`` comes late), otherwise ``blocking_power_w`
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 import uuid as _uuid
@@ -28,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from perseus.device.base import nearest_clock_mhz
 from perseus.device.power_model import capped_clock_mhz
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_state import (
@@ -397,13 +397,7 @@ class SimulatedGPU:
                 f"{self._name}: {freq_mhz} MHz is outside the supported range "
                 f"{asc[0]}-{asc[-1]} MHz (INVALID_ARGUMENT)"
             )
-        i = bisect.bisect_left(asc, freq_mhz)
-        if i == 0:
-            return asc[0]
-        if i == len(asc):
-            return asc[-1]
-        lo, hi = asc[i - 1], asc[i]
-        return lo if freq_mhz - lo < hi - freq_mhz else hi
+        return nearest_clock_mhz(asc, freq_mhz)
 
     def set_locked_clock(self, freq_mhz: int) -> int:
         self._check("set_locked_clock")
