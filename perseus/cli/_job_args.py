@@ -15,7 +15,7 @@ from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
 from perseus.schedule.builders import SCHEDULE_NAMES
 
-__all__ = ["add_job_arguments", "job_from_args"]
+__all__ = ["CONFIG_FIELDS", "add_job_arguments", "job_from_args"]
 
 # Flag defaults, applied after the config (argparse defaults are None so that a flag left out
 # can be told apart from a flag given with the default value).
@@ -25,7 +25,8 @@ _DEFAULTS: dict[str, object] = {
     "p2p_latency_s": 0.0,
     "backward_split": DEFAULT_BACKWARD_SPLIT,
 }
-_FROM_CONFIG = (
+#: Job fields a TOML config can set (flags given on the command line override them).
+CONFIG_FIELDS = (
     "schedule",
     "stages",
     "microbatches",
@@ -80,7 +81,7 @@ def _merge(args: argparse.Namespace) -> tuple[str, JobConfig | None]:
         config, path = read_job_config(args.config)
         if profile is None:
             profile = resolve_config_profile(config, path)
-        for name in _FROM_CONFIG:
+        for name in CONFIG_FIELDS:
             if getattr(args, name, None) is None:
                 setattr(args, name, getattr(config, name))
     for name, value in _DEFAULTS.items():

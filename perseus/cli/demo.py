@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from perseus.cli._job_args import _FROM_CONFIG, job_from_args
+from perseus.cli._job_args import CONFIG_FIELDS, job_from_args
 from perseus.errors import ConfigError
 from perseus.io.atomic import atomic_directory
 from perseus.io.config import read_job_config
@@ -116,10 +116,10 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[float], None], Callable[[], 
 
 def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
     """Arguments for :func:`job_from_args` and the pipeline count, from --config or DEMO_JOB."""
-    ns = argparse.Namespace(profile=None, config=args.config, **dict.fromkeys(_FROM_CONFIG))
+    ns = argparse.Namespace(profile=None, config=args.config, **dict.fromkeys(CONFIG_FIELDS))
     pipelines = args.pipelines
     if args.config is None:
-        for key in _FROM_CONFIG:
+        for key in CONFIG_FIELDS:
             if key in DEMO_JOB:
                 setattr(ns, key, DEMO_JOB[key])
         ns.profile = DEMO_JOB["profile"]
