@@ -39,7 +39,8 @@ the minimum-energy one (T*).
 
 **Complexity.** With B breakpoints, N ops, E edges and G generations: each iteration costs a
 max flow on the critical sub-DAG (O(V²E) worst case, near-linear here), O(N + E) numpy work
-and O(G) vectorised generation steps per longest-path pass, typically 2–3 passes. Emission
+and O(N + E) plain-Python steps per longest-path pass (:mod:`perseus.solver.paths`),
+typically 2–3 passes. Emission
 costs O(N·W) per candidate (W options per op) plus one exact evaluation per kept point.
 Memory is O(N·(W + H)) plus the candidates, kept as small integer arrays.
 """

@@ -2,11 +2,14 @@
 
 The exact evaluator (:mod:`perseus.dag.evaluate`) answers "what does this plan cost"; the
 solver also needs latest finish times (for slack and criticality) and the binding path of a
-candidate step. Both passes walk the DAG's topological generations with per-node padded
-predecessor/successor tables, so each generation is a handful of numpy gathers without
-``ufunc.at``.
+candidate step. Pipeline DAGs have many small generations (a handful of nodes each), where
+per-generation numpy calls cost more in overhead than the arithmetic, so the passes are plain
+Python loops over a precomputed topological order with per-node predecessor/successor lists
+(durations converted with one ``tolist()`` per pass). They add and compare the same floats in
+the same order as a vectorised pass would, so results are identical. The padded numpy tables
+are kept for callers that vectorise over generations (:mod:`perseus.solver.reclaim`).
 
-Complexity: O(N·d + G) numpy work for N nodes of in/out degree ≤ d in G generations.
+Complexity: O(N + E) Python steps per pass for N nodes and E edges.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Topology:
         pred, pred_lat_s: (N, dp) predecessors and the edge latency; padding points at N.
         succ, succ_lat_s: (N, ds) successors and the edge latency; padding points at N.
         is_source, is_sink: Nodes without predecessors / successors.
+        order: All nodes in topological order (the generations concatenated).
+        pred_lists, succ_lists: Per node, ``(neighbour, latency)`` pairs in edge order.
     """
 
     num_nodes: int
@@ -45,48 +50,66 @@ class Topology:
     succ_lat_s: FloatArray
     is_source: BoolArray
     is_sink: BoolArray
+    order: tuple[int, ...]
+    pred_lists: tuple[tuple[tuple[int, float], ...], ...]
+    succ_lists: tuple[tuple[tuple[int, float], ...], ...]
 
     def forward(self, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Earliest start and finish of every node (``time_s`` of shape (N,))."""
         n = self.num_nodes
-        end = np.zeros(n + 1)
-        start = np.zeros(n)
-        for gen in self.generations:
-            ready = end[self.pred[gen]] + self.pred_lat_s[gen]
-            s = ready.max(axis=1)
-            start[gen] = s
-            end[gen] = s + time_s[gen]
-        return start, end[:n]
+        t = time_s.tolist()
+        end = [0.0] * n
+        start = [0.0] * n
+        preds = self.pred_lists
+        for v in self.order:
+            s = 0.0
+            for u, w in preds[v]:
+                r = end[u] + w
+                if r > s:
+                    s = r
+            start[v] = s
+            end[v] = s + t[v]
+        return np.array(start), np.array(end)
 
     def backward(self, time_s: FloatArray, deadline_s: float) -> FloatArray:
         """Latest finish of every node so that everything ends by ``deadline_s``."""
         n = self.num_nodes
-        late_start = np.full(n + 1, deadline_s)
-        late_finish = np.empty(n)
-        for gen in reversed(self.generations):
-            lf = (late_start[self.succ[gen]] - self.succ_lat_s[gen]).min(axis=1)
-            lf = np.minimum(lf, deadline_s)
-            late_finish[gen] = lf
-            late_start[gen] = lf - time_s[gen]
-        return late_finish
+        t = time_s.tolist()
+        deadline = float(deadline_s)
+        late_start = [deadline] * n
+        late_finish = [deadline] * n
+        succs = self.succ_lists
+        for v in reversed(self.order):
+            lf = deadline
+            for u, w in succs[v]:
+                r = late_start[u] - w
+                if r < lf:
+                    lf = r
+            late_finish[v] = lf
+            late_start[v] = lf - t[v]
+        return np.array(late_finish)
 
     def binding_path(self, time_s: FloatArray, end_s: FloatArray) -> list[int]:
         """Nodes of one longest path ending at the latest-finishing node (sink first)."""
         node = int(np.argmax(end_s))
+        t = time_s.tolist()
+        end = end_s.tolist()
         path = [node]
-        start = end_s[node] - time_s[node]
+        start = end[node] - t[node]
         while True:
-            preds = self.pred[node]
-            real = preds < self.num_nodes
-            if not real.any():
+            preds = self.pred_lists[node]
+            if not preds:
                 return path
-            ready = end_s[preds[real]] + self.pred_lat_s[node][real]
-            j = int(np.argmax(ready))
-            if ready[j] < start - 1e-12 * max(1.0, abs(start)):
+            best_u, best = -1, -np.inf
+            for u, w in preds:  # first maximum, like argmax
+                r = end[u] + w
+                if r > best:
+                    best_u, best = u, r
+            if best < start - 1e-12 * max(1.0, abs(start)):
                 return path  # starts at 0: no predecessor is binding
-            node = int(preds[real][j])
+            node = best_u
             path.append(node)
-            start = end_s[node] - time_s[node]
+            start = end[node] - t[node]
 
 
 def _padded(lists: list[list[tuple[int, float]]], n: int) -> tuple[IntArray, FloatArray]:
@@ -121,4 +144,7 @@ def build_topology(graph: OpGraph) -> Topology:
         succ_lat_s=succ_lat,
         is_source=np.array([not p for p in preds], dtype=np.bool_),
         is_sink=np.array([not s for s in succs], dtype=np.bool_),
+        order=tuple(int(v) for gen in graph.generations for v in gen.tolist()),
+        pred_lists=tuple(tuple(p) for p in preds),
+        succ_lists=tuple(tuple(s) for s in succs),
     )
