@@ -74,18 +74,6 @@ class OpGraph:
             object.__setattr__(self, "_index_cache", cache)
         return cache
 
-    def to_networkx(self, time_s: FloatArray | None = None) -> nx.DiGraph:
-        """The DAG as a networkx graph; with ``time_s``, edge weights make the longest path
-        (``nx.dag_longest_path_length``) equal the iteration time minus the sink's duration."""
-        g = nx.DiGraph()
-        g.add_nodes_from(range(self.num_nodes))
-        for e, (u, v) in enumerate(
-            zip(self.edge_src.tolist(), self.edge_dst.tolist(), strict=True)
-        ):
-            w = float(self.edge_latency_s[e]) + (float(time_s[u]) if time_s is not None else 0.0)
-            g.add_edge(u, v, weight=w)
-        return g
-
 
 def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
     """Build the operation DAG of one iteration of ``schedule``.

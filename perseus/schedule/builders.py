@@ -19,7 +19,6 @@ rank ``s % ranks`` (torch's looped placement).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 
 from perseus.errors import ScheduleError
@@ -163,7 +162,7 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     Built by a deterministic greedy list scheduler with unit durations for F, B and W
     (the ZB paper's T_F = T_B = T_W assumption); see the module docstring.
 
-    Complexity: O(A log R) for A actions and R ranks.
+    Complexity: O(A·R) for A actions and R ranks.
     """
     _check_sizes(stages, microbatches)
     S, M = stages, microbatches
@@ -208,7 +207,7 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
         options = [(c[0], r, c[1]) for r in range(S) if (c := choose(r)) is not None]
         if not options:  # cannot happen for S - r >= 1; kept as a clear error, not a hang
             raise ScheduleError(f"zero-bubble construction stalled at S={S}, M={M}")
-        start, r, action = heapq.nsmallest(1, options, key=lambda o: (o[0], o[1]))[0]
+        start, r, action = min(options, key=lambda o: (o[0], o[1]))
         acts[r].append(action)
         end[action] = start + 1.0
         free[r] = start + 1.0
