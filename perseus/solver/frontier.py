@@ -158,12 +158,17 @@ def trace(
     all_points: bool = False,
     progress: Progress | None = None,
     hull_gap_fraction: float = DEFAULT_HULL_GAP_FRACTION,
+    method: str = "compiled",
 ) -> FrontierTrace:
     """Like :func:`trace_frontier`, also returning iteration counts and the traced relaxation.
 
     ``hull_gap_fraction`` thins each op's convex hull (see :func:`build_cost_model`); with 0
     the traced relaxation is exactly the LP floor of :mod:`perseus.solver.lp_bound`.
+    ``method`` picks the walk: ``"compiled"`` (numba, the default) or ``"reference"`` (the
+    same algorithm in numpy/Python on scipy's max flow; slow, kept to cross-check).
     """
+    if method not in _METHODS:
+        raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(_METHODS)}")
     if time_quantum_s is not None and not (math.isfinite(time_quantum_s) and time_quantum_s > 0):
         raise ConfigError(
             f"time quantum must be a finite number of seconds > 0, got {time_quantum_s}"
@@ -174,7 +179,9 @@ def trace(
         )
     if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
         raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
-    return _impl(job, time_quantum_s, min_gap_fraction, all_points, progress, hull_gap_fraction)
+    return _impl(
+        job, time_quantum_s, min_gap_fraction, all_points, progress, hull_gap_fraction, method
+    )
 
 
 def _impl(
@@ -184,6 +191,7 @@ def _impl(
     all_points: bool,
     progress: Progress | None,
     hull_gap_fraction: float,
+    method: str,
 ) -> FrontierTrace:
     # Imported here: baselines use the reclaim pass and the cost model too.
     from perseus.solver.baselines import baseline_freq_plans
@@ -198,8 +206,9 @@ def _impl(
     gap = 0.0 if all_points else min_gap_fraction * t_min_lp
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
-    cand, iterations, lp_t, lp_e = _core(job, model, topo, tol, quantum, gap, all_points, progress)
-    cand.extend(reclaim_slack(model, topo, s) for s in seeds)
+    core = _METHODS[method]
+    cand, iterations, lp_t, lp_e = core(job, model, topo, tol, quantum, gap, all_points, progress)
+    cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, gap)
     if progress is not None:
         progress(1.0)
@@ -223,6 +232,71 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: IntArray) -> IntA
     table = model.opt_time_s[model.node_type]
     idx: IntArray = np.maximum((table <= time_s[:, None]).sum(axis=1) - 1, 0).astype(np.int64)
     return idx
+
+
+#: Walk iterations per compiled call (between progress reports).
+_CHUNK_ITERATIONS = 2000
+
+
+def _core_compiled(
+    job: PlanningJob,
+    model: CostModel,
+    topo: Topology,
+    tol: float,
+    quantum: float,
+    gap: float,
+    all_points: bool,
+    progress: Progress | None,
+) -> tuple[list[IntArray], int, list[float], list[float]]:
+    """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`)."""
+    from perseus.solver import compiled
+
+    types = model.node_type
+    ht = np.ascontiguousarray(model.hull_time_s[types])
+    hs = np.ascontiguousarray(model.hull_slope[types])
+    hc = np.ascontiguousarray(model.hull_cost_j[types])
+    nh = np.ascontiguousarray(model.num_hull[types])
+    rows = np.arange(topo.num_nodes)
+    d = ht[rows, nh - 1].copy()
+    t_min = float(topo.forward(ht[rows, 0])[1].max())
+    state = np.zeros(compiled.STATE_SIZE)
+    state[compiled.S_BEST_DEADLINE] = math.inf
+    power_ranks = model.blocking_power_w * job.graph.num_ranks
+    cand: list[IntArray] = []
+    lp_t: list[float] = []
+    lp_e: list[float] = []
+    iterations = 0
+    while state[compiled.S_DONE] == 0.0:
+        emitted, chunk_t, chunk_e, done = compiled.walk_kernel(
+            topo.order_array,
+            topo.pred_ptr,
+            topo.pred_idx,
+            topo.pred_lat_csr,
+            topo.succ_ptr,
+            topo.succ_idx,
+            topo.succ_lat_csr,
+            ht,
+            hs,
+            hc,
+            nh,
+            types,
+            model.opt_time_s,
+            d,
+            state,
+            tol,
+            quantum,
+            gap,
+            all_points,
+            power_ranks,
+            _CHUNK_ITERATIONS,
+        )
+        iterations += int(done)
+        cand.extend(np.asarray(emitted, dtype=np.int64))
+        lp_t.extend(chunk_t.tolist())
+        lp_e.extend(chunk_e.tolist())
+        if progress is not None and lp_t and lp_t[0] > t_min:
+            progress(0.99 * min(1.0, (lp_t[0] - lp_t[-1]) / (lp_t[0] - t_min)))
+    return cand, iterations, lp_t, lp_e
 
 
 def _core(
@@ -356,6 +430,13 @@ def _core(
     return cand, iterations, lp_t, lp_e
 
 
+_CoreFn = Callable[
+    [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
+    tuple[list[IntArray], int, list[float], list[float]],
+]
+_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core}
+
+
 def _hull_cost(model: CostModel, types: IntArray, d: FloatArray) -> FloatArray:
     """Per-node effective cost of fractional durations on the hull (linear interpolation)."""
     ht = model.hull_time_s[types]
@@ -455,7 +536,7 @@ def _select(
     """Reclaim, evaluate, Pareto-filter and thin candidates; return exact plan points."""
     topo = build_topology(job.graph)
     types = model.node_type
-    rec = np.unique(np.stack([reclaim_slack(model, topo, c) for c in cand]), axis=0)
+    rec = np.unique(_reclaim_all(model, topo, np.stack(cand)), axis=0)
     if topo.num_nodes <= _LOCAL_SEARCH_MAX_NODES:
         walked = [
             w for r in rec for ps in (True, False) for w in descend_greedy(model, topo, r, ps)
@@ -500,6 +581,25 @@ def _select(
             PlanPoint(time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=job.nested(freqs))
         )
     return _strict_pareto(points)
+
+
+def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
+    """:func:`reclaim_slack` of every row of ``plans``, compiled (identical results)."""
+    from perseus.solver.compiled import reclaim_kernel
+
+    out: IntArray = reclaim_kernel(
+        topo.order_array,
+        topo.pred_ptr,
+        topo.pred_idx,
+        topo.pred_lat_csr,
+        topo.succ_ptr,
+        topo.succ_idx,
+        topo.succ_lat_csr,
+        model.node_type,
+        model.opt_time_s,
+        np.ascontiguousarray(plans, dtype=np.int64),
+    )
+    return out
 
 
 def _strict_pareto(points: list[PlanPoint]) -> list[PlanPoint]:

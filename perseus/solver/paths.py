@@ -40,6 +40,10 @@ class Topology:
         is_source, is_sink: Nodes without predecessors / successors.
         order: All nodes in topological order (the generations concatenated).
         pred_lists, succ_lists: Per node, ``(neighbour, latency)`` pairs in edge order.
+        order_array: ``order`` as an array.
+        pred_ptr, pred_idx, pred_lat_csr: The predecessor lists in CSR form (node ``v``'s are
+            ``pred_idx[pred_ptr[v]:pred_ptr[v+1]]``), for the compiled loops.
+        succ_ptr, succ_idx, succ_lat_csr: The successor lists in CSR form.
     """
 
     num_nodes: int
@@ -53,6 +57,13 @@ class Topology:
     order: tuple[int, ...]
     pred_lists: tuple[tuple[tuple[int, float], ...], ...]
     succ_lists: tuple[tuple[tuple[int, float], ...], ...]
+    order_array: IntArray
+    pred_ptr: IntArray
+    pred_idx: IntArray
+    pred_lat_csr: FloatArray
+    succ_ptr: IntArray
+    succ_idx: IntArray
+    succ_lat_csr: FloatArray
 
     def forward(self, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Earliest start and finish of every node (``time_s`` of shape (N,))."""
@@ -123,6 +134,14 @@ def _padded(lists: list[list[tuple[int, float]]], n: int) -> tuple[IntArray, Flo
     return idx, lat
 
 
+def _csr(lists: list[list[tuple[int, float]]]) -> tuple[IntArray, IntArray, FloatArray]:
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in lists], out=ptr[1:])
+    idx = np.array([v for items in lists for v, _ in items], dtype=np.int64)
+    lat = np.array([w for items in lists for _, w in items], dtype=np.float64)
+    return ptr, idx, lat
+
+
 def build_topology(graph: OpGraph) -> Topology:
     """Padded predecessor/successor tables of ``graph``. Complexity: O(N + E)."""
     n = graph.num_nodes
@@ -135,6 +154,9 @@ def build_topology(graph: OpGraph) -> Topology:
         succs[u].append((v, w))
     pred, pred_lat = _padded(preds, n)
     succ, succ_lat = _padded(succs, n)
+    order = tuple(int(v) for gen in graph.generations for v in gen.tolist())
+    pred_ptr, pred_idx, pred_lat_csr = _csr(preds)
+    succ_ptr, succ_idx, succ_lat_csr = _csr(succs)
     return Topology(
         num_nodes=n,
         generations=graph.generations,
@@ -144,7 +166,14 @@ def build_topology(graph: OpGraph) -> Topology:
         succ_lat_s=succ_lat,
         is_source=np.array([not p for p in preds], dtype=np.bool_),
         is_sink=np.array([not s for s in succs], dtype=np.bool_),
-        order=tuple(int(v) for gen in graph.generations for v in gen.tolist()),
+        order=order,
         pred_lists=tuple(tuple(p) for p in preds),
         succ_lists=tuple(tuple(s) for s in succs),
+        order_array=np.array(order, dtype=np.int64),
+        pred_ptr=pred_ptr,
+        pred_idx=pred_idx,
+        pred_lat_csr=pred_lat_csr,
+        succ_ptr=succ_ptr,
+        succ_idx=succ_idx,
+        succ_lat_csr=succ_lat_csr,
     )

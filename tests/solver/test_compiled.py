@@ -1,0 +1,112 @@
+"""The compiled walk against the reference walk, and its warm-started min cut against scipy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.sparse.csgraph import maximum_flow
+
+from perseus.solver import compiled, frontier, trace
+
+from .conftest import small_job
+
+CASES = [
+    ("gpipe", 3, 4, 1, 3),
+    ("1f1b", 4, 6, 1, 5),
+    ("1f1b", 3, 8, 1, 7),
+    ("interleaved", 4, 4, 2, 2),
+    ("zb", 3, 5, 1, 9),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
+def test_compiled_walk_traces_the_same_relaxation_as_the_reference(case):
+    schedule, stages, microbatches, virtual, seed = case
+    job = small_job(schedule, stages, microbatches, seed=seed, virtual_stages=virtual)
+    fast = trace(job, hull_gap_fraction=0.0)
+    ref = trace(job, hull_gap_fraction=0.0, method="reference")
+    # Both walk the same LP's breakpoints (ties may be broken by different cuts, so compare
+    # the curves, not the iterations): same ends, same energy at every deadline.
+    t_ref, e_ref = ref.lp_time_s[::-1], ref.lp_energy_j[::-1]
+    t_fast, e_fast = fast.lp_time_s[::-1], fast.lp_energy_j[::-1]
+    assert t_fast[0] == pytest.approx(t_ref[0], rel=1e-9)
+    assert t_fast[-1] == pytest.approx(t_ref[-1], rel=1e-9)
+    grid = np.linspace(t_ref[0], t_ref[-1], 200)
+    np.testing.assert_allclose(np.interp(grid, t_fast, e_fast), np.interp(grid, t_ref, e_ref), 1e-9)
+    # Every emitted point is exact whichever walk produced it.
+    for point in fast.frontier.points:
+        ev = job.evaluate(job.flat(point))
+        assert ev.time_s == point.time_s
+        assert ev.energy_j == point.energy_j
+
+
+def test_walk_resumed_in_small_chunks_gives_the_same_frontier(monkeypatch):
+    job = small_job("1f1b", 4, 6, seed=5)
+    whole = trace(job)
+    monkeypatch.setattr(frontier, "_CHUNK_ITERATIONS", 3)
+    chunked = trace(job)
+    assert chunked.iterations == whole.iterations
+    assert chunked.frontier == whole.frontier
+    np.testing.assert_array_equal(chunked.lp_energy_j, whole.lp_energy_j)
+
+
+def _random_dag(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR successor lists (and predecessor pointers) of a random DAG on ``n`` nodes."""
+    succ: list[list[int]] = [[] for _ in range(n)]
+    preds = np.zeros(n, dtype=np.int64)
+    for v in range(n):
+        for w in range(v + 1, n):
+            if rng.random() < 3 / n:
+                succ[v].append(w)
+                preds[w] += 1
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in succ], out=succ_ptr[1:])
+    succ_idx = np.array([w for s in succ for w in s], dtype=np.int64)
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(preds, out=pred_ptr[1:])
+    return pred_ptr, succ_ptr, succ_idx
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 12))
+    pred_ptr, succ_ptr, succ_idx = _random_dag(rng, n)
+    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = compiled._build_network(
+        n, pred_ptr, succ_ptr, succ_idx
+    )
+    m = a_src.size
+    source, sink = 2 * n, 2 * n + 1
+    capa = np.zeros(m, dtype=np.int64)
+    res = np.zeros(2 * m, dtype=np.int64)
+    stack = np.empty(4 * m + 8, dtype=np.int64), np.empty(4 * m + 8, dtype=np.int64)
+    level = np.full(2 * n + 2, -1, dtype=np.int64)
+    scratch = [np.empty(2 * n + 2, dtype=np.int64) for _ in range(3)]
+    side = np.zeros(2 * n + 2, dtype=np.bool_)
+    # Only arcs in the adjacency may carry capacity (source arcs of sources, sink arcs of sinks).
+    usable = np.array([fs[k] < ptr[-1] for k in range(m)])
+    for _ in range(40):
+        # Change a random handful of capacities (up and down), as a walk iteration does.
+        for k in rng.choice(np.flatnonzero(usable), size=min(6, int(usable.sum())), replace=False):
+            new_cap = np.int64(rng.integers(0, 20))
+            ok = compiled._set_capacity(
+                k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
+                source, sink, *stack,
+            )  # fmt: skip
+            assert ok
+        side[:] = False
+        assert compiled._augment(source, sink, ptr, to, twin, res, level, *scratch, side)
+        flow = res[rs]
+        assert np.all((flow >= 0) & (flow <= capa))
+        net = np.zeros(2 * n + 2, dtype=np.int64)
+        np.add.at(net, a_src, flow)
+        np.add.at(net, a_dst, -flow)
+        assert np.all(net[: 2 * n] == 0)  # conservation at every inner node
+        graph = sp.csr_array((capa.astype(np.int32), (a_src, a_dst)), shape=(2 * n + 2,) * 2)
+        graph.sum_duplicates()
+        best = maximum_flow(graph, source, sink).flow_value
+        assert net[source] == best
+        crossing = side[a_src] & ~side[a_dst]
+        assert capa[crossing].sum() == best  # the reported side is a minimum cut
+        assert side[source] and not side[sink]
