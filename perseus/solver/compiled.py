@@ -91,8 +91,9 @@ def _vertex_at_or_below(ht, v, x):
 
 
 @_jit
-def _round_into(dur, node_type, opt_t, tol, out):
-    """Per node, the slowest option no slower than its fractional duration."""
+def _round_into(dur, node_type, opt_t, tol, nearest, out):
+    """Per node, the slowest option no slower than its fractional duration (or, with
+    ``nearest``, whichever neighbouring option is closer in time)."""
     for v in range(dur.size):
         row = node_type[v]
         x = dur[v] + tol * 1e-3
@@ -102,6 +103,15 @@ def _round_into(dur, node_type, opt_t, tol, out):
                 k = j
             else:
                 break
+        if nearest == 1 and k + 1 < opt_t.shape[1] and opt_t[row, k + 1] - x < x - opt_t[row, k]:
+            k += 1
+        if (
+            nearest == 2
+            and k + 1 < opt_t.shape[1]
+            and opt_t[row, k + 1] < np.inf
+            and x - opt_t[row, k] > tol
+        ):
+            k += 1
         out[v] = k
 
 
@@ -431,7 +441,10 @@ def walk_kernel(
     iterations = 0
 
     def emit(x, emitted, n_emitted):
-        _round_into(x, node_type, opt_t, tol, rounded)
+        # Two real plans per fractional one: rounded towards faster clocks (never slower than
+        # the relaxation) and to the nearest clock (a little slower or faster, cheaper), so
+        # the exact frontier also gets points between the relaxation's breakpoints.
+        _round_into(x, node_type, opt_t, tol, 0, rounded)
         same = True
         for v in range(n):
             if rounded[v] != last_rounded[v]:
@@ -439,13 +452,17 @@ def walk_kernel(
                 break
         if same:
             return emitted, n_emitted
-        if n_emitted == emitted.shape[0]:
-            grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
-            grown[:n_emitted] = emitted[:n_emitted]
-            emitted = grown
-        emitted[n_emitted] = rounded
         last_rounded[:] = rounded
-        return emitted, n_emitted + 1
+        for nearest in (0, 1, 2):
+            if nearest:
+                _round_into(x, node_type, opt_t, tol, nearest, rounded)
+            if n_emitted == emitted.shape[0]:
+                grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
+                grown[:n_emitted] = emitted[:n_emitted]
+                emitted = grown
+            emitted[n_emitted] = rounded
+            n_emitted += 1
+        return emitted, n_emitted
 
     while iterations < max_iterations:
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)

@@ -291,7 +291,8 @@ def _core_compiled(
             _CHUNK_ITERATIONS,
         )
         iterations += int(done)
-        cand.extend(np.asarray(emitted, dtype=np.int64))
+        if len(emitted):
+            cand.extend(_pareto_within(job, model, topo, np.asarray(emitted, dtype=np.int64)))
         lp_t.extend(chunk_t.tolist())
         lp_e.extend(chunk_e.tolist())
         if progress is not None and lp_t and lp_t[0] > t_min:
@@ -546,14 +547,7 @@ def _select(
             np.stack([improve_pairwise(model, topo, r) for r in [*rec, *walked]]), axis=0
         )
     power = model.blocking_power_w
-    times = np.empty(len(rec))
-    energies = np.empty(len(rec))
-    for lo in range(0, len(rec), 64):
-        chunk = rec[lo : lo + 64]
-        t, e = evaluate_many(
-            job.graph, model.opt_time_s[types, chunk], model.opt_energy_j[types, chunk], power
-        )
-        times[lo : lo + 64], energies[lo : lo + 64] = t, e
+    times, energies = _evaluate_rows(job, model, rec)
     order = np.lexsort((energies, times))
     kept: list[int] = []
     best = math.inf
@@ -581,6 +575,45 @@ def _select(
             PlanPoint(time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=job.nested(freqs))
         )
     return _strict_pareto(points)
+
+
+def _evaluate_rows(
+    job: PlanningJob, model: CostModel, rows: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Exact time and energy of each row of option indices (64 plans at a time: memory)."""
+    types = model.node_type
+    times = np.empty(len(rows))
+    energies = np.empty(len(rows))
+    for lo in range(0, len(rows), 64):
+        chunk = rows[lo : lo + 64]
+        t, e = evaluate_many(
+            job.graph,
+            model.opt_time_s[types, chunk],
+            model.opt_energy_j[types, chunk],
+            model.blocking_power_w,
+        )
+        times[lo : lo + 64], energies[lo : lo + 64] = t, e
+    return times, energies
+
+
+def _pareto_within(
+    job: PlanningJob, model: CostModel, topo: Topology, plans: IntArray
+) -> list[IntArray]:
+    """The reclaimed plans of one batch that no other plan of the batch dominates.
+
+    Dropping them early is safe (dominated within the batch means dominated overall) and
+    keeps memory flat with ``all_points`` on large jobs, where the walk emits hundreds of
+    thousands of plans.
+    """
+    rec = np.unique(_reclaim_all(model, topo, plans), axis=0)
+    times, energies = _evaluate_rows(job, model, rec)
+    kept: list[IntArray] = []
+    best = math.inf
+    for i in np.lexsort((energies, times)):
+        if energies[i] < best:
+            kept.append(rec[i])
+            best = float(energies[i])
+    return kept
 
 
 def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
