@@ -163,6 +163,7 @@ def run_case(case: str, with_lowtime: bool, lp: bool) -> dict[str, object]:
         "rss_mb": _peak_rss_mb(),
         "saving_pct": 100 * (1 - same.energy_j / base.energy_j),
         "lp_floor_gap_pct": None,
+        "stop_reason": result.stop_reason,
     }
     if lp:
         floor = lp_energy_floor_j(job, base.time_s)
@@ -271,6 +272,8 @@ def main() -> None:
             f"{r['rss_mb']:>7.0f} {r['saving_pct']:>8.2f} {lp_gap:>8} {lt}",
             flush=True,
         )
+        if r.get("stop_reason", "fastest") != "fastest":
+            print(f"{'':<10} the walk stopped early: {r['stop_reason']} (frontier incomplete)")
         if "lowtime_fastest_vs_allmax_pct" in r:
             print(
                 f"{'':<10} lowtime's fastest plan vs all-max time: {r['lowtime_fastest_vs_allmax_pct']:+.2f} %"

@@ -10,18 +10,23 @@ it costs microseconds to tens of microseconds. Everything here works on plain ar
 * per-node hull tables ``ht`` (vertex times, ``inf``-padded) and ``hs`` (segment slopes);
 * per-type option tables for rounding and slack reclaiming.
 
-The min cut is Dinic's max flow on int64 capacities scaled so their sum stays below 2**52
-(infinite arcs are 2**62, and a finite cut is checked to exist first), with lower bounds folded
-into terminal arcs exactly as in :mod:`perseus.solver.maxflow`. The cut found is re-priced in
-floating point, so scaling can only pick a marginally sub-optimal cut, never a wrong price.
+The min cut is a max flow on one network over all ops (:func:`_build_network`), with int64
+capacities on one scale for the whole walk (every finite capacity is a slope or a difference
+of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottleneck that large
+means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
+arcs exactly as in :mod:`perseus.solver.maxflow`. The flow is kept between iterations: when an
+op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
+lowered capacity is cancelled back to the terminals (:func:`_set_capacity`); then Dinic's
+phases re-augment (:func:`_augment`). The cut found is re-priced in floating point, so the
+integer scale can only pick a marginally sub-optimal cut, never a wrong price.
 
-Compiled functions are cached on disk by numba (``cache=True``; first use in a fresh
-environment compiles for a few seconds). This module is imported lazily by the solver so that
-``import perseus.solver`` stays light.
+Compiled functions are cached on disk by numba (``cache=True``): the first use in a fresh
+environment compiles for about 15 s, later processes load the cache in well under a second.
+This module is imported lazily by the solver so that ``import perseus.solver`` stays light.
 
-Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration), the
-critical sub-network's Dinic max flow (O(V²E) worst case, near linear on pipeline DAGs), O(N·H)
-for the relaxation's cost (H hull vertices per op).
+Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
+for the capacity update, O(N·H) for the relaxation's cost (H hull vertices per op), and the
+re-augmentation (Dinic, O(V²E) worst case; one or two phases on pipeline DAGs).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ _MAX_STALL = 200
 # Layout of the walk's persistent scalar state (a float64 array, so a walk can be resumed).
 S_EMITTING, S_LAST_EMIT, S_BEST_DEADLINE, S_STALLED, S_DONE = 0, 1, 2, 3, 4
 STATE_SIZE = 5
+# Why a walk ended (the value of ``state[S_DONE]``).
+DONE_FASTEST, DONE_STALLED, DONE_NO_STEP = 1.0, 2.0, 3.0
 
 _jit: Any = numba.njit(cache=True, nogil=True)
 
@@ -474,14 +481,16 @@ def walk_kernel(
         lp_t[n_lp] = deadline
         lp_e[n_lp] = cost + power_ranks * deadline
         n_lp += 1
-        if deadline < state[S_BEST_DEADLINE] - crit_tol:
+        # Progress is any shortening beyond float noise: on large jobs (10^4+ ops) the
+        # breakpoints lie closer together than the criticality tolerance.
+        if deadline < state[S_BEST_DEADLINE] - tol:
             state[S_BEST_DEADLINE] = deadline
             state[S_STALLED] = 0.0
         else:
             state[S_STALLED] += 1.0
             if state[S_STALLED] > _MAX_STALL:
                 emitted, n_emitted = emit(dur, emitted, n_emitted)
-                state[S_DONE] = 1.0
+                state[S_DONE] = DONE_STALLED
                 break
 
         # Critical nodes and their cut prices, as capacities of the cut network.
@@ -580,7 +589,7 @@ def walk_kernel(
         side[:] = False
         if not _augment(net_source, net_sink, ptr, to, twin, res, level, itp, queue, path, side):
             emitted, n_emitted = emit(dur, emitted, n_emitted)
-            state[S_DONE] = 1.0
+            state[S_DONE] = DONE_FASTEST
             break
         n_fwd = 0
         n_bwd = 0
@@ -635,7 +644,7 @@ def walk_kernel(
             room_of[bwd[i]] = 0.0
         if step <= 0.0:
             emitted, n_emitted = emit(dur, emitted, n_emitted)
-            state[S_DONE] = 1.0
+            state[S_DONE] = DONE_NO_STEP
             break
         if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:
             state[S_EMITTING] = 1.0

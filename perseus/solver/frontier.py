@@ -22,27 +22,36 @@ the minimum-energy one (T*).
    the second is found by a few Newton steps on the (convex, piecewise-linear) makespan along
    the step direction, each one longest-path pass plus the binding path's slope. So the
    number of iterations is the number of LP breakpoints, not ``(T* − T_min)/quantum``.
-4. *Fast cuts.* scipy's compiled Dinic max-flow on integer-scaled capacities, lower bounds
-   folded into terminal arcs (no feasible-circulation phase).
+4. *Fast, warm-started cuts, compiled.* The whole loop runs in numba
+   (:mod:`perseus.solver.compiled`): longest paths over CSR adjacency, and one cut network
+   over all ops whose flow is kept from one iteration to the next. An iteration changes only
+   a few capacities: a changed lower bound moves flow between an op's arc and its terminal
+   arcs (lower bounds are folded into terminal arcs, no feasible-circulation phase), flow above
+   a lowered capacity is cancelled back to the terminals, and Dinic's phases re-augment from
+   there, usually one or two. The reference loop (``method="reference"``: numpy, Python and
+   scipy's max flow, 10–40x slower) is kept to cross-check it.
 5. *Fewer breakpoints.* Hull vertices closer than ``hull_gap_fraction`` (default 2 %) of an
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
 6. *Real plans only.* Along the way, at target times at least ``min_gap_fraction·T_min``
-   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded to the
-   slowest real option no slower than its fractional duration (so time never exceeds the
-   target), slack is reclaimed (:mod:`perseus.solver.reclaim`), and the plan is evaluated by
-   the exact evaluator. The baselines (all-max, each global clock, per-stage, EnvPipe) are
-   added as reclaimed seeds, so the frontier dominates every one of them. A final Pareto
-   filter keeps strictly improving points; emitted figures *are* the evaluator's. On tiny jobs
-   (≤ 16 ops), where a few fractional ops decide everything, candidates also get a greedy
-   descent and a pairwise exchange search (:mod:`perseus.solver.local_search`).
+   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded three
+   ways — each op to the slowest real option no slower than its fractional duration (time
+   never exceeds the target), to the nearest option, and to the next slower one (cheaper
+   plans between the relaxation's breakpoints) — slack is reclaimed
+   (:mod:`perseus.solver.reclaim`), and the plans are evaluated by the exact evaluator. The
+   baselines (all-max, each global clock, per-stage, EnvPipe) are added as reclaimed seeds, so
+   the frontier dominates every one of them. A final Pareto filter keeps strictly improving
+   points; emitted figures *are* the evaluator's. On tiny jobs (≤ 16 ops), where a few
+   fractional ops decide everything, candidates also get a greedy descent and a pairwise
+   exchange search (:mod:`perseus.solver.local_search`).
 
-**Complexity.** With B breakpoints, N ops, E edges and G generations: each iteration costs a
-max flow on the critical sub-DAG (O(V²E) worst case, near-linear here), O(N + E) numpy work
-and O(N + E) plain-Python steps per longest-path pass (:mod:`perseus.solver.paths`),
-typically 2–3 passes. Emission
-costs O(N·W) per candidate (W options per op) plus one exact evaluation per kept point.
-Memory is O(N·(W + H)) plus the candidates, kept as small integer arrays.
+**Complexity.** With B breakpoints, N ops and E edges: each iteration costs O(N + E) compiled
+steps for 2–4 longest-path passes and the capacity update, plus the re-augmentation of the
+cut network (Dinic, O(V²E) worst case; on pipeline DAGs one or two phases, each a search of
+the part reachable from the source). So the walk is O(B·(N + E)) in practice, with
+B ≈ 2–30 per op. Emission costs O(N·W) per candidate (W options per op) plus one compiled
+reclaim pass and one exact evaluation per candidate. Memory is O(N·(W + H) + E) plus the
+candidates, filtered to their Pareto set batch by batch.
 """
 
 from __future__ import annotations
@@ -93,6 +102,10 @@ class FrontierTrace:
         lp_time_s, lp_energy_j: The traced relaxation's optimum at each breakpoint, time
             descending, linear in between. Each op mixes two neighbouring hull vertices; with
             ``hull_gap_fraction=0`` this is the LP floor, otherwise a slightly higher curve.
+        stop_reason: ``"fastest"`` when the walk reached the relaxation's fastest plan;
+            ``"stalled"`` or ``"no-step"`` when numerical trouble ended it early. The frontier
+            is still exact and dominates the baselines, but between the last traced point
+            and the fastest baseline it is only as good as those baselines.
     """
 
     frontier: Frontier
@@ -100,6 +113,12 @@ class FrontierTrace:
     candidates: int
     lp_time_s: FloatArray
     lp_energy_j: FloatArray
+    stop_reason: str = "fastest"
+
+    @property
+    def complete(self) -> bool:
+        """Whether the walk reached the fastest plan of the relaxation."""
+        return self.stop_reason == "fastest"
 
     def lp_floor_j(self, time_s: float) -> float:
         """The LP floor at deadline ``time_s`` (``inf`` below its fastest time)."""
@@ -207,7 +226,9 @@ def _impl(
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
     core = _METHODS[method]
-    cand, iterations, lp_t, lp_e = core(job, model, topo, tol, quantum, gap, all_points, progress)
+    cand, iterations, lp_t, lp_e, reason = core(
+        job, model, topo, tol, quantum, gap, all_points, progress
+    )
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, gap)
     if progress is not None:
@@ -218,6 +239,7 @@ def _impl(
         candidates=len(cand),
         lp_time_s=np.array(lp_t),
         lp_energy_j=np.array(lp_e),
+        stop_reason=reason,
     )
 
 
@@ -247,7 +269,7 @@ def _core_compiled(
     gap: float,
     all_points: bool,
     progress: Progress | None,
-) -> tuple[list[IntArray], int, list[float], list[float]]:
+) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`)."""
     from perseus.solver import compiled
 
@@ -297,7 +319,12 @@ def _core_compiled(
         lp_e.extend(chunk_e.tolist())
         if progress is not None and lp_t and lp_t[0] > t_min:
             progress(0.99 * min(1.0, (lp_t[0] - lp_t[-1]) / (lp_t[0] - t_min)))
-    return cand, iterations, lp_t, lp_e
+    reason = {
+        compiled.DONE_FASTEST: "fastest",
+        compiled.DONE_STALLED: "stalled",
+        compiled.DONE_NO_STEP: "no-step",
+    }[float(state[compiled.S_DONE])]
+    return cand, iterations, lp_t, lp_e, reason
 
 
 def _core(
@@ -309,8 +336,9 @@ def _core(
     gap: float,
     all_points: bool,
     progress: Progress | None,
-) -> tuple[list[IntArray], int, list[float], list[float]]:
-    """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve."""
+) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
+    and why it stopped."""
     n = topo.num_nodes
     types = model.node_type
     ht = model.hull_time_s[types]  # (N, H)
@@ -340,6 +368,7 @@ def _core(
     crit_tol = 100 * tol
     best_deadline = math.inf
     stalled = 0
+    reason = "fastest"
     while True:
         start, end = topo.forward(d)
         deadline = float(end.max())
@@ -348,12 +377,13 @@ def _core(
         lp_t.append(deadline)
         lp_e.append(cost + power_ranks * deadline)
         # Guard against numerical stalls: the walk must keep shortening the iteration.
-        if deadline < best_deadline - crit_tol:
+        if deadline < best_deadline - tol:
             best_deadline, stalled = deadline, 0
         else:
             stalled += 1
             if stalled > _MAX_STALL:
                 emit(d)
+                reason = "stalled"
                 break
         if start_t < 0:
             start_t = deadline
@@ -413,6 +443,7 @@ def _core(
             # Guard (added by the torch-integration helper, see its report): a cut whose move
             # cannot shorten the iteration would repeat forever; stop tracing here.
             emit(d)
+            reason = "no-step"
             break
         if not emitting and cut_value >= 0.5 * power_ranks:
             emitting = True
@@ -428,12 +459,12 @@ def _core(
         _snap(d, ht, tol)
         if all_points and emitting:
             emit(d)
-    return cand, iterations, lp_t, lp_e
+    return cand, iterations, lp_t, lp_e, reason
 
 
 _CoreFn = Callable[
     [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
-    tuple[list[IntArray], int, list[float], list[float]],
+    tuple[list[IntArray], int, list[float], list[float], str],
 ]
 _METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core}
 

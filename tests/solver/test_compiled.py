@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
+from perseus.errors import ConfigError
 from perseus.solver import compiled, frontier, trace
 
 from .conftest import small_job
@@ -26,6 +27,7 @@ def test_compiled_walk_traces_the_same_relaxation_as_the_reference(case):
     job = small_job(schedule, stages, microbatches, seed=seed, virtual_stages=virtual)
     fast = trace(job, hull_gap_fraction=0.0)
     ref = trace(job, hull_gap_fraction=0.0, method="reference")
+    assert fast.complete and ref.complete
     # Both walk the same LP's breakpoints (ties may be broken by different cuts, so compare
     # the curves, not the iterations): same ends, same energy at every deadline.
     t_ref, e_ref = ref.lp_time_s[::-1], ref.lp_energy_j[::-1]
@@ -39,6 +41,11 @@ def test_compiled_walk_traces_the_same_relaxation_as_the_reference(case):
         ev = job.evaluate(job.flat(point))
         assert ev.time_s == point.time_s
         assert ev.energy_j == point.energy_j
+
+
+def test_unknown_method_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown solver method"):
+        trace(small_job(), method="quantum")
 
 
 def test_walk_resumed_in_small_chunks_gives_the_same_frontier(monkeypatch):
