@@ -34,10 +34,10 @@ the minimum-energy one (T*).
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
 6. *Real plans only.* Along the way, at target times at least ``min_gap_fraction·T_min``
-   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded three
-   ways — each op to the slowest real option no slower than its fractional duration (time
-   never exceeds the target), to the nearest option, and to the next slower one (cheaper
-   plans between the relaxation's breakpoints) — slack is reclaimed
+   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded — each
+   op to the slowest real option no slower than its fractional duration, so time never
+   exceeds the target (nearest/slower roundings exist in :mod:`perseus.solver.compiled` but
+   are off) — slack is reclaimed
    (:mod:`perseus.solver.reclaim`), and the plans are evaluated by the exact evaluator. The
    baselines (all-max, each global clock, per-stage, EnvPipe) are added as reclaimed seeds, so
    the frontier dominates every one of them. A final Pareto filter keeps strictly improving
