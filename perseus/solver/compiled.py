@@ -10,15 +10,8 @@ it costs microseconds to tens of microseconds. Everything here works on plain ar
 * per-node hull tables ``ht`` (vertex times, ``inf``-padded) and ``hs`` (segment slopes);
 * per-type option tables for rounding and slack reclaiming.
 
-The min cut is a max flow on one network over all ops (:func:`_build_network`), with int64
-capacities on one scale for the whole walk (every finite capacity is a slope or a difference
-of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottleneck that large
-means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
-arcs exactly as in :mod:`perseus.solver.maxflow`. The flow is kept between iterations: when an
-op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
-lowered capacity is cancelled back to the terminals (:func:`_set_capacity`); then Dinic's
-phases re-augment (:func:`_augment`). The cut found is re-priced in floating point, so the
-integer scale can only pick a marginally sub-optimal cut, never a wrong price.
+The min cut is a max flow on one network over all ops whose flow is kept from one iteration
+to the next (:mod:`perseus.solver.cut_network`).
 
 Compiled functions are cached on disk by numba (``cache=True``): the first use in a fresh
 environment compiles for about 15 s, later processes load the cache in well under a second.
@@ -31,30 +24,25 @@ re-augmentation (Dinic, O(V²E) worst case; one or two phases on pipeline DAGs).
 
 from __future__ import annotations
 
-from typing import Any
-
-import numba
 import numpy as np
+
+from perseus.solver.cut_network import INF_CAP as _INF_CAP
+from perseus.solver.cut_network import augment as _augment
+from perseus.solver.cut_network import build_network as _build_network
+from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import set_capacity as _set_capacity
 
 __all__ = ["reclaim_kernel", "walk_kernel"]
 
-_INF_CAP = np.int64(2**62)
-_BIG = np.int64(2**63 - 1)
 _BUDGET = 2.0**52
 _MAX_NEWTON = 64
 _MAX_STALL = 200
-# Roundings of each fractional plan (see emit in walk_kernel): 0 towards faster clocks, 1 to the
-# nearest clock, 2 to the next slower one. Only 0 is on: 1 and 2 closed most remaining lowtime
-# coverage gaps but gave plans that overran in the straggler emulation test (see issue 3 note).
-_ROUNDINGS = (0,)
 
 # Layout of the walk's persistent scalar state (a float64 array, so a walk can be resumed).
 S_EMITTING, S_LAST_EMIT, S_BEST_DEADLINE, S_STALLED, S_DONE = 0, 1, 2, 3, 4
 STATE_SIZE = 5
 # Why a walk ended (the value of ``state[S_DONE]``).
 DONE_FASTEST, DONE_STALLED, DONE_NO_STEP = 1.0, 2.0, 3.0
-
-_jit: Any = numba.njit(cache=True, nogil=True)
 
 
 @_jit
@@ -102,9 +90,8 @@ def _vertex_at_or_below(ht, v, x):
 
 
 @_jit
-def _round_into(dur, node_type, opt_t, tol, nearest, out):
-    """Per node, the slowest option no slower than its fractional duration (or, with
-    ``nearest``, whichever neighbouring option is closer in time)."""
+def _round_into(dur, node_type, opt_t, tol, out):
+    """Per node, the slowest option no slower than its fractional duration."""
     for v in range(dur.size):
         row = node_type[v]
         x = dur[v] + tol * 1e-3
@@ -114,223 +101,7 @@ def _round_into(dur, node_type, opt_t, tol, nearest, out):
                 k = j
             else:
                 break
-        if nearest == 1 and k + 1 < opt_t.shape[1] and opt_t[row, k + 1] - x < x - opt_t[row, k]:
-            k += 1
-        if (
-            nearest == 2
-            and k + 1 < opt_t.shape[1]
-            and opt_t[row, k + 1] < np.inf
-            and x - opt_t[row, k] > tol
-        ):
-            k += 1
         out[v] = k
-
-
-@_jit
-def _build_network(n, pred_ptr, succ_ptr, succ_idx):
-    """The fixed arc layout of the cut network over all N ops (capacities set per iteration).
-
-    Nodes: ``2v`` (op v's start), ``2v+1`` (its end), source ``2N``, sink ``2N+1``. Arcs ``k``
-    (forward slot ``fs[k]`` holding the residual, twin ``rs[k]`` holding the flow): ``v`` op arc, ``N+v`` start→sink,
-    ``2N+v`` source→end (the lower-bound terminal arcs), ``3N+e`` dependency edge ``e`` (in
-    CSR successor order), ``3N+E+v`` source→start, ``4N+E+v`` end→sink. Source→start and
-    end→sink arcs of inner ops never carry capacity and are left out of the adjacency.
-    """
-    n_edges = succ_idx.size
-    m = 5 * n + n_edges
-    src_node, snk_node = 2 * n, 2 * n + 1
-    a_src = np.empty(m, dtype=np.int64)
-    a_dst = np.empty(m, dtype=np.int64)
-    for v in range(n):
-        a_src[v], a_dst[v] = 2 * v, 2 * v + 1
-        a_src[n + v], a_dst[n + v] = 2 * v, snk_node
-        a_src[2 * n + v], a_dst[2 * n + v] = src_node, 2 * v + 1
-        a_src[3 * n + n_edges + v], a_dst[3 * n + n_edges + v] = src_node, 2 * v
-        a_src[4 * n + n_edges + v], a_dst[4 * n + n_edges + v] = 2 * v + 1, snk_node
-        for e in range(succ_ptr[v], succ_ptr[v + 1]):
-            a_src[3 * n + e], a_dst[3 * n + e] = 2 * v + 1, 2 * succ_idx[e]
-    n_nodes = 2 * n + 2
-    used = np.ones(m, dtype=np.bool_)
-    for v in range(n):
-        used[3 * n + n_edges + v] = pred_ptr[v] == pred_ptr[v + 1]
-        used[4 * n + n_edges + v] = succ_ptr[v] == succ_ptr[v + 1]
-    # Arc slots in CSR order, so that scanning a node's arcs reads contiguous memory.
-    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
-    for k in range(m):
-        if used[k]:
-            ptr[a_src[k] + 1] += 1
-            ptr[a_dst[k] + 1] += 1
-    for v in range(n_nodes):
-        ptr[v + 1] += ptr[v]
-    fill = ptr[:-1].copy()
-    spare = ptr[n_nodes]  # unused arcs get slots past every node's range
-    to = np.empty(2 * m, dtype=np.int64)
-    twin = np.empty(2 * m, dtype=np.int64)
-    is_fwd = np.zeros(2 * m, dtype=np.bool_)
-    fs = np.empty(m, dtype=np.int64)
-    rs = np.empty(m, dtype=np.int64)
-    for k in range(m):
-        if used[k]:
-            f = fill[a_src[k]]
-            fill[a_src[k]] += 1
-            r = fill[a_dst[k]]
-            fill[a_dst[k]] += 1
-        else:
-            f, r = spare, spare + 1
-            spare += 2
-        fs[k], rs[k] = f, r
-        to[f], to[r] = a_dst[k], a_src[k]
-        twin[f], twin[r] = r, f
-        is_fwd[f] = True
-    return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
-
-
-@_jit
-def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-    """Remove ``amount`` of flow passing through ``x`` on its way to the sink (or from the
-    source), following arcs that carry flow. The flow is acyclic (the network is a DAG), so
-    this ends at the terminal. A forward slot holds its arc's residual, the twin its flow."""
-    stack_n[0], stack_a[0] = x, amount
-    top = 1
-    while top > 0:
-        top -= 1
-        v, r = stack_n[top], stack_a[top]
-        if v == sink_or_source:
-            continue
-        for a in range(ptr[v], ptr[v + 1]):
-            if r == 0:
-                break
-            # Toward the sink: forward arcs out of v carrying flow. Toward the source: forward
-            # arcs into v, seen here as their twins (whose residual is that flow).
-            if toward_sink:
-                if not is_fwd[a] or res[twin[a]] == 0:
-                    continue
-                fa = a
-            else:
-                if is_fwd[a] or res[a] == 0:
-                    continue
-                fa = twin[a]
-            t = min(res[twin[fa]], r)
-            res[twin[fa]] -= t
-            res[fa] += t
-            r -= t
-            if top == stack_n.size:
-                return False
-            stack_n[top], stack_a[top] = to[a], t
-            top += 1
-    return True
-
-
-@_jit
-def _set_capacity(
-    k,
-    new_cap,
-    a_src,
-    a_dst,
-    capa,
-    ptr,
-    to,
-    twin,
-    is_fwd,
-    fs,
-    rs,
-    res,
-    source,
-    sink,
-    stack_n,
-    stack_a,
-):
-    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it."""
-    flow = res[rs[k]]
-    if flow > new_cap:
-        over = flow - new_cap
-        res[rs[k]] -= over
-        res[fs[k]] += over
-        if not _cancel(a_src[k], over, False, source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
-        if not _cancel(a_dst[k], over, True, sink, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
-        flow = res[rs[k]]
-    capa[k] = new_cap
-    res[fs[k]] = new_cap - flow
-    return True
-
-
-@_jit
-def _augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
-    """Dinic's phases from the current flow until it is maximum; fills ``side`` with the
-    source side of a minimum cut. Returns False if an all-infinite source→sink path exists
-    (seen as a bottleneck above every finite total); the flow is then left inconsistent.
-
-    ``level`` must be all -1 on entry and is left so; only visited nodes are touched.
-    """
-    n_seen = 0
-    while True:
-        for i in range(n_seen):
-            level[queue[i]] = -1
-        level[source] = 0
-        head, tail = 0, 1
-        queue[0] = source
-        while head < tail:
-            v = queue[head]
-            head += 1
-            if level[sink] >= 0 and level[v] >= level[sink]:
-                continue
-            for a in range(ptr[v], ptr[v + 1]):
-                w = to[a]
-                if res[a] > 0 and level[w] < 0:
-                    level[w] = level[v] + 1
-                    queue[tail] = w
-                    tail += 1
-        n_seen = tail
-        if level[sink] < 0:
-            break
-        for i in range(n_seen):
-            it[queue[i]] = ptr[queue[i]]
-        depth = 0
-        v = source
-        while True:
-            if v == sink:
-                b = _BIG
-                for i in range(depth):
-                    if res[path[i]] < b:
-                        b = res[path[i]]
-                if b >= _INF_CAP // 2:
-                    for i in range(n_seen):
-                        level[queue[i]] = -1
-                    return False
-                first = depth
-                for i in range(depth):
-                    a = path[i]
-                    res[a] -= b
-                    res[twin[a]] += b
-                    if res[a] == 0 and first == depth:
-                        first = i
-                depth = first
-                v = source if depth == 0 else to[path[depth - 1]]
-                continue
-            advanced = False
-            while it[v] < ptr[v + 1]:
-                a = it[v]
-                w = to[a]
-                if res[a] > 0 and level[w] == level[v] + 1:
-                    path[depth] = a
-                    depth += 1
-                    v = w
-                    advanced = True
-                    break
-                it[v] += 1
-            if not advanced:
-                if depth == 0:
-                    break
-                level[v] = -2  # dead end for the rest of this phase (still "seen")
-                depth -= 1
-                v = to[twin[path[depth]]]
-                it[v] += 1
-    for i in range(n_seen):
-        side[queue[i]] = True
-        level[queue[i]] = -1
-    return True
 
 
 @_jit
@@ -344,7 +115,7 @@ def _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, out):
 
 
 @_jit
-def _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, makespan, mark, room, step):
+def _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room, step):
     """Left derivative in δ of one longest path of ``trial`` (sink first, first maximum)."""
     node = 0
     best = -np.inf
@@ -441,6 +212,8 @@ def walk_kernel(
     scale = _BUDGET / total if total > 0 else 1.0
     src_base = 3 * n + n_edges
     snk_base = 4 * n + n_edges
+    op_arc = np.empty(5, dtype=np.int64)  # an op's arcs: op, 2 terminals, source, sink
+    op_new = np.empty(5, dtype=np.int64)
     rounded = np.empty(n, dtype=np.int16)
     last_rounded = np.full(n, -1, dtype=np.int16)
     emitted = np.empty((16, n), dtype=np.int16)
@@ -452,10 +225,7 @@ def walk_kernel(
     iterations = 0
 
     def emit(x, emitted, n_emitted):
-        # Two real plans per fractional one: rounded towards faster clocks (never slower than
-        # the relaxation) and to the nearest clock (a little slower or faster, cheaper), so
-        # the exact frontier also gets points between the relaxation's breakpoints.
-        _round_into(x, node_type, opt_t, tol, 0, rounded)
+        _round_into(x, node_type, opt_t, tol, rounded)
         same = True
         for v in range(n):
             if rounded[v] != last_rounded[v]:
@@ -463,17 +233,13 @@ def walk_kernel(
                 break
         if same:
             return emitted, n_emitted
+        if n_emitted == emitted.shape[0]:
+            grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
+            grown[:n_emitted] = emitted[:n_emitted]
+            emitted = grown
+        emitted[n_emitted] = rounded
         last_rounded[:] = rounded
-        for nearest in _ROUNDINGS:
-            if nearest:
-                _round_into(x, node_type, opt_t, tol, nearest, rounded)
-            if n_emitted == emitted.shape[0]:
-                grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
-                grown[:n_emitted] = emitted[:n_emitted]
-                emitted = grown
-            emitted[n_emitted] = rounded
-            n_emitted += 1
-        return emitted, n_emitted
+        return emitted, n_emitted + 1
 
     while iterations < max_iterations:
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
@@ -547,31 +313,16 @@ def walk_kernel(
                     res[fs[n + v]] -= theta
                     res[rs[2 * n + v]] += theta
                     res[fs[2 * n + v]] -= theta
-            if capa[v] != op_cap:
-                ok &= _set_capacity(
-                    v, op_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    net_source, net_sink, stack_n, stack_a,
-                )  # fmt: skip
-            if capa[n + v] != term_cap:
-                ok &= _set_capacity(
-                    n + v, term_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    net_source, net_sink, stack_n, stack_a,
-                )  # fmt: skip
-            if capa[2 * n + v] != term_cap:
-                ok &= _set_capacity(
-                    2 * n + v, term_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    net_source, net_sink, stack_n, stack_a,
-                )  # fmt: skip
-            if capa[src_base + v] != src_cap:
-                ok &= _set_capacity(
-                    src_base + v, src_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    net_source, net_sink, stack_n, stack_a,
-                )  # fmt: skip
-            if capa[snk_base + v] != snk_cap:
-                ok &= _set_capacity(
-                    snk_base + v, snk_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    net_source, net_sink, stack_n, stack_a,
-                )  # fmt: skip
+            op_arc[0], op_arc[1], op_arc[2] = v, n + v, 2 * n + v
+            op_arc[3], op_arc[4] = src_base + v, snk_base + v
+            op_new[0], op_new[1], op_new[2] = op_cap, term_cap, term_cap
+            op_new[3], op_new[4] = src_cap, snk_cap
+            for j in range(5):
+                if capa[op_arc[j]] != op_new[j]:
+                    ok &= _set_capacity(
+                        op_arc[j], op_new[j], a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs,
+                        res, net_source, net_sink, stack_n, stack_a,
+                    )  # fmt: skip
             for e in range(succ_ptr[v], succ_ptr[v + 1]):
                 w = succ_idx[e]
                 c = np.int64(0)
@@ -628,9 +379,7 @@ def walk_kernel(
             makespan = _forward(order, pred_ptr, pred_idx, pred_lat, trial, start, end)
             if makespan <= deadline - step + tol:
                 break
-            slope = _binding_slope(
-                pred_ptr, pred_idx, pred_lat, trial, end, makespan, mark, room_of, step
-            )
+            slope = _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room_of, step)
             if slope <= -1.0:
                 if step <= exact:
                     break

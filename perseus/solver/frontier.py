@@ -36,8 +36,8 @@ the minimum-energy one (T*).
 6. *Real plans only.* Along the way, at target times at least ``min_gap_fraction·T_min``
    apart (or at every breakpoint with ``all_points``), the fractional plan is rounded — each
    op to the slowest real option no slower than its fractional duration, so time never
-   exceeds the target (nearest/slower roundings exist in :mod:`perseus.solver.compiled` but
-   are off) — slack is reclaimed
+   exceeds the target (extra nearest/slower roundings closed lowtime coverage gaps but made
+   the emulated straggler switch overrun, so they were dropped) — slack is reclaimed
    (:mod:`perseus.solver.reclaim`), and the plans are evaluated by the exact evaluator. The
    baselines (all-max, each global clock, per-stage, EnvPipe) are added as reclaimed seeds, so
    the frontier dominates every one of them. A final Pareto filter keeps strictly improving
@@ -290,13 +290,7 @@ def _core_compiled(
     iterations = 0
     while state[compiled.S_DONE] == 0.0:
         emitted, chunk_t, chunk_e, done = compiled.walk_kernel(
-            topo.order_array,
-            topo.pred_ptr,
-            topo.pred_idx,
-            topo.pred_lat_csr,
-            topo.succ_ptr,
-            topo.succ_idx,
-            topo.succ_lat_csr,
+            *topo.csr(),
             ht,
             hs,
             hc,
@@ -652,13 +646,7 @@ def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
     from perseus.solver.compiled import reclaim_kernel
 
     out: IntArray = reclaim_kernel(
-        topo.order_array,
-        topo.pred_ptr,
-        topo.pred_idx,
-        topo.pred_lat_csr,
-        topo.succ_ptr,
-        topo.succ_idx,
-        topo.succ_lat_csr,
+        *topo.csr(),
         model.node_type,
         model.opt_time_s,
         np.ascontiguousarray(plans, dtype=np.int64),

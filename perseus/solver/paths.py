@@ -65,6 +65,21 @@ class Topology:
     succ_idx: IntArray
     succ_lat_csr: FloatArray
 
+    def csr(
+        self,
+    ) -> tuple[IntArray, IntArray, IntArray, FloatArray, IntArray, IntArray, FloatArray]:
+        """``(order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)``: the
+        arguments the compiled loops (:mod:`perseus.solver.compiled`) take first."""
+        return (
+            self.order_array,
+            self.pred_ptr,
+            self.pred_idx,
+            self.pred_lat_csr,
+            self.succ_ptr,
+            self.succ_idx,
+            self.succ_lat_csr,
+        )
+
     def forward(self, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Earliest start and finish of every node (``time_s`` of shape (N,))."""
         n = self.num_nodes

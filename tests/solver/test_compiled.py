@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
 from perseus.errors import ConfigError
-from perseus.solver import compiled, frontier, trace
+from perseus.solver import cut_network, frontier, trace
 
 from .conftest import small_job
 
@@ -80,7 +80,7 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(4, 12))
     pred_ptr, succ_ptr, succ_idx = _random_dag(rng, n)
-    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = compiled._build_network(
+    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = cut_network.build_network(
         n, pred_ptr, succ_ptr, succ_idx
     )
     m = a_src.size
@@ -97,13 +97,13 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
         # Change a random handful of capacities (up and down), as a walk iteration does.
         for k in rng.choice(np.flatnonzero(usable), size=min(6, int(usable.sum())), replace=False):
             new_cap = np.int64(rng.integers(0, 20))
-            ok = compiled._set_capacity(
+            ok = cut_network.set_capacity(
                 k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
                 source, sink, *stack,
             )  # fmt: skip
             assert ok
         side[:] = False
-        assert compiled._augment(source, sink, ptr, to, twin, res, level, *scratch, side)
+        assert cut_network.augment(source, sink, ptr, to, twin, res, level, *scratch, side)
         flow = res[rs]
         assert np.all((flow >= 0) & (flow <= capa))
         net = np.zeros(2 * n + 2, dtype=np.int64)

@@ -1,0 +1,239 @@
+"""The min-cut network of the compiled frontier walk, with its flow kept between iterations.
+
+The min cut is a max flow on one network over all ops (:func:`build_network`), with int64
+capacities on one scale for the whole walk (every finite capacity is a slope or a difference
+of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottleneck that large
+means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
+arcs exactly as in :mod:`perseus.solver.maxflow`. The flow is kept between iterations: when an
+op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
+lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then Dinic's
+phases re-augment (:func:`augment`). The cut found is re-priced in floating point, so the
+integer scale can only pick a marginally sub-optimal cut, never a wrong price.
+
+Complexity: building is O(N + E); a capacity change costs O(1) plus the flow it cancels;
+:func:`augment` is Dinic's (O(V²E) worst case, one or two phases per walk iteration on
+pipeline DAGs, each a search of the part reachable from the source).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["INF_CAP", "augment", "build_network", "jit", "set_capacity"]
+
+#: Capacity of arcs that cannot be cut; finite capacities sum to less than 2**52.
+INF_CAP = np.int64(2**62)
+_BIG = np.int64(2**63 - 1)
+
+#: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
+jit: Any = numba.njit(cache=True, nogil=True)
+
+
+@jit
+def build_network(n, pred_ptr, succ_ptr, succ_idx):
+    """The fixed arc layout of the cut network over all N ops (capacities set per iteration).
+
+    Nodes: ``2v`` (op v's start), ``2v+1`` (its end), source ``2N``, sink ``2N+1``. Arcs ``k``
+    (forward slot ``fs[k]`` holding the residual, twin ``rs[k]`` holding the flow): ``v`` op arc, ``N+v`` start→sink,
+    ``2N+v`` source→end (the lower-bound terminal arcs), ``3N+e`` dependency edge ``e`` (in
+    CSR successor order), ``3N+E+v`` source→start, ``4N+E+v`` end→sink. Source→start and
+    end→sink arcs of inner ops never carry capacity and are left out of the adjacency.
+    """
+    n_edges = succ_idx.size
+    m = 5 * n + n_edges
+    src_node, snk_node = 2 * n, 2 * n + 1
+    a_src = np.empty(m, dtype=np.int64)
+    a_dst = np.empty(m, dtype=np.int64)
+    for v in range(n):
+        a_src[v], a_dst[v] = 2 * v, 2 * v + 1
+        a_src[n + v], a_dst[n + v] = 2 * v, snk_node
+        a_src[2 * n + v], a_dst[2 * n + v] = src_node, 2 * v + 1
+        a_src[3 * n + n_edges + v], a_dst[3 * n + n_edges + v] = src_node, 2 * v
+        a_src[4 * n + n_edges + v], a_dst[4 * n + n_edges + v] = 2 * v + 1, snk_node
+        for e in range(succ_ptr[v], succ_ptr[v + 1]):
+            a_src[3 * n + e], a_dst[3 * n + e] = 2 * v + 1, 2 * succ_idx[e]
+    n_nodes = 2 * n + 2
+    used = np.ones(m, dtype=np.bool_)
+    for v in range(n):
+        used[3 * n + n_edges + v] = pred_ptr[v] == pred_ptr[v + 1]
+        used[4 * n + n_edges + v] = succ_ptr[v] == succ_ptr[v + 1]
+    # Arc slots in CSR order, so that scanning a node's arcs reads contiguous memory.
+    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    for k in range(m):
+        if used[k]:
+            ptr[a_src[k] + 1] += 1
+            ptr[a_dst[k] + 1] += 1
+    for v in range(n_nodes):
+        ptr[v + 1] += ptr[v]
+    fill = ptr[:-1].copy()
+    spare = ptr[n_nodes]  # unused arcs get slots past every node's range
+    to = np.empty(2 * m, dtype=np.int64)
+    twin = np.empty(2 * m, dtype=np.int64)
+    is_fwd = np.zeros(2 * m, dtype=np.bool_)
+    fs = np.empty(m, dtype=np.int64)
+    rs = np.empty(m, dtype=np.int64)
+    for k in range(m):
+        if used[k]:
+            f = fill[a_src[k]]
+            fill[a_src[k]] += 1
+            r = fill[a_dst[k]]
+            fill[a_dst[k]] += 1
+        else:
+            f, r = spare, spare + 1
+            spare += 2
+        fs[k], rs[k] = f, r
+        to[f], to[r] = a_dst[k], a_src[k]
+        twin[f], twin[r] = r, f
+        is_fwd[f] = True
+    return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
+
+
+@jit
+def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+    """Remove ``amount`` of flow passing through ``x`` on its way to the sink (or from the
+    source), following arcs that carry flow. The flow is acyclic (the network is a DAG), so
+    this ends at the terminal. A forward slot holds its arc's residual, the twin its flow."""
+    stack_n[0], stack_a[0] = x, amount
+    top = 1
+    while top > 0:
+        top -= 1
+        v, r = stack_n[top], stack_a[top]
+        if v == sink_or_source:
+            continue
+        for a in range(ptr[v], ptr[v + 1]):
+            if r == 0:
+                break
+            # Toward the sink: forward arcs out of v carrying flow. Toward the source: forward
+            # arcs into v, seen here as their twins (whose residual is that flow).
+            if toward_sink:
+                if not is_fwd[a] or res[twin[a]] == 0:
+                    continue
+                fa = a
+            else:
+                if is_fwd[a] or res[a] == 0:
+                    continue
+                fa = twin[a]
+            t = min(res[twin[fa]], r)
+            res[twin[fa]] -= t
+            res[fa] += t
+            r -= t
+            if top == stack_n.size:
+                return False
+            stack_n[top], stack_a[top] = to[a], t
+            top += 1
+    return True
+
+
+@jit
+def set_capacity(
+    k,
+    new_cap,
+    a_src,
+    a_dst,
+    capa,
+    ptr,
+    to,
+    twin,
+    is_fwd,
+    fs,
+    rs,
+    res,
+    source,
+    sink,
+    stack_n,
+    stack_a,
+):
+    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it."""
+    flow = res[rs[k]]
+    if flow > new_cap:
+        over = flow - new_cap
+        res[rs[k]] -= over
+        res[fs[k]] += over
+        if not _cancel(a_src[k], over, False, source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+            return False
+        if not _cancel(a_dst[k], over, True, sink, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+            return False
+        flow = res[rs[k]]
+    capa[k] = new_cap
+    res[fs[k]] = new_cap - flow
+    return True
+
+
+@jit
+def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
+    """Dinic's phases from the current flow until it is maximum; fills ``side`` with the
+    source side of a minimum cut. Returns False if an all-infinite source→sink path exists
+    (seen as a bottleneck above every finite total); the flow is then left inconsistent.
+
+    ``level`` must be all -1 on entry and is left so; only visited nodes are touched.
+    """
+    n_seen = 0
+    while True:
+        for i in range(n_seen):
+            level[queue[i]] = -1
+        level[source] = 0
+        head, tail = 0, 1
+        queue[0] = source
+        while head < tail:
+            v = queue[head]
+            head += 1
+            if level[sink] >= 0 and level[v] >= level[sink]:
+                continue
+            for a in range(ptr[v], ptr[v + 1]):
+                w = to[a]
+                if res[a] > 0 and level[w] < 0:
+                    level[w] = level[v] + 1
+                    queue[tail] = w
+                    tail += 1
+        n_seen = tail
+        if level[sink] < 0:
+            break
+        for i in range(n_seen):
+            it[queue[i]] = ptr[queue[i]]
+        depth = 0
+        v = source
+        while True:
+            if v == sink:
+                b = _BIG
+                for i in range(depth):
+                    if res[path[i]] < b:
+                        b = res[path[i]]
+                if b >= INF_CAP // 2:
+                    for i in range(n_seen):
+                        level[queue[i]] = -1
+                    return False
+                first = depth
+                for i in range(depth):
+                    a = path[i]
+                    res[a] -= b
+                    res[twin[a]] += b
+                    if res[a] == 0 and first == depth:
+                        first = i
+                depth = first
+                v = source if depth == 0 else to[path[depth - 1]]
+                continue
+            advanced = False
+            while it[v] < ptr[v + 1]:
+                a = it[v]
+                w = to[a]
+                if res[a] > 0 and level[w] == level[v] + 1:
+                    path[depth] = a
+                    depth += 1
+                    v = w
+                    advanced = True
+                    break
+                it[v] += 1
+            if not advanced:
+                if depth == 0:
+                    break
+                level[v] = -2  # dead end for the rest of this phase (still "seen")
+                depth -= 1
+                v = to[twin[path[depth]]]
+                it[v] += 1
+    for i in range(n_seen):
+        side[queue[i]] = True
+        level[queue[i]] = -1
+    return True
