@@ -145,7 +145,26 @@ def _evaluate_plans(job: PlanningJob, plans: np.ndarray) -> tuple[np.ndarray, np
     return np.concatenate(times), np.concatenate(energies)
 
 
-def run_case(case: str, with_lowtime: bool, lp: bool) -> dict[str, object]:
+def _lowtime_plans(job: PlanningJob, case: str, cache: Path | None) -> tuple[float, np.ndarray]:
+    """lowtime's solve time and plans, from ``cache`` when it holds this case's run.
+
+    lowtime takes minutes (hours beyond 8×64); a cache lets perseus be re-measured against the
+    same lowtime run. The cached time is the one measured when the cache was written.
+    """
+    path = None if cache is None else cache / f"lowtime-{case}.npz"
+    if path is not None and path.exists():
+        data = np.load(path)
+        return float(data["solve_s"]), data["plans"]
+    lt_s, _, plans = _run_lowtime(job, 1e-3)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(path, solve_s=lt_s, plans=plans)
+    return lt_s, plans
+
+
+def run_case(
+    case: str, with_lowtime: bool, lp: bool, cache: Path | None = None
+) -> dict[str, object]:
     """Solve one case (called in a subprocess) and return its figures."""
     job = _job(case)
     started = time.perf_counter()
@@ -169,7 +188,7 @@ def run_case(case: str, with_lowtime: bool, lp: bool) -> dict[str, object]:
         floor = lp_energy_floor_j(job, base.time_s)
         out["lp_floor_gap_pct"] = 100 * (same.energy_j / floor - 1)
     if with_lowtime:
-        lt_s, _, plans = _run_lowtime(job, 1e-3)
+        lt_s, plans = _lowtime_plans(job, case, cache)
         times, energies = _evaluate_plans(job, plans)
         # lowtime keeps one plan per quantum; compare against perseus's unthinned Pareto set.
         full = trace(job, all_points=True).frontier
@@ -216,12 +235,18 @@ def main() -> None:
     ap.add_argument(
         "--case-timeout-s", type=float, default=900, help="give up on a case after this long"
     )
+    ap.add_argument(
+        "--lowtime-cache",
+        type=Path,
+        help="keep lowtime's plans and time per case in this folder and reuse them (its ratio "
+        "then compares with the cached run's lowtime time)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--with-lowtime", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--lp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one, args.with_lowtime, args.lp)))
+        print(json.dumps(run_case(args.one, args.with_lowtime, args.lp, args.lowtime_cache)))
         return
     try:
         import lowtime  # noqa: F401
@@ -249,6 +274,8 @@ def main() -> None:
         lp = case != "32x512"  # HiGHS on 32×512 takes minutes; skip
         cmd = [sys.executable, __file__, "--one", case] + (["--with-lowtime"] if run_lt else [])
         cmd += ["--lp"] if lp else []
+        if args.lowtime_cache is not None:
+            cmd += ["--lowtime-cache", str(args.lowtime_cache)]
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, check=False, timeout=args.case_timeout_s

@@ -23,7 +23,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--time-quantum-s",
         type=float,
-        help="minimum step of the tracer in seconds (default: 2.5e-4 of the all-max time)",
+        help="minimum step of the tracer in seconds (default: exact steps, breakpoint to "
+        "breakpoint)",
+    )
+    p.add_argument(
+        "--fold",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="walk a copy of the job with stages+8 microbatches and lift its plans: auto "
+        "(default) folds jobs of more than 8192 ops; never walks the full job (hours at 32x512)",
     )
     p.add_argument(
         "--min-gap-fraction",
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             min_gap_fraction=args.min_gap_fraction,
             all_points=args.all_points,
             progress=update,
+            fold={"auto": None, "always": True, "never": False}[args.fold],
         )
     elapsed = time.perf_counter() - started
     frontier = result.frontier
@@ -80,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"points:      {len(frontier.points)} (in {elapsed:.2f} s, {result.iterations} iterations)"
     )
+    if result.folded_microbatches is not None:
+        print(
+            f"folded:      walked {s.stages} stages x {result.folded_microbatches} microbatches "
+            "and lifted its plans (--fold never walks the full job)"
+        )
     print(f"fastest:     {frontier.fastest.time_s:.6f} s, {frontier.fastest.energy_j:.1f} J")
     print(f"min energy:  {best.time_s:.6f} s, {best.energy_j:.1f} J (T*)")
     print(

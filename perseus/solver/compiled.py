@@ -32,9 +32,17 @@ from perseus.solver.cut_network import build_network as _build_network
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import set_capacity as _set_capacity
 
-__all__ = ["reclaim_kernel", "walk_kernel"]
+__all__ = [
+    "evaluate_kernel",
+    "neighbour_kernel",
+    "reclaim_kernel",
+    "tighten_kernel",
+    "walk_kernel",
+]
 
 _BUDGET = 2.0**52
+#: Tie-break cost per moved op, in capacity units (~1e-7 of an op's steepest slope).
+_TIE_UNITS = 64
 _MAX_NEWTON = 64
 _MAX_STALL = 200
 
@@ -105,6 +113,22 @@ def _round_into(dur, node_type, opt_t, tol, out):
 
 
 @_jit
+def _round_up_into(dur, node_type, opt_t, floor, tol, out):
+    """Per node, the fastest option no faster than its fractional duration (``floor`` is
+    :func:`_round_into`'s result)."""
+    for v in range(dur.size):
+        k = floor[v]
+        row = node_type[v]
+        if (
+            opt_t[row, k] < dur[v] - tol * 1e-3
+            and k + 1 < opt_t.shape[1]
+            and np.isfinite(opt_t[row, k + 1])
+        ):
+            k += 1
+        out[v] = k
+
+
+@_jit
 def _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, out):
     for v in range(dur.size):
         out[v] = dur[v]
@@ -165,6 +189,7 @@ def walk_kernel(
     all_points,
     power_ranks,
     max_iterations,
+    round_up_too,
 ):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
@@ -215,6 +240,7 @@ def walk_kernel(
     op_arc = np.empty(5, dtype=np.int64)  # an op's arcs: op, 2 terminals, source, sink
     op_new = np.empty(5, dtype=np.int64)
     rounded = np.empty(n, dtype=np.int16)
+    rounded_up = np.empty(n, dtype=np.int16)
     last_rounded = np.full(n, -1, dtype=np.int16)
     emitted = np.empty((16, n), dtype=np.int16)
     n_emitted = 0
@@ -233,13 +259,17 @@ def walk_kernel(
                 break
         if same:
             return emitted, n_emitted
-        if n_emitted == emitted.shape[0]:
+        if n_emitted + 2 > emitted.shape[0]:
             grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
             grown[:n_emitted] = emitted[:n_emitted]
             emitted = grown
         emitted[n_emitted] = rounded
         last_rounded[:] = rounded
-        return emitted, n_emitted + 1
+        if not round_up_too:
+            return emitted, n_emitted + 1
+        _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
+        emitted[n_emitted + 1] = rounded_up
+        return emitted, n_emitted + 2
 
     while iterations < max_iterations:
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
@@ -289,11 +319,19 @@ def walk_kernel(
                 else:
                     lower[v] = hs[v, min(a, hs.shape[1] - 1)]
                     room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
+                # Ties between cuts are broken towards moving fewer ops: each moved op costs
+                # _TIE_UNITS more (shortening) or saves that much less (lengthening).
+                # Without it, two ops just off their vertices on one path can swap in turn,
+                # each cut as cheap as the other, and the walk crawls in steps of that offset.
+                term_cap = np.int64(np.rint(lower[v] * scale))
+                tie = np.int64(_TIE_UNITS)
+                if term_cap > tie:
+                    term_cap -= tie
+                    tie *= 2
                 if upper[v] == np.inf:
                     op_cap = _INF_CAP
                 else:
-                    op_cap = np.int64(np.rint((upper[v] - lower[v]) * scale))
-                term_cap = np.int64(np.rint(lower[v] * scale))
+                    op_cap = np.int64(np.rint((upper[v] - lower[v]) * scale)) + tie
                 if pred_ptr[v] == pred_ptr[v + 1] and start[v] <= crit_tol:
                     src_cap = _INF_CAP
                 if succ_ptr[v] == succ_ptr[v + 1] and end[v] >= deadline - crit_tol:
@@ -428,37 +466,187 @@ def walk_kernel(
 
 
 @_jit
+def _reclaim_row(
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, row, work
+):
+    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of one plan, in place.
+
+    ``work`` is a (4, N) scratch array. Returns the plan's makespan (unchanged by reclaiming).
+    """
+    n = row.size
+    start, end, dur, late_start = work[0], work[1], work[2], work[3]
+    for v in range(n):
+        dur[v] = opt_t[node_type[v], row[v]]
+    deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+    margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        lf = deadline
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            r = late_start[succ_idx[k]] - succ_lat[k]
+            if r < lf:
+                lf = r
+        window = lf - start[v] - margin
+        t = node_type[v]
+        fits = -1
+        for j in range(opt_t.shape[1]):
+            if opt_t[t, j] <= window:
+                fits = j
+            else:
+                break
+        new = max(row[v], fits)
+        row[v] = new
+        late_start[v] = lf - max(opt_t[t, new], 0.0)
+    return deadline
+
+
+@_jit
 def reclaim_kernel(
     order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, plans
 ):
     """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of every row of ``plans`` (K, N)."""
+    out = plans.copy()
+    work = np.empty((4, plans.shape[1]))
+    for p in range(plans.shape[0]):
+        _reclaim_row(
+            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t,
+            out[p], work,
+        )  # fmt: skip
+    return out
+
+
+@_jit
+def tighten_kernel(
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    plans,
+    targets_s,
+):
+    """Each row of ``plans`` (K, N), sped up until it finishes by ``targets_s[k]``.
+
+    A round moves every critical op not at its fastest option one option faster; rounds
+    repeat until the plan meets its target or no critical op can go faster. Blunt (it may
+    speed up more ops than the cheapest cut would), so the result goes through the reclaim
+    pass; used on lifted plans (:mod:`perseus.solver.fold`) whose ends lag in the full job.
+    """
     k_plans, n = plans.shape
     out = plans.copy()
     start = np.empty(n)
     end = np.empty(n)
     dur = np.empty(n)
     late_start = np.empty(n)
+    late_finish = np.empty(n)
     for p in range(k_plans):
-        for v in range(n):
-            dur[v] = opt_t[node_type[v], out[p, v]]
-        deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
-        margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
-        for i in range(n - 1, -1, -1):
-            v = order[i]
-            lf = deadline
-            for k in range(succ_ptr[v], succ_ptr[v + 1]):
-                r = late_start[succ_idx[k]] - succ_lat[k]
-                if r < lf:
-                    lf = r
-            window = lf - start[v] - margin
-            row = node_type[v]
-            fits = -1
-            for j in range(opt_t.shape[1]):
-                if opt_t[row, j] <= window:
-                    fits = j
-                else:
-                    break
-            new = max(out[p, v], fits)
-            out[p, v] = new
-            late_start[v] = lf - max(opt_t[row, new], 0.0)
+        while True:
+            for v in range(n):
+                dur[v] = opt_t[node_type[v], out[p, v]]
+            deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+            if deadline <= targets_s[p]:
+                break
+            _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, late_finish)
+            eps = 1e-9 * deadline
+            moved = False
+            for v in range(n):
+                if late_finish[v] - end[v] <= eps and out[p, v] > 0:
+                    out[p, v] -= 1
+                    moved = True
+            if not moved:
+                break
     return out
+
+
+@_jit
+def evaluate_kernel(
+    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, plans
+):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of every row of ``plans`` (K, N)."""
+    k_plans, n = plans.shape
+    time_s = np.empty(k_plans)
+    energy_j = np.empty(k_plans)
+    start = np.empty(n)
+    end = np.empty(n)
+    dur = np.empty(n)
+    for p in range(k_plans):
+        cost = 0.0
+        for v in range(n):
+            dur[v] = opt_t[node_type[v], plans[p, v]]
+            cost += opt_c[node_type[v], plans[p, v]]
+        time_s[p] = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+        energy_j[p] = cost + power_ranks * time_s[p]
+    return time_s, energy_j
+
+
+@_jit
+def neighbour_kernel(
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    opt_c,
+    num_opts,
+    power_ranks,
+    plans,
+    archive_t,
+    archive_e,
+):
+    """Every plan one op-option away from a row of ``plans``, reclaimed, that the archive
+    does not dominate.
+
+    ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set. A neighbour
+    moves one op one option faster or slower; it is reclaimed and kept unless an archive point
+    is no slower and no costlier (to a relative 1e-12). Returns ``(plans, time_s, energy_j)``
+    of the kept neighbours (duplicates possible).
+    """
+    k_plans, n = plans.shape
+    out = np.empty((64, n), dtype=np.int64)
+    out_t = np.empty(64)
+    out_e = np.empty(64)
+    n_out = 0
+    row = np.empty(n, dtype=np.int64)
+    work = np.empty((4, n))
+    dur = work[2]
+    for p in range(k_plans):
+        for i in range(n):
+            for step in (-1, 1):
+                k = plans[p, i] + step
+                if k < 0 or k >= num_opts[node_type[i]]:
+                    continue
+                for v in range(n):
+                    row[v] = plans[p, v]
+                row[i] = k
+                _reclaim_row(
+                    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
+                    node_type, opt_t, row, work,
+                )  # fmt: skip
+                cost = 0.0
+                for v in range(n):
+                    dur[v] = opt_t[node_type[v], row[v]]
+                    cost += opt_c[node_type[v], row[v]]
+                t = _forward(order, pred_ptr, pred_idx, pred_lat, dur, work[0], work[1])
+                e = cost + power_ranks * t
+                j = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
+                if j >= 0 and archive_e[j] <= e * (1 + 1e-12):
+                    continue
+                if n_out == out.shape[0]:
+                    grown = np.empty((2 * n_out, n), dtype=np.int64)
+                    grown[:n_out] = out
+                    out = grown
+                    out_t = np.concatenate((out_t, np.empty(n_out)))
+                    out_e = np.concatenate((out_e, np.empty(n_out)))
+                out[n_out] = row
+                out_t[n_out] = t
+                out_e[n_out] = e
+                n_out += 1
+    return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()

@@ -68,10 +68,12 @@ from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.solver.cost_model import CostModel, build_cost_model
+from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
 from perseus.solver.local_search import descend_greedy, improve_pairwise
-from perseus.solver.maxflow import min_cut_with_lower_bounds, reaches
+from perseus.solver.pareto_search import search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
+from perseus.solver.reference_walk import walk_reference
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
@@ -79,8 +81,6 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Progress = Callable[[float], None]
 
-_MAX_NEWTON = 64
-_MAX_STALL = 200
 #: Default hull thinning: vertices closer than this fraction of an op's fastest time merge
 #: (fewer breakpoints, ~1.5x faster on the bundled profiles with the same savings, because
 #: rounding and reclaiming still use every real clock; 0.05 is ~2.5x faster but loses 0.3-0.6
@@ -89,6 +89,9 @@ DEFAULT_HULL_GAP_FRACTION = 0.02
 #: Jobs up to this many ops get a pairwise local search on every candidate (O(N²) longest-path
 #: passes per round: cheap for small jobs, where rounding a few fractional ops costs the most).
 _LOCAL_SEARCH_MAX_NODES = 16
+#: With all_points, a folded walk still emits points this far apart (fraction of T_min):
+#: every lifted plan is a full-size array.
+_FOLD_MIN_GAP_FRACTION = 1e-4
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class FrontierTrace:
             ``"stalled"`` or ``"no-step"`` when numerical trouble ended it early. The frontier
             is still exact and dominates the baselines, but between the last traced point
             and the fastest baseline it is only as good as those baselines.
+        folded_microbatches: When the job was folded (:mod:`perseus.solver.fold`), the
+            microbatch count of the job actually walked; ``iterations`` and ``lp_*`` then
+            describe that job, and the points are its plans lifted to this one.
     """
 
     frontier: Frontier
@@ -114,6 +120,7 @@ class FrontierTrace:
     lp_time_s: FloatArray
     lp_energy_j: FloatArray
     stop_reason: str = "fastest"
+    folded_microbatches: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -178,6 +185,7 @@ def trace(
     progress: Progress | None = None,
     hull_gap_fraction: float = DEFAULT_HULL_GAP_FRACTION,
     method: str = "compiled",
+    fold: bool | None = None,
 ) -> FrontierTrace:
     """Like :func:`trace_frontier`, also returning iteration counts and the traced relaxation.
 
@@ -185,6 +193,9 @@ def trace(
     the traced relaxation is exactly the LP floor of :mod:`perseus.solver.lp_bound`.
     ``method`` picks the walk: ``"compiled"`` (numba, the default) or ``"reference"`` (the
     same algorithm in numpy/Python on scipy's max flow; slow, kept to cross-check).
+    ``fold`` walks a job with fewer microbatches and lifts its plans
+    (:mod:`perseus.solver.fold`): ``None`` (default) folds jobs of more than
+    ``FOLD_ABOVE_OPS`` ops, ``True`` folds whenever the schedule allows, ``False`` never.
     """
     if method not in _METHODS:
         raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(_METHODS)}")
@@ -198,8 +209,10 @@ def trace(
         )
     if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
         raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
+    if fold is None:
+        fold = job.graph.num_nodes > FOLD_ABOVE_OPS
     return _impl(
-        job, time_quantum_s, min_gap_fraction, all_points, progress, hull_gap_fraction, method
+        job, time_quantum_s, min_gap_fraction, all_points, progress, hull_gap_fraction, method, fold
     )
 
 
@@ -211,6 +224,7 @@ def _impl(
     progress: Progress | None,
     hull_gap_fraction: float,
     method: str,
+    fold: bool,
 ) -> FrontierTrace:
     # Imported here: baselines use the reclaim pass and the cost model too.
     from perseus.solver.baselines import baseline_freq_plans
@@ -226,9 +240,24 @@ def _impl(
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
     core = _METHODS[method]
-    cand, iterations, lp_t, lp_e, reason = core(
-        job, model, topo, tol, quantum, gap, all_points, progress
-    )
+    folded = fold_job(job, model, hull_gap_fraction) if fold else None
+    if folded is None:
+        cand, iterations, lp_t, lp_e, reason = core(
+            job, model, topo, tol, quantum, gap, all_points, progress
+        )
+    else:
+        # Walk the folded job (points 4x denser than asked: each lifted plan lands at its
+        # own time on the full job) and lift its plans; _select reclaims them on this job.
+        small, small_model = folded.job, folded.model
+        small_topo = build_topology(small.graph)
+        small_ht = small_model.hull_time_s[small_model.node_type, 0]
+        small_t_min = float(small_topo.forward(small_ht)[1].max())
+        small_gap = max(min_gap_fraction, _FOLD_MIN_GAP_FRACTION) * small_t_min / 4
+        small_tol = 1e-9 * float(small.evaluate(small.allmax()).time_s)
+        small_cand, iterations, lp_t, lp_e, reason = core(
+            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress
+        )
+        cand = list(lift_plans(folded, small_cand, model, topo, allmax_time))
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, gap)
     if progress is not None:
@@ -240,6 +269,7 @@ def _impl(
         lp_time_s=np.array(lp_t),
         lp_energy_j=np.array(lp_e),
         stop_reason=reason,
+        folded_microbatches=None if folded is None else folded.job.spec.microbatches,
     )
 
 
@@ -258,6 +288,7 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: IntArray) -> IntA
 
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
+_ROUND_UP_TOO = True
 
 
 def _core_compiled(
@@ -305,10 +336,18 @@ def _core_compiled(
             all_points,
             power_ranks,
             _CHUNK_ITERATIONS,
+            _ROUND_UP_TOO,
         )
         iterations += int(done)
         if len(emitted):
-            cand.extend(_pareto_within(job, model, topo, np.asarray(emitted, dtype=np.int64)))
+            rows = np.asarray(emitted, dtype=np.int64)
+            if _ROUND_UP_TOO:
+                # Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped
+                # up, critical op by critical op, to the rounded-down plan's time.
+                down, up = rows[0::2], rows[1::2]
+                targets, _ = _evaluate_rows(job, model, down)
+                rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
+            cand.extend(_pareto_within(job, model, topo, rows))
         lp_t.extend(chunk_t.tolist())
         lp_e.extend(chunk_e.tolist())
         if progress is not None and lp_t and lp_t[0] > t_min:
@@ -321,239 +360,11 @@ def _core_compiled(
     return cand, iterations, lp_t, lp_e, reason
 
 
-def _core(
-    job: PlanningJob,
-    model: CostModel,
-    topo: Topology,
-    tol: float,
-    quantum: float,
-    gap: float,
-    all_points: bool,
-    progress: Progress | None,
-) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
-    and why it stopped."""
-    n = topo.num_nodes
-    types = model.node_type
-    ht = model.hull_time_s[types]  # (N, H)
-    hs = model.hull_slope[types]
-    nh = model.num_hull[types]
-    power_ranks = model.blocking_power_w * job.graph.num_ranks
-    rows = np.arange(n)
-    d = ht[rows, nh - 1].copy()
-    src_node, snk_node = 2 * n, 2 * n + 1
-    edge_src, edge_dst, edge_lat = job.graph.edge_src, job.graph.edge_dst, job.graph.edge_latency_s
-
-    cand: list[IntArray] = []
-    lp_t: list[float] = []
-    lp_e: list[float] = []
-    emitting = False
-    last_emit = math.inf
-    start_t = -1.0
-    t_min = float(topo.forward(ht[rows, 0])[1].max())
-    last_report = -1.0
-    iterations = 0
-
-    def emit(dur: FloatArray) -> None:
-        cand.append(_round(model, dur, tol))
-
-    # Paths this close to critical join the cut network: without it, float noise from snapping
-    # can leave a path a hair short of critical and the walk crawls in ~tol-sized steps.
-    crit_tol = 100 * tol
-    best_deadline = math.inf
-    stalled = 0
-    reason = "fastest"
-    while True:
-        start, end = topo.forward(d)
-        deadline = float(end.max())
-        lf = topo.backward(d, deadline)
-        cost = float(_hull_cost(model, types, d).sum())
-        lp_t.append(deadline)
-        lp_e.append(cost + power_ranks * deadline)
-        # Guard against numerical stalls: the walk must keep shortening the iteration.
-        if deadline < best_deadline - tol:
-            best_deadline, stalled = deadline, 0
-        else:
-            stalled += 1
-            if stalled > _MAX_STALL:
-                emit(d)
-                reason = "stalled"
-                break
-        if start_t < 0:
-            start_t = deadline
-        if progress is not None and start_t > t_min:
-            frac = min(1.0, (start_t - deadline) / (start_t - t_min))
-            if frac - last_report >= 0.01:
-                progress(0.99 * frac)
-                last_report = frac
-        crit = (lf - end) <= crit_tol
-        c = np.flatnonzero(crit)
-        # Criticality of dependency edges: the successor's latest start is the predecessor's
-        # earliest finish plus latency.
-        e_float = (lf[edge_dst] - d[edge_dst]) - (end[edge_src] + edge_lat)
-        ce = np.flatnonzero((e_float <= crit_tol) & crit[edge_src] & crit[edge_dst])
-        cs = c[topo.is_source[c] & (start[c] <= crit_tol)]
-        ck = c[topo.is_sink[c] & (end[c] >= deadline - crit_tol)]
-
-        dc = d[c]
-        htc, hsc, nhc = ht[c], hs[c], nh[c]
-        a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
-        at_v = (dc - htc[np.arange(c.size), a]) <= tol
-        lower_v = np.where(at_v, a - 1, a)  # vertex we move towards when shortening
-        upper = np.where(lower_v >= 0, hsc[np.arange(c.size), np.maximum(lower_v, 0)], np.inf)
-        upper = np.where(at_v & (a == 0), np.inf, upper)
-        room_red = dc - htc[np.arange(c.size), np.maximum(lower_v, 0)]
-        can_len = ~(at_v & (a >= nhc - 1))
-        lower = np.where(can_len, hsc[np.arange(c.size), np.minimum(a, hsc.shape[1] - 1)], 0.0)
-        nxt = np.minimum(a + 1, htc.shape[1] - 1)
-        room_len = np.where(can_len, htc[np.arange(c.size), nxt] - dc, 0.0)
-
-        arc_src = np.concatenate(
-            [2 * c, 2 * edge_src[ce] + 1, np.full(cs.size, src_node), 2 * ck + 1]
-        )
-        arc_dst = np.concatenate([2 * c + 1, 2 * edge_dst[ce], 2 * cs, np.full(ck.size, snk_node)])
-        m_other = ce.size + cs.size + ck.size
-        arc_up = np.concatenate([upper, np.full(m_other, np.inf)])
-        arc_lo = np.concatenate([lower, np.zeros(m_other)])
-        inf_arc = ~np.isfinite(arc_up)
-        if reaches(2 * n + 2, arc_src[inf_arc], arc_dst[inf_arc], src_node, snk_node):
-            emit(d)
-            break
-        side = min_cut_with_lower_bounds(
-            2 * n + 2, arc_src, arc_dst, arc_up, arc_lo, src_node, snk_node
-        )
-        fwd = side[2 * c] & ~side[2 * c + 1]
-        bwd = ~side[2 * c] & side[2 * c + 1] & (lower > 0)
-        cut_value = float(upper[fwd].sum() - lower[bwd].sum())
-        iterations += 1
-        move = _Move(c[fwd], c[bwd], room_len[bwd])
-        exact = float(min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf)))
-        # Past the first vertex a shortened op just continues on its next (steeper) segment,
-        # so a step may run on to one quantum; it can never pass an op's fastest vertex.
-        total_room = dc[fwd] - htc[np.arange(c.size)[fwd], 0]
-        step_max = min(max(exact, quantum), float(total_room.min(initial=np.inf)))
-        step, start, end = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)
-        if step <= 0.0:
-            # Guard (added by the torch-integration helper, see its report): a cut whose move
-            # cannot shorten the iteration would repeat forever; stop tracing here.
-            emit(d)
-            reason = "no-step"
-            break
-        if not emitting and cut_value >= 0.5 * power_ranks:
-            emitting = True
-            emit(d)
-            last_emit = deadline
-        if emitting:
-            target = last_emit - gap
-            while gap > 0 and target >= deadline - step:
-                emit(move.apply(d, deadline - target))
-                last_emit = target
-                target -= gap
-        d = move.apply(d, step)
-        _snap(d, ht, tol)
-        if all_points and emitting:
-            emit(d)
-    return cand, iterations, lp_t, lp_e, reason
-
-
 _CoreFn = Callable[
     [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
     tuple[list[IntArray], int, list[float], list[float], str],
 ]
-_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core}
-
-
-def _hull_cost(model: CostModel, types: IntArray, d: FloatArray) -> FloatArray:
-    """Per-node effective cost of fractional durations on the hull (linear interpolation)."""
-    ht = model.hull_time_s[types]
-    hc = model.hull_cost_j[types]
-    hs = model.hull_slope[types]
-    rows = np.arange(d.size)
-    a = np.maximum((ht <= d[:, None]).sum(axis=1) - 1, 0)
-    out: FloatArray = hc[rows, a] - hs[rows, a] * (d - ht[rows, a])
-    return out
-
-
-def _snap(d: FloatArray, ht: FloatArray, tol: float) -> None:
-    """Snap durations within ``tol`` of a hull vertex onto it (in place)."""
-    diff = np.abs(ht - d[:, None])
-    j = diff.argmin(axis=1)
-    close = diff[np.arange(d.size), j] <= tol
-    d[close] = ht[np.arange(d.size), j][close]
-
-
-@dataclass(frozen=True)
-class _Move:
-    """A cut's move: shorten ``fwd`` ops by δ, lengthen ``bwd`` ops by δ up to ``bwd_room``."""
-
-    fwd: IntArray
-    bwd: IntArray
-    bwd_room: FloatArray
-
-    def apply(self, d: FloatArray, step: float) -> FloatArray:
-        out = d.copy()
-        out[self.fwd] -= step
-        out[self.bwd] += np.minimum(step, self.bwd_room)
-        return out
-
-    def slope_on(self, path: list[int], step: float) -> float:
-        """Left derivative of the path length in δ at ``step`` (a supergradient: lengths are
-        concave in δ because lengthening stops at ``bwd_room``)."""
-        on = np.zeros(0, dtype=np.int64) if not path else np.asarray(path)
-        k = -float(np.isin(self.fwd, on).sum())
-        k += float(np.isin(self.bwd[self.bwd_room >= step], on).sum())
-        return k
-
-
-def _step_length(
-    topo: Topology,
-    d: FloatArray,
-    move: _Move,
-    deadline: float,
-    step_max: float,
-    exact: float,
-    tol: float,
-) -> tuple[float, FloatArray, FloatArray]:
-    """Largest step ≤ ``step_max`` whose move shortens the iteration by the full step.
-
-    While the makespan after a trial step is above ``deadline − δ``, a non-critical path has
-    overtaken; the intersection of its tangent line with ``deadline − δ`` is the next, smaller
-    candidate (path lengths are concave in δ, so the tangent never overshoots).
-
-    Returns:
-        The step and the earliest start/finish times after it (reused by the caller).
-    """
-    step = step_max
-    for _ in range(_MAX_NEWTON):
-        trial = move.apply(d, step)
-        start, end = topo.forward(trial)
-        makespan = float(end.max())
-        if makespan <= deadline - step + tol:
-            return step, start, end
-        path = topo.binding_path(trial, end)
-        slope = move.slope_on(path, step)
-        if slope <= -1.0:  # a critical path cut short by a clamp: retreat to the exact bound
-            if step <= exact:
-                return step, start, end
-            step = exact
-            continue
-        base = makespan - slope * step
-        new = (deadline - base) / (slope + 1.0)
-        if not new < step:
-            return step, start, end
-        # Beyond the exact bound clamps bend the paths, so never undershoot it from above:
-        # up to it every path length is linear in δ and the tangent step is exact.
-        step = max(new, exact) if step > exact else max(new, 0.0)
-    trial = move.apply(d, step)
-    start, end = topo.forward(trial)
-    return step, start, end
-
-
-def _round(model: CostModel, d: FloatArray, tol: float) -> IntArray:
-    """Per node, the slowest Pareto option whose time is at most its fractional duration."""
-    table = model.opt_time_s[model.node_type]
-    idx: IntArray = np.maximum((table <= (d + tol * 1e-3)[:, None]).sum(axis=1) - 1, 0)
-    return idx.astype(np.int64)
+_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": walk_reference}
 
 
 def _select(
@@ -571,6 +382,7 @@ def _select(
         rec = np.unique(
             np.stack([improve_pairwise(model, topo, r) for r in [*rec, *walked]]), axis=0
         )
+    rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
     order = np.lexsort((energies, times))
@@ -650,6 +462,22 @@ def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
         model.node_type,
         model.opt_time_s,
         np.ascontiguousarray(plans, dtype=np.int64),
+    )
+    return out
+
+
+def _tighten_all(
+    model: CostModel, topo: Topology, plans: IntArray, targets_s: FloatArray
+) -> IntArray:
+    """Each row of ``plans`` sped up until it meets its target (compiled)."""
+    from perseus.solver.compiled import tighten_kernel
+
+    out: IntArray = tighten_kernel(
+        *topo.csr(),
+        model.node_type,
+        model.opt_time_s,
+        np.ascontiguousarray(plans, dtype=np.int64),
+        np.ascontiguousarray(targets_s, dtype=np.float64),
     )
     return out
 

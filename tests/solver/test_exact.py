@@ -37,22 +37,7 @@ def test_milp_agrees_with_brute_force():
         )
 
 
-KNOWN_GAP = {("1f1b", 3, 2, 4, 1)}  # 0.60 % at one deadline: see benchmarks/README.md
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            marks=[pytest.mark.xfail(strict=True, reason="0.60 % gap at one deadline")]
-            if c in KNOWN_GAP
-            else [],
-        )
-        for c in TINY
-    ],
-    ids=[f"{c[0]}-{c[1]}x{c[2]}-s{c[4]}" for c in TINY],
-)
+@pytest.mark.parametrize("case", TINY, ids=[f"{c[0]}-{c[1]}x{c[2]}-s{c[4]}" for c in TINY])
 def test_frontier_is_near_optimal(case):
     schedule, stages, microbatches, clocks, seed = case
     job = small_job(schedule, stages, microbatches, clocks=clocks, seed=seed)

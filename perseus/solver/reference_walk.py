@@ -1,0 +1,262 @@
+"""The frontier walk in numpy/Python on scipy's max flow: the reference for the compiled walk.
+
+Same algorithm as :func:`perseus.solver.compiled.walk_kernel` (see :mod:`perseus.solver.frontier`
+for the method), written for reading and for cross-checking the compiled loop
+(``trace(..., method="reference")``), 10–40x slower. Each iteration builds the min-cut network
+of the critical sub-DAG from scratch and solves it with
+:func:`perseus.solver.maxflow.min_cut_with_lower_bounds`.
+
+Complexity: O(B·(N + E)) Python steps for B breakpoints, plus one scipy max flow per
+breakpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.job import PlanningJob
+from perseus.solver.cost_model import CostModel
+from perseus.solver.maxflow import min_cut_with_lower_bounds, reaches
+from perseus.solver.paths import Topology
+
+__all__ = ["walk_reference"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Progress = Callable[[float], None]
+
+_MAX_NEWTON = 64
+_MAX_STALL = 200
+
+
+def walk_reference(
+    job: PlanningJob,
+    model: CostModel,
+    topo: Topology,
+    tol: float,
+    quantum: float,
+    gap: float,
+    all_points: bool,
+    progress: Progress | None,
+) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
+    and why it stopped."""
+    n = topo.num_nodes
+    types = model.node_type
+    ht = model.hull_time_s[types]  # (N, H)
+    hs = model.hull_slope[types]
+    nh = model.num_hull[types]
+    power_ranks = model.blocking_power_w * job.graph.num_ranks
+    rows = np.arange(n)
+    d = ht[rows, nh - 1].copy()
+    src_node, snk_node = 2 * n, 2 * n + 1
+    edge_src, edge_dst, edge_lat = job.graph.edge_src, job.graph.edge_dst, job.graph.edge_latency_s
+
+    cand: list[IntArray] = []
+    lp_t: list[float] = []
+    lp_e: list[float] = []
+    emitting = False
+    last_emit = math.inf
+    start_t = -1.0
+    t_min = float(topo.forward(ht[rows, 0])[1].max())
+    last_report = -1.0
+    iterations = 0
+
+    def emit(dur: FloatArray) -> None:
+        cand.append(_round(model, dur, tol))
+
+    # Paths this close to critical join the cut network: without it, float noise from snapping
+    # can leave a path a hair short of critical and the walk crawls in ~tol-sized steps.
+    crit_tol = 100 * tol
+    best_deadline = math.inf
+    stalled = 0
+    reason = "fastest"
+    while True:
+        start, end = topo.forward(d)
+        deadline = float(end.max())
+        lf = topo.backward(d, deadline)
+        cost = float(_hull_cost(model, types, d).sum())
+        lp_t.append(deadline)
+        lp_e.append(cost + power_ranks * deadline)
+        # Guard against numerical stalls: the walk must keep shortening the iteration.
+        if deadline < best_deadline - tol:
+            best_deadline, stalled = deadline, 0
+        else:
+            stalled += 1
+            if stalled > _MAX_STALL:
+                emit(d)
+                reason = "stalled"
+                break
+        if start_t < 0:
+            start_t = deadline
+        if progress is not None and start_t > t_min:
+            frac = min(1.0, (start_t - deadline) / (start_t - t_min))
+            if frac - last_report >= 0.01:
+                progress(0.99 * frac)
+                last_report = frac
+        crit = (lf - end) <= crit_tol
+        c = np.flatnonzero(crit)
+        # Criticality of dependency edges: the successor's latest start is the predecessor's
+        # earliest finish plus latency.
+        e_float = (lf[edge_dst] - d[edge_dst]) - (end[edge_src] + edge_lat)
+        ce = np.flatnonzero((e_float <= crit_tol) & crit[edge_src] & crit[edge_dst])
+        cs = c[topo.is_source[c] & (start[c] <= crit_tol)]
+        ck = c[topo.is_sink[c] & (end[c] >= deadline - crit_tol)]
+
+        dc = d[c]
+        htc, hsc, nhc = ht[c], hs[c], nh[c]
+        a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
+        at_v = (dc - htc[np.arange(c.size), a]) <= tol
+        lower_v = np.where(at_v, a - 1, a)  # vertex we move towards when shortening
+        upper = np.where(lower_v >= 0, hsc[np.arange(c.size), np.maximum(lower_v, 0)], np.inf)
+        upper = np.where(at_v & (a == 0), np.inf, upper)
+        room_red = dc - htc[np.arange(c.size), np.maximum(lower_v, 0)]
+        can_len = ~(at_v & (a >= nhc - 1))
+        lower = np.where(can_len, hsc[np.arange(c.size), np.minimum(a, hsc.shape[1] - 1)], 0.0)
+        nxt = np.minimum(a + 1, htc.shape[1] - 1)
+        room_len = np.where(can_len, htc[np.arange(c.size), nxt] - dc, 0.0)
+
+        arc_src = np.concatenate(
+            [2 * c, 2 * edge_src[ce] + 1, np.full(cs.size, src_node), 2 * ck + 1]
+        )
+        arc_dst = np.concatenate([2 * c + 1, 2 * edge_dst[ce], 2 * cs, np.full(ck.size, snk_node)])
+        m_other = ce.size + cs.size + ck.size
+        arc_up = np.concatenate([upper, np.full(m_other, np.inf)])
+        arc_lo = np.concatenate([lower, np.zeros(m_other)])
+        inf_arc = ~np.isfinite(arc_up)
+        if reaches(2 * n + 2, arc_src[inf_arc], arc_dst[inf_arc], src_node, snk_node):
+            emit(d)
+            break
+        side = min_cut_with_lower_bounds(
+            2 * n + 2, arc_src, arc_dst, arc_up, arc_lo, src_node, snk_node
+        )
+        fwd = side[2 * c] & ~side[2 * c + 1]
+        bwd = ~side[2 * c] & side[2 * c + 1] & (lower > 0)
+        cut_value = float(upper[fwd].sum() - lower[bwd].sum())
+        iterations += 1
+        move = _Move(c[fwd], c[bwd], room_len[bwd])
+        exact = float(min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf)))
+        # Past the first vertex a shortened op just continues on its next (steeper) segment,
+        # so a step may run on to one quantum; it can never pass an op's fastest vertex.
+        total_room = dc[fwd] - htc[np.arange(c.size)[fwd], 0]
+        step_max = min(max(exact, quantum), float(total_room.min(initial=np.inf)))
+        step, start, end = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)
+        if step <= 0.0:
+            # Guard (added by the torch-integration helper, see its report): a cut whose move
+            # cannot shorten the iteration would repeat forever; stop tracing here.
+            emit(d)
+            reason = "no-step"
+            break
+        if not emitting and cut_value >= 0.5 * power_ranks:
+            emitting = True
+            emit(d)
+            last_emit = deadline
+        if emitting:
+            target = last_emit - gap
+            while gap > 0 and target >= deadline - step:
+                emit(move.apply(d, deadline - target))
+                last_emit = target
+                target -= gap
+        d = move.apply(d, step)
+        _snap(d, ht, tol)
+        if all_points and emitting:
+            emit(d)
+    return cand, iterations, lp_t, lp_e, reason
+
+
+def _hull_cost(model: CostModel, types: IntArray, d: FloatArray) -> FloatArray:
+    """Per-node effective cost of fractional durations on the hull (linear interpolation)."""
+    ht = model.hull_time_s[types]
+    hc = model.hull_cost_j[types]
+    hs = model.hull_slope[types]
+    rows = np.arange(d.size)
+    a = np.maximum((ht <= d[:, None]).sum(axis=1) - 1, 0)
+    out: FloatArray = hc[rows, a] - hs[rows, a] * (d - ht[rows, a])
+    return out
+
+
+def _snap(d: FloatArray, ht: FloatArray, tol: float) -> None:
+    """Snap durations within ``tol`` of a hull vertex onto it (in place)."""
+    diff = np.abs(ht - d[:, None])
+    j = diff.argmin(axis=1)
+    close = diff[np.arange(d.size), j] <= tol
+    d[close] = ht[np.arange(d.size), j][close]
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A cut's move: shorten ``fwd`` ops by δ, lengthen ``bwd`` ops by δ up to ``bwd_room``."""
+
+    fwd: IntArray
+    bwd: IntArray
+    bwd_room: FloatArray
+
+    def apply(self, d: FloatArray, step: float) -> FloatArray:
+        out = d.copy()
+        out[self.fwd] -= step
+        out[self.bwd] += np.minimum(step, self.bwd_room)
+        return out
+
+    def slope_on(self, path: list[int], step: float) -> float:
+        """Left derivative of the path length in δ at ``step`` (a supergradient: lengths are
+        concave in δ because lengthening stops at ``bwd_room``)."""
+        on = np.zeros(0, dtype=np.int64) if not path else np.asarray(path)
+        k = -float(np.isin(self.fwd, on).sum())
+        k += float(np.isin(self.bwd[self.bwd_room >= step], on).sum())
+        return k
+
+
+def _step_length(
+    topo: Topology,
+    d: FloatArray,
+    move: _Move,
+    deadline: float,
+    step_max: float,
+    exact: float,
+    tol: float,
+) -> tuple[float, FloatArray, FloatArray]:
+    """Largest step ≤ ``step_max`` whose move shortens the iteration by the full step.
+
+    While the makespan after a trial step is above ``deadline − δ``, a non-critical path has
+    overtaken; the intersection of its tangent line with ``deadline − δ`` is the next, smaller
+    candidate (path lengths are concave in δ, so the tangent never overshoots).
+
+    Returns:
+        The step and the earliest start/finish times after it (reused by the caller).
+    """
+    step = step_max
+    for _ in range(_MAX_NEWTON):
+        trial = move.apply(d, step)
+        start, end = topo.forward(trial)
+        makespan = float(end.max())
+        if makespan <= deadline - step + tol:
+            return step, start, end
+        path = topo.binding_path(trial, end)
+        slope = move.slope_on(path, step)
+        if slope <= -1.0:  # a critical path cut short by a clamp: retreat to the exact bound
+            if step <= exact:
+                return step, start, end
+            step = exact
+            continue
+        base = makespan - slope * step
+        new = (deadline - base) / (slope + 1.0)
+        if not new < step:
+            return step, start, end
+        # Beyond the exact bound clamps bend the paths, so never undershoot it from above:
+        # up to it every path length is linear in δ and the tangent step is exact.
+        step = max(new, exact) if step > exact else max(new, 0.0)
+    trial = move.apply(d, step)
+    start, end = topo.forward(trial)
+    return step, start, end
+
+
+def _round(model: CostModel, d: FloatArray, tol: float) -> IntArray:
+    """Per node, the slowest Pareto option whose time is at most its fractional duration."""
+    table = model.opt_time_s[model.node_type]
+    idx: IntArray = np.maximum((table <= (d + tol * 1e-3)[:, None]).sum(axis=1) - 1, 0)
+    return idx.astype(np.int64)
