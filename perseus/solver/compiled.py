@@ -189,11 +189,12 @@ def walk_kernel(
     all_points,
     power_ranks,
     max_iterations,
-    round_up_too,
 ):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
     Returns ``(emitted option indices (K, N) int16, lp_time_s, lp_energy_j, iterations)``;
+    emitted rows come in pairs per fractional plan: each op rounded to its slowest option no
+    slower than its duration, then each to the next slower option where it was fractional.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
     """
     n = dur.size
@@ -265,8 +266,6 @@ def walk_kernel(
             emitted = grown
         emitted[n_emitted] = rounded
         last_rounded[:] = rounded
-        if not round_up_too:
-            return emitted, n_emitted + 1
         _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
         emitted[n_emitted + 1] = rounded_up
         return emitted, n_emitted + 2
@@ -534,7 +533,9 @@ def tighten_kernel(
     A round moves every critical op not at its fastest option one option faster; rounds
     repeat until the plan meets its target or no critical op can go faster. Blunt (it may
     speed up more ops than the cheapest cut would), so the result goes through the reclaim
-    pass; used on lifted plans (:mod:`perseus.solver.fold`) whose ends lag in the full job.
+    pass. Used on plans rounded towards slower clocks (brought back to the time of the
+    faster rounding) and on lifted plans (:mod:`perseus.solver.fold`) whose ends lag in the
+    full job.
     """
     k_plans, n = plans.shape
     out = plans.copy()
@@ -563,6 +564,20 @@ def tighten_kernel(
 
 
 @_jit
+def _time_and_energy(
+    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
+):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of one plan; ``work`` is (3+, N)."""
+    cost = 0.0
+    dur = work[2]
+    for v in range(row.size):
+        dur[v] = opt_t[node_type[v], row[v]]
+        cost += opt_c[node_type[v], row[v]]
+    t = _forward(order, pred_ptr, pred_idx, pred_lat, dur, work[0], work[1])
+    return t, cost + power_ranks * t
+
+
+@_jit
 def evaluate_kernel(
     order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, plans
 ):
@@ -570,16 +585,12 @@ def evaluate_kernel(
     k_plans, n = plans.shape
     time_s = np.empty(k_plans)
     energy_j = np.empty(k_plans)
-    start = np.empty(n)
-    end = np.empty(n)
-    dur = np.empty(n)
+    work = np.empty((3, n))
     for p in range(k_plans):
-        cost = 0.0
-        for v in range(n):
-            dur[v] = opt_t[node_type[v], plans[p, v]]
-            cost += opt_c[node_type[v], plans[p, v]]
-        time_s[p] = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
-        energy_j[p] = cost + power_ranks * time_s[p]
+        time_s[p], energy_j[p] = _time_and_energy(
+            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
+            plans[p], work,
+        )  # fmt: skip
     return time_s, energy_j
 
 
@@ -616,7 +627,6 @@ def neighbour_kernel(
     n_out = 0
     row = np.empty(n, dtype=np.int64)
     work = np.empty((4, n))
-    dur = work[2]
     for p in range(k_plans):
         for i in range(n):
             for step in (-1, 1):
@@ -630,12 +640,10 @@ def neighbour_kernel(
                     order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
                     node_type, opt_t, row, work,
                 )  # fmt: skip
-                cost = 0.0
-                for v in range(n):
-                    dur[v] = opt_t[node_type[v], row[v]]
-                    cost += opt_c[node_type[v], row[v]]
-                t = _forward(order, pred_ptr, pred_idx, pred_lat, dur, work[0], work[1])
-                e = cost + power_ranks * t
+                t, e = _time_and_energy(
+                    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
+                    row, work,
+                )  # fmt: skip
                 j = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
                 if j >= 0 and archive_e[j] <= e * (1 + 1e-12):
                     continue

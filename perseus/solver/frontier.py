@@ -34,16 +34,25 @@ the minimum-energy one (T*).
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
 6. *Real plans only.* Along the way, at target times at least ``min_gap_fraction·T_min``
-   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded — each
-   op to the slowest real option no slower than its fractional duration, so time never
-   exceeds the target (extra nearest/slower roundings closed lowtime coverage gaps but made
-   the emulated straggler switch overrun, so they were dropped) — slack is reclaimed
-   (:mod:`perseus.solver.reclaim`), and the plans are evaluated by the exact evaluator. The
-   baselines (all-max, each global clock, per-stage, EnvPipe) are added as reclaimed seeds, so
-   the frontier dominates every one of them. A final Pareto filter keeps strictly improving
-   points; emitted figures *are* the evaluator's. On tiny jobs (≤ 16 ops), where a few
-   fractional ops decide everything, candidates also get a greedy descent and a pairwise
-   exchange search (:mod:`perseus.solver.local_search`).
+   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded twice:
+   each op to the slowest real option no slower than its fractional duration (never later
+   than the target), and each op to the next slower option, then sped up critical op by
+   critical op until it meets the first rounding's time (``tighten_kernel``). Slack is
+   reclaimed (:mod:`perseus.solver.reclaim`) and the plans are evaluated by the exact
+   evaluator. The baselines (all-max, each global clock, per-stage, EnvPipe) are added as
+   reclaimed seeds, so the frontier dominates every one of them.
+7. *Gap filling.* Rounded plans leave gaps in time between them; a Pareto local search over
+   one-option moves (:mod:`perseus.solver.pareto_search`, budgeted to about a second, so it
+   runs on jobs up to a few hundred ops) fills them with real plans. On tiny jobs (≤ 16 ops)
+   candidates also get a greedy descent and a pairwise exchange search
+   (:mod:`perseus.solver.local_search`). A final Pareto filter keeps strictly improving points;
+   emitted figures *are* the evaluator's.
+8. *Folding long jobs.* Beyond ``FOLD_ABOVE_OPS`` ops the walk runs on the same schedule with
+   ``stages + 8`` microbatches and its plans are lifted to the full job
+   (:mod:`perseus.solver.fold`); the lifted plans are reclaimed and evaluated on the full job
+   like any other candidate, so points stay exact, but they are no longer the full job's
+   relaxation optimum (``FrontierTrace.folded_microbatches`` says so). 32×512 takes under a
+   minute instead of hours.
 
 **Complexity.** With B breakpoints, N ops and E edges: each iteration costs O(N + E) compiled
 steps for 2–4 longest-path passes and the capacity update, plus the re-augmentation of the
@@ -288,7 +297,6 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: IntArray) -> IntA
 
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
-_ROUND_UP_TOO = True
 
 
 def _core_compiled(
@@ -336,17 +344,15 @@ def _core_compiled(
             all_points,
             power_ranks,
             _CHUNK_ITERATIONS,
-            _ROUND_UP_TOO,
         )
         iterations += int(done)
         if len(emitted):
+            # Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up,
+            # critical op by critical op, to the rounded-down plan's time.
             rows = np.asarray(emitted, dtype=np.int64)
-            if _ROUND_UP_TOO:
-                # Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped
-                # up, critical op by critical op, to the rounded-down plan's time.
-                down, up = rows[0::2], rows[1::2]
-                targets, _ = _evaluate_rows(job, model, down)
-                rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
+            down, up = rows[0::2], rows[1::2]
+            targets, _ = _evaluate_rows(job, model, down)
+            rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
             cand.extend(_pareto_within(job, model, topo, rows))
         lp_t.extend(chunk_t.tolist())
         lp_e.extend(chunk_e.tolist())

@@ -86,3 +86,18 @@ def test_frontier_bad_quantum_is_exit_2(tmp_path, capsys):
 
 def test_frontier_requires_output(tmp_path):
     assert main(["frontier", str(_profile_csv(tmp_path)), "--microbatches", "2"]) == 2
+
+
+def test_frontier_fold_always_says_so_and_stays_exact(tmp_path, capsys):
+    prof = _profile_csv(tmp_path)
+    out = tmp_path / "f.json"
+    argv = ["frontier", str(prof), "--microbatches", "24", "--fold", "always", "-o", str(out)]
+    assert main([*argv, "--blocking-power-w", "80"]) == 0
+    assert "folded:      walked 2 stages x 10 microbatches" in capsys.readouterr().out
+    frontier = read_frontier(out)
+    job = make_job(load_profile(prof), "1f1b", 2, 24, 80.0)
+    for p in frontier.points:
+        ev = job.evaluate(job.flat(p))
+        assert (p.time_s, p.energy_j) == (ev.time_s, ev.energy_j)
+    assert frontier.fastest.time_s <= frontier.baseline.time_s + 1e-9
+    assert main(["frontier", str(prof), "--microbatches", "4", "--fold", "sometimes"]) == 2
