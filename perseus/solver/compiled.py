@@ -33,6 +33,7 @@ from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import set_capacity as _set_capacity
 
 __all__ = [
+    "TIE_UNITS",
     "evaluate_kernel",
     "neighbour_kernel",
     "reclaim_kernel",
@@ -41,8 +42,9 @@ __all__ = [
 ]
 
 _BUDGET = 2.0**52
-#: Tie-break cost per moved op, in capacity units (~1e-7 of an op's steepest slope).
-_TIE_UNITS = 64
+#: Tie-break cost per moved op, in capacity units (~1e-7 of an op's steepest slope; enough to
+#: outweigh the rounding of a few dozen capacities to integers).
+TIE_UNITS = 64
 _MAX_NEWTON = 64
 _MAX_STALL = 200
 
@@ -189,12 +191,15 @@ def walk_kernel(
     all_points,
     power_ranks,
     max_iterations,
+    tie_units,
 ):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
     Returns ``(emitted option indices (K, N) int16, lp_time_s, lp_energy_j, iterations)``;
     emitted rows come in pairs per fractional plan: each op rounded to its slowest option no
     slower than its duration, then each to the next slower option where it was fractional.
+    ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
+    moving fewer ops; with 0 Dinic's cut nearest the source wins.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
     """
     n = dur.size
@@ -319,11 +324,11 @@ def walk_kernel(
                     lower[v] = hs[v, min(a, hs.shape[1] - 1)]
                     room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
                 # Ties between cuts are broken towards moving fewer ops: each moved op costs
-                # _TIE_UNITS more (shortening) or saves that much less (lengthening).
+                # tie_units more (shortening) or saves that much less (lengthening).
                 # Without it, two ops just off their vertices on one path can swap in turn,
                 # each cut as cheap as the other, and the walk crawls in steps of that offset.
                 term_cap = np.int64(np.rint(lower[v] * scale))
-                tie = np.int64(_TIE_UNITS)
+                tie = np.int64(tie_units)
                 if term_cap > tie:
                     term_cap -= tie
                     tie *= 2

@@ -11,16 +11,17 @@ MILP optimum, and on 4×8 a few of lowtime's 1110 plans fell into gaps (by up to
 **How.** A Pareto local search: keep an archive of mutually non-dominated plans (time, energy);
 for every plan new to the archive, try each op one option faster and one option slower,
 reclaim slack, and keep the neighbours no archive point dominates; repeat until a round adds
-nothing or the next round would overrun the work budget (so jobs too large for even one round,
-such as 8×96, are left as they are: there one option step moves the iteration by far less
-than the gap between frontier points). The compiled kernel
+nothing or the work budget is spent. When the budget cannot pay for a whole round, the points
+in front of the largest staircase steps (time gap × energy drop to the next point) go first;
+jobs of thousands of ops get a few points' neighbourhoods, where one option step moves the
+iteration by far less than the gap between frontier points anyway. The compiled kernel
 (:func:`perseus.solver.compiled.neighbour_kernel`) drops dominated neighbours before they reach
 Python. Plans only ever enter through their own exact longest path, so nothing here changes
 what a plan costs; the caller still evaluates the survivors with the exact evaluator.
 
 Complexity: a round costs O(K·N·(N + E)) for K new archive plans (2N neighbours each, one
 reclaim and one longest-path pass per neighbour); the budget caps the total at
-``work_budget`` node-and-edge visits, so mid-size jobs get a few rounds and tiny ones converge.
+``work_budget`` node-and-edge visits, so tiny jobs converge and large ones get part of a round.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 #: Node-and-edge visits the search may spend (about a second compiled on one core).
-DEFAULT_WORK_BUDGET = 3e8
+DEFAULT_WORK_BUDGET = 1e8
 
 
 def search_neighbours(
@@ -54,7 +55,7 @@ def search_neighbours(
         topo: Its topology.
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
-        work_budget: Stop starting new rounds once this many node-and-edge visits are spent.
+        work_budget: Node-and-edge visits the search may spend in all.
 
     Returns:
         The archive: plans no other plan found dominates, sorted by time. Every input plan is
@@ -75,10 +76,17 @@ def search_neighbours(
     per_plan = 2 * topo.num_nodes * 3 * (topo.num_nodes + topo.pred_idx.size)
     spent = 0.0
     while fresh.any():
-        sources = archive[fresh]
-        spent += len(sources) * per_plan
-        if spent > work_budget:
+        affordable = int((work_budget - spent) // per_plan)
+        if affordable <= 0:
             break
+        picked = np.flatnonzero(fresh)
+        if affordable < picked.size:
+            # Largest staircase steps first: a point's step is the area (time × energy) up to
+            # the next slower archive point, where a plan in between would save the most.
+            step = np.diff(arch_t, append=arch_t[-1]) * -np.diff(arch_e, append=arch_e[-1])
+            picked = picked[np.argsort(-step[picked], kind="stable")[:affordable]]
+        sources = archive[picked]
+        spent += len(sources) * per_plan
         found, found_t, found_e = neighbour_kernel(
             *topo.csr(),
             *tables,
