@@ -109,7 +109,8 @@ class FrontierTrace:
 
     Attributes:
         frontier: The frontier (exact, sorted, strictly Pareto).
-        iterations: Min-cut iterations (LP breakpoints visited).
+        iterations: Min-cut iterations (LP breakpoints visited), summed over the walks (small
+            jobs are walked twice, see ``_core_compiled``).
         candidates: Real plans evaluated before Pareto filtering.
         lp_time_s, lp_energy_j: The traced relaxation's optimum at each breakpoint, time
             descending, linear in between. Each op mixes two neighbouring hull vertices; with
@@ -297,8 +298,9 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: IntArray) -> IntA
 
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
-#: Jobs up to this many ops (8×24 1F1B) are walked a second time with ties left to Dinic.
-_SECOND_WALK_MAX_NODES = 384
+#: A second walk (ties left to Dinic) runs when the first cost at most this many
+#: iteration × (node + edge) steps: a few tenths of a second (A40 8×48: 2e6; 8×32: 1e7).
+_SECOND_WALK_MAX_WORK = 8e6
 
 
 def _core_compiled(
@@ -316,14 +318,14 @@ def _core_compiled(
     The walk breaks ties between equally cheap cuts towards moving fewer ops, which keeps it
     from crawling (half the iterations at 8×32). Where the relaxation has several optimal
     plans, though, which one gets rounded decides the real plan, and the untied walk's are
-    sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Small jobs,
-    where a walk takes a fraction of a second, are walked both ways and keep both sets of
+    sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
+    where the walk took a fraction of a second, are walked both ways and keep both sets of
     candidates; the returned LP curve is the first walk's (both trace the same relaxation).
     """
     from perseus.solver.compiled import TIE_UNITS
 
     out = _walk_compiled(job, model, topo, tol, quantum, gap, all_points, progress, TIE_UNITS)
-    if topo.num_nodes <= _SECOND_WALK_MAX_NODES:
+    if out[1] * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
         more = _walk_compiled(job, model, topo, tol, quantum, gap, all_points, None, 0)
         out[0].extend(more[0])
         out = (out[0], out[1] + more[1], *out[2:])
