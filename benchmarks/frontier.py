@@ -18,9 +18,13 @@ beside the Perseus authors' published planner figures.
 
 Usage::
 
-    python benchmarks/frontier.py                      # everything (about 15–20 min on 2 cores)
+    python benchmarks/frontier.py                      # everything (about 50 min on 2 cores, most of it lowtime)
     python benchmarks/frontier.py --cases 4x8,8x32     # some cases
     python benchmarks/frontier.py --no-lowtime --no-savings
+    python benchmarks/frontier.py --lowtime-cache DIR  # lowtime once per case, then reused
+
+lowtime at 8×64 took 40 minutes on the 2-core dev VM, so a case may run for up to an hour
+(``--case-timeout-s``).
 """
 
 from __future__ import annotations
@@ -233,7 +237,7 @@ def main() -> None:
     )
     ap.add_argument("--no-savings", action="store_true", help="skip the intrinsic-bloat table")
     ap.add_argument(
-        "--case-timeout-s", type=float, default=900, help="give up on a case after this long"
+        "--case-timeout-s", type=float, default=3600, help="give up on a case after this long"
     )
     ap.add_argument(
         "--lowtime-cache",
