@@ -138,7 +138,18 @@ class FrontierTrace:
         return self.stop_reason == "fastest"
 
     def lp_floor_j(self, time_s: float) -> float:
-        """The LP floor at deadline ``time_s`` (``inf`` below its fastest time)."""
+        """The LP floor at deadline ``time_s`` (``inf`` below its fastest time).
+
+        Raises:
+            ConfigError: if the job was folded: the traced relaxation is then the folded
+                job's, not this one's (use :func:`perseus.solver.lp_bound.lp_energy_floor_j`).
+        """
+        if self.folded_microbatches is not None:
+            raise ConfigError(
+                f"this trace walked a folded job ({self.folded_microbatches} microbatches), so "
+                "its relaxation is not the full job's; use lp_bound.lp_energy_floor_j or "
+                "trace(..., fold=False)"
+            )
         t, e = self.lp_time_s[::-1], self.lp_energy_j[::-1]
         if time_s < t[0] * (1 - 1e-12):
             return math.inf

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.solver import frontier, trace
@@ -97,6 +98,10 @@ def test_folded_frontier_is_exact_and_close_to_the_full_walk():
     whole = trace(job, fold=False)
     assert folded.folded_microbatches == 8 + FOLD_EXTRA_MICROBATCHES
     assert whole.folded_microbatches is None
+    fastest_s = whole.frontier.points[0].time_s
+    with pytest.raises(ConfigError, match="folded"):
+        folded.lp_floor_j(fastest_s)
+    assert whole.lp_floor_j(fastest_s) > 0
     points = folded.frontier.points
     for p in points:
         ev = job.evaluate(job.flat(p))
