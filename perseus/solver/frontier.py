@@ -79,7 +79,7 @@ from perseus.plan import Frontier, PlanPoint
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
 from perseus.solver.local_search import descend_greedy, improve_pairwise
-from perseus.solver.pareto_search import search_neighbours
+from perseus.solver.pareto_search import pareto_indices, plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.reference_walk import walk_reference
@@ -101,6 +101,8 @@ _LOCAL_SEARCH_MAX_NODES = 16
 #: With all_points, a folded walk still emits points this far apart (fraction of T_min):
 #: every lifted plan is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
+#: Folded plans lifted at a time (each gives up to six full-size candidates).
+_LIFT_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,11 @@ def _impl(
         small_cand, iterations, lp_t, lp_e, reason = core(
             small, small_model, small_topo, small_tol, quantum, small_gap, False, progress
         )
-        cand = list(lift_plans(folded, small_cand, model, topo, allmax_time))
+        # Lifted plans are full-size: keep only each batch's Pareto set (memory stays flat).
+        cand = []
+        for lo in range(0, len(small_cand), _LIFT_BATCH):
+            lifted = lift_plans(folded, small_cand[lo : lo + _LIFT_BATCH], model, topo, allmax_time)
+            cand.extend(_pareto_within(job, model, topo, lifted))
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, gap, allmax_time)
     if progress is not None:
@@ -501,15 +507,9 @@ def _pareto_within(
     keeps memory flat with ``all_points`` on large jobs, where the walk emits hundreds of
     thousands of plans.
     """
-    rec = np.unique(_reclaim_all(model, topo, plans), axis=0)
-    times, energies = _evaluate_rows(job, model, rec)
-    kept: list[IntArray] = []
-    best = math.inf
-    for i in np.lexsort((energies, times)):
-        if energies[i] < best:
-            kept.append(rec[i])
-            best = float(energies[i])
-    return kept
+    rec = _reclaim_all(model, topo, plans)
+    times, energies = plan_figures(model, topo, job.graph.num_ranks, rec)
+    return list(rec[pareto_indices(times, energies)])
 
 
 def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:

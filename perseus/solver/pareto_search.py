@@ -32,7 +32,7 @@ import numpy.typing as npt
 from perseus.solver.cost_model import CostModel
 from perseus.solver.paths import Topology
 
-__all__ = ["DEFAULT_WORK_BUDGET", "search_neighbours"]
+__all__ = ["DEFAULT_WORK_BUDGET", "pareto_indices", "plan_figures", "search_neighbours"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -61,16 +61,13 @@ def search_neighbours(
         The archive: plans no other plan found dominates, sorted by time. Every input plan is
         either in it or dominated by a plan in it.
     """
-    from perseus.solver.compiled import evaluate_kernel, neighbour_kernel
+    from perseus.solver.compiled import neighbour_kernel
 
-    order, pred_ptr, pred_idx, pred_lat = topo.csr()[:4]
     power_ranks = model.blocking_power_w * num_ranks
     tables = (model.node_type, model.opt_time_s, model.opt_cost_j)
     rows = np.ascontiguousarray(plans, dtype=np.int64)
-    times, energies = evaluate_kernel(
-        order, pred_ptr, pred_idx, pred_lat, *tables, power_ranks, rows
-    )
-    keep = _pareto(times, energies)
+    times, energies = plan_figures(model, topo, num_ranks, rows)
+    keep = pareto_indices(times, energies)
     archive, arch_t, arch_e = rows[keep], times[keep], energies[keep]
     fresh = np.ones(len(archive), dtype=np.bool_)
     per_plan = 2 * topo.num_nodes * 3 * (topo.num_nodes + topo.pred_idx.size)
@@ -100,14 +97,37 @@ def search_neighbours(
             break
         every = np.concatenate([archive, found])
         every_t, every_e = np.concatenate([arch_t, found_t]), np.concatenate([arch_e, found_e])
-        keep = _pareto(every_t, every_e)
+        keep = pareto_indices(every_t, every_e)
         fresh = keep >= len(archive)
         archive, arch_t, arch_e = every[keep], every_t[keep], every_e[keep]
     return archive
 
 
-def _pareto(time_s: FloatArray, energy_j: FloatArray) -> IntArray:
-    """Indices of the strictly improving points in time order (ties: the first cheapest)."""
+def plan_figures(
+    model: CostModel, topo: Topology, num_ranks: int, plans: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Time and energy of each row of ``plans`` (option indices), compiled.
+
+    The same longest path as the exact evaluator; energy is summed as ``Σ (e − P·t) + P·R·T``,
+    so it can differ from the evaluator's in the last bits. For filtering candidates; reported
+    figures come from :mod:`perseus.dag.evaluate`.
+    """
+    from perseus.solver.compiled import evaluate_kernel
+
+    times, energies = evaluate_kernel(
+        *topo.csr()[:4],
+        model.node_type,
+        model.opt_time_s,
+        model.opt_cost_j,
+        model.blocking_power_w * num_ranks,
+        np.ascontiguousarray(plans, dtype=np.int64),
+    )
+    return times, energies
+
+
+def pareto_indices(time_s: FloatArray, energy_j: FloatArray) -> IntArray:
+    """Indices of the strictly improving points in time order (ties: the first cheapest;
+    duplicates are dropped)."""
     kept: list[int] = []
     best = np.inf
     for i in np.lexsort((energy_j, time_s)):
