@@ -42,8 +42,9 @@ the minimum-energy one (T*).
    evaluator. The baselines (all-max, each global clock, per-stage, EnvPipe) are added as
    reclaimed seeds, so the frontier dominates every one of them.
 7. *Gap filling.* Rounded plans leave gaps in time between them; a Pareto local search over
-   one-option moves (:mod:`perseus.solver.pareto_search`, budgeted to about a second, so it
-   runs on jobs up to a few hundred ops) fills them with real plans. On tiny jobs (≤ 16 ops)
+   one-option moves (:mod:`perseus.solver.pareto_search`, budgeted to about half a second:
+   it converges on jobs up to a few hundred ops and expands the largest gaps first on larger
+   ones) fills them with real plans. On tiny jobs (≤ 16 ops)
    candidates also get a greedy descent and a pairwise exchange search
    (:mod:`perseus.solver.local_search`). A final Pareto filter keeps strictly improving points;
    emitted figures *are* the evaluator's.
@@ -336,17 +337,18 @@ def _core_compiled(
     from crawling (half the iterations at 8×32). Where the relaxation has several optimal
     plans, though, which one gets rounded decides the real plan, and the untied walk's are
     sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
-    where the walk took a fraction of a second, are walked both ways and keep both sets of
+    whose walk took a fraction of a second are walked both ways and keep both sets of
     candidates; the returned LP curve is the first walk's (both trace the same relaxation).
     """
     from perseus.solver.compiled import TIE_UNITS
 
-    out = _walk_compiled(job, model, topo, tol, quantum, gap, all_points, progress, TIE_UNITS)
-    if out[1] * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
-        more = _walk_compiled(job, model, topo, tol, quantum, gap, all_points, None, 0)
-        out[0].extend(more[0])
-        out = (out[0], out[1] + more[1], *out[2:])
-    return out
+    walk = (job, model, topo, tol, quantum, gap, all_points)
+    cand, iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS)
+    if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
+        more, more_iterations, *_ = _walk_compiled(*walk, None, 0)
+        cand.extend(more)
+        iterations += more_iterations
+    return cand, iterations, lp_t, lp_e, reason
 
 
 def _walk_compiled(
@@ -403,7 +405,7 @@ def _walk_compiled(
             # critical op by critical op, to the rounded-down plan's time.
             rows = np.asarray(emitted, dtype=np.int64)
             down, up = rows[0::2], rows[1::2]
-            targets, _ = _evaluate_rows(job, model, down)
+            targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
             rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
             cand.extend(_pareto_within(job, model, topo, rows))
         lp_t.extend(chunk_t.tolist())
