@@ -450,13 +450,7 @@ def _select(
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
-    order = np.lexsort((energies, times))
-    kept: list[int] = []
-    best = math.inf
-    for i in order:
-        if energies[i] < best * (1 - 1e-12):
-            kept.append(int(i))
-            best = float(energies[i])
+    kept = pareto_indices(times, energies).tolist()
     if gap > 0 and len(kept) > 2:
         within = [i for i in kept if times[i] <= allmax_time_s * (1 + 1e-12)]
         anchors = {kept[0], kept[-1], *within[-1:]}
