@@ -1,0 +1,97 @@
+"""Collectives that work on every process-group backend perseus meets (gloo and NCCL).
+
+GPU jobs usually run NCCL-only process groups, which refuse CPU tensors; emulated and CPU jobs run
+gloo, which refuses CUDA tensors. Every collective the runtime issues (the straggler exchange, the
+plan broadcast, the profiling barrier) goes through this module, which picks the tensor device
+from the group's backend, so no caller carries that choice.
+
+torch is imported lazily: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "all_gather_objects",
+    "all_reduce_max",
+    "barrier",
+    "broadcast_object",
+    "collective_device",
+    "is_distributed",
+]
+
+
+def is_distributed() -> bool:
+    """Whether torch.distributed is available and a default process group exists."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def collective_device(group: Any = None) -> Any:
+    """The device a tensor must live on for a collective over ``group``.
+
+    NCCL groups need a CUDA tensor on this process's current CUDA device; every other backend
+    (gloo, and the fakes tests register) takes CPU tensors.
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_max(values: Sequence[float], group: Any = None) -> tuple[float, ...]:
+    """Element-wise MAX of ``values`` over ``group`` (the values themselves when not distributed)."""
+    if not is_distributed():
+        return tuple(float(v) for v in values)
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.tensor(list(values), dtype=torch.float64, device=collective_device(group))
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
+    return tuple(float(v) for v in buf.cpu().tolist())
+
+
+def broadcast_object(obj: Any, src_group_rank: int = 0, group: Any = None) -> Any:
+    """``obj`` from the group's rank ``src_group_rank``, on every rank of ``group``."""
+    if not is_distributed():
+        return obj
+    import torch.distributed as dist
+
+    src = dist.get_global_rank(group, src_group_rank) if group is not None else src_group_rank
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=src, group=group, device=collective_device(group))
+    return payload[0]
+
+
+def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj``, in group-rank order ([obj] when not distributed)."""
+    if not is_distributed():
+        return [obj]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    # all_gather_object picks its device from the backend itself (current CUDA device for NCCL).
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
+
+
+def barrier(group: Any = None) -> None:
+    """A barrier over ``group`` (no-op when not distributed)."""
+    if not is_distributed():
+        return
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend(group)).lower():
+        import torch
+
+        dist.barrier(group=group, device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier(group=group)
