@@ -1,4 +1,4 @@
-"""Assemble a report directory: frontier.json, summary.json, three PNGs and report.html.
+"""Assemble a report directory: frontier.json, report-summary.json, three PNGs and report.html.
 
 The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
 directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
@@ -27,7 +27,7 @@ __all__ = ["REPORT_FILES", "ReportInputs", "write_report"]
 #: Every file a full report holds (timeline.png and straggler.png need a job and a sweep).
 REPORT_FILES = (
     "frontier.json",
-    "summary.json",
+    "report-summary.json",
     "frontier.png",
     "timeline.png",
     "straggler.png",
@@ -116,7 +116,9 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
     for name, png in images.items():
         atomic_write_bytes(out / f"{name}.png", png)
     write_frontier(f, out / "frontier.json")
-    atomic_write_text(out / "summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n")
+    atomic_write_text(
+        out / "report-summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n"
+    )
     page = render_html(
         summary,
         images,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -73,8 +74,8 @@ def test_export_writes_zeus_files(
     assert [[freq for _, freq in s["frequencies"]] for s in sched] == [
         list(r) for r in point.freqs_mhz
     ]
-    solution = json.loads((out / "point_solution.json").read_text())
-    assert solution == [s["frequencies"] for s in sched]
+    solution = ast.literal_eval((out / "point_solution.py").read_text())
+    assert solution == [[tuple(f) for f in s["frequencies"]] for s in sched]
     assert read_frontier(out / "perseus_plan.json").points == (point,)
 
 
