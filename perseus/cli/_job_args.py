@@ -26,6 +26,7 @@ __all__ = [
     "add_job_arguments",
     "build_checked_job",
     "job_from_args",
+    "check_plan_fits",
     "job_from_frontier",
 ]
 
@@ -118,10 +119,12 @@ def _merge(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     config: JobConfig | None = None
     profile = args.profile
     sources = {name: "--" + name.replace("_", "-") for name in CONFIG_FIELDS}
+    args.profile_source = None
     if getattr(args, "config", None) is not None:
         config, path = read_job_config(args.config)
         if profile is None:
             profile = resolve_config_profile(config, path)
+            args.profile_source = f"{path}: key profile"
         for name in CONFIG_FIELDS:
             if getattr(args, name, None) is None:
                 setattr(args, name, getattr(config, name))
@@ -149,7 +152,12 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
             known blocking power; the message names the flag or config key at fault.
     """
     profile_arg, sources = _merge(args)
-    path = resolve_profile_path(profile_arg)
+    try:
+        path = resolve_profile_path(profile_arg)
+    except ConfigError as e:
+        if args.profile_source is None:
+            raise
+        raise ConfigError(f"{args.profile_source}: {e}") from None
     profile = load_profile(path)
     power = args.blocking_power_w
     if power is None:
@@ -235,8 +243,9 @@ def job_from_frontier(
     """
     j = frontier.job
     name = profile_arg or j.profile_name
+    how = "give the profile as PROFILE" if flag == "PROFILE" else f"pass {flag} PROFILE"
     if name is None:
-        raise ConfigError(f"{source}: field job.profile_name: not set; pass {flag} PROFILE")
+        raise ConfigError(f"{source}: field job.profile_name: not set; {how}")
     try:
         path = resolve_profile_path(name)
     except ConfigError:
@@ -244,7 +253,7 @@ def job_from_frontier(
             raise
         raise ConfigError(
             f"{source}: field job.profile_name: profile {show_value(name)} not found (not a "
-            f"bundled name or file); pass {flag} PROFILE"
+            f"bundled name or file); {how}"
         ) from None
     profile = load_profile(path)
     if profile.num_stages != j.stages:
@@ -270,5 +279,11 @@ def job_from_frontier(
             f"{source}: field job.profile_sha256: the plan was computed for another job (its "
             f"profile differs from {path}); pass the profile it was computed from ({flag})"
         )
-    job.check_frontier(frontier, source=source)
+    check_plan_fits(job, frontier, source)
     return job
+
+
+def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:
+    """Raise :class:`~perseus.errors.PlanError`, naming ``source``, unless the file is ``job``'s."""
+    frontier.check_job(job.spec, source=source)
+    job.check_frontier(frontier, source=source)

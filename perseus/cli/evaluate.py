@@ -11,7 +11,13 @@ import argparse
 from typing import Any
 
 from perseus.cli._args import nonempty_arg
-from perseus.cli._job_args import CONFIG_FIELDS, add_job_arguments, job_from_args, job_from_frontier
+from perseus.cli._job_args import (
+    CONFIG_FIELDS,
+    add_job_arguments,
+    check_plan_fits,
+    job_from_args,
+    job_from_frontier,
+)
 from perseus.errors import ConfigError, PlanError
 from perseus.io.frontier_files import check_frontier_job, read_frontier
 from perseus.plan import MAX_CLOCK_MHZ
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         job = job_from_args(args)
         if frontier is not None:
-            job.check_frontier(frontier, source=args.plan)
+            check_plan_fits(job, frontier, args.plan)
     base = job.evaluate(job.allmax())
     if frontier is None:
         label, ev = "all-max", base

@@ -40,7 +40,10 @@ def _run_summary(tmp_path: Path, frontier_file: Path) -> Path:
                 "measured": {"time_s": fast["time_s"] * 1.01, "energy_j": fast["energy_j"] * 1.01},
                 "allmax": {
                     "predicted": {"time_s": base["time_s"], "energy_j": base["energy_j"]},
-                    "measured": {"time_s": base["time_s"] * 1.01, "energy_j": base["energy_j"] * 1.01},
+                    "measured": {
+                        "time_s": base["time_s"] * 1.01,
+                        "energy_j": base["energy_j"] * 1.01,
+                    },
                 },
             }
         )
