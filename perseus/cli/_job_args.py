@@ -25,8 +25,8 @@ __all__ = [
     "LIMITS",
     "add_job_arguments",
     "build_checked_job",
-    "job_from_args",
     "check_plan_fits",
+    "job_from_args",
     "job_from_frontier",
 ]
 

@@ -29,12 +29,14 @@ def solver_kernels_cached() -> bool:
     """Whether numba's on-disk cache already holds perseus's solver kernels."""
     import importlib.util
 
-    spec = importlib.util.find_spec("perseus.solver")
     dirs: list[Path] = []
-    if spec is not None and spec.origin is not None:
-        dirs.append(Path(spec.origin).parent / "__pycache__")
     if os.environ.get("NUMBA_CACHE_DIR"):
+        # numba then caches there only, under a path-mangled subfolder
         dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
+    else:
+        spec = importlib.util.find_spec("perseus.solver")
+        if spec is not None and spec.origin is not None:
+            dirs.append(Path(spec.origin).parent / "__pycache__")
     for d in dirs:
         with contextlib.suppress(OSError):
             if d.is_dir() and any(d.rglob("*.nbi")):

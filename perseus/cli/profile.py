@@ -16,8 +16,11 @@ from perseus.cli._args import check_output_file, int_arg, nonempty_arg
 from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 from perseus.io.profile_files import MAX_STAGES, write_profile_csv, write_profile_json
 from perseus.io.profile_slice import slice_profile
+from perseus.log import get_logger
 
 __all__ = ["register", "run"]
+
+logger = get_logger(__name__)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         if power is not None:
             print(f"blocking power (measured): {power:g} W")
         return 0
+    logger.info("slicing %s (%d stages) to %d stages", path, profile.num_stages, args.stages)
     sliced = slice_profile(profile, args.stages)
     if out.suffix.lower() == ".json":
         write_profile_json(sliced, out)

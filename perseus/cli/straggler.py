@@ -13,7 +13,10 @@ the other pipelines switch to a cheaper plan that finishes within the declared t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -78,10 +81,7 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         raise ConfigError(f"--store {show_value(address)}: port {int(port)} is outside 1..65535")
     if not (0 < timeout_s <= 3600):
         raise ConfigError(f"--timeout-s: must be a number > 0 and <= 3600, got {timeout_s!r}")
-    # torch's C++ side logs connection retries and stack frames to stderr; keep it to errors
-    # (our own one-line message says what failed).
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+    _quiet_torch_env()
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
     except ImportError as e:
@@ -89,13 +89,14 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
             "perseus straggler needs torch; pip install 'perseus-energy[torch]'"
         ) from e
     try:
-        return TCPStore(
-            host,
-            int(port),
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        with _silenced_stderr_fd():
+            return TCPStore(
+                host,
+                int(port),
+                is_master=False,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
     except (RuntimeError, OSError, ValueError, OverflowError) as e:
         reason = str(e).strip().partition("\n")[0][:200] or type(e).__name__
         raise PerseusError(
@@ -104,7 +105,34 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         ) from None
 
 
+def _quiet_torch_env() -> None:
+    # torch's C++ side logs each failed connection attempt with its stack frames straight to
+    # stderr; our one-line error says what failed (the variables are read when torch loads).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
+@contextlib.contextmanager
+def _silenced_stderr_fd() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null (C++ code writes there directly), then restore it."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def run(args: argparse.Namespace) -> int:
+    _quiet_torch_env()
     from perseus.runtime.straggler_runtime import clear_hint, hint_key, set_hint
 
     store = connect_store(args.store, args.timeout_s)

@@ -18,9 +18,12 @@ from pydantic import ValidationError
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.log import get_logger
 from perseus.plan import SCHEMA_VERSION, Frontier, points_sha256
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 from perseus.validate import check_job_size, show_value
+
+logger = get_logger(__name__)
 
 __all__ = ["check_frontier_job", "read_frontier", "read_json_text", "write_frontier"]
 
@@ -83,6 +86,9 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
         if first["type"] == "value_error" and "points_sha256" in first["msg"]:
             raise PlanError(f"{p}: field points: {_REGENERATE_MSG(first['msg'])}") from None
         raise PlanError(describe_validation_error(str(p), e)) from None
+    logger.debug(
+        "read %s: %d points, schema version %d", p, len(frontier.points), frontier.schema_version
+    )
     if frontier.schema_version >= 2 and frontier.points_sha256 is None:
         raise PlanError(
             f"{p}: field points_sha256: missing (schema_version 2 files carry a digest of their "

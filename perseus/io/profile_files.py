@@ -35,9 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ProfileError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile
 from perseus.schedule.actions import Kind
 from perseus.validate import show_value
+
+logger = get_logger(__name__)
 
 __all__ = ["read_profile", "write_profile_csv", "write_profile_json"]
 
@@ -83,7 +86,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
         line = data[: e.start].count(b"\n") + 1
         raise ProfileError(f"{p}:{line}: not valid UTF-8 text; pass the CSV or JSON file") from None
     rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    return build_profile(rows, source=str(p))
+    profile = build_profile(rows, source=str(p))
+    logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
+    return profile
 
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
