@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Longest message an error carries (a value is shown cut, never a 7.9 MB line).
-MESSAGE_LIMIT = 400
+MESSAGE_LIMIT = 600
 
 #: Largest job the planner accepts: ops in one iteration's DAG.
 MAX_JOB_OPS = 1_000_000

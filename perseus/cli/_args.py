@@ -70,7 +70,7 @@ def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], 
     def parse(text: str) -> int:
         s = text.strip()
         body = s[1:] if s[:1] in "+-" else s
-        if not body.isdigit() or len(body) > 30:
+        if not body.isdecimal() or len(body) > 30:
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         value = int(s)
         if (ge is not None and value < ge) or (le is not None and value > le):

@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     from perseus.report import REPORT_FILES
+    from perseus.report.build import LEGACY_REPORT_FILES
 
-    out = check_output_dir(args.out, REPORT_FILES)
+    out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)
     ns, pipelines = _job_namespace(args)
     job = job_from_args(ns)

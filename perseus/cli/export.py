@@ -74,7 +74,7 @@ def select_point(
         point = frontier.min_energy
     else:
         text = plan.strip()
-        if not (text.isdigit() and len(text) < 12):
+        if not (text.isdecimal() and len(text) < 12):
             raise ConfigError(
                 f"--plan {show_value(plan)}: use fastest, min-energy or an index "
                 f"0..{len(points) - 1}"
@@ -87,7 +87,7 @@ def select_point(
 
 
 def run(args: argparse.Namespace) -> int:
-    out = check_output_dir(args.out, ZEUS_PFO_FILES)
+    out = check_output_dir(args.out, (*ZEUS_PFO_FILES, "point_solution.json"))
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
     index, point = select_point(frontier, args.plan, args.max_time_s, args.frontier)

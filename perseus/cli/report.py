@@ -111,9 +111,10 @@ def _title(frontier: Frontier) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
+    from perseus.report.build import LEGACY_REPORT_FILES
     from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
 
-    out = check_output_dir(args.out, REPORT_FILES)
+    out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)

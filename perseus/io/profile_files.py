@@ -14,7 +14,7 @@ over them** (the profile's energy is one GPU's; perseus plans one pipeline and s
 GPUs). Every (stage, instruction, clock) must have a row from each of the stage's ranks, and a
 ``pp_rank`` column, when present, must equal ``stage``.
 
-Bounds: stage < 4096, clock 1..100000 MHz, time <= 1e6 s, energy <= 1e9 J, all finite.
+Bounds: stage < 4096, clock 1..100000 MHz, time in [1e-9, 1e6] s, energy in [1e-9, 1e9] J.
 
 Every problem is reported as one :class:`ProfileError` line naming the file and line (CSV) or
 field (JSON).
@@ -51,6 +51,8 @@ MAX_STAGES = 4096
 MAX_FREQ_MHZ = 100_000
 MAX_TIME_S = 1e6
 MAX_ENERGY_J = 1e9
+#: Smallest time and energy of one op (1 ns, 1 nJ): below, the planner's arithmetic degrades.
+MIN_VALUE = 1e-9
 MAX_FILE_BYTES = 512 * 1024 * 1024
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 
@@ -142,7 +144,7 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
 
 
 def _parse_rank(where: str, name: str, text: str) -> int:
-    if not (text.isdigit() and len(text) <= 7):
+    if not (text.isdecimal() and len(text) <= 7):
         raise ProfileError(f"{where}: {name} {show_value(text)} is not an integer rank >= 0")
     return int(text)
 
@@ -180,7 +182,7 @@ def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
 
 def _parse_fields(where: str, fields: dict[str, str]) -> Row:
     text = fields["stage"]
-    if not (text.lstrip("+-").isdigit() and len(text) <= 12):
+    if not (text.lstrip("+-").isdecimal() and len(text) <= 12):
         raise ProfileError(f"{where}: stage {show_value(text)} is not an integer")
     stage = int(text)
     try:
@@ -207,10 +209,10 @@ def _parse_fields(where: str, fields: dict[str, str]) -> Row:
                 f"{where}: {name} {show_value(fields[name])} is not a number"
             ) from None
         limit = MAX_TIME_S if name == "time" else MAX_ENERGY_J
-        if not math.isfinite(v) or v <= 0 or v > limit:
+        if not math.isfinite(v) or v < MIN_VALUE or v > limit:
             unit = "s" if name == "time" else "J"
             raise ProfileError(
-                f"{where}: {name} must be a finite number > 0 and <= {limit:g} {unit}, "
+                f"{where}: {name} must be a finite number in [{MIN_VALUE:g}, {limit:g}] {unit}, "
                 f"got {show_value(fields[name])}"
             )
         values.append(v)
@@ -225,8 +227,8 @@ class _JsonRow(BaseModel):
     stage: Annotated[int, Field(ge=0, lt=MAX_STAGES)]
     instruction: Literal["forward", "backward", "weight"]
     frequency: Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)]
-    time: Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
-    energy: Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    time: Annotated[float, Field(ge=MIN_VALUE, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy: Annotated[float, Field(ge=MIN_VALUE, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
 
 class _JsonProfile(BaseModel):

@@ -22,7 +22,7 @@ from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
 from perseus.sim.straggler_sweep import StragglerCase
 
-__all__ = ["REPORT_FILES", "ReportInputs", "write_report"]
+__all__ = ["LEGACY_REPORT_FILES", "REPORT_FILES", "ReportInputs", "write_report"]
 
 #: Every file a full report holds (timeline.png and straggler.png need a job and a sweep).
 REPORT_FILES = (
@@ -33,6 +33,8 @@ REPORT_FILES = (
     "straggler.png",
     "report.html",
 )
+#: Files older versions wrote into a report directory (a rerun may replace them).
+LEGACY_REPORT_FILES = ("summary.json",)
 
 
 @dataclass(frozen=True)

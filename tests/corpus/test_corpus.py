@@ -67,6 +67,9 @@ POSITIVE_FLOAT = _NOT_NUMBERS + _NON_FINITE + ["0", "-1", "-1e-9"]
 NONNEG_FLOAT = _NOT_NUMBERS + _NON_FINITE + ["-1", "-0.001", "1e308"]
 FRACTION = _NOT_NUMBERS + _NON_FINITE + ["0", "1", "1.5", "-0.5"]
 POSITIVE_INT = [
+    "²",
+    "1_000",
+    " ",
     "0",
     "-1",
     "1.5",
@@ -444,7 +447,7 @@ PROFILE_CSV_CASES: list[
 ] = [
     *[
         (f"time {v!r}", _csv_field("time", v), ["time"])
-        for v in ["1e308", "1e30", "nan", "inf", "-1", "0", "abc", "", "-inf", "1e7"]
+        for v in ["1e308", "1e30", "nan", "inf", "-1", "0", "abc", "", "-inf", "1e7", "1e-300"]
     ],
     *[
         (f"energy {v!r}", _csv_field("energy", v), ["energy"])
@@ -456,7 +459,7 @@ PROFILE_CSV_CASES: list[
     ],
     *[
         (f"stage {v!r}", _csv_field("stage", v), ["stage"])
-        for v in ["1000000", "-1", "1.5", "abc", "", "99999999999999999999999", "1e3"]
+        for v in ["1000000", "-1", "1.5", "abc", "", "99999999999999999999999", "1e3", "²"]
     ],
     *[
         (f"instruction {v!r}", _csv_field("instruction", v), ["instruction"])
