@@ -187,6 +187,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
             f"interleaved schedule, the schedule is {args.schedule}; drop it or use "
             "--schedule interleaved"
         )
+    if args.schedule == "interleaved":
+        _check_interleaved(stages, args.microbatches, args.virtual_stages, sources)
     return build_checked_job(
         profile,
         args.schedule,
@@ -199,6 +201,25 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         profile_name=path.stem,
         size_source=sources["microbatches"],
     )
+
+
+def _check_interleaved(
+    stages: int, microbatches: int, virtual_stages: int, sources: dict[str, str]
+) -> None:
+    """Interleaved 1F1B's size rules, blamed on where the values came from."""
+    if stages % virtual_stages:
+        raise ConfigError(
+            f"{sources['virtual_stages']}: {stages} stages do not split into {virtual_stages} "
+            f"virtual stages per rank; use a divisor of {stages}"
+        )
+    ranks = stages // virtual_stages
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        raise ConfigError(
+            f"{sources['microbatches']}: interleaved 1F1B on {ranks} ranks needs a microbatch "
+            f"count that splits into whole rounds (torch's rule), got {microbatches}; try a "
+            f"multiple of {ranks}"
+        )
 
 
 def build_checked_job(

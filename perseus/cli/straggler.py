@@ -73,7 +73,13 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
     """
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdecimal() or len(port) > 5 or any(c.isspace() for c in host):
+    if (
+        not sep
+        or not host
+        or not port.isdecimal()
+        or len(port) > 5
+        or any(c.isspace() for c in host)
+    ):
         raise ConfigError(
             f"--store {show_value(address)}: not HOST:PORT, e.g. --store 127.0.0.1:29500"
         )

@@ -282,7 +282,25 @@ def _flag_cases() -> list[Case]:
                 "-o",
                 "{out}",
             ],
-            [],
+            ["--virtual-stages"],
+        )
+    )
+    cases.append(
+        Case(
+            "interleaved bad rounds",
+            [
+                "frontier",
+                "a100",
+                "--schedule",
+                "interleaved",
+                "--virtual-stages",
+                "2",
+                "--microbatches",
+                "9",
+                "-o",
+                "{out}",
+            ],
+            ["--microbatches"],
         )
     )
     cases.append(
@@ -638,6 +656,16 @@ TOML_CASES = [
     ("schedule number", _toml(schedule="1"), ["schedule"]),
     ("virtual stages for 1f1b", _toml(virtual_stages="2"), ["virtual_stages"]),
     ("virtual stages bool", _toml(virtual_stages="true"), ["virtual_stages"]),
+    (
+        "interleaved virtual stages not a divisor",
+        _toml(schedule='"interleaved"', virtual_stages="3"),
+        ["job.toml", "virtual_stages"],
+    ),
+    (
+        "interleaved microbatches not whole rounds",
+        _toml(schedule='"interleaved"', virtual_stages="2", microbatches="9"),
+        ["job.toml", "microbatches"],
+    ),
     ("backward split for 1f1b", _toml(backward_split="0.3"), ["backward_split"]),
     ("backward split 1", _toml(backward_split="1.0"), ["backward_split"]),
     ("backward split nan", _toml(backward_split="nan"), ["backward_split"]),
