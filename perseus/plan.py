@@ -23,6 +23,8 @@ from perseus.errors import InfeasibleError, PlanError
 
 __all__ = [
     "MAX_CLOCK_MHZ",
+    "MAX_ENERGY_J",
+    "MAX_TIME_S",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
     "Baseline",
@@ -43,8 +45,12 @@ PositiveInt = Annotated[int, Field(ge=1)]
 #: No GPU clock is anywhere near 100 GHz; a larger number is a corrupted file.
 MAX_CLOCK_MHZ = 100_000
 ClockMHz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
-_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-_Joules = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: Bounds on an iteration's figures: finite, positive, and far from overflow (1e7 s is 115 days,
+#: 1e15 J a quarter of a terawatt-hour); anything beyond is a corrupted file.
+MAX_TIME_S = 1e7
+MAX_ENERGY_J = 1e15
+_Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+_Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
 
 class JobSpec(BaseModel):
@@ -52,16 +58,16 @@ class JobSpec(BaseModel):
 
     model_config = _FROZEN
 
-    schedule: str
+    schedule: Annotated[str, Field(min_length=1, max_length=100)]
     ranks: PositiveInt
     stages: PositiveInt
     microbatches: PositiveInt
     virtual_stages: PositiveInt = 1
-    blocking_power_w: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    profile_sha256: str
-    p2p_latency_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
+    profile_sha256: Annotated[str, Field(min_length=1, max_length=128)]
+    p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
     backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
-    profile_name: str | None = None
+    profile_name: Annotated[str, Field(max_length=4096)] | None = None
 
 
 class Baseline(BaseModel):

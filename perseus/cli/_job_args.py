@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from perseus.cli._args import float_arg, int_arg, nonempty_arg
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PlanError
 from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
@@ -25,6 +25,7 @@ __all__ = [
     "LIMITS",
     "add_job_arguments",
     "build_checked_job",
+    "check_figures",
     "check_plan_fits",
     "job_from_args",
     "job_from_frontier",
@@ -252,12 +253,17 @@ def build_checked_job(
 
 
 def job_from_frontier(
-    frontier: Frontier, profile_arg: str | None, source: str, flag: str = "--profile"
+    frontier: Frontier,
+    profile_arg: str | None,
+    source: str,
+    flag: str = "--profile",
+    verify: bool = True,
 ) -> PlanningJob:
     """The job a plan/frontier file records, rebuilt on its profile.
 
     The profile is ``profile_arg`` (a path or bundled name), else the bundled profile the file
-    names. The rebuilt job must match the file (schedule, sizes, ops, profile hash).
+    names. The rebuilt job must match the file (schedule, sizes, ops, profile hash) and, with
+    ``verify``, reproduce its figures (:func:`check_figures`).
 
     Raises:
         ConfigError: no usable profile, or one that differs from the file's.
@@ -301,7 +307,44 @@ def job_from_frontier(
             f"profile differs from {path}); pass the profile it was computed from ({flag})"
         )
     check_plan_fits(job, frontier, source)
+    if verify:
+        check_figures(job, frontier, source)
     return job
+
+
+def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
+    """The file's all-max figures and its first, cheapest and last points must be what the
+    exact evaluator gives on ``job`` (relative 1e-6): catches edited figures the digest cannot
+    (the baseline), and clocks the profile never measured.
+
+    Raises:
+        PlanError: naming the file and the field.
+    """
+    regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"
+    base = job.evaluate(job.allmax())
+    b = frontier.baseline
+    if not (_close(base.time_s, b.time_s) and _close(base.energy_j, b.energy_j)):
+        raise PlanError(
+            f"{source}: field baseline: {b.time_s:.6g} s, {b.energy_j:.6g} J, but all-max on the "
+            f"job's profile is {base.time_s:.6g} s, {base.energy_j:.6g} J; {regenerate}"
+        )
+    points = frontier.points
+    cheapest = min(range(len(points)), key=lambda i: points[i].energy_j)
+    for i in sorted({0, cheapest, len(points) - 1}):
+        p = points[i]
+        try:
+            ev = job.evaluate(job.flat(p))
+        except PlanError as e:
+            raise PlanError(f"{source}: field points.{i}.freqs_mhz: {e}") from None
+        if not (_close(ev.time_s, p.time_s) and _close(ev.energy_j, p.energy_j)):
+            raise PlanError(
+                f"{source}: field points.{i}: {p.time_s:.6g} s, {p.energy_j:.6g} J, but its "
+                f"clocks evaluate to {ev.time_s:.6g} s, {ev.energy_j:.6g} J; {regenerate}"
+            )
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
 
 
 def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:

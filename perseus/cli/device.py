@@ -49,7 +49,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     slow.add_argument("index", type=int, help="simulated GPU index")
     slow.add_argument(
-        "factor", type=float_arg(gt=0, le=1000), help="time multiplier, 1 = normal (max 1000)"
+        "factor",
+        type=float_arg(ge=0.001, le=1000),
+        help="time multiplier, 1 = normal (0.001 to 1000)",
     )
     slow.set_defaults(handler=run)
 

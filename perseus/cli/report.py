@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from perseus.cli._args import check_output_dir, int_arg, nonempty_arg
-from perseus.cli._job_args import job_from_frontier
+from perseus.cli._job_args import check_figures, job_from_frontier
 from perseus.errors import ConfigError, PerseusError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_directory
@@ -73,11 +73,14 @@ def _rebuild_job(
 ) -> tuple[PlanningJob | None, str | None]:
     """The frontier's job, or None and the reason when its profile is not available."""
     try:
-        return job_from_frontier(frontier, profile_arg, source), None
+        job = job_from_frontier(frontier, profile_arg, source, verify=False)
     except PerseusError as e:
         if profile_arg is not None:
             raise
         return None, f"{str(e).partition(chr(10))[0]}; no baselines or timeline"
+    # The job is the file's: its figures must be what the evaluator gives (else it was edited).
+    check_figures(job, frontier, source)
+    return job, None
 
 
 def _read_measured(path: str) -> Any:

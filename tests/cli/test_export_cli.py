@@ -16,7 +16,12 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 
 def _frontier() -> Frontier:
     job = JobSpec(
-        schedule="1f1b", ranks=2, stages=2, microbatches=2, blocking_power_w=80, profile_sha256="x"
+        schedule="1f1b",
+        ranks=2,
+        stages=2,
+        microbatches=2,
+        blocking_power_w=80,
+        profile_sha256="0" * 64,
     )
     ops = (("F0", "F1", "B0", "B1"), ("F0", "B0", "F1", "B1"))
     return Frontier(

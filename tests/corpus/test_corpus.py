@@ -854,6 +854,13 @@ FRONTIER_CASES = [
         ["job.blocking_power_w"],
     ),
     ("job.p2p_latency_s -1", _frontier(_set("job.p2p_latency_s", -1)), ["job.p2p_latency_s"]),
+    (
+        "job.blocking_power_w 1e308",
+        _frontier(_set("job.blocking_power_w", 1e308)),
+        ["job.blocking_power_w"],
+    ),
+    ("baseline 1e300", _frontier(_set("baseline.energy_j", 1e300)), ["baseline.energy_j"]),
+    ("point time 1e300", _frontier(_set("points.1.time_s", 1e300), True), ["points.1.time_s"]),
     ("job extra field", _frontier(_set("job.gpus", 8)), ["job.gpus"]),
     ("garbage op name", _frontier(_set("stage_ops.0.0", "X0")), ["stage_ops"]),
     ("op F99", _frontier(_set("stage_ops.0.0", "F99")), ["stage_ops"]),
@@ -893,6 +900,18 @@ FRONTIER_CASES = [
     ),
 ]
 
+FIGURE_CASES = [
+    ("edited baseline", _frontier(_scale("baseline.energy_j", 0.9)), ["baseline"]),
+    ("edited baseline time", _frontier(_scale("baseline.time_s", 1.1)), ["baseline"]),
+    (
+        "unprofiled clock",
+        _frontier(_set("points.0.freqs_mhz.0.0", 1007), True),
+        ["points.0.freqs_mhz"],
+    ),
+    ("consistent lie", _frontier(_scale("points.0.energy_j", 0.9), True), ["points.0"]),
+    ("other blocking power", _frontier(_set("job.blocking_power_w", 50.0)), ["baseline"]),
+]
+
 FRONTIER_COMMANDS = {
     "plan-pick": ["plan", "pick", "{bad}", "--slowdown", "1", "-o", "{out}"],
     "export": ["export", "{bad}", "--format", "zeus-pfo", "-o", "{outdir}"],
@@ -919,6 +938,18 @@ def _frontier_cases() -> list[Case]:
                 ["missing.json"],
             )
         )
+    # figures the digest does not cover, checked against the exact evaluator where the
+    # profile is at hand (evaluate, report)
+    for command in ("evaluate", "report"):
+        for name, setup, mentions in FIGURE_CASES:
+            cases.append(
+                Case(
+                    f"{command} frontier figures: {name}",
+                    FRONTIER_COMMANDS[command],
+                    ["{badname}", *mentions],
+                    setup,
+                )
+            )
     cases.append(
         Case(
             "evaluate --plan of another job",
