@@ -8,8 +8,10 @@ before any work too (:func:`check_output_file`, :func:`check_output_dir`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -97,11 +99,23 @@ def _check_parents(path: Path, flag: str) -> None:
                 raise ConfigError(
                     f"{flag} {path}: {ancestor} is a file, not a directory; choose another path"
                 )
-            if not os.access(ancestor, os.W_OK | os.X_OK):
+            if not os.access(ancestor, os.W_OK | os.X_OK) or not _can_create_in(ancestor):
                 raise ConfigError(
                     f"{flag} {path}: directory {ancestor} is not writable; choose another path"
                 )
             return
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether a file can be created there (permissions alone miss read-only mounts, /sys)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".perseus-probe.", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
 
 
 def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:

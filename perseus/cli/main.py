@@ -110,6 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as e:
+        if e.filename is None:
+            _print_error(f"{e.strerror or e}; nothing was written")
+            return 1
+        # a path that cannot be read or written (permissions, a read-only or full disk)
+        _print_error(f"{e.filename}: {e.strerror}; choose another path")
+        return 2
     except (MemoryError, RecursionError) as e:
         _print_error(f"out of memory or recursion depth ({type(e).__name__}); plan a smaller job")
         return 1
