@@ -47,7 +47,8 @@ def clip_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
     """``text`` cut to ``limit`` characters (the error handler's last guard)."""
     if len(text) <= limit:
         return text
-    return f"{text[: limit - 30]}... [message cut, {len(text)} characters]"
+    note = f"... [message cut, {len(text)} characters]"
+    return text[: max(0, limit - len(note))] + note
 
 
 def check_finite(
