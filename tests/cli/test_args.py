@@ -50,7 +50,7 @@ def test_int_arg_refuses_non_integers(text: str) -> None:
 
 @pytest.mark.parametrize("value", [True, False, "4", None, [], float("nan"), float("inf"), 10**400])
 def test_check_finite_is_strict(value: object) -> None:
-    with pytest.raises(ConfigError, match="job.toml: key x"):
+    with pytest.raises(ConfigError, match=r"job\.toml: key x"):
         check_finite("job.toml: key x", value, ge=0)
 
 
