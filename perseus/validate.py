@@ -142,8 +142,8 @@ def check_job_size(
     est_gb = cells * _BYTES_PER_CELL / 1e9
     raise ConfigError(
         f"{what}: job too large to plan: {stages} stages x {microbatches} microbatches"
-        f"{f' x {virtual_stages} virtual stages' if virtual_stages > 1 else ''} = {ops:.3g} ops"
-        f" x {clocks} clocks (~{est_gb:.3g} GB estimated); the limits are {MAX_JOB_OPS:,} ops and "
+        f"{f' x {virtual_stages} virtual stages' if virtual_stages > 1 else ''} = {ops:,} ops"
+        f" x {clocks} clocks (~{est_gb:,.1f} GB estimated); the limits are {MAX_JOB_OPS:,} ops and "
         f"{MAX_JOB_CELLS:,} op-clocks; plan fewer microbatches (the frontier per microbatch "
         "changes little past ~100)"
     )

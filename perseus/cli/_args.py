@@ -64,9 +64,7 @@ def float_arg(
 
 def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: a decimal integer within ``[ge, le]`` (no ``1e3``, no ``1.0``)."""
-    rng = " and ".join(
-        f"{op} {b:,}".replace(",", "_") for op, b in ((">=", ge), ("<=", le)) if b is not None
-    )
+    rng = " and ".join(f"{op} {b}" for op, b in ((">=", ge), ("<=", le)) if b is not None)
     wanted = f"an integer{(' ' + rng) if rng else ''}"
 
     def parse(text: str) -> int:
