@@ -14,6 +14,7 @@ from pathlib import Path
 from perseus.io.atomic import atomic_write_bytes, atomic_write_text
 from perseus.io.frontier_files import write_frontier
 from perseus.job import PlanningJob
+from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
 from perseus.report.frontier import plot_frontier
 from perseus.report.html import render_html
@@ -21,6 +22,8 @@ from perseus.report.straggler import plot_straggler
 from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
 from perseus.sim.straggler_sweep import StragglerCase
+
+logger = get_logger(__name__)
 
 __all__ = ["LEGACY_REPORT_FILES", "REPORT_FILES", "ReportInputs", "write_report"]
 
@@ -117,6 +120,7 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
         images["straggler"] = plot_straggler(inputs.sweep, f, inputs.pipelines)
     for name, png in images.items():
         atomic_write_bytes(out / f"{name}.png", png)
+        logger.debug("wrote %s.png (%d bytes)", name, len(png))
     write_frontier(f, out / "frontier.json")
     atomic_write_text(
         out / "report-summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n"

@@ -32,8 +32,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
+from perseus.log import get_logger
 from perseus.plan import Frontier
 from perseus.validate import show_value
+
+logger = get_logger(__name__)
 
 __all__ = ["MAX_FACTOR", "StragglerCase", "parse_factors", "straggler_sweep"]
 
@@ -135,6 +138,9 @@ def straggler_sweep(
                 saving_vs_fastest=1 - perseus_total / fastest_total,
             )
         )
+    logger.debug(
+        "straggler sweep: %d factors, %d pipelines of %d ranks", len(cases), pipelines, ranks
+    )
     return tuple(cases)
 
 

@@ -211,6 +211,12 @@ def _profile_cases() -> list[Case]:
     for name, setup, mentions in PROFILE_CSV_CASES[::4]:
         argv = ["evaluate", "{bad}", "--microbatches", "4", "--blocking-power-w", "80"]
         cases.append(Case(f"evaluate profile: {name}", argv, ["{badname}", *mentions], setup))
+    for name, setup, mentions in (PROFILE_CSV_CASES + PROFILE_JSON_CASES)[1::3]:
+        argv = ["profile", "show", "{bad}"]
+        cases.append(Case(f"profile show: {name}", argv, ["{badname}", *mentions], setup))
+    for name, setup, mentions in PROFILE_CSV_CASES[2::5]:
+        argv = ["report", "{frontier}", "-o", "{outdir}", "--profile", "{bad}"]
+        cases.append(Case(f"report --profile: {name}", argv, ["{badname}", *mentions], setup))
     return cases
 
 
