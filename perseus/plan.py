@@ -4,10 +4,17 @@ A frontier file holds the job it was computed for, every rank's ops in execution
 (``stage_ops``), the all-max baseline and a list of points, each a full frequency plan with its
 exact time and energy. A single plan file has the same shape with one point. See the README's
 "File formats" section for an example.
+
+Schema version 2 adds ``points_sha256``, the SHA-256 of the points' canonical JSON
+(:func:`points_sha256`), so that an edited or corrupted point is refused on read; version-1
+files (no digest) are still read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,18 +22,35 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perseus.errors import InfeasibleError, PlanError
 
 __all__ = [
+    "MAX_CLOCK_MHZ",
+    "MAX_ENERGY_J",
+    "MAX_TIME_S",
     "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
     "Baseline",
+    "ClockMHz",
     "Frontier",
     "JobSpec",
     "PlanPoint",
+    "points_sha256",
 ]
 
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2
+#: Versions :class:`Frontier` reads (1 has no ``points_sha256``).
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 PositiveInt = Annotated[int, Field(ge=1)]
+#: No GPU clock is anywhere near 100 GHz; a larger number is a corrupted file.
+MAX_CLOCK_MHZ = 100_000
+ClockMHz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
+#: Bounds on an iteration's figures: finite, positive, and far from overflow (1e7 s is 115 days,
+#: 1e15 J a quarter of a terawatt-hour); anything beyond is a corrupted file.
+MAX_TIME_S = 1e7
+MAX_ENERGY_J = 1e15
+_Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+_Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
 
 class JobSpec(BaseModel):
@@ -34,16 +58,16 @@ class JobSpec(BaseModel):
 
     model_config = _FROZEN
 
-    schedule: str
+    schedule: Annotated[str, Field(min_length=1, max_length=100)]
     ranks: PositiveInt
     stages: PositiveInt
     microbatches: PositiveInt
     virtual_stages: PositiveInt = 1
-    blocking_power_w: Annotated[float, Field(ge=0)]
-    profile_sha256: str
-    p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
-    backward_split: Annotated[float, Field(gt=0, lt=1)] | None = None
-    profile_name: str | None = None
+    blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
+    profile_sha256: Annotated[str, Field(min_length=1, max_length=128)]
+    p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
+    profile_name: Annotated[str, Field(max_length=4096)] | None = None
 
 
 class Baseline(BaseModel):
@@ -51,8 +75,8 @@ class Baseline(BaseModel):
 
     model_config = _FROZEN
 
-    time_s: Annotated[float, Field(gt=0)]
-    energy_j: Annotated[float, Field(gt=0)]
+    time_s: _Seconds
+    energy_j: _Joules
 
 
 class PlanPoint(BaseModel):
@@ -60,9 +84,19 @@ class PlanPoint(BaseModel):
 
     model_config = _FROZEN
 
-    time_s: Annotated[float, Field(gt=0)]
-    energy_j: Annotated[float, Field(gt=0)]
-    freqs_mhz: tuple[tuple[PositiveInt, ...], ...]
+    time_s: _Seconds
+    energy_j: _Joules
+    freqs_mhz: tuple[tuple[ClockMHz, ...], ...]
+
+
+def points_sha256(points: Iterable[PlanPoint]) -> str:
+    """SHA-256 of the points' canonical JSON (sorted keys, no spaces), whatever an op's form.
+
+    The digest covers every figure and clock, so editing one number of one point changes it.
+    """
+    doc = [p.model_dump(mode="json") for p in points]
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Frontier(BaseModel):
@@ -70,11 +104,24 @@ class Frontier(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     job: JobSpec
     stage_ops: tuple[tuple[str, ...], ...]
     baseline: Baseline
     points: tuple[PlanPoint, ...] = Field(min_length=1)
+    #: Digest of ``points`` (:func:`points_sha256`); set by the writer, checked when present.
+    points_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+    @model_validator(mode="after")
+    def _check_digest(self) -> Frontier:
+        if self.points_sha256 is not None and self.schema_version == 1:
+            raise ValueError("points_sha256 needs schema_version 2")
+        if self.points_sha256 is not None and self.points_sha256 != points_sha256(self.points):
+            raise ValueError(
+                "points do not match points_sha256: the file was edited or corrupted; "
+                "regenerate it (perseus frontier / perseus plan pick)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Frontier:
@@ -86,7 +133,14 @@ class Frontier(BaseModel):
         for i, p in enumerate(self.points):
             got = [len(f) for f in p.freqs_mhz]
             if got != shape:
-                raise ValueError(f"points[{i}].freqs_mhz has shape {got}, stage_ops has {shape}")
+                bad = next(
+                    (r for r in range(min(len(got), len(shape))) if got[r] != shape[r]),
+                    min(len(got), len(shape)),
+                )
+                raise ValueError(
+                    f"points[{i}].freqs_mhz does not fit stage_ops ({len(got)} ranks vs "
+                    f"{len(shape)}; first difference at rank {bad})"
+                )
         for i in range(1, len(self.points)):
             if self.points[i].time_s < self.points[i - 1].time_s:
                 raise ValueError(
@@ -123,10 +177,10 @@ class Frontier(BaseModel):
         return min(feasible, key=lambda p: (p.energy_j, -p.time_s))
 
     def with_points(self, points: tuple[PlanPoint, ...] | list[PlanPoint]) -> Frontier:
-        """A copy with other points (e.g. one chosen plan)."""
-        return self.model_copy(update={"points": tuple(points)})
+        """A copy with other points (e.g. one chosen plan); the writer sets its digest."""
+        return self.model_copy(update={"points": tuple(points), "points_sha256": None})
 
-    def check_job(self, job: JobSpec) -> None:
+    def check_job(self, job: JobSpec, source: str | None = None) -> None:
         """Raise :class:`PlanError` unless this frontier was computed for ``job``.
 
         The schedule, sizes and profile hash must match; blocking power may differ (it only
@@ -139,4 +193,5 @@ class Frontier(BaseModel):
             fields = "; ".join(
                 f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items()
             )
-            raise PlanError(f"plan was computed for another job ({fields}); recompute it")
+            where = f"{source}: " if source else ""
+            raise PlanError(f"{where}plan was computed for another job ({fields}); recompute it")

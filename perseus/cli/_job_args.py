@@ -2,20 +2,34 @@
 
 A job comes from flags, from a TOML config (``--config FILE``, see :mod:`perseus.io.config`),
 or both: config values fill in what the flags leave out, and a flag given on the command line
-always wins. The PROFILE positional is optional when ``--config`` names one.
+always wins. The PROFILE positional is optional when ``--config`` names one. Every error names
+where the bad value came from: the flag, or the config file and key.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from perseus.errors import ConfigError
+from perseus.cli._args import float_arg, int_arg, nonempty_arg
+from perseus.errors import ConfigError, PlanError
 from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
+from perseus.plan import Frontier
+from perseus.profile.model import Profile
 from perseus.schedule.builders import SCHEDULE_NAMES
+from perseus.validate import check_job_size, show_value
 
-__all__ = ["CONFIG_FIELDS", "add_job_arguments", "job_from_args"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "LIMITS",
+    "add_job_arguments",
+    "build_checked_job",
+    "check_figures",
+    "check_plan_fits",
+    "job_from_args",
+    "job_from_frontier",
+]
 
 # Flag defaults, applied after the config (argparse defaults are None so that a flag left out
 # can be told apart from a flag given with the default value).
@@ -36,63 +50,96 @@ CONFIG_FIELDS = (
     "backward_split",
 )
 
+#: Ranges of the job's numbers, shared by the flags and the TOML config.
+LIMITS: dict[str, tuple[float, float]] = {
+    "stages": (1, 4096),
+    "microbatches": (1, 10_000_000),
+    "virtual_stages": (1, 64),
+    "blocking_power_w": (0.0, 10_000.0),
+    "p2p_latency_s": (0.0, 60.0),
+}
 
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = True) -> None:
     """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
     parser.add_argument(
         "profile",
         metavar="PROFILE",
         nargs="?",
+        type=nonempty_arg,
         help="profile CSV/JSON, or a bundled name (a100, a40); optional with --config",
     )
     parser.add_argument(
         "--config",
         metavar="FILE",
+        type=nonempty_arg,
         help="TOML job config (see configs/); flags given here override its values",
     )
     parser.add_argument(
         "--schedule", choices=SCHEDULE_NAMES, help="pipeline schedule (default 1f1b)"
     )
-    parser.add_argument("--stages", type=int, help="model stages (default: the profile's)")
     parser.add_argument(
-        "--microbatches", type=int, help="microbatches per iteration (required without --config)"
+        "--stages",
+        type=int_arg(ge=1, le=int(LIMITS["stages"][1])),
+        help="model stages (default: the profile's)",
     )
     parser.add_argument(
-        "--virtual-stages", type=int, help="stages per rank (interleaved; default 1)"
+        "--microbatches",
+        type=int_arg(ge=1, le=int(LIMITS["microbatches"][1])),
+        help="microbatches per iteration (required without --config)",
+    )
+    parser.add_argument(
+        "--virtual-stages",
+        type=int_arg(ge=1, le=int(LIMITS["virtual_stages"][1])),
+        help="stages per rank (interleaved; default 1)",
     )
     parser.add_argument(
         "--blocking-power-w",
-        type=float,
+        type=float_arg(ge=0, le=LIMITS["blocking_power_w"][1], unit="W"),
         help="power a GPU draws while waiting (default: the bundled profile's measured value)",
     )
-    parser.add_argument("--p2p-latency-s", type=float, help="latency of a P2P send (default 0)")
+    parser.add_argument(
+        "--p2p-latency-s",
+        type=float_arg(ge=0, le=LIMITS["p2p_latency_s"][1], unit="s"),
+        help="latency of a P2P send (default 0)",
+    )
     parser.add_argument(
         "--backward-split",
-        type=float,
-        help=f"share of a backward given to B when zero-bubble splits it into B and W (default {DEFAULT_BACKWARD_SPLIT})",
+        type=float_arg(gt=0, lt=1),
+        help=f"share of a backward given to B when zero-bubble splits it into B and W (default {DEFAULT_BACKWARD_SPLIT}; zb only)",
     )
 
 
-def _merge(args: argparse.Namespace) -> tuple[str, JobConfig | None]:
-    """Fill unset flags from the config, then from the defaults; write them back to ``args``."""
+def _merge(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """Fill unset flags from the config, then from the defaults; write them back to ``args``.
+
+    Returns:
+        The profile argument and, for each job field, where its value came from (the flag, or
+        ``"<config>: key <name>"``), for error messages.
+    """
     config: JobConfig | None = None
     profile = args.profile
+    sources = {name: "--" + name.replace("_", "-") for name in CONFIG_FIELDS}
+    args.profile_source = None
     if getattr(args, "config", None) is not None:
         config, path = read_job_config(args.config)
         if profile is None:
             profile = resolve_config_profile(config, path)
+            args.profile_source = f"{path}: key profile"
         for name in CONFIG_FIELDS:
             if getattr(args, name, None) is None:
                 setattr(args, name, getattr(config, name))
+                if name in config.model_fields_set:
+                    sources[name] = f"{path}: key {name}"
     for name, value in _DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     if profile is None:
-        raise ConfigError("no profile given; pass PROFILE (e.g. a100) or --config FILE")
+        raise ConfigError("PROFILE: no profile given; pass PROFILE (e.g. a100) or --config FILE")
     if args.microbatches is None:
-        raise ConfigError("--microbatches is required (or give --config FILE with microbatches)")
+        raise ConfigError("--microbatches: required (or give --config FILE with microbatches = N)")
     args.profile = profile
-    return profile, config
+    return profile, sources
 
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
@@ -102,22 +149,48 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
     reads the same job the planner used.
 
     Raises:
-        ConfigError: no profile, no microbatch count, a bad config, or no known blocking power.
+        ConfigError: no profile, no microbatch count, a bad config, a job too large, or no
+            known blocking power; the message names the flag or config key at fault.
     """
-    profile_arg, _ = _merge(args)
-    path = resolve_profile_path(profile_arg)
+    profile_arg, sources = _merge(args)
+    try:
+        path = resolve_profile_path(profile_arg)
+    except ConfigError as e:
+        if args.profile_source is None:
+            raise
+        raise ConfigError(f"{args.profile_source}: {e}") from None
     profile = load_profile(path)
     power = args.blocking_power_w
     if power is None:
         power = default_blocking_power_w(profile)
         if power is None:
             raise ConfigError(
-                f"{path}: no blocking power known for this profile; pass --blocking-power-w "
-                f"(the GPU's power while waiting on P2P, e.g. 83.64 for A100, 70.38 for A40)"
+                f"--blocking-power-w: no blocking power known for profile {path}; pass "
+                f"--blocking-power-w (the GPU's power while waiting on P2P, e.g. 83.64 for "
+                f"A100, 70.38 for A40)"
             )
         args.blocking_power_w = power
     stages = args.stages if args.stages is not None else profile.num_stages
-    return make_job(
+    if args.stages is not None and profile.num_stages != stages:
+        raise ConfigError(
+            f"{sources['stages']}: {stages} stages, but profile {path} has {profile.num_stages}; "
+            f"use {profile.num_stages}, or make a {stages}-stage profile with "
+            f"`perseus profile slice {profile_arg} --stages {stages} -o p.csv`"
+        )
+    if args.backward_split != DEFAULT_BACKWARD_SPLIT and args.schedule != "zb":
+        raise ConfigError(
+            f"{sources['backward_split']}: only the zb schedule splits backwards into B and W, "
+            f"the schedule is {args.schedule}; drop it or use --schedule zb"
+        )
+    if args.virtual_stages != 1 and args.schedule != "interleaved":
+        raise ConfigError(
+            f"{sources['virtual_stages']}: {args.virtual_stages} virtual stages need the "
+            f"interleaved schedule, the schedule is {args.schedule}; drop it or use "
+            "--schedule interleaved"
+        )
+    if args.schedule == "interleaved":
+        _check_interleaved(stages, args.microbatches, args.virtual_stages, sources)
+    return build_checked_job(
         profile,
         args.schedule,
         stages,
@@ -127,4 +200,154 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         p2p_latency_s=args.p2p_latency_s,
         backward_split=args.backward_split,
         profile_name=path.stem,
+        size_source=sources["microbatches"],
     )
+
+
+def _check_interleaved(
+    stages: int, microbatches: int, virtual_stages: int, sources: dict[str, str]
+) -> None:
+    """Interleaved 1F1B's size rules, blamed on where the values came from."""
+    if stages % virtual_stages:
+        raise ConfigError(
+            f"{sources['virtual_stages']}: {stages} stages do not split into {virtual_stages} "
+            f"virtual stages per rank; use a divisor of {stages}"
+        )
+    ranks = stages // virtual_stages
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        raise ConfigError(
+            f"{sources['microbatches']}: interleaved 1F1B on {ranks} ranks needs a microbatch "
+            f"count that splits into whole rounds (torch's rule), got {microbatches}; try a "
+            f"multiple of {ranks}"
+        )
+
+
+def build_checked_job(
+    profile: Profile,
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    blocking_power_w: float,
+    *,
+    virtual_stages: int = 1,
+    p2p_latency_s: float = 0.0,
+    backward_split: float = DEFAULT_BACKWARD_SPLIT,
+    profile_name: str | None = None,
+    size_source: str = "--microbatches",
+) -> PlanningJob:
+    """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
+    clocks = max((len(op.options) for op in profile.ops.values()), default=1)
+    check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
+    return make_job(
+        profile,
+        schedule,
+        stages,
+        microbatches,
+        blocking_power_w,
+        virtual_stages=virtual_stages,
+        p2p_latency_s=p2p_latency_s,
+        backward_split=backward_split,
+        profile_name=profile_name,
+    )
+
+
+def job_from_frontier(
+    frontier: Frontier,
+    profile_arg: str | None,
+    source: str,
+    flag: str = "--profile",
+    verify: bool = True,
+) -> PlanningJob:
+    """The job a plan/frontier file records, rebuilt on its profile.
+
+    The profile is ``profile_arg`` (a path or bundled name), else the bundled profile the file
+    names. The rebuilt job must match the file (schedule, sizes, ops, profile hash) and, with
+    ``verify``, reproduce its figures (:func:`check_figures`).
+
+    Raises:
+        ConfigError: no usable profile, or one that differs from the file's.
+    """
+    j = frontier.job
+    name = profile_arg or j.profile_name
+    how = "give the profile as PROFILE" if flag == "PROFILE" else f"pass {flag} PROFILE"
+    if name is None:
+        raise ConfigError(f"{source}: field job.profile_name: not set; {how}")
+    try:
+        path = resolve_profile_path(name)
+    except ConfigError:
+        if profile_arg is not None:
+            raise
+        raise ConfigError(
+            f"{source}: field job.profile_name: profile {show_value(name)} not found (not a "
+            f"bundled name or file); {how}"
+        ) from None
+    profile = load_profile(path)
+    if profile.num_stages != j.stages:
+        raise ConfigError(
+            f"{flag if profile_arg else source + ': field job.profile_name'} {path}: profile has "
+            f"{profile.num_stages} stages, the plan's job has {j.stages}; pass the profile the "
+            "plan was computed from"
+        )
+    job = build_checked_job(
+        profile,
+        j.schedule,
+        j.stages,
+        j.microbatches,
+        j.blocking_power_w,
+        virtual_stages=j.virtual_stages,
+        p2p_latency_s=j.p2p_latency_s,
+        backward_split=j.backward_split if j.backward_split is not None else DEFAULT_BACKWARD_SPLIT,
+        profile_name=j.profile_name,
+        size_source=f"{source}: field job",
+    )
+    if job.spec.profile_sha256 != j.profile_sha256:
+        raise ConfigError(
+            f"{source}: field job.profile_sha256: the plan was computed for another job (its "
+            f"profile differs from {path}); pass the profile it was computed from ({flag})"
+        )
+    check_plan_fits(job, frontier, source)
+    if verify:
+        check_figures(job, frontier, source)
+    return job
+
+
+def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
+    """The file's all-max figures and its first, cheapest and last points must be what the
+    exact evaluator gives on ``job`` (relative 1e-6): catches edited figures the digest cannot
+    (the baseline), and clocks the profile never measured.
+
+    Raises:
+        PlanError: naming the file and the field.
+    """
+    regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"
+    base = job.evaluate(job.allmax())
+    b = frontier.baseline
+    if not (_close(base.time_s, b.time_s) and _close(base.energy_j, b.energy_j)):
+        raise PlanError(
+            f"{source}: field baseline: {b.time_s:.6g} s, {b.energy_j:.6g} J, but all-max on the "
+            f"job's profile is {base.time_s:.6g} s, {base.energy_j:.6g} J; {regenerate}"
+        )
+    points = frontier.points
+    cheapest = min(range(len(points)), key=lambda i: points[i].energy_j)
+    for i in sorted({0, cheapest, len(points) - 1}):
+        p = points[i]
+        try:
+            ev = job.evaluate(job.flat(p))
+        except PlanError as e:
+            raise PlanError(f"{source}: field points.{i}.freqs_mhz: {e}") from None
+        if not (_close(ev.time_s, p.time_s) and _close(ev.energy_j, p.energy_j)):
+            raise PlanError(
+                f"{source}: field points.{i}: {p.time_s:.6g} s, {p.energy_j:.6g} J, but its "
+                f"clocks evaluate to {ev.time_s:.6g} s, {ev.energy_j:.6g} J; {regenerate}"
+            )
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+
+
+def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:
+    """Raise :class:`~perseus.errors.PlanError`, naming ``source``, unless the file is ``job``'s."""
+    frontier.check_job(job.spec, source=source)
+    job.check_frontier(frontier, source=source)

@@ -12,6 +12,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from perseus.cli._args import float_arg
 from perseus.device.discovery import (
     DeviceInfo,
     nvml_devices,
@@ -47,7 +48,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "slowdown", help="make a simulated GPU's ops take FACTOR times longer (a straggler)"
     )
     slow.add_argument("index", type=int, help="simulated GPU index")
-    slow.add_argument("factor", type=float, help="time multiplier, 1 = normal")
+    slow.add_argument(
+        "factor",
+        type=float_arg(ge=0.001, le=1000),
+        help="time multiplier, 1 = normal (0.001 to 1000)",
+    )
     slow.set_defaults(handler=run)
 
 

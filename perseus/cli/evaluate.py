@@ -1,32 +1,81 @@
-"""``perseus evaluate``: exact time and energy of a plan (all-max when none is given)."""
+"""``perseus evaluate``: exact time and energy of a plan (all-max when none is given).
+
+With ``--plan FILE`` alone the job is the one the plan file records (rebuilt on its profile:
+``PROFILE`` if given, else the bundled profile the file names); with job flags
+(``--microbatches``, ``--config``) the job comes from them and the plan must fit it.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from perseus.cli._job_args import add_job_arguments, job_from_args
-from perseus.io.frontier_files import read_frontier
+from perseus.cli._args import nonempty_arg
+from perseus.cli._job_args import (
+    CONFIG_FIELDS,
+    add_job_arguments,
+    check_plan_fits,
+    job_from_args,
+    job_from_frontier,
+)
+from perseus.errors import ConfigError, PlanError
+from perseus.io.frontier_files import check_frontier_job, read_frontier
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("evaluate", help="time and energy of one iteration under a plan")
+    p = sub.add_parser(
+        "evaluate",
+        help="time and energy of one iteration under a plan (the job comes from the plan file)",
+        description=(
+            "Evaluate a plan exactly: `perseus evaluate --plan plan.json` (the job the plan "
+            "records), or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`."
+        ),
+    )
     add_job_arguments(p)
-    p.add_argument("--plan", help="plan/frontier JSON (its first point is evaluated)")
+    p.add_argument(
+        "--plan",
+        type=nonempty_arg,
+        help="plan/frontier JSON (its first point is evaluated; its job is used)",
+    )
     p.set_defaults(handler=run)
 
 
+def _job_flags_given(args: argparse.Namespace) -> list[str]:
+    return [
+        "--" + name.replace("_", "-")
+        for name in CONFIG_FIELDS
+        if getattr(args, name, None) is not None
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
-    job = job_from_args(args)
+    frontier = None
+    if args.plan is not None:
+        frontier = read_frontier(args.plan)
+        check_frontier_job(frontier, args.plan)
+    if frontier is not None and args.config is None and args.microbatches is None:
+        flags = _job_flags_given(args)
+        if flags:
+            raise ConfigError(
+                f"{flags[0]}: the job comes from --plan {args.plan}; drop {flags[0]}, or give "
+                "--microbatches/--config to describe the job yourself"
+            )
+        job = job_from_frontier(frontier, args.profile, args.plan, flag="PROFILE")
+    else:
+        job = job_from_args(args)
+        if frontier is not None:
+            check_plan_fits(job, frontier, args.plan)
     base = job.evaluate(job.allmax())
-    if args.plan is None:
+    if frontier is None:
         label, ev = "all-max", base
     else:
-        frontier = read_frontier(args.plan)
-        job.check_frontier(frontier, source=args.plan)
-        label, ev = args.plan, job.evaluate(job.flat(frontier.points[0]))
+        try:
+            ev = job.evaluate(job.flat(frontier.points[0]))
+        except PlanError as e:
+            raise PlanError(f"{args.plan}: field points.0.freqs_mhz: {e}") from None
+        label = args.plan
     s = job.spec
     print(
         f"{s.schedule} {s.stages} stages x {s.microbatches} microbatches on {s.ranks} ranks, "
@@ -35,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"plan:     {label}")
     print(f"time_s:   {ev.time_s:.6f}")
     print(f"energy_j: {ev.energy_j:.3f}")
-    if args.plan is not None:
+    if frontier is not None:
         print(
             f"vs all-max: time {100 * (ev.time_s / base.time_s - 1):+.2f} %, "
             f"energy {100 * (ev.energy_j / base.energy_j - 1):+.2f} %"

@@ -8,15 +8,15 @@ min-energy``, ``--plan INDEX`` or ``--max-time-s T`` (the cheapest plan within T
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from perseus.cli.demo import check_output_dir
+from perseus.cli._args import check_output_dir, float_arg
 from perseus.errors import ConfigError
 from perseus.io.atomic import atomic_directory
-from perseus.io.frontier_files import read_frontier
+from perseus.io.frontier_files import check_frontier_job, read_frontier
 from perseus.io.zeus_export import ZEUS_PFO_FILES, write_zeus_pfo
 from perseus.plan import Frontier, PlanPoint
+from perseus.validate import show_value
 
 __all__ = ["register", "run", "select_point"]
 
@@ -28,7 +28,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("frontier", metavar="FRONTIER.json", help="frontier or plan file")
     p.add_argument("--format", required=True, choices=_FORMATS, help="output format")
     p.add_argument(
-        "-o", "--out", required=True, metavar="DIR", help="output directory (replaced atomically)"
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="DIR",
+        help="output directory (replaced atomically)",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -39,14 +45,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     which.add_argument(
         "--max-time-s",
-        type=float,
+        type=float_arg(gt=0, unit="s"),
         metavar="T",
         help="the cheapest plan whose iteration time is at most T seconds",
     )
     p.set_defaults(handler=run)
 
 
-def select_point(frontier: Frontier, plan: str, max_time_s: float | None) -> tuple[int, PlanPoint]:
+def select_point(
+    frontier: Frontier, plan: str, max_time_s: float | None, source: str = "the frontier"
+) -> tuple[int, PlanPoint]:
     """The chosen point and its index.
 
     Raises:
@@ -56,8 +64,8 @@ def select_point(frontier: Frontier, plan: str, max_time_s: float | None) -> tup
     if max_time_s is not None:
         if max_time_s < frontier.fastest.time_s * (1 - 1e-12):
             raise ConfigError(
-                f"--max-time-s {max_time_s:g}: below the fastest plan ({frontier.fastest.time_s:.6g} s); "
-                f"pass a larger time"
+                f"--max-time-s {max_time_s:g}: below the fastest plan of {source} "
+                f"({frontier.fastest.time_s:.6g} s); pass a larger time"
             )
         point = frontier.cheapest_within(max_time_s)
     elif plan == "fastest":
@@ -65,23 +73,24 @@ def select_point(frontier: Frontier, plan: str, max_time_s: float | None) -> tup
     elif plan == "min-energy":
         point = frontier.min_energy
     else:
-        try:
-            index = int(plan)
-        except ValueError:
+        text = plan.strip()
+        if not (text.isdecimal() and len(text) < 12):
             raise ConfigError(
-                f"--plan {plan!r}: use fastest, min-energy or an index 0..{len(points) - 1}"
-            ) from None
+                f"--plan {show_value(plan)}: use fastest, min-energy or an index "
+                f"0..{len(points) - 1}"
+            )
+        index = int(text)
         if not 0 <= index < len(points):
-            raise ConfigError(f"--plan {index}: the frontier has points 0..{len(points) - 1}")
+            raise ConfigError(f"--plan {index}: {source} has points 0..{len(points) - 1}")
         return index, points[index]
     return points.index(point), point
 
 
 def run(args: argparse.Namespace) -> int:
+    out = check_output_dir(args.out, (*ZEUS_PFO_FILES, "point_solution.json"))
     frontier = read_frontier(args.frontier)
-    index, point = select_point(frontier, args.plan, args.max_time_s)
-    out = Path(args.out)
-    check_output_dir(out, ZEUS_PFO_FILES, flag="-o")
+    check_frontier_job(frontier, args.frontier)
+    index, point = select_point(frontier, args.plan, args.max_time_s, args.frontier)
     with atomic_directory(out) as tmp:
         write_zeus_pfo(frontier, point, tmp)
     print(
@@ -89,4 +98,9 @@ def run(args: argparse.Namespace) -> int:
         f"({100 * (1 - point.energy_j / frontier.baseline.energy_j):.1f} % less energy than all-max)"
     )
     print(f"wrote {out}/ ({', '.join(ZEUS_PFO_FILES)}) for Zeus's pipeline frequency optimizer")
+    print(
+        "serve it: ZEUS_PFO_SCHEDULER=PointSolution ZEUS_PFO_SCHEDULER_ARGS="
+        f'\'{{"solution_path": "{out.resolve() / "point_solution.py"}"}}\' '
+        "uvicorn zeus.optimizer.pipeline_frequency.server.router:app --port 7787"
+    )
     return 0

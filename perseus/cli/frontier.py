@@ -7,11 +7,15 @@ import sys
 import time
 from typing import Any
 
+from perseus.cli._args import check_output_file, float_arg
 from perseus.cli._job_args import add_job_arguments, job_from_args
-from perseus.errors import ConfigError
+from perseus.cli._progress import progress_bar
 from perseus.io.frontier_files import write_frontier
+from perseus.log import get_logger
 
 __all__ = ["register", "run"]
+
+logger = get_logger(__name__)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -22,7 +26,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_job_arguments(p)
     p.add_argument(
         "--time-quantum-s",
-        type=float,
+        type=float_arg(gt=0, le=3600, unit="s"),
         help="minimum step of the tracer in seconds (default: exact steps, breakpoint to "
         "breakpoint)",
     )
@@ -35,39 +39,39 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--min-gap-fraction",
-        type=float,
+        type=float_arg(ge=0, lt=1),
         default=1e-3,
         help="keep points at least this fraction of the fastest time apart (default 0.001)",
     )
     p.add_argument("--all-points", action="store_true", help="keep every Pareto point found")
-    p.add_argument("-o", "--output", required=True, help="frontier JSON to write (atomically)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="FILE",
+        help="frontier JSON to write (atomically)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from perseus.solver import trace
 
-    if args.time_quantum_s is not None and not args.time_quantum_s > 0:
-        raise ConfigError(f"--time-quantum-s must be > 0, got {args.time_quantum_s}")
-    if not args.min_gap_fraction >= 0:
-        raise ConfigError(f"--min-gap-fraction must be >= 0, got {args.min_gap_fraction}")
+    check_output_file(args.out)
     job = job_from_args(args)
     s = job.spec
+    logger.info(
+        "job: %s, %d stages x %d microbatches, %d ops",
+        s.schedule,
+        s.stages,
+        s.microbatches,
+        job.graph.num_nodes,
+    )
     started = time.perf_counter()
-    with tqdm(
-        total=1000,
-        desc="frontier",
-        unit="‰",
-        file=sys.stderr,
-        disable=not sys.stderr.isatty(),
-        bar_format="{l_bar}{bar}| {elapsed}<{remaining}",
-    ) as bar:
-
-        def update(fraction: float) -> None:
-            bar.update(max(0, round(1000 * fraction) - bar.n))
-
+    with progress_bar("frontier", enabled=not args.no_progress, solve=True) as update:
         result = trace(
             job,
             time_quantum_s=args.time_quantum_s,
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         )
     elapsed = time.perf_counter() - started
     frontier = result.frontier
-    write_frontier(frontier, args.output)
+    write_frontier(frontier, args.out)
     base = frontier.baseline
     same_speed = frontier.cheapest_within(base.time_s)
     best = frontier.min_energy
@@ -107,5 +111,5 @@ def run(args: argparse.Namespace) -> int:
             "baselines only",
             file=sys.stderr,
         )
-    print(f"wrote {args.output}")
+    print(f"wrote {args.out}")
     return 0

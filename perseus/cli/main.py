@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments);
 1 any other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. Errors are printed as one
-line on stderr, never a traceback.
+line on stderr (cut to a readable length), never a traceback; ``--log-level DEBUG`` adds the
+traceback of an unexpected error. ``-v``/``--log-level`` work before or after the command.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from collections.abc import Sequence
 from perseus import __version__
 from perseus.cli import _commands
 from perseus.errors import ConfigError, PerseusError
+from perseus.log import LOG_LEVELS, configure_logging, get_logger, rank_from_env
+from perseus.validate import clip_message
+
+logger = get_logger(__name__)
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -39,24 +44,63 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for register in _commands.REGISTRY:
         register(sub)
+    _add_logging_flags(parser)
     return parser
+
+
+def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
+    """``-v`` and ``--log-level`` on ``parser`` and every subcommand below it."""
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="say what is happening (-v: INFO, -vv: DEBUG); quiet by default",
+    )
+    group.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="log level of the perseus logger on stderr (default WARNING)",
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _add_logging_flags(child)
+
+
+def _log_level(args: argparse.Namespace) -> str:
+    if getattr(args, "log_level", None):
+        return str(args.log_level)
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    return "DEBUG" if verbose >= 2 else "INFO" if verbose == 1 else "WARNING"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call this)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        # A bare `perseus` lists the commands, as `perseus --help` does.
+        print(parser.format_help(), end="")
+        return 0
     try:
         args = parser.parse_args(argv)
+        configure_logging(_log_level(args), rank=rank_from_env())
         result: int = args.handler(args)
         return result
     except _ArgumentError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _print_error(str(e))
         return 2
     except ConfigError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        _print_error(_one_line(e))
+        if "\n" in str(e).strip():
+            logger.info("details:\n%s", str(e).strip().partition("\n")[2])
         return 2
     except PerseusError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        _print_error(_one_line(e))
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -66,13 +110,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as e:
+        if e.filename is None:
+            _print_error(f"{e.strerror or e}; nothing was written")
+            return 1
+        # a path that cannot be read or written (permissions, a read-only or full disk)
+        _print_error(f"{e.filename}: {e.strerror}; choose another path")
+        return 2
+    except (MemoryError, RecursionError) as e:
+        _print_error(f"out of memory or recursion depth ({type(e).__name__}); plan a smaller job")
+        return 1
+    except Exception as e:  # the last guard: never a traceback on the user's terminal
+        logger.debug("unexpected error", exc_info=True)
+        _print_error(
+            f"internal error ({type(e).__name__}: {_one_line(e)}); please report it "
+            "(--log-level DEBUG shows the traceback)"
+        )
+        return 1
+
+
+def _print_error(message: str) -> None:
+    print(f"error: {clip_message(message)}", file=sys.stderr)
 
 
 def _one_line(error: Exception) -> str:
-    """The first line of an error; schedule grids follow on later lines only when useful."""
-    text = str(error)
-    first, _, rest = text.partition("\n")
-    return first if not rest else f"{first}\n{rest}"
+    """The error's message on one line (schedule grids and C++ frames are dropped)."""
+    text = str(error).strip()
+    first = text.partition("\n")[0]
+    return first or type(error).__name__
 
 
 def entry() -> None:

@@ -3,7 +3,8 @@
 The job is rebuilt from the frontier's own description (schedule, sizes, power) and its
 profile: ``--profile``, else the bundled profile the frontier names. With the profile the
 report also has the baselines and the timeline; without it, the frontier and straggler plots.
-``--summary RUN.json`` (an emulated or real run's summary) adds predicted vs measured.
+``--summary RUN.json`` (an emulated or real run's summary) adds predicted vs measured; a run of
+another job is refused.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perseus.cli.demo import check_output_dir
+from perseus.cli._args import check_output_dir, int_arg, nonempty_arg
+from perseus.cli._job_args import check_figures, job_from_frontier
 from perseus.errors import ConfigError, PerseusError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_directory
-from perseus.io.bundled import load_profile, resolve_profile_path
-from perseus.io.frontier_files import read_frontier
-from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
+from perseus.io.frontier_files import check_frontier_job, read_frontier, read_json_text
+from perseus.job import PlanningJob
 from perseus.plan import Frontier
 
 __all__ = ["register", "run"]
@@ -32,21 +33,29 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "frontier", metavar="FRONTIER.json", help="frontier written by perseus frontier/demo"
     )
     p.add_argument(
-        "--out", required=True, metavar="DIR", help="report directory (replaced atomically)"
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="DIR",
+        help="report directory (replaced atomically)",
     )
     p.add_argument(
         "--summary",
         metavar="RUN.json",
-        help="an emulated or real run's summary.json: adds predicted vs measured",
+        type=nonempty_arg,
+        help="an emulated or real run's summary (of this frontier's job): adds predicted vs measured",
     )
     p.add_argument(
         "--profile",
         metavar="PROFILE",
+        type=nonempty_arg,
         help="profile the frontier was computed from (default: the bundled one it names)",
     )
     p.add_argument(
         "--pipelines",
-        type=int,
+        type=int_arg(ge=2, le=1_000_000),
         default=16,
         help="data-parallel pipelines in the straggler what-if (default 16)",
     )
@@ -63,48 +72,33 @@ def _rebuild_job(
     frontier: Frontier, profile_arg: str | None, source: str
 ) -> tuple[PlanningJob | None, str | None]:
     """The frontier's job, or None and the reason when its profile is not available."""
-    j = frontier.job
-    name = profile_arg or j.profile_name
-    if name is None:
-        return None, "the frontier names no profile; pass --profile for baselines and a timeline"
     try:
-        path = resolve_profile_path(name)
-    except ConfigError:
+        job = job_from_frontier(frontier, profile_arg, source, verify=False)
+    except PerseusError as e:
         if profile_arg is not None:
             raise
-        return None, f"profile {name!r} not found; pass --profile for baselines and a timeline"
-    job = make_job(
-        load_profile(path),
-        j.schedule,
-        j.stages,
-        j.microbatches,
-        j.blocking_power_w,
-        virtual_stages=j.virtual_stages,
-        p2p_latency_s=j.p2p_latency_s,
-        backward_split=j.backward_split if j.backward_split is not None else DEFAULT_BACKWARD_SPLIT,
-        profile_name=j.profile_name,
-    )
-    try:
-        job.check_frontier(frontier, source=source)
-    except PerseusError:
-        if profile_arg is not None:
-            raise
-        return None, f"profile {name!r} differs from the one the frontier was computed from"
+        return None, f"{str(e).partition(chr(10))[0]}; no baselines or timeline"
+    # The job is the file's: its figures must be what the evaluator gives (else it was edited).
+    check_figures(job, frontier, source)
     return job, None
 
 
 def _read_measured(path: str) -> Any:
+    import json
+
     from perseus.report import MeasuredRun
+    from perseus.report.summary import REPORT_SUMMARY_KIND
 
     p = Path(path)
-    try:
-        text = p.read_bytes()
-    except OSError as e:
+    text = read_json_text(p, "a run's summary (examples/train_pipeline.py --summary)", ConfigError)
+    doc = json.loads(text)
+    if isinstance(doc, dict) and doc.get("kind") == REPORT_SUMMARY_KIND:
         raise ConfigError(
-            f"{p}: cannot read run summary ({e.strerror}); pass a summary.json"
-        ) from None
+            f"{p}: field kind: a report's summary (written by perseus demo/report), not a run's; "
+            "pass the summary a training run wrote (examples/train_pipeline.py --summary)"
+        )
     try:
-        return MeasuredRun.model_validate_json(text)
+        return MeasuredRun.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise ConfigError(
             describe_validation_error(str(p), e)
@@ -112,17 +106,24 @@ def _read_measured(path: str) -> Any:
         ) from None
 
 
+def _title(frontier: Frontier) -> str:
+    j = frontier.job
+    name = j.profile_name or "custom profile"
+    return f"Perseus report: {name}, {j.schedule} {j.stages} stages x {j.microbatches} microbatches"
+
+
 def run(args: argparse.Namespace) -> int:
+    from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
+    from perseus.report.build import LEGACY_REPORT_FILES
     from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
 
-    out = Path(args.out)
+    out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
+    check_frontier_job(frontier, args.frontier)
     measured = _read_measured(args.summary) if args.summary is not None else None
-
-    from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
-
-    check_output_dir(out, REPORT_FILES)
+    if measured is not None:
+        measured.check_frontier(frontier, args.summary)
     job, why = _rebuild_job(frontier, args.profile, args.frontier)
     sweep = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
     baselines: dict[str, Any] = {}
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         sweep=sweep,
         pipelines=args.pipelines,
         measured=measured,
-        title=f"Perseus report: {Path(args.frontier).name}",
+        title=_title(frontier),
         details={"frontier file": args.frontier},
         notes=[why] if why else [],
     )

@@ -12,8 +12,10 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from perseus.cli._args import check_output_file, int_arg
+from perseus.errors import ConfigError
 from perseus.io.atomic import atomic_write_text
-from perseus.io.frontier_files import read_frontier
+from perseus.io.frontier_files import check_frontier_job, read_frontier
 from perseus.sim.straggler_sweep import StragglerCase, parse_factors, straggler_sweep
 
 __all__ = ["format_sweep", "register", "run"]
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("frontier", metavar="FRONTIER.json", help="one pipeline's frontier")
     p.add_argument(
         "--pipelines",
-        type=int,
+        type=int_arg(ge=2, le=1_000_000),
         required=True,
         metavar="N",
         help="data-parallel pipelines in the job (one of them straggles)",
@@ -41,6 +43,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "-o",
         "--out",
+        "--output",
+        dest="out",
         default="straggler-sweep.json",
         metavar="FILE",
         help="JSON table (default straggler-sweep.json)",
@@ -63,8 +67,10 @@ def format_sweep(cases: tuple[StragglerCase, ...] | list[StragglerCase]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out)
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
+    check_frontier_job(frontier, args.frontier)
     cases = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
     j = frontier.job
     print(
@@ -79,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
         "job": j.model_dump(),
         "cases": [asdict(c) for c in cases],
     }
-    atomic_write_text(args.out, json.dumps(payload, indent=2) + "\n")
+    try:
+        text = json.dumps(payload, indent=2, allow_nan=False)
+    except ValueError:
+        raise ConfigError(
+            f"{args.frontier}: the sweep produced a non-finite figure; check the frontier's "
+            "baseline and points"
+        ) from None
+    atomic_write_text(args.out, text + "\n")
     print(f"wrote {args.out}")
     return 0

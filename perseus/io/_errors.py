@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from perseus.validate import show_value
+
 __all__ = ["describe_validation_error"]
 
 
-def describe_validation_error(source: str, error: ValidationError) -> str:
-    """``"<source>: field <loc>: <msg>"`` for the first error, plus a count of the others."""
+def describe_validation_error(source: str, error: ValidationError, noun: str = "field") -> str:
+    """``"<source>: <noun> <loc>: <msg>, got <value>"`` for the first error, plus a count."""
     errors = error.errors()
     first = errors[0]
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{source}: field {loc}: {first['msg']}{more}"
+    msg = first["msg"]
+    got = ""
+    if first["type"] not in ("missing", "json_invalid") and "input" in first:
+        value = first["input"]
+        if not isinstance(value, (dict, list, tuple)):
+            got = f", got {show_value(value)}"
+    return f"{source}: {noun} {loc}: {msg}{got}{more}"

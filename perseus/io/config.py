@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
+from perseus.validate import clip_message, show_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,25 +38,27 @@ __all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_con
 
 CONFIG_SCHEMA_VERSION = 1
 
-PositiveInt = Annotated[int, Field(ge=1)]
-
 
 class JobConfig(BaseModel):
-    """One planning job as written in a TOML config (see the module docstring)."""
+    """One planning job as written in a TOML config (see the module docstring).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Types are strict: ``microbatches = "4"`` or ``= true`` is an error, not 4 or 1; numbers
+    must be finite and within the same ranges as the command-line flags.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     schema_version: Literal[1] = 1
-    description: str | None = None
-    profile: Annotated[str, Field(min_length=1)]
+    description: Annotated[str, Field(max_length=10_000)] | None = None
+    profile: Annotated[str, Field(min_length=1, max_length=4096)]
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
-    stages: PositiveInt | None = None
-    microbatches: PositiveInt
-    virtual_stages: PositiveInt = 1
-    blocking_power_w: Annotated[float, Field(ge=0)] | None = None
-    p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
-    backward_split: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    pipelines: Annotated[int, Field(ge=2)] | None = None
+    stages: Annotated[int, Field(ge=1, le=4096)] | None = None
+    microbatches: Annotated[int, Field(ge=1, le=10_000_000)]
+    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
+    blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = None
+    p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.5
+    pipelines: Annotated[int, Field(ge=2, le=1_000_000)] | None = None
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
@@ -83,7 +86,11 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not UTF-8 text; a job config is a TOML file") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: invalid TOML ({e}); fix the syntax") from None
+        raise ConfigError(
+            f"{p}: invalid TOML ({clip_message(str(e), 200)}); fix the syntax"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid TOML (nested too deeply)") from None
     try:
         config = JobConfig.model_validate(raw)
     except ValidationError as e:
@@ -94,13 +101,13 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
 def _describe(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
     if first["type"] == "extra_forbidden":
-        key = ".".join(str(part) for part in first["loc"])
+        key = show_value(".".join(str(part) for part in first["loc"]))
         known = ", ".join(k for k in JobConfig.model_fields if k != "schema_version")
-        return f"{source}: unknown key {key!r}; remove it (known keys: {known})"
+        return f"{source}: unknown key {key}; remove it (known keys: {known})"
     if first["type"] == "missing":
         key = ".".join(str(part) for part in first["loc"])
         return f"{source}: missing key {key!r}; add it (e.g. {key} = {_EXAMPLES.get(key, '...')})"
-    return describe_validation_error(source, error)
+    return describe_validation_error(source, error, noun="key")
 
 
 _EXAMPLES = {"profile": '"a100"', "microbatches": "24"}
@@ -113,6 +120,6 @@ def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
     path; anything else (a bundled name, an absolute path) is passed through unchanged.
     """
     candidate = config_path.parent / config.profile
-    if not Path(config.profile).is_absolute() and candidate.is_file():
+    if not Path(config.profile).is_absolute() and candidate.exists():
         return str(candidate)
     return config.profile

@@ -1,45 +1,207 @@
-"""Read and write plan/frontier JSON files (validated with pydantic, never executed)."""
+"""Read and write plan/frontier JSON files (validated with pydantic, never executed).
+
+Reading checks, in order: the JSON syntax (the error names the line and column), the schema
+(strict types: ``"4"`` is not 4, ``true`` is not 1; finite numbers only), the points' digest
+(``points_sha256``, schema version 2: an edited or corrupted point is refused; version-1 files
+have none), and on request the job's self-consistency (:func:`check_frontier_job`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from perseus.errors import PlanError
+from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
-from perseus.plan import Frontier
+from perseus.log import get_logger
+from perseus.plan import SCHEMA_VERSION, Frontier, points_sha256
+from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
+from perseus.validate import check_job_size, show_value
 
-__all__ = ["read_frontier", "write_frontier"]
+logger = get_logger(__name__)
+
+__all__ = ["check_frontier_job", "read_frontier", "read_json_text", "write_frontier"]
+
+#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~30 MB).
+MAX_FILE_BYTES = 512 * 1024 * 1024
+
+_REGENERATE = "regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)"
+
+
+def read_json_text(p: Path, what: str, error: type[Exception]) -> str:
+    """Read ``p`` as UTF-8 JSON text and check its syntax; errors name the line and column.
+
+    Args:
+        p: The file.
+        what: What the file should be (``"a plan/frontier JSON written by perseus"``).
+        error: The :class:`~perseus.errors.ConfigError` subclass to raise.
+    """
+    try:
+        size = p.stat().st_size
+        if p.is_dir():
+            raise error(f"{p}: is a directory; pass {what}")
+        if size > MAX_FILE_BYTES:
+            raise error(f"{p}: {size / 1e6:.0f} MB is too large for {what}")
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{p}: file not found; pass {what}") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
+    if not data.strip():
+        raise error(f"{p}: file is empty; pass {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
+
+    # The stdlib parser reports the real line and column of a syntax error. NaN and Infinity
+    # pass here and are refused by the schema, which names the field.
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
+    except RecursionError:
+        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    return text
 
 
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
-    """Load and validate a frontier or plan file.
+    """Load and validate a frontier or plan file, checking the points' digest.
 
     Raises:
-        PlanError: naming the file and the first bad field.
+        PlanError: naming the file and the first bad field, line or the digest.
     """
     p = Path(path)
+    text = read_json_text(p, "a plan/frontier JSON written by perseus", PlanError)
     try:
-        text = p.read_bytes()
-    except FileNotFoundError:
-        raise PlanError(
-            f"{p}: file not found; pass a plan/frontier JSON written by perseus"
-        ) from None
-    except OSError as e:
-        raise PlanError(f"{p}: cannot read file ({e.strerror})") from None
-    if not text.strip():
-        raise PlanError(f"{p}: file is empty; pass a plan/frontier JSON written by perseus")
-    try:
-        return Frontier.model_validate_json(text)
+        frontier = Frontier.model_validate_json(text, strict=True)
     except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "value_error" and "points_sha256" in first["msg"]:
+            raise PlanError(f"{p}: field points: {_REGENERATE_MSG(first['msg'])}") from None
         raise PlanError(describe_validation_error(str(p), e)) from None
+    logger.debug(
+        "read %s: %d points, schema version %d", p, len(frontier.points), frontier.schema_version
+    )
+    if frontier.schema_version >= 2 and frontier.points_sha256 is None:
+        raise PlanError(
+            f"{p}: field points_sha256: missing (schema_version 2 files carry a digest of their "
+            f"points); {_REGENERATE}"
+        )
+    return frontier
+
+
+def _REGENERATE_MSG(msg: str) -> str:
+    text = msg.removeprefix("Value error, ")
+    return text.replace("regenerate it (perseus frontier / perseus plan pick)", _REGENERATE)
+
+
+def check_frontier_job(frontier: Frontier, source: str) -> None:
+    """Check that the file's job describes its ``stage_ops`` (schedule, sizes, op names).
+
+    A frontier of a builder schedule (gpipe, 1f1b, interleaved, zb) must list exactly the ops
+    that builder makes for the job's sizes; any other schedule (read from torch) must list
+    each of its stages' F and B once per microbatch (and W for all or none).
+
+    Raises:
+        PlanError: naming the file and the field at fault.
+    """
+    j = frontier.job
+    check_job_size(f"{source}: field job", j.schedule, j.stages, j.microbatches, j.virtual_stages)
+    if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
+        raise PlanError(
+            f"{source}: field job.backward_split: set for schedule {j.schedule!r}, which does not "
+            f"split backwards; {_REGENERATE}"
+        )
+    if j.schedule in SCHEDULE_NAMES:
+        try:
+            sched = build_schedule(j.schedule, j.stages, j.microbatches, j.virtual_stages)
+        except ConfigError as e:  # a ScheduleError: the sizes do not fit the schedule
+            raise PlanError(
+                f"{source}: field job: {str(e).partition(chr(10))[0]}; {_REGENERATE}"
+            ) from None
+        expected = sched.stage_ops()
+        if sched.num_ranks != j.ranks:
+            raise PlanError(
+                f"{source}: field job.ranks: {j.ranks}, but {j.schedule} with {j.stages} stages "
+                f"and {j.virtual_stages} virtual stages has {sched.num_ranks}; {_REGENERATE}"
+            )
+        if frontier.stage_ops != expected:
+            where = _first_difference(frontier.stage_ops, expected)
+            raise PlanError(
+                f"{source}: field stage_ops{where}: does not match job ({j.schedule}, {j.stages} "
+                f"stages x {j.microbatches} microbatches); {_REGENERATE}"
+            )
+        return
+    if not _TORCH_NAME_RE.match(j.schedule):
+        raise PlanError(
+            f"{source}: field job.schedule: {show_value(j.schedule)} is neither a perseus "
+            f"schedule ({', '.join(SCHEDULE_NAMES)}) nor a torch schedule class (Schedule...); "
+            f"{_REGENERATE}"
+        )
+    if j.ranks * j.virtual_stages != j.stages:
+        raise PlanError(
+            f"{source}: field job.stages: {j.stages}, but {j.ranks} ranks x {j.virtual_stages} "
+            f"virtual stages = {j.ranks * j.virtual_stages}; {_REGENERATE}"
+        )
+    _check_generic_ops(frontier, source)
+
+
+def _first_difference(got: tuple[tuple[str, ...], ...], want: tuple[tuple[str, ...], ...]) -> str:
+    for r in range(min(len(got), len(want))):
+        for i in range(min(len(got[r]), len(want[r]))):
+            if got[r][i] != want[r][i]:
+                return f"[{r}][{i}] ({show_value(got[r][i])}, expected {want[r][i]!r})"
+        if len(got[r]) != len(want[r]):
+            return f"[{r}] ({len(got[r])} ops, expected {len(want[r])})"
+    return f" ({len(got)} ranks, expected {len(want)})"
+
+
+_TORCH_NAME_RE = re.compile(r"^Schedule[A-Za-z0-9_]{1,60}$")
+_OP_RE = re.compile(r"^([FBW])(\d{1,9})(?:@(\d{1,9}))?$")
+
+
+def _check_generic_ops(frontier: Frontier, source: str) -> None:
+    j = frontier.job
+    seen: set[tuple[int, str, int]] = set()
+    for r, ops in enumerate(frontier.stage_ops):
+        for i, op in enumerate(ops):
+            m = _OP_RE.match(op)
+            where = f"{source}: field stage_ops[{r}][{i}]"
+            if m is None:
+                raise PlanError(f"{where}: {show_value(op)} is not an op name like F3 or B3@5")
+            kind, mb = m.group(1), int(m.group(2))
+            stage = int(m.group(3)) if m.group(3) is not None else r
+            if mb >= j.microbatches or stage >= j.stages:
+                raise PlanError(
+                    f"{where}: {show_value(op)} is outside the job ({j.stages} stages x "
+                    f"{j.microbatches} microbatches); {_REGENERATE}"
+                )
+            if (stage, kind, mb) in seen:
+                raise PlanError(f"{where}: {show_value(op)} appears twice; {_REGENERATE}")
+            seen.add((stage, kind, mb))
+    kinds = {k for _, k, _ in seen}
+    per_kind = j.stages * j.microbatches
+    for kind in ("F", "B") + (("W",) if "W" in kinds else ()):
+        count = sum(1 for _, k, _ in seen if k == kind)
+        if count != per_kind:
+            raise PlanError(
+                f"{source}: field stage_ops: {count} {kind} ops, the job ({j.stages} stages x "
+                f"{j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
+            )
 
 
 def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
-    """Write ``frontier`` as compact JSON (one point per line), atomically."""
-    head = frontier.model_dump_json(exclude={"points"})
+    """Write ``frontier`` as compact JSON (one point per line) with its digest, atomically."""
+    digest = points_sha256(frontier.points)
+    head = frontier.model_copy(
+        update={"schema_version": SCHEMA_VERSION, "points_sha256": digest}
+    ).model_dump_json(exclude={"points"})
     points = ",\n".join(p.model_dump_json() for p in frontier.points)
     atomic_write_text(path, head[:-1] + ',\n"points":[\n' + points + "\n]}\n")

@@ -5,6 +5,17 @@ ignored), one row per (stage, instruction, clock); ``time`` in seconds and ``ene
 of one GPU per op. JSON: ``{"schema_version": 1, "rows": [{"stage": 0, "instruction":
 "forward", "frequency": 1410, "time": 0.05, "energy": 23.8}, ...]}``.
 
+Multi-rank CSVs (Zeus/Merak profilers with data or tensor parallelism: a ``rank`` column, and
+optionally ``dp_rank``, ``pp_rank``, ``tp_rank``) hold one row per rank for each (stage,
+instruction, clock). They are aggregated per (stage, instruction, clock): **time is the maximum
+over the stage's ranks** (its slowest GPU gates the stage: tensor-parallel ranks meet in every
+layer's collective, data-parallel replicas at the gradient all-reduce), and **energy is the mean
+over them** (the profile's energy is one GPU's; perseus plans one pipeline and scales by
+GPUs). Every (stage, instruction, clock) must have a row from each of the stage's ranks, and a
+``pp_rank`` column, when present, must equal ``stage``.
+
+Bounds: stage < 4096, clock 1..100000 MHz, time in [1e-9, 1e6] s, energy in [1e-9, 1e9] J.
+
 Every problem is reported as one :class:`ProfileError` line naming the file and line (CSV) or
 field (JSON).
 """
@@ -24,12 +35,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ProfileError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile
 from perseus.schedule.actions import Kind
+from perseus.validate import show_value
+
+logger = get_logger(__name__)
 
 __all__ = ["read_profile", "write_profile_csv", "write_profile_json"]
 
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+#: Columns of a multi-rank (Zeus/Merak) profile; ``rank`` marks one.
+RANK_COLUMNS = ("rank", "dp_rank", "pp_rank", "tp_rank")
+MAX_STAGES = 4096
+MAX_FREQ_MHZ = 100_000
+MAX_TIME_S = 1e6
+MAX_ENERGY_J = 1e9
+#: Smallest time and energy of one op (1 ns, 1 nJ): below, the planner's arithmetic degrades.
+MIN_VALUE = 1e-9
+MAX_FILE_BYTES = 512 * 1024 * 1024
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 
 Row = tuple[int, Kind, int, float, float]
@@ -43,6 +67,10 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     """
     p = Path(path)
     try:
+        if p.is_dir():
+            raise ProfileError(f"{p}: is a directory; pass a profile CSV/JSON path")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ProfileError(f"{p}: file too large for a profile ({p.stat().st_size:,} bytes)")
         data = p.read_bytes()
     except FileNotFoundError:
         raise ProfileError(f"{p}: file not found; pass a profile CSV/JSON path") from None
@@ -60,7 +88,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
         line = data[: e.start].count(b"\n") + 1
         raise ProfileError(f"{p}:{line}: not valid UTF-8 text; pass the CSV or JSON file") from None
     rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    return build_profile(rows, source=str(p))
+    profile = build_profile(rows, source=str(p))
+    logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
+    return profile
 
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
@@ -73,11 +103,14 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
     if missing:
         raise ProfileError(
             f"{p}:1: missing column(s) {', '.join(missing)}; the header must contain "
-            f"{','.join(REQUIRED_COLUMNS)} (got {','.join(header)})"
+            f"{','.join(REQUIRED_COLUMNS)} (got {show_value(','.join(header), 120)})"
         )
     col = {name: header.index(name) for name in REQUIRED_COLUMNS}
+    rank_cols = {name: header.index(name) for name in RANK_COLUMNS if name in header}
+    multi = "rank" in rank_cols
     rows: list[Row] = []
-    seen: dict[tuple[int, Kind, int], int] = {}
+    row_ranks: list[int] = []
+    seen: dict[tuple[int, int, Kind, int], int] = {}
     try:
         for record in reader:
             line = reader.line_num
@@ -85,66 +118,117 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
                 continue
             if len(record) < len(header):
                 raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
-            row = _parse_fields(f"{p}:{line}", {k: record[i].strip() for k, i in col.items()})
-            key = row[:3]
-            if key in seen:
+            where = f"{p}:{line}"
+            row = _parse_fields(where, {k: record[i].strip() for k, i in col.items()})
+            ranks = {k: _parse_rank(where, k, record[i].strip()) for k, i in rank_cols.items()}
+            if "pp_rank" in ranks and ranks["pp_rank"] != row[0]:
                 raise ProfileError(
-                    f"{p}:{line}: duplicate row for stage {row[0]} {row[1].profile_name} at "
+                    f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
+                    "multi-rank profile lists each pipeline stage under its pp_rank"
+                )
+            key = (ranks.get("rank", 0), *row[:3])
+            if key in seen:
+                who = f"rank {key[0]} " if multi else ""
+                raise ProfileError(
+                    f"{where}: duplicate row for {who}stage {row[0]} {row[1].profile_name} at "
                     f"{row[2]} MHz (first on line {seen[key]}); keep one"
                 )
             seen[key] = line
             rows.append(row)
+            row_ranks.append(key[0])
     except csv.Error as e:
         raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
     if not rows:
         raise ProfileError(f"{p}: no data rows after the header")
-    return rows
+    return _aggregate_ranks(p, rows, row_ranks) if multi else rows
+
+
+def _parse_rank(where: str, name: str, text: str) -> int:
+    if not (text.isdecimal() and len(text) <= 7):
+        raise ProfileError(f"{where}: {name} {show_value(text)} is not an integer rank >= 0")
+    return int(text)
+
+
+def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
+    """One row per (stage, instruction, clock): max time and mean energy over the stage's ranks."""
+    stage_ranks: dict[int, set[int]] = {}
+    for row, rank in zip(rows, ranks, strict=True):
+        stage_ranks.setdefault(row[0], set()).add(rank)
+    groups: dict[tuple[int, Kind, int], list[tuple[int, float, float]]] = {}
+    for row, rank in zip(rows, ranks, strict=True):
+        groups.setdefault(row[:3], []).append((rank, row[3], row[4]))
+    out: list[Row] = []
+    for (stage, kind, freq), members in groups.items():
+        got = {r for r, _, _ in members}
+        want = stage_ranks[stage]
+        if got != want:
+            lacking = sorted(want - got)[:3]
+            raise ProfileError(
+                f"{p}: stage {stage} {kind.profile_name} at {freq} MHz has no row for rank(s) "
+                f"{', '.join(map(str, lacking))} (the stage's ranks are {len(want)}); every rank "
+                "of a stage must be profiled at the same clocks"
+            )
+        out.append(
+            (
+                stage,
+                kind,
+                freq,
+                max(t for _, t, _ in members),
+                sum(e for _, _, e in members) / len(members),
+            )
+        )
+    return out
 
 
 def _parse_fields(where: str, fields: dict[str, str]) -> Row:
-    try:
-        stage = int(fields["stage"])
-    except ValueError:
-        raise ProfileError(f"{where}: stage {fields['stage']!r} is not an integer") from None
+    text = fields["stage"]
+    if not (text.lstrip("+-").isdecimal() and len(text) <= 12):
+        raise ProfileError(f"{where}: stage {show_value(text)} is not an integer")
+    stage = int(text)
     try:
         kind = Kind.from_profile_name(fields["instruction"].lower())
     except KeyError:
         raise ProfileError(
-            f"{where}: unknown instruction {fields['instruction']!r}; use one of {_KIND_NAMES}"
+            f"{where}: unknown instruction {show_value(fields['instruction'])}; use one of {_KIND_NAMES}"
         ) from None
     try:
         freq_f = float(fields["frequency"])
     except ValueError:
         freq_f = math.nan
-    if not math.isfinite(freq_f) or freq_f != int(freq_f):
+    if not math.isfinite(freq_f) or freq_f != int(freq_f) or not 1 <= freq_f <= MAX_FREQ_MHZ:
         raise ProfileError(
-            f"{where}: frequency {fields['frequency']!r} is not an integer clock in MHz"
+            f"{where}: frequency {show_value(fields['frequency'])} is not an integer clock in "
+            f"1..{MAX_FREQ_MHZ} MHz"
         )
     values = []
     for name in ("time", "energy"):
         try:
             v = float(fields[name])
         except ValueError:
-            raise ProfileError(f"{where}: {name} {fields[name]!r} is not a number") from None
-        if not math.isfinite(v) or v <= 0:
+            raise ProfileError(
+                f"{where}: {name} {show_value(fields[name])} is not a number"
+            ) from None
+        limit = MAX_TIME_S if name == "time" else MAX_ENERGY_J
+        if not math.isfinite(v) or v < MIN_VALUE or v > limit:
             unit = "s" if name == "time" else "J"
             raise ProfileError(
-                f"{where}: {name} must be a finite number > 0 {unit}, got {fields[name]}"
+                f"{where}: {name} must be a finite number in [{MIN_VALUE:g}, {limit:g}] {unit}, "
+                f"got {show_value(fields[name])}"
             )
         values.append(v)
-    if stage < 0:
-        raise ProfileError(f"{where}: stage must be >= 0, got {stage}")
+    if not 0 <= stage < MAX_STAGES:
+        raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {stage}")
     return stage, kind, int(freq_f), values[0], values[1]
 
 
 class _JsonRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    stage: Annotated[int, Field(ge=0)]
+    stage: Annotated[int, Field(ge=0, lt=MAX_STAGES)]
     instruction: Literal["forward", "backward", "weight"]
-    frequency: Annotated[int, Field(gt=0)]
-    time: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    energy: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    frequency: Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)]
+    time: Annotated[float, Field(ge=MIN_VALUE, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy: Annotated[float, Field(ge=MIN_VALUE, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
 
 class _JsonProfile(BaseModel):
@@ -155,8 +239,9 @@ class _JsonProfile(BaseModel):
 
 
 def _parse_json(p: Path, text: str) -> list[Row]:
+    _check_json_syntax(p, text)
     try:
-        doc = _JsonProfile.model_validate_json(text)
+        doc = _JsonProfile.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise ProfileError(describe_validation_error(str(p), e)) from None
     rows: list[Row] = []
@@ -171,6 +256,17 @@ def _parse_json(p: Path, text: str) -> list[Row]:
         seen.add(row[:3])
         rows.append(row)
     return rows
+
+
+def _check_json_syntax(p: Path, text: str) -> None:
+    """Report a JSON syntax error at its real line and column (stdlib parser); NaN/Infinity
+    pass here and are refused by the schema, which names the field."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
 
 
 def _rows(profile: Profile) -> list[Row]:

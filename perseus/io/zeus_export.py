@@ -10,13 +10,20 @@ integrations do not emit).
 
 Two files carry the same schedule:
 
+* ``point_solution.py``: what Zeus's ``PointSolution`` scheduler loads (it requires the
+  ``.py`` suffix and evaluates the file): a Python literal ``[[("forward", 1410), ...], ...]``
+  indexed by rank, with ``#`` comment lines giving the plan's time and energy, as lowtime's
+  ``freqs_pipeline_%05d.py`` files do. It holds literals only (``ast.literal_eval`` reads it),
+  but Zeus evaluates it, so serve only files you produced. Start Zeus's server with it::
+
+      ZEUS_PFO_SCHEDULER=PointSolution \\
+      ZEUS_PFO_SCHEDULER_ARGS='{"solution_path": "DIR/point_solution.py"}' \\
+      uvicorn zeus.optimizer.pipeline_frequency.server.router:app --port 7787
+
 * ``0.sched.json``: the list of per-rank ``FrequencySchedule`` objects, in the layout the
   server dumps and reloads (``zeus...common.load_sched(DIR, 0)`` reads it as is).
-* ``point_solution.json``: ``[[["forward", 1410], ...], ...]`` indexed by rank, the nested
-  list Zeus's ``PointSolution`` scheduler loads. It is plain data: perseus never writes Python
-  code as a plan format (``PointSolution`` evaluates its file; give it only data you trust).
 
-Ranks are pipeline ranks; with data or tensor parallelism Zeus's ``PointSolution3D`` copies
+Ranks are pipeline ranks; with data or tensor parallelism use ``PointSolution3D``, which copies
 each pipeline rank's schedule to every rank with that ``pp_rank``. The chosen plan is also
 written as ``perseus_plan.json`` (perseus's own plan format) for provenance.
 """
@@ -34,9 +41,14 @@ from perseus.io.frontier_files import write_frontier
 from perseus.plan import Frontier, PlanPoint
 from perseus.schedule.actions import Kind
 
-__all__ = ["ZEUS_PFO_FILES", "write_zeus_pfo", "zeus_frequency_schedules"]
+__all__ = [
+    "ZEUS_PFO_FILES",
+    "format_point_solution",
+    "write_zeus_pfo",
+    "zeus_frequency_schedules",
+]
 
-ZEUS_PFO_FILES = ("0.sched.json", "point_solution.json", "perseus_plan.json")
+ZEUS_PFO_FILES = ("0.sched.json", "point_solution.py", "perseus_plan.json")
 
 
 def _instruction(op_name: str) -> str:
@@ -62,11 +74,32 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
         {
             "rank": rank,
             "frequencies": [
-                [_instruction(op), int(freq)] for op, freq in zip(ops, freqs, strict=True)
+                [_instruction(op), _one_clock(op, freq)]
+                for op, freq in zip(ops, freqs, strict=True)
             ],
         }
         for rank, (ops, freqs) in enumerate(zip(frontier.stage_ops, point.freqs_mhz, strict=True))
     ]
+
+
+def _one_clock(op: str, freq: object) -> int:
+    if isinstance(freq, bool) or not isinstance(freq, int):
+        raise PlanError(
+            f"op {op} has a two-clock setting {freq!r}; Zeus's schedules hold one clock per "
+            "instruction, so export a plan computed without two-clock ops"
+        )
+    return freq
+
+
+def format_point_solution(schedules: list[dict[str, Any]], header: list[str]) -> str:
+    """The ``point_solution.py`` text: comment lines, then the per-rank list literal."""
+    lines = [f"# {h}" for h in header]
+    lines.append("[")
+    for s in schedules:
+        pairs = ", ".join(f"({name!r}, {freq:d})" for name, freq in s["frequencies"])
+        lines.append(f"    [{pairs}],")
+    lines.append("]")
+    return "\n".join(lines) + "\n"
 
 
 def write_zeus_pfo(
@@ -81,8 +114,14 @@ def write_zeus_pfo(
     out.mkdir(parents=True, exist_ok=True)
     schedules = zeus_frequency_schedules(frontier, point)
     atomic_write_text(out / "0.sched.json", json.dumps(schedules) + "\n")
-    atomic_write_text(
-        out / "point_solution.json", json.dumps([s["frequencies"] for s in schedules]) + "\n"
-    )
+    j = frontier.job
+    header = [
+        "Zeus PointSolution frequency schedule, written by `perseus export --format zeus-pfo`.",
+        f"job: {j.schedule}, {j.stages} stages x {j.microbatches} microbatches, {j.ranks} ranks",
+        f"expected iteration time {point.time_s:.6f} s, energy {point.energy_j:.3f} J "
+        f"(all-max {frontier.baseline.time_s:.6f} s, {frontier.baseline.energy_j:.3f} J)",
+        "one list per pipeline rank: (instruction, SM clock in MHz) in execution order",
+    ]
+    atomic_write_text(out / "point_solution.py", format_point_solution(schedules, header))
     write_frontier(frontier.with_points([point]), out / "perseus_plan.json")
     return [out / name for name in ZEUS_PFO_FILES]

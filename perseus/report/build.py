@@ -1,4 +1,4 @@
-"""Assemble a report directory: frontier.json, summary.json, three PNGs and report.html.
+"""Assemble a report directory: frontier.json, report-summary.json, three PNGs and report.html.
 
 The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
 directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
@@ -14,6 +14,7 @@ from pathlib import Path
 from perseus.io.atomic import atomic_write_bytes, atomic_write_text
 from perseus.io.frontier_files import write_frontier
 from perseus.job import PlanningJob
+from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
 from perseus.report.frontier import plot_frontier
 from perseus.report.html import render_html
@@ -22,17 +23,21 @@ from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
 from perseus.sim.straggler_sweep import StragglerCase
 
-__all__ = ["REPORT_FILES", "ReportInputs", "write_report"]
+logger = get_logger(__name__)
+
+__all__ = ["LEGACY_REPORT_FILES", "REPORT_FILES", "ReportInputs", "write_report"]
 
 #: Every file a full report holds (timeline.png and straggler.png need a job and a sweep).
 REPORT_FILES = (
     "frontier.json",
-    "summary.json",
+    "report-summary.json",
     "frontier.png",
     "timeline.png",
     "straggler.png",
     "report.html",
 )
+#: Files older versions wrote into a report directory (a rerun may replace them).
+LEGACY_REPORT_FILES = ("summary.json",)
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,11 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
         images["straggler"] = plot_straggler(inputs.sweep, f, inputs.pipelines)
     for name, png in images.items():
         atomic_write_bytes(out / f"{name}.png", png)
+        logger.debug("wrote %s.png (%d bytes)", name, len(png))
     write_frontier(f, out / "frontier.json")
-    atomic_write_text(out / "summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n")
+    atomic_write_text(
+        out / "report-summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n"
+    )
     page = render_html(
         summary,
         images,

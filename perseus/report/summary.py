@@ -2,21 +2,25 @@
 
 Every figure is relative to the all-max plan (all clocks at maximum) of the same job, the way
 the Perseus paper reports them. The same :class:`Summary` feeds the terminal output of
-``perseus demo``, ``summary.json`` and the HTML report, so the three never disagree.
+``perseus demo``, ``report-summary.json`` and the HTML report, so the three never disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perseus.plan import Frontier, PlanPoint
+from perseus.errors import ConfigError
+from perseus.io._errors import describe_validation_error
+from perseus.plan import Frontier, JobSpec, PlanPoint
 from perseus.sim.straggler_sweep import StragglerCase
 
 __all__ = [
+    "REPORT_SUMMARY_KIND",
+    "RUN_SUMMARY_KIND",
     "SUMMARY_STRAGGLER_FACTOR",
     "MeasuredFigures",
     "MeasuredRun",
@@ -26,6 +30,11 @@ __all__ = [
     "format_summary",
     "summarize",
 ]
+
+#: ``kind`` of a report's ``report-summary.json`` (the figures of a frontier, nothing run).
+REPORT_SUMMARY_KIND = "perseus.report-summary"
+#: ``kind`` of a run's summary (predicted and measured figures of a deployed plan).
+RUN_SUMMARY_KIND = "perseus.run-summary"
 
 #: The straggler slowdown the summary quotes (the issue's "1.2x straggler").
 SUMMARY_STRAGGLER_FACTOR = 1.2
@@ -59,7 +68,7 @@ class StragglerFigures:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Everything ``summary.json`` holds (and the terminal summary prints)."""
+    """Everything ``report-summary.json`` holds (and the terminal summary prints)."""
 
     job: dict[str, Any]
     points: int
@@ -70,8 +79,8 @@ class Summary:
     straggler: StragglerFigures | None
 
     def to_json_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the ``summary.json`` layout)."""
-        return asdict(self)
+        """A JSON-ready dict (the ``report-summary.json`` layout, tagged with its ``kind``)."""
+        return {"kind": REPORT_SUMMARY_KIND, "schema_version": 1, **asdict(self)}
 
 
 def _figures(point: PlanPoint | Any, allmax_time_s: float, allmax_energy_j: float) -> PlanFigures:
@@ -160,8 +169,8 @@ class MeasuredFigures(BaseModel):
 
     model_config = _LOOSE
 
-    time_s: Annotated[float, Field(gt=0)]
-    energy_j: Annotated[float, Field(gt=0)]
+    time_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    energy_j: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _PredictedMeasured(BaseModel):
@@ -172,13 +181,60 @@ class _PredictedMeasured(BaseModel):
 
 
 class MeasuredRun(BaseModel):
-    """An emulated or real run's ``summary.json``: the plan's predicted and measured figures.
+    """An emulated or real run's summary: the plan's predicted and measured figures.
 
     Extra keys are ignored: runners add their own details, and the report only needs these.
+    ``kind`` (:data:`RUN_SUMMARY_KIND`) and ``job`` (the plan's job, as in plan files) are
+    optional; when present the report checks them against the frontier, and otherwise it
+    checks the run's predicted all-max figures against the frontier's baseline
+    (:meth:`check_frontier`).
     """
 
     model_config = _LOOSE
 
+    kind: Literal["perseus.run-summary"] | None = None
+    job: dict[str, Any] | None = None
     predicted: MeasuredFigures
     measured: MeasuredFigures
     allmax: _PredictedMeasured | None = None
+
+    def check_frontier(self, frontier: Frontier, source: str) -> None:
+        """Raise :class:`~perseus.errors.ConfigError` unless this run planned ``frontier``'s job.
+
+        The run's job (when recorded) must equal the frontier's and its predicted all-max figures
+        the frontier's baseline; a run that records neither must have predicted one of the
+        frontier's points (relative tolerance 1e-6: all come from the same exact evaluator).
+        """
+        if self.job is not None:
+            try:
+                spec = JobSpec.model_validate(self.job)
+            except ValidationError as e:
+                raise ConfigError(
+                    describe_validation_error(source, e).replace("field ", "field job.", 1)
+                ) from None
+            frontier.check_job(spec, source=source)
+        if self.allmax is not None:
+            got, want = self.allmax.predicted, frontier.baseline
+            if not (_close(got.time_s, want.time_s) and _close(got.energy_j, want.energy_j)):
+                raise ConfigError(
+                    f"{source}: field allmax.predicted: {got.time_s:.6g} s, {got.energy_j:.6g} J, "
+                    f"but the frontier's all-max is {want.time_s:.6g} s, {want.energy_j:.6g} J: "
+                    "the run planned another job; pass the frontier that run used"
+                )
+        p = self.predicted
+        base = frontier.baseline
+        candidates: list[tuple[float, float]] = [(q.time_s, q.energy_j) for q in frontier.points]
+        candidates.append((base.time_s, base.energy_j))
+        if (
+            self.job is None
+            and self.allmax is None
+            and not any(_close(p.time_s, t) and _close(p.energy_j, e) for t, e in candidates)
+        ):
+            raise ConfigError(
+                f"{source}: field predicted: {p.time_s:.6g} s, {p.energy_j:.6g} J is no point of "
+                "the frontier: the run planned another job; pass the frontier that run used"
+            )
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))

@@ -22,6 +22,7 @@ boundary:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ def set_hint(store: Any, pipeline_index: int, time_s: float) -> None:
     Raises:
         ConfigError: if ``time_s`` is not positive or the index is negative.
     """
-    if pipeline_index < 0 or not time_s > 0:
+    if pipeline_index < 0 or not (math.isfinite(time_s) and time_s > 0):
         raise ConfigError(
             f"--pipeline must be >= 0 and --time-s > 0, got {pipeline_index} and {time_s}"
         )
@@ -85,7 +86,7 @@ def read_hint(store: Any, pipeline_index: int) -> float | None:
         value = float(store.get(key).decode())
     except (ValueError, UnicodeDecodeError):
         return None
-    return value if value > 0 else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ def test_demo_on_small_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
     for name in ("frontier.png", "timeline.png", "straggler.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "report-summary.json").read_text())
     assert summary["job"]["microbatches"] == 8
     assert summary["straggler"]["pipelines"] == 4  # from the config
     printed = capsys.readouterr().out
@@ -31,7 +31,7 @@ def test_demo_on_small_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main(["demo", "--config", SMALL, "--out", str(out), "--no-progress", "--pipelines", "8"])
         == 0
     )
-    assert json.loads((out / "summary.json").read_text())["straggler"]["pipelines"] == 8
+    assert json.loads((out / "report-summary.json").read_text())["straggler"]["pipelines"] == 8
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp dirs left"
 
 

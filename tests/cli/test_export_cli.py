@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -15,7 +16,12 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 
 def _frontier() -> Frontier:
     job = JobSpec(
-        schedule="1f1b", ranks=2, stages=2, microbatches=2, blocking_power_w=80, profile_sha256="x"
+        schedule="1f1b",
+        ranks=2,
+        stages=2,
+        microbatches=2,
+        blocking_power_w=80,
+        profile_sha256="0" * 64,
     )
     ops = (("F0", "F1", "B0", "B1"), ("F0", "B0", "F1", "B1"))
     return Frontier(
@@ -73,8 +79,8 @@ def test_export_writes_zeus_files(
     assert [[freq for _, freq in s["frequencies"]] for s in sched] == [
         list(r) for r in point.freqs_mhz
     ]
-    solution = json.loads((out / "point_solution.json").read_text())
-    assert solution == [s["frequencies"] for s in sched]
+    solution = ast.literal_eval((out / "point_solution.py").read_text())
+    assert solution == [[tuple(f) for f in s["frequencies"]] for s in sched]
     assert read_frontier(out / "perseus_plan.json").points == (point,)
 
 

@@ -45,13 +45,14 @@ def test_straggler_beyond_t_star_picks_min_energy(frontier_file, tmp_path):
     assert read_frontier(out).points == (frontier.min_energy,)
 
 
-def test_deadline_below_fastest_is_exit_1_naming_fastest(frontier_file, tmp_path, capsys):
+def test_deadline_below_fastest_is_exit_2_naming_fastest(frontier_file, tmp_path, capsys):
     path, frontier = frontier_file
     out = tmp_path / "plan.json"
     too_fast = frontier.fastest.time_s / 2
-    assert main(["plan", "pick", str(path), "--time-s", repr(too_fast), "-o", str(out)]) == 1
+    assert main(["plan", "pick", str(path), "--time-s", repr(too_fast), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "fastest takes" in err and f"{frontier.fastest.time_s:.6g}" in err
+    assert "--time-s" in err and "below the fastest plan" in err
+    assert f"{frontier.fastest.time_s:.6g}" in err
     assert not out.exists()
 
 

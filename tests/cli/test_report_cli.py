@@ -27,16 +27,23 @@ def frontier_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _run_summary(tmp_path: Path) -> Path:
+def _run_summary(tmp_path: Path, frontier_file: Path) -> Path:
+    """A run's summary of the frontier's job (its all-max and fastest plan, measured +1 %)."""
+    doc = json.loads(frontier_file.read_text())
+    base, fast = doc["baseline"], doc["points"][0]
     p = tmp_path / "run.json"
     p.write_text(
         json.dumps(
             {
-                "predicted": {"time_s": 2.22, "energy_j": 4300.0},
-                "measured": {"time_s": 2.25, "energy_j": 4350.0},
+                "kind": "perseus.run-summary",
+                "predicted": {"time_s": fast["time_s"], "energy_j": fast["energy_j"]},
+                "measured": {"time_s": fast["time_s"] * 1.01, "energy_j": fast["energy_j"] * 1.01},
                 "allmax": {
-                    "predicted": {"time_s": 2.22, "energy_j": 5100.0},
-                    "measured": {"time_s": 2.24, "energy_j": 5150.0},
+                    "predicted": {"time_s": base["time_s"], "energy_j": base["energy_j"]},
+                    "measured": {
+                        "time_s": base["time_s"] * 1.01,
+                        "energy_j": base["energy_j"] * 1.01,
+                    },
                 },
             }
         )
@@ -52,7 +59,7 @@ def test_report_with_measured_run(
         "report",
         str(frontier_file),
         "--summary",
-        str(_run_summary(tmp_path)),
+        str(_run_summary(tmp_path, frontier_file)),
         "--out",
         str(out),
     ]
@@ -88,7 +95,7 @@ def test_report_without_profile_skips_timeline(tmp_path: Path, frontier_file: Pa
                 "--summary",
                 str(d / "nope.json"),
             ],
-            "cannot read",
+            "file not found",
         ),
         (lambda d, f: ["report", str(f), "--out", str(d / "r"), "--profile", "a40"], "another job"),
         (lambda d, f: ["report", str(f), "--out", str(d / "r"), "--pipelines", "1"], "pipelines"),

@@ -59,8 +59,8 @@ def test_sweep_prints_and_writes(
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["--pipelines", "1"], "at least 2"),
-        (["--pipelines", "4", "--factors", "0.5"], ">= 1"),
+        (["--pipelines", "1"], "--pipelines: expected an integer >= 2"),
+        (["--pipelines", "4", "--factors", "0.5"], "outside [1, 1000]"),
         (["--pipelines", "4", "--factors", "a:b:c"], "not numbers"),
         ([], "--pipelines"),
     ],

@@ -61,7 +61,7 @@ def test_without_config_profile_and_microbatches_are_required(
     assert main(["evaluate", "--microbatches", "4"]) == 2
     assert "no profile given" in capsys.readouterr().err
     assert main(["evaluate", "a100"]) == 2
-    assert "--microbatches is required" in capsys.readouterr().err
+    assert "--microbatches: required" in capsys.readouterr().err
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -78,9 +78,9 @@ def _write(tmp_path: Path, text: str) -> Path:
             "unknown key 'microbatch'; remove it",
         ),
         ('profile = "a100"\n', "missing key 'microbatches'"),
-        ('profile = "a100"\nmicrobatches = 0\n', "field microbatches"),
-        ('profile = "a100"\nmicrobatches = 8\nschedule = "1f2b"\n', "field schedule"),
-        ('profile = "a100"\nmicrobatches = 8\nblocking_power_w = -1\n', "field blocking_power_w"),
+        ('profile = "a100"\nmicrobatches = 0\n', "key microbatches"),
+        ('profile = "a100"\nmicrobatches = 8\nschedule = "1f2b"\n', "key schedule"),
+        ('profile = "a100"\nmicrobatches = 8\nblocking_power_w = -1\n', "key blocking_power_w"),
         ('profile = "a100"\nmicrobatches = [8\n', "invalid TOML"),
     ],
 )

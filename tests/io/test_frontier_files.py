@@ -26,9 +26,10 @@ def test_round_trip_and_shape(tmp_path, job):
     path = tmp_path / "f.json"
     write_frontier(frontier, path)
     again = read_frontier(path)
-    assert again == frontier
+    assert again.model_copy(update={"points_sha256": None}) == frontier
     doc = json.loads(path.read_text())
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert len(doc["points_sha256"]) == 64
     assert doc["stage_ops"][0][:3] == ["F0", "F1", "F2"]
     assert len(doc["points"][0]["freqs_mhz"][7]) == 8
     assert [p["time_s"] for p in doc["points"]] == sorted(p["time_s"] for p in doc["points"])
@@ -47,9 +48,10 @@ def test_pick(job):
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        (lambda d: d.update(schema_version=2), "field schema_version"),
+        (lambda d: d.update(schema_version=3), "field schema_version"),
+        (lambda d: d.update(schema_version=2), "field points_sha256: missing"),
         (lambda d: d["job"].pop("ranks"), "field job.ranks"),
-        (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz has shape"),
+        (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz does not fit stage_ops"),
         (lambda d: d["points"].reverse(), "sorted by time_s"),
         (lambda d: d.update(code="__import__('os')"), "field code: Extra inputs"),
         (lambda d: d["points"][0].update(time_s=-1), r"field points\.0\.time_s"),
@@ -58,6 +60,8 @@ def test_pick(job):
 def test_bad_frontier_files(tmp_path, job, mutate, match):
     frontier = job.frontier([job.point(job.allmax()), _clock_plan(job, 1200)])
     doc = json.loads(frontier.model_dump_json())
+    doc["schema_version"] = 1
+    doc.pop("points_sha256")
     mutate(doc)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))

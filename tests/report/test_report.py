@@ -117,8 +117,8 @@ def test_write_report(tmp_path: Path, job: PlanningJob, frontier: Frontier) -> N
         tmp_path,
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(REPORT_FILES)
-    assert read_frontier(tmp_path / "frontier.json") == frontier
-    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert read_frontier(tmp_path / "frontier.json").points == frontier.points
+    on_disk = json.loads((tmp_path / "report-summary.json").read_text())
     assert on_disk["fastest"]["energy_saving"] == pytest.approx(summary.fastest.energy_saving)
     page = (tmp_path / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3

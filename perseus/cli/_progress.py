@@ -1,0 +1,120 @@
+"""Progress bars for long CLI steps: a tqdm bar on a terminal, log lines otherwise.
+
+When stderr is not a terminal (a log file, CI) no bar text is written at all; progress goes to
+the ``perseus`` logger at INFO (shown with ``-v``). The bar's label follows the phases the
+library announces (:func:`perseus.log.phase`), and the first solve in a fresh environment is
+labelled as the one-time compile of the solver kernels, which the bar would otherwise show as
+frozen at 0 %.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from perseus.log import PHASE_LOGGER, get_logger
+
+__all__ = ["COMPILE_PHASE", "progress_bar", "solver_kernels_cached"]
+
+logger = get_logger(__name__)
+
+COMPILE_PHASE = "compiling solver kernels (first run only, ~20-50 s)"
+
+
+def solver_kernels_cached() -> bool:
+    """Whether numba's on-disk cache already holds perseus's solver kernels."""
+    import importlib.util
+
+    dirs: list[Path] = []
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        # numba then caches there only, under a path-mangled subfolder
+        dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
+    else:
+        spec = importlib.util.find_spec("perseus.solver")
+        if spec is not None and spec.origin is not None:
+            dirs.append(Path(spec.origin).parent / "__pycache__")
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            if d.is_dir() and any(d.rglob("*.nbi")):
+                return True
+    return False
+
+
+class _PhaseListener(logging.Handler):
+    def __init__(self, set_label: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self._set_label = set_label
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "perseus_phase", None) == "start":
+            self._set_label(str(record.msg % record.args if record.args else record.msg))
+
+
+@contextlib.contextmanager
+def progress_bar(
+    label: str, enabled: bool = True, solve: bool = False
+) -> Iterator[Callable[[float], None]]:
+    """Yield ``update(fraction)`` for a step reported as fractions in [0, 1].
+
+    Args:
+        label: What the step is (``"frontier"``).
+        enabled: False for ``--no-progress``: no bar (log lines still go to the logger).
+        solve: The step runs the solver: label it as a compile until the first progress
+            report when the kernels are not cached yet.
+    """
+    from tqdm import tqdm
+
+    tty = enabled and sys.stderr.isatty()
+    compiling = solve and not solver_kernels_cached()
+    first = COMPILE_PHASE if compiling else label
+    logger.info("%s", first)
+    bar = tqdm(
+        total=100,
+        desc=first,
+        unit="%",
+        file=sys.stderr,
+        disable=not tty,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]",
+        leave=True,
+    )
+    label_now = [first]
+    logged = [0]
+
+    def set_label(text: str) -> None:
+        label_now[0] = text
+        bar.set_description_str(text)
+
+    listener = _PhaseListener(set_label)
+    phase_logger = logging.getLogger(PHASE_LOGGER)
+    phase_logger.addHandler(listener)
+    old_level = phase_logger.level
+    if phase_logger.getEffectiveLevel() > logging.INFO:
+        phase_logger.setLevel(logging.INFO)
+        # Records raised to INFO for the bar must not reach other handlers below their level.
+        phase_logger.propagate = False
+
+    def update(fraction: float) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            fraction = min(max(fraction, 0.0), 1.0)
+        target = round(100 * fraction)
+        if target > 0 and label_now[0] == COMPILE_PHASE:
+            logger.info("solver kernels compiled; %s", label)
+            set_label(label)
+        if target > bar.n:
+            bar.update(target - bar.n)
+        if target >= logged[0] + 10:
+            logged[0] = target - target % 10
+            logger.info("%s: %d %%", label, target)
+
+    try:
+        yield update
+        update(1.0)
+    finally:
+        bar.close()
+        phase_logger.removeHandler(listener)
+        phase_logger.setLevel(old_level)
+        phase_logger.propagate = True

@@ -1,0 +1,84 @@
+"""``perseus profile``: look at a profile, or re-cut one to your model's stage count.
+
+    perseus profile show a100
+    perseus profile slice a100 --stages 4 -o gpt3-a100-4stage.csv
+    perseus frontier gpt3-a100-4stage.csv --microbatches 16 --blocking-power-w 83.64 -o f.json
+
+``slice`` merges (or evenly splits) stages, see :mod:`perseus.io.profile_slice`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from perseus.cli._args import check_output_file, int_arg, nonempty_arg
+from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
+from perseus.io.profile_files import MAX_STAGES, write_profile_csv, write_profile_json
+from perseus.io.profile_slice import slice_profile
+from perseus.log import get_logger
+
+__all__ = ["register", "run"]
+
+logger = get_logger(__name__)
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("profile", help="show a profile, or re-cut it to another stage count")
+    actions = p.add_subparsers(dest="profile_action", metavar="ACTION", parser_class=type(p))
+    actions.required = True
+    show = actions.add_parser("show", help="stages, instructions and clocks of a profile")
+    show.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
+    show.set_defaults(handler=run)
+    cut = actions.add_parser(
+        "slice",
+        help="merge (or evenly split) stages: a profile for a model with another stage count",
+        description=(
+            "Write PROFILE re-cut to --stages stages: contiguous stages are merged (times and "
+            "energies added at each common clock), or each stage split evenly when --stages is "
+            "a multiple of the profile's count. An estimate to plan with until you measure."
+        ),
+    )
+    cut.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
+    cut.add_argument(
+        "--stages", type=int_arg(ge=1, le=MAX_STAGES), required=True, help="stages of the result"
+    )
+    cut.add_argument(
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="FILE",
+        help="profile to write (.json: perseus's JSON, else CSV)",
+    )
+    cut.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.profile_action == "slice":
+        out = check_output_file(args.out)
+    path = resolve_profile_path(args.profile)
+    profile = load_profile(path)
+    power = default_blocking_power_w(profile)
+    if args.profile_action == "show":
+        print(f"{path}: {profile.num_stages} stages, sha256 {profile.sha256[:16]}...")
+        for (stage, kind), op in profile.ops.items():
+            clocks = [o.freq_mhz for o in op.options]
+            print(
+                f"  stage {stage} {kind.profile_name:<8} {len(clocks)} clocks "
+                f"{min(clocks)}..{max(clocks)} MHz, {op.max_freq.time_s * 1e3:.2f} ms at max"
+            )
+        if power is not None:
+            print(f"blocking power (measured): {power:g} W")
+        return 0
+    logger.info("slicing %s (%d stages) to %d stages", path, profile.num_stages, args.stages)
+    sliced = slice_profile(profile, args.stages)
+    if out.suffix.lower() == ".json":
+        write_profile_json(sliced, out)
+    else:
+        write_profile_csv(sliced, out)
+    hint = f" --blocking-power-w {power:g}" if power is not None else " --blocking-power-w W"
+    print(f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages")
+    print(f"next: perseus frontier {out} --microbatches N{hint} -o frontier.json")
+    return 0

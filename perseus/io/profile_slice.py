@@ -1,0 +1,69 @@
+"""Re-cut a profile to another number of pipeline stages (e.g. the bundled 8-stage GPT-3
+profile to the 4 stages of your model), for planning before you have measured your own.
+
+The model: a stage of the new profile runs a contiguous block of the old stages' layers, one
+after the other, at one clock. Merging ``k`` old stages (``stages`` < old count) adds their
+times and their energies at each clock that all of them measured; splitting (``stages`` a
+multiple of the old count) gives each new stage an equal ``1/k`` share of an old stage's time
+and energy. Blocks are as even as integer division allows: new stage ``i`` of ``N`` covers old
+stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``. The result is an estimate; measure your
+own model (Zeus's profiler, or ``online_profile=True``) before trusting the figures.
+"""
+
+from __future__ import annotations
+
+from perseus.errors import ConfigError
+from perseus.profile.model import Profile, build_profile
+from perseus.schedule.actions import Kind
+
+__all__ = ["slice_profile"]
+
+Row = tuple[int, Kind, int, float, float]
+
+
+def slice_profile(profile: Profile, stages: int, flag: str = "--stages") -> Profile:
+    """``profile`` re-cut to ``stages`` stages (see the module docstring for the model).
+
+    Raises:
+        ConfigError: ``stages`` < 1, or more stages than the profile and not a multiple of its
+            count, or merged stages without a clock in common.
+    """
+    old = profile.num_stages
+    if stages < 1:
+        raise ConfigError(f"{flag}: must be >= 1, got {stages}")
+    rows: list[Row] = []
+    kinds = profile.kinds
+    if stages >= old:
+        if stages % old:
+            raise ConfigError(
+                f"{flag}: {stages} stages is more than the profile's {old} and not a multiple of "
+                f"it; pass a multiple of {old} (each stage split evenly) or at most {old}"
+            )
+        k = stages // old
+        for new in range(stages):
+            for kind in kinds:
+                for o in profile.op(new // k, kind).options:
+                    rows.append((new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k))
+        return build_profile(rows, source=f"{profile.source} (split to {stages} stages)")
+    for new in range(stages):
+        block = range(new * old // stages, (new + 1) * old // stages)
+        for kind in kinds:
+            ops = [profile.op(s, kind) for s in block]
+            common = set.intersection(*({o.freq_mhz for o in op.options} for op in ops))
+            if not common:
+                raise ConfigError(
+                    f"{flag} {stages}: stages {block.start}..{block.stop - 1} of "
+                    f"{profile.source} share no {kind.profile_name} clock; cannot merge them"
+                )
+            for freq in sorted(common, reverse=True):
+                options = [op.at(freq) for op in ops]
+                rows.append(
+                    (
+                        new,
+                        kind,
+                        freq,
+                        sum(o.time_s for o in options),
+                        sum(o.energy_j for o in options),
+                    )
+                )
+    return build_profile(rows, source=f"{profile.source} (merged to {stages} stages)")

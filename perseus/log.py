@@ -1,0 +1,108 @@
+"""perseus's logging: one ``perseus`` logger tree, quiet by default, rank-prefixed when asked.
+
+The library only logs (``logger = get_logger(__name__)``); it never configures handlers except
+through :func:`configure_logging`, which the CLI calls for ``-v``/``--log-level`` and a
+distributed program may call once per process::
+
+    from perseus.log import configure_logging, rank_from_env
+    configure_logging("INFO", rank=rank_from_env())   # "[rank 3] perseus.runtime...: ..."
+
+Long steps announce themselves with :func:`phase`, logged on ``perseus.phase``; a progress bar
+(the CLI's) may listen on that logger to show what is running, e.g. the one-time compile of the
+solver kernels::
+
+    with phase("compiling solver kernels (first run only)"):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import TextIO
+
+__all__ = [
+    "LOG_LEVELS",
+    "PHASE_LOGGER",
+    "configure_logging",
+    "get_logger",
+    "phase",
+    "rank_from_env",
+]
+
+ROOT = "perseus"
+#: The logger :func:`phase` reports on (progress bars may attach a handler to it).
+PHASE_LOGGER = "perseus.phase"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# The library stays silent unless a program configures logging (Python's last-resort handler
+# would otherwise print warnings).
+logging.getLogger(ROOT).addHandler(logging.NullHandler())
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger for a module (``get_logger(__name__)``); names outside perseus go under it."""
+    if name != ROOT and not name.startswith(ROOT + "."):
+        name = f"{ROOT}.{name}"
+    return logging.getLogger(name)
+
+
+def rank_from_env() -> int | None:
+    """The process's global rank from torchrun's ``RANK`` variable (None when not set/invalid)."""
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
+
+
+def configure_logging(
+    level: str | int = "WARNING", rank: int | None = None, stream: TextIO | None = None
+) -> None:
+    """Send ``perseus.*`` records at ``level`` and above to ``stream`` (stderr), one per line.
+
+    Args:
+        level: A name from :data:`LOG_LEVELS` or a ``logging`` level number.
+        rank: Prefix every line with ``[rank N]`` (distributed runs).
+        stream: Where to write (default ``sys.stderr`` at the time of the call).
+
+    Raises:
+        ValueError: for an unknown level name.
+    """
+    if isinstance(level, str):
+        if level.upper() not in LOG_LEVELS:
+            raise ValueError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
+        level = level.upper()
+    logger = logging.getLogger(ROOT)
+    for h in list(logger.handlers):
+        if isinstance(h, _Handler):
+            logger.removeHandler(h)
+    handler = _Handler(stream if stream is not None else sys.stderr)
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def phase(description: str) -> Iterator[None]:
+    """Announce a long step on ``perseus.phase`` (INFO), and its duration when it ends."""
+    logger = logging.getLogger(PHASE_LOGGER)
+    logger.info("%s", description, extra={"perseus_phase": "start"})
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        logger.info(
+            "%s: done in %.1f s",
+            description,
+            time.perf_counter() - started,
+            extra={"perseus_phase": "end"},
+        )

@@ -1,0 +1,149 @@
+"""Checks for values that cross a boundary (flags, config keys, file fields, store values).
+
+Every check raises :class:`~perseus.errors.ConfigError` with one line naming the value (``what``,
+e.g. ``"--time-s"`` or ``"job.toml: key microbatches"``), what was seen and what is accepted.
+Strict types: a ``bool`` is never an int, a string is never a number. Pure: no files, no env.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from perseus.errors import ConfigError
+
+__all__ = [
+    "MAX_JOB_CELLS",
+    "MAX_JOB_OPS",
+    "MESSAGE_LIMIT",
+    "check_finite",
+    "check_int",
+    "check_job_size",
+    "clip_message",
+    "estimate_job_ops",
+    "show_value",
+]
+
+#: Longest message an error carries (a value is shown cut, never a 7.9 MB line).
+MESSAGE_LIMIT = 600
+
+#: Largest job the planner accepts: ops in one iteration's DAG.
+MAX_JOB_OPS = 1_000_000
+#: Largest ops x clocks product (the solver's tables grow with it).
+MAX_JOB_CELLS = 20_000_000
+#: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
+_BYTES_PER_CELL = 700
+
+
+def show_value(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters with a note of the full length."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
+def clip_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters (the error handler's last guard)."""
+    if len(text) <= limit:
+        return text
+    note = f"... [message cut, {len(text)} characters]"
+    return text[: max(0, limit - len(note))] + note
+
+
+def check_finite(
+    what: str,
+    value: Any,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    unit: str = "",
+) -> float:
+    """``value`` as a finite float within the bounds, else :class:`ConfigError`.
+
+    Ints are accepted (``2`` means ``2.0``); bools and strings are not.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what}: expected a number, got {show_value(value)}")
+    try:
+        f = float(value)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise ConfigError(
+            f"{what}: must be a finite number{_bounds(gt, ge, lt, le, unit)}, got {show_value(value)}"
+        )
+    if (
+        (gt is not None and not f > gt)
+        or (ge is not None and not f >= ge)
+        or (lt is not None and not f < lt)
+        or (le is not None and not f <= le)
+    ):
+        raise ConfigError(
+            f"{what}: must be a number{_bounds(gt, ge, lt, le, unit)}, got {show_value(value)}"
+        )
+    return f
+
+
+def check_int(what: str, value: Any, *, ge: int | None = None, le: int | None = None) -> int:
+    """``value`` as an int within ``[ge, le]``, else :class:`ConfigError` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what}: expected an integer, got {show_value(value)}")
+    if (ge is not None and value < ge) or (le is not None and value > le):
+        lo = f">= {ge}" if ge is not None else ""
+        hi = f"<= {le}" if le is not None else ""
+        rng = " and ".join(x for x in (lo, hi) if x)
+        raise ConfigError(f"{what}: must be an integer {rng}, got {show_value(value)}")
+    return value
+
+
+def _bounds(
+    gt: float | None, ge: float | None, lt: float | None, le: float | None, unit: str
+) -> str:
+    parts = []
+    for op, bound in ((">", gt), (">=", ge), ("<", lt), ("<=", le)):
+        if bound is not None:
+            parts.append(f"{op} {bound:g}{(' ' + unit) if unit else ''}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def estimate_job_ops(schedule: str, stages: int, microbatches: int, virtual_stages: int) -> int:
+    """Ops in one iteration of ``schedule`` without building it: F and B per microbatch and
+    model stage, plus W for zero-bubble (``stages`` counts model stages, so virtual stages do
+    not add ops)."""
+    del virtual_stages
+    kinds = 3 if schedule == "zb" else 2
+    return kinds * stages * microbatches
+
+
+def check_job_size(
+    what: str,
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    virtual_stages: int = 1,
+    clocks: int = 1,
+) -> None:
+    """Refuse a job too large to plan, before anything is built, with its estimated memory.
+
+    Args:
+        what: Where the sizes came from (``"--microbatches"``, a config file, a plan file).
+        clocks: Clocks per op in the profile (the solver's tables are ops x clocks).
+
+    Raises:
+        ConfigError: naming the ops, clocks, estimated memory and the limits.
+    """
+    ops = estimate_job_ops(schedule, stages, microbatches, virtual_stages)
+    cells = ops * max(clocks, 1)
+    if ops <= MAX_JOB_OPS and cells <= MAX_JOB_CELLS:
+        return
+    est_gb = cells * _BYTES_PER_CELL / 1e9
+    raise ConfigError(
+        f"{what}: job too large to plan: {stages} stages x {microbatches} microbatches"
+        f"{f' x {virtual_stages} virtual stages' if virtual_stages > 1 else ''} = {ops:,} ops"
+        f" x {clocks} clocks (~{est_gb:,.1f} GB estimated); the limits are {MAX_JOB_OPS:,} ops and "
+        f"{MAX_JOB_CELLS:,} op-clocks; plan fewer microbatches (the frontier per microbatch "
+        "changes little past ~100)"
+    )

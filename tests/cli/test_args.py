@@ -1,0 +1,79 @@
+"""The shared validators: flag types, value checks, size bound, message length."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perseus.cli._args import float_arg, int_arg
+from perseus.errors import ConfigError
+from perseus.validate import (
+    MAX_JOB_OPS,
+    check_finite,
+    check_int,
+    check_job_size,
+    clip_message,
+    show_value,
+)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_float_arg_accepts_exactly_finite_values_in_range(x: float) -> None:
+    parse = float_arg(gt=0, le=1e6)
+    ok = math.isfinite(x) and 0 < x <= 1e6
+    if ok:
+        assert parse(repr(x)) == x
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a finite number > 0"):
+            parse(repr(x))
+
+
+@given(st.integers())
+def test_int_arg_accepts_exactly_integers_in_range(n: int) -> None:
+    parse = int_arg(ge=1, le=1000)
+    if 1 <= n <= 1000:
+        assert parse(str(n)) == n
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected an integer >= 1"):
+            parse(str(n))
+
+
+@pytest.mark.parametrize("text", ["1.0", "1e3", "0x10", "true", "", " ", "²", "1_000", "nan"])
+def test_int_arg_refuses_non_integers(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        int_arg(ge=0)(text)
+
+
+@pytest.mark.parametrize("value", [True, False, "4", None, [], float("nan"), float("inf"), 10**400])
+def test_check_finite_is_strict(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"job\.toml: key x"):
+        check_finite("job.toml: key x", value, ge=0)
+
+
+@pytest.mark.parametrize("value", [True, "4", 4.0, None])
+def test_check_int_is_strict(value: object) -> None:
+    with pytest.raises(ConfigError, match="expected an integer"):
+        check_int("--n", value)
+
+
+def test_check_int_and_finite_pass_good_values() -> None:
+    assert check_int("--n", 5, ge=1, le=9) == 5
+    assert check_finite("--x", 2, gt=0) == 2.0
+
+
+def test_size_bound_names_the_source_and_memory() -> None:
+    check_job_size("--microbatches", "1f1b", 32, 512, clocks=38)  # the largest benchmarked job
+    with pytest.raises(ConfigError, match=r"--microbatches: job too large .* GB estimated"):
+        check_job_size("--microbatches", "1f1b", 8, MAX_JOB_OPS, clocks=38)
+    with pytest.raises(ConfigError, match=r"job.toml: key microbatches"):
+        check_job_size("job.toml: key microbatches", "zb", 64, 100_000, clocks=60)
+
+
+def test_messages_and_values_are_cut() -> None:
+    assert len(clip_message("x" * 8_000_000)) <= 600
+    shown = show_value("y" * 5000)
+    assert len(shown) < 80 and "(5002 characters)" in shown

@@ -1,0 +1,207 @@
+"""Everyday use: command list, -o/--out everywhere, logging, progress off a terminal, the
+4-stage path from a bundled profile to a plan, evaluate from the plan file."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perseus.cli import _commands
+from perseus.cli._progress import COMPILE_PHASE, progress_bar
+from perseus.cli.main import build_parser, main
+from perseus.io import read_frontier
+from perseus.log import configure_logging, get_logger, phase
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> None:
+    yield
+    configure_logging("WARNING")
+
+
+def test_bare_perseus_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in _commands._MODULES:
+        assert name.replace("_", "-") in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo"],
+        ["frontier", "a100", "--microbatches", "4"],
+        ["plan", "pick", "f.json", "--slowdown", "1"],
+        ["report", "f.json"],
+        ["export", "f.json", "--format", "zeus-pfo"],
+        ["straggler-sweep", "f.json", "--pipelines", "4"],
+        ["profile", "slice", "a100", "--stages", "4"],
+    ],
+)
+@pytest.mark.parametrize("flag", ["-o", "--out", "--output"])
+def test_every_writing_command_takes_o_and_out(argv: list[str], flag: str) -> None:
+    args = build_parser().parse_args([*argv, flag, "target"])
+    assert args.out == "target"
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_logs_what_happens(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cmd = ["profile", "slice", "a100", "--stages", "4", "-o", str(tmp_path / "p.csv")]
+    argv = ["-v", *cmd] if where == "before" else [*cmd, "-v"]
+    assert main(argv) == 0
+    assert "INFO perseus.cli.profile: slicing" in capsys.readouterr().err
+    # quiet by default: nothing on stderr without -v
+    assert main([*cmd[:-1], str(tmp_path / "q.csv")]) == 0
+    assert capsys.readouterr().err == ""
+    assert (
+        main(
+            [
+                "--log-level",
+                "debug",
+                "frontier",
+                str(tmp_path / "p.csv"),
+                "--microbatches",
+                "4",
+                "--blocking-power-w",
+                "80",
+                "-o",
+                str(tmp_path / "f.json"),
+            ]
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "INFO perseus.cli.frontier: job: 1f1b, 4 stages x 4 microbatches" in err
+    # stderr is not a terminal here: no progress-bar text, only log lines
+    assert "|" not in err and "\r" not in err
+
+
+def test_quiet_by_default_and_no_bar_off_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["frontier", "a100", "--microbatches", "4", "-o", str(tmp_path / "f.json")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_rank_prefix_and_phases() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", rank=3, stream=stream)
+    get_logger("runtime.agent").info("clock set")
+    with phase("tracing"):
+        pass
+    text = stream.getvalue()
+    assert "[rank 3] INFO perseus.runtime.agent: clock set" in text
+    assert "perseus.phase: tracing: done in" in text
+
+
+def test_progress_labels_the_first_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    import perseus.cli._progress as prog
+
+    monkeypatch.setattr(prog, "solver_kernels_cached", lambda: False)
+    stream = io.StringIO()
+    configure_logging("INFO", stream=stream)
+    with progress_bar("frontier", solve=True) as update:
+        update(0.0)
+        update(0.5)
+    text = stream.getvalue()
+    assert COMPILE_PHASE in text
+    assert text.index(COMPILE_PHASE) < text.index("solver kernels compiled")
+    assert logging.getLogger("perseus.phase").propagate
+
+
+def test_four_stage_model_to_a_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's path: slice the bundled 8-stage profile to 4 stages, plan, pick, evaluate."""
+    p4, f, plan = tmp_path / "p4.csv", tmp_path / "f.json", tmp_path / "plan.json"
+    assert main(["profile", "slice", "a100", "--stages", "4", "-o", str(p4)]) == 0
+    assert (
+        main(
+            [
+                "frontier",
+                str(p4),
+                "--microbatches",
+                "8",
+                "--blocking-power-w",
+                "83.64",
+                "-o",
+                str(f),
+            ]
+        )
+        == 0
+    )
+    assert main(["plan", "pick", str(f), "--slowdown", "1", "-o", str(plan)]) == 0
+    (point,) = read_frontier(plan).points
+    assert len(point.freqs_mhz) == 4
+    capsys.readouterr()
+    # the job comes from the plan file; the profile is given because it is not bundled
+    assert main(["evaluate", str(p4), "--plan", str(plan)]) == 0
+    from_plan = capsys.readouterr().out
+    assert (
+        main(
+            [
+                "evaluate",
+                str(p4),
+                "--microbatches",
+                "8",
+                "--blocking-power-w",
+                "83.64",
+                "--plan",
+                str(plan),
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == from_plan
+    assert f"time_s:   {point.time_s:.6f}" in from_plan
+
+
+def test_evaluate_reads_the_job_from_a_bundled_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f, plan = tmp_path / "f.json", tmp_path / "plan.json"
+    assert main(["frontier", "a100", "--microbatches", "4", "-o", str(f)]) == 0
+    assert main(["plan", "pick", str(f), "--slowdown", "1.05", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--plan", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "1f1b 8 stages x 4 microbatches" in out
+
+
+def test_unreachable_store_is_one_line_without_torch_frames() -> None:
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perseus.cli",
+            "straggler",
+            "set",
+            "--store",
+            "127.0.0.1:1",
+            "--pipeline",
+            "0",
+            "--time-s",
+            "1",
+            "--timeout-s",
+            "0.2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: --store '127.0.0.1:1': cannot connect")
+    assert "frame #" not in proc.stderr
