@@ -129,24 +129,36 @@ class BatchSizeOptimizer:
             costs.setdefault(o.batch_size, []).append(value)
         return costs
 
-    def decide(self, history: Sequence[Observation], rng: np.random.Generator) -> Decision:
+    def decide(
+        self,
+        history: Sequence[Observation],
+        rng: np.random.Generator,
+        *,
+        pending: Sequence[int] = (),
+    ) -> Decision:
         """The next run's batch size given every finished run so far.
+
+        Args:
+            history: Finished runs, oldest first.
+            rng: Source of Thompson samples.
+            pending: Batch sizes of runs started but not finished (concurrent jobs): they count
+                as tried, so two concurrent runs never explore the same batch size.
 
         Complexity: O(len(history) + len(batch_sizes)).
         """
         sizes = self.batch_sizes
         limit = self.cost_limit(history)
-        tried = {o.batch_size for o in history}
+        tried = {o.batch_size for o in history} | set(pending)
         converged: dict[int, list[float]] = {}
         for o in history:
             if o.reached:
                 converged.setdefault(o.batch_size, []).append(o.cost)
         if not converged:
             b0 = self.default_batch_size
-            if b0 not in tried:
+            if b0 not in tried or not history:
                 return Decision(b0, "default", limit)
             untried = [b for b in sizes if b not in tried]
-            if not untried:  # everything failed once: keep trying the default
+            if not untried:  # everything failed once (or runs): keep trying the default
                 return Decision(b0, "default", limit)
             nearest = min(untried, key=lambda b: (abs(math.log(b / b0)), b))
             return Decision(nearest, "explore", limit)
