@@ -26,21 +26,38 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
     inner.required = True
     s = inner.add_parser("simulate", help="trace-driven simulation vs the default and the oracle")
-    s.add_argument("--trace", required=True, metavar="DIR",
-                   help="folder with summary_train.csv and summary_power_<gpu>.csv")  # fmt: skip
+    s.add_argument(
+        "--trace",
+        required=True,
+        metavar="DIR",
+        help="folder with summary_train.csv and summary_power_<gpu>.csv",
+    )
     s.add_argument("--gpu", required=True, help="GPU name of the power trace (e.g. a40)")
-    s.add_argument("--workload", metavar="DATASET/NETWORK",
-                   help="one workload (default: every workload in the trace)")  # fmt: skip
-    s.add_argument("--recurrences", type=int, metavar="N",
-                   help="recurrences per seed (default: 2 x batch sizes x power limits)")  # fmt: skip
+    s.add_argument(
+        "--workload",
+        metavar="DATASET/NETWORK",
+        help="one workload (default: every workload in the trace)",
+    )
+    s.add_argument(
+        "--recurrences",
+        type=int,
+        metavar="N",
+        help="recurrences per seed (default: 2 x batch sizes x power limits)",
+    )
     s.add_argument("--seeds", type=int, default=10, help="seeds to average over (default 10)")
     s.add_argument("--eta", type=float, default=0.5, help="energy-time weight (default 0.5)")
     s.add_argument("--beta", type=float, default=2.0, help="early-stop factor (default 2.0)")
-    s.add_argument("--profile-share", type=float, default=1.0, metavar="F",
-                   help="share of a batch size's first epoch spent profiling power limits "
-                   "(default 1.0, Zeus's assumption)")  # fmt: skip
-    s.add_argument("--jobs", metavar="FILE",
-                   help="CSV of job definitions (default: Zeus's six jobs)")  # fmt: skip
+    s.add_argument(
+        "--profile-share",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="share of a batch size's first epoch spent profiling power limits "
+        "(default 1.0, Zeus's assumption)",
+    )
+    s.add_argument(
+        "--jobs", metavar="FILE", help="CSV of job definitions (default: Zeus's six jobs)"
+    )
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s.add_argument("--plot", metavar="DIR", help="write cumulative-cost and batch-size PNGs")
     s.set_defaults(handler=run_simulate)
@@ -97,9 +114,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     workloads = load_workloads(Path(args.trace), args.gpu, jobs=jobs, workload=args.workload)
     summaries = [
         simulate_workload(
-            w, recurrences=args.recurrences, seeds=range(args.seeds), eta=args.eta,
-            beta=args.beta, profile_share=args.profile_share,
-        )  # fmt: skip
+            w,
+            recurrences=args.recurrences,
+            seeds=range(args.seeds),
+            eta=args.eta,
+            beta=args.beta,
+            profile_share=args.profile_share,
+        )
         for w in workloads
     ]
     document = summary_json(args.gpu, summaries)

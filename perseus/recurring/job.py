@@ -254,8 +254,9 @@ class RecurringJob:
         if self.own_gpu and isinstance(gpu, ManagedGPU):
             ownership = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
             ownership.acquire()
-            watchdog = Watchdog({**gpu.watchdog_spec(), "power_limit": "reset"},
-                                gpu.owner_lock_path())  # fmt: skip
+            watchdog = Watchdog(
+                {**gpu.watchdog_spec(), "power_limit": "reset"}, gpu.owner_lock_path()
+            )
         guard = ExitGuard(reset)
         try:
             if watchdog is not None:
@@ -290,15 +291,21 @@ class RecurringJob:
                         self.gpu.set_power_limit_w(limit)
                     else:
                         profiler = PowerLimitProfiler(
-                            self.gpu, eta=self.eta, max_power_w=self.max_power_w,
-                            clock=self.clock, **self.profiler_kwargs,
-                        )  # fmt: skip
+                            self.gpu,
+                            eta=self.eta,
+                            max_power_w=self.max_power_w,
+                            clock=self.clock,
+                            **self.profiler_kwargs,
+                        )
                 run = RecurringRun(self, started.run_id, started.decision, profiler, limit)
                 log.info(
                     "job %s run %s: batch size %d (%s), power limit %s",
-                    self.name, started.run_id, bs, started.decision.phase,
+                    self.name,
+                    started.run_id,
+                    bs,
+                    started.decision.phase,
                     "profiling" if profiler is not None else limit,
-                )  # fmt: skip
+                )
                 yield run
                 observation = run.observation()
         except BaseException:

@@ -157,10 +157,10 @@ class BatchSizeOptimizer:
             b0 = self.default_batch_size
             if b0 not in tried or not history:
                 return Decision(b0, "default", limit)
-            untried = [b for b in sizes if b not in tried]
-            if not untried:  # everything failed once (or runs): keep trying the default
+            fresh = [b for b in sizes if b not in tried]
+            if not fresh:  # everything failed once (or runs): keep trying the default
                 return Decision(b0, "default", limit)
-            nearest = min(untried, key=lambda b: (abs(math.log(b / b0)), b))
+            nearest = min(fresh, key=lambda b: (abs(math.log(b / b0)), b))
             return Decision(nearest, "explore", limit)
         costs = self.arm_costs(history)
         alive = {b: costs[b] for b in converged}
@@ -170,13 +170,13 @@ class BatchSizeOptimizer:
         # Arms not clearly worse than the best keep the walk going past them (rule 2).
         close = [b for b in post if post[b].mean <= best_mean * (1.0 + self.margin_std * rel_std)]
         for arm in sorted(close, key=lambda b: (post[b].mean, b)):
-            untried = self._untried_neighbour(arm, tried)
-            if untried is not None:
-                return Decision(untried, "explore", limit)
+            neighbour = self._untried_neighbour(arm, tried)
+            if neighbour is not None:
+                return Decision(neighbour, "explore", limit)
         drawn = thompson_sample(post, rng)
-        untried = self._untried_neighbour(drawn, tried)
-        if untried is not None:
-            return Decision(untried, "explore", limit)
+        neighbour = self._untried_neighbour(drawn, tried)
+        if neighbour is not None:
+            return Decision(neighbour, "explore", limit)
         return Decision(drawn, "thompson", limit)
 
     def _untried_neighbour(self, arm: int, tried: set[int]) -> int | None:

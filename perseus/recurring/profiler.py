@@ -155,7 +155,9 @@ class PowerLimitProfiler:
         self.chosen_w = chosen
         log.info(
             "power-limit profile: %s -> %g W",
-            {w: round(m.cost_per_sample(self.eta, max_power_w), 6)
-             for w, m in self.measurements.items()},
+            {
+                w: round(m.cost_per_sample(self.eta, max_power_w), 6)
+                for w, m in self.measurements.items()
+            },
             chosen,
-        )  # fmt: skip
+        )

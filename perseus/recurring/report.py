@@ -28,8 +28,9 @@ def plot_cumulative_cost(summary: WorkloadSummary, gpu: str) -> bytes:
         for policy, runs in summary.runs.items():
             costs = np.stack([r.cum_cost for r in runs])
             ax.plot(x, costs.mean(axis=0), color=_COLOURS[policy], lw=2, label=policy)
-            ax.fill_between(x, costs.min(axis=0), costs.max(axis=0), color=_COLOURS[policy],
-                            alpha=0.15, lw=0)  # fmt: skip
+            ax.fill_between(
+                x, costs.min(axis=0), costs.max(axis=0), color=_COLOURS[policy], alpha=0.15, lw=0
+            )
         ax.set_xlabel("recurrence")
         ax.set_ylabel("cumulative cost (J)")
         ax.set_title(f"{summary.workload} on {gpu}: cumulative cost over {len(runs)} seeds")
@@ -46,12 +47,21 @@ def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) ->
         xs = np.arange(1, len(runs) + 1)
         ok = [r.reached for r in runs]
         bs = [r.batch_size for r in runs]
-        ax.scatter([x for x, k in zip(xs, ok, strict=True) if k],
-                   [b for b, k in zip(bs, ok, strict=True) if k],
-                   color="tab:green", s=18, label="reached target")  # fmt: skip
-        ax.scatter([x for x, k in zip(xs, ok, strict=True) if not k],
-                   [b for b, k in zip(bs, ok, strict=True) if not k],
-                   facecolors="none", edgecolors="tab:red", s=30, label="failed / stopped early")  # fmt: skip
+        ax.scatter(
+            [x for x, k in zip(xs, ok, strict=True) if k],
+            [b for b, k in zip(bs, ok, strict=True) if k],
+            color="tab:green",
+            s=18,
+            label="reached target",
+        )
+        ax.scatter(
+            [x for x, k in zip(xs, ok, strict=True) if not k],
+            [b for b, k in zip(bs, ok, strict=True) if not k],
+            facecolors="none",
+            edgecolors="tab:red",
+            s=30,
+            label="failed / stopped early",
+        )
         ax.axhline(summary.oracle_config[0], color="tab:blue", ls=":", label="oracle batch size")
         ax.set_yscale("log", base=2)
         ax.set_xlabel("run")

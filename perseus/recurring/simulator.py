@@ -83,7 +83,7 @@ def jit_power_limit_w(workload: Workload, batch_size: int, eta: float) -> int:
     Throughput is ``1 / time_per_epoch`` (samples per epoch cancel in the comparison).
     """
     measured = {
-        pl: PowerLimitMeasurement(
+        float(pl): PowerLimitMeasurement(
             pl,
             1.0 / workload.epochs[(batch_size, pl)].time_s,
             workload.epochs[(batch_size, pl)].avg_power_w,
@@ -120,7 +120,9 @@ def _run(
     budget = workload.spec.max_epochs
     if cost_limit is not None:
         # Stop before the first epoch that would cross the limit.
-        budget = 0 if c_first > cost_limit else min(budget, 1 + int((cost_limit - c_first) // c_epoch))
+        budget = (
+            0 if c_first > cost_limit else min(budget, 1 + int((cost_limit - c_first) // c_epoch))
+        )
     epochs = target if target is not None and target <= budget else budget
     if epochs == 0:
         return 0.0, 0.0, False, False
@@ -166,10 +168,14 @@ def simulate_optimizer(
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
             energy, time_s, reached, started = _run(
-                workload, bs, pl, eta, rng,
+                workload,
+                bs,
+                pl,
+                eta,
+                rng,
                 cost_limit=decision.cost_limit,
                 profile_share=profile_share if first else 0.0,
-            )  # fmt: skip
+            )
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
             cost = eta * energy + (1 - eta) * max_w * time_s
@@ -277,9 +283,13 @@ def simulate_workload(
     for seed in seeds:
         runs["optimizer"].append(
             simulate_optimizer(
-                workload, n, eta=eta, beta=beta, rng=np.random.default_rng([seed, 0]),
+                workload,
+                n,
+                eta=eta,
+                beta=beta,
+                rng=np.random.default_rng([seed, 0]),
                 profile_share=profile_share,
-            )  # fmt: skip
+            )
         )
         for k, (name, (bs, pl)) in enumerate((("default", default), ("oracle", oracle)), 1):
             rng = np.random.default_rng([seed, k])

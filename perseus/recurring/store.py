@@ -154,9 +154,11 @@ class SQLiteStore:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 con = sqlite3.connect(
-                    self.path, timeout=self.busy_timeout_s, isolation_level=None,
+                    self.path,
+                    timeout=self.busy_timeout_s,
+                    isolation_level=None,
                     check_same_thread=False,
-                )  # fmt: skip
+                )
                 con.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
                 con.execute("PRAGMA journal_mode = WAL")
                 con.execute("PRAGMA synchronous = NORMAL")
@@ -266,9 +268,17 @@ class SQLiteStore:
                 "UPDATE runs SET status = 'done', batch_size = ?, power_limit_w = ?, "
                 "energy_j = ?, time_s = ?, cost = ?, reached = ?, finished_s = ? "
                 "WHERE run_id = ? AND status = 'running'",
-                (o.batch_size, o.power_limit_w, o.energy_j, o.time_s, o.cost, int(o.reached),
-                 self._clock(), run_id),
-            )  # fmt: skip
+                (
+                    o.batch_size,
+                    o.power_limit_w,
+                    o.energy_j,
+                    o.time_s,
+                    o.cost,
+                    int(o.reached),
+                    self._clock(),
+                    run_id,
+                ),
+            )
             return cur.rowcount == 1
 
     def abandon_run(self, run_id: str) -> None:
@@ -294,11 +304,15 @@ class SQLiteStore:
 
     def cached_power_limit_w(self, job: str, gpu: str, batch_size: int) -> float | None:
         with self._lock:
-            row = self._connection().execute(
-                "SELECT power_limit_w FROM power_limits WHERE job = ? AND gpu = ? AND "
-                "batch_size = ?",
-                (job, gpu, batch_size),
-            ).fetchone()
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT power_limit_w FROM power_limits WHERE job = ? AND gpu = ? AND "
+                    "batch_size = ?",
+                    (job, gpu, batch_size),
+                )
+                .fetchone()
+            )
         return None if row is None else float(row[0])
 
     def save_power_limit_w(

@@ -23,12 +23,32 @@ from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
 __all__ = ["load_jobs", "load_workloads", "power_trace_path"]
 
-_TRAIN_FIELDS = ("dataset", "network", "batch_size", "optimizer", "run", "target_metric",
-                 "target_epoch")  # fmt: skip
-_POWER_FIELDS = ("dataset", "network", "batch_size", "optimizer", "power_limit",
-                 "time_per_epoch", "average_power")  # fmt: skip
-_JOB_FIELDS = ("dataset", "network", "optimizer", "target_metric", "max_epochs",
-               "default_batch_size")  # fmt: skip
+_TRAIN_FIELDS = (
+    "dataset",
+    "network",
+    "batch_size",
+    "optimizer",
+    "run",
+    "target_metric",
+    "target_epoch",
+)
+_POWER_FIELDS = (
+    "dataset",
+    "network",
+    "batch_size",
+    "optimizer",
+    "power_limit",
+    "time_per_epoch",
+    "average_power",
+)
+_JOB_FIELDS = (
+    "dataset",
+    "network",
+    "optimizer",
+    "target_metric",
+    "max_epochs",
+    "default_batch_size",
+)
 
 
 def power_trace_path(trace_dir: Path, gpu: str) -> Path:
@@ -49,8 +69,7 @@ def _rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, st
                 f"{path}: missing column(s) {', '.join(missing)}; the header must name "
                 f"{', '.join(fields)}"
             )
-        for line, row in enumerate(reader, start=2):
-            yield line, row
+        yield from enumerate(reader, start=2)
 
 
 def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:

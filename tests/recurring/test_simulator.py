@@ -93,10 +93,15 @@ def test_jit_profiler_picks_the_trace_optimum_for_every_batch_size(
                 limits = [float(x) for x in reversed(w.power_limits_w[bs])]
                 profiler = PowerLimitProfiler(
                     fake,  # type: ignore[arg-type]
-                    eta=0.5, max_power_w=w.max_power_w, power_limits_w=limits,
-                    warmup_steps=3, settle_steps=1, window_steps=5, min_window_s=0.0,
+                    eta=0.5,
+                    max_power_w=w.max_power_w,
+                    power_limits_w=limits,
+                    warmup_steps=3,
+                    settle_steps=1,
+                    window_steps=5,
+                    min_window_s=0.0,
                     clock=lambda f=fake: f.now,  # type: ignore[misc]
-                )  # fmt: skip
+                )
                 steps = 0
                 while not profiler.done:
                     fake.iterate()
@@ -177,15 +182,27 @@ def test_bad_trace_rows_name_file_line_and_field(tmp_path: Path) -> None:
         "squad,bert_base_uncased,8,adamw,1e-6,1,84.0,4\n"
     )
     (tmp_path / "summary_power_y.csv").write_text("dataset,network\nsquad,bert\n")
-    with pytest.raises(ConfigError, match="summary_power_y.csv: missing column"):
+    with pytest.raises(ConfigError, match=r"summary_power_y\.csv: missing column"):
         load_workloads(tmp_path, "y")
 
 
 def test_cli_json_shape_and_bad_input_exit_codes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["recurring", "simulate", "--trace", str(TRACE), "--gpu", "v100",
-            "--workload", "squad/bert_base_uncased", "--recurrences", "5", "--seeds", "2"]  # fmt: skip
+    args = [
+        "recurring",
+        "simulate",
+        "--trace",
+        str(TRACE),
+        "--gpu",
+        "v100",
+        "--workload",
+        "squad/bert_base_uncased",
+        "--recurrences",
+        "5",
+        "--seeds",
+        "2",
+    ]
     assert main([*args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["gpu"] == "v100"
