@@ -23,16 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w
-from perseus.recurring.policy import BatchSizeOptimizer, Observation
+from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.workload import Workload
 
 __all__ = [
     "POLICIES",
+    "BatchSizePolicy",
     "PolicyRun",
     "RunRecord",
     "WorkloadSummary",
@@ -45,6 +47,12 @@ __all__ = [
 
 POLICIES = ("optimizer", "default", "oracle")
 _MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
+
+
+class BatchSizePolicy(Protocol):
+    """Anything that picks the next run's batch size from the finished runs."""
+
+    def decide(self, history: Sequence[Observation], rng: np.random.Generator) -> Decision: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +158,19 @@ def simulate_optimizer(
     beta: float,
     rng: np.random.Generator,
     profile_share: float = 1.0,
+    policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
     """The batch-size optimizer with the JIT power-limit profiler over ``recurrences`` runs.
+
+    Args:
+        policy: Batch-size policy (default :class:`BatchSizeOptimizer` with ``beta``); a
+            benchmark passes another one (e.g. a re-implementation of Zeus's) to compare.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
     """
-    policy = BatchSizeOptimizer(workload.batch_sizes, workload.default_batch_size, beta=beta)
+    if policy is None:
+        policy = BatchSizeOptimizer(workload.batch_sizes, workload.default_batch_size, beta=beta)
     history: list[Observation] = []
     profiled: dict[int, int] = {}
     runs: list[RunRecord] = []
