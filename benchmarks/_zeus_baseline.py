@@ -89,7 +89,9 @@ class ZeusPolicy:
         for o in history[self.seen :]:
             self._observe(o)
         self.seen = len(history)
-        limit = None if math.isinf(self.min_recurrence_cost) else self.beta * self.min_recurrence_cost
+        limit = (
+            None if math.isinf(self.min_recurrence_cost) else self.beta * self.min_recurrence_cost
+        )
         if self.pruning:
             if self._expect is not None:  # still waiting (should not happen sequentially)
                 return Decision(self._expect, "explore", limit)

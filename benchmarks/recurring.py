@@ -28,15 +28,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _zeus_baseline import ZeusPolicy  # noqa: E402
+from _zeus_baseline import ZeusPolicy
 
-from perseus.recurring.simulator import (  # noqa: E402
+from perseus.recurring.simulator import (
     default_recurrences,
     simulate_optimizer,
     simulate_workload,
 )
-from perseus.recurring.trace import load_workloads  # noqa: E402
-from perseus.recurring.workload import Workload  # noqa: E402
+from perseus.recurring.trace import load_workloads
+from perseus.recurring.workload import Workload
 
 BUNDLED = Path(__file__).resolve().parent.parent / "perseus" / "data" / "traces" / "zeus-nsdi23"
 
@@ -76,11 +76,19 @@ def bench_workload(w: Workload, n: int, seeds: range, eta: float, beta: float) -
         "zeus_energy_vs_default": _pct(ze, def_e),
         "zeus_cost_vs_oracle": _pct(zc, ora_c),
         "oracle_cost_vs_default": _pct(ora_c, def_c),
-        "energy_j": {"perseus": float(opt_e.mean()), "zeus": float(ze.mean()),
-                     "default": float(def_e.mean()), "oracle": float(ora_e.mean())},
-        "cost": {"perseus": float(opt_c.mean()), "zeus": float(zc.mean()),
-                 "default": float(def_c.mean()), "oracle": float(ora_c.mean())},
-    }  # fmt: skip
+        "energy_j": {
+            "perseus": float(opt_e.mean()),
+            "zeus": float(ze.mean()),
+            "default": float(def_e.mean()),
+            "oracle": float(ora_e.mean()),
+        },
+        "cost": {
+            "perseus": float(opt_c.mean()),
+            "zeus": float(zc.mean()),
+            "default": float(def_c.mean()),
+            "oracle": float(ora_c.mean()),
+        },
+    }
 
 
 def format_rows(gpu: str, rows: list[dict[str, Any]]) -> str:
@@ -112,7 +120,9 @@ def main() -> None:
     gpus = (
         args.gpus.split(",")
         if args.gpus
-        else sorted(f.stem.removeprefix("summary_power_") for f in args.trace.glob("summary_power_*.csv"))
+        else sorted(
+            f.stem.removeprefix("summary_power_") for f in args.trace.glob("summary_power_*.csv")
+        )
     )
     seeds = range(args.seeds)
     out: dict[str, Any] = {"seeds": args.seeds, "eta": args.eta, "beta": args.beta, "gpus": {}}
