@@ -108,6 +108,29 @@ def format_rows(gpu: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_combined(out: dict[str, Any]) -> str:
+    """One README table: every workload and GPU, at Zeus's N and at N = 50."""
+    lines = [
+        "| workload | GPU | N (Zeus) | energy vs default | cost vs default | cost vs oracle | "
+        "Zeus policy vs oracle | cost vs oracle, N = 50 | Zeus policy, N = 50 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for gpu, rows in out["gpus"].items():
+        by_workload: dict[str, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            kind = "n50" if r["recurrences"] == 50 else "zeus"
+            by_workload.setdefault(r["workload"], {})[kind] = r
+        for key, v in by_workload.items():
+            z, f = v.get("zeus", v["n50"]), v["n50"]
+            lines.append(
+                f"| {key} | {gpu.upper()} | {z['recurrences']} | "
+                f"{_fmt(z['perseus_energy_vs_default'])} % | {_fmt(z['perseus_cost_vs_default'])} % | "
+                f"{_fmt(z['perseus_cost_vs_oracle'])} % | {_fmt(z['zeus_cost_vs_oracle'])} % | "
+                f"{_fmt(f['perseus_cost_vs_oracle'])} % | {_fmt(f['zeus_cost_vs_oracle'])} % |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", type=Path, default=BUNDLED)
@@ -147,6 +170,8 @@ def main() -> None:
                 f"(mean {np.mean(z_):.1f})"
             )
         print()
+    print("All workloads (README table):\n")
+    print(format_combined(out))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

@@ -141,6 +141,7 @@ class RecurringRun:
             time_s=self.time_s(),
             cost=self.cost(),
             reached=self.reached,
+            epochs=self.epochs,
         )
 
 

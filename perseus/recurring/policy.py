@@ -15,7 +15,10 @@ Rules, in order (``best`` is the converged arm with the lowest mean cost):
    is, in expectation, unimodal (too small: poor GPU use; too large: more epochs), so a
    neighbour that is clearly worse closes its direction, and the other direction beyond an
    improving neighbour is never tried: from ``b0`` the walk only goes where it improves, and
-   one noisy run near the optimum does not stop it. A neighbour whose run failed is pruned.
+   one noisy run near the optimum does not stop it. An arm also counts as not clearly worse
+   when its cost per epoch times the fewest epochs it or an adjacent size needed passes that
+   test (epochs to the target vary smoothly with the batch size: a prior shared across
+   sizes). A neighbour whose run failed is pruned.
 3. **Thompson sampling** among converged arms (:mod:`perseus.recurring.bandit`), the noise
    level shared across batch sizes. If the drawn arm has an immediate neighbour that never
    ran, that neighbour runs instead: an arm that is only *plausibly* the best (one noisy run
@@ -55,6 +58,7 @@ class Observation:
         time_s: Wall-clock duration.
         cost: ``η·E + (1 − η)·MAXPOWER·T`` of the run.
         reached: Whether it reached the target metric.
+        epochs: Epochs the run trained (None when unknown).
     """
 
     batch_size: int
@@ -63,6 +67,7 @@ class Observation:
     time_s: float
     cost: float
     reached: bool
+    epochs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,9 @@ class BatchSizeOptimizer:
         prior: Prior of the bandit's shared noise level.
         margin_std: An arm within ``margin_std`` shared relative standard deviations of the
             best mean counts as "not clearly worse" and its untried neighbours are explored.
+        share_epochs: Also count an arm as not clearly worse when its cost per epoch times the
+            fewest epochs it or an adjacent size needed is within that margin (needs
+            ``Observation.epochs``).
     """
 
     batch_sizes: Sequence[int]
@@ -95,6 +103,7 @@ class BatchSizeOptimizer:
     beta: float = 2.0
     prior: GaussianPrior = field(default_factory=GaussianPrior)
     margin_std: float = 2.0
+    share_epochs: bool = True
 
     def __post_init__(self) -> None:
         sizes = tuple(sorted(set(int(b) for b in self.batch_sizes)))
@@ -168,7 +177,11 @@ class BatchSizeOptimizer:
         post = posteriors(alive, self.prior, noise_samples=converged)
         best_mean = min(p.mean for p in post.values())
         # Arms not clearly worse than the best keep the walk going past them (rule 2).
-        close = [b for b in post if post[b].mean <= best_mean * (1.0 + self.margin_std * rel_std)]
+        bar = best_mean * (1.0 + self.margin_std * rel_std)
+        close = [b for b in post if post[b].mean <= bar]
+        if self.share_epochs:
+            shared = self._epoch_shared(history)
+            close += [b for b, c in shared.items() if b not in close and b in post and c <= bar]
         for arm in sorted(close, key=lambda b: (post[b].mean, b)):
             neighbour = self._untried_neighbour(arm, tried)
             if neighbour is not None:
@@ -178,6 +191,32 @@ class BatchSizeOptimizer:
         if neighbour is not None:
             return Decision(neighbour, "explore", limit)
         return Decision(drawn, "thompson", limit)
+
+    def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
+        """Optimistic cost of each converged arm with known epochs: its cheapest cost per
+        epoch times the smallest mean epoch count among it and its adjacent sizes.
+
+        Epochs to the target change smoothly with the batch size while the cost of an epoch
+        is nearly deterministic, so a size whose single run needed unusually many epochs is
+        judged by its neighbours' epoch counts too (the prior shared across batch sizes).
+        O(len(history)).
+        """
+        per_epoch: dict[int, float] = {}
+        epochs: dict[int, list[int]] = {}
+        for o in history:
+            if o.reached and o.epochs:
+                b = o.batch_size
+                per_epoch[b] = min(per_epoch.get(b, math.inf), o.cost / o.epochs)
+                epochs.setdefault(b, []).append(o.epochs)
+        sizes = self.batch_sizes
+        out = {}
+        for b, c in per_epoch.items():
+            i = sizes.index(b)
+            near = [
+                sum(epochs[x]) / len(epochs[x]) for x in sizes[max(0, i - 1) : i + 2] if x in epochs
+            ]
+            out[b] = c * min(near)
+        return out
 
     def _untried_neighbour(self, arm: int, tried: set[int]) -> int | None:
         """The smaller, else the larger, immediate neighbour of ``arm`` that never ran."""

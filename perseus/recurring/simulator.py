@@ -110,8 +110,8 @@ def _run(
     *,
     cost_limit: float | None,
     profile_share: float,
-) -> tuple[float, float, bool, bool]:
-    """Simulate one run: ``(energy_j, time_s, reached, started)``."""
+) -> tuple[float, float, bool, bool, int]:
+    """Simulate one run: ``(energy_j, time_s, reached, started, epochs)``."""
     paths = workload.paths[batch_size]
     target = paths[int(rng.integers(len(paths)))]
     epoch = workload.epochs[(batch_size, power_limit_w)]
@@ -133,10 +133,10 @@ def _run(
         )
     epochs = target if target is not None and target <= budget else budget
     if epochs == 0:
-        return 0.0, 0.0, False, False
+        return 0.0, 0.0, False, False, 0
     energy = e_first + epoch.energy_j * (epochs - 1)
     time_s = t_first + epoch.time_s * (epochs - 1)
-    return energy, time_s, target is not None and target <= budget, True
+    return energy, time_s, target is not None and target <= budget, True, epochs
 
 
 def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
@@ -181,7 +181,7 @@ def simulate_optimizer(
             bs = decision.batch_size
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
-            energy, time_s, reached, started = _run(
+            energy, time_s, reached, started, epochs = _run(
                 workload,
                 bs,
                 pl,
@@ -193,7 +193,7 @@ def simulate_optimizer(
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
             cost = eta * energy + (1 - eta) * max_w * time_s
-            history.append(Observation(bs, pl, energy, time_s, cost, reached))
+            history.append(Observation(bs, pl, energy, time_s, cost, reached, epochs))
             runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
             if reached:
                 break
@@ -228,7 +228,7 @@ def simulate_fixed(
     max_w = workload.max_power_w
     for rec in range(recurrences):
         while True:
-            energy, time_s, reached, _ = _run(
+            energy, time_s, reached, _, _ = _run(
                 workload, batch_size, power_limit_w, eta, rng, cost_limit=None, profile_share=0.0
             )
             cost = eta * energy + (1 - eta) * max_w * time_s

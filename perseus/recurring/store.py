@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS runs (
     time_s REAL,
     cost REAL,
     reached INTEGER,
+    epochs INTEGER,
     started_s REAL NOT NULL,
     finished_s REAL
 );
@@ -235,11 +236,14 @@ class SQLiteStore:
 
     def _history(self, con: sqlite3.Connection, job: str) -> list[Observation]:
         rows = con.execute(
-            "SELECT batch_size, power_limit_w, energy_j, time_s, cost, reached FROM runs "
+            "SELECT batch_size, power_limit_w, energy_j, time_s, cost, reached, epochs FROM runs "
             "WHERE job = ? AND status = 'done' ORDER BY seq",
             (job,),
         ).fetchall()
-        return [Observation(int(b), float(p), e, t, c, bool(r)) for b, p, e, t, c, r in rows]
+        return [
+            Observation(int(b), float(p), e, t, c, bool(r), None if k is None else int(k))
+            for b, p, e, t, c, r, k in rows
+        ]
 
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         run_id = uuid.uuid4().hex
@@ -266,7 +270,7 @@ class SQLiteStore:
         with self._write() as con:
             cur = con.execute(
                 "UPDATE runs SET status = 'done', batch_size = ?, power_limit_w = ?, "
-                "energy_j = ?, time_s = ?, cost = ?, reached = ?, finished_s = ? "
+                "energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, finished_s = ? "
                 "WHERE run_id = ? AND status = 'running'",
                 (
                     o.batch_size,
@@ -275,6 +279,7 @@ class SQLiteStore:
                     o.time_s,
                     o.cost,
                     int(o.reached),
+                    o.epochs,
                     self._clock(),
                     run_id,
                 ),

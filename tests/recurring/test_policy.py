@@ -134,3 +134,18 @@ def test_bad_configuration_is_refused() -> None:
         BatchSizeOptimizer(SIZES, 48)
     with pytest.raises(ConfigError, match="beta"):
         BatchSizeOptimizer(SIZES, 64, beta=1.0)
+
+
+def test_epochs_shared_across_sizes_keep_the_walk_past_one_noisy_run() -> None:
+    sizes = [512, 1024, 2048, 4096, 8192]
+
+    def run(bs: int, cost: float, epochs: int) -> Observation:
+        return Observation(bs, 100.0, cost, 0.0, cost, True, epochs)
+
+    # 4096 needed 7 epochs once (its neighbour 4); per epoch it is the cheapest size.
+    history = [run(1024, 100.0, 4), run(512, 200.0, 4), run(2048, 60.0, 4), run(4096, 84.0, 7)]
+    shared = BatchSizeOptimizer(sizes, 1024)
+    assert shared.decide(history, np.random.default_rng(0)).batch_size == 8192
+    plain = BatchSizeOptimizer(sizes, 1024, share_epochs=False)
+    picks = {plain.decide(history, np.random.default_rng(s)).batch_size for s in range(20)}
+    assert 8192 not in picks  # judged by its one noisy run, 4096 closes the walk
