@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, InfeasibleError
 
 __all__ = ["format_summary", "register", "run_simulate"]
 
@@ -112,17 +113,28 @@ def run_simulate(args: argparse.Namespace) -> int:
     _check(args)
     jobs = load_jobs(Path(args.jobs)) if args.jobs else ZEUS_JOBS
     workloads = load_workloads(Path(args.trace), args.gpu, jobs=jobs, workload=args.workload)
-    summaries = [
-        simulate_workload(
-            w,
-            recurrences=args.recurrences,
-            seeds=range(args.seeds),
-            eta=args.eta,
-            beta=args.beta,
-            profile_share=args.profile_share,
+    summaries = []
+    for w in workloads:
+        try:
+            summaries.append(
+                simulate_workload(
+                    w,
+                    recurrences=args.recurrences,
+                    seeds=range(args.seeds),
+                    eta=args.eta,
+                    beta=args.beta,
+                    profile_share=args.profile_share,
+                )
+            )
+        except (ConfigError, InfeasibleError) as e:
+            if args.workload:
+                raise
+            # One workload the trace cannot support must not hide the others.
+            print(f"warning: skipping {w.key}: {e}", file=sys.stderr)
+    if not summaries:
+        raise ConfigError(
+            f"{args.trace}: no workload could be simulated on {args.gpu}; see the warnings"
         )
-        for w in workloads
-    ]
     document = summary_json(args.gpu, summaries)
     if args.plot:
         from perseus.recurring.report import write_plots

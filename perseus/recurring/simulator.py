@@ -47,6 +47,9 @@ __all__ = [
 
 POLICIES = ("optimizer", "default", "oracle")
 _MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
+# After this many failed runs in one recurrence, early stopping is off for the rest of it: a
+# lucky short run can set β × best below what most runs of every size need.
+_UNLIMITED_AFTER = 10
 
 
 class BatchSizePolicy(Protocol):
@@ -176,9 +179,10 @@ def simulate_optimizer(
     runs: list[RunRecord] = []
     max_w = workload.max_power_w
     for rec in range(recurrences):
-        for _ in range(_MAX_TRIES):
+        for tries in range(_MAX_TRIES):
             decision = policy.decide(history, rng)
             bs = decision.batch_size
+            cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
             energy, time_s, reached, started, epochs = _run(
@@ -187,7 +191,7 @@ def simulate_optimizer(
                 pl,
                 eta,
                 rng,
-                cost_limit=decision.cost_limit,
+                cost_limit=cost_limit,
                 profile_share=profile_share if first else 0.0,
             )
             if started:

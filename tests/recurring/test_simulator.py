@@ -218,3 +218,43 @@ def test_cli_json_shape_and_bad_input_exit_codes(
         assert main([*args, *bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unsupported_workload_is_skipped_with_a_warning_and_jobs_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = "dataset,network,batch_size,optimizer,learning_rate,run,target_metric,target_epoch\n"
+    rows = [f"aa,net,{b},sgd,0.1,{r},0.9,{e}\n" for b, e in ((8, 5), (16, 3)) for r in (1, 2)]
+    rows += [f"bb,net,{b},sgd,0.1,{r},0.5,4\n" for b in (8, 16) for r in (1, 2)]  # never 0.9
+    (tmp_path / "summary_train.csv").write_text(head + "".join(rows))
+    power = "dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n"
+    power += "".join(
+        f"{d},net,{b},sgd,{pl},{10.0 * b / pl},{0.8 * pl}\n"
+        for d in ("aa", "bb")
+        for b in (8, 16)
+        for pl in (100, 150, 200)
+    )
+    (tmp_path / "summary_power_toy.csv").write_text(power)
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text(
+        "dataset,network,optimizer,target_metric,max_epochs,default_batch_size\n"
+        "aa,net,sgd,0.9,10,16\nbb,net,sgd,0.9,10,16\n"
+    )
+    args = [
+        "recurring",
+        "simulate",
+        "--trace",
+        str(tmp_path),
+        "--gpu",
+        "toy",
+        "--jobs",
+        str(jobs),
+        "--seeds",
+        "2",
+        "--json",
+    ]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert list(json.loads(captured.out)["workloads"]) == ["aa/net"]
+    assert "warning: skipping bb/net" in captured.err
+    assert main([*args, "--workload", "bb/net"]) == 2
