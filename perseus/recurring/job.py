@@ -25,13 +25,14 @@ when the block exits, on SIGTERM/SIGINT and at interpreter exit (:class:`ExitGua
 a watchdog process if this process is killed (when ``own_gpu``).
 
 **Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
-power limit of the whole job (one decision per re-run, taken on rank 0 and broadcast), and
-perseus's per-op clock plan runs under that limit. Profile the stages and plan the frontier at
-the chosen batch size (a plan is per microbatch size), then start the rank agents as usual;
-pass ``own_gpu=False`` here because the rank agent owns the GPU (its watchdog also resets the
-power limit of a dead simulated GPU; NVML specs carry ``power_limit="reset"`` when this
-object owns the GPU). Under a lower cap, high clocks stop paying off (the GPU clamps them,
-notes §4.3), so plan with profiles measured under the chosen limit.
+power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
+holds the job (``own_gpu=False``: each rank's agent owns its GPU and its watchdog, which also
+resets a dead rank's limit on the simulated GPU), broadcasts ``run.batch_size`` and
+``run.power_limit_w`` (``perseus.runtime.collectives.broadcast_object``), and every rank sets
+the limit on its own GPU. Profile the stages at the chosen microbatch size under the chosen
+limit (a capped GPU clamps high clocks, notes §4.3), plan the frontier, start the agents. The
+JIT profile then runs on rank 0's GPU only, and rank 0's energy counter stands for the job's
+unless ``gpu`` wraps every rank's counter.
 """
 
 from __future__ import annotations
