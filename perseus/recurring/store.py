@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -187,10 +188,11 @@ class SQLiteStore:
         con.execute("BEGIN IMMEDIATE")
         try:
             yield con
+            con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:
+                con.execute("ROLLBACK")
             raise
-        con.execute("COMMIT")
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -241,7 +243,15 @@ class SQLiteStore:
             (job,),
         ).fetchall()
         return [
-            Observation(int(b), float(p), e, t, c, bool(r), None if k is None else int(k))
+            Observation(
+                int(b),
+                math.nan if p is None else float(p),  # SQLite stores NaN (no limit) as NULL
+                e,
+                t,
+                c,
+                bool(r),
+                None if k is None else int(k),
+            )
             for b, p, e, t, c, r, k in rows
         ]
 
