@@ -23,6 +23,7 @@ _MODULES = (
     "straggler",
     "profile",
     "device",
+    "recurring",
 )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning", "nearest_clock_mhz"]
+__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning", "PowerLimitGPU", "nearest_clock_mhz"]
 
 
 @runtime_checkable
@@ -65,6 +65,32 @@ class ManagedGPU(GPU, Protocol):
     def owner_lock_path(self) -> Path: ...
 
     def watchdog_spec(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class PowerLimitGPU(GPU, Protocol):
+    """A GPU whose board power limit can be read and set (recurring-job optimisation).
+
+    Like a clock lock, a power limit is global to the device and outlives the process that
+    set it, so whoever sets it must reset it on exit, on signals and (via the watchdog) on
+    death. Values are watts; NVML works in milliwatts and the backend converts.
+    """
+
+    def power_limit_range_w(self) -> tuple[float, float]:
+        """``(min, max)`` power limit the driver accepts."""
+        ...
+
+    def power_limit_w(self) -> float:
+        """The enforced power limit now."""
+        ...
+
+    def set_power_limit_w(self, power_limit_w: float) -> float:
+        """Set the power limit; returns the value applied (out of range raises DeviceError)."""
+        ...
+
+    def reset_power_limit(self) -> None:
+        """Restore the driver's default power limit."""
+        ...
 
 
 class ObserveOnlyWarning(RuntimeWarning):

@@ -301,6 +301,8 @@ class NvmlGPU:
         try:
             if self._locked is not None:
                 self.reset_locked_clock()
+            if self._power_limit_set is not None:  # a recurring job's limit (see below)
+                self.reset_power_limit()
         finally:
             self._handle = None
             _shutdown(self._nvml)
@@ -417,6 +419,57 @@ class NvmlGPU:
     def power_w(self) -> float:
         milliwatts = call_nvml(self._nvml, "nvmlDeviceGetPowerUsage", self._h(), what=self._what())
         return float(milliwatts) / 1000.0
+
+    # -----------------------------------------------------------------------------------------
+    # Power limit (recurring jobs; owned by perseus.recurring). NVML works in milliwatts.
+
+    #: The limit this object set (None: untouched), reset by :meth:`close`.
+    _power_limit_set: float | None = None
+
+    def power_limit_range_w(self) -> tuple[float, float]:
+        low_mw, high_mw = call_nvml(
+            self._nvml, "nvmlDeviceGetPowerManagementLimitConstraints", self._h(), what=self._what()
+        )
+        return float(low_mw) / 1000.0, float(high_mw) / 1000.0
+
+    def power_limit_w(self) -> float:
+        milliwatts = call_nvml(
+            self._nvml, "nvmlDeviceGetEnforcedPowerLimit", self._h(), what=self._what()
+        )
+        return float(milliwatts) / 1000.0
+
+    def set_power_limit_w(self, power_limit_w: float) -> float:
+        """Set the board power limit; returns the value applied (rounded to 1 mW).
+
+        Raises:
+            DevicePermissionError: observe-only (no root/CAP_SYS_ADMIN) or NO_PERMISSION.
+            DeviceError: outside :meth:`power_limit_range_w`.
+        """
+        handle = self._h()
+        self._require_control("set the power limit")
+        low, high = self.power_limit_range_w()
+        if not low <= power_limit_w <= high:
+            raise DeviceError(
+                f"{self._what()}: power limit {power_limit_w} W is outside {low:g}-{high:g} W"
+            )
+        milliwatts = round(power_limit_w * 1000.0)
+        call_nvml(
+            self._nvml, "nvmlDeviceSetPowerManagementLimit", handle, milliwatts, what=self._what()
+        )
+        self._power_limit_set = milliwatts / 1000.0
+        return self._power_limit_set
+
+    def reset_power_limit(self) -> None:
+        """Restore the default limit (``nvmlDeviceGetPowerManagementDefaultLimit``)."""
+        handle = self._h()
+        self._require_control("reset the power limit")
+        default_mw = call_nvml(
+            self._nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle, what=self._what()
+        )
+        call_nvml(
+            self._nvml, "nvmlDeviceSetPowerManagementLimit", handle, default_mw, what=self._what()
+        )
+        self._power_limit_set = None
 
     # -----------------------------------------------------------------------------------------
     # Safety hooks

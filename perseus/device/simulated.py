@@ -20,6 +20,7 @@ exactly its energy even if ``end_op`` comes late), otherwise ``blocking_power_w`
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid as _uuid
@@ -44,6 +45,7 @@ from perseus.errors import (
     ConfigError,
     DeviceError,
     DevicePermissionError,
+    PerseusError,
     ProfileError,
 )
 from perseus.profile.model import Profile
@@ -130,7 +132,7 @@ class SimulatedGPU:
         self._uuid = sim_uuid(index)
         self._file: SimStateFile | None = None
         self._injected: dict[str, list[DeviceError]] = {}
-        self._cost_cache: dict[tuple[int, Kind, int], tuple[int, float, float]] = {}
+        self._cost_cache: dict[tuple[int, Kind, int, float | None], tuple[int, float, float]] = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
 
@@ -311,6 +313,7 @@ class SimulatedGPU:
             "publish_interval_s": self.publish_interval_s,
             "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
+            "power_limit_w": None,  # None: the default limit (power_cap_w)
             "slowdown": 1.0,
             "energy_j": 0.0,
             "t_last": now,
@@ -495,14 +498,18 @@ class SimulatedGPU:
 
     def effective_clock_mhz(self, stage_index: int, kind: Kind) -> int:
         """The clock an op would run at now: the lock (or max when unlocked), power-capped."""
-        locked = self._state()["locked_mhz"]
-        return self._op_at(stage_index, kind, self._clocks[0] if locked is None else locked)[0]
+        state = self._state()
+        locked = state["locked_mhz"]
+        f = self._clocks[0] if locked is None else locked
+        return self._op_at(stage_index, kind, f, self._cap_w(state))[0]
 
-    def _op_at(self, stage_index: int, kind: Kind, freq_mhz: int) -> tuple[int, float, float]:
-        key = (stage_index, kind, freq_mhz)
+    def _op_at(
+        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
+    ) -> tuple[int, float, float]:
+        key = (stage_index, kind, freq_mhz, cap_w)
         hit = self._cost_cache.get(key)
         if hit is None:
-            if self.power_cap_w is None:
+            if cap_w is None:
                 f_eff = freq_mhz
             else:
                 below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
@@ -510,7 +517,7 @@ class SimulatedGPU:
                 for f in below:
                     t, e = self._cost_fn(stage_index, kind, f)
                     power[f] = e / t
-                f_eff = capped_clock_mhz(below, freq_mhz, power, self.power_cap_w)
+                f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
             t, e = self._cost_fn(stage_index, kind, f_eff)
             hit = (f_eff, t, e)
             self._cost_cache[key] = hit
@@ -523,7 +530,8 @@ class SimulatedGPU:
         """
         state = self._state()
         locked = state["locked_mhz"]
-        _, t, e = self._op_at(stage_index, kind, self._clocks[0] if locked is None else locked)
+        f = self._clocks[0] if locked is None else locked
+        _, t, e = self._op_at(stage_index, kind, f, self._cap_w(state))
         s = float(state["slowdown"])
         return t * s, e * s
 
@@ -542,7 +550,7 @@ class SimulatedGPU:
         def change(state: State) -> None:
             locked = state["locked_mhz"]
             f_eff, t, e = self._op_at(
-                stage_index, kind, self._clocks[0] if locked is None else locked
+                stage_index, kind, self._clocks[0] if locked is None else locked, self._cap_w(state)
             )
             time_s = t * float(state["slowdown"])
             begin = state["t_last"]
@@ -564,6 +572,85 @@ class SimulatedGPU:
 
         def change(state: State) -> None:
             state["busy_until"] = min(state["busy_until"], state["t_last"])
+
+        self._update(change)
+
+    # -----------------------------------------------------------------------------------------
+    # Power limit (recurring jobs; owned by perseus.recurring). The limit lives in the shared
+    # state like the clock lock: it outlives this process and the watchdog resets it.
+
+    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W, notes §5.1).
+    power_limit_min_share: float = 0.25
+
+    def power_limit_range_w(self) -> tuple[float, float]:
+        """``(min, max)``: the default limit (``power_cap_w``, else the largest op power at the
+        top clock) and ``power_limit_min_share`` of it."""
+        top = self.power_cap_w
+        if top is None:
+            powers = []
+            for kind in (Kind.F, Kind.B):
+                with contextlib.suppress(PerseusError, KeyError):
+                    t, e = self._cost_fn(0, kind, self._clocks[0])
+                    powers.append(e / t)
+            if not powers:
+                raise DeviceError(f"{self._name}: no op to derive a default power limit from")
+            top = max(powers)
+        return self.power_limit_min_share * float(top), float(top)
+
+    def _cap_w(self, state: State) -> float | None:
+        """The enforced cap: the set limit, never above the board's own cap."""
+        limit = state.get("power_limit_w")
+        if limit is None:
+            return self.power_cap_w
+        return float(limit) if self.power_cap_w is None else min(float(limit), self.power_cap_w)
+
+    def power_limit_w(self) -> float:
+        self._check("power_limit_w")
+        cap = self._cap_w(self._state())
+        return self.power_limit_range_w()[1] if cap is None else cap
+
+    def set_power_limit_w(self, power_limit_w: float) -> float:
+        """Set the limit (NVML's ``SetPowerManagementLimit``); returns the value applied.
+
+        Raises:
+            DevicePermissionError: without privilege (NO_PERMISSION).
+            DeviceError: outside :meth:`power_limit_range_w` (INVALID_ARGUMENT).
+        """
+        self._check("set_power_limit_w")
+        if not self.privileged:
+            raise DevicePermissionError(
+                f"{self._name}: setting the power limit needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
+            )
+        low, high = self.power_limit_range_w()
+        if not low <= power_limit_w <= high:
+            raise DeviceError(
+                f"{self._name}: power limit {power_limit_w} W is outside {low:g}-{high:g} W "
+                "(INVALID_ARGUMENT)"
+            )
+        if self.set_latency_s > 0:
+            self._sleep(self.set_latency_s)
+
+        def change(state: State) -> None:
+            state["power_limit_w"] = float(power_limit_w)
+
+        self._update(change)
+        return float(power_limit_w)
+
+    def reset_power_limit(self) -> None:
+        """Back to the default limit.
+
+        Raises:
+            DevicePermissionError: without privilege (NO_PERMISSION).
+        """
+        self._check("reset_power_limit")
+        if not self.privileged:
+            raise DevicePermissionError(
+                f"{self._name}: resetting the power limit needs root or CAP_SYS_ADMIN "
+                "(NO_PERMISSION)"
+            )
+
+        def change(state: State) -> None:
+            state["power_limit_w"] = None
 
         self._update(change)
 

@@ -48,6 +48,7 @@ def _reset(spec: dict[str, Any]) -> None:
                 return None
             sim_state.advance(state, time.time())
             state["locked_mhz"] = None
+            state["power_limit_w"] = None  # a recurring job's power limit (perseus.recurring)
             return state
 
         store.update(change)
@@ -58,6 +59,9 @@ def _reset(spec: dict[str, Any]) -> None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
             pynvml.nvmlDeviceResetGpuLockedClocks(handle)
+            if spec.get("power_limit") == "reset":  # set by perseus.recurring's guard
+                default_mw = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)
+                pynvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
         finally:
             pynvml.nvmlShutdown()
 

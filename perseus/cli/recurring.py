@@ -1,0 +1,148 @@
+"""``perseus recurring simulate``: the recurring-job optimizer on Zeus-format traces.
+
+Runs N recurrences of each workload per seed with the batch-size optimizer and JIT power-limit
+profiler, against the default (``b0`` at the maximum power limit) and the oracle (best fixed
+configuration in hindsight), and prints cumulative energy, time and cost and the regret
+against the oracle (``--json`` for the machine-readable document; ``--plot DIR`` for PNGs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from perseus.errors import ConfigError, InfeasibleError
+
+__all__ = ["format_summary", "register", "run_simulate"]
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "recurring",
+        help="recurring jobs: batch size and GPU power limit across re-runs (Zeus)",
+    )
+    inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
+    inner.required = True
+    s = inner.add_parser("simulate", help="trace-driven simulation vs the default and the oracle")
+    s.add_argument(
+        "--trace",
+        required=True,
+        metavar="DIR",
+        help="folder with summary_train.csv and summary_power_<gpu>.csv",
+    )
+    s.add_argument("--gpu", required=True, help="GPU name of the power trace (e.g. a40)")
+    s.add_argument(
+        "--workload",
+        metavar="DATASET/NETWORK",
+        help="one workload (default: every workload in the trace)",
+    )
+    s.add_argument(
+        "--recurrences",
+        type=int,
+        metavar="N",
+        help="recurrences per seed (default: 2 x batch sizes x power limits)",
+    )
+    s.add_argument("--seeds", type=int, default=10, help="seeds to average over (default 10)")
+    s.add_argument("--eta", type=float, default=0.5, help="energy-time weight (default 0.5)")
+    s.add_argument("--beta", type=float, default=2.0, help="early-stop factor (default 2.0)")
+    s.add_argument(
+        "--profile-share",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="share of a batch size's first epoch spent profiling power limits "
+        "(default 1.0, Zeus's assumption)",
+    )
+    s.add_argument(
+        "--jobs", metavar="FILE", help="CSV of job definitions (default: Zeus's six jobs)"
+    )
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s.add_argument("--plot", metavar="DIR", help="write cumulative-cost and batch-size PNGs")
+    s.set_defaults(handler=run_simulate)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.recurrences is not None and args.recurrences < 1:
+        raise ConfigError(f"--recurrences must be >= 1, got {args.recurrences}")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if not 0.0 <= args.eta <= 1.0:
+        raise ConfigError(f"--eta must be in [0, 1], got {args.eta}")
+    if not args.beta > 1.0:
+        raise ConfigError(f"--beta must be > 1, got {args.beta}")
+    if not 0.0 <= args.profile_share <= 1.0:
+        raise ConfigError(f"--profile-share must be in [0, 1], got {args.profile_share}")
+    if not Path(args.trace).is_dir():
+        raise ConfigError(f"--trace {args.trace}: not a folder; pass the folder holding the CSVs")
+
+
+def format_summary(gpu: str, document: dict[str, Any]) -> str:
+    """Human-readable lines for the ``--json`` document."""
+    lines = []
+    for key, w in document["workloads"].items():
+        n = w["recurrences"]
+        lines.append(f"{key} on {gpu}: {n} recurrences, mean ± std over {w['seeds']} seeds")
+        oracle = w["oracle"]
+        for policy in ("optimizer", "default", "oracle"):
+            b = w[policy]
+            config = f"  (b={b['config'][0]}, {b['config'][1]} W)" if "config" in b else ""
+            lines.append(
+                f"  {policy:9s} energy {b['energy_j'] / 1e6:10.3f} ± {b['energy_j_std'] / 1e6:.3f}"
+                f" MJ  time {b['time_s'] / 3600:9.2f} ± {b['time_s_std'] / 3600:.2f} h  cost "
+                f"{b['cost'] / 1e6:10.3f} ± {b['cost_std'] / 1e6:.3f} MJ  "
+                f"({100 * (b['cost'] / oracle['cost'] - 1):+.1f} % vs oracle){config}"
+            )
+        regret = w["optimizer"]["regret"]
+        marks = sorted({r for r in (1, 2, 5, 10, 20, 50, 100, 200, n) if r <= n})
+        lines.append(
+            "  regret vs oracle after recurrence "
+            + ", ".join(f"{r}: {100 * regret[r - 1]:.1f} %" for r in marks)
+        )
+    return "\n".join(lines)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from perseus.recurring.results import summary_json
+    from perseus.recurring.simulator import simulate_workload
+    from perseus.recurring.trace import load_jobs, load_workloads
+    from perseus.recurring.workload import ZEUS_JOBS
+
+    _check(args)
+    jobs = load_jobs(Path(args.jobs)) if args.jobs else ZEUS_JOBS
+    workloads = load_workloads(Path(args.trace), args.gpu, jobs=jobs, workload=args.workload)
+    summaries = []
+    for w in workloads:
+        try:
+            summaries.append(
+                simulate_workload(
+                    w,
+                    recurrences=args.recurrences,
+                    seeds=range(args.seeds),
+                    eta=args.eta,
+                    beta=args.beta,
+                    profile_share=args.profile_share,
+                )
+            )
+        except (ConfigError, InfeasibleError) as e:
+            if args.workload:
+                raise
+            # One workload the trace cannot support must not hide the others.
+            print(f"warning: skipping {w.key}: {e}", file=sys.stderr)
+    if not summaries:
+        raise ConfigError(
+            f"{args.trace}: no workload could be simulated on {args.gpu}; see the warnings"
+        )
+    document = summary_json(args.gpu, summaries)
+    if args.plot:
+        from perseus.recurring.report import write_plots
+
+        for s in summaries:
+            write_plots(s, args.gpu, Path(args.plot))
+    if args.json:
+        print(json.dumps(document, indent=1))
+    else:
+        print(format_summary(args.gpu, document))
+    return 0

@@ -1,0 +1,115 @@
+"""Gaussian Thompson sampling over batch sizes, with a noise level shared across arms (pure).
+
+Each arm (batch size) has an unknown mean cost per run. Run costs are modelled as Gaussian
+around the arm's mean with a standard deviation *proportional to the mean*: a training run's
+cost varies through its number of epochs, so the spread scales with the cost. The relative
+spread ``σ_rel`` is one number shared by every arm and estimated by pooling the within-arm
+scatter of every arm with at least two converged runs, shrunk towards a prior guess:
+
+    σ_rel² = (κ·σ₀² + Σ_a Σ_i ((x_ai − x̄_a)/x̄_a)²) / (κ + Σ_a (n_a − 1))
+
+with ``σ₀ = prior_rel_std`` and ``κ = prior_weight`` pseudo-observations. With a flat prior
+on each arm's mean, the posterior of arm ``a`` is ``N(x̄_a, (σ_rel·x̄_a)²/n_a)``. Sharing the
+noise level is what lets an arm enter Thompson sampling after a single run (Zeus estimates a
+variance per arm and so needs two runs of every surviving arm before sampling).
+
+Costs are minimised: Thompson sampling draws one mean per arm and picks the smallest draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perseus.errors import ConfigError
+
+__all__ = ["ArmPosterior", "GaussianPrior", "pooled_rel_std", "posteriors", "thompson_sample"]
+
+
+@dataclass(frozen=True, slots=True)
+class GaussianPrior:
+    """Prior on the shared relative noise of run costs.
+
+    Attributes:
+        rel_std: Prior guess of a run cost's standard deviation over its mean (0.1: ±10 %).
+        weight: How many pseudo-observations the guess is worth against pooled data.
+    """
+
+    rel_std: float = 0.1
+    weight: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.rel_std > 0 or not self.weight > 0:
+            raise ConfigError(
+                f"bandit prior: rel_std and weight must be > 0, got {self.rel_std}, {self.weight}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ArmPosterior:
+    """Posterior of one arm's mean cost: ``N(mean, std²)`` from ``count`` runs."""
+
+    mean: float
+    std: float
+    count: int
+
+
+def pooled_rel_std(samples: Mapping[int, Sequence[float]], prior: GaussianPrior) -> float:
+    """The shared relative standard deviation (see the module docstring). O(total samples)."""
+    num = prior.weight * prior.rel_std**2
+    den = prior.weight
+    for xs in samples.values():
+        if len(xs) < 2:
+            continue
+        mean = sum(xs) / len(xs)
+        if mean <= 0:
+            continue
+        num += sum(((x - mean) / mean) ** 2 for x in xs)
+        den += len(xs) - 1
+    return math.sqrt(num / den)
+
+
+def posteriors(
+    costs: Mapping[int, Sequence[float]],
+    prior: GaussianPrior,
+    *,
+    noise_samples: Mapping[int, Sequence[float]] | None = None,
+) -> dict[int, ArmPosterior]:
+    """Posterior of every arm that has at least one cost.
+
+    Args:
+        costs: Arm -> observed costs (penalised costs of failed runs included).
+        prior: Noise prior.
+        noise_samples: The costs used to estimate the shared noise (default ``costs``);
+            callers pass converged runs only, so that a penalty does not read as noise.
+    """
+    rel = pooled_rel_std(costs if noise_samples is None else noise_samples, prior)
+    out = {}
+    for arm, xs in costs.items():
+        if not xs:
+            continue
+        mean = sum(xs) / len(xs)
+        out[arm] = ArmPosterior(mean=mean, std=rel * abs(mean) / math.sqrt(len(xs)), count=len(xs))
+    return out
+
+
+def thompson_sample(arms: Mapping[int, ArmPosterior], rng: np.random.Generator) -> int:
+    """Draw one mean per arm from its posterior and return the arm with the smallest draw.
+
+    Arms are visited in sorted order so that a seeded generator gives the same choice.
+
+    Raises:
+        ConfigError: if ``arms`` is empty.
+    """
+    if not arms:
+        raise ConfigError("Thompson sampling needs at least one arm with an observation")
+    best_arm, best = -1, math.inf
+    for arm in sorted(arms):
+        post = arms[arm]
+        draw = float(rng.normal(post.mean, post.std)) if post.std > 0 else post.mean
+        if draw < best:
+            best_arm, best = arm, draw
+    return best_arm

@@ -1,0 +1,316 @@
+"""Use from a training loop: ``with job.run() as run:`` picks the batch size and power limit.
+
+::
+
+    job = RecurringJob("cifar100-shufflenet", batch_sizes=[64, 128, 256, 512, 1024],
+                       default_batch_size=1024, store=SQLiteStore("~/.perseus/jobs.db"),
+                       gpu=gpu, eta=0.5)
+    with job.run() as run:
+        loader = make_loader(run.batch_size)
+        for epoch in range(max_epochs):
+            for batch in loader:
+                train_step(batch)
+                run.step(len(batch))            # drives the JIT power-limit profiler
+            if run.end_epoch(reached=evaluate() >= target):
+                break                           # target reached, or stopped early
+
+Each ``run()`` asks the store for a decision (:class:`~perseus.recurring.policy.BatchSizeOptimizer`
+in one transaction with claiming the run), sets the cached power limit of that batch size or
+profiles it during the first iterations, measures the run's GPU energy (energy counter delta)
+and time, and records the result when the block exits. ``end_epoch`` returns True when the
+loop should stop: the target was reached, or the next epoch would push the run's cost past
+``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
+an exception records nothing (the run is abandoned). The power limit is reset to the default
+when the block exits, on SIGTERM/SIGINT and at interpreter exit (:class:`ExitGuard`), and by
+a watchdog process if this process is killed (when ``own_gpu``).
+
+**Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
+power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
+holds the job (``own_gpu=False``: each rank's agent owns its GPU and its watchdog, which also
+resets a dead rank's limit on the simulated GPU), broadcasts ``run.batch_size`` and
+``run.power_limit_w`` (``perseus.runtime.collectives.broadcast_object``), and every rank sets
+the limit on its own GPU. Profile the stages at the chosen microbatch size under the chosen
+limit (a capped GPU clamps high clocks, notes §4.3), plan the frontier, start the agents. The
+JIT profile then runs on rank 0's GPU only, and rank 0's energy counter stands for the job's
+unless ``gpu`` wraps every rank's counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
+from perseus.errors import ConfigError, DeviceError
+from perseus.recurring.cost import check_eta, zeus_cost
+from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
+from perseus.recurring.profiler import PowerLimitProfiler
+from perseus.recurring.store import RecurringStore
+
+__all__ = ["RecurringJob", "RecurringRun"]
+
+log = logging.getLogger(__name__)
+
+
+class RecurringRun:
+    """One run of a recurring job (made by :meth:`RecurringJob.run`)."""
+
+    def __init__(
+        self,
+        job: RecurringJob,
+        run_id: str,
+        decision: Decision,
+        profiler: PowerLimitProfiler | None,
+        power_limit_w: float | None,
+    ) -> None:
+        self.job = job
+        self.run_id = run_id
+        self.decision = decision
+        self._profiler = profiler
+        self._power_limit_w = power_limit_w
+        self.epochs = 0
+        self.reached = False
+        self.stopped_early = False
+        self._t0 = job.clock()
+        self._e0_mj = job.gpu.energy_mj()
+        self._last_epoch_cost = 0.0
+
+    @property
+    def batch_size(self) -> int:
+        return self.decision.batch_size
+
+    @property
+    def power_limit_w(self) -> float | None:
+        """The limit in force: the cached or profiled one (None while profiling/uncontrolled)."""
+        if self._profiler is not None:
+            return self._profiler.chosen_w
+        return self._power_limit_w
+
+    @property
+    def profiling(self) -> bool:
+        return self._profiler is not None and not self._profiler.done
+
+    def energy_j(self) -> float:
+        """GPU energy of this run so far."""
+        return (self.job.gpu.energy_mj() - self._e0_mj) / 1000.0
+
+    def time_s(self) -> float:
+        return self.job.clock() - self._t0
+
+    def cost(self) -> float:
+        """The run's cost so far."""
+        return zeus_cost(self.energy_j(), self.time_s(), self.job.eta, self.job.max_power_w)
+
+    def step(self, samples: int = 1) -> None:
+        """Report one finished training iteration of ``samples`` samples."""
+        if self._profiler is not None and not self._profiler.done:
+            self._profiler.step(samples)
+            if self._profiler.done:
+                self.job._save_profile(self.batch_size, self._profiler)
+
+    def end_epoch(self, *, reached: bool) -> bool:
+        """Report the end of an epoch; True when the loop should stop.
+
+        Args:
+            reached: Whether the validation metric reached the job's target.
+        """
+        self.epochs += 1
+        cost = self.cost()
+        epoch_cost = cost - self._last_epoch_cost
+        self._last_epoch_cost = cost
+        if reached:
+            self.reached = True
+            return True
+        limit = self.decision.cost_limit
+        if limit is not None and cost + epoch_cost > limit:
+            self.stopped_early = True
+            log.info("run %s: cost %.4g would pass %.4g: stopping early", self.run_id, cost, limit)
+            return True
+        return self.job.max_epochs is not None and self.epochs >= self.job.max_epochs
+
+    def observation(self) -> Observation:
+        limit = self.power_limit_w
+        return Observation(
+            batch_size=self.batch_size,
+            power_limit_w=float(limit) if limit is not None else float("nan"),
+            energy_j=self.energy_j(),
+            time_s=self.time_s(),
+            cost=self.cost(),
+            reached=self.reached,
+            epochs=self.epochs,
+        )
+
+
+class RecurringJob:
+    """A job that is re-run again and again; each run gets a batch size and a power limit.
+
+    The constructor does no I/O. See the module docstring for the loop-side API.
+
+    Args:
+        name: The job's name in the store (one history per name).
+        batch_sizes: Allowed batch sizes.
+        default_batch_size: ``b0``.
+        store: Where the history lives (:class:`~perseus.recurring.store.SQLiteStore`).
+        gpu: The GPU (energy counter; power limit if it implements ``PowerLimitGPU``).
+        eta: Energy-time weight η ∈ [0, 1].
+        beta: Early-stopping factor β.
+        max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest power limit).
+        max_epochs: Epoch budget; a run out of epochs failed (None: the loop decides).
+        seed: Seed of the Thompson sampler (None: fresh entropy).
+        profiler_kwargs: Passed to :class:`PowerLimitProfiler` (steps, window, limits).
+        own_gpu: Take the GPU's ownership lock and start the watchdog for the run.
+        clock: Monotonic clock (the simulated GPU's clock in emulation).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        batch_sizes: Sequence[int],
+        default_batch_size: int,
+        store: RecurringStore,
+        gpu: GPU,
+        eta: float = 0.5,
+        beta: float = 2.0,
+        max_power_w: float | None = None,
+        max_epochs: int | None = None,
+        seed: int | None = None,
+        profiler_kwargs: dict[str, Any] | None = None,
+        own_gpu: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not name:
+            raise ConfigError("a recurring job needs a non-empty name")
+        self.name = name
+        self.policy = BatchSizeOptimizer(batch_sizes, default_batch_size, beta=beta)
+        self.store = store
+        self.gpu = gpu
+        self.eta = check_eta(eta)
+        self._max_power_w = max_power_w
+        self.max_epochs = max_epochs
+        self._rng = np.random.default_rng(seed)
+        self.profiler_kwargs = dict(profiler_kwargs or {})
+        self.own_gpu = own_gpu
+        self.clock = clock
+
+    @property
+    def controls_power(self) -> bool:
+        return isinstance(self.gpu, PowerLimitGPU)
+
+    @property
+    def max_power_w(self) -> float:
+        if self._max_power_w is None:
+            if not isinstance(self.gpu, PowerLimitGPU):
+                raise ConfigError(
+                    f"job {self.name!r}: the GPU has no power-limit range; pass max_power_w"
+                )
+            self._max_power_w = self.gpu.power_limit_range_w()[1]
+        return self._max_power_w
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "batch_sizes": list(self.policy.batch_sizes),
+            "default_batch_size": self.policy.default_batch_size,
+            "eta": self.eta,
+            "beta": self.policy.beta,
+            "max_power_w": self.max_power_w,
+        }
+
+    def _decide(self, history: Sequence[Observation], pending: Sequence[int]) -> Decision:
+        return self.policy.decide(history, self._rng, pending=pending)
+
+    def _save_profile(self, batch_size: int, profiler: PowerLimitProfiler) -> None:
+        assert profiler.chosen_w is not None  # called when done
+        profile = {
+            str(w): {"samples_per_s": m.samples_per_s, "avg_power_w": m.avg_power_w}
+            for w, m in profiler.measurements.items()
+        }
+        stored = self.store.save_power_limit_w(
+            self.name, self.gpu.name, batch_size, profiler.chosen_w, profile
+        )
+        if stored != profiler.chosen_w and isinstance(self.gpu, PowerLimitGPU):
+            self.gpu.set_power_limit_w(stored)  # a concurrent run profiled first: follow it
+            profiler.chosen_w = stored
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Reset the power limit on exit, signals and (``own_gpu``) the process's death."""
+        if not self.controls_power:
+            yield
+            return
+        from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
+
+        gpu = self.gpu
+        assert isinstance(gpu, PowerLimitGPU)
+
+        def reset() -> None:
+            with contextlib.suppress(DeviceError):
+                gpu.reset_power_limit()
+
+        ownership = watchdog = None
+        if self.own_gpu and isinstance(gpu, ManagedGPU):
+            ownership = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+            ownership.acquire()
+            watchdog = Watchdog(
+                {**gpu.watchdog_spec(), "power_limit": "reset"}, gpu.owner_lock_path()
+            )
+        guard = ExitGuard(reset)
+        try:
+            if watchdog is not None:
+                watchdog.start()
+            guard.install()
+            yield
+        finally:
+            reset()
+            guard.uninstall()
+            if watchdog is not None:
+                watchdog.stop()
+            if ownership is not None:
+                ownership.release()
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[RecurringRun]:
+        """One run: decide, set or profile the power limit, measure, record.
+
+        Raises:
+            ConfigError: the store holds this job with another configuration.
+        """
+        self.store.register_job(self.name, self._config())
+        started = self.store.begin_run(self.name, self._decide)
+        bs = started.decision.batch_size
+        try:
+            with self._guard():
+                profiler = None
+                limit: float | None = None
+                if isinstance(self.gpu, PowerLimitGPU):
+                    limit = self.store.cached_power_limit_w(self.name, self.gpu.name, bs)
+                    if limit is not None:
+                        self.gpu.set_power_limit_w(limit)
+                    else:
+                        profiler = PowerLimitProfiler(
+                            self.gpu,
+                            eta=self.eta,
+                            max_power_w=self.max_power_w,
+                            clock=self.clock,
+                            **self.profiler_kwargs,
+                        )
+                run = RecurringRun(self, started.run_id, started.decision, profiler, limit)
+                log.info(
+                    "job %s run %s: batch size %d (%s), power limit %s",
+                    self.name,
+                    started.run_id,
+                    bs,
+                    started.decision.phase,
+                    "profiling" if profiler is not None else limit,
+                )
+                yield run
+                observation = run.observation()
+        except BaseException:
+            self.store.abandon_run(started.run_id)
+            raise
+        self.store.finish_run(started.run_id, observation)

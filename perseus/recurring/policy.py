@@ -1,0 +1,228 @@
+"""Which batch size the next run of a recurring job uses, from the runs so far (pure).
+
+The optimizer is a function of the job's history (every finished run, in order) and a random
+generator; it holds no state of its own, so any number of processes sharing one history (see
+:mod:`perseus.recurring.store`) take consistent decisions.
+
+Rules, in order (``best`` is the converged arm with the lowest mean cost):
+
+1. **Start at the default.** Before any run converged, run ``b0``; if ``b0`` failed, the
+   untried batch size nearest ``b0`` (ties: the smaller one).
+2. **Explore outward from the best, one neighbour at a time.** If an immediate neighbour (in
+   the sorted batch-size list) of an arm that is not clearly worse than ``best`` (mean within
+   ``margin_std`` shared relative standard deviations of the best mean) has never run, run
+   it; arms are taken cheapest first, the smaller neighbour first. The cost over batch sizes
+   is, in expectation, unimodal (too small: poor GPU use; too large: more epochs), so a
+   neighbour that is clearly worse closes its direction, and the other direction beyond an
+   improving neighbour is never tried: from ``b0`` the walk only goes where it improves, and
+   one noisy run near the optimum does not stop it. An arm also counts as not clearly worse
+   when its cost per epoch times the fewest epochs it or an adjacent size needed passes that
+   test (epochs to the target vary smoothly with the batch size: a prior shared across
+   sizes). A neighbour whose run failed is pruned.
+3. **Thompson sampling** among converged arms (:mod:`perseus.recurring.bandit`), the noise
+   level shared across batch sizes. If the drawn arm has an immediate neighbour that never
+   ran, that neighbour runs instead: an arm that is only *plausibly* the best (one noisy run
+   made it look worse) still gets its far side explored, once.
+
+**Early stopping**: a run whose cost passes ``β × (cheapest converged run so far)`` is stopped
+and counts as failed. **Failed runs** (stopped early, or not at the target after the epoch
+budget) are recorded; their arm's cost is penalised with ``max(incurred cost, β × cheapest
+converged run at the time)`` (Zeus: the incurred cost, or ``100·β·min`` when a run cannot
+even start) so that a failing batch size stops being chosen, and an arm whose every run
+failed is pruned. The job itself then re-runs (the recurrence is not over until a run
+converges).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perseus.errors import ConfigError
+from perseus.recurring.bandit import GaussianPrior, pooled_rel_std, posteriors, thompson_sample
+
+__all__ = ["BatchSizeOptimizer", "Decision", "Observation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One finished run of a recurring job.
+
+    Attributes:
+        batch_size: Batch size of the run.
+        power_limit_w: Power limit it ran under (after profiling, if any).
+        energy_j: GPU energy of the run.
+        time_s: Wall-clock duration.
+        cost: ``η·E + (1 − η)·MAXPOWER·T`` of the run.
+        reached: Whether it reached the target metric.
+        epochs: Epochs the run trained (None when unknown).
+    """
+
+    batch_size: int
+    power_limit_w: float
+    energy_j: float
+    time_s: float
+    cost: float
+    reached: bool
+    epochs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The next run's batch size, why, and the cost at which it is stopped early.
+
+    ``cost_limit`` is None while no run has converged (nothing to compare against).
+    """
+
+    batch_size: int
+    phase: str  # "default", "explore" or "thompson"
+    cost_limit: float | None
+
+
+@dataclass(frozen=True)
+class BatchSizeOptimizer:
+    """The batch-size policy of one recurring job (see the module docstring).
+
+    Args:
+        batch_sizes: The allowed batch sizes.
+        default_batch_size: ``b0``, the job's usual batch size (one of ``batch_sizes``).
+        beta: Early-stopping factor β > 1 (Zeus: 2.0).
+        prior: Prior of the bandit's shared noise level.
+        margin_std: An arm within ``margin_std`` shared relative standard deviations of the
+            best mean counts as "not clearly worse" and its untried neighbours are explored.
+        share_epochs: Also count an arm as not clearly worse when its cost per epoch times the
+            fewest epochs it or an adjacent size needed is within that margin (needs
+            ``Observation.epochs``).
+    """
+
+    batch_sizes: Sequence[int]
+    default_batch_size: int
+    beta: float = 2.0
+    prior: GaussianPrior = field(default_factory=GaussianPrior)
+    margin_std: float = 2.0
+    share_epochs: bool = True
+
+    def __post_init__(self) -> None:
+        sizes = tuple(sorted(set(int(b) for b in self.batch_sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ConfigError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+        if self.default_batch_size not in sizes:
+            raise ConfigError(
+                f"default batch size {self.default_batch_size} is not among the allowed "
+                f"batch sizes {list(sizes)}; add it or pick one of them"
+            )
+        if not self.beta > 1.0:
+            raise ConfigError(f"beta must be > 1 (early-stop threshold factor), got {self.beta}")
+        object.__setattr__(self, "batch_sizes", sizes)
+
+    # -----------------------------------------------------------------------------------------
+
+    def cost_limit(self, history: Sequence[Observation]) -> float | None:
+        """``β ×`` the cheapest converged run, or None before any run converged."""
+        best = min((o.cost for o in history if o.reached), default=None)
+        return None if best is None else self.beta * best
+
+    def arm_costs(self, history: Sequence[Observation]) -> dict[int, list[float]]:
+        """Every arm's costs, failed runs penalised as the module docstring says."""
+        costs: dict[int, list[float]] = {}
+        best = math.inf
+        for o in history:
+            if o.reached:
+                value = o.cost
+                best = min(best, o.cost)
+            else:
+                value = max(o.cost, self.beta * best) if math.isfinite(best) else o.cost
+            costs.setdefault(o.batch_size, []).append(value)
+        return costs
+
+    def decide(
+        self,
+        history: Sequence[Observation],
+        rng: np.random.Generator,
+        *,
+        pending: Sequence[int] = (),
+    ) -> Decision:
+        """The next run's batch size given every finished run so far.
+
+        Args:
+            history: Finished runs, oldest first.
+            rng: Source of Thompson samples.
+            pending: Batch sizes of runs started but not finished (concurrent jobs): they count
+                as tried, so two concurrent runs never explore the same batch size.
+
+        Complexity: O(len(history) + len(batch_sizes)).
+        """
+        sizes = self.batch_sizes
+        limit = self.cost_limit(history)
+        tried = {o.batch_size for o in history} | set(pending)
+        converged: dict[int, list[float]] = {}
+        for o in history:
+            if o.reached:
+                converged.setdefault(o.batch_size, []).append(o.cost)
+        if not converged:
+            b0 = self.default_batch_size
+            if b0 not in tried or not history:
+                return Decision(b0, "default", limit)
+            fresh = [b for b in sizes if b not in tried]
+            if not fresh:  # everything failed once (or runs): keep trying the default
+                return Decision(b0, "default", limit)
+            nearest = min(fresh, key=lambda b: (abs(math.log(b / b0)), b))
+            return Decision(nearest, "explore", limit)
+        costs = self.arm_costs(history)
+        alive = {b: costs[b] for b in converged}
+        rel_std = pooled_rel_std(converged, self.prior)
+        post = posteriors(alive, self.prior, noise_samples=converged)
+        best_mean = min(p.mean for p in post.values())
+        # Arms not clearly worse than the best keep the walk going past them (rule 2).
+        bar = best_mean * (1.0 + self.margin_std * rel_std)
+        close = [b for b in post if post[b].mean <= bar]
+        if self.share_epochs:
+            shared = self._epoch_shared(history)
+            close += [b for b, c in shared.items() if b not in close and b in post and c <= bar]
+        for arm in sorted(close, key=lambda b: (post[b].mean, b)):
+            neighbour = self._untried_neighbour(arm, tried)
+            if neighbour is not None:
+                return Decision(neighbour, "explore", limit)
+        drawn = thompson_sample(post, rng)
+        neighbour = self._untried_neighbour(drawn, tried)
+        if neighbour is not None:
+            return Decision(neighbour, "explore", limit)
+        return Decision(drawn, "thompson", limit)
+
+    def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
+        """Optimistic cost of each converged arm with known epochs: its cheapest cost per
+        epoch times the smallest mean epoch count among it and its adjacent sizes.
+
+        Epochs to the target change smoothly with the batch size while the cost of an epoch
+        is nearly deterministic, so a size whose single run needed unusually many epochs is
+        judged by its neighbours' epoch counts too (the prior shared across batch sizes).
+        O(len(history)).
+        """
+        per_epoch: dict[int, float] = {}
+        epochs: dict[int, list[int]] = {}
+        for o in history:
+            if o.reached and o.epochs:
+                b = o.batch_size
+                per_epoch[b] = min(per_epoch.get(b, math.inf), o.cost / o.epochs)
+                epochs.setdefault(b, []).append(o.epochs)
+        sizes = self.batch_sizes
+        out = {}
+        for b, c in per_epoch.items():
+            i = sizes.index(b)
+            near = [
+                sum(epochs[x]) / len(epochs[x]) for x in sizes[max(0, i - 1) : i + 2] if x in epochs
+            ]
+            out[b] = c * min(near)
+        return out
+
+    def _untried_neighbour(self, arm: int, tried: set[int]) -> int | None:
+        """The smaller, else the larger, immediate neighbour of ``arm`` that never ran."""
+        sizes = self.batch_sizes
+        i = sizes.index(arm)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(sizes) and sizes[j] not in tried:
+                return sizes[j]
+        return None

@@ -1,0 +1,86 @@
+"""Plots of a trace simulation (imports matplotlib; import this module only to plot).
+
+Two PNGs per workload, in the report style of :mod:`perseus.report`: cumulative cost vs
+recurrence for the three policies (mean over seeds, shaded min-max), and the batch size each
+run of the optimizer chose (first seed; failed runs hollow).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from perseus.recurring.simulator import WorkloadSummary
+from perseus.report._figure import new_figure, report_style, to_png
+
+__all__ = ["plot_batch_sizes", "plot_cumulative_cost", "write_plots"]
+
+_COLOURS = {"optimizer": "tab:green", "default": "tab:red", "oracle": "tab:blue"}
+
+
+def plot_cumulative_cost(summary: WorkloadSummary, gpu: str) -> bytes:
+    """Cumulative cost vs recurrence, mean over seeds with the min-max band, as PNG bytes."""
+    with report_style():
+        fig = new_figure()
+        ax = fig.add_subplot()
+        x = np.arange(1, summary.recurrences + 1)
+        for policy, runs in summary.runs.items():
+            costs = np.stack([r.cum_cost for r in runs])
+            ax.plot(x, costs.mean(axis=0), color=_COLOURS[policy], lw=2, label=policy)
+            ax.fill_between(
+                x, costs.min(axis=0), costs.max(axis=0), color=_COLOURS[policy], alpha=0.15, lw=0
+            )
+        ax.set_xlabel("recurrence")
+        ax.set_ylabel("cumulative cost (J)")
+        ax.set_title(f"{summary.workload} on {gpu}: cumulative cost over {len(runs)} seeds")
+        ax.legend(loc="upper left")
+        return to_png(fig)
+
+
+def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) -> bytes:
+    """Batch size of every optimizer run (one seed), oracle's as a line, as PNG bytes."""
+    runs = summary.runs["optimizer"][seed_index].runs
+    with report_style():
+        fig = new_figure()
+        ax = fig.add_subplot()
+        xs = np.arange(1, len(runs) + 1)
+        ok = [r.reached for r in runs]
+        bs = [r.batch_size for r in runs]
+        ax.scatter(
+            [x for x, k in zip(xs, ok, strict=True) if k],
+            [b for b, k in zip(bs, ok, strict=True) if k],
+            color="tab:green",
+            s=18,
+            label="reached target",
+        )
+        ax.scatter(
+            [x for x, k in zip(xs, ok, strict=True) if not k],
+            [b for b, k in zip(bs, ok, strict=True) if not k],
+            facecolors="none",
+            edgecolors="tab:red",
+            s=30,
+            label="failed / stopped early",
+        )
+        ax.axhline(summary.oracle_config[0], color="tab:blue", ls=":", label="oracle batch size")
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("run")
+        ax.set_ylabel("batch size")
+        ax.set_title(f"{summary.workload} on {gpu}: batch size chosen per run")
+        ax.legend(loc="upper right")
+        return to_png(fig)
+
+
+def write_plots(summary: WorkloadSummary, gpu: str, out_dir: Path) -> list[Path]:
+    """Write ``<workload>_cost.png`` and ``<workload>_batch_size.png`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = summary.workload.replace("/", "_")
+    paths = []
+    for suffix, png in (
+        ("cost", plot_cumulative_cost(summary, gpu)),
+        ("batch_size", plot_batch_sizes(summary, gpu)),
+    ):
+        path = out_dir / f"{stem}_{suffix}.png"
+        path.write_bytes(png)
+        paths.append(path)
+    return paths

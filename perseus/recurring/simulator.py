@@ -1,0 +1,321 @@
+"""Trace-driven simulation of a recurring job: the optimizer against the default and the oracle.
+
+Pure: a :class:`~perseus.recurring.workload.Workload` and a seed in, records out. One
+*recurrence* is one submission of the job; it is over when a run reaches the target metric,
+so a run that fails (stopped early, or out of epochs) is followed by another run in the same
+recurrence (Zeus's ``simulate_one_job``). A run samples one recorded training path (seed) of
+its batch size uniformly and pays ``epochs × epoch cost`` at its power limit.
+
+Power limits come from the JIT profiler's rule (:func:`~perseus.recurring.cost.best_power_limit_w`)
+applied to the trace's per-limit throughput and power. The first run of a batch size pays for
+profiling: a share ``profile_share`` of its first epoch runs spread evenly over every power
+limit (Zeus's simulator assumes the whole first epoch, ``profile_share = 1``, the default).
+
+Policies compared:
+
+* ``optimizer``: :class:`~perseus.recurring.policy.BatchSizeOptimizer` + JIT profiler;
+* ``default``: ``b0`` at the maximum power limit (Zeus's baseline);
+* ``oracle``: the best fixed configuration in hindsight among batch sizes whose recorded runs
+  all converge (:meth:`Workload.oracle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from perseus.errors import ConfigError, InfeasibleError
+from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w
+from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
+from perseus.recurring.workload import Workload
+
+__all__ = [
+    "POLICIES",
+    "BatchSizePolicy",
+    "PolicyRun",
+    "RunRecord",
+    "WorkloadSummary",
+    "default_recurrences",
+    "jit_power_limit_w",
+    "simulate_fixed",
+    "simulate_optimizer",
+    "simulate_workload",
+]
+
+POLICIES = ("optimizer", "default", "oracle")
+_MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
+# After this many failed runs in one recurrence, early stopping is off for the rest of it: a
+# lucky short run can set β × best below what most runs of every size need.
+_UNLIMITED_AFTER = 10
+
+
+class BatchSizePolicy(Protocol):
+    """Anything that picks the next run's batch size from the finished runs."""
+
+    def decide(self, history: Sequence[Observation], rng: np.random.Generator) -> Decision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One simulated run."""
+
+    recurrence: int
+    batch_size: int
+    power_limit_w: int
+    energy_j: float
+    time_s: float
+    cost: float
+    reached: bool
+    phase: str
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """Every run of one policy over N recurrences, with cumulative totals per recurrence."""
+
+    runs: tuple[RunRecord, ...]
+    cum_energy_j: np.ndarray
+    cum_time_s: np.ndarray
+    cum_cost: np.ndarray
+
+
+def default_recurrences(workload: Workload) -> int:
+    """Zeus's N: 2 × number of batch sizes × number of power limits."""
+    limits = {pl for pls in workload.power_limits_w.values() for pl in pls}
+    return 2 * len(workload.batch_sizes) * len(limits)
+
+
+def jit_power_limit_w(workload: Workload, batch_size: int, eta: float) -> int:
+    """The limit the JIT profiler picks at ``batch_size`` from the trace's measurements.
+
+    Throughput is ``1 / time_per_epoch`` (samples per epoch cancel in the comparison).
+    """
+    measured = {
+        float(pl): PowerLimitMeasurement(
+            pl,
+            1.0 / workload.epochs[(batch_size, pl)].time_s,
+            workload.epochs[(batch_size, pl)].avg_power_w,
+        )
+        for pl in workload.power_limits_w[batch_size]
+    }
+    return int(best_power_limit_w(measured, eta, workload.max_power_w))
+
+
+def _run(
+    workload: Workload,
+    batch_size: int,
+    power_limit_w: int,
+    eta: float,
+    rng: np.random.Generator,
+    *,
+    cost_limit: float | None,
+    profile_share: float,
+) -> tuple[float, float, bool, bool, int]:
+    """Simulate one run: ``(energy_j, time_s, reached, started, epochs)``."""
+    paths = workload.paths[batch_size]
+    target = paths[int(rng.integers(len(paths)))]
+    epoch = workload.epochs[(batch_size, power_limit_w)]
+    e_first, t_first = epoch.energy_j, epoch.time_s
+    if profile_share > 0:
+        limits = workload.power_limits_w[batch_size]
+        e_prof = sum(workload.epochs[(batch_size, pl)].energy_j for pl in limits) / len(limits)
+        t_prof = sum(workload.epochs[(batch_size, pl)].time_s for pl in limits) / len(limits)
+        e_first = profile_share * e_prof + (1 - profile_share) * e_first
+        t_first = profile_share * t_prof + (1 - profile_share) * t_first
+    max_w = workload.max_power_w
+    c_first = eta * e_first + (1 - eta) * max_w * t_first
+    c_epoch = eta * epoch.energy_j + (1 - eta) * max_w * epoch.time_s
+    budget = workload.spec.max_epochs
+    if cost_limit is not None:
+        # Stop before the first epoch that would cross the limit.
+        budget = (
+            0 if c_first > cost_limit else min(budget, 1 + int((cost_limit - c_first) // c_epoch))
+        )
+    epochs = target if target is not None and target <= budget else budget
+    if epochs == 0:
+        return 0.0, 0.0, False, False, 0
+    energy = e_first + epoch.energy_j * (epochs - 1)
+    time_s = t_first + epoch.time_s * (epochs - 1)
+    return energy, time_s, target is not None and target <= budget, True, epochs
+
+
+def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
+    energy = np.zeros(recurrences)
+    time_s = np.zeros(recurrences)
+    cost = np.zeros(recurrences)
+    for r in runs:
+        energy[r.recurrence] += r.energy_j
+        time_s[r.recurrence] += r.time_s
+        cost[r.recurrence] += r.cost
+    return PolicyRun(tuple(runs), np.cumsum(energy), np.cumsum(time_s), np.cumsum(cost))
+
+
+def simulate_optimizer(
+    workload: Workload,
+    recurrences: int,
+    *,
+    eta: float,
+    beta: float,
+    rng: np.random.Generator,
+    profile_share: float = 1.0,
+    policy: BatchSizePolicy | None = None,
+) -> PolicyRun:
+    """The batch-size optimizer with the JIT power-limit profiler over ``recurrences`` runs.
+
+    Args:
+        policy: Batch-size policy (default :class:`BatchSizeOptimizer` with ``beta``); a
+            benchmark passes another one (e.g. a re-implementation of Zeus's) to compare.
+
+    Raises:
+        InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
+    """
+    if policy is None:
+        policy = BatchSizeOptimizer(workload.batch_sizes, workload.default_batch_size, beta=beta)
+    history: list[Observation] = []
+    profiled: dict[int, int] = {}
+    runs: list[RunRecord] = []
+    max_w = workload.max_power_w
+    for rec in range(recurrences):
+        for tries in range(_MAX_TRIES):
+            decision = policy.decide(history, rng)
+            bs = decision.batch_size
+            cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
+            first = bs not in profiled
+            pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
+            energy, time_s, reached, started, epochs = _run(
+                workload,
+                bs,
+                pl,
+                eta,
+                rng,
+                cost_limit=cost_limit,
+                profile_share=profile_share if first else 0.0,
+            )
+            if started:
+                profiled[bs] = pl  # the profile survives a failed run
+            cost = eta * energy + (1 - eta) * max_w * time_s
+            history.append(Observation(bs, pl, energy, time_s, cost, reached, epochs))
+            runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
+            if reached:
+                break
+        else:
+            raise InfeasibleError(
+                f"{workload.key} on {workload.gpu}: recurrence {rec} did not reach the target "
+                f"in {_MAX_TRIES} runs"
+            )
+    return _totals(runs, recurrences)
+
+
+def simulate_fixed(
+    workload: Workload,
+    batch_size: int,
+    power_limit_w: int,
+    recurrences: int,
+    *,
+    eta: float,
+    rng: np.random.Generator,
+    phase: str,
+) -> PolicyRun:
+    """A fixed configuration, re-run within a recurrence until it reaches the target.
+
+    Raises:
+        InfeasibleError: if the configuration never converges.
+    """
+    if not any(e is not None for e in workload.paths[batch_size]):
+        raise InfeasibleError(
+            f"{workload.key} on {workload.gpu}: batch size {batch_size} never reaches the target"
+        )
+    runs: list[RunRecord] = []
+    max_w = workload.max_power_w
+    for rec in range(recurrences):
+        while True:
+            energy, time_s, reached, _, _ = _run(
+                workload, batch_size, power_limit_w, eta, rng, cost_limit=None, profile_share=0.0
+            )
+            cost = eta * energy + (1 - eta) * max_w * time_s
+            runs.append(
+                RunRecord(rec, batch_size, power_limit_w, energy, time_s, cost, reached, phase)
+            )
+            if reached:
+                break
+    return _totals(runs, recurrences)
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """Every policy over every seed for one workload.
+
+    Attributes:
+        workload: The workload's key.
+        recurrences: N.
+        runs: Policy -> one :class:`PolicyRun` per seed.
+        oracle_config: The oracle's (batch size, power limit).
+        default_config: The default's (batch size, power limit).
+    """
+
+    workload: str
+    recurrences: int
+    runs: dict[str, tuple[PolicyRun, ...]]
+    oracle_config: tuple[int, int]
+    default_config: tuple[int, int]
+
+    def final(self, policy: str, metric: str) -> np.ndarray:
+        """Cumulative ``metric`` (``energy_j``, ``time_s``, ``cost``) after N, one per seed."""
+        return np.array([getattr(r, f"cum_{metric}")[-1] for r in self.runs[policy]])
+
+    def regret(self) -> np.ndarray:
+        """Per recurrence, mean over seeds of (optimizer − oracle) / oracle cumulative cost."""
+        opt = np.stack([r.cum_cost for r in self.runs["optimizer"]])
+        ora = np.stack([r.cum_cost for r in self.runs["oracle"]])
+        return np.asarray(((opt - ora) / ora).mean(axis=0))
+
+
+def simulate_workload(
+    workload: Workload,
+    *,
+    recurrences: int | None = None,
+    seeds: Sequence[int] = tuple(range(10)),
+    eta: float = 0.5,
+    beta: float = 2.0,
+    profile_share: float = 1.0,
+) -> WorkloadSummary:
+    """Run the three policies for every seed (common seeds: seed ``s`` feeds every policy).
+
+    Complexity: O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
+
+    Raises:
+        ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
+    """
+    n = default_recurrences(workload) if recurrences is None else recurrences
+    if n < 1 or not seeds:
+        raise ConfigError(f"recurrences must be >= 1 and seeds non-empty (got {n}, {seeds})")
+    if not 0.0 <= profile_share <= 1.0:
+        raise ConfigError(f"profile_share must be in [0, 1], got {profile_share}")
+    oracle = workload.oracle(eta)
+    b0 = workload.default_batch_size
+    default = (b0, workload.max_power_limit_w(b0))
+    runs: dict[str, list[PolicyRun]] = {p: [] for p in POLICIES}
+    for seed in seeds:
+        runs["optimizer"].append(
+            simulate_optimizer(
+                workload,
+                n,
+                eta=eta,
+                beta=beta,
+                rng=np.random.default_rng([seed, 0]),
+                profile_share=profile_share,
+            )
+        )
+        for k, (name, (bs, pl)) in enumerate((("default", default), ("oracle", oracle)), 1):
+            rng = np.random.default_rng([seed, k])
+            runs[name].append(simulate_fixed(workload, bs, pl, n, eta=eta, rng=rng, phase=name))
+    return WorkloadSummary(
+        workload=workload.key,
+        recurrences=n,
+        runs={p: tuple(v) for p, v in runs.items()},
+        oracle_config=oracle,
+        default_config=default,
+    )

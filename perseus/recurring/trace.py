@@ -1,0 +1,213 @@
+"""Read Zeus-format traces (``summary_train.csv``, ``summary_power_<gpu>.csv``) into workloads.
+
+File formats (the Zeus NSDI'23 artifact's):
+
+* ``summary_train.csv``: ``dataset,network,batch_size,optimizer,learning_rate,run,
+  target_metric,target_epoch``; one row per (seed, metric threshold reached). A seed is a
+  (learning_rate, run) pair; a seed with no row at the job's target never reached it.
+* ``summary_power_<gpu>.csv``: ``dataset,network,batch_size,optimizer,power_limit,
+  time_per_epoch,average_power``.
+
+Errors name the file, the line and the field and say how to fix it (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from perseus.errors import ConfigError
+from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
+
+__all__ = ["load_jobs", "load_workloads", "power_trace_path"]
+
+_TRAIN_FIELDS = (
+    "dataset",
+    "network",
+    "batch_size",
+    "optimizer",
+    "run",
+    "target_metric",
+    "target_epoch",
+)
+_POWER_FIELDS = (
+    "dataset",
+    "network",
+    "batch_size",
+    "optimizer",
+    "power_limit",
+    "time_per_epoch",
+    "average_power",
+)
+_JOB_FIELDS = (
+    "dataset",
+    "network",
+    "optimizer",
+    "target_metric",
+    "max_epochs",
+    "default_batch_size",
+)
+
+
+def power_trace_path(trace_dir: Path, gpu: str) -> Path:
+    """``<trace_dir>/summary_power_<gpu>.csv``."""
+    return trace_dir / f"summary_power_{gpu}.csv"
+
+
+def _rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    try:
+        f = path.open(newline="", encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass the right --trace DIR") from e
+    with f:
+        reader = csv.DictReader(f)
+        missing = [c for c in fields if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(
+                f"{path}: missing column(s) {', '.join(missing)}; the header must name "
+                f"{', '.join(fields)}"
+            )
+        yield from enumerate(reader, start=2)
+
+
+def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:
+    text = (row.get(name) or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (integer and value != int(value)) or value < 0:
+        kind = "a non-negative integer" if integer else "a finite non-negative number"
+        raise ConfigError(f"{path}:{line}: field {name}={text!r} must be {kind}; fix the row")
+    return value
+
+
+def load_jobs(path: Path) -> tuple[JobSpec, ...]:
+    """Job definitions from a CSV with columns ``dataset,network,optimizer,target_metric,
+    max_epochs,default_batch_size``."""
+    jobs = []
+    for line, row in _rows(path, _JOB_FIELDS):
+        max_epochs = int(_number(path, line, row, "max_epochs", integer=True))
+        b0 = int(_number(path, line, row, "default_batch_size", integer=True))
+        if max_epochs < 1 or b0 < 1:
+            raise ConfigError(f"{path}:{line}: max_epochs and default_batch_size must be >= 1")
+        jobs.append(
+            JobSpec(
+                dataset=row["dataset"].strip(),
+                network=row["network"].strip(),
+                optimizer=row["optimizer"].strip(),
+                target_metric=_number(path, line, row, "target_metric", integer=False),
+                max_epochs=max_epochs,
+                default_batch_size=b0,
+            )
+        )
+    if not jobs:
+        raise ConfigError(f"{path}: no job rows; add one row per recurring job")
+    return tuple(jobs)
+
+
+def _read_train(
+    path: Path, jobs: Iterable[JobSpec]
+) -> dict[str, dict[int, dict[tuple[str, str], int | None]]]:
+    by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
+    out: dict[str, dict[int, dict[tuple[str, str], int | None]]] = {}
+    for line, row in _rows(path, _TRAIN_FIELDS):
+        job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
+        if job is None:
+            continue
+        bs = int(_number(path, line, row, "batch_size", integer=True))
+        metric = _number(path, line, row, "target_metric", integer=False)
+        raw = (row.get("target_epoch") or "").strip().lower()
+        # "nan" (or empty) is how the trace writes "this seed never reached this metric".
+        reached = raw not in ("", "nan")
+        epoch = int(_number(path, line, row, "target_epoch", integer=True)) if reached else 0
+        seeds = out.setdefault(job.key, {}).setdefault(bs, {})
+        seed = (row.get("learning_rate", ""), row["run"])
+        seeds.setdefault(seed, None)
+        on_target = math.isclose(metric, job.target_metric, rel_tol=1e-9)
+        if on_target and reached and 1 <= epoch <= job.max_epochs:
+            previous = seeds[seed]
+            seeds[seed] = epoch if previous is None else min(previous, epoch)
+    return out
+
+
+def _read_power(
+    path: Path, jobs: Iterable[JobSpec]
+) -> tuple[dict[str, dict[tuple[int, int], EpochCost]], float]:
+    by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
+    out: dict[str, dict[tuple[int, int], EpochCost]] = {}
+    max_power_w = 0.0
+    for line, row in _rows(path, _POWER_FIELDS):
+        limit = _number(path, line, row, "power_limit", integer=False)
+        max_power_w = max(max_power_w, limit)
+        job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
+        if job is None:
+            continue
+        bs = int(_number(path, line, row, "batch_size", integer=True))
+        time_s = _number(path, line, row, "time_per_epoch", integer=False)
+        power_w = _number(path, line, row, "average_power", integer=False)
+        if time_s <= 0 or limit <= 0:
+            raise ConfigError(
+                f"{path}:{line}: time_per_epoch and power_limit must be > 0; fix the row"
+            )
+        out.setdefault(job.key, {})[(bs, round(limit))] = EpochCost(time_s, power_w)
+    if max_power_w <= 0:
+        raise ConfigError(f"{path}: no power-limit rows; the power trace is empty")
+    return out, max_power_w
+
+
+def load_workloads(
+    trace_dir: str | Path,
+    gpu: str,
+    *,
+    jobs: Sequence[JobSpec] = ZEUS_JOBS,
+    workload: str | None = None,
+) -> list[Workload]:
+    """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu``.
+
+    ``b0`` is capped at the largest batch size both traces hold (as Zeus's evaluation does).
+
+    Raises:
+        ConfigError: unreadable or malformed files, an unknown ``workload``, or no job found.
+    """
+    trace_dir = Path(trace_dir)
+    if workload is not None:
+        jobs = [j for j in jobs if j.key == workload]
+        if not jobs:
+            raise ConfigError(
+                f"--workload {workload!r} is not a known job; use one of "
+                f"{', '.join(j.key for j in ZEUS_JOBS)} or pass --jobs FILE defining it"
+            )
+    train_path = trace_dir / "summary_train.csv"
+    power_path = power_trace_path(trace_dir, gpu)
+    train = _read_train(train_path, jobs)
+    power, max_power_w = _read_power(power_path, jobs)
+    out = []
+    for job in jobs:
+        paths, epochs = train.get(job.key), power.get(job.key)
+        if not paths or not epochs:
+            continue
+        traced = sorted(b for b in paths if any(k[0] == b for k in epochs))
+        if not traced:
+            continue
+        below = [b for b in traced if b <= job.default_batch_size]
+        b0 = below[-1] if below else traced[0]
+        out.append(
+            Workload(
+                spec=job,
+                gpu=gpu,
+                max_power_w=max_power_w,
+                paths={b: tuple(s[k] for k in sorted(s)) for b, s in paths.items()},
+                epochs=epochs,
+                default_batch_size=b0,
+            )
+        )
+    if not out:
+        wanted = workload or ", ".join(j.key for j in jobs)
+        raise ConfigError(
+            f"{train_path} and {power_path}: no rows for {wanted}; check the dataset, network "
+            "and optimizer columns or pass --jobs FILE"
+        )
+    return out

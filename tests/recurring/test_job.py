@@ -1,0 +1,123 @@
+"""The training-loop API on a simulated GPU: JIT profiling, caching, early stopping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.recurring.cost import zeus_cost
+from perseus.recurring.job import RecurringJob, RecurringRun
+from perseus.recurring.policy import Observation
+from perseus.recurring.profiler import candidate_power_limits_w
+from perseus.recurring.store import SQLiteStore
+from perseus.schedule.actions import Kind
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[SimulatedGPU, Clock, RecurringJob]:
+    clock = Clock()
+    gpu = SimulatedGPU.from_preset(
+        "a40",
+        state_dir=tmp_path / "sim",
+        publish_interval_s=0.0,
+        set_latency_s=0.0,
+        activity=1.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    job = RecurringJob(
+        "job",
+        batch_sizes=[32, 64, 128],
+        default_batch_size=64,
+        store=SQLiteStore(tmp_path / "db"),
+        gpu=gpu,
+        eta=0.5,
+        own_gpu=False,
+        profiler_kwargs={"warmup_steps": 2, "settle_steps": 1, "window_steps": 3},
+        clock=clock,
+    )
+    return gpu, clock, job
+
+
+def _steps(run: RecurringRun, gpu: SimulatedGPU, clock: Clock, n: int) -> None:
+    for _ in range(n):
+        clock.sleep(gpu.begin_op(0, Kind.F))
+        gpu.end_op()
+        run.step(run.batch_size)
+
+
+def test_first_run_profiles_and_picks_the_cheapest_limit_then_reruns_use_the_cache(
+    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+) -> None:
+    gpu, clock, job = setup
+    low, high = gpu.power_limit_range_w()
+    expected = {}
+    for w in candidate_power_limits_w(low, high):
+        gpu.set_power_limit_w(w)
+        t, e = gpu.op_cost(0, Kind.F)
+        expected[w] = zeus_cost(e, t, 0.5, high)
+    gpu.reset_power_limit()
+    best = min(expected, key=lambda w: (expected[w], -w))
+    assert best < high  # the cap matters on this model, so the test can fail
+    with job.run() as run:
+        assert run.profiling and run.batch_size == 64
+        _steps(run, gpu, clock, 200)
+        assert not run.profiling
+        assert run.power_limit_w == best == gpu.power_limit_w()
+        run.end_epoch(reached=True)
+    assert gpu.power_limit_w() == high  # reset after the run
+    assert job.store.cached_power_limit_w("job", gpu.name, 64) == best
+    history = job.store.history("job")
+    assert len(history) == 1 and history[0].reached and history[0].epochs == 1
+    assert history[0].energy_j > 0 and history[0].cost > 0
+    # A re-run at the same batch size sets the cached limit at once (no profiling).
+    job.store.finish_run(  # make 64 the only sensible choice: neighbours already failed
+        job.store.begin_run("job", lambda h, p: job.policy.decide(h, job._rng)).run_id,
+        Observation(32, best, 1e9, 1e9, 1e9, False, 1),
+    )
+    job.store.finish_run(
+        job.store.begin_run("job", lambda h, p: job.policy.decide(h, job._rng)).run_id,
+        Observation(128, best, 1e9, 1e9, 1e9, False, 1),
+    )
+    with job.run() as run:
+        assert run.batch_size == 64 and not run.profiling
+        assert gpu.power_limit_w() == best
+        run.end_epoch(reached=True)
+
+
+def test_a_run_past_beta_times_the_best_cost_stops_early_and_counts_as_failed(
+    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+) -> None:
+    gpu, clock, job = setup
+    job.store.register_job("job", job._config())
+    for bs in (32, 64, 128):
+        job.store.save_power_limit_w("job", gpu.name, bs, 300.0, {})
+    with job.run() as run:  # the default converges after one epoch: the best so far
+        _steps(run, gpu, clock, 20)
+        assert run.end_epoch(reached=True)
+    best = job.store.history("job")[0].cost
+    with job.run() as run:
+        assert run.decision.cost_limit == pytest.approx(2.0 * best)
+        stops = []
+        for _ in range(10):
+            _steps(run, gpu, clock, 20)
+            stops.append(run.end_epoch(reached=False))
+            if stops[-1]:
+                break
+        assert run.stopped_early and not run.reached
+        assert run.cost() <= 2.0 * best * 1.05
+    last = job.store.history("job")[-1]
+    assert not last.reached and last.epochs == len(stops)

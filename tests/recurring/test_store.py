@@ -1,0 +1,125 @@
+"""The SQLite store: exactly-once observations, pending runs, two processes on one file."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perseus.errors import ConfigError
+from perseus.recurring.policy import BatchSizeOptimizer, Observation
+from perseus.recurring.store import RecurringStore, SQLiteStore
+
+REPO = Path(__file__).resolve().parents[2]
+SIZES = [8, 16, 32, 64, 128]
+
+
+def _decide(policy: BatchSizeOptimizer):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    return lambda history, pending: policy.decide(history, rng, pending=pending)
+
+
+def test_finish_is_exactly_once_and_abandoned_runs_do_not_count(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    assert isinstance(store, RecurringStore)
+    store.register_job("j", {"batch_sizes": SIZES})
+    policy = BatchSizeOptimizer(SIZES, 64)
+    a = store.begin_run("j", _decide(policy))
+    b = store.begin_run("j", _decide(policy))
+    assert (a.decision.batch_size, b.decision.batch_size) == (64, 64)  # nothing finished yet
+    o = Observation(64, 200.0, 10.0, 1.0, 12.0, True)
+    assert store.finish_run(a.run_id, o) is True
+    assert store.finish_run(a.run_id, o) is False  # a retry does not double it
+    store.abandon_run(b.run_id)
+    assert store.finish_run(b.run_id, o) is False
+    assert store.history("j") == [o]
+    e = store.begin_run("j", _decide(policy))
+    store.finish_run(e.run_id, Observation(32, float("nan"), 1.0, 1.0, 1.0, True))
+    assert math.isnan(store.history("j")[-1].power_limit_w)  # no limit known: NaN round-trips
+    c = store.begin_run("j", _decide(policy))
+    d = store.begin_run("j", _decide(policy))
+    # A started run is pending: the next one explores another size.
+    assert c.decision.batch_size != d.decision.batch_size
+
+
+def test_job_config_mismatch_and_bad_file(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    store.register_job("j", {"eta": 0.5})
+    store.register_job("j", {"eta": 0.5})
+    with pytest.raises(ConfigError, match="different eta"):
+        store.register_job("j", {"eta": 0.9})
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    with pytest.raises(ConfigError, match="not a usable SQLite database"):
+        SQLiteStore(bad).history("j")
+
+
+def test_power_limit_cache_first_writer_wins(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    assert store.cached_power_limit_w("j", "A40", 64) is None
+    assert store.save_power_limit_w("j", "A40", 64, 175.0, {"175.0": 1}) == 175.0
+    assert (
+        SQLiteStore(tmp_path / "db.sqlite").save_power_limit_w("j", "A40", 64, 200.0, {}) == 175.0
+    )
+    assert store.cached_power_limit_w("j", "A40", 64) == 175.0
+    assert store.cached_power_limit_w("j", "V100", 64) is None
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from perseus.recurring.policy import BatchSizeOptimizer, Observation
+    from perseus.recurring.store import SQLiteStore
+    path, tag, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = SQLiteStore(path, busy_timeout_s=60)
+    store.register_job("j", {"batch_sizes": [8, 16, 32, 64, 128]})
+    policy = BatchSizeOptimizer([8, 16, 32, 64, 128], 64)
+    rng = np.random.default_rng(int(tag))
+    for i in range(runs):
+        started = store.begin_run(
+            "j", lambda h, p: policy.decide(h, rng, pending=p))
+        b = started.decision.batch_size
+        cost = 100.0 + abs(b - 32)
+        ok = store.finish_run(started.run_id, Observation(b, 150.0, cost, 1.0, cost, True))
+        again = store.finish_run(started.run_id, Observation(b, 150.0, cost, 1.0, cost, True))
+        assert ok and not again
+        print(started.run_id, flush=True)
+    """
+)
+
+
+def test_two_processes_on_one_file_lose_and_double_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "shared.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = 40
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(db), str(k), str(runs)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for k in (1, 2)
+    ]
+    ids: list[str] = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        ids.extend(out.split())
+    assert len(ids) == 2 * runs == len(set(ids))
+    store = SQLiteStore(db)
+    rows = store.runs("j")
+    assert sorted(r["run_id"] for r in rows) == sorted(ids)
+    assert all(r["status"] == "done" for r in rows)
+    assert len(store.history("j")) == 2 * runs
+    # Exploration never ran one batch size twice (a pending run counts as tried).
+    explore = [r for r in rows if r["phase"] == "explore"]
+    assert len({r["batch_size"] for r in explore}) == len(explore)
