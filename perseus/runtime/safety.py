@@ -53,17 +53,30 @@ class _SignalChain:
     the handler that was there), the last one restores it (if ours is still the active one).
     Guards that come and go in any order (two agents, one closed early) therefore never leave a
     stale handler behind or call a closed guard's callback.
+
+    Python runs signal handlers on the main thread, between two bytecodes. A main thread
+    blocked in C (a gloo/NCCL collective waiting for a peer that died: exactly when torchrun
+    sends SIGTERM to the survivors) would run ours only when the call returns, possibly
+    minutes later. So the chain also registers a wakeup fd (``signal.set_wakeup_fd``, unless
+    someone else uses it), to which CPython's C-level handler writes the signal number at once,
+    and a daemon thread reading it runs the guards' callbacks immediately. If the signal's
+    previous disposition was the default (terminate) and the main thread has not ended the
+    process within ``grace_s``, that thread ends it with status ``128 + signum`` as the default
+    action would have.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 1.0) -> None:
+        self.grace_s = grace_s
         self._guards: dict[int, list[ExitGuard]] = {}
         self._previous: dict[int, _Handler] = {}
         self._pid = 0
+        self._wakeup: tuple[int, int] | None = None  # (read fd, write fd)
 
     def add(self, guard: ExitGuard, signals: tuple[int, ...]) -> None:
         if self._pid != os.getpid():  # a forked child inherited the table: start afresh
             self._guards.clear()
             self._previous.clear()
+            self._wakeup = None
             self._pid = os.getpid()
         for sig in signals:
             guards = self._guards.setdefault(sig, [])
@@ -71,6 +84,8 @@ class _SignalChain:
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._on_signal)
             guards.append(guard)
+        if self._wakeup is None and signals:
+            self._start_watcher()
 
     def remove(self, guard: ExitGuard) -> None:
         on_main = threading.current_thread() is threading.main_thread()
@@ -81,20 +96,88 @@ class _SignalChain:
                 previous = self._previous.pop(sig)
                 if signal.getsignal(sig) == self._on_signal:
                     signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        if on_main and not any(self._guards.values()):
+            self._stop_watcher()
+
+    def _guards_for(self, signum: int) -> list[ExitGuard]:
+        return list(reversed(self._guards.get(signum, ()))) if os.getpid() == self._pid else []
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Runs in the main thread between two bytecodes of whatever it was doing: the guards'
         # callbacks must not take a lock the interrupted code may hold (see ExitGuard).
         previous = self._previous.get(signum, signal.SIG_DFL)
-        if os.getpid() == self._pid:
-            for guard in reversed(list(self._guards.get(signum, ()))):
-                guard._run_once()
+        for guard in self._guards_for(signum):
+            guard._run_once()
         if callable(previous):
             previous(signum, frame)
         elif previous in (signal.SIG_DFL, None):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         # SIG_IGN: the process had chosen to ignore it; so do we (after the reset).
+
+    # Wakeup-fd watcher ---------------------------------------------------------------------
+
+    def _start_watcher(self) -> None:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread, or unsupported
+            os.close(r)
+            os.close(w)
+            return
+        if old != -1:  # someone else (an asyncio loop) relies on it: leave it to them
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._wakeup = (r, w)
+        threading.Thread(
+            target=self._watch, args=(r,), name="perseus-signal-watcher", daemon=True
+        ).start()
+
+    def _stop_watcher(self) -> None:
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is None:
+            return
+        _r, w = wakeup
+        with contextlib.suppress(ValueError, OSError):
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, w):
+                signal.set_wakeup_fd(current)  # not ours any more: put it back
+        with contextlib.suppress(OSError):
+            os.close(w)  # the watcher reads EOF and closes ``r``
+
+    def _watch(self, r: int) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(r, 64)
+                except InterruptedError:
+                    continue
+                if not data:
+                    return
+                for signum in data:
+                    self._on_wakeup(signum)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(r)
+
+    def _on_wakeup(self, signum: int) -> None:
+        guards = self._guards_for(signum)
+        if not guards:
+            return
+        for guard in guards:
+            guard._run_once()
+        if self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None) and signum != int(
+            signal.SIGINT
+        ):
+            # The default action is to die now; give the main thread the chance to do it
+            # properly (exit status "killed by signal"), then do it ourselves.
+            time.sleep(self.grace_s)
+            os._exit(128 + signum)
 
 
 _CHAIN = _SignalChain()
@@ -123,6 +206,7 @@ class ExitGuard:
         self._signals = signals
         self._pid = 0
         self._ran = False
+        self._running = threading.Lock()
         self._installed = False
 
     @property
@@ -146,12 +230,22 @@ class ExitGuard:
         _CHAIN.remove(self)
         self._installed = False
 
-    def _run_once(self) -> None:
+    def _run_once(self, wait_s: float = 1.0) -> None:
+        # Called from atexit, the main thread's signal handler or the signal watcher thread:
+        # exactly one of them runs the callback. The others wait (bounded: the running one may
+        # need a lock the interrupted main thread holds) so the process does not end mid-reset.
         if self._ran or os.getpid() != self._pid:
             return
-        self._ran = True
-        with contextlib.suppress(Exception):
-            self._callback()
+        if not self._running.acquire(timeout=wait_s):
+            return
+        try:
+            if self._ran:
+                return
+            self._ran = True
+            with contextlib.suppress(Exception):
+                self._callback()
+        finally:
+            self._running.release()
 
 
 class Watchdog:
@@ -229,9 +323,12 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
     import select
 
     data = b""
-    deadline = timeout_s
+    deadline = time.monotonic() + timeout_s
     while b"\n" not in data:
-        readable, _, _ = select.select([fd], [], [], deadline)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable, _, _ = select.select([fd], [], [], left)
         if not readable:
             break
         chunk = os.read(fd, 64)
