@@ -22,6 +22,7 @@ _MODULES = (
     "straggler_sweep",
     "straggler",
     "device",
+    "doctor",
 )
 
 

@@ -1,0 +1,171 @@
+"""``perseus doctor`` with the recording fake of pynvml, and with no NVML at all."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from perseus.cli import _doctor_checks
+from perseus.cli.main import main
+from perseus.device import nvml as nvml_backend
+from perseus.device.nvml import NvmlUnavailableError
+from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+STEP_MJ = 1700
+PERIOD_S = 0.02
+
+
+def _counter(t: float) -> int:
+    return 1_000_000 + math.floor(t / PERIOD_S) * STEP_MJ
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
+    nvml = FakeNvml(devices=[FakeDevice(UUID, energy_fn=_counter)])
+    monkeypatch.setattr(nvml_backend, "import_nvml", lambda: nvml)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("PERSEUS_NO_CLOCK_CHANGES", raising=False)
+    return nvml
+
+
+def _privileged(monkeypatch: pytest.MonkeyPatch, allowed: bool) -> None:
+    why = "running as root" if allowed else "not root and no CAP_SYS_ADMIN"
+    monkeypatch.setattr(nvml_backend, "probe_privilege", lambda: (allowed, why))
+    monkeypatch.setattr(_doctor_checks, "probe_privilege", lambda: (allowed, why))
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    rc = main(["doctor", "--json", "--energy-window-s", "0.3", *args])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def _checks(report: dict) -> dict[str, dict]:
+    (gpu,) = report["gpus"]
+    return {c["name"]: c for c in gpu["checks"]}
+
+
+def test_no_nvml_says_so_in_one_line_and_checks_the_simulator(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> None:
+        raise NvmlUnavailableError("nvidia-ml-py is not installed")
+
+    monkeypatch.setattr(nvml_backend, "import_nvml", missing)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("no NVIDIA GPU usable here (nvidia-ml-py is not installed)")
+    assert "[ok] simulated path" in out[1]
+    assert out[-1].startswith("verdict: perseus cannot change real GPU clocks")
+    rc, report = _doctor(capsys)
+    assert rc == 1 and report["simulated"]["status"] == "ok" and report["usable"] is False
+
+
+def test_observe_only_never_calls_set_or_reset(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    assert fake.control_calls() == []
+    assert rc == 0, report["verdict"]
+    assert report["mode"] == "observe-only"
+    assert report["nvml"]["driver"] == "550.54.15" and report["nvml"]["cuda_driver"] == "12.4"
+    checks = _checks(report)
+    gpu = checks["gpu"]["data"]
+    assert (gpu["name"], gpu["uuid"], gpu["architecture"]) == (
+        "NVIDIA A100-SXM4-80GB",
+        UUID,
+        "Ampere",
+    )
+    assert checks["supported clocks"]["data"]["count"] == 81
+    assert checks["clock locking"]["status"] == "skip"
+    assert "would be allowed" in checks["clock locking"]["summary"]
+    assert checks["set latency"]["status"] == "skip"
+    energy = checks["energy counter"]["data"]
+    assert energy["smallest_step_mj"] == STEP_MJ
+    assert energy["median_interval_ms"] == pytest.approx(PERIOD_S * 1e3, rel=0.3)
+    assert checks["power"]["data"]["power_limit_w"] == 400.0
+
+
+def test_privileged_measures_set_latency_and_resets(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-cuda")
+    assert rc == 0, report["verdict"]
+    latency = _checks(report)["set latency"]
+    assert latency["status"] == "ok"
+    assert latency["data"]["samples"] == 6 and latency["data"]["applied_ms"] is not None
+    names = fake.names()
+    assert names.count("nvmlDeviceSetGpuLockedClocks") == 6
+    assert names[names.index("nvmlDeviceSetGpuLockedClocks") :].count(
+        "nvmlDeviceResetGpuLockedClocks"
+    ) >= 1
+    assert fake.devices[0].locked is None  # never left locked
+
+
+def test_unprivileged_says_how_to_allow_it(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, False)
+    assert main(["doctor", "--no-cuda", "--energy-window-s", "0.2"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] clock locking: not allowed: not root and no CAP_SYS_ADMIN" in out
+    assert "CAP_SYS_ADMIN" in out and "--cap-add SYS_ADMIN" in out and "zeusd" in out
+    assert "nvidia-smi -acp UNRESTRICTED" in out  # application clocks are root-only here
+    assert "[skip] set latency" in out
+    assert fake.control_calls() == []
+
+
+def test_failing_probe_is_unavailable_not_a_crash(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    fake.fail("nvmlDeviceGetArchitecture", FakeNvml.NVML_ERROR_UNKNOWN, times=2)
+    fake.devices[0].instant_power_mw = None
+    fake.fail("nvmlDeviceGetPowerUsage", FakeNvml.NVML_ERROR_GPU_IS_LOST)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    checks = report["gpus"][0]["checks"]
+    # The first architecture failure stops the open; the GPU is reported, not a traceback.
+    assert checks[0]["status"] == "unavailable" and "unavailable:" in checks[0]["summary"]
+    assert rc == 1
+    # Once open works, a failing power read only marks that probe.
+    fake.failures.clear()
+    fake.fail("nvmlDeviceGetPowerUsage", FakeNvml.NVML_ERROR_GPU_IS_LOST)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    power = _checks(report)["power"]
+    assert power["status"] == "unavailable" and "stopped answering" in power["summary"]
+    assert rc == 0
+
+
+def test_cuda_check_without_cuda_is_reported(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-clock-changes")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "fail" and "no CUDA device" in cuda["summary"]
+    assert rc == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--energy-window-s", "0"],
+        ["--clocks", "0"],
+        ["--gpu", "-1"],
+        ["--bogus"],
+        ["--energy-window-s", "soon"],
+    ],
+)
+def test_bad_flags_exit_2(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    assert main(["doctor", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "Traceback" not in err
+    assert fake.calls == []
