@@ -23,13 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perseus.device.base import GPU, ObserveOnlyWarning
-from perseus.device.nvml import (
-    LIMITING_REASONS,
-    NvmlGPU,
-    call_nvml,
-    clock_event_names,
-    probe_privilege,
-)
+from perseus.device.nvml import LIMITING_REASONS, NvmlGPU, clock_event_names, probe_privilege
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 
 __all__ = [
@@ -110,8 +104,7 @@ def _mhz_range(clocks: Sequence[int]) -> str:
 
 
 def check_identity(gpu: NvmlGPU) -> Check:
-    nvml, handle = gpu._api, gpu._h()
-    arch = int(call_nvml(nvml, "nvmlDeviceGetArchitecture", handle))
+    arch = int(gpu.query("nvmlDeviceGetArchitecture"))
     arch_name = ARCHITECTURES.get(arch, f"unknown ({arch})")
     data: dict[str, Any] = {
         "name": gpu.name,
@@ -141,7 +134,7 @@ def check_identity(gpu: NvmlGPU) -> Check:
 
 def check_clocks(gpu: NvmlGPU) -> Check:
     clocks = gpu.supported_clocks_mhz()
-    mem = call_nvml(gpu._api, "nvmlDeviceGetSupportedMemoryClocks", gpu._h())
+    mem = gpu.query("nvmlDeviceGetSupportedMemoryClocks")
     data = {
         "sm_clocks_mhz": list(clocks),
         "count": len(clocks),
@@ -172,12 +165,7 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
     app = "unknown"
     with contextlib.suppress(Exception):
         restricted = int(
-            call_nvml(
-                gpu._api,
-                "nvmlDeviceGetAPIRestriction",
-                gpu._h(),
-                _RESTRICTED_API_SET_APPLICATION_CLOCKS,
-            )
+            gpu.query("nvmlDeviceGetAPIRestriction", _RESTRICTED_API_SET_APPLICATION_CLOCKS)
         )
         app = "root only" if restricted else "any user"
     data["application_clocks"] = app
@@ -187,8 +175,8 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
     if app == "root only":
         app_hint = (
             "; application clocks (nvidia-smi -ac) are root-only here: an admin can open them "
-            f"with `sudo nvidia-smi -acp UNRESTRICTED -i {gpu._index if gpu._index is not None else 0}`"
-            " (perseus's locked clocks still need root or CAP_SYS_ADMIN)"
+            f"with `sudo nvidia-smi -acp UNRESTRICTED -i {gpu.uuid}` (perseus's locked clocks "
+            "still need root or CAP_SYS_ADMIN)"
         )
     if no_clock_changes:
         word = "would be allowed" if allowed else "would NOT be allowed"
@@ -254,7 +242,9 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
         "clocks_mhz": pair,
         "set_call_ms": {"median": statistics.median(calls_ms), "max": max(calls_ms)},
         "applied_ms": (
-            {"median": statistics.median(applied_ms), "max": max(applied_ms)} if applied_ms else None
+            {"median": statistics.median(applied_ms), "max": max(applied_ms)}
+            if applied_ms
+            else None
         ),
         "not_seen_within_ms": settle_s * 1e3 if unseen else None,
         "samples": len(calls_ms),
@@ -315,7 +305,6 @@ def check_energy_counter(gpu: NvmlGPU, window_s: float) -> Check:
 
 
 def check_power(gpu: NvmlGPU) -> Check:
-    nvml, handle = gpu._api, gpu._h()
     data: dict[str, Any] = {"power_w": round(gpu.power_w(), 1)}
     for key, function in (
         ("power_limit_w", "nvmlDeviceGetPowerManagementLimit"),
@@ -323,7 +312,7 @@ def check_power(gpu: NvmlGPU) -> Check:
         ("enforced_power_limit_w", "nvmlDeviceGetEnforcedPowerLimit"),
     ):
         with contextlib.suppress(Exception):
-            data[key] = int(call_nvml(nvml, function, handle)) / 1000.0
+            data[key] = int(gpu.query(function)) / 1000.0
     reasons: tuple[str, ...] = ()
     with contextlib.suppress(Exception):
         reasons = clock_event_names(gpu.clock_event_reasons())
@@ -461,6 +450,7 @@ def check_cuda(
         list(_targets(gpu.supported_clocks_mhz(), clocks)) if control else [None]
     )
     sampler = _Sampler(gpu.current_clock_mhz, gpu.clock_event_reasons)
+    new_event: Callable[..., Any] = torch.cuda.Event
     rows: list[dict[str, Any]] = []
     with sampler, warnings.catch_warnings():
         warnings.simplefilter("ignore", ObserveOnlyWarning)
@@ -473,8 +463,8 @@ def check_cuda(
                     agent.wait_for_clock()
                     out = None
                     for op in ("F", "B"):
-                        start = torch.cuda.Event(enable_timing=True)
-                        end = torch.cuda.Event(enable_timing=True)
+                        start = new_event(enable_timing=True)
+                        end = new_event(enable_timing=True)
                         label = f"{target}:{op}" if it else None  # iteration 0 warms the clock
                         sampler.mark(label)
                         with agent.op(op, 0):
@@ -569,7 +559,8 @@ def check_simulated(iterations: int = 3) -> Check:
                     {"locked_after_close_mhz": after},
                 )
     wrong = {t: v for t, v in seen.items() if any(c != t for c in v)}
-    data = {"clocks_mhz": sorted(seen, reverse=True), "ops_per_clock": 2 * iterations}
+    ran = sorted(seen, reverse=True)
+    data: dict[str, Any] = {"clocks_mhz": ran, "ops_per_clock": 2 * iterations}
     if wrong:
         return Check(
             "simulated path", "fail", f"ops ran at other clocks than planned: {wrong}", data
@@ -577,7 +568,7 @@ def check_simulated(iterations: int = 3) -> Check:
     return Check(
         "simulated path",
         "ok",
-        f"agent on a simulated A100: {len(seen)} clocks ({', '.join(map(str, data['clocks_mhz']))}"
+        f"agent on a simulated A100: {len(seen)} clocks ({', '.join(map(str, ran))}"
         " MHz) applied per op, lock reset at close",
         data,
     )

@@ -64,9 +64,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--gpu", type=int, action="append", metavar="INDEX", help="only these GPUs")
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
-    p.add_argument(
-        "--clocks", type=int, default=3, help="clocks for the CUDA check (default 3)"
-    )
+    p.add_argument("--clocks", type=int, default=3, help="clocks for the CUDA check (default 3)")
     p.add_argument(
         "--iterations", type=int, default=5, help="CUDA check iterations per clock (default 5)"
     )
@@ -126,7 +124,9 @@ def diagnose(
         nvml = nvml_module if nvml_module is not None else nvml_backend.import_nvml()
         call_nvml(nvml, "nvmlInit")
     except Exception as e:
-        report["no_gpu"] = f"no NVIDIA GPU usable here ({_first_line(e)}); checking the simulated path"
+        report["no_gpu"] = (
+            f"no NVIDIA GPU usable here ({_first_line(e)}); checking the simulated path"
+        )
         report["simulated"] = probe("simulated path", check_simulated).as_dict()
         report["usable"] = False
         report["verdict"] = (
@@ -259,7 +259,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def _line(check: dict[str, Any], indent: str = "  ") -> None:
-    print(f"{indent}[{_MARK.get(check['status'], check['status'])}] {check['name']}: {check['summary']}")
+    print(
+        f"{indent}[{_MARK.get(check['status'], check['status'])}] {check['name']}: {check['summary']}"
+    )
     if check.get("fix"):
         print(f"{indent}       fix: {check['fix']}")
 

@@ -562,6 +562,14 @@ class NvmlGPU:
         except (AttributeError, IndexError, TypeError, ValueError):
             return None
 
+    def query(self, function: str, *args: Any) -> Any:
+        """``nvml.<function>(handle, *args)`` on this GPU, errors mapped by :func:`call_nvml`.
+
+        For read-only queries this class has no method for (power limits, API restrictions);
+        an observe-only GPU refuses any function that would change the device.
+        """
+        return call_nvml(self._api, function, self._h(), *args, what=self._what())
+
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of
         :data:`CLOCK_EVENT_REASONS` (``nvmlDeviceGetCurrentClocksEventReasons``, or the older

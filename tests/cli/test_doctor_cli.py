@@ -101,9 +101,10 @@ def test_privileged_measures_set_latency_and_resets(
     assert latency["data"]["samples"] == 6 and latency["data"]["applied_ms"] is not None
     names = fake.names()
     assert names.count("nvmlDeviceSetGpuLockedClocks") == 6
-    assert names[names.index("nvmlDeviceSetGpuLockedClocks") :].count(
-        "nvmlDeviceResetGpuLockedClocks"
-    ) >= 1
+    assert (
+        names[names.index("nvmlDeviceSetGpuLockedClocks") :].count("nvmlDeviceResetGpuLockedClocks")
+        >= 1
+    )
     assert fake.devices[0].locked is None  # never left locked
 
 
@@ -169,3 +170,121 @@ def test_bad_flags_exit_2(
     err = capsys.readouterr().err
     assert err.startswith("error:") and "Traceback" not in err
     assert fake.calls == []
+
+
+class _FakeEvent:
+    """``torch.cuda.Event`` on the host clock (this machine has no CUDA)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda as seen by the doctor's CUDA check, backed by the CPU and a small block."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "fake CUDA device")
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda index: SimpleNamespace(uuid=UUID.removeprefix("GPU-")),
+    )
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+
+    def small_block(torch_module, device):
+        block = torch.nn.TransformerEncoderLayer(
+            d_model=32, nhead=4, dim_feedforward=64, batch_first=True
+        )
+        return block, torch.randn(2, 16, 32)
+
+    monkeypatch.setattr(_doctor_checks, "_transformer", small_block)
+
+
+def test_cuda_check_runs_ops_through_the_agent_at_each_clock(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--clocks", "3", "--iterations", "2")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "ok", cuda
+    assert rc == 0
+    rows = cuda["data"]["rows"]
+    assert [r["requested_mhz"] for r in rows] == [1410, 1050, 705]
+    for row in rows:
+        for op in ("F", "B"):
+            # The fake GPU runs at its lock: the sampler read back the agent's clock.
+            if row[op]["samples"]:
+                assert row[op]["sm_clock_mhz_median"] == row["requested_mhz"]
+            assert row[op]["time_ms_median"] > 0
+    assert any(row[op]["samples"] for row in rows for op in ("F", "B"))
+    set_calls = [args[1] for name, args in fake.calls if name == "nvmlDeviceSetGpuLockedClocks"]
+    assert {1410, 1050, 705} <= set(set_calls)
+    assert fake.devices[0].locked is None
+    assert cuda["data"]["power_cap_pulls_clock_down"] is False
+
+
+def test_cuda_check_observe_only_runs_at_the_current_clock(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    fake.devices[0].sm_clock_mhz = 1275
+    rc, report = _doctor(capsys, "--no-clock-changes", "--iterations", "2")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "ok", cuda
+    (row,) = cuda["data"]["rows"]
+    assert row["requested_mhz"] is None
+    assert fake.control_calls() == []
+    assert rc == 0
+
+
+def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    device = fake.devices[0]
+    original = fake.nvmlDeviceSetGpuLockedClocks
+
+    def capped(handle: FakeDevice, low: int, high: int) -> None:
+        original(handle, low, high)
+        if high > 1200:  # the cap holds the GPU at 1200 MHz
+            handle.sm_clock_mhz, handle.clock_event_reasons = 1200, 0x4
+        else:
+            handle.clock_event_reasons = 0
+
+    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", capped)
+    rc, report = _doctor(capsys, "--clocks", "2", "--iterations", "4")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["data"]["power_cap_pulls_clock_down"] is True, cuda
+    assert "pulled the clock below the lock" in cuda["summary"]
+    top = cuda["data"]["rows"][0]
+    assert top["requested_mhz"] == 1410
+    sampled = [top[op] for op in ("F", "B") if top[op]["samples"]]
+    assert sampled and all(s["sm_clock_mhz_median"] == 1200 for s in sampled)
+    assert all("sw_power_cap" in s["clock_event_reasons"] for s in sampled)
+    assert device.locked is None and rc == 0
