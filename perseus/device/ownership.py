@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -46,6 +47,7 @@ __all__ = [
     "owner_lock_path",
     "pid_alive",
     "read_owner_pid",
+    "record_reset_spec",
     "release_owner_lock",
     "reset_from_spec",
     "reset_if_orphaned",
@@ -93,16 +95,47 @@ class OwnerLock(NamedTuple):
         owner_pid: The holder's recorded pid when the lock is taken by someone else.
         stale_pid: When ``fd`` is ours: the pid a previous owner left in the file, i.e. an
             owner that died without a clean release (its GPU may still be locked).
+        stale_spec: That owner's reset spec, if it recorded one (:func:`record_reset_spec`).
     """
 
     fd: int | None
     owner_pid: int | None
     stale_pid: int | None
+    stale_spec: dict[str, Any] | None = None
 
 
 def _parse_pid(text: str) -> int | None:
     first = text.strip().split("\n", 1)[0].strip()
     return int(first) if first.isdigit() else None
+
+
+def _parse_spec(text: str) -> dict[str, Any] | None:
+    lines = text.split("\n", 2)
+    if len(lines) < 2 or not lines[1].strip():
+        return None
+    try:
+        spec = json.loads(lines[1])
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and "backend" in spec else None
+
+
+def record_reset_spec(path: Path, spec: dict[str, Any]) -> None:
+    """Add the owner's reset spec to its lock file (second line, after the pid), so that the
+    next owner can reset the GPU fully if this one dies without a watchdog to do it: e.g. the
+    power limit found at start, which the next owner cannot know."""
+    line = json.dumps(spec, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        head = os.pread(fd, 64, 0)
+        end = head.find(b"\n")
+        if end < 0:
+            return  # no pid line: not owned
+        # The pid line stays in place, so readers never see the file without an owner.
+        os.pwrite(fd, line, end + 1)
+        os.ftruncate(fd, end + 1 + len(line))
+    finally:
+        os.close(fd)
 
 
 def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
@@ -121,13 +154,16 @@ def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
         os.close(fd)
         return OwnerLock(None, read_owner_pid(path), None)
     stale: int | None = None
+    spec: dict[str, Any] | None = None
     if record:
-        stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        stale = _parse_pid(text)
         if stale == os.getpid():
             stale = None  # our own earlier record (re-acquired in this process)
+        spec = _parse_spec(text) if stale is not None else None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return OwnerLock(fd, None, stale)
+    return OwnerLock(fd, None, stale, spec)
 
 
 def release_owner_lock(fd: int, path: Path) -> None:
@@ -336,7 +372,7 @@ class GpuOwnership:
             return
         deadline = time.monotonic() + wait_s
         while True:
-            fd, owner, stale = acquire_owner_lock(self.lock_path)
+            fd, owner, stale, stale_spec = acquire_owner_lock(self.lock_path)
             if fd is not None:
                 break
             transient = owner is None or not pid_alive(owner)
@@ -354,12 +390,18 @@ class GpuOwnership:
         self._fd = fd
         close_on_fork(fd)
         if stale is not None:
-            self._reset_stale(stale)
+            self._reset_stale(stale, stale_spec)
+        if self._spec is not None:
+            with contextlib.suppress(OSError):
+                record_reset_spec(self.lock_path, self._spec)
 
-    def _reset_stale(self, pid: int) -> None:
-        # We hold the lock, so no watchdog or other owner can race this reset.
+    def _reset_stale(self, pid: int, recorded: dict[str, Any] | None) -> None:
+        # We hold the lock, so no watchdog or other owner can race this reset. The dead
+        # owner's recorded spec knows what it found at start (power limit); ours does not.
         try:
-            if self._reset is not None:
+            if recorded is not None:
+                reset_from_spec(recorded)
+            elif self._reset is not None:
                 self._reset()
             else:
                 reset_from_spec(self._spec or infer_reset_spec(self.uuid, self.lock_path))
@@ -389,7 +431,7 @@ class GpuOwnership:
     @staticmethod
     def owner_pid(lock_path: Path) -> int | None:
         """The live owner's pid, or None when the GPU is free (never takes the lock over)."""
-        fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
+        fd, owner, _stale, _spec = acquire_owner_lock(lock_path, record=False)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)

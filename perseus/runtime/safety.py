@@ -36,7 +36,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from perseus.device.ownership import GpuOwnership, close_on_fork, forget_on_fork
+from perseus.device.ownership import (
+    GpuOwnership,
+    close_on_fork,
+    forget_on_fork,
+    record_reset_spec,
+)
 from perseus.errors import DeviceError
 
 __all__ = ["ExitGuard", "GpuOwnership", "Watchdog"]
@@ -257,7 +262,8 @@ class Watchdog:
         poll_interval_s: How often the watchdog also checks that its parent is alive.
     """
 
-    def __init__(self, spec: dict[str, str], lock_path: Path, poll_interval_s: float = 0.05):
+    def __init__(self, spec: dict[str, Any], lock_path: Path, poll_interval_s: float = 0.05):
+        self._reset_spec = dict(spec)
         self.spec = {**spec, "lock_path": str(lock_path)}
         self.poll_interval_s = poll_interval_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -299,6 +305,8 @@ class Watchdog:
             proc.wait()
             raise DeviceError(f"the clock watchdog did not start within {timeout_s:g} s")
         self._proc = proc
+        with contextlib.suppress(OSError, ValueError):
+            record_reset_spec(Path(self.spec["lock_path"]), self._reset_spec)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Tell the watchdog the owner exits cleanly, and reap it (idempotent)."""

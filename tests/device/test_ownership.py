@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,12 +56,12 @@ def test_module_loads_alone_without_perseus() -> None:
 
 def test_clean_release_leaves_no_pid(tmp_path: Path) -> None:
     path = tmp_path / "GPU-x.owner"
-    fd, owner, stale = acquire_owner_lock(path)
+    fd, owner, stale, _ = acquire_owner_lock(path)
     assert fd is not None and owner is None and stale is None
     assert read_owner_pid(path) is not None
     release_owner_lock(fd, path)
     assert read_owner_pid(path) is None
-    fd, _, stale = acquire_owner_lock(path)
+    fd, _, stale, _ = acquire_owner_lock(path)
     assert fd is not None and stale is None
     release_owner_lock(fd, path)
 
@@ -180,3 +181,43 @@ def test_nvml_reset_spec_restores_the_power_limit(monkeypatch: pytest.MonkeyPatc
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown GPU backend"):
         ownership.reset_from_spec(json.loads('{"backend": "tpu", "uuid": "x"}'))
+
+
+def test_recorded_spec_keeps_the_pid_and_guides_the_next_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+    path = tmp_path / "GPU-real.owner"
+    fd, _, _, _ = acquire_owner_lock(path)
+    assert fd is not None
+    spec = {"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 400_000}
+    ownership.record_reset_spec(path, spec)
+    assert read_owner_pid(path) is not None  # the pid line is untouched
+    os.close(fd)  # dies without a clean release (the kernel drops the flock)
+    path.write_text(path.read_text().replace(str(os.getpid()), str(_dead_pid())))
+    fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    calls: list[str] = []
+    owner = GpuOwnership("GPU-real", path, reset=lambda: calls.append("own reset"))
+    owner.acquire()
+    owner.release()
+    # The dead owner's spec was used: clocks reset and its starting power limit restored.
+    assert calls == []
+    assert fake.devices[0].locked is None and fake.devices[0].power_limit_mw == 400_000
+
+
+def test_watchdog_records_its_spec_in_the_lock_file(tmp_path: Path) -> None:
+    from perseus.runtime.safety import Watchdog
+
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner.acquire()
+    watchdog = Watchdog(gpu.watchdog_spec(), gpu.owner_lock_path())
+    watchdog.start()
+    try:
+        lines = gpu.owner_lock_path().read_text().splitlines()
+        assert lines[0].isdigit() and json.loads(lines[1]) == gpu.watchdog_spec()
+    finally:
+        watchdog.stop()
+        owner.release()
