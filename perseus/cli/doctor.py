@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu is not None and any(i < 0 for i in args.gpu):
         raise ConfigError(f"--gpu takes NVML indices >= 0, got {args.gpu}")
     report = diagnose(
-        no_clock_changes=args.no_clock_changes,
+        # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
+        no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),
         gpus=args.gpu,
         cuda=not args.no_cuda,
         clocks=args.clocks,

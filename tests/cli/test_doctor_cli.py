@@ -288,3 +288,13 @@ def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
     assert sampled and all(s["sm_clock_mhz_median"] == 1200 for s in sampled)
     assert all("sw_power_cap" in s["clock_event_reasons"] for s in sampled)
     assert device.locked is None and rc == 0
+
+
+def test_environment_request_holds_without_the_flag(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    monkeypatch.setenv("PERSEUS_NO_CLOCK_CHANGES", "1")
+    rc, report = _doctor(capsys, "--no-cuda")
+    assert report["mode"] == "observe-only" and fake.control_calls() == []
+    assert rc == 0
