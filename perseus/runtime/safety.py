@@ -81,7 +81,8 @@ class _SignalChain:
         if self._pid != os.getpid():  # a forked child inherited the table: start afresh
             self._guards.clear()
             self._previous.clear()
-            self._wakeup = None
+            if self._wakeup is not None:  # the parent's wakeup fd, read by no thread here
+                self._stop_watcher()
             self._pid = os.getpid()
         for sig in signals:
             guards = self._guards.setdefault(sig, [])
@@ -145,13 +146,16 @@ class _SignalChain:
         wakeup, self._wakeup = self._wakeup, None
         if wakeup is None:
             return
-        _r, w = wakeup
+        r, w = wakeup
         with contextlib.suppress(ValueError, OSError):
             current = signal.set_wakeup_fd(-1)
             if current not in (-1, w):
                 signal.set_wakeup_fd(current)  # not ours any more: put it back
         with contextlib.suppress(OSError):
             os.close(w)  # the watcher reads EOF and closes ``r``
+        if self._pid != os.getpid():  # a forked child: no watcher thread owns ``r`` here
+            with contextlib.suppress(OSError):
+                os.close(r)
 
     def _watch(self, r: int) -> None:
         try:
@@ -176,9 +180,9 @@ class _SignalChain:
             return
         for guard in guards:
             guard._run_once()
-        if self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None) and signum != int(
-            signal.SIGINT
-        ):
+        ours = signal.getsignal(signum) == self._on_signal  # not replaced by someone since
+        default = self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None)
+        if ours and default and signum != int(signal.SIGINT):
             # The default action is to die now; give the main thread the chance to do it
             # properly (exit status "killed by signal"), then do it ourselves.
             time.sleep(self.grace_s)

@@ -112,3 +112,45 @@ def test_signal_is_handled_while_the_main_thread_is_blocked_in_c(tmp_path: Path,
         assert proc.poll() is None
         proc.kill()
         proc.communicate()
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, signal, sys, time, warnings
+    warnings.simplefilter("ignore")  # fork() with the watcher thread running (3.12+ warns)
+    from perseus.runtime import safety
+
+    parent = safety.ExitGuard(lambda: None)
+    parent.install()
+    pid = os.fork()
+    if pid == 0:
+        marker = sys.argv[1]
+        child = safety.ExitGuard(lambda: open(marker, "w").close())
+        child.install()
+        ok = safety._CHAIN._wakeup is not None
+        os.kill(os.getpid(), signal.SIGUSR2) if not ok else None
+        time.sleep(30)  # SIGTERM'd by the parent test
+    else:
+        print(pid, flush=True)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+def test_forked_child_gets_its_own_watcher(tmp_path: Path) -> None:
+    marker = tmp_path / "child-reset"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKED, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    time.sleep(0.3)
+    os.kill(child, signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert marker.exists(), err
