@@ -89,7 +89,7 @@ def main(mode: str) -> int:
         nn.Sequential(nn.Linear(8, 8), nn.Tanh()), rank, world, torch.device("cpu")
     )
     torch_schedule = build_torch_schedule(schedule, [stage], loss_fn=nn.functional.mse_loss)
-    gpu = SimulatedGPU.from_preset("a100", index=rank, set_latency_s=0.0)
+    gpu = SimulatedGPU.from_preset("a100", index=rank)
     pp = PerseusPipeline(
         torch_schedule,
         [stage],
