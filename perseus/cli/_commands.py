@@ -24,6 +24,7 @@ _MODULES = (
     "profile",
     "device",
     "recurring",
+    "doctor",
 )
 
 

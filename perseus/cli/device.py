@@ -22,7 +22,7 @@ from perseus.device.discovery import (
 from perseus.device.nvml import NvmlGPU, NvmlUnavailableError
 from perseus.device.presets import PRESETS
 from perseus.device.sim_state import default_state_dir
-from perseus.errors import ConfigError, DeviceError
+from perseus.errors import ConfigError
 
 __all__ = ["register", "run"]
 
@@ -109,8 +109,9 @@ def _info(sim_dir: Path | None) -> int:
     except NvmlUnavailableError:
         print("no NVIDIA driver found; showing simulated GPUs")
         real = None
-    except DeviceError as e:
-        print(f"NVML failed ({str(e).splitlines()[0]}); showing simulated GPUs")
+    except Exception as e:  # any probe failure: one line, never a traceback
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"NVML failed ({first}); showing simulated GPUs")
         real = None
     if real is not None:
         print(f"NVIDIA GPUs ({len(real)}):")

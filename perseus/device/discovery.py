@@ -12,13 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.nvml import list_nvml_gpus, probe_privilege
-from perseus.device.sim_state import (
-    default_lock_dir,
-    default_state_dir,
-    list_states,
-    owner_lock_path,
-    read_owner_pid,
-)
+from perseus.device.ownership import default_lock_dir, owner_lock_path, read_owner_pid
+from perseus.device.sim_state import default_state_dir, list_states
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
 

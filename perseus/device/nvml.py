@@ -13,8 +13,15 @@ GPU_IS_LOST, UNKNOWN                           :class:`DeviceLostError` (stop an
 LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED,          :class:`NvmlUnavailableError` (use the
 FUNCTION_NOT_FOUND, import failure             simulator or run without an agent)
 INVALID_ARGUMENT, FREQ_NOT_SUPPORTED           :class:`DeviceError` after one re-snap
-TIMEOUT and anything else                      :class:`DeviceError`
+TIMEOUT                                        retried twice (10 ms, 50 ms back-off), then
+                                               :class:`DeviceError`
+anything else                                  :class:`DeviceError`
 =============================================  =============================================
+
+``control=False`` (or ``PERSEUS_NO_CLOCK_CHANGES=1``) opens a GPU observe-only: the device calls
+go through a view of ``pynvml`` that refuses every ``nvmlDeviceSet*``/``nvmlDeviceReset*``
+function before it reaches the driver, so nothing (close, the controller, the watchdog, which
+is then never started) changes clocks, memory clocks or the power limit.
 
 Start-up (:meth:`NvmlGPU.open`): ``nvmlInit`` (reference-counted per process), handle by UUID
 (or index), refuse MIG unless allowed, architecture ≥ Volta or observe-only, clock list at the
@@ -29,11 +36,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
-from perseus.device.sim_state import default_lock_dir, owner_lock_path
+from perseus.device.ownership import default_lock_dir, owner_lock_path
 from perseus.errors import (
     DeviceError,
     DeviceLostError,
@@ -42,11 +50,17 @@ from perseus.errors import (
 )
 
 __all__ = [
+    "CLOCK_EVENT_REASONS",
+    "LIMITING_REASONS",
+    "NO_CLOCK_CHANGES_ENV",
     "NvmlGPU",
     "NvmlUnavailableError",
     "call_nvml",
+    "clock_event_names",
     "import_nvml",
+    "is_control_function",
     "list_nvml_gpus",
+    "no_clock_changes_requested",
     "probe_privilege",
 ]
 
@@ -65,6 +79,40 @@ _ARCH_VOLTA = 5
 _CLOCK_SM = 1
 _MIG_ENABLE = 1
 _CAP_SYS_ADMIN = 21
+_FI_DEV_POWER_INSTANT = 186
+_POWER_SCOPE_GPU = 0
+_POWER_SCOPE_MODULE = 1
+_TRANSIENT = frozenset({_TIMEOUT})
+_TRANSIENT_RETRIES = 2
+_BACKOFF_S = (0.01, 0.05)
+
+#: Environment variable that makes every :class:`NvmlGPU` observe-only (``control=False``).
+NO_CLOCK_CHANGES_ENV = "PERSEUS_NO_CLOCK_CHANGES"
+
+#: NVML clock event (throttle) reason bits and their names.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+#: Reasons that pull a clock below the requested lock (power or thermal limits).
+LIMITING_REASONS = frozenset(
+    {
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
+# Prefixes of NVML functions that change device state; observe-only GPUs never call them.
+_CONTROL_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
 
 
 class NvmlUnavailableError(DeviceError):
@@ -86,31 +134,47 @@ def import_nvml() -> Any:
     return pynvml
 
 
-def call_nvml(nvml: Any, function: str, *args: Any, what: str = "") -> Any:
+def call_nvml(
+    nvml: Any, function: str, *args: Any, what: str = "", retries: int = _TRANSIENT_RETRIES
+) -> Any:
     """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
+
+    A transient error (``TIMEOUT``) is retried ``retries`` times after a short back-off
+    (10 ms, then 50 ms); if it persists it is raised as :class:`DeviceError`, for the
+    controller to degrade on.
 
     Args:
         nvml: The ``pynvml`` module (or a fake with the same names).
         function: The NVML function name.
         what: Context for the message, e.g. the GPU's name.
+        retries: How often to retry a transient error.
     """
-    try:
-        return getattr(nvml, function)(*args)
-    except nvml.NVMLError as e:
-        code = getattr(e, "value", None)
-        where = f"{what}: " if what else ""
-        message = f"{where}{function} failed: {e} (NVML error {code})"
-        if code == _NO_PERMISSION:
-            raise DevicePermissionError(
-                f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
-            ) from e
-        if code == _NOT_SUPPORTED:
-            raise DeviceNotSupportedError(message) from e
-        if code in (_GPU_IS_LOST, _UNKNOWN):
-            raise DeviceLostError(f"{message}; the GPU stopped answering") from e
-        if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
-            raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
-        raise DeviceError(message) from e
+    for attempt in range(retries + 1):
+        try:
+            return getattr(nvml, function)(*args)
+        except nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in _TRANSIENT and attempt < retries:
+                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+                continue
+            tries = f" (after {attempt + 1} tries)" if attempt else ""
+            _raise_mapped(e, code, f"{what}: " if what else "", function, tries)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str) -> None:
+    message = f"{where}{function} failed: {e} (NVML error {code}){tries}"
+    if code == _NO_PERMISSION:
+        raise DevicePermissionError(
+            f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
+        ) from e
+    if code == _NOT_SUPPORTED:
+        raise DeviceNotSupportedError(message) from e
+    if code in (_GPU_IS_LOST, _UNKNOWN):
+        raise DeviceLostError(f"{message}; the GPU stopped answering") from e
+    if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
+        raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
+    raise DeviceError(message) from e
 
 
 def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
@@ -136,6 +200,44 @@ def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
         else ""
     )
     return False, f"not root and no CAP_SYS_ADMIN{hint}"
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """The names of the clock event (throttle) reason bits set in ``mask``."""
+    return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit)
+
+
+def is_control_function(function: str) -> bool:
+    """Whether NVML ``function`` changes device state (clocks, power limit, modes...)."""
+    return function.startswith(_CONTROL_PREFIXES)
+
+
+def no_clock_changes_requested() -> bool:
+    """Whether ``$PERSEUS_NO_CLOCK_CHANGES`` asks for observe-only GPUs (``1``/``true``/``yes``)."""
+    return os.environ.get(NO_CLOCK_CHANGES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _ObserveOnlyNvml:
+    """``pynvml`` without the functions that change a device: they raise before any call.
+
+    What an :class:`NvmlGPU` with ``control=False`` talks to, so no code path (close, the
+    controller, a power-limit method added later) can change the GPU by mistake.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+
+    def __getattr__(self, name: str) -> Any:
+        if is_control_function(name):
+            raise DevicePermissionError(
+                f"{name} refused: this GPU was opened observe-only (control=False / "
+                f"{NO_CLOCK_CHANGES_ENV}=1 / --no-clock-changes)"
+            )
+        return getattr(self._nvml, name)
+
+
+# nvmlValueType_t -> the union member of c_nvmlValue_t holding it.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 
 # nvmlInit/nvmlShutdown are process-wide; count users per module object.
@@ -177,6 +279,10 @@ class NvmlGPU:
         allow_mig: Accept a GPU in MIG mode (clock locks then affect every instance).
         privileged: Skip the privilege probe and assume this answer (tests).
         lock_dir: Where the ownership lock files live (default ``$PERSEUS_LOCK_DIR``).
+        control: False opens the GPU observe-only: no NVML function that changes the device
+            (``nvmlDeviceSet*``, ``nvmlDeviceReset*``: clocks, memory clocks, power limit) is
+            ever called, also not at close or by a watchdog (an agent on it neither owns the
+            GPU nor starts one). None (default) reads ``$PERSEUS_NO_CLOCK_CHANGES``.
     """
 
     def __init__(
@@ -188,6 +294,7 @@ class NvmlGPU:
         allow_mig: bool = False,
         privileged: bool | None = None,
         lock_dir: str | Path | None = None,
+        control: bool | None = None,
     ) -> None:
         if uuid is None and index is None:
             raise ValueError("give the GPU's uuid (preferred) or its NVML index")
@@ -197,12 +304,16 @@ class NvmlGPU:
         self._allow_mig = allow_mig
         self._privileged_override = privileged
         self._lock_dir = Path(lock_dir) if lock_dir is not None else None
+        self.control = (not no_clock_changes_requested()) if control is None else control
+        self._api: Any = None
         self._handle: Any = None
+        self._instant_power = True
         self._name = ""
         self._clocks: tuple[int, ...] = ()
         self._locked: int | None = None
         self.observe_only_reason: str | None = None
         self.persistence_mode: bool | None = None
+        self.initial_power_limit_mw: int | None = None
 
     @classmethod
     def for_cuda_device(cls, cuda_index: int, **kwargs: Any) -> NvmlGPU:
@@ -244,9 +355,10 @@ class NvmlGPU:
         if self._nvml is None:
             self._nvml = import_nvml()
         nvml = self._nvml
+        self._api = nvml if self.control else _ObserveOnlyNvml(nvml)
         _init(nvml)
         try:
-            self._open_device(nvml)
+            self._open_device(self._api)
         except BaseException:
             _shutdown(nvml)
             raise
@@ -279,13 +391,20 @@ class NvmlGPU:
         self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
         if not self._clocks:
             raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
-        if self._privileged_override is None:
+        if not self.control:
+            ok, why = False, f"clock changes disabled (control=False or {NO_CLOCK_CHANGES_ENV}=1)"
+            reason = why  # before any architecture reason: the caller's word is final
+        elif self._privileged_override is None:
             ok, why = probe_privilege()
         else:
             ok, why = self._privileged_override, "marked unprivileged by the caller"
         if not ok and reason is None:
             reason = why
         self.observe_only_reason = reason
+        with contextlib.suppress(DeviceError, AttributeError):
+            self.initial_power_limit_mw = int(
+                call_nvml(nvml, "nvmlDeviceGetPowerManagementLimit", handle, what=what)
+            )
         try:
             self.persistence_mode = bool(
                 call_nvml(nvml, "nvmlDeviceGetPersistenceMode", handle, what=what)
@@ -359,7 +478,7 @@ class NvmlGPU:
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
             call_nvml(
-                self._nvml,
+                self._api,
                 "nvmlDeviceSetGpuLockedClocks",
                 handle,
                 snapped,
@@ -372,13 +491,13 @@ class NvmlGPU:
             code = getattr(e.__cause__, "value", None)
             if code not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
                 raise
-            mem = max(call_nvml(self._nvml, "nvmlDeviceGetSupportedMemoryClocks", handle))
-            clocks = call_nvml(self._nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
+            mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
+            clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
             self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
             retry = self.snap_clock_mhz(freq_mhz)
             try:
                 call_nvml(
-                    self._nvml,
+                    self._api,
                     "nvmlDeviceSetGpuLockedClocks",
                     handle,
                     retry,
@@ -397,7 +516,7 @@ class NvmlGPU:
     def reset_locked_clock(self) -> None:
         handle = self._h()
         self._require_control("reset clocks")
-        call_nvml(self._nvml, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
+        call_nvml(self._api, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
         self._locked = None
 
     def locked_clock_mhz(self) -> int | None:
@@ -406,19 +525,73 @@ class NvmlGPU:
 
     def current_clock_mhz(self) -> int:
         return int(
-            call_nvml(self._nvml, "nvmlDeviceGetClockInfo", self._h(), _CLOCK_SM, what=self._what())
+            call_nvml(self._api, "nvmlDeviceGetClockInfo", self._h(), _CLOCK_SM, what=self._what())
         )
 
     def energy_mj(self) -> int:
         return int(
             call_nvml(
-                self._nvml, "nvmlDeviceGetTotalEnergyConsumption", self._h(), what=self._what()
+                self._api, "nvmlDeviceGetTotalEnergyConsumption", self._h(), what=self._what()
             )
         )
 
     def power_w(self) -> float:
-        milliwatts = call_nvml(self._nvml, "nvmlDeviceGetPowerUsage", self._h(), what=self._what())
+        """Instant power (``NVML_FI_DEV_POWER_INSTANT``, GPU scope, then module scope), falling
+        back to ``nvmlDeviceGetPowerUsage`` (a 1 s average on H100)."""
+        handle = self._h()
+        if self._instant_power:
+            for scope in (_POWER_SCOPE_GPU, _POWER_SCOPE_MODULE):
+                milliwatts = self._field_value(handle, _FI_DEV_POWER_INSTANT, scope)
+                if milliwatts is not None and milliwatts > 0:
+                    return milliwatts / 1000.0
+            self._instant_power = False  # not on this GPU/driver: do not ask every time
+        milliwatts = call_nvml(self._api, "nvmlDeviceGetPowerUsage", handle, what=self._what())
         return float(milliwatts) / 1000.0
+
+    def _field_value(self, handle: Any, field_id: int, scope: int) -> float | None:
+        try:
+            values = call_nvml(
+                self._api, "nvmlDeviceGetFieldValues", handle, [(field_id, scope)], retries=0
+            )
+        except (DeviceError, AttributeError, TypeError):
+            return None
+        try:
+            value = values[0]
+            if int(getattr(value, "nvmlReturn", 0)) != 0:
+                return None
+            member = _VALUE_MEMBERS.get(int(getattr(value, "valueType", 1)), "uiVal")
+            return float(getattr(value.value, member))
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return None
+
+    def query(self, function: str, *args: Any) -> Any:
+        """``nvml.<function>(handle, *args)`` on this GPU, errors mapped by :func:`call_nvml`.
+
+        For read-only queries this class has no method for (power limits, API restrictions);
+        an observe-only GPU refuses any function that would change the device.
+        """
+        return call_nvml(self._api, function, self._h(), *args, what=self._what())
+
+    def clock_event_reasons(self) -> int:
+        """Why the clocks are below their maximum now: a bit mask of
+        :data:`CLOCK_EVENT_REASONS` (``nvmlDeviceGetCurrentClocksEventReasons``, or the older
+        ``...ThrottleReasons`` name on drivers or bindings without it).
+
+        Raises:
+            DeviceNotSupportedError: if the GPU reports neither.
+        """
+        handle = self._h()
+        for function in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
+            if not hasattr(self._api, function):
+                continue
+            try:
+                return int(call_nvml(self._api, function, handle, what=self._what()))
+            except NvmlUnavailableError:
+                continue  # FUNCTION_NOT_FOUND in an older driver: try the older name
+        raise DeviceNotSupportedError(f"{self._what()}: no clock event reasons in this NVML")
 
     # -----------------------------------------------------------------------------------------
     # Power limit (recurring jobs; owned by perseus.recurring). NVML works in milliwatts.
@@ -489,8 +662,13 @@ class NvmlGPU:
                     os.chmod(lock_dir, 0o1777)
         return owner_lock_path(lock_dir, self.uuid)
 
-    def watchdog_spec(self) -> dict[str, str]:
-        return {"backend": "nvml", "uuid": self.uuid}
+    def watchdog_spec(self) -> dict[str, Any]:
+        """What the watchdog needs to reset this GPU: its UUID, and the power limit found at
+        open, restored if it changed (never used for an observe-only GPU: no watchdog runs)."""
+        spec: dict[str, Any] = {"backend": "nvml", "uuid": self.uuid}
+        if self.initial_power_limit_mw is not None:
+            spec["power_limit_mw"] = self.initial_power_limit_mw
+        return spec
 
     def __repr__(self) -> str:
         return f"NvmlGPU(uuid={self._uuid!r}, index={self._index!r})"

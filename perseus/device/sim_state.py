@@ -1,4 +1,4 @@
-"""Out-of-process state of simulated GPUs, and the ownership lock files of every GPU.
+"""Out-of-process state of simulated GPUs (ownership locks: :mod:`perseus.device.ownership`).
 
 Like a real driver, a simulated GPU's locked clock, energy counter and owner outlive the
 process that set them: they live in a *state directory* (``PERSEUS_SIM_DIR``, default
@@ -37,25 +37,18 @@ from typing import Any
 
 __all__ = [
     "INFO_SUFFIX",
-    "OWNER_LOCK_SUFFIX",
     "STATE_SUFFIX",
     "SimStateFile",
-    "acquire_owner_lock",
     "advance",
-    "default_lock_dir",
     "default_state_dir",
     "energy_at",
     "list_states",
-    "owner_lock_path",
     "published_mj",
-    "read_owner_pid",
-    "release_owner_lock",
     "write_info",
 ]
 
 STATE_SUFFIX = ".state"
 INFO_SUFFIX = ".info.json"
-OWNER_LOCK_SUFFIX = ".owner"
 
 State = dict[str, Any]
 
@@ -66,14 +59,6 @@ def default_state_dir() -> Path:
     if env:
         return Path(env)
     return Path(tempfile.gettempdir()) / f"perseus-sim-{os.getuid()}"
-
-
-def default_lock_dir() -> Path:
-    """Where real GPUs' ownership locks live: ``$PERSEUS_LOCK_DIR`` or ``<tmp>/perseus-locks``."""
-    env = os.environ.get("PERSEUS_LOCK_DIR")
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / "perseus-locks"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,51 +273,3 @@ def list_states(state_dir: Path) -> list[State]:
         if state is not None:
             states.append({**info, **state})
     return sorted(states, key=lambda s: (s.get("index", 0), s.get("uuid", "")))
-
-
-# ---------------------------------------------------------------------------------------------
-# Ownership locks (one owner per GPU, keyed by UUID)
-
-
-def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
-    """The lock file that makes a process the owner of GPU ``uuid``."""
-    return lock_dir / f"{uuid}{OWNER_LOCK_SUFFIX}"
-
-
-def acquire_owner_lock(path: Path) -> tuple[int | None, int | None]:
-    """Try to become the owner: ``(fd, None)`` on success, ``(None, owner_pid)`` if taken.
-
-    The exclusive ``flock`` is held as long as ``fd`` is open in some process, and the kernel
-    drops it when the owner dies (even by SIGKILL). The owner's pid is written into the file
-    for error messages and ``perseus device info``.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None, read_owner_pid(path)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd, None
-
-
-def release_owner_lock(fd: int, path: Path) -> None:
-    """Give up ownership: clear the recorded pid and close (unlocking) ``fd``."""
-    with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
-    os.close(fd)
-
-
-def read_owner_pid(path: Path) -> int | None:
-    """The pid recorded in a lock file, or None when free or unreadable.
-
-    The pid is only meaningful while the lock is held: a clean release truncates it, and a
-    killed owner's stale pid is ignored by callers that first try the lock.
-    """
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None

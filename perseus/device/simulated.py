@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
+from perseus.device.ownership import owner_lock_path
 from perseus.device.power_model import capped_clock_mhz
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_state import (
@@ -37,7 +38,6 @@ from perseus.device.sim_state import (
     advance,
     default_state_dir,
     energy_at,
-    owner_lock_path,
     published_mj,
     write_info,
 )

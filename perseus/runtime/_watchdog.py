@@ -6,14 +6,14 @@ perseus, and using the standard library only, so it starts in ~30 ms instead of 
 that pipe reaches EOF (the kernel closes it even after SIGKILL) or when our parent pid
 changes. A clean owner writes ``stop`` first, and we exit without touching the GPU.
 
-Before resetting, we take the GPU's ownership lock ourselves: if a new live owner holds it,
-the lock is theirs and we leave the GPU alone.
+The reset itself (:func:`perseus.device.ownership.reset_if_orphaned`, loaded by file path)
+takes the GPU's ownership lock first: if a new live owner holds it, the lock is theirs and we
+leave the GPU alone. It resets the locked clock and, where perseus may have changed it, the
+power limit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import json
 import os
@@ -22,14 +22,13 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 __all__: list[str] = []
 
 
-def _load_sim_state() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "device" / "sim_state.py"
-    spec = importlib.util.spec_from_file_location("_perseus_sim_state", path)
+def _load_ownership() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "device" / "ownership.py"
+    spec = importlib.util.spec_from_file_location("_perseus_ownership", path)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
         raise ImportError(path)
     module = importlib.util.module_from_spec(spec)
@@ -38,58 +37,13 @@ def _load_sim_state() -> ModuleType:
     return module
 
 
-def _reset(spec: dict[str, Any]) -> None:
-    if spec["backend"] == "sim":
-        sim_state = _load_sim_state()
-        store = sim_state.SimStateFile(Path(spec["state_dir"]), spec["uuid"])
-
-        def change(state: dict[str, Any] | None) -> dict[str, Any] | None:
-            if state is None:
-                return None
-            sim_state.advance(state, time.time())
-            state["locked_mhz"] = None
-            state["power_limit_w"] = None  # a recurring job's power limit (perseus.recurring)
-            return state
-
-        store.update(change)
-    elif spec["backend"] == "nvml":
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
-            pynvml.nvmlDeviceResetGpuLockedClocks(handle)
-            if spec.get("power_limit") == "reset":  # set by perseus.recurring's guard
-                default_mw = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)
-                pynvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
-        finally:
-            pynvml.nvmlShutdown()
-
-
-def _reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> None:
-    lock_path = Path(spec["lock_path"])
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except BlockingIOError:
-            held = False
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            if text != str(owner_pid):
-                return  # a new, live owner: its lock, not ours to reset
-        _reset(spec)
-        if held:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)
-
-
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     owner_pid = int(argv[2])
     poll_s = float(argv[3])
     stdin_fd = sys.stdin.fileno()
+    # Loaded before "ready": a watchdog that cannot reset must fail to start, not at the end.
+    ownership = _load_ownership()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdout.close()
@@ -105,9 +59,14 @@ def main(argv: list[str]) -> int:
                 return 0
         elif os.getppid() != owner_pid:
             break
-    with contextlib.suppress(Exception):
-        _reset_if_orphaned(spec, owner_pid)
-    return 0
+    for attempt in range(3):  # a transient driver error (NVML TIMEOUT) gets two more tries
+        try:
+            ownership.reset_if_orphaned(spec, owner_pid)
+            return 0
+        except Exception:
+            if attempt < 2:
+                time.sleep(0.1)
+    return 1
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.device.base import GPU, ManagedGPU, ObserveOnlyWarning
-from perseus.device.sim_state import default_lock_dir, owner_lock_path
+from perseus.device.ownership import default_lock_dir, owner_lock_path
 from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.controller import FrequencyController

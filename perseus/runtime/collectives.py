@@ -19,7 +19,9 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "collective_device",
+    "global_rank",
     "is_distributed",
+    "uses_nccl",
 ]
 
 
@@ -32,31 +34,61 @@ def is_distributed() -> bool:
     return bool(dist.is_available() and dist.is_initialized())
 
 
-def collective_device(group: Any = None) -> Any:
-    """The device a tensor must live on for a collective over ``group``.
+def global_rank() -> int:
+    """This process's rank in the default group (0 when not distributed)."""
+    if not is_distributed():
+        return 0
+    import torch.distributed as dist
 
-    NCCL groups need a CUDA tensor on this process's current CUDA device; every other backend
-    (gloo, and the fakes tests register) takes CPU tensors.
+    return int(dist.get_rank())
+
+
+def uses_nccl(group: Any = None) -> bool:
+    """Whether ``group`` only takes CUDA tensors: its backend is NCCL with no CPU backend.
+
+    A group created with ``backend="cpu:gloo,cuda:nccl"`` takes CPU tensors (gloo), so it is
+    not NCCL-only.
     """
-    import torch
     import torch.distributed as dist
 
     backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and "gloo" not in backend:
+    return "nccl" in backend and "gloo" not in backend
+
+
+def collective_device(group: Any = None) -> Any:
+    """The device a tensor must live on for a collective over ``group``.
+
+    NCCL-only groups need a CUDA tensor on this process's current CUDA device (set it with
+    ``torch.cuda.set_device(local_rank)`` before the first collective, as every NCCL job
+    does); every other backend (gloo, mixed ``cpu:gloo,cuda:nccl``) takes CPU tensors.
+    """
+    import torch
+
+    if uses_nccl(group):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def all_reduce_max(values: Sequence[float], group: Any = None) -> tuple[float, ...]:
-    """Element-wise MAX of ``values`` over ``group`` (the values themselves when not distributed)."""
-    if not is_distributed():
+    """Element-wise MAX of ``values`` over ``group`` (the values themselves when not distributed).
+
+    One float64 all-reduce; on an NCCL group the buffer is a CUDA tensor (one host-to-device
+    and one device-to-host copy of ``len(values)`` floats).
+    """
+    if not is_distributed() or not values:
         return tuple(float(v) for v in values)
     import torch
     import torch.distributed as dist
 
-    buf = torch.tensor(list(values), dtype=torch.float64, device=collective_device(group))
+    buf = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    buf = _to_device(buf, collective_device(group))
     dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
     return tuple(float(v) for v in buf.cpu().tolist())
+
+
+def _to_device(tensor: Any, device: Any) -> Any:
+    # One seam so tests can check which device a collective's buffer was put on without CUDA.
+    return tensor if tensor.device == device else tensor.to(device)
 
 
 def broadcast_object(obj: Any, src_group_rank: int = 0, group: Any = None) -> Any:
@@ -89,7 +121,7 @@ def barrier(group: Any = None) -> None:
         return
     import torch.distributed as dist
 
-    if "nccl" in str(dist.get_backend(group)).lower():
+    if uses_nccl(group):
         import torch
 
         dist.barrier(group=group, device_ids=[torch.cuda.current_device()])

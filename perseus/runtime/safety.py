@@ -3,9 +3,11 @@
 A clock lock is global to the device and outlives the process that set it (notes §4.4), so a
 crashed agent would leave the GPU slow for everyone. Three layers make sure it is reset:
 
-1. :class:`GpuOwnership`: one owner per GPU, an exclusive ``flock`` on a file keyed by the
-   GPU's UUID. A second agent gets :class:`~perseus.errors.DeviceBusyError` naming the owner's
-   pid. The kernel drops the lock when the owner dies.
+1. :class:`~perseus.device.ownership.GpuOwnership` (re-exported here): one owner per GPU, an
+   exclusive ``flock`` on a file keyed by the GPU's UUID. A second agent gets
+   :class:`~perseus.errors.DeviceBusyError` naming the owner's pid. The kernel drops the lock
+   when the owner dies; the next owner resets the GPU if its previous owner died without doing
+   so (owner and watchdog both killed).
 2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset, then
    chain to whatever handler was installed before (so Ctrl-C still raises KeyboardInterrupt and
    SIGTERM still terminates).
@@ -34,116 +36,174 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from perseus.device.sim_state import acquire_owner_lock, read_owner_pid, release_owner_lock
-from perseus.errors import DeviceBusyError, DeviceError
+from perseus.device.ownership import (
+    GpuOwnership,
+    close_on_fork,
+    forget_on_fork,
+    record_reset_spec,
+)
+from perseus.errors import DeviceError
 
 __all__ = ["ExitGuard", "GpuOwnership", "Watchdog"]
 
 _WATCHDOG_SCRIPT = Path(__file__).resolve().parent / "_watchdog.py"
 
-# File descriptors that must not survive into a forked child (ownership locks, watchdog pipes).
-_FORK_CLOSE: set[int] = set()
-_fork_hook_installed = False
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
-def _close_in_child() -> None:
-    for fd in list(_FORK_CLOSE):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _FORK_CLOSE.clear()
+class _SignalChain:
+    """The one handler per signal shared by every :class:`ExitGuard` of this process.
 
+    Signals are process-wide, so the handlers are too: the first guard installs ours (keeping
+    the handler that was there), the last one restores it (if ours is still the active one).
+    Guards that come and go in any order (two agents, one closed early) therefore never leave a
+    stale handler behind or call a closed guard's callback.
 
-def _close_on_fork(fd: int) -> None:
-    global _fork_hook_installed
-    if not _fork_hook_installed:
-        os.register_at_fork(after_in_child=_close_in_child)
-        _fork_hook_installed = True
-    _FORK_CLOSE.add(fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class GpuOwnership:
-    """Exclusive ownership of one GPU's clocks, by ``flock`` on ``lock_path``.
-
-    Args:
-        uuid: The GPU's UUID (for messages).
-        lock_path: The lock file (per GPU UUID).
+    Python runs signal handlers on the main thread, between two bytecodes. A main thread
+    blocked in C (a gloo/NCCL collective waiting for a peer that died: exactly when torchrun
+    sends SIGTERM to the survivors) would run ours only when the call returns, possibly
+    minutes later. So the chain also registers a wakeup fd (``signal.set_wakeup_fd``, unless
+    someone else uses it), to which CPython's C-level handler writes the signal number at once,
+    and a daemon thread reading it runs the guards' callbacks immediately. If the signal's
+    previous disposition was the default (terminate) and the main thread has not ended the
+    process within ``grace_s``, that thread ends it with status ``128 + signum`` as the default
+    action would have.
     """
 
-    def __init__(self, uuid: str, lock_path: Path) -> None:
-        self.uuid = uuid
-        self.lock_path = lock_path
-        self._fd: int | None = None
+    def __init__(self, grace_s: float = 1.0) -> None:
+        self.grace_s = grace_s
+        self._guards: dict[int, list[ExitGuard]] = {}
+        self._previous: dict[int, _Handler] = {}
+        self._pid = 0
+        self._wakeup: tuple[int, int] | None = None  # (read fd, write fd)
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
+    def add(self, guard: ExitGuard, signals: tuple[int, ...]) -> None:
+        if self._pid != os.getpid():  # a forked child inherited the table: start afresh
+            self._guards.clear()
+            self._previous.clear()
+            if self._wakeup is not None:  # the parent's wakeup fd, read by no thread here
+                self._stop_watcher()
+            self._pid = os.getpid()
+        for sig in signals:
+            guards = self._guards.setdefault(sig, [])
+            if not guards and signal.getsignal(sig) != self._on_signal:
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._on_signal)
+            guards.append(guard)
+        if self._wakeup is None and signals:
+            self._start_watcher()
 
-    def acquire(self, wait_s: float = 2.0) -> None:
-        """Become the owner.
+    def remove(self, guard: ExitGuard) -> None:
+        on_main = threading.current_thread() is threading.main_thread()
+        for sig, guards in self._guards.items():
+            if guard in guards:
+                guards.remove(guard)
+            if not guards and on_main and sig in self._previous:
+                previous = self._previous.pop(sig)
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        if on_main and not any(self._guards.values()):
+            self._stop_watcher()
 
-        A lock held by no live process (a watchdog resetting the GPU after its owner died,
-        or a dead owner's forked child exiting) is waited for, up to ``wait_s``.
+    def _guards_for(self, signum: int) -> list[ExitGuard]:
+        return list(reversed(self._guards.get(signum, ()))) if os.getpid() == self._pid else []
 
-        Raises:
-            DeviceBusyError: if another live process (or another agent in this process) owns
-                the GPU; the message names its pid and the lock file.
-        """
-        if self._fd is not None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between two bytecodes of whatever it was doing: the guards'
+        # callbacks must not take a lock the interrupted code may hold (see ExitGuard).
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        for guard in self._guards_for(signum):
+            guard._run_once()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        # SIG_IGN: the process had chosen to ignore it; so do we (after the reset).
+
+    # Wakeup-fd watcher ---------------------------------------------------------------------
+
+    def _start_watcher(self) -> None:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread, or unsupported
+            os.close(r)
+            os.close(w)
             return
-        deadline = time.monotonic() + wait_s
-        while True:
-            fd, owner = acquire_owner_lock(self.lock_path)
-            if fd is not None:
-                break
-            transient = owner is None or not _alive(owner)
-            if not transient or time.monotonic() >= deadline:
-                who = f"process {owner}" if owner is not None else "another process"
-                if owner == os.getpid():
-                    who = "another agent in this process"
-                raise DeviceBusyError(
-                    f"GPU {self.uuid} is already owned by {who} (lock {self.lock_path}); one "
-                    "agent per GPU: stop the other agent or give each rank its own GPU"
-                )
-            time.sleep(0.01)
-        self._fd = fd
-        _close_on_fork(fd)
+        if old != -1:  # someone else (an asyncio loop) relies on it: leave it to them
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._wakeup = (r, w)
+        threading.Thread(
+            target=self._watch, args=(r,), name="perseus-signal-watcher", daemon=True
+        ).start()
 
-    def release(self) -> None:
-        """Give up ownership (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            _FORK_CLOSE.discard(fd)
-            release_owner_lock(fd, self.lock_path)
+    def _stop_watcher(self) -> None:
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is None:
+            return
+        r, w = wakeup
+        with contextlib.suppress(ValueError, OSError):
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, w):
+                signal.set_wakeup_fd(current)  # not ours any more: put it back
+        with contextlib.suppress(OSError):
+            os.close(w)  # the watcher reads EOF and closes ``r``
+        if self._pid != os.getpid():  # a forked child: no watcher thread owns ``r`` here
+            with contextlib.suppress(OSError):
+                os.close(r)
 
-    @staticmethod
-    def owner_pid(lock_path: Path) -> int | None:
-        """The live owner's pid, or None when the GPU is free."""
-        fd, owner = acquire_owner_lock(lock_path)
-        if fd is not None:
-            release_owner_lock(fd, lock_path)
-            return None
-        return owner if owner is not None else read_owner_pid(lock_path)
+    def _watch(self, r: int) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(r, 64)
+                except InterruptedError:
+                    continue
+                if not data:
+                    return
+                for signum in data:
+                    self._on_wakeup(signum)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(r)
+
+    def _on_wakeup(self, signum: int) -> None:
+        guards = self._guards_for(signum)
+        if not guards:
+            return
+        for guard in guards:
+            guard._run_once()
+        ours = signal.getsignal(signum) == self._on_signal  # not replaced by someone since
+        default = self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None)
+        if ours and default and signum != int(signal.SIGINT):
+            # The default action is to die now; give the main thread the chance to do it
+            # properly (exit status "killed by signal"), then do it ourselves.
+            time.sleep(self.grace_s)
+            os._exit(128 + signum)
 
 
-_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+_CHAIN = _SignalChain()
 
 
 class ExitGuard:
     """Runs ``callback`` once at interpreter exit or on SIGTERM/SIGINT, then chains.
 
-    Signal handlers can only be installed from the main thread; elsewhere only the ``atexit``
-    hook is installed. :meth:`uninstall` restores the previous handlers if ours are still the
-    active ones.
+    After the callback, a signal goes on to the handler installed before the first guard (so
+    Ctrl-C still raises KeyboardInterrupt and SIGTERM still terminates). Signal handlers can
+    only be installed from the main thread; elsewhere only the ``atexit`` hook is installed.
+
+    Contract for ``callback`` (it may run inside a signal handler, on the main thread, at any
+    bytecode of the training loop): it must reset the device *directly* and never wait for a
+    lock the interrupted code may hold (a controller's lock, a queue's mutex); it must not
+    raise (exceptions are swallowed) and should finish within milliseconds. The watchdog
+    remains the backstop if it cannot.
     """
 
     DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -153,10 +213,14 @@ class ExitGuard:
     ) -> None:
         self._callback = callback
         self._signals = signals
-        self._previous: dict[int, _Handler] = {}
         self._pid = 0
         self._ran = False
+        self._running = threading.Lock()
         self._installed = False
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
 
     def install(self) -> None:
         if self._installed:
@@ -164,40 +228,33 @@ class ExitGuard:
         self._pid = os.getpid()
         self._ran = False
         atexit.register(self._run_once)
-        if threading.current_thread() is threading.main_thread():
-            for sig in self._signals:
-                self._previous[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._on_signal)
+        if self._signals and threading.current_thread() is threading.main_thread():
+            _CHAIN.add(self, self._signals)
         self._installed = True
 
     def uninstall(self) -> None:
         if not self._installed:
             return
         atexit.unregister(self._run_once)
-        if threading.current_thread() is threading.main_thread():
-            for sig, previous in self._previous.items():
-                if signal.getsignal(sig) == self._on_signal:
-                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        _CHAIN.remove(self)
         self._installed = False
 
-    def _run_once(self) -> None:
+    def _run_once(self, wait_s: float = 1.0) -> None:
+        # Called from atexit, the main thread's signal handler or the signal watcher thread:
+        # exactly one of them runs the callback. The others wait (bounded: the running one may
+        # need a lock the interrupted main thread holds) so the process does not end mid-reset.
         if self._ran or os.getpid() != self._pid:
             return
-        self._ran = True
-        with contextlib.suppress(Exception):
-            self._callback()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Read the previous handler first: the callback may uninstall us and clear the table.
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        self._run_once()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous in (signal.SIG_DFL, None):
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        # SIG_IGN: the process had chosen to ignore it; so do we (after the reset).
+        if not self._running.acquire(timeout=wait_s):
+            return
+        try:
+            if self._ran:
+                return
+            self._ran = True
+            with contextlib.suppress(Exception):
+                self._callback()
+        finally:
+            self._running.release()
 
 
 class Watchdog:
@@ -209,7 +266,8 @@ class Watchdog:
         poll_interval_s: How often the watchdog also checks that its parent is alive.
     """
 
-    def __init__(self, spec: dict[str, str], lock_path: Path, poll_interval_s: float = 0.05):
+    def __init__(self, spec: dict[str, Any], lock_path: Path, poll_interval_s: float = 0.05):
+        self._reset_spec = dict(spec)
         self.spec = {**spec, "lock_path": str(lock_path)}
         self.poll_interval_s = poll_interval_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -243,7 +301,7 @@ class Watchdog:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None  # PIPE requested
-        _close_on_fork(proc.stdin.fileno())
+        close_on_fork(proc.stdin.fileno())
         ready = _read_line(proc.stdout.fileno(), timeout_s)
         proc.stdout.close()
         if ready != b"ready":
@@ -251,6 +309,8 @@ class Watchdog:
             proc.wait()
             raise DeviceError(f"the clock watchdog did not start within {timeout_s:g} s")
         self._proc = proc
+        with contextlib.suppress(OSError, ValueError):
+            record_reset_spec(Path(self.spec["lock_path"]), self._reset_spec)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Tell the watchdog the owner exits cleanly, and reap it (idempotent)."""
@@ -258,7 +318,7 @@ class Watchdog:
         if proc is None:
             return
         assert proc.stdin is not None  # PIPE requested
-        _FORK_CLOSE.discard(proc.stdin.fileno())
+        forget_on_fork(proc.stdin.fileno())
         with contextlib.suppress(OSError):
             proc.stdin.write(b"stop")
             proc.stdin.flush()
@@ -275,9 +335,12 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
     import select
 
     data = b""
-    deadline = timeout_s
+    deadline = time.monotonic() + timeout_s
     while b"\n" not in data:
-        readable, _, _ = select.select([fd], [], [], deadline)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable, _, _ = select.select([fd], [], [], left)
         if not readable:
             break
         chunk = os.read(fd, 64)

@@ -28,6 +28,7 @@ from typing import Any
 
 from perseus.errors import ConfigError
 from perseus.plan import Frontier
+from perseus.runtime.collectives import all_reduce_max, global_rank
 from perseus.runtime.straggler_policy import StragglerPolicy
 
 __all__ = [
@@ -149,23 +150,21 @@ class StragglerRuntime:
         self.point_index = 0
 
     def exchange(self, compute_time_s: float) -> tuple[float, ...]:
-        """All-reduce (MAX) this rank's compute time and rank 0's hints; every pipeline's time."""
-        import torch
-        import torch.distributed as dist
+        """All-reduce (MAX) this rank's compute time and rank 0's hints; every pipeline's time.
 
+        Works on gloo and NCCL-only groups alike (:func:`perseus.runtime.collectives.all_reduce_max`
+        puts the buffer on the device the group's backend needs).
+        """
         d = self.num_pipelines
-        buf = torch.zeros(2 * d, dtype=torch.float64)
-        buf[self.pipeline_index] = compute_time_s
-        initialized = dist.is_available() and dist.is_initialized()
-        if self.store is not None and (not initialized or dist.get_rank() == 0):
+        values = [0.0] * (2 * d)
+        values[self.pipeline_index] = float(compute_time_s)
+        if self.store is not None and global_rank() == 0:
             for k in range(d):
                 hint = read_hint(self.store, k)
                 if hint is not None:
-                    buf[d + k] = hint
-        if initialized:
-            dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
-        values = buf.tolist()
-        return tuple(max(values[k], values[d + k]) for k in range(d))
+                    values[d + k] = hint
+        reduced = all_reduce_max(values, self.group)
+        return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""

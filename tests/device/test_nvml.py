@@ -11,6 +11,7 @@ from perseus.device.nvml import (
     NvmlGPU,
     NvmlUnavailableError,
     call_nvml,
+    clock_event_names,
     list_nvml_gpus,
     probe_privilege,
 )
@@ -35,6 +36,7 @@ STARTUP = [
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetSupportedMemoryClocks",
     "nvmlDeviceGetSupportedGraphicsClocks",
+    "nvmlDeviceGetPowerManagementLimit",
     "nvmlDeviceGetPersistenceMode",
 ]
 
@@ -78,14 +80,14 @@ def test_per_op_and_shutdown_sequence(nvml: FakeNvml, tmp_path: Path) -> None:
     assert gpu.set_locked_clock(1100) == 1095  # snapped to the driver's list
     assert gpu.locked_clock_mhz() == 1095
     assert gpu.energy_mj() == 1_000_000
-    assert gpu.power_w() == pytest.approx(83.64)
+    assert gpu.power_w() == pytest.approx(84.0)  # the instant field, GPU scope
     assert gpu.current_clock_mhz() == 1095
     gpu.close()
     handle = nvml.devices[0]
     assert nvml.calls == [
         ("nvmlDeviceSetGpuLockedClocks", (handle, 1095, 1095)),
         ("nvmlDeviceGetTotalEnergyConsumption", (handle,)),
-        ("nvmlDeviceGetPowerUsage", (handle,)),
+        ("nvmlDeviceGetFieldValues", (handle, ((186, 0),))),
         ("nvmlDeviceGetClockInfo", (handle, 1)),
         ("nvmlDeviceResetGpuLockedClocks", (handle,)),
         ("nvmlShutdown", ()),
@@ -145,7 +147,7 @@ def test_list_gpus(nvml: FakeNvml) -> None:
 def test_error_codes_map_to_perseus_errors(
     nvml: FakeNvml, code: int, error: type[DeviceError]
 ) -> None:
-    nvml.fail("nvmlDeviceGetCount", code)
+    nvml.fail("nvmlDeviceGetCount", code, times=3)  # a TIMEOUT is retried twice first
     with pytest.raises(error) as info:
         call_nvml(nvml, "nvmlDeviceGetCount", what="gpu0")
     assert isinstance(info.value.__cause__, FakeNvml.NVMLError)
@@ -317,3 +319,90 @@ def test_cuda_device_mapping(monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml) ->
         NvmlGPU.for_cuda_device(2, nvml_module=nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert NvmlGPU.for_cuda_device(3, nvml_module=nvml)._index == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Robustness (notes §6) and observe-only on request
+
+
+def test_transient_timeout_is_retried(nvml: FakeNvml, tmp_path: Path) -> None:
+    gpu = _gpu(nvml, tmp_path).open()
+    nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_TIMEOUT, times=2)
+    assert gpu.set_locked_clock(1095) == 1095
+    assert nvml.names().count("nvmlDeviceSetGpuLockedClocks") == 3
+    gpu.close()
+
+
+def test_persistent_timeout_is_a_device_error(nvml: FakeNvml, tmp_path: Path) -> None:
+    gpu = _gpu(nvml, tmp_path).open()
+    nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_TIMEOUT, times=3)
+    with pytest.raises(DeviceError, match="after 3 tries") as info:
+        gpu.set_locked_clock(1095)
+    assert type(info.value) is DeviceError  # not lost, not permission: the controller degrades
+    gpu.close()
+
+
+def test_clock_event_reasons_fall_back_to_the_older_name(nvml: FakeNvml, tmp_path: Path) -> None:
+    nvml.devices[0].clock_event_reasons = 0x4 | 0x1
+    gpu = _gpu(nvml, tmp_path).open()
+    assert gpu.clock_event_reasons() == 0x5
+    assert clock_event_names(0x5) == ("gpu_idle", "sw_power_cap")
+    nvml.devices[0].has_event_reasons_name = False
+    nvml.calls.clear()
+    assert gpu.clock_event_reasons() == 0x5
+    assert nvml.names() == [
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+    ]
+    gpu.close()
+
+
+def test_instant_power_falls_back_to_power_usage(nvml: FakeNvml, tmp_path: Path) -> None:
+    nvml.devices[0].instant_power_mw = None
+    gpu = _gpu(nvml, tmp_path).open()
+    assert gpu.power_w() == pytest.approx(83.64)
+    nvml.calls.clear()
+    assert gpu.power_w() == pytest.approx(83.64)
+    assert nvml.names() == ["nvmlDeviceGetPowerUsage"]  # the field is not asked for again
+    gpu.close()
+
+
+def test_watchdog_spec_records_the_power_limit(nvml: FakeNvml, tmp_path: Path) -> None:
+    gpu = _gpu(nvml, tmp_path).open()
+    assert gpu.watchdog_spec() == {"backend": "nvml", "uuid": UUID, "power_limit_mw": 400_000}
+    gpu.close()
+
+
+def test_observe_only_gpu_never_calls_set_or_reset(nvml: FakeNvml, tmp_path: Path) -> None:
+    gpu = NvmlGPU(UUID, nvml_module=nvml, privileged=True, lock_dir=tmp_path, control=False)
+    plan = tiny_plan(freq_mhz=1100)
+    with pytest.warns(ObserveOnlyWarning, match="clock changes disabled"):
+        agent = RankAgent(plan, gpu, rank=0).start()  # watchdog and signals on (defaults)
+    for _ in range(2):
+        agent.step_begin()
+        for name in plan.stage_ops[0]:
+            with agent.op(name[0], int(name[1:])):
+                pass
+        agent.step_end()
+    agent.close()
+    with pytest.raises(DevicePermissionError):
+        gpu.set_locked_clock(1095)
+    with pytest.raises(DevicePermissionError):
+        gpu.reset_locked_clock()
+    # Even a direct call through the GPU's NVML view is refused before reaching the driver.
+    with pytest.raises(DevicePermissionError):
+        call_nvml(gpu._api, "nvmlDeviceSetPowerManagementLimit", nvml.devices[0], 1)
+    gpu.close()
+    assert nvml.control_calls() == []
+    assert "nvmlDeviceGetTotalEnergyConsumption" in nvml.names()  # still measured
+    assert not any(tmp_path.iterdir())  # no ownership lock was taken
+
+
+def test_environment_requests_observe_only(
+    nvml: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERSEUS_NO_CLOCK_CHANGES", "1")
+    gpu = _gpu(nvml, tmp_path).open()
+    assert gpu.control is False and gpu.observe_only_reason is not None
+    gpu.close()
+    assert nvml.control_calls() == []

@@ -1,7 +1,12 @@
-"""The NVML backend on a real GPU (skipped without an NVIDIA driver)."""
+"""The NVML backend on a real GPU (skipped without an NVIDIA driver).
+
+Tests that lock clocks run only when ``PERSEUS_GPU_TESTS_MAY_CHANGE_CLOCKS=1``: some lent GPUs'
+operators forbid clock changes, so a plain ``pytest -m gpu`` never changes one.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -13,6 +18,11 @@ from perseus.runtime.agent import RankAgent
 from tests.runtime.plans import tiny_plan
 
 pytestmark = pytest.mark.gpu
+
+may_change_clocks = pytest.mark.skipif(
+    os.environ.get("PERSEUS_GPU_TESTS_MAY_CHANGE_CLOCKS") != "1",
+    reason="changes clocks: set PERSEUS_GPU_TESTS_MAY_CHANGE_CLOCKS=1 where that is allowed",
+)
 
 
 def test_open_and_read_sensors() -> None:
@@ -27,6 +37,7 @@ def test_open_and_read_sensors() -> None:
         assert gpu.current_clock_mhz() > 0
 
 
+@may_change_clocks
 def test_lock_and_reset(tmp_path: Path) -> None:
     with NvmlGPU(index=0, lock_dir=tmp_path) as gpu:
         if gpu.observe_only_reason is not None:
@@ -42,6 +53,7 @@ def test_lock_and_reset(tmp_path: Path) -> None:
         assert gpu.locked_clock_mhz() is None
 
 
+@may_change_clocks
 def test_agent_on_real_gpu(tmp_path: Path) -> None:
     gpu = NvmlGPU(index=0, lock_dir=tmp_path)
     plan = tiny_plan(freq_mhz=1095)

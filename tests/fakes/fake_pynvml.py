@@ -7,8 +7,10 @@ values from nvidia-ml-py (a test checks them against the installed package).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["FakeDevice", "FakeNvml"]
@@ -30,6 +32,14 @@ class FakeDevice:
     sm_clock_mhz: int = 1410
     locked: tuple[int, int] | None = None
     supports_mig_query: bool = True
+    #: None: ``energy_mj`` is returned as is; else the counter as a function of time (s).
+    energy_fn: Callable[[float], int] | None = None
+    power_limit_mw: int = 400_000
+    default_power_limit_mw: int = 400_000
+    instant_power_mw: int | None = 84_000  # None: the field is not supported
+    clock_event_reasons: int = 0x1  # gpu_idle
+    has_event_reasons_name: bool = True  # False: only the older ...ThrottleReasons works
+    app_clocks_restricted: int = 1  # NVML_FEATURE_ENABLED: only root may set them
 
 
 class NVMLError(Exception):
@@ -65,6 +75,14 @@ class FakeNvml:
     NVML_DEVICE_ARCH_VOLTA = 5
     NVML_CLOCK_SM = 1
     NVML_DEVICE_MIG_ENABLE = 1
+    NVML_FI_DEV_POWER_INSTANT = 186
+    NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
+    NVML_FEATURE_ENABLED = 1
+
+    def control_calls(self) -> list[str]:
+        """Calls that change a device (every ``nvmlDeviceSet*``/``Reset*``/``Clear*``)."""
+        prefixes = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
+        return [name for name in self.names() if name.startswith(prefixes)]
 
     def fail(self, name: str, code: int, times: int = 1) -> None:
         """Make the next ``times`` calls of ``name`` raise ``NVMLError(code)``."""
@@ -97,6 +115,14 @@ class FakeNvml:
     def nvmlSystemGetDriverVersion(self) -> str:
         self._record("nvmlSystemGetDriverVersion")
         return "550.54.15"
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._record("nvmlSystemGetNVMLVersion")
+        return "12.550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._record("nvmlSystemGetCudaDriverVersion_v2")
+        return 12040
 
     # Device discovery -----------------------------------------------------------------------
     def nvmlDeviceGetCount(self) -> int:
@@ -165,7 +191,60 @@ class FakeNvml:
     # Sensors --------------------------------------------------------------------------------
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         self._record("nvmlDeviceGetTotalEnergyConsumption", handle)
-        return self._dev(handle).energy_mj
+        d = self._dev(handle)
+        return d.energy_mj if d.energy_fn is None else d.energy_fn(time.monotonic())
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[Any]:
+        self._record("nvmlDeviceGetFieldValues", handle, tuple(field_ids))
+        d = self._dev(handle)
+        out = []
+        for entry in field_ids:
+            fid = entry[0] if isinstance(entry, tuple) else entry
+            ok = fid == self.NVML_FI_DEV_POWER_INSTANT and d.instant_power_mw is not None
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    nvmlReturn=0 if ok else self.NVML_ERROR_NOT_SUPPORTED,
+                    valueType=1,
+                    value=SimpleNamespace(uiVal=d.instant_power_mw if ok else 0),
+                )
+            )
+        return out
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        self._record("nvmlDeviceGetPowerManagementLimit", handle)
+        return self._dev(handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        self._record("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        return self._dev(handle).default_power_limit_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        self._record("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return self._dev(handle).power_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
+        self._record("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
+        self._dev(handle).power_limit_mw = limit_mw
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        self._record("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        d = self._dev(handle)
+        if not d.has_event_reasons_name:  # an older driver without the symbol
+            raise NVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return d.clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        self._record("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return self._dev(handle).clock_event_reasons
+
+    def nvmlDeviceGetAPIRestriction(self, handle: Any, api: int) -> int:
+        self._record("nvmlDeviceGetAPIRestriction", handle, api)
+        return self._dev(handle).app_clocks_restricted
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        self._record("nvmlDeviceGetMaxClockInfo", handle, clock_type)
+        return max(self._dev(handle).graphics_clocks)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         self._record("nvmlDeviceGetPowerUsage", handle)

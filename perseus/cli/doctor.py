@@ -1,0 +1,292 @@
+"""``perseus doctor``: can this machine run perseus for real?
+
+Checks, for each NVIDIA GPU: the driver and NVML (versions), name, UUID, architecture, whether
+clock locking is allowed (and exactly how to allow it when not), the supported clocks, the set
+latency (skipped under ``--no-clock-changes``), the energy counter's resolution and update
+period, the power cap and clock event reasons, and a short CUDA check: a transformer block's
+forward and backward through the real agent path at a few clocks (under
+``--no-clock-changes``: only at the current clock), with the SM clock read back while the ops
+run and the ops timed by CUDA events. Without a GPU it says so in one line and checks the
+simulated path instead.
+
+Every probe is isolated: one that cannot run prints ``unavailable: why`` and the others go on.
+Exit status: 0 when perseus can run for real here (observe-only counts when asked for with
+``--no-clock-changes``), 1 when not, 2 on bad flags. ``--json`` prints the same as one JSON
+document.
+
+``--no-clock-changes`` never calls an NVML set or reset function: the GPUs are opened with
+``NvmlGPU(control=False)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from importlib import metadata
+from typing import Any
+
+from perseus.cli._doctor_checks import (
+    Check,
+    check_clock_control,
+    check_clocks,
+    check_cuda,
+    check_energy_counter,
+    check_identity,
+    check_power,
+    check_set_latency,
+    check_simulated,
+    probe,
+)
+from perseus.device import nvml as nvml_backend
+from perseus.device.nvml import NvmlGPU, call_nvml
+from perseus.errors import ConfigError
+
+__all__ = ["diagnose", "register", "run"]
+
+_MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip", "unavailable": "n/a"}
+# Statuses that make a GPU unusable for real runs.
+_BLOCKING = {"fail"}
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check whether this machine can run perseus for real (GPU, driver, privileges)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument(
+        "--no-clock-changes",
+        action="store_true",
+        help="never change clocks or power limits (observe-only; no NVML set/reset call)",
+    )
+    p.add_argument("--gpu", type=int, action="append", metavar="INDEX", help="only these GPUs")
+    p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
+    p.add_argument("--clocks", type=int, default=3, help="clocks for the CUDA check (default 3)")
+    p.add_argument(
+        "--iterations", type=int, default=5, help="CUDA check iterations per clock (default 5)"
+    )
+    p.add_argument(
+        "--energy-window-s",
+        type=float,
+        default=1.0,
+        help="how long to poll the energy counter (default 1 s)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.energy_window_s > 0:
+        raise ConfigError(f"--energy-window-s must be > 0, got {args.energy_window_s}")
+    if args.clocks < 1 or args.iterations < 1:
+        raise ConfigError(
+            f"--clocks and --iterations must be >= 1, got {args.clocks} and {args.iterations}"
+        )
+    if args.gpu is not None and any(i < 0 for i in args.gpu):
+        raise ConfigError(f"--gpu takes NVML indices >= 0, got {args.gpu}")
+    report = diagnose(
+        # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
+        no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),
+        gpus=args.gpu,
+        cuda=not args.no_cuda,
+        clocks=args.clocks,
+        iterations=args.iterations,
+        energy_window_s=args.energy_window_s,
+    )
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print(report)
+    return 0 if report["usable"] else 1
+
+
+def diagnose(
+    *,
+    no_clock_changes: bool = False,
+    gpus: list[int] | None = None,
+    cuda: bool = True,
+    clocks: int = 3,
+    iterations: int = 5,
+    energy_window_s: float = 1.0,
+    nvml_module: Any = None,
+) -> dict[str, Any]:
+    """Run every check; returns the report (what ``--json`` prints). Never raises for a
+    missing or failing GPU: that is what the report is for."""
+    report: dict[str, Any] = {
+        "perseus": _version("perseus-energy"),
+        "mode": "observe-only" if no_clock_changes else "control",
+        "nvml": None,
+        "gpus": [],
+        "simulated": None,
+    }
+    try:
+        nvml = nvml_module if nvml_module is not None else nvml_backend.import_nvml()
+        call_nvml(nvml, "nvmlInit")
+    except Exception as e:
+        report["no_gpu"] = (
+            f"no NVIDIA GPU usable here ({_first_line(e)}); checking the simulated path"
+        )
+        report["simulated"] = probe("simulated path", check_simulated).as_dict()
+        report["usable"] = False
+        report["verdict"] = (
+            "perseus cannot change real GPU clocks on this machine; planning, emulation and "
+            "the simulated path " + ("work" if report["simulated"]["status"] == "ok" else "FAIL")
+        )
+        return report
+    try:
+        report["nvml"] = _versions(nvml)
+        count = int(call_nvml(nvml, "nvmlDeviceGetCount"))
+    except Exception as e:
+        count = 0
+        report["nvml"] = {"error": _first_line(e)}
+    finally:
+        with contextlib.suppress(Exception):
+            call_nvml(nvml, "nvmlShutdown")
+    indices = [i for i in range(count) if gpus is None or i in gpus]
+    first_cuda = True
+    for i in indices:
+        entry = _diagnose_gpu(
+            nvml, i, no_clock_changes, cuda and first_cuda, clocks, iterations, energy_window_s
+        )
+        first_cuda = False  # one CUDA check is enough to prove the path; it takes seconds
+        report["gpus"].append(entry)
+    usable = bool(indices) and all(g["usable"] for g in report["gpus"])
+    report["usable"] = usable
+    if not indices:
+        report["verdict"] = "NVML found no GPU" + (" with those indices" if gpus else "")
+    elif usable:
+        report["verdict"] = (
+            "perseus can run here, observe-only as asked (no clock changes)"
+            if no_clock_changes
+            else "perseus can run here and change clocks"
+        )
+    else:
+        bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
+        report["verdict"] = "perseus cannot run for real here: " + "; ".join(bad)
+    return report
+
+
+def _diagnose_gpu(
+    nvml: Any,
+    index: int,
+    no_clock_changes: bool,
+    cuda: bool,
+    clocks: int,
+    iterations: int,
+    energy_window_s: float,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"index": index, "checks": []}
+    checks: list[Check] = []
+    gpu = NvmlGPU(index=index, nvml_module=nvml, control=not no_clock_changes)
+    opened = probe("open", lambda: _open(gpu))
+    if opened.status != "ok":
+        checks.append(opened)
+    else:
+        try:
+            checks.append(probe("gpu", lambda: check_identity(gpu)))
+            checks.append(probe("supported clocks", lambda: check_clocks(gpu)))
+            control = probe("clock locking", lambda: check_clock_control(gpu, no_clock_changes))
+            checks.append(control)
+            if control.status == "ok":
+                checks.append(probe("set latency", lambda: check_set_latency(gpu)))
+            else:
+                why = "--no-clock-changes" if no_clock_changes else "clock locking not allowed"
+                checks.append(Check("set latency", "skip", f"skipped ({why})"))
+            checks.append(
+                probe("energy counter", lambda: check_energy_counter(gpu, energy_window_s))
+            )
+            checks.append(probe("power", lambda: check_power(gpu)))
+            if cuda:
+                can_lock = control.status == "ok"
+                checks.append(
+                    probe(
+                        "cuda check",
+                        lambda: check_cuda(gpu, can_lock, clocks=clocks, iterations=iterations),
+                    )
+                )
+            else:
+                checks.append(Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"))
+        finally:
+            with contextlib.suppress(Exception):
+                gpu.close()
+    entry["checks"] = [c.as_dict() for c in checks]
+    blocking = [c for c in checks if c.status in _BLOCKING or c.name in ("open",)]
+    if no_clock_changes:
+        blocking = [c for c in blocking if c.name != "clock locking"]
+    # A probe that could not run at all on a check perseus needs is blocking too.
+    needed = {"open", "gpu", "supported clocks", "energy counter"}
+    blocking += [c for c in checks if c.status == "unavailable" and c.name in needed]
+    entry["usable"] = not blocking
+    entry["blocking"] = "; ".join(f"{c.name}: {c.summary}" for c in blocking)
+    return entry
+
+
+def _open(gpu: NvmlGPU) -> Check:
+    gpu.open()
+    return Check("open", "ok", "opened")
+
+
+def _versions(nvml: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"nvidia_ml_py": _version("nvidia-ml-py")}
+    for key, function in (
+        ("driver", "nvmlSystemGetDriverVersion"),
+        ("nvml", "nvmlSystemGetNVMLVersion"),
+        ("cuda_driver", "nvmlSystemGetCudaDriverVersion_v2"),
+    ):
+        try:
+            value = call_nvml(nvml, function)
+        except Exception as e:
+            out[key] = f"unavailable: {_first_line(e)}"
+            continue
+        value = value.decode() if isinstance(value, bytes) else value
+        if key == "cuda_driver" and isinstance(value, int):
+            value = f"{value // 1000}.{value % 1000 // 10}"
+        out[key] = str(value)
+    return out
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e)
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _line(check: dict[str, Any], indent: str = "  ") -> None:
+    print(
+        f"{indent}[{_MARK.get(check['status'], check['status'])}] {check['name']}: {check['summary']}"
+    )
+    if check.get("fix"):
+        print(f"{indent}       fix: {check['fix']}")
+
+
+def _print(report: dict[str, Any]) -> None:
+    if report.get("no_gpu"):
+        print(report["no_gpu"])
+        if report["simulated"] is not None:
+            _line(report["simulated"])
+        print(f"verdict: {report['verdict']}")
+        return
+    versions = report["nvml"] or {}
+    if "error" in versions:
+        print(f"NVML: {versions['error']}")
+    else:
+        print(
+            f"driver {versions.get('driver')}, NVML {versions.get('nvml')}, CUDA driver "
+            f"{versions.get('cuda_driver')}, nvidia-ml-py {versions.get('nvidia_ml_py')}"
+        )
+    if report["mode"] == "observe-only":
+        print("mode: observe-only (--no-clock-changes: no NVML set/reset call is made)")
+    for gpu in report["gpus"]:
+        print(f"GPU {gpu['index']}:")
+        for check in gpu["checks"]:
+            _line(check)
+    print(f"verdict: {report['verdict']}")
+    sys.stdout.flush()

@@ -1,0 +1,300 @@
+"""``perseus doctor`` with the recording fake of pynvml, and with no NVML at all."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from perseus.cli import _doctor_checks
+from perseus.cli.main import main
+from perseus.device import nvml as nvml_backend
+from perseus.device.nvml import NvmlUnavailableError
+from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+STEP_MJ = 1700
+PERIOD_S = 0.02
+
+
+def _counter(t: float) -> int:
+    return 1_000_000 + math.floor(t / PERIOD_S) * STEP_MJ
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
+    nvml = FakeNvml(devices=[FakeDevice(UUID, energy_fn=_counter)])
+    monkeypatch.setattr(nvml_backend, "import_nvml", lambda: nvml)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("PERSEUS_NO_CLOCK_CHANGES", raising=False)
+    return nvml
+
+
+def _privileged(monkeypatch: pytest.MonkeyPatch, allowed: bool) -> None:
+    why = "running as root" if allowed else "not root and no CAP_SYS_ADMIN"
+    monkeypatch.setattr(nvml_backend, "probe_privilege", lambda: (allowed, why))
+    monkeypatch.setattr(_doctor_checks, "probe_privilege", lambda: (allowed, why))
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    rc = main(["doctor", "--json", "--energy-window-s", "0.3", *args])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def _checks(report: dict) -> dict[str, dict]:
+    (gpu,) = report["gpus"]
+    return {c["name"]: c for c in gpu["checks"]}
+
+
+def test_no_nvml_says_so_in_one_line_and_checks_the_simulator(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> None:
+        raise NvmlUnavailableError("nvidia-ml-py is not installed")
+
+    monkeypatch.setattr(nvml_backend, "import_nvml", missing)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("no NVIDIA GPU usable here (nvidia-ml-py is not installed)")
+    assert "[ok] simulated path" in out[1]
+    assert out[-1].startswith("verdict: perseus cannot change real GPU clocks")
+    rc, report = _doctor(capsys)
+    assert rc == 1 and report["simulated"]["status"] == "ok" and report["usable"] is False
+
+
+def test_observe_only_never_calls_set_or_reset(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    assert fake.control_calls() == []
+    assert rc == 0, report["verdict"]
+    assert report["mode"] == "observe-only"
+    assert report["nvml"]["driver"] == "550.54.15" and report["nvml"]["cuda_driver"] == "12.4"
+    checks = _checks(report)
+    gpu = checks["gpu"]["data"]
+    assert (gpu["name"], gpu["uuid"], gpu["architecture"]) == (
+        "NVIDIA A100-SXM4-80GB",
+        UUID,
+        "Ampere",
+    )
+    assert checks["supported clocks"]["data"]["count"] == 81
+    assert checks["clock locking"]["status"] == "skip"
+    assert "would be allowed" in checks["clock locking"]["summary"]
+    assert checks["set latency"]["status"] == "skip"
+    energy = checks["energy counter"]["data"]
+    assert energy["smallest_step_mj"] == STEP_MJ
+    assert energy["median_interval_ms"] == pytest.approx(PERIOD_S * 1e3, rel=0.3)
+    assert checks["power"]["data"]["power_limit_w"] == 400.0
+
+
+def test_privileged_measures_set_latency_and_resets(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-cuda")
+    assert rc == 0, report["verdict"]
+    latency = _checks(report)["set latency"]
+    assert latency["status"] == "ok"
+    assert latency["data"]["samples"] == 6 and latency["data"]["applied_ms"] is not None
+    names = fake.names()
+    assert names.count("nvmlDeviceSetGpuLockedClocks") == 6
+    assert (
+        names[names.index("nvmlDeviceSetGpuLockedClocks") :].count("nvmlDeviceResetGpuLockedClocks")
+        >= 1
+    )
+    assert fake.devices[0].locked is None  # never left locked
+
+
+def test_unprivileged_says_how_to_allow_it(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, False)
+    assert main(["doctor", "--no-cuda", "--energy-window-s", "0.2"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] clock locking: not allowed: not root and no CAP_SYS_ADMIN" in out
+    assert "CAP_SYS_ADMIN" in out and "--cap-add SYS_ADMIN" in out and "zeusd" in out
+    assert "nvidia-smi -acp UNRESTRICTED" in out  # application clocks are root-only here
+    assert "[skip] set latency" in out
+    assert fake.control_calls() == []
+
+
+def test_failing_probe_is_unavailable_not_a_crash(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    fake.fail("nvmlDeviceGetArchitecture", FakeNvml.NVML_ERROR_UNKNOWN, times=2)
+    fake.devices[0].instant_power_mw = None
+    fake.fail("nvmlDeviceGetPowerUsage", FakeNvml.NVML_ERROR_GPU_IS_LOST)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    checks = report["gpus"][0]["checks"]
+    # The first architecture failure stops the open; the GPU is reported, not a traceback.
+    assert checks[0]["status"] == "unavailable" and "unavailable:" in checks[0]["summary"]
+    assert rc == 1
+    # Once open works, a failing power read only marks that probe.
+    fake.failures.clear()
+    fake.fail("nvmlDeviceGetPowerUsage", FakeNvml.NVML_ERROR_GPU_IS_LOST)
+    rc, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    power = _checks(report)["power"]
+    assert power["status"] == "unavailable" and "stopped answering" in power["summary"]
+    assert rc == 0
+
+
+def test_cuda_check_without_cuda_is_reported(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--no-clock-changes")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "fail" and "no CUDA device" in cuda["summary"]
+    assert rc == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--energy-window-s", "0"],
+        ["--clocks", "0"],
+        ["--gpu", "-1"],
+        ["--bogus"],
+        ["--energy-window-s", "soon"],
+    ],
+)
+def test_bad_flags_exit_2(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    assert main(["doctor", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "Traceback" not in err
+    assert fake.calls == []
+
+
+class _FakeEvent:
+    """``torch.cuda.Event`` on the host clock (this machine has no CUDA)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda as seen by the doctor's CUDA check, backed by the CPU and a small block."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "fake CUDA device")
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda index: SimpleNamespace(uuid=UUID.removeprefix("GPU-")),
+    )
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+
+    def small_block(torch_module, device):
+        block = torch.nn.TransformerEncoderLayer(
+            d_model=32, nhead=4, dim_feedforward=64, batch_first=True
+        )
+        return block, torch.randn(2, 16, 32)
+
+    monkeypatch.setattr(_doctor_checks, "_transformer", small_block)
+
+
+def test_cuda_check_runs_ops_through_the_agent_at_each_clock(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    rc, report = _doctor(capsys, "--clocks", "3", "--iterations", "2")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "ok", cuda
+    assert rc == 0
+    rows = cuda["data"]["rows"]
+    assert [r["requested_mhz"] for r in rows] == [1410, 1050, 705]
+    for row in rows:
+        for op in ("F", "B"):
+            # The fake GPU runs at its lock: the sampler read back the agent's clock.
+            if row[op]["samples"]:
+                assert row[op]["sm_clock_mhz_median"] == row["requested_mhz"]
+            assert row[op]["time_ms_median"] > 0
+    assert any(row[op]["samples"] for row in rows for op in ("F", "B"))
+    set_calls = [args[1] for name, args in fake.calls if name == "nvmlDeviceSetGpuLockedClocks"]
+    assert {1410, 1050, 705} <= set(set_calls)
+    assert fake.devices[0].locked is None
+    assert cuda["data"]["power_cap_pulls_clock_down"] is False
+
+
+def test_cuda_check_observe_only_runs_at_the_current_clock(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    fake.devices[0].sm_clock_mhz = 1275
+    rc, report = _doctor(capsys, "--no-clock-changes", "--iterations", "2")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "ok", cuda
+    (row,) = cuda["data"]["rows"]
+    assert row["requested_mhz"] is None
+    assert fake.control_calls() == []
+    assert rc == 0
+
+
+def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    device = fake.devices[0]
+    original = fake.nvmlDeviceSetGpuLockedClocks
+
+    def capped(handle: FakeDevice, low: int, high: int) -> None:
+        original(handle, low, high)
+        if high > 1200:  # the cap holds the GPU at 1200 MHz
+            handle.sm_clock_mhz, handle.clock_event_reasons = 1200, 0x4
+        else:
+            handle.clock_event_reasons = 0
+
+    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", capped)
+    rc, report = _doctor(capsys, "--clocks", "2", "--iterations", "4")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["data"]["power_cap_pulls_clock_down"] is True, cuda
+    assert "pulled the clock below the lock" in cuda["summary"]
+    top = cuda["data"]["rows"][0]
+    assert top["requested_mhz"] == 1410
+    sampled = [top[op] for op in ("F", "B") if top[op]["samples"]]
+    assert sampled and all(s["sm_clock_mhz_median"] == 1200 for s in sampled)
+    assert all("sw_power_cap" in s["clock_event_reasons"] for s in sampled)
+    assert device.locked is None and rc == 0
+
+
+def test_environment_request_holds_without_the_flag(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    monkeypatch.setenv("PERSEUS_NO_CLOCK_CHANGES", "1")
+    rc, report = _doctor(capsys, "--no-cuda")
+    assert report["mode"] == "observe-only" and fake.control_calls() == []
+    assert rc == 0

@@ -1,0 +1,223 @@
+"""GPU ownership locks: one owner per GPU, a dead owner's lock reset by the next owner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perseus.device import ownership
+from perseus.device.ownership import (
+    GpuOwnership,
+    acquire_owner_lock,
+    infer_reset_spec,
+    read_owner_pid,
+    release_owner_lock,
+    reset_if_orphaned,
+)
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import DeviceBusyError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _leave_stale_lock(gpu: SimulatedGPU, freq_mhz: int = 1095) -> int:
+    """What an owner killed together with its watchdog leaves: a lock and its pid."""
+    gpu.set_locked_clock(freq_mhz)
+    pid = _dead_pid()
+    gpu.owner_lock_path().write_text(f"{pid}\n", encoding="ascii")
+    return pid
+
+
+def test_module_loads_alone_without_perseus() -> None:
+    """The watchdog loads ownership.py by path under ``python -I``: stdlib only."""
+    path = REPO / "perseus" / "device" / "ownership.py"
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('o', {str(path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "print(','.join(k for k in sys.modules if k.startswith(('perseus', 'torch', 'pynvml'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.strip() == ""
+
+
+def test_clean_release_leaves_no_pid(tmp_path: Path) -> None:
+    path = tmp_path / "GPU-x.owner"
+    fd, owner, stale, _ = acquire_owner_lock(path)
+    assert fd is not None and owner is None and stale is None
+    assert read_owner_pid(path) is not None
+    release_owner_lock(fd, path)
+    assert read_owner_pid(path) is None
+    fd, _, stale, _ = acquire_owner_lock(path)
+    assert fd is not None and stale is None
+    release_owner_lock(fd, path)
+
+
+def test_next_owner_resets_a_dead_owners_simulated_lock(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    dead = _leave_stale_lock(gpu)
+    assert gpu.locked_clock_mhz() == 1095
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner.acquire()
+    try:
+        assert gpu.locked_clock_mhz() is None
+        assert owner.reset_stale_pid == dead
+    finally:
+        owner.release()
+    # A clean release is not reset again by the owner after it.
+    gpu.set_locked_clock(1200)
+    again = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    again.acquire()
+    assert gpu.locked_clock_mhz() == 1200 and again.reset_stale_pid is None
+    again.release()
+
+
+def test_sim_reset_clears_the_power_limit_when_present(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    _leave_stale_lock(gpu)
+    gpu._update(lambda state: state.__setitem__("power_limit_w", 250.0))
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner.acquire()
+    owner.release()
+    state = gpu._state()
+    assert state["locked_mhz"] is None and state["power_limit_w"] is None
+
+
+def test_next_owner_uses_the_given_reset(tmp_path: Path) -> None:
+    path = tmp_path / "GPU-real.owner"
+    path.write_text(f"{_dead_pid()}\n", encoding="ascii")
+    calls: list[str] = []
+    owner = GpuOwnership("GPU-real", path, reset=lambda: calls.append("reset"))
+    owner.acquire()
+    owner.release()
+    assert calls == ["reset"]
+
+
+def test_failed_stale_reset_warns_and_still_owns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "GPU-real.owner"
+    path.write_text(f"{_dead_pid()}\n", encoding="ascii")
+
+    def broken() -> None:
+        raise RuntimeError("driver said no")
+
+    owner = GpuOwnership("GPU-real", path, reset=broken)
+    owner.acquire()
+    assert owner.held and owner.reset_stale_pid is None
+    owner.release()
+    assert "driver said no" in caplog.text
+
+
+def test_inferred_spec(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.locked_clock_mhz()  # creates the state file
+    assert infer_reset_spec(gpu.uuid, gpu.owner_lock_path())["backend"] == "sim"
+    assert infer_reset_spec("GPU-real", tmp_path / "GPU-real.owner") == {
+        "backend": "nvml",
+        "uuid": "GPU-real",
+    }
+
+
+def test_owner_pid_query_does_not_erase_a_stale_record(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    dead = _leave_stale_lock(gpu)
+    assert GpuOwnership.owner_pid(gpu.owner_lock_path()) is None
+    assert read_owner_pid(gpu.owner_lock_path()) == dead  # still there for the next owner
+
+
+def test_watchdog_reset_leaves_a_new_live_owner_alone(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner.acquire()
+    gpu.set_locked_clock(1095)
+    spec = {**gpu.watchdog_spec(), "lock_path": str(gpu.owner_lock_path())}
+    assert reset_if_orphaned(spec, owner_pid=_dead_pid()) is False
+    assert gpu.locked_clock_mhz() == 1095
+    owner.release()
+    # Once free, the dead owner's watchdog resets (and clears the record).
+    gpu.owner_lock_path().write_text("12345\n", encoding="ascii")
+    assert reset_if_orphaned(spec, owner_pid=12345) is True
+    assert gpu.locked_clock_mhz() is None and read_owner_pid(gpu.owner_lock_path()) is None
+
+
+def test_busy_owner_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "GPU-x.owner"
+    first = GpuOwnership("GPU-x", path)
+    first.acquire()
+    with pytest.raises(DeviceBusyError, match="another agent in this process"):
+        GpuOwnership("GPU-x", path).acquire(wait_s=0.05)
+    first.release()
+
+
+def test_nvml_reset_spec_restores_the_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+    fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 400_000})
+    device = fake.devices[0]
+    assert device.locked is None and device.power_limit_mw == 400_000
+    assert fake.initialized == 0
+    # A spec without a recorded limit never touches the power limit.
+    fake.calls.clear()
+    ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real"})
+    assert "nvmlDeviceSetPowerManagementLimit" not in fake.names()
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown GPU backend"):
+        ownership.reset_from_spec(json.loads('{"backend": "tpu", "uuid": "x"}'))
+
+
+def test_recorded_spec_keeps_the_pid_and_guides_the_next_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+    path = tmp_path / "GPU-real.owner"
+    fd, _, _, _ = acquire_owner_lock(path)
+    assert fd is not None
+    spec = {"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 400_000}
+    ownership.record_reset_spec(path, spec)
+    assert read_owner_pid(path) is not None  # the pid line is untouched
+    os.close(fd)  # dies without a clean release (the kernel drops the flock)
+    path.write_text(path.read_text().replace(str(os.getpid()), str(_dead_pid())))
+    fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    calls: list[str] = []
+    owner = GpuOwnership("GPU-real", path, reset=lambda: calls.append("own reset"))
+    owner.acquire()
+    owner.release()
+    # The dead owner's spec was used: clocks reset and its starting power limit restored.
+    assert calls == []
+    assert fake.devices[0].locked is None and fake.devices[0].power_limit_mw == 400_000
+
+
+def test_watchdog_records_its_spec_in_the_lock_file(tmp_path: Path) -> None:
+    from perseus.runtime.safety import Watchdog
+
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner.acquire()
+    watchdog = Watchdog(gpu.watchdog_spec(), gpu.owner_lock_path())
+    watchdog.start()
+    try:
+        lines = gpu.owner_lock_path().read_text().splitlines()
+        assert lines[0].isdigit() and json.loads(lines[1]) == gpu.watchdog_spec()
+    finally:
+        watchdog.stop()
+        owner.release()

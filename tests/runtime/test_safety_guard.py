@@ -1,0 +1,156 @@
+"""ExitGuard: one signal chain for every guard of a process, and signals handled while the main
+thread is blocked in C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from perseus.runtime.safety import ExitGuard
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_guards_closed_in_any_order_leave_the_original_handler() -> None:
+    seen: list[str] = []
+
+    def original(signum: int, frame: object) -> None:
+        seen.append("original")
+
+    before = signal.signal(signal.SIGUSR1, original)
+    try:
+        a = ExitGuard(lambda: seen.append("a"), signals=(signal.SIGUSR1,))
+        b = ExitGuard(lambda: seen.append("b"), signals=(signal.SIGUSR1,))
+        a.install()
+        b.install()
+        a.uninstall()  # closed first, although installed first
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert seen == ["b", "original"]
+        b.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) is original
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert seen == ["b", "original", "original"]  # no guard runs any more
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_callback_runs_once_and_its_errors_are_swallowed() -> None:
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("reset failed")
+
+    guard = ExitGuard(broken, signals=())
+    guard.install()
+    guard._run_once()
+    guard._run_once()
+    guard.uninstall()
+    assert calls == [1]
+
+
+BLOCKED = textwrap.dedent(
+    """
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    from perseus.runtime.safety import ExitGuard
+
+    marker = sys.argv[1]
+
+    def reset():
+        with open(marker, "w") as f:
+            f.write(repr(time.time()))
+
+    ExitGuard(reset).install()
+    print("blocking", flush=True)
+    # A C++ wait that does not return on signals, like a collective whose peer died.
+    dist.HashStore().wait(["never"], timedelta(seconds=60))
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_is_handled_while_the_main_thread_is_blocked_in_c(tmp_path: Path, sig: int) -> None:
+    pytest.importorskip("torch.distributed")
+    marker = tmp_path / "reset"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "blocking"
+    time.sleep(0.2)
+    t0 = time.time()
+    proc.send_signal(sig)
+    deadline = time.monotonic() + 1.0
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert marker.exists(), "the reset did not run within 1 s of the signal"
+    assert float(marker.read_text()) - t0 < 1.0
+    if sig == signal.SIGTERM:
+        # The default action (terminate) is carried out although the main thread is stuck.
+        proc.communicate(timeout=10)
+        assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+    else:
+        # SIGINT becomes KeyboardInterrupt when the main thread is back in Python: not forced.
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.kill()
+        proc.communicate()
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, signal, sys, time, warnings
+    warnings.simplefilter("ignore")  # fork() with the watcher thread running (3.12+ warns)
+    from perseus.runtime import safety
+
+    parent = safety.ExitGuard(lambda: None)
+    parent.install()
+    pid = os.fork()
+    if pid == 0:
+        marker = sys.argv[1]
+        child = safety.ExitGuard(lambda: open(marker, "w").close())
+        child.install()
+        ok = safety._CHAIN._wakeup is not None
+        os.kill(os.getpid(), signal.SIGUSR2) if not ok else None
+        time.sleep(30)  # SIGTERM'd by the parent test
+    else:
+        print(pid, flush=True)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+def test_forked_child_gets_its_own_watcher(tmp_path: Path) -> None:
+    marker = tmp_path / "child-reset"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKED, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    time.sleep(0.3)
+    os.kill(child, signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert marker.exists(), err
