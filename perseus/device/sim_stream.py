@@ -194,6 +194,9 @@ class SimStream:
         self._tick_s = -math.inf
         self._rng: random.Random | None = None
         self._seq = 0
+        self._idle_since = -math.inf  # when the queue last ran dry
+        self._floor_s = -math.inf  # the latest completed event: nothing moves before it
+        self._backdate: float | None = None
         #: Completed ops with their clock pieces, when tracing (``trace_ops=True``).
         self.trace: list[OpTrace] | None = None
 
@@ -251,6 +254,7 @@ class SimStream:
             item = queue[0]
             if isinstance(item, SimEvent):
                 item._complete(t, self._published_mj())
+                self._floor_s = t
                 queue.popleft()
                 continue
             if isinstance(item, _Wait):
@@ -292,6 +296,8 @@ class SimStream:
             t = now
             break
         if t < now:  # idle (nothing queued): blocking power
+            if not queue:
+                self._idle_since = t
             self._integrate(t, now, idle_w)
         self._t_dev = now
 
@@ -364,8 +370,40 @@ class SimStream:
             self._seq += 1
             now = gpu._clock()
             self._commit(now)
+            start = self._backdate
+            self._backdate = None
             self._queue.append(op)
+            if start is not None and len(self._queue) == 1 and start < now:
+                self._run_since(op, start, now)
             self._publish(now)
+
+    def _run_since(self, op: _Op, start: float, now: float) -> None:
+        """The op has run since ``start`` (the past idle span becomes op time)."""
+        f_eff, full_s, power_w = self._clock_for(op)
+        span = min(now - start, full_s)
+        op.start_s = start
+        op.done = span / full_s
+        self._piece(op, f_eff, span)
+        extra_j = (power_w - self._idle_power_w()) * span
+        self._energy_j += extra_j
+        self._tick_energy_j += extra_j if self._tick_s >= start else 0.0
+
+        def change(state: dict[str, object]) -> None:
+            state["energy_j"] = float(state["energy_j"]) + extra_j  # type: ignore[arg-type]
+
+        self._gpu._update(change)  # type: ignore[arg-type]
+
+    def backdate(self, ready_s: float) -> None:
+        """The host reached the next op late: let it start as soon as the stream was free and
+        its inputs were ready (``ready_s``), as if launched ahead like on a GPU. Only past idle
+        time is reused, never time before the stream's last completed event."""
+        with self._lock:
+            now = self._gpu._clock()
+            self._commit(now)
+            if self._queue:
+                return  # busy: the op will start after the queued work anyway
+            start = max(ready_s, self._idle_since, self._floor_s)
+            self._backdate = start if start < now else None
 
     def wait_until(self, time_s: float) -> None:
         with self._lock:
@@ -387,7 +425,9 @@ class SimStream:
             if self._queue:
                 self._queue.append(event)
             else:
-                event._complete(now, self._published_mj())
+                when = self._backdate if self._backdate is not None else now
+                event._complete(when, self._published_mj())
+                self._floor_s = when
         return event
 
     def set_lock(self, lock_mhz: int | None) -> None:

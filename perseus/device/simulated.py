@@ -588,6 +588,12 @@ class SimulatedGPU:
         like a receive whose data arrives then."""
         self._stream.wait_until(time_s)
 
+    def backdate(self, ready_s: float) -> None:
+        """Emulation: the host reached the next op after the device could have started it
+        (on a GPU the host runs ahead); let it start when the stream was free and its inputs
+        were ready at ``ready_s``. Reuses only past idle time, never before the last event."""
+        self._stream.backdate(ready_s)
+
     def wait_event(self, event: DeviceEvent) -> None:
         """Make the stream wait for another simulated GPU's event (a receive of data that
         op produced, as NCCL's receive kernel waits on the device)."""

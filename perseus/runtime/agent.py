@@ -531,6 +531,11 @@ class RankAgent:
         return self._jobs[-1].end if self._jobs else None
 
     @property
+    def events(self) -> EventSource | None:
+        """The device-event source in use (None: host timing)."""
+        return self._events if self._device_timed else None
+
+    @property
     def device_timed(self) -> bool:
         """True when clocks and op times follow device events."""
         return self._device_timed
@@ -598,11 +603,22 @@ class RankAgent:
         self._e_op = self._energy_mj()
         self._t_op = time.perf_counter()
 
-    def _exit_op(self) -> None:
-        if self._device_timed:
+    def mark_op_end(self) -> None:
+        """Record the current op's end event now, before the host leaves the op (emulation:
+        the op is fully launched, as a GPU host has enqueued it and moved on). Device timing
+        only; a no-op otherwise."""
+        if self._device_timed and self._jobs and self._jobs[-1].end is None:
             events = self._events
             assert events is not None
             self._jobs[-1].end = events.record_event()
+
+    def _exit_op(self) -> None:
+        if self._device_timed:
+            job = self._jobs[-1]
+            if job.end is None:
+                events = self._events
+                assert events is not None
+                job.end = events.record_event()
             self._cursor += 1
             return
         t = time.perf_counter()
