@@ -197,6 +197,7 @@ class SimStream:
         self._idle_since = -math.inf  # when the queue last ran dry
         self._floor_s = -math.inf  # the latest completed event: nothing moves before it
         self._backdate: float | None = None
+        self._early_end: float | None = None  # a backdated op that finished before its launch
         #: Completed ops with their clock pieces, when tracing (``trace_ops=True``).
         self.trace: list[OpTrace] | None = None
 
@@ -220,6 +221,7 @@ class SimStream:
         if self._t_dev is None:
             state = self._gpu._state()
             self._t_dev = now
+            self._idle_since = self._floor_s = now  # no history before this stream existed
             self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
             self._energy_j = float(state["energy_j"])
             self._tick_energy_j = self._energy_j
@@ -371,14 +373,15 @@ class SimStream:
             now = gpu._clock()
             self._commit(now)
             start = self._backdate
-            self._backdate = None
+            self._backdate = self._early_end = None
             self._queue.append(op)
             if start is not None and len(self._queue) == 1 and start < now:
                 self._run_since(op, start, now)
             self._publish(now)
 
     def _run_since(self, op: _Op, start: float, now: float) -> None:
-        """The op has run since ``start`` (the past idle span becomes op time)."""
+        """The op has run since ``start`` (the past idle span becomes op time); if it would
+        have finished already, it did, at ``start + its time``."""
         f_eff, full_s, power_w = self._clock_for(op)
         span = min(now - start, full_s)
         op.start_s = start
@@ -387,6 +390,14 @@ class SimStream:
         extra_j = (power_w - self._idle_power_w()) * span
         self._energy_j += extra_j
         self._tick_energy_j += extra_j if self._tick_s >= start else 0.0
+        if span >= full_s:  # finished in the past
+            self._queue.pop()
+            end = start + full_s
+            self._idle_since = self._early_end = end
+            if self.trace is not None and op.pieces is not None:
+                self.trace.append(
+                    OpTrace(op.seq, op.stage_index, op.kind, start, end, tuple(op.pieces))
+                )
 
         def change(state: dict[str, object]) -> None:
             state["energy_j"] = float(state["energy_j"]) + extra_j  # type: ignore[arg-type]
@@ -425,7 +436,12 @@ class SimStream:
             if self._queue:
                 self._queue.append(event)
             else:
-                when = self._backdate if self._backdate is not None else now
+                when = now
+                if self._backdate is not None:
+                    when = self._backdate
+                elif self._early_end is not None:
+                    when = self._early_end  # right behind the op that ended before its launch
+                self._early_end = None
                 event._complete(when, self._published_mj())
                 self._floor_s = when
         return event

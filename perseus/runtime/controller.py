@@ -397,7 +397,7 @@ class FrequencyController:
         )
 
     def _degrade(self, why: str) -> None:
-        self.observe_only = True
-        self._posted = None
         self._notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"
         self._attention = True
+        self._posted = None
+        self.observe_only = True  # last: a waiter that sees it also sees the notice
