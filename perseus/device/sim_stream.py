@@ -24,7 +24,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError
 from perseus.schedule.actions import Kind
@@ -371,12 +371,12 @@ class SimStream:
         segments, _ = self._plan()
         lock = self._lock_mhz
 
-        def change(state: dict[str, object]) -> None:
+        def change(state: dict[str, Any]) -> None:
             state["segments"] = segments
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._gpu._update(change)  # type: ignore[arg-type]
+        self._gpu._update(change)
 
     # ----------------------------------------------------------------------------------------
     # Operations
@@ -430,10 +430,10 @@ class SimStream:
                     OpTrace(op.seq, op.stage_index, op.kind, start, end, tuple(op.pieces))
                 )
 
-        def change(state: dict[str, object]) -> None:
-            state["energy_j"] = float(state["energy_j"]) + extra_j  # type: ignore[arg-type]
+        def change(state: dict[str, Any]) -> None:
+            state["energy_j"] = float(state["energy_j"]) + extra_j
 
-        self._gpu._update(change)  # type: ignore[arg-type]
+        self._gpu._update(change)
 
     def backdate(self, ready_s: float) -> None:
         """The host reached the next op late: let it start as soon as the stream was free and
