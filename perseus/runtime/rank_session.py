@@ -270,7 +270,7 @@ class RankSession:
             self._profiler = OnlineProfiler(
                 ops, self.gpu.supported_clocks_mhz(), patience=self._patience
             )
-            self._install(self._sweep_plan(), 0)
+            self._install(self._sweep_plan(), 0, sweep=True)
 
     def close(self) -> None:
         """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
@@ -499,15 +499,16 @@ class RankSession:
             raise PlanError("RankSession: no job yet (still profiling?)")
         return self.job
 
-    def _install(self, frontier: Frontier, point_index: int) -> None:
+    def _install(self, frontier: Frontier, point_index: int, sweep: bool = False) -> None:
         check_frontier(self.schedule, frontier, point_index)
         if self._agent is not None:  # the sweep's agent runs the plan from the next iteration
             self._pending = (frontier, point_index)
             self.frontier = frontier
             self.point_index = point_index
             return
-        self.frontier = frontier
-        self.point_index = point_index
+        if not sweep:  # a sweep "plan" is not a deployed frontier
+            self.frontier = frontier
+            self.point_index = point_index
         options: dict[str, Any] = {"measure_op_energy": False}
         options.update(self._agent_options)
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)

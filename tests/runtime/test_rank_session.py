@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,46 @@ def test_bad_arguments_are_config_errors(gpu, profile):
         _session(gpu, profile, point_index=7).start()
     with pytest.raises(ConfigError, match="before start"), session.iteration():
         pass
+
+
+@pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
+def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
+    """One rank, emulated: the sweep's clocks go through the agent and controller, op times
+    come from the simulated GPU's events, and the measured profile matches the device's."""
+    truth = scale_profile(take_stages(load_profile("a100"), 1), 0.05)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path,
+        set_latency_s=0.0,
+        publish_interval_s=0.0,
+        clock=time.perf_counter,
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    cache = tmp_path / "profile.csv"
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        blocking_power_w=BLOCKING_W,
+        online_profile=True,
+        profile_cache=cache,
+        emulate=True,
+        watchdog=False,
+        handle_signals=False,
+    )
+    with session:
+        assert session.profiling and session.frontier is None
+        while session.profiling:
+            _iteration(session)
+            assert len(session.history) < 60
+        assert session.frontier is not None and cache.exists()
+        _iteration(session)
+    assert session.history[0].phase == "profile" and session.history[-1].phase == "run"
+    profiled = session.profiled
+    assert profiled is not None
+    for (stage, kind), op in profiled.ops.items():
+        for o in op.options:
+            ref = truth.op(stage, kind).at(o.freq_mhz)
+            assert o.time_s == pytest.approx(ref.time_s, rel=0.05)
+            assert o.energy_j == pytest.approx(ref.energy_j, rel=0.05)
