@@ -134,6 +134,8 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
     )
     with session:
         assert session.profiling and session.frontier is None
+        agent = session.agent  # emulation runs the real agent -> controller -> device path
+        assert agent is not None and agent.device_timed and not agent.observe_only
         while session.profiling:
             _iteration(session)
             assert len(session.history) < 60
@@ -147,3 +149,14 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
             ref = truth.op(stage, kind).at(o.freq_mhz)
             assert o.time_s == pytest.approx(ref.time_s, rel=0.05)
             assert o.energy_j == pytest.approx(ref.energy_j, rel=0.05)
+
+
+def test_safety_is_on_by_default():
+    import inspect
+
+    from perseus.runtime.session import PerseusPipeline
+
+    for cls in (RankSession, PerseusPipeline):
+        params = inspect.signature(cls).parameters
+        assert params["watchdog"].default is True, cls
+        assert params["handle_signals"].default is True, cls
