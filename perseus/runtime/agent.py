@@ -496,6 +496,14 @@ class RankAgent:
         """The end event of the op the host left last (device timing only)."""
         return self._jobs[-1].end if self._jobs else None
 
+    def first_clock_pending(self) -> bool:
+        """Device timing: True while the current iteration's first clock is not applied yet
+        (after a plan swap; in steady state the last op's boundary applied it already)."""
+        ctl = self._controller
+        if not self._device_timed or ctl is None or ctl.observe_only or not self._freqs:
+            return False
+        return ctl.applied_target_mhz != self._freqs[0]
+
     @property
     def events(self) -> EventSource | None:
         """The device-event source in use (None: host timing)."""

@@ -449,6 +449,12 @@ class RankSession:
             now_s, mj = self._mark(now_s if self._emulator is not None else None)
         if self._agent is not None:
             self._agent.step_begin()
+            if self._emulator is not None and self._agent.first_clock_pending():
+                # A new plan (or sweep step) starts: its first clock is applied in real time,
+                # so the device must not run this iteration's first op before it (the
+                # boundary was dated back to when the pipeline finished).
+                self._agent.wait_for_clock(5.0)
+                self.gpu.record_event()  # nothing may start before now
         self._window = (now_s, mj)
 
     # ----------------------------------------------------------------------------------------
