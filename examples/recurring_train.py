@@ -106,8 +106,8 @@ def train_once(job_db: Path, state_dir: Path, clock: VirtualClock, eta: float, s
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                clock.sleep(gpu.begin_op(0, Kind.F))  # the simulated GPU runs the step
-                gpu.end_op()
+                gpu.launch(0, Kind.F)  # the simulated GPU runs the step
+                gpu.synchronize()
                 run.step(len(idx))
             with torch.no_grad():
                 accuracy = float((model(xv).argmax(dim=1) == yv).float().mean())

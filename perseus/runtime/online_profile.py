@@ -15,7 +15,7 @@ The result is a profile in the standard CSV format (``stage,instruction,frequenc
 saved under a key of the model, schedule and world configuration (:func:`profile_cache_path`),
 so that the next run with the same configuration skips profiling.
 
-This module holds the sweep logic; :mod:`perseus.runtime.session` wires it into the hooks.
+This module holds the sweep logic; `perseus.runtime.rank_session` wires it into the hooks.
 """
 
 from __future__ import annotations
@@ -118,15 +118,27 @@ class OnlineProfiler:
     def record(self, stage_index: int, kind: Kind, time_s: float, energy_j: float) -> None:
         """Add one op's measured time and energy at the current clock."""
         sweep = self.sweeps[(stage_index, kind)]
-        if not sweep.stopped:
+        if not sweep.stopped and time_s > 0 and energy_j > 0:
+            # A non-positive energy is a counter that did not move over the op (its update
+            # period is longer than the op): no information, not a zero.
             sweep._times.append(time_s)
             sweep._energies.append(energy_j)
+
+    def discard_iteration(self) -> None:
+        """Drop the samples of an iteration that failed (the clocks stay where they were)."""
+        for sweep in self.sweeps.values():
+            sweep._times.clear()
+            sweep._energies.clear()
 
     def end_iteration(self) -> None:
         """Close the current clock of every op (mean of its samples) and advance the sweep."""
         self.iterations += 1
         for sweep in self.sweeps.values():
-            if sweep.stopped or not sweep._times:
+            if sweep.stopped:
+                continue
+            if not sweep._times:  # nothing usable measured at this clock: move on
+                sweep.index += 1
+                sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
                 continue
             # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
             time_s = statistics.median(sweep._times)
