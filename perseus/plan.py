@@ -4,6 +4,11 @@ A frontier file holds the job it was computed for, every rank's ops in execution
 (``stage_ops``), the all-max baseline and a list of points, each a full frequency plan with its
 exact time and energy. A single plan file has the same shape with one point. See the README's
 "File formats" section for an example.
+
+A plan op is a clock (an int, MHz) or, for a job with ``layers_per_stage``, a two-clock op
+``[freq_a_mhz, freq_b_mhz, layers_at_a]``: the first ``layers_at_a`` layers at ``freq_a_mhz``,
+the rest at ``freq_b_mhz`` (:mod:`perseus.profile.two_clock`). Version-1 files (one clock
+per op) still read.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ __all__ = [
     "Baseline",
     "Frontier",
     "JobSpec",
+    "PlanOp",
     "PlanPoint",
 ]
 
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 PositiveInt = Annotated[int, Field(ge=1)]
+#: One op of a plan: a clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` for a two-clock op.
+PlanOp = PositiveInt | tuple[PositiveInt, PositiveInt, PositiveInt]
 
 
 class JobSpec(BaseModel):
@@ -44,6 +52,12 @@ class JobSpec(BaseModel):
     p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
     backward_split: Annotated[float, Field(gt=0, lt=1)] | None = None
     profile_name: str | None = None
+    # Two-clock ops (perseus.profile.two_clock): layers per stage, an optional per-layer work
+    # profile replacing the even split, and the modelled cost of a mid-op clock switch.
+    layers_per_stage: tuple[PositiveInt, ...] | None = None
+    layer_time_fractions: tuple[tuple[Annotated[float, Field(gt=0)], ...], ...] | None = None
+    switch_latency_s: Annotated[float, Field(ge=0)] = 0.005
+    switch_energy_j: Annotated[float, Field(ge=0)] = 0.0
 
 
 class Baseline(BaseModel):
@@ -56,13 +70,20 @@ class Baseline(BaseModel):
 
 
 class PlanPoint(BaseModel):
-    """One plan: ``freqs_mhz[r][j]`` is the clock of ``stage_ops[r][j]``."""
+    """One plan: ``freqs_mhz[r][j]`` is the clock (or two-clock op) of ``stage_ops[r][j]``."""
 
     model_config = _FROZEN
 
     time_s: Annotated[float, Field(gt=0)]
     energy_j: Annotated[float, Field(gt=0)]
-    freqs_mhz: tuple[tuple[PositiveInt, ...], ...]
+    freqs_mhz: tuple[tuple[PlanOp, ...], ...]
+
+    @property
+    def num_two_clock_ops(self) -> int:
+        """Ops that switch clock mid-op (one switch each) per iteration."""
+        return sum(
+            1 for rank in self.freqs_mhz for op in rank if not isinstance(op, int) and op[0] != op[1]
+        )
 
 
 class Frontier(BaseModel):
@@ -70,7 +91,7 @@ class Frontier(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     job: JobSpec
     stage_ops: tuple[tuple[str, ...], ...]
     baseline: Baseline
@@ -132,8 +153,19 @@ class Frontier(BaseModel):
         The schedule, sizes and profile hash must match; blocking power may differ (it only
         changes the figures, not what the ops are).
         """
-        mine = self.job.model_dump(exclude={"blocking_power_w", "profile_name"})
-        theirs = job.model_dump(exclude={"blocking_power_w", "profile_name"})
+        # Switch costs and layer weights change figures only; the layer count matters only
+        # to two-clock ops (it says where they switch).
+        figures_only = {
+            "blocking_power_w",
+            "profile_name",
+            "layer_time_fractions",
+            "switch_latency_s",
+            "switch_energy_j",
+        }
+        if not any(p.num_two_clock_ops for p in self.points):
+            figures_only.add("layers_per_stage")
+        mine = self.job.model_dump(exclude=figures_only)
+        theirs = job.model_dump(exclude=figures_only)
         diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
         if diff:
             fields = "; ".join(

@@ -192,6 +192,7 @@ def walk_kernel(
     power_ranks,
     max_iterations,
     tie_units,
+    anchor_s,
 ):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
@@ -201,6 +202,8 @@ def walk_kernel(
     ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
     moving fewer ops; with 0 Dinic's cut nearest the source wins.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
+    The fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always
+    emitted when the walk passes it.
     """
     n = dur.size
     n_edges = succ_idx.size
@@ -452,6 +455,9 @@ def walk_kernel(
                 emitted, n_emitted = emit(trial, emitted, n_emitted)
                 state[S_LAST_EMIT] = target
                 target -= gap
+        if deadline > anchor_s >= deadline - step:
+            _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, deadline - anchor_s, trial)
+            emitted, n_emitted = emit(trial, emitted, n_emitted)
         _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
         # Snap moved ops within tol of a hull vertex onto it.
         for i in range(n_fwd + n_bwd):
