@@ -13,6 +13,7 @@ from perseus.errors import ConfigError
 from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
+from perseus.profile.two_clock import DEFAULT_SWITCH_ENERGY_J, DEFAULT_SWITCH_LATENCY_S
 from perseus.schedule.builders import SCHEDULE_NAMES
 
 __all__ = ["CONFIG_FIELDS", "add_job_arguments", "job_from_args"]
@@ -24,6 +25,8 @@ _DEFAULTS: dict[str, object] = {
     "virtual_stages": 1,
     "p2p_latency_s": 0.0,
     "backward_split": DEFAULT_BACKWARD_SPLIT,
+    "switch_latency_s": DEFAULT_SWITCH_LATENCY_S,
+    "switch_energy_j": DEFAULT_SWITCH_ENERGY_J,
 }
 #: Job fields a TOML config can set (flags given on the command line override them).
 CONFIG_FIELDS = (
@@ -34,6 +37,11 @@ CONFIG_FIELDS = (
     "blocking_power_w",
     "p2p_latency_s",
     "backward_split",
+    "layers_per_stage",
+    "layer_time_fractions",
+    "switch_latency_s",
+    "switch_energy_j",
+    "max_clocks_per_op",
 )
 
 
@@ -71,6 +79,32 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help=f"share of a backward given to B when zero-bubble splits it into B and W (default {DEFAULT_BACKWARD_SPLIT})",
     )
+    parser.add_argument(
+        "--layers-per-stage",
+        type=_layer_counts,
+        help="layers each stage holds (one number, or one per stage: 12,12,...); lets plans "
+        "switch clock once inside an op at a layer boundary (two-clock ops)",
+    )
+    parser.add_argument(
+        "--switch-latency-s",
+        type=float,
+        help=f"time the old clock keeps running after a mid-op switch (default {DEFAULT_SWITCH_LATENCY_S})",
+    )
+    parser.add_argument(
+        "--switch-energy-j",
+        type=float,
+        help=f"extra energy per mid-op clock switch (default {DEFAULT_SWITCH_ENERGY_J})",
+    )
+
+
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layer counts like 12 or 12,12,10, got {text!r}"
+        ) from None
+    return counts
 
 
 def _merge(args: argparse.Namespace) -> tuple[str, JobConfig | None]:
@@ -127,4 +161,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         p2p_latency_s=args.p2p_latency_s,
         backward_split=args.backward_split,
         profile_name=path.stem,
+        layers_per_stage=getattr(args, "layers_per_stage", None),
+        layer_time_fractions=getattr(args, "layer_time_fractions", None),
+        switch_latency_s=args.switch_latency_s,
+        switch_energy_j=args.switch_energy_j,
     )

@@ -56,6 +56,13 @@ class JobConfig(BaseModel):
     p2p_latency_s: Annotated[float, Field(ge=0)] = 0.0
     backward_split: Annotated[float, Field(gt=0, lt=1)] = 0.5
     pipelines: Annotated[int, Field(ge=2)] | None = None
+    # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
+    # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
+    layers_per_stage: PositiveInt | tuple[PositiveInt, ...] | None = None
+    layer_time_fractions: tuple[tuple[Annotated[float, Field(gt=0)], ...], ...] | None = None
+    switch_latency_s: Annotated[float, Field(ge=0)] = 0.005
+    switch_energy_j: Annotated[float, Field(ge=0)] = 0.0
+    max_clocks_per_op: Literal[1, 2] | None = None
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
