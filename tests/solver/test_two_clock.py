@@ -152,3 +152,28 @@ def test_bad_two_clock_settings_are_config_errors():
         make_job(profile, "1f1b", 8, 4, 83.64, layers_per_stage=2, switch_latency_s=-1.0)
     with pytest.raises(ConfigError, match="max-clocks-per-op 1"):
         trace(make_job(profile, "1f1b", 8, 4, 83.64), max_clocks_per_op=2)
+
+
+def test_cli_flags_and_toml_config_give_two_clock_plans(tmp_path, capsys):
+    from perseus.cli.main import main
+
+    out = tmp_path / "f.json"
+    args = ["frontier", "a100", "--microbatches", "4", "-o", str(out)]
+    assert main([*args, "--layers-per-stage", "12"]) == 0
+    assert "mid-op switches per iteration" in capsys.readouterr().out
+    frontier = Frontier.model_validate_json(out.read_text())
+    assert frontier.job.layers_per_stage == (12,) * 8
+    assert any(p.num_two_clock_ops for p in frontier.points)
+    assert main([*args, "--layers-per-stage", "12", "--max-clocks-per-op", "1"]) == 0
+    one = Frontier.model_validate_json(out.read_text())
+    assert not any(p.num_two_clock_ops for p in one.points)
+    assert main([*args, "--max-clocks-per-op", "2"]) == 2
+    assert "--layers-per-stage" in capsys.readouterr().err
+    config = tmp_path / "job.toml"
+    config.write_text(
+        'profile = "a100"\nmicrobatches = 4\nlayers_per_stage = 12\nswitch_latency_s = 0.01\n'
+    )
+    assert main(["frontier", "--config", str(config), "-o", str(out)]) == 0
+    from_config = Frontier.model_validate_json(out.read_text())
+    assert from_config.job.switch_latency_s == 0.01
+    assert any(p.num_two_clock_ops for p in from_config.points)
