@@ -622,14 +622,17 @@ def neighbour_kernel(
     plans,
     archive_t,
     archive_e,
+    pairs,
 ):
-    """Every plan one op-option away from a row of ``plans``, reclaimed, that the archive
-    does not dominate.
+    """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
+    dominate.
 
-    ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set. A neighbour
-    moves one op one option faster or slower; it is reclaimed and kept unless an archive point
-    is no slower and no costlier (to a relative 1e-12). Returns ``(plans, time_s, energy_j)``
-    of the kept neighbours (duplicates possible).
+    A move shifts one op one option faster or slower; with ``pairs`` also two ops at once,
+    one faster and one slower (the exchanges that keep a path's length while moving energy
+    between its ops, which one-op moves cannot reach on tiny jobs). A neighbour is
+    reclaimed and kept unless an archive point is no slower and no costlier (to a relative
+    1e-12). ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set.
+    Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
     """
     k_plans, n = plans.shape
     out = np.empty((64, n), dtype=np.int64)
@@ -638,34 +641,48 @@ def neighbour_kernel(
     n_out = 0
     row = np.empty(n, dtype=np.int64)
     work = np.empty((4, n))
+    second = n if pairs else 0
     for p in range(k_plans):
         for i in range(n):
             for step in (-1, 1):
                 k = plans[p, i] + step
                 if k < 0 or k >= num_opts[node_type[i]]:
                     continue
-                for v in range(n):
-                    row[v] = plans[p, v]
-                row[i] = k
-                _reclaim_row(
-                    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
-                    node_type, opt_t, row, work,
-                )  # fmt: skip
-                t, e = _time_and_energy(
-                    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
-                    row, work,
-                )  # fmt: skip
-                j = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
-                if j >= 0 and archive_e[j] <= e * (1 + 1e-12):
-                    continue
-                if n_out == out.shape[0]:
-                    grown = np.empty((2 * n_out, n), dtype=np.int64)
-                    grown[:n_out] = out
-                    out = grown
-                    out_t = np.concatenate((out_t, np.empty(n_out)))
-                    out_e = np.concatenate((out_e, np.empty(n_out)))
-                out[n_out] = row
-                out_t[n_out] = t
-                out_e[n_out] = e
-                n_out += 1
+                # j == -1: the one-op move; j >= i + 1: a pair (each unordered pair once).
+                for j in range(-1, second):
+                    if j != -1 and j <= i:
+                        continue
+                    for step_j in (-1, 1):
+                        if (j == -1 and step_j == 1) or (j != -1 and step_j == step):
+                            continue
+                        if j != -1:
+                            kj = plans[p, j] + step_j
+                            if kj < 0 or kj >= num_opts[node_type[j]]:
+                                continue
+                        for v in range(n):
+                            row[v] = plans[p, v]
+                        row[i] = k
+                        if j != -1:
+                            row[j] = plans[p, j] + step_j
+                        _reclaim_row(
+                            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
+                            node_type, opt_t, row, work,
+                        )  # fmt: skip
+                        t, e = _time_and_energy(
+                            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c,
+                            power_ranks, row, work,
+                        )  # fmt: skip
+                        a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
+                        if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
+                            continue
+                        if n_out == out.shape[0]:
+                            grown = np.empty((2 * n_out, n), dtype=np.int64)
+                            grown[:n_out] = out
+                            out = grown
+                            out_t = np.concatenate((out_t, np.empty(n_out)))
+                            out_e = np.concatenate((out_e, np.empty(n_out)))
+                        out[n_out] = row
+                        out_t[n_out] = t
+                        out_e[n_out] = e
+                        n_out += 1
     return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()

@@ -44,9 +44,8 @@ the minimum-energy one (T*).
 7. *Gap filling.* Rounded plans leave gaps in time between them; a Pareto local search over
    one-option moves (:mod:`perseus.solver.pareto_search`, budgeted to about half a second:
    it converges on jobs up to a few hundred ops and expands the largest gaps first on larger
-   ones) fills them with real plans. On tiny jobs (≤ 16 ops)
-   candidates also get a greedy descent and a pairwise exchange search
-   (:mod:`perseus.solver.local_search`). A final Pareto filter keeps strictly improving points;
+   ones) fills them with real plans; on tiny jobs (≤ 16 ops) it also tries two-op moves
+   (exchanges), where rounding a handful of fractional ops decides the result. A final Pareto filter keeps strictly improving points;
    emitted figures *are* the evaluator's.
 8. *Folding long jobs.* Beyond ``FOLD_ABOVE_OPS`` ops the walk runs on the same schedule with
    ``stages + 8`` microbatches and its plans are lifted to the full job
@@ -79,8 +78,8 @@ from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
-from perseus.solver.local_search import descend_greedy, improve_pairwise
-from perseus.solver.pareto_search import pareto_indices, plan_figures, search_neighbours
+from perseus.profile.pareto import pareto_indices
+from perseus.solver.pareto_search import plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.reference_walk import walk_reference
@@ -96,9 +95,6 @@ Progress = Callable[[float], None]
 #: rounding and reclaiming still use every real clock; 0.05 is ~2.5x faster but loses 0.3-0.6
 #: points of saving on A40).
 DEFAULT_HULL_GAP_FRACTION = 0.02
-#: Jobs up to this many ops get a pairwise local search on every candidate (O(N²) longest-path
-#: passes per round: cheap for small jobs, where rounding a few fractional ops costs the most).
-_LOCAL_SEARCH_MAX_NODES = 16
 #: With all_points, a folded walk still emits points this far apart (fraction of T_min):
 #: every lifted plan is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
@@ -463,14 +459,6 @@ def _select(
     topo = build_topology(job.graph)
     types = model.node_type
     rec = np.unique(_reclaim_all(model, topo, np.stack(cand)), axis=0)
-    if topo.num_nodes <= _LOCAL_SEARCH_MAX_NODES:
-        walked = [
-            w for r in rec for ps in (True, False) for w in descend_greedy(model, topo, r, ps)
-        ]
-        walked = [reclaim_slack(model, topo, w) for w in walked]
-        rec = np.unique(
-            np.stack([improve_pairwise(model, topo, r) for r in [*rec, *walked]]), axis=0
-        )
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
@@ -534,16 +522,8 @@ def _pareto_within(
 
 
 def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
-    """:func:`reclaim_slack` of every row of ``plans``, compiled (identical results)."""
-    from perseus.solver.compiled import reclaim_kernel
-
-    out: IntArray = reclaim_kernel(
-        *topo.csr(),
-        model.node_type,
-        model.opt_time_s,
-        np.ascontiguousarray(plans, dtype=np.int64),
-    )
-    return out
+    """:func:`reclaim_slack` of every row of ``plans``."""
+    return reclaim_slack(model, topo, np.atleast_2d(plans))
 
 
 def _tighten_all(
