@@ -34,6 +34,8 @@ from perseus.solver.cut_network import set_capacity as _set_capacity
 
 __all__ = [
     "TIE_UNITS",
+    "backward_pass",
+    "forward_pass",
     "evaluate_kernel",
     "neighbour_kernel",
     "reclaim_kernel",
@@ -85,6 +87,11 @@ def _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, la
                 lf = r
         late_finish[v] = lf
         late_start[v] = lf - dur[v]
+
+
+#: The longest-path passes for callers outside the kernels (:class:`perseus.solver.paths.Topology`).
+forward_pass = _forward
+backward_pass = _backward
 
 
 @_jit

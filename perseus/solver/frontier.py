@@ -14,7 +14,7 @@ the minimum-energy one (T*).
 2. *Start at the cheapest plan and shorten.* Every op starts at its slowest hull vertex. A
    step finds the critical sub-DAG, and the minimum cut of it in which a forward op costs the
    slope of its next-faster segment (∞ at the fastest vertex) and a backward op saves the slope
-   of its next-slower segment (:mod:`perseus.solver.maxflow`); every critical path crosses the
+   of its next-slower segment (:mod:`perseus.solver.cut_network`); every critical path crosses the
    cut once more forwards than backwards, so shortening forward ops and lengthening backward ops
    by δ shortens the iteration by δ at the least marginal cost.
 3. *Exact step lengths instead of one quantum.* The cut stays optimal until an op reaches a
@@ -29,7 +29,7 @@ the minimum-energy one (T*).
    arcs (lower bounds are folded into terminal arcs, no feasible-circulation phase), flow above
    a lowered capacity is cancelled back to the terminals, and Dinic's phases re-augment from
    there, usually one or two. The reference loop (``method="reference"``: numpy, Python and
-   scipy's max flow, 10–40x slower) is kept to cross-check it.
+   scipy's max flow, 10–40x slower; :mod:`perseus.solver.check`) is its test oracle.
 5. *Fewer breakpoints.* Hull vertices closer than ``hull_gap_fraction`` (default 2 %) of an
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
@@ -82,7 +82,6 @@ from perseus.profile.pareto import pareto_indices
 from perseus.solver.pareto_search import plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
-from perseus.solver.reference_walk import walk_reference
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
@@ -444,7 +443,14 @@ _CoreFn = Callable[
     [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
     tuple[list[IntArray], int, list[float], list[float], str],
 ]
-_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": walk_reference}
+def _core_reference(*args: object) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The reference walk (a test oracle, imported only when asked for)."""
+    from perseus.solver.check.reference_walk import walk_reference
+
+    return walk_reference(*args)  # type: ignore[arg-type]
+
+
+_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
 
 
 def _select(
