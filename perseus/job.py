@@ -83,8 +83,7 @@ class PlanningJob:
             flat = [int(f) for f in arr.tolist()]
         else:
             flat = [
-                int(a) if k == 0 or a == b else (int(a), int(b), int(k))
-                for a, b, k in arr.tolist()
+                int(a) if k == 0 or a == b else (int(a), int(b), int(k)) for a, b, k in arr.tolist()
             ]
         starts = self.graph.rank_start.tolist()
         return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))

@@ -78,11 +78,31 @@ class PlanPoint(BaseModel):
     energy_j: Annotated[float, Field(gt=0)]
     freqs_mhz: tuple[tuple[PlanOp, ...], ...]
 
+    def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
+        """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
+
+        Raises:
+            PlanError: if the rank has a two-clock op (read ``freqs_mhz`` with
+                :func:`perseus.profile.op_clocks` to run those).
+        """
+        out = []
+        for j, op in enumerate(self.freqs_mhz[rank]):
+            if not isinstance(op, int):
+                raise PlanError(
+                    f"rank {rank} op {j} is a two-clock op {list(op)}; this consumer runs "
+                    "one clock per op: plan with --max-clocks-per-op 1"
+                )
+            out.append(op)
+        return tuple(out)
+
     @property
     def num_two_clock_ops(self) -> int:
         """Ops that switch clock mid-op (one switch each) per iteration."""
         return sum(
-            1 for rank in self.freqs_mhz for op in rank if not isinstance(op, int) and op[0] != op[1]
+            1
+            for rank in self.freqs_mhz
+            for op in rank
+            if not isinstance(op, int) and op[0] != op[1]
         )
 
 

@@ -65,7 +65,13 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
                 [_instruction(op), int(freq)] for op, freq in zip(ops, freqs, strict=True)
             ],
         }
-        for rank, (ops, freqs) in enumerate(zip(frontier.stage_ops, point.freqs_mhz, strict=True))
+        for rank, (ops, freqs) in enumerate(
+            zip(
+                frontier.stage_ops,
+                (point.one_clock_mhz(r) for r in range(len(point.freqs_mhz))),
+                strict=True,
+            )
+        )
     ]
 
 

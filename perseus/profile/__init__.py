@@ -11,6 +11,7 @@ __all__ = [
     "Profile",
     "TwoClockOp",
     "build_layer_split",
+    "build_profile",
     "op_clocks",
     "pareto_indices",
     "pareto_options",

@@ -499,7 +499,7 @@ class PerseusPipeline:
         self._set_table(frontier, point_index)
 
     def _set_table(self, frontier: Frontier, point_index: int) -> None:
-        freqs = frontier.points[point_index].freqs_mhz[self.rank]
+        freqs = frontier.points[point_index].one_clock_mhz(self.rank)
         self._plan_clocks = dict(zip(self.schedule.rank_actions[self.rank], freqs, strict=True))
 
     def _plan_from_profile(self, profile: Profile, profiled: bool = False) -> None:

@@ -35,8 +35,8 @@ from perseus.solver.cut_network import set_capacity as _set_capacity
 __all__ = [
     "TIE_UNITS",
     "backward_pass",
-    "forward_pass",
     "evaluate_kernel",
+    "forward_pass",
     "neighbour_kernel",
     "reclaim_kernel",
     "tighten_kernel",
@@ -176,6 +176,34 @@ def _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room, step):
 
 
 @_jit
+def _emit(x, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted):
+    """Append the two roundings of fractional plan ``x`` to ``emitted`` (grown as needed)
+    unless its floor rounding repeats the last one; returns ``(emitted, n_emitted)``.
+
+    A function of its own rather than a closure in :func:`walk_kernel`: numba would inline
+    a closure at each of its call sites, which tripled the walk's compile time.
+    """
+    n = x.size
+    _round_into(x, node_type, opt_t, tol, rounded)
+    same = True
+    for v in range(n):
+        if rounded[v] != last_rounded[v]:
+            same = False
+            break
+    if same:
+        return emitted, n_emitted
+    if n_emitted + 2 > emitted.shape[0]:
+        grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
+        grown[:n_emitted] = emitted[:n_emitted]
+        emitted = grown
+    emitted[n_emitted] = rounded
+    last_rounded[:] = rounded
+    _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
+    emitted[n_emitted + 1] = rounded_up
+    return emitted, n_emitted + 2
+
+
+@_jit
 def walk_kernel(
     order,
     pred_ptr,
@@ -266,25 +294,6 @@ def walk_kernel(
     crit_tol = 100.0 * tol
     iterations = 0
 
-    def emit(x, emitted, n_emitted):
-        _round_into(x, node_type, opt_t, tol, rounded)
-        same = True
-        for v in range(n):
-            if rounded[v] != last_rounded[v]:
-                same = False
-                break
-        if same:
-            return emitted, n_emitted
-        if n_emitted + 2 > emitted.shape[0]:
-            grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
-            grown[:n_emitted] = emitted[:n_emitted]
-            emitted = grown
-        emitted[n_emitted] = rounded
-        last_rounded[:] = rounded
-        _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
-        emitted[n_emitted + 1] = rounded_up
-        return emitted, n_emitted + 2
-
     while iterations < max_iterations:
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, late_finish)
@@ -303,7 +312,17 @@ def walk_kernel(
         else:
             state[S_STALLED] += 1.0
             if state[S_STALLED] > _MAX_STALL:
-                emitted, n_emitted = emit(dur, emitted, n_emitted)
+                emitted, n_emitted = _emit(
+                    dur,
+                    node_type,
+                    opt_t,
+                    tol,
+                    rounded,
+                    rounded_up,
+                    last_rounded,
+                    emitted,
+                    n_emitted,
+                )
                 state[S_DONE] = DONE_STALLED
                 break
 
@@ -395,7 +414,9 @@ def walk_kernel(
                 res[fs[k]] = capa[k]
         side[:] = False
         if not _augment(net_source, net_sink, ptr, to, twin, res, level, itp, queue, path, side):
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_DONE] = DONE_FASTEST
             break
         n_fwd = 0
@@ -448,23 +469,39 @@ def walk_kernel(
             mark[bwd[i]] = 0
             room_of[bwd[i]] = 0.0
         if step <= 0.0:
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_DONE] = DONE_NO_STEP
             break
         if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:
             state[S_EMITTING] = 1.0
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_LAST_EMIT] = deadline
         if state[S_EMITTING] != 0.0 and gap > 0:
             target = state[S_LAST_EMIT] - gap
             while target >= deadline - step:
                 _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, deadline - target, trial)
-                emitted, n_emitted = emit(trial, emitted, n_emitted)
+                emitted, n_emitted = _emit(
+                    trial,
+                    node_type,
+                    opt_t,
+                    tol,
+                    rounded,
+                    rounded_up,
+                    last_rounded,
+                    emitted,
+                    n_emitted,
+                )
                 state[S_LAST_EMIT] = target
                 target -= gap
         if deadline > anchor_s >= deadline - step:
             _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, deadline - anchor_s, trial)
-            emitted, n_emitted = emit(trial, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                trial, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
         _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
         # Snap moved ops within tol of a hull vertex onto it.
         for i in range(n_fwd + n_bwd):
@@ -478,7 +515,9 @@ def walk_kernel(
         for v in range(n):
             dur[v] = trial[v]
         if all_points and state[S_EMITTING] != 0.0:
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
     return emitted[:n_emitted].copy(), lp_t[:n_lp].copy(), lp_e[:n_lp].copy(), iterations
 
 

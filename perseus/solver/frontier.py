@@ -76,9 +76,9 @@ from perseus.dag.evaluate import evaluate_durations, evaluate_many, op_costs
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
+from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
-from perseus.profile.pareto import pareto_indices
 from perseus.solver.pareto_search import plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
@@ -443,6 +443,8 @@ _CoreFn = Callable[
     [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
     tuple[list[IntArray], int, list[float], list[float], str],
 ]
+
+
 def _core_reference(*args: object) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The reference walk (a test oracle, imported only when asked for)."""
     from perseus.solver.check.reference_walk import walk_reference

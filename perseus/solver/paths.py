@@ -88,7 +88,9 @@ class Topology:
         start = np.empty(self.num_nodes)
         end = np.empty(self.num_nodes)
         t = np.ascontiguousarray(time_s, dtype=np.float64)
-        forward_pass(self.order_array, self.pred_ptr, self.pred_idx, self.pred_lat_csr, t, start, end)
+        forward_pass(
+            self.order_array, self.pred_ptr, self.pred_idx, self.pred_lat_csr, t, start, end
+        )
         return start, end
 
     def backward(self, time_s: FloatArray, deadline_s: float) -> FloatArray:

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.job import PlanningJob
-from perseus.solver.cost_model import CostModel
 from perseus.solver.check.maxflow import min_cut_with_lower_bounds, reaches
+from perseus.solver.cost_model import CostModel
 from perseus.solver.paths import Topology
 
 __all__ = ["walk_reference"]
