@@ -30,18 +30,18 @@ def pareto_indices(
     point no slower than it; of equal times the cheapest comes first, so ties and duplicates
     are dropped. Costs may be negative (effective energies).
 
-    Complexity: O(k log k) for k points.
+    Complexity: O(k log k) for k points (vectorised).
     """
     t = np.asarray(time_s, dtype=np.float64)
     c = np.asarray(cost, dtype=np.float64)
-    kept: list[int] = []
-    best = np.inf
-    for i in np.lexsort((c, t)).tolist():
-        ci = float(c[i])
-        if not kept or ci < best - rel_tol * abs(best):
-            kept.append(int(i))
-            best = ci
-    return np.array(kept, dtype=np.int64)
+    if t.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((c, t))
+    cs = c[order]
+    # The best cost among all faster-or-equal points before each one (sorted order).
+    before = np.concatenate(([np.inf], np.minimum.accumulate(cs)[:-1]))
+    keep = cs < before - rel_tol * np.abs(np.where(np.isfinite(before), before, 0.0))
+    return order[keep].astype(np.int64)
 
 
 def pareto_options(options: Sequence[OpOption], blocking_power_w: float) -> tuple[OpOption, ...]:

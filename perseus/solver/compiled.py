@@ -544,12 +544,8 @@ def _reclaim_row(
                 lf = r
         window = lf - start[v] - margin
         t = node_type[v]
-        fits = -1
-        for j in range(opt_t.shape[1]):
-            if opt_t[t, j] <= window:
-                fits = j
-            else:
-                break
+        # Options are sorted by time (inf-padded): binary search, as two-clock tables are wide.
+        fits = np.searchsorted(opt_t[t], window, side="right") - 1
         new = max(row[v], fits)
         row[v] = new
         late_start[v] = lf - max(opt_t[t, new], 0.0)

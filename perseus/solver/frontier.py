@@ -552,11 +552,5 @@ def _tighten_all(
 
 def _strict_pareto(points: list[PlanPoint]) -> list[PlanPoint]:
     """Drop points not strictly better in energy than every faster one (exact figures)."""
-    out: list[PlanPoint] = []
-    for p in sorted(points, key=lambda p: (p.time_s, p.energy_j)):
-        if out and p.time_s <= out[-1].time_s:
-            continue
-        if out and p.energy_j >= out[-1].energy_j:
-            continue
-        out.append(p)
-    return out
+    keep = pareto_indices([p.time_s for p in points], [p.energy_j for p in points], 0.0)
+    return [points[i] for i in keep.tolist()]

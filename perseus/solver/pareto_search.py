@@ -61,8 +61,9 @@ def search_neighbours(
         plans: (K, N) option indices to start from.
         work_budget: Node-and-edge visits the search may spend in all.
         pairs: Also move two ops at once (O(N²) neighbours per plan instead of O(N));
-            ``None`` (default) does so on jobs of at most :data:`PAIR_MOVES_MAX_NODES` ops,
-            where rounding a few fractional ops decides the result.
+            ``None`` (default) does so on one-clock jobs of at most
+            :data:`PAIR_MOVES_MAX_NODES` ops, where rounding a few fractional ops decides
+            the result.
 
     Returns:
         The archive: plans no other plan found dominates, sorted by time. Every input plan is
@@ -78,9 +79,13 @@ def search_neighbours(
     archive, arch_t, arch_e = rows[keep], times[keep], energies[keep]
     fresh = np.ones(len(archive), dtype=np.bool_)
     if pairs is None:
-        pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES
+        # Two-clock options are a fine grid (one step moves an op by a layer's share), so a
+        # one-op move already reaches what an exchange would; pairs would only multiply work.
+        pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES and not model.opt_layers_at_a.any()
     moves = 2 * topo.num_nodes * (topo.num_nodes if pairs else 1)
-    per_plan = moves * 3 * (topo.num_nodes + topo.pred_idx.size)
+    # Per neighbour: a reclaim (a binary search per op), a longest path, an evaluation.
+    log_w = max(1.0, float(np.log2(model.opt_time_s.shape[1])))
+    per_plan = moves * (3 + log_w) * (topo.num_nodes + topo.pred_idx.size)
     spent = 0.0
     while fresh.any():
         affordable = int((work_budget - spent) // per_plan)
