@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import Evaluation, allmax_freqs, evaluate_freqs
+from perseus.dag.evaluate import Evaluation, allmax_freqs, evaluate_freqs, op_costs
 from perseus.dag.graph import OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
@@ -33,6 +33,7 @@ __all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
 DEFAULT_BACKWARD_SPLIT = 0.5
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +70,10 @@ class PlanningJob:
         return evaluate_freqs(
             self.graph, self.profile, freqs_mhz, self.spec.blocking_power_w, self.layer_split
         )
+
+    def op_costs(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
+        """Per-node (time_s, energy_j) of a plan, two-clock ops priced with this job's layers."""
+        return op_costs(self.graph, self.profile, freqs_mhz, self.layer_split)
 
     def allmax(self) -> IntArray:
         """The all-max plan as per-node clocks."""
