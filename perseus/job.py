@@ -12,11 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import Evaluation, allmax_freqs, evaluate_freqs
+from perseus.dag.evaluate import Evaluation, allmax_freqs, evaluate_freqs, op_costs
 from perseus.dag.graph import OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
+from perseus.profile.two_clock import (
+    DEFAULT_SWITCH_ENERGY_J,
+    DEFAULT_SWITCH_LATENCY_S,
+    LayerSplit,
+    build_layer_split,
+)
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import build_schedule
 
@@ -27,6 +33,7 @@ __all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
 DEFAULT_BACKWARD_SPLIT = 0.5
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,26 +49,61 @@ class PlanningJob:
     def blocking_power_w(self) -> float:
         return self.spec.blocking_power_w
 
+    @property
+    def layer_split(self) -> LayerSplit | None:
+        """How two-clock ops are priced; ``None`` without ``layers_per_stage``."""
+        cached = self.__dict__.get("_split")
+        if cached is None and self.spec.layers_per_stage is not None:
+            cached = build_layer_split(
+                self.spec.layers_per_stage,
+                self.spec.stages,
+                self.spec.layer_time_fractions,
+                self.spec.switch_latency_s,
+                self.spec.switch_energy_j,
+            )
+            object.__setattr__(self, "_split", cached)
+        return cached
+
     def evaluate(self, freqs_mhz: Sequence[int] | IntArray) -> Evaluation:
-        """Exact evaluation of a plan given as per-node clocks (rank-major)."""
-        return evaluate_freqs(self.graph, self.profile, freqs_mhz, self.spec.blocking_power_w)
+        """Exact evaluation of a plan given as per-node clocks (N,) or two-clock rows (N, 3)
+        (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
+        return evaluate_freqs(
+            self.graph, self.profile, freqs_mhz, self.spec.blocking_power_w, self.layer_split
+        )
+
+    def op_costs(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
+        """Per-node (time_s, energy_j) of a plan, two-clock ops priced with this job's layers."""
+        return op_costs(self.graph, self.profile, freqs_mhz, self.layer_split)
 
     def allmax(self) -> IntArray:
         """The all-max plan as per-node clocks."""
         return allmax_freqs(self.graph, self.profile)
 
-    def nested(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[tuple[int, ...], ...]:
-        """Per-node clocks -> ``freqs_mhz[r][j]`` as in plan files."""
-        flat = [int(f) for f in freqs_mhz]
+    def nested(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[tuple[PlanOp, ...], ...]:
+        """Per-node clocks (N,) or two-clock rows (N, 3) -> ``freqs_mhz[r][j]`` as in plan
+        files (a one-clock op stays an int)."""
+        arr = np.asarray(freqs_mhz, dtype=np.int64)
+        flat: list[PlanOp]
+        if arr.ndim == 1:
+            flat = [int(f) for f in arr.tolist()]
+        else:
+            flat = [
+                int(a) if k == 0 or a == b else (int(a), int(b), int(k)) for a, b, k in arr.tolist()
+            ]
         starts = self.graph.rank_start.tolist()
         return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
 
     def flat(self, point: PlanPoint) -> IntArray:
-        """``freqs_mhz[r][j]`` of a plan point -> per-node clocks."""
+        """``freqs_mhz[r][j]`` of a plan point -> per-node clocks (N,), or (N, 3) rows
+        ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` when the plan has a two-clock op."""
         flat = [f for rank in point.freqs_mhz for f in rank]
         if len(flat) != self.graph.num_nodes:
             raise PlanError(f"plan has {len(flat)} clocks, job has {self.graph.num_nodes} ops")
-        return np.array(flat, dtype=np.int64)
+        if all(isinstance(f, int) for f in flat):
+            return np.array(flat, dtype=np.int64)
+        return np.array(
+            [(f, f, 0) if isinstance(f, int) else tuple(f) for f in flat], dtype=np.int64
+        )
 
     def point(self, freqs_mhz: Sequence[int] | IntArray) -> PlanPoint:
         """A plan point whose figures come from the exact evaluator."""
@@ -95,11 +137,19 @@ def make_job(
     p2p_latency_s: float = 0.0,
     backward_split: float = DEFAULT_BACKWARD_SPLIT,
     profile_name: str | None = None,
+    layers_per_stage: Sequence[int] | int | None = None,
+    layer_time_fractions: Sequence[Sequence[float]] | None = None,
+    switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S,
+    switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
 ) -> PlanningJob:
     """Build the schedule and DAG for ``profile`` and describe the job.
 
     A zero-bubble schedule on a profile without ``weight`` rows splits each backward into
     ``B``/``W`` by ``backward_split`` (recorded in the job spec).
+
+    ``layers_per_stage`` (one number or one per stage) lets plans use two-clock ops
+    (:mod:`perseus.profile.two_clock`), priced with the even split or ``layer_time_fractions``
+    and the switch cost ``switch_latency_s`` / ``switch_energy_j``.
 
     Raises:
         ConfigError: if the profile's stage count differs from ``stages``, or sizes are bad.
@@ -111,11 +161,21 @@ def make_job(
         )
     if blocking_power_w < 0:
         raise ConfigError(f"--blocking-power-w must be >= 0, got {blocking_power_w}")
+    layers: tuple[int, ...] | None = None
+    if layers_per_stage is not None:
+        given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
+        # Validated (and expanded to one per stage) here, so the spec holds checked values.
+        split = build_layer_split(
+            list(given), stages, layer_time_fractions, switch_latency_s, switch_energy_j
+        )
+        layers = tuple(len(f) for f in split.layer_fractions)
+    elif layer_time_fractions is not None:
+        raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
     sched = build_schedule(schedule, stages, microbatches, virtual_stages)
-    split: float | None = None
+    b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(backward_split)
-        split = backward_split
+        b_split = backward_split
     spec = JobSpec(
         schedule=schedule,
         ranks=sched.num_ranks,
@@ -125,7 +185,13 @@ def make_job(
         blocking_power_w=blocking_power_w,
         profile_sha256=profile.sha256,
         p2p_latency_s=p2p_latency_s,
-        backward_split=split,
+        backward_split=b_split,
         profile_name=profile_name,
+        layers_per_stage=layers,
+        layer_time_fractions=None
+        if layer_time_fractions is None
+        else tuple(tuple(float(w) for w in ws) for ws in layer_time_fractions),
+        switch_latency_s=switch_latency_s,
+        switch_energy_j=switch_energy_j,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s))

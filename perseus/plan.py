@@ -8,6 +8,11 @@ exact time and energy. A single plan file has the same shape with one point. See
 Schema version 2 adds ``points_sha256``, the SHA-256 of the points' canonical JSON
 (:func:`points_sha256`), so that an edited or corrupted point is refused on read; version-1
 files (no digest) are still read.
+
+A plan op is a clock (an int, MHz) or, for a job with ``layers_per_stage``, a two-clock op
+``[freq_a_mhz, freq_b_mhz, layers_at_a]``: the first ``layers_at_a`` layers at ``freq_a_mhz``,
+the rest at ``freq_b_mhz`` (:mod:`perseus.profile.two_clock`). Version-1 files (one clock
+per op) still read.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "ClockMHz",
     "Frontier",
     "JobSpec",
+    "PlanOp",
     "PlanPoint",
     "points_sha256",
 ]
@@ -51,6 +57,8 @@ MAX_TIME_S = 1e7
 MAX_ENERGY_J = 1e15
 _Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
 _Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+#: One op of a plan: a clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` for a two-clock op.
+PlanOp = ClockMHz | tuple[ClockMHz, ClockMHz, PositiveInt]
 
 
 class JobSpec(BaseModel):
@@ -68,6 +76,14 @@ class JobSpec(BaseModel):
     p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
     backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
     profile_name: Annotated[str, Field(max_length=4096)] | None = None
+    # Two-clock ops (perseus.profile.two_clock): layers per stage, an optional per-layer work
+    # profile replacing the even split, and the modelled cost of a mid-op clock switch.
+    layers_per_stage: tuple[PositiveInt, ...] | None = None
+    layer_time_fractions: (
+        tuple[tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...], ...] | None
+    ) = None
+    switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
+    switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
 
 
 class Baseline(BaseModel):
@@ -80,13 +96,40 @@ class Baseline(BaseModel):
 
 
 class PlanPoint(BaseModel):
-    """One plan: ``freqs_mhz[r][j]`` is the clock of ``stage_ops[r][j]``."""
+    """One plan: ``freqs_mhz[r][j]`` is the clock (or two-clock op) of ``stage_ops[r][j]``."""
 
     model_config = _FROZEN
 
     time_s: _Seconds
     energy_j: _Joules
-    freqs_mhz: tuple[tuple[ClockMHz, ...], ...]
+    freqs_mhz: tuple[tuple[PlanOp, ...], ...]
+
+    def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
+        """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
+
+        Raises:
+            PlanError: if the rank has a two-clock op (read ``freqs_mhz`` with
+                :func:`perseus.profile.op_clocks` to run those).
+        """
+        out = []
+        for j, op in enumerate(self.freqs_mhz[rank]):
+            if not isinstance(op, int):
+                raise PlanError(
+                    f"rank {rank} op {j} is a two-clock op {list(op)}; this consumer runs "
+                    "one clock per op: plan with --max-clocks-per-op 1"
+                )
+            out.append(op)
+        return tuple(out)
+
+    @property
+    def num_two_clock_ops(self) -> int:
+        """Ops that switch clock mid-op (one switch each) per iteration."""
+        return sum(
+            1
+            for rank in self.freqs_mhz
+            for op in rank
+            if not isinstance(op, int) and op[0] != op[1]
+        )
 
 
 def points_sha256(points: Iterable[PlanPoint]) -> str:
@@ -186,8 +229,19 @@ class Frontier(BaseModel):
         The schedule, sizes and profile hash must match; blocking power may differ (it only
         changes the figures, not what the ops are).
         """
-        mine = self.job.model_dump(exclude={"blocking_power_w", "profile_name"})
-        theirs = job.model_dump(exclude={"blocking_power_w", "profile_name"})
+        # Switch costs and layer weights change figures only; the layer count matters only
+        # to two-clock ops (it says where they switch).
+        figures_only = {
+            "blocking_power_w",
+            "profile_name",
+            "layer_time_fractions",
+            "switch_latency_s",
+            "switch_energy_j",
+        }
+        if not any(p.num_two_clock_ops for p in self.points):
+            figures_only.add("layers_per_stage")
+        mine = self.job.model_dump(exclude=figures_only)
+        theirs = job.model_dump(exclude=figures_only)
         diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
         if diff:
             fields = "; ".join(

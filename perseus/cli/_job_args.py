@@ -9,6 +9,7 @@ where the bad value came from: the flag, or the config file and key.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from perseus.cli._args import float_arg, int_arg, nonempty_arg
 from perseus.errors import ConfigError, PlanError
@@ -17,6 +18,7 @@ from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
+from perseus.profile.two_clock import DEFAULT_SWITCH_ENERGY_J, DEFAULT_SWITCH_LATENCY_S
 from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import check_job_size, show_value
 
@@ -38,6 +40,8 @@ _DEFAULTS: dict[str, object] = {
     "virtual_stages": 1,
     "p2p_latency_s": 0.0,
     "backward_split": DEFAULT_BACKWARD_SPLIT,
+    "switch_latency_s": DEFAULT_SWITCH_LATENCY_S,
+    "switch_energy_j": DEFAULT_SWITCH_ENERGY_J,
 }
 #: Job fields a TOML config can set (flags given on the command line override them).
 CONFIG_FIELDS = (
@@ -48,6 +52,11 @@ CONFIG_FIELDS = (
     "blocking_power_w",
     "p2p_latency_s",
     "backward_split",
+    "layers_per_stage",
+    "layer_time_fractions",
+    "switch_latency_s",
+    "switch_energy_j",
+    "max_clocks_per_op",
 )
 
 #: Ranges of the job's numbers, shared by the flags and the TOML config.
@@ -108,6 +117,36 @@ def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = 
         type=float_arg(gt=0, lt=1),
         help=f"share of a backward given to B when zero-bubble splits it into B and W (default {DEFAULT_BACKWARD_SPLIT}; zb only)",
     )
+    parser.add_argument(
+        "--layers-per-stage",
+        type=_layer_counts,
+        help="layers each stage holds (one number, or one per stage: 12,12,...); lets plans "
+        "switch clock once inside an op at a layer boundary (two-clock ops)",
+    )
+    parser.add_argument(
+        "--switch-latency-s",
+        type=float_arg(ge=0, le=60, unit="s"),
+        help=f"time the old clock keeps running after a mid-op switch (default {DEFAULT_SWITCH_LATENCY_S})",
+    )
+    parser.add_argument(
+        "--switch-energy-j",
+        type=float_arg(ge=0, le=1e6, unit="J"),
+        help=f"extra energy per mid-op clock switch (default {DEFAULT_SWITCH_ENERGY_J})",
+    )
+
+
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
+        ) from None
+    if not counts or len(counts) > 4096 or not all(1 <= c <= 100_000 for c in counts):
+        raise argparse.ArgumentTypeError(
+            f"layer counts must be 1..100000, one number or one per stage, got {show_value(text)}"
+        )
+    return counts
 
 
 def _merge(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
@@ -201,6 +240,10 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         backward_split=args.backward_split,
         profile_name=path.stem,
         size_source=sources["microbatches"],
+        layers_per_stage=getattr(args, "layers_per_stage", None),
+        layer_time_fractions=getattr(args, "layer_time_fractions", None),
+        switch_latency_s=args.switch_latency_s,
+        switch_energy_j=args.switch_energy_j,
     )
 
 
@@ -235,6 +278,7 @@ def build_checked_job(
     backward_split: float = DEFAULT_BACKWARD_SPLIT,
     profile_name: str | None = None,
     size_source: str = "--microbatches",
+    **two_clock: Any,
 ) -> PlanningJob:
     """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
@@ -249,6 +293,7 @@ def build_checked_job(
         p2p_latency_s=p2p_latency_s,
         backward_split=backward_split,
         profile_name=profile_name,
+        **two_clock,
     )
 
 
@@ -300,6 +345,10 @@ def job_from_frontier(
         backward_split=j.backward_split if j.backward_split is not None else DEFAULT_BACKWARD_SPLIT,
         profile_name=j.profile_name,
         size_source=f"{source}: field job",
+        layers_per_stage=j.layers_per_stage,
+        layer_time_fractions=j.layer_time_fractions,
+        switch_latency_s=j.switch_latency_s,
+        switch_energy_j=j.switch_energy_j,
     )
     if job.spec.profile_sha256 != j.profile_sha256:
         raise ConfigError(

@@ -54,6 +54,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="frontier JSON to write (atomically)",
     )
+    p.add_argument(
+        "--max-clocks-per-op",
+        type=int,
+        choices=(1, 2),
+        help="1: one clock per op; 2: an op may switch clock once at a layer boundary (needs "
+        "--layers-per-stage; the default when it is given)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             all_points=args.all_points,
             progress=update,
             fold={"auto": None, "always": True, "never": False}[args.fold],
+            max_clocks_per_op=args.max_clocks_per_op,
         )
     elapsed = time.perf_counter() - started
     frontier = result.frontier
@@ -104,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         f"all-max:     {base.time_s:.6f} s, {base.energy_j:.1f} J; no-slowdown saving "
         f"{100 * (1 - same_speed.energy_j / base.energy_j):.2f} %"
     )
+    if same_speed.num_two_clock_ops:
+        print(f"two-clock:   {same_speed.num_two_clock_ops} mid-op switches per iteration")
     if not result.complete:
         print(
             f"warning: the min-cut walk stopped early ({result.stop_reason}) after "

@@ -6,6 +6,7 @@ from perseus.dag.evaluate import (
     evaluate_durations,
     evaluate_freqs,
     evaluate_many,
+    longest_path,
     op_costs,
 )
 from perseus.dag.graph import KIND_CODES, OpGraph, build_dag
@@ -19,5 +20,6 @@ __all__ = [
     "evaluate_durations",
     "evaluate_freqs",
     "evaluate_many",
+    "longest_path",
     "op_costs",
 ]

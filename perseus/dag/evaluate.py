@@ -7,6 +7,13 @@ Every figure perseus reports for a plan comes from here.
   predecessors allow (as a pipeline engine runs them).
 * **Energy** is ``Σ_ops e(stage, kind, f) + P_block · Σ_ranks (T − busy(rank))``: each rank is
   one GPU that draws the blocking power whenever it is not computing (bubbles and P2P waits).
+* **Two-clock ops** (a plan given as an (N, 3) array of ``(freq_a_mhz, freq_b_mhz,
+  layers_at_a)``) cost what :func:`perseus.profile.two_clock.two_clock_cost` says: the
+  layer-weighted mix of the two clocks plus the switch cost.
+
+The longest path itself is :func:`longest_path`, the one implementation every caller uses
+(the solver's compiled loops run the same recurrence on CSR arrays, see
+:mod:`perseus.solver.compiled`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy.typing as npt
 from perseus.dag.graph import OpGraph
 from perseus.errors import PlanError
 from perseus.profile.model import Profile
+from perseus.profile.two_clock import LayerSplit, check_op, op_clocks, two_clock_cost
 from perseus.schedule.actions import Kind
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "evaluate_durations",
     "evaluate_freqs",
     "evaluate_many",
+    "longest_path",
     "op_costs",
 ]
 
@@ -57,8 +66,12 @@ class Evaluation:
     busy_s: FloatArray
 
 
-def _longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Earliest start/end of every node; ``time_s`` is (N,) or (K, N) for K plans at once."""
+def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Earliest start/end of every node; ``time_s`` is (N,) or (K, N) for K plans at once.
+
+    Every rank starts at 0; a node starts when its last predecessor has finished (plus the
+    edge latency). Complexity: O(N + E) numpy work in O(depth) vectorised steps.
+    """
     start = np.zeros_like(time_s)
     end = np.zeros_like(time_s)
     src, dst, lat = graph.edge_src, graph.edge_dst, graph.edge_latency_s
@@ -82,7 +95,7 @@ def evaluate_durations(
     """
     t = np.asarray(time_s, dtype=np.float64)
     e = np.asarray(energy_j, dtype=np.float64)
-    start, end = _longest_path(graph, t)
+    start, end = longest_path(graph, t)
     makespan = float(end.max())
     busy = np.bincount(graph.rank, weights=t, minlength=graph.num_ranks).astype(np.float64)
     compute = float(e.sum())
@@ -100,40 +113,69 @@ def evaluate_many(
     """
     t = np.atleast_2d(np.asarray(time_s, dtype=np.float64))
     e = np.atleast_2d(np.asarray(energy_j, dtype=np.float64))
-    _, end = _longest_path(graph, t)
+    _, end = longest_path(graph, t)
     makespan = end.max(axis=1)
     energy = e.sum(axis=1) + blocking_power_w * (graph.num_ranks * makespan - t.sum(axis=1))
     return makespan, energy
 
 
 def op_costs(
-    graph: OpGraph, profile: Profile, freqs_mhz: Sequence[int] | IntArray
+    graph: OpGraph,
+    profile: Profile,
+    freqs_mhz: Sequence[int] | IntArray,
+    split: LayerSplit | None = None,
 ) -> tuple[FloatArray, FloatArray]:
-    """Per-node (time_s, energy_j) of a plan whose node ``i`` runs at ``freqs_mhz[i]``.
+    """Per-node (time_s, energy_j) of a plan.
+
+    Args:
+        graph: The DAG.
+        profile: Its profile.
+        freqs_mhz: (N,) clocks, or (N, 3) ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows
+            (one-clock ops as ``(f, f, 0)``), node order rank-major.
+        split: How two-clock ops are priced (the job's layers and switch cost); needed only
+            when the plan has two-clock ops.
 
     Raises:
-        PlanError: if the plan has the wrong length or a clock the profile lacks for that op.
+        PlanError: if the plan has the wrong length, a clock the profile lacks for that op, or
+            a two-clock op the job cannot run.
     """
     freqs = np.asarray(freqs_mhz, dtype=np.int64)
-    if freqs.shape != (graph.num_nodes,):
-        raise PlanError(f"plan has {freqs.size} clocks but the schedule has {graph.num_nodes} ops")
+    if freqs.ndim == 1:
+        freqs = freqs[:, None]
+    if freqs.shape[0] != graph.num_nodes or freqs.shape[1] not in (1, 3):
+        raise PlanError(
+            f"plan has {freqs.shape[0]} clocks but the schedule has {graph.num_nodes} ops"
+        )
     kinds = list(Kind)
     time_s = np.empty(graph.num_nodes)
     energy_j = np.empty(graph.num_nodes)
+    cache: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
+    rows = freqs.tolist()
+    stages, kind_codes = graph.stage.tolist(), graph.kind.tolist()
     for i in range(graph.num_nodes):
-        op = profile.op(int(graph.stage[i]), kinds[int(graph.kind[i])])
-        try:
-            option = op.at(int(freqs[i]))
-        except KeyError:
-            r = int(graph.rank[i])
-            j = i - int(graph.rank_start[r])
-            raise PlanError(
-                f"plan clock {int(freqs[i])} MHz for rank {r} op {j} ({graph.actions[i]}) was "
-                f"not profiled for stage {op.stage_index} {op.kind.profile_name}; profiled "
-                f"clocks are {op.options[-1].freq_mhz}..{op.options[0].freq_mhz} MHz"
-            ) from None
-        time_s[i] = option.time_s
-        energy_j[i] = option.energy_j
+        op_spec = op_clocks(rows[i][0] if len(rows[i]) == 1 else rows[i])
+        key = (stages[i], kind_codes[i], *op_spec)
+        hit = cache.get(key)
+        if hit is None:
+            op = profile.op(stages[i], kinds[kind_codes[i]])
+            check_op(op_spec, stages[i], split)
+            try:
+                a = op.at(op_spec.freq_a_mhz)
+                b = op.at(op_spec.freq_b_mhz)
+            except KeyError as e:
+                r = int(graph.rank[i])
+                j = i - int(graph.rank_start[r])
+                raise PlanError(
+                    f"plan clock {e.args[0]} MHz for rank {r} op {j} ({graph.actions[i]}) was "
+                    f"not profiled for stage {op.stage_index} {op.kind.profile_name}; profiled "
+                    f"clocks are {op.options[-1].freq_mhz}..{op.options[0].freq_mhz} MHz"
+                ) from None
+            if op_spec.is_two_clock and split is not None:  # check_op raised if no split
+                hit = two_clock_cost(a, b, split.work_before(stages[i], op_spec.layers_at_a), split)
+            else:
+                hit = (a.time_s, a.energy_j)
+            cache[key] = hit
+        time_s[i], energy_j[i] = hit
     return time_s, energy_j
 
 
@@ -142,9 +184,10 @@ def evaluate_freqs(
     profile: Profile,
     freqs_mhz: Sequence[int] | IntArray,
     blocking_power_w: float,
+    split: LayerSplit | None = None,
 ) -> Evaluation:
-    """Evaluate a plan given per-node clocks (node order: rank-major, see :class:`OpGraph`)."""
-    time_s, energy_j = op_costs(graph, profile, freqs_mhz)
+    """Evaluate a plan given per-node clocks or two-clock rows (see :func:`op_costs`)."""
+    time_s, energy_j = op_costs(graph, profile, freqs_mhz, split)
     return evaluate_durations(graph, time_s, energy_j, blocking_power_w)
 
 

@@ -59,6 +59,19 @@ class JobConfig(BaseModel):
     p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
     backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.5
     pipelines: Annotated[int, Field(ge=2, le=1_000_000)] | None = None
+    # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
+    # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
+    layers_per_stage: (
+        Annotated[int, Field(ge=1, le=100_000)]
+        | Annotated[list[Annotated[int, Field(ge=1, le=100_000)]], Field(max_length=4096)]
+        | None
+    ) = None
+    layer_time_fractions: (
+        list[list[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]]] | None
+    ) = None
+    switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
+    switch_energy_j: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
+    max_clocks_per_op: Literal[1, 2] | None = None
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:

@@ -78,7 +78,13 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
                 for op, freq in zip(ops, freqs, strict=True)
             ],
         }
-        for rank, (ops, freqs) in enumerate(zip(frontier.stage_ops, point.freqs_mhz, strict=True))
+        for rank, (ops, freqs) in enumerate(
+            zip(
+                frontier.stage_ops,
+                (point.one_clock_mhz(r) for r in range(len(point.freqs_mhz))),
+                strict=True,
+            )
+        )
     ]
 
 

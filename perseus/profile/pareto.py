@@ -1,18 +1,47 @@
-"""Pareto filtering of op options in (time, effective energy).
+"""The one Pareto filter, and its use on op options in (time, effective energy).
 
 With blocking power ``P``, a GPU that finishes an op early idles at ``P`` watts until its next
 op, so the cost of an option that keeps the iteration time fixed is its *effective* energy
 ``e - P·t``. An option is useful only if no faster-or-equal option has lower-or-equal
-effective energy.
+effective energy. The same filter keeps a frontier's strictly improving plans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from perseus.profile.model import OpOption
 
-__all__ = ["pareto_options"]
+__all__ = ["pareto_indices", "pareto_options"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def pareto_indices(
+    time_s: FloatArray | Sequence[float], cost: FloatArray | Sequence[float], rel_tol: float = 1e-12
+) -> IntArray:
+    """Indices of the strictly improving points in time order.
+
+    A point is kept when its cost is lower (by more than ``rel_tol`` relative) than every
+    point no slower than it; of equal times the cheapest comes first, so ties and duplicates
+    are dropped. Costs may be negative (effective energies).
+
+    Complexity: O(k log k) for k points (vectorised).
+    """
+    t = np.asarray(time_s, dtype=np.float64)
+    c = np.asarray(cost, dtype=np.float64)
+    if t.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((c, t))
+    cs = c[order]
+    # The best cost among all faster-or-equal points before each one (sorted order).
+    before = np.concatenate(([np.inf], np.minimum.accumulate(cs)[:-1]))
+    keep = cs < before - rel_tol * np.abs(np.where(np.isfinite(before), before, 0.0))
+    return order[keep].astype(np.int64)
 
 
 def pareto_options(options: Sequence[OpOption], blocking_power_w: float) -> tuple[OpOption, ...]:
@@ -20,12 +49,6 @@ def pareto_options(options: Sequence[OpOption], blocking_power_w: float) -> tupl
 
     Complexity: O(k log k) for k options.
     """
-    ordered = sorted(options, key=lambda o: (o.time_s, o.energy_j - blocking_power_w * o.time_s))
-    kept: list[OpOption] = []
-    best = float("inf")
-    for o in ordered:
-        eff = o.energy_j - blocking_power_w * o.time_s
-        if eff < best:
-            kept.append(o)
-            best = eff
-    return tuple(kept)
+    t = [o.time_s for o in options]
+    c = [o.energy_j - blocking_power_w * o.time_s for o in options]
+    return tuple(options[i] for i in pareto_indices(t, c, 0.0).tolist())

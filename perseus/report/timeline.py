@@ -18,7 +18,6 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.patches import Patch
 
-from perseus.dag.evaluate import op_costs
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.report._figure import new_figure, report_style, to_png
@@ -67,7 +66,7 @@ def build_timeline(job: PlanningJob, point: PlanPoint, label: str) -> Timeline:
     Complexity: O(N + E) for N ops and E edges.
     """
     flat = job.flat(point)
-    time_s, energy_j = op_costs(job.graph, job.profile, flat)
+    time_s, energy_j = job.op_costs(flat)
     ev = job.evaluate(flat)
     return Timeline(
         label=label,

@@ -198,7 +198,7 @@ class RankAgent:
         self.point_index = point_index
         self._names = ops
         self._expected = _parse_ops(ops, self.rank)
-        self._planned_mhz = plan.points[point_index].freqs_mhz[self.rank]
+        self._planned_mhz = plan.points[point_index].one_clock_mhz(self.rank)
         self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
 
     def _snap(self, freq_mhz: int) -> int:

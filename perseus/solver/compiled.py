@@ -34,7 +34,9 @@ from perseus.solver.cut_network import set_capacity as _set_capacity
 
 __all__ = [
     "TIE_UNITS",
+    "backward_pass",
     "evaluate_kernel",
+    "forward_pass",
     "neighbour_kernel",
     "reclaim_kernel",
     "tighten_kernel",
@@ -85,6 +87,11 @@ def _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, la
                 lf = r
         late_finish[v] = lf
         late_start[v] = lf - dur[v]
+
+
+#: The longest-path passes for callers outside the kernels (:class:`perseus.solver.paths.Topology`).
+forward_pass = _forward
+backward_pass = _backward
 
 
 @_jit
@@ -169,6 +176,34 @@ def _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room, step):
 
 
 @_jit
+def _emit(x, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted):
+    """Append the two roundings of fractional plan ``x`` to ``emitted`` (grown as needed)
+    unless its floor rounding repeats the last one; returns ``(emitted, n_emitted)``.
+
+    A function of its own rather than a closure in :func:`walk_kernel`: numba would inline
+    a closure at each of its call sites, which tripled the walk's compile time.
+    """
+    n = x.size
+    _round_into(x, node_type, opt_t, tol, rounded)
+    same = True
+    for v in range(n):
+        if rounded[v] != last_rounded[v]:
+            same = False
+            break
+    if same:
+        return emitted, n_emitted
+    if n_emitted + 2 > emitted.shape[0]:
+        grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
+        grown[:n_emitted] = emitted[:n_emitted]
+        emitted = grown
+    emitted[n_emitted] = rounded
+    last_rounded[:] = rounded
+    _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
+    emitted[n_emitted + 1] = rounded_up
+    return emitted, n_emitted + 2
+
+
+@_jit
 def walk_kernel(
     order,
     pred_ptr,
@@ -192,6 +227,7 @@ def walk_kernel(
     power_ranks,
     max_iterations,
     tie_units,
+    anchor_s,
 ):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
@@ -201,6 +237,8 @@ def walk_kernel(
     ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
     moving fewer ops; with 0 Dinic's cut nearest the source wins.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
+    The fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always
+    emitted when the walk passes it.
     """
     n = dur.size
     n_edges = succ_idx.size
@@ -256,25 +294,6 @@ def walk_kernel(
     crit_tol = 100.0 * tol
     iterations = 0
 
-    def emit(x, emitted, n_emitted):
-        _round_into(x, node_type, opt_t, tol, rounded)
-        same = True
-        for v in range(n):
-            if rounded[v] != last_rounded[v]:
-                same = False
-                break
-        if same:
-            return emitted, n_emitted
-        if n_emitted + 2 > emitted.shape[0]:
-            grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
-            grown[:n_emitted] = emitted[:n_emitted]
-            emitted = grown
-        emitted[n_emitted] = rounded
-        last_rounded[:] = rounded
-        _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
-        emitted[n_emitted + 1] = rounded_up
-        return emitted, n_emitted + 2
-
     while iterations < max_iterations:
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, late_finish)
@@ -293,7 +312,17 @@ def walk_kernel(
         else:
             state[S_STALLED] += 1.0
             if state[S_STALLED] > _MAX_STALL:
-                emitted, n_emitted = emit(dur, emitted, n_emitted)
+                emitted, n_emitted = _emit(
+                    dur,
+                    node_type,
+                    opt_t,
+                    tol,
+                    rounded,
+                    rounded_up,
+                    last_rounded,
+                    emitted,
+                    n_emitted,
+                )
                 state[S_DONE] = DONE_STALLED
                 break
 
@@ -385,7 +414,9 @@ def walk_kernel(
                 res[fs[k]] = capa[k]
         side[:] = False
         if not _augment(net_source, net_sink, ptr, to, twin, res, level, itp, queue, path, side):
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_DONE] = DONE_FASTEST
             break
         n_fwd = 0
@@ -438,20 +469,39 @@ def walk_kernel(
             mark[bwd[i]] = 0
             room_of[bwd[i]] = 0.0
         if step <= 0.0:
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_DONE] = DONE_NO_STEP
             break
         if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:
             state[S_EMITTING] = 1.0
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
             state[S_LAST_EMIT] = deadline
         if state[S_EMITTING] != 0.0 and gap > 0:
             target = state[S_LAST_EMIT] - gap
             while target >= deadline - step:
                 _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, deadline - target, trial)
-                emitted, n_emitted = emit(trial, emitted, n_emitted)
+                emitted, n_emitted = _emit(
+                    trial,
+                    node_type,
+                    opt_t,
+                    tol,
+                    rounded,
+                    rounded_up,
+                    last_rounded,
+                    emitted,
+                    n_emitted,
+                )
                 state[S_LAST_EMIT] = target
                 target -= gap
+        if deadline > anchor_s >= deadline - step:
+            _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, deadline - anchor_s, trial)
+            emitted, n_emitted = _emit(
+                trial, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
         _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
         # Snap moved ops within tol of a hull vertex onto it.
         for i in range(n_fwd + n_bwd):
@@ -465,7 +515,9 @@ def walk_kernel(
         for v in range(n):
             dur[v] = trial[v]
         if all_points and state[S_EMITTING] != 0.0:
-            emitted, n_emitted = emit(dur, emitted, n_emitted)
+            emitted, n_emitted = _emit(
+                dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
+            )
     return emitted[:n_emitted].copy(), lp_t[:n_lp].copy(), lp_e[:n_lp].copy(), iterations
 
 
@@ -492,12 +544,8 @@ def _reclaim_row(
                 lf = r
         window = lf - start[v] - margin
         t = node_type[v]
-        fits = -1
-        for j in range(opt_t.shape[1]):
-            if opt_t[t, j] <= window:
-                fits = j
-            else:
-                break
+        # Options are sorted by time (inf-padded): binary search, as two-clock tables are wide.
+        fits = np.searchsorted(opt_t[t], window, side="right") - 1
         new = max(row[v], fits)
         row[v] = new
         late_start[v] = lf - max(opt_t[t, new], 0.0)
@@ -616,14 +664,17 @@ def neighbour_kernel(
     plans,
     archive_t,
     archive_e,
+    pairs,
 ):
-    """Every plan one op-option away from a row of ``plans``, reclaimed, that the archive
-    does not dominate.
+    """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
+    dominate.
 
-    ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set. A neighbour
-    moves one op one option faster or slower; it is reclaimed and kept unless an archive point
-    is no slower and no costlier (to a relative 1e-12). Returns ``(plans, time_s, energy_j)``
-    of the kept neighbours (duplicates possible).
+    A move shifts one op one option faster or slower; with ``pairs`` also two ops at once,
+    one faster and one slower (the exchanges that keep a path's length while moving energy
+    between its ops, which one-op moves cannot reach on tiny jobs). A neighbour is
+    reclaimed and kept unless an archive point is no slower and no costlier (to a relative
+    1e-12). ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set.
+    Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
     """
     k_plans, n = plans.shape
     out = np.empty((64, n), dtype=np.int64)
@@ -632,34 +683,48 @@ def neighbour_kernel(
     n_out = 0
     row = np.empty(n, dtype=np.int64)
     work = np.empty((4, n))
+    second = n if pairs else 0
     for p in range(k_plans):
         for i in range(n):
             for step in (-1, 1):
                 k = plans[p, i] + step
                 if k < 0 or k >= num_opts[node_type[i]]:
                     continue
-                for v in range(n):
-                    row[v] = plans[p, v]
-                row[i] = k
-                _reclaim_row(
-                    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
-                    node_type, opt_t, row, work,
-                )  # fmt: skip
-                t, e = _time_and_energy(
-                    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
-                    row, work,
-                )  # fmt: skip
-                j = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
-                if j >= 0 and archive_e[j] <= e * (1 + 1e-12):
-                    continue
-                if n_out == out.shape[0]:
-                    grown = np.empty((2 * n_out, n), dtype=np.int64)
-                    grown[:n_out] = out
-                    out = grown
-                    out_t = np.concatenate((out_t, np.empty(n_out)))
-                    out_e = np.concatenate((out_e, np.empty(n_out)))
-                out[n_out] = row
-                out_t[n_out] = t
-                out_e[n_out] = e
-                n_out += 1
+                # j == -1: the one-op move; j >= i + 1: a pair (each unordered pair once).
+                for j in range(-1, second):
+                    if j != -1 and j <= i:
+                        continue
+                    for step_j in (-1, 1):
+                        if (j == -1 and step_j == 1) or (j != -1 and step_j == step):
+                            continue
+                        if j != -1:
+                            kj = plans[p, j] + step_j
+                            if kj < 0 or kj >= num_opts[node_type[j]]:
+                                continue
+                        for v in range(n):
+                            row[v] = plans[p, v]
+                        row[i] = k
+                        if j != -1:
+                            row[j] = plans[p, j] + step_j
+                        _reclaim_row(
+                            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
+                            node_type, opt_t, row, work,
+                        )  # fmt: skip
+                        t, e = _time_and_energy(
+                            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c,
+                            power_ranks, row, work,
+                        )  # fmt: skip
+                        a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
+                        if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
+                            continue
+                        if n_out == out.shape[0]:
+                            grown = np.empty((2 * n_out, n), dtype=np.int64)
+                            grown[:n_out] = out
+                            out = grown
+                            out_t = np.concatenate((out_t, np.empty(n_out)))
+                            out_e = np.concatenate((out_e, np.empty(n_out)))
+                        out[n_out] = row
+                        out_t[n_out] = t
+                        out_e[n_out] = e
+                        n_out += 1
     return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()

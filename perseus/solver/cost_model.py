@@ -14,6 +14,16 @@ With blocking power ``P``, the energy of a plan that finishes at ``T`` is
 Ops of the same (stage, kind) share one curve ("type"), so the tables are tiny; per-node
 lookups index them with :attr:`CostModel.node_type`.
 
+**Two-clock options.** With ``max_clocks_per_op=2`` (a job with ``layers_per_stage``), the
+options also hold every two-clock op between neighbouring hull vertices ``a``/``b`` (either
+order, every layer boundary ``1..L-1``), priced by
+:func:`perseus.profile.two_clock.two_clock_cost`, the function the exact evaluator uses; then
+the Pareto filter runs over all of them. Without switch energy these points lie on the hull
+segments, so the hull (and the walk) is unchanged, and every fractional plan of the walk
+rounds to a real plan at most one layer step off the hull: the realisation of the LP.
+Everything downstream (rounding, reclaiming, local search) works on option indices and needs
+no change.
+
 Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
 """
 
@@ -24,8 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from perseus.errors import ConfigError
 from perseus.job import PlanningJob
-from perseus.profile.pareto import pareto_options
+from perseus.profile.model import OpOption
+from perseus.profile.pareto import pareto_indices, pareto_options
+from perseus.profile.two_clock import LayerSplit, two_clock_cost
 from perseus.schedule.actions import Kind
 
 __all__ = ["CostModel", "build_cost_model", "lower_hull"]
@@ -42,7 +55,10 @@ class CostModel:
         node_type: (N,) type id of each node.
         opt_time_s, opt_energy_j, opt_cost_j: (K, W) Pareto options per type, time ascending,
             padded with ``inf`` time / last value.
-        opt_freq_mhz: (K, W) their clocks (padded with the last clock).
+        opt_freq_mhz: (K, W) their clocks (padded with the last clock); for a two-clock
+            option the clock of its first layers.
+        opt_freq_b_mhz: (K, W) the second clock (equal to ``opt_freq_mhz`` for one clock).
+        opt_layers_at_a: (K, W) layers run at the first clock (0 for one-clock options).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
         hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
@@ -56,6 +72,8 @@ class CostModel:
     opt_energy_j: FloatArray
     opt_cost_j: FloatArray
     opt_freq_mhz: IntArray
+    opt_freq_b_mhz: IntArray
+    opt_layers_at_a: IntArray
     num_opts: IntArray
     hull_time_s: FloatArray
     hull_cost_j: FloatArray
@@ -69,7 +87,20 @@ class CostModel:
         hit = table == np.asarray(freqs_mhz)[:, None]
         width = self.num_opts[self.node_type]
         hit &= np.arange(table.shape[1])[None, :] < width[:, None]
+        hit &= self.opt_layers_at_a[self.node_type] == 0
         return np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
+
+    def plan_ops(self, option_index: IntArray) -> IntArray:
+        """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices."""
+        t = self.node_type
+        return np.stack(
+            [
+                self.opt_freq_mhz[t, option_index],
+                self.opt_freq_b_mhz[t, option_index],
+                self.opt_layers_at_a[t, option_index],
+            ],
+            axis=1,
+        ).astype(np.int64)
 
 
 def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
@@ -112,14 +143,49 @@ def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> I
     return np.array(kept, dtype=np.int64)
 
 
-def build_cost_model(job: PlanningJob, min_vertex_gap_fraction: float = 0.0) -> CostModel:
+_Labelled = tuple[OpOption, int, int]  # option (time/energy of the mix), freq_b, layers_at_a
+
+
+def _two_clock_options(
+    opts: tuple[OpOption, ...], hull: IntArray, stage: int, split: LayerSplit, power: float
+) -> list[_Labelled]:
+    """The one-clock options and every two-clock op between neighbouring hull vertices,
+    Pareto-filtered in (time, effective cost), time ascending (one-clock options win ties)."""
+    every: list[_Labelled] = [(o, o.freq_mhz, 0) for o in opts]
+    n_layers = split.num_layers(stage)
+    for i, j in zip(hull[:-1].tolist(), hull[1:].tolist(), strict=True):
+        for a, b in ((opts[i], opts[j]), (opts[j], opts[i])):
+            for k in range(1, n_layers):
+                t, e = two_clock_cost(a, b, split.work_before(stage, k), split)
+                every.append((OpOption(a.freq_mhz, t, e), b.freq_mhz, k))
+    keep = pareto_indices(
+        [o.time_s for o, _, _ in every], [o.energy_j - power * o.time_s for o, _, _ in every], 0.0
+    )
+    return [every[i] for i in keep.tolist()]
+
+
+def build_cost_model(
+    job: PlanningJob, min_vertex_gap_fraction: float = 0.0, max_clocks_per_op: int = 1
+) -> CostModel:
     """Pareto options and convex hulls of every (stage, kind) the job's DAG uses.
 
     Args:
         job: The planning job.
         min_vertex_gap_fraction: Thin each hull so consecutive vertices are at least this
             fraction of the op's fastest time apart (0 keeps the exact hull).
+        max_clocks_per_op: 1, or 2 for two-clock options (needs ``layers_per_stage``).
+
+    Raises:
+        ConfigError: if ``max_clocks_per_op`` is not 1 or 2, or 2 without layers.
     """
+    if max_clocks_per_op not in (1, 2):
+        raise ConfigError(f"max clocks per op must be 1 or 2, got {max_clocks_per_op}")
+    split = job.layer_split
+    if max_clocks_per_op == 2 and split is None:
+        raise ConfigError(
+            "two clocks per op need the job's layers_per_stage (--layers-per-stage); "
+            "give it or use --max-clocks-per-op 1"
+        )
     graph, profile, power = job.graph, job.profile, job.blocking_power_w
     kinds = list(Kind)
     keys = sorted({(int(s), int(k)) for s, k in zip(graph.stage, graph.kind, strict=True)})
@@ -128,12 +194,23 @@ def build_cost_model(job: PlanningJob, min_vertex_gap_fraction: float = 0.0) -> 
         [type_of[(int(s), int(k))] for s, k in zip(graph.stage, graph.kind, strict=True)],
         dtype=np.int64,
     )
-    options = [pareto_options(profile.op(s, kinds[k]).options, power) for s, k in keys]
+    singles = [pareto_options(profile.op(s, kinds[k]).options, power) for s, k in keys]
+    options: list[list[_Labelled]] = []
     hulls = []
-    for opts in options:
+    for (stage, _), opts in zip(keys, singles, strict=True):
         t = np.array([o.time_s for o in opts])
         c = np.array([o.energy_j - power * o.time_s for o in opts])
-        hulls.append(_thin_hull(t, lower_hull(t, c), min_vertex_gap_fraction))
+        true_hull = lower_hull(t, c)
+        thinned = _thin_hull(t, true_hull, min_vertex_gap_fraction)
+        if max_clocks_per_op == 2 and split is not None:
+            labelled = _two_clock_options(opts, true_hull, stage, split, power)
+            # Hull vertices are one-clock options, all kept by the filter: re-index them.
+            where = {o.freq_mhz: i for i, (o, _, k) in enumerate(labelled) if k == 0}
+            thinned = np.array([where[opts[v].freq_mhz] for v in thinned], dtype=np.int64)
+        else:
+            labelled = [(o, o.freq_mhz, 0) for o in opts]
+        options.append(labelled)
+        hulls.append(thinned)
     width = max(len(o) for o in options)
     hwidth = max(len(h) for h in hulls)
     n_types = len(keys)
@@ -141,16 +218,21 @@ def build_cost_model(job: PlanningJob, min_vertex_gap_fraction: float = 0.0) -> 
     opt_e = np.zeros((n_types, width))
     opt_c = np.zeros((n_types, width))
     opt_f = np.zeros((n_types, width), dtype=np.int64)
+    opt_fb = np.zeros((n_types, width), dtype=np.int64)
+    opt_k = np.zeros((n_types, width), dtype=np.int64)
     hull_t = np.full((n_types, hwidth), np.inf)
     hull_c = np.zeros((n_types, hwidth))
     slope = np.zeros((n_types, hwidth))
-    for k, (opts, hull) in enumerate(zip(options, hulls, strict=True)):
-        n = len(opts)
-        opt_t[k, :n] = [o.time_s for o in opts]
-        opt_e[k, :n] = [o.energy_j for o in opts]
+    for k, (labelled, hull) in enumerate(zip(options, hulls, strict=True)):
+        n = len(labelled)
+        opt_t[k, :n] = [o.time_s for o, _, _ in labelled]
+        opt_e[k, :n] = [o.energy_j for o, _, _ in labelled]
         opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
-        opt_f[k, :n] = [o.freq_mhz for o in opts]
+        opt_f[k, :n] = [o.freq_mhz for o, _, _ in labelled]
+        opt_fb[k, :n] = [fb for _, fb, _ in labelled]
+        opt_k[k, :n] = [layers for _, _, layers in labelled]
         opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
+        opt_fb[k, n:], opt_k[k, n:] = opt_fb[k, n - 1], opt_k[k, n - 1]
         h = len(hull)
         hull_t[k, :h] = opt_t[k, hull]
         hull_c[k, :h] = opt_c[k, hull]
@@ -163,6 +245,8 @@ def build_cost_model(job: PlanningJob, min_vertex_gap_fraction: float = 0.0) -> 
         opt_energy_j=opt_e,
         opt_cost_j=opt_c,
         opt_freq_mhz=opt_f,
+        opt_freq_b_mhz=opt_fb,
+        opt_layers_at_a=opt_k,
         num_opts=np.array([len(o) for o in options], dtype=np.int64),
         hull_time_s=hull_t,
         hull_cost_j=hull_c,

@@ -87,7 +87,9 @@ class FoldedJob:
     lift: Lift
 
 
-def fold_job(job: PlanningJob, model: CostModel, hull_gap_fraction: float) -> FoldedJob | None:
+def fold_job(
+    job: PlanningJob, model: CostModel, hull_gap_fraction: float, max_clocks_per_op: int = 1
+) -> FoldedJob | None:
     """``job`` folded to ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches.
 
     ``model`` is ``job``'s cost model (built with ``hull_gap_fraction``). ``None`` when
@@ -106,11 +108,15 @@ def fold_job(job: PlanningJob, model: CostModel, hull_gap_fraction: float) -> Fo
         spec.blocking_power_w,
         virtual_stages=spec.virtual_stages,
         p2p_latency_s=spec.p2p_latency_s,
+        layers_per_stage=spec.layers_per_stage,
+        layer_time_fractions=spec.layer_time_fractions,
+        switch_latency_s=spec.switch_latency_s,
+        switch_energy_j=spec.switch_energy_j,
     )
     lift = lift_map(job.graph, small.graph)
     if lift is None:
         return None
-    small_model = build_cost_model(small, hull_gap_fraction)
+    small_model = build_cost_model(small, hull_gap_fraction, max_clocks_per_op)
     same_types = np.array_equal(small_model.opt_time_s, model.opt_time_s) and np.array_equal(
         small_model.node_type[lift.node_map], model.node_type
     )

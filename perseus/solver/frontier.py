@@ -14,7 +14,7 @@ the minimum-energy one (T*).
 2. *Start at the cheapest plan and shorten.* Every op starts at its slowest hull vertex. A
    step finds the critical sub-DAG, and the minimum cut of it in which a forward op costs the
    slope of its next-faster segment (∞ at the fastest vertex) and a backward op saves the slope
-   of its next-slower segment (:mod:`perseus.solver.maxflow`); every critical path crosses the
+   of its next-slower segment (:mod:`perseus.solver.cut_network`); every critical path crosses the
    cut once more forwards than backwards, so shortening forward ops and lengthening backward ops
    by δ shortens the iteration by δ at the least marginal cost.
 3. *Exact step lengths instead of one quantum.* The cut stays optimal until an op reaches a
@@ -29,7 +29,7 @@ the minimum-energy one (T*).
    arcs (lower bounds are folded into terminal arcs, no feasible-circulation phase), flow above
    a lowered capacity is cancelled back to the terminals, and Dinic's phases re-augment from
    there, usually one or two. The reference loop (``method="reference"``: numpy, Python and
-   scipy's max flow, 10–40x slower) is kept to cross-check it.
+   scipy's max flow, 10–40x slower; :mod:`perseus.solver.check`) is its test oracle.
 5. *Fewer breakpoints.* Hull vertices closer than ``hull_gap_fraction`` (default 2 %) of an
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
@@ -40,13 +40,17 @@ the minimum-energy one (T*).
    critical op until it meets the first rounding's time (``tighten_kernel``). Slack is
    reclaimed (:mod:`perseus.solver.reclaim`) and the plans are evaluated by the exact
    evaluator. The baselines (all-max, each global clock, per-stage, EnvPipe) are added as
-   reclaimed seeds, so the frontier dominates every one of them.
+   reclaimed seeds, so the frontier dominates every one of them. With two clocks per op
+   (a job with ``layers_per_stage``) the real options include every two-clock op between
+   neighbouring hull vertices (:mod:`perseus.solver.cost_model`), so the same rounding
+   realises each fractional op to within one layer of the hull instead of one whole clock,
+   and the fractional plan at the all-max time is always rounded: the no-slowdown plan
+   lands within 0.1 point of the LP limit on the bundled profiles.
 7. *Gap filling.* Rounded plans leave gaps in time between them; a Pareto local search over
    one-option moves (:mod:`perseus.solver.pareto_search`, budgeted to about half a second:
    it converges on jobs up to a few hundred ops and expands the largest gaps first on larger
-   ones) fills them with real plans. On tiny jobs (≤ 16 ops)
-   candidates also get a greedy descent and a pairwise exchange search
-   (:mod:`perseus.solver.local_search`). A final Pareto filter keeps strictly improving points;
+   ones) fills them with real plans; on tiny jobs (≤ 16 ops) it also tries two-op moves
+   (exchanges), where rounding a handful of fractional ops decides the result. A final Pareto filter keeps strictly improving points;
    emitted figures *are* the evaluator's.
 8. *Folding long jobs.* Beyond ``FOLD_ABOVE_OPS`` ops the walk runs on the same schedule with
    ``stages + 8`` microbatches and its plans are lifted to the full job
@@ -77,13 +81,12 @@ from perseus.dag.evaluate import evaluate_durations, evaluate_many, op_costs
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
+from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
-from perseus.solver.local_search import descend_greedy, improve_pairwise
-from perseus.solver.pareto_search import pareto_indices, plan_figures, search_neighbours
+from perseus.solver.pareto_search import plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
-from perseus.solver.reference_walk import walk_reference
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
@@ -96,9 +99,6 @@ Progress = Callable[[float], None]
 #: rounding and reclaiming still use every real clock; 0.05 is ~2.5x faster but loses 0.3-0.6
 #: points of saving on A40).
 DEFAULT_HULL_GAP_FRACTION = 0.02
-#: Jobs up to this many ops get a pairwise local search on every candidate (O(N²) longest-path
-#: passes per round: cheap for small jobs, where rounding a few fractional ops costs the most).
-_LOCAL_SEARCH_MAX_NODES = 16
 #: With all_points, a folded walk still emits points this far apart (fraction of T_min):
 #: every lifted plan is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
@@ -207,19 +207,26 @@ def trace(
     min_gap_fraction: float = 1e-3,
     all_points: bool = False,
     progress: Progress | None = None,
-    hull_gap_fraction: float = DEFAULT_HULL_GAP_FRACTION,
+    hull_gap_fraction: float | None = None,
     method: str = "compiled",
     fold: bool | None = None,
+    max_clocks_per_op: int | None = None,
 ) -> FrontierTrace:
     """Like :func:`trace_frontier`, also returning iteration counts and the traced relaxation.
 
     ``hull_gap_fraction`` thins each op's convex hull (see :func:`build_cost_model`); with 0
     the traced relaxation is exactly the LP floor of :mod:`perseus.solver.lp_bound`.
+    ``None`` (default) means :data:`DEFAULT_HULL_GAP_FRACTION` for one-clock plans and 0 for
+    two-clock plans (whose rounding follows the true hull, so thinning it would cost
+    0.05–0.1 point of saving on A40).
     ``method`` picks the walk: ``"compiled"`` (numba, the default) or ``"reference"`` (the
     same algorithm in numpy/Python on scipy's max flow; slow, kept to cross-check).
     ``fold`` walks a job with fewer microbatches and lifts its plans
     (:mod:`perseus.solver.fold`): ``None`` (default) folds jobs of more than
     ``FOLD_ABOVE_OPS`` ops, ``True`` folds whenever the schedule allows, ``False`` never.
+    ``max_clocks_per_op`` is 1 (one clock per op) or 2 (two-clock ops switching at a layer
+    boundary, :mod:`perseus.profile.two_clock`); ``None`` (default) means 2 when the job has
+    ``layers_per_stage`` and 1 otherwise.
     """
     if method not in _METHODS:
         raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(_METHODS)}")
@@ -231,29 +238,44 @@ def trace(
         raise ConfigError(
             f"minimum gap fraction must be a finite number >= 0, got {min_gap_fraction}"
         )
+    if max_clocks_per_op is None:
+        max_clocks_per_op = 1 if job.spec.layers_per_stage is None else 2
+    if hull_gap_fraction is None:
+        hull_gap_fraction = DEFAULT_HULL_GAP_FRACTION if max_clocks_per_op == 1 else 0.0
     if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
         raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
     if fold is None:
         fold = job.graph.num_nodes > FOLD_ABOVE_OPS
+    model = build_cost_model(job, hull_gap_fraction, max_clocks_per_op)
     return _impl(
-        job, time_quantum_s, min_gap_fraction, all_points, progress, hull_gap_fraction, method, fold
+        job,
+        model,
+        time_quantum_s,
+        min_gap_fraction,
+        all_points,
+        progress,
+        method,
+        fold,
+        hull_gap_fraction,
+        max_clocks_per_op,
     )
 
 
 def _impl(
     job: PlanningJob,
+    model: CostModel,
     time_quantum_s: float | None,
     min_gap_fraction: float,
     all_points: bool,
     progress: Progress | None,
-    hull_gap_fraction: float,
     method: str,
     fold: bool,
+    hull_gap_fraction: float,
+    max_clocks_per_op: int,
 ) -> FrontierTrace:
     # Imported here: baselines use the reclaim pass and the cost model too.
     from perseus.solver.baselines import baseline_freq_plans
 
-    model = build_cost_model(job, hull_gap_fraction)
     topo = build_topology(job.graph)
     allmax_time = float(job.evaluate(job.allmax()).time_s)
     tol = 1e-9 * allmax_time
@@ -264,7 +286,7 @@ def _impl(
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
     core = _METHODS[method]
-    folded = fold_job(job, model, hull_gap_fraction) if fold else None
+    folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     if folded is None:
         cand, iterations, lp_t, lp_e, reason = core(
             job, model, topo, tol, quantum, gap, all_points, progress
@@ -376,6 +398,7 @@ def _walk_compiled(
     state = np.zeros(compiled.STATE_SIZE)
     state[compiled.S_BEST_DEADLINE] = math.inf
     power_ranks = model.blocking_power_w * job.graph.num_ranks
+    anchor_s = float(job.evaluate(job.allmax()).time_s)
     cand: list[IntArray] = []
     lp_t: list[float] = []
     lp_e: list[float] = []
@@ -398,6 +421,7 @@ def _walk_compiled(
             power_ranks,
             _CHUNK_ITERATIONS,
             tie_units,
+            anchor_s,
         )
         iterations += int(done)
         if len(emitted):
@@ -424,7 +448,16 @@ _CoreFn = Callable[
     [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
     tuple[list[IntArray], int, list[float], list[float], str],
 ]
-_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": walk_reference}
+
+
+def _core_reference(*args: object) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The reference walk (a test oracle, imported only when asked for)."""
+    from perseus.solver.check.reference_walk import walk_reference
+
+    return walk_reference(*args)  # type: ignore[arg-type]
+
+
+_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
 
 
 def _select(
@@ -439,14 +472,6 @@ def _select(
     topo = build_topology(job.graph)
     types = model.node_type
     rec = np.unique(_reclaim_all(model, topo, np.stack(cand)), axis=0)
-    if topo.num_nodes <= _LOCAL_SEARCH_MAX_NODES:
-        walked = [
-            w for r in rec for ps in (True, False) for w in descend_greedy(model, topo, r, ps)
-        ]
-        walked = [reclaim_slack(model, topo, w) for w in walked]
-        rec = np.unique(
-            np.stack([improve_pairwise(model, topo, r) for r in [*rec, *walked]]), axis=0
-        )
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
@@ -468,9 +493,10 @@ def _select(
         ev = evaluate_durations(
             job.graph, model.opt_time_s[types, idx], model.opt_energy_j[types, idx], power
         )
-        freqs = model.opt_freq_mhz[types, idx]
         points.append(
-            PlanPoint(time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=job.nested(freqs))
+            PlanPoint(
+                time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=job.nested(model.plan_ops(idx))
+            )
         )
     return _strict_pareto(points)
 
@@ -509,16 +535,8 @@ def _pareto_within(
 
 
 def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
-    """:func:`reclaim_slack` of every row of ``plans``, compiled (identical results)."""
-    from perseus.solver.compiled import reclaim_kernel
-
-    out: IntArray = reclaim_kernel(
-        *topo.csr(),
-        model.node_type,
-        model.opt_time_s,
-        np.ascontiguousarray(plans, dtype=np.int64),
-    )
-    return out
+    """:func:`reclaim_slack` of every row of ``plans``."""
+    return reclaim_slack(model, topo, np.atleast_2d(plans))
 
 
 def _tighten_all(
@@ -539,11 +557,5 @@ def _tighten_all(
 
 def _strict_pareto(points: list[PlanPoint]) -> list[PlanPoint]:
     """Drop points not strictly better in energy than every faster one (exact figures)."""
-    out: list[PlanPoint] = []
-    for p in sorted(points, key=lambda p: (p.time_s, p.energy_j)):
-        if out and p.time_s <= out[-1].time_s:
-            continue
-        if out and p.energy_j >= out[-1].energy_j:
-            continue
-        out.append(p)
-    return out
+    keep = pareto_indices([p.time_s for p in points], [p.energy_j for p in points], 0.0)
+    return [points[i] for i in keep.tolist()]

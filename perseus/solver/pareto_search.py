@@ -29,16 +29,19 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel
 from perseus.solver.paths import Topology
 
-__all__ = ["DEFAULT_WORK_BUDGET", "pareto_indices", "plan_figures", "search_neighbours"]
+__all__ = ["DEFAULT_WORK_BUDGET", "PAIR_MOVES_MAX_NODES", "plan_figures", "search_neighbours"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 #: Node-and-edge visits the search may spend (about a second compiled on one core).
 DEFAULT_WORK_BUDGET = 1e8
+#: Jobs up to this many ops also try two-op moves (see :func:`search_neighbours`).
+PAIR_MOVES_MAX_NODES = 16
 
 
 def search_neighbours(
@@ -47,6 +50,7 @@ def search_neighbours(
     num_ranks: int,
     plans: IntArray,
     work_budget: float = DEFAULT_WORK_BUDGET,
+    pairs: bool | None = None,
 ) -> IntArray:
     """The Pareto set of ``plans`` after a local search around it (option indices, (K', N)).
 
@@ -56,6 +60,10 @@ def search_neighbours(
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
         work_budget: Node-and-edge visits the search may spend in all.
+        pairs: Also move two ops at once (O(N²) neighbours per plan instead of O(N));
+            ``None`` (default) does so on one-clock jobs of at most
+            :data:`PAIR_MOVES_MAX_NODES` ops, where rounding a few fractional ops decides
+            the result.
 
     Returns:
         The archive: plans no other plan found dominates, sorted by time. Every input plan is
@@ -70,7 +78,14 @@ def search_neighbours(
     keep = pareto_indices(times, energies)
     archive, arch_t, arch_e = rows[keep], times[keep], energies[keep]
     fresh = np.ones(len(archive), dtype=np.bool_)
-    per_plan = 2 * topo.num_nodes * 3 * (topo.num_nodes + topo.pred_idx.size)
+    if pairs is None:
+        # Two-clock options are a fine grid (one step moves an op by a layer's share), so a
+        # one-op move already reaches what an exchange would; pairs would only multiply work.
+        pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES and not model.opt_layers_at_a.any()
+    moves = 2 * topo.num_nodes * (topo.num_nodes if pairs else 1)
+    # Per neighbour: a reclaim (a binary search per op), a longest path, an evaluation.
+    log_w = max(1.0, float(np.log2(model.opt_time_s.shape[1])))
+    per_plan = moves * (3 + log_w) * (topo.num_nodes + topo.pred_idx.size)
     spent = 0.0
     while fresh.any():
         affordable = int((work_budget - spent) // per_plan)
@@ -92,6 +107,7 @@ def search_neighbours(
             sources,
             arch_t,
             arch_e,
+            pairs,
         )
         if len(found) == 0:
             break
@@ -123,15 +139,3 @@ def plan_figures(
         np.ascontiguousarray(plans, dtype=np.int64),
     )
     return times, energies
-
-
-def pareto_indices(time_s: FloatArray, energy_j: FloatArray) -> IntArray:
-    """Indices of the strictly improving points in time order (ties: the first cheapest;
-    duplicates are dropped)."""
-    kept: list[int] = []
-    best = np.inf
-    for i in np.lexsort((energy_j, time_s)):
-        if energy_j[i] < best * (1 - 1e-12):
-            kept.append(int(i))
-            best = float(energy_j[i])
-    return np.array(kept, dtype=np.int64)

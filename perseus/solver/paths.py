@@ -1,15 +1,12 @@
 """Longest-path passes over an :class:`~perseus.dag.OpGraph` for the solver's inner loops.
 
 The exact evaluator (:mod:`perseus.dag.evaluate`) answers "what does this plan cost"; the
-solver also needs latest finish times (for slack and criticality) and the binding path of a
-candidate step. Pipeline DAGs have many small generations (a handful of nodes each), where
-per-generation numpy calls cost more in overhead than the arithmetic, so the passes are plain
-Python loops over a precomputed topological order with per-node predecessor/successor lists
-(durations converted with one ``tolist()`` per pass). They add and compare the same floats in
-the same order as a vectorised pass would, so results are identical. The padded numpy tables
-are kept for callers that vectorise over generations (:mod:`perseus.solver.reclaim`).
+solver's loops need the same longest path on plain arrays, plus latest finish times (for slack
+and criticality). A :class:`Topology` holds the DAG as CSR predecessor/successor lists over a
+topological order; its passes are the compiled ones (:mod:`perseus.solver.compiled`), which
+add and compare the same floats in the same order as the evaluator, so results are identical.
 
-Complexity: O(N + E) Python steps per pass for N nodes and E edges.
+Complexity: O(N + E) per pass for N nodes and E edges.
 """
 
 from __future__ import annotations
@@ -81,61 +78,33 @@ class Topology:
         )
 
     def forward(self, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Earliest start and finish of every node (``time_s`` of shape (N,))."""
-        n = self.num_nodes
-        t = time_s.tolist()
-        end = [0.0] * n
-        start = [0.0] * n
-        preds = self.pred_lists
-        for v in self.order:
-            s = 0.0
-            for u, w in preds[v]:
-                r = end[u] + w
-                if r > s:
-                    s = r
-            start[v] = s
-            end[v] = s + t[v]
-        return np.array(start), np.array(end)
+        """Earliest start and finish of every node (``time_s`` of shape (N,)).
+
+        The same recurrence as the exact evaluator's :func:`perseus.dag.evaluate.longest_path`,
+        run by the compiled loop the walk uses (:mod:`perseus.solver.compiled`).
+        """
+        from perseus.solver.compiled import forward_pass
+
+        start = np.empty(self.num_nodes)
+        end = np.empty(self.num_nodes)
+        t = np.ascontiguousarray(time_s, dtype=np.float64)
+        forward_pass(
+            self.order_array, self.pred_ptr, self.pred_idx, self.pred_lat_csr, t, start, end
+        )
+        return start, end
 
     def backward(self, time_s: FloatArray, deadline_s: float) -> FloatArray:
         """Latest finish of every node so that everything ends by ``deadline_s``."""
-        n = self.num_nodes
-        t = time_s.tolist()
-        deadline = float(deadline_s)
-        late_start = [deadline] * n
-        late_finish = [deadline] * n
-        succs = self.succ_lists
-        for v in reversed(self.order):
-            lf = deadline
-            for u, w in succs[v]:
-                r = late_start[u] - w
-                if r < lf:
-                    lf = r
-            late_finish[v] = lf
-            late_start[v] = lf - t[v]
-        return np.array(late_finish)
+        from perseus.solver.compiled import backward_pass
 
-    def binding_path(self, time_s: FloatArray, end_s: FloatArray) -> list[int]:
-        """Nodes of one longest path ending at the latest-finishing node (sink first)."""
-        node = int(np.argmax(end_s))
-        t = time_s.tolist()
-        end = end_s.tolist()
-        path = [node]
-        start = end[node] - t[node]
-        while True:
-            preds = self.pred_lists[node]
-            if not preds:
-                return path
-            best_u, best = -1, -np.inf
-            for u, w in preds:  # first maximum, like argmax
-                r = end[u] + w
-                if r > best:
-                    best_u, best = u, r
-            if best < start - 1e-12 * max(1.0, abs(start)):
-                return path  # starts at 0: no predecessor is binding
-            node = best_u
-            path.append(node)
-            start = end[node] - t[node]
+        late_start = np.empty(self.num_nodes)
+        late_finish = np.empty(self.num_nodes)
+        t = np.ascontiguousarray(time_s, dtype=np.float64)
+        backward_pass(
+            self.order_array, self.succ_ptr, self.succ_idx, self.succ_lat_csr, t,
+            float(deadline_s), late_start, late_finish,
+        )  # fmt: skip
+        return late_finish
 
 
 def _padded(lists: list[list[tuple[int, float]]], n: int) -> tuple[IntArray, FloatArray]:

@@ -178,10 +178,13 @@ class _FakeEvent:
     def __init__(self, enable_timing: bool = False) -> None:
         self.t = 0.0
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         import time
 
         self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
 
     def synchronize(self) -> None:
         pass
@@ -199,6 +202,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "fake CUDA device")
     monkeypatch.setattr(

@@ -7,7 +7,7 @@ import pytest
 
 from perseus.errors import InfeasibleError
 from perseus.solver import trace
-from perseus.solver.exact import brute_force_energy_j, optimal_energy_j
+from perseus.solver.check.milp import brute_force_energy_j, optimal_energy_j
 from perseus.solver.lp_bound import lp_energy_floor_j
 
 from .conftest import small_job

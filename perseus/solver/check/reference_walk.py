@@ -4,7 +4,7 @@ Same algorithm as :func:`perseus.solver.compiled.walk_kernel` (see :mod:`perseus
 for the method), written for reading and for cross-checking the compiled loop
 (``trace(..., method="reference")``), 10–40x slower. Each iteration builds the min-cut network
 of the critical sub-DAG from scratch and solves it with
-:func:`perseus.solver.maxflow.min_cut_with_lower_bounds`.
+:func:`perseus.solver.check.maxflow.min_cut_with_lower_bounds`.
 
 Complexity: O(B·(N + E)) Python steps for B breakpoints, plus one scipy max flow per
 breakpoint.
@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.job import PlanningJob
+from perseus.solver.check.maxflow import min_cut_with_lower_bounds, reaches
 from perseus.solver.cost_model import CostModel
-from perseus.solver.maxflow import min_cut_with_lower_bounds, reaches
 from perseus.solver.paths import Topology
 
 __all__ = ["walk_reference"]
@@ -236,7 +236,7 @@ def _step_length(
         makespan = float(end.max())
         if makespan <= deadline - step + tol:
             return step, start, end
-        path = topo.binding_path(trial, end)
+        path = _binding_path(topo, trial, end)
         slope = move.slope_on(path, step)
         if slope <= -1.0:  # a critical path cut short by a clamp: retreat to the exact bound
             if step <= exact:
@@ -260,3 +260,24 @@ def _round(model: CostModel, d: FloatArray, tol: float) -> IntArray:
     table = model.opt_time_s[model.node_type]
     idx: IntArray = np.maximum((table <= (d + tol * 1e-3)[:, None]).sum(axis=1) - 1, 0)
     return idx.astype(np.int64)
+
+
+def _binding_path(topo: Topology, time_s: FloatArray, end_s: FloatArray) -> list[int]:
+    """Nodes of one longest path ending at the latest-finishing node (sink first)."""
+    node = int(np.argmax(end_s))
+    t = time_s.tolist()
+    end = end_s.tolist()
+    path = [node]
+    start = end[node] - t[node]
+    ptr, idx, lat = topo.pred_ptr.tolist(), topo.pred_idx.tolist(), topo.pred_lat_csr.tolist()
+    while True:
+        best_u, best = -1, -np.inf
+        for k in range(ptr[node], ptr[node + 1]):  # first maximum, like argmax
+            r = end[idx[k]] + lat[k]
+            if r > best:
+                best_u, best = idx[k], r
+        if best_u < 0 or best < start - 1e-12 * max(1.0, abs(start)):
+            return path  # starts at 0: no predecessor is binding
+        node = best_u
+        path.append(node)
+        start = end[node] - t[node]

@@ -1,0 +1,13 @@
+"""Test oracles for the solver, kept off its hot path.
+
+* :mod:`~perseus.solver.check.reference_walk`: the Phillips–Dessouky walk in numpy/Python on
+  scipy's max flow (``trace(..., method="reference")``), the compiled walk's parity oracle.
+* :mod:`~perseus.solver.check.milp`: the true optimum of a tiny job at a deadline (HiGHS MILP)
+  and by brute force: "optimal over real one-clock plans", the yardstick of the frontier's
+  quality (the LP floor, :mod:`perseus.solver.lp_bound`, is the relaxation's optimum).
+* :mod:`~perseus.solver.check.maxflow`: the min cut with lower bounds the reference walk uses.
+
+Nothing in the default solver path imports this package.
+"""
+
+__all__: list[str] = []
