@@ -23,6 +23,7 @@ pins.
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import MethodType
@@ -43,9 +44,9 @@ __all__ = [
 ]
 
 #: Oldest deepspeed whose pipeline engine internals this adapter was written against.
-MIN_DEEPSPEED_VERSION = (0, 14)
+MIN_DEEPSPEED_VERSION = (0, 19)
 #: The versions the ``deepspeed`` extra allows (tested: 0.19.8).
-TESTED_VERSIONS = ">=0.14,<0.20"
+TESTED_VERSIONS = ">=0.19,<0.20"
 
 _SCHEDULE_NAMES = ("TrainSchedule", "InferenceSchedule", "ForwardPass", "BackwardPass")
 _ENGINE_NAMES = ("_INSTRUCTION_MAP", "_exec_forward_pass", "_exec_backward_pass", "_exec_schedule")
@@ -70,9 +71,11 @@ def check_deepspeed_version() -> types.SimpleNamespace:
             lacks one of the names used here.
     """
     try:
-        import deepspeed
-        from deepspeed.runtime.pipe import schedule
-        from deepspeed.runtime.pipe.engine import PipelineEngine
+        with warnings.catch_warnings():  # import-time notes on optional packages
+            warnings.simplefilter("ignore")
+            import deepspeed
+            from deepspeed.runtime.pipe import schedule
+            from deepspeed.runtime.pipe.engine import PipelineEngine
     except ImportError as e:
         raise ConfigError(
             "deepspeed is required for perseus.runtime.deepspeed; install it with "

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -93,8 +94,12 @@ def check_megatron_version() -> types.SimpleNamespace:
             lacks one of the names used here.
     """
     try:
-        import megatron.core as mcore
-        from megatron.core.pipeline_parallel import p2p_communication, schedules
+        # Megatron warns at import about optional packages (Transformer Engine, Apex) that
+        # pipelining does not need; those warnings say nothing about perseus's use.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import megatron.core as mcore
+            from megatron.core.pipeline_parallel import p2p_communication, schedules
     except ImportError as e:
         raise ConfigError(
             "megatron-core is required for perseus.runtime.megatron; install it with "
@@ -301,7 +306,7 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
     if base in _CPU_COMMUNICATORS:
         return _CPU_COMMUNICATORS[base]
 
-    class CpuP2PCommunicator(base):  # type: ignore[misc, valid-type]
+    class CpuP2PCommunicator(base):  # type: ignore[misc]
         """Megatron's P2P communicator with CPU receive buffers (gloo), Megatron's own ops."""
 
         def _communicate(
