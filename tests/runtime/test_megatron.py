@@ -142,11 +142,11 @@ def _megatron_rank(rank: int, world: int, runs: list[tuple[int, int, int]]) -> d
                 self.input = tensors[0]
 
             def forward(self, x: Any) -> Any:
-                recorder.mark(f"{self.stage}F")
+                self.recorder.mark(f"{self.stage}F")
                 return torch.tanh(self.lin(x if self.stage == 0 else self.input))
 
         torch.manual_seed(0)
-        model = [Chunk(c * world + rank) for c in range(chunks)]
+        model = [Chunk(c * world + rank, config, recorder) for c in range(chunks)]
         data = [torch.randn(seq, mbs, hidden) for _ in range(microbatches)]
 
         def forward_step(it: Any, chunk: Any) -> Any:
