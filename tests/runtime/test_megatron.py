@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+torch = pytest.importorskip("torch")
+
 from perseus.errors import ConfigError, ScheduleError
 from perseus.schedule import Kind, interleaved_1f1b, one_f_one_b
 from tests.runtime._engines import Recorder, run_ranks, same_dag
@@ -101,15 +103,32 @@ def test_cuda_to_cpu_maps_device_argument():
 # Megatron's own schedule functions on gloo
 
 
+class _Chunk(torch.nn.Module):
+    """One model chunk as Megatron's schedules want it (config, model_type, set_input_tensor)."""
+
+    def __init__(self, stage: int, hidden: int, config: Any, recorder: Recorder) -> None:
+        from megatron.core.enums import ModelType
+
+        super().__init__()
+        self.lin = torch.nn.Linear(hidden, hidden)
+        self.config, self.model_type = config, ModelType.encoder_or_decoder
+        self.stage, self.recorder = stage, recorder
+        self.input: Any = None
+
+    def set_input_tensor(self, tensors: list[Any]) -> None:
+        self.input = tensors[0]
+
+    def forward(self, x: Any) -> Any:
+        self.recorder.mark(f"{self.stage}F")
+        return torch.tanh(self.lin(x if self.stage == 0 else self.input))
+
+
 def _megatron_rank(rank: int, world: int, runs: list[tuple[int, int, int]]) -> dict[str, Any]:
     """Run Megatron's schedules (1F1B or interleaved per ``runs``) with a recording factory."""
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from megatron.core.enums import ModelType
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer import TransformerConfig
-    from torch import nn
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
@@ -127,26 +146,8 @@ def _megatron_rank(rank: int, world: int, runs: list[tuple[int, int, int]]) -> d
         )
         recorder = Recorder()
 
-        class Chunk(nn.Module):
-            def __init__(self, stage: int) -> None:
-                super().__init__()
-                self.lin = nn.Linear(hidden, hidden)
-                self.config, self.model_type, self.stage = (
-                    config,
-                    ModelType.encoder_or_decoder,
-                    stage,
-                )
-                self.input: Any = None
-
-            def set_input_tensor(self, tensors: list[Any]) -> None:
-                self.input = tensors[0]
-
-            def forward(self, x: Any) -> Any:
-                self.recorder.mark(f"{self.stage}F")
-                return torch.tanh(self.lin(x if self.stage == 0 else self.input))
-
         torch.manual_seed(0)
-        model = [Chunk(c * world + rank, config, recorder) for c in range(chunks)]
+        model = [_Chunk(c * world + rank, hidden, config, recorder) for c in range(chunks)]
         data = [torch.randn(seq, mbs, hidden) for _ in range(microbatches)]
 
         def forward_step(it: Any, chunk: Any) -> Any:
