@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
 from perseus.errors import ConfigError, ScheduleError
 from perseus.schedule import Kind, interleaved_1f1b, one_f_one_b
 from tests.runtime._engines import Recorder, run_ranks, same_dag
 
+torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 megatron = pytest.importorskip("perseus.runtime.megatron")
 
