@@ -430,6 +430,19 @@ class RankAgent:
         self._iteration += 1
         return record
 
+    def step_abort(self) -> None:
+        """Discard the current iteration (the training loop raised inside it); no record.
+
+        The next :meth:`step_begin` starts afresh; a no-op outside an iteration.
+        """
+        self._in_step = False
+        self._cursor = 0
+
+    @property
+    def ops_done_this_iteration(self) -> int:
+        """Ops of the current iteration entered so far."""
+        return self._cursor
+
     def op(
         self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
     ) -> _OpScope:

@@ -15,7 +15,7 @@ The result is a profile in the standard CSV format (``stage,instruction,frequenc
 saved under a key of the model, schedule and world configuration (:func:`profile_cache_path`),
 so that the next run with the same configuration skips profiling.
 
-This module holds the sweep logic; :mod:`perseus.runtime.session` wires it into the hooks.
+This module holds the sweep logic; `perseus.runtime.rank_session` wires it into the hooks.
 """
 
 from __future__ import annotations
@@ -121,6 +121,12 @@ class OnlineProfiler:
         if not sweep.stopped:
             sweep._times.append(time_s)
             sweep._energies.append(energy_j)
+
+    def discard_iteration(self) -> None:
+        """Drop the samples of an iteration that failed (the clocks stay where they were)."""
+        for sweep in self.sweeps.values():
+            sweep._times.clear()
+            sweep._energies.clear()
 
     def end_iteration(self) -> None:
         """Close the current clock of every op (mean of its samples) and advance the sweep."""

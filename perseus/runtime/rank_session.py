@@ -1,0 +1,545 @@
+"""``RankSession``: one pipeline rank's perseus session, for any training engine.
+
+::
+
+    session = RankSession(schedule, rank, gpu=gpu, blocking_power_w=83.64, plan="plan.json")
+    with session:
+        for batch in loader:
+            with session.iteration():             # one training iteration
+                for action in engine_actions:     # however the engine runs them
+                    with session.op(action):
+                        run(action)
+    session.history                               # IterationStats per iteration
+
+The engine adapter's only jobs are to give the session the schedule it runs (a perseus
+:class:`~perseus.schedule.Schedule`) and to run every compute action inside ``session.op``
+(an :data:`~perseus.runtime.hooks.OpContextFactory`); :class:`~perseus.runtime.session.
+PerseusPipeline` does that for ``torch.distributed.pipelining``.
+
+The session obtains a plan (:mod:`perseus.runtime.planning`), runs it through the rank agent
+(:class:`~perseus.runtime.agent.RankAgent`: clocks, op order, measurement; watchdog and signal
+handling on by default), sweeps clocks first when asked to profile online
+(:mod:`perseus.runtime.online_profile`) and, with ``emulate=True``, stretches every action to
+the simulated GPU's time (:mod:`perseus.runtime.emulation`).
+
+Iteration boundaries are where everything changes (plans, profiling clocks, straggler
+decisions): all ranks of a pipeline pass the same boundary together (a barrier), so they never
+run different plans. A failed iteration (an exception inside :meth:`RankSession.iteration`)
+is discarded and the session stays usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from perseus.dag.graph import build_dag
+from perseus.errors import ConfigError, PlanError
+from perseus.io.profile_files import read_profile, write_profile_csv
+from perseus.job import PlanningJob
+from perseus.plan import Frontier
+from perseus.profile.model import Profile
+from perseus.runtime.agent import RankAgent
+from perseus.runtime.collectives import barrier
+from perseus.runtime.emulation import ActionStretcher, VirtualTimeline
+from perseus.runtime.online_profile import OnlineProfiler
+from perseus.runtime.planning import (
+    check_frontier,
+    gather_profile,
+    job_for_schedule,
+    load_frontier,
+    plan_from_profile,
+    sweep_finished_everywhere,
+)
+from perseus.schedule.actions import Action, Schedule
+from perseus.schedule.dependencies import action_dependencies
+
+__all__ = ["BoundaryHook", "IterationStats", "RankSession"]
+
+_log = logging.getLogger(__name__)
+
+#: Called at every iteration boundary with the stats of the iteration that just ended; may
+#: return ``(frontier, point_index)`` to deploy from the next iteration on. Every rank of a
+#: pipeline must return the same value (hooks decide from data all ranks share).
+BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStats:
+    """One iteration as this rank saw it.
+
+    Attributes:
+        iteration: Index since :meth:`RankSession.start` (profiling iterations included).
+        phase: ``"profile"`` during the online sweep, else ``"run"``.
+        point_index: Index of the deployed frontier point (None while profiling).
+        time_s: Window between this iteration's boundary and the next one's.
+        energy_j: This rank's GPU energy over the window.
+        compute_time_s: From the window's start to the end of this rank's last action.
+        predicted_time_s: The deployed point's predicted iteration time (None while profiling).
+        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (all
+            ranks; None while profiling).
+    """
+
+    iteration: int
+    phase: str
+    point_index: int | None
+    time_s: float
+    energy_j: float
+    compute_time_s: float
+    predicted_time_s: float | None = None
+    predicted_energy_j: float | None = None
+
+
+def _energy_j(gpu: Any) -> float:
+    exact = getattr(gpu, "exact_energy_j", None)
+    if exact is not None:
+        return float(exact())
+    return float(gpu.energy_mj()) / 1000.0
+
+
+class _NullScope:
+    """The context of an op that runs outside an iteration (eval, warm-up): untouched."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_OUTSIDE = _NullScope()
+
+
+class RankSession:
+    """One pipeline rank's perseus session around an engine's schedule.
+
+    The constructor validates and does no I/O; :meth:`start` (or ``with``) obtains the plan
+    (collective over ``group``: call it on every rank of the pipeline) and starts the agent.
+
+    Args:
+        schedule: The schedule the engine runs (every rank's compute actions, in order).
+        rank: This process's pipeline rank (index into ``schedule.rank_actions``).
+        gpu: This rank's GPU (a :class:`~perseus.device.simulated.SimulatedGPU` when
+            emulating).
+        blocking_power_w: GPU power while waiting; used for planning and profiling.
+        plan: A plan/frontier (object or JSON path) to deploy; its point ``point_index`` runs.
+        profile: Without ``plan``: plan offline from this profile (frontier computed on
+            pipeline rank 0 at start and broadcast). With ``plan``: the profile the plan was
+            computed for, checked against the plan and used for :meth:`allmax_plan`.
+        online_profile: Sweep clocks during the first iterations, then plan from the sweep.
+        profile_cache: CSV path where the online profile is saved; if it exists, profiling is
+            skipped and the saved profile is used.
+        point_index: Which frontier point to deploy (0: the fastest).
+        emulate: Stretch actions to the simulated GPU's time (``gpu`` must be simulated).
+        group: The pipeline's process group (None: the default group, or no distribution).
+        watchdog: Start the watchdog process that resets the GPU if this process dies.
+        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
+        patience: Online profiling early stop (see :class:`OnlineProfiler`).
+        timeline: Emulation only: a file shared by the pipeline's processes (same path on
+            every rank) through which actions start when their inputs are ready on the
+            simulated GPUs (see :class:`~perseus.runtime.emulation.VirtualTimeline`).
+        agent_options: Extra keyword arguments for :class:`~perseus.runtime.agent.RankAgent`.
+
+    Raises:
+        ConfigError: if no plan source is given or online profiling is combined with a plan or
+            profile.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        rank: int,
+        *,
+        gpu: Any,
+        blocking_power_w: float,
+        plan: Frontier | str | Path | None = None,
+        profile: Profile | None = None,
+        online_profile: bool = False,
+        profile_cache: str | Path | None = None,
+        point_index: int = 0,
+        emulate: bool = False,
+        group: Any = None,
+        watchdog: bool = True,
+        handle_signals: bool = True,
+        patience: int = 5,
+        timeline: str | Path | None = None,
+        agent_options: dict[str, Any] | None = None,
+    ) -> None:
+        if online_profile and (plan is not None or profile is not None):
+            raise ConfigError("online_profile=True measures the profile; drop plan= and profile=")
+        if not (online_profile or plan is not None or profile is not None):
+            raise ConfigError("RankSession needs plan=, profile= or online_profile=True")
+        if not 0 <= rank < schedule.num_ranks:
+            raise ConfigError(
+                f"rank {rank} is out of range: the schedule has {schedule.num_ranks} ranks"
+            )
+        if online_profile and not emulate:
+            raise ConfigError(
+                "online profiling is implemented for emulated GPUs only; profile real GPUs "
+                "offline and pass profile= or plan="
+            )
+        self.schedule = schedule
+        self.rank = rank
+        self.gpu = gpu
+        self.blocking_power_w = float(blocking_power_w)
+        self.group = group
+        self.emulate = emulate
+        self.point_index = point_index
+        self.history: list[IterationStats] = []
+        self.frontier: Frontier | None = None
+        self.job: PlanningJob | None = None
+        self.profiled: Profile | None = None
+        self.clocks_profiled: dict[tuple[int, Any], int] = {}
+        self._plan_arg = plan
+        self._profile_arg = profile
+        self._online = online_profile
+        self._cache = Path(profile_cache) if profile_cache is not None else None
+        self._patience = patience
+        self._agent_options: dict[str, Any] = {
+            "watchdog": watchdog,
+            "handle_signals": handle_signals,
+            **(agent_options or {}),
+        }
+        self._hooks: list[BoundaryHook] = []
+        self._agent: RankAgent | None = None
+        self._profiler: OnlineProfiler | None = None
+        self._timeline_path = Path(timeline) if (emulate and timeline is not None) else None
+        self._stretcher = (
+            ActionStretcher(gpu, backdate=self._timeline_path is not None) if emulate else None
+        )
+        self._timeline: VirtualTimeline | None = None
+        self._pending: tuple[Frontier, int] | None = None
+        self._clock_mhz: int | None = None
+        self._plan_clocks: dict[Action, int] = {}
+        self._window: tuple[float, float] | None = None
+        self._last_op_end = 0.0
+        self._iteration = 0
+        self._started = False
+
+    # ----------------------------------------------------------------------------------------
+    # Lifecycle
+
+    def start(self) -> RankSession:
+        """Obtain a plan (file, offline frontier, cache or sweep) and start the agent.
+
+        Collective over the pipeline's group. Idempotent.
+        """
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        if self._timeline_path is not None:
+            if self.rank == 0:
+                VirtualTimeline.create(
+                    self._timeline_path, sum(map(len, self.schedule.rank_actions))
+                )
+            barrier(self.group)
+            graph = build_dag(self.schedule)
+            num_stages = self.schedule.num_stages
+            self._timeline = VirtualTimeline(
+                self._timeline_path, graph.node_of, lambda a: action_dependencies(a, num_stages)
+            )
+        if self._plan_arg is not None:
+            frontier = load_frontier(self._plan_arg)
+            if self._profile_arg is not None:
+                self.job = job_for_schedule(self.schedule, self._profile_arg, self.blocking_power_w)
+                self.job.check_frontier(frontier, source=str(self._plan_arg)[:200])
+            self._install(frontier, self.point_index)
+        elif self._profile_arg is not None:
+            self._plan_from_profile(self._profile_arg)
+        elif self._cache is not None and self._cache.exists():
+            self._plan_from_profile(read_profile(self._cache), profiled=True)
+        else:
+            ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
+            self._profiler = OnlineProfiler(
+                ops, self.gpu.supported_clocks_mhz(), patience=self._patience
+            )
+
+    def close(self) -> None:
+        """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            if self._window is not None:
+                self._boundary(final=True)
+        finally:
+            agent, self._agent = self._agent, None
+            if agent is not None:
+                agent.close()
+            if self.emulate and self._clock_mhz is not None:
+                self._clock_mhz = None
+                self.gpu.reset_locked_clock()
+
+    def __enter__(self) -> RankSession:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            with contextlib.suppress(Exception):  # do not mask the training loop's error
+                self.close()
+
+    @property
+    def next_iteration(self) -> int:
+        """The index the next :meth:`iteration` will have in :attr:`history`."""
+        return self._iteration + (1 if self._window is not None else 0)
+
+    @property
+    def profiling(self) -> bool:
+        """True while the online sweep runs."""
+        return self._profiler is not None
+
+    @property
+    def agent(self) -> RankAgent | None:
+        """The rank agent running the deployed plan (None before a plan is deployed)."""
+        return self._agent
+
+    def add_boundary_hook(self, hook: BoundaryHook) -> None:
+        """Call ``hook`` at every iteration boundary (see :data:`BoundaryHook`)."""
+        self._hooks.append(hook)
+
+    def remove_boundary_hook(self, hook: BoundaryHook) -> None:
+        """Stop calling ``hook`` (no error if it was not added)."""
+        if hook in self._hooks:
+            self._hooks.remove(hook)
+
+    @property
+    def emulation_overruns(self) -> int:
+        """Actions whose CPU compute exceeded the simulated time (0 when not emulating)."""
+        return self._stretcher.overruns if self._stretcher is not None else 0
+
+    def deploy(self, frontier: Frontier, point_index: int = 0) -> None:
+        """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
+
+        Raises:
+            PlanError: if the frontier belongs to another schedule or the index is out of range.
+        """
+        check_frontier(self.schedule, frontier, point_index)
+        if self._agent is None:
+            self._install(frontier, point_index)
+        else:
+            self._pending = (frontier, point_index)
+
+    def allmax_plan(self) -> Frontier:
+        """A one-point plan running every action at the highest clock (the baseline)."""
+        job = self._require_job()
+        return job.frontier([job.point(job.allmax())])
+
+    # ----------------------------------------------------------------------------------------
+    # Iterations
+
+    @contextmanager
+    def iteration(self) -> Iterator[None]:
+        """Context manager around one training iteration (all its actions + optimizer step).
+
+        An exception inside discards the iteration (no stats) and leaves the session usable.
+        """
+        if not self._started:
+            raise ConfigError("RankSession.iteration() before start(); use `with session:`")
+        self._boundary(final=False)
+        try:
+            yield
+        except BaseException:
+            self._abort_iteration()
+            raise
+
+    def _abort_iteration(self) -> None:
+        self._window = None
+        if self._agent is not None:
+            self._agent.step_abort()
+        if self._profiler is not None:
+            self._profiler.discard_iteration()
+
+    def _boundary(self, final: bool) -> None:
+        barrier(self.group)
+        now, energy = time.perf_counter(), _energy_j(self.gpu)
+        stats = None
+        if self._window is not None:
+            t0, e0 = self._window
+            profiling = self.profiling
+            point = (
+                None
+                if profiling or self.frontier is None
+                else self.frontier.points[self.point_index]
+            )
+            stats = IterationStats(
+                iteration=self._iteration,
+                phase="profile" if profiling else "run",
+                point_index=None if profiling else self.point_index,
+                time_s=now - t0,
+                energy_j=energy - e0,
+                compute_time_s=max(0.0, self._last_op_end - t0),
+                predicted_time_s=None if point is None else point.time_s,
+                predicted_energy_j=None if point is None else point.energy_j,
+            )
+            self.history.append(stats)
+            self._iteration += 1
+            if self._agent is not None and not profiling:
+                self._agent.step_end()
+        self._window = None
+        if final:
+            return
+        extra = False
+        if self._profiler is not None and stats is not None:
+            extra = self._profile_boundary()
+        if stats is not None:
+            for hook in self._hooks:
+                decision = hook(stats)
+                extra = True
+                if decision is not None:
+                    check_frontier(self.schedule, *decision)
+                    self._pending = decision
+        if self._pending is not None and self._agent is not None:
+            frontier, index = self._pending
+            self._pending = None
+            self.frontier = frontier
+            self._agent.swap_plan(frontier, index)
+            self._set_table(frontier, index)
+            self.point_index = index
+        if extra:
+            barrier(self.group)
+        if self._agent is not None and not self.profiling:
+            self._agent.step_begin()
+        self._last_op_end = time.perf_counter()
+        self._window = (time.perf_counter(), _energy_j(self.gpu))
+        if self._timeline is not None:
+            self._timeline.begin_iteration(self._window[0])
+
+    # ----------------------------------------------------------------------------------------
+    # Actions
+
+    def op(self, action: Action) -> AbstractContextManager[Any]:
+        """The context manager around one compute action (an ``OpContextFactory``).
+
+        Outside an iteration (evaluation, warm-up runs) the action runs untouched.
+
+        Raises:
+            PlanError: inside an iteration, if the action is not the one the plan expects next
+                (another schedule, or several engine steps in one iteration).
+        """
+        if self._window is None:
+            return _OUTSIDE
+        return self._op(action)
+
+    @contextmanager
+    def _op(self, action: Action) -> Iterator[None]:
+        start = time.perf_counter()
+        if self._profiler is not None:
+            yield from self._profiled_op(action)
+        elif self._agent is None:
+            raise PlanError("RankSession: an action ran before a plan was deployed")
+        else:
+            agent = self._agent
+            if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
+                raise PlanError(
+                    f"rank {self.rank}: action {action} is beyond the "
+                    f"{len(agent.planned_clocks_mhz)} actions of one iteration: run exactly one "
+                    "engine step (e.g. schedule.step) per session.iteration(); for gradient "
+                    "accumulation raise the microbatch count instead"
+                )
+            with agent.op(action.kind, action.microbatch_index, action.stage_index):
+                if self._stretcher is None:
+                    yield
+                else:
+                    freq = self._plan_clocks[action]
+                    if freq != self._clock_mhz:
+                        self._clock_mhz = self.gpu.set_locked_clock(freq)
+                    timeline = self._timeline
+                    if timeline is not None:
+                        start = timeline.start_of(action, start)
+                    with self._stretcher.op(action, start_s=start) as timing:
+                        yield
+                    if timeline is not None:
+                        timeline.finish(
+                            action, timing.end_s if timing.overrun else timing.deadline_s
+                        )
+        self._last_op_end = time.perf_counter()
+
+    def _profiled_op(self, action: Action) -> Iterator[None]:
+        profiler, stretcher = self._profiler, self._stretcher
+        if profiler is None or stretcher is None:  # guarded in __init__
+            raise ConfigError("online profiling needs emulation")
+        freq = profiler.clock_for(action.stage_index, action.kind)
+        if freq != self._clock_mhz:
+            self._clock_mhz = self.gpu.set_locked_clock(freq)
+        e_pre = _energy_j(self.gpu)
+        with stretcher.op(action) as timing:
+            yield
+        e_end = _energy_j(self.gpu)
+        end_s = timing.end_s if timing.overrun else min(timing.end_s, timing.deadline_s)
+        time_s = end_s - timing.begun_s
+        blocked_s = (timing.end_s - timing.start_s) - time_s
+        energy_j = e_end - e_pre - self.blocking_power_w * blocked_s
+        profiler.record(action.stage_index, action.kind, time_s, energy_j)
+
+    # ----------------------------------------------------------------------------------------
+    # Planning
+
+    def _require_job(self) -> PlanningJob:
+        if self.job is None:
+            raise PlanError("RankSession: no job yet (still profiling?)")
+        return self.job
+
+    def _install(self, frontier: Frontier, point_index: int) -> None:
+        check_frontier(self.schedule, frontier, point_index)
+        self.frontier = frontier
+        self.point_index = point_index
+        options: dict[str, Any] = {"measure_op_energy": False, "enabled": not self.emulate}
+        options.update(self._agent_options)
+        if self.emulate:
+            options["enabled"] = False
+        agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
+        agent.start()
+        self._agent = agent
+        self._set_table(frontier, point_index)
+
+    def _set_table(self, frontier: Frontier, point_index: int) -> None:
+        freqs = frontier.points[point_index].freqs_mhz[self.rank]
+        self._plan_clocks = dict(zip(self.schedule.rank_actions[self.rank], freqs, strict=True))
+
+    def _plan_from_profile(self, profile: Profile, profiled: bool = False) -> None:
+        if profiled:
+            self.profiled = profile
+        self.job, frontier = plan_from_profile(
+            self.schedule, profile, self.blocking_power_w, self.rank, self.group
+        )
+        self._install(frontier, self.point_index)
+
+    def _profile_boundary(self) -> bool:
+        """Advance the sweep; when every rank has finished, plan from the measured profile."""
+        profiler = self._profiler
+        if profiler is None:
+            return False
+        profiler.end_iteration()
+        if not sweep_finished_everywhere(profiler, self.group):
+            return True
+        profile = gather_profile(profiler.rows(), self.group)
+        self.clocks_profiled = profiler.clocks_profiled()
+        self._profiler = None
+        self._clock_mhz = None
+        if self._cache is not None and self.rank == 0:
+            self._cache.parent.mkdir(parents=True, exist_ok=True)
+            write_profile_csv(profile, self._cache)
+        self._plan_from_profile(profile, profiled=True)
+        return True

@@ -1,0 +1,105 @@
+"""RankSession, the engine-neutral session: one process, no process group, a simulated GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import ConfigError, PlanError
+from perseus.io import load_profile
+from perseus.job import make_job
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.rank_session import IterationStats, RankSession
+from perseus.schedule import build_schedule
+
+BLOCKING_W = 83.64
+
+
+@pytest.fixture
+def profile():  # type: ignore[no-untyped-def]
+    return scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+
+
+@pytest.fixture
+def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def]
+    return SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0
+    )
+
+
+def _session(gpu, profile, **kwargs):  # type: ignore[no-untyped-def]
+    schedule = build_schedule("1f1b", 2, 4)
+    options = {"watchdog": False, "handle_signals": False, **kwargs}
+    # A plan without the solver (fast): all-max, and every op at 1095 MHz.
+    job = make_job(profile, "1f1b", 2, 4, BLOCKING_W)
+    plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
+    return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
+
+
+def _iteration(session: RankSession) -> None:
+    with session.iteration():
+        for action in session.schedule.rank_actions[session.rank]:
+            with session.op(action):
+                pass
+
+
+def test_session_runs_iterations_and_records_predicted_and_measured(gpu, profile):
+    with _session(gpu, profile) as session:
+        assert session.frontier is not None and session.agent is not None
+        for _ in range(3):
+            _iteration(session)
+        assert session.agent.wait_for_clock()
+        assert gpu.locked_clock_mhz() is not None  # the agent set clocks
+    assert gpu.locked_clock_mhz() is None  # and close() reset them
+    assert len(session.history) == 3
+    stats = session.history[-1]
+    assert isinstance(stats, IterationStats)
+    assert stats.phase == "run" and stats.point_index == 0
+    assert stats.predicted_time_s == session.frontier.points[0].time_s
+    assert stats.time_s > 0 and stats.energy_j >= 0
+
+
+def test_failed_iteration_leaves_the_session_usable(gpu, profile):
+    with _session(gpu, profile) as session:
+        _iteration(session)
+        actions = session.schedule.rank_actions[0]
+        with pytest.raises(RuntimeError, match="boom"), session.iteration():
+            with session.op(actions[0]):
+                pass
+            raise RuntimeError("boom")
+        _iteration(session)  # no "step_begin() called twice"
+    assert len(session.history) == 2
+
+
+def test_two_engine_steps_in_one_iteration_are_refused_with_a_clear_message(gpu, profile):
+    with _session(gpu, profile) as session:
+        actions = session.schedule.rank_actions[0]
+        with pytest.raises(PlanError, match="one engine step"), session.iteration():
+            for action in actions + actions:  # gradient accumulation: two steps
+                with session.op(action):
+                    pass
+        _iteration(session)
+
+
+def test_ops_outside_an_iteration_run_untouched(gpu, profile):
+    with _session(gpu, profile) as session:
+        action = session.schedule.rank_actions[0][0]
+        with session.op(action):  # e.g. an evaluation pass between iterations
+            pass
+        _iteration(session)
+    assert len(session.history) == 1
+
+
+def test_bad_arguments_are_config_errors(gpu, profile):
+    schedule = build_schedule("1f1b", 2, 4)
+    with pytest.raises(ConfigError, match="needs plan"):
+        RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W)
+    with pytest.raises(ConfigError, match="out of range"):
+        RankSession(schedule, 5, gpu=gpu, blocking_power_w=BLOCKING_W, profile=profile)
+    session = _session(gpu, profile)
+    with pytest.raises(PlanError, match="out of range"):
+        _session(gpu, profile, point_index=7).start()
+    with pytest.raises(ConfigError, match="before start"), session.iteration():
+        pass
