@@ -71,7 +71,7 @@ def worker(rank: int, world: int, args: Any) -> None:
         ]
     )
 
-    schedule = deepspeed_schedule(engine.num_stages, args.microbatches)
+    schedule = deepspeed_schedule(engine.num_stages, engine.gradient_accumulation_steps())
     profile, gpu, power, run_dir = emulated_setup(args, rank, schedule.num_stages)
     session = make_session(args, schedule, engine.stage_id, gpu, profile, power, run_dir).start()
     with instrument_deepspeed(engine, session.op):
