@@ -2,7 +2,7 @@
 
 This is the only module that touches Megatron-Core names that are not documented API
 (``schedules.forward_step``/``backward_step`` as module globals, ``P2PCommunicator._communicate``,
-``p2p_communication._p2p_ops``/``_batched_p2p_ops``). :func:`check_megatron_version` checks
+``p2p_communication._p2p_ops``). :func:`check_megatron_version` checks
 each of them once and raises a one-line :class:`~perseus.errors.ConfigError` naming the
 version and what is missing. Tested with megatron-core 0.16.1 (the newest that installs on
 Python 3.11); :data:`TESTED_VERSIONS` is the range the extra pins.
@@ -72,7 +72,7 @@ _SCHEDULE_NAMES = (
     "forward_backward_pipelining_without_interleaving",
     "forward_backward_pipelining_with_interleaving",
 )
-_P2P_NAMES = ("P2PCommunicator", "_p2p_ops", "_batched_p2p_ops")
+_P2P_NAMES = ("P2PCommunicator", "_p2p_ops")
 
 
 def _parse_version(text: str) -> tuple[int, int]:
@@ -338,8 +338,10 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
                 )
 
             recv_prev_t, recv_next_t = buffer(recv_prev), buffer(recv_next)
-            ops = p2p._batched_p2p_ops if config.batch_p2p_comm else p2p._p2p_ops
-            reqs = ops(
+            # Megatron's individual isend/irecv ops whatever batch_p2p_comm says: on gloo a
+            # batch is the same ops posted together, and a batched run was seen to abort a rank
+            # once in eight (issue 18); the individual ops have not.
+            reqs = p2p._p2p_ops(
                 tensor_send_prev=tensor_send_prev,
                 tensor_recv_prev=recv_prev_t,
                 tensor_send_next=tensor_send_next,
@@ -349,7 +351,7 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
                 next_pipeline_rank=self.next_rank,
             )
             if wait_on_reqs and reqs:
-                for req in reqs if isinstance(reqs, list) else reqs.values():
+                for req in reqs.values():
                     req.wait()
                 reqs = None
             return recv_prev_t, recv_next_t, reqs

@@ -95,3 +95,19 @@ def test_pipeline_engine_on_gloo_hooks_see_every_pass_in_train_schedule_order():
         for i in computes[:n_train]:
             assert events[i - 1][0] == "enter" and events[i + 1][0] == "exit"
     assert all(loss > 0 for loss in results[-1]["losses"])
+
+
+def test_version_check_names_what_is_missing(monkeypatch):
+    from deepspeed.runtime.pipe import schedule
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    monkeypatch.setattr(
+        PipelineEngine,
+        "_INSTRUCTION_MAP",
+        {schedule.ForwardPass: PipelineEngine._exec_forward_pass},
+    )
+    with pytest.raises(ConfigError, match=r"_INSTRUCTION_MAP\[BackwardPass\]"):
+        ds.check_deepspeed_version()
+    monkeypatch.delattr(PipelineEngine, "_exec_schedule")
+    with pytest.raises(ConfigError, match=r"lacks PipelineEngine\._exec_schedule"):
+        ds.check_deepspeed_version()

@@ -199,3 +199,11 @@ def test_megatron_runs_on_gloo_and_hooks_see_every_step_in_its_order():
                         inner = events[i + 2]
                     assert inner == ("exit", action)
             assert all(g > 0 for g in got["grads"])
+
+
+def test_version_check_names_what_is_missing(monkeypatch):
+    from megatron.core.pipeline_parallel import schedules
+
+    monkeypatch.delattr(schedules, "get_schedule_table")
+    with pytest.raises(ConfigError, match=r"lacks schedules\.get_schedule_table"):
+        megatron.check_megatron_version()
