@@ -11,8 +11,12 @@ or without torchrun (the script spawns the processes itself)::
         --iterations 6 --summary summary.json
 
 Each rank's simulated GPU is built from a profile (default: the bundled, measured A100 one, cut
-to the pipeline's stage count); every action sleeps out the time that GPU takes at its clock,
-and the GPU integrates energy (blocking power while the rank waits). The script runs an all-max
+to the pipeline's stage count) and runs through the same agent -> controller -> device path as a
+real GPU: every action is launched as an op on the simulated GPU's stream, the agent changes
+clocks on the device's timeline (set latency lognormal, median 5 ms / p99 12 ms), ops carry
+seeded time/power noise and the blocking power is off by a seeded error the planner does not
+know (``--no-noise`` turns both off), and the energy counter is published every 100 ms. The host
+waits for each op's output on the device before sending it (CPU-stretching). The script runs an all-max
 phase and a phase with the deployed plan (``--plan PLAN.json``, ``--online-profile``, or by
 default the fastest point of the frontier computed from the profile) and writes the predicted
 and measured figures of both to ``--summary``.
@@ -22,8 +26,13 @@ slows pipeline PIPE's GPUs from ``--straggler-from`` to ``--straggler-until`` (i
 each straggler phase), and the summary compares an adaptive run (the other pipelines switch
 plans) with a baseline that keeps the fastest plan.
 
-``--time-scale`` multiplies every simulated time and energy (power unchanged) so that tests can
-run short iterations; relative figures (savings) do not change.
+``--time-scale`` multiplies every simulated time and energy (power unchanged), the set latency
+and the counter period, so that tests can run short iterations; relative figures (savings) do
+not change. The default is 1 (the profile's real op times).
+
+The simulated GPUs live in ``$PERSEUS_SIM_DIR`` when it is set (so ``perseus device info`` shows
+their locks during a run), else in a fresh temporary directory. Watchdog and signal handling
+are on, as in any ``PerseusPipeline``.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from perseus.device.simulated import SimulatedGPU
+from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import default_blocking_power_w, load_profile, write_profile_csv
 from perseus.io.atomic import atomic_write_text
@@ -86,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spawn", type=int, metavar="NPROC", help="spawn NPROC processes (no torchrun)")
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--microbatch-size", type=int, default=2)
+    p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
@@ -169,12 +180,16 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.broadcast_object_list(run_dir, src=0)
     profile = emulated_profile(args, num_stages)
     power = blocking_power(args)
+    scale = args.time_scale
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=power,
         index=rank,
-        state_dir=run_dir[0],
-        set_latency_s=0.0,
+        state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
+        set_latency_s=0.005 * scale,  # notes §5.1: lognormal, median 5 ms, p99 12 ms
+        publish_interval_s=0.1 * scale,  # NVML's 100 ms energy counter
+        noise=None if args.no_noise else SimNoise(seed=args.seed),
+        seed=args.seed,
         clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
     )
 

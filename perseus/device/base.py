@@ -2,6 +2,12 @@
 
 Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the driver's
 list (nearest supported clock) and returns the clock actually requested from the driver.
+
+Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
+``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.events` wraps it), the simulated
+device's own event in emulation. The agent times ops and schedules clock changes by them, so
+one code path serves both. A device that records its own events implements
+:class:`EventSource`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GPU", "ManagedGPU", "ObserveOnlyWarning", "nearest_clock_mhz"]
+__all__ = [
+    "GPU",
+    "DeviceEvent",
+    "EventSource",
+    "ManagedGPU",
+    "ObserveOnlyWarning",
+    "nearest_clock_mhz",
+]
 
 
 @runtime_checkable
@@ -65,6 +78,43 @@ class ManagedGPU(GPU, Protocol):
     def owner_lock_path(self) -> Path: ...
 
     def watchdog_spec(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class DeviceEvent(Protocol):
+    """A point recorded on a device's compute stream.
+
+    ``energy_mj`` is the device's energy counter as of the event's device time when the device
+    can tell (the simulator), else None (then whoever observes completion reads the counter).
+    """
+
+    energy_mj: int | None
+
+    def query(self) -> bool:
+        """True once the device has passed this point (never blocks)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Block until the device has passed this point (this event only, not the device)."""
+        ...
+
+    def device_time_s(self) -> float:
+        """When the device passed this point, in seconds on :meth:`EventSource.timeline_now_s`'s
+        clock (blocks until completion)."""
+        ...
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Something that records events on the stream the training work runs on."""
+
+    def record_event(self) -> DeviceEvent:
+        """Record an event at the current end of the compute stream; returns at once."""
+        ...
+
+    def timeline_now_s(self) -> float:
+        """Now, on the clock that :meth:`DeviceEvent.device_time_s` uses."""
+        ...
 
 
 class ObserveOnlyWarning(RuntimeWarning):

@@ -10,8 +10,9 @@ This module uses the standard library only and imports nothing from perseus, so 
 process can load it by file path without paying for ``import perseus`` (~1 s).
 
 Energy is the integral of a piecewise-constant power: the state stores the exact integral
-``energy_j`` up to ``t_last``, the power of the running op until ``busy_until`` and the
-blocking power after it. Every transition first *advances* the integral to "now", so any
+``energy_j`` up to ``t_last`` and the device's planned work as ``segments`` (start, end, power,
+clock: the queued ops at the clocks known so far; the owner rewrites them when a clock change
+or a launch alters the plan), with the blocking power between and after them. Every transition first *advances* the integral to "now", so any
 process can read the counter at any time without replaying history. The counter NVML would
 report is published only at multiples of ``publish_interval_s`` (``pub_tick``/``pub_mj``).
 
@@ -48,6 +49,7 @@ __all__ = [
     "list_states",
     "owner_lock_path",
     "published_mj",
+    "segment_at",
     "read_owner_pid",
     "release_owner_lock",
     "write_info",
@@ -79,17 +81,31 @@ def default_lock_dir() -> Path:
 # ---------------------------------------------------------------------------------------------
 # Energy integral (pure functions of a state dict)
 
+#: One planned stretch of device work: ``[start_s, end_s, power_w, clock_mhz]``.
+Segment = list[float]
+
 
 def energy_at(state: State, t: float) -> float:
-    """Exact energy (J) at time ``t`` ≥ ``state['t_last']``: op power until ``busy_until``,
-    blocking power after it."""
+    """Exact energy (J) at time ``t`` >= ``state['t_last']``: each planned segment's power
+    over its span (``state['segments']``), blocking power elsewhere."""
     t0 = state["t_last"]
     span = max(0.0, t - t0)
-    busy = max(0.0, min(t, state["busy_until"]) - t0)
-    busy = min(busy, span)
-    return float(
-        state["energy_j"] + state["op_power_w"] * busy + state["idle_power_w"] * (span - busy)
-    )
+    busy = 0.0
+    energy = float(state["energy_j"])
+    for seg in state.get("segments", ()):
+        a, b = max(seg[0], t0), min(seg[1], t)
+        if b > a:
+            busy += b - a
+            energy += seg[2] * (b - a)
+    return energy + state["idle_power_w"] * max(0.0, span - busy)
+
+
+def segment_at(state: State, t: float) -> Segment | None:
+    """The planned segment covering time ``t``, or None when the device is idle then."""
+    for seg in state.get("segments", ()):
+        if seg[0] <= t < seg[1]:
+            return list(seg)
+    return None
 
 
 def _tick(t: float, interval_s: float) -> float:
@@ -120,6 +136,9 @@ def advance(state: State, now: float) -> float:
             state["pub_tick"] = tick
     state["energy_j"] = energy_at(state, now)
     state["t_last"] = now
+    segments = state.get("segments")
+    if segments:
+        state["segments"] = [seg for seg in segments if seg[1] > now]
     return now
 
 

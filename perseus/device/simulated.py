@@ -12,14 +12,28 @@ Two ways to build one:
 * :meth:`SimulatedGPU.from_preset`: A100-SXM4, A40, H100 (estimated) from fitted physics
   (:mod:`perseus.device.power_model`).
 
-Emulation API (used by torch emulation): :meth:`~SimulatedGPU.op_cost`,
-:meth:`~SimulatedGPU.begin_op`, :meth:`~SimulatedGPU.end_op`. Energy integrates over real
-wall-clock time: while an op runs the GPU draws ``op energy / op time`` (so a full op adds
-exactly its energy even if ``end_op`` comes late), otherwise ``blocking_power_w``.
+It behaves like a GPU, not like a plan (see :mod:`perseus.device.sim_stream`):
+
+* **Asynchronous stream.** :meth:`~SimulatedGPU.launch` queues an op and returns at once; the
+  device runs queued ops in order on its own timeline, so the host runs ahead as with CUDA.
+  :meth:`~SimulatedGPU.record_event` marks a point of the stream (a ``DeviceEvent`` with
+  ``query``/``synchronize``/``device_time_s``), :meth:`~SimulatedGPU.wait_until` makes the
+  stream wait (a receive whose data is ready at a given time).
+* **Clocks on the device's timeline.** ``set_locked_clock`` blocks its caller for a latency
+  drawn from a lognormal (median ``set_latency_s``, p99 ``set_latency_p99_s``: notes §5.1,
+  5 ms / 12 ms) and the new clock applies when it returns, in the middle of whatever op the
+  device is running then: an op that spans a clock change is priced piece by piece.
+* **Noise the planner does not know.** With ``noise`` (a :class:`SimNoise`; the emulation
+  entry points turn it on) every op's time and power get a seeded lognormal factor and the
+  blocking power is off the nominal value by a seeded error.
+* **Sensors.** Energy is the integral of the true power (op power while busy, blocking power
+  otherwise); the counter is published every ``publish_interval_s`` (100 ms).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
 import uuid as _uuid
@@ -27,7 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perseus.device.base import nearest_clock_mhz
+from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.power_model import capped_clock_mhz
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_state import (
@@ -38,8 +52,10 @@ from perseus.device.sim_state import (
     energy_at,
     owner_lock_path,
     published_mj,
+    segment_at,
     write_info,
 )
+from perseus.device.sim_stream import OpTrace, SimEvent, SimNoise, SimStream
 from perseus.errors import (
     ConfigError,
     DeviceError,
@@ -49,7 +65,7 @@ from perseus.errors import (
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
 
-__all__ = ["SimulatedGPU", "sim_uuid"]
+__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
 
 # (stage_index, kind, freq_mhz) -> (time_s, energy_j) at that clock, before slowdown.
 OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
@@ -73,16 +89,22 @@ class SimulatedGPU:
         index: Device index; the UUID is derived from it.
         state_dir: Where the state lives (default ``$PERSEUS_SIM_DIR`` or a per-user temp dir).
         publish_interval_s: Energy counter update period; 0 publishes exactly (tests).
-        set_latency_s: How long ``set_locked_clock``/``reset_locked_clock`` block the caller
-            (the new clock applies when the call returns).
+        set_latency_s: Median time ``set_locked_clock``/``reset_locked_clock`` block the
+            caller (lognormal; the new clock applies when the call returns); 0 for none.
+        set_latency_p99_s: 99th percentile of that latency (default 2.4 x the median, the
+            notes' 12 ms for 5 ms).
+        noise: Per-op time/power noise and blocking-power error (None: exact).
         power_cap_w: Enforced power limit, None for none.
         idle_clock_mhz: Clock reported while idle and unlocked (default: lowest clock).
         privileged: False makes set/reset raise :class:`DevicePermissionError` (NO_PERMISSION).
         clamp_out_of_range: Out-of-range requests snap to the nearest end (True) or raise
             (NVML's INVALID_ARGUMENT, False).
         source: Free text saying what the model was built from.
-        clock: Wall-clock source shared by all processes (tests inject a fake one).
-        sleep: How to wait out the set latency (tests inject a no-op).
+        clock: Wall-clock source shared by all processes (tests inject a fake one); the
+            device's timeline (event times) is on this clock.
+        sleep: How to wait out the set latency and event waits (tests inject a no-op).
+        seed: Seed of the set-latency draws (the noise has its own seed).
+        trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`; benchmarks).
     """
 
     def __init__(
@@ -96,6 +118,8 @@ class SimulatedGPU:
         state_dir: str | Path | None = None,
         publish_interval_s: float = 0.1,
         set_latency_s: float = 0.005,
+        set_latency_p99_s: float | None = None,
+        noise: SimNoise | None = None,
         power_cap_w: float | None = None,
         idle_clock_mhz: int | None = None,
         privileged: bool = True,
@@ -103,6 +127,8 @@ class SimulatedGPU:
         source: str = "",
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        seed: int = 0,
+        trace_ops: bool = False,
     ) -> None:
         if not clocks_mhz:
             raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
@@ -110,6 +136,12 @@ class SimulatedGPU:
             raise ConfigError(
                 f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
                 "set_latency_s must be >= 0"
+            )
+        p99 = 2.4 * set_latency_s if set_latency_p99_s is None else set_latency_p99_s
+        if set_latency_s > 0 and p99 < set_latency_s:
+            raise ConfigError(
+                f"simulated GPU {name!r}: set_latency_p99_s ({p99}) is below the median "
+                f"set_latency_s ({set_latency_s})"
             )
         self._name = name
         self._clocks = tuple(sorted(set(clocks_mhz), reverse=True))
@@ -120,6 +152,13 @@ class SimulatedGPU:
         self._state_dir = Path(state_dir) if state_dir is not None else None
         self.publish_interval_s = float(publish_interval_s)
         self.set_latency_s = float(set_latency_s)
+        self.set_latency_p99_s = float(p99)
+        # lognormal sigma from the median and the 99th percentile (z_0.99 = 2.3263)
+        self._latency_sigma = (
+            math.log(p99 / set_latency_s) / 2.3263 if set_latency_s > 0 and p99 > 0 else 0.0
+        )
+        self._latency_rng = random.Random(f"perseus-sim-latency/{seed}/{index}")
+        self.noise = noise
         self.power_cap_w = power_cap_w
         self._idle_clock = idle_clock_mhz if idle_clock_mhz is not None else self._clocks[-1]
         self.privileged = privileged
@@ -133,6 +172,9 @@ class SimulatedGPU:
         self._cost_cache: dict[tuple[int, Kind, int], tuple[int, float, float]] = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
+        self._stream = SimStream(self)
+        if trace_ops:
+            self._stream.trace = []
 
     # -----------------------------------------------------------------------------------------
     # Constructors
@@ -307,19 +349,24 @@ class SimulatedGPU:
         return {
             "uuid": self._uuid,
             "index": self.index,
-            "idle_power_w": self.blocking_power_w,
+            "idle_power_w": self.true_blocking_power_w,
             "publish_interval_s": self.publish_interval_s,
             "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
             "slowdown": 1.0,
             "energy_j": 0.0,
             "t_last": now,
-            "busy_until": now,
-            "busy_clock_mhz": None,
-            "op_power_w": 0.0,
+            "segments": [],
             "pub_tick": 0.0,
             "pub_mj": 0,
         }
+
+    @property
+    def true_blocking_power_w(self) -> float:
+        """The blocking power this device really draws (nominal +- the noise's error)."""
+        if self.noise is None:
+            return self.blocking_power_w
+        return self.blocking_power_w * (1.0 + self.noise.blocking_offset(self.index))
 
     def _attach(self, state: State | None, now: float) -> State:
         """Create the state, or adopt an existing one with this process's model parameters
@@ -328,7 +375,7 @@ class SimulatedGPU:
             return self._initial_state(now)
         advance(state, now)
         state.update(
-            idle_power_w=self.blocking_power_w,
+            idle_power_w=self.true_blocking_power_w,
             publish_interval_s=self.publish_interval_s,
             power_cap_w=self.power_cap_w,
         )
@@ -399,6 +446,12 @@ class SimulatedGPU:
             )
         return nearest_clock_mhz(asc, freq_mhz)
 
+    def _draw_latency_s(self) -> float:
+        if self.set_latency_s <= 0:
+            return 0.0
+        z = self._latency_rng.gauss(0.0, 1.0)
+        return self.set_latency_s * math.exp(self._latency_sigma * z)
+
     def set_locked_clock(self, freq_mhz: int) -> int:
         self._check("set_locked_clock")
         if not self.privileged:
@@ -406,13 +459,10 @@ class SimulatedGPU:
                 f"{self._name}: setting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
             )
         snapped = self.snap_clock_mhz(freq_mhz)
-        if self.set_latency_s > 0:
-            self._sleep(self.set_latency_s)
-
-        def change(state: State) -> None:
-            state["locked_mhz"] = snapped
-
-        self._update(change)
+        latency = self._draw_latency_s()
+        if latency > 0:
+            self._sleep(latency)
+        self._stream.set_lock(snapped)
         return snapped
 
     def reset_locked_clock(self) -> None:
@@ -421,13 +471,10 @@ class SimulatedGPU:
             raise DevicePermissionError(
                 f"{self._name}: resetting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
             )
-        if self.set_latency_s > 0:
-            self._sleep(self.set_latency_s)
-
-        def change(state: State) -> None:
-            state["locked_mhz"] = None
-
-        self._update(change)
+        latency = self._draw_latency_s()
+        if latency > 0:
+            self._sleep(latency)
+        self._stream.set_lock(None)
 
     def locked_clock_mhz(self) -> int | None:
         self._check("locked_clock_mhz")
@@ -437,8 +484,9 @@ class SimulatedGPU:
     def current_clock_mhz(self) -> int:
         self._check("current_clock_mhz")
         state = self._state()
-        if self._clock() < state["busy_until"] and state["busy_clock_mhz"] is not None:
-            return int(state["busy_clock_mhz"])
+        seg = segment_at(state, self._clock())
+        if seg is not None:
+            return int(seg[3])
         locked = state["locked_mhz"]
         return int(locked) if locked is not None else self._idle_clock
 
@@ -460,8 +508,8 @@ class SimulatedGPU:
     def power_w(self) -> float:
         self._check("power_w")
         state = self._state()
-        busy = self._clock() < state["busy_until"]
-        return float(state["op_power_w"] if busy else state["idle_power_w"])
+        seg = segment_at(state, self._clock())
+        return float(seg[2] if seg is not None else state["idle_power_w"])
 
     # -----------------------------------------------------------------------------------------
     # Emulation API
@@ -527,45 +575,49 @@ class SimulatedGPU:
         s = float(state["slowdown"])
         return t * s, e * s
 
-    def begin_op(self, stage_index: int, kind: Kind, start_s: float | None = None) -> float:
-        """Start an op now; returns how long it takes (s). The GPU draws the op's power until
-        then, and blocking power after, whether or not :meth:`end_op` is called on time.
+    # -----------------------------------------------------------------------------------------
+    # The stream (see perseus.device.sim_stream)
 
-        ``start_s`` (on this GPU's ``clock``) back-dates the start, for emulators whose host
-        reaches the op a little after the simulated GPU would have started it (a GPU runs
-        queued kernels back to back while the host lags): the span since ``start_s`` is
-        re-attributed from blocking to op power, never before the previous op's end.
-        """
-        self._check("begin_op")
-        result: list[float] = []
+    def launch(self, stage_index: int, kind: Kind) -> None:
+        """Queue one op of ``(stage_index, kind)``; returns at once (like a kernel launch)."""
+        self._check("launch")
+        self._stream.launch(stage_index, kind)
 
-        def change(state: State) -> None:
-            locked = state["locked_mhz"]
-            f_eff, t, e = self._op_at(
-                stage_index, kind, self._clocks[0] if locked is None else locked
-            )
-            time_s = t * float(state["slowdown"])
-            begin = state["t_last"]
-            if start_s is not None and start_s < begin:
-                back = max(start_s, min(float(state["busy_until"]), begin))
-                busy = min(begin, back + time_s) - back
-                state["energy_j"] += (e / t - state["idle_power_w"]) * busy
-                begin = back
-            state["busy_until"] = begin + time_s
-            state["op_power_w"] = e / t
-            state["busy_clock_mhz"] = f_eff
-            result.append(time_s)
+    def wait_until(self, time_s: float) -> None:
+        """Make the stream wait until ``time_s`` (this GPU's clock) before what comes next,
+        like a receive whose data arrives then."""
+        self._stream.wait_until(time_s)
 
-        self._update(change)
-        return result[0]
+    def backdate(self, ready_s: float) -> None:
+        """Emulation: the host reached the next op after the device could have started it
+        (on a GPU the host runs ahead); let it start when the stream was free and its inputs
+        were ready at ``ready_s``. Reuses only past idle time, never before the last event."""
+        self._stream.backdate(ready_s)
 
-    def end_op(self) -> None:
-        """Mark the GPU idle (blocked) from now; an op ended early is cut short."""
+    def wait_event(self, event: DeviceEvent) -> None:
+        """Make the stream wait for another simulated GPU's event (a receive of data that
+        op produced, as NCCL's receive kernel waits on the device)."""
+        if not isinstance(event, SimEvent):
+            raise ConfigError("a simulated GPU can only wait for another simulated GPU's event")
+        self._stream.wait_event(event)
 
-        def change(state: State) -> None:
-            state["busy_until"] = min(state["busy_until"], state["t_last"])
+    def record_event(self) -> DeviceEvent:
+        """Mark the current end of the stream; the event completes when the device gets there."""
+        return self._stream.record_event()
 
-        self._update(change)
+    @property
+    def op_trace(self) -> list[OpTrace]:
+        """Completed ops with the clocks they ran at (empty unless ``trace_ops=True``)."""
+        self._stream.poll()
+        return list(self._stream.trace or ())
+
+    def timeline_now_s(self) -> float:
+        """Now, on the clock of this GPU's timeline (the clock event times are on)."""
+        return self._clock()
+
+    def synchronize(self) -> None:
+        """Wait until every queued op has run (like ``cuda.synchronize``; tests, teardown)."""
+        self._stream.record_event().synchronize()
 
     def __repr__(self) -> str:
         return f"SimulatedGPU(name={self._name!r}, index={self.index}, uuid={self._uuid!r})"

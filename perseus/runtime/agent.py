@@ -10,9 +10,17 @@
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
-Before each op the agent posts the op's planned clock to a :class:`FrequencyController`
-(worker thread; the training thread never waits on the driver), and after it posts the next
-op's clock so the change overlaps the gap between ops. It checks that the ops arrive in the
+Clocks change on the device's timeline (``timing="device"``, the default whenever the GPU has
+device events: the simulator's own, or CUDA events through :mod:`perseus.runtime.events`). At
+each op boundary the agent records a device event on the compute stream and posts a
+:class:`~perseus.runtime.controller.Boundary` to the :class:`FrequencyController`'s worker
+thread, which waits for the op's start on the device and issues the next op's clock early by
+the measured set latency so that it applies as the op ends. Op times come from event pairs
+(device time), op and iteration energy from the counter read at those device-time
+boundaries. The training thread never waits on the driver and never synchronises the device;
+:meth:`RankAgent.step_end` waits for the iteration's last event (once per iteration).
+``timing="host"`` is the old behaviour (post the clock when the host enters an op, time ops on
+the host), kept for devices without events and as a baseline. It checks that the ops arrive in the
 order of ``plan.stage_ops[rank]`` and raises :class:`~perseus.errors.PlanError` naming the
 expected and actual op otherwise; it records each op's and each iteration's time and energy
 from the device counter. :meth:`RankAgent.swap_plan` changes the plan at the next iteration
@@ -35,11 +43,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from perseus.device.base import GPU, ManagedGPU, ObserveOnlyWarning
+from perseus.device.base import GPU, DeviceEvent, EventSource, ManagedGPU, ObserveOnlyWarning
 from perseus.device.sim_state import default_lock_dir, owner_lock_path
 from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
-from perseus.runtime.controller import FrequencyController
+from perseus.runtime.controller import Boundary, FrequencyController
+from perseus.runtime.events import event_source_for
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 from perseus.schedule.actions import Kind
 
@@ -55,7 +64,9 @@ _OP_RE = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
 
 @dataclass(frozen=True, slots=True)
 class OpRecord:
-    """One op as measured on this rank (energy from the device counter, 100 ms granular)."""
+    """One op as measured on this rank: device time between its events (host time with
+    ``timing="host"``), energy from the counter at those points (as granular as the counter:
+    100 ms on NVML; 0 when not read)."""
 
     iteration: int
     index: int
@@ -67,7 +78,7 @@ class OpRecord:
 
 @dataclass(frozen=True, slots=True)
 class IterationRecord:
-    """One iteration on this rank: wall time between step_begin/step_end and GPU energy."""
+    """One iteration on this rank: device time between step_begin/step_end and GPU energy."""
 
     iteration: int
     point_index: int
@@ -134,8 +145,11 @@ class RankAgent:
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
         measure_op_energy: Read the energy counter around each op (two cheap reads).
-        prefetch: Post the next op's clock when an op ends.
+        prefetch: Host timing only: post the next op's clock when an op ends.
         max_op_records: Per-op records kept (oldest dropped first).
+        timing: ``"device"`` (clocks and times on device events when the GPU has them) or
+            ``"host"`` (the host's view; see the module docstring).
+        events: The event source (default: :func:`~perseus.runtime.events.event_source_for`).
 
     Raises:
         PlanError: if ``rank`` or ``point_index`` is out of range or an op name is malformed.
@@ -155,7 +169,11 @@ class RankAgent:
         measure_op_energy: bool = True,
         prefetch: bool = True,
         max_op_records: int = 100_000,
+        timing: str = "device",
+        events: EventSource | None = None,
     ) -> None:
+        if timing not in ("device", "host"):
+            raise PlanError(f"timing must be 'device' or 'host', got {timing!r}")
         if not 0 <= rank < len(plan.stage_ops):
             raise PlanError(
                 f"rank {rank} is out of range: the plan has {len(plan.stage_ops)} ranks"
@@ -191,6 +209,14 @@ class RankAgent:
         self._t_op = 0.0
         self._e_op = 0
         self._pending_plan: tuple[Frontier, int] | None = None
+        self._timing = timing
+        self._events: EventSource | None = events
+        self._device_timed = False
+        self._jobs: list[Boundary] = []
+        self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
+        self._op_gap_s: dict[int, float] = {}  # op -> idle device time after it, last time
+        self._step_event: DeviceEvent | None = None
+        self._step_mj = 0
         self._set_plan(plan, point_index)
 
     # -----------------------------------------------------------------------------------------
@@ -278,6 +304,9 @@ class RankAgent:
                 )
                 self.enabled = False
                 self._controller = None
+            if self._timing == "device" and self._events is None:
+                self._events = event_source_for(gpu)
+            self._device_timed = self._timing == "device" and self._events is not None
         if self.enabled and gpu is not None:
             managed = gpu if isinstance(gpu, ManagedGPU) else None
             if managed is not None:
@@ -296,11 +325,20 @@ class RankAgent:
                 )
                 self._guard.install()
                 if self._controller is None:
-                    self._controller = FrequencyController(gpu)
+                    self._controller = FrequencyController(
+                        gpu, events=self._events if self._device_timed else None
+                    )
                 self._controller.start()
             except BaseException:
                 self._teardown(reset=False)
                 raise
+            if self._device_timed and self._controller is not None and self._freqs:
+                self._controller.apply_now(self._freqs[0])  # ready before the first op
+        elif gpu is not None and self._device_timed:
+            # Observe-only: no ownership, no watchdog; the worker only reads the counter at
+            # device-time boundaries.
+            self._controller = FrequencyController(gpu, events=self._events, control=False)
+            self._controller.start()
         self._started = True
         return self
 
@@ -317,17 +355,21 @@ class RankAgent:
         self._teardown(reset=True)
 
     def _emergency_close(self) -> None:
-        """atexit / signal path: like close() but never raises."""
+        """atexit / signal path: like close() but never raises and takes no lock that the
+        interrupted thread may hold (the controller is told to stop by a flag, not joined)."""
         if self._started:
             self._started = False
             with contextlib.suppress(Exception):
-                self._teardown(reset=True)
+                self._teardown(reset=True, emergency=True)
 
-    def _teardown(self, reset: bool) -> None:
+    def _teardown(self, reset: bool, emergency: bool = False) -> None:
         error: DeviceError | None = None
         ctl = self._controller
         if ctl is not None:
-            ctl.close()
+            if emergency:
+                ctl.close_nowait()
+            else:
+                ctl.close()
         if reset and self.enabled and self.gpu is not None and self._ownership is not None:
             lock = ctl.device_lock if ctl is not None else None
             acquired = lock.acquire(timeout=2.0) if lock is not None else False
@@ -340,7 +382,7 @@ class RankAgent:
             finally:
                 if acquired and lock is not None:
                     lock.release()
-        if self._own_controller and self.enabled:
+        if self._own_controller:
             self._controller = None
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -371,10 +413,17 @@ class RankAgent:
                 self.close()
 
     def wait_for_clock(self, timeout_s: float = 1.0) -> bool:
-        """Block until the last posted clock is applied (tests, emulation); True if it was."""
-        if self._controller is None:
+        """Block until the current op's clock (the next op's between ops) is applied (tests,
+        doctor); True if it was."""
+        ctl = self._controller
+        if ctl is None:
             return True
-        return self._controller.flush(timeout_s)
+        if not self._device_timed:
+            return ctl.flush(timeout_s)
+        if not self._freqs:
+            return True
+        j = min(self._cursor, len(self._freqs) - 1) if self._in_step else 0
+        return ctl.wait_applied(self._freqs[j], timeout_s)
 
     # -----------------------------------------------------------------------------------------
     # Per-iteration and per-op hooks (hot path)
@@ -396,10 +445,24 @@ class RankAgent:
             self._set_plan(*pending)
         self._cursor = 0
         self._in_step = True
+        if self._device_timed:
+            self._step_begin_device()
+            return
         if self._controller is not None and self._freqs:
             self._controller.request(self._freqs[0])
         self._e_step = self._energy_iter()
         self._t_step = time.perf_counter()
+
+    def _step_begin_device(self) -> None:
+        assert self._events is not None
+        ctl = self._controller
+        if ctl is not None and self._freqs:
+            ctl.apply_now(self._freqs[0])
+        self._jobs = []
+        event = self._events.record_event()
+        self._step_event = event
+        mj = event.energy_mj if event.query() else None
+        self._step_mj = mj if mj is not None else self._energy_iter()
 
     def step_end(self) -> IterationRecord:
         """End the iteration and return its record.
@@ -407,10 +470,13 @@ class RankAgent:
         Raises:
             PlanError: if the iteration ran fewer ops than the plan has for this rank.
         """
-        t = time.perf_counter()
-        e = self._energy_iter()
         if not self._in_step:
             raise PlanError(f"rank {self.rank}: step_end() without step_begin()")
+        if self._device_timed:
+            time_s, energy_j = self._step_end_device()
+        else:
+            time_s = time.perf_counter() - self._t_step
+            energy_j = (self._energy_iter() - self._e_step) / 1000.0
         self._in_step = False
         n = len(self._names)
         if self._cursor != n:
@@ -421,14 +487,58 @@ class RankAgent:
         record = IterationRecord(
             iteration=self._iteration,
             point_index=self.point_index,
-            time_s=t - self._t_step,
-            energy_j=(e - self._e_step) / 1000.0,
+            time_s=time_s,
+            energy_j=energy_j,
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
         )
         self._iterations.append(record)
         self._iteration += 1
         return record
+
+    def _step_end_device(self) -> tuple[float, float]:
+        """Wait for the iteration's last event (the only wait per iteration), then read the
+        op and iteration figures from the events."""
+        events, begin = self._events, self._step_event
+        assert events is not None and begin is not None
+        end = events.record_event()
+        end.synchronize()
+        mj = end.energy_mj
+        if mj is None:
+            mj = self._energy_iter()
+        ctl = self._controller
+        if ctl is not None:
+            ctl.flush(timeout_s=1.0)  # its last boundary is done: read its counter stamps
+        it = self._iteration
+        jobs = self._jobs
+        for j, job in enumerate(jobs):
+            if job.end is None:
+                continue
+            if j + 1 < len(jobs):
+                gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
+                self._op_gap_s[j] = max(0.0, gap)
+            time_s = job.time_s()
+            energy_j = job.energy_j()
+            freq = self._freqs[j] if j < len(self._freqs) else 0
+            self._op_time_s[(j, freq)] = time_s
+            self._ops.append((it, j, self._names[j], freq, time_s, energy_j or 0.0))
+        self._jobs = []
+        return end.device_time_s() - begin.device_time_s(), (mj - self._step_mj) / 1000.0
+
+    @property
+    def last_op_end_event(self) -> DeviceEvent | None:
+        """The end event of the op the host left last (device timing only)."""
+        return self._jobs[-1].end if self._jobs else None
+
+    @property
+    def events(self) -> EventSource | None:
+        """The device-event source in use (None: host timing)."""
+        return self._events if self._device_timed else None
+
+    @property
+    def device_timed(self) -> bool:
+        """True when clocks and op times follow device events."""
+        return self._device_timed
 
     def step_abort(self) -> None:
         """Discard the current iteration (the training loop raised inside it); no record.
@@ -437,6 +547,7 @@ class RankAgent:
         """
         self._in_step = False
         self._cursor = 0
+        self._jobs = []
 
     @property
     def ops_done_this_iteration(self) -> int:
@@ -468,12 +579,48 @@ class RankAgent:
         exp_kind, exp_mb, exp_stage = self._expected[j]
         if kind != exp_kind or mb != exp_mb or (stage is not None and stage != exp_stage):
             self._op_order_error(j)
+        if self._device_timed:
+            events = self._events
+            assert events is not None
+            freqs = self._freqs
+            freq = freqs[j]
+            # The last op's successor is the next iteration's first op (same plan unless a
+            # swap, which step_begin applies).
+            nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
+            expected = self._op_time_s.get((j, freq))
+            if expected is not None:
+                # Aim the change at the middle of the idle gap that followed this op last
+                # time (waiting for the next op's input): a late or early change lands there.
+                expected += 0.5 * self._op_gap_s.get(j, 0.0)
+            job = Boundary(events.record_event(), None if nxt == freq else nxt, expected)
+            self._jobs.append(job)
+            ctl = self._controller
+            if ctl is not None:
+                ctl.post(job)
+            return
         if self._controller is not None:
             self._controller.request(self._freqs[j])
         self._e_op = self._energy_mj()
         self._t_op = time.perf_counter()
 
+    def mark_op_end(self) -> None:
+        """Record the current op's end event now, before the host leaves the op (emulation:
+        the op is fully launched, as a GPU host has enqueued it and moved on). Device timing
+        only; a no-op otherwise."""
+        if self._device_timed and self._jobs and self._jobs[-1].end is None:
+            events = self._events
+            assert events is not None
+            self._jobs[-1].end = events.record_event()
+
     def _exit_op(self) -> None:
+        if self._device_timed:
+            job = self._jobs[-1]
+            if job.end is None:
+                events = self._events
+                assert events is not None
+                job.end = events.record_event()
+            self._cursor += 1
+            return
         t = time.perf_counter()
         e = self._energy_mj()
         j = self._cursor

@@ -1,14 +1,34 @@
-"""Apply SM clocks off the training thread.
+"""Apply SM clocks off the training thread, on the device's timeline.
 
 A set-clock call blocks its caller for ~5 ms (up to 15 ms, notes §5.1), far too long for the
-training loop, so the rank agent only *posts* the next clock and a worker thread applies it.
-Only the latest request matters (an op's clock that was not applied before the next op began
-is useless), so the controller keeps a single slot: a new request overwrites a pending one,
-and a request equal to the last one posted is skipped on the caller's side at the cost of one
-comparison. A worker error is stored and raised on the caller's next call, not lost.
+training loop, so the rank agent only *posts* work and a worker thread makes the driver calls.
 
-Permission and support errors are not fatal: the controller switches to *observe-only* (no
-further set calls) and warns once with :class:`~perseus.device.base.ObserveOnlyWarning`.
+Two ways to post:
+
+* **On the device's timeline** (:meth:`FrequencyController.post`, the default whenever the
+  device records events). CUDA launches are asynchronous: the host runs ahead of the GPU, so
+  a clock set "when the host enters the op" lands during some earlier op. Instead, at each op
+  boundary the agent records a device event on the compute stream and posts a
+  :class:`Boundary`: "op *j* starts at this event; when it ends, run at ``freq_next_mhz``".
+  The worker waits for the op's start event, then issues the next clock early by the
+  measured set latency, at ``start + expected op time - latency`` (the expected time is the
+  op's device-event time in the previous iteration, when known), so the new clock applies as
+  the op ends; without an expectation it waits for the op's end event. It also stamps each
+  event with the energy counter as it observes completion (devices whose events carry their
+  own counter reading need no stamp), so op and iteration energy are read at device-time
+  boundaries.
+* **Host-timed** (:meth:`FrequencyController.request`): apply the latest requested clock as
+  soon as possible (a single slot: a new request overwrites a pending one). Kept for devices
+  without events and as the baseline that ``benchmarks/clock_timing.py`` compares against.
+
+Errors: permission/support errors switch to *observe-only* (no further set calls) with one
+:class:`~perseus.device.base.ObserveOnlyWarning`. Other device errors are retried
+(``retries`` times, with a short back-off); an error that persists also switches to
+observe-only with one warning, instead of killing training.
+
+Shutdown: :meth:`FrequencyController.close` joins the worker; :meth:`close_nowait` only sets a
+flag (no lock taken), for signal handlers that may have interrupted a thread holding the
+controller's lock.
 """
 
 from __future__ import annotations
@@ -17,48 +37,104 @@ import threading
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from perseus.device.base import GPU, ObserveOnlyWarning
+from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
-__all__ = ["ApplyStats", "FrequencyController"]
+__all__ = ["ApplyStats", "Boundary", "FrequencyController"]
+
+#: How often the worker re-checks an event it waits for (a CUDA event has no timed wait).
+POLL_S = 0.0002
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyStats:
-    """Clock-apply delays: from the training thread's request to the driver call's return."""
+    """Clock-set calls: how long the driver call blocked, and request-to-apply delays."""
 
     applied: int
     skipped_stale: int
     median_delay_s: float
     p99_delay_s: float
     max_delay_s: float
+    median_set_latency_s: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class Boundary:
+    """One op on the device's timeline, posted by the agent when the host enters it.
+
+    Attributes:
+        start: Event recorded on the compute stream just before the op.
+        end: Event recorded just after it (set by the agent when the host leaves the op).
+        freq_next_mhz: Clock of the next op (None: last op of the iteration, or no change).
+        expected_s: Expected device time of this op (None: unknown, wait for ``end``).
+        start_mj / end_mj: The energy counter at the events' device times.
+    """
+
+    start: DeviceEvent
+    freq_next_mhz: int | None
+    expected_s: float | None
+    end: DeviceEvent | None = None
+    start_mj: int | None = None
+    end_mj: int | None = None
+    applied_early: bool = field(default=False)
+
+    def time_s(self) -> float:
+        """The op's device time (blocks until the end event completed)."""
+        assert self.end is not None
+        return self.end.device_time_s() - self.start.device_time_s()
+
+    def energy_j(self) -> float | None:
+        """The op's energy from the counter at its boundaries, when both were read."""
+        if self.start_mj is None or self.end_mj is None:
+            return None
+        return (self.end_mj - self.start_mj) / 1000.0
+
+
+def _event_mj(event: DeviceEvent) -> int | None:
+    return getattr(event, "energy_mj", None)
 
 
 class FrequencyController:
-    """Applies the most recently requested clock on a worker thread.
+    """Applies clocks on a worker thread, timed by device events or by host requests.
 
     Usage::
 
-        ctl = FrequencyController(gpu)
+        ctl = FrequencyController(gpu, events=gpu)
         ctl.start()
-        ctl.request(1095)   # returns at once
-        ctl.flush()         # wait until applied (tests, iteration boundaries)
+        ctl.apply_now(1410)                  # iteration start
+        ctl.post(Boundary(start_event, freq_next_mhz=1095, expected_s=0.05))
+        ctl.flush()                          # wait until everything posted is done
         ctl.close()
 
     Args:
         gpu: The device to drive.
+        events: Where device time comes from (None: host-timed requests only).
+        control: False only observes (stamps events with the counter; never sets clocks).
+        retries: Extra attempts for a failing set call before going observe-only.
         history: How many apply delays to keep for :meth:`stats`.
     """
 
-    def __init__(self, gpu: GPU, *, history: int = 10_000) -> None:
+    def __init__(
+        self,
+        gpu: GPU,
+        *,
+        events: EventSource | None = None,
+        control: bool = True,
+        retries: int = 2,
+        history: int = 10_000,
+    ) -> None:
         self.gpu = gpu
+        self.events = events
         self._cond = threading.Condition(threading.Lock())
         self._pending: int | None = None
         self._pending_since = 0.0
         self._posted: int | None = None  # last value accepted by request()
         self._applied: int | None = None  # last value the driver accepted (snapped)
+        self._target: int | None = None  # the last clock asked for, applied or not
+        self._done: int | None = None  # the last clock whose set call returned
+        self._jobs: deque[Boundary] = deque()
         self._busy = False
         self._error: BaseException | None = None
         self._notice: str | None = None
@@ -66,8 +142,10 @@ class FrequencyController:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._delays_s: deque[float] = deque(maxlen=history)
+        self._latencies_s: deque[float] = deque(maxlen=256)
         self._stale = 0
-        self.observe_only = False
+        self._retries = retries
+        self.observe_only = not control
         # Held by the worker around each driver call, so a reset on shutdown cannot be
         # overtaken by a set call that was already in flight.
         self.device_lock = threading.Lock()
@@ -87,11 +165,19 @@ class FrequencyController:
         """The last clock the driver accepted (after snapping), or None."""
         return self._applied
 
+    def set_latency_s(self) -> float | None:
+        """Median measured set-call latency (None before the first call)."""
+        lat = sorted(self._latencies_s)
+        return lat[len(lat) // 2] if lat else None
+
+    # ----------------------------------------------------------------------------------------
+    # Posting (training thread)
+
     def request(self, freq_mhz: int) -> None:
-        """Post ``freq_mhz``; returns immediately. Unchanged requests cost one comparison.
+        """Host-timed: apply ``freq_mhz`` as soon as possible; returns immediately.
 
         Raises:
-            DeviceError: the error a previous apply hit (raised once, then cleared).
+            DeviceError: a worker error (raised once, then cleared).
         """
         if self._attention:
             self._surface()
@@ -105,44 +191,86 @@ class FrequencyController:
             self._posted = freq_mhz
             self._cond.notify()
 
+    def apply_now(self, freq_mhz: int) -> None:
+        """Device-timed mode: apply ``freq_mhz`` before the next posted boundary is handled
+        (the device is idle at an iteration boundary, so "now" is the right time)."""
+        if freq_mhz == self._target:
+            return
+        self._posted = None  # boundaries may have moved the clock since the last request
+        self.request(freq_mhz)
+
+    def post(self, boundary: Boundary) -> None:
+        """Device-timed: handle ``boundary`` in order (see the module docstring)."""
+        if self._attention:
+            self._surface()
+        with self._cond:
+            self._jobs.append(boundary)
+            self._cond.notify()
+
     def forget(self) -> None:
         """Forget the last posted clock so the next request is applied even if equal (after
         someone else reset the GPU)."""
         self._posted = None
+        self._target = None
 
     def flush(self, timeout_s: float = 1.0) -> bool:
-        """Wait until no request is pending or in flight; True if it drained in time.
+        """Wait until nothing is pending or in flight; True if it drained in time.
 
         Raises:
             DeviceError: an error the worker hit.
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending is not None or self._busy:
+            while self._pending is not None or self._jobs or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None:
                     break
-                self._cond.wait(left)
-            drained = self._pending is None and not self._busy
+                self._cond.wait(min(left, 0.05))
+            drained = self._pending is None and not self._jobs and not self._busy
         if self._attention:
             self._surface()
         return drained
 
+    def wait_applied(self, freq_mhz: int, timeout_s: float = 1.0) -> bool:
+        """Wait until a set call for ``freq_mhz`` has returned (True), the controller is
+        observe-only (True: nothing to wait for) or the timeout passed (False).
+
+        Raises:
+            DeviceError: an error the worker hit.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._done != freq_mhz and not self.observe_only:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None:
+                    break
+                self._cond.wait(min(left, 0.05))
+            ok = self._done == freq_mhz or self.observe_only
+        if self._attention:
+            self._surface()
+        return ok
+
     def close(self, timeout_s: float = 1.0) -> None:
-        """Drop any pending request and stop the worker (idempotent); errors are dropped too."""
+        """Drop anything pending and stop the worker (idempotent); errors are dropped too."""
         with self._cond:
             self._closed = True
             self._pending = None
+            self._jobs.clear()
             self._cond.notify_all()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
+    def close_nowait(self) -> None:
+        """Ask the worker to stop without taking any lock (signal handlers, atexit)."""
+        self._closed = True
+
     def stats(self) -> ApplyStats:
         """Apply-delay statistics over the recent history."""
         delays = sorted(self._delays_s)
+        latency = self.set_latency_s() or 0.0
         if not delays:
-            return ApplyStats(0, self._stale, 0.0, 0.0, 0.0)
+            return ApplyStats(0, self._stale, 0.0, 0.0, 0.0, latency)
         n = len(delays)
         return ApplyStats(
             applied=n,
@@ -150,6 +278,7 @@ class FrequencyController:
             median_delay_s=delays[n // 2],
             p99_delay_s=delays[min(n - 1, int(0.99 * n))],
             max_delay_s=delays[-1],
+            median_set_latency_s=latency,
         )
 
     def _surface(self) -> None:
@@ -162,41 +291,113 @@ class FrequencyController:
         if error is not None:
             raise error
 
+    # ----------------------------------------------------------------------------------------
+    # Worker
+
     def _run(self) -> None:
-        while True:
+        while not self._closed:
             with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
+                while self._pending is None and not self._jobs and not self._closed:
+                    self._cond.wait(0.05)  # timed: close_nowait() takes no lock to wake us
                 if self._closed:
                     self._cond.notify_all()
                     return
                 freq, since = self._pending, self._pending_since
                 self._pending = None
+                job = self._jobs[0] if freq is None and self._jobs else None
                 self._busy = True
             try:
-                assert freq is not None  # set under the lock above
-                with self.device_lock:
-                    if not self._closed:
-                        self._applied = self.gpu.set_locked_clock(freq)
-                self._delays_s.append(time.perf_counter() - since)
-            except (DevicePermissionError, DeviceNotSupportedError) as e:
-                self.observe_only = True
-                self._notice = (
-                    f"perseus: cannot lock clocks on {self.gpu.name}; observe-only mode (time "
-                    f"and energy are still measured): {e}"
-                )
-                self._attention = True
-            except DeviceError as e:
-                self._error = e
-                self._posted = None
-                self._attention = True
-            except Exception as e:  # a backend bug must not kill the worker silently
-                wrapped = DeviceError(f"setting the clock on {self.gpu.name} failed: {e!r}")
-                wrapped.__cause__ = e
-                self._error = wrapped
-                self._posted = None
-                self._attention = True
+                if freq is not None:
+                    self._apply(freq, since)
+                elif job is not None:
+                    self._handle(job)
+                    with self._cond:
+                        if self._jobs and self._jobs[0] is job:
+                            self._jobs.popleft()
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
+        """Poll until ``event`` completed (or we close); its counter reading."""
+        while not event.query():
+            if self._closed:
+                return None
+            time.sleep(POLL_S)
+        mj = _event_mj(event)
+        if mj is None and stamp:
+            try:
+                mj = self.gpu.energy_mj()
+            except DeviceError:
+                mj = None
+        return mj
+
+    def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
+        """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
+        end event completed."""
+        events = self.events
+        while not self._closed:
+            end = job.end
+            if end is not None and end.query():
+                return True
+            if until_s is not None and events is not None:
+                left = until_s - events.timeline_now_s()
+                if left <= 0:
+                    return False
+                time.sleep(min(left, 0.002) if end is None else min(left, POLL_S * 5))
+            else:
+                time.sleep(POLL_S)
+        return False
+
+    def _handle(self, job: Boundary) -> None:
+        job.start_mj = self._wait_event(job.start, stamp=True)
+        freq = job.freq_next_mhz
+        if freq is not None and not self.observe_only and freq != self._target:
+            lead = self.set_latency_s()
+            until = None
+            if job.expected_s is not None and lead is not None:
+                until = job.start.device_time_s() + job.expected_s - lead
+            ended = self._wait_end(job, until)
+            if self._closed:
+                return
+            job.applied_early = not ended
+            self._apply(freq, time.perf_counter())
+        while job.end is None and not self._closed:
+            time.sleep(POLL_S)
+        if job.end is not None:
+            job.end_mj = self._wait_event(job.end, stamp=True)
+
+    def _apply(self, freq: int, since: float) -> None:
+        if self.observe_only or self._closed:
+            return
+        self._target = freq
+        last: BaseException | None = None
+        for attempt in range(self._retries + 1):
+            try:
+                with self.device_lock:
+                    if self._closed:
+                        return
+                    t0 = time.perf_counter()
+                    self._applied = self.gpu.set_locked_clock(freq)
+                    t1 = time.perf_counter()
+                self._latencies_s.append(t1 - t0)
+                self._delays_s.append(t1 - since)
+                self._done = freq
+                return
+            except (DevicePermissionError, DeviceNotSupportedError) as e:
+                self._degrade(f"cannot lock clocks on {self.gpu.name}: {e}")
+                return
+            except Exception as e:  # transient (NVML timeout) or a backend bug: retry
+                last = e
+                time.sleep(0.001 * (attempt + 1))
+        self._degrade(
+            f"setting the clock on {self.gpu.name} kept failing ({self._retries + 1} tries, "
+            f"last: {last!r})"
+        )
+
+    def _degrade(self, why: str) -> None:
+        self._notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"
+        self._attention = True
+        self._posted = None
+        self.observe_only = True  # last: a waiter that sees it also sees the notice

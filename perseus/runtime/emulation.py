@@ -1,174 +1,113 @@
-"""Emulation on machines without GPUs: stretch each action to the simulated GPU's time.
+"""Emulation on machines without GPUs: the same agent path, a simulated device underneath.
 
-A rank runs its real (tiny, CPU) computation, then sleeps until the time the simulated GPU
-would take for that (stage, kind) at its current clock has passed since the action began.
-Energy is the simulated device's business: it draws the op's power while busy and the blocking
-power whenever the rank is not inside an action (waiting for P2P, at the iteration barrier),
-so a rank's energy over an iteration is ``Σ op energies + P_block · idle``, the same
-definition the planner uses.
+An emulated run executes exactly what a run on GPUs executes (rank agent, controller thread,
+device events, watchdog); only two things differ:
 
-Accuracy: deadlines are kept with :func:`time.perf_counter`; the last
-:data:`SPIN_S` before a deadline are spent spinning rather than sleeping, which keeps each
-action within a few tens of microseconds of its target even when the OS sleep overshoots. If
-the CPU compute alone is longer than the target, the action cannot be stretched; the first
-such action emits one :class:`EmulationOverrunWarning` per stretcher (use a smaller model or a
-larger time scale).
+* **The device backend.** Each rank's :class:`~perseus.device.simulated.SimulatedGPU` queues
+  every action as an op on its stream (:meth:`StreamEmulator.launch`) and runs it on its own
+  timeline, at whatever clock the controller has applied by then.
+* **CPU-stretching.** On the CPU, torch produces an action's output as soon as the host has
+  computed it; on a GPU it exists only when the device has run the op. So the host waits for
+  the op's end event before it goes on to send that output (:meth:`StreamEmulator.finish`)
+  and publishes the op's device end time (:class:`VirtualTimeline`, a small file shared by
+  the pipeline's processes). The consumer's op starts on its device when the input was ready
+  there and the stream was free, even though its host, which had to receive the data over
+  gloo first, got there a little later (:meth:`StreamEmulator.before`): on a GPU the host
+  would have launched it ahead. The host's own overhead (Python, hooks, gloo) thus overlaps
+  device work as on a GPU instead of adding up along the pipeline.
+
+The op's end event is recorded right after its launch (a GPU host enqueues the kernels and
+the event, then moves on), so the CPU compute is host work and never device time. If it takes
+longer than the simulated op the host falls behind its device (on a GPU that would starve the
+device); the first such action emits one :class:`EmulationOverrunWarning` per emulator (use a
+smaller model or a larger time scale) and the rest are counted.
 
 Profiles can be scaled in time (:func:`scale_profile`) so that tests run quickly: times and
 energies are multiplied by the same factor, which keeps every op's power, and therefore every
-relative figure (savings, frontier shape), unchanged.
+relative figure (savings, frontier shape), unchanged. The entry points scale the simulated
+GPUs' set latency and counter period by the same factor (a consistently faster device).
 """
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
+from perseus.device.base import DeviceEvent
 from perseus.errors import ConfigError
 from perseus.profile.model import Profile, build_profile
-from perseus.schedule.actions import Action, Kind
+from perseus.schedule.actions import Action
 
 __all__ = [
-    "SPIN_S",
-    "ActionStretcher",
-    "EmulatedDevice",
     "EmulationOverrunWarning",
-    "OpTiming",
+    "StreamEmulator",
     "VirtualTimeline",
     "scale_profile",
-    "sleep_until",
     "take_stages",
 ]
-
-#: Spin (instead of sleeping) for this long before a deadline.
-SPIN_S = 0.0005
 
 
 class EmulationOverrunWarning(RuntimeWarning):
     """The real CPU compute of an action took longer than the simulated GPU time."""
 
 
-class EmulatedDevice(Protocol):
-    """What the stretcher needs from a simulated GPU (``perseus.device.simulated``)."""
+class StreamEmulator:
+    """Launches actions on a simulated GPU and holds the host until their outputs exist.
 
-    def begin_op(self, stage_index: int, kind: Kind, start_s: float | None = None) -> float:
-        """Mark the GPU busy from now (or from ``start_s``, on the ``time.perf_counter``
-        clock, when the stretcher back-dates); return the op's duration at the current clock."""
-        ...
-
-    def end_op(self) -> None:
-        """Mark the GPU idle (blocking power) from now."""
-        ...
-
-
-def sleep_until(deadline: float) -> None:
-    """Sleep until ``time.perf_counter() >= deadline``, spinning for the last :data:`SPIN_S`."""
-    remaining = deadline - time.perf_counter()
-    if remaining > SPIN_S:
-        time.sleep(remaining - SPIN_S)
-    while time.perf_counter() < deadline:
-        pass
-
-
-@dataclass
-class OpTiming:
-    """Timestamps of one stretched action (``time.perf_counter`` seconds).
+    Args:
+        gpu: The rank's simulated GPU (``launch``, ``wait_until``, ``record_event``).
+        timeline: The pipeline's shared timeline (None: a single process, no cross-rank
+            dependencies to wait for).
 
     Attributes:
-        start_s: When the action's window began (before the device call).
-        begun_s: When :meth:`EmulatedDevice.begin_op` returned.
-        target_s: The simulated duration the device returned.
-        deadline_s: When the simulated GPU finishes the action.
-        end_s: When the window ended (after the stretch); 0 while running.
-        overrun: The CPU compute alone took longer than the target.
+        overruns: Actions whose CPU compute outlasted the simulated op.
+        actions: Actions emulated so far.
     """
 
-    start_s: float
-    begun_s: float
-    target_s: float
-    deadline_s: float = 0.0
-    end_s: float = 0.0
-    overrun: bool = False
-
-
-class ActionStretcher:
-    """Stretches each action to the simulated GPU's duration and tells the GPU when it is busy.
-
-    Attributes:
-        overruns: Actions whose CPU compute exceeded the target.
-        late: Actions the host reached after their simulated end (host jitter; not stretched).
-        actions: Actions stretched so far.
-    """
-
-    def __init__(self, device: EmulatedDevice, *, backdate: bool = False) -> None:
-        self._device = device
-        # The device accepts begin_op(..., start_s=) on the perf_counter clock.
-        self._backdate = backdate
+    def __init__(self, gpu: Any, timeline: VirtualTimeline | None = None) -> None:
+        self._gpu = gpu
+        self._timeline = timeline
         self._warned = False
         self.overruns = 0
-        self.late = 0
         self.actions = 0
 
-    @contextmanager
-    def op(self, action: Action, start_s: float | None = None) -> Iterator[OpTiming]:
-        """Context manager around one action's real compute.
+    def before(self, action: Action) -> None:
+        """Start the action when its inputs exist on the producers' devices and this stream
+        is free, even if the host gets there later (a GPU's host would have launched it
+        ahead): the simulated GPU reuses the idle time since then."""
+        ready_s = self._timeline.ready_s(action) if self._timeline is not None else 0.0
+        self._gpu.backdate(ready_s)
 
-        Args:
-            action: The action (its stage and kind select the simulated cost).
-            start_s: When the action's window began. Given (training), the window lasts exactly
-                the target from ``start_s``, so the device-call latency is absorbed into the
-                action as a real driver call would be hidden behind the kernel. None
-                (profiling), the window lasts the target from when the device call returned,
-                so the measured duration excludes the emulator's own latency.
+    def launch(self, action: Action) -> None:
+        """Queue the action's op (returns at once, like kernel launches)."""
+        self._gpu.launch(action.stage_index, action.kind)
 
-        The device is not told when the action ends: it draws the op's power for exactly the
-        target duration from :meth:`EmulatedDevice.begin_op`, and the window never ends
-        earlier than that, so an ``end_op`` call would only add latency.
-        """
-        pre = time.perf_counter()
-        if start_s is not None and self._backdate:
-            target_s = self._device.begin_op(action.stage_index, action.kind, start_s=start_s)
-        else:
-            target_s = self._device.begin_op(action.stage_index, action.kind)
-        begun = time.perf_counter()
-        base = begun if start_s is None else start_s
-        timing = OpTiming(
-            start_s=pre if start_s is None else start_s,
-            begun_s=begun,
-            target_s=target_s,
-            deadline_s=base + target_s,
-        )
-        try:
-            yield timing
-        finally:
-            deadline = timing.deadline_s
-            now = time.perf_counter()
-            if now - begun > target_s:
-                self.overruns += 1
-                timing.overrun = True
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(
-                        f"emulated action {action} took longer on the CPU than the simulated "
-                        f"GPU's {1e3 * target_s:.2f} ms; use a smaller model or a larger time "
-                        "scale (further overruns are counted, not warned)",
-                        EmulationOverrunWarning,
-                        stacklevel=3,
-                    )
-                self._device.end_op()
-            elif now > deadline:
-                self.late += 1
-            else:
-                sleep_until(deadline)
-            timing.end_s = time.perf_counter()
-            self.actions += 1
+    def finish(self, action: Action, end: DeviceEvent | None) -> None:
+        """Hold the host until the op's end event, then publish its device time."""
+        self.actions += 1
+        if end is None:
+            end = self._gpu.record_event()
+        if end.query():  # done before the host even left the op: the CPU was slower
+            self._overrun(action)
+        end.synchronize()
+        if self._timeline is not None:
+            self._timeline.finish(action, end.device_time_s())
+
+    def _overrun(self, action: Action) -> None:
+        self.overruns += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"emulated action {action} took longer on the CPU than on the simulated GPU; "
+                "use a smaller model or a larger time scale (further overruns are counted, "
+                "not warned)",
+                EmulationOverrunWarning,
+                stacklevel=4,
+            )
 
 
 def scale_profile(profile: Profile, factor: float) -> Profile:
@@ -214,20 +153,13 @@ def take_stages(profile: Profile, num_stages: int) -> Profile:
 
 
 class VirtualTimeline:
-    """When each action may start on its simulated GPU, shared by a pipeline's processes.
+    """When each action's inputs exist on the simulated GPUs, shared by a pipeline's processes.
 
-    On a real GPU the host enqueues kernels ahead of time: the GPU starts an action as soon as
-    the previous action on that GPU has finished and its input has arrived, and the host's own
-    overhead (Python, hooks, P2P bookkeeping) overlaps GPU work. On the CPU the host *is* the
-    GPU, so that overhead would add up along the critical path. The timeline restores the GPU
-    semantics: every rank publishes each action's end time (its deadline) in a small
-    memory-mapped file (one float per action, indexed by DAG node id), and an action's window
-    starts at ``max(previous action's end on this rank, ends of the actions it depends on)``
-    instead of when the CPU got to it. The real data still flows through torch's P2P; a
-    producer publishes its end before torch sends, so the consumer always reads a fresh value.
-
-    Clocks are :func:`time.perf_counter` (``CLOCK_MONOTONIC`` on Linux: one clock for all
-    processes of a machine).
+    Every rank publishes each action's device end time in a small memory-mapped file (one
+    float per action, indexed by DAG node id, on :func:`time.perf_counter`'s clock:
+    ``CLOCK_MONOTONIC`` on Linux, one clock for all processes of a machine). A producer
+    publishes before torch sends the output, so the consumer, which only gets to the action
+    after receiving it, always reads a fresh value.
 
     Args:
         path: The shared file (created by :meth:`create`).
@@ -244,7 +176,6 @@ class VirtualTimeline:
         self._ends = np.memmap(path, dtype=np.float64, mode="r+")
         self._node_of = node_of
         self._dependencies = dependencies
-        self._previous_end = 0.0
 
     @staticmethod
     def create(path: str | Path, num_nodes: int) -> None:
@@ -253,18 +184,13 @@ class VirtualTimeline:
         ends[:] = 0.0
         ends.flush()
 
-    def begin_iteration(self, start_s: float) -> None:
-        """The rank's GPU is free from ``start_s`` (the iteration boundary)."""
-        self._previous_end = start_s
-
-    def start_of(self, action: Action, arrived_s: float) -> float:
-        """When ``action`` starts: its predecessors' ends, never later than the CPU's arrival."""
-        start = self._previous_end
+    def ready_s(self, action: Action) -> float:
+        """The latest device end time among ``action``'s inputs (0 when it has none)."""
+        ready = 0.0
         for dep in self._dependencies(action):
-            start = max(start, float(self._ends[self._node_of(dep)]))
-        return min(start, arrived_s)
+            ready = max(ready, float(self._ends[self._node_of(dep)]))
+        return ready
 
     def finish(self, action: Action, end_s: float) -> None:
-        """Publish ``action``'s end (call before torch sends its output)."""
+        """Publish ``action``'s device end time (call before torch sends its output)."""
         self._ends[self._node_of(action)] = end_s
-        self._previous_end = end_s

@@ -16,11 +16,18 @@ The engine adapter's only jobs are to give the session the schedule it runs (a p
 (an :data:`~perseus.runtime.hooks.OpContextFactory`); :class:`~perseus.runtime.session.
 PerseusPipeline` does that for ``torch.distributed.pipelining``.
 
-The session obtains a plan (:mod:`perseus.runtime.planning`), runs it through the rank agent
-(:class:`~perseus.runtime.agent.RankAgent`: clocks, op order, measurement; watchdog and signal
-handling on by default), sweeps clocks first when asked to profile online
-(:mod:`perseus.runtime.online_profile`) and, with ``emulate=True``, stretches every action to
-the simulated GPU's time (:mod:`perseus.runtime.emulation`).
+The session obtains a plan (:mod:`perseus.runtime.planning`) and runs it through the rank
+agent (:class:`~perseus.runtime.agent.RankAgent`: clocks on the device's timeline, op order,
+measurement; watchdog and signal handling on by default). An online sweep
+(:mod:`perseus.runtime.online_profile`) runs through the same agent: each sweep iteration is a
+plan of the clocks to measure, and op times come from the agent's device events. With
+``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
+action's op on its stream and holds the host until the op's output exists
+(:mod:`perseus.runtime.emulation`).
+
+Iteration figures are on the device's timeline: at a boundary the session waits for this
+rank's last op (one event wait per iteration), passes a barrier of the pipeline's ranks, then
+marks the boundary with a device event and reads the energy counter there.
 
 Iteration boundaries are where everything changes (plans, profiling clocks, straggler
 decisions): all ranks of a pipeline pass the same boundary together (a barrier), so they never
@@ -44,11 +51,11 @@ from perseus.dag.graph import build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob
-from perseus.plan import Frontier
+from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.agent import RankAgent
 from perseus.runtime.collectives import barrier
-from perseus.runtime.emulation import ActionStretcher, VirtualTimeline
+from perseus.runtime.emulation import StreamEmulator, VirtualTimeline
 from perseus.runtime.online_profile import OnlineProfiler
 from perseus.runtime.planning import (
     check_frontier,
@@ -97,13 +104,6 @@ class IterationStats:
     predicted_energy_j: float | None = None
 
 
-def _energy_j(gpu: Any) -> float:
-    exact = getattr(gpu, "exact_energy_j", None)
-    if exact is not None:
-        return float(exact())
-    return float(gpu.energy_mj()) / 1000.0
-
-
 class _NullScope:
     """The context of an op that runs outside an iteration (eval, warm-up): untouched."""
 
@@ -133,11 +133,14 @@ class RankSession:
         profile: Without ``plan``: plan offline from this profile (frontier computed on
             pipeline rank 0 at start and broadcast). With ``plan``: the profile the plan was
             computed for, checked against the plan and used for :meth:`allmax_plan`.
-        online_profile: Sweep clocks during the first iterations, then plan from the sweep.
+        online_profile: Sweep clocks during the first iterations, then plan from the sweep
+            (op time from device events, energy from the counter at the op boundaries).
         profile_cache: CSV path where the online profile is saved; if it exists, profiling is
             skipped and the saved profile is used.
         point_index: Which frontier point to deploy (0: the fastest).
-        emulate: Stretch actions to the simulated GPU's time (``gpu`` must be simulated).
+        emulate: Run on a simulated GPU (``gpu`` a
+            :class:`~perseus.device.simulated.SimulatedGPU`): launch every action's op on its
+            stream and hold the host until the op's output exists on the device.
         group: The pipeline's process group (None: the default group, or no distribution).
         watchdog: Start the watchdog process that resets the GPU if this process dies.
         handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
@@ -148,8 +151,8 @@ class RankSession:
         agent_options: Extra keyword arguments for :class:`~perseus.runtime.agent.RankAgent`.
 
     Raises:
-        ConfigError: if no plan source is given or online profiling is combined with a plan or
-            profile.
+        ConfigError: if no plan source is given, online profiling is combined with a plan or
+            profile, or ``emulate`` is asked of a GPU that is not simulated.
     """
 
     def __init__(
@@ -180,10 +183,9 @@ class RankSession:
             raise ConfigError(
                 f"rank {rank} is out of range: the schedule has {schedule.num_ranks} ranks"
             )
-        if online_profile and not emulate:
+        if emulate and not hasattr(gpu, "launch"):
             raise ConfigError(
-                "online profiling is implemented for emulated GPUs only; profile real GPUs "
-                "offline and pass profile= or plan="
+                f"emulate=True needs a simulated GPU (SimulatedGPU), got {type(gpu).__name__}"
             )
         self.schedule = schedule
         self.rank = rank
@@ -211,15 +213,10 @@ class RankSession:
         self._agent: RankAgent | None = None
         self._profiler: OnlineProfiler | None = None
         self._timeline_path = Path(timeline) if (emulate and timeline is not None) else None
-        self._stretcher = (
-            ActionStretcher(gpu, backdate=self._timeline_path is not None) if emulate else None
-        )
-        self._timeline: VirtualTimeline | None = None
+        self._emulator: StreamEmulator | None = None
         self._pending: tuple[Frontier, int] | None = None
-        self._clock_mhz: int | None = None
-        self._plan_clocks: dict[Action, int] = {}
-        self._window: tuple[float, float] | None = None
-        self._last_op_end = 0.0
+        self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
+        self._last_op_end: Any = None
         self._iteration = 0
         self._started = False
 
@@ -242,6 +239,7 @@ class RankSession:
         return self
 
     def _start(self) -> None:
+        timeline = None
         if self._timeline_path is not None:
             if self.rank == 0:
                 VirtualTimeline.create(
@@ -250,9 +248,11 @@ class RankSession:
             barrier(self.group)
             graph = build_dag(self.schedule)
             num_stages = self.schedule.num_stages
-            self._timeline = VirtualTimeline(
+            timeline = VirtualTimeline(
                 self._timeline_path, graph.node_of, lambda a: action_dependencies(a, num_stages)
             )
+        if self.emulate:
+            self._emulator = StreamEmulator(self.gpu, timeline)
         if self._plan_arg is not None:
             frontier = load_frontier(self._plan_arg)
             if self._profile_arg is not None:
@@ -268,6 +268,7 @@ class RankSession:
             self._profiler = OnlineProfiler(
                 ops, self.gpu.supported_clocks_mhz(), patience=self._patience
             )
+            self._install(self._sweep_plan(), 0)
 
     def close(self) -> None:
         """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
@@ -281,9 +282,6 @@ class RankSession:
             agent, self._agent = self._agent, None
             if agent is not None:
                 agent.close()
-            if self.emulate and self._clock_mhz is not None:
-                self._clock_mhz = None
-                self.gpu.reset_locked_clock()
 
     def __enter__(self) -> RankSession:
         return self.start()
@@ -327,7 +325,7 @@ class RankSession:
     @property
     def emulation_overruns(self) -> int:
         """Actions whose CPU compute exceeded the simulated time (0 when not emulating)."""
-        return self._stretcher.overruns if self._stretcher is not None else 0
+        return self._emulator.overruns if self._emulator is not None else 0
 
     def deploy(self, frontier: Frontier, point_index: int = 0) -> None:
         """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
@@ -338,6 +336,8 @@ class RankSession:
         check_frontier(self.schedule, frontier, point_index)
         if self._agent is None:
             self._install(frontier, point_index)
+        elif self._profiler is not None:
+            raise PlanError("RankSession.deploy() while the online sweep runs; wait for it")
         else:
             self._pending = (frontier, point_index)
 
@@ -371,32 +371,45 @@ class RankSession:
         if self._profiler is not None:
             self._profiler.discard_iteration()
 
+    def _mark(self) -> tuple[float, int]:
+        """A boundary on the device's timeline: (device time, energy counter in mJ)."""
+        agent = self._agent
+        events = agent.events if agent is not None else None
+        if events is None:  # no device timeline (a GPU without events): the host's view
+            return time.perf_counter(), int(self.gpu.energy_mj())
+        event = events.record_event()
+        event.synchronize()  # the device is idle here: completes at once
+        mj = event.energy_mj
+        return event.device_time_s(), int(self.gpu.energy_mj() if mj is None else mj)
+
     def _boundary(self, final: bool) -> None:
+        agent = self._agent
+        last_end = None
+        if self._window is not None and agent is not None:
+            last_end = agent.last_op_end_event
+            agent.step_end()  # waits for this rank's last op on the device
         barrier(self.group)
-        now, energy = time.perf_counter(), _energy_j(self.gpu)
+        now_s, mj = self._mark()
         stats = None
         if self._window is not None:
             t0, e0 = self._window
             profiling = self.profiling
-            point = (
-                None
-                if profiling or self.frontier is None
-                else self.frontier.points[self.point_index]
-            )
+            point = None
+            if not profiling and self.frontier is not None:
+                point = self.frontier.points[self.point_index]
+            end_s = last_end.device_time_s() if last_end is not None else t0
             stats = IterationStats(
                 iteration=self._iteration,
                 phase="profile" if profiling else "run",
                 point_index=None if profiling else self.point_index,
-                time_s=now - t0,
-                energy_j=energy - e0,
-                compute_time_s=max(0.0, self._last_op_end - t0),
+                time_s=now_s - t0,
+                energy_j=(mj - e0) / 1000.0,
+                compute_time_s=max(0.0, end_s - t0),
                 predicted_time_s=None if point is None else point.time_s,
                 predicted_energy_j=None if point is None else point.energy_j,
             )
             self.history.append(stats)
             self._iteration += 1
-            if self._agent is not None and not profiling:
-                self._agent.step_end()
         self._window = None
         if final:
             return
@@ -413,18 +426,16 @@ class RankSession:
         if self._pending is not None and self._agent is not None:
             frontier, index = self._pending
             self._pending = None
-            self.frontier = frontier
             self._agent.swap_plan(frontier, index)
-            self._set_table(frontier, index)
-            self.point_index = index
+            if self._profiler is None:  # a sweep plan is not the deployed frontier
+                self.frontier = frontier
+                self.point_index = index
         if extra:
             barrier(self.group)
-        if self._agent is not None and not self.profiling:
+            now_s, mj = self._mark()
+        if self._agent is not None:
             self._agent.step_begin()
-        self._last_op_end = time.perf_counter()
-        self._window = (time.perf_counter(), _energy_j(self.gpu))
-        if self._timeline is not None:
-            self._timeline.begin_iteration(self._window[0])
+        self._window = (now_s, mj)
 
     # ----------------------------------------------------------------------------------------
     # Actions
@@ -444,54 +455,27 @@ class RankSession:
 
     @contextmanager
     def _op(self, action: Action) -> Iterator[None]:
-        start = time.perf_counter()
-        if self._profiler is not None:
-            yield from self._profiled_op(action)
-        elif self._agent is None:
+        agent = self._agent
+        if agent is None:
             raise PlanError("RankSession: an action ran before a plan was deployed")
-        else:
-            agent = self._agent
-            if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
-                raise PlanError(
-                    f"rank {self.rank}: action {action} is beyond the "
-                    f"{len(agent.planned_clocks_mhz)} actions of one iteration: run exactly one "
-                    "engine step (e.g. schedule.step) per session.iteration(); for gradient "
-                    "accumulation raise the microbatch count instead"
-                )
+        if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
+            raise PlanError(
+                f"rank {self.rank}: action {action} is beyond the "
+                f"{len(agent.planned_clocks_mhz)} actions of one iteration: run exactly one "
+                "engine step (e.g. schedule.step) per session.iteration(); for gradient "
+                "accumulation raise the microbatch count instead"
+            )
+        emulator = self._emulator
+        if emulator is None:
             with agent.op(action.kind, action.microbatch_index, action.stage_index):
-                if self._stretcher is None:
-                    yield
-                else:
-                    freq = self._plan_clocks[action]
-                    if freq != self._clock_mhz:
-                        self._clock_mhz = self.gpu.set_locked_clock(freq)
-                    timeline = self._timeline
-                    if timeline is not None:
-                        start = timeline.start_of(action, start)
-                    with self._stretcher.op(action, start_s=start) as timing:
-                        yield
-                    if timeline is not None:
-                        timeline.finish(
-                            action, timing.end_s if timing.overrun else timing.deadline_s
-                        )
-        self._last_op_end = time.perf_counter()
-
-    def _profiled_op(self, action: Action) -> Iterator[None]:
-        profiler, stretcher = self._profiler, self._stretcher
-        if profiler is None or stretcher is None:  # guarded in __init__
-            raise ConfigError("online profiling needs emulation")
-        freq = profiler.clock_for(action.stage_index, action.kind)
-        if freq != self._clock_mhz:
-            self._clock_mhz = self.gpu.set_locked_clock(freq)
-        e_pre = _energy_j(self.gpu)
-        with stretcher.op(action) as timing:
+                yield
+            return
+        emulator.before(action)
+        with agent.op(action.kind, action.microbatch_index, action.stage_index):
+            emulator.launch(action)
+            agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
             yield
-        e_end = _energy_j(self.gpu)
-        end_s = timing.end_s if timing.overrun else min(timing.end_s, timing.deadline_s)
-        time_s = end_s - timing.begun_s
-        blocked_s = (timing.end_s - timing.start_s) - time_s
-        energy_j = e_end - e_pre - self.blocking_power_w * blocked_s
-        profiler.record(action.stage_index, action.kind, time_s, energy_j)
+        emulator.finish(action, agent.last_op_end_event)
 
     # ----------------------------------------------------------------------------------------
     # Planning
@@ -503,20 +487,47 @@ class RankSession:
 
     def _install(self, frontier: Frontier, point_index: int) -> None:
         check_frontier(self.schedule, frontier, point_index)
+        if self._agent is not None:  # the sweep's agent runs the plan from the next iteration
+            self._pending = (frontier, point_index)
+            self.frontier = frontier
+            self.point_index = point_index
+            return
         self.frontier = frontier
         self.point_index = point_index
-        options: dict[str, Any] = {"measure_op_energy": False, "enabled": not self.emulate}
+        options: dict[str, Any] = {"measure_op_energy": False}
         options.update(self._agent_options)
-        if self.emulate:
-            options["enabled"] = False
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
         agent.start()
         self._agent = agent
-        self._set_table(frontier, point_index)
 
-    def _set_table(self, frontier: Frontier, point_index: int) -> None:
-        freqs = frontier.points[point_index].freqs_mhz[self.rank]
-        self._plan_clocks = dict(zip(self.schedule.rank_actions[self.rank], freqs, strict=True))
+    def _sweep_plan(self) -> Frontier:
+        """A one-point "plan" running every op at the clock the sweep measures next."""
+        profiler = self._profiler
+        assert profiler is not None
+        schedule = self.schedule
+        top = max(self.gpu.supported_clocks_mhz())
+        freqs = tuple(
+            tuple(
+                profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
+                for a in actions
+            )
+            for r, actions in enumerate(schedule.rank_actions)
+        )
+        spec = JobSpec(
+            schedule=schedule.name,
+            ranks=schedule.num_ranks,
+            stages=schedule.num_stages,
+            microbatches=schedule.num_microbatches,
+            virtual_stages=schedule.virtual_stages,
+            blocking_power_w=self.blocking_power_w,
+            profile_sha256="0" * 64,
+        )
+        return Frontier(
+            job=spec,
+            stage_ops=schedule.stage_ops(),
+            baseline=Baseline(time_s=1.0, energy_j=1.0),
+            points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
+        )
 
     def _plan_from_profile(self, profile: Profile, profiled: bool = False) -> None:
         if profiled:
@@ -527,17 +538,24 @@ class RankSession:
         self._install(frontier, self.point_index)
 
     def _profile_boundary(self) -> bool:
-        """Advance the sweep; when every rank has finished, plan from the measured profile."""
-        profiler = self._profiler
-        if profiler is None:
+        """Feed the sweep the last iteration's ops; when every rank has finished, plan from
+        the measured profile."""
+        profiler, agent = self._profiler, self._agent
+        if profiler is None or agent is None:
             return False
+        actions = self.schedule.rank_actions[self.rank]
+        last = agent.iteration - 1
+        for op in agent.records.ops[-len(actions) :]:
+            if op.iteration == last:
+                action = actions[op.index]
+                profiler.record(action.stage_index, action.kind, op.time_s, op.energy_j)
         profiler.end_iteration()
         if not sweep_finished_everywhere(profiler, self.group):
+            self._pending = (self._sweep_plan(), 0)
             return True
         profile = gather_profile(profiler.rows(), self.group)
         self.clocks_profiled = profiler.clocks_profiled()
         self._profiler = None
-        self._clock_mhz = None
         if self._cache is not None and self.rank == 0:
             self._cache.parent.mkdir(parents=True, exist_ok=True)
             write_profile_csv(profile, self._cache)

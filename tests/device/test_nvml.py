@@ -275,11 +275,14 @@ def test_invalid_clock_is_resnapped_once(nvml: FakeNvml, tmp_path: Path, code: i
 def test_lost_gpu_surfaces_on_next_agent_call(nvml: FakeNvml, tmp_path: Path) -> None:
     gpu = _gpu(nvml, tmp_path)
     plan = tiny_plan(freq_mhz=1095)
-    nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_GPU_IS_LOST)
+    nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_GPU_IS_LOST, times=10)
     agent = RankAgent(plan, gpu, rank=0, watchdog=False, handle_signals=False).start()
-    agent.step_begin()  # posts the first op's clock; the worker hits GPU_IS_LOST
-    with pytest.raises(DeviceLostError):
+    agent.step_begin()  # posts the first op's clock; the worker hits GPU_IS_LOST every time
+    # A persistent device error degrades to observe-only with one warning (issue 14), rather
+    # than killing training.
+    with pytest.warns(ObserveOnlyWarning, match="GPU_IS_LOST|lost|kept failing"):
         agent.wait_for_clock()
+    assert agent.observe_only
     agent.close()
     gpu.close()
 

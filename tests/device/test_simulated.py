@@ -10,7 +10,7 @@ import pytest
 
 from perseus.device.base import GPU, ManagedGPU
 from perseus.device.presets import PRESETS, get_preset
-from perseus.device.simulated import SimulatedGPU
+from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError, DeviceError, DeviceLostError, DevicePermissionError
 from perseus.io import load_profile
 from perseus.profile import build_profile
@@ -76,42 +76,88 @@ def test_profile_gpu_costs_exactly_the_profile_at_every_clock(tmp_path: Path) ->
             gpu.set_locked_clock(option.freq_mhz)
             assert gpu.op_cost(stage, kind) == (option.time_s, option.energy_j)
             if i % 4:
-                continue  # the wall-clock energy path below on a quarter of the clocks
+                continue  # the stream path below on a quarter of the clocks
             before = gpu.exact_energy_j()
-            duration = gpu.begin_op(stage, kind)
-            assert duration == option.time_s
+            start = gpu.record_event()
+            gpu.launch(stage, kind)
+            end = gpu.record_event()
+            assert not end.query()  # the launch returned at once; the device runs it later
             assert gpu.current_clock_mhz() == option.freq_mhz
-            clock.t += duration
-            gpu.end_op()
+            clock.t += option.time_s
+            assert end.query()
+            assert end.device_time_s() - start.device_time_s() == pytest.approx(option.time_s)
             assert gpu.exact_energy_j() - before == pytest.approx(option.energy_j, rel=1e-9)
             assert gpu.energy_mj() == math.floor(gpu.exact_energy_j() * 1000)
 
 
-def test_late_end_op_adds_blocking_power_not_op_power(tmp_path: Path) -> None:
+def test_idle_device_draws_blocking_power(tmp_path: Path) -> None:
     clock = FakeClock()
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     before = gpu.exact_energy_j()
-    duration = gpu.begin_op(0, Kind.F)
-    assert gpu.power_w() == pytest.approx(gpu.op_cost(0, Kind.F)[1] / duration)
+    gpu.launch(0, Kind.F)
+    duration, energy = gpu.op_cost(0, Kind.F)
+    assert gpu.power_w() == pytest.approx(energy / duration)
     clock.t += duration + 0.5
     assert gpu.power_w() == pytest.approx(83.64)
-    gpu.end_op()
-    expected = load_profile("a100").op(0, Kind.F).at(1410).energy_j + 83.64 * 0.5
-    assert gpu.exact_energy_j() - before == pytest.approx(expected)
+    assert gpu.exact_energy_j() - before == pytest.approx(energy + 83.64 * 0.5)
 
 
-def test_early_end_op_cuts_the_op(tmp_path: Path) -> None:
+def test_queued_ops_run_back_to_back_and_events_mark_the_stream(tmp_path: Path) -> None:
     clock = FakeClock()
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
+    t_f, _ = gpu.op_cost(0, Kind.F)
+    t_b, _ = gpu.op_cost(0, Kind.B)
+    start = gpu.record_event()
+    gpu.launch(0, Kind.F)
+    middle = gpu.record_event()
+    gpu.launch(0, Kind.B)
+    end = gpu.record_event()
+    clock.t += t_f + t_b
+    assert middle.device_time_s() - start.device_time_s() == pytest.approx(t_f)
+    assert end.device_time_s() - middle.device_time_s() == pytest.approx(t_b)
+
+
+def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock, trace_ops=True)
+    gpu.set_locked_clock(1410)
+    fast_t, fast_e = gpu.op_cost(0, Kind.F)
+    gpu.set_locked_clock(1095)
+    slow_t, slow_e = gpu.op_cost(0, Kind.F)
+    gpu.set_locked_clock(1410)
     before = gpu.exact_energy_j()
-    duration = gpu.begin_op(0, Kind.F)
-    clock.t += duration / 2
-    gpu.end_op()
-    clock.t += duration / 2
-    energy = load_profile("a100").op(0, Kind.F).at(1410).energy_j
-    assert gpu.exact_energy_j() - before == pytest.approx(energy / 2 + 83.64 * duration / 2)
+    start = gpu.record_event()
+    gpu.launch(0, Kind.F)
+    end = gpu.record_event()
+    clock.t += fast_t / 2  # half the work at 1410 MHz ...
+    gpu.set_locked_clock(1095)  # ... the rest at 1095 MHz
+    clock.t += 10.0
+    assert end.device_time_s() - start.device_time_s() == pytest.approx(fast_t / 2 + slow_t / 2)
+    op_energy = fast_e / 2 + slow_e / 2
+    idle = 10.0 - slow_t / 2  # elapsed fast_t / 2 + 10 minus the op
+    assert gpu.exact_energy_j() - before == pytest.approx(op_energy + 83.64 * idle)
+    (trace,) = gpu.op_trace
+    assert [c for c, _ in trace.pieces] == [1410, 1095]
+    assert [t for _, t in trace.pieces] == pytest.approx([fast_t / 2, slow_t / 2])
+
+
+def test_noise_is_seeded_and_the_blocking_power_is_off_by_a_seeded_error(tmp_path: Path) -> None:
+    def run(seed: int) -> tuple[float, float]:
+        clock = FakeClock()
+        gpu = _from_profile(tmp_path / str(seed), clock, noise=SimNoise(seed=seed))
+        start = gpu.record_event()
+        gpu.launch(0, Kind.F)
+        end = gpu.record_event()
+        clock.t += 1.0
+        return end.device_time_s() - start.device_time_s(), gpu.true_blocking_power_w
+
+    nominal = load_profile("a100").op(0, Kind.F).options[0].time_s
+    (t1, p1), (t1b, p1b), (t2, _) = run(1), run(1), run(2)
+    assert (t1, p1) == (t1b, p1b)  # seeded
+    assert t1 != t2 and t1 != nominal and abs(t1 / nominal - 1) < 0.05
+    assert p1 != 83.64 and abs(p1 / 83.64 - 1) <= 0.02
 
 
 @pytest.mark.parametrize("freq", sorted(A100_TABLE))
@@ -150,11 +196,9 @@ def test_counter_moves_only_in_publish_steps(tmp_path: Path) -> None:
     )
     gpu.set_locked_clock(1095)
     seen: list[tuple[float, int]] = []
-    for step in range(60):  # 600 ms in 10 ms steps, with ops starting and ending in between
+    for step in range(60):  # 600 ms in 10 ms steps, with ops queued in between
         if step % 7 == 0:
-            gpu.begin_op(0, Kind.F)
-        if step % 7 == 3:
-            gpu.end_op()
+            gpu.launch(0, Kind.F)
         seen.append((clock.t, gpu.energy_mj()))
         clock.t += 0.01
     changes = [t for (t, e), (_, prev) in zip(seen[1:], seen, strict=False) if e != prev]
@@ -232,9 +276,11 @@ def test_slowdown_scales_time_and_energy(tmp_path: Path) -> None:
     gpu.slowdown = 2.0
     assert gpu.op_cost(1, Kind.B) == pytest.approx((2 * t, 2 * e))
     before = gpu.exact_energy_j()
-    duration = gpu.begin_op(1, Kind.B)
-    clock.t += duration
-    gpu.end_op()
+    start = gpu.record_event()
+    gpu.launch(1, Kind.B)
+    end = gpu.record_event()
+    clock.t += 2 * t
+    assert end.device_time_s() - start.device_time_s() == pytest.approx(2 * t)
     assert gpu.exact_energy_j() - before == pytest.approx(2 * e)
     with pytest.raises(ConfigError):
         gpu.set_slowdown(0.0)
@@ -257,7 +303,7 @@ def test_unlocked_gpu_runs_ops_at_max_and_idles_at_idle_clock(tmp_path: Path) ->
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0, clock=clock)
     assert gpu.locked_clock_mhz() is None
     assert gpu.current_clock_mhz() == 210
-    gpu.begin_op(0, Kind.F)
+    gpu.launch(0, Kind.F)
     assert gpu.current_clock_mhz() == 1410
 
 
@@ -275,14 +321,24 @@ def test_permission_and_injected_errors(tmp_path: Path) -> None:
     assert ok.energy_mj() >= 0
 
 
-def test_set_latency_blocks_the_caller(tmp_path: Path) -> None:
+def test_set_latency_blocks_the_caller_for_a_lognormal_time(tmp_path: Path) -> None:
     waited: list[float] = []
     gpu = SimulatedGPU.from_preset(
         "a100", state_dir=tmp_path, set_latency_s=0.005, sleep=waited.append
     )
-    gpu.set_locked_clock(1095)
+    for _ in range(400):
+        gpu.set_locked_clock(1095)
     gpu.reset_locked_clock()
-    assert waited == [0.005, 0.005]
+    waited.sort()
+    assert waited[len(waited) // 2] == pytest.approx(0.005, rel=0.15)  # notes: median 5 ms
+    assert waited[int(0.99 * len(waited))] == pytest.approx(0.012, rel=0.3)  # p99 12 ms
+    assert min(waited) > 0
+    exact = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, sleep=waited.append
+    )
+    n = len(waited)
+    exact.set_locked_clock(1095)
+    assert len(waited) == n  # no latency, no sleep
 
 
 def test_unknown_stage_is_a_profile_error(tmp_path: Path) -> None:
@@ -346,13 +402,14 @@ def test_concurrent_writer_process_never_tears_reads(tmp_path: Path) -> None:
 
     writer = (
         "import sys\n"
-        "from perseus.device.simulated import SimulatedGPU\n"
+        "from perseus.device.simulated import SimNoise, SimulatedGPU\n"
         "from perseus.schedule import Kind\n"
         "g = SimulatedGPU.from_preset('a100', state_dir=sys.argv[1], set_latency_s=0.0,"
         " publish_interval_s=0.0)\n"
         "print('go', flush=True)\n"
         "for i in range(1500):\n"
-        "    g.begin_op(0, Kind.F); g.set_locked_clock(1410 - 15 * (i % 50)); g.end_op()\n"
+        "    g.set_locked_clock(1410 - 15 * (i % 50))\n"
+        "    if i % 100 == 0: g.launch(0, Kind.F)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", writer, str(tmp_path)], stdout=subprocess.PIPE, text=True
@@ -379,16 +436,20 @@ def test_backdated_op_counts_from_its_start(tmp_path: Path) -> None:
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     start = gpu.exact_energy_j()
-    energy = load_profile("a100").op(0, Kind.F).at(1410).energy_j
-    clock.t = 1000.32  # the host reaches the op 20 ms after the GPU would have started it
-    duration = gpu.begin_op(0, Kind.F, start_s=1000.3)
+    duration, energy = gpu.op_cost(0, Kind.F)
+    clock.t = 1000.32  # the host reaches the op 20 ms after the GPU could have started it
+    gpu.backdate(1000.3)
+    first = gpu.record_event()
+    gpu.launch(0, Kind.F)
+    end = gpu.record_event()
+    assert first.device_time_s() == pytest.approx(1000.3)
     clock.t = 1000.3 + duration
+    assert end.device_time_s() == pytest.approx(1000.3 + duration)
     assert gpu.exact_energy_j() - start == pytest.approx(83.64 * 0.3 + energy)
-    # Never before the previous op's end: that span was already the previous op's.
+    # Never before the last event: that span is already accounted for.
     clock.t += 0.01
-    second = gpu.begin_op(0, Kind.F, start_s=1000.0)
-    clock.t += 1.0
-    elapsed = clock.t - 1000.0
-    assert gpu.exact_energy_j() - start == pytest.approx(
-        2 * energy + 83.64 * (elapsed - duration - second)
-    )
+    gpu.backdate(1000.0)
+    second = gpu.record_event()
+    assert second.device_time_s() == pytest.approx(end.device_time_s())
+
+

@@ -134,16 +134,21 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
     )
     plan = tiny_plan()
     with _agent(plan, gpu) as agent:
+        assert agent.device_timed
+        agent.wait_for_clock()  # start() applies the first op's clock
         agent.step_begin()
         for name in plan.stage_ops[0]:
             with agent.op(name[0], int(name[1:])):
-                kind = Kind(name[0])
-                gpu.begin_op(0, kind)
-                gpu.end_op()
+                gpu.launch(0, Kind(name[0]))  # returns at once: the device runs it later
         record = agent.step_end()
         ops = agent.records.ops
         assert [o.name for o in ops] == list(plan.stage_ops[0])
-        assert all(o.freq_mhz == 1095 and o.time_s >= 0 and o.energy_j >= 0 for o in ops)
+        assert all(o.freq_mhz == 1095 for o in ops)
+        # Op time and energy are the device's, from events, not the host's launch time.
+        for o in ops:
+            time_s, energy_j = gpu.op_cost(0, Kind(o.name[0]))
+            assert o.time_s == pytest.approx(time_s, abs=1e-3)  # + the launch gap
+            assert o.energy_j == pytest.approx(energy_j, abs=0.05)
         assert record.iteration == 0 and record.num_ops == 4 and record.point_index == 0
         assert record.time_s >= sum(o.time_s for o in ops)
         assert record.energy_j >= sum(o.energy_j for o in ops) - 1e-3

@@ -1,4 +1,5 @@
-"""Emulation pieces that need no process group: stretching, timeline, profile helpers, hooks."""
+"""Emulation pieces that need no process group: the stream emulator, timeline, profile helpers,
+hooks."""
 
 from __future__ import annotations
 
@@ -7,90 +8,105 @@ import warnings
 
 import pytest
 
+from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.runtime.emulation import (
-    ActionStretcher,
     EmulationOverrunWarning,
+    StreamEmulator,
     VirtualTimeline,
     scale_profile,
-    sleep_until,
     take_stages,
 )
 from perseus.runtime.hooks import instrument_stages
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
 
 
-class _Device:
-    """Records begin/end calls; every op takes ``target_s``."""
-
-    def __init__(self, target_s: float) -> None:
-        self.target_s = target_s
-        self.calls: list[tuple] = []
-
-    def begin_op(self, stage_index, kind, start_s=None):
-        self.calls.append(("begin", stage_index, kind, start_s))
-        return self.target_s
-
-    def end_op(self):
-        self.calls.append(("end",))
+@pytest.fixture
+def gpu(tmp_path):  # type: ignore[no-untyped-def]
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.1)
+    return SimulatedGPU.from_profile(
+        profile,
+        blocking_power_w=83.64,
+        state_dir=tmp_path,
+        set_latency_s=0.0,
+        publish_interval_s=0.0,
+        clock=time.perf_counter,
+    )
 
 
-def test_sleep_until_reaches_the_deadline():
-    deadline = time.perf_counter() + 0.003
-    sleep_until(deadline)
-    assert time.perf_counter() >= deadline
+def test_emulator_holds_the_host_until_the_op_ran_on_the_device(gpu):
+    emulator = StreamEmulator(gpu)
+    action = Action(0, Kind.B, 0)
+    time_s, _ = gpu.op_cost(0, Kind.B)
+    t0 = time.perf_counter()
+    emulator.before(action)
+    emulator.launch(action)
+    assert time.perf_counter() - t0 < time_s / 2  # the launch returned at once
+    end = gpu.record_event()
+    emulator.finish(action, end)
+    assert time.perf_counter() - t0 >= time_s * 0.99
+    assert end.query() and emulator.actions == 1 and emulator.overruns == 0
 
 
-def test_stretcher_holds_the_action_for_the_target_and_counts_no_overrun():
-    device = _Device(0.004)
-    stretcher = ActionStretcher(device)
-    with stretcher.op(Action(2, Kind.B, 1)) as timing:
-        pass
-    assert timing.end_s - timing.begun_s >= 0.004
-    assert device.calls == [("begin", 2, Kind.B, None)]  # end_op only cuts overruns short
-    assert (stretcher.overruns, stretcher.actions) == (0, 1)
+def test_emulator_warns_once_when_the_cpu_is_slower_and_counts_the_rest(gpu):
+    emulator = StreamEmulator(gpu)
+    time_s, _ = gpu.op_cost(0, Kind.F)
+    for i in range(2):
+        action = Action(0, Kind.F, i)
+        emulator.before(action)
+        emulator.launch(action)
+        end = gpu.record_event()
+        time.sleep(time_s * 1.5)  # the CPU compute outlasts the op
+        if i == 0:
+            with pytest.warns(EmulationOverrunWarning):
+                emulator.finish(action, end)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                emulator.finish(action, end)
+    assert emulator.overruns == 2
 
 
-def test_stretcher_warns_once_on_overrun_and_counts_the_rest():
-    device = _Device(0.0)
-    stretcher = ActionStretcher(device)
-    with pytest.warns(EmulationOverrunWarning), stretcher.op(Action(0, Kind.F, 0)):
-        time.sleep(0.001)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with stretcher.op(Action(0, Kind.F, 1)):
-            time.sleep(0.001)
-    assert stretcher.overruns == 2
+def test_late_host_does_not_delay_the_device(gpu, tmp_path):
+    """An op whose input was ready at ``ready`` starts then on an idle stream, even though
+    the host launches it later (a GPU's host would have launched it ahead)."""
+    schedule = build_schedule("1f1b", 2, 2)
+    nodes = {a: i for i, a in enumerate(a for acts in schedule.rank_actions for a in acts)}
+    path = tmp_path / "timeline.bin"
+    VirtualTimeline.create(path, len(nodes))
+    timeline = VirtualTimeline(path, nodes.__getitem__, lambda a: action_dependencies(a, 2))
+    mark = gpu.record_event()  # an iteration boundary
+    ready = mark.device_time_s() + 0.002
+    timeline.finish(Action(0, Kind.F, 0), ready)  # the producer's op ended on its device
+    time.sleep(0.01)  # the host got the data late
+    emulator = StreamEmulator(gpu, timeline)
+    action = Action(1, Kind.F, 0)
+    emulator.before(action)
+    start = gpu.record_event()
+    emulator.launch(action)
+    end = gpu.record_event()
+    with pytest.warns(EmulationOverrunWarning):  # the host came later than the op's end
+        emulator.finish(action, end)
+    assert start.device_time_s() == pytest.approx(ready)
+    assert end.device_time_s() - start.device_time_s() == pytest.approx(
+        gpu.op_cost(1, Kind.F)[0], rel=1e-6
+    )
+    assert timeline.ready_s(Action(1, Kind.B, 0)) == pytest.approx(end.device_time_s())
 
 
-def test_stretcher_backdates_only_when_asked():
-    device = _Device(0.001)
-    start = time.perf_counter()
-    with ActionStretcher(device, backdate=True).op(Action(0, Kind.F, 0), start_s=start):
-        pass
-    with ActionStretcher(device).op(Action(0, Kind.F, 1), start_s=start):
-        pass
-    assert device.calls[0][3] == start and device.calls[1][3] is None
-
-
-def test_virtual_timeline_starts_actions_when_inputs_are_ready(tmp_path):
+def test_virtual_timeline_reports_the_latest_input(tmp_path):
     schedule = build_schedule("1f1b", 2, 2)
     nodes = {a: i for i, a in enumerate(a for acts in schedule.rank_actions for a in acts)}
     path = tmp_path / "timeline.bin"
     VirtualTimeline.create(path, len(nodes))
     rank0 = VirtualTimeline(path, nodes.__getitem__, lambda a: action_dependencies(a, 2))
     rank1 = VirtualTimeline(path, nodes.__getitem__, lambda a: action_dependencies(a, 2))
-    rank0.begin_iteration(10.0)
-    rank1.begin_iteration(10.0)
-    assert rank0.start_of(Action(0, Kind.F, 0), arrived_s=10.5) == 10.0
+    assert rank0.ready_s(Action(0, Kind.F, 0)) == 0.0  # no inputs
     rank0.finish(Action(0, Kind.F, 0), 11.0)
-    # Rank 1's forward needs rank 0's: it starts at 11.0 even though its host came at 11.4.
-    assert rank1.start_of(Action(1, Kind.F, 0), arrived_s=11.4) == 11.0
-    # ... and never later than the host's arrival.
-    assert rank1.start_of(Action(1, Kind.F, 0), arrived_s=10.9) == 10.9
+    assert rank1.ready_s(Action(1, Kind.F, 0)) == 11.0  # written by another process's view
     rank1.finish(Action(1, Kind.F, 0), 12.0)
-    assert rank1.start_of(Action(1, Kind.B, 0), arrived_s=13.0) == 12.0
+    assert rank1.ready_s(Action(1, Kind.B, 0)) == 12.0
 
 
 def test_scale_profile_keeps_power_and_take_stages_keeps_the_last_stage():

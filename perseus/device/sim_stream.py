@@ -1,0 +1,479 @@
+"""The simulated GPU's compute stream: queued ops run in order on the device's own timeline.
+
+A launch returns at once; the device runs the queue back to back (waiting where the stream
+was told to wait), at the effective clock of the moment: the lock (or the highest clock when
+unlocked), capped by the power limit. A clock change takes effect at the time the set call
+returns, in the middle of whatever op runs then, so an op spanning it is priced piece by piece
+(its remaining work runs at the new speed and power).
+
+The model is lazy, like :mod:`perseus.device.sim_state`'s energy integral: nothing runs in the
+background. :meth:`SimStream._commit` advances the timeline to "now" at every call (launch,
+clock change, event query), which is exact because clock changes and launches only ever
+happen *now*: the past never changes. After a change the stream rewrites the device's planned
+segments in the shared state file, so every process reads the same energy counter.
+
+The stream also integrates energy itself (op power while busy, the device's true blocking
+power otherwise) so an event knows the counter value NVML would have published at its device
+time (what a reader polling the event would get: the counter only moves every publish period).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perseus.errors import ConfigError
+from perseus.schedule.actions import Kind
+
+if TYPE_CHECKING:
+    from perseus.device.simulated import SimulatedGPU
+
+__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
+
+#: Spin (instead of sleeping) for this long before an event's predicted time.
+_SPIN_S = 0.0003
+
+
+@dataclass(frozen=True, slots=True)
+class SimNoise:
+    """Seeded noise a real GPU has and a plan does not know.
+
+    Attributes:
+        time_sigma: Lognormal sigma of every op's time factor (0.01: ~1 % jitter).
+        power_sigma: Lognormal sigma of every op's power factor.
+        blocking_error: The device's blocking power is the nominal one times ``1 + u`` with
+            ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
+        seed: Seed; each device (index) gets its own stream of draws.
+    """
+
+    time_sigma: float = 0.01
+    power_sigma: float = 0.01
+    blocking_error: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.time_sigma, self.power_sigma, self.blocking_error) < 0:
+            raise ConfigError("SimNoise: sigmas and blocking_error must be >= 0")
+
+    def rng(self, index: int) -> random.Random:
+        """The per-op draw generator of device ``index``."""
+        return random.Random(f"perseus-sim-noise/{self.seed}/{index}")
+
+    def blocking_offset(self, index: int) -> float:
+        """The relative blocking-power error of device ``index`` (in +-``blocking_error``)."""
+        err = self.blocking_error
+        return random.Random(f"perseus-sim-blocking/{self.seed}/{index}").uniform(-err, err)
+
+
+class SimEvent:
+    """A point on a simulated stream (the :class:`~perseus.device.base.DeviceEvent` protocol).
+
+    Attributes:
+        energy_mj: The device's published energy counter as of the event's device time (None
+            until it completed).
+    """
+
+    __slots__ = ("_stream", "_time_s", "energy_mj")
+
+    def __init__(self, stream: SimStream) -> None:
+        self._stream = stream
+        self._time_s: float | None = None
+        self.energy_mj: int | None = None
+
+    def _complete(self, time_s: float, energy_mj: int) -> None:
+        self._time_s = time_s
+        self.energy_mj = energy_mj
+
+    def query(self) -> bool:
+        """True once the device has passed this point."""
+        if self._time_s is not None:
+            return True
+        self._stream.poll()
+        return self._time_s is not None
+
+    def synchronize(self) -> None:
+        """Block until the device has passed this point."""
+        self._stream.wait_for(self)
+
+    def device_time_s(self) -> float:
+        """When the device passed this point (the GPU's clock); waits for it if needed."""
+        if self._time_s is None:
+            self.synchronize()
+        assert self._time_s is not None  # set by synchronize
+        return self._time_s
+
+
+@dataclass(frozen=True, slots=True)
+class OpTrace:
+    """How one op really ran: ``pieces`` are ``(clock_mhz, time_s)`` in order (one piece per
+    clock the op saw); ``start_s``/``end_s`` on the device's clock."""
+
+    seq: int
+    stage_index: int
+    kind: Kind
+    start_s: float
+    end_s: float
+    pieces: tuple[tuple[int, float], ...]
+
+
+class _Op:
+    __slots__ = (
+        "done",
+        "kind",
+        "pieces",
+        "power_mult",
+        "seq",
+        "stage_index",
+        "start_s",
+        "time_mult",
+    )
+
+    def __init__(
+        self, seq: int, stage_index: int, kind: Kind, time_mult: float, power_mult: float
+    ) -> None:
+        self.seq = seq
+        self.stage_index = stage_index
+        self.kind = kind
+        self.time_mult = time_mult
+        self.power_mult = power_mult
+        self.done = 0.0  # fraction of the op's work completed
+        self.start_s: float | None = None
+        self.pieces: list[tuple[int, float]] | None = None
+
+
+class _Wait:
+    """The stream waits until ``until_s``, or until another stream's ``event`` completed."""
+
+    __slots__ = ("event", "until_s")
+
+    def __init__(self, until_s: float, event: SimEvent | None = None) -> None:
+        self.until_s = until_s
+        self.event = event
+
+    def end_s(self) -> float:
+        """When the wait ends: the event's time once known, else the other stream's
+        prediction (final once it lies in the past: clocks only change from now on). Commits
+        nothing, so streams waiting on each other never re-enter one another."""
+        event = self.event
+        if event is None:
+            return self.until_s
+        if event._time_s is not None:
+            return event._time_s
+        predicted = event._stream._predict(event)
+        return math.inf if predicted is None else predicted
+
+
+_Item = _Op | _Wait | SimEvent
+
+
+class SimStream:
+    """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`).
+
+    Thread-safe: the training thread launches and records, the clock worker sets clocks and
+    queries events. One re-entrant lock serves every stream of the process (a stream waiting
+    for another's event reads that stream while holding its own: one lock cannot deadlock),
+    and re-entrant so a signal handler that resets the clock while the main thread is inside
+    a stream call does not deadlock either.
+    """
+
+    _LOCK = threading.RLock()
+
+    def __init__(self, gpu: SimulatedGPU) -> None:
+        self._gpu = gpu
+        self._lock = SimStream._LOCK
+        self._queue: deque[_Item] = deque()
+        self._t_dev: float | None = None  # the timeline is committed up to here
+        self._lock_mhz: int | None = None  # the lock as the device applies it
+        self._lock_known = False
+        self._energy_j = 0.0  # exact energy at _t_dev (this stream's own integral)
+        self._tick_energy_j = 0.0  # exact energy at the last publish tick passed
+        self._tick_s = -math.inf
+        self._rng: random.Random | None = None
+        self._seq = 0
+        self._idle_since = -math.inf  # when the queue last ran dry
+        self._floor_s = -math.inf  # the latest completed event: nothing moves before it
+        self._backdate: float | None = None
+        self._early_end: float | None = None  # a backdated op that finished before its launch
+        #: Completed ops with their clock pieces, when tracing (``trace_ops=True``).
+        self.trace: list[OpTrace] | None = None
+
+    # ----------------------------------------------------------------------------------------
+    # Pricing
+
+    def _clock_for(self, op: _Op) -> tuple[int, float, float]:
+        """``(clock, time_s, power_w)`` of ``op`` run entirely at the current lock."""
+        gpu = self._gpu
+        target = gpu._clocks[0] if self._lock_mhz is None else self._lock_mhz
+        f_eff, t, e = gpu._op_at(op.stage_index, op.kind, target)
+        return f_eff, t * op.time_mult, (e / t) * op.power_mult
+
+    def _idle_power_w(self) -> float:
+        return self._gpu.true_blocking_power_w
+
+    # ----------------------------------------------------------------------------------------
+    # The timeline
+
+    def _start(self, now: float) -> None:
+        if self._t_dev is None:
+            state = self._gpu._state()
+            self._t_dev = now
+            self._idle_since = self._floor_s = now  # no history before this stream existed
+            self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
+            self._energy_j = float(state["energy_j"])
+            self._tick_energy_j = self._energy_j
+            interval = self._gpu.publish_interval_s
+            self._tick_s = math.floor(now / interval) * interval if interval > 0 else now
+
+    def _integrate(self, a: float, b: float, power_w: float) -> None:
+        """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks."""
+        interval = self._gpu.publish_interval_s
+        if interval > 0:
+            tick = math.floor(b / interval) * interval
+            if tick > self._tick_s:
+                self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
+                self._tick_s = tick
+        self._energy_j += power_w * (b - a)
+
+    def _published_mj(self) -> int:
+        if self._gpu.publish_interval_s > 0:
+            return math.floor(self._tick_energy_j * 1000.0)
+        return math.floor(self._energy_j * 1000.0)
+
+    def _commit(self, now: float) -> None:
+        """Run the queue from the committed time up to ``now`` at the current clock."""
+        self._start(now)
+        t = self._t_dev
+        assert t is not None
+        if now <= t:
+            return
+        queue = self._queue
+        idle_w = self._idle_power_w()
+        while queue:
+            item = queue[0]
+            if isinstance(item, SimEvent):
+                item._complete(t, self._published_mj())
+                self._floor_s = t
+                queue.popleft()
+                continue
+            if isinstance(item, _Wait):
+                until = item.end_s()
+                if until <= t:
+                    queue.popleft()
+                    continue
+                end = min(until, now)
+                self._integrate(t, end, idle_w)
+                t = end
+                if end < until:
+                    break
+                queue.popleft()
+                continue
+            f_eff, full_s, power_w = self._clock_for(item)
+            remaining_s = (1.0 - item.done) * full_s
+            if item.start_s is None:
+                item.start_s = t
+            if t + remaining_s <= now:
+                self._integrate(t, t + remaining_s, power_w)
+                self._piece(item, f_eff, remaining_s)
+                t += remaining_s
+                queue.popleft()
+                if self.trace is not None and item.pieces is not None:
+                    self.trace.append(
+                        OpTrace(
+                            item.seq,
+                            item.stage_index,
+                            item.kind,
+                            item.start_s,
+                            t,
+                            tuple(item.pieces),
+                        )
+                    )
+                continue
+            self._integrate(t, now, power_w)
+            self._piece(item, f_eff, now - t)
+            item.done += (now - t) / full_s
+            t = now
+            break
+        if t < now:  # idle (nothing queued): blocking power
+            if not queue:
+                self._idle_since = t
+            self._integrate(t, now, idle_w)
+        self._t_dev = now
+
+    def _piece(self, op: _Op, clock_mhz: int, time_s: float) -> None:
+        if self.trace is None or time_s <= 0:
+            return
+        if op.pieces is None:
+            op.pieces = []
+        if op.pieces and op.pieces[-1][0] == clock_mhz:
+            op.pieces[-1] = (clock_mhz, op.pieces[-1][1] + time_s)
+        else:
+            op.pieces.append((clock_mhz, time_s))
+
+    def _predict(self, event: SimEvent) -> float | None:
+        """When ``event`` completes if no clock changes again (no commit; None if unknown)."""
+        if event._time_s is not None:
+            return event._time_s
+        if self._t_dev is None:
+            return None
+        return self._plan(stop_at=event)[1].get(id(event))
+
+    def _plan(self, stop_at: SimEvent | None = None) -> tuple[list[list[float]], dict[int, float]]:
+        """The future at the current clock: op segments and each queued event's time (up to
+        ``stop_at`` when given)."""
+        t = self._t_dev
+        assert t is not None
+        segments: list[list[float]] = []
+        when: dict[int, float] = {}
+        for item in tuple(self._queue):
+            if isinstance(item, SimEvent):
+                when[id(item)] = t
+                if item is stop_at:
+                    break
+            elif isinstance(item, _Wait):
+                t = max(t, item.end_s())
+            else:
+                f_eff, full_s, power_w = self._clock_for(item)
+                end = t + (1.0 - item.done) * full_s
+                segments.append([t, end, power_w, float(f_eff)])
+                t = end
+        return segments, when
+
+    def _publish(self, now: float, lock_changed: bool = False) -> None:
+        """Write the planned segments (and the lock) to the shared state."""
+        segments, _ = self._plan()
+        lock = self._lock_mhz
+
+        def change(state: dict[str, object]) -> None:
+            state["segments"] = segments
+            if lock_changed:
+                state["locked_mhz"] = lock
+
+        self._gpu._update(change)  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------------------------------
+    # Operations
+
+    def launch(self, stage_index: int, kind: Kind) -> None:
+        gpu = self._gpu
+        noise = gpu.noise
+        time_mult = power_mult = 1.0
+        if noise is not None:
+            if self._rng is None:
+                self._rng = noise.rng(gpu.index)
+            time_mult = math.exp(self._rng.gauss(0.0, noise.time_sigma))
+            power_mult = math.exp(self._rng.gauss(0.0, noise.power_sigma))
+        slowdown = float(gpu._state()["slowdown"])
+        with self._lock:
+            op = _Op(self._seq, stage_index, kind, time_mult * slowdown, power_mult)
+            self._seq += 1
+            now = gpu._clock()
+            self._commit(now)
+            start = self._backdate
+            self._backdate = self._early_end = None
+            self._queue.append(op)
+            if start is not None and len(self._queue) == 1 and start < now:
+                self._run_since(op, start, now)
+            self._publish(now)
+
+    def _run_since(self, op: _Op, start: float, now: float) -> None:
+        """The op has run since ``start`` (the past idle span becomes op time); if it would
+        have finished already, it did, at ``start + its time``."""
+        f_eff, full_s, power_w = self._clock_for(op)
+        span = min(now - start, full_s)
+        op.start_s = start
+        op.done = span / full_s
+        self._piece(op, f_eff, span)
+        extra_j = (power_w - self._idle_power_w()) * span
+        self._energy_j += extra_j
+        self._tick_energy_j += extra_j if self._tick_s >= start else 0.0
+        if span >= full_s:  # finished in the past
+            self._queue.pop()
+            end = start + full_s
+            self._idle_since = self._early_end = end
+            if self.trace is not None and op.pieces is not None:
+                self.trace.append(
+                    OpTrace(op.seq, op.stage_index, op.kind, start, end, tuple(op.pieces))
+                )
+
+        def change(state: dict[str, object]) -> None:
+            state["energy_j"] = float(state["energy_j"]) + extra_j  # type: ignore[arg-type]
+
+        self._gpu._update(change)  # type: ignore[arg-type]
+
+    def backdate(self, ready_s: float) -> None:
+        """The host reached the next op late: let it start as soon as the stream was free and
+        its inputs were ready (``ready_s``), as if launched ahead like on a GPU. Only past idle
+        time is reused, never time before the stream's last completed event."""
+        with self._lock:
+            now = self._gpu._clock()
+            self._commit(now)
+            if self._queue:
+                return  # busy: the op will start after the queued work anyway
+            start = max(ready_s, self._idle_since, self._floor_s)
+            self._backdate = start if start < now else None
+
+    def wait_until(self, time_s: float) -> None:
+        with self._lock:
+            self._commit(self._gpu._clock())
+            self._queue.append(_Wait(time_s))
+
+    def wait_event(self, event: SimEvent) -> None:
+        if event._stream is self:
+            return  # a stream is ordered already
+        with self._lock:
+            self._commit(self._gpu._clock())
+            self._queue.append(_Wait(-math.inf, event))
+
+    def record_event(self) -> SimEvent:
+        event = SimEvent(self)
+        with self._lock:
+            now = self._gpu._clock()
+            self._commit(now)
+            if self._queue:
+                self._queue.append(event)
+            else:
+                when = now
+                if self._backdate is not None:
+                    when = self._backdate
+                elif self._early_end is not None:
+                    when = self._early_end  # right behind the op that ended before its launch
+                self._early_end = None
+                event._complete(when, self._published_mj())
+                self._floor_s = when
+        return event
+
+    def set_lock(self, lock_mhz: int | None) -> None:
+        """Apply a new lock now (the set call's latency has already passed)."""
+        with self._lock:
+            now = self._gpu._clock()
+            self._commit(now)
+            self._lock_mhz = lock_mhz
+            self._publish(now, lock_changed=True)
+
+    def poll(self) -> None:
+        with self._lock:
+            self._commit(self._gpu._clock())
+
+    def predicted_time_s(self, event: SimEvent) -> float | None:
+        """When ``event`` completes if the clock does not change again (None if done)."""
+        with self._lock:
+            self._commit(self._gpu._clock())
+            if event._time_s is not None:
+                return None
+            return self._plan()[1].get(id(event))
+
+    def wait_for(self, event: SimEvent) -> None:
+        gpu = self._gpu
+        while True:
+            predicted = self.predicted_time_s(event)
+            if predicted is None:
+                return
+            remaining = predicted - gpu._clock()
+            if remaining > _SPIN_S:
+                gpu._sleep(remaining - _SPIN_S)
+            elif remaining > 0:
+                gpu._sleep(0)
