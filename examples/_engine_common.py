@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perseus.device.simulated import SimulatedGPU
+from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import default_blocking_power_w, load_profile
 from perseus.io.atomic import atomic_write_text
@@ -55,6 +55,8 @@ def parse_args(description: str, schedules: tuple[str, ...], argv: list[str] | N
     p.add_argument("--spawn", type=int, metavar="NPROC", help="spawn NPROC processes (no torchrun)")
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--microbatch-size", type=int, default=2)
+    p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
@@ -77,12 +79,19 @@ def emulated_setup(args: Any, rank: int, num_stages: int) -> tuple[Any, Any, flo
     dist.broadcast_object_list(run_dir, src=0)
     profile = scale_profile(take_stages(load_profile(args.profile), num_stages), args.time_scale)
     power = blocking_power(args)
+    scale = args.time_scale
+    # The honest simulated GPU of train_pipeline.py: ops on an asynchronous stream, clock sets
+    # with lognormal latency, seeded time/power noise and a blocking-power error the planner
+    # does not know, a 100 ms energy counter.
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=power,
         index=rank,
-        state_dir=run_dir[0],
-        set_latency_s=0.0,
+        state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
+        set_latency_s=0.005 * scale,
+        publish_interval_s=0.1 * scale,
+        noise=None if args.no_noise else SimNoise(seed=args.seed),
+        seed=args.seed,
         clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
     )
     return profile, gpu, power, str(run_dir[0])
@@ -99,8 +108,6 @@ def make_session(
         plan=args.plan,
         profile=profile,
         emulate=True,
-        watchdog=False,  # a simulated GPU has no clock to leave behind
-        handle_signals=False,
         timeline=Path(run_dir) / "timeline.bin",
     )
 
