@@ -451,5 +451,3 @@ def test_backdated_op_counts_from_its_start(tmp_path: Path) -> None:
     gpu.backdate(1000.0)
     second = gpu.record_event()
     assert second.device_time_s() == pytest.approx(end.device_time_s())
-
-
