@@ -26,7 +26,6 @@ import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import MethodType
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
@@ -205,7 +204,7 @@ def instrument_deepspeed(engine: Any, factory: OpContextFactory) -> Iterator[lis
     instance_map[sched_mod.ForwardPass] = wrap(cls_map[sched_mod.ForwardPass], Kind.F)
     instance_map[sched_mod.BackwardPass] = wrap(cls_map[sched_mod.BackwardPass], Kind.B)
     engine._INSTRUCTION_MAP = instance_map
-    engine._exec_schedule = MethodType(lambda _self, sched: exec_schedule(sched), engine)
+    engine._exec_schedule = exec_schedule  # an instance attribute: called unbound
     try:
         yield seen
     finally:

@@ -265,6 +265,8 @@ def instrument_megatron(
         if microbatch is None:
             raise ScheduleError("Megatron's forward_step was called without current_microbatch")
         action = Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
+        if action.microbatch_index == 0 and int(chunk) == 0:
+            pending.clear()  # a new iteration: drop what an aborted one left behind
         seen.append(action)
         with factory(action):
             result = original_fwd(*args, **kwargs)
