@@ -111,3 +111,13 @@ def test_version_check_names_what_is_missing(monkeypatch):
     monkeypatch.delattr(PipelineEngine, "_exec_schedule")
     with pytest.raises(ConfigError, match=r"lacks PipelineEngine\._exec_schedule"):
         ds.check_deepspeed_version()
+
+
+def test_missing_deepspeed_is_an_install_hint(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
+    with pytest.raises(
+        ConfigError, match=r"DS_BUILD_OPS=0 pip install 'perseus-energy\[deepspeed\]'"
+    ):
+        ds.check_deepspeed_version()

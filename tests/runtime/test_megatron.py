@@ -207,3 +207,11 @@ def test_version_check_names_what_is_missing(monkeypatch):
     monkeypatch.delattr(schedules, "get_schedule_table")
     with pytest.raises(ConfigError, match=r"lacks schedules\.get_schedule_table"):
         megatron.check_megatron_version()
+
+
+def test_missing_megatron_is_an_install_hint(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
+    with pytest.raises(ConfigError, match=r"perseus-energy\[megatron\]"):
+        megatron.check_megatron_version()
