@@ -4,13 +4,15 @@ Question 1: time added to the training thread per ``with agent.op(...)`` (target
 ≤ 50 µs). Measured as the wall time of an empty ``with agent.op(...)`` block minus an empty
 ``with nullcontext()``, over many ops, for:
 
-* ``memory``: an in-memory GPU whose calls cost nothing (the agent's own overhead);
-* ``sim``: the simulated GPU (energy counter read from the shared state file, cached);
-* ``sim, no op energy``: the same without per-op energy reads;
+* ``memory, device events``: an in-memory GPU whose calls and events cost nothing (the agent's
+  own overhead with device timing: two events recorded and one boundary posted per op);
+* ``sim, device events``: the simulated GPU, its stream's events (the default path);
+* ``sim, host timing``: the pre-issue-14 path (clock requests and energy reads on the host);
 * ``null``: the :class:`NullAgent`.
 
 Each case runs with a plan whose clock changes at every op (worst case: every op posts a
-request to the controller) and with a constant clock (requests skipped).
+change to the controller) and with a constant clock. The per-iteration event wait in
+``step_end`` is not part of the per-op figure (it is once per iteration).
 
 Question 2: the controller's clock-apply delay (request on the training thread → driver call
 returned), for set-call latencies of 0 and 5 ms (the notes' median).
@@ -67,6 +69,35 @@ class MemoryGPU:
 
     def power_w(self) -> float:
         return 0.0
+
+
+class _DoneEvent:
+    """An event that has always completed (the in-memory device has no queue)."""
+
+    __slots__ = ("_t", "energy_mj")
+
+    def __init__(self, t: float) -> None:
+        self._t = t
+        self.energy_mj: int | None = 0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def device_time_s(self) -> float:
+        return self._t
+
+
+class MemoryEventGPU(MemoryGPU):
+    """:class:`MemoryGPU` with free device events."""
+
+    def record_event(self) -> _DoneEvent:
+        return _DoneEvent(time.perf_counter())
+
+    def timeline_now_s(self) -> float:
+        return time.perf_counter()
 
 
 def _plan(alternating: bool) -> Frontier:
@@ -127,26 +158,19 @@ def _agent_overhead(n_ops: int, state_dir: Path) -> None:
     for alternating in (True, False):
         plan = _plan(alternating)
         label = "change/op" if alternating else "constant"
+
+        def sim() -> SimulatedGPU:
+            return SimulatedGPU.from_preset("a100", state_dir=state_dir, set_latency_s=0.0)
+
         cases: list[tuple[str, RankAgent | NullAgent]] = [
-            ("memory", RankAgent(plan, MemoryGPU(), 0, watchdog=False, handle_signals=False)),
             (
-                "sim",
-                RankAgent(
-                    plan,
-                    SimulatedGPU.from_preset("a100", state_dir=state_dir, set_latency_s=0.0),
-                    0,
-                    handle_signals=False,
-                ),
+                "memory, device events",
+                RankAgent(plan, MemoryEventGPU(), 0, watchdog=False, handle_signals=False),
             ),
+            ("sim, device events", RankAgent(plan, sim(), 0, handle_signals=False)),
             (
-                "sim, no op energy",
-                RankAgent(
-                    plan,
-                    SimulatedGPU.from_preset("a100", state_dir=state_dir, set_latency_s=0.0),
-                    0,
-                    handle_signals=False,
-                    measure_op_energy=False,
-                ),
+                "sim, host timing",
+                RankAgent(plan, sim(), 0, handle_signals=False, timing="host"),
             ),
             ("null", NullAgent(plan, None, 0)),
         ]

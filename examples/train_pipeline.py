@@ -97,6 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatch-size", type=int, default=2)
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
+    p.add_argument(
+        "--counter-period-ms",
+        type=float,
+        help="energy counter update period of the simulated GPUs (default 100, NVML's; 1 with "
+        "--online-profile, which needs a counter that resolves single ops); scaled by "
+        "--time-scale",
+    )
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
@@ -113,6 +120,13 @@ def emulated_profile(args: argparse.Namespace, num_stages: int) -> Any:
     if args.schedule == "zb" or "ZeroBubble" in (args.torch_schedule or ""):
         profile = profile.split_backward(0.5)
     return scale_profile(profile, args.time_scale)
+
+
+def counter_period_s(args: argparse.Namespace) -> float:
+    """NVML's 100 ms; online profiling measures single ops, so it needs a finer counter."""
+    if args.counter_period_ms is not None:
+        return float(args.counter_period_ms) / 1000.0
+    return 0.001 if args.online_profile else 0.1
 
 
 def blocking_power(args: argparse.Namespace) -> float:
@@ -187,7 +201,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         index=rank,
         state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
         set_latency_s=0.005 * scale,  # notes §5.1: lognormal, median 5 ms, p99 12 ms
-        publish_interval_s=0.1 * scale,  # NVML's 100 ms energy counter
+        publish_interval_s=counter_period_s(args) * scale,
         noise=None if args.no_noise else SimNoise(seed=args.seed),
         seed=args.seed,
         clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline

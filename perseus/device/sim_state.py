@@ -49,9 +49,9 @@ __all__ = [
     "list_states",
     "owner_lock_path",
     "published_mj",
-    "segment_at",
     "read_owner_pid",
     "release_owner_lock",
+    "segment_at",
     "write_info",
 ]
 
@@ -88,16 +88,16 @@ Segment = list[float]
 def energy_at(state: State, t: float) -> float:
     """Exact energy (J) at time ``t`` >= ``state['t_last']``: each planned segment's power
     over its span (``state['segments']``), blocking power elsewhere."""
-    t0 = state["t_last"]
+    t0 = float(state["t_last"])
     span = max(0.0, t - t0)
     busy = 0.0
     energy = float(state["energy_j"])
     for seg in state.get("segments", ()):
-        a, b = max(seg[0], t0), min(seg[1], t)
+        a, b = max(float(seg[0]), t0), min(float(seg[1]), t)
         if b > a:
             busy += b - a
-            energy += seg[2] * (b - a)
-    return energy + state["idle_power_w"] * max(0.0, span - busy)
+            energy += float(seg[2]) * (b - a)
+    return energy + float(state["idle_power_w"]) * max(0.0, span - busy)
 
 
 def segment_at(state: State, t: float) -> Segment | None:

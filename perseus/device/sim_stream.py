@@ -24,7 +24,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError
 from perseus.schedule.actions import Kind
@@ -198,6 +198,9 @@ class SimStream:
         self._floor_s = -math.inf  # the latest completed event: nothing moves before it
         self._backdate: float | None = None
         self._early_end: float | None = None  # a backdated op that finished before its launch
+        # (start, energy then, power) pieces covering the span since the queue last ran dry.
+        self._recent: list[tuple[float, float, float]] = []
+        self._idle = True  # the queue is empty and _recent describes the idle span
         #: Completed ops with their clock pieces, when tracing (``trace_ops=True``).
         self.trace: list[OpTrace] | None = None
 
@@ -222,6 +225,7 @@ class SimStream:
             state = self._gpu._state()
             self._t_dev = now
             self._idle_since = self._floor_s = now  # no history before this stream existed
+            self._recent = [(now, float(state["energy_j"]), self._idle_power_w())]
             self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
             self._energy_j = float(state["energy_j"])
             self._tick_energy_j = self._energy_j
@@ -237,6 +241,22 @@ class SimStream:
                 self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
                 self._tick_s = tick
         self._energy_j += power_w * (b - a)
+
+    def _published_at_mj(self, t: float, now: float) -> int:
+        """The counter as of a past time ``t`` since the queue last ran dry (a backdated
+        event), from the power history of that span (``_recent``)."""
+        recent = self._recent
+        if t >= now or not recent or t < recent[0][0]:
+            return self._published_mj()
+        interval = self._gpu.publish_interval_s
+        tick = math.floor(t / interval) * interval if interval > 0 else t
+        if tick < recent[0][0]:
+            tick = recent[0][0]  # not quite the tick, but within one period of it
+        t0, e0, p = recent[0]
+        for seg in recent:
+            if seg[0] <= tick:
+                t0, e0, p = seg
+        return math.floor((e0 + p * (tick - t0)) * 1000.0)
 
     def _published_mj(self) -> int:
         if self._gpu.publish_interval_s > 0:
@@ -297,9 +317,13 @@ class SimStream:
             item.done += (now - t) / full_s
             t = now
             break
+        if not queue and not self._idle:  # the queue just ran dry at t
+            self._idle = True
+            self._idle_since = t
+            self._recent = [(t, self._energy_j, idle_w)]
+        elif queue:
+            self._idle = False
         if t < now:  # idle (nothing queued): blocking power
-            if not queue:
-                self._idle_since = t
             self._integrate(t, now, idle_w)
         self._t_dev = now
 
@@ -347,12 +371,12 @@ class SimStream:
         segments, _ = self._plan()
         lock = self._lock_mhz
 
-        def change(state: dict[str, object]) -> None:
+        def change(state: dict[str, Any]) -> None:
             state["segments"] = segments
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._gpu._update(change)  # type: ignore[arg-type]
+        self._gpu._update(change)
 
     # ----------------------------------------------------------------------------------------
     # Operations
@@ -375,6 +399,7 @@ class SimStream:
             start = self._backdate
             self._backdate = self._early_end = None
             self._queue.append(op)
+            self._idle = False
             if start is not None and len(self._queue) == 1 and start < now:
                 self._run_since(op, start, now)
             self._publish(now)
@@ -387,22 +412,28 @@ class SimStream:
         op.start_s = start
         op.done = span / full_s
         self._piece(op, f_eff, span)
-        extra_j = (power_w - self._idle_power_w()) * span
+        idle_w = self._idle_power_w()
+        e_start = self._energy_j - idle_w * (now - start)
+        extra_j = (power_w - idle_w) * span
         self._energy_j += extra_j
-        self._tick_energy_j += extra_j if self._tick_s >= start else 0.0
+        if self._tick_s >= start:
+            self._tick_energy_j += (power_w - idle_w) * min(span, self._tick_s - start)
+        self._recent = [(start, e_start, power_w)]
         if span >= full_s:  # finished in the past
             self._queue.pop()
             end = start + full_s
             self._idle_since = self._early_end = end
+            self._recent.append((end, e_start + power_w * full_s, idle_w))
+            self._idle = True
             if self.trace is not None and op.pieces is not None:
                 self.trace.append(
                     OpTrace(op.seq, op.stage_index, op.kind, start, end, tuple(op.pieces))
                 )
 
-        def change(state: dict[str, object]) -> None:
-            state["energy_j"] = float(state["energy_j"]) + extra_j  # type: ignore[arg-type]
+        def change(state: dict[str, Any]) -> None:
+            state["energy_j"] = float(state["energy_j"]) + extra_j
 
-        self._gpu._update(change)  # type: ignore[arg-type]
+        self._gpu._update(change)
 
     def backdate(self, ready_s: float) -> None:
         """The host reached the next op late: let it start as soon as the stream was free and
@@ -420,6 +451,7 @@ class SimStream:
         with self._lock:
             self._commit(self._gpu._clock())
             self._queue.append(_Wait(time_s))
+            self._idle = False
 
     def wait_event(self, event: SimEvent) -> None:
         if event._stream is self:
@@ -427,6 +459,7 @@ class SimStream:
         with self._lock:
             self._commit(self._gpu._clock())
             self._queue.append(_Wait(-math.inf, event))
+            self._idle = False
 
     def record_event(self) -> SimEvent:
         event = SimEvent(self)
@@ -442,7 +475,7 @@ class SimStream:
                 elif self._early_end is not None:
                     when = self._early_end  # right behind the op that ended before its launch
                 self._early_end = None
-                event._complete(when, self._published_mj())
+                event._complete(when, self._published_at_mj(when, now))
                 self._floor_s = when
         return event
 

@@ -39,7 +39,8 @@ class CudaEvent:
 
     def device_time_s(self) -> float:
         self._event.synchronize()  # returns at once when already complete
-        return self._source.ref_host_s + self._source.ref.elapsed_time(self._event) / 1000.0
+        elapsed_ms = float(self._source.ref.elapsed_time(self._event))
+        return self._source.ref_host_s + elapsed_ms / 1000.0
 
 
 class CudaEventSource:
@@ -51,13 +52,13 @@ class CudaEventSource:
         self._torch = torch
         index = torch.cuda.current_device() if device_index is None else device_index
         self.device = torch.device("cuda", index)
-        self.ref = torch.cuda.Event(enable_timing=True)
+        self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self.ref.record(torch.cuda.current_stream(self.device))
         self.ref.synchronize()  # once, at start: the anchor of the device timeline
         self.ref_host_s = time.perf_counter()
 
     def record_event(self) -> DeviceEvent:
-        torch = self._torch
+        torch: Any = self._torch
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return CudaEvent(event, self)

@@ -118,7 +118,9 @@ class OnlineProfiler:
     def record(self, stage_index: int, kind: Kind, time_s: float, energy_j: float) -> None:
         """Add one op's measured time and energy at the current clock."""
         sweep = self.sweeps[(stage_index, kind)]
-        if not sweep.stopped:
+        if not sweep.stopped and time_s > 0 and energy_j > 0:
+            # A non-positive energy is a counter that did not move over the op (its update
+            # period is longer than the op): no information, not a zero.
             sweep._times.append(time_s)
             sweep._energies.append(energy_j)
 
@@ -132,7 +134,11 @@ class OnlineProfiler:
         """Close the current clock of every op (mean of its samples) and advance the sweep."""
         self.iterations += 1
         for sweep in self.sweeps.values():
-            if sweep.stopped or not sweep._times:
+            if sweep.stopped:
+                continue
+            if not sweep._times:  # nothing usable measured at this clock: move on
+                sweep.index += 1
+                sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
                 continue
             # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
             time_s = statistics.median(sweep._times)

@@ -27,7 +27,9 @@ action's op on its stream and holds the host until the op's output exists
 
 Iteration figures are on the device's timeline: at a boundary the session waits for this
 rank's last op (one event wait per iteration), passes a barrier of the pipeline's ranks, then
-marks the boundary with a device event and reads the energy counter there.
+marks the boundary with a device event and reads the energy counter there. In emulation the
+boundary is the moment the last device of the pipeline finished (an all-reduce of the ranks'
+last op end times), so a host that stalls at the barrier does not stretch the iteration.
 
 Iteration boundaries are where everything changes (plans, profiling clocks, straggler
 decisions): all ranks of a pipeline pass the same boundary together (a barrier), so they never
@@ -54,7 +56,7 @@ from perseus.job import PlanningJob
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.agent import RankAgent
-from perseus.runtime.collectives import barrier
+from perseus.runtime.collectives import all_reduce_max, barrier
 from perseus.runtime.emulation import StreamEmulator, VirtualTimeline
 from perseus.runtime.online_profile import OnlineProfiler
 from perseus.runtime.planning import (
@@ -371,12 +373,19 @@ class RankSession:
         if self._profiler is not None:
             self._profiler.discard_iteration()
 
-    def _mark(self) -> tuple[float, int]:
-        """A boundary on the device's timeline: (device time, energy counter in mJ)."""
+    def _mark(self, at_s: float | None = None) -> tuple[float, int]:
+        """A boundary on the device's timeline: (device time, energy counter in mJ).
+
+        ``at_s`` (emulation): the boundary is when the whole pipeline's devices finished,
+        not when the hosts got through the barrier (host stalls are an artefact of CPUs
+        shared between emulated GPUs).
+        """
         agent = self._agent
         events = agent.events if agent is not None else None
         if events is None:  # no device timeline (a GPU without events): the host's view
             return time.perf_counter(), int(self.gpu.energy_mj())
+        if at_s is not None and self._emulator is not None:
+            self.gpu.backdate(at_s)
         event = events.record_event()
         event.synchronize()  # the device is idle here: completes at once
         mj = event.energy_mj
@@ -388,8 +397,13 @@ class RankSession:
         if self._window is not None and agent is not None:
             last_end = agent.last_op_end_event
             agent.step_end()  # waits for this rank's last op on the device
-        barrier(self.group)
-        now_s, mj = self._mark()
+        at_s = None
+        if self._emulator is not None and self._window is not None:
+            own = last_end.device_time_s() if last_end is not None else self._window[0]
+            (at_s,) = all_reduce_max([own], self.group)  # also a barrier
+        else:
+            barrier(self.group)
+        now_s, mj = self._mark(at_s)
         stats = None
         if self._window is not None:
             t0, e0 = self._window
@@ -432,7 +446,7 @@ class RankSession:
                 self.point_index = index
         if extra:
             barrier(self.group)
-            now_s, mj = self._mark()
+            now_s, mj = self._mark(now_s if self._emulator is not None else None)
         if self._agent is not None:
             self._agent.step_begin()
         self._window = (now_s, mj)

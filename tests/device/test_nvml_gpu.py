@@ -45,7 +45,8 @@ def test_lock_and_reset(tmp_path: Path) -> None:
 def test_agent_on_real_gpu(tmp_path: Path) -> None:
     gpu = NvmlGPU(index=0, lock_dir=tmp_path)
     plan = tiny_plan(freq_mhz=1095)
-    with RankAgent(plan, gpu, rank=0, handle_signals=False) as agent:
+    # Host timing: the ops below are host sleeps, with no GPU work for device events to time.
+    with RankAgent(plan, gpu, rank=0, handle_signals=False, timing="host") as agent:
         agent.step_begin()
         for name in plan.stage_ops[0]:
             with agent.op(name[0], int(name[1:])):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from perseus.device.simulated import SimulatedGPU
 from perseus.device.base import ObserveOnlyWarning
+from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceLostError
 from perseus.runtime.controller import FrequencyController
 
