@@ -121,3 +121,12 @@ def test_missing_deepspeed_is_an_install_hint(monkeypatch):
         ConfigError, match=r"DS_BUILD_OPS=0 pip install 'perseus-energy\[deepspeed\]'"
     ):
         ds.check_deepspeed_version()
+
+
+def test_plans_from_perseus_frontier_fit_deepspeed():
+    from perseus.io import load_profile
+    from perseus.runtime.emulation import take_stages
+    from perseus.runtime.planning import job_for_schedule
+
+    job = job_for_schedule(ds.deepspeed_schedule(4, 8), take_stages(load_profile("a100"), 4), 83.6)
+    assert job.spec.schedule == "1f1b"

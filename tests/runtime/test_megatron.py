@@ -215,3 +215,20 @@ def test_missing_megatron_is_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.core", None)
     with pytest.raises(ConfigError, match=r"perseus-energy\[megatron\]"):
         megatron.check_megatron_version()
+
+
+@pytest.mark.parametrize(
+    ("ranks", "microbatches", "chunks", "builder"),
+    [(2, 8, 1, "1f1b"), (4, 8, 2, "interleaved"), (2, 8, 2, None)],
+)
+def test_plans_from_perseus_frontier_fit_megatron(ranks, microbatches, chunks, builder):
+    """Where the DAG equals a builder's, the job is the builder's, so `perseus frontier` plans
+    fit; Megatron's other group sizes get a job of their own."""
+    from perseus.io import load_profile
+    from perseus.runtime.emulation import take_stages
+    from perseus.runtime.planning import job_for_schedule
+
+    group = None if builder is not None or chunks == 1 else 2 * ranks
+    s = megatron.megatron_schedule(ranks, microbatches, chunks, group)
+    job = job_for_schedule(s, take_stages(load_profile("a100"), ranks * chunks), 83.6)
+    assert job.spec.schedule == (builder or "megatron-interleaved")
