@@ -494,8 +494,8 @@ class SimulatedGPU:
         """The published counter, never decreasing as seen by this object.
 
         The clock is read before the state so the integral is not extrapolated past a change
-        another process is writing; the running maximum covers the remaining window (an op
-        cut short by an early :meth:`end_op` after this object already counted it as busy).
+        another process is writing; the running maximum covers the remaining window (a stream
+        that replanned its segments after this object extrapolated them).
         """
         self._check("energy_mj")
         now = self._clock()

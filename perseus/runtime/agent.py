@@ -39,7 +39,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +48,7 @@ from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.controller import Boundary, FrequencyController
 from perseus.runtime.events import event_source_for
+from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 from perseus.schedule.actions import Kind
 
@@ -60,40 +60,6 @@ def _no_energy() -> int:
 
 
 _OP_RE = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
-
-
-@dataclass(frozen=True, slots=True)
-class OpRecord:
-    """One op as measured on this rank: device time between its events (host time with
-    ``timing="host"``), energy from the counter at those points (as granular as the counter:
-    100 ms on NVML; 0 when not read)."""
-
-    iteration: int
-    index: int
-    name: str
-    freq_mhz: int
-    time_s: float
-    energy_j: float
-
-
-@dataclass(frozen=True, slots=True)
-class IterationRecord:
-    """One iteration on this rank: device time between step_begin/step_end and GPU energy."""
-
-    iteration: int
-    point_index: int
-    time_s: float
-    energy_j: float
-    num_ops: int
-    planned_time_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class AgentRecords:
-    """Everything an agent measured (per-op records are capped at ``max_op_records``)."""
-
-    ops: tuple[OpRecord, ...]
-    iterations: tuple[IterationRecord, ...]
 
 
 class _OpScope:
@@ -530,6 +496,14 @@ class RankAgent:
         """The end event of the op the host left last (device timing only)."""
         return self._jobs[-1].end if self._jobs else None
 
+    def first_clock_pending(self) -> bool:
+        """Device timing: True while the current iteration's first clock is not applied yet
+        (after a plan swap; in steady state the last op's boundary applied it already)."""
+        ctl = self._controller
+        if not self._device_timed or ctl is None or ctl.observe_only or not self._freqs:
+            return False
+        return ctl.applied_target_mhz != self._freqs[0]
+
     @property
     def events(self) -> EventSource | None:
         """The device-event source in use (None: host timing)."""
@@ -673,61 +647,6 @@ class RankAgent:
     def iteration(self) -> int:
         """Number of completed iterations."""
         return self._iteration
-
-
-class NullAgent:
-    """The agent to use without a GPU or with perseus disabled: every hook does nothing."""
-
-    rank: int
-    observe_only = True
-    enabled = False
-
-    def __init__(
-        self, plan: Frontier | None = None, gpu: GPU | None = None, rank: int = 0, **_kwargs: Any
-    ) -> None:
-        self.rank = rank
-        self.plan = plan
-        self.gpu = gpu
-
-    def start(self) -> NullAgent:
-        return self
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> NullAgent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def step_begin(self) -> None:
-        pass
-
-    def step_end(self) -> None:
-        return None
-
-    def op(
-        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
-    ) -> contextlib.nullcontext[None]:
-        return _NULL_SCOPE
-
-    def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
-        pass
-
-    def wait_for_clock(self, timeout_s: float = 1.0) -> bool:
-        return True
-
-    @property
-    def records(self) -> AgentRecords:
-        return AgentRecords((), ())
-
-    @property
-    def iteration(self) -> int:
-        return 0
-
-
-_NULL_SCOPE: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def make_agent(

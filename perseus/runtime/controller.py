@@ -165,6 +165,11 @@ class FrequencyController:
         """The last clock the driver accepted (after snapping), or None."""
         return self._applied
 
+    @property
+    def applied_target_mhz(self) -> int | None:
+        """The last requested clock whose set call has returned (before snapping)."""
+        return self._done
+
     def set_latency_s(self) -> float | None:
         """Median measured set-call latency (None before the first call)."""
         lat = sorted(self._latencies_s)

@@ -102,9 +102,10 @@ class StreamEmulator:
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"emulated action {action} took longer on the CPU than on the simulated GPU; "
-                "use a smaller model or a larger time scale (further overruns are counted, "
-                "not warned)",
+                f"emulated action {action}: the host fell behind the simulated GPU (CPU compute "
+                "or a stalled process outlasted the op; the device timeline is unaffected); "
+                "use a smaller model or a larger time scale if this is frequent (further cases "
+                "are counted, not warned)",
                 EmulationOverrunWarning,
                 stacklevel=4,
             )

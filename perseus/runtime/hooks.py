@@ -4,8 +4,9 @@ torch's schedules call three methods of a stage once per compute action (forward
 its input-gradient half, weight gradient); :data:`perseus.runtime.torch_pp.STAGE_COMPUTE_METHODS`
 names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
 classes, so other stages and other tests are untouched) with wrappers that run the real call
-inside a context manager supplied by the caller: typically the rank agent's ``op`` (set the
-planned clock, measure), the online profiler, and the emulator's stretcher.
+inside a context manager supplied by the caller: typically
+:meth:`perseus.runtime.rank_session.RankSession.op` (the rank agent sets the planned clock on
+the device's timeline and measures; in emulation the op is launched on the simulated GPU).
 
 The P2P waits happen outside these calls (torch waits for a receive before calling
 ``forward_one_chunk``), so the wrapped window is pure compute, which is what a plan's op time

@@ -270,7 +270,7 @@ class RankSession:
             self._profiler = OnlineProfiler(
                 ops, self.gpu.supported_clocks_mhz(), patience=self._patience
             )
-            self._install(self._sweep_plan(), 0)
+            self._install(self._sweep_plan(), 0, sweep=True)
 
     def close(self) -> None:
         """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
@@ -449,6 +449,12 @@ class RankSession:
             now_s, mj = self._mark(now_s if self._emulator is not None else None)
         if self._agent is not None:
             self._agent.step_begin()
+            if self._emulator is not None and self._agent.first_clock_pending():
+                # A new plan (or sweep step) starts: its first clock is applied in real time,
+                # so the device must not run this iteration's first op before it (the
+                # boundary was dated back to when the pipeline finished).
+                self._agent.wait_for_clock(5.0)
+                self.gpu.record_event()  # nothing may start before now
         self._window = (now_s, mj)
 
     # ----------------------------------------------------------------------------------------
@@ -499,15 +505,16 @@ class RankSession:
             raise PlanError("RankSession: no job yet (still profiling?)")
         return self.job
 
-    def _install(self, frontier: Frontier, point_index: int) -> None:
+    def _install(self, frontier: Frontier, point_index: int, sweep: bool = False) -> None:
         check_frontier(self.schedule, frontier, point_index)
         if self._agent is not None:  # the sweep's agent runs the plan from the next iteration
             self._pending = (frontier, point_index)
             self.frontier = frontier
             self.point_index = point_index
             return
-        self.frontier = frontier
-        self.point_index = point_index
+        if not sweep:  # a sweep "plan" is not a deployed frontier
+            self.frontier = frontier
+            self.point_index = point_index
         options: dict[str, Any] = {"measure_op_energy": False}
         options.update(self._agent_options)
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)

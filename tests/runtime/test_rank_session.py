@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,59 @@ def test_bad_arguments_are_config_errors(gpu, profile):
         _session(gpu, profile, point_index=7).start()
     with pytest.raises(ConfigError, match="before start"), session.iteration():
         pass
+
+
+@pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
+def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
+    """One rank, emulated: the sweep's clocks go through the agent and controller, op times
+    come from the simulated GPU's events, and the measured profile matches the device's."""
+    truth = scale_profile(take_stages(load_profile("a100"), 1), 0.05)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path,
+        set_latency_s=0.0,
+        publish_interval_s=0.0,
+        clock=time.perf_counter,
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    cache = tmp_path / "profile.csv"
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        blocking_power_w=BLOCKING_W,
+        online_profile=True,
+        profile_cache=cache,
+        emulate=True,
+        watchdog=False,
+        handle_signals=False,
+    )
+    with session:
+        assert session.profiling and session.frontier is None
+        agent = session.agent  # emulation runs the real agent -> controller -> device path
+        assert agent is not None and agent.device_timed and not agent.observe_only
+        while session.profiling:
+            _iteration(session)
+            assert len(session.history) < 60
+        assert session.frontier is not None and cache.exists()
+        _iteration(session)
+    assert session.history[0].phase == "profile" and session.history[-1].phase == "run"
+    profiled = session.profiled
+    assert profiled is not None
+    for (stage, kind), op in profiled.ops.items():
+        for o in op.options:
+            ref = truth.op(stage, kind).at(o.freq_mhz)
+            assert o.time_s == pytest.approx(ref.time_s, rel=0.05)
+            assert o.energy_j == pytest.approx(ref.energy_j, rel=0.05)
+
+
+def test_safety_is_on_by_default():
+    import inspect
+
+    from perseus.runtime.session import PerseusPipeline
+
+    for cls in (RankSession, PerseusPipeline):
+        params = inspect.signature(cls).parameters
+        assert params["watchdog"].default is True, cls
+        assert params["handle_signals"].default is True, cls

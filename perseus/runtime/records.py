@@ -1,0 +1,103 @@
+"""What the rank agent measures (per-op and per-iteration records) and the agent that does
+nothing (:class:`NullAgent`, for runs without a GPU or with perseus disabled)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.device.base import GPU
+from perseus.plan import Frontier
+from perseus.schedule.actions import Kind
+
+__all__ = ["AgentRecords", "IterationRecord", "NullAgent", "OpRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One op as measured on this rank: device time between its events (host time with
+    ``timing="host"``), energy from the counter at those points (as granular as the counter:
+    100 ms on NVML; 0 when not read)."""
+
+    iteration: int
+    index: int
+    name: str
+    freq_mhz: int
+    time_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One iteration on this rank: device time between step_begin/step_end and GPU energy."""
+
+    iteration: int
+    point_index: int
+    time_s: float
+    energy_j: float
+    num_ops: int
+    planned_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecords:
+    """Everything an agent measured (per-op records are capped at ``max_op_records``)."""
+
+    ops: tuple[OpRecord, ...]
+    iterations: tuple[IterationRecord, ...]
+
+
+class NullAgent:
+    """The agent to use without a GPU or with perseus disabled: every hook does nothing."""
+
+    rank: int
+    observe_only = True
+    enabled = False
+
+    def __init__(
+        self, plan: Frontier | None = None, gpu: GPU | None = None, rank: int = 0, **_kwargs: Any
+    ) -> None:
+        self.rank = rank
+        self.plan = plan
+        self.gpu = gpu
+
+    def start(self) -> NullAgent:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def step_begin(self) -> None:
+        pass
+
+    def step_end(self) -> None:
+        return None
+
+    def op(
+        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
+    ) -> contextlib.nullcontext[None]:
+        return _NULL_SCOPE
+
+    def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
+        pass
+
+    def wait_for_clock(self, timeout_s: float = 1.0) -> bool:
+        return True
+
+    @property
+    def records(self) -> AgentRecords:
+        return AgentRecords((), ())
+
+    @property
+    def iteration(self) -> int:
+        return 0
+
+
+_NULL_SCOPE: contextlib.nullcontext[None] = contextlib.nullcontext()
