@@ -29,8 +29,10 @@ Two directions:
   they are, since it wants either every backward split or none; with
   ``split_full_backward=True`` each full backward becomes ``B`` immediately followed by ``W`` on
   the same rank (its time and energy are the two halves' sum in a split profile,
-  :meth:`~perseus.profile.model.Profile.split_backward`), which plans them exactly; without
-  it they raise :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
+  :meth:`~perseus.profile.model.Profile.split_backward`), which plans them exactly, and the
+  stage hook closes that ``W`` right after the full backward
+  (:func:`perseus.runtime.hooks.instrument_stages`); without it they raise
+  :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
   forward-backward pairs (``OVERLAP_F_B``) are flattened into their two sub-actions.
 
 * **torchtitan-style use** (:func:`stages_of`, :func:`perseus_pipeline`): a trainer that keeps
