@@ -30,7 +30,11 @@ OpContextFactory = Callable[[Action], AbstractContextManager[Any]]
 
 
 def _wrap(
-    method: Callable[..., Any], stage: Any, kind: Kind, factory: OpContextFactory
+    method: Callable[..., Any],
+    stage: Any,
+    kind: Kind,
+    factory: OpContextFactory,
+    split_full_backward: bool = False,
 ) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -38,17 +42,27 @@ def _wrap(
         if kind is not Kind.F and not getattr(stage, "has_backward", True):
             return method(chunk_id, *args, **kwargs)
         with factory(Action(int(stage.stage_index), kind, int(chunk_id))):
-            return method(chunk_id, *args, **kwargs)
+            result = method(chunk_id, *args, **kwargs)
+        if split_full_backward and kind is Kind.B and kwargs.get("full_backward", True):
+            # A full backward in a schedule planned with split ones (DualPipeV): its W op
+            # follows at once (torch_pp.schedule_from_torch(split_full_backward=True)).
+            with factory(Action(int(stage.stage_index), Kind.W, int(chunk_id))):
+                pass
+        return result
 
     return wrapper
 
 
-def instrument_stages(stages: Sequence[Any], factory: OpContextFactory) -> Callable[[], None]:
+def instrument_stages(
+    stages: Sequence[Any], factory: OpContextFactory, *, split_full_backward: bool = False
+) -> Callable[[], None]:
     """Run every compute call of ``stages`` inside ``factory(action)``.
 
     Args:
         stages: This rank's torch ``PipelineStage`` objects.
         factory: Called with the action about to run; returns a context manager.
+        split_full_backward: Follow each full backward with its ``W`` action (schedules that
+            mix full and split backwards, planned split).
 
     Returns:
         A function that restores the original methods (idempotent).
@@ -57,7 +71,7 @@ def instrument_stages(stages: Sequence[Any], factory: OpContextFactory) -> Calla
     for stage in stages:
         for name, kind in STAGE_COMPUTE_METHODS.items():
             method = getattr(stage, name)
-            setattr(stage, name, _wrap(method, stage, kind, factory))
+            setattr(stage, name, _wrap(method, stage, kind, factory, split_full_backward))
             originals.append((stage, name))
 
     def restore() -> None:

@@ -89,7 +89,7 @@ class PerseusPipeline(RankSession):
         self.torch_schedule = torch_schedule
         self.stages = list(stages)
         super().__init__(
-            schedule_from_torch(torch_schedule),
+            schedule_from_torch(torch_schedule, split_full_backward=True),
             int(self.stages[0].group_rank),
             gpu=gpu,
             blocking_power_w=blocking_power_w,
@@ -111,7 +111,9 @@ class PerseusPipeline(RankSession):
     def start(self) -> PerseusPipeline:
         """Instrument the stages, then start the session (collective over the pipeline)."""
         if self._restore is None:
-            self._restore = instrument_stages(self.stages, self._torch_op)
+            self._restore = instrument_stages(
+                self.stages, self._torch_op, split_full_backward=self.schedule.has_weight_actions
+            )
         try:
             super().start()
         except BaseException:

@@ -25,8 +25,20 @@ Two directions:
     runtime executes.
 
   torch's ``I`` (input-gradient backward) maps to perseus's ``B``, ``W`` to ``W``, full ``B`` to
-  ``B``. Schedules mixing full and split backwards (DualPipeV) do not fit perseus's IR, which
-  wants either every backward split or none; they raise :class:`~perseus.errors.ScheduleError`.
+  ``B``. Schedules mixing full and split backwards (``DualPipeV``) do not fit perseus's IR as
+  they are, since it wants either every backward split or none; with
+  ``split_full_backward=True`` each full backward becomes ``B`` immediately followed by ``W`` on
+  the same rank (its time and energy are the two halves' sum in a split profile,
+  :meth:`~perseus.profile.model.Profile.split_backward`), which plans them exactly, and the
+  stage hook closes that ``W`` right after the full backward
+  (:func:`perseus.runtime.hooks.instrument_stages`); without it they raise
+  :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
+  forward-backward pairs (``OVERLAP_F_B``) are flattened into their two sub-actions.
+
+* **torchtitan-style use** (:func:`stages_of`, :func:`perseus_pipeline`): a trainer that keeps
+  only ``(pp_schedule, model_parts)`` builds its perseus session from those; the stages are
+  read here (``schedule._stage``/``_stages``), not by user code, and checked against the model
+  parts. :func:`check_profile_fits` checks that a profile has the model's stage count.
 
 * **perseus -> torch** (:func:`build_torch_schedule`): a torch schedule object that runs a
   perseus :class:`~perseus.schedule.Schedule` on real stages, using torch's own
@@ -49,10 +61,13 @@ __all__ = [
     "STAGE_COMPUTE_METHODS",
     "TORCH_SCHEDULE_CLASSES",
     "build_torch_schedule",
+    "check_profile_fits",
     "check_torch_version",
     "job_store",
+    "perseus_pipeline",
     "schedule_from_torch",
     "schedule_from_torch_class",
+    "stages_of",
     "torch_class_for",
 ]
 
@@ -165,22 +180,25 @@ def _schedule_from_orders(
     name: str,
     stage_to_rank: tuple[int, ...] | None,
     sched_mod: types.ModuleType,
+    split_full_backward: bool = False,
 ) -> Schedule:
-    rank_actions: list[list[Action]] = []
-    split_kinds: set[bool] = set()
-    for order in orders:
-        acts: list[Action] = []
-        for ta in order:
-            for action, split in _convert(ta, sched_mod):
-                acts.append(action)
-                if action.kind is not Kind.F:
-                    split_kinds.add(split)
-        rank_actions.append(acts)
-    if len(split_kinds) > 1:
+    converted = [[pair for ta in order for pair in _convert(ta, sched_mod)] for order in orders]
+    split_kinds = {split for order in converted for a, split in order if a.kind is not Kind.F}
+    mixed = len(split_kinds) > 1
+    if mixed and not split_full_backward:
         raise ScheduleError(
             f"torch schedule {name} mixes full backwards (B) with split ones (I/W); perseus "
-            "plans schedules whose backwards are all full or all split, so this one does not fit"
+            "plans schedules whose backwards are all full or all split: pass "
+            "split_full_backward=True to plan each full backward as B then W"
         )
+    rank_actions: list[list[Action]] = []
+    for order in converted:
+        acts: list[Action] = []
+        for action, split in order:
+            acts.append(action)
+            if mixed and action.kind is Kind.B and not split:
+                acts.append(Action(action.stage_index, Kind.W, action.microbatch_index))
+        rank_actions.append(acts)
     return schedule_from_actions(name, rank_actions, num_stages, num_microbatches, stage_to_rank)
 
 
@@ -243,7 +261,9 @@ def _is_single(sched_mod: types.ModuleType, cls: type) -> bool:
     return issubclass(cls, sched_mod.PipelineScheduleSingle)
 
 
-def schedule_from_torch(torch_schedule: Any, name: str | None = None) -> Schedule:
+def schedule_from_torch(
+    torch_schedule: Any, name: str | None = None, *, split_full_backward: bool = False
+) -> Schedule:
     """The perseus schedule that a constructed torch schedule object executes.
 
     Works on the user's real schedule object (any rank's): for multi-stage schedules every
@@ -253,6 +273,8 @@ def schedule_from_torch(torch_schedule: Any, name: str | None = None) -> Schedul
     Args:
         torch_schedule: An instance of a torch pipelining schedule.
         name: Label for the result (default: the torch class name).
+        split_full_backward: Plan full backwards of a schedule that also splits some
+            (DualPipeV) as ``B`` then ``W`` (see the module docstring).
 
     Raises:
         ConfigError: for an unsupported torch.
@@ -276,7 +298,9 @@ def schedule_from_torch(torch_schedule: Any, name: str | None = None) -> Schedul
     num_stages = int(torch_schedule._num_stages)
     mapping = torch_schedule.stage_index_to_group_rank
     stage_to_rank = tuple(int(mapping[s]) for s in range(num_stages))
-    return _schedule_from_orders(orders, num_stages, n_mb, label, stage_to_rank, sched_mod)
+    return _schedule_from_orders(
+        orders, num_stages, n_mb, label, stage_to_rank, sched_mod, split_full_backward
+    )
 
 
 def torch_class_for(name_or_class: str | type) -> type:
@@ -306,6 +330,8 @@ def schedule_from_torch_class(
     num_ranks: int,
     num_microbatches: int,
     stages_per_rank: int = 1,
+    *,
+    split_full_backward: bool = False,
 ) -> Schedule:
     """Build a torch schedule on stand-in stages (no process group) and convert it.
 
@@ -314,6 +340,7 @@ def schedule_from_torch_class(
         num_ranks: Pipeline ranks.
         num_microbatches: Microbatches per iteration.
         stages_per_rank: Local stages per rank (1 for GPipe/1F1B, 2 for ZBV/DualPipeV).
+        split_full_backward: See :func:`schedule_from_torch`.
 
     Raises:
         ConfigError: unknown class or unsupported torch; torch's own size errors are re-raised
@@ -346,7 +373,7 @@ def schedule_from_torch_class(
             f"torch {cls.__name__} rejects {num_ranks} ranks x {num_microbatches} microbatches "
             f"x {stages_per_rank} stages per rank: {e}"
         ) from e
-    return schedule_from_torch(sched, name=cls.__name__)
+    return schedule_from_torch(sched, name=cls.__name__, split_full_backward=split_full_backward)
 
 
 def _local_stage_indices(
@@ -434,3 +461,91 @@ def job_store() -> Any:
     if not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("job_store() needs torch.distributed to be initialised first")
     return dist.distributed_c10d._get_default_store()
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan-style construction
+
+
+def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> list[Any]:
+    """This rank's ``PipelineStage`` objects of a torch schedule, in stage order.
+
+    Args:
+        torch_schedule: A torch pipelining schedule (single- or multi-stage).
+        model_parts: The modules the trainer keeps (torchtitan's ``model_parts``); when given,
+            they must be the stages' submodules, in the same order.
+
+    Raises:
+        ConfigError: if the schedule holds no stages or they do not match ``model_parts``.
+    """
+    check_torch_version()
+    if hasattr(torch_schedule, "_stages"):
+        stages = list(torch_schedule._stages)
+    elif hasattr(torch_schedule, "_stage"):
+        stages = [torch_schedule._stage]
+    else:
+        raise ConfigError(
+            f"{type(torch_schedule).__name__} holds no pipeline stages; pass a torch "
+            "pipelining schedule built on PipelineStage objects"
+        )
+    stages.sort(key=lambda st: int(st.stage_index))
+    if model_parts is not None:
+        parts = list(model_parts)
+        submods = [getattr(st, "submod", None) for st in stages]
+        if len(parts) != len(stages) or any(
+            p is not m for p, m in zip(parts, submods, strict=True)
+        ):
+            raise ConfigError(
+                f"model_parts ({len(parts)} modules) are not the schedule's stage modules "
+                f"(stages {[int(st.stage_index) for st in stages]}); pass the model parts the "
+                "schedule was built from, in stage order"
+            )
+    return stages
+
+
+def check_profile_fits(profile: Any, schedule: Schedule) -> None:
+    """Check that ``profile`` describes the model ``schedule`` runs.
+
+    Raises:
+        ProfileError: if the stage counts differ, or the schedule splits backwards and the
+            profile has no way to price ``W`` (it always can: a profile without ``weight``
+            rows is split by :meth:`~perseus.profile.model.Profile.split_backward`).
+    """
+    from perseus.errors import ProfileError
+
+    if profile.num_stages != schedule.num_stages:
+        raise ProfileError(
+            f"{profile.source}: profile has {profile.num_stages} stages but the model is split "
+            f"into {schedule.num_stages} pipeline stages ({schedule.num_ranks} ranks x "
+            f"{schedule.virtual_stages} per rank); profile the model as it is split, or for "
+            f"emulation cut a deeper profile with perseus.runtime.emulation.take_stages"
+        )
+
+
+def perseus_pipeline(
+    torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session_options: Any
+) -> Any:
+    """A :class:`~perseus.runtime.session.PerseusPipeline` from what a torchtitan trainer keeps.
+
+    ::
+
+        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, blocking_power_w=83.64,
+                              profile=profile).start()
+
+    Args:
+        torch_schedule: The trainer's ``pp_schedule``.
+        model_parts: Its ``model_parts`` (checked against the schedule's stages).
+        **session_options: Passed to ``PerseusPipeline`` (``gpu``, ``blocking_power_w``,
+            ``plan``/``profile``/``online_profile``, ``emulate``, ...). A ``profile`` is checked
+            with :func:`check_profile_fits` first.
+
+    Raises:
+        ConfigError: see :func:`stages_of`; ProfileError: see :func:`check_profile_fits`.
+    """
+    from perseus.runtime.session import PerseusPipeline
+
+    stages = stages_of(torch_schedule, model_parts)
+    profile = session_options.get("profile")
+    if profile is not None:
+        check_profile_fits(profile, schedule_from_torch(torch_schedule))
+    return PerseusPipeline(torch_schedule, stages, **session_options)

@@ -1,0 +1,88 @@
+"""Train a small model with DeepSpeed's PipelineEngine and perseus, on emulated GPUs.
+
+DeepSpeed's ``PipelineEngine.train_batch`` runs its ``TrainSchedule`` unmodified; perseus reads
+the schedule (:func:`perseus.runtime.deepspeed.deepspeed_schedule`), plans it, and sets each
+forward/backward pass's clock through :func:`perseus.runtime.deepspeed.instrument_deepspeed`.
+On CPU (``--emulate``) DeepSpeed uses its CPU accelerator and gloo. Run::
+
+    python examples/train_deepspeed.py --spawn 2 --emulate --microbatches 4 --iterations 4 \\
+        --summary summary.json
+
+or with ``torchrun --nproc-per-node 2 examples/train_deepspeed.py --emulate ...``. Flags and the
+``--summary`` JSON are those of examples/train_pipeline.py (``--schedule`` is ``1f1b``, the
+only training schedule DeepSpeed has).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _engine_common import emulated_setup, launch, make_session, parse_args, run_and_summarise
+from torch import nn
+
+from perseus.runtime.deepspeed import deepspeed_schedule, instrument_deepspeed, skip_cpu_shm_op
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(hidden, hidden)
+
+    def forward(self, x: Any) -> Any:
+        return torch.tanh(self.lin(x))
+
+
+def worker(rank: int, world: int, args: Any) -> None:
+    import deepspeed
+    from deepspeed.pipe import LayerSpec, PipelineModule
+
+    skip_cpu_shm_op()  # emulation only: gloo does the communication, no C++ op to build
+    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    module = PipelineModule(
+        layers=[LayerSpec(Block, args.hidden) for _ in range(world)],
+        num_stages=world,
+        loss_fn=nn.MSELoss(),
+        partition_method="uniform",
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": args.microbatch_size,
+        "gradient_accumulation_steps": args.microbatches,
+        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+        "steps_per_print": 10**9,
+    }
+    engine, *_ = deepspeed.initialize(
+        model=module, model_parameters=list(module.parameters()), config=config
+    )
+    g = torch.Generator().manual_seed(0)
+    data = itertools.cycle(
+        [
+            (
+                torch.randn(args.microbatch_size, args.hidden, generator=g),
+                torch.randn(args.microbatch_size, args.hidden, generator=g),
+            )
+            for _ in range(8)
+        ]
+    )
+
+    schedule = deepspeed_schedule(engine.num_stages, engine.gradient_accumulation_steps())
+    profile, gpu, power, run_dir = emulated_setup(args, rank, schedule.num_stages)
+    session = make_session(args, schedule, engine.stage_id, gpu, profile, power, run_dir).start()
+    with instrument_deepspeed(engine, session.op):
+        run_and_summarise(args, session, lambda: engine.train_batch(data), "deepspeed", schedule)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(__doc__.split("\n")[0], ("1f1b",), argv)
+    return launch(worker, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Adapter for DeepSpeed's ``PipelineEngine`` (no fork, no edit of DeepSpeed's files).
+
+This is the only module that touches DeepSpeed names that are not documented API
+(``PipelineEngine._INSTRUCTION_MAP``, ``_exec_forward_pass``, ``_exec_backward_pass``,
+``_exec_schedule``). :func:`check_deepspeed_version` checks each of them once and raises a
+one-line :class:`~perseus.errors.ConfigError` naming the version and what is missing. Tested
+with deepspeed 0.19.8 (CPU accelerator, gloo); :data:`TESTED_VERSIONS` is the range the extra
+pins.
+
+* **Schedule as data** (:func:`deepspeed_schedule`): DeepSpeed's ``TrainSchedule(M, S, s)``
+  is a generator of instruction lists, public and pure. Its ``ForwardPass``/``BackwardPass``
+  instructions name a pipe buffer, not a microbatch; each stage runs its forwards and its
+  backwards in microbatch order, so the ``k``-th ``ForwardPass`` of a stage is microbatch ``k``.
+  Stage ``s`` is pipeline rank ``s`` (one stage per rank).
+* **Clock hooks** (:func:`instrument_deepspeed`): a context manager that gives the engine
+  *instance* its own copy of ``_INSTRUCTION_MAP`` whose ``ForwardPass``/``BackwardPass``
+  handlers run inside ``factory(action)``, and an instance ``_exec_schedule`` that restarts
+  the microbatch count at each training batch (evaluation batches, an ``InferenceSchedule``,
+  are not instrumented). The class, and other engines, are untouched; exiting restores the
+  instance.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from perseus.errors import ConfigError, ScheduleError
+from perseus.runtime.hooks import OpContextFactory
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.builders import schedule_from_actions
+
+__all__ = [
+    "MIN_DEEPSPEED_VERSION",
+    "TESTED_VERSIONS",
+    "check_deepspeed_version",
+    "deepspeed_schedule",
+    "instrument_deepspeed",
+    "skip_cpu_shm_op",
+]
+
+#: Oldest deepspeed whose pipeline engine internals this adapter was written against.
+MIN_DEEPSPEED_VERSION = (0, 19)
+#: The versions the ``deepspeed`` extra allows (tested: 0.19.8).
+TESTED_VERSIONS = ">=0.19,<0.20"
+
+_SCHEDULE_NAMES = ("TrainSchedule", "InferenceSchedule", "ForwardPass", "BackwardPass")
+_ENGINE_NAMES = ("_INSTRUCTION_MAP", "_exec_forward_pass", "_exec_backward_pass", "_exec_schedule")
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_deepspeed_version() -> types.SimpleNamespace:
+    """Import DeepSpeed's pipeline modules and check the names this adapter uses.
+
+    Returns:
+        A namespace with ``version``, ``schedule`` (the module) and ``engine_class``.
+
+    Raises:
+        ConfigError: if deepspeed is missing, older than :data:`MIN_DEEPSPEED_VERSION`, or
+            lacks one of the names used here.
+    """
+    try:
+        with warnings.catch_warnings():  # import-time notes on optional packages
+            warnings.simplefilter("ignore")
+            import deepspeed
+            from deepspeed.runtime.pipe import schedule
+            from deepspeed.runtime.pipe.engine import PipelineEngine
+    except ImportError as e:
+        raise ConfigError(
+            "deepspeed is required for perseus.runtime.deepspeed; install it with "
+            f"`DS_BUILD_OPS=0 pip install 'perseus-energy[deepspeed]'` (deepspeed{TESTED_VERSIONS})"
+        ) from e
+    version = str(getattr(deepspeed, "__version__", "0.0"))
+    if _parse_version(version) < MIN_DEEPSPEED_VERSION:
+        raise ConfigError(
+            f"deepspeed {version} is not supported by perseus's adapter; "
+            f"install deepspeed{TESTED_VERSIONS}"
+        )
+    missing = [f"schedule.{n}" for n in _SCHEDULE_NAMES if not hasattr(schedule, n)]
+    missing += [f"PipelineEngine.{n}" for n in _ENGINE_NAMES if not hasattr(PipelineEngine, n)]
+    if not missing:
+        imap = PipelineEngine._INSTRUCTION_MAP
+        handlers = {
+            schedule.ForwardPass: PipelineEngine._exec_forward_pass,
+            schedule.BackwardPass: PipelineEngine._exec_backward_pass,
+        }
+        missing += [
+            f"PipelineEngine._INSTRUCTION_MAP[{cls.__name__}] -> {fn.__name__}"
+            for cls, fn in handlers.items()
+            if imap.get(cls) is not fn
+        ]
+    if missing:
+        raise ConfigError(
+            f"deepspeed {version} lacks {', '.join(missing)}, which perseus's adapter needs; "
+            f"use deepspeed{TESTED_VERSIONS} or report the new version"
+        )
+    return types.SimpleNamespace(version=version, schedule=schedule, engine_class=PipelineEngine)
+
+
+def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
+    """The compute actions of DeepSpeed's ``TrainSchedule``, as a perseus schedule.
+
+    Args:
+        num_stages: Pipeline stages (= ranks).
+        num_microbatches: Microbatches per batch (DeepSpeed's gradient accumulation steps).
+
+    Returns:
+        A validated schedule named ``deepspeed-1f1b``.
+
+    Raises:
+        ScheduleError: for non-positive sizes.
+
+    Complexity: O(S · (M + S)).
+    """
+    ds = check_deepspeed_version()
+    if num_stages < 1 or num_microbatches < 1:
+        raise ScheduleError(
+            f"stages and microbatches must be >= 1, got {num_stages} and {num_microbatches}"
+        )
+    fwd_cls, bwd_cls = ds.schedule.ForwardPass, ds.schedule.BackwardPass
+    rank_actions = []
+    for s in range(num_stages):
+        sched = ds.schedule.TrainSchedule(
+            micro_batches=num_microbatches, stages=num_stages, stage_id=s
+        )
+        counts = {Kind.F: 0, Kind.B: 0}
+        acts = []
+        for step in sched.steps():
+            for cmd in step:
+                kind = Kind.F if type(cmd) is fwd_cls else Kind.B if type(cmd) is bwd_cls else None
+                if kind is not None:
+                    acts.append(Action(s, kind, counts[kind]))
+                    counts[kind] += 1
+        rank_actions.append(acts)
+    return schedule_from_actions(
+        "deepspeed-1f1b",
+        rank_actions,
+        num_stages,
+        num_microbatches,
+        tuple(range(num_stages)),
+    )
+
+
+@contextmanager
+def instrument_deepspeed(engine: Any, factory: OpContextFactory) -> Iterator[list[Action]]:
+    """Run every forward/backward pass of a ``PipelineEngine``'s training batches in ``factory``.
+
+    Args:
+        engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
+        factory: Called with each action about to run; returns a context manager.
+
+    Yields:
+        The list of actions seen so far (appended as they run).
+
+    Raises:
+        ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented.
+    """
+    ds = check_deepspeed_version()
+    if not isinstance(engine, ds.engine_class):
+        raise ConfigError(
+            f"instrument_deepspeed needs a deepspeed PipelineEngine, got {type(engine).__name__}"
+        )
+    if "_INSTRUCTION_MAP" in vars(engine):
+        raise ConfigError("this PipelineEngine is already instrumented")
+    cls_map = type(engine)._INSTRUCTION_MAP
+    sched_mod = ds.schedule
+    stage = int(engine.stage_id)
+    state = {"training": False, Kind.F: 0, Kind.B: 0}
+    seen: list[Action] = []
+
+    def wrap(handler: Any, kind: Kind) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not state["training"]:
+                return handler(self, *args, **kwargs)
+            action = Action(stage, kind, state[kind])
+            state[kind] += 1
+            seen.append(action)
+            with factory(action):
+                return handler(self, *args, **kwargs)
+
+        return run
+
+    original_exec = engine._exec_schedule
+
+    def exec_schedule(pipe_schedule: Any) -> Any:
+        state.update({"training": isinstance(pipe_schedule, sched_mod.TrainSchedule)})
+        state[Kind.F] = state[Kind.B] = 0
+        try:
+            return original_exec(pipe_schedule)
+        finally:
+            state["training"] = False
+
+    instance_map = dict(cls_map)
+    instance_map[sched_mod.ForwardPass] = wrap(cls_map[sched_mod.ForwardPass], Kind.F)
+    instance_map[sched_mod.BackwardPass] = wrap(cls_map[sched_mod.BackwardPass], Kind.B)
+    engine._INSTRUCTION_MAP = instance_map
+    engine._exec_schedule = exec_schedule  # an instance attribute: called unbound
+    try:
+        yield seen
+    finally:
+        for name in ("_INSTRUCTION_MAP", "_exec_schedule"):
+            if name in vars(engine):
+                delattr(engine, name)
+
+
+def skip_cpu_shm_op() -> None:
+    """Emulation on CPU only: keep DeepSpeed from compiling its shared-memory allreduce op.
+
+    On the CPU accelerator, ``deepspeed.init_distributed`` probes the C++ compiler and builds
+    ``deepspeed_shm_comm`` (about a minute on two cores) although gloo does the communication
+    anyway. DeepSpeed keeps the probe's result in ``deepspeed.ops.__compatible_ops__``, a dict
+    it documents as editable; marking the op incompatible skips probe and build. Call before
+    ``deepspeed.init_distributed``; never on a GPU.
+    """
+    check_deepspeed_version()
+    import deepspeed.ops
+
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False

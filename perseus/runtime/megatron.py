@@ -1,0 +1,427 @@
+"""Adapter for Megatron-Core's pipeline schedules (no fork, no edit of Megatron's files).
+
+This is the only module that touches Megatron-Core names that are not documented API
+(``schedules.forward_step``/``backward_step`` as module globals, ``P2PCommunicator._communicate``,
+``p2p_communication._p2p_ops``). :func:`check_megatron_version` checks
+each of them once and raises a one-line :class:`~perseus.errors.ConfigError` naming the
+version and what is missing. Tested with megatron-core 0.16.1 (the newest that installs on
+Python 3.11); :data:`TESTED_VERSIONS` is the range the extra pins.
+
+Three parts:
+
+* **Schedule as data** (:func:`megatron_schedule`): the compute actions each pipeline rank
+  runs in ``forward_backward_pipelining_without_interleaving`` (1F1B) and
+  ``..._with_interleaving`` (virtual pipeline, ``microbatch_group_size_per_vp_stage``).
+  The per-rank warm-up count comes from Megatron's own ``get_pp_rank_microbatches`` and the
+  interleaved (microbatch, model chunk) order from its ``get_schedule_table``; the loops around
+  them (warm-up forwards; forward ``k + warmup`` then backward ``k``; cool-down backwards;
+  backward chunk ``V - 1 - chunk``; per-chunk FIFO microbatches) are rebuilt here and checked
+  against the order Megatron executes (tests record it on gloo ranks). Model chunk ``c`` of
+  pipeline rank ``r`` is perseus stage ``c * R + r`` (Megatron's and torch's looped placement).
+* **Clock hooks** (:func:`instrument_megatron`): a context manager that, for its duration,
+  replaces the module globals ``schedules.forward_step`` and ``schedules.backward_step`` (the
+  schedule functions look them up at call time) with wrappers that run each step inside
+  ``factory(action)``. The forward's action comes from Megatron's own arguments
+  (``current_microbatch``, ``vp_stage``); the backward's from the identity of the output tensor
+  its forward returned. ``config.timers`` (``forward-compute``/``backward-compute``) would be
+  another public hook; it does not carry the microbatch, so it is not used.
+* **CPU emulation** (:func:`cpu_communication`, :func:`cuda_to_cpu`): Megatron's schedules
+  create a token counter with ``device="cuda"`` and receive buffers on
+  ``torch.cuda.current_device()``. On machines without GPUs (tests, ``--emulate``) the schedule
+  is called with two public means: its ``p2p_communicator=`` argument, a
+  :class:`P2PCommunicator` subclass whose buffers are on the CPU and that calls Megatron's own
+  p2p ops, with ``pg_collection=`` from ``parallel_state``; and a
+  :class:`torch.overrides.TorchFunctionMode` that maps ``device="cuda"`` to the CPU around the
+  call. Neither is used on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from perseus.errors import ConfigError, ScheduleError
+from perseus.runtime.hooks import OpContextFactory
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.builders import schedule_from_actions
+
+__all__ = [
+    "MIN_MEGATRON_VERSION",
+    "TESTED_VERSIONS",
+    "check_megatron_version",
+    "cpu_communication",
+    "cuda_to_cpu",
+    "instrument_megatron",
+    "megatron_schedule",
+]
+
+#: Oldest megatron-core whose pipeline internals this adapter was written against.
+MIN_MEGATRON_VERSION = (0, 16)
+#: The versions the ``megatron`` extra allows (tested: 0.16.1).
+TESTED_VERSIONS = ">=0.16.1,<0.17"
+
+_SCHEDULE_NAMES = (
+    "forward_step",
+    "backward_step",
+    "get_schedule_table",
+    "get_pp_rank_microbatches",
+    "forward_backward_pipelining_without_interleaving",
+    "forward_backward_pipelining_with_interleaving",
+)
+_P2P_NAMES = ("P2PCommunicator", "_p2p_ops")
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_megatron_version() -> types.SimpleNamespace:
+    """Import Megatron-Core's pipeline modules and check the names this adapter uses.
+
+    Returns:
+        A namespace with ``version``, ``schedules`` and ``p2p`` (the modules).
+
+    Raises:
+        ConfigError: if megatron-core is missing, older than :data:`MIN_MEGATRON_VERSION`, or
+            lacks one of the names used here.
+    """
+    try:
+        # Megatron warns at import about optional packages (Transformer Engine, Apex) that
+        # pipelining does not need; those warnings say nothing about perseus's use.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import megatron.core as mcore
+            from megatron.core.pipeline_parallel import p2p_communication, schedules
+    except ImportError as e:
+        raise ConfigError(
+            "megatron-core is required for perseus.runtime.megatron; install it with "
+            f"`pip install 'perseus-energy[megatron]'` (megatron-core{TESTED_VERSIONS})"
+        ) from e
+    version = str(getattr(mcore, "__version__", "0.0"))
+    if _parse_version(version) < MIN_MEGATRON_VERSION:
+        raise ConfigError(
+            f"megatron-core {version} is not supported by perseus's adapter; "
+            f"install megatron-core{TESTED_VERSIONS}"
+        )
+    missing = [f"schedules.{n}" for n in _SCHEDULE_NAMES if not hasattr(schedules, n)]
+    missing += [f"p2p_communication.{n}" for n in _P2P_NAMES if not hasattr(p2p_communication, n)]
+    comm = getattr(p2p_communication, "P2PCommunicator", None)
+    if comm is not None and not hasattr(comm, "_communicate"):
+        missing.append("P2PCommunicator._communicate")
+    if missing:
+        raise ConfigError(
+            f"megatron-core {version} lacks {', '.join(missing)}, which perseus's adapter "
+            f"needs; use megatron-core{TESTED_VERSIONS} or report the new version"
+        )
+    return types.SimpleNamespace(version=version, schedules=schedules, p2p=p2p_communication)
+
+
+# --------------------------------------------------------------------------------------------
+# Schedule as data
+
+
+class _SizedGroup:
+    """Stand-in process group: only the size and rank Megatron's helpers ask for."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def megatron_schedule(
+    num_ranks: int,
+    num_microbatches: int,
+    virtual_stages: int = 1,
+    microbatch_group_size_per_vp_stage: int | None = None,
+) -> Schedule:
+    """The compute actions Megatron-Core's pipeline schedule runs, as a perseus schedule.
+
+    Args:
+        num_ranks: Pipeline-parallel size.
+        num_microbatches: Microbatches per iteration.
+        virtual_stages: Model chunks per rank (1: ``..._without_interleaving``).
+        microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``,
+            as in Megatron); only used when ``virtual_stages > 1``.
+
+    Returns:
+        A validated schedule named ``megatron-1f1b`` or ``megatron-interleaved``.
+
+    Raises:
+        ScheduleError: for sizes Megatron refuses (its own rules, with its reason).
+
+    Complexity: O(R · V · M).
+    """
+    mc = check_megatron_version()
+    R, M, V = num_ranks, num_microbatches, virtual_stages
+    if R < 2 or M < 1 or V < 1:
+        raise ScheduleError(
+            f"Megatron pipelining needs >= 2 ranks, >= 1 microbatch and >= 1 model chunk per "
+            f"rank; got {R} ranks, {M} microbatches, {V} chunks"
+        )
+    group = R if microbatch_group_size_per_vp_stage is None else microbatch_group_size_per_vp_stage
+    if V > 1:
+        # Megatron's checks in forward_backward_pipelining_with_interleaving.
+        if not R <= group <= M:
+            raise ScheduleError(
+                f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
+                f"({group}) between the pipeline size ({R}) and the microbatches ({M})"
+            )
+        tail = M % group
+        if 0 < tail < R:
+            raise ScheduleError(
+                f"Megatron's interleaved schedule needs microbatches ({M}) % group size "
+                f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
+            )
+        table = [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
+    else:
+        table = [(m, 0) for m in range(M)]
+    rank_actions = []
+    for r in range(R):
+        comm = types.SimpleNamespace(
+            pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
+        )
+        total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
+            M, V, group, forward_only=False, p2p_communicator=comm
+        )
+        next_b = [0] * V
+
+        def fwd(k: int, r: int = r) -> Action:
+            m, c = table[k]
+            return Action(c * R + r, Kind.F, m)
+
+        def bwd(k: int, r: int = r, next_b: list[int] = next_b) -> Action:
+            c = V - 1 - table[k][1]
+            m = next_b[c]  # Megatron pops each chunk's oldest stored forward (FIFO)
+            next_b[c] += 1
+            return Action(c * R + r, Kind.B, m)
+
+        acts = [fwd(k) for k in range(warmup)]
+        for k in range(remaining):
+            acts += [fwd(k + warmup), bwd(k)]
+        acts += [bwd(k) for k in range(remaining, total)]
+        rank_actions.append(acts)
+    name = "megatron-interleaved" if V > 1 else "megatron-1f1b"
+    stage_to_rank = tuple(s % R for s in range(R * V))
+    return schedule_from_actions(name, rank_actions, R * V, M, stage_to_rank)
+
+
+# --------------------------------------------------------------------------------------------
+# Clock hooks
+
+
+_installed: list[bool] = []  # guards against nesting (the hooks are module globals)
+
+
+@contextmanager
+def instrument_megatron(
+    num_ranks: int, rank: int, factory: OpContextFactory
+) -> Iterator[list[Action]]:
+    """Run every forward/backward step of Megatron's pipeline schedules inside ``factory``.
+
+    For the duration of the ``with`` block, the module globals ``forward_step`` and
+    ``backward_step`` of ``megatron.core.pipeline_parallel.schedules`` are wrappers; they are
+    restored on exit. Steps run with gradients disabled (evaluation) are not instrumented.
+
+    Args:
+        num_ranks: Pipeline-parallel size (maps model chunk ``c`` to stage ``c * R + rank``).
+        rank: This process's pipeline rank.
+        factory: Called with each action about to run; returns a context manager.
+
+    Yields:
+        The list of actions seen so far (appended as they run), for checks and logs.
+
+    Raises:
+        ConfigError: if the hooks are already installed in this process.
+    """
+    mc = check_megatron_version()
+    if _installed:
+        raise ConfigError("instrument_megatron is already active in this process")
+    schedules = mc.schedules
+    original_fwd, original_bwd = schedules.forward_step, schedules.backward_step
+    seen: list[Action] = []
+    pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
+
+    @functools.wraps(original_fwd)
+    def forward_step(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return original_fwd(*args, **kwargs)
+        chunk = kwargs.get("vp_stage") or 0
+        microbatch = kwargs.get("current_microbatch")
+        if microbatch is None:
+            raise ScheduleError("Megatron's forward_step was called without current_microbatch")
+        action = Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
+        if action.microbatch_index == 0 and int(chunk) == 0:
+            pending.clear()  # a new iteration: drop what an aborted one left behind
+        seen.append(action)
+        with factory(action):
+            result = original_fwd(*args, **kwargs)
+        output = result[0]
+        pending[id(output)] = (output, action)
+        return result
+
+    @functools.wraps(original_bwd)
+    def backward_step(
+        input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, *args: Any, **kw: Any
+    ) -> Any:
+        entry = pending.pop(id(output_tensor), None)
+        if entry is None:
+            return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
+        fwd = entry[1]
+        action = Action(fwd.stage_index, Kind.B, fwd.microbatch_index)
+        seen.append(action)
+        with factory(action):
+            return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
+
+    _installed.append(True)
+    schedules.forward_step, schedules.backward_step = forward_step, backward_step
+    try:
+        yield seen
+    finally:
+        schedules.forward_step, schedules.backward_step = original_fwd, original_bwd
+        _installed.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# CPU emulation
+
+
+_CPU_COMMUNICATORS: dict[type, type] = {}
+
+
+def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
+    """A ``P2PCommunicator`` subclass whose receive buffers are CPU tensors."""
+    if base in _CPU_COMMUNICATORS:
+        return _CPU_COMMUNICATORS[base]
+
+    class CpuP2PCommunicator(base):  # type: ignore[misc]
+        """Megatron's P2P communicator with CPU receive buffers (gloo), Megatron's own ops."""
+
+        def _communicate(
+            self,
+            *,
+            tensor_send_next: Any,
+            tensor_send_prev: Any,
+            recv_prev: bool,
+            recv_next: bool,
+            tensor_shape: Any,
+            wait_on_reqs: bool = True,
+        ) -> tuple[Any, Any, Any]:
+            import torch
+
+            config = self.config
+            if config.variable_seq_lengths:
+                raise ConfigError(
+                    "perseus's CPU emulation of Megatron needs fixed sequence lengths "
+                    "(variable_seq_lengths=False)"
+                )
+
+            def buffer(wanted: bool) -> Any:
+                if not wanted:
+                    return None
+                if tensor_shape is None or config.pipeline_dtype is None:
+                    raise ConfigError("Megatron needs tensor_shape and pipeline_dtype to receive")
+                return torch.empty(
+                    tensor_shape, requires_grad=True, device="cpu", dtype=config.pipeline_dtype
+                )
+
+            recv_prev_t, recv_next_t = buffer(recv_prev), buffer(recv_next)
+            # Megatron's individual isend/irecv ops whatever batch_p2p_comm says: on gloo a
+            # batch is the same ops posted together, and a batched run was seen to abort a rank
+            # once in eight (issue 18); the individual ops have not.
+            reqs = p2p._p2p_ops(
+                tensor_send_prev=tensor_send_prev,
+                tensor_recv_prev=recv_prev_t,
+                tensor_send_next=tensor_send_next,
+                tensor_recv_next=recv_next_t,
+                group=self.pp_group,
+                prev_pipeline_rank=self.prev_rank,
+                next_pipeline_rank=self.next_rank,
+            )
+            if wait_on_reqs and reqs:
+                for req in reqs.values():
+                    req.wait()
+                reqs = None
+            return recv_prev_t, recv_next_t, reqs
+
+    _CPU_COMMUNICATORS[base] = CpuP2PCommunicator
+    return CpuP2PCommunicator
+
+
+def cpu_communication(config: Any) -> dict[str, Any]:
+    """``p2p_communicator=`` and ``pg_collection=`` arguments for running on CPU (gloo).
+
+    Needs ``megatron.core.parallel_state.initialize_model_parallel`` to have run.
+
+    Args:
+        config: The model's ``ModelParallelConfig``/``TransformerConfig``.
+
+    Returns:
+        Keyword arguments for Megatron's ``forward_backward_*`` functions.
+    """
+    mc = check_megatron_version()
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    cls = _cpu_communicator_class(mc.p2p.P2PCommunicator, mc.p2p)
+    pgs = ProcessGroupCollection()
+    pgs.tp = parallel_state.get_tensor_model_parallel_group()
+    pgs.cp = parallel_state.get_context_parallel_group()
+    pgs.pp = pp_group
+    pgs.embd = parallel_state.get_embedding_group(check_initialized=False)
+    pgs.pos_embd = parallel_state.get_position_embedding_group(check_initialized=False)
+    pgs.dp_cp = parallel_state.get_data_parallel_group(
+        with_context_parallel=True, partial_data_parallel=False
+    )
+    return {"p2p_communicator": cls(pp_group=pp_group, config=config), "pg_collection": pgs}
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    kind = getattr(device, "type", None)
+    return kind == "cuda"
+
+
+@contextmanager
+def cuda_to_cpu() -> Iterator[None]:
+    """Map ``device="cuda"`` (and ``Tensor.cuda()``) to the CPU for torch calls in the block.
+
+    Only for emulation on machines without GPUs: Megatron's schedules allocate a small counter
+    with a literal ``device="cuda"``.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class _CudaToCpu(TorchFunctionMode):
+        def __torch_function__(
+            self,
+            func: Callable[..., Any],
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            if _is_cuda(kwargs.get("device")):
+                kwargs["device"] = "cpu"
+            if func is torch.Tensor.cuda:
+                return args[0]
+            return func(*args, **kwargs)
+
+    with _CudaToCpu():
+        yield
