@@ -54,7 +54,15 @@ from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, Op
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 from perseus.schedule.actions import Kind
 
-__all__ = ["AgentRecords", "IterationRecord", "NullAgent", "OpRecord", "RankAgent", "make_agent"]
+__all__ = [
+    "AgentRecords",
+    "IterationRecord",
+    "NullAgent",
+    "OpRecord",
+    "OpTimeFn",
+    "RankAgent",
+    "make_agent",
+]
 
 
 _log = logging.getLogger(__name__)
@@ -183,6 +191,8 @@ class RankAgent:
             maxlen=max_op_records
         )
         self._op_time_fn = op_time_s
+        # Two-clock op -> its whole time at the first clock, estimated from the last iteration.
+        self._op_time_a_s: dict[tuple[int, int, int], float] = {}
         self._mid_switches = 0
         self._warned_host_two_clock = False
         self._iterations: list[IterationRecord] = []
@@ -273,11 +283,8 @@ class RankAgent:
         fn = self._op_time_fn
         if fn is not None:
             return share * fn(stage, Kind(kind), fa)
-        measured = self._op_time_s.get((j, fa))
-        if measured is None:
-            return None
-        # measured = t_a * (share + (1 - share) * fa / fb) when time scales as 1 / clock.
-        return share * measured / (share + (1.0 - share) * fa / fb)
+        t_a = self._op_time_a_s.get((j, fa, fb))
+        return None if t_a is None else share * t_a
 
     def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
         """Run ``plan`` from the next :meth:`step_begin` on (safe from another thread).
@@ -554,8 +561,24 @@ class RankAgent:
             energy_j = job.energy_j()
             freq = self._freqs[j] if j < len(self._freqs) else 0
             self._op_time_s[(j, freq)] = time_s
-            mid = job.mid_freq_mhz if job.mid_issued else None
-            self._ops.append((it, j, self._names[j], freq, time_s, energy_j or 0.0, mid))
+            mid = job.mid_freq_mhz
+            share = self._mid_share[j] if j < len(self._mid_share) else None
+            if mid is not None and share is not None:
+                # Ran wholly at ``freq`` (switch not issued), or the mix: time_s = t_a *
+                # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
+                mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
+                self._op_time_a_s[(j, freq, mid)] = time_s / mix
+            self._ops.append(
+                (
+                    it,
+                    j,
+                    self._names[j],
+                    freq,
+                    time_s,
+                    energy_j or 0.0,
+                    mid if job.mid_issued else None,
+                )
+            )
         self._jobs = []
         return end.device_time_s() - begin.device_time_s(), (mj - self._step_mj) / 1000.0
 
