@@ -17,7 +17,13 @@ each op boundary the agent records a device event on the compute stream and post
 thread, which waits for the op's start on the device and issues the next op's clock early by
 the measured set latency so that it applies as the op ends. Op times come from event pairs
 (device time), op and iteration energy from the counter read at those device-time
-boundaries. The training thread never waits on the driver and never synchronises the device;
+boundaries. A two-clock op (``(freq_a_mhz, freq_b_mhz, layers_at_a)``,
+:mod:`perseus.profile.two_clock`) starts at its first clock; its boundary also carries the
+second clock and the predicted device time of its first ``layers_at_a`` layers at the first
+clock (their share of the op's time from ``op_time_s``, else from the previous iteration), and
+the worker issues the second clock that long after the op's device start, less the set
+latency: one mechanism for real and simulated GPUs. Iteration records count the mid-op
+switches issued. The training thread never waits on the driver and never synchronises the device;
 :meth:`RankAgent.step_end` waits for the iteration's last event (once per iteration).
 ``timing="host"`` is the old behaviour (post the clock when the host enters an op, time ops on
 the host), kept for devices without events and as a baseline. It checks that the ops arrive in the
