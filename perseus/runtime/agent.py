@@ -55,7 +55,7 @@ from perseus.errors import ConfigError, DeviceError, DevicePermissionError, Plan
 from perseus.plan import Frontier
 from perseus.profile.two_clock import build_layer_split, op_clocks
 from perseus.runtime.controller import Boundary, FrequencyController
-from perseus.runtime.events import event_source_for
+from perseus.runtime.events import CudaEventSource, event_source_for
 from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 from perseus.schedule.actions import Kind
@@ -213,6 +213,7 @@ class RankAgent:
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
+        self._stamp_ops = True
         self._jobs: list[Boundary] = []
         self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
         self._op_gap_s: dict[int, float] = {}  # op -> idle device time after it, last time
@@ -351,6 +352,9 @@ class RankAgent:
             if self._timing == "device" and self._events is None:
                 self._events = event_source_for(gpu)
             self._device_timed = self._timing == "device" and self._events is not None
+            # CUDA events carry no counter reading and NVML's counter is too coarse and too
+            # slow to read per op (see FrequencyController's stamp_ops): iteration ends only.
+            self._stamp_ops = not isinstance(self._events, CudaEventSource)
         if self.enabled and gpu is not None:
             managed = gpu if isinstance(gpu, ManagedGPU) else None
             if managed is not None:
@@ -370,7 +374,9 @@ class RankAgent:
                 self._guard.install()
                 if self._controller is None:
                     self._controller = FrequencyController(
-                        gpu, events=self._events if self._device_timed else None
+                        gpu,
+                        events=self._events if self._device_timed else None,
+                        stamp_ops=self._stamp_ops,
                     )
                 self._controller.start()
             except BaseException:
@@ -381,7 +387,9 @@ class RankAgent:
         elif gpu is not None and self._device_timed:
             # Observe-only: no ownership, no watchdog; the worker only reads the counter at
             # device-time boundaries.
-            self._controller = FrequencyController(gpu, events=self._events, control=False)
+            self._controller = FrequencyController(
+                gpu, events=self._events, control=False, stamp_ops=self._stamp_ops
+            )
             self._controller.start()
         self._started = True
         return self

@@ -127,6 +127,11 @@ class FrequencyController:
         control: False only observes (stamps events with the counter; never sets clocks).
         retries: Extra attempts for a failing set call before going observe-only.
         history: How many apply delays to keep for :meth:`stats`.
+        stamp_ops: Read the device's energy counter at every op boundary whose event carries
+            no reading of its own. False for NVML: its counter is published every 100 ms and a
+            read costs ~3 ms of driver time (measured on an H100, benchmarks/README.md), so
+            per-op reads would only return 0 or one whole 100 ms step, and would make the
+            worker fall behind the ops; iteration energy is then read at the iteration's ends.
     """
 
     def __init__(
@@ -137,9 +142,11 @@ class FrequencyController:
         control: bool = True,
         retries: int = 2,
         history: int = 10_000,
+        stamp_ops: bool = True,
     ) -> None:
         self.gpu = gpu
         self.events = events
+        self._stamp_ops = stamp_ops
         self._cond = threading.Condition(threading.Lock())
         self._pending: int | None = None
         self._pending_since = 0.0
@@ -369,7 +376,7 @@ class FrequencyController:
         return False
 
     def _handle(self, job: Boundary) -> None:
-        job.start_mj = self._wait_event(job.start, stamp=True)
+        job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops)
         mid = job.mid_freq_mhz
         if (
             mid is not None
@@ -403,7 +410,7 @@ class FrequencyController:
         while job.end is None and not self._closed:
             time.sleep(POLL_S)
         if job.end is not None:
-            job.end_mj = self._wait_event(job.end, stamp=True)
+            job.end_mj = self._wait_event(job.end, stamp=self._stamp_ops)
 
     def _apply(self, freq: int, since: float) -> None:
         if self.observe_only or self._closed:
