@@ -150,3 +150,29 @@ def test_two_clock_plan_without_layers_is_refused(tmp_path):
     plan = _plan(tuple(FWD for _ in names), names, layers=False)
     with pytest.raises(PlanError, match="layers_per_stage"):
         RankAgent(plan, None, 0)
+
+
+def test_host_timing_runs_two_clock_ops_at_their_first_clock_and_says_so(tmp_path, caplog):
+    profile = take_stages(load_profile("a100"), 4)
+    actions = build_schedule("1f1b", 4, 8).rank_actions[0]
+    names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=83.64, state_dir=tmp_path, set_latency_s=0.0
+    )
+    agent = RankAgent(
+        _plan(tuple(FWD for _ in names), names),
+        gpu,
+        0,
+        watchdog=False,
+        handle_signals=False,
+        timing="host",
+    )
+    with caplog.at_level("WARNING", logger="perseus.runtime.agent"), agent:
+        agent.step_begin()
+        for a in actions:
+            with agent.op(a.kind, a.microbatch_index):
+                pass
+        record = agent.step_end()
+    assert record.mid_op_switches == 0
+    assert agent.planned_clocks_mhz[0] == 1410 and agent.planned_end_clocks_mhz[0] == 1005
+    assert sum("cannot switch clocks mid-op" in r.message for r in caplog.records) == 1
