@@ -98,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
     p.add_argument(
+        "--layers-per-stage",
+        type=int,
+        metavar="N",
+        help="layers per stage: plan two-clock ops (one mid-op clock switch at a layer boundary)",
+    )
+    p.add_argument(
         "--counter-period-ms",
         type=float,
         help="energy counter update period of the simulated GPUs (default 100, NVML's; 1 with "
@@ -241,6 +247,9 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         online_profile=args.online_profile,
         profile_cache=cache,
         timeline=Path(run_dir[0]) / f"timeline-{pipe}.bin",
+        job_options=None
+        if args.layers_per_stage is None
+        else {"layers_per_stage": args.layers_per_stage, "switch_latency_s": 0.005 * scale},
     ).start()
 
     g = torch.Generator().manual_seed(0)
@@ -310,6 +319,8 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
             run_phase(name, frontier, 0, rt)
     if straggler is not None and slowdown != 1.0:
         gpu.set_slowdown(1.0)
+    agent = session.agent
+    mid_switches = [r.mid_op_switches for r in agent.records.iterations] if agent else []
     session.close()
 
     mine = {
@@ -324,6 +335,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         "profile_iterations": profile_iterations,
         "clocks_profiled": {f"{s}{k.value}": n for (s, k), n in session.clocks_profiled.items()},
         "overruns": session.emulation_overruns,
+        "mid_op_switches": mid_switches,
         "decisions": {
             name: [
                 (dd.iteration, dd.point_index, dd.straggler, list(dd.pipeline_times_s))
@@ -430,6 +442,20 @@ def make_summary(
             "measured": 1 - meas["energy_j"] / allmax_meas["energy_j"],
         }
         summary["iterations"] = {"allmax": allmax_rows, "plan": rows}
+        # Mid-op clock switches per measured iteration of the plan (all ranks of all pipelines).
+        per_iter = (
+            [
+                sum(g["mid_op_switches"][-args.iterations :][i] for g in gathered)
+                for i in range(args.iterations)
+            ]
+            if all(len(g["mid_op_switches"]) >= args.iterations for g in gathered)
+            else []
+        )
+        summary["two_clock"] = {
+            "layers_per_stage": args.layers_per_stage,
+            "planned_mid_op_switches": chosen.num_two_clock_ops * d,
+            "mid_op_switches_per_iteration": per_iter,
+        }
     else:
         summary["predicted"] = {"time_s": chosen.time_s, "energy_j": chosen.energy_j}
         summary["straggler"] = straggler_summary(args, gathered, frontier, power, ranks)

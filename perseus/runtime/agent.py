@@ -17,7 +17,13 @@ each op boundary the agent records a device event on the compute stream and post
 thread, which waits for the op's start on the device and issues the next op's clock early by
 the measured set latency so that it applies as the op ends. Op times come from event pairs
 (device time), op and iteration energy from the counter read at those device-time
-boundaries. The training thread never waits on the driver and never synchronises the device;
+boundaries. A two-clock op (``(freq_a_mhz, freq_b_mhz, layers_at_a)``,
+:mod:`perseus.profile.two_clock`) starts at its first clock; its boundary also carries the
+second clock and the predicted device time of its first ``layers_at_a`` layers at the first
+clock (their share of the op's time from ``op_time_s``, else from the previous iteration), and
+the worker issues the second clock that long after the op's device start, less the set
+latency: one mechanism for real and simulated GPUs. Iteration records count the mid-op
+switches issued. The training thread never waits on the driver and never synchronises the device;
 :meth:`RankAgent.step_end` waits for the iteration's last event (once per iteration).
 ``timing="host"`` is the old behaviour (post the clock when the host enters an op, time ops on
 the host), kept for devices without events and as a baseline. It checks that the ops arrive in the
@@ -34,6 +40,7 @@ perseus disabled.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 import warnings
@@ -44,15 +51,30 @@ from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource, ManagedGPU, ObserveOnlyWarning
 from perseus.device.ownership import default_lock_dir, owner_lock_path
-from perseus.errors import DeviceError, DevicePermissionError, PlanError
+from perseus.errors import ConfigError, DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
+from perseus.profile.two_clock import build_layer_split, op_clocks
 from perseus.runtime.controller import Boundary, FrequencyController
 from perseus.runtime.events import CudaEventSource, event_source_for
 from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 from perseus.schedule.actions import Kind
 
-__all__ = ["AgentRecords", "IterationRecord", "NullAgent", "OpRecord", "RankAgent", "make_agent"]
+__all__ = [
+    "AgentRecords",
+    "IterationRecord",
+    "NullAgent",
+    "OpRecord",
+    "OpTimeFn",
+    "RankAgent",
+    "make_agent",
+]
+
+
+_log = logging.getLogger(__name__)
+
+#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``.
+OpTimeFn = Callable[[int, Kind, int], float]
 
 
 def _no_energy() -> int:
@@ -116,6 +138,11 @@ class RankAgent:
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
         events: The event source (default: :func:`~perseus.runtime.events.event_source_for`).
+        op_time_s: Predicted device time of a whole op at a clock (from the profile the plan
+            was computed for); times a two-clock op's mid-op switch. Without it the agent
+            predicts from the op's device time in the previous iteration (time taken as
+            inversely proportional to the clock), and the first iteration runs two-clock ops
+            at their first clock only.
 
     Raises:
         PlanError: if ``rank`` or ``point_index`` is out of range or an op name is malformed.
@@ -137,6 +164,7 @@ class RankAgent:
         max_op_records: int = 100_000,
         timing: str = "device",
         events: EventSource | None = None,
+        op_time_s: OpTimeFn | None = None,
     ) -> None:
         if timing not in ("device", "host"):
             raise PlanError(f"timing must be 'device' or 'host', got {timing!r}")
@@ -165,7 +193,14 @@ class RankAgent:
         self._snap_cache: dict[int, int] = {}
         self._scope = _OpScope(self)
         self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
-        self._ops: deque[tuple[int, int, str, int, float, float]] = deque(maxlen=max_op_records)
+        self._ops: deque[tuple[int, int, str, int, float, float, int | None]] = deque(
+            maxlen=max_op_records
+        )
+        self._op_time_fn = op_time_s
+        # Two-clock op -> its whole time at the first clock, estimated from the last iteration.
+        self._op_time_a_s: dict[tuple[int, int, int], float] = {}
+        self._mid_switches = 0
+        self._warned_host_two_clock = False
         self._iterations: list[IterationRecord] = []
         self._iteration = 0
         self._cursor = 0
@@ -199,8 +234,33 @@ class RankAgent:
         self.point_index = point_index
         self._names = ops
         self._expected = _parse_ops(ops, self.rank)
-        self._planned_mhz = plan.points[point_index].one_clock_mhz(self.rank)
+        clocks = tuple(op_clocks(op) for op in plan.points[point_index].freqs_mhz[self.rank])
+        self._planned_mhz = tuple(c.freq_a_mhz for c in clocks)
+        self._planned_b_mhz = tuple(c.freq_b_mhz for c in clocks)
+        shares: list[float | None] = [None] * len(clocks)
+        if any(c.is_two_clock for c in clocks):
+            job = plan.job
+            if job.layers_per_stage is None:
+                raise PlanError(
+                    f"plan rank {self.rank} has two-clock ops but job.layers_per_stage is not "
+                    "set; regenerate the plan with --layers-per-stage"
+                )
+            try:
+                split = build_layer_split(
+                    job.layers_per_stage,
+                    job.stages,
+                    job.layer_time_fractions,
+                    job.switch_latency_s,
+                    job.switch_energy_j,
+                )
+            except ConfigError as e:
+                raise PlanError(f"plan job: {e}") from None
+            for j, c in enumerate(clocks):
+                if c.is_two_clock:
+                    shares[j] = split.work_before(self._expected[j][2], c.layers_at_a)
+        self._mid_share: tuple[float | None, ...] = tuple(shares)
         self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
+        self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
 
     def _snap(self, freq_mhz: int) -> int:
         if not self._clocks:
@@ -213,8 +273,25 @@ class RankAgent:
 
     @property
     def planned_clocks_mhz(self) -> tuple[int, ...]:
-        """This rank's clock per op, snapped to the GPU's supported list once started."""
+        """This rank's clock per op (a two-clock op's first clock), snapped to the GPU's
+        supported list once started."""
         return self._freqs
+
+    @property
+    def planned_end_clocks_mhz(self) -> tuple[int, ...]:
+        """The clock each op ends at (a two-clock op's second clock; else its only one)."""
+        return self._freqs_b
+
+    def _mid_time_s(self, j: int, share: float) -> float | None:
+        """Predicted device time from op ``j``'s start to its layer boundary: the first
+        layers' share of the op's time at its first clock."""
+        kind, _mb, stage = self._expected[j]
+        fa, fb = self._freqs[j], self._freqs_b[j]
+        fn = self._op_time_fn
+        if fn is not None:
+            return share * fn(stage, Kind(kind), fa)
+        t_a = self._op_time_a_s.get((j, fa, fb))
+        return None if t_a is None else share * t_a
 
     def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
         """Run ``plan`` from the next :meth:`step_begin` on (safe from another thread).
@@ -259,6 +336,7 @@ class RankAgent:
         if gpu is not None:
             self._clocks = gpu.supported_clocks_mhz()  # opens an NVML device
             self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
+            self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
             reason = getattr(gpu, "observe_only_reason", None)
             if self.enabled and reason is not None:
                 # Known before any set call (privilege probe, pre-Volta): say it once, and
@@ -465,6 +543,7 @@ class RankAgent:
             energy_j=energy_j,
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
+            mid_op_switches=self._mid_switches,
         )
         self._iterations.append(record)
         self._iteration += 1
@@ -485,6 +564,7 @@ class RankAgent:
             ctl.flush(timeout_s=1.0)  # its last boundary is done: read its counter stamps
         it = self._iteration
         jobs = self._jobs
+        self._mid_switches = sum(1 for job in jobs if job.mid_issued)
         for j, job in enumerate(jobs):
             if job.end is None:
                 continue
@@ -495,7 +575,24 @@ class RankAgent:
             energy_j = job.energy_j()
             freq = self._freqs[j] if j < len(self._freqs) else 0
             self._op_time_s[(j, freq)] = time_s
-            self._ops.append((it, j, self._names[j], freq, time_s, energy_j or 0.0))
+            mid = job.mid_freq_mhz
+            share = self._mid_share[j] if j < len(self._mid_share) else None
+            if mid is not None and share is not None:
+                # Ran wholly at ``freq`` (switch not issued), or the mix: time_s = t_a *
+                # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
+                mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
+                self._op_time_a_s[(j, freq, mid)] = time_s / mix
+            self._ops.append(
+                (
+                    it,
+                    j,
+                    self._names[j],
+                    freq,
+                    time_s,
+                    energy_j or 0.0,
+                    mid if job.mid_issued else None,
+                )
+            )
         self._jobs = []
         return end.device_time_s() - begin.device_time_s(), (mj - self._step_mj) / 1000.0
 
@@ -566,6 +663,7 @@ class RankAgent:
             assert events is not None
             freqs = self._freqs
             freq = freqs[j]
+            end_freq = self._freqs_b[j]
             # The last op's successor is the next iteration's first op (same plan unless a
             # swap, which step_begin applies).
             nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
@@ -574,13 +672,32 @@ class RankAgent:
                 # Aim the change at the middle of the idle gap that followed this op last
                 # time (waiting for the next op's input): a late or early change lands there.
                 expected += 0.5 * self._op_gap_s.get(j, 0.0)
-            job = Boundary(events.record_event(), None if nxt == freq else nxt, expected)
+            share = self._mid_share[j]
+            if share is not None and end_freq != freq:
+                # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary,
+                # then ``nxt`` (skipped when equal) as the op ends.
+                job = Boundary(
+                    events.record_event(),
+                    nxt,
+                    expected,
+                    mid_freq_mhz=end_freq,
+                    mid_at_s=self._mid_time_s(j, share),
+                )
+            else:
+                job = Boundary(events.record_event(), None if nxt == freq else nxt, expected)
             self._jobs.append(job)
             ctl = self._controller
             if ctl is not None:
                 ctl.post(job)
             return
         if self._controller is not None:
+            if self._mid_share[j] is not None and not self._warned_host_two_clock:
+                self._warned_host_two_clock = True
+                _log.warning(
+                    "rank %d: host timing cannot switch clocks mid-op; two-clock ops run at "
+                    "their first clock (use a GPU with device events)",
+                    self.rank,
+                )
             self._controller.request(self._freqs[j])
         self._e_op = self._energy_mj()
         self._t_op = time.perf_counter()
@@ -614,6 +731,7 @@ class RankAgent:
                 self._freqs[j],
                 t - self._t_op,
                 (e - self._e_op) / 1000.0,
+                None,
             )
         )
         self._cursor = j + 1

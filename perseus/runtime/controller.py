@@ -13,7 +13,11 @@ Two ways to post:
   The worker waits for the op's start event, then issues the next clock early by the
   measured set latency, at ``start + expected op time - latency`` (the expected time is the
   op's device-event time in the previous iteration, when known), so the new clock applies as
-  the op ends; without an expectation it waits for the op's end event. It also stamps each
+  the op ends; without an expectation it waits for the op's end event. A two-clock op
+  (:mod:`perseus.profile.two_clock`) carries a second clock and the predicted device time
+  from its start to its planned layer boundary: the worker issues that clock at
+  ``start + predicted time to the boundary - latency`` in the same way (skipped if the op
+  ended first), then the next op's clock as above. It also stamps each
   event with the energy counter as it observes completion (devices whose events carry their
   own counter reading need no stamp), so op and iteration energy are read at device-time
   boundaries.
@@ -70,6 +74,11 @@ class Boundary:
         freq_next_mhz: Clock of the next op (None: last op of the iteration, or no change).
         expected_s: Expected device time of this op (None: unknown, wait for ``end``).
         start_mj / end_mj: The energy counter at the events' device times.
+        mid_freq_mhz: Two-clock op: the clock its later layers run at (None: one clock).
+        mid_at_s: Two-clock op: predicted device time from the op's start to the layer
+            boundary where ``mid_freq_mhz`` must apply.
+        mid_issued: Set by the worker: the mid-op clock was issued (before the op ended).
+        mid_issue_s: Device-clock time at which the mid-op set call was issued.
     """
 
     start: DeviceEvent
@@ -79,6 +88,10 @@ class Boundary:
     start_mj: int | None = None
     end_mj: int | None = None
     applied_early: bool = field(default=False)
+    mid_freq_mhz: int | None = None
+    mid_at_s: float | None = None
+    mid_issued: bool = field(default=False)
+    mid_issue_s: float | None = None
 
     def time_s(self) -> float:
         """The op's device time (blocks until the end event completed)."""
@@ -364,6 +377,25 @@ class FrequencyController:
 
     def _handle(self, job: Boundary) -> None:
         job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops)
+        mid = job.mid_freq_mhz
+        if (
+            mid is not None
+            and job.mid_at_s is not None
+            and self.events is not None
+            and not self.observe_only
+            and mid != self._target
+        ):
+            # Two-clock op: the same prediction as for op boundaries, aimed at the planned
+            # layer boundary inside the op.
+            mid_lead = self.set_latency_s() or 0.0
+            mid_until = job.start.device_time_s() + job.mid_at_s - mid_lead
+            ended = self._wait_end(job, mid_until)
+            if self._closed:
+                return
+            if not ended:
+                job.mid_issue_s = self.events.timeline_now_s()
+                job.mid_issued = True
+                self._apply(mid, time.perf_counter())
         freq = job.freq_next_mhz
         if freq is not None and not self.observe_only and freq != self._target:
             lead = self.set_latency_s()

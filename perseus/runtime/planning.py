@@ -44,8 +44,12 @@ def job_for_schedule(
     profile: Profile,
     blocking_power_w: float,
     profile_name: str | None = None,
+    job_options: dict[str, Any] | None = None,
 ) -> PlanningJob:
     """The planning job of a schedule read from an engine.
+
+    ``job_options`` are passed to :func:`perseus.job.make_job` (``layers_per_stage`` for
+    two-clock plans, ``switch_latency_s``...); they need a schedule perseus can build.
 
     When the schedule equals one of perseus's builders (GPipe, 1F1B, interleaved, ZB-H1 with
     the same sizes) the job is :func:`perseus.job.make_job`'s, so plans computed with
@@ -69,7 +73,13 @@ def job_for_schedule(
                 blocking_power_w,
                 virtual_stages=v,
                 profile_name=profile_name,
+                **(job_options or {}),
             )
+    if job_options:
+        raise ConfigError(
+            f"job options {sorted(job_options)} need a schedule perseus builds (GPipe, 1F1B, "
+            f"interleaved, ZB-H1); {schedule.name} is not one: drop them"
+        )
     if schedule.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(0.5)
     spec = JobSpec(
@@ -107,12 +117,17 @@ def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> 
 
 
 def plan_from_profile(
-    schedule: Schedule, profile: Profile, blocking_power_w: float, rank: int, group: Any
+    schedule: Schedule,
+    profile: Profile,
+    blocking_power_w: float,
+    rank: int,
+    group: Any,
+    job_options: dict[str, Any] | None = None,
 ) -> tuple[PlanningJob, Frontier]:
     """Trace the frontier on pipeline rank 0 and broadcast it (collective over ``group``)."""
     from perseus.solver import trace_frontier
 
-    job = job_for_schedule(schedule, profile, blocking_power_w)
+    job = job_for_schedule(schedule, profile, blocking_power_w, job_options=job_options)
     payload = trace_frontier(job).model_dump_json() if rank == 0 else None
     payload = broadcast_object(payload, 0, group)
     return job, Frontier.model_validate_json(payload)

@@ -67,7 +67,7 @@ from perseus.runtime.planning import (
     plan_from_profile,
     sweep_finished_everywhere,
 )
-from perseus.schedule.actions import Action, Schedule
+from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession"]
@@ -119,6 +119,16 @@ class _NullScope:
 _OUTSIDE = _NullScope()
 
 
+def _op_time_fn(profile: Profile) -> Callable[[int, Kind, int], float]:
+    """An op's profiled time at a clock (the nearest profiled clock when not profiled)."""
+
+    def op_time_s(stage_index: int, kind: Kind, freq_mhz: int) -> float:
+        options = profile.op(stage_index, kind).options
+        return min(options, key=lambda o: (abs(o.freq_mhz - freq_mhz), -o.freq_mhz)).time_s
+
+    return op_time_s
+
+
 class RankSession:
     """One pipeline rank's perseus session around an engine's schedule.
 
@@ -151,6 +161,8 @@ class RankSession:
             every rank) through which actions start when their inputs are ready on the
             simulated GPUs (see :class:`~perseus.runtime.emulation.VirtualTimeline`).
         agent_options: Extra keyword arguments for :class:`~perseus.runtime.agent.RankAgent`.
+        job_options: Extra keyword arguments for :func:`perseus.job.make_job` when planning
+            here (``layers_per_stage=12`` plans two-clock ops; ``switch_latency_s``...).
 
     Raises:
         ConfigError: if no plan source is given, online profiling is combined with a plan or
@@ -176,6 +188,7 @@ class RankSession:
         patience: int = 5,
         timeline: str | Path | None = None,
         agent_options: dict[str, Any] | None = None,
+        job_options: dict[str, Any] | None = None,
     ) -> None:
         if online_profile and (plan is not None or profile is not None):
             raise ConfigError("online_profile=True measures the profile; drop plan= and profile=")
@@ -206,6 +219,7 @@ class RankSession:
         self._online = online_profile
         self._cache = Path(profile_cache) if profile_cache is not None else None
         self._patience = patience
+        self._job_options = dict(job_options or {})
         self._agent_options: dict[str, Any] = {
             "watchdog": watchdog,
             "handle_signals": handle_signals,
@@ -258,7 +272,12 @@ class RankSession:
         if self._plan_arg is not None:
             frontier = load_frontier(self._plan_arg)
             if self._profile_arg is not None:
-                self.job = job_for_schedule(self.schedule, self._profile_arg, self.blocking_power_w)
+                self.job = job_for_schedule(
+                    self.schedule,
+                    self._profile_arg,
+                    self.blocking_power_w,
+                    job_options=self._job_options,
+                )
                 self.job.check_frontier(frontier, source=str(self._plan_arg)[:200])
             self._install(frontier, self.point_index)
         elif self._profile_arg is not None:
@@ -516,6 +535,9 @@ class RankSession:
             self.frontier = frontier
             self.point_index = point_index
         options: dict[str, Any] = {"measure_op_energy": False}
+        if self.job is not None:
+            # Times a two-clock op's mid-op switch from the profile the plan was made for.
+            options["op_time_s"] = _op_time_fn(self.job.profile)
         options.update(self._agent_options)
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
         agent.start()
@@ -554,7 +576,7 @@ class RankSession:
         if profiled:
             self.profiled = profile
         self.job, frontier = plan_from_profile(
-            self.schedule, profile, self.blocking_power_w, self.rank, self.group
+            self.schedule, profile, self.blocking_power_w, self.rank, self.group, self._job_options
         )
         self._install(frontier, self.point_index)
 

@@ -26,6 +26,8 @@ class OpRecord:
     freq_mhz: int
     time_s: float
     energy_j: float
+    #: Two-clock op: the clock set mid-op at its layer boundary (None: no mid-op switch).
+    mid_freq_mhz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,8 @@ class IterationRecord:
     energy_j: float
     num_ops: int
     planned_time_s: float
+    #: Mid-op clock switches issued in this iteration (two-clock ops).
+    mid_op_switches: int = 0
 
 
 @dataclass(frozen=True, slots=True)

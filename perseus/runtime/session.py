@@ -85,6 +85,7 @@ class PerseusPipeline(RankSession):
         patience: int = 5,
         timeline: str | Path | None = None,
         agent_options: dict[str, Any] | None = None,
+        job_options: dict[str, Any] | None = None,
     ) -> None:
         self.torch_schedule = torch_schedule
         self.stages = list(stages)
@@ -105,6 +106,7 @@ class PerseusPipeline(RankSession):
             patience=patience,
             timeline=timeline,
             agent_options=agent_options,
+            job_options=job_options,
         )
         self._restore: Any = None
 

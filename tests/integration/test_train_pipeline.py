@@ -75,6 +75,32 @@ def test_deployed_plan_matches_frontier_prediction(tmp_path, schedule):
     assert abs(saving["measured"] - saving["predicted"]) <= 0.01, saving
 
 
+def test_two_clock_plan_realises_its_predicted_saving(tmp_path):
+    """Issue 16: a 4-stage 1F1B run with two-clock ops (12 layers per stage, one mid-op clock
+    switch at a layer boundary) realises the predicted saving within 1 point, time within 2 %,
+    and issues every planned mid-op switch in every measured iteration."""
+    s = _run(
+        tmp_path,
+        "--microbatches",
+        "8",
+        "--iterations",
+        "4",
+        "--warmup",
+        "1",
+        "--time-scale",
+        "0.25",
+        "--layers-per-stage",
+        "12",
+    )
+    two = s["two_clock"]
+    assert two["planned_mid_op_switches"] > 0  # the plan really has two-clock ops
+    assert two["mid_op_switches_per_iteration"] == [two["planned_mid_op_switches"]] * 4, two
+    for key, value in s["errors"].items():
+        assert abs(value) <= 0.02, (key, value, s["predicted"], s["measured"], s["allmax"])
+    saving = s["saving"]
+    assert abs(saving["measured"] - saving["predicted"]) <= 0.01, saving
+
+
 def test_online_profiling_recovers_the_device_and_is_reused(tmp_path):
     cache = tmp_path / "profiles"
     args = (
