@@ -106,8 +106,8 @@ def train_once(job_db: Path, state_dir: Path, clock: VirtualClock, eta: float, s
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                gpu.launch(0, Kind.F)  # the simulated GPU runs the step
-                gpu.synchronize()
+                gpu.launch(0, Kind.F)  # the simulated GPU runs the step on its own timeline
+                clock.sleep(gpu.op_cost(0, Kind.F)[0])  # the host waits for it (virtual clock)
                 run.step(len(idx))
             with torch.no_grad():
                 accuracy = float((model(xv).argmax(dim=1) == yv).float().mean())

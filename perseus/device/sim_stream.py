@@ -519,7 +519,8 @@ class SimStream:
             remaining = predicted - gpu._clock()
             if remaining > _SPIN_S:
                 gpu._sleep(remaining - _SPIN_S)
-            elif remaining > 0:
+            else:
                 # Spin the last stretch on the real clock for precision; an injected sleep
-                # (a virtual clock) is given the exact remainder, or it would never advance.
-                gpu._sleep(0 if gpu._sleep is time.sleep else remaining)
+                # (a virtual clock) is given the remainder, at least a nanosecond (rounding can
+                # leave the event a hair past "now"), or it would never advance.
+                gpu._sleep(0 if gpu._sleep is time.sleep else max(remaining, 1e-9))

@@ -54,8 +54,8 @@ def setup(tmp_path: Path) -> tuple[SimulatedGPU, Clock, RecurringJob]:
 
 def _steps(run: RecurringRun, gpu: SimulatedGPU, clock: Clock, n: int) -> None:
     for _ in range(n):
-        gpu.launch(0, Kind.F)
-        gpu.synchronize()
+        gpu.launch(0, Kind.F)  # the simulated GPU runs the step on its own timeline
+        clock.sleep(gpu.op_cost(0, Kind.F)[0])  # the host waits for it (virtual clock)
         run.step(run.batch_size)
 
 
