@@ -58,7 +58,23 @@ def rank_from_env() -> int | None:
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
+    """Marks the handler :func:`configure_logging` installed, so a second call replaces it.
+
+    Without an explicit stream it writes to ``sys.stderr`` as it is at each record, not as it
+    was when logging was configured (a replaced or closed stderr, as under test capture or a
+    redirecting launcher, must not break logging)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._follow_stderr = stream is None
+        super().__init__(stream if stream is not None else sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self._follow_stderr else self._stream
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        self._stream = value
 
 
 def configure_logging(
@@ -69,7 +85,7 @@ def configure_logging(
     Args:
         level: A name from :data:`LOG_LEVELS` or a ``logging`` level number.
         rank: Prefix every line with ``[rank N]`` (distributed runs).
-        stream: Where to write (default ``sys.stderr`` at the time of the call).
+        stream: Where to write (default: whatever ``sys.stderr`` is when a record is written).
 
     Raises:
         ValueError: for an unknown level name.
@@ -82,7 +98,7 @@ def configure_logging(
     for h in list(logger.handlers):
         if isinstance(h, _Handler):
             logger.removeHandler(h)
-    handler = _Handler(stream if stream is not None else sys.stderr)
+    handler = _Handler(stream)
     prefix = f"[rank {rank}] " if rank is not None else ""
     handler.setFormatter(
         logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S")

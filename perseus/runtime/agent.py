@@ -382,8 +382,8 @@ class RankAgent:
             except BaseException:
                 self._teardown(reset=False)
                 raise
-            if self._device_timed and self._controller is not None and self._freqs:
-                self._controller.apply_now(self._freqs[0])  # ready before the first op
+            # No clock is set before step_begin(): set-up, evaluation and the first data
+            # loads run at the GPU's default clock (step_begin applies the first op's).
         elif gpu is not None and self._device_timed:
             # Observe-only: no ownership, no watchdog; the worker only reads the counter at
             # device-time boundaries.
@@ -472,8 +472,8 @@ class RankAgent:
             return True
         if not self._device_timed:
             return ctl.flush(timeout_s)
-        if not self._freqs:
-            return True
+        if not self._freqs or (not self._in_step and self._iteration == 0):
+            return True  # no clock is set before the first step_begin()
         j = min(self._cursor, len(self._freqs) - 1) if self._in_step else 0
         return ctl.wait_applied(self._freqs[j], timeout_s)
 

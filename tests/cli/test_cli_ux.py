@@ -205,3 +205,16 @@ def test_unreachable_store_is_one_line_without_torch_frames() -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: --store '127.0.0.1:1': cannot connect")
     assert "frame #" not in proc.stderr
+
+
+def test_logging_follows_a_replaced_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configured once, logging writes to whatever stderr is now (a closed earlier one is
+    never written to)."""
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging("WARNING")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    get_logger("device.ownership").warning("previous owner died")
+    assert "WARNING perseus.device.ownership: previous owner died" in second.getvalue()

@@ -135,8 +135,8 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
     plan = tiny_plan()
     with _agent(plan, gpu) as agent:
         assert agent.device_timed
-        agent.wait_for_clock()  # start() applies the first op's clock
         agent.step_begin()
+        agent.wait_for_clock()  # step_begin() applies the first op's clock
         for name in plan.stage_ops[0]:
             with agent.op(name[0], int(name[1:])):
                 gpu.launch(0, Kind(name[0]))  # returns at once: the device runs it later
@@ -254,4 +254,20 @@ def test_unprivileged_simulated_gpu_warns_once_and_measures(tmp_path: Path) -> N
         assert len(caught) == 1
         assert agent.observe_only
         assert len(agent.records.iterations) == 3
+    assert gpu.locked_clock_mhz() is None
+
+
+def test_no_clock_is_set_before_the_first_iteration(gpu: SimulatedGPU) -> None:
+    """Set-up and evaluation before training run at the GPU's default clock."""
+    plan = tiny_plan()
+    with _agent(plan, gpu) as agent:
+        assert agent.controller is not None and agent.controller.flush()
+        assert gpu.locked_clock_mhz() is None
+        agent.step_begin()
+        assert agent.controller.flush()
+        assert gpu.locked_clock_mhz() == agent.planned_clocks_mhz[0]
+        for name in plan.stage_ops[0]:
+            with agent.op(name[0], int(name[1:].split("@")[0])):
+                pass
+        agent.step_end()
     assert gpu.locked_clock_mhz() is None
