@@ -92,6 +92,101 @@ class _Poller:
                 time.sleep(self.period_s)
 
 
+def _layer_cases(torch: Any, gpu: NvmlGPU, rows: list[tuple[str, list[float]]], args: Any) -> None:
+    """gpu_session.py's setting: a bf16 transformer layer, 1F1B, 8 microbatches; the
+    training-thread time of entering and leaving the op scope, three ways."""
+    from perseus.runtime.rank_session import RankSession
+    from perseus.schedule import Kind, build_schedule
+
+    d, tokens, n_mb = 2048, 1024, 8
+    block = torch.nn.TransformerEncoderLayer(
+        d, d // 128, 4 * d, batch_first=True, dtype=torch.bfloat16, device="cuda"
+    )
+    schedule = build_schedule("1f1b", 1, n_mb)
+    x = torch.randn(n_mb, 4, tokens, d, dtype=torch.bfloat16, device="cuda")
+    actions = schedule.rank_actions[0]
+    outputs: dict[int, Any] = {}
+
+    def run_op(action: Any) -> None:
+        mb = action.microbatch_index
+        if action.kind is Kind.F:
+            outputs[mb] = block(x[mb])
+        else:
+            outputs.pop(mb).float().square().mean().backward()
+
+    class _Events:
+        def __init__(self) -> None:
+            self.start: Any = None
+
+        def __enter__(self) -> None:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+
+        def __exit__(self, *exc: object) -> None:
+            torch.cuda.Event(enable_timing=True).record()
+
+    def loop(name: str, scope_for: Callable[[Any], Any], begin: Any, end: Any) -> None:
+        samples: list[float] = []
+        for it in range(12):
+            begin()
+            for action in actions:
+                scope = scope_for(action)
+                t0 = time.perf_counter()
+                scope.__enter__()
+                t1 = time.perf_counter()
+                run_op(action)
+                t2 = time.perf_counter()
+                scope.__exit__(None, None, None)
+                t3 = time.perf_counter()
+                if it >= 2:
+                    samples.append(((t1 - t0) + (t3 - t2)) * 1e6)
+            end()
+        rows.append((f"layer d=2048: {name}", samples))
+
+    events = _Events()
+    loop("a CUDA event pair, no agent", lambda a: events, lambda: None, torch.cuda.synchronize)
+    plan = _plan(2 * n_mb, max(gpu.supported_clocks_mhz()))
+    for variant in ("", "controller gets no jobs", "POLL_S 2 ms", "no controller thread"):
+        saved = controller_mod.POLL_S
+        if variant == "POLL_S 2 ms":
+            controller_mod.POLL_S = 0.002
+        try:
+            with RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False) as agent:
+                ctl = agent.controller
+                if variant == "controller gets no jobs" and ctl is not None:
+                    ctl.post = lambda job: None  # type: ignore[method-assign]
+                if variant == "no controller thread" and ctl is not None:
+                    ctl.close()
+                    ctl.post = lambda job: None  # type: ignore[method-assign]
+                loop(
+                    f"agent.op {variant}".strip(),
+                    lambda a: agent.op(a.kind, a.microbatch_index),
+                    agent.step_begin,
+                    agent.step_end,
+                )
+        finally:
+            controller_mod.POLL_S = saved
+    with RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        blocking_power_w=75.0,
+        plan=plan,
+        watchdog=False,
+        handle_signals=False,
+    ) as session:
+        holder: list[Any] = []
+
+        def begin() -> None:
+            holder.append(session.iteration())
+            holder[-1].__enter__()
+
+        def end() -> None:
+            holder.pop().__exit__(None, None, None)
+
+        loop("RankSession.op", session.op, begin, end)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ops", type=int, default=2000)
@@ -159,7 +254,26 @@ def main() -> int:
         ev.record(stream)
         return ev
 
+    pool = [torch.cuda.Event(enable_timing=True) for _ in range(256)]
+    for ev in pool:
+        ev.record(stream)
+    torch.cuda.synchronize()
+    cursor = [0]
+
+    def record_pooled() -> Any:
+        ev = pool[cursor[0] % len(pool)]
+        cursor[0] += 1
+        ev.record(stream)
+        return None
+
+    def record_default() -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     timed("nothing (perf_counter pair)", lambda: None)
+    timed("event create + record() (no stream argument)", record_default)
+    timed("pooled event re-record (stream cached)", record_pooled)
     timed("event create + record (current_stream lookup)", record)
     timed("event create + record (stream cached)", record_no_stream_lookup)
     for period in (0.0002, 0.002):
@@ -213,6 +327,8 @@ def main() -> int:
             controller_mod.POLL_S = saved
         rows.append((f"agent.op enter+exit, controller POLL_S {poll_s * 1e6:.0f} us", samples))
         rows.append((f"  step_begin / step_end (each), POLL_S {poll_s * 1e6:.0f} us", step_us))
+
+    _layer_cases(torch, gpu, rows, args)
 
     width = max(len(n) for n, _ in rows)
     print(f"{'case':<{width}}  {'median us':>10}  {'p99 us':>10}  {'n':>6}")
