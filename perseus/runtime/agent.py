@@ -220,6 +220,7 @@ class RankAgent:
         self._step_event: DeviceEvent | None = None
         self._step_mj: int | None = 0
         self._step_stamp: Boundary | None = None
+        self._end_mj: int | None = None
         self._set_plan(plan, point_index)
 
     # -----------------------------------------------------------------------------------------
@@ -573,6 +574,7 @@ class RankAgent:
         mj = end.energy_mj
         if mj is None:
             mj = self._energy_iter()
+        self._end_mj = mj
         if self._step_mj is None:
             stamp = self._step_stamp
             self._step_mj = stamp.start_mj if stamp is not None else None
@@ -613,6 +615,13 @@ class RankAgent:
         self._jobs = []
         begin_mj = self._step_mj if self._step_mj is not None else mj
         return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
+
+    def take_end_counter_mj(self) -> int | None:
+        """The energy counter read when the last iteration ended on the device (device
+        timing), once: a caller marking the same boundary reuses it instead of paying another
+        counter read (~3 ms on NVML). None when already taken or never read."""
+        mj, self._end_mj = self._end_mj, None
+        return mj
 
     @property
     def last_op_end_event(self) -> DeviceEvent | None:
