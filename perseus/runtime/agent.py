@@ -219,10 +219,10 @@ class RankAgent:
         self._stamp_ops = True
         self._jobs: list[Boundary] = []
         self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
-        self._op_gap_s: dict[int, float] = {}  # op -> idle device time after it, last time
         # Clock-change targeting: (op, clock) -> recent device times; op -> recent gaps.
         self._op_times_s: dict[tuple[int, int], deque[float]] = {}
         self._op_gaps_s: dict[int, deque[float]] = {}
+        self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
         self._step_event: DeviceEvent | None = None
         self._step_mj = 0
         self._set_plan(plan, point_index)
@@ -571,12 +571,19 @@ class RankAgent:
         it = self._iteration
         jobs = self._jobs
         self._mid_switches = sum(1 for job in jobs if job.mid_issued)
+        last = self._last_end
+        if last is not None and jobs and len(jobs) == len(self._freqs):
+            # The last op's change lands in the gap before the next iteration's first op.
+            gap = jobs[0].start.device_time_s() - last.device_time_s()
+            self._op_gaps_s.setdefault(len(jobs) - 1, deque(maxlen=_TARGET_HISTORY)).append(
+                max(0.0, gap)
+            )
+        self._last_end = jobs[-1].end if jobs and len(jobs) == len(self._freqs) else None
         for j, job in enumerate(jobs):
             if job.end is None:
                 continue
             if j + 1 < len(jobs):
                 gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
-                self._op_gap_s[j] = max(0.0, gap)
                 self._op_gaps_s.setdefault(j, deque(maxlen=_TARGET_HISTORY)).append(max(0.0, gap))
             time_s = job.time_s()
             energy_j = job.energy_j()
@@ -637,6 +644,7 @@ class RankAgent:
         self._in_step = False
         self._cursor = 0
         self._jobs = []
+        self._last_end = None
 
     @property
     def ops_done_this_iteration(self) -> int:

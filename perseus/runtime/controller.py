@@ -56,6 +56,9 @@ POLL_S = 0.0002
 #: The worker stops sleeping this long before a planned set call and polls (yielding) for
 #: the rest: a sleep overshoots by up to a scheduler tick on a loaded machine.
 FINAL_POLL_S = 0.001
+#: ... and stops querying the op's end event this long before it (a query may wait on a
+#: lock); an op that ends earlier than predicted by more than this plus the lead is rare.
+FINAL_APPROACH_S = 0.003
 
 #: Quantiles of the op-end prediction error folded into the landing distribution.
 _ERROR_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -513,23 +516,30 @@ class FrequencyController:
             job.aim_s = until
             if events is not None:
                 job.ready_s = events.timeline_now_s()
+            settle = False
             if until is not None and events is not None:
-                # Sleep to just before the aim, then poll: a sleep overshoots.
-                # (The poll reads only the clock: a device event query may take a lock.)
-                ended = self._wait_end(job, until - FINAL_POLL_S)
+                # Watch the end event until shortly before the aim; then only the clock: a
+                # device event query may wait on a lock (the simulator's, held while the host
+                # launches), and a sleep overshoots, so the last stretch is polled.
+                ended = self._wait_end(job, until - FINAL_APPROACH_S)
                 if not ended:
-                    while not self._closed and events.timeline_now_s() < until:
-                        time.sleep(0)
-                    end = job.end
-                    ended = end is not None and end.query()
+                    settle = True
+                    while not self._closed:
+                        left = until - events.timeline_now_s()
+                        if left <= 0:
+                            break
+                        time.sleep(left - FINAL_POLL_S if left > FINAL_POLL_S else 0)
             else:
                 ended = self._wait_end(job, until)
             if self._closed:
                 return
-            job.applied_early = not ended
             if events is not None:
                 job.issue_s = events.timeline_now_s()
             self._apply(freq, time.perf_counter())
+            if settle:  # did the op end before the call was issued?
+                end, issued = job.end, job.issue_s or 0.0
+                ended = end is not None and end.query() and end.device_time_s() <= issued
+            job.applied_early = not ended
             if events is not None:
                 job.return_s = events.timeline_now_s()
         while job.end is None and not self._closed:
