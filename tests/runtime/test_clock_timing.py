@@ -90,7 +90,9 @@ def test_host_timed_clocks_run_ops_at_the_wrong_clock_device_timed_do_not(tmp_pa
     host = _wrong_clock_share("host", tmp_path / "host")
     device = _wrong_clock_share("device", tmp_path / "device")
     assert host > 0.2, host  # today's design: a measurable share at the wrong clock
-    assert device < 0.05, device  # ~2 % measured: the set latency's spread, not the host
+    # 1.1-1.4 % measured, against a floor of 1.00 % even for a controller that knew every
+    # op's end (the set latency's spread; generous bound: thread wake-ups on a loaded host).
+    assert device < 0.05, device
     assert device < host / 5, (host, device)
 
 
