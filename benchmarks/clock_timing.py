@@ -20,23 +20,41 @@ Wrong-clock share = op time run at a clock other than the op's planned one / all
 over iterations after the first ("steady": device timing learns each op's time in the first
 iteration) and over all iterations.
 
-Usage: ``python benchmarks/clock_timing.py [--iterations 4] [--time-scale 1]``.
+The floor: no controller can know the set call's random latency, so even one that knew every
+op's true end and the next op's start would lose E[(end - x)+ + (x - next start)+] per change
+at its best fixed lead (landing ``x``): E|L - median L| = 1.57 ms for the notes' lognormal with
+no idle gap between the ops, less in a gap. The benchmark prints that floor (expected, for the
+notes' distribution; and paired on this run's real issue-to-landing times, which include the
+simulator's sleep overshoot and lock waits on a loaded machine), a floor for a controller that
+knows each op's noise-free time but not its 1 % jitter draw, and the device-timed excess over
+the oracle, split into targeting (lead and aim in the gap), the prediction of op ends and
+gaps, the worker being busy, and late wake-ups (the set call issued after its aim).
+
+Usage: ``python benchmarks/clock_timing.py [--iterations 6] [--seeds 3] [--time-scale 1]``.
 Prints a table; no assertions (the test is tests/runtime/test_clock_timing.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import math
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
 
 from perseus.device.base import DeviceEvent
+from perseus.device.sim_stream import OpTrace
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.agent import RankAgent
+from perseus.runtime.controller import Boundary
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
 
@@ -51,6 +69,7 @@ class Result:
     op_time_s: float
     changes: int
     median_set_latency_s: float
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def alternating_plan(schedule_name: str, stages: int, microbatches: int, f_mhz: int, b_mhz: int):  # type: ignore[no-untyped-def]
@@ -129,6 +148,14 @@ def run_pipeline(
     ]
     for agent in agents:
         agent.start()
+    posted: list[list[Boundary]] = [[] for _ in agents]
+    landed: list[list[tuple[float, float]]] = [[] for _ in agents]
+    for r, gpu in enumerate(gpus):
+        gpu._stream.set_lock = _landing(gpu, landed[r])  # type: ignore[method-assign]
+    for r, agent in enumerate(agents):
+        ctl = agent.controller
+        if ctl is not None and timing == "device":
+            ctl.post = _recording(ctl.post, posted[r])  # type: ignore[method-assign]
     latency = 0.0
     try:
         for agent in agents:
@@ -153,7 +180,21 @@ def run_pipeline(
             all_ = (all_[0] + wrong, all_[1] + total)
             if op.seq >= n:
                 steady = (steady[0] + wrong, steady[1] + total)
+    parts: dict[str, float] = {}
+    notes_lat = latency_quantiles_s(NOTES_MEDIAN_S * time_scale, NOTES_P99_S * time_scale)
+    for r, gpu in enumerate(gpus):
+        for key, value in decompose(
+            posted[r],
+            landed[r],
+            gpu.op_trace,
+            len(agents[r].planned_clocks_mhz),
+            notes_lat,
+            _mean_time(gpu, agents[r].planned_clocks_mhz),
+            SimNoise().time_sigma,
+        ).items():
+            parts[key] = parts.get(key, 0.0) + value
     return Result(
+        parts=parts,
         timing=timing,
         steady_share=steady[0] / steady[1] if steady[1] else 0.0,
         all_share=all_[0] / all_[1] if all_[1] else 0.0,
@@ -161,6 +202,159 @@ def run_pipeline(
         changes=changes,
         median_set_latency_s=latency,
     )
+
+
+#: The notes' set latency (gpu-backend.md §5.1): lognormal, median 5 ms, p99 12 ms.
+NOTES_MEDIAN_S = 0.005
+NOTES_P99_S = 0.012
+
+
+def latency_quantiles_s(median_s: float, p99_s: float, n: int = 2000) -> np.ndarray:
+    """``n`` equally likely set latencies of the lognormal with this median and p99."""
+    sigma = math.log(p99_s / median_s) / NormalDist().inv_cdf(0.99)
+    z = np.array([NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+    return np.asarray(median_s * np.exp(sigma * z))
+
+
+def wrong_time_s(offset_s: float, latencies_s: np.ndarray, gap_s: float) -> float:
+    """Expected wrong-clock time of a change issued ``offset_s`` after the op's end (negative:
+    before) when the next op starts ``gap_s`` after it: landing before the end runs the op's
+    tail at the next clock, landing after the next op's start runs its head at the old one."""
+    x = offset_s + latencies_s
+    return float(np.mean(np.maximum(0.0, -x) + np.maximum(0.0, x - gap_s)))
+
+
+def best_offset_s(latencies_s: np.ndarray, gap_s: float) -> float:
+    """The issue offset minimising :func:`wrong_time_s` (known end and gap, random latency):
+    where landing before the end is as likely as landing after the next start."""
+    lat = np.sort(latencies_s)
+    lo, hi = -float(lat[-1]) - 1e-3, gap_s - float(lat[0]) + 1e-3
+    n = len(lat)
+    for _ in range(60):
+        y = 0.5 * (lo + hi)
+        early = np.searchsorted(lat, -y, side="left") / n  # P(L < -y)
+        late = 1.0 - np.searchsorted(lat, gap_s - y, side="right") / n  # P(L > gap - y)
+        if late > early:
+            hi = y
+        else:
+            lo = y
+    return 0.5 * (lo + hi)
+
+
+_Z9 = np.array([NormalDist().inv_cdf((i + 0.5) / 9) for i in range(9)])
+
+
+def decompose(
+    jobs: list[Boundary],
+    landed: list[tuple[float, float]],
+    trace: list[OpTrace],
+    n_ops: int,
+    notes_lat_s: np.ndarray,
+    mean_time_s: Callable[[OpTrace], float],
+    time_sigma: float,
+) -> dict[str, float]:
+    """Wrong-clock time of every steady clock change on one GPU (s), actual and with each
+    source of error taken away, paired on the latency each call really took.
+
+    Keys: ``actual`` (the landing observed), ``no_wake`` (issued when the worker was ready,
+    or at its aim if it was ready earlier: no sleep overshoot), ``no_busy`` (issued exactly at
+    the aim: neither), ``exact_times`` (our targeting rule, median lead and the middle of the
+    gap, given the op's true end and the next op's true start), ``oracle`` (true end and
+    start, the best fixed lead for the measured latency distribution), ``oracle_notes``
+    (its expected wrong time for the notes' latency distribution, not paired),
+    ``oracle_mean`` (knows the op's noise-free time, its start and the gap after it, but not
+    its noise draw: the best any controller can do without seeing the future).
+    """
+    ops = {op.seq: op for op in trace}
+    # The set call's return -> when the clock took effect (the simulator applies it before it
+    # publishes the new state to its shared file, so a little before the call returns).
+    applied = sorted(t for t, _ in landed)
+    rows = []
+    for k, job in enumerate(jobs):
+        if k < n_ops or job.issue_s is None or job.return_s is None or job.aim_s is None:
+            continue
+        op, nxt = ops.get(k), ops.get(k + 1)
+        if op is None or nxt is None or job.ready_s is None or job.expected_s is None:
+            continue
+        i = bisect.bisect_left(applied, job.issue_s)
+        if i == len(applied) or applied[i] > job.return_s:
+            continue
+        rows.append((op, nxt, job, applied[i]))
+    if not rows:
+        return {}
+    measured = np.array([t - job.issue_s for _, _, job, t in rows])  # type: ignore[operator]
+    out = dict.fromkeys(
+        (
+            "actual",
+            "no_wake",
+            "no_busy",
+            "exact_times",
+            "oracle_mean",
+            "oracle",
+            "oracle_notes",
+            "tail_s",
+        ),
+        0.0,
+    )
+    for op, nxt, job, landing in rows:
+        assert job.return_s is not None and job.issue_s is not None and job.aim_s is not None
+        assert job.ready_s is not None and job.expected_s is not None
+        t0, t1, t2, t3 = op.start_s, op.end_s, nxt.start_s, nxt.end_s
+        lat = landing - job.issue_s
+        out["tail_s"] += job.return_s - landing
+        start = job.start.device_time_s()
+        offset = job.aim_s - start - job.expected_s  # issue time - the predicted end
+
+        def cost(x: float, t0: float = t0, t1: float = t1, t2: float = t2, t3: float = t3) -> float:
+            return min(max(0.0, t1 - x), t1 - t0) + min(max(0.0, x - t2), t3 - t2)
+
+        gap = t2 - t1
+        out["actual"] += cost(landing)
+        out["no_wake"] += cost(max(job.aim_s, job.ready_s) + lat)
+        out["no_busy"] += cost(job.aim_s + lat)
+        out["exact_times"] += cost(t1 + offset + lat)
+        out["oracle"] += cost(t1 + best_offset_s(measured, gap) + lat)
+        mean = mean_time_s(op)
+        noise = mean * (np.exp(time_sigma * _Z9) - 1.0)  # the op's end - its noise-free end
+        spread = (measured[:, None] - noise[None, :]).ravel()
+        out["oracle_mean"] += cost(t0 + mean + best_offset_s(spread, gap) + lat)
+        y = best_offset_s(notes_lat_s, gap)
+        out["oracle_notes"] += wrong_time_s(y, notes_lat_s, gap)
+    out["changes"] = float(len(rows))
+    out["mean_lat_s"] = float(np.mean(measured))
+    out["ranks"] = 1.0
+    return out
+
+
+def _mean_time(gpu: SimulatedGPU, planned: tuple[int, ...]) -> Callable[[OpTrace], float]:
+    """An op's noise-free device time at its planned clock (the profile's)."""
+
+    def mean(op: OpTrace) -> float:
+        return gpu._cost_fn(op.stage_index, op.kind, planned[op.seq % len(planned)])[0]
+
+    return mean
+
+
+def _landing(gpu: SimulatedGPU, into: list[tuple[float, float]]):  # type: ignore[no-untyped-def]
+    """Wrap the stream's lock change: note (device time it took effect, time it returned)."""
+    stream = gpu._stream
+    set_lock = stream.set_lock
+
+    def record(lock_mhz: int | None) -> None:
+        with stream._lock:
+            t = gpu._clock()
+            set_lock(lock_mhz)
+        into.append((t, gpu._clock()))
+
+    return record
+
+
+def _recording(post, into: list[Boundary]):  # type: ignore[no-untyped-def]
+    def record(job: Boundary) -> None:
+        into.append(job)
+        post(job)
+
+    return record
 
 
 def _iteration(schedule, gpus: list[SimulatedGPU], agents: list[RankAgent]) -> None:  # type: ignore[no-untyped-def]
@@ -195,6 +389,13 @@ def _iteration(schedule, gpus: list[SimulatedGPU], agents: list[RankAgent]) -> N
         agent.step_end()
 
 
+_FLOOR_ROWS = (
+    ("oracle_mean", "floor: knows each op's noise-free time, not its draw"),
+    ("oracle", "floor: knows each op's true end (this run's latencies)"),
+    ("oracle_notes", "floor: knows each op's true end (notes' latency, expected)"),
+)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iterations", type=int, default=4)
@@ -215,6 +416,7 @@ def main() -> None:
         "| clock changes / iteration |"
     )
     print("|---|---|---|---|---|")
+    breakdown: list[str] = []
     for plan_name in args.plans.split(","):
         for timing in ("host", "device"):
             results = [
@@ -237,6 +439,37 @@ def main() -> None:
                 f"| {plan_name} | {name} | {100 * steady:.2f} % | {100 * all_:.2f} % "
                 f"| {results[0].changes} |"
             )
+            if timing != "device":
+                continue
+
+            def share(key: str, results: list[Result] = results) -> float:
+                return (
+                    100 * sum(r.parts.get(key, 0.0) / r.op_time_s for r in results) / len(results)
+                )
+
+            for key, label in _FLOOR_ROWS:
+                print(f"| {plan_name} | {label} | {share(key):.2f} % | | |")
+            lat = [r.parts.get("mean_lat_s", 0.0) / r.parts.get("ranks", 1.0) for r in results]
+            breakdown.append(
+                f"| {plan_name} | {share('actual'):.2f} % | {share('oracle'):.2f} % "
+                f"| {share('exact_times') - share('oracle'):+.2f} "
+                f"| {share('no_busy') - share('exact_times'):+.2f} "
+                f"| {share('no_wake') - share('no_busy'):+.2f} "
+                f"| {share('actual') - share('no_wake'):+.2f} "
+                f"| {1000 * sum(lat) / len(lat):.2f} ms |"
+            )
+    print()
+    print(
+        "Device-timed wrong-clock share, steady, decomposed (paired on each call's real "
+        "latency; points of op time):"
+    )
+    print(
+        "| plan | ours | oracle (true ends) | + our targeting | + op end / gap prediction "
+        "| + worker busy | + late wake-up | mean issue-to-landing |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for line in breakdown:
+        print(line)
 
 
 if __name__ == "__main__":

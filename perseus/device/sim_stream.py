@@ -205,6 +205,8 @@ class SimStream:
         self._idle = True  # the queue is empty and _recent describes the idle span
         #: Completed ops with their clock pieces, when tracing (``trace_ops=True``).
         self.trace: list[OpTrace] | None = None
+        #: When the last lock change took effect, on the device's clock (None: none yet).
+        self.lock_applied_s: float | None = None
 
     # ----------------------------------------------------------------------------------------
     # Pricing
@@ -488,6 +490,7 @@ class SimStream:
             now = self._gpu._clock()
             self._commit(now)
             self._lock_mhz = lock_mhz
+            self.lock_applied_s = now
             self._publish(now, lock_changed=True)
 
     def set_cap(self, cap_w: float | None) -> None:

@@ -623,6 +623,13 @@ class SimulatedGPU:
         """Now, on the clock of this GPU's timeline (the clock event times are on)."""
         return self._clock()
 
+    def clock_applied_s(self) -> float | None:
+        """When the last clock set or reset took effect, on the timeline's clock (None: none
+        yet). The simulator applies a set call's clock while the call still publishes the new
+        state, so this is a little before the call returns; the controller learns its lead
+        from it. NVML cannot tell (reading the clock back takes milliseconds)."""
+        return self._stream.lock_applied_s
+
     def synchronize(self) -> None:
         """Wait until every queued op has run (like ``cuda.synchronize``; tests, teardown)."""
         self._stream.record_event().synchronize()

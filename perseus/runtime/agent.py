@@ -73,6 +73,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+#: Iterations of op device times and gaps the clock-change targeting averages over.
+_TARGET_HISTORY = 8
+
 #: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``.
 OpTimeFn = Callable[[int, Kind, int], float]
 
@@ -216,7 +219,10 @@ class RankAgent:
         self._stamp_ops = True
         self._jobs: list[Boundary] = []
         self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
-        self._op_gap_s: dict[int, float] = {}  # op -> idle device time after it, last time
+        # Clock-change targeting: (op, clock) -> recent device times; op -> recent gaps.
+        self._op_times_s: dict[tuple[int, int], deque[float]] = {}
+        self._op_gaps_s: dict[int, deque[float]] = {}
+        self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
         self._step_event: DeviceEvent | None = None
         self._step_mj: int | None = 0
         self._step_stamp: Boundary | None = None
@@ -584,16 +590,27 @@ class RankAgent:
         it = self._iteration
         jobs = self._jobs
         self._mid_switches = sum(1 for job in jobs if job.mid_issued)
+        last = self._last_end
+        if last is not None and jobs and len(jobs) == len(self._freqs):
+            # The last op's change lands in the gap before the next iteration's first op.
+            gap = jobs[0].start.device_time_s() - last.device_time_s()
+            self._op_gaps_s.setdefault(len(jobs) - 1, deque(maxlen=_TARGET_HISTORY)).append(
+                max(0.0, gap)
+            )
+        self._last_end = jobs[-1].end if jobs and len(jobs) == len(self._freqs) else None
         for j, job in enumerate(jobs):
             if job.end is None:
                 continue
             if j + 1 < len(jobs):
                 gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
-                self._op_gap_s[j] = max(0.0, gap)
+                self._op_gaps_s.setdefault(j, deque(maxlen=_TARGET_HISTORY)).append(max(0.0, gap))
             time_s = job.time_s()
             energy_j = job.energy_j()
             freq = self._freqs[j] if j < len(self._freqs) else 0
             self._op_time_s[(j, freq)] = time_s
+            if not job.mid_issued:
+                hist = self._op_times_s.setdefault((j, freq), deque(maxlen=_TARGET_HISTORY))
+                hist.append(time_s)
             mid = job.mid_freq_mhz
             share = self._mid_share[j] if j < len(self._mid_share) else None
             if mid is not None and share is not None:
@@ -654,6 +671,7 @@ class RankAgent:
         self._in_step = False
         self._cursor = 0
         self._jobs = []
+        self._last_end = None
 
     @property
     def ops_done_this_iteration(self) -> int:
@@ -694,11 +712,14 @@ class RankAgent:
             # The last op's successor is the next iteration's first op (same plan unless a
             # swap, which step_begin applies).
             nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
-            expected = self._op_time_s.get((j, freq))
-            if expected is not None:
-                # Aim the change at the middle of the idle gap that followed this op last
-                # time (waiting for the next op's input): a late or early change lands there.
-                expected += 0.5 * self._op_gap_s.get(j, 0.0)
+            # The op's device time and the idle gap after it (waiting for the next op's
+            # input), averaged over recent iterations: ops jitter by ~1 % from one iteration
+            # to the next, so one sample mispredicts the end by ~1.4 % and a mean of k by
+            # ~1 % x sqrt(1 + 1/k). The controller aims the change's landing into the gap.
+            times = self._op_times_s.get((j, freq))
+            expected = sum(times) / len(times) if times else self._op_time_s.get((j, freq))
+            gaps = self._op_gaps_s.get(j)
+            gap = min(gaps) if gaps else 0.0
             share = self._mid_share[j]
             if share is not None and end_freq != freq:
                 # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary,
@@ -709,9 +730,12 @@ class RankAgent:
                     expected,
                     mid_freq_mhz=end_freq,
                     mid_at_s=self._mid_time_s(j, share),
+                    gap_s=gap,
                 )
             else:
-                job = Boundary(events.record_event(), None if nxt == freq else nxt, expected)
+                job = Boundary(
+                    events.record_event(), None if nxt == freq else nxt, expected, gap_s=gap
+                )
             self._jobs.append(job)
             ctl = self._controller
             if ctl is not None and (self._stamp_ops or not ctl.observe_only):

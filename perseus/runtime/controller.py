@@ -37,19 +37,70 @@ controller's lock.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
-__all__ = ["ApplyStats", "Boundary", "FrequencyController"]
+__all__ = ["ApplyStats", "Boundary", "FrequencyController", "issue_offset_s"]
 
 #: How often the worker re-checks an event it waits for (a CUDA event has no timed wait).
 POLL_S = 0.0002
+
+#: The worker stops sleeping this long before a planned set call and polls (yielding) for
+#: the rest: a sleep overshoots by up to a scheduler tick on a loaded machine.
+FINAL_POLL_S = 0.001
+#: ... and stops querying the op's end event this long before it (a query may wait on a
+#: lock); an op that ends earlier than predicted by more than this plus the lead is rare.
+FINAL_APPROACH_S = 0.003
+
+#: Quantiles of the op-end prediction error folded into the landing distribution.
+_ERROR_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+#: How many quantiles of the landing history the targeting uses (cached between calls).
+_LANDING_QUANTILES = 64
+
+
+def issue_offset_s(
+    landings_s: Sequence[float], gap_s: float, end_errors_s: Sequence[float] = ()
+) -> float:
+    """When to issue a clock change, relative to an op's predicted end (negative: before).
+
+    The new clock lands ``L`` after the call is issued (``landings_s``: samples of ``L``).
+    Landing before the op's true end runs its tail at the next op's clock; landing after the
+    next op's start (``gap_s`` of idle device time after the end) runs that op's head at the
+    old clock. The op's true end is the prediction plus an error (``end_errors_s``: samples,
+    equally likely). The expected wrong-clock time, E[(end - x)+ + (x - end - gap)+], is least
+    where landing before the end is as likely as landing after the next start: with no gap
+    that is the median landing (so the lead is the median of the landing time, not of the
+    call time), within a gap the two tails balance, and a gap wider than the spread leaves a
+    range of offsets with no wrong time at all: this returns its middle.
+    """
+    errors = tuple(end_errors_s) or (0.0,)
+    a = sorted(d - e for d in landings_s for e in errors)  # landing relative to the true end
+    if not a:
+        return 0.0
+    n = len(a)
+    gap = max(0.0, gap_s)
+
+    def bounds(strict: bool) -> float:
+        lo, hi = -a[-1] - 1e-3, gap - a[0] + 1e-3
+        for _ in range(48):
+            y = 0.5 * (lo + hi)
+            early = bisect.bisect_left(a, -y)  # P(land before the end) * n
+            late = n - bisect.bisect_right(a, gap - y)  # P(land after the next start) * n
+            if late > early or (not strict and late == early):
+                hi = y
+            else:
+                lo = y
+        return 0.5 * (lo + hi)
+
+    return 0.5 * (bounds(False) + bounds(True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +124,8 @@ class Boundary:
         end: Event recorded just after it (set by the agent when the host leaves the op).
         freq_next_mhz: Clock of the next op (None: last op of the iteration, or no change).
         expected_s: Expected device time of this op (None: unknown, wait for ``end``).
+        gap_s: Expected idle device time between this op's end and the next op's start
+            (waiting for its input); the change may land anywhere in it.
         start_mj / end_mj: The energy counter at the events' device times.
         mid_freq_mhz: Two-clock op: the clock its later layers run at (None: one clock).
         mid_at_s: Two-clock op: predicted device time from the op's start to the layer
@@ -81,6 +134,12 @@ class Boundary:
         mid_issue_s: Device-clock time at which the mid-op set call was issued.
         stamp: Read the counter at ``start`` even when the controller does not stamp ops (an
             iteration's first event: its reading is taken here, off the training thread).
+        aim_s / ready_s / issue_s / return_s: Set by the worker, on the device's clock, for
+            the change to ``freq_next_mhz``: when it meant to issue the set call (None:
+            waited for the end event), when it was ready to wait for that moment (the start
+            event seen, earlier jobs done), when it issued the call and when the call
+            returned (``benchmarks/clock_timing.py`` decomposes the wrong-clock time with
+            them).
     """
 
     start: DeviceEvent
@@ -95,6 +154,11 @@ class Boundary:
     mid_issued: bool = field(default=False)
     mid_issue_s: float | None = None
     stamp: bool = False
+    gap_s: float = 0.0
+    aim_s: float | None = None
+    ready_s: float | None = None
+    issue_s: float | None = None
+    return_s: float | None = None
 
     def time_s(self) -> float:
         """The op's device time (blocks until the end event completed)."""
@@ -130,6 +194,9 @@ class FrequencyController:
         control: False only observes (stamps events with the counter; never sets clocks).
         retries: Extra attempts for a failing set call before going observe-only.
         history: How many apply delays to keep for :meth:`stats`.
+        apply_delay_s: How long after a set call returns the new clock takes effect, for a
+            device that cannot tell (NVML: the notes' +0-2 ms, not measured here, so 0 by
+            default). A device with ``clock_applied_s()`` (the simulator) reports it.
         stamp_ops: Read the device's energy counter at every op boundary whose event carries
             no reading of its own. False for NVML: its counter is published every 100 ms and a
             read costs ~3 ms of driver time (measured on an H100, benchmarks/README.md), so
@@ -146,6 +213,7 @@ class FrequencyController:
         retries: int = 2,
         history: int = 10_000,
         stamp_ops: bool = True,
+        apply_delay_s: float = 0.0,
     ) -> None:
         self.gpu = gpu
         self.events = events
@@ -166,6 +234,18 @@ class FrequencyController:
         self._thread: threading.Thread | None = None
         self._delays_s: deque[float] = deque(maxlen=history)
         self._latencies_s: deque[float] = deque(maxlen=256)
+        # Issue -> the new clock in effect, on the device's clock (the lead is learnt from it).
+        self._landings_s: deque[float] = deque(maxlen=256)
+        self._landing_q: tuple[float, ...] = ()  # quantiles of _landings_s (cached)
+        self._landing_q_at = 0  # _landing_count when _landing_q was computed
+        self._landing_count = 0
+        # Relative error of each op's predicted device time: (actual - expected) / expected.
+        self._end_errors: deque[float] = deque(maxlen=128)
+        self._apply_delay_s = apply_delay_s
+        applied = getattr(gpu, "clock_applied_s", None)
+        self._clock_applied: Callable[[], float | None] | None = (
+            applied if callable(applied) else None
+        )
         self._stale = 0
         self._retries = retries
         self.observe_only = not control
@@ -197,6 +277,36 @@ class FrequencyController:
         """Median measured set-call latency (None before the first call)."""
         lat = sorted(self._latencies_s)
         return lat[len(lat) // 2] if lat else None
+
+    def landing_s(self) -> float | None:
+        """Median time from issuing a set call to the new clock taking effect: as the device
+        reports it, else the call's duration plus ``apply_delay_s`` (None before the first)."""
+        q = self._landing_quantiles()
+        return q[len(q) // 2] if q else None
+
+    def _landing_quantiles(self) -> tuple[float, ...]:
+        count = self._landing_count
+        if count and (not self._landing_q or count - self._landing_q_at >= 8):
+            lat = sorted(self._landings_s)
+            m = min(len(lat), _LANDING_QUANTILES)
+            self._landing_q = tuple(lat[int((i + 0.5) * len(lat) / m)] for i in range(m))
+            self._landing_q_at = count
+        return self._landing_q
+
+    def _issue_offset_s(self, job: Boundary) -> float | None:
+        """When to issue ``job``'s change relative to its op's predicted end (None: no
+        landing measured yet)."""
+        landings = self._landing_quantiles()
+        if not landings:
+            return None
+        errs = sorted(self._end_errors)
+        expected = job.expected_s or 0.0
+        errors = (
+            tuple(expected * errs[int(q * len(errs))] for q in _ERROR_QUANTILES)
+            if len(errs) >= 8
+            else ()
+        )
+        return issue_offset_s(landings, job.gap_s, errors)
 
     # ----------------------------------------------------------------------------------------
     # Posting (training thread)
@@ -390,7 +500,7 @@ class FrequencyController:
         ):
             # Two-clock op: the same prediction as for op boundaries, aimed at the planned
             # layer boundary inside the op.
-            mid_lead = self.set_latency_s() or 0.0
+            mid_lead = self.landing_s() or 0.0
             mid_until = job.start.device_time_s() + job.mid_at_s - mid_lead
             ended = self._wait_end(job, mid_until)
             if self._closed:
@@ -401,19 +511,47 @@ class FrequencyController:
                 self._apply(mid, time.perf_counter())
         freq = job.freq_next_mhz
         if freq is not None and not self.observe_only and freq != self._target:
-            lead = self.set_latency_s()
             until = None
-            if job.expected_s is not None and lead is not None:
-                until = job.start.device_time_s() + job.expected_s - lead
-            ended = self._wait_end(job, until)
+            offset = self._issue_offset_s(job) if job.expected_s is not None else None
+            if job.expected_s is not None and offset is not None:
+                until = job.start.device_time_s() + job.expected_s + offset
+            events = self.events
+            job.aim_s = until
+            if events is not None:
+                job.ready_s = events.timeline_now_s()
+            settle = False
+            if until is not None and events is not None:
+                # Watch the end event until shortly before the aim; then only the clock: a
+                # device event query may wait on a lock (the simulator's, held while the host
+                # launches), and a sleep overshoots, so the last stretch is polled.
+                ended = self._wait_end(job, until - FINAL_APPROACH_S)
+                if not ended:
+                    settle = True
+                    while not self._closed:
+                        left = until - events.timeline_now_s()
+                        if left <= 0:
+                            break
+                        time.sleep(left - FINAL_POLL_S if left > FINAL_POLL_S else 0)
+            else:
+                ended = self._wait_end(job, until)
             if self._closed:
                 return
-            job.applied_early = not ended
+            if events is not None:
+                job.issue_s = events.timeline_now_s()
             self._apply(freq, time.perf_counter())
+            if settle:  # did the op end before the call was issued?
+                end, issued = job.end, job.issue_s or 0.0
+                ended = end is not None and end.query() and end.device_time_s() <= issued
+            job.applied_early = not ended
+            if events is not None:
+                job.return_s = events.timeline_now_s()
         while job.end is None and not self._closed:
             time.sleep(POLL_S)
         if job.end is not None:
             job.end_mj = self._wait_event(job.end, stamp=self._stamp_ops)
+            if job.expected_s and not self._closed:
+                actual = job.end.device_time_s() - job.start.device_time_s()
+                self._end_errors.append(actual / job.expected_s - 1.0)
 
     def _apply(self, freq: int, since: float) -> None:
         if self.observe_only or self._closed:
@@ -422,13 +560,21 @@ class FrequencyController:
         last: BaseException | None = None
         for attempt in range(self._retries + 1):
             try:
+                events, applied = self.events, self._clock_applied
                 with self.device_lock:
                     if self._closed:
                         return
+                    issued = events.timeline_now_s() if events is not None else 0.0
                     t0 = time.perf_counter()
                     self._applied = self.gpu.set_locked_clock(freq)
                     t1 = time.perf_counter()
+                    landed = applied() if applied is not None and events is not None else None
                 self._latencies_s.append(t1 - t0)
+                if landed is not None:
+                    self._landings_s.append(landed - issued)
+                else:
+                    self._landings_s.append(t1 - t0 + self._apply_delay_s)
+                self._landing_count += 1
                 self._delays_s.append(t1 - since)
                 self._done = freq
                 return
