@@ -388,7 +388,7 @@ class SimStream:
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._gpu._update(change)
+        self._gpu._update(change, at_s=now)
 
     # ----------------------------------------------------------------------------------------
     # Operations
@@ -454,7 +454,7 @@ class SimStream:
                 gain = float(state.get("counter_gain", 1.0))
                 state["pub_mj"] = int(state["pub_mj"]) + round(moved_j * 1000.0 * gain)
 
-        self._gpu._update(change)
+        self._gpu._update(change, at_s=now)
 
     def backdate(self, ready_s: float) -> None:
         """The host reached the next op late: let it start as soon as the stream was free and

@@ -413,9 +413,14 @@ class SimulatedGPU:
         assert state is not None  # created just above
         return state
 
-    def _update(self, change: Callable[[State], None]) -> State:
+    def _update(self, change: Callable[[State], None], at_s: float | None = None) -> State:
+        """Apply ``change`` to the shared state, advanced to now, or to ``at_s`` (the stream's
+        time of the change: on a real clock "now" has moved on by the time the file is
+        locked, and integrating that sliver at the old plan's power loses energy)."""
+
         def apply(state: State | None) -> State:
-            now = self._clock()  # under the lock: writers' times are ordered like their writes
+            # under the lock: writers' times are ordered like their writes
+            now = self._clock() if at_s is None else at_s
             state = self._attach(state, now) if state is None else state
             advance(state, now)
             change(state)

@@ -478,16 +478,9 @@ class RankSession:
             last_end = agent.last_op_end_event
             agent.step_end()  # waits for this rank's last op on the device
         at_s = None
-        # The sweep reads the energy counter as it is published, in real time: a boundary
-        # dated back to the pipeline's end would move the next ops onto time the counter
-        # already saw idle. So while sweeping, the device idles through the host's boundary
-        # work, as a real GPU does.
-        backdate = self._emulator is not None and self._profiler is None
         if self._emulator is not None and self._window is not None:
             own = last_end.device_time_s() if last_end is not None else self._window[0]
             (at_s,) = all_reduce_max([own], self.group)  # also a barrier
-            if not backdate:
-                at_s = None
         else:
             barrier(self.group)
         now_s, mj = self._mark(at_s)
@@ -533,7 +526,7 @@ class RankSession:
                 self.point_index = index
         if extra:
             barrier(self.group)
-            now_s, mj = self._mark(now_s if backdate else None)
+            now_s, mj = self._mark(now_s if self._emulator is not None else None)
         if self._agent is not None:
             self._agent.step_begin()
             if self._emulator is not None and self._agent.first_clock_pending():
