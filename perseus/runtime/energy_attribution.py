@@ -114,7 +114,7 @@ def fit_group_power(
     spans: Sequence[OpSpan],
     *,
     idle_power_w: float | None = None,
-    ridge: float = 0.02,
+    ridge: float = 0.01,
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
 
@@ -185,18 +185,21 @@ class SweepWindow:
 
     Args:
         sampler: The running counter sampler.
-        min_intervals: Windows wanted per step (10: ~1 s at NVML's 100 ms period; the fit has
-            a handful of unknowns and each window's edges are pinned to the publish grid).
+        min_intervals: Windows wanted per step (20: ~2 s at NVML's 100 ms period). The fit
+            has a handful of unknowns and each window's edges are pinned to the publish grid;
+            on the emulated A100 sweep (benchmarks/online_profile.py) 10 windows left
+            occasional rows 10-17 % off (a host hiccup inside a short step), 20 kept every
+            row within ~2 %.
         max_iterations: Give up waiting for windows after this many iterations of one step.
         idle_power_w: Prior for the non-op power (see :func:`fit_group_power`).
         ridge: See :func:`fit_group_power`.
     """
 
     sampler: CounterSampler
-    min_intervals: int = 10
+    min_intervals: int = 20
     max_iterations: int = 200
     idle_power_w: float | None = None
-    ridge: float = 0.02
+    ridge: float = 0.01
     spans: list[OpSpan] = field(default_factory=list)
     iterations: int = 0
 

@@ -25,7 +25,7 @@ from the GPU's energy counter read on a background thread
 (:mod:`perseus.runtime.energy_windows`): each (stage, kind)'s power is fitted to the windows
 between the counter's publishes from the share of each window its ops covered
 (:mod:`perseus.runtime.energy_attribution`). A step is repeated for further iterations until
-its ops span enough windows (``min_windows``, 10 by default: ~1 s at NVML's 100 ms period).
+its ops span enough windows (``min_windows``, 20 by default: ~2 s at NVML's 100 ms period).
 The same path runs on a real GPU and on the simulated one. With
 ``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
 action's op on its stream and holds the host until the op's output exists
@@ -84,10 +84,10 @@ _log = logging.getLogger(__name__)
 
 #: Online profiling's energy-window options and their defaults (``profile_options``).
 _PROFILE_OPTIONS: dict[str, Any] = {
-    "min_windows": 10,
+    "min_windows": 20,
     "sample_period_s": None,
     "max_step_iterations": 200,
-    "ridge": 0.02,
+    "ridge": 0.01,
 }
 
 #: Called at every iteration boundary with the stats of the iteration that just ended; may
@@ -180,9 +180,9 @@ class RankSession:
         job_options: Extra keyword arguments for :func:`perseus.job.make_job` when planning
             here (``layers_per_stage=12`` plans two-clock ops; ``switch_latency_s``...).
         profile_options: Online profiling's energy windows: ``min_windows`` (counter windows
-            per sweep step, default 10), ``sample_period_s`` (time between counter reads,
+            per sweep step, default 20), ``sample_period_s`` (time between counter reads,
             default :func:`~perseus.runtime.energy_windows.sample_period_for`),
-            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.02; see
+            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.01; see
             :func:`~perseus.runtime.energy_attribution.fit_group_power`).
 
     Raises:
