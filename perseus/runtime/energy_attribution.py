@@ -22,8 +22,13 @@ light ridge (rows of weight ``ridge * sqrt(sum of squared window lengths)``):
   ``ridge**2 / share**2`` of the data's) and otherwise shares the energy by time, keeping the
   step's total right;
 * a non-op column with almost no time (no bubbles on a one-rank pipeline) could take any
-  value; with ``idle_power_w`` (the nominal blocking power) it is pulled towards that at half
-  the weight.
+  value and soak up the residual; with ``idle_power_w`` (the nominal blocking power) the gap
+  column is pulled firmly towards it (10x the weight: bubbles are P2P waits, which the
+  planner prices at that power anyway) and the time between iterations loosely (2x: the
+  optimizer step runs there, at whatever power).
+
+Windows whose residual is far out (a host stall on a loaded CPU that moved energy across a
+publish) are dropped and the fit repeated once.
 
 :class:`SweepWindow` collects one sweep step's op spans iteration by iteration and says when
 the counter windows inside them are enough (``min_intervals``; the step is repeated for more
@@ -115,14 +120,21 @@ def fit_group_power(
     *,
     idle_power_w: float | None = None,
     ridge: float = 0.01,
+    outlier_w: float = 5.0,
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
+
+    After a first fit, windows whose residual power is far out (over ``outlier_w`` and over
+    five robust standard deviations: a host stall that moved energy across a publish, a read
+    the driver delayed) are dropped and the fit is repeated once, as long as enough windows
+    remain.
 
     Args:
         intervals: Counter windows (inside the spans' time range).
         spans: The ops that ran, with their groups and iterations.
         idle_power_w: Prior for the non-op columns (the nominal blocking power), or None.
         ridge: Regularisation weight (0: plain non-negative least squares).
+        outlier_w: Residual power (W) below which no window counts as an outlier.
 
     Returns:
         The fitted powers.
@@ -131,17 +143,41 @@ def fit_group_power(
         ConfigError: without windows or spans, or for a negative ridge.
 
     Complexity: O(windows x spans) to build the matrix, then NNLS on (windows + groups + 2)
-    rows and groups + 2 columns.
+    rows and groups + 2 columns, at most twice.
     """
-    from scipy.optimize import nnls
-
     if not intervals or not spans:
         raise ConfigError("fit_group_power needs at least one counter window and one op span")
     if ridge < 0:
         raise ConfigError(f"ridge must be >= 0, got {ridge}")
     groups, shares = time_shares(intervals, spans)
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
+    lengths = shares.sum(axis=1)
+    per_w = np.where(lengths > 0, lengths, 1.0)
+    power = _solve(shares, energy, len(groups), idle_power_w, ridge)
+    resid = (energy - shares @ power) / per_w
+    mad = float(np.median(np.abs(resid - np.median(resid))))
+    keep = np.abs(resid) <= max(outlier_w, 5.0 * 1.4826 * mad)
+    if not keep.all() and int(keep.sum()) >= len(groups) + 2:
+        power = _solve(shares[keep], energy[keep], len(groups), idle_power_w, ridge)
+        resid = (energy[keep] - shares[keep] @ power) / per_w[keep]
     n = len(groups)
+    return PowerFit(
+        power_w={g: float(power[j]) for j, g in enumerate(groups)},
+        gap_power_w=float(power[n]),
+        outside_power_w=float(power[n + 1]),
+        intervals=int(keep.sum()) if not keep.all() else len(intervals),
+        residual_w=float(np.sqrt(np.mean(resid**2))),
+    )
+
+
+def _solve(
+    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> np.ndarray:
+    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
+    which the planner itself prices at the blocking power) firmly and the time between
+    iterations (optimizer, data loading: anything) loosely towards ``idle_power_w``."""
+    from scipy.optimize import nnls
+
     rows = [shares]
     rhs = [energy]
     if ridge > 0:
@@ -153,9 +189,9 @@ def fit_group_power(
             rhs.append(np.zeros(n))
         if idle_power_w is not None:
             prior = np.zeros((2, n + 2))
-            prior[0, n] = prior[1, n + 1] = 0.5 * weight
+            prior[0, n], prior[1, n + 1] = 10.0 * weight, 2.0 * weight
             rows.append(prior)
-            rhs.append(np.full(2, 0.5 * weight * idle_power_w))
+            rhs.append(prior.sum(axis=1) * idle_power_w)
     # Columns with no time in any window are unknowable: keep them out of the solve.
     used = shares.sum(axis=0) > 0
     a = np.vstack(rows)[:, used]
@@ -164,15 +200,7 @@ def fit_group_power(
         power[used] = nnls(a, np.concatenate(rhs), maxiter=50 * (n + 2))[0]
     if idle_power_w is not None:
         power[n : n + 2][~used[n:]] = idle_power_w
-    lengths = shares.sum(axis=1)
-    resid = (energy - shares @ power) / np.where(lengths > 0, lengths, 1.0)
-    return PowerFit(
-        power_w={g: float(power[j]) for j, g in enumerate(groups)},
-        gap_power_w=float(power[n]),
-        outside_power_w=float(power[n + 1]),
-        intervals=len(intervals),
-        residual_w=float(np.sqrt(np.mean(resid**2))),
-    )
+    return power
 
 
 @dataclass
