@@ -206,6 +206,7 @@ class SimStream:
         # The latest publish instant whose counter value someone has read: that value is
         # history, so backdating never moves work before it (see observe()).
         self._observed_s = -math.inf
+        self._last_backdated: SimEvent | None = None  # recorded at the pending backdate
         self._backdate: float | None = None
         self._early_end: float | None = None  # a backdated op that finished before its launch
         # (start, energy then, power) pieces covering the span since the queue last ran dry.
@@ -409,8 +410,15 @@ class SimStream:
             now = gpu._clock()
             self._commit(now)
             start = self._backdate
-            if start is not None:  # a counter read since backdate() fixed its publish
-                start = max(start, self._observed_s)
+            if start is not None and self._observed_s > start:
+                # A counter read since backdate() fixed a later publish: the op starts there,
+                # and so does the event recorded just before it (the op's start event).
+                start = self._observed_s
+                last = self._last_backdated
+                if last is not None:
+                    last._complete(start, self._published_at_mj(start, now))
+                    self._floor_s = max(self._floor_s, start)
+            self._last_backdated = None
             self._backdate = self._early_end = None
             self._queue.append(op)
             self._idle = False
@@ -499,10 +507,13 @@ class SimStream:
             self._commit(now)
             if self._queue:
                 self._queue.append(event)
+                self._last_backdated = None
             else:
                 when = now
+                self._last_backdated = None
                 if self._backdate is not None:
                     when = self._backdate
+                    self._last_backdated = event
                 elif self._early_end is not None:
                     when = self._early_end  # right behind the op that ended before its launch
                 self._early_end = None

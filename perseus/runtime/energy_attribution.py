@@ -28,7 +28,7 @@ light ridge (rows of weight ``ridge * sqrt(sum of squared window lengths)``):
   optimizer step runs there, at whatever power).
 
 Windows whose residual is far out (a host stall on a loaded CPU that moved energy across a
-publish) are dropped and the fit repeated once.
+publish) are down-weighted, then dropped (see :func:`fit_group_power`).
 
 :class:`SweepWindow` collects one sweep step's op spans iteration by iteration and says when
 the counter windows inside them are enough (``min_intervals``; the step is repeated for more
@@ -124,10 +124,10 @@ def fit_group_power(
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
 
-    After a first fit, windows whose residual power is far out (over ``outlier_w`` and over
-    five robust standard deviations: a host stall that moved energy across a publish, a read
-    the driver delayed) are dropped and the fit is repeated once, as long as enough windows
-    remain.
+    The fit is robust: windows whose residual power is far out (a host stall that moved
+    energy across a publish, a read the driver delayed) are down-weighted (Huber weights,
+    iterated), and those over ``outlier_w`` and five robust standard deviations are then
+    dropped for a final fit, as long as enough windows remain.
 
     Args:
         intervals: Counter windows (inside the spans' time range).
@@ -143,7 +143,7 @@ def fit_group_power(
         ConfigError: without windows or spans, or for a negative ridge.
 
     Complexity: O(windows x spans) to build the matrix, then NNLS on (windows + groups + 2)
-    rows and groups + 2 columns, at most twice.
+    rows and groups + 2 columns, 8 times.
     """
     if not intervals or not spans:
         raise ConfigError("fit_group_power needs at least one counter window and one op span")
@@ -153,14 +153,23 @@ def fit_group_power(
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
     lengths = shares.sum(axis=1)
     per_w = np.where(lengths > 0, lengths, 1.0)
-    power = _solve(shares, energy, len(groups), idle_power_w, ridge)
-    resid = (energy - shares @ power) / per_w
-    mad = float(np.median(np.abs(resid - np.median(resid))))
-    keep = np.abs(resid) <= max(outlier_w, 5.0 * 1.4826 * mad)
-    if not keep.all() and int(keep.sum()) >= len(groups) + 2:
-        power = _solve(shares[keep], energy[keep], len(groups), idle_power_w, ridge)
-        resid = (energy[keep] - shares[keep] @ power) / per_w[keep]
     n = len(groups)
+    # Huber-weighted iterations (a window far out counts less), then windows beyond five
+    # robust standard deviations are dropped for a last plain fit.
+    weight = np.ones(len(intervals))
+    power = _solve(shares, energy, n, idle_power_w, ridge)
+    for _ in range(6):
+        resid = (energy - shares @ power) / per_w
+        scale = max(outlier_w, 2.0 * 1.4826 * float(np.median(np.abs(resid))))
+        weight = 1.0 / np.maximum(1.0, np.abs(resid) / scale)
+        root = np.sqrt(weight)[:, None]
+        power = _solve(shares * root, energy * root[:, 0], n, idle_power_w, ridge)
+    resid = (energy - shares @ power) / per_w
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    keep = np.abs(resid) <= max(outlier_w, 5.0 * sigma)
+    if int(keep.sum()) >= n + 2:
+        power = _solve(shares[keep], energy[keep], n, idle_power_w, ridge)
+        resid = (energy[keep] - shares[keep] @ power) / per_w[keep]
     return PowerFit(
         power_w={g: float(power[j]) for j, g in enumerate(groups)},
         gap_power_w=float(power[n]),
@@ -209,7 +218,8 @@ class SweepWindow:
 
     A step is ready when the windows wholly inside the step's device-time span number at
     least ``min_intervals`` and twice the unknowns (op groups + 2), or after
-    ``max_iterations`` iterations (a counter that never moves: fit what there is).
+    ``max_iterations`` iterations (fit what there is), or at once when no window can come
+    (counter reads fail, or 50 iterations passed without one publish).
 
     Args:
         sampler: The running counter sampler.
@@ -263,7 +273,14 @@ class SweepWindow:
         """True when the step has enough windows (or waited ``max_iterations``)."""
         if not self.spans:
             return False
-        return self.iterations >= self.max_iterations or len(self.intervals()) >= self.needed()
+        if self.iterations >= self.max_iterations:
+            return True
+        windows = len(self.intervals())
+        if windows == 0 and (
+            self.iterations >= 50 or (self.sampler.errors and not self.sampler.samples())
+        ):
+            return True  # no counter to wait for (reads fail, or it never moves): fit nothing
+        return windows >= self.needed()
 
     def fit(self) -> PowerFit | None:
         """Fit the step's powers; None when no window lies inside the step."""

@@ -39,6 +39,7 @@ import numpy as np
 from perseus.errors import ConfigError, DeviceError
 
 __all__ = [
+    "NVML_PUBLISH_PERIOD_S",
     "CounterInterval",
     "CounterSample",
     "CounterSampler",

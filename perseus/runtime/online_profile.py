@@ -1,8 +1,10 @@
 """Online (just-in-time) profiling: measure every (stage, kind) at each clock during training.
 
-The first iterations of a job double as the profiling run. In sweep iteration ``i`` every op of
-a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low), and the median time
-and energy over the iteration's microbatches become the profile row for that clock. An op stops
+The first iterations of a job double as the profiling run. In sweep step ``i`` every op of
+a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low); the median device
+time of its ops and their fitted mean power (from the energy counter's publish windows over
+the step, :mod:`perseus.runtime.energy_attribution`; a step lasts as many iterations as the
+windows need) become the profile row for that clock: energy = power x median time. An op stops
 early once, past the first ``min_fraction`` of the clock list, its energy has stayed above the
 lowest energy measured so far for ``patience`` consecutive clocks: below the energy-optimal
 clock both time and energy grow, so those clocks can never be on the frontier. Comparing with
@@ -104,7 +106,7 @@ class OnlineProfiler:
         self.sweeps = {
             op: OpSweep(clocks) for op in sorted(set(ops), key=lambda o: (o[0], o[1].value))
         }
-        self.iterations = 0
+        self.iterations = 0  # sweep steps closed (each may span several iterations)
 
     @property
     def done(self) -> bool:
@@ -131,7 +133,8 @@ class OnlineProfiler:
             sweep._energies.append(energy_j)
 
     def discard_iteration(self) -> None:
-        """Drop the samples of an iteration that failed (the clocks stay where they were)."""
+        """Drop the current sweep step's samples (an iteration failed: the step restarts at the
+        same clocks)."""
         for sweep in self.sweeps.values():
             sweep._times.clear()
             sweep._energies.clear()
