@@ -26,8 +26,7 @@ from the GPU's energy counter read on a background thread
 between the counter's publishes from the share of each window its ops covered
 (:mod:`perseus.runtime.energy_attribution`). A step is repeated for further iterations until
 its ops span enough windows (``min_windows``, 20 by default: ~2 s at NVML's 100 ms period).
-The same path runs on a real GPU and on the simulated one. With
-``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
+With ``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
 action's op on its stream and holds the host until the op's output exists
 (:mod:`perseus.runtime.emulation`).
 
