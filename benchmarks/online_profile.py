@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--f-power", type=float, default=0.8, help="F energy factor (F != B power)")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-windows", type=int, default=10, help="counter windows per sweep step")
+    p.add_argument("--min-windows", type=int, default=20, help="counter windows per sweep step")
     p.add_argument("--rows", action="store_true", help="print every row")
     args = p.parse_args()
     warnings.simplefilter("ignore", EmulationOverrunWarning)

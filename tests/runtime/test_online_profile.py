@@ -93,10 +93,11 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
     """The whole path on the asynchronous simulated GPU: the counter is published every
     100 ms (x the time scale, like the ops: 45-99 ms ops against 100 ms, as on an A100
     running GPT-3 stages), noise, blocking-power error and a 5 % counter gain error on.
-    The median row's energy is within 2 % of gain x the true op energy and every row within
-    10 % (benchmarks/online_profile.py: max 2.1 % in a quiet run; a host stall inside a
-    step can push one row further on a loaded CPU); the per-op counter stamps the sweep
-    used before are off by far more (median > 30 %)."""
+    The median row's energy is within 2 % of gain x the true op energy (a mix-up of F and B,
+    whose powers differ by 20 %, would be off by 20-25 %) and every row within 15 %
+    (benchmarks/online_profile.py: max 1-5 % in most runs at this time scale, 1 % at full
+    scale; a host stall inside a step can push one row further on a loaded CPU); the
+    per-op counter stamps the sweep used before are off by far more (median > 30 %)."""
     import statistics
     import time
 
@@ -146,7 +147,7 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
             e_err.append(abs(o.energy_j / (gain * ref.energy_j) - 1))
     assert len(e_err) >= 10
     assert max(t_err) < 0.03
-    assert statistics.median(e_err) < 0.02 and max(e_err) < 0.10, sorted(e_err)
+    assert statistics.median(e_err) < 0.02 and max(e_err) < 0.15, sorted(e_err)
     # The old per-op stamps (counter read at op boundaries) in the same run.
     profile_its = {h.iteration for h in session.history if h.phase == "profile"}
     old = [
