@@ -257,6 +257,7 @@ class RankSession:
         self._profiler: OnlineProfiler | None = None
         self._sampler: CounterSampler | None = None
         self._step: SweepWindow | None = None
+        self._warned_observe_only = False
         self._timeline_path = Path(timeline) if (emulate and timeline is not None) else None
         self._emulator: StreamEmulator | None = None
         self._pending: tuple[Frontier, int] | None = None
@@ -319,6 +320,12 @@ class RankSession:
                 ops, self.gpu.supported_clocks_mhz(), patience=self._patience
             )
             self._install(self._sweep_plan(), 0, sweep=True)
+            if self._agent is not None and self._agent.observe_only:
+                raise ConfigError(
+                    f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
+                    "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
+                    "profile where clocks can be locked and pass profile= or plan="
+                )
             self._start_sampler()
 
     def _start_sampler(self) -> None:
@@ -647,6 +654,13 @@ class RankSession:
         profiler, agent, step = self._profiler, self._agent, self._step
         if profiler is None or agent is None or step is None:
             return False
+        if agent.observe_only and not self._warned_observe_only:
+            self._warned_observe_only = True
+            _log.warning(
+                "rank %d: clock control was lost during online profiling; the rows measured "
+                "from now on are at the GPU's own clock, not the swept one",
+                self.rank,
+            )
         actions = self.schedule.rank_actions[self.rank]
         last = agent.iteration - 1
         spans = []
