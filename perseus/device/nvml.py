@@ -437,6 +437,11 @@ class NvmlGPU:
             self.open()
         return self._handle
 
+    def _opened_api(self) -> Any:
+        """The NVML module (or its observe-only wrapper), opening the device on first use."""
+        self._h()
+        return self._api
+
     def _what(self) -> str:
         return f"{self._name} ({self._uuid})"
 
@@ -525,13 +530,22 @@ class NvmlGPU:
 
     def current_clock_mhz(self) -> int:
         return int(
-            call_nvml(self._api, "nvmlDeviceGetClockInfo", self._h(), _CLOCK_SM, what=self._what())
+            call_nvml(
+                self._opened_api(),
+                "nvmlDeviceGetClockInfo",
+                self._h(),
+                _CLOCK_SM,
+                what=self._what(),
+            )
         )
 
     def energy_mj(self) -> int:
         return int(
             call_nvml(
-                self._api, "nvmlDeviceGetTotalEnergyConsumption", self._h(), what=self._what()
+                self._opened_api(),
+                "nvmlDeviceGetTotalEnergyConsumption",
+                self._h(),
+                what=self._what(),
             )
         )
 
@@ -570,7 +584,7 @@ class NvmlGPU:
         For read-only queries this class has no method for (power limits, API restrictions);
         an observe-only GPU refuses any function that would change the device.
         """
-        return call_nvml(self._api, function, self._h(), *args, what=self._what())
+        return call_nvml(self._opened_api(), function, self._h(), *args, what=self._what())
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of

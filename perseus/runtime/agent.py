@@ -218,7 +218,9 @@ class RankAgent:
         self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
         self._op_gap_s: dict[int, float] = {}  # op -> idle device time after it, last time
         self._step_event: DeviceEvent | None = None
-        self._step_mj = 0
+        self._step_mj: int | None = 0
+        self._step_stamp: Boundary | None = None
+        self._end_mj: int | None = None
         self._set_plan(plan, point_index)
 
     # -----------------------------------------------------------------------------------------
@@ -513,8 +515,16 @@ class RankAgent:
         self._jobs = []
         event = self._events.record_event()
         self._step_event = event
+        self._step_stamp = None
         mj = event.energy_mj if event.query() else None
-        self._step_mj = mj if mj is not None else self._energy_iter()
+        if mj is None and ctl is None:
+            mj = self._energy_iter()
+        elif mj is None and ctl is not None:
+            # The counter is read when the device reaches the iteration's start, by the worker
+            # (an NVML read costs ~3 ms, p99 ~25 ms on an H100: not on the training thread).
+            self._step_stamp = Boundary(event, None, None, end=event, stamp=True)
+            ctl.post(self._step_stamp)
+        self._step_mj = mj
 
     def step_end(self) -> IterationRecord:
         """End the iteration and return its record.
@@ -556,12 +566,21 @@ class RankAgent:
         assert events is not None and begin is not None
         end = events.record_event()
         end.synchronize()
+        ctl = self._controller
+        if ctl is not None:
+            # Its last boundary is done: its counter stamps (the iteration start's included)
+            # are read, so the end reading below comes after them.
+            ctl.flush(timeout_s=1.0)
         mj = end.energy_mj
         if mj is None:
             mj = self._energy_iter()
-        ctl = self._controller
-        if ctl is not None:
-            ctl.flush(timeout_s=1.0)  # its last boundary is done: read its counter stamps
+        self._end_mj = mj
+        if self._step_mj is None:
+            stamp = self._step_stamp
+            self._step_mj = stamp.start_mj if stamp is not None else None
+            if self._step_mj is None:  # the worker could not read it (closed, or an error)
+                _log.debug("rank %d: iteration start counter missing; energy from now", self.rank)
+                self._step_mj = mj
         it = self._iteration
         jobs = self._jobs
         self._mid_switches = sum(1 for job in jobs if job.mid_issued)
@@ -597,7 +616,15 @@ class RankAgent:
                 )
             )
         self._jobs = []
-        return end.device_time_s() - begin.device_time_s(), (mj - self._step_mj) / 1000.0
+        begin_mj = self._step_mj if self._step_mj is not None else mj
+        return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
+
+    def take_end_counter_mj(self) -> int | None:
+        """The energy counter read when the last iteration ended on the device (device
+        timing), once: a caller marking the same boundary reuses it instead of paying another
+        counter read (~3 ms on NVML). None when already taken or never read."""
+        mj, self._end_mj = self._end_mj, None
+        return mj
 
     @property
     def last_op_end_event(self) -> DeviceEvent | None:
@@ -690,7 +717,9 @@ class RankAgent:
                 job = Boundary(events.record_event(), None if nxt == freq else nxt, expected)
             self._jobs.append(job)
             ctl = self._controller
-            if ctl is not None:
+            if ctl is not None and (self._stamp_ops or not ctl.observe_only):
+                # Observe-only without per-op counter reads leaves the worker nothing to do
+                # for an op (its times come from the events at step_end): no wake-up.
                 ctl.post(job)
             return
         if self._controller is not None:

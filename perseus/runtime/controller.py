@@ -79,6 +79,8 @@ class Boundary:
             boundary where ``mid_freq_mhz`` must apply.
         mid_issued: Set by the worker: the mid-op clock was issued (before the op ended).
         mid_issue_s: Device-clock time at which the mid-op set call was issued.
+        stamp: Read the counter at ``start`` even when the controller does not stamp ops (an
+            iteration's first event: its reading is taken here, off the training thread).
     """
 
     start: DeviceEvent
@@ -92,6 +94,7 @@ class Boundary:
     mid_at_s: float | None = None
     mid_issued: bool = field(default=False)
     mid_issue_s: float | None = None
+    stamp: bool = False
 
     def time_s(self) -> float:
         """The op's device time (blocks until the end event completed)."""
@@ -376,7 +379,7 @@ class FrequencyController:
         return False
 
     def _handle(self, job: Boundary) -> None:
-        job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops)
+        job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or job.stamp)
         mid = job.mid_freq_mhz
         if (
             mid is not None

@@ -475,6 +475,10 @@ class RankSession:
         event = events.record_event()
         event.synchronize()  # the device is idle here: completes at once
         mj = event.energy_mj
+        if mj is None and agent is not None:
+            # The agent read the counter as the iteration ended, moments ago (the counter is
+            # published every 100 ms; a read costs ~3 ms): the same boundary, no second read.
+            mj = agent.take_end_counter_mj()
         return event.device_time_s(), int(self.gpu.energy_mj() if mj is None else mj)
 
     def _boundary(self, final: bool) -> None:

@@ -409,3 +409,12 @@ def test_environment_requests_observe_only(
     assert gpu.control is False and gpu.observe_only_reason is not None
     gpu.close()
     assert nvml.control_calls() == []
+
+
+@pytest.mark.parametrize("read", ["energy_mj", "current_clock_mhz", "supported_clocks_mhz"])
+def test_a_first_read_opens_the_device(nvml: FakeNvml, tmp_path: Path, read: str) -> None:
+    gpu = _gpu(nvml, tmp_path)
+    assert not gpu.is_open
+    getattr(gpu, read)()  # no open() first: the read opens it, as the agent's first read does
+    assert gpu.is_open
+    gpu.close()
