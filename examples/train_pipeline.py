@@ -106,9 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--counter-period-ms",
         type=float,
-        help="energy counter update period of the simulated GPUs (default 100, NVML's; 1 with "
-        "--online-profile, which needs a counter that resolves single ops); scaled by "
-        "--time-scale",
+        help="energy counter update period of the simulated GPUs (default 100, NVML's; online "
+        "profiling fits op energy to the counter's windows); scaled by --time-scale",
     )
     args = p.parse_args(argv)
     if not args.emulate:
@@ -129,10 +128,10 @@ def emulated_profile(args: argparse.Namespace, num_stages: int) -> Any:
 
 
 def counter_period_s(args: argparse.Namespace) -> float:
-    """NVML's 100 ms; online profiling measures single ops, so it needs a finer counter."""
+    """NVML's 100 ms, online profiling included (it fits op energy to the counter's windows)."""
     if args.counter_period_ms is not None:
         return float(args.counter_period_ms) / 1000.0
-    return 0.001 if args.online_profile else 0.1
+    return 0.1
 
 
 def blocking_power(args: argparse.Namespace) -> float:

@@ -101,13 +101,14 @@ def published_mj(state: State, t: float) -> int:
     """The counter an NVML read at time ``t`` returns: ``floor(∫P dt)`` in mJ, as of the last
     publish tick (or exact when ``publish_interval_s`` is 0)."""
     interval = state["publish_interval_s"]
+    gain = float(state.get("counter_gain", 1.0))  # a sensor gain error (SimNoise)
     if interval <= 0:
-        return math.floor(energy_at(state, t) * 1000.0)
+        return math.floor(energy_at(state, t) * 1000.0 * gain)
     tick = _tick(t, interval)
     if tick <= state["pub_tick"]:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
-    return math.floor(energy_at(state, tick) * 1000.0)
+    return math.floor(energy_at(state, tick) * 1000.0 * gain)
 
 
 def advance(state: State, now: float) -> float:

@@ -49,16 +49,21 @@ class SimNoise:
         blocking_error: The device's blocking power is the nominal one times ``1 + u`` with
             ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
         seed: Seed; each device (index) gets its own stream of draws.
+        counter_gain: The energy counter reports this share of the true energy (a sensor
+            gain error; notes §5.1: 0.95 +- 0.02 measured on an A100). 1 by default.
     """
 
     time_sigma: float = 0.01
     power_sigma: float = 0.01
     blocking_error: float = 0.02
     seed: int = 0
+    counter_gain: float = 1.0
 
     def __post_init__(self) -> None:
         if min(self.time_sigma, self.power_sigma, self.blocking_error) < 0:
             raise ConfigError("SimNoise: sigmas and blocking_error must be >= 0")
+        if not self.counter_gain > 0:
+            raise ConfigError(f"SimNoise: counter_gain must be > 0, got {self.counter_gain}")
 
     def rng(self, index: int) -> random.Random:
         """The per-op draw generator of device ``index``."""
@@ -198,6 +203,10 @@ class SimStream:
         self._seq = 0
         self._idle_since = -math.inf  # when the queue last ran dry
         self._floor_s = -math.inf  # the latest completed event: nothing moves before it
+        # The latest publish instant whose counter value someone has read: that value is
+        # history, so backdating never moves work before it (see observe()).
+        self._observed_s = -math.inf
+        self._last_backdated: SimEvent | None = None  # recorded at the pending backdate
         self._backdate: float | None = None
         self._early_end: float | None = None  # a backdated op that finished before its launch
         # (start, energy then, power) pieces covering the span since the queue last ran dry.
@@ -261,12 +270,13 @@ class SimStream:
         for seg in recent:
             if seg[0] <= tick:
                 t0, e0, p = seg
-        return math.floor((e0 + p * (tick - t0)) * 1000.0)
+        return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._gpu.counter_gain)
 
     def _published_mj(self) -> int:
+        gain = self._gpu.counter_gain
         if self._gpu.publish_interval_s > 0:
-            return math.floor(self._tick_energy_j * 1000.0)
-        return math.floor(self._energy_j * 1000.0)
+            return math.floor(self._tick_energy_j * 1000.0 * gain)
+        return math.floor(self._energy_j * 1000.0 * gain)
 
     def _commit(self, now: float) -> None:
         """Run the queue from the committed time up to ``now`` at the current clock."""
@@ -381,7 +391,7 @@ class SimStream:
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._gpu._update(change)
+        self._gpu._update(change, at_s=now)
 
     # ----------------------------------------------------------------------------------------
     # Operations
@@ -402,6 +412,15 @@ class SimStream:
             now = gpu._clock()
             self._commit(now)
             start = self._backdate
+            if start is not None and self._observed_s > start:
+                # A counter read since backdate() fixed a later publish: the op starts there,
+                # and so does the event recorded just before it (the op's start event).
+                start = self._observed_s
+                last = self._last_backdated
+                if last is not None:
+                    last._complete(start, self._published_at_mj(start, now))
+                    self._floor_s = max(self._floor_s, start)
+            self._last_backdated = None
             self._backdate = self._early_end = None
             self._queue.append(op)
             self._idle = False
@@ -437,8 +456,15 @@ class SimStream:
 
         def change(state: dict[str, Any]) -> None:
             state["energy_j"] = float(state["energy_j"]) + extra_j
+            # The value published at the last tick (cached by advance() before this op was
+            # known) must include the op's work before that tick, as _tick_energy_j does.
+            tick = float(state["pub_tick"])
+            if float(state["publish_interval_s"]) > 0 and tick > start:
+                moved_j = (power_w - idle_w) * min(span, tick - start)
+                gain = float(state.get("counter_gain", 1.0))
+                state["pub_mj"] = int(state["pub_mj"]) + round(moved_j * 1000.0 * gain)
 
-        self._gpu._update(change)
+        self._gpu._update(change, at_s=now)
 
     def backdate(self, ready_s: float) -> None:
         """The host reached the next op late: let it start as soon as the stream was free and
@@ -449,8 +475,18 @@ class SimStream:
             self._commit(now)
             if self._queue:
                 return  # busy: the op will start after the queued work anyway
-            start = max(ready_s, self._idle_since, self._floor_s)
+            start = max(ready_s, self._idle_since, self._floor_s, self._observed_s)
             self._backdate = start if start < now else None
+
+    def observe(self, time_s: float) -> None:
+        """Someone read the energy counter at ``time_s``: the value published as of then is
+        history, and backdated work may not start before that publish instant (a reader
+        polling the counter in real time, like the online profiler's sampler, would otherwise
+        see idle energy where the device timeline later puts an op). Call under the lock."""
+        interval = self._gpu.publish_interval_s
+        tick = math.floor(time_s / interval) * interval if interval > 0 else time_s
+        if tick > self._observed_s:
+            self._observed_s = tick
 
     def wait_until(self, time_s: float) -> None:
         with self._lock:
@@ -473,10 +509,13 @@ class SimStream:
             self._commit(now)
             if self._queue:
                 self._queue.append(event)
+                self._last_backdated = None
             else:
                 when = now
+                self._last_backdated = None
                 if self._backdate is not None:
                     when = self._backdate
+                    self._last_backdated = event
                 elif self._early_end is not None:
                     when = self._early_end  # right behind the op that ended before its launch
                 self._early_end = None

@@ -353,6 +353,7 @@ class SimulatedGPU:
             "index": self.index,
             "idle_power_w": self.true_blocking_power_w,
             "publish_interval_s": self.publish_interval_s,
+            "counter_gain": self.counter_gain,
             "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
             "power_limit_w": None,  # None: the default limit (power_cap_w)
@@ -371,6 +372,12 @@ class SimulatedGPU:
             return self.blocking_power_w
         return self.blocking_power_w * (1.0 + self.noise.blocking_offset(self.index))
 
+    @property
+    def counter_gain(self) -> float:
+        """The share of the true energy the counter reports (``noise.counter_gain``; 1
+        without noise). :meth:`exact_energy_j` is the truth."""
+        return 1.0 if self.noise is None else self.noise.counter_gain
+
     def _attach(self, state: State | None, now: float) -> State:
         """Create the state, or adopt an existing one with this process's model parameters
         (the lock, counter, slowdown and owner are kept: they belong to the "hardware")."""
@@ -380,6 +387,7 @@ class SimulatedGPU:
         state.update(
             idle_power_w=self.true_blocking_power_w,
             publish_interval_s=self.publish_interval_s,
+            counter_gain=self.counter_gain,
             power_cap_w=self.power_cap_w,
         )
         return state
@@ -405,9 +413,14 @@ class SimulatedGPU:
         assert state is not None  # created just above
         return state
 
-    def _update(self, change: Callable[[State], None]) -> State:
+    def _update(self, change: Callable[[State], None], at_s: float | None = None) -> State:
+        """Apply ``change`` to the shared state, advanced to now, or to ``at_s`` (the stream's
+        time of the change: on a real clock "now" has moved on by the time the file is
+        locked, and integrating that sliver at the old plan's power loses energy)."""
+
         def apply(state: State | None) -> State:
-            now = self._clock()  # under the lock: writers' times are ordered like their writes
+            # under the lock: writers' times are ordered like their writes
+            now = self._clock() if at_s is None else at_s
             state = self._attach(state, now) if state is None else state
             advance(state, now)
             change(state)
@@ -501,8 +514,10 @@ class SimulatedGPU:
         that replanned its segments after this object extrapolated them).
         """
         self._check("energy_mj")
-        now = self._clock()
-        value = published_mj(self._state(), now)
+        with self._stream._lock:  # no backdated launch between the read and its record
+            now = self._clock()
+            self._stream.observe(now)
+            value = published_mj(self._state(), now)
         if value < self._last_mj:
             return self._last_mj
         self._last_mj = value

@@ -196,9 +196,9 @@ class RankAgent:
         self._snap_cache: dict[int, int] = {}
         self._scope = _OpScope(self)
         self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
-        self._ops: deque[tuple[int, int, str, int, float, float, int | None]] = deque(
-            maxlen=max_op_records
-        )
+        self._ops: deque[
+            tuple[int, int, str, int, float, float, int | None, float | None, float | None]
+        ] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
         # Two-clock op -> its whole time at the first clock, estimated from the last iteration.
         self._op_time_a_s: dict[tuple[int, int, int], float] = {}
@@ -604,7 +604,8 @@ class RankAgent:
             if j + 1 < len(jobs):
                 gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
                 self._op_gaps_s.setdefault(j, deque(maxlen=_TARGET_HISTORY)).append(max(0.0, gap))
-            time_s = job.time_s()
+            start_s, end_s = job.start.device_time_s(), job.end.device_time_s()
+            time_s = end_s - start_s
             energy_j = job.energy_j()
             freq = self._freqs[j] if j < len(self._freqs) else 0
             self._op_time_s[(j, freq)] = time_s
@@ -627,6 +628,8 @@ class RankAgent:
                     time_s,
                     energy_j or 0.0,
                     mid if job.mid_issued else None,
+                    start_s,
+                    end_s,
                 )
             )
         self._jobs = []
@@ -785,6 +788,8 @@ class RankAgent:
                 t - self._t_op,
                 (e - self._e_op) / 1000.0,
                 None,
+                self._t_op,
+                t,
             )
         )
         self._cursor = j + 1

@@ -1,8 +1,10 @@
 """Online (just-in-time) profiling: measure every (stage, kind) at each clock during training.
 
-The first iterations of a job double as the profiling run. In sweep iteration ``i`` every op of
-a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low), and the median time
-and energy over the iteration's microbatches become the profile row for that clock. An op stops
+The first iterations of a job double as the profiling run. In sweep step ``i`` every op of
+a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low); the median device
+time of its ops and their fitted mean power (from the energy counter's publish windows over
+the step, :mod:`perseus.runtime.energy_attribution`; a step lasts as many iterations as the
+windows need) become the profile row for that clock: energy = power x median time. An op stops
 early once, past the first ``min_fraction`` of the clock list, its energy has stayed above the
 lowest energy measured so far for ``patience`` consecutive clocks: below the energy-optimal
 clock both time and energy grow, so those clocks can never be on the frontier. Comparing with
@@ -24,7 +26,7 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +106,7 @@ class OnlineProfiler:
         self.sweeps = {
             op: OpSweep(clocks) for op in sorted(set(ops), key=lambda o: (o[0], o[1].value))
         }
-        self.iterations = 0
+        self.iterations = 0  # sweep steps closed (each may span several iterations)
 
     @property
     def done(self) -> bool:
@@ -115,34 +117,53 @@ class OnlineProfiler:
         """The clock the next op of (stage, kind) should run at."""
         return self.sweeps[(stage_index, kind)].clock_mhz
 
-    def record(self, stage_index: int, kind: Kind, time_s: float, energy_j: float) -> None:
-        """Add one op's measured time and energy at the current clock."""
+    def record(
+        self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
+    ) -> None:
+        """Add one op's measured device time (and energy, when measured per op) at the
+        current clock. Energy usually comes per step instead, as a fitted power passed to
+        :meth:`end_iteration` (:mod:`perseus.runtime.energy_attribution`)."""
         sweep = self.sweeps[(stage_index, kind)]
-        if not sweep.stopped and time_s > 0 and energy_j > 0:
-            # A non-positive energy is a counter that did not move over the op (its update
-            # period is longer than the op): no information, not a zero.
-            sweep._times.append(time_s)
+        if sweep.stopped or not time_s > 0:
+            return
+        sweep._times.append(time_s)
+        # A non-positive energy is a counter that did not move over the op (its update
+        # period is longer than the op): no information, not a zero.
+        if energy_j is not None and energy_j > 0:
             sweep._energies.append(energy_j)
 
     def discard_iteration(self) -> None:
-        """Drop the samples of an iteration that failed (the clocks stay where they were)."""
+        """Drop the current sweep step's samples (an iteration failed: the step restarts at the
+        same clocks)."""
         for sweep in self.sweeps.values():
             sweep._times.clear()
             sweep._energies.clear()
 
-    def end_iteration(self) -> None:
-        """Close the current clock of every op (mean of its samples) and advance the sweep."""
+    def end_iteration(self, power_w: Mapping[Hashable, float] | None = None) -> None:
+        """Close the current clock of every op and advance the sweep.
+
+        Args:
+            power_w: Fitted mean power per (stage, kind) over this step's ops: the row's
+                energy is that power times the median op time. Ops without one use the
+                median of their per-op energies; ops with neither skip the clock.
+        """
         self.iterations += 1
-        for sweep in self.sweeps.values():
+        for op, sweep in self.sweeps.items():
             if sweep.stopped:
                 continue
-            if not sweep._times:  # nothing usable measured at this clock: move on
+            power = None if power_w is None else power_w.get(op)
+            if power is not None and not power > 0:
+                power = None  # a group the fit could not see: no information
+            if not sweep._times or (power is None and not sweep._energies):
+                # nothing usable measured at this clock: move on
+                sweep._times.clear()
+                sweep._energies.clear()
                 sweep.index += 1
                 sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
                 continue
             # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
             time_s = statistics.median(sweep._times)
-            energy_j = statistics.median(sweep._energies)
+            energy_j = power * time_s if power is not None else statistics.median(sweep._energies)
             sweep._times.clear()
             sweep._energies.clear()
             best = min((r[2] for r in sweep.rows), default=math.inf)

@@ -19,9 +19,14 @@ PerseusPipeline` does that for ``torch.distributed.pipelining``.
 The session obtains a plan (:mod:`perseus.runtime.planning`) and runs it through the rank
 agent (:class:`~perseus.runtime.agent.RankAgent`: clocks on the device's timeline, op order,
 measurement; watchdog and signal handling on by default). An online sweep
-(:mod:`perseus.runtime.online_profile`) runs through the same agent: each sweep iteration is a
-plan of the clocks to measure, and op times come from the agent's device events. With
-``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
+(:mod:`perseus.runtime.online_profile`) runs through the same agent: each sweep step is a
+plan of the clocks to measure, op times come from the agent's device events, and op energy
+from the GPU's energy counter read on a background thread
+(:mod:`perseus.runtime.energy_windows`): each (stage, kind)'s power is fitted to the windows
+between the counter's publishes from the share of each window its ops covered
+(:mod:`perseus.runtime.energy_attribution`). A step is repeated for further iterations until
+its ops span enough windows (``min_windows``, 20 by default: ~2 s at NVML's 100 ms period).
+With ``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
 action's op on its stream and holds the host until the op's output exists
 (:mod:`perseus.runtime.emulation`).
 
@@ -58,6 +63,8 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent import RankAgent
 from perseus.runtime.collectives import all_reduce_max, barrier
 from perseus.runtime.emulation import StreamEmulator, VirtualTimeline
+from perseus.runtime.energy_attribution import OpSpan, SweepWindow
+from perseus.runtime.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.online_profile import OnlineProfiler
 from perseus.runtime.planning import (
     check_frontier,
@@ -73,6 +80,14 @@ from perseus.schedule.dependencies import action_dependencies
 __all__ = ["BoundaryHook", "IterationStats", "RankSession"]
 
 _log = logging.getLogger(__name__)
+
+#: Online profiling's energy-window options and their defaults (``profile_options``).
+_PROFILE_OPTIONS: dict[str, Any] = {
+    "min_windows": 20,
+    "sample_period_s": None,
+    "max_step_iterations": 200,
+    "ridge": 0.01,
+}
 
 #: Called at every iteration boundary with the stats of the iteration that just ended; may
 #: return ``(frontier, point_index)`` to deploy from the next iteration on. Every rank of a
@@ -146,7 +161,7 @@ class RankSession:
             pipeline rank 0 at start and broadcast). With ``plan``: the profile the plan was
             computed for, checked against the plan and used for :meth:`allmax_plan`.
         online_profile: Sweep clocks during the first iterations, then plan from the sweep
-            (op time from device events, energy from the counter at the op boundaries).
+            (op time from device events, energy fitted to the counter's publish windows).
         profile_cache: CSV path where the online profile is saved; if it exists, profiling is
             skipped and the saved profile is used.
         point_index: Which frontier point to deploy (0: the fastest).
@@ -163,6 +178,11 @@ class RankSession:
         agent_options: Extra keyword arguments for :class:`~perseus.runtime.agent.RankAgent`.
         job_options: Extra keyword arguments for :func:`perseus.job.make_job` when planning
             here (``layers_per_stage=12`` plans two-clock ops; ``switch_latency_s``...).
+        profile_options: Online profiling's energy windows: ``min_windows`` (counter windows
+            per sweep step, default 20), ``sample_period_s`` (time between counter reads,
+            default :func:`~perseus.runtime.energy_windows.sample_period_for`),
+            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.01; see
+            :func:`~perseus.runtime.energy_attribution.fit_group_power`).
 
     Raises:
         ConfigError: if no plan source is given, online profiling is combined with a plan or
@@ -189,7 +209,13 @@ class RankSession:
         timeline: str | Path | None = None,
         agent_options: dict[str, Any] | None = None,
         job_options: dict[str, Any] | None = None,
+        profile_options: dict[str, Any] | None = None,
     ) -> None:
+        unknown = set(profile_options or {}) - set(_PROFILE_OPTIONS)
+        if unknown:
+            raise ConfigError(
+                f"profile_options: unknown key(s) {sorted(unknown)}; use {list(_PROFILE_OPTIONS)}"
+            )
         if online_profile and (plan is not None or profile is not None):
             raise ConfigError("online_profile=True measures the profile; drop plan= and profile=")
         if not (online_profile or plan is not None or profile is not None):
@@ -220,6 +246,7 @@ class RankSession:
         self._cache = Path(profile_cache) if profile_cache is not None else None
         self._patience = patience
         self._job_options = dict(job_options or {})
+        self._profile_options = {**_PROFILE_OPTIONS, **(profile_options or {})}
         self._agent_options: dict[str, Any] = {
             "watchdog": watchdog,
             "handle_signals": handle_signals,
@@ -228,6 +255,9 @@ class RankSession:
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
         self._profiler: OnlineProfiler | None = None
+        self._sampler: CounterSampler | None = None
+        self._step: SweepWindow | None = None
+        self._warned_observe_only = False
         self._timeline_path = Path(timeline) if (emulate and timeline is not None) else None
         self._emulator: StreamEmulator | None = None
         self._pending: tuple[Frontier, int] | None = None
@@ -290,6 +320,40 @@ class RankSession:
                 ops, self.gpu.supported_clocks_mhz(), patience=self._patience
             )
             self._install(self._sweep_plan(), 0, sweep=True)
+            if self._agent is not None and self._agent.observe_only:
+                raise ConfigError(
+                    f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
+                    "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
+                    "profile where clocks can be locked and pass profile= or plan="
+                )
+            self._start_sampler()
+
+    def _start_sampler(self) -> None:
+        """Start reading the energy counter for the sweep (on the agent's device timeline)."""
+        agent = self._agent
+        events = agent.events if agent is not None else None
+        now_s = events.timeline_now_s if events is not None else time.perf_counter
+        opts = self._profile_options
+        period = opts["sample_period_s"]
+        self._sampler = CounterSampler(
+            self.gpu.energy_mj,
+            now_s,
+            period_s=sample_period_for(self.gpu) if period is None else float(period),
+        )
+        self._step = SweepWindow(
+            self._sampler,
+            min_intervals=int(opts["min_windows"]),
+            max_iterations=int(opts["max_step_iterations"]),
+            idle_power_w=self.blocking_power_w,
+            ridge=float(opts["ridge"]),
+        )
+        self._sampler.start()
+
+    def _stop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        self._step = None
+        if sampler is not None:
+            sampler.close()
 
     def close(self) -> None:
         """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
@@ -300,6 +364,7 @@ class RankSession:
             if self._window is not None:
                 self._boundary(final=True)
         finally:
+            self._stop_sampler()
             agent, self._agent = self._agent, None
             if agent is not None:
                 agent.close()
@@ -391,6 +456,8 @@ class RankSession:
             self._agent.step_abort()
         if self._profiler is not None:
             self._profiler.discard_iteration()
+        if self._step is not None:
+            self._step.reset()  # the failed iteration's ops are unknown: restart the step
 
     def _mark(self, at_s: float | None = None) -> tuple[float, int]:
         """A boundary on the device's timeline: (device time, energy counter in mJ).
@@ -585,21 +652,50 @@ class RankSession:
         self._install(frontier, self.point_index)
 
     def _profile_boundary(self) -> bool:
-        """Feed the sweep the last iteration's ops; when every rank has finished, plan from
-        the measured profile."""
-        profiler, agent = self._profiler, self._agent
-        if profiler is None or agent is None:
+        """Feed the sweep the last iteration's ops; once the step's ops span enough counter
+        windows, fit their power and advance the sweep; when every rank has finished, plan
+        from the measured profile."""
+        profiler, agent, step = self._profiler, self._agent, self._step
+        if profiler is None or agent is None or step is None:
             return False
+        if agent.observe_only and not self._warned_observe_only:
+            self._warned_observe_only = True
+            _log.warning(
+                "rank %d: clock control was lost during online profiling; the rows measured "
+                "from now on are at the GPU's own clock, not the swept one",
+                self.rank,
+            )
         actions = self.schedule.rank_actions[self.rank]
         last = agent.iteration - 1
+        spans = []
         for op in agent.records.ops[-len(actions) :]:
             if op.iteration == last:
                 action = actions[op.index]
-                profiler.record(action.stage_index, action.kind, op.time_s, op.energy_j)
-        profiler.end_iteration()
+                profiler.record(action.stage_index, action.kind, op.time_s)
+                if op.start_s is not None and op.end_s is not None:
+                    key = (action.stage_index, action.kind)
+                    spans.append(OpSpan(key, op.start_s, op.end_s))
+        step.add_iteration(spans)
+        advanced = False
+        if step.ready():
+            fit = step.fit()
+            if fit is not None:
+                _log.debug(
+                    "rank %d: sweep step %d: %d windows over %d iterations, residual %.1f W",
+                    self.rank,
+                    profiler.iterations,
+                    fit.intervals,
+                    step.iterations,
+                    fit.residual_w,
+                )
+            profiler.end_iteration(power_w=None if fit is None else fit.power_w)
+            step.reset()
+            advanced = True
         if not sweep_finished_everywhere(profiler, self.group):
-            self._pending = (self._sweep_plan(), 0)
+            if advanced:
+                self._pending = (self._sweep_plan(), 0)
             return True
+        self._stop_sampler()
         profile = gather_profile(profiler.rows(), self.group)
         self.clocks_profiled = profiler.clocks_profiled()
         self._profiler = None

@@ -28,6 +28,9 @@ class OpRecord:
     energy_j: float
     #: Two-clock op: the clock set mid-op at its layer boundary (None: no mid-op switch).
     mid_freq_mhz: int | None = None
+    #: Device-timeline start and end (``timing="host"``: host ``perf_counter`` times).
+    start_s: float | None = None
+    end_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

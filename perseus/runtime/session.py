@@ -86,6 +86,7 @@ class PerseusPipeline(RankSession):
         timeline: str | Path | None = None,
         agent_options: dict[str, Any] | None = None,
         job_options: dict[str, Any] | None = None,
+        profile_options: dict[str, Any] | None = None,
     ) -> None:
         self.torch_schedule = torch_schedule
         self.stages = list(stages)
@@ -107,6 +108,7 @@ class PerseusPipeline(RankSession):
             timeline=timeline,
             agent_options=agent_options,
             job_options=job_options,
+            profile_options=profile_options,
         )
         self._restore: Any = None
 

@@ -121,12 +121,19 @@ def test_online_profiling_recovers_the_device_and_is_reused(tmp_path):
     s = _run(tmp_path, *args)
     prof = s["online_profile"]
     # The simulated GPUs are noisy (1 % per-op time and power noise, unknown to perseus) and
-    # the rows are medians of 8 microbatches: ~0.6 % sampling error per row, so over ~230
-    # rows the worst one is off by a few percent while the mean stays well under 1 %.
+    # the time rows are medians of 8+ microbatches: ~0.6 % sampling error per row. Energy is
+    # fitted to the counter's 100 ms publish windows (20 ms at this time scale) over each
+    # sweep step, with four emulated ranks sharing the CPUs: the mean stays under 1 %, the
+    # worst of ~230 rows a few percent (6.7 % seen).
     assert prof["mean_time_error"] <= 0.01 and prof["mean_energy_error"] <= 0.01, prof
-    assert prof["max_time_error"] <= 0.03 and prof["max_energy_error"] <= 0.04, prof
-    assert max(prof["clocks_profiled"].values()) < prof["full_clock_list"], prof
-    assert prof["iterations"] == max(prof["clocks_profiled"].values())
+    assert prof["max_time_error"] <= 0.03 and prof["max_energy_error"] <= 0.08, prof
+    # Early stop: most ops stop well before the end of the list. Below ~1080 MHz the A100's
+    # energy is flat to within ~1 % per clock, the size of the windowed rows' noise, so an op
+    # may keep finding a new minimum and sweep to the end (seen once in ~10 runs).
+    counts = list(prof["clocks_profiled"].values())
+    assert sum(counts) < 0.9 * len(counts) * prof["full_clock_list"], prof
+    # A sweep step repeats until its ops span 20 counter windows (20 ms at this time scale).
+    assert prof["iterations"] >= max(prof["clocks_profiled"].values())
     assert len(list(cache.glob("profile-*.csv"))) == 1
     again = _run(tmp_path, *args, name="again.json")
     assert again["online_profile"]["iterations"] == 0  # the saved profile skipped profiling

@@ -109,14 +109,15 @@ def test_bad_arguments_are_config_errors(gpu, profile):
 @pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
 def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
     """One rank, emulated: the sweep's clocks go through the agent and controller, op times
-    come from the simulated GPU's events, and the measured profile matches the device's."""
-    truth = scale_profile(take_stages(load_profile("a100"), 1), 0.05)
+    come from the simulated GPU's events, op energy from its counter (published every 100 ms,
+    scaled like the ops), and the measured profile matches the device's."""
+    truth = scale_profile(take_stages(load_profile("a100"), 1), 0.1)
     gpu = SimulatedGPU.from_profile(
         truth,
         blocking_power_w=BLOCKING_W,
         state_dir=tmp_path,
         set_latency_s=0.0,
-        publish_interval_s=0.0,
+        publish_interval_s=0.1 * 0.1,
         clock=time.perf_counter,
     )
     schedule = build_schedule("1f1b", 1, 4)
@@ -138,17 +139,21 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         assert agent is not None and agent.device_timed and not agent.observe_only
         while session.profiling:
             _iteration(session)
-            assert len(session.history) < 60
+            assert len(session.history) < 400  # steps repeat until 20 counter windows
         assert session.frontier is not None and cache.exists()
         _iteration(session)
     assert session.history[0].phase == "profile" and session.history[-1].phase == "run"
     profiled = session.profiled
     assert profiled is not None
+    energy_err = []
     for (stage, kind), op in profiled.ops.items():
         for o in op.options:
             ref = truth.op(stage, kind).at(o.freq_mhz)
             assert o.time_s == pytest.approx(ref.time_s, rel=0.05)
-            assert o.energy_j == pytest.approx(ref.energy_j, rel=0.05)
+            energy_err.append(abs(o.energy_j / ref.energy_j - 1))
+    # Energy is fitted to 10 ms counter windows (100 ms scaled): rows are within ~1 %, a rare
+    # step hit by a host stall on a loaded CPU a little further (see test_online_profile.py).
+    assert sorted(energy_err)[len(energy_err) // 2] < 0.03 and max(energy_err) < 0.15
 
 
 def test_safety_is_on_by_default():

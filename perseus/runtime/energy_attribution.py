@@ -1,0 +1,302 @@
+"""Per-op power from energy-counter windows and the ops' device-time spans.
+
+The counter only tells how much energy was spent between two publishes (~100 ms apart on
+NVML, :mod:`perseus.runtime.energy_windows`); the agent's device events tell when every op ran.
+For each window ``k`` and op group ``g`` (a (stage, kind) whose ops all run at one clock during
+a sweep step) let ``d[k, g]`` be the device time of ``g``'s ops inside the window, ``gap`` the
+time inside an iteration (first op start to last op end) covered by no op (pipeline bubbles,
+P2P waits) and ``outside`` the rest of the window (between iterations: optimizer step, data
+loading, barriers). The window's energy is then
+
+    E_k = sum_g p_g d[k, g] + p_gap d[k, gap] + p_out d[k, outside]
+
+and :func:`fit_group_power` solves for the powers ``p >= 0`` (``scipy.optimize.nnls``) over
+the windows of one sweep step; an op's energy is its group's power times its device time.
+
+Two things make the plain least-squares problem ill-posed in practice, so the fit adds a
+light ridge (rows of weight ``ridge * sqrt(sum of squared window lengths)``):
+
+* when ops are much shorter than a window, every window holds the op groups in the same
+  proportions and their powers cannot be told apart; the ridge pulls every op group towards
+  their common mean, which leaves well-determined powers alone (the pull is a fraction
+  ``ridge**2 / share**2`` of the data's) and otherwise shares the energy by time, keeping the
+  step's total right;
+* a non-op column with almost no time (no bubbles on a one-rank pipeline) could take any
+  value and soak up the residual; with ``idle_power_w`` (the nominal blocking power) the gap
+  column is pulled firmly towards it (10x the weight: bubbles are P2P waits, which the
+  planner prices at that power anyway) and the time between iterations loosely (2x: the
+  optimizer step runs there, at whatever power).
+
+Windows whose residual is far out (a host stall on a loaded CPU that moved energy across a
+publish) are down-weighted, then dropped (see :func:`fit_group_power`).
+
+:class:`SweepWindow` collects one sweep step's op spans iteration by iteration and says when
+the counter windows inside them are enough (``min_intervals``; the step is repeated for more
+iterations until then).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perseus.errors import ConfigError
+from perseus.runtime.energy_windows import CounterInterval, CounterSampler
+
+__all__ = ["OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpan:
+    """One op on the device timeline: its group (e.g. ``(stage_index, kind)``), device start
+    and end, and the iteration it belongs to."""
+
+    group: Hashable
+    start_s: float
+    end_s: float
+    iteration: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PowerFit:
+    """Fitted mean power per op group and of the non-op time.
+
+    Attributes:
+        power_w: Per op group.
+        gap_power_w: Inside iterations, no op running (bubbles, P2P waits).
+        outside_power_w: Between iterations.
+        intervals: Counter windows used.
+        residual_w: RMS over windows of (measured - fitted energy) / window length.
+    """
+
+    power_w: dict[Hashable, float]
+    gap_power_w: float
+    outside_power_w: float
+    intervals: int
+    residual_w: float
+
+
+def time_shares(
+    intervals: Sequence[CounterInterval], spans: Sequence[OpSpan]
+) -> tuple[list[Hashable], np.ndarray]:
+    """The groups (first-seen order) and the matrix of device time per window (rows) and
+    column (each group, then ``gap``, then ``outside``), in seconds. O(windows x spans)."""
+    groups = list(dict.fromkeys(s.group for s in spans))
+    col = {g: j for j, g in enumerate(groups)}
+    n_groups = len(groups)
+    a = np.asarray([w.start_s for w in intervals], dtype=float)[:, None]
+    b = np.asarray([w.end_s for w in intervals], dtype=float)[:, None]
+    shares = np.zeros((len(intervals), n_groups + 2))
+    if spans:
+        s = np.asarray([x.start_s for x in spans], dtype=float)[None, :]
+        e = np.asarray([x.end_s for x in spans], dtype=float)[None, :]
+        overlap = np.clip(np.minimum(b, e) - np.maximum(a, s), 0.0, None)
+        onehot = np.zeros((len(spans), n_groups))
+        onehot[np.arange(len(spans)), [col[x.group] for x in spans]] = 1.0
+        shares[:, :n_groups] = overlap @ onehot
+        # Iteration envelopes: first op start to last op end.
+        bounds: dict[int, list[float]] = {}
+        for x in spans:
+            lo_hi = bounds.setdefault(x.iteration, [x.start_s, x.end_s])
+            lo_hi[0] = min(lo_hi[0], x.start_s)
+            lo_hi[1] = max(lo_hi[1], x.end_s)
+        env = np.asarray(list(bounds.values()), dtype=float)
+        inside = np.clip(
+            np.minimum(b, env[None, :, 1]) - np.maximum(a, env[None, :, 0]), 0.0, None
+        ).sum(axis=1)
+        busy = shares[:, :n_groups].sum(axis=1)
+        shares[:, n_groups] = np.clip(inside - busy, 0.0, None)
+    length = (b - a)[:, 0]
+    shares[:, n_groups + 1] = np.clip(length - shares[:, : n_groups + 1].sum(axis=1), 0.0, None)
+    return groups, shares
+
+
+def fit_group_power(
+    intervals: Sequence[CounterInterval],
+    spans: Sequence[OpSpan],
+    *,
+    idle_power_w: float | None = None,
+    ridge: float = 0.01,
+    outlier_w: float = 5.0,
+) -> PowerFit:
+    """Fit each op group's mean power to the counter windows (see the module docstring).
+
+    The fit is robust: windows whose residual power is far out (a host stall that moved
+    energy across a publish, a read the driver delayed) are down-weighted (Huber weights,
+    iterated), and those over ``outlier_w`` and five robust standard deviations are then
+    dropped for a final fit, as long as enough windows remain.
+
+    Args:
+        intervals: Counter windows (inside the spans' time range).
+        spans: The ops that ran, with their groups and iterations.
+        idle_power_w: Prior for the non-op columns (the nominal blocking power), or None.
+        ridge: Regularisation weight (0: plain non-negative least squares).
+        outlier_w: Residual power (W) below which no window counts as an outlier.
+
+    Returns:
+        The fitted powers.
+
+    Raises:
+        ConfigError: without windows or spans, or for a negative ridge.
+
+    Complexity: O(windows x spans) to build the matrix, then NNLS on (windows + groups + 2)
+    rows and groups + 2 columns, 8 times.
+    """
+    if not intervals or not spans:
+        raise ConfigError("fit_group_power needs at least one counter window and one op span")
+    if ridge < 0:
+        raise ConfigError(f"ridge must be >= 0, got {ridge}")
+    groups, shares = time_shares(intervals, spans)
+    energy = np.asarray([w.energy_j for w in intervals], dtype=float)
+    lengths = shares.sum(axis=1)
+    per_w = np.where(lengths > 0, lengths, 1.0)
+    n = len(groups)
+    # Huber-weighted iterations (a window far out counts less), then windows beyond five
+    # robust standard deviations are dropped for a last plain fit.
+    weight = np.ones(len(intervals))
+    power = _solve(shares, energy, n, idle_power_w, ridge)
+    for _ in range(6):
+        resid = (energy - shares @ power) / per_w
+        scale = max(outlier_w, 2.0 * 1.4826 * float(np.median(np.abs(resid))))
+        weight = 1.0 / np.maximum(1.0, np.abs(resid) / scale)
+        root = np.sqrt(weight)[:, None]
+        power = _solve(shares * root, energy * root[:, 0], n, idle_power_w, ridge)
+    resid = (energy - shares @ power) / per_w
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    keep = np.abs(resid) <= max(outlier_w, 5.0 * sigma)
+    if int(keep.sum()) >= n + 2:
+        power = _solve(shares[keep], energy[keep], n, idle_power_w, ridge)
+        resid = (energy[keep] - shares[keep] @ power) / per_w[keep]
+    return PowerFit(
+        power_w={g: float(power[j]) for j, g in enumerate(groups)},
+        gap_power_w=float(power[n]),
+        outside_power_w=float(power[n + 1]),
+        intervals=int(keep.sum()) if not keep.all() else len(intervals),
+        residual_w=float(np.sqrt(np.mean(resid**2))),
+    )
+
+
+def _solve(
+    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> np.ndarray:
+    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
+    which the planner itself prices at the blocking power) firmly and the time between
+    iterations (optimizer, data loading: anything) loosely towards ``idle_power_w``."""
+    from scipy.optimize import nnls
+
+    rows = [shares]
+    rhs = [energy]
+    if ridge > 0:
+        weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
+        if n > 1:
+            pull = np.zeros((n, n + 2))
+            pull[:, :n] = np.eye(n) - 1.0 / n
+            rows.append(weight * pull)
+            rhs.append(np.zeros(n))
+        if idle_power_w is not None:
+            prior = np.zeros((2, n + 2))
+            prior[0, n], prior[1, n + 1] = 10.0 * weight, 2.0 * weight
+            rows.append(prior)
+            rhs.append(prior.sum(axis=1) * idle_power_w)
+    # Columns with no time in any window are unknowable: keep them out of the solve.
+    used = shares.sum(axis=0) > 0
+    a = np.vstack(rows)[:, used]
+    power = np.zeros(n + 2)
+    if a.shape[1]:
+        power[used] = nnls(a, np.concatenate(rhs), maxiter=50 * (n + 2))[0]
+    if idle_power_w is not None:
+        power[n : n + 2][~used[n:]] = idle_power_w
+    return power
+
+
+@dataclass
+class SweepWindow:
+    """One sweep step's ops, and whether the counter windows over them are enough to fit.
+
+    A step is ready when the windows wholly inside the step's device-time span number at
+    least ``min_intervals`` and twice the unknowns (op groups + 2), or after
+    ``max_iterations`` iterations (fit what there is), or at once when no window can come
+    (counter reads fail, or 50 iterations passed without one publish).
+
+    Args:
+        sampler: The running counter sampler.
+        min_intervals: Windows wanted per step (20: ~2 s at NVML's 100 ms period). The fit
+            has a handful of unknowns and each window's edges are pinned to the publish grid;
+            on the emulated A100 sweep (benchmarks/online_profile.py) 10 windows left
+            occasional rows 10-17 % off (a host hiccup inside a short step), 20 kept every
+            row within ~2 %.
+        max_iterations: Give up waiting for windows after this many iterations of one step.
+        idle_power_w: Prior for the non-op power (see :func:`fit_group_power`).
+        ridge: See :func:`fit_group_power`.
+    """
+
+    sampler: CounterSampler
+    min_intervals: int = 20
+    max_iterations: int = 200
+    idle_power_w: float | None = None
+    ridge: float = 0.01
+    spans: list[OpSpan] = field(default_factory=list)
+    iterations: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min_intervals < 1 or self.max_iterations < 1:
+            raise ConfigError(
+                f"min_intervals and max_iterations must be >= 1, got {self.min_intervals}, "
+                f"{self.max_iterations}"
+            )
+
+    def add_iteration(self, spans: Sequence[OpSpan]) -> None:
+        """Add one iteration's ops (all at this step's clocks)."""
+        self.spans.extend(OpSpan(s.group, s.start_s, s.end_s, self.iterations) for s in spans)
+        self.iterations += 1
+
+    def span_s(self) -> tuple[float, float] | None:
+        """The step's device-time span: first op start to last op end."""
+        if not self.spans:
+            return None
+        return min(s.start_s for s in self.spans), max(s.end_s for s in self.spans)
+
+    def intervals(self) -> list[CounterInterval]:
+        """The counter windows wholly inside the step's span."""
+        span = self.span_s()
+        return [] if span is None else self.sampler.intervals(*span)
+
+    def needed(self) -> int:
+        """Windows wanted before fitting."""
+        groups = len({s.group for s in self.spans})
+        return max(self.min_intervals, 2 * (groups + 2))
+
+    def ready(self) -> bool:
+        """True when the step has enough windows (or waited ``max_iterations``)."""
+        if not self.spans:
+            return False
+        if self.iterations >= self.max_iterations:
+            return True
+        windows = len(self.intervals())
+        if windows == 0 and (
+            self.iterations >= 50 or (self.sampler.errors and not self.sampler.samples())
+        ):
+            return True  # no counter to wait for (reads fail, or it never moves): fit nothing
+        return windows >= self.needed()
+
+    def fit(self) -> PowerFit | None:
+        """Fit the step's powers; None when no window lies inside the step."""
+        windows = self.intervals()
+        if not windows or not self.spans:
+            return None
+        return fit_group_power(
+            windows, self.spans, idle_power_w=self.idle_power_w, ridge=self.ridge
+        )
+
+    def reset(self) -> None:
+        """Start the next step (or restart this one after a failed iteration)."""
+        span = self.span_s()
+        if span is not None:
+            # Keep a little history: the next step's first publish is located from reads
+            # just before its start.
+            self.sampler.discard_before(span[1] - 1.0)
+        self.spans = []
+        self.iterations = 0
