@@ -211,7 +211,8 @@ def _sibling(name: str) -> ModuleType:
 def _reset_sim_state(state: dict[str, Any] | None, sim_state: ModuleType) -> dict[str, Any] | None:
     if state is None:
         return None
-    sim_state.advance(state, time.time())
+    now_for = getattr(sim_state, "now_for", None)
+    sim_state.advance(state, now_for(state) if callable(now_for) else time.time())
     to_defaults = getattr(sim_state, "reset_to_defaults", None)
     if callable(to_defaults):
         to_defaults(state)

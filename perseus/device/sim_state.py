@@ -41,9 +41,11 @@ __all__ = [
     "STATE_SUFFIX",
     "SimStateFile",
     "advance",
+    "clock_kind",
     "default_state_dir",
     "energy_at",
     "list_states",
+    "now_for",
     "published_mj",
     "segment_at",
     "write_info",
@@ -109,6 +111,28 @@ def published_mj(state: State, t: float) -> int:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
     return math.floor(energy_at(state, tick) * 1000.0 * gain)
+
+
+def clock_kind(clock: Callable[[], float]) -> str:
+    """How another process can read ``clock``: ``"wall"`` (``time.time``), ``"monotonic"``
+    (``time.perf_counter``/``time.monotonic``: ``CLOCK_MONOTONIC`` on Linux, the same in every
+    process) or ``"virtual"`` (it cannot)."""
+    if clock is time.time:
+        return "wall"
+    if clock is time.perf_counter or clock is time.monotonic:
+        return "monotonic"
+    return "virtual"
+
+
+def now_for(state: State) -> float:
+    """Now on the clock the state's device runs on, from any process (a virtual clock: the
+    state's last time; a state without a recorded clock ran on the wall clock)."""
+    kind = state.get("clock", "wall")
+    if kind == "wall":
+        return time.time()
+    if kind == "monotonic":
+        return time.perf_counter()
+    return float(state["t_last"])
 
 
 def advance(state: State, now: float) -> float:

@@ -10,28 +10,21 @@
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
-Clocks change on the device's timeline (``timing="device"``, the default whenever the GPU has
-device events: the simulator's own, or CUDA events through :mod:`perseus.runtime.events`). At
-each op boundary the agent records a device event on the compute stream and posts a
-:class:`~perseus.runtime.controller.Boundary` to the :class:`FrequencyController`'s worker
-thread, which waits for the op's start on the device and issues the next op's clock early by
-the measured set latency so that it applies as the op ends. Op times come from event pairs
-(device time), op and iteration energy from the counter read at those device-time
-boundaries. A two-clock op (``(freq_a_mhz, freq_b_mhz, layers_at_a)``,
-:mod:`perseus.profile.two_clock`) starts at its first clock; its boundary also carries the
-second clock and the predicted device time of its first ``layers_at_a`` layers at the first
-clock (their share of the op's time from ``op_time_s``, else from the previous iteration), and
-the worker issues the second clock that long after the op's device start, less the set
-latency: one mechanism for real and simulated GPUs. Iteration records count the mid-op
-switches issued. The training thread never waits on the driver and never synchronises the device;
-:meth:`RankAgent.step_end` waits for the iteration's last event (once per iteration).
-``timing="host"`` is the old behaviour (post the clock when the host enters an op, time ops on
-the host), kept for devices without events and as a baseline. It checks that the ops arrive in the
-order of ``plan.stage_ops[rank]`` and raises :class:`~perseus.errors.PlanError` naming the
-expected and actual op otherwise; it records each op's and each iteration's time and energy
-from the device counter. :meth:`RankAgent.swap_plan` changes the plan at the next iteration
-boundary. Safety (one owner per GPU, reset on exit, signals and owner death) is in
-:mod:`perseus.runtime.safety`.
+Clocks change on the device's timeline (``timing="device"``, whenever the GPU has device
+events: the simulator's own, or CUDA events, :mod:`perseus.runtime.events`). At each op
+boundary the agent records an event on the compute stream and posts a
+:class:`~perseus.runtime.controller.Boundary` to the :class:`FrequencyController`'s worker,
+which waits for the op's start on the device and issues the next clock so that it lands as the
+op ends (:mod:`perseus.runtime.op_timing` learns op times and gaps). A two-clock op
+(:mod:`perseus.profile.two_clock`) also carries its second clock and the predicted time of its
+first layers, issued the same way. Op times come from event pairs, energy from the counter at
+device-time boundaries (per op where events carry readings, else at iteration ends). The
+training thread never synchronises the device; :meth:`RankAgent.step_end` waits for the
+iteration's last event (once per iteration). ``timing="host"`` (post the clock when the host
+enters an op) is kept for devices without events and as a baseline. Ops must arrive in the
+order of ``plan.stage_ops[rank]`` (:class:`~perseus.errors.PlanError` names the expected and
+actual op otherwise). :meth:`RankAgent.swap_plan` changes the plan at the next iteration.
+Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety`.
 
 :class:`NullAgent` has the same surface and does nothing, for runs without a GPU or with
 perseus disabled.
@@ -41,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 import warnings
 from collections import deque
@@ -49,15 +41,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from perseus.device.base import GPU, DeviceEvent, EventSource, ManagedGPU, ObserveOnlyWarning
-from perseus.device.ownership import default_lock_dir, owner_lock_path
-from perseus.errors import ConfigError, DeviceError, DevicePermissionError, PlanError
+from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
+from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
-from perseus.profile.two_clock import build_layer_split, op_clocks
 from perseus.runtime.controller import Boundary, FrequencyController
 from perseus.runtime.events import CudaEventSource, event_source_for
+from perseus.runtime.op_timing import OpTimingHistory
+from perseus.runtime.rank_plan import RankPlan
 from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, OpRecord
-from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
+from perseus.runtime.safety import GpuClaim
 from perseus.schedule.actions import Kind
 
 __all__ = [
@@ -73,18 +65,12 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Iterations of op device times and gaps the clock-change targeting averages over.
-_TARGET_HISTORY = 8
-
 #: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``.
 OpTimeFn = Callable[[int, Kind, int], float]
 
 
 def _no_energy() -> int:
     return 0
-
-
-_OP_RE = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
 
 
 class _OpScope:
@@ -105,19 +91,6 @@ class _OpScope:
         tb: TracebackType | None,
     ) -> None:
         self._agent._exit_op()
-
-
-def _parse_ops(ops: tuple[str, ...], rank: int) -> tuple[tuple[str, int, int], ...]:
-    parsed = []
-    for j, name in enumerate(ops):
-        m = _OP_RE.match(name)
-        if m is None:
-            raise PlanError(
-                f"plan stage_ops[{rank}][{j}] = {name!r} is not an op name like 'F3' or 'F3@5'"
-            )
-        stage = int(m.group(3)) if m.group(3) is not None else rank
-        parsed.append((m.group(1), int(m.group(2)), stage))
-    return tuple(parsed)
 
 
 class RankAgent:
@@ -188,9 +161,7 @@ class RankAgent:
         self._prefetch = prefetch
         self._controller = controller if self.enabled else None
         self._own_controller = controller is None
-        self._ownership: GpuOwnership | None = None
-        self._watchdog: Watchdog | None = None
-        self._guard: ExitGuard | None = None
+        self._claim: GpuClaim | None = None  # ownership, watchdog, exit hooks
         self._started = False
         self._clocks: tuple[int, ...] = ()
         self._snap_cache: dict[int, int] = {}
@@ -200,8 +171,6 @@ class RankAgent:
             tuple[int, int, str, int, float, float, int | None, float | None, float | None]
         ] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
-        # Two-clock op -> its whole time at the first clock, estimated from the last iteration.
-        self._op_time_a_s: dict[tuple[int, int, int], float] = {}
         self._mid_switches = 0
         self._warned_host_two_clock = False
         self._iterations: list[IterationRecord] = []
@@ -218,11 +187,7 @@ class RankAgent:
         self._device_timed = False
         self._stamp_ops = True
         self._jobs: list[Boundary] = []
-        self._op_time_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
-        # Clock-change targeting: (op, clock) -> recent device times; op -> recent gaps.
-        self._op_times_s: dict[tuple[int, int], deque[float]] = {}
-        self._op_gaps_s: dict[int, deque[float]] = {}
-        self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
+        self._timing_history = OpTimingHistory()  # what clock changes are timed from
         self._step_event: DeviceEvent | None = None
         self._step_mj: int | None = 0
         self._step_stamp: Boundary | None = None
@@ -233,40 +198,15 @@ class RankAgent:
     # Plan handling
 
     def _set_plan(self, plan: Frontier, point_index: int) -> None:
-        if not 0 <= point_index < len(plan.points):
-            raise PlanError(
-                f"point_index {point_index} is out of range: the plan has {len(plan.points)} points"
-            )
-        ops = plan.stage_ops[self.rank]
+        rank_plan = RankPlan.of(plan, point_index, self.rank)
         self.plan = plan
         self.point_index = point_index
-        self._names = ops
-        self._expected = _parse_ops(ops, self.rank)
-        clocks = tuple(op_clocks(op) for op in plan.points[point_index].freqs_mhz[self.rank])
-        self._planned_mhz = tuple(c.freq_a_mhz for c in clocks)
-        self._planned_b_mhz = tuple(c.freq_b_mhz for c in clocks)
-        shares: list[float | None] = [None] * len(clocks)
-        if any(c.is_two_clock for c in clocks):
-            job = plan.job
-            if job.layers_per_stage is None:
-                raise PlanError(
-                    f"plan rank {self.rank} has two-clock ops but job.layers_per_stage is not "
-                    "set; regenerate the plan with --layers-per-stage"
-                )
-            try:
-                split = build_layer_split(
-                    job.layers_per_stage,
-                    job.stages,
-                    job.layer_time_fractions,
-                    job.switch_latency_s,
-                    job.switch_energy_j,
-                )
-            except ConfigError as e:
-                raise PlanError(f"plan job: {e}") from None
-            for j, c in enumerate(clocks):
-                if c.is_two_clock:
-                    shares[j] = split.work_before(self._expected[j][2], c.layers_at_a)
-        self._mid_share: tuple[float | None, ...] = tuple(shares)
+        self._rank_plan = rank_plan
+        self._names = rank_plan.names
+        self._expected = rank_plan.expected
+        self._planned_mhz = rank_plan.freqs_a_mhz
+        self._planned_b_mhz = rank_plan.freqs_b_mhz
+        self._mid_share = rank_plan.mid_shares
         self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
         self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
 
@@ -298,7 +238,7 @@ class RankAgent:
         fn = self._op_time_fn
         if fn is not None:
             return share * fn(stage, Kind(kind), fa)
-        t_a = self._op_time_a_s.get((j, fa, fb))
+        t_a = self._timing_history.first_clock_time_s(j, fa, fb)
         return None if t_a is None else share * t_a
 
     def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
@@ -364,22 +304,13 @@ class RankAgent:
             # slow to read per op (see FrequencyController's stamp_ops): iteration ends only.
             self._stamp_ops = not isinstance(self._events, CudaEventSource)
         if self.enabled and gpu is not None:
-            managed = gpu if isinstance(gpu, ManagedGPU) else None
-            if managed is not None:
-                lock_path = managed.owner_lock_path()
-            else:
-                lock_path = owner_lock_path(default_lock_dir(), gpu.uuid)
-            self._ownership = GpuOwnership(gpu.uuid, lock_path)
-            self._ownership.acquire()
+            self._claim = GpuClaim(
+                gpu,
+                watchdog=self._use_watchdog,
+                handle_signals=self._handle_signals,
+                on_exit=self._emergency_close,
+            ).acquire()
             try:
-                if self._use_watchdog and managed is not None:
-                    self._watchdog = Watchdog(managed.watchdog_spec(), lock_path)
-                    self._watchdog.start()
-                self._guard = ExitGuard(
-                    self._emergency_close,
-                    signals=ExitGuard.DEFAULT_SIGNALS if self._handle_signals else (),
-                )
-                self._guard.install()
                 if self._controller is None:
                     self._controller = FrequencyController(
                         gpu,
@@ -430,7 +361,7 @@ class RankAgent:
                 ctl.close_nowait()
             else:
                 ctl.close()
-        if reset and self.enabled and self.gpu is not None and self._ownership is not None:
+        if reset and self.enabled and self.gpu is not None and self._claim is not None:
             lock = ctl.device_lock if ctl is not None else None
             acquired = lock.acquire(timeout=2.0) if lock is not None else False
             try:
@@ -444,15 +375,9 @@ class RankAgent:
                     lock.release()
         if self._own_controller:
             self._controller = None
-        if self._watchdog is not None:
-            self._watchdog.stop()
-            self._watchdog = None
-        if self._ownership is not None:
-            self._ownership.release()
-            self._ownership = None
-        if self._guard is not None:
-            self._guard.uninstall()
-            self._guard = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
         if error is not None:
             raise error
 
@@ -590,46 +515,21 @@ class RankAgent:
         it = self._iteration
         jobs = self._jobs
         self._mid_switches = sum(1 for job in jobs if job.mid_issued)
-        last = self._last_end
-        if last is not None and jobs and len(jobs) == len(self._freqs):
-            # The last op's change lands in the gap before the next iteration's first op.
-            gap = jobs[0].start.device_time_s() - last.device_time_s()
-            self._op_gaps_s.setdefault(len(jobs) - 1, deque(maxlen=_TARGET_HISTORY)).append(
-                max(0.0, gap)
-            )
-        self._last_end = jobs[-1].end if jobs and len(jobs) == len(self._freqs) else None
-        for j, job in enumerate(jobs):
-            if job.end is None:
-                continue
-            if j + 1 < len(jobs):
-                gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
-                self._op_gaps_s.setdefault(j, deque(maxlen=_TARGET_HISTORY)).append(max(0.0, gap))
-            start_s, end_s = job.start.device_time_s(), job.end.device_time_s()
-            time_s = end_s - start_s
-            energy_j = job.energy_j()
-            freq = self._freqs[j] if j < len(self._freqs) else 0
-            self._op_time_s[(j, freq)] = time_s
-            if not job.mid_issued:
-                hist = self._op_times_s.setdefault((j, freq), deque(maxlen=_TARGET_HISTORY))
-                hist.append(time_s)
+        for op in self._timing_history.learn(jobs, self._freqs, self._mid_share):
+            j = op.index
+            job = jobs[j]
             mid = job.mid_freq_mhz
-            share = self._mid_share[j] if j < len(self._mid_share) else None
-            if mid is not None and share is not None:
-                # Ran wholly at ``freq`` (switch not issued), or the mix: time_s = t_a *
-                # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
-                mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
-                self._op_time_a_s[(j, freq, mid)] = time_s / mix
             self._ops.append(
                 (
                     it,
                     j,
                     self._names[j],
-                    freq,
-                    time_s,
-                    energy_j or 0.0,
+                    self._freqs[j] if j < len(self._freqs) else 0,
+                    op.time_s,
+                    job.energy_j() or 0.0,
                     mid if job.mid_issued else None,
-                    start_s,
-                    end_s,
+                    op.start_s,
+                    op.end_s,
                 )
             )
         self._jobs = []
@@ -674,7 +574,7 @@ class RankAgent:
         self._in_step = False
         self._cursor = 0
         self._jobs = []
-        self._last_end = None
+        self._timing_history.forget_boundary()
 
     @property
     def ops_done_this_iteration(self) -> int:
@@ -716,13 +616,9 @@ class RankAgent:
             # swap, which step_begin applies).
             nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
             # The op's device time and the idle gap after it (waiting for the next op's
-            # input), averaged over recent iterations: ops jitter by ~1 % from one iteration
-            # to the next, so one sample mispredicts the end by ~1.4 % and a mean of k by
-            # ~1 % x sqrt(1 + 1/k). The controller aims the change's landing into the gap.
-            times = self._op_times_s.get((j, freq))
-            expected = sum(times) / len(times) if times else self._op_time_s.get((j, freq))
-            gaps = self._op_gaps_s.get(j)
-            gap = min(gaps) if gaps else 0.0
+            # input), from recent iterations: the controller aims the change's landing there.
+            expected = self._timing_history.expected_s(j, freq)
+            gap = self._timing_history.gap_s(j)
             share = self._mid_share[j]
             if share is not None and end_freq != freq:
                 # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary,
@@ -797,25 +693,7 @@ class RankAgent:
             self._controller.request(self._freqs[j + 1])
 
     def _op_order_error(self, j: int) -> None:
-        kind, mb, stage = self._op_args
-        k = kind.value if isinstance(kind, Kind) else str(kind)
-        actual = f"{k}{mb}" + (f"@{stage}" if stage is not None else "")
-        if not self._in_step:
-            raise PlanError(
-                f"rank {self.rank}: op {actual!r} ran outside an iteration; call step_begin() first"
-            )
-        n = len(self._names)
-        if j >= n:
-            raise PlanError(
-                f"rank {self.rank}: op {actual!r} is op {j + 1} of iteration {self._iteration}, "
-                f"but the plan has only {n} ops for this rank; call step_end() after the last"
-            )
-        window = " ".join(self._names[max(0, j - 2) : j + 3])
-        raise PlanError(
-            f"rank {self.rank}: plan expects op {j} of iteration {self._iteration} to be "
-            f"{self._names[j]!r} but the training loop ran {actual!r} (plan ops around it: "
-            f"{window}); the plan was computed for another schedule or microbatch count"
-        )
+        raise self._rank_plan.order_error(j, self._op_args, self._in_step, self._iteration)
 
     # -----------------------------------------------------------------------------------------
     # Results

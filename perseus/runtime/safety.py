@@ -44,7 +44,7 @@ from perseus.device.ownership import (
 )
 from perseus.errors import DeviceError
 
-__all__ = ["ExitGuard", "GpuOwnership", "Watchdog"]
+__all__ = ["ExitGuard", "GpuClaim", "GpuOwnership", "Watchdog"]
 
 _WATCHDOG_SCRIPT = Path(__file__).resolve().parent / "_watchdog.py"
 
@@ -348,3 +348,66 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
             break
         data += chunk
     return data.strip()
+
+
+class GpuClaim:
+    """The three layers for one GPU an agent changes clocks on: ownership, the watchdog
+    process (for GPUs that describe their reset, :class:`~perseus.device.base.ManagedGPU`) and
+    exit hooks running ``on_exit``.
+
+    Args:
+        gpu: The GPU (its ``uuid``; a managed GPU's own lock path and watchdog spec).
+        watchdog: Start the watchdog (managed GPUs only).
+        handle_signals: Install SIGTERM/SIGINT handlers besides ``atexit``.
+        on_exit: What the exit hooks run (the agent's emergency reset).
+    """
+
+    def __init__(
+        self, gpu: Any, *, watchdog: bool, handle_signals: bool, on_exit: Callable[[], None]
+    ) -> None:
+        from perseus.device.base import ManagedGPU
+        from perseus.device.ownership import default_lock_dir, owner_lock_path
+
+        self._managed = gpu if isinstance(gpu, ManagedGPU) else None
+        if self._managed is not None:
+            self.lock_path = self._managed.owner_lock_path()
+        else:
+            self.lock_path = owner_lock_path(default_lock_dir(), gpu.uuid)
+        self.ownership = GpuOwnership(gpu.uuid, self.lock_path)
+        self._use_watchdog = watchdog
+        self._handle_signals = handle_signals
+        self._on_exit = on_exit
+        self.watchdog: Watchdog | None = None
+        self._guard: ExitGuard | None = None
+
+    def acquire(self) -> GpuClaim:
+        """Own the GPU, start the watchdog, install the exit hooks (all or nothing).
+
+        Raises:
+            DeviceBusyError: if another agent owns the GPU.
+            DeviceError: if the watchdog cannot start.
+        """
+        self.ownership.acquire()
+        try:
+            if self._use_watchdog and self._managed is not None:
+                self.watchdog = Watchdog(self._managed.watchdog_spec(), self.lock_path)
+                self.watchdog.start()
+            self._guard = ExitGuard(
+                self._on_exit,
+                signals=ExitGuard.DEFAULT_SIGNALS if self._handle_signals else (),
+            )
+            self._guard.install()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        """Stop the watchdog (no reset), give up ownership, remove the hooks (idempotent)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        self.ownership.release()
+        if self._guard is not None:
+            self._guard.uninstall()
+            self._guard = None

@@ -221,3 +221,24 @@ def test_watchdog_records_its_spec_in_the_lock_file(tmp_path: Path) -> None:
     finally:
         watchdog.stop()
         owner.release()
+
+
+@pytest.mark.parametrize("clock", ["perf_counter", "time", "virtual"])
+def test_a_reset_from_another_process_keeps_the_simulated_gpus_clock(
+    tmp_path: Path, clock: str
+) -> None:
+    """The watchdog resets a simulated GPU on the clock it runs on: a GPU on perf_counter (the
+    examples') or a virtual clock must not have its energy integral jump to the wall clock."""
+    import time
+
+    virtual = [100.0]
+    clocks = {"perf_counter": time.perf_counter, "time": time.time, "virtual": lambda: virtual[0]}
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, set_latency_s=0.0, clock=clocks[clock]
+    )
+    gpu.set_locked_clock(1095)
+    before_j = gpu.energy_mj() / 1000.0
+    ownership.reset_from_spec(gpu.watchdog_spec())  # what the watchdog process runs
+    assert gpu.locked_clock_mhz() is None
+    # At most a second of idle power more (the read happens moments later).
+    assert gpu.energy_mj() / 1000.0 - before_j < gpu.blocking_power_w * 1.0

@@ -165,7 +165,8 @@ def test_signal_handlers_are_restored_after_close(tmp_path: Path) -> None:
 def test_clean_close_stops_the_watchdog_without_reset(tmp_path: Path) -> None:
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
     agent = RankAgent(tiny_plan(), gpu, rank=0, handle_signals=False).start()
-    watchdog = agent._watchdog
+    assert agent._claim is not None
+    watchdog = agent._claim.watchdog
     assert watchdog is not None and watchdog.pid is not None
     proc = watchdog._proc
     agent.close()

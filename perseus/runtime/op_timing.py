@@ -1,0 +1,125 @@
+"""What the rank agent learns about each op on the device's timeline, to time clock changes.
+
+A clock change for the op after op ``j`` is issued so that it lands at op ``j``'s end (or in the
+idle gap after it, while the next op waits for its input). That needs op ``j``'s device time
+at its clock and the gap after it, both learnt from the completed iterations' device events:
+
+* op times are averaged over the last :data:`HISTORY` iterations: ops jitter by ~1 % from one
+  iteration to the next, so one sample mispredicts the end by ~1.4 % and a mean of k by
+  ~1 % x sqrt(1 + 1/k);
+* the gap is the smallest of the last :data:`HISTORY` (a change aimed into a gap that turns out
+  shorter lands inside the next op);
+* a two-clock op's time is also kept as "the whole op at its first clock", from which the
+  planned layer boundary is predicted when no profile gives it.
+
+The agent (:mod:`perseus.runtime.agent`) owns one :class:`OpTimingHistory`; the controller
+(:mod:`perseus.runtime.controller`) turns its predictions into issue times.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from perseus.device.base import DeviceEvent
+from perseus.runtime.controller import Boundary
+
+__all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory"]
+
+#: Iterations of op times and gaps kept per op.
+HISTORY = 8
+
+_K = TypeVar("_K")
+
+
+@dataclass(frozen=True, slots=True)
+class OpDeviceTimes:
+    """One completed op of an iteration: its index, device start and end (seconds)."""
+
+    index: int
+    start_s: float
+    end_s: float
+
+    @property
+    def time_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+class OpTimingHistory:
+    """Per-op device times and idle gaps of recent iterations (see the module docstring)."""
+
+    def __init__(self, history: int = HISTORY) -> None:
+        self._history = history
+        self._last_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
+        self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
+        self._gaps_s: dict[int, deque[float]] = {}
+        self._first_clock_s: dict[tuple[int, int, int], float] = {}  # two-clock ops
+        self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
+
+    def expected_s(self, j: int, freq_mhz: int) -> float | None:
+        """Predicted device time of op ``j`` at ``freq_mhz`` (None: never seen)."""
+        times = self._times_s.get((j, freq_mhz))
+        if times:
+            return sum(times) / len(times)
+        return self._last_s.get((j, freq_mhz))
+
+    def gap_s(self, j: int) -> float:
+        """Predicted idle device time after op ``j`` (0 when unknown)."""
+        gaps = self._gaps_s.get(j)
+        return min(gaps) if gaps else 0.0
+
+    def first_clock_time_s(self, j: int, freq_a_mhz: int, freq_b_mhz: int) -> float | None:
+        """Two-clock op ``j``: its whole time had it run at ``freq_a_mhz`` (None: unknown)."""
+        return self._first_clock_s.get((j, freq_a_mhz, freq_b_mhz))
+
+    def forget_boundary(self) -> None:
+        """The iteration was abandoned: the next one's first op has no predecessor."""
+        self._last_end = None
+
+    def learn(
+        self,
+        jobs: Sequence[Boundary],
+        freqs_mhz: Sequence[int],
+        mid_shares: Sequence[float | None],
+    ) -> list[OpDeviceTimes]:
+        """Learn from an iteration's completed boundaries (all events done); returns each
+        op's device times, in order (ops whose end was never recorded are left out).
+
+        Args:
+            jobs: The iteration's boundaries, op ``j`` at index ``j``.
+            freqs_mhz: Each op's (first) clock.
+            mid_shares: Two-clock ops: the share of the op's layers at the first clock.
+        """
+        whole = bool(jobs) and len(jobs) == len(freqs_mhz)
+        last = self._last_end
+        if last is not None and whole:
+            # The last op's change lands in the gap before the next iteration's first op.
+            gap = jobs[0].start.device_time_s() - last.device_time_s()
+            self._push(self._gaps_s, len(jobs) - 1, gap)
+        self._last_end = jobs[-1].end if whole else None
+        done: list[OpDeviceTimes] = []
+        for j, job in enumerate(jobs):
+            if job.end is None:
+                continue
+            if j + 1 < len(jobs):
+                gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
+                self._push(self._gaps_s, j, gap)
+            times = OpDeviceTimes(j, job.start.device_time_s(), job.end.device_time_s())
+            done.append(times)
+            freq = freqs_mhz[j] if j < len(freqs_mhz) else 0
+            self._last_s[(j, freq)] = times.time_s
+            if not job.mid_issued:
+                self._push(self._times_s, (j, freq), times.time_s)
+            mid = job.mid_freq_mhz
+            share = mid_shares[j] if j < len(mid_shares) else None
+            if mid is not None and share is not None:
+                # Ran wholly at ``freq`` (switch not issued), or the mix: time_s = t_a *
+                # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
+                mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
+                self._first_clock_s[(j, freq, mid)] = times.time_s / mix
+        return done
+
+    def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> None:
+        table.setdefault(key, deque(maxlen=self._history)).append(max(0.0, value))
