@@ -21,55 +21,15 @@ import argparse
 import statistics
 import time
 import warnings
-from typing import Any
+
+from _gpu_common import TransformerOps, one_clock_plan, reference_loop
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.agent import RankAgent
 from perseus.runtime.energy_attribution import OpSpan, fit_group_power
 from perseus.runtime.energy_windows import CounterSampler, sample_period_for
-from perseus.schedule import Kind, build_schedule
-
-
-def _plan(schedule: Any, clock_mhz: int) -> Frontier:
-    spec = JobSpec(
-        schedule=schedule.name,
-        ranks=1,
-        stages=1,
-        microbatches=schedule.num_microbatches,
-        blocking_power_w=75.0,
-        profile_sha256="0" * 64,
-    )
-    freqs = tuple(tuple(clock_mhz for _ in ops) for ops in schedule.stage_ops())
-    return Frontier(
-        job=spec,
-        stage_ops=schedule.stage_ops(),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
-    )
-
-
-def _loop(gpu: NvmlGPU, fn: Any, window_s: float) -> tuple[float, float]:
-    """(device time per call, energy per call) of ``fn`` back to back for ``window_s``."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    e0 = gpu.energy_mj()
-    start.record()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < window_s:
-        fn()
-        n += 1
-    end.record()
-    end.synchronize()
-    e1 = gpu.energy_mj()
-    return start.elapsed_time(end) / 1000.0 / n, (e1 - e0) / 1000.0 / n
+from perseus.schedule import build_schedule
 
 
 def main() -> int:
@@ -87,21 +47,12 @@ def main() -> int:
     torch.cuda.set_device(0)
     gpu = NvmlGPU.for_cuda_device(0, control=False)
     d = args.d_model
-    block = torch.nn.TransformerEncoderLayer(
-        d, d // 128, 4 * d, batch_first=True, dtype=torch.bfloat16, device="cuda"
-    )
+    layer = TransformerOps(d, args.tokens, args.microbatches)
     schedule = build_schedule("gpipe", 1, args.microbatches)
     actions = schedule.rank_actions[0]
-    x = torch.randn(args.microbatches, 4, args.tokens, d, dtype=torch.bfloat16, device="cuda")
-    outputs: dict[int, Any] = {}
+    run = layer.run
 
-    def run(kind: Kind, mb: int) -> None:
-        if kind is Kind.F:
-            outputs[mb] = block(x[mb])
-        else:
-            outputs.pop(mb).float().square().mean().backward()
-
-    plan = _plan(schedule, max(gpu.supported_clocks_mhz()))
+    plan = one_clock_plan(schedule, max(gpu.supported_clocks_mhz()))
     print(f"GPU: {gpu.name}; torch {torch.__version__}; layer d_model={d}, 4x{args.tokens} tokens")
 
     def agent_run(
@@ -165,14 +116,8 @@ def main() -> int:
         f"{fit.gap_power_w:.0f} W, between iterations {fit.outside_power_w:.0f} W"
     )
 
-    def f_only() -> None:
-        block(x[0])
-
-    def f_and_b() -> None:
-        block(x[0]).float().square().mean().backward()
-
-    t_f, e_f = _loop(gpu, f_only, args.window_s)
-    t_fb, e_fb = _loop(gpu, f_and_b, args.window_s)
+    t_f, e_f = reference_loop(gpu, layer.forward_only, args.window_s)
+    t_fb, e_fb = reference_loop(gpu, layer.forward_backward, args.window_s)
     ref = {"F": (t_f, e_f), "B": (t_fb - t_f, e_fb - e_f)}
     print("op | windows: time, power, energy | reference loop: time, power, energy | energy diff")
     for k in "FB":

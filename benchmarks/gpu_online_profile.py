@@ -20,6 +20,8 @@ import statistics
 import time
 from typing import Any
 
+from _gpu_common import TransformerOps, reference_loop
+
 from perseus.device.nvml import NvmlGPU
 from perseus.runtime.events import CudaEventSource
 from perseus.runtime.rank_session import RankSession
@@ -42,30 +44,6 @@ class _FewClocks:
         return getattr(self._gpu, name)
 
 
-def _loop(gpu: NvmlGPU, fn: Any, window_s: float) -> tuple[float, float]:
-    """(time per call, energy per call) of ``fn`` run back to back for ``window_s``."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    e0 = gpu.energy_mj()
-    start.record()
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < window_s:
-        fn()
-        n += 1
-        if n % 4 == 0:
-            torch.cuda.synchronize()  # keep the host within a few calls of the device
-    end.record()
-    torch.cuda.synchronize()
-    e1 = gpu.energy_mj()
-    return start.elapsed_time(end) / 1000.0 / n, (e1 - e0) / 1000.0 / n
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clocks", default="1980,1755,1530,1305")
@@ -81,19 +59,9 @@ def main() -> int:
     torch.cuda.set_device(0)
     nvml = NvmlGPU.for_cuda_device(0)
     gpu = _FewClocks(nvml, [int(c) for c in args.clocks.split(",")])
-    d = args.d_model
-    block = torch.nn.TransformerEncoderLayer(
-        d, d // 128, 4 * d, batch_first=True, dtype=torch.bfloat16, device="cuda"
-    )
+    layer = TransformerOps(args.d_model, args.tokens, args.microbatches)
     schedule = build_schedule("1f1b", 1, args.microbatches)
-    x = torch.randn(args.microbatches, 4, args.tokens, d, dtype=torch.bfloat16, device="cuda")
-    outputs: dict[int, Any] = {}
-
-    def run(kind: Kind, mb: int) -> None:
-        if kind is Kind.F:
-            outputs[mb] = block(x[mb])
-        else:
-            outputs.pop(mb).float().square().mean().backward()
+    run = layer.run
 
     session = RankSession(
         schedule,
@@ -118,20 +86,13 @@ def main() -> int:
         f"{sum(1 for h in session.history if h.phase == 'profile')} iterations"
     )
 
-    def f_only() -> None:
-        with torch.no_grad():
-            block(x[0])
-
-    def f_and_b() -> None:
-        block(x[0]).float().square().mean().backward()
-
     print("kind  MHz   online t/E           reference t/E        dt      dE")
     errors: list[float] = []
     try:
         for freq in gpu.supported_clocks_mhz():
             nvml.set_locked_clock(freq)
-            tf, ef = _loop(nvml, f_only, args.window_s)
-            tfb, efb = _loop(nvml, f_and_b, args.window_s)
+            tf, ef = reference_loop(nvml, layer.forward_only, args.window_s)
+            tfb, efb = reference_loop(nvml, layer.forward_backward, args.window_s)
             ref = {Kind.F: (tf, ef), Kind.B: (tfb - tf, efb - ef)}
             for kind in (Kind.F, Kind.B):
                 if (0, kind) not in profiled.ops:

@@ -26,11 +26,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from _gpu_common import TransformerOps, one_clock_plan
+
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Frontier
 from perseus.runtime import controller as controller_mod
 from perseus.runtime.agent import RankAgent
+from perseus.schedule import build_schedule
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -39,24 +42,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _plan(n_ops: int, clock_mhz: int) -> Frontier:
-    spec = JobSpec(
-        schedule="1f1b",
-        ranks=1,
-        stages=1,
-        microbatches=n_ops // 2,
-        blocking_power_w=75.0,
-        profile_sha256="0" * 64,
-    )
-    from perseus.schedule import build_schedule
-
-    schedule = build_schedule("1f1b", 1, n_ops // 2)
-    freqs = tuple(tuple(clock_mhz for _ in ops) for ops in schedule.stage_ops())
-    return Frontier(
-        job=spec,
-        stage_ops=schedule.stage_ops(),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
-    )
+    return one_clock_plan(build_schedule("1f1b", 1, n_ops // 2), clock_mhz)
 
 
 class _Poller:
@@ -96,23 +82,14 @@ def _layer_cases(torch: Any, gpu: NvmlGPU, rows: list[tuple[str, list[float]]], 
     """gpu_session.py's setting: a bf16 transformer layer, 1F1B, 8 microbatches; the
     training-thread time of entering and leaving the op scope, three ways."""
     from perseus.runtime.rank_session import RankSession
-    from perseus.schedule import Kind, build_schedule
 
-    d, tokens, n_mb = 2048, 1024, 8
-    block = torch.nn.TransformerEncoderLayer(
-        d, d // 128, 4 * d, batch_first=True, dtype=torch.bfloat16, device="cuda"
-    )
+    n_mb = 8
+    layer = TransformerOps(2048, 1024, n_mb)
     schedule = build_schedule("1f1b", 1, n_mb)
-    x = torch.randn(n_mb, 4, tokens, d, dtype=torch.bfloat16, device="cuda")
     actions = schedule.rank_actions[0]
-    outputs: dict[int, Any] = {}
 
     def run_op(action: Any) -> None:
-        mb = action.microbatch_index
-        if action.kind is Kind.F:
-            outputs[mb] = block(x[mb])
-        else:
-            outputs.pop(mb).float().square().mean().backward()
+        layer.run(action.kind, action.microbatch_index)
 
     class _Events:
         def __init__(self) -> None:

@@ -15,31 +15,13 @@ import argparse
 import statistics
 import time
 import warnings
-from typing import Any
+
+from _gpu_common import TransformerOps, one_clock_plan
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.rank_session import RankSession
 from perseus.schedule import Kind, build_schedule
-
-
-def _plan(schedule: Any, clock_mhz: int) -> Frontier:
-    spec = JobSpec(
-        schedule=schedule.name,
-        ranks=1,
-        stages=1,
-        microbatches=schedule.num_microbatches,
-        blocking_power_w=75.0,
-        profile_sha256="0" * 64,
-    )
-    freqs = tuple(tuple(clock_mhz for _ in ops) for ops in schedule.stage_ops())
-    return Frontier(
-        job=spec,
-        stage_ops=schedule.stage_ops(),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
-    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -62,14 +44,8 @@ def main() -> int:
     torch.cuda.set_device(0)
     gpu = NvmlGPU.for_cuda_device(0, control=False)
     d = args.d_model
-    block = torch.nn.TransformerEncoderLayer(
-        d, d // 128, 4 * d, batch_first=True, dtype=torch.bfloat16, device="cuda"
-    )
+    layer = TransformerOps(d, args.tokens, args.microbatches)
     schedule = build_schedule("1f1b", 1, args.microbatches)
-    x = torch.randn(
-        args.microbatches, 4, args.tokens, d, dtype=torch.bfloat16, device="cuda"
-    ).requires_grad_(False)
-    outputs: dict[int, Any] = {}
     host_us: list[float] = []
 
     # The same loop without perseus, timed the same way (a device sync at each iteration end),
@@ -78,11 +54,7 @@ def main() -> int:
     for it in range(args.warmup + args.iterations):
         t0 = time.perf_counter()
         for action in schedule.rank_actions[0]:
-            mb = action.microbatch_index
-            if action.kind is Kind.F:
-                outputs[mb] = block(x[mb])
-            else:
-                outputs.pop(mb).float().square().mean().backward()
+            layer.run(action.kind, action.microbatch_index)
         torch.cuda.synchronize()
         if it >= args.warmup:
             plain_s.append(time.perf_counter() - t0)
@@ -92,7 +64,7 @@ def main() -> int:
         0,
         gpu=gpu,
         blocking_power_w=75.0,
-        plan=_plan(schedule, max(gpu.supported_clocks_mhz())),
+        plan=one_clock_plan(schedule, max(gpu.supported_clocks_mhz())),
         watchdog=False,
         handle_signals=False,
     ) as session:
@@ -105,11 +77,7 @@ def main() -> int:
                     t0 = time.perf_counter()
                     scope.__enter__()
                     t1 = time.perf_counter()
-                    mb = action.microbatch_index
-                    if action.kind is Kind.F:
-                        outputs[mb] = block(x[mb])
-                    else:
-                        outputs.pop(mb).float().square().mean().backward()
+                    layer.run(action.kind, action.microbatch_index)
                     t2 = time.perf_counter()
                     scope.__exit__(None, None, None)
                     t3 = time.perf_counter()
