@@ -114,6 +114,13 @@ def time_shares(
     return groups, shares
 
 
+def _inside_count(intervals: Sequence[CounterInterval], spans: Sequence[OpSpan]) -> int:
+    """Windows with no time between iterations."""
+    groups, shares = time_shares(intervals, spans)
+    lengths = shares.sum(axis=1)
+    return int((shares[:, len(groups) + 1] <= 1e-6 * np.maximum(lengths, 1e-12)).sum())
+
+
 def fit_group_power(
     intervals: Sequence[CounterInterval],
     spans: Sequence[OpSpan],
@@ -152,11 +159,18 @@ def fit_group_power(
     groups, shares = time_shares(intervals, spans)
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
     lengths = shares.sum(axis=1)
-    per_w = np.where(lengths > 0, lengths, 1.0)
     n = len(groups)
+    inside = shares[:, n + 1] <= 1e-6 * np.maximum(lengths, 1e-12)  # as _inside_count
+    if int(inside.sum()) >= 2 * (n + 2) and not inside.all():
+        # Only windows wholly inside iterations: between iterations the device runs
+        # whatever the host does (optimizer, data loading, a stalled process), which the
+        # loose prior cannot pin down and which then trades energy with the ops (seen: a
+        # sweep step's op energy 25 % low with the between-iterations power fitted high).
+        shares, energy, lengths = shares[inside], energy[inside], lengths[inside]
+    per_w = np.where(lengths > 0, lengths, 1.0)
     # Huber-weighted iterations (a window far out counts less), then windows beyond five
     # robust standard deviations are dropped for a last plain fit.
-    weight = np.ones(len(intervals))
+    weight = np.ones(len(energy))
     power = _solve(shares, energy, n, idle_power_w, ridge)
     for _ in range(6):
         resid = (energy - shares @ power) / per_w
@@ -174,7 +188,7 @@ def fit_group_power(
         power_w={g: float(power[j]) for j, g in enumerate(groups)},
         gap_power_w=float(power[n]),
         outside_power_w=float(power[n + 1]),
-        intervals=int(keep.sum()) if not keep.all() else len(intervals),
+        intervals=int(keep.sum()),
         residual_w=float(np.sqrt(np.mean(resid**2))),
     )
 
@@ -275,12 +289,18 @@ class SweepWindow:
             return False
         if self.iterations >= self.max_iterations:
             return True
-        windows = len(self.intervals())
+        intervals = self.intervals()
+        windows = len(intervals)
         if windows == 0 and (
             self.iterations >= 50 or (self.sampler.errors and not self.sampler.samples())
         ):
             return True  # no counter to wait for (reads fail, or it never moves): fit nothing
-        return windows >= self.needed()
+        needed = self.needed()
+        if windows < needed:
+            return False
+        # The fit uses the windows wholly inside iterations when there are enough of them;
+        # iterations too short to hold any are fitted on all windows (twice as many).
+        return windows >= 2 * needed or _inside_count(intervals, self.spans) >= needed
 
     def fit(self) -> PowerFit | None:
         """Fit the step's powers; None when no window lies inside the step."""

@@ -124,9 +124,11 @@ def test_online_profiling_recovers_the_device_and_is_reused(tmp_path):
     # the time rows are medians of 8+ microbatches: ~0.6 % sampling error per row. Energy is
     # fitted to the counter's 100 ms publish windows (20 ms at this time scale) over each
     # sweep step, with four emulated ranks sharing the CPUs: the mean stays under 1 %, the
-    # worst of ~230 rows a few percent (6.7 % seen).
+    # worst of ~230 rows 5.4-8.3 % in 7 runs on a 2-core VM (an F/B mix-up puts rows 20-25 %
+    # off; before the fit left out windows touching time between iterations, one row in
+    # some runs was 46-56 % off).
     assert prof["mean_time_error"] <= 0.01 and prof["mean_energy_error"] <= 0.01, prof
-    assert prof["max_time_error"] <= 0.03 and prof["max_energy_error"] <= 0.08, prof
+    assert prof["max_time_error"] <= 0.03 and prof["max_energy_error"] <= 0.10, prof
     # Early stop: most ops stop well before the end of the list. Below ~1080 MHz the A100's
     # energy is flat to within ~1 % per clock, the size of the windowed rows' noise, so an op
     # may keep finding a new minimum and sweep to the end (seen once in ~10 runs).
