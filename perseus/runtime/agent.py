@@ -574,6 +574,7 @@ class RankAgent:
         self._in_step = False
         self._cursor = 0
         self._jobs = []
+        self._end_mj = None  # no iteration ended here: nothing for the session to reuse
         self._timing_history.forget_boundary()
 
     @property

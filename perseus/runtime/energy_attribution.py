@@ -114,11 +114,10 @@ def time_shares(
     return groups, shares
 
 
-def _inside_count(intervals: Sequence[CounterInterval], spans: Sequence[OpSpan]) -> int:
-    """Windows with no time between iterations."""
-    groups, shares = time_shares(intervals, spans)
-    lengths = shares.sum(axis=1)
-    return int((shares[:, len(groups) + 1] <= 1e-6 * np.maximum(lengths, 1e-12)).sum())
+def _inside(shares: np.ndarray) -> np.ndarray:
+    """Per window (a :func:`time_shares` row): True when none of it lies between iterations."""
+    inside: np.ndarray = shares[:, -1] <= 1e-6 * np.maximum(shares.sum(axis=1), 1e-12)
+    return inside
 
 
 def fit_group_power(
@@ -160,7 +159,7 @@ def fit_group_power(
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
     lengths = shares.sum(axis=1)
     n = len(groups)
-    inside = shares[:, n + 1] <= 1e-6 * np.maximum(lengths, 1e-12)  # as _inside_count
+    inside = _inside(shares)
     if int(inside.sum()) >= 2 * (n + 2) and not inside.all():
         # Only windows wholly inside iterations: between iterations the device runs
         # whatever the host does (optimizer, data loading, a stalled process), which the
@@ -300,7 +299,10 @@ class SweepWindow:
             return False
         # The fit uses the windows wholly inside iterations when there are enough of them;
         # iterations too short to hold any are fitted on all windows (twice as many).
-        return windows >= 2 * needed or _inside_count(intervals, self.spans) >= needed
+        return (
+            windows >= 2 * needed
+            or int(_inside(time_shares(intervals, self.spans)[1]).sum()) >= needed
+        )
 
     def fit(self) -> PowerFit | None:
         """Fit the step's powers; None when no window lies inside the step."""

@@ -57,18 +57,18 @@ class OpTimingHistory:
         self._gaps_s: dict[int, deque[float]] = {}
         self._first_clock_s: dict[tuple[int, int, int], float] = {}  # two-clock ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
+        # What the per-op lookups return, recomputed once per iteration by learn():
+        self._expected_s: dict[tuple[int, int], float] = {}  # mean of _times_s, else _last_s
+        self._gap_s: dict[int, float] = {}  # min of _gaps_s
 
     def expected_s(self, j: int, freq_mhz: int) -> float | None:
-        """Predicted device time of op ``j`` at ``freq_mhz`` (None: never seen)."""
-        times = self._times_s.get((j, freq_mhz))
-        if times:
-            return sum(times) / len(times)
-        return self._last_s.get((j, freq_mhz))
+        """Predicted device time of op ``j`` at ``freq_mhz`` (None: never seen). A lookup:
+        the agent asks once per op, so :meth:`learn` does the arithmetic."""
+        return self._expected_s.get((j, freq_mhz))
 
     def gap_s(self, j: int) -> float:
         """Predicted idle device time after op ``j`` (0 when unknown)."""
-        gaps = self._gaps_s.get(j)
-        return min(gaps) if gaps else 0.0
+        return self._gap_s.get(j, 0.0)
 
     def first_clock_time_s(self, j: int, freq_a_mhz: int, freq_b_mhz: int) -> float | None:
         """Two-clock op ``j``: its whole time had it run at ``freq_a_mhz`` (None: unknown)."""
@@ -119,6 +119,9 @@ class OpTimingHistory:
                 # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
                 mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
                 self._first_clock_s[(j, freq, mid)] = times.time_s / mix
+        self._expected_s = dict(self._last_s)
+        self._expected_s.update({k: sum(v) / len(v) for k, v in self._times_s.items() if v})
+        self._gap_s = {j: min(v) for j, v in self._gaps_s.items() if v}
         return done
 
     def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> None:
