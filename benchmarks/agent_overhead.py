@@ -31,8 +31,8 @@ from pathlib import Path
 
 from perseus.device.simulated import SimulatedGPU
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent import NullAgent, RankAgent
-from perseus.runtime.controller import FrequencyController
+from perseus.runtime.agent.controller import FrequencyController
+from perseus.runtime.agent.rank_agent import NullAgent, RankAgent
 
 OPS_PER_ITERATION = 64
 

@@ -53,8 +53,8 @@ from perseus.device.sim_stream import OpTrace
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent import RankAgent
-from perseus.runtime.controller import Boundary
+from perseus.runtime.agent.controller import Boundary
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
 

@@ -4,9 +4,9 @@ What online profiling does at each clock, run at the clock the GPU picks itself 
 or reset call: ``NvmlGPU(control=False)``, for machines whose clocks must not change): a bf16
 transformer layer's forward/backward per microbatch (GPipe order, so that counter windows see
 varying shares of forward and backward) through the rank agent with CUDA events, the energy
-counter read by :class:`~perseus.runtime.energy_windows.CounterSampler` on a background thread,
+counter read by :class:`~perseus.runtime.profiling.energy_windows.CounterSampler` on a background thread,
 and per-kind power fitted to the publish windows by
-:func:`~perseus.runtime.energy_attribution.fit_group_power`. Then a Zeus-style reference: the
+:func:`~perseus.runtime.profiling.energy_attribution.fit_group_power`. Then a Zeus-style reference: the
 forward alone, and forward+backward, in a loop for ``--window-s`` seconds each, energy from
 the counter at the two ends (about one 100 ms publish step of error over the window), time
 from CUDA events. Also: the publish grid as the sampler saw it, and the iteration time with
@@ -26,9 +26,9 @@ from _gpu_common import TransformerOps, one_clock_plan, reference_loop
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.runtime.agent import RankAgent
-from perseus.runtime.energy_attribution import OpSpan, fit_group_power
-from perseus.runtime.energy_windows import CounterSampler, sample_period_for
+from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.profiling.energy_attribution import OpSpan, fit_group_power
+from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.schedule import build_schedule
 
 

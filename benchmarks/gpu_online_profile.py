@@ -23,8 +23,8 @@ from typing import Any
 from _gpu_common import TransformerOps, reference_loop
 
 from perseus.device.nvml import NvmlGPU
-from perseus.runtime.events import CudaEventSource
-from perseus.runtime.rank_session import RankSession
+from perseus.runtime.agent.events import CudaEventSource
+from perseus.runtime.session import RankSession
 from perseus.schedule import Kind, build_schedule
 
 

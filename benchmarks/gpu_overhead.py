@@ -7,7 +7,7 @@ a matmul chain keeping the GPU busy between ops (as training does), in one proce
 * ``event``: ``torch.cuda.Event(enable_timing=True)`` + ``record`` on the current stream;
 * the same while another Python thread polls ``event.query()`` every 200 µs / 2 ms (the
   controller's old and new polling), or blocks in ``event.synchronize()``;
-* ``agent.op`` (enter + exit) through :class:`~perseus.runtime.agent.RankAgent` on
+* ``agent.op`` (enter + exit) through :class:`~perseus.runtime.agent.rank_agent.RankAgent` on
   ``NvmlGPU(control=False)`` (no NVML set or reset call is made): the real path;
 * the iteration's NVML counter reads (``energy_mj``) on the training thread.
 
@@ -31,8 +31,8 @@ from _gpu_common import TransformerOps, one_clock_plan
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
 from perseus.plan import Frontier
-from perseus.runtime import controller as controller_mod
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent import controller as controller_mod
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.schedule import build_schedule
 
 
@@ -81,7 +81,7 @@ class _Poller:
 def _layer_cases(torch: Any, gpu: NvmlGPU, rows: list[tuple[str, list[float]]], args: Any) -> None:
     """gpu_session.py's setting: a bf16 transformer layer, 1F1B, 8 microbatches; the
     training-thread time of entering and leaving the op scope, three ways."""
-    from perseus.runtime.rank_session import RankSession
+    from perseus.runtime.session import RankSession
 
     n_mb = 8
     layer = TransformerOps(2048, 1024, n_mb)

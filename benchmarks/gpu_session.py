@@ -20,7 +20,7 @@ from _gpu_common import TransformerOps, one_clock_plan
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.runtime.rank_session import RankSession
+from perseus.runtime.session import RankSession
 from perseus.schedule import Kind, build_schedule
 
 

@@ -25,7 +25,7 @@ from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
-from perseus.runtime.rank_session import RankSession
+from perseus.runtime.session import RankSession
 from perseus.schedule import build_schedule
 
 

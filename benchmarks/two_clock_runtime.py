@@ -28,7 +28,7 @@ from pathlib import Path
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
 

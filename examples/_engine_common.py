@@ -1,7 +1,7 @@
 """What examples/train_megatron.py and examples/train_deepspeed.py share with train_pipeline.py:
 the flags, the emulated GPU, the all-max and plan phases, the ``--summary`` JSON, the launcher.
 
-Each rank runs a :class:`~perseus.runtime.rank_session.RankSession` on the schedule the engine
+Each rank runs a :class:`~perseus.runtime.session.RankSession` on the schedule the engine
 runs; the engine adapter puts every forward/backward inside ``session.op``. The summary has the
 keys train_pipeline.py writes (``predicted``, ``measured``, ``errors``, ``saving``, ``allmax``,
 ``iterations``...), so one check reads all three examples.
@@ -31,7 +31,7 @@ from perseus.io import default_blocking_power_w, load_profile
 from perseus.io.atomic import atomic_write_text
 from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
-from perseus.runtime.rank_session import RankSession
+from perseus.runtime.session import RankSession
 from perseus.schedule import Schedule
 
 #: ``step()`` runs one training iteration of the engine (all microbatches + optimizer).

@@ -1,8 +1,8 @@
 """Train a small model with DeepSpeed's PipelineEngine and perseus, on emulated GPUs.
 
 DeepSpeed's ``PipelineEngine.train_batch`` runs its ``TrainSchedule`` unmodified; perseus reads
-the schedule (:func:`perseus.runtime.deepspeed.deepspeed_schedule`), plans it, and sets each
-forward/backward pass's clock through :func:`perseus.runtime.deepspeed.instrument_deepspeed`.
+the schedule (:func:`perseus.runtime.engines.deepspeed.deepspeed_schedule`), plans it, and sets each
+forward/backward pass's clock through :func:`perseus.runtime.engines.deepspeed.instrument_deepspeed`.
 On CPU (``--emulate``) DeepSpeed uses its CPU accelerator and gloo. Run::
 
     python examples/train_deepspeed.py --spawn 2 --emulate --microbatches 4 --iterations 4 \\
@@ -25,7 +25,11 @@ import torch.distributed as dist
 from _engine_common import emulated_setup, launch, make_session, parse_args, run_and_summarise
 from torch import nn
 
-from perseus.runtime.deepspeed import deepspeed_schedule, instrument_deepspeed, skip_cpu_shm_op
+from perseus.runtime.engines.deepspeed import (
+    deepspeed_schedule,
+    instrument_deepspeed,
+    skip_cpu_shm_op,
+)
 
 
 class Block(nn.Module):

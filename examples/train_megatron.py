@@ -2,9 +2,9 @@
 
 Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (``--schedule 1f1b``) or
 ``..._with_interleaving`` (``--schedule interleaved``, ``--virtual-stages`` chunks per rank)
-runs unmodified; perseus reads its order (:func:`perseus.runtime.megatron.megatron_schedule`),
+runs unmodified; perseus reads its order (:func:`perseus.runtime.engines.megatron.megatron_schedule`),
 plans it, and sets each forward/backward step's clock through
-:func:`perseus.runtime.megatron.instrument_megatron`. On CPU (``--emulate``) the schedule gets
+:func:`perseus.runtime.engines.megatron.instrument_megatron`. On CPU (``--emulate``) the schedule gets
 a CPU ``p2p_communicator`` and runs under a ``device="cuda"`` -> CPU mapping. Run::
 
     python examples/train_megatron.py --spawn 2 --emulate --schedule interleaved \\
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from _engine_common import emulated_setup, launch, make_session, parse_args, run_and_summarise
 from torch import nn
 
-from perseus.runtime.megatron import (
+from perseus.runtime.engines.megatron import (
     cpu_communication,
     cuda_to_cpu,
     instrument_megatron,

@@ -59,10 +59,10 @@ from perseus.io import default_blocking_power_w, load_profile, write_profile_csv
 from perseus.io.atomic import atomic_write_text
 from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
-from perseus.runtime.online_profile import profile_cache_path
-from perseus.runtime.session import PerseusPipeline
-from perseus.runtime.straggler_runtime import StragglerRuntime
-from perseus.runtime.torch_pp import build_torch_schedule, job_store, torch_class_for
+from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
+from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.profiling.sweep import profile_cache_path
+from perseus.runtime.straggler.switching import StragglerRuntime
 from perseus.schedule import SCHEDULE_NAMES, build_schedule
 
 

@@ -2,7 +2,7 @@
 
 NVML probes work on an open :class:`~perseus.device.nvml.NvmlGPU` (real ``pynvml`` or the tests'
 fake). The CUDA check runs a transformer block's forward and backward through the real agent
-path (:class:`~perseus.runtime.agent.RankAgent` on the NVML GPU), with a sampler thread
+path (:class:`~perseus.runtime.agent.rank_agent.RankAgent` on the NVML GPU), with a sampler thread
 reading the SM clock and the clock event reasons from NVML while the ops run, and CUDA events
 timing the ops on the device. Without a GPU, :func:`check_simulated` runs the same agent on a
 simulated GPU.
@@ -432,7 +432,7 @@ def check_cuda(
             {"torch": torch.__version__},
             "install a CUDA build of torch that matches the driver",
         )
-    from perseus.runtime.agent import RankAgent
+    from perseus.runtime.agent.rank_agent import RankAgent
 
     index = _cuda_device_for(torch, gpu)
     device = torch.device("cuda", index)
@@ -535,7 +535,7 @@ def check_simulated(iterations: int = 3) -> Check:
     """The agent on a simulated A100 (its own temporary state directory): clocks applied per
     op, and reset at close."""
     from perseus.device.simulated import SimulatedGPU
-    from perseus.runtime.agent import RankAgent
+    from perseus.runtime.agent.rank_agent import RankAgent
 
     with tempfile.TemporaryDirectory(prefix="perseus-doctor-") as state_dir:
         gpu: GPU = SimulatedGPU.from_preset("a100", state_dir=state_dir, index=0)

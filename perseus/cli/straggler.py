@@ -1,7 +1,7 @@
 """``perseus straggler set|clear``: declare a slowed pipeline to a running job, from outside.
 
 The job's ranks read the hint at their next iteration boundary (global rank 0 reads the store,
-the value travels in the ranks' all-reduce, see :mod:`perseus.runtime.straggler_runtime`), so
+the value travels in the ranks' all-reduce, see :mod:`perseus.runtime.straggler.switching`), so
 the other pipelines switch to a cheaper plan that finishes within the declared time::
 
     perseus straggler set --store 10.0.0.1:29500 --pipeline 1 --time-s 2.4
@@ -139,7 +139,7 @@ def _silenced_stderr_fd() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     _quiet_torch_env()
-    from perseus.runtime.straggler_runtime import clear_hint, hint_key, set_hint
+    from perseus.runtime.straggler.switching import clear_hint, hint_key, set_hint
 
     store = connect_store(args.store, args.timeout_s)
     if args.straggler_action == "set":

@@ -4,7 +4,7 @@ Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the
 list (nearest supported clock) and returns the clock actually requested from the driver.
 
 Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
-``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.events` wraps it), the simulated
+``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
 device's own event in emulation. The agent times ops and schedules clock changes by them, so
 one code path serves both. A device that records its own events implements
 :class:`EventSource`.

@@ -6,7 +6,7 @@ exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its pid into the f
 drops the ``flock`` when the owner dies, even by SIGKILL, but the pid stays in the file: a clean
 release truncates it. So whoever next takes the lock and finds a pid in the file knows that the
 previous owner died without resetting the GPU, and resets it first (:class:`GpuOwnership`). The
-watchdog process (:mod:`perseus.runtime._watchdog`) does the same the moment its owner dies; the
+watchdog process (:mod:`perseus.runtime.safety._watchdog`) does the same the moment its owner dies; the
 check here covers the case where the watchdog was killed too.
 
 Used by every backend: simulated GPUs keep their lock files in their state directory, real GPUs

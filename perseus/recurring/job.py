@@ -243,7 +243,7 @@ class RecurringJob:
         if not self.controls_power:
             yield
             return
-        from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
+        from perseus.runtime.safety.guard import ExitGuard, GpuOwnership, Watchdog
 
         gpu = self.gpu
         assert isinstance(gpu, PowerLimitGPU)

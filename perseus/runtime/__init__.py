@@ -6,13 +6,14 @@ own modules and import it lazily.
 
 from perseus.runtime.agent import (
     AgentRecords,
+    ApplyStats,
+    FrequencyController,
     IterationRecord,
     NullAgent,
     OpRecord,
     RankAgent,
     make_agent,
 )
-from perseus.runtime.controller import ApplyStats, FrequencyController
 from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
 
 __all__ = [

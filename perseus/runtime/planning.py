@@ -7,7 +7,7 @@ group (every rank calls the same function at the same point):
   runs and, when given, the profile it was computed for;
 * a profile: pipeline rank 0 traces the frontier and broadcasts it
   (:func:`plan_from_profile`);
-* an online sweep (:mod:`perseus.runtime.online_profile`): the ranks agree when every rank's
+* an online sweep (:mod:`perseus.runtime.profiling.sweep`): the ranks agree when every rank's
   sweep is done (:func:`sweep_finished_everywhere`), gather the rows and plan as above.
 
 Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups work.
@@ -25,7 +25,7 @@ from perseus.job import PlanningJob, make_job
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
-from perseus.runtime.online_profile import OnlineProfiler, ProfileRow
+from perseus.runtime.profiling.sweep import OnlineProfiler, ProfileRow
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 

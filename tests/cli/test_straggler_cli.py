@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from perseus.cli.main import main
-from perseus.runtime.straggler_runtime import read_hint
+from perseus.runtime.straggler.switching import read_hint
 
 dist = pytest.importorskip("torch.distributed")
 

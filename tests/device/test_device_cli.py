@@ -9,7 +9,7 @@ import pytest
 
 from perseus.cli.main import main
 from perseus.device.simulated import SimulatedGPU
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
 

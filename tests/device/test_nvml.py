@@ -21,8 +21,8 @@ from perseus.errors import (
     DeviceNotSupportedError,
     DevicePermissionError,
 )
-from perseus.runtime.agent import RankAgent
-from perseus.runtime.controller import FrequencyController
+from perseus.runtime.agent.controller import FrequencyController
+from perseus.runtime.agent.rank_agent import RankAgent
 from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
 

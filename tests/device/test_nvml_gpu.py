@@ -14,7 +14,7 @@ import pytest
 
 from perseus.device.nvml import NvmlGPU
 from perseus.errors import DevicePermissionError
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from tests.runtime.plans import tiny_plan
 
 pytestmark = pytest.mark.gpu

@@ -208,7 +208,7 @@ def test_recorded_spec_keeps_the_pid_and_guides_the_next_owner(
 
 
 def test_watchdog_records_its_spec_in_the_lock_file(tmp_path: Path) -> None:
-    from perseus.runtime.safety import Watchdog
+    from perseus.runtime.safety.guard import Watchdog
 
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
     owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())

@@ -27,7 +27,7 @@ def _gpu_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer import TransformerConfig
 
-    from perseus.runtime.megatron import instrument_megatron
+    from perseus.runtime.engines.megatron import instrument_megatron
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
@@ -87,7 +87,7 @@ def _gpu_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
 def test_megatron_1f1b_on_gpus_runs_the_planned_steps_in_order():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs: NCCL does not run two pipeline ranks on one GPU")
-    from perseus.runtime.megatron import megatron_schedule
+    from perseus.runtime.engines.megatron import megatron_schedule
 
     results = run_ranks(2, _gpu_rank, 4)
     expected = megatron_schedule(2, 4)

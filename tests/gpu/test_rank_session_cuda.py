@@ -43,7 +43,7 @@ def test_transformer_block_through_rank_session_observe_only(tmp_path: Path) -> 
     if not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA")
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.rank_session import RankSession
+    from perseus.runtime.session import RankSession
 
     torch.cuda.set_device(0)
     gpu = NvmlGPU.for_cuda_device(0, control=False)

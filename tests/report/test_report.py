@@ -145,7 +145,7 @@ def test_core_does_not_import_matplotlib() -> None:
     import sys
 
     code = (
-        "import sys, perseus, perseus.solver, perseus.sim, perseus.runtime.straggler_policy\n"
+        "import sys, perseus, perseus.solver, perseus.sim, perseus.runtime.straggler.policy\n"
         "bad = [m for m in ('matplotlib', 'torch', 'pynvml') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -34,8 +34,8 @@ from torch import nn
 
 from perseus.device.simulated import SimulatedGPU
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.session import PerseusPipeline
-from perseus.runtime.torch_pp import build_torch_schedule
+from perseus.runtime.engines.torch_pp import build_torch_schedule
+from perseus.runtime.pipeline import PerseusPipeline
 from perseus.schedule import build_schedule
 
 __all__ = ["main"]

@@ -10,7 +10,7 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
-from perseus.runtime.agent import NullAgent, RankAgent, make_agent
+from perseus.runtime.agent.rank_agent import NullAgent, RankAgent, make_agent
 from perseus.schedule import Kind
 from tests.runtime.plans import tiny_plan
 
@@ -295,7 +295,7 @@ class _HostEvent:
 def _cuda_like_events():  # type: ignore[no-untyped-def]
     import time
 
-    from perseus.runtime.events import CudaEventSource
+    from perseus.runtime.agent.events import CudaEventSource
 
     class HostEvents(CudaEventSource):
         def __init__(self) -> None:  # no CUDA here: events on the host clock

@@ -26,8 +26,8 @@ from statistics import NormalDist
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent import RankAgent
-from perseus.runtime.controller import Boundary, FrequencyController, issue_offset_s
+from perseus.runtime.agent.controller import Boundary, FrequencyController, issue_offset_s
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
 

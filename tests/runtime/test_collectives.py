@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from perseus.runtime import collectives
-from perseus.runtime.straggler_runtime import StragglerRuntime, set_hint
+from perseus.runtime.straggler.switching import StragglerRuntime, set_hint
 from tests.runtime.plans import tiny_plan
 
 torch = pytest.importorskip("torch")
@@ -113,7 +113,7 @@ GLOO_CHILD = textwrap.dedent(
     import os, sys
     import torch.distributed as dist
     from perseus.runtime import collectives
-    from perseus.runtime.straggler_runtime import StragglerRuntime, raw_store, set_hint
+    from perseus.runtime.straggler.switching import StragglerRuntime, raw_store, set_hint
     from tests.runtime.plans import tiny_plan
 
     rank = int(sys.argv[1])

@@ -12,7 +12,7 @@ import pytest
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceLostError
-from perseus.runtime.controller import FrequencyController
+from perseus.runtime.agent.controller import FrequencyController
 
 
 class GatedGPU:

@@ -12,7 +12,7 @@ from perseus.schedule import one_f_one_b
 from tests.runtime._engines import Recorder, run_ranks, same_dag
 
 pytest.importorskip("deepspeed")
-ds = pytest.importorskip("perseus.runtime.deepspeed")
+ds = pytest.importorskip("perseus.runtime.engines.deepspeed")
 
 CASES = [(1, 1), (1, 4), (2, 1), (2, 2), (2, 5), (3, 3), (3, 7), (4, 3), (4, 8), (5, 10), (8, 16)]
 

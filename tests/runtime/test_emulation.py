@@ -18,7 +18,7 @@ from perseus.runtime.emulation import (
     scale_profile,
     take_stages,
 )
-from perseus.runtime.hooks import instrument_stages
+from perseus.runtime.engines.torch_hooks import instrument_stages
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
 
 

@@ -13,8 +13,8 @@ from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.runtime.emulation import take_stages
-from perseus.runtime.energy_attribution import OpSpan, fit_group_power
-from perseus.runtime.energy_windows import (
+from perseus.runtime.profiling.energy_attribution import OpSpan, fit_group_power
+from perseus.runtime.profiling.energy_windows import (
     CounterInterval,
     CounterSample,
     CounterSampler,
@@ -223,7 +223,7 @@ def test_simulated_counter_windows_recover_op_energy_at_nvml_granularity(tmp_pat
 
 def test_a_step_does_not_wait_for_a_counter_that_cannot_be_read() -> None:
     from perseus.errors import DeviceError
-    from perseus.runtime.energy_attribution import SweepWindow
+    from perseus.runtime.profiling.energy_attribution import SweepWindow
 
     def broken() -> int:
         raise DeviceError("NOT_SUPPORTED")

@@ -13,7 +13,7 @@ from tests.runtime._engines import Recorder, run_ranks, same_dag
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
-megatron = pytest.importorskip("perseus.runtime.megatron")
+megatron = pytest.importorskip("perseus.runtime.engines.megatron")
 
 # (ranks, microbatches): Megatron's 1F1B takes any M >= 1.
 CASES_1F1B = [(2, 1), (2, 2), (2, 5), (3, 3), (3, 7), (4, 3), (4, 4), (4, 8), (5, 10), (8, 16)]

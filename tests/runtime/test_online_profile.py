@@ -6,7 +6,7 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.io import load_profile
-from perseus.runtime.online_profile import OnlineProfiler, profile_cache_path
+from perseus.runtime.profiling.sweep import OnlineProfiler, profile_cache_path
 from perseus.schedule import Kind
 
 
@@ -102,7 +102,7 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
     import time
 
     from perseus.device.simulated import SimNoise, SimulatedGPU
-    from perseus.runtime.rank_session import RankSession
+    from perseus.runtime.session import RankSession
     from perseus.schedule import build_schedule
 
     scale, gain = 0.1, 0.95

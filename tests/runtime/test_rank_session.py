@@ -12,7 +12,7 @@ from perseus.errors import ConfigError, PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.rank_session import IterationStats, RankSession
+from perseus.runtime.session import IterationStats, RankSession
 from perseus.schedule import build_schedule
 
 BLOCKING_W = 83.64
@@ -159,7 +159,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
 def test_safety_is_on_by_default():
     import inspect
 
-    from perseus.runtime.session import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline
 
     for cls in (RankSession, PerseusPipeline):
         params = inspect.signature(cls).parameters

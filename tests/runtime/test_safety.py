@@ -19,14 +19,14 @@ import pytest
 
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceBusyError
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from tests.runtime.plans import tiny_plan
 
 CHILD = textwrap.dedent(
     """
     import os, sys, time
     from perseus.device.simulated import SimulatedGPU
-    from perseus.runtime.agent import RankAgent
+    from perseus.runtime.agent.rank_agent import RankAgent
     from tests.runtime.plans import tiny_plan
 
     mode = sys.argv[1]

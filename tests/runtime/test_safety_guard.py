@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.runtime.safety import ExitGuard
+from perseus.runtime.safety.guard import ExitGuard
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ BLOCKED = textwrap.dedent(
     import sys, time
     from datetime import timedelta
     import torch.distributed as dist
-    from perseus.runtime.safety import ExitGuard
+    from perseus.runtime.safety.guard import ExitGuard
 
     marker = sys.argv[1]
 
@@ -118,7 +118,7 @@ FORKED = textwrap.dedent(
     """
     import os, signal, sys, time, warnings
     warnings.simplefilter("ignore")  # fork() with the watcher thread running (3.12+ warns)
-    from perseus.runtime import safety
+    from perseus.runtime.safety import guard as safety
 
     parent = safety.ExitGuard(lambda: None)
     parent.install()

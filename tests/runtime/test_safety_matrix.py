@@ -32,7 +32,7 @@ from perseus.device import discovery
 from perseus.device.discovery import simulated_devices
 from perseus.device.nvml import NvmlUnavailableError
 from perseus.device.simulated import SimulatedGPU
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from tests.runtime.plans import tiny_plan
 
 pytest.importorskip("torch.distributed.pipelining")
@@ -55,7 +55,7 @@ SINGLE = (
 
 
 def _has_safety_kwargs() -> bool:
-    from perseus.runtime.session import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline
 
     params = inspect.signature(PerseusPipeline.__init__).parameters
     return "watchdog" in params and "handle_signals" in params

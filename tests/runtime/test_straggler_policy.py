@@ -8,7 +8,7 @@ import pytest
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.straggler_policy import (
+from perseus.runtime.straggler.policy import (
     PolicyState,
     StragglerPolicy,
     choose_plan_index,

@@ -9,7 +9,7 @@ from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.plan import PlanPoint
 from perseus.runtime.emulation import take_stages
-from perseus.runtime.straggler_runtime import (
+from perseus.runtime.straggler.switching import (
     StragglerRuntime,
     clear_hint,
     hint_key,

@@ -7,7 +7,7 @@ import pytest
 
 from perseus.dag import build_dag
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime import torch_pp
+from perseus.runtime.engines import torch_pp
 from perseus.schedule import Action, Kind, build_schedule, validate_schedule
 
 pytest.importorskip("torch.distributed.pipelining")

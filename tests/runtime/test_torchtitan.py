@@ -11,8 +11,8 @@ import pytest
 from perseus.dag import build_dag
 from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.io import load_profile
-from perseus.runtime import torch_pp
 from perseus.runtime.emulation import take_stages
+from perseus.runtime.engines import torch_pp
 from perseus.schedule import Kind
 from tests.runtime._engines import run_ranks
 
@@ -130,8 +130,8 @@ def _dualpipev_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
     from perseus.device.simulated import SimulatedGPU
     from perseus.io import default_blocking_power_w
     from perseus.runtime.emulation import scale_profile
+    from perseus.runtime.pipeline import PerseusPipeline
     from perseus.runtime.planning import job_for_schedule
-    from perseus.runtime.session import PerseusPipeline
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     num_stages = 2 * world

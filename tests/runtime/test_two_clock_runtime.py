@@ -21,7 +21,7 @@ from perseus.errors import PlanError
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
-from perseus.runtime.agent import RankAgent
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
 
@@ -167,7 +167,7 @@ def test_host_timing_runs_two_clock_ops_at_their_first_clock_and_says_so(tmp_pat
         handle_signals=False,
         timing="host",
     )
-    with caplog.at_level("WARNING", logger="perseus.runtime.agent"), agent:
+    with caplog.at_level("WARNING", logger="perseus.runtime.agent.rank_agent"), agent:
         agent.step_begin()
         for a in actions:
             with agent.op(a.kind, a.microbatch_index):

@@ -11,11 +11,11 @@
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 Clocks change on the device's timeline (``timing="device"``, whenever the GPU has device
-events: the simulator's own, or CUDA events, :mod:`perseus.runtime.events`). At each op
+events: the simulator's own, or CUDA events, :mod:`perseus.runtime.agent.events`). At each op
 boundary the agent records an event on the compute stream and posts a
-:class:`~perseus.runtime.controller.Boundary` to the :class:`FrequencyController`'s worker,
+:class:`~perseus.runtime.agent.controller.Boundary` to the :class:`FrequencyController`'s worker,
 which waits for the op's start on the device and issues the next clock so that it lands as the
-op ends (:mod:`perseus.runtime.op_timing` learns op times and gaps). A two-clock op
+op ends (:mod:`perseus.runtime.agent.op_timing` learns op times and gaps). A two-clock op
 (:mod:`perseus.profile.two_clock`) also carries its second clock and the predicted time of its
 first layers, issued the same way. Op times come from event pairs, energy from the counter at
 device-time boundaries (per op where events carry readings, else at iteration ends). The
@@ -24,7 +24,7 @@ iteration's last event (once per iteration). ``timing="host"`` (post the clock w
 enters an op) is kept for devices without events and as a baseline. Ops must arrive in the
 order of ``plan.stage_ops[rank]`` (:class:`~perseus.errors.PlanError` names the expected and
 actual op otherwise). :meth:`RankAgent.swap_plan` changes the plan at the next iteration.
-Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety`.
+Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety.guard`.
 
 :class:`NullAgent` has the same surface and does nothing, for runs without a GPU or with
 perseus disabled.
@@ -44,12 +44,12 @@ from typing import Any
 from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
-from perseus.runtime.controller import Boundary, FrequencyController
-from perseus.runtime.events import CudaEventSource, event_source_for
-from perseus.runtime.op_timing import OpTimingHistory
-from perseus.runtime.rank_plan import RankPlan
-from perseus.runtime.records import AgentRecords, IterationRecord, NullAgent, OpRecord
-from perseus.runtime.safety import GpuClaim
+from perseus.runtime.agent.controller import Boundary, FrequencyController
+from perseus.runtime.agent.events import CudaEventSource, event_source_for
+from perseus.runtime.agent.op_timing import OpTimingHistory
+from perseus.runtime.agent.rank_plan import RankPlan
+from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
+from perseus.runtime.safety.guard import GpuClaim
 from perseus.schedule.actions import Kind
 
 __all__ = [
@@ -113,7 +113,7 @@ class RankAgent:
         max_op_records: Per-op records kept (oldest dropped first).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
-        events: The event source (default: :func:`~perseus.runtime.events.event_source_for`).
+        events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
         op_time_s: Predicted device time of a whole op at a clock (from the profile the plan
             was computed for); times a two-clock op's mid-op switch. Without it the agent
             predicts from the op's device time in the previous iteration (time taken as

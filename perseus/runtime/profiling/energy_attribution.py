@@ -1,7 +1,7 @@
 """Per-op power from energy-counter windows and the ops' device-time spans.
 
 The counter only tells how much energy was spent between two publishes (~100 ms apart on
-NVML, :mod:`perseus.runtime.energy_windows`); the agent's device events tell when every op ran.
+NVML, :mod:`perseus.runtime.profiling.energy_windows`); the agent's device events tell when every op ran.
 For each window ``k`` and op group ``g`` (a (stage, kind) whose ops all run at one clock during
 a sweep step) let ``d[k, g]`` be the device time of ``g``'s ops inside the window, ``gap`` the
 time inside an iteration (first op start to last op end) covered by no op (pipeline bubbles,
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perseus.errors import ConfigError
-from perseus.runtime.energy_windows import CounterInterval, CounterSampler
+from perseus.runtime.profiling.energy_windows import CounterInterval, CounterSampler
 
 __all__ = ["OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
 

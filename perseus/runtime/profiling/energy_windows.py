@@ -19,7 +19,7 @@ NVML's energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) is *publishe
   grid, which pins them far more tightly than one sampling period; otherwise each instant is
   the middle of its bracket.
 
-:mod:`perseus.runtime.energy_attribution` turns windows plus the ops' device-time spans into
+:mod:`perseus.runtime.profiling.energy_attribution` turns windows plus the ops' device-time spans into
 per-op power. The same code runs on a real GPU and on the simulated one.
 """
 

@@ -3,7 +3,7 @@
 The first iterations of a job double as the profiling run. In sweep step ``i`` every op of
 a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low); the median device
 time of its ops and their fitted mean power (from the energy counter's publish windows over
-the step, :mod:`perseus.runtime.energy_attribution`; a step lasts as many iterations as the
+the step, :mod:`perseus.runtime.profiling.energy_attribution`; a step lasts as many iterations as the
 windows need) become the profile row for that clock: energy = power x median time. An op stops
 early once, past the first ``min_fraction`` of the clock list, its energy has stayed above the
 lowest energy measured so far for ``patience`` consecutive clocks: below the energy-optimal
@@ -17,7 +17,7 @@ The result is a profile in the standard CSV format (``stage,instruction,frequenc
 saved under a key of the model, schedule and world configuration (:func:`profile_cache_path`),
 so that the next run with the same configuration skips profiling.
 
-This module holds the sweep logic; `perseus.runtime.rank_session` wires it into the hooks.
+This module holds the sweep logic; `perseus.runtime.session` wires it into the hooks.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class OnlineProfiler:
     ) -> None:
         """Add one op's measured device time (and energy, when measured per op) at the
         current clock. Energy usually comes per step instead, as a fitted power passed to
-        :meth:`end_iteration` (:mod:`perseus.runtime.energy_attribution`)."""
+        :meth:`end_iteration` (:mod:`perseus.runtime.profiling.energy_attribution`)."""
         sweep = self.sweeps[(stage_index, kind)]
         if sweep.stopped or not time_s > 0:
             return

@@ -1,11 +1,11 @@
 """Wrap a pipeline stage's compute calls so perseus sees every action as it runs.
 
 torch's schedules call three methods of a stage once per compute action (forward, backward or
-its input-gradient half, weight gradient); :data:`perseus.runtime.torch_pp.STAGE_COMPUTE_METHODS`
+its input-gradient half, weight gradient); :data:`perseus.runtime.engines.torch_pp.STAGE_COMPUTE_METHODS`
 names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
 classes, so other stages and other tests are untouched) with wrappers that run the real call
 inside a context manager supplied by the caller: typically
-:meth:`perseus.runtime.rank_session.RankSession.op` (the rank agent sets the planned clock on
+:meth:`perseus.runtime.session.RankSession.op` (the rank agent sets the planned clock on
 the device's timeline and measures; in emulation the op is launched on the simulated GPU).
 
 The P2P waits happen outside these calls (torch waits for a receive before calling
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from perseus.runtime.torch_pp import STAGE_COMPUTE_METHODS
+from perseus.runtime.engines.torch_pp import STAGE_COMPUTE_METHODS
 from perseus.schedule.actions import Action, Kind
 
 __all__ = ["OpContextFactory", "instrument_stages"]

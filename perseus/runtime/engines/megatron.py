@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.hooks import OpContextFactory
+from perseus.runtime.engines.torch_hooks import OpContextFactory
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -102,7 +102,7 @@ def check_megatron_version() -> types.SimpleNamespace:
             from megatron.core.pipeline_parallel import p2p_communication, schedules
     except ImportError as e:
         raise ConfigError(
-            "megatron-core is required for perseus.runtime.megatron; install it with "
+            "megatron-core is required for perseus.runtime.engines.megatron; install it with "
             f"`pip install 'perseus-energy[megatron]'` (megatron-core{TESTED_VERSIONS})"
         ) from e
     version = str(getattr(mcore, "__version__", "0.0"))

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.hooks import OpContextFactory
+from perseus.runtime.engines.torch_hooks import OpContextFactory
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -77,7 +77,7 @@ def check_deepspeed_version() -> types.SimpleNamespace:
             from deepspeed.runtime.pipe.engine import PipelineEngine
     except ImportError as e:
         raise ConfigError(
-            "deepspeed is required for perseus.runtime.deepspeed; install it with "
+            "deepspeed is required for perseus.runtime.engines.deepspeed; install it with "
             f"`DS_BUILD_OPS=0 pip install 'perseus-energy[deepspeed]'` (deepspeed{TESTED_VERSIONS})"
         ) from e
     version = str(getattr(deepspeed, "__version__", "0.0"))

@@ -2,7 +2,7 @@
 
 In data-parallel training the pipelines meet at the gradient all-reduce, so when one pipeline
 is slowed (thermal throttling, a slow node) the others can run a slower, cheaper plan for free.
-This module feeds :class:`perseus.runtime.straggler_policy.StragglerPolicy` at every iteration
+This module feeds :class:`perseus.runtime.straggler.policy.StragglerPolicy` at every iteration
 boundary:
 
 * **Detection.** Each rank measures its compute-bound iteration time (window start to the end
@@ -16,7 +16,7 @@ boundary:
   through the job's torch.distributed store (``perseus straggler set --store HOST:PORT
   --pipeline K --time-s T``), e.g. before a known throttle starts. Only global rank 0 reads the
   store; its reading travels in the same all-reduce, so all ranks see the same hint.
-* **Switching.** The decision is returned to :class:`perseus.runtime.session.PerseusPipeline`
+* **Switching.** The decision is returned to :class:`perseus.runtime.pipeline.PerseusPipeline`
   as a boundary hook and takes effect from the next iteration on.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 from perseus.errors import ConfigError
 from perseus.plan import Frontier
 from perseus.runtime.collectives import all_reduce_max, global_rank
-from perseus.runtime.straggler_policy import StragglerPolicy
+from perseus.runtime.straggler.policy import StragglerPolicy
 
 __all__ = [
     "HINT_PREFIX",
@@ -191,7 +191,7 @@ class StragglerRuntime:
         return compute_time_s * points[0].time_s / points[self.point_index].time_s
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.session.BoundaryHook` interface."""
+        """The :data:`perseus.runtime.pipeline.BoundaryHook` interface."""
         if stats.phase != "run":
             return None
         times = self.exchange(self.intrinsic_time_s(stats.compute_time_s))

@@ -31,7 +31,7 @@ Two directions:
   the same rank (its time and energy are the two halves' sum in a split profile,
   :meth:`~perseus.profile.model.Profile.split_backward`), which plans them exactly, and the
   stage hook closes that ``W`` right after the full backward
-  (:func:`perseus.runtime.hooks.instrument_stages`); without it they raise
+  (:func:`perseus.runtime.engines.torch_hooks.instrument_stages`); without it they raise
   :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
   forward-backward pairs (``OVERLAP_F_B``) are flattened into their two sub-actions.
 
@@ -127,7 +127,7 @@ def check_torch_version() -> types.ModuleType:
         from torch.distributed.pipelining import schedules
     except ImportError as e:
         raise ConfigError(
-            "torch with torch.distributed.pipelining is required for perseus.runtime.torch_pp; "
+            "torch with torch.distributed.pipelining is required for perseus.runtime.engines.torch_pp; "
             "install it with `pip install 'perseus-energy[torch]'`"
         ) from e
     version = _parse_version(torch.__version__)
@@ -525,7 +525,7 @@ def check_profile_fits(profile: Any, schedule: Schedule) -> None:
 def perseus_pipeline(
     torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session_options: Any
 ) -> Any:
-    """A :class:`~perseus.runtime.session.PerseusPipeline` from what a torchtitan trainer keeps.
+    """A :class:`~perseus.runtime.pipeline.PerseusPipeline` from what a torchtitan trainer keeps.
 
     ::
 
@@ -542,7 +542,7 @@ def perseus_pipeline(
     Raises:
         ConfigError: see :func:`stages_of`; ProfileError: see :func:`check_profile_fits`.
     """
-    from perseus.runtime.session import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline
 
     stages = stages_of(torch_schedule, model_parts)
     profile = session_options.get("profile")

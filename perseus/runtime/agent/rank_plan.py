@@ -1,6 +1,6 @@
 """One rank's part of a plan point, as the rank agent runs it: op names, the (kind,
 microbatch, stage) each op must be, each op's clock(s), and a two-clock op's share of work at
-its first clock. Built once per plan (and per :meth:`~perseus.runtime.agent.RankAgent.swap_plan`);
+its first clock. Built once per plan (and per :meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`);
 pure: no device, no clock.
 """
 

@@ -27,7 +27,7 @@ __all__: list[str] = []
 
 
 def _load_ownership() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "device" / "ownership.py"
+    path = Path(__file__).resolve().parents[2] / "device" / "ownership.py"
     spec = importlib.util.spec_from_file_location("_perseus_ownership", path)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
         raise ImportError(path)

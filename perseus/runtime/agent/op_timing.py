@@ -12,8 +12,8 @@ at its clock and the gap after it, both learnt from the completed iterations' de
 * a two-clock op's time is also kept as "the whole op at its first clock", from which the
   planned layer boundary is predicted when no profile gives it.
 
-The agent (:mod:`perseus.runtime.agent`) owns one :class:`OpTimingHistory`; the controller
-(:mod:`perseus.runtime.controller`) turns its predictions into issue times.
+The agent (:mod:`perseus.runtime.agent.rank_agent`) owns one :class:`OpTimingHistory`; the controller
+(:mod:`perseus.runtime.agent.controller`) turns its predictions into issue times.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
-from perseus.runtime.controller import Boundary
+from perseus.runtime.agent.controller import Boundary
 
 __all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory"]
 

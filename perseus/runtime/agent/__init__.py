@@ -1,0 +1,17 @@
+"""The rank agent and what it drives: clocks on the device's timeline, op timing, records."""
+
+from perseus.runtime.agent.controller import ApplyStats, Boundary, FrequencyController
+from perseus.runtime.agent.rank_agent import RankAgent, make_agent
+from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
+
+__all__ = [
+    "AgentRecords",
+    "ApplyStats",
+    "Boundary",
+    "FrequencyController",
+    "IterationRecord",
+    "NullAgent",
+    "OpRecord",
+    "RankAgent",
+    "make_agent",
+]
