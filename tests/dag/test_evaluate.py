@@ -104,3 +104,31 @@ def test_allmax_on_real_profile_is_plausible():
     assert 4.0 < ev.time_s < 5.5
     assert ev.blocking_energy_j > 0
     assert ev.energy_j == pytest.approx(ev.compute_energy_j + ev.blocking_energy_j)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_generations_equal_networkx_topological_generations(name):
+    v = 2 if name == "interleaved" else 1
+    graph = build_dag(build_schedule(name, 4, 6, v), p2p_latency_s=0.01)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(graph.num_nodes))
+    g.add_edges_from(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    expected = [sorted(gen) for gen in nx.topological_generations(g)]
+    assert [gen.tolist() for gen in graph.generations] == expected
+
+
+def test_a_dependency_cycle_is_a_schedule_error():
+    good = build_schedule("1f1b", 2, 2)
+    # Rank 0 runs its first backward before the forward it depends on: a cycle.
+    rank0 = good.rank_actions[0]
+    first_b = next(i for i, a in enumerate(rank0) if a.kind.value == "B")
+    swapped = (rank0[first_b], *rank0[:first_b], *rank0[first_b + 1 :])
+    bad = type(good)(
+        name="bad",
+        num_stages=good.num_stages,
+        num_microbatches=good.num_microbatches,
+        stage_to_rank=good.stage_to_rank,
+        rank_actions=(swapped, *good.rank_actions[1:]),
+    )
+    with pytest.raises(ScheduleError, match="dependency cycle"):
+        build_dag(bad)
