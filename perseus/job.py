@@ -132,6 +132,7 @@ def make_job(
     schedule: str,
     stages: int,
     microbatches: int,
+    *,
     blocking_power_w: float,
     virtual_stages: int = 1,
     p2p_latency_s: float = 0.0,
@@ -143,6 +144,14 @@ def make_job(
     switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
 ) -> PlanningJob:
     """Build the schedule and DAG for ``profile`` and describe the job.
+
+    ::
+
+        job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
+
+    Everything after ``microbatches`` is keyword-only. ``blocking_power_w`` is the GPU's power
+    while blocked on communication (:func:`perseus.device.presets.blocking_power_for` gives it
+    for known GPUs; ``perseus doctor`` measures it).
 
     A zero-bubble schedule on a profile without ``weight`` rows splits each backward into
     ``B``/``W`` by ``backward_split`` (recorded in the job spec).
@@ -156,11 +165,11 @@ def make_job(
     """
     if profile.num_stages != stages:
         raise ConfigError(
-            f"{profile.source}: profile has {profile.num_stages} stages but --stages is {stages}; "
-            f"use --stages {profile.num_stages} or a profile with {stages} stages"
+            f"{profile.source}: profile has {profile.num_stages} stages but `stages` is {stages}; "
+            f"use `stages`={profile.num_stages} or a profile with {stages} stages"
         )
     if blocking_power_w < 0:
-        raise ConfigError(f"--blocking-power-w must be >= 0, got {blocking_power_w}")
+        raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
     layers: tuple[int, ...] | None = None
     if layers_per_stage is not None:
         given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage

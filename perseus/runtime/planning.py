@@ -70,7 +70,7 @@ def job_for_schedule(
                 name,
                 schedule.num_stages,
                 schedule.num_microbatches,
-                blocking_power_w,
+                blocking_power_w=blocking_power_w,
                 virtual_stages=v,
                 profile_name=profile_name,
                 **(job_options or {}),

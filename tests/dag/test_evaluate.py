@@ -88,7 +88,7 @@ def test_p2p_latency_adds_per_hop():
 
 
 def test_unknown_clock_in_plan_is_named():
-    job = make_job(load_profile("a100"), "1f1b", 8, 4, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=83.64)
     freqs = job.allmax()
     freqs[9] = 1234
     with pytest.raises(PlanError, match=r"1234 MHz for rank 1 op 1 .*not profiled"):
@@ -98,7 +98,7 @@ def test_unknown_clock_in_plan_is_named():
 
 
 def test_allmax_on_real_profile_is_plausible():
-    job = make_job(load_profile("a100"), "1f1b", 8, 24, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
     ev = job.evaluate(job.allmax())
     # 31 forward+backward slots of roughly 0.05 + 0.095 s.
     assert 4.0 < ev.time_s < 5.5

@@ -34,7 +34,7 @@ def _session(gpu, profile, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
     options = {"watchdog": False, "handle_signals": False, **kwargs}
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
-    job = make_job(profile, "1f1b", 2, 4, BLOCKING_W)
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
     return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
 

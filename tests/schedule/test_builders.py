@@ -120,7 +120,7 @@ def test_parse_action_round_trip():
         (("1f1b", 0, 8, 1), "stages"),
         (("1f1b", 4, 0, 1), "microbatches"),
         (("1f1b", 4, 8, 2), "only applies"),
-        (("interleaved", 5, 8, 2), "multiple of --virtual-stages"),
+        (("interleaved", 5, 8, 2), "multiple of `virtual_stages`"),
         (("interleaved", 4, 5, 2), "rounds"),
     ],
 )
