@@ -68,7 +68,11 @@ class PlanningJob:
         """Exact evaluation of a plan given as per-node clocks (N,) or two-clock rows (N, 3)
         (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
         return evaluate_freqs(
-            self.graph, self.profile, freqs_mhz, self.spec.blocking_power_w, self.layer_split
+            self.graph,
+            self.profile,
+            freqs_mhz,
+            blocking_power_w=self.spec.blocking_power_w,
+            split=self.layer_split,
         )
 
     def op_costs(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
@@ -180,7 +184,7 @@ def make_job(
         layers = tuple(len(f) for f in split.layer_fractions)
     elif layer_time_fractions is not None:
         raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
-    sched = build_schedule(schedule, stages, microbatches, virtual_stages)
+    sched = build_schedule(schedule, stages, microbatches, virtual_stages=virtual_stages)
     b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(backward_split)
@@ -203,4 +207,4 @@ def make_job(
         switch_latency_s=switch_latency_s,
         switch_energy_j=switch_energy_j,
     )
-    return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s))
+    return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))

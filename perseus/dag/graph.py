@@ -75,7 +75,7 @@ class OpGraph:
         return cache
 
 
-def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
+def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     """Build the operation DAG of one iteration of ``schedule``.
 
     Args:

@@ -58,7 +58,9 @@ def job_for_schedule(
     v = schedule.virtual_stages
     for name in SCHEDULE_NAMES:
         try:
-            ours = build_schedule(name, schedule.num_stages, schedule.num_microbatches, v)
+            ours = build_schedule(
+                name, schedule.num_stages, schedule.num_microbatches, virtual_stages=v
+            )
         except ConfigError:
             continue
         if (

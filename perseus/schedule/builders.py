@@ -226,7 +226,9 @@ _BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
 }
 
 
-def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def build_schedule(
+    name: str, stages: int, microbatches: int, *, virtual_stages: int = 1
+) -> Schedule:
     """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
 
     Raises:
