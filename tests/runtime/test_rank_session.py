@@ -106,6 +106,7 @@ def test_bad_arguments_are_config_errors(gpu, profile):
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
 def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
     """One rank, emulated: the sweep's clocks go through the agent and controller, op times

@@ -176,7 +176,7 @@ def test_bad_two_clock_settings_are_config_errors():
         make_job(
             profile, "1f1b", 8, 4, blocking_power_w=83.64, layers_per_stage=2, switch_latency_s=-1.0
         )
-    with pytest.raises(ConfigError, match="max-clocks-per-op 1"):
+    with pytest.raises(ConfigError, match=r"`max_clocks_per_op`=1"):
         trace(make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64), max_clocks_per_op=2)
 
 
