@@ -44,6 +44,7 @@ from perseus.cli._doctor_checks import (
 from perseus.cli._doctor_power import check_blocking_power
 from perseus.device import nvml as nvml_backend
 from perseus.device.nvml import NvmlGPU, call_nvml
+from perseus.device.presets import BLOCKING_POWER
 from perseus.errors import ConfigError
 
 __all__ = ["diagnose", "register", "run"]
@@ -146,7 +147,7 @@ def diagnose(
             "blocking power",
             "skip",
             "needs an NVIDIA GPU (it reads idle and blocked-on-communication power from the "
-            "GPU's energy counter); known GPUs: perseus.device.presets.BLOCKING_POWER",
+            f"GPU's energy counter); known without measuring: {_known_blocking_power()}",
         ).as_dict()
         report["usable"] = False
         report["verdict"] = (
@@ -255,6 +256,13 @@ def _diagnose_gpu(
     entry["usable"] = not blocking
     entry["blocking"] = "; ".join(f"{c.name}: {c.summary}" for c in blocking)
     return entry
+
+
+def _known_blocking_power() -> str:
+    return ", ".join(
+        f"{f.family} {f.power_w:g} W{' (estimate)' if f.estimated else ''}"
+        for _, f in BLOCKING_POWER
+    )
 
 
 def _open(gpu: NvmlGPU) -> Check:
