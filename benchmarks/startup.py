@@ -5,6 +5,8 @@ Every figure is a fresh process, as a user meets it:
 
 * ``import perseus``: seconds spent in the import statement (timed inside the process, so
   the interpreter's own start-up is left out), and whether networkx was loaded;
+* the planning core, ``import perseus.job, perseus.solver, perseus.io`` (the same statement in
+  every revision, whatever ``perseus`` itself loads eagerly), timed the same way;
 * ``perseus --help``: the whole process, interpreter included;
 * a small job, ``perseus frontier a100 --microbatches 4`` (8 stages x 4 microbatches): the
   whole process with the solver kernels already in numba's disk cache (one untimed run fills
@@ -40,6 +42,12 @@ _IMPORT = (
     "import perseus\n"
     "dt = time.perf_counter() - t\n"
     "print(dt, 'networkx' in sys.modules, perseus.__file__)\n"
+)
+_CORE = (
+    "import time\n"
+    "t = time.perf_counter()\n"
+    "import perseus.job, perseus.solver, perseus.io\n"
+    "print(time.perf_counter() - t)\n"
 )
 
 
@@ -115,6 +123,15 @@ def _measure(tree: Tree, work: Path) -> None:
         raise SystemExit(f"{tree.label}: imported perseus from {where}, not from {tree.root}")
     tree.add("import perseus (in-process)", float(seconds))
     tree.networkx = networkx == "True"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CORE],
+        check=True,
+        cwd=work,
+        env=tree.env(),
+        capture_output=True,
+        text=True,
+    )
+    tree.add("import the planning core (in-process)", float(proc.stdout))
     tree.add("perseus --help (process)", tree.run(["-m", "perseus.cli", "--help"], work))
     out = work / f"{tree.label}-frontier.json"
     small = ["-m", "perseus.cli", "frontier", "a100", "--microbatches", "4", "--no-progress"]
