@@ -29,7 +29,7 @@ logger = get_logger(__name__)
 
 __all__ = ["PARAMETER_FLAGS", "build_parser", "entry", "main"]
 
-#: Library parameter names whose flag is not ``--`` + the name with dashes.
+#: Library parameter names whose flag is named otherwise (used where the command has the flag).
 PARAMETER_FLAGS: dict[str, str] = {
     "pipeline_index": "--pipeline",
     "state_dir": "--sim-dir",
@@ -151,9 +151,12 @@ def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Names
     its backquotes."""
     flags = _command_flags(parser, args)
 
+    known = set(flags.values())
+
     def flag(match: re.Match[str]) -> str:
         name = match.group(1)
-        return flags.get(name) or PARAMETER_FLAGS.get(name) or name
+        alias = PARAMETER_FLAGS.get(name)
+        return flags.get(name) or (alias if alias in known else None) or name
 
     return _PARAMETER.sub(flag, message)
 

@@ -35,6 +35,8 @@ def test_the_cli_rewrites_parameters_into_its_flags() -> None:
     )
     assert as_flags("`pipeline_index` and `time_s`", parser, set_args) == "--pipeline and --time-s"
     assert as_flags("`stages` bad", parser, None) == "stages bad"
+    # An alias applies only where the command has that flag.
+    assert as_flags("`pipeline_index` < 0", parser, args) == "pipeline_index < 0"
 
 
 def test_a_library_error_reaches_the_terminal_with_the_flag(tmp_path, capsys) -> None:
