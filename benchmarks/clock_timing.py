@@ -122,7 +122,7 @@ def run_pipeline(
         from perseus.solver import trace_frontier
 
         frontier = trace_frontier(
-            make_job(profile, schedule_name, stages, microbatches, BLOCKING_W)
+            make_job(profile, schedule_name, stages, microbatches, blocking_power_w=BLOCKING_W)
         )
         point = frontier.points[0] if plan_name == "fastest" else frontier.min_energy
         plan = frontier.model_copy(update={"points": (point,)})

@@ -63,10 +63,10 @@ POWER = {"a100": 83.64, "a40": 70.38}
 def _job(case: str) -> PlanningJob:
     if case.startswith("real-"):
         stages, micro = (int(x) for x in case[5:].split("x"))
-        return make_job(load_profile("a100"), "1f1b", stages, micro, POWER["a100"])
+        return make_job(load_profile("a100"), "1f1b", stages, micro, blocking_power_w=POWER["a100"])
     stages, micro = (int(x) for x in case.split("x"))
     profile = synthetic_profile(stages, seed=stages)
-    return make_job(profile, "1f1b", stages, micro, SYNTHETIC_BLOCKING_POWER_W)
+    return make_job(profile, "1f1b", stages, micro, blocking_power_w=SYNTHETIC_BLOCKING_POWER_W)
 
 
 def _peak_rss_mb() -> float:
@@ -223,7 +223,7 @@ def run_case(
 
 
 def savings(profile: str, micro: int) -> tuple[float, float]:
-    job = make_job(load_profile(profile), "1f1b", 8, micro, POWER[profile])
+    job = make_job(load_profile(profile), "1f1b", 8, micro, blocking_power_w=POWER[profile])
     started = time.perf_counter()
     f = trace(job).frontier
     elapsed = time.perf_counter() - started

@@ -35,7 +35,9 @@ def _first_stages(profile: Profile, stages: int) -> Profile:
 
 def main() -> None:
     a100 = load_profile("a100")
-    trace(make_job(_first_stages(a100, 2), "1f1b", 2, 2, 83.64))  # warm-up: load kernels
+    trace(
+        make_job(_first_stages(a100, 2), "1f1b", 2, 2, blocking_power_w=83.64)
+    )  # warm-up: load kernels
     with open("/proc/loadavg") as f:
         print(f"load average: {' '.join(f.read().split()[:3])}")
     print(
@@ -48,7 +50,7 @@ def main() -> None:
                 try:
                     profile = _first_stages(a100, stages * virtual)
                     job = make_job(
-                        profile, schedule, stages * virtual, micro, 83.64, virtual_stages=virtual,
+                        profile, schedule, stages * virtual, micro, blocking_power_w=83.64, virtual_stages=virtual,
                         layers_per_stage=12,
                     )  # fmt: skip
                 except PerseusError:

@@ -49,7 +49,7 @@ def main() -> None:
                 "1f1b",
                 8,
                 micro,
-                POWER[name],
+                blocking_power_w=POWER[name],
                 layers_per_stage=args.layers,
                 switch_latency_s=args.switch_latency_s,
                 switch_energy_j=args.switch_energy_j,

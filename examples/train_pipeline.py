@@ -220,7 +220,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
             stages, args.microbatches, loss_fn=nn.functional.mse_loss
         )
     else:
-        schedule = build_schedule(args.schedule, num_stages, args.microbatches, v)
+        schedule = build_schedule(args.schedule, num_stages, args.microbatches, virtual_stages=v)
         torch_schedule = build_torch_schedule(schedule, stages, loss_fn=nn.functional.mse_loss)
 
     cache = None

@@ -68,7 +68,11 @@ class PlanningJob:
         """Exact evaluation of a plan given as per-node clocks (N,) or two-clock rows (N, 3)
         (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
         return evaluate_freqs(
-            self.graph, self.profile, freqs_mhz, self.spec.blocking_power_w, self.layer_split
+            self.graph,
+            self.profile,
+            freqs_mhz,
+            blocking_power_w=self.spec.blocking_power_w,
+            split=self.layer_split,
         )
 
     def op_costs(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
@@ -132,6 +136,7 @@ def make_job(
     schedule: str,
     stages: int,
     microbatches: int,
+    *,
     blocking_power_w: float,
     virtual_stages: int = 1,
     p2p_latency_s: float = 0.0,
@@ -143,6 +148,14 @@ def make_job(
     switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
 ) -> PlanningJob:
     """Build the schedule and DAG for ``profile`` and describe the job.
+
+    ::
+
+        job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
+
+    Everything after ``microbatches`` is keyword-only. ``blocking_power_w`` is the GPU's power
+    while blocked on communication (:func:`perseus.device.presets.blocking_power_for` gives it
+    for known GPUs; ``perseus doctor`` measures it).
 
     A zero-bubble schedule on a profile without ``weight`` rows splits each backward into
     ``B``/``W`` by ``backward_split`` (recorded in the job spec).
@@ -156,11 +169,11 @@ def make_job(
     """
     if profile.num_stages != stages:
         raise ConfigError(
-            f"{profile.source}: profile has {profile.num_stages} stages but --stages is {stages}; "
-            f"use --stages {profile.num_stages} or a profile with {stages} stages"
+            f"{profile.source}: profile has {profile.num_stages} stages but `stages` is {stages}; "
+            f"use `stages`={profile.num_stages} or a profile with {stages} stages"
         )
     if blocking_power_w < 0:
-        raise ConfigError(f"--blocking-power-w must be >= 0, got {blocking_power_w}")
+        raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
     layers: tuple[int, ...] | None = None
     if layers_per_stage is not None:
         given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
@@ -171,7 +184,7 @@ def make_job(
         layers = tuple(len(f) for f in split.layer_fractions)
     elif layer_time_fractions is not None:
         raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
-    sched = build_schedule(schedule, stages, microbatches, virtual_stages)
+    sched = build_schedule(schedule, stages, microbatches, virtual_stages=virtual_stages)
     b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(backward_split)
@@ -194,4 +207,4 @@ def make_job(
         switch_latency_s=switch_latency_s,
         switch_energy_j=switch_energy_j,
     )
-    return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s))
+    return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))

@@ -116,7 +116,7 @@ class PlanPoint(BaseModel):
             if not isinstance(op, int):
                 raise PlanError(
                     f"rank {rank} op {j} is a two-clock op {list(op)}; this consumer runs "
-                    "one clock per op: plan with --max-clocks-per-op 1"
+                    "one clock per op: plan with `max_clocks_per_op`=1"
                 )
             out.append(op)
         return tuple(out)

@@ -1,7 +1,17 @@
-"""Shared fixtures. Tests can never reach a real GPU by accident."""
+"""Shared fixtures. Tests can never reach a real GPU by accident.
+
+The solver's numba kernels are compiled (or loaded from numba's disk cache) once, before the
+first test, and the time is reported, rather than paid silently by whichever test traces a
+frontier first (a cold compile takes 20-90 s on a 2-core machine). Runs that collect only
+tests that never solve (``SOLVER_FREE`` folders) skip it.
+
+Lanes: ``pytest -m "not slow"`` for everyday work; ``pytest`` for everything. ``slow`` marks
+emulated multi-process runs, real-time smoke tests and subprocess-heavy tests.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data" / "perseus-sosp24"
 BUNDLED = REPO / "perseus" / "data" / "profiles"
+
+#: Test folders whose tests never trace a frontier: no kernel warm-up for them alone.
+SOLVER_FREE = frozenset({"core", "dag", "device", "profile", "recurring", "schedule", "security"})
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +49,12 @@ def _no_real_nvml(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``gpu`` tests on machines without an NVIDIA driver."""
+    """Mark tests/integration (emulated multi-process training runs) ``slow``; skip ``gpu``
+    tests on machines without an NVIDIA driver."""
+    integration = REPO / "tests" / "integration"
+    for item in items:
+        if item.path.is_relative_to(integration):
+            item.add_marker(pytest.mark.slow)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU and driver")
@@ -47,3 +65,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _has_gpu() -> bool:
     return Path("/proc/driver/nvidia/version").exists()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Compile (or load) the solver kernels once, up front, and say how long it took."""
+    config = session.config
+    if config.option.collectonly or not _needs_solver(session.items):
+        return
+    from perseus.cli._progress import solver_kernels_cached
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    cached = solver_kernels_cached()
+    if reporter is not None and not cached:
+        reporter.write_line(
+            "perseus: compiling the solver kernels (numba; once per checkout, then cached)..."
+        )
+    started = time.perf_counter()
+    _warm_solver_kernels()
+    elapsed = time.perf_counter() - started
+    if reporter is not None:
+        how = "loaded from numba's disk cache" if cached else "compiled"
+        reporter.write_line(f"perseus: solver kernels {how} in {elapsed:.1f} s")
+
+
+def _needs_solver(items: list[pytest.Item]) -> bool:
+    tests = REPO / "tests"
+    for item in items:
+        try:
+            folder = item.path.relative_to(tests).parts[0]
+        except ValueError:
+            return True
+        if folder not in SOLVER_FREE:
+            return True
+    return False
+
+
+def _warm_solver_kernels() -> None:
+    """Trace a tiny job: every kernel of the default walk compiles (or loads) for the
+    argument types all jobs use (two-clock and folded walks reuse them)."""
+    from perseus.io import load_profile
+    from perseus.io.profile_slice import slice_profile
+    from perseus.job import make_job
+    from perseus.solver import trace
+
+    profile = slice_profile(load_profile("a100"), 2)
+    trace(make_job(profile, "1f1b", 2, 4, blocking_power_w=83.64))

@@ -37,6 +37,7 @@ __all__ = [
     "check_power",
     "check_set_latency",
     "check_simulated",
+    "cuda_device_for",
     "probe",
 ]
 
@@ -399,7 +400,7 @@ def _transformer(torch: Any, device: Any) -> tuple[Any, Any]:
     return block, torch.randn(4, 1024, 2048, device=device, dtype=torch.bfloat16)
 
 
-def _cuda_device_for(torch: Any, gpu: NvmlGPU) -> int:
+def cuda_device_for(torch: Any, gpu: NvmlGPU) -> int:
     """The CUDA index of the NVML GPU (by UUID), or 0 when the UUIDs cannot be compared."""
     want = gpu.uuid.removeprefix("GPU-").lower()
     for k in range(torch.cuda.device_count()):
@@ -434,7 +435,7 @@ def check_cuda(
         )
     from perseus.runtime.agent.rank_agent import RankAgent
 
-    index = _cuda_device_for(torch, gpu)
+    index = cuda_device_for(torch, gpu)
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     block, x = _transformer(torch, device)

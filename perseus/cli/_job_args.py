@@ -288,7 +288,7 @@ def build_checked_job(
         schedule,
         stages,
         microbatches,
-        blocking_power_w,
+        blocking_power_w=blocking_power_w,
         virtual_stages=virtual_stages,
         p2p_latency_s=p2p_latency_s,
         backward_split=backward_split,

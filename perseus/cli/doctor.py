@@ -3,7 +3,9 @@
 Checks, for each NVIDIA GPU: the driver and NVML (versions), name, UUID, architecture, whether
 clock locking is allowed (and exactly how to allow it when not), the supported clocks, the set
 latency (skipped under ``--no-clock-changes``), the energy counter's resolution and update
-period, the power cap and clock event reasons, and a short CUDA check: a transformer block's
+period, the power cap and clock event reasons, idle and blocked-on-communication power (the
+``blocking_power_w`` a plan needs: the energy counter read while a spin-wait kernel holds the
+GPU, as NCCL's waits do; observe-only), and a short CUDA check: a transformer block's
 forward and backward through the real agent path at a few clocks (under
 ``--no-clock-changes``: only at the current clock), with the SM clock read back while the ops
 run and the ops timed by CUDA events. Without a GPU it says so in one line and checks the
@@ -39,8 +41,10 @@ from perseus.cli._doctor_checks import (
     check_simulated,
     probe,
 )
+from perseus.cli._doctor_power import check_blocking_power
 from perseus.device import nvml as nvml_backend
 from perseus.device.nvml import NvmlGPU, call_nvml
+from perseus.device.presets import BLOCKING_POWER
 from perseus.errors import ConfigError
 
 __all__ = ["diagnose", "register", "run"]
@@ -74,12 +78,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=1.0,
         help="how long to poll the energy counter (default 1 s)",
     )
+    p.add_argument(
+        "--power-window-s",
+        type=float,
+        default=3.0,
+        help="how long to read idle and blocked power each (default 3 s)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.energy_window_s > 0:
         raise ConfigError(f"--energy-window-s must be > 0, got {args.energy_window_s}")
+    if not 0 < args.power_window_s <= 600:
+        raise ConfigError(f"--power-window-s must be in (0, 600] s, got {args.power_window_s}")
     if args.clocks < 1 or args.iterations < 1:
         raise ConfigError(
             f"--clocks and --iterations must be >= 1, got {args.clocks} and {args.iterations}"
@@ -94,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         clocks=args.clocks,
         iterations=args.iterations,
         energy_window_s=args.energy_window_s,
+        power_window_s=args.power_window_s,
     )
     if args.json:
         print(json.dumps(report, indent=1))
@@ -110,6 +123,7 @@ def diagnose(
     clocks: int = 3,
     iterations: int = 5,
     energy_window_s: float = 1.0,
+    power_window_s: float = 3.0,
     nvml_module: Any = None,
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
@@ -129,6 +143,12 @@ def diagnose(
             f"no NVIDIA GPU usable here ({_first_line(e)}); checking the simulated path"
         )
         report["simulated"] = probe("simulated path", check_simulated).as_dict()
+        report["blocking_power"] = Check(
+            "blocking power",
+            "skip",
+            "needs an NVIDIA GPU (it reads idle and blocked-on-communication power from the "
+            f"GPU's energy counter); known without measuring: {_known_blocking_power()}",
+        ).as_dict()
         report["usable"] = False
         report["verdict"] = (
             "perseus cannot change real GPU clocks on this machine; planning, emulation and "
@@ -148,7 +168,14 @@ def diagnose(
     first_cuda = True
     for i in indices:
         entry = _diagnose_gpu(
-            nvml, i, no_clock_changes, cuda and first_cuda, clocks, iterations, energy_window_s
+            nvml,
+            i,
+            no_clock_changes,
+            cuda and first_cuda,
+            clocks,
+            iterations,
+            energy_window_s,
+            power_window_s,
         )
         first_cuda = False  # one CUDA check is enough to prove the path; it takes seconds
         report["gpus"].append(entry)
@@ -176,6 +203,7 @@ def _diagnose_gpu(
     clocks: int,
     iterations: int,
     energy_window_s: float,
+    power_window_s: float,
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {"index": index, "checks": []}
     checks: list[Check] = []
@@ -198,6 +226,13 @@ def _diagnose_gpu(
                 probe("energy counter", lambda: check_energy_counter(gpu, energy_window_s))
             )
             checks.append(probe("power", lambda: check_power(gpu)))
+            # Before the CUDA check: its transformer leaves the GPU warm for a while.
+            checks.append(
+                probe(
+                    "blocking power",
+                    lambda: check_blocking_power(gpu, power_window_s, cuda=cuda),
+                )
+            )
             if cuda:
                 can_lock = control.status == "ok"
                 checks.append(
@@ -221,6 +256,13 @@ def _diagnose_gpu(
     entry["usable"] = not blocking
     entry["blocking"] = "; ".join(f"{c.name}: {c.summary}" for c in blocking)
     return entry
+
+
+def _known_blocking_power() -> str:
+    return ", ".join(
+        f"{f.family} {f.power_w:g} W{' (estimate)' if f.estimated else ''}"
+        for _, f in BLOCKING_POWER
+    )
 
 
 def _open(gpu: NvmlGPU) -> Check:
@@ -272,6 +314,8 @@ def _print(report: dict[str, Any]) -> None:
         print(report["no_gpu"])
         if report["simulated"] is not None:
             _line(report["simulated"])
+        if report.get("blocking_power") is not None:
+            _line(report["blocking_power"])
         print(f"verdict: {report['verdict']}")
         return
     versions = report["nvml"] or {}

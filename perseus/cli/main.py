@@ -4,12 +4,18 @@ Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad ar
 1 any other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. Errors are printed as one
 line on stderr (cut to a readable length), never a traceback; ``--log-level DEBUG`` adds the
 traceback of an unexpected error. ``-v``/``--log-level`` work before or after the command.
+
+The library names parameters in its errors, written in backquotes (`` `stages` must be >= 1``),
+since a Python caller never saw a flag; this handler rewrites each one into the flag of the
+command that ran (``--stages must be >= 1``), from the parsers themselves plus
+:data:`PARAMETER_FLAGS` where a parameter and its flag are named differently.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +27,16 @@ from perseus.validate import clip_message
 
 logger = get_logger(__name__)
 
-__all__ = ["build_parser", "entry", "main"]
+__all__ = ["PARAMETER_FLAGS", "build_parser", "entry", "main"]
+
+#: Library parameter names whose flag is named otherwise (used where the command has the flag).
+PARAMETER_FLAGS: dict[str, str] = {
+    "pipeline_index": "--pipeline",
+    "state_dir": "--sim-dir",
+    "trace_dir": "--trace",
+}
+
+_PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 
 class _ArgumentError(Exception):
@@ -86,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A bare `perseus` lists the commands, as `perseus --help` does.
         print(parser.format_help(), end="")
         return 0
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         configure_logging(_log_level(args), rank=rank_from_env())
@@ -95,12 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error(str(e))
         return 2
     except ConfigError as e:
-        _print_error(_one_line(e))
+        _print_error(as_flags(_one_line(e), parser, args))
         if "\n" in str(e).strip():
             logger.info("details:\n%s", str(e).strip().partition("\n")[2])
         return 2
     except PerseusError as e:
-        _print_error(_one_line(e))
+        _print_error(as_flags(_one_line(e), parser, args))
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -127,6 +143,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(--log-level DEBUG shows the traceback)"
         )
         return 1
+
+
+def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace | None) -> str:
+    """``message`` with each `` `parameter` `` the library named turned into the flag of the
+    command that ran (`` `stages`=8`` -> ``--stages=8``); a parameter without a flag loses
+    its backquotes."""
+    flags = _command_flags(parser, args)
+
+    known = set(flags.values())
+
+    def flag(match: re.Match[str]) -> str:
+        name = match.group(1)
+        alias = PARAMETER_FLAGS.get(name)
+        return flags.get(name) or (alias if alias in known else None) or name
+
+    return _PARAMETER.sub(flag, message)
+
+
+def _command_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace | None
+) -> dict[str, str]:
+    """Destination -> long flag of every option of the parsers ``args`` went through."""
+    flags: dict[str, str] = {}
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        chosen = None
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = getattr(args, action.dest, None) if args is not None else None
+                chosen = action.choices.get(name) if isinstance(name, str) else None
+                continue
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            if longs:
+                flags.setdefault(action.dest, longs[0])
+        current = chosen
+    return flags
 
 
 def _print_error(message: str) -> None:

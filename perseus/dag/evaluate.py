@@ -87,7 +87,7 @@ def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatA
 
 
 def evaluate_durations(
-    graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, blocking_power_w: float
+    graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, *, blocking_power_w: float
 ) -> Evaluation:
     """Evaluate a plan given each node's duration and energy.
 
@@ -183,12 +183,13 @@ def evaluate_freqs(
     graph: OpGraph,
     profile: Profile,
     freqs_mhz: Sequence[int] | IntArray,
+    *,
     blocking_power_w: float,
     split: LayerSplit | None = None,
 ) -> Evaluation:
     """Evaluate a plan given per-node clocks or two-clock rows (see :func:`op_costs`)."""
     time_s, energy_j = op_costs(graph, profile, freqs_mhz, split)
-    return evaluate_durations(graph, time_s, energy_j, blocking_power_w)
+    return evaluate_durations(graph, time_s, energy_j, blocking_power_w=blocking_power_w)
 
 
 def allmax_freqs(graph: OpGraph, profile: Profile) -> IntArray:

@@ -10,8 +10,8 @@ P2P latency.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 
-import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
@@ -75,7 +75,7 @@ class OpGraph:
         return cache
 
 
-def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
+def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     """Build the operation DAG of one iteration of ``schedule``.
 
     Args:
@@ -113,14 +113,9 @@ def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
     dst = np.array([v for _, v in ordered], dtype=np.int64)
     latency = np.where(rank[src] != rank[dst], float(p2p_latency_s), 0.0)
 
-    g = nx.DiGraph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(ordered)
     try:
-        generations = tuple(
-            np.array(sorted(gen), dtype=np.int64) for gen in nx.topological_generations(g)
-        )
-    except nx.NetworkXUnfeasible:
+        generations = _topological_generations(n, src, dst)
+    except CycleError:
         raise ScheduleError(f"schedule {schedule.name!r} has a dependency cycle") from None
     gen_of = np.empty(n, dtype=np.int64)
     for k, gen in enumerate(generations):
@@ -142,3 +137,27 @@ def build_dag(schedule: Schedule, p2p_latency_s: float = 0.0) -> OpGraph:
         generations=generations,
         generation_edges=generation_edges,
     )
+
+
+def _topological_generations(n: int, src: IntArray, dst: IntArray) -> tuple[IntArray, ...]:
+    """Kahn's layering: generation ``k`` holds the nodes whose predecessors all lie in
+    generations ``< k``, each sorted by node id.
+
+    Marking a whole ready batch done before asking for the next makes each batch exactly one
+    generation (networkx's ``topological_generations``).
+
+    Raises:
+        graphlib.CycleError: if the edges contain a cycle.
+    """
+    sorter: TopologicalSorter[int] = TopologicalSorter()
+    for v in range(n):
+        sorter.add(v)
+    for u, v in zip(src.tolist(), dst.tolist(), strict=True):
+        sorter.add(v, u)
+    sorter.prepare()
+    generations = []
+    while sorter.is_active():
+        ready = sorter.get_ready()
+        generations.append(np.array(sorted(ready), dtype=np.int64))
+        sorter.done(*ready)
+    return tuple(generations)

@@ -153,7 +153,7 @@ def open_simulated(index: int, state_dir: Path | None = None) -> SimulatedGPU:
     else:
         raise ConfigError(
             f"no simulated GPU {index} in {directory}; it appears once a process uses it "
-            "(or set PERSEUS_SIM_DIR / --sim-dir to the right directory)"
+            "(or point PERSEUS_SIM_DIR or `state_dir` at the right directory)"
         )
 
     def no_model(stage_index: int, kind: Any, freq_mhz: int) -> tuple[float, float]:

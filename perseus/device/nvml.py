@@ -230,8 +230,8 @@ class _ObserveOnlyNvml:
     def __getattr__(self, name: str) -> Any:
         if is_control_function(name):
             raise DevicePermissionError(
-                f"{name} refused: this GPU was opened observe-only (control=False / "
-                f"{NO_CLOCK_CHANGES_ENV}=1 / --no-clock-changes)"
+                f"{name} refused: this GPU was opened observe-only (`control`=False, or "
+                f"{NO_CLOCK_CHANGES_ENV}=1 in the environment)"
             )
         return getattr(self._nvml, name)
 

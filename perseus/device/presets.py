@@ -1,20 +1,79 @@
-"""Simulator presets: clock lists and fitted power/time models for A100-SXM4, A40 and H100.
+"""GPU presets: clock lists, fitted power/time models and blocking power for known GPUs.
 
 Numbers come from ``notes/gpu-backend.md`` §4–5. The A100 model is fitted to the Perseus
 GPT-3 A100 measurements (rmse 4.8 W); the A40 model is fitted to the bundled A40 profile
 (power rmse 0.9 W, 300 W cap binding above ~1485 MHz); the H100 row is an **estimate** to be
 re-fitted from one sweep on real hardware (``estimated=True``).
+
+Blocking power (the GPU's draw while blocked on P2P or a collective, which the planner charges
+for every second a GPU waits) is known per GPU family (:data:`BLOCKING_POWER`):
+:func:`blocking_power_for` gives it for a device, and ``perseus doctor`` measures it on a GPU
+the table does not know.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
+from perseus.device.base import GPU
 from perseus.device.power_model import PowerModel, TimeModel
 from perseus.errors import ConfigError
 from perseus.schedule.actions import Kind
 
-__all__ = ["PRESETS", "GPUPreset", "get_preset"]
+__all__ = [
+    "BLOCKING_POWER",
+    "PRESETS",
+    "BlockingPower",
+    "DeclaresBlockingPower",
+    "GPUPreset",
+    "blocking_power_for",
+    "blocking_power_of_name",
+    "get_preset",
+]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingPower:
+    """A GPU family's power while blocked on communication, and where the figure comes from.
+
+    Attributes:
+        family: The GPU family (``"A100 SXM4"``).
+        power_w: Power while blocked on P2P/collectives, in watts.
+        source: Where the number comes from (a measurement, or why it is an estimate).
+        estimated: True when nobody measured it: measure it with ``perseus doctor``.
+    """
+
+    family: str
+    power_w: float
+    source: str
+    estimated: bool = False
+
+
+_A100_BLOCKING = BlockingPower(
+    "A100 SXM4",
+    83.64,
+    "measured: Perseus SOSP'24 artifact on A100 SXM4 80GB (the notes' §4.1 list 83.6-85 W)",
+)
+_A40_BLOCKING = BlockingPower("A40", 70.38, "measured: Perseus SOSP'24 artifact on A40")
+_H100_BLOCKING = BlockingPower(
+    "H100 SXM",
+    120.0,
+    "estimate: not measured (the notes' §4.1: idle 67-73 W, 112-117 W with a live context)",
+    estimated=True,
+)
+
+#: Blocking power by GPU family: (pattern matched against the device name, figure). The first
+#: match wins. PCIe and NVL boards have other power envelopes and are left unmatched.
+BLOCKING_POWER: tuple[tuple[str, BlockingPower], ...] = (
+    (r"\bA100[- ]SXM4?\b", _A100_BLOCKING),
+    (r"\bA40\b", _A40_BLOCKING),
+    (r"\bH100\b(?!.*\b(?:PCIe|NVL)\b)", _H100_BLOCKING),
+)
 
 
 def _clocks(low_mhz: int, high_mhz: int, step_mhz: int = 15) -> tuple[int, ...]:
@@ -58,7 +117,7 @@ _A100_POWER = PowerModel(
     v_max=0.83,
     max_mhz=1410.0,
     idle_w=60.0,
-    blocking_w=83.64,
+    blocking_w=_A100_BLOCKING.power_w,
 )
 _A100_TIMES = {Kind.F: 0.050, Kind.B: 0.095, Kind.W: 0.0475}
 
@@ -97,7 +156,7 @@ PRESETS: dict[str, GPUPreset] = {
             v_max=0.92,
             max_mhz=1740.0,
             idle_w=30.0,
-            blocking_w=70.38,
+            blocking_w=_A40_BLOCKING.power_w,
         ),
         time=TimeModel(ref_mhz=1740.0, form="linear", alpha=0.42),
         power_cap_w=300.0,
@@ -116,7 +175,7 @@ PRESETS: dict[str, GPUPreset] = {
             v_max=0.95,
             max_mhz=1980.0,
             idle_w=70.0,
-            blocking_w=120.0,
+            blocking_w=_H100_BLOCKING.power_w,
         ),
         time=TimeModel(ref_mhz=1980.0),
         power_cap_w=700.0,
@@ -140,3 +199,57 @@ def get_preset(key: str) -> GPUPreset:
         raise ConfigError(
             f"unknown GPU preset {key!r}; choose one of {', '.join(sorted(PRESETS))}"
         ) from None
+
+
+@runtime_checkable
+class DeclaresBlockingPower(Protocol):
+    """A device that knows its own blocking power (the simulated GPU: its model's value)."""
+
+    @property
+    def blocking_power_w(self) -> float: ...
+
+
+def blocking_power_of_name(name: str) -> BlockingPower | None:
+    """The :data:`BLOCKING_POWER` entry whose pattern matches the device name ``name``."""
+    for pattern, figure in BLOCKING_POWER:
+        if re.search(pattern, name):
+            return figure
+    return None
+
+
+def blocking_power_for(gpu: GPU) -> float:
+    """The power ``gpu`` draws while blocked on communication, in watts, for planning.
+
+    A device that declares it (:class:`DeclaresBlockingPower`: the simulated GPU) gives its
+    own; otherwise the device's name is looked up in :data:`BLOCKING_POWER`. The source is
+    logged (INFO; a WARNING when the figure is an estimate).
+
+    Args:
+        gpu: A GPU (:class:`~perseus.device.nvml.NvmlGPU`, a simulated GPU).
+
+    Raises:
+        ConfigError: if the GPU is not one the table knows; the message says how to measure
+            it (``perseus doctor``) and which parameter to pass.
+    """
+    name = gpu.name
+    if isinstance(gpu, DeclaresBlockingPower):
+        power_w = float(gpu.blocking_power_w)
+        _log.info("blocking power %.2f W for %s: declared by the device", power_w, name)
+        return power_w
+    figure = blocking_power_of_name(name)
+    if figure is None:
+        known = ", ".join(f.family for _, f in BLOCKING_POWER)
+        raise ConfigError(
+            f"no blocking power known for {name!r} (known: {known}); measure it with "
+            "`perseus doctor` on that GPU and pass `blocking_power_w`"
+        )
+    if figure.estimated:
+        _log.warning(
+            "blocking power %.2f W for %s is an estimate (%s); measure it with `perseus doctor`",
+            figure.power_w,
+            name,
+            figure.source,
+        )
+    else:
+        _log.info("blocking power %.2f W for %s: %s", figure.power_w, name, figure.source)
+    return figure.power_w

@@ -121,7 +121,9 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         )
     if j.schedule in SCHEDULE_NAMES:
         try:
-            sched = build_schedule(j.schedule, j.stages, j.microbatches, j.virtual_stages)
+            sched = build_schedule(
+                j.schedule, j.stages, j.microbatches, virtual_stages=j.virtual_stages
+            )
         except ConfigError as e:  # a ScheduleError: the sizes do not fit the schedule
             raise PlanError(
                 f"{source}: field job: {str(e).partition(chr(10))[0]}; {_REGENERATE}"

@@ -21,7 +21,7 @@ __all__ = ["slice_profile"]
 Row = tuple[int, Kind, int, float, float]
 
 
-def slice_profile(profile: Profile, stages: int, flag: str = "--stages") -> Profile:
+def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profile:
     """``profile`` re-cut to ``stages`` stages (see the module docstring for the model).
 
     Raises:
@@ -30,13 +30,13 @@ def slice_profile(profile: Profile, stages: int, flag: str = "--stages") -> Prof
     """
     old = profile.num_stages
     if stages < 1:
-        raise ConfigError(f"{flag}: must be >= 1, got {stages}")
+        raise ConfigError(f"`{name}`: must be >= 1, got {stages}")
     rows: list[Row] = []
     kinds = profile.kinds
     if stages >= old:
         if stages % old:
             raise ConfigError(
-                f"{flag}: {stages} stages is more than the profile's {old} and not a multiple of "
+                f"`{name}`: {stages} stages is more than the profile's {old} and not a multiple of "
                 f"it; pass a multiple of {old} (each stage split evenly) or at most {old}"
             )
         k = stages // old
@@ -52,7 +52,7 @@ def slice_profile(profile: Profile, stages: int, flag: str = "--stages") -> Prof
             common = set.intersection(*({o.freq_mhz for o in op.options} for op in ops))
             if not common:
                 raise ConfigError(
-                    f"{flag} {stages}: stages {block.start}..{block.stop - 1} of "
+                    f"`{name}` {stages}: stages {block.start}..{block.stop - 1} of "
                     f"{profile.source} share no {kind.profile_name} clock; cannot merge them"
                 )
             for freq in sorted(common, reverse=True):

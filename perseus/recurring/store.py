@@ -178,7 +178,7 @@ class SQLiteStore:
                     con.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             except sqlite3.DatabaseError as e:
                 raise ConfigError(
-                    f"{self.path}: not a usable SQLite database ({e}); pass another --db path"
+                    f"{self.path}: not a usable SQLite database ({e}); use another database file"
                 ) from e
             self._con, self._pid = con, os.getpid()
         return self._con

@@ -60,7 +60,7 @@ def _rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, st
     try:
         f = path.open(newline="", encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass the right --trace DIR") from e
+        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass the right `trace_dir`") from e
     with f:
         reader = csv.DictReader(f)
         missing = [c for c in fields if c not in (reader.fieldnames or [])]
@@ -177,8 +177,8 @@ def load_workloads(
         jobs = [j for j in jobs if j.key == workload]
         if not jobs:
             raise ConfigError(
-                f"--workload {workload!r} is not a known job; use one of "
-                f"{', '.join(j.key for j in ZEUS_JOBS)} or pass --jobs FILE defining it"
+                f"`workload` {workload!r} is not a known job; use one of "
+                f"{', '.join(j.key for j in ZEUS_JOBS)} or pass `jobs` defining it"
             )
     train_path = trace_dir / "summary_train.csv"
     power_path = power_trace_path(trace_dir, gpu)
@@ -208,6 +208,6 @@ def load_workloads(
         wanted = workload or ", ".join(j.key for j in jobs)
         raise ConfigError(
             f"{train_path} and {power_path}: no rows for {wanted}; check the dataset, network "
-            "and optimizer columns or pass --jobs FILE"
+            "and optimizer columns or pass `jobs` defining the job"
         )
     return out

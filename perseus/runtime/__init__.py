@@ -4,28 +4,52 @@ Importing this package never imports torch or pynvml; adapters that need torch l
 own modules and import it lazily.
 """
 
-from perseus.runtime.agent import (
-    AgentRecords,
-    ApplyStats,
-    FrequencyController,
-    IterationRecord,
-    NullAgent,
-    OpRecord,
-    RankAgent,
-    make_agent,
-)
-from perseus.runtime.safety import ExitGuard, GpuOwnership, Watchdog
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perseus.runtime.agent.rank_agent import RankAgent
+    from perseus.runtime.engines.torch_pp import perseus_pipeline
+    from perseus.runtime.metrics import IterationMetrics, MetricsSink
+    from perseus.runtime.pipeline import PerseusPipeline
+    from perseus.runtime.session import BoundaryHook, IterationStats, RankSession
+
+# The session-level names, each imported from its module on first access so that importing
+# one runtime module does not load the others. Internals (the controller, the watchdog, the
+# signal guards) stay in their subpackages: perseus.runtime.agent, perseus.runtime.safety.
+_LAZY: dict[str, str] = {
+    "BoundaryHook": "perseus.runtime.session",
+    "IterationMetrics": "perseus.runtime.metrics",
+    "IterationStats": "perseus.runtime.session",
+    "MetricsSink": "perseus.runtime.metrics",
+    "PerseusPipeline": "perseus.runtime.pipeline",
+    "RankAgent": "perseus.runtime.agent.rank_agent",
+    "RankSession": "perseus.runtime.session",
+    "perseus_pipeline": "perseus.runtime.engines.torch_pp",
+}
 
 __all__ = [
-    "AgentRecords",
-    "ApplyStats",
-    "ExitGuard",
-    "FrequencyController",
-    "GpuOwnership",
-    "IterationRecord",
-    "NullAgent",
-    "OpRecord",
+    "BoundaryHook",
+    "IterationMetrics",
+    "IterationStats",
+    "MetricsSink",
+    "PerseusPipeline",
     "RankAgent",
-    "Watchdog",
-    "make_agent",
+    "RankSession",
+    "perseus_pipeline",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'perseus.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

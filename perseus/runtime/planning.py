@@ -58,7 +58,9 @@ def job_for_schedule(
     v = schedule.virtual_stages
     for name in SCHEDULE_NAMES:
         try:
-            ours = build_schedule(name, schedule.num_stages, schedule.num_microbatches, v)
+            ours = build_schedule(
+                name, schedule.num_stages, schedule.num_microbatches, virtual_stages=v
+            )
         except ConfigError:
             continue
         if (
@@ -70,7 +72,7 @@ def job_for_schedule(
                 name,
                 schedule.num_stages,
                 schedule.num_microbatches,
-                blocking_power_w,
+                blocking_power_w=blocking_power_w,
                 virtual_stages=v,
                 profile_name=profile_name,
                 **(job_options or {}),

@@ -38,9 +38,9 @@ __all__ = [
 
 def _check_sizes(stages: int, microbatches: int) -> None:
     if stages < 1:
-        raise ScheduleError(f"--stages must be >= 1, got {stages}")
+        raise ScheduleError(f"`stages` must be >= 1, got {stages}")
     if microbatches < 1:
-        raise ScheduleError(f"--microbatches must be >= 1, got {microbatches}")
+        raise ScheduleError(f"`microbatches` must be >= 1, got {microbatches}")
 
 
 def _looped(stages: int, ranks: int) -> tuple[int, ...]:
@@ -111,13 +111,13 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
     _check_sizes(stages, microbatches)
     if virtual_stages < 1 or stages % virtual_stages:
         raise ScheduleError(
-            f"--stages ({stages}) must be a multiple of --virtual-stages ({virtual_stages})"
+            f"`stages` ({stages}) must be a multiple of `virtual_stages` ({virtual_stages})"
         )
     ranks, v = stages // virtual_stages, virtual_stages
     rounds = max(1, microbatches // ranks)
     if microbatches % rounds:
         raise ScheduleError(
-            f"interleaved 1F1B needs --microbatches ({microbatches}) to be a multiple of the "
+            f"interleaved 1F1B needs `microbatches` ({microbatches}) to be a multiple of the "
             f"number of rounds ({rounds} = microbatches // ranks); try a multiple of {ranks}"
         )
     per_round = microbatches // rounds
@@ -226,7 +226,9 @@ _BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
 }
 
 
-def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def build_schedule(
+    name: str, stages: int, microbatches: int, *, virtual_stages: int = 1
+) -> Schedule:
     """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
 
     Raises:
@@ -237,6 +239,6 @@ def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: in
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     if name != "interleaved" and virtual_stages != 1:
         raise ScheduleError(
-            f"--virtual-stages {virtual_stages} only applies to the interleaved schedule"
+            f"`virtual_stages`={virtual_stages} only applies to the interleaved schedule"
         )
     return _BUILDERS[name](stages, microbatches, virtual_stages)

@@ -76,10 +76,12 @@ class StragglerCase:
 def _check(pipelines: int, factors: list[float]) -> None:
     if pipelines < 2:
         raise ConfigError(
-            f"--pipelines must be at least 2 (one straggler and others), got {pipelines}"
+            f"`pipelines` must be at least 2 (one straggler and others), got {pipelines}"
         )
     if not factors:
-        raise ConfigError("no slowdown factors given; pass e.g. --factors 1.05:1.5:0.05")
+        raise ConfigError(
+            "no slowdown factors given; pass at least one in `factors` (e.g. 1.05 to 1.5)"
+        )
     for f in factors:
         if not (math.isfinite(f) and 1.0 <= f <= MAX_FACTOR):
             raise ConfigError(f"slowdown factor must be a number in [1, {MAX_FACTOR:g}], got {f}")
@@ -149,48 +151,48 @@ MAX_FACTOR = 1000.0
 _MAX_FACTORS = 10_000
 
 
-def parse_factors(text: str, flag: str = "--factors") -> tuple[float, ...]:
+def parse_factors(text: str, name: str = "factors") -> tuple[float, ...]:
     """``"1.05:1.5:0.05"`` (start:stop:step, stop included) or ``"1.1,1.2,1.5"`` -> factors.
 
     Every factor must be finite, in [1, 1000]; at most 10,000 of them.
 
     Raises:
-        ConfigError: naming the flag, the bad part and the accepted forms.
+        ConfigError: naming the parameter ``name``, the bad part and the accepted forms.
     """
     hint = "use start:stop:step (e.g. 1.05:1.5:0.05) or a comma list (e.g. 1.1,1.2)"
     shown = show_value(text)
     if len(text) > 100_000:
-        raise ConfigError(f"{flag} {shown}: too long; {hint}")
+        raise ConfigError(f"`{name}` {shown}: too long; {hint}")
     pieces = text.split(":") if ":" in text else [p for p in text.split(",") if p.strip()]
     if not pieces:
-        raise ConfigError(f"{flag} {shown}: no factors; {hint}")
+        raise ConfigError(f"`{name}` {shown}: no factors; {hint}")
     try:
         numbers = [float(p) for p in pieces]
     except ValueError:
-        raise ConfigError(f"{flag} {shown}: not numbers; {hint}") from None
+        raise ConfigError(f"`{name}` {shown}: not numbers; {hint}") from None
     if not all(math.isfinite(n) for n in numbers):
-        raise ConfigError(f"{flag} {shown}: factors must be finite numbers; {hint}")
+        raise ConfigError(f"`{name}` {shown}: factors must be finite numbers; {hint}")
     if ":" not in text:
         factors = tuple(numbers)
     else:
         if len(numbers) != 3:
-            raise ConfigError(f"{flag} {shown}: need exactly three parts; {hint}")
+            raise ConfigError(f"`{name}` {shown}: need exactly three parts; {hint}")
         start, stop, step = numbers
         if not (step > 0 and stop >= start):
-            raise ConfigError(f"{flag} {shown}: need step > 0 and stop >= start; {hint}")
+            raise ConfigError(f"`{name}` {shown}: need step > 0 and stop >= start; {hint}")
         count = math.floor((stop - start) / step + 1e-9) + 1
         if count > _MAX_FACTORS:
             raise ConfigError(
-                f"{flag} {shown}: {count:.3g} factors is too many (at most {_MAX_FACTORS:,}); {hint}"
+                f"`{name}` {shown}: {count:.3g} factors is too many (at most {_MAX_FACTORS:,}); {hint}"
             )
         factors = tuple(round(start + i * step, 10) for i in range(count))
     if len(factors) > _MAX_FACTORS:
         raise ConfigError(
-            f"{flag} {shown}: {len(factors)} factors is too many (at most {_MAX_FACTORS:,})"
+            f"`{name}` {shown}: {len(factors)} factors is too many (at most {_MAX_FACTORS:,})"
         )
     for f in factors:
         if not 1.0 <= f <= MAX_FACTOR:
             raise ConfigError(
-                f"{flag} {shown}: factor {f:g} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)"
+                f"`{name}` {shown}: factor {f:g} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)"
             )
     return factors

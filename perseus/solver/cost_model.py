@@ -183,8 +183,8 @@ def build_cost_model(
     split = job.layer_split
     if max_clocks_per_op == 2 and split is None:
         raise ConfigError(
-            "two clocks per op need the job's layers_per_stage (--layers-per-stage); "
-            "give it or use --max-clocks-per-op 1"
+            "two clocks per op need the job's `layers_per_stage`; "
+            "give it or use `max_clocks_per_op`=1"
         )
     graph, profile, power = job.graph, job.profile, job.blocking_power_w
     kinds = list(Kind)

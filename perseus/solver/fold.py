@@ -105,7 +105,7 @@ def fold_job(
         spec.schedule,
         spec.stages,
         folded_m,
-        spec.blocking_power_w,
+        blocking_power_w=spec.blocking_power_w,
         virtual_stages=spec.virtual_stages,
         p2p_latency_s=spec.p2p_latency_s,
         layers_per_stage=spec.layers_per_stage,

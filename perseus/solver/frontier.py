@@ -491,7 +491,10 @@ def _select(
     for i in kept:
         idx = rec[i]
         ev = evaluate_durations(
-            job.graph, model.opt_time_s[types, idx], model.opt_energy_j[types, idx], power
+            job.graph,
+            model.opt_time_s[types, idx],
+            model.opt_energy_j[types, idx],
+            blocking_power_w=power,
         )
         points.append(
             PlanPoint(

@@ -176,6 +176,7 @@ def test_evaluate_reads_the_job_from_a_bundled_plan(
     assert "1f1b 8 stages x 4 microbatches" in out
 
 
+@pytest.mark.slow
 def test_unreachable_store_is_one_line_without_torch_frames() -> None:
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -14,6 +14,7 @@ from tests.conftest import REPO
 SMALL = str(REPO / "configs" / "small-ci.toml")
 
 
+@pytest.mark.slow
 def test_demo_on_small_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     assert main(["demo", "--config", SMALL, "--out", str(out), "--no-progress"]) == 0

@@ -39,7 +39,7 @@ def _privileged(monkeypatch: pytest.MonkeyPatch, allowed: bool) -> None:
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
-    rc = main(["doctor", "--json", "--energy-window-s", "0.3", *args])
+    rc = main(["doctor", "--json", "--energy-window-s", "0.3", "--power-window-s", "0.3", *args])
     return rc, json.loads(capsys.readouterr().out)
 
 
@@ -112,7 +112,7 @@ def test_unprivileged_says_how_to_allow_it(
     fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _privileged(monkeypatch, False)
-    assert main(["doctor", "--no-cuda", "--energy-window-s", "0.2"]) == 1
+    assert main(["doctor", "--no-cuda", "--energy-window-s", "0.2", "--power-window-s", "0.2"]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] clock locking: not allowed: not root and no CAP_SYS_ADMIN" in out
     assert "CAP_SYS_ADMIN" in out and "--cap-add SYS_ADMIN" in out and "zeusd" in out
@@ -303,3 +303,95 @@ def test_environment_request_holds_without_the_flag(
     rc, report = _doctor(capsys, "--no-cuda")
     assert report["mode"] == "observe-only" and fake.control_calls() == []
     assert rc == 0
+
+
+class _VirtualGpu:
+    """An energy counter on a virtual clock: ``idle_w`` until spinning starts, then
+    ``blocked_w``; published every 100 ms like NVML's."""
+
+    name = "NVIDIA A100-SXM4-80GB"
+
+    def __init__(self, idle_w: float, blocked_w: float) -> None:
+        self.t = 0.0
+        self.idle_w, self.blocked_w = idle_w, blocked_w
+        self.spin_from: float | None = None
+        self.drained = False
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+    def _energy_j(self, t: float) -> float:
+        if self.spin_from is None or t <= self.spin_from:
+            return self.idle_w * t
+        return self.idle_w * self.spin_from + self.blocked_w * (t - self.spin_from)
+
+    def energy_mj(self) -> int:
+        published = math.floor(self.t / 0.1) * 0.1
+        return int(1000 * self._energy_j(published))
+
+    def spin(self, _gpu: object) -> tuple:
+        def busy() -> None:
+            if self.spin_from is None:
+                self.spin_from = self.t
+
+        def drain() -> None:
+            self.drained = True
+
+        return busy, drain
+
+
+def test_blocking_power_arithmetic_on_a_virtual_counter() -> None:
+    from perseus.cli._doctor_power import check_blocking_power
+
+    gpu = _VirtualGpu(idle_w=61.5, blocked_w=86.0)
+    check = check_blocking_power(
+        gpu,  # type: ignore[arg-type]
+        3.0,
+        spin=gpu.spin,
+        now=gpu.now,
+        sleep=gpu.sleep,
+    )
+    assert check.status == "ok", check
+    assert check.data["idle_w"] == pytest.approx(61.5, rel=1e-3)
+    assert check.data["blocked_w"] == pytest.approx(86.0, rel=1e-3)
+    assert check.data["table_w"] == 83.64 and gpu.drained
+    assert "plan with blocking_power_w=86.0" in check.summary
+    # Far from the table's figure: a warning that says to pass the measured value.
+    far = _VirtualGpu(idle_w=60.0, blocked_w=150.0)
+    check = check_blocking_power(far, 3.0, spin=far.spin, now=far.now, sleep=far.sleep)  # type: ignore[arg-type]
+    assert check.status == "warn" and "pass the measured value" in check.summary
+
+
+def test_blocking_power_needs_two_publishes() -> None:
+    from perseus.cli._doctor_power import measure_power_w
+    from perseus.errors import DeviceError
+
+    gpu = _VirtualGpu(idle_w=60.0, blocked_w=80.0)
+    with pytest.raises(DeviceError, match="changed 1 times"):
+        measure_power_w(gpu.energy_mj, 0.15, now=gpu.now, sleep=gpu.sleep, poll_s=0.01)
+
+
+def test_doctor_on_a_fake_gpu_reports_idle_power(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    _, report = _doctor(capsys, "--no-clock-changes", "--no-cuda")
+    blocking = _checks(report)["blocking power"]
+    # The fake counter steps 1700 mJ every 20 ms: 85 W, read off real time (generous bounds).
+    assert blocking["status"] == "skip" and 60 < blocking["data"]["idle_w"] < 110
+    assert blocking["data"]["table_w"] == 83.64
+    assert fake.control_calls() == []
+
+
+def test_no_gpu_says_blocking_power_needs_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> None:
+        raise NvmlUnavailableError("nvidia-ml-py is not installed")
+
+    monkeypatch.setattr(nvml_backend, "import_nvml", missing)
+    assert main(["doctor"]) == 1
+    assert "[skip] blocking power: needs an NVIDIA GPU" in capsys.readouterr().out

@@ -11,14 +11,14 @@ from perseus.job import make_job
 def test_evaluate_allmax_on_bundled_profile(capsys):
     assert main(["evaluate", "a100", "--microbatches", "24"]) == 0
     out = capsys.readouterr().out
-    job = make_job(load_profile("a100"), "1f1b", 8, 24, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
     ev = job.evaluate(job.allmax())
     assert f"time_s:   {ev.time_s:.6f}" in out
     assert f"energy_j: {ev.energy_j:.3f}" in out
 
 
 def test_evaluate_plan(tmp_path, capsys):
-    job = make_job(load_profile("a100"), "1f1b", 8, 4, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=83.64)
     flat = job.allmax()
     flat[:] = 1200
     path = tmp_path / "plan.json"
@@ -30,7 +30,7 @@ def test_evaluate_plan(tmp_path, capsys):
 
 
 def test_plan_for_another_job_is_rejected(tmp_path, capsys):
-    job = make_job(load_profile("a100"), "1f1b", 8, 4, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=83.64)
     path = tmp_path / "plan.json"
     write_frontier(job.frontier([job.point(job.allmax())]), path)
     assert main(["evaluate", "a100", "--microbatches", "6", "--plan", str(path)]) == 2

@@ -35,7 +35,7 @@ def test_frontier_writes_an_exact_frontier(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "points:" in text and "no-slowdown saving" in text
     frontier = read_frontier(out)
-    job = make_job(load_profile(prof), "1f1b", 2, 4, 80.0)
+    job = make_job(load_profile(prof), "1f1b", 2, 4, blocking_power_w=80.0)
     job.check_frontier(frontier)
     for p in frontier.points:
         ev = job.evaluate(job.flat(p))
@@ -95,7 +95,7 @@ def test_frontier_fold_always_says_so_and_stays_exact(tmp_path, capsys):
     assert main([*argv, "--blocking-power-w", "80"]) == 0
     assert "folded:      walked 2 stages x 10 microbatches" in capsys.readouterr().out
     frontier = read_frontier(out)
-    job = make_job(load_profile(prof), "1f1b", 2, 24, 80.0)
+    job = make_job(load_profile(prof), "1f1b", 2, 24, blocking_power_w=80.0)
     for p in frontier.points:
         ev = job.evaluate(job.flat(p))
         assert (p.time_s, p.energy_j) == (ev.time_s, ev.energy_j)

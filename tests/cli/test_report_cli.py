@@ -20,7 +20,12 @@ def frontier_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from perseus.solver import trace_frontier
 
     job = make_job(
-        load_profile("a100"), "1f1b", 8, 8, 83.64, profile_name="gpt3-175b+a100_sxm_bf16"
+        load_profile("a100"),
+        "1f1b",
+        8,
+        8,
+        blocking_power_w=83.64,
+        profile_name="gpt3-175b+a100_sxm_bf16",
     )
     path = tmp_path_factory.mktemp("frontier") / "frontier.json"
     write_frontier(trace_frontier(job), path)

@@ -15,16 +15,6 @@ def _modules():
             "perseus.cli"
         ):
             continue
-        if ".runtime." in name and name.rsplit(".", 1)[1] in {
-            "torch_pp",
-            "torch_hooks",
-            "emulation",
-            "sweep",
-            "switching",
-            "session",
-            "pipeline",
-        }:
-            continue  # need torch; checked by their own tests
         yield importlib.import_module(name)
 
 

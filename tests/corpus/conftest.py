@@ -17,7 +17,9 @@ A100 = load_profile("a100")
 
 def small_frontier():
     """A real frontier of a100, 1f1b, 8 stages x 4 microbatches (two exact points, no solver)."""
-    job = make_job(A100, "1f1b", 8, 4, 83.64, profile_name="gpt3-175b+a100_sxm_bf16")
+    job = make_job(
+        A100, "1f1b", 8, 4, blocking_power_w=83.64, profile_name="gpt3-175b+a100_sxm_bf16"
+    )
     flat = job.allmax().copy()
     slow = flat.copy()
     slow[:] = 1200

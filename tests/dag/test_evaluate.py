@@ -17,7 +17,7 @@ schedules = st.sampled_from(SCHEDULE_NAMES)
 
 def _random_case(name: str, seed: int, p2p: float):
     v = 2 if name == "interleaved" else 1
-    graph = build_dag(build_schedule(name, 4, 4, v), p2p_latency_s=p2p)
+    graph = build_dag(build_schedule(name, 4, 4, virtual_stages=v), p2p_latency_s=p2p)
     rng = np.random.default_rng(seed)
     return graph, rng.uniform(0.1, 2.0, graph.num_nodes), rng.uniform(5, 50, graph.num_nodes)
 
@@ -36,7 +36,7 @@ def _networkx_makespan(graph, time_s) -> float:
 @given(name=schedules, seed=st.integers(0, 10_000), p2p=st.sampled_from([0.0, 0.05]))
 def test_time_equals_networkx_longest_path(name, seed, p2p):
     graph, t, e = _random_case(name, seed, p2p)
-    ev = evaluate_durations(graph, t, e, 80.0)
+    ev = evaluate_durations(graph, t, e, blocking_power_w=80.0)
     assert ev.time_s == pytest.approx(_networkx_makespan(graph, t), rel=1e-12)
 
 
@@ -44,7 +44,7 @@ def test_time_equals_networkx_longest_path(name, seed, p2p):
 @given(name=schedules, seed=st.integers(0, 10_000), power=st.floats(0, 200))
 def test_energy_identity_from_per_rank_idle_time(name, seed, power):
     graph, t, e = _random_case(name, seed, 0.0)
-    ev = evaluate_durations(graph, t, e, power)
+    ev = evaluate_durations(graph, t, e, blocking_power_w=power)
     idle = 0.0
     for r in range(graph.num_ranks):
         lo, hi = graph.rank_start[r], graph.rank_start[r + 1]
@@ -60,7 +60,7 @@ def test_energy_identity_from_per_rank_idle_time(name, seed, power):
 
 def test_every_op_starts_when_its_last_predecessor_ends():
     graph, t, e = _random_case("1f1b", 7, 0.01)
-    ev = evaluate_durations(graph, t, e, 0.0)
+    ev = evaluate_durations(graph, t, e, blocking_power_w=0.0)
     ready = np.zeros(graph.num_nodes)
     np.maximum.at(ready, graph.edge_dst, ev.end_s[graph.edge_src] + graph.edge_latency_s)
     np.testing.assert_allclose(ev.start_s, ready)
@@ -73,7 +73,7 @@ def test_evaluate_many_matches_single():
     E = rng.uniform(1, 9, (5, graph.num_nodes))
     times, energies = evaluate_many(graph, T, E, 60.0)
     for k in range(5):
-        ev = evaluate_durations(graph, T[k], E[k], 60.0)
+        ev = evaluate_durations(graph, T[k], E[k], blocking_power_w=60.0)
         assert times[k] == pytest.approx(ev.time_s)
         assert energies[k] == pytest.approx(ev.energy_j)
 
@@ -82,25 +82,55 @@ def test_p2p_latency_adds_per_hop():
     graph = build_dag(build_schedule("1f1b", 3, 1), p2p_latency_s=0.5)
     ones = np.ones(graph.num_nodes)
     # F0 F1 F2 B2 B1 B0 in a chain with 4 rank crossings.
-    assert evaluate_durations(graph, ones, ones, 0).time_s == pytest.approx(6 + 4 * 0.5)
+    assert evaluate_durations(graph, ones, ones, blocking_power_w=0).time_s == pytest.approx(
+        6 + 4 * 0.5
+    )
     with pytest.raises(ScheduleError, match="latency"):
         build_dag(build_schedule("1f1b", 3, 1), p2p_latency_s=-1)
 
 
 def test_unknown_clock_in_plan_is_named():
-    job = make_job(load_profile("a100"), "1f1b", 8, 4, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=83.64)
     freqs = job.allmax()
     freqs[9] = 1234
     with pytest.raises(PlanError, match=r"1234 MHz for rank 1 op 1 .*not profiled"):
-        evaluate_freqs(job.graph, job.profile, freqs, 83.64)
+        evaluate_freqs(job.graph, job.profile, freqs, blocking_power_w=83.64)
     with pytest.raises(PlanError, match="clocks but the schedule"):
         job.evaluate(freqs[:-1])
 
 
 def test_allmax_on_real_profile_is_plausible():
-    job = make_job(load_profile("a100"), "1f1b", 8, 24, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
     ev = job.evaluate(job.allmax())
     # 31 forward+backward slots of roughly 0.05 + 0.095 s.
     assert 4.0 < ev.time_s < 5.5
     assert ev.blocking_energy_j > 0
     assert ev.energy_j == pytest.approx(ev.compute_energy_j + ev.blocking_energy_j)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_generations_equal_networkx_topological_generations(name):
+    v = 2 if name == "interleaved" else 1
+    graph = build_dag(build_schedule(name, 4, 6, virtual_stages=v), p2p_latency_s=0.01)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(graph.num_nodes))
+    g.add_edges_from(zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True))
+    expected = [sorted(gen) for gen in nx.topological_generations(g)]
+    assert [gen.tolist() for gen in graph.generations] == expected
+
+
+def test_a_dependency_cycle_is_a_schedule_error():
+    good = build_schedule("1f1b", 2, 2)
+    # Rank 0 runs its first backward before the forward it depends on: a cycle.
+    rank0 = good.rank_actions[0]
+    first_b = next(i for i, a in enumerate(rank0) if a.kind.value == "B")
+    swapped = (rank0[first_b], *rank0[:first_b], *rank0[first_b + 1 :])
+    bad = type(good)(
+        name="bad",
+        num_stages=good.num_stages,
+        num_microbatches=good.num_microbatches,
+        stage_to_rank=good.stage_to_rank,
+        rank_actions=(swapped, *good.rank_actions[1:]),
+    )
+    with pytest.raises(ScheduleError, match="dependency cycle"):
+        build_dag(bad)

@@ -54,6 +54,10 @@ def test_doctor_observe_only_on_a_real_gpu(
     assert checks["set latency"]["status"] == "skip"
     energy = checks["energy counter"]["data"]
     assert energy["updates"] >= 2 and energy["smallest_step_mj"] > 0
+    # Idle and blocked power from the counter, observe-only (no set call: `refused` is empty).
+    blocking = checks["blocking power"]
+    assert blocking["status"] in ("ok", "warn"), blocking
+    assert 0 < blocking["data"]["idle_w"] < 1000 and 0 < blocking["data"]["blocked_w"] < 1000
     cuda = checks["cuda check"]
     assert cuda["status"] == "ok", cuda
     (row,) = cuda["data"]["rows"]  # only the current clock under --no-clock-changes

@@ -31,7 +31,7 @@ def test_config_loads_and_builds_its_job(path: Path) -> None:
         config.schedule,
         config.stages or profile.num_stages,
         config.microbatches,
-        config.blocking_power_w if config.blocking_power_w is not None else 83.64,
+        blocking_power_w=config.blocking_power_w if config.blocking_power_w is not None else 83.64,
         virtual_stages=config.virtual_stages,
         p2p_latency_s=config.p2p_latency_s,
         backward_split=config.backward_split,

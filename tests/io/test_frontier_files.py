@@ -11,7 +11,7 @@ from perseus.job import make_job
 
 @pytest.fixture(scope="module")
 def job():
-    return make_job(load_profile("a100"), "1f1b", 8, 4, 83.64, profile_name="a100")
+    return make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=83.64, profile_name="a100")
 
 
 def _clock_plan(job, freq):
@@ -79,6 +79,6 @@ def test_empty_and_missing(tmp_path):
 
 def test_check_job_rejects_other_jobs(job):
     frontier = job.frontier([job.point(job.allmax())])
-    other = make_job(load_profile("a100"), "gpipe", 8, 4, 83.64)
+    other = make_job(load_profile("a100"), "gpipe", 8, 4, blocking_power_w=83.64)
     with pytest.raises(PlanError, match=r"job\.schedule: plan has '1f1b', run has 'gpipe'"):
         other.check_frontier(frontier)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_recurring_example_runs_and_keeps_history(tmp_path: Path) -> None:
     db = tmp_path / "jobs.sqlite"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -40,7 +40,7 @@ def _run_iteration(agent: RankAgent, ops: tuple[str, ...]) -> list[int | None]:
 
 def test_each_op_runs_at_its_planned_clock(tmp_path: Path) -> None:
     profile = load_profile("a100")
-    job = make_job(profile, "1f1b", 8, 4, 83.64)
+    job = make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64)
     flat = job.allmax().copy()
     clocks = [1410, 1095, 990, 1200]
     flat[:] = [clocks[i % 4] for i in range(len(flat))]

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from statistics import NormalDist
 
+import pytest
+
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
@@ -86,6 +88,7 @@ def _wrong_clock_share(timing: str, state_dir: Path, iterations: int = 3) -> flo
     return wrong / total
 
 
+@pytest.mark.slow
 def test_host_timed_clocks_run_ops_at_the_wrong_clock_device_timed_do_not(tmp_path):
     host = _wrong_clock_share("host", tmp_path / "host")
     device = _wrong_clock_share("device", tmp_path / "device")

@@ -138,6 +138,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_gloo_run_in_two_processes() -> None:
     url = f"tcp://127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -88,6 +88,7 @@ def _truth(scale: float, clock_step: int, f_energy: float):  # type: ignore[no-u
     return build_profile(rows, source="truth")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
 def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_path):  # type: ignore[no-untyped-def]
     """The whole path on the asynchronous simulated GPU: the counter is published every

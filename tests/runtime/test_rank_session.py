@@ -34,7 +34,7 @@ def _session(gpu, profile, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
     options = {"watchdog": False, "handle_signals": False, **kwargs}
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
-    job = make_job(profile, "1f1b", 2, 4, BLOCKING_W)
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
     return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
 
@@ -106,6 +106,7 @@ def test_bad_arguments_are_config_errors(gpu, profile):
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
 def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
     """One rank, emulated: the sweep's clocks go through the agent and controller, op times

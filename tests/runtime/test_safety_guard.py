@@ -79,6 +79,7 @@ BLOCKED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_is_handled_while_the_main_thread_is_blocked_in_c(tmp_path: Path, sig: int) -> None:
     pytest.importorskip("torch.distributed")

@@ -37,6 +37,9 @@ from tests.runtime.plans import tiny_plan
 
 pytest.importorskip("torch.distributed.pipelining")
 
+# Each case runs worker processes and waits on real resets: the slow lane.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "runtime" / "safety_worker.py"
 LOCKED_MHZ = 1095

@@ -22,7 +22,7 @@ torch_dist = pytest.importorskip("torch.distributed")
 
 @pytest.fixture(scope="module")
 def frontier():
-    job = make_job(take_stages(load_profile("a100"), 4), "1f1b", 4, 4, 83.64)
+    job = make_job(take_stages(load_profile("a100"), 4), "1f1b", 4, 4, blocking_power_w=83.64)
     fast = job.point(job.allmax())
     slow = PlanPoint(
         time_s=fast.time_s * 1.15, energy_j=fast.energy_j * 0.8, freqs_mhz=fast.freqs_mhz

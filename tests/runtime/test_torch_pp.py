@@ -48,7 +48,7 @@ def test_torch_dag_equals_perseus_builder(name, virtual, ranks, microbatches):
     if name == "interleaved" and microbatches % max(1, microbatches // ranks):
         pytest.skip("torch's interleaved needs whole rounds")
     theirs = torch_pp.schedule_from_torch_class(name, ranks, microbatches, virtual)
-    ours = build_schedule(name, ranks * virtual, microbatches, virtual)
+    ours = build_schedule(name, ranks * virtual, microbatches, virtual_stages=virtual)
     _same_dag(theirs, ours)
 
 

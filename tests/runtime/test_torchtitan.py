@@ -96,7 +96,7 @@ def _titan_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
         set_latency_s=0.0,
     )
     # A one-point plan (all clocks at max) keeps the test about construction, not planning.
-    job = make_job(profile, "1f1b", world, microbatches, power)
+    job = make_job(profile, "1f1b", world, microbatches, blocking_power_w=power)
     plan = job.frontier([job.point(job.allmax())])
     pp = torch_pp.perseus_pipeline(
         pp_schedule,

@@ -110,6 +110,7 @@ def _wrong_clock_share(profile, actions, ops, trace, skip_iterations: int) -> fl
     return wrong / total
 
 
+@pytest.mark.slow
 def test_second_clock_applies_at_the_planned_layer_boundary(tmp_path):
     profile, actions, ops, trace, records, op_records = _run(tmp_path, use_profile=True)
     n = len(actions)
@@ -135,6 +136,7 @@ def test_second_clock_applies_at_the_planned_layer_boundary(tmp_path):
     assert all(r.mid_freq_mhz == ops[r.index][1] for r in op_records)
 
 
+@pytest.mark.slow
 def test_without_a_profile_the_agent_predicts_from_last_iterations_device_time(tmp_path):
     profile, actions, ops, trace, records, _ = _run(tmp_path, use_profile=False, iterations=3)
     n = len(actions)

@@ -34,7 +34,7 @@ def _durations(graph, f_s, b_s, w_s=1.0):
 def test_1f1b_uniform_makespan_closed_form(stages, microbatches, t_f, t_b):
     graph = build_dag(one_f_one_b(stages, microbatches))
     t = _durations(graph, t_f, t_b)
-    ev = evaluate_durations(graph, t, t, 0.0)
+    ev = evaluate_durations(graph, t, t, blocking_power_w=0.0)
     assert ev.time_s == pytest.approx((microbatches + stages - 1) * (t_f + t_b), rel=1e-12)
 
 
@@ -44,14 +44,14 @@ def test_gpipe_makespan_hand_computed_with_imbalanced_stages():
     t = np.where(
         graph.stage == 0, np.where(graph.kind == 0, 1.0, 2.0), np.where(graph.kind == 0, 2.0, 3.0)
     )
-    assert evaluate_durations(graph, t, t, 0.0).time_s == pytest.approx(18.0)
+    assert evaluate_durations(graph, t, t, blocking_power_w=0.0).time_s == pytest.approx(18.0)
 
 
 def test_interleaved_makespan_hand_computed():
     # 2 ranks x 2 virtual stages, 2 microbatches, unit ops: finishes at step 10 (by hand).
     graph = build_dag(interleaved_1f1b(4, 2, 2))
     ones = np.ones(graph.num_nodes)
-    assert evaluate_durations(graph, ones, ones, 0.0).time_s == pytest.approx(10.0)
+    assert evaluate_durations(graph, ones, ones, blocking_power_w=0.0).time_s == pytest.approx(10.0)
     assert graph.schedule.stage_to_rank == (0, 1, 0, 1)
 
 
@@ -60,10 +60,10 @@ def test_interleaved_beats_1f1b_bubble():
     inter = build_dag(interleaved_1f1b(4, 8, 2))
     plain = build_dag(one_f_one_b(2, 8))
     t_inter = evaluate_durations(
-        inter, np.ones(inter.num_nodes), np.ones(inter.num_nodes), 0
+        inter, np.ones(inter.num_nodes), np.ones(inter.num_nodes), blocking_power_w=0
     ).time_s
     t_plain = evaluate_durations(
-        plain, 2 * np.ones(plain.num_nodes), np.ones(plain.num_nodes), 0
+        plain, 2 * np.ones(plain.num_nodes), np.ones(plain.num_nodes), blocking_power_w=0
     ).time_s
     assert t_inter < t_plain
 
@@ -73,7 +73,7 @@ def test_zero_bubble_fills_bubbles_and_has_weight_ops():
     assert sched.has_weight_actions
     graph = build_dag(sched)
     ones = np.ones(graph.num_nodes)
-    zb = evaluate_durations(graph, ones, ones, 0.0).time_s
+    zb = evaluate_durations(graph, ones, ones, blocking_power_w=0.0).time_s
     # 1F1B with the unsplit backward (B = 2 units) takes (M + S - 1) * 3 = 33 units.
     assert zb < 33
     # In-flight activations never exceed 1F1B's S - r on rank r.
@@ -88,7 +88,7 @@ def test_zero_bubble_fills_bubbles_and_has_weight_ops():
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_every_builder_covers_every_action_once(name):
     v = 2 if name == "interleaved" else 1
-    sched = build_schedule(name, 4, 8, v)
+    sched = build_schedule(name, 4, 8, virtual_stages=v)
     acts = [a for ra in sched.rank_actions for a in ra]
     kinds = 3 if name == "zb" else 2
     assert len(acts) == len(set(acts)) == 4 * 8 * kinds
@@ -120,10 +120,11 @@ def test_parse_action_round_trip():
         (("1f1b", 0, 8, 1), "stages"),
         (("1f1b", 4, 0, 1), "microbatches"),
         (("1f1b", 4, 8, 2), "only applies"),
-        (("interleaved", 5, 8, 2), "multiple of --virtual-stages"),
+        (("interleaved", 5, 8, 2), "multiple of `virtual_stages`"),
         (("interleaved", 4, 5, 2), "rounds"),
     ],
 )
 def test_bad_sizes(args, match):
     with pytest.raises(ScheduleError, match=match):
-        build_schedule(*args)
+        name, stages, microbatches, virtual_stages = args
+        build_schedule(name, stages, microbatches, virtual_stages=virtual_stages)

@@ -125,14 +125,14 @@ def test_parse_factors() -> None:
 
 @pytest.mark.parametrize("text", ["abc", "1:2", "1:2:0", "2:1:0.1", "1:2:x", "1:1e9:1e-9"])
 def test_parse_factors_rejects(text: str) -> None:
-    with pytest.raises(ConfigError, match="--factors"):
+    with pytest.raises(ConfigError, match="`factors`"):
         parse_factors(text)
 
 
 def _solved(microbatches: int) -> Frontier:
     from perseus.solver import trace_frontier
 
-    job = make_job(load_profile("a100"), "1f1b", 8, microbatches, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, microbatches, blocking_power_w=83.64)
     return trace_frontier(job)
 
 

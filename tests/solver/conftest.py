@@ -35,4 +35,11 @@ def small_job(
     virtual_stages: int = 1,
 ) -> PlanningJob:
     profile = noisy_profile(stages, clocks, seed)
-    return make_job(profile, schedule, stages, microbatches, power_w, virtual_stages=virtual_stages)
+    return make_job(
+        profile,
+        schedule,
+        stages,
+        microbatches,
+        blocking_power_w=power_w,
+        virtual_stages=virtual_stages,
+    )

@@ -92,8 +92,9 @@ def test_tighten_meets_each_target_without_slowing_any_op():
         assert topo.forward(model.opt_time_s[types, row])[1].max() <= target * (1 + 1e-12)
 
 
+@pytest.mark.slow
 def test_folded_frontier_is_exact_and_close_to_the_full_walk():
-    job = make_job(load_profile("a100"), "1f1b", 8, 48, 83.64)
+    job = make_job(load_profile("a100"), "1f1b", 8, 48, blocking_power_w=83.64)
     folded = trace(job, fold=True)
     whole = trace(job, fold=False)
     assert folded.folded_microbatches == 8 + FOLD_EXTRA_MICROBATCHES

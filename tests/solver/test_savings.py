@@ -16,7 +16,7 @@ POWER = {"a100": 83.64, "a40": 70.38}
 @pytest.mark.slow
 @pytest.mark.parametrize("profile,micro", sorted(AUTHORS))
 def test_intrinsic_bloat_saving_beats_authors(profile, micro):
-    job = make_job(load_profile(profile), "1f1b", 8, micro, POWER[profile])
+    job = make_job(load_profile(profile), "1f1b", 8, micro, blocking_power_w=POWER[profile])
     frontier = trace_frontier(job)
     base = job.evaluate(job.allmax())
     plan = frontier.cheapest_within(base.time_s)

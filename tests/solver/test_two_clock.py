@@ -71,7 +71,7 @@ def test_every_two_clock_point_is_exact(latency_s, switch_j, fractions):
         "1f1b",
         4,
         6,
-        POWER["a40"],
+        blocking_power_w=POWER["a40"],
         layers_per_stage=12,
         layer_time_fractions=fractions,
         switch_latency_s=latency_s,
@@ -89,7 +89,9 @@ def test_every_two_clock_point_is_exact(latency_s, switch_j, fractions):
 
 @pytest.mark.parametrize("profile", ["a100", "a40"])
 def test_no_slowdown_two_clock_plan_reaches_the_lp_limit(profile):
-    job = make_job(load_profile(profile), "1f1b", 8, 12, POWER[profile], layers_per_stage=12)
+    job = make_job(
+        load_profile(profile), "1f1b", 8, 12, blocking_power_w=POWER[profile], layers_per_stage=12
+    )
     result = trace(job)
     base = result.frontier.baseline
     plan = result.frontier.cheapest_within(base.time_s)
@@ -106,7 +108,14 @@ def test_no_slowdown_two_clock_plan_reaches_the_lp_limit(profile):
 
 
 def test_two_clock_plans_round_trip_and_version_1_reads():
-    job = make_job(load_profile("a100"), "1f1b", 8, 8, POWER["a100"], layers_per_stage=[12] * 8)
+    job = make_job(
+        load_profile("a100"),
+        "1f1b",
+        8,
+        8,
+        blocking_power_w=POWER["a100"],
+        layers_per_stage=[12] * 8,
+    )
     frontier = trace(job).frontier
     text = frontier.model_dump_json()
     data = json.loads(text)
@@ -116,7 +125,7 @@ def test_two_clock_plans_round_trip_and_version_1_reads():
     assert any(isinstance(op, int) for op in ops)
     assert Frontier.model_validate_json(text) == frontier
     # A version-1 file (one clock per op, no two-clock fields) still reads and checks.
-    plain = make_job(load_profile("a100"), "1f1b", 8, 8, POWER["a100"])
+    plain = make_job(load_profile("a100"), "1f1b", 8, 8, blocking_power_w=POWER["a100"])
     old = json.loads(trace(plain).frontier.model_dump_json())
     old["schema_version"] = 1
     for field in (
@@ -135,8 +144,10 @@ def test_two_clock_plans_round_trip_and_version_1_reads():
 
 
 def test_two_clock_ops_are_checked():
-    job = make_job(load_profile("a100"), "1f1b", 8, 4, POWER["a100"], layers_per_stage=12)
-    plain = make_job(load_profile("a100"), "1f1b", 8, 4, POWER["a100"])
+    job = make_job(
+        load_profile("a100"), "1f1b", 8, 4, blocking_power_w=POWER["a100"], layers_per_stage=12
+    )
+    plain = make_job(load_profile("a100"), "1f1b", 8, 4, blocking_power_w=POWER["a100"])
     ops = [[f, f, 0] for f in job.allmax().tolist()]
     ops[3] = [1410, 1200, 12]
     with pytest.raises(PlanError, match=r"layers_at_a must be in 1\.\.11"):
@@ -150,13 +161,23 @@ def test_two_clock_ops_are_checked():
 def test_bad_two_clock_settings_are_config_errors():
     profile = load_profile("a100")
     with pytest.raises(ConfigError, match="layers_per_stage has 3 entries"):
-        make_job(profile, "1f1b", 8, 4, 83.64, layers_per_stage=[12, 12, 12])
+        make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64, layers_per_stage=[12, 12, 12])
     with pytest.raises(ConfigError, match="layer_time_fractions"):
-        make_job(profile, "1f1b", 8, 4, 83.64, layers_per_stage=2, layer_time_fractions=[[1.0]])
+        make_job(
+            profile,
+            "1f1b",
+            8,
+            4,
+            blocking_power_w=83.64,
+            layers_per_stage=2,
+            layer_time_fractions=[[1.0]],
+        )
     with pytest.raises(ConfigError, match="switch_latency_s"):
-        make_job(profile, "1f1b", 8, 4, 83.64, layers_per_stage=2, switch_latency_s=-1.0)
-    with pytest.raises(ConfigError, match="max-clocks-per-op 1"):
-        trace(make_job(profile, "1f1b", 8, 4, 83.64), max_clocks_per_op=2)
+        make_job(
+            profile, "1f1b", 8, 4, blocking_power_w=83.64, layers_per_stage=2, switch_latency_s=-1.0
+        )
+    with pytest.raises(ConfigError, match=r"`max_clocks_per_op`=1"):
+        trace(make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64), max_clocks_per_op=2)
 
 
 def test_cli_flags_and_toml_config_give_two_clock_plans(tmp_path, capsys):

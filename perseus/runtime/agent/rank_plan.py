@@ -83,7 +83,7 @@ class RankPlan:
             if job.layers_per_stage is None:
                 raise PlanError(
                     f"plan rank {rank} has two-clock ops but job.layers_per_stage is not "
-                    "set; regenerate the plan with --layers-per-stage"
+                    "set; regenerate the plan with `layers_per_stage`"
                 )
             try:
                 split = build_layer_split(

@@ -66,7 +66,7 @@ def set_hint(store: Any, pipeline_index: int, time_s: float) -> None:
     """
     if pipeline_index < 0 or not (math.isfinite(time_s) and time_s > 0):
         raise ConfigError(
-            f"--pipeline must be >= 0 and --time-s > 0, got {pipeline_index} and {time_s}"
+            f"`pipeline_index` must be >= 0 and `time_s` > 0, got {pipeline_index} and {time_s}"
         )
     store.set(hint_key(pipeline_index), repr(float(time_s)))
 

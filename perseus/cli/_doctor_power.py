@@ -1,0 +1,215 @@
+"""``perseus doctor``'s blocking-power probe: idle and blocked-on-communication power, observed.
+
+The planner charges a GPU's *blocking power* for every second it waits on P2P or a collective
+(``blocking_power_w``). NCCL waits by spinning a kernel on the GPU, so the GPU stays awake at
+its clock with its SMs almost idle; this probe reproduces that state with a spin-wait kernel
+(``torch.cuda._sleep``: one thread polling the clock, as a NCCL proxy polls a flag) and reads
+the energy counter while it runs. It never sets a clock or a power limit.
+
+Power comes from the energy counter (NVML publishes it every ~100 ms), never from the instant
+power field: :func:`measure_power_w` divides the energy between the first and the last
+publish it saw by the time between them, so a window holds only whole publish intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.cli._doctor_checks import Check, cuda_device_for
+from perseus.device.nvml import NvmlGPU
+from perseus.device.presets import blocking_power_of_name
+from perseus.errors import DeviceError
+
+__all__ = ["PowerReading", "check_blocking_power", "measure_power_w", "spin_wait"]
+
+#: Poll period of the energy counter (NVML publishes every ~100 ms; a read costs ~ms).
+_POLL_S = 0.002
+#: Length of one spin-wait kernel at the GPU's highest clock (longer at a lower clock).
+_SPIN_CHUNK_S = 0.01
+#: Spin kernels kept queued ahead of the device, so it never idles between them.
+_SPIN_QUEUE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PowerReading:
+    """Mean power over the counter publishes seen in a window.
+
+    Attributes:
+        power_w: Energy between the first and the last publish over the time between them.
+        span_s: Time between the first and the last publish.
+        publishes: Counter changes seen.
+    """
+
+    power_w: float
+    span_s: float
+    publishes: int
+
+
+def measure_power_w(
+    read_energy_mj: Callable[[], int],
+    window_s: float,
+    *,
+    settle_s: float = 0.0,
+    busy: Callable[[], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = _POLL_S,
+) -> PowerReading:
+    """Poll the energy counter for ``window_s`` (after ``settle_s``) and return mean power.
+
+    Args:
+        read_energy_mj: The cumulative energy counter in millijoules.
+        window_s: How long to watch the counter.
+        settle_s: Time to let the device settle (power ramps after work starts) before the
+            window opens; ``busy`` is called meanwhile too.
+        busy: Called before every poll to keep the device in the state being measured.
+        now, sleep: The clock (tests pass a virtual one).
+        poll_s: Time between reads.
+
+    Raises:
+        DeviceError: if the counter changed fewer than twice in the window (no whole
+            publish interval to divide by), or went backwards.
+    """
+    start = now()
+    while now() - start < settle_s:
+        if busy is not None:
+            busy()
+        sleep(poll_s)
+    if busy is not None:
+        busy()
+    last = read_energy_mj()
+    end = now() + window_s
+    publishes: list[tuple[float, int]] = []
+    while True:
+        if busy is not None:
+            busy()
+        value, at = read_energy_mj(), now()
+        if value != last:
+            if value < last:
+                raise DeviceError(f"energy counter went backwards ({last} -> {value} mJ)")
+            publishes.append((at, value))
+            last = value
+        if at >= end:
+            break
+        sleep(poll_s)
+    if len(publishes) < 2:
+        raise DeviceError(
+            f"the energy counter changed {len(publishes)} times in {window_s:g} s; "
+            "watch it longer (--power-window-s)"
+        )
+    (t0, e0), (t1, e1) = publishes[0], publishes[-1]
+    return PowerReading((e1 - e0) / 1000.0 / (t1 - t0), t1 - t0, len(publishes))
+
+
+def spin_wait(torch: Any, device: Any, max_clock_mhz: int) -> tuple[Callable[[], None], Any]:
+    """A ``busy`` callback keeping ``device`` in spin-wait kernels, and a function draining them.
+
+    Each kernel spins ``_SPIN_CHUNK_S`` at the highest clock (longer at a lower one); at most
+    ``_SPIN_QUEUE`` are queued, so the device never idles and draining takes little time.
+
+    Raises:
+        DeviceError: if this torch has no spin-wait kernel (``torch.cuda._sleep``).
+    """
+    sleep_kernel = getattr(torch.cuda, "_sleep", None)
+    if sleep_kernel is None:
+        raise DeviceError(f"torch {torch.__version__} has no torch.cuda._sleep spin kernel")
+    cycles = int(_SPIN_CHUNK_S * max_clock_mhz * 1e6)
+    queued: deque[Any] = deque()
+    stream = torch.cuda.Stream(device=device)
+
+    def busy() -> None:
+        while queued and queued[0].query():
+            queued.popleft()
+        with torch.cuda.stream(stream):
+            while len(queued) < _SPIN_QUEUE:
+                sleep_kernel(cycles)
+                event = torch.cuda.Event()
+                event.record(stream)
+                queued.append(event)
+
+    def drain() -> None:
+        stream.synchronize()
+        queued.clear()
+
+    return busy, drain
+
+
+def check_blocking_power(
+    gpu: NvmlGPU,
+    window_s: float,
+    *,
+    cuda: bool = True,
+    spin: Callable[[NvmlGPU], tuple[Callable[[], None], Callable[[], None]]] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Check:
+    """Idle power, then power while a spin-wait kernel holds the GPU, from the energy counter.
+
+    Observe-only: no clock, no power limit is set. ``spin`` starts the spin-wait kernels and
+    returns ``(busy, drain)`` (default: :func:`spin_wait` on the GPU's CUDA device); ``cuda``
+    False measures idle power only.
+    """
+    idle = measure_power_w(gpu.energy_mj, window_s, now=now, sleep=sleep)
+    data: dict[str, Any] = {
+        "window_s": window_s,
+        "idle_w": round(idle.power_w, 2),
+        "idle_publishes": idle.publishes,
+    }
+    figure = blocking_power_of_name(gpu.name)
+    if figure is not None:
+        data["table_w"] = figure.power_w
+        data["table_estimated"] = figure.estimated
+    known = (
+        ""
+        if figure is None
+        else f"; table: {figure.power_w:g} W ({'estimate' if figure.estimated else 'measured'})"
+    )
+    if not cuda:
+        return Check(
+            "blocking power",
+            "skip",
+            f"idle {idle.power_w:.1f} W; blocked power skipped (it runs a spin-wait kernel with "
+            f"the CUDA check: --no-cuda, or not the first GPU){known}",
+            data,
+        )
+    try:
+        busy, drain = (spin or _torch_spin)(gpu)
+    except (ImportError, DeviceError) as e:
+        return Check(
+            "blocking power",
+            "unavailable",
+            f"idle {idle.power_w:.1f} W; blocked power unavailable ({e}){known}",
+            data,
+            "install a CUDA build of torch to measure blocked power",
+        )
+    try:
+        blocked = measure_power_w(
+            gpu.energy_mj, window_s, settle_s=0.5, busy=busy, now=now, sleep=sleep
+        )
+    finally:
+        drain()
+    data["blocked_w"] = round(blocked.power_w, 2)
+    data["blocked_publishes"] = blocked.publishes
+    summary = (
+        f"idle {idle.power_w:.1f} W, blocked in a spin-wait kernel {blocked.power_w:.1f} W"
+        f"{known}; plan with blocking_power_w={blocked.power_w:.1f}"
+    )
+    status = "ok"
+    if figure is not None and abs(blocked.power_w - figure.power_w) > 0.2 * figure.power_w:
+        status = "warn"
+        summary += " (more than 20 % off the table: pass the measured value)"
+    return Check("blocking power", status, summary, data)
+
+
+def _torch_spin(gpu: NvmlGPU) -> tuple[Callable[[], None], Callable[[], None]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError(f"torch {torch.__version__} sees no CUDA device for the spin kernel")
+    device = torch.device("cuda", cuda_device_for(torch, gpu))
+    busy, drain = spin_wait(torch, device, max(gpu.supported_clocks_mhz()))
+    return busy, drain

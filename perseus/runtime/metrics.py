@@ -1,0 +1,436 @@
+"""Per-iteration energy metrics for the dashboards users already watch.
+
+::
+
+    from perseus import MetricsSink
+
+    with RankSession(...) as session, MetricsSink(
+        session, jsonl="metrics-{rank}.jsonl", prometheus_port=9400
+    ):
+        for batch in loader:
+            with session.iteration():
+                ...
+
+A :class:`MetricsSink` subscribes to the session's iteration boundary
+(``session.add_boundary_hook``): at every boundary it turns the session's
+:class:`~perseus.runtime.session.IterationStats` into an :class:`IterationMetrics` record (time,
+energy of this GPU and of the whole pipeline, predicted vs measured, the plan point and the
+clocks it deployed on this rank) and hands it to its outputs: a JSON-lines file, a CSV file,
+and Prometheus gauges on a registry (optionally served over HTTP). It reads only the session's
+public attributes (``rank``, ``schedule``, ``group``, ``gpu``, ``frontier``), never its
+internals.
+
+The pipeline's energy is the sum of every rank's GPU energy, gathered over the pipeline's
+process group at the boundary (all ranks pass it together); a sink on one rank of a pipeline
+whose other ranks have none would wait there, so attach one on every rank (``pipeline=False``
+skips the gather and the pipeline figure).
+
+``prometheus_client`` is imported only when a Prometheus output is asked for (the ``metrics``
+extra: ``pip install 'perseus-energy[metrics]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv as csvlib
+import json
+import logging
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, TextIO
+
+from perseus.errors import ConfigError
+from perseus.plan import Frontier, PlanOp
+from perseus.runtime.collectives import all_gather_objects
+from perseus.runtime.session import BoundaryHook, IterationStats
+from perseus.schedule.actions import Schedule
+
+__all__ = ["CSV_FIELDS", "IterationMetrics", "MetricsSink", "SessionView", "iteration_metrics"]
+
+_log = logging.getLogger(__name__)
+
+
+class SessionView(Protocol):
+    """What a sink reads from a session (all public attributes of ``RankSession``)."""
+
+    rank: int
+    schedule: Schedule
+    group: Any
+    gpu: Any
+    frontier: Frontier | None
+
+    def add_boundary_hook(self, hook: BoundaryHook) -> None: ...
+
+    def remove_boundary_hook(self, hook: BoundaryHook) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IterationMetrics:
+    """One iteration of one rank, as dashboards want it.
+
+    Attributes:
+        iteration: Index since the session started (profiling iterations included).
+        phase: ``"profile"`` during the online sweep, else ``"run"``.
+        rank: The pipeline rank.
+        gpu: The GPU's name.
+        time_s: Measured iteration time.
+        energy_j: This GPU's energy over the iteration.
+        pipeline_energy_j: Every rank's GPU energy summed (None when not gathered).
+        predicted_time_s: The deployed plan point's iteration time (None while profiling).
+        predicted_energy_j: The deployed point's energy of the whole pipeline.
+        time_error: ``time_s / predicted_time_s - 1`` (None without a prediction).
+        energy_error: ``pipeline_energy_j / predicted_energy_j - 1`` (None without both).
+        point_index: The deployed frontier point (None while profiling).
+        clocks_mhz: This rank's planned clock per op, as in plan files (an int, or
+            ``[freq_a_mhz, freq_b_mhz, layers_at_a]`` for a two-clock op); None while profiling.
+        min_clock_mhz, max_clock_mhz: The lowest and highest clock in ``clocks_mhz``.
+    """
+
+    iteration: int
+    phase: str
+    rank: int
+    gpu: str
+    time_s: float
+    energy_j: float
+    pipeline_energy_j: float | None
+    predicted_time_s: float | None
+    predicted_energy_j: float | None
+    time_error: float | None
+    energy_error: float | None
+    point_index: int | None
+    clocks_mhz: tuple[PlanOp, ...] | None
+    min_clock_mhz: int | None
+    max_clock_mhz: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (two-clock ops as lists)."""
+        out = asdict(self)
+        if self.clocks_mhz is not None:
+            out["clocks_mhz"] = [c if isinstance(c, int) else list(c) for c in self.clocks_mhz]
+        return out
+
+
+#: Columns of the CSV output, in order (``clocks_mhz`` as space-separated ops, a two-clock op
+#: written ``A/B@K``).
+CSV_FIELDS: tuple[str, ...] = tuple(IterationMetrics.__dataclass_fields__)
+
+
+def iteration_metrics(
+    stats: IterationStats,
+    *,
+    rank: int,
+    gpu: str,
+    frontier: Frontier | None,
+    pipeline_energy_j: float | None = None,
+) -> IterationMetrics:
+    """The metrics record of one iteration (pure: no collective, no I/O)."""
+    clocks: tuple[PlanOp, ...] | None = None
+    if frontier is not None and stats.point_index is not None and stats.phase == "run":
+        clocks = frontier.points[stats.point_index].freqs_mhz[rank]
+    flat = [f for op in clocks or () for f in ((op,) if isinstance(op, int) else (op[0], op[1]))]
+    return IterationMetrics(
+        iteration=stats.iteration,
+        phase=stats.phase,
+        rank=rank,
+        gpu=gpu,
+        time_s=stats.time_s,
+        energy_j=stats.energy_j,
+        pipeline_energy_j=pipeline_energy_j,
+        predicted_time_s=stats.predicted_time_s,
+        predicted_energy_j=stats.predicted_energy_j,
+        time_error=_ratio(stats.time_s, stats.predicted_time_s),
+        energy_error=_ratio(pipeline_energy_j, stats.predicted_energy_j),
+        point_index=stats.point_index,
+        clocks_mhz=clocks,
+        min_clock_mhz=min(flat) if flat else None,
+        max_clock_mhz=max(flat) if flat else None,
+    )
+
+
+def _ratio(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or predicted is None or predicted <= 0:
+        return None
+    return measured / predicted - 1.0
+
+
+class MetricsSink:
+    """Writes an :class:`IterationMetrics` record at every iteration boundary of a session.
+
+    The constructor does no I/O; :meth:`attach` (or ``with``) opens the files, starts the
+    HTTP server if asked and subscribes to the session; :meth:`close` undoes all of it.
+
+    Args:
+        session: The session to follow (``RankSession``, ``PerseusPipeline``).
+        jsonl: JSON-lines file, one record per iteration (``{rank}`` in the name is replaced
+            by the rank). Truncated at :meth:`attach`; each line is flushed as written.
+        csv: CSV file with a header row (:data:`CSV_FIELDS`); ``{rank}`` as for ``jsonl``.
+        prometheus_registry: A ``prometheus_client.CollectorRegistry`` to put the gauges on
+            (scraped however the application serves it).
+        prometheus_port: Serve the gauges over HTTP on this port (a registry of their own
+            unless ``prometheus_registry`` is given); 0 picks a free port
+            (:attr:`prometheus_port` says which).
+        prometheus_addr: Address the HTTP server binds (default loopback only; pass
+            ``"0.0.0.0"`` to let another host scrape it).
+        labels: Constant labels added to every gauge (e.g. ``{"job": "gpt3"}``).
+        pipeline: Gather every rank's energy for the pipeline figure (a collective over the
+            session's group at each boundary; all ranks must have a sink).
+
+    Raises:
+        ConfigError: no output asked for, a bad port or label name.
+    """
+
+    def __init__(
+        self,
+        session: SessionView,
+        *,
+        jsonl: str | os.PathLike[str] | None = None,
+        csv: str | os.PathLike[str] | None = None,
+        prometheus_registry: Any = None,
+        prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
+        labels: dict[str, str] | None = None,
+        pipeline: bool = True,
+    ) -> None:
+        if (
+            jsonl is None
+            and csv is None
+            and prometheus_registry is None
+            and prometheus_port is None
+        ):
+            raise ConfigError(
+                "MetricsSink needs an output: `jsonl`, `csv`, `prometheus_registry` or "
+                "`prometheus_port`"
+            )
+        if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
+            raise ConfigError(f"`prometheus_port` must be in [0, 65535], got {prometheus_port}")
+        bad = [k for k in labels or {} if not k.isidentifier() or k in ("rank", "scope", "bound")]
+        if bad:
+            raise ConfigError(
+                f"`labels`: {bad} cannot be label names (identifiers other than rank, scope, bound)"
+            )
+        self.session = session
+        self._paths = {
+            kind: Path(str(path).replace("{rank}", str(session.rank)))
+            for kind, path in (("jsonl", jsonl), ("csv", csv))
+            if path is not None
+        }
+        self._registry = prometheus_registry
+        self._port = prometheus_port
+        self._addr = prometheus_addr
+        self._labels = dict(labels or {})
+        self._pipeline = pipeline
+        self._files: dict[str, TextIO] = {}
+        self._csv: Any = None
+        self._gauges: _Gauges | None = None
+        self._server: Any = None
+        self._attached = False
+        #: The latest record (None before the first boundary).
+        self.latest: IterationMetrics | None = None
+
+    @property
+    def prometheus_port(self) -> int | None:
+        """The port the HTTP server listens on (None when not serving)."""
+        return None if self._server is None else int(self._server.server_address[1])
+
+    def attach(self) -> MetricsSink:
+        """Open the outputs and subscribe to the session's boundaries (idempotent)."""
+        if self._attached:
+            return self
+        try:
+            for kind, path in self._paths.items():
+                self._files[kind] = _open_log(path)
+            if "csv" in self._files:
+                self._csv = csvlib.writer(self._files["csv"], lineterminator="\n")
+                self._csv.writerow(CSV_FIELDS)
+            if self._registry is not None or self._port is not None:
+                self._start_prometheus()
+        except BaseException:
+            self.close()
+            raise
+        self.session.add_boundary_hook(self)
+        self._attached = True
+        return self
+
+    def close(self) -> None:
+        """Unsubscribe, close the files, stop the HTTP server (idempotent)."""
+        if self._attached:
+            self.session.remove_boundary_hook(self)
+            self._attached = False
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        self._csv = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def __enter__(self) -> MetricsSink:
+        return self.attach()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __call__(self, stats: IterationStats) -> None:
+        """The boundary hook: build the record and write it to every output."""
+        session = self.session
+        pipeline_j = None
+        if self._pipeline:
+            # Every rank gathers, whatever its outputs do next, so no rank waits alone.
+            energies = all_gather_objects(float(stats.energy_j), session.group)
+            if len(energies) == session.schedule.num_ranks:
+                pipeline_j = float(sum(energies))
+        record = iteration_metrics(
+            stats,
+            rank=session.rank,
+            gpu=str(session.gpu.name),
+            frontier=session.frontier,
+            pipeline_energy_j=pipeline_j,
+        )
+        self.latest = record
+        self._write(record)
+        if self._gauges is not None:
+            self._gauges.update(record)
+
+    def _write(self, record: IterationMetrics) -> None:
+        # A full disk must not stop a training run: report once, stop writing files.
+        try:
+            if "jsonl" in self._files:
+                self._files["jsonl"].write(json.dumps(record.as_dict()) + "\n")
+            if self._csv is not None:
+                self._csv.writerow(_csv_row(record))
+        except OSError as e:
+            _log.warning(
+                "metrics files: cannot write (%s); no further records are written to %s",
+                e,
+                ", ".join(str(p) for p in self._paths.values()),
+            )
+            for f in self._files.values():
+                with contextlib.suppress(OSError):
+                    f.close()
+            self._files.clear()
+            self._csv = None
+
+    def _start_prometheus(self) -> None:
+        try:
+            import prometheus_client
+        except ImportError:
+            raise ConfigError(
+                "Prometheus metrics need prometheus_client: pip install 'perseus-energy[metrics]'"
+            ) from None
+        registry = self._registry
+        if registry is None:
+            registry = prometheus_client.CollectorRegistry()
+        self._gauges = _Gauges(prometheus_client, registry, self.session.rank, self._labels)
+        if self._port is not None:
+            server, _thread = prometheus_client.start_http_server(
+                self._port, addr=self._addr, registry=registry
+            )
+            self._server = server
+            _log.info(
+                "Prometheus metrics on http://%s:%d/metrics", self._addr, self.prometheus_port
+            )
+
+
+class _Gauges:
+    """The Prometheus side: gauges for the latest iteration, counters for running totals."""
+
+    def __init__(self, client: Any, registry: Any, rank: int, labels: dict[str, str]) -> None:
+        names = ["rank", *labels]
+        self._values = [str(rank), *labels.values()]
+
+        def gauge(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
+            return client.Gauge(name, doc, [*names, *extra], registry=registry)
+
+        self.iteration = gauge("perseus_iteration", "Index of the latest iteration")
+        self.profiling = gauge("perseus_profiling", "1 while the online sweep runs, else 0")
+        self.time = gauge("perseus_iteration_time_seconds", "Measured iteration time")
+        self.energy = gauge(
+            "perseus_iteration_energy_joules",
+            "Energy of the latest iteration: this GPU (scope=gpu) or the pipeline",
+            ["scope"],
+        )
+        self.predicted_time = gauge(
+            "perseus_predicted_iteration_time_seconds", "The deployed plan point's time"
+        )
+        self.predicted_energy = gauge(
+            "perseus_predicted_iteration_energy_joules",
+            "The deployed plan point's energy of the whole pipeline",
+        )
+        self.point = gauge("perseus_plan_point_index", "The deployed frontier point")
+        self.clock = gauge(
+            "perseus_deployed_clock_mhz", "Lowest/highest clock this rank's plan sets", ["bound"]
+        )
+        self.energy_total = client.Counter(
+            "perseus_energy_joules",
+            "This GPU's energy over all iterations",
+            names,
+            registry=registry,
+        )
+        self.iterations_total = client.Counter(
+            "perseus_iterations", "Iterations measured", names, registry=registry
+        )
+
+    def update(self, r: IterationMetrics) -> None:
+        v = self._values
+        self.iteration.labels(*v).set(r.iteration)
+        self.profiling.labels(*v).set(1 if r.phase == "profile" else 0)
+        self.time.labels(*v).set(r.time_s)
+        self.energy.labels(*v, "gpu").set(r.energy_j)
+        if r.pipeline_energy_j is not None:
+            self.energy.labels(*v, "pipeline").set(r.pipeline_energy_j)
+        for gauge, value in (
+            (self.predicted_time, r.predicted_time_s),
+            (self.predicted_energy, r.predicted_energy_j),
+            (self.point, r.point_index),
+        ):
+            if value is not None:
+                gauge.labels(*v).set(value)
+        if r.min_clock_mhz is not None and r.max_clock_mhz is not None:
+            self.clock.labels(*v, "min").set(r.min_clock_mhz)
+            self.clock.labels(*v, "max").set(r.max_clock_mhz)
+        self.energy_total.labels(*v).inc(max(0.0, r.energy_j))
+        self.iterations_total.labels(*v).inc()
+
+
+def _csv_row(r: IterationMetrics) -> list[Any]:
+    row = r.as_dict()
+    if r.clocks_mhz is not None:
+        row["clocks_mhz"] = " ".join(
+            str(c) if isinstance(c, int) else f"{c[0]}/{c[1]}@{c[2]}" for c in r.clocks_mhz
+        )
+    return ["" if row[k] is None else row[k] for k in CSV_FIELDS]
+
+
+def _open_log(path: Path) -> TextIO:
+    """Open ``path`` for writing from its start without following a link, creating it if
+    needed; refuse anything but a regular file this user owns with one link (a FIFO, a
+    device, another user's file hard-linked into a shared directory)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"{path}: cannot open the metrics file ({e.strerror}); choose another path"
+        ) from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            raise ConfigError(
+                f"{path}: not a regular file of this user with one link; choose another path"
+            )
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        return open(fd, "w", encoding="utf-8", newline="", buffering=1)
+    except BaseException:
+        os.close(fd)
+        raise

@@ -1,0 +1,170 @@
+"""Per-iteration metrics from an emulated run, read back by the real libraries."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from perseus import IterationMetrics, MetricsSink, RankSession, SimulatedGPU, make_job
+from perseus.errors import ConfigError
+from perseus.io import load_profile
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.metrics import CSV_FIELDS, iteration_metrics
+from perseus.runtime.session import IterationStats
+from perseus.schedule import build_schedule
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+BLOCKING_W = 83.64
+ITERATIONS = 4
+
+# A host stalled on a loaded machine only delays the host; the device timeline is exact.
+pytestmark = pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
+
+
+def _emulated_session(tmp_path: Path) -> RankSession:
+    """One rank (a one-stage pipeline), emulated on a simulated GPU, running a plan whose
+    fastest point is all-max and whose second point runs every op at 1095 MHz."""
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.1)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / "sim", set_latency_s=0.0
+    )
+    job = make_job(profile, "1f1b", 1, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
+    return RankSession(
+        build_schedule("1f1b", 1, 4),
+        0,
+        gpu=gpu,
+        blocking_power_w=BLOCKING_W,
+        plan=plan,
+        point_index=1,
+        emulate=True,
+        watchdog=False,
+        handle_signals=False,
+    )
+
+
+def _run(session: RankSession, iterations: int) -> None:
+    for _ in range(iterations):
+        with session.iteration():
+            for action in session.schedule.rank_actions[session.rank]:
+                with session.op(action):
+                    pass
+
+
+def test_jsonl_csv_and_a_prometheus_scrape_of_an_emulated_run(tmp_path: Path) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    session = _emulated_session(tmp_path)
+    sink = MetricsSink(
+        session,
+        jsonl=tmp_path / "metrics-{rank}.jsonl",
+        csv=tmp_path / "metrics.csv",
+        prometheus_registry=registry,
+        labels={"job": "gpt3"},
+    )
+    with session, sink:
+        _run(session, ITERATIONS)
+    # Boundaries between iterations reach the hook (the last one closes with the session).
+    seen = ITERATIONS - 1
+    lines = (tmp_path / "metrics-0.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["iteration"] for r in records] == list(range(seen))
+    point = session.frontier.points[1]
+    for r, stats in zip(records, session.history, strict=False):
+        assert r["phase"] == "run" and r["rank"] == 0 and r["point_index"] == 1
+        assert r["time_s"] == stats.time_s and r["energy_j"] == stats.energy_j
+        # One rank is the whole pipeline here.
+        assert r["pipeline_energy_j"] == stats.energy_j
+        assert r["predicted_time_s"] == point.time_s
+        assert r["predicted_energy_j"] == point.energy_j
+        assert r["time_error"] == pytest.approx(stats.time_s / point.time_s - 1)
+        assert r["energy_error"] == pytest.approx(stats.energy_j / point.energy_j - 1)
+        assert r["clocks_mhz"] == [1095] * 8
+        assert r["min_clock_mhz"] == r["max_clock_mhz"] == 1095
+        assert r["gpu"] == session.gpu.name
+    assert sink.latest is not None and sink.latest.iteration == seen - 1
+
+    with (tmp_path / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_FIELDS and len(rows) == seen
+    assert float(rows[-1]["energy_j"]) == records[-1]["energy_j"]
+    assert rows[-1]["clocks_mhz"] == " ".join(["1095"] * 8)
+
+    scrape = prometheus_client.generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scrape)
+        for s in family.samples
+    }
+    base = (("job", "gpt3"), ("rank", "0"))
+    last = records[-1]
+    assert samples[("perseus_iteration", base)] == last["iteration"]
+    assert samples[("perseus_iteration_time_seconds", base)] == pytest.approx(last["time_s"])
+    energy = "perseus_iteration_energy_joules"
+    assert samples[(energy, (*base, ("scope", "gpu")))] == pytest.approx(last["energy_j"])
+    assert samples[(energy, (*base, ("scope", "pipeline")))] == pytest.approx(last["energy_j"])
+    assert samples[("perseus_predicted_iteration_time_seconds", base)] == point.time_s
+    assert samples[("perseus_plan_point_index", base)] == 1
+    assert samples[("perseus_deployed_clock_mhz", (("bound", "max"), *base))] == 1095
+    assert samples[("perseus_iterations_total", base)] == seen
+    total = sum(r["energy_j"] for r in records)
+    assert samples[("perseus_energy_joules_total", base)] == pytest.approx(total)
+
+
+def test_an_http_scrape_on_a_port_of_its_own(tmp_path: Path) -> None:
+    session = _emulated_session(tmp_path)
+    with session, MetricsSink(session, prometheus_port=0) as sink:
+        _run(session, 2)
+        port = sink.prometheus_port
+        assert port is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"perseus_iteration_time_seconds", "perseus_iteration_energy_joules"} <= names
+    assert sink.prometheus_port is None  # the server stopped with the sink
+
+
+def test_profiling_iterations_have_no_plan_figures() -> None:
+    stats = IterationStats(
+        iteration=0,
+        phase="profile",
+        point_index=None,
+        time_s=1.0,
+        energy_j=50.0,
+        compute_time_s=0.9,
+    )
+    record = iteration_metrics(stats, rank=1, gpu="g", frontier=None, pipeline_energy_j=None)
+    assert isinstance(record, IterationMetrics)
+    assert record.clocks_mhz is None and record.time_error is None
+    assert record.energy_error is None and record.min_clock_mhz is None
+
+
+def test_outputs_are_checked_and_files_never_followed(tmp_path: Path) -> None:
+    session = _emulated_session(tmp_path)
+    with pytest.raises(ConfigError, match="needs an output"):
+        MetricsSink(session)
+    with pytest.raises(ConfigError, match="prometheus_port"):
+        MetricsSink(session, prometheus_port=70000)
+    with pytest.raises(ConfigError, match="label"):
+        MetricsSink(session, jsonl=tmp_path / "m.jsonl", labels={"rank": "x"})
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match="cannot open the metrics file"):
+        MetricsSink(session, jsonl=link).attach()
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"metrics file|regular file"):
+        MetricsSink(session, jsonl=fifo).attach()
+    hard = tmp_path / "hard.jsonl"
+    os.link(target, hard)
+    with pytest.raises(ConfigError, match="one link"):
+        MetricsSink(session, jsonl=hard).attach()
+    assert target.read_text() == "keep me"
