@@ -21,6 +21,7 @@ from perseus.errors import ConfigError, PerseusError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_directory
 from perseus.io.frontier_files import check_frontier_job, read_frontier, read_json_text
+from perseus.io.reading import INPUT_LIMITS
 from perseus.job import PlanningJob
 from perseus.plan import Frontier
 
@@ -90,7 +91,12 @@ def _read_measured(path: str) -> Any:
     from perseus.report.summary import REPORT_SUMMARY_KIND
 
     p = Path(path)
-    text = read_json_text(p, "a run's summary (examples/train_pipeline.py --summary)", ConfigError)
+    text = read_json_text(
+        p,
+        "a run's summary (examples/train_pipeline.py --summary)",
+        ConfigError,
+        limit_bytes=INPUT_LIMITS["summary"],
+    )
     doc = json.loads(text)
     if isinstance(doc, dict) and doc.get("kind") == REPORT_SUMMARY_KIND:
         raise ConfigError(

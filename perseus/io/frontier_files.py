@@ -12,75 +12,108 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
 from perseus.plan import SCHEMA_VERSION, Frontier, points_sha256
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
-from perseus.validate import check_job_size, show_value
+from perseus.validate import check_job_size, clip_message, show_value
 
 logger = get_logger(__name__)
 
 __all__ = ["check_frontier_job", "read_frontier", "read_json_text", "write_frontier"]
 
-#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~30 MB).
-MAX_FILE_BYTES = 512 * 1024 * 1024
+#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
+MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
 
 _REGENERATE = "regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)"
+_PLAN_WHAT = "a plan/frontier JSON written by perseus"
 
 
-def read_json_text(p: Path, what: str, error: type[Exception]) -> str:
-    """Read ``p`` as UTF-8 JSON text and check its syntax; errors name the line and column.
+def _decode(p: Path, data: bytes, what: str, error: type[Exception]) -> str:
+    if not data.strip():
+        raise error(f"{p}: file is empty; pass {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
+
+
+def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
+    """The stdlib parser's document; errors name the real line and column. Equal integers
+    share one object (a frontier repeats a few dozen clocks millions of times), which keeps a
+    plan's memory a few times its size. NaN and Infinity pass here and are refused by the
+    schema, which names the field."""
+    ints: dict[int, int] = {}
+
+    def parse_int(digits: str) -> int:
+        value = int(digits)
+        return ints.setdefault(value, value)
+
+    try:
+        return json.loads(text, parse_int=parse_int)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
+    except RecursionError:
+        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
+
+
+def _as_tuples(value: Any, depth: int = 0) -> Any:
+    """JSON arrays as tuples, for strict validation of the models' tuple fields (the
+    document's own nesting is at most a few levels; deeper input is left to the schema)."""
+    if depth > 16:
+        return value
+    if isinstance(value, list):
+        return tuple([_as_tuples(v, depth + 1) for v in value])
+    if isinstance(value, dict):
+        return {k: _as_tuples(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def read_json_text(
+    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
+) -> str:
+    """Read ``p`` (a bounded read) as UTF-8 JSON text and check its syntax; errors name the
+    line and column.
 
     Args:
         p: The file.
         what: What the file should be (``"a plan/frontier JSON written by perseus"``).
         error: The :class:`~perseus.errors.ConfigError` subclass to raise.
+        limit_bytes: The largest file accepted.
     """
-    try:
-        size = p.stat().st_size
-        if p.is_dir():
-            raise error(f"{p}: is a directory; pass {what}")
-        if size > MAX_FILE_BYTES:
-            raise error(f"{p}: {size / 1e6:.0f} MB is too large for {what}")
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{p}: file not found; pass {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
-    if not data.strip():
-        raise error(f"{p}: file is empty; pass {what}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
-
-    # The stdlib parser reports the real line and column of a syntax error. NaN and Infinity
-    # pass here and are refused by the schema, which names the field.
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
-    except RecursionError:
-        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
+    text = _decode(p, data, what, error)
+    _parse_json(p, text, what, error)
     return text
 
 
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     """Load and validate a frontier or plan file, checking the points' digest.
 
+    The file is read whole (at most :data:`MAX_FILE_BYTES`), parsed by the standard library
+    with shared integers, and validated strictly (``"4"`` is not 4, ``true`` is not 1).
+
     Raises:
         PlanError: naming the file and the first bad field, line or the digest.
     """
     p = Path(path)
-    text = read_json_text(p, "a plan/frontier JSON written by perseus", PlanError)
+    data = read_bounded(p, limit_bytes=MAX_FILE_BYTES, what=_PLAN_WHAT, error=PlanError)
+    text = _decode(p, data, _PLAN_WHAT, PlanError)
+    del data
+    doc = _as_tuples(_parse_json(p, text, _PLAN_WHAT, PlanError))
+    del text
     try:
-        frontier = Frontier.model_validate_json(text, strict=True)
+        frontier = Frontier.model_validate(doc, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "value_error" and "points_sha256" in first["msg"]:
