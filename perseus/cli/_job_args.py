@@ -26,7 +26,7 @@ from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.profile.two_clock import DEFAULT_SWITCH_ENERGY_J, DEFAULT_SWITCH_LATENCY_S
 from perseus.schedule.builders import SCHEDULE_NAMES
-from perseus.validate import check_job_size, show_value
+from perseus.validate import MAX_LAYERS_PER_STAGE, check_job_size, show_value
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -148,9 +148,10 @@ def _layer_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
         ) from None
-    if not counts or len(counts) > 4096 or not all(1 <= c <= 100_000 for c in counts):
+    if not counts or len(counts) > 4096 or not all(1 <= c <= MAX_LAYERS_PER_STAGE for c in counts):
         raise argparse.ArgumentTypeError(
-            f"layer counts must be 1..100000, one number or one per stage, got {show_value(text)}"
+            f"layer counts must be 1..{MAX_LAYERS_PER_STAGE}, one number or one per stage, got "
+            f"{show_value(text)}"
         )
     return counts
 
@@ -289,6 +290,12 @@ def build_checked_job(
     """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
+    layers = two_clock.get("layers_per_stage") or ()
+    if any(n > MAX_LAYERS_PER_STAGE for n in layers):
+        raise ConfigError(
+            f"{size_source}: layers_per_stage {show_value(list(layers), 60)}: at most "
+            f"{MAX_LAYERS_PER_STAGE} layers per stage; plan with fewer (e.g. group layers)"
+        )
     return make_job(
         profile,
         schedule,

@@ -9,6 +9,7 @@ traceback of an unexpected error. ``-v``/``--log-level`` work before or after th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -142,4 +143,14 @@ def _one_line(error: Exception) -> str:
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    from perseus.cli.straggler import abandoned_calls
+
+    if abandoned_calls():
+        # A store call given up on is still blocked in C++ on another thread; if it returned
+        # during the interpreter's shutdown its thread would abort the process. End now.
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
 from perseus.io.reading import INPUT_LIMITS, read_bounded
-from perseus.validate import clip_message, show_value
+from perseus.validate import MAX_LAYERS_PER_STAGE, clip_message, show_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,8 +63,10 @@ class JobConfig(BaseModel):
     # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
     # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
     layers_per_stage: (
-        Annotated[int, Field(ge=1, le=100_000)]
-        | Annotated[list[Annotated[int, Field(ge=1, le=100_000)]], Field(max_length=4096)]
+        Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]
+        | Annotated[
+            list[Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]], Field(max_length=4096)
+        ]
         | None
     ) = None
     layer_time_fractions: (
