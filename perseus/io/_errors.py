@@ -16,11 +16,16 @@ _SHAPES = {
 }
 
 
-def describe_validation_error(source: str, error: ValidationError, noun: str = "field") -> str:
-    """``"<source>: <noun> <loc>: <msg>, got <value>"`` for the first error, plus a count."""
+def describe_validation_error(
+    source: str, error: ValidationError, noun: str = "field", loc: tuple[str | int, ...] = ()
+) -> str:
+    """``"<source>: <noun> <loc>: <msg>, got <value>"`` for the first error, plus a count.
+
+    ``loc`` is where the validated value sits in the document (a part validated alone).
+    """
     errors = error.errors()
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    where = ".".join(str(p) for p in (*loc, *first["loc"])) or "<root>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     # Documents are validated as Python values; speak of their JSON/TOML shapes.
     msg = _SHAPES.get(first["type"], first["msg"])
@@ -29,4 +34,4 @@ def describe_validation_error(source: str, error: ValidationError, noun: str = "
         value = first["input"]
         if not isinstance(value, (dict, list, tuple)):
             got = f", got {show_value(value)}"
-    return f"{source}: {noun} {loc}: {msg}{got}{more}"
+    return f"{source}: {noun} {where}: {msg}{got}{more}"

@@ -21,16 +21,24 @@ from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
-from perseus.plan import SCHEMA_VERSION, Frontier, points_sha256
+from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
-from perseus.validate import check_job_size, clip_message, show_value
+from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_value
 
 logger = get_logger(__name__)
 
-__all__ = ["check_frontier_job", "read_frontier", "read_json_text", "write_frontier"]
+__all__ = [
+    "check_frontier_job",
+    "read_frontier",
+    "read_json_document",
+    "read_json_text",
+    "write_frontier",
+]
 
 #: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
 MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
+#: Most points a frontier holds (the tracer keeps points 0.1 % of T_min apart: hundreds).
+MAX_POINTS = 100_000
 
 _REGENERATE = "regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)"
 _PLAN_WHAT = "a plan/frontier JSON written by perseus"
@@ -69,13 +77,19 @@ def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
 
 def _as_tuples(value: Any, depth: int = 0) -> Any:
     """JSON arrays as tuples, for strict validation of the models' tuple fields (the
-    document's own nesting is at most a few levels; deeper input is left to the schema)."""
+    document's own nesting is at most a few levels; deeper input is left to the schema).
+
+    Objects are converted in place and each array is dropped once converted, so the document
+    never exists twice (a plan's clocks are most of its memory)."""
     if depth > 16:
         return value
     if isinstance(value, list):
-        return tuple([_as_tuples(v, depth + 1) for v in value])
+        out = tuple([_as_tuples(v, depth + 1) for v in value])
+        value.clear()
+        return out
     if isinstance(value, dict):
-        return {k: _as_tuples(v, depth + 1) for k, v in value.items()}
+        for k, v in value.items():
+            value[k] = _as_tuples(v, depth + 1)
     return value
 
 
@@ -97,6 +111,50 @@ def read_json_text(
     return text
 
 
+def read_json_document(
+    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
+) -> Any:
+    """Read ``p`` (a bounded read) and parse it once as JSON (integers shared); errors name
+    the line and column. Validate the result with ``Model.model_validate(doc, strict=True)``
+    rather than parsing the text a second time."""
+    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
+    text = _decode(p, data, what, error)
+    del data
+    return _parse_json(p, text, what, error)
+
+
+def _check_counts(p: Path, doc: Any) -> None:
+    """Refuse more points or ops than any plan holds before building models of them."""
+    if not isinstance(doc, dict):
+        return
+    points, ops = doc.get("points"), doc.get("stage_ops")
+    if isinstance(points, list) and len(points) > MAX_POINTS:
+        raise PlanError(
+            f"{p}: field points: {len(points):,} points, more than the {MAX_POINTS:,} a "
+            f"frontier may hold; {_REGENERATE}"
+        )
+    if isinstance(ops, list):
+        total = sum(len(r) for r in ops if isinstance(r, list))
+        if total > MAX_JOB_OPS:
+            raise PlanError(
+                f"{p}: field stage_ops: {total:,} ops, more than the {MAX_JOB_OPS:,} of the "
+                f"largest job perseus plans; {_REGENERATE}"
+            )
+
+
+def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
+    """Each point validated on its own, its document dropped once its model exists: a plan's
+    clocks are most of its memory, and this way they never exist twice."""
+    for i, point in enumerate(points):
+        try:
+            points[i] = PlanPoint.model_validate(_as_tuples(point), strict=True)
+        except ValidationError as e:
+            raise PlanError(describe_validation_error(str(p), e, loc=("points", i))) from None
+    out = tuple(points)
+    points.clear()
+    return out
+
+
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     """Load and validate a frontier or plan file, checking the points' digest.
 
@@ -107,11 +165,11 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
         PlanError: naming the file and the first bad field, line or the digest.
     """
     p = Path(path)
-    data = read_bounded(p, limit_bytes=MAX_FILE_BYTES, what=_PLAN_WHAT, error=PlanError)
-    text = _decode(p, data, _PLAN_WHAT, PlanError)
-    del data
-    doc = _as_tuples(_parse_json(p, text, _PLAN_WHAT, PlanError))
-    del text
+    doc = read_json_document(p, _PLAN_WHAT, PlanError, limit_bytes=MAX_FILE_BYTES)
+    _check_counts(p, doc)
+    if isinstance(doc, dict) and isinstance(doc.get("points"), list):
+        doc["points"] = _validate_points(p, doc["points"])
+    doc = _as_tuples(doc)
     try:
         frontier = Frontier.model_validate(doc, strict=True)
     except ValidationError as e:

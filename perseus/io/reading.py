@@ -34,8 +34,8 @@ MB = 1024 * 1024
 
 #: Largest file read per kind of input, in bytes, and why (shown in the refusal).
 INPUT_LIMITS: dict[str, int] = {
-    # A 4096-stage profile at 40 clocks is ~17 MB; multi-rank profiles list one row per rank.
-    "profile": 64 * MB,
+    # A 128-stage profile at all 81 A100 clocks is 0.8 MB; 128 stages x 8 ranks ~7 MB.
+    "profile": 16 * MB,
     # A 32-stage x 512-microbatch frontier of 100 points is ~20 MB.
     "frontier": 64 * MB,
     # A job config is a dozen keys.
