@@ -220,7 +220,7 @@ try:
     read(sys.argv[1])
     outcome = "accepted"
 except Exception as e:
-    outcome = "refused: " + str(e).splitlines()[0][:90]
+    outcome = "refused: " + str(e).splitlines()[0].partition(": ")[2][:60]
 elapsed = time.perf_counter() - t0
 print(before, hwm_kb(), elapsed, outcome, sep="\\t")
 """

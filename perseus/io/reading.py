@@ -43,7 +43,7 @@ INPUT_LIMITS: dict[str, int] = {
     # A run's summary holds a few figures (plus whatever a runner adds).
     "summary": 16 * MB,
     # Zeus's NSDI'23 traces are 0.2 MB for six jobs.
-    "trace": 64 * MB,
+    "trace": 16 * MB,
     # Job definitions: one row per recurring job.
     "jobs": 1 * MB,
 }
