@@ -247,7 +247,8 @@ class SQLiteStore:
         con.execute("BEGIN IMMEDIATE")
         try:
             yield con
-            con.execute("COMMIT")
+            if con.in_transaction:  # a SIGTERM's abandon may have committed it (abandon_run)
+                con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
@@ -424,9 +425,10 @@ class SQLiteStore:
         """Mark ``run_id`` abandoned for ``reason`` (see
         :data:`~perseus.recurring.schema.ABANDON_REASONS`).
 
-        ``urgent`` (from a signal handler): a fresh connection, never this store's lock or
-        transaction (the interrupted code may hold them), a wait of at most a second, and no
-        exception; if it cannot write, the next decision finds the process gone.
+        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
+        hold it); this process's open transaction, if the signal interrupted one, else a fresh
+        connection waiting at most a second; no exception. If it cannot write, the next
+        decision finds the process gone.
         """
         if reason not in ABANDON_REASONS:
             raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
@@ -434,18 +436,40 @@ class SQLiteStore:
             "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
             "WHERE run_id = ? AND status = 'running'"
         )
+        params = (reason, float(self._clock()), run_id)
         if not urgent:
             with self._write() as con:
-                con.execute(sql, (reason, float(self._clock()), run_id))
+                con.execute(sql, params)
             return
         try:
-            con = self._open(_URGENT_TIMEOUT_S)
-            try:
-                con.execute(sql, (reason, float(self._clock()), run_id))
-            finally:
-                con.close()
+            self._abandon_urgently(sql, params)
         except Exception as e:  # a signal handler must not raise
             log.warning("%s: could not mark run %s abandoned (%s)", self.path, run_id, e)
+
+    def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
+        """Write from a signal handler (main thread) or the signal watcher thread. The
+        interrupted code may hold this process's own write transaction, which cannot finish
+        while the handler runs (the main thread waits in it): a second connection would wait
+        for it in vain. So when this process's connection is in a transaction, end that
+        transaction with the abandon (each of its statements is whole by itself); else write
+        through a fresh connection, looking again while the database stays locked."""
+        deadline = time.monotonic() + _URGENT_TIMEOUT_S
+        while True:
+            own = self._con if self._pid == os.getpid() else None
+            if own is not None and own.in_transaction:
+                own.execute(sql, params)
+                if own.in_transaction:
+                    own.execute("COMMIT")
+                return
+            con = self._open(0.05)
+            try:
+                con.execute(sql, params)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+            finally:
+                con.close()
 
     def history(self, job: str) -> list[Observation]:
         """Finished runs and preempted ones (as failed runs), oldest first.
