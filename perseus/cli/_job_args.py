@@ -291,6 +291,7 @@ def build_checked_job(
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
     layers = two_clock.get("layers_per_stage") or ()
+    layers = (layers,) if isinstance(layers, int) else tuple(layers)
     if any(n > MAX_LAYERS_PER_STAGE for n in layers):
         raise ConfigError(
             f"{size_source}: layers_per_stage {show_value(list(layers), 60)}: at most "
