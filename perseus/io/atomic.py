@@ -177,8 +177,12 @@ def check_output_directory(path: str | os.PathLike[str]) -> Path:
         raise ConfigError("empty output path; pass a directory name")
     p = Path(text)
     real = os.path.realpath(p)
-    cwd = os.path.realpath(os.getcwd())
-    if p.name in ("", ".", "..") or cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:  # the working directory was removed: nothing can hold it
+        cwd = ""
+    holds_cwd = bool(cwd) and (cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep))
+    if p.name in ("", ".", "..") or holds_cwd:
         raise ConfigError(
             f"{p}: is the current directory or holds it, which cannot be replaced; pass a new "
             "directory name (e.g. report)"

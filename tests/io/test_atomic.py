@@ -80,6 +80,23 @@ def test_a_failed_write_leaves_no_temporary(
     assert (tmp_path / "out.json").read_text() == "old"
 
 
+def test_ctrl_c_during_a_write_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import perseus.io.atomic as atomic
+
+    def interrupted(fd: int, data: bytes) -> None:
+        os.write(fd, data[:3])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "_write_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(tmp_path / "out.json", "whole text")
+    with pytest.raises(KeyboardInterrupt), atomic_directory(tmp_path / "report") as tmp:
+        atomic_write_text(tmp / "a.txt", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_fifo_with_a_reader_is_written_through(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
