@@ -15,6 +15,7 @@ from perseus.errors import ConfigError
 __all__ = [
     "MAX_JOB_CELLS",
     "MAX_JOB_OPS",
+    "MAX_LAYERS_PER_STAGE",
     "MESSAGE_LIMIT",
     "check_finite",
     "check_int",
@@ -31,6 +32,9 @@ MESSAGE_LIMIT = 600
 MAX_JOB_OPS = 1_000_000
 #: Largest ops x clocks product (the solver's tables grow with it).
 MAX_JOB_CELLS = 20_000_000
+#: Most layers one pipeline stage may hold for two-clock ops (GPT-3 175B has 96 in all); the
+#: planner's cost grows with it.
+MAX_LAYERS_PER_STAGE = 1024
 #: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
 _BYTES_PER_CELL = 700
 

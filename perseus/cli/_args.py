@@ -11,18 +11,25 @@ import argparse
 import contextlib
 import math
 import os
+import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO
 
 from perseus.errors import ConfigError
+from perseus.io.atomic import check_output_directory, check_output_path, writes_to_stdout
+from perseus.io.reading import describe_file_type
 from perseus.validate import show_value
 
 __all__ = [
     "check_output_dir",
     "check_output_file",
+    "check_output_folder",
     "float_arg",
     "int_arg",
+    "message_stream",
     "nonempty_arg",
 ]
 
@@ -117,20 +124,27 @@ def _can_create_in(directory: Path) -> bool:
 
 
 def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:
-    """Refuse an output file path that cannot be written, before any work starts.
+    """Refuse an output file path that cannot or must not be written, before any work starts.
+
+    What perseus writes and refuses is :func:`perseus.io.atomic.check_output_path`'s rule: a
+    regular file (replaced atomically), a character device or FIFO named directly (written
+    through), ``/dev/stdout``; never a directory, socket, block device, or a link out of its
+    directory.
 
     Raises:
-        ConfigError: an empty path, an existing directory, or a path under a regular file.
+        ConfigError: ``"<flag> <path>: ..."`` naming what is wrong and the fix.
     """
     if not str(path_arg).strip():
         raise ConfigError(f"{flag}: empty path; pass a file name, e.g. {flag} out.json")
-    path = Path(path_arg)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path}: is a directory; pass a file path")
     if str(path_arg).endswith(("/", os.sep)):
         raise ConfigError(f"{flag} {path_arg}: ends with a separator; pass a file path")
-    _check_parents(path, flag)
-    return path
+    try:
+        target = check_output_path(path_arg)
+    except ConfigError as e:
+        raise ConfigError(f"{flag} {e}") from None
+    if target.kind == "file":
+        _check_parents(target.entry, flag)
+    return Path(path_arg)
 
 
 def check_output_dir(
@@ -142,14 +156,15 @@ def check_output_dir(
     run of the same command wrote.
 
     Raises:
-        ConfigError: an empty path, a regular file, a path under a regular file, or a
-            directory holding other files.
+        ConfigError: an empty path, the current directory, a link, a regular file, a path
+            under a regular file, or a directory holding other files.
     """
     if not str(path_arg).strip():
         raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} out")
-    path = Path(path_arg)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path}: is a file; pass a directory path")
+    try:
+        path = check_output_directory(path_arg)
+    except ConfigError as e:
+        raise ConfigError(f"{flag} {e}") from None
     _check_parents(path, flag)
     if path.is_dir():
         known = set(known_files)
@@ -161,3 +176,37 @@ def check_output_dir(
                 f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory"
             )
     return path
+
+
+def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
+    """Refuse a directory that perseus adds files to (``--plot DIR``): an existing
+    non-directory, a symbolic link (not followed), or one under a file or unwritable.
+
+    Raises:
+        ConfigError: ``"<flag> <path>: ..."``.
+    """
+    if not str(path_arg).strip():
+        raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} plots")
+    path = Path(path_arg)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        _check_parents(path, flag)
+        return path
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot check the path ({e.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise ConfigError(
+            f"{flag} {path}: is a symbolic link; perseus does not follow links for outputs; "
+            "pass the real directory"
+        )
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{flag} {path}: is {describe_file_type(mode)}; pass a directory")
+    if not os.access(path, os.W_OK | os.X_OK) or not _can_create_in(path):
+        raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
+    return path
+
+
+def message_stream(out: str | os.PathLike[str]) -> TextIO:
+    """Where a command prints its summary: stderr when its output goes to stdout."""
+    return sys.stderr if writes_to_stdout(out) else sys.stdout

@@ -9,18 +9,24 @@ where the bad value came from: the flag, or the config file and key.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from perseus.cli._args import float_arg, int_arg, nonempty_arg
 from perseus.errors import ConfigError, PlanError
-from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
+from perseus.io.bundled import (
+    default_blocking_power_w,
+    load_profile,
+    resolve_plan_profile,
+    resolve_profile_path,
+)
 from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.profile.two_clock import DEFAULT_SWITCH_ENERGY_J, DEFAULT_SWITCH_LATENCY_S
 from perseus.schedule.builders import SCHEDULE_NAMES
-from perseus.validate import check_job_size, show_value
+from perseus.validate import MAX_LAYERS_PER_STAGE, check_job_size, show_value
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -142,9 +148,10 @@ def _layer_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
         ) from None
-    if not counts or len(counts) > 4096 or not all(1 <= c <= 100_000 for c in counts):
+    if not counts or len(counts) > 4096 or not all(1 <= c <= MAX_LAYERS_PER_STAGE for c in counts):
         raise argparse.ArgumentTypeError(
-            f"layer counts must be 1..100000, one number or one per stage, got {show_value(text)}"
+            f"layer counts must be 1..{MAX_LAYERS_PER_STAGE}, one number or one per stage, got "
+            f"{show_value(text)}"
         )
     return counts
 
@@ -283,6 +290,13 @@ def build_checked_job(
     """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
+    layers = two_clock.get("layers_per_stage") or ()
+    layers = (layers,) if isinstance(layers, int) else tuple(layers)
+    if any(n > MAX_LAYERS_PER_STAGE for n in layers):
+        raise ConfigError(
+            f"{size_source}: layers_per_stage {show_value(list(layers), 60)}: at most "
+            f"{MAX_LAYERS_PER_STAGE} layers per stage; plan with fewer (e.g. group layers)"
+        )
     return make_job(
         profile,
         schedule,
@@ -314,20 +328,12 @@ def job_from_frontier(
         ConfigError: no usable profile, or one that differs from the file's.
     """
     j = frontier.job
-    name = profile_arg or j.profile_name
     how = "give the profile as PROFILE" if flag == "PROFILE" else f"pass {flag} PROFILE"
-    if name is None:
-        raise ConfigError(f"{source}: field job.profile_name: not set; {how}")
-    try:
-        path = resolve_profile_path(name)
-    except ConfigError:
-        if profile_arg is not None:
-            raise
-        raise ConfigError(
-            f"{source}: field job.profile_name: profile {show_value(name)} not found (not a "
-            f"bundled name or file); {how}"
-        ) from None
-    profile = load_profile(path)
+    if profile_arg is not None:
+        path = resolve_profile_path(profile_arg)
+        profile = load_profile(path)
+    else:
+        path, profile = _plan_profile(j.profile_name, source, how)
     if profile.num_stages != j.stages:
         raise ConfigError(
             f"{flag if profile_arg else source + ': field job.profile_name'} {path}: profile has "
@@ -359,6 +365,28 @@ def job_from_frontier(
     if verify:
         check_figures(job, frontier, source)
     return job
+
+
+def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profile]:
+    """The profile a plan file names: bundled, or a file beside the plan (never any path).
+
+    A profile the plan names is read on the plan's word, so its errors do not quote it: a plan
+    must not be a way to show another file's lines.
+    """
+    where = f"{source}: field job.profile_name"
+    if name is None:
+        raise ConfigError(f"{where}: not set; {how}")
+    try:
+        path = resolve_plan_profile(name, source, source)
+    except ConfigError as e:
+        raise ConfigError(f"{str(e).partition(chr(10))[0]}; {how}") from None
+    try:
+        return path, load_profile(path)
+    except ConfigError:
+        raise ConfigError(
+            f"{where}: {path} is not a valid profile (`perseus profile show {path}` says why); "
+            f"{how}"
+        ) from None
 
 
 def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:

@@ -29,6 +29,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from perseus.cli._args import float_arg, int_arg
 from perseus.cli._doctor_checks import (
     Check,
     check_clock_control,
@@ -45,7 +46,6 @@ from perseus.cli._doctor_power import check_blocking_power
 from perseus.device import nvml as nvml_backend
 from perseus.device.nvml import NvmlGPU, call_nvml
 from perseus.device.presets import BLOCKING_POWER
-from perseus.errors import ConfigError
 
 __all__ = ["diagnose", "register", "run"]
 
@@ -66,21 +66,35 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="never change clocks or power limits (observe-only; no NVML set/reset call)",
     )
-    p.add_argument("--gpu", type=int, action="append", metavar="INDEX", help="only these GPUs")
-    p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
-    p.add_argument("--clocks", type=int, default=3, help="clocks for the CUDA check (default 3)")
     p.add_argument(
-        "--iterations", type=int, default=5, help="CUDA check iterations per clock (default 5)"
+        "--gpu",
+        type=int_arg(ge=0, le=1023),
+        action="append",
+        metavar="INDEX",
+        help="only these GPUs (NVML indices)",
+    )
+    p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
+    p.add_argument(
+        "--clocks",
+        type=int_arg(ge=1, le=64),
+        default=3,
+        help="clocks for the CUDA check (default 3, at most 64)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int_arg(ge=1, le=1000),
+        default=5,
+        help="CUDA check iterations per clock (default 5, at most 1000)",
     )
     p.add_argument(
         "--energy-window-s",
-        type=float,
+        type=float_arg(gt=0, le=60, unit="s"),
         default=1.0,
-        help="how long to poll the energy counter (default 1 s)",
+        help="how long to poll the energy counter (default 1 s, at most 60)",
     )
     p.add_argument(
         "--power-window-s",
-        type=float,
+        type=float_arg(gt=0, le=600, unit="s"),
         default=3.0,
         help="how long to read idle and blocked power each (default 3 s)",
     )
@@ -88,16 +102,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.energy_window_s > 0:
-        raise ConfigError(f"--energy-window-s must be > 0, got {args.energy_window_s}")
-    if not 0 < args.power_window_s <= 600:
-        raise ConfigError(f"--power-window-s must be in (0, 600] s, got {args.power_window_s}")
-    if args.clocks < 1 or args.iterations < 1:
-        raise ConfigError(
-            f"--clocks and --iterations must be >= 1, got {args.clocks} and {args.iterations}"
-        )
-    if args.gpu is not None and any(i < 0 for i in args.gpu):
-        raise ConfigError(f"--gpu takes NVML indices >= 0, got {args.gpu}")
     report = diagnose(
         # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
         no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from perseus.cli._args import check_output_file, float_arg
+from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
 from perseus.io.frontier_files import write_frontier
@@ -91,29 +91,38 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     frontier = result.frontier
     write_frontier(frontier, args.out)
+    say = message_stream(args.out)
     base = frontier.baseline
     same_speed = frontier.cheapest_within(base.time_s)
     best = frontier.min_energy
     print(
         f"{s.schedule} {s.stages} stages x {s.microbatches} microbatches on {s.ranks} ranks, "
-        f"blocking power {s.blocking_power_w:g} W"
+        f"blocking power {s.blocking_power_w:g} W",
+        file=say,
     )
     print(
-        f"points:      {len(frontier.points)} (in {elapsed:.2f} s, {result.iterations} iterations)"
+        f"points:      {len(frontier.points)} (in {elapsed:.2f} s, {result.iterations} iterations)",
+        file=say,
     )
     if result.folded_microbatches is not None:
         print(
             f"folded:      walked {s.stages} stages x {result.folded_microbatches} microbatches "
-            "and lifted its plans (--fold never walks the full job)"
+            "and lifted its plans (--fold never walks the full job)",
+            file=say,
         )
-    print(f"fastest:     {frontier.fastest.time_s:.6f} s, {frontier.fastest.energy_j:.1f} J")
-    print(f"min energy:  {best.time_s:.6f} s, {best.energy_j:.1f} J (T*)")
+    print(
+        f"fastest:     {frontier.fastest.time_s:.6f} s, {frontier.fastest.energy_j:.1f} J", file=say
+    )
+    print(f"min energy:  {best.time_s:.6f} s, {best.energy_j:.1f} J (T*)", file=say)
     print(
         f"all-max:     {base.time_s:.6f} s, {base.energy_j:.1f} J; no-slowdown saving "
-        f"{100 * (1 - same_speed.energy_j / base.energy_j):.2f} %"
+        f"{100 * (1 - same_speed.energy_j / base.energy_j):.2f} %",
+        file=say,
     )
     if same_speed.num_two_clock_ops:
-        print(f"two-clock:   {same_speed.num_two_clock_ops} mid-op switches per iteration")
+        print(
+            f"two-clock:   {same_speed.num_two_clock_ops} mid-op switches per iteration", file=say
+        )
     if not result.complete:
         print(
             f"warning: the min-cut walk stopped early ({result.stop_reason}) after "
@@ -121,5 +130,5 @@ def run(args: argparse.Namespace) -> int:
             "baselines only",
             file=sys.stderr,
         )
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}", file=say)
     return 0

@@ -14,6 +14,7 @@ command that ran (``--stages must be >= 1``), from the parsers themselves plus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -31,6 +32,7 @@ __all__ = ["PARAMETER_FLAGS", "build_parser", "entry", "main"]
 
 #: Library parameter names whose flag is named otherwise (used where the command has the flag).
 PARAMETER_FLAGS: dict[str, str] = {
+    "path": "--db",
     "pipeline_index": "--pipeline",
     "state_dir": "--sim-dir",
     "trace_dir": "--trace",
@@ -194,4 +196,14 @@ def _one_line(error: Exception) -> str:
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    from perseus.cli.straggler import abandoned_calls
+
+    if abandoned_calls():
+        # A store call given up on is still blocked in C++ on another thread; if it returned
+        # during the interpreter's shutdown its thread would abort the process. End now.
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

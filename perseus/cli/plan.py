@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, float_arg
+from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.errors import ConfigError
 from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
 
@@ -71,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
             )
     point = frontier.cheapest_within(deadline)
     write_frontier(frontier.with_points([point]), args.out)
+    say = message_stream(args.out)
     base = frontier.baseline
     print(
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J "
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time, "
-        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)"
+        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)",
+        file=say,
     )
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}", file=say)
     return 0

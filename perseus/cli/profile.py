@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, int_arg, nonempty_arg
+from perseus.cli._args import check_output_file, int_arg, message_stream, nonempty_arg
 from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 from perseus.io.profile_files import MAX_STAGES, write_profile_csv, write_profile_json
 from perseus.io.profile_slice import slice_profile
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         write_profile_json(sliced, out)
     else:
         write_profile_csv(sliced, out)
+    say = message_stream(out)
     hint = f" --blocking-power-w {power:g}" if power is not None else " --blocking-power-w W"
-    print(f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages")
-    print(f"next: perseus frontier {out} --microbatches N{hint} -o frontier.json")
+    print(f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages", file=say)
+    print(f"next: perseus frontier {out} --microbatches N{hint} -o frontier.json", file=say)
     return 0

@@ -14,9 +14,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perseus.cli._args import (
+    check_output_file,
+    check_output_folder,
+    float_arg,
+    int_arg,
+    nonempty_arg,
+)
 from perseus.errors import ConfigError, InfeasibleError
 
-__all__ = ["format_summary", "register", "run_simulate"]
+__all__ = [
+    "MAX_RECURRENCES",
+    "MAX_SEEDS",
+    "MAX_SIMULATED_RUNS",
+    "format_summary",
+    "register",
+    "run_simulate",
+]
+
+#: Recurrences per seed (Zeus's evaluation runs 2 x |batch sizes| x |power limits|, ~200).
+MAX_RECURRENCES = 100_000
+#: Seeds to average over.
+MAX_SEEDS = 1_000
+#: Recurrences x seeds per workload: a simulated run takes about a millisecond.
+MAX_SIMULATED_RUNS = 200_000
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -41,42 +62,72 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     s.add_argument(
         "--recurrences",
-        type=int,
+        type=int_arg(ge=1, le=MAX_RECURRENCES),
         metavar="N",
-        help="recurrences per seed (default: 2 x batch sizes x power limits)",
+        help="recurrences per seed (default: 2 x batch sizes x power limits; at most "
+        f"{MAX_RECURRENCES:,})",
     )
-    s.add_argument("--seeds", type=int, default=10, help="seeds to average over (default 10)")
-    s.add_argument("--eta", type=float, default=0.5, help="energy-time weight (default 0.5)")
-    s.add_argument("--beta", type=float, default=2.0, help="early-stop factor (default 2.0)")
+    s.add_argument(
+        "--seeds",
+        type=int_arg(ge=1, le=MAX_SEEDS),
+        default=10,
+        help=f"seeds to average over (default 10, at most {MAX_SEEDS:,})",
+    )
+    s.add_argument(
+        "--eta",
+        type=float_arg(ge=0, le=1),
+        default=0.5,
+        help="energy-time weight in [0, 1] (default 0.5)",
+    )
+    s.add_argument(
+        "--beta",
+        type=float_arg(gt=1, le=100),
+        default=2.0,
+        help="early-stop factor, > 1 (default 2.0)",
+    )
     s.add_argument(
         "--profile-share",
-        type=float,
+        type=float_arg(ge=0, le=1),
         default=1.0,
         metavar="F",
         help="share of a batch size's first epoch spent profiling power limits "
         "(default 1.0, Zeus's assumption)",
     )
     s.add_argument(
-        "--jobs", metavar="FILE", help="CSV of job definitions (default: Zeus's six jobs)"
+        "--jobs",
+        metavar="FILE",
+        type=nonempty_arg,
+        help="CSV of job definitions (default: Zeus's six jobs)",
     )
     s.add_argument("--json", action="store_true", help="print one JSON document")
-    s.add_argument("--plot", metavar="DIR", help="write cumulative-cost and batch-size PNGs")
+    s.add_argument(
+        "--plot",
+        metavar="DIR",
+        type=nonempty_arg,
+        help="write cumulative-cost and batch-size PNGs into DIR",
+    )
     s.set_defaults(handler=run_simulate)
 
 
+def _check_runs(recurrences: int | None, seeds: int, workload: str, default: int) -> None:
+    n = recurrences if recurrences is not None else default
+    runs = n * seeds
+    if runs > MAX_SIMULATED_RUNS:
+        given = f"--recurrences {n}" if recurrences is not None else f"{n} recurrences (default)"
+        raise ConfigError(
+            f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} simulated runs of {workload}; "
+            f"the limit is {MAX_SIMULATED_RUNS:,} (about a millisecond each); lower "
+            "--recurrences or --seeds"
+        )
+
+
 def _check(args: argparse.Namespace) -> None:
-    if args.recurrences is not None and args.recurrences < 1:
-        raise ConfigError(f"--recurrences must be >= 1, got {args.recurrences}")
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
-    if not 0.0 <= args.eta <= 1.0:
-        raise ConfigError(f"--eta must be in [0, 1], got {args.eta}")
-    if not args.beta > 1.0:
-        raise ConfigError(f"--beta must be > 1, got {args.beta}")
-    if not 0.0 <= args.profile_share <= 1.0:
-        raise ConfigError(f"--profile-share must be in [0, 1], got {args.profile_share}")
+    if args.recurrences is not None:
+        _check_runs(args.recurrences, args.seeds, "each workload", 0)
     if not Path(args.trace).is_dir():
         raise ConfigError(f"--trace {args.trace}: not a folder; pass the folder holding the CSVs")
+    if args.plot is not None:
+        check_output_folder(args.plot, "--plot")
 
 
 def format_summary(gpu: str, document: dict[str, Any]) -> str:
@@ -106,13 +157,21 @@ def format_summary(gpu: str, document: dict[str, Any]) -> str:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from perseus.recurring.results import summary_json
-    from perseus.recurring.simulator import simulate_workload
+    from perseus.recurring.simulator import default_recurrences, simulate_workload
     from perseus.recurring.trace import load_jobs, load_workloads
     from perseus.recurring.workload import ZEUS_JOBS
 
     _check(args)
     jobs = load_jobs(Path(args.jobs)) if args.jobs else ZEUS_JOBS
     workloads = load_workloads(Path(args.trace), args.gpu, jobs=jobs, workload=args.workload)
+    for w in workloads:
+        _check_runs(args.recurrences, args.seeds, w.key, default_recurrences(w))
+    if args.plot is not None:
+        from perseus.recurring.report import plot_paths
+
+        for w in workloads:  # before minutes of simulation, not after
+            for path in plot_paths(w.key, Path(args.plot)):
+                check_output_file(path, "--plot")
     summaries = []
     for w in workloads:
         try:

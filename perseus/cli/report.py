@@ -20,7 +20,8 @@ from perseus.cli._job_args import check_figures, job_from_frontier
 from perseus.errors import ConfigError, PerseusError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_directory
-from perseus.io.frontier_files import check_frontier_job, read_frontier, read_json_text
+from perseus.io.frontier_files import check_frontier_job, read_frontier, read_json_document
+from perseus.io.reading import INPUT_LIMITS
 from perseus.job import PlanningJob
 from perseus.plan import Frontier
 
@@ -84,21 +85,23 @@ def _rebuild_job(
 
 
 def _read_measured(path: str) -> Any:
-    import json
-
     from perseus.report import MeasuredRun
     from perseus.report.summary import REPORT_SUMMARY_KIND
 
     p = Path(path)
-    text = read_json_text(p, "a run's summary (examples/train_pipeline.py --summary)", ConfigError)
-    doc = json.loads(text)
+    doc = read_json_document(
+        p,
+        "a run's summary (examples/train_pipeline.py --summary)",
+        ConfigError,
+        limit_bytes=INPUT_LIMITS["summary"],
+    )
     if isinstance(doc, dict) and doc.get("kind") == REPORT_SUMMARY_KIND:
         raise ConfigError(
             f"{p}: field kind: a report's summary (written by perseus demo/report), not a run's; "
             "pass the summary a training run wrote (examples/train_pipeline.py --summary)"
         )
     try:
-        return MeasuredRun.model_validate_json(text, strict=True)
+        return MeasuredRun.model_validate(doc, strict=True)
     except ValidationError as e:
         raise ConfigError(
             describe_validation_error(str(p), e)

@@ -8,6 +8,12 @@ the other pipelines switch to a cheaper plan that finishes within the declared t
     perseus straggler clear --store 10.0.0.1:29500 --pipeline 1
 
 ``--store`` is the job's torch.distributed TCP store (torchrun's ``MASTER_ADDR:MASTER_PORT``).
+Every wait is bounded: the store must answer within ``--timeout-s`` (a server that accepts
+the connection and never answers is given up on, not waited for), and the command then waits
+up to ``--wait-s`` for the running job to acknowledge the hint (global rank 0 writes the
+iteration at which it read it). It says which happened: "acknowledged by the job at iteration
+N" (exit 0), or "no running job has read it yet" (exit 1; the hint stays in the store and a job
+reads it at its next iteration boundary).
 """
 
 from __future__ import annotations
@@ -15,16 +21,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import socket
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from perseus.cli._args import float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
-__all__ = ["connect_store", "register", "run"]
+__all__ = ["abandoned_calls", "connect_store", "register", "run", "within"]
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -52,7 +63,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "--timeout-s",
             type=float_arg(gt=0, le=3600, unit="s"),
             default=10.0,
-            help="connection timeout (default 10)",
+            help="how long the store may take to answer (default 10)",
+        )
+        a.add_argument(
+            "--wait-s",
+            type=float_arg(ge=0, le=3600, unit="s"),
+            default=10.0,
+            help="how long to wait for the running job's acknowledgement (default 10; 0: "
+            "do not wait)",
         )
         if name == "set":
             a.add_argument(
@@ -64,13 +82,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(handler=run)
 
 
-def connect_store(address: str, timeout_s: float = 10.0) -> Any:
-    """A client of the TCP store at ``HOST:PORT``.
-
-    Raises:
-        ConfigError: for a malformed address.
-        PerseusError: if nothing answers there within ``timeout_s``.
-    """
+def _parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
     if (
@@ -85,6 +97,61 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         )
     if not 1 <= int(port) <= 65535:
         raise ConfigError(f"--store {show_value(address)}: port {int(port)} is outside 1..65535")
+    return host, int(port)
+
+
+def within(
+    timeout_s: float, what: str, address: str, fn: Callable[[], T], shown_s: float | None = None
+) -> T:
+    """``fn()``, given up on after ``timeout_s``: store calls block in C++ and some ignore
+    their own timeout (a server that accepts and never answers), so they run in a daemon
+    thread that is abandoned if it does not return in time.
+
+    Raises:
+        PerseusError: ``fn`` did not return within ``timeout_s``.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller below
+            box["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name="perseus-store-client", daemon=True)
+    thread.start()
+    if not done.wait(timeout_s):
+        _ABANDONED.append(thread)
+        raise PerseusError(
+            f"--store {show_value(address)}: no answer within "
+            f"{shown_s if shown_s is not None else timeout_s:g} s ({what}); check "
+            "that HOST:PORT is the job's store (torchrun's MASTER_ADDR:MASTER_PORT)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return cast(T, box["value"])
+
+
+_ABANDONED: list[threading.Thread] = []
+
+
+def abandoned_calls() -> bool:
+    """Whether a store call was given up on and may still be blocked in C++ (the process must
+    then end without the interpreter's shutdown, see :func:`perseus.cli.main.entry`)."""
+    return any(t.is_alive() for t in _ABANDONED)
+
+
+def connect_store(address: str, timeout_s: float = 10.0) -> Any:
+    """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s``.
+
+    Raises:
+        ConfigError: for a malformed address.
+        PerseusError: if nothing answers there within ``timeout_s``.
+    """
+    host, port = _parse_address(address)
     if not (0 < timeout_s <= 3600):
         raise ConfigError(f"--timeout-s: must be a number > 0 and <= 3600, got {timeout_s!r}")
     _quiet_torch_env()
@@ -94,17 +161,41 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         raise ConfigError(
             "perseus straggler needs torch; pip install 'perseus-energy[torch]'"
         ) from e
-    try:
+
+    started = time.monotonic()
+    _probe(host, port, timeout_s, address)
+    left_s = timeout_s - (time.monotonic() - started)
+
+    def connect() -> Any:
         with _silenced_stderr_fd():
+            # The client's own timeout ends a refused connection's retries before ours, so
+            # only a server that accepts and never answers leaves a thread behind.
             return TCPStore(
                 host,
-                int(port),
+                port,
                 is_master=False,
-                timeout=timedelta(seconds=timeout_s),
+                timeout=timedelta(seconds=max(0.8 * left_s, 0.001)),
                 wait_for_workers=False,
             )
+
+    try:
+        return within(max(left_s, 0.0), "connecting", address, connect, shown_s=timeout_s)
     except (RuntimeError, OSError, ValueError, OverflowError) as e:
         reason = str(e).strip().partition("\n")[0][:200] or type(e).__name__
+        raise PerseusError(
+            f"--store {show_value(address)}: cannot connect to the job's store within "
+            f"{timeout_s:g} s ({reason}); check the address and that the job is running"
+        ) from None
+
+
+def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
+    """Fail fast, with the reason, when nothing listens at HOST:PORT (the store client would
+    retry until its timeout and report only that)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
         raise PerseusError(
             f"--store {show_value(address)}: cannot connect to the job's store within "
             f"{timeout_s:g} s ({reason}); check the address and that the job is running"
@@ -120,32 +211,109 @@ def _quiet_torch_env() -> None:
 
 @contextlib.contextmanager
 def _silenced_stderr_fd() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null (C++ code writes there directly), then restore it."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
+    """Send file descriptor 2 to /dev/null (C++ code writes there directly), then restore it.
+
+    Only from the main thread: the descriptor is process-wide, and a client abandoned in
+    another thread must not keep stderr silenced.
+    """
+    if threading.current_thread() is not threading.main_thread() or _SILENCE.locked():
         yield
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    with _SILENCE:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):
+            yield
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+
+_SILENCE = threading.Lock()
+
+
+def _wait_for_ack(
+    store: Any, pipeline: int, accept: Callable[[str], bool], wait_s: float, poll_s: float = 0.1
+) -> int | bool | None:
+    """Poll the job's acknowledgement until ``accept(token)``; its iteration (None if the job
+    did not say), or False if none came within ``wait_s``."""
+    from perseus.runtime.straggler.switching import read_ack
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        ack = read_ack(store, pipeline)
+        if ack is not None and accept(ack[0]):
+            return ack[1]
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def _clear(store: Any, pipeline: int) -> tuple[str, int | None] | None:
+    """Clear the hint; the job's acknowledgement from before (None if it never gave one)."""
+    from perseus.runtime.straggler.switching import clear_hint, read_ack
+
+    before = read_ack(store, pipeline)
+    clear_hint(store, pipeline)
+    return before
 
 
 def run(args: argparse.Namespace) -> int:
     _quiet_torch_env()
-    from perseus.runtime.straggler.switching import clear_hint, hint_key, set_hint
+    from perseus.runtime.straggler.switching import CLEARED, hint_key, set_hint
 
+    key = hint_key(args.pipeline)
     store = connect_store(args.store, args.timeout_s)
     if args.straggler_action == "set":
-        set_hint(store, args.pipeline, args.time_s)
-        print(f"{hint_key(args.pipeline)} = {args.time_s:g} s")
+        token = within(
+            args.timeout_s,
+            "setting the hint",
+            args.store,
+            lambda: set_hint(store, args.pipeline, args.time_s),
+        )
+        what = f"delivered: {key} = {args.time_s:g} s"
+
+        def accept(seen: str) -> bool:
+            return seen == token
+
     else:
-        clear_hint(store, args.pipeline)
-        print(f"{hint_key(args.pipeline)} cleared")
+        before = within(
+            args.timeout_s,
+            "clearing the hint",
+            args.store,
+            lambda: _clear(store, args.pipeline),
+        )
+        what = f"{key} cleared"
+        if before is None or before[0] == CLEARED:
+            print(f"{what} (no running job had a hint for pipeline {args.pipeline} in effect)")
+            return 0
+
+        def accept(seen: str) -> bool:
+            return seen == CLEARED
+
+    if args.wait_s == 0:
+        print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
+        return 0
+    seen = within(
+        args.wait_s + args.timeout_s,
+        "waiting for the acknowledgement",
+        args.store,
+        lambda: _wait_for_ack(store, args.pipeline, accept, args.wait_s),
+    )
+    if seen is False:
+        print(
+            f"{what}; no running job has read it yet (no acknowledgement within "
+            f"{args.wait_s:g} s): a job started with straggler hints reads them on global "
+            "rank 0 at each iteration boundary"
+        )
+        return 1
+    at = f"at iteration {seen}" if seen is not None else "at its last iteration boundary"
+    print(f"{what}; acknowledged by the job {at}")
     return 0

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from perseus.cli._args import check_output_file, int_arg
+from perseus.cli._args import check_output_file, int_arg, message_stream
 from perseus.errors import ConfigError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import check_frontier_job, read_frontier
@@ -71,14 +71,16 @@ def run(args: argparse.Namespace) -> int:
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
+    say = message_stream(args.out)
     cases = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
     j = frontier.job
     print(
         f"{args.pipelines} pipelines x {j.ranks} GPUs ({j.schedule}, {j.stages} stages x "
         f"{j.microbatches} microbatches); T_min {frontier.fastest.time_s:.3f} s, "
-        f"T* {frontier.min_energy.time_s:.3f} s"
+        f"T* {frontier.min_energy.time_s:.3f} s",
+        file=say,
     )
-    print(format_sweep(cases))
+    print(format_sweep(cases), file=say)
     payload = {
         "frontier": args.frontier,
         "pipelines": args.pipelines,
@@ -93,5 +95,5 @@ def run(args: argparse.Namespace) -> int:
             "baseline and points"
         ) from None
     atomic_write_text(args.out, text + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}", file=say)
     return 0

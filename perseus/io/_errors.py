@@ -8,17 +8,30 @@ from perseus.validate import show_value
 
 __all__ = ["describe_validation_error"]
 
+_SHAPES = {
+    "tuple_type": "Input should be a valid array",
+    "list_type": "Input should be a valid array",
+    "model_type": "Input should be an object",
+    "dict_type": "Input should be an object",
+}
 
-def describe_validation_error(source: str, error: ValidationError, noun: str = "field") -> str:
-    """``"<source>: <noun> <loc>: <msg>, got <value>"`` for the first error, plus a count."""
+
+def describe_validation_error(
+    source: str, error: ValidationError, noun: str = "field", loc: tuple[str | int, ...] = ()
+) -> str:
+    """``"<source>: <noun> <loc>: <msg>, got <value>"`` for the first error, plus a count.
+
+    ``loc`` is where the validated value sits in the document (a part validated alone).
+    """
     errors = error.errors()
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    where = ".".join(str(p) for p in (*loc, *first["loc"])) or "<root>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    msg = first["msg"]
+    # Documents are validated as Python values; speak of their JSON/TOML shapes.
+    msg = _SHAPES.get(first["type"], first["msg"])
     got = ""
     if first["type"] not in ("missing", "json_invalid") and "input" in first:
         value = first["input"]
         if not isinstance(value, (dict, list, tuple)):
             got = f", got {show_value(value)}"
-    return f"{source}: {noun} {loc}: {msg}{got}{more}"
+    return f"{source}: {noun} {where}: {msg}{got}{more}"

@@ -1,19 +1,82 @@
-"""Atomic output: files and directories appear whole or not at all.
+"""Outputs: files and directories appear whole or not at all, and never replace what is not
+a regular file.
 
-Everything perseus writes goes through here: a temporary sibling is written and fsynced, then
-renamed over the target (``os.replace`` is atomic on POSIX within one filesystem).
+Everything perseus writes goes through here. What an output path names decides how it is
+written (:func:`check_output_path` says so before any work starts, and the write checks again):
+
+* **missing or a regular file**: a temporary sibling (``.NAME.PID.RANDOM.tmp``, created with
+  ``O_EXCL``, so never through a planted link) is written and fsynced, then renamed over the
+  name inside the directory opened once (``os.replace`` is atomic on POSIX); the rename
+  replaces a directory entry and never writes through a link.
+* **a symbolic link**: followed only when it is ours (or root's) and points to a regular file
+  (or nothing) in the same directory; a link that leads out of its directory, or that another
+  user planted, is refused: in a shared directory it is how a file elsewhere gets overwritten.
+* **a character device or a FIFO named directly** (``-o /dev/null``, ``-o pipe``): written
+  through, never replaced (renaming over ``/dev/null`` replaces the machine's ``/dev/null``). A
+  FIFO is opened without blocking: one that nobody reads is refused at once, not waited on.
+* ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``: written to that descriptor of this process.
+* **a directory, socket or block device**: refused.
+
+No temporary file survives a failed write: it is removed on any exception (Ctrl-C included),
+and on SIGTERM/SIGHUP when the signal's action is to end the process (a signal handler that
+the program installed runs after the write instead, when nothing is left half-done). A
+temporary left by a process that was killed outright (SIGKILL) is removed by the next write of
+the same name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
 
-__all__ = ["atomic_directory", "atomic_write_bytes", "atomic_write_text"]
+from perseus.errors import ConfigError
+from perseus.io.reading import describe_file_type
+
+__all__ = [
+    "OutputTarget",
+    "atomic_directory",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_output_directory",
+    "check_output_path",
+    "writes_to_stdout",
+]
+
+_FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d{1,6})$")
+_STD_NAMES = {"/dev/stdout": 1, "/dev/stderr": 2}
+_TEMP_RE = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTarget:
+    """How an output path is written (see the module docstring).
+
+    Attributes:
+        path: The path as named.
+        kind: ``"file"`` (temporary file, then rename), ``"stream"`` (a character device or
+            FIFO, written through) or ``"fd"`` (this process's descriptor ``fd``).
+        entry: For ``"file"``: the directory entry replaced (the path, or the in-directory
+            file a link of ours points to).
+        fd: For ``"fd"``: the descriptor.
+    """
+
+    path: Path
+    kind: Literal["file", "stream", "fd"]
+    entry: Path
+    fd: int = -1
 
 
 def _umask() -> int:
@@ -23,27 +86,344 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+def _std_fd(text: str) -> int | None:
+    if text in _STD_NAMES:
+        return _STD_NAMES[text]
+    m = _FD_PATH.match(text)
+    return int(m.group(1)) if m else None
+
+
+def writes_to_stdout(path: str | os.PathLike[str]) -> bool:
+    """Whether writing ``path`` writes this process's standard output (``/dev/stdout``)."""
+    return _std_fd(os.fspath(path)) == 1
+
+
+def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
+    """How ``path`` will be written, or :class:`ConfigError` if perseus must not write it.
+
+    Raises:
+        ConfigError: ``"<path>: ..."``: an empty path, a directory, a socket or block device,
+            a link out of its directory or planted by another user, a closed descriptor.
+    """
+    text = os.fspath(path)
+    if not text.strip():
+        raise ConfigError("empty output path; pass a file name")
+    p = Path(text)
+    fd = _std_fd(text)
+    if fd is not None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise ConfigError(f"{p}: descriptor {fd} is not open; pass a file path") from None
+        return OutputTarget(p, "fd", p, fd)
+    if text.endswith(("/", os.sep)) or p.name in ("", ".", ".."):
+        raise ConfigError(f"{p}: names a directory; pass a file path")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; give the file the permissions a plain open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return OutputTarget(p, "file", p)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot check the output path ({e.strerror})") from None
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return OutputTarget(p, "file", p)
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return OutputTarget(p, "stream", p)
+    if stat.S_ISLNK(mode):
+        return OutputTarget(p, "file", _link_entry(p, st))
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{p}: is a directory; pass a file path")
+    raise ConfigError(
+        f"{p}: is {describe_file_type(mode)}; perseus writes regular files (or a character "
+        "device or FIFO named directly); pass another path"
+    )
+
+
+def _link_entry(p: Path, st: os.stat_result) -> Path:
+    """The in-directory file a link of ours points to, else :class:`ConfigError`."""
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            f"{p}: is a symbolic link owned by another user (uid {st.st_uid}); perseus does not "
+            "follow it; remove the link or pass another path"
+        )
+    folder = os.path.realpath(p.parent)
+    target = os.path.realpath(p)
+    if os.path.dirname(target) != folder:
+        raise ConfigError(
+            f"{p}: is a symbolic link to {target}, outside {p.parent}; perseus does not follow "
+            "links out of the named directory; pass the real path"
+        )
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise ConfigError(
+            f"{p}: is a symbolic link to {describe_file_type(mode)} ({target}); pass a "
+            "regular file's path"
+        )
+    return p.parent / os.path.basename(target)
+
+
+def check_output_directory(path: str | os.PathLike[str]) -> Path:
+    """Refuse an output directory that cannot be replaced as a whole.
+
+    Raises:
+        ConfigError: ``"<path>: ..."``: empty, the current directory or one holding it, a
+            symbolic link, or an existing non-directory.
+    """
+    text = os.fspath(path)
+    if not text.strip():
+        raise ConfigError("empty output path; pass a directory name")
+    p = Path(text)
+    real = os.path.realpath(p)
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:  # the working directory was removed: nothing can hold it
+        cwd = ""
+    holds_cwd = bool(cwd) and (cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep))
+    if p.name in ("", ".", "..") or holds_cwd:
+        raise ConfigError(
+            f"{p}: is the current directory or holds it, which cannot be replaced; pass a new "
+            "directory name (e.g. report)"
+        )
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot check the output path ({e.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise ConfigError(
+            f"{p}: is a symbolic link; perseus replaces output directories and does not follow "
+            "links; pass the real directory"
+        )
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{p}: is {describe_file_type(mode)}; pass a directory path")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: no temporary file survives a SIGTERM
+
+
+class _SignalCleanup:
+    """While temporaries exist, SIGTERM/SIGHUP remove them before the process ends.
+
+    If the signal's action is the default (end the process), the temporaries are removed and
+    the signal is delivered again with the default action. If the program installed a handler,
+    it runs when the last temporary is gone (renamed into place or removed), so that a handler
+    which only asks the program to stop does not find half a write. Only the main thread can
+    install handlers; elsewhere exceptions still clean up.
+    """
+
+    SIGNALS = tuple(
+        s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
+    )
+
+    def __init__(self) -> None:
+        self._removers: list[Callable[[], None]] = []
+        self._previous: dict[int, Any] = {}
+        self._pending: list[int] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def protect(self, remove: Callable[[], None]) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        if not self._removers:
+            self._install()
+        self._removers.append(remove)
+        try:
+            yield
+        finally:
+            self._removers.remove(remove)
+            if not self._removers:
+                self._uninstall()
+
+    def _install(self) -> None:
+        for sig in self.SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous == signal.SIG_IGN:
+                continue
+            self._previous[int(sig)] = previous
+            signal.signal(sig, self._on_signal)
+
+    def _uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        pending, self._pending = self._pending, []
+        for sig in pending:  # the program's own handler, now that nothing is half-written
+            signal.raise_signal(sig)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        if previous in (signal.SIG_DFL, None):
+            for remove in reversed(self._removers):
+                with contextlib.suppress(Exception):
+                    remove()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if signum not in self._pending:
+            self._pending.append(signum)
+
+
+_CLEANUP = _SignalCleanup()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _temp_name(name: str) -> str:
+    return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _remove_stale_temps(dfd: int, name: str) -> None:
+    """Remove temporaries of ``name`` that a killed process of this user left behind."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(dfd):
+            m = _TEMP_RE.match(entry)
+            if m is None or m.group(1) != name[:200]:
+                continue
+            pid = int(m.group(2))
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry, dir_fd=dfd)
+                if st.st_uid != os.geteuid():
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    _rmtree_at(dfd, entry)
+                elif stat.S_ISREG(st.st_mode):
+                    os.unlink(entry, dir_fd=dfd)
+
+
+def _rmtree_at(dfd: int, name: str) -> None:
+    # rmtree never follows links inside the tree (it walks by descriptor on Linux).
+    with contextlib.suppress(OSError):
+        if sys.version_info >= (3, 11):
+            shutil.rmtree(name, dir_fd=dfd)
+        else:  # pragma: no cover - the descriptor's path
+            shutil.rmtree(os.path.join(f"/proc/self/fd/{dfd}", name))
+
+
+def _open_dir(folder: Path) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _write_stream(p: Path, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(p, flags)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise ConfigError(
+                f"{p}: is a FIFO that no process reads; start its reader first, or pass a file"
+            ) from None
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{p}: became a symbolic link; pass another path") from None
+        raise ConfigError(f"{p}: cannot open for writing ({e.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            raise ConfigError(f"{p}: changed while it was opened; pass another path")
+        os.set_blocking(fd, True)  # a reader that is slower than us is not an error
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_file(entry: Path, data: bytes) -> None:
+    name = entry.name
+    dfd = _open_dir(entry.parent)
+    try:
+        _remove_stale_temps(dfd, name)
+        tmp = _temp_name(name)
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dfd,
+        )
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+
+        try:
+            with _CLEANUP.protect(remove):
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                    # O_EXCL created it 0600; give it the permissions a plain open() would.
+                    os.fchmod(fd, 0o666 & ~_umask())
+                finally:
+                    os.close(fd)
+                _check_entry(dfd, entry)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            remove()
+            raise
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)  # the rename itself survives a crash
+    finally:
+        os.close(dfd)
+
+
+def _check_entry(dfd: int, entry: Path) -> None:
+    """The entry about to be replaced is still nothing, a regular file or a link."""
+    try:
+        mode = os.lstat(entry.name, dir_fd=dfd).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise ConfigError(
+            f"{entry}: became {describe_file_type(mode)} while perseus worked; nothing was "
+            "written; pass another path"
+        )
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path``: atomically for files, through for devices and FIFOs.
+
+    Raises:
+        ConfigError: what :func:`check_output_path` refuses, or a FIFO nobody reads.
+        OSError: the write itself failed (disk full, permissions); nothing is left behind.
+    """
+    target = check_output_path(path)
+    if target.kind == "fd":
+        _write_all(target.fd, data)
+    elif target.kind == "stream":
+        _write_stream(target.path, data)
+    else:
+        _write_file(target.entry, data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    """Write ``text`` (UTF-8) to ``path`` (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -51,21 +431,51 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``path`` only if the block succeeds.
 
-    On an exception the temporary directory is removed and ``path`` is left as it was.
+    On an exception (or SIGTERM) the temporary directory is removed and ``path`` is left as it
+    was.
+
+    Raises:
+        ConfigError: what :func:`check_output_directory` refuses.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    target = check_output_directory(path)
+    name = target.name
+    dfd = _open_dir(target.parent)
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_stale_temps(dfd, name)
+        tmp_name = _temp_name(name)
+        os.mkdir(tmp_name, 0o700, dir_fd=dfd)
+        tmp = target.parent / tmp_name
+
+        def remove() -> None:
+            _rmtree_at(dfd, tmp_name)
+
+        try:
+            with _CLEANUP.protect(remove):
+                os.chmod(tmp_name, 0o777 & ~_umask(), dir_fd=dfd)
+                yield tmp
+                _replace_directory(dfd, tmp_name, name)
+        except BaseException:
+            remove()
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
+    try:
+        mode = os.lstat(name, dir_fd=dfd).st_mode
+    except FileNotFoundError:
+        os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(
+            f"{name}: became {describe_file_type(mode)} while perseus worked; nothing was "
+            "written; pass another path"
+        )
+    # Move the old directory onto a fresh empty one of ours (a name nobody else can hold),
+    # put the new one in place, then remove the old one.
+    old_name = _temp_name(name)
+    os.mkdir(old_name, 0o700, dir_fd=dfd)
+    os.rename(name, old_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    _rmtree_at(dfd, old_name)

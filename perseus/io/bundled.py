@@ -6,7 +6,9 @@ default when a job does not give one.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -15,12 +17,15 @@ from pathlib import Path
 from perseus.errors import ConfigError
 from perseus.io.profile_files import read_profile
 from perseus.profile.model import Profile
+from perseus.validate import show_value
 
 __all__ = [
     "BUNDLED_PROFILES",
     "BundledProfile",
+    "bundled_profile_path",
     "default_blocking_power_w",
     "load_profile",
+    "resolve_plan_profile",
     "resolve_profile_path",
 ]
 
@@ -45,8 +50,23 @@ def _bundled_path(name: str) -> Path:
     return Path(str(resources.files("perseus") / "data" / "profiles" / f"{name}.csv"))
 
 
+def bundled_profile_path(name: str) -> Path | None:
+    """The bundled profile called ``name`` (its name, alias or file name), else None."""
+    for b in BUNDLED_PROFILES:
+        if name in (b.name, b.alias, f"{b.name}.csv"):
+            return _bundled_path(b.name)
+    return None
+
+
+def _bundled_names() -> str:
+    return ", ".join(f"{b.alias} ({b.name})" for b in BUNDLED_PROFILES)
+
+
 def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
     """A profile path, or a bundled profile's name/alias (``a100``, ``gpt3-175b+a40_bf16``).
+
+    For names the user typed (a command-line argument); a name read from a file goes through
+    :func:`resolve_plan_profile` or :func:`perseus.io.config.resolve_config_profile`.
 
     Raises:
         ConfigError: if ``arg`` is neither an existing file nor a bundled name.
@@ -54,12 +74,47 @@ def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
     p = Path(arg)
     if p.exists():
         return p
-    for b in BUNDLED_PROFILES:
-        if str(arg) in (b.name, b.alias, f"{b.name}.csv"):
-            return _bundled_path(b.name)
-    names = ", ".join(f"{b.alias} ({b.name})" for b in BUNDLED_PROFILES)
+    bundled = bundled_profile_path(str(arg))
+    if bundled is not None:
+        return bundled
     raise ConfigError(
-        f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {names}"
+        f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {_bundled_names()}"
+    )
+
+
+def _plain_file_name(name: str) -> bool:
+    return (
+        0 < len(name) <= 255
+        and name not in (".", "..")
+        and not any(c in name for c in ("/", "\\", "\0"))
+    )
+
+
+def resolve_plan_profile(name: str, plan_path: str | os.PathLike[str], source: str) -> Path:
+    """The profile a plan/frontier file names in ``job.profile_name``: a bundled profile, or a
+    regular file beside the plan (``NAME``, ``NAME.csv`` or ``NAME.json``; perseus records a
+    profile file's stem).
+
+    A plan is data that may come from anyone, so its profile name never makes perseus open a
+    path of the file's choosing: no directories, no ``..``, no links.
+
+    Raises:
+        ConfigError: ``"<source>: field job.profile_name: ..."`` when the name is neither (the
+            caller adds how to pass the profile instead).
+    """
+    bundled = bundled_profile_path(name)
+    if bundled is not None:
+        return bundled
+    if _plain_file_name(name):
+        folder = Path(plan_path).parent
+        for candidate in (name, f"{name}.csv", f"{name}.json"):
+            path = folder / candidate
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    return path
+    raise ConfigError(
+        f"{source}: field job.profile_name: {show_value(name)} is neither a bundled profile "
+        f"({_bundled_names()}) nor a profile file beside the plan"
     )
 
 

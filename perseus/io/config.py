@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
-from perseus.validate import clip_message, show_value
+from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.validate import MAX_LAYERS_PER_STAGE, clip_message, show_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,8 +63,10 @@ class JobConfig(BaseModel):
     # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
     # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
     layers_per_stage: (
-        Annotated[int, Field(ge=1, le=100_000)]
-        | Annotated[list[Annotated[int, Field(ge=1, le=100_000)]], Field(max_length=4096)]
+        Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]
+        | Annotated[
+            list[Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]], Field(max_length=4096)
+        ]
         | None
     ) = None
     layer_time_fractions: (
@@ -86,14 +89,12 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
             an unknown key or a bad value (with the key and the accepted values).
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{p}: config file not found; pass a TOML job config (see configs/)"
-        ) from None
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read config ({e.strerror})") from None
+    data = read_bounded(
+        p,
+        limit_bytes=INPUT_LIMITS["config"],
+        what="a TOML job config (see configs/)",
+        name="config file",
+    )
     try:
         raw = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -129,10 +130,31 @@ _EXAMPLES = {"profile": '"a100"', "microbatches": "24"}
 def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
     """The profile argument for :func:`perseus.io.bundled.resolve_profile_path`.
 
-    A profile that names an existing file relative to the config's directory becomes that
-    path; anything else (a bundled name, an absolute path) is passed through unchanged.
+    A config is data (it may come from anyone), so its profile is a bundled name or a file
+    under the config's own directory, named by a relative path without ``..``
+    (``profiles/mine.csv``): a config never makes perseus open a path of its choosing.
+
+    Raises:
+        ConfigError: ``"<config>: key profile: ..."`` for an absolute path, a path that climbs
+            out of the config's directory, or a name that is neither a file there nor bundled.
     """
-    candidate = config_path.parent / config.profile
-    if not Path(config.profile).is_absolute() and candidate.exists():
+    from perseus.io.bundled import bundled_profile_path
+
+    name = config.profile
+    rel = Path(name)
+    where = f"{config_path}: key profile"
+    if "\0" in name or rel.is_absolute() or ".." in rel.parts:
+        raise ConfigError(
+            f"{where}: {show_value(name)} must be a bundled name or a path relative to the "
+            f"config's directory without '..'; put the profile beside the config, or pass it "
+            "on the command line as PROFILE"
+        )
+    candidate = config_path.parent / rel
+    if candidate.exists():
         return str(candidate)
-    return config.profile
+    if bundled_profile_path(name) is not None:
+        return name
+    raise ConfigError(
+        f"{where}: {show_value(name)} is neither a bundled profile (a100, a40) nor a file "
+        f"under {config_path.parent}; fix the name or pass the profile as PROFILE"
+    )

@@ -12,75 +12,166 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
-from perseus.plan import SCHEMA_VERSION, Frontier, points_sha256
+from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
-from perseus.validate import check_job_size, show_value
+from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_value
 
 logger = get_logger(__name__)
 
-__all__ = ["check_frontier_job", "read_frontier", "read_json_text", "write_frontier"]
+__all__ = [
+    "check_frontier_job",
+    "read_frontier",
+    "read_json_document",
+    "read_json_text",
+    "write_frontier",
+]
 
-#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~30 MB).
-MAX_FILE_BYTES = 512 * 1024 * 1024
+#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
+MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
+#: Most points a frontier holds (the tracer keeps points 0.1 % of T_min apart: hundreds).
+MAX_POINTS = 100_000
 
 _REGENERATE = "regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)"
+_PLAN_WHAT = "a plan/frontier JSON written by perseus"
 
 
-def read_json_text(p: Path, what: str, error: type[Exception]) -> str:
-    """Read ``p`` as UTF-8 JSON text and check its syntax; errors name the line and column.
+def _decode(p: Path, data: bytes, what: str, error: type[Exception]) -> str:
+    if not data.strip():
+        raise error(f"{p}: file is empty; pass {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
+
+
+def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
+    """The stdlib parser's document; errors name the real line and column. Equal integers
+    share one object (a frontier repeats a few dozen clocks millions of times), which keeps a
+    plan's memory a few times its size. NaN and Infinity pass here and are refused by the
+    schema, which names the field."""
+    ints: dict[int, int] = {}
+
+    def parse_int(digits: str) -> int:
+        value = int(digits)
+        return ints.setdefault(value, value)
+
+    try:
+        return json.loads(text, parse_int=parse_int)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
+    except RecursionError:
+        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
+
+
+def _as_tuples(value: Any, depth: int = 0) -> Any:
+    """JSON arrays as tuples, for strict validation of the models' tuple fields (the
+    document's own nesting is at most a few levels; deeper input is left to the schema).
+
+    Objects are converted in place and each array is dropped once converted, so the document
+    never exists twice (a plan's clocks are most of its memory)."""
+    if depth > 16:
+        return value
+    if isinstance(value, list):
+        out = tuple([_as_tuples(v, depth + 1) for v in value])
+        value.clear()
+        return out
+    if isinstance(value, dict):
+        for k, v in value.items():
+            value[k] = _as_tuples(v, depth + 1)
+    return value
+
+
+def read_json_text(
+    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
+) -> str:
+    """Read ``p`` (a bounded read) as UTF-8 JSON text and check its syntax; errors name the
+    line and column.
 
     Args:
         p: The file.
         what: What the file should be (``"a plan/frontier JSON written by perseus"``).
         error: The :class:`~perseus.errors.ConfigError` subclass to raise.
+        limit_bytes: The largest file accepted.
     """
-    try:
-        size = p.stat().st_size
-        if p.is_dir():
-            raise error(f"{p}: is a directory; pass {what}")
-        if size > MAX_FILE_BYTES:
-            raise error(f"{p}: {size / 1e6:.0f} MB is too large for {what}")
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{p}: file not found; pass {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
-    if not data.strip():
-        raise error(f"{p}: file is empty; pass {what}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
-
-    # The stdlib parser reports the real line and column of a syntax error. NaN and Infinity
-    # pass here and are refused by the schema, which names the field.
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
-    except RecursionError:
-        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
+    text = _decode(p, data, what, error)
+    _parse_json(p, text, what, error)
     return text
+
+
+def read_json_document(
+    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
+) -> Any:
+    """Read ``p`` (a bounded read) and parse it once as JSON (integers shared); errors name
+    the line and column. Validate the result with ``Model.model_validate(doc, strict=True)``
+    rather than parsing the text a second time."""
+    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
+    text = _decode(p, data, what, error)
+    del data
+    return _parse_json(p, text, what, error)
+
+
+def _check_counts(p: Path, doc: Any) -> None:
+    """Refuse more points or ops than any plan holds before building models of them."""
+    if not isinstance(doc, dict):
+        return
+    points, ops = doc.get("points"), doc.get("stage_ops")
+    if isinstance(points, list) and len(points) > MAX_POINTS:
+        raise PlanError(
+            f"{p}: field points: {len(points):,} points, more than the {MAX_POINTS:,} a "
+            f"frontier may hold; {_REGENERATE}"
+        )
+    if isinstance(ops, list):
+        total = sum(len(r) for r in ops if isinstance(r, list))
+        if total > MAX_JOB_OPS:
+            raise PlanError(
+                f"{p}: field stage_ops: {total:,} ops, more than the {MAX_JOB_OPS:,} of the "
+                f"largest job perseus plans; {_REGENERATE}"
+            )
+
+
+def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
+    """Each point validated on its own, its document dropped once its model exists: a plan's
+    clocks are most of its memory, and this way they never exist twice."""
+    for i, point in enumerate(points):
+        try:
+            points[i] = PlanPoint.model_validate(_as_tuples(point), strict=True)
+        except ValidationError as e:
+            raise PlanError(describe_validation_error(str(p), e, loc=("points", i))) from None
+    out = tuple(points)
+    points.clear()
+    return out
 
 
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     """Load and validate a frontier or plan file, checking the points' digest.
 
+    The file is read whole (at most :data:`MAX_FILE_BYTES`), parsed by the standard library
+    with shared integers, and validated strictly (``"4"`` is not 4, ``true`` is not 1).
+
     Raises:
         PlanError: naming the file and the first bad field, line or the digest.
     """
     p = Path(path)
-    text = read_json_text(p, "a plan/frontier JSON written by perseus", PlanError)
+    doc = read_json_document(p, _PLAN_WHAT, PlanError, limit_bytes=MAX_FILE_BYTES)
+    _check_counts(p, doc)
+    if isinstance(doc, dict) and isinstance(doc.get("points"), list):
+        doc["points"] = _validate_points(p, doc["points"])
+    doc = _as_tuples(doc)
     try:
-        frontier = Frontier.model_validate_json(text, strict=True)
+        frontier = Frontier.model_validate(doc, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "value_error" and "points_sha256" in first["msg"]:

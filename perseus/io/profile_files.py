@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ProfileError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile
 from perseus.schedule.actions import Kind
@@ -53,7 +54,7 @@ MAX_TIME_S = 1e6
 MAX_ENERGY_J = 1e9
 #: Smallest time and energy of one op (1 ns, 1 nJ): below, the planner's arithmetic degrades.
 MIN_VALUE = 1e-9
-MAX_FILE_BYTES = 512 * 1024 * 1024
+MAX_FILE_BYTES = INPUT_LIMITS["profile"]
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 
 Row = tuple[int, Kind, int, float, float]
@@ -66,16 +67,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
         ProfileError: naming the file and the line or field, for any malformed content.
     """
     p = Path(path)
-    try:
-        if p.is_dir():
-            raise ProfileError(f"{p}: is a directory; pass a profile CSV/JSON path")
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise ProfileError(f"{p}: file too large for a profile ({p.stat().st_size:,} bytes)")
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ProfileError(f"{p}: file not found; pass a profile CSV/JSON path") from None
-    except OSError as e:
-        raise ProfileError(f"{p}: cannot read file ({e.strerror})") from None
+    data = read_bounded(
+        p, limit_bytes=MAX_FILE_BYTES, what="a profile CSV/JSON path", error=ProfileError
+    )
     if not data.strip():
         raise ProfileError(
             f"{p}: file is empty; expected a header line '{','.join(REQUIRED_COLUMNS)}' and rows"

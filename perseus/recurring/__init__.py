@@ -3,7 +3,8 @@
 Pure parts: :mod:`~perseus.recurring.cost` (the η-weighted cost), :mod:`~.workload` (a job's
 trace), :mod:`~.bandit` (Gaussian Thompson sampling), :mod:`~.policy` (the batch-size
 optimizer), :mod:`~.simulator` (trace-driven evaluation) and :mod:`~.results`. I/O:
-:mod:`~.trace` (CSV files), :mod:`~.store` (SQLite), :mod:`~.profiler` and :mod:`~.job`
+:mod:`~.trace` (CSV files), :mod:`~.store` (SQLite, with :mod:`~.schema` and the run leases
+of :mod:`~.lease`), :mod:`~.profiler` and :mod:`~.job`
 (the training-loop side, on a GPU), :mod:`~.report` (matplotlib, imported only on demand).
 
 Importing this package loads only the pure parts; the I/O names below are imported on first

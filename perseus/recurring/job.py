@@ -20,9 +20,18 @@ profiles it during the first iterations, measures the run's GPU energy (energy c
 and time, and records the result when the block exits. ``end_epoch`` returns True when the
 loop should stop: the target was reached, or the next epoch would push the run's cost past
 ``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
-an exception records nothing (the run is abandoned). The power limit is reset to the default
-when the block exits, on SIGTERM/SIGINT and at interpreter exit (:class:`ExitGuard`), and by
-a watchdog process if this process is killed (when ``own_gpu``).
+an exception records nothing (the run is abandoned and its size tried again). The power limit
+is reset to the default when the block exits, on SIGTERM/SIGINT and at interpreter exit
+(:class:`ExitGuard`), and by a watchdog process if this process is killed (when ``own_gpu``).
+
+**Preemption.** The run holds a lease in the store (:mod:`perseus.recurring.store`), renewed
+by ``run.step``/``run.end_epoch`` at most every ``heartbeat_interval_s`` with the cost so far.
+SIGTERM (what Slurm, Kubernetes and torchrun send) marks the run abandoned before the process
+ends, then goes on to the handler installed before (the process still terminates; a handler of
+the program's own still runs); a SIGKILLed run is found by the next decision (its process is
+gone, or its lease expired). Either way the run counts as a failed run of its batch size, so
+the next decisions prune or re-explore that size by the policy's own rules: it is never left
+pending. Call ``run.step`` (or ``end_epoch``) more often than the store's ``lease_s``.
 
 **Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
 power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
@@ -39,6 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -46,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
-from perseus.errors import ConfigError, DeviceError
+from perseus.errors import ConfigError, DeviceError, PerseusError
 from perseus.recurring.cost import check_eta, zeus_cost
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.profiler import PowerLimitProfiler
@@ -79,6 +90,7 @@ class RecurringRun:
         self._t0 = job.clock()
         self._e0_mj = job.gpu.energy_mj()
         self._last_epoch_cost = 0.0
+        self._last_beat = self._t0
 
     @property
     def batch_size(self) -> int:
@@ -107,11 +119,24 @@ class RecurringRun:
         return zeus_cost(self.energy_j(), self.time_s(), self.job.eta, self.job.max_power_w)
 
     def step(self, samples: int = 1) -> None:
-        """Report one finished training iteration of ``samples`` samples."""
+        """Report one finished training iteration of ``samples`` samples (renews the lease)."""
         if self._profiler is not None and not self._profiler.done:
             self._profiler.step(samples)
             if self._profiler.done:
                 self.job._save_profile(self.batch_size, self._profiler)
+        self._heartbeat()
+
+    def _heartbeat(self, force: bool = False) -> None:
+        """Renew the lease (at most every ``heartbeat_interval_s``) with the figures so far."""
+        now = self.job.clock()
+        if not force and now - self._last_beat < self.job.heartbeat_interval_s:
+            return
+        self._last_beat = now
+        try:
+            if not self.job.store.heartbeat(self.run_id, self.observation()):
+                log.warning("run %s: the store no longer holds it as running", self.run_id)
+        except PerseusError as e:  # a busy or full store must not stop the training
+            log.warning("run %s: lease not renewed: %s", self.run_id, e)
 
     def end_epoch(self, *, reached: bool) -> bool:
         """Report the end of an epoch; True when the loop should stop.
@@ -123,6 +148,7 @@ class RecurringRun:
         cost = self.cost()
         epoch_cost = cost - self._last_epoch_cost
         self._last_epoch_cost = cost
+        self._heartbeat(force=True)
         if reached:
             self.reached = True
             return True
@@ -165,6 +191,8 @@ class RecurringJob:
         profiler_kwargs: Passed to :class:`PowerLimitProfiler` (steps, window, limits).
         own_gpu: Take the GPU's ownership lock and start the watchdog for the run.
         clock: Monotonic clock (the simulated GPU's clock in emulation).
+        heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
+            well under the store's ``lease_s``).
     """
 
     def __init__(
@@ -183,9 +211,15 @@ class RecurringJob:
         profiler_kwargs: dict[str, Any] | None = None,
         own_gpu: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_interval_s: float = 60.0,
     ) -> None:
         if not name:
             raise ConfigError("a recurring job needs a non-empty name")
+        if not (math.isfinite(heartbeat_interval_s) and heartbeat_interval_s >= 0):
+            raise ConfigError(
+                f"heartbeat_interval_s must be a finite number >= 0, got {heartbeat_interval_s!r}"
+            )
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.name = name
         self.policy = BatchSizeOptimizer(batch_sizes, default_batch_size, beta=beta)
         self.store = store
@@ -274,21 +308,49 @@ class RecurringJob:
                 ownership.release()
 
     @contextlib.contextmanager
+    def _lease(self, run_id: str) -> Iterator[None]:
+        """While the run is on: SIGTERM/SIGHUP mark it abandoned before the process ends, then
+        go on to the handler installed before (never swallowed)."""
+        from perseus.runtime.safety.guard import ExitGuard
+
+        store = self.store
+
+        def abandon() -> None:
+            store.abandon_run(run_id, "signal", urgent=True)
+
+        guard = ExitGuard(abandon, signals=_PREEMPTION_SIGNALS)
+        guard.install()
+        try:
+            yield
+        finally:
+            guard.uninstall()
+
+    def _abandon(self, run_id: str, reason: str) -> None:
+        try:
+            self.store.abandon_run(run_id, reason)
+        except PerseusError as e:  # the original error matters more; the lease covers it
+            log.warning("run %s: could not mark it abandoned: %s", run_id, e)
+
+    @contextlib.contextmanager
     def run(self) -> Iterator[RecurringRun]:
         """One run: decide, set or profile the power limit, measure, record.
 
         Raises:
-            ConfigError: the store holds this job with another configuration.
+            ConfigError: the store holds this job with another configuration, or a row it
+                cannot use (named, with how to repair or drop it).
         """
         self.store.register_job(self.name, self._config())
         started = self.store.begin_run(self.name, self._decide)
         bs = started.decision.batch_size
+        handed_over = False
         try:
-            with self._guard():
+            with self._lease(started.run_id), self._guard():
                 profiler = None
                 limit: float | None = None
                 if isinstance(self.gpu, PowerLimitGPU):
-                    limit = self.store.cached_power_limit_w(self.name, self.gpu.name, bs)
+                    limit = self.store.cached_power_limit_w(
+                        self.name, self.gpu.name, bs, range_w=self.gpu.power_limit_range_w()
+                    )
                     if limit is not None:
                         self.gpu.set_power_limit_w(limit)
                     else:
@@ -308,9 +370,22 @@ class RecurringJob:
                     started.decision.phase,
                     "profiling" if profiler is not None else limit,
                 )
+                handed_over = True
                 yield run
                 observation = run.observation()
         except BaseException:
-            self.store.abandon_run(started.run_id)
+            # Not counted as a failure of the batch size: the training code failed (or
+            # perseus could not start the run), not the size. Preemption is counted: see
+            # _lease and the store's leases.
+            self._abandon(started.run_id, "exception" if handed_over else "not started")
             raise
-        self.store.finish_run(started.run_id, observation)
+        try:
+            self.store.finish_run(started.run_id, observation)
+        except BaseException:
+            self._abandon(started.run_id, "exception")
+            raise
+
+
+_PREEMPTION_SIGNALS = tuple(
+    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
+)

@@ -30,7 +30,9 @@ budget) are recorded; their arm's cost is penalised with ``max(incurred cost, β
 converged run at the time)`` (Zeus: the incurred cost, or ``100·β·min`` when a run cannot
 even start) so that a failing batch size stops being chosen, and an arm whose every run
 failed is pruned. The job itself then re-runs (the recurrence is not over until a run
-converges).
+converges). A **preempted run** (SIGTERM, a killed process, an expired lease: see
+:mod:`perseus.recurring.store`) is in the history as a failed run with its cost at its last
+heartbeat, so these same rules decide what happens to its size: it is never left *pending*.
 """
 
 from __future__ import annotations

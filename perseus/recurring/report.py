@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from perseus.io.atomic import atomic_write_bytes
 from perseus.recurring.simulator import WorkloadSummary
 from perseus.report._figure import new_figure, report_style, to_png
 
-__all__ = ["plot_batch_sizes", "plot_cumulative_cost", "write_plots"]
+__all__ = ["plot_batch_sizes", "plot_cumulative_cost", "plot_paths", "write_plots"]
 
 _COLOURS = {"optimizer": "tab:green", "default": "tab:red", "oracle": "tab:blue"}
 
@@ -71,16 +72,21 @@ def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) ->
         return to_png(fig)
 
 
+def plot_paths(workload: str, out_dir: Path) -> list[Path]:
+    """The PNGs :func:`write_plots` writes for ``workload``."""
+    stem = workload.replace("/", "_")
+    return [out_dir / f"{stem}_{suffix}.png" for suffix in ("cost", "batch_size")]
+
+
 def write_plots(summary: WorkloadSummary, gpu: str, out_dir: Path) -> list[Path]:
-    """Write ``<workload>_cost.png`` and ``<workload>_batch_size.png`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = summary.workload.replace("/", "_")
-    paths = []
-    for suffix, png in (
-        ("cost", plot_cumulative_cost(summary, gpu)),
-        ("batch_size", plot_batch_sizes(summary, gpu)),
+    """Write ``<workload>_cost.png`` and ``<workload>_batch_size.png`` into ``out_dir``
+    (atomically; a link planted in their place is not followed, see
+    :mod:`perseus.io.atomic`)."""
+    paths = plot_paths(summary.workload, out_dir)
+    for path, png in zip(
+        paths,
+        (plot_cumulative_cost(summary, gpu), plot_batch_sizes(summary, gpu)),
+        strict=True,
     ):
-        path = out_dir / f"{stem}_{suffix}.png"
-        path.write_bytes(png)
-        paths.append(path)
+        atomic_write_bytes(path, png)
     return paths

@@ -5,27 +5,44 @@ history, so the decision for a new run and the claim of that run happen in **one
 transaction** (``BEGIN IMMEDIATE``: SQLite takes the database's write lock up front, and a
 second writer waits up to ``busy_timeout_s``). Two concurrent runs therefore see each other
 (a started run is *pending*, and the policy never explores a batch size twice at once), and
-every finished run is stored exactly once: ``finish_run`` only moves a row from ``running``
-to ``done``, so a retried call cannot double an observation and a crashed writer's
-transaction rolls back whole. The journal is WAL, so readers never block the writer.
+every finished run is stored exactly once: ``finish_run`` only moves a row to ``done`` once,
+so a retried call cannot double an observation and a crashed writer's transaction rolls back
+whole. The journal is WAL, so readers never block the writer.
+
+**Leases: history that survives preemption.** A running row holds a lease: the process that
+runs it (pid, host and pid namespace, start time: :mod:`perseus.recurring.lease`) and a
+heartbeat that :meth:`~SQLiteStore.heartbeat` renews (``run.step``/``run.end_epoch`` call it).
+A run's own SIGTERM marks it abandoned before the process ends (see
+:mod:`perseus.recurring.job`); SIGKILL cannot, so each decision first marks abandoned every
+running row of the job whose process is gone (same host, pid dead or reused) or whose
+heartbeat is older than ``lease_s``. An abandoned run of those kinds is a **failed run of its
+batch size** in the history the policy sees (its cost as of its last heartbeat), so the policy
+prunes or re-explores that size by its own rules instead of waiting on a run that will never
+finish.
+
+**Bad rows.** The schema (:mod:`perseus.recurring.schema`) refuses bad values at insert; rows
+that predate it are checked when read, and a bad one is one :class:`ConfigError` naming the
+row and the SQL to repair or drop it. A damaged file (``sqlite3.DatabaseError``) is a
+:class:`ConfigError` saying how to recover. Schema changes are migrations applied in place.
 
 **A shared database for a cluster.** SQLite's locking needs one machine's file system (not
 NFS). Jobs on several machines need a server database; the :class:`RecurringStore` Protocol
-is what the rest of perseus uses, so a PostgreSQL store is a drop-in: the same three tables
-(``jobs``, ``runs``, ``power_limits``), ``BEGIN ISOLATION LEVEL SERIALIZABLE`` (or
-``SELECT ... FOR UPDATE`` on the job's ``jobs`` row, which serialises its decisions exactly
+is what the rest of perseus uses, so a PostgreSQL store is a drop-in: the same three tables,
+``SELECT ... FOR UPDATE`` on the job's ``jobs`` row (which serialises its decisions exactly
 as ``BEGIN IMMEDIATE`` does here) in :meth:`~RecurringStore.begin_run`, ``INSERT ... ON
-CONFLICT DO NOTHING`` for the power-limit cache, and ``UPDATE ... WHERE status = 'running'``
-in :meth:`~RecurringStore.finish_run`. It is not implemented here (no server dependency).
+CONFLICT DO NOTHING`` for the power-limit cache. It is not implemented here (no server
+dependency).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -35,45 +52,27 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from perseus.errors import ConfigError, PerseusError
+from perseus.recurring.lease import ProcessIdentity, process_gone, this_process
 from perseus.recurring.policy import Decision, Observation
+from perseus.recurring.schema import (
+    ABANDON_REASONS,
+    COUNTED_REASONS,
+    SCHEMA_VERSION,
+    check_power_limit_row,
+    check_run_row,
+    job_sizes,
+    migrate,
+    parse_job_config,
+)
 
 __all__ = ["RecurringStore", "SQLiteStore", "StartedRun"]
 
-_SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job TEXT PRIMARY KEY,
-    config TEXT NOT NULL,
-    created_s REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL UNIQUE,
-    job TEXT NOT NULL REFERENCES jobs(job),
-    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'abandoned')),
-    phase TEXT NOT NULL,
-    batch_size INTEGER NOT NULL,
-    power_limit_w REAL,
-    energy_j REAL,
-    time_s REAL,
-    cost REAL,
-    reached INTEGER,
-    epochs INTEGER,
-    started_s REAL NOT NULL,
-    finished_s REAL
-);
-CREATE INDEX IF NOT EXISTS runs_by_job ON runs (job, status, seq);
-CREATE TABLE IF NOT EXISTS power_limits (
-    job TEXT NOT NULL,
-    gpu TEXT NOT NULL,
-    batch_size INTEGER NOT NULL,
-    power_limit_w REAL NOT NULL,
-    profile TEXT NOT NULL,
-    PRIMARY KEY (job, gpu, batch_size)
-);
-"""
+log = logging.getLogger(__name__)
 
 Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
+
+#: How long an urgent abandon (from a signal handler) waits for the database.
+_URGENT_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,23 +92,34 @@ class RecurringStore(Protocol):
         ...
 
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
-        """Atomically: read history and pending runs, ``decide``, record the run as running."""
+        """Atomically: expire dead runs, read history and pending runs, ``decide``, record the
+        run as running under this process's lease."""
+        ...
+
+    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
+        """Renew a running run's lease and record its figures so far; False if it is not
+        running any more."""
         ...
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
         """Record a run's result once; False if it was already finished or abandoned."""
         ...
 
-    def abandon_run(self, run_id: str) -> None:
-        """Drop a running run without an observation (it crashed for reasons of its own)."""
+    def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
+        """Drop a running run without an observation; ``reason`` is one of
+        :data:`~perseus.recurring.schema.ABANDON_REASONS`. ``urgent``: called from a signal
+        handler, so wait briefly and on nothing the interrupted code may hold."""
         ...
 
     def history(self, job: str) -> list[Observation]:
-        """Finished runs, oldest first."""
+        """Finished runs and preempted ones (as failed), oldest first."""
         ...
 
-    def cached_power_limit_w(self, job: str, gpu: str, batch_size: int) -> float | None:
-        """The JIT profiler's choice for (job, GPU, batch size), or None if never profiled."""
+    def cached_power_limit_w(
+        self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
+    ) -> float | None:
+        """The JIT profiler's choice for (job, GPU, batch size), or None if never profiled;
+        a cached limit outside ``range_w`` is a :class:`ConfigError` naming its row."""
         ...
 
     def save_power_limit_w(
@@ -122,14 +132,15 @@ class RecurringStore(Protocol):
 class SQLiteStore:
     """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host.
 
-    The constructor does no I/O; the file is opened (and the schema created) on first use, and
+    The constructor does no I/O; the file is opened (and created or migrated) on first use, and
     again after ``fork``. Connections run in autocommit mode with explicit transactions.
 
     Args:
-        path: Database file (created with its directory).
+        path: Database file (created with its directory); it must be a regular file.
         busy_timeout_s: How long a writer waits for another's transaction.
-        stale_after_s: A run still ``running`` after this long is not counted as pending
-            (its process most likely died).
+        lease_s: A running run whose heartbeat is older than this is abandoned (its process
+            stopped renewing it: hung, killed on another host, or preempted); minutes, well
+            above the job's heartbeat interval.
         clock: Wall clock (tests inject one).
     """
 
@@ -138,57 +149,106 @@ class SQLiteStore:
         path: str | Path,
         *,
         busy_timeout_s: float = 30.0,
-        stale_after_s: float = 7 * 24 * 3600.0,
+        lease_s: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
-        self.stale_after_s = stale_after_s
+        self.lease_s = lease_s
         self._clock = clock
         self._con: sqlite3.Connection | None = None
         self._pid = 0
         self._lock = threading.RLock()
 
     # -----------------------------------------------------------------------------------------
+    # Connection, transactions, errors
+
+    def _open(self, timeout_s: float) -> sqlite3.Connection:
+        try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            if not stat.S_ISREG(mode):  # a FIFO would block, a device read for ever
+                raise ConfigError(
+                    f"{self.path}: is not a regular file; pass a database file path as `path`"
+                )
+        con = sqlite3.connect(
+            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+        con.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        return con
 
     def _connection(self) -> sqlite3.Connection:
         if self._con is None or self._pid != os.getpid():
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                con = sqlite3.connect(
-                    self.path,
-                    timeout=self.busy_timeout_s,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                con.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            with self._errors():
+                con = self._open(self.busy_timeout_s)
                 con.execute("PRAGMA journal_mode = WAL")
                 con.execute("PRAGMA synchronous = NORMAL")
+                self._migrate(con)
                 con.execute("PRAGMA foreign_keys = ON")
-                version = con.execute("PRAGMA user_version").fetchone()[0]
-                if version not in (0, _SCHEMA_VERSION):
-                    raise ConfigError(
-                        f"{self.path}: schema version {version}, this perseus reads "
-                        f"{_SCHEMA_VERSION}; use a new database file"
-                    )
-                with self._transaction(con):
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            con.execute(statement)
-                    con.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            except sqlite3.DatabaseError as e:
-                raise ConfigError(
-                    f"{self.path}: not a usable SQLite database ({e}); use another database file"
-                ) from e
             self._con, self._pid = con, os.getpid()
         return self._con
+
+    def _migrate(self, con: sqlite3.Connection) -> None:
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ConfigError(
+                f"{self.path}: schema version {version} was written by a newer perseus (this "
+                f"one reads up to {SCHEMA_VERSION}); upgrade perseus or pass another database"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        con.execute("PRAGMA foreign_keys = OFF")  # tables are rebuilt: see schema.migrate
+        with self._transaction(con):
+            # Another process may have migrated while this one waited for the write lock.
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                log.info(
+                    "%s: migrating the store from schema %d to %d",
+                    self.path,
+                    version,
+                    SCHEMA_VERSION,
+                )
+                migrate(con, str(self.path), version)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors as perseus's: busy -> PerseusError, damage -> ConfigError."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            text = str(e)
+            if "locked" in text or "busy" in text:
+                raise PerseusError(
+                    f"{self.path}: database busy for over {self.busy_timeout_s:g} s ({text}); "
+                    "try again"
+                ) from e
+            raise self._damaged(e) from e
+        except sqlite3.IntegrityError as e:
+            raise ConfigError(
+                f"{self.path}: the database refused a value ({e}); this is a bug or a row "
+                "edited by hand: repair or drop the row the constraint names"
+            ) from e
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from e
+
+    def _damaged(self, e: sqlite3.Error) -> ConfigError:
+        return ConfigError(
+            f"{self.path}: not a usable SQLite database ({e}); restore it from a backup, "
+            f"recover what is left (sqlite3 {self.path} .recover | sqlite3 new.db), or pass "
+            "another --db path"
+        )
 
     @contextlib.contextmanager
     def _transaction(self, con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         con.execute("BEGIN IMMEDIATE")
         try:
             yield con
-            con.execute("COMMIT")
+            if con.in_transaction:  # a SIGTERM's abandon may have committed it (abandon_run)
+                con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
@@ -196,13 +256,15 @@ class SQLiteStore:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, self._errors():
             con = self._connection()
-            try:
-                with self._transaction(con) as c:
-                    yield c
-            except sqlite3.OperationalError as e:
-                raise PerseusError(f"{self.path}: database busy or failed: {e}") from e
+            with self._transaction(con) as c:
+                yield c
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._errors():
+            yield self._connection()
 
     def close(self) -> None:
         """Close the connection (reopened on next use)."""
@@ -211,137 +273,277 @@ class SQLiteStore:
             con.close()
 
     # -----------------------------------------------------------------------------------------
+    # Rows
+
+    def _config(self, con: sqlite3.Connection, job: str) -> dict[str, Any] | None:
+        row = con.execute("SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
+        return None if row is None else parse_job_config(str(self.path), job, row[0])
+
+    def _rows(self, con: sqlite3.Connection, job: str, where: str) -> list[dict[str, Any]]:
+        cur = con.execute(f"SELECT * FROM runs WHERE job = ? AND {where} ORDER BY seq", (job,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+
+    def _history(self, con: sqlite3.Connection, job: str) -> list[Observation]:
+        config = self._config(con, job)
+        sizes = job_sizes(config) if config is not None else None
+        counted = ", ".join(f"'{r}'" for r in COUNTED_REASONS)
+        rows = self._rows(
+            con, job, f"(status = 'done' OR (status = 'abandoned' AND end_reason IN ({counted})))"
+        )
+        out = []
+        for row in rows:
+            check_run_row(str(self.path), row, sizes)
+            done = row["status"] == "done"
+            limit = row["power_limit_w"]
+            out.append(
+                Observation(
+                    batch_size=int(row["batch_size"]),
+                    # SQLite stores NaN (no limit) as NULL
+                    power_limit_w=math.nan if limit is None else float(limit),
+                    energy_j=float(row["energy_j"] or 0.0),
+                    time_s=float(row["time_s"] or 0.0),
+                    cost=float(row["cost"] or 0.0),
+                    reached=bool(row["reached"]) if done else False,
+                    epochs=None if row["epochs"] is None else int(row["epochs"]),
+                )
+            )
+        return out
+
+    def _expire(self, con: sqlite3.Connection, job: str, now: float) -> None:
+        """Mark abandoned the job's running rows whose process is gone or lease expired."""
+        for row in self._rows(con, job, "status = 'running'"):
+            holder = None
+            if row["pid"] is not None and row["host"] is not None:
+                holder = ProcessIdentity(int(row["pid"]), str(row["host"]), row["process_start"])
+            beat = row["heartbeat_s"] if row["heartbeat_s"] is not None else row["started_s"]
+            if holder is not None and process_gone(holder):
+                reason = "process gone"
+            elif not isinstance(beat, (int, float)) or beat < now - self.lease_s:
+                reason = "lease expired"
+            else:
+                continue
+            log.warning(
+                "%s: run %s of job %s (batch size %s) abandoned: %s; it counts as a failed run",
+                self.path,
+                row["run_id"],
+                job,
+                row["batch_size"],
+                reason,
+            )
+            con.execute(
+                "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
+                "WHERE seq = ? AND status = 'running'",
+                (reason, now, row["seq"]),
+            )
+
+    # -----------------------------------------------------------------------------------------
     # RecurringStore
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
         """Create ``job`` or check its configuration.
 
         Raises:
-            ConfigError: if the job exists with a different configuration.
+            ConfigError: if the job exists with a different configuration, or its stored
+                configuration is not a JSON object.
         """
         text = json.dumps(dict(config), sort_keys=True)
         with self._write() as con:
-            row = con.execute("SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
-            if row is None:
+            stored = self._config(con, job)
+            if stored is None:
                 con.execute(
                     "INSERT INTO jobs (job, config, created_s) VALUES (?, ?, ?)",
-                    (job, text, self._clock()),
+                    (job, text, float(self._clock())),
                 )
                 return
-        if row[0] != text:
-            stored = json.loads(row[0])
+        if stored != json.loads(text):
             diff = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
             raise ConfigError(
                 f"{self.path}: job {job!r} is stored with different {', '.join(diff)} "
                 f"({ {k: stored.get(k) for k in diff} }); use a new job name or database"
             )
 
-    def _history(self, con: sqlite3.Connection, job: str) -> list[Observation]:
-        rows = con.execute(
-            "SELECT batch_size, power_limit_w, energy_j, time_s, cost, reached, epochs FROM runs "
-            "WHERE job = ? AND status = 'done' ORDER BY seq",
-            (job,),
-        ).fetchall()
-        return [
-            Observation(
-                int(b),
-                math.nan if p is None else float(p),  # SQLite stores NaN (no limit) as NULL
-                e,
-                t,
-                c,
-                bool(r),
-                None if k is None else int(k),
-            )
-            for b, p, e, t, c, r, k in rows
-        ]
-
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         run_id = uuid.uuid4().hex
+        me = this_process()
         with self._write() as con:
+            now = float(self._clock())
+            self._expire(con, job, now)
             history = self._history(con, job)
-            pending = [
-                int(b)
-                for (b,) in con.execute(
-                    "SELECT batch_size FROM runs WHERE job = ? AND status = 'running' "
-                    "AND started_s > ?",
-                    (job, self._clock() - self.stale_after_s),
-                )
-            ]
+            pending = [int(r["batch_size"]) for r in self._rows(con, job, "status = 'running'")]
             decision = decide(history, pending)
             con.execute(
-                "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s) "
-                "VALUES (?, ?, 'running', ?, ?, ?)",
-                (run_id, job, decision.phase, decision.batch_size, self._clock()),
+                "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s, pid, host, "
+                "process_start, heartbeat_s) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    job,
+                    decision.phase,
+                    decision.batch_size,
+                    now,
+                    me.pid,
+                    me.host,
+                    me.start,
+                    now,
+                ),
             )
         return StartedRun(run_id, decision)
 
-    def finish_run(self, run_id: str, observation: Observation) -> bool:
-        o = observation
+    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
+        """Renew the lease of ``run_id`` and record its figures so far (a preempted run is
+        judged by them); False if the run is not running any more."""
+        figures = _figures(self.path, run_id, so_far)
         with self._write() as con:
             cur = con.execute(
-                "UPDATE runs SET status = 'done', batch_size = ?, power_limit_w = ?, "
-                "energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, finished_s = ? "
-                "WHERE run_id = ? AND status = 'running'",
-                (
-                    o.batch_size,
-                    o.power_limit_w,
-                    o.energy_j,
-                    o.time_s,
-                    o.cost,
-                    int(o.reached),
-                    o.epochs,
-                    self._clock(),
-                    run_id,
-                ),
+                "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
+                "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
+                (float(self._clock()), *figures, so_far.epochs, run_id),
             )
             return cur.rowcount == 1
 
-    def abandon_run(self, run_id: str) -> None:
+    def finish_run(self, run_id: str, observation: Observation) -> bool:
+        """Record ``run_id``'s result once. A run marked abandoned by its own SIGTERM (the
+        program's handler let it finish) or by an expired lease (it was slow to renew) is
+        finished all the same: its process is alive and has the true figures.
+
+        Raises:
+            ConfigError: a figure that is not finite and non-negative.
+        """
+        o = observation
+        figures = _figures(self.path, run_id, o)
         with self._write() as con:
-            con.execute(
-                "UPDATE runs SET status = 'abandoned', finished_s = ? "
-                "WHERE run_id = ? AND status = 'running'",
-                (self._clock(), run_id),
+            cur = con.execute(
+                "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
+                "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
+                "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
+                "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
+                (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
             )
+            return cur.rowcount == 1
+
+    def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
+        """Mark ``run_id`` abandoned for ``reason`` (see
+        :data:`~perseus.recurring.schema.ABANDON_REASONS`).
+
+        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
+        hold it); this process's open transaction, if the signal interrupted one, else a fresh
+        connection waiting at most a second; no exception. If it cannot write, the next
+        decision finds the process gone.
+        """
+        if reason not in ABANDON_REASONS:
+            raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
+        sql = (
+            "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
+            "WHERE run_id = ? AND status = 'running'"
+        )
+        params = (reason, float(self._clock()), run_id)
+        if not urgent:
+            with self._write() as con:
+                con.execute(sql, params)
+            return
+        try:
+            self._abandon_urgently(sql, params)
+        except Exception as e:  # a signal handler must not raise
+            log.warning("%s: could not mark run %s abandoned (%s)", self.path, run_id, e)
+
+    def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
+        """Write from a signal handler (main thread) or the signal watcher thread. The
+        interrupted code may hold this process's own write transaction, which cannot finish
+        while the handler runs (the main thread waits in it): a second connection would wait
+        for it in vain. So when this process's connection is in a transaction, end that
+        transaction with the abandon (each of its statements is whole by itself); else write
+        through a fresh connection, looking again while the database stays locked."""
+        deadline = time.monotonic() + _URGENT_TIMEOUT_S
+        while True:
+            own = self._con if self._pid == os.getpid() else None
+            if own is not None and own.in_transaction:
+                own.execute(sql, params)
+                if own.in_transaction:
+                    own.execute("COMMIT")
+                return
+            con = self._open(0.05)
+            try:
+                con.execute(sql, params)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+            finally:
+                con.close()
 
     def history(self, job: str) -> list[Observation]:
-        with self._lock:
-            return self._history(self._connection(), job)
+        """Finished runs and preempted ones (as failed runs), oldest first.
+
+        Raises:
+            ConfigError: a row the store cannot use (named, with how to repair or drop it).
+        """
+        with self._read() as con:
+            return self._history(con, job)
 
     def runs(self, job: str) -> list[dict[str, Any]]:
         """Every run row of ``job`` (any status), oldest first, as dicts (for reports)."""
-        with self._lock:
-            cur = self._connection().execute(
-                "SELECT * FROM runs WHERE job = ? ORDER BY seq", (job,)
-            )
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        with self._read() as con:
+            return self._rows(con, job, "1")
 
-    def cached_power_limit_w(self, job: str, gpu: str, batch_size: int) -> float | None:
-        with self._lock:
-            row = (
-                self._connection()
-                .execute(
-                    "SELECT power_limit_w FROM power_limits WHERE job = ? AND gpu = ? AND "
-                    "batch_size = ?",
-                    (job, gpu, batch_size),
-                )
-                .fetchone()
-            )
-        return None if row is None else float(row[0])
+    def cached_power_limit_w(
+        self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
+    ) -> float | None:
+        """The cached limit of (job, GPU, batch size), or None.
+
+        Raises:
+            ConfigError: the cached row is unusable or outside ``range_w`` (named, with the
+                SQL that drops it).
+        """
+        with self._read() as con:
+            row = con.execute(
+                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
+                "batch_size = ?",
+                (job, gpu, batch_size),
+            ).fetchone()
+        if row is None:
+            return None
+        return check_power_limit_row(
+            str(self.path), job, gpu, batch_size, row[0], row[1], range_w=range_w
+        )
 
     def save_power_limit_w(
         self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
     ) -> float:
+        if not (math.isfinite(power_limit_w) and power_limit_w > 0):
+            raise ConfigError(f"power limit {power_limit_w!r} W is not a finite number > 0")
         with self._write() as con:
             con.execute(
                 "INSERT OR IGNORE INTO power_limits (job, gpu, batch_size, power_limit_w, "
                 "profile) VALUES (?, ?, ?, ?, ?)",
-                (job, gpu, batch_size, power_limit_w, json.dumps(dict(profile), sort_keys=True)),
+                (
+                    job,
+                    gpu,
+                    batch_size,
+                    float(power_limit_w),
+                    json.dumps(dict(profile), sort_keys=True),
+                ),
             )
             row = con.execute(
-                "SELECT power_limit_w FROM power_limits WHERE job = ? AND gpu = ? AND "
+                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
                 "batch_size = ?",
                 (job, gpu, batch_size),
             ).fetchone()
-        return float(row[0])
+        return check_power_limit_row(str(self.path), job, gpu, batch_size, row[0], row[1])
+
+
+def _figures(path: Path, run_id: str, o: Observation) -> tuple[float | None, ...]:
+    """The observation's limit, energy, time and cost for the row; a figure that is not a
+    finite number >= 0 is refused (a counter that went backwards must not steer the policy)."""
+    for name in ("energy_j", "time_s", "cost"):
+        value = getattr(o, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value >= 0)
+        ):
+            raise ConfigError(
+                f"{path}: run {run_id}: {name} {value!r} is not a finite number >= 0; not "
+                "recorded (a GPU energy counter that was reset mid-run gives this)"
+            )
+    limit = None if math.isnan(o.power_limit_w) else float(o.power_limit_w)
+    return limit, float(o.energy_j), float(o.time_s), float(o.cost)

@@ -14,11 +14,13 @@ Errors name the file, the line and the field and say how to fix it (:class:`Conf
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from perseus.errors import ConfigError
+from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
 __all__ = ["load_jobs", "load_workloads", "power_trace_path"]
@@ -51,25 +53,43 @@ _JOB_FIELDS = (
 )
 
 
+_TRACE_WHAT = "the right `trace_dir` (Zeus-format summary CSVs)"
+
+
 def power_trace_path(trace_dir: Path, gpu: str) -> Path:
     """``<trace_dir>/summary_power_<gpu>.csv``."""
     return trace_dir / f"summary_power_{gpu}.csv"
 
 
-def _rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+def _rows(
+    path: Path, fields: Sequence[str], kind: str, what: str
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """The CSV's rows with their line numbers (a bounded read of a regular file)."""
+    data = read_bounded(path, limit_bytes=INPUT_LIMITS[kind], what=what)
     try:
-        f = path.open(newline="", encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass the right `trace_dir`") from e
-    with f:
-        reader = csv.DictReader(f)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text; pass {what}") from None
+    del data
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
         missing = [c for c in fields if c not in (reader.fieldnames or [])]
         if missing:
             raise ConfigError(
                 f"{path}: missing column(s) {', '.join(missing)}; the header must name "
                 f"{', '.join(fields)}"
             )
-        yield from enumerate(reader, start=2)
+        for row in reader:
+            short = [c for c in fields if row.get(c) is None]
+            if short:
+                raise ConfigError(
+                    f"{path}:{reader.line_num}: row has no {', '.join(short)} field; every row "
+                    f"needs {len(reader.fieldnames or ())} comma-separated fields"
+                )
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise ConfigError(f"{path}:{reader.line_num}: malformed CSV ({e}); fix the row") from None
 
 
 def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:
@@ -88,7 +108,7 @@ def load_jobs(path: Path) -> tuple[JobSpec, ...]:
     """Job definitions from a CSV with columns ``dataset,network,optimizer,target_metric,
     max_epochs,default_batch_size``."""
     jobs = []
-    for line, row in _rows(path, _JOB_FIELDS):
+    for line, row in _rows(path, _JOB_FIELDS, "jobs", "a --jobs CSV of job definitions"):
         max_epochs = int(_number(path, line, row, "max_epochs", integer=True))
         b0 = int(_number(path, line, row, "default_batch_size", integer=True))
         if max_epochs < 1 or b0 < 1:
@@ -113,7 +133,7 @@ def _read_train(
 ) -> dict[str, dict[int, dict[tuple[str, str], int | None]]]:
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
     out: dict[str, dict[int, dict[tuple[str, str], int | None]]] = {}
-    for line, row in _rows(path, _TRAIN_FIELDS):
+    for line, row in _rows(path, _TRAIN_FIELDS, "trace", _TRACE_WHAT):
         job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
         if job is None:
             continue
@@ -139,7 +159,7 @@ def _read_power(
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
     out: dict[str, dict[tuple[int, int], EpochCost]] = {}
     max_power_w = 0.0
-    for line, row in _rows(path, _POWER_FIELDS):
+    for line, row in _rows(path, _POWER_FIELDS, "trace", _TRACE_WHAT):
         limit = _number(path, line, row, "power_limit", integer=False)
         max_power_w = max(max_power_w, limit)
         job = by_name.get((row["dataset"], row["network"], row["optimizer"]))

@@ -43,6 +43,7 @@ def valid_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_frontier(frontier.with_points([frontier.points[0]]), files["plan"])
     write_profile_csv(A100, files["csv"])
     write_profile_json(A100, files["json"])
+    files["trace"] = Path(__file__).resolve().parents[2] / "perseus/data/traces/zeus-nsdi23"
     files["config"].write_text('profile = "a100"\nschedule = "1f1b"\nmicrobatches = 4\n')
     base, fast = frontier.baseline, frontier.points[0]
     files["run"].write_text(

@@ -132,7 +132,39 @@ FLAG_TABLE: dict[str, tuple[list[str], dict[str, list[str]]]] = {
         ["profile", "slice", "a100", "-o", "{out}"],
         {"--stages": ["0", "-1", "abc", "3.5", "5000", "12"]},
     ),
+    "two-clock": (
+        ["frontier", "a100", "--microbatches", "4", "-o", "{out}"],
+        {"--layers-per-stage": ["0", "1025", "100000", "abc", "", "12,0", "12,,12"]},
+    ),
+    "recurring-simulate": (
+        ["recurring", "simulate", "--trace", "{trace}", "--gpu", "a40"],
+        {
+            "--recurrences": [*POSITIVE_INT, "100001", *BIG_INT],
+            "--seeds": [*POSITIVE_INT, "1001", *BIG_INT],
+            "--eta": ["nan", "inf", "-0.1", "1.5", "abc"],
+            "--beta": ["1", "0.5", "nan", "inf", "1000", "abc"],
+            "--profile-share": ["nan", "-0.1", "1.1", "inf"],
+            "--jobs": [""],
+            "--plot": [""],
+        },
+    ),
+    "doctor": (
+        ["doctor", "--no-cuda"],
+        {
+            "--clocks": ["0", "65", "abc", *BIG_INT],
+            "--iterations": ["0", "1001", "1e9", *BIG_INT],
+            "--energy-window-s": ["inf", "nan", "0", "-1", "61", "1e308"],
+            "--gpu": ["-1", "1024", "abc"],
+        },
+    ),
+    "straggler-wait": (
+        ["straggler", "set", "--store", "127.0.0.1:1", "--pipeline", "0", "--time-s", "1"],
+        {"--wait-s": ["nan", "inf", "-1", "3601", "abc"]},
+    ),
 }
+
+
+_SIMULATE = ["recurring", "simulate", "--trace", "{trace}", "--gpu", "a40"]
 
 
 def _flag_cases() -> list[Case]:
@@ -151,6 +183,20 @@ def _flag_cases() -> list[Case]:
         cases.append(
             Case(f"device slowdown 0 {value!r}", ["device", "slowdown", "0", value], ["factor"])
         )
+    cases.append(
+        Case(
+            "recurring simulate recurrences x seeds",
+            [*_SIMULATE, "--recurrences", "100000", "--seeds", "1000"],
+            ["--seeds", "200,000"],
+        )
+    )
+    cases.append(
+        Case(
+            "recurring simulate default recurrences x seeds",
+            ["recurring", "simulate", "--trace", "{trace}", "--gpu", "a40", "--seeds", "1000"],
+            ["--seeds", "(default)"],
+        )
+    )
     cases.append(
         Case("plan pick no deadline", ["plan", "pick", "{frontier}", "-o", "{out}"], ["--time-s"])
     )
@@ -320,6 +366,33 @@ def _empty(_work: Path, _valid: dict[str, Path]) -> dict[str, str]:
     return {"target": ""}
 
 
+def _dot(_work: Path, _valid: dict[str, Path]) -> dict[str, str]:
+    return {"target": "."}
+
+
+def _socket(work: Path, _valid: dict[str, Path]) -> dict[str, str]:
+    import socket
+
+    path = work / "sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))  # the socket node stays on disk after close
+    return {"target": str(path)}
+
+
+def _link_out(work: Path, _valid: dict[str, Path]) -> dict[str, str]:
+    outside = work.parent / "victim.txt"
+    outside.write_text("keep me\n")
+    (work / "shared").mkdir()
+    (work / "shared" / "out.json").symlink_to(outside)
+    return {"target": str(work / "shared" / "out.json")}
+
+
+def _link_dir(work: Path, _valid: dict[str, Path]) -> dict[str, str]:
+    (work / "real").mkdir()
+    (work / "linked").symlink_to(work / "real")
+    return {"target": str(work / "linked")}
+
+
 FILE_OUTPUTS = {
     "frontier": ["frontier", "a100", "--microbatches", "4", "-o", "{target}"],
     "plan-pick": ["plan", "pick", "{frontier}", "--slowdown", "1", "-o", "{target}"],
@@ -341,6 +414,9 @@ def _output_cases() -> list[Case]:
             ("under a regular file", _make_file("afile", "out.json")),
             ("empty", _empty),
             ("under a file, deeper", _make_file("afile", "x/y/out.json")),
+            ("dot", _dot),
+            ("socket", _socket),
+            ("link out of its directory", _link_out),
         ]:
             cases.append(Case(f"{name} -o {what}", argv, ["-o"], setup))
     for name, argv in DIR_OUTPUTS.items():
@@ -349,8 +425,17 @@ def _output_cases() -> list[Case]:
             ("under a regular file", _make_file("afile", "report")),
             ("empty", _empty),
             ("directory with foreign files", _foreign_dir),
+            ("current directory", _dot),
+            ("symbolic link", _link_dir),
         ]:
             cases.append(Case(f"{name} -o {what}", argv, ["-o"], setup))
+    plot = ["recurring", "simulate", "--trace", "{trace}", "--gpu", "a40", "--plot", "{target}"]
+    for what, setup in [
+        ("regular file", _make_file("afile")),
+        ("under a regular file", _make_file("afile", "plots")),
+        ("symbolic link", _link_dir),
+    ]:
+        cases.append(Case(f"recurring --plot {what}", plot, ["--plot"], setup))
     return cases
 
 

@@ -195,6 +195,20 @@ FIGURE_CASES = [
     ("other blocking power", _frontier(_set("job.blocking_power_w", 50.0)), ["baseline"]),
 ]
 
+# The job a plan file records, rebuilt by evaluate (report notes it and goes on without it).
+JOB_CASES = [
+    (
+        "layers per stage past the bound",
+        _frontier(_set("job.layers_per_stage", [100_000] * 8)),
+        ["field job", "layers_per_stage", "1024"],
+    ),
+    (
+        "profile named by path",
+        _frontier(_set("job.profile_name", "/etc/passwd")),
+        ["job.profile_name", "neither a bundled profile"],
+    ),
+]
+
 FRONTIER_COMMANDS = {
     "plan-pick": ["plan", "pick", "{bad}", "--slowdown", "1", "-o", "{out}"],
     "export": ["export", "{bad}", "--format", "zeus-pfo", "-o", "{outdir}"],
@@ -233,6 +247,15 @@ def _frontier_cases() -> list[Case]:
                     setup,
                 )
             )
+    for name, setup, mentions in JOB_CASES:
+        cases.append(
+            Case(
+                f"evaluate frontier job: {name}",
+                FRONTIER_COMMANDS["evaluate"],
+                ["{badname}", *mentions],
+                setup,
+            )
+        )
     cases.append(
         Case(
             "evaluate --plan of another job",

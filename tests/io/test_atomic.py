@@ -1,19 +1,41 @@
+"""Outputs: whole or nothing, never replacing what is not a regular file, nothing left behind."""
+
 from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from perseus.errors import ConfigError
 from perseus.io import atomic_directory, atomic_write_text
+from perseus.io.atomic import atomic_write_bytes, check_output_directory, check_output_path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def test_atomic_write_replaces_whole(tmp_path):
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_atomic_write_replaces_whole(tmp_path: Path) -> None:
     path = tmp_path / "a" / "out.txt"
     atomic_write_text(path, "one")
     atomic_write_text(path, "two")
     assert path.read_text() == "two"
-    assert sorted(p.name for p in path.parent.iterdir()) == ["out.txt"]
+    assert _names(path.parent) == ["out.txt"]
 
 
-def test_atomic_directory_leaves_nothing_on_error(tmp_path):
+def test_atomic_directory_leaves_nothing_on_error(tmp_path: Path) -> None:
     target = tmp_path / "report"
     with pytest.raises(RuntimeError), atomic_directory(target) as tmp:
         (tmp / "half.png").write_text("x")
@@ -21,7 +43,7 @@ def test_atomic_directory_leaves_nothing_on_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_atomic_directory_replaces_existing(tmp_path):
+def test_atomic_directory_replaces_existing(tmp_path: Path) -> None:
     target = tmp_path / "report"
     target.mkdir()
     (target / "old.txt").write_text("old")
@@ -31,9 +53,7 @@ def test_atomic_directory_replaces_existing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["report"]
 
 
-def test_outputs_get_ordinary_permissions(tmp_path):
-    import os
-
+def test_outputs_get_ordinary_permissions(tmp_path: Path) -> None:
     mask = os.umask(0o022)
     try:
         atomic_write_text(tmp_path / "f.txt", "x")
@@ -43,3 +63,221 @@ def test_outputs_get_ordinary_permissions(tmp_path):
         os.umask(mask)
     assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_failed_write_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "out.json").write_text("old")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_text(tmp_path / "out.json", "new")
+    assert _names(tmp_path) == ["out.json"]
+    assert (tmp_path / "out.json").read_text() == "old"
+
+
+def test_ctrl_c_during_a_write_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import perseus.io.atomic as atomic
+
+    def interrupted(fd: int, data: bytes) -> None:
+        os.write(fd, data[:3])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "_write_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(tmp_path / "out.json", "whole text")
+    with pytest.raises(KeyboardInterrupt), atomic_directory(tmp_path / "report") as tmp:
+        atomic_write_text(tmp / "a.txt", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_with_a_reader_is_written_through(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 10
+    data = b"x" * 300_000  # more than a pipe's buffer: the write must wait for the reader
+    while True:
+        try:
+            atomic_write_bytes(fifo, data)
+            break
+        except ConfigError:  # the reader has not opened its end yet
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    reader.join(10)
+    assert got == [data]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert _names(tmp_path) == ["pipe"]
+
+
+def test_a_fifo_nobody_reads_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert check_output_path(fifo).kind == "stream"
+    with pytest.raises(ConfigError, match="FIFO that no process reads"):
+        atomic_write_text(fifo, "x")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert _names(tmp_path) == ["pipe"]
+
+
+def test_a_character_device_is_written_through_not_replaced(tmp_path: Path) -> None:
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a private /dev/null
+    except PermissionError:
+        pytest.skip("creating a device node needs root (CAP_MKNOD)")
+    atomic_write_text(null, "discarded")
+    st = os.lstat(null)
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+    assert _names(tmp_path) == ["null"]
+
+
+def test_stdout_is_written_to_the_descriptor(capfd: pytest.CaptureFixture[str]) -> None:
+    atomic_write_text("/dev/stdout", "to stdout\n")
+    assert capfd.readouterr().out == "to stdout\n"
+
+
+def test_sockets_and_directories_are_refused(tmp_path: Path) -> None:
+    sock_path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        with pytest.raises(ConfigError, match="is a socket"):
+            atomic_write_text(sock_path, "x")
+    with pytest.raises(ConfigError, match="is a directory"):
+        atomic_write_text(tmp_path, "x")
+    for name in (".", "..", "sub/"):
+        with pytest.raises(ConfigError, match="directory"):
+            check_output_path(name)
+
+
+def test_a_link_within_the_directory_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "out.json").symlink_to("real.json")
+    (tmp_path / "dangling.json").symlink_to("later.json")
+    atomic_write_text(tmp_path / "out.json", "new")
+    atomic_write_text(tmp_path / "dangling.json", "made")
+    assert (tmp_path / "real.json").read_text() == "new"
+    assert os.readlink(tmp_path / "out.json") == "real.json"  # still a link
+    assert (tmp_path / "later.json").read_text() == "made"
+    assert _names(tmp_path) == ["dangling.json", "later.json", "out.json", "real.json"]
+
+
+def test_a_link_out_of_the_directory_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "passwd"
+    victim.write_text("root:x:0:0")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "out.json").symlink_to(victim)
+    with pytest.raises(ConfigError, match="outside"):
+        atomic_write_text(shared / "out.json", "{}")
+    assert victim.read_text() == "root:x:0:0"
+    assert os.readlink(shared / "out.json") == str(victim)
+    assert _names(shared) == ["out.json"]
+
+
+def test_current_directory_cannot_be_an_output_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in (".", "..", str(tmp_path), "./"):
+        with pytest.raises(ConfigError, match="current directory"):
+            check_output_directory(name)
+        with pytest.raises(ConfigError, match="current directory"), atomic_directory(name):
+            pass
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to("real")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        check_output_directory("linked")
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_text())
+    pid = int(dead.stdout)
+    stale = tmp_path / f".out.json.{pid}.0123abcd.tmp"
+    stale.write_text("half")
+    alive = tmp_path / f".out.json.{os.getppid()}.0123abcd.tmp"  # a live process's: kept
+    alive.write_text("busy")
+    atomic_write_text(tmp_path / "out.json", "whole")
+    assert _names(tmp_path) == [alive.name, "out.json"]
+
+
+def _text() -> dict[str, object]:
+    return {"capture_output": True, "text": True, "check": True, "timeout": 60}
+
+
+_SLOW_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import perseus.io.atomic as atomic
+
+    mode, target = sys.argv[1], sys.argv[2]
+    seen = []
+    if mode == "handler":
+        signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+    real = atomic._write_all
+
+    def slow(fd, data):
+        real(fd, data[:10])
+        print("writing", flush=True)
+        time.sleep(3)
+        real(fd, data[10:])
+
+    atomic._write_all = slow
+    if target.endswith("dir"):
+        with atomic.atomic_directory(target) as tmp:
+            (tmp / "a.txt").write_text("a")
+            atomic.atomic_write_text(tmp / "b.txt", "b" * 100)
+    else:
+        atomic.atomic_write_text(target, "x" * 100)
+    print("done", seen, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("target", ["out.json", "outdir"])
+def test_sigterm_during_a_write_leaves_no_temporary(tmp_path: Path, target: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, "default", str(tmp_path / target)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "writing\n"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM  # still ends as SIGTERM does
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_programs_sigterm_handler_runs_after_the_write(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, "handler", str(tmp_path / "out.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "writing\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out == f"done [{int(signal.SIGTERM)}]\n"  # not swallowed: delivered after the write
+    assert (tmp_path / "out.json").read_text() == "x" * 100
+    assert _names(tmp_path) == ["out.json"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from perseus.device.simulated import SimulatedGPU
+from perseus.errors import ConfigError
 from perseus.recurring.cost import zeus_cost
 from perseus.recurring.job import RecurringJob, RecurringRun
 from perseus.recurring.policy import Observation
@@ -121,3 +122,36 @@ def test_a_run_past_beta_times_the_best_cost_stops_early_and_counts_as_failed(
         assert run.cost() <= 2.0 * best * 1.05
     last = job.store.history("job")[-1]
     assert not last.reached and last.epochs == len(stops)
+
+
+def test_a_cached_limit_outside_the_gpus_range_is_named_and_not_a_failure(
+    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+) -> None:
+    gpu, _clock, job = setup
+    job.store.register_job("job", job._config())
+    low, _high = gpu.power_limit_range_w()
+    job.store.save_power_limit_w("job", gpu.name, 64, low / 2, {})
+    with (
+        pytest.raises(ConfigError, match=r"power_limits row .* outside this GPU's range"),
+        job.run(),
+    ):
+        pytest.fail("the run must not start")
+    assert gpu.power_limit_w() == gpu.power_limit_range_w()[1]  # nothing was set
+    (row,) = job.store.runs("job")
+    assert (row["status"], row["end_reason"]) == ("abandoned", "not started")
+    assert job.store.history("job") == []  # not a failed run of 64: the store was at fault
+
+
+def test_the_lease_is_renewed_with_the_cost_so_far(
+    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+) -> None:
+    gpu, clock, job = setup
+    job.heartbeat_interval_s = 0.5
+    with job.run() as run:
+        _steps(run, gpu, clock, 30)
+        (row,) = job.store.runs("job")
+        assert row["status"] == "running" and row["cost"] > 0
+        assert row["cost"] == pytest.approx(run.cost(), rel=0.5)
+        run.end_epoch(reached=True)
+    (row,) = job.store.runs("job")
+    assert row["status"] == "done"

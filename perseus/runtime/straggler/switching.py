@@ -15,7 +15,9 @@ boundary:
 * **External hints.** A cluster monitor (or a person) can declare "pipeline k is slowed to T′"
   through the job's torch.distributed store (``perseus straggler set --store HOST:PORT
   --pipeline K --time-s T``), e.g. before a known throttle starts. Only global rank 0 reads the
-  store; its reading travels in the same all-reduce, so all ranks see the same hint.
+  store; its reading travels in the same all-reduce, so all ranks see the same hint. Rank 0
+  acknowledges each new hint (and each clearing) in the store with the iteration it read it
+  at, so the command can say whether a running job took it.
 * **Switching.** The decision is returned to :class:`perseus.runtime.pipeline.PerseusPipeline`
   as a boundary hook and takes effect from the next iteration on.
 """
@@ -23,6 +25,7 @@ boundary:
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,23 +35,38 @@ from perseus.runtime.collectives import all_reduce_max, global_rank
 from perseus.runtime.straggler.policy import StragglerPolicy
 
 __all__ = [
+    "ACK_PREFIX",
+    "CLEARED",
     "HINT_PREFIX",
     "StragglerDecision",
     "StragglerRuntime",
+    "ack_key",
     "clear_hint",
     "hint_key",
     "raw_store",
+    "read_ack",
     "read_hint",
+    "read_hint_entry",
     "set_hint",
 ]
 
 #: Store key prefix of external straggler hints: ``perseus/straggler/<pipeline>``.
 HINT_PREFIX = "perseus/straggler/"
+#: Store key prefix of the job's acknowledgements: ``perseus/straggler/ack/<pipeline>``.
+ACK_PREFIX = HINT_PREFIX + "ack/"
+#: The acknowledgement of a cleared hint names this instead of a token.
+CLEARED = "-"
 
 
 def hint_key(pipeline_index: int) -> str:
     """The store key holding pipeline ``pipeline_index``'s declared iteration time."""
     return f"{HINT_PREFIX}{pipeline_index}"
+
+
+def ack_key(pipeline_index: int) -> str:
+    """The store key where the running job acknowledges pipeline ``pipeline_index``'s hint:
+    ``"<token> <iteration>"`` (the hint's token, or ``-`` once a hint was cleared)."""
+    return f"{ACK_PREFIX}{pipeline_index}"
 
 
 def raw_store(store: Any) -> Any:
@@ -58,8 +76,14 @@ def raw_store(store: Any) -> Any:
     return store
 
 
-def set_hint(store: Any, pipeline_index: int, time_s: float) -> None:
+def set_hint(store: Any, pipeline_index: int, time_s: float) -> str:
     """Declare that pipeline ``pipeline_index`` runs at ``time_s`` per iteration.
+
+    The value is ``"<time_s> <token>"``; the job acknowledges the token (:func:`read_ack`)
+    when global rank 0 reads it at an iteration boundary.
+
+    Returns:
+        The hint's token.
 
     Raises:
         ConfigError: if ``time_s`` is not positive or the index is negative.
@@ -68,7 +92,9 @@ def set_hint(store: Any, pipeline_index: int, time_s: float) -> None:
         raise ConfigError(
             f"`pipeline_index` must be >= 0 and `time_s` > 0, got {pipeline_index} and {time_s}"
         )
-    store.set(hint_key(pipeline_index), repr(float(time_s)))
+    token = secrets.token_hex(6)
+    store.set(hint_key(pipeline_index), f"{float(time_s)!r} {token}")
+    return token
 
 
 def clear_hint(store: Any, pipeline_index: int) -> None:
@@ -78,16 +104,40 @@ def clear_hint(store: Any, pipeline_index: int) -> None:
         store.delete_key(key)
 
 
-def read_hint(store: Any, pipeline_index: int) -> float | None:
-    """The declared time of pipeline ``pipeline_index``, or None (never blocks)."""
+def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None:
+    """Pipeline ``pipeline_index``'s declared time and token (``""`` for a value written
+    without one), or None (never blocks)."""
     key = hint_key(pipeline_index)
     if not store.check([key]):
         return None
     try:
-        value = float(store.get(key).decode())
-    except (ValueError, UnicodeDecodeError):
+        fields = store.get(key).decode().split()
+        value = float(fields[0])
+    except (ValueError, UnicodeDecodeError, IndexError):
         return None
-    return value if math.isfinite(value) and value > 0 else None
+    if not (math.isfinite(value) and value > 0):
+        return None
+    return value, (fields[1] if len(fields) > 1 else "")
+
+
+def read_hint(store: Any, pipeline_index: int) -> float | None:
+    """The declared time of pipeline ``pipeline_index``, or None (never blocks)."""
+    entry = read_hint_entry(store, pipeline_index)
+    return None if entry is None else entry[0]
+
+
+def read_ack(store: Any, pipeline_index: int) -> tuple[str, int | None] | None:
+    """The job's last acknowledgement for pipeline ``pipeline_index``: the token it read
+    (:data:`CLEARED` after a clear) and the iteration (None if unknown), or None if no job
+    ever acknowledged one."""
+    key = ack_key(pipeline_index)
+    if not store.check([key]):
+        return None
+    try:
+        token, _, iteration = store.get(key).decode().partition(" ")
+    except UnicodeDecodeError:
+        return None
+    return token, int(iteration) if iteration.isdecimal() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +198,14 @@ class StragglerRuntime:
         self.policy = StragglerPolicy(frontier, hysteresis=hysteresis, smoothing=smoothing)
         self.decisions: list[StragglerDecision] = []
         self.point_index = 0
+        self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
 
-    def exchange(self, compute_time_s: float) -> tuple[float, ...]:
+    def exchange(self, compute_time_s: float, iteration: int | None = None) -> tuple[float, ...]:
         """All-reduce (MAX) this rank's compute time and rank 0's hints; every pipeline's time.
+
+        Global rank 0 acknowledges each hint it reads for the first time (and each clearing of
+        one) under :func:`ack_key`, with ``iteration``, so that ``perseus straggler set`` can
+        tell a job that read the hint from a store nobody reads.
 
         Works on gloo and NCCL-only groups alike (:func:`perseus.runtime.collectives.all_reduce_max`
         puts the buffer on the device the group's backend needs).
@@ -160,11 +215,21 @@ class StragglerRuntime:
         values[self.pipeline_index] = float(compute_time_s)
         if self.store is not None and global_rank() == 0:
             for k in range(d):
-                hint = read_hint(self.store, k)
-                if hint is not None:
-                    values[d + k] = hint
+                entry = read_hint_entry(self.store, k)
+                if entry is not None:
+                    values[d + k] = entry[0]
+                self._acknowledge(k, entry[1] if entry is not None else None, iteration)
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
+
+    def _acknowledge(self, k: int, token: str | None, iteration: int | None) -> None:
+        """Tell the store that this job read pipeline ``k``'s hint (or its clearing), once."""
+        if token == self._acked.get(k) or (token is None and k not in self._acked):
+            return
+        self._acked[k] = token
+        assert self.store is not None
+        when = str(iteration) if iteration is not None else "?"
+        self.store.set(ack_key(k), f"{token if token is not None else CLEARED} {when}")
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""
@@ -194,6 +259,6 @@ class StragglerRuntime:
         """The :data:`perseus.runtime.pipeline.BoundaryHook` interface."""
         if stats.phase != "run":
             return None
-        times = self.exchange(self.intrinsic_time_s(stats.compute_time_s))
+        times = self.exchange(self.intrinsic_time_s(stats.compute_time_s), stats.iteration)
         decision = self.decide(stats.iteration, times)
         return (self.frontier, decision.point_index) if self.adaptive else None

@@ -1,0 +1,390 @@
+"""The recurring store's SQLite schema: versioned migrations, constraints, and row checks.
+
+**Migrations.** :data:`MIGRATIONS` lists ``(version, sql)`` steps; a database at version ``v``
+(SQLite's ``user_version``; 0 for a new file) gets every later step, in one transaction, in
+place (:func:`migrate`): a failed step leaves the file as it was. Version 1 is the first
+published schema; version 2 rebuilds the tables with constraints and adds the run lease.
+
+**Constraints.** Every column carries a ``CHECK``: figures are finite and non-negative
+numbers (``typeof`` refuses text in numeric columns; ``+inf`` fails the upper bound; SQLite
+stores NaN as NULL), a finished run has all its figures, a job's config is a JSON object, and
+triggers keep a run's and a cached power limit's batch size in the job's ``batch_sizes``. A
+hand-made bad row is refused at insert with the constraint's name.
+
+**Row checks.** Rows written before the constraints existed (or with ``PRAGMA
+ignore_check_constraints``) are checked again when read (:func:`check_run_row`,
+:func:`parse_job_config`): a bad one is one :class:`~perseus.errors.ConfigError` naming the row
+and the SQL to repair or drop it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from perseus.errors import ConfigError
+from perseus.validate import show_value
+
+__all__ = [
+    "ABANDON_REASONS",
+    "COUNTED_REASONS",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "check_power_limit_row",
+    "check_run_row",
+    "job_sizes",
+    "migrate",
+    "parse_job_config",
+    "statements",
+]
+
+#: Why a run was abandoned. Preemption (a signal, a dead process, an expired lease) counts as a
+#: failed run of its batch size; an exception in the training code or a run that never
+#: started does not (the size is tried again).
+ABANDON_REASONS = ("exception", "not started", "signal", "process gone", "lease expired")
+COUNTED_REASONS = ("signal", "process gone", "lease expired")
+
+# Version 1, as first published (kept verbatim: it is what existing files hold).
+_V1 = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job TEXT PRIMARY KEY,
+    config TEXT NOT NULL,
+    created_s REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    job TEXT NOT NULL REFERENCES jobs(job),
+    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'abandoned')),
+    phase TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    power_limit_w REAL,
+    energy_j REAL,
+    time_s REAL,
+    cost REAL,
+    reached INTEGER,
+    epochs INTEGER,
+    started_s REAL NOT NULL,
+    finished_s REAL
+);
+CREATE INDEX IF NOT EXISTS runs_by_job ON runs (job, status, seq);
+CREATE TABLE IF NOT EXISTS power_limits (
+    job TEXT NOT NULL,
+    gpu TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    power_limit_w REAL NOT NULL,
+    profile TEXT NOT NULL,
+    PRIMARY KEY (job, gpu, batch_size)
+);
+"""
+
+_FIGURE = "typeof({c}) = 'real' AND {c} >= 0 AND {c} <= 1e300"
+_SIZE_IN_JOB = """
+CREATE TRIGGER {name} BEFORE {event} ON {table}
+WHEN json_type((SELECT config FROM jobs WHERE job = NEW.job), '$.batch_sizes') = 'array'
+ AND NOT EXISTS (
+    SELECT 1 FROM json_each((SELECT config FROM jobs WHERE job = NEW.job), '$.batch_sizes')
+    WHERE value = NEW.batch_size)
+BEGIN
+    SELECT RAISE(ABORT, '{table}.batch_size is not one of the job''s batch_sizes');
+END;
+"""
+
+# Version 2: constraints on every column, the run lease (pid, host, start, heartbeat) and why
+# a run was abandoned. SQLite adds constraints only by rebuilding a table: create, copy, drop,
+# rename (foreign keys are off meanwhile, see migrate()).
+_V2 = f"""
+CREATE TABLE jobs_v2 (
+    job TEXT PRIMARY KEY NOT NULL
+        CONSTRAINT job_name CHECK (typeof(job) = 'text' AND length(job) BETWEEN 1 AND 1000),
+    config TEXT NOT NULL
+        CONSTRAINT config_object CHECK (json_valid(config) AND json_type(config) = 'object'),
+    created_s REAL NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
+);
+INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v2 RENAME TO jobs;
+
+CREATE TABLE runs_v2 (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    job TEXT NOT NULL REFERENCES jobs(job),
+    status TEXT NOT NULL
+        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
+    phase TEXT NOT NULL
+        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+    batch_size INTEGER NOT NULL
+        CONSTRAINT batch_size_positive CHECK (typeof(batch_size) = 'integer' AND batch_size >= 1),
+    power_limit_w REAL CONSTRAINT power_limit_range CHECK (
+        power_limit_w IS NULL
+        OR (typeof(power_limit_w) = 'real' AND power_limit_w > 0 AND power_limit_w <= 1e5)),
+    energy_j REAL CONSTRAINT energy_finite CHECK (
+        energy_j IS NULL OR ({_FIGURE.format(c="energy_j")})),
+    time_s REAL CONSTRAINT time_finite CHECK (time_s IS NULL OR ({_FIGURE.format(c="time_s")})),
+    cost REAL CONSTRAINT cost_finite CHECK (cost IS NULL OR ({_FIGURE.format(c="cost")})),
+    reached INTEGER CONSTRAINT reached_flag CHECK (
+        reached IS NULL OR (typeof(reached) = 'integer' AND reached IN (0, 1))),
+    epochs INTEGER CONSTRAINT epochs_count CHECK (
+        epochs IS NULL OR (typeof(epochs) = 'integer' AND epochs >= 0)),
+    started_s REAL NOT NULL CONSTRAINT started_time CHECK ({_FIGURE.format(c="started_s")}),
+    finished_s REAL CONSTRAINT finished_time CHECK (
+        finished_s IS NULL OR ({_FIGURE.format(c="finished_s")})),
+    pid INTEGER CONSTRAINT lease_pid CHECK (pid IS NULL OR (typeof(pid) = 'integer' AND pid > 0)),
+    host TEXT CONSTRAINT lease_host CHECK (host IS NULL OR typeof(host) = 'text'),
+    process_start TEXT CONSTRAINT lease_start CHECK (
+        process_start IS NULL OR typeof(process_start) = 'text'),
+    heartbeat_s REAL CONSTRAINT heartbeat_time CHECK (
+        heartbeat_s IS NULL OR ({_FIGURE.format(c="heartbeat_s")})),
+    end_reason TEXT CONSTRAINT end_reason_known CHECK (
+        end_reason IS NULL OR end_reason IN ({", ".join(f"'{r}'" for r in ABANDON_REASONS)})),
+    CONSTRAINT abandoned_has_reason CHECK ((status = 'abandoned') = (end_reason IS NOT NULL)),
+    CONSTRAINT done_has_figures CHECK (status != 'done' OR (
+        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL))
+);
+INSERT INTO runs_v2 (seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j,
+                     time_s, cost, reached, epochs, started_s, finished_s, heartbeat_s,
+                     end_reason)
+    SELECT seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j, time_s, cost,
+           reached, epochs, started_s, finished_s, started_s,
+           CASE status WHEN 'abandoned' THEN 'exception' END
+    FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_v2 RENAME TO runs;
+CREATE INDEX runs_by_job ON runs (job, status, seq);
+
+CREATE TABLE power_limits_v2 (
+    job TEXT NOT NULL,
+    gpu TEXT NOT NULL,
+    batch_size INTEGER NOT NULL CONSTRAINT cached_batch_size CHECK (
+        typeof(batch_size) = 'integer' AND batch_size >= 1),
+    power_limit_w REAL NOT NULL CONSTRAINT cached_power_limit CHECK (
+        typeof(power_limit_w) = 'real' AND power_limit_w > 0 AND power_limit_w <= 1e5),
+    profile TEXT NOT NULL
+        CONSTRAINT profile_object CHECK (json_valid(profile) AND json_type(profile) = 'object'),
+    PRIMARY KEY (job, gpu, batch_size)
+);
+INSERT INTO power_limits_v2 SELECT job, gpu, batch_size, power_limit_w, profile
+    FROM power_limits;
+DROP TABLE power_limits;
+ALTER TABLE power_limits_v2 RENAME TO power_limits;
+{_SIZE_IN_JOB.format(name="runs_size_in_job", event="INSERT", table="runs")}
+{
+    _SIZE_IN_JOB.format(
+        name="runs_size_in_job_update", event="UPDATE OF batch_size, job", table="runs"
+    )
+}
+{_SIZE_IN_JOB.format(name="power_limits_size_in_job", event="INSERT", table="power_limits")}
+{
+    _SIZE_IN_JOB.format(
+        name="power_limits_size_in_job_update",
+        event="UPDATE OF batch_size, job",
+        table="power_limits",
+    )
+}
+"""
+
+#: ``(version, sql)`` steps, oldest first; a database at version v gets every later step.
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2))
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def statements(script: str) -> Iterator[str]:
+    """The SQL statements of ``script`` (a trigger's body keeps its inner semicolons)."""
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \n;"):
+                yield buffer.strip()
+            buffer = ""
+    if buffer.strip(" \n;"):
+        yield buffer.strip()
+
+
+def migrate(con: sqlite3.Connection, source: str, version: int) -> None:
+    """Apply every step after ``version`` on ``con`` (inside the caller's transaction).
+
+    Rows the new constraints would refuse are found first and named (:func:`check_run_row`).
+
+    Raises:
+        ConfigError: a bad row, or a step the database refused.
+    """
+    if version >= 1:
+        _check_old_rows(con, source)
+    for step, sql in MIGRATIONS:
+        if step <= version:
+            continue
+        try:
+            for statement in statements(sql):
+                con.execute(statement)
+        except sqlite3.IntegrityError as e:
+            raise ConfigError(
+                f"{source}: cannot upgrade the store to schema version {step} ({e}); repair or "
+                "drop the row the constraint names, then run again (nothing was changed)"
+            ) from None
+    bad = con.execute("PRAGMA foreign_key_check").fetchone()
+    if bad is not None:
+        raise ConfigError(
+            f"{source}: cannot upgrade the store: a {bad[0]} row (rowid {bad[1]}) names a "
+            f"{bad[2]} entry that does not exist; drop it (DELETE FROM {bad[0]} WHERE rowid = "
+            f"{bad[1]}) and run again (nothing was changed)"
+        )
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
+    configs = {}
+    for job, text in con.execute("SELECT job, config FROM jobs"):
+        configs[job] = parse_job_config(source, job, text)
+    cur = con.execute("SELECT * FROM runs ORDER BY seq")
+    names = [d[0] for d in cur.description]
+    for values in cur:
+        row = dict(zip(names, values, strict=True))
+        check_run_row(source, row, job_sizes(configs.get(row["job"], {})))
+    for job, gpu, size, limit, profile in con.execute(
+        "SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"
+    ):
+        check_power_limit_row(source, job, gpu, size, limit, profile)
+
+
+def _fix(table: str, where: str, field: str | None = None) -> str:
+    repair = f"UPDATE {table} SET {field} = ... WHERE {where}" if field else None
+    drop = f"DELETE FROM {table} WHERE {where}"
+    if repair is None:
+        return f"drop it ({drop})"
+    return f"repair it ({repair}) or drop it ({drop})"
+
+
+def parse_job_config(source: str, job: str, text: Any) -> dict[str, Any]:
+    """A ``jobs`` row's config as a dict.
+
+    Raises:
+        ConfigError: naming the row, when the config is not a JSON object.
+    """
+    try:
+        config = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        config = None
+    if not isinstance(config, dict):
+        where = f"job = {_sql(job)}"
+        raise ConfigError(
+            f"{source}: jobs row {show_value(job)}: config {show_value(text)} is not a JSON "
+            f"object; repair it (UPDATE jobs SET config = '{{...}}' WHERE {where}) or drop the "
+            f"job (DELETE FROM runs WHERE {where}; DELETE FROM jobs WHERE {where})"
+        )
+    return config
+
+
+def job_sizes(config: Mapping[str, Any]) -> frozenset[int] | None:
+    """The batch sizes a job's config lists, or None when it lists none."""
+    sizes = config.get("batch_sizes")
+    if not isinstance(sizes, list):
+        return None
+    return frozenset(b for b in sizes if isinstance(b, int) and not isinstance(b, bool))
+
+
+def _sql(value: object) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''")[:200] + "'"
+    return repr(value)
+
+
+def _is_figure(value: Any, *, positive: bool = False, upper: float = 1e300) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= upper
+
+
+def check_run_row(
+    source: str, row: Mapping[str, Any], sizes: frozenset[int] | None
+) -> Mapping[str, Any]:
+    """Refuse a ``runs`` row whose values the store cannot use.
+
+    Checked for every row: the status and batch size (an integer in the job's ``sizes``); for
+    rows that enter a job's history (done, or abandoned by preemption), every figure.
+
+    Raises:
+        ConfigError: naming the row, the field and the SQL to repair or drop it.
+    """
+    seq = row.get("seq")
+    where = f"seq = {seq}"
+
+    def bad(field: str, expected: str) -> ConfigError:
+        return ConfigError(
+            f"{source}: runs row seq={seq} (job {show_value(row.get('job'))}, run "
+            f"{show_value(row.get('run_id'))}): {field} is {show_value(row.get(field))}, "
+            f"expected {expected}; {_fix('runs', where, field)}"
+        )
+
+    status = row.get("status")
+    if status not in ("running", "done", "abandoned"):
+        raise bad("status", "running, done or abandoned")
+    size = row.get("batch_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise bad("batch_size", "a positive integer")
+    if sizes is not None and size not in sizes:
+        raise bad("batch_size", f"one of the job's batch_sizes {sorted(sizes)}")
+    counted = status == "done" or (
+        status == "abandoned" and row.get("end_reason") in COUNTED_REASONS
+    )
+    if not counted:
+        return row
+    for field in ("energy_j", "time_s", "cost"):
+        value = row.get(field)
+        if status == "abandoned" and value is None:
+            continue  # preempted before its first heartbeat: nothing measured
+        if not _is_figure(value):
+            raise bad(field, "a finite number >= 0")
+    limit = row.get("power_limit_w")
+    if limit is not None and not _is_figure(limit, positive=True, upper=1e5):
+        raise bad("power_limit_w", "a power limit in watts > 0, or NULL")
+    reached = row.get("reached")
+    if status == "done" and reached not in (0, 1):
+        raise bad("reached", "0 or 1")
+    epochs = row.get("epochs")
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0
+    ):
+        raise bad("epochs", "an integer >= 0, or NULL")
+    return row
+
+
+def check_power_limit_row(
+    source: str,
+    job: Any,
+    gpu: Any,
+    batch_size: Any,
+    power_limit_w: Any,
+    profile: Any = "{}",
+    range_w: Sequence[float] | None = None,
+) -> float:
+    """A cached power limit, or :class:`ConfigError` naming its row (outside ``range_w``, the
+    GPU's limits, when given).
+
+    Raises:
+        ConfigError: naming the row and the SQL that drops it (the next run profiles again).
+    """
+    where = f"job = {_sql(job)} AND gpu = {_sql(gpu)} AND batch_size = {_sql(batch_size)}"
+    row = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
+    fix = f"drop it (DELETE FROM power_limits WHERE {where}) and the next run profiles again"
+    if not _is_figure(power_limit_w, positive=True, upper=1e5):
+        raise ConfigError(
+            f"{row}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"{row}: batch_size is not a positive integer; {fix}")
+    try:
+        parsed = json.loads(profile) if isinstance(profile, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
+    if range_w is not None and not range_w[0] <= power_limit_w <= range_w[1]:
+        raise ConfigError(
+            f"{row}: cached limit {power_limit_w:g} W is outside this GPU's range "
+            f"{range_w[0]:g}..{range_w[1]:g} W; {fix}"
+        )
+    return float(power_limit_w)

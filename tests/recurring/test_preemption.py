@@ -1,0 +1,181 @@
+"""A preempted run (SIGTERM, SIGKILL, a hung process) becomes one failed run of its batch size,
+and the next decisions go on by the policy's own rules instead of waiting for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
+from perseus.recurring.store import SQLiteStore, StartedRun
+
+REPO = Path(__file__).resolve().parents[2]
+SIZES = [32, 64, 128]
+
+_CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    from perseus.recurring.job import RecurringJob
+    from perseus.recurring.store import SQLiteStore, StartedRun
+
+    class EnergyCounter:  # a GPU without power control: energy grows with time
+        name = "counter"
+        def energy_mj(self):
+            return int(time.monotonic() * 200_000)  # 200 W
+
+    db, mode = sys.argv[1], sys.argv[2]
+    stop = []
+    if mode == "handler":  # the program's own graceful-stop handler
+        signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+    job = RecurringJob("j", batch_sizes=[32, 64, 128], default_batch_size=64,
+                       store=SQLiteStore(db), gpu=EnergyCounter(), max_power_w=300.0,
+                       own_gpu=False, heartbeat_interval_s=0.0, seed=0)
+    with job.run() as run:
+        print(run.batch_size, run.run_id, flush=True)
+        while not stop:
+            run.step(1)
+            time.sleep(0.02)
+        run.end_epoch(reached=True)
+    print("finished", flush=True)
+    """
+)
+
+
+def _start(db: Path, mode: str = "plain") -> tuple[subprocess.Popen[str], int, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(db), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.communicate(timeout=30)[1]
+    size, run_id = line.split()
+    time.sleep(0.3)  # a few steps: heartbeats with the cost so far
+    return proc, int(size), run_id
+
+
+def _decide(store: SQLiteStore) -> tuple[int, str]:
+    policy = BatchSizeOptimizer(SIZES, 64)
+    rng = np.random.default_rng(0)
+    started = store.begin_run("j", lambda h, p: policy.decide(h, rng, pending=p))
+    store.abandon_run(started.run_id)  # only the decision matters here
+    return started.decision.batch_size, started.decision.phase
+
+
+def _row(store: SQLiteStore, run_id: str) -> dict[str, object]:
+    return next(r for r in store.runs("j") if r["run_id"] == run_id)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_run_is_one_failed_run_and_the_walk_goes_on(tmp_path: Path, sig: int) -> None:
+    db = tmp_path / "jobs.db"
+    proc, size, run_id = _start(db)
+    assert size == 64  # the default runs first
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -sig  # SIGTERM was not swallowed: the process ended by it
+    store = SQLiteStore(db)
+    row = _row(store, run_id)
+    if sig == signal.SIGTERM:  # marked before the process ended
+        assert (row["status"], row["end_reason"]) == ("abandoned", "signal")
+    else:  # nothing could run: still "running" until the next decision looks
+        assert row["status"] == "running"
+    assert row["pid"] == proc.pid and row["cost"] is not None and row["cost"] > 0
+    # The next decision: 64 is one failed run; rule 1 goes to the nearest untried size.
+    assert _decide(store) == (32, "explore")
+    row = _row(store, run_id)
+    assert row["status"] == "abandoned"
+    assert row["end_reason"] == ("signal" if sig == signal.SIGTERM else "process gone")
+    history = store.history("j")
+    assert len(history) == 1
+    failed = history[0]
+    assert (failed.batch_size, failed.reached) == (64, False) and failed.cost > 0
+    # Not pending, not blocked: later decisions never wait for it and never count it twice.
+    assert _decide(store) == (32, "explore")
+    assert len(store.history("j")) == 1
+
+
+def test_a_preempted_arm_is_judged_by_the_policys_own_rule(tmp_path: Path) -> None:
+    """Once sizes converged, a preempted run of the best size is a failed run with the
+    failure penalty: that arm stays in the walk (Thompson sampling), not pruned or blocked."""
+    store = SQLiteStore(tmp_path / "jobs.db")
+    store.register_job("j", {"batch_sizes": SIZES})
+    for b, cost in ((64, 100.0), (32, 150.0), (128, 140.0)):
+        started = store.begin_run("j", lambda h, p, b=b: Decision(b, "explore", None))
+        store.finish_run(started.run_id, Observation(b, 200.0, cost, 1.0, cost, True, 5))
+    started = store.begin_run("j", lambda h, p: Decision(64, "thompson", 200.0))
+    store.heartbeat(started.run_id, Observation(64, 200.0, 30.0, 0.3, 30.0, False, 1))
+    # The run's process dies (another host's lease here: it expires).
+    con = store._connection()
+    con.execute("UPDATE runs SET host = 'elsewhere' WHERE run_id = ?", (started.run_id,))
+    later = SQLiteStore(tmp_path / "jobs.db", lease_s=60.0, clock=lambda: time.time() + 61.0)
+    policy = BatchSizeOptimizer(SIZES, 64)
+    history = later.history("j")
+    assert len(history) == 3  # pending, not yet counted: its lease is still valid for `store`
+    sizes = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        s = later.begin_run("j", lambda h, p, rng=rng: policy.decide(h, rng, pending=p))
+        sizes.append(s.decision.batch_size)
+        later.abandon_run(s.run_id)
+    history = later.history("j")
+    assert len(history) == 4 and not history[-1].reached and history[-1].batch_size == 64
+    # Penalised as a failure (max(incurred, beta x best)), the arm is still sampled.
+    assert policy.arm_costs(history)[64] == [100.0, 200.0]
+    assert 64 in sizes and set(sizes) <= set(SIZES)
+
+
+def test_a_programs_own_sigterm_handler_still_runs_and_its_result_counts(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "jobs.db"
+    proc, _size, run_id = _start(db, "handler")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out.strip().endswith("finished")  # the handler ran: the loop stopped on its flag
+    row = _row(SQLiteStore(db), run_id)
+    assert (row["status"], row["end_reason"], row["reached"]) == ("done", None, 1)
+
+
+def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = SQLiteStore(tmp_path / "jobs.db", lease_s=300.0, clock=lambda: now[0])
+    store.register_job("j", {"batch_sizes": SIZES})
+    policy = BatchSizeOptimizer(SIZES, 64)
+
+    def begin() -> StartedRun:
+        return store.begin_run(
+            "j", lambda h, p: policy.decide(h, np.random.default_rng(0), pending=p)
+        )
+
+    hung = begin()  # this process: alive, so only its lease can end it
+    reused = begin()
+    con = store._connection()
+    con.execute(  # same pid, another start time: the pid was reused by another process
+        "UPDATE runs SET process_start = 'other-boot:1' WHERE run_id = ?", (reused.run_id,)
+    )
+    now[0] += 299.0
+    store.heartbeat(hung.run_id, Observation(64, 200.0, 5.0, 1.0, 5.0, False))
+    begin()
+    rows = {r["run_id"]: r for r in store.runs("j")}
+    assert rows[reused.run_id]["end_reason"] == "process gone"
+    assert rows[hung.run_id]["status"] == "running"  # renewed 0 s ago
+    now[0] += 301.0
+    begin()
+    rows = {r["run_id"]: r for r in store.runs("j")}
+    assert rows[hung.run_id]["end_reason"] == "lease expired"
+    # A slow (not dead) run that renews too late still finishes: its figures are the truth.
+    assert store.finish_run(hung.run_id, Observation(64, 200.0, 9.0, 2.0, 9.0, True, 3))
+    assert _row(store, hung.run_id)["status"] == "done"
