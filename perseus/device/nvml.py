@@ -1,4 +1,4 @@
-"""The NVML backend (nvidia-ml-py, import name ``pynvml``), following notes §6's checklist.
+"""The NVML backend (nvidia-ml-py, import name ``pynvml``), following docs/hardware.md#nvml.
 
 ``pynvml`` is imported lazily, on first use, and can be injected (``nvml_module=``) so tests
 drive a recording fake. Every NVML call goes through :func:`call_nvml`, the one place where

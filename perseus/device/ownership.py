@@ -1,7 +1,8 @@
 """One owner per physical GPU: ownership lock files keyed by UUID, and resetting a dead owner's lock.
 
 A clock lock (and a power limit) is global to the device and outlives the process that set it
-(notes §4.4). perseus makes one process the *owner* of each GPU it changes: the owner holds an
+(docs/hardware.md#sharing). perseus makes one process the *owner* of each GPU it changes: the owner
+holds an
 exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its pid into the file. The kernel
 drops the ``flock`` when the owner dies, even by SIGKILL, but the pid stays in the file: a clean
 release truncates it. So whoever next takes the lock and finds a pid in the file knows that the

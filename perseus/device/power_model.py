@@ -1,10 +1,11 @@
 """The simulator's physics: power and op time as functions of the SM clock.
 
-Follows ``notes/gpu-backend.md`` §5: under compute, ``P = P_base + u·C·(f/GHz)·V(f)²`` with a
+Follows ``docs/hardware.md#sim-model``: under compute, ``P = P_base + u·C·(f/GHz)·V(f)²`` with a
 voltage floor below a knee clock and a linear rise above it; op time follows either a smooth
 max of compute and memory time or the simpler linear compute-bound share. A power cap clamps
 the *effective* clock to the highest supported clock whose power fits. All functions are pure
-(no clock, no files) so the sanity table of the notes can be checked exactly in tests.
+(no clock, no files) so the sanity check of docs/hardware.md#sim-defaults can be checked exactly in
+tests.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """GPU presets: clock lists, fitted power/time models and blocking power for known GPUs.
 
-Numbers come from ``notes/gpu-backend.md`` §4–5. The A100 model is fitted to the Perseus
+Numbers come from ``docs/hardware.md`` (physical data, simulator model). The A100 model is fitted
+to the Perseus
 GPT-3 A100 measurements (rmse 4.8 W); the A40 model is fitted to the bundled A40 profile
 (power rmse 0.9 W, 300 W cap binding above ~1485 MHz); the H100 row is an **estimate** to be
 re-fitted from one sweep on real hardware (``estimated=True``).
@@ -57,13 +58,13 @@ class BlockingPower:
 _A100_BLOCKING = BlockingPower(
     "A100 SXM4",
     83.64,
-    "measured: Perseus SOSP'24 artifact on A100 SXM4 80GB (the notes' §4.1 list 83.6-85 W)",
+    "measured: Perseus SOSP'24 artifact on A100 SXM4 80GB (docs/hardware.md#clocks: 83.6-85 W)",
 )
 _A40_BLOCKING = BlockingPower("A40", 70.38, "measured: Perseus SOSP'24 artifact on A40")
 _H100_BLOCKING = BlockingPower(
     "H100 SXM",
     120.0,
-    "estimate: not measured (the notes' §4.1: idle 67-73 W, 112-117 W with a live context)",
+    "estimate: not measured (docs/hardware.md#clocks: idle 67-73 W, 112-117 W with a live context)",
     estimated=True,
 )
 
@@ -132,8 +133,9 @@ PRESETS: dict[str, GPUPreset] = {
         activity=0.75,
         op_time_s=_A100_TIMES,
     ),
-    # The notes' "perseus-500W" fixture: the board the Perseus A100 data was measured on.
-    # u = 1 with a 480 W cap reproduces the §4.2 measurement table.
+    # The "perseus-500W" fixture (docs/hardware.md#sim-defaults): the board the Perseus A100 data
+    # was measured on.
+    # u = 1 with a 480 W cap reproduces docs/hardware.md#clock-curve.
     "a100-500w": GPUPreset(
         key="a100-500w",
         name="NVIDIA A100-SXM4-80GB (500 W)",

@@ -50,7 +50,8 @@ class SimNoise:
             ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
         seed: Seed; each device (index) gets its own stream of draws.
         counter_gain: The energy counter reports this share of the true energy (a sensor
-            gain error; notes §5.1: 0.95 +- 0.02 measured on an A100). 1 by default.
+            gain error; docs/hardware.md#sim-defaults: 0.95 +- 0.02 measured on an A100). 1 by
+            default.
     """
 
     time_sigma: float = 0.01

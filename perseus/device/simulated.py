@@ -1,6 +1,6 @@
 """A simulated GPU whose state lives outside the process, like a real driver's.
 
-The simulator follows ``notes/gpu-backend.md`` §5. Its locked clock, energy counter, slowdown
+The simulator follows ``docs/hardware.md#sim-model``. Its locked clock, energy counter, slowdown
 and owner live in a state directory (see :mod:`perseus.device.sim_state`), so several
 processes see the same GPU and a killed process's lock stays until someone resets it.
 
@@ -20,7 +20,8 @@ It behaves like a GPU, not like a plan (see :mod:`perseus.device.sim_stream`):
   ``query``/``synchronize``/``device_time_s``), :meth:`~SimulatedGPU.wait_until` makes the
   stream wait (a receive whose data is ready at a given time).
 * **Clocks on the device's timeline.** ``set_locked_clock`` blocks its caller for a latency
-  drawn from a lognormal (median ``set_latency_s``, p99 ``set_latency_p99_s``: notes §5.1,
+  drawn from a lognormal (median ``set_latency_s``, p99 ``set_latency_p99_s``:
+  docs/hardware.md#sim-defaults,
   5 ms / 12 ms) and the new clock applies when it returns, in the middle of whatever op the
   device is running then: an op that spans a clock change is priced piece by piece.
 * **Noise the planner does not know.** With ``noise`` (a :class:`SimNoise`; the emulation
@@ -95,7 +96,7 @@ class SimulatedGPU:
         set_latency_s: Median time ``set_locked_clock``/``reset_locked_clock`` block the
             caller (lognormal; the new clock applies when the call returns); 0 for none.
         set_latency_p99_s: 99th percentile of that latency (default 2.4 x the median, the
-            notes' 12 ms for 5 ms).
+            measured 12 ms for 5 ms).
         noise: Per-op time/power noise and blocking-power error (None: exact).
         power_cap_w: Enforced power limit, None for none.
         idle_clock_mhz: Clock reported while idle and unlocked (default: lowest clock).
@@ -655,7 +656,8 @@ class SimulatedGPU:
     # Power limit (recurring jobs; owned by perseus.recurring). The limit lives in the shared
     # state like the clock lock: it outlives this process and the watchdog resets it.
 
-    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W, notes §5.1).
+    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W,
+    #: docs/hardware.md#sim-defaults).
     power_limit_min_share: float = 0.25
 
     def power_limit_range_w(self) -> tuple[float, float]:

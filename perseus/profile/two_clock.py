@@ -17,7 +17,7 @@ tables both call :func:`two_clock_cost`):
   latency, during which the old clock keeps running: the op runs a fraction
   ``x = min(1, W_k + latency / t_a)`` of its work at ``a``. Time and energy are then the mix
   ``x·(t_a, e_a) + (1 − x)·(t_b, e_b)``, plus a transition energy per switch. Defaults: 5 ms
-  latency (the median ``nvmlDeviceSetGpuLockedClocks`` call, shared notes on the GPU backend)
+  latency (the median ``nvmlDeviceSetGpuLockedClocks`` call, docs/hardware.md#sim-defaults)
   and 0 J transition energy (no measurement says otherwise); both are job parameters.
 
 Pure: no I/O. Complexity O(1) per op.
@@ -44,7 +44,7 @@ __all__ = [
     "two_clock_cost",
 ]
 
-#: Median latency of a locked-clock set call (shared GPU-backend notes, section 5.1).
+#: Median latency of a locked-clock set call (docs/hardware.md#sim-defaults).
 DEFAULT_SWITCH_LATENCY_S = 0.005
 #: Extra energy per mid-op clock switch (none measured).
 DEFAULT_SWITCH_ENERGY_J = 0.0

@@ -39,7 +39,8 @@ holds the job (``own_gpu=False``: each rank's agent owns its GPU and its watchdo
 resets a dead rank's limit on the simulated GPU), broadcasts ``run.batch_size`` and
 ``run.power_limit_w`` (``perseus.runtime.collectives.broadcast_object``), and every rank sets
 the limit on its own GPU. Profile the stages at the chosen microbatch size under the chosen
-limit (a capped GPU clamps high clocks, notes §4.3), plan the frontier, start the agents. The
+limit (a capped GPU clamps high clocks, docs/hardware.md#power-cap), plan the frontier, start the
+agents. The
 JIT profile then runs on rank 0's GPU only, and rank 0's energy counter stands for the job's
 unless ``gpu`` wraps every rank's counter.
 """

@@ -445,7 +445,7 @@ def walk_kernel(
         iterations += 1
         step_max = min(max(exact, quantum), step_max)
 
-        # Step length: Newton on the makespan along the move (see frontier._step_length).
+        # Step length: Newton on the makespan along the move (see reference_walk._step_length).
         step = step_max
         for _ in range(_MAX_NEWTON):
             _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)

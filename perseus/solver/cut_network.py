@@ -4,7 +4,7 @@ The min cut is a max flow on one network over all ops (:func:`build_network`), w
 capacities on one scale for the whole walk (every finite capacity is a slope or a difference
 of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottleneck that large
 means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
-arcs exactly as in :mod:`perseus.solver.maxflow`. The flow is kept between iterations: when an
+arcs exactly as in :mod:`perseus.solver.check.maxflow`. The flow is kept between iterations: when an
 op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
 lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then Dinic's
 phases re-augment (:func:`augment`). The cut found is re-priced in floating point, so the

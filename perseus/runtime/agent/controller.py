@@ -1,6 +1,7 @@
 """Apply SM clocks off the training thread, on the device's timeline.
 
-A set-clock call blocks its caller for ~5 ms (up to 15 ms, notes §5.1), far too long for the
+A set-clock call blocks its caller for ~5 ms (up to 15 ms, docs/hardware.md#sim-defaults), far too
+long for the
 training loop, so the rank agent only *posts* work and a worker thread makes the driver calls.
 
 Two ways to post:
@@ -195,7 +196,8 @@ class FrequencyController:
         retries: Extra attempts for a failing set call before going observe-only.
         history: How many apply delays to keep for :meth:`stats`.
         apply_delay_s: How long after a set call returns the new clock takes effect, for a
-            device that cannot tell (NVML: the notes' +0-2 ms, not measured here, so 0 by
+            device that cannot tell (NVML: +0-2 ms, docs/hardware.md#sim-model; not measured here,
+            so 0 by
             default). A device with ``clock_applied_s()`` (the simulator) reports it.
         stamp_ops: Read the device's energy counter at every op boundary whose event carries
             no reading of its own. False for NVML: its counter is published every 100 ms and a

@@ -29,7 +29,7 @@ Three parts:
   create a token counter with ``device="cuda"`` and receive buffers on
   ``torch.cuda.current_device()``. On machines without GPUs (tests, ``--emulate``) the schedule
   is called with two public means: its ``p2p_communicator=`` argument, a
-  :class:`P2PCommunicator` subclass whose buffers are on the CPU and that calls Megatron's own
+  ``P2PCommunicator`` subclass whose buffers are on the CPU and that calls Megatron's own
   p2p ops, with ``pg_collection=`` from ``parallel_state``; and a
   :class:`torch.overrides.TorchFunctionMode` that maps ``device="cuda"`` to the CPU around the
   call. Neither is used on a GPU.

@@ -1,7 +1,7 @@
 """The GPU's energy counter as a series of windows: a background sampler and publish detection.
 
 NVML's energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) is *published* every
-~100 ms (notes/gpu-backend.md §5.1) and one read costs ~3 ms of driver time on an H100
+~100 ms (docs/hardware.md#sim-defaults) and one read costs ~3 ms of driver time on an H100
 (benchmarks/README.md, ``gpu_session.py``). Reading it at op boundaries gives 0 J or one whole
 100 ms step per op, so op energy has to come from the windows between publishes instead:
 
@@ -48,7 +48,7 @@ __all__ = [
     "sample_period_for",
 ]
 
-#: NVML's publish period (notes/gpu-backend.md §5.1), for GPUs that do not say theirs.
+#: NVML's publish period (docs/hardware.md#sim-defaults), for GPUs that do not say theirs.
 NVML_PUBLISH_PERIOD_S = 0.1
 
 _log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """Never leave a GPU locked at a low clock: ownership, exit hooks and a watchdog process.
 
-A clock lock is global to the device and outlives the process that set it (notes §4.4), so a
+A clock lock is global to the device and outlives the process that set it
+(docs/hardware.md#sharing), so a
 crashed agent would leave the GPU slow for everyone. Three layers make sure it is reset:
 
 1. :class:`~perseus.device.ownership.GpuOwnership` (re-exported here): one owner per GPU, an
