@@ -25,7 +25,7 @@ def frontier_path(tmp_path: Path) -> Path:
 
 def test_written_files_carry_the_digest(frontier_path: Path) -> None:
     doc = json.loads(frontier_path.read_text())
-    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert doc["schema_version"] == SCHEMA_VERSION == 3
     f = read_frontier(frontier_path)
     assert doc["points_sha256"] == points_sha256(f.points)
 
