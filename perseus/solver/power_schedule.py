@@ -366,12 +366,13 @@ def _needed_deadline_s(starts_s: Sequence[float], t0_s: float, iterations: int) 
     """The least deadline at which ``iterations`` whole fastest iterations fit the intervals."""
     done = 0
     for k, start in enumerate(starts_s):
-        end = starts_s[k + 1] if k + 1 < len(starts_s) else math.inf
-        fit = math.floor((end - start) / t0_s * (1 + 1e-12))
+        if k + 1 == len(starts_s):  # the last interval is unbounded
+            break
+        fit = math.floor((starts_s[k + 1] - start) / t0_s * (1 + 1e-12))
         if done + fit >= iterations:
-            return start + (iterations - done) * t0_s
+            break
         done += fit
-    return math.inf  # unreachable: the last interval is unbounded
+    return start + (iterations - done) * t0_s
 
 
 def _back_to_back_cost(
