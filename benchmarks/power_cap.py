@@ -44,7 +44,9 @@ def power_limit_plans(job: PlanningJob) -> list[tuple[float, PlanPoint]]:
         (int(s), int(k)): job.profile.op(int(s), _KINDS[int(k)])
         for s, k in zip(g.stage, g.kind, strict=True)
     }
-    power_of = {key: {o.freq_mhz: o.energy_j / o.time_s for o in op.options} for key, op in ops.items()}
+    power_of = {
+        key: {o.freq_mhz: o.energy_j / o.time_s for o in op.options} for key, op in ops.items()
+    }
     limits = sorted({w for table in power_of.values() for w in table.values()}, reverse=True)
     out = []
     for limit in limits:
@@ -101,7 +103,9 @@ def run(profile_name: str, microbatches: int, caps: int) -> bool:
             label, p = best
             margin = p.time_s / mine.time_s - 1
             ok &= margin >= -1e-12
-            row += f" {p.time_s:{14 if width == 11 else 15}.4f} {label:>{width}} {100 * margin:+7.2f}%"
+            row += (
+                f" {p.time_s:{14 if width == 11 else 15}.4f} {label:>{width}} {100 * margin:+7.2f}%"
+            )
         print(row)
     print(f"perseus at least as fast as both at every cap: {'yes' if ok else 'NO'}")
     return ok

@@ -61,8 +61,8 @@ from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
 from perseus.runtime.pipeline import PerseusPipeline
-from perseus.runtime.profiling.sweep import profile_cache_path
 from perseus.runtime.power.cap import set_cap
+from perseus.runtime.profiling.sweep import profile_cache_path
 from perseus.runtime.straggler.switching import StragglerRuntime, raw_store
 from perseus.schedule import SCHEDULE_NAMES, build_schedule
 

@@ -128,9 +128,7 @@ class PointPower(BaseModel):
     @model_validator(mode="after")
     def _check_order(self) -> PointPower:
         slack = 1e-9 * max(self.peak_power_w, 1.0)
-        if not (
-            self.min_power_w - slack <= self.avg_power_w <= self.peak_power_w + slack
-        ):
+        if not (self.min_power_w - slack <= self.avg_power_w <= self.peak_power_w + slack):
             raise ValueError(
                 f"power figures out of order: need min_power_w {self.min_power_w} <= "
                 f"avg_power_w {self.avg_power_w} <= peak_power_w {self.peak_power_w}"

@@ -156,7 +156,9 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     write_frontier(frontier.with_points([point]), args.out)
     say = message_stream(args.out)
     base = frontier.baseline
-    how = f"{flag} {given:g}" + (f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else "")
+    how = f"{flag} {given:g}" + (
+        f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
+    )
     peak_text = f", peak {point.power.peak_power_w:.1f} W" if point.power is not None else ""
     print(
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J, average "

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from datetime import datetime
@@ -190,7 +191,7 @@ class ScheduleFile(BaseModel):
     @model_validator(mode="after")
     def _check_segments(self) -> ScheduleFile:
         firsts = [s[0] for s in self.segments]
-        if firsts[0] != 0 or any(b <= a for a, b in zip(firsts, firsts[1:], strict=False)):
+        if firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
             raise ValueError(
                 "segments must start at iteration 0 with first iterations strictly increasing"
             )
@@ -261,7 +262,9 @@ def schedule_document(schedule: PowerSchedule, frontier: Frontier) -> ScheduleFi
     )
 
 
-def write_schedule(schedule: PowerSchedule, frontier: Frontier, path: str | os.PathLike[str]) -> None:
+def write_schedule(
+    schedule: PowerSchedule, frontier: Frontier, path: str | os.PathLike[str]
+) -> None:
     """Write the schedule JSON atomically."""
     doc = schedule_document(schedule, frontier)
     atomic_write_text(path, doc.model_dump_json(indent=1) + "\n")

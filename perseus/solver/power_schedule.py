@@ -154,9 +154,9 @@ def lower_hull_indices(points: Sequence[PlanPoint]) -> tuple[int, ...]:
         while len(hull) >= 2:
             a, b = points[hull[-2]], points[hull[-1]]
             c = points[i]
-            cross = (b.time_s - a.time_s) * (c.energy_j - a.energy_j) - (b.energy_j - a.energy_j) * (
-                c.time_s - a.time_s
-            )
+            cross = (b.time_s - a.time_s) * (c.energy_j - a.energy_j) - (
+                b.energy_j - a.energy_j
+            ) * (c.time_s - a.time_s)
             if cross <= 0:  # b is on or above the chord a-c
                 hull.pop()
             else:
@@ -278,9 +278,7 @@ def schedule_plans(
     times = tuple(points[i].time_s for i in hull)
     energies = tuple(points[i].energy_j for i in hull)
     bounds = [s for s in starts_s if s < deadline_s] + [deadline_s]
-    curves = [
-        _Curve(bounds[k + 1] - bounds[k], times, energies) for k in range(len(bounds) - 1)
-    ]
+    curves = [_Curve(bounds[k + 1] - bounds[k], times, energies) for k in range(len(bounds) - 1)]
     capacity = sum(c.max_iterations for c in curves)
     if iterations > capacity:
         t0 = times[0]
@@ -344,7 +342,9 @@ def schedule_plans(
 def _round_shares(
     curves: list[_Curve], values: Sequence[float], share: list[float], iterations: int
 ) -> list[int]:
-    whole = [min(math.floor(s + 1e-9), c.max_iterations) for s, c in zip(share, curves, strict=True)]
+    whole = [
+        min(math.floor(s + 1e-9), c.max_iterations) for s, c in zip(share, curves, strict=True)
+    ]
     left = iterations - sum(whole)
 
     def marginal(k: int) -> float:

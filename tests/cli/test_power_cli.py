@@ -35,7 +35,9 @@ def frontier(frontier_path: Path) -> Frontier:
     return read_frontier(frontier_path)
 
 
-def test_frontier_writes_power_figures_and_the_curve(frontier_path: Path, frontier: Frontier) -> None:
+def test_frontier_writes_power_figures_and_the_curve(
+    frontier_path: Path, frontier: Frontier
+) -> None:
     assert json.loads(frontier_path.read_text())["schema_version"] == 3
     assert all(p.power is not None for p in frontier.points)
     lines = frontier_path.with_name("curve.csv").read_text().splitlines()
@@ -51,7 +53,9 @@ def test_pick_under_an_average_cap_and_per_gpu(
     pts = frontier.points
     cap = (pts[0].avg_power_w + frontier.min_energy.avg_power_w) / 2
     out = tmp_path / "p.json"
-    assert main(["plan", "pick", str(frontier_path), "--power-cap-w", repr(cap), "-o", str(out)]) == 0
+    assert (
+        main(["plan", "pick", str(frontier_path), "--power-cap-w", repr(cap), "-o", str(out)]) == 0
+    )
     got = read_frontier(out).points[0]
     assert got.avg_power_w <= cap
     assert all(p.avg_power_w > cap for p in pts if p.time_s < got.time_s)
@@ -69,7 +73,10 @@ def test_pick_under_a_peak_budget(tmp_path: Path, frontier_path: Path, frontier:
     peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
     budget = peaks[len(peaks) // 2]
     out = tmp_path / "p.json"
-    assert main(["plan", "pick", str(frontier_path), "--peak-power-w", repr(budget), "-o", str(out)]) == 0
+    assert (
+        main(["plan", "pick", str(frontier_path), "--peak-power-w", repr(budget), "-o", str(out)])
+        == 0
+    )
     got = read_frontier(out).points[0]
     assert got.power is not None and got.power.peak_power_w <= budget
     assert all(
@@ -91,17 +98,30 @@ def test_unmet_budget_is_one_line_naming_the_lowest_figure(
         f"{lowest:.6g} W\n"
     )
     assert not out.exists()
-    assert main(["plan", "pick", str(frontier_path), "--slowdown", "1.1", "--per-gpu", "-o", str(out)]) == 2
+    assert (
+        main(["plan", "pick", str(frontier_path), "--slowdown", "1.1", "--per-gpu", "-o", str(out)])
+        == 2
+    )
 
 
 def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
     tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
 ) -> None:
     signal = tmp_path / "signal.csv"
-    signal.write_text("start,value\n" + "".join(f"{h * 3600},{100 + 50 * math.cos(h)}\n" for h in range(24)))
+    signal.write_text(
+        "start,value\n" + "".join(f"{h * 3600},{100 + 50 * math.cos(h)}\n" for h in range(24))
+    )
     out = tmp_path / "s.json"
     n = int(0.6 * 86400 / frontier.fastest.time_s)
-    argv = ["plan", "schedule", str(frontier_path), "--signal", str(signal), "--deadline-s", "86400"]
+    argv = [
+        "plan",
+        "schedule",
+        str(frontier_path),
+        "--signal",
+        str(signal),
+        "--deadline-s",
+        "86400",
+    ]
     assert main([*argv, "--iterations", str(n), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "saving" in printed and "exact optimum" in printed
@@ -109,7 +129,10 @@ def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
     assert doc.iterations == n and doc.cost <= doc.baseline_cost  # type: ignore[operator]
     assert main([*argv, "--iterations", str(10 * n), "-o", str(tmp_path / "no.json")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {10 * n} iterations cannot finish by 86400 s") and err.count("\n") == 1
+    assert (
+        err.startswith(f"error: {10 * n} iterations cannot finish by 86400 s")
+        and err.count("\n") == 1
+    )
     assert not (tmp_path / "no.json").exists()
     signal.write_text("0,1\n5,-1\n")
     assert main([*argv, "--iterations", "1", "-o", str(out)]) == 2

@@ -54,7 +54,10 @@ def test_four_ranks_follow_a_three_interval_schedule_and_a_cap(tmp_path: Path) -
     assert all(d < 4 * pts[0].time_s for d in lengths)
     signal = tmp_path / "signal.csv"
     starts = [0.0, lengths[0], lengths[0] + lengths[1]]
-    signal.write_text("start,value\n" + "".join(f"{s!r},{v}\n" for s, v in zip(starts, (300, 100, 200), strict=True)))
+    signal.write_text(
+        "start,value\n"
+        + "".join(f"{s!r},{v}\n" for s, v in zip(starts, (300, 100, 200), strict=True))
+    )
     schedule_path = tmp_path / "schedule.json"
     assert main([
         "plan", "schedule", str(frontier_path), "--signal", str(signal), "--iterations", "9",

@@ -71,7 +71,9 @@ def test_signal_is_a_bounded_read_of_a_regular_file(tmp_path: Path) -> None:
         read_signal(tmp_path)
 
 
-def test_schedule_round_trips_and_is_bound_to_its_frontier(tmp_path: Path, frontier: Frontier) -> None:
+def test_schedule_round_trips_and_is_bound_to_its_frontier(
+    tmp_path: Path, frontier: Frontier
+) -> None:
     t0 = frontier.fastest.time_s
     s = schedule_plans(
         frontier.points, [0.0, 10 * t0, 30 * t0], [5.0, 1.0, 3.0], iterations=25, deadline_s=40 * t0
@@ -99,7 +101,9 @@ def test_schedule_round_trips_and_is_bound_to_its_frontier(tmp_path: Path, front
 def test_power_curve_rows_and_file(tmp_path: Path, frontier: Frontier) -> None:
     rows = power_curve_rows(frontier)
     assert len(rows) == len(frontier.points)
-    for (t, avg, peak, slope), p, q in zip(rows, frontier.points, frontier.points[1:], strict=False):
+    for (t, avg, peak, slope), p, q in zip(
+        rows, frontier.points, frontier.points[1:], strict=False
+    ):
         assert (t, avg) == (p.time_s, p.avg_power_w)
         assert peak is not None and peak >= avg
         assert slope == pytest.approx((q.avg_power_w - p.avg_power_w) / (q.time_s - p.time_s))

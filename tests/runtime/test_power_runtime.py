@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from perseus.errors import ConfigError, PlanError
-from perseus.io.power_files import schedule_document
 from perseus.io import load_profile
+from perseus.io.power_files import schedule_document
 from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.runtime.emulation import take_stages
@@ -75,7 +75,9 @@ def test_a_cap_moves_the_pipeline_within_two_iterations_and_is_acknowledged(
     doc, (a, b, c) = _three_interval_schedule(frontier)
     pts = frontier.points
     cap_w = pts[a].avg_power_w * 1.001
-    capped = min((i for i in range(len(pts)) if pts[i].avg_power_w <= cap_w), key=lambda i: pts[i].time_s)
+    capped = min(
+        (i for i in range(len(pts)) if pts[i].avg_power_w <= cap_w), key=lambda i: pts[i].time_s
+    )
     rt = PowerRuntime(frontier, schedule=doc, store=store)
 
     def before(i: int) -> None:

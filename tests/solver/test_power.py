@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -41,7 +42,11 @@ def test_timeline_integral_is_the_exact_energy_and_matches_a_pointwise_reference
     job_and_frontier: tuple[PlanningJob, Frontier],
 ) -> None:
     job, frontier = job_and_frontier
-    for point in (frontier.fastest, frontier.points[len(frontier.points) // 2], frontier.min_energy):
+    for point in (
+        frontier.fastest,
+        frontier.points[len(frontier.points) // 2],
+        frontier.min_energy,
+    ):
         tl = power_timeline(job, point)
         assert tl.times_s[0] == 0 and tl.times_s[-1] == pytest.approx(point.time_s)
         assert np.all(np.diff(tl.times_s) > 0)
@@ -53,7 +58,7 @@ def test_timeline_integral_is_the_exact_energy_and_matches_a_pointwise_reference
         summary = plan_power(job, point)
         assert summary.peak_power_w == pytest.approx(max(ref))
         assert summary.min_power_w == pytest.approx(min(ref))
-        steps = [abs(b - a) for a, b in zip(ref, ref[1:], strict=False)]
+        steps = [abs(b - a) for a, b in itertools.pairwise(ref)]
         assert summary.max_step_w == pytest.approx(max(steps))
         assert summary.avg_power_w == pytest.approx(point.energy_j / point.time_s)
 
@@ -89,9 +94,11 @@ def test_old_files_without_power_still_read_and_digest_as_before(tmp_path) -> No
     point = frontier.fastest.model_dump(mode="json")
     point.pop("power")
     # The digest a schema-2 writer computed: the point without any power key.
-    old_digest = __import__("hashlib").sha256(
-        json.dumps([point], sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    old_digest = (
+        __import__("hashlib")
+        .sha256(json.dumps([point], sort_keys=True, separators=(",", ":")).encode())
+        .hexdigest()
+    )
     assert points_sha256([frontier.fastest]) == old_digest
     doc = frontier.with_points([frontier.fastest]).model_dump(mode="json")
     doc["points"] = [point]
@@ -140,7 +147,7 @@ def test_fastest_under_power_average_and_peak(job_and_frontier) -> None:
 
 
 def test_unreachable_budget_names_the_lowest_figure(job_and_frontier) -> None:
-    job, frontier = job_and_frontier
+    _job, frontier = job_and_frontier
     lowest = min(p.avg_power_w for p in frontier.points)
     with pytest.raises(InfeasibleError, match=f"lowest any plan reaches is {lowest:.6g} W"):
         fastest_under_power(frontier.points, lowest * 0.9)

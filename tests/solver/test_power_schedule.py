@@ -7,6 +7,7 @@ d_k``, ``Σ n = N``, minimising ``Σ value_k e_j n[k, j]``.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -60,7 +61,12 @@ def _check(frontier: Frontier, values: list[float], load: float) -> dict[str, fl
     pts = frontier.points
     n = int(load * WEEK_S / pts[0].time_s)
     s = schedule_plans(
-        pts, starts, values, iterations=n, deadline_s=WEEK_S, baseline_time_s=frontier.baseline.time_s
+        pts,
+        starts,
+        values,
+        iterations=n,
+        deadline_s=WEEK_S,
+        baseline_time_s=frontier.baseline.time_s,
     )
     ref = _reference_lp(pts, starts, values, n, WEEK_S)
     # The exact optimum is the LP's; whole iterations cost at most 0.1 % more.
@@ -151,7 +157,7 @@ def test_hull_is_convex_and_spans_fastest_to_min_energy(frontier: Frontier) -> N
     t = [pts[i].time_s for i in hull]
     e = [pts[i].energy_j for i in hull]
     slopes = [(e[i + 1] - e[i]) / (t[i + 1] - t[i]) for i in range(len(hull) - 1)]
-    assert all(b > a for a, b in zip(slopes, slopes[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(slopes))
     # Every point lies on or above the hull.
     for p in pts:
         if p.time_s > t[-1]:
