@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from perseus.cli._args import float_arg
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     store = connect_store(args.store, args.timeout_s)
     if args.power_action == "set":
-        scope = "gpu" if args.per_gpu else "pipeline"
+        scope: Literal["pipeline", "gpu"] = "gpu" if args.per_gpu else "pipeline"
         token = within(
             args.timeout_s,
             "setting the cap",

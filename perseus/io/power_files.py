@@ -64,8 +64,8 @@ def read_signal(path: str | os.PathLike[str]) -> tuple[list[float], list[float]]
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: not UTF-8 text; pass {_SIGNAL_WHAT}") from None
+        bad_line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{bad_line}: not UTF-8 text; pass {_SIGNAL_WHAT}") from None
     starts: list[float] = []
     values: list[float] = []
     kind: str | None = None
