@@ -174,9 +174,9 @@ def _check_inputs(
             f"and {len(values)} values"
         )
     if iterations < 1:
-        raise ConfigError(f"--iterations must be >= 1, got {iterations}")
+        raise ConfigError(f"`iterations` must be >= 1, got {iterations}")
     if not (math.isfinite(deadline_s) and deadline_s > 0):
-        raise ConfigError(f"--deadline-s must be a positive number of seconds, got {deadline_s}")
+        raise ConfigError(f"`deadline_s` must be a positive number of seconds, got {deadline_s}")
     if starts_s[0] != 0:
         raise ConfigError(f"signal must start at 0 s (the job's start), got {starts_s[0]}")
     for k in range(1, len(starts_s)):
@@ -285,7 +285,7 @@ def schedule_plans(
         raise InfeasibleError(
             f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest plan "
             f"({t0:.6g} s per iteration, whole iterations per signal interval) at most "
-            f"{capacity} fit; lower --iterations or raise --deadline-s to at least "
+            f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
             f"{_needed_deadline_s(starts_s, t0, iterations):.6g}"
         )
     # The LP: cheapest segments first, all intervals together.

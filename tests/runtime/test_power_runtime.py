@@ -130,7 +130,7 @@ def test_schedule_for_another_frontier_is_refused(frontier: Frontier) -> None:
 
 def test_bad_caps(frontier: Frontier) -> None:
     store = torch_dist.HashStore()
-    with pytest.raises(ConfigError, match="--cap-w must be a positive"):
+    with pytest.raises(ConfigError, match="`cap_w` must be a positive"):
         set_cap(store, -5.0)
     store.set("perseus/power/cap", "lots pipeline x")
     assert read_cap(store) is None  # a malformed value reads as no cap

@@ -130,7 +130,7 @@ def test_refuses_when_n_cannot_finish_by_the_deadline(frontier: Frontier) -> Non
     starts = [3600.0 * h for h in range(HOURS)]
     fits = sum(math.floor(3600.0 / t0) for _ in range(HOURS))
     schedule_plans(frontier.points, starts, [1.0] * HOURS, iterations=fits, deadline_s=WEEK_S)
-    with pytest.raises(InfeasibleError, match=f"at most {fits} fit; lower --iterations"):
+    with pytest.raises(InfeasibleError, match=f"at most {fits} fit; lower `iterations`"):
         schedule_plans(
             frontier.points, starts, [1.0] * HOURS, iterations=fits + 1, deadline_s=WEEK_S
         )

@@ -42,7 +42,7 @@ def set_cap(store: Any, cap_w: float, scope: Scope = "pipeline") -> str:
         ConfigError: if ``cap_w`` is not a positive finite number or the scope is unknown.
     """
     if not (math.isfinite(cap_w) and cap_w > 0):
-        raise ConfigError(f"--cap-w must be a positive number of watts, got {cap_w}")
+        raise ConfigError(f"`cap_w` must be a positive number of watts, got {cap_w}")
     if scope not in ("pipeline", "gpu"):
         raise ConfigError(f"cap scope must be 'pipeline' or 'gpu', got {scope!r}")
     token = secrets.token_hex(6)
