@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from perseus.errors import InfeasibleError
+from perseus.errors import InfeasibleError, PlanError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint, PointPower
 
@@ -159,8 +159,6 @@ def fastest_under_power(
         PlanError: for ``measure="peak"`` on points without power figures (a frontier file
             written before schema version 3).
     """
-    from perseus.errors import PlanError
-
     def figure(p: PlanPoint) -> float:
         if measure == "average":
             return p.avg_power_w
