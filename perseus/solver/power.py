@@ -159,6 +159,7 @@ def fastest_under_power(
         PlanError: for ``measure="peak"`` on points without power figures (a frontier file
             written before schema version 3).
     """
+
     def figure(p: PlanPoint) -> float:
         if measure == "average":
             return p.avg_power_w
