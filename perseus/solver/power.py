@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from perseus.errors import InfeasibleError, PlanError
 from perseus.job import PlanningJob
-from perseus.plan import Frontier, PlanPoint, PointPower
+from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, PointPower
 
 __all__ = [
     "PowerTimeline",
@@ -141,7 +141,7 @@ def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
 def with_power(job: PlanningJob, frontier: Frontier) -> Frontier:
     """A copy of ``frontier`` whose points carry their :class:`PointPower` (schema 3)."""
     points = [p.model_copy(update={"power": plan_power(job, p)}) for p in frontier.points]
-    return frontier.with_points(points).model_copy(update={"schema_version": 3})
+    return frontier.with_points(points).model_copy(update={"schema_version": SCHEMA_VERSION})
 
 
 def fastest_under_power(
