@@ -61,8 +61,9 @@ from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
 from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.power.cap import set_cap
 from perseus.runtime.profiling.sweep import profile_cache_path
-from perseus.runtime.straggler.switching import StragglerRuntime
+from perseus.runtime.straggler.switching import StragglerRuntime, raw_store
 from perseus.schedule import SCHEDULE_NAMES, build_schedule
 
 
@@ -102,6 +103,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="layers per stage: plan two-clock ops (one mid-op clock switch at a layer boundary)",
+    )
+    p.add_argument(
+        "--power-schedule",
+        type=Path,
+        help="plan schedule JSON (perseus plan schedule) over --plan's frontier: the run follows "
+        "it from its first iteration (no all-max phase)",
+    )
+    p.add_argument(
+        "--cap-at",
+        metavar="ITER:W",
+        help="set a pipeline power cap of W watts in the job's store once iteration ITER-1's work "
+        "is done (as `perseus power set --cap-w W` would): in force from iteration ITER; the "
+        "run follows caps (no all-max phase)",
     )
     p.add_argument(
         "--counter-period-ms",
@@ -195,6 +209,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     pipes, dps = make_groups(world, d)
     pp_group, dp_group = pipes[pipe], (dps[prank] if dps else None)
 
+    power_mode = args.power_schedule is not None or args.cap_at is not None
     run_dir = [tempfile.mkdtemp(prefix="perseus-emu-") if rank == 0 else None]
     dist.broadcast_object_list(run_dir, src=0)
     profile = emulated_profile(args, num_stages)
@@ -249,6 +264,8 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         job_options=None
         if args.layers_per_stage is None
         else {"layers_per_stage": args.layers_per_stage, "switch_latency_s": 0.005 * scale},
+        power_schedule=args.power_schedule,
+        power_store=job_store() if power_mode else None,
     ).start()
 
     g = torch.Generator().manual_seed(0)
@@ -300,6 +317,9 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     if args.straggler:
         k, f = args.straggler.split(":")
         straggler = (int(k), float(f))
+    if power_mode:
+        run_power(args, session, train_step, rank)
+        return
     run_phase("allmax", session.allmax_plan(), 0, None)
     if straggler is None:
         run_phase("plan", frontier, point, None)
@@ -347,6 +367,51 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.all_gather_object(gathered, mine)
     if rank == 0 and args.summary is not None:
         summary = make_summary(args, gathered, session, frontier, point, profile, power, ranks)
+        atomic_write_text(args.summary, json.dumps(summary, indent=2) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_power(args: argparse.Namespace, session: Any, train_step: Any, rank: int) -> None:
+    """Follow --power-schedule and --cap-at for warmup + iterations iterations; the summary
+    lists every iteration's plan, measured pipeline power and the plan's predicted power."""
+    cap_at = None
+    if args.cap_at is not None:
+        it, w = args.cap_at.split(":")
+        cap_at = (int(it), float(w))
+    first = session.next_iteration
+    for i in range(args.warmup + args.iterations):
+        if cap_at is not None and i == cap_at[0] and rank == 0:
+            set_cap(raw_store(job_store()), cap_at[1])  # what `perseus power set` reaches
+        train_step()
+    power_rt = session.power
+    frontier = session.frontier
+    session.close()
+    mine = [(s.iteration, s.point_index, s.time_s, s.energy_j) for s in session.history[first:]]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if rank == 0 and args.summary is not None:
+        rows = []
+        for j, (iteration, point, time_s, _) in enumerate(gathered[0]):
+            energy_j = sum(g[j][3] for g in gathered)
+            p = frontier.points[point]
+            rows.append(
+                {
+                    "iteration": iteration - first,
+                    "point": point,
+                    "time_s": time_s,
+                    "energy_j": energy_j,
+                    "power_w": energy_j / time_s,
+                    "predicted_time_s": p.time_s,
+                    "predicted_power_w": p.avg_power_w,
+                }
+            )
+        decisions = [
+            {"iteration": d.iteration - first, "point": d.point_index, "reason": d.reason,
+             "cap_w": d.cap_w}
+            for d in power_rt.decisions
+        ]  # fmt: skip
+        summary = {"power": {"iterations": rows, "decisions": decisions}}
         atomic_write_text(args.summary, json.dumps(summary, indent=2) + "\n")
     dist.barrier()
     dist.destroy_process_group()

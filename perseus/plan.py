@@ -13,6 +13,11 @@ A plan op is a clock (an int, MHz) or, for a job with ``layers_per_stage``, a tw
 ``[freq_a_mhz, freq_b_mhz, layers_at_a]``: the first ``layers_at_a`` layers at ``freq_a_mhz``,
 the rest at ``freq_b_mhz`` (:mod:`perseus.profile.two_clock`). Version-1 files (one clock
 per op) still read.
+
+Schema version 3 adds an optional ``power`` record to each point (:class:`PointPower`: the
+average, peak and minimum summed power of the pipeline over one iteration and its largest
+step change, from the exact timeline, see :mod:`perseus.solver.power`). A point without it
+digests as in version 2, so version-1 and version-2 files still read.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from perseus.errors import InfeasibleError, PlanError
 __all__ = [
     "MAX_CLOCK_MHZ",
     "MAX_ENERGY_J",
+    "MAX_POWER_W",
     "MAX_TIME_S",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
@@ -38,12 +44,13 @@ __all__ = [
     "JobSpec",
     "PlanOp",
     "PlanPoint",
+    "PointPower",
     "points_sha256",
 ]
 
-SCHEMA_VERSION: Literal[2] = 2
-#: Versions :class:`Frontier` reads (1 has no ``points_sha256``).
-SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION: Literal[3] = 3
+#: Versions :class:`Frontier` reads (1 has no ``points_sha256``, 1 and 2 no point ``power``).
+SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,6 +102,40 @@ class Baseline(BaseModel):
     energy_j: _Joules
 
 
+#: Summed power of a whole pipeline: bounded far above any real job (10 MW).
+MAX_POWER_W = 1e7
+_Watts = Annotated[float, Field(ge=0, le=MAX_POWER_W, allow_inf_nan=False)]
+
+
+class PointPower(BaseModel):
+    """The pipeline's summed power over one iteration of a plan (all ranks together).
+
+    Attributes:
+        avg_power_w: Energy / iteration time.
+        peak_power_w: Highest summed power at any instant of the iteration.
+        min_power_w: Lowest summed power at any instant.
+        max_step_w: Largest change of the summed power at one instant (op starts and ends
+            that coincide count as one change).
+    """
+
+    model_config = _FROZEN
+
+    avg_power_w: _Watts
+    peak_power_w: _Watts
+    min_power_w: _Watts
+    max_step_w: _Watts
+
+    @model_validator(mode="after")
+    def _check_order(self) -> PointPower:
+        slack = 1e-9 * max(self.peak_power_w, 1.0)
+        if not (self.min_power_w - slack <= self.avg_power_w <= self.peak_power_w + slack):
+            raise ValueError(
+                f"power figures out of order: need min_power_w {self.min_power_w} <= "
+                f"avg_power_w {self.avg_power_w} <= peak_power_w {self.peak_power_w}"
+            )
+        return self
+
+
 class PlanPoint(BaseModel):
     """One plan: ``freqs_mhz[r][j]`` is the clock (or two-clock op) of ``stage_ops[r][j]``."""
 
@@ -103,6 +144,24 @@ class PlanPoint(BaseModel):
     time_s: _Seconds
     energy_j: _Joules
     freqs_mhz: tuple[tuple[PlanOp, ...], ...]
+    #: The summed power over the iteration (schema version 3; None in older files).
+    power: PointPower | None = None
+
+    @model_validator(mode="after")
+    def _check_power(self) -> PlanPoint:
+        if self.power is not None:
+            avg = self.energy_j / self.time_s
+            if abs(self.power.avg_power_w - avg) > 1e-6 * avg:
+                raise ValueError(
+                    f"power.avg_power_w {self.power.avg_power_w} is not energy_j / time_s "
+                    f"({avg}); regenerate the file"
+                )
+        return self
+
+    @property
+    def avg_power_w(self) -> float:
+        """The pipeline's average power: energy / iteration time (every schema version)."""
+        return self.energy_j / self.time_s
 
     def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
         """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
@@ -136,8 +195,9 @@ def points_sha256(points: Iterable[PlanPoint]) -> str:
     """SHA-256 of the points' canonical JSON (sorted keys, no spaces), whatever an op's form.
 
     The digest covers every figure and clock, so editing one number of one point changes it.
+    A point without ``power`` digests exactly as in schema version 2.
     """
-    doc = [p.model_dump(mode="json") for p in points]
+    doc = [p.model_dump(mode="json", exclude_none=True) for p in points]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -147,7 +207,7 @@ class Frontier(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     job: JobSpec
     stage_ops: tuple[tuple[str, ...], ...]
     baseline: Baseline
@@ -158,7 +218,9 @@ class Frontier(BaseModel):
     @model_validator(mode="after")
     def _check_digest(self) -> Frontier:
         if self.points_sha256 is not None and self.schema_version == 1:
-            raise ValueError("points_sha256 needs schema_version 2")
+            raise ValueError("points_sha256 needs schema_version 2 or later")
+        if self.schema_version < 3 and any(p.power is not None for p in self.points):
+            raise ValueError("point power figures need schema_version 3")
         if self.points_sha256 is not None and self.points_sha256 != points_sha256(self.points):
             raise ValueError(
                 "points do not match points_sha256: the file was edited or corrupted; "

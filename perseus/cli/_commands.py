@@ -21,6 +21,7 @@ _MODULES = (
     "export",
     "straggler_sweep",
     "straggler",
+    "power",
     "profile",
     "device",
     "recurring",

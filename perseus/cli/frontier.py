@@ -11,6 +11,7 @@ from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
 from perseus.io.frontier_files import write_frontier
+from perseus.io.power_files import write_power_curve
 from perseus.log import get_logger
 
 __all__ = ["register", "run"]
@@ -55,6 +56,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="frontier JSON to write (atomically)",
     )
     p.add_argument(
+        "--power-curve",
+        metavar="FILE.csv",
+        help="also write the (time, average power, peak power, dP/dT) curve a cluster power "
+        "manager reads, one row per plan",
+    )
+    p.add_argument(
         "--max-clocks-per-op",
         type=int,
         choices=(1, 2),
@@ -66,8 +73,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.solver import trace
+    from perseus.solver.power import with_power
 
     check_output_file(args.out)
+    if args.power_curve is not None:
+        check_output_file(args.power_curve, flag="--power-curve")
     job = job_from_args(args)
     s = job.spec
     logger.info(
@@ -89,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
             max_clocks_per_op=args.max_clocks_per_op,
         )
     elapsed = time.perf_counter() - started
-    frontier = result.frontier
+    frontier = with_power(job, result.frontier)
     write_frontier(frontier, args.out)
+    if args.power_curve is not None:
+        write_power_curve(frontier, args.power_curve)
     say = message_stream(args.out)
     base = frontier.baseline
     same_speed = frontier.cheapest_within(base.time_s)
@@ -130,5 +142,12 @@ def run(args: argparse.Namespace) -> int:
             "baselines only",
             file=sys.stderr,
         )
+    print(
+        f"power:       {frontier.fastest.avg_power_w:.1f} W average at the fastest plan, "
+        f"{best.avg_power_w:.1f} W at T*",
+        file=say,
+    )
+    if args.power_curve is not None:
+        print(f"wrote {args.power_curve}", file=say)
     print(f"wrote {args.out}", file=say)
     return 0

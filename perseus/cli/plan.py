@@ -1,15 +1,20 @@
-"""``perseus plan pick``: choose one plan from a frontier by deadline or slowdown."""
+"""``perseus plan pick``: choose one plan from a frontier by deadline, slowdown or power budget;
+``perseus plan schedule``: the least-cost plan schedule over a price/carbon signal."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, float_arg, message_stream
+from perseus.cli._args import check_output_file, float_arg, int_arg, message_stream
 from perseus.errors import ConfigError
 from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
+from perseus.io.power_files import read_signal, write_schedule
+from perseus.plan import PlanPoint
+from perseus.solver.power import fastest_under_power
+from perseus.solver.power_schedule import schedule_plans
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "run_schedule"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -18,11 +23,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     plan_sub.required = True
     pick = plan_sub.add_parser(
         "pick",
-        help="the cheapest plan within a deadline",
+        help="the cheapest plan within a deadline, or the fastest under a power budget",
         description=(
             "Pick the lowest-energy plan no slower than a deadline: --time-s T, --slowdown X "
             "(T = X times the fastest time), or --straggler-time-s T' (another rank is this "
-            "slow; beyond the minimum-energy time T* this picks T*)."
+            "slow; beyond the minimum-energy time T* this picks T*); or the fastest plan whose "
+            "average (--power-cap-w W) or peak (--peak-power-w W) summed pipeline power is at "
+            "most W (--per-gpu: W per GPU)."
         ),
     )
     pick.add_argument("frontier", metavar="FRONTIER.json")
@@ -40,6 +47,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(gt=0, unit="s"),
         help="iteration time of a straggler",
     )
+    which.add_argument(
+        "--power-cap-w",
+        type=float_arg(gt=0, le=1e7, unit="W"),
+        help="the fastest plan whose average pipeline power is at most this many watts",
+    )
+    which.add_argument(
+        "--peak-power-w",
+        type=float_arg(gt=0, le=1e7, unit="W"),
+        help="the fastest plan whose peak summed pipeline power is at most this many watts",
+    )
+    pick.add_argument(
+        "--per-gpu",
+        action="store_true",
+        help="--power-cap-w/--peak-power-w are per GPU (times the pipeline's ranks)",
+    )
     pick.add_argument(
         "-o",
         "--out",
@@ -50,12 +72,51 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="plan JSON to write (atomically)",
     )
     pick.set_defaults(handler=run)
+    sched = plan_sub.add_parser(
+        "schedule",
+        help="the least-cost plan schedule over a price/carbon signal",
+        description=(
+            "Run --iterations N iterations by --deadline-s D at the least total cost "
+            "sum(value x kWh), choosing per signal interval a frontier plan or a mix of two "
+            "adjacent ones (an exact solution over the frontier's lower convex hull)."
+        ),
+    )
+    sched.add_argument("frontier", metavar="FRONTIER.json")
+    sched.add_argument(
+        "--signal",
+        required=True,
+        metavar="FILE.csv",
+        help="rows `start, value`: seconds or ISO 8601 times, cost per kWh (price, gCO2/kWh)",
+    )
+    sched.add_argument(
+        "--iterations", type=int_arg(ge=1, le=10**12), required=True, help="iterations to run"
+    )
+    sched.add_argument(
+        "--deadline-s",
+        type=float_arg(gt=0, le=1e10, unit="s"),
+        required=True,
+        help="seconds from the signal's first row by which all iterations must finish",
+    )
+    sched.add_argument(
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=True,
+        metavar="FILE",
+        help="schedule JSON to write (atomically)",
+    )
+    sched.set_defaults(handler=run_schedule)
 
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
+    if args.power_cap_w is not None or args.peak_power_w is not None:
+        return _pick_under_power(args, frontier)
+    if args.per_gpu:
+        raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
     fastest = frontier.fastest.time_s
     if args.slowdown is not None:
         deadline = fastest * args.slowdown
@@ -79,5 +140,75 @@ def run(args: argparse.Namespace) -> int:
         f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)",
         file=say,
     )
+    print(f"wrote {args.out}", file=say)
+    return 0
+
+
+def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
+    peak = args.peak_power_w is not None
+    flag = "--peak-power-w" if peak else "--power-cap-w"
+    given = args.peak_power_w if peak else args.power_cap_w
+    ranks = frontier.job.ranks
+    budget_w = given * ranks if args.per_gpu else given
+    point: PlanPoint = fastest_under_power(
+        frontier.points, budget_w, measure="peak" if peak else "average"
+    )
+    write_frontier(frontier.with_points([point]), args.out)
+    say = message_stream(args.out)
+    base = frontier.baseline
+    how = f"{flag} {given:g}" + (
+        f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
+    )
+    peak_text = f", peak {point.power.peak_power_w:.1f} W" if point.power is not None else ""
+    print(
+        f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J, average "
+        f"{point.avg_power_w:.1f} W{peak_text} "
+        f"({100 * (point.time_s / base.time_s - 1):+.2f} % time vs all-max)",
+        file=say,
+    )
+    print(f"wrote {args.out}", file=say)
+    return 0
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    check_output_file(args.out)
+    frontier = read_frontier(args.frontier)
+    check_frontier_job(frontier, args.frontier)
+    starts_s, values = read_signal(args.signal)
+    schedule = schedule_plans(
+        frontier.points,
+        starts_s,
+        values,
+        iterations=args.iterations,
+        deadline_s=args.deadline_s,
+        baseline_time_s=frontier.baseline.time_s,
+    )
+    write_schedule(schedule, frontier, args.out)
+    say = message_stream(args.out)
+    busy = sum(1 for iv in schedule.intervals if iv.iterations)
+    print(
+        f"schedule: {schedule.iterations} iterations by {schedule.deadline_s:g} s over "
+        f"{len(schedule.intervals)} intervals ({busy} used), finishing at "
+        f"{schedule.finish_s:.6g} s; {len(schedule.segments())} plan segments",
+        file=say,
+    )
+    print(
+        f"cost:     {schedule.cost:.6g} (exact optimum over plan mixes {schedule.lp_cost:.6g}; "
+        f"energy {schedule.energy_j / 3.6e6:.6g} kWh)",
+        file=say,
+    )
+    if schedule.baseline_cost is not None:
+        saving = 1 - schedule.cost / schedule.baseline_cost if schedule.baseline_cost else 0.0
+        print(
+            f"baseline: {schedule.baseline_cost:.6g} running the no-slowdown plan "
+            f"(point {schedule.baseline_index}) back to back; saving {100 * saving:.2f} %",
+            file=say,
+        )
+    else:
+        print(
+            "baseline: the no-slowdown plan run back to back misses the deadline (no saving "
+            "figure)",
+            file=say,
+        )
     print(f"wrote {args.out}", file=say)
     return 0

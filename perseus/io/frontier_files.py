@@ -182,7 +182,7 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     )
     if frontier.schema_version >= 2 and frontier.points_sha256 is None:
         raise PlanError(
-            f"{p}: field points_sha256: missing (schema_version 2 files carry a digest of their "
+            f"{p}: field points_sha256: missing (schema_version 2+ files carry a digest of their "
             f"points); {_REGENERATE}"
         )
     return frontier
@@ -296,5 +296,5 @@ def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
     head = frontier.model_copy(
         update={"schema_version": SCHEMA_VERSION, "points_sha256": digest}
     ).model_dump_json(exclude={"points"})
-    points = ",\n".join(p.model_dump_json() for p in frontier.points)
+    points = ",\n".join(p.model_dump_json(exclude_none=True) for p in frontier.points)
     atomic_write_text(path, head[:-1] + ',\n"points":[\n' + points + "\n]}\n")

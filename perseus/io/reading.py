@@ -46,6 +46,10 @@ INPUT_LIMITS: dict[str, int] = {
     "trace": 16 * MB,
     # Job definitions: one row per recurring job.
     "jobs": 1 * MB,
+    # A price/carbon signal: a year of per-minute rows is ~16 MB.
+    "signal": 16 * MB,
+    # A plan schedule: one record per signal interval.
+    "schedule": 64 * MB,
 }
 
 _CHUNK = 1 << 20

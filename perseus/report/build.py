@@ -1,4 +1,4 @@
-"""Assemble a report directory: frontier.json, report-summary.json, three PNGs and report.html.
+"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html.
 
 The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
 directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
@@ -18,6 +18,7 @@ from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
 from perseus.report.frontier import plot_frontier
 from perseus.report.html import render_html
+from perseus.report.power import plot_power
 from perseus.report.straggler import plot_straggler
 from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
@@ -27,12 +28,13 @@ logger = get_logger(__name__)
 
 __all__ = ["LEGACY_REPORT_FILES", "REPORT_FILES", "ReportInputs", "write_report"]
 
-#: Every file a full report holds (timeline.png and straggler.png need a job and a sweep).
+#: Every file a full report holds (timeline.png needs a job, straggler.png a sweep).
 REPORT_FILES = (
     "frontier.json",
     "report-summary.json",
     "frontier.png",
     "timeline.png",
+    "power.png",
     "straggler.png",
     "report.html",
 )
@@ -114,8 +116,12 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
                 build_timeline(inputs.job, f.fastest, "Perseus, fastest plan"),
             ]
         )
+        images["power"] = plot_power(
+            f, inputs.job, [("All-max", allmax), ("Perseus, fastest plan", f.fastest)]
+        )
     else:
         notes.append("No timeline: the profile this frontier was computed from was not available.")
+        images["power"] = plot_power(f)
     if inputs.sweep and inputs.pipelines is not None:
         images["straggler"] = plot_straggler(inputs.sweep, f, inputs.pipelines)
     for name, png in images.items():

@@ -65,7 +65,8 @@ def render_html(
 
     Args:
         summary: The figures (see :func:`perseus.report.summary.summarize`).
-        images: PNG bytes by name: ``frontier``, ``timeline``, ``straggler`` (any may be absent).
+        images: PNG bytes by name: ``frontier``, ``timeline``, ``power``, ``straggler`` (any may
+            be absent).
         title: Page heading.
         details: Job details shown as a two-column table.
         sweep: Straggler sweep cases for the table under the straggler plot.
@@ -136,6 +137,13 @@ def render_html(
             "One iteration, op by op",
             "Colour is the op's average power; hatched pale bars are blocking time "
             "(waiting on a neighbour at blocking power).",
+        ),
+        (
+            "power",
+            "Power",
+            "Left: each plan's average (and peak) summed power against its iteration time, the "
+            "fastest plan under any power budget. Right: the summed power of all GPUs over one "
+            "iteration (the step function whose integral is the exact energy).",
         ),
         (
             "straggler",

@@ -59,7 +59,7 @@ class PerseusPipeline(RankSession):
         group: The pipeline's process group (default: the stages' group).
         **kwargs: As :class:`~perseus.runtime.session.RankSession` (``gpu``,
             ``blocking_power_w``, ``plan``, ``profile``, ``online_profile``, ``emulate``,
-            ``watchdog=True``, ``handle_signals=True``...).
+            ``watchdog=True``, ``handle_signals=True``, ``power_schedule``, ``power_store``...).
 
     Raises:
         ConfigError: see :class:`RankSession`.
@@ -87,6 +87,8 @@ class PerseusPipeline(RankSession):
         agent_options: dict[str, Any] | None = None,
         job_options: dict[str, Any] | None = None,
         profile_options: dict[str, Any] | None = None,
+        power_schedule: str | Path | None = None,
+        power_store: Any = None,
     ) -> None:
         self.torch_schedule = torch_schedule
         self.stages = list(stages)
@@ -109,6 +111,8 @@ class PerseusPipeline(RankSession):
             agent_options=agent_options,
             job_options=job_options,
             profile_options=profile_options,
+            power_schedule=power_schedule,
+            power_store=power_store,
         )
         self._restore: Any = None
 

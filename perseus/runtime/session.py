@@ -183,6 +183,9 @@ class RankSession:
             default :func:`~perseus.runtime.profiling.energy_windows.sample_period_for`),
             ``max_step_iterations`` (default 200) and ``ridge`` (default 0.01; see
             :func:`~perseus.runtime.profiling.energy_attribution.fit_group_power`).
+        power_schedule: A plan schedule JSON (``perseus plan schedule``) over ``plan``'s
+            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
+        power_store: The job's store, read for run-time power caps (``perseus power set``).
 
     Raises:
         ConfigError: if no plan source is given, online profiling is combined with a plan or
@@ -210,12 +213,16 @@ class RankSession:
         agent_options: dict[str, Any] | None = None,
         job_options: dict[str, Any] | None = None,
         profile_options: dict[str, Any] | None = None,
+        power_schedule: str | Path | None = None,
+        power_store: Any = None,
     ) -> None:
         unknown = set(profile_options or {}) - set(_PROFILE_OPTIONS)
         if unknown:
             raise ConfigError(
                 f"profile_options: unknown key(s) {sorted(unknown)}; use {list(_PROFILE_OPTIONS)}"
             )
+        if online_profile and power_schedule is not None:
+            raise ConfigError("power_schedule= needs plan= (its frontier); drop online_profile")
         if online_profile and (plan is not None or profile is not None):
             raise ConfigError("online_profile=True measures the profile; drop plan= and profile=")
         if not (online_profile or plan is not None or profile is not None):
@@ -265,6 +272,8 @@ class RankSession:
         self._last_op_end: Any = None
         self._iteration = 0
         self._started = False
+        self._power_args = (power_schedule, power_store)
+        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
@@ -327,6 +336,10 @@ class RankSession:
                     "profile where clocks can be locked and pass profile= or plan="
                 )
             self._start_sampler()
+        if self._power_args != (None, None):
+            from perseus.runtime.power.runtime import attach_power
+
+            self.power = attach_power(self, *self._power_args)
 
     def _start_sampler(self) -> None:
         """Start reading the energy counter for the sweep (on the agent's device timeline)."""

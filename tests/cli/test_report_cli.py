@@ -72,7 +72,7 @@ def test_report_with_measured_run(
     assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
     page = (out / "report.html").read_text()
     assert "Predicted vs measured" in page
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4  # frontier, timeline, power, straggler
     assert "energy saved at T*" in capsys.readouterr().out
 
 

@@ -126,7 +126,7 @@ def test_write_report(tmp_path: Path, job: PlanningJob, frontier: Frontier) -> N
     on_disk = json.loads((tmp_path / "report-summary.json").read_text())
     assert on_disk["fastest"]["energy_saving"] == pytest.approx(summary.fastest.energy_saving)
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4
     assert not re.search(r"""(src|href)=["']?(https?:|//|file:)""", page), (
         "page must be self-contained"
     )
@@ -140,6 +140,7 @@ def test_report_without_job_or_sweep_has_only_the_frontier(
     write_report(ReportInputs(frontier=frontier, notes=["no profile"]), tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
     assert "timeline.png" not in names and "straggler.png" not in names
+    assert "power.png" in names  # the (time, power) frontier needs no job
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 1
+    assert page.count("data:image/png;base64,") == 2
     assert "No timeline" in page and "no profile" in page

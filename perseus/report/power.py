@@ -1,0 +1,88 @@
+"""``power.png``: the frontier in (time, power), and the pipeline's power over one iteration.
+
+Left: every frontier plan's average summed power against its iteration time (and its peak,
+when the frontier file carries it): how fast the job can run on a given power budget, and the
+watts each second of slowdown frees. Right: the summed power of all GPUs over one iteration
+for the all-max plan and a chosen plan (:func:`perseus.solver.power.power_timeline`, the same
+step function whose integral is the exact energy), with each plan's average as a dashed line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from perseus.job import PlanningJob
+from perseus.plan import Frontier, PlanPoint
+from perseus.report._figure import new_figure, report_style, to_png
+from perseus.solver.power import power_timeline
+
+__all__ = ["plot_power"]
+
+
+def plot_power(
+    frontier: Frontier,
+    job: PlanningJob | None = None,
+    plans: Sequence[tuple[str, PlanPoint]] = (),
+    *,
+    title: str | None = None,
+) -> bytes:
+    """Render the power panels as PNG bytes.
+
+    Args:
+        frontier: The frontier (left panel).
+        job: Its job; without it there is no right panel (no timeline to draw).
+        plans: ``(label, plan)`` pairs for the right panel, e.g. all-max and the chosen plan.
+        title: Figure title (default: the job).
+    """
+    pts = frontier.points
+    with report_style():
+        fig = new_figure()
+        right = job is not None and bool(plans)
+        axes = fig.subplots(1, 2 if right else 1, squeeze=False)[0]
+        ax = axes[0]
+        ax.plot(
+            [p.time_s for p in pts],
+            [p.avg_power_w for p in pts],
+            "-o",
+            color="tab:blue",
+            ms=3,
+            label="Perseus plans: average power",
+        )
+        if all(p.power is not None for p in pts):
+            ax.plot(
+                [p.time_s for p in pts],
+                [p.power.peak_power_w for p in pts if p.power is not None],
+                ":",
+                color="tab:red",
+                label="peak summed power",
+            )
+        base = frontier.baseline
+        ax.plot(
+            [base.time_s],
+            [base.energy_j / base.time_s],
+            "*",
+            color="black",
+            ms=12,
+            label="All-max",
+        )
+        ax.set_xlabel("Iteration time (s)")
+        ax.set_ylabel("Pipeline power (W)")
+        ax.set_title("Frontier in (time, power)")
+        ax.legend(loc="upper right")
+        if right and job is not None:
+            ax2 = axes[1]
+            colors = ["black", "tab:blue", "tab:green", "tab:orange"]
+            for k, (label, point) in enumerate(plans):
+                tl = power_timeline(job, point)
+                color = colors[k % len(colors)]
+                ax2.stairs(tl.power_w, tl.times_s, color=color, lw=1.4, label=label)
+                ax2.axhline(point.avg_power_w, color=color, ls="--", lw=0.9)
+            ax2.set_xlabel("Time in the iteration (s)")
+            ax2.set_ylabel("Summed power of all GPUs (W)")
+            ax2.set_title("Power over one iteration (dashed: average)")
+            ax2.legend(loc="lower right")
+        s = frontier.job
+        fig.suptitle(
+            title or f"{s.schedule}, {s.stages} stages x {s.microbatches} microbatches: power"
+        )
+        return to_png(fig)

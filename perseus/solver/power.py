@@ -1,0 +1,181 @@
+"""The power of a plan over its iteration, and the fastest plan under a power budget.
+
+A pipeline of R ranks draws, at every instant of an iteration, the sum of its GPUs' power:
+a GPU running an op draws that op's power (its profiled energy / time at the plan's clock), a
+GPU between ops draws the blocking power (the same model as the exact evaluator's energy,
+:mod:`perseus.dag.evaluate`). From the evaluator's op start and end times this module builds
+that step function exactly (:func:`power_timeline`) and summarises it (:func:`plan_power`):
+
+* **average** = energy / iteration time (the integral of the step function, divided by T);
+* **peak** and **minimum**: the highest and lowest step of the summed power;
+* **largest step change**: the largest jump at one instant; op ends and starts at the same
+  instant (the next op of a rank starting as the last one ends) are netted into one change.
+
+A two-clock op draws its mix's average power over the whole op (the mid-op switch is not
+resolved in time). The iteration is taken on its own: the step from the end of one iteration
+to the start of the next is not counted.
+
+:func:`fastest_under_power` picks the fastest frontier point whose average (or peak) summed
+power fits a budget. Complexity: O(N log N) per plan for N ops (one sort of 2N events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.errors import InfeasibleError, PlanError
+from perseus.job import PlanningJob
+from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, PointPower
+
+__all__ = [
+    "PowerTimeline",
+    "fastest_under_power",
+    "plan_power",
+    "power_timeline",
+    "with_power",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Event times closer than this fraction of the iteration are one instant (float noise of the
+#: longest path: an op that starts as its predecessor ends).
+_SAME_INSTANT = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class PowerTimeline:
+    """The pipeline's summed power as a step function over one iteration.
+
+    Attributes:
+        times_s: Breakpoints ``0 = t_0 < t_1 < ... < t_m = T`` (shape (m + 1,)).
+        power_w: Summed power on ``[t_i, t_{i+1})`` (shape (m,)).
+    """
+
+    times_s: FloatArray
+    power_w: FloatArray
+
+    @property
+    def energy_j(self) -> float:
+        """The step function's integral (equals the evaluator's energy)."""
+        return float(np.dot(np.diff(self.times_s), self.power_w))
+
+    def summary(self) -> PointPower:
+        """Average, peak, minimum and largest step change."""
+        total = float(self.times_s[-1] - self.times_s[0])
+        steps = np.abs(np.diff(self.power_w))
+        return PointPower(
+            avg_power_w=self.energy_j / total,
+            peak_power_w=float(self.power_w.max()),
+            min_power_w=float(self.power_w.min()),
+            max_step_w=float(steps.max()) if steps.size else 0.0,
+        )
+
+
+def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
+    """The summed power of ``job``'s ranks over one iteration of ``point``.
+
+    Args:
+        job: The planning job the point belongs to.
+        point: A plan of that job.
+
+    Returns:
+        The step function; its integral equals the exact evaluator's energy.
+
+    Complexity: one exact evaluation, O(N + E), plus an O(N log N) sort of the op events.
+    """
+    freqs = job.flat(point)
+    op_time_s, op_energy_j = job.op_costs(freqs)
+    ev = job.evaluate(freqs)
+    block = job.blocking_power_w
+    ranks = job.graph.num_ranks
+    busy = op_time_s > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        extra_w = np.where(busy, op_energy_j / np.where(busy, op_time_s, 1.0) - block, 0.0)
+    times = np.concatenate([ev.start_s[busy], ev.end_s[busy]])
+    deltas = np.concatenate([extra_w[busy], -extra_w[busy]])
+    order = np.argsort(times, kind="stable")
+    times, deltas = times[order], deltas[order]
+    total_s = ev.time_s
+    # One instant per cluster of event times within float noise of each other.
+    new_instant = np.empty(times.size, dtype=bool)
+    if times.size:
+        new_instant[0] = True
+        new_instant[1:] = np.diff(times) > _SAME_INSTANT * total_s
+    ids = np.cumsum(new_instant) - 1
+    instants = times[new_instant]
+    net = np.bincount(ids, weights=deltas, minlength=instants.size) if times.size else deltas
+    level = ranks * block + np.cumsum(net)
+    # Breakpoints: 0, every instant inside (0, T), T; level after each instant.
+    inside = (instants > _SAME_INSTANT * total_s) & (instants < total_s * (1 - _SAME_INSTANT))
+    at_zero = instants <= _SAME_INSTANT * total_s
+    start_level = float(level[at_zero][-1]) if at_zero.any() else ranks * block
+    bps = np.concatenate([[0.0], instants[inside], [total_s]])
+    levels = np.concatenate([[start_level], level[inside]])
+    # Clean rounding residue (a level that should be the all-blocking floor).
+    levels = np.maximum(levels, 0.0)
+    return PowerTimeline(bps.astype(np.float64), levels.astype(np.float64))
+
+
+def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
+    """Average, peak and minimum summed power of ``point`` and its largest step change.
+
+    The average is taken from the point's own exact figures (energy / time), which the
+    timeline's integral equals to float precision.
+    """
+    summary = power_timeline(job, point).summary()
+    avg = point.energy_j / point.time_s
+    return summary.model_copy(
+        update={
+            "avg_power_w": avg,
+            "peak_power_w": max(summary.peak_power_w, avg),
+            "min_power_w": min(summary.min_power_w, avg),
+        }
+    )
+
+
+def with_power(job: PlanningJob, frontier: Frontier) -> Frontier:
+    """A copy of ``frontier`` whose points carry their :class:`PointPower` (schema 3)."""
+    points = [p.model_copy(update={"power": plan_power(job, p)}) for p in frontier.points]
+    return frontier.with_points(points).model_copy(update={"schema_version": SCHEMA_VERSION})
+
+
+def fastest_under_power(
+    points: Sequence[PlanPoint],
+    budget_w: float,
+    *,
+    measure: Literal["average", "peak"] = "average",
+) -> PlanPoint:
+    """The fastest point whose average (or peak) summed power is at most ``budget_w``.
+
+    Ties in time go to the lower energy. Complexity: O(P) for P points.
+
+    Raises:
+        InfeasibleError: if no point fits, naming the lowest figure any point reaches.
+        PlanError: for ``measure="peak"`` on points without power figures (a frontier file
+            written before schema version 3).
+    """
+
+    def figure(p: PlanPoint) -> float:
+        if measure == "average":
+            return p.avg_power_w
+        if p.power is None:
+            raise PlanError(
+                "the frontier has no peak power figures (schema version < 3); regenerate it "
+                "with `perseus frontier`"
+            )
+        return p.power.peak_power_w
+
+    slack = 1e-12 * max(budget_w, 1.0)
+    fits = [p for p in points if figure(p) <= budget_w + slack]
+    if not fits:
+        lowest = min(figure(p) for p in points)
+        raise InfeasibleError(
+            f"no plan's {measure} power is at most {budget_w:.6g} W; the lowest any plan "
+            f"reaches is {lowest:.6g} W"
+        )
+    return min(fits, key=lambda p: (p.time_s, p.energy_j))

@@ -1,0 +1,179 @@
+"""``plan pick --power-cap-w/--peak-power-w``, ``plan schedule``, ``frontier --power-curve`` and
+``perseus power set|clear`` (against a real TCP store in this process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perseus.cli.main import main
+from perseus.io.frontier_files import read_frontier
+from perseus.io.power_files import read_schedule
+from perseus.plan import Frontier
+
+
+@pytest.fixture(scope="module")
+def frontier_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("power") / "f.json"
+    curve = path.with_name("curve.csv")
+    assert main([
+        "frontier", "a40", "--microbatches", "4", "--no-progress", "-o", str(path),
+        "--power-curve", str(curve),
+    ]) == 0  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def frontier(frontier_path: Path) -> Frontier:
+    return read_frontier(frontier_path)
+
+
+def test_frontier_writes_power_figures_and_the_curve(
+    frontier_path: Path, frontier: Frontier
+) -> None:
+    assert json.loads(frontier_path.read_text())["schema_version"] == 3
+    assert all(p.power is not None for p in frontier.points)
+    lines = frontier_path.with_name("curve.csv").read_text().splitlines()
+    assert len(lines) == len(frontier.points) + 1
+    t, avg, peak, slope = (float(x) for x in lines[1].split(","))
+    assert (t, avg) == (frontier.points[0].time_s, frontier.points[0].avg_power_w)
+    assert peak >= avg and slope < 0  # slower plans draw less power
+
+
+def test_pick_under_an_average_cap_and_per_gpu(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pts = frontier.points
+    cap = (pts[0].avg_power_w + frontier.min_energy.avg_power_w) / 2
+    out = tmp_path / "p.json"
+    assert (
+        main(["plan", "pick", str(frontier_path), "--power-cap-w", repr(cap), "-o", str(out)]) == 0
+    )
+    got = read_frontier(out).points[0]
+    assert got.avg_power_w <= cap
+    assert all(p.avg_power_w > cap for p in pts if p.time_s < got.time_s)
+    assert "average" in capsys.readouterr().out
+    ranks = frontier.job.ranks
+    out2 = tmp_path / "p2.json"
+    assert main([
+        "plan", "pick", str(frontier_path), "--power-cap-w", repr(cap / ranks), "--per-gpu",
+        "-o", str(out2),
+    ]) == 0  # fmt: skip
+    assert read_frontier(out2).points == read_frontier(out).points
+
+
+def test_pick_under_a_peak_budget(tmp_path: Path, frontier_path: Path, frontier: Frontier) -> None:
+    peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    budget = peaks[len(peaks) // 2]
+    out = tmp_path / "p.json"
+    assert (
+        main(["plan", "pick", str(frontier_path), "--peak-power-w", repr(budget), "-o", str(out)])
+        == 0
+    )
+    got = read_frontier(out).points[0]
+    assert got.power is not None and got.power.peak_power_w <= budget
+    assert all(
+        p.power is not None and p.power.peak_power_w > budget
+        for p in frontier.points
+        if p.time_s < got.time_s
+    )
+
+
+def test_unmet_budget_is_one_line_naming_the_lowest_figure(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    assert main(["plan", "pick", str(frontier_path), "--power-cap-w", "10", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    lowest = min(p.avg_power_w for p in frontier.points)
+    assert err == (
+        f"error: no plan's average power is at most 10 W; the lowest any plan reaches is "
+        f"{lowest:.6g} W\n"
+    )
+    assert not out.exists()
+    assert (
+        main(["plan", "pick", str(frontier_path), "--slowdown", "1.1", "--per-gpu", "-o", str(out)])
+        == 2
+    )
+
+
+def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    signal = tmp_path / "signal.csv"
+    signal.write_text(
+        "start,value\n" + "".join(f"{h * 3600},{100 + 50 * math.cos(h)}\n" for h in range(24))
+    )
+    out = tmp_path / "s.json"
+    n = int(0.6 * 86400 / frontier.fastest.time_s)
+    argv = [
+        "plan",
+        "schedule",
+        str(frontier_path),
+        "--signal",
+        str(signal),
+        "--deadline-s",
+        "86400",
+    ]
+    assert main([*argv, "--iterations", str(n), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "saving" in printed and "exact optimum" in printed
+    doc = read_schedule(out)
+    assert doc.iterations == n and doc.cost <= doc.baseline_cost  # type: ignore[operator]
+    assert main([*argv, "--iterations", str(10 * n), "-o", str(tmp_path / "no.json")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: {10 * n} iterations cannot finish by 86400 s")
+        and err.count("\n") == 1
+    )
+    assert not (tmp_path / "no.json").exists()
+    signal.write_text("0,1\n5,-1\n")
+    assert main([*argv, "--iterations", "1", "-o", str(out)]) == 2
+    assert "value '-1' must be a finite number >= 0" in capsys.readouterr().err
+
+
+def _store() -> Any:
+    dist = pytest.importorskip("torch.distributed")
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False
+    )
+
+
+def test_power_set_is_acknowledged_by_a_running_job(
+    frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perseus.runtime.power import PowerRuntime, read_cap
+
+    store = _store()
+    address = f"127.0.0.1:{store.port}"
+    runtime = PowerRuntime(frontier, store=store)
+    stop = threading.Event()
+
+    def job() -> None:  # global rank 0 at its iteration boundaries, every 20 ms
+        i = 0
+        while not stop.is_set():
+            runtime.read_cap_w(i)
+            i += 1
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    try:
+        assert main(["power", "set", "--store", address, "--cap-w", "300", "--per-gpu"]) == 0
+        assert "acknowledged by the job at iteration" in capsys.readouterr().out
+        assert read_cap(store)[:2] == (300.0, "gpu")  # type: ignore[index]
+        assert main(["power", "clear", "--store", address]) == 0
+        assert read_cap(store) is None
+    finally:
+        stop.set()
+        thread.join(5)
+    # Nobody reads the store now.
+    assert main(["power", "set", "--store", address, "--cap-w", "500", "--wait-s", "0.2"]) == 1
+    assert "no running job has read it yet" in capsys.readouterr().out

@@ -1,0 +1,97 @@
+"""RankSession's power wiring: ``power_schedule=`` and ``power_store=`` on one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import ConfigError, PlanError
+from perseus.io import load_profile
+from perseus.io.power_files import ScheduleFile
+from perseus.job import make_job
+from perseus.plan import points_sha256
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.power import set_cap
+from perseus.runtime.session import RankSession
+from perseus.schedule import build_schedule
+
+torch_dist = pytest.importorskip("torch.distributed")
+BLOCKING_W = 83.64
+
+
+@pytest.fixture
+def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0
+    )
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier(
+        [job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)]
+    )  # 0: all-max (fast, high power), 1: 1095 MHz (slow, lower power)
+    schedule = tmp_path / "schedule.json"
+    doc = ScheduleFile(
+        frontier_points_sha256=points_sha256(plan.points),
+        iterations=6,
+        deadline_s=100.0,
+        cost=1.0,
+        lp_cost=1.0,
+        baseline_cost=None,
+        baseline_point_index=0,
+        intervals=(),
+        segments=((0, 1), (2, 0), (4, 1)),
+    )
+    schedule.write_text(doc.model_dump_json())
+    return gpu, plan, schedule
+
+
+def _session(gpu, plan, **kwargs) -> RankSession:  # type: ignore[no-untyped-def]
+    return RankSession(
+        build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan,
+        watchdog=False, handle_signals=False, **kwargs,
+    )  # fmt: skip
+
+
+def _iteration(session: RankSession) -> None:
+    with session.iteration():
+        for action in session.schedule.rank_actions[session.rank]:
+            with session.op(action):
+                pass
+
+
+def test_session_follows_the_schedule_and_a_cap(setup) -> None:  # type: ignore[no-untyped-def]
+    gpu, plan, schedule = setup
+    store = torch_dist.HashStore()
+    with _session(gpu, plan, power_schedule=schedule, power_store=store) as session:
+        for i in range(9):
+            if i == 7:  # a cap only point 1 meets, set before the boundary that ends iteration 6
+                set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    ran = [s.point_index for s in session.history]
+    assert ran == [1, 1, 0, 0, 1, 1, 1, 1, 1]  # the last segment stays; the cap keeps 1
+    assert [d.reason for d in session.power.decisions][-1] == "schedule"
+    assert session.history[2].predicted_time_s == plan.points[0].time_s
+
+
+def test_cap_alone_moves_the_fastest_plan_down(setup) -> None:  # type: ignore[no-untyped-def]
+    gpu, plan, _ = setup
+    store = torch_dist.HashStore()
+    with _session(gpu, plan, power_store=store) as session:
+        for i in range(5):
+            if i == 2:  # set before the boundary that ends iteration 1: in force from 2
+                set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 0, 1, 1, 1]
+
+
+def test_schedule_of_another_frontier_or_with_online_profiling_is_refused(setup) -> None:  # type: ignore[no-untyped-def]
+    gpu, plan, schedule = setup
+    with pytest.raises(PlanError, match="made for another frontier"):
+        _session(gpu, plan.with_points(plan.points[:1]), power_schedule=schedule).start()
+    with pytest.raises(ConfigError, match="power_schedule= needs plan="):
+        RankSession(
+            build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W,
+            online_profile=True, power_schedule=schedule,
+        )  # fmt: skip
