@@ -191,6 +191,8 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 
 def _info(sim_dir: Path | None) -> int:
+    directory = sim_dir or default_state_dir()
+    sims = simulated_devices(directory)  # a refused directory: one line before any output
     try:
         real = nvml_devices()
     except NvmlUnavailableError:
@@ -204,8 +206,6 @@ def _info(sim_dir: Path | None) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    directory = sim_dir or default_state_dir()
-    sims = simulated_devices(directory)
     print(f"simulated GPUs in {directory} ({len(sims)}):")
     if not sims:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")

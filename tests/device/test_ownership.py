@@ -211,7 +211,7 @@ def test_forged_lock_contents_reset_only_the_gpu_in_hand(
     for spec in forged:
         path.write_text(f"{_dead_pid()}\n{json.dumps(spec)}\n", encoding="ascii")
         calls: list[str] = []
-        owner = GpuOwnership("GPU-real", path, reset=lambda: calls.append("own reset"))
+        owner = GpuOwnership("GPU-real", path, reset=lambda c=calls: c.append("own reset"))
         owner.acquire()
         owner.release()
         assert calls == ["own reset"]

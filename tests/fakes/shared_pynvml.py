@@ -30,7 +30,9 @@ STATE_ENV = "PERSEUS_FAKE_NVML_STATE"
 def _load_fake() -> ModuleType:
     key = "_perseus_fake_pynvml"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name("fake_pynvml.py"))
+        spec = importlib.util.spec_from_file_location(
+            key, Path(__file__).with_name("fake_pynvml.py")
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
