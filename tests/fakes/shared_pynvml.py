@@ -55,8 +55,10 @@ def write_devices(path: Path, devices: Sequence[Any]) -> None:
 
 
 def read_devices(path: Path) -> list[Any]:
-    """The shared devices now (FakeDevice objects)."""
-    return [_device(d) for d in json.loads(path.read_text(encoding="utf-8"))]
+    """The shared devices now (FakeDevice objects), read under the lock writers take."""
+    with open(path, encoding="utf-8") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        return [_device(d) for d in json.loads(f.read())]
 
 
 class _SharedNvml(_fake.FakeNvml):  # type: ignore[misc,name-defined]
