@@ -148,3 +148,34 @@ def test_info_shows_an_orphaned_gpu_and_reset_restores_clock_and_limit(
     out = capsys.readouterr().out
     assert "lock: none; owner: none" in out
     assert f"power limit: {default_w:g} W (the default)" in out
+
+
+def test_reset_refuses_a_gpu_a_running_process_owns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = SimulatedGPU.from_preset("a40", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.set_locked_clock(900)
+    hold = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from perseus.device.ownership import GpuOwnership\n"
+        "GpuOwnership(sys.argv[1], Path(sys.argv[2])).acquire()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold, gpu.uuid, str(gpu.owner_lock_path())],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        assert main(["device", "--sim-dir", str(tmp_path), "reset", "--sim", "0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"owned by the running process {proc.pid}" in err and "\n" not in err
+        assert gpu.locked_clock_mhz() is not None  # left to its owner
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -6,8 +6,9 @@ crashed agent would leave the GPU slow for everyone. Three layers make sure it i
 1. :class:`~perseus.device.ownership.GpuOwnership` (re-exported here): one owner per GPU, an
    exclusive ``flock`` on a file keyed by the GPU's UUID. A second agent gets
    :class:`~perseus.errors.DeviceBusyError` naming the owner's pid. The kernel drops the lock
-   when the owner dies; the next owner resets the GPU if its previous owner died without doing
-   so (owner and watchdog both killed).
+   when the owner dies; the next owner resets the GPU it opened (clocks and default power
+   limit) if its previous owner died without doing so (owner and watchdog both killed). The
+   dead owner's lock file only says that a reset is due, never what to reset.
 2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset, then
    chain to whatever handler was installed before (so Ctrl-C still raises KeyboardInterrupt and
    SIGTERM still terminates).
