@@ -199,3 +199,36 @@ def test_planted_state_file_links_are_not_followed(
     # The CLI lists nothing it would have to follow a link for, and resets nothing.
     result = _cli(["device", "--sim-dir", str(public_tmp), "reset", "--sim", "3"], {})
     _refused(result, "no simulated GPU 3")
+
+
+def test_forged_lock_contents_reset_only_the_simulated_gpu_in_hand(tmp_path: Path) -> None:
+    """A lock file with a dead pid and a spec naming another GPU, or a state directory with
+    ``../``: the new owner resets its own GPU; the other GPU keeps its lock and limit and no
+    directory appears outside the state directory."""
+    from perseus.runtime.safety.guard import GpuClaim
+
+    sim = tmp_path / "sim"
+    mine = SimulatedGPU.from_preset("a40", index=0, state_dir=sim, set_latency_s=0.0)
+    other = SimulatedGPU.from_preset("a40", index=1, state_dir=sim, set_latency_s=0.0)
+    for gpu in (mine, other):
+        gpu.set_locked_clock(900)
+        gpu.set_power_limit_w(150.0)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for spec in (
+        {"backend": "sim", "state_dir": str(sim), "uuid": other.uuid},
+        {"backend": "sim", "state_dir": str(sim / ".." / ".." / "escaped"), "uuid": "../x"},
+        {"backend": "nvml", "uuid": "GPU-other"},
+    ):
+        mine.set_locked_clock(900)
+        mine.owner_lock_path().write_text(f"{dead.pid}\n{json.dumps(spec)}\n")
+        claim = GpuClaim(mine, watchdog=False, handle_signals=False, on_exit=lambda: None)
+        claim.acquire()
+        try:
+            assert claim.ownership.reset_stale_pid == dead.pid
+            assert mine.locked_clock_mhz() is None
+            assert mine.power_limit_w() == mine.power_limit_range_w()[1]
+        finally:
+            claim.release()
+        assert other.locked_clock_mhz() is not None and other.power_limit_w() == 150.0
+    assert not (tmp_path.parent / "escaped").exists()
