@@ -1,14 +1,18 @@
 """``perseus device``: list GPUs (real or simulated), reset a lock, slow a simulated GPU down.
 
 ``perseus device info`` shows each GPU's clocks, whether this process may lock them, the
-current lock and its owner. Without an NVIDIA driver it says so in one line and lists the
-simulated GPUs in the state directory and the presets.
+current lock, the power limit against its default, and the owner (alive, or dead: the GPU is
+orphaned). Without an NVIDIA driver it says so in one line and lists the simulated GPUs in the
+state directory and the presets. ``perseus device reset`` removes the clock lock, restores the
+default power limit and clears a dead owner's record, and says what it restored.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +24,15 @@ from perseus.device.discovery import (
     simulated_devices,
 )
 from perseus.device.nvml import NvmlGPU, NvmlUnavailableError
+from perseus.device.ownership import (
+    acquire_owner_lock,
+    pid_alive,
+    release_owner_lock,
+    reset_from_spec,
+)
 from perseus.device.presets import PRESETS
 from perseus.device.sim_state import default_state_dir
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, DeviceError
 
 __all__ = ["register", "run"]
 
@@ -39,7 +49,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     actions.required = True
     info = actions.add_parser("info", help="list GPUs (real and simulated)")
     info.set_defaults(handler=run)
-    reset = actions.add_parser("reset", help="remove a GPU's clock lock (e.g. after a crash)")
+    reset = actions.add_parser(
+        "reset",
+        help="remove a GPU's clock lock and restore its default power limit (after a crash)",
+    )
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--sim", type=int, metavar="INDEX", help="a simulated GPU")
     target.add_argument("--uuid", help="a real GPU, by UUID (needs root or CAP_SYS_ADMIN)")
@@ -62,12 +75,27 @@ def run(args: argparse.Namespace) -> int:
         return _info(args.sim_dir)
     if command == "reset":
         if args.sim is not None:
-            open_simulated(args.sim, args.sim_dir).reset_locked_clock()
-            print(f"simulated GPU {args.sim}: lock removed")
+            sim = open_simulated(args.sim, args.sim_dir)
+            locked = sim.locked_clock_mhz()
+            done = _reset_owned(
+                f"simulated GPU {args.sim}",
+                sim.owner_lock_path(),
+                lambda: reset_from_spec(sim.watchdog_spec()),
+            )
+            print(_said(f"simulated GPU {args.sim}", locked, done))
         else:
             with NvmlGPU(args.uuid) as gpu:
-                gpu.reset_locked_clock()
-            print(f"{args.uuid}: lock removed")
+
+                def reset_nvml() -> dict[str, Any]:
+                    before_w = _limit_w(gpu)
+                    gpu.reset_locked_clock()
+                    gpu.reset_power_limit()
+                    after_w = _limit_w(gpu)
+                    changed = before_w is not None and before_w != after_w
+                    return {"power_limit_w": (before_w, after_w)} if changed else {}
+
+                done = _reset_owned(args.uuid, gpu.owner_lock_path(), reset_nvml)
+            print(_said(args.uuid, None, done))
         return 0
     if command == "slowdown":
         if not args.factor > 0:
@@ -76,6 +104,48 @@ def run(args: argparse.Namespace) -> int:
         print(f"simulated GPU {args.index}: slowdown {args.factor:g}")
         return 0
     raise ConfigError(f"unknown device action {command!r}")  # argparse prevents this
+
+
+def _limit_w(gpu: NvmlGPU) -> float | None:
+    with contextlib.suppress(DeviceError):
+        return float(gpu.query("nvmlDeviceGetPowerManagementLimit")) / 1000.0
+    return None
+
+
+def _reset_owned(what: str, lock_path: Path, reset: Any) -> dict[str, Any]:
+    """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record."""
+    fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
+    if fd is None and owner is not None and pid_alive(owner) and owner != os.getpid():
+        raise ConfigError(
+            f"{what} is owned by the running process {owner} (lock {lock_path}); stop it first: "
+            "it resets the GPU when it exits"
+        )
+    try:
+        dead = None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+                dead = int(text) if text.isdigit() else None
+        done: dict[str, Any] = dict(reset())
+        if dead is not None:
+            done["dead_owner_pid"] = dead
+    finally:
+        if fd is not None:
+            release_owner_lock(fd, lock_path)  # truncates: no longer orphaned
+    return done
+
+
+def _said(what: str, locked_mhz: int | None, done: dict[str, Any]) -> str:
+    parts = ["clock lock removed" if locked_mhz is None else f"clock lock {locked_mhz} MHz removed"]
+    if "power_limit_w" in done:
+        before_w, after_w = done["power_limit_w"]
+        default = "the default" if after_w is None else f"the default {after_w:g} W"
+        parts.append(f"power limit {before_w:g} W restored to {default}")
+    else:
+        parts.append("power limit already at its default")
+    if "dead_owner_pid" in done:
+        parts.append(f"dead owner pid {done['dead_owner_pid']}'s record cleared")
+    return f"{what}: " + "; ".join(parts)
 
 
 def _clock_range(clocks: tuple[int, ...]) -> str:
@@ -92,18 +162,37 @@ def _show(info: DeviceInfo) -> None:
         if not info.lock_known
         else ("none" if info.locked_mhz is None else f"{info.locked_mhz} MHz")
     )
-    owner = "none" if info.owner_pid is None else f"pid {info.owner_pid}"
+    if info.owner_pid is not None:
+        owner = f"pid {info.owner_pid} (alive)"
+    elif info.dead_owner_pid is not None:
+        target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
+        owner = f"pid {info.dead_owner_pid} (dead); orphaned: run `perseus device reset {target}`"
+    else:
+        owner = "none"
     control = "can lock clocks" if info.can_lock else "observe-only"
     print(f"  [{info.index}] {info.name}  {info.uuid}")
     print(f"      clocks: {_clock_range(info.clocks_mhz)}")
     print(f"      privilege: {control} ({info.privilege})")
     now = "" if info.current_clock_mhz is None else f"; now {info.current_clock_mhz} MHz"
     print(f"      lock: {lock}; owner: {owner}{now}")
+    print(f"      power limit: {_power(info.power_limit_w, info.default_power_limit_w)}")
     if info.detail:
         print(f"      {info.detail}")
 
 
+def _power(limit_w: float | None, default_w: float | None) -> str:
+    if limit_w is None:
+        return "unknown"
+    if default_w is None:
+        return f"{limit_w:g} W (default unknown)"
+    if abs(limit_w - default_w) < 1e-6:
+        return f"{limit_w:g} W (the default)"
+    return f"{limit_w:g} W (default {default_w:g} W)"
+
+
 def _info(sim_dir: Path | None) -> int:
+    directory = sim_dir or default_state_dir()
+    sims = simulated_devices(directory)  # a refused directory: one line before any output
     try:
         real = nvml_devices()
     except NvmlUnavailableError:
@@ -117,8 +206,6 @@ def _info(sim_dir: Path | None) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    directory = sim_dir or default_state_dir()
-    sims = simulated_devices(directory)
     print(f"simulated GPUs in {directory} ({len(sims)}):")
     if not sims:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")

@@ -1,18 +1,20 @@
 """What GPUs are there: real ones through NVML and simulated ones in the state directory.
 
 Used by ``perseus device info``. Reading never takes an ownership lock (a probe could make a
-starting agent fail with "busy"); the owner is the pid recorded in the lock file, if alive.
+starting agent fail with "busy"); the owner is the pid recorded in the lock file: alive, it
+owns the GPU; dead, the GPU is *orphaned* (its owner and watchdog died without resetting it)
+until the next owner or ``perseus device reset`` resets it.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perseus.device.nvml import list_nvml_gpus, probe_privilege
-from perseus.device.ownership import default_lock_dir, owner_lock_path, read_owner_pid
+from perseus.device.ownership import default_lock_dir, owner_lock_path, pid_alive, read_owner_pid
 from perseus.device.sim_state import default_state_dir, list_states
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
@@ -22,6 +24,7 @@ __all__ = [
     "live_owner_pid",
     "nvml_devices",
     "open_simulated",
+    "owner_status",
     "simulated_devices",
 ]
 
@@ -43,6 +46,9 @@ class DeviceInfo:
         owner_pid: The live owner's pid, or None.
         current_clock_mhz: The SM clock now.
         detail: Backend-specific extras (model source, slowdown, persistence mode).
+        dead_owner_pid: The pid of an owner that died without resetting the GPU (orphaned).
+        power_limit_w: The power limit in force (None when unknown).
+        default_power_limit_w: The board's default power limit (None when unknown).
     """
 
     backend: str
@@ -57,20 +63,23 @@ class DeviceInfo:
     owner_pid: int | None
     current_clock_mhz: int | None
     detail: str = ""
+    dead_owner_pid: int | None = None
+    power_limit_w: float | None = None
+    default_power_limit_w: float | None = None
+
+
+def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
+    """``(live owner pid, dead owner pid)`` from the pid recorded in ``lock_path`` (a clean
+    release leaves none; a dead one means nobody reset the GPU after its owner died)."""
+    pid = read_owner_pid(lock_path)
+    if pid is None:
+        return None, None
+    return (pid, None) if pid_alive(pid) else (None, pid)
 
 
 def live_owner_pid(lock_path: Path) -> int | None:
     """The pid recorded as owner in ``lock_path`` if that process still exists."""
-    pid = read_owner_pid(lock_path)
-    if pid is None:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid  # exists, owned by another user
-    return pid
+    return owner_status(lock_path)[0]
 
 
 def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[DeviceInfo]:
@@ -91,6 +100,12 @@ def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[
             except DeviceError:
                 current = None
             persistence = {True: "on", False: "OFF (enable it: nvidia-smi -pm 1)", None: "n/a"}
+            live, dead = owner_status(lock_path)
+            limit_w = default_w = None
+            with contextlib.suppress(DeviceError):
+                limit_w = gpu.query("nvmlDeviceGetPowerManagementLimit") / 1000.0
+            with contextlib.suppress(DeviceError):
+                default_w = gpu.query("nvmlDeviceGetPowerManagementDefaultLimit") / 1000.0
             infos.append(
                 DeviceInfo(
                     backend="nvml",
@@ -102,9 +117,12 @@ def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[
                     privilege=why if reason is None else reason,
                     locked_mhz=None,
                     lock_known=False,
-                    owner_pid=live_owner_pid(lock_path),
+                    owner_pid=live,
                     current_clock_mhz=current,
                     detail=f"persistence mode {persistence[gpu.persistence_mode]}",
+                    dead_owner_pid=dead,
+                    power_limit_w=limit_w,
+                    default_power_limit_w=default_w,
                 )
             )
         finally:
@@ -119,6 +137,13 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
     for state in list_states(directory):
         locked = state.get("locked_mhz")
         uuid = str(state.get("uuid", ""))
+        live, dead = owner_status(owner_lock_path(directory, uuid))
+        default = state.get("default_power_limit_w", state.get("power_cap_w"))
+        limit = state.get("power_limit_w")
+        if limit is None:
+            limit = default
+        elif state.get("power_cap_w") is not None:
+            limit = min(float(limit), float(state["power_cap_w"]))  # as the simulator enforces
         infos.append(
             DeviceInfo(
                 backend="sim",
@@ -130,9 +155,12 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
                 privilege="simulated",
                 locked_mhz=None if locked is None else int(locked),
                 lock_known=True,
-                owner_pid=live_owner_pid(owner_lock_path(directory, uuid)),
+                owner_pid=live,
                 current_clock_mhz=None,
                 detail=f"{state.get('source', '')}; slowdown {float(state.get('slowdown', 1.0)):g}",
+                dead_owner_pid=dead,
+                power_limit_w=None if limit is None else float(limit),
+                default_power_limit_w=None if default is None else float(default),
             )
         )
     return infos

@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
@@ -662,26 +663,25 @@ class NvmlGPU:
     # Safety hooks
 
     def owner_lock_path(self) -> Path:
-        """Ownership lock file keyed by UUID under ``$PERSEUS_LOCK_DIR``.
+        """Ownership lock file keyed by UUID in the lock directory (``lock_dir``, else
+        ``$PERSEUS_LOCK_DIR``, else ``/run/perseus/locks`` as root), which is created or
+        verified to be one nobody else controls (:mod:`perseus.device.private_dir`).
 
-        The default directory is shared by all users (sticky, world-writable like /tmp), since
-        one GPU must have one owner whoever runs the job.
+        Raises:
+            ConfigError: the directory is a link, another user's, or writable by others.
         """
-        lock_dir = self._lock_dir
-        if lock_dir is None:
-            lock_dir = default_lock_dir()
-            if not lock_dir.exists():
-                lock_dir.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(OSError):
-                    os.chmod(lock_dir, 0o1777)
+        lock_dir = self._lock_dir if self._lock_dir is not None else default_lock_dir()
         return owner_lock_path(lock_dir, self.uuid)
 
     def watchdog_spec(self) -> dict[str, Any]:
-        """What the watchdog needs to reset this GPU: its UUID, and the power limit found at
-        open, restored if it changed (never used for an observe-only GPU: no watchdog runs)."""
+        """What the watchdog needs to reset this GPU: its UUID. Every reset restores NVML's
+        default power limit, never the limit found at open (a rank may have lowered it before
+        the agent opened the GPU). An NVML module given as ``nvml_module`` that is a module
+        file (a fake shared across processes in tests) is named so the watchdog loads it."""
         spec: dict[str, Any] = {"backend": "nvml", "uuid": self.uuid}
-        if self.initial_power_limit_mw is not None:
-            spec["power_limit_mw"] = self.initial_power_limit_mw
+        module_file = getattr(self._nvml, "__file__", None)
+        if isinstance(self._nvml, ModuleType) and self._nvml.__name__ != "pynvml" and module_file:
+            spec["nvml_module_path"] = str(module_file)
         return spec
 
     def __repr__(self) -> str:

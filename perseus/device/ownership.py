@@ -10,8 +10,14 @@ previous owner died without resetting the GPU, and resets it first (:class:`GpuO
 watchdog process (:mod:`perseus.runtime.safety._watchdog`) does the same the moment its owner dies; the
 check here covers the case where the watchdog was killed too.
 
+The file holds nothing but that pid: a dead owner's record only says *that* a reset is due.
+What is reset is derived from the GPU the new owner opened (its UUID, its default clocks and
+default power limit), never from another process's file.
+
 Used by every backend: simulated GPUs keep their lock files in their state directory, real GPUs
-in ``$PERSEUS_LOCK_DIR`` (default ``<tmp>/perseus-locks``, shared by all users).
+in the lock directory (``$PERSEUS_LOCK_DIR``, default ``/run/perseus/locks`` as root, a
+per-user runtime directory otherwise). Both are verified by
+:mod:`perseus.device.private_dir`, and lock files are opened without following links.
 
 This module uses the standard library only and imports perseus lazily (only to raise
 :class:`~perseus.errors.DeviceBusyError`), so the watchdog can load it by file path without
@@ -25,11 +31,9 @@ import contextlib
 import fcntl
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +52,6 @@ __all__ = [
     "owner_lock_path",
     "pid_alive",
     "read_owner_pid",
-    "record_reset_spec",
     "release_owner_lock",
     "reset_from_spec",
     "reset_if_orphaned",
@@ -61,11 +64,15 @@ _STATE_SUFFIX = ".state"  # sim_state.STATE_SUFFIX; repeated so this module load
 
 
 def default_lock_dir() -> Path:
-    """Where real GPUs' ownership locks live: ``$PERSEUS_LOCK_DIR`` or ``<tmp>/perseus-locks``."""
-    env = os.environ.get("PERSEUS_LOCK_DIR")
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / "perseus-locks"
+    """Where real GPUs' ownership locks live, created or verified: ``$PERSEUS_LOCK_DIR``, else
+    ``/run/perseus/locks`` as root or ``<per-user runtime dir>/locks``.
+
+    Raises:
+        ConfigError: the directory (or one above it) is a link, another user's, or writable
+            by others.
+    """
+    path: Path = _sibling("private_dir").lock_dir()
+    return path
 
 
 def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
@@ -96,47 +103,16 @@ class OwnerLock(NamedTuple):
         owner_pid: The holder's recorded pid when the lock is taken by someone else.
         stale_pid: When ``fd`` is ours: the pid a previous owner left in the file, i.e. an
             owner that died without a clean release (its GPU may still be locked).
-        stale_spec: That owner's reset spec, if it recorded one (:func:`record_reset_spec`).
     """
 
     fd: int | None
     owner_pid: int | None
     stale_pid: int | None
-    stale_spec: dict[str, Any] | None = None
 
 
 def _parse_pid(text: str) -> int | None:
     first = text.strip().split("\n", 1)[0].strip()
     return int(first) if first.isdigit() else None
-
-
-def _parse_spec(text: str) -> dict[str, Any] | None:
-    lines = text.split("\n", 2)
-    if len(lines) < 2 or not lines[1].strip():
-        return None
-    try:
-        spec = json.loads(lines[1])
-    except ValueError:
-        return None
-    return spec if isinstance(spec, dict) and "backend" in spec else None
-
-
-def record_reset_spec(path: Path, spec: dict[str, Any]) -> None:
-    """Add the owner's reset spec to its lock file (second line, after the pid), so that the
-    next owner can reset the GPU fully if this one dies without a watchdog to do it: e.g. the
-    power limit found at start, which the next owner cannot know."""
-    line = json.dumps(spec, separators=(",", ":"), sort_keys=True).encode() + b"\n"
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        head = os.pread(fd, 64, 0)
-        end = head.find(b"\n")
-        if end < 0:
-            return  # no pid line: not owned
-        # The pid line stays in place, so readers never see the file without an owner.
-        os.pwrite(fd, line, end + 1)
-        os.ftruncate(fd, end + 1 + len(line))
-    finally:
-        os.close(fd)
 
 
 def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
@@ -145,26 +121,35 @@ def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
     The ``flock`` is held as long as the returned descriptor is open in some process, and the
     kernel drops it when the owner dies (even by SIGKILL). With ``record``, the previous
     content is read (``stale_pid``) and replaced by our pid, for error messages and
-    ``perseus device info``.
+    ``perseus device info``. Only the pid is read: whatever else the file holds is ignored.
+
+    Raises:
+        ConfigError: the lock directory is not one nobody else controls, or ``path`` is a
+            link or not a regular file of ours (:mod:`perseus.device.private_dir`).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        owner = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
         os.close(fd)
-        return OwnerLock(None, read_owner_pid(path), None)
+        return OwnerLock(None, owner, None)
     stale: int | None = None
-    spec: dict[str, Any] | None = None
     if record:
-        text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-        stale = _parse_pid(text)
+        stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
         if stale == os.getpid():
             stale = None  # our own earlier record (re-acquired in this process)
-        spec = _parse_spec(text) if stale is not None else None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return OwnerLock(fd, None, stale, spec)
+    return OwnerLock(fd, None, stale)
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened read-write in a verified directory, never through a link."""
+    private = _sibling("private_dir")
+    private.verify_private_dir(path.parent, what="lock directory")
+    fd: int = private.open_private(path, os.O_RDWR, mode=0o644)
+    return fd
 
 
 def release_owner_lock(fd: int, path: Path) -> None:
@@ -182,8 +167,8 @@ def read_owner_pid(path: Path) -> int | None:
     killed owner's stale pid is ignored by callers that first try the lock.
     """
     try:
-        text = path.read_text(encoding="ascii")
-    except (OSError, ValueError):
+        text = _sibling("private_dir").read_private(path, 64).decode("ascii", "replace")
+    except (OSError, ValueError):  # missing, or refused (ConfigError is a ValueError)
         return None
     return _parse_pid(text)
 
@@ -219,48 +204,70 @@ def _reset_sim_state(state: dict[str, Any] | None, sim_state: ModuleType) -> dic
         to_defaults(state)
     state["locked_mhz"] = None
     if "power_limit_w" in state:
-        state["power_limit_w"] = None
+        state["power_limit_w"] = None  # None: the GPU's default limit
     return state
 
 
-def reset_from_spec(spec: dict[str, Any]) -> None:
+def _load_nvml(module_path: str | None) -> Any:
+    """``pynvml``; or the NVML module file an owner was given instead (a test's fake shared
+    across processes, named by the owner in the spec it hands its own watchdog)."""
+    if not module_path:
+        import pynvml
+
+        return pynvml
+    spec = importlib.util.spec_from_file_location("_perseus_nvml_module", module_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Reset everything perseus may change on the GPU ``spec`` names, from any process.
 
-    ``spec`` is a GPU's ``watchdog_spec()``: ``{"backend": "sim", "state_dir", "uuid"}`` (the
-    locked clock and, when present, the power limit go back to defaults in the state file) or
+    ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner, for the watchdog)
+    opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}`` (the
+    locked clock and the power limit go back to the defaults in the state file) or
     ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``, and the power limit
-    restored to ``power_limit_mw`` when the spec recorded one and it changed).
+    set to ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs).
+
+    Returns:
+        What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
 
     Raises:
         Exception: whatever the backend raised (callers log it).
     """
     backend = spec.get("backend")
+    restored: dict[str, Any] = {}
     if backend == "sim":
         sim_state = _sibling("sim_state")
         store = sim_state.SimStateFile(Path(spec["state_dir"]), spec["uuid"])
         try:
+            before = store.read()
             store.update(lambda state: _reset_sim_state(state, sim_state))
         finally:
             store.close()
+        if before is not None and before.get("power_limit_w") is not None:
+            default = before.get("default_power_limit_w", before.get("power_cap_w"))
+            restored["power_limit_w"] = (float(before["power_limit_w"]), default)
     elif backend == "nvml":
-        import pynvml
-
-        pynvml.nvmlInit()
+        nvml = _load_nvml(spec.get("nvml_module_path"))
+        nvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
-            pynvml.nvmlDeviceResetGpuLockedClocks(handle)
-            wanted = spec.get("power_limit_mw")
-            if not wanted and spec.get("power_limit") == "reset":  # perseus.recurring's guard
-                with contextlib.suppress(pynvml.NVMLError):
-                    wanted = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)
-            if wanted:
-                with contextlib.suppress(pynvml.NVMLError):
-                    if int(pynvml.nvmlDeviceGetPowerManagementLimit(handle)) != int(wanted):
-                        pynvml.nvmlDeviceSetPowerManagementLimit(handle, int(wanted))
+            handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
+            nvml.nvmlDeviceResetGpuLockedClocks(handle)
+            # The default, not the limit found at open: a rank may have lowered it before.
+            default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+            current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
+            if current_mw != default_mw:
+                nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
+                restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
         finally:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
     else:
         raise ValueError(f"unknown GPU backend {backend!r} in reset spec {spec!r}")
+    return restored
 
 
 def infer_reset_spec(uuid: str, lock_path: Path) -> dict[str, Any]:
@@ -275,12 +282,13 @@ def infer_reset_spec(uuid: str, lock_path: Path) -> dict[str, Any]:
 def reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> bool:
     """The watchdog's reset after its owner died; True when the GPU was reset.
 
+    ``spec`` is what the owner handed its watchdog (the GPU it opened, and its lock file).
     Takes the owner lock first: if a new live owner holds it (its pid is in the file), the GPU
     is theirs and is left alone. Otherwise resets, then clears the dead owner's pid so that the
     next owner does not reset again.
     """
     lock_path = Path(spec["lock_path"])
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_lock(lock_path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -290,7 +298,7 @@ def reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> bool:
             recorded = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
             if recorded != owner_pid:
                 return False  # a new, live owner: its lock, not ours to reset
-        reset_from_spec(spec)
+        reset_from_spec({k: v for k, v in spec.items() if k != "lock_path"})
         if held:
             os.ftruncate(fd, 0)
         return True
@@ -337,10 +345,11 @@ class GpuOwnership:
     Args:
         uuid: The GPU's UUID (for messages).
         lock_path: The lock file (per GPU UUID).
-        spec: The GPU's reset spec (``watchdog_spec()``), used when a previous owner died
-            without a reset; inferred from ``uuid`` and ``lock_path`` when None.
+        spec: The reset spec (``watchdog_spec()``) of the GPU this process opened, used when a
+            previous owner died without a reset; inferred from ``uuid`` and ``lock_path`` when
+            None. A dead owner's lock file never supplies it.
         reset: Called instead of :func:`reset_from_spec` for that reset (e.g. the GPU
-            object's own ``reset_locked_clock``).
+            object's own resets of its clocks and power limit).
     """
 
     def __init__(
@@ -377,7 +386,7 @@ class GpuOwnership:
             return
         deadline = time.monotonic() + wait_s
         while True:
-            fd, owner, stale, stale_spec = acquire_owner_lock(self.lock_path)
+            fd, owner, stale = acquire_owner_lock(self.lock_path)
             if fd is not None:
                 break
             transient = owner is None or not pid_alive(owner)
@@ -395,18 +404,13 @@ class GpuOwnership:
         self._fd = fd
         close_on_fork(fd)
         if stale is not None:
-            self._reset_stale(stale, stale_spec)
-        if self._spec is not None:
-            with contextlib.suppress(OSError):
-                record_reset_spec(self.lock_path, self._spec)
+            self._reset_stale(stale)
 
-    def _reset_stale(self, pid: int, recorded: dict[str, Any] | None) -> None:
-        # We hold the lock, so no watchdog or other owner can race this reset. The dead
-        # owner's recorded spec knows what it found at start (power limit); ours does not.
+    def _reset_stale(self, pid: int) -> None:
+        # We hold the lock, so no watchdog or other owner can race this reset. The dead pid
+        # only says that a reset is due; what to reset is the GPU we opened.
         try:
-            if recorded is not None:
-                reset_from_spec(recorded)
-            elif self._reset is not None:
+            if self._reset is not None:
                 self._reset()
             else:
                 reset_from_spec(self._spec or infer_reset_spec(self.uuid, self.lock_path))
@@ -436,7 +440,7 @@ class GpuOwnership:
     @staticmethod
     def owner_pid(lock_path: Path) -> int | None:
         """The live owner's pid, or None when the GPU is free (never takes the lock over)."""
-        fd, owner, _stale, _spec = acquire_owner_lock(lock_path, record=False)
+        fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -2,12 +2,15 @@
 
 Like a real driver, a simulated GPU's locked clock, energy counter and owner outlive the
 process that set them: they live in a *state directory* (``PERSEUS_SIM_DIR``, default
-``<tmp>/perseus-sim-<uid>``), one file per GPU (``<uuid>.state``: a 32-byte header, then
-JSON; the static description is in ``<uuid>.info.json``), so several processes see the same
-GPU and a dead process's lock persists until someone resets it.
+``/run/perseus/sim`` as root, ``<per-user runtime dir>/sim`` otherwise), one file per GPU
+(``<uuid>.state``: a 32-byte header, then JSON; the static description is in
+``<uuid>.info.json``), so several processes see the same GPU and a dead process's lock
+persists until someone resets it. The directory is created or verified, and every file in it
+opened without following links, by :mod:`perseus.device.private_dir`.
 
-This module uses the standard library only and imports nothing from perseus, so the watchdog
-process can load it by file path without paying for ``import perseus`` (~1 s).
+This module uses the standard library only and imports nothing from perseus but that
+standalone module (loaded by path when this one is), so the watchdog process can load it by
+file path without paying for ``import perseus`` (~1 s).
 
 Energy is the integral of a piecewise-constant power: the state stores the exact integral
 ``energy_j`` up to ``t_last`` and the device's planned work as ``segments`` (start, end, power,
@@ -26,14 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
+import importlib.util
 import json
 import math
 import os
-import tempfile
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -57,12 +64,42 @@ INFO_SUFFIX = ".info.json"
 State = dict[str, Any]
 
 
+def _private() -> ModuleType:
+    """:mod:`perseus.device.private_dir`: imported inside perseus, else loaded by path."""
+    if __name__ == "perseus.device.sim_state":
+        return importlib.import_module("perseus.device.private_dir")
+    key = "_perseus_private_dir"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parent / "private_dir.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - ships with perseus
+            raise ImportError(path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
 def default_state_dir() -> Path:
-    """``$PERSEUS_SIM_DIR``, else a per-user directory under the system temp dir."""
-    env = os.environ.get("PERSEUS_SIM_DIR")
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / f"perseus-sim-{os.getuid()}"
+    """``$PERSEUS_SIM_DIR``, else ``/run/perseus/sim`` as root or a per-user runtime
+    directory's ``sim``; created or verified (:func:`perseus.device.private_dir.sim_dir`).
+
+    Raises:
+        ConfigError: the directory (or one above it) is a link, another user's, or writable
+            by others.
+    """
+    path: Path = _private().sim_dir()
+    return path
+
+
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+def _file_in(state_dir: Path, uuid: str, suffix: str) -> Path:
+    """``<state_dir>/<uuid><suffix>``; a UUID that is not one plain file name is refused."""
+    if not _UUID.fullmatch(uuid) or ".." in uuid:
+        raise ValueError(f"simulated GPU uuid {uuid!r} is not a plain name (letters, digits, -_.:)")
+    return state_dir / f"{uuid}{suffix}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +214,7 @@ class SimStateFile:
     """
 
     def __init__(self, state_dir: Path, uuid: str) -> None:
-        self.path = state_dir / f"{uuid}{STATE_SUFFIX}"
+        self.path = _file_in(state_dir, uuid, STATE_SUFFIX)
         self._fd: int | None = None
         self._pid = 0
         # (seq, state) in one attribute: a thread reading it never sees one without the other.
@@ -187,8 +224,9 @@ class SimStateFile:
 
     def _file(self) -> int:
         if self._fd is None or self._pid != os.getpid():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            private = _private()
+            private.verify_private_dir(self.path.parent, what="simulated GPU directory")
+            self._fd = private.open_private(self.path, os.O_RDWR, mode=0o644)
             self._pid = os.getpid()
             self._cached = (-1, None)
         return self._fd
@@ -283,16 +321,20 @@ def write_info(state_dir: Path, uuid: str, info: State) -> None:
 
     Kept out of the state file so that every op does not re-encode the clock list.
     """
-    path = state_dir / f"{uuid}{INFO_SUFFIX}"
+    path = _file_in(state_dir, uuid, INFO_SUFFIX)
     data = json.dumps(info, indent=1).encode("utf-8")
-    with contextlib.suppress(OSError):
-        if path.read_bytes() == data:
+    private = _private()
+    with contextlib.suppress(OSError, ValueError):
+        if private.read_private(path, len(data) + 1) == data:
             return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # our own leftover (or a planted name): unlink never follows a link
     try:
-        with open(tmp, "wb") as f:
+        fd = private.open_private(tmp, os.O_WRONLY, mode=0o644)
+        with open(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a planted link itself, never its target
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -300,17 +342,28 @@ def write_info(state_dir: Path, uuid: str, info: State) -> None:
 
 
 def list_states(state_dir: Path) -> list[State]:
-    """Every simulated GPU's state merged with its description, ordered by index."""
-    if not state_dir.is_dir():
+    """Every simulated GPU's state merged with its description, ordered by index.
+
+    Raises:
+        ConfigError: ``state_dir`` is not a directory nobody else controls.
+    """
+    private = _private()
+    try:
+        private.verify_private_dir(state_dir, create=False, what="simulated GPU directory")
+    except FileNotFoundError:
         return []
     states = []
     for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):
         uuid = path.name[: -len(STATE_SUFFIX)]
-        store = SimStateFile(state_dir, uuid)
+        state = None
+        try:
+            store = SimStateFile(state_dir, uuid)
+        except ValueError:
+            continue  # not a name perseus writes
         try:
             state = store.read()
-            info = json.loads((state_dir / f"{uuid}{INFO_SUFFIX}").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            info = json.loads(private.read_private(_file_in(state_dir, uuid, INFO_SUFFIX)))
+        except (OSError, ValueError):  # missing, torn, or refused (a link, another user's)
             state = None
         finally:
             store.close()

@@ -359,6 +359,9 @@ class SimulatedGPU:
             "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
             "power_limit_w": None,  # None: the default limit (power_cap_w)
+            # The board's default limit, apart from the limit in force: what every reset
+            # restores and what ``perseus device info`` compares against.
+            "default_power_limit_w": self._default_power_limit_w(),
             "slowdown": 1.0,
             "energy_j": 0.0,
             "t_last": now,
@@ -393,6 +396,9 @@ class SimulatedGPU:
             counter_gain=self.counter_gain,
             power_cap_w=self.power_cap_w,
         )
+        default = self._default_power_limit_w()
+        if default is not None:  # a handle without an op model keeps the recorded one
+            state["default_power_limit_w"] = default
         return state
 
     def _store(self) -> SimStateFile:
@@ -674,6 +680,12 @@ class SimulatedGPU:
                 raise DeviceError(f"{self._name}: no op to derive a default power limit from")
             top = max(powers)
         return self.power_limit_min_share * float(top), float(top)
+
+    def _default_power_limit_w(self) -> float | None:
+        """The default limit (top of :meth:`power_limit_range_w`), None when unknown here."""
+        with contextlib.suppress(DeviceError):
+            return self.power_limit_range_w()[1]
+        return None
 
     def _cap_w(self, state: State) -> float | None:
         """The enforced cap: the set limit, never above the board's own cap."""

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,8 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.runtime.agent.rank_agent import RankAgent
 from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -76,3 +83,99 @@ def test_reset_and_slowdown_a_simulated_gpu(
     assert main(["device", "--sim-dir", str(tmp_path), "slowdown", "2", "0"]) == 2
     assert main(["device", "--sim-dir", str(tmp_path), "reset", "--sim", "7"]) == 2
     assert "no simulated GPU 7" in capsys.readouterr().err
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.runtime.safety.guard import GpuClaim
+
+    gpu = SimulatedGPU.from_preset("a40", state_dir=Path(sys.argv[1]), set_latency_s=0.0)
+    claim = GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None).acquire()
+    gpu.set_power_limit_w(150.0)
+    gpu.set_locked_clock(900)
+    print("ready", claim.watchdog.pid, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_info_shows_an_orphaned_gpu_and_reset_restores_clock_and_limit(
+    no_driver: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Owner and watchdog both killed: ``device info`` names the dead owner and the lowered
+    limit; ``device reset`` removes the lock, restores the default limit and clears the pid."""
+    sim = tmp_path / "sim"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, str(sim)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().split()
+        assert line[:1] == ["ready"], line
+        os.kill(int(line[1]), signal.SIGKILL)  # the watchdog first: nobody resets
+        time.sleep(0.2)
+        proc.kill()
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    gpu = SimulatedGPU.from_preset("a40", state_dir=sim, set_latency_s=0.0)
+    locked = gpu.locked_clock_mhz()
+    default_w = gpu.power_limit_range_w()[1]
+    assert locked is not None and gpu.power_limit_w() == 150.0
+    capsys.readouterr()
+    assert main(["device", "--sim-dir", str(sim), "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"lock: {locked} MHz; owner: pid {proc.pid} (dead); orphaned: run " in out
+    assert "`perseus device reset --sim 0`" in out
+    assert f"power limit: 150 W (default {default_w:g} W)" in out
+    assert main(["device", "--sim-dir", str(sim), "reset", "--sim", "0"]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said == (
+        f"simulated GPU 0: clock lock {locked} MHz removed; power limit 150 W restored to the "
+        f"default {default_w:g} W; dead owner pid {proc.pid}'s record cleared"
+    )
+    assert gpu.locked_clock_mhz() is None and gpu.power_limit_w() == default_w
+    assert main(["device", "--sim-dir", str(sim), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "lock: none; owner: none" in out
+    assert f"power limit: {default_w:g} W (the default)" in out
+
+
+def test_reset_refuses_a_gpu_a_running_process_owns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = SimulatedGPU.from_preset("a40", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.set_locked_clock(900)
+    hold = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from perseus.device.ownership import GpuOwnership\n"
+        "GpuOwnership(sys.argv[1], Path(sys.argv[2])).acquire()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold, gpu.uuid, str(gpu.owner_lock_path())],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        assert main(["device", "--sim-dir", str(tmp_path), "reset", "--sim", "0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"owned by the running process {proc.pid}" in err and "\n" not in err
+        assert gpu.locked_clock_mhz() is not None  # left to its owner
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -370,9 +370,12 @@ def test_instant_power_falls_back_to_power_usage(nvml: FakeNvml, tmp_path: Path)
     gpu.close()
 
 
-def test_watchdog_spec_records_the_power_limit(nvml: FakeNvml, tmp_path: Path) -> None:
+def test_watchdog_spec_names_the_gpu_not_the_limit_at_open(nvml: FakeNvml, tmp_path: Path) -> None:
+    # A limit lowered before open must not become the "restored" limit: every reset targets
+    # NVML's default, so the spec carries no limit at all.
+    nvml.devices[0].power_limit_mw = 250_000
     gpu = _gpu(nvml, tmp_path).open()
-    assert gpu.watchdog_spec() == {"backend": "nvml", "uuid": UUID, "power_limit_mw": 400_000}
+    assert gpu.watchdog_spec() == {"backend": "nvml", "uuid": UUID}
     gpu.close()
 
 

@@ -56,12 +56,12 @@ def test_module_loads_alone_without_perseus() -> None:
 
 def test_clean_release_leaves_no_pid(tmp_path: Path) -> None:
     path = tmp_path / "GPU-x.owner"
-    fd, owner, stale, _ = acquire_owner_lock(path)
+    fd, owner, stale = acquire_owner_lock(path)
     assert fd is not None and owner is None and stale is None
     assert read_owner_pid(path) is not None
     release_owner_lock(fd, path)
     assert read_owner_pid(path) is None
-    fd, _, stale, _ = acquire_owner_lock(path)
+    fd, _, stale = acquire_owner_lock(path)
     assert fd is not None and stale is None
     release_owner_lock(fd, path)
 
@@ -163,18 +163,24 @@ def test_busy_owner_is_named(tmp_path: Path) -> None:
     first.release()
 
 
-def test_nvml_reset_spec_restores_the_power_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_reset_restores_the_default_limit_not_a_recorded_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
     fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 400_000})
+    # A spec naming the lowered limit (what was found at open) still restores the default.
+    done = ownership.reset_from_spec(
+        {"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 250_000}
+    )
     device = fake.devices[0]
     assert device.locked is None and device.power_limit_mw == 400_000
+    assert done == {"power_limit_w": (250.0, 400.0)}
     assert fake.initialized == 0
-    # A spec without a recorded limit never touches the power limit.
+    # At the default already: the limit is not set again.
     fake.calls.clear()
-    ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real"})
+    assert ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real"}) == {}
     assert "nvmlDeviceSetPowerManagementLimit" not in fake.names()
 
 
@@ -183,41 +189,48 @@ def test_unknown_backend_is_refused() -> None:
         ownership.reset_from_spec(json.loads('{"backend": "tpu", "uuid": "x"}'))
 
 
-def test_recorded_spec_keeps_the_pid_and_guides_the_next_owner(
+def test_forged_lock_contents_reset_only_the_gpu_in_hand(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A dead pid plus a spec naming another GPU (and a simulated state dir with ``../``): the
+    new owner resets its own GPU and nothing the file names."""
     from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
     path = tmp_path / "GPU-real.owner"
-    fd, _, _, _ = acquire_owner_lock(path)
-    assert fd is not None
-    spec = {"backend": "nvml", "uuid": "GPU-real", "power_limit_mw": 400_000}
-    ownership.record_reset_spec(path, spec)
-    assert read_owner_pid(path) is not None  # the pid line is untouched
-    os.close(fd)  # dies without a clean release (the kernel drops the flock)
-    path.write_text(path.read_text().replace(str(os.getpid()), str(_dead_pid())))
-    fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
+    forged = [
+        {"backend": "nvml", "uuid": "GPU-other", "power_limit_mw": 100_000},
+        {"backend": "sim", "state_dir": str(tmp_path / "x" / ".." / ".." / "out"), "uuid": "../e"},
+    ]
+    fake = FakeNvml(
+        devices=[
+            FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900)),
+            FakeDevice("GPU-other", locked=(1200, 1200)),
+        ]
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    calls: list[str] = []
-    owner = GpuOwnership("GPU-real", path, reset=lambda: calls.append("own reset"))
-    owner.acquire()
-    owner.release()
-    # The dead owner's spec was used: clocks reset and its starting power limit restored.
-    assert calls == []
-    assert fake.devices[0].locked is None and fake.devices[0].power_limit_mw == 400_000
+    for spec in forged:
+        path.write_text(f"{_dead_pid()}\n{json.dumps(spec)}\n", encoding="ascii")
+        calls: list[str] = []
+        owner = GpuOwnership("GPU-real", path, reset=lambda c=calls: c.append("own reset"))
+        owner.acquire()
+        owner.release()
+        assert calls == ["own reset"]
+        assert owner.reset_stale_pid is not None
+    assert fake.control_calls() == []  # GPU-other untouched: still locked, default limit
+    assert fake.devices[1].locked == (1200, 1200) and fake.devices[1].power_limit_mw == 400_000
+    assert not (tmp_path.parent / "out").exists()
 
 
-def test_watchdog_records_its_spec_in_the_lock_file(tmp_path: Path) -> None:
+def test_lock_file_holds_only_the_pid(tmp_path: Path) -> None:
     from perseus.runtime.safety.guard import Watchdog
 
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
-    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
+    owner = GpuOwnership(gpu.uuid, gpu.owner_lock_path(), spec=gpu.watchdog_spec())
     owner.acquire()
     watchdog = Watchdog(gpu.watchdog_spec(), gpu.owner_lock_path())
     watchdog.start()
     try:
-        lines = gpu.owner_lock_path().read_text().splitlines()
-        assert lines[0].isdigit() and json.loads(lines[1]) == gpu.watchdog_spec()
+        assert gpu.owner_lock_path().read_text() == f"{os.getpid()}\n"
     finally:
         watchdog.stop()
         owner.release()

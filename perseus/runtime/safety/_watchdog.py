@@ -8,8 +8,8 @@ changes. A clean owner writes ``stop`` first, and we exit without touching the G
 
 The reset itself (:func:`perseus.device.ownership.reset_if_orphaned`, loaded by file path)
 takes the GPU's ownership lock first: if a new live owner holds it, the lock is theirs and we
-leave the GPU alone. It resets the locked clock and, where perseus may have changed it, the
-power limit.
+leave the GPU alone. It resets the locked clock and restores the default power limit of the
+one device the owner named on our command line; nothing read from a file changes which.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ crashed agent would leave the GPU slow for everyone. Three layers make sure it i
 1. :class:`~perseus.device.ownership.GpuOwnership` (re-exported here): one owner per GPU, an
    exclusive ``flock`` on a file keyed by the GPU's UUID. A second agent gets
    :class:`~perseus.errors.DeviceBusyError` naming the owner's pid. The kernel drops the lock
-   when the owner dies; the next owner resets the GPU if its previous owner died without doing
-   so (owner and watchdog both killed).
+   when the owner dies; the next owner resets the GPU it opened (clocks and default power
+   limit) if its previous owner died without doing so (owner and watchdog both killed). The
+   dead owner's lock file only says that a reset is due, never what to reset.
 2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset, then
    chain to whatever handler was installed before (so Ctrl-C still raises KeyboardInterrupt and
    SIGTERM still terminates).
@@ -41,7 +42,7 @@ from perseus.device.ownership import (
     GpuOwnership,
     close_on_fork,
     forget_on_fork,
-    record_reset_spec,
+    reset_from_spec,
 )
 from perseus.errors import DeviceError
 
@@ -268,7 +269,8 @@ class Watchdog:
     """
 
     def __init__(self, spec: dict[str, Any], lock_path: Path, poll_interval_s: float = 0.05):
-        self._reset_spec = dict(spec)
+        # Handed to the watchdog on its command line: it resets this device and no other,
+        # whatever the lock file may say later.
         self.spec = {**spec, "lock_path": str(lock_path)}
         self.poll_interval_s = poll_interval_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -310,8 +312,6 @@ class Watchdog:
             proc.wait()
             raise DeviceError(f"the clock watchdog did not start within {timeout_s:g} s")
         self._proc = proc
-        with contextlib.suppress(OSError, ValueError):
-            record_reset_spec(Path(self.spec["lock_path"]), self._reset_spec)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Tell the watchdog the owner exits cleanly, and reap it (idempotent)."""
@@ -374,12 +374,29 @@ class GpuClaim:
             self.lock_path = self._managed.owner_lock_path()
         else:
             self.lock_path = owner_lock_path(default_lock_dir(), gpu.uuid)
-        self.ownership = GpuOwnership(gpu.uuid, self.lock_path)
+        # A dead previous owner's lock says only that a reset is due: reset the GPU in hand.
+        self.ownership = GpuOwnership(gpu.uuid, self.lock_path, reset=self._reset_in_hand)
+        self._gpu = gpu
         self._use_watchdog = watchdog
         self._handle_signals = handle_signals
         self._on_exit = on_exit
         self.watchdog: Watchdog | None = None
         self._guard: ExitGuard | None = None
+
+    def _reset_in_hand(self) -> None:
+        """Reset the GPU this claim holds to its defaults: clocks and (where it has one) the
+        default power limit. A simulated GPU is reset in its state file, like the watchdog
+        does; any other GPU through its own methods."""
+        from perseus.device.base import PowerLimitGPU
+
+        if self._managed is not None:
+            spec = self._managed.watchdog_spec()
+            if spec.get("backend") == "sim":
+                reset_from_spec(spec)
+                return
+        self._gpu.reset_locked_clock()
+        if isinstance(self._gpu, PowerLimitGPU):
+            self._gpu.reset_power_limit()
 
     def acquire(self) -> GpuClaim:
         """Own the GPU, start the watchdog, install the exit hooks (all or nothing).

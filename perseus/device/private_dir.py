@@ -1,0 +1,272 @@
+"""Directories nobody else controls, and files in them opened without following links.
+
+perseus runs as root on machines other users share, and keeps two kinds of files outside its
+``-o`` outputs: real GPUs' ownership locks and simulated GPUs' state. Both live in a directory
+that this module creates or verifies the way ``ssh`` verifies ``~/.ssh``:
+
+* the directory itself is a real directory (``lstat``: a symbolic link is refused), owned by
+  this user or root, and not writable by group or others, unless it is sticky and ours;
+* every directory above it is owned by this user or root and not writable by group or others
+  unless sticky (``/tmp`` passes: root's and sticky), so nobody can swap it for theirs;
+* missing directories are created with mode 0700.
+
+Files in it are opened with ``O_NOFOLLOW`` (``O_CREAT | O_EXCL`` when new) and checked after the
+open (``fstat``) to be a regular file of ours with one link, so a link or a hard link planted
+under a lock's name never makes root write somewhere else.
+
+Default places (:func:`runtime_dir`): as root ``/run/perseus``; as a user
+``$XDG_RUNTIME_DIR/perseus`` when that runtime directory is the user's own, else
+``<tmp>/perseus-<uid>``. Locks go in ``locks/`` (``$PERSEUS_LOCK_DIR`` overrides), simulated
+GPUs in ``sim/`` (``$PERSEUS_SIM_DIR``); overrides are verified the same way.
+
+This module uses the standard library only: the watchdog process and the simulated GPU's state
+module load it by file path (see :mod:`perseus.device.ownership`). Refusals raise
+:class:`~perseus.errors.ConfigError` (one line: the path, its owner and mode, the fix), or
+``PermissionError`` where perseus itself cannot be imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import pwd
+import stat
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "LOCK_DIR_ENV",
+    "SIM_DIR_ENV",
+    "lock_dir",
+    "open_private",
+    "read_private",
+    "runtime_dir",
+    "sim_dir",
+    "verify_private_dir",
+]
+
+LOCK_DIR_ENV = "PERSEUS_LOCK_DIR"
+SIM_DIR_ENV = "PERSEUS_SIM_DIR"
+
+_ROOT_BASE = Path("/run/perseus")
+
+
+def _error(message: str) -> Exception:
+    try:
+        from perseus.errors import ConfigError
+    except ImportError:  # loaded by path without perseus on sys.path (a bare watchdog)
+        return PermissionError(message)
+    return ConfigError(message)
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _describe(st: os.stat_result) -> str:
+    return f"owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
+    """Why a directory with status ``st`` (from ``lstat``) is not one we may keep files in."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return "belongs to another user"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        if not mode & stat.S_ISVTX:
+            return "is writable by group or others"
+        if final and st.st_uid != me:
+            return "is writable by others (sticky, but not ours)"
+    return None
+
+
+def _refuse(path: Path, st: os.stat_result, why: str, what: str, env: str | None) -> Exception:
+    where = f"point ${env} at" if env else "use"
+    return _error(
+        f"{what} {path} {why} ({_describe(st)}); perseus keeps its files only in a directory "
+        f"nobody else controls: remove it or {where} a directory of yours with mode 0700 "
+        "(mkdir -m 700 DIR)"
+    )
+
+
+def verify_private_dir(
+    path: str | os.PathLike[str],
+    *,
+    create: bool = True,
+    what: str = "directory",
+    env: str | None = None,
+) -> Path:
+    """Create or verify directory ``path`` (and every directory above it); return its path.
+
+    Args:
+        path: The directory.
+        create: Create it (and missing parents) with mode 0700 when missing; otherwise a
+            missing directory raises ``FileNotFoundError``.
+        what: What it is, for the message ("lock directory").
+        env: The environment variable that overrides it, named in the fix.
+
+    Raises:
+        ConfigError: a link, not a directory, another user's, or writable by others.
+        FileNotFoundError: missing and ``create`` is False.
+    """
+    target = Path(os.path.abspath(path))
+    # Links above the directory are resolved (``/var/run -> /run``): each real directory on
+    # the way must then be one that nobody else can rename or replace entries in.
+    parent = Path(os.path.realpath(target.parent))
+    chain = [*reversed(parent.parents), parent, parent / target.name]
+    for i, directory in enumerate(chain):
+        final = i == len(chain) - 1
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+            st = os.lstat(directory)
+        why = _why_untrusted(st, final=final)
+        if why is not None:
+            return_what = what if final else f"{what} {target}: its parent"
+            raise _refuse(directory, st, why, return_what, env)
+    return chain[-1]
+
+
+def _xdg_runtime_dir() -> Path | None:
+    value = os.environ.get("XDG_RUNTIME_DIR")
+    if not value or not os.path.isabs(value):
+        return None
+    try:
+        st = os.lstat(value)
+    except OSError:
+        return None
+    ours = st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    return Path(value) if stat.S_ISDIR(st.st_mode) and ours else None
+
+
+def runtime_dir() -> Path:
+    """Where perseus keeps its locks and simulated state by default (not created here).
+
+    Root: ``/run/perseus`` (when ``/run`` exists). A user: ``$XDG_RUNTIME_DIR/perseus`` when
+    that directory is theirs (mode 0700), else ``<tmp>/perseus-<uid>``.
+    """
+    if os.geteuid() == 0 and os.path.isdir(_ROOT_BASE.parent):
+        return _ROOT_BASE
+    xdg = _xdg_runtime_dir()
+    if xdg is not None:
+        return xdg / "perseus"
+    return Path(tempfile.gettempdir()) / f"perseus-{os.geteuid()}"
+
+
+def lock_dir(*, create: bool = True) -> Path:
+    """Real GPUs' ownership lock directory: ``$PERSEUS_LOCK_DIR`` or ``<runtime_dir>/locks``,
+    verified (and created) by :func:`verify_private_dir`."""
+    env = os.environ.get(LOCK_DIR_ENV)
+    path = Path(env) if env else runtime_dir() / "locks"
+    return verify_private_dir(path, create=create, what="lock directory", env=LOCK_DIR_ENV)
+
+
+def sim_dir(*, create: bool = True) -> Path:
+    """Simulated GPUs' state directory: ``$PERSEUS_SIM_DIR`` or ``<runtime_dir>/sim``,
+    verified (and created) by :func:`verify_private_dir`."""
+    env = os.environ.get(SIM_DIR_ENV)
+    path = Path(env) if env else runtime_dir() / "sim"
+    return verify_private_dir(path, create=create, what="simulated GPU directory", env=SIM_DIR_ENV)
+
+
+def _refuse_file(path: Path, why: str) -> Exception:
+    return _error(
+        f"{path} {why}; perseus opens its lock and state files only when they are its own "
+        f"regular files: remove it (rm {path}) and check who put it there"
+    )
+
+
+def open_private(
+    path: str | os.PathLike[str], flags: int, *, mode: int = 0o600, create: bool = True
+) -> int:
+    """Open ``path`` without following links; the descriptor is of a regular file of ours.
+
+    ``flags`` is ``os.O_RDONLY``/``O_RDWR``/``O_WRONLY`` (plus e.g. ``O_APPEND``); a new file
+    is created with ``O_CREAT | O_EXCL`` and ``mode`` when ``create``. The open never blocks
+    (a FIFO planted under the name is refused, not waited on).
+
+    Raises:
+        ConfigError: a link, not a regular file, another user's file, or a file with other
+            names (hard links).
+        FileNotFoundError: missing and ``create`` is False.
+    """
+    p = Path(path)
+    base = flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = -1
+    for _ in range(16):  # a file removed between our two opens: try again
+        if create:
+            try:
+                fd = os.open(p, base | os.O_CREAT | os.O_EXCL, mode)
+                break
+            except FileExistsError:
+                pass
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise _refuse_file(p, "is a symbolic link") from None
+                raise
+        try:
+            fd = os.open(p, base)
+            break
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _refuse_file(p, "is a symbolic link") from None
+            if e.errno == errno.ENXIO:  # a FIFO with no reader (write-only open)
+                raise _refuse_file(p, "is not a regular file") from None
+            raise
+    if fd < 0:
+        raise FileNotFoundError(errno.ENOENT, "created and removed repeatedly", str(p))
+    try:
+        st = os.fstat(fd)
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"belongs to {_owner(st.st_uid)}, not to this user"
+        elif st.st_nlink != 1:
+            why = f"has {st.st_nlink} names (hard links)"
+        if why is not None:
+            raise _refuse_file(p, why)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> bytes:
+    """The first ``limit_bytes`` of an existing file of ours (see :func:`open_private`).
+
+    Raises:
+        ConfigError: as :func:`open_private`.
+        FileNotFoundError: when missing.
+    """
+    fd = open_private(path, os.O_RDONLY, create=False)
+    try:
+        chunks = []
+        left = limit_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -1,0 +1,234 @@
+"""Root's perseus against a local user's traps in the lock and simulated-state directories.
+
+The attacker creates the directories root would use (before root does, as after a reboot) or
+plants links, FIFOs and forged lock files in a shared sticky directory, all pointing at a
+victim file only root can write. Every victim stays intact; every refusal is one line naming
+the directory or file (its owner and mode) and the fix; the CLI exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perseus.device.nvml import NvmlGPU
+from perseus.device.ownership import GpuOwnership, owner_lock_path
+from perseus.device.private_dir import runtime_dir
+from perseus.device.simulated import SimulatedGPU, sim_uuid
+from perseus.errors import ConfigError
+from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+from .conftest import Attacker, memory_cap
+
+REPO = Path(__file__).resolve().parents[2]
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+VICTIM_TEXT = "root:secret\n"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Iterator[Path]:
+    """A file only root can write (in a directory only root can enter)."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    path = private / "victim.txt"
+    path.write_text(VICTIM_TEXT)
+    path.chmod(0o644)
+    yield path
+    assert path.read_text() == VICTIM_TEXT, "the victim file was changed"
+    assert path.stat().st_uid == 0
+
+
+def _world_readable_dir(tmp_path: Path) -> None:
+    # The attacker must reach the victim's directory to aim a link at it (not to write it).
+    tmp_path.chmod(0o755)
+
+
+def _cli(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perseus.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        preexec_fn=memory_cap(768 * 1024 * 1024),
+        timeout=120,
+    )
+
+
+def _one_line(message: str, *mentions: str) -> None:
+    assert "Traceback" not in message, message
+    lines = message.strip().splitlines()
+    assert len(lines) == 1, message
+    for m in mentions:
+        assert m in lines[0], f"{m!r} not in {lines[0]!r}"
+
+
+def _refused(result: subprocess.CompletedProcess[str], *mentions: str) -> None:
+    assert result.returncode == 2, f"exit {result.returncode}: {result.stderr!r}"
+    _one_line(result.stderr, *mentions)
+
+
+def test_root_default_directories_are_under_run() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("root's defaults: run as root (CI does)")
+    if not os.path.isdir("/run"):
+        pytest.skip("no /run on this system")
+    assert runtime_dir() == Path("/run/perseus")
+
+
+def test_attacker_owned_lock_directory_is_refused(
+    attacker: Attacker, public_tmp: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locks = public_tmp / "perseus-locks"
+    attacker.sh(f"mkdir -m 777 {locks} && ln -s {victim} {locks}/{UUID}.owner")
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(locks))
+    gpu = NvmlGPU(UUID, nvml_module=FakeNvml(devices=[FakeDevice(UUID)]), privileged=True)
+    gpu.open()
+    try:
+        with pytest.raises(ConfigError) as e:
+            gpu.owner_lock_path()
+    finally:
+        gpu.close()
+    _one_line(str(e.value), str(locks), "belongs to another user", attacker.name, "0777")
+    _one_line(str(e.value), "PERSEUS_LOCK_DIR", "mkdir -m 700")
+    # The lock itself, opened by path, is refused the same way.
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        GpuOwnership(UUID, owner_lock_path(locks, UUID)).acquire(wait_s=0.0)
+
+
+def test_attacker_owned_state_directory_is_refused_by_the_cli(
+    attacker: Attacker, public_tmp: Path, victim: Path, tmp_path: Path
+) -> None:
+    _world_readable_dir(tmp_path)
+    sim = public_tmp / "sim"
+    uuid = sim_uuid(0)
+    attacker.sh(
+        f"mkdir -m 755 {sim} && ln -s {victim} {sim}/{uuid}.state "
+        f"&& ln -s {victim} {sim}/{uuid}.owner"
+    )
+    for argv, env in (
+        (["device", "--sim-dir", str(sim), "info"], {}),
+        (["device", "info"], {"PERSEUS_SIM_DIR": str(sim)}),
+        (["device", "--sim-dir", str(sim), "reset", "--sim", "0"], {}),
+    ):
+        result = _cli(argv, env)
+        _refused(result, str(sim), "belongs to another user", attacker.name, "0755")
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        SimulatedGPU.from_preset("a40", state_dir=sim, set_latency_s=0.0).set_locked_clock(900)
+
+
+def test_a_directory_under_an_attacker_owned_parent_is_refused(
+    attacker: Attacker, public_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = public_tmp / "attacker"
+    attacker.sh(f"mkdir -m 755 {parent}")
+    mine = parent / "locks"
+    mine.mkdir(mode=0o700)  # root's own directory, but the attacker may rename it away
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(mine))
+    with pytest.raises(ConfigError) as e:
+        GpuOwnership(UUID, owner_lock_path(mine, UUID)).acquire(wait_s=0.0)
+    _one_line(str(e.value), str(parent), "its parent", "belongs to another user")
+
+
+def test_a_linked_directory_is_refused(
+    attacker: Attacker, public_tmp: Path, tmp_path: Path
+) -> None:
+    _world_readable_dir(tmp_path)
+    target = tmp_path / "root-dir"
+    target.mkdir(mode=0o700)
+    link = public_tmp / "sim-link"
+    attacker.sh(f"ln -s {target} {link}")
+    result = _cli(["device", "--sim-dir", str(link), "info"], {})
+    _refused(result, str(link), "is a symbolic link")
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "attacker file", "forged lock"])
+def test_traps_planted_in_a_shared_sticky_directory(
+    attacker: Attacker,
+    public_tmp: Path,
+    victim: Path,
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """``public_tmp`` is root's and sticky (like ``/tmp``): accepted as a directory, but no
+    file the attacker planted in it is followed, opened for writing, or trusted."""
+    _world_readable_dir(tmp_path)
+    lock = public_tmp / f"{UUID}.owner"
+    forged = json.dumps({"backend": "nvml", "uuid": "GPU-other", "power_limit_mw": 100_000})
+    plant = {
+        "link": f"ln -s {victim} {lock}",
+        "fifo": f"mkfifo {lock}",
+        "attacker file": f"echo 1 > {lock}",
+        "forged lock": f"printf '1\\n%s\\n' '{forged}' > {lock}",
+    }[kind]
+    attacker.sh(plant)
+    why = {
+        "link": "is a symbolic link",
+        "fifo": "is not a regular file",
+        "attacker file": "belongs to",
+        "forged lock": "belongs to",
+    }[kind]
+    fake = FakeNvml(devices=[FakeDevice(UUID), FakeDevice("GPU-other", locked=(1200, 1200))])
+    resets: list[str] = []
+    owner = GpuOwnership(UUID, lock, reset=lambda: resets.append("reset"))
+    with pytest.raises(ConfigError) as e:
+        owner.acquire(wait_s=0.0)
+    _one_line(str(e.value), str(lock), why, "rm ")
+    assert resets == [] and fake.control_calls() == []
+    assert not owner.held
+
+
+def test_planted_state_file_links_are_not_followed(
+    attacker: Attacker, public_tmp: Path, victim: Path, tmp_path: Path
+) -> None:
+    _world_readable_dir(tmp_path)
+    uuid = sim_uuid(3)
+    attacker.sh(
+        f"ln -s {victim} {public_tmp}/{uuid}.state && ln -s {victim} {public_tmp}/{uuid}.info.json"
+    )
+    gpu = SimulatedGPU.from_preset("a40", index=3, state_dir=public_tmp, set_latency_s=0.0)
+    with pytest.raises(ConfigError) as e:
+        gpu.set_locked_clock(900)
+    _one_line(str(e.value), f"{uuid}.state", "is a symbolic link")
+    # The CLI lists nothing it would have to follow a link for, and resets nothing.
+    result = _cli(["device", "--sim-dir", str(public_tmp), "reset", "--sim", "3"], {})
+    _refused(result, "no simulated GPU 3")
+
+
+def test_forged_lock_contents_reset_only_the_simulated_gpu_in_hand(tmp_path: Path) -> None:
+    """A lock file with a dead pid and a spec naming another GPU, or a state directory with
+    ``../``: the new owner resets its own GPU; the other GPU keeps its lock and limit and no
+    directory appears outside the state directory."""
+    from perseus.runtime.safety.guard import GpuClaim
+
+    sim = tmp_path / "sim"
+    mine = SimulatedGPU.from_preset("a40", index=0, state_dir=sim, set_latency_s=0.0)
+    other = SimulatedGPU.from_preset("a40", index=1, state_dir=sim, set_latency_s=0.0)
+    for gpu in (mine, other):
+        gpu.set_locked_clock(900)
+        gpu.set_power_limit_w(150.0)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for spec in (
+        {"backend": "sim", "state_dir": str(sim), "uuid": other.uuid},
+        {"backend": "sim", "state_dir": str(sim / ".." / ".." / "escaped"), "uuid": "../x"},
+        {"backend": "nvml", "uuid": "GPU-other"},
+    ):
+        mine.set_locked_clock(900)
+        mine.owner_lock_path().write_text(f"{dead.pid}\n{json.dumps(spec)}\n")
+        claim = GpuClaim(mine, watchdog=False, handle_signals=False, on_exit=lambda: None)
+        claim.acquire()
+        try:
+            assert claim.ownership.reset_stale_pid == dead.pid
+            assert mine.locked_clock_mhz() is None
+            assert mine.power_limit_w() == mine.power_limit_range_w()[1]
+        finally:
+            claim.release()
+        assert other.locked_clock_mhz() is not None and other.power_limit_w() == 150.0
+    assert not (tmp_path.parent / "escaped").exists()
