@@ -27,6 +27,7 @@ import pytest
 from perseus.io import load_profile, write_frontier
 from perseus.io.profile_files import write_profile_csv
 from perseus.job import make_job
+from perseus.plan import SCHEMA_VERSION
 
 from .conftest import Attacker, memory_cap
 
@@ -238,14 +239,14 @@ def test_output_onto_a_fifo_with_a_reader_is_written_through(private: Path, work
     result = perseus(_pick(private, str(fifo)), work)
     reader.join(30)
     assert result.rc == 0, result.err
-    assert json.loads(got[0])["schema_version"] == 2
+    assert json.loads(got[0])["schema_version"] == SCHEMA_VERSION
     assert node_intact(fifo, "fifo")
 
 
 def test_output_to_stdout(private: Path, work: Path) -> None:
     result = perseus(_pick(private, "/dev/stdout"), work)
     assert result.rc == 0, result.err
-    assert json.loads(result.out)["schema_version"] == 2  # the summary went to stderr
+    assert json.loads(result.out)["schema_version"] == SCHEMA_VERSION  # the summary went to stderr
     assert "wrote /dev/stdout" in result.err
     assert list(work.iterdir()) == []
 
