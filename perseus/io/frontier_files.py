@@ -182,7 +182,7 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     )
     if frontier.schema_version >= 2 and frontier.points_sha256 is None:
         raise PlanError(
-            f"{p}: field points_sha256: missing (schema_version 2 files carry a digest of their "
+            f"{p}: field points_sha256: missing (schema_version 2 and later files carry a digest of their "
             f"points); {_REGENERATE}"
         )
     return frontier

@@ -24,6 +24,12 @@ rounds to a real plan at most one layer step off the hull: the realisation of th
 Everything downstream (rounding, reclaiming, local search) works on option indices and needs
 no change.
 
+**Clock pairs.** On a profile whose ops have memory clocks an option is an (SM, memory) pair;
+the Pareto filter and the hull run over all pairs, so the walk, the LP floor and the rounding
+are exact over pairs with no other change, and two-clock options mix neighbouring hull
+vertices whatever their memory clocks. The tables carry each option's memory clocks
+(``opt_mem_mhz``, ``opt_mem_b_mhz``; 0 for the GPU's default one) for the plan.
+
 Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
 """
 
@@ -38,7 +44,8 @@ from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.profile.model import OpOption
 from perseus.profile.pareto import pareto_indices, pareto_options
-from perseus.profile.two_clock import LayerSplit, two_clock_cost
+from perseus.plan import PlanOp
+from perseus.profile.two_clock import LayerSplit, Phase, op_phases, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
 
 __all__ = ["CostModel", "build_cost_model", "lower_hull"]
@@ -59,6 +66,10 @@ class CostModel:
             option the clock of its first layers.
         opt_freq_b_mhz: (K, W) the second clock (equal to ``opt_freq_mhz`` for one clock).
         opt_layers_at_a: (K, W) layers run at the first clock (0 for one-clock options).
+        opt_mem_mhz, opt_mem_b_mhz: (K, W) the memory clocks of the first and second clock
+            (0: the GPU's default memory clock, as in a profile without memory clocks).
+        opt_is_default_mem: (K, W) whether a one-clock option runs at the default memory clock
+            of its SM clock (what a plain SM clock in a plan means).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
         hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
@@ -74,6 +85,9 @@ class CostModel:
     opt_freq_mhz: IntArray
     opt_freq_b_mhz: IntArray
     opt_layers_at_a: IntArray
+    opt_mem_mhz: IntArray
+    opt_mem_b_mhz: IntArray
+    opt_is_default_mem: npt.NDArray[np.bool_]
     num_opts: IntArray
     hull_time_s: FloatArray
     hull_cost_j: FloatArray
@@ -88,11 +102,34 @@ class CostModel:
         width = self.num_opts[self.node_type]
         hit &= np.arange(table.shape[1])[None, :] < width[:, None]
         hit &= self.opt_layers_at_a[self.node_type] == 0
+        hit &= self.opt_is_default_mem[self.node_type]
         return np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
 
-    def plan_ops(self, option_index: IntArray) -> IntArray:
-        """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices."""
+    @property
+    def has_memory_clocks(self) -> bool:
+        """Whether some option sets a memory clock."""
+        return bool(self.opt_mem_mhz.any())
+
+    def plan_ops(self, option_index: IntArray) -> IntArray | list[PlanOp]:
+        """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices;
+        with memory clocks, per-node plan ops (phase lists where a memory clock is set)."""
         t = self.node_type
+        if self.has_memory_clocks:
+            out: list[PlanOp] = []
+            for row in zip(
+                self.opt_freq_mhz[t, option_index].tolist(),
+                self.opt_mem_mhz[t, option_index].tolist(),
+                self.opt_freq_b_mhz[t, option_index].tolist(),
+                self.opt_mem_b_mhz[t, option_index].tolist(),
+                self.opt_layers_at_a[t, option_index].tolist(),
+                strict=True,
+            ):
+                fa, ma, fb, mb, k = row
+                phases = [Phase(fa, ma or None, 0)]
+                if k:
+                    phases.append(Phase(fb, mb or None, k))
+                out.append(phases_op(op_phases(phases)))
+            return out
         return np.stack(
             [
                 self.opt_freq_mhz[t, option_index],
@@ -143,7 +180,9 @@ def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> I
     return np.array(kept, dtype=np.int64)
 
 
-_Labelled = tuple[OpOption, int, int]  # option (time/energy of the mix), freq_b, layers_at_a
+# option (time/energy of the mix; its clocks are the first phase's), the second phase's
+# option, layers_at_a
+_Labelled = tuple[OpOption, OpOption, int]
 
 
 def _two_clock_options(
@@ -151,13 +190,13 @@ def _two_clock_options(
 ) -> list[_Labelled]:
     """The one-clock options and every two-clock op between neighbouring hull vertices,
     Pareto-filtered in (time, effective cost), time ascending (one-clock options win ties)."""
-    every: list[_Labelled] = [(o, o.freq_mhz, 0) for o in opts]
+    every: list[_Labelled] = [(o, o, 0) for o in opts]
     n_layers = split.num_layers(stage)
     for i, j in zip(hull[:-1].tolist(), hull[1:].tolist(), strict=True):
         for a, b in ((opts[i], opts[j]), (opts[j], opts[i])):
             for k in range(1, n_layers):
                 t, e = two_clock_cost(a, b, split.work_before(stage, k), split)
-                every.append((OpOption(a.freq_mhz, t, e), b.freq_mhz, k))
+                every.append((OpOption(a.freq_mhz, t, e, a.mem_freq_mhz), b, k))
     keep = pareto_indices(
         [o.time_s for o, _, _ in every], [o.energy_j - power * o.time_s for o, _, _ in every], 0.0
     )
@@ -205,10 +244,10 @@ def build_cost_model(
         if max_clocks_per_op == 2 and split is not None:
             labelled = _two_clock_options(opts, true_hull, stage, split, power)
             # Hull vertices are one-clock options, all kept by the filter: re-index them.
-            where = {o.freq_mhz: i for i, (o, _, k) in enumerate(labelled) if k == 0}
-            thinned = np.array([where[opts[v].freq_mhz] for v in thinned], dtype=np.int64)
+            where = {o.clocks: i for i, (o, _, k) in enumerate(labelled) if k == 0}
+            thinned = np.array([where[opts[v].clocks] for v in thinned], dtype=np.int64)
         else:
-            labelled = [(o, o.freq_mhz, 0) for o in opts]
+            labelled = [(o, o, 0) for o in opts]
         options.append(labelled)
         hulls.append(thinned)
     width = max(len(o) for o in options)
@@ -220,6 +259,9 @@ def build_cost_model(
     opt_f = np.zeros((n_types, width), dtype=np.int64)
     opt_fb = np.zeros((n_types, width), dtype=np.int64)
     opt_k = np.zeros((n_types, width), dtype=np.int64)
+    opt_m = np.zeros((n_types, width), dtype=np.int64)
+    opt_mb = np.zeros((n_types, width), dtype=np.int64)
+    opt_dm = np.zeros((n_types, width), dtype=bool)
     hull_t = np.full((n_types, hwidth), np.inf)
     hull_c = np.zeros((n_types, hwidth))
     slope = np.zeros((n_types, hwidth))
@@ -229,10 +271,18 @@ def build_cost_model(
         opt_e[k, :n] = [o.energy_j for o, _, _ in labelled]
         opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
         opt_f[k, :n] = [o.freq_mhz for o, _, _ in labelled]
-        opt_fb[k, :n] = [fb for _, fb, _ in labelled]
+        opt_fb[k, :n] = [b.freq_mhz for _, b, _ in labelled]
         opt_k[k, :n] = [layers for _, _, layers in labelled]
+        opt_m[k, :n] = [o.mem_freq_mhz or 0 for o, _, _ in labelled]
+        opt_mb[k, :n] = [b.mem_freq_mhz or 0 for _, b, _ in labelled]
+        op = profile.op(keys[k][0], kinds[keys[k][1]])
+        opt_dm[k, :n] = [
+            layers == 0 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz
+            for o, _, layers in labelled
+        ]
         opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
         opt_fb[k, n:], opt_k[k, n:] = opt_fb[k, n - 1], opt_k[k, n - 1]
+        opt_m[k, n:], opt_mb[k, n:] = opt_m[k, n - 1], opt_mb[k, n - 1]
         h = len(hull)
         hull_t[k, :h] = opt_t[k, hull]
         hull_c[k, :h] = opt_c[k, hull]
@@ -247,6 +297,9 @@ def build_cost_model(
         opt_freq_mhz=opt_f,
         opt_freq_b_mhz=opt_fb,
         opt_layers_at_a=opt_k,
+        opt_mem_mhz=opt_m,
+        opt_mem_b_mhz=opt_mb,
+        opt_is_default_mem=opt_dm,
         num_opts=np.array([len(o) for o in options], dtype=np.int64),
         hull_time_s=hull_t,
         hull_cost_j=hull_c,

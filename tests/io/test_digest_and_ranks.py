@@ -25,7 +25,7 @@ def frontier_path(tmp_path: Path) -> Path:
 
 def test_written_files_carry_the_digest(frontier_path: Path) -> None:
     doc = json.loads(frontier_path.read_text())
-    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert doc["schema_version"] == SCHEMA_VERSION == 3
     f = read_frontier(frontier_path)
     assert doc["points_sha256"] == points_sha256(f.points)
 
@@ -54,10 +54,10 @@ def test_version_1_files_are_still_read(frontier_path: Path, tmp_path: Path) -> 
     old.write_text(json.dumps(doc))
     f = read_frontier(old)
     assert f.schema_version == 1 and f.points_sha256 is None
-    # rewritten as version 2 with its digest
+    # rewritten as the current version with its digest
     write_frontier(f, tmp_path / "v2.json")
     again = json.loads((tmp_path / "v2.json").read_text())
-    assert again["schema_version"] == 2 and again["points_sha256"] == doc_digest(doc)
+    assert again["schema_version"] == SCHEMA_VERSION and again["points_sha256"] == doc_digest(doc)
 
 
 def doc_digest(doc: dict) -> str:  # type: ignore[type-arg]

@@ -28,7 +28,7 @@ def test_round_trip_and_shape(tmp_path, job):
     again = read_frontier(path)
     assert again.model_copy(update={"points_sha256": None}) == frontier
     doc = json.loads(path.read_text())
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     assert len(doc["points_sha256"]) == 64
     assert doc["stage_ops"][0][:3] == ["F0", "F1", "F2"]
     assert len(doc["points"][0]["freqs_mhz"][7]) == 8
@@ -48,8 +48,9 @@ def test_pick(job):
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        (lambda d: d.update(schema_version=3), "field schema_version"),
+        (lambda d: d.update(schema_version=4), "field schema_version"),
         (lambda d: d.update(schema_version=2), "field points_sha256: missing"),
+        (lambda d: d.update(schema_version=3), "field points_sha256: missing"),
         (lambda d: d["job"].pop("ranks"), "field job.ranks"),
         (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz does not fit stage_ops"),
         (lambda d: d["points"].reverse(), "sorted by time_s"),

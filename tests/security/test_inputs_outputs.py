@@ -236,14 +236,14 @@ def test_output_onto_a_fifo_with_a_reader_is_written_through(private: Path, work
     result = perseus(_pick(private, str(fifo)), work)
     reader.join(30)
     assert result.rc == 0, result.err
-    assert json.loads(got[0])["schema_version"] == 2
+    assert json.loads(got[0])["schema_version"] == 3
     assert node_intact(fifo, "fifo")
 
 
 def test_output_to_stdout(private: Path, work: Path) -> None:
     result = perseus(_pick(private, "/dev/stdout"), work)
     assert result.rc == 0, result.err
-    assert json.loads(result.out)["schema_version"] == 2  # the summary went to stderr
+    assert json.loads(result.out)["schema_version"] == 3  # the summary went to stderr
     assert "wrote /dev/stdout" in result.err
     assert list(work.iterdir()) == []
 

@@ -119,7 +119,7 @@ def test_two_clock_plans_round_trip_and_version_1_reads():
     frontier = trace(job).frontier
     text = frontier.model_dump_json()
     data = json.loads(text)
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     ops = [op for p in data["points"] for rank in p["freqs_mhz"] for op in rank]
     assert any(isinstance(op, list) and len(op) == 3 for op in ops)
     assert any(isinstance(op, int) for op in ops)
