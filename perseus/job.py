@@ -91,9 +91,7 @@ class PlanningJob:
         """Per-node clocks (N,), two-clock rows (N, 3) or plan ops -> ``freqs_mhz[r][j]`` as
         in plan files (a one-clock op stays an int; each op in its canonical form)."""
         flat: list[PlanOp]
-        if not isinstance(freqs_mhz, np.ndarray) and not all(
-            isinstance(f, int) for f in freqs_mhz
-        ):
+        if not isinstance(freqs_mhz, np.ndarray) and not all(isinstance(f, int) for f in freqs_mhz):
             flat = [phases_op(op_phases(op)) for op in freqs_mhz]  # type: ignore[arg-type]
             starts = self.graph.rank_start.tolist()
             return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))

@@ -207,7 +207,9 @@ class Frontier(BaseModel):
     def _check_digest(self) -> Frontier:
         if self.points_sha256 is not None and self.schema_version == 1:
             raise ValueError("points_sha256 needs schema_version 2")
-        if self.schema_version < 3 and any(p.memory_clocks_mhz or _has_phases(p) for p in self.points):
+        if self.schema_version < 3 and any(
+            p.memory_clocks_mhz or _has_phases(p) for p in self.points
+        ):
             raise ValueError("phased ops (phase lists) need schema_version 3")
         if self.points_sha256 is not None and self.points_sha256 != points_sha256(self.points):
             raise ValueError(

@@ -183,7 +183,9 @@ def op_costs(
             else:
                 assert split is not None  # check_phases raised without one
                 hit = phased_cost(
-                    chosen, [split.work_before(stages[i], ph.first_layer) for ph in phases[1:]], split
+                    chosen,
+                    [split.work_before(stages[i], ph.first_layer) for ph in phases[1:]],
+                    split,
                 )
             cache[key] = hit
         time_s[i], energy_j[i] = hit

@@ -314,6 +314,13 @@ def check_phases(phases: Sequence[Phase], stage_index: int, split: LayerSplit | 
     ``stage_index``."""
     if len(phases) == 1:
         return
+    if len(phases) == 2 and all(p.mem_freq_mhz is None for p in phases):
+        check_op(
+            TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer),
+            stage_index,
+            split,
+        )
+        return
     if split is None:
         raise PlanError(
             f"plan has an op with {len(phases)} phases but the job has no layers_per_stage; "
