@@ -83,7 +83,10 @@ def main() -> None:
         ("latency", {"switch_latency_s": hopper}),
         ("latency + stall", {"switch_latency_s": hopper, "switch_stall_s": hopper}),
     )
-    for name, profile, power in (("a40 pairs", pairs, POWER["a40"]), ("a100", load_profile("a100"), POWER["a100"])):
+    for name, profile, power in (
+        ("a40 pairs", pairs, POWER["a40"]),
+        ("a100", load_profile("a100"), POWER["a100"]),
+    ):
         for micro in micros:
             for label, switch in cases:
                 _, saving, plan, _, _ = _saving(profile, power, micro, args.layers, **switch)
