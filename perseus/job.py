@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import PlanArg, Evaluation, allmax_freqs, evaluate_freqs, op_costs
+from perseus.dag.evaluate import Evaluation, PlanArg, allmax_freqs, evaluate_freqs, op_costs
 from perseus.dag.graph import OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint

@@ -25,6 +25,7 @@ the version number.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable
 from typing import Annotated, Literal
@@ -165,7 +166,7 @@ def _switches(op: PlanOp) -> int:
         return 0
     if isinstance(op[0], int):
         return int(op[0] != op[1])
-    return sum(1 for a, b in zip(op[:-1], op[1:], strict=True) if a[:2] != b[:2])
+    return sum(1 for a, b in itertools.pairwise(op) if a[:2] != b[:2])
 
 
 def _show_op(op: PlanOp) -> str:

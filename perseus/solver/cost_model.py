@@ -42,9 +42,9 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
+from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
 from perseus.profile.pareto import pareto_indices, pareto_options
-from perseus.plan import PlanOp
 from perseus.profile.two_clock import LayerSplit, Phase, op_phases, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
 

@@ -97,7 +97,7 @@ def test_phased_plans_round_trip_as_schema_3(tmp_path: Path, pair_job) -> None:
 def test_memory_clock_on_a_profile_without_them_is_a_plan_error() -> None:
     job = make_job(load_profile("a40"), "1f1b", 8, 8, blocking_power_w=70.38)
     ops = [[[int(f), 5001, 0]] for f in job.allmax().tolist()]
-    with pytest.raises(PlanError, match="1740/5001 MHz .* at the one memory clock"):
+    with pytest.raises(PlanError, match=r"1740/5001 MHz .* at the one memory clock"):
         job.evaluate(ops)
 
 

@@ -106,7 +106,9 @@ def private(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("private")
     d.chmod(0o700)
     a100 = load_profile("a100")
-    job = make_job(a100, "1f1b", 8, 4, blocking_power_w=83.64, profile_name="gpt3-175b+a100_sxm_bf16")
+    job = make_job(
+        a100, "1f1b", 8, 4, blocking_power_w=83.64, profile_name="gpt3-175b+a100_sxm_bf16"
+    )
     slow = job.allmax().copy()
     slow[:] = 1200
     frontier = job.frontier([job.point(job.allmax()), job.point(slow)])
