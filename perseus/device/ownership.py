@@ -227,8 +227,9 @@ def reset_from_spec(spec: dict[str, Any]) -> None:
 
     ``spec`` is a GPU's ``watchdog_spec()``: ``{"backend": "sim", "state_dir", "uuid"}`` (the
     locked clock and, when present, the power limit go back to defaults in the state file) or
-    ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``, and the power limit
-    restored to ``power_limit_mw`` when the spec recorded one and it changed).
+    ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``,
+    ``nvmlDeviceResetMemoryLockedClocks`` when the spec says ``memory_clocks``, and the power
+    limit restored to ``power_limit_mw`` when the spec recorded one and it changed).
 
     Raises:
         Exception: whatever the backend raised (callers log it).
@@ -248,6 +249,9 @@ def reset_from_spec(spec: dict[str, Any]) -> None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
             pynvml.nvmlDeviceResetGpuLockedClocks(handle)
+            if spec.get("memory_clocks"):  # a GDDR board whose memory clock may be locked
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlDeviceResetMemoryLockedClocks(handle)
             wanted = spec.get("power_limit_mw")
             if not wanted and spec.get("power_limit") == "reset":  # perseus.recurring's guard
                 with contextlib.suppress(pynvml.NVMLError):
