@@ -135,18 +135,26 @@ def check_identity(gpu: NvmlGPU) -> Check:
 
 def check_clocks(gpu: NvmlGPU) -> Check:
     clocks = gpu.supported_clocks_mhz()
-    mem = gpu.query("nvmlDeviceGetSupportedMemoryClocks")
+    mem = sorted({int(m) for m in gpu.query("nvmlDeviceGetSupportedMemoryClocks")}, reverse=True)
+    # Whether plans may use (SM, memory) clock pairs here (GDDR boards, Ampere and newer).
+    mem_lock = gpu.memory_clock_control()
     data = {
         "sm_clocks_mhz": list(clocks),
         "count": len(clocks),
         "min_mhz": clocks[-1],
         "max_mhz": clocks[0],
-        "memory_clock_mhz": max(int(m) for m in mem),
+        "memory_clock_mhz": mem[0],
+        "memory_clocks_mhz": mem,
+        "memory_clock_locking": "possible" if mem_lock is None else mem_lock,
     }
+    memory = f"memory {data['memory_clock_mhz']} MHz"
+    if len(mem) > 1:
+        lockable = "lockable" if mem_lock is None else f"not lockable: {mem_lock}"
+        memory = f"memory {'/'.join(map(str, mem))} MHz, {lockable}"
     return Check(
         "supported clocks",
         "ok" if len(clocks) > 1 else "fail",
-        f"{_mhz_range(clocks)} (memory {data['memory_clock_mhz']} MHz)",
+        f"{_mhz_range(clocks)} ({memory})",
         data,
         "" if len(clocks) > 1 else "the driver offers one SM clock: nothing to choose from",
     )

@@ -574,7 +574,12 @@ class NvmlGPU:
             raise DeviceNotSupportedError(f"{self._what()}: cannot lock memory clocks: {why}")
         snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
         call_nvml(
-            self._api, "nvmlDeviceSetMemoryLockedClocks", handle, snapped, snapped, what=self._what()
+            self._api,
+            "nvmlDeviceSetMemoryLockedClocks",
+            handle,
+            snapped,
+            snapped,
+            what=self._what(),
         )
         self._mem_locked = snapped
         return snapped

@@ -317,9 +317,7 @@ def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(REQUIRED_COLUMNS + ((MEM_COLUMN,) if with_mem else ()))
     for stage, kind, freq, t, e, mem in rows:
-        tail = ([] if mem is None else [mem]) if with_mem else []
-        if with_mem and mem is None:
-            tail = [""]
+        tail: list[object] = [("" if mem is None else mem)] if with_mem else []
         writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), *tail])
     atomic_write_text(path, out.getvalue())
 

@@ -196,13 +196,13 @@ def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Prof
     Raises:
         ProfileError: naming ``source`` and the offending stage/kind/clock.
     """
-    rows = [_full(r) for r in rows]
-    if not rows:
+    full = [_full(r) for r in rows]
+    if not full:
         raise ProfileError(
             f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"
         )
     grouped: dict[tuple[int, Kind], dict[tuple[int, int | None], OpOption]] = {}
-    for stage, kind, freq, time_s, energy_j, mem in rows:
+    for stage, kind, freq, time_s, energy_j, mem in full:
         pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
         where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
         if stage < 0:
@@ -248,4 +248,4 @@ def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Prof
         )
         for key, opts in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
     }
-    return Profile(ops, num_stages, source, _hash_rows(rows))
+    return Profile(ops, num_stages, source, _hash_rows(full))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from perseus.errors import ConfigError, PlanError
 from perseus.profile.model import OpOption
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_SWITCH_ENERGY_J",
     "DEFAULT_SWITCH_LATENCY_S",
     "DEFAULT_SWITCH_STALL_S",
+    "AnyPlanOp",
     "LayerSplit",
     "Phase",
     "TwoClockOp",
@@ -77,7 +78,11 @@ class Phase(NamedTuple):
     first_layer: int
 
 
-def op_phases(op: int | Sequence[int] | Sequence[Sequence[int | None]]) -> tuple[Phase, ...]:
+#: A plan op in any of its forms (see :func:`op_phases`).
+AnyPlanOp = int | Sequence[int] | Sequence[Sequence[int | None]]
+
+
+def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
     """A plan op in any of its forms as its phases, adjacent equal clock pairs merged.
 
     The forms: a clock ``f`` (one phase), ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` (two
@@ -89,22 +94,24 @@ def op_phases(op: int | Sequence[int] | Sequence[Sequence[int | None]]) -> tuple
     """
     if isinstance(op, int):
         return (Phase(op, None, 0),)
-    items = list(op)
+    items: list[object] = list(op)
     if items and all(isinstance(x, int) for x in items):
-        two = op_clocks([int(x) for x in items])  # type: ignore[arg-type]
+        two = op_clocks(cast("list[int]", items))
         if not two.is_two_clock:
             return (Phase(two.freq_a_mhz, None, 0),)
         return (Phase(two.freq_a_mhz, None, 0), Phase(two.freq_b_mhz, None, two.layers_at_a))
     phases: list[Phase] = []
     for item in items:
-        if isinstance(item, int) or len(item) != 3:
+        if not isinstance(item, Sequence) or len(item) != 3:
             raise PlanError(
                 f"plan op {_show(op)}: a phase is [freq_mhz, mem_freq_mhz, first_layer]"
             )
         f, m, first = item
-        if f is None or first is None:
+        if not isinstance(f, int) or not isinstance(first, int):
             raise PlanError(f"plan op {_show(op)}: a phase needs its SM clock and first layer")
-        phase = Phase(int(f), None if m is None else int(m), int(first))
+        if m is not None and not isinstance(m, int):
+            raise PlanError(f"plan op {_show(op)}: a memory clock is an integer or null")
+        phase = Phase(f, m, first)
         if not phases:
             if phase.first_layer != 0:
                 raise PlanError(f"plan op {_show(op)}: the first phase must start at layer 0")
@@ -153,7 +160,7 @@ class TwoClockOp(NamedTuple):
         return self.layers_at_a > 0 and self.freq_a_mhz != self.freq_b_mhz
 
 
-def op_clocks(op: int | Sequence[int]) -> TwoClockOp:
+def op_clocks(op: AnyPlanOp) -> TwoClockOp:
     """A plan op (an int clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)``) as a
     :class:`TwoClockOp`: the two clocks and the layer boundary at which the second one is set.
 
@@ -168,7 +175,7 @@ def op_clocks(op: int | Sequence[int]) -> TwoClockOp:
         return TwoClockOp(op, op, 0)
     items = list(op)
     if not all(isinstance(x, int) for x in items):
-        phases = op_phases(items)
+        phases = op_phases(cast("list[Sequence[int | None]]", items))
         if len(phases) > 2 or any(p.mem_freq_mhz is not None for p in phases):
             raise PlanError(
                 f"plan op {_show(op)} sets memory clocks or more than two phases; this "
@@ -177,7 +184,7 @@ def op_clocks(op: int | Sequence[int]) -> TwoClockOp:
         if len(phases) == 1:
             return TwoClockOp(phases[0].freq_mhz, phases[0].freq_mhz, 0)
         return TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer)
-    a, b, k = (int(x) for x in items)
+    a, b, k = (int(cast("int", x)) for x in items)
     if k == 0 or a == b:
         return TwoClockOp(a, a, 0)
     return TwoClockOp(a, b, k)
