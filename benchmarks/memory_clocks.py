@@ -5,8 +5,9 @@ memory clock) is extended to (SM, memory) clock pairs with the ``a40`` preset's 
 (:data:`perseus.device.presets.A40_MEMORY`: memory clocks 7251/5001/810/405 MHz, 60 W of
 GDDR6 power, memory-bound share 0.20 forward / 0.15 backward; all estimates). For 1F1B, 8
 stages, 12 layers per stage, it prints the exact-evaluated saving of the cheapest plan no
-slower than all-max with SM clocks only and with clock pairs (both with two-phase ops), the LP
-limit over pairs (HiGHS) and the gap to it.
+slower than all-max with SM clocks only and with clock pairs (both with two-phase ops), with
+clock pairs and up to three phases per op, the LP limit over pairs (HiGHS) and the gap of the
+two-phase pair plan to it, and the memory clocks the pair plan sets.
 
 Part 2 (switch cost): the same no-slowdown plans with zero switch latency, with the Hopper
 preset's latency (5 ms, the old clocks keep running meanwhile) and with that latency also
@@ -36,12 +37,14 @@ from perseus.solver.lp_bound import lp_energy_floor_j
 POWER = {"a100": 83.64, "a40": 70.38}
 
 
-def _saving(profile: Profile, power_w: float, micro: int, layers: int, **switch: float) -> tuple:
+def _saving(
+    profile: Profile, power_w: float, micro: int, layers: int, phases: int = 2, **switch: float
+) -> tuple:
     job = make_job(
         profile, "1f1b", 8, micro, blocking_power_w=power_w, layers_per_stage=layers, **switch
     )
     started = time.perf_counter()
-    frontier = trace(job, max_clocks_per_op=2).frontier
+    frontier = trace(job, max_clocks_per_op=phases).frontier
     elapsed = time.perf_counter() - started
     base = frontier.baseline
     plan = frontier.cheapest_within(base.time_s)
@@ -61,17 +64,18 @@ def main() -> None:
 
     print(f"Part 1: A40, 1F1B, 8 stages, {args.layers} layers/stage, two-phase ops, 5 ms latency")
     print(
-        f"{'micro':>5} {'SM only %':>9} {'pairs %':>8} {'LP pairs %':>10} {'gap pts':>7} "
-        f"{'mem clocks used':>16} {'SM s':>5} {'pair s':>6}"
+        f"{'micro':>5} {'SM only %':>9} {'pairs %':>8} {'3 phases %':>10} {'LP pairs %':>10} "
+        f"{'gap pts':>7} {'mem clocks used':>16} {'SM s':>5} {'pair s':>6}"
     )
     for micro in micros:
         _, sm_only, _, _, sm_s = _saving(a40, POWER["a40"], micro, args.layers)
         job, paired, plan, base, pair_s = _saving(pairs, POWER["a40"], micro, args.layers)
+        _, three, _, _, _ = _saving(pairs, POWER["a40"], micro, args.layers, phases=3)
         limit = 100 * (1 - lp_energy_floor_j(job, base.time_s) / base.energy_j)
         used = ",".join(str(m) for m in sorted(plan.memory_clocks_mhz)) or "default"
         print(
-            f"{micro:>5} {sm_only:>9.2f} {paired:>8.2f} {limit:>10.2f} {limit - paired:>7.2f} "
-            f"{used:>16} {sm_s:>5.1f} {pair_s:>6.1f}",
+            f"{micro:>5} {sm_only:>9.2f} {paired:>8.2f} {three:>10.2f} {limit:>10.2f} "
+            f"{limit - paired:>7.2f} {used:>16} {sm_s:>5.1f} {pair_s:>6.1f}",
             flush=True,
         )
 

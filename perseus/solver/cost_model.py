@@ -35,6 +35,7 @@ Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,10 +46,10 @@ from perseus.job import PlanningJob
 from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
 from perseus.profile.pareto import pareto_indices, pareto_options
-from perseus.profile.two_clock import LayerSplit, Phase, op_phases, phases_op, two_clock_cost
+from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
 
-__all__ = ["CostModel", "build_cost_model", "lower_hull"]
+__all__ = ["MAX_PHASES_PER_OP", "CostModel", "build_cost_model", "lower_hull"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -70,6 +71,7 @@ class CostModel:
             (0: the GPU's default memory clock, as in a profile without memory clocks).
         opt_is_default_mem: (K, W) whether a one-clock option runs at the default memory clock
             of its SM clock (what a plain SM clock in a plan means).
+        opt_phases: Per type, per real option, its phases (the plan's op).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
         hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
@@ -89,6 +91,7 @@ class CostModel:
     opt_mem_b_mhz: IntArray
     opt_is_default_mem: npt.NDArray[np.bool_]
     num_opts: IntArray
+    opt_phases: tuple[tuple[tuple[Phase, ...], ...], ...]
     hull_time_s: FloatArray
     hull_cost_j: FloatArray
     hull_slope: FloatArray
@@ -114,22 +117,11 @@ class CostModel:
         """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices;
         with memory clocks, per-node plan ops (phase lists where a memory clock is set)."""
         t = self.node_type
-        if self.has_memory_clocks:
-            out: list[PlanOp] = []
-            for row in zip(
-                self.opt_freq_mhz[t, option_index].tolist(),
-                self.opt_mem_mhz[t, option_index].tolist(),
-                self.opt_freq_b_mhz[t, option_index].tolist(),
-                self.opt_mem_b_mhz[t, option_index].tolist(),
-                self.opt_layers_at_a[t, option_index].tolist(),
-                strict=True,
-            ):
-                fa, ma, fb, mb, k = row
-                phases = [Phase(fa, ma or None, 0)]
-                if k:
-                    phases.append(Phase(fb, mb or None, k))
-                out.append(phases_op(op_phases(phases)))
-            return out
+        if self.has_memory_clocks or any(len(ph) > 2 for t_ph in self.opt_phases for ph in t_ph):
+            return [
+                phases_op(self.opt_phases[ty][ix])
+                for ty, ix in zip(t.tolist(), np.asarray(option_index).tolist(), strict=True)
+            ]
         return np.stack(
             [
                 self.opt_freq_mhz[t, option_index],
@@ -180,25 +172,57 @@ def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> I
     return np.array(kept, dtype=np.int64)
 
 
-# option (time/energy of the mix; its clocks are the first phase's), the second phase's
-# option, layers_at_a
-_Labelled = tuple[OpOption, OpOption, int]
+# option (time/energy of the mix; its clocks are the first phase's), and the op's phases
+_Labelled = tuple[OpOption, tuple[Phase, ...]]
+
+#: The most phases per op the option tables enumerate.
+MAX_PHASES_PER_OP = 4
 
 
-def _two_clock_options(
-    opts: tuple[OpOption, ...], hull: IntArray, stage: int, split: LayerSplit, power: float
+def _one(o: OpOption) -> _Labelled:
+    return o, (Phase(o.freq_mhz, o.mem_freq_mhz, 0),)
+
+
+def _phased_options(
+    opts: tuple[OpOption, ...],
+    hull: IntArray,
+    stage: int,
+    split: LayerSplit,
+    power: float,
+    max_phases: int,
 ) -> list[_Labelled]:
-    """The one-clock options and every two-clock op between neighbouring hull vertices,
-    Pareto-filtered in (time, effective cost), time ascending (one-clock options win ties)."""
-    every: list[_Labelled] = [(o, o, 0) for o in opts]
+    """The one-clock options and every phased op over 2..``max_phases`` consecutive hull
+    vertices (in either order, every increasing set of layer boundaries), Pareto-filtered in
+    (time, effective cost), time ascending (one-clock options win ties).
+
+    Only runs of neighbouring hull vertices are enumerated: in the relaxation an op mixes two
+    neighbours, and a run of ``p`` neighbours lets the layer-rounded op land between the
+    points ``p - 1`` switches can reach. Complexity: O(H·C(L-1, p-1)) per ``p`` for H hull
+    vertices and L layers.
+    """
+    every: list[_Labelled] = [_one(o) for o in opts]
     n_layers = split.num_layers(stage)
-    for i, j in zip(hull[:-1].tolist(), hull[1:].tolist(), strict=True):
-        for a, b in ((opts[i], opts[j]), (opts[j], opts[i])):
-            for k in range(1, n_layers):
-                t, e = two_clock_cost(a, b, split.work_before(stage, k), split)
-                every.append((OpOption(a.freq_mhz, t, e, a.mem_freq_mhz), b, k))
+    vertices = hull.tolist()
+    for phases in range(2, max_phases + 1):
+        for start in range(len(vertices) - phases + 1):
+            run = vertices[start : start + phases]
+            for order in (run, run[::-1]):
+                chosen = [opts[v] for v in order]
+                for bounds in itertools.combinations(range(1, n_layers), phases - 1):
+                    work = [split.work_before(stage, b) for b in bounds]
+                    if phases == 2:
+                        t, e = two_clock_cost(chosen[0], chosen[1], work[0], split)
+                    else:
+                        t, e = phased_cost(chosen, work, split)
+                    labels = tuple(
+                        Phase(o.freq_mhz, o.mem_freq_mhz, first)
+                        for o, first in zip(chosen, (0, *bounds), strict=True)
+                    )
+                    every.append(
+                        (OpOption(chosen[0].freq_mhz, t, e, chosen[0].mem_freq_mhz), labels)
+                    )
     keep = pareto_indices(
-        [o.time_s for o, _, _ in every], [o.energy_j - power * o.time_s for o, _, _ in every], 0.0
+        [o.time_s for o, _ in every], [o.energy_j - power * o.time_s for o, _ in every], 0.0
     )
     return [every[i] for i in keep.tolist()]
 
@@ -212,15 +236,18 @@ def build_cost_model(
         job: The planning job.
         min_vertex_gap_fraction: Thin each hull so consecutive vertices are at least this
             fraction of the op's fastest time apart (0 keeps the exact hull).
-        max_clocks_per_op: 1, or 2 for two-clock options (needs ``layers_per_stage``).
+        max_clocks_per_op: 1; 2 for two-clock options; up to :data:`MAX_PHASES_PER_OP` for
+            phased ops (2 or more need ``layers_per_stage``).
 
     Raises:
-        ConfigError: if ``max_clocks_per_op`` is not 1 or 2, or 2 without layers.
+        ConfigError: if ``max_clocks_per_op`` is out of range, or above 1 without layers.
     """
-    if max_clocks_per_op not in (1, 2):
-        raise ConfigError(f"max clocks per op must be 1 or 2, got {max_clocks_per_op}")
+    if not 1 <= max_clocks_per_op <= MAX_PHASES_PER_OP:
+        raise ConfigError(
+            f"max clocks per op must be 1..{MAX_PHASES_PER_OP}, got {max_clocks_per_op}"
+        )
     split = job.layer_split
-    if max_clocks_per_op == 2 and split is None:
+    if max_clocks_per_op >= 2 and split is None:
         raise ConfigError(
             "two clocks per op need the job's `layers_per_stage`; "
             "give it or use `max_clocks_per_op`=1"
@@ -241,13 +268,13 @@ def build_cost_model(
         c = np.array([o.energy_j - power * o.time_s for o in opts])
         true_hull = lower_hull(t, c)
         thinned = _thin_hull(t, true_hull, min_vertex_gap_fraction)
-        if max_clocks_per_op == 2 and split is not None:
-            labelled = _two_clock_options(opts, true_hull, stage, split, power)
+        if max_clocks_per_op >= 2 and split is not None:
+            labelled = _phased_options(opts, true_hull, stage, split, power, max_clocks_per_op)
             # Hull vertices are one-clock options, all kept by the filter: re-index them.
-            where = {o.clocks: i for i, (o, _, k) in enumerate(labelled) if k == 0}
+            where = {o.clocks: i for i, (o, ph) in enumerate(labelled) if len(ph) == 1}
             thinned = np.array([where[opts[v].clocks] for v in thinned], dtype=np.int64)
         else:
-            labelled = [(o, o, 0) for o in opts]
+            labelled = [_one(o) for o in opts]
         options.append(labelled)
         hulls.append(thinned)
     width = max(len(o) for o in options)
@@ -267,18 +294,17 @@ def build_cost_model(
     slope = np.zeros((n_types, hwidth))
     for k, (labelled, hull) in enumerate(zip(options, hulls, strict=True)):
         n = len(labelled)
-        opt_t[k, :n] = [o.time_s for o, _, _ in labelled]
-        opt_e[k, :n] = [o.energy_j for o, _, _ in labelled]
+        opt_t[k, :n] = [o.time_s for o, _ in labelled]
+        opt_e[k, :n] = [o.energy_j for o, _ in labelled]
         opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
-        opt_f[k, :n] = [o.freq_mhz for o, _, _ in labelled]
-        opt_fb[k, :n] = [b.freq_mhz for _, b, _ in labelled]
-        opt_k[k, :n] = [layers for _, _, layers in labelled]
-        opt_m[k, :n] = [o.mem_freq_mhz or 0 for o, _, _ in labelled]
-        opt_mb[k, :n] = [b.mem_freq_mhz or 0 for _, b, _ in labelled]
+        opt_f[k, :n] = [ph[0].freq_mhz for _, ph in labelled]
+        opt_fb[k, :n] = [ph[min(1, len(ph) - 1)].freq_mhz for _, ph in labelled]
+        opt_k[k, :n] = [ph[1].first_layer if len(ph) > 1 else 0 for _, ph in labelled]
+        opt_m[k, :n] = [ph[0].mem_freq_mhz or 0 for _, ph in labelled]
+        opt_mb[k, :n] = [ph[min(1, len(ph) - 1)].mem_freq_mhz or 0 for _, ph in labelled]
         op = profile.op(keys[k][0], kinds[keys[k][1]])
         opt_dm[k, :n] = [
-            layers == 0 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz
-            for o, _, layers in labelled
+            len(ph) == 1 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz for o, ph in labelled
         ]
         opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
         opt_fb[k, n:], opt_k[k, n:] = opt_fb[k, n - 1], opt_k[k, n - 1]
@@ -301,6 +327,7 @@ def build_cost_model(
         opt_mem_b_mhz=opt_mb,
         opt_is_default_mem=opt_dm,
         num_opts=np.array([len(o) for o in options], dtype=np.int64),
+        opt_phases=tuple(tuple(ph for _, ph in labelled) for labelled in options),
         hull_time_s=hull_t,
         hull_cost_j=hull_c,
         hull_slope=slope,

@@ -97,3 +97,14 @@ def test_switches_are_made_only_where_they_pay():
     # never worse than one clock per op: a switch is taken only where it pays
     _, one_clock, _ = _no_slowdown(costly, clocks=1)
     assert costly_saving >= one_clock - 1e-9
+
+
+def test_up_to_three_phases_per_op_are_exact_and_near_the_limit(a40_pairs):
+    job = make_job(
+        take_stages(a40_pairs, 4), "1f1b", 4, 6, blocking_power_w=70.38, layers_per_stage=6
+    )
+    plan, saving, base = _no_slowdown(job, clocks=3)
+    ops = [op for rank in plan.freqs_mhz for op in rank]
+    assert any(not isinstance(op, int) and len(op) == 3 and isinstance(op[0], tuple) for op in ops)
+    limit = 100 * (1 - lp_energy_floor_j(job, base.time_s) / base.energy_j)
+    assert limit - saving < 0.1
