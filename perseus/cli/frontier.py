@@ -57,9 +57,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--max-clocks-per-op",
         type=int,
-        choices=(1, 2),
+        choices=(1, 2, 3, 4),
         help="1: one clock per op; 2: an op may switch clock once at a layer boundary (needs "
-        "--layers-per-stage; the default when it is given)",
+        "--layers-per-stage; the default when it is given); 3-4: up to that many phases",
     )
     p.set_defaults(handler=run)
 

@@ -217,6 +217,8 @@ def _reset_sim_state(state: dict[str, Any] | None, sim_state: ModuleType) -> dic
     if callable(to_defaults):
         to_defaults(state)
     state["locked_mhz"] = None
+    if "mem_locked_mhz" in state:  # a simulated GDDR board's memory lock
+        state["mem_locked_mhz"] = None
     if "power_limit_w" in state:
         state["power_limit_w"] = None
     return state
