@@ -120,6 +120,20 @@ class PlanPoint(BaseModel):
     energy_j: _Joules
     freqs_mhz: tuple[tuple[PlanOp, ...], ...]
 
+    @model_validator(mode="after")
+    def _check_phases(self) -> PlanPoint:
+        for r, rank in enumerate(self.freqs_mhz):
+            for j, op in enumerate(rank):
+                if isinstance(op, int) or isinstance(op[0], int):
+                    continue
+                firsts = [ph[2] for ph in op]
+                if firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
+                    raise ValueError(
+                        f"rank {r} op {j} {_show_op(op)}: phases start at layer 0 and then at "
+                        f"increasing layers, got first layers {firsts}"
+                    )
+        return self
+
     def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
         """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
 

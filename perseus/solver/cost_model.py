@@ -45,7 +45,7 @@ from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
-from perseus.profile.pareto import pareto_indices, pareto_options
+from perseus.profile.pareto import lower_hull, pareto_indices, pareto_options
 from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
 
@@ -130,29 +130,6 @@ class CostModel:
             ],
             axis=1,
         ).astype(np.int64)
-
-
-def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
-    """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain).
-
-    Only the part from the fastest point to the cheapest one is kept; with Pareto input (cost
-    strictly decreasing) that is the whole lower hull.
-
-    Complexity: O(K) for K sorted points.
-    """
-    hull: list[int] = []
-    for i in range(len(time_s)):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            cross = (time_s[b] - time_s[a]) * (cost_j[i] - cost_j[a]) - (cost_j[b] - cost_j[a]) * (
-                time_s[i] - time_s[a]
-            )
-            if cross <= 0:  # b lies on or above segment a-i
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    return np.array(hull, dtype=np.int64)
 
 
 def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> IntArray:

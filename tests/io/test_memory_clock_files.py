@@ -121,3 +121,15 @@ def test_zeus_export_keeps_the_sm_clock_and_warns(tmp_path: Path, pair_job, capl
     )
     with pytest.raises(PlanError, match="two-clock setting"):
         zeus_frequency_schedules(frontier, bad_point)
+
+
+def test_phases_out_of_order_are_refused_on_read(tmp_path: Path, pair_job) -> None:
+    frontier = pair_job.frontier([_pair_plan(pair_job)])
+    write_frontier(frontier, tmp_path / "f.json")
+    doc = json.loads((tmp_path / "f.json").read_text())
+    doc["points"][0]["freqs_mhz"][0][0] = [[1740, 5001, 2], [1200, 5001, 1]]
+    doc.pop("points_sha256")
+    doc["schema_version"] = 1  # no digest to fail first
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"phases start at layer 0 .* first layers \[2, 1\]"):
+        read_frontier(tmp_path / "bad.json")
