@@ -120,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
         file=say,
     )
     if same_speed.num_two_clock_ops:
-        print(
-            f"two-clock:   {same_speed.num_two_clock_ops} mid-op switches per iteration", file=say
-        )
+        print(f"two-clock:   {same_speed.num_switches} mid-op switches per iteration", file=say)
+    if same_speed.memory_clocks_mhz:
+        mem = ", ".join(str(m) for m in sorted(same_speed.memory_clocks_mhz))
+        print(f"memory:      the no-slowdown plan sets memory clocks {mem} MHz", file=say)
     if not result.complete:
         print(
             f"warning: the min-cut walk stopped early ({result.stop_reason}) after "

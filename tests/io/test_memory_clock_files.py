@@ -133,3 +133,39 @@ def test_phases_out_of_order_are_refused_on_read(tmp_path: Path, pair_job) -> No
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match=r"phases start at layer 0 .* first layers \[2, 1\]"):
         read_frontier(tmp_path / "bad.json")
+
+
+def test_cli_plans_pairs_and_phases_from_flags_and_config(tmp_path: Path, capsys) -> None:
+    from perseus.cli.main import main
+    from perseus.runtime.emulation import take_stages
+
+    profile = tmp_path / "a40-pairs.csv"
+    write_profile_csv(take_stages(with_memory_clocks(load_profile("a40"), A40_MEMORY), 4), profile)
+    out = tmp_path / "f.json"
+    base = [
+        "frontier",
+        str(profile),
+        "--stages",
+        "4",
+        "--microbatches",
+        "4",
+        "--blocking-power-w",
+        "70.38",
+        "--layers-per-stage",
+        "6",
+        "-o",
+        str(out),
+    ]
+    assert main([*base, "--switch-stall-s", "0.002", "--max-clocks-per-op", "3"]) == 0
+    assert "memory:      the no-slowdown plan sets memory clocks" in capsys.readouterr().out
+    frontier = read_frontier(out)
+    assert frontier.job.switch_stall_s == 0.002 and frontier.schema_version == 3
+    assert any(p.memory_clocks_mhz for p in frontier.points)
+    assert main(["evaluate", str(profile), "--plan", str(out)]) == 0
+    config = tmp_path / "job.toml"
+    config.write_text(
+        'profile = "a40-pairs.csv"\nstages = 4\nmicrobatches = 4\nblocking_power_w = 70.38\n'
+        "layers_per_stage = 6\nswitch_stall_s = 0.003\nmax_clocks_per_op = 4\n"
+    )
+    assert main(["frontier", "--config", str(config), "-o", str(out)]) == 0
+    assert read_frontier(out).job.switch_stall_s == 0.003
