@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import Evaluation, allmax_freqs, evaluate_freqs, op_costs
+from perseus.dag.evaluate import Evaluation, PlanArg, allmax_freqs, evaluate_freqs, op_costs
 from perseus.dag.graph import OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
@@ -20,8 +20,11 @@ from perseus.profile.model import Profile
 from perseus.profile.two_clock import (
     DEFAULT_SWITCH_ENERGY_J,
     DEFAULT_SWITCH_LATENCY_S,
+    DEFAULT_SWITCH_STALL_S,
     LayerSplit,
     build_layer_split,
+    op_phases,
+    phases_op,
 )
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import build_schedule
@@ -60,13 +63,14 @@ class PlanningJob:
                 self.spec.layer_time_fractions,
                 self.spec.switch_latency_s,
                 self.spec.switch_energy_j,
+                self.spec.switch_stall_s,
             )
             object.__setattr__(self, "_split", cached)
         return cached
 
-    def evaluate(self, freqs_mhz: Sequence[int] | IntArray) -> Evaluation:
-        """Exact evaluation of a plan given as per-node clocks (N,) or two-clock rows (N, 3)
-        (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
+    def evaluate(self, freqs_mhz: PlanArg) -> Evaluation:
+        """Exact evaluation of a plan given as per-node clocks (N,), two-clock rows (N, 3) or
+        a list of plan ops (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
         return evaluate_freqs(
             self.graph,
             self.profile,
@@ -75,7 +79,7 @@ class PlanningJob:
             split=self.layer_split,
         )
 
-    def op_costs(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
+    def op_costs(self, freqs_mhz: PlanArg) -> tuple[FloatArray, FloatArray]:
         """Per-node (time_s, energy_j) of a plan, two-clock ops priced with this job's layers."""
         return op_costs(self.graph, self.profile, freqs_mhz, self.layer_split)
 
@@ -83,11 +87,15 @@ class PlanningJob:
         """The all-max plan as per-node clocks."""
         return allmax_freqs(self.graph, self.profile)
 
-    def nested(self, freqs_mhz: Sequence[int] | IntArray) -> tuple[tuple[PlanOp, ...], ...]:
-        """Per-node clocks (N,) or two-clock rows (N, 3) -> ``freqs_mhz[r][j]`` as in plan
-        files (a one-clock op stays an int)."""
-        arr = np.asarray(freqs_mhz, dtype=np.int64)
+    def nested(self, freqs_mhz: PlanArg) -> tuple[tuple[PlanOp, ...], ...]:
+        """Per-node clocks (N,), two-clock rows (N, 3) or plan ops -> ``freqs_mhz[r][j]`` as
+        in plan files (a one-clock op stays an int; each op in its canonical form)."""
         flat: list[PlanOp]
+        if not isinstance(freqs_mhz, np.ndarray) and not all(isinstance(f, int) for f in freqs_mhz):
+            flat = [phases_op(op_phases(op)) for op in freqs_mhz]  # type: ignore[arg-type]
+            starts = self.graph.rank_start.tolist()
+            return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
+        arr = np.asarray(freqs_mhz, dtype=np.int64)
         if arr.ndim == 1:
             flat = [int(f) for f in arr.tolist()]
         else:
@@ -97,19 +105,22 @@ class PlanningJob:
         starts = self.graph.rank_start.tolist()
         return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
 
-    def flat(self, point: PlanPoint) -> IntArray:
-        """``freqs_mhz[r][j]`` of a plan point -> per-node clocks (N,), or (N, 3) rows
-        ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` when the plan has a two-clock op."""
+    def flat(self, point: PlanPoint) -> IntArray | list[PlanOp]:
+        """``freqs_mhz[r][j]`` of a plan point -> per-node clocks (N,), (N, 3) rows
+        ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` when the plan has a two-clock op, or the
+        list of plan ops when it has a phased op (memory clocks or more than two phases)."""
         flat = [f for rank in point.freqs_mhz for f in rank]
         if len(flat) != self.graph.num_nodes:
             raise PlanError(f"plan has {len(flat)} clocks, job has {self.graph.num_nodes} ops")
         if all(isinstance(f, int) for f in flat):
             return np.array(flat, dtype=np.int64)
+        if any(not isinstance(f, int) and not isinstance(f[0], int) for f in flat):
+            return flat
         return np.array(
             [(f, f, 0) if isinstance(f, int) else tuple(f) for f in flat], dtype=np.int64
         )
 
-    def point(self, freqs_mhz: Sequence[int] | IntArray) -> PlanPoint:
+    def point(self, freqs_mhz: PlanArg) -> PlanPoint:
         """A plan point whose figures come from the exact evaluator."""
         ev = self.evaluate(freqs_mhz)
         return PlanPoint(time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=self.nested(freqs_mhz))
@@ -146,6 +157,7 @@ def make_job(
     layer_time_fractions: Sequence[Sequence[float]] | None = None,
     switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S,
     switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
+    switch_stall_s: float = DEFAULT_SWITCH_STALL_S,
 ) -> PlanningJob:
     """Build the schedule and DAG for ``profile`` and describe the job.
 
@@ -162,7 +174,7 @@ def make_job(
 
     ``layers_per_stage`` (one number or one per stage) lets plans use two-clock ops
     (:mod:`perseus.profile.two_clock`), priced with the even split or ``layer_time_fractions``
-    and the switch cost ``switch_latency_s`` / ``switch_energy_j``.
+    and the switch cost ``switch_latency_s`` / ``switch_energy_j`` / ``switch_stall_s``.
 
     Raises:
         ConfigError: if the profile's stage count differs from ``stages``, or sizes are bad.
@@ -179,7 +191,12 @@ def make_job(
         given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
         # Validated (and expanded to one per stage) here, so the spec holds checked values.
         split = build_layer_split(
-            list(given), stages, layer_time_fractions, switch_latency_s, switch_energy_j
+            list(given),
+            stages,
+            layer_time_fractions,
+            switch_latency_s,
+            switch_energy_j,
+            switch_stall_s,
         )
         layers = tuple(len(f) for f in split.layer_fractions)
     elif layer_time_fractions is not None:
@@ -206,5 +223,6 @@ def make_job(
         else tuple(tuple(float(w) for w in ws) for ws in layer_time_fractions),
         switch_latency_s=switch_latency_s,
         switch_energy_j=switch_energy_j,
+        switch_stall_s=switch_stall_s,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))

@@ -14,15 +14,19 @@ A plan op is a clock (an int, MHz) or, for a job with ``layers_per_stage``, a tw
 the rest at ``freq_b_mhz`` (:mod:`perseus.profile.two_clock`). Version-1 files (one clock
 per op) still read.
 
-Schema version 3 adds an optional ``power`` record to each point (:class:`PointPower`: the
+Schema version 3 adds, all optional: a ``power`` record on each point (:class:`PointPower`: the
 average, peak and minimum summed power of the pipeline over one iteration and its largest
-step change, from the exact timeline, see :mod:`perseus.solver.power`). A point without it
-digests as in version 2, so version-1 and version-2 files still read.
+step change, from the exact timeline, see :mod:`perseus.solver.power`); phased ops with memory
+clocks, a list of phases ``[[freq_mhz, mem_freq_mhz, first_layer], ...]`` (``mem_freq_mhz`` may
+be ``null``, the GPU's default memory clock; the first phase starts at layer 0), written only for
+an op that sets a memory clock or has more than two phases; and the job's ``switch_stall_s``.
+A point without these digests as in version 2, so version-1 and version-2 files still read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable
 from typing import Annotated, Literal
@@ -49,7 +53,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Literal[3] = 3
-#: Versions :class:`Frontier` reads (1 has no ``points_sha256``, 1 and 2 no point ``power``).
+#: Versions :class:`Frontier` reads (1 has no ``points_sha256``; 1 and 2 no point ``power``
+#: and no phased ops).
 SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -64,8 +69,15 @@ MAX_TIME_S = 1e7
 MAX_ENERGY_J = 1e15
 _Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
 _Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
-#: One op of a plan: a clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` for a two-clock op.
-PlanOp = ClockMHz | tuple[ClockMHz, ClockMHz, PositiveInt]
+#: One phase of a phased op: ``(freq_mhz, mem_freq_mhz or None, first_layer)``.
+PhaseSpec = tuple[ClockMHz, ClockMHz | None, Annotated[int, Field(ge=0, le=100_000)]]
+#: One op of a plan: a clock, ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` for a two-clock op, or
+#: a list of phases (:mod:`perseus.profile.two_clock`), at most 64.
+PlanOp = (
+    ClockMHz
+    | tuple[ClockMHz, ClockMHz, PositiveInt]
+    | Annotated[tuple[PhaseSpec, ...], Field(min_length=1, max_length=64)]
+)
 
 
 class JobSpec(BaseModel):
@@ -91,6 +103,7 @@ class JobSpec(BaseModel):
     ) = None
     switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
     switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
+    switch_stall_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
 
 
 class Baseline(BaseModel):
@@ -163,6 +176,20 @@ class PlanPoint(BaseModel):
         """The pipeline's average power: energy / iteration time (every schema version)."""
         return self.energy_j / self.time_s
 
+    @model_validator(mode="after")
+    def _check_phases(self) -> PlanPoint:
+        for r, rank in enumerate(self.freqs_mhz):
+            for j, op in enumerate(rank):
+                if isinstance(op, int) or isinstance(op[0], int):
+                    continue
+                firsts = [ph[2] for ph in op]
+                if firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
+                    raise ValueError(
+                        f"rank {r} op {j} {_show_op(op)}: phases start at layer 0 and then at "
+                        f"increasing layers, got first layers {firsts}"
+                    )
+        return self
+
     def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
         """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
 
@@ -173,22 +200,55 @@ class PlanPoint(BaseModel):
         out = []
         for j, op in enumerate(self.freqs_mhz[rank]):
             if not isinstance(op, int):
+                what = "a two-clock op" if isinstance(op[0], int) else "a phased op"
                 raise PlanError(
-                    f"rank {rank} op {j} is a two-clock op {list(op)}; this consumer runs "
-                    "one clock per op: plan with `max_clocks_per_op`=1"
+                    f"rank {rank} op {j} is {what} {_show_op(op)}; this consumer runs "
+                    "one clock per op: plan with `max_clocks_per_op`=1 and SM clocks only"
                 )
             out.append(op)
         return tuple(out)
 
     @property
     def num_two_clock_ops(self) -> int:
-        """Ops that switch clock mid-op (one switch each) per iteration."""
-        return sum(
-            1
+        """Ops that switch clock mid-op (one switch or more each) per iteration."""
+        return sum(1 for rank in self.freqs_mhz for op in rank if _switches(op))
+
+    @property
+    def num_switches(self) -> int:
+        """Mid-op clock switches per iteration (a phased op of ``p`` phases has ``p - 1``)."""
+        return sum(_switches(op) for rank in self.freqs_mhz for op in rank)
+
+    @property
+    def memory_clocks_mhz(self) -> frozenset[int]:
+        """The memory clocks the plan sets explicitly (empty: the GPU's default throughout)."""
+        return frozenset(
+            ph[1]
             for rank in self.freqs_mhz
             for op in rank
-            if not isinstance(op, int) and op[0] != op[1]
+            if not isinstance(op, int) and not isinstance(op[0], int)
+            for ph in op
+            if ph[1] is not None
         )
+
+
+def _switches(op: PlanOp) -> int:
+    if isinstance(op, int):
+        return 0
+    if isinstance(op[0], int):
+        return int(op[0] != op[1])
+    return sum(1 for a, b in itertools.pairwise(op) if a[:2] != b[:2])
+
+
+def _show_op(op: PlanOp) -> str:
+    return json.dumps(op)
+
+
+def _has_phases(point: PlanPoint) -> bool:
+    return any(
+        not isinstance(op, int) and not isinstance(op[0], int)
+        for rank in point.freqs_mhz
+        for op in rank
+    )
 
 
 def points_sha256(points: Iterable[PlanPoint]) -> str:
@@ -221,6 +281,10 @@ class Frontier(BaseModel):
             raise ValueError("points_sha256 needs schema_version 2 or later")
         if self.schema_version < 3 and any(p.power is not None for p in self.points):
             raise ValueError("point power figures need schema_version 3")
+        if self.schema_version < 3 and any(
+            p.memory_clocks_mhz or _has_phases(p) for p in self.points
+        ):
+            raise ValueError("phased ops (phase lists) need schema_version 3")
         if self.points_sha256 is not None and self.points_sha256 != points_sha256(self.points):
             raise ValueError(
                 "points do not match points_sha256: the file was edited or corrupted; "
@@ -299,6 +363,7 @@ class Frontier(BaseModel):
             "layer_time_fractions",
             "switch_latency_s",
             "switch_energy_j",
+            "switch_stall_s",
         }
         if not any(p.num_two_clock_ops for p in self.points):
             figures_only.add("layers_per_stage")

@@ -24,6 +24,7 @@ from typing import Any
 
 from perseus.device.base import GPU, ObserveOnlyWarning
 from perseus.device.nvml import LIMITING_REASONS, NvmlGPU, clock_event_names, probe_privilege
+from perseus.errors import DeviceError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "check_cuda",
     "check_energy_counter",
     "check_identity",
+    "check_memory_clock_locking",
     "check_power",
     "check_set_latency",
     "check_simulated",
@@ -135,18 +137,26 @@ def check_identity(gpu: NvmlGPU) -> Check:
 
 def check_clocks(gpu: NvmlGPU) -> Check:
     clocks = gpu.supported_clocks_mhz()
-    mem = gpu.query("nvmlDeviceGetSupportedMemoryClocks")
+    mem = sorted({int(m) for m in gpu.query("nvmlDeviceGetSupportedMemoryClocks")}, reverse=True)
+    # Whether plans may use (SM, memory) clock pairs here (GDDR boards, Ampere and newer).
+    mem_lock = gpu.memory_clock_control()
     data = {
         "sm_clocks_mhz": list(clocks),
         "count": len(clocks),
         "min_mhz": clocks[-1],
         "max_mhz": clocks[0],
-        "memory_clock_mhz": max(int(m) for m in mem),
+        "memory_clock_mhz": mem[0],
+        "memory_clocks_mhz": mem,
+        "memory_clock_locking": "possible" if mem_lock is None else mem_lock,
     }
+    memory = f"memory {data['memory_clock_mhz']} MHz"
+    if len(mem) > 1:
+        lockable = "lockable" if mem_lock is None else f"not lockable: {mem_lock}"
+        memory = f"memory {'/'.join(map(str, mem))} MHz, {lockable}"
     return Check(
         "supported clocks",
         "ok" if len(clocks) > 1 else "fail",
-        f"{_mhz_range(clocks)} (memory {data['memory_clock_mhz']} MHz)",
+        f"{_mhz_range(clocks)} ({memory})",
         data,
         "" if len(clocks) > 1 else "the driver offers one SM clock: nothing to choose from",
     )
@@ -204,6 +214,37 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
             _HOW_TO_ALLOW + app_hint,
         )
     return Check("clock locking", "ok", f"allowed ({why}); application clocks: {app}", data)
+
+
+def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
+    """Lock the memory clock to its second-highest value and reset it (only when clock locking
+    is allowed and the GPU lists several memory clocks): whether plans with (SM, memory)
+    clock pairs can run here."""
+    name = "memory clock locking"
+    mem = gpu.supported_memory_clocks_mhz()
+    data: dict[str, Any] = {"memory_clocks_mhz": list(mem)}
+    why = gpu.memory_clock_control()
+    if len(mem) < 2:
+        return Check(name, "skip", f"one memory clock ({mem[0]} MHz): SM clocks only", data)
+    if not clock_locking_ok or why is not None:
+        reason = why or "clock locking not allowed"
+        return Check(name, "skip", f"not tried ({reason})", data)
+    try:
+        applied = gpu.set_memory_locked_clock(mem[1])
+    except DeviceError as e:
+        data["error"] = type(e).__name__
+        return Check(
+            name,
+            "warn",
+            f"the driver refused a memory lock: {str(e).splitlines()[0]}",
+            data,
+            "plan with SM clocks only on this GPU (a profile without mem_freq_mhz)",
+        )
+    finally:
+        with contextlib.suppress(DeviceError):
+            gpu.reset_memory_locked_clock()
+    data["tried_mhz"] = applied
+    return Check(name, "ok", f"locked {applied} MHz and reset: clock pairs can run here", data)
 
 
 def _targets(clocks: Sequence[int], count: int) -> list[int]:

@@ -24,7 +24,11 @@ from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
-from perseus.profile.two_clock import DEFAULT_SWITCH_ENERGY_J, DEFAULT_SWITCH_LATENCY_S
+from perseus.profile.two_clock import (
+    DEFAULT_SWITCH_ENERGY_J,
+    DEFAULT_SWITCH_LATENCY_S,
+    DEFAULT_SWITCH_STALL_S,
+)
 from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import MAX_LAYERS_PER_STAGE, check_job_size, show_value
 
@@ -48,6 +52,7 @@ _DEFAULTS: dict[str, object] = {
     "backward_split": DEFAULT_BACKWARD_SPLIT,
     "switch_latency_s": DEFAULT_SWITCH_LATENCY_S,
     "switch_energy_j": DEFAULT_SWITCH_ENERGY_J,
+    "switch_stall_s": DEFAULT_SWITCH_STALL_S,
 }
 #: Job fields a TOML config can set (flags given on the command line override them).
 CONFIG_FIELDS = (
@@ -62,6 +67,7 @@ CONFIG_FIELDS = (
     "layer_time_fractions",
     "switch_latency_s",
     "switch_energy_j",
+    "switch_stall_s",
     "max_clocks_per_op",
 )
 
@@ -138,6 +144,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = 
         "--switch-energy-j",
         type=float_arg(ge=0, le=1e6, unit="J"),
         help=f"extra energy per mid-op clock switch (default {DEFAULT_SWITCH_ENERGY_J})",
+    )
+    parser.add_argument(
+        "--switch-stall-s",
+        type=float_arg(ge=0, le=60, unit="s"),
+        help="time an op stalls per mid-op switch, drawn at the new clock's power (default "
+        f"{DEFAULT_SWITCH_STALL_S}; a runtime that waits for the set call: the set latency)",
     )
 
 
@@ -251,6 +263,7 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         layer_time_fractions=getattr(args, "layer_time_fractions", None),
         switch_latency_s=args.switch_latency_s,
         switch_energy_j=args.switch_energy_j,
+        switch_stall_s=args.switch_stall_s,
     )
 
 
@@ -355,6 +368,7 @@ def job_from_frontier(
         layer_time_fractions=j.layer_time_fractions,
         switch_latency_s=j.switch_latency_s,
         switch_energy_j=j.switch_energy_j,
+        switch_stall_s=j.switch_stall_s,
     )
     if job.spec.profile_sha256 != j.profile_sha256:
         raise ConfigError(

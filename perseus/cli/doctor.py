@@ -37,6 +37,7 @@ from perseus.cli._doctor_checks import (
     check_cuda,
     check_energy_counter,
     check_identity,
+    check_memory_clock_locking,
     check_power,
     check_set_latency,
     check_simulated,
@@ -221,6 +222,12 @@ def _diagnose_gpu(
             checks.append(probe("supported clocks", lambda: check_clocks(gpu)))
             control = probe("clock locking", lambda: check_clock_control(gpu, no_clock_changes))
             checks.append(control)
+            checks.append(
+                probe(
+                    "memory clock locking",
+                    lambda: check_memory_clock_locking(gpu, control.status == "ok"),
+                )
+            )
             if control.status == "ok":
                 checks.append(probe("set latency", lambda: check_set_latency(gpu)))
             else:

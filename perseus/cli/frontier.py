@@ -64,9 +64,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--max-clocks-per-op",
         type=int,
-        choices=(1, 2),
+        choices=(1, 2, 3, 4),
         help="1: one clock per op; 2: an op may switch clock once at a layer boundary (needs "
-        "--layers-per-stage; the default when it is given)",
+        "--layers-per-stage; the default when it is given); 3-4: up to that many phases",
     )
     p.set_defaults(handler=run)
 
@@ -132,9 +132,10 @@ def run(args: argparse.Namespace) -> int:
         file=say,
     )
     if same_speed.num_two_clock_ops:
-        print(
-            f"two-clock:   {same_speed.num_two_clock_ops} mid-op switches per iteration", file=say
-        )
+        print(f"two-clock:   {same_speed.num_switches} mid-op switches per iteration", file=say)
+    if same_speed.memory_clocks_mhz:
+        mem = ", ".join(str(m) for m in sorted(same_speed.memory_clocks_mhz))
+        print(f"memory:      the no-slowdown plan sets memory clocks {mem} MHz", file=say)
     if not result.complete:
         print(
             f"warning: the min-cut walk stopped early ({result.stop_reason}) after "

@@ -8,8 +8,10 @@ Every figure perseus reports for a plan comes from here.
 * **Energy** is ``Σ_ops e(stage, kind, f) + P_block · Σ_ranks (T − busy(rank))``: each rank is
   one GPU that draws the blocking power whenever it is not computing (bubbles and P2P waits).
 * **Two-clock ops** (a plan given as an (N, 3) array of ``(freq_a_mhz, freq_b_mhz,
-  layers_at_a)``) cost what :func:`perseus.profile.two_clock.two_clock_cost` says: the
-  layer-weighted mix of the two clocks plus the switch cost.
+  layers_at_a)``) and **phased ops** (a plan given as a list of plan ops, any of which may be
+  a list of ``(freq_mhz, mem_freq_mhz, first_layer)`` phases) cost what
+  :func:`perseus.profile.two_clock.phased_cost` says: the layer-weighted mix of the phases'
+  clock pairs plus the switch costs.
 
 The longest path itself is :func:`longest_path`, the one implementation every caller uses
 (the solver's compiled loops run the same recurrence on CSR arrays, see
@@ -26,8 +28,8 @@ import numpy.typing as npt
 
 from perseus.dag.graph import OpGraph
 from perseus.errors import PlanError
-from perseus.profile.model import Profile
-from perseus.profile.two_clock import LayerSplit, check_op, op_clocks, two_clock_cost
+from perseus.profile.model import OpOption, Profile
+from perseus.profile.two_clock import LayerSplit, Phase, check_phases, op_phases, phased_cost
 from perseus.schedule.actions import Kind
 
 __all__ = [
@@ -42,6 +44,9 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+#: A plan as the evaluator takes it: per-node clocks (N,), two-clock rows (N, 3), or a list of
+#: plan ops in any form :func:`perseus.profile.two_clock.op_phases` reads.
+PlanArg = Sequence[int] | IntArray | Sequence[object]
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ def evaluate_many(
 def op_costs(
     graph: OpGraph,
     profile: Profile,
-    freqs_mhz: Sequence[int] | IntArray,
+    freqs_mhz: PlanArg,
     split: LayerSplit | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Per-node (time_s, energy_j) of a plan.
@@ -131,58 +136,83 @@ def op_costs(
         graph: The DAG.
         profile: Its profile.
         freqs_mhz: (N,) clocks, or (N, 3) ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows
-            (one-clock ops as ``(f, f, 0)``), node order rank-major.
-        split: How two-clock ops are priced (the job's layers and switch cost); needed only
-            when the plan has two-clock ops.
+            (one-clock ops as ``(f, f, 0)``), or a list of N plan ops of any form (a clock, a
+            two-clock triple, or a list of ``(freq_mhz, mem_freq_mhz, first_layer)`` phases),
+            node order rank-major. A clock without a memory clock means the default one.
+        split: How multi-phase ops are priced (the job's layers and switch cost); needed only
+            when the plan has such ops.
 
     Raises:
-        PlanError: if the plan has the wrong length, a clock the profile lacks for that op, or
-            a two-clock op the job cannot run.
+        PlanError: if the plan has the wrong length, a clock (pair) the profile lacks for that
+            op, or a multi-phase op the job cannot run.
     """
-    freqs = np.asarray(freqs_mhz, dtype=np.int64)
-    if freqs.ndim == 1:
-        freqs = freqs[:, None]
-    if freqs.shape[0] != graph.num_nodes or freqs.shape[1] not in (1, 3):
-        raise PlanError(
-            f"plan has {freqs.shape[0]} clocks but the schedule has {graph.num_nodes} ops"
-        )
+    ops = _plan_rows(graph, freqs_mhz)
     kinds = list(Kind)
     time_s = np.empty(graph.num_nodes)
     energy_j = np.empty(graph.num_nodes)
-    cache: dict[tuple[int, int, int, int, int], tuple[float, float]] = {}
-    rows = freqs.tolist()
+    cache: dict[tuple[int, int, tuple[Phase, ...]], tuple[float, float]] = {}
     stages, kind_codes = graph.stage.tolist(), graph.kind.tolist()
     for i in range(graph.num_nodes):
-        op_spec = op_clocks(rows[i][0] if len(rows[i]) == 1 else rows[i])
-        key = (stages[i], kind_codes[i], *op_spec)
+        phases = op_phases(ops[i])  # type: ignore[arg-type]
+        key = (stages[i], kind_codes[i], phases)
         hit = cache.get(key)
         if hit is None:
             op = profile.op(stages[i], kinds[kind_codes[i]])
-            check_op(op_spec, stages[i], split)
-            try:
-                a = op.at(op_spec.freq_a_mhz)
-                b = op.at(op_spec.freq_b_mhz)
-            except KeyError as e:
-                r = int(graph.rank[i])
-                j = i - int(graph.rank_start[r])
-                raise PlanError(
-                    f"plan clock {e.args[0]} MHz for rank {r} op {j} ({graph.actions[i]}) was "
-                    f"not profiled for stage {op.stage_index} {op.kind.profile_name}; profiled "
-                    f"clocks are {op.options[-1].freq_mhz}..{op.options[0].freq_mhz} MHz"
-                ) from None
-            if op_spec.is_two_clock and split is not None:  # check_op raised if no split
-                hit = two_clock_cost(a, b, split.work_before(stages[i], op_spec.layers_at_a), split)
+            check_phases(phases, stages[i], split)
+            chosen: list[OpOption] = []
+            for ph in phases:
+                try:
+                    chosen.append(op.at(ph.freq_mhz, ph.mem_freq_mhz))
+                except KeyError:
+                    r = int(graph.rank[i])
+                    j = i - int(graph.rank_start[r])
+                    clock = (
+                        f"{ph.freq_mhz} MHz"
+                        if ph.mem_freq_mhz is None
+                        else f"{ph.freq_mhz}/{ph.mem_freq_mhz} MHz (SM/memory)"
+                    )
+                    raise PlanError(
+                        f"plan clock {clock} for rank {r} op {j} ({graph.actions[i]}) was "
+                        f"not profiled for stage {op.stage_index} {op.kind.profile_name}; "
+                        f"profiled clocks are {op.options[-1].freq_mhz}.."
+                        f"{op.options[0].freq_mhz} MHz"
+                        + ("" if op.has_memory_clocks else " at the one memory clock")
+                    ) from None
+            if len(chosen) == 1:
+                hit = (chosen[0].time_s, chosen[0].energy_j)
             else:
-                hit = (a.time_s, a.energy_j)
+                assert split is not None  # check_phases raised without one
+                hit = phased_cost(
+                    chosen,
+                    [split.work_before(stages[i], ph.first_layer) for ph in phases[1:]],
+                    split,
+                )
             cache[key] = hit
         time_s[i], energy_j[i] = hit
     return time_s, energy_j
 
 
+def _plan_rows(graph: OpGraph, freqs_mhz: PlanArg) -> list[object]:
+    """The plan as one plan op per node, or :class:`PlanError` on a bad length/shape."""
+    if isinstance(freqs_mhz, np.ndarray) or all(isinstance(f, int) for f in freqs_mhz):
+        freqs = np.asarray(freqs_mhz, dtype=np.int64)
+        if freqs.ndim == 1:
+            freqs = freqs[:, None]
+        if freqs.ndim != 2 or freqs.shape[0] != graph.num_nodes or freqs.shape[1] not in (1, 3):
+            raise PlanError(
+                f"plan has {freqs.shape[0]} clocks but the schedule has {graph.num_nodes} ops"
+            )
+        return [r[0] if len(r) == 1 else r for r in freqs.tolist()]
+    ops = list(freqs_mhz)
+    if len(ops) != graph.num_nodes:
+        raise PlanError(f"plan has {len(ops)} ops but the schedule has {graph.num_nodes} ops")
+    return ops
+
+
 def evaluate_freqs(
     graph: OpGraph,
     profile: Profile,
-    freqs_mhz: Sequence[int] | IntArray,
+    freqs_mhz: PlanArg,
     *,
     blocking_power_w: float,
     split: LayerSplit | None = None,

@@ -77,6 +77,7 @@ _GPU_IS_LOST = 15
 _FREQ_NOT_SUPPORTED = 24
 _UNKNOWN = 999
 _ARCH_VOLTA = 5
+_ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
 _CLOCK_SM = 1
 _MIG_ENABLE = 1
 _CAP_SYS_ADMIN = 21
@@ -312,6 +313,9 @@ class NvmlGPU:
         self._name = ""
         self._clocks: tuple[int, ...] = ()
         self._locked: int | None = None
+        self._mem_clocks: tuple[int, ...] = ()
+        self._mem_locked: int | None = None
+        self._arch = 0
         self.observe_only_reason: str | None = None
         self.persistence_mode: bool | None = None
         self.initial_power_limit_mw: int | None = None
@@ -387,7 +391,10 @@ class NvmlGPU:
         reason: str | None = None
         if arch < _ARCH_VOLTA:
             reason = f"architecture {arch} is older than Volta"
-        mem = max(call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what))
+        mem_clocks = call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what)
+        self._mem_clocks = tuple(sorted({int(c) for c in mem_clocks}, reverse=True))
+        self._arch = int(arch)
+        mem = max(mem_clocks)
         clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
         self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
         if not self._clocks:
@@ -419,7 +426,7 @@ class NvmlGPU:
         if self._handle is None:
             return
         try:
-            if self._locked is not None:
+            if self._locked is not None or self._mem_locked is not None:
                 self.reset_locked_clock()
             if self._power_limit_set is not None:  # a recurring job's limit (see below)
                 self.reset_power_limit()
@@ -520,10 +527,74 @@ class NvmlGPU:
         return snapped
 
     def reset_locked_clock(self) -> None:
+        """Reset the SM clock lock and, when this object locked it, the memory clock lock:
+        every reset path (close, the agent's exit and signal teardown) comes through here."""
         handle = self._h()
         self._require_control("reset clocks")
-        call_nvml(self._api, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
-        self._locked = None
+        try:
+            call_nvml(self._api, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
+            self._locked = None
+        finally:
+            if self._mem_locked is not None:
+                self.reset_memory_locked_clock()
+
+    # -----------------------------------------------------------------------------------------
+    # Memory clocks (GDDR boards, Ampere and newer)
+
+    def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
+        """The memory clocks NVML reports (``nvmlDeviceGetSupportedMemoryClocks``), highest
+        first; one entry on HBM boards."""
+        self._h()
+        return self._mem_clocks
+
+    def memory_clock_control(self) -> str | None:
+        """Why the memory clock cannot be locked here, or None when it can: it needs control
+        (not observe-only, privileged), an Ampere or newer GPU
+        (``nvmlDeviceSetMemoryLockedClocks``) and more than one supported memory clock."""
+        self._h()
+        if self.observe_only_reason is not None:
+            return self.observe_only_reason
+        if self._arch < _ARCH_AMPERE:
+            return f"architecture {self._arch} is older than Ampere (memory locks need Ampere+)"
+        if len(self._mem_clocks) < 2:
+            return f"one memory clock only ({', '.join(map(str, self._mem_clocks))} MHz: HBM)"
+        return None
+
+    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
+        """Lock the memory clock (min = max = the nearest supported memory clock).
+
+        Raises:
+            DevicePermissionError: observe-only or unprivileged.
+            DeviceNotSupportedError: the GPU cannot lock its memory clock (see
+                :meth:`memory_clock_control`), or the driver says so.
+        """
+        handle = self._h()
+        self._require_control("lock memory clocks")
+        why = self.memory_clock_control()
+        if why is not None:
+            raise DeviceNotSupportedError(f"{self._what()}: cannot lock memory clocks: {why}")
+        snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
+        call_nvml(
+            self._api,
+            "nvmlDeviceSetMemoryLockedClocks",
+            handle,
+            snapped,
+            snapped,
+            what=self._what(),
+        )
+        self._mem_locked = snapped
+        return snapped
+
+    def reset_memory_locked_clock(self) -> None:
+        """Reset the memory clock lock (``nvmlDeviceResetMemoryLockedClocks``)."""
+        handle = self._h()
+        self._require_control("reset memory clocks")
+        call_nvml(self._api, "nvmlDeviceResetMemoryLockedClocks", handle, what=self._what())
+        self._mem_locked = None
+
+    def locked_memory_clock_mhz(self) -> int | None:
+        """The memory lock this process set."""
+        return self._mem_locked
 
     def locked_clock_mhz(self) -> int | None:
         """The lock this process set (NVML cannot read back another process's lock)."""
@@ -682,6 +753,8 @@ class NvmlGPU:
         module_file = getattr(self._nvml, "__file__", None)
         if isinstance(self._nvml, ModuleType) and self._nvml.__name__ != "pynvml" and module_file:
             spec["nvml_module_path"] = str(module_file)
+        if self.is_open and self.memory_clock_control() is None:
+            spec["memory_clocks"] = True  # the watchdog and the next owner reset them too
         return spec
 
     def __repr__(self) -> str:

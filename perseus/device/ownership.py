@@ -203,6 +203,8 @@ def _reset_sim_state(state: dict[str, Any] | None, sim_state: ModuleType) -> dic
     if callable(to_defaults):
         to_defaults(state)
     state["locked_mhz"] = None
+    if "mem_locked_mhz" in state:  # a simulated GDDR board's memory lock
+        state["mem_locked_mhz"] = None
     if "power_limit_w" in state:
         state["power_limit_w"] = None  # None: the GPU's default limit
     return state
@@ -229,8 +231,9 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner, for the watchdog)
     opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}`` (the
     locked clock and the power limit go back to the defaults in the state file) or
-    ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``, and the power limit
-    set to ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs).
+    ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``,
+    ``nvmlDeviceResetMemoryLockedClocks`` when the spec says ``memory_clocks``, and the power
+    limit set to ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs).
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
@@ -257,6 +260,9 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
             nvml.nvmlDeviceResetGpuLockedClocks(handle)
+            if spec.get("memory_clocks"):  # a GDDR board whose memory clock may be locked
+                with contextlib.suppress(nvml.NVMLError):
+                    nvml.nvmlDeviceResetMemoryLockedClocks(handle)
             # The default, not the limit found at open: a rank may have lowered it before.
             default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
             current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))

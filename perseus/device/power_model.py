@@ -6,15 +6,36 @@ max of compute and memory time or the simpler linear compute-bound share. A powe
 the *effective* clock to the highest supported clock whose power fits. All functions are pure
 (no clock, no files) so the sanity check of docs/hardware.md#sim-defaults can be checked exactly in
 tests.
+
+**Memory clocks** (:class:`MemoryModel`, GDDR boards whose memory clock NVML can lock): the
+memory draws ``P_mem(g) = P_mem_max·(s + (1 − s)·g/g_max)`` (a static share ``s`` and an I/O
+share that scales with the data rate), and a share ``β`` of an op's time at the highest clocks
+is bound by memory bandwidth, so the op time at SM clock ``f`` and memory clock ``g`` is
+``t(f) + β·t_ref·(g_max/g − 1)``. With the linear SM model ``t(f)/t_ref = α·f_ref/f + 1 − α``
+this is ``t/t_ref = α·f_ref/f + β·g_max/g + (1 − α − β)``: a memory-bound op (large ``β``)
+loses little time at a low SM clock and a compute-bound one (small ``β``) little at a low
+memory clock. At ``g = g_max`` everything is as without the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["PowerModel", "TimeModel", "capped_clock_mhz"]
+from perseus.errors import ConfigError
+from perseus.profile.model import OpOption, Profile, ProfileRow, build_profile
+from perseus.schedule.actions import Kind
+
+__all__ = [
+    "MemoryModel",
+    "PowerModel",
+    "TimeModel",
+    "capped_clock_mhz",
+    "memory_clock_option",
+    "with_memory_clocks",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +128,95 @@ def capped_clock_mhz(
         if power_of[f] <= cap_w:
             return f
     return candidates[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryModel:
+    """A lockable memory clock: its power and how much of each op kind it bounds.
+
+    Attributes:
+        clocks_mhz: Supported memory clocks, highest first (the default is the first).
+        power_at_max_w: Memory power under load at the highest memory clock (already part of
+            the SM model's power, which was fitted at that clock).
+        static_share: Share of that power that does not scale with the memory clock.
+        memory_bound_share: Per op kind, the share ``β`` of its time at the highest clocks
+            that scales with ``1/g`` (memory-bandwidth bound).
+        source: Where the figures come from (or why they are estimates).
+    """
+
+    clocks_mhz: tuple[int, ...]
+    power_at_max_w: float
+    static_share: float
+    memory_bound_share: Mapping[Kind, float] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.clocks_mhz or list(self.clocks_mhz) != sorted(self.clocks_mhz, reverse=True):
+            raise ConfigError(
+                f"memory clocks must be a non-empty list, highest first; got {self.clocks_mhz}"
+            )
+        if not (math.isfinite(self.power_at_max_w) and self.power_at_max_w >= 0):
+            raise ConfigError(f"memory power must be >= 0 W, got {self.power_at_max_w}")
+        if not 0.0 <= self.static_share <= 1.0:
+            raise ConfigError(f"memory static share must be in [0, 1], got {self.static_share}")
+        for kind, beta in self.memory_bound_share.items():
+            if not 0.0 <= beta < 1.0:
+                raise ConfigError(
+                    f"memory-bound share of {kind.profile_name} must be in [0, 1), got {beta}"
+                )
+
+    @property
+    def max_mhz(self) -> int:
+        return self.clocks_mhz[0]
+
+    def power_w(self, mem_freq_mhz: float) -> float:
+        """``P_mem(g)`` under load."""
+        share = self.static_share + (1.0 - self.static_share) * mem_freq_mhz / self.max_mhz
+        return self.power_at_max_w * share
+
+    def extra_time_s(self, kind: Kind, ref_time_s: float, mem_freq_mhz: float) -> float:
+        """Time an op of ``kind`` (``ref_time_s`` at the highest clocks) gains at ``g``."""
+        beta = self.memory_bound_share.get(kind, 0.0)
+        return beta * ref_time_s * (self.max_mhz / mem_freq_mhz - 1.0)
+
+
+def memory_clock_option(
+    at_max_mem: OpOption, ref_time_s: float, kind: Kind, model: MemoryModel, mem_freq_mhz: int
+) -> OpOption:
+    """The option of an op at memory clock ``mem_freq_mhz``, from its option at the same SM
+    clock and the highest memory clock (see the module docstring).
+
+    ``ref_time_s`` is the op's time at the highest clocks. The op's power changes by
+    ``P_mem(g) − P_mem(g_max)`` and its time by :meth:`MemoryModel.extra_time_s`.
+    """
+    time_s = at_max_mem.time_s + model.extra_time_s(kind, ref_time_s, mem_freq_mhz)
+    power_w = (
+        at_max_mem.energy_j / at_max_mem.time_s
+        - model.power_w(model.max_mhz)
+        + model.power_w(mem_freq_mhz)
+    )
+    return OpOption(at_max_mem.freq_mhz, time_s, power_w * time_s, mem_freq_mhz)
+
+
+def with_memory_clocks(profile: Profile, model: MemoryModel) -> Profile:
+    """A profile of (SM, memory) clock pairs made from one measured at the default memory
+    clock: every option at every memory clock of ``model`` (:func:`memory_clock_option`).
+
+    Complexity: O(options × memory clocks).
+
+    Raises:
+        ConfigError: if ``profile`` already has memory clocks.
+    """
+    rows: list[ProfileRow] = []
+    for (stage, kind), op in profile.ops.items():
+        if op.has_memory_clocks:
+            raise ConfigError(
+                f"{profile.source}: already has memory clocks; derive pairs from a profile "
+                "measured at the default memory clock"
+            )
+        ref = op.max_freq.time_s
+        for o in op.options:
+            for g in model.clocks_mhz:
+                x = o if g == model.max_mhz else memory_clock_option(o, ref, kind, model, g)
+                rows.append((stage, kind, o.freq_mhz, x.time_s, x.energy_j, g))
+    return build_profile(rows, source=f"{profile.source} (memory clocks {list(model.clocks_mhz)})")

@@ -10,6 +10,11 @@ Blocking power (the GPU's draw while blocked on P2P or a collective, which the p
 for every second a GPU waits) is known per GPU family (:data:`BLOCKING_POWER`):
 :func:`blocking_power_for` gives it for a device, and ``perseus doctor`` measures it on a GPU
 the table does not know.
+
+Memory clocks: GDDR boards (the ``a40`` preset) carry a :class:`MemoryModel` (lockable memory
+clocks, memory power, a memory-bound share per op kind); HBM boards have one memory clock and
+none. Clock-switch costs per architecture are in :data:`SWITCH_COSTS`
+(:func:`switch_cost_for`), each with its source.
 """
 
 from __future__ import annotations
@@ -20,19 +25,23 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from perseus.device.base import GPU
-from perseus.device.power_model import PowerModel, TimeModel
+from perseus.device.power_model import MemoryModel, PowerModel, TimeModel
 from perseus.errors import ConfigError
 from perseus.schedule.actions import Kind
 
 __all__ = [
+    "A40_MEMORY",
     "BLOCKING_POWER",
     "PRESETS",
+    "SWITCH_COSTS",
     "BlockingPower",
     "DeclaresBlockingPower",
     "GPUPreset",
+    "SwitchCost",
     "blocking_power_for",
     "blocking_power_of_name",
     "get_preset",
+    "switch_cost_for",
 ]
 
 _log = logging.getLogger(__name__)
@@ -96,6 +105,8 @@ class GPUPreset:
         op_time_s: Reference time of one op of each kind at the highest clock, uncapped.
         idle_clock_mhz: Clock reported while idle and unlocked.
         estimated: True when the numbers are placeholders not yet checked on hardware.
+        memory: Lockable memory clocks and their model (GDDR boards); None for one fixed
+            memory clock (HBM boards).
     """
 
     key: str
@@ -108,6 +119,84 @@ class GPUPreset:
     op_time_s: dict[Kind, float] = field(default_factory=dict)
     idle_clock_mhz: int = 210
     estimated: bool = False
+    memory: MemoryModel | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchCost:
+    """What one clock change costs on an architecture, and where the figures come from.
+
+    Attributes:
+        architecture: ``"ampere"``, ``"hopper"``, ``"blackwell"``.
+        latency_s: Median length of a locked-clock set call; the old clocks run meanwhile.
+        source: Where the figure comes from.
+        estimated: True when nobody measured it on that architecture.
+    """
+
+    architecture: str
+    latency_s: float
+    source: str
+    estimated: bool = False
+
+
+#: Clock-switch latency per architecture. A plan charges each mid-op switch ``latency_s`` as
+#: the time the old clock keeps running and, where a runtime waits for the call (or a GDDR
+#: memory-clock change stalls the memory), as a stall (``switch_stall_s`` of the job).
+SWITCH_COSTS: dict[str, SwitchCost] = {
+    "ampere": SwitchCost(
+        "ampere",
+        0.005,
+        "measured: median nvmlDeviceSetGpuLockedClocks call 5 ms (p90 7.5, p99 12, max 15 ms) "
+        "in a public V100-class DVFS latency report used for A100/A40 (GPU-backend notes §5.1, "
+        "S5); Velicka et al., arXiv:2502.20075, measure A100 switching latencies by the same "
+        "method",
+    ),
+    "hopper": SwitchCost(
+        "hopper",
+        0.005,
+        "estimate: the Ampere figure (GPU-backend notes §5.1 'same [E]'); arXiv:2502.20075 "
+        "measures a GH200 and reports latencies that vary strongly with the target clock",
+        estimated=True,
+    ),
+    "blackwell": SwitchCost(
+        "blackwell",
+        0.0005,
+        "estimate: a tenth of Hopper's, standing for 'reported far lower' on Blackwell; no "
+        "public measurement was found; measure it before relying on it",
+        estimated=True,
+    ),
+}
+
+
+def switch_cost_for(architecture: str) -> SwitchCost:
+    """The :data:`SWITCH_COSTS` entry of ``architecture`` (case-insensitive).
+
+    Raises:
+        ConfigError: naming the known architectures.
+    """
+    try:
+        return SWITCH_COSTS[architecture.lower()]
+    except KeyError:
+        raise ConfigError(
+            f"unknown GPU architecture {architecture!r} for a switch cost; choose one of "
+            f"{', '.join(sorted(SWITCH_COSTS))}"
+        ) from None
+
+
+#: The A40's GDDR6 memory clocks and their model. All figures are estimates [E]: the clock list
+#: is the one ``nvidia-smi -q -d SUPPORTED_CLOCKS`` shows on GA102 boards (7251 MHz at full
+#: speed, 5001 MHz, and the idle states 810/405 MHz); the memory power (60 W for 48 GB of GDDR6
+#: at full speed, 30 % of it static) is a per-device estimate, not a measurement. The
+#: memory-bound shares split the part of an op's time that the fitted A40 SM model does not
+#: scale with the SM clock (1 - alpha = 0.58): forward 0.20 (attention and layer norms move
+#: activations), backward 0.15, weight gradient 0.10 (GEMM-dominated).
+A40_MEMORY = MemoryModel(
+    clocks_mhz=(7251, 5001, 810, 405),
+    power_at_max_w=60.0,
+    static_share=0.3,
+    memory_bound_share={Kind.F: 0.20, Kind.B: 0.15, Kind.W: 0.10},
+    source="estimate: GA102 memory clock list; 60 W GDDR6 power; shares from the A40 time fit",
+)
 
 
 _A100_POWER = PowerModel(
@@ -164,6 +253,7 @@ PRESETS: dict[str, GPUPreset] = {
         power_cap_w=300.0,
         activity=1.0,
         op_time_s={Kind.F: 0.112, Kind.B: 0.277, Kind.W: 0.1385},
+        memory=A40_MEMORY,
     ),
     "h100": GPUPreset(
         key="h100",

@@ -533,6 +533,13 @@ class SimStream:
             self.lock_applied_s = now
             self._publish(now, lock_changed=True)
 
+    def reprice(self) -> None:
+        """Re-plan the queued ops now at unchanged lock and cap (a memory-clock change)."""
+        with self._lock:
+            now = self._gpu._clock()
+            self._commit(now)
+            self._publish(now)
+
     def set_cap(self, cap_w: float | None) -> None:
         """Apply a new power cap now (a power limit set or reset; the clock follows at once)."""
         with self._lock:

@@ -45,7 +45,7 @@ from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.ownership import owner_lock_path
-from perseus.device.power_model import capped_clock_mhz
+from perseus.device.power_model import capped_clock_mhz, memory_clock_option
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_state import (
     SimStateFile,
@@ -62,17 +62,20 @@ from perseus.device.sim_stream import OpTrace, SimEvent, SimNoise, SimStream
 from perseus.errors import (
     ConfigError,
     DeviceError,
+    DeviceNotSupportedError,
     DevicePermissionError,
     PerseusError,
     ProfileError,
 )
-from perseus.profile.model import Profile
+from perseus.profile.model import OpOption, Profile
 from perseus.schedule.actions import Kind
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
 
 # (stage_index, kind, freq_mhz) -> (time_s, energy_j) at that clock, before slowdown.
 OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
+#: ``(time_s, energy_j)`` of an op at an SM clock and a (locked, non-default) memory clock.
+MemCostFn = Callable[[int, Kind, int, int], tuple[float, float]]
 
 
 def sim_uuid(index: int) -> str:
@@ -109,6 +112,10 @@ class SimulatedGPU:
         sleep: How to wait out the set latency and event waits (tests inject a no-op).
         seed: Seed of the set-latency draws (the noise has its own seed).
         trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`; benchmarks).
+        memory_clocks_mhz: Lockable memory clocks, highest (the default) first; empty for one
+            fixed memory clock (HBM).
+        mem_cost_fn: The op cost at an SM clock and a locked memory clock (needed with
+            ``memory_clocks_mhz``). The power cap is applied on default-memory power.
     """
 
     def __init__(
@@ -133,6 +140,8 @@ class SimulatedGPU:
         sleep: Callable[[float], None] = time.sleep,
         seed: int = 0,
         trace_ops: bool = False,
+        memory_clocks_mhz: tuple[int, ...] = (),
+        mem_cost_fn: MemCostFn | None = None,
     ) -> None:
         if not clocks_mhz:
             raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
@@ -177,6 +186,11 @@ class SimulatedGPU:
         self._last_mj = 0
         self._attach_lock = threading.Lock()
         self._stream = SimStream(self)
+        self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
+        if len(self._mem_clocks) > 1 and mem_cost_fn is None:
+            raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
+        self._mem_cost_fn = mem_cost_fn
+        self._mem_locked: int | None = None  # this process's memory lock (also in the state)
         if trace_ops:
             self._stream.trace = []
 
@@ -203,10 +217,26 @@ class SimulatedGPU:
         was not profiled at uses its nearest profiled clock.
         """
         clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
+        # An SM clock alone means the default (highest) memory clock: OpProfile.at.
         tables = {
-            key: {o.freq_mhz: (o.time_s, o.energy_j) for o in op.options}
+            key: {f: (op.at(f).time_s, op.at(f).energy_j) for f in {o.freq_mhz for o in op.options}}
             for key, op in profile.ops.items()
         }
+        pairs = {
+            key: {o.clocks: (o.time_s, o.energy_j) for o in op.options}
+            for key, op in profile.ops.items()
+        }
+        mem_clocks = sorted(
+            {o.mem_freq_mhz for op in profile.ops.values() for o in op.options if o.mem_freq_mhz},
+            reverse=True,
+        )
+
+        def mem_cost(
+            stage_index: int, kind: Kind, freq_mhz: int, mem_mhz: int
+        ) -> tuple[float, float]:
+            table = pairs[(stage_index, kind)]
+            near = min(table, key=lambda c: (abs(c[0] - freq_mhz), abs((c[1] or 0) - mem_mhz)))
+            return table[near]
 
         def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
             table = tables.get((stage_index, kind))
@@ -231,6 +261,8 @@ class SimulatedGPU:
             set_latency_s=set_latency_s,
             power_cap_w=power_cap_w,
             source=f"profile {profile.source}",
+            memory_clocks_mhz=tuple(mem_clocks),
+            mem_cost_fn=mem_cost if len(mem_clocks) > 1 else None,
             **kwargs,
         )
 
@@ -292,6 +324,16 @@ class SimulatedGPU:
             t = times[kind] * model_time.factor(freq_mhz)
             return t, model_power.compute_power_w(freq_mhz, u) * t
 
+        memory = preset.memory
+
+        def mem_cost(
+            stage_index: int, kind: Kind, freq_mhz: int, mem_mhz: int
+        ) -> tuple[float, float]:
+            assert memory is not None  # only passed with a memory model
+            t, e = cost(stage_index, kind, freq_mhz)
+            x = memory_clock_option(OpOption(freq_mhz, t, e), times[kind], kind, memory, mem_mhz)
+            return x.time_s, x.energy_j
+
         cap = preset.power_cap_w if power_cap_w == "preset" else power_cap_w
         if isinstance(cap, str):
             raise ConfigError(f"power_cap_w must be a number, None or 'preset', got {cap!r}")
@@ -309,6 +351,8 @@ class SimulatedGPU:
             power_cap_w=cap,
             idle_clock_mhz=preset.idle_clock_mhz,
             source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
+            memory_clocks_mhz=() if memory is None else memory.clocks_mhz,
+            mem_cost_fn=None if memory is None else mem_cost,
             **kwargs,
         )
 
@@ -500,6 +544,62 @@ class SimulatedGPU:
         if latency > 0:
             self._sleep(latency)
         self._stream.set_lock(None)
+        if self._mem_locked is not None:
+            self.reset_memory_locked_clock()
+
+    # Memory clocks (GDDR presets and pair profiles; see perseus.device.power_model)
+
+    def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
+        """Lockable memory clocks, highest first (empty: one fixed memory clock)."""
+        return self._mem_clocks
+
+    def memory_clock_control(self) -> str | None:
+        """Why the memory clock cannot be locked, or None when it can."""
+        if not self.privileged:
+            return "not privileged (NO_PERMISSION)"
+        if len(self._mem_clocks) < 2:
+            return "one memory clock only"
+        return None
+
+    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
+        """Lock the memory clock (snapped), after the set latency; queued ops are re-priced.
+
+        Raises:
+            DevicePermissionError: unprivileged.
+            DeviceNotSupportedError: no lockable memory clocks.
+        """
+        self._check("set_memory_locked_clock")
+        why = self.memory_clock_control()
+        if why is not None:
+            error = DevicePermissionError if not self.privileged else DeviceNotSupportedError
+            raise error(f"{self._name}: cannot lock memory clocks: {why}")
+        snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
+        self._apply_memory_lock(snapped)
+        return snapped
+
+    def reset_memory_locked_clock(self) -> None:
+        """Back to the default memory clock."""
+        self._check("reset_memory_locked_clock")
+        if not self.privileged:
+            raise DevicePermissionError(f"{self._name}: resetting memory clocks: NO_PERMISSION")
+        self._apply_memory_lock(None)
+
+    def locked_memory_clock_mhz(self) -> int | None:
+        """The memory lock in the shared state (any process's, until a reset)."""
+        locked = self._state().get("mem_locked_mhz")
+        return None if locked is None else int(locked)
+
+    def _apply_memory_lock(self, mem_mhz: int | None) -> None:
+        latency = self._draw_latency_s()
+        if latency > 0:
+            self._sleep(latency)
+
+        def change(state: State) -> None:
+            state["mem_locked_mhz"] = mem_mhz
+
+        self._update(change)
+        self._mem_locked = mem_mhz
+        self._stream.reprice()
 
     def locked_clock_mhz(self) -> int | None:
         self._check("locked_clock_mhz")
@@ -576,6 +676,18 @@ class SimulatedGPU:
         return self._op_at(stage_index, kind, f, self._cap_w(state))[0]
 
     def _op_at(
+        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
+    ) -> tuple[int, float, float]:
+        mem = self._mem_locked
+        if mem is not None and self._mem_cost_fn is not None and mem != self._mem_clocks[0]:
+            # The memory hook: the clock the cap allows at the default memory clock, priced
+            # at the locked memory clock.
+            f_eff = self._op_at_default_memory(stage_index, kind, freq_mhz, cap_w)[0]
+            t, e = self._mem_cost_fn(stage_index, kind, f_eff, mem)
+            return f_eff, t, e
+        return self._op_at_default_memory(stage_index, kind, freq_mhz, cap_w)
+
+    def _op_at_default_memory(
         self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
     ) -> tuple[int, float, float]:
         key = (stage_index, kind, freq_mhz, cap_w)

@@ -74,7 +74,9 @@ class JobConfig(BaseModel):
     ) = None
     switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
     switch_energy_j: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
-    max_clocks_per_op: Literal[1, 2] | None = None
+    switch_stall_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    # 1 clock per op, 2 (one switch at a layer boundary), or up to 4 phases per op
+    max_clocks_per_op: Literal[1, 2, 3, 4] | None = None
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:

@@ -5,6 +5,11 @@ ignored), one row per (stage, instruction, clock); ``time`` in seconds and ``ene
 of one GPU per op. JSON: ``{"schema_version": 1, "rows": [{"stage": 0, "instruction":
 "forward", "frequency": 1410, "time": 0.05, "energy": 23.8}, ...]}``.
 
+Memory clocks: an optional ``mem_freq_mhz`` column (CSV) or row field (JSON) gives each row's
+memory clock, so that an op's rows are (SM, memory) clock pairs; ``frequency`` stays the SM
+clock. A file without it (or a row with an empty cell) means the GPU's one memory clock. Within
+an op every row or none names a memory clock.
+
 Multi-rank CSVs (Zeus/Merak profilers with data or tensor parallelism: a ``rank`` column, and
 optionally ``dp_rank``, ``pp_rank``, ``tp_rank``) hold one row per rank for each (stage,
 instruction, clock). They are aggregated per (stage, instruction, clock): **time is the maximum
@@ -57,7 +62,10 @@ MIN_VALUE = 1e-9
 MAX_FILE_BYTES = INPUT_LIMITS["profile"]
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 
-Row = tuple[int, Kind, int, float, float]
+MEM_COLUMN = "mem_freq_mhz"
+
+# (stage, kind, SM clock, time, energy, memory clock or None)
+Row = tuple[int, Kind, int, float, float, int | None]
 
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:
@@ -101,10 +109,11 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
         )
     col = {name: header.index(name) for name in REQUIRED_COLUMNS}
     rank_cols = {name: header.index(name) for name in RANK_COLUMNS if name in header}
+    mem_col = header.index(MEM_COLUMN) if MEM_COLUMN in header else None
     multi = "rank" in rank_cols
     rows: list[Row] = []
     row_ranks: list[int] = []
-    seen: dict[tuple[int, int, Kind, int], int] = {}
+    seen: dict[tuple[int, int, Kind, int, int | None], int] = {}
     try:
         for record in reader:
             line = reader.line_num
@@ -114,18 +123,20 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
                 raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
             where = f"{p}:{line}"
             row = _parse_fields(where, {k: record[i].strip() for k, i in col.items()})
+            if mem_col is not None and record[mem_col].strip():
+                row = (*row[:5], _parse_mem(where, record[mem_col].strip()))
             ranks = {k: _parse_rank(where, k, record[i].strip()) for k, i in rank_cols.items()}
             if "pp_rank" in ranks and ranks["pp_rank"] != row[0]:
                 raise ProfileError(
                     f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
                     "multi-rank profile lists each pipeline stage under its pp_rank"
                 )
-            key = (ranks.get("rank", 0), *row[:3])
+            key = (ranks.get("rank", 0), *row[:3], row[5])
             if key in seen:
                 who = f"rank {key[0]} " if multi else ""
                 raise ProfileError(
                     f"{where}: duplicate row for {who}stage {row[0]} {row[1].profile_name} at "
-                    f"{row[2]} MHz (first on line {seen[key]}); keep one"
+                    f"{_clocks(row)} (first on line {seen[key]}); keep one"
                 )
             seen[key] = line
             rows.append(row)
@@ -135,6 +146,23 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
     if not rows:
         raise ProfileError(f"{p}: no data rows after the header")
     return _aggregate_ranks(p, rows, row_ranks) if multi else rows
+
+
+def _clocks(row: Row) -> str:
+    return f"{row[2]} MHz" if row[5] is None else f"{row[2]}/{row[5]} MHz (SM/memory)"
+
+
+def _parse_mem(where: str, text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_FREQ_MHZ:
+        raise ProfileError(
+            f"{where}: {MEM_COLUMN} {show_value(text)} is not an integer memory clock in "
+            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
+        )
+    return int(value)
 
 
 def _parse_rank(where: str, name: str, text: str) -> int:
@@ -148,11 +176,11 @@ def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
     stage_ranks: dict[int, set[int]] = {}
     for row, rank in zip(rows, ranks, strict=True):
         stage_ranks.setdefault(row[0], set()).add(rank)
-    groups: dict[tuple[int, Kind, int], list[tuple[int, float, float]]] = {}
+    groups: dict[tuple[int, Kind, int, int | None], list[tuple[int, float, float]]] = {}
     for row, rank in zip(rows, ranks, strict=True):
-        groups.setdefault(row[:3], []).append((rank, row[3], row[4]))
+        groups.setdefault((*row[:3], row[5]), []).append((rank, row[3], row[4]))
     out: list[Row] = []
-    for (stage, kind, freq), members in groups.items():
+    for (stage, kind, freq, mem), members in groups.items():
         got = {r for r, _, _ in members}
         want = stage_ranks[stage]
         if got != want:
@@ -169,6 +197,7 @@ def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
                 freq,
                 max(t for _, t, _ in members),
                 sum(e for _, _, e in members) / len(members),
+                mem,
             )
         )
     return out
@@ -212,7 +241,7 @@ def _parse_fields(where: str, fields: dict[str, str]) -> Row:
         values.append(v)
     if not 0 <= stage < MAX_STAGES:
         raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {stage}")
-    return stage, kind, int(freq_f), values[0], values[1]
+    return stage, kind, int(freq_f), values[0], values[1], None
 
 
 class _JsonRow(BaseModel):
@@ -223,6 +252,7 @@ class _JsonRow(BaseModel):
     frequency: Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)]
     time: Annotated[float, Field(ge=MIN_VALUE, le=MAX_TIME_S, allow_inf_nan=False)]
     energy: Annotated[float, Field(ge=MIN_VALUE, le=MAX_ENERGY_J, allow_inf_nan=False)]
+    mem_freq_mhz: Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)] | None = None
 
 
 class _JsonProfile(BaseModel):
@@ -239,15 +269,22 @@ def _parse_json(p: Path, text: str) -> list[Row]:
     except ValidationError as e:
         raise ProfileError(describe_validation_error(str(p), e)) from None
     rows: list[Row] = []
-    seen: set[tuple[int, Kind, int]] = set()
+    seen: set[tuple[int, Kind, int, int | None]] = set()
     for i, r in enumerate(doc.rows):
-        row = (r.stage, Kind.from_profile_name(r.instruction), r.frequency, r.time, r.energy)
-        if row[:3] in seen:
+        row: Row = (
+            r.stage,
+            Kind.from_profile_name(r.instruction),
+            r.frequency,
+            r.time,
+            r.energy,
+            r.mem_freq_mhz,
+        )
+        if (*row[:3], row[5]) in seen:
             raise ProfileError(
                 f"{p}: field rows.{i}: duplicate row for stage {r.stage} {r.instruction} at "
-                f"{r.frequency} MHz; keep one"
+                f"{_clocks(row)}; keep one"
             )
-        seen.add(row[:3])
+        seen.add((*row[:3], row[5]))
         rows.append(row)
     return rows
 
@@ -265,29 +302,39 @@ def _check_json_syntax(p: Path, text: str) -> None:
 
 def _rows(profile: Profile) -> list[Row]:
     return [
-        (stage, kind, o.freq_mhz, o.time_s, o.energy_j)
+        (stage, kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz)
         for (stage, kind), op in profile.ops.items()
         for o in op.options
     ]
 
 
 def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` in the Zeus/lowtime CSV format (atomically)."""
+    """Write ``profile`` in the Zeus/lowtime CSV format (atomically); with a ``mem_freq_mhz``
+    column only when some op has memory clocks."""
+    rows = _rows(profile)
+    with_mem = any(r[5] is not None for r in rows)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(REQUIRED_COLUMNS)
-    for stage, kind, freq, t, e in _rows(profile):
-        writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e)])
+    writer.writerow(REQUIRED_COLUMNS + ((MEM_COLUMN,) if with_mem else ()))
+    for stage, kind, freq, t, e, mem in rows:
+        tail: list[object] = [("" if mem is None else mem)] if with_mem else []
+        writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), *tail])
     atomic_write_text(path, out.getvalue())
 
 
 def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write ``profile`` in perseus's JSON form (atomically)."""
-    doc = {
-        "schema_version": 1,
-        "rows": [
-            {"stage": s, "instruction": k.profile_name, "frequency": f, "time": t, "energy": e}
-            for s, k, f, t, e in _rows(profile)
-        ],
-    }
+    rows_out: list[dict[str, object]] = []
+    for s, k, f, t, e, mem in _rows(profile):
+        row: dict[str, object] = {
+            "stage": s,
+            "instruction": k.profile_name,
+            "frequency": f,
+            "time": t,
+            "energy": e,
+        }
+        if mem is not None:
+            row[MEM_COLUMN] = mem
+        rows_out.append(row)
+    doc = {"schema_version": 1, "rows": rows_out}
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")

@@ -18,7 +18,7 @@ from perseus.schedule.actions import Kind
 
 __all__ = ["slice_profile"]
 
-Row = tuple[int, Kind, int, float, float]
+Row = tuple[int, Kind, int, float, float, int | None]
 
 
 def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profile:
@@ -43,20 +43,22 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
         for new in range(stages):
             for kind in kinds:
                 for o in profile.op(new // k, kind).options:
-                    rows.append((new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k))
+                    rows.append(
+                        (new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k, o.mem_freq_mhz)
+                    )
         return build_profile(rows, source=f"{profile.source} (split to {stages} stages)")
     for new in range(stages):
         block = range(new * old // stages, (new + 1) * old // stages)
         for kind in kinds:
             ops = [profile.op(s, kind) for s in block]
-            common = set.intersection(*({o.freq_mhz for o in op.options} for op in ops))
+            common = set.intersection(*({o.clocks for o in op.options} for op in ops))
             if not common:
                 raise ConfigError(
                     f"`{name}` {stages}: stages {block.start}..{block.stop - 1} of "
                     f"{profile.source} share no {kind.profile_name} clock; cannot merge them"
                 )
-            for freq in sorted(common, reverse=True):
-                options = [op.at(freq) for op in ops]
+            for freq, mem in sorted(common, key=lambda c: (-c[0], -(c[1] or 0))):
+                options = [op.at(freq, mem) for op in ops]
                 rows.append(
                     (
                         new,
@@ -64,6 +66,7 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
                         freq,
                         sum(o.time_s for o in options),
                         sum(o.energy_j for o in options),
+                        mem,
                     )
                 )
     return build_profile(rows, source=f"{profile.source} (merged to {stages} stages)")

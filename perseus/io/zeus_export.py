@@ -26,6 +26,12 @@ Two files carry the same schedule:
 Ranks are pipeline ranks; with data or tensor parallelism use ``PointSolution3D``, which copies
 each pipeline rank's schedule to every rank with that ``pp_rank``. The chosen plan is also
 written as ``perseus_plan.json`` (perseus's own plan format) for provenance.
+
+Zeus sets SM clocks only. An op of a plan that also sets a memory clock (a one-phase op
+``[[freq_mhz, mem_freq_mhz, 0]]``) is exported with its SM clock; the export then logs a
+warning and says so in ``point_solution.py``, because Zeus will run those ops at the GPU's
+default memory clock and the plan's figures will not hold. An op that switches SM clock
+mid-op cannot be exported.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ from typing import Any
 from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import write_frontier
+from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
 from perseus.schedule.actions import Kind
+
+logger = get_logger(__name__)
 
 __all__ = [
     "ZEUS_PFO_FILES",
@@ -70,7 +79,7 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
         raise PlanError(
             "plan shape differs from the frontier's stage_ops; export a point of this frontier"
         )
-    return [
+    schedules = [
         {
             "rank": rank,
             "frequencies": [
@@ -78,21 +87,27 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
                 for op, freq in zip(ops, freqs, strict=True)
             ],
         }
-        for rank, (ops, freqs) in enumerate(
-            zip(
-                frontier.stage_ops,
-                (point.one_clock_mhz(r) for r in range(len(point.freqs_mhz))),
-                strict=True,
-            )
-        )
+        for rank, (ops, freqs) in enumerate(zip(frontier.stage_ops, point.freqs_mhz, strict=True))
     ]
+    if point.memory_clocks_mhz:
+        logger.warning(
+            "the plan sets memory clocks %s MHz; Zeus sets SM clocks only, so the export keeps "
+            "each op's SM clock and Zeus will run at the default memory clock (the plan's "
+            "figures will not hold); run it with perseus's agent to set both",
+            sorted(point.memory_clocks_mhz),
+        )
+    return schedules
 
 
 def _one_clock(op: str, freq: object) -> int:
+    if isinstance(freq, tuple) and freq and isinstance(freq[0], tuple):
+        sm_clocks = {phase[0] for phase in freq}
+        if len(sm_clocks) == 1:
+            return int(next(iter(sm_clocks)))  # its memory clock is dropped (logged above)
     if isinstance(freq, bool) or not isinstance(freq, int):
         raise PlanError(
-            f"op {op} has a two-clock setting {freq!r}; Zeus's schedules hold one clock per "
-            "instruction, so export a plan computed without two-clock ops"
+            f"op {op} has a two-clock setting {json.dumps(freq)}; Zeus's schedules hold one "
+            "clock per instruction, so export a plan computed without two-clock ops"
         )
     return freq
 
@@ -128,6 +143,11 @@ def write_zeus_pfo(
         f"(all-max {frontier.baseline.time_s:.6f} s, {frontier.baseline.energy_j:.3f} J)",
         "one list per pipeline rank: (instruction, SM clock in MHz) in execution order",
     ]
+    if point.memory_clocks_mhz:
+        header.append(
+            f"the plan also sets memory clocks {sorted(point.memory_clocks_mhz)} MHz, which Zeus "
+            "does not: ops run at the default memory clock and the figures above will not hold"
+        )
     atomic_write_text(out / "point_solution.py", format_point_solution(schedules, header))
     write_frontier(frontier.with_points([point]), out / "perseus_plan.json")
     return [out / name for name in ZEUS_PFO_FILES]

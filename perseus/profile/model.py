@@ -1,8 +1,15 @@
-"""Per-(stage, kind) time/energy options at each SM clock, and the checks that make them usable.
+"""Per-(stage, kind) time/energy options at each clock pair, and the checks that make them usable.
 
 A :class:`Profile` is what the planner knows about the hardware: for every stage and every
 computation kind (``F``, ``B``, optionally ``W``) a list of measured options
 ``(freq_mhz, time_s, energy_j)``, where energy is one GPU's energy over one microbatch's op.
+
+An option may also carry a memory clock (``mem_freq_mhz``): then the op's options are
+(SM, memory) clock pairs. An option without one ran at the GPU's one (default) memory clock.
+Within one (stage, kind) either every option names its memory clock or none does. A plain SM
+clock ``f`` of a plan means "``f`` at the default memory clock", which for an op with memory
+clocks is the highest one profiled at ``f`` (:meth:`OpProfile.at`), so one-clock plans, the
+all-max baseline and every global-clock baseline mean the same on both kinds of profile.
 """
 
 from __future__ import annotations
@@ -15,16 +22,27 @@ from dataclasses import dataclass, field
 from perseus.errors import ProfileError
 from perseus.schedule.actions import Kind
 
-__all__ = ["OpOption", "OpProfile", "Profile", "build_profile"]
+__all__ = ["OpOption", "OpProfile", "Profile", "ProfileRow", "build_profile"]
+
+#: ``(stage, kind, freq_mhz, time_s, energy_j)``, optionally followed by ``mem_freq_mhz``
+#: (``None``: the GPU's default memory clock).
+ProfileRow = tuple[int, Kind, int, float, float] | tuple[int, Kind, int, float, float, int | None]
 
 
 @dataclass(frozen=True, slots=True)
 class OpOption:
-    """One measured operating point of an op: time and one GPU's energy at ``freq_mhz``."""
+    """One measured operating point of an op: time and one GPU's energy at SM clock
+    ``freq_mhz`` and memory clock ``mem_freq_mhz`` (``None``: the GPU's default one)."""
 
     freq_mhz: int
     time_s: float
     energy_j: float
+    mem_freq_mhz: int | None = None
+
+    @property
+    def clocks(self) -> tuple[int, int | None]:
+        """The option's ``(freq_mhz, mem_freq_mhz)`` pair."""
+        return self.freq_mhz, self.mem_freq_mhz
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +55,31 @@ class OpProfile:
 
     @property
     def max_freq(self) -> OpOption:
-        """The option at the highest profiled clock (the "all-max" choice)."""
+        """The option at the highest profiled clock (the "all-max" choice); with memory
+        clocks, the highest memory clock at the highest SM clock."""
         return self.options[0]
 
-    def at(self, freq_mhz: int) -> OpOption:
-        """The option measured at ``freq_mhz``.
+    @property
+    def has_memory_clocks(self) -> bool:
+        """Whether the options are (SM, memory) pairs."""
+        return self.options[0].mem_freq_mhz is not None
+
+    def at(self, freq_mhz: int, mem_freq_mhz: int | None = None) -> OpOption:
+        """The option measured at SM clock ``freq_mhz`` and memory clock ``mem_freq_mhz``.
+
+        ``mem_freq_mhz=None`` means the default memory clock: the highest one profiled at
+        ``freq_mhz`` (options are sorted so that it comes first).
 
         Raises:
-            KeyError: if the clock was not profiled for this op.
+            KeyError: if the clock (pair) was not profiled for this op; the key is
+                ``freq_mhz`` or ``(freq_mhz, mem_freq_mhz)``.
         """
         for option in self.options:
-            if option.freq_mhz == freq_mhz:
+            if option.freq_mhz == freq_mhz and (
+                mem_freq_mhz is None or option.mem_freq_mhz == mem_freq_mhz
+            ):
                 return option
-        raise KeyError(freq_mhz)
+        raise KeyError(freq_mhz if mem_freq_mhz is None else (freq_mhz, mem_freq_mhz))
 
 
 @dataclass(frozen=True)
@@ -106,12 +136,19 @@ class Profile:
             return self
         if not 0.0 < b_fraction < 1.0:
             raise ProfileError(f"backward split fraction must be in (0, 1), got {b_fraction}")
-        rows: list[tuple[int, Kind, int, float, float]] = []
+        rows: list[ProfileRow] = []
         for (stage, kind), op in self.ops.items():
             for o in op.options:
                 if kind is Kind.B:
                     rows.append(
-                        (stage, Kind.B, o.freq_mhz, o.time_s * b_fraction, o.energy_j * b_fraction)
+                        (
+                            stage,
+                            Kind.B,
+                            o.freq_mhz,
+                            o.time_s * b_fraction,
+                            o.energy_j * b_fraction,
+                            o.mem_freq_mhz,
+                        )
                     )
                     rows.append(
                         (
@@ -120,51 +157,70 @@ class Profile:
                             o.freq_mhz,
                             o.time_s * (1 - b_fraction),
                             o.energy_j * (1 - b_fraction),
+                            o.mem_freq_mhz,
                         )
                     )
                 else:
-                    rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j))
+                    rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
         return build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
 
 
-def _hash_rows(rows: Iterable[tuple[int, Kind, int, float, float]]) -> str:
+_Full = tuple[int, Kind, int, float, float, int | None]
+
+
+def _full(row: ProfileRow) -> _Full:
+    return (*row, None) if len(row) == 5 else row
+
+
+def _hash_rows(rows: Iterable[_Full]) -> str:
+    # Rows without a memory clock hash as before, so profiles and the plans computed for them
+    # keep their digests.
     digest = hashlib.sha256()
-    for stage, kind, freq, time_s, energy_j in sorted(rows, key=lambda r: (r[0], r[1].value, r[2])):
-        digest.update(f"{stage},{kind.value},{freq},{time_s!r},{energy_j!r}\n".encode())
+    for stage, kind, freq, time_s, energy_j, mem in sorted(
+        rows, key=lambda r: (r[0], r[1].value, r[2], r[5] or 0)
+    ):
+        tail = "" if mem is None else f",{mem}"
+        digest.update(f"{stage},{kind.value},{freq},{time_s!r},{energy_j!r}{tail}\n".encode())
     return digest.hexdigest()
 
 
-def build_profile(
-    rows: Iterable[tuple[int, Kind, int, float, float]], source: str = "<profile>"
-) -> Profile:
-    """Assemble and validate a profile from ``(stage, kind, freq_mhz, time_s, energy_j)`` rows.
+def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Profile:
+    """Assemble and validate a profile from ``(stage, kind, freq_mhz, time_s, energy_j)`` rows,
+    each optionally followed by its ``mem_freq_mhz`` (``None``: the default memory clock).
 
     Checks the structure only (row-level parsing errors are the readers' job): stages numbered
     0..S-1 without gaps, every stage has the same kinds, ``F`` and ``B`` present, values finite
-    and positive, no duplicate (stage, kind, clock).
+    and positive, no duplicate (stage, kind, clock pair), and within a (stage, kind) either
+    every row or no row names a memory clock.
 
     Raises:
         ProfileError: naming ``source`` and the offending stage/kind/clock.
     """
-    rows = list(rows)
-    if not rows:
+    full = [_full(r) for r in rows]
+    if not full:
         raise ProfileError(
             f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"
         )
-    grouped: dict[tuple[int, Kind], dict[int, OpOption]] = {}
-    for stage, kind, freq, time_s, energy_j in rows:
-        where = f"{source}: stage {stage} {kind.profile_name} at {freq} MHz"
+    grouped: dict[tuple[int, Kind], dict[tuple[int, int | None], OpOption]] = {}
+    for stage, kind, freq, time_s, energy_j, mem in full:
+        pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
+        where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
         if stage < 0:
             raise ProfileError(f"{where}: stage index must be >= 0")
-        if freq <= 0:
-            raise ProfileError(f"{where}: frequency must be a positive integer in MHz")
+        if freq <= 0 or (mem is not None and mem <= 0):
+            raise ProfileError(f"{where}: clocks must be positive integers in MHz")
         for name, value in (("time", time_s), ("energy", energy_j)):
             if not math.isfinite(value) or value <= 0:
                 raise ProfileError(f"{where}: {name} must be a finite number > 0, got {value}")
         options = grouped.setdefault((stage, kind), {})
-        if freq in options:
+        if (freq, mem) in options:
             raise ProfileError(f"{where}: duplicate row; keep one measurement per clock")
-        options[freq] = OpOption(freq, time_s, energy_j)
+        if options and (next(iter(options))[1] is None) != (mem is None):
+            raise ProfileError(
+                f"{where}: some rows of this op name a memory clock and some do not; give "
+                "mem_freq_mhz on every row of the op or on none"
+            )
+        options[(freq, mem)] = OpOption(freq, time_s, energy_j, mem)
     stages = sorted({s for s, _ in grouped})
     num_stages = stages[-1] + 1
     missing_stages = sorted(set(range(num_stages)) - set(stages))
@@ -185,7 +241,11 @@ def build_profile(
                     f"needs the same instructions"
                 )
     ops = {
-        key: OpProfile(key[0], key[1], tuple(sorted(opts.values(), key=lambda o: -o.freq_mhz)))
+        key: OpProfile(
+            key[0],
+            key[1],
+            tuple(sorted(opts.values(), key=lambda o: (-o.freq_mhz, -(o.mem_freq_mhz or 0)))),
+        )
         for key, opts in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
     }
-    return Profile(ops, num_stages, source, _hash_rows(rows))
+    return Profile(ops, num_stages, source, _hash_rows(full))

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from perseus.profile.model import OpOption
 
-__all__ = ["pareto_indices", "pareto_options"]
+__all__ = ["lower_hull", "pareto_indices", "pareto_options"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -52,3 +52,26 @@ def pareto_options(options: Sequence[OpOption], blocking_power_w: float) -> tupl
     t = [o.time_s for o in options]
     c = [o.energy_j - blocking_power_w * o.time_s for o in options]
     return tuple(options[i] for i in pareto_indices(t, c, 0.0).tolist())
+
+
+def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
+    """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain).
+
+    Only the part from the fastest point to the cheapest one is kept; with Pareto input (cost
+    strictly decreasing) that is the whole lower hull.
+
+    Complexity: O(K) for K sorted points.
+    """
+    hull: list[int] = []
+    for i in range(len(time_s)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            cross = (time_s[b] - time_s[a]) * (cost_j[i] - cost_j[a]) - (cost_j[b] - cost_j[a]) * (
+                time_s[i] - time_s[a]
+            )
+            if cross <= 0:  # b lies on or above segment a-i
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.array(hull, dtype=np.int64)

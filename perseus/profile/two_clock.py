@@ -1,4 +1,4 @@
-"""Two-clock ops: an op that runs its first layers at one clock and the rest at another.
+"""Phased ops: an op that runs its first layers at one clock (pair) and later ones at others.
 
 An op (one forward or backward of one stage on one microbatch) runs ``L`` layers one after
 another. Setting the clock once at a layer boundary lets it run layers ``0..k-1`` at clock
@@ -19,8 +19,18 @@ tables both call :func:`two_clock_cost`):
   ``x·(t_a, e_a) + (1 − x)·(t_b, e_b)``, plus a transition energy per switch. Defaults: 5 ms
   latency (the median ``nvmlDeviceSetGpuLockedClocks`` call, docs/hardware.md#sim-defaults)
   and 0 J transition energy (no measurement says otherwise); both are job parameters.
+* *Stall.* Optionally each switch also stalls the op for ``switch_stall_s`` (a runtime that
+  waits for the set call, or a GDDR memory-clock change that retrains the memory): that much
+  time is added and drawn at the new phase's mean power. Default 0; the presets of
+  :mod:`perseus.device.presets` give per-architecture figures.
 
-Pure: no I/O. Complexity O(1) per op.
+**Phases.** The general op is a sequence of phases, each an (SM, memory) clock pair and the
+first layer it runs (:class:`Phase`); a two-clock op is two phases, a one-clock op one. Every
+boundary ``W_i`` is moved by the latency of the switch into it
+(``x_i = min(1, max(x_{i-1}, W_i + latency / t_{i-1}))``) and each phase ``i`` runs the share
+``x_{i+1} − x_i`` of the op's work at its own clocks (:func:`phased_cost`).
+
+Pure: no I/O. Complexity O(phases) per op.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from perseus.errors import ConfigError, PlanError
 from perseus.profile.model import OpOption
@@ -36,11 +46,18 @@ from perseus.profile.model import OpOption
 __all__ = [
     "DEFAULT_SWITCH_ENERGY_J",
     "DEFAULT_SWITCH_LATENCY_S",
+    "DEFAULT_SWITCH_STALL_S",
+    "AnyPlanOp",
     "LayerSplit",
+    "Phase",
     "TwoClockOp",
     "build_layer_split",
     "check_op",
+    "check_phases",
     "op_clocks",
+    "op_phases",
+    "phased_cost",
+    "phases_op",
     "two_clock_cost",
 ]
 
@@ -48,6 +65,84 @@ __all__ = [
 DEFAULT_SWITCH_LATENCY_S = 0.005
 #: Extra energy per mid-op clock switch (none measured).
 DEFAULT_SWITCH_ENERGY_J = 0.0
+#: Time an op stalls per mid-op switch (none by default: the set call runs beside the GPU).
+DEFAULT_SWITCH_STALL_S = 0.0
+
+
+class Phase(NamedTuple):
+    """One phase of an op: from layer ``first_layer`` on, SM clock ``freq_mhz`` and memory
+    clock ``mem_freq_mhz`` (``None``: the GPU's default memory clock)."""
+
+    freq_mhz: int
+    mem_freq_mhz: int | None
+    first_layer: int
+
+
+#: A plan op in any of its forms (see :func:`op_phases`).
+AnyPlanOp = int | Sequence[int] | Sequence[Sequence[int | None]]
+
+
+def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
+    """A plan op in any of its forms as its phases, adjacent equal clock pairs merged.
+
+    The forms: a clock ``f`` (one phase), ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` (two
+    phases at the default memory clock), or a sequence of ``(freq_mhz, mem_freq_mhz,
+    first_layer)`` phases (the first starts at layer 0, later ones at increasing layers).
+
+    Raises:
+        PlanError: if a phase list is empty or its layers do not start at 0 and increase.
+    """
+    if isinstance(op, int):
+        return (Phase(op, None, 0),)
+    items: list[object] = list(op)
+    if items and all(isinstance(x, int) for x in items):
+        two = op_clocks(cast("list[int]", items))
+        if not two.is_two_clock:
+            return (Phase(two.freq_a_mhz, None, 0),)
+        return (Phase(two.freq_a_mhz, None, 0), Phase(two.freq_b_mhz, None, two.layers_at_a))
+    phases: list[Phase] = []
+    for item in items:
+        if not isinstance(item, Sequence) or len(item) != 3:
+            raise PlanError(
+                f"plan op {_show(op)}: a phase is [freq_mhz, mem_freq_mhz, first_layer]"
+            )
+        f, m, first = item
+        if not isinstance(f, int) or not isinstance(first, int):
+            raise PlanError(f"plan op {_show(op)}: a phase needs its SM clock and first layer")
+        if m is not None and not isinstance(m, int):
+            raise PlanError(f"plan op {_show(op)}: a memory clock is an integer or null")
+        phase = Phase(f, m, first)
+        if not phases:
+            if phase.first_layer != 0:
+                raise PlanError(f"plan op {_show(op)}: the first phase must start at layer 0")
+        elif phase.first_layer <= phases[-1].first_layer:
+            raise PlanError(
+                f"plan op {_show(op)}: phases must start at increasing layers, got "
+                f"{phases[-1].first_layer} then {phase.first_layer}"
+            )
+        if phases and phases[-1][:2] == phase[:2]:
+            continue  # the same clocks go on: no switch
+        phases.append(phase)
+    if not phases:
+        raise PlanError("plan op []: give at least one phase [freq_mhz, mem_freq_mhz, 0]")
+    return tuple(phases)
+
+
+def phases_op(
+    phases: Sequence[Phase],
+) -> int | tuple[int, int, int] | tuple[tuple[int, int | None, int], ...]:
+    """The canonical plan-file form of an op's phases: a clock for one phase at the default
+    memory clock, ``(a, b, k)`` for two such phases, otherwise the phase list."""
+    if all(p.mem_freq_mhz is None for p in phases):
+        if len(phases) == 1:
+            return phases[0].freq_mhz
+        if len(phases) == 2:
+            return (phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer)
+    return tuple((p.freq_mhz, p.mem_freq_mhz, p.first_layer) for p in phases)
+
+
+def _show(op: object) -> str:
+    return str(list(op) if isinstance(op, tuple) else op).replace("(", "[").replace(")", "]")
 
 
 class TwoClockOp(NamedTuple):
@@ -65,16 +160,31 @@ class TwoClockOp(NamedTuple):
         return self.layers_at_a > 0 and self.freq_a_mhz != self.freq_b_mhz
 
 
-def op_clocks(op: int | Sequence[int]) -> TwoClockOp:
+def op_clocks(op: AnyPlanOp) -> TwoClockOp:
     """A plan op (an int clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)``) as a
     :class:`TwoClockOp`: the two clocks and the layer boundary at which the second one is set.
 
     This is what a runtime needs per op: set ``freq_a_mhz`` before the op and, if
     ``is_two_clock``, ``freq_b_mhz`` when layer ``layers_at_a`` starts.
+
+    Raises:
+        PlanError: for a phase-list op that uses a memory clock or more than two phases
+            (read it with :func:`op_phases`).
     """
     if isinstance(op, int):
         return TwoClockOp(op, op, 0)
-    a, b, k = (int(x) for x in op)
+    items = list(op)
+    if not all(isinstance(x, int) for x in items):
+        phases = op_phases(cast("list[Sequence[int | None]]", items))
+        if len(phases) > 2 or any(p.mem_freq_mhz is not None for p in phases):
+            raise PlanError(
+                f"plan op {_show(op)} sets memory clocks or more than two phases; this "
+                "consumer runs SM clocks only: plan with SM clocks (one or two per op)"
+            )
+        if len(phases) == 1:
+            return TwoClockOp(phases[0].freq_mhz, phases[0].freq_mhz, 0)
+        return TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer)
+    a, b, k = (int(cast("int", x)) for x in items)
     if k == 0 or a == b:
         return TwoClockOp(a, a, 0)
     return TwoClockOp(a, b, k)
@@ -88,11 +198,14 @@ class LayerSplit:
         layer_fractions: Per stage, each layer's share of the op's work (sums to 1).
         switch_latency_s: Time the old clock keeps running after a mid-op switch is requested.
         switch_energy_j: Extra energy per mid-op switch.
+        switch_stall_s: Time an op makes no progress per mid-op switch (drawn at the new
+            phase's power).
     """
 
     layer_fractions: tuple[tuple[float, ...], ...]
     switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S
     switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J
+    switch_stall_s: float = DEFAULT_SWITCH_STALL_S
 
     def num_layers(self, stage_index: int) -> int:
         return len(self.layer_fractions[stage_index])
@@ -108,6 +221,7 @@ def build_layer_split(
     layer_time_fractions: Sequence[Sequence[float]] | None = None,
     switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S,
     switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
+    switch_stall_s: float = DEFAULT_SWITCH_STALL_S,
 ) -> LayerSplit:
     """Validate and build a :class:`LayerSplit`.
 
@@ -116,7 +230,8 @@ def build_layer_split(
         num_stages: The job's stage count.
         layer_time_fractions: Optional per-layer profile: per stage, one relative weight per
             layer (normalised here); replaces the even split.
-        switch_latency_s, switch_energy_j: The switch cost (see the module docstring).
+        switch_latency_s, switch_energy_j, switch_stall_s: The switch cost (see the module
+            docstring).
 
     Raises:
         ConfigError: on a bad count, weight or cost, naming the field and the fix.
@@ -135,6 +250,8 @@ def build_layer_split(
         raise ConfigError(f"switch_latency_s must be a finite number >= 0, got {switch_latency_s}")
     if not (math.isfinite(switch_energy_j) and switch_energy_j >= 0):
         raise ConfigError(f"switch_energy_j must be a finite number >= 0, got {switch_energy_j}")
+    if not (math.isfinite(switch_stall_s) and switch_stall_s >= 0):
+        raise ConfigError(f"switch_stall_s must be a finite number >= 0, got {switch_stall_s}")
     if layer_time_fractions is None:
         fractions = tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
     else:
@@ -153,22 +270,75 @@ def build_layer_split(
             total = math.fsum(weights)
             rows.append(tuple(w / total for w in weights))
         fractions = tuple(rows)
-    return LayerSplit(fractions, float(switch_latency_s), float(switch_energy_j))
+    return LayerSplit(
+        fractions, float(switch_latency_s), float(switch_energy_j), float(switch_stall_s)
+    )
+
+
+def phased_cost(
+    options: Sequence[OpOption], work_before: Sequence[float], split: LayerSplit
+) -> tuple[float, float]:
+    """Time and energy of an op that runs phase ``i`` at ``options[i]`` from the share
+    ``work_before[i - 1]`` of its work on (see the module docstring): every switch moves its
+    boundary later by the set latency and adds the stall and the switch energy.
+
+    ``work_before`` holds one :meth:`LayerSplit.work_before` per switch
+    (``len(options) - 1``), increasing. Complexity: O(phases).
+    """
+    x = 0.0
+    time_s = 0.0
+    energy_j = 0.0
+    for i, o in enumerate(options):
+        if i + 1 < len(options):
+            end = min(1.0, max(x, work_before[i] + split.switch_latency_s / o.time_s))
+        else:
+            end = 1.0
+        share = end - x
+        time_s += share * o.time_s
+        energy_j += share * o.energy_j
+        x = end
+    switches = len(options) - 1
+    if switches:
+        energy_j += switches * split.switch_energy_j
+        if split.switch_stall_s > 0:
+            for o in options[1:]:
+                time_s += split.switch_stall_s
+                energy_j += split.switch_stall_s * o.energy_j / o.time_s
+    return time_s, energy_j
 
 
 def two_clock_cost(
     a: OpOption, b: OpOption, work_at_a: float, split: LayerSplit
 ) -> tuple[float, float]:
     """Time and energy of an op that runs a share ``work_at_a`` of its work (its first
-    layers) at option ``a`` and switches to ``b`` (see the module docstring).
-
-    ``work_at_a`` is :meth:`LayerSplit.work_before` of the layer boundary; the switch latency
-    moves the effective boundary later.
+    layers) at option ``a`` and switches to ``b``: :func:`phased_cost` of two phases.
     """
-    x = min(1.0, work_at_a + split.switch_latency_s / a.time_s)
-    time_s = x * a.time_s + (1.0 - x) * b.time_s
-    energy_j = x * a.energy_j + (1.0 - x) * b.energy_j + split.switch_energy_j
-    return time_s, energy_j
+    return phased_cost((a, b), (work_at_a,), split)
+
+
+def check_phases(phases: Sequence[Phase], stage_index: int, split: LayerSplit | None) -> None:
+    """Raise :class:`PlanError` unless every phase of a multi-phase op starts at a layer of
+    ``stage_index``."""
+    if len(phases) == 1:
+        return
+    if len(phases) == 2 and all(p.mem_freq_mhz is None for p in phases):
+        check_op(
+            TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer),
+            stage_index,
+            split,
+        )
+        return
+    if split is None:
+        raise PlanError(
+            f"plan has an op with {len(phases)} phases but the job has no layers_per_stage; "
+            "give layers_per_stage or use a one-clock plan"
+        )
+    n = split.num_layers(stage_index)
+    if phases[-1].first_layer >= n:
+        raise PlanError(
+            f"op phases {[list(p) for p in phases]} on stage {stage_index}: a phase starts at "
+            f"layer {phases[-1].first_layer} but the stage has {n} layers (0..{n - 1})"
+        )
 
 
 def check_op(op: TwoClockOp, stage_index: int, split: LayerSplit | None) -> None:

@@ -122,7 +122,7 @@ def scale_profile(profile: Profile, factor: float) -> Profile:
     if factor == 1.0:
         return profile
     rows = [
-        (stage, kind, o.freq_mhz, o.time_s * factor, o.energy_j * factor)
+        (stage, kind, o.freq_mhz, o.time_s * factor, o.energy_j * factor, o.mem_freq_mhz)
         for (stage, kind), op in profile.ops.items()
         for o in op.options
     ]
@@ -145,7 +145,7 @@ def take_stages(profile: Profile, num_stages: int) -> Profile:
     last = profile.num_stages - 1
     keep = {s: s for s in range(num_stages - 1)} | {last: num_stages - 1}
     rows = [
-        (keep[stage], kind, o.freq_mhz, o.time_s, o.energy_j)
+        (keep[stage], kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz)
         for (stage, kind), op in profile.ops.items()
         if stage in keep
         for o in op.options

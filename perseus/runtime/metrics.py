@@ -45,6 +45,7 @@ from typing import Any, Protocol, TextIO
 
 from perseus.errors import ConfigError
 from perseus.plan import Frontier, PlanOp
+from perseus.profile.two_clock import op_phases
 from perseus.runtime.collectives import all_gather_objects
 from perseus.runtime.session import BoundaryHook, IterationStats
 from perseus.schedule.actions import Schedule
@@ -131,7 +132,7 @@ def iteration_metrics(
     clocks: tuple[PlanOp, ...] | None = None
     if frontier is not None and stats.point_index is not None and stats.phase == "run":
         clocks = frontier.points[stats.point_index].freqs_mhz[rank]
-    flat = [f for op in clocks or () for f in ((op,) if isinstance(op, int) else (op[0], op[1]))]
+    flat = [ph.freq_mhz for op in clocks or () for ph in op_phases(op)]
     return IterationMetrics(
         iteration=stats.iteration,
         phase=stats.phase,

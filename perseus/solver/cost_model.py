@@ -24,11 +24,18 @@ rounds to a real plan at most one layer step off the hull: the realisation of th
 Everything downstream (rounding, reclaiming, local search) works on option indices and needs
 no change.
 
+**Clock pairs.** On a profile whose ops have memory clocks an option is an (SM, memory) pair;
+the Pareto filter and the hull run over all pairs, so the walk, the LP floor and the rounding
+are exact over pairs with no other change, and two-clock options mix neighbouring hull
+vertices whatever their memory clocks. The tables carry each option's memory clocks
+(``opt_mem_mhz``, ``opt_mem_b_mhz``; 0 for the GPU's default one) for the plan.
+
 Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,12 +43,13 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
+from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
-from perseus.profile.pareto import pareto_indices, pareto_options
-from perseus.profile.two_clock import LayerSplit, two_clock_cost
+from perseus.profile.pareto import lower_hull, pareto_indices, pareto_options
+from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
 
-__all__ = ["CostModel", "build_cost_model", "lower_hull"]
+__all__ = ["MAX_PHASES_PER_OP", "CostModel", "build_cost_model", "lower_hull"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -59,6 +67,11 @@ class CostModel:
             option the clock of its first layers.
         opt_freq_b_mhz: (K, W) the second clock (equal to ``opt_freq_mhz`` for one clock).
         opt_layers_at_a: (K, W) layers run at the first clock (0 for one-clock options).
+        opt_mem_mhz, opt_mem_b_mhz: (K, W) the memory clocks of the first and second clock
+            (0: the GPU's default memory clock, as in a profile without memory clocks).
+        opt_is_default_mem: (K, W) whether a one-clock option runs at the default memory clock
+            of its SM clock (what a plain SM clock in a plan means).
+        opt_phases: Per type, per real option, its phases (the plan's op).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
         hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
@@ -74,7 +87,11 @@ class CostModel:
     opt_freq_mhz: IntArray
     opt_freq_b_mhz: IntArray
     opt_layers_at_a: IntArray
+    opt_mem_mhz: IntArray
+    opt_mem_b_mhz: IntArray
+    opt_is_default_mem: npt.NDArray[np.bool_]
     num_opts: IntArray
+    opt_phases: tuple[tuple[tuple[Phase, ...], ...], ...]
     hull_time_s: FloatArray
     hull_cost_j: FloatArray
     hull_slope: FloatArray
@@ -88,11 +105,23 @@ class CostModel:
         width = self.num_opts[self.node_type]
         hit &= np.arange(table.shape[1])[None, :] < width[:, None]
         hit &= self.opt_layers_at_a[self.node_type] == 0
+        hit &= self.opt_is_default_mem[self.node_type]
         return np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
 
-    def plan_ops(self, option_index: IntArray) -> IntArray:
-        """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices."""
+    @property
+    def has_memory_clocks(self) -> bool:
+        """Whether some option sets a memory clock."""
+        return bool(self.opt_mem_mhz.any())
+
+    def plan_ops(self, option_index: IntArray) -> IntArray | list[PlanOp]:
+        """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices;
+        with memory clocks, per-node plan ops (phase lists where a memory clock is set)."""
         t = self.node_type
+        if self.has_memory_clocks or any(len(ph) > 2 for t_ph in self.opt_phases for ph in t_ph):
+            return [
+                phases_op(self.opt_phases[ty][ix])
+                for ty, ix in zip(t.tolist(), np.asarray(option_index).tolist(), strict=True)
+            ]
         return np.stack(
             [
                 self.opt_freq_mhz[t, option_index],
@@ -101,29 +130,6 @@ class CostModel:
             ],
             axis=1,
         ).astype(np.int64)
-
-
-def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
-    """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain).
-
-    Only the part from the fastest point to the cheapest one is kept; with Pareto input (cost
-    strictly decreasing) that is the whole lower hull.
-
-    Complexity: O(K) for K sorted points.
-    """
-    hull: list[int] = []
-    for i in range(len(time_s)):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            cross = (time_s[b] - time_s[a]) * (cost_j[i] - cost_j[a]) - (cost_j[b] - cost_j[a]) * (
-                time_s[i] - time_s[a]
-            )
-            if cross <= 0:  # b lies on or above segment a-i
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    return np.array(hull, dtype=np.int64)
 
 
 def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> IntArray:
@@ -143,23 +149,57 @@ def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> I
     return np.array(kept, dtype=np.int64)
 
 
-_Labelled = tuple[OpOption, int, int]  # option (time/energy of the mix), freq_b, layers_at_a
+# option (time/energy of the mix; its clocks are the first phase's), and the op's phases
+_Labelled = tuple[OpOption, tuple[Phase, ...]]
+
+#: The most phases per op the option tables enumerate.
+MAX_PHASES_PER_OP = 4
 
 
-def _two_clock_options(
-    opts: tuple[OpOption, ...], hull: IntArray, stage: int, split: LayerSplit, power: float
+def _one(o: OpOption) -> _Labelled:
+    return o, (Phase(o.freq_mhz, o.mem_freq_mhz, 0),)
+
+
+def _phased_options(
+    opts: tuple[OpOption, ...],
+    hull: IntArray,
+    stage: int,
+    split: LayerSplit,
+    power: float,
+    max_phases: int,
 ) -> list[_Labelled]:
-    """The one-clock options and every two-clock op between neighbouring hull vertices,
-    Pareto-filtered in (time, effective cost), time ascending (one-clock options win ties)."""
-    every: list[_Labelled] = [(o, o.freq_mhz, 0) for o in opts]
+    """The one-clock options and every phased op over 2..``max_phases`` consecutive hull
+    vertices (in either order, every increasing set of layer boundaries), Pareto-filtered in
+    (time, effective cost), time ascending (one-clock options win ties).
+
+    Only runs of neighbouring hull vertices are enumerated: in the relaxation an op mixes two
+    neighbours, and a run of ``p`` neighbours lets the layer-rounded op land between the
+    points ``p - 1`` switches can reach. Complexity: O(H·C(L-1, p-1)) per ``p`` for H hull
+    vertices and L layers.
+    """
+    every: list[_Labelled] = [_one(o) for o in opts]
     n_layers = split.num_layers(stage)
-    for i, j in zip(hull[:-1].tolist(), hull[1:].tolist(), strict=True):
-        for a, b in ((opts[i], opts[j]), (opts[j], opts[i])):
-            for k in range(1, n_layers):
-                t, e = two_clock_cost(a, b, split.work_before(stage, k), split)
-                every.append((OpOption(a.freq_mhz, t, e), b.freq_mhz, k))
+    vertices = hull.tolist()
+    for phases in range(2, max_phases + 1):
+        for start in range(len(vertices) - phases + 1):
+            run = vertices[start : start + phases]
+            for order in (run, run[::-1]):
+                chosen = [opts[v] for v in order]
+                for bounds in itertools.combinations(range(1, n_layers), phases - 1):
+                    work = [split.work_before(stage, b) for b in bounds]
+                    if phases == 2:
+                        t, e = two_clock_cost(chosen[0], chosen[1], work[0], split)
+                    else:
+                        t, e = phased_cost(chosen, work, split)
+                    labels = tuple(
+                        Phase(o.freq_mhz, o.mem_freq_mhz, first)
+                        for o, first in zip(chosen, (0, *bounds), strict=True)
+                    )
+                    every.append(
+                        (OpOption(chosen[0].freq_mhz, t, e, chosen[0].mem_freq_mhz), labels)
+                    )
     keep = pareto_indices(
-        [o.time_s for o, _, _ in every], [o.energy_j - power * o.time_s for o, _, _ in every], 0.0
+        [o.time_s for o, _ in every], [o.energy_j - power * o.time_s for o, _ in every], 0.0
     )
     return [every[i] for i in keep.tolist()]
 
@@ -173,15 +213,18 @@ def build_cost_model(
         job: The planning job.
         min_vertex_gap_fraction: Thin each hull so consecutive vertices are at least this
             fraction of the op's fastest time apart (0 keeps the exact hull).
-        max_clocks_per_op: 1, or 2 for two-clock options (needs ``layers_per_stage``).
+        max_clocks_per_op: 1; 2 for two-clock options; up to :data:`MAX_PHASES_PER_OP` for
+            phased ops (2 or more need ``layers_per_stage``).
 
     Raises:
-        ConfigError: if ``max_clocks_per_op`` is not 1 or 2, or 2 without layers.
+        ConfigError: if ``max_clocks_per_op`` is out of range, or above 1 without layers.
     """
-    if max_clocks_per_op not in (1, 2):
-        raise ConfigError(f"max clocks per op must be 1 or 2, got {max_clocks_per_op}")
+    if not 1 <= max_clocks_per_op <= MAX_PHASES_PER_OP:
+        raise ConfigError(
+            f"max clocks per op must be 1..{MAX_PHASES_PER_OP}, got {max_clocks_per_op}"
+        )
     split = job.layer_split
-    if max_clocks_per_op == 2 and split is None:
+    if max_clocks_per_op >= 2 and split is None:
         raise ConfigError(
             "two clocks per op need the job's `layers_per_stage`; "
             "give it or use `max_clocks_per_op`=1"
@@ -202,13 +245,13 @@ def build_cost_model(
         c = np.array([o.energy_j - power * o.time_s for o in opts])
         true_hull = lower_hull(t, c)
         thinned = _thin_hull(t, true_hull, min_vertex_gap_fraction)
-        if max_clocks_per_op == 2 and split is not None:
-            labelled = _two_clock_options(opts, true_hull, stage, split, power)
+        if max_clocks_per_op >= 2 and split is not None:
+            labelled = _phased_options(opts, true_hull, stage, split, power, max_clocks_per_op)
             # Hull vertices are one-clock options, all kept by the filter: re-index them.
-            where = {o.freq_mhz: i for i, (o, _, k) in enumerate(labelled) if k == 0}
-            thinned = np.array([where[opts[v].freq_mhz] for v in thinned], dtype=np.int64)
+            where = {o.clocks: i for i, (o, ph) in enumerate(labelled) if len(ph) == 1}
+            thinned = np.array([where[opts[v].clocks] for v in thinned], dtype=np.int64)
         else:
-            labelled = [(o, o.freq_mhz, 0) for o in opts]
+            labelled = [_one(o) for o in opts]
         options.append(labelled)
         hulls.append(thinned)
     width = max(len(o) for o in options)
@@ -220,19 +263,29 @@ def build_cost_model(
     opt_f = np.zeros((n_types, width), dtype=np.int64)
     opt_fb = np.zeros((n_types, width), dtype=np.int64)
     opt_k = np.zeros((n_types, width), dtype=np.int64)
+    opt_m = np.zeros((n_types, width), dtype=np.int64)
+    opt_mb = np.zeros((n_types, width), dtype=np.int64)
+    opt_dm = np.zeros((n_types, width), dtype=bool)
     hull_t = np.full((n_types, hwidth), np.inf)
     hull_c = np.zeros((n_types, hwidth))
     slope = np.zeros((n_types, hwidth))
     for k, (labelled, hull) in enumerate(zip(options, hulls, strict=True)):
         n = len(labelled)
-        opt_t[k, :n] = [o.time_s for o, _, _ in labelled]
-        opt_e[k, :n] = [o.energy_j for o, _, _ in labelled]
+        opt_t[k, :n] = [o.time_s for o, _ in labelled]
+        opt_e[k, :n] = [o.energy_j for o, _ in labelled]
         opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
-        opt_f[k, :n] = [o.freq_mhz for o, _, _ in labelled]
-        opt_fb[k, :n] = [fb for _, fb, _ in labelled]
-        opt_k[k, :n] = [layers for _, _, layers in labelled]
+        opt_f[k, :n] = [ph[0].freq_mhz for _, ph in labelled]
+        opt_fb[k, :n] = [ph[min(1, len(ph) - 1)].freq_mhz for _, ph in labelled]
+        opt_k[k, :n] = [ph[1].first_layer if len(ph) > 1 else 0 for _, ph in labelled]
+        opt_m[k, :n] = [ph[0].mem_freq_mhz or 0 for _, ph in labelled]
+        opt_mb[k, :n] = [ph[min(1, len(ph) - 1)].mem_freq_mhz or 0 for _, ph in labelled]
+        op = profile.op(keys[k][0], kinds[keys[k][1]])
+        opt_dm[k, :n] = [
+            len(ph) == 1 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz for o, ph in labelled
+        ]
         opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
         opt_fb[k, n:], opt_k[k, n:] = opt_fb[k, n - 1], opt_k[k, n - 1]
+        opt_m[k, n:], opt_mb[k, n:] = opt_m[k, n - 1], opt_mb[k, n - 1]
         h = len(hull)
         hull_t[k, :h] = opt_t[k, hull]
         hull_c[k, :h] = opt_c[k, hull]
@@ -247,7 +300,11 @@ def build_cost_model(
         opt_freq_mhz=opt_f,
         opt_freq_b_mhz=opt_fb,
         opt_layers_at_a=opt_k,
+        opt_mem_mhz=opt_m,
+        opt_mem_b_mhz=opt_mb,
+        opt_is_default_mem=opt_dm,
         num_opts=np.array([len(o) for o in options], dtype=np.int64),
+        opt_phases=tuple(tuple(ph for _, ph in labelled) for labelled in options),
         hull_time_s=hull_t,
         hull_cost_j=hull_c,
         hull_slope=slope,

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import evaluate_durations, evaluate_many, op_costs
+from perseus.dag.evaluate import PlanArg, evaluate_durations, evaluate_many, op_costs
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
@@ -224,9 +224,11 @@ def trace(
     ``fold`` walks a job with fewer microbatches and lifts its plans
     (:mod:`perseus.solver.fold`): ``None`` (default) folds jobs of more than
     ``FOLD_ABOVE_OPS`` ops, ``True`` folds whenever the schedule allows, ``False`` never.
-    ``max_clocks_per_op`` is 1 (one clock per op) or 2 (two-clock ops switching at a layer
-    boundary, :mod:`perseus.profile.two_clock`); ``None`` (default) means 2 when the job has
-    ``layers_per_stage`` and 1 otherwise.
+    ``max_clocks_per_op`` is 1 (one clock per op), 2 (two-clock ops switching at a layer
+    boundary, :mod:`perseus.profile.two_clock`) or up to 4 phases per op; ``None`` (default)
+    means 2 when the job has ``layers_per_stage`` and 1 otherwise. When switches cost more than
+    their latency (``switch_stall_s`` or ``switch_energy_j``), the one-clock frontier is traced
+    first and its plans seed this one, so no point is worse than one clock per op.
     """
     if method not in _METHODS:
         raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(_METHODS)}")
@@ -246,6 +248,21 @@ def trace(
         raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
     if fold is None:
         fold = job.graph.num_nodes > FOLD_ABOVE_OPS
+    one_clock: list[PlanArg] = []
+    if max_clocks_per_op >= 2 and (job.spec.switch_stall_s > 0 or job.spec.switch_energy_j > 0):
+        # Switches that cost more than their latency put phased options above the hull, where
+        # rounding may take a switch that does not pay; the one-clock frontier's plans, as
+        # seeds, keep every point at least as good as one clock per op.
+        ones = trace(
+            job,
+            time_quantum_s=time_quantum_s,
+            min_gap_fraction=min_gap_fraction,
+            all_points=all_points,
+            method=method,
+            fold=fold,
+            max_clocks_per_op=1,
+        ).frontier.points
+        one_clock = [job.flat(p) for p in ones]
     model = build_cost_model(job, hull_gap_fraction, max_clocks_per_op)
     return _impl(
         job,
@@ -258,6 +275,7 @@ def trace(
         fold,
         hull_gap_fraction,
         max_clocks_per_op,
+        one_clock,
     )
 
 
@@ -272,6 +290,7 @@ def _impl(
     fold: bool,
     hull_gap_fraction: float,
     max_clocks_per_op: int,
+    extra_seeds: list[PlanArg] | None = None,
 ) -> FrontierTrace:
     # Imported here: baselines use the reclaim pass and the cost model too.
     from perseus.solver.baselines import baseline_freq_plans
@@ -285,6 +304,7 @@ def _impl(
     gap = 0.0 if all_points else min_gap_fraction * t_min_lp
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
+    seeds += [_to_options(job, model, f) for f in extra_seeds or ()]
     core = _METHODS[method]
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     if folded is None:
@@ -323,7 +343,7 @@ def _impl(
     )
 
 
-def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: IntArray) -> IntArray:
+def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntArray:
     """Each node's slowest Pareto option no slower than its clock in ``freqs_mhz``.
 
     Some Pareto option is no slower and no costlier than any clock, and the slowest one that

@@ -395,3 +395,40 @@ def test_no_gpu_says_blocking_power_needs_one(
     monkeypatch.setattr(nvml_backend, "import_nvml", missing)
     assert main(["doctor"]) == 1
     assert "[skip] blocking power: needs an NVIDIA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("no_changes", [False, True])
+def test_doctor_reports_lockable_memory_clocks_on_a_gddr_board(
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_changes: bool,
+) -> None:
+    fake.devices[0].name = "NVIDIA A40"
+    fake.devices[0].memory_clocks = (7251, 5001, 810, 405)
+    _privileged(monkeypatch, True)
+    flags = ["--no-clock-changes"] if no_changes else []
+    _, report = _doctor(capsys, *flags, "--no-cuda")
+    checks = _checks(report)
+    clocks, locking = checks["supported clocks"], checks["memory clock locking"]
+    assert clocks["data"]["memory_clocks_mhz"] == [7251, 5001, 810, 405]
+    if no_changes:
+        assert "not lockable: clock changes disabled" in clocks["summary"]
+        assert locking["status"] == "skip"
+        assert fake.control_calls() == []
+    else:
+        assert clocks["data"]["memory_clock_locking"] == "possible"
+        assert "memory 7251/5001/810/405 MHz, lockable" in clocks["summary"]
+        assert locking["status"] == "ok" and locking["data"]["tried_mhz"] == 5001
+        assert ("nvmlDeviceSetMemoryLockedClocks", (fake.devices[0], 5001, 5001)) in fake.calls
+    assert fake.devices[0].mem_locked is None  # the probe resets what it locked
+
+
+def test_doctor_skips_the_memory_lock_on_hbm(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    _, report = _doctor(capsys, "--no-cuda")
+    locking = _checks(report)["memory clock locking"]
+    assert locking["status"] == "skip" and "one memory clock (1593 MHz)" in locking["summary"]
+    assert "nvmlDeviceSetMemoryLockedClocks" not in fake.names()

@@ -115,7 +115,7 @@ FRONTIER_CASES = [
     ),
     ("baseline zero", _frontier(_set("baseline.time_s", 0)), ["baseline.time_s"]),
     # the job must describe stage_ops
-    ("schema_version 3", _frontier(_set("schema_version", 3)), ["schema_version"]),
+    ("schema_version 4", _frontier(_set("schema_version", 4)), ["schema_version"]),
     ("schema_version string", _frontier(_set("schema_version", "2")), ["schema_version"]),
     ("job.stages string", _frontier(_set("job.stages", "8")), ["job.stages"]),
     ("job.microbatches true", _frontier(_set("job.microbatches", True)), ["job.microbatches"]),

@@ -23,7 +23,7 @@ class FakeDevice:
     uuid: str
     name: str = "NVIDIA A100-SXM4-80GB"
     architecture: int = 7  # NVML_DEVICE_ARCH_AMPERE
-    memory_clocks: Sequence[int] = (1593, 1215)
+    memory_clocks: Sequence[int] = (1593,)  # HBM: one memory clock (a GDDR board lists several)
     graphics_clocks: Sequence[int] = tuple(range(1410, 209, -15))
     mig_mode: int = 0
     persistence: int = 1
@@ -31,6 +31,7 @@ class FakeDevice:
     power_mw: int = 83_640
     sm_clock_mhz: int = 1410
     locked: tuple[int, int] | None = None
+    mem_locked: tuple[int, int] | None = None
     supports_mig_query: bool = True
     #: None: ``energy_mj`` is returned as is; else the counter as a function of time (s).
     energy_fn: Callable[[float], int] | None = None
@@ -183,6 +184,17 @@ class FakeNvml:
     def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
         self._record("nvmlDeviceResetGpuLockedClocks", handle)
         self._dev(handle).locked = None
+
+    def nvmlDeviceSetMemoryLockedClocks(self, handle: Any, low_mhz: int, high_mhz: int) -> None:
+        self._record("nvmlDeviceSetMemoryLockedClocks", handle, low_mhz, high_mhz)
+        d = self._dev(handle)
+        if len(d.memory_clocks) < 2 or d.architecture < 7:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        d.mem_locked = (low_mhz, high_mhz)
+
+    def nvmlDeviceResetMemoryLockedClocks(self, handle: Any) -> None:
+        self._record("nvmlDeviceResetMemoryLockedClocks", handle)
+        self._dev(handle).mem_locked = None
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
         self._record("nvmlDeviceGetClockInfo", handle, clock_type)

@@ -54,10 +54,10 @@ def test_version_1_files_are_still_read(frontier_path: Path, tmp_path: Path) -> 
     old.write_text(json.dumps(doc))
     f = read_frontier(old)
     assert f.schema_version == 1 and f.points_sha256 is None
-    # rewritten as version 2 with its digest
+    # rewritten as the current version with its digest
     write_frontier(f, tmp_path / "v2.json")
     again = json.loads((tmp_path / "v2.json").read_text())
-    assert again["schema_version"] == 3 and again["points_sha256"] == doc_digest(doc)
+    assert again["schema_version"] == SCHEMA_VERSION and again["points_sha256"] == doc_digest(doc)
 
 
 def doc_digest(doc: dict) -> str:  # type: ignore[type-arg]

@@ -50,6 +50,7 @@ def test_pick(job):
     [
         (lambda d: d.update(schema_version=4), "field schema_version"),
         (lambda d: d.update(schema_version=2), "field points_sha256: missing"),
+        (lambda d: d.update(schema_version=3), "field points_sha256: missing"),
         (lambda d: d["job"].pop("ranks"), "field job.ranks"),
         (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz does not fit stage_ops"),
         (lambda d: d["points"].reverse(), "sorted by time_s"),
