@@ -42,7 +42,6 @@ import logging
 import math
 import os
 import sqlite3
-import stat
 import threading
 import time
 import uuid
@@ -51,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PerseusError
 from perseus.recurring.lease import ProcessIdentity, process_gone, this_process
 from perseus.recurring.policy import Decision, Observation
@@ -73,6 +73,7 @@ Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
 
 #: How long an urgent abandon (from a signal handler) waits for the database.
 _URGENT_TIMEOUT_S = 1.0
+_SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +167,10 @@ class SQLiteStore:
     # Connection, transactions, errors
 
     def _open(self, timeout_s: float) -> sqlite3.Connection:
-        try:
-            mode = os.stat(self.path).st_mode
-        except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            if not stat.S_ISREG(mode):  # a FIFO would block, a device read for ever
-                raise ConfigError(
-                    f"{self.path}: is not a regular file; pass a database file path as `path`"
-                )
+        # SQLite opens the file and its -wal/-shm/-journal siblings itself, following links
+        # and waiting on FIFOs: the directory must be one nobody else can plant them in, and
+        # what is there already must be our own regular files.
+        check_private_file(self.path, what="recurring store", siblings=_SQLITE_SIBLINGS)
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.dag.graph import build_dag
+from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PlanError
 from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob
@@ -321,7 +322,9 @@ class RankSession:
             self._install(frontier, self.point_index)
         elif self._profile_arg is not None:
             self._plan_from_profile(self._profile_arg)
-        elif self._cache is not None and self._cache.exists():
+        elif self._cache is not None and check_private_file(
+            self._cache, what="profile cache", create_dir=False
+        ):
             self._plan_from_profile(read_profile(self._cache), profiled=True)
         else:
             ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
@@ -713,7 +716,7 @@ class RankSession:
         self.clocks_profiled = profiler.clocks_profiled()
         self._profiler = None
         if self._cache is not None and self.rank == 0:
-            self._cache.parent.mkdir(parents=True, exist_ok=True)
+            check_private_file(self._cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self._cache)
         self._plan_from_profile(profile, profiled=True)
         return True
