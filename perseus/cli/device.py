@@ -167,6 +167,8 @@ def _show(info: DeviceInfo) -> None:
     elif info.dead_owner_pid is not None:
         target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
         owner = f"pid {info.dead_owner_pid} (dead); orphaned: run `perseus device reset {target}`"
+    elif info.owner_unknown:
+        owner = f"unknown: {info.owner_unknown}"
     else:
         owner = "none"
     control = "can lock clocks" if info.can_lock else "observe-only"
@@ -176,6 +178,8 @@ def _show(info: DeviceInfo) -> None:
     now = "" if info.current_clock_mhz is None else f"; now {info.current_clock_mhz} MHz"
     print(f"      lock: {lock}; owner: {owner}{now}")
     print(f"      power limit: {_power(info.power_limit_w, info.default_power_limit_w)}")
+    if info.lock_path:
+        print(f"      lock file: {info.lock_path}")
     if info.detail:
         print(f"      {info.detail}")
 

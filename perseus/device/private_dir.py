@@ -76,18 +76,23 @@ def _describe(st: os.stat_result) -> str:
 
 def _private_group(st: os.stat_result) -> bool:
     """Whether the group of ``st`` is its owner's own (a user private group: same name as
-    the owner, its primary group, no other members), as on systems with umask 002 where a
-    user's directories are group-writable."""
+    the owner, its primary group, no other member and nobody else's primary group), as on
+    systems with umask 002 where a user's directories are group-writable. Never root's
+    group (gid 0)."""
+    if st.st_gid == 0:
+        return False
     try:
         owner = pwd.getpwuid(st.st_uid)
         group = grp.getgrgid(st.st_gid)
     except KeyError:
         return False
-    return (
+    if not (
         group.gr_gid == owner.pw_gid
         and group.gr_name == owner.pw_name
         and set(group.gr_mem) <= {owner.pw_name}
-    )
+    ):
+        return False
+    return all(u.pw_uid == owner.pw_uid for u in pwd.getpwall() if u.pw_gid == group.gr_gid)
 
 
 def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,76 @@ def test_forged_lock_contents_reset_only_the_simulated_gpu_in_hand(tmp_path: Pat
             claim.release()
         assert other.locked_clock_mhz() is not None and other.power_limit_w() == 150.0
     assert not (tmp_path.parent / "escaped").exists()
+
+
+def _as_user(attacker: Attacker, work: Any) -> str:
+    """``work()``'s return value, computed in a forked child that has become the attacker
+    (the attacker cannot run this interpreter: it lives in root's home, so whatever the
+    child imports lazily is imported here first)."""
+    import encodings.ascii  # noqa: F401
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(attacker.gid)
+            os.setuid(attacker.uid)
+            out = str(work())
+        except BaseException as e:
+            out, code = f"{type(e).__name__}: {e}", 1
+        os.write(w, out.encode())
+        os._exit(code)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    text = b"".join(chunks).decode()
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
+
+
+@pytest.mark.parametrize("root_ran", [True, False])
+def test_device_info_as_a_user_says_when_roots_owners_are_hidden(
+    attacker: Attacker, public_tmp: Path, root_ran: bool
+) -> None:
+    """Root's agents record ownership in a directory of mode 0700; a user's ``device info``
+    looks in the user's own directory and would say ``owner: none`` of a GPU root's agent
+    owns. It says that root's locks are not readable instead, and where each lock lives."""
+    import contextlib
+    import io
+
+    from perseus.cli.device import _show
+    from perseus.device.discovery import nvml_devices
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    root_locks = run / "perseus" / "locks"
+    if root_ran:
+        root_locks.mkdir(mode=0o700, parents=True)
+        (run / "perseus").chmod(0o700)
+        root_owner = os.getpid()  # root's agent, alive, owns the GPU
+        (root_locks / f"{UUID}.owner").write_text(f"{root_owner}\n")
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+
+    def info() -> str:
+        nvml = FakeNvml(devices=[FakeDevice(UUID)])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            for device in nvml_devices(nvml, lock_dir=user_locks, root_lock_dir=root_locks):
+                _show(device)
+        return out.getvalue()
+
+    text = _as_user(attacker, info)
+    owner = next(line for line in text.splitlines() if "owner:" in line)
+    if root_ran:
+        assert f"locks in {root_locks} are not readable by this user: run as root" in owner
+        assert "owner: none" not in owner
+    else:
+        assert owner.endswith("owner: none") or "owner: none;" in owner, owner
+    assert f"lock file: {user_locks / (UUID + '.owner')}" in text
