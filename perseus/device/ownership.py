@@ -136,11 +136,18 @@ def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
         return OwnerLock(None, owner, None)
     stale: int | None = None
     if record:
-        stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
-        if stale == os.getpid():
-            stale = None  # our own earlier record (re-acquired in this process)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
+            if stale == os.getpid():
+                stale = None  # our own earlier record (re-acquired in this process)
+            # Our pid over the dead one, then cut what is left of it: the file never holds
+            # no pid in between, so a signal here cannot erase the record that a reset is due.
+            record_bytes = f"{os.getpid()}\n".encode()
+            os.pwrite(fd, record_bytes, 0)
+            os.ftruncate(fd, len(record_bytes))
+        except BaseException:
+            os.close(fd)  # unlocks: a failed take leaves the lock free, not held for ever
+            raise
     return OwnerLock(fd, None, stale)
 
 

@@ -143,6 +143,7 @@ def verify_private_dir(
         FileNotFoundError: missing and ``create`` is False.
     """
     target = Path(os.path.abspath(path))
+    _check_links_on_the_way(target, what, env)
     # Links above the directory are resolved (``/var/run -> /run``): each real directory on
     # the way must then be one that nobody else can rename or replace entries in.
     parent = Path(os.path.realpath(target.parent))
@@ -162,6 +163,40 @@ def verify_private_dir(
             return_what = what if final else f"{what} {target}: its parent"
             raise _refuse(directory, st, why, return_what, env)
     return chain[-1]
+
+
+def _check_links_on_the_way(target: Path, what: str, env: str | None) -> None:
+    """Refuse a symbolic link on the way to ``target`` that someone else could repoint
+    between our check and our open: a link owned by another user, or one in a directory that
+    others can write (and that is not sticky). ``/var/run -> /run`` (root's, in root's
+    ``/var``) passes."""
+    for prefix in [*reversed(target.parents), target][1:]:
+        try:
+            st = os.lstat(prefix)
+        except FileNotFoundError:
+            return  # created below, as real directories
+        except OSError:
+            return  # the chain walk reports it
+        if not stat.S_ISLNK(st.st_mode):
+            continue
+        why = None
+        if st.st_uid not in (os.geteuid(), 0):
+            why = f"is a symbolic link owned by {_owner(st.st_uid)}"
+        else:
+            holder = Path(os.path.realpath(prefix.parent))
+            try:
+                holder_why = _why_untrusted(os.lstat(holder), final=False)
+            except OSError:
+                holder_why = None
+            if holder_why is not None:
+                why = f"is a symbolic link in {holder}, which {holder_why}"
+        if why is not None:
+            raise _error(
+                f"{what} {target}: {prefix} on the way {why}; another user could point it "
+                "elsewhere between perseus's check and its open: "
+                f"{'point $' + env + ' at' if env else 'use'} the real path "
+                f"({os.path.realpath(target)}) or a directory of yours with mode 0700"
+            )
 
 
 def _xdg_runtime_dir() -> Path | None:

@@ -306,3 +306,25 @@ def test_device_info_as_a_user_says_when_roots_owners_are_hidden(
     else:
         assert owner.endswith("owner: none") or "owner: none;" in owner, owner
     assert f"lock file: {user_locks / (UUID + '.owner')}" in text
+
+
+def test_an_attacker_link_above_the_lock_directory_is_refused(
+    attacker: Attacker, public_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$PERSEUS_LOCK_DIR=/tmp/evil/locks`` with ``/tmp/evil`` the attacker's link to a
+    directory of root's: the resolved path passes every check, but the attacker can repoint
+    the link at a directory of theirs between the check and the open of each lock file."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    attacker.sh(f"ln -s {mine} {public_tmp}/evil")
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(public_tmp / "evil" / "locks"))
+    from perseus.device.private_dir import lock_dir
+
+    with pytest.raises(ConfigError) as e:
+        lock_dir()
+    _one_line(str(e.value), f"{public_tmp}/evil", "symbolic link owned by", attacker.name)
+    assert not (mine / "locks").exists()
+    # The same link made by root in a sticky directory (nobody else can repoint it) is fine.
+    (public_tmp / "ours").symlink_to(mine)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(public_tmp / "ours" / "locks"))
+    assert lock_dir() == mine / "locks"
