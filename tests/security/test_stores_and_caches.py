@@ -70,7 +70,9 @@ def test_a_link_left_beside_a_store_in_a_directory_of_ours_is_refused(
     folder = tmp_path / "store"
     folder.mkdir(mode=0o700)
     db = folder / "jobs.db"
-    _use(SQLiteStore(db))  # a real store, used before
+    first = SQLiteStore(db)  # a real store, used before and closed
+    _use(first)
+    first.close()
     for suffix in ("-wal", "-shm"):
         (folder / f"jobs.db{suffix}").unlink(missing_ok=True)
     (folder / f"jobs.db{sibling}").symlink_to(victim)
