@@ -19,6 +19,7 @@ from typing import Any
 from perseus.cli._args import float_arg
 from perseus.device.discovery import (
     DeviceInfo,
+    hidden_owners_note,
     nvml_devices,
     open_simulated,
     simulated_devices,
@@ -26,6 +27,7 @@ from perseus.device.discovery import (
 from perseus.device.nvml import NvmlGPU, NvmlUnavailableError
 from perseus.device.ownership import (
     acquire_owner_lock,
+    default_lock_dir,
     pid_alive,
     release_owner_lock,
     reset_from_spec,
@@ -84,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
             )
             print(_said(f"simulated GPU {args.sim}", locked, done))
         else:
+            hidden = hidden_owners_note(default_lock_dir())
+            if hidden:  # root's agent may own it: resetting would pull clocks from under it
+                raise ConfigError(
+                    f"GPU {args.uuid}: cannot tell whether root's agent owns it: {hidden}"
+                )
             with NvmlGPU(args.uuid) as gpu:
 
                 def reset_nvml() -> dict[str, Any]:

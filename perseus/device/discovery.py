@@ -79,7 +79,7 @@ class DeviceInfo:
 ROOT_LOCK_DIR = Path("/run/perseus/locks")
 
 
-def hidden_owners_note(lock_dir: Path, root_lock_dir: Path = ROOT_LOCK_DIR) -> str:
+def hidden_owners_note(lock_dir: Path, root_lock_dir: Path | None = None) -> str:
     """Why this user may not see a real GPU's owner, or ``""``.
 
     Root's agents record ownership in ``root_lock_dir`` (mode 0700: nobody else can plant or
@@ -87,6 +87,7 @@ def hidden_owners_note(lock_dir: Path, root_lock_dir: Path = ROOT_LOCK_DIR) -> s
     that root's agent owns would show ``owner: none``; when root's directory exists but
     cannot be read, say so instead.
     """
+    root_lock_dir = ROOT_LOCK_DIR if root_lock_dir is None else root_lock_dir
     if os.geteuid() == 0 or os.path.abspath(lock_dir) == os.path.abspath(root_lock_dir):
         return ""
     try:
@@ -116,7 +117,7 @@ def live_owner_pid(lock_path: Path) -> int | None:
 
 
 def nvml_devices(
-    nvml_module: Any = None, lock_dir: Path | None = None, root_lock_dir: Path = ROOT_LOCK_DIR
+    nvml_module: Any = None, lock_dir: Path | None = None, root_lock_dir: Path | None = None
 ) -> list[DeviceInfo]:
     """Every NVIDIA GPU on this machine (``root_lock_dir``: see :func:`hidden_owners_note`).
 

@@ -328,3 +328,36 @@ def test_an_attacker_link_above_the_lock_directory_is_refused(
     (public_tmp / "ours").symlink_to(mine)
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(public_tmp / "ours" / "locks"))
     assert lock_dir() == mine / "locks"
+
+
+def test_device_reset_as_a_user_refuses_a_gpu_roots_agent_may_own(
+    attacker: Attacker, public_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user with CAP_SYS_ADMIN (or a careless operator's sudo-less shell) cannot see root's
+    locks, so cannot know that root's agent owns the GPU: ``device reset`` refuses with one
+    line instead of pulling the clocks from under a running job."""
+    import contextlib
+    import io
+
+    from perseus.cli.main import main
+    from perseus.device import discovery
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    root_locks = run / "perseus" / "locks"
+    root_locks.mkdir(mode=0o700, parents=True)
+    (run / "perseus").chmod(0o700)
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+    monkeypatch.setattr(discovery, "ROOT_LOCK_DIR", root_locks)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(user_locks))
+
+    def reset() -> str:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["device", "reset", "--uuid", UUID])
+        return f"{rc}\n{err.getvalue()}"
+
+    rc, _, message = _as_user(attacker, reset).partition("\n")
+    assert rc == "2", message
+    _one_line(message, UUID, f"locks in {root_locks} are not readable", "run as root")
