@@ -56,6 +56,7 @@ __all__ = [
     "atomic_write_text",
     "check_output_directory",
     "check_output_path",
+    "open_output_dir",
     "writes_to_stdout",
 ]
 
@@ -396,10 +397,20 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
     return fd
 
 
-def _open_dir(folder: Path) -> int:
-    fd = _walk_dir(folder, create=True)
+def open_output_dir(folder: str | os.PathLike[str]) -> int:
+    """A descriptor of directory ``folder`` (created when missing), reached without following
+    another user's link (see :func:`_walk_dir`); open files in it with ``dir_fd=``.
+
+    Raises:
+        ConfigError: another user's link on the way, or a component that is not a directory.
+        OSError: the directory cannot be created or opened.
+    """
+    fd = _walk_dir(Path(folder), create=True)
     assert fd is not None  # created
     return fd
+
+
+_open_dir = open_output_dir
 
 
 def _check_dir(folder: Path) -> None:

@@ -132,3 +132,25 @@ def test_a_forged_profile_cache_in_an_attacker_directory_is_never_read(
         session.start()
     session.close()
     _one_line(e.value, str(folder), "belongs to another user", "profile cache")
+
+
+def test_metrics_file_behind_an_attacker_link_is_refused(
+    attacker: Attacker, public_tmp: Path, tmp_path: Path
+) -> None:
+    """``jsonl=/tmp/shared/metrics.jsonl`` with ``/tmp/shared`` the attacker's link to a
+    directory of root's: root would truncate its own file of that name (``O_NOFOLLOW`` only
+    guards the last component)."""
+    pytest.importorskip("prometheus_client")
+    from perseus.runtime.metrics import MetricsSink
+    from tests.runtime.test_metrics import _emulated_session
+
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    victim = private / "metrics.jsonl"
+    victim.write_text("root's records\n")
+    attacker.sh(f"ln -s {private} {public_tmp}/shared")
+    session = _emulated_session(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        MetricsSink(session, jsonl=public_tmp / "shared" / "metrics.jsonl").attach()
+    _one_line(e.value, "shared", "owned by another user")
+    assert victim.read_text() == "root's records\n"
