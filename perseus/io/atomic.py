@@ -382,7 +382,9 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
                     ) from None
                 hops += 1
                 if hops > _MAX_LINK_HOPS:
-                    raise ConfigError(f"{folder}: too many symbolic links; pass the real path")
+                    raise ConfigError(
+                        f"{folder}: too many symbolic links; pass the real path"
+                    ) from None
                 target = os.readlink(name, dir_fd=fd)
                 parts[:0] = [part for part in target.split("/") if part]
                 if target.startswith("/"):
@@ -418,7 +420,9 @@ def _check_dir(folder: Path) -> None:
     try:
         fd = _walk_dir(folder, create=False)
     except OSError as e:
-        raise ConfigError(f"{folder}: cannot open the directory ({e.strerror}); pass another path")
+        raise ConfigError(
+            f"{folder}: cannot open the directory ({e.strerror}); pass another path"
+        ) from None
     if fd is not None:
         os.close(fd)
 

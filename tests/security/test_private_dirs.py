@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
