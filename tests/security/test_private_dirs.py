@@ -361,3 +361,38 @@ def test_device_reset_as_a_user_refuses_a_gpu_roots_agent_may_own(
     rc, _, message = _as_user(attacker, reset).partition("\n")
     assert rc == "2", message
     _one_line(message, UUID, f"locks in {root_locks} are not readable", "run as root")
+
+
+def test_a_users_private_group_may_write_their_directory(
+    attacker: Attacker, public_tmp: Path
+) -> None:
+    """With umask 002 a user's directories are group-writable by their own private group
+    (same name, nobody else in it): accepted for them; the same mode with a group that others
+    share is refused."""
+    import grp
+
+    try:
+        group = grp.getgrgid(attacker.gid)
+    except KeyError:
+        pytest.skip("the attacker user has no group entry")
+    if group.gr_name != attacker.name or group.gr_mem:
+        pytest.skip("useradd made no user private group here")
+    from perseus.device.private_dir import verify_private_dir
+
+    own = public_tmp / "own-group"
+    attacker.sh(f"mkdir -m 770 {own}")
+
+    def check() -> str:
+        return str(verify_private_dir(own, create=False))
+
+    assert _as_user(attacker, check) == str(own)
+    os.chown(own, attacker.uid, 0)  # root's group: shared with whoever is in it
+
+    def refused() -> str:
+        try:
+            verify_private_dir(own, create=False)
+        except ConfigError as e:
+            return str(e)
+        return "accepted"
+
+    assert "writable by group or others" in _as_user(attacker, refused)
