@@ -297,6 +297,8 @@ class RankSession:
     def _start(self) -> None:
         timeline = None
         if self._timeline_path is not None:
+            # Mapped read-write by every rank: a directory of ours, never a planted link.
+            check_private_file(self._timeline_path, what="emulation timeline")
             if self.rank == 0:
                 VirtualTimeline.create(
                     self._timeline_path, sum(map(len, self.schedule.rank_actions))

@@ -154,3 +154,41 @@ def test_metrics_file_behind_an_attacker_link_is_refused(
         MetricsSink(session, jsonl=public_tmp / "shared" / "metrics.jsonl").attach()
     _one_line(e.value, "shared", "owned by another user")
     assert victim.read_text() == "root's records\n"
+
+
+def test_an_emulation_timeline_planted_as_a_link_is_refused(
+    attacker: Attacker, public_tmp: Path, tmp_path: Path
+) -> None:
+    """The emulated pipeline's shared timeline is mapped read-write (created with ``w+``, which
+    truncates): a link planted under its name in a shared directory would make root truncate
+    the file it points to."""
+    from perseus.job import make_job
+
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    victim = private / "victim.bin"
+    victim.write_bytes(VICTIM)
+    tmp_path.chmod(0o755)
+    attacker.sh(f"ln -s {victim} {public_tmp}/timeline")
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=83.64, state_dir=tmp_path / "sim", set_latency_s=0.0
+    )
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=83.64)
+    plan = job.frontier([job.point(job.allmax())])
+    session = RankSession(
+        build_schedule("1f1b", 2, 4),
+        0,
+        gpu=gpu,
+        blocking_power_w=83.64,
+        plan=plan,
+        emulate=True,
+        timeline=public_tmp / "timeline",
+        watchdog=False,
+        handle_signals=False,
+    )
+    with pytest.raises(ConfigError) as e:
+        session.start()
+    session.close()
+    _one_line(e.value, str(public_tmp), "emulation timeline")
+    assert victim.read_bytes() == VICTIM
