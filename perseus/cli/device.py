@@ -169,15 +169,17 @@ def _show(info: DeviceInfo) -> None:
         if not info.lock_known
         else ("none" if info.locked_mhz is None else f"{info.locked_mhz} MHz")
     )
+    target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
     if info.owner_pid is not None:
         owner = f"pid {info.owner_pid} (alive)"
     elif info.dead_owner_pid is not None:
-        target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
         owner = f"pid {info.dead_owner_pid} (dead); orphaned: run `perseus device reset {target}`"
     elif info.owner_unknown:
         owner = f"unknown: {info.owner_unknown}"
     else:
         owner = "none"
+        if _off_defaults(info):  # changed by a process that is gone (or never owned it)
+            owner += f"; not at its defaults: run `perseus device reset {target}`"
     control = "can lock clocks" if info.can_lock else "observe-only"
     print(f"  [{info.index}] {info.name}  {info.uuid}")
     print(f"      clocks: {_clock_range(info.clocks_mhz)}")
@@ -189,6 +191,14 @@ def _show(info: DeviceInfo) -> None:
         print(f"      lock file: {info.lock_path}")
     if info.detail:
         print(f"      {info.detail}")
+
+
+def _off_defaults(info: DeviceInfo) -> bool:
+    """Whether the GPU is known to be away from its default clocks or power limit."""
+    locked = info.lock_known and info.locked_mhz is not None
+    limit, default = info.power_limit_w, info.default_power_limit_w
+    lowered = limit is not None and default is not None and abs(limit - default) > 1e-6
+    return locked or lowered
 
 
 def _power(limit_w: float | None, default_w: float | None) -> str:
