@@ -213,7 +213,13 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 def _info(sim_dir: Path | None) -> int:
     directory = sim_dir or default_state_dir()
-    sims = simulated_devices(directory)  # a refused directory: one line before any output
+    unreadable = ""
+    try:
+        sims = simulated_devices(directory)  # a refused directory: one line before any output
+    except ConfigError as e:
+        if "not readable by this user" not in str(e):
+            raise
+        sims, unreadable = [], str(e)
     try:
         real = nvml_devices()
     except NvmlUnavailableError:
@@ -227,8 +233,11 @@ def _info(sim_dir: Path | None) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    print(f"simulated GPUs in {directory} ({len(sims)}):")
-    if not sims:
+    if unreadable:
+        print(unreadable)
+    else:
+        print(f"simulated GPUs in {directory} ({len(sims)}):")
+    if not sims and not unreadable:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")
     for info in sims:
         _show(info)

@@ -396,3 +396,40 @@ def test_a_users_private_group_may_write_their_directory(
         return "accepted"
 
     assert "writable by group or others" in _as_user(attacker, refused)
+
+
+def test_a_users_device_commands_say_roots_simulated_gpus_are_unreadable(
+    attacker: Attacker, public_tmp: Path
+) -> None:
+    """Pointed at root's simulated GPUs (mode 0700), a user's ``device info`` said "none
+    yet" and ``device reset`` "no simulated GPU 0": both now say the directory is not
+    readable by this user and how to proceed."""
+    import contextlib
+    import io
+
+    from perseus.cli.main import main
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    sim = run / "sim"
+    sim.mkdir(mode=0o700)
+    SimulatedGPU.from_preset("a40", state_dir=sim, set_latency_s=0.0).set_locked_clock(900)
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+
+    def commands() -> str:
+        os.environ["PERSEUS_LOCK_DIR"] = str(user_locks)
+        results = []
+        for argv in (["info"], ["reset", "--sim", "0"]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(["device", "--sim-dir", str(sim), *argv])
+            results.append(json.dumps([rc, out.getvalue(), err.getvalue()]))
+        return "\n".join(results)
+
+    info, reset = (json.loads(line) for line in _as_user(attacker, commands).splitlines())
+    assert info[0] == 0, info
+    assert f"simulated GPU directory {sim} is not readable by this user" in info[1]
+    assert "none yet" not in info[1]
+    assert reset[0] == 2, reset
+    _one_line(reset[2], str(sim), "not readable by this user", "run as its owner")
