@@ -137,7 +137,8 @@ class SQLiteStore:
     again after ``fork``. Connections run in autocommit mode with explicit transactions.
 
     Args:
-        path: Database file (created with its directory); it must be a regular file.
+        path: Database file (``~`` expanded; created with its directory, which must be one
+            nobody else controls); it must be a regular file of this user.
         busy_timeout_s: How long a writer waits for another's transaction.
         lease_s: A running run whose heartbeat is older than this is abandoned (its process
             stopped renewing it: hung, killed on another host, or preempted); minutes, well
@@ -155,7 +156,7 @@ class SQLiteStore:
     ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.busy_timeout_s = busy_timeout_s
         self.lease_s = lease_s
         self._clock = clock
