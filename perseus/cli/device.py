@@ -19,6 +19,7 @@ from typing import Any
 from perseus.cli._args import float_arg
 from perseus.device.discovery import (
     DeviceInfo,
+    hidden_owners_note,
     nvml_devices,
     open_simulated,
     simulated_devices,
@@ -26,6 +27,7 @@ from perseus.device.discovery import (
 from perseus.device.nvml import NvmlGPU, NvmlUnavailableError
 from perseus.device.ownership import (
     acquire_owner_lock,
+    default_lock_dir,
     pid_alive,
     release_owner_lock,
     reset_from_spec,
@@ -84,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
             )
             print(_said(f"simulated GPU {args.sim}", locked, done))
         else:
+            hidden = hidden_owners_note(default_lock_dir())
+            if hidden:  # root's agent may own it: resetting would pull clocks from under it
+                raise ConfigError(
+                    f"GPU {args.uuid}: cannot tell whether root's agent owns it: {hidden}"
+                )
             with NvmlGPU(args.uuid) as gpu:
 
                 def reset_nvml() -> dict[str, Any]:
@@ -162,13 +169,17 @@ def _show(info: DeviceInfo) -> None:
         if not info.lock_known
         else ("none" if info.locked_mhz is None else f"{info.locked_mhz} MHz")
     )
+    target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
     if info.owner_pid is not None:
         owner = f"pid {info.owner_pid} (alive)"
     elif info.dead_owner_pid is not None:
-        target = f"--sim {info.index}" if info.backend == "sim" else f"--uuid {info.uuid}"
         owner = f"pid {info.dead_owner_pid} (dead); orphaned: run `perseus device reset {target}`"
+    elif info.owner_unknown:
+        owner = f"unknown: {info.owner_unknown}"
     else:
         owner = "none"
+        if _off_defaults(info):  # changed by a process that is gone (or never owned it)
+            owner += f"; not at its defaults: run `perseus device reset {target}`"
     control = "can lock clocks" if info.can_lock else "observe-only"
     print(f"  [{info.index}] {info.name}  {info.uuid}")
     print(f"      clocks: {_clock_range(info.clocks_mhz)}")
@@ -176,8 +187,18 @@ def _show(info: DeviceInfo) -> None:
     now = "" if info.current_clock_mhz is None else f"; now {info.current_clock_mhz} MHz"
     print(f"      lock: {lock}; owner: {owner}{now}")
     print(f"      power limit: {_power(info.power_limit_w, info.default_power_limit_w)}")
+    if info.lock_path:
+        print(f"      lock file: {info.lock_path}")
     if info.detail:
         print(f"      {info.detail}")
+
+
+def _off_defaults(info: DeviceInfo) -> bool:
+    """Whether the GPU is known to be away from its default clocks or power limit."""
+    locked = info.lock_known and info.locked_mhz is not None
+    limit, default = info.power_limit_w, info.default_power_limit_w
+    lowered = limit is not None and default is not None and abs(limit - default) > 1e-6
+    return locked or lowered
 
 
 def _power(limit_w: float | None, default_w: float | None) -> str:
@@ -192,7 +213,13 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 def _info(sim_dir: Path | None) -> int:
     directory = sim_dir or default_state_dir()
-    sims = simulated_devices(directory)  # a refused directory: one line before any output
+    unreadable = ""
+    try:
+        sims = simulated_devices(directory)  # a refused directory: one line before any output
+    except ConfigError as e:
+        if "not readable by this user" not in str(e):
+            raise
+        sims, unreadable = [], str(e)
     try:
         real = nvml_devices()
     except NvmlUnavailableError:
@@ -206,8 +233,11 @@ def _info(sim_dir: Path | None) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    print(f"simulated GPUs in {directory} ({len(sims)}):")
-    if not sims:
+    if unreadable:
+        print(unreadable)
+    else:
+        print(f"simulated GPUs in {directory} ({len(sims)}):")
+    if not sims and not unreadable:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")
     for info in sims:
         _show(info)

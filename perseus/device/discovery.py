@@ -9,6 +9,7 @@ until the next owner or ``perseus device reset`` resets it.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
 
 __all__ = [
+    "ROOT_LOCK_DIR",
     "DeviceInfo",
+    "hidden_owners_note",
     "live_owner_pid",
     "nvml_devices",
     "open_simulated",
@@ -49,6 +52,8 @@ class DeviceInfo:
         dead_owner_pid: The pid of an owner that died without resetting the GPU (orphaned).
         power_limit_w: The power limit in force (None when unknown).
         default_power_limit_w: The board's default power limit (None when unknown).
+        lock_path: Where the GPU's ownership lock lives (empty when unknown).
+        owner_unknown: Why the owner cannot be known by this user (empty when it can).
     """
 
     backend: str
@@ -66,6 +71,35 @@ class DeviceInfo:
     dead_owner_pid: int | None = None
     power_limit_w: float | None = None
     default_power_limit_w: float | None = None
+    lock_path: str = ""
+    owner_unknown: str = ""
+
+
+#: Where root's agents keep real GPUs' ownership locks (``private_dir.runtime_dir()`` as root).
+ROOT_LOCK_DIR = Path("/run/perseus/locks")
+
+
+def hidden_owners_note(lock_dir: Path, root_lock_dir: Path | None = None) -> str:
+    """Why this user may not see a real GPU's owner, or ``""``.
+
+    Root's agents record ownership in ``root_lock_dir`` (mode 0700: nobody else can plant or
+    read files there). A user who is not root looks in their own lock directory, so a GPU
+    that root's agent owns would show ``owner: none``; when root's directory exists but
+    cannot be read, say so instead.
+    """
+    root_lock_dir = ROOT_LOCK_DIR if root_lock_dir is None else root_lock_dir
+    if os.geteuid() == 0 or os.path.abspath(lock_dir) == os.path.abspath(root_lock_dir):
+        return ""
+    try:
+        os.listdir(root_lock_dir)
+    except FileNotFoundError:
+        return ""  # root has not run perseus here since boot
+    except OSError:
+        return (
+            f"locks in {root_lock_dir} are not readable by this user: run as root "
+            "(sudo perseus device info) to see root's owners"
+        )
+    return ""
 
 
 def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
@@ -82,8 +116,10 @@ def live_owner_pid(lock_path: Path) -> int | None:
     return owner_status(lock_path)[0]
 
 
-def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[DeviceInfo]:
-    """Every NVIDIA GPU on this machine.
+def nvml_devices(
+    nvml_module: Any = None, lock_dir: Path | None = None, root_lock_dir: Path | None = None
+) -> list[DeviceInfo]:
+    """Every NVIDIA GPU on this machine (``root_lock_dir``: see :func:`hidden_owners_note`).
 
     Raises:
         NvmlUnavailableError: no nvidia-ml-py, library or driver.
@@ -91,10 +127,18 @@ def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[
     """
     infos = []
     can, why = probe_privilege()
-    for i, gpu in enumerate(list_nvml_gpus(nvml_module)):
+    gpus = list_nvml_gpus(nvml_module)
+    try:
+        locks = lock_dir or default_lock_dir()
+    except BaseException:
+        for gpu in gpus:
+            gpu.close()
+        raise
+    hidden = hidden_owners_note(locks, root_lock_dir)
+    for i, gpu in enumerate(gpus):
         try:
             reason = gpu.observe_only_reason
-            lock_path = owner_lock_path(lock_dir or default_lock_dir(), gpu.uuid)
+            lock_path = owner_lock_path(locks, gpu.uuid)
             try:
                 current: int | None = gpu.current_clock_mhz()
             except DeviceError:
@@ -123,6 +167,8 @@ def nvml_devices(nvml_module: Any = None, lock_dir: Path | None = None) -> list[
                     dead_owner_pid=dead,
                     power_limit_w=limit_w,
                     default_power_limit_w=default_w,
+                    lock_path=str(lock_path),
+                    owner_unknown=hidden if live is None and dead is None else "",
                 )
             )
         finally:
@@ -161,6 +207,7 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
                 dead_owner_pid=dead,
                 power_limit_w=None if limit is None else float(limit),
                 default_power_limit_w=None if default is None else float(default),
+                lock_path=str(owner_lock_path(directory, uuid)),
             )
         )
     return infos

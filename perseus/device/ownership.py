@@ -136,11 +136,18 @@ def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
         return OwnerLock(None, owner, None)
     stale: int | None = None
     if record:
-        stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
-        if stale == os.getpid():
-            stale = None  # our own earlier record (re-acquired in this process)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
+            if stale == os.getpid():
+                stale = None  # our own earlier record (re-acquired in this process)
+            # Our pid over the dead one, then cut what is left of it: the file never holds
+            # no pid in between, so a signal here cannot erase the record that a reset is due.
+            record_bytes = f"{os.getpid()}\n".encode()
+            os.pwrite(fd, record_bytes, 0)
+            os.ftruncate(fd, len(record_bytes))
+        except BaseException:
+            os.close(fd)  # unlocks: a failed take leaves the lock free, not held for ever
+            raise
     return OwnerLock(fd, None, stale)
 
 
@@ -435,6 +442,42 @@ class GpuOwnership:
             self.uuid,
             pid,
         )
+
+    def mark_due(self) -> None:
+        """Record this process as owing the GPU a reset, without keeping the lock.
+
+        For a process that changes the GPU (a recurring job's power limit) while an agent of
+        the same process will take the lock itself (a second ``flock`` of this process would
+        be refused). The lock is taken just long enough to reset a dead previous owner's GPU
+        and write our pid; the pid stays in the file, so if this process is killed with its
+        watchdog, the next owner finds a dead pid and resets the GPU it opened. An agent of
+        this process that takes the lock later finds its own pid and resets nothing.
+        :meth:`clear_due` removes the record.
+
+        Raises:
+            DeviceBusyError: another live process owns the GPU.
+        """
+        if self.owner_pid(self.lock_path) == os.getpid():
+            return  # an agent of this process holds it: its release or watchdog resets
+        self.acquire()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            forget_on_fork(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)  # unlocks; the pid stays as the record that a reset is due
+
+    def clear_due(self) -> None:
+        """Remove the record :meth:`mark_due` left (only ours, and only while nobody holds
+        the lock: an agent of this process clears it when it releases)."""
+        fd, _owner, _stale = acquire_owner_lock(self.lock_path, record=False)
+        if fd is None:
+            return
+        try:
+            if _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace")) == os.getpid():
+                os.ftruncate(fd, 0)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def release(self) -> None:
         """Give up ownership (idempotent)."""

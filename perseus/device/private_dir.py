@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import os
 import pwd
 import stat
@@ -39,6 +40,7 @@ from pathlib import Path
 __all__ = [
     "LOCK_DIR_ENV",
     "SIM_DIR_ENV",
+    "check_private_file",
     "lock_dir",
     "open_private",
     "read_private",
@@ -72,6 +74,27 @@ def _describe(st: os.stat_result) -> str:
     return f"owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
+def _private_group(st: os.stat_result) -> bool:
+    """Whether the group of ``st`` is its owner's own (a user private group: same name as
+    the owner, its primary group, no other member and nobody else's primary group), as on
+    systems with umask 002 where a user's directories are group-writable. Never root's
+    group (gid 0)."""
+    if st.st_gid == 0:
+        return False
+    try:
+        owner = pwd.getpwuid(st.st_uid)
+        group = grp.getgrgid(st.st_gid)
+    except KeyError:
+        return False
+    if not (
+        group.gr_gid == owner.pw_gid
+        and group.gr_name == owner.pw_name
+        and set(group.gr_mem) <= {owner.pw_name}
+    ):
+        return False
+    return all(u.pw_uid == owner.pw_uid for u in pwd.getpwall() if u.pw_gid == group.gr_gid)
+
+
 def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
     """Why a directory with status ``st`` (from ``lstat``) is not one we may keep files in."""
     if stat.S_ISLNK(st.st_mode):
@@ -82,7 +105,7 @@ def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
     if st.st_uid not in (me, 0):
         return "belongs to another user"
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022:
+    if mode & 0o002 or (mode & 0o020 and not _private_group(st)):
         if not mode & stat.S_ISVTX:
             return "is writable by group or others"
         if final and st.st_uid != me:
@@ -120,6 +143,7 @@ def verify_private_dir(
         FileNotFoundError: missing and ``create`` is False.
     """
     target = Path(os.path.abspath(path))
+    _check_links_on_the_way(target, what, env)
     # Links above the directory are resolved (``/var/run -> /run``): each real directory on
     # the way must then be one that nobody else can rename or replace entries in.
     parent = Path(os.path.realpath(target.parent))
@@ -139,6 +163,40 @@ def verify_private_dir(
             return_what = what if final else f"{what} {target}: its parent"
             raise _refuse(directory, st, why, return_what, env)
     return chain[-1]
+
+
+def _check_links_on_the_way(target: Path, what: str, env: str | None) -> None:
+    """Refuse a symbolic link on the way to ``target`` that someone else could repoint
+    between our check and our open: a link owned by another user, or one in a directory that
+    others can write (and that is not sticky). ``/var/run -> /run`` (root's, in root's
+    ``/var``) passes."""
+    for prefix in [*reversed(target.parents), target][1:]:
+        try:
+            st = os.lstat(prefix)
+        except FileNotFoundError:
+            return  # created below, as real directories
+        except OSError:
+            return  # the chain walk reports it
+        if not stat.S_ISLNK(st.st_mode):
+            continue
+        why = None
+        if st.st_uid not in (os.geteuid(), 0):
+            why = f"is a symbolic link owned by {_owner(st.st_uid)}"
+        else:
+            holder = Path(os.path.realpath(prefix.parent))
+            try:
+                holder_why = _why_untrusted(os.lstat(holder), final=False)
+            except OSError:
+                holder_why = None
+            if holder_why is not None:
+                why = f"is a symbolic link in {holder}, which {holder_why}"
+        if why is not None:
+            raise _error(
+                f"{what} {target}: {prefix} on the way {why}; another user could point it "
+                "elsewhere between perseus's check and its open: "
+                f"{'point $' + env + ' at' if env else 'use'} the real path "
+                f"({os.path.realpath(target)}) or a directory of yours with mode 0700"
+            )
 
 
 def _xdg_runtime_dir() -> Path | None:
@@ -270,3 +328,60 @@ def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> by
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def check_private_file(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    siblings: tuple[str, ...] = (),
+    create_dir: bool = True,
+) -> bool:
+    """Verify a file that perseus reads back or that another library opens itself (a
+    SQLite store, an online-profile cache) before it is opened; return whether it exists.
+
+    Its directory must be one nobody else controls (:func:`verify_private_dir`; created with
+    mode 0700 when missing and ``create_dir``), so nothing can be planted in it after this
+    check. The file, and ``path + suffix`` for each of ``siblings`` (``"-wal"``, ``"-shm"``,
+    ``"-journal"``), where present, must be a regular file of this user with one name: a
+    symbolic link, a FIFO, a device or another user's file is refused.
+
+    Args:
+        path: The file.
+        what: What it is, for the message ("recurring store").
+        siblings: Suffixes of files that are opened with it.
+        create_dir: Create a missing directory; False: a missing directory means no file.
+
+    Raises:
+        ConfigError: the directory or a file is refused (one line: path, why, the fix).
+    """
+    p = Path(os.path.abspath(path))
+    if not p.name:
+        raise _error(f"{what} {path}: names a directory; pass a file path")
+    try:
+        folder = verify_private_dir(p.parent, create=create_dir, what=f"{what} directory")
+    except FileNotFoundError:
+        return False
+    exists = False
+    for suffix in ("", *siblings):
+        entry = folder / f"{p.name}{suffix}"
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            continue
+        why = None
+        if stat.S_ISLNK(st.st_mode):
+            why = "is a symbolic link"
+        elif not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"belongs to {_owner(st.st_uid)}, not to this user"
+        elif st.st_nlink != 1:
+            why = f"has {st.st_nlink} names (hard links)"
+        if why is not None:
+            raise _error(
+                f"{what} file {entry} {why}; perseus opens it only when it is its own regular "
+                f"file: remove it (rm {entry}) or pass a path in a directory of yours"
+            )
+        exists = exists or suffix == ""
+    return exists

@@ -352,6 +352,13 @@ def list_states(state_dir: Path) -> list[State]:
         private.verify_private_dir(state_dir, create=False, what="simulated GPU directory")
     except FileNotFoundError:
         return []
+    if not os.access(state_dir, os.R_OK | os.X_OK):  # glob would say "none" of root's 0700
+        st = os.stat(state_dir)
+        raise private._error(
+            f"simulated GPU directory {state_dir} is not readable by this user "
+            f"({private._describe(st)}): run as its owner (sudo perseus device ...) or use a "
+            f"directory of yours (--sim-dir or ${private.SIM_DIR_ENV})"
+        )
     states = []
     for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):
         uuid = path.name[: -len(STATE_SUFFIX)]

@@ -17,6 +17,10 @@ written (:func:`check_output_path` says so before any work starts, and the write
 * ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``: written to that descriptor of this process.
 * **a directory, socket or block device**: refused.
 
+The directory is opened one component at a time without following links, except links of
+ours or root's: another user's link on the way (``/tmp/shared -> /etc``) is refused, so it
+cannot send an output into a directory of their choosing, nor be swapped in after a check.
+
 No temporary file survives a failed write: it is removed on any exception (Ctrl-C included),
 and on SIGTERM/SIGHUP when the signal's action is to end the process (a signal handler that
 the program installed runs after the write instead, when nothing is left half-done). A
@@ -52,6 +56,7 @@ __all__ = [
     "atomic_write_text",
     "check_output_directory",
     "check_output_path",
+    "open_output_dir",
     "writes_to_stdout",
 ]
 
@@ -118,6 +123,7 @@ def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
         return OutputTarget(p, "fd", p, fd)
     if text.endswith(("/", os.sep)) or p.name in ("", ".", ".."):
         raise ConfigError(f"{p}: names a directory; pass a file path")
+    _check_dir(p.parent)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -187,6 +193,7 @@ def check_output_directory(path: str | os.PathLike[str]) -> Path:
             f"{p}: is the current directory or holds it, which cannot be replaced; pass a new "
             "directory name (e.g. report)"
         )
+    _check_dir(p.parent)
     try:
         mode = os.lstat(p).st_mode
     except FileNotFoundError:
@@ -322,9 +329,102 @@ def _rmtree_at(dfd: int, name: str) -> None:
             shutil.rmtree(os.path.join(f"/proc/self/fd/{dfd}", name))
 
 
-def _open_dir(folder: Path) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_MAX_LINK_HOPS = 40
+
+
+def _walk_dir(folder: Path, *, create: bool) -> int | None:
+    """``folder`` opened one component at a time, never following another user's link.
+
+    Each component is opened with ``O_NOFOLLOW`` relative to the one before, so nothing can be
+    swapped in between a check and an open. A link on the way is followed only when it is
+    ours or root's (``/var/run -> /run``); another user's link would let them send root's
+    output into any directory (``-o /tmp/shared/plan.json`` with ``/tmp/shared`` their link).
+    Missing directories are created (mode 0777 less the umask, like ``mkdir -p``) when
+    ``create``; else None is returned.
+
+    Raises:
+        ConfigError: a link of another user on the way, a component that is not a directory,
+            or too many links.
+    """
+    parts = [part for part in os.path.abspath(folder).split("/") if part]
+    fd = os.open("/", _DIR_FLAGS)
+    hops = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == ".":
+                continue
+            try:
+                next_fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    return None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o777, dir_fd=fd)
+                parts.insert(0, name)  # open it (or what raced us to the name) as above
+                continue
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                st = os.lstat(name, dir_fd=fd)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise ConfigError(
+                        f"{folder}: {name} on the way is {describe_file_type(st.st_mode)}, not a "
+                        "directory; pass another path"
+                    ) from None
+                if st.st_uid not in (os.geteuid(), 0):
+                    raise ConfigError(
+                        f"{folder}: {name} on the way is a symbolic link owned by another user "
+                        f"(uid {st.st_uid}); perseus does not follow another user's links; "
+                        "pass the real path"
+                    ) from None
+                hops += 1
+                if hops > _MAX_LINK_HOPS:
+                    raise ConfigError(
+                        f"{folder}: too many symbolic links; pass the real path"
+                    ) from None
+                target = os.readlink(name, dir_fd=fd)
+                parts[:0] = [part for part in target.split("/") if part]
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                continue
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_output_dir(folder: str | os.PathLike[str]) -> int:
+    """A descriptor of directory ``folder`` (created when missing), reached without following
+    another user's link (see :func:`_walk_dir`); open files in it with ``dir_fd=``.
+
+    Raises:
+        ConfigError: another user's link on the way, or a component that is not a directory.
+        OSError: the directory cannot be created or opened.
+    """
+    fd = _walk_dir(Path(folder), create=True)
+    assert fd is not None  # created
+    return fd
+
+
+_open_dir = open_output_dir
+
+
+def _check_dir(folder: Path) -> None:
+    """Refuse now (before any work) what :func:`_walk_dir` would refuse at the write."""
+    try:
+        fd = _walk_dir(folder, create=False)
+    except OSError as e:
+        raise ConfigError(
+            f"{folder}: cannot open the directory ({e.strerror}); pass another path"
+        ) from None
+    if fd is not None:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -336,8 +436,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _write_stream(p: Path, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    dfd = _open_dir(p.parent)
     try:
-        fd = os.open(p, flags)
+        fd = os.open(p.name, flags, dir_fd=dfd)
     except OSError as e:
         if e.errno == errno.ENXIO:
             raise ConfigError(
@@ -346,6 +447,8 @@ def _write_stream(p: Path, data: bytes) -> None:
         if e.errno == errno.ELOOP:
             raise ConfigError(f"{p}: became a symbolic link; pass another path") from None
         raise ConfigError(f"{p}: cannot open for writing ({e.strerror})") from None
+    finally:
+        os.close(dfd)
     try:
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from perseus.errors import PlanError
-from perseus.io.atomic import atomic_write_text
+from perseus.io.atomic import atomic_write_text, open_output_dir
 from perseus.io.frontier_files import write_frontier
 from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
@@ -132,7 +132,7 @@ def write_zeus_pfo(
         The paths written.
     """
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    os.close(open_output_dir(out))  # created without following another user's link
     schedules = zeus_frequency_schedules(frontier, point)
     atomic_write_text(out / "0.sched.json", json.dumps(schedules) + "\n")
     j = frontier.job

@@ -21,8 +21,9 @@ and time, and records the result when the block exits. ``end_epoch`` returns Tru
 loop should stop: the target was reached, or the next epoch would push the run's cost past
 ``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
 an exception records nothing (the run is abandoned and its size tried again). The power limit
-is reset to the default when the block exits, on SIGTERM/SIGINT and at interpreter exit
-(:class:`ExitGuard`), and by a watchdog process if this process is killed (when ``own_gpu``).
+is reset to the GPU's default when the block exits, on SIGTERM/SIGINT and at interpreter exit
+(:class:`ExitGuard`), and, for NVML and simulated GPUs, by a watchdog process or the GPU's next
+owner if this process is killed (with or without ``own_gpu``).
 
 **Preemption.** The run holds a lease in the store (:mod:`perseus.recurring.store`), renewed
 by ``run.step``/``run.end_epoch`` at most every ``heartbeat_interval_s`` with the cost so far.
@@ -35,8 +36,9 @@ pending. Call ``run.step`` (or ``end_epoch``) more often than the store's ``leas
 
 **Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
 power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
-holds the job (``own_gpu=False``: each rank's agent owns its GPU and its watchdog, which also
-resets a dead rank's limit on the simulated GPU), broadcasts ``run.batch_size`` and
+holds the job (``own_gpu=False``: each rank's agent owns its GPU; the job only records in the
+GPU's lock file that a reset is due and starts its own watchdog, so a killed rank 0 ends with
+the default limit whether the agent had started or not), broadcasts ``run.batch_size`` and
 ``run.power_limit_w`` (``perseus.runtime.collectives.broadcast_object``), and every rank sets
 the limit on its own GPU. Profile the stages at the chosen microbatch size under the chosen
 limit (a capped GPU clamps high clocks, docs/hardware.md#power-cap), plan the frontier, start the
@@ -190,7 +192,9 @@ class RecurringJob:
         max_epochs: Epoch budget; a run out of epochs failed (None: the loop decides).
         seed: Seed of the Thompson sampler (None: fresh entropy).
         profiler_kwargs: Passed to :class:`PowerLimitProfiler` (steps, window, limits).
-        own_gpu: Take the GPU's ownership lock and start the watchdog for the run.
+        own_gpu: Hold the GPU's ownership lock for the run. False: an agent of this process
+            holds it; the job still starts a watchdog and records that a reset is due, so
+            the limit goes back to the default if the process is killed.
         clock: Monotonic clock (the simulated GPU's clock in emulation).
         heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
             well under the store's ``lease_s``).
@@ -274,11 +278,18 @@ class RecurringJob:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Reset the power limit on exit, signals and (``own_gpu``) the process's death."""
+        """Reset the power limit to the GPU's default on exit, on signals and, for a GPU that
+        describes its reset (:class:`~perseus.device.base.ManagedGPU`: NVML, simulated), when
+        this process is killed: the agent's claim (:class:`~perseus.runtime.safety.guard.GpuClaim`),
+        whose watchdog and next owner reset the GPU in hand to its *default* limit.
+
+        With ``own_gpu`` the job owns the GPU for the run. Without, an agent of this process
+        owns it (pipeline composition): the job only records that a reset is due, so a
+        SIGKILL still ends with the default limit (watchdog, or the next owner)."""
         if not self.controls_power:
             yield
             return
-        from perseus.runtime.safety.guard import ExitGuard, GpuOwnership, Watchdog
+        from perseus.runtime.safety.guard import ExitGuard, GpuClaim
 
         gpu = self.gpu
         assert isinstance(gpu, PowerLimitGPU)
@@ -287,26 +298,23 @@ class RecurringJob:
             with contextlib.suppress(DeviceError):
                 gpu.reset_power_limit()
 
-        ownership = watchdog = None
-        if self.own_gpu and isinstance(gpu, ManagedGPU):
-            ownership = GpuOwnership(gpu.uuid, gpu.owner_lock_path())
-            ownership.acquire()
-            watchdog = Watchdog(
-                {**gpu.watchdog_spec(), "power_limit": "reset"}, gpu.owner_lock_path()
+        claim: GpuClaim | ExitGuard
+        if isinstance(gpu, ManagedGPU):
+            claim = GpuClaim(
+                gpu, watchdog=True, handle_signals=True, on_exit=reset, hold_lock=self.own_gpu
             )
-        guard = ExitGuard(reset)
+            claim.acquire()
+        else:  # nothing to hand a watchdog: exit hooks only
+            claim = ExitGuard(reset)
+            claim.install()
         try:
-            if watchdog is not None:
-                watchdog.start()
-            guard.install()
             yield
         finally:
             reset()
-            guard.uninstall()
-            if watchdog is not None:
-                watchdog.stop()
-            if ownership is not None:
-                ownership.release()
+            if isinstance(claim, GpuClaim):
+                claim.release()
+            else:
+                claim.uninstall()
 
     @contextlib.contextmanager
     def _lease(self, run_id: str) -> Iterator[None]:

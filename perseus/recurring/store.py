@@ -42,7 +42,6 @@ import logging
 import math
 import os
 import sqlite3
-import stat
 import threading
 import time
 import uuid
@@ -51,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PerseusError
 from perseus.recurring.lease import ProcessIdentity, process_gone, this_process
 from perseus.recurring.policy import Decision, Observation
@@ -73,6 +73,7 @@ Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
 
 #: How long an urgent abandon (from a signal handler) waits for the database.
 _URGENT_TIMEOUT_S = 1.0
+_SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,8 @@ class SQLiteStore:
     again after ``fork``. Connections run in autocommit mode with explicit transactions.
 
     Args:
-        path: Database file (created with its directory); it must be a regular file.
+        path: Database file (``~`` expanded; created with its directory, which must be one
+            nobody else controls); it must be a regular file of this user.
         busy_timeout_s: How long a writer waits for another's transaction.
         lease_s: A running run whose heartbeat is older than this is abandoned (its process
             stopped renewing it: hung, killed on another host, or preempted); minutes, well
@@ -154,7 +156,7 @@ class SQLiteStore:
     ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.busy_timeout_s = busy_timeout_s
         self.lease_s = lease_s
         self._clock = clock
@@ -166,15 +168,10 @@ class SQLiteStore:
     # Connection, transactions, errors
 
     def _open(self, timeout_s: float) -> sqlite3.Connection:
-        try:
-            mode = os.stat(self.path).st_mode
-        except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            if not stat.S_ISREG(mode):  # a FIFO would block, a device read for ever
-                raise ConfigError(
-                    f"{self.path}: is not a regular file; pass a database file path as `path`"
-                )
+        # SQLite opens the file and its -wal/-shm/-journal siblings itself, following links
+        # and waiting on FIFOs: the directory must be one nobody else can plant them in, and
+        # what is there already must be our own regular files.
+        check_private_file(self.path, what="recurring store", siblings=_SQLITE_SIBLINGS)
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

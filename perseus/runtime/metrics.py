@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from perseus.errors import ConfigError
+from perseus.io.atomic import open_output_dir
 from perseus.plan import Frontier, PlanOp
 from perseus.profile.two_clock import op_phases
 from perseus.runtime.collectives import all_gather_objects
@@ -418,7 +419,12 @@ def _open_log(path: Path) -> TextIO:
     device, another user's file hard-linked into a shared directory)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        # The directory is reached without following another user's link on the way.
+        dfd = open_output_dir(path.parent)
+        try:
+            fd = os.open(path.name, flags, 0o644, dir_fd=dfd)
+        finally:
+            os.close(dfd)
     except OSError as e:
         raise ConfigError(
             f"{path}: cannot open the metrics file ({e.strerror}); choose another path"

@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.dag.graph import build_dag
+from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PlanError
 from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob
@@ -296,6 +297,8 @@ class RankSession:
     def _start(self) -> None:
         timeline = None
         if self._timeline_path is not None:
+            # Mapped read-write by every rank: a directory of ours, never a planted link.
+            check_private_file(self._timeline_path, what="emulation timeline")
             if self.rank == 0:
                 VirtualTimeline.create(
                     self._timeline_path, sum(map(len, self.schedule.rank_actions))
@@ -321,7 +324,9 @@ class RankSession:
             self._install(frontier, self.point_index)
         elif self._profile_arg is not None:
             self._plan_from_profile(self._profile_arg)
-        elif self._cache is not None and self._cache.exists():
+        elif self._cache is not None and check_private_file(
+            self._cache, what="profile cache", create_dir=False
+        ):
             self._plan_from_profile(read_profile(self._cache), profiled=True)
         else:
             ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
@@ -713,7 +718,7 @@ class RankSession:
         self.clocks_profiled = profiler.clocks_profiled()
         self._profiler = None
         if self._cache is not None and self.rank == 0:
-            self._cache.parent.mkdir(parents=True, exist_ok=True)
+            check_private_file(self._cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self._cache)
         self._plan_from_profile(profile, profiled=True)
         return True

@@ -179,3 +179,37 @@ def test_reset_refuses_a_gpu_a_running_process_owns(
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_info_tells_how_to_fix_a_gpu_left_off_its_defaults_without_an_owner(
+    no_driver: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A clock lock or a lowered limit with no owner recorded (set by a process that released
+    its lock without resetting, or by hand) is what an operator must fix: say how, and where
+    the lock lives. A GPU at its defaults just says ``owner: none``."""
+    gpu = SimulatedGPU.from_preset("a40", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.set_locked_clock(900)
+    gpu.set_power_limit_w(200.0)
+    assert main(["device", "--sim-dir", str(tmp_path), "info"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "lock: 900 MHz; owner: none; not at its defaults: run `perseus device reset --sim 0`"
+        in (out)
+    )
+    assert "power limit: 200 W (default 300 W)" in out
+    assert f"lock file: {gpu.owner_lock_path()}" in out
+    assert main(["device", "--sim-dir", str(tmp_path), "reset", "--sim", "0"]) == 0
+    capsys.readouterr()
+    assert main(["device", "--sim-dir", str(tmp_path), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "lock: none; owner: none\n" in out and "not at its defaults" not in out
+    # NVML: clocks cannot be read back, a lowered limit can.
+    fake = FakeNvml(devices=[FakeDevice("GPU-aaaa", power_limit_mw=250_000)])
+    monkeypatch.setattr("perseus.device.nvml.import_nvml", lambda: fake)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path / "locks"))
+    assert main(["device", "--sim-dir", str(tmp_path), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "not at its defaults: run `perseus device reset --uuid GPU-aaaa`" in out

@@ -255,3 +255,27 @@ def test_a_reset_from_another_process_keeps_the_simulated_gpus_clock(
     assert gpu.locked_clock_mhz() is None
     # At most a second of idle power more (the read happens moments later).
     assert gpu.energy_mj() / 1000.0 - before_j < gpu.blocking_power_w * 1.0
+
+
+def test_a_signal_while_taking_a_dead_owners_lock_keeps_the_record_that_a_reset_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new owner replaces the dead owner's pid by its own; a SIGTERM or Ctrl-C arriving
+    in the middle (here: the write fails) must not leave an empty file, which would tell the
+    next owner that nothing is due while the GPU is still at the dead owner's clock."""
+    path = tmp_path / "GPU-x.owner"
+    dead = _dead_pid()
+    path.write_text(f"{dead}\n", encoding="ascii")
+
+    def interrupted(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ownership.os, "pwrite", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        acquire_owner_lock(path)
+    monkeypatch.undo()
+    assert read_owner_pid(path) == dead
+    fd, _, stale = acquire_owner_lock(path)
+    assert fd is not None and stale == dead
+    assert path.read_text(encoding="ascii") == f"{os.getpid()}\n"  # nothing of the old pid
+    release_owner_lock(fd, path)

@@ -37,6 +37,8 @@ class FakeDevice:
     energy_fn: Callable[[float], int] | None = None
     power_limit_mw: int = 400_000
     default_power_limit_mw: int = 400_000
+    min_power_limit_mw: int = 100_000
+    max_power_limit_mw: int = 400_000
     instant_power_mw: int | None = 84_000  # None: the field is not supported
     clock_event_reasons: int = 0x1  # gpu_idle
     has_event_reasons_name: bool = True  # False: only the older ...ThrottleReasons works
@@ -230,6 +232,11 @@ class FakeNvml:
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
         self._record("nvmlDeviceGetPowerManagementDefaultLimit", handle)
         return self._dev(handle).default_power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> tuple[int, int]:
+        self._record("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        d = self._dev(handle)
+        return d.min_power_limit_mw, d.max_power_limit_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         self._record("nvmlDeviceGetEnforcedPowerLimit", handle)

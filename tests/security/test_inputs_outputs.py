@@ -264,6 +264,7 @@ def planted(attacker: Attacker, public_tmp: Path, private: Path) -> Iterator[Pat
         f"mkfifo trap.json\n"
         f"mkdir plots && ln -s {private / 'victim.txt'} plots/cifar100_shufflenetv2_cost.png\n"
         f"ln -s {private / 'victim-dir'} plots-link\n"
+        f"ln -s {private} dirlink\n"
     )
     yield public_tmp
 
@@ -298,6 +299,14 @@ def _traps(private: Path, shared: Path) -> dict[str, Trap]:
         "a linked --plot directory": Trap(
             [*simulate, "--plot", str(shared / "plots-link")], ("--plot", "symbolic link")
         ),
+        "another user's link above the output": Trap(
+            _pick(private, str(shared / "dirlink" / "victim.txt")),
+            ("dirlink", "owned by another user"),
+        ),
+        "another user's link above a report directory": Trap(
+            ["report", frontier, "-o", str(shared / "dirlink" / "victim-dir")],
+            ("dirlink", "owned by another user"),
+        ),
         "a link planted as a plot file": Trap(
             [*simulate, "--plot", str(shared / "plots")], ("--plot", "cost.png")
         ),
@@ -312,6 +321,8 @@ TRAP_NAMES = [
     "a linked export directory",
     "a linked --plot directory",
     "a link planted as a plot file",
+    "another user's link above the output",
+    "another user's link above a report directory",
 ]
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,3 +233,203 @@ def test_forged_lock_contents_reset_only_the_simulated_gpu_in_hand(tmp_path: Pat
             claim.release()
         assert other.locked_clock_mhz() is not None and other.power_limit_w() == 150.0
     assert not (tmp_path.parent / "escaped").exists()
+
+
+def _as_user(attacker: Attacker, work: Any) -> str:
+    """``work()``'s return value, computed in a forked child that has become the attacker
+    (the attacker cannot run this interpreter: it lives in root's home, so whatever the
+    child imports lazily is imported here first)."""
+    import encodings.ascii  # noqa: F401
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(attacker.gid)
+            os.setuid(attacker.uid)
+            out = str(work())
+        except BaseException as e:
+            out, code = f"{type(e).__name__}: {e}", 1
+        os.write(w, out.encode())
+        os._exit(code)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    text = b"".join(chunks).decode()
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
+
+
+@pytest.mark.parametrize("root_ran", [True, False])
+def test_device_info_as_a_user_says_when_roots_owners_are_hidden(
+    attacker: Attacker, public_tmp: Path, root_ran: bool
+) -> None:
+    """Root's agents record ownership in a directory of mode 0700; a user's ``device info``
+    looks in the user's own directory and would say ``owner: none`` of a GPU root's agent
+    owns. It says that root's locks are not readable instead, and where each lock lives."""
+    import contextlib
+    import io
+
+    from perseus.cli.device import _show
+    from perseus.device.discovery import nvml_devices
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    root_locks = run / "perseus" / "locks"
+    if root_ran:
+        root_locks.mkdir(mode=0o700, parents=True)
+        (run / "perseus").chmod(0o700)
+        root_owner = os.getpid()  # root's agent, alive, owns the GPU
+        (root_locks / f"{UUID}.owner").write_text(f"{root_owner}\n")
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+
+    def info() -> str:
+        nvml = FakeNvml(devices=[FakeDevice(UUID)])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            for device in nvml_devices(nvml, lock_dir=user_locks, root_lock_dir=root_locks):
+                _show(device)
+        return out.getvalue()
+
+    text = _as_user(attacker, info)
+    owner = next(line for line in text.splitlines() if "owner:" in line)
+    if root_ran:
+        assert f"locks in {root_locks} are not readable by this user: run as root" in owner
+        assert "owner: none" not in owner
+    else:
+        assert owner.endswith("owner: none") or "owner: none;" in owner, owner
+    assert f"lock file: {user_locks / (UUID + '.owner')}" in text
+
+
+def test_an_attacker_link_above_the_lock_directory_is_refused(
+    attacker: Attacker, public_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$PERSEUS_LOCK_DIR=/tmp/evil/locks`` with ``/tmp/evil`` the attacker's link to a
+    directory of root's: the resolved path passes every check, but the attacker can repoint
+    the link at a directory of theirs between the check and the open of each lock file."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    attacker.sh(f"ln -s {mine} {public_tmp}/evil")
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(public_tmp / "evil" / "locks"))
+    from perseus.device.private_dir import lock_dir
+
+    with pytest.raises(ConfigError) as e:
+        lock_dir()
+    _one_line(str(e.value), f"{public_tmp}/evil", "symbolic link owned by", attacker.name)
+    assert not (mine / "locks").exists()
+    # The same link made by root in a sticky directory (nobody else can repoint it) is fine.
+    (public_tmp / "ours").symlink_to(mine)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(public_tmp / "ours" / "locks"))
+    assert lock_dir() == mine / "locks"
+
+
+def test_device_reset_as_a_user_refuses_a_gpu_roots_agent_may_own(
+    attacker: Attacker, public_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user with CAP_SYS_ADMIN (or a careless operator's sudo-less shell) cannot see root's
+    locks, so cannot know that root's agent owns the GPU: ``device reset`` refuses with one
+    line instead of pulling the clocks from under a running job."""
+    import contextlib
+    import io
+
+    from perseus.cli.main import main
+    from perseus.device import discovery
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    root_locks = run / "perseus" / "locks"
+    root_locks.mkdir(mode=0o700, parents=True)
+    (run / "perseus").chmod(0o700)
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+    monkeypatch.setattr(discovery, "ROOT_LOCK_DIR", root_locks)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(user_locks))
+
+    def reset() -> str:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["device", "reset", "--uuid", UUID])
+        return f"{rc}\n{err.getvalue()}"
+
+    rc, _, message = _as_user(attacker, reset).partition("\n")
+    assert rc == "2", message
+    _one_line(message, UUID, f"locks in {root_locks} are not readable", "run as root")
+
+
+def test_a_users_private_group_may_write_their_directory(
+    attacker: Attacker, public_tmp: Path
+) -> None:
+    """With umask 002 a user's directories are group-writable by their own private group
+    (same name, nobody else in it): accepted for them; the same mode with a group that others
+    share is refused."""
+    import grp
+
+    try:
+        group = grp.getgrgid(attacker.gid)
+    except KeyError:
+        pytest.skip("the attacker user has no group entry")
+    if group.gr_name != attacker.name or group.gr_mem:
+        pytest.skip("useradd made no user private group here")
+    from perseus.device.private_dir import verify_private_dir
+
+    own = public_tmp / "own-group"
+    attacker.sh(f"mkdir -m 770 {own}")
+
+    def check() -> str:
+        return str(verify_private_dir(own, create=False))
+
+    assert _as_user(attacker, check) == str(own)
+    os.chown(own, attacker.uid, 0)  # root's group: shared with whoever is in it
+
+    def refused() -> str:
+        try:
+            verify_private_dir(own, create=False)
+        except ConfigError as e:
+            return str(e)
+        return "accepted"
+
+    assert "writable by group or others" in _as_user(attacker, refused)
+
+
+def test_a_users_device_commands_say_roots_simulated_gpus_are_unreadable(
+    attacker: Attacker, public_tmp: Path
+) -> None:
+    """Pointed at root's simulated GPUs (mode 0700), a user's ``device info`` said "none
+    yet" and ``device reset`` "no simulated GPU 0": both now say the directory is not
+    readable by this user and how to proceed."""
+    import contextlib
+    import io
+
+    from perseus.cli.main import main
+
+    run = public_tmp / "run"
+    run.mkdir(mode=0o755)
+    sim = run / "sim"
+    sim.mkdir(mode=0o700)
+    SimulatedGPU.from_preset("a40", state_dir=sim, set_latency_s=0.0).set_locked_clock(900)
+    user_locks = public_tmp / "user-locks"
+    attacker.sh(f"mkdir -m 700 {user_locks}")
+
+    def commands() -> str:
+        os.environ["PERSEUS_LOCK_DIR"] = str(user_locks)
+        results = []
+        for argv in (["info"], ["reset", "--sim", "0"]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(["device", "--sim-dir", str(sim), *argv])
+            results.append(json.dumps([rc, out.getvalue(), err.getvalue()]))
+        return "\n".join(results)
+
+    info, reset = (json.loads(line) for line in _as_user(attacker, commands).splitlines())
+    assert info[0] == 0, info
+    assert f"simulated GPU directory {sim} is not readable by this user" in info[1]
+    assert "none yet" not in info[1]
+    assert reset[0] == 2, reset
+    _one_line(reset[2], str(sim), "not readable by this user", "run as its owner")

@@ -361,10 +361,21 @@ class GpuClaim:
         watchdog: Start the watchdog (managed GPUs only).
         handle_signals: Install SIGTERM/SIGINT handlers besides ``atexit``.
         on_exit: What the exit hooks run (the agent's emergency reset).
+        hold_lock: Keep the ownership lock while claimed (an agent). False: only record that
+            this process owes the GPU a reset (:meth:`GpuOwnership.mark_due`), for a process
+            that changes the GPU's power limit while an agent of the same process takes the
+            lock itself (a recurring job with ``own_gpu=False``); the watchdog and the next
+            owner still reset the GPU if this process dies.
     """
 
     def __init__(
-        self, gpu: Any, *, watchdog: bool, handle_signals: bool, on_exit: Callable[[], None]
+        self,
+        gpu: Any,
+        *,
+        watchdog: bool,
+        handle_signals: bool,
+        on_exit: Callable[[], None],
+        hold_lock: bool = True,
     ) -> None:
         from perseus.device.base import ManagedGPU
         from perseus.device.ownership import default_lock_dir, owner_lock_path
@@ -380,6 +391,7 @@ class GpuClaim:
         self._use_watchdog = watchdog
         self._handle_signals = handle_signals
         self._on_exit = on_exit
+        self._hold_lock = hold_lock
         self.watchdog: Watchdog | None = None
         self._guard: ExitGuard | None = None
 
@@ -405,7 +417,10 @@ class GpuClaim:
             DeviceBusyError: if another agent owns the GPU.
             DeviceError: if the watchdog cannot start.
         """
-        self.ownership.acquire()
+        if self._hold_lock:
+            self.ownership.acquire()
+        else:
+            self.ownership.mark_due()
         try:
             if self._use_watchdog and self._managed is not None:
                 self.watchdog = Watchdog(self._managed.watchdog_spec(), self.lock_path)
@@ -425,7 +440,10 @@ class GpuClaim:
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
-        self.ownership.release()
+        if self._hold_lock:
+            self.ownership.release()
+        else:
+            self.ownership.clear_due()
         if self._guard is not None:
             self._guard.uninstall()
             self._guard = None
