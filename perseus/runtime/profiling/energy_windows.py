@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perseus.device.base import CounterPeriodGPU
 from perseus.errors import ConfigError, DeviceError
 
 __all__ = [
@@ -335,8 +336,8 @@ def sample_period_for(gpu: object) -> float:
     a quarter of one core at ~3 ms per read (an H100); an exact counter (period 0) is read
     every millisecond.
     """
-    period = getattr(gpu, "publish_interval_s", NVML_PUBLISH_PERIOD_S)
-    if not isinstance(period, (int, float)) or period <= 0:
+    period = gpu.publish_interval_s if isinstance(gpu, CounterPeriodGPU) else NVML_PUBLISH_PERIOD_S
+    if period <= 0:
         return 0.001
     return min(0.02, max(0.0005, float(period) / 8.0))
 
