@@ -17,6 +17,7 @@ A simulated GPU shared by several processes needs a clock they agree on, so it d
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
@@ -98,7 +99,9 @@ class VirtualClock:
         with self._lock:
             self.sleeps += 1
             if seconds > 0:
-                self._now_s += seconds
+                # At least one step of the float: a sleep that rounds to nothing would leave a
+                # waiter polling for a time that never comes.
+                self._now_s = max(self._now_s + seconds, math.nextafter(self._now_s, math.inf))
 
     def __repr__(self) -> str:
         return f"VirtualClock(now={self._now_s!r})"

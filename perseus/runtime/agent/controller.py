@@ -336,6 +336,8 @@ class FrequencyController:
             self._pending_since = self.clock.now()
             self._posted = freq_mhz
             self._cond.notify()
+        if not self._threaded:
+            self._drain()  # inline: "as soon as possible" is now
 
     def apply_now(self, freq_mhz: int) -> None:
         """Device-timed mode: apply ``freq_mhz`` before the next posted boundary is handled
