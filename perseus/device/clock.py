@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["REAL_CLOCK", "Clock", "RealClock", "VirtualClock", "WallClock"]
 
@@ -84,9 +85,12 @@ class VirtualClock:
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now_s = float(start_s)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         #: Number of sleep calls so far (tests check that a wait polled, or did not).
         self.sleeps = 0
+        # Periodic callbacks: [next due time, period, callback], fired as time passes them.
+        self._timers: list[list[Any]] = []
+        self._firing = False
 
     def now(self) -> float:
         return self._now_s
@@ -94,14 +98,47 @@ class VirtualClock:
     def sleep(self, seconds: float) -> None:
         self.advance(seconds)
 
+    def call_every(
+        self, period_s: float | Callable[[], float], callback: Callable[[], object]
+    ) -> None:
+        """Call ``callback`` every ``period_s`` of virtual time, first one period from now
+        (what a background thread polling on a timer does in real time: the energy counter
+        sampler). ``period_s`` may be a function giving each wait in turn. Each call sees the
+        clock at its due time.
+
+        Raises:
+            ValueError: for a non-positive period.
+        """
+        period: Callable[[], float] = period_s if callable(period_s) else (lambda: float(period_s))
+        first = period()
+        if not first > 0:
+            raise ValueError(f"period_s must be > 0, got {first}")
+        with self._lock:
+            self._timers.append([self._now_s + first, period, callback])
+
     def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds`` (negative values are ignored)."""
+        """Move the clock forward by ``seconds`` (negative values are ignored), firing the
+        periodic callbacks due on the way, in time order."""
         with self._lock:
             self.sleeps += 1
-            if seconds > 0:
-                # At least one step of the float: a sleep that rounds to nothing would leave a
-                # waiter polling for a time that never comes.
-                self._now_s = max(self._now_s + seconds, math.nextafter(self._now_s, math.inf))
+            if not seconds > 0:
+                return
+            # At least one step of the float: a sleep that rounds to nothing would leave a
+            # waiter polling for a time that never comes.
+            target = max(self._now_s + seconds, math.nextafter(self._now_s, math.inf))
+            if self._timers and not self._firing:
+                self._firing = True
+                try:
+                    while True:
+                        due = min(self._timers, key=lambda timer: timer[0])
+                        if due[0] > target:
+                            break
+                        self._now_s = max(self._now_s, due[0])
+                        due[0] += max(due[1](), 1e-9)
+                        due[2]()
+                finally:
+                    self._firing = False
+            self._now_s = target
 
     def __repr__(self) -> str:
         return f"VirtualClock(now={self._now_s!r})"

@@ -496,8 +496,11 @@ class FrequencyController:
                     self._cond.notify_all()
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
-        """Poll until ``event`` completed (or we close); its counter reading."""
+        """Poll until ``event`` completed (or we close); its counter reading. On a virtual
+        clock nothing can happen meanwhile (the work is inline): wait for the event at once."""
         sleep = self.clock.sleep
+        if not self.clock.real_time:
+            event.synchronize()
         while not event.query():
             if self._closed:
                 return None
