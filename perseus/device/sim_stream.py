@@ -225,11 +225,17 @@ class SimStream:
     """
 
     _LOCK = threading.RLock()
+    #: Bumped by every change to any stream of the process (under ``_LOCK``): a stream's
+    #: predicted event times depend on the streams it waits on, so they are cached per version
+    #: (without it, predicting through a chain of cross-stream waits re-plans each stream once
+    #: per path: exponential in the pipeline's depth).
+    _version = 0
 
     def __init__(self, device: StreamDevice) -> None:
         self._dev = device
         self._now = device.clock.now
         self._lock = SimStream._LOCK
+        self._times_cache: tuple[int, dict[int, float]] = (-1, {})
         self._queue: deque[_Item] = deque()
         self._t_dev: float | None = None  # the timeline is committed up to here
         self._lock_mhz: int | None = None  # the lock as the device applies it
@@ -326,6 +332,7 @@ class SimStream:
         assert t is not None
         if now <= t:
             return
+        SimStream._version += 1
         queue = self._queue
         idle_w = self._idle_power_w()
         while queue:
@@ -405,7 +412,16 @@ class SimStream:
             return event._time_s
         if self._t_dev is None:
             return None
-        return self._plan(stop_at=event)[1].get(id(event))
+        version, times = self._times_cache
+        if version != SimStream._version:
+            times = {}
+            self._times_cache = (SimStream._version, times)
+        key = id(event)
+        if key not in times:
+            # Up to the event only: a later wait may depend on this very event (through
+            # another stream), and the prefix never does.
+            times.update(self._plan(stop_at=event)[1])
+        return times.get(key)
 
     def _plan(self, stop_at: SimEvent | None = None) -> tuple[list[list[float]], dict[int, float]]:
         """The future at the current clock: op segments and each queued event's time (up to
@@ -470,9 +486,11 @@ class SimStream:
             self._last_backdated = None
             self._backdate = self._early_end = None
             self._queue.append(op)
+            SimStream._version += 1
             self._idle = False
             if start is not None and len(self._queue) == 1 and start < now:
                 self._run_since(op, start, now)
+                SimStream._version += 1
             self._publish(now)
 
     def _run_since(self, op: _Op, start: float, now: float) -> None:
@@ -538,6 +556,7 @@ class SimStream:
     def wait_until(self, time_s: float) -> None:
         with self._lock:
             self._commit(self._now())
+            SimStream._version += 1
             self._queue.append(_Wait(time_s))
             self._idle = False
 
@@ -546,6 +565,7 @@ class SimStream:
             return  # a stream is ordered already
         with self._lock:
             self._commit(self._now())
+            SimStream._version += 1
             self._queue.append(_Wait(-math.inf, event))
             self._idle = False
 
@@ -554,6 +574,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
+            SimStream._version += 1
             if self._queue:
                 self._queue.append(event)
                 self._last_backdated = None
@@ -575,6 +596,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
+            SimStream._version += 1
             self._lock_mhz = lock_mhz
             self.lock_applied_s = now
             self._publish(now, lock_changed=True)
@@ -584,6 +606,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
+            SimStream._version += 1
             self._cap_w = cap_w
             self._publish(now)
 
