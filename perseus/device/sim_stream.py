@@ -36,6 +36,13 @@ __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream", "StreamDevice"]
 #: The device's shared state (see :mod:`perseus.device.sim_state`).
 _State = dict[str, Any]
 
+#: Bumped by every change to any stream of the process (under ``SimStream._LOCK``): a
+#: stream's predicted event times depend on the streams it waits on, so they are cached per
+#: version (without it, predicting through a chain of cross-stream waits re-plans each stream
+#: once per path: exponential in the pipeline's depth). A list, not a class attribute: writing
+#: a class attribute invalidates the type's method cache (+2 us per emulated op).
+_VERSION = [0]
+
 #: Spin (instead of sleeping) for this long before an event's predicted time.
 _SPIN_S = 0.0003
 
@@ -225,11 +232,6 @@ class SimStream:
     """
 
     _LOCK = threading.RLock()
-    #: Bumped by every change to any stream of the process (under ``_LOCK``): a stream's
-    #: predicted event times depend on the streams it waits on, so they are cached per version
-    #: (without it, predicting through a chain of cross-stream waits re-plans each stream once
-    #: per path: exponential in the pipeline's depth).
-    _version = 0
 
     def __init__(self, device: StreamDevice) -> None:
         self._dev = device
@@ -332,7 +334,7 @@ class SimStream:
         assert t is not None
         if now <= t:
             return
-        SimStream._version += 1
+        _VERSION[0] += 1
         queue = self._queue
         idle_w = self._idle_power_w()
         while queue:
@@ -413,9 +415,9 @@ class SimStream:
         if self._t_dev is None:
             return None
         version, times = self._times_cache
-        if version != SimStream._version:
+        if version != _VERSION[0]:
             times = {}
-            self._times_cache = (SimStream._version, times)
+            self._times_cache = (_VERSION[0], times)
         key = id(event)
         if key not in times:
             # Up to the event only: a later wait may depend on this very event (through
@@ -486,11 +488,11 @@ class SimStream:
             self._last_backdated = None
             self._backdate = self._early_end = None
             self._queue.append(op)
-            SimStream._version += 1
+            _VERSION[0] += 1
             self._idle = False
             if start is not None and len(self._queue) == 1 and start < now:
                 self._run_since(op, start, now)
-                SimStream._version += 1
+                _VERSION[0] += 1
             self._publish(now)
 
     def _run_since(self, op: _Op, start: float, now: float) -> None:
@@ -556,7 +558,7 @@ class SimStream:
     def wait_until(self, time_s: float) -> None:
         with self._lock:
             self._commit(self._now())
-            SimStream._version += 1
+            _VERSION[0] += 1
             self._queue.append(_Wait(time_s))
             self._idle = False
 
@@ -565,7 +567,7 @@ class SimStream:
             return  # a stream is ordered already
         with self._lock:
             self._commit(self._now())
-            SimStream._version += 1
+            _VERSION[0] += 1
             self._queue.append(_Wait(-math.inf, event))
             self._idle = False
 
@@ -574,7 +576,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
-            SimStream._version += 1
+            _VERSION[0] += 1
             if self._queue:
                 self._queue.append(event)
                 self._last_backdated = None
@@ -596,7 +598,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
-            SimStream._version += 1
+            _VERSION[0] += 1
             self._lock_mhz = lock_mhz
             self.lock_applied_s = now
             self._publish(now, lock_changed=True)
@@ -606,7 +608,7 @@ class SimStream:
         with self._lock:
             now = self._now()
             self._commit(now)
-            SimStream._version += 1
+            _VERSION[0] += 1
             self._cap_w = cap_w
             self._publish(now)
 
