@@ -300,32 +300,6 @@ class SimulatedGPU:
         )
 
     @classmethod
-    def from_profile_file(
-        cls,
-        path: str | Path,
-        *,
-        blocking_power_w: float | None = None,
-        **kwargs: Any,
-    ) -> SimulatedGPU:
-        """Like :meth:`from_profile`, reading a measured profile CSV/JSON (or a bundled name
-        such as ``a100``). ``blocking_power_w`` defaults to the bundled profile's measured value.
-
-        Raises:
-            ConfigError: unreadable profile, or no blocking power for a non-bundled profile.
-        """
-        from perseus.io.bundled import default_blocking_power_w, load_profile
-
-        profile = load_profile(path)
-        if blocking_power_w is None:
-            blocking_power_w = default_blocking_power_w(profile)
-            if blocking_power_w is None:
-                raise ConfigError(
-                    f"{path}: not a bundled profile, so its blocking (P2P-wait) power is unknown; "
-                    "pass blocking_power_w"
-                )
-        return cls.from_profile(profile, blocking_power_w=blocking_power_w, **kwargs)
-
-    @classmethod
     def from_preset(
         cls,
         key: str | GPUPreset,

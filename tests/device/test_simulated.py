@@ -355,8 +355,14 @@ def test_unknown_preset() -> None:
         get_preset("v100")
 
 
-def test_from_profile_file_uses_measured_blocking_power(tmp_path: Path) -> None:
-    gpu = SimulatedGPU.from_profile_file("a40", state_dir=tmp_path, set_latency_s=0.0)
+def test_a_profile_file_and_its_measured_blocking_power_build_a_gpu(tmp_path: Path) -> None:
+    """Device modules read no files: perseus.io reads the profile, the caller builds the GPU."""
+    from perseus.io.bundled import load_profile_with_blocking_power
+
+    profile, power = load_profile_with_blocking_power("a40")
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=power, state_dir=tmp_path, set_latency_s=0.0
+    )
     assert gpu.blocking_power_w == pytest.approx(70.38)
     option = load_profile("a40").op(2, Kind.B).options[3]
     gpu.set_locked_clock(option.freq_mhz)
@@ -366,8 +372,10 @@ def test_from_profile_file_uses_measured_blocking_power(tmp_path: Path) -> None:
         "stage,instruction,frequency,time,energy\n0,forward,1410,0.1,30\n0,backward,1410,0.2,60\n"
     )
     with pytest.raises(ConfigError, match="blocking_power_w"):
-        SimulatedGPU.from_profile_file(csv, state_dir=tmp_path)
-    assert SimulatedGPU.from_profile_file(csv, blocking_power_w=50.0).supported_clocks_mhz() == (
+        load_profile_with_blocking_power(csv)
+    profile, power = load_profile_with_blocking_power(csv, blocking_power_w=50.0)
+    assert power == 50.0
+    assert SimulatedGPU.from_profile(profile, blocking_power_w=power).supported_clocks_mhz() == (
         1410,
     )
 

@@ -200,6 +200,6 @@ def test_a_profile_with_a_poorly_fitted_row_is_refused_with_the_row_named():
     check_fit(profiler)  # fine
     step(10.0)  # 2 x 10 W / 200 W: 10 %
     assert profiler.worst_fit_error() == pytest.approx(0.1)
-    with pytest.raises(ProfileError, match="stage 0 F at 1395 MHz, 10.0%"):
+    with pytest.raises(ProfileError, match=r"stage 0 F at 1395 MHz, 10\.0%"):
         check_fit(profiler)
     check_fit(profiler, max_error=0.2)
