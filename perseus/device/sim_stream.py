@@ -12,6 +12,13 @@ clock change, event query), which is exact because clock changes and launches on
 happen *now*: the past never changes. After a change the stream rewrites the device's planned
 segments in the shared state file, so every process reads the same energy counter.
 
+The stream reaches its device only through :class:`StreamDevice` (a protocol: the clock, the
+op prices, the counter's parameters, the shared state), and reads the time and waits on the
+device's :class:`~perseus.device.clock.Clock`: on a virtual clock the whole stream is
+deterministic. The first event recorded after a launch marks that op's end even when the host
+records it late (an emulating host that stalled between the two; a GPU host enqueues both at
+once).
+
 The stream also integrates energy itself (op power while busy, the device's true blocking
 power otherwise) so an event knows the counter value NVML would have published at its device
 time (what a reader polling the event would get: the counter only moves every publish period).

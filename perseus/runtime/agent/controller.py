@@ -25,6 +25,12 @@ Two ways to post:
   soon as possible (a single slot: a new request overwrites a pending one). Kept for devices
   without events and as the baseline that ``benchmarks/clock_timing.py`` compares against.
 
+Time: the worker reads the time and waits on a :class:`~perseus.device.clock.Clock` (the
+real one by default). With a :class:`~perseus.device.clock.VirtualClock` there is no worker
+thread: the work posted is done inline, in order, by :meth:`FrequencyController.flush` and
+:meth:`FrequencyController.wait_applied` (the agent calls them in ``step_end``), so every
+timing decision is deterministic (``docs/timing.md``).
+
 Errors: permission/support errors switch to *observe-only* (no further set calls) with one
 :class:`~perseus.device.base.ObserveOnlyWarning`. Other device errors are retried
 (``retries`` times, with a short back-off); an error that persists also switches to

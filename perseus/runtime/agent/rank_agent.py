@@ -21,7 +21,10 @@ first layers, issued the same way. Op times come from event pairs, energy from t
 device-time boundaries (per op where events carry readings, else at iteration ends). The
 training thread never synchronises the device; :meth:`RankAgent.step_end` waits for the
 iteration's last event (once per iteration). ``timing="host"`` (post the clock when the host
-enters an op) is kept for devices without events and as a baseline. Ops must arrive in the
+enters an op) is kept for devices without events and as a baseline. The two modes are two
+small classes (:mod:`perseus.runtime.agent.timing`); the agent checks the op order and calls
+them. Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes
+every timing decision deterministic, ``docs/timing.md``). Ops must arrive in the
 order of ``plan.stage_ops[rank]`` (:class:`~perseus.errors.PlanError` names the expected and
 actual op otherwise). :meth:`RankAgent.swap_plan` changes the plan at the next iteration.
 Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety.guard`.
