@@ -3,6 +3,13 @@
 Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the driver's
 list (nearest supported clock) and returns the clock actually requested from the driver.
 
+Optional capabilities are protocols too (``runtime_checkable``: test them with
+``isinstance``, never ``getattr``/``hasattr``): :class:`ManagedGPU` (ownership and watchdog),
+:class:`PowerLimitGPU`, :class:`EventSource` (device events), :class:`AppliedClockGPU` (says when
+a clock change took effect), :class:`CounterPeriodGPU` (says how often its energy counter is
+published) and :class:`ObserveOnlyGPU` (knows before any set call that clocks cannot be
+changed). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
+
 Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
 ``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
 device's own event in emulation. The agent times ops and schedules clock changes by them, so
@@ -19,9 +26,12 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "GPU",
+    "AppliedClockGPU",
+    "CounterPeriodGPU",
     "DeviceEvent",
     "EventSource",
     "ManagedGPU",
+    "ObserveOnlyGPU",
     "ObserveOnlyWarning",
     "PowerLimitGPU",
     "nearest_clock_mhz",
@@ -142,6 +152,31 @@ class EventSource(Protocol):
     def timeline_now_s(self) -> float:
         """Now, on the clock that :meth:`DeviceEvent.device_time_s` uses."""
         ...
+
+
+@runtime_checkable
+class AppliedClockGPU(Protocol):
+    """A device that knows when the last clock set or reset took effect (the simulator)."""
+
+    def clock_applied_s(self) -> float | None:
+        """When the last change took effect, on :meth:`EventSource.timeline_now_s`'s clock
+        (None: none yet)."""
+        ...
+
+
+@runtime_checkable
+class CounterPeriodGPU(Protocol):
+    """A device that says how often its energy counter is published (0: exact)."""
+
+    publish_interval_s: float
+
+
+@runtime_checkable
+class ObserveOnlyGPU(Protocol):
+    """A device that knows before any set call whether clocks can be changed (NVML probes
+    privilege and architecture): ``observe_only_reason`` is None when they can."""
+
+    observe_only_reason: str | None
 
 
 class ObserveOnlyWarning(RuntimeWarning):

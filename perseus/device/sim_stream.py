@@ -12,6 +12,13 @@ clock change, event query), which is exact because clock changes and launches on
 happen *now*: the past never changes. After a change the stream rewrites the device's planned
 segments in the shared state file, so every process reads the same energy counter.
 
+The stream reaches its device only through :class:`StreamDevice` (a protocol: the clock, the
+op prices, the counter's parameters, the shared state), and reads the time and waits on the
+device's :class:`~perseus.device.clock.Clock`: on a virtual clock the whole stream is
+deterministic. The first event recorded after a launch marks that op's end even when the host
+records it late (an emulating host that stalled between the two; a GPU host enqueues both at
+once).
+
 The stream also integrates energy itself (op power while busy, the device's true blocking
 power otherwise) so an event knows the counter value NVML would have published at its device
 time (what a reader polling the event would get: the counter only moves every publish period).
@@ -22,18 +29,26 @@ from __future__ import annotations
 import math
 import random
 import threading
-import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from perseus.device.clock import Clock
 from perseus.errors import ConfigError
 from perseus.schedule.actions import Kind
 
-if TYPE_CHECKING:
-    from perseus.device.simulated import SimulatedGPU
+__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream", "StreamDevice"]
 
-__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
+#: The device's shared state (see :mod:`perseus.device.sim_state`).
+_State = dict[str, Any]
+
+#: Bumped by every change to any stream of the process (under ``SimStream._LOCK``): a
+#: stream's predicted event times depend on the streams it waits on, so they are cached per
+#: version (without it, predicting through a chain of cross-stream waits re-plans each stream
+#: once per path: exponential in the pipeline's depth). A list, not a class attribute: writing
+#: a class attribute invalidates the type's method cache (+2 us per emulated op).
+_VERSION = [0]
 
 #: Spin (instead of sleeping) for this long before an event's predicted time.
 _SPIN_S = 0.0003
@@ -74,6 +89,42 @@ class SimNoise:
         """The relative blocking-power error of device ``index`` (in +-``blocking_error``)."""
         err = self.blocking_error
         return random.Random(f"perseus-sim-blocking/{self.seed}/{index}").uniform(-err, err)
+
+
+class StreamDevice(Protocol):
+    """What a :class:`SimStream` needs from its device, and nothing more.
+
+    :class:`~perseus.device.simulated.SimulatedGPU` provides it through a small port object
+    (its private state stays private); a test can provide it with a dozen lines.
+
+    Attributes:
+        index: The device index (seeds its noise).
+        noise: Per-op noise, or None.
+        clock: The device's timeline and how to wait on it.
+        top_clock_mhz: The highest clock (an unlocked device runs at it).
+        idle_power_w: The true power while no op runs.
+        publish_interval_s: The energy counter's publish period (0: exact).
+        counter_gain: The share of the true energy the counter reports.
+        power_cap_w: The board's own power cap (None: none).
+        price: ``(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz, time_s, energy_j)`` of
+            an op run wholly at a lock under a cap (before noise and slowdown).
+        read_state: The shared state now.
+        cap_w: The cap a state enforces (a set power limit, never above the board's).
+        update_state: Apply a change to the shared state, advanced to ``at_s``.
+    """
+
+    index: int
+    noise: SimNoise | None
+    clock: Clock
+    top_clock_mhz: int
+    idle_power_w: float
+    publish_interval_s: float
+    counter_gain: float
+    power_cap_w: float | None
+    price: Callable[[int, Kind, int, float | None], tuple[int, float, float]]
+    read_state: Callable[[], _State]
+    cap_w: Callable[[_State], float | None]
+    update_state: Callable[[Callable[[_State], None], float | None], _State]
 
 
 class SimEvent:
@@ -178,7 +229,8 @@ _Item = _Op | _Wait | SimEvent
 
 
 class SimStream:
-    """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`).
+    """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`,
+    which it reaches only through the :class:`StreamDevice` protocol).
 
     Thread-safe: the training thread launches and records, the clock worker sets clocks and
     queries events. One re-entrant lock serves every stream of the process (a stream waiting
@@ -189,13 +241,15 @@ class SimStream:
 
     _LOCK = threading.RLock()
 
-    def __init__(self, gpu: SimulatedGPU) -> None:
-        self._gpu = gpu
+    def __init__(self, device: StreamDevice) -> None:
+        self._dev = device
+        self._now = device.clock.now
         self._lock = SimStream._LOCK
+        self._times_cache: tuple[int, dict[int, float]] = (-1, {})
         self._queue: deque[_Item] = deque()
         self._t_dev: float | None = None  # the timeline is committed up to here
         self._lock_mhz: int | None = None  # the lock as the device applies it
-        self._cap_w: float | None = gpu.power_cap_w  # the enforced power cap (limit or board's)
+        self._cap_w: float | None = device.power_cap_w  # the enforced power cap (limit or board's)
         self._lock_known = False
         self._energy_j = 0.0  # exact energy at _t_dev (this stream's own integral)
         self._tick_energy_j = 0.0  # exact energy at the last publish tick passed
@@ -209,7 +263,9 @@ class SimStream:
         self._observed_s = -math.inf
         self._last_backdated: SimEvent | None = None  # recorded at the pending backdate
         self._backdate: float | None = None
-        self._early_end: float | None = None  # a backdated op that finished before its launch
+        # The end of the last op launched, once it ran (no event recorded behind it yet): the
+        # event the host records next marks that op's end, however late the host records it.
+        self._early_end: float | None = None
         # (start, energy then, power) pieces covering the span since the queue last ran dry.
         self._recent: list[tuple[float, float, float]] = []
         self._idle = True  # the queue is empty and _recent describes the idle span
@@ -223,33 +279,33 @@ class SimStream:
 
     def _clock_for(self, op: _Op) -> tuple[int, float, float]:
         """``(clock, time_s, power_w)`` of ``op`` run entirely at the current lock."""
-        gpu = self._gpu
-        target = gpu._clocks[0] if self._lock_mhz is None else self._lock_mhz
-        f_eff, t, e = gpu._op_at(op.stage_index, op.kind, target, self._cap_w)
+        dev = self._dev
+        target = dev.top_clock_mhz if self._lock_mhz is None else self._lock_mhz
+        f_eff, t, e = dev.price(op.stage_index, op.kind, target, self._cap_w)
         return f_eff, t * op.time_mult, (e / t) * op.power_mult
 
     def _idle_power_w(self) -> float:
-        return self._gpu.true_blocking_power_w
+        return self._dev.idle_power_w
 
     # ----------------------------------------------------------------------------------------
     # The timeline
 
     def _start(self, now: float) -> None:
         if self._t_dev is None:
-            state = self._gpu._state()
+            state = self._dev.read_state()
             self._t_dev = now
             self._idle_since = self._floor_s = now  # no history before this stream existed
             self._recent = [(now, float(state["energy_j"]), self._idle_power_w())]
             self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
-            self._cap_w = self._gpu._cap_w(state)
+            self._cap_w = self._dev.cap_w(state)
             self._energy_j = float(state["energy_j"])
             self._tick_energy_j = self._energy_j
-            interval = self._gpu.publish_interval_s
+            interval = self._dev.publish_interval_s
             self._tick_s = math.floor(now / interval) * interval if interval > 0 else now
 
     def _integrate(self, a: float, b: float, power_w: float) -> None:
         """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks."""
-        interval = self._gpu.publish_interval_s
+        interval = self._dev.publish_interval_s
         if interval > 0:
             tick = math.floor(b / interval) * interval
             if tick > self._tick_s:
@@ -263,7 +319,7 @@ class SimStream:
         recent = self._recent
         if t >= now or not recent or t < recent[0][0]:
             return self._published_mj()
-        interval = self._gpu.publish_interval_s
+        interval = self._dev.publish_interval_s
         tick = math.floor(t / interval) * interval if interval > 0 else t
         if tick < recent[0][0]:
             tick = recent[0][0]  # not quite the tick, but within one period of it
@@ -271,11 +327,11 @@ class SimStream:
         for seg in recent:
             if seg[0] <= tick:
                 t0, e0, p = seg
-        return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._gpu.counter_gain)
+        return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._dev.counter_gain)
 
     def _published_mj(self) -> int:
-        gain = self._gpu.counter_gain
-        if self._gpu.publish_interval_s > 0:
+        gain = self._dev.counter_gain
+        if self._dev.publish_interval_s > 0:
             return math.floor(self._tick_energy_j * 1000.0 * gain)
         return math.floor(self._energy_j * 1000.0 * gain)
 
@@ -286,6 +342,7 @@ class SimStream:
         assert t is not None
         if now <= t:
             return
+        _VERSION[0] += 1
         queue = self._queue
         idle_w = self._idle_power_w()
         while queue:
@@ -316,6 +373,12 @@ class SimStream:
                 self._piece(item, f_eff, remaining_s)
                 t += remaining_s
                 queue.popleft()
+                if not queue and item.seq == self._seq - 1:
+                    # The queue ran dry on the last op launched, before the host recorded the
+                    # event behind it (a host stalled between the launch and the record): the
+                    # host that an emulated GPU stands for has enqueued that event already, so
+                    # it completes here, not whenever the stalled host gets to it.
+                    self._early_end = t
                 if self.trace is not None and item.pieces is not None:
                     self.trace.append(
                         OpTrace(
@@ -359,7 +422,16 @@ class SimStream:
             return event._time_s
         if self._t_dev is None:
             return None
-        return self._plan(stop_at=event)[1].get(id(event))
+        version, times = self._times_cache
+        if version != _VERSION[0]:
+            times = {}
+            self._times_cache = (_VERSION[0], times)
+        key = id(event)
+        if key not in times:
+            # Up to the event only: a later wait may depend on this very event (through
+            # another stream), and the prefix never does.
+            times.update(self._plan(stop_at=event)[1])
+        return times.get(key)
 
     def _plan(self, stop_at: SimEvent | None = None) -> tuple[list[list[float]], dict[int, float]]:
         """The future at the current clock: op segments and each queued event's time (up to
@@ -392,25 +464,25 @@ class SimStream:
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._gpu._update(change, at_s=now)
+        self._dev.update_state(change, now)
 
     # ----------------------------------------------------------------------------------------
     # Operations
 
     def launch(self, stage_index: int, kind: Kind) -> None:
-        gpu = self._gpu
-        noise = gpu.noise
+        dev = self._dev
+        noise = dev.noise
         time_mult = power_mult = 1.0
         if noise is not None:
             if self._rng is None:
-                self._rng = noise.rng(gpu.index)
+                self._rng = noise.rng(dev.index)
             time_mult = math.exp(self._rng.gauss(0.0, noise.time_sigma))
             power_mult = math.exp(self._rng.gauss(0.0, noise.power_sigma))
-        slowdown = float(gpu._state()["slowdown"])
+        slowdown = float(dev.read_state()["slowdown"])
         with self._lock:
             op = _Op(self._seq, stage_index, kind, time_mult * slowdown, power_mult)
             self._seq += 1
-            now = gpu._clock()
+            now = self._now()
             self._commit(now)
             start = self._backdate
             if start is not None and self._observed_s > start:
@@ -424,9 +496,11 @@ class SimStream:
             self._last_backdated = None
             self._backdate = self._early_end = None
             self._queue.append(op)
+            _VERSION[0] += 1
             self._idle = False
             if start is not None and len(self._queue) == 1 and start < now:
                 self._run_since(op, start, now)
+                _VERSION[0] += 1
             self._publish(now)
 
     def _run_since(self, op: _Op, start: float, now: float) -> None:
@@ -465,14 +539,14 @@ class SimStream:
                 gain = float(state.get("counter_gain", 1.0))
                 state["pub_mj"] = int(state["pub_mj"]) + round(moved_j * 1000.0 * gain)
 
-        self._gpu._update(change, at_s=now)
+        self._dev.update_state(change, now)
 
     def backdate(self, ready_s: float) -> None:
         """The host reached the next op late: let it start as soon as the stream was free and
         its inputs were ready (``ready_s``), as if launched ahead like on a GPU. Only past idle
         time is reused, never time before the stream's last completed event."""
         with self._lock:
-            now = self._gpu._clock()
+            now = self._now()
             self._commit(now)
             if self._queue:
                 return  # busy: the op will start after the queued work anyway
@@ -484,14 +558,15 @@ class SimStream:
         history, and backdated work may not start before that publish instant (a reader
         polling the counter in real time, like the online profiler's sampler, would otherwise
         see idle energy where the device timeline later puts an op). Call under the lock."""
-        interval = self._gpu.publish_interval_s
+        interval = self._dev.publish_interval_s
         tick = math.floor(time_s / interval) * interval if interval > 0 else time_s
         if tick > self._observed_s:
             self._observed_s = tick
 
     def wait_until(self, time_s: float) -> None:
         with self._lock:
-            self._commit(self._gpu._clock())
+            self._commit(self._now())
+            _VERSION[0] += 1
             self._queue.append(_Wait(time_s))
             self._idle = False
 
@@ -499,15 +574,17 @@ class SimStream:
         if event._stream is self:
             return  # a stream is ordered already
         with self._lock:
-            self._commit(self._gpu._clock())
+            self._commit(self._now())
+            _VERSION[0] += 1
             self._queue.append(_Wait(-math.inf, event))
             self._idle = False
 
     def record_event(self) -> SimEvent:
         event = SimEvent(self)
         with self._lock:
-            now = self._gpu._clock()
+            now = self._now()
             self._commit(now)
+            _VERSION[0] += 1
             if self._queue:
                 self._queue.append(event)
                 self._last_backdated = None
@@ -518,7 +595,7 @@ class SimStream:
                     when = self._backdate
                     self._last_backdated = event
                 elif self._early_end is not None:
-                    when = self._early_end  # right behind the op that ended before its launch
+                    when = self._early_end  # right behind the last op launched
                 self._early_end = None
                 event._complete(when, self._published_at_mj(when, now))
                 self._floor_s = when
@@ -527,8 +604,9 @@ class SimStream:
     def set_lock(self, lock_mhz: int | None) -> None:
         """Apply a new lock now (the set call's latency has already passed)."""
         with self._lock:
-            now = self._gpu._clock()
+            now = self._now()
             self._commit(now)
+            _VERSION[0] += 1
             self._lock_mhz = lock_mhz
             self.lock_applied_s = now
             self._publish(now, lock_changed=True)
@@ -536,41 +614,43 @@ class SimStream:
     def reprice(self) -> None:
         """Re-plan the queued ops now at unchanged lock and cap (a memory-clock change)."""
         with self._lock:
-            now = self._gpu._clock()
+            now = self._now()
             self._commit(now)
+            _VERSION[0] += 1  # the queued ops' prices changed: predictions are stale
             self._publish(now)
 
     def set_cap(self, cap_w: float | None) -> None:
         """Apply a new power cap now (a power limit set or reset; the clock follows at once)."""
         with self._lock:
-            now = self._gpu._clock()
+            now = self._now()
             self._commit(now)
+            _VERSION[0] += 1
             self._cap_w = cap_w
             self._publish(now)
 
     def poll(self) -> None:
         with self._lock:
-            self._commit(self._gpu._clock())
+            self._commit(self._now())
 
     def predicted_time_s(self, event: SimEvent) -> float | None:
         """When ``event`` completes if the clock does not change again (None if done)."""
         with self._lock:
-            self._commit(self._gpu._clock())
+            self._commit(self._now())
             if event._time_s is not None:
                 return None
             return self._plan()[1].get(id(event))
 
     def wait_for(self, event: SimEvent) -> None:
-        gpu = self._gpu
+        clock = self._dev.clock
         while True:
             predicted = self.predicted_time_s(event)
             if predicted is None:
                 return
-            remaining = predicted - gpu._clock()
+            remaining = predicted - clock.now()
             if remaining > _SPIN_S:
-                gpu._sleep(remaining - _SPIN_S)
+                clock.sleep(remaining - _SPIN_S)
             else:
-                # Spin the last stretch on the real clock for precision; an injected sleep
-                # (a virtual clock) is given the remainder, at least a nanosecond (rounding can
-                # leave the event a hair past "now"), or it would never advance.
-                gpu._sleep(0 if gpu._sleep is time.sleep else max(remaining, 1e-9))
+                # Spin the last stretch on a real clock for precision; a virtual clock is given
+                # the remainder, at least a nanosecond (rounding can leave the event a hair
+                # past "now"), or it would never advance.
+                clock.sleep(0 if clock.real_time else max(remaining, 1e-9))

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
+from perseus.device.clock import Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
 from perseus.device.power_model import capped_clock_mhz, memory_clock_option
 from perseus.device.presets import GPUPreset, get_preset
@@ -58,7 +59,7 @@ from perseus.device.sim_state import (
     segment_at,
     write_info,
 )
-from perseus.device.sim_stream import OpTrace, SimEvent, SimNoise, SimStream
+from perseus.device.sim_stream import OpTrace, SimEvent, SimNoise, SimStream, StreamDevice
 from perseus.errors import (
     ConfigError,
     DeviceError,
@@ -76,6 +77,63 @@ __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
 OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
 #: ``(time_s, energy_j)`` of an op at an SM clock and a (locked, non-default) memory clock.
 MemCostFn = Callable[[int, Kind, int, int], tuple[float, float]]
+
+
+class _FnClock:
+    """A :class:`~perseus.device.clock.Clock` from a time function and a sleep function."""
+
+    __slots__ = ("now", "real_time", "sleep")
+
+    def __init__(self, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.now = now
+        self.sleep = sleep
+        self.real_time = sleep is time.sleep
+
+
+def _clock_kind(clock: Clock) -> str:
+    """How another process can read ``clock`` (see :func:`~perseus.device.sim_state.clock_kind`)."""
+    if isinstance(clock, _FnClock):
+        return clock_kind(clock.now)
+    if isinstance(clock, WallClock):
+        return "wall"
+    if isinstance(clock, RealClock):
+        return "monotonic"
+    return "virtual"
+
+
+class _StreamPort:
+    """The :class:`~perseus.device.sim_stream.StreamDevice` view of a :class:`SimulatedGPU`:
+    the only members of the device its stream may use (bound once: the stream prices an op
+    on every commit)."""
+
+    __slots__ = (
+        "cap_w",
+        "clock",
+        "counter_gain",
+        "idle_power_w",
+        "index",
+        "noise",
+        "power_cap_w",
+        "price",
+        "publish_interval_s",
+        "read_state",
+        "top_clock_mhz",
+        "update_state",
+    )
+
+    def __init__(self, gpu: SimulatedGPU, clock: Clock) -> None:
+        self.index = gpu.index
+        self.noise = gpu.noise
+        self.clock = clock
+        self.top_clock_mhz = gpu.supported_clocks_mhz()[0]
+        self.idle_power_w = gpu.true_blocking_power_w
+        self.publish_interval_s = gpu.publish_interval_s
+        self.counter_gain = gpu.counter_gain
+        self.power_cap_w = gpu.power_cap_w
+        self.price: Callable[[int, Kind, int, float | None], tuple[int, float, float]] = gpu._op_at
+        self.read_state: Callable[[], State] = gpu._state
+        self.cap_w: Callable[[State], float | None] = gpu._cap_w
+        self.update_state: Callable[[Callable[[State], None], float | None], State] = gpu._update
 
 
 def sim_uuid(index: int) -> str:
@@ -107,9 +165,12 @@ class SimulatedGPU:
         clamp_out_of_range: Out-of-range requests snap to the nearest end (True) or raise
             (NVML's INVALID_ARGUMENT, False).
         source: Free text saying what the model was built from.
-        clock: Wall-clock source shared by all processes (tests inject a fake one); the
-            device's timeline (event times) is on this clock.
-        sleep: How to wait out the set latency and event waits (tests inject a no-op).
+        clock: The device's timeline (event times are on it), shared by all processes: a
+            :class:`~perseus.device.clock.Clock` (tests pass a
+            :class:`~perseus.device.clock.VirtualClock`, and the agent the same one), or a
+            time function such as ``time.time`` (the default) or ``time.perf_counter``.
+        sleep: How to wait out the set latency and event waits, when ``clock`` is a time
+            function (a :class:`~perseus.device.clock.Clock` brings its own sleep).
         seed: Seed of the set-latency draws (the noise has its own seed).
         trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`; benchmarks).
         memory_clocks_mhz: Lockable memory clocks, highest (the default) first; empty for one
@@ -136,8 +197,8 @@ class SimulatedGPU:
         privileged: bool = True,
         clamp_out_of_range: bool = True,
         source: str = "",
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock | Callable[[], float] = time.time,
+        sleep: Callable[[float], None] | None = None,
         seed: int = 0,
         trace_ops: bool = False,
         memory_clocks_mhz: tuple[int, ...] = (),
@@ -177,15 +238,20 @@ class SimulatedGPU:
         self.privileged = privileged
         self.clamp_out_of_range = clamp_out_of_range
         self.source = source
-        self._clock = clock
-        self._sleep = sleep
+        timeline: Clock = (
+            clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
+        )
+        self.clock = timeline
+        self._clock = timeline.now
+        self._sleep = timeline.sleep
         self._uuid = sim_uuid(index)
         self._file: SimStateFile | None = None
         self._injected: dict[str, list[DeviceError]] = {}
         self._cost_cache: dict[tuple[int, Kind, int, float | None], tuple[int, float, float]] = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
-        self._stream = SimStream(self)
+        port: StreamDevice = _StreamPort(self, timeline)
+        self._stream = SimStream(port)
         self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
         if len(self._mem_clocks) > 1 and mem_cost_fn is None:
             raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
@@ -265,32 +331,6 @@ class SimulatedGPU:
             mem_cost_fn=mem_cost if len(mem_clocks) > 1 else None,
             **kwargs,
         )
-
-    @classmethod
-    def from_profile_file(
-        cls,
-        path: str | Path,
-        *,
-        blocking_power_w: float | None = None,
-        **kwargs: Any,
-    ) -> SimulatedGPU:
-        """Like :meth:`from_profile`, reading a measured profile CSV/JSON (or a bundled name
-        such as ``a100``). ``blocking_power_w`` defaults to the bundled profile's measured value.
-
-        Raises:
-            ConfigError: unreadable profile, or no blocking power for a non-bundled profile.
-        """
-        from perseus.io.bundled import default_blocking_power_w, load_profile
-
-        profile = load_profile(path)
-        if blocking_power_w is None:
-            blocking_power_w = default_blocking_power_w(profile)
-            if blocking_power_w is None:
-                raise ConfigError(
-                    f"{path}: not a bundled profile, so its blocking (P2P-wait) power is unknown; "
-                    "pass blocking_power_w"
-                )
-        return cls.from_profile(profile, blocking_power_w=blocking_power_w, **kwargs)
 
     @classmethod
     def from_preset(
@@ -409,7 +449,7 @@ class SimulatedGPU:
             "slowdown": 1.0,
             "energy_j": 0.0,
             "t_last": now,
-            "clock": clock_kind(self._clock),
+            "clock": _clock_kind(self.clock),
             "segments": [],
             "pub_tick": 0.0,
             "pub_mj": 0,

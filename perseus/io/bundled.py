@@ -25,6 +25,7 @@ __all__ = [
     "bundled_profile_path",
     "default_blocking_power_w",
     "load_profile",
+    "load_profile_with_blocking_power",
     "resolve_plan_profile",
     "resolve_profile_path",
 ]
@@ -132,3 +133,25 @@ def default_blocking_power_w(profile: Profile) -> float | None:
     """The measured blocking power of a bundled profile (matched by content), else None."""
     match = _bundled_hashes().get(profile.sha256)
     return match.blocking_power_w if match else None
+
+
+def load_profile_with_blocking_power(
+    path: str | Path, blocking_power_w: float | None = None
+) -> tuple[Profile, float]:
+    """A profile CSV/JSON (or a bundled name such as ``a100``) and its blocking power:
+    ``blocking_power_w`` when given, else the bundled profile's measured value. What a
+    simulated GPU is built from (``SimulatedGPU.from_profile(profile, blocking_power_w=...)``:
+    device modules read no files).
+
+    Raises:
+        ConfigError: unreadable profile, or no blocking power for a non-bundled profile.
+    """
+    profile = load_profile(path)
+    if blocking_power_w is None:
+        blocking_power_w = default_blocking_power_w(profile)
+        if blocking_power_w is None:
+            raise ConfigError(
+                f"{path}: not a bundled profile, so its blocking (P2P-wait) power is unknown; "
+                "pass blocking_power_w"
+            )
+    return profile, blocking_power_w

@@ -56,7 +56,7 @@ from typing import Any
 
 from perseus.dag.graph import build_dag
 from perseus.device.private_dir import check_private_file
-from perseus.errors import ConfigError, PlanError
+from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
@@ -72,9 +72,9 @@ from perseus.runtime.planning import (
     plan_from_profile,
     sweep_finished_everywhere,
 )
-from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
+from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE, OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
-from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, check_fit
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
@@ -87,7 +87,7 @@ _PROFILE_OPTIONS: dict[str, Any] = {
     "min_windows": 20,
     "sample_period_s": None,
     "max_step_iterations": 200,
-    "ridge": 0.01,
+    "ridge": DEFAULT_RIDGE,
 }
 
 #: Called at every iteration boundary with the stats of the iteration that just ended; may
@@ -182,7 +182,7 @@ class RankSession:
         profile_options: Online profiling's energy windows: ``min_windows`` (counter windows
             per sweep step, default 20), ``sample_period_s`` (time between counter reads,
             default :func:`~perseus.runtime.profiling.energy_windows.sample_period_for`),
-            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.01; see
+            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.002; see
             :func:`~perseus.runtime.profiling.energy_attribution.fit_group_power`).
         power_schedule: A plan schedule JSON (``perseus plan schedule``) over ``plan``'s
             frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
@@ -706,7 +706,7 @@ class RankSession:
                     step.iterations,
                     fit.residual_w,
                 )
-            profiler.end_iteration(power_w=None if fit is None else fit.power_w)
+            profiler.end_iteration(power_w=None if fit is None else fit.power_w, fit=fit)
             step.reset()
             advanced = True
         if not sweep_finished_everywhere(profiler, self.group):
@@ -714,6 +714,14 @@ class RankSession:
                 self._pending = (self._sweep_plan(), 0)
             return True
         self._stop_sampler()
+        # Every rank refuses together when any rank's energy fit is poor (one all-reduce).
+        (worst,) = all_reduce_max([profiler.worst_fit_error()], self.group)
+        if worst > MAX_FIT_ERROR:
+            check_fit(profiler)  # raises here, naming this rank's worst row
+            raise ProfileError(
+                f"online profile refused: another rank's energy fit is worse than "
+                f"{MAX_FIT_ERROR:.0%} (its error names the row)"
+            )
         profile = gather_profile(profiler.rows(), self.group)
         self.clocks_profiled = profiler.clocks_profiled()
         self._profiler = None

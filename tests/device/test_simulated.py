@@ -355,8 +355,14 @@ def test_unknown_preset() -> None:
         get_preset("v100")
 
 
-def test_from_profile_file_uses_measured_blocking_power(tmp_path: Path) -> None:
-    gpu = SimulatedGPU.from_profile_file("a40", state_dir=tmp_path, set_latency_s=0.0)
+def test_a_profile_file_and_its_measured_blocking_power_build_a_gpu(tmp_path: Path) -> None:
+    """Device modules read no files: perseus.io reads the profile, the caller builds the GPU."""
+    from perseus.io.bundled import load_profile_with_blocking_power
+
+    profile, power = load_profile_with_blocking_power("a40")
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=power, state_dir=tmp_path, set_latency_s=0.0
+    )
     assert gpu.blocking_power_w == pytest.approx(70.38)
     option = load_profile("a40").op(2, Kind.B).options[3]
     gpu.set_locked_clock(option.freq_mhz)
@@ -366,8 +372,10 @@ def test_from_profile_file_uses_measured_blocking_power(tmp_path: Path) -> None:
         "stage,instruction,frequency,time,energy\n0,forward,1410,0.1,30\n0,backward,1410,0.2,60\n"
     )
     with pytest.raises(ConfigError, match="blocking_power_w"):
-        SimulatedGPU.from_profile_file(csv, state_dir=tmp_path)
-    assert SimulatedGPU.from_profile_file(csv, blocking_power_w=50.0).supported_clocks_mhz() == (
+        load_profile_with_blocking_power(csv)
+    profile, power = load_profile_with_blocking_power(csv, blocking_power_w=50.0)
+    assert power == 50.0
+    assert SimulatedGPU.from_profile(profile, blocking_power_w=power).supported_clocks_mhz() == (
         1410,
     )
 
@@ -451,3 +459,78 @@ def test_backdated_op_counts_from_its_start(tmp_path: Path) -> None:
     gpu.backdate(1000.0)
     second = gpu.record_event()
     assert second.device_time_s() == pytest.approx(end.device_time_s())
+
+
+def test_an_event_recorded_after_a_stalled_host_marks_the_end_of_the_op_launched_before() -> None:
+    """Emulation: the host launches an op and records its end event; a host stalled between
+    the two (a loaded CPU) must not stretch the op to the moment it got to the record, or the
+    op's device time swallows the idle time after it (online profiling then fits a lower power
+    to it: a four-rank run's rows came out 5-13 % low). Only the first event after a launch
+    is dated back: the next one is recorded now."""
+    import tempfile
+
+    from perseus.device.clock import VirtualClock
+
+    clock = VirtualClock(1000.0)
+    with tempfile.TemporaryDirectory() as state_dir:
+        gpu = SimulatedGPU.from_profile(
+            load_profile("a100"),
+            blocking_power_w=83.64,
+            state_dir=state_dir,
+            publish_interval_s=0.0,
+            set_latency_s=0.0,
+            clock=clock,
+        )
+        t_f, _ = gpu.op_cost(0, Kind.F)
+        start = gpu.record_event()
+        gpu.launch(0, Kind.F)
+        clock.sleep(t_f + 0.030)  # the host stalls 30 ms past the op's end
+        end = gpu.record_event()
+        later = gpu.record_event()
+        assert end.device_time_s() - start.device_time_s() == pytest.approx(t_f)
+        assert later.device_time_s() == pytest.approx(1000.0 + t_f + 0.030)
+
+
+def test_predictions_through_a_chain_of_cross_stream_waits_are_cheap(tmp_path: Path) -> None:
+    """Four streams, each op waiting on the previous stream's op (a pipeline in one process):
+    predicting the last event plans each stream once per change, not once per path."""
+    from perseus.device.clock import VirtualClock
+    from perseus.device.sim_stream import SimStream
+
+    clock = VirtualClock(1000.0)
+    gpus = [
+        SimulatedGPU.from_profile(
+            load_profile("a100"),
+            blocking_power_w=83.64,
+            index=i,
+            state_dir=tmp_path,
+            publish_interval_s=0.0,
+            set_latency_s=0.0,
+            clock=clock,
+        )
+        for i in range(4)
+    ]
+    t_f, _ = gpus[0].op_cost(0, Kind.F)
+    ends: list[list[object]] = [[] for _ in gpus]
+    for mb in range(12):
+        for i, gpu in enumerate(gpus):
+            if i:
+                gpu.wait_event(ends[i - 1][mb])  # type: ignore[arg-type]
+            gpu.launch(0, Kind.F)
+            ends[i].append(gpu.record_event())
+    calls = 0
+    plan = SimStream._plan
+
+    def counting(self: SimStream, stop_at: object = None) -> object:
+        nonlocal calls
+        calls += 1
+        return plan(self, stop_at)  # type: ignore[arg-type]
+
+    SimStream._plan = counting  # type: ignore[method-assign,assignment]
+    try:
+        last = ends[3][-1]
+        predicted = gpus[3]._stream.predicted_time_s(last)  # type: ignore[arg-type]
+    finally:
+        SimStream._plan = plan  # type: ignore[method-assign]
+    assert predicted == pytest.approx(1000.0 + (12 + 3) * t_f)
+    assert calls < 100, calls  # 4 streams x 12 waits: thousands of plans without the cache

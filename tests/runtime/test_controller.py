@@ -12,6 +12,7 @@ import pytest
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceLostError
+from perseus.io import load_profile
 from perseus.runtime.agent.controller import FrequencyController
 
 
@@ -152,3 +153,47 @@ def test_close_drops_pending_and_stops_thread() -> None:
     ctl.close(timeout_s=5.0)
     assert gpu.sets == [1410]
     assert worker is not None and not worker.is_alive()
+
+
+def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: Path) -> None:
+    """No worker thread: a request is applied on the caller's thread, its set latency moves
+    the virtual clock (not the wall clock), and a posted boundary is handled by flush() at
+    the op's predicted end, to the microsecond the same in every run."""
+    from perseus.device.clock import VirtualClock
+    from perseus.runtime.agent.controller import Boundary
+    from perseus.schedule import Kind
+
+    def run() -> tuple[float, float, float]:
+        clock = VirtualClock(1000.0)
+        gpu = SimulatedGPU.from_profile(
+            load_profile("a100"),
+            blocking_power_w=83.64,
+            state_dir=tmp_path / str(len(list(tmp_path.iterdir()))),
+            publish_interval_s=0.0,
+            set_latency_s=0.005,
+            clock=clock,
+        )
+        ctl = FrequencyController(gpu, events=gpu, clock=clock)
+        ctl.start()
+        assert not ctl.threaded and ctl._thread is None
+        t0 = time.perf_counter()
+        ctl.request(1410)
+        assert gpu.locked_clock_mhz() == 1410  # applied before request() returned
+        assert time.perf_counter() - t0 < 0.5 and clock.now() > 1000.0  # latency is virtual
+        t_f, _ = gpu.op_cost(0, Kind.F)
+        start = gpu.record_event()
+        gpu.launch(0, Kind.F)
+        job = Boundary(start, 1005, t_f, end=gpu.record_event())
+        ctl.post(job)
+        assert job.issue_s is None  # nothing runs until someone waits
+        assert ctl.flush()
+        assert job.issue_s is not None and job.return_s is not None
+        ctl.close()
+        return job.issue_s - start.device_time_s(), job.return_s - start.device_time_s(), t_f
+
+    issue, landed, t_f = run()
+    # Issued ahead of the op's end by the learnt latency; lands near the end (one draw of
+    # the lognormal latency later: within its p99, 12 ms).
+    assert 0.002 < t_f - issue < 0.012
+    assert abs(landed - t_f) < 0.012
+    assert (issue, landed) == run()[:2]  # deterministic

@@ -157,3 +157,49 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
         if r.iteration in profile_its
     ]
     assert statistics.median(old) > 0.3
+
+
+def test_a_stopped_op_follows_the_clock_the_others_measure():
+    """One clock per sweep step on a rank: no clock change inside an iteration, so no op runs
+    partly at another op's clock (in a four-rank run, backward at the top clock beside
+    forward at its sweep clock made forward rows 5-65 % low)."""
+    clocks = list(range(1410, 1000, -15))
+    profiler = OnlineProfiler([(0, Kind.F), (0, Kind.B)], clocks, patience=1, min_fraction=0)
+    energy = {Kind.F: 1.0, Kind.B: 1.0}
+    followed = 0
+    while not profiler.done:
+        for k in (Kind.F, Kind.B):
+            profiler.record(0, k, 1.0)
+        # B's energy rises from the start (it stops at once); F's falls (it sweeps on).
+        energy[Kind.B] += 1.0
+        energy[Kind.F] -= 0.01
+        profiler.end_iteration(power_w={(0, k): e for k, e in energy.items()})
+        if profiler.sweeps[(0, Kind.B)].stopped and not profiler.done:
+            followed += 1
+            assert profiler.clock_for(0, Kind.B) == profiler.clock_for(0, Kind.F) < 1410
+            assert profiler.clock_for(0, Kind.F) == profiler.step_clock_mhz()
+    assert followed > 10
+    assert profiler.clock_for(0, Kind.F) == profiler.step_clock_mhz() == 1410  # all stopped
+
+
+def test_a_profile_with_a_poorly_fitted_row_is_refused_with_the_row_named():
+    from perseus.errors import ProfileError
+    from perseus.runtime.profiling.energy_attribution import PowerFit
+    from perseus.runtime.profiling.sweep import check_fit
+
+    profiler = OnlineProfiler([(0, Kind.F), (0, Kind.B)], [1410, 1395])
+
+    def step(se_f: float) -> None:
+        for k in (Kind.F, Kind.B):
+            profiler.record(0, k, 1.0)
+        power = {(0, Kind.F): 200.0, (0, Kind.B): 300.0}
+        fit = PowerFit(power, 80.0, 80.0, 30, 1.0, {(0, Kind.F): se_f, (0, Kind.B): 1.0})
+        profiler.end_iteration(power_w=power, fit=fit)
+
+    step(1.0)  # 2 x 1 W / 200 W: 1 %
+    check_fit(profiler)  # fine
+    step(10.0)  # 2 x 10 W / 200 W: 10 %
+    assert profiler.worst_fit_error() == pytest.approx(0.1)
+    with pytest.raises(ProfileError, match=r"stage 0 F at 1395 MHz, 10\.0%"):
+        check_fit(profiler)
+    check_fit(profiler, max_error=0.2)

@@ -26,6 +26,12 @@ Two ways to post:
   soon as possible (a single slot: a new request overwrites a pending one). Kept for devices
   without events and as the baseline that ``benchmarks/clock_timing.py`` compares against.
 
+Time: the worker reads the time and waits on a :class:`~perseus.device.clock.Clock` (the
+real one by default). With a :class:`~perseus.device.clock.VirtualClock` there is no worker
+thread: the work posted is done inline, in order, by :meth:`FrequencyController.flush` and
+:meth:`FrequencyController.wait_applied` (the agent calls them in ``step_end``), so every
+timing decision is deterministic (``docs/timing.md``).
+
 Errors: permission/support errors switch to *observe-only* (no further set calls) with one
 :class:`~perseus.device.base.ObserveOnlyWarning`. Other device errors are retried
 (``retries`` times, with a short back-off); an error that persists also switches to
@@ -46,7 +52,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
+from perseus.device.base import GPU, AppliedClockGPU, DeviceEvent, EventSource, ObserveOnlyWarning
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
 __all__ = ["ApplyStats", "Boundary", "FrequencyController", "issue_offset_s"]
@@ -173,10 +180,6 @@ class Boundary:
         return (self.end_mj - self.start_mj) / 1000.0
 
 
-def _event_mj(event: DeviceEvent) -> int | None:
-    return getattr(event, "energy_mj", None)
-
-
 class FrequencyController:
     """Applies clocks on a worker thread, timed by device events or by host requests.
 
@@ -204,6 +207,12 @@ class FrequencyController:
             read costs ~3 ms of driver time (measured on an H100, benchmarks/README.md), so
             per-op reads would only return 0 or one whole 100 ms step, and would make the
             worker fall behind the ops; iteration energy is then read at the iteration's ends.
+        clock: Where the worker reads the time and sleeps (:mod:`perseus.device.clock`); the
+            device's events must be on the same timeline when it is virtual.
+        threaded: Run the worker on its own thread (default: when ``clock`` is real). Without a
+            thread the work posted is done on the caller's thread, in order, by :meth:`flush`
+            and :meth:`wait_applied`: with a :class:`~perseus.device.clock.VirtualClock` every
+            timing decision is then deterministic (tests).
     """
 
     def __init__(
@@ -216,8 +225,12 @@ class FrequencyController:
         history: int = 10_000,
         stamp_ops: bool = True,
         apply_delay_s: float = 0.0,
+        clock: Clock = REAL_CLOCK,
+        threaded: bool | None = None,
     ) -> None:
         self.gpu = gpu
+        self.clock = clock
+        self._threaded = clock.real_time if threaded is None else threaded
         self.events = events
         self._stamp_ops = stamp_ops
         self._cond = threading.Condition(threading.Lock())
@@ -244,9 +257,8 @@ class FrequencyController:
         # Relative error of each op's predicted device time: (actual - expected) / expected.
         self._end_errors: deque[float] = deque(maxlen=128)
         self._apply_delay_s = apply_delay_s
-        applied = getattr(gpu, "clock_applied_s", None)
         self._clock_applied: Callable[[], float | None] | None = (
-            applied if callable(applied) else None
+            gpu.clock_applied_s if isinstance(gpu, AppliedClockGPU) else None
         )
         self._stale = 0
         self._retries = retries
@@ -256,10 +268,12 @@ class FrequencyController:
         self.device_lock = threading.Lock()
 
     def start(self) -> None:
-        """Start the worker thread (idempotent)."""
+        """Start the worker thread (idempotent; no thread when not ``threaded``)."""
         if self._thread is not None:
             return
         self._closed = False
+        if not self._threaded:
+            return
         self._thread = threading.Thread(
             target=self._run, name=f"perseus-clock-{self.gpu.uuid[:12]}", daemon=True
         )
@@ -327,9 +341,11 @@ class FrequencyController:
             if self._pending is not None:
                 self._stale += 1
             self._pending = freq_mhz
-            self._pending_since = time.perf_counter()
+            self._pending_since = self.clock.now()
             self._posted = freq_mhz
             self._cond.notify()
+        if not self._threaded:
+            self._drain()  # inline: "as soon as possible" is now
 
     def apply_now(self, freq_mhz: int) -> None:
         """Device-timed mode: apply ``freq_mhz`` before the next posted boundary is handled
@@ -359,6 +375,8 @@ class FrequencyController:
         Raises:
             DeviceError: an error the worker hit.
         """
+        if not self._threaded:
+            self._drain()
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._pending is not None or self._jobs or self._busy:
@@ -378,6 +396,8 @@ class FrequencyController:
         Raises:
             DeviceError: an error the worker hit.
         """
+        if not self._threaded:
+            self._drain()
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._done != freq_mhz and not self.observe_only:
@@ -434,6 +454,30 @@ class FrequencyController:
     # ----------------------------------------------------------------------------------------
     # Worker
 
+    @property
+    def threaded(self) -> bool:
+        """True when a worker thread does the work (else :meth:`flush` does it inline)."""
+        return self._threaded
+
+    def _drain(self) -> None:
+        """Inline mode: do everything posted so far on this thread, in the worker's order."""
+        while not self._closed:
+            with self._cond:
+                freq, since = self._pending, self._pending_since
+                self._pending = None
+                job = self._jobs[0] if freq is None and self._jobs else None
+            if freq is not None:
+                self._apply(freq, since)
+            elif job is not None:
+                if job.end is None:
+                    return  # the host is still inside this op: the rest waits for it
+                self._handle(job)
+                with self._cond:
+                    if self._jobs and self._jobs[0] is job:
+                        self._jobs.popleft()
+            else:
+                return
+
     def _run(self) -> None:
         while not self._closed:
             with self._cond:
@@ -460,12 +504,16 @@ class FrequencyController:
                     self._cond.notify_all()
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
-        """Poll until ``event`` completed (or we close); its counter reading."""
+        """Poll until ``event`` completed (or we close); its counter reading. On a virtual
+        clock nothing can happen meanwhile (the work is inline): wait for the event at once."""
+        sleep = self.clock.sleep
+        if not self.clock.real_time:
+            event.synchronize()
         while not event.query():
             if self._closed:
                 return None
-            time.sleep(POLL_S)
-        mj = _event_mj(event)
+            sleep(POLL_S)
+        mj = event.energy_mj
         if mj is None and stamp:
             try:
                 mj = self.gpu.energy_mj()
@@ -476,7 +524,7 @@ class FrequencyController:
     def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
         """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
         end event completed."""
-        events = self.events
+        events, sleep = self.events, self.clock.sleep
         while not self._closed:
             end = job.end
             if end is not None and end.query():
@@ -485,70 +533,92 @@ class FrequencyController:
                 left = until_s - events.timeline_now_s()
                 if left <= 0:
                     return False
-                time.sleep(min(left, 0.002) if end is None else min(left, POLL_S * 5))
+                sleep(min(left, 0.002) if end is None else min(left, POLL_S * 5))
             else:
-                time.sleep(POLL_S)
+                sleep(POLL_S)
         return False
 
+    def _settle_until(self, until_s: float) -> None:
+        """The last stretch before a planned set call: sleep, then poll (a sleep overshoots
+        by up to a scheduler tick on a loaded machine)."""
+        events = self.events
+        assert events is not None
+        sleep = self.clock.sleep
+        while not self._closed:
+            left = until_s - events.timeline_now_s()
+            if left <= 0:
+                return
+            sleep(left - FINAL_POLL_S if left > FINAL_POLL_S and self.clock.real_time else left)
+
     def _handle(self, job: Boundary) -> None:
+        """One op on the device's timeline: its start reading, the mid-op clock of a
+        two-clock op, the next op's clock, its end reading and prediction error."""
         job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or job.stamp)
-        mid = job.mid_freq_mhz
-        if (
-            mid is not None
-            and job.mid_at_s is not None
-            and self.events is not None
-            and not self.observe_only
-            and mid != self._target
-        ):
-            # Two-clock op: the same prediction as for op boundaries, aimed at the planned
-            # layer boundary inside the op.
-            mid_lead = self.landing_s() or 0.0
-            mid_until = job.start.device_time_s() + job.mid_at_s - mid_lead
-            ended = self._wait_end(job, mid_until)
+        mid, mid_at_s, events = job.mid_freq_mhz, job.mid_at_s, self.events
+        if mid is not None and self._wants(mid) and mid_at_s is not None and events is not None:
+            self._issue_mid(job, mid, mid_at_s, events)
             if self._closed:
                 return
+        if self._wants(job.freq_next_mhz):
+            assert job.freq_next_mhz is not None
+            self._issue_next(job, job.freq_next_mhz)
+            if self._closed:
+                return
+        self._finish(job)
+
+    def _wants(self, freq_mhz: int | None) -> bool:
+        """True when ``freq_mhz`` is a change to make."""
+        return freq_mhz is not None and not self.observe_only and freq_mhz != self._target
+
+    def _issue_mid(self, job: Boundary, mid_mhz: int, mid_at_s: float, events: EventSource) -> None:
+        """Two-clock op: the same prediction as for op boundaries, aimed at the planned layer
+        boundary inside the op (skipped when the op ends first)."""
+        mid_lead = self.landing_s() or 0.0
+        mid_until = job.start.device_time_s() + mid_at_s - mid_lead
+        if self._wait_end(job, mid_until) or self._closed:
+            return
+        job.mid_issue_s = events.timeline_now_s()
+        job.mid_issued = True
+        self._apply(mid_mhz, self.clock.now())
+
+    def _issue_next(self, job: Boundary, freq_mhz: int) -> None:
+        """The next op's clock: at the aim (predicted end plus the learnt offset), or when the
+        op's end event completes when there is no prediction."""
+        events = self.events
+        until = None
+        offset = self._issue_offset_s(job) if job.expected_s is not None else None
+        if job.expected_s is not None and offset is not None:
+            until = job.start.device_time_s() + job.expected_s + offset
+        job.aim_s = until
+        if events is not None:
+            job.ready_s = events.timeline_now_s()
+        settle = False
+        if until is not None and events is not None:
+            # Watch the end event until shortly before the aim; then only the clock: a device
+            # event query may wait on a lock (the simulator's, held while the host launches).
+            ended = self._wait_end(job, until - FINAL_APPROACH_S)
             if not ended:
-                job.mid_issue_s = self.events.timeline_now_s()
-                job.mid_issued = True
-                self._apply(mid, time.perf_counter())
-        freq = job.freq_next_mhz
-        if freq is not None and not self.observe_only and freq != self._target:
-            until = None
-            offset = self._issue_offset_s(job) if job.expected_s is not None else None
-            if job.expected_s is not None and offset is not None:
-                until = job.start.device_time_s() + job.expected_s + offset
-            events = self.events
-            job.aim_s = until
-            if events is not None:
-                job.ready_s = events.timeline_now_s()
-            settle = False
-            if until is not None and events is not None:
-                # Watch the end event until shortly before the aim; then only the clock: a
-                # device event query may wait on a lock (the simulator's, held while the host
-                # launches), and a sleep overshoots, so the last stretch is polled.
-                ended = self._wait_end(job, until - FINAL_APPROACH_S)
-                if not ended:
-                    settle = True
-                    while not self._closed:
-                        left = until - events.timeline_now_s()
-                        if left <= 0:
-                            break
-                        time.sleep(left - FINAL_POLL_S if left > FINAL_POLL_S else 0)
-            else:
-                ended = self._wait_end(job, until)
-            if self._closed:
-                return
-            if events is not None:
-                job.issue_s = events.timeline_now_s()
-            self._apply(freq, time.perf_counter())
-            if settle:  # did the op end before the call was issued?
-                end, issued = job.end, job.issue_s or 0.0
-                ended = end is not None and end.query() and end.device_time_s() <= issued
-            job.applied_early = not ended
-            if events is not None:
-                job.return_s = events.timeline_now_s()
+                settle = True
+                self._settle_until(until)
+        else:
+            ended = self._wait_end(job, until)
+        if self._closed:
+            return
+        if events is not None:
+            job.issue_s = events.timeline_now_s()
+        self._apply(freq_mhz, self.clock.now())
+        if settle:  # did the op end before the call was issued?
+            end, issued = job.end, job.issue_s or 0.0
+            ended = end is not None and end.query() and end.device_time_s() <= issued
+        job.applied_early = not ended
+        if events is not None:
+            job.return_s = events.timeline_now_s()
+
+    def _finish(self, job: Boundary) -> None:
+        """Wait for the op's end: its counter reading and how far its time was predicted."""
+        sleep = self.clock.sleep
         while job.end is None and not self._closed:
-            time.sleep(POLL_S)
+            sleep(POLL_S)
         if job.end is not None:
             job.end_mj = self._wait_event(job.end, stamp=self._stamp_ops)
             if job.expected_s and not self._closed:
@@ -560,6 +630,7 @@ class FrequencyController:
             return
         self._target = freq
         last: BaseException | None = None
+        now = self.clock.now
         for attempt in range(self._retries + 1):
             try:
                 events, applied = self.events, self._clock_applied
@@ -567,9 +638,9 @@ class FrequencyController:
                     if self._closed:
                         return
                     issued = events.timeline_now_s() if events is not None else 0.0
-                    t0 = time.perf_counter()
+                    t0 = now()
                     self._applied = self.gpu.set_locked_clock(freq)
-                    t1 = time.perf_counter()
+                    t1 = now()
                     landed = applied() if applied is not None and events is not None else None
                 self._latencies_s.append(t1 - t0)
                 if landed is not None:
@@ -585,7 +656,7 @@ class FrequencyController:
                 return
             except Exception as e:  # transient (NVML timeout) or a backend bug: retry
                 last = e
-                time.sleep(0.001 * (attempt + 1))
+                self.clock.sleep(0.001 * (attempt + 1))
         self._degrade(
             f"setting the clock on {self.gpu.name} kept failing ({self._retries + 1} tries, "
             f"last: {last!r})"

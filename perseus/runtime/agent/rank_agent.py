@@ -21,7 +21,10 @@ first layers, issued the same way. Op times come from event pairs, energy from t
 device-time boundaries (per op where events carry readings, else at iteration ends). The
 training thread never synchronises the device; :meth:`RankAgent.step_end` waits for the
 iteration's last event (once per iteration). ``timing="host"`` (post the clock when the host
-enters an op) is kept for devices without events and as a baseline. Ops must arrive in the
+enters an op) is kept for devices without events and as a baseline. The two modes are two
+small classes (:mod:`perseus.runtime.agent.timing`); the agent checks the op order and calls
+them. Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes
+every timing decision deterministic, ``docs/timing.md``). Ops must arrive in the
 order of ``plan.stage_ops[rank]`` (:class:`~perseus.errors.PlanError` names the expected and
 actual op otherwise). :meth:`RankAgent.swap_plan` changes the plan at the next iteration.
 Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety.guard`.
@@ -34,21 +37,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import warnings
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyWarning
+from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU, ObserveOnlyWarning
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
-from perseus.runtime.agent.controller import Boundary, FrequencyController
+from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.events import CudaEventSource, event_source_for
-from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import RankPlan
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
+from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
 from perseus.schedule.actions import Kind
 
@@ -119,6 +122,10 @@ class RankAgent:
             predicts from the op's device time in the previous iteration (time taken as
             inversely proportional to the clock), and the first iteration runs two-clock ops
             at their first clock only.
+        clock: Where host times are read and the clock worker sleeps
+            (:mod:`perseus.device.clock`). A :class:`~perseus.device.clock.VirtualClock`
+            (shared with a simulated GPU) runs the worker inline, on the training thread, at
+            :meth:`step_end`: every timing decision is then deterministic (tests).
 
     Raises:
         PlanError: if ``rank`` or ``point_index`` is out of range or an op name is malformed.
@@ -141,6 +148,7 @@ class RankAgent:
         timing: str = "device",
         events: EventSource | None = None,
         op_time_s: OpTimeFn | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         if timing not in ("device", "host"):
             raise PlanError(f"timing must be 'device' or 'host', got {timing!r}")
@@ -158,7 +166,7 @@ class RankAgent:
         self._energy_mj: Callable[[], int] = (
             gpu.energy_mj if measure_op_energy and gpu is not None else _no_energy
         )
-        self._prefetch = prefetch
+        self._clock = clock
         self._controller = controller if self.enabled else None
         self._own_controller = controller is None
         self._claim: GpuClaim | None = None  # ownership, watchdog, exit hooks
@@ -167,31 +175,19 @@ class RankAgent:
         self._snap_cache: dict[int, int] = {}
         self._scope = _OpScope(self)
         self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
-        self._ops: deque[
-            tuple[int, int, str, int, float, float, int | None, float | None, float | None]
-        ] = deque(maxlen=max_op_records)
+        self._ops: deque[OpRow] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
-        self._mid_switches = 0
-        self._warned_host_two_clock = False
         self._iterations: list[IterationRecord] = []
         self._iteration = 0
         self._cursor = 0
         self._in_step = False
-        self._t_step = 0.0
-        self._e_step = 0
-        self._t_op = 0.0
-        self._e_op = 0
         self._pending_plan: tuple[Frontier, int] | None = None
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
         self._stamp_ops = True
-        self._jobs: list[Boundary] = []
-        self._timing_history = OpTimingHistory()  # what clock changes are timed from
-        self._step_event: DeviceEvent | None = None
-        self._step_mj: int | None = 0
-        self._step_stamp: Boundary | None = None
-        self._end_mj: int | None = None
+        # How ops are timed (device events or the host's clock): chosen at start().
+        self._mode: DeviceTiming | HostTiming = self._host_timing(prefetch)
         self._set_plan(plan, point_index)
 
     # -----------------------------------------------------------------------------------------
@@ -209,6 +205,18 @@ class RankAgent:
         self._mid_share = rank_plan.mid_shares
         self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
         self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
+        self._mode.set(self._names, self._freqs, self._freqs_b, self._mid_share)
+
+    def _host_timing(self, prefetch: bool) -> HostTiming:
+        return HostTiming(
+            self._controller,
+            self._clock,
+            self._energy_mj,
+            self._energy_iter,
+            prefetch=prefetch,
+            record_op=self._ops.append,
+            rank=self.rank,
+        )
 
     def _snap(self, freq_mhz: int) -> int:
         if not self._clocks:
@@ -238,7 +246,10 @@ class RankAgent:
         fn = self._op_time_fn
         if fn is not None:
             return share * fn(stage, Kind(kind), fa)
-        t_a = self._timing_history.first_clock_time_s(j, fa, fb)
+        mode = self._mode
+        if not isinstance(mode, DeviceTiming):
+            return None
+        t_a = mode.history.first_clock_time_s(j, fa, fb)
         return None if t_a is None else share * t_a
 
     def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
@@ -285,7 +296,7 @@ class RankAgent:
             self._clocks = gpu.supported_clocks_mhz()  # opens an NVML device
             self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
             self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
-            reason = getattr(gpu, "observe_only_reason", None)
+            reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
             if self.enabled and reason is not None:
                 # Known before any set call (privilege probe, pre-Volta): say it once, and
                 # neither own the GPU nor start a watchdog for clocks we cannot change.
@@ -316,6 +327,7 @@ class RankAgent:
                         gpu,
                         events=self._events if self._device_timed else None,
                         stamp_ops=self._stamp_ops,
+                        clock=self._clock,
                     )
                 self._controller.start()
             except BaseException:
@@ -327,11 +339,38 @@ class RankAgent:
             # Observe-only: no ownership, no watchdog; the worker only reads the counter at
             # device-time boundaries.
             self._controller = FrequencyController(
-                gpu, events=self._events, control=False, stamp_ops=self._stamp_ops
+                gpu,
+                events=self._events,
+                control=False,
+                stamp_ops=self._stamp_ops,
+                clock=self._clock,
             )
             self._controller.start()
+        self._install_mode()
         self._started = True
         return self
+
+    def _install_mode(self) -> None:
+        """Time ops on device events when there are any, else on the host's clock."""
+        mode: DeviceTiming | HostTiming
+        if self._device_timed:
+            events = self._events
+            assert events is not None
+            mode = DeviceTiming(
+                events,
+                self._controller,
+                self._energy_iter,
+                stamp_ops=self._stamp_ops,
+                mid_time_s=self._mid_time_s,
+                record_op=self._ops.append,
+            )
+            if isinstance(self._mode, DeviceTiming):
+                mode.history = self._mode.history  # a restart keeps what it learnt
+        else:
+            mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing(True)
+            mode.controller = self._controller
+        mode.set(self._names, self._freqs, self._freqs_b, self._mid_share)
+        self._mode = mode
 
     def close(self) -> None:
         """Reset the GPU's clock, stop the worker and watchdog, release ownership (idempotent).
@@ -430,32 +469,7 @@ class RankAgent:
             self._set_plan(*pending)
         self._cursor = 0
         self._in_step = True
-        if self._device_timed:
-            self._step_begin_device()
-            return
-        if self._controller is not None and self._freqs:
-            self._controller.request(self._freqs[0])
-        self._e_step = self._energy_iter()
-        self._t_step = time.perf_counter()
-
-    def _step_begin_device(self) -> None:
-        assert self._events is not None
-        ctl = self._controller
-        if ctl is not None and self._freqs:
-            ctl.apply_now(self._freqs[0])
-        self._jobs = []
-        event = self._events.record_event()
-        self._step_event = event
-        self._step_stamp = None
-        mj = event.energy_mj if event.query() else None
-        if mj is None and ctl is None:
-            mj = self._energy_iter()
-        elif mj is None and ctl is not None:
-            # The counter is read when the device reaches the iteration's start, by the worker
-            # (an NVML read costs ~3 ms, p99 ~25 ms on an H100: not on the training thread).
-            self._step_stamp = Boundary(event, None, None, end=event, stamp=True)
-            ctl.post(self._step_stamp)
-        self._step_mj = mj
+        self._mode.begin(self._iteration)
 
     def step_end(self) -> IterationRecord:
         """End the iteration and return its record.
@@ -465,11 +479,8 @@ class RankAgent:
         """
         if not self._in_step:
             raise PlanError(f"rank {self.rank}: step_end() without step_begin()")
-        if self._device_timed:
-            time_s, energy_j = self._step_end_device()
-        else:
-            time_s = time.perf_counter() - self._t_step
-            energy_j = (self._energy_iter() - self._e_step) / 1000.0
+        mode = self._mode
+        time_s, energy_j = mode.end(self._iteration)
         self._in_step = False
         n = len(self._names)
         if self._cursor != n:
@@ -484,69 +495,22 @@ class RankAgent:
             energy_j=energy_j,
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
-            mid_op_switches=self._mid_switches,
+            mid_op_switches=mode.mid_switches if isinstance(mode, DeviceTiming) else 0,
         )
         self._iterations.append(record)
         self._iteration += 1
         return record
 
-    def _step_end_device(self) -> tuple[float, float]:
-        """Wait for the iteration's last event (the only wait per iteration), then read the
-        op and iteration figures from the events."""
-        events, begin = self._events, self._step_event
-        assert events is not None and begin is not None
-        end = events.record_event()
-        end.synchronize()
-        ctl = self._controller
-        if ctl is not None:
-            # Its last boundary is done: its counter stamps (the iteration start's included)
-            # are read, so the end reading below comes after them.
-            ctl.flush(timeout_s=1.0)
-        mj = end.energy_mj
-        if mj is None:
-            mj = self._energy_iter()
-        self._end_mj = mj
-        if self._step_mj is None:
-            stamp = self._step_stamp
-            self._step_mj = stamp.start_mj if stamp is not None else None
-            if self._step_mj is None:  # the worker could not read it (closed, or an error)
-                _log.debug("rank %d: iteration start counter missing; energy from now", self.rank)
-                self._step_mj = mj
-        it = self._iteration
-        jobs = self._jobs
-        self._mid_switches = sum(1 for job in jobs if job.mid_issued)
-        for op in self._timing_history.learn(jobs, self._freqs, self._mid_share):
-            j = op.index
-            job = jobs[j]
-            mid = job.mid_freq_mhz
-            self._ops.append(
-                (
-                    it,
-                    j,
-                    self._names[j],
-                    self._freqs[j] if j < len(self._freqs) else 0,
-                    op.time_s,
-                    job.energy_j() or 0.0,
-                    mid if job.mid_issued else None,
-                    op.start_s,
-                    op.end_s,
-                )
-            )
-        self._jobs = []
-        begin_mj = self._step_mj if self._step_mj is not None else mj
-        return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
-
     def take_end_counter_mj(self) -> int | None:
         """The energy counter read when the last iteration ended on the device (device
         timing), once: a caller marking the same boundary reuses it instead of paying another
         counter read (~3 ms on NVML). None when already taken or never read."""
-        mj, self._end_mj = self._end_mj, None
-        return mj
+        return self._mode.take_end_counter_mj()
 
     @property
     def last_op_end_event(self) -> DeviceEvent | None:
         """The end event of the op the host left last (device timing only)."""
-        return self._jobs[-1].end if self._jobs else None
+        return self._mode.last_end_event
 
     def first_clock_pending(self) -> bool:
         """Device timing: True while the current iteration's first clock is not applied yet
@@ -573,9 +537,7 @@ class RankAgent:
         """
         self._in_step = False
         self._cursor = 0
-        self._jobs = []
-        self._end_mj = None  # no iteration ended here: nothing for the session to reuse
-        self._timing_history.forget_boundary()
+        self._mode.abort()
 
     @property
     def ops_done_this_iteration(self) -> int:
@@ -607,91 +569,18 @@ class RankAgent:
         exp_kind, exp_mb, exp_stage = self._expected[j]
         if kind != exp_kind or mb != exp_mb or (stage is not None and stage != exp_stage):
             self._op_order_error(j)
-        if self._device_timed:
-            events = self._events
-            assert events is not None
-            freqs = self._freqs
-            freq = freqs[j]
-            end_freq = self._freqs_b[j]
-            # The last op's successor is the next iteration's first op (same plan unless a
-            # swap, which step_begin applies).
-            nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
-            # The op's device time and the idle gap after it (waiting for the next op's
-            # input), from recent iterations: the controller aims the change's landing there.
-            expected = self._timing_history.expected_s(j, freq)
-            gap = self._timing_history.gap_s(j)
-            share = self._mid_share[j]
-            if share is not None and end_freq != freq:
-                # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary,
-                # then ``nxt`` (skipped when equal) as the op ends.
-                job = Boundary(
-                    events.record_event(),
-                    nxt,
-                    expected,
-                    mid_freq_mhz=end_freq,
-                    mid_at_s=self._mid_time_s(j, share),
-                    gap_s=gap,
-                )
-            else:
-                job = Boundary(
-                    events.record_event(), None if nxt == freq else nxt, expected, gap_s=gap
-                )
-            self._jobs.append(job)
-            ctl = self._controller
-            if ctl is not None and (self._stamp_ops or not ctl.observe_only):
-                # Observe-only without per-op counter reads leaves the worker nothing to do
-                # for an op (its times come from the events at step_end): no wake-up.
-                ctl.post(job)
-            return
-        if self._controller is not None:
-            if self._mid_share[j] is not None and not self._warned_host_two_clock:
-                self._warned_host_two_clock = True
-                _log.warning(
-                    "rank %d: host timing cannot switch clocks mid-op; two-clock ops run at "
-                    "their first clock (use a GPU with device events)",
-                    self.rank,
-                )
-            self._controller.request(self._freqs[j])
-        self._e_op = self._energy_mj()
-        self._t_op = time.perf_counter()
+        self._mode.enter(j)
 
     def mark_op_end(self) -> None:
         """Record the current op's end event now, before the host leaves the op (emulation:
         the op is fully launched, as a GPU host has enqueued it and moved on). Device timing
         only; a no-op otherwise."""
-        if self._device_timed and self._jobs and self._jobs[-1].end is None:
-            events = self._events
-            assert events is not None
-            self._jobs[-1].end = events.record_event()
+        self._mode.mark_end()
 
     def _exit_op(self) -> None:
-        if self._device_timed:
-            job = self._jobs[-1]
-            if job.end is None:
-                events = self._events
-                assert events is not None
-                job.end = events.record_event()
-            self._cursor += 1
-            return
-        t = time.perf_counter()
-        e = self._energy_mj()
         j = self._cursor
-        self._ops.append(
-            (
-                self._iteration,
-                j,
-                self._names[j],
-                self._freqs[j],
-                t - self._t_op,
-                (e - self._e_op) / 1000.0,
-                None,
-                self._t_op,
-                t,
-            )
-        )
+        self._mode.exit(j)
         self._cursor = j + 1
-        if self._prefetch and self._controller is not None and j + 1 < len(self._freqs):
-            self._controller.request(self._freqs[j + 1])
 
     def _op_order_error(self, j: int) -> None:
         raise self._rank_plan.order_error(j, self._op_args, self._in_step, self._iteration)

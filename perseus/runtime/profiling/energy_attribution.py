@@ -23,9 +23,8 @@ light ridge (rows of weight ``ridge * sqrt(sum of squared window lengths)``):
   step's total right;
 * a non-op column with almost no time (no bubbles on a one-rank pipeline) could take any
   value and soak up the residual; with ``idle_power_w`` (the nominal blocking power) the gap
-  column is pulled firmly towards it (10x the weight: bubbles are P2P waits, which the
-  planner prices at that power anyway) and the time between iterations loosely (2x: the
-  optimizer step runs there, at whatever power).
+  and between-iterations columns are pulled lightly towards it (the ridge's weight: a firm
+  pull moves the counter's gain error into the ops next to the bubbles, see ``_GAP_PRIOR``).
 
 Windows whose residual is far out (a host stall on a loaded CPU that moved energy across a
 publish) are down-weighted, then dropped (see :func:`fit_group_power`).
@@ -46,7 +45,22 @@ import numpy as np
 from perseus.errors import ConfigError
 from perseus.runtime.profiling.energy_windows import CounterInterval, CounterSampler
 
-__all__ = ["OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
+__all__ = ["DEFAULT_RIDGE", "OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
+
+
+#: Weights of the non-op columns' pull towards the nominal blocking power, relative to the
+#: ridge. Light: the counter may read a few percent off the true energy (a sensor gain, 0.95 on
+#: an A100) and the blocking power is only known to a few percent, so a firm pull on the gap
+#: column moves that error into the ops next to the bubbles (seen: a four-rank stage's forward
+#: rows 4-6 % low with a 10x pull and a 0.95 gain). The pull only decides a column the windows
+#: cannot see (no bubbles, nothing between iterations).
+_GAP_PRIOR = 1.0
+#: The default ridge. Its pull on op groups of different power is a share ~(ridge/share)^2
+#: of the data's: 0.01 moved a forward row 2.5 % towards the backward one's power on windows
+#: holding about one of each; 0.002 moves it ~0.1 %, and still decides groups the windows
+#: cannot tell apart (which the fit's standard error reports, see PowerFit).
+DEFAULT_RIDGE = 0.002
+_OUTSIDE_PRIOR = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +84,9 @@ class PowerFit:
         outside_power_w: Between iterations.
         intervals: Counter windows used.
         residual_w: RMS over windows of (measured - fitted energy) / window length.
+        power_se_w: Standard error of each op group's power: the spread of the windows about
+            the fit, carried through the least-squares problem (a group the windows cannot
+            tell from the others, or windows that disagree, give a large one).
     """
 
     power_w: dict[Hashable, float]
@@ -77,6 +94,19 @@ class PowerFit:
     outside_power_w: float
     intervals: int
     residual_w: float
+    power_se_w: dict[Hashable, float] = field(default_factory=dict)
+
+    def relative_error(self, group: Hashable) -> float:
+        """Two standard errors of ``group``'s power over the power (inf when unknown)."""
+        power = self.power_w.get(group, 0.0)
+        se = self.power_se_w.get(group)
+        if se is None or not power > 0:
+            return math.inf
+        return 2.0 * se / power
+
+    def worst_relative_error(self) -> float:
+        """The largest :meth:`relative_error` over the op groups."""
+        return max((self.relative_error(g) for g in self.power_w), default=math.inf)
 
 
 def time_shares(
@@ -125,7 +155,7 @@ def fit_group_power(
     spans: Sequence[OpSpan],
     *,
     idle_power_w: float | None = None,
-    ridge: float = 0.01,
+    ridge: float = DEFAULT_RIDGE,
     outlier_w: float = 5.0,
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
@@ -183,21 +213,64 @@ def fit_group_power(
     if int(keep.sum()) >= n + 2:
         power = _solve(shares[keep], energy[keep], n, idle_power_w, ridge)
         resid = (energy[keep] - shares[keep] @ power) / per_w[keep]
+    else:
+        keep = np.ones(len(energy), dtype=bool)
+    se = _standard_errors(shares[keep], energy[keep], power, n, idle_power_w, ridge)
     return PowerFit(
         power_w={g: float(power[j]) for j, g in enumerate(groups)},
         gap_power_w=float(power[n]),
         outside_power_w=float(power[n + 1]),
         intervals=int(keep.sum()),
         residual_w=float(np.sqrt(np.mean(resid**2))),
+        power_se_w={g: float(se[j]) for j, g in enumerate(groups)},
     )
+
+
+def _standard_errors(
+    shares: np.ndarray,
+    energy: np.ndarray,
+    power: np.ndarray,
+    n: int,
+    idle_power_w: float | None,
+    ridge: float,
+) -> np.ndarray:
+    """Standard errors of the op groups' powers: the windows' residual variance times the
+    diagonal of the inverse normal matrix (the ridge and prior rows count as information)."""
+    m = len(energy)
+    resid = energy - shares @ power
+    used = shares.sum(axis=0) > 0
+    k = int(used.sum())
+    dof = m - k
+    if dof < 1:
+        return np.full(n, math.inf)
+    s2 = float(resid @ resid) / dof
+    rows = [shares[:, used]]
+    if ridge > 0:
+        weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
+        if n > 1:
+            pull = np.zeros((n, n + 2))
+            pull[:, :n] = np.eye(n) - 1.0 / n
+            rows.append((weight * pull)[:, used])
+        if idle_power_w is not None:
+            prior = np.zeros((2, n + 2))
+            prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
+            rows.append(prior[:, used])
+    a = np.vstack(rows)
+    try:
+        inv = np.linalg.inv(a.T @ a)
+    except np.linalg.LinAlgError:
+        return np.full(n, math.inf)
+    diag = np.full(n + 2, math.inf)
+    diag[used] = np.sqrt(np.clip(np.diag(inv), 0.0, None) * s2)
+    return diag[:n]
 
 
 def _solve(
     shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
 ) -> np.ndarray:
     """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
-    which the planner itself prices at the blocking power) firmly and the time between
-    iterations (optimizer, data loading: anything) loosely towards ``idle_power_w``."""
+    which the planner itself prices at the blocking power) and the time between iterations
+    (optimizer, data loading: anything) lightly towards ``idle_power_w``."""
     from scipy.optimize import nnls
 
     rows = [shares]
@@ -211,7 +284,7 @@ def _solve(
             rhs.append(np.zeros(n))
         if idle_power_w is not None:
             prior = np.zeros((2, n + 2))
-            prior[0, n], prior[1, n + 1] = 10.0 * weight, 2.0 * weight
+            prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
             rows.append(prior)
             rhs.append(prior.sum(axis=1) * idle_power_w)
     # Columns with no time in any window are unknowable: keep them out of the solve.
@@ -244,13 +317,17 @@ class SweepWindow:
         max_iterations: Give up waiting for windows after this many iterations of one step.
         idle_power_w: Prior for the non-op power (see :func:`fit_group_power`).
         ridge: See :func:`fit_group_power`.
+        max_fit_error: A step whose fit leaves an op group's power this uncertain
+            (:meth:`PowerFit.worst_relative_error`, two standard errors) runs more
+            iterations, up to ``max_iterations``, before it is fitted.
     """
 
     sampler: CounterSampler
     min_intervals: int = 20
     max_iterations: int = 200
     idle_power_w: float | None = None
-    ridge: float = 0.01
+    ridge: float = DEFAULT_RIDGE
+    max_fit_error: float = 0.02
     spans: list[OpSpan] = field(default_factory=list)
     iterations: int = 0
 
@@ -299,10 +376,15 @@ class SweepWindow:
             return False
         # The fit uses the windows wholly inside iterations when there are enough of them;
         # iterations too short to hold any are fitted on all windows (twice as many).
-        return (
+        enough = (
             windows >= 2 * needed
             or int(_inside(time_shares(intervals, self.spans)[1]).sum()) >= needed
         )
+        if not enough:
+            return False
+        fit = self.fit()
+        # A poor fit (windows that disagree, op groups they cannot tell apart): more windows.
+        return fit is None or fit.worst_relative_error() <= self.max_fit_error
 
     def fit(self) -> PowerFit | None:
         """Fit the step's powers; None when no window lies inside the step."""

@@ -31,20 +31,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, ProfileError
 from perseus.profile.model import Profile, build_profile
+from perseus.runtime.profiling.energy_attribution import PowerFit
 from perseus.schedule.actions import Kind
 
 __all__ = [
+    "MAX_FIT_ERROR",
     "OnlineProfiler",
     "OpSweep",
     "ProfileRow",
+    "check_fit",
     "profile_cache_key",
     "profile_cache_path",
     "profile_from_rows",
 ]
 
 ProfileRow = tuple[int, Kind, int, float, float]
+
+#: The largest energy uncertainty (two standard errors of the fitted power, relative) a row of
+#: a deployed online profile may have (:func:`check_fit`).
+MAX_FIT_ERROR = 0.04
 
 
 @dataclass
@@ -55,6 +62,8 @@ class OpSweep:
         clocks_mhz: Clocks to sweep, highest first.
         index: Position of the clock being measured.
         rows: ``(freq_mhz, time_s, energy_j)`` measured so far, in sweep order.
+        fit_errors: Per row, the relative uncertainty of its fitted power (two standard
+            errors; 0 for energies measured per op, inf when the fit could not tell).
         rising: Consecutive clocks whose energy exceeded the lowest measured before them.
         stopped: No more clocks to measure.
     """
@@ -62,6 +71,7 @@ class OpSweep:
     clocks_mhz: tuple[int, ...]
     index: int = 0
     rows: list[tuple[int, float, float]] = field(default_factory=list)
+    fit_errors: list[float] = field(default_factory=list)
     rising: int = 0
     stopped: bool = False
     _times: list[float] = field(default_factory=list)
@@ -114,8 +124,29 @@ class OnlineProfiler:
         return all(s.stopped for s in self.sweeps.values())
 
     def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The clock the next op of (stage, kind) should run at."""
-        return self.sweeps[(stage_index, kind)].clock_mhz
+        """The clock the next op of (stage, kind) should run at.
+
+        One clock per sweep step for the whole rank: an op whose sweep stopped runs at the
+        clock the others measure (the highest once all stopped). A rank running two clocks in
+        one iteration changes its clock between ops, and a change that lands early or late
+        (a set call's random latency; in emulation, a host that fell behind the simulated
+        device) runs part of an op at the other op's clock. The fit then mixes clocks: the
+        rows of a four-rank run whose backward sweep had stopped (backward at the top clock,
+        forward still sweeping) came out 5-65 % low in energy (benchmarks/online_profile.py
+        ``--ranks 4``). With one clock per step no change happens inside an iteration.
+        """
+        sweep = self.sweeps[(stage_index, kind)]
+        if not sweep.stopped:
+            return sweep.clock_mhz
+        return self.step_clock_mhz()
+
+    def step_clock_mhz(self) -> int:
+        """The clock of the current sweep step: the clock the unstopped ops measure (they
+        advance together), else the highest."""
+        for sweep in self.sweeps.values():
+            if not sweep.stopped:
+                return sweep.clock_mhz
+        return next(iter(self.sweeps.values())).clocks_mhz[0]
 
     def record(
         self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
@@ -139,13 +170,17 @@ class OnlineProfiler:
             sweep._times.clear()
             sweep._energies.clear()
 
-    def end_iteration(self, power_w: Mapping[Hashable, float] | None = None) -> None:
+    def end_iteration(
+        self, power_w: Mapping[Hashable, float] | None = None, fit: PowerFit | None = None
+    ) -> None:
         """Close the current clock of every op and advance the sweep.
 
         Args:
             power_w: Fitted mean power per (stage, kind) over this step's ops: the row's
                 energy is that power times the median op time. Ops without one use the
                 median of their per-op energies; ops with neither skip the clock.
+            fit: The fit ``power_w`` came from: each row keeps its uncertainty
+                (:func:`check_fit`).
         """
         self.iterations += 1
         for op, sweep in self.sweeps.items():
@@ -172,6 +207,10 @@ class OnlineProfiler:
             else:
                 sweep.rising = 0
             sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
+            if power is None:
+                sweep.fit_errors.append(0.0)
+            else:
+                sweep.fit_errors.append(math.inf if fit is None else fit.relative_error(op))
             sweep.index += 1
             n = len(sweep.clocks_mhz)
             past_floor = sweep.index >= self.min_fraction * n
@@ -186,9 +225,49 @@ class OnlineProfiler:
             for freq, t, e in sweep.rows
         ]
 
+    def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
+        """Per measured row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
+        return [
+            (stage, kind, row[0], err)
+            for (stage, kind), sweep in self.sweeps.items()
+            for row, err in zip(sweep.rows, sweep.fit_errors, strict=True)
+        ]
+
+    def worst_fit_error(self) -> float:
+        """The largest row uncertainty so far (0 without rows)."""
+        return max((e[3] for e in self.fit_errors()), default=0.0)
+
     def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
         """How many clocks each op measured (vs ``len(clocks_mhz)`` without early stop)."""
         return {op: len(s.rows) for op, s in self.sweeps.items()}
+
+
+def check_fit(
+    profilers: OnlineProfiler | Sequence[OnlineProfiler], max_error: float = MAX_FIT_ERROR
+) -> None:
+    """Refuse an online profile with a row whose energy fit is poor.
+
+    Raises:
+        ProfileError: naming the worst row, its uncertainty and what to do, when a row's
+            energy is more uncertain than ``max_error`` (two standard errors, relative).
+    """
+    if isinstance(profilers, OnlineProfiler):
+        profilers = [profilers]
+    rows = [row for p in profilers for row in p.fit_errors()]
+    if not rows:
+        return
+    stage, kind, freq, err = max(rows, key=lambda r: r[3])
+    if err <= max_error:
+        return
+    bad = sum(1 for r in rows if r[3] > max_error)
+    raise ProfileError(
+        f"online profile refused: {bad} of {len(rows)} rows have an energy fit worse than "
+        f"{max_error:.0%} (worst: stage {stage} {kind.value} at {freq} MHz, "
+        f"{'unknown' if math.isinf(err) else f'{err:.1%}'}); the energy counter's windows "
+        "disagree with the ops' device times (a stalled host, a clock outside perseus's "
+        "control): profile again on a quieter machine, with profile_options min_windows "
+        "raised, or pass profile= a measured profile"
+    )
 
 
 def profile_from_rows(rows: Iterable[ProfileRow], source: str) -> Profile:

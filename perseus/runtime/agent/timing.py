@@ -1,0 +1,377 @@
+"""The rank agent's two ways of timing ops and clock changes, one small class each.
+
+* :class:`DeviceTiming` (whenever the GPU records device events): at each op boundary it
+  records an event on the compute stream and posts a
+  :class:`~perseus.runtime.agent.controller.Boundary` to the controller's worker, which issues
+  the next clock so that it lands as the op ends on the device. Op times come from event
+  pairs, energy from counter readings at device-time boundaries; the training thread waits for
+  the device once per iteration (:meth:`DeviceTiming.end`).
+* :class:`HostTiming` (devices without events, and the baseline that
+  ``benchmarks/clock_timing.py`` compares against): the clock of an op is requested when the
+  host enters it, and op times are the host's, read on the agent's
+  :class:`~perseus.device.clock.Clock`.
+
+Both have the same four calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent`
+after it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit`
+(around op ``j``) and :meth:`end` (iteration end: its time and energy). The agent owns the plan
+and hands each mode the current clocks with :meth:`set_clocks`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from perseus.device.base import DeviceEvent, EventSource
+from perseus.device.clock import Clock
+from perseus.runtime.agent.controller import Boundary, FrequencyController
+from perseus.runtime.agent.op_timing import OpTimingHistory
+
+__all__ = ["DeviceTiming", "HostTiming", "OpRow"]
+
+_log = logging.getLogger(__name__)
+
+#: One op record: iteration, index, name, clock, time_s, energy_j, mid clock, start_s, end_s.
+OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float | None]
+
+#: Predicted time from an op's start to its layer boundary: ``(op index, share) -> time_s``.
+MidTimeFn = Callable[[int, float], "float | None"]
+
+
+class _Clocks:
+    """The plan's per-op clocks, as the agent snapped them (shared by both modes)."""
+
+    __slots__ = ("freqs", "freqs_b", "mid_share", "names")
+
+    def __init__(self) -> None:
+        self.freqs: tuple[int, ...] = ()
+        self.freqs_b: tuple[int, ...] = ()
+        self.mid_share: tuple[float | None, ...] = ()
+        self.names: tuple[str, ...] = ()
+
+    def set(
+        self,
+        names: Sequence[str],
+        freqs: Sequence[int],
+        freqs_b: Sequence[int],
+        mid_share: Sequence[float | None],
+    ) -> None:
+        self.names = tuple(names)
+        self.freqs = tuple(freqs)
+        self.freqs_b = tuple(freqs_b)
+        self.mid_share = tuple(mid_share)
+
+
+class DeviceTiming(_Clocks):
+    """Ops and clock changes on the device's timeline (see the module docstring).
+
+    Args:
+        events: Where events are recorded.
+        controller: The clock worker (None: no GPU control, times and energy only).
+        energy_mj: Reads the counter (iteration ends, when events carry no reading).
+        stamp_ops: Whether the worker reads the counter at every op boundary.
+        mid_time_s: Predicted time to a two-clock op's layer boundary.
+        record_op: Where each completed op's row goes.
+    """
+
+    __slots__ = (
+        "_controller",
+        "_end_mj",
+        "_energy_mj",
+        "_events",
+        "_mid_time_s",
+        "_record_op",
+        "_stamp_ops",
+        "_step_event",
+        "_step_mj",
+        "_step_stamp",
+        "history",
+        "jobs",
+        "mid_switches",
+    )
+
+    def __init__(
+        self,
+        events: EventSource,
+        controller: FrequencyController | None,
+        energy_mj: Callable[[], int],
+        *,
+        stamp_ops: bool,
+        mid_time_s: MidTimeFn,
+        record_op: Callable[[OpRow], None],
+    ) -> None:
+        super().__init__()
+        self._events = events
+        self._controller = controller
+        self._energy_mj = energy_mj
+        self._stamp_ops = stamp_ops
+        self._mid_time_s = mid_time_s
+        self._record_op = record_op
+        self.history = OpTimingHistory()  # what clock changes are timed from
+        self.jobs: list[Boundary] = []
+        self._step_event: DeviceEvent | None = None
+        self._step_mj: int | None = 0
+        self._step_stamp: Boundary | None = None
+        self._end_mj: int | None = None
+        self.mid_switches = 0
+
+    @property
+    def controller(self) -> FrequencyController | None:
+        return self._controller
+
+    @controller.setter
+    def controller(self, controller: FrequencyController | None) -> None:
+        self._controller = controller
+
+    def begin(self, iteration: int) -> None:
+        """The iteration starts: apply its first clock, mark its start on the device."""
+        ctl = self._controller
+        if ctl is not None and self.freqs:
+            ctl.apply_now(self.freqs[0])
+        self.jobs = []
+        event = self._events.record_event()
+        self._step_event = event
+        self._step_stamp = None
+        mj = event.energy_mj if event.query() else None
+        if mj is None and ctl is None:
+            mj = self._energy_mj()
+        elif mj is None and ctl is not None:
+            # The counter is read when the device reaches the iteration's start, by the worker
+            # (an NVML read costs ~3 ms, p99 ~25 ms on an H100: not on the training thread).
+            self._step_stamp = Boundary(event, None, None, end=event, stamp=True)
+            ctl.post(self._step_stamp)
+        self._step_mj = mj
+
+    def enter(self, j: int) -> None:
+        """Op ``j`` starts: record its start event and post its boundary."""
+        freqs = self.freqs
+        freq = freqs[j]
+        end_freq = self.freqs_b[j]
+        # The last op's successor is the next iteration's first op (same plan unless a swap,
+        # which begin() applies).
+        nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
+        # The op's device time and the idle gap after it (waiting for the next op's input),
+        # from recent iterations: the controller aims the change's landing there.
+        history = self.history
+        expected = history.expected_s(j, freq)
+        gap = history.gap_s(j)
+        share = self.mid_share[j]
+        if share is not None and end_freq != freq:
+            # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary, then
+            # ``nxt`` (skipped when equal) as the op ends.
+            job = Boundary(
+                self._events.record_event(),
+                nxt,
+                expected,
+                mid_freq_mhz=end_freq,
+                mid_at_s=self._mid_time_s(j, share),
+                gap_s=gap,
+            )
+        else:
+            job = Boundary(
+                self._events.record_event(), None if nxt == freq else nxt, expected, gap_s=gap
+            )
+        self.jobs.append(job)
+        ctl = self._controller
+        if ctl is not None and (self._stamp_ops or not ctl.observe_only):
+            # Observe-only without per-op counter reads leaves the worker nothing to do for an
+            # op (its times come from the events at end()): no wake-up.
+            ctl.post(job)
+
+    def mark_end(self) -> None:
+        """Record the current op's end event now (emulation: the op is fully launched)."""
+        jobs = self.jobs
+        if jobs and jobs[-1].end is None:
+            jobs[-1].end = self._events.record_event()
+
+    def exit(self, j: int) -> None:
+        """Op ``j`` ends on the host: record its end event (unless marked already)."""
+        job = self.jobs[-1]
+        if job.end is None:
+            job.end = self._events.record_event()
+
+    def end(self, iteration: int) -> tuple[float, float]:
+        """Wait for the iteration's last event (the only wait per iteration), then read the
+        op and iteration figures from the events: ``(time_s, energy_j)``."""
+        begin = self._step_event
+        assert begin is not None
+        ctl = self._controller
+        if ctl is not None and not ctl.threaded:
+            # Inline controller (virtual time): its work runs here, while the device runs the
+            # iteration; waiting for the end first would apply every change late.
+            ctl.flush(timeout_s=1.0)
+        end = self._events.record_event()
+        end.synchronize()
+        if ctl is not None:
+            # Its last boundary is done: its counter stamps (the iteration start's included)
+            # are read, so the end reading below comes after them.
+            ctl.flush(timeout_s=1.0)
+        mj = end.energy_mj
+        if mj is None:
+            mj = self._energy_mj()
+        self._end_mj = mj
+        if self._step_mj is None:
+            stamp = self._step_stamp
+            self._step_mj = stamp.start_mj if stamp is not None else None
+            if self._step_mj is None:  # the worker could not read it (closed, or an error)
+                _log.debug("iteration %d: start counter missing; energy from now", iteration)
+                self._step_mj = mj
+        jobs = self.jobs
+        self.mid_switches = sum(1 for job in jobs if job.mid_issued)
+        freqs, names = self.freqs, self.names
+        for op in self.history.learn(jobs, freqs, self.mid_share):
+            j = op.index
+            job = jobs[j]
+            mid = job.mid_freq_mhz
+            self._record_op(
+                (
+                    iteration,
+                    j,
+                    names[j],
+                    freqs[j] if j < len(freqs) else 0,
+                    op.time_s,
+                    job.energy_j() or 0.0,
+                    mid if job.mid_issued else None,
+                    op.start_s,
+                    op.end_s,
+                )
+            )
+        self.jobs = []
+        begin_mj = self._step_mj if self._step_mj is not None else mj
+        return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
+
+    def abort(self) -> None:
+        """The iteration was abandoned: forget its ops."""
+        self.jobs = []
+        self._end_mj = None  # no iteration ended here: nothing for the session to reuse
+        self.history.forget_boundary()
+
+    def take_end_counter_mj(self) -> int | None:
+        """The counter read as the last iteration ended, once (None when taken)."""
+        mj, self._end_mj = self._end_mj, None
+        return mj
+
+    @property
+    def last_end_event(self) -> DeviceEvent | None:
+        """The end event of the op the host left last."""
+        return self.jobs[-1].end if self.jobs else None
+
+
+class HostTiming(_Clocks):
+    """Clocks requested when the host enters an op; times on the host's clock.
+
+    Args:
+        controller: The clock worker (None: measure only).
+        clock: Where op and iteration times are read.
+        energy_mj: Reads the counter around each op (a no-op reader when per-op energy is off).
+        energy_iter_mj: Reads the counter at iteration ends.
+        prefetch: Post the next op's clock when an op ends.
+        record_op: Where each op's row goes.
+        rank: For the one warning about two-clock ops.
+    """
+
+    __slots__ = (
+        "_controller",
+        "_e_op",
+        "_e_step",
+        "_energy_iter_mj",
+        "_energy_mj",
+        "_now",
+        "_prefetch",
+        "_record_op",
+        "_t_op",
+        "_t_step",
+        "_warned_two_clock",
+        "iteration",
+        "rank",
+    )
+
+    def __init__(
+        self,
+        controller: FrequencyController | None,
+        clock: Clock,
+        energy_mj: Callable[[], int],
+        energy_iter_mj: Callable[[], int],
+        *,
+        prefetch: bool,
+        record_op: Callable[[OpRow], None],
+        rank: int,
+    ) -> None:
+        super().__init__()
+        self._controller = controller
+        self._now = clock.now
+        self._energy_mj = energy_mj
+        self._energy_iter_mj = energy_iter_mj
+        self._prefetch = prefetch
+        self._record_op = record_op
+        self.rank = rank
+        self.iteration = 0
+        self._t_step = 0.0
+        self._e_step = 0
+        self._t_op = 0.0
+        self._e_op = 0
+        self._warned_two_clock = False
+
+    @property
+    def controller(self) -> FrequencyController | None:
+        return self._controller
+
+    @controller.setter
+    def controller(self, controller: FrequencyController | None) -> None:
+        self._controller = controller
+
+    def begin(self, iteration: int) -> None:
+        self.iteration = iteration
+        if self._controller is not None and self.freqs:
+            self._controller.request(self.freqs[0])
+        self._e_step = self._energy_iter_mj()
+        self._t_step = self._now()
+
+    def enter(self, j: int) -> None:
+        ctl = self._controller
+        if ctl is not None:
+            if self.mid_share[j] is not None and not self._warned_two_clock:
+                self._warned_two_clock = True
+                _log.warning(
+                    "rank %d: host timing cannot switch clocks mid-op; two-clock ops run at "
+                    "their first clock (use a GPU with device events)",
+                    self.rank,
+                )
+            ctl.request(self.freqs[j])
+        self._e_op = self._energy_mj()
+        self._t_op = self._now()
+
+    def mark_end(self) -> None:
+        """Host timing has no device events: a no-op."""
+
+    def exit(self, j: int) -> None:
+        t = self._now()
+        e = self._energy_mj()
+        self._record_op(
+            (
+                self.iteration,
+                j,
+                self.names[j],
+                self.freqs[j],
+                t - self._t_op,
+                (e - self._e_op) / 1000.0,
+                None,
+                self._t_op,
+                t,
+            )
+        )
+        if self._prefetch and self._controller is not None and j + 1 < len(self.freqs):
+            self._controller.request(self.freqs[j + 1])
+
+    def end(self, iteration: int) -> tuple[float, float]:
+        return self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
+
+    def abort(self) -> None:
+        """Nothing to forget."""
+
+    def take_end_counter_mj(self) -> int | None:
+        return None
+
+    @property
+    def last_end_event(self) -> DeviceEvent | None:
+        return None

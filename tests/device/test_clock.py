@@ -1,0 +1,49 @@
+"""The clock seam: a virtual clock moves only when slept on, fires periodic callbacks at their
+due times, and never rounds a wait to nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from perseus.device.clock import REAL_CLOCK, Clock, RealClock, VirtualClock, WallClock
+
+
+def test_every_clock_implements_the_protocol() -> None:
+    for clock in (REAL_CLOCK, RealClock(), WallClock(), VirtualClock()):
+        assert isinstance(clock, Clock)
+    assert REAL_CLOCK.real_time and not VirtualClock().real_time
+
+
+def test_virtual_clock_moves_only_when_slept_on_and_never_waits() -> None:
+    clock = VirtualClock(5.0)
+    t0 = time.perf_counter()
+    clock.sleep(3600.0)
+    assert time.perf_counter() - t0 < 1.0  # an hour of virtual time costs nothing
+    assert clock.now() == 3605.0
+    clock.sleep(-1.0)
+    assert clock.now() == 3605.0
+    assert clock.sleeps == 2
+
+
+def test_a_wait_too_small_for_the_float_still_moves_the_clock() -> None:
+    """A waiter polling ``until - now`` would spin forever if a tiny sleep left now alone."""
+    clock = VirtualClock(1e9)
+    before = clock.now()
+    clock.sleep(1e-12)  # below the float's resolution at 1e9 s
+    assert clock.now() > before
+
+
+def test_periodic_callbacks_fire_at_their_due_times_in_order() -> None:
+    clock = VirtualClock(0.0)
+    seen: list[tuple[str, float]] = []
+    clock.call_every(0.3, lambda: seen.append(("a", clock.now())))
+    waits = iter([0.25, 0.5, 0.25, 0.5])
+    clock.call_every(lambda: next(waits), lambda: seen.append(("b", clock.now())))
+    clock.sleep(1.0)
+    assert clock.now() == 1.0
+    assert [name for name, _ in seen] == ["b", "a", "a", "b", "a", "b"]
+    assert [t for _, t in seen] == pytest.approx([0.25, 0.3, 0.6, 0.75, 0.9, 1.0])
+    with pytest.raises(ValueError):
+        clock.call_every(0.0, lambda: None)
