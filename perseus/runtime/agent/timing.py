@@ -14,7 +14,7 @@
 Both have the same four calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent`
 after it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit`
 (around op ``j``) and :meth:`end` (iteration end: its time and energy). The agent owns the plan
-and hands each mode the current clocks with :meth:`set_clocks`.
+and hands each mode the current clocks with :meth:`_Clocks.set`.
 """
 
 from __future__ import annotations
