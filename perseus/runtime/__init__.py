@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from perseus.runtime.agent.rank_agent import RankAgent
-    from perseus.runtime.engines.torch_pp import perseus_pipeline
+    from perseus.runtime.pipeline import perseus_pipeline
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
     from perseus.runtime.pipeline import PerseusPipeline
     from perseus.runtime.session import BoundaryHook, IterationStats, RankSession
@@ -27,7 +27,7 @@ _LAZY: dict[str, str] = {
     "PerseusPipeline": "perseus.runtime.pipeline",
     "RankAgent": "perseus.runtime.agent.rank_agent",
     "RankSession": "perseus.runtime.session",
-    "perseus_pipeline": "perseus.runtime.engines.torch_pp",
+    "perseus_pipeline": "perseus.runtime.pipeline",
 }
 
 __all__ = [
