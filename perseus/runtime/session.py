@@ -281,6 +281,8 @@ class RankSession:
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
         self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
+        self._last_mark: tuple[float, int] | None = None  # the last iteration's end
+        self._ran_between = False  # an action ran outside an iteration since the last one
         self._iteration = 0
 
     # ----------------------------------------------------------------------------------------
@@ -480,9 +482,11 @@ class RankSession:
         try:
             yield
         except BaseException:
-            self._abort_iteration()
+            if self._state is SessionState.IN_ITERATION:
+                self._abort_iteration()
             raise
-        self._end()
+        if self._state is SessionState.IN_ITERATION:  # not closed inside
+            self._end()
 
     def _begin(self) -> None:
         agent = self._agent
@@ -492,14 +496,22 @@ class RankSession:
             agent.swap_plan(frontier, index)
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
+        # Back-to-back iterations share their boundary (one energy reading ends one and starts
+        # the next, so counter steps cancel over a run); after anything ran between them
+        # (evaluation) or after a discarded one, every rank marks a fresh start.
+        fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
+        self._ran_between = False
         if self._emulator is not None:
-            # The pipeline starts together: at the latest of its hosts' arrival (a host that
-            # arrives late does not make the others' devices start late).
-            (at_s,) = all_reduce_max([self.gpu.timeline_now_s()], self.group)
+            # A fresh start is at the latest of the hosts' arrival: a host that arrives late
+            # does not make the others' devices start late.
+            at_s, fresh = all_reduce_max([self.gpu.timeline_now_s(), fresh], self.group)
+        else:
+            at_s = None
+            (fresh,) = all_reduce_max([fresh], self.group)  # also a barrier
+        if fresh or self._last_mark is None:
             self._window = self._mark(at_s)
         else:
-            barrier(self.group)
-            self._window = self._mark(None)
+            self._window = self._last_mark
         self._state = SessionState.IN_ITERATION
         if agent is not None:
             agent.step_begin()
@@ -554,6 +566,7 @@ class RankSession:
         )
         self.history.append(stats)
         self._iteration += 1
+        self._last_mark = (end_s, mj)
         self._window = None
         self._state = SessionState.IDLE
         if self._sweep is not None:
@@ -566,6 +579,7 @@ class RankSession:
 
     def _abort_iteration(self) -> None:
         self._window = None
+        self._last_mark = None
         self._state = SessionState.IDLE
         if self._agent is not None:
             self._agent.step_abort()
@@ -614,6 +628,7 @@ class RankSession:
             PlanError: inside an iteration, if the action is beyond one engine step.
         """
         if self._state is not SessionState.IN_ITERATION:
+            self._ran_between = True
             return _OUTSIDE
         return self._op(action)
 
