@@ -205,7 +205,7 @@ def test_version_check_names_what_is_missing(monkeypatch):
     from megatron.core.pipeline_parallel import schedules
 
     monkeypatch.delattr(schedules, "get_schedule_table")
-    with pytest.raises(ConfigError, match=r"lacks schedules\.get_schedule_table"):
+    with pytest.raises(ConfigError, match=r"lacks .*schedules\.get_schedule_table"):
         megatron.check_megatron_version()
 
 

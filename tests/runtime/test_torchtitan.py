@@ -102,11 +102,11 @@ def _titan_rank(rank: int, world: int, microbatches: int, torch_class: str) -> d
     x, y = torch.randn(2 * microbatches, 8), torch.randn(2 * microbatches, 8)
     last = num_stages - 1
     holds_last = pp.schedule.stage_to_rank[last] == rank
-    for _ in range(4):
+    for i in range(4):
         with pp.iteration():
-            pp_schedule.step(
-                *((x,) if rank == 0 else ()), target=y if holds_last else None
-            )
+            pp_schedule.step(*((x,) if rank == 0 else ()), target=y if holds_last else None)
+        if i == 1 and not v_shape:  # evaluation between iterations: runs untouched
+            pp_schedule.eval(*((x,) if rank == 0 else ()), target=y if holds_last else None)
     pp.close()
     return {
         "times": [s.time_s for s in pp.history],
@@ -120,8 +120,9 @@ def _titan_rank(rank: int, world: int, microbatches: int, torch_class: str) -> d
 @pytest.mark.parametrize("torch_class", ["1F1B", "DualPipeV"])
 def test_torchtitan_style_session_as_the_readme_shows_it(torch_class):
     """No argument the README does not show: each rank gets its own simulated GPU, the
-    cross-rank timeline is on, DualPipeV goes through perseus_pipeline, and the iterations
-    take the predicted time (within 2 %, after the first)."""
+    cross-rank timeline is on, DualPipeV goes through perseus_pipeline, schedule.eval()
+    between iterations runs untouched, and the iterations take the predicted time (within
+    2 %, after the first)."""
     results = run_ranks(2, _titan_rank, 4, torch_class)
     assert [r["gpu_index"] for r in results] == [0, 1]
     for r in results:

@@ -74,7 +74,6 @@ _SCHEDULE_NAMES = (
 )
 _P2P_NAMES = (
     "P2PCommunicator._communicate",
-    "P2PCommunicator.config",
     "_p2p_ops",
 )
 
