@@ -43,8 +43,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,6 +59,7 @@ from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
 from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.planning import OfflineProfile, OnlineProfile, PlanFile
 from perseus.runtime.profiling.sweep import profile_cache_path
 from perseus.runtime.straggler.switching import StragglerRuntime
 from perseus.schedule import SCHEDULE_NAMES, build_schedule
@@ -195,21 +194,18 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     pipes, dps = make_groups(world, d)
     pp_group, dp_group = pipes[pipe], (dps[prank] if dps else None)
 
-    run_dir = [tempfile.mkdtemp(prefix="perseus-emu-") if rank == 0 else None]
-    dist.broadcast_object_list(run_dir, src=0)
     profile = emulated_profile(args, num_stages)
     power = blocking_power(args)
     scale = args.time_scale
+    # The session gives each process its own simulated GPU (index = rank) in a directory of
+    # this job's own ($PERSEUS_SIM_DIR when set) and runs the cross-rank timeline.
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=power,
-        index=rank,
-        state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
         set_latency_s=0.005 * scale,  # notes §5.1: lognormal, median 5 ms, p99 12 ms
         publish_interval_s=counter_period_s(args) * scale,
         noise=None if args.no_noise else SimNoise(seed=args.seed),
         seed=args.seed,
-        clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
     )
 
     stages = build_stages(args, prank, ranks, v, pp_group)
@@ -234,22 +230,19 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
             gpu=gpu.name,
             profile=profile.sha256,
         )
+    source: Any
+    if args.online_profile:
+        source = OnlineProfile(cache=cache)
+    elif args.plan is not None:
+        source = PlanFile(args.plan, profile)
+    else:
+        source = OfflineProfile(
+            profile, layers_per_stage=args.layers_per_stage, switch_latency_s=0.005 * scale
+        )
     session = PerseusPipeline(
-        torch_schedule,
-        stages,
-        gpu=gpu,
-        blocking_power_w=power,
-        emulate=True,
-        group=pp_group,
-        plan=args.plan,
-        profile=None if args.online_profile else profile,
-        online_profile=args.online_profile,
-        profile_cache=cache,
-        timeline=Path(run_dir[0]) / f"timeline-{pipe}.bin",
-        job_options=None
-        if args.layers_per_stage is None
-        else {"layers_per_stage": args.layers_per_stage, "switch_latency_s": 0.005 * scale},
+        torch_schedule, stages, gpu=gpu, blocking_power_w=power, group=pp_group, plan=source
     ).start()
+    gpu = session.gpu  # this rank's simulated GPU
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from perseus.runtime.agent.rank_agent import RankAgent
-    from perseus.runtime.pipeline import perseus_pipeline
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
-    from perseus.runtime.pipeline import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
     from perseus.runtime.session import BoundaryHook, IterationStats, RankSession
 
 # The session-level names, each imported from its module on first access so that importing

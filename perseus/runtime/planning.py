@@ -113,10 +113,13 @@ class OfflineProfile:
         profile: Time and energy per (stage, kind, clock).
         layers_per_stage: Layers per stage: plans may switch the clock once inside an op
             (two-clock ops); needs a schedule perseus builds.
+        switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
+            (default: :func:`perseus.job.make_job`'s).
     """
 
     profile: Profile
     layers_per_stage: int | tuple[int, ...] | None = None
+    switch_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         layers = self.layers_per_stage
@@ -126,7 +129,11 @@ class OfflineProfile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Trace (rank 0) and broadcast the frontier (collective)."""
-        options = {} if self.layers_per_stage is None else {"layers_per_stage": self.layers_per_stage}
+        options: dict[str, Any] = {}
+        if self.layers_per_stage is not None:
+            options["layers_per_stage"] = self.layers_per_stage
+            if self.switch_latency_s is not None:
+                options["switch_latency_s"] = self.switch_latency_s
         job, frontier = plan_from_profile(
             ctx.schedule, self.profile, ctx.blocking_power_w, ctx.rank, ctx.group, options
         )

@@ -686,9 +686,7 @@ class RankSession:
 
     def _start_sweep(self, options: OnlineProfile) -> None:
         ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
-        profiler = OnlineProfiler(
-            ops, self.gpu.supported_clocks_mhz(), patience=options.patience
-        )
+        profiler = OnlineProfiler(ops, self.gpu.supported_clocks_mhz(), patience=options.patience)
         self._install_frontier(self._sweep_plan(profiler), 0, sweep=True)
         agent = self._agent
         assert agent is not None

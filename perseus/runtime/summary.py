@@ -68,7 +68,9 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
             break
         if runs and stats.point_index != runs[-1].point_index:
             break
-        if stats.predicted_time_s != (runs[-1].predicted_time_s if runs else stats.predicted_time_s):
+        if stats.predicted_time_s != (
+            runs[-1].predicted_time_s if runs else stats.predicted_time_s
+        ):
             break
         runs.append(stats)
     runs.reverse()

@@ -146,8 +146,7 @@ def check_engine_version(
     version = str(getattr(top, "__version__", "0.0"))
     if parse_version(version) < minimum:
         raise ConfigError(
-            f"{package} {version} is not supported by perseus's adapter; install {package} "
-            f"{tested}"
+            f"{package} {version} is not supported by perseus's adapter; install {package} {tested}"
         )
     missing = []
     for position, path in required:

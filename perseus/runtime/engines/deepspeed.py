@@ -34,8 +34,8 @@ from perseus.schedule.builders import schedule_from_actions
 
 __all__ = [
     "MIN_DEEPSPEED_VERSION",
-    "DeepSpeedEngine",
     "TESTED_VERSIONS",
+    "DeepSpeedEngine",
     "check_deepspeed_version",
     "deepspeed_schedule",
     "instrument_deepspeed",

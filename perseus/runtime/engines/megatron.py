@@ -50,8 +50,8 @@ from perseus.schedule.builders import schedule_from_actions
 
 __all__ = [
     "MIN_MEGATRON_VERSION",
-    "MegatronEngine",
     "TESTED_VERSIONS",
+    "MegatronEngine",
     "check_megatron_version",
     "cpu_communication",
     "cuda_to_cpu",

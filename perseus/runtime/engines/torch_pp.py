@@ -53,9 +53,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from perseus.errors import ConfigError, PlanError, ProfileError, ScheduleError
+from perseus.profile.model import Profile
 from perseus.runtime.engines.base import OpContextFactory, check_engine_version
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
-from perseus.profile.model import Profile
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -63,9 +63,9 @@ __all__ = [
     "MIN_TORCH_VERSION",
     "STAGE_COMPUTE_METHODS",
     "TORCH_SCHEDULE_CLASSES",
+    "TorchPipelining",
     "build_torch_schedule",
     "check_profile_fits",
-    "TorchPipelining",
     "check_torch_version",
     "job_store",
     "schedule_from_torch",
