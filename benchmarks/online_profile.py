@@ -1,6 +1,6 @@
 """Online profiling on the simulated GPU vs the profile it was built from.
 
-One pipeline rank runs 1F1B through ``RankSession(online_profile=True, emulate=True)``: the
+One pipeline rank runs 1F1B through ``RankSession(online_profile=OnlineProfile(...))`` on a simulated GPU: the
 real agent -> controller -> device path, op energy from the energy counter read on a
 background thread (published every 100 ms x ``--time-scale``, the ops scaled alike), per-op
 noise, a blocking-power error and a counter gain error on. Each profiled row is compared with
@@ -25,6 +25,7 @@ from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.session import RankSession
 from perseus.schedule import build_schedule
 
@@ -59,11 +60,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             0,
             gpu=gpu,
             blocking_power_w=83.64,
-            online_profile=True,
-            emulate=True,
+            online_profile=OnlineProfile(min_windows=args.min_windows),
             watchdog=False,
             handle_signals=False,
-            profile_options={"min_windows": args.min_windows},
         )
         t0 = time.perf_counter()
         with session:
