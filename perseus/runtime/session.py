@@ -482,10 +482,10 @@ class RankSession:
         try:
             yield
         except BaseException:
-            if self._state is SessionState.IN_ITERATION:
+            if self.in_iteration:
                 self._abort_iteration()
             raise
-        if self._state is SessionState.IN_ITERATION:  # not closed inside
+        if self.in_iteration:  # not closed inside
             self._end()
 
     def _begin(self) -> None:
@@ -512,6 +512,10 @@ class RankSession:
             self._window = self._mark(at_s)
         else:
             self._window = self._last_mark
+            if self._emulator is not None:
+                # The devices idled since the last iteration's end while the hosts went round
+                # the loop; on GPUs the hosts would have queued the next ops ahead of time.
+                self.gpu.backdate(self._last_mark[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
             agent.step_begin()
