@@ -58,6 +58,8 @@ def parse_args(description: str, schedules: tuple[str, ...], argv: list[str] | N
     p.add_argument("--microbatch-size", type=int, default=2)
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
+    p.add_argument("--no-perseus", action="store_true", help="run the same steps without perseus")
+    p.add_argument("--math", type=Path, help="write a digest of the final parameters (JSON)")
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
@@ -111,6 +113,30 @@ def make_session(
     """The session as a user writes it: the engine's adapter, the GPU, a plan source."""
     plan = PlanFile(args.plan, profile) if args.plan is not None else OfflineProfile(profile)
     return RankSession(engine, gpu=gpu, blocking_power_w=power, plan=plan)
+
+
+def total_steps(args: Any) -> int:
+    """Training steps of a run: the all-max phase and the plan phase."""
+    return 2 * (args.warmup + args.iterations)
+
+
+def run_plain(args: Any, step: Step) -> None:
+    """The same steps as a perseus run, without perseus (to compare the math)."""
+    for _ in range(total_steps(args)):
+        step()
+
+
+def write_math(args: Any, params: list[Any]) -> None:
+    """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digest.hexdigest())
+    if dist.get_rank() == 0 and args.math is not None:
+        atomic_write_text(args.math, json.dumps(gathered) + "\n")
 
 
 def choose_point(frontier: Frontier, point: str) -> int:

@@ -97,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
     p.add_argument(
+        "--no-perseus",
+        action="store_true",
+        help="run the same steps without perseus (all-max and plan phases' count)",
+    )
+    p.add_argument("--math", type=Path, help="write a digest of the final parameters (JSON)")
+    p.add_argument(
         "--layers-per-stage",
         type=int,
         metavar="N",
@@ -175,6 +181,19 @@ def choose_point(frontier: Frontier, point: str) -> int:
     return int(point)
 
 
+def write_math(args: argparse.Namespace, params: list[Any]) -> None:
+    """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digest.hexdigest())
+    if dist.get_rank() == 0 and args.math is not None:
+        atomic_write_text(args.math, json.dumps(gathered) + "\n")
+
+
 # --------------------------------------------------------------------------------------------
 # Worker
 
@@ -239,11 +258,6 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         source = OfflineProfile(
             profile, layers_per_stage=args.layers_per_stage, switch_latency_s=0.005 * scale
         )
-    session = PerseusPipeline(
-        torch_schedule, stages, gpu=gpu, blocking_power_w=power, group=pp_group, plan=source
-    ).start()
-    gpu = session.gpu  # this rank's simulated GPU
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
     y = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
@@ -251,15 +265,30 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     has_last = any(s.is_last for s in stages)
     slowdown = 1.0
 
+    def plain_step() -> None:
+        torch_schedule.step(*((x,) if has_first else ()), target=y if has_last else None)
+        if dp_group is not None:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=dp_group)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    if args.no_perseus:  # the same steps without perseus, to compare the math
+        for _ in range(2 * (args.warmup + args.iterations)):
+            plain_step()
+        write_math(args, params)
+        dist.destroy_process_group()
+        return
+
+    session = PerseusPipeline(
+        torch_schedule, stages, gpu=gpu, blocking_power_w=power, group=pp_group, plan=source
+    ).start()
+    gpu = session.gpu  # this rank's simulated GPU
+
     def train_step() -> None:
         with session.iteration():
-            torch_schedule.step(*((x,) if has_first else ()), target=y if has_last else None)
-            if dp_group is not None:
-                for p in params:
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, group=dp_group)
-            optimizer.step()
-            optimizer.zero_grad()
+            plain_step()
 
     phases: list[tuple[str, int, int]] = []  # (name, first history index, count)
     while session.profiling:
@@ -314,6 +343,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     agent = session.agent
     mid_switches = [r.mid_op_switches for r in agent.records.iterations] if agent else []
     session.close()
+    write_math(args, params)
 
     mine = {
         "rank": rank,
