@@ -283,6 +283,7 @@ class RankSession:
         self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
         self._last_mark: tuple[float, int] | None = None  # the last iteration's end
         self._ran_between = False  # an action ran outside an iteration since the last one
+        self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
 
     # ----------------------------------------------------------------------------------------
@@ -378,7 +379,7 @@ class RankSession:
             if detach is not None:
                 detach()
         if self.frontier is not None:
-            self.summary = summarize(self.history, self.frontier)
+            self.summary = summarize(self.history[self._run_start :], self.frontier)
             if self.summary is not None and self.rank == 0:
                 _log.info("%s", self.summary)
 
@@ -496,6 +497,7 @@ class RankSession:
             agent.swap_plan(frontier, index)
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
+                self._run_start = self._iteration
         # Back-to-back iterations share their boundary (one energy reading ends one and starts
         # the next, so counter steps cancel over a run); after anything ran between them
         # (evaluation) or after a discarded one, every rank marks a fresh start.

@@ -58,7 +58,12 @@ class RunSummary:
 
 
 def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
-    """The summary of the last deployed point's run iterations (None: none ran).
+    """The summary of the run iterations of one deployed plan (None: none ran).
+
+    Args:
+        history: The iterations since the plan was deployed (its last stretch of one point
+            is used).
+        frontier: The deployed frontier (its baseline is the all-max prediction).
 
     Complexity: O(len(history)).
     """

@@ -33,12 +33,14 @@ def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def
     )
 
 
-def _session(gpu, profile, **kwargs):  # type: ignore[no-untyped-def]
+def _session(gpu, profile, checked=False, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
     options = {"watchdog": False, "handle_signals": False, **kwargs}
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
     job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
+    if checked:  # the profile the plan was made for: allmax_plan() works
+        options["profile"] = profile
     return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
 
 
@@ -341,3 +343,21 @@ def test_zero_bubble_runs_on_a_simulated_gpu_from_a_profile_without_weight_rows(
     full_s = profile.op(0, Kind.B).options[0].time_s
     assert b_s == pytest.approx(full_s / 2) and w_s == pytest.approx(full_s / 2)
     assert len(session.history) == 2
+
+
+def test_the_summary_covers_the_last_deployed_plan_only(gpu, profile):
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point([1095] * job.graph.num_nodes)])
+    """An all-max phase then a plan: the summary at close is the plan's iterations (the first,
+    which applies the new clocks, left out), even when both are point 0 of their frontiers."""
+    with _session(gpu, profile, checked=True) as session:
+        session.deploy(session.allmax_plan(), 0)
+        for _ in range(2):
+            _iteration(session)
+        session.deploy(plan, 0)
+        for _ in range(3):
+            _iteration(session)
+    summary = session.summary
+    assert summary is not None
+    assert summary.iterations == 2 and summary.point_index == 0
+    assert summary.predicted_energy_j == plan.points[0].energy_j
