@@ -42,7 +42,8 @@ planner does), and always runs the cross-rank timeline (:mod:`perseus.runtime.em
 
 Where the plan comes from is a :class:`~perseus.runtime.planning.PlanSource`; the rank agent
 (:class:`~perseus.runtime.agent.rank_agent.RankAgent`) sets clocks on the device's timeline and
-measures ops; the online sweep runs through the same agent (:class:`_Sweep`).
+measures ops; the online sweep runs through the same agent
+(:class:`~perseus.runtime.session_sweep.SessionSweep`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from perseus.dag.graph import build_dag
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError
 from perseus.job import PlanningJob
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.collectives import (
@@ -84,9 +85,7 @@ from perseus.runtime.planning import (
     plan_source,
     sweep_finished_everywhere,
 )
-from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
-from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
-from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import RunSummary, summarize
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
@@ -276,7 +275,7 @@ class RankSession:
         self._state = SessionState.NEW
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
-        self._sweep: _Sweep | None = None
+        self._sweep: SessionSweep | None = None
         self._emulator: StreamEmulator | None = None
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
@@ -691,138 +690,28 @@ class RankSession:
         self._agent = agent
 
     def _start_sweep(self, options: OnlineProfile) -> None:
-        ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
-        profiler = OnlineProfiler(ops, self.gpu.supported_clocks_mhz(), patience=options.patience)
-        self._install_frontier(self._sweep_plan(profiler), 0, sweep=True)
+        sweep = SessionSweep(options, self.schedule, self.rank, self.gpu, self.blocking_power_w)
+        self._install_frontier(sweep.sweep_plan(), 0, sweep=True)
         agent = self._agent
         assert agent is not None
-        if agent.observe_only:
-            raise ConfigError(
-                f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
-                "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
-                "profile where clocks can be locked and pass profile= or plan="
-            )
-        events = agent.events
-        now_s = events.timeline_now_s if events is not None else time.perf_counter
-        sampler = CounterSampler(
-            self.gpu.energy_mj,
-            now_s,
-            period_s=(
-                sample_period_for(self.gpu)
-                if options.sample_period_s is None
-                else float(options.sample_period_s)
-            ),
-        )
-        window = SweepWindow(
-            sampler,
-            min_intervals=options.min_windows,
-            max_iterations=options.max_step_iterations,
-            idle_power_w=self.blocking_power_w,
-            ridge=options.ridge,
-        )
-        self._sweep = _Sweep(options, profiler, sampler, window)
-        sampler.start()
+        sweep.start(agent)
+        self._sweep = sweep
 
     def _stop_sweep(self) -> None:
         sweep, self._sweep = self._sweep, None
         if sweep is not None:
-            sweep.sampler.close()
-
-    def _sweep_plan(self, profiler: OnlineProfiler) -> Frontier:
-        """A one-point "plan" running every op at the clock the sweep measures next."""
-        schedule = self.schedule
-        top = max(self.gpu.supported_clocks_mhz())
-        freqs = tuple(
-            tuple(
-                profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
-                for a in actions
-            )
-            for r, actions in enumerate(schedule.rank_actions)
-        )
-        spec = JobSpec(
-            schedule=schedule.name,
-            ranks=schedule.num_ranks,
-            stages=schedule.num_stages,
-            microbatches=schedule.num_microbatches,
-            virtual_stages=schedule.virtual_stages,
-            blocking_power_w=self.blocking_power_w,
-            profile_sha256="0" * 64,
-        )
-        return Frontier(
-            job=spec,
-            stage_ops=schedule.stage_ops(),
-            baseline=Baseline(time_s=1.0, energy_j=1.0),
-            points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
-        )
+            sweep.close()
 
     def _sweep_boundary(self) -> None:
-        """Feed the sweep the last iteration's ops; once the step's ops span enough counter
-        windows, fit their power and advance the sweep; when every rank has finished, plan
-        from the measured profile."""
+        """Advance the sweep; when every rank has finished, plan from the measured profile."""
         sweep, agent = self._sweep, self._agent
         if sweep is None or agent is None:
             return
-        profiler, step = sweep.profiler, sweep.window
-        if agent.observe_only and not sweep.warned_observe_only:
-            sweep.warned_observe_only = True
-            _log.warning(
-                "rank %d: clock control was lost during online profiling; the rows measured "
-                "from now on are at the GPU's own clock, not the swept one",
-                self.rank,
-            )
-        actions = self.schedule.rank_actions[self.rank]
-        last = agent.iteration - 1
-        spans = []
-        for op in agent.records.ops[-len(actions) :]:
-            if op.iteration == last:
-                action = actions[op.index]
-                profiler.record(action.stage_index, action.kind, op.time_s)
-                if op.start_s is not None and op.end_s is not None:
-                    spans.append(OpSpan((action.stage_index, action.kind), op.start_s, op.end_s))
-        step.add_iteration(spans)
-        advanced = False
-        if step.ready():
-            fit = step.fit()
-            if fit is not None:
-                _log.debug(
-                    "rank %d: sweep step %d: %d windows over %d iterations, residual %.1f W",
-                    self.rank,
-                    profiler.iterations,
-                    fit.intervals,
-                    step.iterations,
-                    fit.residual_w,
-                )
-            profiler.end_iteration(power_w=None if fit is None else fit.power_w)
-            step.reset()
-            advanced = True
-        if not sweep_finished_everywhere(profiler, self.group):
+        advanced = sweep.add_iteration(agent)
+        if not sweep_finished_everywhere(sweep.profiler, self.group):
             if advanced:
-                self._pending = (self._sweep_plan(profiler), 0)
+                self._pending = (sweep.sweep_plan(), 0)
             return
         self._stop_sweep()
-        self.clocks_profiled = profiler.clocks_profiled()
-        planned = sweep.options.plan_measured(self._context(), profiler.rows())
-        self._install(planned)
-
-
-class _Sweep:
-    """The online sweep's parts: its options, the profiler, the counter sampler and the
-    current step's energy windows."""
-
-    def __init__(
-        self,
-        options: OnlineProfile,
-        profiler: OnlineProfiler,
-        sampler: CounterSampler,
-        window: SweepWindow,
-    ) -> None:
-        self.options = options
-        self.profiler = profiler
-        self.sampler = sampler
-        self.window = window
-        self.warned_observe_only = False
-
-    def discard_iteration(self) -> None:
-        """A failed iteration: its ops are unknown, restart the step."""
-        self.profiler.discard_iteration()
-        self.window.reset()
+        self.clocks_profiled = sweep.profiler.clocks_profiled()
+        self._install(sweep.options.plan_measured(self._context(), sweep.profiler.rows()))
