@@ -129,3 +129,40 @@ def test_torchtitan_style_session_as_the_readme_shows_it(torch_class):
         assert len(r["times"]) == 4
         mean_s = sum(r["times"][1:]) / 3
         assert abs(mean_s / r["predicted"] - 1) <= 0.02, r
+
+
+def _two_steps_rank(rank: int, world: int) -> dict[str, Any]:
+    """Gradient accumulation by two schedule.step() calls in one iteration, one rank."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.errors import PlanError
+    from perseus.runtime.emulation import scale_profile
+    from perseus.runtime.pipeline import PerseusPipeline
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    stage = PipelineStage(part, 0, 1, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.mse_loss)
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=83.64)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    message = ""
+    with PerseusPipeline(schedule, [stage], gpu=gpu, blocking_power_w=83.64, profile=profile) as pp:
+        try:
+            with pp.iteration():
+                schedule.step(x, target=y)
+                schedule.step(x, target=y)
+        except PlanError as e:
+            message = str(e)
+        with pp.iteration():  # usable afterwards
+            schedule.step(x, target=y)
+    return {"message": message, "iterations": len(pp.history)}
+
+
+def test_two_schedule_steps_in_one_iteration_are_refused_naming_schedule_step():
+    (result,) = run_ranks(1, _two_steps_rank)
+    assert "one engine step (schedule.step())" in result["message"]
+    assert "raise the microbatch count" in result["message"]
+    assert result["iterations"] == 1
