@@ -17,7 +17,8 @@ Design note (the parts, what flows between them, where a new engine plugs in):
   pipelining): an explicit lifecycle (new, idle, in iteration, closed); the collectives at
   each iteration's start and end that make the pipeline's time and energy one figure; the
   emulation set-up (a simulated GPU per rank and per job, the cross-rank timeline,
-  :mod:`perseus.runtime.emulation`); the online sweep (:mod:`perseus.runtime.profiling`).
+  :mod:`perseus.runtime.emulation`); the online sweep, one object
+  (:class:`~perseus.runtime.session_sweep.SessionSweep` over :mod:`perseus.runtime.profiling`).
 * **The rank agent** (:mod:`perseus.runtime.agent`): sets each op's clock on the device's
   timeline and measures ops; the safety net (:mod:`perseus.runtime.safety`) resets the GPU
   however the process ends; the straggler policy (:mod:`perseus.runtime.straggler`) is a
