@@ -26,11 +26,14 @@ they run untouched at whatever clock the GPU has. Inside an iteration the engine
 exactly one step (the adapter's ``step_call``): a second step, or fewer actions than planned,
 is refused with a :class:`~perseus.errors.PlanError` that names that call.
 
-**Measurement.** At an iteration's start every rank of the pipeline passes one collective and
-marks the start on the device's timeline; at its end each rank waits for its last op, the
-ranks agree on the end (emulation: the moment the pipeline's last device finished; on GPUs a
-barrier) and sum their energy, so :class:`IterationStats` carries the pipeline's time and
-energy next to the plan's prediction for the pipeline, and this rank's own energy.
+**Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
+end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and sum
+their energy, so :class:`IterationStats` carries the pipeline's time and energy next to the
+plan's prediction for the pipeline, and this rank's own energy. At an iteration's start the
+ranks agree (one collective) whether anything ran since the last one: if not, the last end is
+this start (one counter reading for both, so counter steps cancel over a run); if so (an
+evaluation pass, a discarded iteration), every rank marks a fresh common start on the
+device's timeline.
 
 **Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
 defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
