@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import statistics
@@ -181,6 +182,16 @@ def choose_point(frontier: Frontier, point: str) -> int:
     return int(point)
 
 
+def show_summary() -> None:
+    """Print the session's one-line summary, logged at close (INFO, pipeline rank 0)."""
+    log = logging.getLogger("perseus.runtime.session")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def write_math(args: argparse.Namespace, params: list[Any]) -> None:
     """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
     import hashlib
@@ -201,6 +212,7 @@ def write_math(args: argparse.Namespace, params: list[Any]) -> None:
 def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("default", EmulationOverrunWarning)  # report, never abort
+    show_summary()
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=rank, world_size=world)
     d = args.data_parallel
