@@ -69,7 +69,7 @@ def main() -> int:
         gpu=gpu,
         blocking_power_w=args.blocking_power_w,
         online_profile=True,
-        agent_options={"events": CudaEventSource()},
+        events=CudaEventSource(),
     )
     t0 = time.perf_counter()
     with session:

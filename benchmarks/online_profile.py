@@ -18,7 +18,7 @@ priced exactly on the true profile.
 
 Without ``--runs``, the single-rank, real-time run below.
 
-One pipeline rank runs 1F1B through ``RankSession(online_profile=True, emulate=True)``: the
+One pipeline rank runs 1F1B through ``RankSession(online_profile=OnlineProfile(...))`` on a simulated GPU: the
 real agent -> controller -> device path, op energy from the energy counter read on a
 background thread (published every 100 ms x ``--time-scale``, the ops scaled alike), per-op
 noise, a blocking-power error and a counter gain error on. Each profiled row is compared with
@@ -48,6 +48,7 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.profiling.sweep import OnlineProfiler, check_fit
@@ -88,11 +89,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             0,
             gpu=gpu,
             blocking_power_w=83.64,
-            online_profile=True,
-            emulate=True,
+            online_profile=OnlineProfile(min_windows=args.min_windows),
             watchdog=False,
             handle_signals=False,
-            profile_options={"min_windows": args.min_windows},
         )
         t0 = time.perf_counter()
         with session:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import socket
 import statistics
-import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,8 @@ from perseus.io import default_blocking_power_w, load_profile
 from perseus.io.atomic import atomic_write_text
 from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
+from perseus.runtime.engines.base import EngineAdapter
+from perseus.runtime.planning import OfflineProfile, PlanFile
 from perseus.runtime.session import RankSession
 from perseus.schedule import Schedule
 
@@ -57,6 +58,8 @@ def parse_args(description: str, schedules: tuple[str, ...], argv: list[str] | N
     p.add_argument("--microbatch-size", type=int, default=2)
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
+    p.add_argument("--no-perseus", action="store_true", help="run the same steps without perseus")
+    p.add_argument("--math", type=Path, help="write a digest of the final parameters (JSON)")
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
@@ -72,44 +75,68 @@ def blocking_power(args: Any) -> float:
     return power
 
 
-def emulated_setup(args: Any, rank: int, num_stages: int) -> tuple[Any, Any, float, str]:
-    """(profile, simulated GPU, blocking power, run directory) of one rank."""
+def emulated_setup(args: Any, num_stages: int) -> tuple[Any, Any, float]:
+    """(profile, simulated GPU, blocking power) of one rank."""
     warnings.simplefilter("default", EmulationOverrunWarning)  # report, never abort
-    run_dir = [tempfile.mkdtemp(prefix="perseus-emu-") if rank == 0 else None]
-    dist.broadcast_object_list(run_dir, src=0)
+    show_summary()
     profile = scale_profile(take_stages(load_profile(args.profile), num_stages), args.time_scale)
     power = blocking_power(args)
     scale = args.time_scale
     # The honest simulated GPU of train_pipeline.py: ops on an asynchronous stream, clock sets
     # with lognormal latency, seeded time/power noise and a blocking-power error the planner
-    # does not know, a 100 ms energy counter.
+    # does not know, a 100 ms energy counter. The session gives each process its own
+    # (index = rank) in a directory of this job's own, and runs the cross-rank timeline.
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=power,
-        index=rank,
-        state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
         set_latency_s=0.005 * scale,
         publish_interval_s=0.1 * scale,
         noise=None if args.no_noise else SimNoise(seed=args.seed),
         seed=args.seed,
-        clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
     )
-    return profile, gpu, power, str(run_dir[0])
+    return profile, gpu, power
+
+
+def show_summary() -> None:
+    """Print the session's one-line summary, logged at close (INFO, pipeline rank 0)."""
+    log = logging.getLogger("perseus.runtime.session")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def make_session(
-    args: Any, schedule: Schedule, rank: int, gpu: Any, profile: Any, power: float, run_dir: str
+    args: Any, engine: EngineAdapter, gpu: Any, profile: Any, power: float
 ) -> RankSession:
-    return RankSession(
-        schedule,
-        rank,
-        gpu=gpu,
-        blocking_power_w=power,
-        plan=args.plan,
-        profile=profile,
-        emulate=True,
-        timeline=Path(run_dir) / "timeline.bin",
-    )
+    """The session as a user writes it: the engine's adapter, the GPU, a plan source."""
+    plan = PlanFile(args.plan, profile) if args.plan is not None else OfflineProfile(profile)
+    return RankSession(engine, gpu=gpu, blocking_power_w=power, plan=plan)
+
+
+def total_steps(args: Any) -> int:
+    """Training steps of a run: the all-max phase and the plan phase."""
+    return 2 * (args.warmup + args.iterations)
+
+
+def run_plain(args: Any, step: Step) -> None:
+    """The same steps as a perseus run, without perseus (to compare the math)."""
+    for _ in range(total_steps(args)):
+        step()
+
+
+def write_math(args: Any, params: list[Any]) -> None:
+    """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digest.hexdigest())
+    if dist.get_rank() == 0 and args.math is not None:
+        atomic_write_text(args.math, json.dumps(gathered) + "\n")
 
 
 def choose_point(frontier: Frontier, point: str) -> int:

@@ -22,14 +22,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _engine_common import emulated_setup, launch, make_session, parse_args, run_and_summarise
+from _engine_common import (
+    emulated_setup,
+    launch,
+    make_session,
+    parse_args,
+    run_and_summarise,
+    run_plain,
+    write_math,
+)
 from torch import nn
 
-from perseus.runtime.engines.deepspeed import (
-    deepspeed_schedule,
-    instrument_deepspeed,
-    skip_cpu_shm_op,
-)
+from perseus.runtime.engines.deepspeed import DeepSpeedEngine, skip_cpu_shm_op
 
 
 class Block(nn.Module):
@@ -75,11 +79,17 @@ def worker(rank: int, world: int, args: Any) -> None:
         ]
     )
 
-    schedule = deepspeed_schedule(engine.num_stages, engine.gradient_accumulation_steps())
-    profile, gpu, power, run_dir = emulated_setup(args, rank, schedule.num_stages)
-    session = make_session(args, schedule, engine.stage_id, gpu, profile, power, run_dir).start()
-    with instrument_deepspeed(engine, session.op):
-        run_and_summarise(args, session, lambda: engine.train_batch(data), "deepspeed", schedule)
+    def step() -> None:
+        engine.train_batch(data)
+
+    if args.no_perseus:
+        run_plain(args, step)
+    else:
+        adapter = DeepSpeedEngine(engine)
+        profile, gpu, power = emulated_setup(args, adapter.schedule.num_stages)
+        session = make_session(args, adapter, gpu, profile, power).start()  # hooks its passes
+        run_and_summarise(args, session, step, "deepspeed", adapter.schedule)
+    write_math(args, list(module.parameters()))
     dist.destroy_process_group()
 
 

@@ -22,15 +22,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _engine_common import emulated_setup, launch, make_session, parse_args, run_and_summarise
+from _engine_common import (
+    emulated_setup,
+    launch,
+    make_session,
+    parse_args,
+    run_and_summarise,
+    run_plain,
+    write_math,
+)
 from torch import nn
 
-from perseus.runtime.engines.megatron import (
-    cpu_communication,
-    cuda_to_cpu,
-    instrument_megatron,
-    megatron_schedule,
-)
+from perseus.runtime.engines.megatron import MegatronEngine, cpu_communication, cuda_to_cpu
 
 
 class Chunk(nn.Module):
@@ -79,9 +82,6 @@ def worker(rank: int, world: int, args: Any) -> None:
         y = chunk(next(it))
         return y, lambda out: ((out**2).mean(), {"loss": (out**2).mean().detach()})
 
-    schedule = megatron_schedule(world, args.microbatches, v)
-    profile, gpu, power, run_dir = emulated_setup(args, rank, schedule.num_stages)
-    session = make_session(args, schedule, rank, gpu, profile, power, run_dir).start()
     func = get_forward_backward_func(pp_size=world, vp_size=v if v > 1 else None)
     comm = cpu_communication(config)  # emulation only: CPU p2p buffers over gloo
 
@@ -99,8 +99,15 @@ def worker(rank: int, world: int, args: Any) -> None:
         optimizer.step()
         optimizer.zero_grad()
 
-    with instrument_megatron(world, rank, session.op), cuda_to_cpu():
-        run_and_summarise(args, session, step, "megatron-core", schedule)
+    with cuda_to_cpu():
+        if args.no_perseus:
+            run_plain(args, step)
+        else:
+            engine = MegatronEngine(world, rank, args.microbatches, v)
+            profile, gpu, power = emulated_setup(args, engine.schedule.num_stages)
+            session = make_session(args, engine, gpu, profile, power).start()  # hooks its steps
+            run_and_summarise(args, session, step, "megatron-core", engine.schedule)
+    write_math(args, [p for c in model for p in c.parameters()])
     dist.destroy_process_group()
 
 

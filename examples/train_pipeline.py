@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import statistics
 import sys
-import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
 from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.planning import OfflineProfile, OnlineProfile, PlanFile
 from perseus.runtime.power.cap import set_cap
 from perseus.runtime.profiling.sweep import profile_cache_path
 from perseus.runtime.straggler.switching import StragglerRuntime, raw_store
@@ -98,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatch-size", type=int, default=2)
     p.add_argument("--no-noise", action="store_true", help="exact simulated GPUs (no noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs' noise")
+    p.add_argument(
+        "--no-perseus",
+        action="store_true",
+        help="run the same steps without perseus (all-max and plan phases' count)",
+    )
+    p.add_argument("--math", type=Path, help="write a digest of the final parameters (JSON)")
     p.add_argument(
         "--layers-per-stage",
         type=int,
@@ -190,6 +196,29 @@ def choose_point(frontier: Frontier, point: str) -> int:
     return int(point)
 
 
+def show_summary() -> None:
+    """Print the session's one-line summary, logged at close (INFO, pipeline rank 0)."""
+    log = logging.getLogger("perseus.runtime.session")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def write_math(args: argparse.Namespace, params: list[Any]) -> None:
+    """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digest.hexdigest())
+    if dist.get_rank() == 0 and args.math is not None:
+        atomic_write_text(args.math, json.dumps(gathered) + "\n")
+
+
 # --------------------------------------------------------------------------------------------
 # Worker
 
@@ -197,6 +226,7 @@ def choose_point(frontier: Frontier, point: str) -> int:
 def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("default", EmulationOverrunWarning)  # report, never abort
+    show_summary()
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=rank, world_size=world)
     d = args.data_parallel
@@ -209,22 +239,19 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     pipes, dps = make_groups(world, d)
     pp_group, dp_group = pipes[pipe], (dps[prank] if dps else None)
 
-    power_mode = args.power_schedule is not None or args.cap_at is not None
-    run_dir = [tempfile.mkdtemp(prefix="perseus-emu-") if rank == 0 else None]
-    dist.broadcast_object_list(run_dir, src=0)
     profile = emulated_profile(args, num_stages)
+    power_mode = args.power_schedule is not None or args.cap_at is not None
     power = blocking_power(args)
     scale = args.time_scale
+    # The session gives each process its own simulated GPU (index = rank) in a directory of
+    # this job's own ($PERSEUS_SIM_DIR when set) and runs the cross-rank timeline.
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=power,
-        index=rank,
-        state_dir=os.environ.get("PERSEUS_SIM_DIR") or run_dir[0],
         set_latency_s=0.005 * scale,  # notes §5.1: lognormal, median 5 ms, p99 12 ms
         publish_interval_s=counter_period_s(args) * scale,
         noise=None if args.no_noise else SimNoise(seed=args.seed),
         seed=args.seed,
-        clock=time.perf_counter,  # one monotonic clock shared with the emulator's timeline
     )
 
     stages = build_stages(args, prank, ranks, v, pp_group)
@@ -249,25 +276,15 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
             gpu=gpu.name,
             profile=profile.sha256,
         )
-    session = PerseusPipeline(
-        torch_schedule,
-        stages,
-        gpu=gpu,
-        blocking_power_w=power,
-        emulate=True,
-        group=pp_group,
-        plan=args.plan,
-        profile=None if args.online_profile else profile,
-        online_profile=args.online_profile,
-        profile_cache=cache,
-        timeline=Path(run_dir[0]) / f"timeline-{pipe}.bin",
-        job_options=None
-        if args.layers_per_stage is None
-        else {"layers_per_stage": args.layers_per_stage, "switch_latency_s": 0.005 * scale},
-        power_schedule=args.power_schedule,
-        power_store=job_store() if power_mode else None,
-    ).start()
-
+    source: Any
+    if args.online_profile:
+        source = OnlineProfile(cache=cache)
+    elif args.plan is not None:
+        source = PlanFile(args.plan, profile)
+    else:
+        source = OfflineProfile(
+            profile, layers_per_stage=args.layers_per_stage, switch_latency_s=0.005 * scale
+        )
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
     y = torch.randn(args.microbatches * args.microbatch_size, args.hidden, generator=g)
@@ -275,15 +292,37 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     has_last = any(s.is_last for s in stages)
     slowdown = 1.0
 
+    def plain_step() -> None:
+        torch_schedule.step(*((x,) if has_first else ()), target=y if has_last else None)
+        if dp_group is not None:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=dp_group)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    if args.no_perseus:  # the same steps without perseus, to compare the math
+        for _ in range(2 * (args.warmup + args.iterations)):
+            plain_step()
+        write_math(args, params)
+        dist.destroy_process_group()
+        return
+
+    session = PerseusPipeline(
+        torch_schedule,
+        stages,
+        gpu=gpu,
+        blocking_power_w=power,
+        group=pp_group,
+        plan=source,
+        power_schedule=args.power_schedule,
+        power_store=job_store() if power_mode else None,
+    ).start()
+    gpu = session.gpu  # this rank's simulated GPU
+
     def train_step() -> None:
         with session.iteration():
-            torch_schedule.step(*((x,) if has_first else ()), target=y if has_last else None)
-            if dp_group is not None:
-                for p in params:
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, group=dp_group)
-            optimizer.step()
-            optimizer.zero_grad()
+            plain_step()
 
     phases: list[tuple[str, int, int]] = []  # (name, first history index, count)
     while session.profiling:
@@ -341,6 +380,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     agent = session.agent
     mid_switches = [r.mid_op_switches for r in agent.records.iterations] if agent else []
     session.close()
+    write_math(args, params)
 
     mine = {
         "rank": rank,

@@ -40,9 +40,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from perseus.job import PlanningJob, make_job
     from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
     from perseus.profile import OpOption, OpProfile, Profile, build_profile
-    from perseus.runtime.engines.torch_pp import perseus_pipeline
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
-    from perseus.runtime.pipeline import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
     from perseus.runtime.session import IterationStats, RankSession
     from perseus.schedule import Action, Kind, Schedule, build_schedule
     from perseus.solver import baseline_plans, trace_frontier
@@ -89,7 +88,7 @@ _LAZY: dict[str, str] = {
     "MetricsSink": "perseus.runtime.metrics",
     "PerseusPipeline": "perseus.runtime.pipeline",
     "RankSession": "perseus.runtime.session",
-    "perseus_pipeline": "perseus.runtime.engines.torch_pp",
+    "perseus_pipeline": "perseus.runtime.pipeline",
 }
 
 __all__ = [

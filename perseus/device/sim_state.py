@@ -357,7 +357,7 @@ def list_states(state_dir: Path) -> list[State]:
         raise private._error(
             f"simulated GPU directory {state_dir} is not readable by this user "
             f"({private._describe(st)}): run as its owner (sudo perseus device ...) or use a "
-            f"directory of yours (--sim-dir or ${private.SIM_DIR_ENV})"
+            f"directory of yours (`state_dir` or ${private.SIM_DIR_ENV})"
         )
     states = []
     for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import threading
 import time
@@ -136,6 +137,21 @@ class _StreamPort:
         self.update_state: Callable[[Callable[[State], None], float | None], State] = gpu._update
 
 
+def _split_backward(cost: OpCostFn, b_share: float) -> OpCostFn:
+    """``cost`` with each full backward split into ``B`` (``b_share``) and ``W`` (the rest)."""
+    if not 0.0 < b_share < 1.0:
+        raise ConfigError(f"backward split share must be in (0, 1), got {b_share}")
+
+    def split(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
+        if kind is Kind.F:
+            return cost(stage_index, kind, freq_mhz)
+        t, e = cost(stage_index, Kind.B, freq_mhz)
+        share = b_share if kind is Kind.B else 1.0 - b_share
+        return t * share, e * share
+
+    return split
+
+
 def sim_uuid(index: int) -> str:
     """The UUID of simulated GPU ``index``: stable, so every process finds the same GPU."""
     return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
@@ -204,6 +220,8 @@ class SimulatedGPU:
         memory_clocks_mhz: tuple[int, ...] = (),
         mem_cost_fn: MemCostFn | None = None,
     ) -> None:
+        # Everything this GPU was built from, so that placed() can build its twin.
+        self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         if not clocks_mhz:
             raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
         if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
@@ -395,6 +413,46 @@ class SimulatedGPU:
             mem_cost_fn=None if memory is None else mem_cost,
             **kwargs,
         )
+
+    def placed(
+        self,
+        *,
+        index: int | None = None,
+        state_dir: str | Path | None = None,
+        backward_split: float | None = None,
+    ) -> SimulatedGPU:
+        """A new GPU of the same model at another index and/or state directory (emulation
+        gives each rank its own device and each job its own directory).
+
+        Args:
+            index: Device index (default: this one's).
+            state_dir: State directory (default: this one's).
+            backward_split: When the model prices no ``W`` op (a profile without ``weight``
+                rows), charge ``B`` this share of a full backward and ``W`` the rest, as
+                :meth:`~perseus.profile.model.Profile.split_backward` plans it.
+        """
+        config = dict(self._config)
+        if index is not None:
+            config["index"] = index
+        if state_dir is not None:
+            config["state_dir"] = state_dir
+        if backward_split is not None and not self.prices(Kind.W):
+            config["op_cost_fn"] = _split_backward(self._cost_fn, backward_split)
+        return type(self)(**config)
+
+    @property
+    def explicit_state_dir(self) -> bool:
+        """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``): GPUs
+        meant to be shared, rather than the per-user default."""
+        return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
+
+    def prices(self, kind: Kind) -> bool:
+        """Whether the model has costs for ``kind`` ops (no I/O)."""
+        try:
+            self._cost_fn(0, kind, self._clocks[0])
+        except (ProfileError, KeyError):
+            return False
+        return True
 
     # -----------------------------------------------------------------------------------------
     # Identity and state plumbing

@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "all_gather_objects",
     "all_reduce_max",
+    "all_reduce_sum",
     "barrier",
     "broadcast_object",
     "collective_device",
@@ -127,3 +128,16 @@ def barrier(group: Any = None) -> None:
         dist.barrier(group=group, device_ids=[torch.cuda.current_device()])
     else:
         dist.barrier(group=group)
+
+
+def all_reduce_sum(values: Sequence[float], group: Any = None) -> tuple[float, ...]:
+    """Element-wise SUM of ``values`` over ``group`` (the values themselves when not distributed)."""
+    if not is_distributed() or not values:
+        return tuple(float(v) for v in values)
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    buf = _to_device(buf, collective_device(group))
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+    return tuple(float(v) for v in buf.cpu().tolist())

@@ -1,5 +1,11 @@
 """Where a running session's plan comes from: a plan file, an offline profile, or a sweep.
 
+Each way is a small strategy object (a :class:`PlanSource`): :class:`PlanFile`,
+:class:`OfflineProfile` or :class:`OnlineProfile` (whose options are typed and checked when it
+is built). :class:`~perseus.runtime.session.RankSession` asks its source once, at start; a
+source that answers None (an online sweep without a cached profile) is measured first, then
+:meth:`OnlineProfile.plan_measured` plans from the measured rows.
+
 A session gets its frontier in one of three ways, all collective over the pipeline's process
 group (every rank calls the same function at the same point):
 
@@ -15,28 +21,217 @@ Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from perseus.dag.graph import build_dag
+from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PlanError
 from perseus.io.frontier_files import read_frontier
+from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob, make_job
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
+from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE
 from perseus.runtime.profiling.sweep import OnlineProfiler, ProfileRow
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 
 __all__ = [
+    "OfflineProfile",
+    "OnlineProfile",
+    "PlanContext",
+    "PlanFile",
+    "PlanSource",
+    "Planned",
     "check_frontier",
     "gather_profile",
     "job_for_schedule",
     "load_frontier",
     "plan_from_profile",
+    "plan_source",
     "sweep_finished_everywhere",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What a plan source needs to know about the running job."""
+
+    schedule: Schedule
+    rank: int
+    group: Any
+    blocking_power_w: float
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A plan source's answer: the frontier to deploy, its job (None for a bare plan file),
+    and the profile measured on this machine (online or cached), if any."""
+
+    frontier: Frontier
+    job: PlanningJob | None
+    profiled: Profile | None = None
+
+
+class PlanSource(Protocol):
+    """Where the plan comes from. ``plan`` is collective over ``ctx.group``."""
+
+    def plan(self, ctx: PlanContext) -> Planned | None:
+        """The plan to deploy, or None when it must be measured first (online sweep)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFile:
+    """A plan/frontier computed elsewhere (``perseus frontier``), as an object or a JSON path.
+
+    Args:
+        frontier: The frontier or its JSON path.
+        profile: The profile it was computed for: checked against the plan, and used for
+            :meth:`~perseus.runtime.session.RankSession.allmax_plan`.
+    """
+
+    frontier: Frontier | str | Path
+    profile: Profile | None = None
+
+    def plan(self, ctx: PlanContext) -> Planned:
+        """Read and check the plan (no collective)."""
+        frontier = load_frontier(self.frontier)
+        job = None
+        if self.profile is not None:
+            job = job_for_schedule(ctx.schedule, self.profile, ctx.blocking_power_w)
+            job.check_frontier(frontier, source=str(self.frontier)[:200])
+        return Planned(frontier, job)
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineProfile:
+    """Plan from a measured profile: pipeline rank 0 traces the frontier and broadcasts it.
+
+    Args:
+        profile: Time and energy per (stage, kind, clock).
+        layers_per_stage: Layers per stage: plans may switch the clock once inside an op
+            (two-clock ops); needs a schedule perseus builds.
+        switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
+            (default: :func:`perseus.job.make_job`'s).
+    """
+
+    profile: Profile
+    layers_per_stage: int | tuple[int, ...] | None = None
+    switch_latency_s: float | None = None
+
+    def __post_init__(self) -> None:
+        layers = self.layers_per_stage
+        values = (layers,) if isinstance(layers, int) else (layers or ())
+        if any(v < 1 for v in values):
+            raise ConfigError(f"OfflineProfile: layers_per_stage must be >= 1, got {layers}")
+
+    def plan(self, ctx: PlanContext) -> Planned:
+        """Trace (rank 0) and broadcast the frontier (collective)."""
+        options: dict[str, Any] = {}
+        if self.layers_per_stage is not None:
+            options["layers_per_stage"] = self.layers_per_stage
+            if self.switch_latency_s is not None:
+                options["switch_latency_s"] = self.switch_latency_s
+        job, frontier = plan_from_profile(
+            ctx.schedule, self.profile, ctx.blocking_power_w, ctx.rank, ctx.group, options
+        )
+        return Planned(frontier, job)
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineProfile:
+    """Measure the profile during the first iterations, then plan from it.
+
+    Args:
+        cache: CSV path where the measured profile is saved (pipeline rank 0); if it exists,
+            the sweep is skipped and the saved profile is used.
+        patience: Early stop: clocks swept below the best energy before a (stage, kind)
+            stops (see :class:`~perseus.runtime.profiling.sweep.OnlineProfiler`).
+        min_windows: Energy-counter windows each sweep step must span (20: ~2 s at NVML's
+            100 ms period).
+        sample_period_s: Time between counter reads (None:
+            :func:`~perseus.runtime.profiling.energy_windows.sample_period_for`).
+        max_step_iterations: Iterations after which a sweep step ends anyway.
+        ridge: Ridge weight of the per-step power fit.
+
+    Raises:
+        ConfigError: a value out of range.
+    """
+
+    cache: Path | None = None
+    patience: int = 5
+    min_windows: int = 20
+    sample_period_s: float | None = None
+    max_step_iterations: int = 200
+    ridge: float = DEFAULT_RIDGE
+
+    def __post_init__(self) -> None:
+        if self.cache is not None and not isinstance(self.cache, Path):
+            object.__setattr__(self, "cache", Path(self.cache))
+        for name in ("patience", "min_windows", "max_step_iterations"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"OnlineProfile: {name} must be an integer >= 1, got {value!r}")
+        if self.sample_period_s is not None and not self.sample_period_s > 0:
+            raise ConfigError(
+                f"OnlineProfile: sample_period_s must be > 0 (or None), got {self.sample_period_s}"
+            )
+        if not self.ridge >= 0:
+            raise ConfigError(f"OnlineProfile: ridge must be >= 0, got {self.ridge}")
+
+    def plan(self, ctx: PlanContext) -> Planned | None:
+        """The cached profile's plan (collective), or None: sweep first."""
+        # Read back only from a directory nobody else controls, and only our own regular file.
+        if self.cache is None or not check_private_file(
+            self.cache, what="profile cache", create_dir=False
+        ):
+            return None
+        profile = read_profile(self.cache)
+        planned = OfflineProfile(profile).plan(ctx)
+        return Planned(planned.frontier, planned.job, profile)
+
+    def plan_measured(self, ctx: PlanContext, rows: list[ProfileRow]) -> Planned:
+        """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
+        profile = gather_profile(rows, ctx.group)
+        if self.cache is not None and ctx.rank == 0:
+            check_private_file(self.cache, what="profile cache")  # a directory of ours
+            write_profile_csv(profile, self.cache)
+        planned = OfflineProfile(profile).plan(ctx)
+        return Planned(planned.frontier, planned.job, profile)
+
+
+def plan_source(
+    plan: PlanSource | Frontier | str | Path | None,
+    profile: Profile | None,
+    online_profile: bool | OnlineProfile,
+) -> PlanSource:
+    """The one plan source the session's ``plan=``/``profile=``/``online_profile=`` name.
+
+    Raises:
+        ConfigError: none, or an online sweep together with a plan or profile.
+    """
+    online = OnlineProfile() if online_profile is True else online_profile or None
+    if online is not None and (plan is not None or profile is not None):
+        raise ConfigError("online_profile measures the profile; drop plan= and profile=")
+    if online is not None:
+        return online
+    if plan is None and profile is None:
+        raise ConfigError(
+            "the session needs a plan source: plan= (a plan file or frontier), profile= (plan "
+            "from a measured profile) or online_profile=True (measure it while training)"
+        )
+    if plan is None:
+        assert profile is not None
+        return OfflineProfile(profile)
+    if isinstance(plan, (Frontier, str, Path)):
+        return PlanFile(plan, profile)
+    if profile is not None:
+        raise ConfigError("profile= goes inside the plan source object; drop profile=")
+    return plan
 
 
 def job_for_schedule(

@@ -2,50 +2,59 @@
 
 ::
 
-    session = RankSession(schedule, rank, gpu=gpu, blocking_power_w=83.64, plan="plan.json")
-    with session:
+    session = RankSession(engine, gpu=gpu, blocking_power_w=83.64, plan="plan.json")
+    with session:                                 # start(): plan, agent, engine hooks
         for batch in loader:
             with session.iteration():             # one training iteration
-                for action in engine_actions:     # however the engine runs them
-                    with session.op(action):
-                        run(action)
+                engine_step(batch)                # the engine runs each action in session.op
+            evaluate()                            # between iterations: runs untouched
     session.history                               # IterationStats per iteration
 
-The engine adapter's only jobs are to give the session the schedule it runs (a perseus
-:class:`~perseus.schedule.Schedule`) and to run every compute action inside ``session.op``
-(an :data:`~perseus.runtime.engines.torch_hooks.OpContextFactory`); :class:`~perseus.runtime.pipeline.
-PerseusPipeline` does that for ``torch.distributed.pipelining``.
+``engine`` is an :class:`~perseus.runtime.engines.base.EngineAdapter` (torch pipelining,
+Megatron-Core, DeepSpeed) or a bare :class:`~perseus.schedule.Schedule` with ``rank`` (then the
+loop enters ``session.op(action)`` around each compute action itself).
 
-The session obtains a plan (:mod:`perseus.runtime.planning`) and runs it through the rank
-agent (:class:`~perseus.runtime.agent.rank_agent.RankAgent`: clocks on the device's timeline, op order,
-measurement; watchdog and signal handling on by default). An online sweep
-(:mod:`perseus.runtime.profiling.sweep`) runs through the same agent: each sweep step is a
-plan of the clocks to measure, op times come from the agent's device events, and op energy
-from the GPU's energy counter read on a background thread
-(:mod:`perseus.runtime.profiling.energy_windows`): each (stage, kind)'s power is fitted to the windows
-between the counter's publishes from the share of each window its ops covered
-(:mod:`perseus.runtime.profiling.energy_attribution`). A step is repeated for further iterations until
-its ops span enough windows (``min_windows``, 20 by default: ~2 s at NVML's 100 ms period).
-With ``emulate=True`` the very same path runs on a simulated GPU; the session only launches each
-action's op on its stream and holds the host until the op's output exists
-(:mod:`perseus.runtime.emulation`).
+**Lifecycle.** A session is a small state machine::
 
-Iteration figures are on the device's timeline: at a boundary the session waits for this
-rank's last op (one event wait per iteration), passes a barrier of the pipeline's ranks, then
-marks the boundary with a device event and reads the energy counter there. In emulation the
-boundary is the moment the last device of the pipeline finished (an all-reduce of the ranks'
-last op end times), so a host that stalls at the barrier does not stretch the iteration.
+    new --start()--> idle --iteration() enter--> in iteration --exit--> idle --close()--> closed
+                                                      |  exception: iteration discarded
+                                                      +-----------------------------------> idle
 
-Iteration boundaries are where everything changes (plans, profiling clocks, straggler
-decisions): all ranks of a pipeline pass the same boundary together (a barrier), so they never
-run different plans. A failed iteration (an exception inside :meth:`RankSession.iteration`)
-is discarded and the session stays usable.
+Only *in iteration* are actions measured and held to the plan's order; before, between and
+after iterations (evaluation, ``schedule.eval()``, Megatron's ``forward_only=True``, warm-up)
+they run untouched at whatever clock the GPU has. Inside an iteration the engine must run
+exactly one step (the adapter's ``step_call``): a second step, or fewer actions than planned,
+is refused with a :class:`~perseus.errors.PlanError` that names that call.
+
+**Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
+end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and sum
+their energy, so :class:`IterationStats` carries the pipeline's time and energy next to the
+plan's prediction for the pipeline, and this rank's own energy. At an iteration's start the
+ranks agree (one collective) whether anything ran since the last one: if not, the last end is
+this start (one counter reading for both, so counter steps cancel over a run); if so (an
+evaluation pass, a discarded iteration), every rank marks a fresh common start on the
+device's timeline.
+
+**Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
+defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
+measured). At start the session gives each process its own simulated GPU (index = its global
+rank) in a state directory of its own job unless the GPU's state directory was chosen
+(``state_dir=`` or ``$PERSEUS_SIM_DIR``: sharing asked for), prices ``W`` ops of a zero-bubble
+schedule from a profile without ``weight`` rows by splitting each backward in half (as the
+planner does), and always runs the cross-rank timeline (:mod:`perseus.runtime.emulation`).
+
+Where the plan comes from is a :class:`~perseus.runtime.planning.PlanSource`; the rank agent
+(:class:`~perseus.runtime.agent.rank_agent.RankAgent`) sets clocks on the device's timeline and
+measures ops; the online sweep runs through the same agent
+(:class:`~perseus.runtime.session_sweep.SessionSweep`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -55,61 +64,78 @@ from types import TracebackType
 from typing import Any
 
 from perseus.dag.graph import build_dag
-from perseus.device.private_dir import check_private_file
+from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
-from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.collectives import all_reduce_max, barrier
+from perseus.runtime.collectives import (
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    global_rank,
+)
 from perseus.runtime.emulation import StreamEmulator, VirtualTimeline
+from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
+    OnlineProfile,
+    PlanContext,
+    Planned,
+    PlanSource,
     check_frontier,
-    gather_profile,
-    job_for_schedule,
-    load_frontier,
-    plan_from_profile,
+    plan_source,
     sweep_finished_everywhere,
 )
-from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE, OpSpan, SweepWindow
-from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
-from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, check_fit
+from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
+from perseus.runtime.session_sweep import SessionSweep
+from perseus.runtime.summary import RunSummary, summarize
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
-__all__ = ["BoundaryHook", "IterationStats", "RankSession"]
+__all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
 
 _log = logging.getLogger(__name__)
 
-#: Online profiling's energy-window options and their defaults (``profile_options``).
-_PROFILE_OPTIONS: dict[str, Any] = {
-    "min_windows": 20,
-    "sample_period_s": None,
-    "max_step_iterations": 200,
-    "ridge": DEFAULT_RIDGE,
-}
-
-#: Called at every iteration boundary with the stats of the iteration that just ended; may
-#: return ``(frontier, point_index)`` to deploy from the next iteration on. Every rank of a
-#: pipeline must return the same value (hooks decide from data all ranks share).
+#: Called at the end of every iteration with its stats; may return ``(frontier, point_index)``
+#: to deploy from the next iteration on. Every rank of a pipeline must return the same value
+#: (hooks decide from data all ranks share).
 BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
+
+#: Share of a full backward a split ``B`` takes when a profile has no ``weight`` rows (the
+#: planner's default, :data:`perseus.job.DEFAULT_BACKWARD_SPLIT`).
+_BACKWARD_SPLIT = 0.5
+
+
+class SessionState(enum.Enum):
+    """Where a :class:`RankSession` is in its lifecycle."""
+
+    NEW = "new"
+    IDLE = "idle"
+    IN_ITERATION = "in iteration"
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
 class IterationStats:
-    """One iteration as this rank saw it.
+    """One iteration, measured on the device's timeline.
+
+    Predicted and measured figures compare like with like: ``time_s`` and
+    ``pipeline_energy_j`` are the pipeline's, as the plan's predictions are.
 
     Attributes:
         iteration: Index since :meth:`RankSession.start` (profiling iterations included).
         phase: ``"profile"`` during the online sweep, else ``"run"``.
         point_index: Index of the deployed frontier point (None while profiling).
-        time_s: Window between this iteration's boundary and the next one's.
-        energy_j: This rank's GPU energy over the window.
-        compute_time_s: From the window's start to the end of this rank's last action.
+        time_s: The pipeline's iteration: from the common start to the end of the last op on
+            any of its ranks (the same on every rank in emulation).
+        energy_j: This rank's GPU energy over the iteration.
+        compute_time_s: From the start to the end of this rank's last action.
+        pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
         predicted_time_s: The deployed point's predicted iteration time (None while profiling).
-        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (all
-            ranks; None while profiling).
+        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (None
+            while profiling): compare with ``pipeline_energy_j``.
     """
 
     iteration: int
@@ -118,6 +144,7 @@ class IterationStats:
     time_s: float
     energy_j: float
     compute_time_s: float
+    pipeline_energy_j: float | None = None
     predicted_time_s: float | None = None
     predicted_energy_j: float | None = None
 
@@ -146,246 +173,231 @@ def _op_time_fn(profile: Profile) -> Callable[[int, Kind, int], float]:
 
 
 class RankSession:
-    """One pipeline rank's perseus session around an engine's schedule.
+    """One pipeline rank's perseus session around an engine.
 
-    The constructor validates and does no I/O; :meth:`start` (or ``with``) obtains the plan
-    (collective over ``group``: call it on every rank of the pipeline) and starts the agent.
+    The constructor validates and does no I/O; :meth:`start` (or ``with``) attaches the
+    engine's hooks, places the simulated GPU (emulation), obtains the plan (collective over the
+    pipeline's group: call it on every rank) and starts the agent.
 
     Args:
-        schedule: The schedule the engine runs (every rank's compute actions, in order).
-        rank: This process's pipeline rank (index into ``schedule.rank_actions``).
-        gpu: This rank's GPU (a :class:`~perseus.device.simulated.SimulatedGPU` when
-            emulating).
+        engine: An engine adapter (:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`,
+            :class:`~perseus.runtime.engines.megatron.MegatronEngine`,
+            :class:`~perseus.runtime.engines.deepspeed.DeepSpeedEngine`) or a bare schedule
+            whose actions the loop runs inside :meth:`op` itself.
+        rank: This process's pipeline rank; only with a bare schedule (an adapter knows it).
+        gpu: This rank's GPU (an ``NvmlGPU``, or a ``SimulatedGPU``: emulation).
         blocking_power_w: GPU power while waiting; used for planning and profiling.
-        plan: A plan/frontier (object or JSON path) to deploy; its point ``point_index`` runs.
-        profile: Without ``plan``: plan offline from this profile (frontier computed on
-            pipeline rank 0 at start and broadcast). With ``plan``: the profile the plan was
-            computed for, checked against the plan and used for :meth:`allmax_plan`.
-        online_profile: Sweep clocks during the first iterations, then plan from the sweep
-            (op time from device events, energy fitted to the counter's publish windows).
-        profile_cache: CSV path where the online profile is saved; if it exists, profiling is
-            skipped and the saved profile is used.
+        plan: A plan source (:class:`~perseus.runtime.planning.PlanFile`,
+            :class:`~perseus.runtime.planning.OfflineProfile`,
+            :class:`~perseus.runtime.planning.OnlineProfile`) or a frontier / plan JSON path.
+        profile: Without ``plan``: plan from this profile (rank 0 traces the frontier). With a
+            plan file: the profile it was computed for (checked; used by :meth:`allmax_plan`).
+        online_profile: True (or an :class:`~perseus.runtime.planning.OnlineProfile` with
+            options): sweep clocks during the first iterations, then plan from the sweep.
         point_index: Which frontier point to deploy (0: the fastest).
-        emulate: Run on a simulated GPU (``gpu`` a
-            :class:`~perseus.device.simulated.SimulatedGPU`): launch every action's op on its
-            stream and hold the host until the op's output exists on the device.
-        group: The pipeline's process group (None: the default group, or no distribution).
+        emulate: Emulate on a simulated GPU; None (default) emulates exactly when ``gpu`` is
+            a ``SimulatedGPU``.
+        group: The pipeline's process group (default: the adapter's, else the default group).
         watchdog: Start the watchdog process that resets the GPU if this process dies.
         handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
-        patience: Online profiling early stop (see :class:`OnlineProfiler`).
-        timeline: Emulation only: a file shared by the pipeline's processes (same path on
-            every rank) through which actions start when their inputs are ready on the
-            simulated GPUs (see :class:`~perseus.runtime.emulation.VirtualTimeline`).
-        agent_options: Extra keyword arguments for :class:`~perseus.runtime.agent.rank_agent.RankAgent`.
-        job_options: Extra keyword arguments for :func:`perseus.job.make_job` when planning
-            here (``layers_per_stage=12`` plans two-clock ops; ``switch_latency_s``...).
-        profile_options: Online profiling's energy windows: ``min_windows`` (counter windows
-            per sweep step, default 20), ``sample_period_s`` (time between counter reads,
-            default :func:`~perseus.runtime.profiling.energy_windows.sample_period_for`),
-            ``max_step_iterations`` (default 200) and ``ridge`` (default 0.002; see
-            :func:`~perseus.runtime.profiling.energy_attribution.fit_group_power`).
+        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
+            on a real GPU).
         power_schedule: A plan schedule JSON (``perseus plan schedule``) over ``plan``'s
             frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
         power_store: The job's store, read for run-time power caps (``perseus power set``).
 
     Raises:
-        ConfigError: if no plan source is given, online profiling is combined with a plan or
-            profile, or ``emulate`` is asked of a GPU that is not simulated.
+        ConfigError: no plan source or two; a rank out of range or missing; ``emulate=True``
+            without a simulated GPU, or ``emulate=False`` with one.
     """
 
     def __init__(
         self,
-        schedule: Schedule,
-        rank: int,
+        engine: EngineAdapter | Schedule,
+        rank: int | None = None,
         *,
         gpu: Any,
         blocking_power_w: float,
-        plan: Frontier | str | Path | None = None,
+        plan: PlanSource | Frontier | str | Path | None = None,
         profile: Profile | None = None,
-        online_profile: bool = False,
-        profile_cache: str | Path | None = None,
+        online_profile: bool | OnlineProfile = False,
         point_index: int = 0,
-        emulate: bool = False,
+        emulate: bool | None = None,
         group: Any = None,
         watchdog: bool = True,
         handle_signals: bool = True,
-        patience: int = 5,
-        timeline: str | Path | None = None,
-        agent_options: dict[str, Any] | None = None,
-        job_options: dict[str, Any] | None = None,
-        profile_options: dict[str, Any] | None = None,
+        events: Any = None,
         power_schedule: str | Path | None = None,
         power_store: Any = None,
     ) -> None:
-        unknown = set(profile_options or {}) - set(_PROFILE_OPTIONS)
-        if unknown:
+        if isinstance(engine, Schedule):
+            if rank is None:
+                raise ConfigError("RankSession(schedule, rank, ...): pass this process's rank")
+            engine = ManualEngine(engine, rank, group)
+        elif rank is not None and rank != engine.rank:
             raise ConfigError(
-                f"profile_options: unknown key(s) {sorted(unknown)}; use {list(_PROFILE_OPTIONS)}"
+                f"rank={rank} differs from the engine adapter's rank {engine.rank}; drop rank="
             )
-        if online_profile and power_schedule is not None:
-            raise ConfigError("power_schedule= needs plan= (its frontier); drop online_profile")
-        if online_profile and (plan is not None or profile is not None):
-            raise ConfigError("online_profile=True measures the profile; drop plan= and profile=")
-        if not (online_profile or plan is not None or profile is not None):
-            raise ConfigError("RankSession needs plan=, profile= or online_profile=True")
-        if not 0 <= rank < schedule.num_ranks:
+        schedule = engine.schedule
+        if not 0 <= engine.rank < schedule.num_ranks:
             raise ConfigError(
-                f"rank {rank} is out of range: the schedule has {schedule.num_ranks} ranks"
+                f"rank {engine.rank} is out of range: the schedule has {schedule.num_ranks} ranks"
             )
-        if emulate and not hasattr(gpu, "launch"):
+        simulated = isinstance(gpu, SimulatedGPU)
+        if emulate is None:
+            emulate = simulated
+        if emulate and not simulated:
             raise ConfigError(
                 f"emulate=True needs a simulated GPU (SimulatedGPU), got {type(gpu).__name__}"
             )
+        if simulated and not emulate:
+            raise ConfigError(
+                "emulate=False with a SimulatedGPU would time real CPU compute against "
+                "simulated clocks and measure nothing true; drop emulate= (a simulated GPU is "
+                "emulated) or pass a real GPU"
+            )
+        if not blocking_power_w >= 0:
+            raise ConfigError(f"blocking_power_w must be >= 0 W, got {blocking_power_w}")
+        if point_index < 0:
+            raise ConfigError(f"point_index must be >= 0, got {point_index}")
+        self.engine = engine
         self.schedule = schedule
-        self.rank = rank
+        self.rank = engine.rank
         self.gpu = gpu
         self.blocking_power_w = float(blocking_power_w)
-        self.group = group
+        self.group = group if group is not None else engine.group
         self.emulate = emulate
         self.point_index = point_index
+        self.source = plan_source(plan, profile, online_profile)
+        if isinstance(self.source, OnlineProfile) and power_schedule is not None:
+            raise ConfigError("power_schedule= needs plan= (its frontier); drop online_profile")
+        self._power_args = (power_schedule, power_store)
+        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
         self.history: list[IterationStats] = []
         self.frontier: Frontier | None = None
         self.job: PlanningJob | None = None
         self.profiled: Profile | None = None
         self.clocks_profiled: dict[tuple[int, Any], int] = {}
-        self._plan_arg = plan
-        self._profile_arg = profile
-        self._online = online_profile
-        self._cache = Path(profile_cache) if profile_cache is not None else None
-        self._patience = patience
-        self._job_options = dict(job_options or {})
-        self._profile_options = {**_PROFILE_OPTIONS, **(profile_options or {})}
+        self.summary: RunSummary | None = None
         self._agent_options: dict[str, Any] = {
             "watchdog": watchdog,
             "handle_signals": handle_signals,
-            **(agent_options or {}),
         }
+        if events is not None:
+            self._agent_options["events"] = events
+        self._state = SessionState.NEW
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
-        self._profiler: OnlineProfiler | None = None
-        self._sampler: CounterSampler | None = None
-        self._step: SweepWindow | None = None
-        self._warned_observe_only = False
-        self._timeline_path = Path(timeline) if (emulate and timeline is not None) else None
+        self._sweep: SessionSweep | None = None
         self._emulator: StreamEmulator | None = None
+        self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
         self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
-        self._last_op_end: Any = None
+        self._last_mark: tuple[float, int] | None = None  # the last iteration's end
+        self._ran_between = False  # an action ran outside an iteration since the last one
+        self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
-        self._started = False
-        self._power_args = (power_schedule, power_store)
-        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
 
-    def start(self) -> RankSession:
-        """Obtain a plan (file, offline frontier, cache or sweep) and start the agent.
+    @property
+    def state(self) -> SessionState:
+        """Where the session is in its lifecycle."""
+        return self._state
 
-        Collective over the pipeline's group. Idempotent.
+    @property
+    def in_iteration(self) -> bool:
+        """True between entering and leaving :meth:`iteration`."""
+        return self._state is SessionState.IN_ITERATION
+
+    def start(self) -> RankSession:
+        """Attach the engine, place the simulated GPU, obtain a plan and start the agent.
+
+        Collective over the pipeline's group. Idempotent while open.
+
+        Raises:
+            ConfigError: after :meth:`close`.
         """
-        if self._started:
+        if self._state is SessionState.CLOSED:
+            raise ConfigError("RankSession.start() after close(); create a new session")
+        if self._state is not SessionState.NEW:
             return self
-        self._started = True
+        self._state = SessionState.IDLE
         try:
-            self._start()
+            self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
+            if self.emulate:
+                self._start_emulation()
+            ctx = self._context()
+            planned = self.source.plan(ctx)
+            if planned is None:
+                if not isinstance(self.source, OnlineProfile):
+                    raise ConfigError(f"{type(self.source).__name__}.plan() returned no plan")
+                self._start_sweep(self.source)
+            else:
+                self._install(planned)
+            if self._power_args != (None, None):
+                from perseus.runtime.power.runtime import attach_power
+
+                self.power = attach_power(self, *self._power_args)
         except BaseException:
             self.close()
             raise
         return self
 
-    def _start(self) -> None:
-        timeline = None
-        if self._timeline_path is not None:
-            # Mapped read-write by every rank: a directory of ours, never a planted link.
-            check_private_file(self._timeline_path, what="emulation timeline")
-            if self.rank == 0:
-                VirtualTimeline.create(
-                    self._timeline_path, sum(map(len, self.schedule.rank_actions))
-                )
-            barrier(self.group)
-            graph = build_dag(self.schedule)
-            num_stages = self.schedule.num_stages
-            timeline = VirtualTimeline(
-                self._timeline_path, graph.node_of, lambda a: action_dependencies(a, num_stages)
-            )
-        if self.emulate:
-            self._emulator = StreamEmulator(self.gpu, timeline)
-        if self._plan_arg is not None:
-            frontier = load_frontier(self._plan_arg)
-            if self._profile_arg is not None:
-                self.job = job_for_schedule(
-                    self.schedule,
-                    self._profile_arg,
-                    self.blocking_power_w,
-                    job_options=self._job_options,
-                )
-                self.job.check_frontier(frontier, source=str(self._plan_arg)[:200])
-            self._install(frontier, self.point_index)
-        elif self._profile_arg is not None:
-            self._plan_from_profile(self._profile_arg)
-        elif self._cache is not None and check_private_file(
-            self._cache, what="profile cache", create_dir=False
-        ):
-            self._plan_from_profile(read_profile(self._cache), profiled=True)
-        else:
-            ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
-            self._profiler = OnlineProfiler(
-                ops, self.gpu.supported_clocks_mhz(), patience=self._patience
-            )
-            self._install(self._sweep_plan(), 0, sweep=True)
-            if self._agent is not None and self._agent.observe_only:
-                raise ConfigError(
-                    f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
-                    "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
-                    "profile where clocks can be locked and pass profile= or plan="
-                )
-            self._start_sampler()
-        if self._power_args != (None, None):
-            from perseus.runtime.power.runtime import attach_power
+    def _context(self) -> PlanContext:
+        return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w)
 
-            self.power = attach_power(self, *self._power_args)
-
-    def _start_sampler(self) -> None:
-        """Start reading the energy counter for the sweep (on the agent's device timeline)."""
-        agent = self._agent
-        events = agent.events if agent is not None else None
-        now_s = events.timeline_now_s if events is not None else time.perf_counter
-        opts = self._profile_options
-        period = opts["sample_period_s"]
-        self._sampler = CounterSampler(
-            self.gpu.energy_mj,
-            now_s,
-            period_s=sample_period_for(self.gpu) if period is None else float(period),
+    def _start_emulation(self) -> None:
+        """Each process its own simulated GPU in its job's directory; the shared timeline."""
+        job_dir = broadcast_object(
+            tempfile.mkdtemp(prefix="perseus-job-") if global_rank() == 0 else None, 0, None
         )
-        self._step = SweepWindow(
-            self._sampler,
-            min_intervals=int(opts["min_windows"]),
-            max_iterations=int(opts["max_step_iterations"]),
-            idle_power_w=self.blocking_power_w,
-            ridge=float(opts["ridge"]),
+        gpu: SimulatedGPU = self.gpu
+        index = global_rank()
+        split = self.schedule.has_weight_actions and not gpu.prices(Kind.W)
+        if index != gpu.index or not gpu.explicit_state_dir or split:
+            self.gpu = gpu.placed(
+                index=index,
+                state_dir=None if gpu.explicit_state_dir else job_dir,
+                backward_split=_BACKWARD_SPLIT if split else None,
+            )
+        # One timeline per pipeline (a job may run several data-parallel pipelines).
+        path = Path(job_dir) / f"timeline-{index}.bin" if self.rank == 0 else None
+        path = broadcast_object(path, 0, self.group)
+        if self.rank == 0:
+            VirtualTimeline.create(path, sum(map(len, self.schedule.rank_actions)))
+        barrier(self.group)
+        graph = build_dag(self.schedule)
+        num_stages = self.schedule.num_stages
+        timeline = VirtualTimeline(
+            path, graph.node_of, lambda a: action_dependencies(a, num_stages)
         )
-        self._sampler.start()
-
-    def _stop_sampler(self) -> None:
-        sampler, self._sampler = self._sampler, None
-        self._step = None
-        if sampler is not None:
-            sampler.close()
+        self._emulator = StreamEmulator(self.gpu, timeline)
 
     def close(self) -> None:
-        """End the last window (if open), stop the agent, reset the GPU (idempotent)."""
-        if not self._started:
+        """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).
+
+        Closing inside an iteration discards that iteration.
+        """
+        if self._state is SessionState.CLOSED:
             return
-        self._started = False
+        if self._state is SessionState.IN_ITERATION:
+            self._abort_iteration()
+        self._state = SessionState.CLOSED
         try:
-            if self._window is not None:
-                self._boundary(final=True)
-        finally:
-            self._stop_sampler()
+            self._stop_sweep()
             agent, self._agent = self._agent, None
             if agent is not None:
                 agent.close()
+        finally:
+            detach, self._detach = self._detach, None
+            if detach is not None:
+                detach()
+        if self.frontier is not None:
+            self.summary = summarize(self.history[self._run_start :], self.frontier)
+            if self.summary is not None and self.rank == 0:
+                _log.info("%s", self.summary)
 
     def __enter__(self) -> RankSession:
         return self.start()
@@ -405,12 +417,12 @@ class RankSession:
     @property
     def next_iteration(self) -> int:
         """The index the next :meth:`iteration` will have in :attr:`history`."""
-        return self._iteration + (1 if self._window is not None else 0)
+        return self._iteration
 
     @property
     def profiling(self) -> bool:
         """True while the online sweep runs."""
-        return self._profiler is not None
+        return self._sweep is not None
 
     @property
     def agent(self) -> RankAgent | None:
@@ -418,7 +430,7 @@ class RankSession:
         return self._agent
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None:
-        """Call ``hook`` at every iteration boundary (see :data:`BoundaryHook`)."""
+        """Call ``hook`` at the end of every iteration (see :data:`BoundaryHook`)."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -435,19 +447,29 @@ class RankSession:
         """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
 
         Raises:
-            PlanError: if the frontier belongs to another schedule or the index is out of range.
+            PlanError: if the frontier belongs to another schedule, the index is out of range,
+                or the online sweep still runs.
         """
         check_frontier(self.schedule, frontier, point_index)
         if self._agent is None:
-            self._install(frontier, point_index)
-        elif self._profiler is not None:
+            self._install_frontier(frontier, point_index, sweep=False)
+        elif self._sweep is not None:
             raise PlanError("RankSession.deploy() while the online sweep runs; wait for it")
         else:
             self._pending = (frontier, point_index)
 
     def allmax_plan(self) -> Frontier:
-        """A one-point plan running every action at the highest clock (the baseline)."""
-        job = self._require_job()
+        """A one-point plan running every action at the highest clock (the baseline).
+
+        Raises:
+            PlanError: without a planning job (a bare plan file, or still profiling).
+        """
+        if self.job is None:
+            raise PlanError(
+                "RankSession.allmax_plan() needs the profile the plan was made for: pass "
+                "profile= with plan=, or wait for the online sweep to finish"
+            )
+        job = self.job
         return job.frontier([job.point(job.allmax())])
 
     # ----------------------------------------------------------------------------------------
@@ -455,115 +477,165 @@ class RankSession:
 
     @contextmanager
     def iteration(self) -> Iterator[None]:
-        """Context manager around one training iteration (all its actions + optimizer step).
+        """Context manager around one training iteration (one engine step + optimizer step).
 
-        An exception inside discards the iteration (no stats) and leaves the session usable.
+        Collective over the pipeline's group on entry and on exit. An exception inside
+        discards the iteration (no stats) and leaves the session usable.
+
+        Raises:
+            ConfigError: before :meth:`start`, after :meth:`close`, or nested.
+            PlanError: at exit, if the iteration ran fewer actions than one engine step.
         """
-        if not self._started:
-            raise ConfigError("RankSession.iteration() before start(); use `with session:`")
-        self._boundary(final=False)
+        if self._state is not SessionState.IDLE:
+            raise ConfigError(
+                {
+                    SessionState.NEW: "RankSession.iteration() before start(); use `with session:`",
+                    SessionState.IN_ITERATION: "RankSession.iteration() inside another one; "
+                    "leave the first `with session.iteration():` before entering the next",
+                    SessionState.CLOSED: "RankSession.iteration() after close()",
+                }[self._state]
+            )
+        self._begin()
         try:
             yield
         except BaseException:
-            self._abort_iteration()
+            if self.in_iteration:
+                self._abort_iteration()
             raise
+        if self.in_iteration:  # not closed inside
+            self._end()
+
+    def _begin(self) -> None:
+        agent = self._agent
+        if self._pending is not None and agent is not None:
+            frontier, index = self._pending
+            self._pending = None
+            agent.swap_plan(frontier, index)
+            if self._sweep is None:  # a sweep plan is not the deployed frontier
+                self.frontier, self.point_index = frontier, index
+                self._run_start = self._iteration
+        # Back-to-back iterations share their boundary (one energy reading ends one and starts
+        # the next, so counter steps cancel over a run); after anything ran between them
+        # (evaluation) or after a discarded one, every rank marks a fresh start.
+        fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
+        self._ran_between = False
+        if self._emulator is not None:
+            # A fresh start is at the latest of the hosts' arrival: a host that arrives late
+            # does not make the others' devices start late.
+            at_s, fresh = all_reduce_max([self.gpu.timeline_now_s(), fresh], self.group)
+        else:
+            at_s = None
+            (fresh,) = all_reduce_max([fresh], self.group)  # also a barrier
+        if fresh or self._last_mark is None:
+            self._window = self._mark(at_s)
+        else:
+            self._window = self._last_mark
+            if self._emulator is not None:
+                # The devices idled since the last iteration's end while the hosts went round
+                # the loop; on GPUs the hosts would have queued the next ops ahead of time.
+                self.gpu.backdate(self._last_mark[0])
+        self._state = SessionState.IN_ITERATION
+        if agent is not None:
+            agent.step_begin()
+            if self._emulator is not None and agent.first_clock_pending():
+                # A new plan (or sweep step) starts: its first clock is applied in real time,
+                # so the device must not run this iteration's first op before it.
+                agent.wait_for_clock(5.0)
+                self.gpu.record_event()  # nothing may start before now
+
+    def _end(self) -> None:
+        agent = self._agent
+        assert self._window is not None
+        t0, e0 = self._window
+        last_end = None
+        if agent is not None:
+            planned = len(agent.planned_clocks_mhz)
+            done = agent.ops_done_this_iteration
+            if done < planned:
+                self._abort_iteration()
+                raise PlanError(
+                    f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
+                    f"one engine step ({self.engine.step_call}): run exactly one "
+                    f"{self.engine.step_call} per "
+                    "`with session.iteration():` (evaluation and forward-only passes go "
+                    "between iterations)"
+                )
+            last_end = agent.last_op_end_event
+            agent.step_end()  # waits for this rank's last op on the device
+        own_end_s = last_end.device_time_s() if last_end is not None else t0
+        if self._emulator is not None:
+            (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
+            end_s, mj = self._mark(at_s, reuse_agent_counter=True)
+        else:
+            barrier(self.group)
+            end_s, mj = self._mark(None, reuse_agent_counter=True)
+        energy_j = (mj - e0) / 1000.0
+        (pipeline_j,) = all_reduce_sum([energy_j], self.group)
+        profiling = self._sweep is not None
+        point = None
+        if not profiling and self.frontier is not None:
+            point = self.frontier.points[self.point_index]
+        stats = IterationStats(
+            iteration=self._iteration,
+            phase="profile" if profiling else "run",
+            point_index=None if profiling else self.point_index,
+            time_s=end_s - t0,
+            energy_j=energy_j,
+            compute_time_s=max(0.0, own_end_s - t0),
+            pipeline_energy_j=pipeline_j,
+            predicted_time_s=None if point is None else point.time_s,
+            predicted_energy_j=None if point is None else point.energy_j,
+        )
+        self.history.append(stats)
+        self._iteration += 1
+        self._last_mark = (end_s, mj)
+        self._window = None
+        self._state = SessionState.IDLE
+        if self._sweep is not None:
+            self._sweep_boundary()
+        for hook in self._hooks:
+            decision = hook(stats)
+            if decision is not None:
+                check_frontier(self.schedule, *decision)
+                self._pending = decision
 
     def _abort_iteration(self) -> None:
         self._window = None
+        self._last_mark = None
+        self._state = SessionState.IDLE
         if self._agent is not None:
             self._agent.step_abort()
-        if self._profiler is not None:
-            self._profiler.discard_iteration()
-        if self._step is not None:
-            self._step.reset()  # the failed iteration's ops are unknown: restart the step
+        if self._sweep is not None:
+            self._sweep.discard_iteration()
 
-    def _mark(self, at_s: float | None = None) -> tuple[float, int]:
-        """A boundary on the device's timeline: (device time, energy counter in mJ).
+    def _mark(self, at_s: float | None, reuse_agent_counter: bool = False) -> tuple[float, int]:
+        """A point on the device's timeline: (device time, energy counter in mJ).
 
-        ``at_s`` (emulation): the boundary is when the whole pipeline's devices finished,
-        not when the hosts got through the barrier (host stalls are an artefact of CPUs
-        shared between emulated GPUs).
+        ``at_s`` (emulation): the point is then, not when this host got here (host stalls are
+        an artefact of CPUs shared between emulated GPUs). On a real GPU the counter is read
+        before the event is recorded, so the read (~3 ms on NVML) never delays the first op.
         """
         agent = self._agent
         events = agent.events if agent is not None else None
         if events is None:  # no device timeline (a GPU without events): the host's view
             return time.perf_counter(), int(self.gpu.energy_mj())
-        if at_s is not None and self._emulator is not None:
+        mj_before = None
+        if reuse_agent_counter and agent is not None:
+            # The agent read the counter as the iteration ended on this device, moments ago:
+            # the same boundary (the device is idle since), no second read.
+            mj_before = agent.take_end_counter_mj()
+        elif self._emulator is None:
+            # A real GPU's counter read takes ~3 ms: read it before the start event, so that
+            # it never delays the iteration's first op (the device idles meanwhile).
+            mj_before = int(self.gpu.energy_mj())
+        if at_s is not None:
             self.gpu.backdate(at_s)
         event = events.record_event()
         event.synchronize()  # the device is idle here: completes at once
         mj = event.energy_mj
-        if mj is None and agent is not None:
-            # The agent read the counter as the iteration ended, moments ago (the counter is
-            # published every 100 ms; a read costs ~3 ms): the same boundary, no second read.
-            mj = agent.take_end_counter_mj()
-        return event.device_time_s(), int(self.gpu.energy_mj() if mj is None else mj)
-
-    def _boundary(self, final: bool) -> None:
-        agent = self._agent
-        last_end = None
-        if self._window is not None and agent is not None:
-            last_end = agent.last_op_end_event
-            agent.step_end()  # waits for this rank's last op on the device
-        at_s = None
-        if self._emulator is not None and self._window is not None:
-            own = last_end.device_time_s() if last_end is not None else self._window[0]
-            (at_s,) = all_reduce_max([own], self.group)  # also a barrier
-        else:
-            barrier(self.group)
-        now_s, mj = self._mark(at_s)
-        stats = None
-        if self._window is not None:
-            t0, e0 = self._window
-            profiling = self.profiling
-            point = None
-            if not profiling and self.frontier is not None:
-                point = self.frontier.points[self.point_index]
-            end_s = last_end.device_time_s() if last_end is not None else t0
-            stats = IterationStats(
-                iteration=self._iteration,
-                phase="profile" if profiling else "run",
-                point_index=None if profiling else self.point_index,
-                time_s=now_s - t0,
-                energy_j=(mj - e0) / 1000.0,
-                compute_time_s=max(0.0, end_s - t0),
-                predicted_time_s=None if point is None else point.time_s,
-                predicted_energy_j=None if point is None else point.energy_j,
-            )
-            self.history.append(stats)
-            self._iteration += 1
-        self._window = None
-        if final:
-            return
-        extra = False
-        if self._profiler is not None and stats is not None:
-            extra = self._profile_boundary()
-        if stats is not None:
-            for hook in self._hooks:
-                decision = hook(stats)
-                extra = True
-                if decision is not None:
-                    check_frontier(self.schedule, *decision)
-                    self._pending = decision
-        if self._pending is not None and self._agent is not None:
-            frontier, index = self._pending
-            self._pending = None
-            self._agent.swap_plan(frontier, index)
-            if self._profiler is None:  # a sweep plan is not the deployed frontier
-                self.frontier = frontier
-                self.point_index = index
-        if extra:
-            barrier(self.group)
-            now_s, mj = self._mark(now_s if self._emulator is not None else None)
-        if self._agent is not None:
-            self._agent.step_begin()
-            if self._emulator is not None and self._agent.first_clock_pending():
-                # A new plan (or sweep step) starts: its first clock is applied in real time,
-                # so the device must not run this iteration's first op before it (the
-                # boundary was dated back to when the pipeline finished).
-                self._agent.wait_for_clock(5.0)
-                self.gpu.record_event()  # nothing may start before now
-        self._window = (now_s, mj)
+        if mj is None:
+            mj = mj_before if mj_before is not None else int(self.gpu.energy_mj())
+        return event.device_time_s(), int(mj)
 
     # ----------------------------------------------------------------------------------------
     # Actions
@@ -571,13 +643,14 @@ class RankSession:
     def op(self, action: Action) -> AbstractContextManager[Any]:
         """The context manager around one compute action (an ``OpContextFactory``).
 
-        Outside an iteration (evaluation, warm-up runs) the action runs untouched.
+        Outside an iteration (evaluation, forward-only passes, warm-up) the action runs
+        untouched.
 
         Raises:
-            PlanError: inside an iteration, if the action is not the one the plan expects next
-                (another schedule, or several engine steps in one iteration).
+            PlanError: inside an iteration, if the action is beyond one engine step.
         """
-        if self._window is None:
+        if self._state is not SessionState.IN_ITERATION:
+            self._ran_between = True
             return _OUTSIDE
         return self._op(action)
 
@@ -589,9 +662,10 @@ class RankSession:
         if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
             raise PlanError(
                 f"rank {self.rank}: action {action} is beyond the "
-                f"{len(agent.planned_clocks_mhz)} actions of one iteration: run exactly one "
-                "engine step (e.g. schedule.step) per session.iteration(); for gradient "
-                "accumulation raise the microbatch count instead"
+                f"{len(agent.planned_clocks_mhz)} actions of one engine step "
+                f"({self.engine.step_call}): run exactly one {self.engine.step_call} per "
+                "`with session.iteration():`; for gradient accumulation raise the microbatch "
+                "count instead"
             )
         emulator = self._emulator
         if emulator is None:
@@ -608,21 +682,21 @@ class RankSession:
     # ----------------------------------------------------------------------------------------
     # Planning
 
-    def _require_job(self) -> PlanningJob:
-        if self.job is None:
-            raise PlanError("RankSession: no job yet (still profiling?)")
-        return self.job
+    def _install(self, planned: Planned) -> None:
+        self.job = planned.job if planned.job is not None else self.job
+        if planned.profiled is not None:
+            self.profiled = planned.profiled
+        self._install_frontier(planned.frontier, self.point_index, sweep=False)
 
-    def _install(self, frontier: Frontier, point_index: int, sweep: bool = False) -> None:
+    def _install_frontier(self, frontier: Frontier, point_index: int, sweep: bool) -> None:
         check_frontier(self.schedule, frontier, point_index)
-        if self._agent is not None:  # the sweep's agent runs the plan from the next iteration
+        if self._agent is not None:  # the running agent switches at the next iteration
             self._pending = (frontier, point_index)
-            self.frontier = frontier
-            self.point_index = point_index
+            if not sweep:
+                self.frontier, self.point_index = frontier, point_index
             return
         if not sweep:  # a sweep "plan" is not a deployed frontier
-            self.frontier = frontier
-            self.point_index = point_index
+            self.frontier, self.point_index = frontier, point_index
         options: dict[str, Any] = {"measure_op_energy": False}
         if self.job is not None:
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
@@ -632,101 +706,37 @@ class RankSession:
         agent.start()
         self._agent = agent
 
-    def _sweep_plan(self) -> Frontier:
-        """A one-point "plan" running every op at the clock the sweep measures next."""
-        profiler = self._profiler
-        assert profiler is not None
-        schedule = self.schedule
-        top = max(self.gpu.supported_clocks_mhz())
-        freqs = tuple(
-            tuple(
-                profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
-                for a in actions
-            )
-            for r, actions in enumerate(schedule.rank_actions)
-        )
-        spec = JobSpec(
-            schedule=schedule.name,
-            ranks=schedule.num_ranks,
-            stages=schedule.num_stages,
-            microbatches=schedule.num_microbatches,
-            virtual_stages=schedule.virtual_stages,
-            blocking_power_w=self.blocking_power_w,
-            profile_sha256="0" * 64,
-        )
-        return Frontier(
-            job=spec,
-            stage_ops=schedule.stage_ops(),
-            baseline=Baseline(time_s=1.0, energy_j=1.0),
-            points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
-        )
+    def _start_sweep(self, options: OnlineProfile) -> None:
+        sweep = SessionSweep(options, self.schedule, self.rank, self.gpu, self.blocking_power_w)
+        self._install_frontier(sweep.sweep_plan(), 0, sweep=True)
+        agent = self._agent
+        assert agent is not None
+        sweep.start(agent)
+        self._sweep = sweep
 
-    def _plan_from_profile(self, profile: Profile, profiled: bool = False) -> None:
-        if profiled:
-            self.profiled = profile
-        self.job, frontier = plan_from_profile(
-            self.schedule, profile, self.blocking_power_w, self.rank, self.group, self._job_options
-        )
-        self._install(frontier, self.point_index)
+    def _stop_sweep(self) -> None:
+        sweep, self._sweep = self._sweep, None
+        if sweep is not None:
+            sweep.close()
 
-    def _profile_boundary(self) -> bool:
-        """Feed the sweep the last iteration's ops; once the step's ops span enough counter
-        windows, fit their power and advance the sweep; when every rank has finished, plan
-        from the measured profile."""
-        profiler, agent, step = self._profiler, self._agent, self._step
-        if profiler is None or agent is None or step is None:
-            return False
-        if agent.observe_only and not self._warned_observe_only:
-            self._warned_observe_only = True
-            _log.warning(
-                "rank %d: clock control was lost during online profiling; the rows measured "
-                "from now on are at the GPU's own clock, not the swept one",
-                self.rank,
-            )
-        actions = self.schedule.rank_actions[self.rank]
-        last = agent.iteration - 1
-        spans = []
-        for op in agent.records.ops[-len(actions) :]:
-            if op.iteration == last:
-                action = actions[op.index]
-                profiler.record(action.stage_index, action.kind, op.time_s)
-                if op.start_s is not None and op.end_s is not None:
-                    key = (action.stage_index, action.kind)
-                    spans.append(OpSpan(key, op.start_s, op.end_s))
-        step.add_iteration(spans)
-        advanced = False
-        if step.ready():
-            fit = step.fit()
-            if fit is not None:
-                _log.debug(
-                    "rank %d: sweep step %d: %d windows over %d iterations, residual %.1f W",
-                    self.rank,
-                    profiler.iterations,
-                    fit.intervals,
-                    step.iterations,
-                    fit.residual_w,
-                )
-            profiler.end_iteration(power_w=None if fit is None else fit.power_w, fit=fit)
-            step.reset()
-            advanced = True
-        if not sweep_finished_everywhere(profiler, self.group):
+    def _sweep_boundary(self) -> None:
+        """Advance the sweep; when every rank has finished, plan from the measured profile."""
+        sweep, agent = self._sweep, self._agent
+        if sweep is None or agent is None:
+            return
+        advanced = sweep.add_iteration(agent)
+        if not sweep_finished_everywhere(sweep.profiler, self.group):
             if advanced:
-                self._pending = (self._sweep_plan(), 0)
-            return True
-        self._stop_sampler()
+                self._pending = (sweep.sweep_plan(), 0)
+            return
+        self._stop_sweep()
         # Every rank refuses together when any rank's energy fit is poor (one all-reduce).
-        (worst,) = all_reduce_max([profiler.worst_fit_error()], self.group)
+        (worst,) = all_reduce_max([sweep.profiler.worst_fit_error()], self.group)
         if worst > MAX_FIT_ERROR:
-            check_fit(profiler)  # raises here, naming this rank's worst row
+            check_fit(sweep.profiler)  # raises here, naming this rank's worst row
             raise ProfileError(
                 f"online profile refused: another rank's energy fit is worse than "
                 f"{MAX_FIT_ERROR:.0%} (its error names the row)"
             )
-        profile = gather_profile(profiler.rows(), self.group)
-        self.clocks_profiled = profiler.clocks_profiled()
-        self._profiler = None
-        if self._cache is not None and self.rank == 0:
-            check_private_file(self._cache, what="profile cache")  # a directory of ours
-            write_profile_csv(profile, self._cache)
-        self._plan_from_profile(profile, profiled=True)
-        return True
+        self.clocks_profiled = sweep.profiler.clocks_profiled()
+        self._install(sweep.options.plan_measured(self._context(), sweep.profiler.rows()))

@@ -87,3 +87,45 @@ def test_engine_example_matches_prediction(tmp_path: Path, example, args, packag
     s = json.loads(summary.read_text())
     assert s["ranks_per_pipeline"] == 2
     check_summary(s)
+
+
+MATH_CASES = [
+    ("train_pipeline.py", ("--schedule", "1f1b"), None),
+    ("train_pipeline.py", ("--torch-schedule", "DualPipeV"), None),
+    ("train_megatron.py", ("--schedule", "interleaved", "--microbatches", "4"), "megatron.core"),
+    ("train_deepspeed.py", ("--schedule", "1f1b"), "deepspeed"),
+]
+
+
+@pytest.mark.parametrize(("example", "args", "package"), MATH_CASES, ids=lambda c: str(c))
+def test_engine_math_is_bit_identical_with_and_without_perseus(
+    tmp_path: Path, example, args, package
+):
+    """The same training steps (all-max and plan phases) with perseus in emulation and with
+    no perseus at all end with bit-identical parameters on every rank."""
+    if package is not None:
+        pytest.importorskip(package)
+    digests = []
+    for extra in ((), ("--no-perseus",)):
+        out = tmp_path / f"math{len(extra)}.json"
+        cmd = [
+            sys.executable,
+            str(EXAMPLES / example),
+            "--spawn",
+            "2",
+            "--emulate",
+            "--iterations",
+            "2",
+            "--warmup",
+            "0",
+            "--time-scale",
+            "0.25",
+            "--math",
+            str(out),
+            *args,
+            *extra,
+        ]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        digests.append(json.loads(out.read_text()))
+    assert len(digests[0]) == 2 and digests[0] == digests[1]

@@ -109,7 +109,7 @@ def test_version_check_names_what_is_missing(monkeypatch):
     with pytest.raises(ConfigError, match=r"_INSTRUCTION_MAP\[BackwardPass\]"):
         ds.check_deepspeed_version()
     monkeypatch.delattr(PipelineEngine, "_exec_schedule")
-    with pytest.raises(ConfigError, match=r"lacks PipelineEngine\._exec_schedule"):
+    with pytest.raises(ConfigError, match=r"lacks .*PipelineEngine\._exec_schedule"):
         ds.check_deepspeed_version()
 
 

@@ -205,7 +205,7 @@ def test_version_check_names_what_is_missing(monkeypatch):
     from megatron.core.pipeline_parallel import schedules
 
     monkeypatch.delattr(schedules, "get_schedule_table")
-    with pytest.raises(ConfigError, match=r"lacks schedules\.get_schedule_table"):
+    with pytest.raises(ConfigError, match=r"lacks .*schedules\.get_schedule_table"):
         megatron.check_megatron_version()
 
 
@@ -232,3 +232,70 @@ def test_plans_from_perseus_frontier_fit_megatron(ranks, microbatches, chunks, b
     s = megatron.megatron_schedule(ranks, microbatches, chunks, group)
     job = job_for_schedule(s, take_stages(load_profile("a100"), ranks * chunks), 83.6)
     assert job.spec.schedule == (builder or "megatron-interleaved")
+
+
+def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
+    """Megatron's 1F1B under RankSession(MegatronEngine), a forward_only=True pass between
+    iterations, on the README's simulated GPU."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer import TransformerConfig
+
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.io import default_blocking_power_w, load_profile
+    from perseus.runtime.emulation import scale_profile, take_stages
+    from perseus.runtime.session import RankSession
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
+    hidden, seq, mbs = 8, 4, 2
+    config = TransformerConfig(
+        num_layers=world,
+        hidden_size=hidden,
+        num_attention_heads=1,
+        pipeline_dtype=torch.float32,
+        pipeline_model_parallel_size=world,
+    )
+    torch.manual_seed(0)
+    model = _Chunk(rank, hidden, config, Recorder())
+    data = [torch.randn(seq, mbs, hidden) for _ in range(microbatches)]
+
+    def forward_step(it: Any, chunk: Any) -> Any:
+        y = chunk(next(it))
+        return y, lambda o: ((o**2).mean(), {"loss": (o**2).mean().detach()})
+
+    def run(forward_only: bool) -> None:
+        schedules.forward_backward_pipelining_without_interleaving(
+            forward_step_func=forward_step,
+            data_iterator=iter(data),
+            model=model,
+            num_microbatches=microbatches,
+            seq_length=seq,
+            micro_batch_size=mbs,
+            forward_only=forward_only,
+            **megatron.cpu_communication(config),
+        )
+
+    bundled = load_profile("a100")
+    power = default_blocking_power_w(bundled)
+    assert power is not None
+    profile = scale_profile(take_stages(bundled, world), 0.25)
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=power)
+    engine = megatron.MegatronEngine(world, rank, microbatches)
+    session = RankSession(engine, gpu=gpu, blocking_power_w=power, profile=profile)
+    with session, megatron.cuda_to_cpu():
+        for i in range(3):
+            with session.iteration():
+                run(forward_only=False)
+            if i == 0:
+                run(forward_only=True)  # validation between iterations
+    return {"iterations": len(session.history), "step_call": engine.step_call}
+
+
+@pytest.mark.slow
+def test_forward_only_between_iterations_runs_untouched():
+    results = run_ranks(2, _megatron_session_rank, 4)
+    for r in results:
+        assert r["iterations"] == 3
+        assert r["step_call"] == "forward_backward_func(...)"

@@ -70,8 +70,8 @@ def test_jsonl_csv_and_a_prometheus_scrape_of_an_emulated_run(tmp_path: Path) ->
     )
     with session, sink:
         _run(session, ITERATIONS)
-    # Boundaries between iterations reach the hook (the last one closes with the session).
-    seen = ITERATIONS - 1
+    # Every iteration's end reaches the hook (the last one included).
+    seen = ITERATIONS
     lines = (tmp_path / "metrics-0.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["iteration"] for r in records] == list(range(seen))

@@ -80,10 +80,10 @@ def test_cap_alone_moves_the_fastest_plan_down(setup) -> None:  # type: ignore[n
     store = torch_dist.HashStore()
     with _session(gpu, plan, power_store=store) as session:
         for i in range(5):
-            if i == 2:  # set before the boundary that ends iteration 1: in force from 2
+            if i == 2:  # set after iteration 1 ended: read when iteration 2 ends, in force from 3
                 set_cap(store, plan.points[1].avg_power_w * 1.0001)
             _iteration(session)
-    assert [s.point_index for s in session.history] == [0, 0, 1, 1, 1]
+    assert [s.point_index for s in session.history] == [0, 0, 0, 1, 1]
 
 
 def test_schedule_of_another_frontier_or_with_online_profiling_is_refused(setup) -> None:  # type: ignore[no-untyped-def]

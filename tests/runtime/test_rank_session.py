@@ -12,10 +12,13 @@ from perseus.errors import ConfigError, PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.session import IterationStats, RankSession
-from perseus.schedule import build_schedule
+from perseus.schedule import Kind, build_schedule
 
 BLOCKING_W = 83.64
+
+pytestmark = pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
 
 
 @pytest.fixture
@@ -30,12 +33,14 @@ def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def
     )
 
 
-def _session(gpu, profile, **kwargs):  # type: ignore[no-untyped-def]
+def _session(gpu, profile, checked=False, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
     options = {"watchdog": False, "handle_signals": False, **kwargs}
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
     job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
+    if checked:  # the profile the plan was made for: allmax_plan() works
+        options["profile"] = profile
     return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
 
 
@@ -95,7 +100,7 @@ def test_ops_outside_an_iteration_run_untouched(gpu, profile):
 
 def test_bad_arguments_are_config_errors(gpu, profile):
     schedule = build_schedule("1f1b", 2, 4)
-    with pytest.raises(ConfigError, match="needs plan"):
+    with pytest.raises(ConfigError, match="needs a plan source"):
         RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W)
     with pytest.raises(ConfigError, match="out of range"):
         RankSession(schedule, 5, gpu=gpu, blocking_power_w=BLOCKING_W, profile=profile)
@@ -128,9 +133,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         0,
         gpu=gpu,
         blocking_power_w=BLOCKING_W,
-        online_profile=True,
-        profile_cache=cache,
-        emulate=True,
+        online_profile=OnlineProfile(cache=cache),
         watchdog=False,
         handle_signals=False,
     )
@@ -172,19 +175,189 @@ def test_a_real_gpus_counter_is_read_once_per_iteration_on_the_training_thread(
     profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NVML counter reads cost ~3 ms (p99 ~25 ms on an H100): the session and the agent share
-    the iteration-end reading, and the iteration start is read by the agent's worker."""
+    the iteration-end reading, which also starts the next iteration when nothing ran between
+    them; the first start is read before its start event."""
     import threading
 
     from tests.runtime.test_agent import _CountingGPU, _cuda_like_events
 
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
     gpu = _CountingGPU()
-    session = _session(gpu, profile, agent_options={"events": _cuda_like_events()})
+    session = _session(gpu, profile, events=_cuda_like_events())
     with session:
         assert session.agent is not None and session.agent.device_timed
         for _ in range(3):
             _iteration(session)
     main = threading.current_thread().name
-    # One read at start (the first boundary), then one per iteration end.
+    # One read at the first start, then one per iteration end.
     assert gpu.readers.count(main) == 1 + 3
     assert all(s.energy_j > 0 for s in session.history)
+
+
+# ------------------------------------------------------------------------------------------
+# The lifecycle: new -> idle -> in iteration -> idle -> closed, each transition
+
+
+def test_lifecycle_states_and_every_transition(gpu, profile):
+    from perseus.runtime.session import SessionState
+
+    session = _session(gpu, profile)
+    assert session.state is SessionState.NEW
+    with pytest.raises(ConfigError, match="before start"), session.iteration():
+        pass
+    assert session.start() is session and session.state is SessionState.IDLE
+    assert session.start() is session  # idempotent while open
+    with session.iteration():
+        assert session.state is SessionState.IN_ITERATION and session.in_iteration
+        with pytest.raises(ConfigError, match="inside another one"), session.iteration():
+            pass
+        for action in session.schedule.rank_actions[0]:
+            with session.op(action):
+                pass
+    assert session.state is SessionState.IDLE and len(session.history) == 1
+    session.close()
+    assert session.state is SessionState.CLOSED
+    session.close()  # idempotent
+    with pytest.raises(ConfigError, match="after close"), session.iteration():
+        pass
+    with pytest.raises(ConfigError, match="after close"):
+        session.start()
+
+
+def test_close_inside_an_iteration_discards_it(gpu, profile):
+    session = _session(gpu, profile).start()
+    _iteration(session)
+    with session.iteration():
+        with session.op(session.schedule.rank_actions[0][0]):
+            pass
+        session.close()
+    assert len(session.history) == 1
+    assert gpu.locked_clock_mhz() is None
+
+
+def test_evaluation_between_iterations_runs_untouched_and_is_not_counted(gpu, profile):
+    """An evaluation pass (forward actions outside `with session.iteration():`) after the
+    first iteration runs untouched: no plan-order error, no op on the device, and the next
+    iteration's window starts after it."""
+    with _session(gpu, profile) as session:
+        _iteration(session)
+        forwards = [a for a in session.schedule.rank_actions[0] if a.kind is Kind.F]
+        ops_before = len(session.agent.records.ops)  # type: ignore[union-attr]
+        for action in forwards:  # eval: forward only, between iterations
+            with session.op(action):
+                time.sleep(0.01)
+        assert len(session.agent.records.ops) == ops_before  # type: ignore[union-attr]
+        _iteration(session)
+        _iteration(session)
+    assert len(session.history) == 3
+    eval_s = 0.01 * len(forwards)
+    # The evaluation's host time is not in the second iteration (a fresh start after it).
+    assert session.history[1].time_s < session.history[0].time_s + eval_s / 2
+
+
+def test_an_iteration_with_fewer_actions_than_one_step_is_refused_and_discarded(gpu, profile):
+    with _session(gpu, profile) as session:
+        actions = session.schedule.rank_actions[0]
+        refused = pytest.raises(PlanError, match=r"ran 1 of the 8 actions of one engine step")
+        with refused, session.iteration(), session.op(actions[0]):  # e.g. forward-only inside
+            pass
+        _iteration(session)  # usable
+    assert len(session.history) == 1
+
+
+def test_history_compares_pipeline_with_pipeline(gpu, profile):
+    with _session(gpu, profile) as session:
+        for _ in range(3):
+            _iteration(session)
+    for stats in session.history:
+        # One process: the pipeline's energy is this rank's (a sum over one rank).
+        assert stats.pipeline_energy_j == pytest.approx(stats.energy_j)
+        assert stats.predicted_energy_j == session.frontier.points[0].energy_j  # type: ignore[union-attr]
+    assert session.summary is not None and session.summary.iterations == 2
+    assert "predicted" in str(session.summary)
+
+
+# ------------------------------------------------------------------------------------------
+# Emulation that cannot mislead
+
+
+def test_a_simulated_gpu_means_emulation(gpu, profile):
+    """Leaving out emulate= with a simulated GPU emulates (ops run on the simulated stream,
+    so the iteration takes the simulated time); emulate=False with one is refused."""
+    with _session(gpu, profile) as session:
+        assert session.emulate
+        for _ in range(3):
+            _iteration(session)
+    stats = session.history[-1]
+    assert stats.predicted_time_s is not None
+    # Rank 0 alone: its compute is its ops' simulated time (the other rank's work is not run).
+    own_s = sum(gpu.op_cost(a.stage_index, a.kind)[0] for a in session.schedule.rank_actions[0])
+    assert stats.compute_time_s >= own_s * 0.99
+    with pytest.raises(ConfigError, match="emulate=False with a SimulatedGPU"):
+        _session(gpu, profile, emulate=False)
+
+
+def test_two_emulated_jobs_at_once_do_not_collide(profile, monkeypatch: pytest.MonkeyPatch):
+    """Two jobs on one machine, each with the README's SimulatedGPU.from_profile(...) (index
+    0, default state directory): each gets its own job directory, neither is busy."""
+    monkeypatch.delenv("PERSEUS_SIM_DIR", raising=False)
+    jobs = [
+        _session(SimulatedGPU.from_profile(profile, blocking_power_w=BLOCKING_W), profile)
+        for _ in range(2)
+    ]
+    for session in jobs:
+        session.start()
+    try:
+        assert jobs[0].gpu.state_dir != jobs[1].gpu.state_dir
+        for _ in range(2):
+            for session in jobs:
+                _iteration(session)
+    finally:
+        for session in jobs:
+            session.close()
+    assert [len(s.history) for s in jobs] == [2, 2]
+
+
+def test_zero_bubble_runs_on_a_simulated_gpu_from_a_profile_without_weight_rows(profile):
+    """ZB-H1 on the README's simulated GPU (its profile has no 'weight' rows): W ops are
+    priced as the planner splits the backward, so nothing crashes mid-step."""
+    assert not profile.has_weight
+    schedule = build_schedule("zb", 2, 4)
+    job = make_job(profile, "zb", 2, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point(job.allmax())])
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=BLOCKING_W, set_latency_s=0.0)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        blocking_power_w=BLOCKING_W,
+        plan=plan,
+        watchdog=False,
+        handle_signals=False,
+    )
+    with session:
+        for _ in range(2):
+            _iteration(session)
+        b_s = session.gpu.op_cost(0, Kind.B)[0]
+        w_s = session.gpu.op_cost(0, Kind.W)[0]
+    full_s = profile.op(0, Kind.B).options[0].time_s
+    assert b_s == pytest.approx(full_s / 2) and w_s == pytest.approx(full_s / 2)
+    assert len(session.history) == 2
+
+
+def test_the_summary_covers_the_last_deployed_plan_only(gpu, profile):
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point([1095] * job.graph.num_nodes)])
+    """An all-max phase then a plan: the summary at close is the plan's iterations (the first,
+    which applies the new clocks, left out), even when both are point 0 of their frontiers."""
+    with _session(gpu, profile, checked=True) as session:
+        session.deploy(session.allmax_plan(), 0)
+        for _ in range(2):
+            _iteration(session)
+        session.deploy(plan, 0)
+        for _ in range(3):
+            _iteration(session)
+    summary = session.summary
+    assert summary is not None
+    assert summary.iterations == 2 and summary.point_index == 0
+    assert summary.predicted_energy_j == plan.points[0].energy_j

@@ -65,117 +65,104 @@ def test_stages_of_reads_the_schedule_and_checks_model_parts():
         torch_pp.stages_of(object())
 
 
-def _titan_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
-    """A torchtitan-like trainer: it keeps (pp_schedule, model_parts) and nothing else."""
-    import tempfile
-
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    from perseus.device.simulated import SimulatedGPU
-    from perseus.io import default_blocking_power_w
-    from perseus.job import make_job
-    from perseus.runtime.emulation import scale_profile
-
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(rank)
-    model_parts = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())]
-    stage = PipelineStage(model_parts[0], rank, world, torch.device("cpu"))
-    pp_schedule = Schedule1F1B(stage, microbatches, loss_fn=torch.nn.functional.mse_loss)
-    del stage  # from here on, only what torchtitan's trainer keeps
-
-    bundled = load_profile("a100")
-    power = default_blocking_power_w(bundled)
-    assert power is not None
-    profile = scale_profile(take_stages(bundled, world), 0.02)
-    gpu = SimulatedGPU.from_profile(
-        profile,
-        blocking_power_w=power,
-        index=rank,
-        state_dir=tempfile.mkdtemp(),
-        set_latency_s=0.0,
-    )
-    # A one-point plan (all clocks at max) keeps the test about construction, not planning.
-    job = make_job(profile, "1f1b", world, microbatches, blocking_power_w=power)
-    plan = job.frontier([job.point(job.allmax())])
-    pp = torch_pp.perseus_pipeline(
-        pp_schedule,
-        model_parts,
-        gpu=gpu,
-        blocking_power_w=power,
-        plan=plan,
-        profile=profile,
-        emulate=True,
-    ).start()
-    x, y = torch.randn(2 * microbatches, 8), torch.randn(2 * microbatches, 8)
-    for _ in range(3):
-        with pp.iteration():
-            pp_schedule.step(*((x,) if rank == 0 else ()), target=y if rank == world - 1 else None)
-    pp.close()
-    return {"iterations": len(pp.history), "schedule": pp.schedule.name}
-
-
-def test_torchtitan_style_session_runs_without_private_attributes():
-    results = run_ranks(2, _titan_rank, 4)
-    assert [r["iterations"] for r in results] == [3, 3]
-
-
-def _dualpipev_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
-    """DualPipeV (full and split backwards) run under PerseusPipeline on emulated GPUs."""
-    import tempfile
-
+def _titan_rank(rank: int, world: int, microbatches: int, torch_class: str) -> dict[str, Any]:
+    """A torchtitan-like trainer, wrapped as the README shows: it keeps (pp_schedule,
+    model_parts) and nothing else, and its simulated GPU is SimulatedGPU.from_profile(profile,
+    blocking_power_w=...) with no index, state directory, clock, timeline or emulate flag."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
 
     from perseus.device.simulated import SimulatedGPU
     from perseus.io import default_blocking_power_w
-    from perseus.runtime.emulation import scale_profile
-    from perseus.runtime.pipeline import PerseusPipeline
-    from perseus.runtime.planning import job_for_schedule
+    from perseus.runtime.pipeline import perseus_pipeline
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    num_stages = 2 * world
-    parts, stages = [], []
-    for index in (rank, num_stages - 1 - rank):  # V placement
+    cls = torch_pp.torch_class_for(torch_class)
+    v_shape = torch_class in ("DualPipeV", "ZBVZeroBubble")
+    num_stages = 2 * world if v_shape else world
+    indices = (rank, num_stages - 1 - rank) if v_shape else (rank,)
+    model_parts, stages = [], []
+    for index in indices:
         torch.manual_seed(index)
         part = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
-        parts.append(part)
+        model_parts.append(part)
         stages.append(PipelineStage(part, index, num_stages, torch.device("cpu")))
-    cls = torch_pp.torch_class_for("DualPipeV")
-    pp_schedule = cls(stages, microbatches, loss_fn=torch.nn.functional.mse_loss)
+    loss = torch.nn.functional.mse_loss
+    pp_schedule = cls(stages if v_shape else stages[0], microbatches, loss_fn=loss)
+    del stages  # from here on, only what torchtitan's trainer keeps
+
     bundled = load_profile("a100")
     power = default_blocking_power_w(bundled)
     assert power is not None
-    profile = scale_profile(take_stages(bundled, num_stages), 0.25).split_backward(0.5)
-    gpu = SimulatedGPU.from_profile(
-        profile, blocking_power_w=power, index=rank, state_dir=tempfile.mkdtemp()
-    )
-    schedule = torch_pp.schedule_from_torch(pp_schedule, split_full_backward=True)
-    job = job_for_schedule(schedule, profile, power)
-    plan = job.frontier([job.point(job.allmax())])
-    pp = PerseusPipeline(
-        pp_schedule,
-        stages,
-        gpu=gpu,
-        blocking_power_w=power,
-        plan=plan,
-        profile=profile,
-        emulate=True,
-        watchdog=False,
-        handle_signals=False,
+    profile = take_stages(bundled, num_stages)
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=power)
+    pp = perseus_pipeline(
+        pp_schedule, model_parts, gpu=gpu, blocking_power_w=power, profile=profile
     ).start()
     x, y = torch.randn(2 * microbatches, 8), torch.randn(2 * microbatches, 8)
-    for _ in range(3):
+    last = num_stages - 1
+    holds_last = pp.schedule.stage_to_rank[last] == rank
+    for i in range(4):
         with pp.iteration():
-            pp_schedule.step(x if rank == 0 else None, target=y if rank == 0 else None)
+            pp_schedule.step(*((x,) if rank == 0 else ()), target=y if holds_last else None)
+        if i == 1 and not v_shape:  # evaluation between iterations: runs untouched
+            pp_schedule.eval(*((x,) if rank == 0 else ()), target=y if holds_last else None)
     pp.close()
-    return {"times": [s.time_s for s in pp.history], "predicted": plan.points[0].time_s}
+    return {
+        "times": [s.time_s for s in pp.history],
+        "predicted": pp.history[-1].predicted_time_s,
+        "schedule": pp.schedule.name,
+        "gpu_index": pp.gpu.index,
+    }
 
 
-def test_dualpipev_runs_under_perseus_pipeline_with_split_full_backwards():
-    results = run_ranks(2, _dualpipev_rank, 4)
+@pytest.mark.slow
+@pytest.mark.parametrize("torch_class", ["1F1B", "DualPipeV"])
+def test_torchtitan_style_session_as_the_readme_shows_it(torch_class):
+    """No argument the README does not show: each rank gets its own simulated GPU, the
+    cross-rank timeline is on, DualPipeV goes through perseus_pipeline, schedule.eval()
+    between iterations runs untouched, and the iterations take the predicted time (within
+    2 %, after the first)."""
+    results = run_ranks(2, _titan_rank, 4, torch_class)
+    assert [r["gpu_index"] for r in results] == [0, 1]
     for r in results:
-        assert len(r["times"]) == 3
-        # The W after each full backward is an op of its own on the simulated device: the
-        # iteration takes the planned time (the first one pays start-up).
-        assert abs(r["times"][-1] / r["predicted"] - 1) <= 0.05, r
+        assert len(r["times"]) == 4
+        mean_s = sum(r["times"][1:]) / 3
+        assert abs(mean_s / r["predicted"] - 1) <= 0.02, r
+
+
+def _two_steps_rank(rank: int, world: int) -> dict[str, Any]:
+    """Gradient accumulation by two schedule.step() calls in one iteration, one rank."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.errors import PlanError
+    from perseus.runtime.emulation import scale_profile
+    from perseus.runtime.pipeline import PerseusPipeline
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    stage = PipelineStage(part, 0, 1, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.mse_loss)
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=83.64)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    message = ""
+    with PerseusPipeline(schedule, [stage], gpu=gpu, blocking_power_w=83.64, profile=profile) as pp:
+        try:
+            with pp.iteration():
+                schedule.step(x, target=y)
+                schedule.step(x, target=y)
+        except PlanError as e:
+            message = str(e)
+        with pp.iteration():  # usable afterwards
+            schedule.step(x, target=y)
+    return {"message": message, "iterations": len(pp.history)}
+
+
+def test_two_schedule_steps_in_one_iteration_are_refused_naming_schedule_step():
+    (result,) = run_ranks(1, _two_steps_rank)
+    assert "one engine step (schedule.step())" in result["message"]
+    assert "raise the microbatch count" in result["message"]
+    assert result["iterations"] == 1

@@ -9,6 +9,7 @@ every victim stays intact, every refusal is one ``ConfigError`` line naming the 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from perseus.io import load_profile
 from perseus.io.profile_files import write_profile_csv
 from perseus.recurring.store import SQLiteStore
 from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.session import RankSession
 from perseus.schedule import build_schedule
 
@@ -122,9 +124,7 @@ def test_a_forged_profile_cache_in_an_attacker_directory_is_never_read(
         0,
         gpu=gpu,
         blocking_power_w=83.64,
-        online_profile=True,
-        profile_cache=cache,
-        emulate=True,
+        online_profile=OnlineProfile(cache=cache),
         watchdog=False,
         handle_signals=False,
     )
@@ -156,39 +156,30 @@ def test_metrics_file_behind_an_attacker_link_is_refused(
     assert victim.read_text() == "root's records\n"
 
 
-def test_an_emulation_timeline_planted_as_a_link_is_refused(
-    attacker: Attacker, public_tmp: Path, tmp_path: Path
-) -> None:
+def test_the_emulation_timeline_lives_in_a_fresh_private_directory(tmp_path: Path) -> None:
     """The emulated pipeline's shared timeline is mapped read-write (created with ``w+``, which
-    truncates): a link planted under its name in a shared directory would make root truncate
-    the file it points to."""
+    truncates): a user-named path in a shared directory could be a planted link that makes root
+    truncate its target. No caller names it: it is made in a fresh directory of mode 0700."""
     from perseus.job import make_job
 
-    private = tmp_path / "root-only"
-    private.mkdir(mode=0o700)
-    victim = private / "victim.bin"
-    victim.write_bytes(VICTIM)
-    tmp_path.chmod(0o755)
-    attacker.sh(f"ln -s {victim} {public_tmp}/timeline")
-    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
     gpu = SimulatedGPU.from_profile(
         profile, blocking_power_w=83.64, state_dir=tmp_path / "sim", set_latency_s=0.0
     )
-    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=83.64)
+    job = make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64)
     plan = job.frontier([job.point(job.allmax())])
+    kwargs = {"gpu": gpu, "blocking_power_w": 83.64, "plan": plan}
+    with pytest.raises(TypeError, match="timeline"):
+        RankSession(build_schedule("1f1b", 1, 4), 0, timeline=tmp_path / "t", **kwargs)  # type: ignore[call-arg]
     session = RankSession(
-        build_schedule("1f1b", 2, 4),
-        0,
-        gpu=gpu,
-        blocking_power_w=83.64,
-        plan=plan,
-        emulate=True,
-        timeline=public_tmp / "timeline",
-        watchdog=False,
-        handle_signals=False,
-    )
-    with pytest.raises(ConfigError) as e:
-        session.start()
-    session.close()
-    _one_line(e.value, str(public_tmp), "emulation timeline")
-    assert victim.read_bytes() == VICTIM
+        build_schedule("1f1b", 1, 4), 0, watchdog=False, handle_signals=False, **kwargs
+    ).start()
+    try:
+        emulator = session._emulator
+        assert emulator is not None
+        path = Path(emulator._timeline._ends.filename)
+        folder = path.parent.lstat()
+        assert stat.S_ISDIR(folder.st_mode) and stat.S_IMODE(folder.st_mode) == 0o700
+        assert folder.st_uid == os.getuid() and not path.is_symlink()
+    finally:
+        session.close()

@@ -23,19 +23,19 @@ pins.
 from __future__ import annotations
 
 import types
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.torch_hooks import OpContextFactory
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
 __all__ = [
     "MIN_DEEPSPEED_VERSION",
     "TESTED_VERSIONS",
+    "DeepSpeedEngine",
     "check_deepspeed_version",
     "deepspeed_schedule",
     "instrument_deepspeed",
@@ -47,20 +47,19 @@ MIN_DEEPSPEED_VERSION = (0, 19)
 #: The versions the ``deepspeed`` extra allows (tested: 0.19.8).
 TESTED_VERSIONS = ">=0.19,<0.20"
 
-_SCHEDULE_NAMES = ("TrainSchedule", "InferenceSchedule", "ForwardPass", "BackwardPass")
-_ENGINE_NAMES = ("_INSTRUCTION_MAP", "_exec_forward_pass", "_exec_backward_pass", "_exec_schedule")
-
-
-def _parse_version(text: str) -> tuple[int, int]:
-    parts = text.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
+_SCHEDULE_NAMES = ("TrainSchedule.steps", "InferenceSchedule", "ForwardPass", "BackwardPass")
+_ENGINE_NAMES = (
+    "_INSTRUCTION_MAP",
+    "_exec_forward_pass",
+    "_exec_backward_pass",
+    "_exec_schedule",
+    "train_batch",
+    "gradient_accumulation_steps",
+)
 
 
 def check_deepspeed_version() -> types.SimpleNamespace:
-    """Import DeepSpeed's pipeline modules and check the names this adapter uses.
+    """Import DeepSpeed's pipeline modules and check every name this adapter uses.
 
     Returns:
         A namespace with ``version``, ``schedule`` (the module) and ``engine_class``.
@@ -69,42 +68,34 @@ def check_deepspeed_version() -> types.SimpleNamespace:
         ConfigError: if deepspeed is missing, older than :data:`MIN_DEEPSPEED_VERSION`, or
             lacks one of the names used here.
     """
-    try:
-        with warnings.catch_warnings():  # import-time notes on optional packages
-            warnings.simplefilter("ignore")
-            import deepspeed
-            from deepspeed.runtime.pipe import schedule
-            from deepspeed.runtime.pipe.engine import PipelineEngine
-    except ImportError as e:
-        raise ConfigError(
-            "deepspeed is required for perseus.runtime.engines.deepspeed; install it with "
-            f"`DS_BUILD_OPS=0 pip install 'perseus-energy[deepspeed]'` (deepspeed{TESTED_VERSIONS})"
-        ) from e
+    schedule, engine_mod = check_engine_version(
+        "deepspeed",
+        MIN_DEEPSPEED_VERSION,
+        f"DS_BUILD_OPS=0 pip install 'perseus-energy[deepspeed]'  # deepspeed{TESTED_VERSIONS}",
+        ("deepspeed.runtime.pipe.schedule", "deepspeed.runtime.pipe.engine"),
+        [(0, n) for n in _SCHEDULE_NAMES] + [(1, f"PipelineEngine.{n}") for n in _ENGINE_NAMES],
+        TESTED_VERSIONS,
+    )
+    import deepspeed
+
     version = str(getattr(deepspeed, "__version__", "0.0"))
-    if _parse_version(version) < MIN_DEEPSPEED_VERSION:
-        raise ConfigError(
-            f"deepspeed {version} is not supported by perseus's adapter; "
-            f"install deepspeed{TESTED_VERSIONS}"
-        )
-    missing = [f"schedule.{n}" for n in _SCHEDULE_NAMES if not hasattr(schedule, n)]
-    missing += [f"PipelineEngine.{n}" for n in _ENGINE_NAMES if not hasattr(PipelineEngine, n)]
-    if not missing:
-        imap = PipelineEngine._INSTRUCTION_MAP
-        handlers = {
-            schedule.ForwardPass: PipelineEngine._exec_forward_pass,
-            schedule.BackwardPass: PipelineEngine._exec_backward_pass,
-        }
-        missing += [
-            f"PipelineEngine._INSTRUCTION_MAP[{cls.__name__}] -> {fn.__name__}"
-            for cls, fn in handlers.items()
-            if imap.get(cls) is not fn
-        ]
+    engine_class = engine_mod.PipelineEngine
+    imap = engine_class._INSTRUCTION_MAP
+    handlers = {
+        schedule.ForwardPass: engine_class._exec_forward_pass,
+        schedule.BackwardPass: engine_class._exec_backward_pass,
+    }
+    missing = [
+        f"PipelineEngine._INSTRUCTION_MAP[{cls.__name__}] -> {fn.__name__}"
+        for cls, fn in handlers.items()
+        if imap.get(cls) is not fn
+    ]
     if missing:
         raise ConfigError(
             f"deepspeed {version} lacks {', '.join(missing)}, which perseus's adapter needs; "
             f"use deepspeed{TESTED_VERSIONS} or report the new version"
         )
-    return types.SimpleNamespace(version=version, schedule=schedule, engine_class=PipelineEngine)
+    return types.SimpleNamespace(version=version, schedule=schedule, engine_class=engine_class)
 
 
 def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
@@ -211,6 +202,57 @@ def instrument_deepspeed(engine: Any, factory: OpContextFactory) -> Iterator[lis
         for name in ("_INSTRUCTION_MAP", "_exec_schedule"):
             if name in vars(engine):
                 delattr(engine, name)
+
+
+class DeepSpeedEngine:
+    """The engine adapter for DeepSpeed's ``PipelineEngine`` (see :mod:`.base`).
+
+    Args:
+        engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
+        group: The pipeline's process group (default: the default group).
+
+    Raises:
+        ConfigError: if ``engine`` is not a ``PipelineEngine``.
+    """
+
+    step_call = "engine.train_batch()"
+
+    def __init__(self, engine: Any, group: Any = None) -> None:
+        ds = check_deepspeed_version()
+        if not isinstance(engine, ds.engine_class):
+            raise ConfigError(
+                f"DeepSpeedEngine needs a deepspeed PipelineEngine, got {type(engine).__name__}"
+            )
+        self.engine = engine
+        self._schedule = deepspeed_schedule(
+            int(engine.num_stages), int(engine.gradient_accumulation_steps())
+        )
+        self._group = group
+
+    @property
+    def schedule(self) -> Schedule:
+        """The order of DeepSpeed's ``TrainSchedule``."""
+        return self._schedule
+
+    @property
+    def rank(self) -> int:
+        """The engine's ``stage_id``."""
+        return int(self.engine.stage_id)
+
+    @property
+    def group(self) -> Any:
+        """The pipeline's process group."""
+        return self._group
+
+    def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
+        """Install :func:`instrument_deepspeed` until the returned undo is called."""
+        hooks = instrument_deepspeed(self.engine, op)
+        hooks.__enter__()
+
+        def detach() -> None:
+            hooks.__exit__(None, None, None)
+
+        return detach
 
 
 def skip_cpu_shm_op() -> None:

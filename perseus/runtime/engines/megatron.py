@@ -39,19 +39,19 @@ from __future__ import annotations
 
 import functools
 import types
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.torch_hooks import OpContextFactory
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
 __all__ = [
     "MIN_MEGATRON_VERSION",
     "TESTED_VERSIONS",
+    "MegatronEngine",
     "check_megatron_version",
     "cpu_communication",
     "cuda_to_cpu",
@@ -72,19 +72,14 @@ _SCHEDULE_NAMES = (
     "forward_backward_pipelining_without_interleaving",
     "forward_backward_pipelining_with_interleaving",
 )
-_P2P_NAMES = ("P2PCommunicator", "_p2p_ops")
-
-
-def _parse_version(text: str) -> tuple[int, int]:
-    parts = text.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
+_P2P_NAMES = (
+    "P2PCommunicator._communicate",
+    "_p2p_ops",
+)
 
 
 def check_megatron_version() -> types.SimpleNamespace:
-    """Import Megatron-Core's pipeline modules and check the names this adapter uses.
+    """Import Megatron-Core's pipeline modules and check every name this adapter uses.
 
     Returns:
         A namespace with ``version``, ``schedules`` and ``p2p`` (the modules).
@@ -93,35 +88,21 @@ def check_megatron_version() -> types.SimpleNamespace:
         ConfigError: if megatron-core is missing, older than :data:`MIN_MEGATRON_VERSION`, or
             lacks one of the names used here.
     """
-    try:
-        # Megatron warns at import about optional packages (Transformer Engine, Apex) that
-        # pipelining does not need; those warnings say nothing about perseus's use.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import megatron.core as mcore
-            from megatron.core.pipeline_parallel import p2p_communication, schedules
-    except ImportError as e:
-        raise ConfigError(
-            "megatron-core is required for perseus.runtime.engines.megatron; install it with "
-            f"`pip install 'perseus-energy[megatron]'` (megatron-core{TESTED_VERSIONS})"
-        ) from e
+    schedules, p2p = check_engine_version(
+        "megatron.core",
+        MIN_MEGATRON_VERSION,
+        f"pip install 'perseus-energy[megatron]'  # megatron-core{TESTED_VERSIONS}",
+        (
+            "megatron.core.pipeline_parallel.schedules",
+            "megatron.core.pipeline_parallel.p2p_communication",
+        ),
+        [(0, n) for n in _SCHEDULE_NAMES] + [(1, n) for n in _P2P_NAMES],
+        TESTED_VERSIONS,
+    )
+    import megatron.core as mcore
+
     version = str(getattr(mcore, "__version__", "0.0"))
-    if _parse_version(version) < MIN_MEGATRON_VERSION:
-        raise ConfigError(
-            f"megatron-core {version} is not supported by perseus's adapter; "
-            f"install megatron-core{TESTED_VERSIONS}"
-        )
-    missing = [f"schedules.{n}" for n in _SCHEDULE_NAMES if not hasattr(schedules, n)]
-    missing += [f"p2p_communication.{n}" for n in _P2P_NAMES if not hasattr(p2p_communication, n)]
-    comm = getattr(p2p_communication, "P2PCommunicator", None)
-    if comm is not None and not hasattr(comm, "_communicate"):
-        missing.append("P2PCommunicator._communicate")
-    if missing:
-        raise ConfigError(
-            f"megatron-core {version} lacks {', '.join(missing)}, which perseus's adapter "
-            f"needs; use megatron-core{TESTED_VERSIONS} or report the new version"
-        )
-    return types.SimpleNamespace(version=version, schedules=schedules, p2p=p2p_communication)
+    return types.SimpleNamespace(version=version, schedules=schedules, p2p=p2p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,6 +275,66 @@ def instrument_megatron(
     finally:
         schedules.forward_step, schedules.backward_step = original_fwd, original_bwd
         _installed.clear()
+
+
+class MegatronEngine:
+    """The engine adapter for Megatron-Core's pipeline schedules (see :mod:`.base`).
+
+    Args:
+        num_ranks: Pipeline-parallel size.
+        rank: This process's pipeline rank.
+        num_microbatches: Microbatches per iteration (``num_microbatches=`` of the schedule).
+        virtual_stages: Model chunks per rank (1: no interleaving).
+        microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``).
+        group: The pipeline's process group (default: the default group).
+
+    Raises:
+        ScheduleError: see :func:`megatron_schedule`.
+    """
+
+    step_call = "forward_backward_func(...)"
+
+    def __init__(
+        self,
+        num_ranks: int,
+        rank: int,
+        num_microbatches: int,
+        virtual_stages: int = 1,
+        microbatch_group_size_per_vp_stage: int | None = None,
+        group: Any = None,
+    ) -> None:
+        if not 0 <= rank < num_ranks:
+            raise ConfigError(f"pipeline rank {rank} is out of range for {num_ranks} ranks")
+        self._schedule = megatron_schedule(
+            num_ranks, num_microbatches, virtual_stages, microbatch_group_size_per_vp_stage
+        )
+        self._rank = rank
+        self._group = group
+
+    @property
+    def schedule(self) -> Schedule:
+        """The order Megatron's schedule function runs."""
+        return self._schedule
+
+    @property
+    def rank(self) -> int:
+        """This process's pipeline rank."""
+        return self._rank
+
+    @property
+    def group(self) -> Any:
+        """The pipeline's process group."""
+        return self._group
+
+    def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
+        """Install :func:`instrument_megatron` until the returned undo is called."""
+        hooks = instrument_megatron(self._schedule.num_ranks, self._rank, op)
+        hooks.__enter__()
+
+        def detach() -> None:
+            hooks.__exit__(None, None, None)
+
+        return detach
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """Wrap a pipeline stage's compute calls so perseus sees every action as it runs.
 
 torch's schedules call three methods of a stage once per compute action (forward, backward or
-its input-gradient half, weight gradient); :data:`perseus.runtime.engines.torch_pp.STAGE_COMPUTE_METHODS`
-names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
+its input-gradient half, weight gradient); :data:`STAGE_COMPUTE_METHODS` names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
 classes, so other stages and other tests are untouched) with wrappers that run the real call
 inside a context manager supplied by the caller: typically
 :meth:`perseus.runtime.session.RankSession.op` (the rank agent sets the planned clock on
@@ -17,16 +16,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
-from perseus.runtime.engines.torch_pp import STAGE_COMPUTE_METHODS
+from perseus.runtime.engines.base import OpContextFactory
 from perseus.schedule.actions import Action, Kind
 
-__all__ = ["OpContextFactory", "instrument_stages"]
+__all__ = ["STAGE_COMPUTE_METHODS", "OpContextFactory", "instrument_stages"]
 
-#: ``factory(action)`` returns the context manager that surrounds one compute action.
-OpContextFactory = Callable[[Action], AbstractContextManager[Any]]
+#: Stage methods the runtime calls once per compute action, with the kind each one performs.
+#: ``backward_one_chunk`` is a full backward, or the input-gradient half when called with
+#: ``full_backward=False``; both are perseus's ``B``.
+STAGE_COMPUTE_METHODS: dict[str, Kind] = {
+    "forward_one_chunk": Kind.F,
+    "backward_one_chunk": Kind.B,
+    "backward_weight_one_chunk": Kind.W,
+}
 
 
 def _wrap(

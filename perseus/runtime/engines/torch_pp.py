@@ -35,7 +35,7 @@ Two directions:
   :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
   forward-backward pairs (``OVERLAP_F_B``) are flattened into their two sub-actions.
 
-* **torchtitan-style use** (:func:`stages_of`, :func:`perseus_pipeline`): a trainer that keeps
+* **torchtitan-style use** (:func:`stages_of`, :class:`TorchPipelining`; :func:`perseus.runtime.pipeline.perseus_pipeline`): a trainer that keeps
   only ``(pp_schedule, model_parts)`` builds its perseus session from those; the stages are
   read here (``schedule._stage``/``_stages``), not by user code, and checked against the model
   parts. :func:`check_profile_fits` checks that a profile has the model's stage count.
@@ -52,7 +52,10 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from perseus.errors import ConfigError, ScheduleError
+from perseus.errors import ConfigError, PlanError, ProfileError, ScheduleError
+from perseus.profile.model import Profile
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version
+from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -60,11 +63,11 @@ __all__ = [
     "MIN_TORCH_VERSION",
     "STAGE_COMPUTE_METHODS",
     "TORCH_SCHEDULE_CLASSES",
+    "TorchPipelining",
     "build_torch_schedule",
     "check_profile_fits",
     "check_torch_version",
     "job_store",
-    "perseus_pipeline",
     "schedule_from_torch",
     "schedule_from_torch_class",
     "stages_of",
@@ -83,66 +86,43 @@ TORCH_SCHEDULE_CLASSES: dict[str, str] = {
     "interleaved": "ScheduleInterleaved1F1B",
 }
 
-#: Stage methods the runtime calls once per compute action, with the kind each one performs.
-#: ``backward_one_chunk`` is a full backward, or the input-gradient half when called with
-#: ``full_backward=False``; both are perseus's ``B``.
-STAGE_COMPUTE_METHODS: dict[str, Kind] = {
-    "forward_one_chunk": Kind.F,
-    "backward_one_chunk": Kind.B,
-    "backward_weight_one_chunk": Kind.W,
-}
-
+#: Every name of ``torch.distributed.pipelining.schedules`` this module touches.
 _REQUIRED_SCHEDULE_NAMES = (
     "_Action",
-    "_ComputationType",
-    "_PipelineScheduleRuntime",
-    "PipelineScheduleSingle",
+    "_ComputationType.FORWARD",
+    "_ComputationType.FULL_BACKWARD",
+    "_ComputationType.BACKWARD_INPUT",
+    "_ComputationType.BACKWARD_WEIGHT",
+    "_ComputationType.OVERLAP_F_B",
+    "_PipelineScheduleRuntime._prepare_schedule_with_comms",
+    "_PipelineScheduleRuntime._step_microbatches",
+    "PipelineScheduleSingle._step_microbatches",
     "PipelineScheduleMulti",
     "ScheduleGPipe",
     "Schedule1F1B",
     "ScheduleInterleaved1F1B",
+    "get_schedule_class",
 )
 
 
-def _parse_version(text: str) -> tuple[int, int]:
-    parts = text.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
 def check_torch_version() -> types.ModuleType:
-    """Import torch's pipelining schedules and check the internals this adapter relies on.
+    """Import torch's pipelining schedules and check every internal this adapter uses.
 
     Returns:
         The ``torch.distributed.pipelining.schedules`` module.
 
     Raises:
         ConfigError: if torch is missing, older than :data:`MIN_TORCH_VERSION`, or lacks one of
-            the private names used here (a newer torch that renamed them).
+            the names used here (a newer torch that renamed them).
     """
-    try:
-        import torch
-        from torch.distributed.pipelining import schedules
-    except ImportError as e:
-        raise ConfigError(
-            "torch with torch.distributed.pipelining is required for perseus.runtime.engines.torch_pp; "
-            "install it with `pip install 'perseus-energy[torch]'`"
-        ) from e
-    version = _parse_version(torch.__version__)
-    if version < MIN_TORCH_VERSION:
-        raise ConfigError(
-            f"torch {torch.__version__} is not supported by perseus's pipelining adapter; "
-            f"upgrade to torch>={MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]}"
-        )
-    missing = [n for n in _REQUIRED_SCHEDULE_NAMES if not hasattr(schedules, n)]
-    if missing:
-        raise ConfigError(
-            f"torch {torch.__version__} lacks torch.distributed.pipelining.schedules."
-            f"{', '.join(missing)}, which perseus's adapter needs; use a torch between "
-            f"{MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]} and 2.13 or report the new version"
-        )
+    (schedules,) = check_engine_version(
+        "torch",
+        MIN_TORCH_VERSION,
+        "pip install 'perseus-energy[torch]'",
+        ("torch.distributed.pipelining.schedules",),
+        [(0, name) for name in _REQUIRED_SCHEDULE_NAMES],
+        f">={MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]},<=2.13",
+    )
     return schedules
 
 
@@ -503,16 +483,99 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
     return stages
 
 
-def check_profile_fits(profile: Any, schedule: Schedule) -> None:
+class TorchPipelining:
+    """The engine adapter for ``torch.distributed.pipelining`` (see :mod:`.base`).
+
+    The schedule is the order torch really runs (:func:`schedule_from_torch`; a schedule that
+    mixes full and split backwards, DualPipeV, is planned with each full backward as ``B``
+    then ``W``); the stages' compute methods run inside the session's ``op``
+    (:func:`~perseus.runtime.engines.torch_hooks.instrument_stages`).
+
+    Args:
+        torch_schedule: The torch schedule object the training loop steps.
+        stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
+        model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
+        group: The pipeline's process group (default: the stages' group).
+
+    Raises:
+        ConfigError: see :func:`stages_of`; ScheduleError: see :func:`schedule_from_torch`.
+    """
+
+    step_call = "schedule.step()"
+
+    def __init__(
+        self,
+        torch_schedule: Any,
+        stages: Sequence[Any] | None = None,
+        *,
+        model_parts: Sequence[Any] | None = None,
+        group: Any = None,
+    ) -> None:
+        self.torch_schedule = torch_schedule
+        self.stages = stages_of(torch_schedule, model_parts) if stages is None else list(stages)
+        if not self.stages:
+            raise ConfigError("TorchPipelining needs this rank's PipelineStage objects")
+        self._schedule = schedule_from_torch(torch_schedule, split_full_backward=True)
+        self._group = group if group is not None else getattr(self.stages[0], "group", None)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The order torch runs, every rank's compute actions."""
+        return self._schedule
+
+    @property
+    def rank(self) -> int:
+        """This process's pipeline rank (the stages' ``group_rank``)."""
+        return int(self.stages[0].group_rank)
+
+    @property
+    def group(self) -> Any:
+        """The stages' process group."""
+        return self._group
+
+    def training(self) -> bool:
+        """False while ``schedule.eval()`` runs (torch clears the stages' ``has_backward``)."""
+        return all(getattr(s, "has_backward", True) for s in self.stages)
+
+    def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
+        """Wrap the stages' compute methods; ``schedule.eval()`` passes skip ``op``."""
+
+        def guarded(action: Action) -> Any:
+            if not self.training():
+                return _EvalScope(in_iteration)
+            return op(action)
+
+        return instrument_stages(
+            self.stages, guarded, split_full_backward=self._schedule.has_weight_actions
+        )
+
+
+class _EvalScope:
+    """A forward of ``schedule.eval()``: untouched between iterations, refused inside one
+    (its device time would count as the training iteration's)."""
+
+    def __init__(self, in_iteration: Callable[[], bool]) -> None:
+        self._in_iteration = in_iteration
+
+    def __enter__(self) -> None:
+        if self._in_iteration():
+            raise PlanError(
+                "schedule.eval() ran inside `with session.iteration():`; evaluate between "
+                "iterations, where it runs untouched at the current clock"
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def check_profile_fits(profile: Profile, schedule: Schedule) -> None:
     """Check that ``profile`` describes the model ``schedule`` runs.
 
     Raises:
-        ProfileError: if the stage counts differ, or the schedule splits backwards and the
-            profile has no way to price ``W`` (it always can: a profile without ``weight``
-            rows is split by :meth:`~perseus.profile.model.Profile.split_backward`).
+        ProfileError: if the stage counts differ (a profile without ``weight`` rows always
+            fits a schedule that splits backwards: it is split by
+            :meth:`~perseus.profile.model.Profile.split_backward`).
     """
-    from perseus.errors import ProfileError
-
     if profile.num_stages != schedule.num_stages:
         raise ProfileError(
             f"{profile.source}: profile has {profile.num_stages} stages but the model is split "
@@ -522,30 +585,11 @@ def check_profile_fits(profile: Any, schedule: Schedule) -> None:
         )
 
 
-def perseus_pipeline(
-    torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session_options: Any
-) -> Any:
-    """A :class:`~perseus.runtime.pipeline.PerseusPipeline` from what a torchtitan trainer keeps.
+def __getattr__(name: str) -> Any:
+    # ``perseus_pipeline`` moved to perseus.runtime.pipeline (this module must not import the
+    # session: the session imports the adapters); the old import path keeps working.
+    if name == "perseus_pipeline":
+        import importlib
 
-    ::
-
-        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, blocking_power_w=83.64,
-                              profile=profile).start()
-
-    Args:
-        torch_schedule: The trainer's ``pp_schedule``.
-        model_parts: Its ``model_parts`` (checked against the schedule's stages).
-        **session_options: Passed to ``PerseusPipeline`` (``gpu``, ``blocking_power_w``,
-            ``plan``/``profile``/``online_profile``, ``emulate``, ...). A ``profile`` is checked
-            with :func:`check_profile_fits` first.
-
-    Raises:
-        ConfigError: see :func:`stages_of`; ProfileError: see :func:`check_profile_fits`.
-    """
-    from perseus.runtime.pipeline import PerseusPipeline
-
-    stages = stages_of(torch_schedule, model_parts)
-    profile = session_options.get("profile")
-    if profile is not None:
-        check_profile_fits(profile, schedule_from_torch(torch_schedule))
-    return PerseusPipeline(torch_schedule, stages, **session_options)
+        return importlib.import_module("perseus.runtime.pipeline").perseus_pipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,164 @@
+"""The one protocol every engine adapter implements, and the one version check they share.
+
+An adapter answers three questions for :class:`~perseus.runtime.session.RankSession`:
+
+* **Which schedule runs?** :attr:`EngineAdapter.schedule`: every rank's compute actions in the
+  order the engine executes them, as a perseus :class:`~perseus.schedule.Schedule` (read from
+  the engine, never guessed), plus this process's pipeline ``rank`` and its process ``group``.
+* **How does perseus see each action?** :meth:`EngineAdapter.attach` makes the engine run every
+  training compute action inside ``op(action)`` (a context manager from the session: clock,
+  order check, measurement, emulation) and returns a function that undoes it. Evaluation and
+  forward-only passes between iterations run untouched (the session's ``op`` is a no-op
+  there).
+* **What does the user call once per iteration?** :attr:`EngineAdapter.step_call` names it
+  (``schedule.step()``, ``engine.train_batch()``...), so that a misuse is reported in the
+  words of the API the user called.
+
+A new engine plugs in by writing one module under ``perseus/runtime/engines/`` with a class
+that has these members; engine-private names stay in that module, behind
+:func:`check_engine_version`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from perseus.errors import ConfigError
+from perseus.schedule.actions import Action, Schedule
+
+__all__ = [
+    "EngineAdapter",
+    "ManualEngine",
+    "OpContextFactory",
+    "check_engine_version",
+    "parse_version",
+]
+
+#: ``factory(action)`` returns the context manager that surrounds one compute action.
+OpContextFactory = Callable[[Action], AbstractContextManager[Any]]
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What :class:`~perseus.runtime.session.RankSession` needs from a training engine."""
+
+    @property
+    def schedule(self) -> Schedule:
+        """Every rank's compute actions, in the order the engine runs them."""
+        ...
+
+    @property
+    def rank(self) -> int:
+        """This process's pipeline rank (an index into ``schedule.rank_actions``)."""
+        ...
+
+    @property
+    def group(self) -> Any:
+        """The pipeline's process group (None: the default group, or no distribution)."""
+        ...
+
+    @property
+    def step_call(self) -> str:
+        """The call that runs one training iteration, as the user writes it."""
+        ...
+
+    def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
+        """Run every training compute action of the engine inside ``op(action)``; return the
+        undo. ``in_iteration()`` says whether a training iteration is open (an adapter may
+        refuse an evaluation pass inside one with a message about its own API)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ManualEngine:
+    """No engine: the training loop itself runs each action inside ``session.op(action)``.
+
+    Args:
+        schedule: The schedule the loop runs.
+        rank: This process's pipeline rank.
+        group: The pipeline's process group (None: the default group, or none).
+    """
+
+    schedule: Schedule
+    rank: int
+    group: Any = None
+    step_call: str = "pass over schedule.rank_actions[rank]"
+
+    def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
+        """Nothing to hook: the caller enters ``session.op`` itself."""
+        return _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"2.13.0+cpu"`` -> ``(2, 13)``; unparsable text is ``(0, 0)``."""
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_engine_version(
+    package: str,
+    minimum: tuple[int, int],
+    install: str,
+    modules: Sequence[str],
+    required: Iterable[tuple[int, str]],
+    tested: str,
+) -> list[types.ModuleType]:
+    """Import an engine's modules and check every attribute an adapter uses, in one place.
+
+    Args:
+        package: The engine's top package (its ``__version__`` is checked).
+        minimum: Oldest ``(major, minor)`` the adapter was written against.
+        install: The install command named in the error.
+        modules: Modules to import (``"torch.distributed.pipelining.schedules"``...).
+        required: ``(module position in modules, dotted attribute path)`` pairs: every name
+            the adapter touches (``"PipelineEngine._exec_schedule"``).
+        tested: The versions the adapter was tested with (named in the error).
+
+    Returns:
+        The imported modules, in the order of ``modules``.
+
+    Raises:
+        ConfigError: the engine is missing, too old, or lacks one of the attributes; one
+            line naming the version, what is missing and what to install.
+    """
+    try:
+        with warnings.catch_warnings():  # engines warn at import about optional extras
+            warnings.simplefilter("ignore")
+            top = importlib.import_module(package)
+            loaded = [importlib.import_module(m) for m in modules]
+    except ImportError as e:
+        raise ConfigError(
+            f"{package} is required for this perseus engine adapter; install it with `{install}`"
+        ) from e
+    version = str(getattr(top, "__version__", "0.0"))
+    if parse_version(version) < minimum:
+        raise ConfigError(
+            f"{package} {version} is not supported by perseus's adapter; install {package} {tested}"
+        )
+    missing = []
+    for position, path in required:
+        obj: Any = loaded[position]
+        for part in path.split("."):
+            if not hasattr(obj, part):
+                missing.append(f"{modules[position]}.{path}")
+                break
+            obj = getattr(obj, part)
+    if missing:
+        raise ConfigError(
+            f"{package} {version} lacks {', '.join(missing)}, which perseus's adapter needs; "
+            f"use {package} {tested} or report the new version"
+        )
+    return loaded

@@ -1,0 +1,171 @@
+"""The online sweep of a session, as one object: options, profiler, counter sampler, windows.
+
+During the first iterations a :class:`~perseus.runtime.session.RankSession` with
+``online_profile`` runs a one-point "plan" of the clocks to measure next
+(:meth:`SessionSweep.sweep_plan`) through the rank agent; op times come from the agent's device
+events, op energy from the GPU's energy counter read on a background thread
+(:mod:`perseus.runtime.profiling.energy_windows`): each (stage, kind)'s power is fitted to the
+windows between the counter's publishes (:mod:`perseus.runtime.profiling.energy_attribution`).
+A step repeats for further iterations until its ops span enough windows
+(:attr:`~perseus.runtime.planning.OnlineProfile.min_windows`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from perseus.errors import ConfigError
+from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
+from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
+from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.schedule.actions import Schedule
+
+__all__ = ["SessionSweep"]
+
+_log = logging.getLogger("perseus.runtime.session")
+
+
+class SessionSweep:
+    """One rank's online sweep inside a session.
+
+    Args:
+        options: The sweep's options.
+        schedule: The schedule the engine runs.
+        rank: This process's pipeline rank.
+        gpu: This rank's GPU (clocks, energy counter).
+        blocking_power_w: GPU power while waiting (the fit's idle power).
+    """
+
+    def __init__(
+        self,
+        options: OnlineProfile,
+        schedule: Schedule,
+        rank: int,
+        gpu: Any,
+        blocking_power_w: float,
+    ) -> None:
+        self.options = options
+        self.schedule = schedule
+        self.rank = rank
+        self.gpu = gpu
+        self.blocking_power_w = blocking_power_w
+        ops = {(a.stage_index, a.kind) for a in schedule.rank_actions[rank]}
+        self.profiler = OnlineProfiler(ops, gpu.supported_clocks_mhz(), patience=options.patience)
+        self._sampler: CounterSampler | None = None
+        self._window: SweepWindow | None = None
+        self._warned_observe_only = False
+
+    def start(self, agent: RankAgent) -> None:
+        """Start reading the energy counter on the agent's device timeline.
+
+        Raises:
+            ConfigError: if the agent cannot set clocks (observe-only).
+        """
+        if agent.observe_only:
+            raise ConfigError(
+                f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
+                "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
+                "profile where clocks can be locked and pass profile= or plan="
+            )
+        events = agent.events
+        now_s = events.timeline_now_s if events is not None else time.perf_counter
+        period = self.options.sample_period_s
+        sampler = CounterSampler(
+            self.gpu.energy_mj,
+            now_s,
+            period_s=sample_period_for(self.gpu) if period is None else float(period),
+        )
+        self._window = SweepWindow(
+            sampler,
+            min_intervals=self.options.min_windows,
+            max_iterations=self.options.max_step_iterations,
+            idle_power_w=self.blocking_power_w,
+            ridge=self.options.ridge,
+        )
+        self._sampler = sampler
+        sampler.start()
+
+    def close(self) -> None:
+        """Stop the counter sampler (idempotent)."""
+        sampler, self._sampler = self._sampler, None
+        self._window = None
+        if sampler is not None:
+            sampler.close()
+
+    def discard_iteration(self) -> None:
+        """A failed iteration: its ops are unknown, restart the step."""
+        self.profiler.discard_iteration()
+        if self._window is not None:
+            self._window.reset()
+
+    def sweep_plan(self) -> Frontier:
+        """A one-point "plan" running every op at the clock the sweep measures next."""
+        schedule = self.schedule
+        top = max(self.gpu.supported_clocks_mhz())
+        freqs = tuple(
+            tuple(
+                self.profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
+                for a in actions
+            )
+            for r, actions in enumerate(schedule.rank_actions)
+        )
+        spec = JobSpec(
+            schedule=schedule.name,
+            ranks=schedule.num_ranks,
+            stages=schedule.num_stages,
+            microbatches=schedule.num_microbatches,
+            virtual_stages=schedule.virtual_stages,
+            blocking_power_w=self.blocking_power_w,
+            profile_sha256="0" * 64,
+        )
+        return Frontier(
+            job=spec,
+            stage_ops=schedule.stage_ops(),
+            baseline=Baseline(time_s=1.0, energy_j=1.0),
+            points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
+        )
+
+    def add_iteration(self, agent: RankAgent) -> bool:
+        """Feed the sweep the agent's last iteration; once the step's ops span enough counter
+        windows, fit their power and advance. Returns True when the sweep advanced a step."""
+        step = self._window
+        if step is None:
+            return False
+        profiler = self.profiler
+        if agent.observe_only and not self._warned_observe_only:
+            self._warned_observe_only = True
+            _log.warning(
+                "rank %d: clock control was lost during online profiling; the rows measured "
+                "from now on are at the GPU's own clock, not the swept one",
+                self.rank,
+            )
+        actions = self.schedule.rank_actions[self.rank]
+        last = agent.iteration - 1
+        spans = []
+        for op in agent.records.ops[-len(actions) :]:
+            if op.iteration == last:
+                action = actions[op.index]
+                profiler.record(action.stage_index, action.kind, op.time_s)
+                if op.start_s is not None and op.end_s is not None:
+                    spans.append(OpSpan((action.stage_index, action.kind), op.start_s, op.end_s))
+        step.add_iteration(spans)
+        if not step.ready():
+            return False
+        fit = step.fit()
+        if fit is not None:
+            _log.debug(
+                "rank %d: sweep step %d: %d windows over %d iterations, residual %.1f W",
+                self.rank,
+                profiler.iterations,
+                fit.intervals,
+                step.iterations,
+                fit.residual_w,
+            )
+        profiler.end_iteration(power_w=None if fit is None else fit.power_w, fit=fit)
+        step.reset()
+        return True

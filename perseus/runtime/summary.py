@@ -1,0 +1,100 @@
+"""One short, readable summary of a run: predicted vs measured time, energy and saving.
+
+Everything is for the whole pipeline (time: the pipeline's iteration; energy: all its ranks),
+so predicted and measured figures are like with like. The saving is measured against the
+plan's predicted all-max baseline (an all-max run is not part of a normal training run).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perseus.plan import Frontier
+
+if TYPE_CHECKING:
+    from perseus.runtime.session import IterationStats
+
+__all__ = ["RunSummary", "summarize"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """The deployed plan's predicted and measured figures (means over its iterations).
+
+    Attributes:
+        iterations: Iterations averaged (the first one after the plan was deployed is left
+            out when there are more: it pays the clock changes of a new plan).
+        point_index: The frontier point that ran.
+        predicted_time_s: The point's predicted iteration time.
+        measured_time_s: Mean measured pipeline iteration time.
+        predicted_energy_j: The point's predicted pipeline energy per iteration.
+        measured_energy_j: Mean measured pipeline energy (all ranks) per iteration.
+        predicted_saving: ``1 - predicted energy / all-max energy`` (both predicted).
+        measured_saving: ``1 - measured energy / predicted all-max energy``.
+    """
+
+    iterations: int
+    point_index: int
+    predicted_time_s: float
+    measured_time_s: float
+    predicted_energy_j: float
+    measured_energy_j: float
+    predicted_saving: float
+    measured_saving: float
+
+    def __str__(self) -> str:
+        dt = self.measured_time_s / self.predicted_time_s - 1
+        de = self.measured_energy_j / self.predicted_energy_j - 1
+        return (
+            f"perseus: plan point {self.point_index}, {self.iterations} iterations: time "
+            f"{self.measured_time_s:.4g} s (predicted {self.predicted_time_s:.4g} s, {dt:+.1%}), "
+            f"pipeline energy {self.measured_energy_j:.5g} J (predicted "
+            f"{self.predicted_energy_j:.5g} J, {de:+.1%}), saving vs all-max "
+            f"{self.measured_saving:.2%} (predicted {self.predicted_saving:.2%})"
+        )
+
+
+def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
+    """The summary of the run iterations of one deployed plan (None: none ran).
+
+    Args:
+        history: The iterations since the plan was deployed (its last stretch of one point
+            is used).
+        frontier: The deployed frontier (its baseline is the all-max prediction).
+
+    Complexity: O(len(history)).
+    """
+    runs: list[IterationStats] = []
+    for stats in reversed(history):  # the last stretch of one point
+        if stats.phase != "run" or stats.pipeline_energy_j is None:
+            break
+        if runs and stats.point_index != runs[-1].point_index:
+            break
+        if stats.predicted_time_s != (
+            runs[-1].predicted_time_s if runs else stats.predicted_time_s
+        ):
+            break
+        runs.append(stats)
+    runs.reverse()
+    if len(runs) > 1:
+        runs = runs[1:]
+    if not runs:
+        return None
+    last = runs[-1]
+    if last.predicted_time_s is None or last.predicted_energy_j is None:
+        return None
+    energy = statistics.fmean(float(s.pipeline_energy_j or 0.0) for s in runs)
+    baseline_j = frontier.baseline.energy_j
+    return RunSummary(
+        iterations=len(runs),
+        point_index=int(last.point_index or 0),
+        predicted_time_s=last.predicted_time_s,
+        measured_time_s=statistics.fmean(s.time_s for s in runs),
+        predicted_energy_j=last.predicted_energy_j,
+        measured_energy_j=energy,
+        predicted_saving=1.0 - last.predicted_energy_j / baseline_j,
+        measured_saving=1.0 - energy / baseline_j,
+    )
