@@ -70,7 +70,7 @@ class PerseusPipeline(RankSession):
         *,
         model_parts: Sequence[Any] | None = None,
         gpu: Any,
-        blocking_power_w: float,
+        blocking_power_w: float | None = None,
         plan: PlanSource | Frontier | str | Path | None = None,
         profile: Profile | None = None,
         online_profile: bool | OnlineProfile = False,

@@ -64,6 +64,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.dag.graph import build_dag
+from perseus.device.presets import blocking_power_for
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.job import PlanningJob
@@ -186,7 +187,9 @@ class RankSession:
             whose actions the loop runs inside :meth:`op` itself.
         rank: This process's pipeline rank; only with a bare schedule (an adapter knows it).
         gpu: This rank's GPU (an ``NvmlGPU``, or a ``SimulatedGPU``: emulation).
-        blocking_power_w: GPU power while waiting; used for planning and profiling.
+        blocking_power_w: GPU power while waiting; used for planning and profiling. None
+            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
+            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
         plan: A plan source (:class:`~perseus.runtime.planning.PlanFile`,
             :class:`~perseus.runtime.planning.OfflineProfile`,
             :class:`~perseus.runtime.planning.OnlineProfile`) or a frontier / plan JSON path.
@@ -217,7 +220,7 @@ class RankSession:
         rank: int | None = None,
         *,
         gpu: Any,
-        blocking_power_w: float,
+        blocking_power_w: float | None = None,
         plan: PlanSource | Frontier | str | Path | None = None,
         profile: Profile | None = None,
         online_profile: bool | OnlineProfile = False,
@@ -256,6 +259,8 @@ class RankSession:
                 "simulated clocks and measure nothing true; drop emulate= (a simulated GPU is "
                 "emulated) or pass a real GPU"
             )
+        if blocking_power_w is None:
+            blocking_power_w = blocking_power_for(gpu)  # ConfigError names the parameter
         if not blocking_power_w >= 0:
             raise ConfigError(f"blocking_power_w must be >= 0 W, got {blocking_power_w}")
         if point_index < 0:

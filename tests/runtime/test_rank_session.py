@@ -361,3 +361,21 @@ def test_the_summary_covers_the_last_deployed_plan_only(gpu, profile):
     assert summary is not None
     assert summary.iterations == 2 and summary.point_index == 0
     assert summary.predicted_energy_j == plan.points[0].energy_j
+
+
+def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, profile):
+    """Without ``blocking_power_w`` the session asks the device: a simulated GPU declares its
+    own; a GPU whose name no preset knows is refused with a message naming the parameter."""
+    schedule = build_schedule("1f1b", 2, 4)
+    options = {"watchdog": False, "handle_signals": False, "profile": profile}
+    declared = SimulatedGPU.from_profile(profile, blocking_power_w=71.5, state_dir=tmp_path)
+    session = RankSession(schedule, 0, gpu=declared, **options)
+    assert session.blocking_power_w == 71.5
+    session.close()
+
+    class Unknown:
+        name = "Some Accelerator X"
+
+    with pytest.raises(ConfigError, match="blocking_power_w") as e:
+        RankSession(schedule, 0, gpu=Unknown(), emulate=False, **options)
+    assert "\n" not in str(e.value)
