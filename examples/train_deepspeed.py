@@ -1,8 +1,8 @@
 """Train a small model with DeepSpeed's PipelineEngine and perseus, on emulated GPUs.
 
-DeepSpeed's ``PipelineEngine.train_batch`` runs its ``TrainSchedule`` unmodified; perseus reads
-the schedule (:func:`perseus.runtime.engines.deepspeed.deepspeed_schedule`), plans it, and sets each
-forward/backward pass's clock through :func:`perseus.runtime.engines.deepspeed.instrument_deepspeed`.
+DeepSpeed's ``PipelineEngine.train_batch`` runs its ``TrainSchedule`` unmodified; the adapter
+:class:`perseus.runtime.engines.deepspeed.DeepSpeedEngine` reads the schedule, and the session
+around it plans it and sets each forward/backward pass's clock.
 On CPU (``--emulate``) DeepSpeed uses its CPU accelerator and gloo. Run::
 
     python examples/train_deepspeed.py --spawn 2 --emulate --microbatches 4 --iterations 4 \\

@@ -2,9 +2,8 @@
 
 Megatron-Core's ``forward_backward_pipelining_without_interleaving`` (``--schedule 1f1b``) or
 ``..._with_interleaving`` (``--schedule interleaved``, ``--virtual-stages`` chunks per rank)
-runs unmodified; perseus reads its order (:func:`perseus.runtime.engines.megatron.megatron_schedule`),
-plans it, and sets each forward/backward step's clock through
-:func:`perseus.runtime.engines.megatron.instrument_megatron`. On CPU (``--emulate``) the schedule gets
+runs unmodified; the adapter :class:`perseus.runtime.engines.megatron.MegatronEngine` reads its
+order, and the session around it plans it and sets each forward/backward step's clock. On CPU (``--emulate``) the schedule gets
 a CPU ``p2p_communicator`` and runs under a ``device="cuda"`` -> CPU mapping. Run::
 
     python examples/train_megatron.py --spawn 2 --emulate --schedule interleaved \\

@@ -31,7 +31,7 @@ next iteration on; ``close()`` logs one :class:`~perseus.runtime.summary.RunSumm
 
 A new engine plugs in with one module under ``perseus/runtime/engines/`` holding a class with
 ``schedule``, ``rank``, ``group``, ``step_call`` and ``attach``: ``RankSession(engine, gpu=...,
-blocking_power_w=..., plan=...)`` does the rest.
+plan=...)`` does the rest.
 
 Importing this package never imports torch or pynvml; adapters that need torch live in their
 own modules and import it lazily.

@@ -4,7 +4,7 @@
 
     from perseus.runtime.pipeline import PerseusPipeline
 
-    pp = PerseusPipeline(schedule, stages, gpu=gpu, blocking_power_w=83.64,
+    pp = PerseusPipeline(schedule, stages, gpu=gpu,
                          plan="plan.json").start()          # or profile=, online_profile=True
     for x, y in loader:
         with pp.iteration():
@@ -121,8 +121,7 @@ def perseus_pipeline(
 
     ::
 
-        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, blocking_power_w=83.64,
-                              profile=profile).start()
+        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, profile=profile).start()
 
     Args:
         torch_schedule: The trainer's ``pp_schedule`` (any torch schedule, DualPipeV too).

@@ -2,7 +2,7 @@
 
 ::
 
-    session = RankSession(engine, gpu=gpu, blocking_power_w=83.64, plan="plan.json")
+    session = RankSession(engine, gpu=gpu, plan="plan.json")
     with session:                                 # start(): plan, agent, engine hooks
         for batch in loader:
             with session.iteration():             # one training iteration
