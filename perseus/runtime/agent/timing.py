@@ -226,7 +226,7 @@ class DeviceTiming(_Clocks):
                 _log.debug("iteration %d: start counter missing; energy from now", iteration)
                 self._step_mj = mj
         jobs = self.jobs
-        self.mid_switches = sum(1 for job in jobs if job.mid_issued)
+        self.mid_switches = sum(job.mids_issued for job in jobs)
         freqs, names = self.freqs, self.names
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
