@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.dag.graph import build_dag
+from perseus.device.base import MemoryClockGPU
 from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.io.profile_files import read_profile, write_profile_csv
@@ -74,6 +75,7 @@ from perseus.runtime.planning import (
 )
 from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE, OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
+from perseus.runtime.profiling.pair_sweep import PairSweep
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, check_fit
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
@@ -262,7 +264,7 @@ class RankSession:
         }
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
-        self._profiler: OnlineProfiler | None = None
+        self._profiler: OnlineProfiler | PairSweep | None = None
         self._sampler: CounterSampler | None = None
         self._step: SweepWindow | None = None
         self._warned_observe_only = False
@@ -330,9 +332,19 @@ class RankSession:
             self._plan_from_profile(read_profile(self._cache), profiled=True)
         else:
             ops = {(a.stage_index, a.kind) for a in self.schedule.rank_actions[self.rank]}
-            self._profiler = OnlineProfiler(
-                ops, self.gpu.supported_clocks_mhz(), patience=self._patience
-            )
+            gpu = self.gpu
+            if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
+                # A lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md).
+                self._profiler = PairSweep(
+                    ops,
+                    self.gpu.supported_clocks_mhz(),
+                    gpu.supported_memory_clocks_mhz(),
+                    blocking_power_w=self.blocking_power_w,
+                )
+            else:
+                self._profiler = OnlineProfiler(
+                    ops, self.gpu.supported_clocks_mhz(), patience=self._patience
+                )
             self._install(self._sweep_plan(), 0, sweep=True)
             if self._agent is not None and self._agent.observe_only:
                 raise ConfigError(
@@ -640,7 +652,7 @@ class RankSession:
         top = max(self.gpu.supported_clocks_mhz())
         freqs = tuple(
             tuple(
-                profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
+                profiler.plan_op_for(a.stage_index, a.kind) if r == self.rank else top
                 for a in actions
             )
             for r, actions in enumerate(schedule.rank_actions)

@@ -105,7 +105,6 @@ def test_pair_sweep_finds_every_hull_pair_within_its_bound(tmp_path):
         assert full_hull == got_hull, (stage, kind, full_hull - got_hull)
         assert any(m != A40_MEMORY.max_mhz for _, m in full_hull)
     check_fit(sweep)  # per-op energies: no fit uncertainty
-    print(f"pairs measured {len(sweep.measured)} of {grid} (bound {sweep.max_pairs}), rounds {sweep.rounds}")
 
 
 def test_pair_sweep_refuses_a_gpu_with_one_memory_clock():

@@ -140,6 +140,10 @@ class OnlineProfiler:
             return sweep.clock_mhz
         return self.step_clock_mhz()
 
+    def plan_op_for(self, stage_index: int, kind: Kind) -> int:
+        """The plan op that runs the current step for (stage, kind): its clock."""
+        return self.clock_for(stage_index, kind)
+
     def step_clock_mhz(self) -> int:
         """The clock of the current sweep step: the clock the unstopped ops measure (they
         advance together), else the highest."""
