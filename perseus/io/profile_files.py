@@ -282,7 +282,7 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
     if missing:
         raise ProfileError(f"{p}: no phases for stage(s) {missing}")
     weights = [[0.0] * layers[s][0] for s in range(num_stages)]
-    for (stage, kind), split in splits.items():
+    for stage, kind in splits:
         top = profile.op(stage, kind).max_freq  # the highest clock (pair): the reference
         for r in ops[(stage, kind, top.freq_mhz, top.mem_freq_mhz)]:
             share = r[5] / (r[3] - r[2] + 1)
