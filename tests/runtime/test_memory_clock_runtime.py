@@ -315,3 +315,35 @@ def test_four_rank_clock_pair_plan_realises_its_predicted_saving(tmp_path, phase
         assert 5 * changes <= len(g.memory_sets) <= 5 * changes + 1, (r, changes, g.memory_sets)
         lowered += LO in mems
     assert lowered > 0
+
+
+@pytest.mark.parametrize("device", ["GPU-a40", "GPU-hbm"])
+def test_agent_on_nvml_locks_memory_clocks_and_resets_them(tmp_path, device):
+    """Through NVML (fake; no device events here, so host timing: each op's first phase):
+    the A40 gets its memory lock and a reset at close; the HBM board is never asked."""
+    from perseus.device.nvml import NvmlGPU
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+
+    nvml = FakeNvml(
+        devices=[
+            FakeDevice("GPU-a40", name="NVIDIA A40", memory_clocks=(HI, LO, 810, 405)),
+            FakeDevice("GPU-hbm"),
+        ]
+    )
+    gpu = NvmlGPU(device, nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    plan = _plan((((1410, LO, 0),), ((1410, None, 0),)), ("F0", "B0"))
+    with RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False, timing="host") as agent:
+        for _ in range(2):
+            agent.step_begin()
+            for kind in ("F", "B"):
+                with agent.op(kind, 0):
+                    assert agent.wait_for_clock()  # the op's clocks are set while it runs
+            agent.step_end()
+    sets = [args[1:] for name, args in nvml.calls if name == "nvmlDeviceSetMemoryLockedClocks"]
+    resets = nvml.names().count("nvmlDeviceResetMemoryLockedClocks")
+    if device == "GPU-a40":
+        # 5001 for the forward, back to the default (7251) for the backward, twice.
+        assert sets == [(LO, LO), (HI, HI)] * 2, sets
+        assert resets >= 1 and nvml.devices[0].mem_locked is None
+    else:
+        assert sets == [] and resets == 0
