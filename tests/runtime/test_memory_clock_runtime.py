@@ -347,3 +347,37 @@ def test_agent_on_nvml_locks_memory_clocks_and_resets_them(tmp_path, device):
         assert resets >= 1 and nvml.devices[0].mem_locked is None
     else:
         assert sets == [] and resets == 0
+
+
+def test_a_refused_memory_lock_keeps_sm_clocks_running(tmp_path):
+    """A board that lists memory clocks but whose driver refuses the lock: one warning, SM
+    clocks still change (phases included), and no memory lock is asked for again."""
+    from perseus.errors import DeviceNotSupportedError
+
+    clock = VirtualClock(1000.0)
+    profile = _pairs()
+    actions = build_schedule("1f1b", 4, 8).rank_actions[0]
+    names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
+    ops = tuple(FWD if a.kind is Kind.F else BWD for a in actions)
+    gpu = _gpu(profile, tmp_path, clock)
+    gpu.inject_error("set_memory_locked_clock", DeviceNotSupportedError("NOT_SUPPORTED"))
+    agent = RankAgent(
+        _plan(ops, names),
+        gpu,
+        0,
+        watchdog=False,
+        handle_signals=False,
+        op_time_s=_op_time(profile),
+        clock=clock,
+    )
+    with pytest.warns(ObserveOnlyWarning, match="cannot lock memory clocks") as caught, agent:
+        for _ in range(2):
+            agent.step_begin()
+            for a in actions:
+                with agent.op(a.kind, a.microbatch_index):
+                    gpu.launch(a.stage_index, a.kind)
+            agent.step_end()
+    assert len([w for w in caught if "memory" in str(w.message)]) == 1
+    assert not agent.observe_only
+    assert gpu.memory_sets == []
+    assert any(c == 1200 for op in gpu.op_trace for c, _ in op.pieces)  # SM phases still run

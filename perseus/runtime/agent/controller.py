@@ -714,12 +714,16 @@ class FrequencyController:
                         if self._closed:
                             return
                         t0 = now()
-                        self._mem_applied = mem_gpu.set_memory_locked_clock(mem)
+                        try:
+                            self._mem_applied = mem_gpu.set_memory_locked_clock(mem)
+                        except (DevicePermissionError, DeviceNotSupportedError) as e:
+                            self._drop_memory_clocks(e)
                         t1 = now()
                     set_mem = False  # done: a retry of the SM call does not repeat it
-                    self._latencies_s.append(t1 - t0)
-                    self._landings_s.append(t1 - t0 + self._apply_delay_s)
-                    self._landing_count += 1
+                    if self._mem_gpu is not None:
+                        self._latencies_s.append(t1 - t0)
+                        self._landings_s.append(t1 - t0 + self._apply_delay_s)
+                        self._landing_count += 1
                     if not set_sm:
                         self._delays_s.append(t1 - since)
                         self._done = freq
@@ -751,6 +755,17 @@ class FrequencyController:
             f"setting the clock on {self.gpu.name} kept failing ({self._retries + 1} tries, "
             f"last: {last!r})"
         )
+
+    def _drop_memory_clocks(self, error: DeviceError) -> None:
+        """The driver refused a memory lock (a board that lists memory clocks but does not
+        lock them): keep setting SM clocks, never ask for a memory clock again, warn once."""
+        self._mem_gpu = None
+        self._mem_target = None
+        self._notice = (
+            f"perseus: cannot lock memory clocks on {self.gpu.name}: {error}; running SM clocks "
+            "only, at the default memory clock (the plan's figures will not hold)"
+        )
+        self._attention = True
 
     def _degrade(self, why: str) -> None:
         self._notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"
