@@ -227,7 +227,7 @@ class RankAgent:
         the plan sets any and the GPU can lock them, else left alone (None)."""
         rank_plan = self._rank_plan
         mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
-        if rank_plan.uses_memory_clocks and self._started_gpu and not mem:
+        if rank_plan.uses_memory_clocks and self._started_gpu and self.enabled and not mem:
             self._warn_no_memory_clocks()
         self._phases = tuple(
             tuple(
