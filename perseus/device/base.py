@@ -7,8 +7,9 @@ Optional capabilities are protocols too (``runtime_checkable``: test them with
 ``isinstance``, never ``getattr``/``hasattr``): :class:`ManagedGPU` (ownership and watchdog),
 :class:`PowerLimitGPU`, :class:`EventSource` (device events), :class:`AppliedClockGPU` (says when
 a clock change took effect), :class:`CounterPeriodGPU` (says how often its energy counter is
-published) and :class:`ObserveOnlyGPU` (knows before any set call that clocks cannot be
-changed). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
+published), :class:`ObserveOnlyGPU` (knows before any set call that clocks cannot be
+changed) and :class:`MemoryClockGPU` (lists, locks and resets its memory clock; its
+``reset_locked_clock`` also resets a memory lock it set). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
 
 Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
 ``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
@@ -31,6 +32,7 @@ __all__ = [
     "DeviceEvent",
     "EventSource",
     "ManagedGPU",
+    "MemoryClockGPU",
     "ObserveOnlyGPU",
     "ObserveOnlyWarning",
     "PowerLimitGPU",
@@ -161,6 +163,28 @@ class AppliedClockGPU(Protocol):
     def clock_applied_s(self) -> float | None:
         """When the last change took effect, on :meth:`EventSource.timeline_now_s`'s clock
         (None: none yet)."""
+        ...
+
+
+@runtime_checkable
+class MemoryClockGPU(Protocol):
+    """A device whose memory clock may be lockable (NVML, the simulator): see
+    ``docs/memory-clocks.md``."""
+
+    def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
+        """Memory clocks, highest (the default) first; one (or none) on HBM boards."""
+        ...
+
+    def memory_clock_control(self) -> str | None:
+        """Why the memory clock cannot be locked, or None when it can."""
+        ...
+
+    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
+        """Lock the memory clock (snapped); returns the clock locked."""
+        ...
+
+    def reset_memory_locked_clock(self) -> None:
+        """Back to the default memory clock."""
         ...
 
 

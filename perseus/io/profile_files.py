@@ -19,7 +19,17 @@ over them** (the profile's energy is one GPU's; perseus plans one pipeline and s
 GPUs). Every (stage, instruction, clock) must have a row from each of the stage's ranks, and a
 ``pp_rank`` column, when present, must equal ``stage``.
 
-Bounds: stage < 4096, clock 1..100000 MHz, time in [1e-9, 1e6] s, energy in [1e-9, 1e9] J.
+Phase-level CSV (for users who measure kernels with a profiler): two more columns,
+``first_layer`` and ``last_layer``, make each row one phase of an op, the layers
+``first_layer..last_layer`` (inclusive) at one clock (pair), with that stretch's time and energy.
+For each (stage, instruction, clock) the phases must cover the stage's layers ``0..L-1`` once,
+in the same phases at every clock; ``L`` is the same for every instruction of a stage.
+:func:`read_profile` reads such a file as the op-level profile (each op's time and energy the
+sum of its phases'); :func:`read_phase_profile` also returns the layer count per stage and
+each layer's share of the stage's time (at its highest clocks), which the planner's phased ops
+use (``layers_per_stage``, ``layer_time_fractions``).
+
+Bounds: stage < 4096, layer < 4096, clock 1..100000 MHz, time in [1e-9, 1e6] s, energy in [1e-9, 1e9] J.
 
 Every problem is reported as one :class:`ProfileError` line naming the file and line (CSV) or
 field (JSON).
@@ -32,6 +42,7 @@ import io
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -48,7 +59,15 @@ from perseus.validate import show_value
 
 logger = get_logger(__name__)
 
-__all__ = ["read_profile", "write_profile_csv", "write_profile_json"]
+__all__ = [
+    "PhaseProfile",
+    "PhaseRow",
+    "read_phase_profile",
+    "read_profile",
+    "write_phase_profile_csv",
+    "write_profile_csv",
+    "write_profile_json",
+]
 
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 #: Columns of a multi-rank (Zeus/Merak) profile; ``rank`` marks one.
@@ -67,14 +86,68 @@ MEM_COLUMN = "mem_freq_mhz"
 # (stage, kind, SM clock, time, energy, memory clock or None)
 Row = tuple[int, Kind, int, float, float, int | None]
 
+PHASE_COLUMNS = ("first_layer", "last_layer")
+MAX_LAYERS = 4096
+
+#: One phase of a phase-level profile: ``(stage, kind, first_layer, last_layer, freq_mhz,
+#: time_s, energy_j, mem_freq_mhz or None)``.
+PhaseRow = tuple[int, Kind, int, int, int, float, float, int | None]
+
+
+@dataclass(frozen=True)
+class PhaseProfile:
+    """A phase-level profile (see the module docstring).
+
+    Attributes:
+        profile: The op-level profile (each op the sum of its phases).
+        rows: The phase rows as read, in file order.
+        layers_per_stage: Layers of each stage.
+        layer_time_fractions: Per stage, each layer's share of the stage's op time at the
+            highest clocks (forward, backward and weight ops together; a phase's time spread
+            evenly over its layers).
+    """
+
+    profile: Profile
+    rows: tuple[PhaseRow, ...]
+    layers_per_stage: tuple[int, ...]
+    layer_time_fractions: tuple[tuple[float, ...], ...]
+
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:
-    """Read a CSV or JSON profile (chosen by extension; ``.json`` is JSON, anything else CSV).
+    """Read a CSV or JSON profile (chosen by extension; ``.json`` is JSON, anything else CSV);
+    a phase-level CSV is read as its op-level profile.
 
     Raises:
         ProfileError: naming the file and the line or field, for any malformed content.
     """
     p = Path(path)
+    text = _read_text(p)
+    if p.suffix.lower() != ".json" and _is_phase_csv(text):
+        return _phase_profile(p, text).profile
+    rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
+    profile = build_profile(rows, source=str(p))
+    logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
+    return profile
+
+
+def read_phase_profile(path: str | os.PathLike[str]) -> PhaseProfile:
+    """Read a phase-level CSV profile (``first_layer`` and ``last_layer`` columns).
+
+    Raises:
+        ProfileError: naming the file and line for a malformed row, a duplicate phase, or
+            phases that do not cover each op's layers once (or differ between clocks).
+    """
+    p = Path(path)
+    text = _read_text(p)
+    if not _is_phase_csv(text):
+        raise ProfileError(
+            f"{p}:1: not a phase-level profile: the header needs the columns "
+            f"{','.join(REQUIRED_COLUMNS + PHASE_COLUMNS)}; read op-level files with read_profile"
+        )
+    return _phase_profile(p, text)
+
+
+def _read_text(p: Path) -> str:
     data = read_bounded(
         p, limit_bytes=MAX_FILE_BYTES, what="a profile CSV/JSON path", error=ProfileError
     )
@@ -89,10 +162,140 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise ProfileError(f"{p}:{line}: not valid UTF-8 text; pass the CSV or JSON file") from None
-    rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    profile = build_profile(rows, source=str(p))
-    logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
-    return profile
+    return text
+
+
+def _is_phase_csv(text: str) -> bool:
+    first = text.split("\n", 1)[0]
+    header = {h.strip().lower() for h in first.split(",")}
+    return all(c in header for c in PHASE_COLUMNS)
+
+
+def _parse_layer(where: str, name: str, text: str) -> int:
+    if not (text.isdecimal() and len(text) <= 5) or not int(text) < MAX_LAYERS:
+        raise ProfileError(
+            f"{where}: {name} {show_value(text)} is not a layer index in 0..{MAX_LAYERS - 1}"
+        )
+    return int(text)
+
+
+def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip().lower() for h in next(reader)]
+    except (StopIteration, csv.Error) as e:
+        raise ProfileError(f"{p}:1: cannot read the CSV header ({e})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise ProfileError(
+            f"{p}:1: missing column(s) {', '.join(missing)}; a phase-level header must contain "
+            f"{','.join(REQUIRED_COLUMNS + PHASE_COLUMNS)}"
+        )
+    if any(c in header for c in RANK_COLUMNS):
+        raise ProfileError(
+            f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
+            "(drop the rank columns)"
+        )
+    col = {name: header.index(name) for name in REQUIRED_COLUMNS}
+    first_col, last_col = (header.index(c) for c in PHASE_COLUMNS)
+    mem_col = header.index(MEM_COLUMN) if MEM_COLUMN in header else None
+    rows: list[PhaseRow] = []
+    seen: dict[tuple[int, Kind, int, int | None, int], int] = {}
+    try:
+        for record in reader:
+            line = reader.line_num
+            if not record or all(not c.strip() for c in record):
+                continue
+            if len(record) < len(header):
+                raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
+            where = f"{p}:{line}"
+            row = _parse_fields(where, {k: record[i].strip() for k, i in col.items()})
+            mem = None
+            if mem_col is not None and record[mem_col].strip():
+                mem = _parse_mem(where, record[mem_col].strip())
+            first = _parse_layer(where, "first_layer", record[first_col].strip())
+            last = _parse_layer(where, "last_layer", record[last_col].strip())
+            if last < first:
+                raise ProfileError(
+                    f"{where}: last_layer {last} is before first_layer {first}; a phase is the "
+                    "layers first_layer..last_layer (inclusive)"
+                )
+            key = (row[0], row[1], row[2], mem, first)
+            if key in seen:
+                raise ProfileError(
+                    f"{where}: duplicate phase from layer {first} of stage {row[0]} "
+                    f"{row[1].profile_name} at {_clocks((*row[:5], mem))} (first on line "
+                    f"{seen[key]}); keep one"
+                )
+            seen[key] = line
+            rows.append((row[0], row[1], first, last, row[2], row[3], row[4], mem))
+    except csv.Error as e:
+        raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
+    if not rows:
+        raise ProfileError(f"{p}: no data rows after the header")
+    return rows
+
+
+def _phase_profile(p: Path, text: str) -> PhaseProfile:
+    """Check that phases tile each op's layers alike at every clock; sum them per op."""
+    rows = _parse_phase_rows(p, text)
+    ops: dict[tuple[int, Kind, int, int | None], list[PhaseRow]] = {}
+    for r in rows:
+        ops.setdefault((r[0], r[1], r[4], r[7]), []).append(r)
+    layers: dict[int, tuple[int, Kind, int]] = {}  # stage -> (count, kind, clock) first seen
+    splits: dict[tuple[int, Kind], tuple[tuple[int, int], ...]] = {}
+    op_rows: list[Row] = []
+    for (stage, kind, freq, mem), phases in ops.items():
+        phases.sort(key=lambda r: r[2])
+        what = (
+            f"{p}: stage {stage} {kind.profile_name} at {_clocks((stage, kind, freq, 0, 0, mem))}"
+        )
+        end = 0
+        for r in phases:
+            if r[2] != end:
+                gap = "overlap" if r[2] < end else "gap"
+                raise ProfileError(
+                    f"{what}: phases {gap} at layer {min(r[2], end)} (a phase starts at layer "
+                    f"{r[2]}, the one before ends at {end - 1}); the phases must cover layers "
+                    "0..L-1 once"
+                )
+            end = r[3] + 1
+        split = tuple((r[2], r[3]) for r in phases)
+        known = splits.setdefault((stage, kind), split)
+        if known != split:
+            raise ProfileError(
+                f"{what}: phases {list(split)} differ from the op's phases at another clock "
+                f"{list(known)}; measure every clock with the same phases"
+            )
+        count = layers.setdefault(stage, (end, kind, freq))
+        if count[0] != end:
+            raise ProfileError(
+                f"{what}: {end} layers, but stage {stage} {count[1].profile_name} has "
+                f"{count[0]}; every instruction of a stage covers the same layers"
+            )
+        time_s = math.fsum(r[5] for r in phases)
+        energy_j = math.fsum(r[6] for r in phases)
+        op_rows.append((stage, kind, freq, time_s, energy_j, mem))
+    profile = build_profile(op_rows, source=str(p))
+    num_stages = profile.num_stages
+    missing = [s for s in range(num_stages) if s not in layers]
+    if missing:
+        raise ProfileError(f"{p}: no phases for stage(s) {missing}")
+    weights = [[0.0] * layers[s][0] for s in range(num_stages)]
+    for stage, kind in splits:
+        top = profile.op(stage, kind).max_freq  # the highest clock (pair): the reference
+        for r in ops[(stage, kind, top.freq_mhz, top.mem_freq_mhz)]:
+            share = r[5] / (r[3] - r[2] + 1)
+            for layer in range(r[2], r[3] + 1):
+                weights[stage][layer] += share
+    fractions = tuple(tuple(w / math.fsum(ws) for w in ws) for ws in weights)
+    logger.debug("read phase profile %s: %d stages, %d phase rows", p, num_stages, len(rows))
+    return PhaseProfile(
+        profile=profile,
+        rows=tuple(rows),
+        layers_per_stage=tuple(layers[s][0] for s in range(num_stages)),
+        layer_time_fractions=fractions,
+    )
 
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
@@ -338,3 +541,16 @@ def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
         rows_out.append(row)
     doc = {"schema_version": 1, "rows": rows_out}
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+
+
+def write_phase_profile_csv(profile: PhaseProfile, path: str | os.PathLike[str]) -> None:
+    """Write a phase-level profile's rows as CSV (atomically); a ``mem_freq_mhz`` column only
+    when some row has a memory clock."""
+    with_mem = any(r[7] is not None for r in profile.rows)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(REQUIRED_COLUMNS + PHASE_COLUMNS + ((MEM_COLUMN,) if with_mem else ()))
+    for stage, kind, first, last, freq, t, e, mem in profile.rows:
+        tail: list[object] = [("" if mem is None else mem)] if with_mem else []
+        writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), first, last, *tail])
+    atomic_write_text(path, out.getvalue())

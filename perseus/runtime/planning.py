@@ -35,6 +35,7 @@ from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
 from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE
+from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
 from perseus.runtime.profiling.sweep import OnlineProfiler, ProfileRow
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
@@ -194,7 +195,9 @@ class OnlineProfile:
         planned = OfflineProfile(profile).plan(ctx)
         return Planned(planned.frontier, planned.job, profile)
 
-    def plan_measured(self, ctx: PlanContext, rows: list[ProfileRow]) -> Planned:
+    def plan_measured(
+        self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
+    ) -> Planned:
         """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
         profile = gather_profile(rows, ctx.group)
         if self.cache is not None and ctx.rank == 0:
@@ -330,13 +333,13 @@ def plan_from_profile(
     return job, Frontier.model_validate_json(payload)
 
 
-def sweep_finished_everywhere(profiler: OnlineProfiler, group: Any) -> bool:
+def sweep_finished_everywhere(profiler: OnlineProfiler | PairSweep, group: Any) -> bool:
     """True when every rank's sweep is done (one all-reduce over ``group``)."""
     (busy,) = all_reduce_max([0.0 if profiler.done else 1.0], group)
     return busy == 0.0
 
 
-def gather_profile(rows: list[ProfileRow], group: Any) -> Profile:
+def gather_profile(rows: list[ProfileRow] | list[PairProfileRow], group: Any) -> Profile:
     """Every rank's measured rows as one profile (collective over ``group``)."""
     parts = all_gather_objects(rows, group)
     return build_profile([r for part in parts for r in part], source="online profile")

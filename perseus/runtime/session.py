@@ -163,12 +163,23 @@ class _NullScope:
 _OUTSIDE = _NullScope()
 
 
-def _op_time_fn(profile: Profile) -> Callable[[int, Kind, int], float]:
-    """An op's profiled time at a clock (the nearest profiled clock when not profiled)."""
+def _op_time_fn(profile: Profile) -> Callable[..., float]:
+    """An op's profiled time at a clock, or at a (SM, memory) clock pair (the nearest profiled
+    clock when not profiled; without a memory clock, the default: the highest)."""
 
-    def op_time_s(stage_index: int, kind: Kind, freq_mhz: int) -> float:
+    def op_time_s(
+        stage_index: int, kind: Kind, freq_mhz: int, mem_freq_mhz: int | None = None
+    ) -> float:
         options = profile.op(stage_index, kind).options
-        return min(options, key=lambda o: (abs(o.freq_mhz - freq_mhz), -o.freq_mhz)).time_s
+        return min(
+            options,
+            key=lambda o: (
+                abs(o.freq_mhz - freq_mhz),
+                -o.freq_mhz,
+                0 if mem_freq_mhz is None else abs((o.mem_freq_mhz or 0) - mem_freq_mhz),
+                -(o.mem_freq_mhz or 0),
+            ),
+        ).time_s
 
     return op_time_s
 

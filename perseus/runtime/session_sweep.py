@@ -16,12 +16,14 @@ import logging
 import time
 from typing import Any
 
+from perseus.device.base import MemoryClockGPU
 from perseus.errors import ConfigError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
+from perseus.runtime.profiling.pair_sweep import PairSweep
 from perseus.runtime.profiling.sweep import OnlineProfiler
 from perseus.schedule.actions import Schedule
 
@@ -55,7 +57,19 @@ class SessionSweep:
         self.gpu = gpu
         self.blocking_power_w = blocking_power_w
         ops = {(a.stage_index, a.kind) for a in schedule.rank_actions[rank]}
-        self.profiler = OnlineProfiler(ops, gpu.supported_clocks_mhz(), patience=options.patience)
+        self.profiler: OnlineProfiler | PairSweep
+        if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
+            # A lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md).
+            self.profiler = PairSweep(
+                ops,
+                self.gpu.supported_clocks_mhz(),
+                gpu.supported_memory_clocks_mhz(),
+                blocking_power_w=blocking_power_w,
+            )
+        else:
+            self.profiler = OnlineProfiler(
+                ops, gpu.supported_clocks_mhz(), patience=options.patience
+            )
         self._sampler: CounterSampler | None = None
         self._window: SweepWindow | None = None
         self._warned_observe_only = False
@@ -109,7 +123,7 @@ class SessionSweep:
         top = max(self.gpu.supported_clocks_mhz())
         freqs = tuple(
             tuple(
-                self.profiler.clock_for(a.stage_index, a.kind) if r == self.rank else top
+                self.profiler.plan_op_for(a.stage_index, a.kind) if r == self.rank else top
                 for a in actions
             )
             for r, actions in enumerate(schedule.rank_actions)

@@ -1,4 +1,5 @@
-"""Apply SM clocks off the training thread, on the device's timeline.
+"""Apply clocks (the SM clock, and the memory clock where a plan sets one) off the training
+thread, on the device's timeline.
 
 A set-clock call blocks its caller for ~5 ms (up to 15 ms, docs/hardware.md#sim-defaults), far too
 long for the
@@ -14,11 +15,13 @@ Two ways to post:
   The worker waits for the op's start event, then issues the next clock early by the
   measured set latency, at ``start + expected op time - latency`` (the expected time is the
   op's device-event time in the previous iteration, when known), so the new clock applies as
-  the op ends; without an expectation it waits for the op's end event. A two-clock op
-  (:mod:`perseus.profile.two_clock`) carries a second clock and the predicted device time
-  from its start to its planned layer boundary: the worker issues that clock at
-  ``start + predicted time to the boundary - latency`` in the same way (skipped if the op
-  ended first), then the next op's clock as above. It also stamps each
+  the op ends; without an expectation it waits for the op's end event. A phased op
+  (:mod:`perseus.profile.two_clock`: two to four phases) carries, per later phase, its clock
+  pair and the predicted device time from the op's start to the phase's layer boundary: the
+  worker issues each at ``start + predicted time to the boundary - latency`` in the same way
+  (the rest skipped once the op ended), then the next op's clocks as above. A pair whose
+  memory clock changes makes two driver calls (memory, then SM), each charged the device's
+  set latency, so such a change is issued earlier by one more median landing. It also stamps each
   event with the energy counter as it observes completion (devices whose events carry their
   own counter reading need no stamp), so op and iteration energy are read at device-time
   boundaries.
@@ -51,12 +54,20 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from perseus.device.base import GPU, AppliedClockGPU, DeviceEvent, EventSource, ObserveOnlyWarning
+from perseus.device.base import (
+    GPU,
+    AppliedClockGPU,
+    DeviceEvent,
+    EventSource,
+    MemoryClockGPU,
+    ObserveOnlyWarning,
+)
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
-__all__ = ["ApplyStats", "Boundary", "FrequencyController", "issue_offset_s"]
+__all__ = ["ApplyStats", "Boundary", "FrequencyController", "MidSwitch", "issue_offset_s"]
 
 #: How often the worker re-checks an event it waits for (a CUDA event has no timed wait).
 POLL_S = 0.0002
@@ -123,6 +134,16 @@ class ApplyStats:
     median_set_latency_s: float = 0.0
 
 
+class MidSwitch(NamedTuple):
+    """A clock change inside an op: at ``at_s`` of device time after the op's start (None:
+    unknown, skipped), SM clock ``freq_mhz`` and memory clock ``mem_freq_mhz`` (None: left
+    as it is)."""
+
+    at_s: float | None
+    freq_mhz: int
+    mem_freq_mhz: int | None = None
+
+
 @dataclass(eq=False, slots=True)
 class Boundary:
     """One op on the device's timeline, posted by the agent when the host enters it.
@@ -135,11 +156,11 @@ class Boundary:
         gap_s: Expected idle device time between this op's end and the next op's start
             (waiting for its input); the change may land anywhere in it.
         start_mj / end_mj: The energy counter at the events' device times.
-        mid_freq_mhz: Two-clock op: the clock its later layers run at (None: one clock).
-        mid_at_s: Two-clock op: predicted device time from the op's start to the layer
-            boundary where ``mid_freq_mhz`` must apply.
-        mid_issued: Set by the worker: the mid-op clock was issued (before the op ended).
-        mid_issue_s: Device-clock time at which the mid-op set call was issued.
+        mem_next_mhz: Memory clock of the next op (None: not set by the plan).
+        mids: Phased op: the changes inside the op, in order (empty: one phase).
+        mids_issued: Set by the worker: how many of ``mids`` were issued (before the op
+            ended).
+        mid_issue_s: Device-clock time at which the first mid-op change was issued.
         stamp: Read the counter at ``start`` even when the controller does not stamp ops (an
             iteration's first event: its reading is taken here, off the training thread).
         aim_s / ready_s / issue_s / return_s: Set by the worker, on the device's clock, for
@@ -157,9 +178,9 @@ class Boundary:
     start_mj: int | None = None
     end_mj: int | None = None
     applied_early: bool = field(default=False)
-    mid_freq_mhz: int | None = None
-    mid_at_s: float | None = None
-    mid_issued: bool = field(default=False)
+    mem_next_mhz: int | None = None
+    mids: tuple[MidSwitch, ...] = ()
+    mids_issued: int = 0
     mid_issue_s: float | None = None
     stamp: bool = False
     gap_s: float = 0.0
@@ -167,6 +188,16 @@ class Boundary:
     ready_s: float | None = None
     issue_s: float | None = None
     return_s: float | None = None
+
+    @property
+    def mid_issued(self) -> bool:
+        """True when at least one mid-op change was issued."""
+        return self.mids_issued > 0
+
+    @property
+    def mid_freq_mhz(self) -> int | None:
+        """The SM clock of the first mid-op change (None: a one-phase op)."""
+        return self.mids[0].freq_mhz if self.mids else None
 
     def time_s(self) -> float:
         """The op's device time (blocks until the end event completed)."""
@@ -234,12 +265,16 @@ class FrequencyController:
         self.events = events
         self._stamp_ops = stamp_ops
         self._cond = threading.Condition(threading.Lock())
-        self._pending: int | None = None
+        # Clock pairs (SM, memory or None) from here on: request() and apply_now() post them.
+        self._pending: tuple[int, int | None] | None = None
         self._pending_since = 0.0
-        self._posted: int | None = None  # last value accepted by request()
+        self._posted: tuple[int, int | None] | None = None  # last value accepted by request()
         self._applied: int | None = None  # last value the driver accepted (snapped)
         self._target: int | None = None  # the last clock asked for, applied or not
         self._done: int | None = None  # the last clock whose set call returned
+        self._mem_target: int | None = None  # the last memory clock asked for
+        self._mem_applied: int | None = None  # the last memory clock the driver accepted
+        self._mem_gpu: MemoryClockGPU | None = gpu if isinstance(gpu, MemoryClockGPU) else None
         self._jobs: deque[Boundary] = deque()
         self._busy = False
         self._error: BaseException | None = None
@@ -289,6 +324,11 @@ class FrequencyController:
         """The last requested clock whose set call has returned (before snapping)."""
         return self._done
 
+    @property
+    def applied_memory_mhz(self) -> int | None:
+        """The last memory clock the driver accepted (after snapping), or None."""
+        return self._mem_applied
+
     def set_latency_s(self) -> float | None:
         """Median measured set-call latency (None before the first call)."""
         lat = sorted(self._latencies_s)
@@ -327,33 +367,36 @@ class FrequencyController:
     # ----------------------------------------------------------------------------------------
     # Posting (training thread)
 
-    def request(self, freq_mhz: int) -> None:
-        """Host-timed: apply ``freq_mhz`` as soon as possible; returns immediately.
+    def request(self, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
+        """Host-timed: apply ``freq_mhz`` (and memory clock ``mem_freq_mhz`` unless None) as
+        soon as possible; returns immediately.
 
         Raises:
             DeviceError: a worker error (raised once, then cleared).
         """
         if self._attention:
             self._surface()
-        if freq_mhz == self._posted or self.observe_only:
+        pair = (freq_mhz, mem_freq_mhz)
+        if pair == self._posted or self.observe_only:
             return
         with self._cond:
             if self._pending is not None:
                 self._stale += 1
-            self._pending = freq_mhz
+            self._pending = pair
             self._pending_since = self.clock.now()
-            self._posted = freq_mhz
+            self._posted = pair
             self._cond.notify()
         if not self._threaded:
             self._drain()  # inline: "as soon as possible" is now
 
-    def apply_now(self, freq_mhz: int) -> None:
-        """Device-timed mode: apply ``freq_mhz`` before the next posted boundary is handled
-        (the device is idle at an iteration boundary, so "now" is the right time)."""
-        if freq_mhz == self._target:
+    def apply_now(self, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
+        """Device-timed mode: apply ``freq_mhz`` (and ``mem_freq_mhz`` unless None) before
+        the next posted boundary is handled (the device is idle at an iteration boundary, so
+        "now" is the right time)."""
+        if freq_mhz == self._target and not self._mem_change(mem_freq_mhz):
             return
         self._posted = None  # boundaries may have moved the clock since the last request
-        self.request(freq_mhz)
+        self.request(freq_mhz, mem_freq_mhz)
 
     def post(self, boundary: Boundary) -> None:
         """Device-timed: handle ``boundary`` in order (see the module docstring)."""
@@ -368,6 +411,7 @@ class FrequencyController:
         someone else reset the GPU)."""
         self._posted = None
         self._target = None
+        self._mem_target = None
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time.
@@ -467,7 +511,7 @@ class FrequencyController:
                 self._pending = None
                 job = self._jobs[0] if freq is None and self._jobs else None
             if freq is not None:
-                self._apply(freq, since)
+                self._apply(freq[0], since, freq[1])
             elif job is not None:
                 if job.end is None:
                     return  # the host is still inside this op: the rest waits for it
@@ -492,7 +536,7 @@ class FrequencyController:
                 self._busy = True
             try:
                 if freq is not None:
-                    self._apply(freq, since)
+                    self._apply(freq[0], since, freq[1])
                 elif job is not None:
                     self._handle(job)
                     with self._cond:
@@ -551,43 +595,66 @@ class FrequencyController:
             sleep(left - FINAL_POLL_S if left > FINAL_POLL_S and self.clock.real_time else left)
 
     def _handle(self, job: Boundary) -> None:
-        """One op on the device's timeline: its start reading, the mid-op clock of a
-        two-clock op, the next op's clock, its end reading and prediction error."""
+        """One op on the device's timeline: its start reading, the mid-op changes of a
+        phased op, the next op's clocks, its end reading and prediction error."""
         job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or job.stamp)
-        mid, mid_at_s, events = job.mid_freq_mhz, job.mid_at_s, self.events
-        if mid is not None and self._wants(mid) and mid_at_s is not None and events is not None:
-            self._issue_mid(job, mid, mid_at_s, events)
-            if self._closed:
-                return
-        if self._wants(job.freq_next_mhz):
-            assert job.freq_next_mhz is not None
-            self._issue_next(job, job.freq_next_mhz)
+        events = self.events
+        for mid in job.mids:
+            if mid.at_s is None or events is None:
+                break
+            if not self._wants(mid.freq_mhz, mid.mem_freq_mhz):
+                continue  # already at these clocks
+            if not self._issue_mid(job, mid, events):
+                break  # the op ended first: its later phases are skipped too
+        if self._closed:
+            return
+        if job.freq_next_mhz is not None and self._wants(job.freq_next_mhz, job.mem_next_mhz):
+            self._issue_next(job, job.freq_next_mhz, job.mem_next_mhz)
             if self._closed:
                 return
         self._finish(job)
 
-    def _wants(self, freq_mhz: int | None) -> bool:
-        """True when ``freq_mhz`` is a change to make."""
-        return freq_mhz is not None and not self.observe_only and freq_mhz != self._target
+    def _wants(self, freq_mhz: int | None, mem_freq_mhz: int | None = None) -> bool:
+        """True when the pair is a change to make (a None memory clock is no change)."""
+        if freq_mhz is None or self.observe_only:
+            return False
+        return freq_mhz != self._target or self._mem_change(mem_freq_mhz)
 
-    def _issue_mid(self, job: Boundary, mid_mhz: int, mid_at_s: float, events: EventSource) -> None:
-        """Two-clock op: the same prediction as for op boundaries, aimed at the planned layer
-        boundary inside the op (skipped when the op ends first)."""
-        mid_lead = self.landing_s() or 0.0
-        mid_until = job.start.device_time_s() + mid_at_s - mid_lead
+    def _mem_change(self, mem_freq_mhz: int | None) -> bool:
+        return (
+            mem_freq_mhz is not None
+            and self._mem_gpu is not None
+            and mem_freq_mhz != self._mem_target
+        )
+
+    def _extra_lead_s(self, freq_mhz: int, mem_freq_mhz: int | None) -> float:
+        """A pair change makes two set calls: the memory call's landing comes first."""
+        if self._mem_change(mem_freq_mhz) and freq_mhz != self._target:
+            return self.landing_s() or 0.0
+        return 0.0
+
+    def _issue_mid(self, job: Boundary, mid: MidSwitch, events: EventSource) -> bool:
+        """Phased op: the same prediction as for op boundaries, aimed at the planned layer
+        boundary inside the op; False (nothing issued) when the op ends first."""
+        assert mid.at_s is not None
+        lead = (self.landing_s() or 0.0) + self._extra_lead_s(mid.freq_mhz, mid.mem_freq_mhz)
+        mid_until = job.start.device_time_s() + mid.at_s - lead
         if self._wait_end(job, mid_until) or self._closed:
-            return
-        job.mid_issue_s = events.timeline_now_s()
-        job.mid_issued = True
-        self._apply(mid_mhz, self.clock.now())
+            return False
+        if job.mid_issue_s is None:
+            job.mid_issue_s = events.timeline_now_s()
+        job.mids_issued += 1
+        self._apply(mid.freq_mhz, self.clock.now(), mid.mem_freq_mhz)
+        return True
 
-    def _issue_next(self, job: Boundary, freq_mhz: int) -> None:
-        """The next op's clock: at the aim (predicted end plus the learnt offset), or when the
-        op's end event completes when there is no prediction."""
+    def _issue_next(self, job: Boundary, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
+        """The next op's clocks: at the aim (predicted end plus the learnt offset), or when
+        the op's end event completes when there is no prediction."""
         events = self.events
         until = None
         offset = self._issue_offset_s(job) if job.expected_s is not None else None
         if job.expected_s is not None and offset is not None:
+            offset -= self._extra_lead_s(freq_mhz, mem_freq_mhz)
             until = job.start.device_time_s() + job.expected_s + offset
         job.aim_s = until
         if events is not None:
@@ -606,7 +673,7 @@ class FrequencyController:
             return
         if events is not None:
             job.issue_s = events.timeline_now_s()
-        self._apply(freq_mhz, self.clock.now())
+        self._apply(freq_mhz, self.clock.now(), mem_freq_mhz)
         if settle:  # did the op end before the call was issued?
             end, issued = job.end, job.issue_s or 0.0
             ended = end is not None and end.query() and end.device_time_s() <= issued
@@ -625,15 +692,42 @@ class FrequencyController:
                 actual = job.end.device_time_s() - job.start.device_time_s()
                 self._end_errors.append(actual / job.expected_s - 1.0)
 
-    def _apply(self, freq: int, since: float) -> None:
+    def _apply(self, freq: int, since: float, mem: int | None = None) -> None:
+        """Set the memory clock (when ``mem`` is a change), then the SM clock (a memory-only
+        change leaves the SM lock alone); each call is one driver call and its latency."""
         if self.observe_only or self._closed:
             return
+        set_mem = self._mem_change(mem)
+        set_sm = freq != self._target or not set_mem
         self._target = freq
+        if set_mem:
+            self._mem_target = mem
         last: BaseException | None = None
         now = self.clock.now
         for attempt in range(self._retries + 1):
             try:
                 events, applied = self.events, self._clock_applied
+                if set_mem:
+                    mem_gpu = self._mem_gpu
+                    assert mem is not None and mem_gpu is not None
+                    with self.device_lock:
+                        if self._closed:
+                            return
+                        t0 = now()
+                        try:
+                            self._mem_applied = mem_gpu.set_memory_locked_clock(mem)
+                        except (DevicePermissionError, DeviceNotSupportedError) as e:
+                            self._drop_memory_clocks(e)
+                        t1 = now()
+                    set_mem = False  # done: a retry of the SM call does not repeat it
+                    if self._mem_gpu is not None:
+                        self._latencies_s.append(t1 - t0)
+                        self._landings_s.append(t1 - t0 + self._apply_delay_s)
+                        self._landing_count += 1
+                    if not set_sm:
+                        self._delays_s.append(t1 - since)
+                        self._done = freq
+                        return
                 with self.device_lock:
                     if self._closed:
                         return
@@ -661,6 +755,17 @@ class FrequencyController:
             f"setting the clock on {self.gpu.name} kept failing ({self._retries + 1} tries, "
             f"last: {last!r})"
         )
+
+    def _drop_memory_clocks(self, error: DeviceError) -> None:
+        """The driver refused a memory lock (a board that lists memory clocks but does not
+        lock them): keep setting SM clocks, never ask for a memory clock again, warn once."""
+        self._mem_gpu = None
+        self._mem_target = None
+        self._notice = (
+            f"perseus: cannot lock memory clocks on {self.gpu.name}: {error}; running SM clocks "
+            "only, at the default memory clock (the plan's figures will not hold)"
+        )
+        self._attention = True
 
     def _degrade(self, why: str) -> None:
         self._notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"

@@ -9,8 +9,9 @@ at its clock and the gap after it, both learnt from the completed iterations' de
   ~1 % x sqrt(1 + 1/k);
 * the gap is the smallest of the last :data:`HISTORY` (a change aimed into a gap that turns out
   shorter lands inside the next op);
-* a two-clock op's time is also kept as "the whole op at its first clock", from which the
-  planned layer boundary is predicted when no profile gives it.
+* a phased op's time is also kept as its "time per unit of work over clock" (time taken as
+  inversely proportional to the SM clock, over the phases that really ran), from which its
+  planned layer boundaries are predicted when no profile gives them.
 
 The agent (:mod:`perseus.runtime.agent.rank_agent`) owns one :class:`OpTimingHistory`; the controller
 (:mod:`perseus.runtime.agent.controller`) turns its predictions into issue times.
@@ -25,6 +26,7 @@ from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
 from perseus.runtime.agent.controller import Boundary
+from perseus.runtime.agent.rank_plan import OpPhase
 
 __all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory"]
 
@@ -55,7 +57,7 @@ class OpTimingHistory:
         self._last_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
         self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
         self._gaps_s: dict[int, deque[float]] = {}
-        self._first_clock_s: dict[tuple[int, int, int], float] = {}  # two-clock ops
+        self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
         # What the per-op lookups return, recomputed once per iteration by learn():
         self._expected_s: dict[tuple[int, int], float] = {}  # mean of _times_s, else _last_s
@@ -70,9 +72,13 @@ class OpTimingHistory:
         """Predicted idle device time after op ``j`` (0 when unknown)."""
         return self._gap_s.get(j, 0.0)
 
-    def first_clock_time_s(self, j: int, freq_a_mhz: int, freq_b_mhz: int) -> float | None:
-        """Two-clock op ``j``: its whole time had it run at ``freq_a_mhz`` (None: unknown)."""
-        return self._first_clock_s.get((j, freq_a_mhz, freq_b_mhz))
+    def phase_start_s(self, j: int, phases: tuple[OpPhase, ...], i: int) -> float | None:
+        """Phased op ``j``: predicted device time from its start to phase ``i``'s start
+        (None: the op was never seen with these phases)."""
+        unit = self._unit_s.get((j, phases))
+        if unit is None:
+            return None
+        return unit * _work_over_clock(phases, i, i)
 
     def forget_boundary(self) -> None:
         """The iteration was abandoned: the next one's first op has no predecessor."""
@@ -82,7 +88,7 @@ class OpTimingHistory:
         self,
         jobs: Sequence[Boundary],
         freqs_mhz: Sequence[int],
-        mid_shares: Sequence[float | None],
+        phases: Sequence[tuple[OpPhase, ...]],
     ) -> list[OpDeviceTimes]:
         """Learn from an iteration's completed boundaries (all events done); returns each
         op's device times, in order (ops whose end was never recorded are left out).
@@ -90,7 +96,7 @@ class OpTimingHistory:
         Args:
             jobs: The iteration's boundaries, op ``j`` at index ``j``.
             freqs_mhz: Each op's (first) clock.
-            mid_shares: Two-clock ops: the share of the op's layers at the first clock.
+            phases: Each op's phases.
         """
         whole = bool(jobs) and len(jobs) == len(freqs_mhz)
         last = self._last_end
@@ -112,13 +118,12 @@ class OpTimingHistory:
             self._last_s[(j, freq)] = times.time_s
             if not job.mid_issued:
                 self._push(self._times_s, (j, freq), times.time_s)
-            mid = job.mid_freq_mhz
-            share = mid_shares[j] if j < len(mid_shares) else None
-            if mid is not None and share is not None:
-                # Ran wholly at ``freq`` (switch not issued), or the mix: time_s = t_a *
-                # (share + (1 - share) * freq / mid) when time scales as 1 / clock.
-                mix = share + (1.0 - share) * freq / mid if job.mid_issued else 1.0
-                self._first_clock_s[(j, freq, mid)] = times.time_s / mix
+            op = phases[j] if j < len(phases) else ()
+            if len(op) > 1:
+                # Phases 0..m ran (m: the mid-op changes issued), the last of them to the end:
+                # time_s = unit * sum(work share / clock) when time scales as 1 / clock.
+                m = min(job.mids_issued, len(op) - 1)
+                self._unit_s[(j, op)] = times.time_s / _work_over_clock(op, m + 1, m)
         self._expected_s = dict(self._last_s)
         self._expected_s.update({k: sum(v) / len(v) for k, v in self._times_s.items() if v})
         self._gap_s = {j: min(v) for j, v in self._gaps_s.items() if v}
@@ -126,3 +131,14 @@ class OpTimingHistory:
 
     def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> None:
         table.setdefault(key, deque(maxlen=self._history)).append(max(0.0, value))
+
+
+def _work_over_clock(phases: tuple[OpPhase, ...], upto: int, last: int) -> float:
+    """Sum of (work share / SM clock) over phases ``0 .. upto - 1``, phase ``last`` running
+    to the end of the op when ``upto > last`` (else every phase to its planned end)."""
+    total = 0.0
+    for k in range(min(upto, len(phases))):
+        p = phases[k]
+        end = 1.0 if k == last or k + 1 >= len(phases) else phases[k + 1].start_share
+        total += (end - p.start_share) / p.freq_mhz
+    return total

@@ -17,7 +17,12 @@ boundary the agent records an event on the compute stream and posts a
 which waits for the op's start on the device and issues the next clock so that it lands as the
 op ends (:mod:`perseus.runtime.agent.op_timing` learns op times and gaps). A two-clock op
 (:mod:`perseus.profile.two_clock`) also carries its second clock and the predicted time of its
-first layers, issued the same way. Op times come from event pairs, energy from the counter at
+first layers, issued the same way; a phased op (up to four phases) carries each later
+phase's clocks and the predicted time to its start. Where a plan sets memory clocks and the
+GPU can lock them (:class:`~perseus.device.base.MemoryClockGPU`), every change is a clock
+pair: the memory clock is set beside the SM clock by the same worker, at the same planned
+points, charged its own set latency (a phase with no memory clock runs at the GPU's default,
+the highest). Op times come from event pairs, energy from the counter at
 device-time boundaries (per op where events carry readings, else at iteration ends). The
 training thread never synchronises the device; :meth:`RankAgent.step_end` waits for the
 iteration's last event (once per iteration). ``timing="host"`` (post the clock when the host
@@ -43,13 +48,20 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU, ObserveOnlyWarning
+from perseus.device.base import (
+    GPU,
+    DeviceEvent,
+    EventSource,
+    MemoryClockGPU,
+    ObserveOnlyGPU,
+    ObserveOnlyWarning,
+)
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DevicePermissionError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.events import CudaEventSource, event_source_for
-from perseus.runtime.agent.rank_plan import RankPlan
+from perseus.runtime.agent.rank_plan import OpPhase, RankPlan
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
@@ -68,8 +80,10 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``.
-OpTimeFn = Callable[[int, Kind, int], float]
+#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``; called
+#: with a fourth argument, the memory clock, for a phase that sets one
+#: (``(stage_index, kind, freq_mhz, mem_freq_mhz) -> time_s``).
+OpTimeFn = Callable[..., float]
 
 
 def _no_energy() -> int:
@@ -118,7 +132,8 @@ class RankAgent:
             ``"host"`` (the host's view; see the module docstring).
         events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
         op_time_s: Predicted device time of a whole op at a clock (from the profile the plan
-            was computed for); times a two-clock op's mid-op switch. Without it the agent
+            was computed for; given the memory clock as a fourth argument for a phase that
+            sets one); times a phased op's mid-op switches. Without it the agent
             predicts from the op's device time in the previous iteration (time taken as
             inversely proportional to the clock), and the first iteration runs two-clock ops
             at their first clock only.
@@ -173,6 +188,8 @@ class RankAgent:
         self._started = False
         self._clocks: tuple[int, ...] = ()
         self._snap_cache: dict[int, int] = {}
+        self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks (empty: not lockable)
+        self._mem_warned = False
         self._scope = _OpScope(self)
         self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
         self._ops: deque[OpRow] = deque(maxlen=max_op_records)
@@ -182,6 +199,7 @@ class RankAgent:
         self._cursor = 0
         self._in_step = False
         self._pending_plan: tuple[Frontier, int] | None = None
+        self._started_gpu = False  # the GPU's clock lists are known
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
@@ -200,12 +218,49 @@ class RankAgent:
         self._rank_plan = rank_plan
         self._names = rank_plan.names
         self._expected = rank_plan.expected
-        self._planned_mhz = rank_plan.freqs_a_mhz
-        self._planned_b_mhz = rank_plan.freqs_b_mhz
-        self._mid_share = rank_plan.mid_shares
-        self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
-        self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
-        self._mode.set(self._names, self._freqs, self._freqs_b, self._mid_share)
+        self._snap_plan()
+        self._mode.set(self._names, self._phases)
+
+    def _snap_plan(self) -> None:
+        """The plan's phases on this GPU: SM clocks snapped to its list; memory clocks
+        snapped to its lockable ones (a phase without one at the default, the highest) when
+        the plan sets any and the GPU can lock them, else left alone (None)."""
+        rank_plan = self._rank_plan
+        mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
+        if rank_plan.uses_memory_clocks and self._started_gpu and self.enabled and not mem:
+            self._warn_no_memory_clocks()
+        self._phases = tuple(
+            tuple(
+                OpPhase(self._snap(p.freq_mhz), self._snap_mem(p.mem_freq_mhz, mem), p.start_share)
+                for p in op
+            )
+            for op in rank_plan.phases
+        )
+        self._freqs = tuple(op[0].freq_mhz for op in self._phases)
+
+    @staticmethod
+    def _snap_mem(mem_mhz: int | None, clocks: tuple[int, ...]) -> int | None:
+        if not clocks:
+            return None
+        if mem_mhz is None:
+            return clocks[0]
+        return min(clocks, key=lambda c: (abs(c - mem_mhz), -c))
+
+    def _warn_no_memory_clocks(self) -> None:
+        if self._mem_warned:
+            return
+        self._mem_warned = True
+        gpu = self.gpu
+        why = "it has no memory clock control"
+        if isinstance(gpu, MemoryClockGPU):
+            why = gpu.memory_clock_control() or why
+        _log.warning(
+            "rank %d: the plan sets memory clocks but %s cannot lock them (%s); running its "
+            "SM clocks at the default memory clock, so its predicted figures will not hold",
+            self.rank,
+            gpu.name if gpu is not None else "no GPU",
+            why,
+        )
 
     def _host_timing(self, prefetch: bool) -> HostTiming:
         return HostTiming(
@@ -229,28 +284,40 @@ class RankAgent:
 
     @property
     def planned_clocks_mhz(self) -> tuple[int, ...]:
-        """This rank's clock per op (a two-clock op's first clock), snapped to the GPU's
-        supported list once started."""
+        """This rank's SM clock per op (a phased op's first), snapped to the GPU's supported
+        list once started."""
         return self._freqs
 
     @property
     def planned_end_clocks_mhz(self) -> tuple[int, ...]:
-        """The clock each op ends at (a two-clock op's second clock; else its only one)."""
-        return self._freqs_b
+        """The SM clock each op ends at (a phased op's last phase's; else its only one)."""
+        return tuple(op[-1].freq_mhz for op in self._phases)
 
-    def _mid_time_s(self, j: int, share: float) -> float | None:
-        """Predicted device time from op ``j``'s start to its layer boundary: the first
-        layers' share of the op's time at its first clock."""
+    @property
+    def planned_phases(self) -> tuple[tuple[OpPhase, ...], ...]:
+        """Each op's phases as this agent runs them: SM clocks snapped, memory clocks
+        snapped (None: not set, the plan sets none or the GPU cannot lock them)."""
+        return self._phases
+
+    def _mid_time_s(self, j: int, i: int) -> float | None:
+        """Predicted device time from op ``j``'s start to the start of its phase ``i``: each
+        earlier phase's share of work times the whole op's time at its clocks."""
         kind, _mb, stage = self._expected[j]
-        fa, fb = self._freqs[j], self._freqs_b[j]
+        phases = self._phases[j]
         fn = self._op_time_fn
         if fn is not None:
-            return share * fn(stage, Kind(kind), fa)
+            planned = self._rank_plan.phases[j]
+            total = 0.0
+            for k in range(i):
+                mem = planned[k].mem_freq_mhz if phases[k].mem_freq_mhz is not None else None
+                f = phases[k].freq_mhz
+                t = fn(stage, Kind(kind), f) if mem is None else fn(stage, Kind(kind), f, mem)
+                total += (phases[k + 1].start_share - phases[k].start_share) * t
+            return total
         mode = self._mode
         if not isinstance(mode, DeviceTiming):
             return None
-        t_a = mode.history.first_clock_time_s(j, fa, fb)
-        return None if t_a is None else share * t_a
+        return mode.history.phase_start_s(j, phases, i)
 
     def swap_plan(self, plan: Frontier, point_index: int = 0) -> None:
         """Run ``plan`` from the next :meth:`step_begin` on (safe from another thread).
@@ -294,8 +361,7 @@ class RankAgent:
         gpu = self.gpu
         if gpu is not None:
             self._clocks = gpu.supported_clocks_mhz()  # opens an NVML device
-            self._freqs = tuple(self._snap(f) for f in self._planned_mhz)
-            self._freqs_b = tuple(self._snap(f) for f in self._planned_b_mhz)
+            self._snap_cache.clear()
             reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
             if self.enabled and reason is not None:
                 # Known before any set call (privilege probe, pre-Volta): say it once, and
@@ -314,6 +380,17 @@ class RankAgent:
             # CUDA events carry no counter reading and NVML's counter is too coarse and too
             # slow to read per op (see FrequencyController's stamp_ops): iteration ends only.
             self._stamp_ops = not isinstance(self._events, CudaEventSource)
+            # Memory clocks: set only by an agent that controls clocks, on a GPU that can
+            # lock them (observe-only never sets them).
+            self._mem_clocks = ()
+            if (
+                self.enabled
+                and isinstance(gpu, MemoryClockGPU)
+                and gpu.memory_clock_control() is None
+            ):
+                self._mem_clocks = tuple(gpu.supported_memory_clocks_mhz())
+            self._started_gpu = True
+            self._snap_plan()
         if self.enabled and gpu is not None:
             self._claim = GpuClaim(
                 gpu,
@@ -369,7 +446,7 @@ class RankAgent:
         else:
             mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing(True)
             mode.controller = self._controller
-        mode.set(self._names, self._freqs, self._freqs_b, self._mid_share)
+        mode.set(self._names, self._phases)
         self._mode = mode
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """One rank's part of a plan point, as the rank agent runs it: op names, the (kind,
-microbatch, stage) each op must be, each op's clock(s), and a two-clock op's share of work at
-its first clock. Built once per plan (and per :meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`);
+microbatch, stage) each op must be, and each op's phases: its clock pair (SM clock, memory
+clock or None for the default) from a share of its work on (one phase for a one-clock op,
+up to four for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per :meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`);
 pure: no device, no clock.
 """
 
@@ -8,14 +9,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Frontier
-from perseus.profile.two_clock import build_layer_split, op_clocks
+from perseus.profile.two_clock import build_layer_split, op_phases
 from perseus.schedule.actions import Kind
 
-__all__ = ["RankPlan", "parse_ops"]
+__all__ = ["OpPhase", "RankPlan", "parse_ops"]
+
+
+class OpPhase(NamedTuple):
+    """One phase of an op as the agent runs it: SM clock ``freq_mhz`` and memory clock
+    ``mem_freq_mhz`` (None: the GPU's default, never set) from ``start_share`` of the op's
+    work on (0 for the first phase)."""
+
+    freq_mhz: int
+    mem_freq_mhz: int | None
+    start_share: float
+
 
 _OP_RE = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
 
@@ -45,10 +57,7 @@ class RankPlan:
     Attributes:
         names: Op names in the order the training loop must run them.
         expected: ``(kind, microbatch, stage)`` per op.
-        freqs_a_mhz: Each op's (first) clock, as planned (not yet snapped to a device).
-        freqs_b_mhz: The clock each op ends at (a two-clock op's second; else its only one).
-        mid_shares: Two-clock ops: the share of the op's work before the layer boundary
-            where the second clock applies (None: a one-clock op).
+        phases: Each op's phases, as planned (not yet snapped to a device).
     """
 
     plan: Frontier
@@ -56,9 +65,22 @@ class RankPlan:
     rank: int
     names: tuple[str, ...]
     expected: tuple[tuple[str, int, int], ...]
-    freqs_a_mhz: tuple[int, ...]
-    freqs_b_mhz: tuple[int, ...]
-    mid_shares: tuple[float | None, ...]
+    phases: tuple[tuple[OpPhase, ...], ...]
+
+    @property
+    def freqs_a_mhz(self) -> tuple[int, ...]:
+        """Each op's first SM clock."""
+        return tuple(p[0].freq_mhz for p in self.phases)
+
+    @property
+    def freqs_b_mhz(self) -> tuple[int, ...]:
+        """The SM clock each op ends at."""
+        return tuple(p[-1].freq_mhz for p in self.phases)
+
+    @property
+    def uses_memory_clocks(self) -> bool:
+        """True when some op of this rank sets a memory clock."""
+        return any(ph.mem_freq_mhz is not None for p in self.phases for ph in p)
 
     @classmethod
     def of(cls, plan: Frontier, point_index: int, rank: int) -> RankPlan:
@@ -76,14 +98,16 @@ class RankPlan:
             )
         names = plan.stage_ops[rank]
         expected = parse_ops(names, rank)
-        clocks = tuple(op_clocks(op) for op in plan.points[point_index].freqs_mhz[rank])
-        shares: list[float | None] = [None] * len(clocks)
-        if any(c.is_two_clock for c in clocks):
+        planned = tuple(op_phases(op) for op in plan.points[point_index].freqs_mhz[rank])
+        phases: list[tuple[OpPhase, ...]] = [
+            (OpPhase(p[0].freq_mhz, p[0].mem_freq_mhz, 0.0),) for p in planned
+        ]
+        if any(len(p) > 1 for p in planned):
             job = plan.job
             if job.layers_per_stage is None:
                 raise PlanError(
-                    f"plan rank {rank} has two-clock ops but job.layers_per_stage is not "
-                    "set; regenerate the plan with `layers_per_stage`"
+                    f"plan rank {rank} has two-clock (phased) ops but job.layers_per_stage is "
+                    "not set; regenerate the plan with `layers_per_stage`"
                 )
             try:
                 split = build_layer_split(
@@ -95,18 +119,20 @@ class RankPlan:
                 )
             except ConfigError as e:
                 raise PlanError(f"plan job: {e}") from None
-            for j, c in enumerate(clocks):
-                if c.is_two_clock:
-                    shares[j] = split.work_before(expected[j][2], c.layers_at_a)
+            for j, op in enumerate(planned):
+                if len(op) > 1:
+                    stage = expected[j][2]
+                    phases[j] = tuple(
+                        OpPhase(p.freq_mhz, p.mem_freq_mhz, split.work_before(stage, p.first_layer))
+                        for p in op
+                    )
         return cls(
             plan=plan,
             point_index=point_index,
             rank=rank,
             names=names,
             expected=expected,
-            freqs_a_mhz=tuple(c.freq_a_mhz for c in clocks),
-            freqs_b_mhz=tuple(c.freq_b_mhz for c in clocks),
-            mid_shares=tuple(shares),
+            phases=tuple(phases),
         )
 
     def order_error(

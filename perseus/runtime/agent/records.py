@@ -43,7 +43,7 @@ class IterationRecord:
     energy_j: float
     num_ops: int
     planned_time_s: float
-    #: Mid-op clock switches issued in this iteration (two-clock ops).
+    #: Mid-op clock changes issued in this iteration (phased ops; a three-phase op has two).
     mid_op_switches: int = 0
 
 

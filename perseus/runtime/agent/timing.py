@@ -14,7 +14,9 @@
 Both have the same four calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent`
 after it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit`
 (around op ``j``) and :meth:`end` (iteration end: its time and energy). The agent owns the plan
-and hands each mode the current clocks with :meth:`_Clocks.set`.
+and hands each mode the current clocks with :meth:`_Clocks.set`: per op, its phases (SM clock,
+memory clock or None, share of the op's work before the phase), the first phase's clocks set
+as the op starts and each later one at its layer boundary (device timing only).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from collections.abc import Callable, Sequence
 
 from perseus.device.base import DeviceEvent, EventSource
 from perseus.device.clock import Clock
-from perseus.runtime.agent.controller import Boundary, FrequencyController
+from perseus.runtime.agent.controller import Boundary, FrequencyController, MidSwitch
 from perseus.runtime.agent.op_timing import OpTimingHistory
+from perseus.runtime.agent.rank_plan import OpPhase
 
 __all__ = ["DeviceTiming", "HostTiming", "OpRow"]
 
@@ -34,32 +37,28 @@ _log = logging.getLogger(__name__)
 #: One op record: iteration, index, name, clock, time_s, energy_j, mid clock, start_s, end_s.
 OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float | None]
 
-#: Predicted time from an op's start to its layer boundary: ``(op index, share) -> time_s``.
-MidTimeFn = Callable[[int, float], "float | None"]
+#: Predicted time from an op's start to the start of its phase: ``(op index, phase) -> time_s``.
+MidTimeFn = Callable[[int, int], "float | None"]
 
 
 class _Clocks:
-    """The plan's per-op clocks, as the agent snapped them (shared by both modes)."""
+    """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
-    __slots__ = ("freqs", "freqs_b", "mid_share", "names")
+    __slots__ = ("freqs", "mems", "mid_share", "names", "phases")
 
     def __init__(self) -> None:
-        self.freqs: tuple[int, ...] = ()
-        self.freqs_b: tuple[int, ...] = ()
-        self.mid_share: tuple[float | None, ...] = ()
+        self.phases: tuple[tuple[OpPhase, ...], ...] = ()
+        self.freqs: tuple[int, ...] = ()  # each op's first SM clock
+        self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
+        self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
         self.names: tuple[str, ...] = ()
 
-    def set(
-        self,
-        names: Sequence[str],
-        freqs: Sequence[int],
-        freqs_b: Sequence[int],
-        mid_share: Sequence[float | None],
-    ) -> None:
+    def set(self, names: Sequence[str], phases: Sequence[tuple[OpPhase, ...]]) -> None:
         self.names = tuple(names)
-        self.freqs = tuple(freqs)
-        self.freqs_b = tuple(freqs_b)
-        self.mid_share = tuple(mid_share)
+        self.phases = tuple(phases)
+        self.freqs = tuple(p[0].freq_mhz for p in self.phases)
+        self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
+        self.mid_share = tuple(p[1].start_share if len(p) > 1 else None for p in self.phases)
 
 
 class DeviceTiming(_Clocks):
@@ -70,7 +69,7 @@ class DeviceTiming(_Clocks):
         controller: The clock worker (None: no GPU control, times and energy only).
         energy_mj: Reads the counter (iteration ends, when events carry no reading).
         stamp_ops: Whether the worker reads the counter at every op boundary.
-        mid_time_s: Predicted time to a two-clock op's layer boundary.
+        mid_time_s: Predicted time from a phased op's start to a later phase's start.
         record_op: Where each completed op's row goes.
     """
 
@@ -127,7 +126,7 @@ class DeviceTiming(_Clocks):
         """The iteration starts: apply its first clock, mark its start on the device."""
         ctl = self._controller
         if ctl is not None and self.freqs:
-            ctl.apply_now(self.freqs[0])
+            ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
         event = self._events.record_event()
         self._step_event = event
@@ -145,31 +144,41 @@ class DeviceTiming(_Clocks):
     def enter(self, j: int) -> None:
         """Op ``j`` starts: record its start event and post its boundary."""
         freqs = self.freqs
+        phases = self.phases[j]
         freq = freqs[j]
-        end_freq = self.freqs_b[j]
         # The last op's successor is the next iteration's first op (same plan unless a swap,
         # which begin() applies).
-        nxt = freqs[j + 1] if j + 1 < len(freqs) else freqs[0]
+        k = j + 1 if j + 1 < len(freqs) else 0
+        nxt, nxt_mem = freqs[k], self.mems[k]
         # The op's device time and the idle gap after it (waiting for the next op's input),
         # from recent iterations: the controller aims the change's landing there.
         history = self.history
         expected = history.expected_s(j, freq)
         gap = history.gap_s(j)
-        share = self.mid_share[j]
-        if share is not None and end_freq != freq:
-            # Two-clock op: the worker sets ``end_freq`` at the planned layer boundary, then
-            # ``nxt`` (skipped when equal) as the op ends.
+        if len(phases) > 1:
+            # Phased op: the worker sets each later phase's clocks at its planned layer
+            # boundary, then the next op's (skipped when equal) as the op ends.
+            mids = tuple(
+                MidSwitch(self._mid_time_s(j, i), p.freq_mhz, p.mem_freq_mhz)
+                for i, p in enumerate(phases)
+                if i > 0
+            )
             job = Boundary(
                 self._events.record_event(),
                 nxt,
                 expected,
-                mid_freq_mhz=end_freq,
-                mid_at_s=self._mid_time_s(j, share),
+                mem_next_mhz=nxt_mem,
+                mids=mids,
                 gap_s=gap,
             )
         else:
+            same = nxt == freq and nxt_mem == phases[0].mem_freq_mhz
             job = Boundary(
-                self._events.record_event(), None if nxt == freq else nxt, expected, gap_s=gap
+                self._events.record_event(),
+                None if same else nxt,
+                expected,
+                mem_next_mhz=nxt_mem,
+                gap_s=gap,
             )
         self.jobs.append(job)
         ctl = self._controller
@@ -217,9 +226,9 @@ class DeviceTiming(_Clocks):
                 _log.debug("iteration %d: start counter missing; energy from now", iteration)
                 self._step_mj = mj
         jobs = self.jobs
-        self.mid_switches = sum(1 for job in jobs if job.mid_issued)
+        self.mid_switches = sum(job.mids_issued for job in jobs)
         freqs, names = self.freqs, self.names
-        for op in self.history.learn(jobs, freqs, self.mid_share):
+        for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
             mid = job.mid_freq_mhz
@@ -323,7 +332,7 @@ class HostTiming(_Clocks):
     def begin(self, iteration: int) -> None:
         self.iteration = iteration
         if self._controller is not None and self.freqs:
-            self._controller.request(self.freqs[0])
+            self._controller.request(self.freqs[0], self.mems[0])
         self._e_step = self._energy_iter_mj()
         self._t_step = self._now()
 
@@ -333,11 +342,11 @@ class HostTiming(_Clocks):
             if self.mid_share[j] is not None and not self._warned_two_clock:
                 self._warned_two_clock = True
                 _log.warning(
-                    "rank %d: host timing cannot switch clocks mid-op; two-clock ops run at "
-                    "their first clock (use a GPU with device events)",
+                    "rank %d: host timing cannot switch clocks mid-op; phased ops run at "
+                    "their first clocks (use a GPU with device events)",
                     self.rank,
                 )
-            ctl.request(self.freqs[j])
+            ctl.request(self.freqs[j], self.mems[j])
         self._e_op = self._energy_mj()
         self._t_op = self._now()
 
@@ -361,7 +370,7 @@ class HostTiming(_Clocks):
             )
         )
         if self._prefetch and self._controller is not None and j + 1 < len(self.freqs):
-            self._controller.request(self.freqs[j + 1])
+            self._controller.request(self.freqs[j + 1], self.mems[j + 1])
 
     def end(self, iteration: int) -> tuple[float, float]:
         return self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0

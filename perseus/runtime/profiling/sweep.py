@@ -140,6 +140,10 @@ class OnlineProfiler:
             return sweep.clock_mhz
         return self.step_clock_mhz()
 
+    def plan_op_for(self, stage_index: int, kind: Kind) -> int:
+        """The plan op that runs the current step for (stage, kind): its clock."""
+        return self.clock_for(stage_index, kind)
+
     def step_clock_mhz(self) -> int:
         """The clock of the current sweep step: the clock the unstopped ops measure (they
         advance together), else the highest."""
@@ -242,18 +246,19 @@ class OnlineProfiler:
         return {op: len(s.rows) for op, s in self.sweeps.items()}
 
 
-def check_fit(
-    profilers: OnlineProfiler | Sequence[OnlineProfiler], max_error: float = MAX_FIT_ERROR
-) -> None:
+def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
     """Refuse an online profile with a row whose energy fit is poor.
+
+    ``profilers``: one sweep or a sequence of them (:class:`OnlineProfiler` or
+    :class:`~perseus.runtime.profiling.pair_sweep.PairSweep`: anything with ``fit_errors()``).
 
     Raises:
         ProfileError: naming the worst row, its uncertainty and what to do, when a row's
             energy is more uncertain than ``max_error`` (two standard errors, relative).
     """
-    if isinstance(profilers, OnlineProfiler):
+    if not isinstance(profilers, Sequence):  # one sweep (SM clocks or clock pairs)
         profilers = [profilers]
-    rows = [row for p in profilers for row in p.fit_errors()]
+    rows: list[tuple[int, Kind, int, float]] = [row for p in profilers for row in p.fit_errors()]
     if not rows:
         return
     stage, kind, freq, err = max(rows, key=lambda r: r[3])

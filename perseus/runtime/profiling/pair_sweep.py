@@ -1,0 +1,216 @@
+"""Online profiling of (SM, memory) clock pairs, on a GPU whose memory clock can be locked.
+
+The sweep of :mod:`perseus.runtime.profiling.sweep` measures SM clocks one per step. On a GDDR
+GPU every SM clock has several memory clocks, and measuring every pair costs as many sweeps as
+there are memory clocks. :class:`PairSweep` measures a coarse grid first (every ``stride``-th
+SM clock at every memory clock, :func:`perseus.profile.pair_grid.coarse_pair_grid`), then, in
+rounds, the unmeasured SM clocks near each op's lower hull at that vertex's memory clock
+(:func:`perseus.profile.pair_grid.next_pairs`), until a round adds nothing or ``max_pairs``
+pairs were measured (bounded).
+
+As in the SM sweep, one clock pair per sweep step for the whole rank (a change inside an
+iteration would mix pairs in the fit); a step measures every op of the rank at that pair, so
+the rank's ops share the grid and its refinement rounds take the union of the pairs each op's
+hull asks for. It has the SM sweep's surface (``done``, ``record``, ``end_iteration``,
+``rows``, ``fit_errors``, ...), and :meth:`plan_op_for` gives the plan op that runs the step's
+pair (a one-phase op with a memory clock, which the rank agent runs).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+from perseus.errors import ConfigError
+from perseus.plan import PlanOp
+from perseus.profile.model import OpOption
+from perseus.profile.pair_grid import coarse_pair_grid, next_pairs
+from perseus.runtime.profiling.energy_attribution import PowerFit
+from perseus.schedule.actions import Kind
+
+__all__ = ["PairProfileRow", "PairSweep"]
+
+#: ``(stage, kind, freq_mhz, time_s, energy_j, mem_freq_mhz)``.
+PairProfileRow = tuple[int, Kind, int, float, float, int]
+
+_Pair = tuple[int, int]
+
+
+class PairSweep:
+    """Clock-pair sweep for the (stage, kind) pairs of one rank (see the module docstring).
+
+    Args:
+        ops: The rank's (stage_index, kind) pairs.
+        clocks_mhz: The GPU's SM clocks.
+        memory_clocks_mhz: Its lockable memory clocks (at least two).
+        blocking_power_w: Power while waiting (the hull is taken in (time, energy above it)).
+        stride: Every how many SM clocks the coarse grid measures.
+        radius: How many SM clocks on either side of a hull vertex a round measures.
+        max_pairs: The most pairs measured (default: twice the SM clock count, at most the
+            whole grid).
+
+    Raises:
+        ConfigError: for empty clock lists, fewer than two memory clocks or bad parameters.
+    """
+
+    def __init__(
+        self,
+        ops: Iterable[tuple[int, Kind]],
+        clocks_mhz: Sequence[int],
+        memory_clocks_mhz: Sequence[int],
+        *,
+        blocking_power_w: float,
+        stride: int = 4,
+        radius: int = 2,
+        max_pairs: int | None = None,
+    ) -> None:
+        sm = tuple(sorted({int(c) for c in clocks_mhz}, reverse=True))
+        mem = tuple(sorted({int(m) for m in memory_clocks_mhz}, reverse=True))
+        if not sm or len(mem) < 2:
+            raise ConfigError(
+                f"a clock-pair sweep needs SM clocks and at least two memory clocks, got "
+                f"{len(sm)} SM and {list(mem)} memory clocks; sweep SM clocks only"
+            )
+        if stride < 1 or radius < 1 or (max_pairs is not None and max_pairs < 1):
+            raise ConfigError(
+                f"stride and radius must be >= 1 and max_pairs >= 1, got {stride}, {radius}, "
+                f"{max_pairs}"
+            )
+        self.clocks_mhz = sm
+        self.memory_clocks_mhz = mem
+        self.blocking_power_w = blocking_power_w
+        self.radius = radius
+        grid = len(sm) * len(mem)
+        self.max_pairs = min(grid, 2 * len(sm) if max_pairs is None else max_pairs)
+        self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
+        self._queue: list[_Pair] = list(coarse_pair_grid(sm, mem, stride))[: self.max_pairs]
+        self._index = 0
+        self.measured: list[_Pair] = []  # pairs closed, in order
+        self.rounds = 0  # refinement rounds started
+        self._rows: dict[tuple[int, Kind], list[tuple[_Pair, float, float, float]]] = {
+            op: [] for op in self.ops
+        }
+        self._times: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
+        self._energies: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
+        self.iterations = 0
+
+    # -----------------------------------------------------------------------------------------
+    # What to run
+
+    @property
+    def done(self) -> bool:
+        """True when no pair is left to measure."""
+        return self._index >= len(self._queue)
+
+    def pair_mhz(self) -> _Pair:
+        """The (SM, memory) pair of the current step (the highest pair once done)."""
+        if self.done:
+            return (self.clocks_mhz[0], self.memory_clocks_mhz[0])
+        return self._queue[self._index]
+
+    def clock_for(self, stage_index: int, kind: Kind) -> int:
+        """The SM clock of the current step (every op of the rank runs the step's pair)."""
+        return self.pair_mhz()[0]
+
+    def step_clock_mhz(self) -> int:
+        return self.pair_mhz()[0]
+
+    def plan_op_for(self, stage_index: int, kind: Kind) -> PlanOp:
+        """The plan op that runs the current step's pair: one phase with its memory clock."""
+        f, m = self.pair_mhz()
+        return ((f, m, 0),)
+
+    # -----------------------------------------------------------------------------------------
+    # Measurements
+
+    def record(
+        self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
+    ) -> None:
+        """Add one op's device time (and energy, when measured per op) at the step's pair."""
+        op = (stage_index, kind)
+        if self.done or op not in self._times or not time_s > 0:
+            return
+        self._times[op].append(time_s)
+        if energy_j is not None and energy_j > 0:
+            self._energies[op].append(energy_j)
+
+    def discard_iteration(self) -> None:
+        """Drop the current step's samples (the step restarts at the same pair)."""
+        for samples in (*self._times.values(), *self._energies.values()):
+            samples.clear()
+
+    def end_iteration(
+        self, power_w: Mapping[Hashable, float] | None = None, fit: PowerFit | None = None
+    ) -> None:
+        """Close the current pair for every op and move to the next one (a refinement round
+        when the queue is empty). ``power_w`` and ``fit`` as in
+        :meth:`perseus.runtime.profiling.sweep.OnlineProfiler.end_iteration`."""
+        if self.done:
+            return
+        self.iterations += 1
+        pair = self._queue[self._index]
+        for op in self.ops:
+            times, energies = self._times[op], self._energies[op]
+            power = None if power_w is None else power_w.get(op)
+            if power is not None and not power > 0:
+                power = None
+            if times and (power is not None or energies):
+                time_s = statistics.median(times)
+                energy_j = power * time_s if power is not None else statistics.median(energies)
+                err = (
+                    0.0 if power is None else (math.inf if fit is None else fit.relative_error(op))
+                )
+                self._rows[op].append((pair, time_s, energy_j, err))
+            times.clear()
+            energies.clear()
+        self.measured.append(pair)
+        self._index += 1
+        if self.done:
+            self._refine()
+
+    def _refine(self) -> None:
+        """Queue the next round: the union over ops of the pairs near their hulls."""
+        room = self.max_pairs - len(self.measured)
+        if room <= 0:
+            return
+        seen = set(self.measured)
+        wanted: list[_Pair] = []
+        for op in self.ops:
+            options = [OpOption(p[0], t, e, p[1]) for p, t, e, _ in self._rows[op]]
+            if not options:
+                continue
+            for pair in next_pairs(options, self.clocks_mhz, self.blocking_power_w, self.radius):
+                if pair not in seen:
+                    seen.add(pair)
+                    wanted.append(pair)
+        if wanted:
+            self.rounds += 1
+            wanted.sort(key=lambda p: (-p[1], -p[0]))
+            self._queue.extend(wanted[:room])
+
+    # -----------------------------------------------------------------------------------------
+    # Results
+
+    def rows(self) -> list[PairProfileRow]:
+        """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j, mem_freq_mhz)``."""
+        return [
+            (stage, kind, p[0], t, e, p[1])
+            for (stage, kind), rows in self._rows.items()
+            for p, t, e, _ in rows
+        ]
+
+    def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
+        """Per row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
+        return [
+            (stage, kind, p[0], err)
+            for (stage, kind), rows in self._rows.items()
+            for p, _t, _e, err in rows
+        ]
+
+    def worst_fit_error(self) -> float:
+        return max((e[3] for e in self.fit_errors()), default=0.0)
+
+    def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
+        """How many pairs each op measured."""
+        return {op: len(rows) for op, rows in self._rows.items()}
