@@ -119,9 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--cap-at",
         metavar="ITER:W",
-        help="set a pipeline power cap of W watts in the job's store once iteration ITER-1's work "
-        "is done (as `perseus power set --cap-w W` would): in force from iteration ITER; the "
-        "run follows caps (no all-max phase)",
+        help="set a pipeline power cap of W watts in the job's store before iteration ITER starts "
+        "(as `perseus power set --cap-w W` would): read at the end of iteration ITER, in force "
+        "from ITER+1; the run follows caps (no all-max phase)",
     )
     p.add_argument(
         "--counter-period-ms",

@@ -270,8 +270,8 @@ def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
         f"{max_error:.0%} (worst: stage {stage} {kind.value} at {freq} MHz, "
         f"{'unknown' if math.isinf(err) else f'{err:.1%}'}); the energy counter's windows "
         "disagree with the ops' device times (a stalled host, a clock outside perseus's "
-        "control): profile again on a quieter machine, with profile_options min_windows "
-        "raised, or pass profile= a measured profile"
+        "control): profile again on a quieter machine with more windows per step "
+        "(`OnlineProfile(min_windows=40)`; the default is 20), or pass profile= a measured profile"
     )
 
 
