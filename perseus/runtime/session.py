@@ -51,9 +51,11 @@ measures ops; the online sweep runs through the same agent
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -182,6 +184,16 @@ def _op_time_fn(profile: Profile) -> Callable[..., float]:
         ).time_s
 
     return op_time_s
+
+
+def _remove_job_files(job_dir: Path, names: list[str]) -> None:
+    """Remove this process's files from an emulated job's directory, then the directory if it
+    is empty (the last process out)."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(job_dir / name)
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir)
 
 
 class RankSession:
@@ -390,6 +402,14 @@ class RankSession:
             path, graph.node_of, lambda a: action_dependencies(a, num_stages)
         )
         self._emulator = StreamEmulator(self.gpu, timeline)
+        # A job leaves nothing behind: at exit each process removes what it put in the job's
+        # directory (after the agent's own exit reset, registered later, has run), and the
+        # last one out removes the directory. A SIGKILLed job leaves a few KB for tmp cleaning.
+        mine = [path.name] if self.rank == 0 else []
+        placed: SimulatedGPU = self.gpu
+        if placed.state_dir == Path(job_dir):
+            mine += [f"{placed.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
+        atexit.register(_remove_job_files, Path(job_dir), mine)
 
     def close(self) -> None:
         """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).

@@ -379,3 +379,40 @@ def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, pro
     with pytest.raises(ConfigError, match="blocking_power_w") as e:
         RankSession(schedule, 0, gpu=Unknown(), emulate=False, **options)
     assert "\n" not in str(e.value)
+
+
+def test_an_emulated_job_leaves_no_files_behind(tmp_path: Path):
+    """The job's directory (its simulated GPUs' state and lock files, the shared timeline) is
+    removed when the process exits, after the agent's exit reset."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+from perseus.device.simulated import SimulatedGPU
+from perseus.io import load_profile
+from perseus.job import make_job
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.session import RankSession
+from perseus.schedule import build_schedule
+
+profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
+job = make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64)
+plan = job.frontier([job.point(job.allmax())])
+gpu = SimulatedGPU.from_profile(profile, blocking_power_w=83.64, set_latency_s=0.0)
+session = RankSession(build_schedule("1f1b", 1, 4), 0, gpu=gpu, plan=plan).start()
+for _ in range(2):
+    with session.iteration():
+        for action in session.schedule.rank_actions[0]:
+            with session.op(action):
+                pass
+print(session.gpu.state_dir)
+"""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert job_dir.parent == tmp_path and job_dir.name.startswith("perseus-job-")
+    assert not job_dir.exists(), sorted(p.name for p in job_dir.iterdir())
