@@ -24,6 +24,7 @@ from perseus.io.reading import describe_file_type
 from perseus.validate import show_value
 
 __all__ = [
+    "add_job_store_args",
     "check_output_dir",
     "check_output_file",
     "check_output_folder",
@@ -210,3 +211,26 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
 def message_stream(out: str | os.PathLike[str]) -> TextIO:
     """Where a command prints its summary: stderr when its output goes to stdout."""
     return sys.stderr if writes_to_stdout(out) else sys.stdout
+
+
+def add_job_store_args(parser: argparse.ArgumentParser) -> None:
+    """``--store``, ``--timeout-s`` and ``--wait-s``: how a command reaches a running job's
+    TCP store and waits for its acknowledgement (``straggler`` and ``power``)."""
+    parser.add_argument(
+        "--store",
+        required=True,
+        metavar="HOST:PORT",
+        help="the job's TCP store (torchrun's MASTER_ADDR:MASTER_PORT)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float_arg(gt=0, le=3600, unit="s"),
+        default=10.0,
+        help="how long the store may take to answer (default 10)",
+    )
+    parser.add_argument(
+        "--wait-s",
+        type=float_arg(ge=0, le=3600, unit="s"),
+        default=10.0,
+        help="how long to wait for the running job's acknowledgement (default 10; 0: do not wait)",
+    )

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from perseus.cli._args import float_arg
+from perseus.cli._args import add_job_store_args, float_arg
 
 __all__ = ["register", "run"]
 
@@ -35,25 +35,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ("clear", "remove the cap"),
     ):
         a = actions.add_parser(name, help=help_text)
-        a.add_argument(
-            "--store",
-            required=True,
-            metavar="HOST:PORT",
-            help="the job's TCP store (torchrun's MASTER_ADDR:MASTER_PORT)",
-        )
-        a.add_argument(
-            "--timeout-s",
-            type=float_arg(gt=0, le=3600, unit="s"),
-            default=10.0,
-            help="how long the store may take to answer (default 10)",
-        )
-        a.add_argument(
-            "--wait-s",
-            type=float_arg(ge=0, le=3600, unit="s"),
-            default=10.0,
-            help="how long to wait for the running job's acknowledgement (default 10; 0: "
-            "do not wait)",
-        )
+        add_job_store_args(a)
         if name == "set":
             a.add_argument(
                 "--cap-w",

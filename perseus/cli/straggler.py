@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from perseus.cli._args import float_arg, int_arg
+from perseus.cli._args import add_job_store_args, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
@@ -47,30 +47,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ("clear", "remove the declaration for pipeline K"),
     ):
         a = actions.add_parser(name, help=help_text)
-        a.add_argument(
-            "--store",
-            required=True,
-            metavar="HOST:PORT",
-            help="the job's TCP store (torchrun's MASTER_ADDR:MASTER_PORT)",
-        )
+        add_job_store_args(a)
         a.add_argument(
             "--pipeline",
             type=int_arg(ge=0, le=1_000_000),
             required=True,
             help="data-parallel replica index",
-        )
-        a.add_argument(
-            "--timeout-s",
-            type=float_arg(gt=0, le=3600, unit="s"),
-            default=10.0,
-            help="how long the store may take to answer (default 10)",
-        )
-        a.add_argument(
-            "--wait-s",
-            type=float_arg(ge=0, le=3600, unit="s"),
-            default=10.0,
-            help="how long to wait for the running job's acknowledgement (default 10; 0: "
-            "do not wait)",
         )
         if name == "set":
             a.add_argument(
