@@ -201,85 +201,32 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-def _reset_sim_state(state: dict[str, Any] | None, sim_state: ModuleType) -> dict[str, Any] | None:
-    if state is None:
-        return None
-    now_for = getattr(sim_state, "now_for", None)
-    sim_state.advance(state, now_for(state) if callable(now_for) else time.time())
-    to_defaults = getattr(sim_state, "reset_to_defaults", None)
-    if callable(to_defaults):
-        to_defaults(state)
-    state["locked_mhz"] = None
-    if "mem_locked_mhz" in state:  # a simulated GDDR board's memory lock
-        state["mem_locked_mhz"] = None
-    if "power_limit_w" in state:
-        state["power_limit_w"] = None  # None: the GPU's default limit
-    return state
-
-
-def _load_nvml(module_path: str | None) -> Any:
-    """``pynvml``; or the NVML module file an owner was given instead (a test's fake shared
-    across processes, named by the owner in the spec it hands its own watchdog)."""
-    if not module_path:
-        import pynvml
-
-        return pynvml
-    spec = importlib.util.spec_from_file_location("_perseus_nvml_module", module_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: Each backend owns its reset: ``backend -> (module beside this one, function(spec) -> restored)``.
+_RESETS = {"sim": ("sim_state", "reset_file"), "nvml": ("nvml_reset", "reset_device")}
 
 
 def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Reset everything perseus may change on the GPU ``spec`` names, from any process.
 
     ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner, for the watchdog)
-    opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}`` (the
-    locked clock and the power limit go back to the defaults in the state file) or
-    ``{"backend": "nvml", "uuid"}`` (``nvmlDeviceResetGpuLockedClocks``,
-    ``nvmlDeviceResetMemoryLockedClocks`` when the spec says ``memory_clocks``, and the power
-    limit set to ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs).
+    opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}``
+    (:func:`perseus.device.sim_state.reset_file`: the locked clock, memory clock and power
+    limit go back to the defaults in the state file) or ``{"backend": "nvml", "uuid"}``
+    (:func:`perseus.device.nvml_reset.reset_device`: locked clocks, memory clocks and the
+    power limit back to NVML's default).
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
 
     Raises:
+        ValueError: an unknown backend.
         Exception: whatever the backend raised (callers log it).
     """
     backend = spec.get("backend")
-    restored: dict[str, Any] = {}
-    if backend == "sim":
-        sim_state = _sibling("sim_state")
-        store = sim_state.SimStateFile(Path(spec["state_dir"]), spec["uuid"])
-        try:
-            before = store.read()
-            store.update(lambda state: _reset_sim_state(state, sim_state))
-        finally:
-            store.close()
-        if before is not None and before.get("power_limit_w") is not None:
-            default = before.get("default_power_limit_w", before.get("power_cap_w"))
-            restored["power_limit_w"] = (float(before["power_limit_w"]), default)
-    elif backend == "nvml":
-        nvml = _load_nvml(spec.get("nvml_module_path"))
-        nvml.nvmlInit()
-        try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
-            nvml.nvmlDeviceResetGpuLockedClocks(handle)
-            if spec.get("memory_clocks"):  # a GDDR board whose memory clock may be locked
-                with contextlib.suppress(nvml.NVMLError):
-                    nvml.nvmlDeviceResetMemoryLockedClocks(handle)
-            # The default, not the limit found at open: a rank may have lowered it before.
-            default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
-            current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
-            if current_mw != default_mw:
-                nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
-                restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
-        finally:
-            nvml.nvmlShutdown()
-    else:
+    if backend not in _RESETS:
         raise ValueError(f"unknown GPU backend {backend!r} in reset spec {spec!r}")
+    module, function = _RESETS[backend]
+    restored: dict[str, Any] = getattr(_sibling(module), function)(spec)
     return restored
 
 

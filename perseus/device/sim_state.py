@@ -54,6 +54,7 @@ __all__ = [
     "list_states",
     "now_for",
     "published_mj",
+    "reset_file",
     "segment_at",
     "write_info",
 ]
@@ -314,6 +315,41 @@ class SimStateFile:
             os.pwrite(fd, _header(base + 2, len(data)), 0)
             self._cached = (base + 2, new)
             return new
+
+
+def reset_file(spec: dict[str, Any]) -> dict[str, Any]:
+    """The simulated backend's reset, runnable from any process: the GPU ``spec["uuid"]`` in
+    ``spec["state_dir"]`` goes back to its default clocks, memory clock and power limit (the
+    energy integral first advanced on the clock the device runs on).
+
+    Returns:
+        What was restored: ``{"power_limit_w": (before, default)}`` when a limit was set.
+    """
+    store = SimStateFile(Path(spec["state_dir"]), spec["uuid"])
+    before: State | None = None
+
+    def to_defaults(state: State | None) -> State | None:
+        nonlocal before
+        if state is None:
+            return None
+        before = dict(state)
+        advance(state, now_for(state))
+        state["locked_mhz"] = None
+        if "mem_locked_mhz" in state:  # a simulated GDDR board's memory lock
+            state["mem_locked_mhz"] = None
+        if "power_limit_w" in state:
+            state["power_limit_w"] = None  # None: the GPU's default limit
+        return state
+
+    try:
+        store.update(to_defaults)
+    finally:
+        store.close()
+    restored: dict[str, Any] = {}
+    if before is not None and before.get("power_limit_w") is not None:
+        default = before.get("default_power_limit_w", before.get("power_cap_w"))
+        restored["power_limit_w"] = (float(before["power_limit_w"]), default)
+    return restored
 
 
 def write_info(state_dir: Path, uuid: str, info: State) -> None:
