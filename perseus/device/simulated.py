@@ -47,8 +47,15 @@ from typing import Any
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.clock import Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
-from perseus.device.power_model import capped_clock_mhz, memory_clock_option
+from perseus.device.power_model import capped_clock_mhz
 from perseus.device.presets import GPUPreset, get_preset
+from perseus.device.sim_costs import (
+    MemCostFn,
+    OpCostFn,
+    preset_costs,
+    profile_costs,
+    split_backward,
+)
 from perseus.device.sim_state import (
     SimStateFile,
     State,
@@ -69,15 +76,10 @@ from perseus.errors import (
     PerseusError,
     ProfileError,
 )
-from perseus.profile.model import OpOption, Profile
+from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
-
-# (stage_index, kind, freq_mhz) -> (time_s, energy_j) at that clock, before slowdown.
-OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
-#: ``(time_s, energy_j)`` of an op at an SM clock and a (locked, non-default) memory clock.
-MemCostFn = Callable[[int, Kind, int, int], tuple[float, float]]
 
 
 class _FnClock:
@@ -135,21 +137,6 @@ class _StreamPort:
         self.read_state: Callable[[], State] = gpu._state
         self.cap_w: Callable[[State], float | None] = gpu._cap_w
         self.update_state: Callable[[Callable[[State], None], float | None], State] = gpu._update
-
-
-def _split_backward(cost: OpCostFn, b_share: float) -> OpCostFn:
-    """``cost`` with each full backward split into ``B`` (``b_share``) and ``W`` (the rest)."""
-    if not 0.0 < b_share < 1.0:
-        raise ConfigError(f"backward split share must be in (0, 1), got {b_share}")
-
-    def split(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
-        if kind is Kind.F:
-            return cost(stage_index, kind, freq_mhz)
-        t, e = cost(stage_index, Kind.B, freq_mhz)
-        share = b_share if kind is Kind.B else 1.0 - b_share
-        return t * share, e * share
-
-    return split
 
 
 def sim_uuid(index: int) -> str:
@@ -300,40 +287,7 @@ class SimulatedGPU:
         The clock list is the union of the profile's clocks. An op asked to run at a clock it
         was not profiled at uses its nearest profiled clock.
         """
-        clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
-        # An SM clock alone means the default (highest) memory clock: OpProfile.at.
-        tables = {
-            key: {f: (op.at(f).time_s, op.at(f).energy_j) for f in {o.freq_mhz for o in op.options}}
-            for key, op in profile.ops.items()
-        }
-        pairs = {
-            key: {o.clocks: (o.time_s, o.energy_j) for o in op.options}
-            for key, op in profile.ops.items()
-        }
-        mem_clocks = sorted(
-            {o.mem_freq_mhz for op in profile.ops.values() for o in op.options if o.mem_freq_mhz},
-            reverse=True,
-        )
-
-        def mem_cost(
-            stage_index: int, kind: Kind, freq_mhz: int, mem_mhz: int
-        ) -> tuple[float, float]:
-            table = pairs[(stage_index, kind)]
-            near = min(table, key=lambda c: (abs(c[0] - freq_mhz), abs((c[1] or 0) - mem_mhz)))
-            return table[near]
-
-        def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
-            table = tables.get((stage_index, kind))
-            if table is None:
-                raise ProfileError(
-                    f"{profile.source}: simulated GPU has no {kind.profile_name!r} rows for "
-                    f"stage {stage_index} (profile has {profile.num_stages} stages)"
-                )
-            hit = table.get(freq_mhz)
-            if hit is None:
-                hit = table[min(table, key=lambda f: (abs(f - freq_mhz), -f))]
-            return hit
-
+        clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
             name=name or f"Simulated GPU ({Path(profile.source).stem})",
             clocks_mhz=clocks,
@@ -345,8 +299,8 @@ class SimulatedGPU:
             set_latency_s=set_latency_s,
             power_cap_w=power_cap_w,
             source=f"profile {profile.source}",
-            memory_clocks_mhz=tuple(mem_clocks),
-            mem_cost_fn=mem_cost if len(mem_clocks) > 1 else None,
+            memory_clocks_mhz=mem_clocks,
+            mem_cost_fn=mem_cost,
             **kwargs,
         )
 
@@ -372,26 +326,8 @@ class SimulatedGPU:
         ``power_cap_w="preset"`` keeps the preset's cap; None removes it.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
-        u = preset.activity if activity is None else activity
-        times = dict(preset.op_time_s)
-        if op_time_s is not None:
-            times.update(op_time_s)
-        model_power, model_time = preset.power, preset.time
-
-        def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
-            t = times[kind] * model_time.factor(freq_mhz)
-            return t, model_power.compute_power_w(freq_mhz, u) * t
-
+        cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
         memory = preset.memory
-
-        def mem_cost(
-            stage_index: int, kind: Kind, freq_mhz: int, mem_mhz: int
-        ) -> tuple[float, float]:
-            assert memory is not None  # only passed with a memory model
-            t, e = cost(stage_index, kind, freq_mhz)
-            x = memory_clock_option(OpOption(freq_mhz, t, e), times[kind], kind, memory, mem_mhz)
-            return x.time_s, x.energy_j
-
         cap = preset.power_cap_w if power_cap_w == "preset" else power_cap_w
         if isinstance(cap, str):
             raise ConfigError(f"power_cap_w must be a number, None or 'preset', got {cap!r}")
@@ -410,7 +346,7 @@ class SimulatedGPU:
             idle_clock_mhz=preset.idle_clock_mhz,
             source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
             memory_clocks_mhz=() if memory is None else memory.clocks_mhz,
-            mem_cost_fn=None if memory is None else mem_cost,
+            mem_cost_fn=mem_cost,
             **kwargs,
         )
 
@@ -437,7 +373,7 @@ class SimulatedGPU:
         if state_dir is not None:
             config["state_dir"] = state_dir
         if backward_split is not None and not self.prices(Kind.W):
-            config["op_cost_fn"] = _split_backward(self._cost_fn, backward_split)
+            config["op_cost_fn"] = split_backward(self._cost_fn, backward_split)
         return type(self)(**config)
 
     @property

@@ -383,7 +383,7 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
             recv_prev_t, recv_next_t = buffer(recv_prev), buffer(recv_next)
             # Megatron's individual isend/irecv ops whatever batch_p2p_comm says: on gloo a
             # batch is the same ops posted together, and a batched run was seen to abort a rank
-            # once in eight (issue 18); the individual ops have not.
+            # once in eight runs; the individual ops have not.
             reqs = p2p._p2p_ops(
                 tensor_send_prev=tensor_send_prev,
                 tensor_recv_prev=recv_prev_t,
