@@ -30,6 +30,10 @@ GPUs' set latency and counter period by the same factor (a consistently faster d
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -37,16 +41,21 @@ from typing import Any
 
 import numpy as np
 
+from perseus.dag.graph import build_dag
 from perseus.device.base import DeviceEvent
+from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.profile.model import Profile, build_profile
-from perseus.schedule.actions import Action
+from perseus.runtime.collectives import barrier, broadcast_object, global_rank
+from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.dependencies import action_dependencies
 
 __all__ = [
     "EmulationOverrunWarning",
     "StreamEmulator",
     "VirtualTimeline",
     "scale_profile",
+    "start_emulation",
     "take_stages",
 ]
 
@@ -198,3 +207,59 @@ class VirtualTimeline:
     def finish(self, action: Action, end_s: float) -> None:
         """Publish ``action``'s device end time (call before torch sends its output)."""
         self._ends[self._node_of(action)] = end_s
+
+
+def start_emulation(
+    gpu: SimulatedGPU,
+    schedule: Schedule,
+    rank: int,
+    group: Any,
+    *,
+    backward_split: float,
+) -> tuple[SimulatedGPU, StreamEmulator]:
+    """Place this process's simulated GPU and join its pipeline's timeline (collective).
+
+    Each process gets its own simulated GPU (index = its global rank) in the job's own
+    directory (made by global rank 0, unless ``gpu`` was given a state directory to share),
+    with a profile's full backward split into ``B`` (``backward_split``) and ``W`` where the
+    schedule has weight actions the GPU does not price; the pipeline's rank 0 makes the shared
+    timeline there. At exit each process removes what it put in the job's directory (after the
+    agent's own exit reset, registered later, has run) and the last one out the directory.
+
+    Returns:
+        The placed GPU and the emulator that launches actions on it.
+    """
+    made = tempfile.mkdtemp(prefix="perseus-job-") if global_rank() == 0 else None
+    job_dir = Path(broadcast_object(made, 0, None))
+    index = global_rank()
+    split = schedule.has_weight_actions and not gpu.prices(Kind.W)
+    if index != gpu.index or not gpu.explicit_state_dir or split:
+        gpu = gpu.placed(
+            index=index,
+            state_dir=None if gpu.explicit_state_dir else job_dir,
+            backward_split=backward_split if split else None,
+        )
+    # One timeline per pipeline (a job may run several data-parallel pipelines).
+    path = job_dir / f"timeline-{index}.bin" if rank == 0 else None
+    path = broadcast_object(path, 0, group)
+    if rank == 0:
+        VirtualTimeline.create(path, sum(map(len, schedule.rank_actions)))
+    barrier(group)
+    graph = build_dag(schedule)
+    num_stages = schedule.num_stages
+    timeline = VirtualTimeline(path, graph.node_of, lambda a: action_dependencies(a, num_stages))
+    mine = [path.name] if rank == 0 else []
+    if gpu.state_dir == job_dir:
+        mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
+    atexit.register(_remove_job_files, job_dir, mine)
+    return gpu, StreamEmulator(gpu, timeline)
+
+
+def _remove_job_files(job_dir: Path, names: list[str]) -> None:
+    """Remove this process's files from an emulated job's directory, then the directory if it
+    is empty (the last process out). A SIGKILLed job leaves a few KB for tmp cleaning."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(job_dir / name)
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir)

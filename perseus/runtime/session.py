@@ -51,21 +51,16 @@ measures ops; the online sweep runs through the same agent
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import enum
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perseus.dag.graph import build_dag
 from perseus.device.presets import blocking_power_for
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
@@ -77,10 +72,8 @@ from perseus.runtime.collectives import (
     all_reduce_max,
     all_reduce_sum,
     barrier,
-    broadcast_object,
-    global_rank,
 )
-from perseus.runtime.emulation import StreamEmulator, VirtualTimeline
+from perseus.runtime.emulation import StreamEmulator, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
     OnlineProfile,
@@ -93,9 +86,8 @@ from perseus.runtime.planning import (
 )
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
 from perseus.runtime.session_sweep import SessionSweep
-from perseus.runtime.summary import RunSummary, summarize
+from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Kind, Schedule
-from perseus.schedule.dependencies import action_dependencies
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
 
@@ -118,38 +110,6 @@ class SessionState(enum.Enum):
     IDLE = "idle"
     IN_ITERATION = "in iteration"
     CLOSED = "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class IterationStats:
-    """One iteration, measured on the device's timeline.
-
-    Predicted and measured figures compare like with like: ``time_s`` and
-    ``pipeline_energy_j`` are the pipeline's, as the plan's predictions are.
-
-    Attributes:
-        iteration: Index since :meth:`RankSession.start` (profiling iterations included).
-        phase: ``"profile"`` during the online sweep, else ``"run"``.
-        point_index: Index of the deployed frontier point (None while profiling).
-        time_s: The pipeline's iteration: from the common start to the end of the last op on
-            any of its ranks (the same on every rank in emulation).
-        energy_j: This rank's GPU energy over the iteration.
-        compute_time_s: From the start to the end of this rank's last action.
-        pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
-        predicted_time_s: The deployed point's predicted iteration time (None while profiling).
-        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (None
-            while profiling): compare with ``pipeline_energy_j``.
-    """
-
-    iteration: int
-    phase: str
-    point_index: int | None
-    time_s: float
-    energy_j: float
-    compute_time_s: float
-    pipeline_energy_j: float | None = None
-    predicted_time_s: float | None = None
-    predicted_energy_j: float | None = None
 
 
 class _NullScope:
@@ -184,16 +144,6 @@ def _op_time_fn(profile: Profile) -> Callable[..., float]:
         ).time_s
 
     return op_time_s
-
-
-def _remove_job_files(job_dir: Path, names: list[str]) -> None:
-    """Remove this process's files from an emulated job's directory, then the directory if it
-    is empty (the last process out)."""
-    for name in names:
-        with contextlib.suppress(OSError):
-            os.unlink(job_dir / name)
-    with contextlib.suppress(OSError):
-        os.rmdir(job_dir)
 
 
 class RankSession:
@@ -378,38 +328,9 @@ class RankSession:
 
     def _start_emulation(self) -> None:
         """Each process its own simulated GPU in its job's directory; the shared timeline."""
-        job_dir = broadcast_object(
-            tempfile.mkdtemp(prefix="perseus-job-") if global_rank() == 0 else None, 0, None
+        self.gpu, self._emulator = start_emulation(
+            self.gpu, self.schedule, self.rank, self.group, backward_split=_BACKWARD_SPLIT
         )
-        gpu: SimulatedGPU = self.gpu
-        index = global_rank()
-        split = self.schedule.has_weight_actions and not gpu.prices(Kind.W)
-        if index != gpu.index or not gpu.explicit_state_dir or split:
-            self.gpu = gpu.placed(
-                index=index,
-                state_dir=None if gpu.explicit_state_dir else job_dir,
-                backward_split=_BACKWARD_SPLIT if split else None,
-            )
-        # One timeline per pipeline (a job may run several data-parallel pipelines).
-        path = Path(job_dir) / f"timeline-{index}.bin" if self.rank == 0 else None
-        path = broadcast_object(path, 0, self.group)
-        if self.rank == 0:
-            VirtualTimeline.create(path, sum(map(len, self.schedule.rank_actions)))
-        barrier(self.group)
-        graph = build_dag(self.schedule)
-        num_stages = self.schedule.num_stages
-        timeline = VirtualTimeline(
-            path, graph.node_of, lambda a: action_dependencies(a, num_stages)
-        )
-        self._emulator = StreamEmulator(self.gpu, timeline)
-        # A job leaves nothing behind: at exit each process removes what it put in the job's
-        # directory (after the agent's own exit reset, registered later, has run), and the
-        # last one out removes the directory. A SIGKILLed job leaves a few KB for tmp cleaning.
-        mine = [path.name] if self.rank == 0 else []
-        placed: SimulatedGPU = self.gpu
-        if placed.state_dir == Path(job_dir):
-            mine += [f"{placed.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
-        atexit.register(_remove_job_files, Path(job_dir), mine)
 
     def close(self) -> None:
         """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).

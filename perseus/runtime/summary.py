@@ -10,14 +10,42 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from perseus.plan import Frontier
 
-if TYPE_CHECKING:
-    from perseus.runtime.session import IterationStats
+__all__ = ["IterationStats", "RunSummary", "summarize"]
 
-__all__ = ["RunSummary", "summarize"]
+
+@dataclass(frozen=True, slots=True)
+class IterationStats:
+    """One iteration, measured on the device's timeline.
+
+    Predicted and measured figures compare like with like: ``time_s`` and
+    ``pipeline_energy_j`` are the pipeline's, as the plan's predictions are.
+
+    Attributes:
+        iteration: Index since :meth:`~perseus.runtime.session.RankSession.start` (profiling iterations included).
+        phase: ``"profile"`` during the online sweep, else ``"run"``.
+        point_index: Index of the deployed frontier point (None while profiling).
+        time_s: The pipeline's iteration: from the common start to the end of the last op on
+            any of its ranks (the same on every rank in emulation).
+        energy_j: This rank's GPU energy over the iteration.
+        compute_time_s: From the start to the end of this rank's last action.
+        pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
+        predicted_time_s: The deployed point's predicted iteration time (None while profiling).
+        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (None
+            while profiling): compare with ``pipeline_energy_j``.
+    """
+
+    iteration: int
+    phase: str
+    point_index: int | None
+    time_s: float
+    energy_j: float
+    compute_time_s: float
+    pipeline_energy_j: float | None = None
+    predicted_time_s: float | None = None
+    predicted_energy_j: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
