@@ -3,11 +3,11 @@ hooks."""
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
@@ -31,7 +31,7 @@ def gpu(tmp_path):  # type: ignore[no-untyped-def]
         state_dir=tmp_path,
         set_latency_s=0.0,
         publish_interval_s=0.0,
-        clock=time.perf_counter,
+        clock=VirtualClock(),  # the host's waits and the device's ops on one virtual clock
     )
 
 
@@ -39,13 +39,13 @@ def test_emulator_holds_the_host_until_the_op_ran_on_the_device(gpu):
     emulator = StreamEmulator(gpu)
     action = Action(0, Kind.B, 0)
     time_s, _ = gpu.op_cost(0, Kind.B)
-    t0 = time.perf_counter()
+    t0 = gpu.clock.now()
     emulator.before(action)
     emulator.launch(action)
-    assert time.perf_counter() - t0 < time_s / 2  # the launch returned at once
+    assert gpu.clock.now() - t0 < time_s / 2  # the launch returned at once
     end = gpu.record_event()
     emulator.finish(action, end)
-    assert time.perf_counter() - t0 >= time_s * 0.99
+    assert gpu.clock.now() - t0 >= time_s * 0.99
     assert end.query() and emulator.actions == 1 and emulator.overruns == 0
 
 
@@ -57,7 +57,7 @@ def test_emulator_warns_once_when_the_cpu_is_slower_and_counts_the_rest(gpu):
         emulator.before(action)
         emulator.launch(action)
         end = gpu.record_event()
-        time.sleep(time_s * 1.5)  # the CPU compute outlasts the op
+        gpu.clock.sleep(time_s * 1.5)  # the CPU compute outlasts the op
         if i == 0:
             # One warning, naming the API that fixes it.
             with pytest.warns(EmulationOverrunWarning, match=r"scale_profile\(profile, k\)"):
@@ -80,7 +80,7 @@ def test_late_host_does_not_delay_the_device(gpu, tmp_path):
     mark = gpu.record_event()  # an iteration boundary
     ready = mark.device_time_s() + 0.002
     timeline.finish(Action(0, Kind.F, 0), ready)  # the producer's op ended on its device
-    time.sleep(0.01)  # the host got the data late
+    gpu.clock.sleep(0.01)  # the host got the data late
     emulator = StreamEmulator(gpu, timeline)
     action = Action(1, Kind.F, 0)
     emulator.before(action)
