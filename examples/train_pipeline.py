@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import socket
 import statistics
@@ -50,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _engine_common import choose_point, show_summary, write_math  # this folder's helpers
 from torch import nn
 
 from perseus.device.simulated import SimNoise, SimulatedGPU
@@ -186,37 +186,6 @@ def build_stages(args: argparse.Namespace, prank: int, ranks: int, v: int, group
         module = nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.Tanh())
         stages.append(PipelineStage(module, index, num_stages, torch.device("cpu"), group=group))
     return stages
-
-
-def choose_point(frontier: Frontier, point: str) -> int:
-    if point == "fastest":
-        return 0
-    if point == "min-energy":
-        return frontier.points.index(frontier.min_energy)
-    return int(point)
-
-
-def show_summary() -> None:
-    """Print the session's one-line summary, logged at close (INFO, pipeline rank 0)."""
-    log = logging.getLogger("perseus.runtime.session")
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-
-
-def write_math(args: argparse.Namespace, params: list[Any]) -> None:
-    """Rank 0 writes every rank's SHA-256 of its final parameters' bytes to ``--math``."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for p in params:
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, digest.hexdigest())
-    if dist.get_rank() == 0 and args.math is not None:
-        atomic_write_text(args.math, json.dumps(gathered) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
