@@ -64,7 +64,7 @@ from typing import Any
 from perseus.device.presets import blocking_power_for
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
-from perseus.job import PlanningJob
+from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
@@ -97,10 +97,6 @@ _log = logging.getLogger(__name__)
 #: to deploy from the next iteration on. Every rank of a pipeline must return the same value
 #: (hooks decide from data all ranks share).
 BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
-
-#: Share of a full backward a split ``B`` takes when a profile has no ``weight`` rows (the
-#: planner's default, :data:`perseus.job.DEFAULT_BACKWARD_SPLIT`).
-_BACKWARD_SPLIT = 0.5
 
 
 class SessionState(enum.Enum):
@@ -329,7 +325,11 @@ class RankSession:
     def _start_emulation(self) -> None:
         """Each process its own simulated GPU in its job's directory; the shared timeline."""
         self.gpu, self._emulator = start_emulation(
-            self.gpu, self.schedule, self.rank, self.group, backward_split=_BACKWARD_SPLIT
+            self.gpu,
+            self.schedule,
+            self.rank,
+            self.group,
+            backward_split=DEFAULT_BACKWARD_SPLIT,  # as the planner splits it
         )
 
     def close(self) -> None:

@@ -44,7 +44,7 @@ MidTimeFn = Callable[[int, int], "float | None"]
 class _Clocks:
     """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
-    __slots__ = ("freqs", "mems", "mid_share", "names", "phases")
+    __slots__ = ("freqs", "mems", "mid_share", "names", "phases", "succ")
 
     def __init__(self) -> None:
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
@@ -52,6 +52,9 @@ class _Clocks:
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
         self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
         self.names: tuple[str, ...] = ()
+        #: Per op, what its boundary posts, worked out once per plan rather than per op: the
+        #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
+        self.succ: tuple[tuple[int | None, int | None], ...] = ()
 
     def set(self, names: Sequence[str], phases: Sequence[tuple[OpPhase, ...]]) -> None:
         self.names = tuple(names)
@@ -59,6 +62,15 @@ class _Clocks:
         self.freqs = tuple(p[0].freq_mhz for p in self.phases)
         self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
         self.mid_share = tuple(p[1].start_share if len(p) > 1 else None for p in self.phases)
+        # The last op's successor is the next iteration's first op (same plan unless a swap,
+        # which begin() applies).
+        n = len(self.phases)
+        succ = []
+        for j, p in enumerate(self.phases):
+            nxt, nxt_mem = self.freqs[(j + 1) % n], self.mems[(j + 1) % n]
+            same = len(p) == 1 and nxt == p[0].freq_mhz and nxt_mem == p[0].mem_freq_mhz
+            succ.append((None if same else nxt, nxt_mem))
+        self.succ = tuple(succ)
 
 
 class DeviceTiming(_Clocks):
@@ -143,43 +155,32 @@ class DeviceTiming(_Clocks):
 
     def enter(self, j: int) -> None:
         """Op ``j`` starts: record its start event and post its boundary."""
-        freqs = self.freqs
         phases = self.phases[j]
-        freq = freqs[j]
-        # The last op's successor is the next iteration's first op (same plan unless a swap,
-        # which begin() applies).
-        k = j + 1 if j + 1 < len(freqs) else 0
-        nxt, nxt_mem = freqs[k], self.mems[k]
+        nxt, nxt_mem = self.succ[j]
         # The op's device time and the idle gap after it (waiting for the next op's input),
         # from recent iterations: the controller aims the change's landing there.
         history = self.history
-        expected = history.expected_s(j, freq)
+        expected = history.expected_s(j, self.freqs[j])
         gap = history.gap_s(j)
-        if len(phases) > 1:
-            # Phased op: the worker sets each later phase's clocks at its planned layer
-            # boundary, then the next op's (skipped when equal) as the op ends.
-            mids = tuple(
+        # Phased op: the worker sets each later phase's clocks at its planned layer boundary,
+        # then the next op's (skipped when equal) as the op ends.
+        mids = (
+            ()
+            if len(phases) == 1
+            else tuple(
                 MidSwitch(self._mid_time_s(j, i), p.freq_mhz, p.mem_freq_mhz)
                 for i, p in enumerate(phases)
                 if i > 0
             )
-            job = Boundary(
-                self._events.record_event(),
-                nxt,
-                expected,
-                mem_next_mhz=nxt_mem,
-                mids=mids,
-                gap_s=gap,
-            )
-        else:
-            same = nxt == freq and nxt_mem == phases[0].mem_freq_mhz
-            job = Boundary(
-                self._events.record_event(),
-                None if same else nxt,
-                expected,
-                mem_next_mhz=nxt_mem,
-                gap_s=gap,
-            )
+        )
+        job = Boundary(
+            self._events.record_event(),
+            nxt,
+            expected,
+            mem_next_mhz=nxt_mem,
+            mids=mids,
+            gap_s=gap,
+        )
         self.jobs.append(job)
         ctl = self._controller
         if ctl is not None and (self._stamp_ops or not ctl.observe_only):
