@@ -28,12 +28,13 @@ from perseus.profile.two_clock import (
 )
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import build_schedule
+from perseus.validate import JOB_DEFAULTS
 
 __all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
 
 #: Fraction of a profiled backward given to ``B`` when a zero-bubble schedule needs ``B``/``W``
 #: and the profile has no ``weight`` rows (the ZB paper's T_B ≈ T_W).
-DEFAULT_BACKWARD_SPLIT = 0.5
+DEFAULT_BACKWARD_SPLIT = JOB_DEFAULTS.backward_split
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -149,8 +150,8 @@ def make_job(
     microbatches: int,
     *,
     blocking_power_w: float,
-    virtual_stages: int = 1,
-    p2p_latency_s: float = 0.0,
+    virtual_stages: int = JOB_DEFAULTS.virtual_stages,
+    p2p_latency_s: float = JOB_DEFAULTS.p2p_latency_s,
     backward_split: float = DEFAULT_BACKWARD_SPLIT,
     profile_name: str | None = None,
     layers_per_stage: Sequence[int] | int | None = None,

@@ -8,15 +8,20 @@ Strict types: a ``bool`` is never an int, a string is never a number. Pure: no f
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from perseus.errors import ConfigError
 
 __all__ = [
+    "JOB_BOUNDS",
+    "JOB_DEFAULTS",
     "MAX_JOB_CELLS",
     "MAX_JOB_OPS",
     "MAX_LAYERS_PER_STAGE",
     "MESSAGE_LIMIT",
+    "Bounds",
+    "JobDefaults",
     "check_finite",
     "check_int",
     "check_job_size",
@@ -35,6 +40,56 @@ MAX_JOB_CELLS = 20_000_000
 #: Most layers one pipeline stage may hold for two-clock ops (GPT-3 175B has 96 in all); the
 #: planner's cost grows with it.
 MAX_LAYERS_PER_STAGE = 1024
+
+
+class Bounds(NamedTuple):
+    """A number's accepted range; ``None`` leaves that side open."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+
+#: The ranges of a planning job's numbers: the one table its flags
+#: (:mod:`perseus.cli._job_args`) and its TOML keys (:class:`perseus.io.config.JobConfig`) use.
+JOB_BOUNDS: dict[str, Bounds] = {
+    "stages": Bounds(ge=1, le=4096),
+    "microbatches": Bounds(ge=1, le=10_000_000),
+    "virtual_stages": Bounds(ge=1, le=64),
+    "blocking_power_w": Bounds(ge=0, le=10_000),
+    "p2p_latency_s": Bounds(ge=0, le=60),
+    "backward_split": Bounds(gt=0, lt=1),
+    "pipelines": Bounds(ge=2, le=1_000_000),
+    "layers_per_stage": Bounds(ge=1, le=MAX_LAYERS_PER_STAGE),
+    "layer_time_fractions": Bounds(gt=0, le=1),
+    "switch_latency_s": Bounds(ge=0, le=60),
+    "switch_energy_j": Bounds(ge=0, le=1e6),
+    "switch_stall_s": Bounds(ge=0, le=60),
+}
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """The values a job takes for what its flags and config leave out (one place for both)."""
+
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    p2p_latency_s: float = 0.0
+    #: Share of a profiled backward given to ``B`` when a zero-bubble schedule needs ``B``/``W``
+    #: and the profile has no ``weight`` rows (the ZB paper's T_B ~ T_W).
+    backward_split: float = 0.5
+    #: Median latency of a locked-clock set call (docs/hardware.md#sim-defaults).
+    switch_latency_s: float = 0.005
+    #: Extra energy per mid-op clock switch (none measured).
+    switch_energy_j: float = 0.0
+    #: Time an op stalls per mid-op switch (none by default: the set call runs beside the GPU).
+    switch_stall_s: float = 0.0
+
+
+JOB_DEFAULTS = JobDefaults()
+
+
 #: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
 _BYTES_PER_CELL = 700
 

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import TextIO
 
 from perseus.errors import ConfigError
-from perseus.io.atomic import check_output_directory, check_output_path, writes_to_stdout
-from perseus.io.reading import describe_file_type
 from perseus.validate import show_value
 
 __all__ = [
@@ -139,6 +137,8 @@ def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Pat
         raise ConfigError(f"{flag}: empty path; pass a file name, e.g. {flag} out.json")
     if str(path_arg).endswith(("/", os.sep)):
         raise ConfigError(f"{flag} {path_arg}: ends with a separator; pass a file path")
+    from perseus.io.atomic import check_output_path
+
     try:
         target = check_output_path(path_arg)
     except ConfigError as e:
@@ -162,6 +162,8 @@ def check_output_dir(
     """
     if not str(path_arg).strip():
         raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} out")
+    from perseus.io.atomic import check_output_directory
+
     try:
         path = check_output_directory(path_arg)
     except ConfigError as e:
@@ -202,6 +204,8 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
             "pass the real directory"
         )
     if not stat.S_ISDIR(mode):
+        from perseus.io.reading import describe_file_type
+
         raise ConfigError(f"{flag} {path}: is {describe_file_type(mode)}; pass a directory")
     if not os.access(path, os.W_OK | os.X_OK) or not _can_create_in(path):
         raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
@@ -210,6 +214,8 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
 
 def message_stream(out: str | os.PathLike[str]) -> TextIO:
     """Where a command prints its summary: stderr when its output goes to stdout."""
+    from perseus.io.atomic import writes_to_stdout
+
     return sys.stderr if writes_to_stdout(out) else sys.stdout
 
 

@@ -9,51 +9,43 @@ where the bad value came from: the flag, or the config file and key.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import float_arg, int_arg, nonempty_arg
 from perseus.errors import ConfigError, PlanError
-from perseus.io.bundled import (
-    default_blocking_power_w,
-    load_profile,
-    resolve_plan_profile,
-    resolve_profile_path,
-)
-from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
-from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
-from perseus.plan import Frontier
-from perseus.profile.model import Profile
-from perseus.profile.two_clock import (
-    DEFAULT_SWITCH_ENERGY_J,
-    DEFAULT_SWITCH_LATENCY_S,
-    DEFAULT_SWITCH_STALL_S,
-)
 from perseus.schedule.builders import SCHEDULE_NAMES
-from perseus.validate import MAX_LAYERS_PER_STAGE, check_job_size, show_value
+from perseus.validate import (
+    JOB_BOUNDS,
+    JOB_DEFAULTS,
+    MAX_LAYERS_PER_STAGE,
+    check_job_size,
+    show_value,
+)
+
+if TYPE_CHECKING:  # the planner and the file readers load when a command runs, not for --help
+    from perseus.io.config import JobConfig
+    from perseus.job import PlanningJob
+    from perseus.plan import Frontier
+    from perseus.profile.model import Profile
 
 __all__ = [
     "CONFIG_FIELDS",
-    "LIMITS",
     "add_job_arguments",
     "build_checked_job",
     "check_figures",
     "check_plan_fits",
+    "job_float",
     "job_from_args",
     "job_from_frontier",
+    "job_int",
 ]
 
 # Flag defaults, applied after the config (argparse defaults are None so that a flag left out
 # can be told apart from a flag given with the default value).
-_DEFAULTS: dict[str, object] = {
-    "schedule": "1f1b",
-    "virtual_stages": 1,
-    "p2p_latency_s": 0.0,
-    "backward_split": DEFAULT_BACKWARD_SPLIT,
-    "switch_latency_s": DEFAULT_SWITCH_LATENCY_S,
-    "switch_energy_j": DEFAULT_SWITCH_ENERGY_J,
-    "switch_stall_s": DEFAULT_SWITCH_STALL_S,
-}
+_DEFAULTS: dict[str, object] = dataclasses.asdict(JOB_DEFAULTS)
 #: Job fields a TOML config can set (flags given on the command line override them).
 CONFIG_FIELDS = (
     "schedule",
@@ -71,17 +63,22 @@ CONFIG_FIELDS = (
     "max_clocks_per_op",
 )
 
-#: Ranges of the job's numbers, shared by the flags and the TOML config.
-LIMITS: dict[str, tuple[float, float]] = {
-    "stages": (1, 4096),
-    "microbatches": (1, 10_000_000),
-    "virtual_stages": (1, 64),
-    "blocking_power_w": (0.0, 10_000.0),
-    "p2p_latency_s": (0.0, 60.0),
-}
+
+def job_int(name: str) -> Callable[[str], int]:
+    """The argparse ``type`` of integer job field ``name``, in its range (``JOB_BOUNDS``)."""
+    bounds = JOB_BOUNDS[name]
+    return int_arg(
+        ge=None if bounds.ge is None else int(bounds.ge),
+        le=None if bounds.le is None else int(bounds.le),
+    )
 
 
-def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = True) -> None:
+def job_float(name: str, unit: str = "") -> Callable[[str], float]:
+    """The argparse ``type`` of number job field ``name``, in its range (``JOB_BOUNDS``)."""
+    return float_arg(**JOB_BOUNDS[name]._asdict(), unit=unit)
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
     parser.add_argument(
         "profile",
@@ -97,37 +94,39 @@ def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = 
         help="TOML job config (see configs/); flags given here override its values",
     )
     parser.add_argument(
-        "--schedule", choices=SCHEDULE_NAMES, help="pipeline schedule (default 1f1b)"
+        "--schedule",
+        choices=SCHEDULE_NAMES,
+        help=f"pipeline schedule (default {JOB_DEFAULTS.schedule})",
     )
     parser.add_argument(
         "--stages",
-        type=int_arg(ge=1, le=int(LIMITS["stages"][1])),
+        type=job_int("stages"),
         help="model stages (default: the profile's)",
     )
     parser.add_argument(
         "--microbatches",
-        type=int_arg(ge=1, le=int(LIMITS["microbatches"][1])),
+        type=job_int("microbatches"),
         help="microbatches per iteration (required without --config)",
     )
     parser.add_argument(
         "--virtual-stages",
-        type=int_arg(ge=1, le=int(LIMITS["virtual_stages"][1])),
-        help="stages per rank (interleaved; default 1)",
+        type=job_int("virtual_stages"),
+        help=f"stages per rank (interleaved; default {JOB_DEFAULTS.virtual_stages})",
     )
     parser.add_argument(
         "--blocking-power-w",
-        type=float_arg(ge=0, le=LIMITS["blocking_power_w"][1], unit="W"),
+        type=job_float("blocking_power_w", unit="W"),
         help="power a GPU draws while waiting (default: the bundled profile's measured value)",
     )
     parser.add_argument(
         "--p2p-latency-s",
-        type=float_arg(ge=0, le=LIMITS["p2p_latency_s"][1], unit="s"),
-        help="latency of a P2P send (default 0)",
+        type=job_float("p2p_latency_s", unit="s"),
+        help=f"latency of a P2P send (default {JOB_DEFAULTS.p2p_latency_s:g})",
     )
     parser.add_argument(
         "--backward-split",
-        type=float_arg(gt=0, lt=1),
-        help=f"share of a backward given to B when zero-bubble splits it into B and W (default {DEFAULT_BACKWARD_SPLIT}; zb only)",
+        type=job_float("backward_split"),
+        help=f"share of a backward given to B when zero-bubble splits it into B and W (default {JOB_DEFAULTS.backward_split}; zb only)",
     )
     parser.add_argument(
         "--layers-per-stage",
@@ -137,19 +136,19 @@ def add_job_arguments(parser: argparse.ArgumentParser, profile_optional: bool = 
     )
     parser.add_argument(
         "--switch-latency-s",
-        type=float_arg(ge=0, le=60, unit="s"),
-        help=f"time the old clock keeps running after a mid-op switch (default {DEFAULT_SWITCH_LATENCY_S})",
+        type=job_float("switch_latency_s", unit="s"),
+        help=f"time the old clock keeps running after a mid-op switch (default {JOB_DEFAULTS.switch_latency_s})",
     )
     parser.add_argument(
         "--switch-energy-j",
-        type=float_arg(ge=0, le=1e6, unit="J"),
-        help=f"extra energy per mid-op clock switch (default {DEFAULT_SWITCH_ENERGY_J})",
+        type=job_float("switch_energy_j", unit="J"),
+        help=f"extra energy per mid-op clock switch (default {JOB_DEFAULTS.switch_energy_j})",
     )
     parser.add_argument(
         "--switch-stall-s",
-        type=float_arg(ge=0, le=60, unit="s"),
+        type=job_float("switch_stall_s", unit="s"),
         help="time an op stalls per mid-op switch, drawn at the new clock's power (default "
-        f"{DEFAULT_SWITCH_STALL_S}; a runtime that waits for the set call: the set latency)",
+        f"{JOB_DEFAULTS.switch_stall_s}; a runtime that waits for the set call: the set latency)",
     )
 
 
@@ -175,6 +174,8 @@ def _merge(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         The profile argument and, for each job field, where its value came from (the flag, or
         ``"<config>: key <name>"``), for error messages.
     """
+    from perseus.io.config import read_job_config, resolve_config_profile
+
     config: JobConfig | None = None
     profile = args.profile
     sources = {name: "--" + name.replace("_", "-") for name in CONFIG_FIELDS}
@@ -210,6 +211,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         ConfigError: no profile, no microbatch count, a bad config, a job too large, or no
             known blocking power; the message names the flag or config key at fault.
     """
+    from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
+
     profile_arg, sources = _merge(args)
     try:
         path = resolve_profile_path(profile_arg)
@@ -235,7 +238,7 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
             f"use {profile.num_stages}, or make a {stages}-stage profile with "
             f"`perseus profile slice {profile_arg} --stages {stages} -o p.csv`"
         )
-    if args.backward_split != DEFAULT_BACKWARD_SPLIT and args.schedule != "zb":
+    if args.backward_split != JOB_DEFAULTS.backward_split and args.schedule != "zb":
         raise ConfigError(
             f"{sources['backward_split']}: only the zb schedule splits backwards into B and W, "
             f"the schedule is {args.schedule}; drop it or use --schedule zb"
@@ -293,14 +296,16 @@ def build_checked_job(
     microbatches: int,
     blocking_power_w: float,
     *,
-    virtual_stages: int = 1,
-    p2p_latency_s: float = 0.0,
-    backward_split: float = DEFAULT_BACKWARD_SPLIT,
+    virtual_stages: int = JOB_DEFAULTS.virtual_stages,
+    p2p_latency_s: float = JOB_DEFAULTS.p2p_latency_s,
+    backward_split: float = JOB_DEFAULTS.backward_split,
     profile_name: str | None = None,
     size_source: str = "--microbatches",
     **two_clock: Any,
 ) -> PlanningJob:
     """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
+    from perseus.job import make_job
+
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
     layers = two_clock.get("layers_per_stage") or ()
@@ -340,6 +345,8 @@ def job_from_frontier(
     Raises:
         ConfigError: no usable profile, or one that differs from the file's.
     """
+    from perseus.io.bundled import load_profile, resolve_profile_path
+
     j = frontier.job
     how = "give the profile as PROFILE" if flag == "PROFILE" else f"pass {flag} PROFILE"
     if profile_arg is not None:
@@ -361,7 +368,9 @@ def job_from_frontier(
         j.blocking_power_w,
         virtual_stages=j.virtual_stages,
         p2p_latency_s=j.p2p_latency_s,
-        backward_split=j.backward_split if j.backward_split is not None else DEFAULT_BACKWARD_SPLIT,
+        backward_split=j.backward_split
+        if j.backward_split is not None
+        else JOB_DEFAULTS.backward_split,
         profile_name=j.profile_name,
         size_source=f"{source}: field job",
         layers_per_stage=j.layers_per_stage,
@@ -387,6 +396,8 @@ def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profil
     A profile the plan names is read on the plan's word, so its errors do not quote it: a plan
     must not be a way to show another file's lines.
     """
+    from perseus.io.bundled import load_profile, resolve_plan_profile
+
     where = f"{source}: field job.profile_name"
     if name is None:
         raise ConfigError(f"{where}: not set; {how}")

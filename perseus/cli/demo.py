@@ -12,11 +12,9 @@ import argparse
 import time
 from typing import Any
 
-from perseus.cli._args import check_output_dir, int_arg, nonempty_arg
-from perseus.cli._job_args import CONFIG_FIELDS, LIMITS, job_from_args
+from perseus.cli._args import check_output_dir, nonempty_arg
+from perseus.cli._job_args import CONFIG_FIELDS, job_from_args, job_int
 from perseus.cli._progress import progress_bar
-from perseus.io.atomic import atomic_directory
-from perseus.io.config import read_job_config
 from perseus.log import get_logger, phase
 
 __all__ = ["DEMO_JOB", "register", "run"]
@@ -61,12 +59,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--microbatches",
-        type=int_arg(ge=1, le=int(LIMITS["microbatches"][1])),
+        type=job_int("microbatches"),
         help="override the job's microbatch count",
     )
     p.add_argument(
         "--pipelines",
-        type=int_arg(ge=2, le=1_000_000),
+        type=job_int("pipelines"),
         help="data-parallel pipelines in the straggler what-if (default 16)",
     )
     p.add_argument(
@@ -81,6 +79,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
     """Arguments for :func:`job_from_args` and the pipeline count, from --config or DEMO_JOB."""
+    from perseus.io.config import read_job_config
+
     ns = argparse.Namespace(profile=None, config=args.config, **dict.fromkeys(CONFIG_FIELDS))
     pipelines = args.pipelines
     if args.config is None:
@@ -101,6 +101,7 @@ def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.atomic import atomic_directory
     from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
 
     started = time.perf_counter()

@@ -14,27 +14,14 @@ import contextlib
 import itertools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import float_arg
-from perseus.device.discovery import (
-    DeviceInfo,
-    hidden_owners_note,
-    nvml_devices,
-    open_simulated,
-    simulated_devices,
-)
-from perseus.device.nvml import NvmlGPU, NvmlUnavailableError
-from perseus.device.ownership import (
-    acquire_owner_lock,
-    default_lock_dir,
-    pid_alive,
-    release_owner_lock,
-    reset_from_spec,
-)
-from perseus.device.presets import PRESETS
-from perseus.device.sim_state import default_state_dir
 from perseus.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
+    from perseus.device.discovery import DeviceInfo
+    from perseus.device.nvml import NvmlGPU
 
 __all__ = ["register", "run"]
 
@@ -72,6 +59,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.device.discovery import hidden_owners_note, open_simulated
+    from perseus.device.nvml import NvmlGPU
+    from perseus.device.ownership import default_lock_dir, reset_from_spec
+
     command = args.device_command
     if command == "info":
         return _info(args.sim_dir)
@@ -121,6 +112,8 @@ def _limit_w(gpu: NvmlGPU) -> float | None:
 
 def _reset_owned(what: str, lock_path: Path, reset: Any) -> dict[str, Any]:
     """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record."""
+    from perseus.device.ownership import acquire_owner_lock, pid_alive, release_owner_lock
+
     fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
     if fd is None and owner is not None and pid_alive(owner) and owner != os.getpid():
         raise ConfigError(
@@ -212,6 +205,11 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 
 def _info(sim_dir: Path | None) -> int:
+    from perseus.device.discovery import nvml_devices, simulated_devices
+    from perseus.device.nvml import NvmlUnavailableError
+    from perseus.device.presets import PRESETS
+    from perseus.device.sim_state import default_state_dir
+
     directory = sim_dir or default_state_dir()
     unreadable = ""
     try:

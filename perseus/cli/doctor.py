@@ -27,26 +27,13 @@ import contextlib
 import json
 import sys
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import float_arg, int_arg
-from perseus.cli._doctor_checks import (
-    Check,
-    check_clock_control,
-    check_clocks,
-    check_cuda,
-    check_energy_counter,
-    check_identity,
-    check_memory_clock_locking,
-    check_power,
-    check_set_latency,
-    check_simulated,
-    probe,
-)
-from perseus.cli._doctor_power import check_blocking_power
-from perseus.device import nvml as nvml_backend
-from perseus.device.nvml import NvmlGPU, call_nvml
-from perseus.device.presets import BLOCKING_POWER
+
+if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
+    from perseus.cli._doctor_checks import Check
+    from perseus.device.nvml import NvmlGPU
 
 __all__ = ["diagnose", "register", "run"]
 
@@ -103,6 +90,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.device import nvml as nvml_backend
+
     report = diagnose(
         # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
         no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),
@@ -133,6 +122,10 @@ def diagnose(
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
     missing or failing GPU: that is what the report is for."""
+    from perseus.cli._doctor_checks import Check, check_simulated, probe
+    from perseus.device import nvml as nvml_backend
+    from perseus.device.nvml import call_nvml
+
     report: dict[str, Any] = {
         "perseus": _version("perseus-energy"),
         "mode": "observe-only" if no_clock_changes else "control",
@@ -210,6 +203,21 @@ def _diagnose_gpu(
     energy_window_s: float,
     power_window_s: float,
 ) -> dict[str, Any]:
+    from perseus.cli._doctor_checks import (
+        Check,
+        check_clock_control,
+        check_clocks,
+        check_cuda,
+        check_energy_counter,
+        check_identity,
+        check_memory_clock_locking,
+        check_power,
+        check_set_latency,
+        probe,
+    )
+    from perseus.cli._doctor_power import check_blocking_power
+    from perseus.device.nvml import NvmlGPU
+
     entry: dict[str, Any] = {"index": index, "checks": []}
     checks: list[Check] = []
     gpu = NvmlGPU(index=index, nvml_module=nvml, control=not no_clock_changes)
@@ -270,6 +278,8 @@ def _diagnose_gpu(
 
 
 def _known_blocking_power() -> str:
+    from perseus.device.presets import BLOCKING_POWER
+
     return ", ".join(
         f"{f.family} {f.power_w:g} W{' (estimate)' if f.estimated else ''}"
         for _, f in BLOCKING_POWER
@@ -277,11 +287,15 @@ def _known_blocking_power() -> str:
 
 
 def _open(gpu: NvmlGPU) -> Check:
+    from perseus.cli._doctor_checks import Check
+
     gpu.open()
     return Check("open", "ok", "opened")
 
 
 def _versions(nvml: Any) -> dict[str, Any]:
+    from perseus.device.nvml import call_nvml
+
     out: dict[str, Any] = {"nvidia_ml_py": _version("nvidia-ml-py")}
     for key, function in (
         ("driver", "nvmlSystemGetDriverVersion"),

@@ -19,7 +19,6 @@ from perseus.cli._job_args import (
     job_from_frontier,
 )
 from perseus.errors import ConfigError, PlanError
-from perseus.io.frontier_files import check_frontier_job, read_frontier
 
 __all__ = ["register", "run"]
 
@@ -51,6 +50,8 @@ def _job_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.frontier_files import check_frontier_job, read_frontier
+
     frontier = None
     if args.plan is not None:
         frontier = read_frontier(args.plan)

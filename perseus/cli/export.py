@@ -8,15 +8,14 @@ min-energy``, ``--plan INDEX`` or ``--max-time-s T`` (the cheapest plan within T
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import check_output_dir, float_arg
 from perseus.errors import ConfigError
-from perseus.io.atomic import atomic_directory
-from perseus.io.frontier_files import check_frontier_job, read_frontier
-from perseus.io.zeus_export import ZEUS_PFO_FILES, write_zeus_pfo
-from perseus.plan import Frontier, PlanPoint
 from perseus.validate import show_value
+
+if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
+    from perseus.plan import Frontier, PlanPoint
 
 __all__ = ["register", "run", "select_point"]
 
@@ -87,6 +86,10 @@ def select_point(
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.atomic import atomic_directory
+    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.zeus_export import ZEUS_PFO_FILES, write_zeus_pfo
+
     out = check_output_dir(args.out, (*ZEUS_PFO_FILES, "point_solution.json"))
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)

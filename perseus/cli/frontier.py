@@ -10,8 +10,6 @@ from typing import Any
 from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
-from perseus.io.frontier_files import write_frontier
-from perseus.io.power_files import write_power_curve
 from perseus.log import get_logger
 
 __all__ = ["register", "run"]
@@ -72,6 +70,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.frontier_files import write_frontier
+    from perseus.io.power_files import write_power_curve
     from perseus.solver import trace
     from perseus.solver.power import with_power
 

@@ -8,11 +8,6 @@ from typing import Any
 
 from perseus.cli._args import check_output_file, float_arg, int_arg, message_stream
 from perseus.errors import ConfigError
-from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
-from perseus.io.power_files import read_signal, write_schedule
-from perseus.plan import PlanPoint
-from perseus.solver.power import fastest_under_power
-from perseus.solver.power_schedule import schedule_plans
 
 __all__ = ["register", "run", "run_schedule"]
 
@@ -110,6 +105,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
+
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
@@ -145,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
+    from perseus.io.frontier_files import write_frontier
+    from perseus.plan import PlanPoint
+    from perseus.solver.power import fastest_under_power
+
     peak = args.peak_power_w is not None
     flag = "--peak-power-w" if peak else "--power-cap-w"
     given = args.peak_power_w if peak else args.power_cap_w
@@ -171,6 +172,10 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
 
 
 def run_schedule(args: argparse.Namespace) -> int:
+    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.power_files import read_signal, write_schedule
+    from perseus.solver.power_schedule import schedule_plans
+
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)

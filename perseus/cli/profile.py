@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, int_arg, message_stream, nonempty_arg
-from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
-from perseus.io.profile_files import MAX_STAGES, write_profile_csv, write_profile_json
-from perseus.io.profile_slice import slice_profile
+from perseus.cli._args import check_output_file, message_stream, nonempty_arg
+from perseus.cli._job_args import job_int
 from perseus.log import get_logger
 
 __all__ = ["register", "run"]
@@ -40,9 +38,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     cut.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
-    cut.add_argument(
-        "--stages", type=int_arg(ge=1, le=MAX_STAGES), required=True, help="stages of the result"
-    )
+    cut.add_argument("--stages", type=job_int("stages"), required=True, help="stages of the result")
     cut.add_argument(
         "-o",
         "--out",
@@ -56,6 +52,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
+    from perseus.io.profile_files import write_profile_csv, write_profile_json
+    from perseus.io.profile_slice import slice_profile
+
     if args.profile_action == "slice":
         out = check_output_file(args.out)
     path = resolve_profile_path(args.profile)

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from perseus.cli._args import check_output_dir, int_arg, nonempty_arg
-from perseus.cli._job_args import check_figures, job_from_frontier
+from perseus.cli._args import check_output_dir, nonempty_arg
+from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
-from perseus.io._errors import describe_validation_error
-from perseus.io.atomic import atomic_directory
-from perseus.io.frontier_files import check_frontier_job, read_frontier, read_json_document
-from perseus.io.reading import INPUT_LIMITS
-from perseus.job import PlanningJob
-from perseus.plan import Frontier
+
+if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
+    from perseus.job import PlanningJob
+    from perseus.plan import Frontier
 
 __all__ = ["register", "run"]
 
@@ -56,7 +52,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--pipelines",
-        type=int_arg(ge=2, le=1_000_000),
+        type=job_int("pipelines"),
         default=16,
         help="data-parallel pipelines in the straggler what-if (default 16)",
     )
@@ -85,6 +81,11 @@ def _rebuild_job(
 
 
 def _read_measured(path: str) -> Any:
+    from pydantic import ValidationError
+
+    from perseus.io._errors import describe_validation_error
+    from perseus.io.frontier_files import read_json_document
+    from perseus.io.reading import INPUT_LIMITS
     from perseus.report import MeasuredRun
     from perseus.report.summary import REPORT_SUMMARY_KIND
 
@@ -116,6 +117,8 @@ def _title(frontier: Frontier) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.atomic import atomic_directory
+    from perseus.io.frontier_files import check_frontier_job, read_frontier
     from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
     from perseus.report.build import LEGACY_REPORT_FILES
     from perseus.sim.straggler_sweep import parse_factors, straggler_sweep

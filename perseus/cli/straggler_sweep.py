@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import check_output_file, int_arg, message_stream
 from perseus.errors import ConfigError
-from perseus.io.atomic import atomic_write_text
-from perseus.io.frontier_files import check_frontier_job, read_frontier
-from perseus.sim.straggler_sweep import StragglerCase, parse_factors, straggler_sweep
+
+if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
+    from perseus.sim.straggler_sweep import StragglerCase
 
 __all__ = ["format_sweep", "register", "run"]
 
@@ -67,6 +67,10 @@ def format_sweep(cases: tuple[StragglerCase, ...] | list[StragglerCase]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.atomic import atomic_write_text
+    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+
     check_output_file(args.out)
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)

@@ -21,14 +21,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
 from perseus.io.reading import INPUT_LIMITS, read_bounded
-from perseus.validate import MAX_LAYERS_PER_STAGE, clip_message, show_value
+from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, clip_message, show_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +38,12 @@ else:  # pragma: no cover - Python 3.10 needs the backport
 __all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_config_profile"]
 
 CONFIG_SCHEMA_VERSION = 1
+
+
+def _within(name: str) -> Any:
+    """The field constraint of job number ``name`` (:data:`perseus.validate.JOB_BOUNDS`)."""
+    gt, ge, lt, le = JOB_BOUNDS[name]
+    return Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False)
 
 
 class JobConfig(BaseModel):
@@ -53,28 +59,26 @@ class JobConfig(BaseModel):
     description: Annotated[str, Field(max_length=10_000)] | None = None
     profile: Annotated[str, Field(min_length=1, max_length=4096)]
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
-    stages: Annotated[int, Field(ge=1, le=4096)] | None = None
-    microbatches: Annotated[int, Field(ge=1, le=10_000_000)]
-    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
-    blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = None
-    p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
-    backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.5
-    pipelines: Annotated[int, Field(ge=2, le=1_000_000)] | None = None
+    stages: Annotated[int, _within("stages")] | None = None
+    microbatches: Annotated[int, _within("microbatches")]
+    virtual_stages: Annotated[int, _within("virtual_stages")] = JOB_DEFAULTS.virtual_stages
+    blocking_power_w: Annotated[float, _within("blocking_power_w")] | None = None
+    p2p_latency_s: Annotated[float, _within("p2p_latency_s")] = JOB_DEFAULTS.p2p_latency_s
+    backward_split: Annotated[float, _within("backward_split")] = JOB_DEFAULTS.backward_split
+    pipelines: Annotated[int, _within("pipelines")] | None = None
     # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
     # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
     layers_per_stage: (
-        Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]
-        | Annotated[
-            list[Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]], Field(max_length=4096)
-        ]
+        Annotated[int, _within("layers_per_stage")]
+        | Annotated[list[Annotated[int, _within("layers_per_stage")]], Field(max_length=4096)]
         | None
     ) = None
-    layer_time_fractions: (
-        list[list[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]]] | None
-    ) = None
-    switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
-    switch_energy_j: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 0.0
-    switch_stall_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    layer_time_fractions: list[list[Annotated[float, _within("layer_time_fractions")]]] | None = (
+        None
+    )
+    switch_latency_s: Annotated[float, _within("switch_latency_s")] = JOB_DEFAULTS.switch_latency_s
+    switch_energy_j: Annotated[float, _within("switch_energy_j")] = JOB_DEFAULTS.switch_energy_j
+    switch_stall_s: Annotated[float, _within("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
     # 1 clock per op, 2 (one switch at a layer boundary), or up to 4 phases per op
     max_clocks_per_op: Literal[1, 2, 3, 4] | None = None
 

@@ -42,6 +42,7 @@ from typing import NamedTuple, cast
 
 from perseus.errors import ConfigError, PlanError
 from perseus.profile.model import OpOption
+from perseus.validate import JOB_DEFAULTS
 
 __all__ = [
     "DEFAULT_SWITCH_ENERGY_J",
@@ -61,12 +62,10 @@ __all__ = [
     "two_clock_cost",
 ]
 
-#: Median latency of a locked-clock set call (docs/hardware.md#sim-defaults).
-DEFAULT_SWITCH_LATENCY_S = 0.005
-#: Extra energy per mid-op clock switch (none measured).
-DEFAULT_SWITCH_ENERGY_J = 0.0
-#: Time an op stalls per mid-op switch (none by default: the set call runs beside the GPU).
-DEFAULT_SWITCH_STALL_S = 0.0
+# The switch cost's defaults, as a job's flags and config take them.
+DEFAULT_SWITCH_LATENCY_S = JOB_DEFAULTS.switch_latency_s
+DEFAULT_SWITCH_ENERGY_J = JOB_DEFAULTS.switch_energy_j
+DEFAULT_SWITCH_STALL_S = JOB_DEFAULTS.switch_stall_s
 
 
 class Phase(NamedTuple):
