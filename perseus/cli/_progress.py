@@ -54,6 +54,22 @@ class _PhaseListener(logging.Handler):
             self._set_label(str(record.msg % record.args if record.args else record.msg))
 
 
+class _LogOnlyBar:
+    """The part of a tqdm bar used below, drawing nothing (tqdm is not installed)."""
+
+    def __init__(self, **_: object) -> None:
+        self.n = 0
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def set_description_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def progress_bar(
     label: str, enabled: bool = True, solve: bool = False
@@ -66,12 +82,18 @@ def progress_bar(
         solve: The step runs the solver: label it as a compile until the first progress
             report when the kernels are not cached yet.
     """
-    from tqdm import tqdm
-
     tty = enabled and sys.stderr.isatty()
     compiling = solve and not solver_kernels_cached()
     first = COMPILE_PHASE if compiling else label
     logger.info("%s", first)
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:  # the progress extra is optional: log lines (-v) only
+        if tty:
+            logger.warning(
+                "no progress bar: pip install 'perseus-energy[progress]' (--no-progress: quiet)"
+            )
+        tqdm = _LogOnlyBar
     bar = tqdm(
         total=100,
         desc=first,

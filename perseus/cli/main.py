@@ -28,7 +28,7 @@ from perseus.validate import clip_message
 
 logger = get_logger(__name__)
 
-__all__ = ["PARAMETER_FLAGS", "build_parser", "entry", "main"]
+__all__ = ["EXTRAS", "PARAMETER_FLAGS", "build_parser", "entry", "main"]
 
 #: Library parameter names whose flag is named otherwise (used where the command has the flag).
 PARAMETER_FLAGS: dict[str, str] = {
@@ -37,6 +37,9 @@ PARAMETER_FLAGS: dict[str, str] = {
     "state_dir": "--sim-dir",
     "trace_dir": "--trace",
 }
+
+#: Optional packages -> the extra that installs them (pyproject's optional-dependencies).
+EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
@@ -135,16 +138,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a path that cannot be read or written (permissions, a read-only or full disk)
         _print_error(f"{e.filename}: {e.strerror}; choose another path")
         return 2
+    except ModuleNotFoundError as e:
+        package = (e.name or "").partition(".")[0]
+        if package not in EXTRAS:
+            return _internal_error(e)
+        _print_error(
+            f"{package} is not installed; `perseus {args.command if args else ''}` needs it: "
+            f"pip install 'perseus-energy[{EXTRAS[package]}]'"
+        )
+        return 1
     except (MemoryError, RecursionError) as e:
         _print_error(f"out of memory or recursion depth ({type(e).__name__}); plan a smaller job")
         return 1
     except Exception as e:  # the last guard: never a traceback on the user's terminal
-        logger.debug("unexpected error", exc_info=True)
-        _print_error(
-            f"internal error ({type(e).__name__}: {_one_line(e)}); please report it "
-            "(--log-level DEBUG shows the traceback)"
-        )
-        return 1
+        return _internal_error(e)
+
+
+def _internal_error(error: Exception) -> int:
+    logger.debug("unexpected error", exc_info=True)
+    _print_error(
+        f"internal error ({type(error).__name__}: {_one_line(error)}); please report it "
+        "(--log-level DEBUG shows the traceback)"
+    )
+    return 1
 
 
 def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace | None) -> str:
