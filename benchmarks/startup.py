@@ -7,7 +7,9 @@ Every figure is a fresh process, as a user meets it:
   the interpreter's own start-up is left out), and whether networkx was loaded;
 * the planning core, ``import perseus.job, perseus.solver, perseus.io`` (the same statement in
   every revision, whatever ``perseus`` itself loads eagerly), timed the same way;
-* ``perseus --help``: the whole process, interpreter included;
+* ``perseus --help``: the whole process, interpreter included, in wall-clock and CPU seconds
+  (user + system, which another job on the machine inflates less), and the number of modules
+  it leaves loaded (``sys.modules``, counted in-process);
 * a small job, ``perseus frontier a100 --microbatches 4`` (8 stages x 4 microbatches): the
   whole process with the solver kernels already in numba's disk cache (one untimed run fills
   it first);
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,6 +52,13 @@ _CORE = (
     "import perseus.job, perseus.solver, perseus.io\n"
     "print(time.perf_counter() - t)\n"
 )
+_HELP_MODULES = (
+    "import contextlib, io, sys\n"
+    "from perseus.cli.main import main\n"
+    "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+    "    main(['--help'])\n"
+    "print(len(sys.modules))\n"
+)
 
 
 @dataclass
@@ -60,6 +70,8 @@ class Tree:
     cache: Path  # NUMBA_CACHE_DIR of this tree's runs
     figures: dict[str, list[float]] = field(default_factory=dict)
     networkx: bool | None = None
+    help_modules: int | None = None
+    last_cpu_s: float = 0.0  # user + system seconds of the last run's process
 
     def env(self, cache: Path | None = None) -> dict[str, str]:
         return dict(
@@ -69,6 +81,7 @@ class Tree:
         )
 
     def run(self, args: list[str], cwd: Path, cache: Path | None = None) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, *args],
@@ -77,7 +90,10 @@ class Tree:
             env=self.env(cache),
             stdout=subprocess.DEVNULL,
         )
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.last_cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return elapsed
 
     def add(self, name: str, value: float) -> None:
         self.figures.setdefault(name, []).append(value)
@@ -133,6 +149,16 @@ def _measure(tree: Tree, work: Path) -> None:
     )
     tree.add("import the planning core (in-process)", float(proc.stdout))
     tree.add("perseus --help (process)", tree.run(["-m", "perseus.cli", "--help"], work))
+    tree.add("perseus --help CPU (process)", tree.last_cpu_s)
+    proc = subprocess.run(
+        [sys.executable, "-c", _HELP_MODULES],
+        check=True,
+        cwd=work,
+        env=tree.env(),
+        capture_output=True,
+        text=True,
+    )
+    tree.help_modules = int(proc.stdout)
     out = work / f"{tree.label}-frontier.json"
     small = ["-m", "perseus.cli", "frontier", "a100", "--microbatches", "4", "--no-progress"]
     tree.add("small job: frontier a100 -m 4 (process)", tree.run([*small, "-o", str(out)], work))
@@ -202,6 +228,8 @@ def main() -> None:
         print(f"{name:<{width}}{row}")
     loaded = "".join(f"{'yes' if t.networkx else 'no':>28}" for t in trees)
     print(f"{'networkx loaded by import perseus':<{width}}{loaded}")
+    counts = "".join(f"{t.help_modules!s:>28}" for t in trees)
+    print(f"{'modules loaded by perseus --help':<{width}}{counts}")
 
 
 if __name__ == "__main__":
