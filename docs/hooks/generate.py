@@ -121,6 +121,7 @@ _GROUPS = {
     "Data model": "perseus.plan",
     "Files": "perseus.io",
     "Devices": "perseus.device.nvml perseus.device.simulated perseus.device.presets",
+    "Plan sources": "perseus.runtime.planning",
     "Sessions": "perseus.runtime.pipeline perseus.runtime.session "
     "perseus.runtime.engines.torch_pp perseus.runtime.metrics",
     "Errors": "perseus.errors",

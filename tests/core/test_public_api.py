@@ -34,3 +34,17 @@ def test_all_is_sorted_and_complete():
         )
         for name in exported:
             assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name}"
+
+
+def test_the_top_level_is_a_short_public_face():
+    import perseus.dag
+
+    names = set(perseus.__all__)
+    assert len(perseus.__all__) <= 32, f"{len(perseus.__all__)} top-level names"
+    # where a running job's plan comes from is part of the face ...
+    assert {"PlanFile", "OfflineProfile", "OnlineProfile"} <= names
+    # ... the operation graph and its evaluator are not: they live under perseus.dag
+    assert not names & set(perseus.dag.__all__)
+    # every lazily loaded name is public, and every public name resolves
+    assert set(perseus._LAZY) <= names
+    assert all(getattr(perseus, name) is not None for name in names)
