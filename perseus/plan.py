@@ -190,24 +190,6 @@ class PlanPoint(BaseModel):
                     )
         return self
 
-    def one_clock_mhz(self, rank: int) -> tuple[int, ...]:
-        """Rank ``rank``'s clocks, one per op, for consumers of one-clock plans.
-
-        Raises:
-            PlanError: if the rank has a two-clock op (read ``freqs_mhz`` with
-                :func:`perseus.profile.op_clocks` to run those).
-        """
-        out = []
-        for j, op in enumerate(self.freqs_mhz[rank]):
-            if not isinstance(op, int):
-                what = "a two-clock op" if isinstance(op[0], int) else "a phased op"
-                raise PlanError(
-                    f"rank {rank} op {j} is {what} {_show_op(op)}; this consumer runs "
-                    "one clock per op: plan with `max_clocks_per_op`=1 and SM clocks only"
-                )
-            out.append(op)
-        return tuple(out)
-
     @property
     def num_two_clock_ops(self) -> int:
         """Ops that switch clock mid-op (one switch or more each) per iteration."""

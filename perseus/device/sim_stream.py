@@ -250,7 +250,6 @@ class SimStream:
         self._t_dev: float | None = None  # the timeline is committed up to here
         self._lock_mhz: int | None = None  # the lock as the device applies it
         self._cap_w: float | None = device.power_cap_w  # the enforced power cap (limit or board's)
-        self._lock_known = False
         self._energy_j = 0.0  # exact energy at _t_dev (this stream's own integral)
         self._tick_energy_j = 0.0  # exact energy at the last publish tick passed
         self._tick_s = -math.inf

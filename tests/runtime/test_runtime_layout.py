@@ -13,8 +13,7 @@ from perseus.schedule import build_schedule
 
 
 def _import_cycles(package: str) -> list[list[str]]:
-    import grimp
-
+    grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (the dev extra)")
     graph = grimp.build_graph(package, exclude_type_checking_imports=True)
     modules = sorted(graph.modules)
     state: dict[str, int] = {}
@@ -101,11 +100,3 @@ def test_plan_sources_are_checked_when_built():
     assert isinstance(plan_source(None, profile, False), OfflineProfile)
     assert plan_source("plan.json", profile, False) == PlanFile("plan.json", profile)
     assert plan_source(None, None, True) == OnlineProfile()
-
-
-def test_the_old_perseus_pipeline_import_path_still_works():
-    pytest.importorskip("torch.distributed.pipelining")
-    from perseus.runtime.engines.torch_pp import perseus_pipeline
-    from perseus.runtime.pipeline import perseus_pipeline as moved
-
-    assert perseus_pipeline is moved

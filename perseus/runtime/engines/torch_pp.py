@@ -583,13 +583,3 @@ def check_profile_fits(profile: Profile, schedule: Schedule) -> None:
             f"{schedule.virtual_stages} per rank); profile the model as it is split, or for "
             f"emulation cut a deeper profile with perseus.runtime.emulation.take_stages"
         )
-
-
-def __getattr__(name: str) -> Any:
-    # ``perseus_pipeline`` moved to perseus.runtime.pipeline (this module must not import the
-    # session: the session imports the adapters); the old import path keeps working.
-    if name == "perseus_pipeline":
-        import importlib
-
-        return importlib.import_module("perseus.runtime.pipeline").perseus_pipeline
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

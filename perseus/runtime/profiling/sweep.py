@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from perseus.errors import ConfigError, ProfileError
-from perseus.profile.model import Profile, build_profile
 from perseus.runtime.profiling.energy_attribution import PowerFit
 from perseus.schedule.actions import Kind
 
@@ -44,7 +43,6 @@ __all__ = [
     "check_fit",
     "profile_cache_key",
     "profile_cache_path",
-    "profile_from_rows",
 ]
 
 ProfileRow = tuple[int, Kind, int, float, float]
@@ -273,11 +271,6 @@ def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
         "control): profile again on a quieter machine with more windows per step "
         "(`OnlineProfile(min_windows=40)`; the default is 20), or pass profile= a measured profile"
     )
-
-
-def profile_from_rows(rows: Iterable[ProfileRow], source: str) -> Profile:
-    """A profile from measured rows of all ranks (see :func:`perseus.profile.build_profile`)."""
-    return build_profile(list(rows), source=source)
 
 
 def profile_cache_key(**config: Any) -> str:

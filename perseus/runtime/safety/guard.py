@@ -220,10 +220,6 @@ class ExitGuard:
         self._running = threading.Lock()
         self._installed = False
 
-    @property
-    def installed(self) -> bool:
-        return self._installed
-
     def install(self) -> None:
         if self._installed:
             return
