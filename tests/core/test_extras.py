@@ -52,4 +52,4 @@ def test_without_tqdm_progress_goes_to_the_log(
         messages
     )
     assert "frontier: 50 %" in messages and "frontier: 100 %" in messages
-    assert terminal.getvalue() == ""  # no bar drawn
+    assert "%|" not in terminal.getvalue()  # no bar drawn (log lines may reach the terminal)
