@@ -303,6 +303,7 @@ class SQLiteStore:
                     cost=float(row["cost"] or 0.0),
                     reached=bool(row["reached"]) if done else False,
                     epochs=None if row["epochs"] is None else int(row["epochs"]),
+                    preempted=not done,
                 )
             )
         return out
