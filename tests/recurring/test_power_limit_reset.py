@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from perseus.device.nvml import NvmlGPU
+from perseus.device.process_identity import parse_record, this_process
 from perseus.runtime.safety.guard import GpuClaim
 from tests.fakes import shared_pynvml
 from tests.fakes.fake_pynvml import FakeDevice
@@ -158,7 +159,7 @@ def test_a_clean_run_leaves_no_reset_due(shared: Path, tmp_path: Path) -> None:
     )
     with job.run() as run:
         run.step(32)
-        assert (locks / f"{UUID}.owner").read_text().strip() == str(os.getpid())
+        assert parse_record((locks / f"{UUID}.owner").read_bytes()) == this_process()
     assert (locks / f"{UUID}.owner").read_text() == ""
     assert _device(shared, UUID).power_limit_mw == DEFAULT_MW
     gpu.close()

@@ -1,5 +1,6 @@
-"""A preempted run (SIGTERM, SIGKILL, a hung process) becomes one failed run of its batch size,
-and the next decisions go on by the policy's own rules instead of waiting for it."""
+"""A preempted run (SIGTERM, SIGKILL, a hung process) is no evidence about its batch size: the
+size is retried (three preemptions in a row count as one failed run), and the next decisions
+never wait for it."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _row(store: SQLiteStore, run_id: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_run_is_one_failed_run_and_the_walk_goes_on(tmp_path: Path, sig: int) -> None:
+def test_a_killed_run_is_retried_and_never_waited_for(tmp_path: Path, sig: int) -> None:
     db = tmp_path / "jobs.db"
     proc, size, run_id = _start(db)
     assert size == 64  # the default runs first
@@ -92,23 +93,23 @@ def test_a_killed_run_is_one_failed_run_and_the_walk_goes_on(tmp_path: Path, sig
     else:  # nothing could run: still "running" until the next decision looks
         assert row["status"] == "running"
     assert row["pid"] == proc.pid and row["cost"] is not None and row["cost"] > 0
-    # The next decision: 64 is one failed run; rule 1 goes to the nearest untried size.
-    assert _decide(store) == (32, "explore")
+    # The next decision: a preemption says nothing about 64, so 64 runs again.
+    assert _decide(store) == (64, "default")
     row = _row(store, run_id)
     assert row["status"] == "abandoned"
     assert row["end_reason"] == ("signal" if sig == signal.SIGTERM else "process gone")
     history = store.history("j")
     assert len(history) == 1
-    failed = history[0]
-    assert (failed.batch_size, failed.reached) == (64, False) and failed.cost > 0
+    preempted = history[0]
+    assert (preempted.batch_size, preempted.reached, preempted.preempted) == (64, False, True)
     # Not pending, not blocked: later decisions never wait for it and never count it twice.
-    assert _decide(store) == (32, "explore")
+    assert _decide(store) == (64, "default")
     assert len(store.history("j")) == 1
 
 
-def test_a_preempted_arm_is_judged_by_the_policys_own_rule(tmp_path: Path) -> None:
-    """Once sizes converged, a preempted run of the best size is a failed run with the
-    failure penalty: that arm stays in the walk (Thompson sampling), not pruned or blocked."""
+def test_a_preempted_run_of_the_best_arm_costs_it_nothing(tmp_path: Path) -> None:
+    """Once sizes converged, a preempted run of the best size is no failure: that arm keeps
+    its cost and stays in the walk (Thompson sampling), not penalised, pruned or blocked."""
     store = SQLiteStore(tmp_path / "jobs.db")
     store.register_job("j", {"batch_sizes": SIZES})
     for b, cost in ((64, 100.0), (32, 150.0), (128, 140.0)):
@@ -130,9 +131,8 @@ def test_a_preempted_arm_is_judged_by_the_policys_own_rule(tmp_path: Path) -> No
         sizes.append(s.decision.batch_size)
         later.abandon_run(s.run_id)
     history = later.history("j")
-    assert len(history) == 4 and not history[-1].reached and history[-1].batch_size == 64
-    # Penalised as a failure (max(incurred, beta x best)), the arm is still sampled.
-    assert policy.arm_costs(history)[64] == [100.0, 200.0]
+    assert len(history) == 4 and history[-1].preempted and history[-1].batch_size == 64
+    assert policy.arm_costs(history)[64] == [100.0]  # no penalty: still the best arm
     assert 64 in sizes and set(sizes) <= set(SIZES)
 
 
