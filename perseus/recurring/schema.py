@@ -213,6 +213,11 @@ ALTER TABLE power_limits_v2 RENAME TO power_limits;
 # power limit chosen from a profile that measured no power (or no throughput) at some limit
 # is dropped: the next run of its batch size profiles again.
 _UNMEASURED = "status = 'done' AND NOT (energy_j > 0 AND time_s > 0 AND cost > 0)"
+_ZERO_PROFILE = """EXISTS (
+    SELECT 1 FROM json_each({profile}) AS m
+    WHERE json_type(m.value) = 'object' AND NOT (
+        coalesce(json_extract(m.value, '$.avg_power_w'), 1) > 0
+        AND coalesce(json_extract(m.value, '$.samples_per_s'), 1) > 0))"""
 _MEASURED = """,
     CONSTRAINT done_measured CHECK (status <> 'done' OR (energy_j > 0 AND time_s > 0 AND cost > 0))"""
 _V3 = f"""
@@ -234,10 +239,12 @@ CREATE INDEX runs_by_job ON runs (job, status, seq);
         name="runs_size_in_job_update", event="UPDATE OF batch_size, job", table="runs"
     )
 }
-DELETE FROM power_limits WHERE EXISTS (
-    SELECT 1 FROM json_each(power_limits.profile) AS m
-    WHERE NOT (json_extract(m.value, '$.avg_power_w') > 0
-               AND json_extract(m.value, '$.samples_per_s') > 0));
+DELETE FROM power_limits WHERE {_ZERO_PROFILE.format(profile="power_limits.profile")};
+CREATE TRIGGER power_limits_profile_measured BEFORE INSERT ON power_limits
+WHEN {_ZERO_PROFILE.format(profile="NEW.profile")}
+BEGIN
+    SELECT RAISE(ABORT, 'power_limits.profile measured no power or no throughput at a limit');
+END;
 """
 
 #: ``(version, sql)`` steps, oldest first; a database at version v gets every later step.
@@ -301,7 +308,7 @@ def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
     for job, gpu, size, limit, profile in con.execute(
         "SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"
     ):
-        check_power_limit_row(source, job, gpu, size, limit, profile)
+        check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
 
 
 def _fix(table: str, where: str, field: str | None = None) -> str:
@@ -421,9 +428,12 @@ def check_power_limit_row(
     power_limit_w: Any,
     profile: Any = "{}",
     range_w: Sequence[float] | None = None,
+    *,
+    measured: bool = True,
 ) -> float:
     """A cached power limit, or :class:`ConfigError` naming its row (outside ``range_w``, the
-    GPU's limits, when given).
+    GPU's limits, when given; with ``measured``, a profile whose throughput or power is not
+    above zero at some limit).
 
     Raises:
         ConfigError: naming the row and the SQL that drops it (the next run profiles again).
@@ -443,7 +453,7 @@ def check_power_limit_row(
         parsed = None
     if not isinstance(parsed, dict):
         raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
-    for limit, m in parsed.items():
+    for limit, m in parsed.items() if measured else ():
         figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]
         if not all(_is_figure(v, positive=True) for v in figures):
             raise ConfigError(
