@@ -179,3 +179,52 @@ def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> N
     # A slow (not dead) run that renews too late still finishes: its figures are the truth.
     assert store.finish_run(hung.run_id, Observation(64, 200.0, 9.0, 2.0, 9.0, True, 3))
     assert _row(store, hung.run_id)["status"] == "done"
+
+
+#: Cost per run of each batch size (the job's truth): 64 is the best, b0 = 128 costs 2.5x.
+_TRUE_COST = {32: 60.0, 64: 40.0, 128: 100.0, 256: 130.0}
+
+
+def _replay(store: SQLiteStore, runs: int, preempt: set[tuple[int, int]]) -> list[int]:
+    """``runs`` recurrences of the job through the store; the ``(run index, batch size)``
+    pairs in ``preempt`` are preempted (SIGTERM) after a heartbeat instead of finishing."""
+    sizes = sorted(_TRUE_COST)
+    policy = BatchSizeOptimizer(sizes, 128)
+    rng = np.random.default_rng(0)
+    store.register_job("j", {"batch_sizes": sizes})
+    chosen = []
+    for i in range(runs):
+        started = store.begin_run("j", lambda h, p: policy.decide(h, rng, pending=p))
+        b = started.decision.batch_size
+        chosen.append(b)
+        cost = _TRUE_COST[b] * (1.0 + 0.02 * rng.standard_normal())
+        if (i, b) in preempt:
+            store.heartbeat(started.run_id, Observation(b, 200.0, cost / 4, 0.1, cost / 4, False))
+            store.abandon_run(started.run_id, "signal")
+            continue
+        store.finish_run(started.run_id, Observation(b, 200.0, cost, 1.0, cost, True, 3))
+    return chosen
+
+
+def test_one_preemption_while_exploring_does_not_prune_the_best_size(tmp_path: Path) -> None:
+    """The replay that found it: b0 = 128 converges, the walk explores 64 and that run is
+    preempted. Counted as a failure, 64 (and 32 behind it) was pruned and the job stayed at
+    128, 2.5x the best cost, for good. A preemption is no evidence: 64 is retried and wins."""
+    quiet = _replay(SQLiteStore(tmp_path / "quiet.db"), 30, set())
+    assert quiet[:2] == [128, 64]  # the walk explores 64 second
+    chosen = _replay(SQLiteStore(tmp_path / "jobs.db"), 30, {(1, 64)})
+    assert chosen[:3] == [128, 64, 64]  # retried at once
+    assert chosen[-10:].count(64) >= 8  # and the job settles on the best size
+
+
+def test_three_preemptions_in_a_row_count_as_one_failed_run(tmp_path: Path) -> None:
+    """A size that is always killed (the out-of-memory killer) is not retried for ever: the
+    third preemption in a row counts as one failed run, and the walk moves past it."""
+    store = SQLiteStore(tmp_path / "jobs.db")
+    chosen = _replay(store, 8, {(1, 64), (2, 64), (3, 64)})
+    assert chosen[:4] == [128, 64, 64, 64]
+    assert 64 not in chosen[4:6]  # failed once, not converged: pruned by the policy's rule
+    history = store.history("j")
+    assert [o.preempted for o in history[1:4]] == [True, True, True]
+    policy = BatchSizeOptimizer(sorted(_TRUE_COST), 128)
+    assert len(policy.arm_costs(history)[64]) == 1  # three preemptions, one failure
