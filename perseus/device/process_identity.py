@@ -15,7 +15,7 @@ of ``/proc/<pid>/ns/pid``. Then:
 
 A lock file's record is one ASCII line, ``<pid> <boot id>:<start ticks> pid:[<inode>]``; only
 its first 256 bytes are read and anything that is not that shape (NUL bytes, non-ASCII digits
-that ``int()`` would take, a pid out of range) names no process.
+that ``int()`` would take, pid 0 or a negative one) names no process.
 
 Standard library only: the watchdog loads this file by path (through ``ownership``).
 """
@@ -47,7 +47,7 @@ RECORD_MAX_BYTES = 256
 #: The largest pid Linux hands out (``pid_max`` at most 2**22).
 _PID_MAX = 1 << 22
 _RECORD = re.compile(
-    rb"\A([0-9]{1,7})(?:[ \t]+([0-9a-f-]{1,64}:[0-9]{1,20}))?(?:[ \t]+(pid:\[[0-9]{1,20}\]))?"
+    rb"\A([0-9]{1,10})(?:[ \t]+([0-9a-f-]{1,64}:[0-9]{1,20}))?(?:[ \t]+(pid:\[[0-9]{1,20}\]))?"
     rb"[ \t]*(?:\n|\Z)"
 )
 
@@ -127,8 +127,9 @@ def parse_record(data: bytes) -> ProcessRecord | None:
     if match is None:
         return None
     pid = int(match.group(1))
-    if not 0 < pid <= _PID_MAX:
-        return None
+    if pid == 0:
+        return None  # 0 would name a process group, never a process
+    # A pid past pid_max names no live process: a dead owner (liveness says "gone").
     start, namespace = (g.decode("ascii") if g else None for g in match.group(2, 3))
     return ProcessRecord(pid, start, namespace)
 

@@ -184,7 +184,6 @@ _ODD = {
     "a superscript digit": "²".encode(),
     "a negative pid": b"-1\n",
     "pid 0": b"0\n",
-    "a pid past pid_max": b"4194305\n",
     "not UTF-8": b"\xff\xfe\xfd\n",
     "a forged record": b"1 ../../etc:1 pid:[x]\n",
 }
@@ -211,11 +210,14 @@ def test_odd_lock_contents_name_no_owner_and_never_raise(
     assert gpu.power_limit_w() == 300.0
 
 
-def test_a_record_at_the_largest_pid_is_read(tmp_path: Path) -> None:
-    """pid_max's ceiling (2**22) is a pid; a record at it is a dead owner here."""
-    assert parse_record(b"4194304\n") == ProcessRecord(4194304)
+@pytest.mark.parametrize("pid", [4194304, 4194305, 9999999999])
+def test_a_record_at_or_past_the_largest_pid_is_a_dead_owner(tmp_path: Path, pid: int) -> None:
+    """pid_max's ceiling (2**22) and anything past it name no live process: a record of
+    one is an owner that left without a clean release, and the next owner resets."""
+    assert parse_record(f"{pid}\n".encode()) == ProcessRecord(pid)
+    assert liveness(ProcessRecord(pid)) == "gone"
     gpu = _gpu(tmp_path)
-    gpu.owner_lock_path().write_bytes(b"4194304\n")
+    gpu.owner_lock_path().write_bytes(f"{pid}\n".encode())
     fd, _owner, stale = acquire_owner_lock(gpu.owner_lock_path())
-    assert fd is not None and stale == 4194304
+    assert fd is not None and stale == pid
     release_owner_lock(fd, gpu.owner_lock_path())
