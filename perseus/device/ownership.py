@@ -53,7 +53,6 @@ __all__ = [
     "forget_on_fork",
     "infer_reset_spec",
     "owner_lock_path",
-    "pid_alive",
     "read_owner_pid",
     "recorded_owner",
     "release_owner_lock",
@@ -82,12 +81,6 @@ def default_lock_dir() -> Path:
 def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
     """The lock file that makes a process the owner of GPU ``uuid``."""
     return lock_dir / f"{uuid}{OWNER_LOCK_SUFFIX}"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a process of another user counts as alive)."""
-    alive: bool = _sibling("process_identity").pid_alive(pid)
-    return alive
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,11 +405,14 @@ class GpuOwnership:
             fd, owner, stale = acquire_owner_lock(self.lock_path)
             if fd is not None:
                 break
-            transient = owner is None or not pid_alive(owner)
+            found, state = recorded_owner(self.lock_path)
+            transient = owner is None or state == "gone"
             if not transient or time.monotonic() >= deadline:
                 from perseus.errors import DeviceBusyError
 
                 who = f"process {owner}" if owner is not None else "another process"
+                if state == "unknown" and found is not None:
+                    who += f" of another PID namespace ({found.namespace})"
                 if owner == os.getpid():
                     who = "another agent in this process"
                 raise DeviceBusyError(
