@@ -20,19 +20,24 @@ profiles it during the first iterations, measures the run's GPU energy (energy c
 and time, and records the result when the block exits. ``end_epoch`` returns True when the
 loop should stop: the target was reached, or the next epoch would push the run's cost past
 ``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
-an exception records nothing (the run is abandoned and its size tried again). The power limit
-is reset to the GPU's default when the block exits, on SIGTERM/SIGINT and at interpreter exit
+an exception records nothing (the run is abandoned and its size tried again), nor does a run
+that measured no energy or no time ("unmeasured"). The power limit is reset to the GPU's
+default when the block exits, on a SIGTERM/SIGINT that ends the process and at interpreter exit
 (:class:`ExitGuard`), and, for NVML and simulated GPUs, by a watchdog process or the GPU's next
-owner if this process is killed (with or without ``own_gpu``).
+owner if this process is killed (with or without ``own_gpu``). A signal the process survives
+(its own handler returns, or it ignores the signal) changes nothing: the run goes on under its
+limit and is recorded as usual; a run under which the GPU was reset all the same (the handler
+raised and the program caught the exception) is abandoned, never recorded.
 
 **Preemption.** The run holds a lease in the store (:mod:`perseus.recurring.store`), renewed
 by ``run.step``/``run.end_epoch`` at most every ``heartbeat_interval_s`` with the cost so far.
-SIGTERM (what Slurm, Kubernetes and torchrun send) marks the run abandoned before the process
-ends, then goes on to the handler installed before (the process still terminates; a handler of
-the program's own still runs); a SIGKILLed run is found by the next decision (its process is
-gone, or its lease expired). Either way the run counts as a failed run of its batch size, so
-the next decisions prune or re-explore that size by the policy's own rules: it is never left
-pending. Call ``run.step`` (or ``end_epoch``) more often than the store's ``lease_s``.
+A SIGTERM (what Slurm, Kubernetes and torchrun send) that ends the process marks the run
+abandoned before it ends (the handler installed before runs first and decides); a SIGKILLed
+run is found by the next decision (its process is gone, or its lease expired). Either way the
+run is a preemption, no evidence about its batch size: the size is tried again
+(:data:`~perseus.recurring.policy.MAX_PREEMPTIONS` in a row count as one failed run), and it
+is never left pending. Call ``run.step`` (or ``end_epoch``) more often than the store's
+``lease_s``.
 
 **Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
 power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
