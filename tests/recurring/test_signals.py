@@ -53,6 +53,8 @@ _RUN = textwrap.dedent(
         signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
     elif mode == "ignored":  # SIGINT in a background job of a script (cmd &)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif mode == "caught":  # Ctrl-C's KeyboardInterrupt, caught by the loop, which goes on
+        pass
     job = RecurringJob("j", batch_sizes=[64], default_batch_size=64,
                        store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock,
                        heartbeat_interval_s=1e9,
@@ -63,8 +65,11 @@ _RUN = textwrap.dedent(
             gpu.launch(0, Kind.F)
             clock.sleep(gpu.op_cost(0, Kind.F)[0])
             if step == 40:  # mid-profiling, under a lowered limit
-                if mode != "none":
-                    os.kill(os.getpid(), signal.SIGINT)
+                try:
+                    if mode != "none":
+                        os.kill(os.getpid(), signal.SIGINT)
+                except KeyboardInterrupt:
+                    seen.append("caught")
                 limits.append(gpu.power_limit_w())
             run.step(64)
         run.end_epoch(reached=True)
@@ -72,6 +77,7 @@ _RUN = textwrap.dedent(
     row = store.runs("j")[0]
     con = sqlite3.connect(tmp / "db")
     profile = con.execute("SELECT power_limit_w, profile FROM power_limits").fetchone()
+    profile = profile or (None, "{}")
     print(json.dumps({"row": {k: row[k] for k in ("status", "energy_j", "time_s", "cost",
                                                   "power_limit_w", "end_reason")},
                       "cached": profile[0], "profile": json.loads(profile[1]),
@@ -115,6 +121,19 @@ def test_a_sigint_the_run_survives_leaves_its_row_and_profile_as_without_it(
     assert _flat(signalled["profile"]) == pytest.approx(_flat(quiet["profile"]))
     assert signalled["cached"] == quiet["cached"]
     assert _flat({"row": signalled["row"]}) == pytest.approx(_flat({"row": quiet["row"]}))
+
+
+@pytest.mark.parametrize("own", ["own", "shared"])
+def test_a_run_whose_gpu_was_reset_under_it_is_abandoned_not_recorded(
+    tmp_path: Path, own: str
+) -> None:
+    """Ctrl-C raised KeyboardInterrupt, so the GPU was reset (the process looked like it was
+    ending), but the program caught it and trained on: what the run measures from then on is
+    not its batch size's, so neither the run nor its profile is recorded."""
+    caught = _run(tmp_path, "caught", own)
+    assert caught["seen"] == 1 and caught["limits"] == [300.0]  # reset to the default
+    assert (caught["row"]["status"], caught["row"]["end_reason"]) == ("abandoned", "signal")
+    assert caught["cached"] is None and caught["profile"] == {}
 
 
 def _flat(nested: dict[str, Any]) -> dict[str, Any]:
