@@ -98,7 +98,7 @@ class _SignalChain:
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._on_signal)
             guards.append(guard)
-        if self._wakeup is None and self._guards:
+        if self._wakeup is None and any(self._guards.values()):
             self._start_watcher()
 
     def remove(self, guard: ExitGuard) -> None:
