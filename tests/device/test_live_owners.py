@@ -221,3 +221,25 @@ def test_a_record_at_or_past_the_largest_pid_is_a_dead_owner(tmp_path: Path, pid
     fd, _owner, stale = acquire_owner_lock(gpu.owner_lock_path())
     assert fd is not None and stale == pid
     release_owner_lock(fd, gpu.owner_lock_path())
+
+
+@pytest.mark.parametrize("suffix", [".owner", ".state", ".info.json"])
+def test_a_directory_under_a_state_files_name_is_one_line(
+    tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An attacker's directory where a lock, state or info file goes: refused with one line
+    naming it and the fix, from the library and from the CLI, never an IsADirectoryError."""
+    from perseus.errors import ConfigError
+
+    first = SimulatedGPU.from_preset("a40", index=0, state_dir=tmp_path / "a", set_latency_s=0.0)
+    planted = tmp_path / "b" / f"{first.uuid}{suffix}"
+    planted.mkdir(parents=True)
+    planted.parent.chmod(0o700)
+    with pytest.raises(ConfigError, match=rf"{planted} is a directory; .*rm -r {planted}"):
+        gpu = SimulatedGPU.from_preset("a40", index=0, state_dir=planted.parent, set_latency_s=0.0)
+        gpu.set_locked_clock(900)
+        GpuOwnership(gpu.uuid, gpu.owner_lock_path()).acquire()
+    for argv in (["info"], ["reset", "--sim", "0"]):
+        code = main(["device", "--sim-dir", str(planted.parent), *argv])
+        err = capsys.readouterr().err.strip()
+        assert code in (0, 2) and "Traceback" not in err and "\n" not in err
