@@ -54,7 +54,7 @@ _RUN = textwrap.dedent(
     elif mode == "ignored":  # SIGINT in a background job of a script (cmd &)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     elif mode == "caught":  # Ctrl-C's KeyboardInterrupt, caught by the loop, which goes on
-        pass
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even under cmd &
     job = RecurringJob("j", batch_sizes=[64], default_batch_size=64,
                        store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock,
                        heartbeat_interval_s=1e9,
