@@ -45,6 +45,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--sim", type=int, metavar="INDEX", help="a simulated GPU")
     target.add_argument("--uuid", help="a real GPU, by UUID (needs root or CAP_SYS_ADMIN)")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="reset although the recorded owner is in another PID namespace (a container) "
+        "and cannot be checked from here; only when you know it is gone",
+    )
     reset.set_defaults(handler=run)
     slow = actions.add_parser(
         "slowdown", help="make a simulated GPU's ops take FACTOR times longer (a straggler)"
@@ -74,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 f"simulated GPU {args.sim}",
                 sim.owner_lock_path(),
                 lambda: reset_from_spec(sim.watchdog_spec()),
+                force=args.force,
             )
             print(_said(f"simulated GPU {args.sim}", locked, done))
         else:
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                     changed = before_w is not None and before_w != after_w
                     return {"power_limit_w": (before_w, after_w)} if changed else {}
 
-                done = _reset_owned(args.uuid, gpu.owner_lock_path(), reset_nvml)
+                done = _reset_owned(args.uuid, gpu.owner_lock_path(), reset_nvml, force=args.force)
             print(_said(args.uuid, None, done))
         return 0
     if command == "slowdown":
@@ -110,22 +117,37 @@ def _limit_w(gpu: NvmlGPU) -> float | None:
     return None
 
 
-def _reset_owned(what: str, lock_path: Path, reset: Any) -> dict[str, Any]:
-    """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record."""
-    from perseus.device.ownership import acquire_owner_lock, pid_alive, release_owner_lock
+def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False) -> dict[str, Any]:
+    """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record.
 
-    fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
-    if fd is None and owner is not None and pid_alive(owner) and owner != os.getpid():
-        raise ConfigError(
-            f"{what} is owned by the running process {owner} (lock {lock_path}); stop it first: "
-            "it resets the GPU when it exits"
-        )
+    An owner is the process that holds the lock, or one whose record is in the file without
+    it (a recurring job with ``own_gpu=False``); a record from another PID namespace (a
+    container) cannot be checked from here and is refused unless ``force``.
+    """
+    from perseus.device.ownership import acquire_owner_lock, recorded_owner, release_owner_lock
+    from perseus.device.process_identity import RECORD_MAX_BYTES, parse_record
+
+    fd, owner, _stale = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
+    if fd is None and owner != os.getpid():
+        found, state = recorded_owner(lock_path)
+        if state == "unknown" and found is not None:
+            raise ConfigError(
+                f"{what} is recorded as owned by pid {owner} of another PID namespace "
+                f"({found.namespace}; a container's process) in {lock_path}: this namespace "
+                "cannot tell whether it still runs; stop that job, or, if you know it is gone, "
+                "run again with --force"
+            )
+        if owner is not None and state != "gone":
+            raise ConfigError(
+                f"{what} is owned by the running process {owner} (lock {lock_path}); stop it "
+                "first: it resets the GPU when it exits"
+            )
     try:
         dead = None
         if fd is not None:
             with contextlib.suppress(OSError):
-                text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-                dead = int(text) if text.isdigit() else None
+                found = parse_record(os.pread(fd, RECORD_MAX_BYTES, 0))
+                dead = None if found is None else found.pid
         done: dict[str, Any] = dict(reset())
         if dead is not None:
             done["dead_owner_pid"] = dead

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.nvml import list_nvml_gpus, probe_privilege
-from perseus.device.ownership import default_lock_dir, owner_lock_path, pid_alive, read_owner_pid
+from perseus.device.ownership import default_lock_dir, owner_lock_path, recorded_owner
 from perseus.device.sim_state import default_state_dir, list_states
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
@@ -105,10 +105,10 @@ def hidden_owners_note(lock_dir: Path, root_lock_dir: Path | None = None) -> str
 def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
     """``(live owner pid, dead owner pid)`` from the pid recorded in ``lock_path`` (a clean
     release leaves none; a dead one means nobody reset the GPU after its owner died)."""
-    pid = read_owner_pid(lock_path)
-    if pid is None:
+    found, state = recorded_owner(lock_path)
+    if found is None:
         return None, None
-    return (pid, None) if pid_alive(pid) else (None, pid)
+    return (found.pid, None) if state != "gone" else (None, found.pid)
 
 
 def live_owner_pid(lock_path: Path) -> int | None:

@@ -38,7 +38,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from perseus.device.process_identity import ProcessRecord
 
 __all__ = [
     "OWNER_LOCK_SUFFIX",
@@ -50,8 +53,8 @@ __all__ = [
     "forget_on_fork",
     "infer_reset_spec",
     "owner_lock_path",
-    "pid_alive",
     "read_owner_pid",
+    "recorded_owner",
     "release_owner_lock",
     "reset_from_spec",
     "reset_if_orphaned",
@@ -80,17 +83,6 @@ def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
     return lock_dir / f"{uuid}{OWNER_LOCK_SUFFIX}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a process of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ---------------------------------------------------------------------------------------------
 # Lock files
 
@@ -99,10 +91,12 @@ class OwnerLock(NamedTuple):
     """The outcome of :func:`acquire_owner_lock`.
 
     Attributes:
-        fd: The locked file descriptor (None when another process holds the lock).
-        owner_pid: The holder's recorded pid when the lock is taken by someone else.
+        fd: The locked file descriptor (None when another process owns the GPU).
+        owner_pid: When ``fd`` is None: the owner's recorded pid (None when unrecorded).
         stale_pid: When ``fd`` is ours: the pid a previous owner left in the file, i.e. an
             owner that died without a clean release (its GPU may still be locked).
+
+    :func:`recorded_owner` tells a live owner from one in another PID namespace.
     """
 
     fd: int | None
@@ -110,18 +104,51 @@ class OwnerLock(NamedTuple):
     stale_pid: int | None
 
 
-def _parse_pid(text: str) -> int | None:
-    first = text.strip().split("\n", 1)[0].strip()
-    return int(first) if first.isdigit() else None
+#: Lock files that this process's recurring jobs (``own_gpu=False``) still owe a reset, with
+#: how many: an agent of this process that releases such a lock keeps our record in it.
+_DUE: dict[str, int] = {}
 
 
-def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
+def _identity() -> ModuleType:
+    return _sibling("process_identity")
+
+
+def _read_record(fd: int) -> ProcessRecord | None:
+    record: ProcessRecord | None = _identity().parse_record(
+        os.pread(fd, _identity().RECORD_MAX_BYTES, 0)
+    )
+    return record
+
+
+def _is_me(record: ProcessRecord) -> bool:
+    me = _identity().this_process()
+    return bool(
+        record.pid == me.pid
+        and record.namespace in (None, me.namespace)
+        and record.start in (None, me.start)
+    )
+
+
+def _write_record(fd: int) -> None:
+    # Our record over the dead one, then cut what is left of it: the file never holds no
+    # record in between, so a signal here cannot erase the record that a reset is due.
+    data: bytes = _identity().format_record(_identity().this_process())
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+def acquire_owner_lock(
+    path: Path, *, record: bool = True, take_unverifiable: bool = False
+) -> OwnerLock:
     """Try to take the exclusive lock on ``path`` without blocking.
 
     The ``flock`` is held as long as the returned descriptor is open in some process, and the
-    kernel drops it when the owner dies (even by SIGKILL). With ``record``, the previous
-    content is read (``stale_pid``) and replaced by our pid, for error messages and
-    ``perseus device info``. Only the pid is read: whatever else the file holds is ignored.
+    kernel drops it when the owner dies (even by SIGKILL). A process may also own the GPU
+    without the ``flock`` (a recurring job with ``own_gpu=False`` only records itself,
+    :meth:`GpuOwnership.mark_due`): a record naming a live process other than this one, or
+    one in another PID namespace (``take_unverifiable`` takes that one anyway), is an owner
+    too. With ``record``, the previous record is read (``stale_pid``) and replaced by ours.
+    Only the record's first line is read: whatever else the file holds is ignored.
 
     Raises:
         ConfigError: the lock directory is not one nobody else controls, or ``path`` is a
@@ -129,22 +156,28 @@ def acquire_owner_lock(path: Path, *, record: bool = True) -> OwnerLock:
     """
     fd = _open_lock(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
-        os.close(fd)
-        return OwnerLock(None, owner, None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            found = _read_record(fd)
+            os.close(fd)
+            return OwnerLock(None, None if found is None else found.pid, None)
+        found = _read_record(fd)
+        if found is not None and not _is_me(found):
+            state = _identity().liveness(found)
+            if state == "alive" or (state == "unknown" and not take_unverifiable):
+                os.close(fd)  # unlocks: a live owner that holds no flock
+                return OwnerLock(None, found.pid, None)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
     stale: int | None = None
     if record:
         try:
-            stale = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
-            if stale == os.getpid():
-                stale = None  # our own earlier record (re-acquired in this process)
-            # Our pid over the dead one, then cut what is left of it: the file never holds
-            # no pid in between, so a signal here cannot erase the record that a reset is due.
-            record_bytes = f"{os.getpid()}\n".encode()
-            os.pwrite(fd, record_bytes, 0)
-            os.ftruncate(fd, len(record_bytes))
+            if found is not None and not _is_me(found):
+                stale = found.pid
+            _write_record(fd)
         except BaseException:
             os.close(fd)  # unlocks: a failed take leaves the lock free, not held for ever
             raise
@@ -160,11 +193,32 @@ def _open_lock(path: Path) -> int:
 
 
 def release_owner_lock(fd: int, path: Path) -> None:
-    """Give up ownership cleanly: clear the recorded pid and close (unlocking) ``fd``."""
+    """Give up ownership cleanly: clear the record and close (unlocking) ``fd``. A recurring
+    job of this process that still owes the GPU a reset keeps its record in the file."""
     with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
+        if _DUE.get(str(path)):
+            _write_record(fd)
+        else:
+            os.ftruncate(fd, 0)
     with contextlib.suppress(OSError):
         os.close(fd)
+
+
+def recorded_owner(path: Path) -> tuple[ProcessRecord | None, str | None]:
+    """The process a lock file names and whether it is ``"alive"``, ``"gone"`` or
+    ``"unknown"`` (another PID namespace); ``(None, None)`` when free or unreadable.
+
+    Never takes the lock: a record names an owner whether or not it holds the ``flock``.
+    """
+    try:
+        data = _sibling("private_dir").read_private(path, _identity().RECORD_MAX_BYTES)
+    except (OSError, ValueError):  # missing, or refused (ConfigError is a ValueError)
+        return None, None
+    found: ProcessRecord | None = _identity().parse_record(data)
+    if found is None:
+        return None, None
+    state: str = "alive" if _is_me(found) else _identity().liveness(found)
+    return found, state
 
 
 def read_owner_pid(path: Path) -> int | None:
@@ -173,11 +227,8 @@ def read_owner_pid(path: Path) -> int | None:
     The pid is only meaningful while the lock is held: a clean release truncates it, and a
     killed owner's stale pid is ignored by callers that first try the lock.
     """
-    try:
-        text = _sibling("private_dir").read_private(path, 64).decode("ascii", "replace")
-    except (OSError, ValueError):  # missing, or refused (ConfigError is a ValueError)
-        return None
-    return _parse_pid(text)
+    found, _state = recorded_owner(path)
+    return None if found is None else found.pid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,21 +294,26 @@ def reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> bool:
     """The watchdog's reset after its owner died; True when the GPU was reset.
 
     ``spec`` is what the owner handed its watchdog (the GPU it opened, and its lock file).
-    Takes the owner lock first: if a new live owner holds it (its pid is in the file), the GPU
-    is theirs and is left alone. Otherwise resets, then clears the dead owner's pid so that the
-    next owner does not reset again.
+    Takes the owner lock first: if a new live owner holds it (its pid is in the file), or a
+    live process other than ``owner_pid`` recorded itself without the lock (a recurring job
+    with ``own_gpu=False`` that started since), the GPU is theirs and is left alone.
+    Otherwise resets, then clears the dead owner's record so that the next owner does not
+    reset again.
     """
     lock_path = Path(spec["lock_path"])
     fd = _open_lock(lock_path)
     try:
+        found = _read_record(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             held = True
         except BlockingIOError:
             held = False
-            recorded = _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace"))
-            if recorded != owner_pid:
+            if found is None or found.pid != owner_pid:
                 return False  # a new, live owner: its lock, not ours to reset
+        found = _read_record(fd)
+        if found is not None and found.pid != owner_pid and _identity().liveness(found) != "gone":
+            return False  # recorded since our owner died, by a live process
         reset_from_spec({k: v for k, v in spec.items() if k != "lock_path"})
         if held:
             os.ftruncate(fd, 0)
@@ -349,11 +405,14 @@ class GpuOwnership:
             fd, owner, stale = acquire_owner_lock(self.lock_path)
             if fd is not None:
                 break
-            transient = owner is None or not pid_alive(owner)
+            found, state = recorded_owner(self.lock_path)
+            transient = owner is None or state == "gone"
             if not transient or time.monotonic() >= deadline:
                 from perseus.errors import DeviceBusyError
 
                 who = f"process {owner}" if owner is not None else "another process"
+                if state == "unknown" and found is not None:
+                    who += f" of another PID namespace ({found.namespace})"
                 if owner == os.getpid():
                     who = "another agent in this process"
                 raise DeviceBusyError(
@@ -404,9 +463,11 @@ class GpuOwnership:
         Raises:
             DeviceBusyError: another live process owns the GPU.
         """
-        if self.owner_pid(self.lock_path) == os.getpid():
-            return  # an agent of this process holds it: its release or watchdog resets
-        self.acquire()
+        key = str(self.lock_path)
+        if self.owner_pid(self.lock_path) != os.getpid():
+            self.acquire()
+        # else an agent of this process holds it: when it releases, it keeps our record.
+        _DUE[key] = _DUE.get(key, 0) + 1
         fd, self._fd = self._fd, None
         if fd is not None:
             forget_on_fork(fd)
@@ -416,11 +477,17 @@ class GpuOwnership:
     def clear_due(self) -> None:
         """Remove the record :meth:`mark_due` left (only ours, and only while nobody holds
         the lock: an agent of this process clears it when it releases)."""
-        fd, _owner, _stale = acquire_owner_lock(self.lock_path, record=False)
+        key = str(self.lock_path)
+        left = _DUE.pop(key, 0) - 1
+        if left > 0:  # another job of this process still owes the GPU a reset
+            _DUE[key] = left
+            return
+        fd = acquire_owner_lock(self.lock_path, record=False).fd
         if fd is None:
             return
         try:
-            if _parse_pid(os.pread(fd, 64, 0).decode("ascii", "replace")) == os.getpid():
+            found = _read_record(fd)
+            if found is not None and _is_me(found):
                 os.ftruncate(fd, 0)
         finally:
             with contextlib.suppress(OSError):

@@ -44,6 +44,7 @@ __all__ = [
     "lock_dir",
     "open_private",
     "read_private",
+    "replace_private",
     "runtime_dir",
     "sim_dir",
     "verify_private_dir",
@@ -242,9 +243,10 @@ def sim_dir(*, create: bool = True) -> Path:
 
 
 def _refuse_file(path: Path, why: str) -> Exception:
+    rm = "rm -r" if why == "is a directory" else "rm"
     return _error(
         f"{path} {why}; perseus opens its lock and state files only when they are its own "
-        f"regular files: remove it (rm {path}) and check who put it there"
+        f"regular files: remove it ({rm} {path}) and check who put it there"
     )
 
 
@@ -287,6 +289,8 @@ def open_private(
                 raise _refuse_file(p, "is a symbolic link") from None
             if e.errno == errno.ENXIO:  # a FIFO with no reader (write-only open)
                 raise _refuse_file(p, "is not a regular file") from None
+            if e.errno == errno.EISDIR:  # a directory planted under the name (write open)
+                raise _refuse_file(p, "is a directory") from None
             raise
     if fd < 0:
         raise FileNotFoundError(errno.ENOENT, "created and removed repeatedly", str(p))
@@ -306,6 +310,19 @@ def open_private(
         os.close(fd)
         raise
     return fd
+
+
+def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace(src, dst)`` (a link at ``dst`` is replaced, never followed); a directory
+    planted at ``dst`` is refused with one line.
+
+    Raises:
+        ConfigError: ``dst`` is a directory.
+    """
+    try:
+        os.replace(src, dst)
+    except IsADirectoryError:
+        raise _refuse_file(Path(dst), "is a directory") from None
 
 
 def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> bytes:

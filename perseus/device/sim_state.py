@@ -370,7 +370,7 @@ def write_info(state_dir: Path, uuid: str, info: State) -> None:
         fd = private.open_private(tmp, os.O_WRONLY, mode=0o644)
         with open(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)  # replaces a planted link itself, never its target
+        private.replace_private(tmp, path)  # a planted link itself, never its target
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

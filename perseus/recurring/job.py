@@ -20,19 +20,24 @@ profiles it during the first iterations, measures the run's GPU energy (energy c
 and time, and records the result when the block exits. ``end_epoch`` returns True when the
 loop should stop: the target was reached, or the next epoch would push the run's cost past
 ``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
-an exception records nothing (the run is abandoned and its size tried again). The power limit
-is reset to the GPU's default when the block exits, on SIGTERM/SIGINT and at interpreter exit
+an exception records nothing (the run is abandoned and its size tried again), nor does a run
+that measured no energy or no time ("unmeasured"). The power limit is reset to the GPU's
+default when the block exits, on a SIGTERM/SIGINT that ends the process and at interpreter exit
 (:class:`ExitGuard`), and, for NVML and simulated GPUs, by a watchdog process or the GPU's next
-owner if this process is killed (with or without ``own_gpu``).
+owner if this process is killed (with or without ``own_gpu``). A signal the process survives
+(its own handler returns, or it ignores the signal) changes nothing: the run goes on under its
+limit and is recorded as usual; a run under which the GPU was reset all the same (the handler
+raised and the program caught the exception) is abandoned, never recorded.
 
 **Preemption.** The run holds a lease in the store (:mod:`perseus.recurring.store`), renewed
 by ``run.step``/``run.end_epoch`` at most every ``heartbeat_interval_s`` with the cost so far.
-SIGTERM (what Slurm, Kubernetes and torchrun send) marks the run abandoned before the process
-ends, then goes on to the handler installed before (the process still terminates; a handler of
-the program's own still runs); a SIGKILLed run is found by the next decision (its process is
-gone, or its lease expired). Either way the run counts as a failed run of its batch size, so
-the next decisions prune or re-explore that size by the policy's own rules: it is never left
-pending. Call ``run.step`` (or ``end_epoch``) more often than the store's ``lease_s``.
+A SIGTERM (what Slurm, Kubernetes and torchrun send) that ends the process marks the run
+abandoned before it ends (the handler installed before runs first and decides); a SIGKILLed
+run is found by the next decision (its process is gone, or its lease expired). Either way the
+run is a preemption, no evidence about its batch size: the size is tried again
+(:data:`~perseus.recurring.policy.MAX_PREEMPTIONS` in a row count as one failed run), and it
+is never left pending. Call ``run.step`` (or ``end_epoch``) more often than the store's
+``lease_s``.
 
 **Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
 power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
@@ -53,6 +58,7 @@ import contextlib
 import logging
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -81,8 +87,12 @@ class RecurringRun:
         decision: Decision,
         profiler: PowerLimitProfiler | None,
         power_limit_w: float | None,
+        ended: threading.Event | None = None,
     ) -> None:
         self.job = job
+        #: Set when a signal ended the process under the run (its GPU reset, the run marked
+        #: abandoned): nothing it measures from then on is recorded.
+        self.ended = ended if ended is not None else threading.Event()
         self.run_id = run_id
         self.decision = decision
         self._profiler = profiler
@@ -125,7 +135,7 @@ class RecurringRun:
         """Report one finished training iteration of ``samples`` samples (renews the lease)."""
         if self._profiler is not None and not self._profiler.done:
             self._profiler.step(samples)
-            if self._profiler.done:
+            if self._profiler.done and not self.ended.is_set():
                 self.job._save_profile(self.batch_size, self._profiler)
         self._heartbeat()
 
@@ -265,6 +275,14 @@ class RecurringJob:
 
     def _save_profile(self, batch_size: int, profiler: PowerLimitProfiler) -> None:
         assert profiler.chosen_w is not None  # called when done
+        if not profiler.measurements:  # no window measured energy: nothing to cache
+            log.warning(
+                "job %s: the power-limit profile of batch size %d measured no energy (a GPU "
+                "energy counter that does not advance?); not cached, the next run profiles again",
+                self.name,
+                batch_size,
+            )
+            return
         profile = {
             str(w): {"samples_per_s": m.samples_per_s, "avg_power_w": m.avg_power_w}
             for w, m in profiler.measurements.items()
@@ -277,7 +295,7 @@ class RecurringJob:
             profiler.chosen_w = stored
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self, ended: threading.Event) -> Iterator[None]:
         """Reset the power limit to the GPU's default on exit, on signals and, for a GPU that
         describes its reset (:class:`~perseus.device.base.ManagedGPU`: NVML, simulated), when
         this process is killed: the agent's claim (:class:`~perseus.runtime.safety.guard.GpuClaim`),
@@ -298,14 +316,18 @@ class RecurringJob:
             with contextlib.suppress(DeviceError):
                 gpu.reset_power_limit()
 
+        def on_exit() -> None:  # the process is ending (exit hooks; a signal that ends it)
+            ended.set()
+            reset()
+
         claim: GpuClaim | ExitGuard
         if isinstance(gpu, ManagedGPU):
             claim = GpuClaim(
-                gpu, watchdog=True, handle_signals=True, on_exit=reset, hold_lock=self.own_gpu
+                gpu, watchdog=True, handle_signals=True, on_exit=on_exit, hold_lock=self.own_gpu
             )
             claim.acquire()
         else:  # nothing to hand a watchdog: exit hooks only
-            claim = ExitGuard(reset)
+            claim = ExitGuard(on_exit)
             claim.install()
         try:
             yield
@@ -317,14 +339,16 @@ class RecurringJob:
                 claim.uninstall()
 
     @contextlib.contextmanager
-    def _lease(self, run_id: str) -> Iterator[None]:
-        """While the run is on: SIGTERM/SIGHUP mark it abandoned before the process ends, then
-        go on to the handler installed before (never swallowed)."""
+    def _lease(self, run_id: str, ended: threading.Event) -> Iterator[None]:
+        """While the run is on: a SIGTERM/SIGHUP that ends the process marks the run abandoned
+        before it ends (the handler installed before runs first and decides; never
+        swallowed)."""
         from perseus.runtime.safety.guard import ExitGuard
 
         store = self.store
 
         def abandon() -> None:
+            ended.set()
             store.abandon_run(run_id, "signal", urgent=True)
 
         guard = ExitGuard(abandon, signals=_PREEMPTION_SIGNALS)
@@ -352,8 +376,9 @@ class RecurringJob:
         started = self.store.begin_run(self.name, self._decide)
         bs = started.decision.batch_size
         handed_over = False
+        ended = threading.Event()
         try:
-            with self._lease(started.run_id), self._guard():
+            with self._lease(started.run_id, ended), self._guard(ended):
                 profiler = None
                 limit: float | None = None
                 if isinstance(self.gpu, PowerLimitGPU):
@@ -370,7 +395,7 @@ class RecurringJob:
                             clock=self.clock,
                             **self.profiler_kwargs,
                         )
-                run = RecurringRun(self, started.run_id, started.decision, profiler, limit)
+                run = RecurringRun(self, started.run_id, started.decision, profiler, limit, ended)
                 log.info(
                     "job %s run %s: batch size %d (%s), power limit %s",
                     self.name,
@@ -388,6 +413,19 @@ class RecurringJob:
             # _lease and the store's leases.
             self._abandon(started.run_id, "exception" if handed_over else "not started")
             raise
+        if ended.is_set():  # a signal ended the process under the run: its figures are not
+            self._abandon(started.run_id, "signal")  # the batch size's (a preemption)
+            return
+        if not (observation.energy_j > 0 and observation.time_s > 0):
+            log.warning(
+                "run %s: %g J in %g s is no measurement (a GPU energy counter that does not "
+                "advance?); not recorded",
+                started.run_id,
+                observation.energy_j,
+                observation.time_s,
+            )
+            self._abandon(started.run_id, "unmeasured")
+            return
         try:
             self.store.finish_run(started.run_id, observation)
         except BaseException:

@@ -31,22 +31,28 @@ converged run at the time)`` (Zeus: the incurred cost, or ``100·β·min`` when 
 even start) so that a failing batch size stops being chosen, and an arm whose every run
 failed is pruned. The job itself then re-runs (the recurrence is not over until a run
 converges). A **preempted run** (SIGTERM, a killed process, an expired lease: see
-:mod:`perseus.recurring.store`) is in the history as a failed run with its cost at its last
-heartbeat, so these same rules decide what happens to its size: it is never left *pending*.
+:mod:`perseus.recurring.store`) says nothing about its batch size: it is in the history
+(marked ``preempted``) but is no evidence, so its size is tried again as if it had never run,
+and it is never left *pending*. Only :data:`MAX_PREEMPTIONS` preemptions in a row of one size
+(with no finished run of it in between: a size that is always killed, such as one the
+out-of-memory killer ends) count as one failed run of it, judged by the rules above.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from perseus.errors import ConfigError
 from perseus.recurring.bandit import GaussianPrior, pooled_rel_std, posteriors, thompson_sample
 
-__all__ = ["BatchSizeOptimizer", "Decision", "Observation"]
+__all__ = ["MAX_PREEMPTIONS", "BatchSizeOptimizer", "Decision", "Observation", "evidence"]
+
+#: Preemptions in a row of one batch size that count as one failed run of it; fewer are retried.
+MAX_PREEMPTIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,8 @@ class Observation:
         cost: ``η·E + (1 − η)·MAXPOWER·T`` of the run.
         reached: Whether it reached the target metric.
         epochs: Epochs the run trained (None when unknown).
+        preempted: The run was preempted (its figures are as of its last heartbeat): no
+            evidence about its batch size (:func:`evidence`).
     """
 
     batch_size: int
@@ -70,6 +78,28 @@ class Observation:
     cost: float
     reached: bool
     epochs: int | None = None
+    preempted: bool = False
+
+
+def evidence(history: Sequence[Observation]) -> list[Observation]:
+    """The runs that say something about their batch size: every finished run, and, for a
+    size preempted :data:`MAX_PREEMPTIONS` times in a row, that streak as one failed run (its
+    last preemption). Shorter streaks are left out: the size is tried again.
+
+    Complexity: O(len(history)).
+    """
+    out: list[Observation] = []
+    streak: dict[int, int] = {}
+    for o in history:
+        if not o.preempted:
+            streak.pop(o.batch_size, None)
+            out.append(o)
+            continue
+        streak[o.batch_size] = streak.get(o.batch_size, 0) + 1
+        if streak[o.batch_size] >= MAX_PREEMPTIONS:  # now a failed run (idempotent)
+            streak.pop(o.batch_size)
+            out.append(replace(o, preempted=False, reached=False))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +158,11 @@ class BatchSizeOptimizer:
         return None if best is None else self.beta * best
 
     def arm_costs(self, history: Sequence[Observation]) -> dict[int, list[float]]:
-        """Every arm's costs, failed runs penalised as the module docstring says."""
+        """Every arm's costs, failed runs penalised as the module docstring says (preempted
+        runs only as :func:`evidence` counts them)."""
         costs: dict[int, list[float]] = {}
         best = math.inf
-        for o in history:
+        for o in evidence(history):
             if o.reached:
                 value = o.cost
                 best = min(best, o.cost)
@@ -158,6 +189,7 @@ class BatchSizeOptimizer:
         Complexity: O(len(history) + len(batch_sizes)).
         """
         sizes = self.batch_sizes
+        history = evidence(history)
         limit = self.cost_limit(history)
         tried = {o.batch_size for o in history} | set(pending)
         converged: dict[int, list[float]] = {}

@@ -7,8 +7,10 @@ limit takes effect) and a measured window of at least ``window_steps`` iteration
 ``min_window_s`` seconds. A window's throughput is samples over elapsed time and its average
 power is the GPU energy counter's delta over elapsed time. The limit with the lowest cost per
 sample for ``η`` (:func:`~perseus.recurring.cost.best_power_limit_w`) is then set for the
-rest of the run. The profile costs a little throughput at low limits, once per (job, GPU,
-batch size): the result is cached in the store (see :mod:`perseus.recurring.job`).
+rest of the run. A window in which the energy counter did not advance measured nothing and is
+left out; with no measurement at all the highest limit stays, and nothing is cached. The
+profile costs a little throughput at low limits, once per (job, GPU, batch size): the result
+is cached in the store (see :mod:`perseus.recurring.job`).
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ class PowerLimitProfiler:
             return
         energy_j = (self.gpu.energy_mj() - self._e0_mj) / 1000.0
         limit = self.power_limits_w[self._index]
-        if elapsed > 0 and self._samples > 0:
+        if elapsed > 0 and self._samples > 0 and energy_j > 0:  # else: nothing measured
             self.measurements[limit] = PowerLimitMeasurement(
                 limit, self._samples / elapsed, energy_j / elapsed
             )
@@ -150,7 +152,10 @@ class PowerLimitProfiler:
         max_power_w = self._max_power_w
         if max_power_w is None:
             max_power_w = max(self.power_limits_w)
-        chosen = best_power_limit_w(self.measurements, self.eta, max_power_w)
+        if not self.measurements:  # the energy counter never advanced: keep the highest limit
+            chosen = max(self.power_limits_w)
+        else:
+            chosen = best_power_limit_w(self.measurements, self.eta, max_power_w)
         self.gpu.set_power_limit_w(chosen)
         self.chosen_w = chosen
         log.info(

@@ -3,7 +3,10 @@
 **Migrations.** :data:`MIGRATIONS` lists ``(version, sql)`` steps; a database at version ``v``
 (SQLite's ``user_version``; 0 for a new file) gets every later step, in one transaction, in
 place (:func:`migrate`): a failed step leaves the file as it was. Version 1 is the first
-published schema; version 2 rebuilds the tables with constraints and adds the run lease.
+published schema; version 2 rebuilds the tables with constraints and adds the run lease;
+version 3 refuses a finished run without energy or time (``done_measured``) and drops what
+such runs left (they become abandoned, "unmeasured"; a cached limit whose profile measured
+no power is deleted).
 
 **Constraints.** Every column carries a ``CHECK``: figures are finite and non-negative
 numbers (``typeof`` refuses text in numeric columns; ``+inf`` fails the upper bound; SQLite
@@ -41,11 +44,20 @@ __all__ = [
     "statements",
 ]
 
-#: Why a run was abandoned. Preemption (a signal, a dead process, an expired lease) counts as a
-#: failed run of its batch size; an exception in the training code or a run that never
-#: started does not (the size is tried again).
-ABANDON_REASONS = ("exception", "not started", "signal", "process gone", "lease expired")
+#: Why a run was abandoned. A preemption (a signal, a dead process, an expired lease) is in the
+#: history as a preempted run (see :mod:`perseus.recurring.policy`: the size is retried, a
+#: bounded number of times); an exception in the training code, a run that never started or
+#: one that measured no energy or no time ("unmeasured") is not (the size is tried again).
+ABANDON_REASONS = (
+    "exception",
+    "not started",
+    "signal",
+    "process gone",
+    "lease expired",
+    "unmeasured",
+)
 COUNTED_REASONS = ("signal", "process gone", "lease expired")
+_V2_REASONS = ABANDON_REASONS[:5]
 
 # Version 1, as first published (kept verbatim: it is what existing files hold).
 _V1 = """
@@ -93,22 +105,12 @@ BEGIN
 END;
 """
 
-# Version 2: constraints on every column, the run lease (pid, host, start, heartbeat) and why
-# a run was abandoned. SQLite adds constraints only by rebuilding a table: create, copy, drop,
-# rename (foreign keys are off meanwhile, see migrate()).
-_V2 = f"""
-CREATE TABLE jobs_v2 (
-    job TEXT PRIMARY KEY NOT NULL
-        CONSTRAINT job_name CHECK (typeof(job) = 'text' AND length(job) BETWEEN 1 AND 1000),
-    config TEXT NOT NULL
-        CONSTRAINT config_object CHECK (json_valid(config) AND json_type(config) = 'object'),
-    created_s REAL NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
-);
-INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;
-DROP TABLE jobs;
-ALTER TABLE jobs_v2 RENAME TO jobs;
 
-CREATE TABLE runs_v2 (
+def _runs_table(name: str, reasons: tuple[str, ...], extra: str = "") -> str:
+    """The ``runs`` table's definition (V2 and later rebuild it under ``name``)."""
+    known = ", ".join(f"'{r}'" for r in reasons)
+    return f"""
+CREATE TABLE {name} (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL UNIQUE,
     job TEXT NOT NULL REFERENCES jobs(job),
@@ -139,11 +141,30 @@ CREATE TABLE runs_v2 (
     heartbeat_s REAL CONSTRAINT heartbeat_time CHECK (
         heartbeat_s IS NULL OR ({_FIGURE.format(c="heartbeat_s")})),
     end_reason TEXT CONSTRAINT end_reason_known CHECK (
-        end_reason IS NULL OR end_reason IN ({", ".join(f"'{r}'" for r in ABANDON_REASONS)})),
+        end_reason IS NULL OR end_reason IN ({known})),
     CONSTRAINT abandoned_has_reason CHECK ((status = 'abandoned') = (end_reason IS NOT NULL)),
     CONSTRAINT done_has_figures CHECK (status != 'done' OR (
-        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL))
+        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL)){extra}
 );
+"""
+
+
+# Version 2: constraints on every column, the run lease (pid, host, start, heartbeat) and why
+# a run was abandoned. SQLite adds constraints only by rebuilding a table: create, copy, drop,
+# rename (foreign keys are off meanwhile, see migrate()).
+_V2 = f"""
+CREATE TABLE jobs_v2 (
+    job TEXT PRIMARY KEY NOT NULL
+        CONSTRAINT job_name CHECK (typeof(job) = 'text' AND length(job) BETWEEN 1 AND 1000),
+    config TEXT NOT NULL
+        CONSTRAINT config_object CHECK (json_valid(config) AND json_type(config) = 'object'),
+    created_s REAL NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
+);
+INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v2 RENAME TO jobs;
+
+{_runs_table("runs_v2", _V2_REASONS)}
 INSERT INTO runs_v2 (seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j,
                      time_s, cost, reached, epochs, started_s, finished_s, heartbeat_s,
                      end_reason)
@@ -186,8 +207,48 @@ ALTER TABLE power_limits_v2 RENAME TO power_limits;
 }
 """
 
+# Version 3: a finished run measured something. A run that the GPU reset or an energy
+# counter that never advanced left with 0 J (or 0 s) is no observation: the CHECK refuses it,
+# and such rows already stored become abandoned ("unmeasured"), out of the history. A cached
+# power limit chosen from a profile that measured no power (or no throughput) at some limit
+# is dropped: the next run of its batch size profiles again.
+_UNMEASURED = "status = 'done' AND NOT (energy_j > 0 AND time_s > 0 AND cost > 0)"
+_ZERO_PROFILE = """EXISTS (
+    SELECT 1 FROM json_each({profile}) AS m
+    WHERE json_type(m.value) = 'object' AND NOT (
+        coalesce(json_extract(m.value, '$.avg_power_w'), 1) > 0
+        AND coalesce(json_extract(m.value, '$.samples_per_s'), 1) > 0))"""
+_MEASURED = """,
+    CONSTRAINT done_measured CHECK (status <> 'done' OR (energy_j > 0 AND time_s > 0 AND cost > 0))"""
+_V3 = f"""
+{_runs_table("runs_v3", ABANDON_REASONS, _MEASURED)}
+INSERT INTO runs_v3 (seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j,
+                     time_s, cost, reached, epochs, started_s, finished_s, pid, host,
+                     process_start, heartbeat_s, end_reason)
+    SELECT seq, run_id, job, CASE WHEN {_UNMEASURED} THEN 'abandoned' ELSE status END, phase,
+           batch_size, power_limit_w, energy_j, time_s, cost, reached, epochs, started_s,
+           finished_s, pid, host, process_start, heartbeat_s,
+           CASE WHEN {_UNMEASURED} THEN 'unmeasured' ELSE end_reason END
+    FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_v3 RENAME TO runs;
+CREATE INDEX runs_by_job ON runs (job, status, seq);
+{_SIZE_IN_JOB.format(name="runs_size_in_job", event="INSERT", table="runs")}
+{
+    _SIZE_IN_JOB.format(
+        name="runs_size_in_job_update", event="UPDATE OF batch_size, job", table="runs"
+    )
+}
+DELETE FROM power_limits WHERE {_ZERO_PROFILE.format(profile="power_limits.profile")};
+CREATE TRIGGER power_limits_profile_measured BEFORE INSERT ON power_limits
+WHEN {_ZERO_PROFILE.format(profile="NEW.profile")}
+BEGIN
+    SELECT RAISE(ABORT, 'power_limits.profile measured no power or no throughput at a limit');
+END;
+"""
+
 #: ``(version, sql)`` steps, oldest first; a database at version v gets every later step.
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2))
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (3, _V3))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -243,11 +304,11 @@ def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
     names = [d[0] for d in cur.description]
     for values in cur:
         row = dict(zip(names, values, strict=True))
-        check_run_row(source, row, job_sizes(configs.get(row["job"], {})))
+        check_run_row(source, row, job_sizes(configs.get(row["job"], {})), measured=False)
     for job, gpu, size, limit, profile in con.execute(
         "SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"
     ):
-        check_power_limit_row(source, job, gpu, size, limit, profile)
+        check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
 
 
 def _fix(table: str, where: str, field: str | None = None) -> str:
@@ -299,12 +360,14 @@ def _is_figure(value: Any, *, positive: bool = False, upper: float = 1e300) -> b
 
 
 def check_run_row(
-    source: str, row: Mapping[str, Any], sizes: frozenset[int] | None
+    source: str, row: Mapping[str, Any], sizes: frozenset[int] | None, *, measured: bool = True
 ) -> Mapping[str, Any]:
     """Refuse a ``runs`` row whose values the store cannot use.
 
     Checked for every row: the status and batch size (an integer in the job's ``sizes``); for
-    rows that enter a job's history (done, or abandoned by preemption), every figure.
+    rows that enter a job's history (done, or abandoned by preemption), every figure; with
+    ``measured`` (all but rows a migration is about to repair), a done run's energy, time
+    and cost above zero.
 
     Raises:
         ConfigError: naming the row, the field and the SQL to repair or drop it.
@@ -338,6 +401,8 @@ def check_run_row(
             continue  # preempted before its first heartbeat: nothing measured
         if not _is_figure(value):
             raise bad(field, "a finite number >= 0")
+        if measured and status == "done" and not _is_figure(value, positive=True):
+            raise bad(field, "a measured figure > 0 (a run that measured nothing is no run)")
     limit = row.get("power_limit_w")
     if limit is not None and not _is_figure(limit, positive=True, upper=1e5):
         raise bad("power_limit_w", "a power limit in watts > 0, or NULL")
@@ -352,6 +417,9 @@ def check_run_row(
     return row
 
 
+_PROFILE_FIGURES = ("samples_per_s", "avg_power_w")
+
+
 def check_power_limit_row(
     source: str,
     job: Any,
@@ -360,9 +428,12 @@ def check_power_limit_row(
     power_limit_w: Any,
     profile: Any = "{}",
     range_w: Sequence[float] | None = None,
+    *,
+    measured: bool = True,
 ) -> float:
     """A cached power limit, or :class:`ConfigError` naming its row (outside ``range_w``, the
-    GPU's limits, when given).
+    GPU's limits, when given; with ``measured``, a profile whose throughput or power is not
+    above zero at some limit).
 
     Raises:
         ConfigError: naming the row and the SQL that drops it (the next run profiles again).
@@ -382,6 +453,13 @@ def check_power_limit_row(
         parsed = None
     if not isinstance(parsed, dict):
         raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
+    for limit, m in parsed.items() if measured else ():
+        figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]
+        if not all(_is_figure(v, positive=True) for v in figures):
+            raise ConfigError(
+                f"{row}: profile at {show_value(limit)} W measured {show_value(m)}, expected "
+                f"{' and '.join(_PROFILE_FIGURES)} > 0 (a limit chosen from nothing); {fix}"
+            )
     if range_w is not None and not range_w[0] <= power_limit_w <= range_w[1]:
         raise ConfigError(
             f"{row}: cached limit {power_limit_w:g} W is outside this GPU's range "

@@ -15,10 +15,10 @@ heartbeat that :meth:`~SQLiteStore.heartbeat` renews (``run.step``/``run.end_epo
 A run's own SIGTERM marks it abandoned before the process ends (see
 :mod:`perseus.recurring.job`); SIGKILL cannot, so each decision first marks abandoned every
 running row of the job whose process is gone (same host, pid dead or reused) or whose
-heartbeat is older than ``lease_s``. An abandoned run of those kinds is a **failed run of its
-batch size** in the history the policy sees (its cost as of its last heartbeat), so the policy
-prunes or re-explores that size by its own rules instead of waiting on a run that will never
-finish.
+heartbeat is older than ``lease_s``. An abandoned run of those kinds is in the history the
+policy sees as a **preempted** run (its cost as of its last heartbeat), which the policy
+retries instead of waiting on a run that will never finish (see
+:func:`~perseus.recurring.policy.evidence`).
 
 **Bad rows.** The schema (:mod:`perseus.recurring.schema`) refuses bad values at insert; rows
 that predate it are checked when read, and a bad one is one :class:`ConfigError` naming the
@@ -303,6 +303,7 @@ class SQLiteStore:
                     cost=float(row["cost"] or 0.0),
                     reached=bool(row["reached"]) if done else False,
                     epochs=None if row["epochs"] is None else int(row["epochs"]),
+                    preempted=not done,
                 )
             )
         return out
@@ -321,7 +322,7 @@ class SQLiteStore:
             else:
                 continue
             log.warning(
-                "%s: run %s of job %s (batch size %s) abandoned: %s; it counts as a failed run",
+                "%s: run %s of job %s (batch size %s) abandoned: %s; its size is retried",
                 self.path,
                 row["run_id"],
                 job,
@@ -469,7 +470,7 @@ class SQLiteStore:
                 con.close()
 
     def history(self, job: str) -> list[Observation]:
-        """Finished runs and preempted ones (as failed runs), oldest first.
+        """Finished runs and preempted ones (``preempted``), oldest first.
 
         Raises:
             ConfigError: a row the store cannot use (named, with how to repair or drop it).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from perseus.device.ownership import (
     release_owner_lock,
     reset_if_orphaned,
 )
+from perseus.device.process_identity import format_record, parse_record, this_process
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceBusyError
 
@@ -221,7 +221,8 @@ def test_forged_lock_contents_reset_only_the_gpu_in_hand(
     assert not (tmp_path.parent / "out").exists()
 
 
-def test_lock_file_holds_only_the_pid(tmp_path: Path) -> None:
+def test_lock_file_holds_only_the_owners_record(tmp_path: Path) -> None:
+    """pid, boot and start time, PID namespace: one line, nothing a reader would trust."""
     from perseus.runtime.safety.guard import Watchdog
 
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
@@ -230,7 +231,8 @@ def test_lock_file_holds_only_the_pid(tmp_path: Path) -> None:
     watchdog = Watchdog(gpu.watchdog_spec(), gpu.owner_lock_path())
     watchdog.start()
     try:
-        assert gpu.owner_lock_path().read_text() == f"{os.getpid()}\n"
+        assert gpu.owner_lock_path().read_bytes() == format_record(this_process())
+        assert parse_record(gpu.owner_lock_path().read_bytes()) == this_process()
     finally:
         watchdog.stop()
         owner.release()
@@ -277,5 +279,5 @@ def test_a_signal_while_taking_a_dead_owners_lock_keeps_the_record_that_a_reset_
     assert read_owner_pid(path) == dead
     fd, _, stale = acquire_owner_lock(path)
     assert fd is not None and stale == dead
-    assert path.read_text(encoding="ascii") == f"{os.getpid()}\n"  # nothing of the old pid
+    assert path.read_bytes() == format_record(this_process())  # nothing of the old pid
     release_owner_lock(fd, path)

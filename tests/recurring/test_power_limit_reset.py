@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from perseus.device.nvml import NvmlGPU
+from perseus.device.process_identity import parse_record, this_process
 from perseus.runtime.safety.guard import GpuClaim
 from tests.fakes import shared_pynvml
 from tests.fakes.fake_pynvml import FakeDevice
@@ -158,7 +159,7 @@ def test_a_clean_run_leaves_no_reset_due(shared: Path, tmp_path: Path) -> None:
     )
     with job.run() as run:
         run.step(32)
-        assert (locks / f"{UUID}.owner").read_text().strip() == str(os.getpid())
+        assert parse_record((locks / f"{UUID}.owner").read_bytes()) == this_process()
     assert (locks / f"{UUID}.owner").read_text() == ""
     assert _device(shared, UUID).power_limit_mw == DEFAULT_MW
     gpu.close()
@@ -189,3 +190,40 @@ def test_a_recurring_run_that_finds_an_orphaned_gpu_resets_the_gpu_in_hand(
         now = _device(shared, UUID)
         assert now.locked is None and now.power_limit_mw == DEFAULT_MW
     gpu.close()
+
+
+@pytest.mark.parametrize("mode", ["shared", "agent"])
+def test_device_reset_refuses_a_live_job_without_the_lock(
+    shared: Path,
+    mode: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``RecurringJob(own_gpu=False)`` holds no ownership lock (alone, or with an agent of its
+    process): ``perseus device reset --uuid`` sees it as the live owner it is, exits 2 and
+    leaves its lowered limit; ``device info`` shows it alive."""
+    from perseus.cli.main import main
+
+    locks = tmp_path / "locks"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUN, UUID, str(locks), str(tmp_path / "j.db"), mode],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    monkeypatch.setattr("perseus.device.nvml.import_nvml", lambda: shared_pynvml)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(locks))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().decode().strip() == "ready"
+        assert main(["device", "reset", "--uuid", UUID]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"owned by the running process {proc.pid}" in err and "\n" not in err
+        assert _device(shared, UUID).power_limit_mw == LOWERED_MW  # kept
+        assert main(["device", "--sim-dir", str(tmp_path / "sim"), "info"]) == 0
+        assert f"owner: pid {proc.pid} (alive)" in capsys.readouterr().out
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

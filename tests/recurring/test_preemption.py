@@ -1,5 +1,6 @@
-"""A preempted run (SIGTERM, SIGKILL, a hung process) becomes one failed run of its batch size,
-and the next decisions go on by the policy's own rules instead of waiting for it."""
+"""A preempted run (SIGTERM, SIGKILL, a hung process) is no evidence about its batch size: the
+size is retried (three preemptions in a row count as one failed run), and the next decisions
+never wait for it."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _row(store: SQLiteStore, run_id: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_run_is_one_failed_run_and_the_walk_goes_on(tmp_path: Path, sig: int) -> None:
+def test_a_killed_run_is_retried_and_never_waited_for(tmp_path: Path, sig: int) -> None:
     db = tmp_path / "jobs.db"
     proc, size, run_id = _start(db)
     assert size == 64  # the default runs first
@@ -92,23 +93,23 @@ def test_a_killed_run_is_one_failed_run_and_the_walk_goes_on(tmp_path: Path, sig
     else:  # nothing could run: still "running" until the next decision looks
         assert row["status"] == "running"
     assert row["pid"] == proc.pid and row["cost"] is not None and row["cost"] > 0
-    # The next decision: 64 is one failed run; rule 1 goes to the nearest untried size.
-    assert _decide(store) == (32, "explore")
+    # The next decision: a preemption says nothing about 64, so 64 runs again.
+    assert _decide(store) == (64, "default")
     row = _row(store, run_id)
     assert row["status"] == "abandoned"
     assert row["end_reason"] == ("signal" if sig == signal.SIGTERM else "process gone")
     history = store.history("j")
     assert len(history) == 1
-    failed = history[0]
-    assert (failed.batch_size, failed.reached) == (64, False) and failed.cost > 0
+    preempted = history[0]
+    assert (preempted.batch_size, preempted.reached, preempted.preempted) == (64, False, True)
     # Not pending, not blocked: later decisions never wait for it and never count it twice.
-    assert _decide(store) == (32, "explore")
+    assert _decide(store) == (64, "default")
     assert len(store.history("j")) == 1
 
 
-def test_a_preempted_arm_is_judged_by_the_policys_own_rule(tmp_path: Path) -> None:
-    """Once sizes converged, a preempted run of the best size is a failed run with the
-    failure penalty: that arm stays in the walk (Thompson sampling), not pruned or blocked."""
+def test_a_preempted_run_of_the_best_arm_costs_it_nothing(tmp_path: Path) -> None:
+    """Once sizes converged, a preempted run of the best size is no failure: that arm keeps
+    its cost and stays in the walk (Thompson sampling), not penalised, pruned or blocked."""
     store = SQLiteStore(tmp_path / "jobs.db")
     store.register_job("j", {"batch_sizes": SIZES})
     for b, cost in ((64, 100.0), (32, 150.0), (128, 140.0)):
@@ -130,9 +131,8 @@ def test_a_preempted_arm_is_judged_by_the_policys_own_rule(tmp_path: Path) -> No
         sizes.append(s.decision.batch_size)
         later.abandon_run(s.run_id)
     history = later.history("j")
-    assert len(history) == 4 and not history[-1].reached and history[-1].batch_size == 64
-    # Penalised as a failure (max(incurred, beta x best)), the arm is still sampled.
-    assert policy.arm_costs(history)[64] == [100.0, 200.0]
+    assert len(history) == 4 and history[-1].preempted and history[-1].batch_size == 64
+    assert policy.arm_costs(history)[64] == [100.0]  # no penalty: still the best arm
     assert 64 in sizes and set(sizes) <= set(SIZES)
 
 
@@ -179,3 +179,52 @@ def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> N
     # A slow (not dead) run that renews too late still finishes: its figures are the truth.
     assert store.finish_run(hung.run_id, Observation(64, 200.0, 9.0, 2.0, 9.0, True, 3))
     assert _row(store, hung.run_id)["status"] == "done"
+
+
+#: Cost per run of each batch size (the job's truth): 64 is the best, b0 = 128 costs 2.5x.
+_TRUE_COST = {32: 60.0, 64: 40.0, 128: 100.0, 256: 130.0}
+
+
+def _replay(store: SQLiteStore, runs: int, preempt: set[tuple[int, int]]) -> list[int]:
+    """``runs`` recurrences of the job through the store; the ``(run index, batch size)``
+    pairs in ``preempt`` are preempted (SIGTERM) after a heartbeat instead of finishing."""
+    sizes = sorted(_TRUE_COST)
+    policy = BatchSizeOptimizer(sizes, 128)
+    rng = np.random.default_rng(0)
+    store.register_job("j", {"batch_sizes": sizes})
+    chosen = []
+    for i in range(runs):
+        started = store.begin_run("j", lambda h, p: policy.decide(h, rng, pending=p))
+        b = started.decision.batch_size
+        chosen.append(b)
+        cost = _TRUE_COST[b] * (1.0 + 0.02 * rng.standard_normal())
+        if (i, b) in preempt:
+            store.heartbeat(started.run_id, Observation(b, 200.0, cost / 4, 0.1, cost / 4, False))
+            store.abandon_run(started.run_id, "signal")
+            continue
+        store.finish_run(started.run_id, Observation(b, 200.0, cost, 1.0, cost, True, 3))
+    return chosen
+
+
+def test_one_preemption_while_exploring_does_not_prune_the_best_size(tmp_path: Path) -> None:
+    """The replay that found it: b0 = 128 converges, the walk explores 64 and that run is
+    preempted. Counted as a failure, 64 (and 32 behind it) was pruned and the job stayed at
+    128, 2.5x the best cost, for good. A preemption is no evidence: 64 is retried and wins."""
+    quiet = _replay(SQLiteStore(tmp_path / "quiet.db"), 30, set())
+    assert quiet[:2] == [128, 64]  # the walk explores 64 second
+    chosen = _replay(SQLiteStore(tmp_path / "jobs.db"), 30, {(1, 64)})
+    assert chosen[:3] == [128, 64, 64]  # retried at once
+    assert chosen[-10:].count(64) >= 8  # and the job settles on the best size
+
+
+def test_three_preemptions_in_a_row_count_as_one_failed_run(tmp_path: Path) -> None:
+    """A size that is always killed (the out-of-memory killer) is not retried for ever: the
+    third preemption in a row counts as one failed run, and the walk moves past it."""
+    store = SQLiteStore(tmp_path / "jobs.db")
+    chosen = _replay(store, 8, {(1, 64), (2, 64), (3, 64)})
+    assert chosen[:4] == [128, 64, 64, 64]
+    assert 64 not in chosen[4:6]  # failed once, not converged: pruned by the policy's rule
+    history = store.history("j")
+    assert [o.preempted for o in history[1:4]] == [True, True, True]
+    policy = BatchSizeOptimizer(sorted(_TRUE_COST), 128)
+    assert len(policy.arm_costs(history)[64]) == 1  # three preemptions, one failure

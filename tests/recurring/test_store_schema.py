@@ -109,14 +109,18 @@ def test_a_version_1_store_migrates_in_place_with_its_history(tmp_path: Path) ->
     assert store.cached_power_limit_w("j", "A40", 64) == 175.0
     store.register_job("j", json.loads(_CONFIG))  # the same job, its config intact
     # The old "running" row (a run preempted under version 1) has no lease: expired at once,
-    # one failed run of 128, not a size blocked for a week.
+    # a preempted run of 128 (retried: no evidence about 128), not a size blocked for a week.
     policy = BatchSizeOptimizer(SIZES, 64)
     started = store.begin_run(
         "j", lambda h, p: policy.decide(h, np.random.default_rng(0), pending=p)
     )
     assert {r["run_id"]: r for r in store.runs("j")}["r4"]["end_reason"] == "lease expired"
-    assert [o.batch_size for o in store.history("j")] == [64, 32, 128]
-    assert started.decision.batch_size == 64
+    assert [(o.batch_size, o.preempted) for o in store.history("j")] == [
+        (64, False),
+        (32, False),
+        (128, True),
+    ]
+    assert (started.decision.batch_size, started.decision.phase) == (128, "explore")
     # New rows carry the constraints now.
     con = sqlite3.connect(path)
     with pytest.raises(sqlite3.IntegrityError, match="cost_finite"):
@@ -270,11 +274,14 @@ def test_invalid_figures_are_refused_before_they_are_written(tmp_path: Path) -> 
 
 
 def _corrupt(path: Path) -> None:
-    """Overwrite the tables' pages (2 to 5; page 1 holds the header and the schema)."""
+    """Overwrite the tables' root pages (page 1 holds the header and the schema)."""
+    con = sqlite3.connect(path)
+    roots = [r for (r,) in con.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
+    con.close()
     data = bytearray(path.read_bytes())
     page = 4096
-    assert len(data) >= 6 * page
-    data[page : 5 * page] = b"\xde\xad" * (2 * page)
+    for root in roots:
+        data[(root - 1) * page : root * page] = b"\xde\xad" * (page // 2)
     path.write_bytes(bytes(data))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -143,4 +144,7 @@ def main(mode: str) -> int:
 
 
 if __name__ == "__main__":
+    # Ctrl-C as at a terminal, also when the suite runs in the background (cmd &), where
+    # SIGINT reaches this process ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main(sys.argv[1]))

@@ -10,9 +10,13 @@ crashed agent would leave the GPU slow for everyone. Three layers make sure it i
    when the owner dies; the next owner resets the GPU it opened (clocks and default power
    limit) if its previous owner died without doing so (owner and watchdog both killed). The
    dead owner's lock file only says that a reset is due, never what to reset.
-2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset, then
-   chain to whatever handler was installed before (so Ctrl-C still raises KeyboardInterrupt and
-   SIGTERM still terminates).
+2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset when
+   the signal ends the process, and only then: a signal first goes to the handler installed
+   before (so Ctrl-C still raises KeyboardInterrupt and SIGTERM still terminates); the reset
+   runs when that handler raises (the exception is ending the process) or when the signal's
+   default action kills it. A program's own handler that returns (a "stop after this epoch"
+   flag), or a signal the process ignores (SIGINT in a background job ``cmd &``), leaves the
+   GPU and the run alone: the process lives on, and resets when it really ends.
 3. :class:`Watchdog`: a tiny separate process holding a pipe from the owner; when the owner
    dies, even by SIGKILL, the pipe reaches EOF and the watchdog resets the lock (unless a new
    live owner has taken the GPU meanwhile).
@@ -87,12 +91,14 @@ class _SignalChain:
                 self._stop_watcher()
             self._pid = os.getpid()
         for sig in signals:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # the process ignores it: it never ends the process, nothing to do
             guards = self._guards.setdefault(sig, [])
             if not guards and signal.getsignal(sig) != self._on_signal:
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._on_signal)
             guards.append(guard)
-        if self._wakeup is None and signals:
+        if self._wakeup is None and any(self._guards.values()):
             self._start_watcher()
 
     def remove(self, guard: ExitGuard) -> None:
@@ -112,16 +118,25 @@ class _SignalChain:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Runs in the main thread between two bytecodes of whatever it was doing: the guards'
-        # callbacks must not take a lock the interrupted code may hold (see ExitGuard).
+        # callbacks must not take a lock the interrupted code may hold (see ExitGuard). The
+        # previous handler decides whether the process ends; the guards run only if it does.
         previous = self._previous.get(signum, signal.SIG_DFL)
-        for guard in self._guards_for(signum):
-            guard._run_once()
         if callable(previous):
-            previous(signum, frame)
-        elif previous in (signal.SIG_DFL, None):
+            try:
+                previous(signum, frame)
+            except BaseException:  # KeyboardInterrupt, SystemExit: the process is ending
+                self._run_guards(signum)
+                raise
+            return  # the program handled it and goes on: its run and its GPU stay as they are
+        if previous in (signal.SIG_DFL, None):
+            self._run_guards(signum)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-        # SIG_IGN: the process had chosen to ignore it; so do we (after the reset).
+        # SIG_IGN (set after we installed ours): ignored, and so the GPU is left alone.
+
+    def _run_guards(self, signum: int) -> None:
+        for guard in self._guards_for(signum):
+            guard._run_once()
 
     # Wakeup-fd watcher ---------------------------------------------------------------------
 
@@ -177,29 +192,32 @@ class _SignalChain:
                 os.close(r)
 
     def _on_wakeup(self, signum: int) -> None:
-        guards = self._guards_for(signum)
-        if not guards:
+        if not self._guards_for(signum):
             return
-        for guard in guards:
-            guard._run_once()
         ours = signal.getsignal(signum) == self._on_signal  # not replaced by someone since
         default = self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None)
-        if ours and default and signum != int(signal.SIGINT):
-            # The default action is to die now; give the main thread the chance to do it
-            # properly (exit status "killed by signal"), then do it ourselves.
-            time.sleep(self.grace_s)
-            os._exit(128 + signum)
+        if not (ours and default):
+            return  # a handler of the program's decides, on the main thread (_on_signal)
+        # The default action is to die now: reset, give the main thread the chance to die
+        # properly (exit status "killed by signal"), then do it ourselves.
+        self._run_guards(signum)
+        time.sleep(self.grace_s)
+        os._exit(128 + signum)
 
 
 _CHAIN = _SignalChain()
 
 
 class ExitGuard:
-    """Runs ``callback`` once at interpreter exit or on SIGTERM/SIGINT, then chains.
+    """Runs ``callback`` once when the process ends: at interpreter exit, or on a SIGTERM/SIGINT
+    that ends it.
 
-    After the callback, a signal goes on to the handler installed before the first guard (so
-    Ctrl-C still raises KeyboardInterrupt and SIGTERM still terminates). Signal handlers can
-    only be installed from the main thread; elsewhere only the ``atexit`` hook is installed.
+    A signal goes first to the handler installed before the first guard (so Ctrl-C still
+    raises KeyboardInterrupt and SIGTERM still terminates); ``callback`` runs if that handler
+    raises (before the exception unwinds) or if the signal's default action is to terminate
+    (before it does). A handler that returns, or a signal the process ignores, leaves
+    ``callback`` for the real end. Signal handlers can only be installed from the main thread;
+    elsewhere only the ``atexit`` hook is installed.
 
     Contract for ``callback`` (it may run inside a signal handler, on the main thread, at any
     bytecode of the training loop): it must reset the device *directly* and never wait for a
@@ -241,7 +259,9 @@ class ExitGuard:
         # Called from atexit, the main thread's signal handler or the signal watcher thread:
         # exactly one of them runs the callback. The others wait (bounded: the running one may
         # need a lock the interrupted main thread holds) so the process does not end mid-reset.
-        if self._ran or os.getpid() != self._pid:
+        # (No early look at ``_ran``: it is set before the callback finishes, and a caller
+        # that returned then would let the process die mid-reset.)
+        if os.getpid() != self._pid:
             return
         if not self._running.acquire(timeout=wait_s):
             return

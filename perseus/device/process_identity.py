@@ -1,0 +1,150 @@
+"""Which process a record names, and whether it is still there: pid, start time, boot, namespace.
+
+A bare pid says little about a process: pids are reused, and a pid recorded inside a container
+(its own PID namespace) names another process, or none, on the host. So an ownership lock
+(:mod:`perseus.device.ownership`) and a recurring run's lease (:mod:`perseus.recurring.lease`)
+record a process as ``(pid, boot id, start time, PID namespace)``: ``/proc/<pid>/stat`` field
+22 (the kernel's start time in clock ticks), ``/proc/sys/kernel/random/boot_id`` and the inode
+of ``/proc/<pid>/ns/pid``. Then:
+
+- another boot id: the recorded process is gone (a reboot ended it);
+- another PID namespace: nothing here can tell (its pid means nothing in ours): *unknown*;
+- our namespace, no such pid, or a live pid with another start time (reused): *gone*;
+- otherwise *alive*. A record without a start time (an older perseus, no ``/proc``) is alive
+  while its pid is.
+
+A lock file's record is one ASCII line, ``<pid> <boot id>:<start ticks> pid:[<inode>]``; only
+its first 256 bytes are read and anything that is not that shape (NUL bytes, non-ASCII digits
+that ``int()`` would take, pid 0 or a negative one) names no process.
+
+Standard library only: the watchdog loads this file by path (through ``ownership``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+__all__ = [
+    "RECORD_MAX_BYTES",
+    "Liveness",
+    "ProcessRecord",
+    "format_record",
+    "liveness",
+    "parse_record",
+    "pid_alive",
+    "pid_namespace",
+    "process_start",
+    "this_process",
+]
+
+#: How much of a lock file is read: a record is far shorter; a 1 MB file is not read whole.
+RECORD_MAX_BYTES = 256
+#: The largest pid Linux hands out (``pid_max`` at most 2**22).
+_PID_MAX = 1 << 22
+_RECORD = re.compile(
+    rb"\A([0-9]{1,10})(?:[ \t]+([0-9a-f-]{1,64}:[0-9]{1,20}))?(?:[ \t]+(pid:\[[0-9]{1,20}\]))?"
+    rb"[ \t]*(?:\n|\Z)"
+)
+
+Liveness = Literal["alive", "gone", "unknown"]
+
+
+class ProcessRecord(NamedTuple):
+    """A process as a lock file or lease names it.
+
+    Attributes:
+        pid: Its pid, in ``namespace``.
+        start: ``"<boot id>:<start ticks>"``, or None where unknown.
+        namespace: ``"pid:[<inode>]"`` of its PID namespace, or None where unknown.
+    """
+
+    pid: int
+    start: str | None = None
+    namespace: str | None = None
+
+
+@functools.cache
+def _boot_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    return ""
+
+
+def pid_namespace(pid: int | str = "self") -> str | None:
+    """``"pid:[<inode>]"`` of the PID namespace of ``pid`` (this process by default)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists here (a process of another user counts as alive)."""
+    if not 0 < pid <= _PID_MAX:
+        return False  # 0 and -1 would signal a whole process group: never "a process"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_start(pid: int) -> str | None:
+    """``"<boot id>:<start ticks>"`` of process ``pid``, or None (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return f"{_boot_id()}:{fields[19].decode('ascii')}"
+
+
+def this_process() -> ProcessRecord:
+    """This process (computed per call: a forked child is another process)."""
+    pid = os.getpid()
+    return ProcessRecord(pid, process_start(pid), pid_namespace())
+
+
+def format_record(record: ProcessRecord) -> bytes:
+    """The one-line lock-file form of ``record``."""
+    fields = [str(record.pid), record.start or "", record.namespace or ""]
+    return (" ".join(f for f in fields if f) + "\n").encode("ascii")
+
+
+def parse_record(data: bytes) -> ProcessRecord | None:
+    """The process a lock file's first line names, or None (empty, or not a record)."""
+    match = _RECORD.match(data[:RECORD_MAX_BYTES])
+    if match is None:
+        return None
+    pid = int(match.group(1))
+    if pid == 0:
+        return None  # 0 would name a process group, never a process
+    # A pid past pid_max names no live process: a dead owner (liveness says "gone").
+    start, namespace = (g.decode("ascii") if g else None for g in match.group(2, 3))
+    return ProcessRecord(pid, start, namespace)
+
+
+def liveness(record: ProcessRecord) -> Liveness:
+    """Whether the process ``record`` names is alive, gone, or cannot be told from here."""
+    if record.start is not None and _boot_id():
+        boot = record.start.rsplit(":", 1)[0]
+        if boot and boot != _boot_id():
+            return "gone"  # recorded before the last reboot
+    if record.namespace is not None and record.namespace != pid_namespace():
+        return "unknown"  # its pid means nothing here: a missing pid is no proof of death
+    if not pid_alive(record.pid):
+        return "gone"
+    if record.start is None:
+        return "alive"
+    now = process_start(record.pid)
+    return "gone" if now is not None and now != record.start else "alive"
