@@ -11,8 +11,8 @@ import pytest
 from perseus.cli import _doctor_checks
 from perseus.cli.main import main
 from perseus.device import nvml as nvml_backend
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlUnavailableError
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 STEP_MJ = 1700
@@ -273,16 +273,8 @@ def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
 ) -> None:
     _privileged(monkeypatch, True)
     device = fake.devices[0]
-    original = fake.nvmlDeviceSetGpuLockedClocks
-
-    def capped(handle: FakeDevice, low: int, high: int) -> None:
-        original(handle, low, high)
-        if high > 1200:  # the cap holds the GPU at 1200 MHz
-            handle.sm_clock_mhz, handle.clock_event_reasons = 1200, 0x4
-        else:
-            handle.clock_event_reasons = 0
-
-    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", capped)
+    # Busy, with a power model whose 400 W cap holds the GPU at 1200 MHz.
+    device.busy, device.static_power_w, device.dynamic_power_w = True, 100.0, 480.0
     rc, report = _doctor(capsys, "--clocks", "2", "--iterations", "4")
     cuda = _checks(report)["cuda check"]
     assert cuda["data"]["power_cap_pulls_clock_down"] is True, cuda
