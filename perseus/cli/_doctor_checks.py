@@ -151,7 +151,8 @@ def check_clocks(gpu: NvmlGPU) -> Check:
     }
     memory = f"memory {data['memory_clock_mhz']} MHz"
     if len(mem) > 1:
-        lockable = "lockable" if mem_lock is None else f"not lockable: {mem_lock}"
+        # Whether a lock works is shown by trying one (the memory clock locking check).
+        lockable = "lock tried below" if mem_lock is None else f"not lockable: {mem_lock}"
         memory = f"memory {'/'.join(map(str, mem))} MHz, {lockable}"
     return Check(
         "supported clocks",
@@ -170,7 +171,10 @@ _HOW_TO_ALLOW = (
 )
 
 
-def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
+def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 0.1) -> Check:
+    """Whether this process can change the GPU's clocks, from evidence: a lock at another
+    clock than the one read now, whose read-back shows the clock moved, then a reset. A
+    refused call names the NVML error and how to allow it."""
     allowed, why = probe_privilege()
     data: dict[str, Any] = {"privileged": allowed, "privilege": why}
     app = "unknown"
@@ -190,7 +194,7 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
             "still need root or CAP_SYS_ADMIN)"
         )
     if no_clock_changes:
-        word = "would be allowed" if allowed else "would NOT be allowed"
+        word = "the privileges would allow a try" if allowed else "would NOT be allowed"
         return Check(
             "clock locking",
             "skip",
@@ -213,7 +217,50 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
             data,
             _HOW_TO_ALLOW + app_hint,
         )
-    return Check("clock locking", "ok", f"allowed ({why}); application clocks: {app}", data)
+    return _lock_and_read_back(gpu, data, settle_s, app_hint)
+
+
+def _lock_and_read_back(
+    gpu: NvmlGPU, data: dict[str, Any], settle_s: float, app_hint: str
+) -> Check:
+    clocks = gpu.supported_clocks_mhz()
+    before = gpu.current_clock_mhz()
+    target = next((c for c in _targets(clocks, 3)[1:] if c != before), clocks[-1])
+    data.update({"clock_before_mhz": before, "tried_mhz": target})
+    read: int | None = None
+    try:
+        snapped = gpu.set_locked_clock(target)
+        deadline = time.perf_counter() + settle_s
+        while True:
+            read = gpu.current_clock_mhz()
+            if read == snapped or time.perf_counter() >= deadline:
+                break
+            time.sleep(0.0005)
+    except DeviceError as e:
+        error = str(e).splitlines()[0]
+        data["error"] = error
+        return Check(
+            "clock locking", "fail", f"lock refused: {error}", data, _HOW_TO_ALLOW + app_hint
+        )
+    finally:
+        with contextlib.suppress(DeviceError):
+            gpu.reset_locked_clock()
+    data["read_back_mhz"] = read
+    if read != snapped:
+        return Check(
+            "clock locking",
+            "fail",
+            f"locked {snapped} MHz but the clock read back {read} MHz (was {before} MHz): the "
+            "lock did not take effect",
+            data,
+            "check that no other process or policy (DCGM, nvidia-smi -rgc) resets the clocks",
+        )
+    return Check(
+        "clock locking",
+        "ok",
+        f"locked {snapped} MHz and read it back (was {before} MHz); lock reset",
+        data,
+    )
 
 
 def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
@@ -536,16 +583,7 @@ def check_cuda(
                     "clock_event_reasons": seen,
                 }
             rows.append(row)
-    pulled = [
-        r
-        for r in rows
-        if r["requested_mhz"] is not None
-        and any(
-            (r[op]["sm_clock_mhz_median"] or r["requested_mhz"]) < r["requested_mhz"] - 15
-            and LIMITING_REASONS.intersection(r[op]["clock_event_reasons"])
-            for op in ("F", "B")
-        )
-    ]
+    pulled, wrong = _compare_clocks(rows)
     parts = []
     for r in rows:
         want = "current clock" if r["requested_mhz"] is None else f"{r['requested_mhz']} MHz"
@@ -554,6 +592,10 @@ def check_cuda(
             f"{want}: F {f['time_ms_median']:.2f} ms @ {f['sm_clock_mhz_median'] or '?'} MHz, "
             f"B {b['time_ms_median']:.2f} ms @ {b['sm_clock_mhz_median'] or '?'} MHz"
         )
+    top = rows[0]
+    top_reasons = {n for op in ("F", "B") for n in top[op]["clock_event_reasons"]}
+    sampled = any(top[op]["samples"] for op in ("F", "B"))
+    binds = ("sw_power_cap" in top_reasons) if sampled else None
     data = {
         "cuda_device": index,
         "torch": torch.__version__,
@@ -562,11 +604,53 @@ def check_cuda(
         "iterations": iterations,
         "rows": rows,
         "power_cap_pulls_clock_down": bool(pulled),
+        "power_cap_binds_at_top_clock": binds,
+        "clock_not_as_asked": wrong,
     }
     summary = "; ".join(parts)
     if pulled:
         summary += " (a power or thermal limit pulled the clock below the lock)"
+    at = "the top clock" if top["requested_mhz"] is not None else "the current clock"
+    if binds is None:
+        summary += f"; power cap at {at}: unknown (no clock read while the kernel ran)"
+    else:
+        summary += (
+            f"; the power cap {'binds' if binds else 'does not bind'} at {at} for this kernel"
+        )
+    if wrong:
+        return Check(
+            "cuda check",
+            "fail",
+            "the clock read while the kernel ran is not the one asked: "
+            + ", ".join(wrong)
+            + " (no power or thermal reason set)",
+            data,
+            "the locks did not take effect: see the clock locking check",
+        )
     return Check("cuda check", "ok", summary, data)
+
+
+def _compare_clocks(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows a power or thermal limit held below their lock, and the ops that ran at
+    another clock than asked with no such reason (``"asked 1485 MHz, F ran at 1980 MHz"``)."""
+    pulled: list[dict[str, Any]] = []
+    wrong: list[str] = []
+    for r in rows:
+        asked = r["requested_mhz"]
+        if asked is None:
+            continue
+        held = False
+        for op in ("F", "B"):
+            ran = r[op]["sm_clock_mhz_median"]
+            if ran is None or abs(ran - asked) <= 15:
+                continue
+            if ran < asked and LIMITING_REASONS.intersection(r[op]["clock_event_reasons"]):
+                held = True
+            else:
+                wrong.append(f"asked {asked} MHz, {op} ran at {ran:g} MHz")
+        if held:
+            pulled.append(r)
+    return pulled, wrong
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,11 +157,28 @@ class FakeDevice:
             self.energy_mj = int(self.exact_energy_mj)
 
 
+# pynvml's messages (``nvmlErrorString``) for the codes the fake raises.
+_MESSAGES = {
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    10: "Timeout",
+    12: "NVML Shared Library Not Found",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    999: "Unknown Error",
+}
+
+
 class NVMLError(Exception):
-    """Like ``pynvml.NVMLError``: carries the NVML return code in ``value``."""
+    """Like ``pynvml.NVMLError``: carries the NVML return code in ``value``, and says what
+    pynvml says."""
 
     def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
+        super().__init__(_MESSAGES.get(value, f"NVML Error with code {value}"))
         self.value = value
 
 
