@@ -36,15 +36,14 @@ from perseus.cli._doctor_checks import (
     Check,
     check_clock_control,
     check_clocks,
-    check_cuda,
     check_energy_counter,
     check_identity,
     check_memory_clock_locking,
     check_power,
     check_set_latency,
-    check_simulated,
     probe,
 )
+from perseus.cli._doctor_cuda import check_cuda, check_simulated
 from perseus.cli._doctor_power import check_blocking_power
 from perseus.device import nvml as nvml_backend
 from perseus.device.nvml import NvmlGPU, call_nvml

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.cli import _doctor_checks
+from perseus.cli import _doctor_checks, _doctor_cuda
 from perseus.cli.main import main
 from perseus.device import fake_nvml
 from perseus.device import nvml as nvml_backend
@@ -220,7 +220,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         )
         return block, torch.randn(2, 16, 32)
 
-    monkeypatch.setattr(_doctor_checks, "_transformer", small_block)
+    monkeypatch.setattr(_doctor_cuda, "_transformer", small_block)
 
 
 def test_cuda_check_runs_ops_through_the_agent_at_each_clock(
