@@ -18,9 +18,9 @@ from typing import Any
 
 from perseus.device.nvml import NvmlGPU, clock_event_names, probe_privilege
 from perseus.errors import DeviceError
+from perseus.identity import architecture_name
 
 __all__ = [
-    "ARCHITECTURES",
     "Check",
     "check_clock_control",
     "check_clocks",
@@ -33,18 +33,6 @@ __all__ = [
     "spread_clocks_mhz",
 ]
 
-ARCHITECTURES = {
-    2: "Kepler",
-    3: "Maxwell",
-    4: "Pascal",
-    5: "Volta",
-    6: "Turing",
-    7: "Ampere",
-    8: "Ada",
-    9: "Hopper",
-    10: "Blackwell",
-    13: "Rubin",
-}
 _RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
 _CLOCK_SM = 1
 
@@ -98,7 +86,7 @@ def _mhz_range(clocks: Sequence[int]) -> str:
 
 def check_identity(gpu: NvmlGPU) -> Check:
     arch = int(gpu.query("nvmlDeviceGetArchitecture"))
-    arch_name = ARCHITECTURES.get(arch, f"unknown ({arch})")
+    arch_name = architecture_name(arch)
     data: dict[str, Any] = {
         "name": gpu.name,
         "uuid": gpu.uuid,

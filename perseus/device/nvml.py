@@ -50,6 +50,7 @@ from perseus.errors import (
     DeviceNotSupportedError,
     DevicePermissionError,
 )
+from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
     "CLOCK_EVENT_REASONS",
@@ -475,6 +476,20 @@ class NvmlGPU:
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         self._h()
         return self._clocks
+
+    def identity(self) -> GpuIdentity:
+        """Which GPU this is, as profiles and plans record it: name, architecture, clock
+        list and default power limit (None when NVML does not say)."""
+        self._h()
+        default_w: float | None = None
+        with contextlib.suppress(DeviceError, AttributeError):
+            default_w = int(self.query("nvmlDeviceGetPowerManagementDefaultLimit")) / 1000.0
+        return GpuIdentity(
+            name=self._name,
+            architecture=architecture_name(self._arch),
+            clocks_mhz=self._clocks,
+            default_power_limit_w=default_w or None,
+        )
 
     def snap_clock_mhz(self, freq_mhz: int) -> int:
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
