@@ -364,12 +364,14 @@ def blocking_power_for(gpu: GPU) -> float:
 _SIMULATED = "Simulated "
 
 
-def gpu_identity(gpu: GPU) -> GpuIdentity:
-    """Which GPU ``gpu`` is, as profiles and plans record it (:class:`GpuIdentity`).
+def gpu_identity(gpu: GPU) -> GpuIdentity | None:
+    """Which GPU ``gpu`` is, as profiles and plans record it (:class:`GpuIdentity`), or None
+    when it does not say (nothing to check a plan against).
 
     A device that knows it (``identity()``: :class:`~perseus.device.nvml.NvmlGPU`) says so;
-    a simulated GPU presents its preset's (``Simulated NVIDIA H100 80GB HBM3`` is the
-    ``h100`` preset's H100); any other device its name and clock list.
+    a simulated GPU built from a preset presents the preset's (``Simulated NVIDIA H100 80GB
+    HBM3`` is the ``h100`` preset's H100). A simulated GPU that replays a profile is that
+    profile's GPU by construction: None.
     """
     identity = getattr(gpu, "identity", None)
     if callable(identity):
@@ -380,4 +382,4 @@ def gpu_identity(gpu: GPU) -> GpuIdentity:
     for preset in PRESETS.values():
         if preset.name == name:
             return preset.identity()
-    return GpuIdentity(name=name, clocks_mhz=tuple(gpu.supported_clocks_mhz()))
+    return None

@@ -115,3 +115,15 @@ def test_event_reasons_fall_back_to_the_throttle_name() -> None:
     gpu = NvmlGPU(UUID, nvml_module=FakeNvml(devices=[device]), privileged=True)
     assert gpu.clock_event_reasons() == 0x4
     gpu.close()
+
+
+def test_nvml_gpu_identity_matches_the_simulated_preset() -> None:
+    from perseus.device.presets import get_preset
+
+    gpu = NvmlGPU(UUID, nvml_module=fake_nvml.h100(UUID), privileged=True).open()
+    identity = gpu.identity()
+    gpu.close()
+    assert identity.name == "NVIDIA H100 80GB HBM3" and identity.architecture == "Hopper"
+    assert identity.clocks_mhz[0] == 1980 and identity.default_power_limit_w == 700.0
+    assert identity.same_gpu(get_preset("h100").identity())
+    assert not identity.same_gpu(get_preset("a100").identity())
