@@ -19,8 +19,8 @@ Time comes from :mod:`perseus.device.clock` (``clock=``), so tests drive the fak
 :class:`~perseus.device.clock.VirtualClock`. :func:`h100` replays a real H100 80GB HBM3's
 behaviour. ``NVML_ERROR_*`` constants carry nvidia-ml-py's values (a test checks them).
 
-Standard library and :mod:`perseus.device.clock` only: :mod:`perseus.device.shared_fake_nvml`
-loads this file by path in a watchdog process.
+:mod:`perseus.device.shared_fake_nvml` loads this file by path in a watchdog process (which
+imports only the installed perseus's clock and NVML modules).
 """
 
 from __future__ import annotations
@@ -32,11 +32,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from perseus.device.clock import Clock, RealClock
+from perseus.device.nvml import is_control_function
 
-__all__ = ["CONTROL_PREFIXES", "FakeDevice", "FakeNvml", "NVMLError", "h100"]
-
-#: Prefixes of the NVML functions that change a device (as ``nvml_guard`` refuses them).
-CONTROL_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
+__all__ = ["FakeDevice", "FakeNvml", "NVMLError", "h100"]
 
 _IDLE = 0x1
 _SW_POWER_CAP = 0x4
@@ -231,7 +229,7 @@ class FakeNvml:
     def control_calls(self) -> list[str]:
         """Calls that change a device (every ``nvmlDeviceSet*``/``Reset*``/``Clear*``), refused
         ones included."""
-        return [name for name in self.names() if name.startswith(CONTROL_PREFIXES)]
+        return [name for name in self.names() if is_control_function(name)]
 
     def fail(self, name: str, code: int, times: int = 1) -> None:
         """Make the next ``times`` calls of ``name`` raise ``NVMLError(code)``."""
@@ -249,7 +247,7 @@ class FakeNvml:
         queue = self.failures.get(name)
         if queue:
             raise NVMLError(queue.pop(0))
-        if self.refuse_control and name.startswith(CONTROL_PREFIXES):
+        if self.refuse_control and is_control_function(name):
             raise NVMLError(self.NVML_ERROR_NO_PERMISSION)
 
     def _dev(self, handle: Any) -> FakeDevice:
