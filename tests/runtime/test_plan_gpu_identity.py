@@ -83,3 +83,19 @@ def test_a_plan_without_the_record_reads_and_says_it_is_unchecked(
     with caplog.at_level(logging.WARNING), _session(h100, str(path)) as session:
         assert session.frontier is not None
     assert "has no GPU record: unchecked against NVIDIA H100 80GB HBM3" in caplog.text
+
+
+def test_an_online_cache_measured_on_another_gpu_is_measured_again(tmp_path: Path) -> None:
+    from perseus.device.presets import get_preset
+    from perseus.io.profile_files import write_profile_csv
+    from perseus.runtime.planning import OnlineProfile, PlanContext
+
+    cache = tmp_path / "cache" / "profile.csv"
+    cache.parent.mkdir(mode=0o700)
+    write_profile_csv(load_profile("a100"), cache)
+    schedule = build_schedule("1f1b", STAGES, MICROBATCHES)
+    here = PlanContext(schedule, 0, None, 83.64, get_preset("h100").identity())
+    assert OnlineProfile(cache=cache).plan(here) is None  # sweep again on this GPU
+    same = PlanContext(schedule, 0, None, 83.64, get_preset("a100").identity())
+    planned = OnlineProfile(cache=cache).plan(same)
+    assert planned is not None and planned.frontier.job.gpu == load_profile("a100").gpu
