@@ -56,7 +56,7 @@ def test_a_profile_without_the_record_reads_and_is_logged_unchecked(
     assert source is not None
     path = tmp_path / "old.csv"
     shutil.copy(source, path)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="perseus.io.gpu_record"):
         profile = read_profile(path)
     assert profile.gpu is None and profile.sha256 == load_profile("a100").sha256
     assert "no GPU record (old.gpu.json)" in caplog.text and "unchecked" in caplog.text

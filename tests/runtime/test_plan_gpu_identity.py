@@ -80,7 +80,8 @@ def test_a_plan_without_the_record_reads_and_says_it_is_unchecked(
     write_frontier(bare, path)
     assert '"gpu"' not in path.read_text()  # written as before the record existed
     h100 = SimulatedGPU.from_preset("h100", state_dir=tmp_path / "gpu", index=0)
-    with caplog.at_level(logging.WARNING), _session(h100, str(path)) as session:
+    logs = caplog.at_level(logging.WARNING, logger="perseus.runtime.planning")
+    with logs, _session(h100, str(path)) as session:
         assert session.frontier is not None
     assert "has no GPU record: unchecked against NVIDIA H100 80GB HBM3" in caplog.text
 
