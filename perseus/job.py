@@ -225,5 +225,6 @@ def make_job(
         switch_latency_s=switch_latency_s,
         switch_energy_j=switch_energy_j,
         switch_stall_s=switch_stall_s,
+        gpu=profile.gpu,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))

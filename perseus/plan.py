@@ -21,6 +21,10 @@ clocks, a list of phases ``[[freq_mhz, mem_freq_mhz, first_layer], ...]`` (``mem
 be ``null``, the GPU's default memory clock; the first phase starts at layer 0), written only for
 an op that sets a memory clock or has more than two phases; and the job's ``switch_stall_s``.
 A point without these digests as in version 2, so version-1 and version-2 files still read.
+
+The job may carry ``gpu``, the GPU its profile was measured on
+(:class:`~perseus.identity.GpuIdentity`); outside ``points``, so digests are unchanged,
+and written only when known, so a file without it reads as before (unchecked).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perseus.errors import InfeasibleError, PlanError
+from perseus.identity import GpuIdentity
 
 __all__ = [
     "MAX_CLOCK_MHZ",
@@ -104,6 +109,8 @@ class JobSpec(BaseModel):
     switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
     switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
     switch_stall_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    #: The GPU the profile was measured on (None in files without the record: unchecked).
+    gpu: GpuIdentity | None = None
 
 
 class Baseline(BaseModel):
@@ -346,6 +353,7 @@ class Frontier(BaseModel):
             "switch_latency_s",
             "switch_energy_j",
             "switch_stall_s",
+            "gpu",  # checked against the running GPU by the plan sources
         }
         if not any(p.num_two_clock_ops for p in self.points):
             figures_only.add("layers_per_stage")

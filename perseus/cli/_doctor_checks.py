@@ -1,11 +1,8 @@
 """The probes behind ``perseus doctor``: each returns a :class:`Check`, none ever raises.
 
-NVML probes work on an open :class:`~perseus.device.nvml.NvmlGPU` (real ``pynvml`` or the tests'
-fake). The CUDA check runs a transformer block's forward and backward through the real agent
-path (:class:`~perseus.runtime.agent.rank_agent.RankAgent` on the NVML GPU), with a sampler thread
-reading the SM clock and the clock event reasons from NVML while the ops run, and CUDA events
-timing the ops on the device. Without a GPU, :func:`check_simulated` runs the same agent on a
-simulated GPU.
+NVML probes work on an open :class:`~perseus.device.nvml.NvmlGPU` (real ``pynvml`` or the
+library's fake, :mod:`perseus.device.fake_nvml`). The agent-path probes (the CUDA check, the
+simulated path) live in :mod:`perseus.cli._doctor_cuda`.
 """
 
 from __future__ import annotations
@@ -14,47 +11,28 @@ import contextlib
 import itertools
 import os
 import statistics
-import tempfile
-import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perseus.device.base import GPU, ObserveOnlyWarning
-from perseus.device.nvml import LIMITING_REASONS, NvmlGPU, clock_event_names, probe_privilege
+from perseus.device.nvml import NvmlGPU, clock_event_names, probe_privilege
 from perseus.errors import DeviceError
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.identity import architecture_name
 
 __all__ = [
-    "ARCHITECTURES",
     "Check",
     "check_clock_control",
     "check_clocks",
-    "check_cuda",
     "check_energy_counter",
     "check_identity",
     "check_memory_clock_locking",
     "check_power",
     "check_set_latency",
-    "check_simulated",
-    "cuda_device_for",
     "probe",
+    "spread_clocks_mhz",
 ]
 
-ARCHITECTURES = {
-    2: "Kepler",
-    3: "Maxwell",
-    4: "Pascal",
-    5: "Volta",
-    6: "Turing",
-    7: "Ampere",
-    8: "Ada",
-    9: "Hopper",
-    10: "Blackwell",
-    13: "Rubin",
-}
 _RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
 _CLOCK_SM = 1
 
@@ -108,7 +86,7 @@ def _mhz_range(clocks: Sequence[int]) -> str:
 
 def check_identity(gpu: NvmlGPU) -> Check:
     arch = int(gpu.query("nvmlDeviceGetArchitecture"))
-    arch_name = ARCHITECTURES.get(arch, f"unknown ({arch})")
+    arch_name = architecture_name(arch)
     data: dict[str, Any] = {
         "name": gpu.name,
         "uuid": gpu.uuid,
@@ -151,7 +129,8 @@ def check_clocks(gpu: NvmlGPU) -> Check:
     }
     memory = f"memory {data['memory_clock_mhz']} MHz"
     if len(mem) > 1:
-        lockable = "lockable" if mem_lock is None else f"not lockable: {mem_lock}"
+        # Whether a lock works is shown by trying one (the memory clock locking check).
+        lockable = "lock tried below" if mem_lock is None else f"not lockable: {mem_lock}"
         memory = f"memory {'/'.join(map(str, mem))} MHz, {lockable}"
     return Check(
         "supported clocks",
@@ -170,7 +149,10 @@ _HOW_TO_ALLOW = (
 )
 
 
-def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
+def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 0.1) -> Check:
+    """Whether this process can change the GPU's clocks, from evidence: a lock at another
+    clock than the one read now, whose read-back shows the clock moved, then a reset. A
+    refused call names the NVML error and how to allow it."""
     allowed, why = probe_privilege()
     data: dict[str, Any] = {"privileged": allowed, "privilege": why}
     app = "unknown"
@@ -190,7 +172,7 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
             "still need root or CAP_SYS_ADMIN)"
         )
     if no_clock_changes:
-        word = "would be allowed" if allowed else "would NOT be allowed"
+        word = "the privileges would allow a try" if allowed else "would NOT be allowed"
         return Check(
             "clock locking",
             "skip",
@@ -213,7 +195,50 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
             data,
             _HOW_TO_ALLOW + app_hint,
         )
-    return Check("clock locking", "ok", f"allowed ({why}); application clocks: {app}", data)
+    return _lock_and_read_back(gpu, data, settle_s, app_hint)
+
+
+def _lock_and_read_back(
+    gpu: NvmlGPU, data: dict[str, Any], settle_s: float, app_hint: str
+) -> Check:
+    clocks = gpu.supported_clocks_mhz()
+    before = gpu.current_clock_mhz()
+    target = next((c for c in spread_clocks_mhz(clocks, 3)[1:] if c != before), clocks[-1])
+    data.update({"clock_before_mhz": before, "tried_mhz": target})
+    read: int | None = None
+    try:
+        snapped = gpu.set_locked_clock(target)
+        deadline = time.perf_counter() + settle_s
+        while True:
+            read = gpu.current_clock_mhz()
+            if read == snapped or time.perf_counter() >= deadline:
+                break
+            time.sleep(0.0005)
+    except DeviceError as e:
+        error = str(e).splitlines()[0]
+        data["error"] = error
+        return Check(
+            "clock locking", "fail", f"lock refused: {error}", data, _HOW_TO_ALLOW + app_hint
+        )
+    finally:
+        with contextlib.suppress(DeviceError):
+            gpu.reset_locked_clock()
+    data["read_back_mhz"] = read
+    if read != snapped:
+        return Check(
+            "clock locking",
+            "fail",
+            f"locked {snapped} MHz but the clock read back {read} MHz (was {before} MHz): the "
+            "lock did not take effect",
+            data,
+            "check that no other process or policy (DCGM, nvidia-smi -rgc) resets the clocks",
+        )
+    return Check(
+        "clock locking",
+        "ok",
+        f"locked {snapped} MHz and read it back (was {before} MHz); lock reset",
+        data,
+    )
 
 
 def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
@@ -247,7 +272,7 @@ def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
     return Check(name, "ok", f"locked {applied} MHz and reset: clock pairs can run here", data)
 
 
-def _targets(clocks: Sequence[int], count: int) -> list[int]:
+def spread_clocks_mhz(clocks: Sequence[int], count: int) -> list[int]:
     """``count`` clocks spread from the highest down to about half of it."""
     top = clocks[0]
     usable = [c for c in clocks if c >= top // 2] or list(clocks)
@@ -260,7 +285,7 @@ def _targets(clocks: Sequence[int], count: int) -> list[int]:
 def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> Check:
     """Time ``nvmlDeviceSetGpuLockedClocks`` and how long until NVML reads the clock back."""
     clocks = gpu.supported_clocks_mhz()
-    pair = _targets(clocks, 3)[1:] or [clocks[0]]
+    pair = spread_clocks_mhz(clocks, 3)[1:] or [clocks[0]]
     calls_ms: list[float] = []
     applied_ms: list[float] = []
     unseen = 0
@@ -367,250 +392,3 @@ def check_power(gpu: NvmlGPU) -> Check:
         summary += f" (default {data['default_power_limit_w']:g} W)"
     summary += f"; clock event reasons now: {', '.join(reasons) or 'none'}"
     return Check("power", "ok", summary, data)
-
-
-# ---------------------------------------------------------------------------------------------
-# The agent path
-
-
-def _plan(freq_mhz: int) -> Frontier:
-    """A one-rank plan with one forward and one backward, both at ``freq_mhz``."""
-    job = JobSpec(
-        schedule="1f1b",
-        ranks=1,
-        stages=1,
-        microbatches=1,
-        blocking_power_w=0.0,
-        profile_sha256="0" * 64,
-    )
-    point = PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=((freq_mhz, freq_mhz),))
-    return Frontier(
-        job=job,
-        stage_ops=(("F0", "B0"),),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(point,),
-    )
-
-
-class _Sampler:
-    """A thread reading the SM clock (and clock event reasons) while an op is marked running."""
-
-    def __init__(self, read_clock: Callable[[], int], read_reasons: Callable[[], int] | None):
-        self._read_clock = read_clock
-        self._read_reasons = read_reasons
-        self._op: str | None = None
-        self.samples: dict[str, list[tuple[int, int]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="perseus-doctor-sampler")
-
-    def __enter__(self) -> _Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def mark(self, op: str | None) -> None:
-        self._op = op
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            op = self._op
-            if op is not None:
-                try:
-                    clock = int(self._read_clock())
-                    reasons = int(self._read_reasons()) if self._read_reasons else 0
-                except Exception:
-                    self._read_reasons = None  # keep sampling the clock
-                    continue
-                if self._op == op:
-                    self.samples.setdefault(op, []).append((clock, reasons))
-            time.sleep(0.0005)
-
-
-def _transformer(torch: Any, device: Any) -> tuple[Any, Any]:
-    block = torch.nn.TransformerEncoderLayer(
-        d_model=2048,
-        nhead=16,
-        dim_feedforward=8192,
-        batch_first=True,
-        device=device,
-        dtype=torch.bfloat16,
-    )
-    return block, torch.randn(4, 1024, 2048, device=device, dtype=torch.bfloat16)
-
-
-def cuda_device_for(torch: Any, gpu: NvmlGPU) -> int:
-    """The CUDA index of the NVML GPU (by UUID), or 0 when the UUIDs cannot be compared."""
-    want = gpu.uuid.removeprefix("GPU-").lower()
-    for k in range(torch.cuda.device_count()):
-        with contextlib.suppress(Exception):
-            if str(torch.cuda.get_device_properties(k).uuid).lower() == want:
-                return k
-    return 0
-
-
-def check_cuda(
-    gpu: NvmlGPU, control: bool, clocks: int = 3, iterations: int = 5, lock_dir: str | None = None
-) -> Check:
-    """A transformer block's forward/backward through the agent at a few clocks (or, without
-    control, at whatever clock the GPU runs), with the SM clock sampled during each op."""
-    try:
-        import torch
-    except ImportError:
-        return Check(
-            "cuda check",
-            "fail",
-            "torch is not installed",
-            {},
-            "pip install torch (a CUDA build) to run pipelines with perseus",
-        )
-    if not torch.cuda.is_available():
-        return Check(
-            "cuda check",
-            "fail",
-            f"torch {torch.__version__} sees no CUDA device",
-            {"torch": torch.__version__},
-            "install a CUDA build of torch that matches the driver",
-        )
-    from perseus.runtime.agent.rank_agent import RankAgent
-
-    index = cuda_device_for(torch, gpu)
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
-    block, x = _transformer(torch, device)
-    x.requires_grad_(True)
-
-    def fwd_bwd() -> None:
-        block(x).float().square().mean().backward()
-
-    for _ in range(3):  # warm up kernels and the allocator
-        fwd_bwd()
-    torch.cuda.synchronize(device)
-    targets: list[int | None] = (
-        list(_targets(gpu.supported_clocks_mhz(), clocks)) if control else [None]
-    )
-    sampler = _Sampler(gpu.current_clock_mhz, gpu.clock_event_reasons)
-    new_event: Callable[..., Any] = torch.cuda.Event
-    rows: list[dict[str, Any]] = []
-    with sampler, warnings.catch_warnings():
-        warnings.simplefilter("ignore", ObserveOnlyWarning)
-        for target in targets:
-            plan = _plan(target if target is not None else gpu.supported_clocks_mhz()[0])
-            times: dict[str, list[float]] = {"F": [], "B": []}
-            with RankAgent(plan, gpu, rank=0, enabled=control) as agent:
-                for it in range(iterations + 1):
-                    agent.step_begin()
-                    agent.wait_for_clock()
-                    out = None
-                    for op in ("F", "B"):
-                        start = new_event(enable_timing=True)
-                        end = new_event(enable_timing=True)
-                        label = f"{target}:{op}" if it else None  # iteration 0 warms the clock
-                        sampler.mark(label)
-                        with agent.op(op, 0):
-                            start.record()
-                            if op == "F":
-                                out = block(x).float().square().mean()
-                            else:
-                                assert out is not None
-                                out.backward()
-                            end.record()
-                            end.synchronize()
-                        sampler.mark(None)
-                        if it:
-                            times[op].append(start.elapsed_time(end))
-                    agent.step_end()
-            row: dict[str, Any] = {"requested_mhz": target}
-            for op in ("F", "B"):
-                samples = sampler.samples.get(f"{target}:{op}", [])
-                read = [c for c, _ in samples]
-                seen = sorted({n for _, r in samples for n in clock_event_names(r)})
-                row[op] = {
-                    "time_ms_median": statistics.median(times[op]),
-                    "sm_clock_mhz_median": statistics.median(read) if read else None,
-                    "sm_clock_mhz_min": min(read) if read else None,
-                    "sm_clock_mhz_max": max(read) if read else None,
-                    "samples": len(read),
-                    "clock_event_reasons": seen,
-                }
-            rows.append(row)
-    pulled = [
-        r
-        for r in rows
-        if r["requested_mhz"] is not None
-        and any(
-            (r[op]["sm_clock_mhz_median"] or r["requested_mhz"]) < r["requested_mhz"] - 15
-            and LIMITING_REASONS.intersection(r[op]["clock_event_reasons"])
-            for op in ("F", "B")
-        )
-    ]
-    parts = []
-    for r in rows:
-        want = "current clock" if r["requested_mhz"] is None else f"{r['requested_mhz']} MHz"
-        f, b = r["F"], r["B"]
-        parts.append(
-            f"{want}: F {f['time_ms_median']:.2f} ms @ {f['sm_clock_mhz_median'] or '?'} MHz, "
-            f"B {b['time_ms_median']:.2f} ms @ {b['sm_clock_mhz_median'] or '?'} MHz"
-        )
-    data = {
-        "cuda_device": index,
-        "torch": torch.__version__,
-        "device_name": torch.cuda.get_device_name(index),
-        "model": "TransformerEncoderLayer(d_model=2048, nhead=16, ff=8192), bf16, 4x1024 tokens",
-        "iterations": iterations,
-        "rows": rows,
-        "power_cap_pulls_clock_down": bool(pulled),
-    }
-    summary = "; ".join(parts)
-    if pulled:
-        summary += " (a power or thermal limit pulled the clock below the lock)"
-    return Check("cuda check", "ok", summary, data)
-
-
-# ---------------------------------------------------------------------------------------------
-# Without a GPU
-
-
-def check_simulated(iterations: int = 3) -> Check:
-    """The agent on a simulated A100 (its own temporary state directory): clocks applied per
-    op, and reset at close."""
-    from perseus.device.simulated import SimulatedGPU
-    from perseus.runtime.agent.rank_agent import RankAgent
-
-    with tempfile.TemporaryDirectory(prefix="perseus-doctor-") as state_dir:
-        gpu: GPU = SimulatedGPU.from_preset("a100", state_dir=state_dir, index=0)
-        clocks = gpu.supported_clocks_mhz()
-        seen: dict[int, list[int | None]] = {}
-        for target in _targets(clocks, 3):
-            with RankAgent(_plan(target), gpu, rank=0) as agent:
-                for _ in range(iterations):
-                    agent.step_begin()
-                    for op in ("F", "B"):
-                        with agent.op(op, 0):
-                            agent.wait_for_clock()
-                            seen.setdefault(target, []).append(gpu.locked_clock_mhz())
-                    agent.step_end()
-            after = gpu.locked_clock_mhz()
-            if after is not None:
-                return Check(
-                    "simulated path",
-                    "fail",
-                    f"the agent left the simulated GPU locked at {after} MHz",
-                    {"locked_after_close_mhz": after},
-                )
-    wrong = {t: v for t, v in seen.items() if any(c != t for c in v)}
-    ran = sorted(seen, reverse=True)
-    data: dict[str, Any] = {"clocks_mhz": ran, "ops_per_clock": 2 * iterations}
-    if wrong:
-        return Check(
-            "simulated path", "fail", f"ops ran at other clocks than planned: {wrong}", data
-        )
-    return Check(
-        "simulated path",
-        "ok",
-        f"agent on a simulated A100: {len(seen)} clocks ({', '.join(map(str, ran))}"
-        " MHz) applied per op, lock reset at close",
-        data,
-    )

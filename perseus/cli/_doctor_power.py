@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from perseus.cli._doctor_checks import Check, cuda_device_for
+from perseus.cli._doctor_checks import Check
+from perseus.cli._doctor_cuda import cuda_device_for
 from perseus.device.nvml import NvmlGPU
 from perseus.device.presets import blocking_power_of_name
 from perseus.errors import DeviceError

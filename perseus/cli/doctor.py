@@ -1,15 +1,17 @@
 """``perseus doctor``: can this machine run perseus for real?
 
 Checks, for each NVIDIA GPU: the driver and NVML (versions), name, UUID, architecture, whether
-clock locking is allowed (and exactly how to allow it when not), the supported clocks, the set
+clock locking works (a lock whose read-back shows the clock moved; otherwise the NVML error and
+exactly how to allow it), the supported clocks, the set
 latency (skipped under ``--no-clock-changes``), the energy counter's resolution and update
 period, the power cap and clock event reasons, idle and blocked-on-communication power (the
 ``blocking_power_w`` a plan needs: the energy counter read while a spin-wait kernel holds the
 GPU, as NCCL's waits do; observe-only), and a short CUDA check: a transformer block's
 forward and backward through the real agent path at a few clocks (under
 ``--no-clock-changes``: only at the current clock), with the SM clock read back while the ops
-run and the ops timed by CUDA events. Without a GPU it says so in one line and checks the
-simulated path instead.
+run and the ops timed by CUDA events (it fails when the clock read is not the one asked, with
+no power or thermal reason set, and says whether the power cap binds at the top clock). Without
+a GPU it says so in one line and checks the simulated path instead.
 
 Every probe is isolated: one that cannot run prints ``unavailable: why`` and the others go on.
 Exit status: 0 when perseus can run for real here (observe-only counts when asked for with
@@ -122,7 +124,8 @@ def diagnose(
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
     missing or failing GPU: that is what the report is for."""
-    from perseus.cli._doctor_checks import Check, check_simulated, probe
+    from perseus.cli._doctor_checks import Check, probe
+    from perseus.cli._doctor_cuda import check_simulated
     from perseus.device import nvml as nvml_backend
     from perseus.device.nvml import call_nvml
 
@@ -189,7 +192,15 @@ def diagnose(
         )
     else:
         bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
-        report["verdict"] = "perseus cannot run for real here: " + "; ".join(bad)
+        no_locks = any(
+            c["name"] == "clock locking" and c["status"] == "fail"
+            for g in report["gpus"]
+            for c in g["checks"]
+        )
+        head = (
+            "perseus cannot change clocks here" if no_locks else "perseus cannot run for real here"
+        )
+        report["verdict"] = f"{head}: " + "; ".join(bad)
     return report
 
 
@@ -207,7 +218,6 @@ def _diagnose_gpu(
         Check,
         check_clock_control,
         check_clocks,
-        check_cuda,
         check_energy_counter,
         check_identity,
         check_memory_clock_locking,
@@ -215,6 +225,7 @@ def _diagnose_gpu(
         check_set_latency,
         probe,
     )
+    from perseus.cli._doctor_cuda import check_cuda
     from perseus.cli._doctor_power import check_blocking_power
     from perseus.device.nvml import NvmlGPU
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ from perseus.errors import (
     DeviceNotSupportedError,
     DevicePermissionError,
 )
+from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
     "CLOCK_EVENT_REASONS",
@@ -113,6 +115,9 @@ LIMITING_REASONS = frozenset(
         "hw_power_brake_slowdown",
     }
 )
+# Data-centre boards with HBM, whose memory clock cannot be locked at run time even when the
+# driver lists several memory clocks (an H100 80GB HBM3 refused the lock it listed).
+_HBM_NAME = re.compile(r"HBM|\b(?:[VPA]100|A800|A30|H100|H800|H200|H20|GH200|B100|G?B[23]00)\b")
 # Prefixes of NVML functions that change device state; observe-only GPUs never call them.
 _CONTROL_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
 
@@ -472,6 +477,20 @@ class NvmlGPU:
         self._h()
         return self._clocks
 
+    def identity(self) -> GpuIdentity:
+        """Which GPU this is, as profiles and plans record it: name, architecture, clock
+        list and default power limit (None when NVML does not say)."""
+        self._h()
+        default_w: float | None = None
+        with contextlib.suppress(DeviceError, AttributeError):
+            default_w = int(self.query("nvmlDeviceGetPowerManagementDefaultLimit")) / 1000.0
+        return GpuIdentity(
+            name=self._name,
+            architecture=architecture_name(self._arch),
+            clocks_mhz=self._clocks,
+            default_power_limit_w=default_w or None,
+        )
+
     def snap_clock_mhz(self, freq_mhz: int) -> int:
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
         asc = tuple(reversed(self.supported_clocks_mhz()))
@@ -550,7 +569,8 @@ class NvmlGPU:
     def memory_clock_control(self) -> str | None:
         """Why the memory clock cannot be locked here, or None when it can: it needs control
         (not observe-only, privileged), an Ampere or newer GPU
-        (``nvmlDeviceSetMemoryLockedClocks``) and more than one supported memory clock."""
+        (``nvmlDeviceSetMemoryLockedClocks``), more than one supported memory clock, and a
+        board without HBM (whose memory clock is fixed at run time, whatever NVML lists)."""
         self._h()
         if self.observe_only_reason is not None:
             return self.observe_only_reason
@@ -558,6 +578,8 @@ class NvmlGPU:
             return f"architecture {self._arch} is older than Ampere (memory locks need Ampere+)"
         if len(self._mem_clocks) < 2:
             return f"one memory clock only ({', '.join(map(str, self._mem_clocks))} MHz: HBM)"
+        if _HBM_NAME.search(self._name):
+            return f"{self._name} has HBM, whose memory clock cannot be locked at run time"
         return None
 
     def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 from perseus.device.base import GPU
 from perseus.device.power_model import MemoryModel, PowerModel, TimeModel
 from perseus.errors import ConfigError
+from perseus.identity import GpuIdentity
 from perseus.schedule.actions import Kind
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "blocking_power_for",
     "blocking_power_of_name",
     "get_preset",
+    "gpu_identity",
     "switch_cost_for",
 ]
 
@@ -107,6 +109,7 @@ class GPUPreset:
         estimated: True when the numbers are placeholders not yet checked on hardware.
         memory: Lockable memory clocks and their model (GDDR boards); None for one fixed
             memory clock (HBM boards).
+        architecture: The NVML architecture name (``Ampere``, ``Hopper``).
     """
 
     key: str
@@ -120,6 +123,16 @@ class GPUPreset:
     idle_clock_mhz: int = 210
     estimated: bool = False
     memory: MemoryModel | None = None
+    architecture: str = "Ampere"
+
+    def identity(self) -> GpuIdentity:
+        """The GPU this preset models, as profiles and plans record it."""
+        return GpuIdentity(
+            name=self.name,
+            architecture=self.architecture,
+            clocks_mhz=self.clocks_mhz,
+            default_power_limit_w=self.power_cap_w,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +288,7 @@ PRESETS: dict[str, GPUPreset] = {
         op_time_s={Kind.F: 0.025, Kind.B: 0.048, Kind.W: 0.024},
         idle_clock_mhz=345,
         estimated=True,
+        architecture="Hopper",
     ),
 }
 
@@ -345,3 +359,27 @@ def blocking_power_for(gpu: GPU) -> float:
     else:
         _log.info("blocking power %.2f W for %s: %s", figure.power_w, name, figure.source)
     return figure.power_w
+
+
+_SIMULATED = "Simulated "
+
+
+def gpu_identity(gpu: GPU) -> GpuIdentity | None:
+    """Which GPU ``gpu`` is, as profiles and plans record it (:class:`GpuIdentity`), or None
+    when it does not say (nothing to check a plan against).
+
+    A device that knows it (``identity()``: :class:`~perseus.device.nvml.NvmlGPU`) says so;
+    a simulated GPU built from a preset presents the preset's (``Simulated NVIDIA H100 80GB
+    HBM3`` is the ``h100`` preset's H100). A simulated GPU that replays a profile is that
+    profile's GPU by construction: None.
+    """
+    identity = getattr(gpu, "identity", None)
+    if callable(identity):
+        found = identity()
+        if isinstance(found, GpuIdentity):
+            return found
+    name = gpu.name.removeprefix(_SIMULATED)
+    for preset in PRESETS.values():
+        if preset.name == name:
+            return preset.identity()
+    return None

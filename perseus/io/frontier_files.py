@@ -293,8 +293,12 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
 def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
     """Write ``frontier`` as compact JSON (one point per line) with its digest, atomically."""
     digest = points_sha256(frontier.points)
+    # A job without a GPU record is written as before the record existed.
+    exclude: dict[str, Any] = {"points": True}
+    if frontier.job.gpu is None:
+        exclude["job"] = {"gpu"}
     head = frontier.model_copy(
         update={"schema_version": SCHEMA_VERSION, "points_sha256": digest}
-    ).model_dump_json(exclude={"points"})
+    ).model_dump_json(exclude=exclude)
     points = ",\n".join(p.model_dump_json(exclude_none=True) for p in frontier.points)
     atomic_write_text(path, head[:-1] + ',\n"points":[\n' + points + "\n]}\n")

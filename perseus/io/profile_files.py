@@ -5,6 +5,10 @@ ignored), one row per (stage, instruction, clock); ``time`` in seconds and ``ene
 of one GPU per op. JSON: ``{"schema_version": 1, "rows": [{"stage": 0, "instruction":
 "forward", "frequency": 1410, "time": 0.05, "energy": 23.8}, ...]}``.
 
+The GPU the rows were measured on: a JSON profile's optional ``gpu`` field, a CSV's
+``<name>.gpu.json`` beside it (:mod:`perseus.io.gpu_record`); without one a profile is
+unchecked against the GPU it runs on.
+
 Memory clocks: an optional ``mem_freq_mhz`` column (CSV) or row field (JSON) gives each row's
 memory clock, so that an op's rows are (SM, memory) clock pairs; ``frequency`` stays the SM
 clock. A file without it (or a row with an empty cell) means the GPU's one memory clock. Within
@@ -49,8 +53,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ProfileError
+from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
+from perseus.io.gpu_record import read_gpu_record, write_gpu_record
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile
@@ -123,9 +129,9 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     p = Path(path)
     text = _read_text(p)
     if p.suffix.lower() != ".json" and _is_phase_csv(text):
-        return _phase_profile(p, text).profile
+        return _phase_profile(p, text).profile.with_gpu(read_gpu_record(p, text))
     rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    profile = build_profile(rows, source=str(p))
+    profile = build_profile(rows, source=str(p), gpu=read_gpu_record(p, text))
     logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
     return profile
 
@@ -463,6 +469,7 @@ class _JsonProfile(BaseModel):
 
     schema_version: Literal[1] = 1
     rows: list[_JsonRow] = Field(min_length=1)
+    gpu: GpuIdentity | None = None  # the GPU the rows were measured on (perseus.io.gpu_record)
 
 
 def _parse_json(p: Path, text: str) -> list[Row]:
@@ -513,7 +520,8 @@ def _rows(profile: Profile) -> list[Row]:
 
 def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write ``profile`` in the Zeus/lowtime CSV format (atomically); with a ``mem_freq_mhz``
-    column only when some op has memory clocks."""
+    column only when some op has memory clocks, and its GPU record beside it when it has
+    one (:mod:`perseus.io.gpu_record`)."""
     rows = _rows(profile)
     with_mem = any(r[5] is not None for r in rows)
     out = io.StringIO()
@@ -523,6 +531,8 @@ def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
         tail: list[object] = [("" if mem is None else mem)] if with_mem else []
         writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), *tail])
     atomic_write_text(path, out.getvalue())
+    if profile.gpu is not None:
+        write_gpu_record(profile.gpu, path)
 
 
 def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
@@ -539,7 +549,9 @@ def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
         if mem is not None:
             row[MEM_COLUMN] = mem
         rows_out.append(row)
-    doc = {"schema_version": 1, "rows": rows_out}
+    doc: dict[str, object] = {"schema_version": 1, "rows": rows_out}
+    if profile.gpu is not None:
+        doc["gpu"] = profile.gpu.model_dump(mode="json", exclude_none=True)
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
 

@@ -14,15 +14,27 @@ all-max baseline and every global-clock baseline mean the same on both kinds of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from perseus.errors import ProfileError
+from perseus.identity import GpuIdentity
 from perseus.schedule.actions import Kind
 
-__all__ = ["OpOption", "OpProfile", "Profile", "ProfileRow", "build_profile"]
+__all__ = [
+    "CAP_FLAT_POWER",
+    "CAP_FLAT_TIME",
+    "CAP_MIN_SPAN",
+    "OpOption",
+    "OpProfile",
+    "Profile",
+    "ProfileRow",
+    "build_profile",
+    "cap_bound_clock_mhz",
+]
 
 #: ``(stage, kind, freq_mhz, time_s, energy_j)``, optionally followed by ``mem_freq_mhz``
 #: (``None``: the GPU's default memory clock).
@@ -86,13 +98,15 @@ class OpProfile:
 class Profile:
     """Time/energy options for every (stage, kind) of a pipeline.
 
-    Build with :func:`build_profile`, which validates completeness.
+    Build with :func:`build_profile`, which validates completeness. ``gpu`` is the GPU the
+    rows were measured on (None: not recorded, so unchecked); it is not part of the hash.
     """
 
     ops: Mapping[tuple[int, Kind], OpProfile]
     num_stages: int
     source: str = "<profile>"
     _sha256: str = field(default="", compare=False, repr=False)
+    gpu: GpuIdentity | None = field(default=None, compare=False)
 
     @property
     def kinds(self) -> tuple[Kind, ...]:
@@ -162,7 +176,82 @@ class Profile:
                     )
                 else:
                     rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
-        return build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
+        split = build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
+        return split.with_gpu(self.gpu)
+
+    def with_gpu(self, gpu: GpuIdentity | None) -> Profile:
+        """The same profile (and hash), recorded as measured on ``gpu``."""
+        return dataclasses.replace(self, gpu=gpu)
+
+    def cap_bound_clocks(self) -> dict[tuple[int, Kind], int]:
+        """Per op measured under a binding power cap, the cap-bound clock (see
+        :func:`cap_bound_clock_mhz`); ops not cap-bound are left out."""
+        out: dict[tuple[int, Kind], int] = {}
+        for key, op in self.ops.items():
+            clock = cap_bound_clock_mhz(op.options)
+            if clock is not None:
+                out[key] = clock
+        return out
+
+    def collapse_cap_bound(self) -> Profile:
+        """The profile as the planner should see it when a power cap bound the sweep: every
+        option above an op's cap-bound clock dropped, so a plan asks for the clock the GPU
+        runs (an A40 at 300 W ran every request from ~1500 to 1740 MHz at the same time and
+        power). The profile itself when nothing was cap-bound.
+
+        The hash stays the measured profile's: plans name the measurement they came from.
+
+        Complexity: O(options).
+        """
+        bound = self.cap_bound_clocks()
+        if not bound:
+            return self
+        ops = {
+            key: (
+                dataclasses.replace(
+                    op, options=tuple(o for o in op.options if o.freq_mhz <= bound[key])
+                )
+                if key in bound
+                else op
+            )
+            for key, op in self.ops.items()
+        }
+        clocks = sorted(set(bound.values()))
+        source = f"{self.source} (cap-bound above {'/'.join(map(str, clocks))} MHz: collapsed)"
+        return dataclasses.replace(self, ops=ops, source=source)
+
+
+#: A cap-bound run: every option from the top down to the cap-bound clock within these
+#: fractions of the top option's time and power, over at least this share of the top clock.
+CAP_FLAT_TIME = 0.025
+CAP_FLAT_POWER = 0.015
+CAP_MIN_SPAN = 0.10
+
+
+def cap_bound_clock_mhz(options: tuple[OpOption, ...]) -> int | None:
+    """The clock a power cap held an op at, from its options (highest clock first): the
+    lowest clock of the run from the top whose time and power stay within
+    :data:`CAP_FLAT_TIME` and :data:`CAP_FLAT_POWER` of the top option's, when that run
+    spans at least :data:`CAP_MIN_SPAN` of the top clock (a GPU that is not cap-bound slows
+    down or draws less within a few steps). None when the op was not cap-bound, or has
+    memory clocks (each memory clock has its own cap-bound SM clock).
+    """
+    if len(options) < 3 or options[0].mem_freq_mhz is not None:
+        return None
+    top = options[0]
+    top_power_w = top.energy_j / top.time_s
+    lowest = top.freq_mhz
+    for o in options[1:]:
+        power_w = o.energy_j / o.time_s
+        if (
+            abs(o.time_s / top.time_s - 1.0) > CAP_FLAT_TIME
+            or abs(power_w / top_power_w - 1.0) > CAP_FLAT_POWER
+        ):
+            break
+        lowest = o.freq_mhz
+    if top.freq_mhz - lowest < CAP_MIN_SPAN * top.freq_mhz:
+        return None
+    return lowest
 
 
 _Full = tuple[int, Kind, int, float, float, int | None]
@@ -184,7 +273,9 @@ def _hash_rows(rows: Iterable[_Full]) -> str:
     return digest.hexdigest()
 
 
-def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Profile:
+def build_profile(
+    rows: Iterable[ProfileRow], source: str = "<profile>", gpu: GpuIdentity | None = None
+) -> Profile:
     """Assemble and validate a profile from ``(stage, kind, freq_mhz, time_s, energy_j)`` rows,
     each optionally followed by its ``mem_freq_mhz`` (``None``: the default memory clock).
 
@@ -192,6 +283,11 @@ def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Prof
     0..S-1 without gaps, every stage has the same kinds, ``F`` and ``B`` present, values finite
     and positive, no duplicate (stage, kind, clock pair), and within a (stage, kind) either
     every row or no row names a memory clock.
+
+    Args:
+        rows: The measured rows.
+        source: Where they come from (for messages).
+        gpu: The GPU they were measured on (None: unrecorded).
 
     Raises:
         ProfileError: naming ``source`` and the offending stage/kind/clock.
@@ -248,4 +344,4 @@ def build_profile(rows: Iterable[ProfileRow], source: str = "<profile>") -> Prof
         )
         for key, opts in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1].value))
     }
-    return Profile(ops, num_stages, source, _hash_rows(full))
+    return Profile(ops, num_stages, source, _hash_rows(full), gpu)

@@ -17,10 +17,18 @@ group (every rank calls the same function at the same point):
   sweep is done (:func:`sweep_finished_everywhere`), gather the rows and plan as above.
 
 Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups work.
+
+Every source checks the GPU its plan or profile describes against the GPU the session runs on
+(:func:`check_gpu`): another GPU is refused in one line naming both and the fixes, unless the
+source opts in with ``allow_other_gpu=True`` (then one :class:`OtherGpuWarning`); a record
+missing from an older file is logged as unchecked. A profile measured under a binding power
+cap is planned with the options above each op's cap-bound clock collapsed into it
+(:meth:`~perseus.profile.model.Profile.collapse_cap_bound`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,9 +36,11 @@ from typing import Any, Protocol
 from perseus.dag.graph import build_dag
 from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PlanError
+from perseus.identity import GpuIdentity
 from perseus.io.frontier_files import read_frontier
 from perseus.io.profile_files import read_profile, write_profile_csv
 from perseus.job import PlanningJob, make_job
+from perseus.log import get_logger
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
@@ -43,11 +53,13 @@ from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 __all__ = [
     "OfflineProfile",
     "OnlineProfile",
+    "OtherGpuWarning",
     "PlanContext",
     "PlanFile",
     "PlanSource",
     "Planned",
     "check_frontier",
+    "check_gpu",
     "gather_profile",
     "job_for_schedule",
     "load_frontier",
@@ -57,14 +69,66 @@ __all__ = [
 ]
 
 
+logger = get_logger(__name__)
+
+
+class OtherGpuWarning(UserWarning):
+    """A plan or profile of another GPU runs here as an estimate (``allow_other_gpu=True``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanContext:
-    """What a plan source needs to know about the running job."""
+    """What a plan source needs to know about the running job (``gpu``: the GPU it runs on,
+    None when unknown)."""
 
     schedule: Schedule
     rank: int
     group: Any
     blocking_power_w: float
+    gpu: GpuIdentity | None = None
+
+
+def check_gpu(
+    described: GpuIdentity | None,
+    running: GpuIdentity | None,
+    what: str,
+    source: str,
+    allow_other_gpu: bool = False,
+) -> None:
+    """Check that ``what`` (a plan or profile) describes the GPU the session runs on.
+
+    Args:
+        described: The GPU the plan or profile records (None: an older file, unchecked).
+        running: The GPU the session runs on (None: unknown, nothing to check).
+        what: The plan or profile, for the message (``"profile a100.csv"``).
+        source: The plan source's class name, for the opt-in in the message.
+        allow_other_gpu: Run another GPU's plan as an estimate, with one warning.
+
+    Raises:
+        PlanError: one line naming both GPUs and the fixes, for another GPU without the opt-in.
+    """
+    if running is None:
+        return
+    if described is None:
+        logger.warning("%s has no GPU record: unchecked against %s", what, running.name)
+        return
+    if described.same_gpu(running):
+        return
+    line = (
+        f"{what} describes {described.describe()}, but this session runs on "
+        f"{running.describe()}: its times and energies do not hold here"
+    )
+    if allow_other_gpu:
+        warnings.warn(
+            f"{line}; running it as an estimate (allow_other_gpu=True)",
+            OtherGpuWarning,
+            stacklevel=3,
+        )
+        return
+    raise PlanError(
+        f"{line}; profile this GPU (online_profile=True, or OnlineProfile(cache=...)), or run "
+        f"it as an estimate with {source}(..., allow_other_gpu=True)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +157,21 @@ class PlanFile:
         frontier: The frontier or its JSON path.
         profile: The profile it was computed for: checked against the plan, and used for
             :meth:`~perseus.runtime.session.RankSession.allmax_plan`.
+        allow_other_gpu: Run a plan made for another GPU as an estimate (one warning).
     """
 
     frontier: Frontier | str | Path
     profile: Profile | None = None
+    allow_other_gpu: bool = False
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Read and check the plan (no collective)."""
         frontier = load_frontier(self.frontier)
+        described = frontier.job.gpu or (self.profile.gpu if self.profile else None)
+        what = "plan " + (
+            str(self.frontier)[:200] if not isinstance(self.frontier, Frontier) else "(object)"
+        )
+        check_gpu(described, ctx.gpu, what, "PlanFile", self.allow_other_gpu)
         job = None
         if self.profile is not None:
             job = job_for_schedule(ctx.schedule, self.profile, ctx.blocking_power_w)
@@ -118,11 +189,13 @@ class OfflineProfile:
             (two-clock ops); needs a schedule perseus builds.
         switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
             (default: :func:`perseus.job.make_job`'s).
+        allow_other_gpu: Run a profile of another GPU as an estimate (one warning).
     """
 
     profile: Profile
     layers_per_stage: int | tuple[int, ...] | None = None
     switch_latency_s: float | None = None
+    allow_other_gpu: bool = False
 
     def __post_init__(self) -> None:
         layers = self.layers_per_stage
@@ -132,6 +205,8 @@ class OfflineProfile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Trace (rank 0) and broadcast the frontier (collective)."""
+        what = f"profile {self.profile.source}"
+        check_gpu(self.profile.gpu, ctx.gpu, what, "OfflineProfile", self.allow_other_gpu)
         options: dict[str, Any] = {}
         if self.layers_per_stage is not None:
             options["layers_per_stage"] = self.layers_per_stage
@@ -192,6 +267,14 @@ class OnlineProfile:
         ):
             return None
         profile = read_profile(self.cache)
+        if profile.gpu is not None and ctx.gpu is not None and not profile.gpu.same_gpu(ctx.gpu):
+            logger.warning(
+                "profile cache %s was measured on %s, this session runs on %s: measuring again",
+                self.cache,
+                profile.gpu.name,
+                ctx.gpu.name,
+            )
+            return None
         planned = OfflineProfile(profile).plan(ctx)
         return Planned(planned.frontier, planned.job, profile)
 
@@ -199,7 +282,7 @@ class OnlineProfile:
         self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
     ) -> Planned:
         """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
-        profile = gather_profile(rows, ctx.group)
+        profile = gather_profile(rows, ctx.group).with_gpu(ctx.gpu)
         if self.cache is not None and ctx.rank == 0:
             check_private_file(self.cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self.cache)
@@ -291,6 +374,7 @@ def job_for_schedule(
         blocking_power_w=blocking_power_w,
         profile_sha256=profile.sha256,
         profile_name=profile_name,
+        gpu=profile.gpu,
     )
     return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
@@ -324,9 +408,13 @@ def plan_from_profile(
     group: Any,
     job_options: dict[str, Any] | None = None,
 ) -> tuple[PlanningJob, Frontier]:
-    """Trace the frontier on pipeline rank 0 and broadcast it (collective over ``group``)."""
+    """Trace the frontier on pipeline rank 0 and broadcast it (collective over ``group``).
+
+    Options above a cap-bound clock are collapsed into it first (a plan asks for the clock
+    the GPU runs under its power cap)."""
     from perseus.solver import trace_frontier
 
+    profile = profile.collapse_cap_bound()
     job = job_for_schedule(schedule, profile, blocking_power_w, job_options=job_options)
     payload = trace_frontier(job).model_dump_json() if rank == 0 else None
     payload = broadcast_object(payload, 0, group)

@@ -61,7 +61,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perseus.device.presets import blocking_power_for
+from perseus.device.presets import blocking_power_for, gpu_identity
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
@@ -320,7 +320,8 @@ class RankSession:
         return self
 
     def _context(self) -> PlanContext:
-        return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w)
+        gpu = gpu_identity(self.gpu)  # plans and profiles of another GPU are refused
+        return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w, gpu)
 
     def _start_emulation(self) -> None:
         """Each process its own simulated GPU in its job's directory; the shared timeline."""

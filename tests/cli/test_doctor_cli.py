@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from perseus.cli import _doctor_checks
+from perseus.cli import _doctor_checks, _doctor_cuda
 from perseus.cli.main import main
+from perseus.device import fake_nvml
 from perseus.device import nvml as nvml_backend
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlUnavailableError
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 STEP_MJ = 1700
@@ -82,7 +83,7 @@ def test_observe_only_never_calls_set_or_reset(
     )
     assert checks["supported clocks"]["data"]["count"] == 81
     assert checks["clock locking"]["status"] == "skip"
-    assert "would be allowed" in checks["clock locking"]["summary"]
+    assert "privileges would allow a try" in checks["clock locking"]["summary"]
     assert checks["set latency"]["status"] == "skip"
     energy = checks["energy counter"]["data"]
     assert energy["smallest_step_mj"] == STEP_MJ
@@ -100,7 +101,7 @@ def test_privileged_measures_set_latency_and_resets(
     assert latency["status"] == "ok"
     assert latency["data"]["samples"] == 6 and latency["data"]["applied_ms"] is not None
     names = fake.names()
-    assert names.count("nvmlDeviceSetGpuLockedClocks") == 6
+    assert names.count("nvmlDeviceSetGpuLockedClocks") == 7  # 1 lock read back, 6 timed
     assert (
         names[names.index("nvmlDeviceSetGpuLockedClocks") :].count("nvmlDeviceResetGpuLockedClocks")
         >= 1
@@ -219,7 +220,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         )
         return block, torch.randn(2, 16, 32)
 
-    monkeypatch.setattr(_doctor_checks, "_transformer", small_block)
+    monkeypatch.setattr(_doctor_cuda, "_transformer", small_block)
 
 
 def test_cuda_check_runs_ops_through_the_agent_at_each_clock(
@@ -273,16 +274,8 @@ def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
 ) -> None:
     _privileged(monkeypatch, True)
     device = fake.devices[0]
-    original = fake.nvmlDeviceSetGpuLockedClocks
-
-    def capped(handle: FakeDevice, low: int, high: int) -> None:
-        original(handle, low, high)
-        if high > 1200:  # the cap holds the GPU at 1200 MHz
-            handle.sm_clock_mhz, handle.clock_event_reasons = 1200, 0x4
-        else:
-            handle.clock_event_reasons = 0
-
-    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", capped)
+    # Busy, with a power model whose 400 W cap holds the GPU at 1200 MHz.
+    device.busy, device.static_power_w, device.dynamic_power_w = True, 100.0, 480.0
     rc, report = _doctor(capsys, "--clocks", "2", "--iterations", "4")
     cuda = _checks(report)["cuda check"]
     assert cuda["data"]["power_cap_pulls_clock_down"] is True, cuda
@@ -418,7 +411,7 @@ def test_doctor_reports_lockable_memory_clocks_on_a_gddr_board(
         assert fake.control_calls() == []
     else:
         assert clocks["data"]["memory_clock_locking"] == "possible"
-        assert "memory 7251/5001/810/405 MHz, lockable" in clocks["summary"]
+        assert "memory 7251/5001/810/405 MHz, lock tried below" in clocks["summary"]
         assert locking["status"] == "ok" and locking["data"]["tried_mhz"] == 5001
         assert ("nvmlDeviceSetMemoryLockedClocks", (fake.devices[0], 5001, 5001)) in fake.calls
     assert fake.devices[0].mem_locked is None  # the probe resets what it locked
@@ -432,3 +425,98 @@ def test_doctor_skips_the_memory_lock_on_hbm(
     locking = _checks(report)["memory clock locking"]
     assert locking["status"] == "skip" and "one memory clock (1593 MHz)" in locking["summary"]
     assert "nvmlDeviceSetMemoryLockedClocks" not in fake.names()
+
+
+def test_every_set_call_refused_means_cannot_change_clocks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Root in a container without CAP_SYS_ADMIN: the privilege probe says yes, NVML says no.
+    The verdict comes from the refused lock, never "[ok] clock locking"."""
+    nvml = fake_nvml.h100(UUID, refuse_control=True)
+    monkeypatch.setattr(nvml_backend, "import_nvml", lambda: nvml)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("PERSEUS_NO_CLOCK_CHANGES", raising=False)
+    _privileged(monkeypatch, True)
+    args = ["doctor", "--no-cuda", "--energy-window-s", "0.3", "--power-window-s", "0.3"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "[ok] clock locking" not in out
+    assert "[FAIL] clock locking: lock refused:" in out and "Insufficient Permissions" in out
+    assert "--cap-add SYS_ADMIN" in out and "CAP_SYS_ADMIN" in out
+    verdict = out.splitlines()[-1]
+    assert verdict.startswith("verdict: perseus cannot change clocks here")
+    assert "nvmlDeviceSetGpuLockedClocks failed: Insufficient Permissions" in verdict
+    # The HBM3 board is never asked for a memory lock, nor called lockable.
+    assert "lockable" not in out.replace("not lockable", "")
+    assert "nvmlDeviceSetMemoryLockedClocks" not in nvml.names()
+    assert "[skip] set latency" in out
+
+
+def test_a_lock_that_does_not_move_the_clock_is_no_evidence(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _privileged(monkeypatch, True)
+    fake.devices[0].thermal_limit_mhz = 300  # whatever is locked, the clock stays at 300 MHz
+    rc, report = _doctor(capsys, "--no-cuda")
+    control = _checks(report)["clock locking"]
+    assert control["status"] == "fail" and "read back 300 MHz" in control["summary"]
+    assert rc == 1 and fake.devices[0].locked is None
+
+
+def test_hbm_board_listing_several_memory_clocks_is_never_asked(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.devices[0].name = "NVIDIA H100 80GB HBM3"
+    fake.devices[0].memory_clocks = (2619, 1593)
+    _privileged(monkeypatch, True)
+    _, report = _doctor(capsys, "--no-cuda")
+    checks = _checks(report)
+    assert "not lockable" in checks["supported clocks"]["summary"]
+    assert "HBM" in checks["supported clocks"]["summary"]
+    assert checks["memory clock locking"]["status"] == "skip"
+    assert "nvmlDeviceSetMemoryLockedClocks" not in fake.names()
+
+
+def test_cuda_check_fails_when_the_clock_is_not_the_one_asked(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The lock check passes, then something (another process, a policy) undoes every lock
+    the agent sets: the kernel runs at 1410 MHz whatever was asked, with no reason set."""
+    _privileged(monkeypatch, True)
+    original = fake.nvmlDeviceSetGpuLockedClocks
+    calls = {"n": 0}
+
+    def undone(handle: FakeDevice, low: int, high: int) -> None:
+        calls["n"] += 1
+        original(handle, low, high)
+        if calls["n"] > 1:  # the doctor's own read-back lock works; the agent's do not
+            handle.locked, handle.sm_clock_mhz = None, 1410
+
+    monkeypatch.setattr(fake, "nvmlDeviceSetGpuLockedClocks", undone)
+    rc, report = _doctor(capsys, "--clocks", "3", "--iterations", "3")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "fail", cuda
+    assert "asked 1050 MHz" in cuda["summary"] and "ran at 1410 MHz" in cuda["summary"]
+    assert rc == 1
+
+
+def test_cuda_check_says_whether_the_power_cap_binds_at_the_top_clock(
+    fake: FakeNvml,
+    fake_cuda: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _privileged(monkeypatch, True)
+    _, report = _doctor(capsys, "--clocks", "2", "--iterations", "3")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["data"]["power_cap_binds_at_top_clock"] is False
+    assert "the power cap does not bind at the top clock" in cuda["summary"]
+    device = fake.devices[0]
+    device.busy, device.static_power_w, device.dynamic_power_w = True, 100.0, 480.0
+    _, report = _doctor(capsys, "--clocks", "2", "--iterations", "3")
+    cuda = _checks(report)["cuda check"]
+    assert cuda["status"] == "ok" and cuda["data"]["power_cap_binds_at_top_clock"] is True
+    assert "the power cap binds at the top clock" in cuda["summary"]

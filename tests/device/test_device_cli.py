@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from perseus.cli.main import main
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.simulated import SimulatedGPU
 from perseus.runtime.agent.rank_agent import RankAgent
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,11 +11,11 @@ import pytest
 
 from perseus.device import ownership
 from perseus.device.base import ObserveOnlyWarning
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlGPU
 from perseus.device.ownership import GpuOwnership, acquire_owner_lock
 from perseus.errors import DeviceNotSupportedError, DevicePermissionError
 from perseus.runtime.agent.rank_agent import RankAgent
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
 
 A40 = "GPU-a40"

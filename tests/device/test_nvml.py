@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from perseus.device.base import ObserveOnlyWarning
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import (
     NvmlGPU,
     NvmlUnavailableError,
@@ -23,7 +24,6 @@ from perseus.errors import (
 )
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.rank_agent import RankAgent
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 from tests.runtime.plans import tiny_plan
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

@@ -166,7 +166,7 @@ def test_busy_owner_is_named(tmp_path: Path) -> None:
 def test_nvml_reset_restores_the_default_limit_not_a_recorded_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
 
     fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -194,7 +194,7 @@ def test_forged_lock_contents_reset_only_the_gpu_in_hand(
 ) -> None:
     """A dead pid plus a spec naming another GPU (and a simulated state dir with ``../``): the
     new owner resets its own GPU and nothing the file names."""
-    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
 
     path = tmp_path / "GPU-real.owner"
     forged = [

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from perseus.device.base import PowerLimitGPU
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlGPU
 from perseus.device.power_model import capped_clock_mhz
 from perseus.device.simulated import SimulatedGPU
@@ -22,7 +23,6 @@ from perseus.errors import DeviceError, DevicePermissionError
 from perseus.recurring.job import RecurringJob
 from perseus.recurring.store import SQLiteStore
 from perseus.schedule.actions import Kind
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 NVML's *default*, through the job's watchdog or, when the watchdog is killed too, through the
 GPU's next owner, with ``own_gpu`` and without it (the pipeline composition, where an agent of
 the same process owns the GPU). The fake NVML is shared across the run, its watchdog and the
-next owner (:mod:`tests.fakes.shared_pynvml`)."""
+next owner (:mod:`perseus.device.shared_fake_nvml`)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from perseus.device import shared_fake_nvml as shared_pynvml
+from perseus.device.fake_nvml import FakeDevice
 from perseus.device.nvml import NvmlGPU
 from perseus.device.process_identity import parse_record, this_process
 from perseus.runtime.safety.guard import GpuClaim
-from tests.fakes import shared_pynvml
-from tests.fakes.fake_pynvml import FakeDevice
 
 REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -34,7 +34,7 @@ _RUN = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from tests.fakes import shared_pynvml as nvml
+    from perseus.device import shared_fake_nvml as nvml
     from perseus.device.nvml import NvmlGPU
     from perseus.recurring.job import RecurringJob
     from perseus.recurring.store import SQLiteStore

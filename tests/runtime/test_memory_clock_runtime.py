@@ -321,8 +321,8 @@ def test_four_rank_clock_pair_plan_realises_its_predicted_saving(tmp_path, phase
 def test_agent_on_nvml_locks_memory_clocks_and_resets_them(tmp_path, device):
     """Through NVML (fake; no device events here, so host timing: each op's first phase):
     the A40 gets its memory lock and a reset at close; the HBM board is never asked."""
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
-    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
     nvml = FakeNvml(
         devices=[

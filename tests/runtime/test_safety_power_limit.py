@@ -1,7 +1,7 @@
 """A rank lowers the power limit before the agent opens its GPU, then is SIGKILLed: the limit
 goes back to NVML's *default* (never to the lowered limit found at open), through the watchdog
 or, when the watchdog was killed too, through the next owner. The fake NVML is shared across
-the rank, its watchdog and the next owner (:mod:`tests.fakes.shared_pynvml`)."""
+the rank, its watchdog and the next owner (:mod:`perseus.device.shared_fake_nvml`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from perseus.device import shared_fake_nvml as shared_pynvml
+from perseus.device.fake_nvml import FakeDevice
 from perseus.device.nvml import NvmlGPU
 from perseus.runtime.safety.guard import GpuClaim
-from tests.fakes import shared_pynvml
-from tests.fakes.fake_pynvml import FakeDevice
 
 REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -30,7 +30,7 @@ _RANK = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from tests.fakes import shared_pynvml as nvml
+    from perseus.device import shared_fake_nvml as nvml
     from perseus.device.nvml import NvmlGPU
     from perseus.runtime.safety.guard import GpuClaim
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlGPU
 from perseus.device.ownership import GpuOwnership, owner_lock_path
 from perseus.device.private_dir import runtime_dir
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError
-from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
 
 from .conftest import Attacker, memory_cap
 

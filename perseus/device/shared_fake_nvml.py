@@ -1,12 +1,14 @@
-"""The recording fake NVML (:mod:`tests.fakes.fake_pynvml`) shared across processes.
+"""The fake NVML (:mod:`perseus.device.fake_nvml`) shared across processes.
 
 The devices live in a JSON file named by ``$PERSEUS_FAKE_NVML_STATE`` (write it with
 :func:`write_devices`); every ``nvml*`` call loads them under an exclusive ``flock``, runs the
 fake's function and saves them, so a rank, its watchdog and the next owner all see one GPU.
 
 Pass this *module* as ``NvmlGPU(nvml_module=...)``: the GPU's watchdog spec then names this
-file, and the watchdog process (``python -I``, stdlib only) loads it by path instead of
-``pynvml``. That is why this module and the fake load each other by path, never by package.
+file, and the watchdog process (``python -I``, without ``import perseus``) loads it by path
+instead of ``pynvml``. That is why this module loads the fake by path, never by package.
+Its clock is the wall clock (:class:`~perseus.device.clock.WallClock`), one timeline for every
+process.
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from perseus.device.clock import WallClock
+
 __all__ = ["STATE_ENV", "read_devices", "write_devices"]
 
 STATE_ENV = "PERSEUS_FAKE_NVML_STATE"
 
 
 def _load_fake() -> ModuleType:
-    key = "_perseus_fake_pynvml"
+    key = "_perseus_fake_nvml"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            key, Path(__file__).with_name("fake_pynvml.py")
-        )
-        assert spec is not None and spec.loader is not None
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name("fake_nvml.py"))
+        if spec is None or spec.loader is None:  # pragma: no cover - the file ships with it
+            raise ImportError("fake_nvml.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
         spec.loader.exec_module(module)
@@ -41,17 +44,23 @@ def _load_fake() -> ModuleType:
 
 
 _fake = _load_fake()
+_TUPLES = ("locked", "mem_locked", "memory_clocks", "graphics_clocks", "activity_cycle")
 
 
 def _device(data: dict[str, Any]) -> Any:
-    if data.get("locked") is not None:
-        data["locked"] = tuple(data["locked"])
+    for key in _TUPLES:
+        if data.get(key) is not None:
+            data[key] = tuple(data[key])
     return _fake.FakeDevice(**data)
+
+
+def _dump(devices: Sequence[Any]) -> str:
+    return json.dumps([dataclasses.asdict(d) for d in devices])
 
 
 def write_devices(path: Path, devices: Sequence[Any]) -> None:
     """Start the shared fake with ``devices`` (FakeDevice objects without ``energy_fn``)."""
-    path.write_text(json.dumps([dataclasses.asdict(d) for d in devices]), encoding="utf-8")
+    path.write_text(_dump(devices), encoding="utf-8")
 
 
 def read_devices(path: Path) -> list[Any]:
@@ -71,7 +80,7 @@ class _SharedNvml(_fake.FakeNvml):  # type: ignore[misc,name-defined]
         raise _fake.NVMLError(self.NVML_ERROR_INVALID_ARGUMENT)
 
 
-_nvml = _SharedNvml()
+_nvml = _SharedNvml(clock=WallClock())
 
 
 def _shared(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +94,7 @@ def _shared(function: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 f.seek(0)
                 f.truncate()
-                f.write(json.dumps([dataclasses.asdict(d) for d in _nvml.devices]))
+                f.write(_dump(_nvml.devices))
 
     return call
 

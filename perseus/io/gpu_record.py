@@ -1,0 +1,73 @@
+"""The GPU record of a profile file (:class:`~perseus.identity.GpuIdentity`).
+
+A JSON profile carries it as its ``gpu`` field. A CSV profile keeps the Zeus/lowtime format
+unchanged and carries it beside itself, in ``<name>.gpu.json`` (``profile.csv`` ->
+``profile.gpu.json``). A file without one still reads; it is logged as unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from perseus.errors import ProfileError
+from perseus.identity import GpuIdentity
+from perseus.io._errors import describe_validation_error
+from perseus.io.atomic import atomic_write_text
+from perseus.io.reading import read_bounded
+from perseus.log import get_logger
+
+logger = get_logger(__name__)
+
+__all__ = ["gpu_record_path", "read_gpu_record", "write_gpu_record"]
+
+_MAX_BYTES = 1 << 20
+
+
+def gpu_record_path(profile_path: str | os.PathLike[str]) -> Path:
+    """Where a CSV profile's GPU record lives: ``<stem>.gpu.json`` beside it."""
+    p = Path(profile_path)
+    return p.with_name(f"{p.stem}.gpu.json")
+
+
+def read_gpu_record(profile_path: str | os.PathLike[str], text: str) -> GpuIdentity | None:
+    """The GPU record of the profile at ``profile_path`` whose content is ``text`` (its
+    ``gpu`` field for JSON, the ``.gpu.json`` beside it otherwise); None, logged as
+    unchecked, when there is none.
+
+    Raises:
+        ProfileError: a record that is not valid, naming its file and field.
+    """
+    p = Path(profile_path)
+    if p.suffix.lower() == ".json":
+        where, raw = p, json.loads(text).get("gpu")
+    else:
+        where = gpu_record_path(p)
+        raw = None
+        if where.is_file():
+            data = read_bounded(
+                where, limit_bytes=_MAX_BYTES, what="a GPU record", error=ProfileError
+            )
+            try:
+                raw = json.loads(data.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ProfileError(f"{where}: not a JSON GPU record ({e}); regenerate it") from None
+    if raw is None:
+        logger.info(
+            "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name
+        )
+        return None
+    try:
+        return GpuIdentity.model_validate(raw)
+    except ValidationError as e:
+        raise ProfileError(describe_validation_error(str(where), e)) from None
+
+
+def write_gpu_record(gpu: GpuIdentity, profile_path: str | os.PathLike[str]) -> None:
+    """Write a CSV profile's GPU record beside it (atomically)."""
+    atomic_write_text(
+        gpu_record_path(profile_path), gpu.model_dump_json(indent=1, exclude_none=True) + "\n"
+    )

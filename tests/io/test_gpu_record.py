@@ -1,0 +1,89 @@
+"""The GPU record of profiles and frontiers: round trips, files without it, bad records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from perseus.errors import ProfileError
+from perseus.identity import GpuIdentity
+from perseus.io import load_profile, read_frontier, write_frontier
+from perseus.io.bundled import bundled_profile_path
+from perseus.io.gpu_record import gpu_record_path
+from perseus.io.profile_files import read_profile, write_profile_csv, write_profile_json
+from perseus.job import make_job
+from perseus.plan import points_sha256
+
+H100 = GpuIdentity(
+    name="NVIDIA H100 80GB HBM3",
+    architecture="Hopper",
+    clocks_mhz=tuple(range(1980, 344, -15)),
+    default_power_limit_w=700.0,
+)
+
+
+def test_bundled_profiles_carry_their_gpu() -> None:
+    a100, a40 = load_profile("a100").gpu, load_profile("a40").gpu
+    assert a100 is not None and a100.name == "NVIDIA A100-SXM4-80GB"
+    assert a100.clocks_mhz[0] == 1410 and a100.architecture == "Ampere"
+    assert a40 is not None and a40.name == "NVIDIA A40" and a40.default_power_limit_w == 300.0
+    assert not a100.same_gpu(a40) and not a100.same_gpu(H100)
+    # A memory size or a power variant is the same kind of GPU.
+    assert a100.same_gpu(GpuIdentity(name="NVIDIA A100-SXM4-40GB"))
+    assert a100.same_gpu(GpuIdentity(name="NVIDIA A100-SXM4-80GB (500 W)"))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_profile_round_trip_keeps_the_record_and_the_hash(tmp_path: Path, suffix: str) -> None:
+    profile = load_profile("a40").with_gpu(H100)
+    path = tmp_path / f"p{suffix}"
+    (write_profile_csv if suffix == ".csv" else write_profile_json)(profile, path)
+    if suffix == ".csv":
+        assert path.read_text().splitlines()[0] == "stage,instruction,frequency,time,energy"
+        assert gpu_record_path(path) == tmp_path / "p.gpu.json"
+    again = read_profile(path)
+    assert again.gpu == H100 and again.sha256 == profile.sha256
+
+
+def test_a_profile_without_the_record_reads_and_is_logged_unchecked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = bundled_profile_path("a100")
+    assert source is not None
+    path = tmp_path / "old.csv"
+    shutil.copy(source, path)
+    with caplog.at_level(logging.INFO, logger="perseus.io.gpu_record"):
+        profile = read_profile(path)
+    assert profile.gpu is None and profile.sha256 == load_profile("a100").sha256
+    assert "no GPU record (old.gpu.json)" in caplog.text and "unchecked" in caplog.text
+
+
+def test_a_bad_record_is_one_line_naming_the_file_and_field(tmp_path: Path) -> None:
+    source = bundled_profile_path("a40")
+    assert source is not None
+    path = tmp_path / "p.csv"
+    shutil.copy(source, path)
+    gpu_record_path(path).write_text(json.dumps({"name": "NVIDIA A40", "clocks_mhz": [-5]}))
+    with pytest.raises(ProfileError, match=r"p\.gpu\.json") as info:
+        read_profile(path)
+    assert "clocks_mhz" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_frontier_record_leaves_the_points_digest_unchanged(tmp_path: Path) -> None:
+    profile = load_profile("a100")
+    job = make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64)
+    plan = job.frontier([job.point(job.allmax())])
+    assert plan.job.gpu == profile.gpu
+    bare = plan.model_copy(update={"job": plan.job.model_copy(update={"gpu": None})})
+    with_record, without = tmp_path / "a.json", tmp_path / "b.json"
+    write_frontier(plan, with_record)
+    write_frontier(bare, without)
+    digests = {json.loads(p.read_text())["points_sha256"] for p in (with_record, without)}
+    assert digests == {points_sha256(plan.points)}
+    assert read_frontier(with_record).job.gpu == profile.gpu
+    assert read_frontier(without).job.gpu is None
+    plan.check_job(bare.job)  # the record is not part of what makes a job another job
