@@ -1,0 +1,9 @@
+"""Many jobs, one power budget: the jobs file, the shared database and the fleet that follows.
+
+:mod:`perseus.solver.fleet` is the pure planner; this package reads the jobs file
+(:mod:`perseus.fleet.jobs`).
+"""
+
+from perseus.fleet.jobs import FleetJobEntry, read_fleet_jobs
+
+__all__ = ["FleetJobEntry", "read_fleet_jobs"]
