@@ -189,7 +189,6 @@ class SQLStore:
         with self._lock, self._errors():
             yield self._connection()
 
-    # -----------------------------------------------------------------------------------------
     # Rows
 
     def _config(self, con: Any, job: str) -> dict[str, Any] | None:
@@ -257,7 +256,6 @@ class SQLStore:
                 (reason, now, row["seq"]),
             )
 
-    # -----------------------------------------------------------------------------------------
     # RecurringStore
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
@@ -461,7 +459,6 @@ class SQLiteStore(SQLStore):
         self._con: sqlite3.Connection | None = None
         self._pid = 0
 
-    # -----------------------------------------------------------------------------------------
     # Connection, transactions, errors
 
     def _open(self, timeout_s: float) -> sqlite3.Connection:
@@ -557,7 +554,6 @@ class SQLiteStore(SQLStore):
         if con is not None and self._pid == os.getpid():
             con.close()
 
-    # -----------------------------------------------------------------------------------------
     # Rows
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
