@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -186,3 +187,30 @@ def test_three_emulated_jobs_follow_the_budget_on_postgres(
         for m in members:
             m.close()
         planner.close()
+
+
+def test_cli_budget_serve_and_status(
+    tmp_path: Path, small: tuple[Any, PlanningJob, Frontier], capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from perseus.cli.main import main
+
+    _, _, frontier = small
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite'}"
+    with FleetRegistry(url) as fleet:
+        fleet.register(fleet_job("a", frontier), lease_s=600.0)
+        fleet.register(fleet_job("b", frontier, weight=3.0), lease_s=600.0)
+    least_w = min(p.avg_power_w for p in frontier.points)
+    budget_w = 2 * least_w + 0.5 * 2 * (frontier.fastest.avg_power_w - least_w)
+    assert main(["fleet", "budget", "--db", url, "--set-w", str(budget_w)]) == 0
+    assert main(["fleet", "serve", "--db", url, "--once"]) == 0
+    capsys.readouterr()
+    assert main(["fleet", "status", "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget_w"] == budget_w and doc["epoch"] == 1
+    points = {m["name"]: m["point"] for m in doc["members"]}
+    assert points["b"] <= points["a"]  # the heavier job runs at least as fast
+    assert sum(m["cap_w"] for m in doc["members"]) <= budget_w
+    assert main(["fleet", "status", "--db", url]) == 0
+    assert "plan 1" in capsys.readouterr().out
+    assert main(["fleet", "status", "--db", "postgresql://u:pw@h/db"]) == 2
+    assert "PGPASSWORD" in capsys.readouterr().err
