@@ -324,17 +324,29 @@ class FleetRegistry:
             ],
         )
 
-    def log_rows(
-        self,
-    ) -> list[tuple[float, int, str | None, float | None, int | None, float | None]]:
-        """Every plan and budget so far, oldest first (for plots)."""
+    def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
+        """Every plan so far, oldest first: its time, the budget and each job's (average
+        power, iteration time) (:func:`perseus.report.fleet.plot_fleet` draws it)."""
         with self._read() as con:
             rows = self.store._x(
                 con,
                 "SELECT t_s, epoch, name, budget_w, point, average_power_w FROM fleet_log "
                 "ORDER BY epoch, name IS NOT NULL, name",
             ).fetchall()
-        return [tuple(r) for r in rows]
+            curves = {
+                name: _job(name, weight, curve)
+                for name, weight, curve in self.store._x(
+                    con, "SELECT name, weight, curve FROM fleet_members"
+                ).fetchall()
+            }
+        out: list[tuple[float, float | None, dict[str, tuple[float, float]]]] = []
+        for t_s, _, name, budget_w, point, power_w in rows:
+            if name is None:
+                out.append((float(t_s), budget_w, {}))
+            elif name in curves and out:
+                job = curves[name]
+                out[-1][2][name] = (float(power_w), job.time_s[job.points.index(int(point))])
+        return out
 
 
 def _solve(jobs: list[FleetJob], budget_w: float) -> list[tuple[str, int, float]]:

@@ -214,3 +214,25 @@ def test_cli_budget_serve_and_status(
     assert "plan 1" in capsys.readouterr().out
     assert main(["fleet", "status", "--db", "postgresql://u:pw@h/db"]) == 2
     assert "PGPASSWORD" in capsys.readouterr().err
+
+
+def test_timeline_and_plot(tmp_path: Path, small: tuple[Any, PlanningJob, Frontier]) -> None:
+    from perseus.report.fleet import plot_fleet
+
+    _, _, frontier = small
+    now = [0.0]
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=lambda: now[0]) as fleet:
+        a, b = fleet_job("a", frontier), fleet_job("b", frontier, weight=2.0)
+        fleet.register(a, lease_s=10.0)
+        fleet.register(b, lease_s=10.0)
+        fleet.set_budget(2 * frontier.fastest.avg_power_w)
+        fleet.replan()
+        now[0] = 5.0
+        fleet.set_budget(a.average_power_w[-1] + b.average_power_w[-1])
+        fleet.replan()
+        events = fleet.timeline()
+    assert [e[0] for e in events] == [0.0, 5.0]
+    assert events[0][2]["a"] == (a.average_power_w[0], a.time_s[0])
+    assert sum(w for w, _ in events[1][2].values()) <= events[1][1]  # type: ignore[operator]
+    png = plot_fleet(events, 10.0)
+    assert png.startswith(b"\x89PNG")
