@@ -131,6 +131,7 @@ class FleetRegistry:
         self.store: SQLStore = open_store(url, clock=clock)
         self._clock = clock
         self._ready = False
+        self._postgres = url.split("://", 1)[0].lower() in ("postgresql", "postgres")
 
     def close(self) -> None:
         self.store.close()
@@ -152,7 +153,7 @@ class FleetRegistry:
     def _ensure(self) -> None:
         if not self._ready:
             with self.store._write() as con:
-                if type(self.store).__name__ == "PostgresStore":
+                if self._postgres:
                     self.store._x(con, "SELECT pg_advisory_xact_lock(7370657273657502)")
                 for ddl in _DDL:
                     self.store._x(con, ddl)
@@ -166,10 +167,17 @@ class FleetRegistry:
 
     def _state(self, con: Any, *, lock: bool = False) -> tuple[float | None, int, bool]:
         sql = "SELECT budget_w, epoch, dirty FROM fleet_state WHERE id = 1"
-        if lock and type(self.store).__name__ == "PostgresStore":
+        if lock and self._postgres:
             sql += " FOR UPDATE"
         budget, epoch, dirty = self.store._x(con, sql).fetchone()
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
+
+    def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """One statement for many rows (pipelined on PostgreSQL)."""
+        if self._postgres:
+            sql = sql.replace("?", "%s")
+        if rows:
+            con.cursor().executemany(sql, rows)
 
     def _dirty(self, con: Any) -> None:
         self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")
@@ -291,18 +299,18 @@ class FleetRegistry:
                 "VALUES (?, ?, NULL, ?, NULL, NULL)",
                 (now, epoch, budget_w),
             )
-            for name, point, cap_w in _solve(live, budget_w):
-                self.store._x(
-                    con,
-                    "UPDATE fleet_members SET point = ?, cap_w = ?, epoch = ? WHERE name = ?",
-                    (point, cap_w, epoch, name),
-                )
-                self.store._x(
-                    con,
-                    "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, "
-                    "average_power_w) VALUES (?, ?, ?, ?, ?, ?)",
-                    (now, epoch, name, budget_w, point, cap_w),
-                )
+            plan = _solve(live, budget_w)
+            self._many(
+                con,
+                "UPDATE fleet_members SET point = ?, cap_w = ?, epoch = ? WHERE name = ?",
+                [(point, cap_w, epoch, name) for name, point, cap_w in plan],
+            )
+            self._many(
+                con,
+                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(now, epoch, name, budget_w, point, cap_w) for name, point, cap_w in plan],
+            )
             return epoch
 
     def status(self) -> tuple[float | None, int, list[MemberStatus]]:
