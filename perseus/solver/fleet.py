@@ -157,7 +157,7 @@ def fleet_job(
     if not keep:
         lowest = min(p.avg_power_w for p in frontier.points) / ranks
         raise InfeasibleError(
-            f"job {name!r}: no plan fits --per-gpu-cap-w {per_gpu_cap_w:g} W; its lowest "
+            f"job {name!r}: no plan fits `per_gpu_cap_w` {per_gpu_cap_w:g} W; its lowest "
             f"average power per GPU is {lowest:.6g} W"
         )
     pts = [frontier.points[i] for i in keep]
