@@ -236,3 +236,41 @@ def test_timeline_and_plot(tmp_path: Path, small: tuple[Any, PlanningJob, Fronti
     assert sum(w for w, _ in events[1][2].values()) <= events[1][1]  # type: ignore[operator]
     png = plot_fleet(events, 10.0)
     assert png.startswith(b"\x89PNG")
+
+
+_PLANNER = textwrap.dedent(
+    """
+    import sys
+    from perseus.fleet.registry import FleetRegistry
+    fleet = FleetRegistry(sys.argv[1])
+    print("planning", flush=True)
+    while True:
+        fleet.replan(force=True)
+    """
+)
+
+
+def test_a_sigkilled_planner_leaves_one_whole_plan(
+    store_url: str, small: tuple[Any, PlanningJob, Frontier]
+) -> None:
+    _, _, frontier = small
+    with FleetRegistry(store_url) as fleet:
+        for k in range(150):
+            fleet.register(fleet_job(f"j{k:03d}", frontier, weight=1 + k % 3), lease_s=3600.0)
+        fleet.set_budget(150 * min(p.avg_power_w for p in frontier.points) * 1.2)
+        planner = subprocess.Popen(
+            [sys.executable, "-c", _PLANNER, store_url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert planner.stdout is not None and planner.stdout.readline().strip() == "planning"
+        while fleet.status()[1] < 3:  # a few whole plans written
+            time.sleep(0.05)
+        planner.send_signal(signal.SIGKILL)
+        planner.communicate(timeout=30)
+        budget_w, epoch, members = fleet.status()
+        # every member carries the last committed plan, and it fits: nothing half-written
+        assert {m.epoch for m in members} == {epoch}
+        assert sum(m.cap_w or 0.0 for m in members) <= budget_w  # type: ignore[operator]
+        # a restarted planner picks up from there
+        assert fleet.replan(force=True) == epoch + 1
