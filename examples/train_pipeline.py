@@ -124,6 +124,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "from ITER+1; the run follows caps (no all-max phase)",
     )
     p.add_argument(
+        "--fleet",
+        metavar="URL:NAME",
+        help="join the fleet in this database under NAME (perseus fleet serve): the fleet's plan "
+        "is this job's power cap (no all-max phase)",
+    )
+    p.add_argument(
         "--counter-period-ms",
         type=float,
         help="energy counter update period of the simulated GPUs (default 100, NVML's; online "
@@ -209,7 +215,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     pp_group, dp_group = pipes[pipe], (dps[prank] if dps else None)
 
     profile = emulated_profile(args, num_stages)
-    power_mode = args.power_schedule is not None or args.cap_at is not None
+    power_mode = any(a is not None for a in (args.power_schedule, args.cap_at, args.fleet))
     power = blocking_power(args)
     scale = args.time_scale
     # The session gives each process its own simulated GPU (index = rank) in a directory of
@@ -285,7 +291,9 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         group=pp_group,
         plan=source,
         power_schedule=args.power_schedule,
-        power_store=job_store() if power_mode else None,
+        power_store=(fleet_member(args, rank) if args.fleet else job_store())
+        if power_mode
+        else None,
     ).start()
     gpu = session.gpu  # this rank's simulated GPU
 
@@ -381,6 +389,16 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def fleet_member(args: argparse.Namespace, rank: int) -> Any:
+    """This job in the fleet (``--fleet URL:NAME``); rank 0 registers it and reads its plan."""
+    from perseus.fleet.member import FleetMember
+    from perseus.io.frontier_files import read_frontier
+
+    url, _, name = args.fleet.rpartition(":")
+    member = FleetMember(url, name, read_frontier(args.plan), lease_s=30.0)
+    return member.start() if rank == 0 else member
+
+
 def run_power(args: argparse.Namespace, session: Any, train_step: Any, rank: int) -> None:
     """Follow --power-schedule and --cap-at for warmup + iterations iterations; the summary
     lists every iteration's plan, measured pipeline power and the plan's predicted power."""
@@ -396,6 +414,8 @@ def run_power(args: argparse.Namespace, session: Any, train_step: Any, rank: int
     power_rt = session.power
     frontier = session.frontier
     session.close()
+    if args.fleet and rank == 0:
+        session.power.store.close()  # finished: its power goes back to the fleet
     mine = [(s.iteration, s.point_index, s.time_s, s.energy_j) for s in session.history[first:]]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)

@@ -25,6 +25,7 @@ _MODULES = (
     "profile",
     "device",
     "recurring",
+    "fleet",
     "doctor",
 )
 

@@ -25,13 +25,10 @@ that predate it are checked when read, and a bad one is one :class:`ConfigError`
 row and the SQL to repair or drop it. A damaged file (``sqlite3.DatabaseError``) is a
 :class:`ConfigError` saying how to recover. Schema changes are migrations applied in place.
 
-**A shared database for a cluster.** SQLite's locking needs one machine's file system (not
-NFS). Jobs on several machines need a server database; the :class:`RecurringStore` Protocol
-is what the rest of perseus uses, so a PostgreSQL store is a drop-in: the same three tables,
-``SELECT ... FOR UPDATE`` on the job's ``jobs`` row (which serialises its decisions exactly
-as ``BEGIN IMMEDIATE`` does here) in :meth:`~RecurringStore.begin_run`, ``INSERT ... ON
-CONFLICT DO NOTHING`` for the power-limit cache. It is not implemented here (no server
-dependency).
+**Two engines, one schema.** SQLite needs one machine's file system (not NFS); jobs on several
+machines share PostgreSQL (:mod:`perseus.recurring.postgres`, where ``SELECT ... FOR UPDATE``
+on the job's row serialises its decisions as ``BEGIN IMMEDIATE`` does here). Both run the same
+row SQL (:class:`SQLStore`); :func:`~perseus.recurring.database.open_store` picks one by URL.
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PerseusError
@@ -65,7 +62,7 @@ from perseus.recurring.schema import (
     parse_job_config,
 )
 
-__all__ = ["RecurringStore", "SQLiteStore", "StartedRun"]
+__all__ = ["RecurringStore", "SQLStore", "SQLiteStore", "StartedRun"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +110,7 @@ class RecurringStore(Protocol):
         ...
 
     def history(self, job: str) -> list[Observation]:
-        """Finished runs and preempted ones (as failed), oldest first."""
+        """Finished runs and preempted ones (``preempted``), oldest first."""
         ...
 
     def cached_power_limit_w(
@@ -130,7 +127,313 @@ class RecurringStore(Protocol):
         ...
 
 
-class SQLiteStore:
+class SQLStore:
+    """:class:`RecurringStore` in SQL both engines speak (``?`` placeholders, run by
+    :meth:`_x`); a subclass supplies the connection, transactions, migrations and errors.
+
+    Args:
+        name: How messages name the database (a path, or a URL without credentials).
+        lease_s: A running run whose heartbeat is older than this is abandoned (its process
+            stopped renewing it: hung, killed on another host, or preempted); minutes, well
+            above the job's heartbeat interval.
+        clock: Wall clock (tests inject one).
+    """
+
+    def __init__(self, name: str, *, lease_s: float, clock: Callable[[], float]) -> None:
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
+        self._name = name
+        self.lease_s = lease_s
+        self._clock = clock
+        self._lock = threading.RLock()
+
+    # The engine: its connection (opened on first use), errors as perseus's, transactions.
+
+    def _connection(self) -> Any:
+        raise NotImplementedError
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def _transaction(self, con: Any) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _x(self, con: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one statement (``?`` placeholders); returns the cursor."""
+        raise NotImplementedError
+
+    def _lock_job(self, con: Any, job: str) -> None:
+        """Serialise the decisions of ``job`` (inside the write transaction)."""
+
+    def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connection (reopened on next use)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Any]:
+        with self._lock, self._errors():
+            con = self._connection()
+            with self._transaction(con) as c:
+                yield c
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        with self._lock, self._errors():
+            yield self._connection()
+
+    # Rows
+
+    def _config(self, con: Any, job: str) -> dict[str, Any] | None:
+        row = self._x(con, "SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
+        return None if row is None else parse_job_config(self._name, job, row[0])
+
+    def _rows(self, con: Any, job: str, where: str) -> list[dict[str, Any]]:
+        cur = self._x(con, f"SELECT * FROM runs WHERE job = ? AND {where} ORDER BY seq", (job,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+
+    def _history(
+        self, con: Any, job: str, rows: list[dict[str, Any]] | None = None
+    ) -> list[Observation]:
+        config = self._config(con, job)
+        sizes = job_sizes(config) if config is not None else None
+        out = []
+        for row in self._rows(con, job, "TRUE") if rows is None else rows:
+            if row["status"] != "done" and not (
+                row["status"] == "abandoned" and row["end_reason"] in COUNTED_REASONS
+            ):
+                continue
+            check_run_row(self._name, row, sizes)
+            done = row["status"] == "done"
+            limit = row["power_limit_w"]
+            out.append(
+                Observation(
+                    batch_size=int(row["batch_size"]),
+                    # SQLite stores NaN (no limit) as NULL
+                    power_limit_w=math.nan if limit is None else float(limit),
+                    energy_j=float(row["energy_j"] or 0.0),
+                    time_s=float(row["time_s"] or 0.0),
+                    cost=float(row["cost"] or 0.0),
+                    reached=bool(row["reached"]) if done else False,
+                    epochs=None if row["epochs"] is None else int(row["epochs"]),
+                    preempted=not done,
+                )
+            )
+        return out
+
+    def _expire(self, con: Any, job: str, now: float) -> None:
+        """Mark abandoned the job's running rows whose process is gone or lease expired."""
+        for row in self._rows(con, job, "status = 'running'"):
+            holder = None
+            if row["pid"] is not None and row["host"] is not None:
+                holder = ProcessIdentity(int(row["pid"]), str(row["host"]), row["process_start"])
+            beat = row["heartbeat_s"] if row["heartbeat_s"] is not None else row["started_s"]
+            if holder is not None and process_gone(holder):
+                reason = "process gone"
+            elif not isinstance(beat, (int, float)) or beat < now - self.lease_s:
+                reason = "lease expired"
+            else:
+                continue
+            log.warning(
+                "%s: run %s of job %s (batch size %s) abandoned: %s; its size is retried",
+                self._name,
+                row["run_id"],
+                job,
+                row["batch_size"],
+                reason,
+            )
+            self._x(
+                con,
+                "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
+                "WHERE seq = ? AND status = 'running'",
+                (reason, now, row["seq"]),
+            )
+
+    # RecurringStore
+
+    def register_job(self, job: str, config: Mapping[str, Any]) -> None:
+        """Create ``job`` or check its configuration.
+
+        Raises:
+            ConfigError: if the job exists with a different configuration, or its stored
+                configuration is not a JSON object.
+        """
+        text = json.dumps(dict(config), sort_keys=True)
+        with self._write() as con:
+            self._x(
+                con,
+                "INSERT INTO jobs (job, config, created_s) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (job, text, float(self._clock())),
+            )
+            stored = self._config(con, job)
+        if stored is not None and stored != json.loads(text):
+            diff = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
+            raise ConfigError(
+                f"{self._name}: job {job!r} is stored with different {', '.join(diff)} "
+                f"({ {k: stored.get(k) for k in diff} }); use a new job name or database"
+            )
+
+    def begin_run(self, job: str, decide: Decide) -> StartedRun:
+        run_id = uuid.uuid4().hex
+        me = this_process()
+        with self._write() as con:
+            self._lock_job(con, job)
+            now = float(self._clock())
+            self._expire(con, job, now)
+            # One statement, one snapshot: a run finishing meanwhile is pending or in history.
+            rows = self._rows(con, job, "TRUE")
+            history = self._history(con, job, rows)
+            pending = [int(r["batch_size"]) for r in rows if r["status"] == "running"]
+            decision = decide(history, pending)
+            self._x(
+                con,
+                "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s, pid, host, "
+                "process_start, heartbeat_s) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    job,
+                    decision.phase,
+                    decision.batch_size,
+                    now,
+                    me.pid,
+                    me.host,
+                    me.start,
+                    now,
+                ),
+            )
+        return StartedRun(run_id, decision)
+
+    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
+        """Renew the lease of ``run_id`` and record its figures so far (a preempted run is
+        judged by them); False if the run is not running any more."""
+        figures = _figures(self._name, run_id, so_far)
+        with self._write() as con:
+            cur = self._x(
+                con,
+                "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
+                "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
+                (float(self._clock()), *figures, so_far.epochs, run_id),
+            )
+            return int(cur.rowcount) == 1
+
+    def finish_run(self, run_id: str, observation: Observation) -> bool:
+        """Record ``run_id``'s result once. A run marked abandoned by its own SIGTERM (the
+        program's handler let it finish) or by an expired lease (it was slow to renew) is
+        finished all the same: its process is alive and has the true figures.
+
+        Raises:
+            ConfigError: a figure that is not finite and non-negative.
+        """
+        o = observation
+        figures = _figures(self._name, run_id, o)
+        with self._write() as con:
+            cur = self._x(
+                con,
+                "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
+                "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
+                "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
+                "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
+                (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
+            )
+            return int(cur.rowcount) == 1
+
+    def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
+        """Mark ``run_id`` abandoned for ``reason`` (see
+        :data:`~perseus.recurring.schema.ABANDON_REASONS`).
+
+        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
+        hold it); this process's open transaction, if the signal interrupted one, else a fresh
+        connection waiting at most a second; no exception. If it cannot write, the next
+        decision finds the process gone.
+        """
+        if reason not in ABANDON_REASONS:
+            raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
+        sql = (
+            "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
+            "WHERE run_id = ? AND status = 'running'"
+        )
+        params = (reason, float(self._clock()), run_id)
+        if not urgent:
+            with self._write() as con:
+                self._x(con, sql, params)
+            return
+        try:
+            self._abandon_urgently(sql, params)
+        except Exception as e:  # a signal handler must not raise
+            log.warning("%s: could not mark run %s abandoned (%s)", self._name, run_id, e)
+
+    def history(self, job: str) -> list[Observation]:
+        """Finished runs and preempted ones (``preempted``), oldest first.
+
+        Raises:
+            ConfigError: a row the store cannot use (named, with how to repair or drop it).
+        """
+        with self._read() as con:
+            return self._history(con, job)
+
+    def runs(self, job: str) -> list[dict[str, Any]]:
+        """Every run row of ``job`` (any status), oldest first, as dicts (for reports)."""
+        with self._read() as con:
+            return self._rows(con, job, "TRUE")
+
+    def cached_power_limit_w(
+        self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
+    ) -> float | None:
+        """The cached limit of (job, GPU, batch size), or None.
+
+        Raises:
+            ConfigError: the cached row is unusable or outside ``range_w`` (named, with the
+                SQL that drops it).
+        """
+        with self._read() as con:
+            row = self._x(
+                con,
+                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
+                "batch_size = ?",
+                (job, gpu, batch_size),
+            ).fetchone()
+        if row is None:
+            return None
+        return check_power_limit_row(
+            self._name, job, gpu, batch_size, row[0], row[1], range_w=range_w
+        )
+
+    def save_power_limit_w(
+        self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
+    ) -> float:
+        if not (math.isfinite(power_limit_w) and power_limit_w > 0):
+            raise ConfigError(f"power limit {power_limit_w!r} W is not a finite number > 0")
+        with self._write() as con:
+            self._x(
+                con,
+                "INSERT INTO power_limits (job, gpu, batch_size, power_limit_w, profile) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    job,
+                    gpu,
+                    batch_size,
+                    float(power_limit_w),
+                    json.dumps(dict(profile), sort_keys=True),
+                ),
+            )
+            row = self._x(
+                con,
+                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
+                "batch_size = ?",
+                (job, gpu, batch_size),
+            ).fetchone()
+        return check_power_limit_row(self._name, job, gpu, batch_size, row[0], row[1])
+
+
+class SQLiteStore(SQLStore):
     """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host.
 
     The constructor does no I/O; the file is opened (and created or migrated) on first use, and
@@ -140,10 +443,7 @@ class SQLiteStore:
         path: Database file (``~`` expanded; created with its directory, which must be one
             nobody else controls); it must be a regular file of this user.
         busy_timeout_s: How long a writer waits for another's transaction.
-        lease_s: A running run whose heartbeat is older than this is abandoned (its process
-            stopped renewing it: hung, killed on another host, or preempted); minutes, well
-            above the job's heartbeat interval.
-        clock: Wall clock (tests inject one).
+        lease_s, clock: As for :class:`SQLStore`.
     """
 
     def __init__(
@@ -154,17 +454,12 @@ class SQLiteStore:
         lease_s: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not (math.isfinite(lease_s) and lease_s > 0):
-            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
         self.path = Path(path).expanduser()
+        super().__init__(str(self.path), lease_s=lease_s, clock=clock)
         self.busy_timeout_s = busy_timeout_s
-        self.lease_s = lease_s
-        self._clock = clock
         self._con: sqlite3.Connection | None = None
         self._pid = 0
-        self._lock = threading.RLock()
 
-    # -----------------------------------------------------------------------------------------
     # Connection, transactions, errors
 
     def _open(self, timeout_s: float) -> sqlite3.Connection:
@@ -251,17 +546,8 @@ class SQLiteStore:
                 con.execute("ROLLBACK")
             raise
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, self._errors():
-            con = self._connection()
-            with self._transaction(con) as c:
-                yield c
-
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, self._errors():
-            yield self._connection()
+    def _x(self, con: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+        return con.execute(sql, params)
 
     def close(self) -> None:
         """Close the connection (reopened on next use)."""
@@ -269,180 +555,7 @@ class SQLiteStore:
         if con is not None and self._pid == os.getpid():
             con.close()
 
-    # -----------------------------------------------------------------------------------------
     # Rows
-
-    def _config(self, con: sqlite3.Connection, job: str) -> dict[str, Any] | None:
-        row = con.execute("SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
-        return None if row is None else parse_job_config(str(self.path), job, row[0])
-
-    def _rows(self, con: sqlite3.Connection, job: str, where: str) -> list[dict[str, Any]]:
-        cur = con.execute(f"SELECT * FROM runs WHERE job = ? AND {where} ORDER BY seq", (job,))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
-
-    def _history(self, con: sqlite3.Connection, job: str) -> list[Observation]:
-        config = self._config(con, job)
-        sizes = job_sizes(config) if config is not None else None
-        counted = ", ".join(f"'{r}'" for r in COUNTED_REASONS)
-        rows = self._rows(
-            con, job, f"(status = 'done' OR (status = 'abandoned' AND end_reason IN ({counted})))"
-        )
-        out = []
-        for row in rows:
-            check_run_row(str(self.path), row, sizes)
-            done = row["status"] == "done"
-            limit = row["power_limit_w"]
-            out.append(
-                Observation(
-                    batch_size=int(row["batch_size"]),
-                    # SQLite stores NaN (no limit) as NULL
-                    power_limit_w=math.nan if limit is None else float(limit),
-                    energy_j=float(row["energy_j"] or 0.0),
-                    time_s=float(row["time_s"] or 0.0),
-                    cost=float(row["cost"] or 0.0),
-                    reached=bool(row["reached"]) if done else False,
-                    epochs=None if row["epochs"] is None else int(row["epochs"]),
-                    preempted=not done,
-                )
-            )
-        return out
-
-    def _expire(self, con: sqlite3.Connection, job: str, now: float) -> None:
-        """Mark abandoned the job's running rows whose process is gone or lease expired."""
-        for row in self._rows(con, job, "status = 'running'"):
-            holder = None
-            if row["pid"] is not None and row["host"] is not None:
-                holder = ProcessIdentity(int(row["pid"]), str(row["host"]), row["process_start"])
-            beat = row["heartbeat_s"] if row["heartbeat_s"] is not None else row["started_s"]
-            if holder is not None and process_gone(holder):
-                reason = "process gone"
-            elif not isinstance(beat, (int, float)) or beat < now - self.lease_s:
-                reason = "lease expired"
-            else:
-                continue
-            log.warning(
-                "%s: run %s of job %s (batch size %s) abandoned: %s; its size is retried",
-                self.path,
-                row["run_id"],
-                job,
-                row["batch_size"],
-                reason,
-            )
-            con.execute(
-                "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
-                "WHERE seq = ? AND status = 'running'",
-                (reason, now, row["seq"]),
-            )
-
-    # -----------------------------------------------------------------------------------------
-    # RecurringStore
-
-    def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create ``job`` or check its configuration.
-
-        Raises:
-            ConfigError: if the job exists with a different configuration, or its stored
-                configuration is not a JSON object.
-        """
-        text = json.dumps(dict(config), sort_keys=True)
-        with self._write() as con:
-            stored = self._config(con, job)
-            if stored is None:
-                con.execute(
-                    "INSERT INTO jobs (job, config, created_s) VALUES (?, ?, ?)",
-                    (job, text, float(self._clock())),
-                )
-                return
-        if stored != json.loads(text):
-            diff = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
-            raise ConfigError(
-                f"{self.path}: job {job!r} is stored with different {', '.join(diff)} "
-                f"({ {k: stored.get(k) for k in diff} }); use a new job name or database"
-            )
-
-    def begin_run(self, job: str, decide: Decide) -> StartedRun:
-        run_id = uuid.uuid4().hex
-        me = this_process()
-        with self._write() as con:
-            now = float(self._clock())
-            self._expire(con, job, now)
-            history = self._history(con, job)
-            pending = [int(r["batch_size"]) for r in self._rows(con, job, "status = 'running'")]
-            decision = decide(history, pending)
-            con.execute(
-                "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s, pid, host, "
-                "process_start, heartbeat_s) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    job,
-                    decision.phase,
-                    decision.batch_size,
-                    now,
-                    me.pid,
-                    me.host,
-                    me.start,
-                    now,
-                ),
-            )
-        return StartedRun(run_id, decision)
-
-    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
-        """Renew the lease of ``run_id`` and record its figures so far (a preempted run is
-        judged by them); False if the run is not running any more."""
-        figures = _figures(self.path, run_id, so_far)
-        with self._write() as con:
-            cur = con.execute(
-                "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
-                "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
-                (float(self._clock()), *figures, so_far.epochs, run_id),
-            )
-            return cur.rowcount == 1
-
-    def finish_run(self, run_id: str, observation: Observation) -> bool:
-        """Record ``run_id``'s result once. A run marked abandoned by its own SIGTERM (the
-        program's handler let it finish) or by an expired lease (it was slow to renew) is
-        finished all the same: its process is alive and has the true figures.
-
-        Raises:
-            ConfigError: a figure that is not finite and non-negative.
-        """
-        o = observation
-        figures = _figures(self.path, run_id, o)
-        with self._write() as con:
-            cur = con.execute(
-                "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
-                "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
-                "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
-                "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
-                (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
-            )
-            return cur.rowcount == 1
-
-    def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
-        """Mark ``run_id`` abandoned for ``reason`` (see
-        :data:`~perseus.recurring.schema.ABANDON_REASONS`).
-
-        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
-        hold it); this process's open transaction, if the signal interrupted one, else a fresh
-        connection waiting at most a second; no exception. If it cannot write, the next
-        decision finds the process gone.
-        """
-        if reason not in ABANDON_REASONS:
-            raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
-        sql = (
-            "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
-            "WHERE run_id = ? AND status = 'running'"
-        )
-        params = (reason, float(self._clock()), run_id)
-        if not urgent:
-            with self._write() as con:
-                con.execute(sql, params)
-            return
-        try:
-            self._abandon_urgently(sql, params)
-        except Exception as e:  # a signal handler must not raise
-            log.warning("%s: could not mark run %s abandoned (%s)", self.path, run_id, e)
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         """Write from a signal handler (main thread) or the signal watcher thread. The
@@ -469,67 +582,8 @@ class SQLiteStore:
             finally:
                 con.close()
 
-    def history(self, job: str) -> list[Observation]:
-        """Finished runs and preempted ones (``preempted``), oldest first.
 
-        Raises:
-            ConfigError: a row the store cannot use (named, with how to repair or drop it).
-        """
-        with self._read() as con:
-            return self._history(con, job)
-
-    def runs(self, job: str) -> list[dict[str, Any]]:
-        """Every run row of ``job`` (any status), oldest first, as dicts (for reports)."""
-        with self._read() as con:
-            return self._rows(con, job, "1")
-
-    def cached_power_limit_w(
-        self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
-    ) -> float | None:
-        """The cached limit of (job, GPU, batch size), or None.
-
-        Raises:
-            ConfigError: the cached row is unusable or outside ``range_w`` (named, with the
-                SQL that drops it).
-        """
-        with self._read() as con:
-            row = con.execute(
-                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
-                "batch_size = ?",
-                (job, gpu, batch_size),
-            ).fetchone()
-        if row is None:
-            return None
-        return check_power_limit_row(
-            str(self.path), job, gpu, batch_size, row[0], row[1], range_w=range_w
-        )
-
-    def save_power_limit_w(
-        self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
-    ) -> float:
-        if not (math.isfinite(power_limit_w) and power_limit_w > 0):
-            raise ConfigError(f"power limit {power_limit_w!r} W is not a finite number > 0")
-        with self._write() as con:
-            con.execute(
-                "INSERT OR IGNORE INTO power_limits (job, gpu, batch_size, power_limit_w, "
-                "profile) VALUES (?, ?, ?, ?, ?)",
-                (
-                    job,
-                    gpu,
-                    batch_size,
-                    float(power_limit_w),
-                    json.dumps(dict(profile), sort_keys=True),
-                ),
-            )
-            row = con.execute(
-                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
-                "batch_size = ?",
-                (job, gpu, batch_size),
-            ).fetchone()
-        return check_power_limit_row(str(self.path), job, gpu, batch_size, row[0], row[1])
-
-
-def _figures(path: Path, run_id: str, o: Observation) -> tuple[float | None, ...]:
+def _figures(source: str, run_id: str, o: Observation) -> tuple[float | None, ...]:
     """The observation's limit, energy, time and cost for the row; a figure that is not a
     finite number >= 0 is refused (a counter that went backwards must not steer the policy)."""
     for name in ("energy_j", "time_s", "cost"):
@@ -540,7 +594,7 @@ def _figures(path: Path, run_id: str, o: Observation) -> tuple[float | None, ...
             or not (math.isfinite(value) and value >= 0)
         ):
             raise ConfigError(
-                f"{path}: run {run_id}: {name} {value!r} is not a finite number >= 0; not "
+                f"{source}: run {run_id}: {name} {value!r} is not a finite number >= 0; not "
                 "recorded (a GPU energy counter that was reset mid-run gives this)"
             )
     limit = None if math.isnan(o.power_limit_w) else float(o.power_limit_w)

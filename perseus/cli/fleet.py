@@ -1,0 +1,157 @@
+"""``perseus fleet``: many jobs under one power budget.
+
+``perseus fleet plan JOBS.json --budget-w W`` assigns each job of the jobs file one plan of its
+frontier so that the jobs' average power sums to at most ``W`` and the weighted sum of their
+slowdowns is least (:mod:`perseus.solver.fleet`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from perseus.cli._args import float_arg
+
+__all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("fleet", help="many jobs, one power budget: a plan per job")
+    inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
+    inner.required = True
+    s = inner.add_parser(
+        "plan",
+        help="one frontier point per job: total average power <= the budget, least weighted "
+        "slowdown",
+    )
+    s.add_argument(
+        "jobs",
+        metavar="JOBS.json",
+        help='list of {"name", "frontier": path, "weight", "gpus"} (paths relative to the file)',
+    )
+    s.add_argument(
+        "--budget-w",
+        required=True,
+        type=float_arg(gt=0, unit="W"),
+        help="the fleet's power budget: the most the jobs' average power may sum to",
+    )
+    s.add_argument(
+        "--per-gpu-cap-w",
+        type=float_arg(gt=0, unit="W"),
+        help="leave out plans whose average power per GPU exceeds this",
+    )
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.set_defaults(handler=run_plan)
+    db_help = "the fleet's database: sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
+    v = inner.add_parser("serve", help="re-solve the running jobs' plans as the fleet changes")
+    v.add_argument("--db", required=True, help=db_help)
+    v.add_argument("--budget-w", type=float_arg(gt=0, unit="W"), help="set the budget first")
+    v.add_argument(
+        "--interval-s",
+        type=float_arg(gt=0, le=3600, unit="s"),
+        default=1.0,
+        help="how often to look for changes (default 1 s)",
+    )
+    v.add_argument("--once", action="store_true", help="look once, re-solve if needed, exit")
+    v.set_defaults(handler=run_serve)
+    b = inner.add_parser("budget", help="set the fleet's power budget")
+    b.add_argument("--db", required=True, help=db_help)
+    b.add_argument("--set-w", required=True, type=float_arg(gt=0, unit="W"), help="watts")
+    b.set_defaults(handler=run_budget)
+    t = inner.add_parser("status", help="the budget and every member's plan")
+    t.add_argument("--db", required=True, help=db_help)
+    t.add_argument("--json", action="store_true", help="print as JSON")
+    t.set_defaults(handler=run_status)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from perseus.fleet.jobs import read_fleet_jobs
+    from perseus.solver.fleet import plan_fleet
+
+    jobs = read_fleet_jobs(args.jobs, per_gpu_cap_w=args.per_gpu_cap_w)
+    plan = plan_fleet(jobs, args.budget_w)
+    if args.json:
+        doc = {
+            "jobs": [
+                {
+                    "name": a.name,
+                    "point": a.point,
+                    "time_s": a.time_s,
+                    "average_power_w": a.average_power_w,
+                    "peak_power_w": a.peak_power_w,
+                }
+                for a in plan.jobs
+            ],
+            "total_average_power_w": plan.total_average_power_w,
+            "weighted_slowdown": plan.weighted_slowdown,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    width = max(len(a.name) for a in plan.jobs)
+    print(f"{'job':<{width}}  point    time_s  avg_power_w  peak_power_w  slowdown")
+    for a in plan.jobs:
+        print(
+            f"{a.name:<{width}}  {a.point:5d}  {a.time_s:8.4f}  {a.average_power_w:11.1f}  "
+            f"{a.peak_power_w:12.1f}  {100 * a.slowdown:7.2f} %"
+        )
+    print(
+        f"total average power {plan.total_average_power_w:.1f} W of {plan.budget_w:.1f} W; "
+        f"weighted slowdown {plan.weighted_slowdown:.6g} (LP bound {plan.lp_bound:.6g})"
+    )
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import logging
+    import time
+
+    from perseus.fleet.registry import FleetRegistry
+
+    log = logging.getLogger("perseus.fleet")
+    with FleetRegistry(args.db) as fleet:
+        if args.budget_w is not None:
+            fleet.set_budget(args.budget_w)
+        while True:
+            epoch = fleet.replan()
+            if epoch is not None:
+                budget_w, _, members = fleet.status()
+                running = sum(1 for m in members if m.status == "running")
+                log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget_w or 0)
+            if args.once:
+                return 0
+            time.sleep(args.interval_s)
+
+
+def run_budget(args: argparse.Namespace) -> int:
+    from perseus.fleet.registry import FleetRegistry
+
+    with FleetRegistry(args.db) as fleet:
+        fleet.set_budget(args.set_w)
+    print(f"budget {args.set_w:g} W (re-solved at the planner's next look)")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from perseus.fleet.registry import FleetRegistry
+
+    with FleetRegistry(args.db) as fleet:
+        budget_w, epoch, members = fleet.status()
+    if args.json:
+        doc = {
+            "budget_w": budget_w,
+            "epoch": epoch,
+            "members": [dataclasses.asdict(m) for m in members],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    shown = "none" if budget_w is None else f"{budget_w:.1f} W"
+    planned = sum(m.cap_w or 0.0 for m in members if m.status == "running")
+    print(f"budget {shown}, plan {epoch}, planned {planned:.1f} W")
+    for m in members:
+        plan = "-" if m.point is None else f"point {m.point} ({m.cap_w:.1f} W)"
+        ack = "" if m.ack_point is None else f", running {m.ack_point} since {m.ack_iteration}"
+        print(f"  {m.name}: {m.status}, {plan}{ack}, lease renewed {m.heartbeat_age_s:.0f} s ago")
+    return 0

@@ -1,0 +1,116 @@
+"""A running job as a fleet member: the fleet's plan is one more source of a power cap.
+
+:class:`FleetMember` registers the job's frontier with the fleet (:class:`~perseus.fleet.
+registry.FleetRegistry`) and then serves the two keys :mod:`perseus.runtime.power.cap` reads
+from a job's store: the cap is the average power of the plan the fleet assigned (per
+pipeline), and the acknowledgement records which plan runs from which iteration. Pass it as
+the session's ``power_store``::
+
+    member = FleetMember("postgresql://fleet@db/perseus", "job-a", frontier, gpus=8).start()
+    session = RankSession(..., plan=frontier, power_store=member)
+
+:class:`~perseus.runtime.power.PowerRuntime` reads it on rank 0 of the group at every
+iteration boundary and shares it in one all-reduce, so every rank switches at the same
+iteration: a plan written while iteration ``k`` runs is in force from ``k + 1``. Each read
+also renews the job's lease; a job that stops reading (killed, hung) loses its share when the
+lease runs out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from perseus.errors import ConfigError
+from perseus.fleet.registry import Assignment, FleetRegistry
+from perseus.plan import Frontier
+from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
+from perseus.solver.fleet import fleet_job
+
+__all__ = ["FleetMember"]
+
+#: A cap a hair above the planned point's power, so float noise never moves the job below it.
+_CAP_SLACK = 1e-9
+
+
+class FleetMember:
+    """A job of the fleet, read like a torch store by the job's power runtime.
+
+    Args:
+        url: The fleet's database.
+        name: The job's name in the fleet (unique).
+        frontier: The deployed frontier (its power curve is registered).
+        weight: The value of one unit of the job's progress.
+        gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).
+        lease_s: The job loses its share this long after its last read.
+        clock: Wall clock (tests inject one).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        frontier: Frontier,
+        *,
+        weight: float = 1.0,
+        gpus: int | None = None,
+        lease_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job = fleet_job(name, frontier, weight=weight, gpus=gpus)
+        self.name = name
+        self.replicas = (gpus or frontier.job.ranks) // frontier.job.ranks
+        self.lease_s = lease_s
+        self.registry = FleetRegistry(url, clock=clock)
+        self.assignment: Assignment | None = None
+        self._ack = b""
+
+    def start(self) -> FleetMember:
+        """Register (or re-register) the job; its first plan comes with the next re-solve."""
+        self.registry.register(self.job, lease_s=self.lease_s)
+        return self
+
+    def close(self) -> None:
+        """The job is done: its power goes back to the others."""
+        try:
+            self.registry.finish(self.name)
+        finally:
+            self.registry.close()
+
+    def __enter__(self) -> FleetMember:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # The store interface of perseus.runtime.power.cap
+
+    def check(self, keys: Sequence[str]) -> bool:
+        if CAP_KEY in keys:
+            self.registry.heartbeat(self.name)
+            self.assignment = self.registry.assignment(self.name)
+            return self.assignment is not None
+        return ACK_KEY in keys and bool(self._ack)
+
+    def get(self, key: str) -> bytes:
+        if key == ACK_KEY:
+            return self._ack
+        a = self.assignment
+        if key != CAP_KEY or a is None:
+            raise ConfigError(f"fleet member {self.name!r}: no value under {key!r}")
+        cap_w = a.cap_w / self.replicas * (1 + _CAP_SLACK)
+        return f"{cap_w!r} pipeline {a.epoch}".encode()
+
+    def set(self, key: str, value: str | bytes) -> None:
+        if key != ACK_KEY:
+            raise ConfigError(f"fleet member {self.name!r}: only {ACK_KEY!r} is written")
+        self._ack = value.encode() if isinstance(value, str) else value
+        token, _, iteration = self._ack.decode().partition(" ")
+        a = self.assignment
+        if a is not None and token == str(a.epoch):
+            # read when iteration `iteration` ended: in force from the next one
+            after = int(iteration) + 1 if iteration.isdecimal() else None
+            self.registry.acknowledge(self.name, a.point, after)
+
+    def delete_key(self, key: str) -> None:
+        """Nothing to delete: the fleet, not the job, owns the plan."""

@@ -1,0 +1,373 @@
+"""The fleet in the database: members, their power curves and leases, the budget, the plan.
+
+Running jobs register their frontier's power curve (:class:`~perseus.solver.fleet.FleetJob`)
+and hold a lease they renew at iteration boundaries; the planner (``perseus fleet serve``)
+re-solves (:func:`~perseus.solver.fleet.plan_fleet`) whenever a job registers or finishes, a
+lease runs out (a killed job's power goes back to the others) or the budget changes, and
+writes each member's plan (point and average-power cap) under a new ``epoch``. Jobs read their
+plan from the database; access is the database's own (roles and grants), no port of perseus's.
+
+Tables (the same on SQLite and PostgreSQL, next to the recurring store's):
+
+* ``fleet_state``: one row, the budget, the plan's epoch and whether it needs re-solving;
+* ``fleet_members``: one row per job (its curve as JSON, lease, assignment, acknowledgement);
+* ``fleet_log``: each plan's assignment and each budget, with the time (for plots).
+
+Every change is one transaction: a planner or job killed mid-write leaves the last whole
+state, and a restarted planner picks up from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.errors import ConfigError, InfeasibleError
+from perseus.recurring.database import open_store
+from perseus.recurring.store import SQLStore
+from perseus.solver.fleet import FleetJob, plan_fleet
+
+__all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
+
+log = logging.getLogger(__name__)
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS fleet_state (
+    id INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (id = 1),
+    budget_w DOUBLE PRECISION CONSTRAINT budget_positive CHECK (budget_w IS NULL OR budget_w > 0),
+    epoch BIGINT NOT NULL CONSTRAINT epoch_count CHECK (epoch >= 0),
+    dirty INTEGER NOT NULL CONSTRAINT dirty_flag CHECK (dirty IN (0, 1)),
+    updated_s DOUBLE PRECISION NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS fleet_members (
+    name TEXT PRIMARY KEY CONSTRAINT member_name CHECK (length(name) BETWEEN 1 AND 200),
+    weight DOUBLE PRECISION NOT NULL CONSTRAINT weight_range CHECK (weight >= 0 AND weight <= 1e9),
+    curve TEXT NOT NULL,
+    status TEXT NOT NULL CONSTRAINT member_status CHECK (status IN ('running', 'finished', 'expired')),
+    heartbeat_s DOUBLE PRECISION NOT NULL,
+    lease_s DOUBLE PRECISION NOT NULL CONSTRAINT lease_positive CHECK (lease_s > 0),
+    point BIGINT,
+    cap_w DOUBLE PRECISION CONSTRAINT cap_positive CHECK (cap_w IS NULL OR cap_w > 0),
+    epoch BIGINT,
+    ack_point BIGINT,
+    ack_iteration BIGINT
+)""",
+    """CREATE TABLE IF NOT EXISTS fleet_log (
+    t_s DOUBLE PRECISION NOT NULL,
+    epoch BIGINT NOT NULL,
+    name TEXT,
+    budget_w DOUBLE PRECISION,
+    point BIGINT,
+    average_power_w DOUBLE PRECISION
+)""",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A member's plan: the frontier point, its average power (the job's cap) and the epoch."""
+
+    point: int
+    cap_w: float
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member as ``perseus fleet status`` shows it."""
+
+    name: str
+    status: str
+    point: int | None
+    cap_w: float | None
+    epoch: int | None
+    ack_point: int | None
+    ack_iteration: int | None
+    heartbeat_age_s: float
+
+
+def _curve(job: FleetJob) -> str:
+    return json.dumps(
+        {
+            "points": job.points,
+            "time_s": job.time_s,
+            "average_power_w": job.average_power_w,
+            "peak_power_w": job.peak_power_w,
+            "fastest_time_s": job.fastest_time_s,
+        }
+    )
+
+
+def _job(name: str, weight: float, text: str) -> FleetJob:
+    c = json.loads(text)
+    return FleetJob(
+        name=name,
+        weight=float(weight),
+        points=tuple(int(p) for p in c["points"]),
+        time_s=tuple(float(t) for t in c["time_s"]),
+        average_power_w=tuple(float(w) for w in c["average_power_w"]),
+        peak_power_w=tuple(float(w) for w in c["peak_power_w"]),
+        fastest_time_s=c["fastest_time_s"],
+    )
+
+
+class FleetRegistry:
+    """The fleet's tables in a recurring store's database (``sqlite:///...`` or
+    ``postgresql://...``).
+
+    The constructor does no I/O; tables are created on first use.
+
+    Args:
+        url: The database (:func:`~perseus.recurring.database.parse_url`).
+        clock: Wall clock (tests inject one); leases compare its readings across machines.
+    """
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.store: SQLStore = open_store(url, clock=clock)
+        self._clock = clock
+        self._ready = False
+        self._postgres = url.split("://", 1)[0].lower() in ("postgresql", "postgres")
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> FleetRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self) -> Any:
+        self._ensure()
+        return self.store._write()
+
+    def _read(self) -> Any:
+        self._ensure()
+        return self.store._read()
+
+    def _ensure(self) -> None:
+        if not self._ready:
+            with self.store._write() as con:
+                if self._postgres:
+                    self.store._x(con, "SELECT pg_advisory_xact_lock(7370657273657502)")
+                for ddl in _DDL:
+                    self.store._x(con, ddl)
+                self.store._x(
+                    con,
+                    "INSERT INTO fleet_state (id, budget_w, epoch, dirty, updated_s) "
+                    "VALUES (1, NULL, 0, 0, ?) ON CONFLICT DO NOTHING",
+                    (float(self._clock()),),
+                )
+            self._ready = True
+
+    def _state(self, con: Any, *, lock: bool = False) -> tuple[float | None, int, bool]:
+        sql = "SELECT budget_w, epoch, dirty FROM fleet_state WHERE id = 1"
+        if lock and self._postgres:
+            sql += " FOR UPDATE"
+        budget, epoch, dirty = self.store._x(con, sql).fetchone()
+        return (None if budget is None else float(budget)), int(epoch), bool(dirty)
+
+    def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """One statement for many rows (pipelined on PostgreSQL)."""
+        if self._postgres:
+            sql = sql.replace("?", "%s")
+        if rows:
+            con.cursor().executemany(sql, rows)
+
+    def _dirty(self, con: Any) -> None:
+        self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")
+
+    # Jobs
+
+    def register(self, job: FleetJob, *, lease_s: float = 60.0) -> None:
+        """Add (or re-add) ``job`` as running, holding a lease of ``lease_s``."""
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise ConfigError(f"`lease_s` must be a positive number of seconds, got {lease_s}")
+        now = float(self._clock())
+        with self._write() as con:
+            self._state(con, lock=True)
+            self.store._x(con, "DELETE FROM fleet_members WHERE name = ?", (job.name,))
+            self.store._x(
+                con,
+                "INSERT INTO fleet_members (name, weight, curve, status, heartbeat_s, lease_s) "
+                "VALUES (?, ?, ?, 'running', ?, ?)",
+                (job.name, job.weight, _curve(job), now, float(lease_s)),
+            )
+            self._dirty(con)
+
+    def heartbeat(self, name: str) -> bool:
+        """Renew ``name``'s lease; False if it is not running (finished or expired)."""
+        with self._write() as con:
+            cur = self.store._x(
+                con,
+                "UPDATE fleet_members SET heartbeat_s = ? WHERE name = ? AND status = 'running'",
+                (float(self._clock()), name),
+            )
+            return int(cur.rowcount) == 1
+
+    def finish(self, name: str) -> None:
+        """``name`` ended: its power goes back to the others at the next plan."""
+        with self._write() as con:
+            self._state(con, lock=True)
+            self.store._x(
+                con,
+                "UPDATE fleet_members SET status = 'finished' WHERE name = ? AND status = 'running'",
+                (name,),
+            )
+            self._dirty(con)
+
+    def assignment(self, name: str) -> Assignment | None:
+        """``name``'s current plan, or None before the first plan that includes it."""
+        with self._read() as con:
+            row = self.store._x(
+                con,
+                "SELECT point, cap_w, epoch FROM fleet_members WHERE name = ? AND "
+                "status = 'running'",
+                (name,),
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return Assignment(int(row[0]), float(row[1]), int(row[2]))
+
+    def acknowledge(self, name: str, point: int, iteration: int | None) -> None:
+        """Record that ``name`` runs ``point`` from ``iteration`` on."""
+        with self._write() as con:
+            self.store._x(
+                con,
+                "UPDATE fleet_members SET ack_point = ?, ack_iteration = ? WHERE name = ?",
+                (point, iteration, name),
+            )
+
+    # The planner
+
+    def set_budget(self, budget_w: float) -> None:
+        """Set the fleet's budget (re-solved at the planner's next look)."""
+        if not (math.isfinite(budget_w) and budget_w > 0):
+            raise ConfigError(f"`budget_w` must be a positive number of watts, got {budget_w}")
+        now = float(self._clock())
+        with self._write() as con:
+            self._state(con, lock=True)
+            self.store._x(
+                con,
+                "UPDATE fleet_state SET budget_w = ?, dirty = 1, updated_s = ? WHERE id = 1",
+                (float(budget_w), now),
+            )
+
+    def replan(self, *, force: bool = False) -> int | None:
+        """Expire lapsed leases, and re-solve if anything changed (or ``force``).
+
+        Returns:
+            The new epoch, or None if nothing changed (or no budget is set).
+        """
+        now = float(self._clock())
+        with self._write() as con:
+            budget_w, epoch, dirty = self._state(con, lock=True)
+            rows = self.store._x(
+                con,
+                "SELECT name, weight, curve, heartbeat_s, lease_s FROM fleet_members "
+                "WHERE status = 'running' ORDER BY name",
+            ).fetchall()
+            live = []
+            for name, weight, curve, beat, lease in rows:
+                if beat < now - lease:
+                    log.warning("fleet member %s missed its lease: its power is reassigned", name)
+                    self.store._x(
+                        con,
+                        "UPDATE fleet_members SET status = 'expired', point = NULL, cap_w = NULL "
+                        "WHERE name = ?",
+                        (name,),
+                    )
+                    dirty = True
+                else:
+                    live.append(_job(name, weight, curve))
+            if budget_w is None or not (dirty or force):
+                return None
+            epoch += 1
+            self.store._x(
+                con,
+                "UPDATE fleet_state SET epoch = ?, dirty = 0, updated_s = ? WHERE id = 1",
+                (epoch, now),
+            )
+            self.store._x(
+                con,
+                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
+                "VALUES (?, ?, NULL, ?, NULL, NULL)",
+                (now, epoch, budget_w),
+            )
+            plan = _solve(live, budget_w)
+            self._many(
+                con,
+                "UPDATE fleet_members SET point = ?, cap_w = ?, epoch = ? WHERE name = ?",
+                [(point, cap_w, epoch, name) for name, point, cap_w in plan],
+            )
+            self._many(
+                con,
+                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(now, epoch, name, budget_w, point, cap_w) for name, point, cap_w in plan],
+            )
+            return epoch
+
+    def status(self) -> tuple[float | None, int, list[MemberStatus]]:
+        """The budget, the plan's epoch and every member."""
+        now = float(self._clock())
+        with self._read() as con:
+            budget_w, epoch, _ = self._state(con)
+            rows = self.store._x(
+                con,
+                "SELECT name, status, point, cap_w, epoch, ack_point, ack_iteration, "
+                "heartbeat_s FROM fleet_members ORDER BY name",
+            ).fetchall()
+        return (
+            budget_w,
+            epoch,
+            [
+                MemberStatus(r[0], r[1], r[2], r[3], r[4], r[5], r[6], now - float(r[7]))
+                for r in rows
+            ],
+        )
+
+    def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
+        """Every plan so far, oldest first: its time, the budget and each job's (average
+        power, iteration time) (:func:`perseus.report.fleet.plot_fleet` draws it)."""
+        with self._read() as con:
+            rows = self.store._x(
+                con,
+                "SELECT t_s, epoch, name, budget_w, point, average_power_w FROM fleet_log "
+                "ORDER BY epoch, name IS NOT NULL, name",
+            ).fetchall()
+            curves = {
+                name: _job(name, weight, curve)
+                for name, weight, curve in self.store._x(
+                    con, "SELECT name, weight, curve FROM fleet_members"
+                ).fetchall()
+            }
+        out: list[tuple[float, float | None, dict[str, tuple[float, float]]]] = []
+        for t_s, _, name, budget_w, point, power_w in rows:
+            if name is None:
+                out.append((float(t_s), budget_w, {}))
+            elif name in curves and out:
+                job = curves[name]
+                out[-1][2][name] = (float(power_w), job.time_s[job.points.index(int(point))])
+        return out
+
+
+def _solve(jobs: list[FleetJob], budget_w: float) -> list[tuple[str, int, float]]:
+    """Each job's (name, point, average power); over budget, everyone's lowest-power plan."""
+    if not jobs:
+        return []
+    try:
+        plan = plan_fleet(jobs, budget_w)
+        return [(a.name, a.point, a.average_power_w) for a in plan.jobs]
+    except InfeasibleError as e:
+        log.warning("fleet: %s; every job runs its lowest-power plan", e)
+        out = []
+        for j in jobs:
+            k = min(range(len(j.points)), key=lambda i: j.average_power_w[i])
+            out.append((j.name, j.points[k], j.average_power_w[k]))
+        return out

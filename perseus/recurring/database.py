@@ -1,0 +1,78 @@
+"""Which database: a URL names the engine (``sqlite:///path`` or ``postgresql://user@host/db``).
+
+Credentials never travel in the URL (it shows up in ``ps``, shell history and logs): a
+PostgreSQL password comes from ``PGPASSWORD``, ``~/.pgpass`` or libpq's other environment
+variables and files, and a URL that carries one is refused. ``sqlite:///jobs.sqlite`` is a path
+relative to the working directory and ``sqlite:////abs/jobs.sqlite`` an absolute one (as in
+SQLAlchemy); a bare path is SQLite too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from perseus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perseus.recurring.store import SQLStore
+
+__all__ = ["DatabaseTarget", "open_store", "parse_url"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseTarget:
+    """A parsed database URL: the engine, and its file (SQLite) or libpq conninfo."""
+
+    engine: Literal["sqlite", "postgresql"]
+    path: str
+    conninfo: str
+
+
+def parse_url(url: str) -> DatabaseTarget:
+    """The engine and target of ``url``.
+
+    Raises:
+        ConfigError: an unknown scheme, an empty path, or a password in the URL.
+    """
+    if "://" not in url:
+        if not url:
+            raise ConfigError("`db` is empty; pass sqlite:///FILE or postgresql://USER@HOST/DB")
+        return DatabaseTarget("sqlite", url, "")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        path = url.split("://", 1)[1]
+        if not path.startswith("/") or len(path) < 2:
+            raise ConfigError(
+                f"`db` {url!r}: write sqlite:///relative/file or sqlite:////absolute/file"
+            )
+        return DatabaseTarget("sqlite", path[1:], "")
+    if scheme in ("postgresql", "postgres"):
+        parts = urlsplit(url)
+        if parts.password is not None:
+            raise ConfigError(
+                "`db`: the URL carries a password; drop it from the URL and give it in "
+                "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"
+            )
+        return DatabaseTarget("postgresql", "", url)
+    raise ConfigError(
+        f"`db` {url.split('://', 1)[0]!r}:// is not a database this store speaks; pass "
+        "sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
+    )
+
+
+def open_store(url: str, **options: Any) -> SQLStore:
+    """The recurring-job store a URL names (``options`` go to its constructor).
+
+    Raises:
+        ConfigError: as :func:`parse_url`.
+    """
+    target = parse_url(url)
+    if target.engine == "sqlite":
+        from perseus.recurring.store import SQLiteStore
+
+        return SQLiteStore(target.path, **options)
+    from perseus.recurring.postgres import PostgresStore
+
+    return PostgresStore(target.conninfo, **options)

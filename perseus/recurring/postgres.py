@@ -1,0 +1,274 @@
+"""The recurring store on PostgreSQL (psycopg 3): the same tables and rows as SQLite's.
+
+The row SQL is :class:`~perseus.recurring.store.SQLStore`'s; this module holds what differs:
+the schema in PostgreSQL's types (the same columns, constraint names and checks as
+:mod:`perseus.recurring.schema`'s SQLite schema, and a trigger keeping batch sizes in the job's
+``batch_sizes``), the migration table ``perseus_schema`` (one row: the version; SQLite keeps it
+in ``user_version``), ``SELECT ... FOR UPDATE`` on the job's row for each decision, and
+psycopg's errors as perseus's.
+
+A PostgreSQL database starts at schema version 2 (the first with constraints and leases); a
+later step is added to :data:`POSTGRES_MIGRATIONS` under the same number as SQLite's.
+
+What the database must allow the role in the URL: ``CONNECT``, ``CREATE`` on the schema for
+the first run (or an administrator runs it once), then ``SELECT, INSERT, UPDATE`` on the
+tables. Connections are autocommit with explicit transactions; the lock wait is
+``lock_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from perseus.errors import ConfigError, PerseusError
+from perseus.recurring.schema import ABANDON_REASONS
+from perseus.recurring.store import SQLStore
+
+__all__ = ["POSTGRES_MIGRATIONS", "PostgresStore", "connect"]
+
+_FIGURE = "{c} >= 0 AND {c} <= 1e300"  # NaN compares above every number in PostgreSQL
+_REASONS = ", ".join(f"'{r}'" for r in ABANDON_REASONS[:5])
+
+_PG_V2 = f"""
+CREATE TABLE jobs (
+    job TEXT PRIMARY KEY CONSTRAINT job_name CHECK (length(job) BETWEEN 1 AND 1000),
+    config TEXT NOT NULL CONSTRAINT config_object CHECK (jsonb_typeof(config::jsonb) = 'object'),
+    created_s DOUBLE PRECISION NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
+);
+CREATE TABLE runs (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    job TEXT NOT NULL REFERENCES jobs(job),
+    status TEXT NOT NULL
+        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
+    phase TEXT NOT NULL
+        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+    batch_size BIGINT NOT NULL CONSTRAINT batch_size_positive CHECK (batch_size >= 1),
+    power_limit_w DOUBLE PRECISION CONSTRAINT power_limit_range CHECK (
+        power_limit_w IS NULL OR (power_limit_w > 0 AND power_limit_w <= 1e5)),
+    energy_j DOUBLE PRECISION CONSTRAINT energy_finite CHECK (
+        energy_j IS NULL OR ({_FIGURE.format(c="energy_j")})),
+    time_s DOUBLE PRECISION CONSTRAINT time_finite CHECK (
+        time_s IS NULL OR ({_FIGURE.format(c="time_s")})),
+    cost DOUBLE PRECISION CONSTRAINT cost_finite CHECK (cost IS NULL OR ({_FIGURE.format(c="cost")})),
+    reached INTEGER CONSTRAINT reached_flag CHECK (reached IS NULL OR reached IN (0, 1)),
+    epochs BIGINT CONSTRAINT epochs_count CHECK (epochs IS NULL OR epochs >= 0),
+    started_s DOUBLE PRECISION NOT NULL
+        CONSTRAINT started_time CHECK ({_FIGURE.format(c="started_s")}),
+    finished_s DOUBLE PRECISION CONSTRAINT finished_time CHECK (
+        finished_s IS NULL OR ({_FIGURE.format(c="finished_s")})),
+    pid BIGINT CONSTRAINT lease_pid CHECK (pid IS NULL OR pid > 0),
+    host TEXT,
+    process_start TEXT,
+    heartbeat_s DOUBLE PRECISION CONSTRAINT heartbeat_time CHECK (
+        heartbeat_s IS NULL OR ({_FIGURE.format(c="heartbeat_s")})),
+    end_reason TEXT CONSTRAINT end_reason_known CHECK (
+        end_reason IS NULL OR end_reason IN ({_REASONS})),
+    CONSTRAINT abandoned_has_reason CHECK ((status = 'abandoned') = (end_reason IS NOT NULL)),
+    CONSTRAINT done_has_figures CHECK (status <> 'done' OR (
+        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL))
+);
+CREATE INDEX runs_by_job ON runs (job, status, seq);
+CREATE TABLE power_limits (
+    job TEXT NOT NULL,
+    gpu TEXT NOT NULL,
+    batch_size BIGINT NOT NULL CONSTRAINT cached_batch_size CHECK (batch_size >= 1),
+    power_limit_w DOUBLE PRECISION NOT NULL CONSTRAINT cached_power_limit CHECK (
+        power_limit_w > 0 AND power_limit_w <= 1e5),
+    profile TEXT NOT NULL
+        CONSTRAINT profile_object CHECK (jsonb_typeof(profile::jsonb) = 'object'),
+    PRIMARY KEY (job, gpu, batch_size)
+);
+CREATE FUNCTION perseus_size_in_job() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE sizes jsonb;
+BEGIN
+    SELECT config::jsonb -> 'batch_sizes' INTO sizes FROM jobs WHERE job = NEW.job;
+    IF jsonb_typeof(sizes) = 'array' AND NOT sizes @> to_jsonb(NEW.batch_size) THEN
+        RAISE EXCEPTION '%.batch_size is not one of the job''s batch_sizes', TG_TABLE_NAME
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER runs_size_in_job BEFORE INSERT OR UPDATE OF batch_size, job ON runs
+    FOR EACH ROW EXECUTE FUNCTION perseus_size_in_job();
+CREATE TRIGGER power_limits_size_in_job BEFORE INSERT OR UPDATE OF batch_size, job
+    ON power_limits FOR EACH ROW EXECUTE FUNCTION perseus_size_in_job();
+"""
+
+#: ``(version, sql)`` steps, oldest first; numbered as SQLite's (:data:`~perseus.recurring.
+#: schema.MIGRATIONS`), starting at 2.
+# v3: a finished run is measured (energy, time and cost > 0); a cached power profile is too.
+_PG_V3 = """
+ALTER TABLE runs DROP CONSTRAINT end_reason_known;
+UPDATE runs SET status = 'abandoned', end_reason = 'unmeasured'
+    WHERE status = 'done' AND NOT (energy_j > 0 AND time_s > 0 AND cost > 0);
+ALTER TABLE runs ADD CONSTRAINT end_reason_known CHECK (end_reason IS NULL OR end_reason IN
+    ('exception', 'not started', 'signal', 'process gone', 'lease expired', 'unmeasured'));
+ALTER TABLE runs ADD CONSTRAINT done_measured
+    CHECK (status <> 'done' OR (energy_j > 0 AND time_s > 0 AND cost > 0));
+CREATE FUNCTION perseus_profile_unmeasured(profile TEXT) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM jsonb_each(profile::jsonb) AS m
+        WHERE jsonb_typeof(m.value) = 'object' AND NOT (
+            coalesce((m.value ->> 'avg_power_w')::float8, 1) > 0
+            AND coalesce((m.value ->> 'samples_per_s')::float8, 1) > 0)) $$;
+DELETE FROM power_limits WHERE perseus_profile_unmeasured(profile);
+ALTER TABLE power_limits ADD CONSTRAINT profile_measured CHECK (NOT perseus_profile_unmeasured(profile));
+"""
+POSTGRES_MIGRATIONS: tuple[tuple[int, str], ...] = ((2, _PG_V2), (3, _PG_V3))
+#: Any constant: the advisory lock that serialises migrations across processes.
+_MIGRATION_LOCK = 0x7065727365757301
+
+
+def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
+    """An autocommit psycopg connection (password from libpq's environment, never the URL).
+
+    Raises:
+        ConfigError: psycopg is not installed (``pip install 'perseus[postgres]'``).
+        PerseusError: the server cannot be reached or refused the login.
+    """
+    try:
+        import psycopg
+    except ImportError as e:
+        raise ConfigError(
+            "a postgresql:// store needs psycopg: pip install 'perseus[postgres]'"
+        ) from e
+    try:
+        con = psycopg.connect(
+            conninfo,
+            autocommit=True,
+            connect_timeout=max(1, round(timeout_s)),
+            options=f"-c lock_timeout={int(lock_timeout_s * 1000)}",
+        )
+    except psycopg.OperationalError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PerseusError(f"{_shown(conninfo)}: cannot connect ({first})") from None
+    return con
+
+
+def _shown(conninfo: str) -> str:
+    """The URL for messages (parse_url refused passwords; a query may still name one)."""
+    return conninfo.split("?", 1)[0]
+
+
+class PostgresStore(SQLStore):
+    """:class:`~perseus.recurring.store.RecurringStore` on a PostgreSQL server.
+
+    The constructor does no I/O; the connection is opened (and the schema created or
+    migrated) on first use, and again after ``fork``.
+
+    Args:
+        conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
+        busy_timeout_s: How long a writer waits for a row another holds (``lock_timeout``).
+        connect_timeout_s: How long to wait for the server.
+        lease_s, clock: As for :class:`~perseus.recurring.store.SQLStore`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        busy_timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        lease_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(_shown(conninfo), lease_s=lease_s, clock=clock)
+        self.conninfo = conninfo
+        self.busy_timeout_s = busy_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._con: Any = None
+        self._pid = 0
+
+    def _connection(self) -> Any:
+        if self._con is None or self._pid != os.getpid():
+            con = connect(
+                self.conninfo, timeout_s=self.connect_timeout_s, lock_timeout_s=self.busy_timeout_s
+            )
+            try:
+                self._migrate(con)
+            except BaseException:
+                con.close()
+                raise
+            self._con, self._pid = con, os.getpid()
+        return self._con
+
+    def _migrate(self, con: Any) -> None:
+        with self._transaction(con):
+            con.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            con.execute("CREATE TABLE IF NOT EXISTS perseus_schema (version INTEGER NOT NULL)")
+            row = con.execute("SELECT version FROM perseus_schema").fetchone()
+            version = 0 if row is None else int(row[0])
+            latest = POSTGRES_MIGRATIONS[-1][0]
+            if version > latest:
+                raise ConfigError(
+                    f"{self._name}: schema version {version} was written by a newer perseus "
+                    f"(this one reads up to {latest}); upgrade perseus or pass another database"
+                )
+            for step, sql in POSTGRES_MIGRATIONS:
+                if step > version:
+                    con.execute(sql)
+            if row is None:
+                con.execute("INSERT INTO perseus_schema (version) VALUES (%s)", (latest,))
+            elif version < latest:
+                con.execute("UPDATE perseus_schema SET version = %s", (latest,))
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """psycopg's errors as perseus's: a refused value -> ConfigError, the rest ->
+        PerseusError (the connection is dropped and reopened on next use)."""
+        import psycopg
+
+        try:
+            yield
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as e:
+            raise ConfigError(
+                f"{self._name}: the database refused a value ({_first_line(e)}); this is a bug "
+                "or a row edited by hand: repair or drop the row the constraint names"
+            ) from e
+        except psycopg.errors.LockNotAvailable as e:
+            raise PerseusError(
+                f"{self._name}: database busy for over {self.busy_timeout_s:g} s; try again"
+            ) from e
+        except psycopg.Error as e:
+            self.close()
+            raise PerseusError(f"{self._name}: {_first_line(e)}") from e
+
+    @contextlib.contextmanager
+    def _transaction(self, con: Any) -> Iterator[Any]:
+        con.execute("BEGIN")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            if not con.closed:
+                con.execute("ROLLBACK")
+            raise
+
+    def _x(self, con: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        return con.execute(sql.replace("?", "%s"), params)
+
+    def _lock_job(self, con: Any, job: str) -> None:
+        con.execute("SELECT 1 FROM jobs WHERE job = %s FOR UPDATE", (job,))
+
+    def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
+        """From a signal handler: a fresh connection waiting at most a second for the row
+        (the interrupted code's transaction, if any, rolls back when this process ends)."""
+        con = connect(self.conninfo, timeout_s=1.0, lock_timeout_s=1.0)
+        try:
+            con.execute(sql.replace("?", "%s"), params)
+        finally:
+            con.close()
+
+    def close(self) -> None:
+        con, self._con = self._con, None
+        if con is not None and self._pid == os.getpid():
+            con.close()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,405 @@
+"""Many jobs, one power budget: one frontier point per job, least weighted slowdown.
+
+Each job ``j`` offers its frontier's points ``i``, each with an iteration time ``t_ji`` and an
+average power ``P_ji`` (the job's GPUs together). Running point ``i`` costs the job
+``c_ji = w_j (t_ji / t_j0 - 1)``: its weight times its slowdown against its fastest plan. The
+fleet plan picks one point per job so that ``sum_j P_j,i_j <= B`` and ``sum_j c_j,i_j`` is
+least: a multiple-choice knapsack.
+
+:func:`plan_fleet` solves it in three steps:
+
+1. **LP bound (convex-hull greedy).** Per job, the lower convex hull of its (power, cost)
+   points; starting from every job's fastest point, hull segments are taken in order of cost
+   per watt saved (dP/dT in the job's own terms) until the fleet fits. The segment taken in
+   part (the break) gives the LP optimum ``lp_bound`` and the price of a watt ``lambda``.
+2. **An integer incumbent.** The break segment taken whole: it fits, and costs at most one
+   segment more than the bound (``method="greedy"`` stops here).
+3. **The last watts by dynamic program.** Before the break, the fleet is ``d`` watts over.
+   Which jobs save those ``d`` watts, and by how much, is a small covering knapsack: a
+   dynamic program over watts saved in ``grid`` steps of ``d / grid``, one move per job
+   (watts rounded down, so its answer always fits). Only moves whose reduced cost
+   ``c_ji + lambda P_ji - min_k (c_jk + lambda P_jk)`` is within ``incumbent - lp_bound`` can
+   beat the incumbent, so few points enter. The tests hold the answer to within 0.1 % of an
+   exact MILP on 1,000 jobs at every budget.
+
+Complexity: O(K log K) for the K points of all jobs (hulls and one sort of their segments),
+plus O(K' x grid) for the K' points that enter the dynamic program.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.errors import ConfigError, InfeasibleError
+from perseus.plan import Frontier
+
+__all__ = ["FleetAssignment", "FleetJob", "FleetPlan", "fleet_job", "plan_fleet"]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: The dynamic program's states reach this many deficits below zero and above the deficit (a
+#: job moving back to a faster plan while others save more).
+_REACH = 4
+#: Watts of float noise a budget comparison forgives (relative to the budget).
+_SLACK = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class FleetJob:
+    """One job's choices, in the job's own terms (all its GPUs together).
+
+    Attributes:
+        name: The job's name (unique in a fleet).
+        weight: The value of one unit of the job's progress (>= 0).
+        points: Index into the job's frontier ``points`` of each choice (ascending time).
+        time_s: Iteration time of each choice; ``time_s[0]`` is the job's fastest plan.
+        average_power_w: Average power of each choice (every GPU of the job).
+        peak_power_w: Peak power of each choice (every GPU of the job).
+        fastest_time_s: The time slowdowns are measured against: the job's fastest plan,
+            which a per-GPU cap may have left out (default: the fastest choice).
+    """
+
+    name: str
+    weight: float
+    points: tuple[int, ...]
+    time_s: tuple[float, ...]
+    average_power_w: tuple[float, ...]
+    peak_power_w: tuple[float, ...]
+    fastest_time_s: float | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.points)
+        if n == 0:
+            raise ConfigError(f"job {self.name!r}: no frontier point to choose from")
+        if not (len(self.time_s) == len(self.average_power_w) == len(self.peak_power_w) == n):
+            raise ConfigError(f"job {self.name!r}: points, times and powers differ in length")
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ConfigError(f"job {self.name!r}: weight must be a finite number >= 0")
+
+    def slowdown(self, choice: int) -> float:
+        """Choice ``choice``'s slowdown against the job's fastest plan (0 for the fastest)."""
+        fastest_s = self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
+        return self.time_s[choice] / fastest_s - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetAssignment:
+    """One job's plan in a fleet plan (``point``: the index into its frontier's points)."""
+
+    name: str
+    point: int
+    time_s: float
+    average_power_w: float
+    peak_power_w: float
+    slowdown: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPlan:
+    """A fleet plan: a point per job, its totals and the LP bound it was measured against.
+
+    Attributes:
+        jobs: One assignment per job, in the input order.
+        budget_w: The budget planned for.
+        total_average_power_w: Sum of the jobs' average power (<= ``budget_w``).
+        weighted_slowdown: Sum of weight x slowdown (what the plan minimises).
+        lp_bound: The convex-hull greedy's (LP) value: no plan does better.
+    """
+
+    jobs: tuple[FleetAssignment, ...]
+    budget_w: float
+    total_average_power_w: float
+    weighted_slowdown: float
+    lp_bound: float
+
+
+def fleet_job(
+    name: str,
+    frontier: Frontier,
+    *,
+    weight: float = 1.0,
+    gpus: int | None = None,
+    per_gpu_cap_w: float | None = None,
+) -> FleetJob:
+    """A job's choices from its frontier: ``gpus / ranks`` pipelines run each plan.
+
+    Args:
+        name: The job's name.
+        frontier: Its frontier (average power per pipeline from energy / time; peak power from
+            the points' power figures, else the average).
+        weight: The value of one unit of the job's progress.
+        gpus: GPUs of the job, a multiple of the frontier's ranks (default: the ranks).
+        per_gpu_cap_w: Leave out plans whose average power per GPU exceeds this.
+
+    Raises:
+        ConfigError: ``gpus`` not a positive multiple of the ranks; no plan under the cap.
+    """
+    ranks = frontier.job.ranks
+    gpus = ranks if gpus is None else gpus
+    if gpus < ranks or gpus % ranks:
+        raise ConfigError(
+            f"job {name!r}: gpus {gpus} is not a positive multiple of its frontier's {ranks} "
+            "ranks (one pipeline per replica); fix gpus in the jobs file"
+        )
+    replicas = gpus // ranks
+    keep = [
+        i
+        for i, p in enumerate(frontier.points)
+        if per_gpu_cap_w is None or p.avg_power_w <= per_gpu_cap_w * ranks * (1 + _SLACK)
+    ]
+    if not keep:
+        lowest = min(p.avg_power_w for p in frontier.points) / ranks
+        raise InfeasibleError(
+            f"job {name!r}: no plan fits `per_gpu_cap_w` {per_gpu_cap_w:g} W; its lowest "
+            f"average power per GPU is {lowest:.6g} W"
+        )
+    pts = [frontier.points[i] for i in keep]
+    return FleetJob(
+        name=name,
+        weight=float(weight),
+        points=tuple(keep),
+        time_s=tuple(p.time_s for p in pts),
+        average_power_w=tuple(replicas * p.avg_power_w for p in pts),
+        peak_power_w=tuple(
+            replicas * (p.power.peak_power_w if p.power is not None else p.avg_power_w) for p in pts
+        ),
+        fastest_time_s=frontier.fastest.time_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Segments:
+    """Every job's hull segments, sorted by cost per watt saved (the greedy's order)."""
+
+    job: npt.NDArray[np.int64]
+    to_choice: npt.NDArray[np.int64]  # the hull vertex a segment reaches
+    saved_w: FloatArray
+    added_cost: FloatArray
+
+
+def _hull(power_w: FloatArray, cost: FloatArray) -> list[int]:
+    """Indices of the lower convex hull of (power, cost), cheapest first (power falling, cost
+    rising, cost per watt saved rising), over the points no other point beats in both."""
+    order = sorted(range(power_w.size), key=lambda i: (cost[i], power_w[i]))
+    front: list[int] = []
+    for i in order:
+        if not front or power_w[i] < power_w[front[-1]]:
+            front.append(i)
+    hull: list[int] = []
+    for i in front:
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # keep b only if a -> b costs less per watt saved than b -> i
+            if (cost[b] - cost[a]) * (power_w[b] - power_w[i]) >= (cost[i] - cost[b]) * (
+                power_w[a] - power_w[b]
+            ):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
+    return [
+        np.asarray([j.weight * j.slowdown(i) for i in range(len(j.points))], dtype=np.float64)
+        for j in jobs
+    ]
+
+
+def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[int], _Segments]:
+    """Each job's hull start (its fastest cheapest point) and every hull segment."""
+    start, seg_job, seg_to, seg_w, seg_c = [], [], [], [], []
+    for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
+        power = np.asarray(job.average_power_w, dtype=np.float64)
+        hull = _hull(power, cost)
+        start.append(hull[0])
+        for a, b in itertools.pairwise(hull):
+            seg_job.append(k)
+            seg_to.append(b)
+            seg_w.append(power[a] - power[b])
+            seg_c.append(cost[b] - cost[a])
+    saved = np.asarray(seg_w, dtype=np.float64)
+    added = np.asarray(seg_c, dtype=np.float64)
+    order = np.argsort(added / saved, kind="stable") if saved.size else np.zeros(0, np.int64)
+    return start, _Segments(
+        np.asarray(seg_job, dtype=np.int64)[order],
+        np.asarray(seg_to, dtype=np.int64)[order],
+        saved[order],
+        added[order],
+    )
+
+
+def plan_fleet(
+    jobs: Sequence[FleetJob],
+    budget_w: float,
+    *,
+    method: Literal["dp", "greedy"] = "dp",
+    grid: int = 9000,
+) -> FleetPlan:
+    """The fleet plan of least weighted slowdown whose total average power fits ``budget_w``.
+
+    Args:
+        jobs: The jobs (unique names), e.g. from :func:`fleet_job`.
+        budget_w: The fleet's power budget in watts.
+        method: ``"dp"`` (LP greedy, then the dynamic program over the last watts) or
+            ``"greedy"`` (the LP greedy rounded up to whole hull segments).
+        grid: Steps of the dynamic program over the watts still to save (finer: closer to
+            the optimum, slower; the answer always fits).
+
+    Returns:
+        The plan; ``lp_bound <= weighted_slowdown``.
+
+    Raises:
+        ConfigError: a bad budget, method or grid, or repeated job names.
+        InfeasibleError: when even every job's lowest-power plan exceeds the budget (the
+            message names that least total).
+
+    Complexity: O(K log K) for K points in all, plus O(K' x grid) for the K' points the
+    reduced costs leave to the dynamic program.
+    """
+    if not (math.isfinite(budget_w) and budget_w > 0):
+        raise ConfigError(f"`budget_w` must be a positive number of watts, got {budget_w}")
+    if method not in ("dp", "greedy"):
+        raise ConfigError(f"`method` must be 'dp' or 'greedy', got {method!r}")
+    if not 1 <= grid <= 10**6:
+        raise ConfigError(f"`grid` must be 1..1000000 steps, got {grid}")
+    if not jobs:
+        raise ConfigError("a fleet plan needs at least one job")
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"job names must be unique; repeated: {', '.join(twice[:5])}")
+    least_w = sum(min(j.average_power_w) for j in jobs)
+    if least_w > budget_w * (1 + _SLACK):
+        raise InfeasibleError(
+            f"no assignment fits {budget_w:.6g} W: the least power that fits is {least_w:.6g} W "
+            "(every job on its lowest-power plan)"
+        )
+    costs = _costs(jobs)
+    choice, seg = _start(jobs, costs)
+    total_w = sum(j.average_power_w[c] for j, c in zip(jobs, choice, strict=True))
+    excess_w = total_w - budget_w
+    lp_bound = _total(costs, choice)
+    if excess_w <= 0:
+        return _result(jobs, costs, choice, budget_w, lp_bound)
+    # The greedy: whole segments before the break segment `last`, which is taken in part.
+    cum = np.cumsum(seg.saved_w)
+    last = min(int(np.searchsorted(cum, excess_w)), seg.saved_w.size - 1)
+    for k, to in zip(seg.job[:last], seg.to_choice[:last], strict=True):
+        choice[int(k)] = int(to)
+    deficit_w = excess_w - (float(cum[last - 1]) if last else 0.0)
+    part = deficit_w / float(seg.saved_w[last])
+    lp_bound = _total(costs, choice) + part * float(seg.added_cost[last])
+    incumbent = list(choice)
+    incumbent[int(seg.job[last])] = int(seg.to_choice[last])
+    if method == "greedy" or deficit_w <= 0:
+        return _result(jobs, costs, incumbent if deficit_w > 0 else choice, budget_w, lp_bound)
+    price = float(seg.added_cost[last] / seg.saved_w[last])
+    allowed = _total(costs, incumbent) - lp_bound
+    better = _cover(jobs, costs, choice, deficit_w, price, allowed, grid)
+    if better is not None and _total(costs, better) < _total(costs, incumbent):
+        incumbent = better
+    return _result(jobs, costs, incumbent, budget_w, lp_bound)
+
+
+def _total(costs: Sequence[FloatArray], choice: Sequence[int]) -> float:
+    return float(sum(c[k] for c, k in zip(costs, choice, strict=True)))
+
+
+def _cover(
+    jobs: Sequence[FleetJob],
+    costs: Sequence[FloatArray],
+    base: Sequence[int],
+    deficit_w: float,
+    price: float,
+    allowed: float,
+    grid: int,
+) -> list[int] | None:
+    """Save at least ``deficit_w`` more watts from ``base`` at least cost: a dynamic program
+    over the net watts saved, one move (another point) per job at most.
+
+    The states span ``-4 deficit_w .. 5 deficit_w`` in ``grid`` steps, so a job may also move
+    back to a faster plan while others save more; the top state stands for "at least" (it
+    only under-counts). Only moves within ``allowed`` of the LP optimum by reduced cost (the
+    point's cost plus ``price`` per watt, against the job's best) can beat the incumbent, so
+    only those enter. Watts are rounded down to whole steps: whatever the program picks saves
+    at least ``deficit_w``.
+    """
+    step_w = (1 + 2 * _REACH) * deficit_w / grid
+    origin = _REACH * grid // (1 + 2 * _REACH)  # the state of zero watts saved
+    dp = np.full(grid + 1, np.inf)
+    dp[origin] = 0.0
+    picks: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+    for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
+        power = np.asarray(job.average_power_w, dtype=np.float64)
+        value = cost + price * power
+        b = base[k]
+        units = np.floor((power[b] - power) / step_w).astype(np.int64)
+        moves = np.flatnonzero((value - value.min() <= allowed) & (units != 0))
+        if moves.size == 0:
+            continue
+        new = dp.copy()
+        prev = np.arange(grid + 1, dtype=np.int64)  # the state each state came from
+        src = np.full(grid + 1, -1, dtype=np.int64)  # the move that reached it (-1: none)
+        for i in moves:
+            u = int(units[i])
+            if abs(u) > grid:
+                continue
+            added = float(cost[i] - cost[b])
+            lo, hi = max(0, u), min(grid, grid + u)  # targets reached without saturating
+            cand = dp[lo - u : hi - u] + added
+            better = cand < new[lo:hi]
+            new[lo:hi][better] = cand[better]
+            src[lo:hi][better] = i
+            prev[lo:hi][better] = np.arange(lo, hi)[better] - u
+            if u > 0:  # the top state: "at least", from any state within u of it
+                j = int(np.argmin(dp[grid - u :])) + grid - u
+                if dp[j] + added < new[grid]:
+                    new[grid], src[grid], prev[grid] = dp[j] + added, i, j
+        picks.append((k, src, prev))
+        dp = new
+    need = origin + math.ceil(deficit_w / step_w - 1e-9)
+    if need > grid or not np.isfinite(dp[need:]).any():
+        return None
+    state = int(np.argmin(dp[need:])) + need
+    out = list(base)
+    for k, src, prev in reversed(picks):
+        if src[state] >= 0:
+            out[k] = int(src[state])
+        state = int(prev[state])
+    return out
+
+
+def _result(
+    jobs: Sequence[FleetJob],
+    costs: Sequence[FloatArray],
+    choice: Sequence[int],
+    budget_w: float,
+    lp_bound: float,
+) -> FleetPlan:
+    out = tuple(
+        FleetAssignment(
+            name=j.name,
+            point=j.points[c],
+            time_s=j.time_s[c],
+            average_power_w=j.average_power_w[c],
+            peak_power_w=j.peak_power_w[c],
+            slowdown=j.slowdown(c),
+        )
+        for j, c in zip(jobs, choice, strict=True)
+    )
+    return FleetPlan(
+        jobs=out,
+        budget_w=float(budget_w),
+        total_average_power_w=float(sum(a.average_power_w for a in out)),
+        weighted_slowdown=_total(costs, choice),
+        lp_bound=min(lp_bound, _total(costs, choice)),
+    )

@@ -1,0 +1,276 @@
+"""A fleet that follows: jobs register, the planner re-solves, jobs switch plans (both engines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.fleet.member import FleetMember
+from perseus.fleet.registry import FleetRegistry
+from perseus.io import load_profile
+from perseus.io.frontier_files import write_frontier
+from perseus.job import PlanningJob, make_job
+from perseus.plan import Frontier
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.session import RankSession
+from perseus.schedule import build_schedule
+from perseus.solver import trace
+from perseus.solver.fleet import fleet_job
+
+pytest.importorskip("torch.distributed")
+REPO = Path(__file__).resolve().parents[2]
+BLOCKING_W = 83.64
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[Any, PlanningJob, Frontier]:
+    """A two-rank job small enough to emulate quickly, and its frontier."""
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
+    return profile, job, trace(job, min_gap_fraction=0.01).frontier
+
+
+def test_registry_replans_on_register_budget_finish_and_lease(
+    store_url: str, small: tuple[Any, PlanningJob, Frontier]
+) -> None:
+    _, _, frontier = small
+    now = [1000.0]
+    with FleetRegistry(store_url, clock=lambda: now[0]) as fleet:
+        jobs = [fleet_job(f"j{k}", frontier, weight=1.0 + k) for k in range(3)]
+        for j in jobs:
+            fleet.register(j, lease_s=30.0)
+        assert fleet.replan() is None  # no budget yet
+        all_max_w = sum(j.average_power_w[0] for j in jobs)
+        fleet.set_budget(all_max_w)
+        assert fleet.replan() == 1
+        assert [fleet.assignment(j.name).point for j in jobs] == [0, 0, 0]  # type: ignore[union-attr]
+        assert fleet.replan() is None  # nothing changed
+        least_w = sum(min(j.average_power_w) for j in jobs)
+        budget_w = least_w + 0.3 * (all_max_w - least_w)
+        fleet.set_budget(budget_w)
+        assert fleet.replan() == 2
+        first = {j.name: fleet.assignment(j.name) for j in jobs}
+        assert sum(a.cap_w for a in first.values()) <= budget_w  # type: ignore[union-attr]
+        # j0 stops renewing its lease; the others renew theirs: j0's power goes to them
+        now[0] += 31.0
+        fleet.heartbeat("j1")
+        fleet.heartbeat("j2")
+        assert fleet.replan() == 3
+        assert fleet.assignment("j0") is None
+        for name in ("j1", "j2"):
+            assert fleet.assignment(name).cap_w >= first[name].cap_w  # type: ignore[union-attr]
+        assert sum(fleet.assignment(n).cap_w for n in ("j1", "j2")) > sum(  # type: ignore[union-attr]
+            first[n].cap_w
+            for n in ("j1", "j2")  # type: ignore[union-attr]
+        )
+        fleet.finish("j1")
+        assert fleet.replan() == 4
+        budget, epoch, members = fleet.status()
+        assert (budget, epoch) == (budget_w, 4)
+        assert {m.name: m.status for m in members} == {
+            "j0": "expired", "j1": "finished", "j2": "running"
+        }  # fmt: skip
+        assert fleet.assignment("j2").point == 0  # type: ignore[union-attr]  # alone: fastest fits
+    # a restarted planner picks up where it was
+    with FleetRegistry(store_url, clock=lambda: now[0]) as again:
+        assert again.status()[1] == 4 and again.replan() is None
+
+
+def _iteration(session: RankSession) -> None:
+    with session.iteration():
+        for action in session.schedule.rank_actions[session.rank]:
+            with session.op(action):
+                pass
+
+
+_KILLED = textwrap.dedent(
+    """
+    import sys, time
+    from perseus.fleet.member import FleetMember
+    from perseus.io.frontier_files import read_frontier
+    member = FleetMember(sys.argv[1], "victim", read_frontier(sys.argv[2]), lease_s=5.0).start()
+    print("registered", flush=True)
+    while True:
+        member.check(["perseus/power/cap"])
+        time.sleep(0.05)
+    """
+)
+
+
+def test_three_emulated_jobs_follow_the_budget_on_postgres(
+    postgres_url: str, small: tuple[Any, PlanningJob, Frontier], tmp_path: Path
+) -> None:
+    profile, _, frontier = small
+    path = tmp_path / "frontier.json"
+    write_frontier(frontier, path)
+    offset = [0.0]
+    planner = FleetRegistry(postgres_url, clock=lambda: time.time() + offset[0])
+    victim = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, postgres_url, str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    sessions, members = [], []
+    try:
+        assert victim.stdout is not None and victim.stdout.readline().strip() == "registered"
+        for k in range(3):
+            member = FleetMember(postgres_url, f"job{k}", frontier, weight=1.0 + k, lease_s=60.0)
+            members.append(member.start())
+            gpu = SimulatedGPU.from_profile(
+                profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / f"sim{k}",
+                set_latency_s=0.0,
+            )  # fmt: skip
+            session = RankSession(
+                build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W,
+                plan=frontier, watchdog=False, handle_signals=False, power_store=member,
+            )  # fmt: skip
+            sessions.append(session.start())
+        fastest_w = frontier.fastest.avg_power_w
+        least_w = min(p.avg_power_w for p in frontier.points)
+        planner.set_budget(4 * fastest_w)
+        planner.replan()
+        for _ in range(3):
+            for s in sessions:
+                _iteration(s)
+        assert [s.history[-1].point_index for s in sessions] == [0, 0, 0]
+        # The budget is lowered while iteration i runs: every job runs its new plan from i + 1
+        budget_w = 4 * least_w + 0.4 * 4 * (fastest_w - least_w)
+        planner.set_budget(budget_w)
+        epoch = planner.replan()
+        planned = [planner.assignment(m.name) for m in members]
+        assert all(a is not None and a.epoch == epoch for a in planned)
+        start = len(sessions[0].history)
+        for _ in range(3):
+            for s in sessions:
+                _iteration(s)
+        for s, a in zip(sessions, planned, strict=True):
+            ran = [h.point_index for h in s.history[start:]]
+            assert ran[1:] == [a.point] * 2, ran  # type: ignore[union-attr]  # within two iterations
+        total_w = sum(a.cap_w for a in planned)  # type: ignore[union-attr]
+        assert total_w + planner.assignment("victim").cap_w <= budget_w  # type: ignore[union-attr]
+        status = {m.name: m for m in planner.status()[2]}
+        assert all(
+            status[m.name].ack_point == a.point for m, a in zip(members, planned, strict=True)
+        )  # type: ignore[union-attr]
+        # The victim is SIGKILLed; after its lease its share goes to the three jobs
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=30)
+        offset[0] = 6.0  # past the victim's 5 s lease, well within the jobs' 60 s
+        for s in sessions:
+            _iteration(s)  # the jobs renew their leases
+        again = planner.replan()
+        assert again == epoch + 1 and planner.assignment("victim") is None
+        after = [planner.assignment(m.name) for m in members]
+        assert sum(a.cap_w for a in after) > total_w  # type: ignore[union-attr]
+        start = len(sessions[0].history)
+        for _ in range(3):
+            for s in sessions:
+                _iteration(s)
+        for s, a in zip(sessions, after, strict=True):
+            assert [h.point_index for h in s.history[start + 1 :]] == [a.point] * 2  # type: ignore[union-attr]
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.communicate(timeout=30)
+        for s in sessions:
+            s.close()
+        for m in members:
+            m.close()
+        planner.close()
+
+
+def test_cli_budget_serve_and_status(
+    tmp_path: Path, small: tuple[Any, PlanningJob, Frontier], capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from perseus.cli.main import main
+
+    _, _, frontier = small
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite'}"
+    with FleetRegistry(url) as fleet:
+        fleet.register(fleet_job("a", frontier), lease_s=600.0)
+        fleet.register(fleet_job("b", frontier, weight=3.0), lease_s=600.0)
+    least_w = min(p.avg_power_w for p in frontier.points)
+    budget_w = 2 * least_w + 0.5 * 2 * (frontier.fastest.avg_power_w - least_w)
+    assert main(["fleet", "budget", "--db", url, "--set-w", str(budget_w)]) == 0
+    assert main(["fleet", "serve", "--db", url, "--once"]) == 0
+    capsys.readouterr()
+    assert main(["fleet", "status", "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget_w"] == budget_w and doc["epoch"] == 1
+    points = {m["name"]: m["point"] for m in doc["members"]}
+    assert points["b"] <= points["a"]  # the heavier job runs at least as fast
+    assert sum(m["cap_w"] for m in doc["members"]) <= budget_w
+    assert main(["fleet", "status", "--db", url]) == 0
+    assert "plan 1" in capsys.readouterr().out
+    assert main(["fleet", "status", "--db", "postgresql://u:pw@h/db"]) == 2
+    assert "PGPASSWORD" in capsys.readouterr().err
+
+
+def test_timeline_and_plot(tmp_path: Path, small: tuple[Any, PlanningJob, Frontier]) -> None:
+    from perseus.report.fleet import plot_fleet
+
+    _, _, frontier = small
+    now = [0.0]
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=lambda: now[0]) as fleet:
+        a, b = fleet_job("a", frontier), fleet_job("b", frontier, weight=2.0)
+        fleet.register(a, lease_s=10.0)
+        fleet.register(b, lease_s=10.0)
+        fleet.set_budget(2 * frontier.fastest.avg_power_w)
+        fleet.replan()
+        now[0] = 5.0
+        fleet.set_budget(a.average_power_w[-1] + b.average_power_w[-1])
+        fleet.replan()
+        events = fleet.timeline()
+    assert [e[0] for e in events] == [0.0, 5.0]
+    assert events[0][2]["a"] == (a.average_power_w[0], a.time_s[0])
+    assert sum(w for w, _ in events[1][2].values()) <= events[1][1]  # type: ignore[operator]
+    png = plot_fleet(events, 10.0)
+    assert png.startswith(b"\x89PNG")
+
+
+_PLANNER = textwrap.dedent(
+    """
+    import sys
+    from perseus.fleet.registry import FleetRegistry
+    fleet = FleetRegistry(sys.argv[1])
+    print("planning", flush=True)
+    while True:
+        fleet.replan(force=True)
+    """
+)
+
+
+def test_a_sigkilled_planner_leaves_one_whole_plan(
+    store_url: str, small: tuple[Any, PlanningJob, Frontier]
+) -> None:
+    _, _, frontier = small
+    with FleetRegistry(store_url) as fleet:
+        for k in range(150):
+            fleet.register(fleet_job(f"j{k:03d}", frontier, weight=1 + k % 3), lease_s=3600.0)
+        fleet.set_budget(150 * min(p.avg_power_w for p in frontier.points) * 1.2)
+        planner = subprocess.Popen(
+            [sys.executable, "-c", _PLANNER, store_url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert planner.stdout is not None and planner.stdout.readline().strip() == "planning"
+        while fleet.status()[1] < 3:  # a few whole plans written
+            time.sleep(0.05)
+        planner.send_signal(signal.SIGKILL)
+        planner.communicate(timeout=30)
+        budget_w, epoch, members = fleet.status()
+        # every member carries the last committed plan, and it fits: nothing half-written
+        assert {m.epoch for m in members} == {epoch}
+        assert sum(m.cap_w or 0.0 for m in members) <= budget_w  # type: ignore[operator]
+        # a restarted planner picks up from there
+        assert fleet.replan(force=True) == epoch + 1
