@@ -29,6 +29,7 @@ from perseus.device.clock import Clock
 from perseus.runtime.agent.controller import Boundary, FrequencyController, MidSwitch
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
+from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
 
 __all__ = ["DeviceTiming", "HostTiming", "OpRow"]
 
@@ -96,6 +97,7 @@ class DeviceTiming(_Clocks):
         "_step_event",
         "_step_mj",
         "_step_stamp",
+        "delivery",
         "history",
         "jobs",
         "mid_switches",
@@ -125,6 +127,8 @@ class DeviceTiming(_Clocks):
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
         self.mid_switches = 0
+        #: The last iteration's clocks as read back (None: none read).
+        self.delivery: ClockDelivery | None = None
 
     @property
     def controller(self) -> FrequencyController | None:
@@ -229,16 +233,21 @@ class DeviceTiming(_Clocks):
         jobs = self.jobs
         self.mid_switches = sum(job.mids_issued for job in jobs)
         freqs, names = self.freqs, self.names
+        readings: list[tuple[str, int, int | None, int | None, int, float]] = []
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
+            planned = freqs[j] if j < len(freqs) else 0
+            readings.append(
+                (names[j], planned, job.asked_mhz, job.read_mhz, job.read_reasons, op.time_s)
+            )
             mid = job.mid_freq_mhz
             self._record_op(
                 (
                     iteration,
                     j,
                     names[j],
-                    freqs[j] if j < len(freqs) else 0,
+                    planned,
                     op.time_s,
                     job.energy_j() or 0.0,
                     mid if job.mid_issued else None,
@@ -246,6 +255,7 @@ class DeviceTiming(_Clocks):
                     op.end_s,
                 )
             )
+        self.delivery = clock_delivery(readings)
         self.jobs = []
         begin_mj = self._step_mj if self._step_mj is not None else mj
         return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
