@@ -67,12 +67,10 @@ from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
+from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.collectives import (
-    all_reduce_max,
-    all_reduce_sum,
-    barrier,
-)
+from perseus.runtime.collectives import all_reduce_max, barrier
+from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import StreamEmulator, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
@@ -119,27 +117,6 @@ class _NullScope:
 
 
 _OUTSIDE = _NullScope()
-
-
-def _op_time_fn(profile: Profile) -> Callable[..., float]:
-    """An op's profiled time at a clock, or at a (SM, memory) clock pair (the nearest profiled
-    clock when not profiled; without a memory clock, the default: the highest)."""
-
-    def op_time_s(
-        stage_index: int, kind: Kind, freq_mhz: int, mem_freq_mhz: int | None = None
-    ) -> float:
-        options = profile.op(stage_index, kind).options
-        return min(
-            options,
-            key=lambda o: (
-                abs(o.freq_mhz - freq_mhz),
-                -o.freq_mhz,
-                0 if mem_freq_mhz is None else abs((o.mem_freq_mhz or 0) - mem_freq_mhz),
-                -(o.mem_freq_mhz or 0),
-            ),
-        ).time_s
-
-    return op_time_s
 
 
 class RankSession:
@@ -271,6 +248,8 @@ class RankSession:
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
+        self._drift = DriftMonitor()
+        self._overruns_seen = 0  # the emulator's count at the last iteration's end
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
@@ -471,6 +450,7 @@ class RankSession:
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
                 self._run_start = self._iteration
+                self._drift.reset()
         # Back-to-back iterations share their boundary (one energy reading ends one and starts
         # the next, so counter steps cancel over a run); after anything ran between them
         # (evaluation) or after a discarded one, every rank marks a fresh start.
@@ -504,7 +484,7 @@ class RankSession:
         agent = self._agent
         assert self._window is not None
         t0, e0 = self._window
-        last_end = None
+        last_end = delivery = None
         if agent is not None:
             planned = len(agent.planned_clocks_mhz)
             done = agent.ops_done_this_iteration
@@ -518,7 +498,7 @@ class RankSession:
                     "between iterations)"
                 )
             last_end = agent.last_op_end_event
-            agent.step_end()  # waits for this rank's last op on the device
+            delivery = agent.step_end().clock_delivery  # waits for this rank's last op
         own_end_s = last_end.device_time_s() if last_end is not None else t0
         if self._emulator is not None:
             (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
@@ -527,7 +507,9 @@ class RankSession:
             barrier(self.group)
             end_s, mj = self._mark(None, reuse_agent_counter=True)
         energy_j = (mj - e0) / 1000.0
-        (pipeline_j,) = all_reduce_sum([energy_j], self.group)
+        overruns = self.emulation_overruns - self._overruns_seen
+        self._overruns_seen += overruns
+        pipeline = agree_iteration(energy_j, delivery, overruns, self.group)
         profiling = self._sweep is not None
         point = None
         if not profiling and self.frontier is not None:
@@ -539,9 +521,14 @@ class RankSession:
             time_s=end_s - t0,
             energy_j=energy_j,
             compute_time_s=max(0.0, own_end_s - t0),
-            pipeline_energy_j=pipeline_j,
+            pipeline_energy_j=pipeline.energy_j,
             predicted_time_s=None if point is None else point.time_s,
             predicted_energy_j=None if point is None else point.energy_j,
+            clock_share_at_plan=None if delivery is None else delivery.share_at_plan,
+            held_ops=() if delivery is None else delivery.held,
+            pipeline_held_ops=pipeline.held_ops,
+            held_reasons=pipeline.held_reasons,
+            host_overruns=pipeline.host_overruns,
         )
         self.history.append(stats)
         self._iteration += 1
@@ -550,11 +537,30 @@ class RankSession:
         self._state = SessionState.IDLE
         if self._sweep is not None:
             self._sweep_boundary()
+        else:
+            self._check_drift(stats)
         for hook in self._hooks:
             decision = hook(stats)
             if decision is not None:
                 check_frontier(self.schedule, *decision)
                 self._pending = decision
+
+    def _check_drift(self, stats: IterationStats) -> None:
+        """Say once when the run stops measuring its plan; with an online profile, profile
+        again and re-plan (every rank decides alike: the figures are the pipeline's)."""
+        drift = self._drift.update(stats)
+        if drift is None:
+            return
+        reprofile = drift.stale_profile and isinstance(self.source, OnlineProfile)
+        if self.rank == 0:
+            _log.warning(
+                "perseus: iteration %d: %s%s",
+                stats.iteration,
+                drift.cause,
+                "; profiling again to re-plan" if reprofile else "",
+            )
+        if reprofile and isinstance(self.source, OnlineProfile):
+            self._start_sweep(self.source)
 
     def _abort_iteration(self) -> None:
         self._window = None
@@ -592,7 +598,10 @@ class RankSession:
         mj = event.energy_mj
         if mj is None:
             mj = mj_before if mj_before is not None else int(self.gpu.energy_mj())
-        return event.device_time_s(), int(mj)
+        # Emulation: the point is the time the ranks agreed on, so every rank's iteration
+        # time is the pipeline's (this device's event may land a little later: a counter
+        # publish read since, or its own last event).
+        return (event.device_time_s() if at_s is None else at_s), int(mj)
 
     # ----------------------------------------------------------------------------------------
     # Actions
@@ -657,7 +666,7 @@ class RankSession:
         options: dict[str, Any] = {"measure_op_energy": False}
         if self.job is not None:
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
-            options["op_time_s"] = _op_time_fn(self.job.profile)
+            options["op_time_s"] = profiled_op_time_s(self.job.profile)
         options.update(self._agent_options)
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
         agent.start()

@@ -1,0 +1,110 @@
+"""Does the run measure its plan? Every iteration, on every rank alike.
+
+At each iteration's end the ranks agree, in the one all-reduce that sums the pipeline's
+energy, on how many ops of the pipeline ran below their planned clock and why, and how many
+host overruns emulation counted (:func:`agree_iteration`): every rank then holds the same
+figures, so every rank reaches the same verdict. :class:`DriftMonitor` compares predicted and
+measured time and energy every iteration; when they differ beyond
+:data:`~perseus.runtime.summary.DRIFT_TOLERANCE` for :data:`PATIENCE` iterations in a row it
+says so once, with the cause found (:func:`~perseus.runtime.summary.drift_cause`: clocks held
+below the plan, host overruns in emulation, else another GPU than the profile's or a stale
+profile). A session whose plan comes from an online profile then profiles again and re-plans
+(all ranks together: the verdict is the same everywhere); others keep running, and their
+summary says the figures do not measure the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
+from perseus.runtime.collectives import all_reduce_sum
+from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
+
+__all__ = ["PATIENCE", "Drift", "DriftMonitor", "PipelineFigures", "agree_iteration"]
+
+#: Iterations in a row beyond the tolerance before the drift is reported.
+PATIENCE = 3
+
+#: The limiting reasons counted across ranks, in a fixed order (plus "no reason reported").
+_REASONS = tuple(REASON_TEXT)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineFigures:
+    """What every rank of the pipeline agrees on for one iteration."""
+
+    energy_j: float
+    held_ops: int
+    held_reasons: tuple[str, ...]
+    host_overruns: int
+
+
+def agree_iteration(
+    energy_j: float, delivery: ClockDelivery | None, host_overruns: int, group: Any
+) -> PipelineFigures:
+    """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline: one
+    all-reduce, collective over ``group``."""
+    held = delivery.held if delivery is not None else ()
+    by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
+    energy, held_sum, overruns, *reasons = all_reduce_sum(
+        [float(energy_j), float(len(held)), float(host_overruns), *by_reason], group
+    )
+    return PipelineFigures(
+        energy_j=energy,
+        held_ops=round(held_sum),
+        held_reasons=tuple(r for r, n in zip(_REASONS, reasons, strict=True) if n > 0),
+        host_overruns=round(overruns),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """A reported drift: why, and whether the profile itself is to blame (neither held
+    clocks nor host overruns explain it): then re-profiling helps."""
+
+    cause: str
+    stale_profile: bool
+
+
+def _beyond(stats: IterationStats) -> bool:
+    if stats.phase != "run" or not stats.predicted_time_s or not stats.predicted_energy_j:
+        return False
+    dt = stats.time_s / stats.predicted_time_s - 1.0
+    energy = stats.pipeline_energy_j
+    de = 0.0 if energy is None else energy / stats.predicted_energy_j - 1.0
+    return abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
+
+
+class DriftMonitor:
+    """Predicted against measured, every iteration; one report per deployed plan.
+
+    Args:
+        patience: Iterations in a row beyond the tolerance before reporting.
+    """
+
+    def __init__(self, patience: int = PATIENCE) -> None:
+        self._patience = patience
+        self._streak: list[IterationStats] = []
+        self._reported = False
+
+    def reset(self) -> None:
+        """A new plan runs: watch it afresh."""
+        self._streak = []
+        self._reported = False
+
+    def update(self, stats: IterationStats) -> Drift | None:
+        """Take one iteration; the drift the first time it persisted (else None)."""
+        if not _beyond(stats):
+            self._streak = []
+            return None
+        self._streak.append(stats)
+        if self._reported or len(self._streak) < self._patience:
+            return None
+        cause = drift_cause(self._streak)
+        if cause is None:
+            return None
+        self._reported = True
+        stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
+        return Drift(cause, stale)
