@@ -67,6 +67,7 @@ from perseus.device.base import (
 )
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
+from perseus.runtime.agent.readback import IDLE_REASON
 
 __all__ = ["ApplyStats", "Boundary", "FrequencyController", "MidSwitch", "issue_offset_s"]
 
@@ -633,27 +634,30 @@ class FrequencyController:
 
     def _read_back(self, job: Boundary, gpu: ClockReadbackGPU) -> None:
         """Read the clock the GPU runs inside ``job``'s op: mid-way through it when its time
-        is known (before the next clock is due), else now (the op has started); nothing when
-        the op ended first or no clock of ours is applied (observe-only)."""
-        asked = self._applied
-        if asked is None or self.observe_only:
+        is known (before the next clock is due), else as soon as it runs (the device may idle
+        after the start event, waiting for the op's input: such readings are retried);
+        nothing when the op ended first or no clock of ours is applied (observe-only)."""
+        if self._applied is None or self.observe_only:
             return
         events = self.events
+        due = None
         if job.expected_s is not None and events is not None:
             start = job.start.device_time_s()
             due = start + job.expected_s - (self.landing_s() or 0.0) - FINAL_APPROACH_S
             if self._wait_end(job, min(start + 0.5 * job.expected_s, due)):
                 return
-        elif job.end is not None and job.end.query():
-            return
-        try:
-            job.read_mhz = gpu.current_clock_mhz()
-            job.read_reasons = gpu.clock_event_reasons()
-        except DeviceError:
-            self._readback = None  # not on this GPU or driver: stop asking
-            job.read_mhz = None
-            return
-        job.asked_mhz = self._applied
+        while not (job.end is not None and job.end.query()) and not self._closed:
+            try:
+                read_mhz, reasons = gpu.current_clock_mhz(), gpu.clock_event_reasons()
+            except DeviceError:
+                self._readback = None  # not on this GPU or driver: stop asking
+                return
+            if not reasons & IDLE_REASON or events is None:
+                job.read_mhz, job.read_reasons, job.asked_mhz = read_mhz, reasons, self._applied
+                return
+            now = events.timeline_now_s()
+            if (due is not None and now >= due) or self._wait_end(job, now + 5 * POLL_S):
+                return
 
     def _wants(self, freq_mhz: int | None, mem_freq_mhz: int | None = None) -> bool:
         """True when the pair is a change to make (a None memory clock is no change)."""

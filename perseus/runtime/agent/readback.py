@@ -27,6 +27,7 @@ __all__ = [
     "ClockDelivery",
     "ClockHeldWarning",
     "HeldClockReport",
+    "IDLE_REASON",
     "HeldOp",
     "clock_delivery",
     "describe_reasons",
@@ -43,6 +44,9 @@ REASON_TEXT = {
 }
 #: An op held without a limiting reason set (a change still landing, an unknown limit).
 NO_REASON = "no reason reported"
+
+#: NVML's "GPU idle" reason: a reading taken while no op ran says nothing about the op's clock.
+IDLE_REASON = next(bit for bit, name in CLOCK_EVENT_REASONS if name == "gpu_idle")
 
 #: A reading this far below the asked clock is held (real clocks settle a step or two off).
 _TOLERANCE = 0.01
@@ -114,7 +118,8 @@ def clock_delivery(
         readings: Per op ``(name, planned_mhz, asked_mhz, read_mhz, reasons, time_s)``: the
             plan's (snapped) clock, the clock applied when the worker read (a reading taken
             while another clock was applied, a change not issued yet, says nothing about the
-            op's and is left out), the clock read (None: not read) and the reason mask.
+            op's and is left out), the clock read (None: not read) and the reason mask (a
+            reading with the idle reason, taken in a gap, is left out too).
 
     Complexity: O(len(readings)).
     """
@@ -122,7 +127,7 @@ def clock_delivery(
     ops_read = 0
     held: list[HeldOp] = []
     for name, planned, asked, read, mask, time_s in readings:
-        if read is None or asked != planned:
+        if read is None or asked != planned or mask & IDLE_REASON:
             continue
         ops_read += 1
         total_s += time_s
@@ -137,24 +142,27 @@ def clock_delivery(
 
 
 class HeldClockReport:
-    """Warns when a rank's clocks are held below the plan: once, then only on a change of
-    which ops are held or why (the exact held clock may wander under a cap; not a change)."""
+    """Warns when a rank's clocks are held below the plan: once, then only when an op is held
+    that was not reported, or for another reason (the exact held clock may wander under a
+    cap, and an op read in a gap one iteration is not news). Once every op's clock is
+    delivered again, the next hold is reported afresh."""
 
     def __init__(self, rank: int, gpu_name: str) -> None:
         self._rank = rank
         self._gpu_name = gpu_name
-        self._last: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
+        self._reported: set[tuple[str, tuple[str, ...]]] = set()
 
     def update(self, delivery: ClockDelivery | None, iteration: int) -> str | None:
-        """Warn (:class:`ClockHeldWarning`) when what is held changed; returns the message."""
+        """Warn (:class:`ClockHeldWarning`) when something new is held; returns the message."""
         if delivery is None:
             return None
-        key = frozenset((h.name, h.reasons) for h in delivery.held)
-        if key == self._last:
-            return None
-        self._last = key
+        key = {(h.name, h.reasons) for h in delivery.held}
         if not key:
-            return None  # delivered again: the next hold is a change worth a warning
+            self._reported.clear()  # delivered again
+            return None
+        if key <= self._reported:
+            return None
+        self._reported |= key
         held = delivery.held
         named = "; ".join(str(h) for h in held[:_NAMED])
         more = f"; and {len(held) - _NAMED} more" if len(held) > _NAMED else ""
