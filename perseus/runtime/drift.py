@@ -15,6 +15,7 @@ summary says the figures do not measure the plan.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,9 @@ from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.collectives import all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 
-__all__ = ["PATIENCE", "Drift", "DriftMonitor", "PipelineFigures", "agree_iteration"]
+__all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration"]
+
+_log = logging.getLogger("perseus.runtime.session")
 
 #: Iterations in a row beyond the tolerance before the drift is reported.
 PATIENCE = 3
@@ -59,15 +62,6 @@ def agree_iteration(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Drift:
-    """A reported drift: why, and whether the profile itself is to blame (neither held
-    clocks nor host overruns explain it): then re-profiling helps."""
-
-    cause: str
-    stale_profile: bool
-
-
 def _beyond(stats: IterationStats) -> bool:
     if stats.phase != "run" or not stats.predicted_time_s or not stats.predicted_energy_j:
         return False
@@ -78,13 +72,19 @@ def _beyond(stats: IterationStats) -> bool:
 
 
 class DriftMonitor:
-    """Predicted against measured, every iteration; one report per deployed plan.
+    """Predicted against measured, every iteration; one report per deployed plan (logged on
+    rank 0, as the summary is).
 
     Args:
+        rank: This process's pipeline rank.
+        reprofile: The plan comes from an online profile: a drift that neither held clocks
+            nor host overruns explain is answered by profiling again.
         patience: Iterations in a row beyond the tolerance before reporting.
     """
 
-    def __init__(self, patience: int = PATIENCE) -> None:
+    def __init__(self, rank: int, *, reprofile: bool = False, patience: int = PATIENCE) -> None:
+        self._rank = rank
+        self._reprofile = reprofile
         self._patience = patience
         self._streak: list[IterationStats] = []
         self._reported = False
@@ -94,17 +94,27 @@ class DriftMonitor:
         self._streak = []
         self._reported = False
 
-    def update(self, stats: IterationStats) -> Drift | None:
-        """Take one iteration; the drift the first time it persisted (else None)."""
+    def update(self, stats: IterationStats) -> bool:
+        """Take one iteration; say so the first time the drift persisted. True when the
+        session should profile again (an online profile, and the profile is to blame)."""
         if not _beyond(stats):
             self._streak = []
-            return None
+            return False
         self._streak.append(stats)
         if self._reported or len(self._streak) < self._patience:
-            return None
+            return False
         cause = drift_cause(self._streak)
         if cause is None:
-            return None
+            return False
         self._reported = True
         stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
-        return Drift(cause, stale)
+        reprofile = stale and self._reprofile
+        if self._rank == 0:
+            _log.warning(
+                "perseus: iterations %d-%d: %s%s",
+                self._streak[0].iteration,
+                stats.iteration,
+                cause,
+                "; profiling again to re-plan" if reprofile else "",
+            )
+        return reprofile

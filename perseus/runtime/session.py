@@ -85,7 +85,7 @@ from perseus.runtime.planning import (
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
-from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.actions import Action, Schedule
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
 
@@ -248,7 +248,7 @@ class RankSession:
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
-        self._drift = DriftMonitor()
+        self._drift = DriftMonitor(self.rank, reprofile=isinstance(self.source, OnlineProfile))
         self._overruns_seen = 0  # the emulator's count at the last iteration's end
 
     # ----------------------------------------------------------------------------------------
@@ -537,30 +537,13 @@ class RankSession:
         self._state = SessionState.IDLE
         if self._sweep is not None:
             self._sweep_boundary()
-        else:
-            self._check_drift(stats)
+        elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
+            self._start_sweep(self.source)  # profile again, re-plan: every rank alike
         for hook in self._hooks:
             decision = hook(stats)
             if decision is not None:
                 check_frontier(self.schedule, *decision)
                 self._pending = decision
-
-    def _check_drift(self, stats: IterationStats) -> None:
-        """Say once when the run stops measuring its plan; with an online profile, profile
-        again and re-plan (every rank decides alike: the figures are the pipeline's)."""
-        drift = self._drift.update(stats)
-        if drift is None:
-            return
-        reprofile = drift.stale_profile and isinstance(self.source, OnlineProfile)
-        if self.rank == 0:
-            _log.warning(
-                "perseus: iteration %d: %s%s",
-                stats.iteration,
-                drift.cause,
-                "; profiling again to re-plan" if reprofile else "",
-            )
-        if reprofile and isinstance(self.source, OnlineProfile):
-            self._start_sweep(self.source)
 
     def _abort_iteration(self) -> None:
         self._window = None

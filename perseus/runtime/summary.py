@@ -152,8 +152,8 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
         )
     if off and not causes:
         causes.append(
-            f"time {dt:+.1%} and energy {de:+.1%} off the prediction with the plan's clocks "
-            "delivered (another GPU than the profile's, or a stale profile)"
+            f"time {dt:+.1%} and energy {de:+.1%} off the prediction with no clock held "
+            "below the plan (another GPU than the profile's, or a stale profile)"
         )
     if not causes:
         return None

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
-from perseus.runtime.agent.controller import Boundary
 from perseus.profile.model import Profile
+from perseus.runtime.agent.controller import Boundary
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.schedule.actions import Kind
 

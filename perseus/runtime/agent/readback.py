@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from perseus.device.nvml import CLOCK_EVENT_REASONS, LIMITING_REASONS
 
 __all__ = [
+    "IDLE_REASON",
     "REASON_TEXT",
     "ClockDelivery",
     "ClockHeldWarning",
     "HeldClockReport",
-    "IDLE_REASON",
     "HeldOp",
     "clock_delivery",
     "describe_reasons",
@@ -41,9 +41,10 @@ REASON_TEXT = {
     "sw_thermal_slowdown": "thermal (SW)",
     "hw_thermal_slowdown": "thermal (HW)",
     "hw_slowdown": "HW slowdown",
+    "no_reason_reported": "no reason reported",
 }
 #: An op held without a limiting reason set (a change still landing, an unknown limit).
-NO_REASON = "no reason reported"
+NO_REASON = "no_reason_reported"
 
 #: NVML's "GPU idle" reason: a reading taken while no op ran says nothing about the op's clock.
 IDLE_REASON = next(bit for bit, name in CLOCK_EVENT_REASONS if name == "gpu_idle")
@@ -68,7 +69,7 @@ class HeldOp:
         planned_mhz: The clock asked for it.
         applied_mhz: The clock the GPU ran (read back inside the op).
         reasons: Why, as NVML names its reasons (``("sw_power_cap",)``), or
-            ``("no reason reported",)``.
+            ``("no_reason_reported",)``.
     """
 
     name: str
@@ -101,12 +102,14 @@ class ClockDelivery:
 
 def limiting_reasons(mask: int) -> tuple[str, ...]:
     """The names of the limiting reasons (power, thermal) set in an NVML reason mask."""
-    return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit and name in LIMITING_REASONS)
+    return tuple(
+        name for bit, name in CLOCK_EVENT_REASONS if mask & bit and name in LIMITING_REASONS
+    )
 
 
 def describe_reasons(reasons: Sequence[str]) -> str:
     """``("sw_power_cap",)`` -> ``"power cap"`` (several joined with ``" + "``)."""
-    return " + ".join(REASON_TEXT.get(r, r) for r in reasons) or NO_REASON
+    return " + ".join(REASON_TEXT.get(r, r) for r in reasons) or REASON_TEXT[NO_REASON]
 
 
 def clock_delivery(
