@@ -69,6 +69,7 @@ from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.collectives import all_reduce_max, barrier
 from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import StreamEmulator, start_emulation
@@ -243,7 +244,8 @@ class RankSession:
         self._emulator: StreamEmulator | None = None
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
-        self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
+        # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
+        self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | None = None  # the last iteration's end
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
@@ -482,8 +484,8 @@ class RankSession:
 
     def _end(self) -> None:
         agent = self._agent
-        assert self._window is not None
-        t0, e0 = self._window
+        window = self._window
+        assert window is not None
         last_end = delivery = None
         if agent is not None:
             planned = len(agent.planned_clocks_mhz)
@@ -499,13 +501,16 @@ class RankSession:
                 )
             last_end = agent.last_op_end_event
             delivery = agent.step_end().clock_delivery  # waits for this rank's last op
+        # A real GPU's start is read now: the worker has read its counter by the agent's end.
+        t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = last_end.device_time_s() if last_end is not None else t0
+        at_s = None
         if self._emulator is not None:
             (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
-            end_s, mj = self._mark(at_s, reuse_agent_counter=True)
         else:
             barrier(self.group)
-            end_s, mj = self._mark(None, reuse_agent_counter=True)
+        end = self._mark(at_s, reuse_agent_counter=True)
+        end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
         overruns = self.emulation_overruns - self._overruns_seen
         self._overruns_seen += overruns
@@ -554,12 +559,15 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(self, at_s: float | None, reuse_agent_counter: bool = False) -> tuple[float, int]:
+    def _mark(
+        self, at_s: float | None, reuse_agent_counter: bool = False
+    ) -> tuple[float, int] | CounterMark:
         """A point on the device's timeline: (device time, energy counter in mJ).
 
         ``at_s`` (emulation): the point is then, not when this host got here (host stalls are
-        an artefact of CPUs shared between emulated GPUs). On a real GPU the counter is read
-        before the event is recorded, so the read (~3 ms on NVML) never delays the first op.
+        an artefact of CPUs shared between emulated GPUs). A real GPU's fresh start is a
+        :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on NVML)
+        on the training thread; the worker reads the counter as the device passes it.
         """
         agent = self._agent
         events = agent.events if agent is not None else None
@@ -570,10 +578,8 @@ class RankSession:
             # The agent read the counter as the iteration ended on this device, moments ago:
             # the same boundary (the device is idle since), no second read.
             mj_before = agent.take_end_counter_mj()
-        elif self._emulator is None:
-            # A real GPU's counter read takes ~3 ms: read it before the start event, so that
-            # it never delays the iteration's first op (the device idles meanwhile).
-            mj_before = int(self.gpu.energy_mj())
+        elif self._emulator is None and agent is not None:
+            return CounterMark(events.record_event(), agent.controller, self.gpu.energy_mj)
         if at_s is not None:
             self.gpu.backdate(at_s)
         event = events.record_event()

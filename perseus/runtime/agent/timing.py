@@ -31,7 +31,7 @@ from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
 
-__all__ = ["DeviceTiming", "HostTiming", "OpRow"]
+__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,6 +40,43 @@ OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float 
 
 #: Predicted time from an op's start to the start of its phase: ``(op index, phase) -> time_s``.
 MidTimeFn = Callable[[int, int], "float | None"]
+
+
+def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) -> Boundary | None:
+    """Have the controller's worker read the energy counter when the device passes
+    ``event`` (its ``start_mj``), unless the event carries its own reading or there is no
+    worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
+    if controller is None or event.energy_mj is not None:
+        return None
+    job = Boundary(event, None, None, end=event, stamp=True)
+    controller.post(job)
+    return job
+
+
+class CounterMark:
+    """A point on the device's timeline marked without waiting for the device or reading the
+    counter: its time and counter reading are taken when asked (:meth:`resolve`), once the
+    event completed and the worker read the counter at it."""
+
+    __slots__ = ("_event", "_read_mj", "_stamp")
+
+    def __init__(
+        self,
+        event: DeviceEvent,
+        controller: FrequencyController | None,
+        read_mj: Callable[[], int],
+    ) -> None:
+        self._event = event
+        self._stamp = stamp_counter(controller, event)
+        self._read_mj = read_mj  # only if the worker could not read it (closed, an error)
+
+    def resolve(self) -> tuple[float, int]:
+        """``(device time, counter mJ)`` at the mark (waits for the event if needed)."""
+        time_s = self._event.device_time_s()
+        mj = self._event.energy_mj
+        if mj is None and self._stamp is not None:
+            mj = self._stamp.start_mj
+        return time_s, int(self._read_mj() if mj is None else mj)
 
 
 class _Clocks:
@@ -150,11 +187,9 @@ class DeviceTiming(_Clocks):
         mj = event.energy_mj if event.query() else None
         if mj is None and ctl is None:
             mj = self._energy_mj()
-        elif mj is None and ctl is not None:
-            # The counter is read when the device reaches the iteration's start, by the worker
-            # (an NVML read costs ~3 ms, p99 ~25 ms on an H100: not on the training thread).
-            self._step_stamp = Boundary(event, None, None, end=event, stamp=True)
-            ctl.post(self._step_stamp)
+        elif mj is None:
+            # Read by the worker when the device reaches the iteration's start.
+            self._step_stamp = stamp_counter(ctl, event)
         self._step_mj = mj
 
     def enter(self, j: int) -> None:
@@ -215,13 +250,16 @@ class DeviceTiming(_Clocks):
             # iteration; waiting for the end first would apply every change late.
             ctl.flush(timeout_s=1.0)
         end = self._events.record_event()
+        stamp = stamp_counter(ctl, end)  # the end's counter, read by the worker too
         end.synchronize()
         if ctl is not None:
-            # Its last boundary is done: its counter stamps (the iteration start's included)
-            # are read, so the end reading below comes after them.
+            # Its last boundary is done: its counter stamps (the iteration start's and end's)
+            # are read, in order.
             ctl.flush(timeout_s=1.0)
         mj = end.energy_mj
-        if mj is None:
+        if mj is None and stamp is not None:
+            mj = stamp.start_mj
+        if mj is None:  # no worker, or it could not read
             mj = self._energy_mj()
         self._end_mj = mj
         if self._step_mj is None:
