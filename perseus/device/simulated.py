@@ -299,7 +299,8 @@ class SimulatedGPU:
         """
         clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
-            name=name or f"Simulated GPU ({Path(profile.source).stem})",
+            # The file's stem, without what scale_profile/take_stages appended ("... (time x0.1)").
+            name=name or f"Simulated GPU ({Path(profile.source.split(' (', 1)[0]).stem})",
             clocks_mhz=clocks,
             op_cost_fn=cost,
             blocking_power_w=blocking_power_w,
