@@ -295,3 +295,50 @@ def test_metrics_export_the_clocks_delivered():
     ]
     row = dict(zip(CSV_FIELDS, _csv_row(record), strict=True))
     assert row["held_ops"] == "0F0:1410>960:sw_power_cap" and row["host_overruns"] == 2
+
+
+def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The cached online profile no longer describes the GPU (it slowed down by half): after a
+    few iterations off the prediction, with every clock delivered, the session says so once
+    and profiles again, instead of running on."""
+    import os
+
+    from perseus.io import write_profile_csv
+    from perseus.runtime.planning import OnlineProfile
+    from perseus.runtime.session import RankSession
+
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.2)  # ops of tens of ms
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(profile, cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / "sim", set_latency_s=0.0
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        online_profile=OnlineProfile(cache=cache),
+        watchdog=False,
+        handle_signals=False,
+    )
+    sweeps: list[int] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            assert not session.profiling  # planned from the cache
+            monkeypatch.setattr(session, "_start_sweep", lambda options: sweeps.append(1))
+            session.gpu.set_slowdown(1.5)
+            for _ in range(5):
+                with session.iteration():
+                    for action in schedule.rank_actions[0]:
+                        with session.op(action):
+                            pass
+    assert sweeps == [1]  # once, after three iterations off
+    assert session.summary is not None and session.summary.caveat is not None
+    assert "stale profile" in session.summary.caveat
