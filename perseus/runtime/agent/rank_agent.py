@@ -443,6 +443,7 @@ class RankAgent:
                 stamp_ops=self._stamp_ops,
                 mid_time_s=self._mid_time_s,
                 record_op=self._ops.append,
+                recycle=events.recycle if isinstance(events, CudaEventSource) else None,
             )
             if isinstance(self._mode, DeviceTiming):
                 mode.history = self._mode.history  # a restart keeps what it learnt

@@ -121,6 +121,7 @@ class DeviceTiming(_Clocks):
         stamp_ops: Whether the worker reads the counter at every op boundary.
         mid_time_s: Predicted time from a phased op's start to a later phase's start.
         record_op: Where each completed op's row goes.
+        recycle: Called as each iteration ends, its figures read (pooled CUDA events).
     """
 
     __slots__ = (
@@ -130,6 +131,7 @@ class DeviceTiming(_Clocks):
         "_events",
         "_mid_time_s",
         "_record_op",
+        "_recycle",
         "_stamp_ops",
         "_step_event",
         "_step_mj",
@@ -149,9 +151,11 @@ class DeviceTiming(_Clocks):
         stamp_ops: bool,
         mid_time_s: MidTimeFn,
         record_op: Callable[[OpRow], None],
+        recycle: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self._events = events
+        self._recycle = recycle
         self._controller = controller
         self._energy_mj = energy_mj
         self._stamp_ops = stamp_ops
@@ -296,7 +300,10 @@ class DeviceTiming(_Clocks):
         self.delivery = clock_delivery(readings)
         self.jobs = []
         begin_mj = self._step_mj if self._step_mj is not None else mj
-        return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
+        time_s = end.device_time_s() - begin.device_time_s()
+        if self._recycle is not None:
+            self._recycle()
+        return time_s, (mj - begin_mj) / 1000.0
 
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""
