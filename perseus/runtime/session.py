@@ -27,13 +27,13 @@ exactly one step (the adapter's ``step_call``): a second step, or fewer actions 
 is refused with a :class:`~perseus.errors.PlanError` that names that call.
 
 **Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and sum
-their energy, so :class:`IterationStats` carries the pipeline's time and energy next to the
-plan's prediction for the pipeline, and this rank's own energy. At an iteration's start the
-ranks agree (one collective) whether anything ran since the last one: if not, the last end is
-this start (one counter reading for both, so counter steps cancel over a run); if so (an
-evaluation pass, a discarded iteration), every rank marks a fresh common start on the
-device's timeline.
+end (emulation: the moment the pipeline's last device finished, so ``time_s`` is the same on
+every rank; on GPUs a barrier) and sum their energy, held ops and host overruns
+(:mod:`perseus.runtime.drift`): :class:`IterationStats` carries the pipeline's figures next to
+the plan's prediction, and this rank's energy and clocks as read back. At an iteration's start
+the ranks agree (one collective) whether anything ran since the last one: if not, the last end
+is this start (one counter reading for both); if so (an evaluation pass, a discarded
+iteration), every rank marks a fresh common start on the device's timeline.
 
 **Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
 defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
@@ -251,7 +251,6 @@ class RankSession:
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
         self._drift = DriftMonitor(self.rank, reprofile=isinstance(self.source, OnlineProfile))
-        self._overruns_seen = 0  # the emulator's count at the last iteration's end
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
@@ -281,8 +280,14 @@ class RankSession:
         self._state = SessionState.IDLE
         try:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
-            if self.emulate:
-                self._start_emulation()
+            if self.emulate:  # each process its own simulated GPU; the shared timeline
+                self.gpu, self._emulator = start_emulation(
+                    self.gpu,
+                    self.schedule,
+                    self.rank,
+                    self.group,
+                    backward_split=DEFAULT_BACKWARD_SPLIT,
+                )
             ctx = self._context()
             planned = self.source.plan(ctx)
             if planned is None:
@@ -302,16 +307,6 @@ class RankSession:
 
     def _context(self) -> PlanContext:
         return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w)
-
-    def _start_emulation(self) -> None:
-        """Each process its own simulated GPU in its job's directory; the shared timeline."""
-        self.gpu, self._emulator = start_emulation(
-            self.gpu,
-            self.schedule,
-            self.rank,
-            self.group,
-            backward_split=DEFAULT_BACKWARD_SPLIT,  # as the planner splits it
-        )
 
     def close(self) -> None:
         """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).
@@ -512,8 +507,7 @@ class RankSession:
         end = self._mark(at_s, reuse_agent_counter=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
-        overruns = self.emulation_overruns - self._overruns_seen
-        self._overruns_seen += overruns
+        overruns = self._emulator.take_overruns() if self._emulator is not None else 0
         pipeline = agree_iteration(energy_j, delivery, overruns, self.group)
         profiling = self._sweep is not None
         point = None
