@@ -342,3 +342,51 @@ def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
     assert sweeps == [1]  # once, after three iterations off
     assert session.summary is not None and session.summary.caveat is not None
     assert "stale profile" in session.summary.caveat
+
+
+@pytest.mark.parametrize("new_name", [True, False])
+def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
+    """On NVML the worker reads ``nvmlDeviceGetClockInfo`` (SM) and the clock event reasons
+    (``...EventReasons``, or ``...ThrottleReasons`` on older drivers) inside the op."""
+    import time
+
+    from perseus.device.nvml import NvmlGPU
+    from perseus.runtime.agent.controller import Boundary, FrequencyController
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+    from tests.runtime.test_clock_timing import _Event
+
+    device = FakeDevice(
+        "GPU-h100",
+        name="NVIDIA H100 80GB HBM3",
+        graphics_clocks=tuple(range(1980, 344, -15)),
+        clock_event_reasons=0x4,
+        has_event_reasons_name=new_name,
+    )
+    nvml = FakeNvml(devices=[device])
+    gpu = NvmlGPU("GPU-h100", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
+
+    class Timeline:
+        def timeline_now_s(self) -> float:
+            return time.perf_counter()
+
+        def record_event(self) -> _Event:
+            return _Event(time.perf_counter())
+
+    ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
+    ctl.start()
+    ctl.apply_now(1980)
+    assert ctl.flush(timeout_s=2.0)
+    device.sm_clock_mhz = 1485  # the lock is taken; the power cap holds the clock down
+    now = time.perf_counter()
+    job = Boundary(_Event(now), None, None, end=_Event(now + 0.05))
+    ctl.post(job)
+    assert ctl.flush(timeout_s=2.0)
+    ctl.close()
+    gpu.close()
+    assert (job.asked_mhz, job.read_mhz, job.read_reasons) == (1980, 1485, 0x4)
+    names = nvml.names()
+    assert "nvmlDeviceGetClockInfo" in names
+    reasons = "nvmlDeviceGetCurrentClocks" + ("EventReasons" if new_name else "ThrottleReasons")
+    assert reasons in names
+    delivery = clock_delivery([("F0", 1980, job.asked_mhz, job.read_mhz, job.read_reasons, 1.0)])
+    assert delivery is not None and delivery.held[0].reasons == ("sw_power_cap",)
