@@ -27,8 +27,8 @@ exactly one step (the adapter's ``step_call``): a second step, or fewer actions 
 is refused with a :class:`~perseus.errors.PlanError` that names that call.
 
 **Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished, so ``time_s`` is the same on
-every rank; on GPUs a barrier) and sum their energy, held ops and host overruns
+end (emulation: the moment the pipeline's last device finished; on GPUs the longest rank's
+span), so ``time_s`` is the same on every rank, and sum their energy, held ops and host overruns
 (:mod:`perseus.runtime.drift`): :class:`IterationStats` carries the pipeline's figures next to
 the plan's prediction, and this rank's energy and clocks as read back. At an iteration's start
 the ranks agree (one collective) whether anything ran since the last one: if not, the last end
@@ -70,7 +70,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max, barrier
+from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import StreamEmulator, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
@@ -499,13 +499,17 @@ class RankSession:
         # A real GPU's start is read now: the worker has read its counter by the agent's end.
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = last_end.device_time_s() if last_end is not None else t0
-        at_s = None
+        at_s = span_s = None
         if self._emulator is not None:
             (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
         else:
-            barrier(self.group)
+            # GPUs: other hosts' device clocks are not comparable, spans are: the longest
+            # span from a rank's start to its last op is the pipeline's, alike on every rank.
+            (span_s,) = all_reduce_max([own_end_s - t0], self.group)  # also a barrier
         end = self._mark(at_s, reuse_agent_counter=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
+        if span_s is None or last_end is None:  # no device events: the host's view
+            span_s = end_s - t0
         energy_j = (mj - e0) / 1000.0
         overruns = self._emulator.take_overruns() if self._emulator is not None else 0
         pipeline = agree_iteration(energy_j, delivery, overruns, self.group)
@@ -517,7 +521,7 @@ class RankSession:
             iteration=self._iteration,
             phase="profile" if profiling else "run",
             point_index=None if profiling else self.point_index,
-            time_s=end_s - t0,
+            time_s=span_s,
             energy_j=energy_j,
             compute_time_s=max(0.0, own_end_s - t0),
             pipeline_energy_j=pipeline.energy_j,

@@ -37,7 +37,8 @@ class IterationStats:
         phase: ``"profile"`` during the online sweep, else ``"run"``.
         point_index: Index of the deployed frontier point (None while profiling).
         time_s: The pipeline's iteration: from the common start to the end of the last op on
-            any of its ranks (the same on every rank in emulation).
+            any of its ranks, the same on every rank (on GPUs the longest of the ranks' spans
+            from their start to their last op; on a GPU without device events, this host's).
         energy_j: This rank's GPU energy over the iteration.
         compute_time_s: From the start to the end of this rank's last action.
         pipeline_energy_j: All the pipeline's ranks' energy over the iteration.

@@ -111,3 +111,43 @@ def test_without_a_cap_the_plans_clocks_are_delivered_and_ranks_agree():
         assert r["warnings"] == [] and not any(r["held"]) and r["share"][-1] == 1.0
     assert results[0]["times"] == results[1]["times"]
     assert results[0]["summary"] == results[1]["summary"]
+
+
+def _gpu_rank(rank: int, world: int, plan: Any) -> list[float]:
+    """Two ranks on NVML-like GPUs with CUDA-like events (device clocks of different hosts are
+    not comparable): each iteration's time is still the pipeline's, the same on both."""
+    import os
+    import tempfile
+    import time
+
+    import torch.distributed as dist
+
+    from perseus.runtime.session import RankSession
+    from perseus.schedule import build_schedule
+    from tests.runtime.test_agent import _CountingGPU, _cuda_like_events
+
+    dist.init_process_group("gloo")
+    os.environ["PERSEUS_LOCK_DIR"] = tempfile.mkdtemp()
+    schedule = build_schedule("1f1b", 2, 4)
+    session = RankSession(
+        schedule,
+        rank,
+        gpu=_CountingGPU(),
+        blocking_power_w=BLOCKING_W,
+        plan=plan,
+        events=_cuda_like_events(),
+        watchdog=False,
+        handle_signals=False,
+    )
+    with session:
+        for _ in range(3):
+            with session.iteration():
+                for action in schedule.rank_actions[rank]:
+                    with session.op(action):
+                        time.sleep(0.002 * (rank + 1))  # the ranks' spans differ
+    return [s.time_s for s in session.history]
+
+
+def test_on_gpus_each_iterations_time_is_the_same_on_every_rank():
+    times = run_ranks(2, _gpu_rank, _allmax_plan())
+    assert times[0] == times[1] and all(t > 0.0 for t in times[0])
