@@ -77,8 +77,8 @@ class DriftMonitor:
 
     Args:
         rank: This process's pipeline rank.
-        reprofile: The plan comes from an online profile: a drift that neither held clocks
-            nor host overruns explain is answered by profiling again.
+        reprofile: The plan comes from an online profile: the first drift that neither held
+            clocks nor host overruns explain is answered by profiling again (once).
         patience: Iterations in a row beyond the tolerance before reporting.
     """
 
@@ -109,6 +109,8 @@ class DriftMonitor:
         self._reported = True
         stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
         reprofile = stale and self._reprofile
+        self._reprofile = self._reprofile and not reprofile  # once: a re-plan that drifts too
+        # is said, not chased
         if self._rank == 0:
             _log.warning(
                 "perseus: iterations %d-%d: %s%s",

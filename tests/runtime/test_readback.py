@@ -203,7 +203,10 @@ def test_drift_is_said_once_after_a_few_iterations_with_its_cause(caplog):
         assert not monitor.update(_stats(2, 1.3, 120.0))
         assert monitor.update(_stats(3, 1.3, 120.0))  # the profile is stale: re-profile
         assert not monitor.update(_stats(4, 1.3, 120.0))  # said once
-    (record,) = caplog.records
+        monitor.reset()  # the re-planned profile is deployed
+        assert not any(monitor.update(_stats(i, 1.3, 120.0)) for i in range(5, 9))  # once
+    record, again = caplog.records
+    assert "profiling again" not in again.message
     assert "iterations 1-3" in record.message and "stale profile" in record.message
     assert "profiling again" in record.message
     held = DriftMonitor(1, reprofile=True)  # not rank 0: silent, but the same verdict
