@@ -655,6 +655,8 @@ class FrequencyController:
             if not reasons & IDLE_REASON or events is None:
                 job.read_mhz, job.read_reasons, job.asked_mhz = read_mhz, reasons, self._applied
                 return
+            while job.end is None and not self._closed:  # not launched yet: no read till then
+                self.clock.sleep(5 * POLL_S)
             now = events.timeline_now_s()
             if (due is not None and now >= due) or self._wait_end(job, now + 5 * POLL_S):
                 return
