@@ -1,9 +1,10 @@
 """Does the run measure its plan? Every iteration, on every rank alike.
 
 At each iteration's end the ranks agree, in the one all-reduce that sums the pipeline's
-energy, on how many ops of the pipeline ran below their planned clock and why, and how many
-host overruns emulation counted (:func:`agree_iteration`): every rank then holds the same
-figures, so every rank reaches the same verdict. :class:`DriftMonitor` compares predicted and
+energy, on the iteration's time (the longest rank's window), how many ops of the pipeline ran
+below their planned clock and why, and how many host overruns emulation counted
+(:func:`agree_iteration`): every rank then holds the same figures, so every rank reaches the
+same verdict. :class:`DriftMonitor` compares predicted and
 measured time and energy every iteration; when they differ beyond
 :data:`~perseus.runtime.summary.DRIFT_TOLERANCE` for :data:`PATIENCE` iterations in a row it
 says so once, with the cause found (:func:`~perseus.runtime.summary.drift_cause`: clocks held
@@ -38,6 +39,7 @@ _REASONS = tuple(REASON_TEXT)
 class PipelineFigures:
     """What every rank of the pipeline agrees on for one iteration."""
 
+    time_s: float
     energy_j: float
     held_ops: int
     held_reasons: tuple[str, ...]
@@ -45,16 +47,37 @@ class PipelineFigures:
 
 
 def agree_iteration(
-    energy_j: float, delivery: ClockDelivery | None, host_overruns: int, group: Any
+    energy_j: float,
+    time_s: float,
+    delivery: ClockDelivery | None,
+    host_overruns: int,
+    rank: int,
+    num_ranks: int,
+    group: Any,
 ) -> PipelineFigures:
-    """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline: one
-    all-reduce, collective over ``group``."""
+    """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline, and
+    gather every rank's iteration window (the pipeline's time is the longest): one
+    all-reduce (each rank's window in its own slot of the sum), collective over ``group``.
+
+    Args:
+        energy_j: This rank's energy over the iteration.
+        time_s: This rank's window of the iteration (device time from its start to its end).
+        delivery: This rank's clocks as read back.
+        host_overruns: This rank's host overruns in the iteration (emulation).
+        rank: This rank's index in the pipeline.
+        num_ranks: The pipeline's ranks (the group's size).
+        group: The pipeline's process group.
+    """
     held = delivery.held if delivery is not None else ()
     by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
-    energy, held_sum, overruns, *reasons = all_reduce_sum(
-        [float(energy_j), float(len(held)), float(host_overruns), *by_reason], group
+    windows = [0.0] * num_ranks
+    windows[rank] = float(time_s)
+    energy, held_sum, overruns, *rest = all_reduce_sum(
+        [float(energy_j), float(len(held)), float(host_overruns), *by_reason, *windows], group
     )
+    reasons = rest[: len(_REASONS)]
     return PipelineFigures(
+        time_s=max(rest[len(_REASONS) :]),
         energy_j=energy,
         held_ops=round(held_sum),
         held_reasons=tuple(r for r, n in zip(_REASONS, reasons, strict=True) if n > 0),

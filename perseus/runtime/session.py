@@ -27,10 +27,11 @@ exactly one step (the adapter's ``step_call``): a second step, or fewer actions 
 is refused with a :class:`~perseus.errors.PlanError` that names that call.
 
 **Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished; on GPUs the longest rank's
-span), so ``time_s`` is the same on every rank, and sum their energy, held ops and host overruns
-(:mod:`perseus.runtime.drift`): :class:`IterationStats` carries the pipeline's figures next to
-the plan's prediction, and this rank's energy and clocks as read back. At an iteration's start
+end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and, in one
+all-reduce, their iteration windows (``time_s`` is the longest: the same on every rank),
+energy, held ops and host overruns (:mod:`perseus.runtime.drift`): :class:`IterationStats`
+carries the pipeline's figures next to the plan's prediction, and this rank's energy and
+clocks as read back. At an iteration's start
 the ranks agree (one collective) whether anything ran since the last one: if not, the last end
 is this start (one counter reading for both); if so (an evaluation pass, a discarded
 iteration), every rank marks a fresh common start on the device's timeline.
@@ -70,7 +71,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max
+from perseus.runtime.collectives import all_reduce_max, barrier
 from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import StreamEmulator, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
@@ -499,20 +500,18 @@ class RankSession:
         # A real GPU's start is read now: the worker has read its counter by the agent's end.
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = last_end.device_time_s() if last_end is not None else t0
-        at_s = span_s = None
+        at_s = None
         if self._emulator is not None:
             (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
         else:
-            # GPUs: other hosts' device clocks are not comparable, spans are: the longest
-            # span from a rank's start to its last op is the pipeline's, alike on every rank.
-            (span_s,) = all_reduce_max([own_end_s - t0], self.group)  # also a barrier
+            barrier(self.group)
         end = self._mark(at_s, reuse_agent_counter=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
-        if span_s is None or last_end is None:  # no device events: the host's view
-            span_s = end_s - t0
         energy_j = (mj - e0) / 1000.0
         overruns = self._emulator.take_overruns() if self._emulator is not None else 0
-        pipeline = agree_iteration(energy_j, delivery, overruns, self.group)
+        pipeline = agree_iteration(
+            energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
+        )
         profiling = self._sweep is not None
         point = None
         if not profiling and self.frontier is not None:
@@ -521,7 +520,7 @@ class RankSession:
             iteration=self._iteration,
             phase="profile" if profiling else "run",
             point_index=None if profiling else self.point_index,
-            time_s=span_s,
+            time_s=pipeline.time_s,
             energy_j=energy_j,
             compute_time_s=max(0.0, own_end_s - t0),
             pipeline_energy_j=pipeline.energy_j,
@@ -585,10 +584,7 @@ class RankSession:
         mj = event.energy_mj
         if mj is None:
             mj = mj_before if mj_before is not None else int(self.gpu.energy_mj())
-        # Emulation: the point is the time the ranks agreed on, so every rank's iteration
-        # time is the pipeline's (this device's event may land a little later: a counter
-        # publish read since, or its own last event).
-        return (event.device_time_s() if at_s is None else at_s), int(mj)
+        return event.device_time_s(), int(mj)
 
     # ----------------------------------------------------------------------------------------
     # Actions

@@ -36,9 +36,9 @@ class IterationStats:
         iteration: Index since :meth:`~perseus.runtime.session.RankSession.start` (profiling iterations included).
         phase: ``"profile"`` during the online sweep, else ``"run"``.
         point_index: Index of the deployed frontier point (None while profiling).
-        time_s: The pipeline's iteration: from the common start to the end of the last op on
-            any of its ranks, the same on every rank (on GPUs the longest of the ranks' spans
-            from their start to their last op; on a GPU without device events, this host's).
+        time_s: The pipeline's iteration: the longest of its ranks' windows from the common
+            start to the common end (emulation: the end of the last op on any rank; GPUs: a
+            barrier), the same on every rank.
         energy_j: This rank's GPU energy over the iteration.
         compute_time_s: From the start to the end of this rank's last action.
         pipeline_energy_j: All the pipeline's ranks' energy over the iteration.

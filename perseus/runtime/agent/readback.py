@@ -8,7 +8,7 @@ thread (:class:`~perseus.device.base.ClockReadbackGPU`; the readings sit on the 
 :class:`~perseus.runtime.agent.controller.Boundary`). At the iteration's end
 :func:`clock_delivery` turns them into the share of op time that ran at the planned clock and
 the ops held below it, and :class:`HeldClockReport` warns once (:class:`ClockHeldWarning`) when
-clocks are held, again only when which ops are held, or why, changes.
+clocks are held, again only when they are held for another reason.
 
 One reading per op is a sample: an op counts as run at its clock when the reading is, and its
 whole time counts as held otherwise.
@@ -145,35 +145,35 @@ def clock_delivery(
 
 
 class HeldClockReport:
-    """Warns when a rank's clocks are held below the plan: once, then only when an op is held
-    that was not reported, or for another reason (the exact held clock may wander under a
-    cap, and an op read in a gap one iteration is not news). Once every op's clock is
-    delivered again, the next hold is reported afresh."""
+    """Warns when a rank's clocks are held below the plan: once, then only when they are held
+    for another reason (the held clock wanders under a cap, and which ops one reading per op
+    catches varies: neither is news). Once every op read runs at its planned clock again, the
+    next hold is reported afresh."""
 
     def __init__(self, rank: int, gpu_name: str) -> None:
         self._rank = rank
         self._gpu_name = gpu_name
-        self._reported: set[tuple[str, tuple[str, ...]]] = set()
+        self._reported: set[str] = set()
 
     def update(self, delivery: ClockDelivery | None, iteration: int) -> str | None:
-        """Warn (:class:`ClockHeldWarning`) when something new is held; returns the message."""
+        """Warn (:class:`ClockHeldWarning`) when clocks are held for a new reason; returns the
+        message."""
         if delivery is None:
             return None
-        key = {(h.name, h.reasons) for h in delivery.held}
-        if not key:
+        reasons = {r for h in delivery.held for r in h.reasons}
+        if not reasons:
             self._reported.clear()  # delivered again
             return None
-        if key <= self._reported:
+        if reasons <= self._reported:
             return None
-        self._reported |= key
+        self._reported |= reasons
         held = delivery.held
         named = "; ".join(str(h) for h in held[:_NAMED])
         more = f"; and {len(held) - _NAMED} more" if len(held) > _NAMED else ""
-        reasons = sorted({r for h in held for r in h.reasons})
         message = (
             f"perseus: rank {self._rank}, iteration {iteration}: {self._gpu_name} ran "
             f"{len(held)} of {delivery.ops_read} ops below the plan's clock "
-            f"({describe_reasons(reasons)}; {delivery.share_at_plan:.0%} of op time at the "
+            f"({describe_reasons(sorted(reasons))}; {delivery.share_at_plan:.0%} of op time at the "
             f"planned clock): {named}{more}. The plan's time and energy will not hold; "
             "lift the limit or plan for the clocks the GPU delivers"
         )
