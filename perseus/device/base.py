@@ -8,8 +8,9 @@ Optional capabilities are protocols too (``runtime_checkable``: test them with
 :class:`PowerLimitGPU`, :class:`EventSource` (device events), :class:`AppliedClockGPU` (says when
 a clock change took effect), :class:`CounterPeriodGPU` (says how often its energy counter is
 published), :class:`ObserveOnlyGPU` (knows before any set call that clocks cannot be
-changed) and :class:`MemoryClockGPU` (lists, locks and resets its memory clock; its
-``reset_locked_clock`` also resets a memory lock it set). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
+changed), :class:`MemoryClockGPU` (lists, locks and resets its memory clock; its
+``reset_locked_clock`` also resets a memory lock it set) and :class:`ClockReadbackGPU` (says
+which SM clock it runs now and why that is below the maximum: what ran, not what was asked). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
 
 Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
 ``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
@@ -28,6 +29,7 @@ from typing import Protocol, runtime_checkable
 __all__ = [
     "GPU",
     "AppliedClockGPU",
+    "ClockReadbackGPU",
     "CounterPeriodGPU",
     "DeviceEvent",
     "EventSource",
@@ -163,6 +165,22 @@ class AppliedClockGPU(Protocol):
     def clock_applied_s(self) -> float | None:
         """When the last change took effect, on :meth:`EventSource.timeline_now_s`'s clock
         (None: none yet)."""
+        ...
+
+
+@runtime_checkable
+class ClockReadbackGPU(Protocol):
+    """A device that reads back the SM clock it runs now and its clock event reasons (NVML's
+    ``nvmlDeviceGetClockInfo`` and ``nvmlDeviceGetCurrentClocksEventReasons``, the simulator's
+    power cap): a lock is a request, the read-back says what the GPU delivered."""
+
+    def current_clock_mhz(self) -> int:
+        """The SM clock the GPU runs at now."""
+        ...
+
+    def clock_event_reasons(self) -> int:
+        """Why the clocks are below their maximum now: a bit mask of NVML's clock event
+        reasons (``perseus.device.nvml.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
         ...
 
 

@@ -27,6 +27,11 @@ It behaves like a GPU, not like a plan (see :mod:`perseus.device.sim_stream`):
 * **Noise the planner does not know.** With ``noise`` (a :class:`SimNoise`; the emulation
   entry points turn it on) every op's time and power get a seeded lognormal factor and the
   blocking power is off the nominal value by a seeded error.
+* **Power cap.** Under ``power_cap_w`` (or a set power limit) an op runs at the highest
+  supported clock at or below the lock whose power fits the cap, as an H100 under its SW power
+  cap does: a lock is a request. :meth:`~SimulatedGPU.current_clock_mhz` and
+  :meth:`~SimulatedGPU.clock_event_reasons` read back what runs (the SW power cap reason set),
+  like NVML (:class:`~perseus.device.base.ClockReadbackGPU`).
 * **Sensors.** Energy is the integral of the true power (op power while busy, blocking power
   otherwise); the counter is published every ``publish_interval_s`` (100 ms).
 """
@@ -46,6 +51,7 @@ from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.clock import Clock, RealClock, WallClock
+from perseus.device.nvml import CLOCK_EVENT_REASONS
 from perseus.device.ownership import owner_lock_path
 from perseus.device.power_model import capped_clock_mhz
 from perseus.device.presets import GPUPreset, get_preset
@@ -80,6 +86,10 @@ from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
+
+_REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
+_REASON_IDLE = _REASON_BITS["gpu_idle"]
+_REASON_POWER_CAP = _REASON_BITS["sw_power_cap"]
 
 
 class _FnClock:
@@ -289,7 +299,8 @@ class SimulatedGPU:
         """
         clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
-            name=name or f"Simulated GPU ({Path(profile.source).stem})",
+            # The file's stem, without what scale_profile/take_stages appended ("... (time x0.1)").
+            name=name or f"Simulated GPU ({Path(profile.source.split(' (', 1)[0]).stem})",
             clocks_mhz=clocks,
             op_cost_fn=cost,
             blocking_power_w=blocking_power_w,
@@ -642,12 +653,24 @@ class SimulatedGPU:
 
     def current_clock_mhz(self) -> int:
         self._check("current_clock_mhz")
+        return self._clock_now()[0]
+
+    def clock_event_reasons(self) -> int:
+        """Why the clock is below the maximum now, as NVML's bit mask: the SW power cap
+        (0x4) while an op runs below the lock (or, unlocked, the top clock) because its power
+        does not fit the cap; idle (0x1) while no op runs."""
+        self._check("clock_event_reasons")
+        return self._clock_now()[1]
+
+    def _clock_now(self) -> tuple[int, int]:
+        """The clock now and the event reasons behind it (one state read)."""
         state = self._state()
         seg = segment_at(state, self._clock())
-        if seg is not None:
-            return int(seg[3])
         locked = state["locked_mhz"]
-        return int(locked) if locked is not None else self._idle_clock
+        if seg is None:
+            return (int(locked) if locked is not None else self._idle_clock), _REASON_IDLE
+        target = self._clocks[0] if locked is None else int(locked)
+        return int(seg[3]), (_REASON_POWER_CAP if int(seg[3]) < target else 0)
 
     def energy_mj(self) -> int:
         """The published counter, never decreasing as seen by this object.

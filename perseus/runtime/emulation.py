@@ -77,6 +77,8 @@ class StreamEmulator:
         actions: Actions emulated so far.
     """
 
+    _taken = 0  # overruns already counted by take_overruns()
+
     def __init__(self, gpu: Any, timeline: VirtualTimeline | None = None) -> None:
         self._gpu = gpu
         self._timeline = timeline
@@ -105,6 +107,11 @@ class StreamEmulator:
         end.synchronize()
         if self._timeline is not None:
             self._timeline.finish(action, end.device_time_s())
+
+    def take_overruns(self) -> int:
+        """Overruns since the last call (a session counts them per iteration)."""
+        new, self._taken = self.overruns - self._taken, self.overruns
+        return new
 
     def _overrun(self, action: Action) -> None:
         self.overruns += 1

@@ -47,6 +47,7 @@ from perseus.errors import ConfigError
 from perseus.io.atomic import open_output_dir
 from perseus.plan import Frontier, PlanOp
 from perseus.profile.two_clock import op_phases
+from perseus.runtime.agent.readback import HeldOp
 from perseus.runtime.collectives import all_gather_objects
 from perseus.runtime.session import BoundaryHook, IterationStats
 from perseus.schedule.actions import Schedule
@@ -90,6 +91,11 @@ class IterationMetrics:
         clocks_mhz: This rank's planned clock per op, as in plan files (an int, or
             ``[freq_a_mhz, freq_b_mhz, layers_at_a]`` for a two-clock op); None while profiling.
         min_clock_mhz, max_clock_mhz: The lowest and highest clock in ``clocks_mhz``.
+        clock_share_at_plan: The share of this rank's op time that ran at the planned clock
+            (None: not read back).
+        held_ops: This rank's ops held below their planned clock (CSV: ``name:planned>ran:why``).
+        pipeline_held_ops: Held ops on all the pipeline's ranks.
+        host_overruns: Emulation: the pipeline's host overruns in this iteration.
     """
 
     iteration: int
@@ -107,6 +113,10 @@ class IterationMetrics:
     clocks_mhz: tuple[PlanOp, ...] | None
     min_clock_mhz: int | None
     max_clock_mhz: int | None
+    clock_share_at_plan: float | None = None
+    held_ops: tuple[HeldOp, ...] = ()
+    pipeline_held_ops: int = 0
+    host_overruns: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (two-clock ops as lists)."""
@@ -150,6 +160,10 @@ def iteration_metrics(
         clocks_mhz=clocks,
         min_clock_mhz=min(flat) if flat else None,
         max_clock_mhz=max(flat) if flat else None,
+        clock_share_at_plan=stats.clock_share_at_plan,
+        held_ops=stats.held_ops,
+        pipeline_held_ops=stats.pipeline_held_ops,
+        host_overruns=stats.host_overruns,
     )
 
 
@@ -372,6 +386,15 @@ class _Gauges:
         self.clock = gauge(
             "perseus_deployed_clock_mhz", "Lowest/highest clock this rank's plan sets", ["bound"]
         )
+        self.clock_share = gauge(
+            "perseus_clock_share_at_plan", "Share of this rank's op time at the planned clock"
+        )
+        self.held = gauge(
+            "perseus_held_ops",
+            "Ops run below their planned clock: this GPU (scope=gpu) or the pipeline",
+            ["scope"],
+        )
+        self.overruns = gauge("perseus_host_overruns", "Emulation: host overruns, last iteration")
         self.energy_total = client.Counter(
             "perseus_energy_joules",
             "This GPU's energy over all iterations",
@@ -400,6 +423,11 @@ class _Gauges:
         if r.min_clock_mhz is not None and r.max_clock_mhz is not None:
             self.clock.labels(*v, "min").set(r.min_clock_mhz)
             self.clock.labels(*v, "max").set(r.max_clock_mhz)
+        if r.clock_share_at_plan is not None:
+            self.clock_share.labels(*v).set(r.clock_share_at_plan)
+        self.held.labels(*v, "gpu").set(len(r.held_ops))
+        self.held.labels(*v, "pipeline").set(r.pipeline_held_ops)
+        self.overruns.labels(*v).set(r.host_overruns)
         self.energy_total.labels(*v).inc(max(0.0, r.energy_j))
         self.iterations_total.labels(*v).inc()
 
@@ -410,6 +438,9 @@ def _csv_row(r: IterationMetrics) -> list[Any]:
         row["clocks_mhz"] = " ".join(
             str(c) if isinstance(c, int) else f"{c[0]}/{c[1]}@{c[2]}" for c in r.clocks_mhz
         )
+    row["held_ops"] = " ".join(
+        f"{h.name}:{h.planned_mhz}>{h.applied_mhz}:{'+'.join(h.reasons)}" for h in r.held_ops
+    )
     return ["" if row[k] is None else row[k] for k in CSV_FIELDS]
 
 

@@ -27,13 +27,14 @@ exactly one step (the adapter's ``step_call``): a second step, or fewer actions 
 is refused with a :class:`~perseus.errors.PlanError` that names that call.
 
 **Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and sum
-their energy, so :class:`IterationStats` carries the pipeline's time and energy next to the
-plan's prediction for the pipeline, and this rank's own energy. At an iteration's start the
-ranks agree (one collective) whether anything ran since the last one: if not, the last end is
-this start (one counter reading for both, so counter steps cancel over a run); if so (an
-evaluation pass, a discarded iteration), every rank marks a fresh common start on the
-device's timeline.
+end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and, in one
+all-reduce, their iteration windows (``time_s`` is the longest: the same on every rank),
+energy, held ops and host overruns (:mod:`perseus.runtime.drift`): :class:`IterationStats`
+carries the pipeline's figures next to the plan's prediction, and this rank's energy and
+clocks as read back. At an iteration's start
+the ranks agree (one collective) whether anything ran since the last one: if not, the last end
+is this start (one counter reading for both); if so (an evaluation pass, a discarded
+iteration), every rank marks a fresh common start on the device's timeline.
 
 **Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
 defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
@@ -67,12 +68,11 @@ from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
+from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.collectives import (
-    all_reduce_max,
-    all_reduce_sum,
-    barrier,
-)
+from perseus.runtime.agent.timing import CounterMark
+from perseus.runtime.collectives import all_reduce_max, barrier
+from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import StreamEmulator, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
@@ -87,7 +87,7 @@ from perseus.runtime.planning import (
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
-from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.actions import Action, Schedule
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
 
@@ -119,27 +119,6 @@ class _NullScope:
 
 
 _OUTSIDE = _NullScope()
-
-
-def _op_time_fn(profile: Profile) -> Callable[..., float]:
-    """An op's profiled time at a clock, or at a (SM, memory) clock pair (the nearest profiled
-    clock when not profiled; without a memory clock, the default: the highest)."""
-
-    def op_time_s(
-        stage_index: int, kind: Kind, freq_mhz: int, mem_freq_mhz: int | None = None
-    ) -> float:
-        options = profile.op(stage_index, kind).options
-        return min(
-            options,
-            key=lambda o: (
-                abs(o.freq_mhz - freq_mhz),
-                -o.freq_mhz,
-                0 if mem_freq_mhz is None else abs((o.mem_freq_mhz or 0) - mem_freq_mhz),
-                -(o.mem_freq_mhz or 0),
-            ),
-        ).time_s
-
-    return op_time_s
 
 
 class RankSession:
@@ -266,11 +245,13 @@ class RankSession:
         self._emulator: StreamEmulator | None = None
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
-        self._window: tuple[float, int] | None = None  # (device time, counter mJ) at start
+        # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
+        self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | None = None  # the last iteration's end
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
+        self._drift = DriftMonitor(self.rank, reprofile=isinstance(self.source, OnlineProfile))
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle
@@ -300,8 +281,14 @@ class RankSession:
         self._state = SessionState.IDLE
         try:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
-            if self.emulate:
-                self._start_emulation()
+            if self.emulate:  # each process its own simulated GPU; the shared timeline
+                self.gpu, self._emulator = start_emulation(
+                    self.gpu,
+                    self.schedule,
+                    self.rank,
+                    self.group,
+                    backward_split=DEFAULT_BACKWARD_SPLIT,
+                )
             ctx = self._context()
             planned = self.source.plan(ctx)
             if planned is None:
@@ -322,16 +309,6 @@ class RankSession:
     def _context(self) -> PlanContext:
         gpu = gpu_identity(self.gpu)  # plans and profiles of another GPU are refused
         return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w, gpu)
-
-    def _start_emulation(self) -> None:
-        """Each process its own simulated GPU in its job's directory; the shared timeline."""
-        self.gpu, self._emulator = start_emulation(
-            self.gpu,
-            self.schedule,
-            self.rank,
-            self.group,
-            backward_split=DEFAULT_BACKWARD_SPLIT,  # as the planner splits it
-        )
 
     def close(self) -> None:
         """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).
@@ -472,6 +449,7 @@ class RankSession:
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
                 self._run_start = self._iteration
+                self._drift.reset()
         # Back-to-back iterations share their boundary (one energy reading ends one and starts
         # the next, so counter steps cancel over a run); after anything ran between them
         # (evaluation) or after a discarded one, every rank marks a fresh start.
@@ -503,9 +481,9 @@ class RankSession:
 
     def _end(self) -> None:
         agent = self._agent
-        assert self._window is not None
-        t0, e0 = self._window
-        last_end = None
+        window = self._window
+        assert window is not None
+        last_end = delivery = None
         if agent is not None:
             planned = len(agent.planned_clocks_mhz)
             done = agent.ops_done_this_iteration
@@ -519,16 +497,22 @@ class RankSession:
                     "between iterations)"
                 )
             last_end = agent.last_op_end_event
-            agent.step_end()  # waits for this rank's last op on the device
+            delivery = agent.step_end().clock_delivery  # waits for this rank's last op
+        # A real GPU's start is read now: the worker has read its counter by the agent's end.
+        t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = last_end.device_time_s() if last_end is not None else t0
+        at_s = None
         if self._emulator is not None:
             (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
-            end_s, mj = self._mark(at_s, reuse_agent_counter=True)
         else:
             barrier(self.group)
-            end_s, mj = self._mark(None, reuse_agent_counter=True)
+        end = self._mark(at_s, reuse_agent_counter=True)
+        end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
-        (pipeline_j,) = all_reduce_sum([energy_j], self.group)
+        overruns = self._emulator.take_overruns() if self._emulator is not None else 0
+        pipeline = agree_iteration(
+            energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
+        )
         profiling = self._sweep is not None
         point = None
         if not profiling and self.frontier is not None:
@@ -537,12 +521,17 @@ class RankSession:
             iteration=self._iteration,
             phase="profile" if profiling else "run",
             point_index=None if profiling else self.point_index,
-            time_s=end_s - t0,
+            time_s=pipeline.time_s,
             energy_j=energy_j,
             compute_time_s=max(0.0, own_end_s - t0),
-            pipeline_energy_j=pipeline_j,
+            pipeline_energy_j=pipeline.energy_j,
             predicted_time_s=None if point is None else point.time_s,
             predicted_energy_j=None if point is None else point.energy_j,
+            clock_share_at_plan=None if delivery is None else delivery.share_at_plan,
+            held_ops=() if delivery is None else delivery.held,
+            pipeline_held_ops=pipeline.held_ops,
+            held_reasons=pipeline.held_reasons,
+            host_overruns=pipeline.host_overruns,
         )
         self.history.append(stats)
         self._iteration += 1
@@ -551,6 +540,8 @@ class RankSession:
         self._state = SessionState.IDLE
         if self._sweep is not None:
             self._sweep_boundary()
+        elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
+            self._start_sweep(self.source)  # profile again, re-plan: every rank alike
         for hook in self._hooks:
             decision = hook(stats)
             if decision is not None:
@@ -566,12 +557,15 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(self, at_s: float | None, reuse_agent_counter: bool = False) -> tuple[float, int]:
+    def _mark(
+        self, at_s: float | None, reuse_agent_counter: bool = False
+    ) -> tuple[float, int] | CounterMark:
         """A point on the device's timeline: (device time, energy counter in mJ).
 
         ``at_s`` (emulation): the point is then, not when this host got here (host stalls are
-        an artefact of CPUs shared between emulated GPUs). On a real GPU the counter is read
-        before the event is recorded, so the read (~3 ms on NVML) never delays the first op.
+        an artefact of CPUs shared between emulated GPUs). A real GPU's fresh start is a
+        :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on NVML)
+        on the training thread; the worker reads the counter as the device passes it.
         """
         agent = self._agent
         events = agent.events if agent is not None else None
@@ -582,10 +576,8 @@ class RankSession:
             # The agent read the counter as the iteration ended on this device, moments ago:
             # the same boundary (the device is idle since), no second read.
             mj_before = agent.take_end_counter_mj()
-        elif self._emulator is None:
-            # A real GPU's counter read takes ~3 ms: read it before the start event, so that
-            # it never delays the iteration's first op (the device idles meanwhile).
-            mj_before = int(self.gpu.energy_mj())
+        elif self._emulator is None and agent is not None:
+            return CounterMark(events.record_event(), agent.controller, self.gpu.energy_mj)
         if at_s is not None:
             self.gpu.backdate(at_s)
         event = events.record_event()
@@ -658,7 +650,7 @@ class RankSession:
         options: dict[str, Any] = {"measure_op_energy": False}
         if self.job is not None:
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
-            options["op_time_s"] = _op_time_fn(self.job.profile)
+            options["op_time_s"] = profiled_op_time_s(self.job.profile)
         options.update(self._agent_options)
         agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
         agent.start()

@@ -3,6 +3,11 @@
 Everything is for the whole pipeline (time: the pipeline's iteration; energy: all its ranks),
 so predicted and measured figures are like with like. The saving is measured against the
 plan's predicted all-max baseline (an all-max run is not part of a normal training run).
+
+When the figures do not measure the plan (clocks held below it, host overruns in emulation,
+time or energy off the prediction beyond :data:`DRIFT_TOLERANCE`), the summary says so and why
+(:attr:`RunSummary.caveat`), from figures every rank of the pipeline shares: every rank's
+summary says the same.
 """
 
 from __future__ import annotations
@@ -12,8 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perseus.plan import Frontier
+from perseus.runtime.agent.readback import HeldOp, describe_reasons
 
-__all__ = ["IterationStats", "RunSummary", "summarize"]
+__all__ = ["DRIFT_TOLERANCE", "IterationStats", "RunSummary", "drift_cause", "summarize"]
+
+#: Measured time or energy further than this from the prediction: the run drifts from its plan.
+DRIFT_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +36,23 @@ class IterationStats:
         iteration: Index since :meth:`~perseus.runtime.session.RankSession.start` (profiling iterations included).
         phase: ``"profile"`` during the online sweep, else ``"run"``.
         point_index: Index of the deployed frontier point (None while profiling).
-        time_s: The pipeline's iteration: from the common start to the end of the last op on
-            any of its ranks (the same on every rank in emulation).
+        time_s: The pipeline's iteration: the longest of its ranks' windows from the common
+            start to the common end (emulation: the end of the last op on any rank; GPUs: a
+            barrier), the same on every rank.
         energy_j: This rank's GPU energy over the iteration.
         compute_time_s: From the start to the end of this rank's last action.
         pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
         predicted_time_s: The deployed point's predicted iteration time (None while profiling).
         predicted_energy_j: The deployed point's predicted energy of the whole pipeline (None
             while profiling): compare with ``pipeline_energy_j``.
+        clock_share_at_plan: The share of this rank's op time that ran at the planned clock
+            (None: no clock read back; see :mod:`perseus.runtime.agent.readback`).
+        held_ops: This rank's ops that ran below their planned clock, with why.
+        pipeline_held_ops: Held ops on all the pipeline's ranks (the same on every rank).
+        held_reasons: Why, over all ranks (NVML's names, ``"sw_power_cap"``; the same on every
+            rank).
+        host_overruns: Emulation: actions of all ranks whose CPU compute outlasted the
+            simulated op in this iteration (the same on every rank; 0 on GPUs).
     """
 
     iteration: int
@@ -46,6 +64,11 @@ class IterationStats:
     pipeline_energy_j: float | None = None
     predicted_time_s: float | None = None
     predicted_energy_j: float | None = None
+    clock_share_at_plan: float | None = None
+    held_ops: tuple[HeldOp, ...] = ()
+    pipeline_held_ops: int = 0
+    held_reasons: tuple[str, ...] = ()
+    host_overruns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +85,7 @@ class RunSummary:
         measured_energy_j: Mean measured pipeline energy (all ranks) per iteration.
         predicted_saving: ``1 - predicted energy / all-max energy`` (both predicted).
         measured_saving: ``1 - measured energy / predicted all-max energy``.
+        caveat: Why these figures do not measure the plan (None: they do).
     """
 
     iterations: int
@@ -72,17 +96,69 @@ class RunSummary:
     measured_energy_j: float
     predicted_saving: float
     measured_saving: float
+    caveat: str | None = None
 
     def __str__(self) -> str:
         dt = self.measured_time_s / self.predicted_time_s - 1
         de = self.measured_energy_j / self.predicted_energy_j - 1
+        caveat = "" if self.caveat is None else f"; {self.caveat}"
         return (
             f"perseus: plan point {self.point_index}, {self.iterations} iterations: time "
             f"{self.measured_time_s:.4g} s (predicted {self.predicted_time_s:.4g} s, {dt:+.1%}), "
             f"pipeline energy {self.measured_energy_j:.5g} J (predicted "
             f"{self.predicted_energy_j:.5g} J, {de:+.1%}), saving vs all-max "
-            f"{self.measured_saving:.2%} (predicted {self.predicted_saving:.2%})"
+            f"{self.measured_saving:.2%} (predicted {self.predicted_saving:.2%}){caveat}"
         )
+
+
+def _errors(stats: IterationStats) -> tuple[float, float] | None:
+    """``(time error, energy error)`` of one run iteration against its prediction."""
+    if not stats.predicted_time_s or not stats.predicted_energy_j:
+        return None
+    if stats.pipeline_energy_j is None:
+        return None
+    return (
+        stats.time_s / stats.predicted_time_s - 1.0,
+        stats.pipeline_energy_j / stats.predicted_energy_j - 1.0,
+    )
+
+
+def drift_cause(runs: Sequence[IterationStats]) -> str | None:
+    """Why ``runs`` do not measure their plan, or None when they do: clocks held below it,
+    host overruns (emulation), or, with neither, measured time or energy off the prediction
+    beyond :data:`DRIFT_TOLERANCE` on average (another GPU than the profile's, a stale
+    profile). Reads only figures every rank shares, so every rank finds the same.
+
+    Complexity: O(len(runs)).
+    """
+    if not runs:
+        return None
+    held = [s for s in runs if s.pipeline_held_ops]
+    overruns = sum(s.host_overruns for s in runs)
+    errors = [e for e in map(_errors, runs) if e is not None]
+    dt = statistics.fmean(e[0] for e in errors) if errors else 0.0
+    de = statistics.fmean(e[1] for e in errors) if errors else 0.0
+    off = abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
+    causes = []
+    if held:
+        reasons = sorted({r for s in held for r in s.held_reasons})
+        causes.append(
+            f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
+            f"{len(runs)} iterations"
+        )
+    if overruns:
+        causes.append(
+            f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
+            "simulated GPU runs them)"
+        )
+    if off and not causes:
+        causes.append(
+            f"time {dt:+.1%} and energy {de:+.1%} off the prediction with no clock held "
+            "below the plan (another GPU than the profile's, or a stale profile)"
+        )
+    if not causes:
+        return None
+    return "these figures do not measure the plan: " + "; ".join(causes)
 
 
 def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
@@ -116,6 +192,7 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
         return None
     energy = statistics.fmean(float(s.pipeline_energy_j or 0.0) for s in runs)
     baseline_j = frontier.baseline.energy_j
+    caveat = drift_cause(runs)
     return RunSummary(
         iterations=len(runs),
         point_index=int(last.point_index or 0),
@@ -125,4 +202,5 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
         measured_energy_j=energy,
         predicted_saving=1.0 - last.predicted_energy_j / baseline_j,
         measured_saving=1.0 - energy / baseline_j,
+        caveat=caveat,
     )

@@ -245,6 +245,28 @@ def test_power_cap_on_a_profile_gpu(tmp_path: Path) -> None:
     assert gpu.op_cost(0, Kind.F) == (fitting[0].time_s, fitting[0].energy_j)
 
 
+def test_the_capped_clock_is_read_back_with_the_power_cap_reason(tmp_path: Path) -> None:
+    """What runs, not what was asked: the clock read back while an op runs is the capped
+    one, with NVML's SW power cap reason (0x4); idle reads carry the idle reason (0x1)."""
+    from perseus.device.base import ClockReadbackGPU
+
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock, power_cap_w=300.0)
+    assert isinstance(gpu, ClockReadbackGPU)
+    gpu.set_locked_clock(1410)
+    assert gpu.clock_event_reasons() == 0x1 and gpu.current_clock_mhz() == 1410  # idle
+    gpu.launch(0, Kind.F)
+    clock.t += 1e-4
+    capped = gpu.effective_clock_mhz(0, Kind.F)
+    assert capped < 1410
+    assert (gpu.current_clock_mhz(), gpu.clock_event_reasons()) == (capped, 0x4)
+    clock.t += 10.0  # the op is done
+    gpu.set_locked_clock(capped)  # asking for what fits: delivered, no reason
+    gpu.launch(0, Kind.F)
+    clock.t += 1e-4
+    assert (gpu.current_clock_mhz(), gpu.clock_event_reasons()) == (capped, 0)
+
+
 def test_h100_is_marked_estimated() -> None:
     assert PRESETS["h100"].estimated
     assert not PRESETS["a100"].estimated

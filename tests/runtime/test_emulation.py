@@ -69,6 +69,25 @@ def test_emulator_warns_once_when_the_cpu_is_slower_and_counts_the_rest(gpu):
     assert emulator.overruns == 2
 
 
+def test_overruns_are_taken_per_iteration(gpu):
+    """A session counts host overruns per iteration: take_overruns() returns those since its
+    last call (virtual time: the host's stalls are exact)."""
+    emulator = StreamEmulator(gpu)
+    time_s, _ = gpu.op_cost(0, Kind.F)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EmulationOverrunWarning)
+        for iteration, stalls in enumerate(((1.5, 0.0, 1.5), (0.0, 0.0, 0.0), (2.0, 0.0, 0.0))):
+            for i, stall in enumerate(stalls):
+                action = Action(0, Kind.F, 3 * iteration + i)
+                emulator.before(action)
+                emulator.launch(action)
+                end = gpu.record_event()
+                gpu.clock.sleep(time_s * stall)
+                emulator.finish(action, end)
+            assert emulator.take_overruns() == sum(1 for s in stalls if s > 1.0)
+    assert emulator.overruns == 3 and emulator.take_overruns() == 0
+
+
 def test_late_host_does_not_delay_the_device(gpu, tmp_path):
     """An op whose input was ready at ``ready`` starts then on an idle stream, even though
     the host launches it later (a GPU's host would have launched it ahead)."""

@@ -59,6 +59,7 @@ from typing import NamedTuple
 from perseus.device.base import (
     GPU,
     AppliedClockGPU,
+    ClockReadbackGPU,
     DeviceEvent,
     EventSource,
     MemoryClockGPU,
@@ -66,6 +67,7 @@ from perseus.device.base import (
 )
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
+from perseus.runtime.agent.readback import IDLE_REASON
 
 __all__ = ["ApplyStats", "Boundary", "FrequencyController", "MidSwitch", "issue_offset_s"]
 
@@ -169,6 +171,10 @@ class Boundary:
             event seen, earlier jobs done), when it issued the call and when the call
             returned (``benchmarks/clock_timing.py`` decomposes the wrong-clock time with
             them).
+        asked_mhz / read_mhz / read_reasons: Set by the worker, which reads the clock back
+            once inside the op (mid-way when its time is known, else as it starts; see
+            :mod:`perseus.runtime.agent.readback`): the SM clock whose set call had returned
+            then, the clock the GPU ran and its clock event reasons (None: not read).
     """
 
     start: DeviceEvent
@@ -188,6 +194,9 @@ class Boundary:
     ready_s: float | None = None
     issue_s: float | None = None
     return_s: float | None = None
+    asked_mhz: int | None = None
+    read_mhz: int | None = None
+    read_reasons: int = 0
 
     @property
     def mid_issued(self) -> bool:
@@ -244,6 +253,8 @@ class FrequencyController:
             thread the work posted is done on the caller's thread, in order, by :meth:`flush`
             and :meth:`wait_applied`: with a :class:`~perseus.device.clock.VirtualClock` every
             timing decision is then deterministic (tests).
+        read_back: Read the clock the GPU ran and its clock event reasons once per op
+            (devices with :class:`~perseus.device.base.ClockReadbackGPU`), on the worker.
     """
 
     def __init__(
@@ -258,6 +269,7 @@ class FrequencyController:
         apply_delay_s: float = 0.0,
         clock: Clock = REAL_CLOCK,
         threaded: bool | None = None,
+        read_back: bool = True,
     ) -> None:
         self.gpu = gpu
         self.clock = clock
@@ -294,6 +306,10 @@ class FrequencyController:
         self._apply_delay_s = apply_delay_s
         self._clock_applied: Callable[[], float | None] | None = (
             gpu.clock_applied_s if isinstance(gpu, AppliedClockGPU) else None
+        )
+        # Reads back what ran (NVML, the simulator); None: the device cannot tell.
+        self._readback: ClockReadbackGPU | None = (
+            gpu if read_back and isinstance(gpu, ClockReadbackGPU) else None
         )
         self._stale = 0
         self._retries = retries
@@ -608,11 +624,42 @@ class FrequencyController:
                 break  # the op ended first: its later phases are skipped too
         if self._closed:
             return
+        if self._readback is not None and not job.stamp:
+            self._read_back(job, self._readback)
         if job.freq_next_mhz is not None and self._wants(job.freq_next_mhz, job.mem_next_mhz):
             self._issue_next(job, job.freq_next_mhz, job.mem_next_mhz)
             if self._closed:
                 return
         self._finish(job)
+
+    def _read_back(self, job: Boundary, gpu: ClockReadbackGPU) -> None:
+        """Read the clock the GPU runs inside ``job``'s op: mid-way through it when its time
+        is known (before the next clock is due), else as soon as it runs (the device may idle
+        after the start event, waiting for the op's input: such readings are retried);
+        nothing when the op ended first or no clock of ours is applied (observe-only)."""
+        if self._applied is None or self.observe_only:
+            return
+        events = self.events
+        due = None
+        if job.expected_s is not None and events is not None:
+            start = job.start.device_time_s()
+            due = start + job.expected_s - (self.landing_s() or 0.0) - FINAL_APPROACH_S
+            if self._wait_end(job, min(start + 0.5 * job.expected_s, due)):
+                return
+        while not (job.end is not None and job.end.query()) and not self._closed:
+            try:
+                read_mhz, reasons = gpu.current_clock_mhz(), gpu.clock_event_reasons()
+            except DeviceError:
+                self._readback = None  # not on this GPU or driver: stop asking
+                return
+            if not reasons & IDLE_REASON or events is None:
+                job.read_mhz, job.read_reasons, job.asked_mhz = read_mhz, reasons, self._applied
+                return
+            while job.end is None and not self._closed:  # not launched yet: no read till then
+                self.clock.sleep(5 * POLL_S)
+            now = events.timeline_now_s()
+            if (due is not None and now >= due) or self._wait_end(job, now + 5 * POLL_S):
+                return
 
     def _wants(self, freq_mhz: int | None, mem_freq_mhz: int | None = None) -> bool:
         """True when the pair is a change to make (a None memory clock is no change)."""

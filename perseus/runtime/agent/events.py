@@ -9,6 +9,12 @@ machines never touch CUDA.
 A CUDA event's time comes from ``elapsed_time`` against a reference event recorded (and
 synchronised once) when the source is created, mapped onto :func:`time.perf_counter`; reading
 an event's time needs the event to have completed, never a device-wide synchronise.
+
+The training thread records two events per op, so a record is kept small: CUDA events are
+pooled (:meth:`CudaEventSource.recycle`, called as each iteration ends, returns the events
+recorded two iterations ago: the controller's worker and the timing history are done with
+them by then) and the stream is looked up with a function bound once; it is still asked for
+at every record, so an op launched on another stream (a stream switch) is timed on it.
 """
 
 from __future__ import annotations
@@ -52,16 +58,28 @@ class CudaEventSource:
         self._torch = torch
         index = torch.cuda.current_device() if device_index is None else device_index
         self.device = torch.device("cuda", index)
+        self._current_stream: Any = torch.cuda.current_stream
+        self._event_type: Any = torch.cuda.Event
         self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self.ref.record(torch.cuda.current_stream(self.device))
         self.ref.synchronize()  # once, at start: the anchor of the device timeline
         self.ref_host_s = time.perf_counter()
+        self._free: list[Any] = []  # torch events nobody reads any more
+        self._recorded: list[Any] = []  # recorded in this iteration
+        self._retiring: list[Any] = []  # recorded in the previous one
 
     def record_event(self) -> DeviceEvent:
-        torch: Any = self._torch
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
+        free = self._free
+        event = free.pop() if free else self._event_type(enable_timing=True)
+        event.record(self._current_stream(self.device))
+        self._recorded.append(event)
         return CudaEvent(event, self)
+
+    def recycle(self) -> None:
+        """An iteration ended: the events recorded in the one before it are free again (one
+        iteration of grace: the last op's end is read when the next iteration ends)."""
+        self._free.extend(self._retiring)
+        self._retiring, self._recorded = self._recorded, []
 
     def timeline_now_s(self) -> float:
         return time.perf_counter()

@@ -20,15 +20,17 @@ The agent (:mod:`perseus.runtime.agent.rank_agent`) owns one :class:`OpTimingHis
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
+from perseus.profile.model import Profile
 from perseus.runtime.agent.controller import Boundary
 from perseus.runtime.agent.rank_plan import OpPhase
+from perseus.schedule.actions import Kind
 
-__all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory"]
+__all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory", "profiled_op_time_s"]
 
 #: Iterations of op times and gaps kept per op.
 HISTORY = 8
@@ -142,3 +144,24 @@ def _work_over_clock(phases: tuple[OpPhase, ...], upto: int, last: int) -> float
         end = 1.0 if k == last or k + 1 >= len(phases) else phases[k + 1].start_share
         total += (end - p.start_share) / p.freq_mhz
     return total
+
+
+def profiled_op_time_s(profile: Profile) -> Callable[..., float]:
+    """An op's profiled time at a clock, or at a (SM, memory) clock pair (the nearest profiled
+    clock when not profiled; without a memory clock, the default: the highest)."""
+
+    def op_time_s(
+        stage_index: int, kind: Kind, freq_mhz: int, mem_freq_mhz: int | None = None
+    ) -> float:
+        options = profile.op(stage_index, kind).options
+        return min(
+            options,
+            key=lambda o: (
+                abs(o.freq_mhz - freq_mhz),
+                -o.freq_mhz,
+                0 if mem_freq_mhz is None else abs((o.mem_freq_mhz or 0) - mem_freq_mhz),
+                -(o.mem_freq_mhz or 0),
+            ),
+        ).time_s
+
+    return op_time_s

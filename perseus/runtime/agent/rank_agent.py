@@ -62,6 +62,7 @@ from perseus.plan import Frontier
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.events import CudaEventSource, event_source_for
 from perseus.runtime.agent.rank_plan import OpPhase, RankPlan
+from perseus.runtime.agent.readback import HeldClockReport
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
@@ -206,6 +207,7 @@ class RankAgent:
         self._stamp_ops = True
         # How ops are timed (device events or the host's clock): chosen at start().
         self._mode: DeviceTiming | HostTiming = self._host_timing(prefetch)
+        self._held_report: HeldClockReport | None = None  # made at start (the GPU's name)
         self._set_plan(plan, point_index)
 
     # -----------------------------------------------------------------------------------------
@@ -390,6 +392,7 @@ class RankAgent:
             ):
                 self._mem_clocks = tuple(gpu.supported_memory_clocks_mhz())
             self._started_gpu = True
+            self._held_report = HeldClockReport(self.rank, gpu.name)
             self._snap_plan()
         if self.enabled and gpu is not None:
             self._claim = GpuClaim(
@@ -440,6 +443,7 @@ class RankAgent:
                 stamp_ops=self._stamp_ops,
                 mid_time_s=self._mid_time_s,
                 record_op=self._ops.append,
+                recycle=events.recycle if isinstance(events, CudaEventSource) else None,
             )
             if isinstance(self._mode, DeviceTiming):
                 mode.history = self._mode.history  # a restart keeps what it learnt
@@ -565,6 +569,10 @@ class RankAgent:
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
                 f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}"
             )
+        delivery = mode.delivery if isinstance(mode, DeviceTiming) else None
+        if self._held_report is not None:
+            # Within the iteration the clocks were held in: one warning, then only on a change.
+            self._held_report.update(delivery, self._iteration)
         record = IterationRecord(
             iteration=self._iteration,
             point_index=self.point_index,
@@ -573,6 +581,7 @@ class RankAgent:
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
             mid_op_switches=mode.mid_switches if isinstance(mode, DeviceTiming) else 0,
+            clock_delivery=delivery,
         )
         self._iterations.append(record)
         self._iteration += 1

@@ -9,6 +9,7 @@ from typing import Any
 
 from perseus.device.base import GPU
 from perseus.plan import Frontier
+from perseus.runtime.agent.readback import ClockDelivery
 from perseus.schedule.actions import Kind
 
 __all__ = ["AgentRecords", "IterationRecord", "NullAgent", "OpRecord"]
@@ -45,6 +46,9 @@ class IterationRecord:
     planned_time_s: float
     #: Mid-op clock changes issued in this iteration (phased ops; a three-phase op has two).
     mid_op_switches: int = 0
+    #: The clocks read back inside its ops (None: not read; see
+    #: :mod:`perseus.runtime.agent.readback`).
+    clock_delivery: ClockDelivery | None = None
 
 
 @dataclass(frozen=True, slots=True)

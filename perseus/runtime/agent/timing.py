@@ -29,8 +29,9 @@ from perseus.device.clock import Clock
 from perseus.runtime.agent.controller import Boundary, FrequencyController, MidSwitch
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
+from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
 
-__all__ = ["DeviceTiming", "HostTiming", "OpRow"]
+__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
 
 _log = logging.getLogger(__name__)
 
@@ -39,6 +40,43 @@ OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float 
 
 #: Predicted time from an op's start to the start of its phase: ``(op index, phase) -> time_s``.
 MidTimeFn = Callable[[int, int], "float | None"]
+
+
+def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) -> Boundary | None:
+    """Have the controller's worker read the energy counter when the device passes
+    ``event`` (its ``start_mj``), unless the event carries its own reading or there is no
+    worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
+    if controller is None or event.energy_mj is not None:
+        return None
+    job = Boundary(event, None, None, end=event, stamp=True)
+    controller.post(job)
+    return job
+
+
+class CounterMark:
+    """A point on the device's timeline marked without waiting for the device or reading the
+    counter: its time and counter reading are taken when asked (:meth:`resolve`), once the
+    event completed and the worker read the counter at it."""
+
+    __slots__ = ("_event", "_read_mj", "_stamp")
+
+    def __init__(
+        self,
+        event: DeviceEvent,
+        controller: FrequencyController | None,
+        read_mj: Callable[[], int],
+    ) -> None:
+        self._event = event
+        self._stamp = stamp_counter(controller, event)
+        self._read_mj = read_mj  # only if the worker could not read it (closed, an error)
+
+    def resolve(self) -> tuple[float, int]:
+        """``(device time, counter mJ)`` at the mark (waits for the event if needed)."""
+        time_s = self._event.device_time_s()
+        mj = self._event.energy_mj
+        if mj is None and self._stamp is not None:
+            mj = self._stamp.start_mj
+        return time_s, int(self._read_mj() if mj is None else mj)
 
 
 class _Clocks:
@@ -83,6 +121,7 @@ class DeviceTiming(_Clocks):
         stamp_ops: Whether the worker reads the counter at every op boundary.
         mid_time_s: Predicted time from a phased op's start to a later phase's start.
         record_op: Where each completed op's row goes.
+        recycle: Called as each iteration ends, its figures read (pooled CUDA events).
     """
 
     __slots__ = (
@@ -92,10 +131,12 @@ class DeviceTiming(_Clocks):
         "_events",
         "_mid_time_s",
         "_record_op",
+        "_recycle",
         "_stamp_ops",
         "_step_event",
         "_step_mj",
         "_step_stamp",
+        "delivery",
         "history",
         "jobs",
         "mid_switches",
@@ -110,9 +151,11 @@ class DeviceTiming(_Clocks):
         stamp_ops: bool,
         mid_time_s: MidTimeFn,
         record_op: Callable[[OpRow], None],
+        recycle: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self._events = events
+        self._recycle = recycle
         self._controller = controller
         self._energy_mj = energy_mj
         self._stamp_ops = stamp_ops
@@ -125,6 +168,8 @@ class DeviceTiming(_Clocks):
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
         self.mid_switches = 0
+        #: The last iteration's clocks as read back (None: none read).
+        self.delivery: ClockDelivery | None = None
 
     @property
     def controller(self) -> FrequencyController | None:
@@ -146,11 +191,9 @@ class DeviceTiming(_Clocks):
         mj = event.energy_mj if event.query() else None
         if mj is None and ctl is None:
             mj = self._energy_mj()
-        elif mj is None and ctl is not None:
-            # The counter is read when the device reaches the iteration's start, by the worker
-            # (an NVML read costs ~3 ms, p99 ~25 ms on an H100: not on the training thread).
-            self._step_stamp = Boundary(event, None, None, end=event, stamp=True)
-            ctl.post(self._step_stamp)
+        elif mj is None:
+            # Read by the worker when the device reaches the iteration's start.
+            self._step_stamp = stamp_counter(ctl, event)
         self._step_mj = mj
 
     def enter(self, j: int) -> None:
@@ -211,13 +254,16 @@ class DeviceTiming(_Clocks):
             # iteration; waiting for the end first would apply every change late.
             ctl.flush(timeout_s=1.0)
         end = self._events.record_event()
+        stamp = stamp_counter(ctl, end)  # the end's counter, read by the worker too
         end.synchronize()
         if ctl is not None:
-            # Its last boundary is done: its counter stamps (the iteration start's included)
-            # are read, so the end reading below comes after them.
+            # Its last boundary is done: its counter stamps (the iteration start's and end's)
+            # are read, in order.
             ctl.flush(timeout_s=1.0)
         mj = end.energy_mj
-        if mj is None:
+        if mj is None and stamp is not None:
+            mj = stamp.start_mj
+        if mj is None:  # no worker, or it could not read
             mj = self._energy_mj()
         self._end_mj = mj
         if self._step_mj is None:
@@ -229,16 +275,21 @@ class DeviceTiming(_Clocks):
         jobs = self.jobs
         self.mid_switches = sum(job.mids_issued for job in jobs)
         freqs, names = self.freqs, self.names
+        readings: list[tuple[str, int, int | None, int | None, int, float]] = []
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
+            planned = freqs[j] if j < len(freqs) else 0
+            readings.append(
+                (names[j], planned, job.asked_mhz, job.read_mhz, job.read_reasons, op.time_s)
+            )
             mid = job.mid_freq_mhz
             self._record_op(
                 (
                     iteration,
                     j,
                     names[j],
-                    freqs[j] if j < len(freqs) else 0,
+                    planned,
                     op.time_s,
                     job.energy_j() or 0.0,
                     mid if job.mid_issued else None,
@@ -246,9 +297,13 @@ class DeviceTiming(_Clocks):
                     op.end_s,
                 )
             )
+        self.delivery = clock_delivery(readings)
         self.jobs = []
         begin_mj = self._step_mj if self._step_mj is not None else mj
-        return end.device_time_s() - begin.device_time_s(), (mj - begin_mj) / 1000.0
+        time_s = end.device_time_s() - begin.device_time_s()
+        if self._recycle is not None:
+            self._recycle()
+        return time_s, (mj - begin_mj) / 1000.0
 
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""

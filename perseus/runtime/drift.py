@@ -1,0 +1,145 @@
+"""Does the run measure its plan? Every iteration, on every rank alike.
+
+At each iteration's end the ranks agree, in the one all-reduce that sums the pipeline's
+energy, on the iteration's time (the longest rank's window), how many ops of the pipeline ran
+below their planned clock and why, and how many host overruns emulation counted
+(:func:`agree_iteration`): every rank then holds the same figures, so every rank reaches the
+same verdict. :class:`DriftMonitor` compares predicted and
+measured time and energy every iteration; when they differ beyond
+:data:`~perseus.runtime.summary.DRIFT_TOLERANCE` for :data:`PATIENCE` iterations in a row it
+says so once, with the cause found (:func:`~perseus.runtime.summary.drift_cause`: clocks held
+below the plan, host overruns in emulation, else another GPU than the profile's or a stale
+profile). A session whose plan comes from an online profile then profiles again and re-plans
+(all ranks together: the verdict is the same everywhere); others keep running, and their
+summary says the figures do not measure the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
+from perseus.runtime.collectives import all_reduce_sum
+from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
+
+__all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration"]
+
+_log = logging.getLogger("perseus.runtime.session")
+
+#: Iterations in a row beyond the tolerance before the drift is reported.
+PATIENCE = 3
+
+#: The limiting reasons counted across ranks, in a fixed order (plus "no reason reported").
+_REASONS = tuple(REASON_TEXT)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineFigures:
+    """What every rank of the pipeline agrees on for one iteration."""
+
+    time_s: float
+    energy_j: float
+    held_ops: int
+    held_reasons: tuple[str, ...]
+    host_overruns: int
+
+
+def agree_iteration(
+    energy_j: float,
+    time_s: float,
+    delivery: ClockDelivery | None,
+    host_overruns: int,
+    rank: int,
+    num_ranks: int,
+    group: Any,
+) -> PipelineFigures:
+    """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline, and
+    gather every rank's iteration window (the pipeline's time is the longest): one
+    all-reduce (each rank's window in its own slot of the sum), collective over ``group``.
+
+    Args:
+        energy_j: This rank's energy over the iteration.
+        time_s: This rank's window of the iteration (device time from its start to its end).
+        delivery: This rank's clocks as read back.
+        host_overruns: This rank's host overruns in the iteration (emulation).
+        rank: This rank's index in the pipeline.
+        num_ranks: The pipeline's ranks (the group's size).
+        group: The pipeline's process group.
+    """
+    held = delivery.held if delivery is not None else ()
+    by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
+    windows = [0.0] * num_ranks
+    windows[rank] = float(time_s)
+    energy, held_sum, overruns, *rest = all_reduce_sum(
+        [float(energy_j), float(len(held)), float(host_overruns), *by_reason, *windows], group
+    )
+    reasons = rest[: len(_REASONS)]
+    return PipelineFigures(
+        time_s=max(rest[len(_REASONS) :]),
+        energy_j=energy,
+        held_ops=round(held_sum),
+        held_reasons=tuple(r for r, n in zip(_REASONS, reasons, strict=True) if n > 0),
+        host_overruns=round(overruns),
+    )
+
+
+def _beyond(stats: IterationStats) -> bool:
+    if stats.phase != "run" or not stats.predicted_time_s or not stats.predicted_energy_j:
+        return False
+    dt = stats.time_s / stats.predicted_time_s - 1.0
+    energy = stats.pipeline_energy_j
+    de = 0.0 if energy is None else energy / stats.predicted_energy_j - 1.0
+    return abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
+
+
+class DriftMonitor:
+    """Predicted against measured, every iteration; one report per deployed plan (logged on
+    rank 0, as the summary is).
+
+    Args:
+        rank: This process's pipeline rank.
+        reprofile: The plan comes from an online profile: the first drift that neither held
+            clocks nor host overruns explain is answered by profiling again (once).
+        patience: Iterations in a row beyond the tolerance before reporting.
+    """
+
+    def __init__(self, rank: int, *, reprofile: bool = False, patience: int = PATIENCE) -> None:
+        self._rank = rank
+        self._reprofile = reprofile
+        self._patience = patience
+        self._streak: list[IterationStats] = []
+        self._reported = False
+
+    def reset(self) -> None:
+        """A new plan runs: watch it afresh."""
+        self._streak = []
+        self._reported = False
+
+    def update(self, stats: IterationStats) -> bool:
+        """Take one iteration; say so the first time the drift persisted. True when the
+        session should profile again (an online profile, and the profile is to blame)."""
+        if not _beyond(stats):
+            self._streak = []
+            return False
+        self._streak.append(stats)
+        if self._reported or len(self._streak) < self._patience:
+            return False
+        cause = drift_cause(self._streak)
+        if cause is None:
+            return False
+        self._reported = True
+        stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
+        reprofile = stale and self._reprofile
+        self._reprofile = self._reprofile and not reprofile  # once: a re-plan that drifts too
+        # is said, not chased
+        if self._rank == 0:
+            _log.warning(
+                "perseus: iterations %d-%d: %s%s",
+                self._streak[0].iteration,
+                stats.iteration,
+                cause,
+                "; profiling again to re-plan" if reprofile else "",
+            )
+        return reprofile

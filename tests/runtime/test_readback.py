@@ -1,0 +1,401 @@
+"""Closing the loop: what the GPU ran, read back inside each op, against the plan; drift of
+measured against predicted figures; the summary that says when it does not measure the plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+
+from perseus.device.clock import VirtualClock
+from perseus.device.simulated import SimulatedGPU
+from perseus.errors import DeviceNotSupportedError
+from perseus.io import load_profile
+from perseus.job import make_job
+from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.agent.readback import (
+    ClockHeldWarning,
+    HeldClockReport,
+    HeldOp,
+    clock_delivery,
+)
+from perseus.runtime.drift import DriftMonitor
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.metrics import CSV_FIELDS, _csv_row, iteration_metrics
+from perseus.runtime.summary import IterationStats, drift_cause, summarize
+from perseus.schedule import Kind, build_schedule
+
+BLOCKING_W = 83.64
+CAP = 0x4  # NVML's SW power cap reason
+IDLE = 0x1
+
+
+# ------------------------------------------------------------------------------------------
+# Per-iteration delivery and the one warning
+
+
+def test_delivery_counts_op_time_at_the_planned_clock_and_names_held_ops():
+    readings = [
+        ("0F0", 1410, 1410, 1410, 0, 1.0),  # delivered
+        ("0F1", 1410, 1410, 1005, CAP, 3.0),  # held by the power cap
+        ("0B0", 1410, 1410, 1200, 0, 5.0),  # held, no reason set
+        ("0B1", 1095, 1410, 1410, 0, 7.0),  # read before its clock was applied: left out
+        ("0F2", 1410, 1410, 1410, IDLE, 9.0),  # read in a gap: left out
+        ("0F3", 1410, None, None, 0, 11.0),  # not read
+    ]
+    delivery = clock_delivery(readings)
+    assert delivery is not None and delivery.ops_read == 3
+    assert delivery.share_at_plan == pytest.approx(1.0 / 9.0)
+    assert delivery.held == (
+        HeldOp("0F1", 1410, 1005, ("sw_power_cap",)),
+        HeldOp("0B0", 1410, 1200, ("no_reason_reported",)),
+    )
+    assert str(delivery.held[0]) == "0F1 planned 1410 MHz, ran 1005 MHz (power cap)"
+    assert clock_delivery([("0F0", 1410, None, None, 0, 1.0)]) is None
+
+
+def test_a_hold_is_warned_once_and_again_only_when_it_changes():
+    report = HeldClockReport(0, "H100")
+    held = clock_delivery([("0F0", 1980, 1980, 1500, CAP, 1.0), ("0B0", 1980, 1980, 1980, 0, 1.0)])
+    more = clock_delivery(
+        [("0F0", 1980, 1980, 1485, CAP, 1.0), ("0B0", 1980, 1980, 1700, CAP, 1.0)]
+    )
+    hot = clock_delivery([("0F0", 1980, 1980, 1200, CAP | 0x40, 1.0)])  # HW thermal too
+    fine = clock_delivery([("0F0", 1980, 1980, 1980, 0, 1.0)])
+    with pytest.warns(ClockHeldWarning, match=r"0F0 planned 1980 MHz, ran 1500 MHz \(power cap\)"):
+        report.update(held, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert report.update(held, 1) is None  # the same hold: no second warning
+        assert report.update(more, 2) is None  # more ops caught held, the same cause
+    with pytest.warns(ClockHeldWarning, match=r"power cap \+ thermal \(HW\)"):
+        report.update(hot, 3)  # another reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert report.update(held, 4) is None
+        assert report.update(fine, 5) is None  # delivered again
+    with pytest.warns(ClockHeldWarning):
+        report.update(held, 6)  # held afresh
+
+
+# ------------------------------------------------------------------------------------------
+# The simulated GPU's cap through the agent
+
+
+def _h100(tmp_path: Path, clock: VirtualClock, cap_w: float | None) -> SimulatedGPU:
+    return SimulatedGPU.from_preset(
+        "h100",
+        state_dir=tmp_path / str(cap_w),
+        clock=clock,
+        set_latency_s=0.0,
+        publish_interval_s=0.0,
+        power_cap_w=cap_w,
+    )
+
+
+def _top_clock_plan():  # type: ignore[no-untyped-def]
+    """One rank's 1F1B ops, every one at the H100's top clock."""
+    from tests.runtime.plans import tiny_plan
+
+    actions = build_schedule("1f1b", 1, 4).rank_actions[0]
+    return tiny_plan(
+        1980, stage_ops=(tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions),)
+    )
+
+
+def _run(agent: RankAgent, gpu: SimulatedGPU, iterations: int) -> list[float]:
+    times = []
+    actions = build_schedule("1f1b", 1, 4).rank_actions[0]
+    for _ in range(iterations):
+        agent.step_begin()
+        for a in actions:
+            with agent.op(a.kind, a.microbatch_index):
+                gpu.launch(a.stage_index, a.kind)
+                agent.mark_op_end()
+        times.append(agent.step_end().time_s)
+    return times
+
+
+def test_a_cap_halves_a_locked_top_clocks_throughput_and_is_flagged_in_the_first_iteration(
+    tmp_path: Path,
+):
+    """An H100 locked at its top clock (1980 MHz) under a 300 W cap runs near half its
+    clock: twice the time. The runtime reads it back and warns within the first iteration,
+    naming the ops, planned and applied clocks and the power cap."""
+    clock = VirtualClock()
+    free, capped = _h100(tmp_path, clock, None), _h100(tmp_path, clock, 300.0)
+    plan = _top_clock_plan()
+    times = {}
+    for name, gpu in (("free", free), ("capped", capped)):
+        agent = RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False, clock=clock).start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            times[name] = _run(agent, gpu, 1)
+            record = agent.records.iterations[0]
+        agent.close()
+        held = [w for w in caught if issubclass(w.category, ClockHeldWarning)]
+        delivery = record.clock_delivery
+        assert delivery is not None and delivery.ops_read == 8
+        if name == "free":
+            assert not held and delivery.share_at_plan == 1.0 and not delivery.held
+        else:
+            assert len(held) == 1
+            assert "power cap" in str(held[0].message) and "planned 1980 MHz" in str(
+                held[0].message
+            )
+            assert delivery.share_at_plan == 0.0 and len(delivery.held) == 8
+            assert all(
+                h.applied_mhz <= 1050 and h.reasons == ("sw_power_cap",) for h in delivery.held
+            )
+    assert times["capped"][0] / times["free"][0] >= 1.9  # throughput halved
+
+
+def test_read_back_stops_on_a_gpu_that_cannot_tell(tmp_path: Path):
+    clock = VirtualClock()
+    gpu = _h100(tmp_path, clock, 300.0)
+    gpu.inject_error("clock_event_reasons", DeviceNotSupportedError("no reasons here"))
+    agent = RankAgent(
+        _top_clock_plan(), gpu, 0, watchdog=False, handle_signals=False, clock=clock
+    ).start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no hold warned: nothing was read
+        _run(agent, gpu, 2)
+    agent.close()
+    assert all(r.clock_delivery is None for r in agent.records.iterations)
+
+
+def test_an_observe_only_agent_reads_nothing_back(tmp_path: Path):
+    clock = VirtualClock()
+    gpu = _h100(tmp_path, clock, 300.0)
+    agent = RankAgent(
+        _top_clock_plan(), gpu, 0, enabled=False, watchdog=False, handle_signals=False, clock=clock
+    ).start()
+    _run(agent, gpu, 2)
+    agent.close()
+    assert all(r.clock_delivery is None for r in agent.records.iterations)
+
+
+# ------------------------------------------------------------------------------------------
+# Drift and the summary
+
+
+def _stats(i: int, time_s: float, energy_j: float, **kw: object) -> IterationStats:
+    return IterationStats(
+        iteration=i,
+        phase="run",
+        point_index=0,
+        time_s=time_s,
+        energy_j=energy_j,
+        compute_time_s=time_s,
+        pipeline_energy_j=energy_j,
+        predicted_time_s=1.0,
+        predicted_energy_j=100.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_drift_is_said_once_after_a_few_iterations_with_its_cause(caplog):
+    monitor = DriftMonitor(0, reprofile=True)
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.session"):
+        assert not monitor.update(_stats(0, 1.01, 101.0))  # within tolerance
+        assert not monitor.update(_stats(1, 1.3, 120.0))
+        assert not monitor.update(_stats(2, 1.3, 120.0))
+        assert monitor.update(_stats(3, 1.3, 120.0))  # the profile is stale: re-profile
+        assert not monitor.update(_stats(4, 1.3, 120.0))  # said once
+        monitor.reset()  # the re-planned profile is deployed
+        assert not any(monitor.update(_stats(i, 1.3, 120.0)) for i in range(5, 9))  # once
+    record, again = caplog.records
+    assert "profiling again" not in again.message
+    assert "iterations 1-3" in record.message and "stale profile" in record.message
+    assert "profiling again" in record.message
+    held = DriftMonitor(1, reprofile=True)  # not rank 0: silent, but the same verdict
+    for i in range(3):
+        verdict = held.update(
+            _stats(i, 2.0, 90.0, pipeline_held_ops=8, held_reasons=("sw_power_cap",))
+        )
+    assert verdict is False  # held clocks: profiling again would not help
+
+
+def test_drift_cause_names_held_clocks_overruns_or_a_stale_profile():
+    assert drift_cause([_stats(0, 1.0, 100.0), _stats(1, 1.02, 99.0)]) is None
+    held = drift_cause([_stats(0, 2.0, 90.0, pipeline_held_ops=3, held_reasons=("sw_power_cap",))])
+    assert held is not None and "held below the plan (power cap) in 1 of 1" in held
+    overrun = drift_cause([_stats(0, 1.2, 100.0, host_overruns=5)])
+    assert overrun is not None and "5 host overruns in emulation" in overrun
+    stale = drift_cause([_stats(0, 0.5, 30.0)])
+    assert stale is not None and "time -50.0% and energy -70.0%" in stale
+
+
+def test_the_summary_says_when_its_figures_do_not_measure_the_plan():
+    from tests.runtime.plans import tiny_plan
+
+    frontier = tiny_plan()  # one point: 1 s and 100 J predicted, as _stats predicts
+    clean = summarize([_stats(i, 1.0, 100.0) for i in range(3)], frontier)
+    assert clean is not None and clean.caveat is None and "measure" not in str(clean)
+    held = summarize(
+        [
+            _stats(i, 1.0, 100.0, pipeline_held_ops=2, held_reasons=("sw_power_cap",))
+            for i in range(3)
+        ],
+        frontier,
+    )
+    assert held is not None and held.caveat is not None
+    assert str(held).endswith(held.caveat) and "do not measure the plan" in held.caveat
+    assert "power cap" in held.caveat
+
+
+# ------------------------------------------------------------------------------------------
+# Emulation: host overruns per iteration; the metrics export
+
+
+def test_host_overruns_are_counted_per_iteration(tmp_path: Path):
+    import time
+
+    from perseus.runtime.session import RankSession
+
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0
+    )
+    job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point(job.allmax())])
+    schedule = build_schedule("1f1b", 2, 4)
+    op_s = max(gpu.op_cost(0, k)[0] for k in (Kind.F, Kind.B))
+    session = RankSession(schedule, 0, gpu=gpu, plan=plan, watchdog=False, handle_signals=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            for slow in (False, True, False):
+                with session.iteration():
+                    for action in schedule.rank_actions[0]:
+                        with session.op(action):
+                            if slow:
+                                time.sleep(op_s * 3)  # the host outlasts the simulated op
+    counts = [s.host_overruns for s in session.history]
+    assert counts[1] >= len(schedule.rank_actions[0]) - 1  # the slow host's iteration
+    assert sum(counts) == session.emulation_overruns  # each counted once, in its iteration
+
+
+def test_metrics_export_the_clocks_delivered():
+    held = (HeldOp("0F0", 1410, 960, ("sw_power_cap",)),)
+    stats = _stats(
+        0,
+        1.0,
+        100.0,
+        clock_share_at_plan=0.25,
+        held_ops=held,
+        pipeline_held_ops=3,
+        held_reasons=("sw_power_cap",),
+        host_overruns=2,
+    )
+    record = iteration_metrics(stats, rank=0, gpu="sim", frontier=None)
+    assert record.clock_share_at_plan == 0.25 and record.pipeline_held_ops == 3
+    assert record.host_overruns == 2
+    assert json.loads(json.dumps(record.as_dict()))["held_ops"] == [
+        {"name": "0F0", "planned_mhz": 1410, "applied_mhz": 960, "reasons": ["sw_power_cap"]}
+    ]
+    row = dict(zip(CSV_FIELDS, _csv_row(record), strict=True))
+    assert row["held_ops"] == "0F0:1410>960:sw_power_cap" and row["host_overruns"] == 2
+
+
+def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The cached online profile no longer describes the GPU (it slowed down by half): after a
+    few iterations off the prediction, with every clock delivered, the session says so once
+    and profiles again, instead of running on."""
+    import os
+
+    from perseus.io import write_profile_csv
+    from perseus.runtime.planning import OnlineProfile
+    from perseus.runtime.session import RankSession
+
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.2)  # ops of tens of ms
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(profile, cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / "sim", set_latency_s=0.0
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        online_profile=OnlineProfile(cache=cache),
+        watchdog=False,
+        handle_signals=False,
+    )
+    sweeps: list[int] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            assert not session.profiling  # planned from the cache
+            monkeypatch.setattr(session, "_start_sweep", lambda options: sweeps.append(1))
+            # About the profile, not the host: a loaded machine's host overruns (a cause of
+            # their own, which profiling again would not fix) are not counted here.
+            emulator = session._emulator
+            assert emulator is not None
+            monkeypatch.setattr(emulator, "take_overruns", lambda: 0)
+            session.gpu.set_slowdown(1.5)
+            for _ in range(5):
+                with session.iteration():
+                    for action in schedule.rank_actions[0]:
+                        with session.op(action):
+                            pass
+    assert sweeps == [1]  # once, after three iterations off
+    assert session.summary is not None and session.summary.caveat is not None
+    assert "stale profile" in session.summary.caveat
+
+
+@pytest.mark.parametrize("new_name", [True, False])
+def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
+    """On NVML the worker reads ``nvmlDeviceGetClockInfo`` (SM) and the clock event reasons
+    (``...EventReasons``, or ``...ThrottleReasons`` on older drivers) inside the op."""
+    import time
+
+    from perseus.device.nvml import NvmlGPU
+    from perseus.runtime.agent.controller import Boundary, FrequencyController
+    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+    from tests.runtime.test_clock_timing import _Event
+
+    device = FakeDevice(
+        "GPU-h100",
+        name="NVIDIA H100 80GB HBM3",
+        graphics_clocks=tuple(range(1980, 344, -15)),
+        clock_event_reasons=0x4,
+        has_event_reasons_name=new_name,
+    )
+    nvml = FakeNvml(devices=[device])
+    gpu = NvmlGPU("GPU-h100", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
+
+    class Timeline:
+        def timeline_now_s(self) -> float:
+            return time.perf_counter()
+
+        def record_event(self) -> _Event:
+            return _Event(time.perf_counter())
+
+    ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
+    ctl.start()
+    ctl.apply_now(1980)
+    assert ctl.flush(timeout_s=2.0)
+    device.sm_clock_mhz = 1485  # the lock is taken; the power cap holds the clock down
+    now = time.perf_counter()
+    job = Boundary(_Event(now), None, None, end=_Event(now + 0.05))
+    ctl.post(job)
+    assert ctl.flush(timeout_s=2.0)
+    ctl.close()
+    gpu.close()
+    assert (job.asked_mhz, job.read_mhz, job.read_reasons) == (1980, 1485, 0x4)
+    names = nvml.names()
+    assert "nvmlDeviceGetClockInfo" in names
+    reasons = "nvmlDeviceGetCurrentClocks" + ("EventReasons" if new_name else "ThrottleReasons")
+    assert reasons in names
+    delivery = clock_delivery([("F0", 1980, job.asked_mhz, job.read_mhz, job.read_reasons, 1.0)])
+    assert delivery is not None and delivery.held[0].reasons == ("sw_power_cap",)
