@@ -12,7 +12,7 @@ from perseus.io.frontier_files import check_frontier_job, read_frontier, write_f
 from perseus.io.power_files import read_signal, write_schedule
 from perseus.plan import PlanPoint
 from perseus.solver.power import fastest_under_power
-from perseus.solver.power_schedule import schedule_plans
+from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
 __all__ = ["register", "run", "run_schedule"]
 
@@ -85,8 +85,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     sched.add_argument(
         "--signal",
         required=True,
+        action="append",
         metavar="FILE.csv",
-        help="rows `start, value`: seconds or ISO 8601 times, cost per kWh (price, gCO2/kWh)",
+        help="rows `start, value` (seconds or ISO 8601 times, cost per kWh), or a header naming "
+        "units: `start,price_eur_per_mwh,carbon_g_per_kwh_location_average`; give it twice "
+        "for prices and carbon in two files",
+    )
+    sched.add_argument(
+        "--objective",
+        choices=("price", "carbon", "value"),
+        help="which series to minimise when the signal has several (default: the first)",
+    )
+    sched.add_argument(
+        "--idle-power-w",
+        type=float_arg(ge=0, le=1e5, unit="W"),
+        help="power of one GPU the job holds while it runs no iteration (default: the GPU "
+        "preset's idle power, from the frontier's profile; `perseus doctor` measures it)",
     )
     sched.add_argument(
         "--iterations", type=int_arg(ge=1, le=10**12), required=True, help="iterations to run"
@@ -170,37 +184,79 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     return 0
 
 
+def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
+    """Per-GPU idle power and where it comes from: the flag, or the preset of the GPU the
+    frontier's profile names."""
+    if args.idle_power_w is not None:
+        return args.idle_power_w, "--idle-power-w"
+    from perseus.device.presets import PRESETS
+
+    name = (frontier.job.profile_name or "").lower()
+    for key in sorted(PRESETS, key=len, reverse=True):
+        preset = PRESETS[key]
+        if key in name or preset.name.lower() in name:
+            idle_w = preset.power.idle_w
+            return idle_w, f"the {preset.key} preset{' (an estimate)' if preset.estimated else ''}"
+    raise ConfigError(
+        f"{args.frontier}: the profile ({frontier.job.profile_name or 'unnamed'}) names no known "
+        "GPU, so its idle power is unknown; pass --idle-power-w W (the idle figure of "
+        "`perseus doctor`, or 0 to leave idle GPUs out)"
+    )
+
+
 def run_schedule(args: argparse.Namespace) -> int:
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
-    starts_s, values = read_signal(args.signal)
+    gpu_idle_w, idle_source = _idle_power_w(args, frontier)
+    signal = read_signal(*args.signal)
+    series = signal.pick(args.objective)
+    idle_w = gpu_idle_w * frontier.job.ranks
     schedule = schedule_plans(
         frontier.points,
-        starts_s,
-        values,
+        signal.starts_s,
+        series.values_per_kwh,
         iterations=args.iterations,
         deadline_s=args.deadline_s,
         baseline_time_s=frontier.baseline.time_s,
+        idle_power_w=idle_w,
     )
-    write_schedule(schedule, frontier, args.out)
+    write_schedule(schedule, frontier, args.out, series, signal.origin)
     say = message_stream(args.out)
-    busy = sum(1 for iv in schedule.intervals if iv.iterations)
+    busy = schedule.used().size
     print(
         f"schedule: {schedule.iterations} iterations by {schedule.deadline_s:g} s over "
-        f"{len(schedule.intervals)} intervals ({busy} used), finishing at "
+        f"{schedule.starts_s.size} intervals ({busy} used), finishing at "
         f"{schedule.finish_s:.6g} s; {len(schedule.segments())} plan segments",
         file=say,
     )
     print(
-        f"cost:     {schedule.cost:.6g} (exact optimum over plan mixes {schedule.lp_cost:.6g}; "
-        f"energy {schedule.energy_j / 3.6e6:.6g} kWh)",
+        f"signal:   {series.describe()}" + (f" from {signal.origin.isoformat()}" if signal.origin else "")
+        + f"; GPUs held until the deadline, idle at {gpu_idle_w:g} W each x "
+        f"{frontier.job.ranks} ({idle_source})",
+        file=say,
+    )  # fmt: skip
+    gap = (
+        100 * (schedule.cost - schedule.lp_cost) / abs(schedule.lp_cost) if schedule.lp_cost else 0
+    )
+    print(
+        f"cost:     {series.amount(schedule.cost)} (exact optimum over plan mixes "
+        f"{series.amount(schedule.lp_cost)}, whole iterations {gap:+.3g} %; energy "
+        f"{schedule.total_energy_j / J_PER_KWH:.6g} kWh, idle {schedule.idle_energy_j.sum() / J_PER_KWH:.6g})",
         file=say,
     )
+    for other in signal.series:
+        if other is not series:
+            total = schedule.cost_on(other.values_per_kwh[: schedule.starts_s.size])
+            print(f"also:     {other.amount(total)} ({other.describe()})", file=say)
     if schedule.baseline_cost is not None:
-        saving = 1 - schedule.cost / schedule.baseline_cost if schedule.baseline_cost else 0.0
+        saving = (
+            (schedule.baseline_cost - schedule.cost) / abs(schedule.baseline_cost)
+            if schedule.baseline_cost
+            else 0.0
+        )
         print(
-            f"baseline: {schedule.baseline_cost:.6g} running the no-slowdown plan "
+            f"baseline: {series.amount(schedule.baseline_cost)} running the no-slowdown plan "
             f"(point {schedule.baseline_index}) back to back; saving {100 * saving:.2f} %",
             file=say,
         )
