@@ -288,6 +288,21 @@ def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np
     return values
 
 
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _iso_or_none(cell: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(cell)
+    except ValueError:
+        return None
+
+
 def _parse_starts(
     p: Path, numbers: list[int], raw: list[str]
 ) -> tuple[npt.NDArray[np.float64], datetime | None]:
@@ -302,27 +317,24 @@ def _parse_starts(
             k = int(bad[0])
             raise ConfigError(f"{p}:{numbers[k]}: start {show_value(raw[k])} is not a finite time")
         return starts, None
-    kinds_seconds = None
+    seconds = _is_number(raw[0])
     out = np.empty(len(raw), dtype=np.float64)
     origin: datetime | None = None
     for k, (number, cell) in enumerate(zip(numbers, raw, strict=True)):
-        try:
-            when = datetime.fromisoformat(cell)
-        except ValueError:
-            try:
-                float(cell)
-                kinds_seconds = True
-            except ValueError:
-                kinds_seconds = False
-            if kinds_seconds:
+        when = None if seconds else _iso_or_none(cell)
+        if when is None:
+            other = _iso_or_none(cell) is not None if seconds else _is_number(cell)
+            if other:
                 raise ConfigError(
                     f"{p}:{number}: start {show_value(cell)} mixes seconds and ISO times; use "
                     "one kind for every row"
-                ) from None
+                )
+            if seconds and _is_number(cell):
+                continue
             raise ConfigError(
                 f"{p}:{number}: start {show_value(cell)} is neither seconds nor an ISO 8601 "
                 f"time; pass {_SIGNAL_WHAT}"
-            ) from None
+            )
         if origin is None:
             origin = when
         try:

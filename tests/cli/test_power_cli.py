@@ -134,9 +134,47 @@ def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
         and err.count("\n") == 1
     )
     assert not (tmp_path / "no.json").exists()
-    signal.write_text("0,1\n5,-1\n")
+    # The suggested deadline, passed back, is enough.
+    suggested = err.strip().rsplit(" ", 1)[-1]
+    argv[-1] = suggested
+    assert main([*argv, "--iterations", str(10 * n), "-o", str(tmp_path / "yes.json")]) == 0
+    capsys.readouterr()
+    # Prices near the float limit: one clean line, exit 2.
+    argv[-1] = "86400"
+    signal.write_text("0,1\n5,1e308\n")
     assert main([*argv, "--iterations", "1", "-o", str(out)]) == 2
-    assert "value '-1' must be a finite number >= 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "value '1e308' must be a finite number within" in err and err.count("\n") == 1
+
+
+def test_plan_schedule_charges_idle_gpus_and_names_the_signal(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = Path(__file__).parents[1] / "solver" / "signals" / "solar_week_negative_prices.csv"
+    carbon = tmp_path / "carbon.csv"
+    carbon.write_text(
+        "start,carbon_g_per_kwh_location_average\n"
+        + "".join(f"2026-06-{8 + h // 24:02d}T{h % 24:02d}:00:00Z,{300 - 100 * math.sin(h / 4)}\n" for h in range(168))
+    )  # fmt: skip
+    out = tmp_path / "s.json"
+    n = int(0.4 * 168 * 3600 / frontier.fastest.time_s)
+    argv = ["plan", "schedule", str(frontier_path), "--signal", str(prices), "--signal",
+            str(carbon), "--iterations", str(n), "--deadline-s", str(168 * 3600), "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "signal:   price in EUR/MWh from 2026-06-08T00:00:00+00:00" in printed
+    assert "idle at 30 W each x 8 (the a40 preset)" in printed  # the A40 preset's idle power
+    assert "EUR (exact optimum over plan mixes" in printed
+    assert "kgCO2 (carbon in gCO2/kWh (location-based, average))" in printed
+    doc = read_schedule(out)
+    assert doc.schema_version == 2 and doc.idle_power_w == 30.0 * frontier.job.ranks
+    assert doc.signal == "price in EUR/MWh"
+    assert sum(iv.idle_energy_j for iv in doc.intervals) > 0
+    assert main([*argv, "--objective", "carbon", "--idle-power-w", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "signal:   carbon in gCO2/kWh (location-based, average)" in printed
+    assert "idle at 0 W each" in printed
+    assert read_schedule(out).idle_power_w == 0.0
 
 
 def _store() -> Any:
