@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ __all__ = [
     "read_schedule",
     "read_signal",
     "schedule_document",
+    "schedule_json",
     "write_power_curve",
     "write_schedule",
 ]
@@ -434,41 +436,51 @@ class ScheduleFile(BaseModel):
             )
 
 
-def schedule_document(
+def schedule_json(
     schedule: PowerSchedule,
     frontier: Frontier,
     signal: SignalSeries | None = None,
     origin: datetime | None = None,
-) -> ScheduleFile:
-    """The file model of ``schedule``, made for ``frontier``'s points (the intervals that run
-    iterations only), naming the signal series it was computed on."""
-    records = []
-    done = 0
-    for k in schedule.used().tolist():
-        iv = schedule.interval(k)
-        plans = tuple(
-            PlanCount(point_index=i, iterations=n)
-            for i, n in (
-                (iv.fast_index, iv.fast_iterations),
-                (iv.slow_index, iv.slow_iterations),
-            )
-            if n
-        )
-        records.append(
-            ScheduleIntervalRecord(
-                start_s=iv.start_s,
-                end_s=iv.end_s,
-                value=iv.value,
-                first_iteration=done,
-                plans=plans,
-                busy_s=iv.busy_s,
-                energy_j=iv.energy_j,
-                idle_energy_j=iv.idle_energy_j,
-                cost=iv.cost,
-            )
-        )
-        done += iv.iterations
-    return ScheduleFile(
+) -> str:
+    """The schedule file's text: made for ``frontier``'s points, the intervals that run
+    iterations only, naming the signal series it was computed on.
+
+    Written from the schedule's arrays with :mod:`json` (a year of per-minute intervals in
+    seconds); :func:`read_schedule` and :func:`schedule_document` validate it.
+    """
+    used = schedule.used()
+    firsts = np.concatenate([[0], np.cumsum(schedule.interval_iterations)])[used].tolist()
+    columns = zip(
+        firsts,
+        schedule.starts_s[used].tolist(),
+        schedule.ends_s[used].tolist(),
+        schedule.values[used].tolist(),
+        schedule.fast_index[used].tolist(),
+        schedule.fast_iterations[used].tolist(),
+        schedule.slow_index[used].tolist(),
+        schedule.slow_iterations[used].tolist(),
+        schedule.busy_s[used].tolist(),
+        schedule.energy_j[used].tolist(),
+        schedule.idle_energy_j[used].tolist(),
+        schedule.interval_costs[used].tolist(),
+        strict=True,
+    )
+    records = [
+        {
+            "start_s": start,
+            "end_s": end,
+            "value": value,
+            "first_iteration": first,
+            "plans": [{"point_index": i, "iterations": n} for i, n in ((fi, fn), (si, sn)) if n],
+            "busy_s": busy,
+            "energy_j": energy,
+            "idle_energy_j": idle,
+            "cost": cost,
+        }
+        for first, start, end, value, fi, fn, si, sn, busy, energy, idle, cost in columns
+    ]
+    head = ScheduleFile.model_construct(
+        schema_version=SCHEDULE_SCHEMA_VERSION,
         frontier_points_sha256=points_sha256(frontier.points),
         iterations=schedule.iterations,
         deadline_s=schedule.deadline_s,
@@ -479,9 +491,25 @@ def schedule_document(
         idle_power_w=schedule.idle_power_w,
         signal=None if signal is None else signal.describe(),
         origin_utc=origin,
-        intervals=tuple(records),
-        segments=schedule.segments(),
-    )
+        intervals=(),
+        segments=(),
+    ).model_dump(mode="json")
+    del head["intervals"], head["segments"]
+    # One interval per line, written by json's C encoder (indent= would use the Python one).
+    text = json.dumps(head, indent=1, allow_nan=False)[: -len("\n}")]
+    lines = ",\n  ".join(json.dumps(r, allow_nan=False) for r in records)
+    segments = json.dumps([list(s) for s in schedule.segments()], separators=(",", ":"))
+    return f'{text},\n "intervals": [\n  {lines}\n ],\n "segments": {segments}\n}}\n'
+
+
+def schedule_document(
+    schedule: PowerSchedule,
+    frontier: Frontier,
+    signal: SignalSeries | None = None,
+    origin: datetime | None = None,
+) -> ScheduleFile:
+    """The validated file model of ``schedule`` (see :func:`schedule_json`)."""
+    return ScheduleFile.model_validate_json(schedule_json(schedule, frontier, signal, origin))
 
 
 def write_schedule(
@@ -491,9 +519,20 @@ def write_schedule(
     signal: SignalSeries | None = None,
     origin: datetime | None = None,
 ) -> None:
-    """Write the schedule JSON atomically."""
-    doc = schedule_document(schedule, frontier, signal, origin)
-    atomic_write_text(path, doc.model_dump_json(indent=1) + "\n")
+    """Write the schedule JSON atomically.
+
+    Raises:
+        ConfigError: if the file would be larger than perseus reads back (nothing written).
+    """
+    text = schedule_json(schedule, frontier, signal, origin)
+    limit = INPUT_LIMITS["schedule"]
+    if len(text) > limit:
+        raise ConfigError(
+            f"{path}: the schedule runs in {schedule.used().size:,} signal intervals, "
+            f"{len(text) / 2**20:.0f} MB of JSON, more than perseus reads back "
+            f"({limit / 2**20:.0f} MB); resample the signal to longer intervals"
+        )
+    atomic_write_text(path, text)
 
 
 def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:

@@ -198,17 +198,13 @@ class PowerSchedule:
     def segments(self) -> tuple[tuple[int, int], ...]:
         """``(first_iteration, point_index)`` runs in order (consecutive equal plans merged):
         what a running job follows."""
-        out: list[tuple[int, int]] = []
-        done = 0
-        for k in self.used().tolist():
-            for index, count in (
-                (int(self.fast_index[k]), int(self.fast_iterations[k])),
-                (int(self.slow_index[k]), int(self.slow_iterations[k])),
-            ):
-                if count and (not out or out[-1][1] != index):
-                    out.append((done, index))
-                done += count
-        return tuple(out)
+        counts = np.stack([self.fast_iterations, self.slow_iterations], axis=1).ravel()
+        index = np.stack([self.fast_index, self.slow_index], axis=1).ravel()
+        firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        run = counts > 0
+        counts, index, firsts = counts[run], index[run], firsts[run]
+        new = np.concatenate([[True], index[1:] != index[:-1]])
+        return tuple(zip(firsts[new].tolist(), index[new].tolist(), strict=True))
 
 
 def _hull(times: FloatArray, extra: FloatArray, upper: bool) -> IntArray:
@@ -460,17 +456,32 @@ def _extra(low: _Curves, high: _Curves, neg: npt.NDArray[np.bool_], d: FloatArra
     return out
 
 
-def _taken(curves: _Curves, v: FloatArray, theta: float) -> IntArray:
-    """Per interval, how many of its segments cost at most ``theta`` (a prefix: the costs
-    ``v · seg_cost`` increase along the segments)."""
-    c = curves.seg_cost_j
-    out = np.zeros(v.size, dtype=np.int64)
-    pos, neg = v > 0, v < 0
-    out[pos] = np.searchsorted(c, theta / v[pos], side="right")
-    # v < 0: v·c <= θ  <=>  c >= θ / v, and c decreases along an upper hull.
-    out[neg] = np.searchsorted(-c, -theta / v[neg], side="right")
-    out[v == 0] = c.size if theta >= 0 else 0
-    return out
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Intervals of one sign of value: their segment costs are ``value · seg_cost``, and a
+    threshold ``θ`` takes the prefix ``searchsorted(order, θ · scale)`` of each one's
+    segments (``order`` increasing, ``scale`` > 0; None: zero values, all or nothing)."""
+
+    curves: _Curves
+    ks: IntArray
+    d: FloatArray
+    order: FloatArray
+    scale: FloatArray | None
+
+    def taken(self, theta: float) -> IntArray:
+        """How many segments of each interval cost at most ``theta``."""
+        if self.scale is None:
+            return np.full(self.ks.size, self.curves.seg_cost_j.size if theta >= 0 else 0)
+        return np.searchsorted(self.order, theta * self.scale, side="right")
+
+    def count(self, theta: float) -> float:
+        return float(np.dot(self.d, self.curves.cum_width[self.taken(theta)]))
+
+    def cost_range(self, v: FloatArray) -> list[float]:
+        if not self.ks.size:
+            return []
+        ends = v[self.ks][[v[self.ks].argmin(), v[self.ks].argmax()]]
+        return [float(x) for x in np.outer(ends, self.curves.seg_cost_j).ravel()]
 
 
 def _lp_shares(
@@ -483,23 +494,20 @@ def _lp_shares(
 ) -> FloatArray:
     """The LP optimum's iterations per interval: every segment cheaper than the threshold,
     and the threshold's ties filled earliest interval first."""
-    groups = [(low, ~neg), (high, neg)] if high is not low else [(low, np.ones_like(neg))]
-
-    def taken(theta: float) -> list[IntArray]:
-        return [_taken(c, v[mask], theta) for c, mask in groups]
+    pos, zero = np.flatnonzero(v > 0), np.flatnonzero(v == 0)
+    negs = np.flatnonzero(neg)
+    blocks = [
+        # v > 0: v·c <= θ  <=>  c <= θ / v (c increases along a lower hull).
+        _Block(low, pos, d[pos], low.seg_cost_j, 1.0 / v[pos]),
+        # v < 0: v·c <= θ  <=>  -c <= θ / -v (c decreases along an upper hull).
+        _Block(high, negs, d[negs], -high.seg_cost_j, -1.0 / v[negs]),
+        _Block(low, zero, d[zero], low.seg_cost_j, None),
+    ]
 
     def count(theta: float) -> float:
-        return sum(
-            float(np.dot(d[mask], c.cum_width[p]))
-            for (c, mask), p in zip(groups, taken(theta), strict=True)
-        )
+        return sum(b.count(theta) for b in blocks)
 
-    extremes = [
-        float(x)
-        for c, mask in groups
-        if mask.any()
-        for x in np.outer(v[mask][[v[mask].argmin(), v[mask].argmax()]], c.seg_cost_j).ravel()
-    ]
+    extremes = [x for b in blocks for x in b.cost_range(v)]
     scale = max(max(abs(x) for x in extremes), 1e-300)
     lo, hi = min(extremes) - scale, max(extremes) + scale  # count(lo) = 0 < N <= count(hi)
     while hi - lo > 1e-12 * scale:
@@ -509,18 +517,18 @@ def _lp_shares(
         else:
             lo = mid
     share = np.zeros_like(d)
-    band: list[tuple[IntArray, IntArray, FloatArray]] = []  # (interval, first, widths)
-    for (c, mask), p_lo, p_hi in zip(groups, taken(lo), taken(hi), strict=True):
-        ks = np.flatnonzero(mask)
-        share[ks] = d[ks] * c.cum_width[p_lo]
+    band: list[tuple[IntArray, FloatArray]] = []  # (interval, room in the tie band)
+    for b in blocks:
+        p_lo, p_hi = b.taken(lo), b.taken(hi)
+        share[b.ks] = b.d * b.curves.cum_width[p_lo]
         tie = p_hi > p_lo
-        band.append((ks[tie], p_lo[tie], c.cum_width[p_hi[tie]] - c.cum_width[p_lo[tie]]))
+        room = b.d[tie] * (b.curves.cum_width[p_hi[tie]] - b.curves.cum_width[p_lo[tie]])
+        band.append((b.ks[tie], room))
     need = iterations - float(share.sum())
-    ks = np.concatenate([b[0] for b in band])
+    ks = np.concatenate([k for k, _ in band])
     if need > 0 and ks.size:
         order = np.argsort(ks, kind="stable")
-        ks = ks[order]
-        room = (d[ks] * np.concatenate([b[2] for b in band])[order]).astype(np.float64)
+        ks, room = ks[order], np.concatenate([r for _, r in band])[order]
         before = np.concatenate([[0.0], np.cumsum(room)[:-1]])
         share[ks] += np.clip(need - before, 0.0, room)
     return share
