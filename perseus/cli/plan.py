@@ -7,11 +7,11 @@ import argparse
 from typing import Any
 
 from perseus.cli._args import check_output_file, float_arg, int_arg, message_stream
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
 from perseus.io.power_files import read_signal, write_schedule
 from perseus.plan import PlanPoint
-from perseus.solver.power import fastest_under_power
+from perseus.solver.power import fastest_under_power, time_share_under_power
 from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
 __all__ = ["register", "run", "run_schedule"]
@@ -164,11 +164,21 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given
-    point: PlanPoint = fastest_under_power(
-        frontier.points, budget_w, measure="peak" if peak else "average"
-    )
-    write_frontier(frontier.with_points([point]), args.out)
     say = message_stream(args.out)
+    fallback = None
+    try:
+        point: PlanPoint = fastest_under_power(
+            frontier.points, budget_w, measure="peak" if peak else "average"
+        )
+    except InfeasibleError as e:
+        if not peak:
+            raise
+        # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
+        # which holds each GPU, and so the sum, under the budget (the GPUs throttle clocks
+        # where the plan asks for more).
+        point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
+        fallback = f"{e}; falling back to a uniform power limit of {budget_w / ranks:.6g} W per GPU"
+    write_frontier(frontier.with_points([point]), args.out)
     base = frontier.baseline
     how = f"{flag} {given:g}" + (
         f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
@@ -180,6 +190,24 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time vs all-max)",
         file=say,
     )
+    if fallback is not None:
+        print(
+            f"fallback: {fallback}: set it with `nvidia-smi -pl {budget_w / ranks:.0f}` on every "
+            "GPU of the job (the plan written is the lowest-peak plan; the limit slows it "
+            "further, by an amount the frontier does not model)",
+            file=say,
+        )
+    if not peak:
+        mix = time_share_under_power(frontier.points, budget_w)
+        if mix is not None and mix.mean_time_s < point.time_s:
+            print(
+                f"time-sharing: alternating points {mix.fast_index} "
+                f"({100 * mix.fast_share:.1f} % of iterations) and {mix.slow_index} averages "
+                f"{mix.mean_time_s:.6f} s at {mix.avg_power_w:.1f} W "
+                f"({100 * (mix.mean_time_s / point.time_s - 1):+.2f} % vs the picked plan); "
+                "a plan schedule runs such a mix",
+                file=say,
+            )
     print(f"wrote {args.out}", file=say)
     return 0
 

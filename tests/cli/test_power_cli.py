@@ -215,3 +215,37 @@ def test_power_set_is_acknowledged_by_a_running_job(
     # Nobody reads the store now.
     assert main(["power", "set", "--store", address, "--cap-w", "500", "--wait-s", "0.2"]) == 1
     assert "no running job has read it yet" in capsys.readouterr().out
+
+
+def test_peak_budget_below_every_plan_falls_back_to_a_power_limit_and_says_so(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lowest = min(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    out = tmp_path / "p.json"
+    budget = 0.9 * lowest
+    argv = ["plan", "pick", str(frontier_path), "--peak-power-w", repr(budget), "-o", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    per_gpu = budget / frontier.job.ranks
+    assert f"falling back to a uniform power limit of {per_gpu:.6g} W per GPU" in said
+    got = read_frontier(out).points[0]
+    assert got.power is not None and got.power.peak_power_w == lowest
+
+
+def test_average_cap_names_a_faster_time_share_of_two_plans(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pts = frontier.points
+    # A budget between two adjacent plans' average powers: no single plan meets it exactly.
+    a, b = pts[len(pts) // 3], pts[len(pts) // 3 + 1]
+    budget = (a.avg_power_w + b.avg_power_w) / 2
+    out = tmp_path / "p.json"
+    assert (
+        main(["plan", "pick", str(frontier_path), "--power-cap-w", repr(budget), "-o", str(out)])
+        == 0
+    )
+    said = capsys.readouterr().out
+    single = read_frontier(out).points[0].time_s
+    line = next(ln for ln in said.splitlines() if ln.startswith("time-sharing:"))
+    mean_s = float(line.split(" averages ")[1].split(" s ")[0])
+    assert mean_s < single
