@@ -172,14 +172,14 @@ def read_signal(*paths: str | os.PathLike[str]) -> Signal:
         s1, s2 = s1 - s1[0], s2 - s2[0]
     start = max(s1[0], s2[0])
     union = np.union1d(np.union1d(s1[s1 >= start], s2[s2 >= start]), [start])
-    series = []
+    aligned: list[SignalSeries] = []
     for s, cols in ((s1, c1), (s2, c2)):
         at = np.searchsorted(s, union, side="right") - 1
-        series += [
+        aligned += [
             SignalSeries(c.column, c.quantity, c.unit, c.basis, c.values_per_kwh[at]) for c in cols
         ]
     origin = None if common is None else common + timedelta(seconds=float(start))
-    return Signal(union - start, tuple(series), origin)
+    return Signal(union - start, tuple(aligned), origin)
 
 
 def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
