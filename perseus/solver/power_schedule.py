@@ -276,7 +276,8 @@ class _Curves:
         out = np.zeros_like(d)
         pos = n > 0
         tau = np.divide(d, n, out=np.full_like(d, np.inf), where=pos)
-        slow = pos & (tau >= t[m])
+        # One vertex, or slower than the last one (a full interval's d / t_0 may round below).
+        slow = pos & ((tau >= t[m]) | (m == 0))
         out[slow] = n[slow] * e[m]
         mixed = pos & ~slow
         if m and mixed.any():

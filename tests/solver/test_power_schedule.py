@@ -238,19 +238,30 @@ def test_idle_power_changes_the_answer_and_is_charged(frontier: Frontier) -> Non
 
 
 def test_negative_hours_take_more_energy_and_a_free_hour_costs_nothing(frontier: Frontier) -> None:
-    pts = frontier.points
-    t0 = frontier.fastest.time_s
-    hour = 3600.0
-    n = int(hour / t0)  # one hour of work at full speed over three hours
-    s = schedule_plans(
-        pts, [0.0, hour, 2 * hour], [0.2, -0.05, 0.0], iterations=n, deadline_s=3 * hour
+    # The fastest plan draws the most energy (as on the 8-stage A100 frontier): the upper hull
+    # is one vertex, and a full paid hour holds d / t_0 iterations, a float edge.
+    # Times scaled so that the fastest is the 8x16 A100 frontier's (3.4480783125559453 s): at
+    # that value d / (d / t_0) rounds below t_0.
+    fastest = 3.4480783125559453
+    scale = fastest / frontier.points[0].time_s
+    pts = tuple(
+        p.model_copy(update={"time_s": fastest if i == 0 else p.time_s * scale})
+        for i, p in enumerate(frontier.points)
+        if p.energy_j <= frontier.points[0].energy_j
     )
-    ref = _reference_lp(pts, [0.0, hour, 2 * hour], [0.2, -0.05, 0.0], n, 3 * hour)
-    assert s.lp_cost == pytest.approx(ref, rel=1e-6, abs=1e-9)
-    # Paid to consume: the negative hour runs every iteration it can, at the highest energy.
-    paid = s.interval(1)
-    assert paid.iterations == n and s.interval(0).iterations == 0
-    assert paid.energy_j >= n * min(p.energy_j for p in pts)
+    t0 = fastest
+    hour = 3600.0
+    starts, values = [0.0, hour, 2 * hour], [0.2, -0.05, 0.0]
+    for n in (int(hour / t0), int(1.5 * hour / t0)):  # within the paid hour's room, and beyond
+        s = schedule_plans(pts, starts, values, iterations=n, deadline_s=3 * hour)
+        ref = _reference_lp(pts, starts, values, n, 3 * hour)
+        assert s.lp_cost == pytest.approx(ref, rel=1e-6, abs=1e-9)
+        assert ref <= s.cost + 1e-9 * abs(s.cost)
+        # Paid to consume: the negative hour runs every iteration it can, at the most energy.
+        paid = s.interval(1)
+        assert paid.iterations == min(n, math.floor(hour / t0))
+        assert s.interval(0).iterations == 0
+        assert paid.energy_j >= paid.iterations * min(p.energy_j for p in pts)
 
 
 def test_prices_near_the_float_limit_are_refused_in_one_line(frontier: Frontier) -> None:
