@@ -58,6 +58,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="the fastest plan whose peak summed pipeline power is at most this many watts",
     )
     pick.add_argument(
+        "--off-frontier",
+        action="store_true",
+        help="with --peak-power-w: also search plans off the frontier (exhaustive on small "
+        "jobs, else greedy peak shaving; needs the job's profile: slow on large jobs)",
+    )
+    pick.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help="with --off-frontier: the profile the frontier was computed from (default: the "
+        "bundled profile it names)",
+    )
+    pick.add_argument(
         "--per-gpu",
         action="store_true",
         help="--power-cap-w/--peak-power-w are per GPU (times the pipeline's ranks)",
@@ -131,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         return _pick_under_power(args, frontier)
     if args.per_gpu:
         raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
+    if args.off_frontier or args.profile is not None:
+        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
     fastest = frontier.fastest.time_s
     if args.slowdown is not None:
         deadline = fastest * args.slowdown
@@ -166,10 +180,19 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     budget_w = given * ranks if args.per_gpu else given
     say = message_stream(args.out)
     fallback = None
+    searched = None
     try:
-        point: PlanPoint = fastest_under_power(
-            frontier.points, budget_w, measure="peak" if peak else "average"
-        )
+        if peak and args.off_frontier:
+            from perseus.cli._job_args import job_from_frontier
+            from perseus.solver.power_peak import fastest_under_peak
+
+            job = job_from_frontier(frontier, args.profile, args.frontier)
+            searched = fastest_under_peak(job, frontier.points, budget_w)
+            point: PlanPoint = searched.point
+        else:
+            point = fastest_under_power(
+                frontier.points, budget_w, measure="peak" if peak else "average"
+            )
     except InfeasibleError as e:
         if not peak:
             raise
@@ -190,6 +213,23 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time vs all-max)",
         file=say,
     )
+    if searched is not None:
+        vs = (
+            "no frontier plan fits"
+            if searched.frontier_time_s is None
+            else f"{100 * (point.time_s / searched.frontier_time_s - 1):+.2f} % vs the "
+            "frontier's pick"
+        )
+        exact = (
+            "exact"
+            if searched.method == "exhaustive"
+            else f"at most {100 * searched.gap:.2f} % above a lower bound"
+        )
+        print(
+            f"off the frontier ({searched.method}, {searched.evaluated} plans priced): {vs}; "
+            f"{exact}",
+            file=say,
+        )
     if fallback is not None:
         print(
             f"fallback: {fallback}: set it with `nvidia-smi -pl {budget_w / ranks:.0f}` on every "

@@ -7,13 +7,13 @@ less time than moving to a slower frontier plan. :func:`fastest_under_peak` sear
 * ``method="exhaustive"`` (exact): every combination of the profile's clocks over the job's
   ops, each priced by the exact evaluator and :func:`~perseus.solver.power.plan_power`.
   O(K^N) plans for N ops of K clocks: only for small jobs (``max_plans``).
-* ``method="search"``: every frontier plan, and every frontier plan with each op clipped to
-  the highest clock whose power fits a per-op power level (the distinct op powers of the
-  profile: what a uniform GPU power limit at that level does to the plan). Bases are taken
-  fastest first; a base no faster than the best plan found is skipped, and for each base the
-  first (highest) level whose plan fits ends its scan. Not exact; its result is never slower
-  than the frontier's pick, and the average-power pick of the frontier bounds it from below
-  (a plan whose peak is at most W averages at most W): :class:`PeakPick` states that gap.
+* ``method="search"``: greedy peak shaving from up to ``max_bases`` frontier plans faster
+  than the frontier's pick (evenly spread, fastest first): while the peak exceeds the budget, lower by one clock the op
+  running at the peak instant whose lowering costs the least iteration time. Below every
+  shaved plan, the plans of a uniform per-op power level (every op at the highest clock whose
+  power fits: what one GPU power limit does). Not exact; never slower than the frontier's
+  pick, and the frontier's average-power pick bounds it from below (a plan whose peak is at
+  most W averages at most W): :class:`PeakPick` states that gap.
 * ``method="auto"``: exhaustive when the job has at most ``max_plans`` plans, else search.
 
 Jobs with two-clock or phased ops (layers per stage, memory clocks) are searched over their
@@ -34,7 +34,7 @@ from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.schedule.actions import Kind
-from perseus.solver.power import fastest_under_power, plan_power
+from perseus.solver.power import fastest_under_power, plan_power, power_timeline
 
 __all__ = ["PeakPick", "fastest_under_peak"]
 
@@ -86,6 +86,54 @@ def _priced(job: PlanningJob, freqs: np.ndarray) -> PlanPoint:
     return point.model_copy(update={"power": plan_power(job, point)})
 
 
+def _shave(
+    job: PlanningJob,
+    table: list[list[tuple[int, float]]],
+    freqs: np.ndarray,
+    budget_w: float,
+    best: PlanPoint | None,
+) -> tuple[PlanPoint | None, int]:
+    """Greedy peak shaving from one plan: while the peak exceeds the budget, lower by one
+    clock the op running at the peak instant whose lowering costs the least time (ties: the
+    larger power drop). Returns the plan that fits (None: gave up, or no faster than
+    ``best``) and the plans priced."""
+    freqs = freqs.copy()
+    index = [
+        next(i for i, (c, _) in enumerate(t) if c == f)
+        for f, t in zip(freqs.tolist(), table, strict=True)
+    ]
+    point = _priced(job, freqs)
+    evaluated = 1
+    while True:
+        if best is not None and point.time_s >= best.time_s:
+            return None, evaluated
+        timeline = power_timeline(job, point)
+        step = int(np.argmax(timeline.power_w))
+        if timeline.power_w[step] <= budget_w:
+            return point, evaluated
+        lo, hi = timeline.times_s[step], timeline.times_s[step + 1]
+        ev = job.evaluate(freqs)
+        active = np.flatnonzero((ev.start_s < hi) & (ev.end_s > lo) & (ev.end_s > ev.start_s))
+        options = []
+        for node in active.tolist():
+            i = index[node]
+            if i + 1 >= len(table[node]):
+                continue
+            trial = freqs.copy()
+            trial[node] = table[node][i + 1][0]
+            time_s = job.evaluate(trial).time_s
+            evaluated += 1
+            drop_w = table[node][i][1] - table[node][i + 1][1]
+            options.append((time_s, -drop_w, node))
+        if not options:
+            return None, evaluated
+        _, _, node = min(options)
+        index[node] += 1
+        freqs[node] = table[node][index[node]][0]
+        point = _priced(job, freqs)
+        evaluated += 1
+
+
 def fastest_under_peak(
     job: PlanningJob,
     points: Sequence[PlanPoint],
@@ -93,6 +141,7 @@ def fastest_under_peak(
     *,
     method: Literal["auto", "exhaustive", "search"] = "auto",
     max_plans: int = 100_000,
+    max_bases: int = 6,
 ) -> PeakPick:
     """The fastest plan whose peak summed power is at most ``budget_w`` (see module).
 
@@ -102,6 +151,7 @@ def fastest_under_peak(
         budget_w: The peak budget, in watts, for the pipeline's summed power.
         method: ``"auto"``, ``"exhaustive"`` or ``"search"``.
         max_plans: Most plans ``"auto"`` enumerates.
+        max_bases: Most frontier plans the search shaves from (evenly spread, fastest first).
 
     Raises:
         InfeasibleError: if no plan found fits (naming the lowest peak seen).
@@ -131,27 +181,31 @@ def fastest_under_peak(
             ):
                 best = cand
     elif method == "search" and table is not None:
-        levels = sorted({w for t in table for _, w in t}, reverse=True)
-        for base in sorted(priced, key=lambda p: p.time_s):
+        faster = sorted(
+            (p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s
+        )
+        # At most max_bases starting plans, evenly spread from the fastest.
+        step = max(1, math.ceil(len(faster) / max_bases))
+        for base in faster[::step]:
             if best is not None and base.time_s >= best.time_s:
                 break
             flat = job.flat(base)
             if not isinstance(flat, np.ndarray) or flat.ndim != 1:
                 continue
-            for level in levels:
+            shaved, n = _shave(job, table, flat, budget_w + slack, best)
+            evaluated += n
+            if shaved is not None:
+                best = shaved
+        if best is None:  # below every shaved plan: the uniform power-limit plans
+            for level in sorted({w for t in table for _, w in t}, reverse=True):
                 capped = np.array(
-                    [
-                        min(f, next((c for c, w in t if w <= level), t[-1][0]))
-                        for f, t in zip(flat.tolist(), table, strict=True)
-                    ],
+                    [next((c for c, w in t if w <= level), t[-1][0]) for t in table],
                     dtype=np.int64,
                 )
                 cand = _priced(job, capped)
                 evaluated += 1
                 assert cand.power is not None
                 lowest = min(lowest, cand.power.peak_power_w)
-                if best is not None and cand.time_s >= best.time_s:
-                    break  # lower levels are slower still
                 if cand.power.peak_power_w <= budget_w + slack:
                     best = cand
                     break

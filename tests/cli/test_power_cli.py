@@ -249,3 +249,29 @@ def test_average_cap_names_a_faster_time_share_of_two_plans(
     line = next(ln for ln in said.splitlines() if ln.startswith("time-sharing:"))
     mean_s = float(line.split(" averages ")[1].split(" s ")[0])
     assert mean_s < single
+
+
+def test_peak_pick_off_the_frontier_on_a_small_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --off-frontier the pick may leave the frontier; never slower than its pick."""
+    path, profile = tmp_path / "f.json", tmp_path / "p.csv"
+    assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(profile)]) == 0
+    assert main(["frontier", str(profile), "--microbatches", "2", "--blocking-power-w", "83.64", "--no-progress", "-o", str(path)]) == 0  # fmt: skip
+    frontier = read_frontier(path)
+    peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    budget = peaks[len(peaks) // 2]
+    out = tmp_path / "p.json"
+    argv = ["plan", "pick", str(path), "--peak-power-w", repr(budget), "-o", str(out)]
+    assert main(argv) == 0
+    on = read_frontier(out).points[0]
+    assert main([*argv, "--off-frontier", "--profile", str(profile)]) == 0
+    said = capsys.readouterr().out
+    off = read_frontier(out).points[0]
+    assert "off the frontier (" in said
+    assert off.power is not None and off.power.peak_power_w <= budget * (1 + 1e-12)
+    assert off.time_s <= on.time_s
+    assert (
+        main(["plan", "pick", str(path), "--slowdown", "1.1", "--off-frontier", "-o", str(out)])
+        == 2
+    )
