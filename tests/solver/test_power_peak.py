@@ -63,4 +63,3 @@ def test_search_bound_is_the_average_power_pick() -> None:
         min(got.point.time_s, fastest_under_power(frontier.points, budget).time_s)
     )
     assert got.point.time_s <= got.frontier_time_s  # type: ignore[operator]
-
