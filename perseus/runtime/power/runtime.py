@@ -21,7 +21,7 @@ schedule's iteration 0).
 iteration whose interval has not opened yet, it releases the GPU's clocks (nothing locked: the
 GPU idles at its idle clocks) and sleeps until the interval opens, on every rank alike (the
 decision uses the clock the ranks share: the device timeline in emulation). It prices the
-energy the pipeline's GPUs drew by the interval it was drawn in (:attr:`PowerRuntime.meter`)
+energy the pipeline's GPUs drew by the interval it was drawn in (``PowerRuntime.meter``)
 and logs, at the end of each interval, the cost incurred against the schedule's.
 """
 
