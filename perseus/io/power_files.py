@@ -136,7 +136,7 @@ class Signal:
         if len(found) != 1:
             have = ", ".join(s.column for s in self.series)
             raise ConfigError(
-                f"--objective {quantity}: the signal has {len(found)} such columns ({have}); "
+                f"objective `{quantity}`: the signal has {len(found)} such columns ({have}); "
                 "pass one price or one carbon column"
             )
         return found[0]
@@ -153,7 +153,7 @@ def read_signal(*paths: str | os.PathLike[str]) -> Signal:
         ConfigError: one line naming the file, the line and the value at fault.
     """
     if not 1 <= len(paths) <= 2:
-        raise ConfigError(f"--signal: give one or two files, got {len(paths)}")
+        raise ConfigError(f"signal: give one or two files, got {len(paths)}")
     parts = [_read_one(Path(p)) for p in paths]
     if len(parts) == 1:
         starts, series, origin = parts[0]

@@ -138,7 +138,7 @@ def test_units_and_basis_are_declared_in_the_header(tmp_path: Path) -> None:
     assert carbon.describe() == "carbon in gCO2/kWh (market-based, marginal)"
     assert signal.pick("carbon") is carbon and signal.pick(None) is price
     assert price.amount(12.5) == "12.5 EUR" and carbon.amount(2500) == "2.5 kgCO2"
-    with pytest.raises(ConfigError, match="--objective value: the signal has 0 such columns"):
+    with pytest.raises(ConfigError, match="objective `value`: the signal has 0 such columns"):
         signal.pick("value")
 
 
