@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from perseus.cli._args import check_output_file, float_arg, int_arg, message_stream
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, InfeasibleError
 
 __all__ = ["register", "run", "run_schedule"]
 
@@ -53,6 +53,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="the fastest plan whose peak summed pipeline power is at most this many watts",
     )
     pick.add_argument(
+        "--off-frontier",
+        action="store_true",
+        help="with --peak-power-w: also search plans off the frontier (exhaustive on small "
+        "jobs, else greedy peak shaving; needs the job's profile: slow on large jobs)",
+    )
+    pick.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help="with --off-frontier: the profile the frontier was computed from (default: the "
+        "bundled profile it names)",
+    )
+    pick.add_argument(
         "--per-gpu",
         action="store_true",
         help="--power-cap-w/--peak-power-w are per GPU (times the pipeline's ranks)",
@@ -80,8 +92,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     sched.add_argument(
         "--signal",
         required=True,
+        action="append",
         metavar="FILE.csv",
-        help="rows `start, value`: seconds or ISO 8601 times, cost per kWh (price, gCO2/kWh)",
+        help="rows `start, value` (seconds or ISO 8601 times, cost per kWh), or a header naming "
+        "units: `start,price_eur_per_mwh,carbon_g_per_kwh_location_average`; give it twice "
+        "for prices and carbon in two files",
+    )
+    sched.add_argument(
+        "--objective",
+        choices=("price", "carbon", "value"),
+        help="which series to minimise when the signal has several (default: the first)",
+    )
+    sched.add_argument(
+        "--idle-power-w",
+        type=float_arg(ge=0, le=1e5, unit="W"),
+        help="power of one GPU the job holds while it runs no iteration (default: the GPU "
+        "preset's idle power, from the frontier's profile; `perseus doctor` measures it)",
     )
     sched.add_argument(
         "--iterations", type=int_arg(ge=1, le=10**12), required=True, help="iterations to run"
@@ -114,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         return _pick_under_power(args, frontier)
     if args.per_gpu:
         raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
+    if args.off_frontier or args.profile is not None:
+        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
     fastest = frontier.fastest.time_s
     if args.slowdown is not None:
         deadline = fastest * args.slowdown
@@ -144,18 +172,37 @@ def run(args: argparse.Namespace) -> int:
 def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     from perseus.io.frontier_files import write_frontier
     from perseus.plan import PlanPoint
-    from perseus.solver.power import fastest_under_power
+    from perseus.solver.power import fastest_under_power, time_share_under_power
 
     peak = args.peak_power_w is not None
     flag = "--peak-power-w" if peak else "--power-cap-w"
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given
-    point: PlanPoint = fastest_under_power(
-        frontier.points, budget_w, measure="peak" if peak else "average"
-    )
-    write_frontier(frontier.with_points([point]), args.out)
     say = message_stream(args.out)
+    fallback = None
+    searched = None
+    try:
+        if peak and args.off_frontier:
+            from perseus.cli._job_args import job_from_frontier
+            from perseus.solver.power_peak import fastest_under_peak
+
+            job = job_from_frontier(frontier, args.profile, args.frontier)
+            searched = fastest_under_peak(job, frontier.points, budget_w)
+            point: PlanPoint = searched.point
+        else:
+            point = fastest_under_power(
+                frontier.points, budget_w, measure="peak" if peak else "average"
+            )
+    except InfeasibleError as e:
+        if not peak:
+            raise
+        # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
+        # which holds each GPU, and so the sum, under the budget (the GPUs throttle clocks
+        # where the plan asks for more).
+        point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
+        fallback = f"{e}; falling back to a uniform power limit of {budget_w / ranks:.6g} W per GPU"
+    write_frontier(frontier.with_points([point]), args.out)
     base = frontier.baseline
     how = f"{flag} {given:g}" + (
         f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
@@ -167,45 +214,124 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time vs all-max)",
         file=say,
     )
+    if searched is not None:
+        vs = (
+            "no frontier plan fits"
+            if searched.frontier_time_s is None
+            else f"{100 * (point.time_s / searched.frontier_time_s - 1):+.2f} % vs the "
+            "frontier's pick"
+        )
+        exact = (
+            "exact"
+            if searched.method == "exhaustive"
+            else f"at most {100 * searched.gap:.2f} % above a lower bound"
+        )
+        print(
+            f"off the frontier ({searched.method}, {searched.evaluated} plans priced): {vs}; "
+            f"{exact}",
+            file=say,
+        )
+    if fallback is not None:
+        print(
+            f"fallback: {fallback}: set it with `nvidia-smi -pl {budget_w / ranks:.0f}` on every "
+            "GPU of the job (the plan written is the lowest-peak plan; the limit slows it "
+            "further, by an amount the frontier does not model)",
+            file=say,
+        )
+    if not peak:
+        mix = time_share_under_power(frontier.points, budget_w)
+        if mix is not None and mix.mean_time_s < point.time_s:
+            print(
+                f"time-sharing: alternating points {mix.fast_index} "
+                f"({100 * mix.fast_share:.1f} % of iterations) and {mix.slow_index} averages "
+                f"{mix.mean_time_s:.6f} s at {mix.avg_power_w:.1f} W "
+                f"({100 * (mix.mean_time_s / point.time_s - 1):+.2f} % vs the picked plan); "
+                "a plan schedule runs such a mix",
+                file=say,
+            )
     print(f"wrote {args.out}", file=say)
     return 0
+
+
+def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
+    """Per-GPU idle power and where it comes from: the flag, or the preset of the GPU the
+    frontier's profile names."""
+    if args.idle_power_w is not None:
+        return args.idle_power_w, "--idle-power-w"
+    from perseus.device.presets import PRESETS
+
+    # The GPU record the frontier carries, else the profile's name (older files).
+    gpu = frontier.job.gpu
+    name = f"{gpu.name if gpu is not None else ''} {frontier.job.profile_name or ''}".lower()
+    for key in sorted(PRESETS, key=len, reverse=True):
+        preset = PRESETS[key]
+        if key in name or preset.name.lower() in name:
+            idle_w = preset.power.idle_w
+            return idle_w, f"the {preset.key} preset{' (an estimate)' if preset.estimated else ''}"
+    raise ConfigError(
+        f"{args.frontier}: the profile ({frontier.job.profile_name or 'unnamed'}) names no known "
+        "GPU, so its idle power is unknown; pass --idle-power-w W (the idle figure of "
+        "`perseus doctor`, or 0 to leave idle GPUs out)"
+    )
 
 
 def run_schedule(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import check_frontier_job, read_frontier
     from perseus.io.power_files import read_signal, write_schedule
-    from perseus.solver.power_schedule import schedule_plans
+    from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
-    starts_s, values = read_signal(args.signal)
+    gpu_idle_w, idle_source = _idle_power_w(args, frontier)
+    signal = read_signal(*args.signal)
+    series = signal.pick(args.objective)
+    idle_w = gpu_idle_w * frontier.job.ranks
     schedule = schedule_plans(
         frontier.points,
-        starts_s,
-        values,
+        signal.starts_s,
+        series.values_per_kwh,
         iterations=args.iterations,
         deadline_s=args.deadline_s,
         baseline_time_s=frontier.baseline.time_s,
+        idle_power_w=idle_w,
     )
-    write_schedule(schedule, frontier, args.out)
+    write_schedule(schedule, frontier, args.out, series, signal.origin)
     say = message_stream(args.out)
-    busy = sum(1 for iv in schedule.intervals if iv.iterations)
+    busy = schedule.used().size
     print(
         f"schedule: {schedule.iterations} iterations by {schedule.deadline_s:g} s over "
-        f"{len(schedule.intervals)} intervals ({busy} used), finishing at "
+        f"{schedule.starts_s.size} intervals ({busy} used), finishing at "
         f"{schedule.finish_s:.6g} s; {len(schedule.segments())} plan segments",
         file=say,
     )
     print(
-        f"cost:     {schedule.cost:.6g} (exact optimum over plan mixes {schedule.lp_cost:.6g}; "
-        f"energy {schedule.energy_j / 3.6e6:.6g} kWh)",
+        f"signal:   {series.describe()}" + (f" from {signal.origin.isoformat()}" if signal.origin else "")
+        + f"; GPUs held until the deadline, idle at {gpu_idle_w:g} W each x "
+        f"{frontier.job.ranks} ({idle_source})",
+        file=say,
+    )  # fmt: skip
+    gap = (
+        100 * (schedule.cost - schedule.lp_cost) / abs(schedule.lp_cost) if schedule.lp_cost else 0
+    )
+    print(
+        f"cost:     {series.amount(schedule.cost)} (exact optimum over plan mixes "
+        f"{series.amount(schedule.lp_cost)}, whole iterations {gap:+.3g} %; energy "
+        f"{schedule.total_energy_j / J_PER_KWH:.6g} kWh, idle {schedule.idle_energy_j.sum() / J_PER_KWH:.6g})",
         file=say,
     )
+    for other in signal.series:
+        if other is not series:
+            total = schedule.cost_on(other.values_per_kwh[: schedule.starts_s.size])
+            print(f"also:     {other.amount(total)} ({other.describe()})", file=say)
     if schedule.baseline_cost is not None:
-        saving = 1 - schedule.cost / schedule.baseline_cost if schedule.baseline_cost else 0.0
+        saving = (
+            (schedule.baseline_cost - schedule.cost) / abs(schedule.baseline_cost)
+            if schedule.baseline_cost
+            else 0.0
+        )
         print(
-            f"baseline: {schedule.baseline_cost:.6g} running the no-slowdown plan "
+            f"baseline: {series.amount(schedule.baseline_cost)} running the no-slowdown plan "
             f"(point {schedule.baseline_index}) back to back; saving {100 * saving:.2f} %",
             file=say,
         )

@@ -1,25 +1,33 @@
 """Files of the power features: price/carbon signals (CSV), plan schedules (JSON), power curves.
 
-* **Signal CSV**: rows ``start, value``; an optional header row (``start,value``); ``#``
+* **Signal CSV**: rows ``start, value``, or a header row naming each value column with its
+  unit and basis (``start,price_eur_per_mwh,carbon_g_per_kwh_location_average``); ``#``
   comments and blank lines are skipped. ``start`` is seconds (any step, increasing) or an ISO
   8601 time (``2026-11-23T00:00:00+00:00``), all rows the same kind; times are taken relative
-  to the first row, which is the job's start. ``value`` is a cost per kWh (a price, a carbon
-  intensity), a finite number >= 0.
-* **Schedule JSON** (:class:`ScheduleFile`, ``schema_version`` 1): the frontier it indexes
-  (its ``points_sha256``), ``N``, ``D``, the costs, one record per interval and the
-  iteration-indexed ``segments`` a running job follows.
+  to the first row, which is the job's start. A value is a finite number within
+  ±:data:`~perseus.solver.power_schedule.MAX_SIGNAL_VALUE` per kWh (negative and zero prices
+  are real: a market pays for consumption in some hours). Prices and carbon come in one file
+  or two (:func:`read_signal` aligns them). Reading is bounded: 16 MB, 1,000,000 rows.
+* **Schedule JSON** (:class:`ScheduleFile`, ``schema_version`` 2; 1 still reads): the frontier
+  it indexes (its ``points_sha256``), ``N``, ``D``, the idle power, the signal's description,
+  the costs, one record per interval that runs iterations and the iteration-indexed
+  ``segments`` a running job follows.
 * **Power curve CSV** (:func:`write_power_curve`): one row per frontier point.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
+import json
 import os
-from datetime import datetime
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Literal
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from perseus.errors import ConfigError, PlanError
@@ -28,123 +36,319 @@ from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import read_json_document
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
-from perseus.solver.power_schedule import PowerSchedule
+from perseus.solver.power_schedule import MAX_SIGNAL_VALUE, PowerSchedule
 from perseus.validate import show_value
 
 __all__ = [
+    "MAX_SIGNAL_ROWS",
     "SCHEDULE_SCHEMA_VERSION",
     "ScheduleFile",
     "ScheduleIntervalRecord",
+    "Signal",
+    "SignalSeries",
     "power_curve_rows",
     "read_schedule",
     "read_signal",
     "schedule_document",
+    "schedule_json",
     "write_power_curve",
     "write_schedule",
 ]
 
-SCHEDULE_SCHEMA_VERSION: Literal[1] = 1
+SCHEDULE_SCHEMA_VERSION: Literal[2] = 2
 #: Most rows a signal may have (a year of per-minute values is 525,600).
 MAX_SIGNAL_ROWS = 1_000_000
 
-_SIGNAL_WHAT = "a CSV of `start, value` rows (seconds or ISO 8601 times; cost per kWh)"
+_SIGNAL_WHAT = (
+    "a CSV of `start, value` rows (seconds or ISO 8601 times), or with a header naming each "
+    "column's unit: `start,price_eur_per_mwh,carbon_g_per_kwh_location_average`"
+)
+_COLUMN_FORMS = (
+    "value (per kWh), price_per_kwh, price_per_mwh, price_<currency>_per_mwh (or _per_kwh), "
+    "carbon_g_per_kwh_<location|market>_<average|marginal>"
+)
+_PRICE = re.compile(r"price(?:_([a-z]{3}))?_per_(kwh|mwh)")
+_CARBON = re.compile(r"carbon_g_per_kwh(?:_(location|market)_(average|marginal))?")
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_Value = Annotated[float, Field(ge=-MAX_SIGNAL_VALUE, le=MAX_SIGNAL_VALUE, allow_inf_nan=False)]
+_Cost = Annotated[float, Field(ge=-1e30, le=1e30, allow_inf_nan=False)]
 _Index = Annotated[int, Field(ge=0)]
 
 
-def read_signal(path: str | os.PathLike[str]) -> tuple[list[float], list[float]]:
-    """Read a signal CSV: ``(starts_s, values)``, starts relative to the first row.
+@dataclass(frozen=True, slots=True)
+class SignalSeries:
+    """One column of a signal: what it measures, its declared unit and basis, its values.
+
+    Attributes:
+        column: The column's header name (``value`` for a file without a header).
+        quantity: ``"price"``, ``"carbon"`` or ``"value"`` (a cost per kWh of no declared kind).
+        unit: The unit as declared (``EUR/MWh``, ``gCO2/kWh``, ``per kWh``).
+        basis: For carbon, ``location-based``/``market-based`` and ``average``/``marginal``.
+        values_per_kwh: One value per signal row, converted to per kWh.
+    """
+
+    column: str
+    quantity: str
+    unit: str
+    basis: str | None
+    values_per_kwh: npt.NDArray[np.float64]
+
+    def describe(self) -> str:
+        """``price in EUR/MWh`` / ``carbon in gCO2/kWh (location-based, average)``."""
+        basis = f" ({self.basis})" if self.basis else ""
+        return f"{self.quantity} in {self.unit}{basis}"
+
+    def amount(self, per_kwh_total: float) -> str:
+        """A total (value per kWh x kWh) in the column's own terms: ``123.4 EUR``,
+        ``56.7 kgCO2``, ``89.1 (value x kWh)``."""
+        if self.quantity == "carbon":
+            return f"{per_kwh_total / 1000:.6g} kgCO2"
+        if self.quantity == "price":
+            currency = self.unit.split("/")[0]
+            return f"{per_kwh_total:.6g}" + ("" if currency.startswith("per") else f" {currency}")
+        return f"{per_kwh_total:.6g} (value x kWh)"
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A price/carbon signal: interval starts (seconds from the job's start) and its series.
+
+    Attributes:
+        starts_s: Interval starts, 0 first, increasing.
+        series: One entry per value column (of one file or two).
+        origin: The UTC time of the first start (None for a signal in seconds).
+    """
+
+    starts_s: npt.NDArray[np.float64]
+    series: tuple[SignalSeries, ...]
+    origin: datetime | None
+
+    def pick(self, quantity: str | None) -> SignalSeries:
+        """The series of ``quantity`` (``price``/``carbon``/``value``), or the first one.
+
+        Raises:
+            ConfigError: if there is no such series, or two.
+        """
+        if quantity is None:
+            return self.series[0]
+        found = [s for s in self.series if s.quantity == quantity]
+        if len(found) != 1:
+            have = ", ".join(s.column for s in self.series)
+            raise ConfigError(
+                f"objective `{quantity}`: the signal has {len(found)} such columns ({have}); "
+                "pass one price or one carbon column"
+            )
+        return found[0]
+
+
+def read_signal(*paths: str | os.PathLike[str]) -> Signal:
+    """Read one signal CSV, or two (prices and carbon) aligned on the union of their starts.
+
+    Two files must both use ISO times (aligned on the clock) or both seconds (each from its
+    own first row). The job starts at the later first row; each series holds its last value
+    until its next row.
 
     Raises:
         ConfigError: one line naming the file, the line and the value at fault.
     """
-    p = Path(path)
+    if not 1 <= len(paths) <= 2:
+        raise ConfigError(f"signal: give one or two files, got {len(paths)}")
+    parts = [_read_one(Path(p)) for p in paths]
+    if len(parts) == 1:
+        starts, series, origin = parts[0]
+        return Signal(starts - starts[0], series, origin)
+    (s1, c1, o1), (s2, c2, o2) = parts
+    if (o1 is None) != (o2 is None):
+        raise ConfigError(
+            f"{paths[1]}: one signal uses ISO times and the other seconds; use one kind for both"
+        )
+    common = None
+    if o1 is not None and o2 is not None:
+        common = min(o1, o2)
+        s1 = s1 + (o1 - common).total_seconds()
+        s2 = s2 + (o2 - common).total_seconds()
+    else:
+        s1, s2 = s1 - s1[0], s2 - s2[0]
+    start = max(s1[0], s2[0])
+    union = np.union1d(np.union1d(s1[s1 >= start], s2[s2 >= start]), [start])
+    aligned: list[SignalSeries] = []
+    for s, cols in ((s1, c1), (s2, c2)):
+        at = np.searchsorted(s, union, side="right") - 1
+        aligned += [
+            SignalSeries(c.column, c.quantity, c.unit, c.basis, c.values_per_kwh[at]) for c in cols
+        ]
+    origin = None if common is None else common + timedelta(seconds=float(start))
+    return Signal(union - start, tuple(aligned), origin)
+
+
+def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
+    """``(quantity, unit, basis, factor to per kWh)`` of a header column."""
+    name = name.strip().lower()
+    if name == "value":
+        return "value", "per kWh", None, 1.0
+    m = _PRICE.fullmatch(name)
+    if m:
+        currency = (m.group(1) or "").upper()
+        energy = "MWh" if m.group(2) == "mwh" else "kWh"
+        unit = f"{currency}/{energy}" if currency else f"per {energy}"
+        return "price", unit, None, 1e-3 if energy == "MWh" else 1.0
+    m = _CARBON.fullmatch(name)
+    if m:
+        if m.group(1) is None:
+            raise ConfigError(
+                f"{p}:1: column {show_value(name)} does not say its basis; name it "
+                "carbon_g_per_kwh_<location|market>_<average|marginal>"
+            )
+        return "carbon", "gCO2/kWh", f"{m.group(1)}-based, {m.group(2)}", 1.0
+    raise ConfigError(f"{p}:1: column {show_value(name)} is not one of: {_COLUMN_FORMS}")
+
+
+def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["signal"], what=_SIGNAL_WHAT, name="signal")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         bad_line = data[: e.start].count(b"\n") + 1
         raise ConfigError(f"{p}:{bad_line}: not UTF-8 text; pass {_SIGNAL_WHAT}") from None
-    starts: list[float] = []
-    values: list[float] = []
-    kind: str | None = None
-    origin: datetime | None = None
+    del data
+    numbers: list[int] = []
+    lines: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 2:
-            raise ConfigError(
-                f"{p}:{number}: {len(cells)} fields, expected 2 (start, value); pass {_SIGNAL_WHAT}"
-            )
-        if not starts and kind is None and cells[0].lower() in ("start", "start_s", "time"):
-            kind = "header"
-            continue
-        if len(starts) >= MAX_SIGNAL_ROWS:
-            raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
-        start_s, this_kind, origin = _parse_start(p, number, cells[0], origin)
-        if kind not in (None, "header") and this_kind != kind:
-            raise ConfigError(
-                f"{p}:{number}: start {show_value(cells[0])} mixes seconds and ISO times; use "
-                "one kind for every row"
-            )
-        kind = this_kind
-        try:
-            value = float(cells[1])
-        except ValueError:
-            raise ConfigError(
-                f"{p}:{number}: value {show_value(cells[1])} is not a number; pass {_SIGNAL_WHAT}"
-            ) from None
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(
-                f"{p}:{number}: value {show_value(cells[1])} must be a finite number >= 0 "
-                "(a price or carbon intensity per kWh)"
-            )
-        starts.append(start_s)
-        values.append(value)
-    if not starts:
+        if line and not line.startswith("#"):
+            numbers.append(number)
+            lines.append(line)
+            if len(lines) > MAX_SIGNAL_ROWS + 1:
+                raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
+    del text
+    if not lines:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
-    first = starts[0]
-    rel = [s - first for s in starts]
-    for k in range(1, len(rel)):
-        if not rel[k] > rel[k - 1]:
+    first = [c.strip() for c in lines[0].split(",")]
+    columns: list[tuple[str, str, str | None, float]]
+    if first[0].lower() in ("start", "start_s", "time"):
+        names = first[1:]
+        if not names:
+            raise ConfigError(f"{p}:{numbers[0]}: a header with no value column; {_SIGNAL_WHAT}")
+        columns = [_column(p, n) for n in names]
+        numbers, lines = numbers[1:], lines[1:]
+    else:
+        names = ["value"]
+        columns = [_column(p, "value")]
+    width = 1 + len(columns)
+    if not lines:
+        raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
+    if len(lines) > MAX_SIGNAL_ROWS:
+        raise ConfigError(
+            f"{p}:{numbers[MAX_SIGNAL_ROWS]}: more than {MAX_SIGNAL_ROWS:,} rows; resample it"
+        )
+    cells = [line.split(",") for line in lines]
+    del lines
+    for number, row in zip(numbers, cells, strict=True):
+        if len(row) != width:
             raise ConfigError(
-                f"{p}: row {k + 1}: start is not after the previous row's "
-                f"({rel[k]:g} s vs {rel[k - 1]:g} s from the first row); sort the rows by start, "
-                "without repeats"
+                f"{p}:{number}: {len(row)} fields, expected {width} (start, "
+                f"{', '.join(names)}); pass {_SIGNAL_WHAT}"
             )
-    return rel, values
+    starts, origin = _parse_starts(p, numbers, [row[0].strip() for row in cells])
+    series = []
+    for j, (name, (quantity, unit, basis, factor)) in enumerate(zip(names, columns, strict=True)):
+        raw_values = [row[1 + j].strip() for row in cells]
+        values = _parse_values(p, numbers, raw_values)
+        series.append(SignalSeries(name, quantity, unit, basis, values * factor))
+    bad = np.flatnonzero(~(np.diff(starts) > 0))
+    if bad.size:
+        k = int(bad[0]) + 1
+        rel = starts - starts[0]
+        raise ConfigError(
+            f"{p}: row {k + 1}: start is not after the previous row's "
+            f"({rel[k]:g} s vs {rel[k - 1]:g} s from the first row); sort the rows by start, "
+            "without repeats"
+        )
+    return starts, tuple(series), origin
 
 
-def _parse_start(
-    p: Path, number: int, cell: str, origin: datetime | None
-) -> tuple[float, str, datetime | None]:
+def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np.float64]:
     try:
-        value = float(cell)
+        values = np.array(raw, dtype=np.float64)
+    except ValueError:
+        for number, cell in zip(numbers, raw, strict=True):
+            try:
+                float(cell)
+            except ValueError:
+                raise ConfigError(
+                    f"{p}:{number}: value {show_value(cell)} is not a number; pass {_SIGNAL_WHAT}"
+                ) from None
+        raise  # pragma: no cover - numpy and float() agree
+    bad = np.flatnonzero(~(np.abs(values) <= MAX_SIGNAL_VALUE))
+    if bad.size:
+        k = int(bad[0])
+        raise ConfigError(
+            f"{p}:{numbers[k]}: value {show_value(raw[k])} must be a finite number within "
+            f"±{MAX_SIGNAL_VALUE:g} (a price or carbon intensity; negative prices are allowed)"
+        )
+    return values
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _iso_or_none(cell: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(cell)
+    except ValueError:
+        return None
+
+
+def _parse_starts(
+    p: Path, numbers: list[int], raw: list[str]
+) -> tuple[npt.NDArray[np.float64], datetime | None]:
+    """Seconds (any origin), or ISO times as seconds from the first one, and that origin."""
+    try:
+        starts = np.array(raw, dtype=np.float64)
     except ValueError:
         pass
     else:
-        if not (math.isfinite(value) and abs(value) <= MAX_TIME_S * 10):
-            raise ConfigError(f"{p}:{number}: start {show_value(cell)} is not a finite time")
-        return value, "seconds", origin
-    try:
-        when = datetime.fromisoformat(cell)
-    except ValueError:
-        raise ConfigError(
-            f"{p}:{number}: start {show_value(cell)} is neither seconds nor an ISO 8601 time; "
-            f"pass {_SIGNAL_WHAT}"
-        ) from None
-    if origin is None:
-        origin = when
-    try:
-        return (when - origin).total_seconds(), "iso", origin
-    except TypeError:
-        raise ConfigError(
-            f"{p}:{number}: start {show_value(cell)} mixes times with and without a time zone; "
-            "give every row the same form"
-        ) from None
+        bad = np.flatnonzero(~(np.abs(starts) <= MAX_TIME_S * 10))
+        if bad.size:
+            k = int(bad[0])
+            raise ConfigError(f"{p}:{numbers[k]}: start {show_value(raw[k])} is not a finite time")
+        return starts, None
+    seconds = _is_number(raw[0])
+    out = np.empty(len(raw), dtype=np.float64)
+    origin: datetime | None = None
+    for k, (number, cell) in enumerate(zip(numbers, raw, strict=True)):
+        when = None if seconds else _iso_or_none(cell)
+        if when is None:
+            other = _iso_or_none(cell) is not None if seconds else _is_number(cell)
+            if other:
+                raise ConfigError(
+                    f"{p}:{number}: start {show_value(cell)} mixes seconds and ISO times; use "
+                    "one kind for every row"
+                )
+            if seconds and _is_number(cell):
+                continue
+            raise ConfigError(
+                f"{p}:{number}: start {show_value(cell)} is neither seconds nor an ISO 8601 "
+                f"time; pass {_SIGNAL_WHAT}"
+            )
+        if origin is None:
+            origin = when
+        try:
+            out[k] = (when - origin).total_seconds()
+        except TypeError:
+            raise ConfigError(
+                f"{p}:{number}: start {show_value(cell)} mixes times with and without a time "
+                "zone; give every row the same form"
+            ) from None
+    if origin is not None and origin.tzinfo is not None:
+        origin = origin.astimezone(timezone.utc)
+    return out, origin
 
 
 class PlanCount(BaseModel):
@@ -163,12 +367,14 @@ class ScheduleIntervalRecord(BaseModel):
 
     start_s: _NonNeg
     end_s: _NonNeg
-    value: _NonNeg
+    value: _Value
     first_iteration: _Index
     plans: tuple[PlanCount, ...]
     busy_s: _NonNeg
     energy_j: _NonNeg
-    cost: _NonNeg
+    #: The idle GPUs' energy over the rest of the interval (schema 2).
+    idle_energy_j: _NonNeg = 0.0
+    cost: _Cost
 
 
 class ScheduleFile(BaseModel):
@@ -176,14 +382,21 @@ class ScheduleFile(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1] = SCHEDULE_SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEDULE_SCHEMA_VERSION
     frontier_points_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    iterations: Annotated[int, Field(ge=1)]
-    deadline_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    cost: _NonNeg
-    lp_cost: _NonNeg
-    baseline_cost: _NonNeg | None
+    iterations: Annotated[int, Field(ge=1, le=10**15)]
+    deadline_s: Annotated[float, Field(gt=0, le=1e11, allow_inf_nan=False)]
+    cost: _Cost
+    lp_cost: _Cost
+    baseline_cost: _Cost | None
     baseline_point_index: _Index
+    #: The job's summed idle power, charged from the signal's start to the deadline.
+    idle_power_w: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 0.0
+    #: What the costs are: the signal's quantity, unit and basis (``price in EUR/MWh``).
+    signal: Annotated[str, Field(max_length=200)] | None = None
+    #: The UTC time of the signal's first row (None for a signal in seconds).
+    origin_utc: datetime | None = None
+    #: The intervals that run iterations, in time order (the others only idle).
     intervals: tuple[ScheduleIntervalRecord, ...]
     #: ``(first_iteration, point_index)``, first iterations strictly increasing from 0.
     segments: tuple[tuple[_Index, _Index], ...] = Field(min_length=1)
@@ -223,33 +436,51 @@ class ScheduleFile(BaseModel):
             )
 
 
-def schedule_document(schedule: PowerSchedule, frontier: Frontier) -> ScheduleFile:
-    """The file model of ``schedule``, made for ``frontier``'s points."""
-    records = []
-    done = 0
-    for iv in schedule.intervals:
-        plans = tuple(
-            PlanCount(point_index=i, iterations=n)
-            for i, n in (
-                (iv.fast_index, iv.fast_iterations),
-                (iv.slow_index, iv.slow_iterations),
-            )
-            if n
-        )
-        records.append(
-            ScheduleIntervalRecord(
-                start_s=iv.start_s,
-                end_s=iv.end_s,
-                value=iv.value,
-                first_iteration=done,
-                plans=plans,
-                busy_s=iv.busy_s,
-                energy_j=iv.energy_j,
-                cost=iv.cost,
-            )
-        )
-        done += iv.iterations
-    return ScheduleFile(
+def schedule_json(
+    schedule: PowerSchedule,
+    frontier: Frontier,
+    signal: SignalSeries | None = None,
+    origin: datetime | None = None,
+) -> str:
+    """The schedule file's text: made for ``frontier``'s points, the intervals that run
+    iterations only, naming the signal series it was computed on.
+
+    Written from the schedule's arrays with :mod:`json` (a year of per-minute intervals in
+    seconds); :func:`read_schedule` and :func:`schedule_document` validate it.
+    """
+    used = schedule.used()
+    firsts = np.concatenate([[0], np.cumsum(schedule.interval_iterations)])[used].tolist()
+    columns = zip(
+        firsts,
+        schedule.starts_s[used].tolist(),
+        schedule.ends_s[used].tolist(),
+        schedule.values[used].tolist(),
+        schedule.fast_index[used].tolist(),
+        schedule.fast_iterations[used].tolist(),
+        schedule.slow_index[used].tolist(),
+        schedule.slow_iterations[used].tolist(),
+        schedule.busy_s[used].tolist(),
+        schedule.energy_j[used].tolist(),
+        schedule.idle_energy_j[used].tolist(),
+        schedule.interval_costs[used].tolist(),
+        strict=True,
+    )
+    records = [
+        {
+            "start_s": start,
+            "end_s": end,
+            "value": value,
+            "first_iteration": first,
+            "plans": [{"point_index": i, "iterations": n} for i, n in ((fi, fn), (si, sn)) if n],
+            "busy_s": busy,
+            "energy_j": energy,
+            "idle_energy_j": idle,
+            "cost": cost,
+        }
+        for first, start, end, value, fi, fn, si, sn, busy, energy, idle, cost in columns
+    ]
+    head = ScheduleFile.model_construct(
+        schema_version=SCHEDULE_SCHEMA_VERSION,
         frontier_points_sha256=points_sha256(frontier.points),
         iterations=schedule.iterations,
         deadline_s=schedule.deadline_s,
@@ -257,17 +488,51 @@ def schedule_document(schedule: PowerSchedule, frontier: Frontier) -> ScheduleFi
         lp_cost=schedule.lp_cost,
         baseline_cost=schedule.baseline_cost,
         baseline_point_index=schedule.baseline_index,
-        intervals=tuple(records),
-        segments=schedule.segments(),
-    )
+        idle_power_w=schedule.idle_power_w,
+        signal=None if signal is None else signal.describe(),
+        origin_utc=origin,
+        intervals=(),
+        segments=(),
+    ).model_dump(mode="json")
+    del head["intervals"], head["segments"]
+    # One interval per line, written by json's C encoder (indent= would use the Python one).
+    text = json.dumps(head, indent=1, allow_nan=False)[: -len("\n}")]
+    lines = ",\n  ".join(json.dumps(r, allow_nan=False) for r in records)
+    segments = json.dumps([list(s) for s in schedule.segments()], separators=(",", ":"))
+    return f'{text},\n "intervals": [\n  {lines}\n ],\n "segments": {segments}\n}}\n'
+
+
+def schedule_document(
+    schedule: PowerSchedule,
+    frontier: Frontier,
+    signal: SignalSeries | None = None,
+    origin: datetime | None = None,
+) -> ScheduleFile:
+    """The validated file model of ``schedule`` (see :func:`schedule_json`)."""
+    return ScheduleFile.model_validate_json(schedule_json(schedule, frontier, signal, origin))
 
 
 def write_schedule(
-    schedule: PowerSchedule, frontier: Frontier, path: str | os.PathLike[str]
+    schedule: PowerSchedule,
+    frontier: Frontier,
+    path: str | os.PathLike[str],
+    signal: SignalSeries | None = None,
+    origin: datetime | None = None,
 ) -> None:
-    """Write the schedule JSON atomically."""
-    doc = schedule_document(schedule, frontier)
-    atomic_write_text(path, doc.model_dump_json(indent=1) + "\n")
+    """Write the schedule JSON atomically.
+
+    Raises:
+        ConfigError: if the file would be larger than perseus reads back (nothing written).
+    """
+    text = schedule_json(schedule, frontier, signal, origin)
+    limit = INPUT_LIMITS["schedule"]
+    if len(text) > limit:
+        raise ConfigError(
+            f"{path}: the schedule runs in {schedule.used().size:,} signal intervals, "
+            f"{len(text) / 2**20:.0f} MB of JSON, more than perseus reads back "
+            f"({limit / 2**20:.0f} MB); resample the signal to longer intervals"
+        )
+    atomic_write_text(path, text)
 
 
 def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:

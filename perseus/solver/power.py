@@ -34,9 +34,11 @@ from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, PointPower
 
 __all__ = [
     "PowerTimeline",
+    "TimeShare",
     "fastest_under_power",
     "plan_power",
     "power_timeline",
+    "time_share_under_power",
     "with_power",
 ]
 
@@ -179,3 +181,47 @@ def fastest_under_power(
             f"reaches is {lowest:.6g} W"
         )
     return min(fits, key=lambda p: (p.time_s, p.energy_j))
+
+
+@dataclass(frozen=True, slots=True)
+class TimeShare:
+    """Two plans alternated across iterations so that their mean power meets a budget.
+
+    Attributes:
+        fast_index, slow_index: Frontier point indices (adjacent on the lower convex hull).
+        fast_share: The share of iterations that run the faster plan, in (0, 1).
+        mean_time_s: Mean iteration time of the mix.
+        avg_power_w: Total energy over total time of the mix (the budget).
+    """
+
+    fast_index: int
+    slow_index: int
+    fast_share: float
+    mean_time_s: float
+    avg_power_w: float
+
+
+def time_share_under_power(points: Sequence[PlanPoint], budget_w: float) -> TimeShare | None:
+    """The fastest mix of two plans, alternated across iterations, whose average power (total
+    energy / total time) is at most ``budget_w``; None when one plan is as fast (the budget
+    meets a hull vertex, every plan fits, or none does).
+
+    Mixing plans, the least energy at mean time ``t`` is the lower convex hull of the points
+    in (time, energy); the budget is the line ``E = budget_w · t``, so the fastest mix is
+    where that line crosses the hull edge between a point above the budget and one below it.
+    Complexity: O(P log P) for P points.
+    """
+    from perseus.solver.power_schedule import lower_hull_indices
+
+    hull = lower_hull_indices(points)
+    over = [points[i].energy_j - budget_w * points[i].time_s for i in hull]
+    for j in range(len(hull) - 1):
+        if over[j] > 0 >= over[j + 1]:
+            a, b = points[hull[j]], points[hull[j + 1]]
+            share = -over[j + 1] / (over[j] - over[j + 1])
+            if not 0 < share < 1:
+                return None
+            mean_s = share * a.time_s + (1 - share) * b.time_s
+            energy_j = share * a.energy_j + (1 - share) * b.energy_j
+            return TimeShare(hull[j], hull[j + 1], share, mean_s, energy_j / mean_s)
+    return None

@@ -6,40 +6,53 @@ the next start, the last until the deadline), a number of iterations ``N`` and a
 frontier plans so that all ``N`` finish by ``D`` at the least total cost
 ``Σ_k value[k] · energy_kwh(interval k)``.
 
+**Whole cost.** The job holds its GPUs from the signal's start to the deadline (a reservation:
+the GPUs are the job's whether it runs or waits), and a GPU that runs no iteration draws the
+idle power. An interval of length ``d`` running iterations ``x_j`` of plan ``j`` therefore uses
+``P0·d + Σ_j (e_j − P0·t_j)·x_j`` joules (``P0`` the job's summed idle power): a constant plus
+each iteration's energy *above idle*, ``e'_j = e_j − P0·t_j``. The optimisation is the one
+below on ``e'``; the constant is added to every cost reported.
+
 **Method (exact).** Mixing plans within an interval, the least energy of ``n`` iterations in
 ``d`` seconds is ``F(n) = n · h(d / n)``, where ``h`` is the lower convex hull of the frontier's
-points in (time, energy) from the fastest point to the minimum-energy one (any mix of points
-lies on or above it, and a point of the hull is a mix of its two adjacent vertices). ``F`` is
-convex and piecewise linear in ``n``: up to ``d / t_m`` iterations cost ``e_m`` each (the
-minimum-energy vertex ``m``; the rest of the interval idles), and between ``d / t_{j+1}`` and
-``d / t_j`` each further iteration costs ``e_j − s_j · t_j``, the hull edge's intercept
-(``s_j`` its slope), increasing towards the fast end. The whole problem is therefore the
-allocation of ``N`` units over convex piecewise-linear costs, and taking the cheapest segments
-first (``value[k]`` × intercept), all intervals together, is optimal: this is the LP over the
-hull's points solved exactly, with at most two adjacent hull vertices per interval.
+points in (time, ``e'``) from the fastest point to the least-``e'`` one. ``F`` is convex and
+piecewise linear in ``n``: up to ``d / t_m`` iterations cost ``e'_m`` each (the least-``e'``
+vertex ``m``; the rest of the interval idles), and between ``d / t_{j+1}`` and ``d / t_j`` each
+further iteration costs ``e'_j − s_j · t_j``, the hull edge's intercept (``s_j`` its slope). A
+**negative** value pays for energy, so such an interval maximises energy: the same construction
+on the *upper* hull (fastest point to the greatest-``e'`` one) gives a concave ``F``, and
+``value · F`` is again convex. A zero value costs nothing either way. The whole problem is the
+allocation of ``N`` units over convex piecewise-linear costs: the cheapest segments first, all
+intervals together, is optimal. This is the LP over the frontier's points, solved exactly
+(a threshold on the segment cost found by bisection, vectorised over the intervals; segments
+within 1e-12 of the threshold are ties, filled earliest interval first), with at most two
+adjacent hull vertices per interval.
 
-**Whole iterations.** The LP optimum is rounded to whole iterations: each interval keeps the
-integer part of its share, the remaining iterations (fewer than the number of intervals) go
-one by one to the interval whose next iteration costs least, and an interval's two plans are
-split so that its iterations finish within it (the faster plan gets the rounded-up share).
-An iteration never straddles an interval boundary. The reported ``lp_cost`` is the exact
-fractional optimum (a lower bound); ``cost`` is the whole-iteration schedule's.
+**Whole iterations.** Each interval keeps the integer part of its LP share; the remaining
+iterations (fewer than the number of intervals) go to the intervals whose next iteration costs
+least, at most one each per round; an interval's two plans are split so that its iterations
+finish within it (the faster plan gets the rounded-up share). An iteration never straddles an
+interval boundary. ``lp_cost`` is the exact fractional optimum (a lower bound); ``cost`` is
+the whole-iteration schedule's.
 
-Complexity: O(K·H·log(K·H)) for K intervals and H hull vertices.
+Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, about 45 steps.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from perseus.errors import ConfigError, InfeasibleError
-from perseus.plan import PlanPoint
+from perseus.plan import MAX_TIME_S, PlanPoint
 
 __all__ = [
     "J_PER_KWH",
+    "MAX_SIGNAL_VALUE",
     "PowerSchedule",
     "ScheduleInterval",
     "lower_hull_indices",
@@ -48,6 +61,14 @@ __all__ = [
 
 #: Joules in one kilowatt-hour (signal values are per kWh).
 J_PER_KWH = 3.6e6
+#: Largest signal value, in magnitude, per kWh: far above any price or carbon intensity
+#: (wholesale prices are capped near 10 per kWh), far below overflow in the sums.
+MAX_SIGNAL_VALUE = 1e9
+#: Longest signal or deadline: a thousand years of seconds.
+_MAX_HORIZON_S = 1e3 * 365.25 * 86400
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +81,8 @@ class ScheduleInterval:
         fast_index, fast_iterations: The faster plan (a frontier point index) and its count.
         slow_index, slow_iterations: The slower adjacent plan and its count (0 if unused).
         busy_s: Time the interval's iterations take (the rest of the interval idles).
-        energy_j: Their energy; ``cost`` = ``value`` × ``energy_j`` in kWh.
+        energy_j: Their energy.
+        idle_energy_j: The idle GPUs' energy over the rest of the interval.
     """
 
     start_s: float
@@ -72,6 +94,7 @@ class ScheduleInterval:
     slow_iterations: int
     busy_s: float
     energy_j: float
+    idle_energy_j: float = 0.0
 
     @property
     def iterations(self) -> int:
@@ -79,28 +102,42 @@ class ScheduleInterval:
 
     @property
     def cost(self) -> float:
-        return self.value * self.energy_j / J_PER_KWH
+        """``value`` × (iterations' energy + idle energy), in kWh."""
+        return self.value * (self.energy_j + self.idle_energy_j) / J_PER_KWH
 
 
 @dataclass(frozen=True, slots=True)
 class PowerSchedule:
-    """The schedule: intervals in time order and its figures.
+    """The schedule, one array entry per signal interval before the deadline.
 
     Attributes:
-        intervals: One record per signal interval before the deadline.
+        starts_s, ends_s, values: The intervals (seconds from the signal's start).
+        fast_index, fast_iterations, slow_index, slow_iterations: What runs in each.
+        busy_s, energy_j, idle_energy_j: Per interval (see :class:`ScheduleInterval`).
         iterations: ``N``.
         deadline_s: ``D``.
-        cost: Total cost of the whole-iteration schedule (value × kWh).
+        idle_power_w: The job's summed idle power ``P0``.
+        cost: Total cost of the whole-iteration schedule, idle included (value × kWh).
         lp_cost: The exact fractional optimum (≤ ``cost``).
         baseline_index: The no-slowdown plan (the cheapest as fast as all-max).
-        baseline_cost: Cost of running it back to back from time 0, or None if that misses
-            the deadline.
-        hull: Frontier point indices of the lower convex hull used.
+        baseline_cost: Cost of running it back to back from the first interval (idle after,
+            until the deadline), or None if that misses the deadline.
+        hull: Frontier point indices of the lower convex hull in (time, energy above idle).
     """
 
-    intervals: tuple[ScheduleInterval, ...]
+    starts_s: FloatArray
+    ends_s: FloatArray
+    values: FloatArray
+    fast_index: IntArray
+    fast_iterations: IntArray
+    slow_index: IntArray
+    slow_iterations: IntArray
+    busy_s: FloatArray
+    energy_j: FloatArray
+    idle_energy_j: FloatArray
     iterations: int
     deadline_s: float
+    idle_power_w: float
     cost: float
     lp_cost: float
     baseline_index: int
@@ -108,282 +145,456 @@ class PowerSchedule:
     hull: tuple[int, ...]
 
     @property
-    def finish_s(self) -> float:
-        """When the last iteration ends (its interval's start plus the interval's busy time)."""
-        busy = [iv for iv in self.intervals if iv.iterations]
-        return busy[-1].start_s + busy[-1].busy_s if busy else 0.0
+    def interval_iterations(self) -> IntArray:
+        return self.fast_iterations + self.slow_iterations
 
     @property
-    def energy_j(self) -> float:
-        return sum(iv.energy_j for iv in self.intervals)
+    def interval_costs(self) -> FloatArray:
+        return self.values * (self.energy_j + self.idle_energy_j) / J_PER_KWH
+
+    def cost_on(self, values_per_kwh: FloatArray) -> float:
+        """The schedule's total on another series over the same intervals (carbon of a
+        price-optimal schedule)."""
+        return float(np.sum(values_per_kwh * (self.energy_j + self.idle_energy_j))) / J_PER_KWH
+
+    def interval(self, k: int) -> ScheduleInterval:
+        """Interval ``k`` as a record."""
+        return ScheduleInterval(
+            start_s=float(self.starts_s[k]),
+            end_s=float(self.ends_s[k]),
+            value=float(self.values[k]),
+            fast_index=int(self.fast_index[k]),
+            fast_iterations=int(self.fast_iterations[k]),
+            slow_index=int(self.slow_index[k]),
+            slow_iterations=int(self.slow_iterations[k]),
+            busy_s=float(self.busy_s[k]),
+            energy_j=float(self.energy_j[k]),
+            idle_energy_j=float(self.idle_energy_j[k]),
+        )
+
+    @property
+    def intervals(self) -> tuple[ScheduleInterval, ...]:
+        """Every interval as a record (use the arrays for long signals)."""
+        return tuple(self.interval(k) for k in range(self.starts_s.size))
+
+    def used(self) -> IntArray:
+        """Indices of the intervals that run iterations, in time order."""
+        return np.flatnonzero(self.interval_iterations)
+
+    @property
+    def finish_s(self) -> float:
+        """When the last iteration ends (its interval's start plus the interval's busy time)."""
+        used = self.used()
+        if not used.size:
+            return float(self.starts_s[0]) if self.starts_s.size else 0.0
+        k = int(used[-1])
+        return float(self.starts_s[k] + self.busy_s[k])
+
+    @property
+    def total_energy_j(self) -> float:
+        """Energy of the iterations and of the idle GPUs until the deadline."""
+        return float(self.energy_j.sum() + self.idle_energy_j.sum())
 
     def segments(self) -> tuple[tuple[int, int], ...]:
         """``(first_iteration, point_index)`` runs in order (consecutive equal plans merged):
         what a running job follows."""
-        out: list[tuple[int, int]] = []
-        done = 0
-        for iv in self.intervals:
-            for index, count in (
-                (iv.fast_index, iv.fast_iterations),
-                (iv.slow_index, iv.slow_iterations),
-            ):
-                if count and (not out or out[-1][1] != index):
-                    out.append((done, index))
-                done += count
-        return tuple(out)
+        counts = np.stack([self.fast_iterations, self.slow_iterations], axis=1).ravel()
+        index = np.stack([self.fast_index, self.slow_index], axis=1).ravel()
+        firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        run = counts > 0
+        counts, index, firsts = counts[run], index[run], firsts[run]
+        new = np.concatenate([[True], index[1:] != index[:-1]])
+        return tuple(zip(firsts[new].tolist(), index[new].tolist(), strict=True))
 
 
-def lower_hull_indices(points: Sequence[PlanPoint]) -> tuple[int, ...]:
-    """Indices of the lower convex hull in (time, energy), fastest point to minimum energy.
-
-    Points slower than the minimum-energy point are never useful and are left out; among
-    equal times the lower energy is kept. Complexity: O(P log P) (monotone chain).
-    """
-    if not points:
-        raise ConfigError("the frontier has no points")
-    best = min(range(len(points)), key=lambda i: (points[i].energy_j, points[i].time_s))
-    t_best = points[best].time_s
+def _hull(times: FloatArray, extra: FloatArray, upper: bool) -> IntArray:
+    """Indices of the lower (upper) convex hull of ``(times, extra)`` from the fastest point
+    to the point of least (greatest) ``extra``; monotone chain, O(P log P)."""
+    sign = -1.0 if upper else 1.0
+    y = sign * extra
+    best = min(range(times.size), key=lambda i: (y[i], times[i]))
+    t_best = times[best]
     order = sorted(
-        (i for i in range(len(points)) if points[i].time_s <= t_best),
-        key=lambda i: (points[i].time_s, points[i].energy_j),
+        (i for i in range(times.size) if times[i] <= t_best), key=lambda i: (times[i], y[i])
     )
     hull: list[int] = []
     for i in order:
-        if hull and points[hull[-1]].time_s == points[i].time_s:
-            continue  # same time, higher energy
+        if hull and times[hull[-1]] == times[i]:
+            continue  # same time, a worse figure
         while len(hull) >= 2:
-            a, b = points[hull[-2]], points[hull[-1]]
-            c = points[i]
-            cross = (b.time_s - a.time_s) * (c.energy_j - a.energy_j) - (
-                b.energy_j - a.energy_j
-            ) * (c.time_s - a.time_s)
-            if cross <= 0:  # b is on or above the chord a-c
+            a, b = hull[-2], hull[-1]
+            cross = (times[b] - times[a]) * (y[i] - y[a]) - (y[b] - y[a]) * (times[i] - times[a])
+            if cross <= 0:  # b is on or beyond the chord a-i
                 hull.pop()
             else:
                 break
         hull.append(i)
-    return tuple(hull)
+    return np.array(hull, dtype=np.int64)
 
 
-def _check_inputs(
-    starts_s: Sequence[float], values: Sequence[float], iterations: int, deadline_s: float
-) -> None:
-    if len(starts_s) != len(values) or not starts_s:
-        raise ConfigError(
-            f"signal needs one value per start, at least one row; got {len(starts_s)} starts "
-            f"and {len(values)} values"
-        )
-    if iterations < 1:
-        raise ConfigError(f"`iterations` must be >= 1, got {iterations}")
-    if not (math.isfinite(deadline_s) and deadline_s > 0):
-        raise ConfigError(f"`deadline_s` must be a positive number of seconds, got {deadline_s}")
-    if starts_s[0] != 0:
-        raise ConfigError(f"signal must start at 0 s (the job's start), got {starts_s[0]}")
-    for k in range(1, len(starts_s)):
-        if not starts_s[k] > starts_s[k - 1]:
-            raise ConfigError(
-                f"signal row {k + 1}: start {starts_s[k]} s is not after the previous row's "
-                f"{starts_s[k - 1]} s; sort the rows by start, without repeats"
-            )
-    for k, v in enumerate(values):
-        if not (math.isfinite(v) and v >= 0):
-            raise ConfigError(
-                f"signal row {k + 1}: value {v} is not a finite number >= 0 (a price or carbon "
-                "intensity per kWh)"
-            )
+def lower_hull_indices(points: Sequence[PlanPoint], idle_power_w: float = 0.0) -> tuple[int, ...]:
+    """Indices of the lower convex hull in (time, energy above idle), fastest point to the
+    least energy above idle (``e − idle_power_w · t``).
+
+    Points slower than that point are never useful and are left out; among equal times the
+    lower energy is kept. Complexity: O(P log P) (monotone chain).
+    """
+    if not points:
+        raise ConfigError("the frontier has no points")
+    t = np.array([p.time_s for p in points])
+    e = np.array([p.energy_j for p in points])
+    return tuple(_hull(t, e - idle_power_w * t, upper=False).tolist())
 
 
 @dataclass(frozen=True, slots=True)
-class _Curve:
-    """``F(n)`` of one interval: least energy of ``n`` iterations in ``d`` seconds."""
+class _Curves:
+    """One hull's ``F(n)`` per unit of interval length: vertices and segments."""
 
-    d_s: float
-    times_s: tuple[float, ...]  # hull vertex times, fastest first
-    energies_j: tuple[float, ...]
+    index: IntArray  # frontier point indices, fastest first
+    times_s: FloatArray
+    vertex_extra_j: FloatArray  # energy above idle of each vertex
+    seg_cost_j: FloatArray  # marginal energy of each segment, in the order taken
+    seg_width: FloatArray  # iterations per second of interval of each segment
+    cum_width: FloatArray  # cum_width[p]: iterations per second of the first p segments
 
-    @property
-    def max_iterations(self) -> int:
-        return math.floor(self.d_s / self.times_s[0] * (1 + 1e-12))
+    @classmethod
+    def build(cls, times: FloatArray, extra: FloatArray, upper: bool) -> _Curves:
+        idx = _hull(times, extra, upper)
+        t, e = times[idx], extra[idx]
+        m = idx.size - 1
+        slopes = np.diff(e) / np.diff(t)  # edge j: vertex j to j + 1
+        # Segment 0: the last vertex alone; segment r >= 1: edge m - r.
+        edges = np.arange(m - 1, -1, -1)
+        cost = np.concatenate([[e[m]], e[edges] - slopes[edges] * t[edges]])
+        width = np.concatenate([[1.0 / t[m]], 1.0 / t[edges] - 1.0 / t[edges + 1]])
+        return cls(idx, t, e, cost, width, np.concatenate([[0.0], np.cumsum(width)]))
 
-    def energy_j(self, n: float) -> float:
-        t, e = self.times_s, self.energies_j
-        if n <= 0:
-            return 0.0
-        tau = self.d_s / n
-        if tau >= t[-1]:
-            return n * e[-1]
-        j = max(i for i in range(len(t)) if t[i] <= tau * (1 + 1e-12))
-        if j == len(t) - 1:
-            return n * e[-1]
-        slope = (e[j + 1] - e[j]) / (t[j + 1] - t[j])
-        return n * (e[j] - slope * t[j]) + slope * self.d_s
-
-    def segments(self) -> list[tuple[float, float]]:
-        """``(iterations, energy per iteration)``, cheapest first."""
-        t, e, d = self.times_s, self.energies_j, self.d_s
-        out = [(d / t[-1], e[-1])]
-        for j in range(len(t) - 2, -1, -1):
+    def extra_j(self, d: FloatArray, n: FloatArray) -> FloatArray:
+        """Least (upper hull: greatest) energy above idle of ``n`` iterations in ``d``."""
+        t, e = self.times_s, self.vertex_extra_j
+        m = t.size - 1
+        out = np.zeros_like(d)
+        pos = n > 0
+        tau = np.divide(d, n, out=np.full_like(d, np.inf), where=pos)
+        # One vertex, or slower than the last one (a full interval's d / t_0 may round below).
+        slow = pos & ((tau >= t[m]) | (m == 0))
+        out[slow] = n[slow] * e[m]
+        mixed = pos & ~slow
+        if m and mixed.any():
+            j = np.clip(np.searchsorted(t, tau[mixed], side="right") - 1, 0, m - 1)
             slope = (e[j + 1] - e[j]) / (t[j + 1] - t[j])
-            out.append((d / t[j] - d / t[j + 1], e[j] - slope * t[j]))
+            out[mixed] = n[mixed] * (e[j] - slope * t[j]) + slope * d[mixed]
         return out
 
-    def split(self, n: int) -> tuple[int, int, int, int]:
-        """Whole iterations: ``(fast vertex, fast count, slow vertex, slow count)`` finishing
-        within ``d`` (``n`` ≤ :attr:`max_iterations`)."""
+    def plans(self, d: FloatArray, n: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """Whole iterations: (fast point, fast count, slow point, slow count) per interval,
+        finishing within ``d`` (``n`` at most ``d / t_0``); points are frontier indices."""
         t = self.times_s
-        m = len(t) - 1
-        if n == 0:
-            return m, 0, m, 0
-        if n * t[m] <= self.d_s:
-            return m, n, m, 0
-        tau = self.d_s / n
-        j = max(i for i in range(m) if t[i] <= tau * (1 + 1e-12))
-        fast = math.ceil((n * t[j + 1] - self.d_s) / (t[j + 1] - t[j]) - 1e-9)
-        fast = min(max(fast, 0), n)
-        return j, fast, j + 1, n - fast
+        m = t.size - 1
+        fast_v = np.full(n.shape, m, dtype=np.int64)
+        slow_v = fast_v.copy()
+        fast_n = n.copy()
+        slow_n = np.zeros_like(n)
+        mixed = (n > 0) & (n * t[m] > d)
+        if m and mixed.any():
+            nm = n[mixed]
+            tau = d[mixed] / nm
+            j = np.clip(np.searchsorted(t, tau * (1 + 1e-12), side="right") - 1, 0, m - 1)
+            fast = np.ceil((nm * t[j + 1] - d[mixed]) / (t[j + 1] - t[j]) - 1e-9)
+            fast = np.clip(fast, 0, nm).astype(np.int64)
+            fast_v[mixed], fast_n[mixed] = j, fast
+            slow_v[mixed], slow_n[mixed] = j + 1, nm - fast
+        return self.index[fast_v], fast_n, self.index[slow_v], slow_n
+
+
+def _check_inputs(
+    starts_s: FloatArray, values: FloatArray, iterations: int, deadline_s: float, idle_w: float
+) -> None:
+    if starts_s.shape != values.shape or not starts_s.size:
+        raise ConfigError(
+            f"signal needs one value per start, at least one row; got {starts_s.size} starts "
+            f"and {values.size} values"
+        )
+    if not 1 <= iterations <= 10**15:
+        raise ConfigError(f"`iterations` must be in [1, 1e15], got {iterations}")
+    if not (math.isfinite(deadline_s) and 0 < deadline_s <= _MAX_HORIZON_S):
+        raise ConfigError(
+            f"`deadline_s` must be a positive number of seconds up to {_MAX_HORIZON_S:.3g}, "
+            f"got {deadline_s}"
+        )
+    if not (math.isfinite(idle_w) and 0 <= idle_w <= 1e9):
+        raise ConfigError(f"`idle_power_w` must be in [0, 1e9] W, got {idle_w}")
+    if starts_s[0] != 0:
+        raise ConfigError(f"signal must start at 0 s (the job's start), got {starts_s[0]}")
+    bad = np.flatnonzero(~(np.diff(starts_s) > 0))
+    if bad.size:
+        k = int(bad[0]) + 1
+        raise ConfigError(
+            f"signal row {k + 1}: start {starts_s[k]} s is not after the previous row's "
+            f"{starts_s[k - 1]} s; sort the rows by start, without repeats"
+        )
+    if not np.isfinite(starts_s[-1]) or starts_s[-1] > _MAX_HORIZON_S:
+        raise ConfigError(f"signal: start {starts_s[-1]} s is beyond {_MAX_HORIZON_S:.3g} s")
+    bad = np.flatnonzero(~(np.abs(values) <= MAX_SIGNAL_VALUE))
+    if bad.size:
+        k = int(bad[0])
+        raise ConfigError(
+            f"signal row {k + 1}: value {values[k]} is not a finite number within "
+            f"±{MAX_SIGNAL_VALUE:g} (a price or carbon intensity per kWh)"
+        )
 
 
 def schedule_plans(
     points: Sequence[PlanPoint],
-    starts_s: Sequence[float],
-    values: Sequence[float],
+    starts_s: Sequence[float] | FloatArray,
+    values: Sequence[float] | FloatArray,
     *,
     iterations: int,
     deadline_s: float,
     baseline_time_s: float | None = None,
+    idle_power_w: float = 0.0,
+    from_s: float = 0.0,
 ) -> PowerSchedule:
     """The least-cost schedule of ``iterations`` iterations by ``deadline_s`` (see module).
 
     Args:
         points: The frontier's points (indices in the result refer to them).
         starts_s: Interval starts in seconds from the job's start: 0 first, increasing.
-        values: Cost per kWh of each interval (>= 0).
+        values: Cost per kWh of each interval, within ±:data:`MAX_SIGNAL_VALUE` (negative: the
+            grid pays for energy).
         iterations: ``N``.
         deadline_s: ``D``; intervals starting at or after it are ignored, the last one ends
             at it.
         baseline_time_s: The all-max iteration time; the no-slowdown plan (the baseline the
             saving is measured against) is the cheapest point no slower. Default: the
             fastest point's time.
+        idle_power_w: The job's summed idle power (every GPU it holds), drawn by the GPUs
+            while they run no iteration, from ``from_s`` to the deadline.
+        from_s: Plan from this time on (a re-plan: the interval holding it starts there;
+            earlier intervals are left out).
 
     Returns:
         The schedule; its ``lp_cost`` is the exact optimum over mixes of frontier plans.
 
     Raises:
-        ConfigError: for a bad signal, ``N`` or ``D``.
+        ConfigError: for a bad signal, ``N``, ``D`` or idle power.
         InfeasibleError: if ``N`` iterations cannot finish by ``D`` even at the fastest plan,
-            naming how many can and the deadline that ``N`` needs.
+            naming how many can and the least deadline that ``N`` needs (rounded up).
     """
-    _check_inputs(starts_s, values, iterations, deadline_s)
-    hull = lower_hull_indices(points)
-    times = tuple(points[i].time_s for i in hull)
-    energies = tuple(points[i].energy_j for i in hull)
-    bounds = [s for s in starts_s if s < deadline_s] + [deadline_s]
-    curves = [_Curve(bounds[k + 1] - bounds[k], times, energies) for k in range(len(bounds) - 1)]
-    capacity = sum(c.max_iterations for c in curves)
+    st = np.asarray(starts_s, dtype=np.float64)
+    va = np.asarray(values, dtype=np.float64)
+    _check_inputs(st, va, iterations, deadline_s, idle_power_w)
+    if not 0 <= from_s < deadline_s:
+        raise ConfigError(f"`from_s` must be in [0, deadline), got {from_s}")
+    if not points:
+        raise ConfigError("the frontier has no points")
+    times = np.array([p.time_s for p in points])
+    energies = np.array([p.energy_j for p in points])
+    extra = energies - idle_power_w * times
+    first = int(np.searchsorted(st, from_s, side="right")) - 1
+    last = int(np.searchsorted(st, deadline_s, side="left"))  # intervals [first, last)
+    bounds = np.concatenate([[from_s], st[first + 1 : last], [deadline_s]])
+    d = np.diff(bounds)
+    v = va[first:last]
+    low = _Curves.build(times, extra, upper=False)
+    high = _Curves.build(times, extra, upper=True) if (v < 0).any() else low
+    neg = v < 0
+    t0 = float(times.min())
+    max_whole = np.floor(d / t0 * (1 + 1e-12)).astype(np.int64)
+    capacity = int(max_whole.sum())
     if iterations > capacity:
-        t0 = times[0]
         raise InfeasibleError(
             f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest plan "
             f"({t0:.6g} s per iteration, whole iterations per signal interval) at most "
             f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
-            f"{_needed_deadline_s(starts_s, t0, iterations):.6g}"
+            f"{_needed_deadline_s(bounds[:-1], t0, iterations)}"
         )
-    # The LP: cheapest segments first, all intervals together.
-    segs = sorted(
-        (values[k] * cost, k, rank, length)
-        for k, c in enumerate(curves)
-        for rank, (length, cost) in enumerate(c.segments())
-    )
-    share = [0.0] * len(curves)
-    left = float(iterations)
-    for _, k, _, length in segs:
-        take = min(length, left)
-        share[k] += take
-        left -= take
-        if left <= 0:
-            break
-    lp_cost = sum(values[k] * c.energy_j(share[k]) for k, c in enumerate(curves)) / J_PER_KWH
-    whole = _round_shares(curves, values, share, iterations)
-    out = []
-    for k, c in enumerate(curves):
-        fj, fn, sj, sn = c.split(whole[k])
-        energy = fn * energies[fj] + sn * energies[sj]
-        out.append(
-            ScheduleInterval(
-                start_s=bounds[k],
-                end_s=bounds[k + 1],
-                value=values[k],
-                fast_index=hull[fj],
-                fast_iterations=fn,
-                slow_index=hull[sj],
-                slow_iterations=sn,
-                busy_s=fn * times[fj] + sn * times[sj],
-                energy_j=energy,
-            )
-        )
-    base_t = points[0].time_s if baseline_time_s is None else baseline_time_s
+    share = _lp_shares(low, high, neg, d, v, iterations)
+    fixed_j = idle_power_w * d
+    lp_cost = float(np.sum(v * (_extra(low, high, neg, d, share) + fixed_j))) / J_PER_KWH
+    whole = _round_shares(low, high, neg, d, v, share, max_whole, iterations)
+    fast_i, fast_n, slow_i, slow_n = low.plans(d, whole)
+    if high is not low and neg.any():
+        hv = high.plans(d[neg], whole[neg])
+        fast_i[neg], fast_n[neg], slow_i[neg], slow_n[neg] = hv
+    busy = fast_n * times[fast_i] + slow_n * times[slow_i]
+    energy = fast_n * energies[fast_i] + slow_n * energies[slow_i]
+    idle_j = idle_power_w * np.maximum(d - busy, 0.0)
+    base_t = float(times[0]) if baseline_time_s is None else baseline_time_s
     no_slow = min(
-        (i for i in range(len(points)) if points[i].time_s <= base_t * (1 + 1e-12)),
-        key=lambda i: (points[i].energy_j, points[i].time_s),
+        (i for i in range(len(points)) if times[i] <= base_t * (1 + 1e-12)),
+        key=lambda i: (energies[i], times[i]),
         default=0,
     )
     return PowerSchedule(
-        intervals=tuple(out),
+        starts_s=bounds[:-1],
+        ends_s=bounds[1:],
+        values=v,
+        fast_index=fast_i,
+        fast_iterations=fast_n,
+        slow_index=slow_i,
+        slow_iterations=slow_n,
+        busy_s=busy,
+        energy_j=energy,
+        idle_energy_j=idle_j,
         iterations=iterations,
         deadline_s=deadline_s,
-        cost=sum(iv.cost for iv in out),
+        idle_power_w=idle_power_w,
+        cost=float(np.sum(v * (energy + idle_j))) / J_PER_KWH,
         lp_cost=lp_cost,
         baseline_index=no_slow,
-        baseline_cost=_back_to_back_cost(points[no_slow], bounds, values, iterations),
-        hull=hull,
+        baseline_cost=_back_to_back_cost(
+            times[no_slow], energies[no_slow], bounds, v, iterations, idle_power_w
+        ),
+        hull=tuple(low.index.tolist()),
     )
 
 
-def _round_shares(
-    curves: list[_Curve], values: Sequence[float], share: list[float], iterations: int
-) -> list[int]:
-    whole = [
-        min(math.floor(s + 1e-9), c.max_iterations) for s, c in zip(share, curves, strict=True)
+def _extra(low: _Curves, high: _Curves, neg: npt.NDArray[np.bool_], d: FloatArray, n: FloatArray) -> FloatArray:  # fmt: skip
+    out = low.extra_j(d, n)
+    if high is not low and neg.any():
+        out[neg] = high.extra_j(d[neg], n[neg])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Intervals of one sign of value: their segment costs are ``value · seg_cost``, and a
+    threshold ``θ`` takes the prefix ``searchsorted(order, θ · scale)`` of each one's
+    segments (``order`` increasing, ``scale`` > 0; None: zero values, all or nothing)."""
+
+    curves: _Curves
+    ks: IntArray
+    d: FloatArray
+    order: FloatArray
+    scale: FloatArray | None
+
+    def taken(self, theta: float) -> IntArray:
+        """How many segments of each interval cost at most ``theta``."""
+        if self.scale is None:
+            return np.full(self.ks.size, self.curves.seg_cost_j.size if theta >= 0 else 0)
+        return np.searchsorted(self.order, theta * self.scale, side="right")
+
+    def count(self, theta: float) -> float:
+        return float(np.dot(self.d, self.curves.cum_width[self.taken(theta)]))
+
+    def cost_range(self, v: FloatArray) -> list[float]:
+        if not self.ks.size:
+            return []
+        ends = v[self.ks][[v[self.ks].argmin(), v[self.ks].argmax()]]
+        return [float(x) for x in np.outer(ends, self.curves.seg_cost_j).ravel()]
+
+
+def _lp_shares(
+    low: _Curves,
+    high: _Curves,
+    neg: npt.NDArray[np.bool_],
+    d: FloatArray,
+    v: FloatArray,
+    iterations: int,
+) -> FloatArray:
+    """The LP optimum's iterations per interval: every segment cheaper than the threshold,
+    and the threshold's ties filled earliest interval first."""
+    pos, zero = np.flatnonzero(v > 0), np.flatnonzero(v == 0)
+    negs = np.flatnonzero(neg)
+    blocks = [
+        # v > 0: v·c <= θ  <=>  c <= θ / v (c increases along a lower hull).
+        _Block(low, pos, d[pos], low.seg_cost_j, 1.0 / v[pos]),
+        # v < 0: v·c <= θ  <=>  -c <= θ / -v (c decreases along an upper hull).
+        _Block(high, negs, d[negs], -high.seg_cost_j, -1.0 / v[negs]),
+        _Block(low, zero, d[zero], low.seg_cost_j, None),
     ]
-    left = iterations - sum(whole)
 
-    def marginal(k: int) -> float:
-        c = curves[k]
-        return values[k] * (c.energy_j(whole[k] + 1) - c.energy_j(whole[k]))
+    def count(theta: float) -> float:
+        return sum(b.count(theta) for b in blocks)
 
-    heap = [(marginal(k), k) for k in range(len(curves)) if whole[k] < curves[k].max_iterations]
-    heapq.heapify(heap)
+    extremes = [x for b in blocks for x in b.cost_range(v)]
+    scale = max(max(abs(x) for x in extremes), 1e-300)
+    lo, hi = min(extremes) - scale, max(extremes) + scale  # count(lo) = 0 < N <= count(hi)
+    while hi - lo > 1e-12 * scale:
+        mid = lo + (hi - lo) / 2
+        if count(mid) >= iterations:
+            hi = mid
+        else:
+            lo = mid
+    share = np.zeros_like(d)
+    band: list[tuple[IntArray, FloatArray]] = []  # (interval, room in the tie band)
+    for b in blocks:
+        p_lo, p_hi = b.taken(lo), b.taken(hi)
+        share[b.ks] = b.d * b.curves.cum_width[p_lo]
+        tie = p_hi > p_lo
+        room = b.d[tie] * (b.curves.cum_width[p_hi[tie]] - b.curves.cum_width[p_lo[tie]])
+        band.append((b.ks[tie], room))
+    need = iterations - float(share.sum())
+    ks = np.concatenate([k for k, _ in band])
+    if need > 0 and ks.size:
+        order = np.argsort(ks, kind="stable")
+        ks, room = ks[order], np.concatenate([r for _, r in band])[order]
+        before = np.concatenate([[0.0], np.cumsum(room)[:-1]])
+        share[ks] += np.clip(need - before, 0.0, room)
+    return share
+
+
+def _round_shares(
+    low: _Curves,
+    high: _Curves,
+    neg: npt.NDArray[np.bool_],
+    d: FloatArray,
+    v: FloatArray,
+    share: FloatArray,
+    max_whole: IntArray,
+    iterations: int,
+) -> IntArray:
+    whole = np.minimum(np.floor(share + 1e-9).astype(np.int64), max_whole)
+    left = iterations - int(whole.sum())
     while left > 0:
-        _, k = heapq.heappop(heap)  # capacity was checked: never empty here
-        whole[k] += 1
-        left -= 1
-        if whole[k] < curves[k].max_iterations:
-            heapq.heappush(heap, (marginal(k), k))
+        open_ = np.flatnonzero(whole < max_whole)  # capacity was checked: never empty
+        n = whole[open_].astype(np.float64)
+        sub_neg, sub_d = neg[open_], d[open_]
+        marginal = v[open_] * (
+            _extra(low, high, sub_neg, sub_d, n + 1) - _extra(low, high, sub_neg, sub_d, n)
+        )
+        take = min(left, open_.size)
+        pick = open_[np.argsort(marginal, kind="stable")[:take]]
+        whole[pick] += 1
+        left -= take
     return whole
 
 
-def _needed_deadline_s(starts_s: Sequence[float], t0_s: float, iterations: int) -> float:
-    """The least deadline at which ``iterations`` whole fastest iterations fit the intervals."""
-    done = 0
-    for k, start in enumerate(starts_s):
-        if k + 1 == len(starts_s):  # the last interval is unbounded
-            break
-        fit = math.floor((starts_s[k + 1] - start) / t0_s * (1 + 1e-12))
-        if done + fit >= iterations:
-            break
-        done += fit
-    return start + (iterations - done) * t0_s
+def _needed_deadline_s(starts_s: FloatArray, t0_s: float, iterations: int) -> str:
+    """The least deadline at which ``iterations`` whole fastest iterations fit the intervals
+    before the deadline and then the last one, written rounded up (passing it fits)."""
+    fit = np.floor(np.diff(starts_s) / t0_s * (1 + 1e-12)).astype(np.int64)
+    done_before = np.concatenate([[0], np.cumsum(fit)])
+    k = int(np.searchsorted(done_before, iterations, side="left")) - 1
+    k = max(0, min(k, starts_s.size - 1))
+    # Interval k holds the rest; the last one is open-ended.
+    needed = float(starts_s[k]) + (iterations - int(done_before[k])) * t0_s
+    return _ceil_text(needed * (1 + 1e-12) + 1e-9)
+
+
+def _ceil_text(x: float, digits: int = 6) -> str:
+    """``x`` written with ``digits`` significant digits, rounded up (never below ``x``)."""
+    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    up = math.ceil(x / step) * step
+    while float(f"{up:.{digits}g}") < x:  # formatting can round the last digit down
+        up += step
+    return f"{up:.{digits}g}"
 
 
 def _back_to_back_cost(
-    point: PlanPoint, bounds: list[float], values: Sequence[float], iterations: int
+    time_s: float,
+    energy_j: float,
+    bounds: FloatArray,
+    values: FloatArray,
+    iterations: int,
+    idle_power_w: float,
 ) -> float | None:
-    end_s = iterations * point.time_s
-    if end_s > bounds[-1] * (1 + 1e-12):
+    start = float(bounds[0])
+    end_s = start + iterations * time_s
+    if end_s > bounds[-1] * (1 + 1e-12) or end_s > MAX_TIME_S * 1e6:
         return None
-    power_w = point.energy_j / point.time_s
-    total = 0.0
-    for k in range(len(bounds) - 1):
-        overlap = max(0.0, min(end_s, bounds[k + 1]) - bounds[k])
-        total += values[k] * power_w * overlap
-    return total / J_PER_KWH
+    run_w = energy_j / time_s
+    running = np.clip(np.minimum(end_s, bounds[1:]) - bounds[:-1], 0.0, None)
+    idle = np.diff(bounds) - running
+    return float(np.sum(values * (run_w * running + idle_power_w * idle))) / J_PER_KWH

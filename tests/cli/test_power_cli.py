@@ -134,9 +134,47 @@ def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
         and err.count("\n") == 1
     )
     assert not (tmp_path / "no.json").exists()
-    signal.write_text("0,1\n5,-1\n")
+    # The suggested deadline, passed back, is enough.
+    suggested = err.strip().rsplit(" ", 1)[-1]
+    argv[-1] = suggested
+    assert main([*argv, "--iterations", str(10 * n), "-o", str(tmp_path / "yes.json")]) == 0
+    capsys.readouterr()
+    # Prices near the float limit: one clean line, exit 2.
+    argv[-1] = "86400"
+    signal.write_text("0,1\n5,1e308\n")
     assert main([*argv, "--iterations", "1", "-o", str(out)]) == 2
-    assert "value '-1' must be a finite number >= 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "value '1e308' must be a finite number within" in err and err.count("\n") == 1
+
+
+def test_plan_schedule_charges_idle_gpus_and_names_the_signal(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = Path(__file__).parents[1] / "solver" / "signals" / "solar_week_negative_prices.csv"
+    carbon = tmp_path / "carbon.csv"
+    carbon.write_text(
+        "start,carbon_g_per_kwh_location_average\n"
+        + "".join(f"2026-06-{8 + h // 24:02d}T{h % 24:02d}:00:00Z,{300 - 100 * math.sin(h / 4)}\n" for h in range(168))
+    )  # fmt: skip
+    out = tmp_path / "s.json"
+    n = int(0.4 * 168 * 3600 / frontier.fastest.time_s)
+    argv = ["plan", "schedule", str(frontier_path), "--signal", str(prices), "--signal",
+            str(carbon), "--iterations", str(n), "--deadline-s", str(168 * 3600), "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "signal:   price in EUR/MWh from 2026-06-08T00:00:00+00:00" in printed
+    assert "idle at 30 W each x 8 (the a40 preset)" in printed  # the A40 preset's idle power
+    assert "EUR (exact optimum over plan mixes" in printed
+    assert "kgCO2 (carbon in gCO2/kWh (location-based, average))" in printed
+    doc = read_schedule(out)
+    assert doc.schema_version == 2 and doc.idle_power_w == 30.0 * frontier.job.ranks
+    assert doc.signal == "price in EUR/MWh"
+    assert sum(iv.idle_energy_j for iv in doc.intervals) > 0
+    assert main([*argv, "--objective", "carbon", "--idle-power-w", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "signal:   carbon in gCO2/kWh (location-based, average)" in printed
+    assert "idle at 0 W each" in printed
+    assert read_schedule(out).idle_power_w == 0.0
 
 
 def _store() -> Any:
@@ -177,3 +215,63 @@ def test_power_set_is_acknowledged_by_a_running_job(
     # Nobody reads the store now.
     assert main(["power", "set", "--store", address, "--cap-w", "500", "--wait-s", "0.2"]) == 1
     assert "no running job has read it yet" in capsys.readouterr().out
+
+
+def test_peak_budget_below_every_plan_falls_back_to_a_power_limit_and_says_so(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lowest = min(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    out = tmp_path / "p.json"
+    budget = 0.9 * lowest
+    argv = ["plan", "pick", str(frontier_path), "--peak-power-w", repr(budget), "-o", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    per_gpu = budget / frontier.job.ranks
+    assert f"falling back to a uniform power limit of {per_gpu:.6g} W per GPU" in said
+    got = read_frontier(out).points[0]
+    assert got.power is not None and got.power.peak_power_w == lowest
+
+
+def test_average_cap_names_a_faster_time_share_of_two_plans(
+    tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pts = frontier.points
+    # A budget between two adjacent plans' average powers: no single plan meets it exactly.
+    a, b = pts[len(pts) // 3], pts[len(pts) // 3 + 1]
+    budget = (a.avg_power_w + b.avg_power_w) / 2
+    out = tmp_path / "p.json"
+    assert (
+        main(["plan", "pick", str(frontier_path), "--power-cap-w", repr(budget), "-o", str(out)])
+        == 0
+    )
+    said = capsys.readouterr().out
+    single = read_frontier(out).points[0].time_s
+    line = next(ln for ln in said.splitlines() if ln.startswith("time-sharing:"))
+    mean_s = float(line.split(" averages ")[1].split(" s ")[0])
+    assert mean_s < single
+
+
+def test_peak_pick_off_the_frontier_on_a_small_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --off-frontier the pick may leave the frontier; never slower than its pick."""
+    path, profile = tmp_path / "f.json", tmp_path / "p.csv"
+    assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(profile)]) == 0
+    assert main(["frontier", str(profile), "--microbatches", "2", "--blocking-power-w", "83.64", "--no-progress", "-o", str(path)]) == 0  # fmt: skip
+    frontier = read_frontier(path)
+    peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    budget = peaks[len(peaks) // 2]
+    out = tmp_path / "p.json"
+    argv = ["plan", "pick", str(path), "--peak-power-w", repr(budget), "-o", str(out)]
+    assert main(argv) == 0
+    on = read_frontier(out).points[0]
+    assert main([*argv, "--off-frontier", "--profile", str(profile)]) == 0
+    said = capsys.readouterr().out
+    off = read_frontier(out).points[0]
+    assert "off the frontier (" in said
+    assert off.power is not None and off.power.peak_power_w <= budget * (1 + 1e-12)
+    assert off.time_s <= on.time_s
+    assert (
+        main(["plan", "pick", str(path), "--slowdown", "1.1", "--off-frontier", "-o", str(out)])
+        == 2
+    )

@@ -61,7 +61,7 @@ def test_four_ranks_follow_a_three_interval_schedule_and_a_cap(tmp_path: Path) -
     schedule_path = tmp_path / "schedule.json"
     assert main([
         "plan", "schedule", str(frontier_path), "--signal", str(signal), "--iterations", "9",
-        "--deadline-s", repr(sum(lengths)), "-o", str(schedule_path),
+        "--deadline-s", repr(sum(lengths)), "--idle-power-w", "0", "-o", str(schedule_path),
     ]) == 0  # fmt: skip
     segments = [tuple(s) for s in json.loads(schedule_path.read_text())["segments"]]
     assert segments == [(0, mid), (3, slowest), (6, fastest)]

@@ -9,6 +9,7 @@ import pytest
 
 from perseus.errors import ConfigError, PlanError
 from perseus.io.power_files import (
+    MAX_SIGNAL_ROWS,
     power_curve_rows,
     read_schedule,
     read_signal,
@@ -30,8 +31,10 @@ def frontier() -> Frontier:
 
 def test_signal_in_seconds_with_header_and_comments(tmp_path: Path) -> None:
     p = tmp_path / "s.csv"
-    p.write_text("# prices\nstart,value\n100, 3.5\n\n160,0\n400,12\n")
-    assert read_signal(p) == ([0.0, 60.0, 300.0], [3.5, 0.0, 12.0])
+    p.write_text("# prices\nstart,value\n100, 3.5\n\n160,0\n400,-12\n")
+    signal = read_signal(p)
+    assert signal.starts_s.tolist() == [0.0, 60.0, 300.0] and signal.origin is None
+    assert signal.series[0].values_per_kwh.tolist() == [3.5, 0.0, -12.0]  # zero, negative
 
 
 def test_signal_in_iso_times(tmp_path: Path) -> None:
@@ -40,7 +43,10 @@ def test_signal_in_iso_times(tmp_path: Path) -> None:
         "2026-11-23T00:00:00+00:00,200\n2026-11-23T01:00:00+00:00,150\n"
         "2026-11-23T01:30:00+00:00,90\n"
     )
-    assert read_signal(p) == ([0.0, 3600.0, 5400.0], [200.0, 150.0, 90.0])
+    signal = read_signal(p)
+    assert signal.starts_s.tolist() == [0.0, 3600.0, 5400.0]
+    assert signal.series[0].values_per_kwh.tolist() == [200.0, 150.0, 90.0]
+    assert signal.origin is not None and signal.origin.isoformat() == "2026-11-23T00:00:00+00:00"
 
 
 @pytest.mark.parametrize(
@@ -48,7 +54,10 @@ def test_signal_in_iso_times(tmp_path: Path) -> None:
     [
         ("0,1\n10\n", r":2: 1 fields, expected 2"),
         ("0,1\n10,x\n", r":2: value 'x' is not a number"),
-        ("0,1\n10,-2\n", r":2: value '-2' must be a finite number >= 0"),
+        ("0,1\n10,-1e308\n", r":2: value '-1e308' must be a finite number within"),
+        ("start,price_eur_per_gwh\n0,1\n", r":1: column 'price_eur_per_gwh' is not one of"),
+        ("start,carbon_g_per_kwh\n0,1\n", r":1: column 'carbon_g_per_kwh' does not say its basis"),
+        ("start,price_per_mwh,value\n0,1\n", r":2: 2 fields, expected 3"),
         ("0,1\n10,inf\n", r":2: value 'inf' must be a finite number"),
         ("0,1\nsoon,2\n", r":2: start 'soon' is neither seconds nor an ISO 8601 time"),
         ("0,1\n2026-11-23T00:00:00,2\n", r":2: start .* mixes seconds and ISO times"),
@@ -114,3 +123,55 @@ def test_power_curve_rows_and_file(tmp_path: Path, frontier: Frontier) -> None:
     assert lines[0] == "time_s,avg_power_w,peak_power_w,dpower_dtime_w_per_s"
     assert len(lines) == len(rows) + 1 and lines[-1].endswith(",")
     assert float(lines[1].split(",")[3]) == pytest.approx(rows[0][3])
+
+
+def test_units_and_basis_are_declared_in_the_header(tmp_path: Path) -> None:
+    p = tmp_path / "s.csv"
+    p.write_text(
+        "start,price_eur_per_mwh,carbon_g_per_kwh_market_marginal\n"
+        "2026-06-13T10:00:00Z,-11.5,120\n2026-06-13T11:00:00Z,0,95\n"
+    )
+    signal = read_signal(p)
+    price, carbon = signal.series
+    assert price.values_per_kwh.tolist() == [-0.0115, 0.0]  # per MWh read as per kWh
+    assert price.describe() == "price in EUR/MWh"
+    assert carbon.describe() == "carbon in gCO2/kWh (market-based, marginal)"
+    assert signal.pick("carbon") is carbon and signal.pick(None) is price
+    assert price.amount(12.5) == "12.5 EUR" and carbon.amount(2500) == "2.5 kgCO2"
+    with pytest.raises(ConfigError, match="objective `value`: the signal has 0 such columns"):
+        signal.pick("value")
+
+
+def test_prices_and_carbon_in_two_files_are_aligned_on_the_clock(tmp_path: Path) -> None:
+    prices = tmp_path / "p.csv"
+    prices.write_text(
+        "start,price_per_kwh\n2026-06-13T00:00:00+00:00,0.1\n2026-06-13T01:00:00+00:00,-0.02\n"
+        "2026-06-13T02:00:00+00:00,0.3\n"
+    )
+    carbon = tmp_path / "c.csv"  # quarter-hourly, starting 30 minutes later
+    carbon.write_text(
+        "start,carbon_g_per_kwh_location_average\n2026-06-13T00:30:00+00:00,300\n"
+        "2026-06-13T01:15:00+00:00,250\n"
+    )
+    signal = read_signal(prices, carbon)
+    assert signal.origin is not None and signal.origin.isoformat() == "2026-06-13T00:30:00+00:00"
+    assert signal.starts_s.tolist() == [0.0, 1800.0, 2700.0, 5400.0]
+    assert signal.series[0].values_per_kwh.tolist() == [0.1, -0.02, -0.02, 0.3]
+    assert signal.series[1].values_per_kwh.tolist() == [300.0, 300.0, 250.0, 250.0]
+    seconds = tmp_path / "s.csv"
+    seconds.write_text("0,1\n")
+    with pytest.raises(ConfigError, match="one signal uses ISO times and the other seconds"):
+        read_signal(prices, seconds)
+
+
+def test_a_signal_at_the_row_limit_reads_and_one_more_row_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "s.csv"
+    rows = "\n".join(f"{60 * k},{(k % 97) - 20}" for k in range(MAX_SIGNAL_ROWS))
+    p.write_text(rows + "\n")
+    signal = read_signal(p)
+    assert signal.starts_s.size == MAX_SIGNAL_ROWS and signal.starts_s[-1] == 60 * (
+        MAX_SIGNAL_ROWS - 1
+    )
+    p.write_text(rows + f"\n{60 * MAX_SIGNAL_ROWS},1\n")
+    with pytest.raises(ConfigError, match="more than 1,000,000 rows; resample it"):
+        read_signal(p)

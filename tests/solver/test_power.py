@@ -151,3 +151,31 @@ def test_unreachable_budget_names_the_lowest_figure(job_and_frontier) -> None:
         fastest_under_power(frontier.points, lowest * 0.9)
     with pytest.raises(PlanError, match="no peak power"):
         fastest_under_power(frontier.points, 1e6, measure="peak")  # no power figures yet
+
+
+def test_time_share_is_the_fastest_mix_of_any_two_plans_under_an_average_cap(
+    job_and_frontier,
+) -> None:
+    """Against every pair of plans (brute force): no mix meeting the budget is faster."""
+    from perseus.solver.power import time_share_under_power
+
+    _, frontier = job_and_frontier
+    pts = frontier.points
+    powers = sorted(p.avg_power_w for p in pts)
+    for budget in np.linspace(powers[0], powers[-1], 9)[1:-1]:
+        single = fastest_under_power(pts, float(budget)).time_s
+        mix = time_share_under_power(pts, float(budget))
+        best = single
+        for a in pts:
+            for b in pts:
+                # The largest share of a (faster, above budget) with b keeping the mean power.
+                over_a = a.energy_j - budget * a.time_s
+                over_b = b.energy_j - budget * b.time_s
+                if over_a > 0 >= over_b:
+                    x = -over_b / (over_a - over_b)
+                    best = min(best, x * a.time_s + (1 - x) * b.time_s)
+        got = mix.mean_time_s if mix is not None else single
+        assert got <= best * (1 + 1e-12)
+        assert got == pytest.approx(best, rel=1e-12)
+        if mix is not None:
+            assert mix.avg_power_w == pytest.approx(float(budget), rel=1e-12)

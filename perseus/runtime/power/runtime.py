@@ -14,26 +14,36 @@ At every iteration boundary :class:`PowerRuntime`:
 A cap written to the store while iteration ``k`` runs is read at the end of ``k`` and in force
 from ``k + 1``: every pipeline runs under a new cap within two iterations of it being set.
 Schedule iterations count from ``origin_iteration`` (the session iteration that runs the
-schedule's iteration 0). The hook does not pause the job between signal intervals: a launcher
-that wants idle gaps reads each interval's ``start_s`` from the schedule file.
+schedule's iteration 0).
+
+**Time.** Given a clock, the hook follows the schedule in time as well
+(:mod:`perseus.runtime.power.follow`): the signal starts when the hook is made; before an
+iteration whose interval has not opened yet, it releases the GPU's clocks (nothing locked: the
+GPU idles at its idle clocks) and sleeps until the interval opens, on every rank alike (the
+decision uses the clock the ranks share: the device timeline in emulation). It prices the
+energy the pipeline's GPUs drew by the interval it was drawn in (``PowerRuntime.meter``)
+and logs, at the end of each interval, the cost incurred against the schedule's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule
 from perseus.plan import Frontier
-from perseus.runtime.collectives import all_reduce_max, global_rank, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, global_rank, is_distributed
 from perseus.runtime.power.cap import ACK_KEY, CLEARED, read_cap
+from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.straggler.switching import raw_store
 from perseus.solver.power import fastest_under_power
 
-__all__ = ["PowerDecision", "PowerRuntime", "attach_power"]
+__all__ = ["PowerDecision", "PowerRuntime", "attach_power", "release_clocks"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,6 +89,10 @@ class PowerRuntime:
             pipeline of a data-parallel job moves together).
         origin_iteration: The session iteration that runs the schedule's iteration 0.
         source: Where the schedule came from, for messages.
+        clock: Follow the schedule in time on this clock (None: by iteration count only).
+            The signal starts at its reading when the hook is made.
+        energy_mj: This rank's energy counter (mJ), for the cost actually incurred.
+        release: Unlocks this rank's clocks before a wait (default: nothing to unlock).
 
     Raises:
         PlanError: if the schedule was made for another frontier.
@@ -93,6 +107,9 @@ class PowerRuntime:
         group: Any = None,
         origin_iteration: int = 0,
         source: str = "schedule",
+        clock: Clock | None = None,
+        energy_mj: Callable[[], int] | None = None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         if schedule is not None:
             schedule.check_frontier(frontier, source)
@@ -104,6 +121,58 @@ class PowerRuntime:
         self.decisions: list[PowerDecision] = []
         self.point_index = self.scheduled_index(origin_iteration)
         self._acked: str | None = None
+        follow = clock is not None and schedule is not None and bool(schedule.intervals)
+        self.clock = clock if follow else None
+        self.timer = ScheduleClock(schedule) if follow and schedule is not None else None
+        self.meter = CostMeter(schedule) if follow and schedule is not None else None
+        self.waited_s = 0.0
+        self._energy_mj = energy_mj
+        self._release = release
+        self._origin_s = clock.now() if clock is not None else 0.0
+        self._interval: int | None = None
+        self._mark()
+
+    def elapsed_s(self) -> float:
+        """Seconds since the signal's start, on the hook's clock."""
+        return self.clock.now() - self._origin_s if self.clock is not None else 0.0
+
+    def _mark(self) -> None:
+        if self.meter is None or self._energy_mj is None:
+            return
+        (pipeline_mj,) = all_reduce_sum([float(self._energy_mj())], self.group)
+        self.meter.mark(self.elapsed_s(), pipeline_mj / 1000.0)
+
+    def incurred(self) -> IncurredCost | None:
+        """The cost incurred so far against the schedule's (None unless following time with
+        an energy counter)."""
+        return self.meter.report() if self.meter is not None and self._energy_mj else None
+
+    def wait_for(self, iteration: int) -> float:
+        """Before session iteration ``iteration``: release the clocks and sleep until its
+        interval opens (every rank decides alike from the shared clock). Returns the wait."""
+        if self.clock is None or self.timer is None:
+            return 0.0
+        index = iteration - self.origin_iteration
+        # Ranks may read the clock moments apart: agree on the latest reading.
+        (elapsed,) = all_reduce_max([self.elapsed_s()], self.group)
+        wait_s = self.timer.wait_s(index, elapsed)
+        k = self.timer.interval_of(index)
+        if k != self._interval:
+            self._log_interval()
+            self._interval = k
+        if wait_s <= 0:
+            return 0.0
+        if self._release is not None:
+            self._release()
+        self.clock.sleep(wait_s)
+        self.waited_s += wait_s
+        self._mark()
+        return wait_s
+
+    def _log_interval(self) -> None:
+        report = self.incurred()
+        if report is not None and self._interval is not None:
+            _log.info("power schedule: %s", report.describe())
 
     def scheduled_index(self, iteration: int) -> int:
         """The plan the schedule gives session iteration ``iteration`` (pure)."""
@@ -166,9 +235,11 @@ class PowerRuntime:
         """The :data:`perseus.runtime.session.BoundaryHook` interface."""
         if stats.phase != "run":
             return None
+        self._mark()
         cap_w = self.read_cap_w(stats.iteration)
         previous = self.point_index
         decision = self.decide(stats.iteration + 1, cap_w)
+        self.wait_for(stats.iteration + 1)
         if decision.point_index == previous and stats.point_index == previous:
             return None
         return self.frontier, decision.point_index
@@ -192,14 +263,34 @@ def attach_power(
             "not online_profile=True"
         )
     doc = read_schedule(schedule) if isinstance(schedule, (str, Path)) else schedule
+    gpu = session.gpu
     runtime = PowerRuntime(
         session.frontier,
         schedule=doc,
         store=store,
         origin_iteration=session.next_iteration,
         source=str(schedule)[:200] if isinstance(schedule, (str, Path)) else "schedule",
+        clock=getattr(gpu, "clock", None) or REAL_CLOCK,
+        energy_mj=gpu.energy_mj,
+        release=lambda: release_clocks(session),
     )
     if runtime.point_index != session.point_index:
         session.deploy(session.frontier, runtime.point_index)
     session.add_boundary_hook(runtime)
+    runtime.wait_for(session.next_iteration)  # the first interval may open later
     return runtime
+
+
+def release_clocks(session: Any) -> None:
+    """Unlock ``session``'s GPU clocks between iterations (the agent's next iteration applies
+    its first clock again); nothing when the agent does not control clocks."""
+    agent = session.agent
+    ctl = agent.controller if agent is not None else None
+    if ctl is None or ctl.observe_only:
+        return
+    gpu = session.gpu
+    with ctl.device_lock:
+        gpu.reset_locked_clock()
+        if getattr(gpu, "locked_memory_clock_mhz", lambda: None)() is not None:
+            gpu.reset_memory_locked_clock()
+    ctl.forget()

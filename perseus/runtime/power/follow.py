@@ -1,0 +1,135 @@
+"""Follow a plan schedule in time: wait for each interval, and price what the job really drew.
+
+A schedule (:class:`~perseus.io.power_files.ScheduleFile`) says which iterations run in which
+signal interval. Run by count alone, a job scheduled into tonight's cheap hours would run now;
+:class:`ScheduleClock` tells the boundary hook how long to wait before an iteration's interval
+opens, and :class:`CostMeter` prices the energy the job's GPUs really drew (their energy
+counters, summed over the pipeline) by the interval it was drawn in, next to what the schedule
+stated for the same time.
+
+Times are seconds from the signal's start (the schedule's ``start_s``), on the clock the job's
+device runs on (the simulated GPU's virtual or wall clock in emulation, the host's on a GPU).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from perseus.io.power_files import ScheduleFile
+from perseus.solver.power_schedule import J_PER_KWH
+
+__all__ = ["CostMeter", "IncurredCost", "ScheduleClock"]
+
+
+class ScheduleClock:
+    """When each iteration of a schedule may start (pure).
+
+    Args:
+        schedule: The schedule; its intervals list the ones that run iterations.
+    """
+
+    def __init__(self, schedule: ScheduleFile) -> None:
+        self.intervals = schedule.intervals
+        self._firsts = [iv.first_iteration for iv in self.intervals]
+
+    def interval_of(self, iteration: int) -> int | None:
+        """The index (in :attr:`intervals`) of the interval that runs schedule iteration
+        ``iteration``, or None past the schedule."""
+        k = bisect.bisect_right(self._firsts, iteration) - 1
+        if k < 0:
+            return None
+        iv = self.intervals[k]
+        done = iv.first_iteration + sum(p.iterations for p in iv.plans)
+        return k if iteration < done else None
+
+    def wait_s(self, iteration: int, elapsed_s: float) -> float:
+        """How long to wait, at ``elapsed_s`` from the signal's start, before schedule
+        iteration ``iteration`` (0 when its interval is open, or past the schedule)."""
+        k = self.interval_of(iteration)
+        if k is None:
+            return 0.0
+        return max(0.0, self.intervals[k].start_s - elapsed_s)
+
+
+@dataclass(frozen=True, slots=True)
+class IncurredCost:
+    """What the job drew and paid, against the schedule, up to ``elapsed_s``.
+
+    Attributes:
+        elapsed_s: Seconds from the signal's start.
+        incurred: Measured energy x the interval's value, inside the schedule's intervals.
+        scheduled: The schedule's cost of the same intervals up to ``elapsed_s`` (its
+            iterations and its idle GPUs over the part of the interval that has passed).
+        outside_j: Measured energy drawn outside them (waiting in intervals the schedule
+            leaves idle; the file does not carry their values, so it is not priced here).
+        scheduled_outside_j: The schedule's idle energy for that time (idle power x time).
+    """
+
+    elapsed_s: float
+    incurred: float
+    scheduled: float
+    outside_j: float
+    scheduled_outside_j: float
+
+    @property
+    def error(self) -> float:
+        """``incurred / scheduled - 1`` (0 when nothing was scheduled yet)."""
+        return self.incurred / self.scheduled - 1 if self.scheduled else 0.0
+
+    def describe(self) -> str:
+        return (
+            f"incurred {self.incurred:.6g} against the schedule's {self.scheduled:.6g} "
+            f"({100 * self.error:+.2f} %) in its intervals up to {self.elapsed_s:.6g} s; "
+            f"{self.outside_j / J_PER_KWH:.6g} kWh drawn waiting outside them (scheduled "
+            f"{self.scheduled_outside_j / J_PER_KWH:.6g} kWh)"
+        )
+
+
+@dataclass(slots=True)
+class CostMeter:
+    """Prices measured energy by the schedule interval it was drawn in.
+
+    Call :meth:`mark` with the pipeline's energy counter (J) at moments the job's power is
+    about constant in between (iteration boundaries, the two ends of a wait): the energy of a
+    span is spread over the intervals it overlaps in proportion to time.
+    """
+
+    schedule: ScheduleFile
+    spans: list[tuple[float, float, float]] = field(default_factory=list)
+    _last: tuple[float, float] | None = None
+    _incurred: float = 0.0
+    _outside_j: float = 0.0
+
+    def mark(self, elapsed_s: float, energy_j: float) -> None:
+        """The pipeline's energy counter ``energy_j`` at ``elapsed_s``."""
+        if self._last is not None:
+            t0, e0 = self._last
+            span_s, drawn_j = elapsed_s - t0, energy_j - e0
+            if span_s > 0:
+                inside_s = 0.0
+                for iv in self.schedule.intervals:
+                    overlap = min(elapsed_s, iv.end_s) - max(t0, iv.start_s)
+                    if overlap > 0:
+                        share_j = drawn_j * overlap / span_s
+                        self._incurred += iv.value * share_j / J_PER_KWH
+                        inside_s += overlap
+                self._outside_j += drawn_j * max(0.0, span_s - inside_s) / span_s
+                self.spans.append((t0, elapsed_s, drawn_j))
+        self._last = (elapsed_s, energy_j)
+
+    def report(self) -> IncurredCost:
+        """The cost so far against the schedule's for the same time."""
+        now = self._last[0] if self._last is not None else 0.0
+        idle_w = self.schedule.idle_power_w
+        scheduled, inside_s = 0.0, 0.0
+        for iv in self.schedule.intervals:
+            if iv.start_s >= now:
+                break
+            passed = min(now, iv.end_s) - iv.start_s
+            idle_s = max(0.0, passed - iv.busy_s)
+            scheduled += iv.value * (iv.energy_j + idle_w * idle_s) / J_PER_KWH
+            inside_s += passed
+        start = self.spans[0][0] if self.spans else now
+        outside_s = max(0.0, now - start - inside_s)
+        return IncurredCost(now, self._incurred, scheduled, self._outside_j, idle_w * outside_s)

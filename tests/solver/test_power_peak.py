@@ -1,0 +1,65 @@
+"""The fastest plan under a peak budget, against a brute force over every plan of small jobs."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from perseus.errors import InfeasibleError
+from perseus.solver import trace_frontier
+from perseus.solver.power import fastest_under_power, power_timeline, with_power
+from perseus.solver.power_peak import fastest_under_peak
+from tests.solver.conftest import small_job
+
+
+@pytest.mark.parametrize(
+    ("microbatches", "clocks", "seed"), [(2, 2, 0), (2, 2, 3), (1, 4, 0), (1, 4, 5)]
+)
+def test_peak_pick_is_as_fast_as_a_brute_force_over_all_plans(
+    microbatches: int, clocks: int, seed: int
+) -> None:
+    job = small_job(stages=2, microbatches=microbatches, clocks=clocks, seed=seed)
+    frontier = with_power(job, trace_frontier(job))
+    freqs = sorted({o.freq_mhz for op in job.profile.ops.values() for o in op.options})
+    every = []  # (time, peak) of every plan
+    for combo in itertools.product(freqs, repeat=job.graph.num_nodes):
+        point = job.point(np.array(combo, dtype=np.int64))
+        every.append((point.time_s, float(power_timeline(job, point).power_w.max())))
+    peaks = sorted(pk for _, pk in every)
+    budgets = [peaks[len(peaks) // 10], peaks[len(peaks) // 2], peaks[9 * len(peaks) // 10]]
+    for budget in budgets:
+        brute = min(t for t, pk in every if pk <= budget * (1 + 1e-12))
+        got = fastest_under_peak(job, frontier.points, budget)
+        assert got.method == "exhaustive" and got.point.time_s <= brute * (1 + 1e-12)
+        assert got.point.power is not None and got.point.power.peak_power_w <= budget * (1 + 1e-12)
+        assert got.gap == 0
+        # The search (for jobs too large to enumerate) fits, and is never slower than the
+        # frontier's own pick.
+        found = fastest_under_peak(job, frontier.points, budget, method="search")
+        assert found.point.power is not None
+        assert found.point.power.peak_power_w <= budget * (1 + 1e-12)
+        if found.frontier_time_s is not None:
+            assert found.point.time_s <= found.frontier_time_s
+        assert found.bound_time_s <= brute * (1 + 1e-12)  # a true lower bound here
+
+
+def test_below_every_plan_is_infeasible_naming_the_lowest() -> None:
+    job = small_job(stages=2, microbatches=2, clocks=3, seed=1)
+    frontier = with_power(job, trace_frontier(job))
+    with pytest.raises(InfeasibleError, match="the lowest seen is"):
+        fastest_under_peak(job, frontier.points, 1.0, method="search")
+
+
+def test_search_bound_is_the_average_power_pick() -> None:
+    job = small_job(stages=3, microbatches=4, clocks=4, seed=2)
+    frontier = with_power(job, trace_frontier(job))
+    peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    budget = peaks[len(peaks) // 3]
+    got = fastest_under_peak(job, frontier.points, budget)
+    assert got.method == "search"
+    assert got.bound_time_s == pytest.approx(
+        min(got.point.time_s, fastest_under_power(frontier.points, budget).time_s)
+    )
+    assert got.point.time_s <= got.frontier_time_s  # type: ignore[operator]
