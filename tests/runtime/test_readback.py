@@ -361,15 +361,17 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
 
     from perseus.device.nvml import NvmlGPU
     from perseus.runtime.agent.controller import Boundary, FrequencyController
-    from tests.fakes.fake_pynvml import FakeDevice, FakeNvml
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from tests.runtime.test_clock_timing import _Event
 
     device = FakeDevice(
         "GPU-h100",
         name="NVIDIA H100 80GB HBM3",
         graphics_clocks=tuple(range(1980, 344, -15)),
-        clock_event_reasons=0x4,
         has_event_reasons_name=new_name,
+        power_limit_mw=700_000,
+        static_power_w=100.0,
+        dynamic_power_w=1160.0,  # 1980 MHz would draw 1260 W: the cap holds 1575 MHz
     )
     nvml = FakeNvml(devices=[device])
     gpu = NvmlGPU("GPU-h100", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
@@ -385,14 +387,14 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     ctl.start()
     ctl.apply_now(1980)
     assert ctl.flush(timeout_s=2.0)
-    device.sm_clock_mhz = 1485  # the lock is taken; the power cap holds the clock down
+    device.busy = True  # the lock is taken; under load the power cap holds the clock down
     now = time.perf_counter()
     job = Boundary(_Event(now), None, None, end=_Event(now + 0.05))
     ctl.post(job)
     assert ctl.flush(timeout_s=2.0)
     ctl.close()
     gpu.close()
-    assert (job.asked_mhz, job.read_mhz, job.read_reasons) == (1980, 1485, 0x4)
+    assert (job.asked_mhz, job.read_mhz, job.read_reasons) == (1980, 1575, 0x4)
     names = nvml.names()
     assert "nvmlDeviceGetClockInfo" in names
     reasons = "nvmlDeviceGetCurrentClocks" + ("EventReasons" if new_name else "ThrottleReasons")
