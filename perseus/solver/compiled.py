@@ -223,7 +223,7 @@ def walk_kernel(
     tol,
     quantum,
     gap,
-    all_points,
+    every_breakpoint,
     power_ranks,
     max_iterations,
     tie_units,
@@ -514,7 +514,7 @@ def walk_kernel(
             trial[v] = x
         for v in range(n):
             dur[v] = trial[v]
-        if all_points and state[S_EMITTING] != 0.0:
+        if every_breakpoint and state[S_EMITTING] != 0.0:
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
             )
