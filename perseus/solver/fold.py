@@ -42,6 +42,7 @@ plus the reclaim and the evaluation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -257,17 +258,26 @@ def balance_periods(
             continue
         types = node_type[nodes]
         total = float(opt_time_s[types, out[nodes]].sum())
+        if not total > limit_s * (1 + 1e-12):
+            continue
+        # A period has a handful of ops: plain floats, not numpy calls on tiny arrays.
+        times = [opt_time_s[t].tolist() for t in types.tolist()]
+        costs = [opt_cost_j[t].tolist() for t in types.tolist()]
+        idx = out[nodes].tolist()
         while total > limit_s * (1 + 1e-12):
-            idx = out[nodes]
-            prev = np.maximum(idx - 1, 0)
-            saved = opt_time_s[types, idx] - opt_time_s[types, prev]
-            if not (saved > 0).any():
+            best, k, k_saved = math.inf, -1, 0.0
+            for j, i in enumerate(idx):
+                prev = max(i - 1, 0)
+                saved = times[j][i] - times[j][prev]
+                if saved > 0:
+                    price = (costs[j][prev] - costs[j][i]) / saved
+                    if price < best or k < 0:
+                        best, k, k_saved = price, j, saved
+            if k < 0:
                 break
-            extra = opt_cost_j[types, prev] - opt_cost_j[types, idx]
-            price = np.where(saved > 0, extra / np.where(saved > 0, saved, 1.0), np.inf)
-            k = int(np.argmin(price))
-            out[nodes[k]] -= 1
-            total -= float(saved[k])
+            idx[k] -= 1
+            total -= k_saved
+        out[nodes] = idx
     return out
 
 
