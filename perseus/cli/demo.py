@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
 def _compile_kernels(job: PlanningJob, enabled: bool) -> float:
     """Seconds spent compiling the solver kernels, 0 when numba's disk cache holds them.
 
-    They are compiled on a small 1F1B job of the same stages (one microbatch per stage), so that the time the demo
-    prints is the planning itself, with the one-time compile said apart.
+    They are compiled on a small 1F1B job of the same stages (one microbatch per stage), so
+    that the time the demo prints is the planning itself, with the one-time compile apart.
     """
     from perseus.cli._progress import solver_kernels_cached
     from perseus.job import make_job
