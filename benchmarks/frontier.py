@@ -2,7 +2,11 @@
 
 For each case (1F1B), in a fresh subprocess so peak RSS is per case, this prints perseus's
 solve time, min-cut iterations, points and peak RSS, and the gap of its no-slowdown plan to the
-LP floor. When ``lowtime`` is installed (``pip install perseus-energy[bench]``) and the case is
+LP floor (up to 16×64; HiGHS takes minutes beyond). Then the whole process: `perseus frontier`
+on the case's profile file in a fresh interpreter (wall and CPU seconds, best of two), and
+where one such process spends its time: start-up, imports, reading the profile and building
+the job, the solve (including loading numba's cached kernels), writing the frontier file, and
+its peak memory. When ``lowtime`` is installed (``pip install perseus-energy[bench]``) and the case is
 not too big for it, it also runs lowtime 0.3.0 (1 ms quanta, exponential cost model fitted to
 the same options, effective energy e − P·t, the way Perseus drives it) on the same DAG in the
 same run, evaluates every lowtime plan exactly, and reports the time ratio and whether, for
@@ -10,7 +14,7 @@ every lowtime plan, perseus (``--all-points``, since lowtime keeps one plan per 
 point at least as fast with energy no higher ("covered"; "worst" is the largest excess).
 
 Cases: synthetic A100-model profiles (``_synthetic.py``, fixed seeds) at 4×8, 8×32, 8×64,
-16×64 and 32×512, and the bundled GPT-3 175B A100 profile at 8×96. lowtime at 16×64 takes
+16×64, 16×128, 32×256 and 32×512, and the bundled GPT-3 175B A100 profile at 8×96. lowtime at 16×64 takes
 about 20 minutes, so it is skipped unless ``--lowtime-16x64``; lowtime is never run at 8×96
 real or 32×512 (hours). Then the intrinsic-bloat table: on both bundled profiles, the energy of
 the cheapest plan no slower than all-max, relative to all-max, at 12/24/48/96 microbatches,
@@ -34,6 +38,7 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,12 +51,13 @@ from _synthetic import SYNTHETIC_BLOCKING_POWER_W, synthetic_profile
 from perseus.dag.evaluate import evaluate_many
 from perseus.dag.graph import KIND_CODES
 from perseus.io import load_profile
+from perseus.io.profile_files import write_profile_csv
 from perseus.job import PlanningJob, make_job
 from perseus.schedule import Kind
 from perseus.solver import trace
 from perseus.solver.lp_bound import lp_energy_floor_j
 
-CASES = ("4x8", "8x32", "8x64", "16x64", "real-8x96", "32x512")
+CASES = ("4x8", "8x32", "8x64", "16x64", "real-8x96", "16x128", "32x256", "32x512")
 LOWTIME_DEFAULT = {"4x8", "8x32", "8x64"}
 AUTHORS = {  # The Perseus authors' planner predictions of the intrinsic-bloat saving (%).
     "a100": {12: 15.2, 24: 14.2, 48: 13.6, 96: 13.3},
@@ -222,6 +228,76 @@ def run_case(
     return out
 
 
+# One fresh process doing what `perseus frontier` does, timing each step: the imports, reading
+# the profile and building the job, the solve (which loads numba's cached kernels), and writing
+# the frontier file (with its power figures, as the CLI writes it).
+_PHASES = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from perseus.io import load_profile
+from perseus.io.profile_files import write_profile_csv
+from perseus.io.frontier_files import write_frontier
+from perseus.job import make_job
+from perseus.solver import trace
+from perseus.solver.power import with_power
+t1 = time.perf_counter()
+path, stages, micro, power, out = sys.argv[1:]
+job = make_job(load_profile(path), "1f1b", int(stages), int(micro), blocking_power_w=float(power))
+t2 = time.perf_counter()
+frontier = trace(job).frontier
+t3 = time.perf_counter()
+write_frontier(with_power(job, frontier), out)
+t4 = time.perf_counter()
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"import_s": t1 - t0, "read_s": t2 - t1, "solve_s": t3 - t2,
+                  "write_s": t4 - t3, "rss_mb": rss}))
+"""
+
+
+def _profile_args(case: str, folder: Path) -> tuple[str, int, int, float]:
+    """The profile (a path or a bundled name), stages, microbatches and blocking power of a
+    case, as `perseus frontier` takes them (synthetic profiles are written to ``folder``)."""
+    if case.startswith("real-"):
+        stages, micro = (int(x) for x in case[5:].split("x"))
+        return "a100", stages, micro, POWER["a100"]
+    stages, micro = (int(x) for x in case.split("x"))
+    path = folder / f"synthetic-{stages}.csv"
+    if not path.exists():
+        write_profile_csv(synthetic_profile(stages, seed=stages), path)
+    return str(path), stages, micro, SYNTHETIC_BLOCKING_POWER_W
+
+
+def whole_process(case: str, folder: Path, repeats: int = 2) -> dict[str, float]:
+    """`perseus frontier` on ``case`` as a fresh process (best of ``repeats``: wall and CPU
+    seconds), and one fresh process's split into imports, read, solve and write."""
+    profile, stages, micro, power = _profile_args(case, folder)
+    out = folder / f"frontier-{case}.json"
+    cli = [sys.executable, "-m", "perseus.cli", "frontier", profile, "--stages", str(stages)]
+    cli += ["--microbatches", str(micro), "--blocking-power-w", str(power)]
+    cli += ["--no-progress", "-o", str(out)]
+    wall_s = cpu_s = float("inf")
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run(cli, capture_output=True, check=True)
+        wall_s = min(wall_s, time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        cpu_s = min(cpu_s, cpu)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _PHASES, profile, str(stages), str(micro), str(power), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    phases: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Start-up: the interpreter and everything before the imports timed inside the process.
+    steps = phases["import_s"] + phases["read_s"] + phases["solve_s"] + phases["write_s"]
+    phases["startup_s"] = time.perf_counter() - started - steps
+    return {"wall_s": wall_s, "cpu_s": cpu_s, **phases}
+
+
 def savings(profile: str, micro: int) -> tuple[float, float]:
     job = make_job(load_profile(profile), "1f1b", 8, micro, blocking_power_w=POWER[profile])
     started = time.perf_counter()
@@ -251,13 +327,9 @@ def main() -> None:
         "then compares with the cached run's lowtime time)",
     )
     ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--solve-only", help=argparse.SUPPRESS)
     ap.add_argument("--with-lowtime", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--lp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.solve_only:
-        trace(_job(args.solve_only))  # whole-process timing: start, imports, cache load, solve
-        return
     if args.one:
         print(json.dumps(run_case(args.one, args.with_lowtime, args.lp, args.lowtime_cache)))
         return
@@ -287,23 +359,16 @@ def main() -> None:
         run_lt = have_lowtime and (
             case in LOWTIME_DEFAULT or (case == "16x64" and args.lowtime_16x64)
         )
-        lp = case != "32x512"  # HiGHS on 32×512 takes minutes; skip
+        # HiGHS takes minutes beyond 16×64 (2048 ops, 1F1B); skip it there.
+        lp = int(np.prod([int(x) for x in case.removeprefix("real-").split("x")])) <= 1024
         cmd = [sys.executable, __file__, "--one", case] + (["--with-lowtime"] if run_lt else [])
         cmd += ["--lp"] if lp else []
-        # Whole process: a fresh interpreter that imports perseus, loads the cached kernels,
-        # builds the job and traces it (what `perseus frontier` costs), best of two.
-        # CPU seconds (user + system) too: unlike wall time they barely depend on load.
-        proc_s = proc_cpu_s = float("inf")
-        for _ in range(2):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            started = time.perf_counter()
-            subprocess.run(
-                [sys.executable, __file__, "--solve-only", case], capture_output=True, check=True
-            )
-            proc_s = min(proc_s, time.perf_counter() - started)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-            proc_cpu_s = min(proc_cpu_s, cpu)
+        # Whole process: `perseus frontier` in a fresh interpreter (imports, cached kernels,
+        # reading the profile, the solve, writing the file), best of two; CPU seconds (user +
+        # system) too: unlike wall time they barely depend on load.
+        with tempfile.TemporaryDirectory() as tmp:
+            whole = whole_process(case, Path(tmp))
+        proc_s, proc_cpu_s = whole["wall_s"], whole["cpu_s"]
         if args.lowtime_cache is not None:
             cmd += ["--lowtime-cache", str(args.lowtime_cache)]
         try:
@@ -339,6 +404,12 @@ def main() -> None:
         print(
             f"{'':<10} whole process: {proc_s:.2f} s wall, {proc_cpu_s:.2f} s CPU"
             + (f" ({r['lowtime_s'] / proc_cpu_s:.0f}x lowtime by CPU)" if "lowtime_s" in r else "")
+        )
+        print(
+            f"{'':<10} where it goes: start-up {whole['startup_s']:.2f} s, imports "
+            f"{whole['import_s']:.2f} s, read {whole['read_s']:.2f} s, solve "
+            f"{whole['solve_s']:.2f} s, write {whole['write_s']:.2f} s; peak memory "
+            f"{whole['rss_mb']:.0f} MB"
         )
         if r.get("stop_reason", "fastest") != "fastest":
             print(f"{'':<10} the walk stopped early: {r['stop_reason']} (frontier incomplete)")

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         choices=("auto", "always", "never"),
         default="auto",
         help="walk a copy of the job with stages+8 microbatches and lift its plans: auto "
-        "(default) folds jobs of more than 8192 ops; never walks the full job (hours at 32x512)",
+        "(default) folds jobs of more than 2048 ops; never walks the full job (hours at 32x512)",
     )
     p.add_argument(
         "--min-gap-fraction",

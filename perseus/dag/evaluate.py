@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -146,6 +147,14 @@ def op_costs(
         PlanError: if the plan has the wrong length, a clock (pair) the profile lacks for that
             op, or a multi-phase op the job cannot run.
     """
+    if (
+        isinstance(freqs_mhz, np.ndarray)
+        and freqs_mhz.shape == (graph.num_nodes,)
+        and freqs_mhz.dtype.kind in "iu"
+    ):
+        found = _one_clock_costs(graph, profile, freqs_mhz)
+        if found is not None:
+            return found
     ops = _plan_rows(graph, freqs_mhz)
     kinds = list(Kind)
     time_s = np.empty(graph.num_nodes)
@@ -190,6 +199,35 @@ def op_costs(
             cache[key] = hit
         time_s[i], energy_j[i] = hit
     return time_s, energy_j
+
+
+def _one_clock_costs(
+    graph: OpGraph, profile: Profile, freqs_mhz: npt.NDArray[np.integer[Any]]
+) -> tuple[FloatArray, FloatArray] | None:
+    """:func:`op_costs` of per-node clocks (N,), one profile look-up per distinct (stage,
+    kind, clock) instead of one per node; ``None`` when a clock was not profiled (the general
+    path then names it in its error)."""
+    kinds = list(Kind)
+    freqs = freqs_mhz.astype(np.int64)
+    if freqs.size and not 0 <= freqs.min() <= freqs.max() < _CLOCK_KEY:
+        return None
+    codes = graph.stage.astype(np.int64) * len(kinds) + graph.kind
+    keys, inverse = np.unique(codes * _CLOCK_KEY + freqs, return_inverse=True)
+    time_s = np.empty(keys.size)
+    energy_j = np.empty(keys.size)
+    for j, key in enumerate(keys.tolist()):
+        code, freq = divmod(key, _CLOCK_KEY)
+        try:
+            option = profile.op(code // len(kinds), kinds[code % len(kinds)]).at(freq, None)
+        except KeyError:
+            return None
+        time_s[j], energy_j[j] = option.time_s, option.energy_j
+    rows = inverse.reshape(-1)
+    return time_s[rows], energy_j[rows]
+
+
+#: Clocks below this (MHz) are looked up by one integer key per (stage, kind, clock).
+_CLOCK_KEY = 1 << 20
 
 
 def _plan_rows(graph: OpGraph, freqs_mhz: PlanArg) -> list[object]:

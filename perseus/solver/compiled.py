@@ -192,14 +192,18 @@ def _emit(x, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, 
             break
     if same:
         return emitted, n_emitted
+    # Element loops, not slice assignments (see _grown).
     if n_emitted + 2 > emitted.shape[0]:
         grown = np.empty((2 * emitted.shape[0], n), dtype=np.int16)
-        grown[:n_emitted] = emitted[:n_emitted]
+        for r in range(n_emitted):
+            for v in range(n):
+                grown[r, v] = emitted[r, v]
         emitted = grown
-    emitted[n_emitted] = rounded
-    last_rounded[:] = rounded
     _round_up_into(x, node_type, opt_t, rounded, tol, rounded_up)
-    emitted[n_emitted + 1] = rounded_up
+    for v in range(n):
+        emitted[n_emitted, v] = rounded[v]
+        emitted[n_emitted + 1, v] = rounded_up[v]
+        last_rounded[v] = rounded[v]
     return emitted, n_emitted + 2
 
 
@@ -223,7 +227,7 @@ def walk_kernel(
     tol,
     quantum,
     gap,
-    all_points,
+    every_breakpoint,
     power_ranks,
     max_iterations,
     tie_units,
@@ -409,10 +413,12 @@ def walk_kernel(
                         net_source, net_sink, stack_n, stack_a,
                     )  # fmt: skip
         if not ok:  # cancellation overflowed its stack: start this cut from zero flow
-            res[:] = 0
+            for k in range(res.size):
+                res[k] = 0
             for k in range(m_arcs):
                 res[fs[k]] = capa[k]
-        side[:] = False
+        for k in range(n_net):
+            side[k] = False
         if not _augment(net_source, net_sink, ptr, to, twin, res, level, itp, queue, path, side):
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
@@ -514,7 +520,7 @@ def walk_kernel(
             trial[v] = x
         for v in range(n):
             dur[v] = trial[v]
-        if all_points and state[S_EMITTING] != 0.0:
+        if every_breakpoint and state[S_EMITTING] != 0.0:
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
             )
@@ -718,13 +724,29 @@ def neighbour_kernel(
                         if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
                             continue
                         if n_out == out.shape[0]:
-                            grown = np.empty((2 * n_out, n), dtype=np.int64)
-                            grown[:n_out] = out
-                            out = grown
-                            out_t = np.concatenate((out_t, np.empty(n_out)))
-                            out_e = np.concatenate((out_e, np.empty(n_out)))
-                        out[n_out] = row
+                            out, out_t, out_e = _grown(out, out_t, out_e)
+                        for v in range(n):
+                            out[n_out, v] = row[v]
                         out_t[n_out] = t
                         out_e[n_out] = e
                         n_out += 1
     return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()
+
+
+@_jit
+def _grown(out, out_t, out_e):
+    """``out`` (K, N) and ``out_t``, ``out_e`` (K,) copied into arrays twice as long.
+
+    Element loops, not slice assignments: numba compiles a broadcasting setitem's shape
+    error message for about 15 s.
+    """
+    k, n = out.shape
+    bigger = np.empty((2 * k, n), dtype=np.int64)
+    bigger_t = np.empty(2 * k)
+    bigger_e = np.empty(2 * k)
+    for r in range(k):
+        bigger_t[r] = out_t[r]
+        bigger_e[r] = out_e[r]
+        for v in range(n):
+            bigger[r, v] = out[r, v]
+    return bigger, bigger_t, bigger_e

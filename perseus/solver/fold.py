@@ -33,7 +33,9 @@ and the frontier still dominates every baseline. What folding gives up is the gu
 each point came from the full job's relaxation optimum. Measured (synthetic 1F1B, two cores):
 8×64 folded to 8×16 matches the exact walk's savings to ±0.1 point at 1.0–1.2× slowdown in a
 third of the time; 16×64 folded to 16×24 is 0.19 point below it at no slowdown and within 0.15
-point elsewhere, in a fifth of the time; 32×512 folds to 32×40 and takes under a minute.
+point elsewhere, in a fifth of the time; 16×128 (the smallest job folded by default) is 0.19
+point below at no slowdown, 0.13 / 0.08 / 0.09 point at 1.05 / 1.1 / 1.2× all-max time, in
+a tenth to a twentieth of the time; 32×512 folds to 32×40 and takes under a minute.
 
 Complexity: O(N·P) for the map (P periods tried), the exact walk on the folded job (S·M′·k
 ops for k ops per microbatch and stage), and per lifted candidate O(N + E) per speed-up round
@@ -42,6 +44,7 @@ plus the reclaim and the evaluation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,8 +73,9 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 #: Jobs with more ops than this are folded unless asked not to (16×64 1F1B, 2 048 ops, walks
-#: exactly in ~20 s on two cores; the walk's cost grows with the square of the op count).
-FOLD_ABOVE_OPS = 8192
+#: exactly in ~20 s on two cores; the walk's cost grows with the square of the op count:
+#: 16×128 took 92 s of CPU exactly, folded a tenth of it, 0.19 point of saving below).
+FOLD_ABOVE_OPS = 2048
 #: Steady-state periods kept beyond one per stage.
 FOLD_EXTRA_MICROBATCHES = 8
 #: Longest per-rank period tried (1F1B: 2; interleaved: 2 × virtual stages; zero bubble: 3).
@@ -257,17 +261,26 @@ def balance_periods(
             continue
         types = node_type[nodes]
         total = float(opt_time_s[types, out[nodes]].sum())
+        if not total > limit_s * (1 + 1e-12):
+            continue
+        # A period has a handful of ops: plain floats, not numpy calls on tiny arrays.
+        times = [opt_time_s[t].tolist() for t in types.tolist()]
+        costs = [opt_cost_j[t].tolist() for t in types.tolist()]
+        idx = out[nodes].tolist()
         while total > limit_s * (1 + 1e-12):
-            idx = out[nodes]
-            prev = np.maximum(idx - 1, 0)
-            saved = opt_time_s[types, idx] - opt_time_s[types, prev]
-            if not (saved > 0).any():
+            best, k, k_saved = math.inf, -1, 0.0
+            for j, i in enumerate(idx):
+                prev = max(i - 1, 0)
+                saved = times[j][i] - times[j][prev]
+                if saved > 0:
+                    price = (costs[j][prev] - costs[j][i]) / saved
+                    if price < best or k < 0:
+                        best, k, k_saved = price, j, saved
+            if k < 0:
                 break
-            extra = opt_cost_j[types, prev] - opt_cost_j[types, idx]
-            price = np.where(saved > 0, extra / np.where(saved > 0, saved, 1.0), np.inf)
-            k = int(np.argmin(price))
-            out[nodes[k]] -= 1
-            total -= float(saved[k])
+            idx[k] -= 1
+            total -= k_saved
+        out[nodes] = idx
     return out
 
 

@@ -34,7 +34,7 @@ the minimum-energy one (T*).
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
    every measured clock, so on the bundled profiles savings are unchanged and iterations drop.
 6. *Real plans only.* Along the way, at target times at least ``min_gap_fraction·T_min``
-   apart (or at every breakpoint with ``all_points``), the fractional plan is rounded twice:
+   apart (at every breakpoint when that fraction is 0), the fractional plan is rounded twice:
    each op to the slowest real option no slower than its fractional duration (never later
    than the target), and each op to the next slower option, then sped up critical op by
    critical op until it meets the first rounding's time (``tighten_kernel``). Slack is
@@ -99,8 +99,8 @@ Progress = Callable[[float], None]
 #: rounding and reclaiming still use every real clock; 0.05 is ~2.5x faster but loses 0.3-0.6
 #: points of saving on A40).
 DEFAULT_HULL_GAP_FRACTION = 0.02
-#: With all_points, a folded walk still emits points this far apart (fraction of T_min):
-#: every lifted plan is a full-size array.
+#: A folded walk emits points at least this far apart (fraction of T_min), even when asked for
+#: every breakpoint: every lifted plan is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
 #: Folded plans lifted at a time (each gives up to six full-size candidates).
 _LIFT_BATCH = 32
@@ -176,9 +176,12 @@ def trace_frontier(
             breakpoint to breakpoint. With a quantum, a step shorter than it runs on to one
             quantum, shortened ops continuing onto their next hull segment; measured on the
             bundled profiles this *adds* iterations and loses optimality, so it is only a knob.
-        min_gap_fraction: Keep points at least this fraction of the fastest time apart (both
-            ends always kept). Ignored with ``all_points``.
-        all_points: Emit a plan at every breakpoint and keep every Pareto point.
+        min_gap_fraction: Round the walk's fractional plans this fraction of the fastest time
+            apart (0: at every breakpoint), and keep output points at least that far apart
+            (both ends and the no-slowdown plan always kept).
+        all_points: Keep every Pareto point found instead of thinning the output. The search
+            is the same either way, so the default frontier is a subset of this one and
+            their no-slowdown plans are the same plan.
         progress: Called with the fraction done in [0, 1] now and then.
 
     Returns:
@@ -301,7 +304,9 @@ def _impl(
     quantum = time_quantum_s if time_quantum_s is not None else 0.0
     fastest = model.hull_time_s[model.node_type, 0]
     t_min_lp = float(topo.forward(fastest)[1].max())
-    gap = 0.0 if all_points else min_gap_fraction * t_min_lp
+    # The walk samples fractional plans ``gap`` apart whatever is kept; ``all_points`` only
+    # drops the thinning of the output, so keeping more points never changes the search.
+    gap = min_gap_fraction * t_min_lp
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
     seeds += [_to_options(job, model, f) for f in extra_seeds or ()]
@@ -309,7 +314,7 @@ def _impl(
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     if folded is None:
         cand, iterations, lp_t, lp_e, reason = core(
-            job, model, topo, tol, quantum, gap, all_points, progress
+            job, model, topo, tol, quantum, gap, gap == 0.0, progress
         )
     else:
         # Walk the folded job (points 4x denser than asked: each lifted plan lands at its
@@ -329,7 +334,7 @@ def _impl(
             lifted = lift_plans(folded, small_cand[lo : lo + _LIFT_BATCH], model, topo, allmax_time)
             cand.extend(_pareto_within(job, model, topo, lifted))
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
-    points = _select(job, model, cand, gap, allmax_time)
+    points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
         progress(1.0)
     return FrontierTrace(
@@ -370,7 +375,7 @@ def _core_compiled(
     tol: float,
     quantum: float,
     gap: float,
-    all_points: bool,
+    every_breakpoint: bool,
     progress: Progress | None,
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`).
@@ -384,7 +389,7 @@ def _core_compiled(
     """
     from perseus.solver.compiled import TIE_UNITS
 
-    walk = (job, model, topo, tol, quantum, gap, all_points)
+    walk = (job, model, topo, tol, quantum, gap, every_breakpoint)
     cand, iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS)
     if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
         more, more_iterations, *_ = _walk_compiled(*walk, None, 0)
@@ -400,7 +405,7 @@ def _walk_compiled(
     tol: float,
     quantum: float,
     gap: float,
-    all_points: bool,
+    every_breakpoint: bool,
     progress: Progress | None,
     tie_units: int,
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
@@ -437,7 +442,7 @@ def _walk_compiled(
             tol,
             quantum,
             gap,
-            all_points,
+            every_breakpoint,
             power_ranks,
             _CHUNK_ITERATIONS,
             tie_units,
@@ -549,7 +554,7 @@ def _pareto_within(
     """The reclaimed plans of one batch that no other plan of the batch dominates.
 
     Dropping them early is safe (dominated within the batch means dominated overall) and
-    keeps memory flat with ``all_points`` on large jobs, where the walk emits hundreds of
+    keeps memory flat with every breakpoint sampled on large jobs, where the walk emits hundreds of
     thousands of plans.
     """
     rec = _reclaim_all(model, topo, plans)

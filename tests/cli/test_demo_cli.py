@@ -36,6 +36,22 @@ def test_demo_on_small_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp dirs left"
 
 
+@pytest.mark.slow
+def test_demo_says_its_time_leaves_out_the_first_compile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import perseus.cli._progress as progress
+
+    argv = ["demo", "--config", SMALL, "--out", str(tmp_path / "r"), "--no-progress"]
+    monkeypatch.setattr(progress, "solver_kernels_cached", lambda: False)
+    assert main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "compiling the solver kernels (first run only)" in last
+    monkeypatch.setattr(progress, "solver_kernels_cached", lambda: True)
+    assert main(argv) == 0
+    assert "compiling" not in capsys.readouterr().out
+
+
 def test_demo_defaults_are_the_issue_job() -> None:
     from perseus.cli.demo import DEMO_JOB
 

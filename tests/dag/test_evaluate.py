@@ -10,7 +10,7 @@ from perseus.dag import build_dag, evaluate_durations, evaluate_freqs, evaluate_
 from perseus.errors import PlanError, ScheduleError
 from perseus.io import load_profile
 from perseus.job import make_job
-from perseus.schedule import SCHEDULE_NAMES, build_schedule
+from perseus.schedule import SCHEDULE_NAMES, Kind, build_schedule
 
 schedules = st.sampled_from(SCHEDULE_NAMES)
 
@@ -97,6 +97,25 @@ def test_unknown_clock_in_plan_is_named():
         evaluate_freqs(job.graph, job.profile, freqs, blocking_power_w=83.64)
     with pytest.raises(PlanError, match="clocks but the schedule"):
         job.evaluate(freqs[:-1])
+
+
+def test_clock_arrays_and_plan_op_lists_cost_the_same():
+    from perseus.dag.evaluate import op_costs
+
+    job = make_job(load_profile("a40"), "1f1b", 8, 6, blocking_power_w=70.38)
+    rng = np.random.default_rng(3)
+    kinds = list(Kind)
+    ops = [
+        job.profile.op(s, kinds[k])
+        for s, k in zip(job.graph.stage.tolist(), job.graph.kind.tolist(), strict=True)
+    ]
+    clocks = [[o.freq_mhz for o in op.options] for op in ops]
+    plan = np.array([rng.choice(c) for c in clocks], dtype=np.int64)
+    as_array, as_list = (
+        op_costs(job.graph, job.profile, plan),
+        op_costs(job.graph, job.profile, plan.tolist()),
+    )
+    assert np.array_equal(as_array[0], as_list[0]) and np.array_equal(as_array[1], as_list[1])
 
 
 def test_allmax_on_real_profile_is_plausible():

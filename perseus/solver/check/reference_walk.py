@@ -41,7 +41,7 @@ def walk_reference(
     tol: float,
     quantum: float,
     gap: float,
-    all_points: bool,
+    every_breakpoint: bool,
     progress: Progress | None,
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
@@ -164,7 +164,7 @@ def walk_reference(
                 target -= gap
         d = move.apply(d, step)
         _snap(d, ht, tol)
-        if all_points and emitting:
+        if every_breakpoint and emitting:
             emit(d)
     return cand, iterations, lp_t, lp_e, reason
 
