@@ -129,6 +129,7 @@ def check_cuda(
             "install a CUDA build of torch that matches the driver",
         )
     from perseus.runtime.agent.rank_agent import RankAgent
+    from perseus.runtime.agent.readback import ClockHeldWarning
 
     index = cuda_device_for(torch, gpu)
     device = torch.device("cuda", index)
@@ -150,6 +151,8 @@ def check_cuda(
     rows: list[dict[str, Any]] = []
     with sampler, warnings.catch_warnings():
         warnings.simplefilter("ignore", ObserveOnlyWarning)
+        # The check reports held clocks itself (the sampler's reading and reasons).
+        warnings.simplefilter("ignore", ClockHeldWarning)
         for target in targets:
             plan = _plan(target if target is not None else gpu.supported_clocks_mhz()[0])
             times: dict[str, list[float]] = {"F": [], "B": []}
