@@ -10,6 +10,7 @@ from typing import Any
 from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
+from perseus.io.atomic import check_distinct_outputs
 from perseus.io.frontier_files import write_frontier
 from perseus.io.power_files import write_power_curve
 from perseus.log import get_logger
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out)
     if args.power_curve is not None:
         check_output_file(args.power_curve, flag="--power-curve")
+    check_distinct_outputs({"-o": args.out, "--power-curve": args.power_curve})
     job = job_from_args(args)
     s = job.spec
     logger.info(

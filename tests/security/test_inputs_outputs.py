@@ -342,3 +342,22 @@ def test_links_and_fifos_planted_in_a_shared_directory_are_not_followed(
     for name, st in before.items():  # the attacker's links and FIFO are as they were
         assert (after[name].st_mode, after[name].st_ino) == (st.st_mode, st.st_ino)
     no_temporaries(planted, private, work)
+
+
+# ------------------------------------------------------------------- two outputs, one file
+
+
+@pytest.mark.parametrize("curve", ["F.json", "sub/../F.json", "link.json", "hard.json"])
+def test_one_file_named_for_two_outputs_is_refused(work: Path, curve: str) -> None:
+    """``-o F --power-curve F`` would replace the frontier with the power curve."""
+    (work / "sub").mkdir()
+    (work / "F.json").write_text("keep\n")
+    (work / "link.json").symlink_to("F.json")
+    os.link(work / "F.json", work / "hard.json")
+    before = sorted(p.name for p in work.iterdir())
+    argv = ["frontier", "a100", "--microbatches", "4", "--no-progress", "-o", "F.json"]
+    result = perseus([*argv, "--power-curve", curve], work)
+    assert_refused(result, "--power-curve", "the same file as -o F.json")
+    assert (work / "F.json").read_text() == "keep\n"
+    assert sorted(p.name for p in work.iterdir()) == before
+    no_temporaries(work)
