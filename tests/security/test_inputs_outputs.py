@@ -361,3 +361,45 @@ def test_one_file_named_for_two_outputs_is_refused(work: Path, curve: str) -> No
     assert (work / "F.json").read_text() == "keep\n"
     assert sorted(p.name for p in work.iterdir()) == before
     no_temporaries(work)
+
+
+# ------------------------------------------------------------------- a full disk
+
+
+_FILL_STORE = """
+import resource, signal, sys
+from perseus.errors import PerseusError
+from perseus.recurring.store import SQLiteStore
+store = SQLiteStore(sys.argv[1])
+store.register_job("warm", {"x": 1})
+# A file size limit fails writes as a full disk does (EFBIG; SQLite: disk I/O error / full).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
+try:
+    for i in range(100_000):
+        store.register_job(f"job{i}", {"pad": "x" * 2000})
+except PerseusError as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_full_disk_under_the_recurring_store_is_not_called_damage(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    db = folder / "history.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FILL_STORE, str(db)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kind, _, message = proc.stdout.strip().partition(" ")
+    assert kind == "PerseusError", proc.stdout  # not a ConfigError about the file
+    assert "the disk is full, over quota or failing; free space" in message, message
+    assert "backup" not in message and "not a usable SQLite database" not in message
+    # What was committed before the disk filled is still there.
+    from perseus.recurring.store import SQLiteStore
+
+    assert SQLiteStore(db).history("warm") == []
