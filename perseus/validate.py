@@ -16,6 +16,7 @@ __all__ = [
     "MAX_JOB_CELLS",
     "MAX_JOB_OPS",
     "MAX_LAYERS_PER_STAGE",
+    "MAX_LAYER_WEIGHT",
     "MESSAGE_LIMIT",
     "check_finite",
     "check_int",
@@ -35,6 +36,8 @@ MAX_JOB_CELLS = 20_000_000
 #: Most layers one pipeline stage may hold for two-clock ops (GPT-3 175B has 96 in all); the
 #: planner's cost grows with it.
 MAX_LAYERS_PER_STAGE = 1024
+#: Largest relative weight of one layer (``layer_time_fractions``): a stage's sum stays finite.
+MAX_LAYER_WEIGHT = 1e6
 #: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
 _BYTES_PER_CELL = 700
 
