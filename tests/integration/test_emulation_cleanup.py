@@ -19,8 +19,9 @@ from perseus.device.discovery import simulated_devices
 from tests.conftest import REPO
 
 ITERATIONS = 3
-#: When a worker ends: the iteration (and op) at which it raises or is signalled.
-ENDINGS = ("exit", "exception", "sigint")
+#: How a worker ends: it closes its session and returns, raises or is signalled at its second
+#: iteration, or returns without closing its session (the process's exit resets the GPU).
+ENDINGS = ("exit", "exception", "sigint", "unclosed")
 
 
 def run_worker(tmp: str, sim_dir: str, ending: str) -> None:
@@ -51,6 +52,14 @@ def run_worker(tmp: str, sim_dir: str, ending: str) -> None:
         point_index=1,
         watchdog=False,
     )
+    if ending == "unclosed":
+        session.start()
+        for _ in range(ITERATIONS):
+            with session.iteration():
+                for action in session.schedule.rank_actions[0]:
+                    with session.op(action):
+                        pass
+        return
     try:
         with session:
             for i in range(ITERATIONS):
