@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perseus.errors import InfeasibleError, PlanError
 from perseus.identity import GpuIdentity
+from perseus.validate import MAX_LAYER_WEIGHT, MAX_LAYERS_PER_STAGE
 
 __all__ = [
     "MAX_CLOCK_MHZ",
@@ -64,7 +65,8 @@ SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
-PositiveInt = Annotated[int, Field(ge=1)]
+#: A stage's layers, or those of one clock of a two-clock op: bounded as configs bound them.
+LayerCount = Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]
 #: No GPU clock is anywhere near 100 GHz; a larger number is a corrupted file.
 MAX_CLOCK_MHZ = 100_000
 ClockMHz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
@@ -80,7 +82,7 @@ PhaseSpec = tuple[ClockMHz, ClockMHz | None, Annotated[int, Field(ge=0, le=100_0
 #: a list of phases (:mod:`perseus.profile.two_clock`), at most 64.
 PlanOp = (
     ClockMHz
-    | tuple[ClockMHz, ClockMHz, PositiveInt]
+    | tuple[ClockMHz, ClockMHz, LayerCount]
     | Annotated[tuple[PhaseSpec, ...], Field(min_length=1, max_length=64)]
 )
 
@@ -91,10 +93,11 @@ class JobSpec(BaseModel):
     model_config = _FROZEN
 
     schedule: Annotated[str, Field(min_length=1, max_length=100)]
-    ranks: PositiveInt
-    stages: PositiveInt
-    microbatches: PositiveInt
-    virtual_stages: PositiveInt = 1
+    # The sizes a job config or the CLI accepts (perseus.io.config): far from any overflow.
+    ranks: Annotated[int, Field(ge=1, le=4096)]
+    stages: Annotated[int, Field(ge=1, le=4096)]
+    microbatches: Annotated[int, Field(ge=1, le=10_000_000)]
+    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
     blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
     profile_sha256: Annotated[str, Field(min_length=1, max_length=128)]
     p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
@@ -102,9 +105,12 @@ class JobSpec(BaseModel):
     profile_name: Annotated[str, Field(max_length=4096)] | None = None
     # Two-clock ops (perseus.profile.two_clock): layers per stage, an optional per-layer work
     # profile replacing the even split, and the modelled cost of a mid-op clock switch.
-    layers_per_stage: tuple[PositiveInt, ...] | None = None
+    layers_per_stage: Annotated[tuple[LayerCount, ...], Field(max_length=4096)] | None = None
     layer_time_fractions: (
-        tuple[tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...], ...] | None
+        tuple[
+            tuple[Annotated[float, Field(gt=0, le=MAX_LAYER_WEIGHT, allow_inf_nan=False)], ...], ...
+        ]
+        | None
     ) = None
     switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
     switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_JOB_CELLS",
     "MAX_JOB_OPS",
     "MAX_LAYERS_PER_STAGE",
+    "MAX_LAYER_WEIGHT",
     "MESSAGE_LIMIT",
     "Bounds",
     "JobDefaults",
@@ -90,6 +91,8 @@ class JobDefaults:
 JOB_DEFAULTS = JobDefaults()
 
 
+#: Largest relative weight of one layer (``layer_time_fractions``): a stage's sum stays finite.
+MAX_LAYER_WEIGHT = 1e6
 #: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
 _BYTES_PER_CELL = 700
 

@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from perseus.io.atomic import check_distinct_outputs
     from perseus.io.frontier_files import write_frontier
     from perseus.io.power_files import write_power_curve
     from perseus.solver import trace
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out)
     if args.power_curve is not None:
         check_output_file(args.power_curve, flag="--power-curve")
+    check_distinct_outputs({"-o": args.out, "--power-curve": args.power_curve})
     job = job_from_args(args)
     s = job.spec
     logger.info(

@@ -1,12 +1,14 @@
-"""Turn pydantic validation errors into perseus's one-line messages."""
+"""Turn pydantic validation errors and OS errors into perseus's one-line messages."""
 
 from __future__ import annotations
+
+import errno
 
 from pydantic import ValidationError
 
 from perseus.validate import show_value
 
-__all__ = ["describe_validation_error"]
+__all__ = ["describe_os_error", "describe_validation_error"]
 
 _SHAPES = {
     "tuple_type": "Input should be a valid array",
@@ -35,3 +37,17 @@ def describe_validation_error(
         if not isinstance(value, (dict, list, tuple)):
             got = f", got {show_value(value)}"
     return f"{source}: {noun} {where}: {msg}{got}{more}"
+
+
+#: Errors that say the disk (or this user's share of it) is full, not that a file is bad.
+_FULL = {
+    errno.ENOSPC: "the disk is full (ENOSPC)",
+    errno.EDQUOT: "the disk quota is exceeded (EDQUOT)",
+    errno.EFBIG: "the file size limit is reached (EFBIG)",
+}
+
+
+def describe_os_error(error: OSError) -> str:
+    """What went wrong, naming a full disk as one: ``"the disk is full (ENOSPC)"``, else the
+    system's own words (``"Permission denied"``)."""
+    return _FULL.get(error.errno or 0) or error.strerror or str(error)

@@ -36,17 +36,15 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import stat
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Any, Literal
+from typing import Literal
 
 from perseus.errors import ConfigError
+from perseus.io._signal_cleanup import SignalCleanup
 from perseus.io.reading import describe_file_type
 
 __all__ = [
@@ -54,6 +52,7 @@ __all__ = [
     "atomic_directory",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_distinct_outputs",
     "check_output_directory",
     "check_output_path",
     "open_output_dir",
@@ -145,6 +144,34 @@ def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
     )
 
 
+def check_distinct_outputs(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse two outputs that name one file (``-o F --power-curve F``, ``d/../F``, a link to
+    it, a hard link): the second write would silently replace the first. Devices, FIFOs and
+    descriptors (``/dev/null`` twice) are written through, so they may repeat. ``outputs``
+    maps each output's name in messages (``"--power-curve"``) to its path (None: not asked).
+
+    Raises:
+        ConfigError: ``"<name> <path>: the same file as <name> <path>; ..."``.
+    """
+    seen: dict[object, tuple[str, str]] = {}
+    for name, path in outputs.items():
+        if path is None or _std_fd(text := os.fspath(path)) is not None:
+            continue
+        try:
+            st = os.stat(text)
+            key: object = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+        except OSError:  # not there yet: where it would be created
+            key = os.path.realpath(text)
+        if key is not None and key in seen:
+            first, first_path = seen[key]
+            raise ConfigError(
+                f"{name} {text}: the same file as {first} {first_path}; give each output a "
+                "path of its own"
+            )
+        if key is not None:
+            seen[key] = (name, text)
+
+
 def _link_entry(p: Path, st: os.stat_result) -> Path:
     """The in-directory file a link of ours points to, else :class:`ConfigError`."""
     if st.st_uid not in (os.geteuid(), 0):
@@ -211,78 +238,6 @@ def check_output_directory(path: str | os.PathLike[str]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Signals: no temporary file survives a SIGTERM
-
-
-class _SignalCleanup:
-    """While temporaries exist, SIGTERM/SIGHUP remove them before the process ends.
-
-    If the signal's action is the default (end the process), the temporaries are removed and
-    the signal is delivered again with the default action. If the program installed a handler,
-    it runs when the last temporary is gone (renamed into place or removed), so that a handler
-    which only asks the program to stop does not find half a write. Only the main thread can
-    install handlers; elsewhere exceptions still clean up.
-    """
-
-    SIGNALS = tuple(
-        s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
-    )
-
-    def __init__(self) -> None:
-        self._removers: list[Callable[[], None]] = []
-        self._previous: dict[int, Any] = {}
-        self._pending: list[int] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def protect(self, remove: Callable[[], None]) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        if not self._removers:
-            self._install()
-        self._removers.append(remove)
-        try:
-            yield
-        finally:
-            self._removers.remove(remove)
-            if not self._removers:
-                self._uninstall()
-
-    def _install(self) -> None:
-        for sig in self.SIGNALS:
-            previous = signal.getsignal(sig)
-            if previous == signal.SIG_IGN:
-                continue
-            self._previous[int(sig)] = previous
-            signal.signal(sig, self._on_signal)
-
-    def _uninstall(self) -> None:
-        for sig, previous in self._previous.items():
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-        pending, self._pending = self._pending, []
-        for sig in pending:  # the program's own handler, now that nothing is half-written
-            signal.raise_signal(sig)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        if previous in (signal.SIG_DFL, None):
-            for remove in reversed(self._removers):
-                with contextlib.suppress(Exception):
-                    remove()
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if signum not in self._pending:
-            self._pending.append(signum)
-
-
-_CLEANUP = _SignalCleanup()
-
-
-# ---------------------------------------------------------------------------------------------
 # Writing
 
 
@@ -331,6 +286,8 @@ def _rmtree_at(dfd: int, name: str) -> None:
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _MAX_LINK_HOPS = 40
+#: Removes this process's temporaries on SIGTERM/SIGHUP (see the module docstring).
+_CLEANUP = SignalCleanup()
 
 
 def _walk_dir(folder: Path, *, create: bool) -> int | None:
@@ -412,9 +369,6 @@ def open_output_dir(folder: str | os.PathLike[str]) -> int:
     return fd
 
 
-_open_dir = open_output_dir
-
-
 def _check_dir(folder: Path) -> None:
     """Refuse now (before any work) what :func:`_walk_dir` would refuse at the write."""
     try:
@@ -436,7 +390,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _write_stream(p: Path, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    dfd = _open_dir(p.parent)
+    dfd = open_output_dir(p.parent)
     try:
         fd = os.open(p.name, flags, dir_fd=dfd)
     except OSError as e:
@@ -461,7 +415,7 @@ def _write_stream(p: Path, data: bytes) -> None:
 
 def _write_file(entry: Path, data: bytes) -> None:
     name = entry.name
-    dfd = _open_dir(entry.parent)
+    dfd = open_output_dir(entry.parent)
     try:
         _remove_stale_temps(dfd, name)
         tmp = _temp_name(name)
@@ -542,7 +496,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = check_output_directory(path)
     name = target.name
-    dfd = _open_dir(target.parent)
+    dfd = open_output_dir(target.parent)
     try:
         _remove_stale_temps(dfd, name)
         tmp_name = _temp_name(name)

@@ -1,7 +1,7 @@
 """Read and write profiles: Zeus/lowtime CSV and perseus's JSON form.
 
 CSV: a header with at least ``stage,instruction,frequency,time,energy`` (extra columns are
-ignored), one row per (stage, instruction, clock); ``time`` in seconds and ``energy`` in joules
+ignored; each column perseus reads is named once), one row per (stage, instruction, clock); ``time`` in seconds and ``energy`` in joules
 of one GPU per op. JSON: ``{"schema_version": 1, "rows": [{"stage": 0, "instruction":
 "forward", "frequency": 1410, "time": 0.05, "energy": 23.8}, ...]}``.
 
@@ -24,7 +24,7 @@ GPUs). Every (stage, instruction, clock) must have a row from each of the stage'
 ``pp_rank`` column, when present, must equal ``stage``.
 
 Phase-level CSV (for users who measure kernels with a profiler): two more columns,
-``first_layer`` and ``last_layer``, make each row one phase of an op, the layers
+``first_layer`` and ``last_layer`` (either one alone is refused), make each row one phase of an op, the layers
 ``first_layer..last_layer`` (inclusive) at one clock (pair), with that stretch's time and energy.
 For each (stage, instruction, clock) the phases must cover the stage's layers ``0..L-1`` once,
 in the same phases at every clock; ``L`` is the same for every instruction of a stage.
@@ -48,7 +48,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -172,9 +172,43 @@ def _read_text(p: Path) -> str:
 
 
 def _is_phase_csv(text: str) -> bool:
+    """Either phase column makes a phase-level file (whose header then needs both)."""
     first = text.split("\n", 1)[0]
     header = {h.strip().lower() for h in first.split(",")}
-    return all(c in header for c in PHASE_COLUMNS)
+    return any(c in header for c in PHASE_COLUMNS)
+
+
+#: Every column perseus reads; each may be named once (case and spaces ignored).
+_KNOWN_COLUMNS = (*REQUIRED_COLUMNS, *RANK_COLUMNS, MEM_COLUMN, *PHASE_COLUMNS)
+
+
+def _read_header(p: Path, reader: Any, phase: bool) -> list[str]:
+    """The CSV header, lower-cased; refuses a missing column and a column named twice (which
+    of the two would be read is a guess)."""
+    try:
+        header = [h.strip().lower() for h in next(reader)]
+    except (StopIteration, csv.Error) as e:
+        raise ProfileError(f"{p}:1: cannot read the CSV header ({e})") from None
+    need = REQUIRED_COLUMNS + (PHASE_COLUMNS if phase else ())
+    missing = [c for c in need if c not in header]
+    if missing:
+        what = "a phase-level header must contain" if phase else "the header must contain"
+        raise ProfileError(
+            f"{p}:1: missing column(s) {', '.join(missing)}; {what} {','.join(need)} (got "
+            f"{show_value(','.join(header), 120)})"
+        )
+    twice = [c for c in _KNOWN_COLUMNS if header.count(c) > 1]
+    if twice:
+        raise ProfileError(
+            f"{p}:1: column {twice[0]} is named {header.count(twice[0])} times; keep one"
+        )
+    orphans = [c for c in ("dp_rank", "tp_rank") if c in header and "rank" not in header]
+    if orphans:
+        raise ProfileError(
+            f"{p}:1: column {orphans[0]} without a rank column; a multi-rank profile gives each "
+            "row's global rank in `rank` (or drop the rank columns of a one-GPU profile)"
+        )
+    return header
 
 
 def _parse_layer(where: str, name: str, text: str) -> int:
@@ -187,16 +221,7 @@ def _parse_layer(where: str, name: str, text: str) -> int:
 
 def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
     reader = csv.reader(io.StringIO(text))
-    try:
-        header = [h.strip().lower() for h in next(reader)]
-    except (StopIteration, csv.Error) as e:
-        raise ProfileError(f"{p}:1: cannot read the CSV header ({e})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    if missing:
-        raise ProfileError(
-            f"{p}:1: missing column(s) {', '.join(missing)}; a phase-level header must contain "
-            f"{','.join(REQUIRED_COLUMNS + PHASE_COLUMNS)}"
-        )
+    header = _read_header(p, reader, phase=True)
     if any(c in header for c in RANK_COLUMNS):
         raise ProfileError(
             f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
@@ -306,16 +331,7 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
     reader = csv.reader(io.StringIO(text))
-    try:
-        header = [h.strip().lower() for h in next(reader)]
-    except (StopIteration, csv.Error) as e:
-        raise ProfileError(f"{p}:1: cannot read the CSV header ({e})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    if missing:
-        raise ProfileError(
-            f"{p}:1: missing column(s) {', '.join(missing)}; the header must contain "
-            f"{','.join(REQUIRED_COLUMNS)} (got {show_value(','.join(header), 120)})"
-        )
+    header = _read_header(p, reader, phase=False)
     col = {name: header.index(name) for name in REQUIRED_COLUMNS}
     rank_cols = {name: header.index(name) for name in RANK_COLUMNS if name in header}
     mem_col = header.index(MEM_COLUMN) if MEM_COLUMN in header else None
@@ -499,13 +515,31 @@ def _parse_json(p: Path, text: str) -> list[Row]:
     return rows
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _check_json_syntax(p: Path, text: str) -> None:
     """Report a JSON syntax error at its real line and column (stdlib parser); NaN/Infinity
     pass here and are refused by the schema, which names the field."""
     try:
-        json.loads(text)
+        json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+    except _DuplicateKey as e:
+        raise ProfileError(
+            f"{p}: key {show_value(e.args[0])} appears twice in one object (which one counts "
+            "would be a guess); keep one"
+        ) from None
     except RecursionError:
         raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
 

@@ -42,7 +42,7 @@ from typing import NamedTuple, cast
 
 from perseus.errors import ConfigError, PlanError
 from perseus.profile.model import OpOption
-from perseus.validate import JOB_DEFAULTS
+from perseus.validate import JOB_DEFAULTS, MAX_LAYER_WEIGHT, show_value
 
 __all__ = [
     "DEFAULT_SWITCH_ENERGY_J",
@@ -261,10 +261,11 @@ def build_layer_split(
             )
         rows = []
         for s, (weights, n) in enumerate(zip(layer_time_fractions, layers, strict=True)):
-            if len(weights) != n or any(not (math.isfinite(w) and w > 0) for w in weights):
+            if len(weights) != n or any(not 0 < w <= MAX_LAYER_WEIGHT for w in weights):
                 raise ConfigError(
-                    f"layer_time_fractions[{s}] must hold {n} positive weights (one per layer "
-                    f"of stage {s}), got {list(weights)}"
+                    f"layer_time_fractions[{s}] must hold {n} weights in (0, "
+                    f"{MAX_LAYER_WEIGHT:g}] (one per layer of stage {s}), got "
+                    f"{show_value(list(weights), 120)}"
                 )
             total = math.fsum(weights)
             rows.append(tuple(w / total for w in weights))

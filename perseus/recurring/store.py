@@ -518,6 +518,16 @@ class SQLiteStore(SQLStore):
                     f"{self.path}: database busy for over {self.busy_timeout_s:g} s ({text}); "
                     "try again"
                 ) from e
+            # SQLITE_FULL, SQLITE_IOERR (a write past a quota or file size limit): the disk,
+            # not the database; SQLite rolled the transaction back.
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF in (
+                sqlite3.SQLITE_FULL,
+                sqlite3.SQLITE_IOERR,
+            ):
+                raise PerseusError(
+                    f"{self.path}: cannot write the database ({text}): the disk is full, over "
+                    "quota or failing; free space and try again (the database is not damaged)"
+                ) from e
             raise self._damaged(e) from e
         except sqlite3.IntegrityError as e:
             raise ConfigError(

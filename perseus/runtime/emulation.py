@@ -30,12 +30,12 @@ GPUs' set latency and counter period by the same factor (a consistently faster d
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import tempfile
 import warnings
 from collections.abc import Callable
+from multiprocessing.util import Finalize
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +231,8 @@ def start_emulation(
     with a profile's full backward split into ``B`` (``backward_split``) and ``W`` where the
     schedule has weight actions the GPU does not price; the pipeline's rank 0 makes the shared
     timeline there. At exit each process removes what it put in the job's directory (after the
-    agent's own exit reset, registered later, has run) and the last one out the directory.
+    agent's own exit reset has run) and the last one out the directory, however the process
+    was started (a plain process, torchrun, or a multiprocessing worker, forked or spawned).
 
     Returns:
         The placed GPU and the emulator that launches actions on it.
@@ -258,7 +259,11 @@ def start_emulation(
     mine = [path.name] if rank == 0 else []
     if gpu.state_dir == job_dir:
         mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
-    atexit.register(_remove_job_files, job_dir, mine)
+    # At this process's exit, after the agent's own exit reset: multiprocessing runs its
+    # finalizers from the atexit hook it registered on import (before the agent registers its
+    # own, so after it) and, in a worker it started, when the worker's target returns, where a
+    # fork-started worker never runs atexit (torch.multiprocessing's start_method="fork").
+    Finalize(None, _remove_job_files, args=(job_dir, mine), exitpriority=0)
     return gpu, StreamEmulator(gpu, timeline)
 
 

@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import csv as csvlib
+import errno
 import json
 import logging
 import os
+import re
+import socket
 import stat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,7 +47,8 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from perseus.errors import ConfigError
-from perseus.io.atomic import open_output_dir
+from perseus.io._errors import describe_os_error
+from perseus.io.atomic import check_distinct_outputs, open_output_dir
 from perseus.plan import Frontier, PlanOp
 from perseus.profile.two_clock import op_phases
 from perseus.runtime.agent.readback import HeldOp
@@ -196,7 +200,10 @@ class MetricsSink:
             session's group at each boundary; all ranks must have a sink).
 
     Raises:
-        ConfigError: no output asked for, a bad port or label name.
+        ConfigError: one line: no output asked for, a port that is not an integer in
+            0..65535, an address that is not a string, labels that are not a dict of valid
+            Prometheus label names to strings; at :meth:`attach`: one path for both files, a
+            port in use or an address that cannot be bound, a file that cannot be created.
     """
 
     def __init__(
@@ -211,23 +218,9 @@ class MetricsSink:
         labels: dict[str, str] | None = None,
         pipeline: bool = True,
     ) -> None:
-        if (
-            jsonl is None
-            and csv is None
-            and prometheus_registry is None
-            and prometheus_port is None
-        ):
-            raise ConfigError(
-                "MetricsSink needs an output: `jsonl`, `csv`, `prometheus_registry` or "
-                "`prometheus_port`"
-            )
-        if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
-            raise ConfigError(f"`prometheus_port` must be in [0, 65535], got {prometheus_port}")
-        bad = [k for k in labels or {} if not k.isidentifier() or k in ("rank", "scope", "bound")]
-        if bad:
-            raise ConfigError(
-                f"`labels`: {bad} cannot be label names (identifiers other than rank, scope, bound)"
-            )
+        _check_arguments(jsonl, csv, prometheus_registry, prometheus_port, prometheus_addr, labels)
+        if not isinstance(pipeline, bool):
+            raise ConfigError(f"MetricsSink: `pipeline` must be True or False, got {pipeline!r}")
         self.session = session
         self._paths = {
             kind: Path(str(path).replace("{rank}", str(session.rank)))
@@ -256,15 +249,23 @@ class MetricsSink:
         """Open the outputs and subscribe to the session's boundaries (idempotent)."""
         if self._attached:
             return self
+        check_distinct_outputs({f"MetricsSink `{k}`": p for k, p in self._paths.items()})
         try:
             for kind, path in self._paths.items():
                 self._files[kind] = _open_log(path)
             if "csv" in self._files:
                 self._csv = csvlib.writer(self._files["csv"], lineterminator="\n")
-                self._csv.writerow(CSV_FIELDS)
+                try:
+                    self._csv.writerow(CSV_FIELDS)
+                except OSError as e:
+                    raise ConfigError(
+                        f"{self._paths['csv']}: cannot write the metrics file "
+                        f"({describe_os_error(e)}); free space or choose another path"
+                    ) from e
             if self._registry is not None or self._port is not None:
                 self._start_prometheus()
         except BaseException:
+            self._drop_files()  # what could not be written is not reported twice
             self.close()
             raise
         self.session.add_boundary_hook(self)
@@ -276,10 +277,7 @@ class MetricsSink:
         if self._attached:
             self.session.remove_boundary_hook(self)
             self._attached = False
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-        self._csv = None
+        self._close_files()
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
@@ -325,16 +323,32 @@ class MetricsSink:
             if self._csv is not None:
                 self._csv.writerow(_csv_row(record))
         except OSError as e:
-            _log.warning(
-                "metrics files: cannot write (%s); no further records are written to %s",
-                e,
-                ", ".join(str(p) for p in self._paths.values()),
-            )
+            self._stop_writing(e)
+
+    def _stop_writing(self, e: OSError) -> None:
+        _log.warning(
+            "metrics files: cannot write (%s); no further records are written to %s",
+            describe_os_error(e),
+            ", ".join(str(p) for p in self._paths.values()),
+        )
+        self._drop_files()
+
+    def _drop_files(self) -> None:
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._files.clear()
+        self._csv = None
+
+    def _close_files(self) -> None:
+        # Closing flushes the last line: a full disk then is reported as in _write, not raised.
+        try:
             for f in self._files.values():
-                with contextlib.suppress(OSError):
-                    f.close()
-            self._files.clear()
-            self._csv = None
+                f.close()
+        except OSError as e:
+            self._stop_writing(e)
+        self._files.clear()
+        self._csv = None
 
     def _start_prometheus(self) -> None:
         try:
@@ -348,10 +362,7 @@ class MetricsSink:
             registry = prometheus_client.CollectorRegistry()
         self._gauges = _Gauges(prometheus_client, registry, self.session.rank, self._labels)
         if self._port is not None:
-            server, _thread = prometheus_client.start_http_server(
-                self._port, addr=self._addr, registry=registry
-            )
-            self._server = server
+            self._server = _serve(prometheus_client, self._port, self._addr, registry)
             _log.info(
                 "Prometheus metrics on http://%s:%d/metrics", self._addr, self.prometheus_port
             )
@@ -458,7 +469,7 @@ def _open_log(path: Path) -> TextIO:
             os.close(dfd)
     except OSError as e:
         raise ConfigError(
-            f"{path}: cannot open the metrics file ({e.strerror}); choose another path"
+            f"{path}: cannot open the metrics file ({describe_os_error(e)}); choose another path"
         ) from e
     try:
         st = os.fstat(fd)
@@ -472,3 +483,79 @@ def _open_log(path: Path) -> TextIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+#: Prometheus label names (the exposition format's rule); ``__`` is reserved for Prometheus.
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,99}$")
+_OWN_LABELS = ("rank", "scope", "bound")
+
+
+def _check_arguments(
+    jsonl: object, csv: object, registry: object, port: object, addr: object, labels: object
+) -> None:
+    """One :class:`ConfigError` line for the first bad argument of :class:`MetricsSink`."""
+    if jsonl is None and csv is None and registry is None and port is None:
+        raise ConfigError(
+            "MetricsSink needs an output: `jsonl`, `csv`, `prometheus_registry` or "
+            "`prometheus_port`"
+        )
+    for name, path in (("jsonl", jsonl), ("csv", csv)):
+        if path is not None and (not isinstance(path, str | os.PathLike) or not str(path)):
+            raise ConfigError(f"MetricsSink: `{name}` must be a file path, got {path!r:.60}")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise ConfigError(
+            f"MetricsSink: `prometheus_port` must be an integer in [0, 65535] (0: any free "
+            f"port), got {port!r:.40}"
+        )
+    if not isinstance(addr, str) or not addr.strip():
+        raise ConfigError(
+            f"MetricsSink: `prometheus_addr` must be an address such as '127.0.0.1' or "
+            f"'0.0.0.0', got {addr!r:.60}"
+        )
+    if registry is not None and not callable(getattr(registry, "register", None)):
+        raise ConfigError(
+            "MetricsSink: `prometheus_registry` must be a prometheus_client.CollectorRegistry, "
+            f"got {type(registry).__name__}"
+        )
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        raise ConfigError(
+            f"MetricsSink: `labels` must be a dict of label name to value, got "
+            f"{type(labels).__name__}"
+        )
+    for key, value in labels.items():
+        if not isinstance(key, str) or not _LABEL_NAME.match(key) or key.startswith("__"):
+            raise ConfigError(
+                f"MetricsSink: `labels` key {key!r:.60} is not a Prometheus label name "
+                "(letters, digits and _, not starting with a digit or __)"
+            )
+        if key in _OWN_LABELS:
+            raise ConfigError(
+                f"MetricsSink: `labels` key {key!r} is one perseus sets itself "
+                f"({', '.join(_OWN_LABELS)}); rename it"
+            )
+        if not isinstance(value, str):
+            raise ConfigError(f"MetricsSink: `labels[{key!r}]` must be a string, got {value!r:.60}")
+
+
+def _serve(client: Any, port: int, addr: str, registry: Any) -> Any:
+    """Start the HTTP server, or one :class:`ConfigError` line naming why it cannot."""
+    try:
+        server, _thread = client.start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            why = "is in use by another process; pick another with prometheus_port=... (0: any free port)"
+        elif e.errno == errno.EACCES:
+            why = "needs privileges (ports below 1024); pick another with prometheus_port=..."
+        elif isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            why = (
+                f"cannot be bound: {addr!r} is not an address of this host ({e.strerror or e}); "
+                "pass another prometheus_addr= (127.0.0.1, 0.0.0.0)"
+            )
+        else:
+            why = f"cannot be served ({describe_os_error(e)})"
+        raise ConfigError(f"MetricsSink: port {port} on {addr} {why}") from None
+    return server

@@ -120,7 +120,8 @@ FRONTIER_CASES = [
     ("job.stages string", _frontier(_set("job.stages", "8")), ["job.stages"]),
     ("job.microbatches true", _frontier(_set("job.microbatches", True)), ["job.microbatches"]),
     ("job.microbatches wrong", _frontier(_set("job.microbatches", 5)), ["stage_ops"]),
-    ("job.microbatches huge", _frontier(_set("job.microbatches", 10**9)), ["job", "GB"]),
+    ("job.microbatches huge", _frontier(_set("job.microbatches", 10**6)), ["job", "GB"]),
+    ("job.microbatches 1e9", _frontier(_set("job.microbatches", 10**9)), ["job.microbatches"]),
     ("job.ranks 0", _frontier(_set("job.ranks", 0)), ["job.ranks"]),
     ("job.ranks wrong", _frontier(_set("job.ranks", 4)), ["ranks"]),
     ("job.schedule unknown", _frontier(_set("job.schedule", "bogus")), ["job.schedule"]),
@@ -180,6 +181,35 @@ FRONTIER_CASES = [
         "a profile instead",
         _frontier_raw(lambda t: '{"schema_version": 1, "rows": []}'),
         ["bad.json"],
+    ),
+]
+
+# Every number bounded so that arithmetic on it cannot overflow (an internal error, or a plan
+# accepted that no job can have).
+FRONTIER_CASES += [
+    (
+        "layers per stage 1e30",
+        _frontier(_set("job.layers_per_stage", [10**30] * 8)),
+        ["job.layers_per_stage.0", "less than or equal to 1024"],
+    ),
+    (
+        "layer weights 1e308",
+        _frontier(
+            lambda d: d["job"].update(
+                layers_per_stage=[2] * 8, layer_time_fractions=[[1e308] * 2] * 8
+            )
+        ),
+        ["job.layer_time_fractions.0.0", "less than or equal to 1000000"],
+    ),
+    (
+        "two-clock op with 1e30 layers",
+        _frontier(_set("points.0.freqs_mhz.0.0", [1410, 1200, 10**30]), True),
+        ["points.0.freqs_mhz.0.0"],
+    ),
+    (
+        "ranks 1e30",
+        _frontier(_set("job.ranks", 10**30)),
+        ["job.ranks", "less than or equal to 4096"],
     ),
 ]
 

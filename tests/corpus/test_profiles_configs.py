@@ -42,6 +42,15 @@ def _drop(lines: list[str], pred: Callable[[list[str]], bool]) -> str:
     return "\n".join([lines[0]] + [ln for ln in lines[1:] if not pred(ln.split(","))]) + "\n"
 
 
+def _with_columns(names: str, values: str) -> Callable[[Path, dict[str, Path]], dict[str, str]]:
+    """The valid CSV with columns ``names`` appended, every row holding ``values``."""
+    return _csv_text(
+        lambda lines: (
+            "\n".join([f"{lines[0]},{names}"] + [f"{ln},{values}" for ln in lines[1:]]) + "\n"
+        )
+    )
+
+
 def _multi_rank(
     mutate: Callable[[list[str]], list[str]],
 ) -> Callable[[Path, dict[str, Path]], dict[str, str]]:
@@ -130,6 +139,33 @@ PROFILE_CSV_CASES: list[
         ["rank"],
     ),
     ("multi-rank: duplicate rank row", _multi_rank(lambda out: [*out, out[1]]), ["duplicate"]),
+    # Headers are read exactly: which of two same-named columns counts would be a guess, and a
+    # lone phase column would be dropped and the file read as an op-level profile.
+    (
+        "mem_freq_mhz named twice",
+        _with_columns("mem_freq_mhz,mem_freq_mhz", "1215,1593"),
+        ["bad.csv:1:", "column mem_freq_mhz is named 2 times"],
+    ),
+    (
+        "stage named twice (case differs)",
+        _with_columns("Stage", "5"),
+        ["bad.csv:1:", "column stage is named 2 times"],
+    ),
+    (
+        "first_layer without last_layer",
+        _with_columns("first_layer", "0"),
+        ["bad.csv:1:", "missing column(s) last_layer; a phase-level header must contain"],
+    ),
+    (
+        "last_layer without first_layer",
+        _with_columns("last_layer", "0"),
+        ["bad.csv:1:", "missing column(s) first_layer; a phase-level header must contain"],
+    ),
+    (
+        "tp_rank without rank",
+        _with_columns("tp_rank", "0"),
+        ["bad.csv:1:", "column tp_rank without a rank column"],
+    ),
 ]
 
 
@@ -186,6 +222,15 @@ PROFILE_JSON_CASES = [
     ("top-level list", _json_profile(lambda d: [1, 2]), ["bad.json"]),
     ("instruction unknown", _json_profile(_row0("instruction", "fwd")), ["rows.0.instruction"]),
     ("json duplicate row", _json_profile(lambda d: d["rows"].append(d["rows"][0])), ["duplicate"]),
+    (
+        "json key named twice",
+        _json_profile(
+            lambda d: None,
+            raw='{"rows": [{"stage": 0, "instruction": "forward", "frequency": 1410, "time": 1, '
+            '"energy": 1, "time": 2}]}',
+        ),
+        ["bad.json: key 'time' appears twice"],
+    ),
 ]
 
 PROFILE_COMMANDS = {

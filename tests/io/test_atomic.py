@@ -281,3 +281,28 @@ def test_a_programs_sigterm_handler_runs_after_the_write(tmp_path: Path) -> None
     assert out == f"done [{int(signal.SIGTERM)}]\n"  # not swallowed: delivered after the write
     assert (tmp_path / "out.json").read_text() == "x" * 100
     assert _names(tmp_path) == ["out.json"]
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
+    from perseus.io.atomic import check_distinct_outputs
+
+    (tmp_path / "sub").mkdir()
+    out = tmp_path / "out.json"
+    same = [
+        str(out),  # not there yet: the same name
+        str(tmp_path / "sub" / ".." / "out.json"),
+    ]
+    for other in same:
+        with pytest.raises(ConfigError, match=r"^--power-curve .*: the same file as -o "):
+            check_distinct_outputs({"-o": out, "--power-curve": other})
+    out.write_text("{}")
+    (tmp_path / "link.json").symlink_to("out.json")
+    os.link(out, tmp_path / "hard.json")
+    for other in ("link.json", "hard.json"):
+        with pytest.raises(ConfigError, match="the same file as"):
+            check_distinct_outputs({"-o": out, "--power-curve": tmp_path / other})
+    # Distinct files, an output not asked for, and a device named twice are fine.
+    check_distinct_outputs({"-o": out, "--power-curve": tmp_path / "curve.csv"})
+    check_distinct_outputs({"-o": out, "--power-curve": None})
+    check_distinct_outputs({"-o": "/dev/null", "--power-curve": "/dev/null"})
+    assert out.read_text() == "{}"

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import socket
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from perseus import IterationMetrics, MetricsSink, RankSession, SimulatedGPU, make_job
 from perseus.errors import ConfigError
 from perseus.io import load_profile
+from perseus.runtime import metrics as metrics_module
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.metrics import CSV_FIELDS, iteration_metrics
 from perseus.runtime.session import IterationStats
@@ -168,3 +172,100 @@ def test_outputs_are_checked_and_files_never_followed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="one link"):
         MetricsSink(session, jsonl=hard).attach()
     assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prometheus_port": "9100"}, r"`prometheus_port` must be an integer in \[0, 65535\]"),
+        ({"prometheus_port": 9100.5}, "`prometheus_port` must be an integer"),
+        ({"prometheus_port": True}, "`prometheus_port` must be an integer"),
+        ({"prometheus_port": -1}, "`prometheus_port` must be an integer"),
+        ({"prometheus_port": 0, "prometheus_addr": 5}, "`prometheus_addr` must be an address"),
+        ({"prometheus_port": 0, "prometheus_addr": ""}, "`prometheus_addr` must be an address"),
+        ({"jsonl": "m.jsonl", "labels": ["job"]}, "`labels` must be a dict"),
+        ({"jsonl": "m.jsonl", "labels": {1: "a"}}, "not a Prometheus label name"),
+        ({"jsonl": "m.jsonl", "labels": {"__x": "a"}}, "not a Prometheus label name"),
+        ({"jsonl": "m.jsonl", "labels": {"jöb": "a"}}, "not a Prometheus label name"),
+        ({"jsonl": "m.jsonl", "labels": {"job": 5}}, r"`labels\['job'\]` must be a string"),
+        ({"jsonl": "m.jsonl", "labels": {"scope": "a"}}, "one perseus sets itself"),
+        ({"jsonl": 5}, "`jsonl` must be a file path"),
+        ({"jsonl": "m.jsonl", "pipeline": "yes"}, "`pipeline` must be True or False"),
+        ({"prometheus_registry": 5}, "must be a prometheus_client.CollectorRegistry"),
+    ],
+)
+def test_bad_arguments_are_one_line_config_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, object], match: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths land here if accepted
+    session = _emulated_session(tmp_path)
+    with pytest.raises(ConfigError, match=match) as caught:
+        MetricsSink(session, **kwargs).attach()  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("MetricsSink")
+
+
+def test_a_taken_port_and_an_unknown_address_are_named(tmp_path: Path) -> None:
+    session = _emulated_session(tmp_path)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    port = squatter.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError) as caught:
+            MetricsSink(session, prometheus_port=port).attach()
+        assert str(caught.value) == (
+            f"MetricsSink: port {port} on 127.0.0.1 is in use by another process; pick another "
+            "with prometheus_port=... (0: any free port)"
+        )
+    finally:
+        squatter.close()
+    with pytest.raises(ConfigError, match="is not an address of this host"):
+        MetricsSink(session, prometheus_port=0, prometheus_addr="no-such-host.invalid").attach()
+
+
+def test_one_path_for_both_files_is_refused(tmp_path: Path) -> None:
+    session = _emulated_session(tmp_path)
+    (tmp_path / "d").mkdir()
+    for csv_path in (tmp_path / "m.log", tmp_path / "d" / ".." / "m.log"):
+        sink = MetricsSink(session, jsonl=tmp_path / "m.log", csv=csv_path)
+        with pytest.raises(ConfigError, match=r"MetricsSink `csv` .*the same file as"):
+            sink.attach()
+    assert not (tmp_path / "m.log").exists()  # refused before anything was opened
+
+
+def _disk_fills_after_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each metrics file, once opened, writes to ``/dev/full``: every write fails with ENOSPC
+    at the system call, as on a full disk."""
+    real = metrics_module._open_log
+
+    def on_full_disk(path: Path) -> Any:
+        f = real(path)
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, f.fileno())
+        os.close(full)
+        return f
+
+    monkeypatch.setattr(metrics_module, "_open_log", on_full_disk)
+
+
+def test_a_full_disk_is_named_and_never_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux)")
+    _disk_fills_after_open(monkeypatch)
+    session = _emulated_session(tmp_path)
+    # Full before the run: the CSV header cannot be written; one line says why.
+    with pytest.raises(ConfigError) as caught:
+        MetricsSink(session, csv=tmp_path / "m.csv").attach()
+    assert str(caught.value) == (
+        f"{tmp_path / 'm.csv'}: cannot write the metrics file (the disk is full (ENOSPC)); "
+        "free space or choose another path"
+    )
+    # Full during the run: one warning naming the full disk, and the run goes on.
+    sink = MetricsSink(session, jsonl=tmp_path / "m.jsonl")
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.metrics"), session, sink:
+        _run(session, 2)
+    assert len(session.history) == 2
+    warned = [r.getMessage() for r in caplog.records if "metrics files" in r.getMessage()]
+    assert len(warned) == 1 and "the disk is full (ENOSPC)" in warned[0], warned

@@ -342,3 +342,64 @@ def test_links_and_fifos_planted_in_a_shared_directory_are_not_followed(
     for name, st in before.items():  # the attacker's links and FIFO are as they were
         assert (after[name].st_mode, after[name].st_ino) == (st.st_mode, st.st_ino)
     no_temporaries(planted, private, work)
+
+
+# ------------------------------------------------------------------- two outputs, one file
+
+
+@pytest.mark.parametrize("curve", ["F.json", "sub/../F.json", "link.json", "hard.json"])
+def test_one_file_named_for_two_outputs_is_refused(work: Path, curve: str) -> None:
+    """``-o F --power-curve F`` would replace the frontier with the power curve."""
+    (work / "sub").mkdir()
+    (work / "F.json").write_text("keep\n")
+    (work / "link.json").symlink_to("F.json")
+    os.link(work / "F.json", work / "hard.json")
+    before = sorted(p.name for p in work.iterdir())
+    argv = ["frontier", "a100", "--microbatches", "4", "--no-progress", "-o", "F.json"]
+    result = perseus([*argv, "--power-curve", curve], work)
+    assert_refused(result, "--power-curve", "the same file as -o F.json")
+    assert (work / "F.json").read_text() == "keep\n"
+    assert sorted(p.name for p in work.iterdir()) == before
+    no_temporaries(work)
+
+
+# ------------------------------------------------------------------- a full disk
+
+
+_FILL_STORE = """
+import resource, signal, sys
+from perseus.errors import PerseusError
+from perseus.recurring.store import SQLiteStore
+store = SQLiteStore(sys.argv[1])
+store.register_job("warm", {"x": 1})
+# A file size limit fails writes as a full disk does (EFBIG; SQLite: disk I/O error / full).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
+try:
+    for i in range(100_000):
+        store.register_job(f"job{i}", {"pad": "x" * 2000})
+except PerseusError as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_full_disk_under_the_recurring_store_is_not_called_damage(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    folder.mkdir(mode=0o700)
+    db = folder / "history.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FILL_STORE, str(db)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kind, _, message = proc.stdout.strip().partition(" ")
+    assert kind == "PerseusError", proc.stdout  # not a ConfigError about the file
+    assert "the disk is full, over quota or failing; free space" in message, message
+    assert "backup" not in message and "not a usable SQLite database" not in message
+    # What was committed before the disk filled is still there.
+    from perseus.recurring.store import SQLiteStore
+
+    assert SQLiteStore(db).history("warm") == []

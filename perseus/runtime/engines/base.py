@@ -37,6 +37,7 @@ __all__ = [
     "ManualEngine",
     "OpContextFactory",
     "check_engine_version",
+    "eval_in_iteration",
     "parse_version",
 ]
 
@@ -97,6 +98,19 @@ class ManualEngine:
 
 def _nothing() -> None:
     return None
+
+
+def eval_in_iteration(call: str) -> ConfigError:
+    """The error every adapter raises for an evaluation pass inside a training iteration.
+
+    ``call`` is the engine's own words (``"engine.eval_batch()"``): the device time of such a
+    pass would count as the iteration's, and its ops are not the plan's.
+    """
+    return ConfigError(
+        f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
+        "inside a training iteration; evaluate between iterations, where it runs untouched at "
+        "the current clock"
+    )
 
 
 def parse_version(text: str) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -143,18 +143,23 @@ def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
 
 
 @contextmanager
-def instrument_deepspeed(engine: Any, factory: OpContextFactory) -> Iterator[list[Action]]:
+def instrument_deepspeed(
+    engine: Any, factory: OpContextFactory, in_iteration: Callable[[], bool] = lambda: False
+) -> Iterator[list[Action]]:
     """Run every forward/backward pass of a ``PipelineEngine``'s training batches in ``factory``.
 
     Args:
         engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
         factory: Called with each action about to run; returns a context manager.
+        in_iteration: Whether a training iteration is open: an evaluation batch then is
+            refused (before it communicates, so every stage refuses it alike).
 
     Yields:
         The list of actions seen so far (appended as they run).
 
     Raises:
-        ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented.
+        ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented; from
+            ``engine.eval_batch()`` inside a training iteration.
     """
     ds = check_deepspeed_version()
     if not isinstance(engine, ds.engine_class):
@@ -184,7 +189,10 @@ def instrument_deepspeed(engine: Any, factory: OpContextFactory) -> Iterator[lis
     original_exec = engine._exec_schedule
 
     def exec_schedule(pipe_schedule: Any) -> Any:
-        state.update({"training": isinstance(pipe_schedule, sched_mod.TrainSchedule)})
+        training = isinstance(pipe_schedule, sched_mod.TrainSchedule)
+        if not training and in_iteration():
+            raise eval_in_iteration("engine.eval_batch()")
+        state.update({"training": training})
         state[Kind.F] = state[Kind.B] = 0
         try:
             return original_exec(pipe_schedule)
@@ -246,7 +254,7 @@ class DeepSpeedEngine:
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_deepspeed` until the returned undo is called."""
-        hooks = instrument_deepspeed(self.engine, op)
+        hooks = instrument_deepspeed(self.engine, op, in_iteration)
         hooks.__enter__()
 
         def detach() -> None:

@@ -38,13 +38,14 @@ Three parts:
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -64,13 +65,18 @@ MIN_MEGATRON_VERSION = (0, 16)
 #: The versions the ``megatron`` extra allows (tested: 0.16.1).
 TESTED_VERSIONS = ">=0.16.1,<0.17"
 
+#: The schedule functions a user calls (``get_forward_backward_func()`` returns one of them).
+_FORWARD_BACKWARD_NAMES = (
+    "forward_backward_no_pipelining",
+    "forward_backward_pipelining_without_interleaving",
+    "forward_backward_pipelining_with_interleaving",
+)
 _SCHEDULE_NAMES = (
     "forward_step",
     "backward_step",
     "get_schedule_table",
     "get_pp_rank_microbatches",
-    "forward_backward_pipelining_without_interleaving",
-    "forward_backward_pipelining_with_interleaving",
+    *_FORWARD_BACKWARD_NAMES,
 )
 _P2P_NAMES = (
     "P2PCommunicator._communicate",
@@ -208,24 +214,31 @@ _installed: list[bool] = []  # guards against nesting (the hooks are module glob
 
 @contextmanager
 def instrument_megatron(
-    num_ranks: int, rank: int, factory: OpContextFactory
+    num_ranks: int,
+    rank: int,
+    factory: OpContextFactory,
+    in_iteration: Callable[[], bool] = lambda: False,
 ) -> Iterator[list[Action]]:
     """Run every forward/backward step of Megatron's pipeline schedules inside ``factory``.
 
     For the duration of the ``with`` block, the module globals ``forward_step`` and
     ``backward_step`` of ``megatron.core.pipeline_parallel.schedules`` are wrappers; they are
-    restored on exit. Steps run with gradients disabled (evaluation) are not instrumented.
+    restored on exit. Evaluation (``forward_only=True``, or gradients disabled) is not
+    instrumented, and is refused inside a training iteration: by the schedule functions'
+    wrappers (module globals too) before any communication, else at its first forward step.
 
     Args:
         num_ranks: Pipeline-parallel size (maps model chunk ``c`` to stage ``c * R + rank``).
         rank: This process's pipeline rank.
         factory: Called with each action about to run; returns a context manager.
+        in_iteration: Whether a training iteration is open.
 
     Yields:
         The list of actions seen so far (appended as they run), for checks and logs.
 
     Raises:
-        ConfigError: if the hooks are already installed in this process.
+        ConfigError: if the hooks are already installed in this process; from an evaluation
+            pass inside a training iteration.
     """
     mc = check_megatron_version()
     if _installed:
@@ -235,11 +248,30 @@ def instrument_megatron(
     seen: list[Action] = []
     pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
 
+    originals = {name: getattr(schedules, name) for name in _FORWARD_BACKWARD_NAMES}
+
+    def refuse_eval(kwargs: dict[str, Any]) -> None:
+        import torch
+
+        if in_iteration() and (kwargs.get("forward_only") or not torch.is_grad_enabled()):
+            flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
+            raise eval_in_iteration(f"forward_backward_func(..., {flag})")
+
+    def schedule_function(original: Any) -> Any:
+        @functools.wraps(original)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            refuse_eval(kwargs)
+            return original(*args, **kwargs)
+
+        return run
+
     @functools.wraps(original_fwd)
     def forward_step(*args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if not torch.is_grad_enabled():
+        forward_only = _calling_forward_only(schedules)
+        if forward_only or not torch.is_grad_enabled():
+            refuse_eval({"forward_only": forward_only})  # a schedule function held from before
             return original_fwd(*args, **kwargs)
         chunk = kwargs.get("vp_stage") or 0
         microbatch = kwargs.get("current_microbatch")
@@ -270,11 +302,28 @@ def instrument_megatron(
 
     _installed.append(True)
     schedules.forward_step, schedules.backward_step = forward_step, backward_step
+    for name, original in originals.items():
+        setattr(schedules, name, schedule_function(original))
     try:
         yield seen
     finally:
         schedules.forward_step, schedules.backward_step = original_fwd, original_bwd
+        for name, original in originals.items():
+            setattr(schedules, name, original)
         _installed.clear()
+
+
+def _calling_forward_only(schedules: types.ModuleType) -> bool:
+    """The ``forward_only`` argument of the schedule function that called ``forward_step``
+    (found on the stack: a forward step does not receive it; a few frames up at most)."""
+    frame: types.FrameType | None = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_globals is vars(schedules) and frame.f_code.co_name in _FORWARD_BACKWARD_NAMES:
+            return bool(frame.f_locals.get("forward_only", False))
+        frame = frame.f_back
+    return False
 
 
 class MegatronEngine:
@@ -328,7 +377,7 @@ class MegatronEngine:
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_megatron` until the returned undo is called."""
-        hooks = instrument_megatron(self._schedule.num_ranks, self._rank, op)
+        hooks = instrument_megatron(self._schedule.num_ranks, self._rank, op, in_iteration)
         hooks.__enter__()
 
         def detach() -> None:

@@ -48,13 +48,14 @@ Two directions:
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from perseus.errors import ConfigError, PlanError, ProfileError, ScheduleError
+from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.profile.model import Profile
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
@@ -538,34 +539,38 @@ class TorchPipelining:
         return all(getattr(s, "has_backward", True) for s in self.stages)
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
-        """Wrap the stages' compute methods; ``schedule.eval()`` passes skip ``op``."""
+        """Wrap the stages' compute methods; ``schedule.eval()`` passes skip ``op``, and are
+        refused inside an iteration when called (before they communicate, so every rank
+        refuses alike), else at their first forward."""
+        sched = self.torch_schedule
+        original_eval = sched.eval  # every torch schedule has one (_PipelineSchedule.eval)
+
+        def refuse_eval() -> None:  # its device time would count as the training iteration's
+            if in_iteration():
+                raise eval_in_iteration("schedule.eval()")
 
         def guarded(action: Action) -> Any:
             if not self.training():
-                return _EvalScope(in_iteration)
+                refuse_eval()
+                return contextlib.nullcontext()
             return op(action)
 
-        return instrument_stages(
+        undo = instrument_stages(
             self.stages, guarded, split_full_backward=self._schedule.has_weight_actions
         )
 
+        def eval_outside_iterations(*args: Any, **kwargs: Any) -> Any:
+            refuse_eval()
+            return original_eval(*args, **kwargs)
 
-class _EvalScope:
-    """A forward of ``schedule.eval()``: untouched between iterations, refused inside one
-    (its device time would count as the training iteration's)."""
+        sched.eval = eval_outside_iterations  # an instance attribute: the class is untouched
 
-    def __init__(self, in_iteration: Callable[[], bool]) -> None:
-        self._in_iteration = in_iteration
+        def detach() -> None:
+            undo()
+            if vars(sched).get("eval") is eval_outside_iterations:
+                del sched.eval
 
-    def __enter__(self) -> None:
-        if self._in_iteration():
-            raise PlanError(
-                "schedule.eval() ran inside `with session.iteration():`; evaluate between "
-                "iterations, where it runs untouched at the current clock"
-            )
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+        return detach
 
 
 def check_profile_fits(profile: Profile, schedule: Schedule) -> None:

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.util import Finalize
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -237,6 +238,7 @@ class ExitGuard:
         self._ran = False
         self._running = threading.Lock()
         self._installed = False
+        self._finalizer: Finalize | None = None
 
     def install(self) -> None:
         if self._installed:
@@ -244,6 +246,8 @@ class ExitGuard:
         self._pid = os.getpid()
         self._ran = False
         atexit.register(self._run_once)
+        # A worker that multiprocessing forked skips atexit and runs its finalizers instead.
+        self._finalizer = Finalize(None, self._run_once, exitpriority=100)
         if self._signals and threading.current_thread() is threading.main_thread():
             _CHAIN.add(self, self._signals)
         self._installed = True
@@ -252,6 +256,8 @@ class ExitGuard:
         if not self._installed:
             return
         atexit.unregister(self._run_once)
+        if self._finalizer is not None:
+            self._finalizer.cancel()
         _CHAIN.remove(self)
         self._installed = False
 
