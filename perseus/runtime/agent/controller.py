@@ -285,7 +285,6 @@ class FrequencyController:
         self._target: int | None = None  # the last clock asked for, applied or not
         self._done: int | None = None  # the last clock whose set call returned
         self._mem_target: int | None = None  # the last memory clock asked for
-        self._mem_applied: int | None = None  # the last memory clock the driver accepted
         self._mem_gpu: MemoryClockGPU | None = gpu if isinstance(gpu, MemoryClockGPU) else None
         self._jobs: deque[Boundary] = deque()
         self._busy = False
@@ -339,11 +338,6 @@ class FrequencyController:
     def applied_target_mhz(self) -> int | None:
         """The last requested clock whose set call has returned (before snapping)."""
         return self._done
-
-    @property
-    def applied_memory_mhz(self) -> int | None:
-        """The last memory clock the driver accepted (after snapping), or None."""
-        return self._mem_applied
 
     def set_latency_s(self) -> float | None:
         """Median measured set-call latency (None before the first call)."""
@@ -421,13 +415,6 @@ class FrequencyController:
         with self._cond:
             self._jobs.append(boundary)
             self._cond.notify()
-
-    def forget(self) -> None:
-        """Forget the last posted clock so the next request is applied even if equal (after
-        someone else reset the GPU)."""
-        self._posted = None
-        self._target = None
-        self._mem_target = None
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time.
@@ -762,7 +749,7 @@ class FrequencyController:
                             return
                         t0 = now()
                         try:
-                            self._mem_applied = mem_gpu.set_memory_locked_clock(mem)
+                            mem_gpu.set_memory_locked_clock(mem)
                         except (DevicePermissionError, DeviceNotSupportedError) as e:
                             self._drop_memory_clocks(e)
                         t1 = now()
