@@ -105,6 +105,7 @@ def _start(how: str, tmp: Path, sim_dir: str, ending: str) -> int:
     return int(worker.exitcode or 0)
 
 
+@pytest.mark.slow  # a process per case
 @pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("how", ["fork", "spawn", "torchrun"])
 @pytest.mark.parametrize("shared", [False, True], ids=["job-dir", "PERSEUS_SIM_DIR"])
