@@ -359,9 +359,9 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     (``...EventReasons``, or ``...ThrottleReasons`` on older drivers) inside the op."""
     import time
 
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
     from perseus.runtime.agent.controller import Boundary, FrequencyController
-    from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from tests.runtime.test_clock_timing import _Event
 
     device = FakeDevice(
