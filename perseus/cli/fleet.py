@@ -54,6 +54,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="how often to look for changes (default 1 s)",
     )
     v.add_argument("--once", action="store_true", help="look once, re-solve if needed, exit")
+    v.add_argument(
+        "--budget-signal",
+        metavar="FILE",
+        help="a price/carbon signal CSV (plan schedule's format): while its value is above "
+        "--signal-above, the budget is --signal-budget-w, else --budget-w",
+    )
+    v.add_argument(
+        "--signal-above",
+        type=float_arg(),
+        help="the threshold, in the signal column's declared unit (e.g. EUR/MWh)",
+    )
+    v.add_argument(
+        "--signal-budget-w",
+        type=float_arg(gt=0, unit="W"),
+        help="the budget while the signal is above the threshold",
+    )
     v.set_defaults(handler=run_serve)
     b = inner.add_parser("budget", help="set the fleet's power budget")
     b.add_argument("--db", required=True, help=db_help)
@@ -103,24 +119,37 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import logging
-    import time
-
+    from perseus.device.clock import WallClock
+    from perseus.errors import ConfigError
     from perseus.fleet.registry import FleetRegistry
+    from perseus.fleet.serve import serve, signal_budget
+    from perseus.io.power_files import read_signal
 
-    log = logging.getLogger("perseus.fleet")
-    with FleetRegistry(args.db) as fleet:
-        if args.budget_w is not None:
-            fleet.set_budget(args.budget_w)
-        while True:
-            epoch = fleet.replan()
-            if epoch is not None:
-                budget_w, _, members = fleet.status()
-                running = sum(1 for m in members if m.status == "running")
-                log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget_w or 0)
-            if args.once:
-                return 0
-            time.sleep(args.interval_s)
+    track = None
+    if args.budget_signal is not None:
+        if None in (args.budget_w, args.signal_above, args.signal_budget_w):
+            raise ConfigError(
+                "--budget-signal: give --budget-w, --signal-above and --signal-budget-w too"
+            )
+        track = signal_budget(
+            read_signal(args.budget_signal),
+            budget_w=args.budget_w,
+            above=args.signal_above,
+            high_signal_budget_w=args.signal_budget_w,
+        )
+    elif args.signal_above is not None or args.signal_budget_w is not None:
+        raise ConfigError("--signal-above and --signal-budget-w need --budget-signal FILE")
+    clock = WallClock()
+    with FleetRegistry(args.db, clock=clock.now) as fleet:
+        serve(
+            fleet,
+            clock=clock,
+            interval_s=args.interval_s,
+            budget_w=args.budget_w,
+            track=track,
+            once=args.once,
+        )
+    return 0
 
 
 def run_budget(args: argparse.Namespace) -> int:

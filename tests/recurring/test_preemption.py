@@ -1,6 +1,6 @@
 """A preempted run (SIGTERM, SIGKILL, a hung process) is no evidence about its batch size: the
 size is retried (three preemptions in a row count as one failed run), and the next decisions
-never wait for it."""
+never wait for it. Each test runs on both engines: a SQLite file and a real PostgreSQL database."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from perseus.recurring.database import open_store
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
-from perseus.recurring.store import SQLiteStore, StartedRun
+from perseus.recurring.store import SQLStore, StartedRun
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = [32, 64, 128]
@@ -25,7 +28,7 @@ _CHILD = textwrap.dedent(
     """
     import signal, sys, time
     from perseus.recurring.job import RecurringJob
-    from perseus.recurring.store import SQLiteStore, StartedRun
+    from perseus.recurring.database import open_store
 
     class EnergyCounter:  # a GPU without power control: energy grows with time
         name = "counter"
@@ -37,7 +40,7 @@ _CHILD = textwrap.dedent(
     if mode == "handler":  # the program's own graceful-stop handler
         signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
     job = RecurringJob("j", batch_sizes=[32, 64, 128], default_batch_size=64,
-                       store=SQLiteStore(db), gpu=EnergyCounter(), max_power_w=300.0,
+                       store=open_store(db), gpu=EnergyCounter(), max_power_w=300.0,
                        own_gpu=False, heartbeat_interval_s=0.0, seed=0)
     with job.run() as run:
         print(run.batch_size, run.run_id, flush=True)
@@ -50,9 +53,9 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _start(db: Path, mode: str = "plain") -> tuple[subprocess.Popen[str], int, str]:
+def _start(db: str, mode: str = "plain") -> tuple[subprocess.Popen[str], int, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(db), mode],
+        [sys.executable, "-c", _CHILD, db, mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -66,7 +69,7 @@ def _start(db: Path, mode: str = "plain") -> tuple[subprocess.Popen[str], int, s
     return proc, int(size), run_id
 
 
-def _decide(store: SQLiteStore) -> tuple[int, str]:
+def _decide(store: SQLStore) -> tuple[int, str]:
     policy = BatchSizeOptimizer(SIZES, 64)
     rng = np.random.default_rng(0)
     started = store.begin_run("j", lambda h, p: policy.decide(h, rng, pending=p))
@@ -74,19 +77,38 @@ def _decide(store: SQLiteStore) -> tuple[int, str]:
     return started.decision.batch_size, started.decision.phase
 
 
-def _row(store: SQLiteStore, run_id: str) -> dict[str, object]:
+@pytest.fixture
+def opened(request: pytest.FixtureRequest) -> Callable[..., SQLStore]:
+    """``open_store``, closed when the test ends (a PostgreSQL connection is not left open)."""
+
+    def open_(url: str, **options: Any) -> SQLStore:
+        store = open_store(url, **options)
+        request.addfinalizer(store.close)
+        return store
+
+    return open_
+
+
+def _update(store: SQLStore, sql: str, run_id: str) -> None:
+    """Change one run's row behind the store's back (what another host or process did)."""
+    with store._write() as con:
+        store._x(con, sql, (run_id,))
+
+
+def _row(store: SQLStore, run_id: str) -> dict[str, object]:
     return next(r for r in store.runs("j") if r["run_id"] == run_id)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_run_is_retried_and_never_waited_for(tmp_path: Path, sig: int) -> None:
-    db = tmp_path / "jobs.db"
-    proc, size, run_id = _start(db)
+def test_a_killed_run_is_retried_and_never_waited_for(
+    store_url: str, opened: Callable[..., SQLStore], sig: int
+) -> None:
+    proc, size, run_id = _start(store_url)
     assert size == 64  # the default runs first
     proc.send_signal(sig)
     proc.communicate(timeout=30)
     assert proc.returncode == -sig  # SIGTERM was not swallowed: the process ended by it
-    store = SQLiteStore(db)
+    store = opened(store_url)
     row = _row(store, run_id)
     if sig == signal.SIGTERM:  # marked before the process ended
         assert (row["status"], row["end_reason"]) == ("abandoned", "signal")
@@ -107,10 +129,12 @@ def test_a_killed_run_is_retried_and_never_waited_for(tmp_path: Path, sig: int) 
     assert len(store.history("j")) == 1
 
 
-def test_a_preempted_run_of_the_best_arm_costs_it_nothing(tmp_path: Path) -> None:
+def test_a_preempted_run_of_the_best_arm_costs_it_nothing(
+    store_url: str, opened: Callable[..., SQLStore]
+) -> None:
     """Once sizes converged, a preempted run of the best size is no failure: that arm keeps
     its cost and stays in the walk (Thompson sampling), not penalised, pruned or blocked."""
-    store = SQLiteStore(tmp_path / "jobs.db")
+    store = opened(store_url)
     store.register_job("j", {"batch_sizes": SIZES})
     for b, cost in ((64, 100.0), (32, 150.0), (128, 140.0)):
         started = store.begin_run("j", lambda h, p, b=b: Decision(b, "explore", None))
@@ -118,9 +142,8 @@ def test_a_preempted_run_of_the_best_arm_costs_it_nothing(tmp_path: Path) -> Non
     started = store.begin_run("j", lambda h, p: Decision(64, "thompson", 200.0))
     store.heartbeat(started.run_id, Observation(64, 200.0, 30.0, 0.3, 30.0, False, 1))
     # The run's process dies (another host's lease here: it expires).
-    con = store._connection()
-    con.execute("UPDATE runs SET host = 'elsewhere' WHERE run_id = ?", (started.run_id,))
-    later = SQLiteStore(tmp_path / "jobs.db", lease_s=60.0, clock=lambda: time.time() + 61.0)
+    _update(store, "UPDATE runs SET host = 'elsewhere' WHERE run_id = ?", started.run_id)
+    later = opened(store_url, lease_s=60.0, clock=lambda: time.time() + 61.0)
     policy = BatchSizeOptimizer(SIZES, 64)
     history = later.history("j")
     assert len(history) == 3  # pending, not yet counted: its lease is still valid for `store`
@@ -137,21 +160,22 @@ def test_a_preempted_run_of_the_best_arm_costs_it_nothing(tmp_path: Path) -> Non
 
 
 def test_a_programs_own_sigterm_handler_still_runs_and_its_result_counts(
-    tmp_path: Path,
+    store_url: str, opened: Callable[..., SQLStore]
 ) -> None:
-    db = tmp_path / "jobs.db"
-    proc, _size, run_id = _start(db, "handler")
+    proc, _size, run_id = _start(store_url, "handler")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert out.strip().endswith("finished")  # the handler ran: the loop stopped on its flag
-    row = _row(SQLiteStore(db), run_id)
+    row = _row(opened(store_url), run_id)
     assert (row["status"], row["end_reason"], row["reached"]) == ("done", None, 1)
 
 
-def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> None:
+def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(
+    store_url: str, opened: Callable[..., SQLStore]
+) -> None:
     now = [1000.0]
-    store = SQLiteStore(tmp_path / "jobs.db", lease_s=300.0, clock=lambda: now[0])
+    store = opened(store_url, lease_s=300.0, clock=lambda: now[0])
     store.register_job("j", {"batch_sizes": SIZES})
     policy = BatchSizeOptimizer(SIZES, 64)
 
@@ -162,9 +186,8 @@ def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> N
 
     hung = begin()  # this process: alive, so only its lease can end it
     reused = begin()
-    con = store._connection()
-    con.execute(  # same pid, another start time: the pid was reused by another process
-        "UPDATE runs SET process_start = 'other-boot:1' WHERE run_id = ?", (reused.run_id,)
+    _update(  # same pid, another start time: the pid was reused by another process
+        store, "UPDATE runs SET process_start = 'other-boot:1' WHERE run_id = ?", reused.run_id
     )
     now[0] += 299.0
     store.heartbeat(hung.run_id, Observation(64, 200.0, 5.0, 1.0, 5.0, False))
@@ -185,7 +208,7 @@ def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(tmp_path: Path) -> N
 _TRUE_COST = {32: 60.0, 64: 40.0, 128: 100.0, 256: 130.0}
 
 
-def _replay(store: SQLiteStore, runs: int, preempt: set[tuple[int, int]]) -> list[int]:
+def _replay(store: SQLStore, runs: int, preempt: set[tuple[int, int]]) -> list[int]:
     """``runs`` recurrences of the job through the store; the ``(run index, batch size)``
     pairs in ``preempt`` are preempted (SIGTERM) after a heartbeat instead of finishing."""
     sizes = sorted(_TRUE_COST)
@@ -206,21 +229,25 @@ def _replay(store: SQLiteStore, runs: int, preempt: set[tuple[int, int]]) -> lis
     return chosen
 
 
-def test_one_preemption_while_exploring_does_not_prune_the_best_size(tmp_path: Path) -> None:
+def test_one_preemption_while_exploring_does_not_prune_the_best_size(
+    store_url: str, tmp_path: Path, opened: Callable[..., SQLStore]
+) -> None:
     """The replay that found it: b0 = 128 converges, the walk explores 64 and that run is
     preempted. Counted as a failure, 64 (and 32 behind it) was pruned and the job stayed at
     128, 2.5x the best cost, for good. A preemption is no evidence: 64 is retried and wins."""
-    quiet = _replay(SQLiteStore(tmp_path / "quiet.db"), 30, set())
+    quiet = _replay(opened(f"sqlite:///{tmp_path / 'quiet.db'}"), 30, set())
     assert quiet[:2] == [128, 64]  # the walk explores 64 second
-    chosen = _replay(SQLiteStore(tmp_path / "jobs.db"), 30, {(1, 64)})
+    chosen = _replay(opened(store_url), 30, {(1, 64)})
     assert chosen[:3] == [128, 64, 64]  # retried at once
     assert chosen[-10:].count(64) >= 8  # and the job settles on the best size
 
 
-def test_three_preemptions_in_a_row_count_as_one_failed_run(tmp_path: Path) -> None:
+def test_three_preemptions_in_a_row_count_as_one_failed_run(
+    store_url: str, opened: Callable[..., SQLStore]
+) -> None:
     """A size that is always killed (the out-of-memory killer) is not retried for ever: the
     third preemption in a row counts as one failed run, and the walk moves past it."""
-    store = SQLiteStore(tmp_path / "jobs.db")
+    store = opened(store_url)
     chosen = _replay(store, 8, {(1, 64), (2, 64), (3, 64)})
     assert chosen[:4] == [128, 64, 64, 64]
     assert 64 not in chosen[4:6]  # failed once, not converged: pruned by the policy's rule

@@ -1,4 +1,5 @@
-"""The SQLite store: exactly-once observations, pending runs, two processes on one file."""
+"""The recurring-job store on both engines (a SQLite file, a real PostgreSQL database):
+exactly-once observations, pending runs, two processes on one store."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import ConfigError
+from perseus.recurring.database import open_store
 from perseus.recurring.policy import BatchSizeOptimizer, Observation
 from perseus.recurring.store import RecurringStore, SQLiteStore
 
@@ -25,8 +27,11 @@ def _decide(policy: BatchSizeOptimizer):  # type: ignore[no-untyped-def]
     return lambda history, pending: policy.decide(history, rng, pending=pending)
 
 
-def test_finish_is_exactly_once_and_abandoned_runs_do_not_count(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "db.sqlite")
+def test_finish_is_exactly_once_and_abandoned_runs_do_not_count(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    store = open_store(store_url)
+    request.addfinalizer(store.close)
     assert isinstance(store, RecurringStore)
     store.register_job("j", {"batch_sizes": SIZES})
     policy = BatchSizeOptimizer(SIZES, 64)
@@ -48,25 +53,31 @@ def test_finish_is_exactly_once_and_abandoned_runs_do_not_count(tmp_path: Path) 
     assert c.decision.batch_size != d.decision.batch_size
 
 
-def test_job_config_mismatch_and_bad_file(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "db.sqlite")
+def test_job_config_mismatch(store_url: str, request: pytest.FixtureRequest) -> None:
+    store = open_store(store_url)
+    request.addfinalizer(store.close)
     store.register_job("j", {"eta": 0.5})
     store.register_job("j", {"eta": 0.5})
     with pytest.raises(ConfigError, match="different eta"):
         store.register_job("j", {"eta": 0.9})
+
+
+def test_a_file_that_is_no_database_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"not a database" * 100)
     with pytest.raises(ConfigError, match="not a usable SQLite database"):
         SQLiteStore(bad).history("j")
 
 
-def test_power_limit_cache_first_writer_wins(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "db.sqlite")
+def test_power_limit_cache_first_writer_wins(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    store = open_store(store_url)
+    request.addfinalizer(store.close)
     assert store.cached_power_limit_w("j", "A40", 64) is None
     assert store.save_power_limit_w("j", "A40", 64, 175.0, {"175.0": 1}) == 175.0
-    assert (
-        SQLiteStore(tmp_path / "db.sqlite").save_power_limit_w("j", "A40", 64, 200.0, {}) == 175.0
-    )
+    with open_store(store_url) as other:
+        assert other.save_power_limit_w("j", "A40", 64, 200.0, {}) == 175.0
     assert store.cached_power_limit_w("j", "A40", 64) == 175.0
     assert store.cached_power_limit_w("j", "V100", 64) is None
 
@@ -76,9 +87,9 @@ _WORKER = textwrap.dedent(
     import sys
     import numpy as np
     from perseus.recurring.policy import BatchSizeOptimizer, Observation
-    from perseus.recurring.store import SQLiteStore
-    path, tag, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    store = SQLiteStore(path, busy_timeout_s=60)
+    from perseus.recurring.database import open_store
+    url, tag, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = open_store(url, busy_timeout_s=60)
     store.register_job("j", {"batch_sizes": [8, 16, 32, 64, 128]})
     policy = BatchSizeOptimizer([8, 16, 32, 64, 128], 64)
     rng = np.random.default_rng(int(tag))
@@ -95,13 +106,12 @@ _WORKER = textwrap.dedent(
 )
 
 
-def test_two_processes_on_one_file_lose_and_double_nothing(tmp_path: Path) -> None:
-    db = tmp_path / "shared.sqlite"
+def test_two_processes_on_one_store_lose_and_double_nothing(store_url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = 40
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(db), str(k), str(runs)],
+            [sys.executable, "-c", _WORKER, store_url, str(k), str(runs)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -115,11 +125,12 @@ def test_two_processes_on_one_file_lose_and_double_nothing(tmp_path: Path) -> No
         assert p.returncode == 0, err
         ids.extend(out.split())
     assert len(ids) == 2 * runs == len(set(ids))
-    store = SQLiteStore(db)
-    rows = store.runs("j")
+    with open_store(store_url) as store:
+        rows = store.runs("j")
+        history = store.history("j")
     assert sorted(r["run_id"] for r in rows) == sorted(ids)
     assert all(r["status"] == "done" for r in rows)
-    assert len(store.history("j")) == 2 * runs
+    assert len(history) == 2 * runs
     # Exploration never ran one batch size twice (a pending run counts as tried).
     explore = [r for r in rows if r["phase"] == "explore"]
     assert len({r["batch_size"] for r in explore}) == len(explore)

@@ -1,0 +1,102 @@
+"""The fleet planner's loop (``perseus fleet serve``), and a budget that follows a signal.
+
+A price or carbon signal (the CSV ``perseus plan schedule`` reads, :func:`read_signal`) sets
+the budget by a threshold: while the signal's value is above ``above`` (in the column's own
+declared unit: EUR/MWh for ``price_eur_per_mwh``, gCO2/kWh for a carbon column), the budget is
+``high_signal_budget_w``; otherwise it is the base budget. The signal's first row is the
+planner's start; its last value holds after its last row. The loop wakes at each interval
+boundary of the signal and re-solves there when the budget changes, so a change lands on time,
+not at the next poll; an operator's ``perseus fleet budget`` holds until the signal's budget
+next changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.device.clock import Clock
+from perseus.errors import ConfigError
+from perseus.fleet.registry import FleetRegistry
+from perseus.io.power_files import Signal
+
+__all__ = ["BudgetTrack", "serve", "signal_budget"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetTrack:
+    """A budget over time: ``budgets_w[i]`` from ``starts_s[i]`` (seconds from the start)."""
+
+    starts_s: npt.NDArray[np.float64]
+    budgets_w: npt.NDArray[np.float64]
+
+    def at(self, t_s: float) -> float:
+        """The budget at ``t_s`` seconds from the start (the first one before it)."""
+        i = max(int(np.searchsorted(self.starts_s, t_s, side="right")) - 1, 0)
+        return float(self.budgets_w[i])
+
+    def next_change_s(self, t_s: float) -> float | None:
+        """The next interval boundary after ``t_s``, or None after the last."""
+        i = int(np.searchsorted(self.starts_s, t_s, side="right"))
+        return float(self.starts_s[i]) if i < len(self.starts_s) else None
+
+
+def signal_budget(
+    signal: Signal, *, budget_w: float, above: float, high_signal_budget_w: float
+) -> BudgetTrack:
+    """The budget a signal's first column sets: ``high_signal_budget_w`` where the value (in
+    the column's declared unit) is above ``above``, ``budget_w`` elsewhere.
+
+    Raises:
+        ConfigError: if either budget is not a positive number of watts.
+    """
+    for name, w in (("budget_w", budget_w), ("high_signal_budget_w", high_signal_budget_w)):
+        if not (np.isfinite(w) and w > 0):
+            raise ConfigError(f"`{name}` must be a positive number of watts, got {w}")
+    series = signal.pick(None)
+    per_declared = 1000.0 if series.unit.endswith("MWh") else 1.0
+    declared = series.values_per_kwh * per_declared
+    budgets = np.where(declared > above, high_signal_budget_w, budget_w).astype(np.float64)
+    return BudgetTrack(np.asarray(signal.starts_s, dtype=np.float64), budgets)
+
+
+def serve(
+    fleet: FleetRegistry,
+    *,
+    clock: Clock,
+    interval_s: float,
+    budget_w: float | None = None,
+    track: BudgetTrack | None = None,
+    once: bool = False,
+    until_s: float | None = None,
+) -> None:
+    """Look for changes every ``interval_s`` (and at each of ``track``'s boundaries) and
+    re-solve; set ``budget_w`` first, or follow ``track``. Runs until ``until_s`` seconds
+    have passed (for ever when None), or one look if ``once``."""
+    start_s = clock.now()
+    applied: float | None = None
+    while True:
+        t_s = clock.now() - start_s
+        want = track.at(t_s) if track is not None else budget_w
+        if want is not None and want != applied:
+            fleet.set_budget(want)
+            applied = want
+        epoch = fleet.replan()
+        if epoch is not None:
+            budget, _, members = fleet.status()
+            running = sum(1 for m in members if m.status == "running")
+            log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget or 0)
+        if once or (until_s is not None and t_s >= until_s):
+            return
+        wait_s = interval_s
+        boundary_s = track.next_change_s(t_s) if track is not None else None
+        if boundary_s is not None:
+            wait_s = min(wait_s, boundary_s - t_s)
+        if until_s is not None:
+            wait_s = min(wait_s, until_s - t_s)
+        clock.sleep(wait_s)

@@ -1,0 +1,73 @@
+"""The planner's loop on virtual time: a budget that follows a price signal, on both engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perseus.device.clock import VirtualClock
+from perseus.errors import ConfigError
+from perseus.fleet.registry import FleetRegistry
+from perseus.fleet.serve import serve, signal_budget
+from perseus.io import load_profile
+from perseus.io.power_files import read_signal
+from perseus.job import make_job
+from perseus.runtime.emulation import take_stages
+from perseus.solver import trace
+from perseus.solver.fleet import fleet_job
+
+
+def test_the_budget_follows_a_price_signal_at_its_interval_boundaries(
+    store_url: str, tmp_path: Path
+) -> None:
+    job = make_job(take_stages(load_profile("a100"), 2), "1f1b", 2, 4, blocking_power_w=83.64)
+    frontier = trace(job, min_gap_fraction=0.01).frontier
+    jobs = [fleet_job(f"j{k}", frontier, weight=1.0 + k) for k in range(2)]
+    all_max_w = sum(j.average_power_w[0] for j in jobs)
+    least_w = sum(min(j.average_power_w) for j in jobs)
+    low_w = least_w + 0.3 * (all_max_w - least_w)
+    csv = tmp_path / "price.csv"
+    csv.write_text("start,price_eur_per_mwh\n0,50\n30,200\n90,80\n")
+    # 200 EUR/MWh is above 100 in the column's declared unit (0.2 per kWh would not be).
+    track = signal_budget(
+        read_signal(csv), budget_w=all_max_w, above=100.0, high_signal_budget_w=low_w
+    )
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(store_url, clock=clock.now) as fleet:
+        for j in jobs:
+            fleet.register(j, lease_s=1e6)
+        # Polled every 7 s, yet each change lands on the signal's boundary, not the next poll.
+        serve(fleet, clock=clock, interval_s=7.0, track=track, until_s=120.0)
+        timeline = fleet.timeline()
+    assert [(t, b) for t, b, _ in timeline] == [
+        (1000.0, all_max_w),
+        (1030.0, low_w),
+        (1090.0, all_max_w),
+    ]
+    for _, budget_w, plan in timeline:
+        assert budget_w is not None and sum(p for p, _ in plan.values()) <= budget_w
+    assert sum(p for p, _ in timeline[1][2].values()) < sum(p for p, _ in timeline[0][2].values())
+
+
+def test_a_signal_budget_must_be_watts(tmp_path: Path) -> None:
+    csv = tmp_path / "price.csv"
+    csv.write_text("0,0.1\n")
+    with pytest.raises(ConfigError, match="high_signal_budget_w"):
+        signal_budget(read_signal(csv), budget_w=100.0, above=0.0, high_signal_budget_w=0.0)
+
+
+def test_cli_serve_takes_its_first_budget_from_the_signal(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from perseus.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite'}"
+    csv = tmp_path / "carbon.csv"
+    csv.write_text("start,carbon_g_per_kwh_location_average\n0,400\n3600,100\n")
+    signal = ["--budget-signal", str(csv), "--budget-w", "900", "--signal-above", "300"]
+    assert main(["fleet", "serve", "--db", url, "--once", *signal, "--signal-budget-w", "500"]) == 0
+    assert main(["fleet", "status", "--db", url, "--json"]) == 0
+    assert '"budget_w": 500.0' in capsys.readouterr().out  # 400 gCO2/kWh is above 300
+    assert main(["fleet", "serve", "--db", url, "--once", *signal]) == 2
+    assert "--signal-budget-w" in capsys.readouterr().err
+    assert main(["fleet", "serve", "--db", url, "--once", "--signal-above", "1"]) == 2
+    assert "--budget-signal" in capsys.readouterr().err
