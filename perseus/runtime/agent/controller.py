@@ -416,6 +416,13 @@ class FrequencyController:
             self._jobs.append(boundary)
             self._cond.notify()
 
+    def forget(self) -> None:
+        """Forget the last posted clock so the next request is applied even if equal (after
+        someone else reset the GPU: a power schedule's pause between intervals)."""
+        self._posted = None
+        self._target = None
+        self._mem_target = None
+
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time.
 
