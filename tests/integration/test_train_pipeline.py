@@ -154,7 +154,7 @@ def test_straggler_switch_and_revert_with_two_pipelines(tmp_path):
         "--data-parallel",
         "2",
         "--iterations",
-        "12",
+        "14",  # six after the straggler ends: room to revert on a loaded host
         "--warmup",
         "0",
         "--time-scale",
