@@ -356,6 +356,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         gpu.set_slowdown(1.0)
     agent = session.agent
     mid_switches = [r.mid_op_switches for r in agent.records.iterations] if agent else []
+    mid_missed = [r.mid_op_switches_missed for r in agent.records.iterations] if agent else []
     session.close()
     write_math(args, params)
 
@@ -372,6 +373,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         "clocks_profiled": {f"{s}{k.value}": n for (s, k), n in session.clocks_profiled.items()},
         "overruns": session.emulation_overruns,
         "mid_op_switches": mid_switches,
+        "mid_op_switches_missed": mid_missed,
         "decisions": {
             name: [
                 (dd.iteration, dd.point_index, dd.straggler, list(dd.pipeline_times_s))
@@ -535,19 +537,21 @@ def make_summary(
             "measured": 1 - meas["energy_j"] / allmax_meas["energy_j"],
         }
         summary["iterations"] = {"allmax": allmax_rows, "plan": rows}
+
         # Mid-op clock switches per measured iteration of the plan (all ranks of all pipelines).
-        per_iter = (
-            [
-                sum(g["mid_op_switches"][-args.iterations :][i] for g in gathered)
-                for i in range(args.iterations)
+        def per_iteration(key: str) -> list[int]:
+            if not all(len(g[key]) >= args.iterations for g in gathered):
+                return []
+            return [
+                sum(g[key][-args.iterations :][i] for g in gathered) for i in range(args.iterations)
             ]
-            if all(len(g["mid_op_switches"]) >= args.iterations for g in gathered)
-            else []
-        )
+
         summary["two_clock"] = {
             "layers_per_stage": args.layers_per_stage,
             "planned_mid_op_switches": chosen.num_two_clock_ops * d,
-            "mid_op_switches_per_iteration": per_iter,
+            "mid_op_switches_per_iteration": per_iteration("mid_op_switches"),
+            # Not issued: their op ended before the clock worker issued them.
+            "mid_op_switches_missed_per_iteration": per_iteration("mid_op_switches_missed"),
         }
     else:
         summary["predicted"] = {"time_s": chosen.time_s, "energy_j": chosen.energy_j}

@@ -94,7 +94,16 @@ def test_two_clock_plan_realises_its_predicted_saving(tmp_path):
     )
     two = s["two_clock"]
     assert two["planned_mid_op_switches"] > 0  # the plan really has two-clock ops
-    assert two["mid_op_switches_per_iteration"] == [two["planned_mid_op_switches"]] * 4, two
+    # Every planned switch is issued or reported missed (its op ended before the clock worker
+    # issued it: a worker thread starved by a loaded host, seen once in ~10 runs under two busy
+    # loops); a miss is rare, never silent.
+    issued = two["mid_op_switches_per_iteration"]
+    missed = two["mid_op_switches_missed_per_iteration"]
+    assert len(issued) == len(missed) == 4, two
+    assert [i + m for i, m in zip(issued, missed, strict=True)] == [
+        two["planned_mid_op_switches"]
+    ] * 4, two
+    assert sum(missed) <= 0.05 * sum(issued), two
     for key, value in s["errors"].items():
         assert abs(value) <= 0.02, (key, value, s["predicted"], s["measured"], s["allmax"])
     saving = s["saving"]

@@ -49,14 +49,21 @@ def _plan(ops: tuple[PlanOp, ...], names: tuple[str, ...], layers: bool = True) 
     )
 
 
-def _op_time(profile: Profile):  # type: ignore[no-untyped-def]
+def _op_time(profile: Profile, scale: float = 1.0):  # type: ignore[no-untyped-def]
     def op_time_s(stage: int, kind: Kind, freq_mhz: int) -> float:
-        return profile.op(stage, kind).at(freq_mhz).time_s
+        return scale * profile.op(stage, kind).at(freq_mhz).time_s
 
     return op_time_s
 
 
-def _run(state_dir: Path, *, use_profile: bool, iterations: int = 3, virtual: bool = False):  # type: ignore[no-untyped-def]
+def _run(  # type: ignore[no-untyped-def]
+    state_dir: Path,
+    *,
+    use_profile: bool,
+    iterations: int = 3,
+    virtual: bool = False,
+    predicted_scale: float = 1.0,
+):
     """``virtual``: the GPU and the agent share a virtual clock (the clock worker runs inline
     at step_end: deterministic, and no real waiting); else the real clock (smoke tests)."""
     from perseus.device.clock import REAL_CLOCK, Clock, VirtualClock
@@ -81,7 +88,7 @@ def _run(state_dir: Path, *, use_profile: bool, iterations: int = 3, virtual: bo
         0,
         watchdog=False,
         handle_signals=False,
-        op_time_s=_op_time(profile) if use_profile else None,
+        op_time_s=_op_time(profile, predicted_scale) if use_profile else None,
         clock=clock,
     )
     records = []
@@ -166,6 +173,18 @@ def test_without_a_profile_the_agent_predicts_from_last_iterations_device_time(t
     assert [r.mid_op_switches for r in records[1:]] == [n, n]
     share = _wrong_clock_share(profile, actions, ops, trace, skip_iterations=2)
     assert share < 0.05, share
+
+
+def test_a_switch_whose_op_ends_first_is_counted_missed_not_silent(tmp_path):
+    """Predictions four times the ops' real time put every layer boundary after its op's
+    end: no mid-op change is issued, and each is counted missed."""
+    _profile, actions, _ops, _trace, records, _ = _run(
+        tmp_path, use_profile=True, iterations=2, virtual=True, predicted_scale=4.0
+    )
+    n = len(actions)
+    assert [(r.mid_op_switches, r.mid_op_switches_missed) for r in records] == [(0, n)] * 2
+    good = _run(tmp_path / "good", use_profile=True, iterations=2, virtual=True)[4]
+    assert [(r.mid_op_switches, r.mid_op_switches_missed) for r in good] == [(n, 0)] * 2
 
 
 def test_two_clock_plan_without_layers_is_refused(tmp_path):

@@ -162,6 +162,9 @@ class Boundary:
         mids: Phased op: the changes inside the op, in order (empty: one phase).
         mids_issued: Set by the worker: how many of ``mids`` were issued (before the op
             ended).
+        mids_missed: Set by the worker: how many of ``mids`` were skipped because the op
+            ended before the worker issued them (a late worker, or an op shorter than
+            predicted).
         mid_issue_s: Device-clock time at which the first mid-op change was issued.
         stamp: Read the counter at ``start`` even when the controller does not stamp ops (an
             iteration's first event: its reading is taken here, off the training thread).
@@ -187,6 +190,7 @@ class Boundary:
     mem_next_mhz: int | None = None
     mids: tuple[MidSwitch, ...] = ()
     mids_issued: int = 0
+    mids_missed: int = 0
     mid_issue_s: float | None = None
     stamp: bool = False
     gap_s: float = 0.0
@@ -609,13 +613,15 @@ class FrequencyController:
         phased op, the next op's clocks, its end reading and prediction error."""
         job.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or job.stamp)
         events = self.events
-        for mid in job.mids:
+        for i, mid in enumerate(job.mids):
             if mid.at_s is None or events is None:
                 break
             if not self._wants(mid.freq_mhz, mid.mem_freq_mhz):
                 continue  # already at these clocks
             if not self._issue_mid(job, mid, events):
-                break  # the op ended first: its later phases are skipped too
+                # The op ended first: its later phases are skipped too.
+                job.mids_missed = len(job.mids) - i
+                break
         if self._closed:
             return
         if self._readback is not None and not job.stamp:

@@ -581,6 +581,9 @@ class RankAgent:
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
             mid_op_switches=mode.mid_switches if isinstance(mode, DeviceTiming) else 0,
+            mid_op_switches_missed=(
+                mode.mid_switches_missed if isinstance(mode, DeviceTiming) else 0
+            ),
             clock_delivery=delivery,
         )
         self._iterations.append(record)

@@ -46,6 +46,9 @@ class IterationRecord:
     planned_time_s: float
     #: Mid-op clock changes issued in this iteration (phased ops; a three-phase op has two).
     mid_op_switches: int = 0
+    #: Mid-op clock changes not issued because their op ended first (a late worker, or an op
+    #: shorter than predicted): each one ran its later layers at the earlier phase's clock.
+    mid_op_switches_missed: int = 0
     #: The clocks read back inside its ops (None: not read; see
     #: :mod:`perseus.runtime.agent.readback`).
     clock_delivery: ClockDelivery | None = None

@@ -140,6 +140,7 @@ class DeviceTiming(_Clocks):
         "history",
         "jobs",
         "mid_switches",
+        "mid_switches_missed",
     )
 
     def __init__(
@@ -168,6 +169,7 @@ class DeviceTiming(_Clocks):
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
         self.mid_switches = 0
+        self.mid_switches_missed = 0
         #: The last iteration's clocks as read back (None: none read).
         self.delivery: ClockDelivery | None = None
 
@@ -274,6 +276,7 @@ class DeviceTiming(_Clocks):
                 self._step_mj = mj
         jobs = self.jobs
         self.mid_switches = sum(job.mids_issued for job in jobs)
+        self.mid_switches_missed = sum(job.mids_missed for job in jobs)
         freqs, names = self.freqs, self.names
         readings: list[tuple[str, int, int | None, int | None, int, float]] = []
         for op in self.history.learn(jobs, freqs, self.phases):
