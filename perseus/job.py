@@ -17,15 +17,7 @@ from perseus.dag.graph import OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
-from perseus.profile.two_clock import (
-    DEFAULT_SWITCH_ENERGY_J,
-    DEFAULT_SWITCH_LATENCY_S,
-    DEFAULT_SWITCH_STALL_S,
-    LayerSplit,
-    build_layer_split,
-    op_phases,
-    phases_op,
-)
+from perseus.profile.two_clock import LayerSplit, build_layer_split, op_phases, phases_op
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import build_schedule
 from perseus.validate import JOB_DEFAULTS
@@ -94,10 +86,7 @@ class PlanningJob:
         flat: list[PlanOp]
         if not isinstance(freqs_mhz, np.ndarray) and not all(isinstance(f, int) for f in freqs_mhz):
             flat = [phases_op(op_phases(op)) for op in freqs_mhz]  # type: ignore[arg-type]
-            starts = self.graph.rank_start.tolist()
-            return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
-        arr = np.asarray(freqs_mhz, dtype=np.int64)
-        if arr.ndim == 1:
+        elif (arr := np.asarray(freqs_mhz, dtype=np.int64)).ndim == 1:
             flat = [int(f) for f in arr.tolist()]
         else:
             flat = [
@@ -156,9 +145,9 @@ def make_job(
     profile_name: str | None = None,
     layers_per_stage: Sequence[int] | int | None = None,
     layer_time_fractions: Sequence[Sequence[float]] | None = None,
-    switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S,
-    switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
-    switch_stall_s: float = DEFAULT_SWITCH_STALL_S,
+    switch_latency_s: float = JOB_DEFAULTS.switch_latency_s,
+    switch_energy_j: float = JOB_DEFAULTS.switch_energy_j,
+    switch_stall_s: float = JOB_DEFAULTS.switch_stall_s,
 ) -> PlanningJob:
     """Build the schedule and DAG for ``profile`` and describe the job.
 
@@ -187,21 +176,12 @@ def make_job(
         )
     if blocking_power_w < 0:
         raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
-    layers: tuple[int, ...] | None = None
-    if layers_per_stage is not None:
-        given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
-        # Validated (and expanded to one per stage) here, so the spec holds checked values.
-        split = build_layer_split(
-            list(given),
-            stages,
-            layer_time_fractions,
-            switch_latency_s,
-            switch_energy_j,
-            switch_stall_s,
-        )
-        layers = tuple(len(f) for f in split.layer_fractions)
-    elif layer_time_fractions is not None:
-        raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
+    layers = _layer_counts(
+        stages,
+        layers_per_stage,
+        layer_time_fractions,
+        (switch_latency_s, switch_energy_j, switch_stall_s),
+    )
     sched = build_schedule(schedule, stages, microbatches, virtual_stages=virtual_stages)
     b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
@@ -228,3 +208,19 @@ def make_job(
         gpu=profile.gpu,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))
+
+
+def _layer_counts(
+    stages: int,
+    layers_per_stage: Sequence[int] | int | None,
+    layer_time_fractions: Sequence[Sequence[float]] | None,
+    switch: tuple[float, float, float],
+) -> tuple[int, ...] | None:
+    """Layers per stage, checked (with the fractions and switch cost) and one per stage."""
+    if layers_per_stage is None:
+        if layer_time_fractions is not None:
+            raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
+        return None
+    given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
+    split = build_layer_split(list(given), stages, layer_time_fractions, *switch)
+    return tuple(len(f) for f in split.layer_fractions)

@@ -33,13 +33,13 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perseus.errors import InfeasibleError, PlanError
 from perseus.identity import GpuIdentity
-from perseus.validate import MAX_LAYER_WEIGHT, MAX_LAYERS_PER_STAGE
+from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, MAX_LAYER_WEIGHT
 
 __all__ = [
     "MAX_CLOCK_MHZ",
@@ -55,6 +55,7 @@ __all__ = [
     "PlanOp",
     "PlanPoint",
     "PointPower",
+    "job_range",
     "points_sha256",
 ]
 
@@ -65,8 +66,16 @@ SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+
+def job_range(name: str) -> Any:
+    """The field constraint of job number ``name`` (:data:`perseus.validate.JOB_BOUNDS`), for
+    the models that hold a job: :class:`JobSpec` and :class:`perseus.io.config.JobConfig`."""
+    gt, ge, lt, le = JOB_BOUNDS[name]
+    return Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False)
+
+
 #: A stage's layers, or those of one clock of a two-clock op: bounded as configs bound them.
-LayerCount = Annotated[int, Field(ge=1, le=MAX_LAYERS_PER_STAGE)]
+LayerCount = Annotated[int, job_range("layers_per_stage")]
 #: No GPU clock is anywhere near 100 GHz; a larger number is a corrupted file.
 MAX_CLOCK_MHZ = 100_000
 ClockMHz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
@@ -94,14 +103,14 @@ class JobSpec(BaseModel):
 
     schedule: Annotated[str, Field(min_length=1, max_length=100)]
     # The sizes a job config or the CLI accepts (perseus.io.config): far from any overflow.
-    ranks: Annotated[int, Field(ge=1, le=4096)]
-    stages: Annotated[int, Field(ge=1, le=4096)]
-    microbatches: Annotated[int, Field(ge=1, le=10_000_000)]
-    virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
-    blocking_power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
+    ranks: Annotated[int, job_range("stages")]
+    stages: Annotated[int, job_range("stages")]
+    microbatches: Annotated[int, job_range("microbatches")]
+    virtual_stages: Annotated[int, job_range("virtual_stages")] = JOB_DEFAULTS.virtual_stages
+    blocking_power_w: Annotated[float, job_range("blocking_power_w")]
     profile_sha256: Annotated[str, Field(min_length=1, max_length=128)]
-    p2p_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
-    backward_split: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
+    p2p_latency_s: Annotated[float, job_range("p2p_latency_s")] = JOB_DEFAULTS.p2p_latency_s
+    backward_split: Annotated[float, job_range("backward_split")] | None = None
     profile_name: Annotated[str, Field(max_length=4096)] | None = None
     # Two-clock ops (perseus.profile.two_clock): layers per stage, an optional per-layer work
     # profile replacing the even split, and the modelled cost of a mid-op clock switch.
@@ -112,9 +121,14 @@ class JobSpec(BaseModel):
         ]
         | None
     ) = None
-    switch_latency_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.005
-    switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = 0.0
-    switch_stall_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = 0.0
+    switch_latency_s: Annotated[float, job_range("switch_latency_s")] = (
+        JOB_DEFAULTS.switch_latency_s
+    )
+    # A file may record a switch energy past a config's range (any finite figure up to 1e15 J).
+    switch_energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)] = (
+        JOB_DEFAULTS.switch_energy_j
+    )
+    switch_stall_s: Annotated[float, job_range("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
     #: The GPU the profile was measured on (None in files without the record: unchecked).
     gpu: GpuIdentity | None = None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from perseus.errors import ConfigError
 
@@ -52,8 +52,8 @@ class Bounds(NamedTuple):
     le: float | None = None
 
 
-#: The ranges of a planning job's numbers: the one table its flags
-#: (:mod:`perseus.cli._job_args`) and its TOML keys (:class:`perseus.io.config.JobConfig`) use.
+#: The ranges of a planning job's numbers: the one table :class:`perseus.io.config.JobConfig`
+#: (which validates flags and TOML keys alike) and :class:`perseus.plan.JobSpec` derive from.
 JOB_BOUNDS: dict[str, Bounds] = {
     "stages": Bounds(ge=1, le=4096),
     "microbatches": Bounds(ge=1, le=10_000_000),
@@ -72,9 +72,10 @@ JOB_BOUNDS: dict[str, Bounds] = {
 
 @dataclass(frozen=True)
 class JobDefaults:
-    """The values a job takes for what its flags and config leave out (one place for both)."""
+    """The values a job takes for what its flags and config leave out (:class:`JobConfig`'s
+    defaults; kept here, without pydantic, so that ``--help`` can show them)."""
 
-    schedule: str = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
     virtual_stages: int = 1
     p2p_latency_s: float = 0.0
     #: Share of a profiled backward given to ``B`` when a zero-bubble schedule needs ``B``/``W``

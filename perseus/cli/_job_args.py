@@ -2,14 +2,15 @@
 
 A job comes from flags, from a TOML config (``--config FILE``, see :mod:`perseus.io.config`),
 or both: config values fill in what the flags leave out, and a flag given on the command line
-always wins. The PROFILE positional is optional when ``--config`` names one. Every error names
-where the bad value came from: the flag, or the config file and key.
+always wins. The PROFILE positional is optional when ``--config`` names one. The flags are only
+parsed here (a number is a number); :class:`~perseus.io.config.JobConfig` validates flags and
+keys alike when the job is built, and every error names where the bad value came from: the
+flag, or the config file and key.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,16 +18,11 @@ from typing import TYPE_CHECKING, Any
 from perseus.cli._args import float_arg, int_arg, nonempty_arg
 from perseus.errors import ConfigError, PlanError
 from perseus.schedule.builders import SCHEDULE_NAMES
-from perseus.validate import (
-    JOB_BOUNDS,
-    JOB_DEFAULTS,
-    MAX_LAYERS_PER_STAGE,
-    check_job_size,
-    show_value,
-)
+from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, check_job_size, show_value
 
 if TYPE_CHECKING:  # the planner and the file readers load when a command runs, not for --help
-    from perseus.io.config import JobConfig
+    from pydantic import ValidationError
+
     from perseus.job import PlanningJob
     from perseus.plan import Frontier
     from perseus.profile.model import Profile
@@ -43,9 +39,6 @@ __all__ = [
     "job_int",
 ]
 
-# Flag defaults, applied after the config (argparse defaults are None so that a flag left out
-# can be told apart from a flag given with the default value).
-_DEFAULTS: dict[str, object] = dataclasses.asdict(JOB_DEFAULTS)
 #: Job fields a TOML config can set (flags given on the command line override them).
 CONFIG_FIELDS = (
     "schedule",
@@ -78,6 +71,11 @@ def job_float(name: str, unit: str = "") -> Callable[[str], float]:
     return float_arg(**JOB_BOUNDS[name]._asdict(), unit=unit)
 
 
+# The job's flags are parsed, not range-checked: JobConfig checks them with the config's keys.
+_INT = int_arg()
+_NUMBER = float_arg()
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
     parser.add_argument(
@@ -100,32 +98,32 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stages",
-        type=job_int("stages"),
+        type=_INT,
         help="model stages (default: the profile's)",
     )
     parser.add_argument(
         "--microbatches",
-        type=job_int("microbatches"),
+        type=_INT,
         help="microbatches per iteration (required without --config)",
     )
     parser.add_argument(
         "--virtual-stages",
-        type=job_int("virtual_stages"),
+        type=_INT,
         help=f"stages per rank (interleaved; default {JOB_DEFAULTS.virtual_stages})",
     )
     parser.add_argument(
         "--blocking-power-w",
-        type=job_float("blocking_power_w", unit="W"),
+        type=_NUMBER,
         help="power a GPU draws while waiting (default: the bundled profile's measured value)",
     )
     parser.add_argument(
         "--p2p-latency-s",
-        type=job_float("p2p_latency_s", unit="s"),
+        type=_NUMBER,
         help=f"latency of a P2P send (default {JOB_DEFAULTS.p2p_latency_s:g})",
     )
     parser.add_argument(
         "--backward-split",
-        type=job_float("backward_split"),
+        type=_NUMBER,
         help=f"share of a backward given to B when zero-bubble splits it into B and W (default {JOB_DEFAULTS.backward_split}; zb only)",
     )
     parser.add_argument(
@@ -136,69 +134,81 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--switch-latency-s",
-        type=job_float("switch_latency_s", unit="s"),
+        type=_NUMBER,
         help=f"time the old clock keeps running after a mid-op switch (default {JOB_DEFAULTS.switch_latency_s})",
     )
     parser.add_argument(
         "--switch-energy-j",
-        type=job_float("switch_energy_j", unit="J"),
+        type=_NUMBER,
         help=f"extra energy per mid-op clock switch (default {JOB_DEFAULTS.switch_energy_j})",
     )
     parser.add_argument(
         "--switch-stall-s",
-        type=job_float("switch_stall_s", unit="s"),
+        type=_NUMBER,
         help="time an op stalls per mid-op switch, drawn at the new clock's power (default "
         f"{JOB_DEFAULTS.switch_stall_s}; a runtime that waits for the set call: the set latency)",
     )
 
 
-def _layer_counts(text: str) -> tuple[int, ...]:
+def _layer_counts(text: str) -> list[int]:
     try:
-        counts = tuple(int(x) for x in text.split(","))
+        return [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
         ) from None
-    if not counts or len(counts) > 4096 or not all(1 <= c <= MAX_LAYERS_PER_STAGE for c in counts):
-        raise argparse.ArgumentTypeError(
-            f"layer counts must be 1..{MAX_LAYERS_PER_STAGE}, one number or one per stage, got "
-            f"{show_value(text)}"
-        )
-    return counts
 
 
-def _merge(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """Fill unset flags from the config, then from the defaults; write them back to ``args``.
+def _merge(args: argparse.Namespace) -> dict[str, str]:
+    """Validate the job's flags and its config's keys as one :class:`JobConfig` (a flag given
+    wins over its key; what both leave out takes the defaults) and write it back to ``args``.
 
     Returns:
-        The profile argument and, for each job field, where its value came from (the flag, or
-        ``"<config>: key <name>"``), for error messages.
+        For each job field, where its value came from (the flag, or ``"<config>: key <name>"``),
+        for later error messages.
     """
-    from perseus.io.config import read_job_config, resolve_config_profile
+    from pydantic import ValidationError
 
-    config: JobConfig | None = None
-    profile = args.profile
+    from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
+
     sources = {name: "--" + name.replace("_", "-") for name in CONFIG_FIELDS}
+    sources["profile"] = "PROFILE"
+    values: dict[str, object] = {}
     args.profile_source = None
     if getattr(args, "config", None) is not None:
         config, path = read_job_config(args.config)
-        if profile is None:
-            profile = resolve_config_profile(config, path)
+        if args.profile is None:
+            args.profile = resolve_config_profile(config, path)
             args.profile_source = f"{path}: key profile"
-        for name in CONFIG_FIELDS:
-            if getattr(args, name, None) is None:
-                setattr(args, name, getattr(config, name))
-                if name in config.model_fields_set:
-                    sources[name] = f"{path}: key {name}"
-    for name, value in _DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-    if profile is None:
+        for name in config.model_fields_set.intersection(CONFIG_FIELDS):
+            values[name] = getattr(config, name)
+            sources[name] = f"{path}: key {name}"
+    for name in CONFIG_FIELDS:
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+            sources[name] = "--" + name.replace("_", "-")
+    if args.profile is None:
         raise ConfigError("PROFILE: no profile given; pass PROFILE (e.g. a100) or --config FILE")
-    if args.microbatches is None:
+    if "microbatches" not in values:
         raise ConfigError("--microbatches: required (or give --config FILE with microbatches = N)")
-    args.profile = profile
-    return profile, sources
+    try:
+        job = JobConfig.model_validate({"profile": args.profile, **values})
+    except ValidationError as e:
+        raise ConfigError(_describe(e, sources)) from None
+    for name in CONFIG_FIELDS:
+        setattr(args, name, getattr(job, name))
+    return sources
+
+
+def _describe(error: ValidationError, sources: dict[str, str]) -> str:
+    """``"--stages: Input should be greater than or equal to 1, got 0"``, named by the flag or
+    the config key the value came from; of a union's errors (``12`` or ``[12, 12]``), the one
+    that reached deepest into the value."""
+    first = max(error.errors(), key=lambda e: len(e["loc"]))
+    name, *rest = first["loc"] or ("job",)
+    where = sources.get(str(name), str(name))
+    where += "".join(f"[{part}]" for part in rest if isinstance(part, int))
+    return f"{where}: {first['msg']}, got {show_value(first.get('input'))}"
 
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
@@ -213,7 +223,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
     """
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 
-    profile_arg, sources = _merge(args)
+    sources = _merge(args)
+    profile_arg = args.profile
     try:
         path = resolve_profile_path(profile_arg)
     except ConfigError as e:
@@ -308,13 +319,6 @@ def build_checked_job(
 
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
-    layers = two_clock.get("layers_per_stage") or ()
-    layers = (layers,) if isinstance(layers, int) else tuple(layers)
-    if any(n > MAX_LAYERS_PER_STAGE for n in layers):
-        raise ConfigError(
-            f"{size_source}: layers_per_stage {show_value(list(layers), 60)}: at most "
-            f"{MAX_LAYERS_PER_STAGE} layers per stage; plan with fewer (e.g. group layers)"
-        )
     return make_job(
         profile,
         schedule,

@@ -21,14 +21,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
 from perseus.io.reading import INPUT_LIMITS, read_bounded
-from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, clip_message, show_value
+from perseus.plan import job_range as _within
+from perseus.validate import JOB_DEFAULTS, clip_message, show_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,17 +41,13 @@ __all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_con
 CONFIG_SCHEMA_VERSION = 1
 
 
-def _within(name: str) -> Any:
-    """The field constraint of job number ``name`` (:data:`perseus.validate.JOB_BOUNDS`)."""
-    gt, ge, lt, le = JOB_BOUNDS[name]
-    return Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False)
-
-
 class JobConfig(BaseModel):
-    """One planning job as written in a TOML config (see the module docstring).
+    """One planning job as written in a TOML config (see the module docstring), or as given by
+    flags (:func:`perseus.cli._job_args.job_from_args` validates the flags through it too).
 
     Types are strict: ``microbatches = "4"`` or ``= true`` is an error, not 4 or 1; numbers
-    must be finite and within the same ranges as the command-line flags.
+    must be finite and within :data:`perseus.validate.JOB_BOUNDS`; what is left out takes
+    :data:`perseus.validate.JOB_DEFAULTS`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -58,7 +55,7 @@ class JobConfig(BaseModel):
     schema_version: Literal[1] = 1
     description: Annotated[str, Field(max_length=10_000)] | None = None
     profile: Annotated[str, Field(min_length=1, max_length=4096)]
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = JOB_DEFAULTS.schedule
     stages: Annotated[int, _within("stages")] | None = None
     microbatches: Annotated[int, _within("microbatches")]
     virtual_stages: Annotated[int, _within("virtual_stages")] = JOB_DEFAULTS.virtual_stages

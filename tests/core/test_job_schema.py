@@ -1,6 +1,7 @@
 """A job's ranges and defaults are declared once (``perseus.validate.JOB_BOUNDS`` and
-``JOB_DEFAULTS``): its flags and its TOML keys accept and refuse the same values and fall back
-to the same defaults."""
+``JOB_DEFAULTS``, read by ``JobConfig`` and ``JobSpec``), and ``JobConfig`` validates its flags
+and its TOML keys alike: both accept and refuse the same values, with the same words, and fall
+back to the same defaults."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from perseus.cli._job_args import CONFIG_FIELDS, add_job_arguments
-from perseus.io.config import JobConfig
+from perseus.cli._job_args import CONFIG_FIELDS, _merge, add_job_arguments
+from perseus.cli.main import main
+from perseus.errors import ConfigError
+from perseus.io.config import JobConfig, read_job_config
+from perseus.plan import JobSpec
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, Bounds
 
 _INTS = {"stages", "microbatches", "virtual_stages", "pipelines", "layers_per_stage"}
@@ -42,8 +46,8 @@ def _edges(name: str, bounds: Bounds) -> list[tuple[float, bool]]:
 def _flag_accepts(name: str, value: float) -> bool:
     flag = "--" + name.replace("_", "-")
     try:
-        _parser().parse_args(["a100", flag, str(value)])
-    except argparse.ArgumentError:
+        _merge(_parser().parse_args(["a100", "--microbatches", "4", flag, str(value)]))
+    except (argparse.ArgumentError, ConfigError):
         return False
     return True
 
@@ -65,7 +69,7 @@ def test_a_key_and_its_flag_take_the_same_range(name: str) -> None:
     flags = {a.dest for a in _parser()._actions}
     for value, accepted in _edges(name, JOB_BOUNDS[name]):
         assert _key_accepts(name, value) is accepted, (name, value)
-        if name in flags and name != "layers_per_stage":  # its flag is a list: 12,12,...
+        if name in flags:
             assert _flag_accepts(name, value) is accepted, (name, value)
 
 
@@ -84,3 +88,48 @@ def test_edges_cover_both_sides_of_every_bound() -> None:
         edges = _edges(name, bounds)
         assert any(ok for _, ok in edges) and any(not ok for _, ok in edges), name
         assert all(math.isfinite(v) for v, _ in edges)
+
+
+def test_a_bad_flag_and_a_bad_key_get_the_same_words(tmp_path: pytest.TempPathFactory) -> None:
+    config = tmp_path / "job.toml"  # type: ignore[operator]
+    config.write_text('profile = "a100"\nmicrobatches = 4\nstages = 0\n')
+    with pytest.raises(ConfigError) as by_key:
+        read_job_config(config)
+    with pytest.raises(ConfigError) as by_flag:
+        _merge(_parser().parse_args(["a100", "--microbatches", "4", "--stages", "0"]))
+    assert str(by_flag.value) == "--stages: Input should be greater than or equal to 1, got 0"
+    assert (
+        str(by_key.value)
+        == f"{config}: key stages: Input should be greater than or equal to 1, got 0"
+    )
+
+
+def test_a_bad_flag_exits_2_naming_the_flag_and_the_element(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["evaluate", "a100", "--microbatches", "4", "--layers-per-stage", "12,0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --layers-per-stage[1]: Input should be greater than or equal to 1, got 0"
+
+
+_SPEC = {"schedule": "1f1b", "ranks": 4, "stages": 4, "microbatches": 4}
+_SPEC |= {"blocking_power_w": 80.0, "profile_sha256": "0" * 64}
+#: A plan file may record a switch energy past a config's range; the rest is the job's table.
+_SPEC_OWN = {"switch_energy_j", "layer_time_fractions"}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(JOB_BOUNDS.keys() & JobSpec.model_fields.keys() - _SPEC_OWN)
+)
+def test_a_plan_files_job_takes_the_same_ranges_and_defaults(name: str) -> None:
+    for value, accepted in _edges(name, JOB_BOUNDS[name]):
+        doc = _SPEC | {name: [value] if name == "layers_per_stage" else value}
+        try:
+            JobSpec.model_validate(doc)
+        except ValidationError:
+            assert not accepted, (name, value)
+        else:
+            assert accepted, (name, value)
+    field = JobSpec.model_fields[name]
+    if not field.is_required() and field.default is not None:
+        assert field.default == getattr(JOB_DEFAULTS, name), name
