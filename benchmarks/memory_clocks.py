@@ -17,7 +17,7 @@ saving, beside one clock (pair) per op, which any plan that switches must beat. 
 
 Part 3 (run time): the A40 pair profile cut to 4 stages, 1F1B, 8 microbatches, 12 layers per
 stage; its no-slowdown plan (two and three phases per op) deployed on four emulated ranks
-(:mod:`perseus.runtime.agent.virtual_pipeline`: the rank agents and their clock workers on
+(``benchmarks/_virtual_pipeline.py``: the rank agents and their clock workers on
 simulated A40s, seeded noise, 5 ms lognormal set latency, on virtual time), against the
 all-max plan run the same way: predicted and measured saving, measured against predicted time,
 and the mid-op switches and memory-clock set calls per iteration (means over iterations 2-6).
@@ -35,6 +35,8 @@ import tempfile
 import time
 from typing import Any
 
+from _virtual_pipeline import run_virtual_pipeline
+
 from perseus.device.clock import VirtualClock
 from perseus.device.power_model import with_memory_clocks
 from perseus.device.presets import A40_MEMORY, switch_cost_for
@@ -42,7 +44,6 @@ from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.profile.model import Profile
-from perseus.runtime.agent.virtual_pipeline import run_virtual_pipeline
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind
 from perseus.solver import trace

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks._virtual_pipeline import run_virtual_pipeline
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.clock import VirtualClock
 from perseus.device.power_model import with_memory_clocks
@@ -29,7 +30,6 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.rank_plan import OpPhase, RankPlan
-from perseus.runtime.agent.virtual_pipeline import run_virtual_pipeline
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
 from perseus.solver import trace

@@ -13,8 +13,8 @@ and so every later rank's input time, is final. Iterations end at a barrier (the
 step): each rank's next iteration starts when the slowest rank ended, and the idle time before
 it is inside the rank's iteration window, as in the planner's model.
 
-This is what the four-rank clock-pair tests and ``benchmarks/memory_clocks.py`` run; real-time,
-multi-process emulation is :mod:`perseus.runtime.emulation`.
+This is a harness, not part of the package: ``benchmarks/memory_clocks.py`` and the four-rank
+clock-pair tests run it; real-time, multi-process emulation is :mod:`perseus.runtime.emulation`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from perseus.plan import Frontier
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.rank_plan import RankPlan
 from perseus.runtime.agent.records import AgentRecords
-from perseus.schedule.actions import Kind
+from perseus.schedule.actions import Action, Kind
+from perseus.schedule.dependencies import action_dependencies
 
 __all__ = ["VirtualPipelineRun", "run_virtual_pipeline"]
-
-_OpKey = tuple[str, int, int]  # (kind, microbatch, stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +62,6 @@ class VirtualPipelineRun:
         return sum(times) / len(times), sum(energies) / len(energies)
 
 
-def _producer(op: _OpKey, num_stages: int) -> _OpKey | None:
-    """The op whose output ``op`` consumes from another stage (None: none)."""
-    kind, mb, stage = op
-    if kind == "F":
-        return ("F", mb, stage - 1) if stage > 0 else None
-    if kind == "B":
-        return ("B", mb, stage + 1) if stage + 1 < num_stages else ("F", mb, stage)
-    return ("B", mb, stage)  # W: its own stage's B (same rank: already in order)
-
-
 def run_virtual_pipeline(
     plan: Frontier,
     gpus: Sequence[SimulatedGPU],
@@ -99,6 +88,7 @@ def run_virtual_pipeline(
     if len(gpus) != ranks:
         raise PlanError(f"the plan has {ranks} ranks but {len(gpus)} GPUs were given")
     agents = [
+        # the GPU's own VirtualClock; no watchdog or signal handlers in one thread
         RankAgent(
             plan,
             gpu,
@@ -106,71 +96,93 @@ def run_virtual_pipeline(
             point_index=point_index,
             watchdog=False,
             handle_signals=False,
-            clock=gpu.clock,  # the GPU's own VirtualClock
+            clock=gpu.clock,
             **agent_kwargs,
         )
         for r, gpu in enumerate(gpus)
     ]
-    expected = [RankPlan.of(plan, point_index, r).expected for r in range(ranks)]
-    num_stages = 1 + max(op[2] for ops in expected for op in ops)
-    times: list[float] = []
-    energies: list[float] = []
-    switches: list[int] = []
+    expected = [_actions(RankPlan.of(plan, point_index, r)) for r in range(ranks)]
     for agent in agents:
         agent.start()
     try:
         barrier_s = max(g.timeline_now_s() for g in gpus)
+        steps: list[tuple[float, float, int]] = []
         for _ in range(iterations):
-            for agent, gpu in zip(agents, gpus, strict=True):
-                agent.step_begin()
-                gpu.wait_until(barrier_s)
-            ends: dict[_OpKey, DeviceEvent] = {}
-            owner = {op: r for r, ops in enumerate(expected) for op in ops}
-            cursors = [0] * ranks
-            while any(c < len(expected[r]) for r, c in enumerate(cursors)):
-                progressed = False
-                for r, agent in enumerate(agents):
-                    ops, gpu = expected[r], gpus[r]
-                    while cursors[r] < len(ops):
-                        op = ops[cursors[r]]
-                        src = _producer(op, num_stages)
-                        if src is not None and owner.get(src, r) != r:
-                            if src not in ends:
-                                break
-                            gpu.wait_event(ends[src])  # the receive of its input
-                        kind, mb, stage = op
-                        with agent.op(kind, mb, stage):
-                            gpu.launch(stage, Kind(kind))
-                        end = agent.last_op_end_event
-                        assert end is not None
-                        ends[op] = end
-                        ctl = agent.controller
-                        if ctl is not None:
-                            ctl.flush()  # this op's clock work, on this rank's clock
-                        cursors[r] += 1
-                        progressed = True
-                if not progressed:
-                    stuck = {
-                        r: ops[cursors[r]]
-                        for r, ops in enumerate(expected)
-                        if cursors[r] < len(ops)
-                    }
-                    raise PlanError(f"the plan's ops deadlock across ranks at {stuck}")
-            records = [agent.step_end() for agent in agents]
-            last_s = max(_agent_end(agent) for agent in agents)
-            times.append(last_s - barrier_s)
-            energies.append(sum(rec.energy_j for rec in records))
-            switches.append(sum(rec.mid_op_switches for rec in records))
+            last_s, energy_j, switches = _run_iteration(agents, gpus, expected, barrier_s)
+            steps.append((last_s - barrier_s, energy_j, switches))
             barrier_s = last_s
     finally:
         for agent in agents:
             agent.close()
     return VirtualPipelineRun(
-        time_s=tuple(times),
-        energy_j=tuple(energies),
-        mid_op_switches=tuple(switches),
+        time_s=tuple(t for t, _, _ in steps),
+        energy_j=tuple(e for _, e, _ in steps),
+        mid_op_switches=tuple(n for _, _, n in steps),
         records=tuple(agent.records for agent in agents),
     )
+
+
+def _actions(rank_plan: RankPlan) -> list[Action]:
+    return [Action(stage, Kind(kind), mb) for kind, mb, stage in rank_plan.expected]
+
+
+def _run_iteration(
+    agents: Sequence[RankAgent],
+    gpus: Sequence[SimulatedGPU],
+    expected: list[list[Action]],
+    barrier_s: float,
+) -> tuple[float, float, int]:
+    """One iteration from the barrier at ``barrier_s``: its end, energy and mid-op switches."""
+    for agent, gpu in zip(agents, gpus, strict=True):
+        agent.step_begin()
+        gpu.wait_until(barrier_s)
+    _run_ops(agents, gpus, expected)
+    records = [agent.step_end() for agent in agents]
+    energy_j = sum(rec.energy_j for rec in records)
+    return max(map(_agent_end, agents)), energy_j, sum(rec.mid_op_switches for rec in records)
+
+
+def _receives(expected: list[list[Action]]) -> dict[Action, list[Action]]:
+    """Per op, the ops of other ranks whose output it receives (the one dependency rule)."""
+    num_stages = 1 + max(a.stage_index for ops in expected for a in ops)
+    owner = {a: r for r, ops in enumerate(expected) for a in ops}
+    return {
+        op: [a for a in action_dependencies(op, num_stages) if owner[a] != owner[op]]
+        for op in owner
+    }
+
+
+def _run_ops(
+    agents: Sequence[RankAgent], gpus: Sequence[SimulatedGPU], expected: list[list[Action]]
+) -> None:
+    """Each rank's ops in order, a rank running on until it waits for another rank's output."""
+    receives = _receives(expected)
+    ends: dict[Action, DeviceEvent] = {}
+    todo = [list(ops) for ops in expected]
+    while any(todo):
+        ran = 0
+        for r, (agent, gpu) in enumerate(zip(agents, gpus, strict=True)):
+            while todo[r] and all(a in ends for a in receives[todo[r][0]]):
+                action = todo[r].pop(0)
+                for a in receives[action]:
+                    gpu.wait_event(ends[a])  # the receive of its input
+                ends[action] = _run_op(agent, gpu, action)
+                ran += 1
+        if not ran:
+            stuck = [str(ops[0]) for ops in todo if ops]
+            raise PlanError(f"the plan's ops deadlock across ranks at {stuck}")
+
+
+def _run_op(agent: RankAgent, gpu: SimulatedGPU, action: Action) -> DeviceEvent:
+    """Run one op on its rank and the controller's work for it; the op's end event."""
+    with agent.op(action.kind.value, action.microbatch_index, action.stage_index):
+        gpu.launch(action.stage_index, action.kind)
+    end = agent.last_op_end_event
+    if end is None:
+        raise PlanError(f"rank {agent.rank}: op {action} recorded no end event")
+    if agent.controller is not None:
+        agent.controller.flush()  # this op's clock work, on this rank's clock
+    return end
 
 
 def _agent_end(agent: RankAgent) -> float:
