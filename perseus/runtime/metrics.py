@@ -502,6 +502,12 @@ def _check_arguments(
     for name, path in (("jsonl", jsonl), ("csv", csv)):
         if path is not None and (not isinstance(path, str | os.PathLike) or not str(path)):
             raise ConfigError(f"MetricsSink: `{name}` must be a file path, got {path!r:.60}")
+    _check_prometheus(registry, port, addr)
+    if labels is not None:
+        _check_labels(labels)
+
+
+def _check_prometheus(registry: object, port: object, addr: object) -> None:
     if port is not None and (
         isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
     ):
@@ -519,8 +525,10 @@ def _check_arguments(
             "MetricsSink: `prometheus_registry` must be a prometheus_client.CollectorRegistry, "
             f"got {type(registry).__name__}"
         )
-    if labels is None:
-        return
+
+
+def _check_labels(labels: object) -> None:
+    """One :class:`ConfigError` line for the first bad extra label of :class:`MetricsSink`."""
     if not isinstance(labels, dict):
         raise ConfigError(
             f"MetricsSink: `labels` must be a dict of label name to value, got "

@@ -240,30 +240,12 @@ def instrument_megatron(
         ConfigError: if the hooks are already installed in this process; from an evaluation
             pass inside a training iteration.
     """
-    mc = check_megatron_version()
+    schedules = check_megatron_version().schedules
     if _installed:
         raise ConfigError("instrument_megatron is already active in this process")
-    schedules = mc.schedules
     original_fwd, original_bwd = schedules.forward_step, schedules.backward_step
     seen: list[Action] = []
     pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
-
-    originals = {name: getattr(schedules, name) for name in _FORWARD_BACKWARD_NAMES}
-
-    def refuse_eval(kwargs: dict[str, Any]) -> None:
-        import torch
-
-        if in_iteration() and (kwargs.get("forward_only") or not torch.is_grad_enabled()):
-            flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
-            raise eval_in_iteration(f"forward_backward_func(..., {flag})")
-
-    def schedule_function(original: Any) -> Any:
-        @functools.wraps(original)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            refuse_eval(kwargs)
-            return original(*args, **kwargs)
-
-        return run
 
     @functools.wraps(original_fwd)
     def forward_step(*args: Any, **kwargs: Any) -> Any:
@@ -271,14 +253,11 @@ def instrument_megatron(
 
         forward_only = _calling_forward_only(schedules)
         if forward_only or not torch.is_grad_enabled():
-            refuse_eval({"forward_only": forward_only})  # a schedule function held from before
+            # a schedule function held from before the hooks were installed
+            _refuse_eval(in_iteration, {"forward_only": forward_only})
             return original_fwd(*args, **kwargs)
-        chunk = kwargs.get("vp_stage") or 0
-        microbatch = kwargs.get("current_microbatch")
-        if microbatch is None:
-            raise ScheduleError("Megatron's forward_step was called without current_microbatch")
-        action = Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
-        if action.microbatch_index == 0 and int(chunk) == 0:
+        action = _forward_action(kwargs, num_ranks, rank)
+        if action.microbatch_index == 0 and action.stage_index == rank:
             pending.clear()  # a new iteration: drop what an aborted one left behind
         seen.append(action)
         with factory(action):
@@ -300,17 +279,47 @@ def instrument_megatron(
         with factory(action):
             return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
 
+    hooks = {
+        n: _refusing_eval(getattr(schedules, n), in_iteration) for n in _FORWARD_BACKWARD_NAMES
+    }
+    hooks |= {"forward_step": forward_step, "backward_step": backward_step}
+    originals = {name: getattr(schedules, name) for name in hooks}
     _installed.append(True)
-    schedules.forward_step, schedules.backward_step = forward_step, backward_step
-    for name, original in originals.items():
-        setattr(schedules, name, schedule_function(original))
+    vars(schedules).update(hooks)
     try:
         yield seen
     finally:
-        schedules.forward_step, schedules.backward_step = original_fwd, original_bwd
-        for name, original in originals.items():
-            setattr(schedules, name, original)
+        vars(schedules).update(originals)
         _installed.clear()
+
+
+def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
+    """The forward a ``forward_step`` call runs: model chunk ``c`` is stage ``c * R + rank``."""
+    chunk = kwargs.get("vp_stage") or 0
+    microbatch = kwargs.get("current_microbatch")
+    if microbatch is None:
+        raise ScheduleError("Megatron's forward_step was called without current_microbatch")
+    return Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
+
+
+def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> None:
+    """Refuse an evaluation pass (``forward_only`` or no gradients) inside a training iteration."""
+    import torch
+
+    if in_iteration() and (kwargs.get("forward_only") or not torch.is_grad_enabled()):
+        flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
+        raise eval_in_iteration(f"forward_backward_func(..., {flag})")
+
+
+def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:
+    """A schedule function that refuses evaluation inside an iteration before it communicates."""
+
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _refuse_eval(in_iteration, kwargs)
+        return original(*args, **kwargs)
+
+    return run
 
 
 def _calling_forward_only(schedules: types.ModuleType) -> bool:
