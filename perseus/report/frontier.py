@@ -50,128 +50,123 @@ def plot_frontier(
         measured: Optional emulated/real run: its predicted and measured points are drawn.
         title: Figure title (default: the job).
     """
-    base = frontier.baseline
-    fastest, slowest = frontier.fastest, frontier.min_energy
     kj = 1e-3
     with report_style():
         fig = new_figure()
         ax = fig.add_subplot()
         if global_clock:
-            # Every setting as a dot; the line joins only the efficient ones (on power-capped
-            # GPUs many clocks run equally fast, and a line through all of them zigzags).
-            gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
-            ax.plot(
-                [p.time_s for p in gc],
-                [p.energy_j * kj for p in gc],
-                ".",
-                color="tab:gray",
-                ms=5,
-                zorder=2,
-            )
-            efficient = [
-                p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])
-            ]
-            ax.plot(
-                [p.time_s for p in efficient],
-                [p.energy_j * kj for p in efficient],
-                "--",
-                color="tab:gray",
-                marker=".",
-                lw=1.2,
-                label="Global clock, every setting (line: efficient ones)",
-                zorder=2,
-            )
-        useful = [p for p in frontier.points if p.time_s <= slowest.time_s]
-        ax.plot(
-            [p.time_s for p in useful],
-            [p.energy_j * kj for p in useful],
-            "-o",
-            color="tab:blue",
-            ms=3,
-            lw=2.2,
-            label=f"Perseus frontier ({len(useful)} plans)",
-            zorder=4,
-        )
-        ax.plot(
-            [base.time_s],
-            [base.energy_j * kj],
-            "*",
-            color="black",
-            ms=16,
-            label=BASELINE_LABELS["all-max"],
-            zorder=6,
-        )
-        for name, p in (baselines or {}).items():
-            if name == "all-max":
-                continue
-            ax.plot(
-                [p.time_s],
-                [p.energy_j * kj],
-                _MARKERS.get(name, "o"),
-                color=_COLORS.get(name, "tab:brown"),
-                ms=10,
-                mec="white",
-                label=BASELINE_LABELS.get(name, name),
-                zorder=5,
-            )
+            _draw_global_clock(ax, global_clock, kj)
+        _draw_plans(ax, frontier, baselines or {}, kj)
         if measured is not None:
             _draw_measured(ax, measured, kj)
-        ymin, ymax = ax.get_ylim()
-        ymin -= 0.18 * (ymax - ymin)  # room for the annotations under the frontier
-        for t, name in ((fastest.time_s, "T_min"), (slowest.time_s, "T*")):
-            ax.axvline(t, color="tab:red", ls=":", lw=1.2, zorder=1)
-            ax.text(
-                t, ymax, f" {name} = {t:.3f} s", color="tab:red", va="top", ha="left", fontsize=10
-            )
-        save_fast = 1 - fastest.energy_j / base.energy_j
-        save_star = 1 - slowest.energy_j / base.energy_j
-        slow_star = slowest.time_s / base.time_s - 1
-        span = ymax - ymin
-        xmin, xmax = ax.get_xlim()
-        box = {"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9}
-        # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
-        ax.annotate(
-            "",
-            xy=(fastest.time_s, fastest.energy_j * kj),
-            xytext=(base.time_s, base.energy_j * kj),
-            arrowprops={
-                "arrowstyle": "-|>",
-                "color": "tab:blue",
-                "lw": 2,
-                "shrinkA": 9,
-                "shrinkB": 3,
-            },
-        )
-        # Below a convex decreasing frontier the lower-left and lower-right corners are empty.
-        ax.annotate(
-            f"−{100 * save_fast:.1f} % energy\nat no slowdown",
-            xy=(fastest.time_s, fastest.energy_j * kj),
-            xytext=(fastest.time_s + 0.06 * (xmax - xmin), ymin + 0.03 * span),
-            fontsize=12,
-            fontweight="bold",
-            color="tab:blue",
-            va="bottom",
-            bbox=box,
-            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
-        )
-        ax.annotate(
-            f"−{100 * save_star:.1f} % energy at T*\n(+{100 * slow_star:.1f} % time)",
-            xy=(slowest.time_s, slowest.energy_j * kj),
-            xytext=(slowest.time_s + 0.30 * (xmax - slowest.time_s), ymin + 0.03 * span),
-            fontsize=12,
-            fontweight="bold",
-            color="tab:blue",
-            va="bottom",
-            bbox=box,
-            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
-        )
-        ax.set_ylim(ymin, ymax)
-        ax.set_xlim(xmin, xmax)
+        _annotate_savings(ax, frontier, kj)
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Energy per iteration, all GPUs (kJ)")
         ax.set_title(title or _default_title(frontier))
         ax.legend(loc="upper right", framealpha=0.9)
         return to_png(fig)
+
+
+def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint], kj: float) -> None:
+    # Every setting as a dot; the line joins only the efficient ones (on power-capped GPUs
+    # many clocks run equally fast, and a line through all of them zigzags).
+    gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
+    ax.plot(
+        [p.time_s for p in gc], [p.energy_j * kj for p in gc], ".", color="tab:gray", ms=5, zorder=2
+    )
+    efficient = [p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])]
+    ax.plot(
+        [p.time_s for p in efficient],
+        [p.energy_j * kj for p in efficient],
+        "--",
+        color="tab:gray",
+        marker=".",
+        lw=1.2,
+        label="Global clock, every setting (line: efficient ones)",
+        zorder=2,
+    )
+
+
+def _draw_plans(
+    ax: Axes, frontier: Frontier, baselines: Mapping[str, PlanPoint], kj: float
+) -> None:
+    """The frontier up to T*, the all-max star and the other baselines."""
+    useful = [p for p in frontier.points if p.time_s <= frontier.min_energy.time_s]
+    ax.plot(
+        [p.time_s for p in useful],
+        [p.energy_j * kj for p in useful],
+        "-o",
+        color="tab:blue",
+        ms=3,
+        lw=2.2,
+        label=f"Perseus frontier ({len(useful)} plans)",
+        zorder=4,
+    )
+    base = frontier.baseline
+    label = BASELINE_LABELS["all-max"]
+    ax.plot([base.time_s], [base.energy_j * kj], "*", color="black", ms=16, label=label, zorder=6)
+    for name, p in baselines.items():
+        if name == "all-max":
+            continue
+        ax.plot(
+            [p.time_s],
+            [p.energy_j * kj],
+            _MARKERS.get(name, "o"),
+            color=_COLORS.get(name, "tab:brown"),
+            ms=10,
+            mec="white",
+            label=BASELINE_LABELS.get(name, name),
+            zorder=5,
+        )
+
+
+def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
+    """T_min and T* as lines, and the energy saved at each written under the frontier."""
+    base, fastest, slowest = frontier.baseline, frontier.fastest, frontier.min_energy
+    ymin, ymax = ax.get_ylim()
+    ymin -= 0.18 * (ymax - ymin)  # room for the annotations under the frontier
+    for t, name in ((fastest.time_s, "T_min"), (slowest.time_s, "T*")):
+        ax.axvline(t, color="tab:red", ls=":", lw=1.2, zorder=1)
+        ax.text(t, ymax, f" {name} = {t:.3f} s", color="tab:red", va="top", ha="left", fontsize=10)
+    save_fast = 1 - fastest.energy_j / base.energy_j
+    save_star = 1 - slowest.energy_j / base.energy_j
+    slow_star = slowest.time_s / base.time_s - 1
+    span = ymax - ymin
+    xmin, xmax = ax.get_xlim()
+    # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
+    arrow = {"arrowstyle": "-|>", "color": "tab:blue", "lw": 2, "shrinkA": 9, "shrinkB": 3}
+    ax.annotate(
+        "",
+        xy=(fastest.time_s, fastest.energy_j * kj),
+        xytext=(base.time_s, base.energy_j * kj),
+        arrowprops=arrow,
+    )
+    # Below a convex decreasing frontier the lower-left and lower-right corners are empty.
+    for text, point, x in (
+        (
+            f"−{100 * save_fast:.1f} % energy\nat no slowdown",
+            fastest,
+            fastest.time_s + 0.06 * (xmax - xmin),
+        ),
+        (
+            f"−{100 * save_star:.1f} % energy at T*\n(+{100 * slow_star:.1f} % time)",
+            slowest,
+            slowest.time_s + 0.30 * (xmax - slowest.time_s),
+        ),
+    ):
+        ax.annotate(
+            text,
+            xy=(point.time_s, point.energy_j * kj),
+            xytext=(x, ymin + 0.03 * span),
+            fontsize=12,
+            fontweight="bold",
+            color="tab:blue",
+            va="bottom",
+            bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9},
+            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
+        )
+    ax.set_ylim(ymin, ymax)
+    ax.set_xlim(xmin, xmax)
 
 
 def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:

@@ -73,85 +73,18 @@ def render_html(
         measured: A run's predicted and measured figures, if any.
         notes: Extra lines (e.g. why a plot is missing).
     """
-    a, f, m = summary.allmax, summary.fastest, summary.min_energy
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        '<p class="headline">'
-        f"Energy saved at no slowdown: <b>{100 * f.energy_saving:.1f} %</b>. "
-        f"At T* = {m.time_s:.3f} s: <b>{100 * m.energy_saving:.1f} %</b> "
-        f"({100 * m.slowdown:.1f} % slower)."
-        + (
-            f" With a {summary.straggler.factor:g}× straggler among "
-            f"{summary.straggler.pipelines} pipelines: <b>{100 * summary.straggler.saving_vs_allmax:.1f} %</b>."
-            if summary.straggler
-            else ""
-        )
-        + "</p>",
+        _headline(summary),
         "<h2>Job</h2>",
         _table(["", "value"], [(k, v) for k, v in details.items()], left=2),
         "<h2>Plans</h2>",
-        _table(
-            ["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"],
-            [
-                ("All-max", f"{a.time_s:.4f}", f"{a.energy_j / 1e3:.3f}", "+0.0 %", "+0.0 %"),
-                (
-                    "Perseus, fastest (T_min)",
-                    f"{f.time_s:.4f}",
-                    f"{f.energy_j / 1e3:.3f}",
-                    _pct(f.slowdown),
-                    _pct(-f.energy_saving),
-                ),
-                (
-                    "Perseus, minimum energy (T*)",
-                    f"{m.time_s:.4f}",
-                    f"{m.energy_j / 1e3:.3f}",
-                    _pct(m.slowdown),
-                    _pct(-m.energy_saving),
-                ),
-                *[
-                    (
-                        BASELINE_LABELS.get(name, name),
-                        f"{b.time_s:.4f}",
-                        f"{b.energy_j / 1e3:.3f}",
-                        _pct(b.slowdown),
-                        _pct(-b.energy_saving),
-                    )
-                    for name, b in summary.baselines.items()
-                    if name != "all-max"
-                ],
-            ],
-        ),
+        _plans_table(summary),
     ]
-    for key, heading, caption in (
-        (
-            "frontier",
-            "Time–energy frontier",
-            "Every point is a full frequency plan evaluated exactly on the job's DAG. T_min is the "
-            "fastest plan's time, T* the minimum-energy plan's.",
-        ),
-        (
-            "timeline",
-            "One iteration, op by op",
-            "Colour is the op's average power; hatched pale bars are blocking time "
-            "(waiting on a neighbour at blocking power).",
-        ),
-        (
-            "power",
-            "Power",
-            "Left: each plan's average (and peak) summed power against its iteration time, the "
-            "fastest plan under any power budget. Right: the summed power of all GPUs over one "
-            "iteration (the step function whose integral is the exact energy).",
-        ),
-        (
-            "straggler",
-            "One straggling pipeline",
-            "Non-straggler pipelines run the cheapest plan that finishes within the straggler's "
-            "time T′ (capped at T*) instead of running all-max and waiting.",
-        ),
-    ):
+    for key, heading, caption in _FIGURES:
         if key in images:
             parts += [
                 f"<h2>{heading}</h2>",
@@ -159,46 +92,109 @@ def render_html(
                 f'<p class="note">{caption}</p>',
             ]
     if sweep:
-        parts.append(
-            _table(
-                ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"],
-                [
-                    (
-                        f"{c.factor:.2f}",
-                        f"{c.straggler_time_s:.3f}",
-                        f"{c.plan_time_s:.3f}",
-                        f"{100 * c.saving_vs_allmax:.1f} %",
-                        f"{100 * c.saving_vs_fastest:.1f} %",
-                    )
-                    for c in sweep
-                ],
-            )
-        )
+        parts.append(_sweep_table(sweep))
     if measured is not None:
-        rows = [_measured_row("plan", measured.predicted, measured.measured)]
-        if measured.allmax is not None:
-            rows.append(
-                _measured_row("all-max", measured.allmax.predicted, measured.allmax.measured)
-            )
-        parts += [
-            "<h2>Predicted vs measured</h2>",
-            _table(
-                [
-                    "run",
-                    "predicted time (s)",
-                    "measured time (s)",
-                    "error",
-                    "predicted energy (kJ)",
-                    "measured energy (kJ)",
-                    "error",
-                ],
-                rows,
-            ),
-        ]
+        parts += ["<h2>Predicted vs measured</h2>", _measured_table(measured)]
     if notes:
         parts.append("".join(f'<p class="note">{html.escape(n)}</p>' for n in notes))
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+#: The figures in page order: (image name, heading, caption).
+_FIGURES = (
+    (
+        "frontier",
+        "Time–energy frontier",
+        "Every point is a full frequency plan evaluated exactly on the job's DAG. T_min is the "
+        "fastest plan's time, T* the minimum-energy plan's.",
+    ),
+    (
+        "timeline",
+        "One iteration, op by op",
+        "Colour is the op's average power; hatched pale bars are blocking time "
+        "(waiting on a neighbour at blocking power).",
+    ),
+    (
+        "power",
+        "Power",
+        "Left: each plan's average (and peak) summed power against its iteration time, the "
+        "fastest plan under any power budget. Right: the summed power of all GPUs over one "
+        "iteration (the step function whose integral is the exact energy).",
+    ),
+    (
+        "straggler",
+        "One straggling pipeline",
+        "Non-straggler pipelines run the cheapest plan that finishes within the straggler's "
+        "time T′ (capped at T*) instead of running all-max and waiting.",
+    ),
+)
+
+
+def _headline(summary: Summary) -> str:
+    f, m, straggler = summary.fastest, summary.min_energy, summary.straggler
+    return (
+        '<p class="headline">'
+        f"Energy saved at no slowdown: <b>{100 * f.energy_saving:.1f} %</b>. "
+        f"At T* = {m.time_s:.3f} s: <b>{100 * m.energy_saving:.1f} %</b> "
+        f"({100 * m.slowdown:.1f} % slower)."
+        + (
+            f" With a {straggler.factor:g}× straggler among "
+            f"{straggler.pipelines} pipelines: <b>{100 * straggler.saving_vs_allmax:.1f} %</b>."
+            if straggler
+            else ""
+        )
+        + "</p>"
+    )
+
+
+def _plans_table(summary: Summary) -> str:
+    a = summary.allmax
+    plans = [
+        ("Perseus, fastest (T_min)", summary.fastest),
+        ("Perseus, minimum energy (T*)", summary.min_energy),
+        *[(BASELINE_LABELS.get(n, n), b) for n, b in summary.baselines.items() if n != "all-max"],
+    ]
+    return _table(
+        ["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"],
+        [
+            ("All-max", f"{a.time_s:.4f}", f"{a.energy_j / 1e3:.3f}", "+0.0 %", "+0.0 %"),
+            *[
+                (
+                    name,
+                    f"{p.time_s:.4f}",
+                    f"{p.energy_j / 1e3:.3f}",
+                    _pct(p.slowdown),
+                    _pct(-p.energy_saving),
+                )
+                for name, p in plans
+            ],
+        ],
+    )
+
+
+def _sweep_table(sweep: Sequence[StragglerCase]) -> str:
+    return _table(
+        ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"],
+        [
+            (
+                f"{c.factor:.2f}",
+                f"{c.straggler_time_s:.3f}",
+                f"{c.plan_time_s:.3f}",
+                f"{100 * c.saving_vs_allmax:.1f} %",
+                f"{100 * c.saving_vs_fastest:.1f} %",
+            )
+            for c in sweep
+        ],
+    )
+
+
+def _measured_table(measured: MeasuredRun) -> str:
+    rows = [_measured_row("plan", measured.predicted, measured.measured)]
+    if measured.allmax is not None:
+        rows.append(_measured_row("all-max", measured.allmax.predicted, measured.allmax.measured))
+    headers = ["run", "predicted time (s)", "measured time (s)", "error"]
+    return _table([*headers, "predicted energy (kJ)", "measured energy (kJ)", "error"], rows)
 
 
 def _measured_row(name: str, pred: MeasuredFigures, meas: MeasuredFigures) -> tuple[str, ...]:
