@@ -6,7 +6,9 @@ in a temp dir, never the real ``/dev``) and a FIFO nobody writes, under a memory
 refused in one line naming the file, exit 2, without reading it (no endless read, no hang).
 Outputs onto a private ``/dev/null`` and a FIFO are written through (the node stays a node) or
 refused in one line; links the attacker plants in a shared sticky directory are not followed.
-Every target stays intact and no temporary file is left.
+Every target stays intact and no temporary file is left. Refusals that read nothing (links,
+two outputs in one file) run in this process through the corpus's harness; what could read
+without end runs in a child process under a memory cap.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from perseus.io import load_profile, write_frontier
 from perseus.io.profile_files import write_profile_csv
 from perseus.job import make_job
 from perseus.plan import SCHEMA_VERSION
+from tests.corpus._harness import Case, check
 
 from .conftest import Attacker, memory_cap
 
@@ -328,12 +331,16 @@ TRAP_NAMES = [
 
 @pytest.mark.parametrize("trap", TRAP_NAMES)
 def test_links_and_fifos_planted_in_a_shared_directory_are_not_followed(
-    planted: Path, private: Path, work: Path, trap: str
+    planted: Path,
+    private: Path,
+    tmp_path: Path,
+    trap: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    case = _traps(private, planted)[trap]
+    trapped = _traps(private, planted)[trap]
     before = {p.name: os.lstat(p) for p in planted.rglob("*")}
-    result = perseus(case.argv, work)
-    assert_refused(result, *case.mentions)
+    check(Case(trap, trapped.argv, list(trapped.mentions)), tmp_path, {}, capsys, monkeypatch)
     assert (private / "victim.txt").read_text() == "root's file\n"
     assert sorted(p.name for p in (private / "victim-dir").iterdir()) == ["keep.txt"]
     assert (planted / "root-report.json").read_text() == "root's report\n"
@@ -341,26 +348,31 @@ def test_links_and_fifos_planted_in_a_shared_directory_are_not_followed(
     assert after.keys() == before.keys()
     for name, st in before.items():  # the attacker's links and FIFO are as they were
         assert (after[name].st_mode, after[name].st_ino) == (st.st_mode, st.st_ino)
-    no_temporaries(planted, private, work)
+    no_temporaries(planted, private, tmp_path)
 
 
 # ------------------------------------------------------------------- two outputs, one file
 
 
-@pytest.mark.parametrize("curve", ["F.json", "sub/../F.json", "link.json", "hard.json"])
-def test_one_file_named_for_two_outputs_is_refused(work: Path, curve: str) -> None:
-    """``-o F --power-curve F`` would replace the frontier with the power curve."""
+def _two_files(work: Path, valid: dict[str, Path]) -> dict[str, str]:
     (work / "sub").mkdir()
     (work / "F.json").write_text("keep\n")
     (work / "link.json").symlink_to("F.json")
     os.link(work / "F.json", work / "hard.json")
-    before = sorted(p.name for p in work.iterdir())
-    argv = ["frontier", "a100", "--microbatches", "4", "--no-progress", "-o", "F.json"]
-    result = perseus([*argv, "--power-curve", curve], work)
-    assert_refused(result, "--power-curve", "the same file as -o F.json")
-    assert (work / "F.json").read_text() == "keep\n"
-    assert sorted(p.name for p in work.iterdir()) == before
-    no_temporaries(work)
+    return {}
+
+
+@pytest.mark.parametrize("curve", ["F.json", "sub/../F.json", "link.json", "hard.json"])
+def test_one_file_named_for_two_outputs_is_refused(
+    tmp_path: Path, curve: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-o F --power-curve F`` would replace the frontier with the power curve."""
+    argv = ["frontier", "a100", "--microbatches", "4", "--no-progress", "-o", "{tmp}/F.json"]
+    argv += ["--power-curve", "{tmp}/" + curve]
+    case = Case(curve, argv, ["--power-curve", "the same file as -o {tmp}/F.json"], _two_files)
+    check(case, tmp_path, {}, capsys, monkeypatch)
+    assert (tmp_path / "work" / "F.json").read_text() == "keep\n"
+    no_temporaries(tmp_path)
 
 
 # ------------------------------------------------------------------- a full disk
