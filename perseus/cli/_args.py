@@ -1,8 +1,10 @@
 """Argument types and output-path checks shared by every subcommand.
 
 Each flag value is checked when argparse reads it (finite, in range, strict integer), so a bad
-value fails in one line naming the flag before any work starts; output paths are checked
-before any work too (:func:`check_output_file`, :func:`check_output_dir`).
+value fails in one line naming the flag before any work starts; a job's flags are only parsed
+here and checked with its config keys by :class:`~perseus.io.config.JobConfig`
+(:mod:`perseus.cli._job_args`). Output paths are checked before any work too
+(:func:`check_output_file`, :func:`check_output_dir`).
 """
 
 from __future__ import annotations
