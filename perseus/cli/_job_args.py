@@ -71,9 +71,65 @@ def job_float(name: str, unit: str = "") -> Callable[[str], float]:
     return float_arg(**JOB_BOUNDS[name]._asdict(), unit=unit)
 
 
+def _layer_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
+        ) from None
+
+
 # The job's flags are parsed, not range-checked: JobConfig checks them with the config's keys.
 _INT = int_arg()
 _NUMBER = float_arg()
+
+
+_D = JOB_DEFAULTS
+#: The job's flags after --schedule: (field, parse, help).
+_JOB_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    ("stages", _INT, "model stages (default: the profile's)"),
+    ("microbatches", _INT, "microbatches per iteration (required without --config)"),
+    (
+        "virtual_stages",
+        _INT,
+        f"stages per rank (interleaved; default {_D.virtual_stages})",
+    ),
+    (
+        "blocking_power_w",
+        _NUMBER,
+        "power a GPU draws while waiting (default: the bundled profile's measured value)",
+    ),
+    ("p2p_latency_s", _NUMBER, f"latency of a P2P send (default {_D.p2p_latency_s:g})"),
+    (
+        "backward_split",
+        _NUMBER,
+        "share of a backward given to B when zero-bubble splits it into B and W (default "
+        f"{_D.backward_split}; zb only)",
+    ),
+    (
+        "layers_per_stage",
+        _layer_counts,
+        "layers each stage holds (one number, or one per stage: 12,12,...); lets plans switch "
+        "clock once inside an op at a layer boundary (two-clock ops)",
+    ),
+    (
+        "switch_latency_s",
+        _NUMBER,
+        f"time the old clock keeps running after a mid-op switch (default {_D.switch_latency_s})",
+    ),
+    (
+        "switch_energy_j",
+        _NUMBER,
+        f"extra energy per mid-op clock switch (default {_D.switch_energy_j})",
+    ),
+    (
+        "switch_stall_s",
+        _NUMBER,
+        "time an op stalls per mid-op switch, drawn at the new clock's power (default "
+        f"{_D.switch_stall_s}; a runtime that waits for the set call: the set latency)",
+    ),
+)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,67 +152,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SCHEDULE_NAMES,
         help=f"pipeline schedule (default {JOB_DEFAULTS.schedule})",
     )
-    parser.add_argument(
-        "--stages",
-        type=_INT,
-        help="model stages (default: the profile's)",
-    )
-    parser.add_argument(
-        "--microbatches",
-        type=_INT,
-        help="microbatches per iteration (required without --config)",
-    )
-    parser.add_argument(
-        "--virtual-stages",
-        type=_INT,
-        help=f"stages per rank (interleaved; default {JOB_DEFAULTS.virtual_stages})",
-    )
-    parser.add_argument(
-        "--blocking-power-w",
-        type=_NUMBER,
-        help="power a GPU draws while waiting (default: the bundled profile's measured value)",
-    )
-    parser.add_argument(
-        "--p2p-latency-s",
-        type=_NUMBER,
-        help=f"latency of a P2P send (default {JOB_DEFAULTS.p2p_latency_s:g})",
-    )
-    parser.add_argument(
-        "--backward-split",
-        type=_NUMBER,
-        help=f"share of a backward given to B when zero-bubble splits it into B and W (default {JOB_DEFAULTS.backward_split}; zb only)",
-    )
-    parser.add_argument(
-        "--layers-per-stage",
-        type=_layer_counts,
-        help="layers each stage holds (one number, or one per stage: 12,12,...); lets plans "
-        "switch clock once inside an op at a layer boundary (two-clock ops)",
-    )
-    parser.add_argument(
-        "--switch-latency-s",
-        type=_NUMBER,
-        help=f"time the old clock keeps running after a mid-op switch (default {JOB_DEFAULTS.switch_latency_s})",
-    )
-    parser.add_argument(
-        "--switch-energy-j",
-        type=_NUMBER,
-        help=f"extra energy per mid-op clock switch (default {JOB_DEFAULTS.switch_energy_j})",
-    )
-    parser.add_argument(
-        "--switch-stall-s",
-        type=_NUMBER,
-        help="time an op stalls per mid-op switch, drawn at the new clock's power (default "
-        f"{JOB_DEFAULTS.switch_stall_s}; a runtime that waits for the set call: the set latency)",
-    )
-
-
-def _layer_counts(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected layer counts like 12 or 12,12,10, got {show_value(text)}"
-        ) from None
+    for name, parse, text in _JOB_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), type=parse, help=text)
 
 
 def _merge(args: argparse.Namespace) -> dict[str, str]:
@@ -267,17 +264,9 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         args.schedule,
         stages,
         args.microbatches,
-        power,
-        virtual_stages=args.virtual_stages,
-        p2p_latency_s=args.p2p_latency_s,
-        backward_split=args.backward_split,
         profile_name=path.stem,
         size_source=sources["microbatches"],
-        layers_per_stage=getattr(args, "layers_per_stage", None),
-        layer_time_fractions=getattr(args, "layer_time_fractions", None),
-        switch_latency_s=args.switch_latency_s,
-        switch_energy_j=args.switch_energy_j,
-        switch_stall_s=args.switch_stall_s,
+        **{name: getattr(args, name) for name in _MAKE_JOB_KEYWORDS},
     )
 
 
@@ -300,37 +289,37 @@ def _check_interleaved(
         )
 
 
+#: The job fields :func:`~perseus.job.make_job` takes as keywords, as args and JobSpec name them.
+_MAKE_JOB_KEYWORDS = (
+    "blocking_power_w",
+    "virtual_stages",
+    "p2p_latency_s",
+    "backward_split",
+    "layers_per_stage",
+    "layer_time_fractions",
+    "switch_latency_s",
+    "switch_energy_j",
+    "switch_stall_s",
+)
+
+
 def build_checked_job(
     profile: Profile,
     schedule: str,
     stages: int,
     microbatches: int,
-    blocking_power_w: float,
     *,
-    virtual_stages: int = JOB_DEFAULTS.virtual_stages,
-    p2p_latency_s: float = JOB_DEFAULTS.p2p_latency_s,
-    backward_split: float = JOB_DEFAULTS.backward_split,
-    profile_name: str | None = None,
     size_source: str = "--microbatches",
-    **two_clock: Any,
+    **job: Any,
 ) -> PlanningJob:
-    """:func:`~perseus.job.make_job` after the size bound (ops x clocks) is checked."""
+    """:func:`~perseus.job.make_job` (``job`` its keywords) after the size bound (ops x clocks)
+    is checked, blamed on ``size_source``."""
     from perseus.job import make_job
 
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
+    virtual_stages = job.get("virtual_stages", JOB_DEFAULTS.virtual_stages)
     check_job_size(size_source, schedule, stages, microbatches, virtual_stages, clocks)
-    return make_job(
-        profile,
-        schedule,
-        stages,
-        microbatches,
-        blocking_power_w=blocking_power_w,
-        virtual_stages=virtual_stages,
-        p2p_latency_s=p2p_latency_s,
-        backward_split=backward_split,
-        profile_name=profile_name,
-        **two_clock,
-    )
+    return make_job(profile, schedule, stages, microbatches, **job)
 
 
 def job_from_frontier(
@@ -364,24 +353,17 @@ def job_from_frontier(
             f"{profile.num_stages} stages, the plan's job has {j.stages}; pass the profile the "
             "plan was computed from"
         )
+    keywords = {name: getattr(j, name) for name in _MAKE_JOB_KEYWORDS}
+    if j.backward_split is None:  # the job did not split backwards: any share gives it
+        keywords["backward_split"] = JOB_DEFAULTS.backward_split
     job = build_checked_job(
         profile,
         j.schedule,
         j.stages,
         j.microbatches,
-        j.blocking_power_w,
-        virtual_stages=j.virtual_stages,
-        p2p_latency_s=j.p2p_latency_s,
-        backward_split=j.backward_split
-        if j.backward_split is not None
-        else JOB_DEFAULTS.backward_split,
         profile_name=j.profile_name,
         size_source=f"{source}: field job",
-        layers_per_stage=j.layers_per_stage,
-        layer_time_fractions=j.layer_time_fractions,
-        switch_latency_s=j.switch_latency_s,
-        switch_energy_j=j.switch_energy_j,
-        switch_stall_s=j.switch_stall_s,
+        **keywords,
     )
     if job.spec.profile_sha256 != j.profile_sha256:
         raise ConfigError(
