@@ -15,6 +15,7 @@ import builtins
 import importlib
 import io
 import re
+import sys
 import tokenize
 import types
 from pathlib import Path
@@ -194,3 +195,15 @@ def test_the_checker_finds_moved_names() -> None:
         "2: docs/hardware.md#no-such-section",
         "3: benchmarks/no_such_script.py",
     ]
+
+
+def test_a_reference_into_an_optional_library_that_is_absent_is_not_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import perseus.job
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails as if not installed
+    source = (
+        '"""Maps devices in a :class:`torch.overrides.TorchFunctionMode`; see :func:`nowhere`."""\n'
+    )
+    assert dangling_references(perseus.job, source) == ["1: nowhere"]
