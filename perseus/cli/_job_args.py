@@ -21,8 +21,6 @@ from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, check_job_size, show_value
 
 if TYPE_CHECKING:  # the planner and the file readers load when a command runs, not for --help
-    from pydantic import ValidationError
-
     from perseus.job import PlanningJob
     from perseus.plan import Frontier
     from perseus.profile.model import Profile
@@ -166,7 +164,12 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
     """
     from pydantic import ValidationError
 
-    from perseus.io.config import JobConfig, read_job_config, resolve_config_profile
+    from perseus.io.config import (
+        JobConfig,
+        describe_job_error,
+        read_job_config,
+        resolve_config_profile,
+    )
 
     sources = {name: "--" + name.replace("_", "-") for name in CONFIG_FIELDS}
     sources["profile"] = "PROFILE"
@@ -191,21 +194,10 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
     try:
         job = JobConfig.model_validate({"profile": args.profile, **values})
     except ValidationError as e:
-        raise ConfigError(_describe(e, sources)) from None
+        raise ConfigError(describe_job_error(e, sources)) from None
     for name in CONFIG_FIELDS:
         setattr(args, name, getattr(job, name))
     return sources
-
-
-def _describe(error: ValidationError, sources: dict[str, str]) -> str:
-    """``"--stages: Input should be greater than or equal to 1, got 0"``, named by the flag or
-    the config key the value came from; of a union's errors (``12`` or ``[12, 12]``), the one
-    that reached deepest into the value."""
-    first = max(error.errors(), key=lambda e: len(e["loc"]))
-    name, *rest = first["loc"] or ("job",)
-    where = sources.get(str(name), str(name))
-    where += "".join(f"[{part}]" for part in rest if isinstance(part, int))
-    return f"{where}: {first['msg']}, got {show_value(first.get('input'))}"
 
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:

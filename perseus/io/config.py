@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
-from perseus.io._errors import describe_validation_error
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.plan import job_range as _within
 from perseus.validate import JOB_DEFAULTS, clip_message, show_value
@@ -36,7 +36,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
-__all__ = ["CONFIG_SCHEMA_VERSION", "JobConfig", "read_job_config", "resolve_config_profile"]
+__all__ = [
+    "CONFIG_SCHEMA_VERSION",
+    "JobConfig",
+    "describe_job_error",
+    "read_job_config",
+    "resolve_config_profile",
+]
 
 CONFIG_SCHEMA_VERSION = 1
 
@@ -124,7 +130,23 @@ def _describe(source: str, error: ValidationError) -> str:
     if first["type"] == "missing":
         key = ".".join(str(part) for part in first["loc"])
         return f"{source}: missing key {key!r}; add it (e.g. {key} = {_EXAMPLES.get(key, '...')})"
-    return describe_validation_error(source, error, noun="key")
+    return describe_job_error(
+        error, {name: f"{source}: key {name}" for name in JobConfig.model_fields}
+    )
+
+
+def describe_job_error(error: ValidationError, where: Mapping[str, str]) -> str:
+    """``"--stages: Input should be greater than or equal to 1, got 0"``: a job's first bad
+    value, named by where it came from (``where[field]``: its flag, or ``"<file>: key <name>"``);
+    of a union's errors (``12`` or ``[12, 12]``), the one that reached deepest into the value.
+    """
+    first = max(error.errors(), key=lambda e: len(e["loc"]))
+    name, *rest = first["loc"] or ("job",)
+    source = where.get(str(name), str(name))
+    source += "".join(f"[{part}]" for part in rest if isinstance(part, int))
+    value = first.get("input")
+    got = "" if isinstance(value, (dict, list, tuple)) else f", got {show_value(value)}"
+    return f"{source}: {first['msg']}{got}"
 
 
 _EXAMPLES = {"profile": '"a100"', "microbatches": "24"}

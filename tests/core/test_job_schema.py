@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -90,18 +91,30 @@ def test_edges_cover_both_sides_of_every_bound() -> None:
         assert all(math.isfinite(v) for v, _ in edges)
 
 
-def test_a_bad_flag_and_a_bad_key_get_the_same_words(tmp_path: pytest.TempPathFactory) -> None:
-    config = tmp_path / "job.toml"  # type: ignore[operator]
-    config.write_text('profile = "a100"\nmicrobatches = 4\nstages = 0\n')
+@pytest.mark.parametrize(
+    ("key", "flag", "message"),
+    [
+        ("stages = 0", ["--stages", "0"], "Input should be greater than or equal to 1, got 0"),
+        (
+            "layers_per_stage = [12, 0]",  # the list side of `int | list[int]`, at its element
+            ["--layers-per-stage", "12,0"],
+            "[1]: Input should be greater than or equal to 1, got 0",
+        ),
+    ],
+)
+def test_a_bad_flag_and_a_bad_key_get_the_same_words(
+    tmp_path: Path, key: str, flag: list[str], message: str
+) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text(f'profile = "a100"\nmicrobatches = 4\n{key}\n')
     with pytest.raises(ConfigError) as by_key:
         read_job_config(config)
     with pytest.raises(ConfigError) as by_flag:
-        _merge(_parser().parse_args(["a100", "--microbatches", "4", "--stages", "0"]))
-    assert str(by_flag.value) == "--stages: Input should be greater than or equal to 1, got 0"
-    assert (
-        str(by_key.value)
-        == f"{config}: key stages: Input should be greater than or equal to 1, got 0"
-    )
+        _merge(_parser().parse_args(["a100", "--microbatches", "4", *flag]))
+    name = key.split()[0]
+    sep = "" if message.startswith("[") else ": "
+    assert str(by_flag.value) == f"--{name.replace('_', '-')}{sep}{message}"
+    assert str(by_key.value) == f"{config}: key {name}{sep}{message}"
 
 
 def test_a_bad_flag_exits_2_naming_the_flag_and_the_element(
