@@ -45,9 +45,6 @@ from perseus.profile.model import OpOption
 from perseus.validate import JOB_DEFAULTS, MAX_LAYER_WEIGHT, show_value
 
 __all__ = [
-    "DEFAULT_SWITCH_ENERGY_J",
-    "DEFAULT_SWITCH_LATENCY_S",
-    "DEFAULT_SWITCH_STALL_S",
     "AnyPlanOp",
     "LayerSplit",
     "Phase",
@@ -61,11 +58,6 @@ __all__ = [
     "phases_op",
     "two_clock_cost",
 ]
-
-# The switch cost's defaults, as a job's flags and config take them.
-DEFAULT_SWITCH_LATENCY_S = JOB_DEFAULTS.switch_latency_s
-DEFAULT_SWITCH_ENERGY_J = JOB_DEFAULTS.switch_energy_j
-DEFAULT_SWITCH_STALL_S = JOB_DEFAULTS.switch_stall_s
 
 
 class Phase(NamedTuple):
@@ -202,9 +194,9 @@ class LayerSplit:
     """
 
     layer_fractions: tuple[tuple[float, ...], ...]
-    switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S
-    switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J
-    switch_stall_s: float = DEFAULT_SWITCH_STALL_S
+    switch_latency_s: float = JOB_DEFAULTS.switch_latency_s
+    switch_energy_j: float = JOB_DEFAULTS.switch_energy_j
+    switch_stall_s: float = JOB_DEFAULTS.switch_stall_s
 
     def num_layers(self, stage_index: int) -> int:
         return len(self.layer_fractions[stage_index])
@@ -218,9 +210,9 @@ def build_layer_split(
     layers_per_stage: Sequence[int],
     num_stages: int,
     layer_time_fractions: Sequence[Sequence[float]] | None = None,
-    switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S,
-    switch_energy_j: float = DEFAULT_SWITCH_ENERGY_J,
-    switch_stall_s: float = DEFAULT_SWITCH_STALL_S,
+    switch_latency_s: float = JOB_DEFAULTS.switch_latency_s,
+    switch_energy_j: float = JOB_DEFAULTS.switch_energy_j,
+    switch_stall_s: float = JOB_DEFAULTS.switch_stall_s,
 ) -> LayerSplit:
     """Validate and build a :class:`LayerSplit`.
 

@@ -146,3 +146,9 @@ def test_a_plan_files_job_takes_the_same_ranges_and_defaults(name: str) -> None:
     field = JobSpec.model_fields[name]
     if not field.is_required() and field.default is not None:
         assert field.default == getattr(JOB_DEFAULTS, name), name
+
+
+def test_the_flags_merge_every_job_key_of_the_config() -> None:
+    # a config's own keys (where the profile is, its words) and demo's --pipelines stay apart
+    own = {"schema_version", "description", "profile", "pipelines"}
+    assert set(CONFIG_FIELDS) == JobConfig.model_fields.keys() - own
