@@ -324,41 +324,35 @@ class NvmlGPU:
         self._require_control("lock clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
-            call_nvml(
-                self._api,
-                "nvmlDeviceSetGpuLockedClocks",
-                handle,
-                snapped,
-                snapped,
-                what=self._what(),
-            )
+            self._lock_sm(handle, snapped)
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
-            code = getattr(e.__cause__, "value", None)
-            if code not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
+            if getattr(e.__cause__, "value", None) not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
                 raise
-            mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
-            clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
-            self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
-            retry = self.snap_clock_mhz(freq_mhz)
-            try:
-                call_nvml(
-                    self._api,
-                    "nvmlDeviceSetGpuLockedClocks",
-                    handle,
-                    retry,
-                    retry,
-                    what=self._what(),
-                )
-            except DeviceError as again:
-                raise DeviceError(
-                    f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
-                    f"then {retry} MHz); giving up on this clock"
-                ) from again
-            snapped = retry
+            snapped = self._relock_resnapped(handle, freq_mhz, snapped)
         self._locked = snapped
         return snapped
+
+    def _lock_sm(self, handle: Any, freq_mhz: int) -> None:
+        call_nvml(
+            self._api, "nvmlDeviceSetGpuLockedClocks", handle, freq_mhz, freq_mhz, what=self._what()
+        )
+
+    def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
+        """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
+        mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
+        clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
+        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        retry = self.snap_clock_mhz(freq_mhz)
+        try:
+            self._lock_sm(handle, retry)
+        except DeviceError as again:
+            raise DeviceError(
+                f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
+                f"then {retry} MHz); giving up on this clock"
+            ) from again
+        return retry
 
     def reset_locked_clock(self) -> None:
         """Reset the SM clock lock and, when this object locked it, the memory clock lock:
@@ -411,14 +405,8 @@ class NvmlGPU:
         if why is not None:
             raise DeviceNotSupportedError(f"{self._what()}: cannot lock memory clocks: {why}")
         snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
-        call_nvml(
-            self._api,
-            "nvmlDeviceSetMemoryLockedClocks",
-            handle,
-            snapped,
-            snapped,
-            what=self._what(),
-        )
+        what = self._what()
+        call_nvml(self._api, "nvmlDeviceSetMemoryLockedClocks", handle, snapped, snapped, what=what)
         self._mem_locked = snapped
         return snapped
 
