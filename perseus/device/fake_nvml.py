@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from perseus.device.clock import Clock, RealClock
-from perseus.device.nvml import is_control_function
+from perseus.device.nvml_calls import is_control_function
 
 __all__ = ["FakeDevice", "FakeNvml", "NVMLError", "h100"]
 
@@ -474,19 +474,24 @@ def h100(
         clock: The fake's clock (a :class:`~perseus.device.clock.VirtualClock` in tests).
         busy: Start with the heavy kernel running.
     """
+    from perseus.device.presets import get_preset  # not at import: the watchdog loads this
+
+    preset = get_preset("h100")  # the name, clock list, idle power and cap
+    assert preset.power_cap_w is not None  # the h100 preset's 700 W
+    idle_mw, cap_mw = round(preset.power.idle_w * 1000), round(preset.power_cap_w * 1000)
     device = FakeDevice(
         uuid,
-        name="NVIDIA H100 80GB HBM3",
+        name=preset.name,
         architecture=FakeNvml.NVML_DEVICE_ARCH_HOPPER,
         memory_clocks=(2619,),
-        graphics_clocks=tuple(range(1980, 344, -15)),
-        sm_clock_mhz=1980,
-        power_mw=70_000,
-        instant_power_mw=70_000,
-        power_limit_mw=700_000,
-        default_power_limit_mw=700_000,
+        graphics_clocks=preset.clocks_mhz,
+        sm_clock_mhz=preset.clocks_mhz[0],
+        power_mw=idle_mw,
+        instant_power_mw=idle_mw,
+        power_limit_mw=cap_mw,
+        default_power_limit_mw=cap_mw,
         min_power_limit_mw=200_000,
-        max_power_limit_mw=700_000,
+        max_power_limit_mw=cap_mw,
         busy=busy,
         activity_cycle=_H100_ACTIVITY_CYCLE,
         static_power_w=100.0,
