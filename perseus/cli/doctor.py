@@ -64,30 +64,28 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="only these GPUs (NVML indices)",
     )
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
-    p.add_argument(
-        "--clocks",
-        type=int_arg(ge=1, le=64),
-        default=3,
-        help="clocks for the CUDA check (default 3, at most 64)",
-    )
-    p.add_argument(
-        "--iterations",
-        type=int_arg(ge=1, le=1000),
-        default=5,
-        help="CUDA check iterations per clock (default 5, at most 1000)",
-    )
-    p.add_argument(
-        "--energy-window-s",
-        type=float_arg(gt=0, le=60, unit="s"),
-        default=1.0,
-        help="how long to poll the energy counter (default 1 s, at most 60)",
-    )
-    p.add_argument(
-        "--power-window-s",
-        type=float_arg(gt=0, le=600, unit="s"),
-        default=3.0,
-        help="how long to read idle and blocked power each (default 3 s)",
-    )
+    for flag, kind, default, text in (
+        ("--clocks", int_arg(ge=1, le=64), 3, "clocks for the CUDA check (default 3, at most 64)"),
+        (
+            "--iterations",
+            int_arg(ge=1, le=1000),
+            5,
+            "CUDA check iterations per clock (default 5, at most 1000)",
+        ),
+        (
+            "--energy-window-s",
+            float_arg(gt=0, le=60, unit="s"),
+            1.0,
+            "how long to poll the energy counter (default 1 s, at most 60)",
+        ),
+        (
+            "--power-window-s",
+            float_arg(gt=0, le=600, unit="s"),
+            3.0,
+            "how long to read idle and blocked power each (default 3 s)",
+        ),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.set_defaults(handler=run)
 
 

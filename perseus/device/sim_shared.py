@@ -108,8 +108,6 @@ class SimSharedState:
         meant to be shared, rather than the per-user default."""
         return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
 
-    # Identity and state plumbing
-
     @property
     def uuid(self) -> str:
         return self._uuid

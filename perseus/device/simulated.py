@@ -216,8 +216,6 @@ class SimulatedGPU(SimSharedState):
         if trace_ops:
             self._stream.trace = []
 
-            self._stream.trace = []
-
     # -----------------------------------------------------------------------------------------
     # Constructors
 
@@ -227,18 +225,14 @@ class SimulatedGPU(SimSharedState):
         profile: Profile,
         *,
         blocking_power_w: float,
-        index: int = 0,
-        state_dir: str | Path | None = None,
-        publish_interval_s: float = 0.1,
-        set_latency_s: float = 0.005,
-        power_cap_w: float | None = None,
         name: str | None = None,
         **kwargs: Any,
     ) -> SimulatedGPU:
         """A GPU on which an op at clock ``f`` costs exactly ``profile``'s time and energy.
 
         The clock list is the union of the profile's clocks. An op asked to run at a clock it
-        was not profiled at uses its nearest profiled clock.
+        was not profiled at uses its nearest profiled clock. Other keywords (``index``,
+        ``state_dir``, ``power_cap_w``, ...) go to the constructor.
         """
         clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
@@ -247,11 +241,6 @@ class SimulatedGPU(SimSharedState):
             clocks_mhz=clocks,
             op_cost_fn=cost,
             blocking_power_w=blocking_power_w,
-            index=index,
-            state_dir=state_dir,
-            publish_interval_s=publish_interval_s,
-            set_latency_s=set_latency_s,
-            power_cap_w=power_cap_w,
             source=f"profile {profile.source}",
             memory_clocks_mhz=mem_clocks,
             mem_cost_fn=mem_cost,
@@ -263,10 +252,6 @@ class SimulatedGPU(SimSharedState):
         cls,
         key: str | GPUPreset,
         *,
-        index: int = 0,
-        state_dir: str | Path | None = None,
-        publish_interval_s: float = 0.1,
-        set_latency_s: float = 0.005,
         power_cap_w: float | str | None = "preset",
         activity: float | None = None,
         op_time_s: Mapping[Kind, float] | None = None,
@@ -277,7 +262,8 @@ class SimulatedGPU(SimSharedState):
 
         Every stage costs the same: ``op_time_s[kind]`` at the highest clock (uncapped),
         scaled by the preset's time model; power from its power model at ``activity``.
-        ``power_cap_w="preset"`` keeps the preset's cap; None removes it.
+        ``power_cap_w="preset"`` keeps the preset's cap; None removes it. Other keywords
+        (``index``, ``state_dir``, ...) go to the constructor.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
         cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
@@ -292,10 +278,6 @@ class SimulatedGPU(SimSharedState):
             blocking_power_w=(
                 preset.power.blocking_w if blocking_power_w is None else blocking_power_w
             ),
-            index=index,
-            state_dir=state_dir,
-            publish_interval_s=publish_interval_s,
-            set_latency_s=set_latency_s,
             power_cap_w=cap,
             idle_clock_mhz=preset.idle_clock_mhz,
             source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
@@ -337,17 +319,6 @@ class SimulatedGPU(SimSharedState):
         except (ProfileError, KeyError):
             return False
         return True
-
-    # -----------------------------------------------------------------------------------------
-    # Identity and state plumbing
-
-    @property
-    def uuid(self) -> str:
-        return self._uuid
-
-    @property
-    def name(self) -> str:
-        return self._name
 
     # -----------------------------------------------------------------------------------------
     # GPU protocol
