@@ -180,6 +180,17 @@ class NVMLError(Exception):
         self.value = value
 
 
+def _reads(function: str, attribute: str) -> Callable[[FakeNvml, Any], Any]:
+    """The fake's NVML getter ``function``: records the call and returns one device attribute."""
+
+    def get(self: FakeNvml, handle: Any) -> Any:
+        self._record(function, handle)
+        return getattr(self._dev(handle), attribute)
+
+    get.__name__ = function
+    return get
+
+
 @dataclass
 class FakeNvml:
     """Module-like fake of ``pynvml``; pass it as ``nvml_module=``.
@@ -307,13 +318,9 @@ class FakeNvml:
                 return d
         raise NVMLError(self.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        self._record("nvmlDeviceGetUUID", handle)
-        return self._dev(handle).uuid
+    nvmlDeviceGetUUID = _reads("nvmlDeviceGetUUID", "uuid")
 
-    def nvmlDeviceGetName(self, handle: Any) -> str:
-        self._record("nvmlDeviceGetName", handle)
-        return self._dev(handle).name
+    nvmlDeviceGetName = _reads("nvmlDeviceGetName", "name")
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
         self._record("nvmlDeviceGetMigMode", handle)
@@ -322,13 +329,9 @@ class FakeNvml:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return d.mig_mode, d.mig_mode
 
-    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetArchitecture", handle)
-        return self._dev(handle).architecture
+    nvmlDeviceGetArchitecture = _reads("nvmlDeviceGetArchitecture", "architecture")
 
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPersistenceMode", handle)
-        return self._dev(handle).persistence
+    nvmlDeviceGetPersistenceMode = _reads("nvmlDeviceGetPersistenceMode", "persistence")
 
     # Clocks ---------------------------------------------------------------------------------
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
@@ -427,22 +430,20 @@ class FakeNvml:
         return out
 
     # Power limit ----------------------------------------------------------------------------
-    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPowerManagementLimit", handle)
-        return self._dev(handle).power_limit_mw
+    nvmlDeviceGetPowerManagementLimit = _reads(
+        "nvmlDeviceGetPowerManagementLimit", "power_limit_mw"
+    )
 
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPowerManagementDefaultLimit", handle)
-        return self._dev(handle).default_power_limit_mw
+    nvmlDeviceGetPowerManagementDefaultLimit = _reads(
+        "nvmlDeviceGetPowerManagementDefaultLimit", "default_power_limit_mw"
+    )
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> tuple[int, int]:
         self._record("nvmlDeviceGetPowerManagementLimitConstraints", handle)
         d = self._dev(handle)
         return d.min_power_limit_mw, d.max_power_limit_mw
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetEnforcedPowerLimit", handle)
-        return self._dev(handle).power_limit_mw
+    nvmlDeviceGetEnforcedPowerLimit = _reads("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
         self._record("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
