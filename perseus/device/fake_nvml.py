@@ -319,7 +319,6 @@ class FakeNvml:
         raise NVMLError(self.NVML_ERROR_NOT_FOUND)
 
     nvmlDeviceGetUUID = _reads("nvmlDeviceGetUUID", "uuid")
-
     nvmlDeviceGetName = _reads("nvmlDeviceGetName", "name")
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
@@ -330,7 +329,6 @@ class FakeNvml:
         return d.mig_mode, d.mig_mode
 
     nvmlDeviceGetArchitecture = _reads("nvmlDeviceGetArchitecture", "architecture")
-
     nvmlDeviceGetPersistenceMode = _reads("nvmlDeviceGetPersistenceMode", "persistence")
 
     # Clocks ---------------------------------------------------------------------------------
@@ -433,7 +431,6 @@ class FakeNvml:
     nvmlDeviceGetPowerManagementLimit = _reads(
         "nvmlDeviceGetPowerManagementLimit", "power_limit_mw"
     )
-
     nvmlDeviceGetPowerManagementDefaultLimit = _reads(
         "nvmlDeviceGetPowerManagementDefaultLimit", "default_power_limit_mw"
     )
