@@ -128,6 +128,10 @@ _GROUPS = {
 }
 
 
+#: Classes whose page lists what they inherit (SimulatedGPU's shared-state base).
+_WITH_INHERITED = {"SimulatedGPU"}
+
+
 def api_page() -> str:
     """One mkdocstrings block per name in ``perseus.__all__``, grouped by what it is for."""
     import perseus
@@ -153,6 +157,8 @@ def api_page() -> str:
         lines += [f"## {title}", ""]
         for name in names:
             lines += [f"::: {where[name]}.{name}", ""]
+            if name in _WITH_INHERITED:  # methods from a base class of its own module family
+                lines[-1:] = ["    options:", "      inherited_members: true", ""]
             placed.add(name)
     missing = sorted(set(where) - placed)
     if missing:

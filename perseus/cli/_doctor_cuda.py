@@ -110,10 +110,38 @@ def check_cuda(
 ) -> Check:
     """A transformer block's forward/backward through the agent at a few clocks (or, without
     control, at whatever clock the GPU runs), with the SM clock sampled during each op."""
+    torch, refusal = _cuda_torch()
+    if refusal is not None:
+        return refusal
+    index = cuda_device_for(torch, gpu)
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    block, x = _transformer(torch, device)
+    x.requires_grad_(True)
+    for _ in range(3):  # warm up kernels and the allocator
+        block(x).float().square().mean().backward()
+    torch.cuda.synchronize(device)
+    targets: list[int | None] = (
+        list(spread_clocks_mhz(gpu.supported_clocks_mhz(), clocks)) if control else [None]
+    )
+    rows = _measure(gpu, control, targets, iterations, (block, x), torch.cuda.Event)
+    data = {
+        "cuda_device": index,
+        "torch": torch.__version__,
+        "device_name": torch.cuda.get_device_name(index),
+        "model": "TransformerEncoderLayer(d_model=2048, nhead=16, ff=8192), bf16, 4x1024 tokens",
+        "iterations": iterations,
+        "rows": rows,
+    }
+    return _verdict(rows, data)
+
+
+def _cuda_torch() -> tuple[Any, Check | None]:
+    """``torch`` when it sees a CUDA device, else the failed check saying why."""
     try:
         import torch
     except ImportError:
-        return Check(
+        return None, Check(
             "cuda check",
             "fail",
             "torch is not installed",
@@ -121,33 +149,29 @@ def check_cuda(
             "pip install torch (a CUDA build) to run pipelines with perseus",
         )
     if not torch.cuda.is_available():
-        return Check(
+        return torch, Check(
             "cuda check",
             "fail",
             f"torch {torch.__version__} sees no CUDA device",
             {"torch": torch.__version__},
             "install a CUDA build of torch that matches the driver",
         )
+    return torch, None
+
+
+def _measure(
+    gpu: NvmlGPU,
+    control: bool,
+    targets: list[int | None],
+    iterations: int,
+    model: tuple[Any, Any],
+    new_event: Callable[..., Any],
+) -> list[dict[str, Any]]:
+    """One row per target clock: each op's median time and the clocks read while it ran."""
     from perseus.runtime.agent.rank_agent import RankAgent
     from perseus.runtime.agent.readback import ClockHeldWarning
 
-    index = cuda_device_for(torch, gpu)
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
-    block, x = _transformer(torch, device)
-    x.requires_grad_(True)
-
-    def fwd_bwd() -> None:
-        block(x).float().square().mean().backward()
-
-    for _ in range(3):  # warm up kernels and the allocator
-        fwd_bwd()
-    torch.cuda.synchronize(device)
-    targets: list[int | None] = (
-        list(spread_clocks_mhz(gpu.supported_clocks_mhz(), clocks)) if control else [None]
-    )
     sampler = _Sampler(gpu.current_clock_mhz, gpu.clock_event_reasons)
-    new_event: Callable[..., Any] = torch.cuda.Event
     rows: list[dict[str, Any]] = []
     with sampler, warnings.catch_warnings():
         warnings.simplefilter("ignore", ObserveOnlyWarning)
@@ -155,44 +179,68 @@ def check_cuda(
         warnings.simplefilter("ignore", ClockHeldWarning)
         for target in targets:
             plan = _plan(target if target is not None else gpu.supported_clocks_mhz()[0])
-            times: dict[str, list[float]] = {"F": [], "B": []}
             with RankAgent(plan, gpu, rank=0, enabled=control) as agent:
-                for it in range(iterations + 1):
-                    agent.step_begin()
-                    agent.wait_for_clock()
-                    out = None
-                    for op in ("F", "B"):
-                        start = new_event(enable_timing=True)
-                        end = new_event(enable_timing=True)
-                        label = f"{target}:{op}" if it else None  # iteration 0 warms the clock
-                        sampler.mark(label)
-                        with agent.op(op, 0):
-                            start.record()
-                            if op == "F":
-                                out = block(x).float().square().mean()
-                            else:
-                                assert out is not None
-                                out.backward()
-                            end.record()
-                            end.synchronize()
-                        sampler.mark(None)
-                        if it:
-                            times[op].append(start.elapsed_time(end))
-                    agent.step_end()
-            row: dict[str, Any] = {"requested_mhz": target}
-            for op in ("F", "B"):
-                samples = sampler.samples.get(f"{target}:{op}", [])
-                read = [c for c, _ in samples]
-                seen = sorted({n for _, r in samples for n in clock_event_names(r)})
-                row[op] = {
-                    "time_ms_median": statistics.median(times[op]),
-                    "sm_clock_mhz_median": statistics.median(read) if read else None,
-                    "sm_clock_mhz_min": min(read) if read else None,
-                    "sm_clock_mhz_max": max(read) if read else None,
-                    "samples": len(read),
-                    "clock_event_reasons": seen,
-                }
-            rows.append(row)
+                times = _time_ops(agent, sampler, target, iterations, model, new_event)
+            rows.append(_row(target, times, sampler))
+    return rows
+
+
+def _time_ops(
+    agent: Any,
+    sampler: _Sampler,
+    target: int | None,
+    iterations: int,
+    model: tuple[Any, Any],
+    new_event: Callable[..., Any],
+) -> dict[str, list[float]]:
+    """Run ``iterations`` (after one that warms the clock) of F and B through ``agent``,
+    marking each op for the sampler; the ops' CUDA-event times in ms."""
+    block, x = model
+    times: dict[str, list[float]] = {"F": [], "B": []}
+    for it in range(iterations + 1):
+        agent.step_begin()
+        agent.wait_for_clock()
+        out = None
+        for op in ("F", "B"):
+            start = new_event(enable_timing=True)
+            end = new_event(enable_timing=True)
+            sampler.mark(f"{target}:{op}" if it else None)  # iteration 0 warms the clock
+            with agent.op(op, 0):
+                start.record()
+                if op == "F":
+                    out = block(x).float().square().mean()
+                else:
+                    assert out is not None
+                    out.backward()
+                end.record()
+                end.synchronize()
+            sampler.mark(None)
+            if it:
+                times[op].append(start.elapsed_time(end))
+        agent.step_end()
+    return times
+
+
+def _row(target: int | None, times: dict[str, list[float]], sampler: _Sampler) -> dict[str, Any]:
+    row: dict[str, Any] = {"requested_mhz": target}
+    for op in ("F", "B"):
+        samples = sampler.samples.get(f"{target}:{op}", [])
+        read = [c for c, _ in samples]
+        seen = sorted({n for _, r in samples for n in clock_event_names(r)})
+        row[op] = {
+            "time_ms_median": statistics.median(times[op]),
+            "sm_clock_mhz_median": statistics.median(read) if read else None,
+            "sm_clock_mhz_min": min(read) if read else None,
+            "sm_clock_mhz_max": max(read) if read else None,
+            "samples": len(read),
+            "clock_event_reasons": seen,
+        }
+    return row
+
+
+def _verdict(rows: list[dict[str, Any]], data: dict[str, Any]) -> Check:
+    """The check from its rows: fails when an op ran at another clock than asked with no
+    power or thermal reason; says whether the power cap binds at the top clock."""
     pulled, wrong = _compare_clocks(rows)
     parts = []
     for r in rows:
@@ -206,17 +254,9 @@ def check_cuda(
     top_reasons = {n for op in ("F", "B") for n in top[op]["clock_event_reasons"]}
     sampled = any(top[op]["samples"] for op in ("F", "B"))
     binds = ("sw_power_cap" in top_reasons) if sampled else None
-    data = {
-        "cuda_device": index,
-        "torch": torch.__version__,
-        "device_name": torch.cuda.get_device_name(index),
-        "model": "TransformerEncoderLayer(d_model=2048, nhead=16, ff=8192), bf16, 4x1024 tokens",
-        "iterations": iterations,
-        "rows": rows,
-        "power_cap_pulls_clock_down": bool(pulled),
-        "power_cap_binds_at_top_clock": binds,
-        "clock_not_as_asked": wrong,
-    }
+    data["power_cap_pulls_clock_down"] = bool(pulled)
+    data["power_cap_binds_at_top_clock"] = binds
+    data["clock_not_as_asked"] = wrong
     summary = "; ".join(parts)
     if pulled:
         summary += " (a power or thermal limit pulled the clock below the lock)"

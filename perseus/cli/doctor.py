@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -64,30 +65,28 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="only these GPUs (NVML indices)",
     )
     p.add_argument("--no-cuda", action="store_true", help="skip the CUDA check")
-    p.add_argument(
-        "--clocks",
-        type=int_arg(ge=1, le=64),
-        default=3,
-        help="clocks for the CUDA check (default 3, at most 64)",
-    )
-    p.add_argument(
-        "--iterations",
-        type=int_arg(ge=1, le=1000),
-        default=5,
-        help="CUDA check iterations per clock (default 5, at most 1000)",
-    )
-    p.add_argument(
-        "--energy-window-s",
-        type=float_arg(gt=0, le=60, unit="s"),
-        default=1.0,
-        help="how long to poll the energy counter (default 1 s, at most 60)",
-    )
-    p.add_argument(
-        "--power-window-s",
-        type=float_arg(gt=0, le=600, unit="s"),
-        default=3.0,
-        help="how long to read idle and blocked power each (default 3 s)",
-    )
+    for flag, kind, default, text in (
+        ("--clocks", int_arg(ge=1, le=64), 3, "clocks for the CUDA check (default 3, at most 64)"),
+        (
+            "--iterations",
+            int_arg(ge=1, le=1000),
+            5,
+            "CUDA check iterations per clock (default 5, at most 1000)",
+        ),
+        (
+            "--energy-window-s",
+            float_arg(gt=0, le=60, unit="s"),
+            1.0,
+            "how long to poll the energy counter (default 1 s, at most 60)",
+        ),
+        (
+            "--power-window-s",
+            float_arg(gt=0, le=600, unit="s"),
+            3.0,
+            "how long to read idle and blocked power each (default 3 s)",
+        ),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.set_defaults(handler=run)
 
 
@@ -124,8 +123,6 @@ def diagnose(
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
     missing or failing GPU: that is what the report is for."""
-    from perseus.cli._doctor_checks import Check, probe
-    from perseus.cli._doctor_cuda import check_simulated
     from perseus.device import nvml as nvml_backend
     from perseus.device.nvml import call_nvml
 
@@ -140,80 +137,117 @@ def diagnose(
         nvml = nvml_module if nvml_module is not None else nvml_backend.import_nvml()
         call_nvml(nvml, "nvmlInit")
     except Exception as e:
-        report["no_gpu"] = (
-            f"no NVIDIA GPU usable here ({_first_line(e)}); checking the simulated path"
-        )
-        report["simulated"] = probe("simulated path", check_simulated).as_dict()
-        report["blocking_power"] = Check(
-            "blocking power",
-            "skip",
-            "needs an NVIDIA GPU (it reads idle and blocked-on-communication power from the "
-            f"GPU's energy counter); known without measuring: {_known_blocking_power()}",
-        ).as_dict()
-        report["usable"] = False
-        report["verdict"] = (
-            "perseus cannot change real GPU clocks on this machine; planning, emulation and "
-            "the simulated path " + ("work" if report["simulated"]["status"] == "ok" else "FAIL")
-        )
-        return report
+        return _without_gpu(report, e)
+    indices = [i for i in range(_gpu_count(nvml, report)) if gpus is None or i in gpus]
+    options = _Options(no_clock_changes, clocks, iterations, energy_window_s, power_window_s)
+    for n, i in enumerate(indices):
+        # One CUDA check (on the first GPU) is enough to prove the path; it takes seconds.
+        report["gpus"].append(_diagnose_gpu(nvml, i, options, cuda=cuda and n == 0))
+    report["usable"] = bool(indices) and all(g["usable"] for g in report["gpus"])
+    report["verdict"] = _verdict(report, indices, gpus, no_clock_changes)
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """The flags every GPU's checks share."""
+
+    no_clock_changes: bool
+    clocks: int
+    iterations: int
+    energy_window_s: float
+    power_window_s: float
+
+
+def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
+    """The report where NVML is unusable: the simulated path checked instead."""
+    from perseus.cli._doctor_checks import Check, probe
+    from perseus.cli._doctor_cuda import check_simulated
+
+    report["no_gpu"] = (
+        f"no NVIDIA GPU usable here ({_first_line(error)}); checking the simulated path"
+    )
+    report["simulated"] = probe("simulated path", check_simulated).as_dict()
+    report["blocking_power"] = Check(
+        "blocking power",
+        "skip",
+        "needs an NVIDIA GPU (it reads idle and blocked-on-communication power from the "
+        f"GPU's energy counter); known without measuring: {_known_blocking_power()}",
+    ).as_dict()
+    report["usable"] = False
+    report["verdict"] = (
+        "perseus cannot change real GPU clocks on this machine; planning, emulation and "
+        "the simulated path " + ("work" if report["simulated"]["status"] == "ok" else "FAIL")
+    )
+    return report
+
+
+def _gpu_count(nvml: Any, report: dict[str, Any]) -> int:
+    """How many GPUs NVML sees (0 on error), noting the versions in ``report``."""
+    from perseus.device.nvml import call_nvml
+
     try:
         report["nvml"] = _versions(nvml)
-        count = int(call_nvml(nvml, "nvmlDeviceGetCount"))
+        return int(call_nvml(nvml, "nvmlDeviceGetCount"))
     except Exception as e:
-        count = 0
         report["nvml"] = {"error": _first_line(e)}
+        return 0
     finally:
         with contextlib.suppress(Exception):
             call_nvml(nvml, "nvmlShutdown")
-    indices = [i for i in range(count) if gpus is None or i in gpus]
-    first_cuda = True
-    for i in indices:
-        entry = _diagnose_gpu(
-            nvml,
-            i,
-            no_clock_changes,
-            cuda and first_cuda,
-            clocks,
-            iterations,
-            energy_window_s,
-            power_window_s,
-        )
-        first_cuda = False  # one CUDA check is enough to prove the path; it takes seconds
-        report["gpus"].append(entry)
-    usable = bool(indices) and all(g["usable"] for g in report["gpus"])
-    report["usable"] = usable
+
+
+def _verdict(
+    report: dict[str, Any], indices: list[int], gpus: list[int] | None, no_clock_changes: bool
+) -> str:
     if not indices:
-        report["verdict"] = "NVML found no GPU" + (" with those indices" if gpus else "")
-    elif usable:
-        report["verdict"] = (
+        return "NVML found no GPU" + (" with those indices" if gpus else "")
+    if report["usable"]:
+        return (
             "perseus can run here, observe-only as asked (no clock changes)"
             if no_clock_changes
             else "perseus can run here and change clocks"
         )
+    bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
+    no_locks = any(
+        c["name"] == "clock locking" and c["status"] == "fail"
+        for g in report["gpus"]
+        for c in g["checks"]
+    )
+    head = "perseus cannot change clocks here" if no_locks else "perseus cannot run for real here"
+    return f"{head}: " + "; ".join(bad)
+
+
+def _diagnose_gpu(nvml: Any, index: int, options: _Options, *, cuda: bool) -> dict[str, Any]:
+    from perseus.cli._doctor_checks import probe
+    from perseus.device.nvml import NvmlGPU
+
+    gpu = NvmlGPU(index=index, nvml_module=nvml, control=not options.no_clock_changes)
+    opened = probe("open", lambda: _open(gpu))
+    if opened.status != "ok":
+        checks = [opened]
     else:
-        bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
-        no_locks = any(
-            c["name"] == "clock locking" and c["status"] == "fail"
-            for g in report["gpus"]
-            for c in g["checks"]
-        )
-        head = (
-            "perseus cannot change clocks here" if no_locks else "perseus cannot run for real here"
-        )
-        report["verdict"] = f"{head}: " + "; ".join(bad)
-    return report
+        try:
+            checks = _gpu_checks(gpu, options, cuda)
+        finally:
+            with contextlib.suppress(Exception):
+                gpu.close()
+    blocking = [c for c in checks if c.status in _BLOCKING or c.name in ("open",)]
+    if options.no_clock_changes:
+        blocking = [c for c in blocking if c.name != "clock locking"]
+    # A probe that could not run at all on a check perseus needs is blocking too.
+    needed = {"open", "gpu", "supported clocks", "energy counter"}
+    blocking += [c for c in checks if c.status == "unavailable" and c.name in needed]
+    return {
+        "index": index,
+        "checks": [c.as_dict() for c in checks],
+        "usable": not blocking,
+        "blocking": "; ".join(f"{c.name}: {c.summary}" for c in blocking),
+    }
 
 
-def _diagnose_gpu(
-    nvml: Any,
-    index: int,
-    no_clock_changes: bool,
-    cuda: bool,
-    clocks: int,
-    iterations: int,
-    energy_window_s: float,
-    power_window_s: float,
-) -> dict[str, Any]:
+def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
+    """The checks of one opened GPU, in order."""
     from perseus.cli._doctor_checks import (
         Check,
         check_clock_control,
@@ -227,65 +261,36 @@ def _diagnose_gpu(
     )
     from perseus.cli._doctor_cuda import check_cuda
     from perseus.cli._doctor_power import check_blocking_power
-    from perseus.device.nvml import NvmlGPU
 
-    entry: dict[str, Any] = {"index": index, "checks": []}
-    checks: list[Check] = []
-    gpu = NvmlGPU(index=index, nvml_module=nvml, control=not no_clock_changes)
-    opened = probe("open", lambda: _open(gpu))
-    if opened.status != "ok":
-        checks.append(opened)
+    no_changes = options.no_clock_changes
+    checks = [probe("gpu", lambda: check_identity(gpu))]
+    checks.append(probe("supported clocks", lambda: check_clocks(gpu)))
+    control = probe("clock locking", lambda: check_clock_control(gpu, no_changes))
+    can_lock = control.status == "ok"
+    checks.append(control)
+    checks.append(probe("memory clock locking", lambda: check_memory_clock_locking(gpu, can_lock)))
+    if can_lock:
+        checks.append(probe("set latency", lambda: check_set_latency(gpu)))
     else:
-        try:
-            checks.append(probe("gpu", lambda: check_identity(gpu)))
-            checks.append(probe("supported clocks", lambda: check_clocks(gpu)))
-            control = probe("clock locking", lambda: check_clock_control(gpu, no_clock_changes))
-            checks.append(control)
-            checks.append(
-                probe(
-                    "memory clock locking",
-                    lambda: check_memory_clock_locking(gpu, control.status == "ok"),
-                )
+        why = "--no-clock-changes" if no_changes else "clock locking not allowed"
+        checks.append(Check("set latency", "skip", f"skipped ({why})"))
+    window_s = options.energy_window_s
+    checks.append(probe("energy counter", lambda: check_energy_counter(gpu, window_s)))
+    checks.append(probe("power", lambda: check_power(gpu)))
+    # Before the CUDA check: its transformer leaves the GPU warm for a while.
+    power_s = options.power_window_s
+    checks.append(probe("blocking power", lambda: check_blocking_power(gpu, power_s, cuda=cuda)))
+    if cuda:
+        clocks, iterations = options.clocks, options.iterations
+        checks.append(
+            probe(
+                "cuda check",
+                lambda: check_cuda(gpu, can_lock, clocks=clocks, iterations=iterations),
             )
-            if control.status == "ok":
-                checks.append(probe("set latency", lambda: check_set_latency(gpu)))
-            else:
-                why = "--no-clock-changes" if no_clock_changes else "clock locking not allowed"
-                checks.append(Check("set latency", "skip", f"skipped ({why})"))
-            checks.append(
-                probe("energy counter", lambda: check_energy_counter(gpu, energy_window_s))
-            )
-            checks.append(probe("power", lambda: check_power(gpu)))
-            # Before the CUDA check: its transformer leaves the GPU warm for a while.
-            checks.append(
-                probe(
-                    "blocking power",
-                    lambda: check_blocking_power(gpu, power_window_s, cuda=cuda),
-                )
-            )
-            if cuda:
-                can_lock = control.status == "ok"
-                checks.append(
-                    probe(
-                        "cuda check",
-                        lambda: check_cuda(gpu, can_lock, clocks=clocks, iterations=iterations),
-                    )
-                )
-            else:
-                checks.append(Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"))
-        finally:
-            with contextlib.suppress(Exception):
-                gpu.close()
-    entry["checks"] = [c.as_dict() for c in checks]
-    blocking = [c for c in checks if c.status in _BLOCKING or c.name in ("open",)]
-    if no_clock_changes:
-        blocking = [c for c in blocking if c.name != "clock locking"]
-    # A probe that could not run at all on a check perseus needs is blocking too.
-    needed = {"open", "gpu", "supported clocks", "energy counter"}
-    blocking += [c for c in checks if c.status == "unavailable" and c.name in needed]
-    entry["usable"] = not blocking
-    entry["blocking"] = "; ".join(f"{c.name}: {c.summary}" for c in blocking)
-    return entry
+        )
+    else:
+        checks.append(Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"))
+    return checks
 
 
 def _known_blocking_power() -> str:

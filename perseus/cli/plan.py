@@ -258,16 +258,14 @@ def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
     frontier's profile names."""
     if args.idle_power_w is not None:
         return args.idle_power_w, "--idle-power-w"
-    from perseus.device.presets import PRESETS
+    from perseus.device.presets import preset_for_name
 
     # The GPU record the frontier carries, else the profile's name (older files).
-    gpu = frontier.job.gpu
-    name = f"{gpu.name if gpu is not None else ''} {frontier.job.profile_name or ''}".lower()
-    for key in sorted(PRESETS, key=len, reverse=True):
-        preset = PRESETS[key]
-        if key in name or preset.name.lower() in name:
-            idle_w = preset.power.idle_w
-            return idle_w, f"the {preset.key} preset{' (an estimate)' if preset.estimated else ''}"
+    gpu_name = frontier.job.gpu.name if frontier.job.gpu is not None else ""
+    preset = preset_for_name(f"{gpu_name} {frontier.job.profile_name or ''}")
+    if preset is not None:
+        estimate = " (an estimate)" if preset.estimated else ""
+        return preset.power.idle_w, f"the {preset.key} preset{estimate}"
     raise ConfigError(
         f"{args.frontier}: the profile ({frontier.job.profile_name or 'unnamed'}) names no known "
         "GPU, so its idle power is unknown; pass --idle-power-w W (the idle figure of "

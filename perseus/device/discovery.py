@@ -24,7 +24,6 @@ __all__ = [
     "ROOT_LOCK_DIR",
     "DeviceInfo",
     "hidden_owners_note",
-    "live_owner_pid",
     "nvml_devices",
     "open_simulated",
     "owner_status",
@@ -109,11 +108,6 @@ def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
     if found is None:
         return None, None
     return (found.pid, None) if state != "gone" else (None, found.pid)
-
-
-def live_owner_pid(lock_path: Path) -> int | None:
-    """The pid recorded as owner in ``lock_path`` if that process still exists."""
-    return owner_status(lock_path)[0]
 
 
 def nvml_devices(

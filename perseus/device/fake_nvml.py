@@ -180,6 +180,17 @@ class NVMLError(Exception):
         self.value = value
 
 
+def _reads(function: str, attribute: str) -> Callable[[FakeNvml, Any], Any]:
+    """The fake's NVML getter ``function``: records the call and returns one device attribute."""
+
+    def get(self: FakeNvml, handle: Any) -> Any:
+        self._record(function, handle)
+        return getattr(self._dev(handle), attribute)
+
+    get.__name__ = function
+    return get
+
+
 @dataclass
 class FakeNvml:
     """Module-like fake of ``pynvml``; pass it as ``nvml_module=``.
@@ -307,13 +318,8 @@ class FakeNvml:
                 return d
         raise NVMLError(self.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        self._record("nvmlDeviceGetUUID", handle)
-        return self._dev(handle).uuid
-
-    def nvmlDeviceGetName(self, handle: Any) -> str:
-        self._record("nvmlDeviceGetName", handle)
-        return self._dev(handle).name
+    nvmlDeviceGetUUID = _reads("nvmlDeviceGetUUID", "uuid")
+    nvmlDeviceGetName = _reads("nvmlDeviceGetName", "name")
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
         self._record("nvmlDeviceGetMigMode", handle)
@@ -322,13 +328,8 @@ class FakeNvml:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return d.mig_mode, d.mig_mode
 
-    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetArchitecture", handle)
-        return self._dev(handle).architecture
-
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPersistenceMode", handle)
-        return self._dev(handle).persistence
+    nvmlDeviceGetArchitecture = _reads("nvmlDeviceGetArchitecture", "architecture")
+    nvmlDeviceGetPersistenceMode = _reads("nvmlDeviceGetPersistenceMode", "persistence")
 
     # Clocks ---------------------------------------------------------------------------------
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
@@ -427,22 +428,19 @@ class FakeNvml:
         return out
 
     # Power limit ----------------------------------------------------------------------------
-    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPowerManagementLimit", handle)
-        return self._dev(handle).power_limit_mw
-
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPowerManagementDefaultLimit", handle)
-        return self._dev(handle).default_power_limit_mw
+    nvmlDeviceGetPowerManagementLimit = _reads(
+        "nvmlDeviceGetPowerManagementLimit", "power_limit_mw"
+    )
+    nvmlDeviceGetPowerManagementDefaultLimit = _reads(
+        "nvmlDeviceGetPowerManagementDefaultLimit", "default_power_limit_mw"
+    )
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> tuple[int, int]:
         self._record("nvmlDeviceGetPowerManagementLimitConstraints", handle)
         d = self._dev(handle)
         return d.min_power_limit_mw, d.max_power_limit_mw
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetEnforcedPowerLimit", handle)
-        return self._dev(handle).power_limit_mw
+    nvmlDeviceGetEnforcedPowerLimit = _reads("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
         self._record("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
@@ -474,19 +472,24 @@ def h100(
         clock: The fake's clock (a :class:`~perseus.device.clock.VirtualClock` in tests).
         busy: Start with the heavy kernel running.
     """
+    from perseus.device.presets import get_preset  # not at import: the watchdog loads this
+
+    preset = get_preset("h100")  # the name, clock list, idle power and cap
+    assert preset.power_cap_w is not None  # the h100 preset's 700 W
+    idle_mw, cap_mw = round(preset.power.idle_w * 1000), round(preset.power_cap_w * 1000)
     device = FakeDevice(
         uuid,
-        name="NVIDIA H100 80GB HBM3",
+        name=preset.name,
         architecture=FakeNvml.NVML_DEVICE_ARCH_HOPPER,
         memory_clocks=(2619,),
-        graphics_clocks=tuple(range(1980, 344, -15)),
-        sm_clock_mhz=1980,
-        power_mw=70_000,
-        instant_power_mw=70_000,
-        power_limit_mw=700_000,
-        default_power_limit_mw=700_000,
+        graphics_clocks=preset.clocks_mhz,
+        sm_clock_mhz=preset.clocks_mhz[0],
+        power_mw=idle_mw,
+        instant_power_mw=idle_mw,
+        power_limit_mw=cap_mw,
+        default_power_limit_mw=cap_mw,
         min_power_limit_mw=200_000,
-        max_power_limit_mw=700_000,
+        max_power_limit_mw=cap_mw,
         busy=busy,
         activity_cycle=_H100_ACTIVITY_CYCLE,
         static_power_w=100.0,

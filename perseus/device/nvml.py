@@ -1,22 +1,9 @@
 """The NVML backend (nvidia-ml-py, import name ``pynvml``), following docs/hardware.md#nvml.
 
 ``pynvml`` is imported lazily, on first use, and can be injected (``nvml_module=``) so tests
-drive a recording fake. Every NVML call goes through :func:`call_nvml`, the one place where
-``NVMLError`` codes become perseus errors:
-
-=============================================  =============================================
-NVML code                                      perseus error
-=============================================  =============================================
-NO_PERMISSION                                  :class:`DevicePermissionError` (observe-only)
-NOT_SUPPORTED                                  :class:`DeviceNotSupportedError`
-GPU_IS_LOST, UNKNOWN                           :class:`DeviceLostError` (stop and surface)
-LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED,          :class:`NvmlUnavailableError` (use the
-FUNCTION_NOT_FOUND, import failure             simulator or run without an agent)
-INVALID_ARGUMENT, FREQ_NOT_SUPPORTED           :class:`DeviceError` after one re-snap
-TIMEOUT                                        retried twice (10 ms, 50 ms back-off), then
-                                               :class:`DeviceError`
-anything else                                  :class:`DeviceError`
-=============================================  =============================================
+drive a recording fake. Every NVML call goes through
+:func:`~perseus.device.nvml_calls.call_nvml`, the one place where ``NVMLError`` codes become
+perseus errors (the table is in :mod:`perseus.device.nvml_calls`).
 
 ``control=False`` (or ``PERSEUS_NO_CLOCK_CHANGES=1``) opens a GPU observe-only: the device calls
 go through a view of ``pynvml`` that refuses every ``nvmlDeviceSet*``/``nvmlDeviceReset*``
@@ -36,13 +23,26 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
+from perseus.device.nvml_calls import (
+    CLOCK_EVENT_REASONS,
+    LIMITING_REASONS,
+    NO_CLOCK_CHANGES_ENV,
+    NvmlUnavailableError,
+    ObserveOnlyNvml,
+    call_nvml,
+    clock_event_names,
+    import_nvml,
+    is_control_function,
+    no_clock_changes_requested,
+    nvml_init,
+    nvml_shutdown,
+    probe_privilege,
+)
 from perseus.device.ownership import default_lock_dir, owner_lock_path
 from perseus.errors import (
     DeviceError,
@@ -68,205 +68,20 @@ __all__ = [
 ]
 
 # Real pynvml constant values (checked against nvidia-ml-py 13 in tests).
-_NO_PERMISSION = 4
-_NOT_SUPPORTED = 3
 _INVALID_ARGUMENT = 2
-_DRIVER_NOT_LOADED = 9
-_TIMEOUT = 10
-_LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
-_GPU_IS_LOST = 15
 _FREQ_NOT_SUPPORTED = 24
-_UNKNOWN = 999
 _ARCH_VOLTA = 5
 _ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
 _CLOCK_SM = 1
 _MIG_ENABLE = 1
-_CAP_SYS_ADMIN = 21
 _FI_DEV_POWER_INSTANT = 186
 _POWER_SCOPE_GPU = 0
 _POWER_SCOPE_MODULE = 1
-_TRANSIENT = frozenset({_TIMEOUT})
-_TRANSIENT_RETRIES = 2
-_BACKOFF_S = (0.01, 0.05)
-
-#: Environment variable that makes every :class:`NvmlGPU` observe-only (``control=False``).
-NO_CLOCK_CHANGES_ENV = "PERSEUS_NO_CLOCK_CHANGES"
-
-#: NVML clock event (throttle) reason bits and their names.
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-#: Reasons that pull a clock below the requested lock (power or thermal limits).
-LIMITING_REASONS = frozenset(
-    {
-        "sw_power_cap",
-        "hw_slowdown",
-        "sw_thermal_slowdown",
-        "hw_thermal_slowdown",
-        "hw_power_brake_slowdown",
-    }
-)
 # Data-centre boards with HBM, whose memory clock cannot be locked at run time even when the
 # driver lists several memory clocks (an H100 80GB HBM3 refused the lock it listed).
 _HBM_NAME = re.compile(r"HBM|\b(?:[VPA]100|A800|A30|H100|H800|H200|H20|GH200|B100|G?B[23]00)\b")
-# Prefixes of NVML functions that change device state; observe-only GPUs never call them.
-_CONTROL_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
-
-
-class NvmlUnavailableError(DeviceError):
-    """No usable NVML: nvidia-ml-py missing, or no NVIDIA driver/library on this machine."""
-
-
-def import_nvml() -> Any:
-    """Import ``pynvml`` (from nvidia-ml-py).
-
-    Raises:
-        NvmlUnavailableError: with the install hint when the package is missing.
-    """
-    try:
-        import pynvml
-    except ImportError as e:
-        raise NvmlUnavailableError(
-            "nvidia-ml-py is not installed; pip install 'perseus-energy[nvml]'"
-        ) from e
-    return pynvml
-
-
-def call_nvml(
-    nvml: Any, function: str, *args: Any, what: str = "", retries: int = _TRANSIENT_RETRIES
-) -> Any:
-    """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
-
-    A transient error (``TIMEOUT``) is retried ``retries`` times after a short back-off
-    (10 ms, then 50 ms); if it persists it is raised as :class:`DeviceError`, for the
-    controller to degrade on.
-
-    Args:
-        nvml: The ``pynvml`` module (or a fake with the same names).
-        function: The NVML function name.
-        what: Context for the message, e.g. the GPU's name.
-        retries: How often to retry a transient error.
-    """
-    for attempt in range(retries + 1):
-        try:
-            return getattr(nvml, function)(*args)
-        except nvml.NVMLError as e:
-            code = getattr(e, "value", None)
-            if code in _TRANSIENT and attempt < retries:
-                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
-                continue
-            tries = f" (after {attempt + 1} tries)" if attempt else ""
-            _raise_mapped(e, code, f"{what}: " if what else "", function, tries)
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-
-def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str) -> None:
-    message = f"{where}{function} failed: {e} (NVML error {code}){tries}"
-    if code == _NO_PERMISSION:
-        raise DevicePermissionError(
-            f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
-        ) from e
-    if code == _NOT_SUPPORTED:
-        raise DeviceNotSupportedError(message) from e
-    if code in (_GPU_IS_LOST, _UNKNOWN):
-        raise DeviceLostError(f"{message}; the GPU stopped answering") from e
-    if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
-        raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
-    raise DeviceError(message) from e
-
-
-def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
-    """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff.
-
-    A zeusd socket (``ZEUSD_SOCK_PATH``) is reported but not used: perseus talks to NVML
-    directly.
-    """
-    if os.geteuid() == 0:
-        return True, "running as root"
-    try:
-        with open(status_path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    if int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1:
-                        return True, "CAP_SYS_ADMIN"
-                    break
-    except (OSError, ValueError):
-        pass
-    hint = (
-        " (a zeusd socket is set, but perseus does not use zeusd)"
-        if os.environ.get("ZEUSD_SOCK_PATH")
-        else ""
-    )
-    return False, f"not root and no CAP_SYS_ADMIN{hint}"
-
-
-def clock_event_names(mask: int) -> tuple[str, ...]:
-    """The names of the clock event (throttle) reason bits set in ``mask``."""
-    return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit)
-
-
-def is_control_function(function: str) -> bool:
-    """Whether NVML ``function`` changes device state (clocks, power limit, modes...)."""
-    return function.startswith(_CONTROL_PREFIXES)
-
-
-def no_clock_changes_requested() -> bool:
-    """Whether ``$PERSEUS_NO_CLOCK_CHANGES`` asks for observe-only GPUs (``1``/``true``/``yes``)."""
-    return os.environ.get(NO_CLOCK_CHANGES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-class _ObserveOnlyNvml:
-    """``pynvml`` without the functions that change a device: they raise before any call.
-
-    What an :class:`NvmlGPU` with ``control=False`` talks to, so no code path (close, the
-    controller, a power-limit method added later) can change the GPU by mistake.
-    """
-
-    def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
-
-    def __getattr__(self, name: str) -> Any:
-        if is_control_function(name):
-            raise DevicePermissionError(
-                f"{name} refused: this GPU was opened observe-only (`control`=False, or "
-                f"{NO_CLOCK_CHANGES_ENV}=1 in the environment)"
-            )
-        return getattr(self._nvml, name)
-
-
 # nvmlValueType_t -> the union member of c_nvmlValue_t holding it.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-
-
-# nvmlInit/nvmlShutdown are process-wide; count users per module object.
-_sessions: dict[int, int] = {}
-_sessions_lock = threading.Lock()
-
-
-def _init(nvml: Any) -> None:
-    with _sessions_lock:
-        if _sessions.get(id(nvml), 0) == 0:
-            call_nvml(nvml, "nvmlInit")
-        _sessions[id(nvml)] = _sessions.get(id(nvml), 0) + 1
-
-
-def _shutdown(nvml: Any) -> None:
-    with _sessions_lock:
-        left = _sessions.get(id(nvml), 0) - 1
-        if left > 0:
-            _sessions[id(nvml)] = left
-            return
-        _sessions.pop(id(nvml), None)
-    call_nvml(nvml, "nvmlShutdown")
 
 
 def _text(value: Any) -> str:
@@ -365,12 +180,12 @@ class NvmlGPU:
         if self._nvml is None:
             self._nvml = import_nvml()
         nvml = self._nvml
-        self._api = nvml if self.control else _ObserveOnlyNvml(nvml)
-        _init(nvml)
+        self._api = nvml if self.control else ObserveOnlyNvml(nvml)
+        nvml_init(nvml)
         try:
             self._open_device(self._api)
         except BaseException:
-            _shutdown(nvml)
+            nvml_shutdown(nvml)
             raise
         return self
 
@@ -437,7 +252,7 @@ class NvmlGPU:
                 self.reset_power_limit()
         finally:
             self._handle = None
-            _shutdown(self._nvml)
+            nvml_shutdown(self._nvml)
 
     def __enter__(self) -> NvmlGPU:
         return self.open()
@@ -509,41 +324,35 @@ class NvmlGPU:
         self._require_control("lock clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
-            call_nvml(
-                self._api,
-                "nvmlDeviceSetGpuLockedClocks",
-                handle,
-                snapped,
-                snapped,
-                what=self._what(),
-            )
+            self._lock_sm(handle, snapped)
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
-            code = getattr(e.__cause__, "value", None)
-            if code not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
+            if getattr(e.__cause__, "value", None) not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
                 raise
-            mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
-            clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
-            self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
-            retry = self.snap_clock_mhz(freq_mhz)
-            try:
-                call_nvml(
-                    self._api,
-                    "nvmlDeviceSetGpuLockedClocks",
-                    handle,
-                    retry,
-                    retry,
-                    what=self._what(),
-                )
-            except DeviceError as again:
-                raise DeviceError(
-                    f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
-                    f"then {retry} MHz); giving up on this clock"
-                ) from again
-            snapped = retry
+            snapped = self._relock_resnapped(handle, freq_mhz, snapped)
         self._locked = snapped
         return snapped
+
+    def _lock_sm(self, handle: Any, freq_mhz: int) -> None:
+        call_nvml(
+            self._api, "nvmlDeviceSetGpuLockedClocks", handle, freq_mhz, freq_mhz, what=self._what()
+        )
+
+    def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
+        """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
+        mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
+        clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
+        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        retry = self.snap_clock_mhz(freq_mhz)
+        try:
+            self._lock_sm(handle, retry)
+        except DeviceError as again:
+            raise DeviceError(
+                f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
+                f"then {retry} MHz); giving up on this clock"
+            ) from again
+        return retry
 
     def reset_locked_clock(self) -> None:
         """Reset the SM clock lock and, when this object locked it, the memory clock lock:
@@ -596,14 +405,8 @@ class NvmlGPU:
         if why is not None:
             raise DeviceNotSupportedError(f"{self._what()}: cannot lock memory clocks: {why}")
         snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
-        call_nvml(
-            self._api,
-            "nvmlDeviceSetMemoryLockedClocks",
-            handle,
-            snapped,
-            snapped,
-            what=self._what(),
-        )
+        what = self._what()
+        call_nvml(self._api, "nvmlDeviceSetMemoryLockedClocks", handle, snapped, snapped, what=what)
         self._mem_locked = snapped
         return snapped
 
@@ -623,25 +426,10 @@ class NvmlGPU:
         return self._locked
 
     def current_clock_mhz(self) -> int:
-        return int(
-            call_nvml(
-                self._opened_api(),
-                "nvmlDeviceGetClockInfo",
-                self._h(),
-                _CLOCK_SM,
-                what=self._what(),
-            )
-        )
+        return int(self.query("nvmlDeviceGetClockInfo", _CLOCK_SM))
 
     def energy_mj(self) -> int:
-        return int(
-            call_nvml(
-                self._opened_api(),
-                "nvmlDeviceGetTotalEnergyConsumption",
-                self._h(),
-                what=self._what(),
-            )
-        )
+        return int(self.query("nvmlDeviceGetTotalEnergyConsumption"))
 
     def power_w(self) -> float:
         """Instant power (``NVML_FI_DEV_POWER_INSTANT``, GPU scope, then module scope), falling
@@ -790,7 +578,7 @@ def list_nvml_gpus(nvml_module: Any = None) -> list[NvmlGPU]:
         NvmlUnavailableError: when there is no library or driver.
     """
     nvml = nvml_module if nvml_module is not None else import_nvml()
-    _init(nvml)
+    nvml_init(nvml)
     try:
         count = call_nvml(nvml, "nvmlDeviceGetCount")
         gpus = [NvmlGPU(index=i, nvml_module=nvml) for i in range(count)]
@@ -804,4 +592,4 @@ def list_nvml_gpus(nvml_module: Any = None) -> list[NvmlGPU]:
             raise
         return opened
     finally:
-        _shutdown(nvml)
+        nvml_shutdown(nvml)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from perseus.device.base import GPU
@@ -43,6 +43,7 @@ __all__ = [
     "blocking_power_of_name",
     "get_preset",
     "gpu_identity",
+    "preset_for_name",
     "switch_cost_for",
 ]
 
@@ -222,31 +223,28 @@ _A100_POWER = PowerModel(
     idle_w=60.0,
     blocking_w=_A100_BLOCKING.power_w,
 )
-_A100_TIMES = {Kind.F: 0.050, Kind.B: 0.095, Kind.W: 0.0475}
+_A100 = GPUPreset(
+    key="a100",
+    name="NVIDIA A100-SXM4-80GB",
+    clocks_mhz=_clocks(210, 1410),
+    power=_A100_POWER,
+    time=TimeModel(ref_mhz=1410.0),
+    power_cap_w=400.0,
+    activity=0.75,
+    op_time_s={Kind.F: 0.050, Kind.B: 0.095, Kind.W: 0.0475},
+)
 
 PRESETS: dict[str, GPUPreset] = {
-    "a100": GPUPreset(
-        key="a100",
-        name="NVIDIA A100-SXM4-80GB",
-        clocks_mhz=_clocks(210, 1410),
-        power=_A100_POWER,
-        time=TimeModel(ref_mhz=1410.0),
-        power_cap_w=400.0,
-        activity=0.75,
-        op_time_s=_A100_TIMES,
-    ),
+    "a100": _A100,
     # The "perseus-500W" fixture (docs/hardware.md#sim-defaults): the board the Perseus A100 data
     # was measured on.
     # u = 1 with a 480 W cap reproduces docs/hardware.md#clock-curve.
-    "a100-500w": GPUPreset(
+    "a100-500w": replace(
+        _A100,
         key="a100-500w",
         name="NVIDIA A100-SXM4-80GB (500 W)",
-        clocks_mhz=_clocks(210, 1410),
-        power=_A100_POWER,
-        time=TimeModel(ref_mhz=1410.0),
         power_cap_w=480.0,
         activity=1.0,
-        op_time_s=_A100_TIMES,
     ),
     "a40": GPUPreset(
         key="a40",
@@ -305,6 +303,17 @@ def get_preset(key: str) -> GPUPreset:
         raise ConfigError(
             f"unknown GPU preset {key!r}; choose one of {', '.join(sorted(PRESETS))}"
         ) from None
+
+
+def preset_for_name(name: str) -> GPUPreset | None:
+    """The preset whose key or GPU name appears in ``name`` (case-insensitive; the longest
+    key first, so ``a100-500w`` wins over ``a100``), or None when none does."""
+    text = name.lower()
+    for key in sorted(PRESETS, key=len, reverse=True):
+        preset = PRESETS[key]
+        if key in text or preset.name.lower() in text:
+            return preset
+    return None
 
 
 @runtime_checkable

@@ -266,43 +266,14 @@ def open_private(
     """
     p = Path(path)
     base = flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-    fd = -1
     for _ in range(16):  # a file removed between our two opens: try again
-        if create:
-            try:
-                fd = os.open(p, base | os.O_CREAT | os.O_EXCL, mode)
-                break
-            except FileExistsError:
-                pass
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise _refuse_file(p, "is a symbolic link") from None
-                raise
-        try:
-            fd = os.open(p, base)
+        fd = _open_once(p, base, create, mode)
+        if fd is not None:
             break
-        except FileNotFoundError:
-            if not create:
-                raise
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _refuse_file(p, "is a symbolic link") from None
-            if e.errno == errno.ENXIO:  # a FIFO with no reader (write-only open)
-                raise _refuse_file(p, "is not a regular file") from None
-            if e.errno == errno.EISDIR:  # a directory planted under the name (write open)
-                raise _refuse_file(p, "is a directory") from None
-            raise
-    if fd < 0:
+    else:
         raise FileNotFoundError(errno.ENOENT, "created and removed repeatedly", str(p))
     try:
-        st = os.fstat(fd)
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "is not a regular file"
-        elif st.st_uid != os.geteuid():
-            why = f"belongs to {_owner(st.st_uid)}, not to this user"
-        elif st.st_nlink != 1:
-            why = f"has {st.st_nlink} names (hard links)"
+        why = _file_problem(os.fstat(fd))
         if why is not None:
             raise _refuse_file(p, why)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
@@ -310,6 +281,49 @@ def open_private(
         os.close(fd)
         raise
     return fd
+
+
+#: What an ``open`` error says about the entry under the name.
+_OPEN_REFUSALS = {
+    errno.ELOOP: "is a symbolic link",
+    errno.ENXIO: "is not a regular file",  # a FIFO with no reader (write-only open)
+    errno.EISDIR: "is a directory",  # a directory planted under the name (write open)
+}
+
+
+def _open_once(p: Path, base: int, create: bool, mode: int) -> int | None:
+    """Create ``p`` (when ``create``) or open the existing file: its descriptor, or None when
+    it was removed between the two opens."""
+    try:
+        if create:
+            try:
+                return os.open(p, base | os.O_CREAT | os.O_EXCL, mode)
+            except FileExistsError:
+                pass
+        try:
+            return os.open(p, base)
+        except FileNotFoundError:
+            if not create:
+                raise
+            return None
+    except OSError as e:
+        why = _OPEN_REFUSALS.get(e.errno or 0)
+        if why is None:
+            raise
+        raise _refuse_file(p, why) from None
+
+
+def _file_problem(st: os.stat_result) -> str | None:
+    """Why a file with status ``st`` is not one of ours to open, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"belongs to {_owner(st.st_uid)}, not to this user"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} names (hard links)"
+    return None
 
 
 def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -386,15 +400,7 @@ def check_private_file(
             st = os.lstat(entry)
         except FileNotFoundError:
             continue
-        why = None
-        if stat.S_ISLNK(st.st_mode):
-            why = "is a symbolic link"
-        elif not stat.S_ISREG(st.st_mode):
-            why = "is not a regular file"
-        elif st.st_uid != os.geteuid():
-            why = f"belongs to {_owner(st.st_uid)}, not to this user"
-        elif st.st_nlink != 1:
-            why = f"has {st.st_nlink} names (hard links)"
+        why = _file_problem(st)
         if why is not None:
             raise _error(
                 f"{what} file {entry} {why}; perseus opens it only when it is its own regular "

@@ -8,15 +8,25 @@ memory clock. :class:`~perseus.device.simulated.SimulatedGPU` takes them; its co
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from perseus.device.power_model import memory_clock_option
+from perseus.device.power_model import capped_clock_mhz, memory_clock_option
 from perseus.device.presets import GPUPreset
 from perseus.errors import ConfigError, ProfileError
 from perseus.profile.model import OpOption, Profile
 from perseus.schedule.actions import Kind
 
-__all__ = ["MemCostFn", "OpCostFn", "preset_costs", "profile_costs", "split_backward"]
+__all__ = [
+    "MemCostFn",
+    "OpCostFn",
+    "OpPricer",
+    "SimNoise",
+    "preset_costs",
+    "profile_costs",
+    "split_backward",
+]
 
 #: ``(time_s, energy_j)`` of an op at an SM clock (uncapped, before slowdown).
 OpCostFn = Callable[[int, Kind, int], tuple[float, float]]
@@ -116,3 +126,101 @@ def split_backward(cost: OpCostFn, b_share: float) -> OpCostFn:
         return t * share, e * share
 
     return split
+
+
+@dataclass(frozen=True, slots=True)
+class SimNoise:
+    """Seeded noise a real GPU has and a plan does not know.
+
+    Attributes:
+        time_sigma: Lognormal sigma of every op's time factor (0.01: ~1 % jitter).
+        power_sigma: Lognormal sigma of every op's power factor.
+        blocking_error: The device's blocking power is the nominal one times ``1 + u`` with
+            ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
+        seed: Seed; each device (index) gets its own stream of draws.
+        counter_gain: The energy counter reports this share of the true energy (a sensor
+            gain error; docs/hardware.md#sim-defaults: 0.95 +- 0.02 measured on an A100). 1 by
+            default.
+    """
+
+    time_sigma: float = 0.01
+    power_sigma: float = 0.01
+    blocking_error: float = 0.02
+    seed: int = 0
+    counter_gain: float = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.time_sigma, self.power_sigma, self.blocking_error) < 0:
+            raise ConfigError("SimNoise: sigmas and blocking_error must be >= 0")
+        if not self.counter_gain > 0:
+            raise ConfigError(f"SimNoise: counter_gain must be > 0, got {self.counter_gain}")
+
+    def rng(self, index: int) -> random.Random:
+        """The per-op draw generator of device ``index``."""
+        return random.Random(f"perseus-sim-noise/{self.seed}/{index}")
+
+    def blocking_offset(self, index: int) -> float:
+        """The relative blocking-power error of device ``index`` (in +-``blocking_error``)."""
+        err = self.blocking_error
+        return random.Random(f"perseus-sim-blocking/{self.seed}/{index}").uniform(-err, err)
+
+
+class OpPricer:
+    """What an op costs run wholly at a lock under a power cap: the highest clock at or below
+    the lock whose power fits the cap (as an H100 under its SW power cap runs), and its
+    ``(time_s, energy_j)`` there, cached (the stream prices an op on every commit).
+
+    Args:
+        clocks_mhz: Supported SM clocks, highest first.
+        cost_fn: Uncapped cost at the default memory clock.
+        mem_clocks_mhz: Lockable memory clocks, highest (the default) first.
+        mem_cost_fn: Cost at a locked memory clock (None: one memory clock).
+    """
+
+    __slots__ = ("_cache", "_clocks", "_cost_fn", "_mem_clocks", "_mem_cost_fn")
+
+    def __init__(
+        self,
+        clocks_mhz: tuple[int, ...],
+        cost_fn: OpCostFn,
+        mem_clocks_mhz: tuple[int, ...],
+        mem_cost_fn: MemCostFn | None,
+    ) -> None:
+        self._clocks = clocks_mhz
+        self._cost_fn = cost_fn
+        self._mem_clocks = mem_clocks_mhz
+        self._mem_cost_fn = mem_cost_fn
+        self._cache: dict[tuple[int, Kind, int, float | None], tuple[int, float, float]] = {}
+
+    def price(
+        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None, mem_mhz: int | None
+    ) -> tuple[int, float, float]:
+        """``(clock_mhz, time_s, energy_j)`` of an op locked at ``freq_mhz`` under ``cap_w``
+        with the memory clock locked at ``mem_mhz`` (None: the default)."""
+        if mem_mhz is not None and self._mem_cost_fn is not None and mem_mhz != self._mem_clocks[0]:
+            # The memory hook: the clock the cap allows at the default memory clock, priced
+            # at the locked memory clock.
+            f_eff = self._at_default_memory(stage_index, kind, freq_mhz, cap_w)[0]
+            t, e = self._mem_cost_fn(stage_index, kind, f_eff, mem_mhz)
+            return f_eff, t, e
+        return self._at_default_memory(stage_index, kind, freq_mhz, cap_w)
+
+    def _at_default_memory(
+        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
+    ) -> tuple[int, float, float]:
+        key = (stage_index, kind, freq_mhz, cap_w)
+        hit = self._cache.get(key)
+        if hit is None:
+            if cap_w is None:
+                f_eff = freq_mhz
+            else:
+                below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
+                power = {}
+                for f in below:
+                    t, e = self._cost_fn(stage_index, kind, f)
+                    power[f] = e / t
+                f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
+            t, e = self._cost_fn(stage_index, kind, f_eff)
+            hit = (f_eff, t, e)
+            self._cache[key] = hit
+        return hit

@@ -243,12 +243,10 @@ class SimStateFile:
         fd = self._file()
         for _ in range(50):
             head = os.pread(fd, _HEADER_BYTES, 0)
-            if len(head) < _HEADER_BYTES:
-                return None
+            known, state = self._known(head)
+            if known:
+                return state
             seq = int(head[:20])
-            cached_seq, cached = self._cached
-            if seq == cached_seq:
-                return cached
             if seq % 2 == 0:
                 payload = os.pread(fd, int(head[21:31]), _HEADER_BYTES)
                 if os.pread(fd, 20, 0) == head[:20]:
@@ -258,17 +256,22 @@ class SimStateFile:
         with self._locked():
             return self._read_locked(fd)
 
+    def _known(self, head: bytes) -> tuple[bool, State | None]:
+        """``(True, state)`` when the header ``head`` needs no payload read: no state yet
+        (None), or the cached state's sequence number."""
+        if len(head) < _HEADER_BYTES:
+            return True, None
+        cached_seq, cached = self._cached
+        return int(head[:20]) == cached_seq, cached
+
     def _read_locked(self, fd: int) -> State | None:
         head = os.pread(fd, _HEADER_BYTES, 0)
-        if len(head) < _HEADER_BYTES:
-            return None
-        seq = int(head[:20])
-        cached_seq, cached = self._cached
-        if seq == cached_seq:
-            return cached
+        known, state = self._known(head)
+        if known:
+            return state
         payload = os.pread(fd, int(head[21:31]), _HEADER_BYTES)
         try:
-            return self._accept(seq, payload)
+            return self._accept(int(head[:20]), payload)
         except ValueError:
             return None  # torn by a writer that died mid-write: start afresh
 

@@ -32,16 +32,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from perseus.device.clock import Clock
-from perseus.errors import ConfigError
+from perseus.device.sim_costs import SimNoise
+from perseus.device.sim_port import StreamDevice
+from perseus.device.sim_state import State
 from perseus.schedule.actions import Kind
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream", "StreamDevice"]
-
-#: The device's shared state (see :mod:`perseus.device.sim_state`).
-_State = dict[str, Any]
 
 #: Bumped by every change to any stream of the process (under ``SimStream._LOCK``): a
 #: stream's predicted event times depend on the streams it waits on, so they are cached per
@@ -52,79 +49,6 @@ _VERSION = [0]
 
 #: Spin (instead of sleeping) for this long before an event's predicted time.
 _SPIN_S = 0.0003
-
-
-@dataclass(frozen=True, slots=True)
-class SimNoise:
-    """Seeded noise a real GPU has and a plan does not know.
-
-    Attributes:
-        time_sigma: Lognormal sigma of every op's time factor (0.01: ~1 % jitter).
-        power_sigma: Lognormal sigma of every op's power factor.
-        blocking_error: The device's blocking power is the nominal one times ``1 + u`` with
-            ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
-        seed: Seed; each device (index) gets its own stream of draws.
-        counter_gain: The energy counter reports this share of the true energy (a sensor
-            gain error; docs/hardware.md#sim-defaults: 0.95 +- 0.02 measured on an A100). 1 by
-            default.
-    """
-
-    time_sigma: float = 0.01
-    power_sigma: float = 0.01
-    blocking_error: float = 0.02
-    seed: int = 0
-    counter_gain: float = 1.0
-
-    def __post_init__(self) -> None:
-        if min(self.time_sigma, self.power_sigma, self.blocking_error) < 0:
-            raise ConfigError("SimNoise: sigmas and blocking_error must be >= 0")
-        if not self.counter_gain > 0:
-            raise ConfigError(f"SimNoise: counter_gain must be > 0, got {self.counter_gain}")
-
-    def rng(self, index: int) -> random.Random:
-        """The per-op draw generator of device ``index``."""
-        return random.Random(f"perseus-sim-noise/{self.seed}/{index}")
-
-    def blocking_offset(self, index: int) -> float:
-        """The relative blocking-power error of device ``index`` (in +-``blocking_error``)."""
-        err = self.blocking_error
-        return random.Random(f"perseus-sim-blocking/{self.seed}/{index}").uniform(-err, err)
-
-
-class StreamDevice(Protocol):
-    """What a :class:`SimStream` needs from its device, and nothing more.
-
-    :class:`~perseus.device.simulated.SimulatedGPU` provides it through a small port object
-    (its private state stays private); a test can provide it with a dozen lines.
-
-    Attributes:
-        index: The device index (seeds its noise).
-        noise: Per-op noise, or None.
-        clock: The device's timeline and how to wait on it.
-        top_clock_mhz: The highest clock (an unlocked device runs at it).
-        idle_power_w: The true power while no op runs.
-        publish_interval_s: The energy counter's publish period (0: exact).
-        counter_gain: The share of the true energy the counter reports.
-        power_cap_w: The board's own power cap (None: none).
-        price: ``(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz, time_s, energy_j)`` of
-            an op run wholly at a lock under a cap (before noise and slowdown).
-        read_state: The shared state now.
-        cap_w: The cap a state enforces (a set power limit, never above the board's).
-        update_state: Apply a change to the shared state, advanced to ``at_s``.
-    """
-
-    index: int
-    noise: SimNoise | None
-    clock: Clock
-    top_clock_mhz: int
-    idle_power_w: float
-    publish_interval_s: float
-    counter_gain: float
-    power_cap_w: float | None
-    price: Callable[[int, Kind, int, float | None], tuple[int, float, float]]
-    read_state: Callable[[], _State]
-    cap_w: Callable[[_State], float | None]
-    update_state: Callable[[Callable[[_State], None], float | None], _State]
 
 
 class SimEvent:
@@ -349,52 +273,14 @@ class SimStream:
             if isinstance(item, SimEvent):
                 item._complete(t, self._published_mj())
                 self._floor_s = t
-                queue.popleft()
-                continue
-            if isinstance(item, _Wait):
-                until = item.end_s()
-                if until <= t:
-                    queue.popleft()
-                    continue
-                end = min(until, now)
-                self._integrate(t, end, idle_w)
-                t = end
-                if end < until:
-                    break
-                queue.popleft()
-                continue
-            f_eff, full_s, power_w = self._clock_for(item)
-            remaining_s = (1.0 - item.done) * full_s
-            if item.start_s is None:
-                item.start_s = t
-            if t + remaining_s <= now:
-                self._integrate(t, t + remaining_s, power_w)
-                self._piece(item, f_eff, remaining_s)
-                t += remaining_s
-                queue.popleft()
-                if not queue and item.seq == self._seq - 1:
-                    # The queue ran dry on the last op launched, before the host recorded the
-                    # event behind it (a host stalled between the launch and the record): the
-                    # host that an emulated GPU stands for has enqueued that event already, so
-                    # it completes here, not whenever the stalled host gets to it.
-                    self._early_end = t
-                if self.trace is not None and item.pieces is not None:
-                    self.trace.append(
-                        OpTrace(
-                            item.seq,
-                            item.stage_index,
-                            item.kind,
-                            item.start_s,
-                            t,
-                            tuple(item.pieces),
-                        )
-                    )
-                continue
-            self._integrate(t, now, power_w)
-            self._piece(item, f_eff, now - t)
-            item.done += (now - t) / full_s
-            t = now
-            break
+                done = True
+            elif isinstance(item, _Wait):
+                t, done = self._run_wait(item, t, now, idle_w)
+            else:
+                t, done = self._run_op(item, t, now)
+            if not done:
+                break
+            queue.popleft()
         if not queue and not self._idle:  # the queue just ran dry at t
             self._idle = True
             self._idle_since = t
@@ -404,6 +290,45 @@ class SimStream:
         if t < now:  # idle (nothing queued): blocking power
             self._integrate(t, now, idle_w)
         self._t_dev = now
+
+    def _run_wait(self, item: _Wait, t: float, now: float, idle_w: float) -> tuple[float, bool]:
+        """Wait from ``t`` towards ``now``: ``(time reached, whether the wait is over)``."""
+        until = item.end_s()
+        if until <= t:
+            return t, True
+        end = min(until, now)
+        self._integrate(t, end, idle_w)
+        return end, end >= until
+
+    def _run_op(self, item: _Op, t: float, now: float) -> tuple[float, bool]:
+        """Run the head op from ``t`` towards ``now``: ``(time reached, whether it ended)``."""
+        f_eff, full_s, power_w = self._clock_for(item)
+        remaining_s = (1.0 - item.done) * full_s
+        if item.start_s is None:
+            item.start_s = t
+        if t + remaining_s > now:
+            self._integrate(t, now, power_w)
+            self._piece(item, f_eff, now - t)
+            item.done += (now - t) / full_s
+            return now, False
+        end = t + remaining_s
+        self._integrate(t, end, power_w)
+        self._piece(item, f_eff, remaining_s)
+        if len(self._queue) == 1 and item.seq == self._seq - 1:
+            # The queue runs dry on the last op launched, before the host recorded the event
+            # behind it (a host stalled between the launch and the record): the host that an
+            # emulated GPU stands for has enqueued that event already, so it completes here,
+            # not whenever the stalled host gets to it.
+            self._early_end = end
+        self._trace(item, item.start_s, end)
+        return end, True
+
+    def _trace(self, op: _Op, start_s: float, end_s: float) -> None:
+        """Keep a completed op's clock pieces when tracing."""
+        if self.trace is not None and op.pieces is not None:
+            self.trace.append(
+                OpTrace(op.seq, op.stage_index, op.kind, start_s, end_s, tuple(op.pieces))
+            )
 
     def _piece(self, op: _Op, clock_mhz: int, time_s: float) -> None:
         if self.trace is None or time_s <= 0:
@@ -458,7 +383,7 @@ class SimStream:
         segments, _ = self._plan()
         lock = self._lock_mhz
 
-        def change(state: dict[str, Any]) -> None:
+        def change(state: State) -> None:
             state["segments"] = segments
             if lock_changed:
                 state["locked_mhz"] = lock
@@ -523,12 +448,9 @@ class SimStream:
             self._idle_since = self._early_end = end
             self._recent.append((end, e_start + power_w * full_s, idle_w))
             self._idle = True
-            if self.trace is not None and op.pieces is not None:
-                self.trace.append(
-                    OpTrace(op.seq, op.stage_index, op.kind, start, end, tuple(op.pieces))
-                )
+            self._trace(op, start, end)
 
-        def change(state: dict[str, Any]) -> None:
+        def change(state: State) -> None:
             state["energy_j"] = float(state["energy_j"]) + extra_j
             # The value published at the last tick (cached by advance() before this op was
             # known) must include the op's work before that tick, as _tick_energy_j does.
@@ -600,32 +522,35 @@ class SimStream:
                 self._floor_s = when
         return event
 
-    def set_lock(self, lock_mhz: int | None) -> None:
-        """Apply a new lock now (the set call's latency has already passed)."""
+    def _change_now(self, change: Callable[[float], None], lock_changed: bool = False) -> None:
+        """Run the queue up to now, apply ``change(now)`` and publish the re-planned future."""
         with self._lock:
             now = self._now()
             self._commit(now)
-            _VERSION[0] += 1
+            _VERSION[0] += 1  # the queued ops' prices may change: predictions are stale
+            change(now)
+            self._publish(now, lock_changed=lock_changed)
+
+    def set_lock(self, lock_mhz: int | None) -> None:
+        """Apply a new lock now (the set call's latency has already passed)."""
+
+        def change(now: float) -> None:
             self._lock_mhz = lock_mhz
             self.lock_applied_s = now
-            self._publish(now, lock_changed=True)
+
+        self._change_now(change, lock_changed=True)
 
     def reprice(self) -> None:
         """Re-plan the queued ops now at unchanged lock and cap (a memory-clock change)."""
-        with self._lock:
-            now = self._now()
-            self._commit(now)
-            _VERSION[0] += 1  # the queued ops' prices changed: predictions are stale
-            self._publish(now)
+        self._change_now(lambda now: None)
 
     def set_cap(self, cap_w: float | None) -> None:
         """Apply a new power cap now (a power limit set or reset; the clock follows at once)."""
-        with self._lock:
-            now = self._now()
-            self._commit(now)
-            _VERSION[0] += 1
+
+        def change(now: float) -> None:
             self._cap_w = cap_w
-            self._publish(now)
+
+        self._change_now(change)
 
     def poll(self) -> None:
         with self._lock:

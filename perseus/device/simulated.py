@@ -38,9 +38,7 @@ It behaves like a GPU, not like a plan (see :mod:`perseus.device.sim_stream`):
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import random
 import threading
 import time
@@ -50,36 +48,25 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
-from perseus.device.clock import Clock, RealClock, WallClock
-from perseus.device.nvml import CLOCK_EVENT_REASONS
-from perseus.device.ownership import owner_lock_path
-from perseus.device.power_model import capped_clock_mhz
+from perseus.device.clock import Clock
+from perseus.device.nvml_calls import CLOCK_EVENT_REASONS
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_costs import (
     MemCostFn,
     OpCostFn,
+    OpPricer,
+    SimNoise,
     preset_costs,
     profile_costs,
     split_backward,
 )
-from perseus.device.sim_state import (
-    SimStateFile,
-    State,
-    advance,
-    clock_kind,
-    default_state_dir,
-    energy_at,
-    published_mj,
-    segment_at,
-    write_info,
-)
-from perseus.device.sim_stream import OpTrace, SimEvent, SimNoise, SimStream, StreamDevice
+from perseus.device.sim_port import StreamPort
+from perseus.device.sim_shared import SimSharedState, as_clock
+from perseus.device.sim_state import published_mj, segment_at
+from perseus.device.sim_stream import OpTrace, SimEvent, SimStream
 from perseus.errors import (
     ConfigError,
     DeviceError,
-    DeviceNotSupportedError,
-    DevicePermissionError,
-    PerseusError,
     ProfileError,
 )
 from perseus.profile.model import Profile
@@ -92,61 +79,30 @@ _REASON_IDLE = _REASON_BITS["gpu_idle"]
 _REASON_POWER_CAP = _REASON_BITS["sw_power_cap"]
 
 
-class _FnClock:
-    """A :class:`~perseus.device.clock.Clock` from a time function and a sleep function."""
-
-    __slots__ = ("now", "real_time", "sleep")
-
-    def __init__(self, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
-        self.now = now
-        self.sleep = sleep
-        self.real_time = sleep is time.sleep
-
-
-def _clock_kind(clock: Clock) -> str:
-    """How another process can read ``clock`` (see :func:`~perseus.device.sim_state.clock_kind`)."""
-    if isinstance(clock, _FnClock):
-        return clock_kind(clock.now)
-    if isinstance(clock, WallClock):
-        return "wall"
-    if isinstance(clock, RealClock):
-        return "monotonic"
-    return "virtual"
-
-
-class _StreamPort:
-    """The :class:`~perseus.device.sim_stream.StreamDevice` view of a :class:`SimulatedGPU`:
-    the only members of the device its stream may use (bound once: the stream prices an op
-    on every commit)."""
-
-    __slots__ = (
-        "cap_w",
-        "clock",
-        "counter_gain",
-        "idle_power_w",
-        "index",
-        "noise",
-        "power_cap_w",
-        "price",
-        "publish_interval_s",
-        "read_state",
-        "top_clock_mhz",
-        "update_state",
-    )
-
-    def __init__(self, gpu: SimulatedGPU, clock: Clock) -> None:
-        self.index = gpu.index
-        self.noise = gpu.noise
-        self.clock = clock
-        self.top_clock_mhz = gpu.supported_clocks_mhz()[0]
-        self.idle_power_w = gpu.true_blocking_power_w
-        self.publish_interval_s = gpu.publish_interval_s
-        self.counter_gain = gpu.counter_gain
-        self.power_cap_w = gpu.power_cap_w
-        self.price: Callable[[int, Kind, int, float | None], tuple[int, float, float]] = gpu._op_at
-        self.read_state: Callable[[], State] = gpu._state
-        self.cap_w: Callable[[State], float | None] = gpu._cap_w
-        self.update_state: Callable[[Callable[[State], None], float | None], State] = gpu._update
+def _checked_p99_s(
+    name: str,
+    clocks_mhz: tuple[int, ...] | list[int],
+    blocking_power_w: float,
+    publish_interval_s: float,
+    set_latency_s: float,
+    set_latency_p99_s: float | None,
+) -> float:
+    """The set latency's 99th percentile (default 2.4 x the median), after checking the
+    constructor's numbers."""
+    if not clocks_mhz:
+        raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
+    if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
+        raise ConfigError(
+            f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
+            "set_latency_s must be >= 0"
+        )
+    p99 = 2.4 * set_latency_s if set_latency_p99_s is None else set_latency_p99_s
+    if set_latency_s > 0 and p99 < set_latency_s:
+        raise ConfigError(
+            f"simulated GPU {name!r}: set_latency_p99_s ({p99}) is below the median "
+            f"set_latency_s ({set_latency_s})"
+        )
+    return float(p99)
 
 
 def sim_uuid(index: int) -> str:
@@ -154,7 +110,7 @@ def sim_uuid(index: int) -> str:
     return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
 
 
-class SimulatedGPU:
+class SimulatedGPU(SimSharedState):
     """A GPU model implementing :class:`~perseus.device.base.GPU` plus an emulation API.
 
     The constructor does no I/O; the state file is created on first use.
@@ -219,29 +175,24 @@ class SimulatedGPU:
     ) -> None:
         # Everything this GPU was built from, so that placed() can build its twin.
         self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
-        if not clocks_mhz:
-            raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
-        if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
-            raise ConfigError(
-                f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
-                "set_latency_s must be >= 0"
-            )
-        p99 = 2.4 * set_latency_s if set_latency_p99_s is None else set_latency_p99_s
-        if set_latency_s > 0 and p99 < set_latency_s:
-            raise ConfigError(
-                f"simulated GPU {name!r}: set_latency_p99_s ({p99}) is below the median "
-                f"set_latency_s ({set_latency_s})"
-            )
+        p99 = _checked_p99_s(
+            name, clocks_mhz, blocking_power_w, publish_interval_s, set_latency_s, set_latency_p99_s
+        )
+        self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
+        if len(self._mem_clocks) > 1 and mem_cost_fn is None:
+            raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
         self._name = name
         self._clocks = tuple(sorted(set(clocks_mhz), reverse=True))
         self._ascending = tuple(reversed(self._clocks))
         self._cost_fn = op_cost_fn
+        self._pricer = OpPricer(self._clocks, op_cost_fn, self._mem_clocks, mem_cost_fn)
+        self._mem_locked: int | None = None  # this process's memory lock (also in the state)
         self.blocking_power_w = float(blocking_power_w)
         self.index = index
         self._state_dir = Path(state_dir) if state_dir is not None else None
         self.publish_interval_s = float(publish_interval_s)
         self.set_latency_s = float(set_latency_s)
-        self.set_latency_p99_s = float(p99)
+        self.set_latency_p99_s = p99
         # lognormal sigma from the median and the 99th percentile (z_0.99 = 2.3263)
         self._latency_sigma = (
             math.log(p99 / set_latency_s) / 2.3263 if set_latency_s > 0 and p99 > 0 else 0.0
@@ -253,25 +204,15 @@ class SimulatedGPU:
         self.privileged = privileged
         self.clamp_out_of_range = clamp_out_of_range
         self.source = source
-        timeline: Clock = (
-            clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
-        )
-        self.clock = timeline
-        self._clock = timeline.now
-        self._sleep = timeline.sleep
+        self.clock = as_clock(clock, sleep)
+        self._clock = self.clock.now
+        self._sleep = self.clock.sleep
         self._uuid = sim_uuid(index)
-        self._file: SimStateFile | None = None
-        self._injected: dict[str, list[DeviceError]] = {}
-        self._cost_cache: dict[tuple[int, Kind, int, float | None], tuple[int, float, float]] = {}
+        self._file = None
+        self._injected = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
-        port: StreamDevice = _StreamPort(self, timeline)
-        self._stream = SimStream(port)
-        self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
-        if len(self._mem_clocks) > 1 and mem_cost_fn is None:
-            raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
-        self._mem_cost_fn = mem_cost_fn
-        self._mem_locked: int | None = None  # this process's memory lock (also in the state)
+        self._stream = SimStream(StreamPort(self, self.clock))
         if trace_ops:
             self._stream.trace = []
 
@@ -284,18 +225,14 @@ class SimulatedGPU:
         profile: Profile,
         *,
         blocking_power_w: float,
-        index: int = 0,
-        state_dir: str | Path | None = None,
-        publish_interval_s: float = 0.1,
-        set_latency_s: float = 0.005,
-        power_cap_w: float | None = None,
         name: str | None = None,
         **kwargs: Any,
     ) -> SimulatedGPU:
         """A GPU on which an op at clock ``f`` costs exactly ``profile``'s time and energy.
 
         The clock list is the union of the profile's clocks. An op asked to run at a clock it
-        was not profiled at uses its nearest profiled clock.
+        was not profiled at uses its nearest profiled clock. Other keywords (``index``,
+        ``state_dir``, ``power_cap_w``, ...) go to the constructor.
         """
         clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
@@ -304,11 +241,6 @@ class SimulatedGPU:
             clocks_mhz=clocks,
             op_cost_fn=cost,
             blocking_power_w=blocking_power_w,
-            index=index,
-            state_dir=state_dir,
-            publish_interval_s=publish_interval_s,
-            set_latency_s=set_latency_s,
-            power_cap_w=power_cap_w,
             source=f"profile {profile.source}",
             memory_clocks_mhz=mem_clocks,
             mem_cost_fn=mem_cost,
@@ -320,10 +252,6 @@ class SimulatedGPU:
         cls,
         key: str | GPUPreset,
         *,
-        index: int = 0,
-        state_dir: str | Path | None = None,
-        publish_interval_s: float = 0.1,
-        set_latency_s: float = 0.005,
         power_cap_w: float | str | None = "preset",
         activity: float | None = None,
         op_time_s: Mapping[Kind, float] | None = None,
@@ -334,7 +262,8 @@ class SimulatedGPU:
 
         Every stage costs the same: ``op_time_s[kind]`` at the highest clock (uncapped),
         scaled by the preset's time model; power from its power model at ``activity``.
-        ``power_cap_w="preset"`` keeps the preset's cap; None removes it.
+        ``power_cap_w="preset"`` keeps the preset's cap; None removes it. Other keywords
+        (``index``, ``state_dir``, ...) go to the constructor.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
         cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
@@ -349,10 +278,6 @@ class SimulatedGPU:
             blocking_power_w=(
                 preset.power.blocking_w if blocking_power_w is None else blocking_power_w
             ),
-            index=index,
-            state_dir=state_dir,
-            publish_interval_s=publish_interval_s,
-            set_latency_s=set_latency_s,
             power_cap_w=cap,
             idle_clock_mhz=preset.idle_clock_mhz,
             source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
@@ -387,12 +312,6 @@ class SimulatedGPU:
             config["op_cost_fn"] = split_backward(self._cost_fn, backward_split)
         return type(self)(**config)
 
-    @property
-    def explicit_state_dir(self) -> bool:
-        """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``): GPUs
-        meant to be shared, rather than the per-user default."""
-        return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
-
     def prices(self, kind: Kind) -> bool:
         """Whether the model has costs for ``kind`` ops (no I/O)."""
         try:
@@ -400,145 +319,6 @@ class SimulatedGPU:
         except (ProfileError, KeyError):
             return False
         return True
-
-    # -----------------------------------------------------------------------------------------
-    # Identity and state plumbing
-
-    @property
-    def uuid(self) -> str:
-        return self._uuid
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def state_dir(self) -> Path:
-        """The directory holding this GPU's state (resolved on first use)."""
-        if self._state_dir is None:
-            self._state_dir = default_state_dir()
-        return self._state_dir
-
-    def owner_lock_path(self) -> Path:
-        """Ownership lock file, in the state directory next to the state."""
-        return owner_lock_path(self.state_dir, self._uuid)
-
-    def watchdog_spec(self) -> dict[str, str]:
-        """What the watchdog needs to reset this GPU from another process."""
-        return {"backend": "sim", "state_dir": str(self.state_dir), "uuid": self._uuid}
-
-    def _info(self) -> State:
-        """Static description, kept apart from the small, frequently rewritten state."""
-        return {
-            "uuid": self._uuid,
-            "index": self.index,
-            "name": self._name,
-            "source": self.source,
-            "clocks_mhz": list(self._clocks),
-            "idle_clock_mhz": self._idle_clock,
-        }
-
-    def _initial_state(self, now: float) -> State:
-        return {
-            "uuid": self._uuid,
-            "index": self.index,
-            "idle_power_w": self.true_blocking_power_w,
-            "publish_interval_s": self.publish_interval_s,
-            "counter_gain": self.counter_gain,
-            "power_cap_w": self.power_cap_w,
-            "locked_mhz": None,
-            "power_limit_w": None,  # None: the default limit (power_cap_w)
-            # The board's default limit, apart from the limit in force: what every reset
-            # restores and what ``perseus device info`` compares against.
-            "default_power_limit_w": self._default_power_limit_w(),
-            "slowdown": 1.0,
-            "energy_j": 0.0,
-            "t_last": now,
-            "clock": _clock_kind(self.clock),
-            "segments": [],
-            "pub_tick": 0.0,
-            "pub_mj": 0,
-        }
-
-    @property
-    def true_blocking_power_w(self) -> float:
-        """The blocking power this device really draws (nominal +- the noise's error)."""
-        if self.noise is None:
-            return self.blocking_power_w
-        return self.blocking_power_w * (1.0 + self.noise.blocking_offset(self.index))
-
-    @property
-    def counter_gain(self) -> float:
-        """The share of the true energy the counter reports (``noise.counter_gain``; 1
-        without noise). :meth:`exact_energy_j` is the truth."""
-        return 1.0 if self.noise is None else self.noise.counter_gain
-
-    def _attach(self, state: State | None, now: float) -> State:
-        """Create the state, or adopt an existing one with this process's model parameters
-        (the lock, counter, slowdown and owner are kept: they belong to the "hardware")."""
-        if state is None:
-            return self._initial_state(now)
-        advance(state, now)
-        state.update(
-            idle_power_w=self.true_blocking_power_w,
-            publish_interval_s=self.publish_interval_s,
-            counter_gain=self.counter_gain,
-            power_cap_w=self.power_cap_w,
-        )
-        default = self._default_power_limit_w()
-        if default is not None:  # a handle without an op model keeps the recorded one
-            state["default_power_limit_w"] = default
-        return state
-
-    def _store(self) -> SimStateFile:
-        f = self._file
-        if f is None:
-            with self._attach_lock:  # the clock worker and the training thread may race here
-                f = self._file
-                if f is None:
-                    f = SimStateFile(self.state_dir, self._uuid)
-                    now = self._clock()
-                    f.update(lambda s: self._attach(s, now))
-                    write_info(self.state_dir, self._uuid, self._info())
-                    self._file = f
-        return f
-
-    def _state(self) -> State:
-        state = self._store().read()
-        if state is None:  # someone deleted the state dir: start afresh, like a driver reload
-            self._file = None
-            state = self._store().read()
-        assert state is not None  # created just above
-        return state
-
-    def _update(self, change: Callable[[State], None], at_s: float | None = None) -> State:
-        """Apply ``change`` to the shared state, advanced to now, or to ``at_s`` (the stream's
-        time of the change: on a real clock "now" has moved on by the time the file is
-        locked, and integrating that sliver at the old plan's power loses energy)."""
-
-        def apply(state: State | None) -> State:
-            # under the lock: writers' times are ordered like their writes
-            now = self._clock() if at_s is None else at_s
-            state = self._attach(state, now) if state is None else state
-            advance(state, now)
-            change(state)
-            return state
-
-        new = self._store().update(apply)
-        assert new is not None
-        return new
-
-    # -----------------------------------------------------------------------------------------
-    # Error injection
-
-    def inject_error(self, method: str, error: DeviceError, times: int = 1) -> None:
-        """Make the next ``times`` calls of ``method`` raise ``error`` (GPU_IS_LOST, TIMEOUT...)."""
-        self._injected.setdefault(method, []).extend([error] * times)
-
-    def _check(self, method: str) -> None:
-        queue = self._injected.get(method)
-        if queue:
-            raise queue.pop(0)
 
     # -----------------------------------------------------------------------------------------
     # GPU protocol
@@ -560,91 +340,21 @@ class SimulatedGPU:
             )
         return nearest_clock_mhz(asc, freq_mhz)
 
-    def _draw_latency_s(self) -> float:
-        if self.set_latency_s <= 0:
-            return 0.0
-        z = self._latency_rng.gauss(0.0, 1.0)
-        return self.set_latency_s * math.exp(self._latency_sigma * z)
-
     def set_locked_clock(self, freq_mhz: int) -> int:
         self._check("set_locked_clock")
-        if not self.privileged:
-            raise DevicePermissionError(
-                f"{self._name}: setting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
-            )
+        self._refuse_unprivileged("setting locked clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
-        latency = self._draw_latency_s()
-        if latency > 0:
-            self._sleep(latency)
+        self._wait_set_latency()
         self._stream.set_lock(snapped)
         return snapped
 
     def reset_locked_clock(self) -> None:
         self._check("reset_locked_clock")
-        if not self.privileged:
-            raise DevicePermissionError(
-                f"{self._name}: resetting locked clocks needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
-            )
-        latency = self._draw_latency_s()
-        if latency > 0:
-            self._sleep(latency)
+        self._refuse_unprivileged("resetting locked clocks")
+        self._wait_set_latency()
         self._stream.set_lock(None)
         if self._mem_locked is not None:
             self.reset_memory_locked_clock()
-
-    # Memory clocks (GDDR presets and pair profiles; see perseus.device.power_model)
-
-    def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
-        """Lockable memory clocks, highest first (empty: one fixed memory clock)."""
-        return self._mem_clocks
-
-    def memory_clock_control(self) -> str | None:
-        """Why the memory clock cannot be locked, or None when it can."""
-        if not self.privileged:
-            return "not privileged (NO_PERMISSION)"
-        if len(self._mem_clocks) < 2:
-            return "one memory clock only"
-        return None
-
-    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
-        """Lock the memory clock (snapped), after the set latency; queued ops are re-priced.
-
-        Raises:
-            DevicePermissionError: unprivileged.
-            DeviceNotSupportedError: no lockable memory clocks.
-        """
-        self._check("set_memory_locked_clock")
-        why = self.memory_clock_control()
-        if why is not None:
-            error = DevicePermissionError if not self.privileged else DeviceNotSupportedError
-            raise error(f"{self._name}: cannot lock memory clocks: {why}")
-        snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
-        self._apply_memory_lock(snapped)
-        return snapped
-
-    def reset_memory_locked_clock(self) -> None:
-        """Back to the default memory clock."""
-        self._check("reset_memory_locked_clock")
-        if not self.privileged:
-            raise DevicePermissionError(f"{self._name}: resetting memory clocks: NO_PERMISSION")
-        self._apply_memory_lock(None)
-
-    def locked_memory_clock_mhz(self) -> int | None:
-        """The memory lock in the shared state (any process's, until a reset)."""
-        locked = self._state().get("mem_locked_mhz")
-        return None if locked is None else int(locked)
-
-    def _apply_memory_lock(self, mem_mhz: int | None) -> None:
-        latency = self._draw_latency_s()
-        if latency > 0:
-            self._sleep(latency)
-
-        def change(state: State) -> None:
-            state["mem_locked_mhz"] = mem_mhz
-
-        self._update(change)
-        self._mem_locked = mem_mhz
-        self._stream.reprice()
 
     def locked_clock_mhz(self) -> int | None:
         self._check("locked_clock_mhz")
@@ -698,33 +408,6 @@ class SimulatedGPU:
     # -----------------------------------------------------------------------------------------
     # Emulation API
 
-    def exact_energy_j(self) -> float:
-        """The true energy integral now (the published counter lags it by up to 100 ms)."""
-        return energy_at(self._state(), self._clock())
-
-    @property
-    def slowdown(self) -> float:
-        """Time multiplier of every op (a throttled GPU: ops take longer at the same power)."""
-        return float(self._state()["slowdown"])
-
-    @slowdown.setter
-    def slowdown(self, factor: float) -> None:
-        self.set_slowdown(factor)
-
-    def set_slowdown(self, factor: float) -> None:
-        """Set the slowdown for every process using this GPU (stored in the state dir).
-
-        Raises:
-            ConfigError: if ``factor`` is not positive.
-        """
-        if not factor > 0:
-            raise ConfigError(f"slowdown must be > 0, got {factor}")
-
-        def change(state: State) -> None:
-            state["slowdown"] = float(factor)
-
-        self._update(change)
-
     def effective_clock_mhz(self, stage_index: int, kind: Kind) -> int:
         """The clock an op would run at now: the lock (or max when unlocked), power-capped."""
         state = self._state()
@@ -735,34 +418,7 @@ class SimulatedGPU:
     def _op_at(
         self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
     ) -> tuple[int, float, float]:
-        mem = self._mem_locked
-        if mem is not None and self._mem_cost_fn is not None and mem != self._mem_clocks[0]:
-            # The memory hook: the clock the cap allows at the default memory clock, priced
-            # at the locked memory clock.
-            f_eff = self._op_at_default_memory(stage_index, kind, freq_mhz, cap_w)[0]
-            t, e = self._mem_cost_fn(stage_index, kind, f_eff, mem)
-            return f_eff, t, e
-        return self._op_at_default_memory(stage_index, kind, freq_mhz, cap_w)
-
-    def _op_at_default_memory(
-        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
-    ) -> tuple[int, float, float]:
-        key = (stage_index, kind, freq_mhz, cap_w)
-        hit = self._cost_cache.get(key)
-        if hit is None:
-            if cap_w is None:
-                f_eff = freq_mhz
-            else:
-                below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
-                power = {}
-                for f in below:
-                    t, e = self._cost_fn(stage_index, kind, f)
-                    power[f] = e / t
-                f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
-            t, e = self._cost_fn(stage_index, kind, f_eff)
-            hit = (f_eff, t, e)
-            self._cost_cache[key] = hit
-        return hit
+        return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
 
     def op_cost(self, stage_index: int, kind: Kind) -> tuple[float, float]:
         """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown.
@@ -830,88 +486,5 @@ class SimulatedGPU:
     # -----------------------------------------------------------------------------------------
     # Power limit (recurring jobs; owned by perseus.recurring). The limit lives in the shared
     # state like the clock lock: it outlives this process and the watchdog resets it.
-
-    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W,
-    #: docs/hardware.md#sim-defaults).
-    power_limit_min_share: float = 0.25
-
-    def power_limit_range_w(self) -> tuple[float, float]:
-        """``(min, max)``: the default limit (``power_cap_w``, else the largest op power at the
-        top clock) and ``power_limit_min_share`` of it."""
-        top = self.power_cap_w
-        if top is None:
-            powers = []
-            for kind in (Kind.F, Kind.B):
-                with contextlib.suppress(PerseusError, KeyError):
-                    t, e = self._cost_fn(0, kind, self._clocks[0])
-                    powers.append(e / t)
-            if not powers:
-                raise DeviceError(f"{self._name}: no op to derive a default power limit from")
-            top = max(powers)
-        return self.power_limit_min_share * float(top), float(top)
-
-    def _default_power_limit_w(self) -> float | None:
-        """The default limit (top of :meth:`power_limit_range_w`), None when unknown here."""
-        with contextlib.suppress(DeviceError):
-            return self.power_limit_range_w()[1]
-        return None
-
-    def _cap_w(self, state: State) -> float | None:
-        """The enforced cap: the set limit, never above the board's own cap."""
-        limit = state.get("power_limit_w")
-        if limit is None:
-            return self.power_cap_w
-        return float(limit) if self.power_cap_w is None else min(float(limit), self.power_cap_w)
-
-    def power_limit_w(self) -> float:
-        self._check("power_limit_w")
-        cap = self._cap_w(self._state())
-        return self.power_limit_range_w()[1] if cap is None else cap
-
-    def set_power_limit_w(self, power_limit_w: float) -> float:
-        """Set the limit (NVML's ``SetPowerManagementLimit``); returns the value applied.
-
-        Raises:
-            DevicePermissionError: without privilege (NO_PERMISSION).
-            DeviceError: outside :meth:`power_limit_range_w` (INVALID_ARGUMENT).
-        """
-        self._check("set_power_limit_w")
-        if not self.privileged:
-            raise DevicePermissionError(
-                f"{self._name}: setting the power limit needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
-            )
-        low, high = self.power_limit_range_w()
-        if not low <= power_limit_w <= high:
-            raise DeviceError(
-                f"{self._name}: power limit {power_limit_w} W is outside {low:g}-{high:g} W "
-                "(INVALID_ARGUMENT)"
-            )
-        if self.set_latency_s > 0:
-            self._sleep(self.set_latency_s)
-
-        def change(state: State) -> None:
-            state["power_limit_w"] = float(power_limit_w)
-
-        self._stream.set_cap(self._cap_w(self._update(change)))
-        return float(power_limit_w)
-
-    def reset_power_limit(self) -> None:
-        """Back to the default limit.
-
-        Raises:
-            DevicePermissionError: without privilege (NO_PERMISSION).
-        """
-        self._check("reset_power_limit")
-        if not self.privileged:
-            raise DevicePermissionError(
-                f"{self._name}: resetting the power limit needs root or CAP_SYS_ADMIN "
-                "(NO_PERMISSION)"
-            )
-
-        def change(state: State) -> None:
-            state["power_limit_w"] = None
-
-        self._stream.set_cap(self._cap_w(self._update(change)))
-
     def __repr__(self) -> str:
         return f"SimulatedGPU(name={self._name!r}, index={self.index}, uuid={self._uuid!r})"

@@ -556,3 +556,20 @@ def test_predictions_through_a_chain_of_cross_stream_waits_are_cheap(tmp_path: P
         SimStream._plan = plan  # type: ignore[method-assign]
     assert predicted == pytest.approx(1000.0 + (12 + 3) * t_f)
     assert calls < 100, calls  # 4 streams x 12 waits: thousands of plans without the cache
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("NVIDIA A100-SXM4-80GB (500 W)", "a100-500w"),  # the longer key wins over a100
+        ("a100_pipeline_profile", "a100"),
+        ("Simulated NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA A40 profile", "a40"),
+        ("NVIDIA L4", None),
+    ],
+)
+def test_preset_for_name_finds_the_preset_a_name_mentions(name: str, key: str | None) -> None:
+    from perseus.device.presets import preset_for_name
+
+    found = preset_for_name(name)
+    assert (found.key if found is not None else None) == key

@@ -1,0 +1,233 @@
+"""The NVML calls every backend piece shares: the process-wide ``nvmlInit``/``nvmlShutdown``
+count, the privilege probe, clock event reasons, the observe-only view of ``pynvml``, and
+:func:`call_nvml`, the one place where ``NVMLError`` codes become perseus errors:
+
+=============================================  =============================================
+NVML code                                      perseus error
+=============================================  =============================================
+NO_PERMISSION                                  :class:`DevicePermissionError` (observe-only)
+NOT_SUPPORTED                                  :class:`DeviceNotSupportedError`
+GPU_IS_LOST, UNKNOWN                           :class:`DeviceLostError` (stop and surface)
+LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED,          :class:`NvmlUnavailableError` (use the
+FUNCTION_NOT_FOUND, import failure             simulator or run without an agent)
+INVALID_ARGUMENT, FREQ_NOT_SUPPORTED           :class:`DeviceError` after one re-snap
+TIMEOUT                                        retried twice (10 ms, 50 ms back-off), then
+                                               :class:`DeviceError`
+anything else                                  :class:`DeviceError`
+=============================================  =============================================
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from perseus.errors import (
+    DeviceError,
+    DeviceLostError,
+    DeviceNotSupportedError,
+    DevicePermissionError,
+)
+
+__all__ = [
+    "CLOCK_EVENT_REASONS",
+    "LIMITING_REASONS",
+    "NO_CLOCK_CHANGES_ENV",
+    "NvmlUnavailableError",
+    "ObserveOnlyNvml",
+    "call_nvml",
+    "clock_event_names",
+    "import_nvml",
+    "is_control_function",
+    "no_clock_changes_requested",
+    "nvml_init",
+    "nvml_shutdown",
+    "probe_privilege",
+]
+
+# Real pynvml constant values (checked against nvidia-ml-py 13 in tests).
+_NO_PERMISSION = 4
+_NOT_SUPPORTED = 3
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_UNKNOWN = 999
+_CAP_SYS_ADMIN = 21
+_TRANSIENT = frozenset({_TIMEOUT})
+_TRANSIENT_RETRIES = 2
+_BACKOFF_S = (0.01, 0.05)
+
+#: Environment variable that makes every :class:`NvmlGPU` observe-only (``control=False``).
+NO_CLOCK_CHANGES_ENV = "PERSEUS_NO_CLOCK_CHANGES"
+
+#: NVML clock event (throttle) reason bits and their names.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+#: Reasons that pull a clock below the requested lock (power or thermal limits).
+LIMITING_REASONS = frozenset(
+    {
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
+# Prefixes of NVML functions that change device state; observe-only GPUs never call them.
+_CONTROL_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlDeviceModify")
+
+
+class NvmlUnavailableError(DeviceError):
+    """No usable NVML: nvidia-ml-py missing, or no NVIDIA driver/library on this machine."""
+
+
+def import_nvml() -> Any:
+    """Import ``pynvml`` (from nvidia-ml-py).
+
+    Raises:
+        NvmlUnavailableError: with the install hint when the package is missing.
+    """
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NvmlUnavailableError(
+            "nvidia-ml-py is not installed; pip install 'perseus-energy[nvml]'"
+        ) from e
+    return pynvml
+
+
+def call_nvml(
+    nvml: Any, function: str, *args: Any, what: str = "", retries: int = _TRANSIENT_RETRIES
+) -> Any:
+    """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
+
+    A transient error (``TIMEOUT``) is retried ``retries`` times after a short back-off
+    (10 ms, then 50 ms); if it persists it is raised as :class:`DeviceError`, for the
+    controller to degrade on.
+
+    Args:
+        nvml: The ``pynvml`` module (or a fake with the same names).
+        function: The NVML function name.
+        what: Context for the message, e.g. the GPU's name.
+        retries: How often to retry a transient error.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return getattr(nvml, function)(*args)
+        except nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in _TRANSIENT and attempt < retries:
+                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+                continue
+            tries = f" (after {attempt + 1} tries)" if attempt else ""
+            _raise_mapped(e, code, f"{what}: " if what else "", function, tries)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str) -> None:
+    message = f"{where}{function} failed: {e} (NVML error {code}){tries}"
+    if code == _NO_PERMISSION:
+        raise DevicePermissionError(
+            f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
+        ) from e
+    if code == _NOT_SUPPORTED:
+        raise DeviceNotSupportedError(message) from e
+    if code in (_GPU_IS_LOST, _UNKNOWN):
+        raise DeviceLostError(f"{message}; the GPU stopped answering") from e
+    if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
+        raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
+    raise DeviceError(message) from e
+
+
+def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
+    """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff.
+
+    A zeusd socket (``ZEUSD_SOCK_PATH``) is reported but not used: perseus talks to NVML
+    directly.
+    """
+    if os.geteuid() == 0:
+        return True, "running as root"
+    try:
+        with open(status_path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    if int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1:
+                        return True, "CAP_SYS_ADMIN"
+                    break
+    except (OSError, ValueError):
+        pass
+    hint = (
+        " (a zeusd socket is set, but perseus does not use zeusd)"
+        if os.environ.get("ZEUSD_SOCK_PATH")
+        else ""
+    )
+    return False, f"not root and no CAP_SYS_ADMIN{hint}"
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """The names of the clock event (throttle) reason bits set in ``mask``."""
+    return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit)
+
+
+def is_control_function(function: str) -> bool:
+    """Whether NVML ``function`` changes device state (clocks, power limit, modes...)."""
+    return function.startswith(_CONTROL_PREFIXES)
+
+
+def no_clock_changes_requested() -> bool:
+    """Whether ``$PERSEUS_NO_CLOCK_CHANGES`` asks for observe-only GPUs (``1``/``true``/``yes``)."""
+    return os.environ.get(NO_CLOCK_CHANGES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class ObserveOnlyNvml:
+    """``pynvml`` without the functions that change a device: they raise before any call.
+
+    What an :class:`NvmlGPU` with ``control=False`` talks to, so no code path (close, the
+    controller, a power-limit method added later) can change the GPU by mistake.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+
+    def __getattr__(self, name: str) -> Any:
+        if is_control_function(name):
+            raise DevicePermissionError(
+                f"{name} refused: this GPU was opened observe-only (`control`=False, or "
+                f"{NO_CLOCK_CHANGES_ENV}=1 in the environment)"
+            )
+        return getattr(self._nvml, name)
+
+
+# nvmlInit/nvmlShutdown are process-wide; count users per module object.
+_sessions: dict[int, int] = {}
+_sessions_lock = threading.Lock()
+
+
+def nvml_init(nvml: Any) -> None:
+    with _sessions_lock:
+        if _sessions.get(id(nvml), 0) == 0:
+            call_nvml(nvml, "nvmlInit")
+        _sessions[id(nvml)] = _sessions.get(id(nvml), 0) + 1
+
+
+def nvml_shutdown(nvml: Any) -> None:
+    with _sessions_lock:
+        left = _sessions.get(id(nvml), 0) - 1
+        if left > 0:
+            _sessions[id(nvml)] = left
+            return
+        _sessions.pop(id(nvml), None)
+    call_nvml(nvml, "nvmlShutdown")

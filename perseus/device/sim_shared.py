@@ -1,0 +1,413 @@
+"""The simulated GPU's shared state: how a process attaches to it, and what lives in it.
+
+A :class:`~perseus.device.simulated.SimulatedGPU` keeps its lock, energy counter, slowdown,
+memory lock and power limit in a state file (:mod:`perseus.device.sim_state`) that every
+process using the GPU shares. :class:`SimSharedState` is the part of the GPU that attaches to
+that file, reads and changes it, and implements the power limit (which lives there like the
+clock lock: it outlives the process and the watchdog resets it), plus error injection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from perseus.device.base import nearest_clock_mhz
+from perseus.device.clock import Clock, RealClock, WallClock
+from perseus.device.ownership import owner_lock_path
+from perseus.device.sim_costs import OpCostFn, SimNoise
+from perseus.device.sim_state import (
+    SimStateFile,
+    State,
+    advance,
+    clock_kind,
+    default_state_dir,
+    energy_at,
+    write_info,
+)
+from perseus.device.sim_stream import SimStream
+from perseus.errors import (
+    ConfigError,
+    DeviceError,
+    DeviceNotSupportedError,
+    DevicePermissionError,
+    PerseusError,
+)
+from perseus.schedule.actions import Kind
+
+__all__ = ["SimSharedState", "as_clock"]
+
+
+class _FnClock:
+    """A :class:`~perseus.device.clock.Clock` from a time function and a sleep function."""
+
+    __slots__ = ("now", "real_time", "sleep")
+
+    def __init__(self, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.now = now
+        self.sleep = sleep
+        self.real_time = sleep is time.sleep
+
+
+def _clock_kind(clock: Clock) -> str:
+    """How another process can read ``clock`` (see :func:`~perseus.device.sim_state.clock_kind`)."""
+    if isinstance(clock, _FnClock):
+        return clock_kind(clock.now)
+    if isinstance(clock, WallClock):
+        return "wall"
+    if isinstance(clock, RealClock):
+        return "monotonic"
+    return "virtual"
+
+
+def as_clock(clock: Clock | Callable[[], float], sleep: Callable[[float], None] | None) -> Clock:
+    """``clock`` itself, or a :class:`~perseus.device.clock.Clock` from a time function and
+    ``sleep`` (default ``time.sleep``)."""
+    return clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
+
+
+class SimSharedState:
+    """The shared-state half of a :class:`~perseus.device.simulated.SimulatedGPU` (a base
+    class: the attributes below are set by its constructor)."""
+
+    _name: str
+    _uuid: str
+    index: int
+    source: str
+    _clocks: tuple[int, ...]
+    _idle_clock: int
+    _cost_fn: OpCostFn
+    blocking_power_w: float
+    noise: SimNoise | None
+    publish_interval_s: float
+    set_latency_s: float
+    power_cap_w: float | None
+    privileged: bool
+    clock: Clock
+    _clock: Callable[[], float]
+    _sleep: Callable[[float], None]
+    _state_dir: Path | None
+    _file: SimStateFile | None
+    _attach_lock: threading.Lock
+    _injected: dict[str, list[DeviceError]]
+    _stream: SimStream
+    _mem_clocks: tuple[int, ...]
+    _mem_locked: int | None
+    _latency_rng: random.Random
+    _latency_sigma: float
+
+    @property
+    def explicit_state_dir(self) -> bool:
+        """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``): GPUs
+        meant to be shared, rather than the per-user default."""
+        return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
+
+    @property
+    def uuid(self) -> str:
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def state_dir(self) -> Path:
+        """The directory holding this GPU's state (resolved on first use)."""
+        if self._state_dir is None:
+            self._state_dir = default_state_dir()
+        return self._state_dir
+
+    def owner_lock_path(self) -> Path:
+        """Ownership lock file, in the state directory next to the state."""
+        return owner_lock_path(self.state_dir, self._uuid)
+
+    def watchdog_spec(self) -> dict[str, str]:
+        """What the watchdog needs to reset this GPU from another process."""
+        return {"backend": "sim", "state_dir": str(self.state_dir), "uuid": self._uuid}
+
+    def _info(self) -> State:
+        """Static description, kept apart from the small, frequently rewritten state."""
+        return {
+            "uuid": self._uuid,
+            "index": self.index,
+            "name": self._name,
+            "source": self.source,
+            "clocks_mhz": list(self._clocks),
+            "idle_clock_mhz": self._idle_clock,
+        }
+
+    def _initial_state(self, now: float) -> State:
+        return {
+            "uuid": self._uuid,
+            "index": self.index,
+            "idle_power_w": self.true_blocking_power_w,
+            "publish_interval_s": self.publish_interval_s,
+            "counter_gain": self.counter_gain,
+            "power_cap_w": self.power_cap_w,
+            "locked_mhz": None,
+            "power_limit_w": None,  # None: the default limit (power_cap_w)
+            # The board's default limit, apart from the limit in force: what every reset
+            # restores and what ``perseus device info`` compares against.
+            "default_power_limit_w": self._default_power_limit_w(),
+            "slowdown": 1.0,
+            "energy_j": 0.0,
+            "t_last": now,
+            "clock": _clock_kind(self.clock),
+            "segments": [],
+            "pub_tick": 0.0,
+            "pub_mj": 0,
+        }
+
+    @property
+    def true_blocking_power_w(self) -> float:
+        """The blocking power this device really draws (nominal +- the noise's error)."""
+        if self.noise is None:
+            return self.blocking_power_w
+        return self.blocking_power_w * (1.0 + self.noise.blocking_offset(self.index))
+
+    @property
+    def counter_gain(self) -> float:
+        """The share of the true energy the counter reports (``noise.counter_gain``; 1
+        without noise). :meth:`exact_energy_j` is the truth."""
+        return 1.0 if self.noise is None else self.noise.counter_gain
+
+    def _attach(self, state: State | None, now: float) -> State:
+        """Create the state, or adopt an existing one with this process's model parameters
+        (the lock, counter, slowdown and owner are kept: they belong to the "hardware")."""
+        if state is None:
+            return self._initial_state(now)
+        advance(state, now)
+        state.update(
+            idle_power_w=self.true_blocking_power_w,
+            publish_interval_s=self.publish_interval_s,
+            counter_gain=self.counter_gain,
+            power_cap_w=self.power_cap_w,
+        )
+        default = self._default_power_limit_w()
+        if default is not None:  # a handle without an op model keeps the recorded one
+            state["default_power_limit_w"] = default
+        return state
+
+    def _store(self) -> SimStateFile:
+        f = self._file
+        if f is None:
+            with self._attach_lock:  # the clock worker and the training thread may race here
+                f = self._file
+                if f is None:
+                    f = SimStateFile(self.state_dir, self._uuid)
+                    now = self._clock()
+                    f.update(lambda s: self._attach(s, now))
+                    write_info(self.state_dir, self._uuid, self._info())
+                    self._file = f
+        return f
+
+    def _state(self) -> State:
+        state = self._store().read()
+        if state is None:  # someone deleted the state dir: start afresh, like a driver reload
+            self._file = None
+            state = self._store().read()
+        assert state is not None  # created just above
+        return state
+
+    def _update(self, change: Callable[[State], None], at_s: float | None = None) -> State:
+        """Apply ``change`` to the shared state, advanced to now, or to ``at_s`` (the stream's
+        time of the change: on a real clock "now" has moved on by the time the file is
+        locked, and integrating that sliver at the old plan's power loses energy)."""
+
+        def apply(state: State | None) -> State:
+            # under the lock: writers' times are ordered like their writes
+            now = self._clock() if at_s is None else at_s
+            state = self._attach(state, now) if state is None else state
+            advance(state, now)
+            change(state)
+            return state
+
+        new = self._store().update(apply)
+        assert new is not None
+        return new
+
+    # -----------------------------------------------------------------------------------------
+    # Error injection
+
+    def inject_error(self, method: str, error: DeviceError, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` raise ``error`` (GPU_IS_LOST, TIMEOUT...)."""
+        self._injected.setdefault(method, []).extend([error] * times)
+
+    def _check(self, method: str) -> None:
+        queue = self._injected.get(method)
+        if queue:
+            raise queue.pop(0)
+
+    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W,
+    #: docs/hardware.md#sim-defaults).
+    power_limit_min_share: float = 0.25
+
+    def power_limit_range_w(self) -> tuple[float, float]:
+        """``(min, max)``: the default limit (``power_cap_w``, else the largest op power at the
+        top clock) and ``power_limit_min_share`` of it."""
+        top = self.power_cap_w
+        if top is None:
+            powers = []
+            for kind in (Kind.F, Kind.B):
+                with contextlib.suppress(PerseusError, KeyError):
+                    t, e = self._cost_fn(0, kind, self._clocks[0])
+                    powers.append(e / t)
+            if not powers:
+                raise DeviceError(f"{self._name}: no op to derive a default power limit from")
+            top = max(powers)
+        return self.power_limit_min_share * float(top), float(top)
+
+    def _default_power_limit_w(self) -> float | None:
+        """The default limit (top of :meth:`power_limit_range_w`), None when unknown here."""
+        with contextlib.suppress(DeviceError):
+            return self.power_limit_range_w()[1]
+        return None
+
+    def _cap_w(self, state: State) -> float | None:
+        """The enforced cap: the set limit, never above the board's own cap."""
+        limit = state.get("power_limit_w")
+        if limit is None:
+            return self.power_cap_w
+        return float(limit) if self.power_cap_w is None else min(float(limit), self.power_cap_w)
+
+    def power_limit_w(self) -> float:
+        self._check("power_limit_w")
+        cap = self._cap_w(self._state())
+        return self.power_limit_range_w()[1] if cap is None else cap
+
+    def set_power_limit_w(self, power_limit_w: float) -> float:
+        """Set the limit (NVML's ``SetPowerManagementLimit``); returns the value applied.
+
+        Raises:
+            DevicePermissionError: without privilege (NO_PERMISSION).
+            DeviceError: outside :meth:`power_limit_range_w` (INVALID_ARGUMENT).
+        """
+        self._check("set_power_limit_w")
+        self._refuse_unprivileged("setting the power limit")
+        low, high = self.power_limit_range_w()
+        if not low <= power_limit_w <= high:
+            raise DeviceError(
+                f"{self._name}: power limit {power_limit_w} W is outside {low:g}-{high:g} W "
+                "(INVALID_ARGUMENT)"
+            )
+        if self.set_latency_s > 0:
+            self._sleep(self.set_latency_s)
+
+        def change(state: State) -> None:
+            state["power_limit_w"] = float(power_limit_w)
+
+        self._stream.set_cap(self._cap_w(self._update(change)))
+        return float(power_limit_w)
+
+    def reset_power_limit(self) -> None:
+        """Back to the default limit.
+
+        Raises:
+            DevicePermissionError: without privilege (NO_PERMISSION).
+        """
+        self._check("reset_power_limit")
+        self._refuse_unprivileged("resetting the power limit")
+
+        def change(state: State) -> None:
+            state["power_limit_w"] = None
+
+        self._stream.set_cap(self._cap_w(self._update(change)))
+
+    def _wait_set_latency(self) -> None:
+        """Block the caller for one set call's latency (lognormal; none when the median is 0)."""
+        if self.set_latency_s <= 0:
+            return
+        z = self._latency_rng.gauss(0.0, 1.0)
+        self._sleep(self.set_latency_s * math.exp(self._latency_sigma * z))
+
+    def _refuse_unprivileged(self, action: str) -> None:
+        """Raise NVML's NO_PERMISSION for ``action`` on an unprivileged GPU."""
+        if not self.privileged:
+            raise DevicePermissionError(
+                f"{self._name}: {action} needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
+            )
+
+    # Memory clocks (GDDR presets and pair profiles; see perseus.device.power_model)
+
+    def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
+        """Lockable memory clocks, highest first (empty: one fixed memory clock)."""
+        return self._mem_clocks
+
+    def memory_clock_control(self) -> str | None:
+        """Why the memory clock cannot be locked, or None when it can."""
+        if not self.privileged:
+            return "not privileged (NO_PERMISSION)"
+        if len(self._mem_clocks) < 2:
+            return "one memory clock only"
+        return None
+
+    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
+        """Lock the memory clock (snapped), after the set latency; queued ops are re-priced.
+
+        Raises:
+            DevicePermissionError: unprivileged.
+            DeviceNotSupportedError: no lockable memory clocks.
+        """
+        self._check("set_memory_locked_clock")
+        why = self.memory_clock_control()
+        if why is not None:
+            error = DevicePermissionError if not self.privileged else DeviceNotSupportedError
+            raise error(f"{self._name}: cannot lock memory clocks: {why}")
+        snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
+        self._apply_memory_lock(snapped)
+        return snapped
+
+    def reset_memory_locked_clock(self) -> None:
+        """Back to the default memory clock."""
+        self._check("reset_memory_locked_clock")
+        if not self.privileged:
+            raise DevicePermissionError(f"{self._name}: resetting memory clocks: NO_PERMISSION")
+        self._apply_memory_lock(None)
+
+    def locked_memory_clock_mhz(self) -> int | None:
+        """The memory lock in the shared state (any process's, until a reset)."""
+        locked = self._state().get("mem_locked_mhz")
+        return None if locked is None else int(locked)
+
+    def _apply_memory_lock(self, mem_mhz: int | None) -> None:
+        self._wait_set_latency()
+
+        def change(state: State) -> None:
+            state["mem_locked_mhz"] = mem_mhz
+
+        self._update(change)
+        self._mem_locked = mem_mhz
+        self._stream.reprice()
+
+    def exact_energy_j(self) -> float:
+        """The true energy integral now (the published counter lags it by up to 100 ms)."""
+        return energy_at(self._state(), self._clock())
+
+    @property
+    def slowdown(self) -> float:
+        """Time multiplier of every op (a throttled GPU: ops take longer at the same power)."""
+        return float(self._state()["slowdown"])
+
+    @slowdown.setter
+    def slowdown(self, factor: float) -> None:
+        self.set_slowdown(factor)
+
+    def set_slowdown(self, factor: float) -> None:
+        """Set the slowdown for every process using this GPU (stored in the state dir).
+
+        Raises:
+            ConfigError: if ``factor`` is not positive.
+        """
+        if not factor > 0:
+            raise ConfigError(f"slowdown must be > 0, got {factor}")
+
+        def change(state: State) -> None:
+            state["slowdown"] = float(factor)
+
+        self._update(change)
