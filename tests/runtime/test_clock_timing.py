@@ -28,7 +28,9 @@ import pytest
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent.controller import Boundary, FrequencyController, issue_offset_s
+from perseus.runtime.agent.boundary import Boundary, OpRequest
+from perseus.runtime.agent.clock_setter import issue_offset_s
+from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
@@ -230,16 +232,17 @@ def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
             # Ops of 40 ms back to back; each change is issued ~4 ms (the landing), not
             # ~6 ms (the call), before the op's predicted end.
             start, end = t + 0.04 * k, t + 0.04 * (k + 1)
-            job = Boundary(_Event(start), 1095 if k % 2 == 0 else 1410, 0.04)  # type: ignore[arg-type]
-            job.end = _Event(end)  # type: ignore[assignment]
+            request = OpRequest(_Event(start), 1095 if k % 2 == 0 else 1410, 0.04)  # type: ignore[arg-type]
+            job = Boundary(request, end=_Event(end))  # type: ignore[arg-type]
             ctl.post(job)
             jobs.append(job)
         assert ctl.flush(3.0)
     finally:
         ctl.close()
     for k, job in enumerate(jobs):
-        assert job.aim_s is not None
-        assert abs(job.aim_s - (t + 0.04 * (k + 1) - 0.004)) < 0.0005, (k, job.aim_s - t)
+        aim = job.report.aim_s
+        assert aim is not None
+        assert abs(aim - (t + 0.04 * (k + 1) - 0.004)) < 0.0005, (k, aim - t)
 
 
 def _wrong_clock_share_virtual(timing: str, state_dir: Path, seed: int = 3) -> float:

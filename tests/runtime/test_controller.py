@@ -160,7 +160,7 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
     the virtual clock (not the wall clock), and a posted boundary is handled by flush() at
     the op's predicted end, to the microsecond the same in every run."""
     from perseus.device.clock import VirtualClock
-    from perseus.runtime.agent.controller import Boundary
+    from perseus.runtime.agent.boundary import Boundary, OpRequest
     from perseus.schedule import Kind
 
     def run() -> tuple[float, float, float]:
@@ -183,13 +183,14 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
         t_f, _ = gpu.op_cost(0, Kind.F)
         start = gpu.record_event()
         gpu.launch(0, Kind.F)
-        job = Boundary(start, 1005, t_f, end=gpu.record_event())
+        job = Boundary(OpRequest(start, 1005, t_f), end=gpu.record_event())
         ctl.post(job)
-        assert job.issue_s is None  # nothing runs until someone waits
+        report = job.report
+        assert report.issue_s is None  # nothing runs until someone waits
         assert ctl.flush()
-        assert job.issue_s is not None and job.return_s is not None
+        assert report.issue_s is not None and report.return_s is not None
         ctl.close()
-        return job.issue_s - start.device_time_s(), job.return_s - start.device_time_s(), t_f
+        return report.issue_s - start.device_time_s(), report.return_s - start.device_time_s(), t_f
 
     issue, landed, t_f = run()
     # Issued ahead of the op's end by the learnt latency; lands near the end (one draw of

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
 from perseus.profile.model import Profile
-from perseus.runtime.agent.controller import Boundary
+from perseus.runtime.agent.boundary import Boundary
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.schedule.actions import Kind
 
@@ -118,13 +118,13 @@ class OpTimingHistory:
             done.append(times)
             freq = freqs_mhz[j] if j < len(freqs_mhz) else 0
             self._last_s[(j, freq)] = times.time_s
-            if not job.mid_issued:
+            if not job.report.mids_issued:
                 self._push(self._times_s, (j, freq), times.time_s)
             op = phases[j] if j < len(phases) else ()
             if len(op) > 1:
                 # Phases 0..m ran (m: the mid-op changes issued), the last of them to the end:
                 # time_s = unit * sum(work share / clock) when time scales as 1 / clock.
-                m = min(job.mids_issued, len(op) - 1)
+                m = min(job.report.mids_issued, len(op) - 1)
                 self._unit_s[(j, op)] = times.time_s / _work_over_clock(op, m + 1, m)
         self._expected_s = dict(self._last_s)
         self._expected_s.update({k: sum(v) / len(v) for k, v in self._times_s.items() if v})

@@ -13,7 +13,7 @@
 Clocks change on the device's timeline (``timing="device"``, whenever the GPU has device
 events: the simulator's own, or CUDA events, :mod:`perseus.runtime.agent.events`). At each op
 boundary the agent records an event on the compute stream and posts a
-:class:`~perseus.runtime.agent.controller.Boundary` to the :class:`FrequencyController`'s worker,
+:class:`~perseus.runtime.agent.boundary.Boundary` to the :class:`FrequencyController`'s worker,
 which waits for the op's start on the device and issues the next clock so that it lands as the
 op ends (:mod:`perseus.runtime.agent.op_timing` learns op times and gaps). A two-clock op
 (:mod:`perseus.profile.two_clock`) also carries its second clock and the predicted time of its

@@ -2,7 +2,7 @@
 
 * :class:`DeviceTiming` (whenever the GPU records device events): at each op boundary it
   records an event on the compute stream and posts a
-  :class:`~perseus.runtime.agent.controller.Boundary` to the controller's worker, which issues
+  :class:`~perseus.runtime.agent.boundary.Boundary` to the controller's worker, which issues
   the next clock so that it lands as the op ends on the device. Op times come from event
   pairs, energy from counter readings at device-time boundaries; the training thread waits for
   the device once per iteration (:meth:`DeviceTiming.end`).
@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 from perseus.device.base import DeviceEvent, EventSource
 from perseus.device.clock import Clock
-from perseus.runtime.agent.controller import Boundary, FrequencyController, MidSwitch
+from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpRequest
+from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
@@ -48,9 +49,17 @@ def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) ->
     worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
     if controller is None or event.energy_mj is not None:
         return None
-    job = Boundary(event, None, None, end=event, stamp=True)
+    job = Boundary(OpRequest(event, None, None, stamp=True), end=event)
     controller.post(job)
     return job
+
+
+def _stamped_mj(event: DeviceEvent, stamp: Boundary | None) -> int | None:
+    """The counter at a completed ``event``: its own reading, else the worker's stamp."""
+    mj = event.energy_mj
+    if mj is None and stamp is not None:
+        mj = stamp.report.start_mj
+    return mj
 
 
 class CounterMark:
@@ -73,9 +82,7 @@ class CounterMark:
     def resolve(self) -> tuple[float, int]:
         """``(device time, counter mJ)`` at the mark (waits for the event if needed)."""
         time_s = self._event.device_time_s()
-        mj = self._event.energy_mj
-        if mj is None and self._stamp is not None:
-            mj = self._stamp.start_mj
+        mj = _stamped_mj(self._event, self._stamp)
         return time_s, int(self._read_mj() if mj is None else mj)
 
 
@@ -219,12 +226,14 @@ class DeviceTiming(_Clocks):
             )
         )
         job = Boundary(
-            self._events.record_event(),
-            nxt,
-            expected,
-            mem_next_mhz=nxt_mem,
-            mids=mids,
-            gap_s=gap,
+            OpRequest(
+                self._events.record_event(),
+                nxt,
+                expected,
+                mem_next_mhz=nxt_mem,
+                mids=mids,
+                gap_s=gap,
+            )
         )
         self.jobs.append(job)
         ctl = self._controller
@@ -250,6 +259,19 @@ class DeviceTiming(_Clocks):
         op and iteration figures from the events: ``(time_s, energy_j)``."""
         begin = self._step_event
         assert begin is not None
+        end, mj = self._close_iteration()
+        self._end_mj = mj
+        begin_mj = self._begin_mj(iteration, mj)
+        self._record_ops(iteration)
+        self.jobs = []
+        time_s = end.device_time_s() - begin.device_time_s()
+        if self._recycle is not None:
+            self._recycle()
+        return time_s, (mj - begin_mj) / 1000.0
+
+    def _close_iteration(self) -> tuple[DeviceEvent, int]:
+        """Record the iteration's end event and wait for it and the worker: the event and the
+        counter there."""
         ctl = self._controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
@@ -262,31 +284,40 @@ class DeviceTiming(_Clocks):
             # Its last boundary is done: its counter stamps (the iteration start's and end's)
             # are read, in order.
             ctl.flush(timeout_s=1.0)
-        mj = end.energy_mj
-        if mj is None and stamp is not None:
-            mj = stamp.start_mj
-        if mj is None:  # no worker, or it could not read
-            mj = self._energy_mj()
-        self._end_mj = mj
+        mj = _stamped_mj(end, stamp)
+        return end, self._energy_mj() if mj is None else mj  # no worker, or it could not read
+
+    def _begin_mj(self, iteration: int, end_mj: int) -> int:
+        """The counter at the iteration's start (read by the worker when not at begin())."""
         if self._step_mj is None:
             stamp = self._step_stamp
-            self._step_mj = stamp.start_mj if stamp is not None else None
+            self._step_mj = stamp.report.start_mj if stamp is not None else None
             if self._step_mj is None:  # the worker could not read it (closed, or an error)
                 _log.debug("iteration %d: start counter missing; energy from now", iteration)
-                self._step_mj = mj
-        jobs = self.jobs
-        self.mid_switches = sum(job.mids_issued for job in jobs)
-        self.mid_switches_missed = sum(job.mids_missed for job in jobs)
-        freqs, names = self.freqs, self.names
+                self._step_mj = end_mj
+        return self._step_mj
+
+    def _record_ops(self, iteration: int) -> None:
+        """Each op's row, the mid-op changes made and the clocks delivered."""
+        jobs, freqs, names = self.jobs, self.freqs, self.names
+        self.mid_switches = sum(job.report.mids_issued for job in jobs)
+        self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[tuple[str, int, int | None, int | None, int, float]] = []
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
+            report = job.report
             planned = freqs[j] if j < len(freqs) else 0
             readings.append(
-                (names[j], planned, job.asked_mhz, job.read_mhz, job.read_reasons, op.time_s)
+                (
+                    names[j],
+                    planned,
+                    report.asked_mhz,
+                    report.read_mhz,
+                    report.read_reasons,
+                    op.time_s,
+                )
             )
-            mid = job.mid_freq_mhz
             self._record_op(
                 (
                     iteration,
@@ -295,18 +326,12 @@ class DeviceTiming(_Clocks):
                     planned,
                     op.time_s,
                     job.energy_j() or 0.0,
-                    mid if job.mid_issued else None,
+                    job.mid_freq_mhz,
                     op.start_s,
                     op.end_s,
                 )
             )
         self.delivery = clock_delivery(readings)
-        self.jobs = []
-        begin_mj = self._step_mj if self._step_mj is not None else mj
-        time_s = end.device_time_s() - begin.device_time_s()
-        if self._recycle is not None:
-            self._recycle()
-        return time_s, (mj - begin_mj) / 1000.0
 
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""
