@@ -222,9 +222,9 @@ def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
         for freq in (1410, 1095, 1410):
             ctl.apply_now(freq)
             assert ctl.flush(2.0)
-        landing = ctl.landing_s()
+        landing = ctl.setter.landing_s()
         assert landing is not None and abs(landing - 0.004) < 0.0005, landing
-        call = ctl.set_latency_s()
+        call = ctl.setter.set_latency_s()
         assert call is not None and call >= 0.006  # the call itself blocks longer
         jobs = []
         t = time.perf_counter()

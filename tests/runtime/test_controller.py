@@ -78,7 +78,7 @@ def test_unchanged_requests_are_skipped() -> None:
     ctl.request(1095)
     ctl.flush()
     assert gpu.sets == [1095]
-    assert ctl.applied_mhz == 1095
+    assert ctl.setter.applied_mhz == 1095
     stats = ctl.stats()
     assert stats.applied == 1 and stats.median_delay_s >= 0
     ctl.close()

@@ -247,7 +247,7 @@ def test_memory_clock_plan_on_a_gpu_without_them_runs_sm_clocks_and_says_so(tmp_
     )
     plan = _plan((((1410, LO, 0), (1005, None, 6)),) * 2, ("F0", "B0"))
     agent = RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="perseus.runtime.agent.rank_agent"), agent:
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.agent.gpu_probe"), agent:
         agent.step_begin()
         for kind in (Kind.F, Kind.B):
             with agent.op(kind, 0):

@@ -138,7 +138,8 @@ class FrequencyController:
         self._attention = False  # set by the worker when the setter's notice needs surfacing
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._setter = ClockSetter(
+        #: The driver calls and what they teach (applied clocks, latencies, landings).
+        self.setter = ClockSetter(
             gpu,
             events=events,
             clock=clock,
@@ -149,7 +150,7 @@ class FrequencyController:
             stopped=lambda: self._closed,
         )
         #: Held by the worker around each driver call (see :class:`ClockSetter`).
-        self.device_lock = self._setter.device_lock
+        self.device_lock = self.setter.device_lock
         # Reads back what ran (NVML, the simulator); None: the device cannot tell.
         self._readback: ClockReadbackGPU | None = (
             gpu if read_back and isinstance(gpu, ClockReadbackGPU) else None
@@ -171,35 +172,16 @@ class FrequencyController:
     @property
     def observe_only(self) -> bool:
         """True once no clock is set any more (``control=False``, refused, or failing)."""
-        return self._setter.observe_only
+        return self.setter.observe_only
 
     @property
     def threaded(self) -> bool:
         """True when a worker thread does the work (else :meth:`flush` does it inline)."""
         return self._threaded
 
-    @property
-    def applied_mhz(self) -> int | None:
-        """The last clock the driver accepted (after snapping), or None."""
-        return self._setter.applied_mhz
-
-    @property
-    def applied_target_mhz(self) -> int | None:
-        """The last requested clock whose set call has returned (before snapping)."""
-        return self._setter.done_mhz
-
-    def set_latency_s(self) -> float | None:
-        """Median measured set-call latency (None before the first call)."""
-        return self._setter.set_latency_s()
-
-    def landing_s(self) -> float | None:
-        """Median time from issuing a set call to the new clock taking effect: as the device
-        reports it, else the call's duration plus ``apply_delay_s`` (None before the first)."""
-        return self._setter.landing_s()
-
     def stats(self) -> ApplyStats:
         """Apply-delay statistics over the recent history."""
-        return self._setter.stats(self._stale)
+        return self.setter.stats(self._stale)
 
     # ----------------------------------------------------------------------------------------
     # Posting (training thread)
@@ -226,7 +208,7 @@ class FrequencyController:
         """Device-timed mode: apply ``freq_mhz`` (and ``mem_freq_mhz`` unless None) before
         the next posted boundary is handled (the device is idle at an iteration boundary, so
         "now" is the right time)."""
-        setter = self._setter
+        setter = self.setter
         if freq_mhz == setter.target_mhz and not setter.mem_change(mem_freq_mhz):
             return
         self._posted = None  # boundaries may have moved the clock since the last request
@@ -244,7 +226,7 @@ class FrequencyController:
         """Forget the last posted clock so the next request is applied even if equal (after
         someone else reset the GPU: a power schedule's pause between intervals)."""
         self._posted = None
-        self._setter.forget()
+        self.setter.forget()
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time."""
@@ -267,7 +249,7 @@ class FrequencyController:
         observe-only (True: nothing to wait for) or the timeout passed (False)."""
         if not self._threaded:
             self._drain()
-        setter = self._setter
+        setter = self.setter
         with self._cond:
             self._cond.wait_for(
                 lambda: (
@@ -302,7 +284,7 @@ class FrequencyController:
         """On the caller's thread: warn about observe-only mode (or dropped memory clocks)
         once."""
         self._attention = False
-        notice, self._setter.notice = self._setter.notice, None
+        notice, self.setter.notice = self.setter.notice, None
         if notice is not None:
             warnings.warn(notice, ObserveOnlyWarning, stacklevel=3)
 
@@ -356,8 +338,8 @@ class FrequencyController:
                     self._cond.notify_all()
 
     def _apply(self, freq_mhz: int, since_s: float, mem_freq_mhz: int | None = None) -> None:
-        self._setter.apply(freq_mhz, since_s, mem_freq_mhz)
-        if self._setter.notice is not None:
+        self.setter.apply(freq_mhz, since_s, mem_freq_mhz)
+        if self.setter.notice is not None:
             self._attention = True
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
@@ -423,7 +405,7 @@ class FrequencyController:
         if self._readback is not None and not request.stamp:
             self._read_back(job, self._readback)
         freq, mem = request.freq_next_mhz, request.mem_next_mhz
-        if freq is not None and self._setter.wants(freq, mem):
+        if freq is not None and self.setter.wants(freq, mem):
             self._issue_next(job, freq, mem)
             if self._closed:
                 return
@@ -436,7 +418,7 @@ class FrequencyController:
         for i, mid in enumerate(mids):
             if mid.at_s is None or events is None:
                 return
-            if not self._setter.wants(mid.freq_mhz, mid.mem_freq_mhz):
+            if not self.setter.wants(mid.freq_mhz, mid.mem_freq_mhz):
                 continue  # already at these clocks
             if not self._issue_mid(job, mid):
                 job.report.mids_missed = len(mids) - i
@@ -445,7 +427,7 @@ class FrequencyController:
     def _issue_mid(self, job: Boundary, mid: MidSwitch) -> bool:
         """One mid-op change; False (nothing issued) when the op ends first."""
         assert mid.at_s is not None
-        setter = self._setter
+        setter = self.setter
         lead = (setter.landing_s() or 0.0) + setter.extra_lead_s(mid.freq_mhz, mid.mem_freq_mhz)
         if self._wait_end(job, job.start.device_time_s() + mid.at_s - lead) or self._closed:
             return False
@@ -458,7 +440,7 @@ class FrequencyController:
         is known (before the next clock is due), else as soon as it runs (the device may idle
         after the start event, waiting for the op's input: such readings are retried);
         nothing when the op ended first or no clock of ours is applied (observe-only)."""
-        asked = self._setter.applied_mhz
+        asked = self.setter.applied_mhz
         if asked is None or self.observe_only:
             return
         due = self._read_due_s(job)
@@ -484,7 +466,7 @@ class FrequencyController:
         if expected is None or events is None:
             return None
         start = job.start.device_time_s()
-        last = start + expected - (self._setter.landing_s() or 0.0) - FINAL_APPROACH_S
+        last = start + expected - (self.setter.landing_s() or 0.0) - FINAL_APPROACH_S
         return min(start + 0.5 * expected, last), last
 
     def _idle_wait_over(self, job: Boundary, last_s: float | None) -> bool:
@@ -525,7 +507,7 @@ class FrequencyController:
         expected = job.request.expected_s
         if expected is None:
             return None
-        setter = self._setter
+        setter = self.setter
         offset = setter.issue_offset_s(expected, job.request.gap_s)
         if offset is None:
             return None
@@ -543,4 +525,4 @@ class FrequencyController:
         job.report.end_mj = self._wait_event(end, stamp=self._stamp_ops)
         if expected and not self._closed:
             actual = end.device_time_s() - job.start.device_time_s()
-            self._setter.note_end_error(actual / expected - 1.0)
+            self.setter.note_end_error(actual / expected - 1.0)

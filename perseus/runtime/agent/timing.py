@@ -89,7 +89,17 @@ class CounterMark:
 class _Clocks:
     """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
-    __slots__ = ("freqs", "mems", "mid_share", "names", "phases", "succ")
+    __slots__ = (
+        "delivery",
+        "freqs",
+        "mems",
+        "mid_share",
+        "mid_switches",
+        "mid_switches_missed",
+        "names",
+        "phases",
+        "succ",
+    )
 
     def __init__(self) -> None:
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
@@ -100,6 +110,11 @@ class _Clocks:
         #: Per op, what its boundary posts, worked out once per plan rather than per op: the
         #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
+        #: The last iteration's mid-op changes made and missed, and its clocks as read back
+        #: (device timing only; None: none read).
+        self.mid_switches = 0
+        self.mid_switches_missed = 0
+        self.delivery: ClockDelivery | None = None
 
     def set(self, names: Sequence[str], phases: Sequence[tuple[OpPhase, ...]]) -> None:
         self.names = tuple(names)
@@ -143,11 +158,8 @@ class DeviceTiming(_Clocks):
         "_step_event",
         "_step_mj",
         "_step_stamp",
-        "delivery",
         "history",
         "jobs",
-        "mid_switches",
-        "mid_switches_missed",
     )
 
     def __init__(
@@ -175,10 +187,6 @@ class DeviceTiming(_Clocks):
         self._step_mj: int | None = 0
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
-        self.mid_switches = 0
-        self.mid_switches_missed = 0
-        #: The last iteration's clocks as read back (None: none read).
-        self.delivery: ClockDelivery | None = None
 
     @property
     def controller(self) -> FrequencyController | None:
