@@ -191,33 +191,32 @@ class OnlineProfiler:
             power = None if power_w is None else power_w.get(op)
             if power is not None and not power > 0:
                 power = None  # a group the fit could not see: no information
-            if not sweep._times or (power is None and not sweep._energies):
-                # nothing usable measured at this clock: move on
+            if sweep._times and (power is not None or sweep._energies):
+                error = 0.0 if power is None else fit.relative_error(op) if fit else math.inf
+                self._close_clock(sweep, power, error)
+            else:  # nothing usable measured at this clock: move on
                 sweep._times.clear()
                 sweep._energies.clear()
                 sweep.index += 1
                 sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
-                continue
-            # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
-            time_s = statistics.median(sweep._times)
-            energy_j = power * time_s if power is not None else statistics.median(sweep._energies)
-            sweep._times.clear()
-            sweep._energies.clear()
-            best = min((r[2] for r in sweep.rows), default=math.inf)
-            if energy_j > best:
-                sweep.rising += 1
-            else:
-                sweep.rising = 0
-            sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
-            if power is None:
-                sweep.fit_errors.append(0.0)
-            else:
-                sweep.fit_errors.append(math.inf if fit is None else fit.relative_error(op))
-            sweep.index += 1
-            n = len(sweep.clocks_mhz)
-            past_floor = sweep.index >= self.min_fraction * n
-            if sweep.index >= n or (past_floor and sweep.rising >= self.patience):
-                sweep.stopped = True
+
+    def _close_clock(self, sweep: OpSweep, power_w: float | None, fit_error: float) -> None:
+        """One op's row at its current clock; stop its sweep at the last clock, or once its
+        energy has risen ``patience`` clocks in a row past the floor."""
+        # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
+        time_s = statistics.median(sweep._times)
+        energy_j = power_w * time_s if power_w is not None else statistics.median(sweep._energies)
+        sweep._times.clear()
+        sweep._energies.clear()
+        best = min((r[2] for r in sweep.rows), default=math.inf)
+        sweep.rising = sweep.rising + 1 if energy_j > best else 0
+        sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
+        sweep.fit_errors.append(fit_error)
+        sweep.index += 1
+        n = len(sweep.clocks_mhz)
+        past_floor = sweep.index >= self.min_fraction * n
+        if sweep.index >= n or (past_floor and sweep.rising >= self.patience):
+            sweep.stopped = True
 
     def rows(self) -> list[ProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j)``."""
