@@ -140,7 +140,7 @@ def test_rank_plan_reads_phase_lists_with_memory_clocks():
     )
     assert rank.phases[1] == (OpPhase(1410, LO, 0.0), OpPhase(1740, None, 0.5))
     assert rank.uses_memory_clocks
-    assert rank.freqs_a_mhz == (1740, 1410) and rank.freqs_b_mhz == (1200, 1740)
+    assert [(p[0].freq_mhz, p[-1].freq_mhz) for p in rank.phases] == [(1740, 1200), (1410, 1740)]
 
 
 def test_phased_pair_ops_switch_memory_clock_at_the_planned_layer_boundary(tmp_path):

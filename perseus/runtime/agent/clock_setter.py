@@ -1,17 +1,13 @@
 """The driver calls behind the clock worker, and what they teach about when to make them.
 
-:class:`ClockSetter` makes the set calls of :class:`~perseus.runtime.agent.controller.
-FrequencyController`'s worker: one short method for the SM clock and one for the memory
-clock, both through one retry helper. Permission and support errors switch to *observe-only*
-(no further set calls); other device errors are retried (``retries`` times, with a short
-back-off) and one that persists also switches to observe-only, instead of killing training.
-Either way the notice is kept for the training thread to warn once
-(:class:`~perseus.device.base.ObserveOnlyWarning`). A refused memory lock only drops memory
-clocks.
-
-Each call's duration and landing (issue to the new clock in effect, as the device reports it,
-else the call's duration plus ``apply_delay_s``) are kept: :func:`issue_offset_s` turns the
-landings into when to issue a change relative to an op's predicted end.
+:class:`ClockSetter` makes the worker's set calls: one short method for the SM clock and one
+for the memory clock, through one retry helper. Permission and support errors switch to
+*observe-only* (a refused memory lock only drops memory clocks); other errors are retried
+(``retries`` times, with a short back-off) and one that persists also switches to
+observe-only, instead of killing training. The notice waits for the training thread to warn
+once (:class:`~perseus.device.base.ObserveOnlyWarning`). Each call's landing (issue to the new
+clock in effect: as the device reports it, else the call's duration plus ``apply_delay_s``)
+feeds :func:`issue_offset_s`.
 """
 
 from __future__ import annotations

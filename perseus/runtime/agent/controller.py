@@ -1,49 +1,30 @@
-"""Apply clocks (the SM clock, and the memory clock where a plan sets one) off the training
-thread, on the device's timeline.
+"""Apply clocks (SM, and memory where a plan sets one) off the training thread, on the
+device's timeline.
 
-A set-clock call blocks its caller for ~5 ms (up to 15 ms, docs/hardware.md#sim-defaults), far too
-long for the
-training loop, so the rank agent only *posts* work and a worker thread makes the driver calls.
+A set call blocks its caller for ~5 ms (up to 15 ms, docs/hardware.md#sim-defaults), so the
+rank agent only *posts* work and a worker makes the driver calls
+(:class:`~perseus.runtime.agent.clock_setter.ClockSetter`: retries, observe-only). Two ways:
 
-Two ways to post:
+* **Device-timed** (:meth:`FrequencyController.post`, whenever the device records events).
+  The host runs ahead of the GPU, so at each op boundary the agent records an event on the
+  compute stream and posts a :class:`~perseus.runtime.agent.boundary.Boundary` ("op *j*
+  starts at this event; when it ends, run at ``freq_next_mhz``"). The worker waits for the
+  start event and issues the next clocks at ``start + expected op time + offset`` (the offset
+  from the measured landings, :func:`~perseus.runtime.agent.clock_setter.issue_offset_s`), so
+  they land as the op ends; without an expected time it waits for the end event. A phased op
+  carries each later phase's clocks and predicted start, issued the same way (the rest
+  skipped once the op ended); a pair that changes the memory clock makes two calls and is
+  issued one landing earlier. The worker also reads the clock back inside each op
+  (:mod:`perseus.runtime.agent.readback`) and stamps events with the energy counter.
+* **Host-timed** (:meth:`FrequencyController.request`): apply the latest request as soon as
+  possible (one slot: a new request overwrites a pending one); devices without events, and
+  the baseline of ``benchmarks/clock_timing.py``.
 
-* **On the device's timeline** (:meth:`FrequencyController.post`, the default whenever the
-  device records events). CUDA launches are asynchronous: the host runs ahead of the GPU, so
-  a clock set "when the host enters the op" lands during some earlier op. Instead, at each op
-  boundary the agent records a device event on the compute stream and posts a
-  :class:`~perseus.runtime.agent.boundary.Boundary`: "op *j* starts at this event; when it
-  ends, run at ``freq_next_mhz``".
-  The worker waits for the op's start event, then issues the next clock early by the
-  measured set latency, at ``start + expected op time - latency`` (the expected time is the
-  op's device-event time in the previous iteration, when known), so the new clock applies as
-  the op ends; without an expectation it waits for the op's end event. A phased op
-  (:mod:`perseus.profile.two_clock`: two to four phases) carries, per later phase, its clock
-  pair and the predicted device time from the op's start to the phase's layer boundary: the
-  worker issues each at ``start + predicted time to the boundary - latency`` in the same way
-  (the rest skipped once the op ended), then the next op's clocks as above. A pair whose
-  memory clock changes makes two driver calls (memory, then SM), each charged the device's
-  set latency, so such a change is issued earlier by one more median landing. It also stamps each
-  event with the energy counter as it observes completion (devices whose events carry their
-  own counter reading need no stamp), so op and iteration energy are read at device-time
-  boundaries.
-* **Host-timed** (:meth:`FrequencyController.request`): apply the latest requested clock as
-  soon as possible (a single slot: a new request overwrites a pending one). Kept for devices
-  without events and as the baseline that ``benchmarks/clock_timing.py`` compares against.
-
-Time: the worker reads the time and waits on a :class:`~perseus.device.clock.Clock` (the
-real one by default). With a :class:`~perseus.device.clock.VirtualClock` there is no worker
-thread: the work posted is done inline, in order, by :meth:`FrequencyController.flush` and
-:meth:`FrequencyController.wait_applied` (the agent calls them in ``step_end``), so every
-timing decision is deterministic (``docs/timing.md``).
-
-Driver calls and their errors (retries, observe-only, one
-:class:`~perseus.device.base.ObserveOnlyWarning`) are :class:`~perseus.runtime.agent.
-clock_setter.ClockSetter`'s; what the agent posts and what the worker reports are the two
-halves of a :class:`~perseus.runtime.agent.boundary.Boundary`.
-
-Shutdown: :meth:`FrequencyController.close` joins the worker; :meth:`close_nowait` only sets a
-flag (no lock taken), for signal handlers that may have interrupted a thread holding the
-controller's lock.
+With a :class:`~perseus.device.clock.VirtualClock` there is no worker thread: the work is done
+inline, in order, by :meth:`FrequencyController.flush` and
+:meth:`FrequencyController.wait_applied`, so every timing decision is deterministic
+(``docs/timing.md``). :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
+signal handlers that may have interrupted a thread holding the controller's lock.
 """
 
 from __future__ import annotations

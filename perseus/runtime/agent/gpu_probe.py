@@ -1,10 +1,5 @@
-"""What the rank agent learns from its GPU as it starts, and how it leaves the GPU as it
-stops: one place for the device facts the agent acts on.
-
-:func:`probe_gpu` reads the clock lists, whether clocks can be set at all, whether memory
-clocks can be locked, and where device events come from; :func:`reset_clocks` puts the GPU
-back to its default clocks after any set call still in flight.
-"""
+"""What the rank agent learns from its GPU as it starts (:func:`probe_gpu`), and how it
+leaves the GPU's clocks as it stops (:func:`reset_clocks`)."""
 
 from __future__ import annotations
 
@@ -30,33 +25,18 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class GpuProbe:
-    """A GPU as the agent found it at start.
+    """A GPU as the agent found it at start."""
 
-    Attributes:
-        clocks_mhz: Supported SM clocks, ascending.
-        mem_clocks_mhz: Lockable memory clocks, ascending (empty: none, or not lockable).
-        observe_only_reason: Why no clock can be set here, known before any set call
-            (privilege probe, pre-Volta); None: clocks can be tried.
-        events: Where device events come from (None: host timing).
-        stamp_ops: Whether the worker reads the counter at every op boundary.
-    """
-
-    clocks_mhz: tuple[int, ...]
-    mem_clocks_mhz: tuple[int, ...]
-    observe_only_reason: str | None
-    events: EventSource | None
-    stamp_ops: bool
+    clocks_mhz: tuple[int, ...]  # supported SM clocks, ascending
+    mem_clocks_mhz: tuple[int, ...]  # lockable memory clocks, ascending (empty: none)
+    observe_only_reason: str | None  # known before any set call (privilege, pre-Volta)
+    events: EventSource | None  # where device events come from (None: host timing)
+    stamp_ops: bool  # whether the worker reads the counter at every op boundary
 
 
 def probe_gpu(gpu: GPU, *, device_timing: bool, events: EventSource | None) -> GpuProbe:
-    """Read what ``gpu`` offers (opens an NVML device).
-
-    Args:
-        gpu: The rank's GPU.
-        device_timing: Time ops on device events when the GPU has them.
-        events: The events asked for (None: the GPU's own, or CUDA events, when timing on
-            the device).
-    """
+    """Read what ``gpu`` offers (opens an NVML device); ``events``: those asked for (None:
+    the GPU's own, or CUDA events, when ``device_timing``)."""
     if device_timing and events is None:
         events = event_source_for(gpu)
     mem: tuple[int, ...] = ()

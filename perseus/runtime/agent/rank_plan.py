@@ -75,16 +75,6 @@ class RankPlan:
     phases: tuple[tuple[OpPhase, ...], ...]
 
     @property
-    def freqs_a_mhz(self) -> tuple[int, ...]:
-        """Each op's first SM clock."""
-        return tuple(p[0].freq_mhz for p in self.phases)
-
-    @property
-    def freqs_b_mhz(self) -> tuple[int, ...]:
-        """The SM clock each op ends at."""
-        return tuple(p[-1].freq_mhz for p in self.phases)
-
-    @property
     def uses_memory_clocks(self) -> bool:
         """True when some op of this rank sets a memory clock."""
         return any(ph.mem_freq_mhz is not None for p in self.phases for ph in p)

@@ -90,6 +90,7 @@ class _Clocks:
     """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
     __slots__ = (
+        "controller",
         "delivery",
         "freqs",
         "mems",
@@ -101,7 +102,9 @@ class _Clocks:
         "succ",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, controller: FrequencyController | None) -> None:
+        #: The clock worker (None: no GPU control, times and energy only).
+        self.controller = controller
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
         self.freqs: tuple[int, ...] = ()  # each op's first SM clock
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
@@ -147,7 +150,6 @@ class DeviceTiming(_Clocks):
     """
 
     __slots__ = (
-        "_controller",
         "_end_mj",
         "_energy_mj",
         "_events",
@@ -173,10 +175,9 @@ class DeviceTiming(_Clocks):
         record_op: Callable[[OpRow], None],
         recycle: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(controller)
         self._events = events
         self._recycle = recycle
-        self._controller = controller
         self._energy_mj = energy_mj
         self._stamp_ops = stamp_ops
         self._mid_time_s = mid_time_s
@@ -188,17 +189,9 @@ class DeviceTiming(_Clocks):
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
 
-    @property
-    def controller(self) -> FrequencyController | None:
-        return self._controller
-
-    @controller.setter
-    def controller(self, controller: FrequencyController | None) -> None:
-        self._controller = controller
-
     def begin(self, iteration: int) -> None:
         """The iteration starts: apply its first clock, mark its start on the device."""
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None and self.freqs:
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
@@ -244,7 +237,7 @@ class DeviceTiming(_Clocks):
             )
         )
         self.jobs.append(job)
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None and (self._stamp_ops or not ctl.observe_only):
             # Observe-only without per-op counter reads leaves the worker nothing to do for an
             # op (its times come from the events at end()): no wake-up.
@@ -280,7 +273,7 @@ class DeviceTiming(_Clocks):
     def _close_iteration(self) -> tuple[DeviceEvent, int]:
         """Record the iteration's end event and wait for it and the worker: the event and the
         counter there."""
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
             # iteration; waiting for the end first would apply every change late.
@@ -372,7 +365,6 @@ class HostTiming(_Clocks):
     """
 
     __slots__ = (
-        "_controller",
         "_e_op",
         "_e_step",
         "_energy_iter_mj",
@@ -398,8 +390,7 @@ class HostTiming(_Clocks):
         record_op: Callable[[OpRow], None],
         rank: int,
     ) -> None:
-        super().__init__()
-        self._controller = controller
+        super().__init__(controller)
         self._now = clock.now
         self._energy_mj = energy_mj
         self._energy_iter_mj = energy_iter_mj
@@ -413,23 +404,15 @@ class HostTiming(_Clocks):
         self._e_op = 0
         self._warned_two_clock = False
 
-    @property
-    def controller(self) -> FrequencyController | None:
-        return self._controller
-
-    @controller.setter
-    def controller(self, controller: FrequencyController | None) -> None:
-        self._controller = controller
-
     def begin(self, iteration: int) -> None:
         self.iteration = iteration
-        if self._controller is not None and self.freqs:
-            self._controller.request(self.freqs[0], self.mems[0])
+        if self.controller is not None and self.freqs:
+            self.controller.request(self.freqs[0], self.mems[0])
         self._e_step = self._energy_iter_mj()
         self._t_step = self._now()
 
     def enter(self, j: int) -> None:
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None:
             if self.mid_share[j] is not None and not self._warned_two_clock:
                 self._warned_two_clock = True
@@ -461,8 +444,8 @@ class HostTiming(_Clocks):
                 t,
             )
         )
-        if self._prefetch and self._controller is not None and j + 1 < len(self.freqs):
-            self._controller.request(self.freqs[j + 1], self.mems[j + 1])
+        if self._prefetch and self.controller is not None and j + 1 < len(self.freqs):
+            self.controller.request(self.freqs[j + 1], self.mems[j + 1])
 
     def end(self, iteration: int) -> tuple[float, float]:
         return self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
