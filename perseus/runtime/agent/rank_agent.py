@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from perseus.device.base import (
@@ -85,12 +84,7 @@ class _OpScope:
     def __enter__(self) -> None:
         self._agent._enter_op()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._agent._exit_op()
 
 
@@ -402,12 +396,7 @@ class RankAgent:
     def __enter__(self) -> RankAgent:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             self.close()
         else:
