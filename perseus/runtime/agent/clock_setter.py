@@ -3,10 +3,10 @@
 :class:`ClockSetter` makes the worker's set calls: one short method for the SM clock and one
 for the memory clock, through one retry helper. Permission and support errors switch to
 *observe-only* (a refused memory lock only drops memory clocks); other errors are retried
-(``retries`` times, with a short back-off) and one that persists also switches to
+(:data:`RETRIES` times, with a short back-off) and one that persists also switches to
 observe-only, instead of killing training. The notice waits for the training thread to warn
 once (:class:`~perseus.device.base.ObserveOnlyWarning`). Each call's landing (issue to the new
-clock in effect: as the device reports it, else the call's duration plus ``apply_delay_s``)
+clock in effect: as the device reports it, else the call's duration)
 feeds :func:`issue_offset_s`.
 """
 
@@ -30,6 +30,11 @@ _ERROR_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 _LANDING_QUANTILES = 64
 
 _REFUSED = (DevicePermissionError, DeviceNotSupportedError)
+
+#: Extra attempts for a failing set call before going observe-only.
+RETRIES = 2
+#: Apply delays kept for :meth:`ClockSetter.stats`.
+_HISTORY = 10_000
 
 
 def issue_offset_s(
@@ -89,9 +94,6 @@ class ClockSetter:
         events: The device's timeline (None: landings from call durations only).
         clock: Where call durations are read and back-offs slept.
         control: False never sets a clock (observe-only from the start).
-        retries: Extra attempts for a failing set call before going observe-only.
-        history: How many apply delays to keep for :meth:`stats`.
-        apply_delay_s: Call return to clock in effect, for a device that cannot tell.
         stopped: True once the controller closes: no call is started after that.
     """
 
@@ -102,16 +104,11 @@ class ClockSetter:
         events: EventSource | None,
         clock: Clock,
         control: bool,
-        retries: int,
-        history: int,
-        apply_delay_s: float,
         stopped: Callable[[], bool],
     ) -> None:
         self.gpu = gpu
         self._events = events
         self._clock = clock
-        self._retries = retries
-        self._apply_delay_s = apply_delay_s
         self._stopped = stopped
         self.observe_only = not control
         #: Held around each driver call, so a reset on shutdown cannot be overtaken by a set
@@ -127,7 +124,7 @@ class ClockSetter:
         )
         #: Why the controller went observe-only or dropped memory clocks (warned once).
         self.notice: str | None = None
-        self._delays_s: deque[float] = deque(maxlen=history)
+        self._delays_s: deque[float] = deque(maxlen=_HISTORY)
         self._latencies_s: deque[float] = deque(maxlen=256)
         # Issue -> the new clock in effect, on the device's clock (the lead is learnt from it).
         self._landings_s: deque[float] = deque(maxlen=256)
@@ -186,7 +183,7 @@ class ClockSetter:
         """``call()`` (its return time; None: stopped), retried on transient errors; None
         after switching to observe-only."""
         last: BaseException | None = None
-        for attempt in range(self._retries + 1):
+        for attempt in range(RETRIES + 1):
             try:
                 return call()
             except _REFUSED as e:
@@ -196,7 +193,7 @@ class ClockSetter:
                 last = e
                 self._clock.sleep(0.001 * (attempt + 1))
         self._degrade(
-            f"setting the clock on {self.gpu.name} kept failing ({self._retries + 1} tries, "
+            f"setting the clock on {self.gpu.name} kept failing ({RETRIES + 1} tries, "
             f"last: {last!r})"
         )
         return None
@@ -216,7 +213,7 @@ class ClockSetter:
             t1 = now()
         if self._mem_gpu is not None:
             self._latencies_s.append(t1 - t0)
-            self._note_landing(t1 - t0 + self._apply_delay_s)
+            self._note_landing(t1 - t0)
         return t1
 
     def _set_sm(self, freq_mhz: int) -> float | None:
@@ -231,7 +228,7 @@ class ClockSetter:
             t1 = now()
             landed = applied() if applied is not None and events is not None else None
         self._latencies_s.append(t1 - t0)
-        self._note_landing(t1 - t0 + self._apply_delay_s if landed is None else landed - issued)
+        self._note_landing(t1 - t0 if landed is None else landed - issued)
         return t1
 
     def _drop_memory_clocks(self, error: DeviceError) -> None:

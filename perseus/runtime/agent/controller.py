@@ -69,12 +69,6 @@ class FrequencyController:
         gpu: The device to drive.
         events: Where device time comes from (None: host-timed requests only).
         control: False only observes (stamps events with the counter; never sets clocks).
-        retries: Extra attempts for a failing set call before going observe-only.
-        history: How many apply delays to keep for :meth:`stats`.
-        apply_delay_s: How long after a set call returns the new clock takes effect, for a
-            device that cannot tell (NVML: +0-2 ms, docs/hardware.md#sim-model; not measured
-            here, so 0 by default). A device with ``clock_applied_s()`` (the simulator)
-            reports it.
         stamp_ops: Read the device's energy counter at every op boundary whose event carries
             no reading of its own. False for NVML: its counter is published every 100 ms and a
             read costs ~3 ms of driver time (measured on an H100, benchmarks/README.md), so
@@ -86,8 +80,6 @@ class FrequencyController:
             thread the work posted is done on the caller's thread, in order, by :meth:`flush`
             and :meth:`wait_applied`: with a :class:`~perseus.device.clock.VirtualClock` every
             timing decision is then deterministic (tests).
-        read_back: Read the clock the GPU ran and its clock event reasons once per op
-            (devices with :class:`~perseus.device.base.ClockReadbackGPU`), on the worker.
     """
 
     def __init__(
@@ -96,13 +88,9 @@ class FrequencyController:
         *,
         events: EventSource | None = None,
         control: bool = True,
-        retries: int = 2,
-        history: int = 10_000,
         stamp_ops: bool = True,
-        apply_delay_s: float = 0.0,
         clock: Clock = REAL_CLOCK,
         threaded: bool | None = None,
-        read_back: bool = True,
     ) -> None:
         self.gpu = gpu
         self.clock = clock
@@ -125,17 +113,12 @@ class FrequencyController:
             events=events,
             clock=clock,
             control=control,
-            retries=retries,
-            history=history,
-            apply_delay_s=apply_delay_s,
             stopped=lambda: self._closed,
         )
         #: Held by the worker around each driver call (see :class:`ClockSetter`).
         self.device_lock = self.setter.device_lock
         # Reads back what ran (NVML, the simulator); None: the device cannot tell.
-        self._readback: ClockReadbackGPU | None = (
-            gpu if read_back and isinstance(gpu, ClockReadbackGPU) else None
-        )
+        self._readback: ClockReadbackGPU | None = gpu if isinstance(gpu, ClockReadbackGPU) else None
         self._stale = 0
 
     def start(self) -> None:
