@@ -99,12 +99,10 @@ class RankAgent:
         gpu: The rank's GPU, or None to only check the op order and time it.
         rank: This process's pipeline rank (index into ``plan.stage_ops``).
         point_index: Which point of ``plan`` to run.
-        controller: A controller to use instead of a fresh :class:`FrequencyController`.
         enabled: False measures time and energy but never changes clocks (no ownership).
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
         measure_op_energy: Read the energy counter around each op (two cheap reads).
-        prefetch: Host timing only: post the next op's clock when an op ends.
         max_op_records: Per-op records kept (oldest dropped first).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
@@ -131,12 +129,10 @@ class RankAgent:
         rank: int,
         *,
         point_index: int = 0,
-        controller: FrequencyController | None = None,
         enabled: bool = True,
         watchdog: bool = True,
         handle_signals: bool = True,
         measure_op_energy: bool = True,
-        prefetch: bool = True,
         max_op_records: int = 100_000,
         timing: str = "device",
         events: EventSource | None = None,
@@ -156,8 +152,7 @@ class RankAgent:
             gpu.energy_mj if measure_op_energy and gpu is not None else _no_energy
         )
         self._clock = clock
-        self._controller = controller if self.enabled else None
-        self._own_controller = controller is None
+        self._controller: FrequencyController | None = None
         self._claim: GpuClaim | None = None  # ownership, watchdog, exit hooks
         self._started = False
         self._clocks: tuple[int, ...] = ()  # ascending
@@ -177,7 +172,7 @@ class RankAgent:
         self._device_timed = False
         self._stamp_ops = True
         # How ops are timed (device events or the host's clock): chosen at start().
-        self._mode: DeviceTiming | HostTiming = self._host_timing(prefetch)
+        self._mode: DeviceTiming | HostTiming = self._host_timing()
         self._held_report: HeldClockReport | None = None  # made at start (the GPU's name)
         self._set_plan(RankPlan.of(plan, point_index, rank))
 
@@ -206,13 +201,12 @@ class RankAgent:
         self._phases = rank_plan.snapped(self._clocks, mem)
         self._freqs = tuple(op[0].freq_mhz for op in self._phases)
 
-    def _host_timing(self, prefetch: bool) -> HostTiming:
+    def _host_timing(self) -> HostTiming:
         return HostTiming(
             self._controller,
             self._clock,
             self._energy_mj,
             self._energy_iter,
-            prefetch=prefetch,
             record_op=self._ops.append,
             rank=self.rank,
         )
@@ -350,7 +344,7 @@ class RankAgent:
             if isinstance(self._mode, DeviceTiming):
                 mode.history = self._mode.history  # a restart keeps what it learnt
         else:
-            mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing(True)
+            mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing()
             mode.controller = self._controller
         mode.set(self._names, self._phases)
         self._mode = mode
@@ -385,8 +379,7 @@ class RankAgent:
         error = None
         if reset and self.enabled and self.gpu is not None and self._claim is not None:
             error = reset_clocks(self.gpu, ctl)
-        if self._own_controller:
-            self._controller = None
+        self._controller = None
         if self._claim is not None:
             self._claim.release()
             self._claim = None

@@ -359,7 +359,6 @@ class HostTiming(_Clocks):
         clock: Where op and iteration times are read.
         energy_mj: Reads the counter around each op (a no-op reader when per-op energy is off).
         energy_iter_mj: Reads the counter at iteration ends.
-        prefetch: Post the next op's clock when an op ends.
         record_op: Where each op's row goes.
         rank: For the one warning about two-clock ops.
     """
@@ -370,7 +369,6 @@ class HostTiming(_Clocks):
         "_energy_iter_mj",
         "_energy_mj",
         "_now",
-        "_prefetch",
         "_record_op",
         "_t_op",
         "_t_step",
@@ -386,7 +384,6 @@ class HostTiming(_Clocks):
         energy_mj: Callable[[], int],
         energy_iter_mj: Callable[[], int],
         *,
-        prefetch: bool,
         record_op: Callable[[OpRow], None],
         rank: int,
     ) -> None:
@@ -394,7 +391,6 @@ class HostTiming(_Clocks):
         self._now = clock.now
         self._energy_mj = energy_mj
         self._energy_iter_mj = energy_iter_mj
-        self._prefetch = prefetch
         self._record_op = record_op
         self.rank = rank
         self.iteration = 0
@@ -444,7 +440,7 @@ class HostTiming(_Clocks):
                 t,
             )
         )
-        if self._prefetch and self.controller is not None and j + 1 < len(self.freqs):
+        if self.controller is not None and j + 1 < len(self.freqs):
             self.controller.request(self.freqs[j + 1], self.mems[j + 1])
 
     def end(self, iteration: int) -> tuple[float, float]:
