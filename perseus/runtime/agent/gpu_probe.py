@@ -1,20 +1,17 @@
-"""What the rank agent learns from its GPU as it starts (:func:`probe_gpu`), and how it
-leaves the GPU's clocks as it stops (:func:`reset_clocks`)."""
+"""What the rank agent reads from and says about its GPU as it starts, and how it leaves the
+GPU's clocks as it stops (:func:`reset_clocks`)."""
 
 from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
 
-from perseus.device.base import GPU, EventSource, MemoryClockGPU, ObserveOnlyGPU, ObserveOnlyWarning
+from perseus.device.base import GPU, MemoryClockGPU, ObserveOnlyWarning
 from perseus.errors import DeviceError, DevicePermissionError
 from perseus.runtime.agent.controller import FrequencyController
-from perseus.runtime.agent.events import CudaEventSource, event_source_for
 
 __all__ = [
-    "GpuProbe",
-    "probe_gpu",
+    "lockable_memory_clocks",
     "reset_clocks",
     "warn_no_memory_clocks",
     "warn_observe_only",
@@ -23,34 +20,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProbe:
-    """A GPU as the agent found it at start."""
-
-    clocks_mhz: tuple[int, ...]  # supported SM clocks, ascending
-    mem_clocks_mhz: tuple[int, ...]  # lockable memory clocks, ascending (empty: none)
-    observe_only_reason: str | None  # known before any set call (privilege, pre-Volta)
-    events: EventSource | None  # where device events come from (None: host timing)
-    stamp_ops: bool  # whether the worker reads the counter at every op boundary
-
-
-def probe_gpu(gpu: GPU, *, device_timing: bool, events: EventSource | None) -> GpuProbe:
-    """Read what ``gpu`` offers (opens an NVML device); ``events``: those asked for (None:
-    the GPU's own, or CUDA events, when ``device_timing``)."""
-    if device_timing and events is None:
-        events = event_source_for(gpu)
-    mem: tuple[int, ...] = ()
+def lockable_memory_clocks(gpu: GPU) -> tuple[int, ...]:
+    """The memory clocks ``gpu`` can lock, ascending (empty: none, or not lockable)."""
     if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
-        mem = tuple(sorted(gpu.supported_memory_clocks_mhz()))
-    return GpuProbe(
-        clocks_mhz=tuple(sorted(gpu.supported_clocks_mhz())),
-        mem_clocks_mhz=mem,
-        observe_only_reason=gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None,
-        events=events if device_timing else None,
-        # CUDA events carry no counter reading and NVML's counter is too coarse and too slow
-        # to read per op (see FrequencyController's stamp_ops): iteration ends only.
-        stamp_ops=not isinstance(events, CudaEventSource),
-    )
+        return tuple(sorted(gpu.supported_memory_clocks_mhz()))
+    return ()
 
 
 def warn_observe_only(gpu: GPU, reason: str) -> None:

@@ -35,18 +35,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from perseus.device.base import (
-    GPU,
-    DeviceEvent,
-    EventSource,
-)
+from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.agent.controller import FrequencyController
-from perseus.runtime.agent.events import CudaEventSource
+from perseus.runtime.agent.events import CudaEventSource, event_source_for
 from perseus.runtime.agent.gpu_probe import (
-    probe_gpu,
+    lockable_memory_clocks,
     reset_clocks,
     warn_no_memory_clocks,
     warn_observe_only,
@@ -300,20 +296,21 @@ class RankAgent:
 
     def _probe(self, gpu: GPU) -> None:
         """What this GPU offers: its clock lists, events, whether clocks can be set."""
-        probe = probe_gpu(gpu, device_timing=self._timing == "device", events=self._events)
-        self._clocks = probe.clocks_mhz
-        if self.enabled and probe.observe_only_reason is not None:
+        self._clocks = tuple(sorted(gpu.supported_clocks_mhz()))  # opens an NVML device
+        reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
+        if self.enabled and reason is not None:
             # Known before any set call: neither own the GPU nor start a watchdog for clocks
             # we cannot change.
-            warn_observe_only(gpu, probe.observe_only_reason)
+            warn_observe_only(gpu, reason)
             self.enabled = False
-            self._controller = None
-        if probe.events is not None:
-            self._events = probe.events
-        self._device_timed = probe.events is not None
-        self._stamp_ops = probe.stamp_ops
+        if self._timing == "device" and self._events is None:
+            self._events = event_source_for(gpu)
+        self._device_timed = self._timing == "device" and self._events is not None
+        # CUDA events carry no counter reading and NVML's counter is too coarse and too slow
+        # to read per op (see FrequencyController's stamp_ops): iteration ends only.
+        self._stamp_ops = not isinstance(self._events, CudaEventSource)
         # Memory clocks: set only by an agent that controls clocks (never observe-only).
-        self._mem_clocks = probe.mem_clocks_mhz if self.enabled else ()
+        self._mem_clocks = lockable_memory_clocks(gpu) if self.enabled else ()
         self._held_report = HeldClockReport(self.rank, gpu.name)
         self._snap_plan()
 
