@@ -56,20 +56,15 @@ class OpReport:
     """What the worker did and read for one op (written by the worker only).
 
     Attributes:
-        start_mj / end_mj: The energy counter at the op's events' device times.
-        mids_issued: How many of the request's mid-op changes were issued (before the op
-            ended).
-        mids_missed: How many were skipped because the op ended before the worker issued
-            them (a late worker, or an op shorter than predicted).
-        aim_s / ready_s / issue_s / return_s: On the device's clock, for the change to the
-            next op's clock: when the worker meant to issue the set call (None: waited for the
-            end event), when it was ready to wait for that moment (the start event seen,
-            earlier jobs done), when it issued the call and when the call returned
-            (``benchmarks/clock_timing.py`` decomposes the wrong-clock time with them).
-        asked_mhz / read_mhz / read_reasons: The clock read back once inside the op (mid-way
-            when its time is known, else as it starts; see
-            :mod:`perseus.runtime.agent.readback`): the SM clock whose set call had returned
-            then, the clock the GPU ran and its clock event reasons (None: not read).
+        start_mj / end_mj: The energy counter at the op's events.
+        mids_issued / mids_missed: Mid-op changes issued, and skipped because the op ended
+            first (a late worker, or an op shorter than predicted).
+        aim_s / ready_s / issue_s / return_s: On the device's clock, for the next op's
+            change: when the worker meant to issue it (None: at the end event), was ready to
+            wait for that, issued it and saw the call return (``benchmarks/clock_timing.py``).
+        asked_mhz / read_mhz / read_reasons: The clock read back inside the op
+            (:mod:`perseus.runtime.agent.readback`): the SM clock applied then, the clock the
+            GPU ran and its event reasons (None: not read).
     """
 
     start_mj: int | None = None

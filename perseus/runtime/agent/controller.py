@@ -197,7 +197,7 @@ class FrequencyController:
         if not self._threaded:
             self._drain()
         with self._cond:
-            drained = self._cond.wait_for(
+            self._cond.wait_for(
                 lambda: self._drained() or self._thread is None or self._closed, timeout_s
             )
             drained = self._drained()
