@@ -53,7 +53,7 @@ from perseus.device.sim_stream import OpTrace
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent.controller import Boundary
+from perseus.runtime.agent.boundary import Boundary
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
@@ -270,19 +270,23 @@ def decompose(
     # publishes the new state to its shared file, so a little before the call returns).
     applied = sorted(t for t, _ in landed)
     rows = []
-    for k, job in enumerate(jobs):
+    for k, boundary in enumerate(jobs):
+        job = boundary.report
         if k < n_ops or job.issue_s is None or job.return_s is None or job.aim_s is None:
             continue
         op, nxt = ops.get(k), ops.get(k + 1)
-        if op is None or nxt is None or job.ready_s is None or job.expected_s is None:
+        if op is None or nxt is None or job.ready_s is None:
+            continue
+        expected_s = boundary.request.expected_s
+        if expected_s is None:
             continue
         i = bisect.bisect_left(applied, job.issue_s)
         if i == len(applied) or applied[i] > job.return_s:
             continue
-        rows.append((op, nxt, job, applied[i]))
+        rows.append((op, nxt, job, applied[i], boundary.start.device_time_s(), expected_s))
     if not rows:
         return {}
-    measured = np.array([t - job.issue_s for _, _, job, t in rows])  # type: ignore[operator]
+    measured = np.array([t - job.issue_s for _, _, job, t, _, _ in rows])  # type: ignore[operator]
     out = dict.fromkeys(
         (
             "actual",
@@ -296,14 +300,13 @@ def decompose(
         ),
         0.0,
     )
-    for op, nxt, job, landing in rows:
+    for op, nxt, job, landing, start, expected_s in rows:
         assert job.return_s is not None and job.issue_s is not None and job.aim_s is not None
-        assert job.ready_s is not None and job.expected_s is not None
+        assert job.ready_s is not None
         t0, t1, t2, t3 = op.start_s, op.end_s, nxt.start_s, nxt.end_s
         lat = landing - job.issue_s
         out["tail_s"] += job.return_s - landing
-        start = job.start.device_time_s()
-        offset = job.aim_s - start - job.expected_s  # issue time - the predicted end
+        offset = job.aim_s - start - expected_s  # issue time - the predicted end
 
         def cost(x: float, t0: float = t0, t1: float = t1, t2: float = t2, t3: float = t3) -> float:
             return min(max(0.0, t1 - x), t1 - t0) + min(max(0.0, x - t2), t3 - t2)

@@ -26,6 +26,7 @@ imports only the installed perseus's clock and NVML modules).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -202,6 +203,8 @@ class FakeNvml:
         refuse_control: Every call that would change a device raises ``NO_PERMISSION``.
         latency_s: Per function, how long a call takes (slept on ``clock``).
         clock: Where time comes from (the power model, the energy counter, slow reads).
+        gates: Per function, an event each call waits on (up to 5 s) once recorded: a test
+            holds a driver call in flight until it sets the event.
     """
 
     devices: list[FakeDevice] = field(default_factory=list)
@@ -211,6 +214,7 @@ class FakeNvml:
     latency_s: dict[str, float] = field(default_factory=dict)
     clock: Clock = field(default_factory=RealClock)
     initialized: int = 0
+    gates: dict[str, threading.Event] = field(default_factory=dict)
 
     NVMLError = NVMLError
     NVML_SUCCESS = 0
@@ -252,6 +256,9 @@ class FakeNvml:
 
     def _record(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
+        gate = self.gates.get(name)
+        if gate is not None:
+            gate.wait(5.0)
         delay_s = self.latency_s.get(name, 0.0)
         if delay_s > 0:
             self.clock.sleep(delay_s)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
+from perseus.device.nvml import NvmlGPU
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import PlanError
 from perseus.io import load_profile
@@ -313,42 +316,17 @@ def _cuda_like_events():  # type: ignore[no-untyped-def]
     return HostEvents()
 
 
-class _CountingGPU:
-    """An NVML-like GPU that notes which thread reads its energy counter."""
+def counting_gpu(lock_dir: Path | None = None) -> tuple[NvmlGPU, list[str]]:
+    """An NVML GPU (fake) whose energy counter notes which thread reads it; each read adds
+    1 J. Returns the GPU and the readers' thread names, in order."""
+    readers: list[str] = []
 
-    uuid = "GPU-counting"
-    name = "counting"
+    def energy_mj(now_s: float) -> int:
+        readers.append(threading.current_thread().name)
+        return 1000 * len(readers)
 
-    def __init__(self) -> None:
-        self.readers: list[str] = []
-        self._mj = 0
-        self._locked: int | None = None
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return tuple(range(1410, 209, -15))
-
-    def set_locked_clock(self, freq_mhz: int) -> int:
-        self._locked = freq_mhz
-        return freq_mhz
-
-    def reset_locked_clock(self) -> None:
-        self._locked = None
-
-    def locked_clock_mhz(self) -> int | None:
-        return self._locked
-
-    def current_clock_mhz(self) -> int:
-        return self._locked or 1410
-
-    def energy_mj(self) -> int:
-        import threading
-
-        self.readers.append(threading.current_thread().name)
-        self._mj += 1000
-        return self._mj
-
-    def power_w(self) -> float:
-        return 0.0
+    nvml = FakeNvml(devices=[FakeDevice("GPU-counting", energy_fn=energy_mj)])
+    return NvmlGPU("GPU-counting", nvml_module=nvml, privileged=True, lock_dir=lock_dir), readers
 
 
 @pytest.mark.parametrize("control", [True, False])
@@ -357,10 +335,8 @@ def test_cuda_events_leave_every_counter_read_to_the_worker(
 ) -> None:
     """On NVML a counter read costs ~3 ms (p99 ~25 ms on an H100): the worker reads the
     counter as the device passes the iteration's start and end; the training thread never."""
-    import threading
-
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
-    gpu = _CountingGPU()
+    gpu, readers = counting_gpu(tmp_path)
     plan = tiny_plan()
     agent = _agent(plan, gpu, events=_cuda_like_events(), enabled=control)
     iterations = 3
@@ -374,8 +350,8 @@ def test_cuda_events_leave_every_counter_read_to_the_worker(
             record = agent.step_end()
             assert record.energy_j == pytest.approx(1.0)  # one read between start and end
     main = threading.current_thread().name
-    assert gpu.readers.count(main) == 0
-    assert len(gpu.readers) == 2 * iterations
+    assert readers.count(main) == 0
+    assert len(readers) == 2 * iterations
 
 
 class _FakeCudaEvent:
@@ -414,7 +390,7 @@ def test_cuda_events_are_pooled_and_follow_a_stream_switch(
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams[-1])
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
     events = CudaEventSource()
-    gpu = _CountingGPU()
+    gpu, _ = counting_gpu(tmp_path)
     plan = tiny_plan()
     made = []
     with _agent(plan, gpu, events=events) as agent:

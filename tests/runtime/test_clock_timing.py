@@ -18,17 +18,19 @@ predict, and thread wake-ups).
 from __future__ import annotations
 
 import math
-import threading
 import time
 from pathlib import Path
 from statistics import NormalDist
 
 import pytest
 
+from perseus.device.clock import REAL_CLOCK, Clock, VirtualClock
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.runtime.agent.controller import Boundary, FrequencyController, issue_offset_s
+from perseus.runtime.agent.boundary import Boundary, OpRequest
+from perseus.runtime.agent.clock_setter import issue_offset_s
+from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
@@ -151,19 +153,20 @@ def test_prediction_error_widens_the_landing_distribution() -> None:
 
 
 class _Event:
-    """A device event that completes at a fixed time of the real clock."""
+    """A device event that completes at a fixed time of a clock (real by default)."""
 
     energy_mj: int | None = 0
 
-    def __init__(self, at_s: float) -> None:
+    def __init__(self, at_s: float, clock: Clock = REAL_CLOCK) -> None:
         self.at_s = at_s
+        self._clock = clock
 
     def query(self) -> bool:
-        return time.perf_counter() >= self.at_s
+        return self._clock.now() >= self.at_s
 
     def synchronize(self) -> None:
         while not self.query():
-            time.sleep(0.0005)
+            self._clock.sleep(min(0.0005, self.at_s - self._clock.now()))
 
     def device_time_s(self) -> float:
         self.synchronize()
@@ -172,21 +175,22 @@ class _Event:
 
 class _LandingGPU:
     """Its set call blocks 6 ms; the new clock takes effect 4 ms after the call is issued,
-    and the device says so (like the simulator's ``clock_applied_s``)."""
+    and the device says so (like the simulator's ``clock_applied_s``). The library's fakes
+    cannot show this on virtual time: their clock lands as the call returns."""
 
     uuid = "GPU-landing"
     name = "landing"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
         self.applied_s: float | None = None
-        self.lock = threading.Lock()
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         return (1410, 1095)
 
     def set_locked_clock(self, freq_mhz: int) -> int:
-        t = time.perf_counter()
-        time.sleep(0.006)
+        t = self.clock.now()
+        self.clock.sleep(0.006)
         self.applied_s = t + 0.004
         return freq_mhz
 
@@ -206,47 +210,48 @@ class _LandingGPU:
         return 0
 
     def record_event(self) -> _Event:
-        return _Event(time.perf_counter())
+        return _Event(self.clock.now(), self.clock)
 
     def timeline_now_s(self) -> float:
-        return time.perf_counter()
+        return self.clock.now()
 
 
 def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
-    gpu = _LandingGPU()
-    ctl = FrequencyController(gpu, events=gpu)
+    """On virtual time: the landing is 4 ms, the call 6 ms; each change is aimed 4 ms before
+    its op's predicted end, to the microsecond."""
+    clock = VirtualClock(1000.0)
+    gpu = _LandingGPU(clock)
+    ctl = FrequencyController(gpu, events=gpu, clock=clock)  # type: ignore[arg-type]
     ctl.start()
     try:
         for freq in (1410, 1095, 1410):
             ctl.apply_now(freq)
-            assert ctl.flush(2.0)
-        landing = ctl.landing_s()
-        assert landing is not None and abs(landing - 0.004) < 0.0005, landing
-        call = ctl.set_latency_s()
-        assert call is not None and call >= 0.006  # the call itself blocks longer
+            assert ctl.flush()
+        landing = ctl.setter.landing_s()
+        assert landing == pytest.approx(0.004, abs=1e-9)
+        assert ctl.setter.set_latency_s() == pytest.approx(0.006, abs=1e-9)  # the call
         jobs = []
-        t = time.perf_counter()
+        t = clock.now()
         for k in range(4):
-            # Ops of 40 ms back to back; each change is issued ~4 ms (the landing), not
-            # ~6 ms (the call), before the op's predicted end.
+            # Ops of 40 ms back to back; each change is issued 4 ms (the landing), not 6 ms
+            # (the call), before the op's predicted end.
             start, end = t + 0.04 * k, t + 0.04 * (k + 1)
-            job = Boundary(_Event(start), 1095 if k % 2 == 0 else 1410, 0.04)  # type: ignore[arg-type]
-            job.end = _Event(end)  # type: ignore[assignment]
+            request = OpRequest(_Event(start, clock), 1095 if k % 2 == 0 else 1410, 0.04)  # type: ignore[arg-type]
+            job = Boundary(request, end=_Event(end, clock))  # type: ignore[arg-type]
             ctl.post(job)
             jobs.append(job)
-        assert ctl.flush(3.0)
+        assert ctl.flush()
     finally:
         ctl.close()
     for k, job in enumerate(jobs):
-        assert job.aim_s is not None
-        assert abs(job.aim_s - (t + 0.04 * (k + 1) - 0.004)) < 0.0005, (k, job.aim_s - t)
+        aim = job.report.aim_s
+        assert aim is not None
+        assert aim == pytest.approx(t + 0.04 * (k + 1) - 0.004, abs=1e-6), (k, aim - t)
 
 
 def _wrong_clock_share_virtual(timing: str, state_dir: Path, seed: int = 3) -> float:
     """:func:`_wrong_clock_share` on a virtual clock: the clock worker runs inline and the
     device's timeline moves only when someone waits, so the result is the same every run."""
-    from perseus.device.clock import VirtualClock
-
     profile = take_stages(load_profile("a100"), 4)
     actions = build_schedule("1f1b", 4, 8).rank_actions[0]
     names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)

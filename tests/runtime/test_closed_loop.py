@@ -129,7 +129,7 @@ def _gpu_rank(rank: int, world: int, plan: Any) -> list[float]:
 
     from perseus.runtime.session import RankSession
     from perseus.schedule import build_schedule
-    from tests.runtime.test_agent import _CountingGPU, _cuda_like_events
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
 
     dist.init_process_group("gloo")
     os.environ["PERSEUS_LOCK_DIR"] = tempfile.mkdtemp()
@@ -137,7 +137,7 @@ def _gpu_rank(rank: int, world: int, plan: Any) -> list[float]:
     session = RankSession(
         schedule,
         rank,
-        gpu=_CountingGPU(),
+        gpu=counting_gpu()[0],
         blocking_power_w=BLOCKING_W,
         plan=plan,
         events=_cuda_like_events(),

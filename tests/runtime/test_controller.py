@@ -10,66 +10,56 @@ from pathlib import Path
 import pytest
 
 from perseus.device.base import ObserveOnlyWarning
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
+from perseus.device.nvml import NvmlGPU
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceLostError
 from perseus.io import load_profile
 from perseus.runtime.agent.controller import FrequencyController
 
-
-class GatedGPU:
-    """Records set calls; the first one blocks until released so requests can pile up."""
-
-    uuid = "GPU-gated"
-    name = "gated"
-
-    def __init__(self) -> None:
-        self.sets: list[int] = []
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return (1410, 1095, 900)
-
-    def set_locked_clock(self, freq_mhz: int) -> int:
-        self.entered.set()
-        self.gate.wait(5)
-        self.sets.append(freq_mhz)
-        return freq_mhz
-
-    def reset_locked_clock(self) -> None:
-        pass
-
-    def locked_clock_mhz(self) -> int | None:
-        return self.sets[-1] if self.sets else None
-
-    def current_clock_mhz(self) -> int:
-        return 1410
-
-    def energy_mj(self) -> int:
-        return 0
-
-    def power_w(self) -> float:
-        return 0.0
+_SET = "nvmlDeviceSetGpuLockedClocks"
 
 
-def test_latest_request_wins() -> None:
-    gpu = GatedGPU()
+def _gated_gpu(tmp_path: Path) -> tuple[NvmlGPU, FakeNvml, threading.Event]:
+    """An NVML GPU (fake) whose set calls wait, once recorded, until the gate is set: a
+    test holds a call in flight so that requests pile up behind it."""
+    gate = threading.Event()
+    nvml = FakeNvml(devices=[FakeDevice("GPU-gated")], gates={_SET: gate})
+    return NvmlGPU("GPU-gated", nvml_module=nvml, privileged=True, lock_dir=tmp_path), nvml, gate
+
+
+def _sets(nvml: FakeNvml) -> list[int]:
+    return [args[2] for name, args in nvml.calls if name == _SET]
+
+
+def _entered(nvml: FakeNvml) -> bool:
+    """Wait (up to 5 s) until a set call is in flight."""
+    deadline = time.monotonic() + 5.0
+    while _SET not in nvml.names():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_latest_request_wins(tmp_path: Path) -> None:
+    gpu, nvml, gate = _gated_gpu(tmp_path)
     ctl = FrequencyController(gpu)
     ctl.start()
     ctl.request(1410)
-    assert gpu.entered.wait(5)
+    assert _entered(nvml)
     for f in (900, 1095, 900, 1095):  # piles up while the first call blocks
         ctl.request(f)
-    gpu.gate.set()
+    gate.set()
     assert ctl.flush()
-    assert gpu.sets == [1410, 1095]
+    assert _sets(nvml) == [1410, 1095]
     assert ctl.stats().skipped_stale == 3
     ctl.close()
 
 
-def test_unchanged_requests_are_skipped() -> None:
-    gpu = GatedGPU()
-    gpu.gate.set()
+def test_unchanged_requests_are_skipped(tmp_path: Path) -> None:
+    gpu, nvml, gate = _gated_gpu(tmp_path)
+    gate.set()
     ctl = FrequencyController(gpu)
     ctl.start()
     for _ in range(10):
@@ -77,8 +67,8 @@ def test_unchanged_requests_are_skipped() -> None:
     ctl.flush()
     ctl.request(1095)
     ctl.flush()
-    assert gpu.sets == [1095]
-    assert ctl.applied_mhz == 1095
+    assert _sets(nvml) == [1095]
+    assert ctl.setter.applied_mhz == 1095
     stats = ctl.stats()
     assert stats.applied == 1 and stats.median_delay_s >= 0
     ctl.close()
@@ -111,12 +101,10 @@ def test_persistent_error_degrades_to_observe_only_with_one_warning(tmp_path: Pa
     ctl.close()
 
 
-def test_unexpected_backend_exception_degrades_too() -> None:
-    class Broken(GatedGPU):
-        def set_locked_clock(self, freq_mhz: int) -> int:
-            raise ZeroDivisionError("bug")
-
-    ctl = FrequencyController(Broken())
+def test_unexpected_backend_exception_degrades_too(tmp_path: Path) -> None:
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    gpu.inject_error("set_locked_clock", ZeroDivisionError("bug"), times=10)  # type: ignore[arg-type]
+    ctl = FrequencyController(gpu)
     ctl.start()
     ctl.request(1095)
     with pytest.warns(ObserveOnlyWarning, match="ZeroDivisionError"):
@@ -124,8 +112,8 @@ def test_unexpected_backend_exception_degrades_too() -> None:
     ctl.close()
 
 
-def test_close_nowait_stops_the_worker_without_taking_the_lock() -> None:
-    ctl = FrequencyController(GatedGPU())
+def test_close_nowait_stops_the_worker_without_taking_the_lock(tmp_path: Path) -> None:
+    ctl = FrequencyController(_gated_gpu(tmp_path)[0])
     ctl.start()
     worker = ctl._thread
     with ctl._cond:  # as if a signal interrupted the main thread inside request()
@@ -135,23 +123,23 @@ def test_close_nowait_stops_the_worker_without_taking_the_lock() -> None:
     assert not worker.is_alive()
 
 
-def test_close_drops_pending_and_stops_thread() -> None:
-    gpu = GatedGPU()
+def test_close_drops_pending_and_stops_thread(tmp_path: Path) -> None:
+    gpu, nvml, gate = _gated_gpu(tmp_path)
     ctl = FrequencyController(gpu)
     ctl.start()
     worker = ctl._thread
     ctl.request(1410)
-    assert gpu.entered.wait(5)
+    assert _entered(nvml)
     ctl.request(900)
 
     def release_once_closing() -> None:  # let the blocked driver call return only after close()
         while not ctl._closed:
             time.sleep(0.001)
-        gpu.gate.set()
+        gate.set()
 
     threading.Thread(target=release_once_closing).start()
     ctl.close(timeout_s=5.0)
-    assert gpu.sets == [1410]
+    assert _sets(nvml) == [1410]
     assert worker is not None and not worker.is_alive()
 
 
@@ -160,7 +148,7 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
     the virtual clock (not the wall clock), and a posted boundary is handled by flush() at
     the op's predicted end, to the microsecond the same in every run."""
     from perseus.device.clock import VirtualClock
-    from perseus.runtime.agent.controller import Boundary
+    from perseus.runtime.agent.boundary import Boundary, OpRequest
     from perseus.schedule import Kind
 
     def run() -> tuple[float, float, float]:
@@ -183,13 +171,14 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
         t_f, _ = gpu.op_cost(0, Kind.F)
         start = gpu.record_event()
         gpu.launch(0, Kind.F)
-        job = Boundary(start, 1005, t_f, end=gpu.record_event())
+        job = Boundary(OpRequest(start, 1005, t_f), end=gpu.record_event())
         ctl.post(job)
-        assert job.issue_s is None  # nothing runs until someone waits
+        report = job.report
+        assert report.issue_s is None  # nothing runs until someone waits
         assert ctl.flush()
-        assert job.issue_s is not None and job.return_s is not None
+        assert report.issue_s is not None and report.return_s is not None
         ctl.close()
-        return job.issue_s - start.device_time_s(), job.return_s - start.device_time_s(), t_f
+        return report.issue_s - start.device_time_s(), report.return_s - start.device_time_s(), t_f
 
     issue, landed, t_f = run()
     # Issued ahead of the op's end by the learnt latency; lands near the end (one draw of

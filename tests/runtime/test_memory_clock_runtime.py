@@ -140,7 +140,7 @@ def test_rank_plan_reads_phase_lists_with_memory_clocks():
     )
     assert rank.phases[1] == (OpPhase(1410, LO, 0.0), OpPhase(1740, None, 0.5))
     assert rank.uses_memory_clocks
-    assert rank.freqs_a_mhz == (1740, 1410) and rank.freqs_b_mhz == (1200, 1740)
+    assert [(p[0].freq_mhz, p[-1].freq_mhz) for p in rank.phases] == [(1740, 1200), (1410, 1740)]
 
 
 def test_phased_pair_ops_switch_memory_clock_at_the_planned_layer_boundary(tmp_path):
@@ -247,7 +247,7 @@ def test_memory_clock_plan_on_a_gpu_without_them_runs_sm_clocks_and_says_so(tmp_
     )
     plan = _plan((((1410, LO, 0), (1005, None, 6)),) * 2, ("F0", "B0"))
     agent = RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="perseus.runtime.agent.rank_agent"), agent:
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.agent.gpu_probe"), agent:
         agent.step_begin()
         for kind in (Kind.F, Kind.B):
             with agent.op(kind, 0):

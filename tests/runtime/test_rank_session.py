@@ -179,10 +179,10 @@ def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
     the session and the agent share the iteration-end reading."""
     import threading
 
-    from tests.runtime.test_agent import _CountingGPU, _cuda_like_events
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
 
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
-    gpu = _CountingGPU()
+    gpu, readers = counting_gpu()
     session = _session(gpu, profile, events=_cuda_like_events())
     with session:
         assert session.agent is not None and session.agent.device_timed
@@ -192,9 +192,9 @@ def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
                 with session.op(session.schedule.rank_actions[0][0]):
                     pass
     main = threading.current_thread().name
-    assert gpu.readers.count(main) == 0
+    assert readers.count(main) == 0
     # The first start, the fresh one after evaluation, and the agent's start and end stamps.
-    assert len(gpu.readers) == 2 + 2 * 3
+    assert len(readers) == 2 + 2 * 3
     assert all(s.energy_j > 0 for s in session.history)
 
 

@@ -361,7 +361,8 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
 
     from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.agent.controller import Boundary, FrequencyController
+    from perseus.runtime.agent.boundary import Boundary, OpRequest
+    from perseus.runtime.agent.controller import FrequencyController
     from tests.runtime.test_clock_timing import _Event
 
     device = FakeDevice(
@@ -389,15 +390,17 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     assert ctl.flush(timeout_s=2.0)
     device.busy = True  # the lock is taken; under load the power cap holds the clock down
     now = time.perf_counter()
-    job = Boundary(_Event(now), None, None, end=_Event(now + 0.05))
+    job = Boundary(OpRequest(_Event(now), None, None), end=_Event(now + 0.05))  # type: ignore[arg-type]
     ctl.post(job)
     assert ctl.flush(timeout_s=2.0)
     ctl.close()
     gpu.close()
-    assert (job.asked_mhz, job.read_mhz, job.read_reasons) == (1980, 1575, 0x4)
+    assert (job.report.asked_mhz, job.report.read_mhz, job.report.read_reasons) == (1980, 1575, 0x4)
     names = nvml.names()
     assert "nvmlDeviceGetClockInfo" in names
     reasons = "nvmlDeviceGetCurrentClocks" + ("EventReasons" if new_name else "ThrottleReasons")
     assert reasons in names
-    delivery = clock_delivery([("F0", 1980, job.asked_mhz, job.read_mhz, job.read_reasons, 1.0)])
+    delivery = clock_delivery(
+        [("F0", 1980, *(job.report.asked_mhz, job.report.read_mhz, job.report.read_reasons), 1.0)]
+    )
     assert delivery is not None and delivery.held[0].reasons == ("sw_power_cap",)

@@ -217,5 +217,5 @@ def test_host_timing_runs_two_clock_ops_at_their_first_clock_and_says_so(tmp_pat
                 pass
         record = agent.step_end()
     assert record.mid_op_switches == 0
-    assert agent.planned_clocks_mhz[0] == 1410 and agent.planned_end_clocks_mhz[0] == 1005
+    assert agent.planned_clocks_mhz[0] == 1410 and agent.planned_phases[0][-1].freq_mhz == 1005
     assert sum("cannot switch clocks mid-op" in r.message for r in caplog.records) == 1

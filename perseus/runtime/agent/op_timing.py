@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
 from perseus.profile.model import Profile
-from perseus.runtime.agent.controller import Boundary
+from perseus.runtime.agent.boundary import Boundary
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.schedule.actions import Kind
 
@@ -109,27 +109,33 @@ class OpTimingHistory:
         self._last_end = jobs[-1].end if whole else None
         done: list[OpDeviceTimes] = []
         for j, job in enumerate(jobs):
-            if job.end is None:
+            end = job.end
+            if end is None:
                 continue
             if j + 1 < len(jobs):
-                gap = jobs[j + 1].start.device_time_s() - job.end.device_time_s()
+                gap = jobs[j + 1].start.device_time_s() - end.device_time_s()
                 self._push(self._gaps_s, j, gap)
-            times = OpDeviceTimes(j, job.start.device_time_s(), job.end.device_time_s())
+            times = OpDeviceTimes(j, job.start.device_time_s(), end.device_time_s())
             done.append(times)
             freq = freqs_mhz[j] if j < len(freqs_mhz) else 0
-            self._last_s[(j, freq)] = times.time_s
-            if not job.mid_issued:
-                self._push(self._times_s, (j, freq), times.time_s)
-            op = phases[j] if j < len(phases) else ()
-            if len(op) > 1:
-                # Phases 0..m ran (m: the mid-op changes issued), the last of them to the end:
-                # time_s = unit * sum(work share / clock) when time scales as 1 / clock.
-                m = min(job.mids_issued, len(op) - 1)
-                self._unit_s[(j, op)] = times.time_s / _work_over_clock(op, m + 1, m)
+            self._learn_op(j, freq, phases[j] if j < len(phases) else (), times.time_s, job)
         self._expected_s = dict(self._last_s)
         self._expected_s.update({k: sum(v) / len(v) for k, v in self._times_s.items() if v})
         self._gap_s = {j: min(v) for j, v in self._gaps_s.items() if v}
         return done
+
+    def _learn_op(
+        self, j: int, freq: int, op: tuple[OpPhase, ...], time_s: float, job: Boundary
+    ) -> None:
+        self._last_s[(j, freq)] = time_s
+        mids = job.report.mids_issued
+        if not mids:
+            self._push(self._times_s, (j, freq), time_s)
+        if len(op) > 1:
+            # Phases 0..m ran (m: the mid-op changes issued), the last of them to the end:
+            # time_s = unit * sum(work share / clock) when time scales as 1 / clock.
+            m = min(mids, len(op) - 1)
+            self._unit_s[(j, op)] = time_s / _work_over_clock(op, m + 1, m)
 
     def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> None:
         table.setdefault(key, deque(maxlen=self._history)).append(max(0.0, value))

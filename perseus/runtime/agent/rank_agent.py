@@ -10,29 +10,19 @@
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
-Clocks change on the device's timeline (``timing="device"``, whenever the GPU has device
-events: the simulator's own, or CUDA events, :mod:`perseus.runtime.agent.events`). At each op
-boundary the agent records an event on the compute stream and posts a
-:class:`~perseus.runtime.agent.controller.Boundary` to the :class:`FrequencyController`'s worker,
-which waits for the op's start on the device and issues the next clock so that it lands as the
-op ends (:mod:`perseus.runtime.agent.op_timing` learns op times and gaps). A two-clock op
-(:mod:`perseus.profile.two_clock`) also carries its second clock and the predicted time of its
-first layers, issued the same way; a phased op (up to four phases) carries each later
-phase's clocks and the predicted time to its start. Where a plan sets memory clocks and the
-GPU can lock them (:class:`~perseus.device.base.MemoryClockGPU`), every change is a clock
-pair: the memory clock is set beside the SM clock by the same worker, at the same planned
-points, charged its own set latency (a phase with no memory clock runs at the GPU's default,
-the highest). Op times come from event pairs, energy from the counter at
-device-time boundaries (per op where events carry readings, else at iteration ends). The
-training thread never synchronises the device; :meth:`RankAgent.step_end` waits for the
-iteration's last event (once per iteration). ``timing="host"`` (post the clock when the host
-enters an op) is kept for devices without events and as a baseline. The two modes are two
-small classes (:mod:`perseus.runtime.agent.timing`); the agent checks the op order and calls
-them. Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes
-every timing decision deterministic, ``docs/timing.md``). Ops must arrive in the
-order of ``plan.stage_ops[rank]`` (:class:`~perseus.errors.PlanError` names the expected and
-actual op otherwise). :meth:`RankAgent.swap_plan` changes the plan at the next iteration.
-Safety (one owner per GPU, reset on exit, signals and owner death): :mod:`perseus.runtime.safety.guard`.
+The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
+(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise) and hands
+each op to one of two timing modes (:mod:`perseus.runtime.agent.timing`): on the device's
+timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
+events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
+issues each op's clocks (SM, and memory where the plan sets them and the GPU can lock them)
+so that they land as the previous op or phase ends on the device; or on the host's
+(``timing="host"``, devices without events, and a baseline). The training thread never
+synchronises the device; :meth:`RankAgent.step_end` waits for the iteration's last event.
+Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes every
+timing decision deterministic, ``docs/timing.md``). :meth:`RankAgent.swap_plan` changes the
+plan at the next iteration. Safety (one owner per GPU, reset on exit, signals and owner
+death): :mod:`perseus.runtime.safety.guard`.
 
 :class:`NullAgent` has the same surface and does nothing, for runs without a GPU or with
 perseus disabled.
@@ -41,27 +31,23 @@ perseus disabled.
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
-from perseus.device.base import (
-    GPU,
-    DeviceEvent,
-    EventSource,
-    MemoryClockGPU,
-    ObserveOnlyGPU,
-    ObserveOnlyWarning,
-)
+from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU
 from perseus.device.clock import REAL_CLOCK, Clock
-from perseus.errors import DeviceError, DevicePermissionError, PlanError
+from perseus.errors import DeviceError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.events import CudaEventSource, event_source_for
-from perseus.runtime.agent.rank_plan import OpPhase, RankPlan
+from perseus.runtime.agent.gpu_probe import (
+    lockable_memory_clocks,
+    reset_clocks,
+    warn_no_memory_clocks,
+    warn_observe_only,
+)
+from perseus.runtime.agent.rank_plan import OpPhase, OpTimeFn, RankPlan
 from perseus.runtime.agent.readback import HeldClockReport
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
@@ -79,14 +65,6 @@ __all__ = [
 ]
 
 
-_log = logging.getLogger(__name__)
-
-#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``; called
-#: with a fourth argument, the memory clock, for a phase that sets one
-#: (``(stage_index, kind, freq_mhz, mem_freq_mhz) -> time_s``).
-OpTimeFn = Callable[..., float]
-
-
 def _no_energy() -> int:
     return 0
 
@@ -102,12 +80,7 @@ class _OpScope:
     def __enter__(self) -> None:
         self._agent._enter_op()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._agent._exit_op()
 
 
@@ -122,12 +95,10 @@ class RankAgent:
         gpu: The rank's GPU, or None to only check the op order and time it.
         rank: This process's pipeline rank (index into ``plan.stage_ops``).
         point_index: Which point of ``plan`` to run.
-        controller: A controller to use instead of a fresh :class:`FrequencyController`.
         enabled: False measures time and energy but never changes clocks (no ownership).
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
         measure_op_energy: Read the energy counter around each op (two cheap reads).
-        prefetch: Host timing only: post the next op's clock when an op ends.
         max_op_records: Per-op records kept (oldest dropped first).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
@@ -154,12 +125,10 @@ class RankAgent:
         rank: int,
         *,
         point_index: int = 0,
-        controller: FrequencyController | None = None,
         enabled: bool = True,
         watchdog: bool = True,
         handle_signals: bool = True,
         measure_op_energy: bool = True,
-        prefetch: bool = True,
         max_op_records: int = 100_000,
         timing: str = "device",
         events: EventSource | None = None,
@@ -168,10 +137,6 @@ class RankAgent:
     ) -> None:
         if timing not in ("device", "host"):
             raise PlanError(f"timing must be 'device' or 'host', got {timing!r}")
-        if not 0 <= rank < len(plan.stage_ops):
-            raise PlanError(
-                f"rank {rank} is out of range: the plan has {len(plan.stage_ops)} ranks"
-            )
         self.rank = rank
         self.gpu = gpu
         self.enabled = enabled and gpu is not None
@@ -183,13 +148,11 @@ class RankAgent:
             gpu.energy_mj if measure_op_energy and gpu is not None else _no_energy
         )
         self._clock = clock
-        self._controller = controller if self.enabled else None
-        self._own_controller = controller is None
+        self._controller: FrequencyController | None = None
         self._claim: GpuClaim | None = None  # ownership, watchdog, exit hooks
         self._started = False
-        self._clocks: tuple[int, ...] = ()
-        self._snap_cache: dict[int, int] = {}
-        self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks (empty: not lockable)
+        self._clocks: tuple[int, ...] = ()  # ascending
+        self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks, ascending (or none)
         self._mem_warned = False
         self._scope = _OpScope(self)
         self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
@@ -199,24 +162,22 @@ class RankAgent:
         self._iteration = 0
         self._cursor = 0
         self._in_step = False
-        self._pending_plan: tuple[Frontier, int] | None = None
-        self._started_gpu = False  # the GPU's clock lists are known
+        self._pending_plan: RankPlan | None = None
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
         self._stamp_ops = True
         # How ops are timed (device events or the host's clock): chosen at start().
-        self._mode: DeviceTiming | HostTiming = self._host_timing(prefetch)
+        self._mode: DeviceTiming | HostTiming = self._host_timing()
         self._held_report: HeldClockReport | None = None  # made at start (the GPU's name)
-        self._set_plan(plan, point_index)
+        self._set_plan(RankPlan.of(plan, point_index, rank))
 
     # -----------------------------------------------------------------------------------------
     # Plan handling
 
-    def _set_plan(self, plan: Frontier, point_index: int) -> None:
-        rank_plan = RankPlan.of(plan, point_index, self.rank)
-        self.plan = plan
-        self.point_index = point_index
+    def _set_plan(self, rank_plan: RankPlan) -> None:
+        self.plan = rank_plan.plan
+        self.point_index = rank_plan.point_index
         self._rank_plan = rank_plan
         self._names = rank_plan.names
         self._expected = rank_plan.expected
@@ -229,71 +190,28 @@ class RankAgent:
         the plan sets any and the GPU can lock them, else left alone (None)."""
         rank_plan = self._rank_plan
         mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
-        if rank_plan.uses_memory_clocks and self._started_gpu and self.enabled and not mem:
-            self._warn_no_memory_clocks()
-        self._phases = tuple(
-            tuple(
-                OpPhase(self._snap(p.freq_mhz), self._snap_mem(p.mem_freq_mhz, mem), p.start_share)
-                for p in op
-            )
-            for op in rank_plan.phases
-        )
+        if rank_plan.uses_memory_clocks and self._clocks and self.enabled and not mem:
+            if not self._mem_warned:
+                warn_no_memory_clocks(self.rank, self.gpu)
+            self._mem_warned = True
+        self._phases = rank_plan.snapped(self._clocks, mem)
         self._freqs = tuple(op[0].freq_mhz for op in self._phases)
 
-    @staticmethod
-    def _snap_mem(mem_mhz: int | None, clocks: tuple[int, ...]) -> int | None:
-        if not clocks:
-            return None
-        if mem_mhz is None:
-            return clocks[0]
-        return min(clocks, key=lambda c: (abs(c - mem_mhz), -c))
-
-    def _warn_no_memory_clocks(self) -> None:
-        if self._mem_warned:
-            return
-        self._mem_warned = True
-        gpu = self.gpu
-        why = "it has no memory clock control"
-        if isinstance(gpu, MemoryClockGPU):
-            why = gpu.memory_clock_control() or why
-        _log.warning(
-            "rank %d: the plan sets memory clocks but %s cannot lock them (%s); running its "
-            "SM clocks at the default memory clock, so its predicted figures will not hold",
-            self.rank,
-            gpu.name if gpu is not None else "no GPU",
-            why,
-        )
-
-    def _host_timing(self, prefetch: bool) -> HostTiming:
+    def _host_timing(self) -> HostTiming:
         return HostTiming(
             self._controller,
             self._clock,
             self._energy_mj,
             self._energy_iter,
-            prefetch=prefetch,
             record_op=self._ops.append,
             rank=self.rank,
         )
-
-    def _snap(self, freq_mhz: int) -> int:
-        if not self._clocks:
-            return freq_mhz
-        hit = self._snap_cache.get(freq_mhz)
-        if hit is None:
-            hit = min(self._clocks, key=lambda c: (abs(c - freq_mhz), -c))
-            self._snap_cache[freq_mhz] = hit
-        return hit
 
     @property
     def planned_clocks_mhz(self) -> tuple[int, ...]:
         """This rank's SM clock per op (a phased op's first), snapped to the GPU's supported
         list once started."""
         return self._freqs
-
-    @property
-    def planned_end_clocks_mhz(self) -> tuple[int, ...]:
-        """The SM clock each op ends at (a phased op's last phase's; else its only one)."""
-        return tuple(op[-1].freq_mhz for op in self._phases)
 
     @property
     def planned_phases(self) -> tuple[tuple[OpPhase, ...], ...]:
@@ -304,18 +222,9 @@ class RankAgent:
     def _mid_time_s(self, j: int, i: int) -> float | None:
         """Predicted device time from op ``j``'s start to the start of its phase ``i``: each
         earlier phase's share of work times the whole op's time at its clocks."""
-        kind, _mb, stage = self._expected[j]
         phases = self._phases[j]
-        fn = self._op_time_fn
-        if fn is not None:
-            planned = self._rank_plan.phases[j]
-            total = 0.0
-            for k in range(i):
-                mem = planned[k].mem_freq_mhz if phases[k].mem_freq_mhz is not None else None
-                f = phases[k].freq_mhz
-                t = fn(stage, Kind(kind), f) if mem is None else fn(stage, Kind(kind), f, mem)
-                total += (phases[k + 1].start_share - phases[k].start_share) * t
-            return total
+        if self._op_time_fn is not None:
+            return self._rank_plan.phase_start_s(j, i, phases, self._op_time_fn)
         mode = self._mode
         if not isinstance(mode, DeviceTiming):
             return None
@@ -328,16 +237,13 @@ class RankAgent:
             PlanError: if the new plan's ops for this rank differ from the current ones (a plan
                 for another schedule) or ``point_index`` is out of range.
         """
-        if len(plan.stage_ops) <= self.rank or plan.stage_ops[self.rank] != self._names:
+        rank_plan = RankPlan.of(plan, point_index, self.rank)
+        if rank_plan.names != self._names:
             raise PlanError(
                 f"rank {self.rank}: the new plan's ops differ from the running plan's; swap only "
                 "between plans of the same job"
             )
-        if not 0 <= point_index < len(plan.points):
-            raise PlanError(
-                f"point_index {point_index} is out of range: the plan has {len(plan.points)} points"
-            )
-        self._pending_plan = (plan, point_index)
+        self._pending_plan = rank_plan
 
     # -----------------------------------------------------------------------------------------
     # Lifecycle
@@ -362,38 +268,7 @@ class RankAgent:
             return self
         gpu = self.gpu
         if gpu is not None:
-            self._clocks = gpu.supported_clocks_mhz()  # opens an NVML device
-            self._snap_cache.clear()
-            reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
-            if self.enabled and reason is not None:
-                # Known before any set call (privilege probe, pre-Volta): say it once, and
-                # neither own the GPU nor start a watchdog for clocks we cannot change.
-                warnings.warn(
-                    f"perseus: cannot lock clocks on {gpu.name}; observe-only mode (time and "
-                    f"energy are still measured): {reason}",
-                    ObserveOnlyWarning,
-                    stacklevel=2,
-                )
-                self.enabled = False
-                self._controller = None
-            if self._timing == "device" and self._events is None:
-                self._events = event_source_for(gpu)
-            self._device_timed = self._timing == "device" and self._events is not None
-            # CUDA events carry no counter reading and NVML's counter is too coarse and too
-            # slow to read per op (see FrequencyController's stamp_ops): iteration ends only.
-            self._stamp_ops = not isinstance(self._events, CudaEventSource)
-            # Memory clocks: set only by an agent that controls clocks, on a GPU that can
-            # lock them (observe-only never sets them).
-            self._mem_clocks = ()
-            if (
-                self.enabled
-                and isinstance(gpu, MemoryClockGPU)
-                and gpu.memory_clock_control() is None
-            ):
-                self._mem_clocks = tuple(gpu.supported_memory_clocks_mhz())
-            self._started_gpu = True
-            self._held_report = HeldClockReport(self.rank, gpu.name)
-            self._snap_plan()
+            self._probe(gpu)
         if self.enabled and gpu is not None:
             self._claim = GpuClaim(
                 gpu,
@@ -403,12 +278,7 @@ class RankAgent:
             ).acquire()
             try:
                 if self._controller is None:
-                    self._controller = FrequencyController(
-                        gpu,
-                        events=self._events if self._device_timed else None,
-                        stamp_ops=self._stamp_ops,
-                        clock=self._clock,
-                    )
+                    self._controller = self._new_controller(gpu, control=True)
                 self._controller.start()
             except BaseException:
                 self._teardown(reset=False)
@@ -418,17 +288,40 @@ class RankAgent:
         elif gpu is not None and self._device_timed:
             # Observe-only: no ownership, no watchdog; the worker only reads the counter at
             # device-time boundaries.
-            self._controller = FrequencyController(
-                gpu,
-                events=self._events,
-                control=False,
-                stamp_ops=self._stamp_ops,
-                clock=self._clock,
-            )
+            self._controller = self._new_controller(gpu, control=False)
             self._controller.start()
         self._install_mode()
         self._started = True
         return self
+
+    def _probe(self, gpu: GPU) -> None:
+        """What this GPU offers: its clock lists, events, whether clocks can be set."""
+        self._clocks = tuple(sorted(gpu.supported_clocks_mhz()))  # opens an NVML device
+        reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
+        if self.enabled and reason is not None:
+            # Known before any set call: neither own the GPU nor start a watchdog for clocks
+            # we cannot change.
+            warn_observe_only(gpu, reason)
+            self.enabled = False
+        if self._timing == "device" and self._events is None:
+            self._events = event_source_for(gpu)
+        self._device_timed = self._timing == "device" and self._events is not None
+        # CUDA events carry no counter reading and NVML's counter is too coarse and too slow
+        # to read per op (see FrequencyController's stamp_ops): iteration ends only.
+        self._stamp_ops = not isinstance(self._events, CudaEventSource)
+        # Memory clocks: set only by an agent that controls clocks (never observe-only).
+        self._mem_clocks = lockable_memory_clocks(gpu) if self.enabled else ()
+        self._held_report = HeldClockReport(self.rank, gpu.name)
+        self._snap_plan()
+
+    def _new_controller(self, gpu: GPU, *, control: bool) -> FrequencyController:
+        return FrequencyController(
+            gpu,
+            events=self._events if self._device_timed else None,
+            control=control,
+            stamp_ops=self._stamp_ops,
+            clock=self._clock,
+        )
 
     def _install_mode(self) -> None:
         """Time ops on device events when there are any, else on the host's clock."""
@@ -448,7 +341,7 @@ class RankAgent:
             if isinstance(self._mode, DeviceTiming):
                 mode.history = self._mode.history  # a restart keeps what it learnt
         else:
-            mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing(True)
+            mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing()
             mode.controller = self._controller
         mode.set(self._names, self._phases)
         self._mode = mode
@@ -474,27 +367,16 @@ class RankAgent:
                 self._teardown(reset=True, emergency=True)
 
     def _teardown(self, reset: bool, emergency: bool = False) -> None:
-        error: DeviceError | None = None
         ctl = self._controller
         if ctl is not None:
             if emergency:
                 ctl.close_nowait()
             else:
                 ctl.close()
+        error = None
         if reset and self.enabled and self.gpu is not None and self._claim is not None:
-            lock = ctl.device_lock if ctl is not None else None
-            acquired = lock.acquire(timeout=2.0) if lock is not None else False
-            try:
-                self.gpu.reset_locked_clock()
-            except DevicePermissionError:
-                pass  # observe-only: nothing was locked by us
-            except DeviceError as e:
-                error = e
-            finally:
-                if acquired and lock is not None:
-                    lock.release()
-        if self._own_controller:
-            self._controller = None
+            error = reset_clocks(self.gpu, ctl)
+        self._controller = None
         if self._claim is not None:
             self._claim.release()
             self._claim = None
@@ -504,12 +386,7 @@ class RankAgent:
     def __enter__(self) -> RankAgent:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -547,7 +424,7 @@ class RankAgent:
         pending = self._pending_plan
         if pending is not None:
             self._pending_plan = None
-            self._set_plan(*pending)
+            self._set_plan(pending)
         self._cursor = 0
         self._in_step = True
         self._mode.begin(self._iteration)
@@ -569,7 +446,7 @@ class RankAgent:
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
                 f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}"
             )
-        delivery = mode.delivery if isinstance(mode, DeviceTiming) else None
+        delivery = mode.delivery
         if self._held_report is not None:
             # Within the iteration the clocks were held in: one warning, then only on a change.
             self._held_report.update(delivery, self._iteration)
@@ -580,10 +457,8 @@ class RankAgent:
             energy_j=energy_j,
             num_ops=n,
             planned_time_s=self.plan.points[self.point_index].time_s,
-            mid_op_switches=mode.mid_switches if isinstance(mode, DeviceTiming) else 0,
-            mid_op_switches_missed=(
-                mode.mid_switches_missed if isinstance(mode, DeviceTiming) else 0
-            ),
+            mid_op_switches=mode.mid_switches,
+            mid_op_switches_missed=mode.mid_switches_missed,
             clock_delivery=delivery,
         )
         self._iterations.append(record)
@@ -607,7 +482,7 @@ class RankAgent:
         ctl = self._controller
         if not self._device_timed or ctl is None or ctl.observe_only or not self._freqs:
             return False
-        return ctl.applied_target_mhz != self._freqs[0]
+        return ctl.setter.done_mhz != self._freqs[0]
 
     @property
     def events(self) -> EventSource | None:

@@ -8,15 +8,22 @@ pure: no device, no clock.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from perseus.device.base import nearest_clock_mhz
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Frontier
 from perseus.profile.two_clock import build_layer_split, op_phases
 from perseus.schedule.actions import Kind
 
-__all__ = ["OpPhase", "RankPlan", "parse_ops"]
+__all__ = ["OpPhase", "OpTimeFn", "RankPlan", "parse_ops"]
+
+#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``; called
+#: with a fourth argument, the memory clock, for a phase that sets one
+#: (``(stage_index, kind, freq_mhz, mem_freq_mhz) -> time_s``).
+OpTimeFn = Callable[..., float]
 
 
 class OpPhase(NamedTuple):
@@ -66,16 +73,6 @@ class RankPlan:
     names: tuple[str, ...]
     expected: tuple[tuple[str, int, int], ...]
     phases: tuple[tuple[OpPhase, ...], ...]
-
-    @property
-    def freqs_a_mhz(self) -> tuple[int, ...]:
-        """Each op's first SM clock."""
-        return tuple(p[0].freq_mhz for p in self.phases)
-
-    @property
-    def freqs_b_mhz(self) -> tuple[int, ...]:
-        """The SM clock each op ends at."""
-        return tuple(p[-1].freq_mhz for p in self.phases)
 
     @property
     def uses_memory_clocks(self) -> bool:
@@ -134,6 +131,43 @@ class RankPlan:
             expected=expected,
             phases=tuple(phases),
         )
+
+    def snapped(
+        self, clocks: tuple[int, ...], mem_clocks: tuple[int, ...]
+    ) -> tuple[tuple[OpPhase, ...], ...]:
+        """The phases on a GPU's ascending clock lists: each SM clock the nearest (unchanged
+        while the list is unknown, before start); each memory clock the nearest, a phase
+        without one at the highest (None when ``mem_clocks`` is empty: not set)."""
+
+        def snap(p: OpPhase) -> OpPhase:
+            freq, mem = p.freq_mhz, p.mem_freq_mhz
+            return OpPhase(
+                nearest_clock_mhz(clocks, freq) if clocks else freq,
+                nearest_clock_mhz(mem_clocks, mem or mem_clocks[-1]) if mem_clocks else None,
+                p.start_share,
+            )
+
+        return tuple(tuple(snap(p) for p in op) for op in self.phases)
+
+    def phase_start_s(
+        self, j: int, i: int, phases: tuple[OpPhase, ...], op_time_s: OpTimeFn
+    ) -> float:
+        """Predicted device time from op ``j``'s start to its phase ``i``'s (``phases``: the
+        op's phases as run): each earlier phase's share of work times the whole op's time at
+        its clocks (the planned memory clock where one is set)."""
+        kind, _mb, stage = self.expected[j]
+        planned = self.phases[j]
+        total = 0.0
+        for k in range(i):
+            mem = planned[k].mem_freq_mhz if phases[k].mem_freq_mhz is not None else None
+            f = phases[k].freq_mhz
+            t = (
+                op_time_s(stage, Kind(kind), f)
+                if mem is None
+                else op_time_s(stage, Kind(kind), f, mem)
+            )
+            total += (phases[k + 1].start_share - phases[k].start_share) * t
+        return total
 
     def order_error(
         self, j: int, op: tuple[Any, int, int | None], in_step: bool, iteration: int

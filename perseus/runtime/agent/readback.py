@@ -5,7 +5,7 @@ A clock lock is a request. Under a power cap an H100 runs the highest clock whos
 whose clocks are not delivered predicts time and energy it will not measure. The controller's
 worker reads the GPU's SM clock and clock event reasons once inside every op, off the training
 thread (:class:`~perseus.device.base.ClockReadbackGPU`; the readings sit on the op's
-:class:`~perseus.runtime.agent.controller.Boundary`). At the iteration's end
+:class:`~perseus.runtime.agent.boundary.Boundary`). At the iteration's end
 :func:`clock_delivery` turns them into the share of op time that ran at the planned clock and
 the ops held below it, and :class:`HeldClockReport` warns once (:class:`ClockHeldWarning`) when
 clocks are held, again only when they are held for another reason.

@@ -2,7 +2,7 @@
 
 * :class:`DeviceTiming` (whenever the GPU records device events): at each op boundary it
   records an event on the compute stream and posts a
-  :class:`~perseus.runtime.agent.controller.Boundary` to the controller's worker, which issues
+  :class:`~perseus.runtime.agent.boundary.Boundary` to the controller's worker, which issues
   the next clock so that it lands as the op ends on the device. Op times come from event
   pairs, energy from counter readings at device-time boundaries; the training thread waits for
   the device once per iteration (:meth:`DeviceTiming.end`).
@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 from perseus.device.base import DeviceEvent, EventSource
 from perseus.device.clock import Clock
-from perseus.runtime.agent.controller import Boundary, FrequencyController, MidSwitch
+from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpRequest
+from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
@@ -48,9 +49,17 @@ def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) ->
     worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
     if controller is None or event.energy_mj is not None:
         return None
-    job = Boundary(event, None, None, end=event, stamp=True)
+    job = Boundary(OpRequest(event, None, None, stamp=True), end=event)
     controller.post(job)
     return job
+
+
+def _stamped_mj(event: DeviceEvent, stamp: Boundary | None) -> int | None:
+    """The counter at a completed ``event``: its own reading, else the worker's stamp."""
+    mj = event.energy_mj
+    if mj is None and stamp is not None:
+        mj = stamp.report.start_mj
+    return mj
 
 
 class CounterMark:
@@ -73,18 +82,29 @@ class CounterMark:
     def resolve(self) -> tuple[float, int]:
         """``(device time, counter mJ)`` at the mark (waits for the event if needed)."""
         time_s = self._event.device_time_s()
-        mj = self._event.energy_mj
-        if mj is None and self._stamp is not None:
-            mj = self._stamp.start_mj
+        mj = _stamped_mj(self._event, self._stamp)
         return time_s, int(self._read_mj() if mj is None else mj)
 
 
 class _Clocks:
     """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
-    __slots__ = ("freqs", "mems", "mid_share", "names", "phases", "succ")
+    __slots__ = (
+        "controller",
+        "delivery",
+        "freqs",
+        "mems",
+        "mid_share",
+        "mid_switches",
+        "mid_switches_missed",
+        "names",
+        "phases",
+        "succ",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, controller: FrequencyController | None) -> None:
+        #: The clock worker (None: no GPU control, times and energy only).
+        self.controller = controller
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
         self.freqs: tuple[int, ...] = ()  # each op's first SM clock
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
@@ -93,6 +113,11 @@ class _Clocks:
         #: Per op, what its boundary posts, worked out once per plan rather than per op: the
         #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
+        #: The last iteration's mid-op changes made and missed, and its clocks as read back
+        #: (device timing only; None: none read).
+        self.mid_switches = 0
+        self.mid_switches_missed = 0
+        self.delivery: ClockDelivery | None = None
 
     def set(self, names: Sequence[str], phases: Sequence[tuple[OpPhase, ...]]) -> None:
         self.names = tuple(names)
@@ -125,7 +150,6 @@ class DeviceTiming(_Clocks):
     """
 
     __slots__ = (
-        "_controller",
         "_end_mj",
         "_energy_mj",
         "_events",
@@ -136,11 +160,8 @@ class DeviceTiming(_Clocks):
         "_step_event",
         "_step_mj",
         "_step_stamp",
-        "delivery",
         "history",
         "jobs",
-        "mid_switches",
-        "mid_switches_missed",
     )
 
     def __init__(
@@ -154,10 +175,9 @@ class DeviceTiming(_Clocks):
         record_op: Callable[[OpRow], None],
         recycle: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(controller)
         self._events = events
         self._recycle = recycle
-        self._controller = controller
         self._energy_mj = energy_mj
         self._stamp_ops = stamp_ops
         self._mid_time_s = mid_time_s
@@ -168,22 +188,10 @@ class DeviceTiming(_Clocks):
         self._step_mj: int | None = 0
         self._step_stamp: Boundary | None = None
         self._end_mj: int | None = None
-        self.mid_switches = 0
-        self.mid_switches_missed = 0
-        #: The last iteration's clocks as read back (None: none read).
-        self.delivery: ClockDelivery | None = None
-
-    @property
-    def controller(self) -> FrequencyController | None:
-        return self._controller
-
-    @controller.setter
-    def controller(self, controller: FrequencyController | None) -> None:
-        self._controller = controller
 
     def begin(self, iteration: int) -> None:
         """The iteration starts: apply its first clock, mark its start on the device."""
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None and self.freqs:
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
@@ -219,15 +227,17 @@ class DeviceTiming(_Clocks):
             )
         )
         job = Boundary(
-            self._events.record_event(),
-            nxt,
-            expected,
-            mem_next_mhz=nxt_mem,
-            mids=mids,
-            gap_s=gap,
+            OpRequest(
+                self._events.record_event(),
+                nxt,
+                expected,
+                mem_next_mhz=nxt_mem,
+                mids=mids,
+                gap_s=gap,
+            )
         )
         self.jobs.append(job)
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None and (self._stamp_ops or not ctl.observe_only):
             # Observe-only without per-op counter reads leaves the worker nothing to do for an
             # op (its times come from the events at end()): no wake-up.
@@ -250,7 +260,20 @@ class DeviceTiming(_Clocks):
         op and iteration figures from the events: ``(time_s, energy_j)``."""
         begin = self._step_event
         assert begin is not None
-        ctl = self._controller
+        end, mj = self._close_iteration()
+        self._end_mj = mj
+        begin_mj = self._begin_mj(iteration, mj)
+        self._record_ops(iteration)
+        self.jobs = []
+        time_s = end.device_time_s() - begin.device_time_s()
+        if self._recycle is not None:
+            self._recycle()
+        return time_s, (mj - begin_mj) / 1000.0
+
+    def _close_iteration(self) -> tuple[DeviceEvent, int]:
+        """Record the iteration's end event and wait for it and the worker: the event and the
+        counter there."""
+        ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
             # iteration; waiting for the end first would apply every change late.
@@ -262,31 +285,40 @@ class DeviceTiming(_Clocks):
             # Its last boundary is done: its counter stamps (the iteration start's and end's)
             # are read, in order.
             ctl.flush(timeout_s=1.0)
-        mj = end.energy_mj
-        if mj is None and stamp is not None:
-            mj = stamp.start_mj
-        if mj is None:  # no worker, or it could not read
-            mj = self._energy_mj()
-        self._end_mj = mj
+        mj = _stamped_mj(end, stamp)
+        return end, self._energy_mj() if mj is None else mj  # no worker, or it could not read
+
+    def _begin_mj(self, iteration: int, end_mj: int) -> int:
+        """The counter at the iteration's start (read by the worker when not at begin())."""
         if self._step_mj is None:
             stamp = self._step_stamp
-            self._step_mj = stamp.start_mj if stamp is not None else None
+            self._step_mj = stamp.report.start_mj if stamp is not None else None
             if self._step_mj is None:  # the worker could not read it (closed, or an error)
                 _log.debug("iteration %d: start counter missing; energy from now", iteration)
-                self._step_mj = mj
-        jobs = self.jobs
-        self.mid_switches = sum(job.mids_issued for job in jobs)
-        self.mid_switches_missed = sum(job.mids_missed for job in jobs)
-        freqs, names = self.freqs, self.names
+                self._step_mj = end_mj
+        return self._step_mj
+
+    def _record_ops(self, iteration: int) -> None:
+        """Each op's row, the mid-op changes made and the clocks delivered."""
+        jobs, freqs, names = self.jobs, self.freqs, self.names
+        self.mid_switches = sum(job.report.mids_issued for job in jobs)
+        self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[tuple[str, int, int | None, int | None, int, float]] = []
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
+            report = job.report
             planned = freqs[j] if j < len(freqs) else 0
             readings.append(
-                (names[j], planned, job.asked_mhz, job.read_mhz, job.read_reasons, op.time_s)
+                (
+                    names[j],
+                    planned,
+                    report.asked_mhz,
+                    report.read_mhz,
+                    report.read_reasons,
+                    op.time_s,
+                )
             )
-            mid = job.mid_freq_mhz
             self._record_op(
                 (
                     iteration,
@@ -295,18 +327,12 @@ class DeviceTiming(_Clocks):
                     planned,
                     op.time_s,
                     job.energy_j() or 0.0,
-                    mid if job.mid_issued else None,
+                    job.mid_freq_mhz,
                     op.start_s,
                     op.end_s,
                 )
             )
         self.delivery = clock_delivery(readings)
-        self.jobs = []
-        begin_mj = self._step_mj if self._step_mj is not None else mj
-        time_s = end.device_time_s() - begin.device_time_s()
-        if self._recycle is not None:
-            self._recycle()
-        return time_s, (mj - begin_mj) / 1000.0
 
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""
@@ -333,19 +359,16 @@ class HostTiming(_Clocks):
         clock: Where op and iteration times are read.
         energy_mj: Reads the counter around each op (a no-op reader when per-op energy is off).
         energy_iter_mj: Reads the counter at iteration ends.
-        prefetch: Post the next op's clock when an op ends.
         record_op: Where each op's row goes.
         rank: For the one warning about two-clock ops.
     """
 
     __slots__ = (
-        "_controller",
         "_e_op",
         "_e_step",
         "_energy_iter_mj",
         "_energy_mj",
         "_now",
-        "_prefetch",
         "_record_op",
         "_t_op",
         "_t_step",
@@ -361,16 +384,13 @@ class HostTiming(_Clocks):
         energy_mj: Callable[[], int],
         energy_iter_mj: Callable[[], int],
         *,
-        prefetch: bool,
         record_op: Callable[[OpRow], None],
         rank: int,
     ) -> None:
-        super().__init__()
-        self._controller = controller
+        super().__init__(controller)
         self._now = clock.now
         self._energy_mj = energy_mj
         self._energy_iter_mj = energy_iter_mj
-        self._prefetch = prefetch
         self._record_op = record_op
         self.rank = rank
         self.iteration = 0
@@ -380,23 +400,15 @@ class HostTiming(_Clocks):
         self._e_op = 0
         self._warned_two_clock = False
 
-    @property
-    def controller(self) -> FrequencyController | None:
-        return self._controller
-
-    @controller.setter
-    def controller(self, controller: FrequencyController | None) -> None:
-        self._controller = controller
-
     def begin(self, iteration: int) -> None:
         self.iteration = iteration
-        if self._controller is not None and self.freqs:
-            self._controller.request(self.freqs[0], self.mems[0])
+        if self.controller is not None and self.freqs:
+            self.controller.request(self.freqs[0], self.mems[0])
         self._e_step = self._energy_iter_mj()
         self._t_step = self._now()
 
     def enter(self, j: int) -> None:
-        ctl = self._controller
+        ctl = self.controller
         if ctl is not None:
             if self.mid_share[j] is not None and not self._warned_two_clock:
                 self._warned_two_clock = True
@@ -428,8 +440,8 @@ class HostTiming(_Clocks):
                 t,
             )
         )
-        if self._prefetch and self._controller is not None and j + 1 < len(self.freqs):
-            self._controller.request(self.freqs[j + 1], self.mems[j + 1])
+        if self.controller is not None and j + 1 < len(self.freqs):
+            self.controller.request(self.freqs[j + 1], self.mems[j + 1])
 
     def end(self, iteration: int) -> tuple[float, float]:
         return self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0

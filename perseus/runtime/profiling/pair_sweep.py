@@ -18,8 +18,6 @@ pair (a one-phase op with a memory clock, which the rank agent runs).
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from perseus.errors import ConfigError
@@ -27,6 +25,7 @@ from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
 from perseus.profile.pair_grid import coarse_pair_grid, next_pairs
 from perseus.runtime.profiling.energy_attribution import PowerFit
+from perseus.runtime.profiling.sweep import step_row
 from perseus.schedule.actions import Kind
 
 __all__ = ["PairProfileRow", "PairSweep"]
@@ -151,19 +150,9 @@ class PairSweep:
         self.iterations += 1
         pair = self._queue[self._index]
         for op in self.ops:
-            times, energies = self._times[op], self._energies[op]
-            power = None if power_w is None else power_w.get(op)
-            if power is not None and not power > 0:
-                power = None
-            if times and (power is not None or energies):
-                time_s = statistics.median(times)
-                energy_j = power * time_s if power is not None else statistics.median(energies)
-                err = (
-                    0.0 if power is None else (math.inf if fit is None else fit.relative_error(op))
-                )
-                self._rows[op].append((pair, time_s, energy_j, err))
-            times.clear()
-            energies.clear()
+            row = step_row(op, self._times[op], self._energies[op], power_w, fit)
+            if row is not None:
+                self._rows[op].append((pair, *row))
         self.measured.append(pair)
         self._index += 1
         if self.done:

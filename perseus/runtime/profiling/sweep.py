@@ -43,6 +43,7 @@ __all__ = [
     "check_fit",
     "profile_cache_key",
     "profile_cache_path",
+    "step_row",
 ]
 
 ProfileRow = tuple[int, Kind, int, float, float]
@@ -188,36 +189,25 @@ class OnlineProfiler:
         for op, sweep in self.sweeps.items():
             if sweep.stopped:
                 continue
-            power = None if power_w is None else power_w.get(op)
-            if power is not None and not power > 0:
-                power = None  # a group the fit could not see: no information
-            if not sweep._times or (power is None and not sweep._energies):
-                # nothing usable measured at this clock: move on
-                sweep._times.clear()
-                sweep._energies.clear()
+            row = step_row(op, sweep._times, sweep._energies, power_w, fit)
+            if row is not None:
+                self._close_clock(sweep, *row)
+            else:  # nothing usable measured at this clock: move on
                 sweep.index += 1
                 sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
-                continue
-            # Medians: a sample delayed by the host (scheduling jitter) must not move the row.
-            time_s = statistics.median(sweep._times)
-            energy_j = power * time_s if power is not None else statistics.median(sweep._energies)
-            sweep._times.clear()
-            sweep._energies.clear()
-            best = min((r[2] for r in sweep.rows), default=math.inf)
-            if energy_j > best:
-                sweep.rising += 1
-            else:
-                sweep.rising = 0
-            sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
-            if power is None:
-                sweep.fit_errors.append(0.0)
-            else:
-                sweep.fit_errors.append(math.inf if fit is None else fit.relative_error(op))
-            sweep.index += 1
-            n = len(sweep.clocks_mhz)
-            past_floor = sweep.index >= self.min_fraction * n
-            if sweep.index >= n or (past_floor and sweep.rising >= self.patience):
-                sweep.stopped = True
+
+    def _close_clock(self, sweep: OpSweep, time_s: float, energy_j: float, error: float) -> None:
+        """One op's row at its current clock; stop its sweep at the last clock, or once its
+        energy has risen ``patience`` clocks in a row past the floor."""
+        best = min((r[2] for r in sweep.rows), default=math.inf)
+        sweep.rising = sweep.rising + 1 if energy_j > best else 0
+        sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
+        sweep.fit_errors.append(error)
+        sweep.index += 1
+        n = len(sweep.clocks_mhz)
+        past_floor = sweep.index >= self.min_fraction * n
+        if sweep.index >= n or (past_floor and sweep.rising >= self.patience):
+            sweep.stopped = True
 
     def rows(self) -> list[ProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j)``."""
@@ -242,6 +232,34 @@ class OnlineProfiler:
     def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
         """How many clocks each op measured (vs ``len(clocks_mhz)`` without early stop)."""
         return {op: len(s.rows) for op, s in self.sweeps.items()}
+
+
+def step_row(
+    op: Hashable,
+    times_s: list[float],
+    energies_j: list[float],
+    power_w: Mapping[Hashable, float] | None,
+    fit: PowerFit | None,
+) -> tuple[float, float, float] | None:
+    """One op's figures at a sweep step, its samples cleared: ``(time_s, energy_j, relative
+    uncertainty of the energy)``, None when nothing usable was measured.
+
+    The time is the median sample (a sample delayed by the host must not move the row); the
+    energy the fitted power times it, else the median per-op energy (uncertainty 0).
+    """
+    power = None if power_w is None else power_w.get(op)
+    if power is not None and not power > 0:
+        power = None  # a group the fit could not see: no information
+    row = None
+    if times_s and (power is not None or energies_j):
+        time_s = statistics.median(times_s)
+        if power is None:
+            row = (time_s, statistics.median(energies_j), 0.0)
+        else:
+            row = (time_s, power * time_s, fit.relative_error(op) if fit else math.inf)
+    times_s.clear()
+    energies_j.clear()
+    return row
 
 
 def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
