@@ -157,6 +157,16 @@ class PowerSchedule:
         price-optimal schedule)."""
         return float(np.sum(values_per_kwh * (self.energy_j + self.idle_energy_j))) / J_PER_KWH
 
+    def energy_between(self, a_s: float, b_s: float) -> FloatArray:
+        """Each interval's energy drawn in ``[a_s, b_s)``: its iterations run back to back
+        from its start at their average power, its idle GPUs draw the idle power after."""
+        busy_end = self.starts_s + self.busy_s
+        run_s = np.clip(np.minimum(b_s, busy_end) - np.maximum(a_s, self.starts_s), 0.0, None)
+        idle_s = np.clip(np.minimum(b_s, self.ends_s) - np.maximum(a_s, busy_end), 0.0, None)
+        run_w = np.divide(self.energy_j, self.busy_s, out=np.zeros_like(self.busy_s), where=self.busy_s > 0)  # fmt: skip
+        out: FloatArray = run_w * run_s + self.idle_power_w * idle_s
+        return out
+
     def interval(self, k: int) -> ScheduleInterval:
         """Interval ``k`` as a record."""
         return ScheduleInterval(

@@ -312,3 +312,26 @@ def test_replanning_from_a_later_time_keeps_the_rest(frontier: Frontier) -> None
     assert int(again.interval_iterations.sum()) == n - done
     # The dearer day now runs less than it was scheduled to.
     assert again.interval_iterations[:24].sum() <= s.interval_iterations[24:48].sum()
+
+
+def test_energy_between_spreads_each_interval_over_its_busy_and_idle_time(
+    frontier: Frontier,
+) -> None:
+    """Over the whole horizon it is the schedule's energy; split anywhere, the parts add up;
+    inside an interval's busy time it grows at the iterations' average power."""
+    values = _prices_per_kwh("price_jump_week.csv")
+    starts = [3600.0 * h for h in range(HOURS)]
+    n = int(0.5 * WEEK_S / frontier.fastest.time_s)
+    s = schedule_plans(
+        frontier.points, starts, values, iterations=n, deadline_s=WEEK_S, idle_power_w=480.0
+    )
+    whole = s.energy_between(0.0, WEEK_S)
+    np.testing.assert_allclose(whole, s.energy_j + s.idle_energy_j, rtol=1e-12)
+    cut = 1e5 + 123.4
+    np.testing.assert_allclose(
+        s.energy_between(0.0, cut) + s.energy_between(cut, WEEK_S), whole, rtol=1e-12
+    )
+    k = int(s.used()[0])
+    a = float(s.starts_s[k])
+    part = s.energy_between(a, a + 0.5 * s.busy_s[k])
+    assert part[k] == pytest.approx(0.5 * s.energy_j[k]) and part.sum() == part[k]
