@@ -137,18 +137,19 @@ def _peak_of(job: PlanningJob, clocks: _Clocks, index: IntArray) -> tuple[float,
     return float(end.max()), tl, start, end
 
 
-def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray) -> int | None:  # fmt: skip
+def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray) -> tuple[int | None, int]:  # fmt: skip
     """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
-    (ties: the larger power drop, then the lower node), or None when none can go lower."""
+    (ties: the larger power drop, then the lower node; None when none can go lower), and the
+    plans timed."""
     active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < clocks.count))
     if not active.size:
-        return None
+        return None, 0
     t = clocks.time_s[np.arange(index.size), index]
     trial = np.tile(t, (active.size, 1))
     trial[np.arange(active.size), active] = clocks.time_s[active, index[active] + 1]
     times = longest_path(job.graph, trial)[1].max(axis=1)
     drop = clocks.power_w[active, index[active]] - clocks.power_w[active, index[active] + 1]
-    return int(active[np.lexsort((active, -drop, times))[0]])
+    return int(active[np.lexsort((active, -drop, times))[0]]), int(active.size)
 
 
 def _shave(
@@ -167,11 +168,41 @@ def _shave(
         step = int(np.argmax(tl.power_w))
         if tl.power_w[step] <= budget_w:
             return index, timed
-        node = _lowering(job, clocks, index, tl.times_s[step], tl.times_s[step + 1], start, end)
+        lo, hi = tl.times_s[step], tl.times_s[step + 1]
+        node, tried = _lowering(job, clocks, index, lo, hi, start, end)
+        timed += tried
         if node is None:
             return None, timed
-        timed += int(np.count_nonzero((start < tl.times_s[step + 1]) & (end > tl.times_s[step])))
         index[node] += 1
+
+
+def _raise_back(
+    job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float
+) -> tuple[IntArray, int]:
+    """Hill-climb a plan that fits: while raising one op by one clock shortens the iteration
+    and keeps the peak within the budget, raise the one that shortens it most (shaving lowers
+    ops that later lowerings make unnecessary). Returns the plan and the plans timed."""
+    index = index.copy()
+    rows = np.arange(index.size)
+    timed = 0
+    while True:
+        t = clocks.time_s[rows, index]
+        now_s = float(longest_path(job.graph, t)[1].max())
+        up = np.flatnonzero(index > 0)
+        trial = np.tile(t, (up.size, 1))
+        trial[np.arange(up.size), up] = clocks.time_s[up, index[up] - 1]
+        times = longest_path(job.graph, trial)[1].max(axis=1) if up.size else np.zeros(0)
+        timed += 1 + up.size
+        for r in np.argsort(times, kind="stable").tolist():
+            if times[r] >= now_s * (1 - 1e-12):
+                return index, timed
+            index[up[r]] -= 1
+            timed += 1
+            if _peak_of(job, clocks, index)[1].power_w.max() <= budget_w:
+                break
+            index[up[r]] += 1
+        else:
+            return index, timed
 
 
 def _exhaustive(
@@ -217,6 +248,8 @@ def _search(
         index, n = _shave(job, clocks, clocks.index_of(flat), budget_w, best_s)
         timed += n
         if index is not None:
+            index, n = _raise_back(job, clocks, index, budget_w)
+            timed += n
             best = _priced(job, clocks.freqs(index))
     if best is not None:
         return best, timed, math.inf
