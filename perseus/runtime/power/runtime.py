@@ -23,6 +23,11 @@ GPU idles at its idle clocks) and sleeps until the interval opens, on every rank
 decision uses the clock the ranks share: the device timeline in emulation). It prices the
 energy the pipeline's GPUs drew by the interval it was drawn in (``PowerRuntime.meter``)
 and logs, at the end of each interval, the cost incurred against the schedule's.
+
+**Re-planning.** Given the forecast the schedule was made from and the realised values
+(:mod:`perseus.runtime.power.replan`), the hook wakes at every interval start while it waits,
+and when an interval opens whose realised value differs, re-plans the rest from the cached
+frontier and follows the new schedule from the next iteration.
 """
 
 from __future__ import annotations
