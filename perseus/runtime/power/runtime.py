@@ -191,7 +191,8 @@ class PowerRuntime:
             if wait_s <= 0:
                 break
             if self.replanner is not None:  # wake when the next interval opens: its value
-                wait_s = min(wait_s, self.replanner.next_start_s(elapsed) - elapsed)
+                to_next_s = self.replanner.next_start_s(elapsed) - elapsed
+                wait_s = min(wait_s, to_next_s) if to_next_s > 0 else wait_s
             if self._release is not None and not waited_s:
                 self._release()
             self.clock.sleep(wait_s)
