@@ -34,6 +34,10 @@ FORECAST = [3.0, 1.0, 1.2, 5.0]
 REALISED = [3.0, 1.0, 12.0, 5.0]
 
 
+#: The last ``_run``: the wait before its first iteration, then the plan each iteration ran.
+_RAN: list[float] = []
+
+
 @pytest.fixture(scope="module")
 def frontier() -> Frontier:
     job = make_job(take_stages(load_profile("a100"), 1), "1f1b", 1, 4, blocking_power_w=BLOCKING_W)
@@ -43,6 +47,10 @@ def frontier() -> Frontier:
 def _signal(path: Path, starts: list[float], values: list[float]) -> Path:
     path.write_text("".join(f"{s!r},{v!r}\n" for s, v in zip(starts, values, strict=True)))
     return path
+
+
+def _point_at(segments: tuple[tuple[int, int], ...], iteration: int) -> int:
+    return [index for first, index in segments if first <= iteration][-1]
 
 
 def _setup(tmp_path: Path, frontier: Frontier) -> tuple[Path, Path, list[float]]:
@@ -66,6 +74,7 @@ def _run(
     deadline; the GPU's locked clock seen at every wait, and when the last iteration ended."""
     locked: list[int | None] = []
     finished_s: list[float] = []
+    _RAN.clear()
 
     class Clock(VirtualClock):
         def sleep(self, seconds: float) -> None:
@@ -85,8 +94,10 @@ def _run(
     ) as session:  # fmt: skip
         gpu = session.gpu
         power = attach_power(session, schedule, None, **replan)  # type: ignore[arg-type]
+        _RAN.append(power.waited_s)
         for _ in range(N):
             with session.iteration():
+                _RAN.append(session.point_index)
                 for action in session.schedule.rank_actions[session.rank]:
                     with session.op(action):
                         pass
@@ -121,6 +132,11 @@ def test_a_price_jump_is_replanned_cheaper_than_the_stale_plan_and_costs_what_it
     assert finished_s <= 4 * starts[1] and power.replanner.pieces[-1][1].finish_s <= 4 * starts[1]
     assert finished_s > starts[3]  # the rest ran in the last interval, after the jump
     assert locked and all(mhz is None for mhz in locked)
+    # Every iteration ran its plan: the original's until the re-plan, the re-plan's after.
+    expected = [_point_at(power.replanner.original.segments(), i) for i in range(replan.done)]
+    again = power.replanner.pieces[1][1].segments()
+    expected += [_point_at(again, i) for i in range(N - replan.done)]
+    assert _RAN[1:] == expected
     # The measured cost (energy counter x realised price) matches the stated one within 1 %.
     assert abs(report.incurred - report.scheduled) <= 0.01 * report.scheduled, report
     # Sticking to the stale plan costs more: in the model, and measured on the same job.
@@ -161,3 +177,19 @@ def test_replanner_refuses_what_does_not_match(tmp_path: Path, frontier: Frontie
     bad = Replanner.from_signals(frontier, doc, forecast, lambda k: float("nan"))
     with pytest.raises(ConfigError, match="not a finite number"):
         bad.observe(0.0)
+
+
+def test_a_cheaper_first_interval_is_replanned_before_the_first_iteration(
+    tmp_path: Path, frontier: Frontier
+) -> None:
+    """The forecast makes the job wait; interval 0 settles cheap: the job re-plans at once,
+    deploys the new schedule's first plan and starts without waiting."""
+    schedule, forecast, _ = _setup(tmp_path, frontier)
+    cheap = [0.1, *FORECAST[1:]]
+    power, _, _ = _run(tmp_path, frontier, schedule, forecast=forecast, realised=lambda k: cheap[k])
+    assert power.replanner is not None
+    first = power.replanner.replans[0]
+    assert first.interval == 0 and first.at_s == 0 and first.done == 0
+    waited_s, first_point = _RAN[:2]
+    assert waited_s == 0
+    assert first_point == power.replanner.pieces[1][1].segments()[0][1]

@@ -349,10 +349,12 @@ def attach_power(
         release=lambda: release_clocks(session),
         replanner=replanner,
     )
-    if runtime.point_index != session.point_index:
-        session.deploy(session.frontier, runtime.point_index)
     session.add_boundary_hook(runtime)
     runtime.wait_for(session.next_iteration)  # the first interval may open later
+    # The first plan, of the schedule in force after the wait (a re-plan may come on the way).
+    runtime.point_index = runtime.scheduled_index(session.next_iteration)
+    if runtime.point_index != session.point_index:
+        session.deploy(session.frontier, runtime.point_index)
     return runtime
 
 
