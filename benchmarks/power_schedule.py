@@ -3,7 +3,9 @@
 1. A week of hourly prices (the synthetic solar week of the tests, with negative hours) on the
    bundled GPT-3 A100 frontier (1F1B, 8 stages x 16 microbatches): the schedule, then a
    re-plan at the start of every hour from the cached frontier with "realised" values (the
-   forecast times a seeded ±20 % error), as a job would when the market settles.
+   forecast times a seeded ±20 % error), as a running job does when the market settles
+   (:class:`~perseus.runtime.power.replan.Replanner`: the LP, then the schedule document the
+   boundary hook follows).
 2. ``perseus plan schedule`` on a 1,000,000-row per-minute signal (the documented limit), in a
    child process: wall time and peak memory (``ru_maxrss`` of the child).
 
@@ -28,8 +30,9 @@ import numpy as np
 
 from perseus.io import default_blocking_power_w, load_profile
 from perseus.io.frontier_files import write_frontier
-from perseus.io.power_files import read_signal
+from perseus.io.power_files import read_signal, schedule_document
 from perseus.job import make_job
+from perseus.runtime.power.replan import Replanner
 from perseus.solver import trace_frontier
 from perseus.solver.power import with_power
 from perseus.solver.power_schedule import schedule_plans
@@ -54,17 +57,20 @@ def main() -> None:
     )
     rng = random.Random(0)
     realised = forecast * np.array([1 + rng.uniform(-0.2, 0.2) for _ in forecast])
+    # What the running job does at each hour: the re-planner's LP from the cached frontier,
+    # then the schedule document the hook follows.
+    replanner = Replanner(frontier, schedule_document(plan, frontier), starts, forecast,
+                          lambda k: float(realised[k]))  # fmt: skip
     done, took = 0, []
     for hour in range(167):
         if done >= n:
             break
         t0 = time.perf_counter()
-        plan = schedule_plans(
-            points, starts, np.concatenate([realised[: hour + 1], forecast[hour + 1 :]]),
-            iterations=n - done, deadline_s=deadline, idle_power_w=idle_w, from_s=hour * 3600.0,
-        )  # fmt: skip
+        again = replanner.replan(hour * 3600.0, done)
+        assert again is not None
+        schedule_document(again, frontier)
         took.append(time.perf_counter() - t0)
-        done += int(plan.interval_iterations[0])
+        done += int(again.interval_iterations[0])
     print(
         f"re-plan at each hour ({len(took)} re-plans): median {1000 * statistics.median(took):.1f} ms, "
         f"max {1000 * max(took):.1f} ms"

@@ -16,6 +16,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("plan", help="work with plans (pick one from a frontier)")
     plan_sub = p.add_subparsers(dest="plan_command", metavar="ACTION", parser_class=type(p))
     plan_sub.required = True
+    _add_pick(plan_sub)
+    _add_schedule(plan_sub)
+
+
+def _add_out(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "-o", "--out", "--output", dest="out", required=True, metavar="FILE",
+        help=f"{what} to write (atomically)",
+    )  # fmt: skip
+
+
+def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
     pick = plan_sub.add_parser(
         "pick",
         help="the cheapest plan within a deadline, or the fastest under a power budget",
@@ -69,16 +81,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="--power-cap-w/--peak-power-w are per GPU (times the pipeline's ranks)",
     )
-    pick.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="FILE",
-        help="plan JSON to write (atomically)",
-    )
+    _add_out(pick, "plan JSON")
     pick.set_defaults(handler=run)
+
+
+def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
     sched = plan_sub.add_parser(
         "schedule",
         help="the least-cost plan schedule over a price/carbon signal",
@@ -118,15 +125,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         required=True,
         help="seconds from the signal's first row by which all iterations must finish",
     )
-    sched.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="FILE",
-        help="schedule JSON to write (atomically)",
-    )
+    _add_out(sched, "schedule JSON")
     sched.set_defaults(handler=run_schedule)
 
 
@@ -171,86 +170,87 @@ def run(args: argparse.Namespace) -> int:
 
 def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     from perseus.io.frontier_files import write_frontier
-    from perseus.plan import PlanPoint
-    from perseus.solver.power import fastest_under_power, time_share_under_power
 
     peak = args.peak_power_w is not None
-    flag = "--peak-power-w" if peak else "--power-cap-w"
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given
-    say = message_stream(args.out)
-    fallback = None
-    searched = None
-    try:
-        if peak and args.off_frontier:
-            from perseus.cli._job_args import job_from_frontier
-            from perseus.solver.power_peak import fastest_under_peak
-
-            job = job_from_frontier(frontier, args.profile, args.frontier)
-            searched = fastest_under_peak(job, frontier.points, budget_w)
-            point: PlanPoint = searched.point
-        else:
-            point = fastest_under_power(
-                frontier.points, budget_w, measure="peak" if peak else "average"
-            )
-    except InfeasibleError as e:
-        if not peak:
-            raise
-        # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
-        # which holds each GPU, and so the sum, under the budget (the GPUs throttle clocks
-        # where the plan asks for more).
-        point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
-        fallback = f"{e}; falling back to a uniform power limit of {budget_w / ranks:.6g} W per GPU"
+    point, notes = _power_point(args, frontier, budget_w, peak)
     write_frontier(frontier.with_points([point]), args.out)
-    base = frontier.baseline
-    how = f"{flag} {given:g}" + (
+    say = message_stream(args.out)
+    how = f"{'--peak-power-w' if peak else '--power-cap-w'} {given:g}" + (
         f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
     )
     peak_text = f", peak {point.power.peak_power_w:.1f} W" if point.power is not None else ""
     print(
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J, average "
         f"{point.avg_power_w:.1f} W{peak_text} "
-        f"({100 * (point.time_s / base.time_s - 1):+.2f} % time vs all-max)",
+        f"({100 * (point.time_s / frontier.baseline.time_s - 1):+.2f} % time vs all-max)",
         file=say,
     )
-    if searched is not None:
-        vs = (
-            "no frontier plan fits"
-            if searched.frontier_time_s is None
-            else f"{100 * (point.time_s / searched.frontier_time_s - 1):+.2f} % vs the "
-            "frontier's pick"
-        )
-        exact = (
-            "exact"
-            if searched.method == "exhaustive"
-            else f"at most {100 * searched.gap:.2f} % above a lower bound"
-        )
-        print(
-            f"off the frontier ({searched.method}, {searched.evaluated} plans priced): {vs}; "
-            f"{exact}",
-            file=say,
-        )
-    if fallback is not None:
-        print(
-            f"fallback: {fallback}: set it with `nvidia-smi -pl {budget_w / ranks:.0f}` on every "
-            "GPU of the job (the plan written is the lowest-peak plan; the limit slows it "
-            "further, by an amount the frontier does not model)",
-            file=say,
-        )
-    if not peak:
-        mix = time_share_under_power(frontier.points, budget_w)
-        if mix is not None and mix.mean_time_s < point.time_s:
-            print(
-                f"time-sharing: alternating points {mix.fast_index} "
-                f"({100 * mix.fast_share:.1f} % of iterations) and {mix.slow_index} averages "
-                f"{mix.mean_time_s:.6f} s at {mix.avg_power_w:.1f} W "
-                f"({100 * (mix.mean_time_s / point.time_s - 1):+.2f} % vs the picked plan); "
-                "a plan schedule runs such a mix",
-                file=say,
-            )
+    for line in notes:
+        print(line, file=say)
     print(f"wrote {args.out}", file=say)
     return 0
+
+
+def _power_point(
+    args: argparse.Namespace, frontier: Any, budget_w: float, peak: bool
+) -> tuple[Any, list[str]]:
+    """The plan picked under the budget and the lines that explain it: the off-frontier
+    search's result, the uniform power-limit fallback, a faster time-sharing mix."""
+    from perseus.solver.power import fastest_under_power, time_share_under_power
+
+    try:
+        if peak and args.off_frontier:
+            return _off_frontier(args, frontier, budget_w)
+        point = fastest_under_power(frontier.points, budget_w, measure="peak" if peak else "average")  # fmt: skip
+    except InfeasibleError as e:
+        if not peak:
+            raise
+        # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
+        # which holds each GPU, and so the sum, under the budget (the GPUs throttle clocks
+        # where the plan asks for more).
+        limit_w = budget_w / frontier.job.ranks
+        point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
+        return point, [
+            f"fallback: {e}; falling back to a uniform power limit of {limit_w:.6g} W per GPU: "
+            f"set it with `nvidia-smi -pl {limit_w:.0f}` on every GPU of the job (the plan "
+            "written is the lowest-peak plan; the limit slows it further, by an amount the "
+            "frontier does not model)"
+        ]
+    mix = None if peak else time_share_under_power(frontier.points, budget_w)
+    if mix is None or mix.mean_time_s >= point.time_s:
+        return point, []
+    return point, [
+        f"time-sharing: alternating points {mix.fast_index} "
+        f"({100 * mix.fast_share:.1f} % of iterations) and {mix.slow_index} averages "
+        f"{mix.mean_time_s:.6f} s at {mix.avg_power_w:.1f} W "
+        f"({100 * (mix.mean_time_s / point.time_s - 1):+.2f} % vs the picked plan); "
+        "a plan schedule runs such a mix"
+    ]
+
+
+def _off_frontier(args: argparse.Namespace, frontier: Any, budget_w: float) -> tuple[Any, list[str]]:  # fmt: skip
+    from perseus.cli._job_args import job_from_frontier
+    from perseus.solver.power_peak import fastest_under_peak
+
+    job = job_from_frontier(frontier, args.profile, args.frontier)
+    found = fastest_under_peak(job, frontier.points, budget_w)
+    point = found.point
+    vs = (
+        "no frontier plan fits"
+        if found.frontier_time_s is None
+        else f"{100 * (point.time_s / found.frontier_time_s - 1):+.2f} % vs the frontier's pick"
+    )
+    exact = (
+        "exact"
+        if found.method == "exhaustive"
+        else f"at most {100 * found.gap:.2f} % above a lower bound"
+    )
+    return point, [
+        f"off the frontier ({found.method}, {found.evaluated} plans timed): {vs}; {exact}"
+    ]
 
 
 def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:

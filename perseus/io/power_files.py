@@ -204,7 +204,8 @@ def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
     raise ConfigError(f"{p}:1: column {show_value(name)} is not one of: {_COLUMN_FORMS}")
 
 
-def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
+def _signal_rows(p: Path) -> tuple[list[int], list[str]]:
+    """Line numbers and text of the rows that are not blank or comments (header included)."""
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["signal"], what=_SIGNAL_WHAT, name="signal")
     try:
         text = data.decode("utf-8-sig")
@@ -221,9 +222,13 @@ def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...
             lines.append(line)
             if len(lines) > MAX_SIGNAL_ROWS + 1:
                 raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
-    del text
     if not lines:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
+    return numbers, lines
+
+
+def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
+    numbers, lines = _signal_rows(p)
     first = [c.strip() for c in lines[0].split(",")]
     columns: list[tuple[str, str, str | None, float]]
     if first[0].lower() in ("start", "start_s", "time"):
@@ -256,6 +261,11 @@ def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...
         raw_values = [row[1 + j].strip() for row in cells]
         values = _parse_values(p, numbers, raw_values)
         series.append(SignalSeries(name, quantity, unit, basis, values * factor))
+    _check_increasing(p, starts)
+    return starts, tuple(series), origin
+
+
+def _check_increasing(p: Path, starts: npt.NDArray[np.float64]) -> None:
     bad = np.flatnonzero(~(np.diff(starts) > 0))
     if bad.size:
         k = int(bad[0]) + 1
@@ -265,7 +275,6 @@ def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...
             f"({rel[k]:g} s vs {rel[k - 1]:g} s from the first row); sort the rows by start, "
             "without repeats"
         )
-    return starts, tuple(series), origin
 
 
 def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np.float64]:

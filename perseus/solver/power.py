@@ -39,6 +39,7 @@ __all__ = [
     "plan_power",
     "power_timeline",
     "time_share_under_power",
+    "timeline_of",
     "with_power",
 ]
 
@@ -93,16 +94,31 @@ def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
     freqs = job.flat(point)
     op_time_s, op_energy_j = job.op_costs(freqs)
     ev = job.evaluate(freqs)
-    block = job.blocking_power_w
-    ranks = job.graph.num_ranks
+    return timeline_of(
+        ev.start_s, ev.end_s, op_time_s, op_energy_j, job.blocking_power_w, job.graph.num_ranks
+    )
+
+
+def timeline_of(
+    start_s: FloatArray,
+    end_s: FloatArray,
+    op_time_s: FloatArray,
+    op_energy_j: FloatArray,
+    blocking_power_w: float,
+    ranks: int,
+) -> PowerTimeline:
+    """The summed power step function from each op's start, end, time and energy (the
+    evaluator's); the iteration ends at the last op's end. Complexity: O(N log N).
+    """
+    block = blocking_power_w
+    total_s = float(end_s.max())
     busy = op_time_s > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         extra_w = np.where(busy, op_energy_j / np.where(busy, op_time_s, 1.0) - block, 0.0)
-    times = np.concatenate([ev.start_s[busy], ev.end_s[busy]])
+    times = np.concatenate([start_s[busy], end_s[busy]])
     deltas = np.concatenate([extra_w[busy], -extra_w[busy]])
     order = np.argsort(times, kind="stable")
     times, deltas = times[order], deltas[order]
-    total_s = ev.time_s
     # One instant per cluster of event times within float noise of each other.
     new_instant = np.empty(times.size, dtype=bool)
     if times.size:

@@ -5,17 +5,21 @@ at the same time) can have a lower peak: slowing the ops that overlap at the pea
 less time than moving to a slower frontier plan. :func:`fastest_under_peak` searches:
 
 * ``method="exhaustive"`` (exact): every combination of the profile's clocks over the job's
-  ops, each priced by the exact evaluator and :func:`~perseus.solver.power.plan_power`.
-  O(K^N) plans for N ops of K clocks: only for small jobs (``max_plans``).
+  ops. Plans are timed in batches on the longest path (:func:`~perseus.dag.evaluate.longest_path`
+  on a (K, N) matrix) and tried fastest first: only plans faster than the best so far get
+  their power timeline. O(K^N) plans for N ops of K clocks: only for small jobs
+  (``max_plans``).
 * ``method="search"``: greedy peak shaving from up to ``max_bases`` frontier plans faster
-  than the frontier's pick (evenly spread, fastest first): while the peak exceeds the budget, lower by one clock the op
-  running at the peak instant whose lowering costs the least iteration time. Below every
-  shaved plan, the plans of a uniform per-op power level (every op at the highest clock whose
-  power fits: what one GPU power limit does). Not exact; never slower than the frontier's
-  pick, and the frontier's average-power pick bounds it from below (a plan whose peak is at
-  most W averages at most W): :class:`PeakPick` states that gap.
+  than the frontier's pick (evenly spread, fastest first): while the peak exceeds the budget,
+  lower by one clock the op running at the peak instant whose lowering costs the least
+  iteration time (every candidate timed in one batched longest path). Below every shaved plan,
+  the plans of a uniform per-op power level (every op at the highest clock whose power fits:
+  what one GPU power limit does). Not exact; never slower than the frontier's pick, and the
+  frontier's average-power pick bounds it from below (a plan whose peak is at most W averages
+  at most W): :class:`PeakPick` states that gap.
 * ``method="auto"``: exhaustive when the job has at most ``max_plans`` plans, else search.
 
+The plan returned is priced by the exact evaluator and :func:`~perseus.solver.power.plan_power`.
 Jobs with two-clock or phased ops (layers per stage, memory clocks) are searched over their
 frontier plans only.
 """
@@ -29,16 +33,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
+from perseus.dag.evaluate import evaluate_many, longest_path
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.schedule.actions import Kind
-from perseus.solver.power import fastest_under_power, plan_power, power_timeline
+from perseus.solver.power import PowerTimeline, fastest_under_power, plan_power, timeline_of
 
 __all__ = ["PeakPick", "fastest_under_peak"]
 
 _KINDS = list(Kind)
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +60,7 @@ class PeakPick:
         bound_time_s: A lower bound on any plan's time (exhaustive: the point's own; search:
             the frontier's fastest plan whose *average* power fits, exact up to the
             frontier's gap to the LP bound).
-        evaluated: Plans priced.
+        evaluated: Plans timed (the search: one per shaving step and per candidate lowering).
     """
 
     point: PlanPoint
@@ -67,71 +75,203 @@ class PeakPick:
         return self.point.time_s / self.bound_time_s - 1
 
 
-def _clock_table(job: PlanningJob) -> list[list[tuple[int, float]]] | None:
-    """Per node, ``(freq_mhz, power_w)`` of its profile clocks, highest first; None when ops
-    have memory clocks (a clock is then a pair)."""
-    g = job.graph
-    out = []
-    for s, k in zip(g.stage.tolist(), g.kind.tolist(), strict=True):
-        opts = job.profile.op(int(s), _KINDS[int(k)]).options
-        if any(o.mem_freq_mhz is not None for o in opts):
+@dataclass(frozen=True, slots=True)
+class _Clocks:
+    """Per node, its profile's clocks, highest first, padded to the most any node has.
+
+    Attributes:
+        freq_mhz, time_s, energy_j, power_w: (N, K) tables (the padding repeats the last).
+        count: Clocks per node.
+    """
+
+    freq_mhz: IntArray
+    time_s: FloatArray
+    energy_j: FloatArray
+    power_w: FloatArray
+    count: IntArray
+
+    @classmethod
+    def of(cls, job: PlanningJob) -> _Clocks | None:
+        """None when the job has two-clock or phased ops (a clock is then not one number)."""
+        if job.layer_split is not None:
             return None
-        table = sorted(((o.freq_mhz, o.energy_j / o.time_s) for o in opts), reverse=True)
-        out.append(table)
-    return out
+        g = job.graph
+        rows = []
+        for s, k in zip(g.stage.tolist(), g.kind.tolist(), strict=True):
+            opts = job.profile.op(int(s), _KINDS[int(k)]).options
+            if any(o.mem_freq_mhz is not None for o in opts):
+                return None
+            rows.append(sorted(((o.freq_mhz, o.time_s, o.energy_j) for o in opts), reverse=True))
+        width = max(len(r) for r in rows)
+        table = np.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=np.float64)
+        time_s, energy_j = table[:, :, 1], table[:, :, 2]
+        return cls(
+            table[:, :, 0].astype(np.int64), time_s, energy_j, energy_j / time_s,
+            np.array([len(r) for r in rows], dtype=np.int64),
+        )  # fmt: skip
+
+    def plans(self) -> int:
+        return math.prod(self.count.tolist())
+
+    def index_of(self, freqs_mhz: IntArray) -> IntArray:
+        """Column of each node's clock."""
+        out: IntArray = np.argmax(self.freq_mhz == freqs_mhz[:, None], axis=1).astype(np.int64)
+        return out
+
+    def freqs(self, index: IntArray) -> IntArray:
+        out: IntArray = self.freq_mhz[np.arange(index.size), index]
+        return out
 
 
-def _priced(job: PlanningJob, freqs: np.ndarray) -> PlanPoint:
+def _priced(job: PlanningJob, freqs: IntArray) -> PlanPoint:
     point = job.point(freqs)
     return point.model_copy(update={"power": plan_power(job, point)})
 
 
+def _peak_of(job: PlanningJob, clocks: _Clocks, index: IntArray) -> tuple[float, PowerTimeline, FloatArray, FloatArray]:  # fmt: skip
+    """Makespan, power timeline, op starts and ends of the plan ``index``."""
+    rows = np.arange(index.size)
+    t, e = clocks.time_s[rows, index], clocks.energy_j[rows, index]
+    start, end = longest_path(job.graph, t)
+    tl = timeline_of(start, end, t, e, job.blocking_power_w, job.graph.num_ranks)
+    return float(end.max()), tl, start, end
+
+
+def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray) -> tuple[int | None, int]:  # fmt: skip
+    """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
+    (ties: the larger power drop, then the lower node; None when none can go lower), and the
+    plans timed."""
+    active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < clocks.count))
+    if not active.size:
+        return None, 0
+    t = clocks.time_s[np.arange(index.size), index]
+    trial = np.tile(t, (active.size, 1))
+    trial[np.arange(active.size), active] = clocks.time_s[active, index[active] + 1]
+    times = longest_path(job.graph, trial)[1].max(axis=1)
+    drop = clocks.power_w[active, index[active]] - clocks.power_w[active, index[active] + 1]
+    return int(active[np.lexsort((active, -drop, times))[0]]), int(active.size)
+
+
 def _shave(
-    job: PlanningJob,
-    table: list[list[tuple[int, float]]],
-    freqs: np.ndarray,
-    budget_w: float,
-    best: PlanPoint | None,
-) -> tuple[PlanPoint | None, int]:
-    """Greedy peak shaving from one plan: while the peak exceeds the budget, lower by one
-    clock the op running at the peak instant whose lowering costs the least time (ties: the
-    larger power drop). Returns the plan that fits (None: gave up, or no faster than
-    ``best``) and the plans priced."""
-    freqs = freqs.copy()
-    index = [
-        next(i for i, (c, _) in enumerate(t) if c == f)
-        for f, t in zip(freqs.tolist(), table, strict=True)
-    ]
-    point = _priced(job, freqs)
-    evaluated = 1
+    job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float, best_s: float
+) -> tuple[IntArray | None, int]:
+    """Greedy peak shaving from one plan: while the peak exceeds the budget, lower the op
+    :func:`_lowering` picks. Returns the plan that fits (None: gave up, or no faster than
+    ``best_s``) and the plans timed."""
+    index = index.copy()
+    timed = 0
     while True:
-        if best is not None and point.time_s >= best.time_s:
-            return None, evaluated
-        timeline = power_timeline(job, point)
-        step = int(np.argmax(timeline.power_w))
-        if timeline.power_w[step] <= budget_w:
-            return point, evaluated
-        lo, hi = timeline.times_s[step], timeline.times_s[step + 1]
-        ev = job.evaluate(freqs)
-        active = np.flatnonzero((ev.start_s < hi) & (ev.end_s > lo) & (ev.end_s > ev.start_s))
-        options = []
-        for node in active.tolist():
-            i = index[node]
-            if i + 1 >= len(table[node]):
-                continue
-            trial = freqs.copy()
-            trial[node] = table[node][i + 1][0]
-            time_s = job.evaluate(trial).time_s
-            evaluated += 1
-            drop_w = table[node][i][1] - table[node][i + 1][1]
-            options.append((time_s, -drop_w, node))
-        if not options:
-            return None, evaluated
-        _, _, node = min(options)
+        total_s, tl, start, end = _peak_of(job, clocks, index)
+        timed += 1
+        if total_s >= best_s:
+            return None, timed
+        step = int(np.argmax(tl.power_w))
+        if tl.power_w[step] <= budget_w:
+            return index, timed
+        lo, hi = tl.times_s[step], tl.times_s[step + 1]
+        node, tried = _lowering(job, clocks, index, lo, hi, start, end)
+        timed += tried
+        if node is None:
+            return None, timed
         index[node] += 1
-        freqs[node] = table[node][index[node]][0]
-        point = _priced(job, freqs)
-        evaluated += 1
+
+
+def _raise_back(
+    job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float
+) -> tuple[IntArray, int]:
+    """Hill-climb a plan that fits: while raising one op by one clock shortens the iteration
+    and keeps the peak within the budget, raise the one that shortens it most (shaving lowers
+    ops that later lowerings make unnecessary). Returns the plan and the plans timed."""
+    index = index.copy()
+    rows = np.arange(index.size)
+    timed = 0
+    while True:
+        t = clocks.time_s[rows, index]
+        now_s = float(longest_path(job.graph, t)[1].max())
+        up = np.flatnonzero(index > 0)
+        trial = np.tile(t, (up.size, 1))
+        trial[np.arange(up.size), up] = clocks.time_s[up, index[up] - 1]
+        times = longest_path(job.graph, trial)[1].max(axis=1) if up.size else np.zeros(0)
+        timed += 1 + up.size
+        for r in np.argsort(times, kind="stable").tolist():
+            if times[r] >= now_s * (1 - 1e-12):
+                return index, timed
+            index[up[r]] -= 1
+            timed += 1
+            if _peak_of(job, clocks, index)[1].power_w.max() <= budget_w:
+                break
+            index[up[r]] += 1
+        else:
+            return index, timed
+
+
+def _exhaustive(
+    job: PlanningJob, clocks: _Clocks, budget_w: float, best: PlanPoint | None
+) -> tuple[PlanPoint | None, int, float]:
+    """Every plan, timed in batches, tried fastest first (exact). Returns the best plan, the
+    plans timed and the lowest peak seen."""
+    choices = itertools.product(*[range(int(c)) for c in clocks.count])
+    rows = np.arange(clocks.count.size)
+    lowest, timed = math.inf, 0
+    while batch := list(itertools.islice(choices, 4096)):
+        index = np.array(batch, dtype=np.int64)
+        t = clocks.time_s[rows, index]
+        e = clocks.energy_j[rows, index]
+        times, energies = evaluate_many(job.graph, t, e, job.blocking_power_w)
+        timed += len(batch)
+        for r in np.lexsort((energies, times)).tolist():
+            if best is not None and (times[r], energies[r]) >= (best.time_s, best.energy_j):
+                break
+            _, tl, _, _ = _peak_of(job, clocks, index[r])
+            lowest = min(lowest, float(tl.power_w.max()))
+            if tl.power_w.max() <= budget_w:
+                best = _priced(job, clocks.freqs(index[r]))
+                break
+    return best, timed, lowest
+
+
+def _search(
+    job: PlanningJob, clocks: _Clocks, priced: Sequence[PlanPoint], budget_w: float,
+    best: PlanPoint | None, max_bases: int,
+) -> tuple[PlanPoint | None, int, float]:  # fmt: skip
+    """Shave from frontier plans faster than ``best``; below every one, a uniform power level."""
+    faster = sorted((p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s)  # fmt: skip
+    step = max(1, math.ceil(len(faster) / max_bases))  # evenly spread, from the fastest
+    timed = 0
+    for base in faster[::step]:
+        if best is not None and base.time_s >= best.time_s:
+            break
+        flat = job.flat(base)
+        if not isinstance(flat, np.ndarray) or flat.ndim != 1:
+            continue
+        best_s = best.time_s if best is not None else math.inf
+        index, n = _shave(job, clocks, clocks.index_of(flat), budget_w, best_s)
+        timed += n
+        if index is not None:
+            index, n = _raise_back(job, clocks, index, budget_w)
+            timed += n
+            best = _priced(job, clocks.freqs(index))
+    if best is not None:
+        return best, timed, math.inf
+    return _uniform_level(job, clocks, budget_w, timed)
+
+
+def _uniform_level(
+    job: PlanningJob, clocks: _Clocks, budget_w: float, timed: int
+) -> tuple[PlanPoint | None, int, float]:
+    """The fastest plan of a uniform per-op power level (each op at its highest clock whose
+    power fits the level) whose peak fits, levels tried from the highest down."""
+    lowest = math.inf
+    last = clocks.count - 1
+    for level in np.unique(clocks.power_w)[::-1].tolist():
+        fits = (clocks.power_w <= level) & (np.arange(clocks.power_w.shape[1]) <= last[:, None])
+        index = np.where(fits.any(axis=1), np.argmax(fits, axis=1), last)
+        _, tl, _, _ = _peak_of(job, clocks, index)
+        timed += 1
+        lowest = min(lowest, float(tl.power_w.max()))
+        if tl.power_w.max() <= budget_w:
+            return _priced(job, clocks.freqs(index)), timed, lowest
+    return None, timed, lowest
 
 
 def fastest_under_peak(
@@ -156,75 +296,46 @@ def fastest_under_peak(
     Raises:
         InfeasibleError: if no plan found fits (naming the lowest peak seen).
     """
-    slack = 1e-12 * max(budget_w, 1.0)
-    table = _clock_table(job) if job.layer_split is None else None
+    budget = budget_w + 1e-12 * max(budget_w, 1.0)
+    clocks = _Clocks.of(job)
     if method == "auto":
-        count = math.prod(len(t) for t in table) if table is not None else math.inf
-        method = "exhaustive" if count <= max_plans else "search"
-    priced = [
-        p if p.power is not None else p.model_copy(update={"power": plan_power(job, p)})
-        for p in points
-    ]
-    fits = [p for p in priced if p.power is not None and p.power.peak_power_w <= budget_w + slack]
-    frontier_best = min(fits, key=lambda p: (p.time_s, p.energy_j)) if fits else None
-    lowest = min(p.power.peak_power_w for p in priced if p.power is not None)
-    evaluated = 0
-    best = frontier_best
-    if method == "exhaustive" and table is not None:
-        for combo in itertools.product(*[[f for f, _ in t] for t in table]):
-            cand = _priced(job, np.array(combo, dtype=np.int64))
-            evaluated += 1
-            assert cand.power is not None
-            lowest = min(lowest, cand.power.peak_power_w)
-            if cand.power.peak_power_w <= budget_w + slack and (
-                best is None or (cand.time_s, cand.energy_j) < (best.time_s, best.energy_j)
-            ):
-                best = cand
-    elif method == "search" and table is not None:
-        faster = sorted(
-            (p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s
-        )
-        # At most max_bases starting plans, evenly spread from the fastest.
-        step = max(1, math.ceil(len(faster) / max_bases))
-        for base in faster[::step]:
-            if best is not None and base.time_s >= best.time_s:
-                break
-            flat = job.flat(base)
-            if not isinstance(flat, np.ndarray) or flat.ndim != 1:
-                continue
-            shaved, n = _shave(job, table, flat, budget_w + slack, best)
-            evaluated += n
-            if shaved is not None:
-                best = shaved
-        if best is None:  # below every shaved plan: the uniform power-limit plans
-            for level in sorted({w for t in table for _, w in t}, reverse=True):
-                capped = np.array(
-                    [next((c for c, w in t if w <= level), t[-1][0]) for t in table],
-                    dtype=np.int64,
-                )
-                cand = _priced(job, capped)
-                evaluated += 1
-                assert cand.power is not None
-                lowest = min(lowest, cand.power.peak_power_w)
-                if cand.power.peak_power_w <= budget_w + slack:
-                    best = cand
-                    break
+        small = clocks is not None and clocks.plans() <= max_plans
+        method = "exhaustive" if small else "search"
+    priced, frontier_best = _frontier_pick(job, points, budget)
+    best, timed, lowest = frontier_best, 0, math.inf
+    if clocks is not None and method == "exhaustive":
+        best, timed, lowest = _exhaustive(job, clocks, budget, frontier_best)
+    elif clocks is not None:
+        best, timed, lowest = _search(job, clocks, priced, budget, frontier_best, max_bases)
     if best is None:
+        lowest = min([lowest] + [p.power.peak_power_w for p in priced if p.power is not None])
         raise InfeasibleError(
             f"no plan found whose peak power is at most {budget_w:.6g} W; the lowest seen is "
             f"{lowest:.6g} W"
         )
-    if method == "exhaustive" and table is not None:
-        bound = best.time_s
-    else:
-        try:
-            bound = min(best.time_s, fastest_under_power(priced, budget_w).time_s)
-        except InfeasibleError:
-            bound = best.time_s
+    exact = method == "exhaustive" and clocks is not None
     return PeakPick(
         point=best,
         method=method,
         frontier_time_s=None if frontier_best is None else frontier_best.time_s,
-        bound_time_s=bound,
-        evaluated=evaluated,
+        bound_time_s=best.time_s if exact else _average_bound(priced, budget_w, best),
+        evaluated=timed,
     )
+
+
+def _frontier_pick(
+    job: PlanningJob, points: Sequence[PlanPoint], budget_w: float
+) -> tuple[list[PlanPoint], PlanPoint | None]:
+    """The points with their power figures, and the fastest whose peak fits (or None)."""
+    priced = [p if p.power is not None else p.model_copy(update={"power": plan_power(job, p)}) for p in points]  # fmt: skip
+    fits = [p for p in priced if p.power is not None and p.power.peak_power_w <= budget_w]
+    return priced, min(fits, key=lambda p: (p.time_s, p.energy_j)) if fits else None
+
+
+def _average_bound(priced: Sequence[PlanPoint], budget_w: float, best: PlanPoint) -> float:
+    """The frontier's fastest plan whose average power fits (no faster plan can have its
+    peak under the budget), or ``best``'s own time when none does."""
+    try:
+        return min(best.time_s, fastest_under_power(priced, budget_w).time_s)
+    except InfeasibleError:
+        return best.time_s

@@ -1,39 +1,26 @@
 """A budget over time: which plan to run in each interval of a price or carbon signal.
 
 Given a signal (interval ``k`` starts at ``start_s[k]`` and costs ``value[k]`` per kWh until
-the next start, the last until the deadline), a number of iterations ``N`` and a deadline
-``D``, :func:`schedule_plans` finds how many iterations to run in each interval and with which
-frontier plans so that all ``N`` finish by ``D`` at the least total cost
-``Σ_k value[k] · energy_kwh(interval k)``.
+the next start, the last until the deadline), ``N`` iterations and a deadline ``D``,
+:func:`schedule_plans` finds how many iterations to run in each interval, with which frontier
+plans, so that all ``N`` finish by ``D`` at the least ``Σ_k value[k] · energy_kwh(k)``.
 
-**Whole cost.** The job holds its GPUs from the signal's start to the deadline (a reservation:
-the GPUs are the job's whether it runs or waits), and a GPU that runs no iteration draws the
-idle power. An interval of length ``d`` running iterations ``x_j`` of plan ``j`` therefore uses
-``P0·d + Σ_j (e_j − P0·t_j)·x_j`` joules (``P0`` the job's summed idle power): a constant plus
-each iteration's energy *above idle*, ``e'_j = e_j − P0·t_j``. The optimisation is the one
-below on ``e'``; the constant is added to every cost reported.
+**Whole cost.** The job holds its GPUs from the signal's start to ``D``; a GPU running no
+iteration draws the idle power. With ``P0`` the summed idle power, an interval of length ``d``
+running ``x_j`` iterations of plan ``j`` uses ``P0·d + Σ_j (e_j − P0·t_j)·x_j`` joules, so the
+optimisation works on each plan's energy above idle ``e' = e − P0·t``.
 
-**Method (exact).** Mixing plans within an interval, the least energy of ``n`` iterations in
-``d`` seconds is ``F(n) = n · h(d / n)``, where ``h`` is the lower convex hull of the frontier's
-points in (time, ``e'``) from the fastest point to the least-``e'`` one. ``F`` is convex and
-piecewise linear in ``n``: up to ``d / t_m`` iterations cost ``e'_m`` each (the least-``e'``
-vertex ``m``; the rest of the interval idles), and between ``d / t_{j+1}`` and ``d / t_j`` each
-further iteration costs ``e'_j − s_j · t_j``, the hull edge's intercept (``s_j`` its slope). A
-**negative** value pays for energy, so such an interval maximises energy: the same construction
-on the *upper* hull (fastest point to the greatest-``e'`` one) gives a concave ``F``, and
-``value · F`` is again convex. A zero value costs nothing either way. The whole problem is the
-allocation of ``N`` units over convex piecewise-linear costs: the cheapest segments first, all
-intervals together, is optimal. This is the LP over the frontier's points, solved exactly
-(a threshold on the segment cost found by bisection, vectorised over the intervals; segments
-within 1e-12 of the threshold are ties, filled earliest interval first), with at most two
-adjacent hull vertices per interval.
-
-**Whole iterations.** Each interval keeps the integer part of its LP share; the remaining
-iterations (fewer than the number of intervals) go to the intervals whose next iteration costs
-least, at most one each per round; an interval's two plans are split so that its iterations
-finish within it (the faster plan gets the rounded-up share). An iteration never straddles an
-interval boundary. ``lp_cost`` is the exact fractional optimum (a lower bound); ``cost`` is
-the whole-iteration schedule's.
+**Method (exact).** Mixing plans, the least ``e'`` of ``n`` iterations in ``d`` seconds is
+``F(n) = n · h(d / n)`` (``h`` the lower convex hull in (time, ``e'``)): convex and piecewise
+linear in ``n``, one segment per hull edge. A negative value maximises energy on the upper
+hull instead, and ``value · F`` is convex again. The allocation of ``N`` units over convex
+piecewise-linear costs takes the cheapest segments first, all intervals together: a
+threshold on the segment cost found by bisection, vectorised over the intervals (ties within
+1e-12 filled earliest interval first), at most two adjacent hull vertices per interval. This
+is the LP over the frontier's points; ``lp_cost`` is its optimum. Whole iterations: the
+integer part of each share, the rest one each per round to the intervals whose next
+iteration costs least; the faster plan gets the rounded-up share, so no iteration straddles
+a boundary. ``cost`` is the whole-iteration schedule's. More: ``docs/power.md``.
 
 Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, about 45 steps.
 """
@@ -54,7 +41,6 @@ __all__ = [
     "J_PER_KWH",
     "MAX_SIGNAL_VALUE",
     "PowerSchedule",
-    "ScheduleInterval",
     "lower_hull_indices",
     "schedule_plans",
 ]
@@ -72,48 +58,15 @@ IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleInterval:
-    """One interval of the signal and what runs in it.
-
-    Attributes:
-        start_s, end_s: The interval, in seconds from the job's start (clipped to the deadline).
-        value: The signal's value (cost per kWh) in this interval.
-        fast_index, fast_iterations: The faster plan (a frontier point index) and its count.
-        slow_index, slow_iterations: The slower adjacent plan and its count (0 if unused).
-        busy_s: Time the interval's iterations take (the rest of the interval idles).
-        energy_j: Their energy.
-        idle_energy_j: The idle GPUs' energy over the rest of the interval.
-    """
-
-    start_s: float
-    end_s: float
-    value: float
-    fast_index: int
-    fast_iterations: int
-    slow_index: int
-    slow_iterations: int
-    busy_s: float
-    energy_j: float
-    idle_energy_j: float = 0.0
-
-    @property
-    def iterations(self) -> int:
-        return self.fast_iterations + self.slow_iterations
-
-    @property
-    def cost(self) -> float:
-        """``value`` × (iterations' energy + idle energy), in kWh."""
-        return self.value * (self.energy_j + self.idle_energy_j) / J_PER_KWH
-
-
-@dataclass(frozen=True, slots=True)
 class PowerSchedule:
     """The schedule, one array entry per signal interval before the deadline.
 
     Attributes:
         starts_s, ends_s, values: The intervals (seconds from the signal's start).
         fast_index, fast_iterations, slow_index, slow_iterations: What runs in each.
-        busy_s, energy_j, idle_energy_j: Per interval (see :class:`ScheduleInterval`).
+        busy_s: Per interval, the time its iterations take (the rest idles).
+        energy_j: Their energy.
+        idle_energy_j: The idle GPUs' energy over the rest of the interval.
         iterations: ``N``.
         deadline_s: ``D``.
         idle_power_w: The job's summed idle power ``P0``.
@@ -157,25 +110,15 @@ class PowerSchedule:
         price-optimal schedule)."""
         return float(np.sum(values_per_kwh * (self.energy_j + self.idle_energy_j))) / J_PER_KWH
 
-    def interval(self, k: int) -> ScheduleInterval:
-        """Interval ``k`` as a record."""
-        return ScheduleInterval(
-            start_s=float(self.starts_s[k]),
-            end_s=float(self.ends_s[k]),
-            value=float(self.values[k]),
-            fast_index=int(self.fast_index[k]),
-            fast_iterations=int(self.fast_iterations[k]),
-            slow_index=int(self.slow_index[k]),
-            slow_iterations=int(self.slow_iterations[k]),
-            busy_s=float(self.busy_s[k]),
-            energy_j=float(self.energy_j[k]),
-            idle_energy_j=float(self.idle_energy_j[k]),
-        )
-
-    @property
-    def intervals(self) -> tuple[ScheduleInterval, ...]:
-        """Every interval as a record (use the arrays for long signals)."""
-        return tuple(self.interval(k) for k in range(self.starts_s.size))
+    def energy_between(self, a_s: float, b_s: float) -> FloatArray:
+        """Each interval's energy drawn in ``[a_s, b_s)``: its iterations run back to back
+        from its start at their average power, its idle GPUs draw the idle power after."""
+        busy_end = self.starts_s + self.busy_s
+        run_s = np.clip(np.minimum(b_s, busy_end) - np.maximum(a_s, self.starts_s), 0.0, None)
+        idle_s = np.clip(np.minimum(b_s, self.ends_s) - np.maximum(a_s, busy_end), 0.0, None)
+        run_w = np.divide(self.energy_j, self.busy_s, out=np.zeros_like(self.busy_s), where=self.busy_s > 0)  # fmt: skip
+        out: FloatArray = run_w * run_s + self.idle_power_w * idle_s
+        return out
 
     def used(self) -> IntArray:
         """Indices of the intervals that run iterations, in time order."""
@@ -310,6 +253,7 @@ class _Curves:
 def _check_inputs(
     starts_s: FloatArray, values: FloatArray, iterations: int, deadline_s: float, idle_w: float
 ) -> None:
+    """One line naming the argument (or signal row) at fault, for every bad input."""
     if starts_s.shape != values.shape or not starts_s.size:
         raise ConfigError(
             f"signal needs one value per start, at least one row; got {starts_s.size} starts "
@@ -390,71 +334,95 @@ def schedule_plans(
         raise ConfigError("the frontier has no points")
     times = np.array([p.time_s for p in points])
     energies = np.array([p.energy_j for p in points])
-    extra = energies - idle_power_w * times
     first = int(np.searchsorted(st, from_s, side="right")) - 1
     last = int(np.searchsorted(st, deadline_s, side="left"))  # intervals [first, last)
     bounds = np.concatenate([[from_s], st[first + 1 : last], [deadline_s]])
-    d = np.diff(bounds)
-    v = va[first:last]
-    low = _Curves.build(times, extra, upper=False)
-    high = _Curves.build(times, extra, upper=True) if (v < 0).any() else low
-    neg = v < 0
-    t0 = float(times.min())
-    max_whole = np.floor(d / t0 * (1 + 1e-12)).astype(np.int64)
-    capacity = int(max_whole.sum())
-    if iterations > capacity:
-        raise InfeasibleError(
-            f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest plan "
-            f"({t0:.6g} s per iteration, whole iterations per signal interval) at most "
-            f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
-            f"{_needed_deadline_s(bounds[:-1], t0, iterations)}"
-        )
-    share = _lp_shares(low, high, neg, d, v, iterations)
-    fixed_j = idle_power_w * d
-    lp_cost = float(np.sum(v * (_extra(low, high, neg, d, share) + fixed_j))) / J_PER_KWH
-    whole = _round_shares(low, high, neg, d, v, share, max_whole, iterations)
-    fast_i, fast_n, slow_i, slow_n = low.plans(d, whole)
-    if high is not low and neg.any():
-        hv = high.plans(d[neg], whole[neg])
-        fast_i[neg], fast_n[neg], slow_i[neg], slow_n[neg] = hv
+    prob = _Problem.build(times, energies - idle_power_w * times, np.diff(bounds), va[first:last])
+    max_whole = prob.capacity(iterations, deadline_s, bounds)
+    share = _lp_shares(prob, iterations)
+    fixed_j = idle_power_w * prob.d
+    lp_cost = float(np.sum(prob.v * (prob.extra_j(share) + fixed_j))) / J_PER_KWH
+    fast_i, fast_n, slow_i, slow_n = prob.plans(_round_shares(prob, share, max_whole, iterations))
     busy = fast_n * times[fast_i] + slow_n * times[slow_i]
     energy = fast_n * energies[fast_i] + slow_n * energies[slow_i]
-    idle_j = idle_power_w * np.maximum(d - busy, 0.0)
+    idle_j = idle_power_w * np.maximum(prob.d - busy, 0.0)
+    no_slow = _no_slowdown(times, energies, baseline_time_s)
+    return PowerSchedule(
+        starts_s=bounds[:-1], ends_s=bounds[1:], values=prob.v,
+        fast_index=fast_i, fast_iterations=fast_n, slow_index=slow_i, slow_iterations=slow_n,
+        busy_s=busy, energy_j=energy, idle_energy_j=idle_j,
+        iterations=iterations, deadline_s=deadline_s, idle_power_w=idle_power_w,
+        cost=float(np.sum(prob.v * (energy + idle_j))) / J_PER_KWH, lp_cost=lp_cost,
+        baseline_index=no_slow,
+        baseline_cost=_back_to_back_cost(
+            times[no_slow], energies[no_slow], bounds, prob.v, iterations, idle_power_w
+        ),
+        hull=tuple(prob.low.index.tolist()),
+    )  # fmt: skip
+
+
+def _no_slowdown(times: FloatArray, energies: FloatArray, baseline_time_s: float | None) -> int:
+    """The cheapest point no slower than the baseline (default: the fastest point's time)."""
     base_t = float(times[0]) if baseline_time_s is None else baseline_time_s
-    no_slow = min(
-        (i for i in range(len(points)) if times[i] <= base_t * (1 + 1e-12)),
+    return min(
+        (i for i in range(times.size) if times[i] <= base_t * (1 + 1e-12)),
         key=lambda i: (energies[i], times[i]),
         default=0,
     )
-    return PowerSchedule(
-        starts_s=bounds[:-1],
-        ends_s=bounds[1:],
-        values=v,
-        fast_index=fast_i,
-        fast_iterations=fast_n,
-        slow_index=slow_i,
-        slow_iterations=slow_n,
-        busy_s=busy,
-        energy_j=energy,
-        idle_energy_j=idle_j,
-        iterations=iterations,
-        deadline_s=deadline_s,
-        idle_power_w=idle_power_w,
-        cost=float(np.sum(v * (energy + idle_j))) / J_PER_KWH,
-        lp_cost=lp_cost,
-        baseline_index=no_slow,
-        baseline_cost=_back_to_back_cost(
-            times[no_slow], energies[no_slow], bounds, v, iterations, idle_power_w
-        ),
-        hull=tuple(low.index.tolist()),
-    )
 
 
-def _extra(low: _Curves, high: _Curves, neg: npt.NDArray[np.bool_], d: FloatArray, n: FloatArray) -> FloatArray:  # fmt: skip
-    out = low.extra_j(d, n)
-    if high is not low and neg.any():
-        out[neg] = high.extra_j(d[neg], n[neg])
-    return out
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """The intervals to plan: lengths ``d``, values ``v``, and the hulls their costs follow
+    (``high``, the upper hull, where ``v`` < 0; the same object as ``low`` when none is)."""
+
+    low: _Curves
+    high: _Curves
+    neg: npt.NDArray[np.bool_]
+    d: FloatArray
+    v: FloatArray
+
+    @classmethod
+    def build(cls, times: FloatArray, extra: FloatArray, d: FloatArray, v: FloatArray) -> _Problem:
+        low = _Curves.build(times, extra, upper=False)
+        high = _Curves.build(times, extra, upper=True) if (v < 0).any() else low
+        return cls(low, high, v < 0, d, v)
+
+    def capacity(self, iterations: int, deadline_s: float, bounds: FloatArray) -> IntArray:
+        """Whole fastest iterations per interval.
+
+        Raises:
+            InfeasibleError: if ``iterations`` do not fit, with the deadline they need.
+        """
+        t0 = float(self.low.times_s[0])
+        max_whole = np.floor(self.d / t0 * (1 + 1e-12)).astype(np.int64)
+        capacity = int(max_whole.sum())
+        if iterations > capacity:
+            raise InfeasibleError(
+                f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest "
+                f"plan ({t0:.6g} s per iteration, whole iterations per signal interval) at most "
+                f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
+                f"{_needed_deadline_s(bounds[:-1], t0, iterations)}"
+            )
+        return max_whole
+
+    def extra_j(self, n: FloatArray, ks: IntArray | None = None) -> FloatArray:
+        """Least (where ``v`` < 0: greatest) energy above idle of ``n`` iterations in each
+        interval (of ``ks``, default all)."""
+        d, neg = (self.d, self.neg) if ks is None else (self.d[ks], self.neg[ks])
+        out = self.low.extra_j(d, n)
+        if self.high is not self.low and neg.any():
+            out[neg] = self.high.extra_j(d[neg], n[neg])
+        return out
+
+    def plans(self, whole: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """(fast point, fast count, slow point, slow count) per interval."""
+        fast_i, fast_n, slow_i, slow_n = self.low.plans(self.d, whole)
+        neg = self.neg
+        if self.high is not self.low and neg.any():
+            hv = self.high.plans(self.d[neg], whole[neg])
+            fast_i[neg], fast_n[neg], slow_i[neg], slow_n[neg] = hv
+        return fast_i, fast_n, slow_i, slow_n
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,18 +453,12 @@ class _Block:
         return [float(x) for x in np.outer(ends, self.curves.seg_cost_j).ravel()]
 
 
-def _lp_shares(
-    low: _Curves,
-    high: _Curves,
-    neg: npt.NDArray[np.bool_],
-    d: FloatArray,
-    v: FloatArray,
-    iterations: int,
-) -> FloatArray:
+def _lp_shares(prob: _Problem, iterations: int) -> FloatArray:
     """The LP optimum's iterations per interval: every segment cheaper than the threshold,
     and the threshold's ties filled earliest interval first."""
+    low, high, d, v = prob.low, prob.high, prob.d, prob.v
     pos, zero = np.flatnonzero(v > 0), np.flatnonzero(v == 0)
-    negs = np.flatnonzero(neg)
+    negs = np.flatnonzero(prob.neg)
     blocks = [
         # v > 0: v·c <= θ  <=>  c <= θ / v (c increases along a lower hull).
         _Block(low, pos, d[pos], low.seg_cost_j, 1.0 / v[pos]),
@@ -536,24 +498,16 @@ def _lp_shares(
 
 
 def _round_shares(
-    low: _Curves,
-    high: _Curves,
-    neg: npt.NDArray[np.bool_],
-    d: FloatArray,
-    v: FloatArray,
-    share: FloatArray,
-    max_whole: IntArray,
-    iterations: int,
+    prob: _Problem, share: FloatArray, max_whole: IntArray, iterations: int
 ) -> IntArray:
+    """Whole iterations: the integer part of each share, then the rest one each per round to
+    the intervals whose next iteration costs least."""
     whole = np.minimum(np.floor(share + 1e-9).astype(np.int64), max_whole)
     left = iterations - int(whole.sum())
     while left > 0:
         open_ = np.flatnonzero(whole < max_whole)  # capacity was checked: never empty
         n = whole[open_].astype(np.float64)
-        sub_neg, sub_d = neg[open_], d[open_]
-        marginal = v[open_] * (
-            _extra(low, high, sub_neg, sub_d, n + 1) - _extra(low, high, sub_neg, sub_d, n)
-        )
+        marginal = prob.v[open_] * (prob.extra_j(n + 1, open_) - prob.extra_j(n, open_))
         take = min(left, open_.size)
         pick = open_[np.argsort(marginal, kind="stable")[:take]]
         whole[pick] += 1

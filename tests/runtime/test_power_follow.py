@@ -115,11 +115,11 @@ def test_schedule_clock_and_meter_by_hand(tmp_path: Path) -> None:
     assert [timer.interval_of(i) for i in (0, 2, 3)] == [0, 0, None]
     assert timer.wait_s(0, 0.0) == pytest.approx(4 * t0) and timer.wait_s(0, 5 * t0) == 0
     assert timer.wait_s(3, 0.0) == 0  # past the schedule: no wait
-    meter = CostMeter(doc)
+    meter = CostMeter.of_schedule(doc)
     meter.mark(0.0, 0.0)
     meter.mark(4 * t0, 400.0 * t0)  # waiting outside the schedule's interval
     meter.mark(6 * t0, 400.0 * t0 + 2000.0)  # inside it, value 1
-    r = meter.report()
+    r = meter.report(doc)
     assert r.outside_j == pytest.approx(400.0 * t0) and r.scheduled_outside_j == pytest.approx(
         400 * t0
     )

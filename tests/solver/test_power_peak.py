@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import InfeasibleError
+from perseus.schedule.actions import Kind
 from perseus.solver import trace_frontier
 from perseus.solver.power import fastest_under_power, power_timeline, with_power
 from perseus.solver.power_peak import fastest_under_peak
@@ -63,3 +64,26 @@ def test_search_bound_is_the_average_power_pick() -> None:
         min(got.point.time_s, fastest_under_power(frontier.points, budget).time_s)
     )
     assert got.point.time_s <= got.frontier_time_s  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5])
+def test_search_result_cannot_be_sped_up_by_raising_one_clock(share: float) -> None:
+    """The search hill-climbs what peak shaving found: no single op one clock higher is both
+    faster and within the budget (shaving alone leaves such ops behind)."""
+    job = small_job(stages=3, microbatches=4, clocks=4, seed=2)
+    frontier = with_power(job, trace_frontier(job))
+    peaks = sorted(p.power.peak_power_w for p in frontier.points if p.power is not None)
+    budget = peaks[int(share * len(peaks))]
+    got = fastest_under_peak(job, frontier.points, budget, method="search")
+    flat = job.flat(got.point)
+    assert isinstance(flat, np.ndarray)
+    for node in range(flat.size):
+        options = job.profile.op(int(job.graph.stage[node]), list(Kind)[int(job.graph.kind[node])])
+        higher = sorted(o.freq_mhz for o in options.options if o.freq_mhz > flat[node])
+        if not higher:
+            continue
+        trial = flat.copy()
+        trial[node] = higher[0]
+        point = job.point(trial)
+        if point.time_s < got.point.time_s * (1 - 1e-12):
+            assert power_timeline(job, point).power_w.max() > budget * (1 + 1e-12)

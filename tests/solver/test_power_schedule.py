@@ -91,23 +91,22 @@ def _check(
     assert s.lp_cost == pytest.approx(ref, rel=1e-6)  # HiGHS solves to ~1e-7
     assert ref <= s.cost + 1e-9 * abs(s.cost) and s.cost - ref <= 1e-3 * abs(ref)
     # All N iterations, each interval's work within the interval, the deadline met.
-    assert sum(iv.iterations for iv in s.intervals) == n
-    for iv in s.intervals:
-        assert iv.busy_s <= iv.end_s - iv.start_s + 1e-9
-        # At most two plans, adjacent on the hull.
-        if iv.slow_iterations and iv.fast_iterations:
-            hull = lower_hull_indices(pts)
-            assert hull.index(iv.slow_index) == hull.index(iv.fast_index) + 1
+    assert int(s.interval_iterations.sum()) == n
+    assert (s.busy_s <= s.ends_s - s.starts_s + 1e-9).all()
+    # At most two plans, adjacent on the hull.
+    hull = lower_hull_indices(pts)
+    for k in np.flatnonzero((s.slow_iterations > 0) & (s.fast_iterations > 0)).tolist():
+        assert hull.index(int(s.slow_index[k])) == hull.index(int(s.fast_index[k])) + 1
     assert s.finish_s <= WEEK_S
     # Independently recomputed cost of the schedule as written, idle GPUs included.
     cost = 0.0
-    for iv in s.intervals:
+    for k in range(s.starts_s.size):
         run_j = (
-            iv.fast_iterations * pts[iv.fast_index].energy_j
-            + iv.slow_iterations * pts[iv.slow_index].energy_j
+            s.fast_iterations[k] * pts[s.fast_index[k]].energy_j
+            + s.slow_iterations[k] * pts[s.slow_index[k]].energy_j
         )
-        idle_j = idle_w * (iv.end_s - iv.start_s - iv.busy_s)
-        cost += iv.value * (run_j + idle_j) / J_PER_KWH
+        idle_j = idle_w * (s.ends_s[k] - s.starts_s[k] - s.busy_s[k])
+        cost += s.values[k] * (run_j + idle_j) / J_PER_KWH
     assert cost == pytest.approx(s.cost, rel=1e-9)
     # The saving against the no-slowdown plan run back to back from the start.
     assert s.baseline_cost is not None and s.cost < s.baseline_cost
@@ -223,14 +222,15 @@ def test_idle_power_changes_the_answer_and_is_charged(frontier: Frontier) -> Non
     held = schedule_plans(
         frontier.points, starts, values, iterations=n, deadline_s=WEEK_S, idle_power_w=idle_w
     )
-    idle_cost = sum(
-        v * idle_w * (iv.end_s - iv.start_s - iv.busy_s) for v, iv in zip(values, held.intervals, strict=True)
-    ) / J_PER_KWH  # fmt: skip
+    idle_cost = (
+        float(np.dot(values, idle_w * (held.ends_s - held.starts_s - held.busy_s))) / J_PER_KWH
+    )
     assert idle_cost > 0.2 * held.cost  # idle GPUs are a large share at 30 % load
     # The schedule made without idle power, charged for it, costs at least the one made with it.
-    free_charged = free.cost + sum(
-        v * idle_w * (iv.end_s - iv.start_s - iv.busy_s) for v, iv in zip(values, free.intervals, strict=True)
-    ) / J_PER_KWH  # fmt: skip
+    free_charged = (
+        free.cost
+        + float(np.dot(values, idle_w * (free.ends_s - free.starts_s - free.busy_s))) / J_PER_KWH
+    )
     assert held.cost <= free_charged * (1 + 1e-9)
     assert held.lp_cost == pytest.approx(
         _reference_lp(frontier.points, starts, values, n, WEEK_S, idle_w), rel=1e-6
@@ -258,10 +258,10 @@ def test_negative_hours_take_more_energy_and_a_free_hour_costs_nothing(frontier:
         assert s.lp_cost == pytest.approx(ref, rel=1e-6, abs=1e-9)
         assert ref <= s.cost + 1e-9 * abs(s.cost)
         # Paid to consume: the negative hour runs every iteration it can, at the most energy.
-        paid = s.interval(1)
-        assert paid.iterations == min(n, math.floor(hour / t0))
-        assert s.interval(0).iterations == 0
-        assert paid.energy_j >= paid.iterations * min(p.energy_j for p in pts)
+        paid = int(s.interval_iterations[1])
+        assert paid == min(n, math.floor(hour / t0))
+        assert s.interval_iterations[0] == 0
+        assert s.energy_j[1] >= paid * min(p.energy_j for p in pts)
 
 
 def test_prices_near_the_float_limit_are_refused_in_one_line(frontier: Frontier) -> None:
@@ -312,3 +312,26 @@ def test_replanning_from_a_later_time_keeps_the_rest(frontier: Frontier) -> None
     assert int(again.interval_iterations.sum()) == n - done
     # The dearer day now runs less than it was scheduled to.
     assert again.interval_iterations[:24].sum() <= s.interval_iterations[24:48].sum()
+
+
+def test_energy_between_spreads_each_interval_over_its_busy_and_idle_time(
+    frontier: Frontier,
+) -> None:
+    """Over the whole horizon it is the schedule's energy; split anywhere, the parts add up;
+    inside an interval's busy time it grows at the iterations' average power."""
+    values = _prices_per_kwh("price_jump_week.csv")
+    starts = [3600.0 * h for h in range(HOURS)]
+    n = int(0.5 * WEEK_S / frontier.fastest.time_s)
+    s = schedule_plans(
+        frontier.points, starts, values, iterations=n, deadline_s=WEEK_S, idle_power_w=480.0
+    )
+    whole = s.energy_between(0.0, WEEK_S)
+    np.testing.assert_allclose(whole, s.energy_j + s.idle_energy_j, rtol=1e-12)
+    cut = 1e5 + 123.4
+    np.testing.assert_allclose(
+        s.energy_between(0.0, cut) + s.energy_between(cut, WEEK_S), whole, rtol=1e-12
+    )
+    k = int(s.used()[0])
+    a = float(s.starts_s[k])
+    part = s.energy_between(a, a + 0.5 * s.busy_s[k])
+    assert part[k] == pytest.approx(0.5 * s.energy_j[k]) and part.sum() == part[k]

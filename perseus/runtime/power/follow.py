@@ -16,10 +16,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from perseus.io.power_files import ScheduleFile
 from perseus.solver.power_schedule import J_PER_KWH
 
 __all__ = ["CostMeter", "IncurredCost", "ScheduleClock"]
+
+FloatArray = npt.NDArray[np.float64]
 
 
 class ScheduleClock:
@@ -88,42 +93,67 @@ class IncurredCost:
 
 @dataclass(slots=True)
 class CostMeter:
-    """Prices measured energy by the schedule interval it was drawn in.
+    """Prices measured energy by the interval it was drawn in.
 
     Call :meth:`mark` with the pipeline's energy counter (J) at moments the job's power is
     about constant in between (iteration boundaries, the two ends of a wait): the energy of a
-    span is spread over the intervals it overlaps in proportion to time.
+    span is spread over the intervals it overlaps in proportion to time, and priced at their
+    ``values`` (per kWh) as they are when the span is added (a re-planner writes each
+    realised value in before the energy drawn in its interval is marked).
+
+    Attributes:
+        starts_s, ends_s, values: The intervals energy is priced by.
+        spans: Every ``(start_s, end_s, drawn_j)`` added.
+        incurred: Energy x value so far (kWh x value), inside the intervals.
+        outside_j: Energy drawn outside them.
     """
 
-    schedule: ScheduleFile
+    starts_s: FloatArray
+    ends_s: FloatArray
+    values: FloatArray
     spans: list[tuple[float, float, float]] = field(default_factory=list)
+    incurred: float = 0.0
+    outside_j: float = 0.0
     _last: tuple[float, float] | None = None
-    _incurred: float = 0.0
-    _outside_j: float = 0.0
+
+    @classmethod
+    def of_schedule(cls, schedule: ScheduleFile) -> CostMeter:
+        """Priced by the intervals of ``schedule`` that run iterations (the file does not
+        carry the others' values: energy drawn there counts as outside)."""
+        ivs = schedule.intervals
+        return cls(
+            np.array([iv.start_s for iv in ivs], dtype=np.float64),
+            np.array([iv.end_s for iv in ivs], dtype=np.float64),
+            np.array([iv.value for iv in ivs], dtype=np.float64),
+        )
+
+    @property
+    def elapsed_s(self) -> float:
+        """The time of the last mark (0 before any)."""
+        return self._last[0] if self._last is not None else 0.0
 
     def mark(self, elapsed_s: float, energy_j: float) -> None:
         """The pipeline's energy counter ``energy_j`` at ``elapsed_s``."""
         if self._last is not None:
-            t0, e0 = self._last
-            span_s, drawn_j = elapsed_s - t0, energy_j - e0
-            if span_s > 0:
-                inside_s = 0.0
-                for iv in self.schedule.intervals:
-                    overlap = min(elapsed_s, iv.end_s) - max(t0, iv.start_s)
-                    if overlap > 0:
-                        share_j = drawn_j * overlap / span_s
-                        self._incurred += iv.value * share_j / J_PER_KWH
-                        inside_s += overlap
-                self._outside_j += drawn_j * max(0.0, span_s - inside_s) / span_s
-                self.spans.append((t0, elapsed_s, drawn_j))
+            self.add(self._last[0], elapsed_s, energy_j - self._last[1])
         self._last = (elapsed_s, energy_j)
 
-    def report(self) -> IncurredCost:
-        """The cost so far against the schedule's for the same time."""
-        now = self._last[0] if self._last is not None else 0.0
-        idle_w = self.schedule.idle_power_w
+    def add(self, start_s: float, end_s: float, drawn_j: float) -> None:
+        """``drawn_j`` joules drawn evenly over ``[start_s, end_s)``."""
+        span_s = end_s - start_s
+        if not span_s > 0:
+            return
+        overlap = np.clip(np.minimum(end_s, self.ends_s) - np.maximum(start_s, self.starts_s), 0.0, None)  # fmt: skip
+        self.incurred += float(self.values @ overlap) * drawn_j / span_s / J_PER_KWH
+        self.outside_j += drawn_j * max(0.0, span_s - float(overlap.sum())) / span_s
+        self.spans.append((start_s, end_s, drawn_j))
+
+    def report(self, schedule: ScheduleFile) -> IncurredCost:
+        """The cost so far against ``schedule``'s for the same time."""
+        now = self.elapsed_s
+        idle_w = schedule.idle_power_w
         scheduled, inside_s = 0.0, 0.0
-        for iv in self.schedule.intervals:
+        for iv in schedule.intervals:
             if iv.start_s >= now:
                 break
             passed = min(now, iv.end_s) - iv.start_s
@@ -132,4 +162,4 @@ class CostMeter:
             inside_s += passed
         start = self.spans[0][0] if self.spans else now
         outside_s = max(0.0, now - start - inside_s)
-        return IncurredCost(now, self._incurred, scheduled, self._outside_j, idle_w * outside_s)
+        return IncurredCost(now, self.incurred, scheduled, self.outside_j, idle_w * outside_s)

@@ -23,6 +23,11 @@ GPU idles at its idle clocks) and sleeps until the interval opens, on every rank
 decision uses the clock the ranks share: the device timeline in emulation). It prices the
 energy the pipeline's GPUs drew by the interval it was drawn in (``PowerRuntime.meter``)
 and logs, at the end of each interval, the cost incurred against the schedule's.
+
+**Re-planning.** Given the forecast the schedule was made from and the realised values
+(:mod:`perseus.runtime.power.replan`), the hook wakes at every interval start while it waits,
+and when an interval opens whose realised value differs, re-plans the rest from the cached
+frontier and follows the new schedule from the next iteration.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from typing import Any
 
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import ConfigError, InfeasibleError
-from perseus.io.power_files import ScheduleFile, read_schedule
+from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, global_rank, is_distributed
 from perseus.runtime.power.cap import ACK_KEY, CLEARED, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
+from perseus.runtime.power.replan import Realised, Replanner, SignalSource
 from perseus.runtime.straggler.switching import raw_store
 from perseus.solver.power import fastest_under_power
 
@@ -93,6 +99,8 @@ class PowerRuntime:
             The signal starts at its reading when the hook is made.
         energy_mj: This rank's energy counter (mJ), for the cost actually incurred.
         release: Unlocks this rank's clocks before a wait (default: nothing to unlock).
+        replanner: Re-plan the rest of the schedule when an interval's realised value
+            differs from the forecast (:mod:`perseus.runtime.power.replan`; needs ``clock``).
 
     Raises:
         PlanError: if the schedule was made for another frontier.
@@ -110,6 +118,7 @@ class PowerRuntime:
         clock: Clock | None = None,
         energy_mj: Callable[[], int] | None = None,
         release: Callable[[], None] | None = None,
+        replanner: Replanner | None = None,
     ) -> None:
         if schedule is not None:
             schedule.check_frontier(frontier, source)
@@ -124,50 +133,92 @@ class PowerRuntime:
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
         self.timer = ScheduleClock(schedule) if follow and schedule is not None else None
-        self.meter = CostMeter(schedule) if follow and schedule is not None else None
+        self.replanner = replanner if follow else None
+        self.meter: CostMeter | None = None
+        if follow and schedule is not None:
+            self.meter = (
+                replanner.meter() if replanner is not None else CostMeter.of_schedule(schedule)
+            )
+        self._first_schedule = schedule
+        self._done_before = 0  # schedule iterations run before the schedule in force began
         self.waited_s = 0.0
         self._energy_mj = energy_mj
         self._release = release
         self._origin_s = clock.now() if clock is not None else 0.0
         self._interval: int | None = None
-        self._mark()
+        self.mark()
 
     def elapsed_s(self) -> float:
         """Seconds since the signal's start, on the hook's clock."""
         return self.clock.now() - self._origin_s if self.clock is not None else 0.0
 
-    def _mark(self) -> None:
+    def mark(self) -> None:
+        """Note the pipeline's energy counter now (the cost meter's reading)."""
         if self.meter is None or self._energy_mj is None:
             return
         (pipeline_mj,) = all_reduce_sum([float(self._energy_mj())], self.group)
-        self.meter.mark(self.elapsed_s(), pipeline_mj / 1000.0)
+        elapsed = self.elapsed_s()
+        if self.replanner is not None:  # the realised values of what the span covers
+            self.replanner.observe(elapsed)
+        self.meter.mark(elapsed, pipeline_mj / 1000.0)
 
     def incurred(self) -> IncurredCost | None:
         """The cost incurred so far against the schedule's (None unless following time with
-        an energy counter)."""
-        return self.meter.report() if self.meter is not None and self._energy_mj else None
+        an energy counter); with a re-planner, a
+        :class:`~perseus.runtime.power.replan.ReplanCost`."""
+        if self.meter is None or not self._energy_mj:
+            return None
+        if self.replanner is not None:
+            return self.replanner.report(self.meter)
+        if self._first_schedule is None:
+            return None
+        return self.meter.report(self._first_schedule)
 
     def wait_for(self, iteration: int) -> float:
         """Before session iteration ``iteration``: release the clocks and sleep until its
         interval opens (every rank decides alike from the shared clock). Returns the wait."""
-        if self.clock is None or self.timer is None:
-            return 0.0
-        index = iteration - self.origin_iteration
-        # Ranks may read the clock moments apart: agree on the latest reading.
-        (elapsed,) = all_reduce_max([self.elapsed_s()], self.group)
-        wait_s = self.timer.wait_s(index, elapsed)
-        k = self.timer.interval_of(index)
-        if k != self._interval:
-            self._log_interval()
-            self._interval = k
-        if wait_s <= 0:
-            return 0.0
-        if self._release is not None:
-            self._release()
-        self.clock.sleep(wait_s)
-        self.waited_s += wait_s
-        self._mark()
-        return wait_s
+        waited_s = 0.0
+        while self.clock is not None and self.timer is not None:
+            # Ranks may read the clock moments apart: agree on the latest reading.
+            (elapsed,) = all_reduce_max([self.elapsed_s()], self.group)
+            self._replan(iteration, elapsed)
+            index = iteration - self.origin_iteration
+            wait_s = self.timer.wait_s(index, elapsed)
+            k = self.timer.interval_of(index)
+            if k != self._interval:
+                self._log_interval()
+                self._interval = k
+            if wait_s <= 0:
+                break
+            if self.replanner is not None:  # wake when the next interval opens: its value
+                to_next_s = self.replanner.next_start_s(elapsed) - elapsed
+                wait_s = min(wait_s, to_next_s) if to_next_s > 0 else wait_s
+            if self._release is not None and not waited_s:
+                self._release()
+            self.clock.sleep(wait_s)
+            waited_s += wait_s
+            self.mark()
+        self.waited_s += waited_s
+        return waited_s
+
+    def _replan(self, iteration: int, elapsed_s: float) -> None:
+        """Follow a new schedule of the rest from ``iteration`` on, when the re-planner makes
+        one (an interval opened whose realised value differs from the forecast)."""
+        if self.replanner is None:
+            return
+        done = self._done_before + iteration - self.origin_iteration
+        new = self.replanner.replan(elapsed_s, done)
+        if new is None:
+            return
+        self.schedule = schedule_document(new, self.frontier)
+        self.timer = ScheduleClock(self.schedule)
+        self._done_before, self.origin_iteration = done, iteration
+        self._interval = None
+        _log.info(
+            "power schedule: re-planned %d iterations at %.6g s (interval %d's realised value "
+            "differs from the forecast): stated cost %.6g",
+            new.iterations, elapsed_s, self.replanner.replans[-1].interval, new.cost,
+        )  # fmt: skip
 
     def _log_interval(self) -> None:
         report = self.incurred()
@@ -235,26 +286,44 @@ class PowerRuntime:
         """The :data:`perseus.runtime.session.BoundaryHook` interface."""
         if stats.phase != "run":
             return None
-        self._mark()
+        self.mark()
         cap_w = self.read_cap_w(stats.iteration)
         previous = self.point_index
+        self.wait_for(stats.iteration + 1)  # a re-plan on the way changes the plan
         decision = self.decide(stats.iteration + 1, cap_w)
-        self.wait_for(stats.iteration + 1)
         if decision.point_index == previous and stats.point_index == previous:
             return None
         return self.frontier, decision.point_index
 
 
 def attach_power(
-    session: Any, schedule: str | Path | ScheduleFile | None, store: Any
+    session: Any,
+    schedule: str | Path | ScheduleFile | None,
+    store: Any,
+    *,
+    forecast: SignalSource | None = None,
+    realised: SignalSource | Realised | None = None,
+    objective: str | None = None,
 ) -> PowerRuntime:
     """Add a :class:`PowerRuntime` to a started ``session`` (a
     :class:`~perseus.runtime.session.RankSession`) and deploy the schedule's first plan.
 
     Its iteration 0 is the session's next iteration.
 
+    Args:
+        session: The started session.
+        schedule: The schedule to follow (a file or its model), or None.
+        store: The job's store, for run-time caps, or None.
+        forecast: The signal the schedule was made from (a CSV or a
+            :class:`~perseus.io.power_files.Signal`); with ``realised``, the rest of the
+            schedule is re-planned whenever an interval's realised value differs.
+        realised: The realised values: a signal file on the forecast's intervals, or a
+            callable giving interval ``k``'s value per kWh (None: the forecast stands).
+        objective: The series of both signals to use (default: the first).
+
     Raises:
-        ConfigError: if the session has no frontier yet (online profiling).
+        ConfigError: if the session has no frontier yet (online profiling), or ``realised``
+            comes without ``forecast`` or a schedule, or does not match them.
         PlanError: if the schedule was made for another frontier.
     """
     if session.frontier is None:
@@ -263,6 +332,11 @@ def attach_power(
             "not online_profile=True"
         )
     doc = read_schedule(schedule) if isinstance(schedule, (str, Path)) else schedule
+    replanner = None
+    if realised is not None:
+        if forecast is None or doc is None:
+            raise ConfigError("realised=: re-planning needs the schedule and its forecast=")
+        replanner = Replanner.from_signals(session.frontier, doc, forecast, realised, objective)
     gpu = session.gpu
     runtime = PowerRuntime(
         session.frontier,
@@ -273,11 +347,14 @@ def attach_power(
         clock=getattr(gpu, "clock", None) or REAL_CLOCK,
         energy_mj=gpu.energy_mj,
         release=lambda: release_clocks(session),
+        replanner=replanner,
     )
-    if runtime.point_index != session.point_index:
-        session.deploy(session.frontier, runtime.point_index)
     session.add_boundary_hook(runtime)
     runtime.wait_for(session.next_iteration)  # the first interval may open later
+    # The first plan, of the schedule in force after the wait (a re-plan may come on the way).
+    runtime.point_index = runtime.scheduled_index(session.next_iteration)
+    if runtime.point_index != session.point_index:
+        session.deploy(session.frontier, runtime.point_index)
     return runtime
 
 
