@@ -24,7 +24,8 @@ from _gpu_common import TransformerOps, reference_loop
 
 from perseus.device.nvml import NvmlGPU
 from perseus.runtime.agent.events import CudaEventSource
-from perseus.runtime.session import RankSession
+from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
 
@@ -67,9 +68,8 @@ def main() -> int:
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=args.blocking_power_w,
-        online_profile=True,
-        events=CudaEventSource(),
+        plan=OnlineProfile(),
+        options=SessionOptions(blocking_power_w=args.blocking_power_w, events=CudaEventSource()),
     )
     t0 = time.perf_counter()
     with session:

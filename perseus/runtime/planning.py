@@ -56,6 +56,7 @@ __all__ = [
     "OtherGpuWarning",
     "PlanContext",
     "PlanFile",
+    "PlanLike",
     "PlanSource",
     "Planned",
     "check_frontier",
@@ -290,33 +291,26 @@ class OnlineProfile:
         return Planned(planned.frontier, planned.job, profile)
 
 
-def plan_source(
-    plan: PlanSource | Frontier | str | Path | None,
-    profile: Profile | None,
-    online_profile: bool | OnlineProfile,
-) -> PlanSource:
-    """The one plan source the session's ``plan=``/``profile=``/``online_profile=`` name.
+#: What a session's ``plan=`` takes: a plan source, or what one is made from (a frontier or
+#: plan JSON path: :class:`PlanFile`; a profile: :class:`OfflineProfile`).
+PlanLike = PlanSource | Frontier | Profile | str | Path
+
+
+def plan_source(plan: PlanLike) -> PlanSource:
+    """The plan source a session's ``plan=`` names.
 
     Raises:
-        ConfigError: none, or an online sweep together with a plan or profile.
+        ConfigError: if ``plan`` is none of :data:`PlanLike`.
     """
-    online = OnlineProfile() if online_profile is True else online_profile or None
-    if online is not None and (plan is not None or profile is not None):
-        raise ConfigError("online_profile measures the profile; drop plan= and profile=")
-    if online is not None:
-        return online
-    if plan is None and profile is None:
-        raise ConfigError(
-            "the session needs a plan source: plan= (a plan file or frontier), profile= (plan "
-            "from a measured profile) or online_profile=True (measure it while training)"
-        )
-    if plan is None:
-        assert profile is not None
-        return OfflineProfile(profile)
+    if isinstance(plan, Profile):
+        return OfflineProfile(plan)
     if isinstance(plan, (Frontier, str, Path)):
-        return PlanFile(plan, profile)
-    if profile is not None:
-        raise ConfigError("profile= goes inside the plan source object; drop profile=")
+        return PlanFile(plan)
+    if not callable(getattr(plan, "plan", None)):
+        raise ConfigError(
+            f"plan= takes a plan source (PlanFile, OfflineProfile, OnlineProfile), a frontier "
+            f"or its JSON path, or a profile; got {type(plan).__name__}"
+        )
     return plan
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    session = RankSession(engine, gpu=gpu, plan="plan.json")
+    session = RankSession(engine, gpu=gpu, plan="plan.json", options=SessionOptions(...))
     with session:                                 # start(): plan, agent, engine hooks
         for batch in loader:
             with session.iteration():             # one training iteration
@@ -36,13 +36,13 @@ the ranks agree (one collective) whether anything ran since the last one: if not
 is this start (one counter reading for both); if so (an evaluation pass, a discarded
 iteration), every rank marks a fresh common start on the device's timeline.
 
-**Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
-defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
-measured). At start the session gives each process its own simulated GPU (index = its global
-rank) in a state directory of its own job unless the GPU's state directory was chosen
-(``state_dir=`` or ``$PERSEUS_SIM_DIR``: sharing asked for), prices ``W`` ops of a zero-bubble
-schedule from a profile without ``weight`` rows by splitting each backward in half (as the
-planner does), and always runs the cross-rank timeline (:mod:`perseus.runtime.emulation`).
+**Emulation.** A simulated GPU (:class:`~perseus.runtime.emulation.EmulatedGPU`) means
+emulation; ``emulate=False`` with one is refused: nothing real would be measured. Boundaries
+and op scopes meet the device through one seam, a
+:class:`~perseus.runtime.emulation.DeviceRun`: a GPU's or the emulated stream's
+(:mod:`perseus.runtime.emulation`, which also gives each process its own simulated GPU in a
+directory of its own job and prices ``W`` ops of a zero-bubble schedule from a profile
+without ``weight`` rows as the planner does).
 
 Where the plan comes from is a :class:`~perseus.runtime.planning.PlanSource`; the rank agent
 (:class:`~perseus.runtime.agent.rank_agent.RankAgent`) sets clocks on the device's timeline and
@@ -55,15 +55,16 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from perseus.device.base import GPU, EventSource
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.presets import blocking_power_for, gpu_identity
-from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
 from perseus.plan import Frontier
@@ -71,15 +72,15 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max, barrier
+from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration
-from perseus.runtime.emulation import StreamEmulator, start_emulation
+from perseus.runtime.emulation import DeviceRun, GpuRun, emulated_gpu, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
     OnlineProfile,
     PlanContext,
+    PlanLike,
     Planned,
-    PlanSource,
     check_frontier,
     plan_source,
     sweep_finished_everywhere,
@@ -89,7 +90,7 @@ from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
 
-__all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
+__all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionOptions", "SessionState"]
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +122,49 @@ class _NullScope:
 _OUTSIDE = _NullScope()
 
 
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """How a :class:`RankSession` runs, besides its engine, GPU and plan.
+
+    Args:
+        blocking_power_w: GPU power while waiting; used for planning and profiling. None
+            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
+            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
+        point_index: Which frontier point to deploy (0: the fastest).
+        emulate: Emulate on a simulated GPU; None (default) emulates exactly when the GPU is
+            one.
+        group: The pipeline's process group (default: the adapter's, else the default group).
+        watchdog: Start the watchdog process that resets the GPU if this process dies.
+        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
+        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
+            on a real GPU).
+        power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
+            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
+        power_store: The job's store, read for run-time power caps (``perseus power set``).
+        clock: The host's clock, read where the device has no timeline of its own.
+
+    Raises:
+        ConfigError: a negative ``blocking_power_w`` or ``point_index``.
+    """
+
+    blocking_power_w: float | None = None
+    point_index: int = 0
+    emulate: bool | None = None
+    group: Any = None
+    watchdog: bool = True
+    handle_signals: bool = True
+    events: EventSource | None = None
+    power_schedule: str | Path | None = None
+    power_store: Any = None
+    clock: Clock = REAL_CLOCK
+
+    def __post_init__(self) -> None:
+        if self.blocking_power_w is not None and not self.blocking_power_w >= 0:
+            raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
+        if self.point_index < 0:
+            raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
+
+
 class RankSession:
     """One pipeline rank's perseus session around an engine.
 
@@ -135,31 +179,15 @@ class RankSession:
             whose actions the loop runs inside :meth:`op` itself.
         rank: This process's pipeline rank; only with a bare schedule (an adapter knows it).
         gpu: This rank's GPU (an ``NvmlGPU``, or a ``SimulatedGPU``: emulation).
-        blocking_power_w: GPU power while waiting; used for planning and profiling. None
-            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
-            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
-        plan: A plan source (:class:`~perseus.runtime.planning.PlanFile`,
-            :class:`~perseus.runtime.planning.OfflineProfile`,
-            :class:`~perseus.runtime.planning.OnlineProfile`) or a frontier / plan JSON path.
-        profile: Without ``plan``: plan from this profile (rank 0 traces the frontier). With a
-            plan file: the profile it was computed for (checked; used by :meth:`allmax_plan`).
-        online_profile: True (or an :class:`~perseus.runtime.planning.OnlineProfile` with
-            options): sweep clocks during the first iterations, then plan from the sweep.
-        point_index: Which frontier point to deploy (0: the fastest).
-        emulate: Emulate on a simulated GPU; None (default) emulates exactly when ``gpu`` is
-            a ``SimulatedGPU``.
-        group: The pipeline's process group (default: the adapter's, else the default group).
-        watchdog: Start the watchdog process that resets the GPU if this process dies.
-        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
-        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
-            on a real GPU).
-        power_schedule: A plan schedule JSON (``perseus plan schedule``) over ``plan``'s
-            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
-        power_store: The job's store, read for run-time power caps (``perseus power set``).
+        plan: Where the plan comes from: a plan source
+            (:class:`~perseus.runtime.planning.PlanFile`, ``OfflineProfile``,
+            ``OnlineProfile``: sweep clocks during the first iterations, then plan), or a
+            frontier, its JSON path, or a profile (rank 0 traces the frontier).
+        options: Everything else (:class:`SessionOptions`; default: its defaults).
 
     Raises:
-        ConfigError: no plan source or two; a rank out of range or missing; ``emulate=True``
-            without a simulated GPU, or ``emulate=False`` with one.
+        ConfigError: a ``plan`` of another type; a rank out of range or missing; ``emulate``
+            contradicting the GPU; ``power_schedule`` with an online sweep.
     """
 
     def __init__(
@@ -167,24 +195,15 @@ class RankSession:
         engine: EngineAdapter | Schedule,
         rank: int | None = None,
         *,
-        gpu: Any,
-        blocking_power_w: float | None = None,
-        plan: PlanSource | Frontier | str | Path | None = None,
-        profile: Profile | None = None,
-        online_profile: bool | OnlineProfile = False,
-        point_index: int = 0,
-        emulate: bool | None = None,
-        group: Any = None,
-        watchdog: bool = True,
-        handle_signals: bool = True,
-        events: Any = None,
-        power_schedule: str | Path | None = None,
-        power_store: Any = None,
+        gpu: GPU,
+        plan: PlanLike,
+        options: SessionOptions | None = None,
     ) -> None:
+        options = options if options is not None else SessionOptions()
         if isinstance(engine, Schedule):
             if rank is None:
                 raise ConfigError("RankSession(schedule, rank, ...): pass this process's rank")
-            engine = ManualEngine(engine, rank, group)
+            engine = ManualEngine(engine, rank, options.group)
         elif rank is not None and rank != engine.rank:
             raise ConfigError(
                 f"rank={rank} differs from the engine adapter's rank {engine.rank}; drop rank="
@@ -194,37 +213,20 @@ class RankSession:
             raise ConfigError(
                 f"rank {engine.rank} is out of range: the schedule has {schedule.num_ranks} ranks"
             )
-        simulated = isinstance(gpu, SimulatedGPU)
-        if emulate is None:
-            emulate = simulated
-        if emulate and not simulated:
+        self._emulated = emulated_gpu(gpu, options.emulate)
+        self.source = plan_source(plan)
+        if isinstance(self.source, OnlineProfile) and options.power_schedule is not None:
             raise ConfigError(
-                f"emulate=True needs a simulated GPU (SimulatedGPU), got {type(gpu).__name__}"
+                "power_schedule= needs a frontier to follow: plan= a plan file or a profile, "
+                "not OnlineProfile"
             )
-        if simulated and not emulate:
-            raise ConfigError(
-                "emulate=False with a SimulatedGPU would time real CPU compute against "
-                "simulated clocks and measure nothing true; drop emulate= (a simulated GPU is "
-                "emulated) or pass a real GPU"
-            )
-        if blocking_power_w is None:
-            blocking_power_w = blocking_power_for(gpu)  # ConfigError names the parameter
-        if not blocking_power_w >= 0:
-            raise ConfigError(f"blocking_power_w must be >= 0 W, got {blocking_power_w}")
-        if point_index < 0:
-            raise ConfigError(f"point_index must be >= 0, got {point_index}")
-        self.engine = engine
-        self.schedule = schedule
-        self.rank = engine.rank
-        self.gpu = gpu
-        self.blocking_power_w = float(blocking_power_w)
-        self.group = group if group is not None else engine.group
-        self.emulate = emulate
-        self.point_index = point_index
-        self.source = plan_source(plan, profile, online_profile)
-        if isinstance(self.source, OnlineProfile) and power_schedule is not None:
-            raise ConfigError("power_schedule= needs plan= (its frontier); drop online_profile")
-        self._power_args = (power_schedule, power_store)
+        self.engine, self.schedule, self.rank = engine, schedule, engine.rank
+        self.gpu, self.options, self.emulate = gpu, options, self._emulated is not None
+        power_w = options.blocking_power_w
+        # blocking_power_for's ConfigError names the option
+        self.blocking_power_w = float(blocking_power_for(gpu) if power_w is None else power_w)
+        self.group = options.group if options.group is not None else engine.group
+        self.point_index = options.point_index
         self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
         self.history: list[IterationStats] = []
         self.frontier: Frontier | None = None
@@ -232,17 +234,11 @@ class RankSession:
         self.profiled: Profile | None = None
         self.clocks_profiled: dict[tuple[int, Any], int] = {}
         self.summary: RunSummary | None = None
-        self._agent_options: dict[str, Any] = {
-            "watchdog": watchdog,
-            "handle_signals": handle_signals,
-        }
-        if events is not None:
-            self._agent_options["events"] = events
         self._state = SessionState.NEW
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
         self._sweep: SessionSweep | None = None
-        self._emulator: StreamEmulator | None = None
+        self._run: DeviceRun = GpuRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
         # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
@@ -281,9 +277,9 @@ class RankSession:
         self._state = SessionState.IDLE
         try:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
-            if self.emulate:  # each process its own simulated GPU; the shared timeline
-                self.gpu, self._emulator = start_emulation(
-                    self.gpu,
+            if self._emulated is not None:  # each process its own simulated GPU; the timeline
+                self.gpu, self._run = start_emulation(
+                    self._emulated,
                     self.schedule,
                     self.rank,
                     self.group,
@@ -297,10 +293,12 @@ class RankSession:
                 self._start_sweep(self.source)
             else:
                 self._install(planned)
-            if self._power_args != (None, None):
+            if self.options.power_schedule is not None or self.options.power_store is not None:
                 from perseus.runtime.power.runtime import attach_power
 
-                self.power = attach_power(self, *self._power_args)
+                self.power = attach_power(
+                    self, self.options.power_schedule, self.options.power_store
+                )
         except BaseException:
             self.close()
             raise
@@ -376,7 +374,7 @@ class RankSession:
     @property
     def emulation_overruns(self) -> int:
         """Actions whose CPU compute exceeded the simulated time (0 when not emulating)."""
-        return self._emulator.overruns if self._emulator is not None else 0
+        return self._run.overruns
 
     def deploy(self, frontier: Frontier, point_index: int = 0) -> None:
         """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
@@ -455,68 +453,46 @@ class RankSession:
         # (evaluation) or after a discarded one, every rank marks a fresh start.
         fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
         self._ran_between = False
-        if self._emulator is not None:
-            # A fresh start is at the latest of the hosts' arrival: a host that arrives late
-            # does not make the others' devices start late.
-            at_s, fresh = all_reduce_max([self.gpu.timeline_now_s(), fresh], self.group)
-        else:
-            at_s = None
-            (fresh,) = all_reduce_max([fresh], self.group)  # also a barrier
+        fresh = self._run.agree_start(fresh, self.group)
         if fresh or self._last_mark is None:
-            self._window = self._mark(at_s)
+            self._window = self._mark()
         else:
             self._window = self._last_mark
-            if self._emulator is not None:
-                # The devices idled since the last iteration's end while the hosts went round
-                # the loop; on GPUs the hosts would have queued the next ops ahead of time.
-                self.gpu.backdate(self._last_mark[0])
+            self._run.resume(self._last_mark[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
             agent.step_begin()
-            if self._emulator is not None and agent.first_clock_pending():
-                # A new plan (or sweep step) starts: its first clock is applied in real time,
-                # so the device must not run this iteration's first op before it.
-                agent.wait_for_clock(5.0)
-                self.gpu.record_event()  # nothing may start before now
+            self._run.first_clock(agent)
 
     def _end(self) -> None:
-        agent = self._agent
-        window = self._window
-        assert window is not None
-        last_end = delivery = None
+        agent, window = self._agent, self._window
+        assert window is not None  # set by _begin
+        own_end_s = delivery = None
         if agent is not None:
-            planned = len(agent.planned_clocks_mhz)
-            done = agent.ops_done_this_iteration
-            if done < planned:
-                self._abort_iteration()
-                raise PlanError(
-                    f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
-                    f"one engine step ({self.engine.step_call}): run exactly one "
-                    f"{self.engine.step_call} per "
-                    "`with session.iteration():` (evaluation and forward-only passes go "
-                    "between iterations)"
-                )
+            self._check_whole_step(agent)
             last_end = agent.last_op_end_event
             delivery = agent.step_end().clock_delivery  # waits for this rank's last op
+            own_end_s = last_end.device_time_s() if last_end is not None else None
         # A real GPU's start is read now: the worker has read its counter by the agent's end.
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
-        own_end_s = last_end.device_time_s() if last_end is not None else t0
-        at_s = None
-        if self._emulator is not None:
-            (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
-        else:
-            barrier(self.group)
-        end = self._mark(at_s, reuse_agent_counter=True)
+        own_end_s = t0 if own_end_s is None else own_end_s
+        self._run.agree_end(own_end_s, self.group)
+        end = self._mark(reuse_agent_counter=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
-        overruns = self._emulator.take_overruns() if self._emulator is not None else 0
         pipeline = agree_iteration(
-            energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
+            energy_j,
+            end_s - t0,
+            delivery,
+            self._run.take_overruns(),
+            self.rank,
+            self.schedule.num_ranks,
+            self.group,
         )
         profiling = self._sweep is not None
-        point = None
-        if not profiling and self.frontier is not None:
-            point = self.frontier.points[self.point_index]
+        point = (
+            None if profiling or self.frontier is None else self.frontier.points[self.point_index]
+        )
         stats = IterationStats(
             iteration=self._iteration,
             phase="profile" if profiling else "run",
@@ -538,6 +514,22 @@ class RankSession:
         self._last_mark = (end_s, mj)
         self._window = None
         self._state = SessionState.IDLE
+        self._after_iteration(stats)
+
+    def _check_whole_step(self, agent: RankAgent) -> None:
+        planned = len(agent.planned_clocks_mhz)
+        done = agent.ops_done_this_iteration
+        if done < planned:
+            self._abort_iteration()
+            raise PlanError(
+                f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
+                f"one engine step ({self.engine.step_call}): run exactly one "
+                f"{self.engine.step_call} per `with session.iteration():` (evaluation and "
+                "forward-only passes go between iterations)"
+            )
+
+    def _after_iteration(self, stats: IterationStats) -> None:
+        """Advance the sweep or watch for drift, then ask the boundary hooks."""
         if self._sweep is not None:
             self._sweep_boundary()
         elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
@@ -557,29 +549,24 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(
-        self, at_s: float | None, reuse_agent_counter: bool = False
-    ) -> tuple[float, int] | CounterMark:
+    def _mark(self, reuse_agent_counter: bool = False) -> tuple[float, int] | CounterMark:
         """A point on the device's timeline: (device time, energy counter in mJ).
 
-        ``at_s`` (emulation): the point is then, not when this host got here (host stalls are
-        an artefact of CPUs shared between emulated GPUs). A real GPU's fresh start is a
-        :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on NVML)
-        on the training thread; the worker reads the counter as the device passes it.
+        A real GPU's fresh start is a :class:`CounterMark`: neither a wait for the device nor
+        a counter read (~3 ms on NVML) on the training thread; the worker reads the counter as
+        the device passes it.
         """
         agent = self._agent
         events = agent.events if agent is not None else None
-        if events is None:  # no device timeline (a GPU without events): the host's view
-            return time.perf_counter(), int(self.gpu.energy_mj())
+        if agent is None or events is None:  # no device timeline: the host's view
+            return self.options.clock.now(), int(self.gpu.energy_mj())
         mj_before = None
-        if reuse_agent_counter and agent is not None:
+        if reuse_agent_counter:
             # The agent read the counter as the iteration ended on this device, moments ago:
             # the same boundary (the device is idle since), no second read.
             mj_before = agent.take_end_counter_mj()
-        elif self._emulator is None and agent is not None:
+        elif self._run.defers_start:
             return CounterMark(events.record_event(), agent.controller, self.gpu.energy_mj)
-        if at_s is not None:
-            self.gpu.backdate(at_s)
         event = events.record_event()
         event.synchronize()  # the device is idle here: completes at once
         mj = event.energy_mj
@@ -617,17 +604,8 @@ class RankSession:
                 "`with session.iteration():`; for gradient accumulation raise the microbatch "
                 "count instead"
             )
-        emulator = self._emulator
-        if emulator is None:
-            with agent.op(action.kind, action.microbatch_index, action.stage_index):
-                yield
-            return
-        emulator.before(action)
-        with agent.op(action.kind, action.microbatch_index, action.stage_index):
-            emulator.launch(action)
-            agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
+        with self._run.op(agent, action):
             yield
-        emulator.finish(action, agent.last_op_end_event)
 
     # ----------------------------------------------------------------------------------------
     # Planning
@@ -647,12 +625,19 @@ class RankSession:
             return
         if not sweep:  # a sweep "plan" is not a deployed frontier
             self.frontier, self.point_index = frontier, point_index
-        options: dict[str, Any] = {"measure_op_energy": False}
-        if self.job is not None:
+        o = self.options
+        agent = RankAgent(
+            frontier,
+            self.gpu,
+            self.rank,
+            point_index=point_index,
+            measure_op_energy=False,
+            watchdog=o.watchdog,
+            handle_signals=o.handle_signals,
+            events=o.events,
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
-            options["op_time_s"] = profiled_op_time_s(self.job.profile)
-        options.update(self._agent_options)
-        agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
+            op_time_s=profiled_op_time_s(self.job.profile) if self.job is not None else None,
+        )
         agent.start()
         self._agent = agent
 

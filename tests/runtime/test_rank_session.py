@@ -12,8 +12,8 @@ from perseus.errors import ConfigError, PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.planning import OnlineProfile
-from perseus.runtime.session import IterationStats, RankSession
+from perseus.runtime.planning import OnlineProfile, PlanFile
+from perseus.runtime.session import IterationStats, RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
 BLOCKING_W = 83.64
@@ -35,13 +35,15 @@ def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def
 
 def _session(gpu, profile, checked=False, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
-    options = {"watchdog": False, "handle_signals": False, **kwargs}
+    options = SessionOptions(
+        blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False, **kwargs
+    )
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
     job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
-    if checked:  # the profile the plan was made for: allmax_plan() works
-        options["profile"] = profile
-    return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
+    # With the profile the plan was made for (checked): allmax_plan() works.
+    source = PlanFile(plan, profile) if checked else plan
+    return RankSession(schedule, 0, gpu=gpu, plan=source, options=options)
 
 
 def _iteration(session: RankSession) -> None:
@@ -100,10 +102,12 @@ def test_ops_outside_an_iteration_run_untouched(gpu, profile):
 
 def test_bad_arguments_are_config_errors(gpu, profile):
     schedule = build_schedule("1f1b", 2, 4)
-    with pytest.raises(ConfigError, match="needs a plan source"):
-        RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W)
+    with pytest.raises(ConfigError, match="plan= takes a plan source"):
+        RankSession(schedule, 0, gpu=gpu, plan=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="out of range"):
-        RankSession(schedule, 5, gpu=gpu, blocking_power_w=BLOCKING_W, profile=profile)
+        RankSession(
+            schedule, 5, gpu=gpu, plan=profile, options=SessionOptions(blocking_power_w=BLOCKING_W)
+        )
     session = _session(gpu, profile)
     with pytest.raises(PlanError, match="out of range"):
         _session(gpu, profile, point_index=7).start()
@@ -132,10 +136,8 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=BLOCKING_W,
-        online_profile=OnlineProfile(cache=cache),
-        watchdog=False,
-        handle_signals=False,
+        plan=OnlineProfile(cache=cache),
+        options=SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False),
     )
     with session:
         assert session.profiling and session.frontier is None
@@ -163,12 +165,11 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
 def test_safety_is_on_by_default():
     import inspect
 
-    from perseus.runtime.pipeline import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline, SessionOptions
 
     for cls in (RankSession, PerseusPipeline):
-        params = inspect.signature(cls).parameters
-        assert params["watchdog"].default is True, cls
-        assert params["handle_signals"].default is True, cls
+        assert inspect.signature(cls).parameters["options"].default is None, cls
+    assert SessionOptions().watchdog is True and SessionOptions().handle_signals is True
 
 
 def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
@@ -334,10 +335,8 @@ def test_zero_bubble_runs_on_a_simulated_gpu_from_a_profile_without_weight_rows(
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=BLOCKING_W,
         plan=plan,
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False),
     )
     with session:
         for _ in range(2):
@@ -371,9 +370,9 @@ def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, pro
     """Without ``blocking_power_w`` the session asks the device: a simulated GPU declares its
     own; a GPU whose name no preset knows is refused with a message naming the parameter."""
     schedule = build_schedule("1f1b", 2, 4)
-    options = {"watchdog": False, "handle_signals": False, "profile": profile}
+    options = SessionOptions(watchdog=False, handle_signals=False)
     declared = SimulatedGPU.from_profile(profile, blocking_power_w=71.5, state_dir=tmp_path)
-    session = RankSession(schedule, 0, gpu=declared, **options)
+    session = RankSession(schedule, 0, gpu=declared, plan=profile, options=options)
     assert session.blocking_power_w == 71.5
     session.close()
 
@@ -381,7 +380,7 @@ def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, pro
         name = "Some Accelerator X"
 
     with pytest.raises(ConfigError, match="blocking_power_w") as e:
-        RankSession(schedule, 0, gpu=Unknown(), emulate=False, **options)
+        RankSession(schedule, 0, gpu=Unknown(), plan=profile, options=options)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
 
 
@@ -397,7 +396,7 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 
 profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
