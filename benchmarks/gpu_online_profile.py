@@ -1,7 +1,7 @@
 """Online profiling on a real GPU vs long-window reference measurements (needs clock locking).
 
 A bf16 transformer layer's forward/backward per microbatch (1F1B, one stage) runs through
-``RankSession(online_profile=True)`` on ``NvmlGPU.for_cuda_device(0)``: clocks set by the agent on
+``RankSession(plan=OnlineProfile())`` on ``NvmlGPU.for_cuda_device(0)``: clocks set by the agent on
 the device's timeline, op times from CUDA events, op energy fitted to the NVML counter's 100 ms
 publish windows (the same path the emulated runs take). The sweep is cut to ``--clocks`` (the
 GPU's nearest supported ones) so the run stays short. Then, at each of those clocks, a

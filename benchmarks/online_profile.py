@@ -18,7 +18,7 @@ priced exactly on the true profile.
 
 Without ``--runs``, the single-rank, real-time run below.
 
-One pipeline rank runs 1F1B through ``RankSession(online_profile=OnlineProfile(...))`` on a simulated GPU: the
+One pipeline rank runs 1F1B through ``RankSession(plan=OnlineProfile(...))`` on a simulated GPU: the
 real agent -> controller -> device path, op energy from the energy counter read on a
 background thread (published every 100 ms x ``--time-scale``, the ops scaled alike), per-op
 noise, a blocking-power error and a counter gain error on. Each profiled row is compared with

@@ -127,7 +127,7 @@ def check_gpu(
         )
         return
     raise PlanError(
-        f"{line}; profile this GPU (online_profile=True, or OnlineProfile(cache=...)), or run "
+        f"{line}; profile this GPU (plan=OnlineProfile(), or OnlineProfile(cache=...)), or run "
         f"it as an estimate with {source}(..., allow_other_gpu=True)"
     )
 

@@ -1,7 +1,7 @@
 """The online sweep of a session, as one object: options, profiler, counter sampler, windows.
 
-During the first iterations a :class:`~perseus.runtime.session.RankSession` with
-``online_profile`` runs a one-point "plan" of the clocks to measure next
+During the first iterations a :class:`~perseus.runtime.session.RankSession` with an
+``OnlineProfile`` plan runs a one-point "plan" of the clocks to measure next
 (:meth:`SessionSweep.sweep_plan`) through the rank agent; op times come from the agent's device
 events, op energy from the GPU's energy counter read on a background thread
 (:mod:`perseus.runtime.profiling.energy_windows`): each (stage, kind)'s power is fitted to the
