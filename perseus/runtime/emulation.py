@@ -57,7 +57,6 @@ __all__ = [
     "DeviceRun",
     "EmulatedGPU",
     "EmulationOverrunWarning",
-    "GpuRun",
     "StreamEmulator",
     "VirtualTimeline",
     "emulated_gpu",
@@ -96,62 +95,36 @@ class EmulatedGPU(GPU, EventSource, Protocol):
     ) -> EmulatedGPU: ...
 
 
-class DeviceRun(Protocol):
-    """How a session's iteration boundaries and op scopes meet its device: a GPU
-    (:class:`GpuRun`) or an emulated one (:class:`StreamEmulator`)."""
+class DeviceRun:
+    """How a session's iteration boundaries and op scopes meet its device; this class is a real
+    GPU's (the host enqueues ahead of the device, the ranks meet at barriers),
+    :class:`StreamEmulator` the emulated one."""
 
     #: A fresh start is read when the device passes it (a real GPU), not waited for.
-    defers_start: bool
-    overruns: int
-
-    def agree_start(self, fresh: float, group: Any) -> float:
-        """Agree (collective) whether this start is fresh; returns 1.0 if so on any rank."""
-        ...
-
-    def resume(self, last_end_s: float) -> None:
-        """Start right after the last iteration's end (no fresh start)."""
-        ...
-
-    def first_clock(self, agent: RankAgent) -> None:
-        """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
-        ...
-
-    def agree_end(self, own_end_s: float, group: Any) -> None:
-        """Agree (collective) on the iteration's end; ``own_end_s``: this rank's last op."""
-        ...
-
-    def take_overruns(self) -> int:
-        """Host overruns since the last call (0 on a GPU)."""
-        ...
-
-    def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
-        """The scope of one measured action."""
-        ...
-
-
-class GpuRun:
-    """A real GPU: the host enqueues ahead of the device; the ranks meet at barriers."""
-
     defers_start = True
     overruns = 0
 
     def agree_start(self, fresh: float, group: Any) -> float:
+        """Agree (collective) whether this start is fresh: 1.0 if so on any rank."""
         (fresh,) = all_reduce_max([fresh], group)  # also a barrier
         return fresh
 
     def resume(self, last_end_s: float) -> None:
-        return None
+        """Start right after the last iteration's end (no fresh start)."""
 
     def first_clock(self, agent: RankAgent) -> None:
-        return None
+        """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
+        """Agree (collective) on the iteration's end; ``own_end_s``: this rank's last op."""
         barrier(group)
 
     def take_overruns(self) -> int:
+        """Host overruns since the last call (0 on a GPU)."""
         return 0
 
     def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
+        """The scope of one measured action."""
         return agent.op(action.kind, action.microbatch_index, action.stage_index)
 
 
@@ -175,7 +148,7 @@ def emulated_gpu(gpu: GPU, emulate: bool | None) -> EmulatedGPU | None:
     return simulated
 
 
-class StreamEmulator:
+class StreamEmulator(DeviceRun):
     """Launches actions on a simulated GPU and holds the host until their outputs exist: a
     session's :class:`DeviceRun` when it emulates.
 

@@ -65,16 +65,15 @@ from typing import Any
 from perseus.device.base import GPU, EventSource
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.presets import blocking_power_for, gpu_identity
-from perseus.errors import ConfigError, PlanError, ProfileError
+from perseus.errors import ConfigError, PlanError
 from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration
-from perseus.runtime.emulation import DeviceRun, GpuRun, emulated_gpu, start_emulation
+from perseus.runtime.emulation import DeviceRun, emulated_gpu, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
     OnlineProfile,
@@ -85,7 +84,6 @@ from perseus.runtime.planning import (
     plan_source,
     sweep_finished_everywhere,
 )
-from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
@@ -107,19 +105,6 @@ class SessionState(enum.Enum):
     IDLE = "idle"
     IN_ITERATION = "in iteration"
     CLOSED = "closed"
-
-
-class _NullScope:
-    """The context of an op that runs outside an iteration (eval, warm-up): untouched."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_OUTSIDE = _NullScope()
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +223,7 @@ class RankSession:
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
         self._sweep: SessionSweep | None = None
-        self._run: DeviceRun = GpuRun()
+        self._run = DeviceRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
         # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
@@ -400,7 +385,7 @@ class RankSession:
         if self.job is None:
             raise PlanError(
                 "RankSession.allmax_plan() needs the profile the plan was made for: pass "
-                "profile= with plan=, or wait for the online sweep to finish"
+                "plan=PlanFile(plan, profile), or wait for the online sweep to finish"
             )
         job = self.job
         return job.frontier([job.point(job.allmax())])
@@ -588,7 +573,7 @@ class RankSession:
         """
         if self._state is not SessionState.IN_ITERATION:
             self._ran_between = True
-            return _OUTSIDE
+            return contextlib.nullcontext()  # untouched
         return self._op(action)
 
     @contextmanager
@@ -665,13 +650,6 @@ class RankSession:
                 self._pending = (sweep.sweep_plan(), 0)
             return
         self._stop_sweep()
-        # Every rank refuses together when any rank's energy fit is poor (one all-reduce).
-        (worst,) = all_reduce_max([sweep.profiler.worst_fit_error()], self.group)
-        if worst > MAX_FIT_ERROR:
-            check_fit(sweep.profiler)  # raises here, naming this rank's worst row
-            raise ProfileError(
-                f"online profile refused: another rank's energy fit is worse than "
-                f"{MAX_FIT_ERROR:.0%} (its error names the row)"
-            )
+        rows = sweep.measured_rows(self.group)  # every rank refuses together on a poor fit
         self.clocks_profiled = sweep.profiler.clocks_profiled()
-        self._install(sweep.options.plan_measured(self._context(), sweep.profiler.rows()))
+        self._install(sweep.options.plan_measured(self._context(), rows))
