@@ -45,7 +45,9 @@ import numpy as np
 from perseus.dag.graph import build_dag
 from perseus.device.base import GPU, DeviceEvent, EventSource
 from perseus.errors import ConfigError
+from perseus.job import DEFAULT_BACKWARD_SPLIT
 from perseus.profile.model import Profile, build_profile
+from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.collectives import all_reduce_max, barrier, broadcast_object, global_rank
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
@@ -100,8 +102,6 @@ class DeviceRun:
     GPU's (the host enqueues ahead of the device, the ranks meet at barriers),
     :class:`StreamEmulator` the emulated one."""
 
-    #: A fresh start is read when the device passes it (a real GPU), not waited for.
-    defers_start = True
     overruns = 0
 
     def agree_start(self, fresh: float, group: Any) -> float:
@@ -111,6 +111,17 @@ class DeviceRun:
 
     def resume(self, last_end_s: float) -> None:
         """Start right after the last iteration's end (no fresh start)."""
+
+    def mark(
+        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
+    ) -> tuple[float, int] | CounterMark:
+        """A boundary on the device's timeline: ``(device time, counter mJ)``. A real GPU's
+        fresh start is a :class:`CounterMark`: neither a wait for the device nor a counter read
+        (~3 ms on NVML) on the training thread; the worker reads the counter as the device
+        passes it."""
+        if at_end:
+            return _read_mark(agent, events, read_mj, at_end)
+        return CounterMark(events.record_event(), agent.controller, read_mj)
 
     def first_clock(self, agent: RankAgent) -> None:
         """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
@@ -126,6 +137,21 @@ class DeviceRun:
     def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
         """The scope of one measured action."""
         return agent.op(action.kind, action.microbatch_index, action.stage_index)
+
+
+def _read_mark(
+    agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
+) -> tuple[float, int]:
+    """Wait for a boundary on an idle device and read it."""
+    # At an end the agent read the counter as the iteration ended on this device, moments
+    # ago: the same boundary (the device is idle since), no second read.
+    mj_before = agent.take_end_counter_mj() if at_end else None
+    event = events.record_event()
+    event.synchronize()  # the device is idle here: completes at once
+    mj = event.energy_mj
+    if mj is None:
+        mj = mj_before if mj_before is not None else read_mj()
+    return event.device_time_s(), int(mj)
 
 
 def emulated_gpu(gpu: GPU, emulate: bool | None) -> EmulatedGPU | None:
@@ -163,7 +189,6 @@ class StreamEmulator(DeviceRun):
     """
 
     _taken = 0  # overruns already counted by take_overruns()
-    defers_start = False
 
     def __init__(self, gpu: EmulatedGPU, timeline: VirtualTimeline | None = None) -> None:
         self._gpu = gpu
@@ -205,6 +230,11 @@ class StreamEmulator(DeviceRun):
         at_s, fresh = all_reduce_max([self._gpu.timeline_now_s(), fresh], group)
         self._gpu.backdate(at_s)
         return fresh
+
+    def mark(
+        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
+    ) -> tuple[float, int]:
+        return _read_mark(agent, events, read_mj, at_end)
 
     def resume(self, last_end_s: float) -> None:
         # The devices idled since the last iteration's end while the hosts went round the
@@ -342,7 +372,7 @@ def start_emulation(
     rank: int,
     group: Any,
     *,
-    backward_split: float,
+    backward_split: float = DEFAULT_BACKWARD_SPLIT,
 ) -> tuple[EmulatedGPU, StreamEmulator]:
     """Place this process's simulated GPU and join its pipeline's timeline (collective).
 

@@ -61,9 +61,7 @@ __all__ = [
     "Planned",
     "check_frontier",
     "check_gpu",
-    "gather_profile",
     "job_for_schedule",
-    "load_frontier",
     "plan_from_profile",
     "plan_source",
     "sweep_finished_everywhere",
@@ -167,7 +165,8 @@ class PlanFile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Read and check the plan (no collective)."""
-        frontier = load_frontier(self.frontier)
+        plan = self.frontier
+        frontier = plan if isinstance(plan, Frontier) else read_frontier(plan)
         described = frontier.job.gpu or (self.profile.gpu if self.profile else None)
         what = "plan " + (
             str(self.frontier)[:200] if not isinstance(self.frontier, Frontier) else "(object)"
@@ -283,7 +282,9 @@ class OnlineProfile:
         self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
     ) -> Planned:
         """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
-        profile = gather_profile(rows, ctx.group).with_gpu(ctx.gpu)
+        parts = all_gather_objects(rows, ctx.group)  # every rank's rows (collective)
+        merged = [r for part in parts for r in part]
+        profile = build_profile(merged, source="online profile").with_gpu(ctx.gpu)
         if self.cache is not None and ctx.rank == 0:
             check_private_file(self.cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self.cache)
@@ -373,11 +374,6 @@ def job_for_schedule(
     return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
 
-def load_frontier(plan: Frontier | str | Path) -> Frontier:
-    """``plan`` itself, or the frontier read from its JSON path."""
-    return plan if isinstance(plan, Frontier) else read_frontier(plan)
-
-
 def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> None:
     """Raise :class:`PlanError` unless ``frontier`` was computed for ``schedule``.
 
@@ -419,9 +415,3 @@ def sweep_finished_everywhere(profiler: OnlineProfiler | PairSweep, group: Any) 
     """True when every rank's sweep is done (one all-reduce over ``group``)."""
     (busy,) = all_reduce_max([0.0 if profiler.done else 1.0], group)
     return busy == 0.0
-
-
-def gather_profile(rows: list[ProfileRow] | list[PairProfileRow], group: Any) -> Profile:
-    """Every rank's measured rows as one profile (collective over ``group``)."""
-    parts = all_gather_objects(rows, group)
-    return build_profile([r for part in parts for r in part], source="online profile")

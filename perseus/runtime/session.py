@@ -14,40 +14,23 @@
 Megatron-Core, DeepSpeed) or a bare :class:`~perseus.schedule.Schedule` with ``rank`` (then the
 loop enters ``session.op(action)`` around each compute action itself).
 
-**Lifecycle.** A session is a small state machine::
+**Lifecycle.** A small state machine::
 
     new --start()--> idle --iteration() enter--> in iteration --exit--> idle --close()--> closed
                                                       |  exception: iteration discarded
                                                       +-----------------------------------> idle
 
-Only *in iteration* are actions measured and held to the plan's order; before, between and
-after iterations (evaluation, ``schedule.eval()``, Megatron's ``forward_only=True``, warm-up)
-they run untouched at whatever clock the GPU has. Inside an iteration the engine must run
-exactly one step (the adapter's ``step_call``): a second step, or fewer actions than planned,
-is refused with a :class:`~perseus.errors.PlanError` that names that call.
+Only *in iteration* are actions measured and held to the plan's order (exactly one engine
+step, the adapter's ``step_call``); outside (evaluation, warm-up) they run untouched.
 
-**Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and, in one
-all-reduce, their iteration windows (``time_s`` is the longest: the same on every rank),
-energy, held ops and host overruns (:mod:`perseus.runtime.drift`): :class:`IterationStats`
-carries the pipeline's figures next to the plan's prediction, and this rank's energy and
-clocks as read back. At an iteration's start
-the ranks agree (one collective) whether anything ran since the last one: if not, the last end
-is this start (one counter reading for both); if so (an evaluation pass, a discarded
-iteration), every rank marks a fresh common start on the device's timeline.
-
-**Emulation.** A simulated GPU (:class:`~perseus.runtime.emulation.EmulatedGPU`) means
-emulation; ``emulate=False`` with one is refused: nothing real would be measured. Boundaries
+**Measurement.** At an iteration's end the ranks agree on the end (emulation: when the
+pipeline's last device finished; on GPUs a barrier) and, in one all-reduce, on the pipeline's
+time, energy, held ops and host overruns (:mod:`perseus.runtime.drift`). At a start they agree
+whether anything ran since the last end: if not, that end is this start (one counter reading
+for both); if so, every rank marks a fresh common start on the device's timeline. Boundaries
 and op scopes meet the device through one seam, a
-:class:`~perseus.runtime.emulation.DeviceRun`: a GPU's or the emulated stream's
-(:mod:`perseus.runtime.emulation`, which also gives each process its own simulated GPU in a
-directory of its own job and prices ``W`` ops of a zero-bubble schedule from a profile
-without ``weight`` rows as the planner does).
-
-Where the plan comes from is a :class:`~perseus.runtime.planning.PlanSource`; the rank agent
-(:class:`~perseus.runtime.agent.rank_agent.RankAgent`) sets clocks on the device's timeline and
-measures ops; the online sweep runs through the same agent
-(:class:`~perseus.runtime.session_sweep.SessionSweep`).
+:class:`~perseus.runtime.emulation.DeviceRun`: a GPU's, or the emulated stream's (a simulated
+GPU means emulation).
 """
 
 from __future__ import annotations
@@ -59,14 +42,13 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from perseus.device.base import GPU, EventSource
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.presets import blocking_power_for, gpu_identity
 from perseus.errors import ConfigError, PlanError
-from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
+from perseus.job import PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
@@ -264,11 +246,7 @@ class RankSession:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
             if self._emulated is not None:  # each process its own simulated GPU; the timeline
                 self.gpu, self._run = start_emulation(
-                    self._emulated,
-                    self.schedule,
-                    self.rank,
-                    self.group,
-                    backward_split=DEFAULT_BACKWARD_SPLIT,
+                    self._emulated, self.schedule, self.rank, self.group
                 )
             ctx = self._context()
             planned = self.source.plan(ctx)
@@ -320,17 +298,10 @@ class RankSession:
     def __enter__(self) -> RankSession:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # An error in close() does not mask the training loop's.
+        with contextlib.suppress(Exception) if exc_type else contextlib.nullcontext():
             self.close()
-        else:
-            with contextlib.suppress(Exception):  # do not mask the training loop's error
-                self.close()
 
     @property
     def next_iteration(self) -> int:
@@ -462,7 +433,7 @@ class RankSession:
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = t0 if own_end_s is None else own_end_s
         self._run.agree_end(own_end_s, self.group)
-        end = self._mark(reuse_agent_counter=True)
+        end = self._mark(at_end=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
         pipeline = agree_iteration(
@@ -508,10 +479,12 @@ class RankSession:
             self._abort_iteration()
             raise PlanError(
                 f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
-                f"one engine step ({self.engine.step_call}): run exactly one "
-                f"{self.engine.step_call} per `with session.iteration():` (evaluation and "
-                "forward-only passes go between iterations)"
+                f"{self._one_step()} (evaluation and forward-only passes go between iterations)"
             )
+
+    def _one_step(self) -> str:
+        call = self.engine.step_call
+        return f"one engine step ({call}): run exactly one {call} per `with session.iteration():`"
 
     def _after_iteration(self, stats: IterationStats) -> None:
         """Advance the sweep or watch for drift, then ask the boundary hooks."""
@@ -534,30 +507,13 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(self, reuse_agent_counter: bool = False) -> tuple[float, int] | CounterMark:
-        """A point on the device's timeline: (device time, energy counter in mJ).
-
-        A real GPU's fresh start is a :class:`CounterMark`: neither a wait for the device nor
-        a counter read (~3 ms on NVML) on the training thread; the worker reads the counter as
-        the device passes it.
-        """
+    def _mark(self, at_end: bool = False) -> tuple[float, int] | CounterMark:
+        """A point on the device's timeline: (device time, energy counter in mJ)."""
         agent = self._agent
         events = agent.events if agent is not None else None
         if agent is None or events is None:  # no device timeline: the host's view
             return self.options.clock.now(), int(self.gpu.energy_mj())
-        mj_before = None
-        if reuse_agent_counter:
-            # The agent read the counter as the iteration ended on this device, moments ago:
-            # the same boundary (the device is idle since), no second read.
-            mj_before = agent.take_end_counter_mj()
-        elif self._run.defers_start:
-            return CounterMark(events.record_event(), agent.controller, self.gpu.energy_mj)
-        event = events.record_event()
-        event.synchronize()  # the device is idle here: completes at once
-        mj = event.energy_mj
-        if mj is None:
-            mj = mj_before if mj_before is not None else int(self.gpu.energy_mj())
-        return event.device_time_s(), int(mj)
+        return self._run.mark(agent, events, self.gpu.energy_mj, at_end)
 
     # ----------------------------------------------------------------------------------------
     # Actions
@@ -584,10 +540,8 @@ class RankSession:
         if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
             raise PlanError(
                 f"rank {self.rank}: action {action} is beyond the "
-                f"{len(agent.planned_clocks_mhz)} actions of one engine step "
-                f"({self.engine.step_call}): run exactly one {self.engine.step_call} per "
-                "`with session.iteration():`; for gradient accumulation raise the microbatch "
-                "count instead"
+                f"{len(agent.planned_clocks_mhz)} actions of {self._one_step()}; for gradient "
+                "accumulation raise the microbatch count instead"
             )
         with self._run.op(agent, action):
             yield
