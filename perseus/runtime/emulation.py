@@ -103,6 +103,8 @@ class DeviceRun:
     :class:`StreamEmulator` the emulated one."""
 
     overruns = 0
+    #: A fresh start is read when the device passes it (a real GPU), not waited for.
+    defers_start = True
 
     def agree_start(self, fresh: float, group: Any) -> float:
         """Agree (collective) whether this start is fresh: 1.0 if so on any rank."""
@@ -119,9 +121,17 @@ class DeviceRun:
         fresh start is a :class:`CounterMark`: neither a wait for the device nor a counter read
         (~3 ms on NVML) on the training thread; the worker reads the counter as the device
         passes it."""
-        if at_end:
-            return _read_mark(agent, events, read_mj, at_end)
-        return CounterMark(events.record_event(), agent.controller, read_mj)
+        if self.defers_start and not at_end:
+            return CounterMark(events.record_event(), agent.controller, read_mj)
+        # At an end the agent read the counter as the iteration ended on this device, moments
+        # ago: the same boundary (the device is idle since), no second read.
+        mj_before = agent.take_end_counter_mj() if at_end else None
+        event = events.record_event()
+        event.synchronize()  # the device is idle here: completes at once
+        mj = event.energy_mj
+        if mj is None:
+            mj = mj_before if mj_before is not None else read_mj()
+        return event.device_time_s(), int(mj)
 
     def first_clock(self, agent: RankAgent) -> None:
         """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
@@ -137,21 +147,6 @@ class DeviceRun:
     def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
         """The scope of one measured action."""
         return agent.op(action.kind, action.microbatch_index, action.stage_index)
-
-
-def _read_mark(
-    agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
-) -> tuple[float, int]:
-    """Wait for a boundary on an idle device and read it."""
-    # At an end the agent read the counter as the iteration ended on this device, moments
-    # ago: the same boundary (the device is idle since), no second read.
-    mj_before = agent.take_end_counter_mj() if at_end else None
-    event = events.record_event()
-    event.synchronize()  # the device is idle here: completes at once
-    mj = event.energy_mj
-    if mj is None:
-        mj = mj_before if mj_before is not None else read_mj()
-    return event.device_time_s(), int(mj)
 
 
 def emulated_gpu(gpu: GPU, emulate: bool | None) -> EmulatedGPU | None:
@@ -189,6 +184,7 @@ class StreamEmulator(DeviceRun):
     """
 
     _taken = 0  # overruns already counted by take_overruns()
+    defers_start = False
 
     def __init__(self, gpu: EmulatedGPU, timeline: VirtualTimeline | None = None) -> None:
         self._gpu = gpu
@@ -230,11 +226,6 @@ class StreamEmulator(DeviceRun):
         at_s, fresh = all_reduce_max([self._gpu.timeline_now_s(), fresh], group)
         self._gpu.backdate(at_s)
         return fresh
-
-    def mark(
-        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
-    ) -> tuple[float, int]:
-        return _read_mark(agent, events, read_mj, at_end)
 
     def resume(self, last_end_s: float) -> None:
         # The devices idled since the last iteration's end while the hosts went round the

@@ -87,14 +87,6 @@ class PerseusPipeline(RankSession):
         self.stages = engine.stages
         super().__init__(engine, gpu=gpu, plan=source, options=options)
 
-    def start(self) -> PerseusPipeline:
-        """Instrument the stages and start the session (collective over the pipeline)."""
-        super().start()
-        return self
-
-    def __enter__(self) -> PerseusPipeline:
-        return self.start()
-
 
 def perseus_pipeline(
     torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session: Any

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from perseus.device.base import GPU, EventSource
 from perseus.device.clock import REAL_CLOCK, Clock
@@ -78,6 +78,7 @@ _log = logging.getLogger(__name__)
 #: to deploy from the next iteration on. Every rank of a pipeline must return the same value
 #: (hooks decide from data all ranks share).
 BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
+_Session = TypeVar("_Session", bound="RankSession")
 
 
 class SessionState(enum.Enum):
@@ -229,7 +230,7 @@ class RankSession:
         """True between entering and leaving :meth:`iteration`."""
         return self._state is SessionState.IN_ITERATION
 
-    def start(self) -> RankSession:
+    def start(self: _Session) -> _Session:
         """Attach the engine, place the simulated GPU, obtain a plan and start the agent.
 
         Collective over the pipeline's group. Idempotent while open.
@@ -248,20 +249,18 @@ class RankSession:
                 self.gpu, self._run = start_emulation(
                     self._emulated, self.schedule, self.rank, self.group
                 )
-            ctx = self._context()
-            planned = self.source.plan(ctx)
+            planned = self.source.plan(self._context())
             if planned is None:
                 if not isinstance(self.source, OnlineProfile):
                     raise ConfigError(f"{type(self.source).__name__}.plan() returned no plan")
                 self._start_sweep(self.source)
             else:
                 self._install(planned)
-            if self.options.power_schedule is not None or self.options.power_store is not None:
+            o = self.options
+            if o.power_schedule is not None or o.power_store is not None:
                 from perseus.runtime.power.runtime import attach_power
 
-                self.power = attach_power(
-                    self, self.options.power_schedule, self.options.power_store
-                )
+                self.power = attach_power(self, o.power_schedule, o.power_store)
         except BaseException:
             self.close()
             raise
@@ -295,7 +294,7 @@ class RankSession:
             if self.summary is not None and self.rank == 0:
                 _log.info("%s", self.summary)
 
-    def __enter__(self) -> RankSession:
+    def __enter__(self: _Session) -> _Session:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
@@ -436,19 +435,13 @@ class RankSession:
         end = self._mark(at_end=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
+        overruns = self._run.take_overruns()
         pipeline = agree_iteration(
-            energy_j,
-            end_s - t0,
-            delivery,
-            self._run.take_overruns(),
-            self.rank,
-            self.schedule.num_ranks,
-            self.group,
+            energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
         )
         profiling = self._sweep is not None
-        point = (
-            None if profiling or self.frontier is None else self.frontier.points[self.point_index]
-        )
+        frontier = None if profiling else self.frontier
+        point = frontier.points[self.point_index] if frontier is not None else None
         stats = IterationStats(
             iteration=self._iteration,
             phase="profile" if profiling else "run",
@@ -557,13 +550,11 @@ class RankSession:
 
     def _install_frontier(self, frontier: Frontier, point_index: int, sweep: bool) -> None:
         check_frontier(self.schedule, frontier, point_index)
-        if self._agent is not None:  # the running agent switches at the next iteration
-            self._pending = (frontier, point_index)
-            if not sweep:
-                self.frontier, self.point_index = frontier, point_index
-            return
         if not sweep:  # a sweep "plan" is not a deployed frontier
             self.frontier, self.point_index = frontier, point_index
+        if self._agent is not None:  # the running agent switches at the next iteration
+            self._pending = (frontier, point_index)
+            return
         o = self.options
         agent = RankAgent(
             frontier,
@@ -583,9 +574,8 @@ class RankSession:
     def _start_sweep(self, options: OnlineProfile) -> None:
         sweep = SessionSweep(options, self.schedule, self.rank, self.gpu, self.blocking_power_w)
         self._install_frontier(sweep.sweep_plan(), 0, sweep=True)
-        agent = self._agent
-        assert agent is not None
-        sweep.start(agent)
+        assert self._agent is not None  # just started
+        sweep.start(self._agent)
         self._sweep = sweep
 
     def _stop_sweep(self) -> None:

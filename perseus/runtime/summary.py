@@ -111,18 +111,6 @@ class RunSummary:
         )
 
 
-def _errors(stats: IterationStats) -> tuple[float, float] | None:
-    """``(time error, energy error)`` of one run iteration against its prediction."""
-    if not stats.predicted_time_s or not stats.predicted_energy_j:
-        return None
-    if stats.pipeline_energy_j is None:
-        return None
-    return (
-        stats.time_s / stats.predicted_time_s - 1.0,
-        stats.pipeline_energy_j / stats.predicted_energy_j - 1.0,
-    )
-
-
 def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     """Why ``runs`` do not measure their plan, or None when they do: clocks held below it,
     host overruns (emulation), or, with neither, measured time or energy off the prediction
@@ -160,7 +148,12 @@ def _overrun_cause(runs: Sequence[IterationStats]) -> str | None:
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
-    errors = [e for e in map(_errors, runs) if e is not None]
+    # Each run's (time error, energy error) against its prediction, where it has one.
+    errors = [
+        (s.time_s / s.predicted_time_s - 1.0, s.pipeline_energy_j / s.predicted_energy_j - 1.0)
+        for s in runs
+        if s.predicted_time_s and s.predicted_energy_j and s.pipeline_energy_j is not None
+    ]
     if not errors:
         return None
     dt = statistics.fmean(e[0] for e in errors)
