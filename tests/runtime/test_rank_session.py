@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from perseus.device.clock import RealClock, VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError
 from perseus.io import load_profile
@@ -28,8 +28,14 @@ def profile():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def]
+    # Virtual time: the device's ops and the host's waits on one clock that only moves when
+    # slept on, so every time asserted below is exact whatever the machine's load.
     return SimulatedGPU.from_profile(
-        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0
+        profile,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path,
+        set_latency_s=0.0,
+        clock=VirtualClock(),
     )
 
 
@@ -128,7 +134,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         state_dir=tmp_path,
         set_latency_s=0.0,
         publish_interval_s=0.1 * 0.1,
-        clock=time.perf_counter,
+        clock=RealClock(),  # real time: the counter sampler runs on its own thread
     )
     schedule = build_schedule("1f1b", 1, 4)
     cache = tmp_path / "profile.csv"
@@ -165,7 +171,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
 def test_safety_is_on_by_default():
     import inspect
 
-    from perseus.runtime.pipeline import PerseusPipeline, SessionOptions
+    from perseus.runtime.pipeline import PerseusPipeline
 
     for cls in (RankSession, PerseusPipeline):
         assert inspect.signature(cls).parameters["options"].default is None, cls
@@ -250,14 +256,14 @@ def test_evaluation_between_iterations_runs_untouched_and_is_not_counted(gpu, pr
         ops_before = len(session.agent.records.ops)  # type: ignore[union-attr]
         for action in forwards:  # eval: forward only, between iterations
             with session.op(action):
-                time.sleep(0.01)
+                gpu.clock.sleep(0.01)
         assert len(session.agent.records.ops) == ops_before  # type: ignore[union-attr]
         _iteration(session)
         _iteration(session)
     assert len(session.history) == 3
-    eval_s = 0.01 * len(forwards)
-    # The evaluation's host time is not in the second iteration (a fresh start after it).
-    assert session.history[1].time_s < session.history[0].time_s + eval_s / 2
+    # The evaluation's time is not in the second iteration (a fresh start after it): on
+    # virtual time it takes exactly as long as the third, back-to-back one.
+    assert session.history[1].time_s == pytest.approx(session.history[2].time_s, rel=1e-9)
 
 
 def test_an_iteration_with_fewer_actions_than_one_step_is_refused_and_discarded(gpu, profile):
@@ -392,6 +398,7 @@ def test_an_emulated_job_leaves_no_files_behind(tmp_path: Path):
     import sys
 
     script = """
+from perseus.device.clock import RealClock, VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.io import load_profile
 from perseus.job import make_job
