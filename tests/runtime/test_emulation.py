@@ -12,9 +12,11 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.runtime.emulation import (
+    EmulatedGPU,
     EmulationOverrunWarning,
     StreamEmulator,
     VirtualTimeline,
+    emulated_gpu,
     scale_profile,
     take_stages,
 )
@@ -33,6 +35,29 @@ def gpu(tmp_path):  # type: ignore[no-untyped-def]
         publish_interval_s=0.0,
         clock=VirtualClock(),  # the host's waits and the device's ops on one virtual clock
     )
+
+
+def test_emulation_is_decided_by_what_the_gpu_can_do(gpu):
+    """A device is emulated when it has a host-driven stream (the EmulatedGPU protocol), not
+    by its class: a wrapper that delegates to a simulated GPU is emulated too."""
+
+    names = {n for n in dir(EmulatedGPU) if not n.startswith("_")} | {"index"}
+    wrapped = type(
+        "Wrapped", (), {n: property(lambda w, n=n: getattr(w.inner, n)) for n in names}
+    )()
+    wrapped.inner = gpu
+    assert emulated_gpu(gpu, None) is gpu
+    assert emulated_gpu(wrapped, None) is wrapped  # type: ignore[arg-type]
+
+    class Nvml:  # a real GPU's surface: no stream to drive
+        uuid = "GPU-0"
+        name = "NVIDIA A100-SXM4-80GB"
+
+    assert emulated_gpu(Nvml(), None) is None  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="emulate=True needs a simulated GPU"):
+        emulated_gpu(Nvml(), True)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="emulate=False with a SimulatedGPU"):
+        emulated_gpu(gpu, False)
 
 
 def test_emulator_holds_the_host_until_the_op_ran_on_the_device(gpu):

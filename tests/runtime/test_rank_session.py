@@ -205,6 +205,32 @@ def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
     assert all(s.energy_j > 0 for s in session.history)
 
 
+def test_without_a_device_timeline_the_session_times_on_its_clock(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU without device events (NVML without CUDA) is timed on the host, through the
+    session's clock seam (``SessionOptions(clock=...)``): on a virtual clock, exactly."""
+    from tests.runtime.test_agent import _CountingGPU
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    clock = VirtualClock()
+    with _session(_CountingGPU(), profile, clock=clock) as session:
+        assert session.agent is not None and session.agent.events is None
+        for _ in range(2):
+            with session.iteration():
+                for action in session.schedule.rank_actions[0]:
+                    with session.op(action):
+                        clock.sleep(0.01)
+    assert [s.time_s for s in session.history] == pytest.approx([0.08, 0.08])
+
+
+def test_session_options_are_checked_when_built():
+    with pytest.raises(ConfigError, match="blocking_power_w must be >= 0"):
+        SessionOptions(blocking_power_w=-1.0)
+    with pytest.raises(ConfigError, match="point_index must be >= 0"):
+        SessionOptions(point_index=-1)
+
+
 # ------------------------------------------------------------------------------------------
 # The lifecycle: new -> idle -> in iteration -> idle -> closed, each transition
 
