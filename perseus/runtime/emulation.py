@@ -61,7 +61,6 @@ __all__ = [
     "EmulationOverrunWarning",
     "StreamEmulator",
     "VirtualTimeline",
-    "emulated_gpu",
     "scale_profile",
     "start_emulation",
     "take_stages",
@@ -75,7 +74,8 @@ class EmulationOverrunWarning(RuntimeWarning):
 @runtime_checkable
 class EmulatedGPU(GPU, EventSource, Protocol):
     """A device whose stream the host drives op by op (a
-    :class:`~perseus.device.simulated.SimulatedGPU`): a session on one emulates."""
+    :class:`~perseus.device.simulated.SimulatedGPU`): a session on one always emulates (timing
+    real CPU compute against simulated clocks would measure nothing true)."""
 
     index: int
 
@@ -147,26 +147,6 @@ class DeviceRun:
     def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
         """The scope of one measured action."""
         return agent.op(action.kind, action.microbatch_index, action.stage_index)
-
-
-def emulated_gpu(gpu: GPU, emulate: bool | None) -> EmulatedGPU | None:
-    """``gpu`` when a session on it emulates (``emulate=None``: exactly on a simulated GPU).
-
-    Raises:
-        ConfigError: ``emulate=True`` on a real GPU, or ``emulate=False`` on a simulated one.
-    """
-    simulated = gpu if isinstance(gpu, EmulatedGPU) else None
-    if emulate and simulated is None:
-        raise ConfigError(
-            f"emulate=True needs a simulated GPU (SimulatedGPU), got {type(gpu).__name__}"
-        )
-    if simulated is not None and emulate is False:
-        raise ConfigError(
-            "emulate=False with a SimulatedGPU would time real CPU compute against "
-            "simulated clocks and measure nothing true; drop emulate= (a simulated GPU is "
-            "emulated) or pass a real GPU"
-        )
-    return simulated
 
 
 class StreamEmulator(DeviceRun):

@@ -4,14 +4,13 @@
 
     from perseus.runtime.pipeline import PerseusPipeline
 
-    pp = PerseusPipeline(schedule, stages, gpu=gpu,
-                         plan="plan.json").start()   # or a profile, or OnlineProfile()
-    for x, y in loader:
+    pp = PerseusPipeline(schedule, stages, gpu=gpu, plan="plan.json").start()
+    for x, y in loader:                      # plan=: also a profile, or OnlineProfile()
         with pp.iteration():
             schedule.step(x, target=y)
             optimizer.step()
-        schedule.eval(x_val, target=y_val)                   # between iterations: untouched
-    pp.close()                                               # logs predicted vs measured
+        schedule.eval(x_val, target=y_val)   # between iterations: untouched
+    pp.close()                               # logs predicted vs measured
 
 A :class:`~perseus.runtime.session.RankSession` whose engine is
 :class:`~perseus.runtime.engines.torch_pp.TorchPipelining`: the schedule is the order torch

@@ -29,7 +29,7 @@ cap is planned with the options above each op's cap-bound clock collapsed into i
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -275,8 +275,7 @@ class OnlineProfile:
                 ctx.gpu.name,
             )
             return None
-        planned = OfflineProfile(profile).plan(ctx)
-        return Planned(planned.frontier, planned.job, profile)
+        return replace(OfflineProfile(profile).plan(ctx), profiled=profile)
 
     def plan_measured(
         self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
@@ -288,8 +287,7 @@ class OnlineProfile:
         if self.cache is not None and ctx.rank == 0:
             check_private_file(self.cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self.cache)
-        planned = OfflineProfile(profile).plan(ctx)
-        return Planned(planned.frontier, planned.job, profile)
+        return replace(OfflineProfile(profile).plan(ctx), profiled=profile)
 
 
 #: What a session's ``plan=`` takes: a plan source, or what one is made from (a frontier or

@@ -55,7 +55,7 @@ from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.drift import DriftMonitor, agree_iteration
-from perseus.runtime.emulation import DeviceRun, emulated_gpu, start_emulation
+from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
     OnlineProfile,
@@ -99,8 +99,6 @@ class SessionOptions:
             (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
             a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
         point_index: Which frontier point to deploy (0: the fastest).
-        emulate: Emulate on a simulated GPU; None (default) emulates exactly when the GPU is
-            one.
         group: The pipeline's process group (default: the adapter's, else the default group).
         watchdog: Start the watchdog process that resets the GPU if this process dies.
         handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
@@ -117,7 +115,6 @@ class SessionOptions:
 
     blocking_power_w: float | None = None
     point_index: int = 0
-    emulate: bool | None = None
     group: Any = None
     watchdog: bool = True
     handle_signals: bool = True
@@ -154,8 +151,8 @@ class RankSession:
         options: Everything else (:class:`SessionOptions`; default: its defaults).
 
     Raises:
-        ConfigError: a ``plan`` of another type; a rank out of range or missing; ``emulate``
-            contradicting the GPU; ``power_schedule`` with an online sweep.
+        ConfigError: a ``plan`` of another type; a rank out of range or missing;
+            ``power_schedule`` with an online sweep.
     """
 
     def __init__(
@@ -181,7 +178,7 @@ class RankSession:
             raise ConfigError(
                 f"rank {engine.rank} is out of range: the schedule has {schedule.num_ranks} ranks"
             )
-        self._emulated = emulated_gpu(gpu, options.emulate)
+        self._emulated = gpu if isinstance(gpu, EmulatedGPU) else None
         self.source = plan_source(plan)
         if isinstance(self.source, OnlineProfile) and options.power_schedule is not None:
             raise ConfigError(

@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.runtime.safety_worker MODE`` (one process, world size 1) or under
 torchrun (one process per pipeline rank). Each rank drives its own simulated GPU (index = rank)
-in ``$PERSEUS_SIM_DIR`` through the real agent path (``emulate=False``), with a plan that locks
+in ``$PERSEUS_SIM_DIR`` through the real agent path, with a plan that locks
 every op at 1095 MHz. It prints ``running`` once the first iteration has ended, then:
 
 * ``normal``: two more iterations, ``close()``, exit 0;

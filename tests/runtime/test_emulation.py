@@ -16,7 +16,6 @@ from perseus.runtime.emulation import (
     EmulationOverrunWarning,
     StreamEmulator,
     VirtualTimeline,
-    emulated_gpu,
     scale_profile,
     take_stages,
 )
@@ -46,18 +45,13 @@ def test_emulation_is_decided_by_what_the_gpu_can_do(gpu):
         "Wrapped", (), {n: property(lambda w, n=n: getattr(w.inner, n)) for n in names}
     )()
     wrapped.inner = gpu
-    assert emulated_gpu(gpu, None) is gpu
-    assert emulated_gpu(wrapped, None) is wrapped  # type: ignore[arg-type]
+    assert isinstance(gpu, EmulatedGPU) and isinstance(wrapped, EmulatedGPU)
 
     class Nvml:  # a real GPU's surface: no stream to drive
         uuid = "GPU-0"
         name = "NVIDIA A100-SXM4-80GB"
 
-    assert emulated_gpu(Nvml(), None) is None  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="emulate=True needs a simulated GPU"):
-        emulated_gpu(Nvml(), True)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="emulate=False with a SimulatedGPU"):
-        emulated_gpu(gpu, False)
+    assert not isinstance(Nvml(), EmulatedGPU)
 
 
 def test_emulator_holds_the_host_until_the_op_ran_on_the_device(gpu):

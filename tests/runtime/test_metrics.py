@@ -49,7 +49,6 @@ def _emulated_session(tmp_path: Path) -> RankSession:
         options=SessionOptions(
             blocking_power_w=BLOCKING_W,
             point_index=1,
-            emulate=True,
             watchdog=False,
             handle_signals=False,
         ),

@@ -124,9 +124,7 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
         0,
         gpu=gpu,
         plan=OnlineProfile(),
-        options=SessionOptions(
-            blocking_power_w=83.64, emulate=True, watchdog=False, handle_signals=False
-        ),
+        options=SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False),
     )
     with session:
         while session.profiling:

@@ -319,8 +319,8 @@ def test_history_compares_pipeline_with_pipeline(gpu, profile):
 
 
 def test_a_simulated_gpu_means_emulation(gpu, profile):
-    """Leaving out emulate= with a simulated GPU emulates (ops run on the simulated stream,
-    so the iteration takes the simulated time); emulate=False with one is refused."""
+    """A simulated GPU is always emulated: ops run on the simulated stream, so the iteration
+    takes the simulated time."""
     with _session(gpu, profile) as session:
         assert session.emulate
         for _ in range(3):
@@ -330,8 +330,6 @@ def test_a_simulated_gpu_means_emulation(gpu, profile):
     # Rank 0 alone: its compute is its ops' simulated time (the other rank's work is not run).
     own_s = sum(gpu.op_cost(a.stage_index, a.kind)[0] for a in session.schedule.rank_actions[0])
     assert stats.compute_time_s >= own_s * 0.99
-    with pytest.raises(ConfigError, match="emulate=False with a SimulatedGPU"):
-        _session(gpu, profile, emulate=False)
 
 
 def test_two_emulated_jobs_at_once_do_not_collide(profile, monkeypatch: pytest.MonkeyPatch):
