@@ -14,7 +14,8 @@ group (every rank calls the same function at the same point):
 * a profile: pipeline rank 0 traces the frontier and broadcasts it
   (:func:`plan_from_profile`);
 * an online sweep (:mod:`perseus.runtime.profiling.sweep`): the ranks agree when every rank's
-  sweep is done (:func:`sweep_finished_everywhere`), gather the rows and plan as above.
+  sweep is done (:meth:`~perseus.runtime.session_sweep.SessionSweep.finished_everywhere`),
+  gather the rows and plan as above.
 
 Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups work.
 
@@ -43,10 +44,10 @@ from perseus.job import PlanningJob, make_job
 from perseus.log import get_logger
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
-from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
+from perseus.runtime.collectives import all_gather_objects, broadcast_object
 from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE
-from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
-from perseus.runtime.profiling.sweep import OnlineProfiler, ProfileRow
+from perseus.runtime.profiling.pair_sweep import PairProfileRow
+from perseus.runtime.profiling.sweep import ProfileRow
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 
@@ -64,7 +65,6 @@ __all__ = [
     "job_for_schedule",
     "plan_from_profile",
     "plan_source",
-    "sweep_finished_everywhere",
 ]
 
 
@@ -165,17 +165,15 @@ class PlanFile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Read and check the plan (no collective)."""
-        plan = self.frontier
+        plan, source = self.frontier, str(self.frontier)[:200]
         frontier = plan if isinstance(plan, Frontier) else read_frontier(plan)
         described = frontier.job.gpu or (self.profile.gpu if self.profile else None)
-        what = "plan " + (
-            str(self.frontier)[:200] if not isinstance(self.frontier, Frontier) else "(object)"
-        )
+        what = "plan " + (source if frontier is not plan else "(object)")
         check_gpu(described, ctx.gpu, what, "PlanFile", self.allow_other_gpu)
         job = None
         if self.profile is not None:
             job = job_for_schedule(ctx.schedule, self.profile, ctx.blocking_power_w)
-            job.check_frontier(frontier, source=str(self.frontier)[:200])
+            job.check_frontier(frontier, source=source)
         return Planned(frontier, job)
 
 
@@ -407,9 +405,3 @@ def plan_from_profile(
     payload = trace_frontier(job).model_dump_json() if rank == 0 else None
     payload = broadcast_object(payload, 0, group)
     return job, Frontier.model_validate_json(payload)
-
-
-def sweep_finished_everywhere(profiler: OnlineProfiler | PairSweep, group: Any) -> bool:
-    """True when every rank's sweep is done (one all-reduce over ``group``)."""
-    (busy,) = all_reduce_max([0.0 if profiler.done else 1.0], group)
-    return busy == 0.0

@@ -64,7 +64,6 @@ from perseus.runtime.planning import (
     Planned,
     check_frontier,
     plan_source,
-    sweep_finished_everywhere,
 )
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
@@ -138,10 +137,9 @@ class RankSession:
     pipeline's group: call it on every rank) and starts the agent.
 
     Args:
-        engine: An engine adapter (:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`,
-            :class:`~perseus.runtime.engines.megatron.MegatronEngine`,
-            :class:`~perseus.runtime.engines.deepspeed.DeepSpeedEngine`) or a bare schedule
-            whose actions the loop runs inside :meth:`op` itself.
+        engine: An engine adapter (:mod:`perseus.runtime.engines`: torch pipelining,
+            Megatron-Core, DeepSpeed) or a bare schedule whose actions the loop runs inside
+            :meth:`op` itself.
         rank: This process's pipeline rank; only with a bare schedule (an adapter knows it).
         gpu: This rank's GPU (an ``NvmlGPU``, or a ``SimulatedGPU``: emulation).
         plan: Where the plan comes from: a plan source
@@ -586,7 +584,7 @@ class RankSession:
         if sweep is None or agent is None:
             return
         advanced = sweep.add_iteration(agent)
-        if not sweep_finished_everywhere(sweep.profiler, self.group):
+        if not sweep.finished_everywhere(self.group):
             if advanced:
                 self._pending = (sweep.sweep_plan(), 0)
             return

@@ -85,7 +85,7 @@ class SessionSweep:
             raise ConfigError(
                 f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
                 "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
-                "profile where clocks can be locked and pass profile= or plan="
+                "profile where clocks can be locked and pass that profile as plan="
             )
         events = agent.events
         now_s = events.timeline_now_s if events is not None else REAL_CLOCK.now
@@ -185,12 +185,16 @@ class SessionSweep:
         step.reset()
         return True
 
+    def finished_everywhere(self, group: Any) -> bool:
+        """True when every rank's sweep is done (one all-reduce over ``group``)."""
+        (busy,) = all_reduce_max([0.0 if self.profiler.done else 1.0], group)
+        return busy == 0.0
+
     def measured_rows(self, group: Any) -> list[ProfileRow] | list[PairProfileRow]:
         """The finished sweep's rows, once every rank's energy fit passed (one all-reduce).
 
         Raises:
-            ProfileError: on every rank together when any rank's fit is poor (this rank's
-                worst row named where it is this rank's).
+            ProfileError: on every rank together when any rank's fit is poor.
         """
         (worst,) = all_reduce_max([self.profiler.worst_fit_error()], group)
         if worst > MAX_FIT_ERROR:
