@@ -98,9 +98,8 @@ class EmulatedGPU(GPU, EventSource, Protocol):
 
 
 class DeviceRun:
-    """How a session's iteration boundaries and op scopes meet its device; this class is a real
-    GPU's (the host enqueues ahead of the device, the ranks meet at barriers),
-    :class:`StreamEmulator` the emulated one."""
+    """How a session's iteration boundaries and op scopes meet a real GPU (the host enqueues
+    ahead of the device, the ranks meet at barriers); :class:`StreamEmulator` emulates one."""
 
     overruns = 0
     #: A fresh start is read when the device passes it (a real GPU), not waited for.

@@ -53,6 +53,7 @@ from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.agent.readback import ClockDelivery
 from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.drift import DriftMonitor, agree_iteration
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
@@ -352,8 +353,7 @@ class RankSession:
                 "RankSession.allmax_plan() needs the profile the plan was made for: pass "
                 "plan=PlanFile(plan, profile), or wait for the online sweep to finish"
             )
-        job = self.job
-        return job.frontier([job.point(job.allmax())])
+        return self.job.frontier([self.job.point(self.job.allmax())])
 
     # ----------------------------------------------------------------------------------------
     # Iterations
@@ -391,8 +391,7 @@ class RankSession:
     def _begin(self) -> None:
         agent = self._agent
         if self._pending is not None and agent is not None:
-            frontier, index = self._pending
-            self._pending = None
+            (frontier, index), self._pending = self._pending, None
             agent.swap_plan(frontier, index)
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
@@ -417,12 +416,7 @@ class RankSession:
     def _end(self) -> None:
         agent, window = self._agent, self._window
         assert window is not None  # set by _begin
-        own_end_s = delivery = None
-        if agent is not None:
-            self._check_whole_step(agent)
-            last_end = agent.last_op_end_event
-            delivery = agent.step_end().clock_delivery  # waits for this rank's last op
-            own_end_s = last_end.device_time_s() if last_end is not None else None
+        own_end_s, delivery = self._end_step(agent) if agent is not None else (None, None)
         # A real GPU's start is read now: the worker has read its counter by the agent's end.
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
         own_end_s = t0 if own_end_s is None else own_end_s
@@ -460,7 +454,8 @@ class RankSession:
         self._state = SessionState.IDLE
         self._after_iteration(stats)
 
-    def _check_whole_step(self, agent: RankAgent) -> None:
+    def _end_step(self, agent: RankAgent) -> tuple[float | None, ClockDelivery | None]:
+        """End a whole engine step: its last op's device end time, its clocks as read back."""
         planned = len(agent.planned_clocks_mhz)
         done = agent.ops_done_this_iteration
         if done < planned:
@@ -469,6 +464,9 @@ class RankSession:
                 f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
                 f"{self._one_step()} (evaluation and forward-only passes go between iterations)"
             )
+        last_end = agent.last_op_end_event
+        delivery = agent.step_end().clock_delivery
+        return (last_end.device_time_s() if last_end is not None else None), delivery
 
     def _one_step(self) -> str:
         call = self.engine.step_call

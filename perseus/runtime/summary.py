@@ -120,8 +120,7 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     Complexity: O(len(runs)).
     """
     causes = [c for c in (_held_cause(runs), _overrun_cause(runs)) if c is not None]
-    off = None if causes else _off_prediction_cause(runs)
-    if off is not None:
+    if not causes and (off := _off_prediction_cause(runs)) is not None:
         causes.append(off)
     return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
 
