@@ -210,11 +210,14 @@ def test_without_a_device_timeline_the_session_times_on_its_clock(
 ) -> None:
     """A GPU without device events (NVML without CUDA) is timed on the host, through the
     session's clock seam (``SessionOptions(clock=...)``): on a virtual clock, exactly."""
-    from tests.runtime.test_agent import _CountingGPU
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
+    from perseus.device.nvml import NvmlGPU
 
     monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    nvml = FakeNvml(devices=[FakeDevice("GPU-host")])
+    gpu = NvmlGPU("GPU-host", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
     clock = VirtualClock()
-    with _session(_CountingGPU(), profile, clock=clock) as session:
+    with _session(gpu, profile, clock=clock) as session:
         assert session.agent is not None and session.agent.events is None
         for _ in range(2):
             with session.iteration():
