@@ -1,7 +1,7 @@
 """Online profiling on a real GPU vs long-window reference measurements (needs clock locking).
 
 A bf16 transformer layer's forward/backward per microbatch (1F1B, one stage) runs through
-``RankSession(online_profile=True)`` on ``NvmlGPU.for_cuda_device(0)``: clocks set by the agent on
+``RankSession(plan=OnlineProfile())`` on ``NvmlGPU.for_cuda_device(0)``: clocks set by the agent on
 the device's timeline, op times from CUDA events, op energy fitted to the NVML counter's 100 ms
 publish windows (the same path the emulated runs take). The sweep is cut to ``--clocks`` (the
 GPU's nearest supported ones) so the run stays short. Then, at each of those clocks, a
@@ -24,7 +24,8 @@ from _gpu_common import TransformerOps, reference_loop
 
 from perseus.device.nvml import NvmlGPU
 from perseus.runtime.agent.events import CudaEventSource
-from perseus.runtime.session import RankSession
+from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
 
@@ -67,9 +68,8 @@ def main() -> int:
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=args.blocking_power_w,
-        online_profile=True,
-        events=CudaEventSource(),
+        plan=OnlineProfile(),
+        options=SessionOptions(blocking_power_w=args.blocking_power_w, events=CudaEventSource()),
     )
     t0 = time.perf_counter()
     with session:

@@ -81,7 +81,7 @@ class _Poller:
 def _layer_cases(torch: Any, gpu: NvmlGPU, rows: list[tuple[str, list[float]]], args: Any) -> None:
     """gpu_session.py's setting: a bf16 transformer layer, 1F1B, 8 microbatches; the
     training-thread time of entering and leaving the op scope, three ways."""
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     n_mb = 8
     layer = TransformerOps(2048, 1024, n_mb)
@@ -147,10 +147,8 @@ def _layer_cases(torch: Any, gpu: NvmlGPU, rows: list[tuple[str, list[float]]], 
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=75.0,
         plan=plan,
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(blocking_power_w=75.0, watchdog=False, handle_signals=False),
     ) as session:
         holder: list[Any] = []
 

@@ -20,7 +20,7 @@ from _gpu_common import TransformerOps, one_clock_plan
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
 
@@ -63,10 +63,8 @@ def main() -> int:
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=75.0,
         plan=one_clock_plan(schedule, max(gpu.supported_clocks_mhz())),
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(blocking_power_w=75.0, watchdog=False, handle_signals=False),
     ) as session:
         agent = session.agent
         assert agent is not None

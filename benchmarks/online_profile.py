@@ -18,7 +18,7 @@ priced exactly on the true profile.
 
 Without ``--runs``, the single-rank, real-time run below.
 
-One pipeline rank runs 1F1B through ``RankSession(online_profile=OnlineProfile(...))`` on a simulated GPU: the
+One pipeline rank runs 1F1B through ``RankSession(plan=OnlineProfile(...))`` on a simulated GPU: the
 real agent -> controller -> device path, op energy from the energy counter read on a
 background thread (published every 100 ms x ``--time-scale``, the ops scaled alike), per-op
 noise, a blocking-power error and a counter gain error on. Each profiled row is compared with
@@ -52,7 +52,7 @@ from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.profiling.sweep import OnlineProfiler, check_fit
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Schedule, build_schedule
 from perseus.schedule.actions import Action
 from perseus.schedule.dependencies import action_dependencies
@@ -88,10 +88,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             schedule,
             0,
             gpu=gpu,
-            blocking_power_w=83.64,
-            online_profile=OnlineProfile(min_windows=args.min_windows),
-            watchdog=False,
-            handle_signals=False,
+            plan=OnlineProfile(min_windows=args.min_windows),
+            options=SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False),
         )
         t0 = time.perf_counter()
         with session:

@@ -32,7 +32,7 @@ from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.base import EngineAdapter
 from perseus.runtime.planning import OfflineProfile, PlanFile
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Schedule
 
 #: ``step()`` runs one training iteration of the engine (all microbatches + optimizer).
@@ -112,7 +112,7 @@ def make_session(
 ) -> RankSession:
     """The session as a user writes it: the engine's adapter, the GPU, a plan source."""
     plan = PlanFile(args.plan, profile) if args.plan is not None else OfflineProfile(profile)
-    return RankSession(engine, gpu=gpu, blocking_power_w=power, plan=plan)
+    return RankSession(engine, gpu=gpu, plan=plan, options=SessionOptions(blocking_power_w=power))
 
 
 def total_steps(args: Any) -> int:

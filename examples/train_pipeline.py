@@ -59,7 +59,7 @@ from perseus.io.atomic import atomic_write_text
 from perseus.plan import Frontier
 from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
 from perseus.runtime.engines.torch_pp import build_torch_schedule, job_store, torch_class_for
-from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.pipeline import PerseusPipeline, SessionOptions
 from perseus.runtime.planning import OfflineProfile, OnlineProfile, PlanFile
 from perseus.runtime.power.cap import set_cap
 from perseus.runtime.profiling.sweep import profile_cache_path
@@ -287,13 +287,15 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         torch_schedule,
         stages,
         gpu=gpu,
-        blocking_power_w=power,
-        group=pp_group,
         plan=source,
-        power_schedule=args.power_schedule,
-        power_store=(fleet_member(args, rank) if args.fleet else job_store())
-        if power_mode
-        else None,
+        options=SessionOptions(
+            blocking_power_w=power,
+            group=pp_group,
+            power_schedule=args.power_schedule,
+            power_store=(fleet_member(args, rank) if args.fleet else job_store())
+            if power_mode
+            else None,
+        ),
     ).start()
     gpu = session.gpu  # this rank's simulated GPU
 

@@ -7,7 +7,7 @@ pipeline), and the acknowledgement records which plan runs from which iteration.
 the session's ``power_store``::
 
     member = FleetMember("postgresql://fleet@db/perseus", "job-a", frontier, gpus=8).start()
-    session = RankSession(..., plan=frontier, power_store=member)
+    session = RankSession(..., plan=frontier, options=SessionOptions(power_store=member))
 
 :class:`~perseus.runtime.power.PowerRuntime` reads it on rank 0 of the group at every
 iteration boundary and shares it in one all-reduce, so every rank switches at the same

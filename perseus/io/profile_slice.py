@@ -7,7 +7,7 @@ times and their energies at each clock that all of them measured; splitting (``s
 multiple of the old count) gives each new stage an equal ``1/k`` share of an old stage's time
 and energy. Blocks are as even as integer division allows: new stage ``i`` of ``N`` covers old
 stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``. The result is an estimate; measure your
-own model (Zeus's profiler, or ``online_profile=True``) before trusting the figures.
+own model (Zeus's profiler, or ``plan=OnlineProfile()``) before trusting the figures.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ next iteration on; ``close()`` logs one :class:`~perseus.runtime.summary.RunSumm
 
 A new engine plugs in with one module under ``perseus/runtime/engines/`` holding a class with
 ``schedule``, ``rank``, ``group``, ``step_call`` and ``attach``: ``RankSession(engine, gpu=...,
-plan=...)`` does the rest.
+plan=..., options=SessionOptions(...))`` does the rest.
 
 Importing this package never imports torch or pynvml; adapters that need torch live in their
 own modules and import it lazily.
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from perseus.runtime.agent.rank_agent import RankAgent
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
     from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
-    from perseus.runtime.session import BoundaryHook, IterationStats, RankSession
+    from perseus.runtime.session import BoundaryHook, IterationStats, RankSession, SessionOptions
 
 # The session-level names, each imported from its module on first access so that importing
 # one runtime module does not load the others. Internals (the controller, the watchdog, the
@@ -63,6 +63,7 @@ _LAZY: dict[str, str] = {
     "RankAgent": "perseus.runtime.agent.rank_agent",
     "RankSession": "perseus.runtime.session",
     "RunSummary": "perseus.runtime.summary",
+    "SessionOptions": "perseus.runtime.session",
     "SessionState": "perseus.runtime.session",
     "perseus_pipeline": "perseus.runtime.pipeline",
 }
@@ -79,6 +80,7 @@ __all__ = [
     "RankAgent",
     "RankSession",
     "RunSummary",
+    "SessionOptions",
     "SessionState",
     "perseus_pipeline",
 ]

@@ -34,23 +34,30 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from multiprocessing.util import Finalize
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from perseus.dag.graph import build_dag
-from perseus.device.base import DeviceEvent
-from perseus.device.simulated import SimulatedGPU
+from perseus.device.base import GPU, DeviceEvent, EventSource
 from perseus.errors import ConfigError
+from perseus.job import DEFAULT_BACKWARD_SPLIT
 from perseus.profile.model import Profile, build_profile
-from perseus.runtime.collectives import barrier, broadcast_object, global_rank
+from perseus.runtime.agent.timing import CounterMark
+from perseus.runtime.collectives import all_reduce_max, barrier, broadcast_object, global_rank
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
+if TYPE_CHECKING:
+    from perseus.runtime.agent.rank_agent import RankAgent
+
 __all__ = [
+    "DeviceRun",
+    "EmulatedGPU",
     "EmulationOverrunWarning",
     "StreamEmulator",
     "VirtualTimeline",
@@ -64,11 +71,89 @@ class EmulationOverrunWarning(RuntimeWarning):
     """The real CPU compute of an action took longer than the simulated GPU time."""
 
 
-class StreamEmulator:
-    """Launches actions on a simulated GPU and holds the host until their outputs exist.
+@runtime_checkable
+class EmulatedGPU(GPU, EventSource, Protocol):
+    """A device whose stream the host drives op by op (a
+    :class:`~perseus.device.simulated.SimulatedGPU`): a session on one always emulates (timing
+    real CPU compute against simulated clocks would measure nothing true)."""
+
+    index: int
+
+    @property
+    def explicit_state_dir(self) -> bool: ...
+
+    def launch(self, stage_index: int, kind: Kind) -> None: ...
+
+    def backdate(self, ready_s: float) -> None: ...
+
+    def prices(self, kind: Kind) -> bool: ...
+
+    def placed(
+        self,
+        *,
+        index: int | None = None,
+        state_dir: str | Path | None = None,
+        backward_split: float | None = None,
+    ) -> EmulatedGPU: ...
+
+
+class DeviceRun:
+    """How a session's iteration boundaries and op scopes meet a real GPU (the host enqueues
+    ahead of the device, the ranks meet at barriers); :class:`StreamEmulator` emulates one."""
+
+    overruns = 0
+    #: A fresh start is read when the device passes it (a real GPU), not waited for.
+    defers_start = True
+
+    def agree_start(self, fresh: float, group: Any) -> float:
+        """Agree (collective) whether this start is fresh: 1.0 if so on any rank."""
+        (fresh,) = all_reduce_max([fresh], group)  # also a barrier
+        return fresh
+
+    def resume(self, last_end_s: float) -> None:
+        """Start right after the last iteration's end (no fresh start)."""
+
+    def mark(
+        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
+    ) -> tuple[float, int] | CounterMark:
+        """A boundary on the device's timeline: ``(device time, counter mJ)``. A real GPU's
+        fresh start is a :class:`CounterMark`: neither a wait for the device nor a counter read
+        (~3 ms on NVML) on the training thread; the worker reads the counter as the device
+        passes it."""
+        if self.defers_start and not at_end:
+            return CounterMark(events.record_event(), agent.controller, read_mj)
+        # At an end the agent read the counter as the iteration ended on this device, moments
+        # ago: the same boundary (the device is idle since), no second read.
+        mj_before = agent.take_end_counter_mj() if at_end else None
+        event = events.record_event()
+        event.synchronize()  # the device is idle here: completes at once
+        mj = event.energy_mj
+        if mj is None:
+            mj = mj_before if mj_before is not None else read_mj()
+        return event.device_time_s(), int(mj)
+
+    def first_clock(self, agent: RankAgent) -> None:
+        """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
+
+    def agree_end(self, own_end_s: float, group: Any) -> None:
+        """Agree (collective) on the iteration's end; ``own_end_s``: this rank's last op."""
+        barrier(group)
+
+    def take_overruns(self) -> int:
+        """Host overruns since the last call (0 on a GPU)."""
+        return 0
+
+    def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
+        """The scope of one measured action."""
+        return agent.op(action.kind, action.microbatch_index, action.stage_index)
+
+
+class StreamEmulator(DeviceRun):
+    """Launches actions on a simulated GPU and holds the host until their outputs exist: a
+    session's :class:`DeviceRun` when it emulates.
 
     Args:
-        gpu: The rank's simulated GPU (``launch``, ``wait_until``, ``record_event``).
+        gpu: The rank's simulated GPU (``launch``, ``backdate``, ``record_event``).
         timeline: The pipeline's shared timeline (None: a single process, no cross-rank
             dependencies to wait for).
 
@@ -78,8 +163,9 @@ class StreamEmulator:
     """
 
     _taken = 0  # overruns already counted by take_overruns()
+    defers_start = False
 
-    def __init__(self, gpu: Any, timeline: VirtualTimeline | None = None) -> None:
+    def __init__(self, gpu: EmulatedGPU, timeline: VirtualTimeline | None = None) -> None:
         self._gpu = gpu
         self._timeline = timeline
         self._warned = False
@@ -112,6 +198,40 @@ class StreamEmulator:
         """Overruns since the last call (a session counts them per iteration)."""
         new, self._taken = self.overruns - self._taken, self.overruns
         return new
+
+    def agree_start(self, fresh: float, group: Any) -> float:
+        # A fresh start is at the latest of the hosts' arrival: a host that arrives late does
+        # not make the others' devices start late.
+        at_s, fresh = all_reduce_max([self._gpu.timeline_now_s(), fresh], group)
+        self._gpu.backdate(at_s)
+        return fresh
+
+    def resume(self, last_end_s: float) -> None:
+        # The devices idled since the last iteration's end while the hosts went round the
+        # loop; on GPUs the hosts would have queued the next ops ahead of time.
+        self._gpu.backdate(last_end_s)
+
+    def first_clock(self, agent: RankAgent) -> None:
+        if agent.first_clock_pending():
+            # A new plan (or sweep step) starts: its first clock is applied in real time, so
+            # the device must not run this iteration's first op before it.
+            agent.wait_for_clock(5.0)
+            self._gpu.record_event()  # nothing may start before now
+
+    def agree_end(self, own_end_s: float, group: Any) -> None:
+        # The end is the moment the pipeline's last device finished, not when hosts got here
+        # (host stalls are an artefact of CPUs shared between emulated GPUs).
+        (at_s,) = all_reduce_max([own_end_s], group)  # also a barrier
+        self._gpu.backdate(at_s)
+
+    @contextmanager
+    def op(self, agent: RankAgent, action: Action) -> Iterator[None]:
+        self.before(action)
+        with agent.op(action.kind, action.microbatch_index, action.stage_index):
+            self.launch(action)
+            agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
+            yield
+        self.finish(action, agent.last_op_end_event)
 
     def _overrun(self, action: Action) -> None:
         self.overruns += 1
@@ -217,13 +337,13 @@ class VirtualTimeline:
 
 
 def start_emulation(
-    gpu: SimulatedGPU,
+    gpu: EmulatedGPU,
     schedule: Schedule,
     rank: int,
     group: Any,
     *,
-    backward_split: float,
-) -> tuple[SimulatedGPU, StreamEmulator]:
+    backward_split: float = DEFAULT_BACKWARD_SPLIT,
+) -> tuple[EmulatedGPU, StreamEmulator]:
     """Place this process's simulated GPU and join its pipeline's timeline (collective).
 
     Each process gets its own simulated GPU (index = its global rank) in the job's own
@@ -241,10 +361,11 @@ def start_emulation(
     job_dir = Path(broadcast_object(made, 0, None))
     index = global_rank()
     split = schedule.has_weight_actions and not gpu.prices(Kind.W)
-    if index != gpu.index or not gpu.explicit_state_dir or split:
+    explicit = gpu.explicit_state_dir
+    if index != gpu.index or not explicit or split:
         gpu = gpu.placed(
             index=index,
-            state_dir=None if gpu.explicit_state_dir else job_dir,
+            state_dir=None if explicit else job_dir,
             backward_split=backward_split if split else None,
         )
     # One timeline per pipeline (a job may run several data-parallel pipelines).
@@ -257,7 +378,7 @@ def start_emulation(
     num_stages = schedule.num_stages
     timeline = VirtualTimeline(path, graph.node_of, lambda a: action_dependencies(a, num_stages))
     mine = [path.name] if rank == 0 else []
-    if gpu.state_dir == job_dir:
+    if not explicit:  # placed in the job's directory
         mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
     # At this process's exit, after the agent's own exit reset: multiprocessing runs its
     # finalizers from the atexit hook it registered on import (before the agent registers its

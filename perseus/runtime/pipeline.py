@@ -4,14 +4,13 @@
 
     from perseus.runtime.pipeline import PerseusPipeline
 
-    pp = PerseusPipeline(schedule, stages, gpu=gpu,
-                         plan="plan.json").start()          # or profile=, online_profile=True
-    for x, y in loader:
+    pp = PerseusPipeline(schedule, stages, gpu=gpu, plan="plan.json").start()
+    for x, y in loader:                      # plan=: also a profile, or OnlineProfile()
         with pp.iteration():
             schedule.step(x, target=y)
             optimizer.step()
-        schedule.eval(x_val, target=y_val)                   # between iterations: untouched
-    pp.close()                                               # logs predicted vs measured
+        schedule.eval(x_val, target=y_val)   # between iterations: untouched
+    pp.close()                               # logs predicted vs measured
 
 A :class:`~perseus.runtime.session.RankSession` whose engine is
 :class:`~perseus.runtime.engines.torch_pp.TorchPipelining`: the schedule is the order torch
@@ -31,19 +30,24 @@ untouched between iterations.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from perseus.plan import Frontier
-from perseus.profile.model import Profile
+from perseus.device.base import GPU
 from perseus.runtime.engines.torch_pp import TorchPipelining, check_profile_fits
-from perseus.runtime.planning import OnlineProfile, PlanSource, job_for_schedule
-from perseus.runtime.session import BoundaryHook, IterationStats, RankSession
+from perseus.runtime.planning import (
+    OfflineProfile,
+    PlanFile,
+    PlanLike,
+    job_for_schedule,
+    plan_source,
+)
+from perseus.runtime.session import BoundaryHook, IterationStats, RankSession, SessionOptions
 
 __all__ = [
     "BoundaryHook",
     "IterationStats",
     "PerseusPipeline",
+    "SessionOptions",
     "job_for_schedule",
     "perseus_pipeline",
 ]
@@ -56,7 +60,7 @@ class PerseusPipeline(RankSession):
         torch_schedule: The torch schedule object the training loop steps.
         stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
         model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
-        The keywords: as :class:`~perseus.runtime.session.RankSession`.
+        gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.
 
     Raises:
         ConfigError: see :class:`RankSession`; ProfileError: a profile for another model.
@@ -69,67 +73,36 @@ class PerseusPipeline(RankSession):
         stages: Sequence[Any] | None = None,
         *,
         model_parts: Sequence[Any] | None = None,
-        gpu: Any,
-        blocking_power_w: float | None = None,
-        plan: PlanSource | Frontier | str | Path | None = None,
-        profile: Profile | None = None,
-        online_profile: bool | OnlineProfile = False,
-        point_index: int = 0,
-        emulate: bool | None = None,
-        group: Any = None,
-        watchdog: bool = True,
-        handle_signals: bool = True,
-        events: Any = None,
-        power_schedule: str | Path | None = None,
-        power_store: Any = None,
+        gpu: GPU,
+        plan: PlanLike,
+        options: SessionOptions | None = None,
     ) -> None:
+        group = options.group if options is not None else None
         engine = TorchPipelining(torch_schedule, stages, model_parts=model_parts, group=group)
-        if profile is not None:
-            check_profile_fits(profile, engine.schedule)
+        source = plan_source(plan)
+        if isinstance(source, (PlanFile, OfflineProfile)) and source.profile is not None:
+            check_profile_fits(source.profile, engine.schedule)
         self.torch_schedule = torch_schedule
         self.stages = engine.stages
-        super().__init__(
-            engine,
-            gpu=gpu,
-            blocking_power_w=blocking_power_w,
-            plan=plan,
-            profile=profile,
-            online_profile=online_profile,
-            point_index=point_index,
-            emulate=emulate,
-            group=group,
-            watchdog=watchdog,
-            handle_signals=handle_signals,
-            events=events,
-            power_schedule=power_schedule,
-            power_store=power_store,
-        )
-
-    def start(self) -> PerseusPipeline:
-        """Instrument the stages and start the session (collective over the pipeline)."""
-        super().start()
-        return self
-
-    def __enter__(self) -> PerseusPipeline:
-        return self.start()
+        super().__init__(engine, gpu=gpu, plan=source, options=options)
 
 
 def perseus_pipeline(
-    torch_schedule: Any, model_parts: Sequence[Any] | None = None, **options: Any
+    torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session: Any
 ) -> PerseusPipeline:
     """A :class:`PerseusPipeline` from what a torchtitan trainer keeps.
 
     ::
 
-        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, profile=profile).start()
+        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, plan=profile).start()
 
     Args:
         torch_schedule: The trainer's ``pp_schedule`` (any torch schedule, DualPipeV too).
         model_parts: Its ``model_parts`` (checked against the schedule's stages).
-        **options: :class:`PerseusPipeline`'s keywords.
+        **session: :class:`PerseusPipeline`'s keywords (``gpu``, ``plan``, ``options``).
 
     Raises:
         ConfigError: see :func:`~perseus.runtime.engines.torch_pp.stages_of`; ProfileError:
             see :func:`~perseus.runtime.engines.torch_pp.check_profile_fits`.
     """
-    return PerseusPipeline(torch_schedule, model_parts=model_parts, **options)
+    return PerseusPipeline(torch_schedule, model_parts=model_parts, **session)

@@ -14,7 +14,8 @@ group (every rank calls the same function at the same point):
 * a profile: pipeline rank 0 traces the frontier and broadcasts it
   (:func:`plan_from_profile`);
 * an online sweep (:mod:`perseus.runtime.profiling.sweep`): the ranks agree when every rank's
-  sweep is done (:func:`sweep_finished_everywhere`), gather the rows and plan as above.
+  sweep is done (:meth:`~perseus.runtime.session_sweep.SessionSweep.finished_everywhere`),
+  gather the rows and plan as above.
 
 Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups work.
 
@@ -29,7 +30,7 @@ cap is planned with the options above each op's cap-bound clock collapsed into i
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,10 +44,10 @@ from perseus.job import PlanningJob, make_job
 from perseus.log import get_logger
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
-from perseus.runtime.collectives import all_gather_objects, all_reduce_max, broadcast_object
+from perseus.runtime.collectives import all_gather_objects, broadcast_object
 from perseus.runtime.profiling.energy_attribution import DEFAULT_RIDGE
-from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
-from perseus.runtime.profiling.sweep import OnlineProfiler, ProfileRow
+from perseus.runtime.profiling.pair_sweep import PairProfileRow
+from perseus.runtime.profiling.sweep import ProfileRow
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 
@@ -56,16 +57,14 @@ __all__ = [
     "OtherGpuWarning",
     "PlanContext",
     "PlanFile",
+    "PlanLike",
     "PlanSource",
     "Planned",
     "check_frontier",
     "check_gpu",
-    "gather_profile",
     "job_for_schedule",
-    "load_frontier",
     "plan_from_profile",
     "plan_source",
-    "sweep_finished_everywhere",
 ]
 
 
@@ -126,7 +125,7 @@ def check_gpu(
         )
         return
     raise PlanError(
-        f"{line}; profile this GPU (online_profile=True, or OnlineProfile(cache=...)), or run "
+        f"{line}; profile this GPU (plan=OnlineProfile(), or OnlineProfile(cache=...)), or run "
         f"it as an estimate with {source}(..., allow_other_gpu=True)"
     )
 
@@ -166,16 +165,15 @@ class PlanFile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Read and check the plan (no collective)."""
-        frontier = load_frontier(self.frontier)
+        plan, source = self.frontier, str(self.frontier)[:200]
+        frontier = plan if isinstance(plan, Frontier) else read_frontier(plan)
         described = frontier.job.gpu or (self.profile.gpu if self.profile else None)
-        what = "plan " + (
-            str(self.frontier)[:200] if not isinstance(self.frontier, Frontier) else "(object)"
-        )
+        what = "plan " + (source if frontier is not plan else "(object)")
         check_gpu(described, ctx.gpu, what, "PlanFile", self.allow_other_gpu)
         job = None
         if self.profile is not None:
             job = job_for_schedule(ctx.schedule, self.profile, ctx.blocking_power_w)
-            job.check_frontier(frontier, source=str(self.frontier)[:200])
+            job.check_frontier(frontier, source=source)
         return Planned(frontier, job)
 
 
@@ -275,48 +273,41 @@ class OnlineProfile:
                 ctx.gpu.name,
             )
             return None
-        planned = OfflineProfile(profile).plan(ctx)
-        return Planned(planned.frontier, planned.job, profile)
+        return replace(OfflineProfile(profile).plan(ctx), profiled=profile)
 
     def plan_measured(
         self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
     ) -> Planned:
         """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
-        profile = gather_profile(rows, ctx.group).with_gpu(ctx.gpu)
+        parts = all_gather_objects(rows, ctx.group)  # every rank's rows (collective)
+        merged = [r for part in parts for r in part]
+        profile = build_profile(merged, source="online profile").with_gpu(ctx.gpu)
         if self.cache is not None and ctx.rank == 0:
             check_private_file(self.cache, what="profile cache")  # a directory of ours
             write_profile_csv(profile, self.cache)
-        planned = OfflineProfile(profile).plan(ctx)
-        return Planned(planned.frontier, planned.job, profile)
+        return replace(OfflineProfile(profile).plan(ctx), profiled=profile)
 
 
-def plan_source(
-    plan: PlanSource | Frontier | str | Path | None,
-    profile: Profile | None,
-    online_profile: bool | OnlineProfile,
-) -> PlanSource:
-    """The one plan source the session's ``plan=``/``profile=``/``online_profile=`` name.
+#: What a session's ``plan=`` takes: a plan source, or what one is made from (a frontier or
+#: plan JSON path: :class:`PlanFile`; a profile: :class:`OfflineProfile`).
+PlanLike = PlanSource | Frontier | Profile | str | Path
+
+
+def plan_source(plan: PlanLike) -> PlanSource:
+    """The plan source a session's ``plan=`` names.
 
     Raises:
-        ConfigError: none, or an online sweep together with a plan or profile.
+        ConfigError: if ``plan`` is none of :data:`PlanLike`.
     """
-    online = OnlineProfile() if online_profile is True else online_profile or None
-    if online is not None and (plan is not None or profile is not None):
-        raise ConfigError("online_profile measures the profile; drop plan= and profile=")
-    if online is not None:
-        return online
-    if plan is None and profile is None:
-        raise ConfigError(
-            "the session needs a plan source: plan= (a plan file or frontier), profile= (plan "
-            "from a measured profile) or online_profile=True (measure it while training)"
-        )
-    if plan is None:
-        assert profile is not None
-        return OfflineProfile(profile)
+    if isinstance(plan, Profile):
+        return OfflineProfile(plan)
     if isinstance(plan, (Frontier, str, Path)):
-        return PlanFile(plan, profile)
-    if profile is not None:
-        raise ConfigError("profile= goes inside the plan source object; drop profile=")
+        return PlanFile(plan)
+    if not callable(getattr(plan, "plan", None)):
+        raise ConfigError(
+            f"plan= takes a plan source (PlanFile, OfflineProfile, OnlineProfile), a frontier "
+            f"or its JSON path, or a profile; got {type(plan).__name__}"
+        )
     return plan
 
 
@@ -379,11 +370,6 @@ def job_for_schedule(
     return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
 
-def load_frontier(plan: Frontier | str | Path) -> Frontier:
-    """``plan`` itself, or the frontier read from its JSON path."""
-    return plan if isinstance(plan, Frontier) else read_frontier(plan)
-
-
 def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> None:
     """Raise :class:`PlanError` unless ``frontier`` was computed for ``schedule``.
 
@@ -419,15 +405,3 @@ def plan_from_profile(
     payload = trace_frontier(job).model_dump_json() if rank == 0 else None
     payload = broadcast_object(payload, 0, group)
     return job, Frontier.model_validate_json(payload)
-
-
-def sweep_finished_everywhere(profiler: OnlineProfiler | PairSweep, group: Any) -> bool:
-    """True when every rank's sweep is done (one all-reduce over ``group``)."""
-    (busy,) = all_reduce_max([0.0 if profiler.done else 1.0], group)
-    return busy == 0.0
-
-
-def gather_profile(rows: list[ProfileRow] | list[PairProfileRow], group: Any) -> Profile:
-    """Every rank's measured rows as one profile (collective over ``group``)."""
-    parts = all_gather_objects(rows, group)
-    return build_profile([r for part in parts for r in part], source="online profile")

@@ -2,7 +2,7 @@
 
 ::
 
-    session = RankSession(engine, gpu=gpu, plan="plan.json")
+    session = RankSession(engine, gpu=gpu, plan="plan.json", options=SessionOptions(...))
     with session:                                 # start(): plan, agent, engine hooks
         for batch in loader:
             with session.iteration():             # one training iteration
@@ -14,40 +14,23 @@
 Megatron-Core, DeepSpeed) or a bare :class:`~perseus.schedule.Schedule` with ``rank`` (then the
 loop enters ``session.op(action)`` around each compute action itself).
 
-**Lifecycle.** A session is a small state machine::
+**Lifecycle.** A small state machine::
 
     new --start()--> idle --iteration() enter--> in iteration --exit--> idle --close()--> closed
                                                       |  exception: iteration discarded
                                                       +-----------------------------------> idle
 
-Only *in iteration* are actions measured and held to the plan's order; before, between and
-after iterations (evaluation, ``schedule.eval()``, Megatron's ``forward_only=True``, warm-up)
-they run untouched at whatever clock the GPU has. Inside an iteration the engine must run
-exactly one step (the adapter's ``step_call``): a second step, or fewer actions than planned,
-is refused with a :class:`~perseus.errors.PlanError` that names that call.
+Only *in iteration* are actions measured and held to the plan's order (exactly one engine
+step, the adapter's ``step_call``); outside (evaluation, warm-up) they run untouched.
 
-**Measurement.** At an iteration's end each rank waits for its last op, the ranks agree on the
-end (emulation: the moment the pipeline's last device finished; on GPUs a barrier) and, in one
-all-reduce, their iteration windows (``time_s`` is the longest: the same on every rank),
-energy, held ops and host overruns (:mod:`perseus.runtime.drift`): :class:`IterationStats`
-carries the pipeline's figures next to the plan's prediction, and this rank's energy and
-clocks as read back. At an iteration's start
-the ranks agree (one collective) whether anything ran since the last one: if not, the last end
-is this start (one counter reading for both); if so (an evaluation pass, a discarded
-iteration), every rank marks a fresh common start on the device's timeline.
-
-**Emulation.** A :class:`~perseus.device.simulated.SimulatedGPU` means emulation (``emulate``
-defaults to it; ``emulate=False`` with a simulated GPU is refused: nothing real would be
-measured). At start the session gives each process its own simulated GPU (index = its global
-rank) in a state directory of its own job unless the GPU's state directory was chosen
-(``state_dir=`` or ``$PERSEUS_SIM_DIR``: sharing asked for), prices ``W`` ops of a zero-bubble
-schedule from a profile without ``weight`` rows by splitting each backward in half (as the
-planner does), and always runs the cross-rank timeline (:mod:`perseus.runtime.emulation`).
-
-Where the plan comes from is a :class:`~perseus.runtime.planning.PlanSource`; the rank agent
-(:class:`~perseus.runtime.agent.rank_agent.RankAgent`) sets clocks on the device's timeline and
-measures ops; the online sweep runs through the same agent
-(:class:`~perseus.runtime.session_sweep.SessionSweep`).
+**Measurement.** At an iteration's end the ranks agree on the end (emulation: when the
+pipeline's last device finished; on GPUs a barrier) and, in one all-reduce, on the pipeline's
+time, energy, held ops and host overruns (:mod:`perseus.runtime.drift`). At a start they agree
+whether anything ran since the last end: if not, that end is this start (one counter reading
+for both); if so, every rank marks a fresh common start on the device's timeline. Boundaries
+and op scopes meet the device through one seam, a
+:class:`~perseus.runtime.emulation.DeviceRun`: a GPU's, or the emulated stream's (a simulated
+GPU means emulation).
 """
 
 from __future__ import annotations
@@ -55,41 +38,39 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from perseus.device.base import GPU, EventSource
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.presets import blocking_power_for, gpu_identity
-from perseus.device.simulated import SimulatedGPU
-from perseus.errors import ConfigError, PlanError, ProfileError
-from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob
+from perseus.errors import ConfigError, PlanError
+from perseus.job import PlanningJob
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.agent.readback import ClockDelivery
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max, barrier
 from perseus.runtime.drift import DriftMonitor, agree_iteration
-from perseus.runtime.emulation import StreamEmulator, start_emulation
+from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
     OnlineProfile,
     PlanContext,
+    PlanLike,
     Planned,
-    PlanSource,
     check_frontier,
     plan_source,
-    sweep_finished_everywhere,
 )
-from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, check_fit
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
 
-__all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionState"]
+__all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionOptions", "SessionState"]
 
 _log = logging.getLogger(__name__)
 
@@ -97,6 +78,7 @@ _log = logging.getLogger(__name__)
 #: to deploy from the next iteration on. Every rank of a pipeline must return the same value
 #: (hooks decide from data all ranks share).
 BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
+_Session = TypeVar("_Session", bound="RankSession")
 
 
 class SessionState(enum.Enum):
@@ -108,17 +90,44 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-class _NullScope:
-    """The context of an op that runs outside an iteration (eval, warm-up): untouched."""
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """How a :class:`RankSession` runs, besides its engine, GPU and plan.
 
-    def __enter__(self) -> None:
-        return None
+    Args:
+        blocking_power_w: GPU power while waiting; used for planning and profiling. None
+            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
+            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
+        point_index: Which frontier point to deploy (0: the fastest).
+        group: The pipeline's process group (default: the adapter's, else the default group).
+        watchdog: Start the watchdog process that resets the GPU if this process dies.
+        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
+        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
+            on a real GPU).
+        power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
+            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
+        power_store: The job's store, read for run-time power caps (``perseus power set``).
+        clock: The host's clock, read where the device has no timeline of its own.
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+    Raises:
+        ConfigError: a negative ``blocking_power_w`` or ``point_index``.
+    """
 
+    blocking_power_w: float | None = None
+    point_index: int = 0
+    group: Any = None
+    watchdog: bool = True
+    handle_signals: bool = True
+    events: EventSource | None = None
+    power_schedule: str | Path | None = None
+    power_store: Any = None
+    clock: Clock = REAL_CLOCK
 
-_OUTSIDE = _NullScope()
+    def __post_init__(self) -> None:
+        if self.blocking_power_w is not None and not self.blocking_power_w >= 0:
+            raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
+        if self.point_index < 0:
+            raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
 
 
 class RankSession:
@@ -129,37 +138,20 @@ class RankSession:
     pipeline's group: call it on every rank) and starts the agent.
 
     Args:
-        engine: An engine adapter (:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`,
-            :class:`~perseus.runtime.engines.megatron.MegatronEngine`,
-            :class:`~perseus.runtime.engines.deepspeed.DeepSpeedEngine`) or a bare schedule
-            whose actions the loop runs inside :meth:`op` itself.
+        engine: An engine adapter (:mod:`perseus.runtime.engines`: torch pipelining,
+            Megatron-Core, DeepSpeed) or a bare schedule whose actions the loop runs inside
+            :meth:`op` itself.
         rank: This process's pipeline rank; only with a bare schedule (an adapter knows it).
         gpu: This rank's GPU (an ``NvmlGPU``, or a ``SimulatedGPU``: emulation).
-        blocking_power_w: GPU power while waiting; used for planning and profiling. None
-            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
-            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
-        plan: A plan source (:class:`~perseus.runtime.planning.PlanFile`,
-            :class:`~perseus.runtime.planning.OfflineProfile`,
-            :class:`~perseus.runtime.planning.OnlineProfile`) or a frontier / plan JSON path.
-        profile: Without ``plan``: plan from this profile (rank 0 traces the frontier). With a
-            plan file: the profile it was computed for (checked; used by :meth:`allmax_plan`).
-        online_profile: True (or an :class:`~perseus.runtime.planning.OnlineProfile` with
-            options): sweep clocks during the first iterations, then plan from the sweep.
-        point_index: Which frontier point to deploy (0: the fastest).
-        emulate: Emulate on a simulated GPU; None (default) emulates exactly when ``gpu`` is
-            a ``SimulatedGPU``.
-        group: The pipeline's process group (default: the adapter's, else the default group).
-        watchdog: Start the watchdog process that resets the GPU if this process dies.
-        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
-        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
-            on a real GPU).
-        power_schedule: A plan schedule JSON (``perseus plan schedule``) over ``plan``'s
-            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
-        power_store: The job's store, read for run-time power caps (``perseus power set``).
+        plan: Where the plan comes from: a plan source
+            (:class:`~perseus.runtime.planning.PlanFile`, ``OfflineProfile``,
+            ``OnlineProfile``: sweep clocks during the first iterations, then plan), or a
+            frontier, its JSON path, or a profile (rank 0 traces the frontier).
+        options: Everything else (:class:`SessionOptions`; default: its defaults).
 
     Raises:
-        ConfigError: no plan source or two; a rank out of range or missing; ``emulate=True``
-            without a simulated GPU, or ``emulate=False`` with one.
+        ConfigError: a ``plan`` of another type; a rank out of range or missing;
+            ``power_schedule`` with an online sweep.
     """
 
     def __init__(
@@ -167,24 +159,15 @@ class RankSession:
         engine: EngineAdapter | Schedule,
         rank: int | None = None,
         *,
-        gpu: Any,
-        blocking_power_w: float | None = None,
-        plan: PlanSource | Frontier | str | Path | None = None,
-        profile: Profile | None = None,
-        online_profile: bool | OnlineProfile = False,
-        point_index: int = 0,
-        emulate: bool | None = None,
-        group: Any = None,
-        watchdog: bool = True,
-        handle_signals: bool = True,
-        events: Any = None,
-        power_schedule: str | Path | None = None,
-        power_store: Any = None,
+        gpu: GPU,
+        plan: PlanLike,
+        options: SessionOptions | None = None,
     ) -> None:
+        options = options if options is not None else SessionOptions()
         if isinstance(engine, Schedule):
             if rank is None:
                 raise ConfigError("RankSession(schedule, rank, ...): pass this process's rank")
-            engine = ManualEngine(engine, rank, group)
+            engine = ManualEngine(engine, rank, options.group)
         elif rank is not None and rank != engine.rank:
             raise ConfigError(
                 f"rank={rank} differs from the engine adapter's rank {engine.rank}; drop rank="
@@ -194,37 +177,20 @@ class RankSession:
             raise ConfigError(
                 f"rank {engine.rank} is out of range: the schedule has {schedule.num_ranks} ranks"
             )
-        simulated = isinstance(gpu, SimulatedGPU)
-        if emulate is None:
-            emulate = simulated
-        if emulate and not simulated:
+        self._emulated = gpu if isinstance(gpu, EmulatedGPU) else None
+        self.source = plan_source(plan)
+        if isinstance(self.source, OnlineProfile) and options.power_schedule is not None:
             raise ConfigError(
-                f"emulate=True needs a simulated GPU (SimulatedGPU), got {type(gpu).__name__}"
+                "power_schedule= needs a frontier to follow: plan= a plan file or a profile, "
+                "not OnlineProfile"
             )
-        if simulated and not emulate:
-            raise ConfigError(
-                "emulate=False with a SimulatedGPU would time real CPU compute against "
-                "simulated clocks and measure nothing true; drop emulate= (a simulated GPU is "
-                "emulated) or pass a real GPU"
-            )
-        if blocking_power_w is None:
-            blocking_power_w = blocking_power_for(gpu)  # ConfigError names the parameter
-        if not blocking_power_w >= 0:
-            raise ConfigError(f"blocking_power_w must be >= 0 W, got {blocking_power_w}")
-        if point_index < 0:
-            raise ConfigError(f"point_index must be >= 0, got {point_index}")
-        self.engine = engine
-        self.schedule = schedule
-        self.rank = engine.rank
-        self.gpu = gpu
-        self.blocking_power_w = float(blocking_power_w)
-        self.group = group if group is not None else engine.group
-        self.emulate = emulate
-        self.point_index = point_index
-        self.source = plan_source(plan, profile, online_profile)
-        if isinstance(self.source, OnlineProfile) and power_schedule is not None:
-            raise ConfigError("power_schedule= needs plan= (its frontier); drop online_profile")
-        self._power_args = (power_schedule, power_store)
+        self.engine, self.schedule, self.rank = engine, schedule, engine.rank
+        self.gpu, self.options, self.emulate = gpu, options, self._emulated is not None
+        power_w = options.blocking_power_w
+        # blocking_power_for's ConfigError names the option
+        self.blocking_power_w = float(blocking_power_for(gpu) if power_w is None else power_w)
+        self.group = options.group if options.group is not None else engine.group
+        self.point_index = options.point_index
         self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
         self.history: list[IterationStats] = []
         self.frontier: Frontier | None = None
@@ -232,17 +198,11 @@ class RankSession:
         self.profiled: Profile | None = None
         self.clocks_profiled: dict[tuple[int, Any], int] = {}
         self.summary: RunSummary | None = None
-        self._agent_options: dict[str, Any] = {
-            "watchdog": watchdog,
-            "handle_signals": handle_signals,
-        }
-        if events is not None:
-            self._agent_options["events"] = events
         self._state = SessionState.NEW
         self._hooks: list[BoundaryHook] = []
         self._agent: RankAgent | None = None
         self._sweep: SessionSweep | None = None
-        self._emulator: StreamEmulator | None = None
+        self._run = DeviceRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
         # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
@@ -266,7 +226,7 @@ class RankSession:
         """True between entering and leaving :meth:`iteration`."""
         return self._state is SessionState.IN_ITERATION
 
-    def start(self) -> RankSession:
+    def start(self: _Session) -> _Session:
         """Attach the engine, place the simulated GPU, obtain a plan and start the agent.
 
         Collective over the pipeline's group. Idempotent while open.
@@ -281,26 +241,22 @@ class RankSession:
         self._state = SessionState.IDLE
         try:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
-            if self.emulate:  # each process its own simulated GPU; the shared timeline
-                self.gpu, self._emulator = start_emulation(
-                    self.gpu,
-                    self.schedule,
-                    self.rank,
-                    self.group,
-                    backward_split=DEFAULT_BACKWARD_SPLIT,
+            if self._emulated is not None:  # each process its own simulated GPU; the timeline
+                self.gpu, self._run = start_emulation(
+                    self._emulated, self.schedule, self.rank, self.group
                 )
-            ctx = self._context()
-            planned = self.source.plan(ctx)
+            planned = self.source.plan(self._context())
             if planned is None:
                 if not isinstance(self.source, OnlineProfile):
                     raise ConfigError(f"{type(self.source).__name__}.plan() returned no plan")
                 self._start_sweep(self.source)
             else:
                 self._install(planned)
-            if self._power_args != (None, None):
+            o = self.options
+            if o.power_schedule is not None or o.power_store is not None:
                 from perseus.runtime.power.runtime import attach_power
 
-                self.power = attach_power(self, *self._power_args)
+                self.power = attach_power(self, o.power_schedule, o.power_store)
         except BaseException:
             self.close()
             raise
@@ -334,20 +290,13 @@ class RankSession:
             if self.summary is not None and self.rank == 0:
                 _log.info("%s", self.summary)
 
-    def __enter__(self) -> RankSession:
+    def __enter__(self: _Session) -> _Session:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # An error in close() does not mask the training loop's.
+        with contextlib.suppress(Exception) if exc_type else contextlib.nullcontext():
             self.close()
-        else:
-            with contextlib.suppress(Exception):  # do not mask the training loop's error
-                self.close()
 
     @property
     def next_iteration(self) -> int:
@@ -376,7 +325,7 @@ class RankSession:
     @property
     def emulation_overruns(self) -> int:
         """Actions whose CPU compute exceeded the simulated time (0 when not emulating)."""
-        return self._emulator.overruns if self._emulator is not None else 0
+        return self._run.overruns
 
     def deploy(self, frontier: Frontier, point_index: int = 0) -> None:
         """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
@@ -402,10 +351,9 @@ class RankSession:
         if self.job is None:
             raise PlanError(
                 "RankSession.allmax_plan() needs the profile the plan was made for: pass "
-                "profile= with plan=, or wait for the online sweep to finish"
+                "plan=PlanFile(plan, profile), or wait for the online sweep to finish"
             )
-        job = self.job
-        return job.frontier([job.point(job.allmax())])
+        return self.job.frontier([self.job.point(self.job.allmax())])
 
     # ----------------------------------------------------------------------------------------
     # Iterations
@@ -443,8 +391,7 @@ class RankSession:
     def _begin(self) -> None:
         agent = self._agent
         if self._pending is not None and agent is not None:
-            frontier, index = self._pending
-            self._pending = None
+            (frontier, index), self._pending = self._pending, None
             agent.swap_plan(frontier, index)
             if self._sweep is None:  # a sweep plan is not the deployed frontier
                 self.frontier, self.point_index = frontier, index
@@ -455,68 +402,35 @@ class RankSession:
         # (evaluation) or after a discarded one, every rank marks a fresh start.
         fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
         self._ran_between = False
-        if self._emulator is not None:
-            # A fresh start is at the latest of the hosts' arrival: a host that arrives late
-            # does not make the others' devices start late.
-            at_s, fresh = all_reduce_max([self.gpu.timeline_now_s(), fresh], self.group)
-        else:
-            at_s = None
-            (fresh,) = all_reduce_max([fresh], self.group)  # also a barrier
+        fresh = self._run.agree_start(fresh, self.group)
         if fresh or self._last_mark is None:
-            self._window = self._mark(at_s)
+            self._window = self._mark()
         else:
             self._window = self._last_mark
-            if self._emulator is not None:
-                # The devices idled since the last iteration's end while the hosts went round
-                # the loop; on GPUs the hosts would have queued the next ops ahead of time.
-                self.gpu.backdate(self._last_mark[0])
+            self._run.resume(self._last_mark[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
             agent.step_begin()
-            if self._emulator is not None and agent.first_clock_pending():
-                # A new plan (or sweep step) starts: its first clock is applied in real time,
-                # so the device must not run this iteration's first op before it.
-                agent.wait_for_clock(5.0)
-                self.gpu.record_event()  # nothing may start before now
+            self._run.first_clock(agent)
 
     def _end(self) -> None:
-        agent = self._agent
-        window = self._window
-        assert window is not None
-        last_end = delivery = None
-        if agent is not None:
-            planned = len(agent.planned_clocks_mhz)
-            done = agent.ops_done_this_iteration
-            if done < planned:
-                self._abort_iteration()
-                raise PlanError(
-                    f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
-                    f"one engine step ({self.engine.step_call}): run exactly one "
-                    f"{self.engine.step_call} per "
-                    "`with session.iteration():` (evaluation and forward-only passes go "
-                    "between iterations)"
-                )
-            last_end = agent.last_op_end_event
-            delivery = agent.step_end().clock_delivery  # waits for this rank's last op
+        agent, window = self._agent, self._window
+        assert window is not None  # set by _begin
+        own_end_s, delivery = self._end_step(agent) if agent is not None else (None, None)
         # A real GPU's start is read now: the worker has read its counter by the agent's end.
         t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
-        own_end_s = last_end.device_time_s() if last_end is not None else t0
-        at_s = None
-        if self._emulator is not None:
-            (at_s,) = all_reduce_max([own_end_s], self.group)  # also a barrier
-        else:
-            barrier(self.group)
-        end = self._mark(at_s, reuse_agent_counter=True)
+        own_end_s = t0 if own_end_s is None else own_end_s
+        self._run.agree_end(own_end_s, self.group)
+        end = self._mark(at_end=True)
         end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
         energy_j = (mj - e0) / 1000.0
-        overruns = self._emulator.take_overruns() if self._emulator is not None else 0
+        overruns = self._run.take_overruns()
         pipeline = agree_iteration(
             energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
         )
         profiling = self._sweep is not None
-        point = None
-        if not profiling and self.frontier is not None:
-            point = self.frontier.points[self.point_index]
+        frontier = None if profiling else self.frontier
+        point = frontier.points[self.point_index] if frontier is not None else None
         stats = IterationStats(
             iteration=self._iteration,
             phase="profile" if profiling else "run",
@@ -538,6 +452,28 @@ class RankSession:
         self._last_mark = (end_s, mj)
         self._window = None
         self._state = SessionState.IDLE
+        self._after_iteration(stats)
+
+    def _end_step(self, agent: RankAgent) -> tuple[float | None, ClockDelivery | None]:
+        """End a whole engine step: its last op's device end time, its clocks as read back."""
+        planned = len(agent.planned_clocks_mhz)
+        done = agent.ops_done_this_iteration
+        if done < planned:
+            self._abort_iteration()
+            raise PlanError(
+                f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
+                f"{self._one_step()} (evaluation and forward-only passes go between iterations)"
+            )
+        last_end = agent.last_op_end_event
+        delivery = agent.step_end().clock_delivery
+        return (last_end.device_time_s() if last_end is not None else None), delivery
+
+    def _one_step(self) -> str:
+        call = self.engine.step_call
+        return f"one engine step ({call}): run exactly one {call} per `with session.iteration():`"
+
+    def _after_iteration(self, stats: IterationStats) -> None:
+        """Advance the sweep or watch for drift, then ask the boundary hooks."""
         if self._sweep is not None:
             self._sweep_boundary()
         elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
@@ -557,35 +493,13 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(
-        self, at_s: float | None, reuse_agent_counter: bool = False
-    ) -> tuple[float, int] | CounterMark:
-        """A point on the device's timeline: (device time, energy counter in mJ).
-
-        ``at_s`` (emulation): the point is then, not when this host got here (host stalls are
-        an artefact of CPUs shared between emulated GPUs). A real GPU's fresh start is a
-        :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on NVML)
-        on the training thread; the worker reads the counter as the device passes it.
-        """
+    def _mark(self, at_end: bool = False) -> tuple[float, int] | CounterMark:
+        """A point on the device's timeline: (device time, energy counter in mJ)."""
         agent = self._agent
         events = agent.events if agent is not None else None
-        if events is None:  # no device timeline (a GPU without events): the host's view
-            return time.perf_counter(), int(self.gpu.energy_mj())
-        mj_before = None
-        if reuse_agent_counter and agent is not None:
-            # The agent read the counter as the iteration ended on this device, moments ago:
-            # the same boundary (the device is idle since), no second read.
-            mj_before = agent.take_end_counter_mj()
-        elif self._emulator is None and agent is not None:
-            return CounterMark(events.record_event(), agent.controller, self.gpu.energy_mj)
-        if at_s is not None:
-            self.gpu.backdate(at_s)
-        event = events.record_event()
-        event.synchronize()  # the device is idle here: completes at once
-        mj = event.energy_mj
-        if mj is None:
-            mj = mj_before if mj_before is not None else int(self.gpu.energy_mj())
-        return event.device_time_s(), int(mj)
+        if agent is None or events is None:  # no device timeline: the host's view
+            return self.options.clock.now(), int(self.gpu.energy_mj())
+        return self._run.mark(agent, events, self.gpu.energy_mj, at_end)
 
     # ----------------------------------------------------------------------------------------
     # Actions
@@ -601,7 +515,7 @@ class RankSession:
         """
         if self._state is not SessionState.IN_ITERATION:
             self._ran_between = True
-            return _OUTSIDE
+            return contextlib.nullcontext()  # untouched
         return self._op(action)
 
     @contextmanager
@@ -612,22 +526,11 @@ class RankSession:
         if agent.ops_done_this_iteration >= len(agent.planned_clocks_mhz):
             raise PlanError(
                 f"rank {self.rank}: action {action} is beyond the "
-                f"{len(agent.planned_clocks_mhz)} actions of one engine step "
-                f"({self.engine.step_call}): run exactly one {self.engine.step_call} per "
-                "`with session.iteration():`; for gradient accumulation raise the microbatch "
-                "count instead"
+                f"{len(agent.planned_clocks_mhz)} actions of {self._one_step()}; for gradient "
+                "accumulation raise the microbatch count instead"
             )
-        emulator = self._emulator
-        if emulator is None:
-            with agent.op(action.kind, action.microbatch_index, action.stage_index):
-                yield
-            return
-        emulator.before(action)
-        with agent.op(action.kind, action.microbatch_index, action.stage_index):
-            emulator.launch(action)
-            agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
+        with self._run.op(agent, action):
             yield
-        emulator.finish(action, agent.last_op_end_event)
 
     # ----------------------------------------------------------------------------------------
     # Planning
@@ -640,28 +543,32 @@ class RankSession:
 
     def _install_frontier(self, frontier: Frontier, point_index: int, sweep: bool) -> None:
         check_frontier(self.schedule, frontier, point_index)
-        if self._agent is not None:  # the running agent switches at the next iteration
-            self._pending = (frontier, point_index)
-            if not sweep:
-                self.frontier, self.point_index = frontier, point_index
-            return
         if not sweep:  # a sweep "plan" is not a deployed frontier
             self.frontier, self.point_index = frontier, point_index
-        options: dict[str, Any] = {"measure_op_energy": False}
-        if self.job is not None:
+        if self._agent is not None:  # the running agent switches at the next iteration
+            self._pending = (frontier, point_index)
+            return
+        o = self.options
+        agent = RankAgent(
+            frontier,
+            self.gpu,
+            self.rank,
+            point_index=point_index,
+            measure_op_energy=False,
+            watchdog=o.watchdog,
+            handle_signals=o.handle_signals,
+            events=o.events,
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
-            options["op_time_s"] = profiled_op_time_s(self.job.profile)
-        options.update(self._agent_options)
-        agent = RankAgent(frontier, self.gpu, self.rank, point_index=point_index, **options)
+            op_time_s=profiled_op_time_s(self.job.profile) if self.job is not None else None,
+        )
         agent.start()
         self._agent = agent
 
     def _start_sweep(self, options: OnlineProfile) -> None:
         sweep = SessionSweep(options, self.schedule, self.rank, self.gpu, self.blocking_power_w)
         self._install_frontier(sweep.sweep_plan(), 0, sweep=True)
-        agent = self._agent
-        assert agent is not None
-        sweep.start(agent)
+        assert self._agent is not None  # just started
+        sweep.start(self._agent)
         self._sweep = sweep
 
     def _stop_sweep(self) -> None:
@@ -675,18 +582,11 @@ class RankSession:
         if sweep is None or agent is None:
             return
         advanced = sweep.add_iteration(agent)
-        if not sweep_finished_everywhere(sweep.profiler, self.group):
+        if not sweep.finished_everywhere(self.group):
             if advanced:
                 self._pending = (sweep.sweep_plan(), 0)
             return
         self._stop_sweep()
-        # Every rank refuses together when any rank's energy fit is poor (one all-reduce).
-        (worst,) = all_reduce_max([sweep.profiler.worst_fit_error()], self.group)
-        if worst > MAX_FIT_ERROR:
-            check_fit(sweep.profiler)  # raises here, naming this rank's worst row
-            raise ProfileError(
-                f"online profile refused: another rank's energy fit is worse than "
-                f"{MAX_FIT_ERROR:.0%} (its error names the row)"
-            )
+        rows = sweep.measured_rows(self.group)  # every rank refuses together on a poor fit
         self.clocks_profiled = sweep.profiler.clocks_profiled()
-        self._install(sweep.options.plan_measured(self._context(), sweep.profiler.rows()))
+        self._install(sweep.options.plan_measured(self._context(), rows))

@@ -1,7 +1,7 @@
 """The online sweep of a session, as one object: options, profiler, counter sampler, windows.
 
-During the first iterations a :class:`~perseus.runtime.session.RankSession` with
-``online_profile`` runs a one-point "plan" of the clocks to measure next
+During the first iterations a :class:`~perseus.runtime.session.RankSession` with an
+``OnlineProfile`` plan runs a one-point "plan" of the clocks to measure next
 (:meth:`SessionSweep.sweep_plan`) through the rank agent; op times come from the agent's device
 events, op energy from the GPU's energy counter read on a background thread
 (:mod:`perseus.runtime.profiling.energy_windows`): each (stage, kind)'s power is fitted to the
@@ -13,18 +13,19 @@ A step repeats for further iterations until its ops span enough windows
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
-from perseus.device.base import MemoryClockGPU
-from perseus.errors import ConfigError
+from perseus.device.base import GPU, MemoryClockGPU
+from perseus.device.clock import REAL_CLOCK
+from perseus.errors import ConfigError, ProfileError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
-from perseus.runtime.profiling.pair_sweep import PairSweep
-from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
+from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, ProfileRow, check_fit
 from perseus.schedule.actions import Schedule
 
 __all__ = ["SessionSweep"]
@@ -48,7 +49,7 @@ class SessionSweep:
         options: OnlineProfile,
         schedule: Schedule,
         rank: int,
-        gpu: Any,
+        gpu: GPU,
         blocking_power_w: float,
     ) -> None:
         self.options = options
@@ -84,10 +85,10 @@ class SessionSweep:
             raise ConfigError(
                 f"online profiling needs to set clocks on {self.gpu.name}, but the agent is "
                 "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
-                "profile where clocks can be locked and pass profile= or plan="
+                "profile where clocks can be locked and pass that profile as plan="
             )
         events = agent.events
-        now_s = events.timeline_now_s if events is not None else time.perf_counter
+        now_s = events.timeline_now_s if events is not None else REAL_CLOCK.now
         period = self.options.sample_period_s
         sampler = CounterSampler(
             self.gpu.energy_mj,
@@ -183,3 +184,23 @@ class SessionSweep:
         profiler.end_iteration(power_w=None if fit is None else fit.power_w, fit=fit)
         step.reset()
         return True
+
+    def finished_everywhere(self, group: Any) -> bool:
+        """True when every rank's sweep is done (one all-reduce over ``group``)."""
+        (busy,) = all_reduce_max([0.0 if self.profiler.done else 1.0], group)
+        return busy == 0.0
+
+    def measured_rows(self, group: Any) -> list[ProfileRow] | list[PairProfileRow]:
+        """The finished sweep's rows, once every rank's energy fit passed (one all-reduce).
+
+        Raises:
+            ProfileError: on every rank together when any rank's fit is poor.
+        """
+        (worst,) = all_reduce_max([self.profiler.worst_fit_error()], group)
+        if worst > MAX_FIT_ERROR:
+            check_fit(self.profiler)  # raises here, naming this rank's worst row
+            raise ProfileError(
+                f"online profile refused: another rank's energy fit is worse than "
+                f"{MAX_FIT_ERROR:.0%} (its error names the row)"
+            )
+        return self.profiler.rows()

@@ -111,18 +111,6 @@ class RunSummary:
         )
 
 
-def _errors(stats: IterationStats) -> tuple[float, float] | None:
-    """``(time error, energy error)`` of one run iteration against its prediction."""
-    if not stats.predicted_time_s or not stats.predicted_energy_j:
-        return None
-    if stats.pipeline_energy_j is None:
-        return None
-    return (
-        stats.time_s / stats.predicted_time_s - 1.0,
-        stats.pipeline_energy_j / stats.predicted_energy_j - 1.0,
-    )
-
-
 def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     """Why ``runs`` do not measure their plan, or None when they do: clocks held below it,
     host overruns (emulation), or, with neither, measured time or energy off the prediction
@@ -131,34 +119,50 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
 
     Complexity: O(len(runs)).
     """
-    if not runs:
-        return None
+    causes = [c for c in (_held_cause(runs), _overrun_cause(runs)) if c is not None]
+    if not causes and (off := _off_prediction_cause(runs)) is not None:
+        causes.append(off)
+    return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
+
+
+def _held_cause(runs: Sequence[IterationStats]) -> str | None:
     held = [s for s in runs if s.pipeline_held_ops]
-    overruns = sum(s.host_overruns for s in runs)
-    errors = [e for e in map(_errors, runs) if e is not None]
-    dt = statistics.fmean(e[0] for e in errors) if errors else 0.0
-    de = statistics.fmean(e[1] for e in errors) if errors else 0.0
-    off = abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
-    causes = []
-    if held:
-        reasons = sorted({r for s in held for r in s.held_reasons})
-        causes.append(
-            f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
-            f"{len(runs)} iterations"
-        )
-    if overruns:
-        causes.append(
-            f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
-            "simulated GPU runs them)"
-        )
-    if off and not causes:
-        causes.append(
-            f"time {dt:+.1%} and energy {de:+.1%} off the prediction with no clock held "
-            "below the plan (another GPU than the profile's, or a stale profile)"
-        )
-    if not causes:
+    if not held:
         return None
-    return "these figures do not measure the plan: " + "; ".join(causes)
+    reasons = sorted({r for s in held for r in s.held_reasons})
+    return (
+        f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
+        f"{len(runs)} iterations"
+    )
+
+
+def _overrun_cause(runs: Sequence[IterationStats]) -> str | None:
+    overruns = sum(s.host_overruns for s in runs)
+    if not overruns:
+        return None
+    return (
+        f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
+        "simulated GPU runs them)"
+    )
+
+
+def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
+    # Each run's (time error, energy error) against its prediction, where it has one.
+    errors = [
+        (s.time_s / s.predicted_time_s - 1.0, s.pipeline_energy_j / s.predicted_energy_j - 1.0)
+        for s in runs
+        if s.predicted_time_s and s.predicted_energy_j and s.pipeline_energy_j is not None
+    ]
+    if not errors:
+        return None
+    dt = statistics.fmean(e[0] for e in errors)
+    de = statistics.fmean(e[1] for e in errors)
+    if abs(dt) <= DRIFT_TOLERANCE and abs(de) <= DRIFT_TOLERANCE:
+        return None
+    return (
+        f"time {dt:+.1%} and energy {de:+.1%} off the prediction with no clock held "
+        "below the plan (another GPU than the profile's, or a stale profile)"
+    )
 
 
 def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
@@ -171,20 +175,7 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
 
     Complexity: O(len(history)).
     """
-    runs: list[IterationStats] = []
-    for stats in reversed(history):  # the last stretch of one point
-        if stats.phase != "run" or stats.pipeline_energy_j is None:
-            break
-        if runs and stats.point_index != runs[-1].point_index:
-            break
-        if stats.predicted_time_s != (
-            runs[-1].predicted_time_s if runs else stats.predicted_time_s
-        ):
-            break
-        runs.append(stats)
-    runs.reverse()
-    if len(runs) > 1:
-        runs = runs[1:]
+    runs = _last_stretch(history)
     if not runs:
         return None
     last = runs[-1]
@@ -204,3 +195,20 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
         measured_saving=1.0 - energy / baseline_j,
         caveat=caveat,
     )
+
+
+def _last_stretch(history: Sequence[IterationStats]) -> list[IterationStats]:
+    """The last run iterations of one point and prediction, less the first when there are
+    more (it pays the clock changes of a new plan)."""
+    runs: list[IterationStats] = []
+    for stats in reversed(history):
+        if stats.phase != "run" or stats.pipeline_energy_j is None:
+            break
+        if runs and (
+            stats.point_index != runs[-1].point_index
+            or stats.predicted_time_s != runs[-1].predicted_time_s
+        ):
+            break
+        runs.append(stats)
+    runs.reverse()
+    return runs[1:] if len(runs) > 1 else runs

@@ -22,7 +22,7 @@ from perseus.io.frontier_files import write_frontier
 from perseus.job import PlanningJob, make_job
 from perseus.plan import Frontier
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 from perseus.solver import trace
 from perseus.solver.fleet import fleet_job
@@ -130,10 +130,12 @@ def test_three_emulated_jobs_follow_the_budget_on_postgres(
                 profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / f"sim{k}",
                 set_latency_s=0.0,
             )  # fmt: skip
-            session = RankSession(
-                build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W,
-                plan=frontier, watchdog=False, handle_signals=False, power_store=member,
+            options = SessionOptions(
+                blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False,
+                power_store=member,
             )  # fmt: skip
+            schedule = build_schedule("1f1b", 2, 4)
+            session = RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options)
             sessions.append(session.start())
         fastest_w = frontier.fastest.avg_power_w
         least_w = min(p.avg_power_w for p in frontier.points)

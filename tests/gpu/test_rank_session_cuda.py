@@ -43,7 +43,7 @@ def test_transformer_block_through_rank_session_observe_only(tmp_path: Path) -> 
     if not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA")
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     torch.cuda.set_device(0)
     gpu = NvmlGPU.for_cuda_device(0, control=False)
@@ -55,10 +55,8 @@ def test_transformer_block_through_rank_session_observe_only(tmp_path: Path) -> 
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=80.0,
         plan=_plan(schedule, max(gpu.supported_clocks_mhz())),
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(blocking_power_w=80.0, watchdog=False, handle_signals=False),
     ) as session:
         agent = session.agent
         assert agent is not None and agent.device_timed and agent.observe_only

@@ -31,6 +31,7 @@ def run_worker(tmp: str, sim_dir: str, ending: str) -> None:
     from perseus import RankSession, SimulatedGPU, make_job
     from perseus.io import load_profile
     from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, take_stages
+    from perseus.runtime.session import SessionOptions
     from perseus.schedule import build_schedule
 
     warnings.simplefilter("ignore", EmulationOverrunWarning)
@@ -47,10 +48,8 @@ def run_worker(tmp: str, sim_dir: str, ending: str) -> None:
         build_schedule("1f1b", 1, 4),
         0,
         gpu=gpu,
-        blocking_power_w=83.64,
         plan=plan,
-        point_index=1,
-        watchdog=False,
+        options=SessionOptions(blocking_power_w=83.64, point_index=1, watchdog=False),
     )
     if ending == "unclosed":
         session.start()

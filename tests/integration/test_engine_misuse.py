@@ -25,13 +25,15 @@ def _session(engine: Any, stages: int) -> Any:
     from perseus.device.simulated import SimulatedGPU
     from perseus.io import default_blocking_power_w, load_profile
     from perseus.runtime.emulation import scale_profile, take_stages
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     bundled = load_profile("a100")
     power = default_blocking_power_w(bundled)
     profile = scale_profile(take_stages(bundled, stages), 0.25)
     gpu = SimulatedGPU.from_profile(profile, blocking_power_w=power)
-    return RankSession(engine, gpu=gpu, blocking_power_w=power, profile=profile)
+    return RankSession(
+        engine, gpu=gpu, plan=profile, options=SessionOptions(blocking_power_w=power)
+    )
 
 
 def _misuse_between(session: Any, train: Any, evaluate: Any) -> dict[str, Any]:

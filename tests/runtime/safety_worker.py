@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.runtime.safety_worker MODE`` (one process, world size 1) or under
 torchrun (one process per pipeline rank). Each rank drives its own simulated GPU (index = rank)
-in ``$PERSEUS_SIM_DIR`` through the real agent path (``emulate=False``), with a plan that locks
+in ``$PERSEUS_SIM_DIR`` through the real agent path, with a plan that locks
 every op at 1095 MHz. It prints ``running`` once the first iteration has ended, then:
 
 * ``normal``: two more iterations, ``close()``, exit 0;
@@ -20,14 +20,12 @@ The first four modes wait for a line on stdin after ``running``, so the test can
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import signal
 import sys
 import tempfile
 import time
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,7 +34,7 @@ from torch import nn
 from perseus.device.simulated import SimulatedGPU
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.runtime.engines.torch_pp import build_torch_schedule
-from perseus.runtime.pipeline import PerseusPipeline
+from perseus.runtime.pipeline import PerseusPipeline, SessionOptions
 from perseus.schedule import build_schedule
 
 __all__ = ["main"]
@@ -64,15 +62,6 @@ def _plan(stage_ops: tuple[tuple[str, ...], ...], microbatches: int) -> Frontier
     )
 
 
-def _safety_kwargs() -> dict[str, Any]:
-    """Safety as a user gets it: the defaults when PerseusPipeline has the safety keywords
-    (issue 14's runtime), else switched on through the agent options (the pre-merge API)."""
-    params = inspect.signature(PerseusPipeline.__init__).parameters
-    if "watchdog" in params and "handle_signals" in params:
-        return {}
-    return {"agent_options": {"watchdog": True, "handle_signals": True}}
-
-
 def main(mode: str) -> int:
     torch.set_num_threads(1)
     if "RANK" in os.environ:
@@ -95,9 +84,8 @@ def main(mode: str) -> int:
         torch_schedule,
         [stage],
         gpu=gpu,
-        blocking_power_w=83.64,
         plan=_plan(schedule.stage_ops(), microbatches),
-        **_safety_kwargs(),
+        options=SessionOptions(blocking_power_w=83.64),
     ).start()
     x = torch.randn(2 * microbatches, 8)
 

@@ -127,7 +127,7 @@ def _gpu_rank(rank: int, world: int, plan: Any) -> list[float]:
 
     import torch.distributed as dist
 
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
     from perseus.schedule import build_schedule
     from tests.runtime.test_agent import _cuda_like_events, counting_gpu
 
@@ -138,11 +138,13 @@ def _gpu_rank(rank: int, world: int, plan: Any) -> list[float]:
         schedule,
         rank,
         gpu=counting_gpu()[0],
-        blocking_power_w=BLOCKING_W,
         plan=plan,
-        events=_cuda_like_events(),
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(
+            blocking_power_w=BLOCKING_W,
+            events=_cuda_like_events(),
+            watchdog=False,
+            handle_signals=False,
+        ),
     )
     with session:
         for _ in range(3):

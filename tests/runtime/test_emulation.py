@@ -12,6 +12,7 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.runtime.emulation import (
+    EmulatedGPU,
     EmulationOverrunWarning,
     StreamEmulator,
     VirtualTimeline,
@@ -33,6 +34,24 @@ def gpu(tmp_path):  # type: ignore[no-untyped-def]
         publish_interval_s=0.0,
         clock=VirtualClock(),  # the host's waits and the device's ops on one virtual clock
     )
+
+
+def test_emulation_is_decided_by_what_the_gpu_can_do(gpu):
+    """A device is emulated when it has a host-driven stream (the EmulatedGPU protocol), not
+    by its class: a wrapper that delegates to a simulated GPU is emulated too."""
+
+    names = {n for n in dir(EmulatedGPU) if not n.startswith("_")} | {"index"}
+    wrapped = type(
+        "Wrapped", (), {n: property(lambda w, n=n: getattr(w.inner, n)) for n in names}
+    )()
+    wrapped.inner = gpu
+    assert isinstance(gpu, EmulatedGPU) and isinstance(wrapped, EmulatedGPU)
+
+    class Nvml:  # a real GPU's surface: no stream to drive
+        uuid = "GPU-0"
+        name = "NVIDIA A100-SXM4-80GB"
+
+    assert not isinstance(Nvml(), EmulatedGPU)
 
 
 def test_emulator_holds_the_host_until_the_op_ran_on_the_device(gpu):

@@ -245,7 +245,7 @@ def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str
     from perseus.device.simulated import SimulatedGPU
     from perseus.io import default_blocking_power_w, load_profile
     from perseus.runtime.emulation import scale_profile, take_stages
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
@@ -283,7 +283,9 @@ def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str
     profile = scale_profile(take_stages(bundled, world), 0.25)
     gpu = SimulatedGPU.from_profile(profile, blocking_power_w=power)
     engine = megatron.MegatronEngine(world, rank, microbatches)
-    session = RankSession(engine, gpu=gpu, blocking_power_w=power, profile=profile)
+    session = RankSession(
+        engine, gpu=gpu, plan=profile, options=SessionOptions(blocking_power_w=power)
+    )
     with session, megatron.cuda_to_cpu():
         for i in range(3):
             with session.iteration():

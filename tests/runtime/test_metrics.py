@@ -19,7 +19,7 @@ from perseus.io import load_profile
 from perseus.runtime import metrics as metrics_module
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.metrics import CSV_FIELDS, iteration_metrics
-from perseus.runtime.session import IterationStats
+from perseus.runtime.session import IterationStats, SessionOptions
 from perseus.schedule import build_schedule
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -45,12 +45,13 @@ def _emulated_session(tmp_path: Path) -> RankSession:
         build_schedule("1f1b", 1, 4),
         0,
         gpu=gpu,
-        blocking_power_w=BLOCKING_W,
         plan=plan,
-        point_index=1,
-        emulate=True,
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(
+            blocking_power_w=BLOCKING_W,
+            point_index=1,
+            watchdog=False,
+            handle_signals=False,
+        ),
     )
 
 

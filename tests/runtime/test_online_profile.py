@@ -103,7 +103,8 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
     import time
 
     from perseus.device.simulated import SimNoise, SimulatedGPU
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.planning import OnlineProfile
+    from perseus.runtime.session import RankSession, SessionOptions
     from perseus.schedule import build_schedule
 
     scale, gain = 0.1, 0.95
@@ -122,11 +123,8 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=83.64,
-        online_profile=True,
-        emulate=True,
-        watchdog=False,
-        handle_signals=False,
+        plan=OnlineProfile(),
+        options=SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False),
     )
     with session:
         while session.profiling:

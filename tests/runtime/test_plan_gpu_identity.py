@@ -15,7 +15,7 @@ from perseus.io import load_profile, read_frontier, write_frontier
 from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.runtime.planning import OfflineProfile, OtherGpuWarning, PlanFile
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 
 pytestmark = pytest.mark.filterwarnings("ignore::perseus.runtime.emulation.EmulationOverrunWarning")
@@ -30,7 +30,13 @@ def _a100_plan() -> Frontier:
 
 def _session(gpu: SimulatedGPU, plan: object) -> RankSession:
     schedule = build_schedule("1f1b", STAGES, MICROBATCHES)
-    return RankSession(schedule, 0, gpu=gpu, plan=plan, watchdog=False, handle_signals=False)  # type: ignore[arg-type]
+    return RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=plan,
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )  # type: ignore[arg-type]
 
 
 def test_bundled_a100_plan_on_a_simulated_h100_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from perseus.io.power_files import read_schedule, write_schedule
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.power.follow import CostMeter, ScheduleClock
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 from perseus.solver import trace_frontier
 from perseus.solver.power_schedule import schedule_plans
@@ -75,10 +75,11 @@ def test_an_emulated_job_follows_the_schedule_in_time_and_pays_what_it_stated(
         profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0, clock=clock
     )
     clock.gpu, clock.longer_than_s = gpu, 2 * max(p.time_s for p in frontier.points)
-    with RankSession(
-        build_schedule("1f1b", 1, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=frontier,
-        power_schedule=path, watchdog=False, handle_signals=False,
-    ) as session:  # fmt: skip
+    options = SessionOptions(
+        blocking_power_w=BLOCKING_W, power_schedule=path, watchdog=False, handle_signals=False
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    with RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session:
         clock.gpu = session.gpu
         for _ in range(50):
             _iteration(session)

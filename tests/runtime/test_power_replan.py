@@ -21,7 +21,7 @@ from perseus.runtime.emulation import take_stages
 from perseus.runtime.power.follow import CostMeter
 from perseus.runtime.power.replan import ReplanCost, Replanner
 from perseus.runtime.power.runtime import PowerRuntime, attach_power
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 from perseus.solver import trace_frontier
 from perseus.solver.power_schedule import schedule_plans
@@ -88,10 +88,10 @@ def _run(
         take_stages(load_profile("a100"), 1), blocking_power_w=BLOCKING_W, state_dir=state,
         set_latency_s=0.0, clock=Clock(),
     )  # fmt: skip
+    options = SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False)
     with RankSession(
-        build_schedule("1f1b", 1, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=frontier,
-        watchdog=False, handle_signals=False,
-    ) as session:  # fmt: skip
+        build_schedule("1f1b", 1, 4), 0, gpu=gpu, plan=frontier, options=options
+    ) as session:
         gpu = session.gpu
         power = attach_power(session, schedule, None, **replan)  # type: ignore[arg-type]
         _RAN.append(power.waited_s)

@@ -13,8 +13,9 @@ from perseus.io.power_files import ScheduleFile
 from perseus.job import make_job
 from perseus.plan import points_sha256
 from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.power import set_cap
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -48,10 +49,10 @@ def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def _session(gpu, plan, **kwargs) -> RankSession:  # type: ignore[no-untyped-def]
-    return RankSession(
-        build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan,
-        watchdog=False, handle_signals=False, **kwargs,
-    )  # fmt: skip
+    options = SessionOptions(
+        blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False, **kwargs
+    )
+    return RankSession(build_schedule("1f1b", 2, 4), 0, gpu=gpu, plan=plan, options=options)
 
 
 def _iteration(session: RankSession) -> None:
@@ -90,8 +91,6 @@ def test_schedule_of_another_frontier_or_with_online_profiling_is_refused(setup)
     gpu, plan, schedule = setup
     with pytest.raises(PlanError, match="made for another frontier"):
         _session(gpu, plan.with_points(plan.points[:1]), power_schedule=schedule).start()
-    with pytest.raises(ConfigError, match="power_schedule= needs plan="):
-        RankSession(
-            build_schedule("1f1b", 2, 4), 0, gpu=gpu, blocking_power_w=BLOCKING_W,
-            online_profile=True, power_schedule=schedule,
-        )  # fmt: skip
+    options = SessionOptions(blocking_power_w=BLOCKING_W, power_schedule=schedule)
+    with pytest.raises(ConfigError, match="power_schedule= needs a frontier"):
+        RankSession(build_schedule("1f1b", 2, 4), 0, gpu=gpu, plan=OnlineProfile(), options=options)

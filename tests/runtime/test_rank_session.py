@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from perseus.device.clock import RealClock, VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError, PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.planning import OnlineProfile
-from perseus.runtime.session import IterationStats, RankSession
+from perseus.runtime.planning import OnlineProfile, PlanFile
+from perseus.runtime.session import IterationStats, RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
 BLOCKING_W = 83.64
@@ -28,20 +28,28 @@ def profile():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def gpu(tmp_path: Path, profile) -> SimulatedGPU:  # type: ignore[no-untyped-def]
+    # Virtual time: the device's ops and the host's waits on one clock that only moves when
+    # slept on, so every time asserted below is exact whatever the machine's load.
     return SimulatedGPU.from_profile(
-        profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0
+        profile,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path,
+        set_latency_s=0.0,
+        clock=VirtualClock(),
     )
 
 
 def _session(gpu, profile, checked=False, **kwargs):  # type: ignore[no-untyped-def]
     schedule = build_schedule("1f1b", 2, 4)
-    options = {"watchdog": False, "handle_signals": False, **kwargs}
+    options = SessionOptions(
+        blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False, **kwargs
+    )
     # A plan without the solver (fast): all-max, and every op at 1095 MHz.
     job = make_job(profile, "1f1b", 2, 4, blocking_power_w=BLOCKING_W)
     plan = job.frontier([job.point(job.allmax()), job.point([1095] * job.graph.num_nodes)])
-    if checked:  # the profile the plan was made for: allmax_plan() works
-        options["profile"] = profile
-    return RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W, plan=plan, **options)
+    # With the profile the plan was made for (checked): allmax_plan() works.
+    source = PlanFile(plan, profile) if checked else plan
+    return RankSession(schedule, 0, gpu=gpu, plan=source, options=options)
 
 
 def _iteration(session: RankSession) -> None:
@@ -100,10 +108,12 @@ def test_ops_outside_an_iteration_run_untouched(gpu, profile):
 
 def test_bad_arguments_are_config_errors(gpu, profile):
     schedule = build_schedule("1f1b", 2, 4)
-    with pytest.raises(ConfigError, match="needs a plan source"):
-        RankSession(schedule, 0, gpu=gpu, blocking_power_w=BLOCKING_W)
+    with pytest.raises(ConfigError, match="plan= takes a plan source"):
+        RankSession(schedule, 0, gpu=gpu, plan=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="out of range"):
-        RankSession(schedule, 5, gpu=gpu, blocking_power_w=BLOCKING_W, profile=profile)
+        RankSession(
+            schedule, 5, gpu=gpu, plan=profile, options=SessionOptions(blocking_power_w=BLOCKING_W)
+        )
     session = _session(gpu, profile)
     with pytest.raises(PlanError, match="out of range"):
         _session(gpu, profile, point_index=7).start()
@@ -124,7 +134,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         state_dir=tmp_path,
         set_latency_s=0.0,
         publish_interval_s=0.1 * 0.1,
-        clock=time.perf_counter,
+        clock=RealClock(),  # real time: the counter sampler runs on its own thread
     )
     schedule = build_schedule("1f1b", 1, 4)
     cache = tmp_path / "profile.csv"
@@ -132,10 +142,8 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=BLOCKING_W,
-        online_profile=OnlineProfile(cache=cache),
-        watchdog=False,
-        handle_signals=False,
+        plan=OnlineProfile(cache=cache),
+        options=SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False),
     )
     with session:
         assert session.profiling and session.frontier is None
@@ -166,9 +174,8 @@ def test_safety_is_on_by_default():
     from perseus.runtime.pipeline import PerseusPipeline
 
     for cls in (RankSession, PerseusPipeline):
-        params = inspect.signature(cls).parameters
-        assert params["watchdog"].default is True, cls
-        assert params["handle_signals"].default is True, cls
+        assert inspect.signature(cls).parameters["options"].default is None, cls
+    assert SessionOptions().watchdog is True and SessionOptions().handle_signals is True
 
 
 def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
@@ -196,6 +203,35 @@ def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
     # The first start, the fresh one after evaluation, and the agent's start and end stamps.
     assert len(readers) == 2 + 2 * 3
     assert all(s.energy_j > 0 for s in session.history)
+
+
+def test_without_a_device_timeline_the_session_times_on_its_clock(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU without device events (NVML without CUDA) is timed on the host, through the
+    session's clock seam (``SessionOptions(clock=...)``): on a virtual clock, exactly."""
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
+    from perseus.device.nvml import NvmlGPU
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    nvml = FakeNvml(devices=[FakeDevice("GPU-host")])
+    gpu = NvmlGPU("GPU-host", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    clock = VirtualClock()
+    with _session(gpu, profile, clock=clock) as session:
+        assert session.agent is not None and session.agent.events is None
+        for _ in range(2):
+            with session.iteration():
+                for action in session.schedule.rank_actions[0]:
+                    with session.op(action):
+                        clock.sleep(0.01)
+    assert [s.time_s for s in session.history] == pytest.approx([0.08, 0.08])
+
+
+def test_session_options_are_checked_when_built():
+    with pytest.raises(ConfigError, match="blocking_power_w must be >= 0"):
+        SessionOptions(blocking_power_w=-1.0)
+    with pytest.raises(ConfigError, match="point_index must be >= 0"):
+        SessionOptions(point_index=-1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,14 +285,14 @@ def test_evaluation_between_iterations_runs_untouched_and_is_not_counted(gpu, pr
         ops_before = len(session.agent.records.ops)  # type: ignore[union-attr]
         for action in forwards:  # eval: forward only, between iterations
             with session.op(action):
-                time.sleep(0.01)
+                gpu.clock.sleep(0.01)
         assert len(session.agent.records.ops) == ops_before  # type: ignore[union-attr]
         _iteration(session)
         _iteration(session)
     assert len(session.history) == 3
-    eval_s = 0.01 * len(forwards)
-    # The evaluation's host time is not in the second iteration (a fresh start after it).
-    assert session.history[1].time_s < session.history[0].time_s + eval_s / 2
+    # The evaluation's time is not in the second iteration (a fresh start after it): on
+    # virtual time it takes exactly as long as the third, back-to-back one.
+    assert session.history[1].time_s == pytest.approx(session.history[2].time_s, rel=1e-9)
 
 
 def test_an_iteration_with_fewer_actions_than_one_step_is_refused_and_discarded(gpu, profile):
@@ -286,8 +322,8 @@ def test_history_compares_pipeline_with_pipeline(gpu, profile):
 
 
 def test_a_simulated_gpu_means_emulation(gpu, profile):
-    """Leaving out emulate= with a simulated GPU emulates (ops run on the simulated stream,
-    so the iteration takes the simulated time); emulate=False with one is refused."""
+    """A simulated GPU is always emulated: ops run on the simulated stream, so the iteration
+    takes the simulated time."""
     with _session(gpu, profile) as session:
         assert session.emulate
         for _ in range(3):
@@ -297,8 +333,6 @@ def test_a_simulated_gpu_means_emulation(gpu, profile):
     # Rank 0 alone: its compute is its ops' simulated time (the other rank's work is not run).
     own_s = sum(gpu.op_cost(a.stage_index, a.kind)[0] for a in session.schedule.rank_actions[0])
     assert stats.compute_time_s >= own_s * 0.99
-    with pytest.raises(ConfigError, match="emulate=False with a SimulatedGPU"):
-        _session(gpu, profile, emulate=False)
 
 
 def test_two_emulated_jobs_at_once_do_not_collide(profile, monkeypatch: pytest.MonkeyPatch):
@@ -334,10 +368,8 @@ def test_zero_bubble_runs_on_a_simulated_gpu_from_a_profile_without_weight_rows(
         schedule,
         0,
         gpu=gpu,
-        blocking_power_w=BLOCKING_W,
         plan=plan,
-        watchdog=False,
-        handle_signals=False,
+        options=SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False),
     )
     with session:
         for _ in range(2):
@@ -371,9 +403,9 @@ def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, pro
     """Without ``blocking_power_w`` the session asks the device: a simulated GPU declares its
     own; a GPU whose name no preset knows is refused with a message naming the parameter."""
     schedule = build_schedule("1f1b", 2, 4)
-    options = {"watchdog": False, "handle_signals": False, "profile": profile}
+    options = SessionOptions(watchdog=False, handle_signals=False)
     declared = SimulatedGPU.from_profile(profile, blocking_power_w=71.5, state_dir=tmp_path)
-    session = RankSession(schedule, 0, gpu=declared, **options)
+    session = RankSession(schedule, 0, gpu=declared, plan=profile, options=options)
     assert session.blocking_power_w == 71.5
     session.close()
 
@@ -381,7 +413,7 @@ def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, pro
         name = "Some Accelerator X"
 
     with pytest.raises(ConfigError, match="blocking_power_w") as e:
-        RankSession(schedule, 0, gpu=Unknown(), emulate=False, **options)
+        RankSession(schedule, 0, gpu=Unknown(), plan=profile, options=options)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
 
 
@@ -393,11 +425,12 @@ def test_an_emulated_job_leaves_no_files_behind(tmp_path: Path):
     import sys
 
     script = """
+from perseus.device.clock import RealClock, VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 
 profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)

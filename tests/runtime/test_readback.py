@@ -254,7 +254,7 @@ def test_the_summary_says_when_its_figures_do_not_measure_the_plan():
 def test_host_overruns_are_counted_per_iteration(tmp_path: Path):
     import time
 
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
     gpu = SimulatedGPU.from_profile(
@@ -264,7 +264,13 @@ def test_host_overruns_are_counted_per_iteration(tmp_path: Path):
     plan = job.frontier([job.point(job.allmax())])
     schedule = build_schedule("1f1b", 2, 4)
     op_s = max(gpu.op_cost(0, k)[0] for k in (Kind.F, Kind.B))
-    session = RankSession(schedule, 0, gpu=gpu, plan=plan, watchdog=False, handle_signals=False)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=plan,
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with session:
@@ -311,7 +317,7 @@ def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
 
     from perseus.io import write_profile_csv
     from perseus.runtime.planning import OnlineProfile
-    from perseus.runtime.session import RankSession
+    from perseus.runtime.session import RankSession, SessionOptions
 
     profile = scale_profile(take_stages(load_profile("a100"), 1), 0.2)  # ops of tens of ms
     cache_dir = tmp_path / "cache"
@@ -327,9 +333,8 @@ def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
         schedule,
         0,
         gpu=gpu,
-        online_profile=OnlineProfile(cache=cache),
-        watchdog=False,
-        handle_signals=False,
+        plan=OnlineProfile(cache=cache),
+        options=SessionOptions(watchdog=False, handle_signals=False),
     )
     sweeps: list[int] = []
     with warnings.catch_warnings():
@@ -339,7 +344,7 @@ def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
             monkeypatch.setattr(session, "_start_sweep", lambda options: sweeps.append(1))
             # About the profile, not the host: a loaded machine's host overruns (a cause of
             # their own, which profiling again would not fix) are not counted here.
-            emulator = session._emulator
+            emulator = session._run
             assert emulator is not None
             monkeypatch.setattr(emulator, "take_overruns", lambda: 0)
             session.gpu.set_slowdown(1.5)

@@ -93,10 +93,9 @@ def test_plan_sources_are_checked_when_built():
         OnlineProfile(sample_period_s=0.0)
     with pytest.raises(ConfigError, match="layers_per_stage must be >= 1"):
         OfflineProfile(profile, layers_per_stage=0)
-    with pytest.raises(ConfigError, match="drop plan= and profile="):
-        plan_source("plan.json", None, True)
-    with pytest.raises(ConfigError, match="needs a plan source"):
-        plan_source(None, None, False)
-    assert isinstance(plan_source(None, profile, False), OfflineProfile)
-    assert plan_source("plan.json", profile, False) == PlanFile("plan.json", profile)
-    assert plan_source(None, None, True) == OnlineProfile()
+    with pytest.raises(ConfigError, match="plan= takes a plan source"):
+        plan_source(None)  # type: ignore[arg-type]
+    assert plan_source(profile) == OfflineProfile(profile)
+    assert plan_source("plan.json") == PlanFile("plan.json")
+    assert plan_source(PlanFile("plan.json", profile)) == PlanFile("plan.json", profile)
+    assert plan_source(OnlineProfile()) == OnlineProfile()

@@ -14,7 +14,6 @@ C, as in an NCCL collective waiting for the dead peer, when the signal arrives).
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import signal
@@ -55,13 +54,6 @@ SINGLE = (
     "SIGKILL",
     "both-killed",
 )
-
-
-def _has_safety_kwargs() -> bool:
-    from perseus.runtime.pipeline import PerseusPipeline
-
-    params = inspect.signature(PerseusPipeline.__init__).parameters
-    return "watchdog" in params and "handle_signals" in params
 
 
 @dataclass
@@ -192,11 +184,6 @@ def test_failed_iteration_leaves_no_lock(failed_iteration: tuple[int, str, str])
     """Whatever the runtime makes of a failed iteration, the GPU ends unlocked."""
 
 
-@pytest.mark.xfail(
-    not _has_safety_kwargs(),
-    reason="a failed iteration leaves the agent mid-step before issue 14's runtime (rt14)",
-    strict=True,
-)
 def test_failed_iteration_leaves_the_session_usable(
     failed_iteration: tuple[int, str, str],
 ) -> None:

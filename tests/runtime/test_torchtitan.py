@@ -74,7 +74,7 @@ def _titan_rank(rank: int, world: int, microbatches: int, torch_class: str) -> d
 
     from perseus.device.simulated import SimulatedGPU
     from perseus.io import default_blocking_power_w
-    from perseus.runtime.pipeline import perseus_pipeline
+    from perseus.runtime.pipeline import SessionOptions, perseus_pipeline
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cls = torch_pp.torch_class_for(torch_class)
@@ -97,7 +97,11 @@ def _titan_rank(rank: int, world: int, microbatches: int, torch_class: str) -> d
     profile = take_stages(bundled, num_stages)
     gpu = SimulatedGPU.from_profile(profile, blocking_power_w=power)
     pp = perseus_pipeline(
-        pp_schedule, model_parts, gpu=gpu, blocking_power_w=power, profile=profile
+        pp_schedule,
+        model_parts,
+        gpu=gpu,
+        plan=profile,
+        options=SessionOptions(blocking_power_w=power),
     ).start()
     x, y = torch.randn(2 * microbatches, 8), torch.randn(2 * microbatches, 8)
     last = num_stages - 1
@@ -139,7 +143,7 @@ def _two_steps_rank(rank: int, world: int) -> dict[str, Any]:
     from perseus.device.simulated import SimulatedGPU
     from perseus.errors import PlanError
     from perseus.runtime.emulation import scale_profile
-    from perseus.runtime.pipeline import PerseusPipeline
+    from perseus.runtime.pipeline import PerseusPipeline, SessionOptions
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
@@ -149,7 +153,9 @@ def _two_steps_rank(rank: int, world: int) -> dict[str, Any]:
     gpu = SimulatedGPU.from_profile(profile, blocking_power_w=83.64)
     x, y = torch.randn(4, 8), torch.randn(4, 8)
     message = ""
-    with PerseusPipeline(schedule, [stage], gpu=gpu, blocking_power_w=83.64, profile=profile) as pp:
+    with PerseusPipeline(
+        schedule, [stage], gpu=gpu, plan=profile, options=SessionOptions(blocking_power_w=83.64)
+    ) as pp:
         try:
             with pp.iteration():
                 schedule.step(x, target=y)

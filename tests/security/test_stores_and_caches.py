@@ -22,7 +22,7 @@ from perseus.io.profile_files import write_profile_csv
 from perseus.recurring.store import SQLiteStore
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.planning import OnlineProfile
-from perseus.runtime.session import RankSession
+from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 
 from .conftest import Attacker
@@ -123,10 +123,8 @@ def test_a_forged_profile_cache_in_an_attacker_directory_is_never_read(
         build_schedule("1f1b", 1, 4),
         0,
         gpu=gpu,
-        blocking_power_w=83.64,
-        online_profile=OnlineProfile(cache=cache),
-        watchdog=False,
-        handle_signals=False,
+        plan=OnlineProfile(cache=cache),
+        options=SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False),
     )
     with pytest.raises(ConfigError) as e:
         session.start()
@@ -168,14 +166,13 @@ def test_the_emulation_timeline_lives_in_a_fresh_private_directory(tmp_path: Pat
     )
     job = make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64)
     plan = job.frontier([job.point(job.allmax())])
-    kwargs = {"gpu": gpu, "blocking_power_w": 83.64, "plan": plan}
+    options = SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False)
+    kwargs = {"gpu": gpu, "plan": plan, "options": options}
     with pytest.raises(TypeError, match="timeline"):
         RankSession(build_schedule("1f1b", 1, 4), 0, timeline=tmp_path / "t", **kwargs)  # type: ignore[call-arg]
-    session = RankSession(
-        build_schedule("1f1b", 1, 4), 0, watchdog=False, handle_signals=False, **kwargs
-    ).start()
+    session = RankSession(build_schedule("1f1b", 1, 4), 0, **kwargs).start()
     try:
-        emulator = session._emulator
+        emulator = session._run
         assert emulator is not None
         path = Path(emulator._timeline._ends.filename)
         folder = path.parent.lstat()

@@ -328,8 +328,8 @@ def attach_power(
     """
     if session.frontier is None:
         raise ConfigError(
-            "power_schedule/power_store need a deployed frontier: pass plan= (or profile=), "
-            "not online_profile=True"
+            "power_schedule/power_store need a deployed frontier: pass plan= a plan file or a "
+            "profile, not OnlineProfile"
         )
     doc = read_schedule(schedule) if isinstance(schedule, (str, Path)) else schedule
     replanner = None

@@ -11,7 +11,8 @@ clock both time and energy grow, so those clocks can never be on the frontier. C
 the best so far rather than with the previous clock makes the rule robust to measurement noise
 (measured energies wiggle by a few tenths of a percent between neighbouring clocks, which
 resets a "strictly increasing" streak: on the bundled A100 data that rule never fires). The sweep ends when every op on every rank has stopped, which the ranks agree on
-with one all-reduce per iteration (:func:`perseus.runtime.planning.sweep_finished_everywhere`).
+with one all-reduce per iteration
+(:meth:`perseus.runtime.session_sweep.SessionSweep.finished_everywhere`).
 
 The result is a profile in the standard CSV format (``stage,instruction,frequency,time,energy``)
 saved under a key of the model, schedule and world configuration (:func:`profile_cache_path`),
