@@ -18,7 +18,7 @@ from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import (
     ClockHeldWarning,
     HeldOp,
-    HeldOp as OpReading,
+    OpReading,
     clock_delivery,
 )
 from perseus.runtime.agent.records import IterationRecord

@@ -177,24 +177,33 @@ def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
             continue
         ops_read += 1
         total_s += r.time_s
-        sm_held = r.read_mhz < r.planned_mhz * (1.0 - _TOLERANCE)
-        mem_held = (
-            r.planned_mem_mhz is not None
-            and r.read_mem_mhz is not None
-            and abs(r.read_mem_mhz - r.planned_mem_mhz) > r.planned_mem_mhz * _TOLERANCE
-        )
-        if not (sm_held or mem_held):
+        op = _held(r, r.read_mhz)
+        if op is None:
             at_plan_s += r.time_s
-            continue
-        reasons = limiting_reasons(r.reasons)
-        if mem_held and r.asked_mem_mhz is None:
-            reasons += (MEMORY_NOT_LOCKED,)
-        mem = (r.planned_mem_mhz, r.read_mem_mhz) if mem_held else (None, None)
-        held.append(HeldOp(r.name, r.planned_mhz, r.read_mhz, reasons or (NO_REASON,), *mem))
+        else:
+            held.append(op)
     if not ops_read:
         return None
     share = at_plan_s / total_s if total_s > 0 else float(not held)
     return ClockDelivery(share, tuple(held), ops_read)
+
+
+def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
+    """The op as held, when its reading is off the plan (else None)."""
+    sm_held = read_mhz < r.planned_mhz * (1.0 - _TOLERANCE)
+    plan_mem, read_mem = r.planned_mem_mhz, r.read_mem_mhz
+    mem_held = (
+        plan_mem is not None
+        and read_mem is not None
+        and abs(read_mem - plan_mem) > plan_mem * _TOLERANCE
+    )
+    if not (sm_held or mem_held):
+        return None
+    reasons = limiting_reasons(r.reasons)
+    if mem_held and r.asked_mem_mhz is None:
+        reasons += (MEMORY_NOT_LOCKED,)
+    mem = (plan_mem, read_mem) if mem_held else (None, None)
+    return HeldOp(r.name, r.planned_mhz, read_mhz, reasons or (NO_REASON,), *mem)
 
 
 class HeldClockReport:
