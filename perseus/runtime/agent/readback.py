@@ -91,31 +91,19 @@ class HeldOp:
     applied_mem_mhz: int | None = None
 
     def __str__(self) -> str:
-        memory = (
-            ""
-            if self.applied_mem_mhz is None
-            else f", memory planned {self.planned_mem_mhz} MHz, ran {self.applied_mem_mhz} MHz"
-        )
+        memory = f", memory planned {self.planned_mem_mhz} MHz, ran {self.applied_mem_mhz} MHz"
         return (
-            f"{self.name} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz{memory} "
+            f"{self.name} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz"
+            f"{memory if self.applied_mem_mhz is not None else ''} "
             f"({describe_reasons(self.reasons)})"
         )
 
 
 class OpReading(NamedTuple):
-    """One op's clocks, planned and read back (see :func:`clock_delivery`).
-
-    Attributes:
-        name: The op (``"1F0"``).
-        planned_mhz: The plan's (snapped) SM clock for the phase that ran when read.
-        asked_mhz: The SM clock applied when the worker read (None: not read).
-        read_mhz: The SM clock read (None: not read).
-        reasons: The clock event reason mask read.
-        time_s: The op's time.
-        planned_mem_mhz: The plan's memory clock for that phase (None: not set).
-        asked_mem_mhz: The memory lock in force when read (None: none, the driver refused).
-        read_mem_mhz: The memory clock read (None: not read).
-    """
+    """One op's clocks read back (:func:`clock_delivery`): per clock (SM, then memory where
+    the plan sets one) the plan's for the phase running when read, the one applied then (the
+    memory lock in force; None: none, refused) and the one read (None: not read); the
+    reason mask read and the op's time."""
 
     name: str
     planned_mhz: int
