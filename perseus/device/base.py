@@ -170,9 +170,10 @@ class AppliedClockGPU(Protocol):
 
 @runtime_checkable
 class ClockReadbackGPU(Protocol):
-    """A device that reads back the SM clock it runs now and its clock event reasons (NVML's
-    ``nvmlDeviceGetClockInfo`` and ``nvmlDeviceGetCurrentClocksEventReasons``, the simulator's
-    power cap): a lock is a request, the read-back says what the GPU delivered."""
+    """A device that reads back the SM and memory clocks it runs now and its clock event
+    reasons (NVML's ``nvmlDeviceGetClockInfo`` and ``nvmlDeviceGetCurrentClocksEventReasons``,
+    the simulator's power cap): a lock is a request, the read-back says what the GPU
+    delivered."""
 
     def current_clock_mhz(self) -> int:
         """The SM clock the GPU runs at now."""
@@ -181,6 +182,10 @@ class ClockReadbackGPU(Protocol):
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of NVML's clock event
         reasons (``perseus.device.nvml.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
+        ...
+
+    def current_memory_clock_mhz(self) -> int:
+        """The memory clock the GPU runs at now (read only where a plan sets one)."""
         ...
 
 

@@ -64,6 +64,9 @@ class FakeDevice:
     sm_clock_mhz: int = 1410  # the clock requested when unlocked
     locked: tuple[int, int] | None = None
     mem_locked: tuple[int, int] | None = None
+    #: The memory clock a busy board runs whatever its lock (a GeForce board drops to its P2
+    #: state's memory clock under CUDA load); None: the lock, else the highest.
+    busy_memory_clock_mhz: int | None = None
     supports_mig_query: bool = True
     #: None: ``energy_mj`` is returned as is (or integrated from power, see
     #: ``energy_from_power``); else the counter as a function of the clock's time (s).
@@ -372,6 +375,8 @@ class FakeNvml:
         self._record("nvmlDeviceGetClockInfo", handle, clock_type)
         d = self._dev(handle)
         if clock_type == self.NVML_CLOCK_MEM:
+            if d.busy and d.busy_memory_clock_mhz is not None:
+                return d.busy_memory_clock_mhz
             return d.mem_locked[1] if d.mem_locked is not None else max(d.memory_clocks)
         return d.applied(self.clock.now())[0]
 

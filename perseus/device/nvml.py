@@ -73,6 +73,7 @@ _FREQ_NOT_SUPPORTED = 24
 _ARCH_VOLTA = 5
 _ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
 _CLOCK_SM = 1
+_CLOCK_MEM = 2
 _MIG_ENABLE = 1
 _FI_DEV_POWER_INSTANT = 186
 _POWER_SCOPE_GPU = 0
@@ -427,6 +428,9 @@ class NvmlGPU:
 
     def current_clock_mhz(self) -> int:
         return int(self.query("nvmlDeviceGetClockInfo", _CLOCK_SM))
+
+    def current_memory_clock_mhz(self) -> int:
+        return int(self.query("nvmlDeviceGetClockInfo", _CLOCK_MEM))
 
     def energy_mj(self) -> int:
         return int(self.query("nvmlDeviceGetTotalEnergyConsumption"))

@@ -375,6 +375,17 @@ class SimSharedState:
         locked = self._state().get("mem_locked_mhz")
         return None if locked is None else int(locked)
 
+    def current_memory_clock_mhz(self) -> int:
+        """The memory clock applied now: the lock in the shared state, else the default.
+
+        Raises:
+            DeviceNotSupportedError: one fixed memory clock (not modelled).
+        """
+        self._check("current_memory_clock_mhz")
+        if not self._mem_clocks:
+            raise DeviceNotSupportedError(f"{self._name}: one fixed memory clock, not modelled")
+        return self.locked_memory_clock_mhz() or self._mem_clocks[0]
+
     def _apply_memory_lock(self, mem_mhz: int | None) -> None:
         self._wait_set_latency()
 

@@ -30,6 +30,7 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.rank_plan import OpPhase, RankPlan
+from perseus.runtime.agent.readback import ClockHeldWarning
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
 from perseus.solver import trace
@@ -252,9 +253,12 @@ def test_memory_clock_plan_on_a_gpu_without_them_runs_sm_clocks_and_says_so(tmp_
         for kind in (Kind.F, Kind.B):
             with agent.op(kind, 0):
                 gpu.launch(0, kind)
-        agent.step_end()
+        delivery = agent.step_end().clock_delivery
     assert sum("cannot lock them" in r.message for r in caplog.records) == 1
     assert agent.planned_phases[0] == (OpPhase(1410, None, 0.0), OpPhase(1005, None, 0.5))
+    # No memory clock is read back (the simulated HBM board has none to read: a read would
+    # have stopped the read-back), the SM clocks are.
+    assert delivery is not None and delivery.ops_read == 2
     assert gpu.locked_clock_mhz() is None  # reset on close
 
 
@@ -351,7 +355,8 @@ def test_agent_on_nvml_locks_memory_clocks_and_resets_them(tmp_path, device):
 
 def test_a_refused_memory_lock_keeps_sm_clocks_running(tmp_path):
     """A board that lists memory clocks but whose driver refuses the lock: one warning, SM
-    clocks still change (phases included), and no memory lock is asked for again."""
+    clocks still change (phases included), no memory lock is asked for again, and the ops
+    whose memory clock is not the plan's are reported held."""
     from perseus.errors import DeviceNotSupportedError
 
     clock = VirtualClock(1000.0)
@@ -370,7 +375,11 @@ def test_a_refused_memory_lock_keeps_sm_clocks_running(tmp_path):
         op_time_s=_op_time(profile),
         clock=clock,
     )
-    with pytest.warns(ObserveOnlyWarning, match="cannot lock memory clocks") as caught, agent:
+    with (
+        pytest.warns(ObserveOnlyWarning, match="cannot lock memory clocks") as caught,
+        pytest.warns(ClockHeldWarning, match=r"memory planned 5001 MHz, ran 7251 MHz"),
+        agent,
+    ):
         for _ in range(2):
             agent.step_begin()
             for a in actions:

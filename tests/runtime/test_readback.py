@@ -20,6 +20,7 @@ from perseus.runtime.agent.readback import (
     ClockHeldWarning,
     HeldClockReport,
     HeldOp,
+    OpReading,
     clock_delivery,
 )
 from perseus.runtime.drift import DriftMonitor
@@ -39,12 +40,12 @@ IDLE = 0x1
 
 def test_delivery_counts_op_time_at_the_planned_clock_and_names_held_ops():
     readings = [
-        ("0F0", 1410, 1410, 1410, 0, 1.0),  # delivered
-        ("0F1", 1410, 1410, 1005, CAP, 3.0),  # held by the power cap
-        ("0B0", 1410, 1410, 1200, 0, 5.0),  # held, no reason set
-        ("0B1", 1095, 1410, 1410, 0, 7.0),  # read before its clock was applied: left out
-        ("0F2", 1410, 1410, 1410, IDLE, 9.0),  # read in a gap: left out
-        ("0F3", 1410, None, None, 0, 11.0),  # not read
+        OpReading("0F0", 1410, 1410, 1410, 0, 1.0),  # delivered
+        OpReading("0F1", 1410, 1410, 1005, CAP, 3.0),  # held by the power cap
+        OpReading("0B0", 1410, 1410, 1200, 0, 5.0),  # held, no reason set
+        OpReading("0B1", 1095, 1410, 1410, 0, 7.0),  # read before its clock was applied: left out
+        OpReading("0F2", 1410, 1410, 1410, IDLE, 9.0),  # read in a gap: left out
+        OpReading("0F3", 1410, None, None, 0, 11.0),  # not read
     ]
     delivery = clock_delivery(readings)
     assert delivery is not None and delivery.ops_read == 3
@@ -54,17 +55,19 @@ def test_delivery_counts_op_time_at_the_planned_clock_and_names_held_ops():
         HeldOp("0B0", 1410, 1200, ("no_reason_reported",)),
     )
     assert str(delivery.held[0]) == "0F1 planned 1410 MHz, ran 1005 MHz (power cap)"
-    assert clock_delivery([("0F0", 1410, None, None, 0, 1.0)]) is None
+    assert clock_delivery([OpReading("0F0", 1410, None, None, 0, 1.0)]) is None
 
 
 def test_a_hold_is_warned_once_and_again_only_when_it_changes():
     report = HeldClockReport(0, "H100")
-    held = clock_delivery([("0F0", 1980, 1980, 1500, CAP, 1.0), ("0B0", 1980, 1980, 1980, 0, 1.0)])
-    more = clock_delivery(
-        [("0F0", 1980, 1980, 1485, CAP, 1.0), ("0B0", 1980, 1980, 1700, CAP, 1.0)]
+    held = clock_delivery(
+        [OpReading("0F0", 1980, 1980, 1500, CAP, 1.0), OpReading("0B0", 1980, 1980, 1980, 0, 1.0)]
     )
-    hot = clock_delivery([("0F0", 1980, 1980, 1200, CAP | 0x40, 1.0)])  # HW thermal too
-    fine = clock_delivery([("0F0", 1980, 1980, 1980, 0, 1.0)])
+    more = clock_delivery(
+        [OpReading("0F0", 1980, 1980, 1485, CAP, 1.0), OpReading("0B0", 1980, 1980, 1700, CAP, 1.0)]
+    )
+    hot = clock_delivery([OpReading("0F0", 1980, 1980, 1200, CAP | 0x40, 1.0)])  # HW thermal too
+    fine = clock_delivery([OpReading("0F0", 1980, 1980, 1980, 0, 1.0)])
     with pytest.warns(ClockHeldWarning, match=r"0F0 planned 1980 MHz, ran 1500 MHz \(power cap\)"):
         report.update(held, 0)
     with warnings.catch_warnings():
@@ -301,7 +304,14 @@ def test_metrics_export_the_clocks_delivered():
     assert record.clock_share_at_plan == 0.25 and record.pipeline_held_ops == 3
     assert record.host_overruns == 2
     assert json.loads(json.dumps(record.as_dict()))["held_ops"] == [
-        {"name": "0F0", "planned_mhz": 1410, "applied_mhz": 960, "reasons": ["sw_power_cap"]}
+        {
+            "name": "0F0",
+            "planned_mhz": 1410,
+            "applied_mhz": 960,
+            "reasons": ["sw_power_cap"],
+            "planned_mem_mhz": None,
+            "applied_mem_mhz": None,
+        }
     ]
     row = dict(zip(CSV_FIELDS, _csv_row(record), strict=True))
     assert row["held_ops"] == "0F0:1410>960:sw_power_cap" and row["host_overruns"] == 2
@@ -406,6 +416,10 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     reasons = "nvmlDeviceGetCurrentClocks" + ("EventReasons" if new_name else "ThrottleReasons")
     assert reasons in names
     delivery = clock_delivery(
-        [("F0", 1980, *(job.report.asked_mhz, job.report.read_mhz, job.report.read_reasons), 1.0)]
+        [
+            OpReading(
+                "F0", 1980, job.report.asked_mhz, job.report.read_mhz, job.report.read_reasons, 1.0
+            )
+        ]
     )
     assert delivery is not None and delivery.held[0].reasons == ("sw_power_cap",)

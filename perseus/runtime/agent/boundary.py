@@ -65,6 +65,10 @@ class OpReport:
         asked_mhz / read_mhz / read_reasons: The clock read back inside the op
             (:mod:`perseus.runtime.agent.readback`): the SM clock applied then, the clock the
             GPU ran and its event reasons (None: not read).
+        asked_mem_mhz / read_mem_mhz: Where the plan sets memory clocks, the memory lock in
+            force when read (None: none, refused) and the memory clock the GPU ran.
+        read_phase: The op's phase running when read (a phased op's later phases are set
+            before the read).
     """
 
     start_mj: int | None = None
@@ -78,6 +82,9 @@ class OpReport:
     asked_mhz: int | None = None
     read_mhz: int | None = None
     read_reasons: int = 0
+    asked_mem_mhz: int | None = None
+    read_mem_mhz: int | None = None
+    read_phase: int = 0
 
 
 class Boundary:

@@ -378,15 +378,14 @@ class FrequencyController:
     def _issue_mids(self, job: Boundary) -> None:
         """Phased op: each later phase's clocks at its planned layer boundary, aimed as for
         op boundaries; once the op ends, the rest are skipped (and counted)."""
-        events, mids = self.events, job.request.mids
+        events, mids, report = self.events, job.request.mids, job.report
         for i, mid in enumerate(mids):
             if mid.at_s is None or events is None:
                 return
-            if not self.setter.wants(mid.freq_mhz, mid.mem_freq_mhz):
-                continue  # already at these clocks
-            if not self._issue_mid(job, mid):
-                job.report.mids_missed = len(mids) - i
+            if self.setter.wants(mid.freq_mhz, mid.mem_freq_mhz) and not self._issue_mid(job, mid):
+                report.mids_missed = len(mids) - i
                 return
+            report.read_phase = i + 1  # issued, or already at these clocks
 
     def _issue_mid(self, job: Boundary, mid: MidSwitch) -> bool:
         """One mid-op change; False (nothing issued) when the op ends first."""
@@ -403,8 +402,10 @@ class FrequencyController:
         """Read the clock the GPU runs inside ``job``'s op: mid-way through it when its time
         is known (before the next clock is due), else as soon as it runs (the device may idle
         after the start event, waiting for the op's input: such readings are retried);
-        nothing when the op ended first or no clock of ours is applied (observe-only)."""
+        nothing when the op ended first or no clock of ours is applied (observe-only). The
+        memory clock is read too where the plan sets one (the next op's is set)."""
         asked = self.setter.applied_mhz
+        read_mem = job.request.mem_next_mhz is not None
         if asked is None or self.observe_only:
             return
         due = self._read_due_s(job)
@@ -413,12 +414,14 @@ class FrequencyController:
         while not self._ended(job):
             try:
                 read_mhz, reasons = gpu.current_clock_mhz(), gpu.clock_event_reasons()
+                read_mem_mhz = gpu.current_memory_clock_mhz() if read_mem else None
             except DeviceError:
                 self._readback = None  # not on this GPU or driver: stop asking
                 return
             if not reasons & IDLE_REASON or self.events is None:
                 report = job.report
                 report.read_mhz, report.read_reasons, report.asked_mhz = read_mhz, reasons, asked
+                report.read_mem_mhz, report.asked_mem_mhz = read_mem_mhz, self.setter.mem_target_mhz
                 return
             if self._idle_wait_over(job, None if due is None else due[1]):
                 return

@@ -4,11 +4,14 @@ A clock lock is a request. Under a power cap an H100 runs the highest clock whos
 (the SW power cap reason set), and a hot or power-braked GPU slows down on its own; a plan
 whose clocks are not delivered predicts time and energy it will not measure. The controller's
 worker reads the GPU's SM clock and clock event reasons once inside every op, off the training
-thread (:class:`~perseus.device.base.ClockReadbackGPU`; the readings sit on the op's
-:class:`~perseus.runtime.agent.boundary.Boundary`). At the iteration's end
-:func:`clock_delivery` turns them into the share of op time that ran at the planned clock and
-the ops held below it, and :class:`HeldClockReport` warns once (:class:`ClockHeldWarning`) when
-clocks are held, again only when they are held for another reason.
+thread (:class:`~perseus.device.base.ClockReadbackGPU`), and the memory clock in the same read
+where the plan sets one (GDDR boards; an HBM board's plan sets none, see
+``docs/memory-clocks.md``); the readings sit on the op's
+:class:`~perseus.runtime.agent.boundary.Boundary`. At the iteration's end
+:func:`clock_delivery` turns them into the share of op time that ran at the planned clocks
+and the ops held off them (an SM clock below the plan's, a memory clock other than the
+plan's), and :class:`HeldClockReport` warns once (:class:`ClockHeldWarning`) when clocks are
+held, again only when they are held for another reason.
 
 One reading per op is a sample: an op counts as run at its clock when the reading is, and its
 whole time counts as held otherwise.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from perseus.device.nvml import CLOCK_EVENT_REASONS, LIMITING_REASONS
 
@@ -29,6 +33,7 @@ __all__ = [
     "ClockHeldWarning",
     "HeldClockReport",
     "HeldOp",
+    "OpReading",
     "clock_delivery",
     "describe_reasons",
     "limiting_reasons",
@@ -41,8 +46,11 @@ REASON_TEXT = {
     "sw_thermal_slowdown": "thermal (SW)",
     "hw_thermal_slowdown": "thermal (HW)",
     "hw_slowdown": "HW slowdown",
+    "memory_not_locked": "memory clock not locked",
     "no_reason_reported": "no reason reported",
 }
+#: A memory clock off the plan with no memory lock in force (the driver refused it).
+MEMORY_NOT_LOCKED = "memory_not_locked"
 #: An op held without a limiting reason set (a change still landing, an unknown limit).
 NO_REASON = "no_reason_reported"
 
@@ -57,31 +65,55 @@ _NAMED = 6
 
 
 class ClockHeldWarning(RuntimeWarning):
-    """The GPU ran ops below the plan's clocks (power cap, thermal, power brake...)."""
+    """The GPU ran ops off the plan's clocks (power cap, thermal, power brake, a memory
+    clock not locked...)."""
 
 
 @dataclass(frozen=True, slots=True)
 class HeldOp:
-    """An op that ran below its planned clock.
+    """An op that ran off its planned clocks.
 
     Attributes:
         name: The op (``"1F0"``).
-        planned_mhz: The clock asked for it.
-        applied_mhz: The clock the GPU ran (read back inside the op).
+        planned_mhz: The SM clock asked for it.
+        applied_mhz: The SM clock the GPU ran (read back inside the op).
         reasons: Why, as NVML names its reasons (``("sw_power_cap",)``), or
-            ``("no_reason_reported",)``.
+            ``("memory_not_locked",)``, or ``("no_reason_reported",)``.
+        planned_mem_mhz / applied_mem_mhz: The memory clock asked for and run, when it was
+            not the plan's (else None).
     """
 
     name: str
     planned_mhz: int
     applied_mhz: int
     reasons: tuple[str, ...]
+    planned_mem_mhz: int | None = None
+    applied_mem_mhz: int | None = None
 
     def __str__(self) -> str:
+        memory = f", memory planned {self.planned_mem_mhz} MHz, ran {self.applied_mem_mhz} MHz"
         return (
-            f"{self.name} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz "
+            f"{self.name} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz"
+            f"{memory if self.applied_mem_mhz is not None else ''} "
             f"({describe_reasons(self.reasons)})"
         )
+
+
+class OpReading(NamedTuple):
+    """One op's clocks read back (:func:`clock_delivery`): per clock (SM, then memory where
+    the plan sets one) the plan's for the phase running when read, the one applied then (the
+    memory lock in force; None: none, refused) and the one read (None: not read); the
+    reason mask read and the op's time."""
+
+    name: str
+    planned_mhz: int
+    asked_mhz: int | None
+    read_mhz: int | None
+    reasons: int
+    time_s: float
+    planned_mem_mhz: int | None = None
+    asked_mem_mhz: int | None = None
+    read_mem_mhz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +121,8 @@ class ClockDelivery:
     """An iteration's clocks as delivered on one rank.
 
     Attributes:
-        share_at_plan: The share of the read ops' time that ran at the planned clock.
-        held: The ops held below it, in op order.
+        share_at_plan: The share of the read ops' time that ran at the planned clocks.
+        held: The ops held off them, in op order.
         ops_read: Ops with a reading (ops too short to read, or read before their clock was
             applied, are left out).
     """
@@ -112,40 +144,58 @@ def describe_reasons(reasons: Sequence[str]) -> str:
     return " + ".join(REASON_TEXT.get(r, r) for r in reasons) or REASON_TEXT[NO_REASON]
 
 
-def clock_delivery(
-    readings: Sequence[tuple[str, int, int | None, int | None, int, float]],
-) -> ClockDelivery | None:
+def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
     """An iteration's delivery from its ops' readings (None: no op was read).
 
-    Args:
-        readings: Per op ``(name, planned_mhz, asked_mhz, read_mhz, reasons, time_s)``: the
-            plan's (snapped) clock, the clock applied when the worker read (a reading taken
-            while another clock was applied, a change not issued yet, says nothing about the
-            op's and is left out), the clock read (None: not read) and the reason mask (a
-            reading with the idle reason, taken in a gap, is left out too).
+    A reading taken while another SM clock (or memory lock) was applied, a change not issued
+    yet, says nothing about the op's and is left out; so is one with the idle reason, taken
+    in a gap. An op is held when its SM clock ran below the plan's, or its memory clock (read
+    where the plan sets one) is not the plan's: with no memory lock in force (refused), the
+    reason is ``memory_not_locked``.
 
     Complexity: O(len(readings)).
     """
     at_plan_s = total_s = 0.0
     ops_read = 0
     held: list[HeldOp] = []
-    for name, planned, asked, read, mask, time_s in readings:
-        if read is None or asked != planned or mask & IDLE_REASON:
+    for r in readings:
+        if r.read_mhz is None or r.asked_mhz != r.planned_mhz or r.reasons & IDLE_REASON:
+            continue
+        if r.asked_mem_mhz is not None and r.asked_mem_mhz != r.planned_mem_mhz:
             continue
         ops_read += 1
-        total_s += time_s
-        if read >= planned * (1.0 - _TOLERANCE):
-            at_plan_s += time_s
+        total_s += r.time_s
+        op = _held(r, r.read_mhz)
+        if op is None:
+            at_plan_s += r.time_s
         else:
-            held.append(HeldOp(name, planned, read, limiting_reasons(mask) or (NO_REASON,)))
+            held.append(op)
     if not ops_read:
         return None
     share = at_plan_s / total_s if total_s > 0 else float(not held)
     return ClockDelivery(share, tuple(held), ops_read)
 
 
+def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
+    """The op as held, when its reading is off the plan (else None)."""
+    sm_held = read_mhz < r.planned_mhz * (1.0 - _TOLERANCE)
+    plan_mem, read_mem = r.planned_mem_mhz, r.read_mem_mhz
+    mem_held = (
+        plan_mem is not None
+        and read_mem is not None
+        and abs(read_mem - plan_mem) > plan_mem * _TOLERANCE
+    )
+    if not (sm_held or mem_held):
+        return None
+    reasons = limiting_reasons(r.reasons)
+    if mem_held and r.asked_mem_mhz is None:
+        reasons += (MEMORY_NOT_LOCKED,)
+    mem = (plan_mem, read_mem) if mem_held else (None, None)
+    return HeldOp(r.name, r.planned_mhz, read_mhz, reasons or (NO_REASON,), *mem)
+
+
 class HeldClockReport:
-    """Warns when a rank's clocks are held below the plan: once, then only when they are held
+    """Warns when a rank's clocks are held off the plan: once, then only when they are held
     for another reason (the held clock wanders under a cap, and which ops one reading per op
     catches varies: neither is news). Once every op read runs at its planned clock again, the
     next hold is reported afresh."""
@@ -172,9 +222,9 @@ class HeldClockReport:
         more = f"; and {len(held) - _NAMED} more" if len(held) > _NAMED else ""
         message = (
             f"perseus: rank {self._rank}, iteration {iteration}: {self._gpu_name} ran "
-            f"{len(held)} of {delivery.ops_read} ops below the plan's clock "
+            f"{len(held)} of {delivery.ops_read} ops off the plan's clocks "
             f"({describe_reasons(sorted(reasons))}; {delivery.share_at_plan:.0%} of op time at the "
-            f"planned clock): {named}{more}. The plan's time and energy will not hold; "
+            f"planned clocks): {named}{more}. The plan's time and energy will not hold; "
             "lift the limit or plan for the clocks the GPU delivers"
         )
         warnings.warn(message, ClockHeldWarning, stacklevel=3)

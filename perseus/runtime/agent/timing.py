@@ -30,7 +30,7 @@ from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpRequest
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
-from perseus.runtime.agent.readback import ClockDelivery, clock_delivery
+from perseus.runtime.agent.readback import ClockDelivery, OpReading, clock_delivery
 
 __all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
 
@@ -303,22 +303,27 @@ class DeviceTiming(_Clocks):
         jobs, freqs, names = self.jobs, self.freqs, self.names
         self.mid_switches = sum(job.report.mids_issued for job in jobs)
         self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
-        readings: list[tuple[str, int, int | None, int | None, int, float]] = []
+        readings: list[OpReading] = []
         for op in self.history.learn(jobs, freqs, self.phases):
             j = op.index
             job = jobs[j]
             report = job.report
             planned = freqs[j] if j < len(freqs) else 0
-            readings.append(
-                (
-                    names[j],
-                    planned,
-                    report.asked_mhz,
-                    report.read_mhz,
-                    report.read_reasons,
-                    op.time_s,
+            if report.read_mhz is not None and j < len(freqs):
+                read = self.phases[j][report.read_phase]  # the phase that ran when read
+                readings.append(
+                    OpReading(
+                        names[j],
+                        read.freq_mhz,
+                        report.asked_mhz,
+                        report.read_mhz,
+                        report.read_reasons,
+                        op.time_s,
+                        read.mem_freq_mhz,
+                        report.asked_mem_mhz,
+                        report.read_mem_mhz,
+                    )
                 )
-            )
             self._record_op(
                 (
                     iteration,
