@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
     from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
     from perseus.runtime.planning import OfflineProfile, OnlineProfile, PlanFile
-    from perseus.runtime.session import IterationStats, RankSession
+    from perseus.runtime.session import IterationStats, RankSession, SessionOptions
     from perseus.schedule import Action
     from perseus.solver import baseline_plans, trace_frontier
 
@@ -78,6 +78,7 @@ _LAZY: dict[str, str] = {
     "MetricsSink": "perseus.runtime.metrics",
     "PerseusPipeline": "perseus.runtime.pipeline",
     "RankSession": "perseus.runtime.session",
+    "SessionOptions": "perseus.runtime.session",
     "perseus_pipeline": "perseus.runtime.pipeline",
 }
 
@@ -103,6 +104,7 @@ __all__ = [
     "ProfileError",
     "RankSession",
     "ScheduleError",
+    "SessionOptions",
     "SimulatedGPU",
     "__version__",
     "baseline_plans",
