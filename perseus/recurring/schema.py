@@ -353,7 +353,17 @@ def _sql(value: object) -> str:
     return repr(value)
 
 
-def _is_figure(value: Any, *, positive: bool = False, upper: float = 1e300) -> bool:
+def _is_count(value: Any, low: int, *, null: bool = False) -> bool:
+    if value is None:
+        return null
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_figure(
+    value: Any, *, positive: bool = False, upper: float = 1e300, null: bool = False
+) -> bool:
+    if value is None:
+        return null
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= upper
@@ -383,37 +393,35 @@ def check_run_row(
         )
 
     status = row.get("status")
-    if status not in ("running", "done", "abandoned"):
-        raise bad("status", "running, done or abandoned")
     size = row.get("batch_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise bad("batch_size", "a positive integer")
-    if sizes is not None and size not in sizes:
-        raise bad("batch_size", f"one of the job's batch_sizes {sorted(sizes)}")
-    counted = status == "done" or (
-        status == "abandoned" and row.get("end_reason") in COUNTED_REASONS
-    )
-    if not counted:
-        return row
-    for field in ("energy_j", "time_s", "cost"):
-        value = row.get(field)
-        if status == "abandoned" and value is None:
-            continue  # preempted before its first heartbeat: nothing measured
-        if not _is_figure(value):
-            raise bad(field, "a finite number >= 0")
-        if measured and status == "done" and not _is_figure(value, positive=True):
-            raise bad(field, "a measured figure > 0 (a run that measured nothing is no run)")
-    limit = row.get("power_limit_w")
-    if limit is not None and not _is_figure(limit, positive=True, upper=1e5):
-        raise bad("power_limit_w", "a power limit in watts > 0, or NULL")
-    reached = row.get("reached")
-    if status == "done" and reached not in (0, 1):
-        raise bad("reached", "0 or 1")
-    epochs = row.get("epochs")
-    if epochs is not None and (
-        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0
-    ):
-        raise bad("epochs", "an integer >= 0, or NULL")
+    checks = [
+        ("status", status in ("running", "done", "abandoned"), "running, done or abandoned"),
+        ("batch_size", _is_count(size, 1), "a positive integer"),
+        (
+            "batch_size",
+            sizes is None or size in sizes,
+            f"one of the job's batch_sizes {sorted(sizes or ())}",
+        ),
+    ]
+    done = status == "done"
+    if done or (status == "abandoned" and row.get("end_reason") in COUNTED_REASONS):
+        for field in ("energy_j", "time_s", "cost"):
+            # A run preempted before its first heartbeat measured nothing: NULL figures.
+            checks.append(
+                (field, _is_figure(row.get(field), null=not done), "a finite number >= 0")
+            )
+            if measured and done:
+                expected = "a measured figure > 0 (a run that measured nothing is no run)"
+                checks.append((field, _is_figure(row.get(field), positive=True), expected))
+        limit_ok = _is_figure(row.get("power_limit_w"), positive=True, upper=1e5, null=True)
+        checks += [
+            ("power_limit_w", limit_ok, "a power limit in watts > 0, or NULL"),
+            ("reached", not done or row.get("reached") in (0, 1), "0 or 1"),
+            ("epochs", _is_count(row.get("epochs"), 0, null=True), "an integer >= 0, or NULL"),
+        ]
+    for field, ok, expected in checks:
+        if not ok:
+            raise bad(field, expected)
     return row
 
 
@@ -445,7 +453,7 @@ def check_power_limit_row(
         raise ConfigError(
             f"{row}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not _is_count(batch_size, 1):
         raise ConfigError(f"{row}: batch_size is not a positive integer; {fix}")
     try:
         parsed = json.loads(profile) if isinstance(profile, (str, bytes)) else None
