@@ -35,6 +35,7 @@ __all__ = [
     "ABANDON_REASONS",
     "COUNTED_REASONS",
     "MIGRATIONS",
+    "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "check_power_limit_row",
     "check_run_row",
@@ -106,18 +107,22 @@ END;
 """
 
 
+#: The ``runs`` columns both engines declare alike (PostgreSQL in :mod:`.postgres`).
+RUN_COLUMNS = """    run_id TEXT NOT NULL UNIQUE,
+    job TEXT NOT NULL REFERENCES jobs(job),
+    status TEXT NOT NULL
+        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
+    phase TEXT NOT NULL
+        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),"""
+
+
 def _runs_table(name: str, reasons: tuple[str, ...], extra: str = "") -> str:
     """The ``runs`` table's definition (V2 and later rebuild it under ``name``)."""
     known = ", ".join(f"'{r}'" for r in reasons)
     return f"""
 CREATE TABLE {name} (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL UNIQUE,
-    job TEXT NOT NULL REFERENCES jobs(job),
-    status TEXT NOT NULL
-        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
-    phase TEXT NOT NULL
-        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+{RUN_COLUMNS}
     batch_size INTEGER NOT NULL
         CONSTRAINT batch_size_positive CHECK (typeof(batch_size) = 'integer' AND batch_size >= 1),
     power_limit_w REAL CONSTRAINT power_limit_range CHECK (
