@@ -303,9 +303,9 @@ def _group(full: list[_Full], source: str) -> _Grouped:
 
 def _check_shape(grouped: _Grouped, source: str) -> int:
     """The number of stages, once every stage has the same kinds, ``F`` and ``B`` among them."""
-    stages = sorted({s for s, _ in grouped})
-    num_stages = stages[-1] + 1
-    missing_stages = sorted(set(range(num_stages)) - set(stages))
+    stages = {s for s, _ in grouped}
+    num_stages = max(stages) + 1
+    missing_stages = sorted(set(range(num_stages)) - stages)
     if missing_stages:
         raise ProfileError(
             f"{source}: stage(s) {missing_stages} have no rows (stages must be numbered "

@@ -206,12 +206,10 @@ class BatchSizeOptimizer:
         costs = self.arm_costs(history)
         post = posteriors({b: costs[b] for b in converged}, self.prior, noise_samples=converged)
         for arm in self._close_arms(history, converged, post):
-            neighbour = self._untried_neighbour(arm, tried)
-            if neighbour is not None:
+            if (neighbour := self._untried_neighbour(arm, tried)) is not None:
                 return Decision(neighbour, "explore", limit)
         drawn = thompson_sample(post, rng)
-        neighbour = self._untried_neighbour(drawn, tried)
-        if neighbour is not None:
+        if (neighbour := self._untried_neighbour(drawn, tried)) is not None:
             return Decision(neighbour, "explore", limit)
         return Decision(drawn, "thompson", limit)
 

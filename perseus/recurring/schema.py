@@ -324,17 +324,22 @@ def _fix(table: str, where: str, field: str | None = None) -> str:
     return f"repair it ({repair}) or drop it ({drop})"
 
 
+def _json_object(text: Any) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def parse_job_config(source: str, job: str, text: Any) -> dict[str, Any]:
     """A ``jobs`` row's config as a dict.
 
     Raises:
         ConfigError: naming the row, when the config is not a JSON object.
     """
-    try:
-        config = json.loads(text) if isinstance(text, (str, bytes)) else None
-    except (ValueError, RecursionError):
-        config = None
-    if not isinstance(config, dict):
+    config = _json_object(text)
+    if config is None:
         where = f"job = {_sql(job)}"
         raise ConfigError(
             f"{source}: jobs row {show_value(job)}: config {show_value(text)} is not a JSON "
@@ -460,11 +465,8 @@ def check_power_limit_row(
         )
     if not _is_count(batch_size, 1):
         raise ConfigError(f"{row}: batch_size is not a positive integer; {fix}")
-    try:
-        parsed = json.loads(profile) if isinstance(profile, (str, bytes)) else None
-    except (ValueError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
+    parsed = _json_object(profile)
+    if parsed is None:
         raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
     for limit, m in parsed.items() if measured else ():
         figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]
