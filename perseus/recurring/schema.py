@@ -316,14 +316,6 @@ def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
         check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
 
 
-def _fix(table: str, where: str, field: str | None = None) -> str:
-    repair = f"UPDATE {table} SET {field} = ... WHERE {where}" if field else None
-    drop = f"DELETE FROM {table} WHERE {where}"
-    if repair is None:
-        return f"drop it ({drop})"
-    return f"repair it ({repair}) or drop it ({drop})"
-
-
 def _json_object(text: Any) -> dict[str, Any] | None:
     try:
         value = json.loads(text) if isinstance(text, (str, bytes)) else None
@@ -392,26 +384,11 @@ def check_run_row(
     Raises:
         ConfigError: naming the row, the field and the SQL to repair or drop it.
     """
-    seq = row.get("seq")
-    where = f"seq = {seq}"
-
-    def bad(field: str, expected: str) -> ConfigError:
-        return ConfigError(
-            f"{source}: runs row seq={seq} (job {show_value(row.get('job'))}, run "
-            f"{show_value(row.get('run_id'))}): {field} is {show_value(row.get(field))}, "
-            f"expected {expected}; {_fix('runs', where, field)}"
-        )
-
-    status = row.get("status")
-    size = row.get("batch_size")
+    status, size, listed = row.get("status"), row.get("batch_size"), sorted(sizes or ())
     checks = [
         ("status", status in ("running", "done", "abandoned"), "running, done or abandoned"),
         ("batch_size", _is_count(size, 1), "a positive integer"),
-        (
-            "batch_size",
-            sizes is None or size in sizes,
-            f"one of the job's batch_sizes {sorted(sizes or ())}",
-        ),
+        ("batch_size", sizes is None or size in sizes, f"one of the job's batch_sizes {listed}"),
     ]
     done = status == "done"
     if done or (status == "abandoned" and row.get("end_reason") in COUNTED_REASONS):
@@ -429,9 +406,15 @@ def check_run_row(
             ("reached", not done or row.get("reached") in (0, 1), "0 or 1"),
             ("epochs", _is_count(row.get("epochs"), 0, null=True), "an integer >= 0, or NULL"),
         ]
+    seq = row.get("seq")
     for field, ok, expected in checks:
         if not ok:
-            raise bad(field, expected)
+            raise ConfigError(
+                f"{source}: runs row seq={seq} (job {show_value(row.get('job'))}, run "
+                f"{show_value(row.get('run_id'))}): {field} is {show_value(row.get(field))}, "
+                f"expected {expected}; repair it (UPDATE runs SET {field} = ... WHERE seq = "
+                f"{seq}) or drop it (DELETE FROM runs WHERE seq = {seq})"
+            )
     return row
 
 
