@@ -47,13 +47,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from perseus.errors import ConfigError
-from perseus.recurring.bandit import (
-    ArmPosterior,
-    GaussianPrior,
-    pooled_rel_std,
-    posteriors,
-    thompson_sample,
-)
+from perseus.recurring.bandit import GaussianPrior, pooled_rel_std, posteriors, thompson_sample
 
 __all__ = ["MAX_PREEMPTIONS", "BatchSizeOptimizer", "Decision", "Observation", "evidence"]
 
@@ -205,7 +199,7 @@ class BatchSizeOptimizer:
             return self._start(history, tried, limit)
         costs = self.arm_costs(history)
         post = posteriors({b: costs[b] for b in converged}, self.prior, noise_samples=converged)
-        for arm in self._close_arms(history, converged, post):
+        for arm in self._close_arms(history, converged, {b: p.mean for b, p in post.items()}):
             if (neighbour := self._untried_neighbour(arm, tried)) is not None:
                 return Decision(neighbour, "explore", limit)
         drawn = thompson_sample(post, rng)
@@ -229,17 +223,17 @@ class BatchSizeOptimizer:
         self,
         history: Sequence[Observation],
         converged: dict[int, list[float]],
-        post: Mapping[int, ArmPosterior],
+        means: Mapping[int, float],
     ) -> list[int]:
         """Rule 2: the arms not clearly worse than the best, cheapest first; the walk goes on
         past them."""
         rel_std = pooled_rel_std(converged, self.prior)
-        bar = min(p.mean for p in post.values()) * (1.0 + self.margin_std * rel_std)
-        close = [b for b in post if post[b].mean <= bar]
+        bar = min(means.values()) * (1.0 + self.margin_std * rel_std)
+        close = [b for b in means if means[b] <= bar]
         if self.share_epochs:
             shared = self._epoch_shared(history)
-            close += [b for b, c in shared.items() if b not in close and b in post and c <= bar]
-        return sorted(close, key=lambda b: (post[b].mean, b))
+            close += [b for b, c in shared.items() if b not in close and b in means and c <= bar]
+        return sorted(close, key=lambda b: (means[b], b))
 
     def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
         """Optimistic cost of each converged arm with known epochs: its cheapest cost per
