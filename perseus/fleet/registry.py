@@ -91,16 +91,11 @@ class MemberStatus:
     heartbeat_age_s: float
 
 
+_CURVE = ("points", "time_s", "average_power_w", "peak_power_w", "fastest_time_s")
+
+
 def _curve(job: FleetJob) -> str:
-    return json.dumps(
-        {
-            "points": job.points,
-            "time_s": job.time_s,
-            "average_power_w": job.average_power_w,
-            "peak_power_w": job.peak_power_w,
-            "fastest_time_s": job.fastest_time_s,
-        }
-    )
+    return json.dumps({key: getattr(job, key) for key in _CURVE})
 
 
 def _job(name: str, weight: float, text: str) -> FleetJob:

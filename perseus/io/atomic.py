@@ -325,24 +325,8 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
-                st = os.lstat(name, dir_fd=fd)
-                if not stat.S_ISLNK(st.st_mode):
-                    raise ConfigError(
-                        f"{folder}: {name} on the way is {describe_file_type(st.st_mode)}, not a "
-                        "directory; pass another path"
-                    ) from None
-                if st.st_uid not in (os.geteuid(), 0):
-                    raise ConfigError(
-                        f"{folder}: {name} on the way is a symbolic link owned by another user "
-                        f"(uid {st.st_uid}); perseus does not follow another user's links; "
-                        "pass the real path"
-                    ) from None
                 hops += 1
-                if hops > _MAX_LINK_HOPS:
-                    raise ConfigError(
-                        f"{folder}: too many symbolic links; pass the real path"
-                    ) from None
-                target = os.readlink(name, dir_fd=fd)
+                target = _link_target(folder, name, fd, hops)
                 parts[:0] = [part for part in target.split("/") if part]
                 if target.startswith("/"):
                     os.close(fd)
@@ -354,6 +338,26 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def _link_target(folder: Path, name: str, fd: int, hops: int) -> str:
+    """Where ``name`` (in directory ``fd``, the ``hops``-th link on the way) points, when it is
+    a link perseus may follow."""
+    st = os.lstat(name, dir_fd=fd)
+    if not stat.S_ISLNK(st.st_mode):
+        raise ConfigError(
+            f"{folder}: {name} on the way is {describe_file_type(st.st_mode)}, not a "
+            "directory; pass another path"
+        ) from None
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            f"{folder}: {name} on the way is a symbolic link owned by another user "
+            f"(uid {st.st_uid}); perseus does not follow another user's links; "
+            "pass the real path"
+        ) from None
+    if hops > _MAX_LINK_HOPS:
+        raise ConfigError(f"{folder}: too many symbolic links; pass the real path") from None
+    return os.readlink(name, dir_fd=fd)
 
 
 def open_output_dir(folder: str | os.PathLike[str]) -> int:

@@ -31,25 +31,36 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
     old = profile.num_stages
     if stages < 1:
         raise ConfigError(f"`{name}`: must be >= 1, got {stages}")
-    rows: list[Row] = []
-    kinds = profile.kinds
+    if stages >= old and stages % old:
+        raise ConfigError(
+            f"`{name}`: {stages} stages is more than the profile's {old} and not a multiple of "
+            f"it; pass a multiple of {old} (each stage split evenly) or at most {old}"
+        )
     if stages >= old:
-        if stages % old:
-            raise ConfigError(
-                f"`{name}`: {stages} stages is more than the profile's {old} and not a multiple of "
-                f"it; pass a multiple of {old} (each stage split evenly) or at most {old}"
-            )
-        k = stages // old
-        for new in range(stages):
-            for kind in kinds:
-                for o in profile.op(new // k, kind).options:
-                    rows.append(
-                        (new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k, o.mem_freq_mhz)
-                    )
-        return build_profile(rows, source=f"{profile.source} (split to {stages} stages)")
+        rows, how = _split(profile, stages), "split"
+    else:
+        rows, how = _merge(profile, stages, name), "merged"
+    return build_profile(rows, source=f"{profile.source} ({how} to {stages} stages)")
+
+
+def _split(profile: Profile, stages: int) -> list[Row]:
+    """Each old stage's ops shared evenly by ``stages / old`` new stages."""
+    k = stages // profile.num_stages
+    return [
+        (new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k, o.mem_freq_mhz)
+        for new in range(stages)
+        for kind in profile.kinds
+        for o in profile.op(new // k, kind).options
+    ]
+
+
+def _merge(profile: Profile, stages: int, name: str) -> list[Row]:
+    """Blocks of old stages summed at every clock all of a block's stages measured."""
+    old = profile.num_stages
+    rows: list[Row] = []
     for new in range(stages):
         block = range(new * old // stages, (new + 1) * old // stages)
-        for kind in kinds:
+        for kind in profile.kinds:
             ops = [profile.op(s, kind) for s in block]
             common = set.intersection(*({o.clocks for o in op.options} for op in ops))
             if not common:
@@ -59,14 +70,6 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
                 )
             for freq, mem in sorted(common, key=lambda c: (-c[0], -(c[1] or 0))):
                 options = [op.at(freq, mem) for op in ops]
-                rows.append(
-                    (
-                        new,
-                        kind,
-                        freq,
-                        sum(o.time_s for o in options),
-                        sum(o.energy_j for o in options),
-                        mem,
-                    )
-                )
-    return build_profile(rows, source=f"{profile.source} (merged to {stages} stages)")
+                time_s = sum(o.time_s for o in options)
+                rows.append((new, kind, freq, time_s, sum(o.energy_j for o in options), mem))
+    return rows

@@ -273,6 +273,58 @@ def _hash_rows(rows: Iterable[_Full]) -> str:
     return digest.hexdigest()
 
 
+_Grouped = dict[tuple[int, Kind], dict[tuple[int, int | None], OpOption]]
+
+
+def _group(full: list[_Full], source: str) -> _Grouped:
+    """The rows' options by (stage, kind), each row checked on its own and against its op's."""
+    grouped: _Grouped = {}
+    for stage, kind, freq, time_s, energy_j, mem in full:
+        pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
+        where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
+        if stage < 0:
+            raise ProfileError(f"{where}: stage index must be >= 0")
+        if freq <= 0 or (mem is not None and mem <= 0):
+            raise ProfileError(f"{where}: clocks must be positive integers in MHz")
+        for name, value in (("time", time_s), ("energy", energy_j)):
+            if not math.isfinite(value) or value <= 0:
+                raise ProfileError(f"{where}: {name} must be a finite number > 0, got {value}")
+        options = grouped.setdefault((stage, kind), {})
+        if (freq, mem) in options:
+            raise ProfileError(f"{where}: duplicate row; keep one measurement per clock")
+        if options and (next(iter(options))[1] is None) != (mem is None):
+            raise ProfileError(
+                f"{where}: some rows of this op name a memory clock and some do not; give "
+                "mem_freq_mhz on every row of the op or on none"
+            )
+        options[(freq, mem)] = OpOption(freq, time_s, energy_j, mem)
+    return grouped
+
+
+def _check_shape(grouped: _Grouped, source: str) -> int:
+    """The number of stages, once every stage has the same kinds, ``F`` and ``B`` among them."""
+    stages = {s for s, _ in grouped}
+    num_stages = max(stages) + 1
+    missing_stages = sorted(set(range(num_stages)) - stages)
+    if missing_stages:
+        raise ProfileError(
+            f"{source}: stage(s) {missing_stages} have no rows (stages must be numbered "
+            f"0..{num_stages - 1} without gaps)"
+        )
+    kinds_present = {k for _, k in grouped}
+    for required in (Kind.F, Kind.B):
+        if required not in kinds_present:
+            raise ProfileError(f"{source}: no {required.profile_name!r} rows at all")
+    for stage in range(num_stages):
+        for kind in sorted(kinds_present, key=lambda k: k.value):
+            if (stage, kind) not in grouped:
+                raise ProfileError(
+                    f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
+                    f"needs the same instructions"
+                )
+    return num_stages
+
+
 def build_profile(
     rows: Iterable[ProfileRow], source: str = "<profile>", gpu: GpuIdentity | None = None
 ) -> Profile:
@@ -297,45 +349,8 @@ def build_profile(
         raise ProfileError(
             f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"
         )
-    grouped: dict[tuple[int, Kind], dict[tuple[int, int | None], OpOption]] = {}
-    for stage, kind, freq, time_s, energy_j, mem in full:
-        pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
-        where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
-        if stage < 0:
-            raise ProfileError(f"{where}: stage index must be >= 0")
-        if freq <= 0 or (mem is not None and mem <= 0):
-            raise ProfileError(f"{where}: clocks must be positive integers in MHz")
-        for name, value in (("time", time_s), ("energy", energy_j)):
-            if not math.isfinite(value) or value <= 0:
-                raise ProfileError(f"{where}: {name} must be a finite number > 0, got {value}")
-        options = grouped.setdefault((stage, kind), {})
-        if (freq, mem) in options:
-            raise ProfileError(f"{where}: duplicate row; keep one measurement per clock")
-        if options and (next(iter(options))[1] is None) != (mem is None):
-            raise ProfileError(
-                f"{where}: some rows of this op name a memory clock and some do not; give "
-                "mem_freq_mhz on every row of the op or on none"
-            )
-        options[(freq, mem)] = OpOption(freq, time_s, energy_j, mem)
-    stages = sorted({s for s, _ in grouped})
-    num_stages = stages[-1] + 1
-    missing_stages = sorted(set(range(num_stages)) - set(stages))
-    if missing_stages:
-        raise ProfileError(
-            f"{source}: stage(s) {missing_stages} have no rows (stages must be numbered "
-            f"0..{num_stages - 1} without gaps)"
-        )
-    kinds_present = {k for _, k in grouped}
-    for required in (Kind.F, Kind.B):
-        if required not in kinds_present:
-            raise ProfileError(f"{source}: no {required.profile_name!r} rows at all")
-    for stage in range(num_stages):
-        for kind in sorted(kinds_present, key=lambda k: k.value):
-            if (stage, kind) not in grouped:
-                raise ProfileError(
-                    f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
-                    f"needs the same instructions"
-                )
+    grouped = _group(full, source)
+    num_stages = _check_shape(grouped, source)
     ops = {
         key: OpProfile(
             key[0],

@@ -93,30 +93,31 @@ def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
         return (Phase(two.freq_a_mhz, None, 0), Phase(two.freq_b_mhz, None, two.layers_at_a))
     phases: list[Phase] = []
     for item in items:
-        if not isinstance(item, Sequence) or len(item) != 3:
-            raise PlanError(
-                f"plan op {_show(op)}: a phase is [freq_mhz, mem_freq_mhz, first_layer]"
-            )
-        f, m, first = item
-        if not isinstance(f, int) or not isinstance(first, int):
-            raise PlanError(f"plan op {_show(op)}: a phase needs its SM clock and first layer")
-        if m is not None and not isinstance(m, int):
-            raise PlanError(f"plan op {_show(op)}: a memory clock is an integer or null")
-        phase = Phase(f, m, first)
-        if not phases:
-            if phase.first_layer != 0:
-                raise PlanError(f"plan op {_show(op)}: the first phase must start at layer 0")
-        elif phase.first_layer <= phases[-1].first_layer:
-            raise PlanError(
-                f"plan op {_show(op)}: phases must start at increasing layers, got "
-                f"{phases[-1].first_layer} then {phase.first_layer}"
-            )
-        if phases and phases[-1][:2] == phase[:2]:
-            continue  # the same clocks go on: no switch
-        phases.append(phase)
+        phase = _phase(op, item, phases[-1] if phases else None)
+        if not phases or phases[-1][:2] != phase[:2]:  # the same clocks go on: no switch
+            phases.append(phase)
     if not phases:
         raise PlanError("plan op []: give at least one phase [freq_mhz, mem_freq_mhz, 0]")
     return tuple(phases)
+
+
+def _phase(op: object, item: object, previous: Phase | None) -> Phase:
+    """One item of a phase-list op, checked against the phase before it."""
+    if not isinstance(item, Sequence) or len(item) != 3:
+        raise PlanError(f"plan op {_show(op)}: a phase is [freq_mhz, mem_freq_mhz, first_layer]")
+    f, m, first = item
+    if not isinstance(f, int) or not isinstance(first, int):
+        raise PlanError(f"plan op {_show(op)}: a phase needs its SM clock and first layer")
+    if m is not None and not isinstance(m, int):
+        raise PlanError(f"plan op {_show(op)}: a memory clock is an integer or null")
+    if previous is None and first != 0:
+        raise PlanError(f"plan op {_show(op)}: the first phase must start at layer 0")
+    if previous is not None and first <= previous.first_layer:
+        raise PlanError(
+            f"plan op {_show(op)}: phases must start at increasing layers, got "
+            f"{previous.first_layer} then {first}"
+        )
+    return Phase(f, m, first)
 
 
 def phases_op(
@@ -237,34 +238,39 @@ def build_layer_split(
         )
     if any(n < 1 for n in layers):
         raise ConfigError(f"layers_per_stage must be >= 1 for every stage, got {layers}")
-    if not (math.isfinite(switch_latency_s) and switch_latency_s >= 0):
-        raise ConfigError(f"switch_latency_s must be a finite number >= 0, got {switch_latency_s}")
-    if not (math.isfinite(switch_energy_j) and switch_energy_j >= 0):
-        raise ConfigError(f"switch_energy_j must be a finite number >= 0, got {switch_energy_j}")
-    if not (math.isfinite(switch_stall_s) and switch_stall_s >= 0):
-        raise ConfigError(f"switch_stall_s must be a finite number >= 0, got {switch_stall_s}")
+    costs = {"switch_latency_s": switch_latency_s, "switch_energy_j": switch_energy_j}
+    for name, value in (costs | {"switch_stall_s": switch_stall_s}).items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
     if layer_time_fractions is None:
         fractions = tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
     else:
-        if len(layer_time_fractions) != num_stages:
-            raise ConfigError(
-                f"layer_time_fractions has {len(layer_time_fractions)} stages, the job has "
-                f"{num_stages}; give one list of per-layer weights per stage"
-            )
-        rows = []
-        for s, (weights, n) in enumerate(zip(layer_time_fractions, layers, strict=True)):
-            if len(weights) != n or any(not 0 < w <= MAX_LAYER_WEIGHT for w in weights):
-                raise ConfigError(
-                    f"layer_time_fractions[{s}] must hold {n} weights in (0, "
-                    f"{MAX_LAYER_WEIGHT:g}] (one per layer of stage {s}), got "
-                    f"{show_value(list(weights), 120)}"
-                )
-            total = math.fsum(weights)
-            rows.append(tuple(w / total for w in weights))
-        fractions = tuple(rows)
+        fractions = _fractions(layer_time_fractions, layers)
     return LayerSplit(
         fractions, float(switch_latency_s), float(switch_energy_j), float(switch_stall_s)
     )
+
+
+def _fractions(
+    layer_time_fractions: Sequence[Sequence[float]], layers: list[int]
+) -> tuple[tuple[float, ...], ...]:
+    """Per-layer weights normalised per stage, one weight per layer in (0, max]."""
+    if len(layer_time_fractions) != len(layers):
+        raise ConfigError(
+            f"layer_time_fractions has {len(layer_time_fractions)} stages, the job has "
+            f"{len(layers)}; give one list of per-layer weights per stage"
+        )
+    rows = []
+    for s, (weights, n) in enumerate(zip(layer_time_fractions, layers, strict=True)):
+        if len(weights) != n or any(not 0 < w <= MAX_LAYER_WEIGHT for w in weights):
+            raise ConfigError(
+                f"layer_time_fractions[{s}] must hold {n} weights in (0, "
+                f"{MAX_LAYER_WEIGHT:g}] (one per layer of stage {s}), got "
+                f"{show_value(list(weights), 120)}"
+            )
+        total = math.fsum(weights)
+        rows.append(tuple(w / total for w in weights))
+    return tuple(rows)
 
 
 def phased_cost(

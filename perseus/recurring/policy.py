@@ -41,7 +41,7 @@ out-of-memory killer ends) count as one failed run of it, judged by the rules ab
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -188,7 +188,6 @@ class BatchSizeOptimizer:
 
         Complexity: O(len(history) + len(batch_sizes)).
         """
-        sizes = self.batch_sizes
         history = evidence(history)
         limit = self.cost_limit(history)
         tried = {o.batch_size for o in history} | set(pending)
@@ -197,34 +196,44 @@ class BatchSizeOptimizer:
             if o.reached:
                 converged.setdefault(o.batch_size, []).append(o.cost)
         if not converged:
-            b0 = self.default_batch_size
-            if b0 not in tried or not history:
-                return Decision(b0, "default", limit)
-            fresh = [b for b in sizes if b not in tried]
-            if not fresh:  # everything failed once (or runs): keep trying the default
-                return Decision(b0, "default", limit)
-            nearest = min(fresh, key=lambda b: (abs(math.log(b / b0)), b))
-            return Decision(nearest, "explore", limit)
+            return self._start(history, tried, limit)
         costs = self.arm_costs(history)
-        alive = {b: costs[b] for b in converged}
-        rel_std = pooled_rel_std(converged, self.prior)
-        post = posteriors(alive, self.prior, noise_samples=converged)
-        best_mean = min(p.mean for p in post.values())
-        # Arms not clearly worse than the best keep the walk going past them (rule 2).
-        bar = best_mean * (1.0 + self.margin_std * rel_std)
-        close = [b for b in post if post[b].mean <= bar]
-        if self.share_epochs:
-            shared = self._epoch_shared(history)
-            close += [b for b, c in shared.items() if b not in close and b in post and c <= bar]
-        for arm in sorted(close, key=lambda b: (post[b].mean, b)):
-            neighbour = self._untried_neighbour(arm, tried)
-            if neighbour is not None:
+        post = posteriors({b: costs[b] for b in converged}, self.prior, noise_samples=converged)
+        for arm in self._close_arms(history, converged, {b: p.mean for b, p in post.items()}):
+            if (neighbour := self._untried_neighbour(arm, tried)) is not None:
                 return Decision(neighbour, "explore", limit)
         drawn = thompson_sample(post, rng)
-        neighbour = self._untried_neighbour(drawn, tried)
-        if neighbour is not None:
+        if (neighbour := self._untried_neighbour(drawn, tried)) is not None:
             return Decision(neighbour, "explore", limit)
         return Decision(drawn, "thompson", limit)
+
+    def _start(
+        self, history: Sequence[Observation], tried: set[int], limit: float | None
+    ) -> Decision:
+        """Rule 1: ``b0``, or the untried size nearest it once ``b0`` failed."""
+        b0 = self.default_batch_size
+        fresh = [b for b in self.batch_sizes if b not in tried]
+        # Everything failed once (or runs): keep trying the default.
+        if b0 not in tried or not history or not fresh:
+            return Decision(b0, "default", limit)
+        nearest = min(fresh, key=lambda b: (abs(math.log(b / b0)), b))
+        return Decision(nearest, "explore", limit)
+
+    def _close_arms(
+        self,
+        history: Sequence[Observation],
+        converged: dict[int, list[float]],
+        means: Mapping[int, float],
+    ) -> list[int]:
+        """Rule 2: the arms not clearly worse than the best, cheapest first; the walk goes on
+        past them."""
+        rel_std = pooled_rel_std(converged, self.prior)
+        bar = min(means.values()) * (1.0 + self.margin_std * rel_std)
+        close = [b for b in means if means[b] <= bar]
+        if self.share_epochs:
+            shared = self._epoch_shared(history)
+            close += [b for b, c in shared.items() if b not in close and b in means and c <= bar]
+        return sorted(close, key=lambda b: (means[b], b))
 
     def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
         """Optimistic cost of each converged arm with known epochs: its cheapest cost per

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.recurring.schema import ABANDON_REASONS
+from perseus.recurring.schema import ABANDON_REASONS, RUN_COLUMNS
 from perseus.recurring.store import SQLStore
 
 __all__ = ["POSTGRES_MIGRATIONS", "PostgresStore", "connect"]
@@ -41,12 +41,7 @@ CREATE TABLE jobs (
 );
 CREATE TABLE runs (
     seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    run_id TEXT NOT NULL UNIQUE,
-    job TEXT NOT NULL REFERENCES jobs(job),
-    status TEXT NOT NULL
-        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
-    phase TEXT NOT NULL
-        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+{RUN_COLUMNS}
     batch_size BIGINT NOT NULL CONSTRAINT batch_size_positive CHECK (batch_size >= 1),
     power_limit_w DOUBLE PRECISION CONSTRAINT power_limit_range CHECK (
         power_limit_w IS NULL OR (power_limit_w > 0 AND power_limit_w <= 1e5)),

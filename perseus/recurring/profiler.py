@@ -109,6 +109,8 @@ class PowerLimitProfiler:
         self._count = 0
         self._samples = 0
         self.gpu.set_power_limit_w(self.power_limits_w[index])
+        if self.settle_steps == 0:
+            self._start_window()
 
     def step(self, samples: int) -> None:
         """Account one finished iteration of ``samples`` samples (no-op once done)."""
@@ -118,8 +120,6 @@ class PowerLimitProfiler:
         if self._index < 0:
             if self._count >= self.warmup_steps:
                 self._begin(0)
-                if self.settle_steps == 0:
-                    self._start_window()
             return
         if self._count == self.settle_steps:
             self._start_window()
@@ -138,8 +138,6 @@ class PowerLimitProfiler:
             )
         if self._index + 1 < len(self.power_limits_w):
             self._begin(self._index + 1)
-            if self.settle_steps == 0:
-                self._start_window()
             return
         self._finish()
 
@@ -149,9 +147,7 @@ class PowerLimitProfiler:
         self._samples = 0
 
     def _finish(self) -> None:
-        max_power_w = self._max_power_w
-        if max_power_w is None:
-            max_power_w = max(self.power_limits_w)
+        max_power_w = max(self.power_limits_w) if self._max_power_w is None else self._max_power_w
         if not self.measurements:  # the energy counter never advanced: keep the highest limit
             chosen = max(self.power_limits_w)
         else:

@@ -46,21 +46,15 @@ def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) ->
         fig = new_figure()
         ax = fig.add_subplot()
         xs = np.arange(1, len(runs) + 1)
-        ok = [r.reached for r in runs]
-        bs = [r.batch_size for r in runs]
+        ok = np.array([r.reached for r in runs], dtype=bool)
+        bs = np.array([r.batch_size for r in runs])
+        ax.scatter(xs[ok], bs[ok], color="tab:green", s=18, label="reached target")
         ax.scatter(
-            [x for x, k in zip(xs, ok, strict=True) if k],
-            [b for b, k in zip(bs, ok, strict=True) if k],
-            color="tab:green",
-            s=18,
-            label="reached target",
-        )
-        ax.scatter(
-            [x for x, k in zip(xs, ok, strict=True) if not k],
-            [b for b, k in zip(bs, ok, strict=True) if not k],
+            xs[~ok],
+            bs[~ok],
+            s=30,
             facecolors="none",
             edgecolors="tab:red",
-            s=30,
             label="failed / stopped early",
         )
         ax.axhline(summary.oracle_config[0], color="tab:blue", ls=":", label="oracle batch size")

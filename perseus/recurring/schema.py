@@ -35,6 +35,7 @@ __all__ = [
     "ABANDON_REASONS",
     "COUNTED_REASONS",
     "MIGRATIONS",
+    "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "check_power_limit_row",
     "check_run_row",
@@ -106,18 +107,22 @@ END;
 """
 
 
+#: The ``runs`` columns both engines declare alike (PostgreSQL in :mod:`.postgres`).
+RUN_COLUMNS = """    run_id TEXT NOT NULL UNIQUE,
+    job TEXT NOT NULL REFERENCES jobs(job),
+    status TEXT NOT NULL
+        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
+    phase TEXT NOT NULL
+        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),"""
+
+
 def _runs_table(name: str, reasons: tuple[str, ...], extra: str = "") -> str:
     """The ``runs`` table's definition (V2 and later rebuild it under ``name``)."""
     known = ", ".join(f"'{r}'" for r in reasons)
     return f"""
 CREATE TABLE {name} (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL UNIQUE,
-    job TEXT NOT NULL REFERENCES jobs(job),
-    status TEXT NOT NULL
-        CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
-    phase TEXT NOT NULL
-        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+{RUN_COLUMNS}
     batch_size INTEGER NOT NULL
         CONSTRAINT batch_size_positive CHECK (typeof(batch_size) = 'integer' AND batch_size >= 1),
     power_limit_w REAL CONSTRAINT power_limit_range CHECK (
@@ -311,12 +316,12 @@ def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
         check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
 
 
-def _fix(table: str, where: str, field: str | None = None) -> str:
-    repair = f"UPDATE {table} SET {field} = ... WHERE {where}" if field else None
-    drop = f"DELETE FROM {table} WHERE {where}"
-    if repair is None:
-        return f"drop it ({drop})"
-    return f"repair it ({repair}) or drop it ({drop})"
+def _json_object(text: Any) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if isinstance(text, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def parse_job_config(source: str, job: str, text: Any) -> dict[str, Any]:
@@ -325,11 +330,8 @@ def parse_job_config(source: str, job: str, text: Any) -> dict[str, Any]:
     Raises:
         ConfigError: naming the row, when the config is not a JSON object.
     """
-    try:
-        config = json.loads(text) if isinstance(text, (str, bytes)) else None
-    except (ValueError, RecursionError):
-        config = None
-    if not isinstance(config, dict):
+    config = _json_object(text)
+    if config is None:
         where = f"job = {_sql(job)}"
         raise ConfigError(
             f"{source}: jobs row {show_value(job)}: config {show_value(text)} is not a JSON "
@@ -353,7 +355,17 @@ def _sql(value: object) -> str:
     return repr(value)
 
 
-def _is_figure(value: Any, *, positive: bool = False, upper: float = 1e300) -> bool:
+def _is_count(value: Any, low: int, *, null: bool = False) -> bool:
+    if value is None:
+        return null
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_figure(
+    value: Any, *, positive: bool = False, upper: float = 1e300, null: bool = False
+) -> bool:
+    if value is None:
+        return null
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= upper
@@ -372,48 +384,37 @@ def check_run_row(
     Raises:
         ConfigError: naming the row, the field and the SQL to repair or drop it.
     """
+    status, size, listed = row.get("status"), row.get("batch_size"), sorted(sizes or ())
+    checks = [
+        ("status", status in ("running", "done", "abandoned"), "running, done or abandoned"),
+        ("batch_size", _is_count(size, 1), "a positive integer"),
+        ("batch_size", sizes is None or size in sizes, f"one of the job's batch_sizes {listed}"),
+    ]
+    done = status == "done"
+    if done or (status == "abandoned" and row.get("end_reason") in COUNTED_REASONS):
+        for field in ("energy_j", "time_s", "cost"):
+            # A run preempted before its first heartbeat measured nothing: NULL figures.
+            checks.append(
+                (field, _is_figure(row.get(field), null=not done), "a finite number >= 0")
+            )
+            if measured and done:
+                expected = "a measured figure > 0 (a run that measured nothing is no run)"
+                checks.append((field, _is_figure(row.get(field), positive=True), expected))
+        limit_ok = _is_figure(row.get("power_limit_w"), positive=True, upper=1e5, null=True)
+        checks += [
+            ("power_limit_w", limit_ok, "a power limit in watts > 0, or NULL"),
+            ("reached", not done or row.get("reached") in (0, 1), "0 or 1"),
+            ("epochs", _is_count(row.get("epochs"), 0, null=True), "an integer >= 0, or NULL"),
+        ]
     seq = row.get("seq")
-    where = f"seq = {seq}"
-
-    def bad(field: str, expected: str) -> ConfigError:
-        return ConfigError(
-            f"{source}: runs row seq={seq} (job {show_value(row.get('job'))}, run "
-            f"{show_value(row.get('run_id'))}): {field} is {show_value(row.get(field))}, "
-            f"expected {expected}; {_fix('runs', where, field)}"
-        )
-
-    status = row.get("status")
-    if status not in ("running", "done", "abandoned"):
-        raise bad("status", "running, done or abandoned")
-    size = row.get("batch_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise bad("batch_size", "a positive integer")
-    if sizes is not None and size not in sizes:
-        raise bad("batch_size", f"one of the job's batch_sizes {sorted(sizes)}")
-    counted = status == "done" or (
-        status == "abandoned" and row.get("end_reason") in COUNTED_REASONS
-    )
-    if not counted:
-        return row
-    for field in ("energy_j", "time_s", "cost"):
-        value = row.get(field)
-        if status == "abandoned" and value is None:
-            continue  # preempted before its first heartbeat: nothing measured
-        if not _is_figure(value):
-            raise bad(field, "a finite number >= 0")
-        if measured and status == "done" and not _is_figure(value, positive=True):
-            raise bad(field, "a measured figure > 0 (a run that measured nothing is no run)")
-    limit = row.get("power_limit_w")
-    if limit is not None and not _is_figure(limit, positive=True, upper=1e5):
-        raise bad("power_limit_w", "a power limit in watts > 0, or NULL")
-    reached = row.get("reached")
-    if status == "done" and reached not in (0, 1):
-        raise bad("reached", "0 or 1")
-    epochs = row.get("epochs")
-    if epochs is not None and (
-        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0
-    ):
-        raise bad("epochs", "an integer >= 0, or NULL")
+    for field, ok, expected in checks:
+        if not ok:
+            raise ConfigError(
+                f"{source}: runs row seq={seq} (job {show_value(row.get('job'))}, run "
+                f"{show_value(row.get('run_id'))}): {field} is {show_value(row.get(field))}, "
+                f"expected {expected}; repair it (UPDATE runs SET {field} = ... WHERE seq = "
+                f"{seq}) or drop it (DELETE FROM runs WHERE seq = {seq})"
+            )
     return row
 
 
@@ -445,13 +446,10 @@ def check_power_limit_row(
         raise ConfigError(
             f"{row}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not _is_count(batch_size, 1):
         raise ConfigError(f"{row}: batch_size is not a positive integer; {fix}")
-    try:
-        parsed = json.loads(profile) if isinstance(profile, (str, bytes)) else None
-    except (ValueError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
+    parsed = _json_object(profile)
+    if parsed is None:
         raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
     for limit, m in parsed.items() if measured else ():
         figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from perseus.errors import ConfigError, InfeasibleError
-from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w
+from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, zeus_cost
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.workload import Workload
 
@@ -125,9 +125,8 @@ def _run(
         t_prof = sum(workload.epochs[(batch_size, pl)].time_s for pl in limits) / len(limits)
         e_first = profile_share * e_prof + (1 - profile_share) * e_first
         t_first = profile_share * t_prof + (1 - profile_share) * t_first
-    max_w = workload.max_power_w
-    c_first = eta * e_first + (1 - eta) * max_w * t_first
-    c_epoch = eta * epoch.energy_j + (1 - eta) * max_w * epoch.time_s
+    c_first = zeus_cost(e_first, t_first, eta, workload.max_power_w)
+    c_epoch = zeus_cost(epoch.energy_j, epoch.time_s, eta, workload.max_power_w)
     budget = workload.spec.max_epochs
     if cost_limit is not None:
         # Stop before the first epoch that would cross the limit.
@@ -177,7 +176,6 @@ def simulate_optimizer(
     history: list[Observation] = []
     profiled: dict[int, int] = {}
     runs: list[RunRecord] = []
-    max_w = workload.max_power_w
     for rec in range(recurrences):
         for tries in range(_MAX_TRIES):
             decision = policy.decide(history, rng)
@@ -196,7 +194,7 @@ def simulate_optimizer(
             )
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
-            cost = eta * energy + (1 - eta) * max_w * time_s
+            cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
             history.append(Observation(bs, pl, energy, time_s, cost, reached, epochs))
             runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
             if reached:
@@ -229,13 +227,12 @@ def simulate_fixed(
             f"{workload.key} on {workload.gpu}: batch size {batch_size} never reaches the target"
         )
     runs: list[RunRecord] = []
-    max_w = workload.max_power_w
     for rec in range(recurrences):
         while True:
             energy, time_s, reached, _, _ = _run(
                 workload, batch_size, power_limit_w, eta, rng, cost_limit=None, profile_share=0.0
             )
-            cost = eta * energy + (1 - eta) * max_w * time_s
+            cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
             runs.append(
                 RunRecord(rec, batch_size, power_limit_w, energy, time_s, cost, reached, phase)
             )

@@ -71,6 +71,9 @@ Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
 #: How long an urgent abandon (from a signal handler) waits for the database.
 _URGENT_TIMEOUT_S = 1.0
 _SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
+_CACHED_LIMIT = (
+    "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND batch_size = ?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +247,7 @@ class SQLStore:
                 continue
             log.warning(
                 "%s: run %s of job %s (batch size %s) abandoned: %s; its size is retried",
-                self._name,
-                row["run_id"],
-                job,
-                row["batch_size"],
-                reason,
+                *(self._name, row["run_id"], job, row["batch_size"], reason),
             )
             self._x(
                 con,
@@ -287,6 +286,7 @@ class SQLStore:
         with self._write() as con:
             self._lock_job(con, job)
             now = float(self._clock())
+            lease = (me.pid, me.host, me.start, now)
             self._expire(con, job, now)
             # One statement, one snapshot: a run finishing meanwhile is pending or in history.
             rows = self._rows(con, job, "TRUE")
@@ -297,17 +297,7 @@ class SQLStore:
                 con,
                 "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s, pid, host, "
                 "process_start, heartbeat_s) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    job,
-                    decision.phase,
-                    decision.batch_size,
-                    now,
-                    me.pid,
-                    me.host,
-                    me.start,
-                    now,
-                ),
+                (run_id, job, decision.phase, decision.batch_size, now, *lease),
             )
         return StartedRun(run_id, decision)
 
@@ -394,12 +384,7 @@ class SQLStore:
                 SQL that drops it).
         """
         with self._read() as con:
-            row = self._x(
-                con,
-                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
-                "batch_size = ?",
-                (job, gpu, batch_size),
-            ).fetchone()
+            row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
         if row is None:
             return None
         return check_power_limit_row(
@@ -424,12 +409,7 @@ class SQLStore:
                     json.dumps(dict(profile), sort_keys=True),
                 ),
             )
-            row = self._x(
-                con,
-                "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND "
-                "batch_size = ?",
-                (job, gpu, batch_size),
-            ).fetchone()
+            row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
         return check_power_limit_row(self._name, job, gpu, batch_size, row[0], row[1])
 
 

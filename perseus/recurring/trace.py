@@ -178,6 +178,29 @@ def _read_power(
     return out, max_power_w
 
 
+def _workload(
+    job: JobSpec,
+    gpu: str,
+    train: dict[str, dict[int, dict[tuple[str, str], int | None]]],
+    power: dict[str, dict[tuple[int, int], EpochCost]],
+    max_power_w: float,
+) -> Workload | None:
+    """``job``'s workload, or None when the traces share no batch size for it."""
+    paths, epochs = train.get(job.key), power.get(job.key)
+    traced = sorted(b for b in paths or () if any(k[0] == b for k in epochs or ()))
+    if not paths or not epochs or not traced:
+        return None
+    below = [b for b in traced if b <= job.default_batch_size]
+    return Workload(
+        spec=job,
+        gpu=gpu,
+        max_power_w=max_power_w,
+        paths={b: tuple(s[k] for k in sorted(s)) for b, s in paths.items()},
+        epochs=epochs,
+        default_batch_size=below[-1] if below else traced[0],
+    )
+
+
 def load_workloads(
     trace_dir: str | Path,
     gpu: str,
@@ -204,26 +227,8 @@ def load_workloads(
     power_path = power_trace_path(trace_dir, gpu)
     train = _read_train(train_path, jobs)
     power, max_power_w = _read_power(power_path, jobs)
-    out = []
-    for job in jobs:
-        paths, epochs = train.get(job.key), power.get(job.key)
-        if not paths or not epochs:
-            continue
-        traced = sorted(b for b in paths if any(k[0] == b for k in epochs))
-        if not traced:
-            continue
-        below = [b for b in traced if b <= job.default_batch_size]
-        b0 = below[-1] if below else traced[0]
-        out.append(
-            Workload(
-                spec=job,
-                gpu=gpu,
-                max_power_w=max_power_w,
-                paths={b: tuple(s[k] for k in sorted(s)) for b, s in paths.items()},
-                epochs=epochs,
-                default_batch_size=b0,
-            )
-        )
+    found = (_workload(job, gpu, train, power, max_power_w) for job in jobs)
+    out = [w for w in found if w is not None]
     if not out:
         wanted = workload or ", ".join(j.key for j in jobs)
         raise ConfigError(

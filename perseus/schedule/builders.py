@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from perseus.errors import ScheduleError
 from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.dependencies import action_dependencies
 from perseus.schedule.validate import validate_schedule
 
 __all__ = [
@@ -172,30 +173,21 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     acts: list[list[Action]] = [[] for _ in range(S)]
 
     def ready(a: Action) -> float | None:
-        if a.kind is Kind.F:
-            dep = Action(a.stage_index - 1, Kind.F, a.microbatch_index) if a.stage_index else None
-        elif a.stage_index == S - 1:
-            dep = Action(a.stage_index, Kind.F, a.microbatch_index)
-        else:
-            dep = Action(a.stage_index + 1, Kind.B, a.microbatch_index)
-        if dep is None:
-            return 0.0
-        return end.get(dep)
+        deps = action_dependencies(a, S)
+        return max((end[d] for d in deps), default=0.0) if all(d in end for d in deps) else None
 
     def choose(r: int) -> tuple[float, Action] | None:
+        # B first, then F (at most S - r in flight), then W: a W is always ready on its rank.
+        wanted = (
+            (Kind.B, nb[r], nb[r] < nf[r]),
+            (Kind.F, nf[r], nf[r] < M and nf[r] - nw[r] < S - r),
+            (Kind.W, nw[r], nw[r] < nb[r]),
+        )
         cands: list[tuple[float, int, Action]] = []
-        if nb[r] < nf[r]:
-            a = Action(r, Kind.B, nb[r])
-            t = ready(a)
+        for order, (kind, m, allowed) in enumerate(wanted):
+            t = ready(Action(r, kind, m)) if allowed else None
             if t is not None:
-                cands.append((max(t, free[r]), 0, a))
-        if nf[r] < M and nf[r] - nw[r] < S - r:
-            a = Action(r, Kind.F, nf[r])
-            t = ready(a)
-            if t is not None:
-                cands.append((max(t, free[r]), 1, a))
-        if nw[r] < nb[r]:
-            cands.append((free[r], 2, Action(r, Kind.W, nw[r])))
+                cands.append((max(t, free[r]), order, Action(r, kind, m)))
         if not cands:
             return None
         start = min(c[0] for c in cands)

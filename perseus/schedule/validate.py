@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import product
 
 from perseus.errors import ScheduleError
 from perseus.schedule.actions import Action, Kind, Schedule
@@ -63,35 +64,41 @@ def validate_schedule(schedule: Schedule) -> None:
     def fail(message: str, marked: Iterable[tuple[int, int]]) -> ScheduleError:
         return ScheduleError(f"{message}\n{format_grid(acts, marked)}")
 
-    kinds = [Kind.F, Kind.B] + ([Kind.W] if schedule.has_weight_actions else [])
     counts = Counter(a for rank_acts in acts for a in rank_acts)
     for rank, rank_acts in enumerate(acts):
         for step, a in enumerate(rank_acts):
-            if not (0 <= a.stage_index < S and 0 <= a.microbatch_index < M):
-                raise fail(
-                    f"action {a} at rank {rank} step {step} is out of range "
-                    f"(stages 0..{S - 1}, microbatches 0..{M - 1})",
-                    [(rank, step)],
-                )
-            if schedule.stage_to_rank[a.stage_index] != rank:
-                raise fail(
-                    f"action {a} at rank {rank} step {step} belongs to rank "
-                    f"{schedule.stage_to_rank[a.stage_index]} (stage {a.stage_index})",
-                    [(rank, step)],
-                )
-            if counts[a] > 1:
-                dups = [(r, i) for r, ra in enumerate(acts) for i, b in enumerate(ra) if b == a]
-                raise fail(f"action {a} appears {counts[a]} times", dups)
-    for s in range(S):
-        for kind in kinds:
-            for m in range(M):
-                if Action(s, kind, m) not in counts:
-                    raise fail(
-                        f"action {Action(s, kind, m)} (stage {s} {kind.profile_name} of "
-                        f"microbatch {m}) is missing from rank {schedule.stage_to_rank[s]}",
-                        [],
-                    )
+            problem = _cell_problem(schedule, counts, rank, step, a)
+            if problem is not None:
+                raise fail(*problem)
+    kinds = [Kind.F, Kind.B] + ([Kind.W] if schedule.has_weight_actions else [])
+    for s, kind, m in product(range(S), kinds, range(M)):
+        if Action(s, kind, m) not in counts:
+            raise fail(
+                f"action {Action(s, kind, m)} (stage {s} {kind.profile_name} of "
+                f"microbatch {m}) is missing from rank {schedule.stage_to_rank[s]}",
+                [],
+            )
     _check_deadlock(schedule, fail)
+
+
+def _cell_problem(
+    schedule: Schedule, counts: Counter[Action], rank: int, step: int, a: Action
+) -> tuple[str, list[tuple[int, int]]] | None:
+    """What is wrong with action ``a`` at ``(rank, step)`` and the cells to mark, or None."""
+    S, M = schedule.num_stages, schedule.num_microbatches
+    here = f"action {a} at rank {rank} step {step}"
+    if not (0 <= a.stage_index < S and 0 <= a.microbatch_index < M):
+        return f"{here} is out of range (stages 0..{S - 1}, microbatches 0..{M - 1})", [
+            (rank, step)
+        ]
+    owner = schedule.stage_to_rank[a.stage_index]
+    if owner != rank:
+        return f"{here} belongs to rank {owner} (stage {a.stage_index})", [(rank, step)]
+    if counts[a] > 1:
+        acts = schedule.rank_actions
+        dups = [(r, i) for r, ra in enumerate(acts) for i, b in enumerate(ra) if b == a]
+        return f"action {a} appears {counts[a]} times", dups
+    return None
 
 
 def _check_deadlock(

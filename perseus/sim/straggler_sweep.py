@@ -28,7 +28,7 @@ same rate, so the absolute saving stays constant and the relative saving decline
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
@@ -160,39 +160,38 @@ def parse_factors(text: str, name: str = "factors") -> tuple[float, ...]:
         ConfigError: naming the parameter ``name``, the bad part and the accepted forms.
     """
     hint = "use start:stop:step (e.g. 1.05:1.5:0.05) or a comma list (e.g. 1.1,1.2)"
-    shown = show_value(text)
+
+    def bad(why: str, fix: str = f"; {hint}") -> ConfigError:
+        return ConfigError(f"`{name}` {show_value(text)}: {why}{fix}")
+
     if len(text) > 100_000:
-        raise ConfigError(f"`{name}` {shown}: too long; {hint}")
+        raise bad("too long")
     pieces = text.split(":") if ":" in text else [p for p in text.split(",") if p.strip()]
     if not pieces:
-        raise ConfigError(f"`{name}` {shown}: no factors; {hint}")
+        raise bad("no factors")
     try:
         numbers = [float(p) for p in pieces]
     except ValueError:
-        raise ConfigError(f"`{name}` {shown}: not numbers; {hint}") from None
+        raise bad("not numbers") from None
     if not all(math.isfinite(n) for n in numbers):
-        raise ConfigError(f"`{name}` {shown}: factors must be finite numbers; {hint}")
-    if ":" not in text:
-        factors = tuple(numbers)
-    else:
-        if len(numbers) != 3:
-            raise ConfigError(f"`{name}` {shown}: need exactly three parts; {hint}")
-        start, stop, step = numbers
-        if not (step > 0 and stop >= start):
-            raise ConfigError(f"`{name}` {shown}: need step > 0 and stop >= start; {hint}")
-        count = math.floor((stop - start) / step + 1e-9) + 1
-        if count > _MAX_FACTORS:
-            raise ConfigError(
-                f"`{name}` {shown}: {count:.3g} factors is too many (at most {_MAX_FACTORS:,}); {hint}"
-            )
-        factors = tuple(round(start + i * step, 10) for i in range(count))
+        raise bad("factors must be finite numbers")
+    factors = _stepped(numbers, bad) if ":" in text else tuple(numbers)
     if len(factors) > _MAX_FACTORS:
-        raise ConfigError(
-            f"`{name}` {shown}: {len(factors)} factors is too many (at most {_MAX_FACTORS:,})"
-        )
+        raise bad(f"{len(factors)} factors is too many (at most {_MAX_FACTORS:,})", "")
     for f in factors:
         if not 1.0 <= f <= MAX_FACTOR:
-            raise ConfigError(
-                f"`{name}` {shown}: factor {f:g} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)"
-            )
+            raise bad(f"factor {f:g} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)", "")
     return factors
+
+
+def _stepped(numbers: list[float], bad: Callable[[str], ConfigError]) -> tuple[float, ...]:
+    """``start, stop, step`` -> the factors from start to stop included."""
+    if len(numbers) != 3:
+        raise bad("need exactly three parts")
+    start, stop, step = numbers
+    if not (step > 0 and stop >= start):
+        raise bad("need step > 0 and stop >= start")
+    count = math.floor((stop - start) / step + 1e-9) + 1
+    if count > _MAX_FACTORS:
+        raise bad(f"{count:.3g} factors is too many (at most {_MAX_FACTORS:,})")
+    return tuple(round(start + i * step, 10) for i in range(count))

@@ -265,18 +265,7 @@ def plan_fleet(
     Complexity: O(K log K) for K points in all, plus O(K' x grid) for the K' points the
     reduced costs leave to the dynamic program.
     """
-    if not (math.isfinite(budget_w) and budget_w > 0):
-        raise ConfigError(f"`budget_w` must be a positive number of watts, got {budget_w}")
-    if method not in ("dp", "greedy"):
-        raise ConfigError(f"`method` must be 'dp' or 'greedy', got {method!r}")
-    if not 1 <= grid <= 10**6:
-        raise ConfigError(f"`grid` must be 1..1000000 steps, got {grid}")
-    if not jobs:
-        raise ConfigError("a fleet plan needs at least one job")
-    names = [j.name for j in jobs]
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise ConfigError(f"job names must be unique; repeated: {', '.join(twice[:5])}")
+    _check_inputs(jobs, budget_w, method, grid)
     least_w = sum(min(j.average_power_w) for j in jobs)
     if least_w > budget_w * (1 + _SLACK):
         raise InfeasibleError(
@@ -308,6 +297,21 @@ def plan_fleet(
     if better is not None and _total(costs, better) < _total(costs, incumbent):
         incumbent = better
     return _result(jobs, costs, incumbent, budget_w, lp_bound)
+
+
+def _check_inputs(jobs: Sequence[FleetJob], budget_w: float, method: str, grid: int) -> None:
+    if not (math.isfinite(budget_w) and budget_w > 0):
+        raise ConfigError(f"`budget_w` must be a positive number of watts, got {budget_w}")
+    if method not in ("dp", "greedy"):
+        raise ConfigError(f"`method` must be 'dp' or 'greedy', got {method!r}")
+    if not 1 <= grid <= 10**6:
+        raise ConfigError(f"`grid` must be 1..1000000 steps, got {grid}")
+    if not jobs:
+        raise ConfigError("a fleet plan needs at least one job")
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"job names must be unique; repeated: {', '.join(twice[:5])}")
 
 
 def _total(costs: Sequence[FloatArray], choice: Sequence[int]) -> float:
