@@ -571,7 +571,7 @@ def _tighten_all(
     model: CostModel, topo: Topology, plans: IntArray, targets_s: FloatArray
 ) -> IntArray:
     """Each row of ``plans`` sped up until it meets its target (compiled)."""
-    from perseus.solver.compiled import tighten_kernel
+    from perseus.solver.plan_kernels import tighten_kernel
 
     out: IntArray = tighten_kernel(
         *topo.csr(),

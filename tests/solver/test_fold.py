@@ -11,7 +11,6 @@ from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.solver import frontier, trace
-from perseus.solver.compiled import tighten_kernel
 from perseus.solver.cost_model import build_cost_model
 from perseus.solver.fold import (
     FOLD_EXTRA_MICROBATCHES,
@@ -21,6 +20,7 @@ from perseus.solver.fold import (
     period_times_s,
 )
 from perseus.solver.paths import build_topology
+from perseus.solver.plan_kernels import tighten_kernel
 
 from .conftest import small_job
 
