@@ -72,7 +72,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -83,7 +85,7 @@ from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
-from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
+from perseus.solver.fold import FOLD_ABOVE_OPS, FoldedJob, fold_job, lift_plans
 from perseus.solver.pareto_search import plan_figures, search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
@@ -314,25 +316,23 @@ def _impl(
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     if folded is None:
         cand, iterations, lp_t, lp_e, reason = core(
-            job, model, topo, tol, quantum, gap, gap == 0.0, progress
+            job, model, topo, tol, quantum, gap, gap == 0.0, progress, None
         )
     else:
         # Walk the folded job (points 4x denser than asked: each lifted plan lands at its
-        # own time on the full job) and lift its plans; _select reclaims them on this job.
+        # own time on the full job) and lift its plans as they come; _select reclaims them
+        # on this job.
         small, small_model = folded.job, folded.model
         small_topo = build_topology(small.graph)
         small_ht = small_model.hull_time_s[small_model.node_type, 0]
         small_t_min = float(small_topo.forward(small_ht)[1].max())
         small_gap = max(min_gap_fraction, _FOLD_MIN_GAP_FRACTION) * small_t_min / 4
         small_tol = 1e-9 * float(small.evaluate(small.allmax()).time_s)
-        small_cand, iterations, lp_t, lp_e, reason = core(
-            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress
+        lifter = _Lifter(job, model, topo, folded, allmax_time)
+        cand, iterations, lp_t, lp_e, reason = core(
+            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress, lifter
         )
-        # Lifted plans are full-size: keep only each batch's Pareto set (memory stays flat).
-        cand = []
-        for lo in range(0, len(small_cand), _LIFT_BATCH):
-            lifted = lift_plans(folded, small_cand[lo : lo + _LIFT_BATCH], model, topo, allmax_time)
-            cand.extend(_pareto_within(job, model, topo, lifted))
+        cand.extend(lifter.flush())
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
@@ -377,6 +377,7 @@ def _core_compiled(
     gap: float,
     every_breakpoint: bool,
     progress: Progress | None,
+    then: Then | None,
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`).
 
@@ -386,16 +387,48 @@ def _core_compiled(
     sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
     whose walk took a fraction of a second are walked both ways and keep both sets of
     candidates; the returned LP curve is the first walk's (both trace the same relaxation).
+
+    Each chunk's emitted plans become candidates (tightened, reclaimed, filtered and passed
+    through ``then``) on a worker thread, in the order emitted, while the walk goes on: the
+    kernels release the GIL, so on two cores the walk and its candidates overlap (32×256:
+    the walk takes about two thirds of the solve, its candidates and their lifting most of
+    the rest). The candidates are the same as one thread's, in the same order.
     """
     from perseus.solver.compiled import TIE_UNITS
 
+    def finish(emitted: IntArray) -> list[IntArray]:
+        rows = _rounded_candidates(job, model, topo, emitted)
+        return rows if then is None else then(rows)
+
     walk = (job, model, topo, tol, quantum, gap, every_breakpoint)
-    cand, iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS)
-    if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
-        more, more_iterations, *_ = _walk_compiled(*walk, None, 0)
-        cand.extend(more)
-        iterations += more_iterations
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-candidates") as pool:
+        pending: list[Future[list[IntArray]]] = []
+
+        def submit(emitted: IntArray) -> None:
+            pending.append(pool.submit(finish, emitted))
+
+        iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS, submit)
+        if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
+            more_iterations, *_ = _walk_compiled(*walk, None, 0, submit)
+            iterations += more_iterations
+        cand = [c for done in pending for c in done.result()]
     return cand, iterations, lp_t, lp_e, reason
+
+
+def _rounded_candidates(
+    job: PlanningJob, model: CostModel, topo: Topology, emitted: IntArray
+) -> list[IntArray]:
+    """Candidates from one chunk of the walk's emitted rows.
+
+    Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up, critical
+    op by critical op, to the rounded-down plan's time; both are reclaimed and only the
+    chunk's Pareto set is kept.
+    """
+    rows = np.asarray(emitted, dtype=np.int64)
+    down, up = rows[0::2], rows[1::2]
+    targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
+    rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
+    return _pareto_within(job, model, topo, rows)
 
 
 def _walk_compiled(
@@ -408,8 +441,10 @@ def _walk_compiled(
     every_breakpoint: bool,
     progress: Progress | None,
     tie_units: int,
-) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """One compiled walk from the cheapest plan to the fastest."""
+    submit: Callable[[IntArray], None],
+) -> tuple[int, list[float], list[float], str]:
+    """One compiled walk from the cheapest plan to the fastest; each chunk's emitted rows go
+    to ``submit``."""
     from perseus.solver import compiled
 
     types = model.node_type
@@ -424,7 +459,6 @@ def _walk_compiled(
     state[compiled.S_BEST_DEADLINE] = math.inf
     power_ranks = model.blocking_power_w * job.graph.num_ranks
     anchor_s = float(job.evaluate(job.allmax()).time_s)
-    cand: list[IntArray] = []
     lp_t: list[float] = []
     lp_e: list[float] = []
     iterations = 0
@@ -450,13 +484,7 @@ def _walk_compiled(
         )
         iterations += int(done)
         if len(emitted):
-            # Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up,
-            # critical op by critical op, to the rounded-down plan's time.
-            rows = np.asarray(emitted, dtype=np.int64)
-            down, up = rows[0::2], rows[1::2]
-            targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
-            rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
-            cand.extend(_pareto_within(job, model, topo, rows))
+            submit(emitted)
         lp_t.extend(chunk_t.tolist())
         lp_e.extend(chunk_e.tolist())
         if progress is not None and lp_t and lp_t[0] > t_min:
@@ -466,20 +494,59 @@ def _walk_compiled(
         compiled.DONE_STALLED: "stalled",
         compiled.DONE_NO_STEP: "no-step",
     }[float(state[compiled.S_DONE])]
-    return cand, iterations, lp_t, lp_e, reason
+    return iterations, lp_t, lp_e, reason
 
 
+Then = Callable[[list[IntArray]], list[IntArray]]
 _CoreFn = Callable[
-    [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
+    [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None", "Then | None"],
     tuple[list[IntArray], int, list[float], list[float], str],
 ]
 
 
-def _core_reference(*args: object) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The reference walk (a test oracle, imported only when asked for)."""
+def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The reference walk (a test oracle, imported only when asked for); its candidates go
+    through ``then`` (the last argument) at the end."""
     from perseus.solver.check.reference_walk import walk_reference
 
-    return walk_reference(*args)  # type: ignore[arg-type]
+    *walk, then = args
+    cand, iterations, lp_t, lp_e, reason = walk_reference(*walk)
+    return (cand if then is None else then(cand)), iterations, lp_t, lp_e, reason
+
+
+class _Lifter:
+    """Folded plans lifted to the full job (:func:`perseus.solver.fold.lift_plans`) in
+    batches of ``_LIFT_BATCH`` as they come, each batch's Pareto set kept (lifted plans are
+    full-size: memory stays flat). :meth:`flush` lifts the last, partial batch."""
+
+    def __init__(
+        self,
+        job: PlanningJob,
+        model: CostModel,
+        topo: Topology,
+        folded: FoldedJob,
+        allmax_time_s: float,
+    ) -> None:
+        self._lift = (job, model, topo, folded, allmax_time_s)
+        self._buffer: list[IntArray] = []
+
+    def __call__(self, plans: list[IntArray]) -> list[IntArray]:
+        self._buffer.extend(plans)
+        out: list[IntArray] = []
+        while len(self._buffer) >= _LIFT_BATCH:
+            out.extend(self._lifted(self._buffer[:_LIFT_BATCH]))
+            del self._buffer[:_LIFT_BATCH]
+        return out
+
+    def flush(self) -> list[IntArray]:
+        out = self._lifted(self._buffer) if self._buffer else []
+        self._buffer = []
+        return out
+
+    def _lifted(self, batch: list[IntArray]) -> list[IntArray]:
+        job, model, topo, folded, allmax_time_s = self._lift
+        lifted = lift_plans(folded, batch, model, topo, allmax_time_s)
+        return _pareto_within(job, model, topo, lifted)
 
 
 _METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
