@@ -29,7 +29,6 @@ import numpy as np
 
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
-from perseus.solver.cut_network import build_network as _build_network
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
@@ -414,9 +413,9 @@ def _capacity_scale(hs):
 
 
 @_jit
-def _new_network(n, pred_ptr, succ_ptr, succ_idx):
-    """The walk's cut network over all ops with zero flow, and its Dinic scratch arrays."""
-    net = _build_network(n, pred_ptr, succ_ptr, succ_idx)
+def _flow_arrays(net, n):
+    """Zero flow on the cut network ``net`` (``cut_network.build_network``), and Dinic's
+    scratch."""
     m_arcs = net[0].size
     n_net = 2 * n + 2
     capa = np.zeros(m_arcs, dtype=np.int64)
@@ -429,7 +428,7 @@ def _new_network(n, pred_ptr, succ_ptr, succ_idx):
         np.empty(n_net, dtype=np.int64),
         np.empty(n_net, dtype=np.int64),
     )
-    return net, capa, res, stack_n, stack_a, dinic
+    return capa, res, stack_n, stack_a, dinic
 
 
 @_jit_inline
@@ -453,7 +452,7 @@ def _min_cut(net, capa, res, ok, dinic, side):
 def walk_kernel(
     order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, ht, hs, hc, nh, node_type,
     opt_t, dur, state, tol, quantum, gap, every_breakpoint, power_ranks, max_iterations,
-    tie_units, anchor_s,
+    tie_units, anchor_s, net,
 ):  # fmt: skip
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
@@ -464,7 +463,8 @@ def walk_kernel(
     moving fewer ops; with 0 Dinic's cut nearest the source wins.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
     The fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always
-    emitted when the walk passes it.
+    emitted when the walk passes it. ``net`` is the cut network's layout
+    (:func:`perseus.solver.cut_network.build_network`).
     """
     n = dur.size
     topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
@@ -477,7 +477,7 @@ def walk_kernel(
     # The cut network over all ops, its flow kept from one iteration to the next (warm start):
     # between iterations only a few capacities change, so a few augmentations restore a
     # maximum flow.
-    net, capa, res, stack_n, stack_a, dinic = _new_network(n, pred_ptr, succ_ptr, succ_idx)
+    capa, res, stack_n, stack_a, dinic = _flow_arrays(net, n)
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)

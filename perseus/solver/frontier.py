@@ -446,7 +446,10 @@ def _walk_compiled(
     """One compiled walk from the cheapest plan to the fastest; each chunk's emitted rows go
     to ``submit``."""
     from perseus.solver import compiled
+    from perseus.solver.cut_network import build_network
 
+    _, pred_ptr, _, _, succ_ptr, succ_idx, _ = topo.csr()
+    net = build_network(topo.num_nodes, pred_ptr, succ_ptr, succ_idx)
     types = model.node_type
     ht = np.ascontiguousarray(model.hull_time_s[types])
     hs = np.ascontiguousarray(model.hull_slope[types])
@@ -481,6 +484,7 @@ def _walk_compiled(
             _CHUNK_ITERATIONS,
             tie_units,
             anchor_s,
+            net,
         )
         iterations += int(done)
         if len(emitted):
