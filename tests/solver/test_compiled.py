@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
 from perseus.errors import ConfigError
-from perseus.solver import cut_network, frontier, trace
+from perseus.solver import cut_network, trace, walk
 
 from .conftest import small_job
 
@@ -51,7 +51,7 @@ def test_unknown_method_is_a_config_error():
 def test_walk_resumed_in_small_chunks_gives_the_same_frontier(monkeypatch):
     job = small_job("1f1b", 4, 6, seed=5)
     whole = trace(job)
-    monkeypatch.setattr(frontier, "_CHUNK_ITERATIONS", 3)
+    monkeypatch.setattr(walk, "_CHUNK_ITERATIONS", 3)
     chunked = trace(job)
     assert chunked.iterations == whole.iterations
     assert chunked.frontier == whole.frontier
