@@ -167,12 +167,23 @@ def _emit(x, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, 
 
 
 @_jit_inline
-def _relaxation_cost(ht, hs, hc, dur):
-    """The relaxation's cost of fractional durations ``dur`` (each op on its hull)."""
+def _op_cost(ht, hs, hc, v, x):
+    """The relaxation's cost of op ``v`` at fractional duration ``x`` (on its hull)."""
+    a = max(_vertex_at_or_below(ht, v, x), 0)
+    return hc[v, a] - hs[v, a] * (x - ht[v, a])
+
+
+@_jit_inline
+def _relaxation_cost(op_cost):
+    """The relaxation's cost: the ops' costs summed in op order.
+
+    Each op's cost is kept (``op_cost``) and updated only for the ops a step moves: finding
+    each op's hull segment anew took about 30 % of the walk. Summed in the same order, the
+    total is the same float as summing the costs computed afresh.
+    """
     cost = 0.0
-    for v in range(dur.size):
-        a = max(_vertex_at_or_below(ht, v, dur[v]), 0)
-        cost += hc[v, a] - hs[v, a] * (dur[v] - ht[v, a])
+    for v in range(op_cost.size):
+        cost += op_cost[v]
     return cost
 
 
@@ -386,8 +397,10 @@ def _emit_along(
 
 
 @_jit_inline
-def _advance(dur, move, n_fwd, n_bwd, step, ht, nh, tol, trial):
-    """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it."""
+def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost):
+    """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it, and
+    update the moved ops' costs."""
+    ht, hs, hc, nh = hull
     fwd, bwd, bwd_room = move
     _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
     for i in range(n_fwd + n_bwd):
@@ -398,6 +411,7 @@ def _advance(dur, move, n_fwd, n_bwd, step, ht, nh, tol, trial):
                 x = ht[v, j]
                 break
         trial[v] = x
+        op_cost[v] = _op_cost(ht, hs, hc, v, x)
     for v in range(dur.size):
         dur[v] = trial[v]
 
@@ -478,6 +492,9 @@ def walk_kernel(
     # between iterations only a few capacities change, so a few augmentations restore a
     # maximum flow.
     capa, res, stack_n, stack_a, dinic = _flow_arrays(net, n)
+    op_cost = np.empty(n)
+    for v in range(n):
+        op_cost[v] = _op_cost(ht, hs, hc, v, dur[v])
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
@@ -491,7 +508,7 @@ def walk_kernel(
         deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, paths[0], paths[1])
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, paths[2], paths[3])
         lp_t[n_lp] = deadline
-        lp_e[n_lp] = _relaxation_cost(ht, hs, hc, dur) + power_ranks * deadline
+        lp_e[n_lp] = _relaxation_cost(op_cost) + power_ranks * deadline
         n_lp += 1
         stalled = _stalled(state, deadline, tol)
         ok = stalled or _update_network(
@@ -523,7 +540,7 @@ def walk_kernel(
             dur, move, n_fwd, n_bwd, deadline, step, cut_value, state, gap, power_ranks, anchor_s,
             (node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted, n_emitted),
         )  # fmt: skip
-        _advance(dur, move, n_fwd, n_bwd, step, ht, nh, tol, trial)
+        _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost)
         if every_breakpoint and state[S_EMITTING] != 0.0:
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
