@@ -209,13 +209,12 @@ def _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
 
 
 @_jit_inline
-def _update_network(topo, paths, dur, crit, deadline, hull, tol, scale, tie_units, prices, flow):
+def _update_network(topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices, flow):  # fmt: skip
     """Mark the critical ops; give the cut network their prices (next-faster slope: upper,
-    next-slower: lower) as capacities. Each moved op costs ``tie_units`` more (or saves that
-    much less), so ties go to cuts moving fewer ops: else two ops just off their vertices on
-    one path swap in turn and the walk crawls. Per-op code is written out (a helper per op,
-    even inlined, made the walk 1.2-1.5x slower). False when a cancellation overflowed its
-    stack (the caller restarts from zero flow)."""
+    next-slower: lower) as capacities, ``tie_units`` more per moved op (so ties go to cuts
+    moving fewer ops: else two ops just off their vertices on one path swap in turn and the
+    walk crawls). Per-op code is written out (a helper per op, even inlined, made the walk
+    1.2-1.5x slower). False when a cancellation overflowed its stack (restart from zero)."""
     pred_ptr, succ_ptr, succ_idx, succ_lat = topo[1], topo[4], topo[5], topo[6]
     start, end, late_finish = paths[0], paths[1], paths[3]
     ht, hs, nh = hull[0], hull[1], hull[3]
@@ -234,7 +233,7 @@ def _update_network(topo, paths, dur, crit, deadline, hull, tol, scale, tie_unit
         op_cap = term_cap = src_cap = snk_cap = np.int64(0)
         if crit[v]:
             dv = dur[v]
-            a = max(_vertex_at_or_below(ht, v, dv + tol), 0)
+            a = max(seg[v], 0)
             at_v = (dv - ht[v, a]) <= tol
             lower_v = a - 1 if at_v else a
             if lower_v >= 0:
@@ -397,9 +396,9 @@ def _emit_along(
 
 
 @_jit_inline
-def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost):
+def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg):
     """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it, and
-    update the moved ops' costs."""
+    update the moved ops' costs and hull segments."""
     ht, hs, hc, nh = hull
     fwd, bwd, bwd_room = move
     _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
@@ -412,8 +411,20 @@ def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost):
                 break
         trial[v] = x
         op_cost[v] = _op_cost(ht, hs, hc, v, x)
+        seg[v] = _vertex_at_or_below(ht, v, x + tol)
     for v in range(dur.size):
         dur[v] = trial[v]
+
+
+@_jit
+def _op_state(ht, hs, hc, dur, tol):
+    """Per op, kept between iterations and updated for the ops a step moves: its relaxation
+    cost and its hull segment (the last vertex at or below its duration + ``tol``)."""
+    op_cost, seg = np.empty(dur.size), np.empty(dur.size, dtype=np.int64)
+    for v in range(dur.size):
+        op_cost[v] = _op_cost(ht, hs, hc, v, dur[v])
+        seg[v] = _vertex_at_or_below(ht, v, dur[v] + tol)
+    return op_cost, seg
 
 
 @_jit
@@ -475,26 +486,23 @@ def walk_kernel(
     slower than its duration, then each to the next slower option where it was fractional.
     ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
     moving fewer ops; with 0 Dinic's cut nearest the source wins.
-    ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled).
-    The fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always
-    emitted when the walk passes it. ``net`` is the cut network's layout
-    (:func:`perseus.solver.cut_network.build_network`).
+    ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled). The
+    fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always emitted
+    when the walk passes it. ``net``: :func:`perseus.solver.cut_network.build_network`.
     """
     n = dur.size
     topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
     hull = (ht, hs, hc, nh)
     paths = (np.empty(n), np.empty(n), np.empty(n), np.empty(n))  # start, end, late s/f
-    trial, mark, room_of = np.empty(n), np.zeros(n, np.int8), np.zeros(n)
-    crit = np.zeros(n, np.bool_)
+    trial, room_of = np.empty(n), np.zeros(n)
+    mark, crit = np.zeros(n, np.int8), np.zeros(n, np.bool_)
     prices = (np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))  # up, low, rooms red/len
     move = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n))
     # The cut network over all ops, its flow kept from one iteration to the next (warm start):
     # between iterations only a few capacities change, so a few augmentations restore a
     # maximum flow.
     capa, res, stack_n, stack_a, dinic = _flow_arrays(net, n)
-    op_cost = np.empty(n)
-    for v in range(n):
-        op_cost[v] = _op_cost(ht, hs, hc, v, dur[v])
+    op_cost, seg = _op_state(ht, hs, hc, dur, tol)
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
@@ -512,7 +520,7 @@ def walk_kernel(
         n_lp += 1
         stalled = _stalled(state, deadline, tol)
         ok = stalled or _update_network(
-            topo, paths, dur, crit, deadline, hull, tol, scale, tie_units, prices,
+            topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices,
             (net, capa, res, stack_n, stack_a),
         )  # fmt: skip
         if stalled or not _min_cut(net, capa, res, ok, dinic, side):
@@ -540,7 +548,7 @@ def walk_kernel(
             dur, move, n_fwd, n_bwd, deadline, step, cut_value, state, gap, power_ranks, anchor_s,
             (node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted, n_emitted),
         )  # fmt: skip
-        _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost)
+        _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg)
         if every_breakpoint and state[S_EMITTING] != 0.0:
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
