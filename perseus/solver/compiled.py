@@ -18,7 +18,8 @@ environment compiles for about 15 s, later processes load the cache in well unde
 This module is imported lazily by the solver so that ``import perseus.solver`` stays light.
 
 Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
-for the capacity update, O(N·H) for the relaxation's cost (H hull vertices per op), and the
+for the capacity update, O(N + M·H) for the relaxation's cost (M ops moved by the step, H hull
+vertices per op: each op's cost and hull segment are kept between iterations), and the
 re-augmentation (Dinic, O(V²E) worst case; one or two phases on pipeline DAGs).
 """
 
