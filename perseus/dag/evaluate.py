@@ -15,7 +15,7 @@ Every figure perseus reports for a plan comes from here.
 
 The longest path itself is :func:`longest_path`, the one implementation every caller uses
 (the solver's compiled loops run the same recurrence on CSR arrays, see
-:mod:`perseus.solver.compiled`).
+:mod:`perseus.solver.plan_kernels`).
 """
 
 from __future__ import annotations

@@ -90,7 +90,6 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     if p2p_latency_s < 0:
         raise ScheduleError(f"p2p latency must be >= 0 s, got {p2p_latency_s}")
     actions = tuple(a for acts in schedule.rank_actions for a in acts)
-    index = {a: i for i, a in enumerate(actions)}
     n = len(actions)
     rank = np.empty(n, dtype=np.int64)
     starts = [0]
@@ -100,30 +99,13 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     stage = np.fromiter((a.stage_index for a in actions), dtype=np.int64, count=n)
     kind = np.fromiter((KIND_CODES[a.kind] for a in actions), dtype=np.int64, count=n)
 
-    edges: set[tuple[int, int]] = set()
-    for r in range(len(schedule.rank_actions)):
-        edges.update((i, i + 1) for i in range(starts[r], starts[r + 1] - 1))
-    for i, a in enumerate(actions):
-        for dep in action_dependencies(a, schedule.num_stages):
-            if dep not in index:
-                raise ScheduleError(f"action {a} depends on {dep}, which no rank runs")
-            edges.add((index[dep], i))
-    ordered = sorted(edges)
-    src = np.array([u for u, _ in ordered], dtype=np.int64)
-    dst = np.array([v for _, v in ordered], dtype=np.int64)
+    src, dst = _edges(schedule, actions, starts)
     latency = np.where(rank[src] != rank[dst], float(p2p_latency_s), 0.0)
 
     try:
         generations = _topological_generations(n, src, dst)
     except CycleError:
         raise ScheduleError(f"schedule {schedule.name!r} has a dependency cycle") from None
-    gen_of = np.empty(n, dtype=np.int64)
-    for k, gen in enumerate(generations):
-        gen_of[gen] = k
-    edge_gen = gen_of[dst]
-    order = np.argsort(edge_gen, kind="stable")
-    bounds = np.searchsorted(edge_gen[order], np.arange(len(generations) + 1))
-    generation_edges = tuple(order[bounds[k] : bounds[k + 1]] for k in range(len(generations)))
     return OpGraph(
         schedule=schedule,
         actions=actions,
@@ -135,8 +117,45 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
         edge_dst=dst,
         edge_latency_s=latency.astype(np.float64),
         generations=generations,
-        generation_edges=generation_edges,
+        generation_edges=_generation_edges(n, generations, dst),
     )
+
+
+def _edges(
+    schedule: Schedule, actions: tuple[Action, ...], starts: list[int]
+) -> tuple[IntArray, IntArray]:
+    """Sorted, distinct edges (sources, destinations): each rank's order, then each action's
+    dependencies.
+
+    Raises:
+        ScheduleError: if an action depends on one that no rank runs.
+    """
+    index = {a: i for i, a in enumerate(actions)}
+    edges: set[tuple[int, int]] = set()
+    for r in range(len(schedule.rank_actions)):
+        edges.update((i, i + 1) for i in range(starts[r], starts[r + 1] - 1))
+    for i, a in enumerate(actions):
+        for dep in action_dependencies(a, schedule.num_stages):
+            if dep not in index:
+                raise ScheduleError(f"action {a} depends on {dep}, which no rank runs")
+            edges.add((index[dep], i))
+    ordered = sorted(edges)
+    src = np.array([u for u, _ in ordered], dtype=np.int64)
+    dst = np.array([v for _, v in ordered], dtype=np.int64)
+    return src, dst
+
+
+def _generation_edges(
+    n: int, generations: tuple[IntArray, ...], dst: IntArray
+) -> tuple[IntArray, ...]:
+    """Per generation, the indices of the edges into its nodes (in edge order)."""
+    gen_of = np.empty(n, dtype=np.int64)
+    for k, gen in enumerate(generations):
+        gen_of[gen] = k
+    edge_gen = gen_of[dst]
+    order = np.argsort(edge_gen, kind="stable")
+    bounds = np.searchsorted(edge_gen[order], np.arange(len(generations) + 1))
+    return tuple(order[bounds[k] : bounds[k + 1]] for k in range(len(generations)))
 
 
 def _topological_generations(n: int, src: IntArray, dst: IntArray) -> tuple[IntArray, ...]:

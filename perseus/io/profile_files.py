@@ -573,13 +573,8 @@ def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write ``profile`` in perseus's JSON form (atomically)."""
     rows_out: list[dict[str, object]] = []
     for s, k, f, t, e, mem in _rows(profile):
-        row: dict[str, object] = {
-            "stage": s,
-            "instruction": k.profile_name,
-            "frequency": f,
-            "time": t,
-            "energy": e,
-        }
+        row: dict[str, object] = {"stage": s, "instruction": k.profile_name, "frequency": f}
+        row |= {"time": t, "energy": e}
         if mem is not None:
             row[MEM_COLUMN] = mem
         rows_out.append(row)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +45,7 @@ import numpy.typing as npt
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import PlanOp
-from perseus.profile.model import OpOption
+from perseus.profile.model import OpOption, OpProfile
 from perseus.profile.pareto import lower_hull, pareto_indices, pareto_options
 from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op, two_clock_cost
 from perseus.schedule.actions import Kind
@@ -223,24 +224,47 @@ def build_cost_model(
         raise ConfigError(
             f"max clocks per op must be 1..{MAX_PHASES_PER_OP}, got {max_clocks_per_op}"
         )
-    split = job.layer_split
-    if max_clocks_per_op >= 2 and split is None:
+    if max_clocks_per_op >= 2 and job.layer_split is None:
         raise ConfigError(
             "two clocks per op need the job's `layers_per_stage`; "
             "give it or use `max_clocks_per_op`=1"
         )
-    graph, profile, power = job.graph, job.profile, job.blocking_power_w
-    kinds = list(Kind)
+    graph, power = job.graph, job.blocking_power_w
     keys = sorted({(int(s), int(k)) for s, k in zip(graph.stage, graph.kind, strict=True)})
     type_of = {key: i for i, key in enumerate(keys)}
     node_type = np.array(
         [type_of[(int(s), int(k))] for s, k in zip(graph.stage, graph.kind, strict=True)],
         dtype=np.int64,
     )
-    singles = [pareto_options(profile.op(s, kinds[k]).options, power) for s, k in keys]
+    options, hulls = _type_options(job, keys, min_vertex_gap_fraction, max_clocks_per_op)
+    tables = _option_tables(job, keys, options)
+    hull_t, hull_c, slope = _hull_tables(tables["opt_time_s"], tables["opt_cost_j"], hulls)
+    return CostModel(
+        node_type=node_type,
+        **tables,
+        num_opts=np.array([len(o) for o in options], dtype=np.int64),
+        opt_phases=tuple(tuple(ph for _, ph in labelled) for labelled in options),
+        hull_time_s=hull_t,
+        hull_cost_j=hull_c,
+        hull_slope=slope,
+        num_hull=np.array([len(h) for h in hulls], dtype=np.int64),
+        blocking_power_w=power,
+    )
+
+
+def _type_options(
+    job: PlanningJob,
+    keys: list[tuple[int, int]],
+    min_vertex_gap_fraction: float,
+    max_clocks_per_op: int,
+) -> tuple[list[list[_Labelled]], list[IntArray]]:
+    """Per (stage, kind): its labelled options and the indices of its (thinned) hull's
+    vertices among them."""
+    kinds, split, power = list(Kind), job.layer_split, job.blocking_power_w
     options: list[list[_Labelled]] = []
-    hulls = []
-    for (stage, _), opts in zip(keys, singles, strict=True):
+    hulls: list[IntArray] = []
+    for stage, kind in keys:
+        opts = pareto_options(job.profile.op(stage, kinds[kind]).options, power)
         t = np.array([o.time_s for o in opts])
         c = np.array([o.energy_j - power * o.time_s for o in opts])
         true_hull = lower_hull(t, c)
@@ -254,60 +278,69 @@ def build_cost_model(
             labelled = [_one(o) for o in opts]
         options.append(labelled)
         hulls.append(thinned)
+    return options, hulls
+
+
+def _option_tables(
+    job: PlanningJob, keys: list[tuple[int, int]], options: list[list[_Labelled]]
+) -> dict[str, npt.NDArray[Any]]:
+    """The per-type option tables of :class:`CostModel` (its ``opt_*`` fields), each row
+    padded with its last value (times with ``inf``)."""
+    kinds, power = list(Kind), job.blocking_power_w
+    columns: dict[str, list[list[Any]]] = {}
+    for (stage, kind), labelled in zip(keys, options, strict=True):
+        row = _option_row(job.profile.op(stage, kinds[kind]), labelled, power)
+        for name, values in row.items():
+            columns.setdefault(name, []).append(list(values))
     width = max(len(o) for o in options)
-    hwidth = max(len(h) for h in hulls)
-    n_types = len(keys)
-    opt_t = np.full((n_types, width), np.inf)
-    opt_e = np.zeros((n_types, width))
-    opt_c = np.zeros((n_types, width))
-    opt_f = np.zeros((n_types, width), dtype=np.int64)
-    opt_fb = np.zeros((n_types, width), dtype=np.int64)
-    opt_k = np.zeros((n_types, width), dtype=np.int64)
-    opt_m = np.zeros((n_types, width), dtype=np.int64)
-    opt_mb = np.zeros((n_types, width), dtype=np.int64)
-    opt_dm = np.zeros((n_types, width), dtype=bool)
-    hull_t = np.full((n_types, hwidth), np.inf)
-    hull_c = np.zeros((n_types, hwidth))
-    slope = np.zeros((n_types, hwidth))
-    for k, (labelled, hull) in enumerate(zip(options, hulls, strict=True)):
-        n = len(labelled)
-        opt_t[k, :n] = [o.time_s for o, _ in labelled]
-        opt_e[k, :n] = [o.energy_j for o, _ in labelled]
-        opt_c[k, :n] = opt_e[k, :n] - power * opt_t[k, :n]
-        opt_f[k, :n] = [ph[0].freq_mhz for _, ph in labelled]
-        opt_fb[k, :n] = [ph[min(1, len(ph) - 1)].freq_mhz for _, ph in labelled]
-        opt_k[k, :n] = [ph[1].first_layer if len(ph) > 1 else 0 for _, ph in labelled]
-        opt_m[k, :n] = [ph[0].mem_freq_mhz or 0 for _, ph in labelled]
-        opt_mb[k, :n] = [ph[min(1, len(ph) - 1)].mem_freq_mhz or 0 for _, ph in labelled]
-        op = profile.op(keys[k][0], kinds[keys[k][1]])
-        opt_dm[k, :n] = [
+    dtypes = {"opt_time_s": float, "opt_energy_j": float, "opt_cost_j": float}
+    dtypes["opt_is_default_mem"] = bool
+    pads: dict[str, Any] = {"opt_time_s": np.inf, "opt_is_default_mem": False}
+    tables: dict[str, npt.NDArray[Any]] = {}
+    for name, rows in columns.items():
+        out = np.zeros((len(rows), width), dtype=dtypes.get(name, np.int64))
+        for k, values in enumerate(rows):
+            out[k, : len(values)] = values
+            out[k, len(values) :] = pads.get(name, values[-1])
+        tables[name] = out
+    return tables
+
+
+def _option_row(op: OpProfile, labelled: list[_Labelled], power_w: float) -> dict[str, Any]:
+    """One type's ``opt_*`` columns, unpadded."""
+    time_s = np.array([o.time_s for o, _ in labelled])
+    energy_j = np.array([o.energy_j for o, _ in labelled])
+    first = [ph[0] for _, ph in labelled]
+    second = [ph[min(1, len(ph) - 1)] for _, ph in labelled]
+    return {
+        "opt_time_s": time_s,
+        "opt_energy_j": energy_j,
+        "opt_cost_j": energy_j - power_w * time_s,
+        "opt_freq_mhz": [p.freq_mhz for p in first],
+        "opt_freq_b_mhz": [p.freq_mhz for p in second],
+        "opt_layers_at_a": [ph[1].first_layer if len(ph) > 1 else 0 for _, ph in labelled],
+        "opt_mem_mhz": [p.mem_freq_mhz or 0 for p in first],
+        "opt_mem_b_mhz": [p.mem_freq_mhz or 0 for p in second],
+        "opt_is_default_mem": [
             len(ph) == 1 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz for o, ph in labelled
-        ]
-        opt_e[k, n:], opt_c[k, n:], opt_f[k, n:] = opt_e[k, n - 1], opt_c[k, n - 1], opt_f[k, n - 1]
-        opt_fb[k, n:], opt_k[k, n:] = opt_fb[k, n - 1], opt_k[k, n - 1]
-        opt_m[k, n:], opt_mb[k, n:] = opt_m[k, n - 1], opt_mb[k, n - 1]
+        ],
+    }
+
+
+def _hull_tables(
+    opt_t: FloatArray, opt_c: FloatArray, hulls: list[IntArray]
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per type: hull vertex times (``inf``-padded), costs (padded with the last) and segment
+    slopes (zero-padded)."""
+    hwidth = max(len(h) for h in hulls)
+    hull_t = np.full((len(hulls), hwidth), np.inf)
+    hull_c = np.zeros((len(hulls), hwidth))
+    slope = np.zeros((len(hulls), hwidth))
+    for k, hull in enumerate(hulls):
         h = len(hull)
         hull_t[k, :h] = opt_t[k, hull]
         hull_c[k, :h] = opt_c[k, hull]
         hull_c[k, h:] = hull_c[k, h - 1]
         if h > 1:
             slope[k, : h - 1] = -np.diff(hull_c[k, :h]) / np.diff(hull_t[k, :h])
-    return CostModel(
-        node_type=node_type,
-        opt_time_s=opt_t,
-        opt_energy_j=opt_e,
-        opt_cost_j=opt_c,
-        opt_freq_mhz=opt_f,
-        opt_freq_b_mhz=opt_fb,
-        opt_layers_at_a=opt_k,
-        opt_mem_mhz=opt_m,
-        opt_mem_b_mhz=opt_mb,
-        opt_is_default_mem=opt_dm,
-        num_opts=np.array([len(o) for o in options], dtype=np.int64),
-        opt_phases=tuple(tuple(ph for _, ph in labelled) for labelled in options),
-        hull_time_s=hull_t,
-        hull_cost_j=hull_c,
-        hull_slope=slope,
-        num_hull=np.array([len(h) for h in hulls], dtype=np.int64),
-        blocking_power_w=power,
-    )
+    return hull_t, hull_c, slope

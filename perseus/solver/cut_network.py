@@ -10,9 +10,9 @@ lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then
 phases re-augment (:func:`augment`). The cut found is re-priced in floating point, so the
 integer scale can only pick a marginally sub-optimal cut, never a wrong price.
 
-Complexity: building is O(N + E); a capacity change costs O(1) plus the flow it cancels;
-:func:`augment` is Dinic's (O(V²E) worst case, one or two phases per walk iteration on
-pipeline DAGs, each a search of the part reachable from the source).
+Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
+the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case, one or two phases per walk
+iteration on pipeline DAGs, each a search of the part reachable from the source).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["INF_CAP", "augment", "build_network", "jit", "set_capacity"]
 
@@ -31,63 +32,54 @@ _BIG = np.int64(2**63 - 1)
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
 
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
-@jit
-def build_network(n, pred_ptr, succ_ptr, succ_idx):
+
+def build_network(
+    n: int, pred_ptr: IntArray, succ_ptr: IntArray, succ_idx: IntArray
+) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, BoolArray, IntArray, IntArray]:
     """The fixed arc layout of the cut network over all N ops (capacities set per iteration).
 
     Nodes: ``2v`` (op v's start), ``2v+1`` (its end), source ``2N``, sink ``2N+1``. Arcs ``k``
-    (forward slot ``fs[k]`` holding the residual, twin ``rs[k]`` holding the flow): ``v`` op arc, ``N+v`` start→sink,
-    ``2N+v`` source→end (the lower-bound terminal arcs), ``3N+e`` dependency edge ``e`` (in
-    CSR successor order), ``3N+E+v`` source→start, ``4N+E+v`` end→sink. Source→start and
-    end→sink arcs of inner ops never carry capacity and are left out of the adjacency.
+    (forward slot ``fs[k]`` holding the residual, twin ``rs[k]`` holding the flow): ``v`` op
+    arc, ``N+v`` start→sink, ``2N+v`` source→end (the lower-bound terminal arcs), ``3N+e``
+    dependency edge ``e`` (in CSR successor order), ``3N+E+v`` source→start, ``4N+E+v``
+    end→sink. Source→start and end→sink arcs of inner ops never carry capacity and are left
+    out of the adjacency. Returns ``(a_src, a_dst, ptr, to, twin, is_fwd, fs, rs)``.
+
+    numpy, not compiled: it runs once per walk, and compiling it took about 2.5 s of a first
+    run.
     """
-    n_edges = succ_idx.size
-    m = 5 * n + n_edges
-    src_node, snk_node = 2 * n, 2 * n + 1
-    a_src = np.empty(m, dtype=np.int64)
-    a_dst = np.empty(m, dtype=np.int64)
-    for v in range(n):
-        a_src[v], a_dst[v] = 2 * v, 2 * v + 1
-        a_src[n + v], a_dst[n + v] = 2 * v, snk_node
-        a_src[2 * n + v], a_dst[2 * n + v] = src_node, 2 * v + 1
-        a_src[3 * n + n_edges + v], a_dst[3 * n + n_edges + v] = src_node, 2 * v
-        a_src[4 * n + n_edges + v], a_dst[4 * n + n_edges + v] = 2 * v + 1, snk_node
-        for e in range(succ_ptr[v], succ_ptr[v + 1]):
-            a_src[3 * n + e], a_dst[3 * n + e] = 2 * v + 1, 2 * succ_idx[e]
-    n_nodes = 2 * n + 2
+    v = np.arange(n, dtype=np.int64)
+    src_node, snk_node = np.full(n, 2 * n), np.full(n, 2 * n + 1)
+    edge_from = np.repeat(v, np.diff(succ_ptr))
+    a_src = np.concatenate([2 * v, 2 * v, src_node, 2 * edge_from + 1, src_node, 2 * v + 1])
+    a_dst = np.concatenate([2 * v + 1, snk_node, 2 * v + 1, 2 * succ_idx, 2 * v, snk_node])
+    m = a_src.size
     used = np.ones(m, dtype=np.bool_)
-    for v in range(n):
-        used[3 * n + n_edges + v] = pred_ptr[v] == pred_ptr[v + 1]
-        used[4 * n + n_edges + v] = succ_ptr[v] == succ_ptr[v + 1]
-    # Arc slots in CSR order, so that scanning a node's arcs reads contiguous memory.
-    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
-    for k in range(m):
-        if used[k]:
-            ptr[a_src[k] + 1] += 1
-            ptr[a_dst[k] + 1] += 1
-    for v in range(n_nodes):
-        ptr[v + 1] += ptr[v]
-    fill = ptr[:-1].copy()
-    spare = ptr[n_nodes]  # unused arcs get slots past every node's range
+    used[m - 2 * n : m - n] = np.diff(pred_ptr) == 0
+    used[m - n :] = np.diff(succ_ptr) == 0
+    # Arc slots in CSR order (per node, by arc), so scanning a node's arcs reads contiguous
+    # memory; unused arcs get slots past every node's range.
+    k_used = np.flatnonzero(used)
+    ends = np.concatenate([a_src[k_used], a_dst[k_used]])
+    slot = np.empty(ends.size, dtype=np.int64)
+    slot[np.lexsort((np.concatenate([k_used, k_used]), ends))] = np.arange(ends.size)
+    ptr = np.zeros(2 * n + 3, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(ends, minlength=2 * n + 2))
+    fs = np.empty(m, dtype=np.int64)
+    rs = np.empty(m, dtype=np.int64)
+    fs[k_used], rs[k_used] = slot[: k_used.size], slot[k_used.size :]
+    k_unused = np.flatnonzero(~used)
+    fs[k_unused] = ptr[-1] + 2 * np.arange(k_unused.size)
+    rs[k_unused] = fs[k_unused] + 1
     to = np.empty(2 * m, dtype=np.int64)
     twin = np.empty(2 * m, dtype=np.int64)
     is_fwd = np.zeros(2 * m, dtype=np.bool_)
-    fs = np.empty(m, dtype=np.int64)
-    rs = np.empty(m, dtype=np.int64)
-    for k in range(m):
-        if used[k]:
-            f = fill[a_src[k]]
-            fill[a_src[k]] += 1
-            r = fill[a_dst[k]]
-            fill[a_dst[k]] += 1
-        else:
-            f, r = spare, spare + 1
-            spare += 2
-        fs[k], rs[k] = f, r
-        to[f], to[r] = a_dst[k], a_src[k]
-        twin[f], twin[r] = r, f
-        is_fwd[f] = True
+    to[fs], to[rs] = a_dst, a_src
+    twin[fs], twin[rs] = rs, fs
+    is_fwd[fs] = True
     return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
 
 

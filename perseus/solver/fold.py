@@ -139,12 +139,12 @@ def lift_plans(
     Per plan: as it is, and balanced two ways (no rank's period longer than the plan's own
     period of the reference rank, the one with the longest period at the fastest clocks; or
     than that rank's fastest period, the steady state of the fastest plans). Each lifted;
-    then each also sped up (:func:`perseus.solver.compiled.tighten_kernel`) to the same
+    then each also sped up (:func:`perseus.solver.plan_kernels.tighten_kernel`) to the same
     fraction of ``allmax_time_s`` as its folded plan had of the folded job's all-max time,
     because the ends can lag where the long steady state meets them at other times. The
     caller reclaims and evaluates them on the full job.
     """
-    from perseus.solver.compiled import tighten_kernel
+    from perseus.solver.plan_kernels import tighten_kernel
 
     small, small_model, lift = folded.job, folded.model, folded.lift
     types, opt_t = small_model.node_type, small_model.opt_time_s

@@ -71,7 +71,6 @@ candidates, filtered to their Pareto set batch by batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,16 +82,16 @@ from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
-from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job, lift_plans
-from perseus.solver.pareto_search import plan_figures, search_neighbours
+from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job
+from perseus.solver.pareto_search import search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
+from perseus.solver.walk import METHODS, Lifter, Progress
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Progress = Callable[[float], None]
 
 #: Default hull thinning: vertices closer than this fraction of an op's fastest time merge
 #: (fewer breakpoints, ~1.5x faster on the bundled profiles with the same savings, because
@@ -102,8 +101,6 @@ DEFAULT_HULL_GAP_FRACTION = 0.02
 #: A folded walk emits points at least this far apart (fraction of T_min), even when asked for
 #: every breakpoint: every lifted plan is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
-#: Folded plans lifted at a time (each gives up to six full-size candidates).
-_LIFT_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ class FrontierTrace:
     Attributes:
         frontier: The frontier (exact, sorted, strictly Pareto).
         iterations: Min-cut iterations (LP breakpoints visited), summed over the walks (small
-            jobs are walked twice, see ``_core_compiled``).
+            jobs are walked twice, see :mod:`perseus.solver.walk`).
         candidates: Real plans evaluated before Pareto filtering.
         lp_time_s, lp_energy_j: The traced relaxation's optimum at each breakpoint, time
             descending, linear in between. Each op mixes two neighbouring hull vertices; with
@@ -233,22 +230,9 @@ def trace(
     their latency (``switch_stall_s`` or ``switch_energy_j``), the one-clock frontier is traced
     first and its plans seed this one, so no point is worse than one clock per op.
     """
-    if method not in _METHODS:
-        raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(_METHODS)}")
-    if time_quantum_s is not None and not (math.isfinite(time_quantum_s) and time_quantum_s > 0):
-        raise ConfigError(
-            f"time quantum must be a finite number of seconds > 0, got {time_quantum_s}"
-        )
-    if not (math.isfinite(min_gap_fraction) and min_gap_fraction >= 0):
-        raise ConfigError(
-            f"minimum gap fraction must be a finite number >= 0, got {min_gap_fraction}"
-        )
-    if max_clocks_per_op is None:
-        max_clocks_per_op = 1 if job.spec.layers_per_stage is None else 2
-    if hull_gap_fraction is None:
-        hull_gap_fraction = DEFAULT_HULL_GAP_FRACTION if max_clocks_per_op == 1 else 0.0
-    if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
-        raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
+    max_clocks_per_op, hull_gap_fraction = _checked(
+        job, time_quantum_s, min_gap_fraction, hull_gap_fraction, method, max_clocks_per_op
+    )
     if fold is None:
         fold = job.graph.num_nodes > FOLD_ABOVE_OPS
     one_clock: list[PlanArg] = []
@@ -282,6 +266,34 @@ def trace(
     )
 
 
+def _checked(
+    job: PlanningJob,
+    time_quantum_s: float | None,
+    min_gap_fraction: float,
+    hull_gap_fraction: float | None,
+    method: str,
+    max_clocks_per_op: int | None,
+) -> tuple[int, float]:
+    """:func:`trace`'s arguments checked; returns the clocks per op and hull gap to use."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(METHODS)}")
+    if time_quantum_s is not None and not (math.isfinite(time_quantum_s) and time_quantum_s > 0):
+        raise ConfigError(
+            f"time quantum must be a finite number of seconds > 0, got {time_quantum_s}"
+        )
+    if not (math.isfinite(min_gap_fraction) and min_gap_fraction >= 0):
+        raise ConfigError(
+            f"minimum gap fraction must be a finite number >= 0, got {min_gap_fraction}"
+        )
+    if max_clocks_per_op is None:
+        max_clocks_per_op = 1 if job.spec.layers_per_stage is None else 2
+    if hull_gap_fraction is None:
+        hull_gap_fraction = DEFAULT_HULL_GAP_FRACTION if max_clocks_per_op == 1 else 0.0
+    if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
+        raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
+    return max_clocks_per_op, hull_gap_fraction
+
+
 def _impl(
     job: PlanningJob,
     model: CostModel,
@@ -310,29 +322,27 @@ def _impl(
 
     seeds = [_to_options(job, model, f) for f in baseline_freq_plans(job)]
     seeds += [_to_options(job, model, f) for f in extra_seeds or ()]
-    core = _METHODS[method]
+    core = METHODS[method]
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     if folded is None:
         cand, iterations, lp_t, lp_e, reason = core(
-            job, model, topo, tol, quantum, gap, gap == 0.0, progress
+            job, model, topo, tol, quantum, gap, gap == 0.0, progress, None
         )
     else:
         # Walk the folded job (points 4x denser than asked: each lifted plan lands at its
-        # own time on the full job) and lift its plans; _select reclaims them on this job.
+        # own time on the full job) and lift its plans as they come; _select reclaims them
+        # on this job.
         small, small_model = folded.job, folded.model
         small_topo = build_topology(small.graph)
         small_ht = small_model.hull_time_s[small_model.node_type, 0]
         small_t_min = float(small_topo.forward(small_ht)[1].max())
         small_gap = max(min_gap_fraction, _FOLD_MIN_GAP_FRACTION) * small_t_min / 4
         small_tol = 1e-9 * float(small.evaluate(small.allmax()).time_s)
-        small_cand, iterations, lp_t, lp_e, reason = core(
-            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress
+        lifter = Lifter(job, model, topo, folded, allmax_time)
+        cand, iterations, lp_t, lp_e, reason = core(
+            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress, lifter
         )
-        # Lifted plans are full-size: keep only each batch's Pareto set (memory stays flat).
-        cand = []
-        for lo in range(0, len(small_cand), _LIFT_BATCH):
-            lifted = lift_plans(folded, small_cand[lo : lo + _LIFT_BATCH], model, topo, allmax_time)
-            cand.extend(_pareto_within(job, model, topo, lifted))
+        cand.extend(lifter.flush())
     cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
@@ -359,130 +369,6 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntAr
     table = model.opt_time_s[model.node_type]
     idx: IntArray = np.maximum((table <= time_s[:, None]).sum(axis=1) - 1, 0).astype(np.int64)
     return idx
-
-
-#: Walk iterations per compiled call (between progress reports).
-_CHUNK_ITERATIONS = 2000
-#: A second walk (ties left to Dinic) runs when the first cost at most this many
-#: iteration × (node + edge) steps: a few tenths of a second (A40 8×48: 2e6; 8×32: 1e7).
-_SECOND_WALK_MAX_WORK = 8e6
-
-
-def _core_compiled(
-    job: PlanningJob,
-    model: CostModel,
-    topo: Topology,
-    tol: float,
-    quantum: float,
-    gap: float,
-    every_breakpoint: bool,
-    progress: Progress | None,
-) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`).
-
-    The walk breaks ties between equally cheap cuts towards moving fewer ops, which keeps it
-    from crawling (half the iterations at 8×32). Where the relaxation has several optimal
-    plans, though, which one gets rounded decides the real plan, and the untied walk's are
-    sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
-    whose walk took a fraction of a second are walked both ways and keep both sets of
-    candidates; the returned LP curve is the first walk's (both trace the same relaxation).
-    """
-    from perseus.solver.compiled import TIE_UNITS
-
-    walk = (job, model, topo, tol, quantum, gap, every_breakpoint)
-    cand, iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS)
-    if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
-        more, more_iterations, *_ = _walk_compiled(*walk, None, 0)
-        cand.extend(more)
-        iterations += more_iterations
-    return cand, iterations, lp_t, lp_e, reason
-
-
-def _walk_compiled(
-    job: PlanningJob,
-    model: CostModel,
-    topo: Topology,
-    tol: float,
-    quantum: float,
-    gap: float,
-    every_breakpoint: bool,
-    progress: Progress | None,
-    tie_units: int,
-) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """One compiled walk from the cheapest plan to the fastest."""
-    from perseus.solver import compiled
-
-    types = model.node_type
-    ht = np.ascontiguousarray(model.hull_time_s[types])
-    hs = np.ascontiguousarray(model.hull_slope[types])
-    hc = np.ascontiguousarray(model.hull_cost_j[types])
-    nh = np.ascontiguousarray(model.num_hull[types])
-    rows = np.arange(topo.num_nodes)
-    d = ht[rows, nh - 1].copy()
-    t_min = float(topo.forward(ht[rows, 0])[1].max())
-    state = np.zeros(compiled.STATE_SIZE)
-    state[compiled.S_BEST_DEADLINE] = math.inf
-    power_ranks = model.blocking_power_w * job.graph.num_ranks
-    anchor_s = float(job.evaluate(job.allmax()).time_s)
-    cand: list[IntArray] = []
-    lp_t: list[float] = []
-    lp_e: list[float] = []
-    iterations = 0
-    while state[compiled.S_DONE] == 0.0:
-        emitted, chunk_t, chunk_e, done = compiled.walk_kernel(
-            *topo.csr(),
-            ht,
-            hs,
-            hc,
-            nh,
-            types,
-            model.opt_time_s,
-            d,
-            state,
-            tol,
-            quantum,
-            gap,
-            every_breakpoint,
-            power_ranks,
-            _CHUNK_ITERATIONS,
-            tie_units,
-            anchor_s,
-        )
-        iterations += int(done)
-        if len(emitted):
-            # Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up,
-            # critical op by critical op, to the rounded-down plan's time.
-            rows = np.asarray(emitted, dtype=np.int64)
-            down, up = rows[0::2], rows[1::2]
-            targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
-            rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
-            cand.extend(_pareto_within(job, model, topo, rows))
-        lp_t.extend(chunk_t.tolist())
-        lp_e.extend(chunk_e.tolist())
-        if progress is not None and lp_t and lp_t[0] > t_min:
-            progress(0.99 * min(1.0, (lp_t[0] - lp_t[-1]) / (lp_t[0] - t_min)))
-    reason = {
-        compiled.DONE_FASTEST: "fastest",
-        compiled.DONE_STALLED: "stalled",
-        compiled.DONE_NO_STEP: "no-step",
-    }[float(state[compiled.S_DONE])]
-    return cand, iterations, lp_t, lp_e, reason
-
-
-_CoreFn = Callable[
-    [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None"],
-    tuple[list[IntArray], int, list[float], list[float], str],
-]
-
-
-def _core_reference(*args: object) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The reference walk (a test oracle, imported only when asked for)."""
-    from perseus.solver.check.reference_walk import walk_reference
-
-    return walk_reference(*args)  # type: ignore[arg-type]
-
-
-_METHODS: dict[str, _CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
 
 
 def _select(
@@ -548,39 +434,9 @@ def _evaluate_rows(
     return times, energies
 
 
-def _pareto_within(
-    job: PlanningJob, model: CostModel, topo: Topology, plans: IntArray
-) -> list[IntArray]:
-    """The reclaimed plans of one batch that no other plan of the batch dominates.
-
-    Dropping them early is safe (dominated within the batch means dominated overall) and
-    keeps memory flat with every breakpoint sampled on large jobs, where the walk emits hundreds of
-    thousands of plans.
-    """
-    rec = _reclaim_all(model, topo, plans)
-    times, energies = plan_figures(model, topo, job.graph.num_ranks, rec)
-    return list(rec[pareto_indices(times, energies)])
-
-
 def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
     """:func:`reclaim_slack` of every row of ``plans``."""
     return reclaim_slack(model, topo, np.atleast_2d(plans))
-
-
-def _tighten_all(
-    model: CostModel, topo: Topology, plans: IntArray, targets_s: FloatArray
-) -> IntArray:
-    """Each row of ``plans`` sped up until it meets its target (compiled)."""
-    from perseus.solver.compiled import tighten_kernel
-
-    out: IntArray = tighten_kernel(
-        *topo.csr(),
-        model.node_type,
-        model.opt_time_s,
-        np.ascontiguousarray(plans, dtype=np.int64),
-        np.ascontiguousarray(targets_s, dtype=np.float64),
-    )
-    return out
 
 
 def _strict_pareto(points: list[PlanPoint]) -> list[PlanPoint]:

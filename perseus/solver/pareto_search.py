@@ -15,7 +15,7 @@ nothing or the work budget is spent. When the budget cannot pay for a whole roun
 in front of the largest staircase steps (time gap × energy drop to the next point) go first;
 jobs of thousands of ops get a few points' neighbourhoods, where one option step moves the
 iteration by far less than the gap between frontier points anyway. The compiled kernel
-(:func:`perseus.solver.compiled.neighbour_kernel`) drops dominated neighbours before they reach
+(:func:`perseus.solver.plan_kernels.neighbour_kernel`) drops dominated neighbours before they reach
 Python. Plans only ever enter through their own exact longest path, so nothing here changes
 what a plan costs; the caller still evaluates the survivors with the exact evaluator.
 
@@ -69,7 +69,7 @@ def search_neighbours(
         The archive: plans no other plan found dominates, sorted by time. Every input plan is
         either in it or dominated by a plan in it.
     """
-    from perseus.solver.compiled import neighbour_kernel
+    from perseus.solver.plan_kernels import neighbour_kernel
 
     power_ranks = model.blocking_power_w * num_ranks
     tables = (model.node_type, model.opt_time_s, model.opt_cost_j)
@@ -128,7 +128,7 @@ def plan_figures(
     so it can differ from the evaluator's in the last bits. For filtering candidates; reported
     figures come from :mod:`perseus.dag.evaluate`.
     """
-    from perseus.solver.compiled import evaluate_kernel
+    from perseus.solver.plan_kernels import evaluate_kernel
 
     times, energies = evaluate_kernel(
         *topo.csr()[:4],

@@ -3,7 +3,7 @@
 The exact evaluator (:mod:`perseus.dag.evaluate`) answers "what does this plan cost"; the
 solver's loops need the same longest path on plain arrays, plus latest finish times (for slack
 and criticality). A :class:`Topology` holds the DAG as CSR predecessor/successor lists over a
-topological order; its passes are the compiled ones (:mod:`perseus.solver.compiled`), which
+topological order; its passes are the compiled ones (:mod:`perseus.solver.plan_kernels`), which
 add and compare the same floats in the same order as the evaluator, so results are identical.
 
 Complexity: O(N + E) per pass for N nodes and E edges.
@@ -66,7 +66,7 @@ class Topology:
         self,
     ) -> tuple[IntArray, IntArray, IntArray, FloatArray, IntArray, IntArray, FloatArray]:
         """``(order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)``: the
-        arguments the compiled loops (:mod:`perseus.solver.compiled`) take first."""
+        arguments the compiled loops (:mod:`perseus.solver.plan_kernels`) take first."""
         return (
             self.order_array,
             self.pred_ptr,
@@ -81,9 +81,9 @@ class Topology:
         """Earliest start and finish of every node (``time_s`` of shape (N,)).
 
         The same recurrence as the exact evaluator's :func:`perseus.dag.evaluate.longest_path`,
-        run by the compiled loop the walk uses (:mod:`perseus.solver.compiled`).
+        run by the compiled loop the walk uses (:mod:`perseus.solver.plan_kernels`).
         """
-        from perseus.solver.compiled import forward_pass
+        from perseus.solver.plan_kernels import forward_pass
 
         start = np.empty(self.num_nodes)
         end = np.empty(self.num_nodes)
@@ -95,7 +95,7 @@ class Topology:
 
     def backward(self, time_s: FloatArray, deadline_s: float) -> FloatArray:
         """Latest finish of every node so that everything ends by ``deadline_s``."""
-        from perseus.solver.compiled import backward_pass
+        from perseus.solver.plan_kernels import backward_pass
 
         late_start = np.empty(self.num_nodes)
         late_finish = np.empty(self.num_nodes)

@@ -27,7 +27,7 @@ IntArray = npt.NDArray[np.int64]
 def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
     """Per-node option indices after reclaiming slack (a new array; the input is untouched).
 
-    The loop itself is compiled (:func:`perseus.solver.compiled.reclaim_kernel`).
+    The loop itself is compiled (:func:`perseus.solver.plan_kernels.reclaim_kernel`).
 
     Args:
         model: The job's cost model.
@@ -38,7 +38,7 @@ def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray
         Option indices of the same shape, each ≥ the input's (never faster), same or lower
         makespan.
     """
-    from perseus.solver.compiled import reclaim_kernel
+    from perseus.solver.plan_kernels import reclaim_kernel
 
     rows = np.ascontiguousarray(np.atleast_2d(plans), dtype=np.int64)
     out: IntArray = reclaim_kernel(*topo.csr(), model.node_type, model.opt_time_s, rows)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
 from perseus.errors import ConfigError
-from perseus.solver import cut_network, frontier, trace
+from perseus.solver import cut_network, trace, walk
 
 from .conftest import small_job
 
@@ -48,10 +50,26 @@ def test_unknown_method_is_a_config_error():
         trace(small_job(), method="quantum")
 
 
+def test_candidates_are_made_on_a_worker_thread_while_the_walk_goes_on(monkeypatch):
+    job = small_job("1f1b", 4, 6, seed=5)
+    threads: list[str] = []
+    make = walk._rounded_candidates
+
+    def spy(*args):
+        threads.append(threading.current_thread().name)
+        return make(*args)
+
+    monkeypatch.setattr(walk, "_rounded_candidates", spy)
+    monkeypatch.setattr(walk, "_CHUNK_ITERATIONS", 3)
+    trace(job)
+    assert len(threads) > 1
+    assert all(name.startswith("perseus-candidates") for name in threads), threads
+
+
 def test_walk_resumed_in_small_chunks_gives_the_same_frontier(monkeypatch):
     job = small_job("1f1b", 4, 6, seed=5)
     whole = trace(job)
-    monkeypatch.setattr(frontier, "_CHUNK_ITERATIONS", 3)
+    monkeypatch.setattr(walk, "_CHUNK_ITERATIONS", 3)
     chunked = trace(job)
     assert chunked.iterations == whole.iterations
     assert chunked.frontier == whole.frontier

@@ -11,16 +11,18 @@ from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.solver import frontier, trace
-from perseus.solver.compiled import tighten_kernel
 from perseus.solver.cost_model import build_cost_model
 from perseus.solver.fold import (
     FOLD_EXTRA_MICROBATCHES,
     balance_periods,
     fold_job,
     lift_map,
+    lift_plans,
     period_times_s,
 )
 from perseus.solver.paths import build_topology
+from perseus.solver.plan_kernels import tighten_kernel
+from perseus.solver.walk import Lifter, pareto_within
 
 from .conftest import small_job
 
@@ -116,6 +118,33 @@ def test_folded_frontier_is_exact_and_close_to_the_full_walk():
     saving = 1 - folded.frontier.cheapest_within(base.time_s).energy_j / base.energy_j
     exact = 1 - whole.frontier.cheapest_within(base.time_s).energy_j / base.energy_j
     assert saving >= exact - 0.003, (saving, exact)
+
+
+def test_plans_lifted_as_they_come_are_the_batches_lifted_at_the_end():
+    job = small_job("1f1b", 3, 30)
+    model = build_cost_model(job, 0.02, 1)
+    folded = fold_job(job, model, 0.02, 1)
+    assert folded is not None
+    topo = build_topology(job.graph)
+    allmax_s = float(job.evaluate(job.allmax()).time_s)
+    rng = np.random.default_rng(0)
+    small_types = folded.model.node_type
+    plans = [
+        rng.integers(0, folded.model.num_opts[small_types]).astype(np.int64) for _ in range(75)
+    ]
+    lifter = Lifter(job, model, topo, folded, allmax_s)
+    streamed = [c for lo in range(0, 75, 7) for c in lifter(plans[lo : lo + 7])]
+    streamed += lifter.flush()
+    at_end = [
+        c
+        for lo in range(0, 75, 32)
+        for c in pareto_within(
+            job, model, topo, lift_plans(folded, plans[lo : lo + 32], model, topo, allmax_s)
+        )
+    ]
+    assert len(streamed) == len(at_end) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(streamed, at_end, strict=True))
+    assert lifter.flush() == []
 
 
 def test_jobs_above_the_threshold_fold_by_default(monkeypatch):

@@ -1,0 +1,291 @@
+"""Compiled loops over whole plans: longest paths, slack reclaiming, tightening, evaluation
+and one-move neighbours, compiled with numba.
+
+The walk (:mod:`perseus.solver.compiled`) and the Python around it call these on option-index
+plans (K, N) and per-type option tables; everything works on plain arrays, the DAG as CSR
+predecessor/successor lists plus a topological order (:class:`perseus.solver.paths.Topology`).
+Compiled functions are cached on disk by numba (``cache=True``); this module is imported
+lazily so that ``import perseus.solver`` stays light.
+
+Complexity: each longest-path pass is O(N + E); reclaiming one plan is one forward and one
+backward pass; tightening repeats forward and backward passes until the target is met (at
+most the number of options per op, times N); the neighbour search reclaims and evaluates
+O(N) (O(N²) with pairs) plans per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perseus.solver.cut_network import jit as _jit
+
+__all__ = [
+    "backward_pass",
+    "evaluate_kernel",
+    "forward_pass",
+    "neighbour_kernel",
+    "reclaim_kernel",
+    "tighten_kernel",
+]
+
+
+@_jit
+def _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end):
+    """Earliest start/finish in place; returns the makespan."""
+    makespan = 0.0
+    for v in order:
+        s = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            r = end[pred_idx[k]] + pred_lat[k]
+            if r > s:
+                s = r
+        start[v] = s
+        e = s + dur[v]
+        end[v] = e
+        if e > makespan:
+            makespan = e
+    return makespan
+
+
+@_jit
+def _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, late_finish):
+    """Latest finish in place so that everything ends by ``deadline``."""
+    for i in range(order.size - 1, -1, -1):
+        v = order[i]
+        lf = deadline
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            r = late_start[succ_idx[k]] - succ_lat[k]
+            if r < lf:
+                lf = r
+        late_finish[v] = lf
+        late_start[v] = lf - dur[v]
+
+
+#: The longest-path passes for callers outside the kernels (:class:`perseus.solver.paths.Topology`).
+forward_pass = _forward
+backward_pass = _backward
+
+
+@_jit
+def _reclaim_row(
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, row, work
+):
+    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of one plan, in place.
+
+    ``work`` is a (4, N) scratch array. Returns the plan's makespan (unchanged by reclaiming).
+    """
+    n = row.size
+    start, end, dur, late_start = work[0], work[1], work[2], work[3]
+    for v in range(n):
+        dur[v] = opt_t[node_type[v], row[v]]
+    deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+    margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        lf = deadline
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            r = late_start[succ_idx[k]] - succ_lat[k]
+            if r < lf:
+                lf = r
+        window = lf - start[v] - margin
+        t = node_type[v]
+        # Options are sorted by time (inf-padded): binary search, as two-clock tables are wide.
+        fits = np.searchsorted(opt_t[t], window, side="right") - 1
+        new = max(row[v], fits)
+        row[v] = new
+        late_start[v] = lf - max(opt_t[t, new], 0.0)
+    return deadline
+
+
+@_jit
+def reclaim_kernel(
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, plans
+):
+    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of every row of ``plans`` (K, N)."""
+    out = plans.copy()
+    work = np.empty((4, plans.shape[1]))
+    for p in range(plans.shape[0]):
+        _reclaim_row(
+            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t,
+            out[p], work,
+        )  # fmt: skip
+    return out
+
+
+@_jit
+def tighten_kernel(
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    plans,
+    targets_s,
+):
+    """Each row of ``plans`` (K, N), sped up until it finishes by ``targets_s[k]``.
+
+    A round moves every critical op not at its fastest option one option faster; rounds
+    repeat until the plan meets its target or no critical op can go faster. Blunt (it may
+    speed up more ops than the cheapest cut would), so the result goes through the reclaim
+    pass. Used on plans rounded towards slower clocks (brought back to the time of the
+    faster rounding) and on lifted plans (:mod:`perseus.solver.fold`) whose ends lag in the
+    full job.
+    """
+    k_plans, n = plans.shape
+    out = plans.copy()
+    start = np.empty(n)
+    end = np.empty(n)
+    dur = np.empty(n)
+    late_start = np.empty(n)
+    late_finish = np.empty(n)
+    for p in range(k_plans):
+        while True:
+            for v in range(n):
+                dur[v] = opt_t[node_type[v], out[p, v]]
+            deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+            if deadline <= targets_s[p]:
+                break
+            _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, late_finish)
+            eps = 1e-9 * deadline
+            moved = False
+            for v in range(n):
+                if late_finish[v] - end[v] <= eps and out[p, v] > 0:
+                    out[p, v] -= 1
+                    moved = True
+            if not moved:
+                break
+    return out
+
+
+@_jit
+def _time_and_energy(
+    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
+):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of one plan; ``work`` is (3+, N)."""
+    cost = 0.0
+    dur = work[2]
+    for v in range(row.size):
+        dur[v] = opt_t[node_type[v], row[v]]
+        cost += opt_c[node_type[v], row[v]]
+    t = _forward(order, pred_ptr, pred_idx, pred_lat, dur, work[0], work[1])
+    return t, cost + power_ranks * t
+
+
+@_jit
+def evaluate_kernel(
+    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, plans
+):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of every row of ``plans`` (K, N)."""
+    k_plans, n = plans.shape
+    time_s = np.empty(k_plans)
+    energy_j = np.empty(k_plans)
+    work = np.empty((3, n))
+    for p in range(k_plans):
+        time_s[p], energy_j[p] = _time_and_energy(
+            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
+            plans[p], work,
+        )  # fmt: skip
+    return time_s, energy_j
+
+
+@_jit
+def neighbour_kernel(
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    opt_c,
+    num_opts,
+    power_ranks,
+    plans,
+    archive_t,
+    archive_e,
+    pairs,
+):
+    """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
+    dominate.
+
+    A move shifts one op one option faster or slower; with ``pairs`` also two ops at once,
+    one faster and one slower (the exchanges that keep a path's length while moving energy
+    between its ops, which one-op moves cannot reach on tiny jobs). A neighbour is
+    reclaimed and kept unless an archive point is no slower and no costlier (to a relative
+    1e-12). ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set.
+    Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
+    """
+    k_plans, n = plans.shape
+    out = np.empty((64, n), dtype=np.int64)
+    out_t = np.empty(64)
+    out_e = np.empty(64)
+    n_out = 0
+    row = np.empty(n, dtype=np.int64)
+    work = np.empty((4, n))
+    second = n if pairs else 0
+    for p in range(k_plans):
+        for i in range(n):
+            for step in (-1, 1):
+                k = plans[p, i] + step
+                if k < 0 or k >= num_opts[node_type[i]]:
+                    continue
+                # j == -1: the one-op move; j >= i + 1: a pair (each unordered pair once).
+                for j in range(-1, second):
+                    if j != -1 and j <= i:
+                        continue
+                    for step_j in (-1, 1):
+                        if (j == -1 and step_j == 1) or (j != -1 and step_j == step):
+                            continue
+                        if j != -1:
+                            kj = plans[p, j] + step_j
+                            if kj < 0 or kj >= num_opts[node_type[j]]:
+                                continue
+                        for v in range(n):
+                            row[v] = plans[p, v]
+                        row[i] = k
+                        if j != -1:
+                            row[j] = plans[p, j] + step_j
+                        _reclaim_row(
+                            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
+                            node_type, opt_t, row, work,
+                        )  # fmt: skip
+                        t, e = _time_and_energy(
+                            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c,
+                            power_ranks, row, work,
+                        )  # fmt: skip
+                        a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
+                        if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
+                            continue
+                        if n_out == out.shape[0]:
+                            out, out_t, out_e = _grown(out, out_t, out_e)
+                        for v in range(n):
+                            out[n_out, v] = row[v]
+                        out_t[n_out] = t
+                        out_e[n_out] = e
+                        n_out += 1
+    return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()
+
+
+@_jit
+def _grown(out, out_t, out_e):
+    """``out`` (K, N) and ``out_t``, ``out_e`` (K,) copied into arrays twice as long.
+
+    Element loops, not slice assignments: numba compiles a broadcasting setitem's shape
+    error message for about 15 s.
+    """
+    k, n = out.shape
+    bigger = np.empty((2 * k, n), dtype=np.int64)
+    bigger_t = np.empty(2 * k)
+    bigger_e = np.empty(2 * k)
+    for r in range(k):
+        bigger_t[r] = out_t[r]
+        bigger_e[r] = out_e[r]
+        for v in range(n):
+            bigger[r, v] = out[r, v]
+    return bigger, bigger_t, bigger_e

@@ -1,0 +1,261 @@
+"""Driving the frontier walk: the compiled walk chunk by chunk, its emitted plans made into
+candidates on a worker thread, and the lifting of a folded walk's plans.
+
+:func:`perseus.solver.frontier.trace` picks a walk from :data:`METHODS` (``"compiled"``:
+:func:`perseus.solver.compiled.walk_kernel`; ``"reference"``: the numpy/scipy oracle in
+:mod:`perseus.solver.check`). Each returns the candidates (real plans, reclaimed, each batch's
+Pareto set), the iteration count, the traced relaxation and why the walk stopped.
+
+Complexity: the walk's (see :mod:`perseus.solver.frontier`); making candidates costs one
+tighten, reclaim and evaluation pass per emitted plan, O(N + E) each per round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from perseus.job import PlanningJob
+from perseus.profile.pareto import pareto_indices
+from perseus.solver.cost_model import CostModel
+from perseus.solver.fold import FoldedJob, lift_plans
+from perseus.solver.pareto_search import plan_figures
+from perseus.solver.paths import Topology
+from perseus.solver.reclaim import reclaim_slack
+
+__all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "pareto_within"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Progress = Callable[[float], None]
+
+#: Folded plans lifted at a time (each gives up to six full-size candidates).
+_LIFT_BATCH = 32
+#: Walk iterations per compiled call (between progress reports).
+_CHUNK_ITERATIONS = 2000
+#: A second walk (ties left to Dinic) runs when the first cost at most this many
+#: iteration × (node + edge) steps: a few tenths of a second (A40 8×48: 2e6; 8×32: 1e7).
+_SECOND_WALK_MAX_WORK = 8e6
+
+
+def _core_compiled(
+    job: PlanningJob,
+    model: CostModel,
+    topo: Topology,
+    tol: float,
+    quantum: float,
+    gap: float,
+    every_breakpoint: bool,
+    progress: Progress | None,
+    then: Then | None,
+) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`).
+
+    The walk breaks ties between equally cheap cuts towards moving fewer ops, which keeps it
+    from crawling (half the iterations at 8×32). Where the relaxation has several optimal
+    plans, though, which one gets rounded decides the real plan, and the untied walk's are
+    sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
+    whose walk took a fraction of a second are walked both ways and keep both sets of
+    candidates; the returned LP curve is the first walk's (both trace the same relaxation).
+
+    Each chunk's emitted plans become candidates (tightened, reclaimed, filtered and passed
+    through ``then``) on a worker thread, in the order emitted, while the walk goes on: the
+    kernels release the GIL, so on two cores the walk and its candidates overlap (32×256:
+    the walk takes about two thirds of the solve, its candidates and their lifting most of
+    the rest). The candidates are the same as one thread's, in the same order.
+    """
+    from perseus.solver.compiled import TIE_UNITS
+
+    def finish(emitted: IntArray) -> list[IntArray]:
+        rows = _rounded_candidates(job, model, topo, emitted)
+        return rows if then is None else then(rows)
+
+    walk = (job, model, topo, tol, quantum, gap, every_breakpoint)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-candidates") as pool:
+        pending: list[Future[list[IntArray]]] = []
+
+        def submit(emitted: IntArray) -> None:
+            pending.append(pool.submit(finish, emitted))
+
+        iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS, submit)
+        if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
+            more_iterations, *_ = _walk_compiled(*walk, None, 0, submit)
+            iterations += more_iterations
+        cand = [c for done in pending for c in done.result()]
+    return cand, iterations, lp_t, lp_e, reason
+
+
+def _rounded_candidates(
+    job: PlanningJob, model: CostModel, topo: Topology, emitted: IntArray
+) -> list[IntArray]:
+    """Candidates from one chunk of the walk's emitted rows.
+
+    Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up, critical
+    op by critical op, to the rounded-down plan's time; both are reclaimed and only the
+    chunk's Pareto set is kept.
+    """
+    rows = np.asarray(emitted, dtype=np.int64)
+    down, up = rows[0::2], rows[1::2]
+    targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
+    rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
+    return pareto_within(job, model, topo, rows)
+
+
+def _walk_compiled(
+    job: PlanningJob,
+    model: CostModel,
+    topo: Topology,
+    tol: float,
+    quantum: float,
+    gap: float,
+    every_breakpoint: bool,
+    progress: Progress | None,
+    tie_units: int,
+    submit: Callable[[IntArray], None],
+) -> tuple[int, list[float], list[float], str]:
+    """One compiled walk from the cheapest plan to the fastest; each chunk's emitted rows go
+    to ``submit``."""
+    from perseus.solver import compiled
+    from perseus.solver.cut_network import build_network
+
+    _, pred_ptr, _, _, succ_ptr, succ_idx, _ = topo.csr()
+    net = build_network(topo.num_nodes, pred_ptr, succ_ptr, succ_idx)
+    types = model.node_type
+    ht = np.ascontiguousarray(model.hull_time_s[types])
+    hs = np.ascontiguousarray(model.hull_slope[types])
+    hc = np.ascontiguousarray(model.hull_cost_j[types])
+    nh = np.ascontiguousarray(model.num_hull[types])
+    rows = np.arange(topo.num_nodes)
+    d = ht[rows, nh - 1].copy()
+    t_min = float(topo.forward(ht[rows, 0])[1].max())
+    state = np.zeros(compiled.STATE_SIZE)
+    state[compiled.S_BEST_DEADLINE] = math.inf
+    power_ranks = model.blocking_power_w * job.graph.num_ranks
+    anchor_s = float(job.evaluate(job.allmax()).time_s)
+    lp_t: list[float] = []
+    lp_e: list[float] = []
+    iterations = 0
+    while state[compiled.S_DONE] == 0.0:
+        emitted, chunk_t, chunk_e, done = compiled.walk_kernel(
+            *topo.csr(),
+            ht,
+            hs,
+            hc,
+            nh,
+            types,
+            model.opt_time_s,
+            d,
+            state,
+            tol,
+            quantum,
+            gap,
+            every_breakpoint,
+            power_ranks,
+            _CHUNK_ITERATIONS,
+            tie_units,
+            anchor_s,
+            net,
+        )
+        iterations += int(done)
+        if len(emitted):
+            submit(emitted)
+        lp_t.extend(chunk_t.tolist())
+        lp_e.extend(chunk_e.tolist())
+        if progress is not None and lp_t and lp_t[0] > t_min:
+            progress(0.99 * min(1.0, (lp_t[0] - lp_t[-1]) / (lp_t[0] - t_min)))
+    reason = {
+        compiled.DONE_FASTEST: "fastest",
+        compiled.DONE_STALLED: "stalled",
+        compiled.DONE_NO_STEP: "no-step",
+    }[float(state[compiled.S_DONE])]
+    return iterations, lp_t, lp_e, reason
+
+
+Then = Callable[[list[IntArray]], list[IntArray]]
+CoreFn = Callable[
+    [PlanningJob, CostModel, Topology, float, float, float, bool, "Progress | None", "Then | None"],
+    tuple[list[IntArray], int, list[float], list[float], str],
+]
+
+
+def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The reference walk (a test oracle, imported only when asked for); its candidates go
+    through ``then`` (the last argument) at the end."""
+    from perseus.solver.check.reference_walk import walk_reference
+
+    *walk, then = args
+    cand, iterations, lp_t, lp_e, reason = walk_reference(*walk)
+    return (cand if then is None else then(cand)), iterations, lp_t, lp_e, reason
+
+
+class Lifter:
+    """Folded plans lifted to the full job (:func:`perseus.solver.fold.lift_plans`) in
+    batches of ``_LIFT_BATCH`` as they come, each batch's Pareto set kept (lifted plans are
+    full-size: memory stays flat). :meth:`flush` lifts the last, partial batch."""
+
+    def __init__(
+        self,
+        job: PlanningJob,
+        model: CostModel,
+        topo: Topology,
+        folded: FoldedJob,
+        allmax_time_s: float,
+    ) -> None:
+        self._lift = (job, model, topo, folded, allmax_time_s)
+        self._buffer: list[IntArray] = []
+
+    def __call__(self, plans: list[IntArray]) -> list[IntArray]:
+        self._buffer.extend(plans)
+        out: list[IntArray] = []
+        while len(self._buffer) >= _LIFT_BATCH:
+            out.extend(self._lifted(self._buffer[:_LIFT_BATCH]))
+            del self._buffer[:_LIFT_BATCH]
+        return out
+
+    def flush(self) -> list[IntArray]:
+        out = self._lifted(self._buffer) if self._buffer else []
+        self._buffer = []
+        return out
+
+    def _lifted(self, batch: list[IntArray]) -> list[IntArray]:
+        job, model, topo, folded, allmax_time_s = self._lift
+        lifted = lift_plans(folded, batch, model, topo, allmax_time_s)
+        return pareto_within(job, model, topo, lifted)
+
+
+METHODS: dict[str, CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
+
+
+def pareto_within(
+    job: PlanningJob, model: CostModel, topo: Topology, plans: IntArray
+) -> list[IntArray]:
+    """The reclaimed plans of one batch that no other plan of the batch dominates.
+
+    Dropping them early is safe (dominated within the batch means dominated overall) and
+    keeps memory flat with every breakpoint sampled on large jobs, where the walk emits hundreds of
+    thousands of plans.
+    """
+    rec = reclaim_slack(model, topo, np.atleast_2d(plans))
+    times, energies = plan_figures(model, topo, job.graph.num_ranks, rec)
+    return list(rec[pareto_indices(times, energies)])
+
+
+def _tighten_all(
+    model: CostModel, topo: Topology, plans: IntArray, targets_s: FloatArray
+) -> IntArray:
+    """Each row of ``plans`` sped up until it meets its target (compiled)."""
+    from perseus.solver.plan_kernels import tighten_kernel
+
+    out: IntArray = tighten_kernel(
+        *topo.csr(),
+        model.node_type,
+        model.opt_time_s,
+        np.ascontiguousarray(plans, dtype=np.int64),
+        np.ascontiguousarray(targets_s, dtype=np.float64),
+    )
+    return out
