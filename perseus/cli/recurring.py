@@ -47,7 +47,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
     inner.required = True
-    s = inner.add_parser("simulate", help="trace-driven simulation vs the default and the oracle")
+    s = inner.add_parser(
+        "simulate", help="replay Zeus traces: the optimizer vs the default and the oracle"
+    )
     s.add_argument(
         "--trace",
         required=True,
@@ -156,8 +158,8 @@ def format_summary(gpu: str, document: dict[str, Any]) -> str:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from perseus.recurring.replay import default_recurrences, replay_workload
     from perseus.recurring.results import summary_json
-    from perseus.recurring.simulator import default_recurrences, simulate_workload
     from perseus.recurring.trace import load_jobs, load_workloads
     from perseus.recurring.workload import ZEUS_JOBS
 
@@ -176,7 +178,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     for w in workloads:
         try:
             summaries.append(
-                simulate_workload(
+                replay_workload(
                     w,
                     recurrences=args.recurrences,
                     seeds=range(args.seeds),
