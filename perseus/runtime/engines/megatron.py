@@ -159,50 +159,67 @@ def megatron_schedule(
             f"rank; got {R} ranks, {M} microbatches, {V} chunks"
         )
     group = R if microbatch_group_size_per_vp_stage is None else microbatch_group_size_per_vp_stage
-    if V > 1:
-        # Megatron's checks in forward_backward_pipelining_with_interleaving.
-        if not R <= group <= M:
-            raise ScheduleError(
-                f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
-                f"({group}) between the pipeline size ({R}) and the microbatches ({M})"
-            )
-        tail = M % group
-        if 0 < tail < R:
-            raise ScheduleError(
-                f"Megatron's interleaved schedule needs microbatches ({M}) % group size "
-                f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
-            )
-        table = [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
-    else:
-        table = [(m, 0) for m in range(M)]
-    rank_actions = []
-    for r in range(R):
-        comm = types.SimpleNamespace(
-            pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
-        )
-        total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
-            M, V, group, forward_only=False, p2p_communicator=comm
-        )
-        next_b = [0] * V
-
-        def fwd(k: int, r: int = r) -> Action:
-            m, c = table[k]
-            return Action(c * R + r, Kind.F, m)
-
-        def bwd(k: int, r: int = r, next_b: list[int] = next_b) -> Action:
-            c = V - 1 - table[k][1]
-            m = next_b[c]  # Megatron pops each chunk's oldest stored forward (FIFO)
-            next_b[c] += 1
-            return Action(c * R + r, Kind.B, m)
-
-        acts = [fwd(k) for k in range(warmup)]
-        for k in range(remaining):
-            acts += [fwd(k + warmup), bwd(k)]
-        acts += [bwd(k) for k in range(remaining, total)]
-        rank_actions.append(acts)
+    table = _schedule_table(mc, R, M, V, group)
+    rank_actions = [_rank_actions(mc, table, R, M, V, group, r) for r in range(R)]
     name = "megatron-interleaved" if V > 1 else "megatron-1f1b"
     stage_to_rank = tuple(s % R for s in range(R * V))
     return schedule_from_actions(name, rank_actions, R * V, M, stage_to_rank)
+
+
+def _schedule_table(
+    mc: types.SimpleNamespace, R: int, M: int, V: int, group: int
+) -> list[tuple[int, int]]:
+    """Megatron's (microbatch, chunk) order of forward steps, after Megatron's own checks."""
+    if V == 1:
+        return [(m, 0) for m in range(M)]
+    # Megatron's checks in forward_backward_pipelining_with_interleaving.
+    if not R <= group <= M:
+        raise ScheduleError(
+            f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
+            f"({group}) between the pipeline size ({R}) and the microbatches ({M})"
+        )
+    tail = M % group
+    if 0 < tail < R:
+        raise ScheduleError(
+            f"Megatron's interleaved schedule needs microbatches ({M}) % group size "
+            f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
+        )
+    return [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
+
+
+def _rank_actions(
+    mc: types.SimpleNamespace,
+    table: list[tuple[int, int]],
+    R: int,
+    M: int,
+    V: int,
+    group: int,
+    r: int,
+) -> list[Action]:
+    """Rank ``r``'s compute actions: Megatron's warm-up, steady 1F1B and cool-down phases."""
+    comm = types.SimpleNamespace(
+        pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
+    )
+    total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
+        M, V, group, forward_only=False, p2p_communicator=comm
+    )
+    next_b = [0] * V
+
+    def fwd(k: int) -> Action:
+        m, c = table[k]
+        return Action(c * R + r, Kind.F, m)
+
+    def bwd(k: int) -> Action:
+        c = V - 1 - table[k][1]
+        m = next_b[c]  # Megatron pops each chunk's oldest stored forward (FIFO)
+        next_b[c] += 1
+        return Action(c * R + r, Kind.B, m)
+
+    acts = [fwd(k) for k in range(warmup)]
+    for k in range(remaining):
+        acts += [fwd(k + warmup), bwd(k)]
+    acts += [bwd(k) for k in range(remaining, total)]
+    return acts
 
 
 # --------------------------------------------------------------------------------------------
