@@ -25,8 +25,8 @@ from perseus.errors import ConfigError, InfeasibleError
 
 __all__ = [
     "MAX_RECURRENCES",
+    "MAX_REPLAYED_RUNS",
     "MAX_SEEDS",
-    "MAX_SIMULATED_RUNS",
     "format_summary",
     "register",
     "run_simulate",
@@ -36,8 +36,8 @@ __all__ = [
 MAX_RECURRENCES = 100_000
 #: Seeds to average over.
 MAX_SEEDS = 1_000
-#: Recurrences x seeds per workload: a simulated run takes about a millisecond.
-MAX_SIMULATED_RUNS = 200_000
+#: Recurrences x seeds per workload: a replayed run takes about a millisecond.
+MAX_REPLAYED_RUNS = 200_000
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -114,11 +114,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _check_runs(recurrences: int | None, seeds: int, workload: str, default: int) -> None:
     n = recurrences if recurrences is not None else default
     runs = n * seeds
-    if runs > MAX_SIMULATED_RUNS:
+    if runs > MAX_REPLAYED_RUNS:
         given = f"--recurrences {n}" if recurrences is not None else f"{n} recurrences (default)"
         raise ConfigError(
-            f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} simulated runs of {workload}; "
-            f"the limit is {MAX_SIMULATED_RUNS:,} (about a millisecond each); lower "
+            f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} replayed runs of {workload}; "
+            f"the limit is {MAX_REPLAYED_RUNS:,} (about a millisecond each); lower "
             "--recurrences or --seeds"
         )
 
@@ -171,7 +171,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from perseus.recurring.report import plot_paths
 
-        for w in workloads:  # before minutes of simulation, not after
+        for w in workloads:  # before minutes of replay, not after
             for path in plot_paths(w.key, Path(args.plot)):
                 check_output_file(path, "--plot")
     summaries = []
