@@ -160,7 +160,31 @@ def megatron_schedule(
         )
     group = R if microbatch_group_size_per_vp_stage is None else microbatch_group_size_per_vp_stage
     table = _schedule_table(mc, R, M, V, group)
-    rank_actions = [_rank_actions(mc, table, R, M, V, group, r) for r in range(R)]
+    rank_actions = []
+    for r in range(R):
+        comm = types.SimpleNamespace(
+            pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
+        )
+        total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
+            M, V, group, forward_only=False, p2p_communicator=comm
+        )
+        next_b = [0] * V
+
+        def fwd(k: int, r: int = r) -> Action:
+            m, c = table[k]
+            return Action(c * R + r, Kind.F, m)
+
+        def bwd(k: int, r: int = r, next_b: list[int] = next_b) -> Action:
+            c = V - 1 - table[k][1]
+            m = next_b[c]  # Megatron pops each chunk's oldest stored forward (FIFO)
+            next_b[c] += 1
+            return Action(c * R + r, Kind.B, m)
+
+        acts = [fwd(k) for k in range(warmup)]
+        for k in range(remaining):
+            acts += [fwd(k + warmup), bwd(k)]
+        acts += [bwd(k) for k in range(remaining, total)]
+        rank_actions.append(acts)
     name = "megatron-interleaved" if V > 1 else "megatron-1f1b"
     stage_to_rank = tuple(s % R for s in range(R * V))
     return schedule_from_actions(name, rank_actions, R * V, M, stage_to_rank)
@@ -185,41 +209,6 @@ def _schedule_table(
             f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
         )
     return [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
-
-
-def _rank_actions(
-    mc: types.SimpleNamespace,
-    table: list[tuple[int, int]],
-    R: int,
-    M: int,
-    V: int,
-    group: int,
-    r: int,
-) -> list[Action]:
-    """Rank ``r``'s compute actions: Megatron's warm-up, steady 1F1B and cool-down phases."""
-    comm = types.SimpleNamespace(
-        pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
-    )
-    total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
-        M, V, group, forward_only=False, p2p_communicator=comm
-    )
-    next_b = [0] * V
-
-    def fwd(k: int) -> Action:
-        m, c = table[k]
-        return Action(c * R + r, Kind.F, m)
-
-    def bwd(k: int) -> Action:
-        c = V - 1 - table[k][1]
-        m = next_b[c]  # Megatron pops each chunk's oldest stored forward (FIFO)
-        next_b[c] += 1
-        return Action(c * R + r, Kind.B, m)
-
-    acts = [fwd(k) for k in range(warmup)]
-    for k in range(remaining):
-        acts += [fwd(k + warmup), bwd(k)]
-    acts += [bwd(k) for k in range(remaining, total)]
-    return acts
 
 
 # --------------------------------------------------------------------------------------------
