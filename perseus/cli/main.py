@@ -115,25 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _ArgumentError as e:
         _print_error(str(e))
         return 2
+    except ConfigError as e:
+        _print_error(as_flags(_one_line(e), parser, args))
+        if "\n" in str(e).strip():
+            logger.info("details:\n%s", str(e).strip().partition("\n")[2])
+        return 2
     except PerseusError as e:
-        return _perseus_error(e, parser, args)
+        _print_error(as_flags(_one_line(e), parser, args))
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # the last guard: never a traceback on the user's terminal
         return _environment_error(e, args)
-
-
-def _perseus_error(
-    error: PerseusError, parser: argparse.ArgumentParser, args: argparse.Namespace | None
-) -> int:
-    """Bad input (:class:`ConfigError`) -> 2, any other perseus error -> 1, in one line."""
-    _print_error(as_flags(_one_line(error), parser, args))
-    if not isinstance(error, ConfigError):
-        return 1
-    if "\n" in str(error).strip():
-        logger.info("details:\n%s", str(error).strip().partition("\n")[2])
-    return 2
 
 
 def _environment_error(error: Exception, args: argparse.Namespace | None) -> int:
