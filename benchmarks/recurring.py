@@ -5,7 +5,7 @@ trace (A40, V100), at Zeus's N (2 × batch sizes × power limits) and at N = 50,
 ``--seeds`` seeds of: perseus's optimizer (batch-size walk + shared-noise Thompson sampling +
 JIT power-limit profiler), the default (b0 at the maximum power limit), the oracle (best fixed
 configuration in hindsight among always-converging batch sizes), and a re-implementation of
-Zeus's own batch-size policy (``_zeus_baseline.py``) in the same simulator with the same
+Zeus's own batch-size policy (``_zeus_baseline.py``) in the same trace replay with the same
 power-limit profiler, so the two policies are compared on equal terms. It prints Markdown
 tables: cumulative energy and cost against the default and against the oracle, mean ± std
 over seeds (each seed's ratio, then mean and std of the ratios).
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _zeus_baseline import ZeusPolicy
 
-from perseus.recurring.simulator import (
+from perseus.recurring.replay import (
     default_recurrences,
-    simulate_optimizer,
-    simulate_workload,
+    replay_optimizer,
+    replay_workload,
 )
 from perseus.recurring.trace import load_workloads
 from perseus.recurring.workload import Workload
@@ -51,11 +51,11 @@ def _fmt(x: tuple[float, float]) -> str:
 
 
 def bench_workload(w: Workload, n: int, seeds: range, eta: float, beta: float) -> dict[str, Any]:
-    s = simulate_workload(w, recurrences=n, seeds=seeds, eta=eta, beta=beta)
+    s = replay_workload(w, recurrences=n, seeds=seeds, eta=eta, beta=beta)
     zeus_cost, zeus_energy = [], []
     for seed in seeds:
         policy = ZeusPolicy(w.batch_sizes, w.default_batch_size, beta=beta)
-        run = simulate_optimizer(
+        run = replay_optimizer(
             w, n, eta=eta, beta=beta, rng=np.random.default_rng([seed, 0]), policy=policy
         )
         zeus_cost.append(run.cum_cost[-1])

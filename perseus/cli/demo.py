@@ -105,7 +105,7 @@ def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_directory
-    from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+    from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
     started = time.perf_counter()
     from perseus.report import REPORT_FILES

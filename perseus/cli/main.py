@@ -126,32 +126,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except Exception as e:  # the last guard: never a traceback on the user's terminal
+        return _environment_error(e, args)
+
+
+def _environment_error(error: Exception, args: argparse.Namespace | None) -> int:
+    """An error from the machine (pipe, paths, a missing extra, memory) or an internal one."""
+    if isinstance(error, BrokenPipeError):
         # The reader went away (e.g. `perseus ... | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except OSError as e:
-        if e.filename is None:
-            _print_error(f"{e.strerror or e}; nothing was written")
+    if isinstance(error, OSError):
+        if error.filename is None:
+            _print_error(f"{error.strerror or error}; nothing was written")
             return 1
         # a path that cannot be read or written (permissions, a read-only or full disk)
-        _print_error(f"{e.filename}: {e.strerror}; choose another path")
+        _print_error(f"{error.filename}: {error.strerror}; choose another path")
         return 2
-    except ModuleNotFoundError as e:
-        package = (e.name or "").partition(".")[0]
-        if package not in EXTRAS:
-            return _internal_error(e)
+    package = (error.name or "").partition(".")[0] if isinstance(error, ModuleNotFoundError) else ""
+    if package in EXTRAS:
         _print_error(
             f"{package} is not installed; `perseus {args.command if args else ''}` needs it: "
             f"pip install 'perseus-energy[{EXTRAS[package]}]'"
         )
         return 1
-    except (MemoryError, RecursionError) as e:
-        _print_error(f"out of memory or recursion depth ({type(e).__name__}); plan a smaller job")
+    if isinstance(error, (MemoryError, RecursionError)):
+        _print_error(
+            f"out of memory or recursion depth ({type(error).__name__}); plan a smaller job"
+        )
         return 1
-    except Exception as e:  # the last guard: never a traceback on the user's terminal
-        return _internal_error(e)
+    return _internal_error(error)
 
 
 def _internal_error(error: Exception) -> int:

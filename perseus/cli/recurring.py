@@ -25,8 +25,8 @@ from perseus.errors import ConfigError, InfeasibleError
 
 __all__ = [
     "MAX_RECURRENCES",
+    "MAX_REPLAYED_RUNS",
     "MAX_SEEDS",
-    "MAX_SIMULATED_RUNS",
     "format_summary",
     "register",
     "run_simulate",
@@ -36,8 +36,8 @@ __all__ = [
 MAX_RECURRENCES = 100_000
 #: Seeds to average over.
 MAX_SEEDS = 1_000
-#: Recurrences x seeds per workload: a simulated run takes about a millisecond.
-MAX_SIMULATED_RUNS = 200_000
+#: Recurrences x seeds per workload: a replayed run takes about a millisecond.
+MAX_REPLAYED_RUNS = 200_000
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -47,7 +47,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
     inner.required = True
-    s = inner.add_parser("simulate", help="trace-driven simulation vs the default and the oracle")
+    s = inner.add_parser(
+        "simulate", help="replay Zeus traces: the optimizer vs the default and the oracle"
+    )
     s.add_argument(
         "--trace",
         required=True,
@@ -112,11 +114,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _check_runs(recurrences: int | None, seeds: int, workload: str, default: int) -> None:
     n = recurrences if recurrences is not None else default
     runs = n * seeds
-    if runs > MAX_SIMULATED_RUNS:
+    if runs > MAX_REPLAYED_RUNS:
         given = f"--recurrences {n}" if recurrences is not None else f"{n} recurrences (default)"
         raise ConfigError(
-            f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} simulated runs of {workload}; "
-            f"the limit is {MAX_SIMULATED_RUNS:,} (about a millisecond each); lower "
+            f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} replayed runs of {workload}; "
+            f"the limit is {MAX_REPLAYED_RUNS:,} (about a millisecond each); lower "
             "--recurrences or --seeds"
         )
 
@@ -156,8 +158,8 @@ def format_summary(gpu: str, document: dict[str, Any]) -> str:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from perseus.recurring.replay import default_recurrences, replay_workload
     from perseus.recurring.results import summary_json
-    from perseus.recurring.simulator import default_recurrences, simulate_workload
     from perseus.recurring.trace import load_jobs, load_workloads
     from perseus.recurring.workload import ZEUS_JOBS
 
@@ -169,14 +171,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from perseus.recurring.report import plot_paths
 
-        for w in workloads:  # before minutes of simulation, not after
+        for w in workloads:  # before minutes of replay, not after
             for path in plot_paths(w.key, Path(args.plot)):
                 check_output_file(path, "--plot")
     summaries = []
     for w in workloads:
         try:
             summaries.append(
-                simulate_workload(
+                replay_workload(
                     w,
                     recurrences=args.recurrences,
                     seeds=range(args.seeds),

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import check_frontier_job, read_frontier
     from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
     from perseus.report.build import LEGACY_REPORT_FILES
-    from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+    from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
     out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)

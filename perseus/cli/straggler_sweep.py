@@ -1,7 +1,7 @@
 """``perseus straggler-sweep``: job-level saving vs straggler slowdown, from one frontier.
 
 Judges an N-pipeline job (e.g. 128 pipelines x 8 GPUs = 1,024 GPUs) without running
-anything: see :mod:`perseus.sim.straggler_sweep` for the model. Prints a table and writes it
+anything: see :mod:`perseus.runtime.straggler.sweep` for the model. Prints a table and writes it
 as JSON (``--out``, default ``straggler-sweep.json``).
 """
 
@@ -16,7 +16,7 @@ from perseus.cli._args import check_output_file, int_arg, message_stream
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
-    from perseus.sim.straggler_sweep import StragglerCase
+    from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = ["format_sweep", "register", "run"]
 
@@ -69,7 +69,7 @@ def format_sweep(cases: tuple[StragglerCase, ...] | list[StragglerCase]) -> str:
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_write_text
     from perseus.io.frontier_files import check_frontier_job, read_frontier
-    from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+    from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
     check_output_file(args.out)
     factors = parse_factors(args.factors)

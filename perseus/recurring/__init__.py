@@ -2,13 +2,13 @@
 
 Pure parts: :mod:`~perseus.recurring.cost` (the η-weighted cost), :mod:`~.workload` (a job's
 trace), :mod:`~.bandit` (Gaussian Thompson sampling), :mod:`~.policy` (the batch-size
-optimizer), :mod:`~.simulator` (trace-driven evaluation) and :mod:`~.results`. I/O:
+optimizer), :mod:`~.replay` (trace-driven evaluation) and :mod:`~.results`. I/O:
 :mod:`~.trace` (CSV files), :mod:`~.store` (SQLite, with :mod:`~.schema` and the run leases
 of :mod:`~.lease`), :mod:`~.profiler` and :mod:`~.job`
 (the training-loop side, on a GPU), :mod:`~.report` (matplotlib, imported only on demand).
 
 Importing this package loads only the pure parts; the I/O names below are imported on first
-access, so ``import perseus.recurring.simulator`` never loads sqlite3 or the device layer.
+access, so ``import perseus.recurring.replay`` never loads sqlite3 or the device layer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from perseus.recurring.bandit import GaussianPrior
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, zeus_cost
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
-from perseus.recurring.simulator import simulate_workload
+from perseus.recurring.replay import replay_workload
 from perseus.recurring.workload import ZEUS_JOBS, JobSpec, Workload
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ __all__ = [
     "Workload",
     "best_power_limit_w",
     "load_workloads",
-    "simulate_workload",
+    "replay_workload",
     "zeus_cost",
 ]
 

@@ -1,4 +1,4 @@
-"""Plots of a trace simulation (imports matplotlib; import this module only to plot).
+"""Plots of a trace replay (imports matplotlib; import this module only to plot).
 
 Two PNGs per workload, in the report style of :mod:`perseus.report`: cumulative cost vs
 recurrence for the three policies (mean over seeds, shaded min-max), and the batch size each
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from perseus.io.atomic import atomic_write_bytes
-from perseus.recurring.simulator import WorkloadSummary
+from perseus.recurring.replay import WorkloadSummary
 from perseus.report._figure import new_figure, report_style, to_png
 
 __all__ = ["plot_batch_sizes", "plot_cumulative_cost", "plot_paths", "write_plots"]

@@ -1,11 +1,11 @@
-"""Summaries of trace simulations: the ``--json`` document (pure)."""
+"""Summaries of trace replays: the ``--json`` document (pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from perseus.recurring.simulator import POLICIES, WorkloadSummary
+from perseus.recurring.replay import POLICIES, WorkloadSummary
 
 __all__ = ["summary_json", "workload_json"]
 

@@ -22,7 +22,7 @@ from perseus.report.power import plot_power
 from perseus.report.straggler import plot_straggler
 from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
-from perseus.sim.straggler_sweep import StragglerCase
+from perseus.runtime.straggler.sweep import StragglerCase
 
 logger = get_logger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from perseus.report.frontier import BASELINE_LABELS
 from perseus.report.summary import MeasuredFigures, MeasuredRun, Summary
-from perseus.sim.straggler_sweep import StragglerCase
+from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = ["render_html"]
 

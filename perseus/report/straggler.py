@@ -1,6 +1,6 @@
 """``straggler.png``: job-level energy saving vs the straggler's slowdown factor.
 
-Two curves from :func:`perseus.sim.straggler_sweep.straggler_sweep`: the saving against a job
+Two curves from :func:`perseus.runtime.straggler.sweep.straggler_sweep`: the saving against a job
 that runs all-max everywhere (what Perseus gives in total) and against a job that already runs
 the fastest Perseus plan (what slowing the non-stragglers adds). The factor at which T′
 reaches T* is marked: savings peak there and decline slowly after it.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from perseus.plan import Frontier
 from perseus.report._figure import new_figure, report_style, to_png
-from perseus.sim.straggler_sweep import StragglerCase
+from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = ["plot_straggler"]
 

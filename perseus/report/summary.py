@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
 from perseus.plan import Frontier, JobSpec, PlanPoint
-from perseus.sim.straggler_sweep import StragglerCase
+from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = [
     "REPORT_SUMMARY_KIND",
@@ -58,7 +58,7 @@ class PlanFigures:
 
 @dataclass(frozen=True, slots=True)
 class StragglerFigures:
-    """Job-level saving with one straggling pipeline (see :mod:`perseus.sim.straggler_sweep`)."""
+    """Job-level saving with one straggling pipeline (see :mod:`perseus.runtime.straggler.sweep`)."""
 
     factor: float
     pipelines: int

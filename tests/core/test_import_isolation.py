@@ -27,9 +27,9 @@ MODULES = (
     "perseus.device.discovery",
     "perseus.runtime",
     "perseus.runtime.straggler.policy",
-    "perseus.sim",
+    "perseus.runtime.straggler.sweep",
     "perseus.recurring",
-    "perseus.recurring.simulator",
+    "perseus.recurring.replay",
     "perseus.recurring.results",
 )
 

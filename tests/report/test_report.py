@@ -23,7 +23,7 @@ from perseus.report import (
 from perseus.report.frontier import plot_frontier
 from perseus.report.straggler import plot_straggler
 from perseus.report.timeline import build_timeline, plot_timelines
-from perseus.sim.straggler_sweep import parse_factors, straggler_sweep
+from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

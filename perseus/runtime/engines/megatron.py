@@ -159,22 +159,7 @@ def megatron_schedule(
             f"rank; got {R} ranks, {M} microbatches, {V} chunks"
         )
     group = R if microbatch_group_size_per_vp_stage is None else microbatch_group_size_per_vp_stage
-    if V > 1:
-        # Megatron's checks in forward_backward_pipelining_with_interleaving.
-        if not R <= group <= M:
-            raise ScheduleError(
-                f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
-                f"({group}) between the pipeline size ({R}) and the microbatches ({M})"
-            )
-        tail = M % group
-        if 0 < tail < R:
-            raise ScheduleError(
-                f"Megatron's interleaved schedule needs microbatches ({M}) % group size "
-                f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
-            )
-        table = [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
-    else:
-        table = [(m, 0) for m in range(M)]
+    table = _schedule_table(mc, R, M, V, group)
     rank_actions = []
     for r in range(R):
         comm = types.SimpleNamespace(
@@ -203,6 +188,27 @@ def megatron_schedule(
     name = "megatron-interleaved" if V > 1 else "megatron-1f1b"
     stage_to_rank = tuple(s % R for s in range(R * V))
     return schedule_from_actions(name, rank_actions, R * V, M, stage_to_rank)
+
+
+def _schedule_table(
+    mc: types.SimpleNamespace, R: int, M: int, V: int, group: int
+) -> list[tuple[int, int]]:
+    """Megatron's (microbatch, chunk) order of forward steps, after Megatron's own checks."""
+    if V == 1:
+        return [(m, 0) for m in range(M)]
+    # Megatron's checks in forward_backward_pipelining_with_interleaving.
+    if not R <= group <= M:
+        raise ScheduleError(
+            f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
+            f"({group}) between the pipeline size ({R}) and the microbatches ({M})"
+        )
+    tail = M % group
+    if 0 < tail < R:
+        raise ScheduleError(
+            f"Megatron's interleaved schedule needs microbatches ({M}) % group size "
+            f"({group}) to be 0 or >= the pipeline size ({R}); it is {tail}"
+        )
+    return [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
 
 
 # --------------------------------------------------------------------------------------------

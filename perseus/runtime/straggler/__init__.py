@@ -1,3 +1,4 @@
-"""Straggler-aware plan switching: the policy (pure) and its run-time driver."""
+"""Straggler-aware plan switching: the policy (pure), its run-time driver, and the job-level
+what-if sweep (pure, :mod:`~perseus.runtime.straggler.sweep`)."""
 
 __all__: list[str] = []

@@ -11,7 +11,7 @@ from perseus.errors import ConfigError
 from perseus.io.bundled import load_profile
 from perseus.job import make_job
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
-from perseus.sim.straggler_sweep import StragglerCase, parse_factors, straggler_sweep
+from perseus.runtime.straggler.sweep import StragglerCase, parse_factors, straggler_sweep
 
 RANKS, POWER_W = 4, 80.0
 # Fastest 1.0 s / 900 J (all-max is 1.0 s / 1000 J); T* = 1.3 s at 700 J.

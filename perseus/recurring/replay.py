@@ -1,4 +1,4 @@
-"""Trace-driven simulation of a recurring job: the optimizer against the default and the oracle.
+"""Trace replay of a recurring job: the optimizer against the default and the oracle.
 
 Pure: a :class:`~perseus.recurring.workload.Workload` and a seed in, records out. One
 *recurrence* is one submission of the job; it is over when a run reaches the target metric,
@@ -40,9 +40,9 @@ __all__ = [
     "WorkloadSummary",
     "default_recurrences",
     "jit_power_limit_w",
-    "simulate_fixed",
-    "simulate_optimizer",
-    "simulate_workload",
+    "replay_fixed",
+    "replay_optimizer",
+    "replay_workload",
 ]
 
 POLICIES = ("optimizer", "default", "oracle")
@@ -60,7 +60,7 @@ class BatchSizePolicy(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
-    """One simulated run."""
+    """One replayed run."""
 
     recurrence: int
     batch_size: int
@@ -114,7 +114,7 @@ def _run(
     cost_limit: float | None,
     profile_share: float,
 ) -> tuple[float, float, bool, bool, int]:
-    """Simulate one run: ``(energy_j, time_s, reached, started, epochs)``."""
+    """Replay one run: ``(energy_j, time_s, reached, started, epochs)``."""
     paths = workload.paths[batch_size]
     target = paths[int(rng.integers(len(paths)))]
     epoch = workload.epochs[(batch_size, power_limit_w)]
@@ -152,7 +152,7 @@ def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
     return PolicyRun(tuple(runs), np.cumsum(energy), np.cumsum(time_s), np.cumsum(cost))
 
 
-def simulate_optimizer(
+def replay_optimizer(
     workload: Workload,
     recurrences: int,
     *,
@@ -207,7 +207,7 @@ def simulate_optimizer(
     return _totals(runs, recurrences)
 
 
-def simulate_fixed(
+def replay_fixed(
     workload: Workload,
     batch_size: int,
     power_limit_w: int,
@@ -270,7 +270,7 @@ class WorkloadSummary:
         return np.asarray(((opt - ora) / ora).mean(axis=0))
 
 
-def simulate_workload(
+def replay_workload(
     workload: Workload,
     *,
     recurrences: int | None = None,
@@ -297,7 +297,7 @@ def simulate_workload(
     runs: dict[str, list[PolicyRun]] = {p: [] for p in POLICIES}
     for seed in seeds:
         runs["optimizer"].append(
-            simulate_optimizer(
+            replay_optimizer(
                 workload,
                 n,
                 eta=eta,
@@ -308,7 +308,7 @@ def simulate_workload(
         )
         for k, (name, (bs, pl)) in enumerate((("default", default), ("oracle", oracle)), 1):
             rng = np.random.default_rng([seed, k])
-            runs[name].append(simulate_fixed(workload, bs, pl, n, eta=eta, rng=rng, phase=name))
+            runs[name].append(replay_fixed(workload, bs, pl, n, eta=eta, rng=rng, phase=name))
     return WorkloadSummary(
         workload=workload.key,
         recurrences=n,

@@ -1,4 +1,4 @@
-"""The trace reader, the JIT profiler against the traces, and the simulator's invariants."""
+"""The trace reader, the JIT profiler against the traces, and the replay's invariants."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from perseus.cli.main import main
 from perseus.errors import ConfigError
 from perseus.recurring.profiler import PowerLimitProfiler, candidate_power_limits_w
-from perseus.recurring.simulator import (
+from perseus.recurring.replay import (
     default_recurrences,
     jit_power_limit_w,
-    simulate_fixed,
-    simulate_optimizer,
-    simulate_workload,
+    replay_fixed,
+    replay_optimizer,
+    replay_workload,
 )
 from perseus.recurring.trace import load_workloads
 from perseus.recurring.workload import Workload
@@ -125,7 +125,7 @@ def test_every_recurrence_ends_with_a_converged_run_and_stops_respect_the_limit(
     workloads: dict[str, list[Workload]],
 ) -> None:
     for w in workloads["v100"]:
-        run = simulate_optimizer(w, 30, eta=0.5, beta=2.0, rng=np.random.default_rng(3))
+        run = replay_optimizer(w, 30, eta=0.5, beta=2.0, rng=np.random.default_rng(3))
         by_rec: dict[int, list[bool]] = {}
         best = float("inf")
         for r in run.runs:
@@ -145,7 +145,7 @@ def test_fixed_policy_pays_sampled_epochs_times_epoch_cost(
     w = next(x for x in workloads["a40"] if x.key == "squad/bert_base_uncased")
     b0 = w.default_batch_size
     pl = w.max_power_limit_w(b0)
-    run = simulate_fixed(w, b0, pl, 40, eta=0.5, rng=np.random.default_rng(0), phase="default")
+    run = replay_fixed(w, b0, pl, 40, eta=0.5, rng=np.random.default_rng(0), phase="default")
     epoch = w.epochs[(b0, pl)]
     for r in run.runs:
         epochs = r.energy_j / epoch.energy_j
@@ -158,7 +158,7 @@ def test_optimizer_beats_the_default_where_the_oracle_saves_a_lot(
 ) -> None:
     for gpu in GPUS:
         for w in workloads[gpu]:
-            s = simulate_workload(w, seeds=range(3))
+            s = replay_workload(w, seeds=range(3))
             default, oracle = s.final("default", "cost").mean(), s.final("oracle", "cost").mean()
             opt = s.final("optimizer", "cost").mean()
             assert opt >= oracle * 0.97  # the oracle is (in expectation) unbeatable

@@ -32,11 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
-from perseus.log import get_logger
 from perseus.plan import Frontier
 from perseus.validate import show_value
-
-logger = get_logger(__name__)
 
 __all__ = ["MAX_FACTOR", "StragglerCase", "parse_factors", "straggler_sweep"]
 
@@ -140,9 +137,6 @@ def straggler_sweep(
                 saving_vs_fastest=1 - perseus_total / fastest_total,
             )
         )
-    logger.debug(
-        "straggler sweep: %d factors, %d pipelines of %d ranks", len(cases), pipelines, ranks
-    )
     return tuple(cases)
 
 
