@@ -25,8 +25,8 @@ from typing import Any
 
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
-from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.agent.rank_agent import RankAgent
+from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 from perseus.schedule.actions import Kind, Schedule

@@ -477,7 +477,7 @@ class RankSession:
         if self._sweep is not None:
             self._sweep_boundary()
         elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
-            self._start_sweep(self.source, again=True)  # what drifted, re-plan: every rank alike
+            self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
         for hook in self._hooks:
             decision = hook(stats)
             if decision is not None:
@@ -564,9 +564,9 @@ class RankSession:
         agent.start()
         self._agent = agent
 
-    def _start_sweep(self, options: OnlineProfile, again: bool = False) -> None:
+    def _start_sweep(self, options: OnlineProfile) -> None:
         agent, previous, only = self._agent, self.profiled, None
-        if again and agent is not None and previous is not None:  # only the ops that drifted
+        if agent is not None and previous is not None:  # profiling again: the ops that drifted
             only = ops_to_profile(agent, self.schedule, previous, self.group)
         sweep = SessionSweep(
             options, self.schedule, self.rank, self.gpu, self.blocking_power_w, only, previous
