@@ -1,0 +1,102 @@
+"""Profiling again after a drift: only the ops whose measured times left the profile are swept
+again; the other rows are kept as they were, and the re-plan is made from the merged profile."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.io import load_profile, write_profile_csv
+from perseus.profile.model import Profile, build_profile
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.session import RankSession, SessionOptions
+from perseus.schedule import Kind, build_schedule
+
+BLOCKING_W = 83.64
+
+
+def _profile(stale_stage: int | None = None) -> Profile:
+    """A100 stages 0-1 at a fifth of their time, every 4th clock; ``stale_stage``'s rows 30 %
+    faster and cheaper than the GPU runs them (a profile gone stale for that stage only)."""
+    base = scale_profile(take_stages(load_profile("a100"), 2), 0.2)
+    rows = []
+    for (stage, kind), op in base.ops.items():
+        f = 0.7 if stage == stale_stage else 1.0
+        for i, o in enumerate(op.options):
+            if i % 4 == 0:
+                rows.append((stage, kind, o.freq_mhz, o.time_s * f, o.energy_j * f))
+    return build_profile(rows, source="truth")
+
+
+def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    before = cache.read_text().splitlines()
+    gpu = SimulatedGPU.from_profile(
+        truth, blocking_power_w=BLOCKING_W, state_dir=tmp_path / "sim", set_latency_s=0.0
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)  # stages 0 and 1, one GPU
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            assert not session.profiling  # planned from the (stale) cache
+            monkeypatch.setattr(session._run, "take_overruns", lambda: 0)  # about the profile
+            while session.profiling or all(h.phase == "run" for h in session.history):
+                with session.iteration():
+                    for action in schedule.rank_actions[0]:
+                        with session.op(action):
+                            pass
+                assert len(session.history) < 400
+            profiled = session.profiled
+            for _ in range(3):  # the re-plan measures what it predicts
+                with session.iteration():
+                    for action in schedule.rank_actions[0]:
+                        with session.op(action):
+                            pass
+    phases = [h.phase for h in session.history]
+    assert phases[:3] == ["run"] * 3 and "profile" in phases  # drifted, then profiled again
+    # Only stage 1 was swept again; stage 0's rows are the cached ones, byte for byte.
+    assert set(session.clocks_profiled) == {(1, Kind.F), (1, Kind.B)}
+    after = cache.read_text().splitlines()
+    assert [r for r in after if r.startswith("0,")] == [r for r in before if r.startswith("0,")]
+    assert [r for r in after if r.startswith("1,")] != [r for r in before if r.startswith("1,")]
+    # The re-plan uses the new rows: measured, not the stale ones.
+    assert profiled is not None and session.job is not None
+    assert session.job.profile == profiled
+    for kind in (Kind.F, Kind.B):
+        for o in profiled.op(1, kind).options:
+            assert o.time_s == pytest.approx(truth.op(1, kind).at(o.freq_mhz).time_s, rel=0.03)
+    last = session.history[-1]
+    assert last.phase == "run" and last.predicted_time_s is not None
+    assert last.time_s == pytest.approx(last.predicted_time_s, rel=0.05)
+
+
+def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing():
+    profiler = OnlineProfiler([(1, Kind.F)], [1410, 1395, 1380])
+    assert profiler.clock_for(0, Kind.F) == profiler.clock_for(1, Kind.F) == 1410
+    profiler.record(0, Kind.F, 1.0, 1.0)  # not swept: ignored
+    profiler.record(1, Kind.F, 1.0, 1.0)
+    profiler.end_iteration()
+    assert profiler.clock_for(0, Kind.F) == 1395
+    assert [r[:2] for r in profiler.rows()] == [(1, Kind.F)]
+    empty = OnlineProfiler([], [1410, 1395])  # a rank with nothing to profile again
+    assert empty.done and empty.clock_for(0, Kind.B) == 1410
