@@ -34,6 +34,13 @@ def _profile(stale_stage: int | None = None) -> Profile:
     return build_profile(rows, source="truth")
 
 
+def _iterate(session: RankSession) -> None:
+    with session.iteration():
+        for action in session.schedule.rank_actions[session.rank]:
+            with session.op(action):
+                pass
+
+
 def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -41,7 +48,8 @@ def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_row
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir(mode=0o700)
     cache = cache_dir / "profile.csv"
-    write_profile_csv(_profile(stale_stage=1), cache)
+    stale_profile = _profile(stale_stage=1)
+    write_profile_csv(stale_profile, cache)
     os.chmod(cache, 0o600)
     before = cache.read_text().splitlines()
     gpu = SimulatedGPU.from_profile(
@@ -65,22 +73,22 @@ def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_row
             assert not session.profiling  # planned from the (stale) cache
             monkeypatch.setattr(session._run, "take_overruns", lambda: 0)  # about the profile
             while session.profiling or all(h.phase == "run" for h in session.history):
-                with session.iteration():
-                    for action in schedule.rank_actions[0]:
-                        with session.op(action):
-                            pass
+                _iterate(session)
                 assert len(session.history) < 400
             profiled = session.profiled
+            _iterate(session)  # the re-plan runs
     phases = [h.phase for h in session.history]
     assert phases[:3] == ["run"] * 3 and "profile" in phases  # drifted, then profiled again
     # Only stage 1 was swept again; stage 0's rows are the cached ones, byte for byte.
     assert set(session.clocks_profiled) == {(1, Kind.F), (1, Kind.B)}
     after = cache.read_text().splitlines()
+    assert any(r.startswith("0,") for r in before)
     assert [r for r in after if r.startswith("0,")] == [r for r in before if r.startswith("0,")]
     assert [r for r in after if r.startswith("1,")] != [r for r in before if r.startswith("1,")]
     # The re-plan uses the new rows: measured, not the stale ones.
     assert profiled is not None and session.job is not None
     assert session.job.profile == profiled
+    assert all(profiled.op(0, k) == stale_profile.op(0, k) for k in (Kind.F, Kind.B))
     for kind in (Kind.F, Kind.B):
         for o in profiled.op(1, kind).options:
             assert o.time_s == pytest.approx(truth.op(1, kind).at(o.freq_mhz).time_s, rel=0.03)
