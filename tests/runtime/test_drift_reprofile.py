@@ -6,17 +6,23 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from perseus.device.simulated import SimulatedGPU
 from perseus.io import load_profile, write_profile_csv
 from perseus.profile.model import Profile, build_profile
+from perseus.runtime.agent.records import OpRecord
+from perseus.runtime.drift import ops_to_profile
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.profiling.pair_sweep import PairSweep
 from perseus.runtime.profiling.sweep import OnlineProfiler
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
+from tests.runtime._engines import run_ranks
 
 BLOCKING_W = 83.64
 
@@ -43,7 +49,7 @@ def _iterate(session: RankSession) -> None:
 
 def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     truth = _profile()
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir(mode=0o700)
@@ -97,7 +103,7 @@ def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_row
     assert replanned.predicted_time_s > 1.1 * stale.predicted_time_s  # stage 1 is slower
 
 
-def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing():
+def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing() -> None:
     profiler = OnlineProfiler([(1, Kind.F)], [1410, 1395, 1380])
     assert profiler.clock_for(0, Kind.F) == profiler.clock_for(1, Kind.F) == 1410
     profiler.record(0, Kind.F, 1.0, 1.0)  # not swept: ignored
@@ -107,3 +113,30 @@ def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing():
     assert [r[:2] for r in profiler.rows()] == [(1, Kind.F)]
     empty = OnlineProfiler([], [1410, 1395])  # a rank with nothing to profile again
     assert empty.done and empty.clock_for(0, Kind.B) == 1410
+    pairs = PairSweep([], [1410, 1395], [1593, 1215], blocking_power_w=BLOCKING_W)
+    assert pairs.done and pairs.plan_op_for(0, Kind.B) == ((1410, 1593, 0),)
+
+
+def _agree_rank(rank: int, world: int, slow: float) -> list[Any]:
+    """Rank 1's backward ops measured ``slow`` x their profiled time, the rest on the profile."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    profile = _profile()
+    schedule = build_schedule("1f1b", 2, 4)
+    records = []
+    for it in range(6):  # iterations 0-2 are before the drift (patience 3): not judged
+        for i, a in enumerate(schedule.rank_actions[rank]):
+            f = 1410 if it >= 3 else 990
+            t = profile.op(a.stage_index, a.kind).at(f).time_s
+            t *= slow if (it >= 3 and rank == 1 and a.kind is Kind.B) else 1.0
+            records.append(OpRecord(it, i, str(a), f, t * (2.0 if it < 3 else 1.0), 0.0))
+    agent = SimpleNamespace(rank=rank, iteration=6, records=SimpleNamespace(ops=tuple(records)))
+    return sorted(ops_to_profile(agent, schedule, profile, None))  # type: ignore[arg-type]
+
+
+def test_every_rank_agrees_on_the_ops_that_drifted_or_on_all_when_none_did() -> None:
+    drifted = run_ranks(2, _agree_rank, 1.3)
+    assert drifted[0] == drifted[1] == [(1, Kind.B)]
+    every = sorted((s, k) for s in (0, 1) for k in (Kind.F, Kind.B))
+    assert run_ranks(2, _agree_rank, 1.02) == [every, every]  # within the tolerance
