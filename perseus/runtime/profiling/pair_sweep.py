@@ -113,9 +113,6 @@ class PairSweep:
         """The SM clock of the current step (every op of the rank runs the step's pair)."""
         return self.pair_mhz()[0]
 
-    def step_clock_mhz(self) -> int:
-        return self.pair_mhz()[0]
-
     def plan_op_for(self, stage_index: int, kind: Kind) -> PlanOp:
         """The plan op that runs the current step's pair: one phase with its memory clock."""
         f, m = self.pair_mhz()

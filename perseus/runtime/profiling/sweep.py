@@ -42,7 +42,6 @@ __all__ = [
     "OpSweep",
     "ProfileRow",
     "check_fit",
-    "profile_cache_key",
     "profile_cache_path",
     "step_row",
 ]
@@ -295,12 +294,8 @@ def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
     )
 
 
-def profile_cache_key(**config: Any) -> str:
-    """A short, stable key of a configuration (model name, schedule, sizes, GPU, world)."""
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def profile_cache_path(cache_dir: str | Path, **config: Any) -> Path:
-    """Where the profile of ``config`` is saved: ``<cache_dir>/profile-<key>.csv``."""
-    return Path(cache_dir) / f"profile-{profile_cache_key(**config)}.csv"
+    """Where the profile of ``config`` (model name, schedule, sizes, GPU, world) is saved:
+    ``<cache_dir>/profile-<a short, stable key of config>.csv``."""
+    key = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return Path(cache_dir) / f"profile-{key[:16]}.csv"
