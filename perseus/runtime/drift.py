@@ -9,22 +9,30 @@ measured time and energy every iteration; when they differ beyond
 :data:`~perseus.runtime.summary.DRIFT_TOLERANCE` for :data:`PATIENCE` iterations in a row it
 says so once, with the cause found (:func:`~perseus.runtime.summary.drift_cause`: clocks held
 below the plan, host overruns in emulation, else another GPU than the profile's or a stale
-profile). A session whose plan comes from an online profile then profiles again and re-plans
-(all ranks together: the verdict is the same everywhere); others keep running, and their
-summary says the figures do not measure the plan.
+profile). A session whose plan comes from an online profile then profiles again the ops that
+drifted and re-plans (all ranks together: the verdict is the same everywhere, and so is the set
+of ops, :func:`ops_to_profile`); others keep running, and their summary says the figures do not
+measure the plan.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perseus.profile.model import Profile
+from perseus.runtime.agent.op_timing import profiled_op_time_s
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
-from perseus.runtime.collectives import all_reduce_sum
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
+from perseus.schedule.actions import Action, Kind, Schedule
 
-__all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration"]
+__all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration", "ops_to_profile"]
 
 _log = logging.getLogger("perseus.runtime.session")
 
@@ -143,3 +151,44 @@ class DriftMonitor:
                 "; profiling again to re-plan" if reprofile else "",
             )
         return reprofile
+
+
+def ops_to_profile(
+    agent: RankAgent, schedule: Schedule, profile: Profile, group: Any, patience: int = PATIENCE
+) -> frozenset[tuple[int, Kind]]:
+    """The ops (stage, kind) to profile again, the same on every rank (one all-reduce over
+    ``group``, collective).
+
+    An op drifted when the median of its measured device times over the agent's last
+    ``patience`` iterations is off the profile's time at the clock it ran by more than the
+    tolerance (two-clock ops, timed from the profile, are not judged). When no op's time
+    drifted on any rank (the energy drifted: ops are not told apart by time), every op is
+    profiled again.
+
+    Args:
+        agent: This rank's agent (its op records).
+        schedule: The schedule the engine runs.
+        profile: The profile the plan was made from.
+        group: The pipeline's process group.
+        patience: The drifting iterations.
+    """
+    drifted = _drifted_ops(agent, schedule.rank_actions[agent.rank], profile, patience)
+    ops = sorted(
+        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
+        key=lambda o: (o[0], o[1].value),
+    )
+    flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
+    return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)
+
+
+def _drifted_ops(
+    agent: RankAgent, actions: Sequence[Action], profile: Profile, patience: int
+) -> set[tuple[int, Kind]]:
+    """This rank's ops whose median time over the last ``patience`` iterations drifted."""
+    op_time_s = profiled_op_time_s(profile)
+    ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
+    for op in agent.records.ops:
+        if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
+            key = (actions[op.index].stage_index, actions[op.index].kind)
+            ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
+    return {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}

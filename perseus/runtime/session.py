@@ -55,7 +55,7 @@ from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import ClockDelivery
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.drift import DriftMonitor, agree_iteration
+from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
 from perseus.runtime.planning import (
@@ -477,7 +477,7 @@ class RankSession:
         if self._sweep is not None:
             self._sweep_boundary()
         elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
-            self._start_sweep(self.source)  # profile again, re-plan: every rank alike
+            self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
         for hook in self._hooks:
             decision = hook(stats)
             if decision is not None:
@@ -565,7 +565,12 @@ class RankSession:
         self._agent = agent
 
     def _start_sweep(self, options: OnlineProfile) -> None:
-        sweep = SessionSweep(options, self.schedule, self.rank, self.gpu, self.blocking_power_w)
+        agent, previous, only = self._agent, self.profiled, None
+        if agent is not None and previous is not None:  # profiling again: the ops that drifted
+            only = ops_to_profile(agent, self.schedule, previous, self.group)
+        sweep = SessionSweep(
+            options, self.schedule, self.rank, self.gpu, self.blocking_power_w, only, previous
+        )
         self._install_frontier(sweep.sweep_plan(), 0, sweep=True)
         assert self._agent is not None  # just started
         sweep.start(self._agent)

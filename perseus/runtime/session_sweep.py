@@ -8,17 +8,23 @@ events, op energy from the GPU's energy counter read on a background thread
 windows between the counter's publishes (:mod:`perseus.runtime.profiling.energy_attribution`).
 A step repeats for further iterations until its ops span enough windows
 (:attr:`~perseus.runtime.planning.OnlineProfile.min_windows`).
+
+Profiling again after a drift sweeps only the ops that drifted
+(:func:`~perseus.runtime.drift.ops_to_profile`): the rank's other ops run at the step's clock
+and keep their rows of the previous profile, which the re-plan merges with the new ones.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from perseus.device.base import GPU, MemoryClockGPU
 from perseus.device.clock import REAL_CLOCK
 from perseus.errors import ConfigError, ProfileError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.planning import OnlineProfile
@@ -26,7 +32,7 @@ from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, ProfileRow, check_fit
-from perseus.schedule.actions import Schedule
+from perseus.schedule.actions import Kind, Schedule
 
 __all__ = ["SessionSweep"]
 
@@ -42,6 +48,8 @@ class SessionSweep:
         rank: This process's pipeline rank.
         gpu: This rank's GPU (clocks, energy counter).
         blocking_power_w: GPU power while waiting (the fit's idle power).
+        only: Profile again only these ops (stage, kind) (None: every op of the rank) ...
+        previous: ... keeping the rank's other ops' rows of this profile.
     """
 
     def __init__(
@@ -51,13 +59,22 @@ class SessionSweep:
         rank: int,
         gpu: GPU,
         blocking_power_w: float,
+        only: Collection[tuple[int, Kind]] | None = None,
+        previous: Profile | None = None,
     ) -> None:
         self.options = options
         self.schedule = schedule
         self.rank = rank
         self.gpu = gpu
         self.blocking_power_w = blocking_power_w
-        ops = {(a.stage_index, a.kind) for a in schedule.rank_actions[rank]}
+        own = {(a.stage_index, a.kind) for a in schedule.rank_actions[rank]}
+        ops = own if only is None else own & set(only)
+        self.kept_rows: list[Any] = []  # the rows of the ops not swept again
+        if previous is not None:
+            for op in sorted(own - ops, key=lambda o: (o[0], o[1].value)):
+                for o in previous.op(*op).options:
+                    mem = () if o.mem_freq_mhz is None else (o.mem_freq_mhz,)
+                    self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, *mem))
         self.profiler: OnlineProfiler | PairSweep
         if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
             # A lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md).
@@ -203,4 +220,5 @@ class SessionSweep:
                 f"online profile refused: another rank's energy fit is worse than "
                 f"{MAX_FIT_ERROR:.0%} (its error names the row)"
             )
-        return self.profiler.rows()
+        rows: list[Any] = [*self.profiler.rows(), *self.kept_rows]
+        return rows

@@ -83,7 +83,8 @@ class PairSweep:
         grid = len(sm) * len(mem)
         self.max_pairs = min(grid, 2 * len(sm) if max_pairs is None else max_pairs)
         self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
-        self._queue: list[_Pair] = list(coarse_pair_grid(sm, mem, stride))[: self.max_pairs]
+        grid_pairs = coarse_pair_grid(sm, mem, stride) if self.ops else ()  # nothing to sweep
+        self._queue: list[_Pair] = list(grid_pairs)[: self.max_pairs]
         self._index = 0
         self.measured: list[_Pair] = []  # pairs closed, in order
         self.rounds = 0  # refinement rounds started
@@ -110,9 +111,6 @@ class PairSweep:
 
     def clock_for(self, stage_index: int, kind: Kind) -> int:
         """The SM clock of the current step (every op of the rank runs the step's pair)."""
-        return self.pair_mhz()[0]
-
-    def step_clock_mhz(self) -> int:
         return self.pair_mhz()[0]
 
     def plan_op_for(self, stage_index: int, kind: Kind) -> PlanOp:

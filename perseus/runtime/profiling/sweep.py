@@ -42,7 +42,6 @@ __all__ = [
     "OpSweep",
     "ProfileRow",
     "check_fit",
-    "profile_cache_key",
     "profile_cache_path",
     "step_row",
 ]
@@ -87,7 +86,8 @@ class OnlineProfiler:
     """Clock sweep for the (stage, kind) pairs of one rank.
 
     Args:
-        ops: The rank's (stage_index, kind) pairs.
+        ops: The rank's (stage_index, kind) pairs to sweep (may be empty: nothing to measure;
+            the rank's other ops run at the step's clock).
         clocks_mhz: The GPU's clocks to sweep (any order; swept highest first).
         patience: Stop after this many consecutive clocks above the lowest energy so far ...
         min_fraction: ... once at least this fraction of the clock list has been measured.
@@ -113,6 +113,7 @@ class OnlineProfiler:
             )
         self.patience = patience
         self.min_fraction = min_fraction
+        self.clocks_mhz = clocks
         self.sweeps = {
             op: OpSweep(clocks) for op in sorted(set(ops), key=lambda o: (o[0], o[1].value))
         }
@@ -135,8 +136,8 @@ class OnlineProfiler:
         forward still sweeping) came out 5-65 % low in energy (benchmarks/online_profile.py
         ``--ranks 4``). With one clock per step no change happens inside an iteration.
         """
-        sweep = self.sweeps[(stage_index, kind)]
-        if not sweep.stopped:
+        sweep = self.sweeps.get((stage_index, kind))  # None: an op not swept (kept rows)
+        if sweep is not None and not sweep.stopped:
             return sweep.clock_mhz
         return self.step_clock_mhz()
 
@@ -150,16 +151,17 @@ class OnlineProfiler:
         for sweep in self.sweeps.values():
             if not sweep.stopped:
                 return sweep.clock_mhz
-        return next(iter(self.sweeps.values())).clocks_mhz[0]
+        return self.clocks_mhz[0]
 
     def record(
         self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
     ) -> None:
         """Add one op's measured device time (and energy, when measured per op) at the
-        current clock. Energy usually comes per step instead, as a fitted power passed to
-        :meth:`end_iteration` (:mod:`perseus.runtime.profiling.energy_attribution`)."""
-        sweep = self.sweeps[(stage_index, kind)]
-        if sweep.stopped or not time_s > 0:
+        current clock (an op not swept is ignored). Energy usually comes per step instead, as
+        a fitted power passed to :meth:`end_iteration`
+        (:mod:`perseus.runtime.profiling.energy_attribution`)."""
+        sweep = self.sweeps.get((stage_index, kind))
+        if sweep is None or sweep.stopped or not time_s > 0:
             return
         sweep._times.append(time_s)
         # A non-positive energy is a counter that did not move over the op (its update
@@ -292,12 +294,8 @@ def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
     )
 
 
-def profile_cache_key(**config: Any) -> str:
-    """A short, stable key of a configuration (model name, schedule, sizes, GPU, world)."""
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def profile_cache_path(cache_dir: str | Path, **config: Any) -> Path:
-    """Where the profile of ``config`` is saved: ``<cache_dir>/profile-<key>.csv``."""
-    return Path(cache_dir) / f"profile-{profile_cache_key(**config)}.csv"
+    """Where the profile of ``config`` (model name, schedule, sizes, GPU, world) is saved:
+    ``<cache_dir>/profile-<a short, stable key of config>.csv``."""
+    key = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return Path(cache_dir) / f"profile-{key[:16]}.csv"

@@ -1,0 +1,142 @@
+"""Profiling again after a drift: only the ops whose measured times left the profile are swept
+again; the other rows are kept as they were, and the re-plan is made from the merged profile."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from perseus.device.simulated import SimulatedGPU
+from perseus.io import load_profile, write_profile_csv
+from perseus.profile.model import Profile, build_profile
+from perseus.runtime.agent.records import OpRecord
+from perseus.runtime.drift import ops_to_profile
+from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.profiling.pair_sweep import PairSweep
+from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.session import RankSession, SessionOptions
+from perseus.schedule import Kind, build_schedule
+from tests.runtime._engines import run_ranks
+
+BLOCKING_W = 83.64
+
+
+def _profile(stale_stage: int | None = None) -> Profile:
+    """A100 stages 0-1 at a fifth of their time, every 4th clock; ``stale_stage``'s rows 30 %
+    faster and cheaper than the GPU runs them (a profile gone stale for that stage only)."""
+    base = scale_profile(take_stages(load_profile("a100"), 2), 0.2)
+    rows = []
+    for (stage, kind), op in base.ops.items():
+        f = 0.7 if stage == stale_stage else 1.0
+        for i, o in enumerate(op.options):
+            if i % 4 == 0:
+                rows.append((stage, kind, o.freq_mhz, o.time_s * f, o.energy_j * f))
+    return build_profile(rows, source="truth")
+
+
+def _iterate(session: RankSession) -> None:
+    with session.iteration():
+        for action in session.schedule.rank_actions[session.rank]:
+            with session.op(action):
+                pass
+
+
+def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    stale_profile = _profile(stale_stage=1)
+    write_profile_csv(stale_profile, cache)
+    os.chmod(cache, 0o600)
+    before = cache.read_text().splitlines()
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)  # stages 0 and 1, one GPU
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            assert not session.profiling  # planned from the (stale) cache
+            monkeypatch.setattr(session._run, "take_overruns", lambda: 0)  # about the profile
+            while session.profiling or all(h.phase == "run" for h in session.history):
+                _iterate(session)
+                assert len(session.history) < 400
+            profiled = session.profiled
+            _iterate(session)  # the re-plan runs
+    phases = [h.phase for h in session.history]
+    assert phases[:3] == ["run"] * 3 and "profile" in phases  # drifted, then profiled again
+    # Only stage 1 was swept again; stage 0's rows are the cached ones, byte for byte.
+    assert set(session.clocks_profiled) == {(1, Kind.F), (1, Kind.B)}
+    after = cache.read_text().splitlines()
+    assert any(r.startswith("0,") for r in before)
+    assert [r for r in after if r.startswith("0,")] == [r for r in before if r.startswith("0,")]
+    assert [r for r in after if r.startswith("1,")] != [r for r in before if r.startswith("1,")]
+    # The re-plan uses the new rows: measured, not the stale ones.
+    assert profiled is not None and session.job is not None
+    assert session.job.profile == profiled
+    assert all(profiled.op(0, k) == stale_profile.op(0, k) for k in (Kind.F, Kind.B))
+    for kind in (Kind.F, Kind.B):
+        for o in profiled.op(1, kind).options:
+            assert o.time_s == pytest.approx(truth.op(1, kind).at(o.freq_mhz).time_s, rel=0.03)
+    stale, replanned = session.history[0], session.history[-1]
+    assert replanned.phase == "run" and replanned.predicted_time_s and stale.predicted_time_s
+    assert replanned.predicted_time_s > 1.1 * stale.predicted_time_s  # stage 1 is slower
+
+
+def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing() -> None:
+    profiler = OnlineProfiler([(1, Kind.F)], [1410, 1395, 1380])
+    assert profiler.clock_for(0, Kind.F) == profiler.clock_for(1, Kind.F) == 1410
+    profiler.record(0, Kind.F, 1.0, 1.0)  # not swept: ignored
+    profiler.record(1, Kind.F, 1.0, 1.0)
+    profiler.end_iteration()
+    assert profiler.clock_for(0, Kind.F) == 1395
+    assert [r[:2] for r in profiler.rows()] == [(1, Kind.F)]
+    empty = OnlineProfiler([], [1410, 1395])  # a rank with nothing to profile again
+    assert empty.done and empty.clock_for(0, Kind.B) == 1410
+    pairs = PairSweep([], [1410, 1395], [1593, 1215], blocking_power_w=BLOCKING_W)
+    assert pairs.done and pairs.plan_op_for(0, Kind.B) == ((1410, 1593, 0),)
+
+
+def _agree_rank(rank: int, world: int, slow: float) -> list[Any]:
+    """Rank 1's backward ops measured ``slow`` x their profiled time, the rest on the profile."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    profile = _profile()
+    schedule = build_schedule("1f1b", 2, 4)
+    records = []
+    for it in range(6):  # iterations 0-2 are before the drift (patience 3): not judged
+        for i, a in enumerate(schedule.rank_actions[rank]):
+            f = 1410 if it >= 3 else 990
+            t = profile.op(a.stage_index, a.kind).at(f).time_s
+            t *= slow if (it >= 3 and rank == 1 and a.kind is Kind.B) else 1.0
+            records.append(OpRecord(it, i, str(a), f, t * (2.0 if it < 3 else 1.0), 0.0))
+    agent = SimpleNamespace(rank=rank, iteration=6, records=SimpleNamespace(ops=tuple(records)))
+    return sorted(ops_to_profile(agent, schedule, profile, None))  # type: ignore[arg-type]
+
+
+def test_every_rank_agrees_on_the_ops_that_drifted_or_on_all_when_none_did() -> None:
+    drifted = run_ranks(2, _agree_rank, 1.3)
+    assert drifted[0] == drifted[1] == [(1, Kind.B)]
+    every = sorted((s, k) for s in (0, 1) for k in (Kind.F, Kind.B))
+    assert run_ranks(2, _agree_rank, 1.02) == [every, every]  # within the tolerance
