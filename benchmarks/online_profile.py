@@ -5,7 +5,7 @@ Two modes.
 ``--runs N`` (the check the online profiler is held to): N seeded four-rank 1F1B pipelines on
 four simulated A100s sharing one virtual clock (:class:`~perseus.device.clock.VirtualClock`),
 so a run is deterministic and takes seconds whatever the machine's load. Each rank runs the
-real agent (its clock worker inline), sweep (:class:`OnlineProfiler`), counter sampler (called
+real agent (its clock worker inline), sweep (:class:`ClockSweep`), counter sampler (called
 by the virtual clock every sampling period) and energy fit (:class:`SweepWindow`), as
 ``RankSession`` wires them; the counter is published every 100 ms, per-op time and power
 noise, a blocking-power error and a counter gain error are on. Per run it prints the worst
@@ -51,7 +51,7 @@ from perseus.runtime.emulation import EmulationOverrunWarning, scale_profile, ta
 from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
-from perseus.runtime.profiling.sweep import OnlineProfiler, check_fit
+from perseus.runtime.profiling.sweep import ClockSweep, check_fit
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Schedule, build_schedule
 from perseus.schedule.actions import Action
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 # Four ranks on virtual time
 
 
-def _sweep_plan(schedule: Schedule, profilers: list[OnlineProfiler]) -> Frontier:
+def _sweep_plan(schedule: Schedule, profilers: list[ClockSweep]) -> Frontier:
     """Every rank's ops at the clock its sweep measures next (as ``RankSession`` does)."""
     freqs = tuple(
         tuple(profilers[r].clock_for(a.stage_index, a.kind) for a in actions)
@@ -212,7 +212,7 @@ def virtual_run(args: argparse.Namespace, seed: int) -> dict[str, float]:
             for r in range(ranks)
         ]
         profilers = [
-            OnlineProfiler(
+            ClockSweep(
                 {(a.stage_index, a.kind) for a in schedule.rank_actions[r]},
                 gpus[r].supported_clocks_mhz(),
             )

@@ -224,7 +224,7 @@ class OnlineProfile:
         cache: CSV path where the measured profile is saved (pipeline rank 0); if it exists,
             the sweep is skipped and the saved profile is used.
         patience: Early stop: clocks swept below the best energy before a (stage, kind)
-            stops (see :class:`~perseus.runtime.profiling.sweep.OnlineProfiler`).
+            stops (see :class:`~perseus.runtime.profiling.sweep.ClockSweep`).
         min_windows: Energy-counter windows each sweep step must span (20: ~2 s at NVML's
             100 ms period).
         sample_period_s: Time between counter reads (None:

@@ -31,7 +31,7 @@ from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
-from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, OnlineProfiler, ProfileRow, check_fit
+from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, ClockSweep, ProfileRow, check_fit
 from perseus.schedule.actions import Kind, Schedule
 
 __all__ = ["SessionSweep"]
@@ -75,7 +75,7 @@ class SessionSweep:
                 for o in previous.op(*op).options:
                     mem = () if o.mem_freq_mhz is None else (o.mem_freq_mhz,)
                     self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, *mem))
-        self.profiler: OnlineProfiler | PairSweep
+        self.profiler: ClockSweep | PairSweep
         if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
             # A lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md).
             self.profiler = PairSweep(
@@ -85,9 +85,7 @@ class SessionSweep:
                 blocking_power_w=blocking_power_w,
             )
         else:
-            self.profiler = OnlineProfiler(
-                ops, gpu.supported_clocks_mhz(), patience=options.patience
-            )
+            self.profiler = ClockSweep(ops, gpu.supported_clocks_mhz(), patience=options.patience)
         self._sampler: CounterSampler | None = None
         self._window: SweepWindow | None = None
         self._warned_observe_only = False

@@ -182,16 +182,16 @@ def test_the_checker_finds_moved_names() -> None:
     # The references this repository once had to modules and methods that had moved.
     source = (
         '"""Folded as in :mod:`perseus.solver.maxflow`; see frontier._step_length, and\n'
-        ":meth:`OnlineProfiler.finished_everywhere`; docs/hardware.md#no-such-section;\n"
+        ":meth:`ClockSweep.finished_everywhere`; docs/hardware.md#no-such-section;\n"
         'benchmarks/no_such_script.py; fine: reference_walk._step_length."""\n'
-        "from perseus.runtime.profiling.sweep import OnlineProfiler\n"
+        "from perseus.runtime.profiling.sweep import ClockSweep\n"
     )
     module = types.ModuleType("perseus.runtime.profiling._probe")
     exec(compile(source, "<probe>", "exec"), module.__dict__)
     assert dangling_references(module, source) == [
         "1: perseus.solver.maxflow",
         "1: frontier._step_length",
-        "2: OnlineProfiler.finished_everywhere",
+        "2: ClockSweep.finished_everywhere",
         "2: docs/hardware.md#no-such-section",
         "3: benchmarks/no_such_script.py",
     ]

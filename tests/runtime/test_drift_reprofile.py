@@ -19,7 +19,7 @@ from perseus.runtime.drift import ops_to_profile
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.planning import OnlineProfile
 from perseus.runtime.profiling.pair_sweep import PairSweep
-from perseus.runtime.profiling.sweep import OnlineProfiler
+from perseus.runtime.profiling.sweep import ClockSweep
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 from tests.runtime._engines import run_ranks
@@ -104,14 +104,14 @@ def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_row
 
 
 def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing() -> None:
-    profiler = OnlineProfiler([(1, Kind.F)], [1410, 1395, 1380])
+    profiler = ClockSweep([(1, Kind.F)], [1410, 1395, 1380])
     assert profiler.clock_for(0, Kind.F) == profiler.clock_for(1, Kind.F) == 1410
     profiler.record(0, Kind.F, 1.0, 1.0)  # not swept: ignored
     profiler.record(1, Kind.F, 1.0, 1.0)
     profiler.end_iteration()
     assert profiler.clock_for(0, Kind.F) == 1395
     assert [r[:2] for r in profiler.rows()] == [(1, Kind.F)]
-    empty = OnlineProfiler([], [1410, 1395])  # a rank with nothing to profile again
+    empty = ClockSweep([], [1410, 1395])  # a rank with nothing to profile again
     assert empty.done and empty.clock_for(0, Kind.B) == 1410
     pairs = PairSweep([], [1410, 1395], [1593, 1215], blocking_power_w=BLOCKING_W)
     assert pairs.done and pairs.plan_op_for(0, Kind.B) == ((1410, 1593, 0),)

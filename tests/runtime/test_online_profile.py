@@ -6,11 +6,11 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.io import load_profile
-from perseus.runtime.profiling.sweep import OnlineProfiler, profile_cache_path
+from perseus.runtime.profiling.sweep import ClockSweep, profile_cache_path
 from perseus.schedule import Kind
 
 
-def _sweep(profiler: OnlineProfiler, truth, samples: int = 3) -> int:
+def _sweep(profiler: ClockSweep, truth, samples: int = 3) -> int:
     iterations = 0
     while not profiler.done:
         for s, k in profiler.sweeps:
@@ -25,7 +25,7 @@ def _sweep(profiler: OnlineProfiler, truth, samples: int = 3) -> int:
 def test_sweep_recovers_rows_and_stops_early_on_the_a100_profile():
     truth = load_profile("a100")
     clocks = [o.freq_mhz for o in truth.op(0, Kind.F).options]
-    profiler = OnlineProfiler([(0, Kind.F), (0, Kind.B), (7, Kind.B)], clocks)
+    profiler = ClockSweep([(0, Kind.F), (0, Kind.B), (7, Kind.B)], clocks)
     iterations = _sweep(profiler, truth)
     counts = profiler.clocks_profiled()
     assert iterations == max(counts.values()) < len(clocks)
@@ -40,7 +40,7 @@ def test_sweep_recovers_rows_and_stops_early_on_the_a100_profile():
 
 
 def test_median_ignores_one_delayed_sample():
-    profiler = OnlineProfiler([(0, Kind.F)], [1410, 1395])
+    profiler = ClockSweep([(0, Kind.F)], [1410, 1395])
     for t in (1.0, 1.0, 5.0):
         profiler.record(0, Kind.F, t, 10.0)
     profiler.end_iteration()
@@ -49,7 +49,7 @@ def test_median_ignores_one_delayed_sample():
 
 def test_no_early_stop_before_the_first_third():
     clocks = list(range(1500, 900, -15))  # 40 clocks
-    profiler = OnlineProfiler([(0, Kind.F)], clocks, patience=2, min_fraction=0.5)
+    profiler = ClockSweep([(0, Kind.F)], clocks, patience=2, min_fraction=0.5)
     for i in range(len(clocks)):
         profiler.record(0, Kind.F, 1.0, 1.0 + i)  # energy rises from the start
         profiler.end_iteration()
@@ -60,9 +60,9 @@ def test_no_early_stop_before_the_first_third():
 
 def test_bad_parameters_are_config_errors():
     with pytest.raises(ConfigError):
-        OnlineProfiler([(0, Kind.F)], [])
+        ClockSweep([(0, Kind.F)], [])
     with pytest.raises(ConfigError):
-        OnlineProfiler([(0, Kind.F)], [1410], patience=0)
+        ClockSweep([(0, Kind.F)], [1410], patience=0)
 
 
 def test_cache_path_depends_on_every_config_field(tmp_path):
@@ -162,7 +162,7 @@ def test_a_stopped_op_follows_the_clock_the_others_measure():
     partly at another op's clock (in a four-rank run, backward at the top clock beside
     forward at its sweep clock made forward rows 5-65 % low)."""
     clocks = list(range(1410, 1000, -15))
-    profiler = OnlineProfiler([(0, Kind.F), (0, Kind.B)], clocks, patience=1, min_fraction=0)
+    profiler = ClockSweep([(0, Kind.F), (0, Kind.B)], clocks, patience=1, min_fraction=0)
     energy = {Kind.F: 1.0, Kind.B: 1.0}
     followed = 0
     while not profiler.done:
@@ -185,7 +185,7 @@ def test_a_profile_with_a_poorly_fitted_row_is_refused_with_the_row_named():
     from perseus.runtime.profiling.energy_attribution import PowerFit
     from perseus.runtime.profiling.sweep import check_fit
 
-    profiler = OnlineProfiler([(0, Kind.F), (0, Kind.B)], [1410, 1395])
+    profiler = ClockSweep([(0, Kind.F), (0, Kind.B)], [1410, 1395])
 
     def step(se_f: float) -> None:
         for k in (Kind.F, Kind.B):

@@ -142,7 +142,7 @@ class PairSweep:
     ) -> None:
         """Close the current pair for every op and move to the next one (a refinement round
         when the queue is empty). ``power_w`` and ``fit`` as in
-        :meth:`perseus.runtime.profiling.sweep.OnlineProfiler.end_iteration`."""
+        :meth:`perseus.runtime.profiling.sweep.ClockSweep.end_iteration`."""
         if self.done:
             return
         self.iterations += 1

@@ -38,7 +38,7 @@ from perseus.schedule.actions import Kind
 
 __all__ = [
     "MAX_FIT_ERROR",
-    "OnlineProfiler",
+    "ClockSweep",
     "OpSweep",
     "ProfileRow",
     "check_fit",
@@ -82,7 +82,7 @@ class OpSweep:
         return self.clocks_mhz[0] if self.stopped else self.clocks_mhz[self.index]
 
 
-class OnlineProfiler:
+class ClockSweep:
     """Clock sweep for the (stage, kind) pairs of one rank.
 
     Args:
@@ -268,7 +268,7 @@ def step_row(
 def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
     """Refuse an online profile with a row whose energy fit is poor.
 
-    ``profilers``: one sweep or a sequence of them (:class:`OnlineProfiler` or
+    ``profilers``: one sweep or a sequence of them (:class:`ClockSweep` or
     :class:`~perseus.runtime.profiling.pair_sweep.PairSweep`: anything with ``fit_errors()``).
 
     Raises:
