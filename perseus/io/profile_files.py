@@ -46,6 +46,7 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -98,6 +99,8 @@ MAX_LAYERS = 4096
 #: One phase of a phase-level profile: ``(stage, kind, first_layer, last_layer, freq_mhz,
 #: time_s, energy_j, mem_freq_mhz or None)``.
 PhaseRow = tuple[int, Kind, int, int, int, float, float, int | None]
+#: A phase-level profile's rows by op: (stage, kind, SM clock, memory clock or None) -> phases.
+_PhaseOps = dict[tuple[int, Kind, int, int | None], list[PhaseRow]]
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,26 @@ def _parse_layer(where: str, name: str, text: str) -> int:
     return int(text)
 
 
+def _records(p: Path, reader: Any, width: int) -> Iterator[tuple[int, list[str]]]:
+    """The CSV's data records after the header, cells stripped, with their line numbers; blank
+    lines skipped, short and malformed lines and a file without data refused."""
+    count = 0
+    try:
+        for record in reader:
+            if not record or all(not c.strip() for c in record):
+                continue
+            if len(record) < width:
+                raise ProfileError(
+                    f"{p}:{reader.line_num}: expected {width} fields, got {len(record)}"
+                )
+            count += 1
+            yield reader.line_num, [c.strip() for c in record]
+    except csv.Error as e:
+        raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
+    if not count:
+        raise ProfileError(f"{p}: no data rows after the header")
+
+
 def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
     reader = csv.reader(io.StringIO(text))
     header = _read_header(p, reader, phase=True)
@@ -227,167 +250,151 @@ def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
             f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
             "(drop the rank columns)"
         )
-    col = {name: header.index(name) for name in REQUIRED_COLUMNS}
-    first_col, last_col = (header.index(c) for c in PHASE_COLUMNS)
-    mem_col = header.index(MEM_COLUMN) if MEM_COLUMN in header else None
+    col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
     rows: list[PhaseRow] = []
     seen: dict[tuple[int, Kind, int, int | None, int], int] = {}
-    try:
-        for record in reader:
-            line = reader.line_num
-            if not record or all(not c.strip() for c in record):
-                continue
-            if len(record) < len(header):
-                raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
-            where = f"{p}:{line}"
-            row = _parse_fields(where, {k: record[i].strip() for k, i in col.items()})
-            mem = None
-            if mem_col is not None and record[mem_col].strip():
-                mem = _parse_mem(where, record[mem_col].strip())
-            first = _parse_layer(where, "first_layer", record[first_col].strip())
-            last = _parse_layer(where, "last_layer", record[last_col].strip())
-            if last < first:
-                raise ProfileError(
-                    f"{where}: last_layer {last} is before first_layer {first}; a phase is the "
-                    "layers first_layer..last_layer (inclusive)"
-                )
-            key = (row[0], row[1], row[2], mem, first)
-            if key in seen:
-                raise ProfileError(
-                    f"{where}: duplicate phase from layer {first} of stage {row[0]} "
-                    f"{row[1].profile_name} at {_clocks((*row[:5], mem))} (first on line "
-                    f"{seen[key]}); keep one"
-                )
-            seen[key] = line
-            rows.append((row[0], row[1], first, last, row[2], row[3], row[4], mem))
-    except csv.Error as e:
-        raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
-    if not rows:
-        raise ProfileError(f"{p}: no data rows after the header")
+    for line, record in _records(p, reader, len(header)):
+        where = f"{p}:{line}"
+        stage, kind, freq, time_s, energy_j, mem = _parse_fields(where, record, col)
+        first, last = (_parse_layer(where, c, record[col[c]]) for c in PHASE_COLUMNS)
+        if last < first:
+            raise ProfileError(
+                f"{where}: last_layer {last} is before first_layer {first}; a phase is the "
+                "layers first_layer..last_layer (inclusive)"
+            )
+        if (first_line := seen.setdefault((stage, kind, freq, mem, first), line)) != line:
+            raise ProfileError(
+                f"{where}: duplicate phase from layer {first} of stage {stage} "
+                f"{kind.profile_name} at {_clocks(freq, mem)} (first on line {first_line}); "
+                "keep one"
+            )
+        rows.append((stage, kind, first, last, freq, time_s, energy_j, mem))
     return rows
+
+
+def _tile_layers(what: str, phases: list[PhaseRow]) -> tuple[tuple[int, int], ...]:
+    """The op's phases as (first, last) layers, sorted; refuses a gap or an overlap."""
+    phases.sort(key=lambda r: r[2])
+    end = 0
+    for r in phases:
+        if r[2] != end:
+            raise ProfileError(
+                f"{what}: phases {'overlap' if r[2] < end else 'gap'} at layer {min(r[2], end)} "
+                f"(a phase starts at layer {r[2]}, the one before ends at {end - 1}); the phases "
+                "must cover layers 0..L-1 once"
+            )
+        end = r[3] + 1
+    return tuple((r[2], r[3]) for r in phases)
 
 
 def _phase_profile(p: Path, text: str) -> PhaseProfile:
     """Check that phases tile each op's layers alike at every clock; sum them per op."""
     rows = _parse_phase_rows(p, text)
-    ops: dict[tuple[int, Kind, int, int | None], list[PhaseRow]] = {}
+    ops: _PhaseOps = {}
     for r in rows:
         ops.setdefault((r[0], r[1], r[4], r[7]), []).append(r)
-    layers: dict[int, tuple[int, Kind, int]] = {}  # stage -> (count, kind, clock) first seen
+    layers: dict[int, tuple[int, Kind]] = {}  # stage -> (count, kind) first seen
     splits: dict[tuple[int, Kind], tuple[tuple[int, int], ...]] = {}
     op_rows: list[Row] = []
     for (stage, kind, freq, mem), phases in ops.items():
-        phases.sort(key=lambda r: r[2])
-        what = (
-            f"{p}: stage {stage} {kind.profile_name} at {_clocks((stage, kind, freq, 0, 0, mem))}"
-        )
-        end = 0
-        for r in phases:
-            if r[2] != end:
-                gap = "overlap" if r[2] < end else "gap"
-                raise ProfileError(
-                    f"{what}: phases {gap} at layer {min(r[2], end)} (a phase starts at layer "
-                    f"{r[2]}, the one before ends at {end - 1}); the phases must cover layers "
-                    "0..L-1 once"
-                )
-            end = r[3] + 1
-        split = tuple((r[2], r[3]) for r in phases)
-        known = splits.setdefault((stage, kind), split)
-        if known != split:
+        what = f"{p}: stage {stage} {kind.profile_name} at {_clocks(freq, mem)}"
+        split = _tile_layers(what, phases)
+        if (known := splits.setdefault((stage, kind), split)) != split:
             raise ProfileError(
                 f"{what}: phases {list(split)} differ from the op's phases at another clock "
                 f"{list(known)}; measure every clock with the same phases"
             )
-        count = layers.setdefault(stage, (end, kind, freq))
-        if count[0] != end:
+        end = split[-1][1] + 1
+        if (count := layers.setdefault(stage, (end, kind)))[0] != end:
             raise ProfileError(
                 f"{what}: {end} layers, but stage {stage} {count[1].profile_name} has "
                 f"{count[0]}; every instruction of a stage covers the same layers"
             )
         time_s = math.fsum(r[5] for r in phases)
-        energy_j = math.fsum(r[6] for r in phases)
-        op_rows.append((stage, kind, freq, time_s, energy_j, mem))
+        op_rows.append((stage, kind, freq, time_s, math.fsum(r[6] for r in phases), mem))
     profile = build_profile(op_rows, source=str(p))
     num_stages = profile.num_stages
     missing = [s for s in range(num_stages) if s not in layers]
     if missing:
         raise ProfileError(f"{p}: no phases for stage(s) {missing}")
-    weights = [[0.0] * layers[s][0] for s in range(num_stages)]
-    for stage, kind in splits:
+    counts = tuple(layers[s][0] for s in range(num_stages))
+    logger.debug("read phase profile %s: %d stages, %d phase rows", p, num_stages, len(rows))
+    return PhaseProfile(
+        profile=profile,
+        rows=tuple(rows),
+        layers_per_stage=counts,
+        layer_time_fractions=_layer_fractions(profile, ops, counts),
+    )
+
+
+def _layer_fractions(
+    profile: Profile,
+    ops: _PhaseOps,
+    counts: tuple[int, ...],
+) -> tuple[tuple[float, ...], ...]:
+    """Per stage, each layer's share of the stage's time at the highest clocks (a phase's time
+    spread evenly over its layers; ops in file order)."""
+    weights = [[0.0] * n for n in counts]
+    for stage, kind in dict.fromkeys(key[:2] for key in ops):
         top = profile.op(stage, kind).max_freq  # the highest clock (pair): the reference
         for r in ops[(stage, kind, top.freq_mhz, top.mem_freq_mhz)]:
             share = r[5] / (r[3] - r[2] + 1)
             for layer in range(r[2], r[3] + 1):
                 weights[stage][layer] += share
-    fractions = tuple(tuple(w / math.fsum(ws) for w in ws) for ws in weights)
-    logger.debug("read phase profile %s: %d stages, %d phase rows", p, num_stages, len(rows))
-    return PhaseProfile(
-        profile=profile,
-        rows=tuple(rows),
-        layers_per_stage=tuple(layers[s][0] for s in range(num_stages)),
-        layer_time_fractions=fractions,
-    )
+    return tuple(tuple(w / math.fsum(ws) for w in ws) for ws in weights)
 
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
     reader = csv.reader(io.StringIO(text))
     header = _read_header(p, reader, phase=False)
-    col = {name: header.index(name) for name in REQUIRED_COLUMNS}
-    rank_cols = {name: header.index(name) for name in RANK_COLUMNS if name in header}
-    mem_col = header.index(MEM_COLUMN) if MEM_COLUMN in header else None
-    multi = "rank" in rank_cols
+    col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
+    rank_cols = {name: i for name, i in col.items() if name in RANK_COLUMNS}
     rows: list[Row] = []
     row_ranks: list[int] = []
     seen: dict[tuple[int, int, Kind, int, int | None], int] = {}
-    try:
-        for record in reader:
-            line = reader.line_num
-            if not record or all(not c.strip() for c in record):
-                continue
-            if len(record) < len(header):
-                raise ProfileError(f"{p}:{line}: expected {len(header)} fields, got {len(record)}")
-            where = f"{p}:{line}"
-            row = _parse_fields(where, {k: record[i].strip() for k, i in col.items()})
-            if mem_col is not None and record[mem_col].strip():
-                row = (*row[:5], _parse_mem(where, record[mem_col].strip()))
-            ranks = {k: _parse_rank(where, k, record[i].strip()) for k, i in rank_cols.items()}
-            if "pp_rank" in ranks and ranks["pp_rank"] != row[0]:
-                raise ProfileError(
-                    f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
-                    "multi-rank profile lists each pipeline stage under its pp_rank"
-                )
-            key = (ranks.get("rank", 0), *row[:3], row[5])
-            if key in seen:
-                who = f"rank {key[0]} " if multi else ""
-                raise ProfileError(
-                    f"{where}: duplicate row for {who}stage {row[0]} {row[1].profile_name} at "
-                    f"{_clocks(row)} (first on line {seen[key]}); keep one"
-                )
-            seen[key] = line
-            rows.append(row)
-            row_ranks.append(key[0])
-    except csv.Error as e:
-        raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
-    if not rows:
-        raise ProfileError(f"{p}: no data rows after the header")
-    return _aggregate_ranks(p, rows, row_ranks) if multi else rows
+    for line, record in _records(p, reader, len(header)):
+        where = f"{p}:{line}"
+        row = _parse_fields(where, record, col)
+        ranks = {k: _parse_rank(where, k, record[i]) for k, i in rank_cols.items()}
+        if ranks.get("pp_rank", row[0]) != row[0]:
+            raise ProfileError(
+                f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
+                "multi-rank profile lists each pipeline stage under its pp_rank"
+            )
+        key = (ranks.get("rank", 0), *row[:3], row[5])
+        if (first_line := seen.setdefault(key, line)) != line:
+            who = f"rank {key[0]} " if "rank" in ranks else ""
+            raise ProfileError(
+                f"{where}: duplicate row for {who}stage {row[0]} {row[1].profile_name} at "
+                f"{_clocks(row[2], row[5])} (first on line {first_line}); keep one"
+            )
+        rows.append(row)
+        row_ranks.append(key[0])
+    return _aggregate_ranks(p, rows, row_ranks) if "rank" in col else rows
 
 
-def _clocks(row: Row) -> str:
-    return f"{row[2]} MHz" if row[5] is None else f"{row[2]}/{row[5]} MHz (SM/memory)"
+def _clocks(freq_mhz: int, mem_mhz: int | None) -> str:
+    return f"{freq_mhz} MHz" if mem_mhz is None else f"{freq_mhz}/{mem_mhz} MHz (SM/memory)"
 
 
-def _parse_mem(where: str, text: str) -> int:
+def _clock_mhz(text: str) -> int | None:
+    """``text`` as an integer clock in 1..MAX_FREQ_MHZ MHz (``1410`` or ``1410.0``), else None."""
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_FREQ_MHZ:
+        return None
+    ok = math.isfinite(value) and value == int(value) and 1 <= value <= MAX_FREQ_MHZ
+    return int(value) if ok else None
+
+
+def _parse_mem(where: str, text: str) -> int:
+    value = _clock_mhz(text)
+    if value is None:
         raise ProfileError(
             f"{where}: {MEM_COLUMN} {show_value(text)} is not an integer memory clock in "
             f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
         )
-    return int(value)
+    return value
 
 
 def _parse_rank(where: str, name: str, text: str) -> int:
@@ -428,45 +435,43 @@ def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
     return out
 
 
-def _parse_fields(where: str, fields: dict[str, str]) -> Row:
-    text = fields["stage"]
-    if not (text.lstrip("+-").isdecimal() and len(text) <= 12):
-        raise ProfileError(f"{where}: stage {show_value(text)} is not an integer")
-    stage = int(text)
+def _parse_number(where: str, name: str, text: str, limit: float, unit: str) -> float:
     try:
-        kind = Kind.from_profile_name(fields["instruction"].lower())
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{where}: {name} {show_value(text)} is not a number") from None
+    if not math.isfinite(value) or value < MIN_VALUE or value > limit:
+        raise ProfileError(
+            f"{where}: {name} must be a finite number in [{MIN_VALUE:g}, {limit:g}] {unit}, "
+            f"got {show_value(text)}"
+        )
+    return value
+
+
+def _parse_fields(where: str, record: list[str], col: dict[str, int]) -> Row:
+    """One op-level row of a CSV record; the checks run in column order, the stage's range
+    after the other fields and the memory clock last."""
+    stage, name, freq_text, time_text, energy_text = (record[col[c]] for c in REQUIRED_COLUMNS)
+    if not (stage.lstrip("+-").isdecimal() and len(stage) <= 12):
+        raise ProfileError(f"{where}: stage {show_value(stage)} is not an integer")
+    try:
+        kind = Kind.from_profile_name(name.lower())
     except KeyError:
         raise ProfileError(
-            f"{where}: unknown instruction {show_value(fields['instruction'])}; use one of {_KIND_NAMES}"
+            f"{where}: unknown instruction {show_value(name)}; use one of {_KIND_NAMES}"
         ) from None
-    try:
-        freq_f = float(fields["frequency"])
-    except ValueError:
-        freq_f = math.nan
-    if not math.isfinite(freq_f) or freq_f != int(freq_f) or not 1 <= freq_f <= MAX_FREQ_MHZ:
+    freq = _clock_mhz(freq_text)
+    if freq is None:
         raise ProfileError(
-            f"{where}: frequency {show_value(fields['frequency'])} is not an integer clock in "
+            f"{where}: frequency {show_value(freq_text)} is not an integer clock in "
             f"1..{MAX_FREQ_MHZ} MHz"
         )
-    values = []
-    for name in ("time", "energy"):
-        try:
-            v = float(fields[name])
-        except ValueError:
-            raise ProfileError(
-                f"{where}: {name} {show_value(fields[name])} is not a number"
-            ) from None
-        limit = MAX_TIME_S if name == "time" else MAX_ENERGY_J
-        if not math.isfinite(v) or v < MIN_VALUE or v > limit:
-            unit = "s" if name == "time" else "J"
-            raise ProfileError(
-                f"{where}: {name} must be a finite number in [{MIN_VALUE:g}, {limit:g}] {unit}, "
-                f"got {show_value(fields[name])}"
-            )
-        values.append(v)
-    if not 0 <= stage < MAX_STAGES:
-        raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {stage}")
-    return stage, kind, int(freq_f), values[0], values[1], None
+    time_s = _parse_number(where, "time", time_text, MAX_TIME_S, "s")
+    energy_j = _parse_number(where, "energy", energy_text, MAX_ENERGY_J, "J")
+    if not 0 <= int(stage) < MAX_STAGES:
+        raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {int(stage)}")
+    mem = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
+    return int(stage), kind, freq, time_s, energy_j, (_parse_mem(where, mem) if mem else None)
 
 
 class _JsonRow(BaseModel):
@@ -497,21 +502,14 @@ def _parse_json(p: Path, text: str) -> list[Row]:
     rows: list[Row] = []
     seen: set[tuple[int, Kind, int, int | None]] = set()
     for i, r in enumerate(doc.rows):
-        row: Row = (
-            r.stage,
-            Kind.from_profile_name(r.instruction),
-            r.frequency,
-            r.time,
-            r.energy,
-            r.mem_freq_mhz,
-        )
-        if (*row[:3], row[5]) in seen:
+        key = (r.stage, Kind.from_profile_name(r.instruction), r.frequency, r.mem_freq_mhz)
+        if key in seen:
             raise ProfileError(
                 f"{p}: field rows.{i}: duplicate row for stage {r.stage} {r.instruction} at "
-                f"{_clocks(row)}; keep one"
+                f"{_clocks(r.frequency, r.mem_freq_mhz)}; keep one"
             )
-        seen.add((*row[:3], row[5]))
-        rows.append(row)
+        seen.add(key)
+        rows.append((*key[:3], r.time, r.energy, r.mem_freq_mhz))
     return rows
 
 
