@@ -144,10 +144,11 @@ def set_capacity(
         over = flow - new_cap
         res[rs[k]] -= over
         res[fs[k]] += over
-        if not _cancel(a_src[k], over, False, source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
-        if not _cancel(a_dst[k], over, True, sink, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
+        # A loop, not two calls with literal True/False: numba would compile _cancel twice.
+        for toward_sink in (False, True):
+            x, end = (a_dst[k], sink) if toward_sink else (a_src[k], source)
+            if not _cancel(x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+                return False
         flow = res[rs[k]]
     capa[k] = new_cap
     res[fs[k]] = new_cap - flow
