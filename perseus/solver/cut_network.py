@@ -31,6 +31,8 @@ _BIG = np.int64(2**63 - 1)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
+# Dinic's steps, inlined into augment (numba IR inlining): one compiled function, not five.
+_jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -178,7 +180,7 @@ def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
     return True
 
 
-@jit
+@_jit_inline
 def _levels(source, sink, ptr, to, res, level, queue, n_seen):
     """Clear the last phase's levels (of ``queue[:n_seen]``), then label the residual network
     breadth-first from ``source``, up to the sink's level; returns how many nodes it saw
@@ -202,7 +204,7 @@ def _levels(source, sink, ptr, to, res, level, queue, n_seen):
     return tail
 
 
-@jit
+@_jit_inline
 def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
     """One Dinic phase: augment along level-increasing paths (depth first, arcs tried once)
     until none is left. Returns False on a path whose every arc is infinite."""
@@ -231,7 +233,7 @@ def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
             it[v] += 1
 
 
-@jit
+@_jit_inline
 def _next_arc(v, ptr, to, res, level, it):
     """The next arc out of ``v`` to the next level with residual left (-1 if none)."""
     while it[v] < ptr[v + 1]:
@@ -242,7 +244,7 @@ def _next_arc(v, ptr, to, res, level, it):
     return -1
 
 
-@jit
+@_jit_inline
 def _push(path, depth, res, twin):
     """Push the bottleneck along ``path[:depth]``; returns the index of its first saturated
     arc (where the search resumes), or -1 if every arc is infinite."""
