@@ -301,8 +301,10 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
     """
     upper, lower, room_red, room_len = prices
     fwd, bwd, bwd_room = move
-    n_fwd = 0
-    n_bwd = 0
+    # np.int64, not a literal 0: a literal argument makes numba compile a second, literal
+    # specialisation of each callee it reaches (_apply), a second or more of compile time.
+    n_fwd = np.int64(0)
+    n_bwd = np.int64(0)
     cut_value = 0.0
     exact = np.inf
     step_max = np.inf
@@ -509,7 +511,7 @@ def walk_kernel(
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
     last_rounded = np.full(n, -1, dtype=np.int16)
     emitted = np.empty((16, n), dtype=np.int16)
-    n_emitted = 0
+    n_emitted = np.int64(0)  # not a literal: see _read_cut
     lp_t, lp_e = np.empty(max_iterations + 1), np.empty(max_iterations + 1)
     n_lp = 0
     iterations = 0

@@ -31,6 +31,8 @@ _BIG = np.int64(2**63 - 1)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
+# Dinic's steps, inlined into augment (numba IR inlining): one compiled function, not five.
+_jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -144,10 +146,11 @@ def set_capacity(
         over = flow - new_cap
         res[rs[k]] -= over
         res[fs[k]] += over
-        if not _cancel(a_src[k], over, False, source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
-        if not _cancel(a_dst[k], over, True, sink, ptr, to, twin, is_fwd, res, stack_n, stack_a):
-            return False
+        # A loop, not two calls with literal True/False: numba would compile _cancel twice.
+        for toward_sink in (False, True):
+            x, end = (a_dst[k], sink) if toward_sink else (a_src[k], source)
+            if not _cancel(x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+                return False
         flow = res[rs[k]]
     capa[k] = new_cap
     res[fs[k]] = new_cap - flow
@@ -162,70 +165,99 @@ def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
 
     ``level`` must be all -1 on entry and is left so; only visited nodes are touched.
     """
-    n_seen = 0
+    n_seen = np.int64(0)  # not a literal 0: numba would compile _levels twice
     while True:
-        for i in range(n_seen):
-            level[queue[i]] = -1
-        level[source] = 0
-        head, tail = 0, 1
-        queue[0] = source
-        while head < tail:
-            v = queue[head]
-            head += 1
-            if level[sink] >= 0 and level[v] >= level[sink]:
-                continue
-            for a in range(ptr[v], ptr[v + 1]):
-                w = to[a]
-                if res[a] > 0 and level[w] < 0:
-                    level[w] = level[v] + 1
-                    queue[tail] = w
-                    tail += 1
-        n_seen = tail
+        n_seen = _levels(source, sink, ptr, to, res, level, queue, n_seen)
         if level[sink] < 0:
             break
-        for i in range(n_seen):
-            it[queue[i]] = ptr[queue[i]]
-        depth = 0
-        v = source
-        while True:
-            if v == sink:
-                b = _BIG
-                for i in range(depth):
-                    if res[path[i]] < b:
-                        b = res[path[i]]
-                if b >= INF_CAP // 2:
-                    for i in range(n_seen):
-                        level[queue[i]] = -1
-                    return False
-                first = depth
-                for i in range(depth):
-                    a = path[i]
-                    res[a] -= b
-                    res[twin[a]] += b
-                    if res[a] == 0 and first == depth:
-                        first = i
-                depth = first
-                v = source if depth == 0 else to[path[depth - 1]]
-                continue
-            advanced = False
-            while it[v] < ptr[v + 1]:
-                a = it[v]
-                w = to[a]
-                if res[a] > 0 and level[w] == level[v] + 1:
-                    path[depth] = a
-                    depth += 1
-                    v = w
-                    advanced = True
-                    break
-                it[v] += 1
-            if not advanced:
-                if depth == 0:
-                    break
-                level[v] = -2  # dead end for the rest of this phase (still "seen")
-                depth -= 1
-                v = to[twin[path[depth]]]
-                it[v] += 1
+        if not _blocking_flow(source, sink, ptr, to, twin, res, level, it, queue[:n_seen], path):
+            for i in range(n_seen):
+                level[queue[i]] = -1
+            return False
     for i in range(n_seen):
         side[queue[i]] = True
         level[queue[i]] = -1
     return True
+
+
+@_jit_inline
+def _levels(source, sink, ptr, to, res, level, queue, n_seen):
+    """Clear the last phase's levels (of ``queue[:n_seen]``), then label the residual network
+    breadth-first from ``source``, up to the sink's level; returns how many nodes it saw
+    (they are ``queue[:n]``)."""
+    for i in range(n_seen):
+        level[queue[i]] = -1
+    level[source] = 0
+    head, tail = 0, 1
+    queue[0] = source
+    while head < tail:
+        v = queue[head]
+        head += 1
+        if level[sink] >= 0 and level[v] >= level[sink]:
+            continue
+        for a in range(ptr[v], ptr[v + 1]):
+            w = to[a]
+            if res[a] > 0 and level[w] < 0:
+                level[w] = level[v] + 1
+                queue[tail] = w
+                tail += 1
+    return tail
+
+
+@_jit_inline
+def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
+    """One Dinic phase: augment along level-increasing paths (depth first, arcs tried once)
+    until none is left. Returns False on a path whose every arc is infinite."""
+    for i in range(seen.size):
+        it[seen[i]] = ptr[seen[i]]
+    depth = 0
+    v = source
+    while True:
+        if v == sink:
+            depth = _push(path, depth, res, twin)
+            if depth < 0:
+                return False
+            v = source if depth == 0 else to[path[depth - 1]]
+            continue
+        a = _next_arc(v, ptr, to, res, level, it)
+        if a >= 0:
+            path[depth] = a
+            depth += 1
+            v = to[a]
+        elif depth == 0:
+            return True
+        else:
+            level[v] = -2  # dead end for the rest of this phase (still "seen")
+            depth -= 1
+            v = to[twin[path[depth]]]
+            it[v] += 1
+
+
+@_jit_inline
+def _next_arc(v, ptr, to, res, level, it):
+    """The next arc out of ``v`` to the next level with residual left (-1 if none)."""
+    while it[v] < ptr[v + 1]:
+        a = it[v]
+        if res[a] > 0 and level[to[a]] == level[v] + 1:
+            return a
+        it[v] += 1
+    return -1
+
+
+@_jit_inline
+def _push(path, depth, res, twin):
+    """Push the bottleneck along ``path[:depth]``; returns the index of its first saturated
+    arc (where the search resumes), or -1 if every arc is infinite."""
+    b = _BIG
+    for i in range(depth):
+        b = min(b, res[path[i]])
+    if b >= INF_CAP // 2:
+        return -1
+    first = depth
+    for i in range(depth):
+        a = path[i]
+        res[a] -= b
+        res[twin[a]] += b
+        if res[a] == 0 and first == depth:
+            first = i
+    return first

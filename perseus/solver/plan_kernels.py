@@ -222,10 +222,9 @@ def neighbour_kernel(
     Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
     """
     k_plans, n = plans.shape
-    out = np.empty((64, n), dtype=np.int64)
-    out_t = np.empty(64)
-    out_e = np.empty(64)
-    n_out = 0
+    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
+    costs = (node_type, opt_t, opt_c, power_ranks, archive_t, archive_e)
+    kept = (np.empty((64, n), dtype=np.int64), np.empty(64), np.empty(64), np.int64(0))
     row = np.empty(n, dtype=np.int64)
     work = np.empty((4, n))
     second = n if pairs else 0
@@ -235,41 +234,46 @@ def neighbour_kernel(
                 k = plans[p, i] + step
                 if k < 0 or k >= num_opts[node_type[i]]:
                     continue
-                # j == -1: the one-op move; j >= i + 1: a pair (each unordered pair once).
-                for j in range(-1, second):
-                    if j != -1 and j <= i:
-                        continue
-                    for step_j in (-1, 1):
-                        if (j == -1 and step_j == 1) or (j != -1 and step_j == step):
-                            continue
-                        if j != -1:
-                            kj = plans[p, j] + step_j
-                            if kj < 0 or kj >= num_opts[node_type[j]]:
-                                continue
-                        for v in range(n):
-                            row[v] = plans[p, v]
-                        row[i] = k
-                        if j != -1:
-                            row[j] = plans[p, j] + step_j
-                        _reclaim_row(
-                            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
-                            node_type, opt_t, row, work,
-                        )  # fmt: skip
-                        t, e = _time_and_energy(
-                            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c,
-                            power_ranks, row, work,
-                        )  # fmt: skip
-                        a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
-                        if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
-                            continue
-                        if n_out == out.shape[0]:
-                            out, out_t, out_e = _grown(out, out_t, out_e)
-                        for v in range(n):
-                            out[n_out, v] = row[v]
-                        out_t[n_out] = t
-                        out_e[n_out] = e
-                        n_out += 1
+                kept = _try_move(topo, costs, plans[p], i, k, i, k, row, work, kept)  # one op
+                # Pairs: op i one way, op j > i the other (each unordered pair once).
+                for j in range(i + 1, second):
+                    kj = plans[p, j] - step
+                    if 0 <= kj < num_opts[node_type[j]]:
+                        kept = _try_move(topo, costs, plans[p], i, k, j, kj, row, work, kept)
+    out, out_t, out_e, n_out = kept
     return out[:n_out].copy(), out_t[:n_out].copy(), out_e[:n_out].copy()
+
+
+@_jit
+def _try_move(topo, costs, plan, i, k, j, kj, row, work, kept):
+    """``plan`` with op ``i`` at option ``k`` and op ``j`` at ``kj`` (``j == i``: one op),
+    reclaimed, appended to ``kept`` = (plans, time_s, energy_j, count) unless the archive
+    dominates it; returns the new ``kept``."""
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat = topo
+    node_type, opt_t, opt_c, power_ranks, archive_t, archive_e = costs
+    out, out_t, out_e, n_out = kept
+    n = plan.size
+    for v in range(n):
+        row[v] = plan[v]
+    row[i] = k
+    row[j] = kj
+    _reclaim_row(
+        order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
+        node_type, opt_t, row, work,
+    )  # fmt: skip
+    t, e = _time_and_energy(
+        order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
+    )
+    a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
+    if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
+        return kept
+    if n_out == out.shape[0]:
+        out, out_t, out_e = _grown(out, out_t, out_e)
+    for v in range(n):
+        out[n_out, v] = row[v]
+    out_t[n_out] = t
+    out_e[n_out] = e
+    return out, out_t, out_e, n_out + 1
 
 
 @_jit

@@ -135,3 +135,31 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
         crossing = side[a_src] & ~side[a_dst]
         assert capa[crossing].sum() == best  # the reported side is a minimum cut
         assert side[source] and not side[sink]
+
+
+_SIGNATURES = """
+from perseus.solver import compiled, cut_network, trace
+from tests.solver.conftest import small_job
+trace(small_job("1f1b", 3, 5, seed=2))
+helpers = [compiled._apply, compiled._emit, cut_network._cancel, cut_network.set_capacity]
+print([len(h.signatures) for h in helpers])
+"""
+
+
+@pytest.mark.slow
+def test_each_walk_helper_is_compiled_for_one_signature_only(tmp_path):
+    # A literal argument (0, True) at one call site makes numba compile a second
+    # specialisation of the callee: first-run compile time for nothing. An empty kernel cache
+    # (a fresh process) so that the helpers are compiled, not loaded with the walk.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNATURES], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "[1, 1, 1, 1]"
