@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
 from perseus.log import get_logger
+
+if TYPE_CHECKING:
+    from perseus.plan import Frontier
+    from perseus.solver.frontier import FrontierTrace
 
 __all__ = ["register", "run"]
 
@@ -105,6 +109,16 @@ def run(args: argparse.Namespace) -> int:
     write_frontier(frontier, args.out)
     if args.power_curve is not None:
         write_power_curve(frontier, args.power_curve)
+    _print_summary(args, frontier, result, elapsed)
+    return 0
+
+
+def _print_summary(
+    args: argparse.Namespace, frontier: Frontier, result: FrontierTrace, elapsed: float
+) -> None:
+    """What ``perseus frontier`` says about the frontier it wrote (stdout, or stderr when
+    the frontier goes to stdout)."""
+    s = frontier.job
     say = message_stream(args.out)
     base = frontier.baseline
     same_speed = frontier.cheapest_within(base.time_s)
@@ -153,4 +167,3 @@ def run(args: argparse.Namespace) -> int:
     if args.power_curve is not None:
         print(f"wrote {args.power_curve}", file=say)
     print(f"wrote {args.out}", file=say)
-    return 0
