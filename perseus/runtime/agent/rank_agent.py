@@ -444,7 +444,8 @@ class RankAgent:
         if self._cursor != n:
             raise PlanError(
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
-                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}"
+                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}\n"
+                + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
         delivery = mode.delivery
         if self._held_report is not None:
