@@ -128,26 +128,29 @@ def format_grid(
     """
     marks = set(marked)
     num_steps = max((len(c) for c in columns), default=0)
-    first, last = 0, num_steps - 1
-    if window is not None and marks:
-        first = max(0, min(s for _, s in marks) - window)
-        last = min(last, max(s for _, s in marks) + window)
-    cells = [
-        [
-            (str(col[step]) + ("!" if (c, step) in marks else ""))
-            if step < len(col) and col[step] is not None
-            else ""
-            for c, col in enumerate(columns)
-        ]
-        for step in range(first, last + 1)
-    ]
+    steps = _shown_steps(marks, num_steps, window)
+    cells = [[_cell(col, (c, step), marks) for c, col in enumerate(columns)] for step in steps]
     header = list(labels) if labels is not None else [f"Rank {c}" for c in range(len(columns))]
     width = max([len(h) for h in header] + [len(c) for row in cells for c in row] + [1])
     step_w = len(f"Step {max(num_steps - 1, 0):02d}")
     lines = [(" " * step_w + "  " + "  ".join(h.ljust(width) for h in header)).rstrip()]
-    lines += ["..."] if first > 0 else []
-    for step, row in enumerate(cells, start=first):
+    lines += ["..."] if steps.start > 0 else []
+    for step, row in zip(steps, cells, strict=True):
         label = f"Step {step:02d}".ljust(step_w)
         lines.append(label + "  " + "  ".join(c.ljust(width) for c in row).rstrip())
-    lines += ["..."] if last < num_steps - 1 else []
+    lines += ["..."] if steps.stop < num_steps else []
     return "\n".join(lines)
+
+
+def _shown_steps(marks: set[tuple[int, int]], num_steps: int, window: int | None) -> range:
+    if window is None or not marks:
+        return range(num_steps)
+    first = max(0, min(s for _, s in marks) - window)
+    return range(first, min(num_steps, max(s for _, s in marks) + window + 1))
+
+
+def _cell(
+    col: Sequence[Action | str | None], at: tuple[int, int], marks: set[tuple[int, int]]
+) -> str:
+    op = col[at[1]] if at[1] < len(col) else None
+    return "" if op is None else str(op) + ("!" if at in marks else "")

@@ -145,8 +145,9 @@ def test_too_few_and_too_many_ops(gpu: SimulatedGPU) -> None:
         for name in plan.stage_ops[0]:
             with agent.op(name[0], int(name[1:])):
                 pass
-        with pytest.raises(PlanError, match="only 4 ops"), agent.op("F", 2):
+        with pytest.raises(PlanError, match="only 4 ops") as info, agent.op("F", 2):
             pass
+        assert str(info.value).splitlines()[-1] == "Step 04                  0F2!"
 
 
 def test_op_outside_iteration(gpu: SimulatedGPU) -> None:
