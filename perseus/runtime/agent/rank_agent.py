@@ -11,9 +11,9 @@
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
-(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise, with the rank's op
-grid below it, the failing step marked) and hands
-each op to one of two timing modes (:mod:`perseus.runtime.agent.timing`): on the device's
+(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise, the rank's
+op grid below, the failing step marked) and hands each op to one of two timing modes
+(:mod:`perseus.runtime.agent.timing`): on the device's
 timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
 events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
 issues each op's clocks (SM, and memory where the plan sets them and the GPU can lock them)
