@@ -181,8 +181,8 @@ class RankPlan:
                 f"rank {self.rank}: op {actual!r} ran outside an iteration; call step_begin() first"
             )
         n = len(self.names)
-        st = self.expected[min(j, n - 1)][2] if stage is None else stage
-        ran = Action(st, Kind(k), mb) if k in ("F", "B", "W") and n else actual
+        st = stage if stage is not None or not n else self.expected[min(j, n - 1)][2]
+        ran = Action(st, Kind(k), mb) if k in ("F", "B", "W") and st is not None else actual
         if j >= n:
             return PlanError(
                 f"rank {self.rank}: op {actual!r} is op {j + 1} of iteration {iteration}, "
