@@ -1,6 +1,6 @@
 """Pipeline schedules as data: the action IR, builders and validation (pure)."""
 
-from perseus.schedule.actions import Action, Kind, Schedule, parse_action
+from perseus.schedule.actions import Action, Kind, Schedule, format_grid, parse_action
 from perseus.schedule.builders import (
     SCHEDULE_NAMES,
     build_schedule,
@@ -11,7 +11,7 @@ from perseus.schedule.builders import (
     zero_bubble_h1,
 )
 from perseus.schedule.dependencies import action_dependencies
-from perseus.schedule.validate import format_grid, validate_schedule
+from perseus.schedule.validate import validate_schedule
 
 __all__ = [
     "SCHEDULE_NAMES",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from perseus.errors import ScheduleError
 
-__all__ = ["Action", "Kind", "Schedule", "parse_action"]
+__all__ = ["Action", "Kind", "Schedule", "format_grid", "parse_action"]
 
 
 class Kind(str, enum.Enum):
@@ -106,3 +107,50 @@ class Schedule:
         """Per-rank op names as written in plan files (``F3``, or ``F3@5`` for multi-stage ranks)."""
         with_stage = self.virtual_stages > 1 or self.num_stages != self.num_ranks
         return tuple(tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions)
+
+
+def format_grid(
+    columns: Sequence[Sequence[Action | str | None]],
+    marked: Iterable[tuple[int, int]] = (),
+    *,
+    labels: Sequence[str] | None = None,
+    window: int | None = None,
+) -> str:
+    """Render ops as a step × column grid (a column per rank, as torch's
+    ``_format_pipeline_order``); cells ``(column, step)`` in ``marked`` are flagged with ``!``.
+
+    Args:
+        columns: Each column's ops by step (``None``: an empty cell).
+        marked: ``(column, step)`` cells to flag.
+        labels: Column headers; ``Rank 0``, ``Rank 1``, ... by default.
+        window: When given and cells are marked, only steps within ``window`` of a marked
+            one are shown; ``...`` stands for the steps left out.
+    """
+    marks = set(marked)
+    num_steps = max((len(c) for c in columns), default=0)
+    steps = _shown_steps(marks, num_steps, window)
+    cells = [[_cell(col, (c, step), marks) for c, col in enumerate(columns)] for step in steps]
+    header = list(labels) if labels is not None else [f"Rank {c}" for c in range(len(columns))]
+    width = max([len(h) for h in header] + [len(c) for row in cells for c in row] + [1])
+    step_w = len(f"Step {max(num_steps - 1, 0):02d}")
+    lines = [(" " * step_w + "  " + "  ".join(h.ljust(width) for h in header)).rstrip()]
+    lines += ["..."] if steps.start > 0 else []
+    for step, row in zip(steps, cells, strict=True):
+        label = f"Step {step:02d}".ljust(step_w)
+        lines.append(label + "  " + "  ".join(c.ljust(width) for c in row).rstrip())
+    lines += ["..."] if steps.stop < num_steps else []
+    return "\n".join(lines)
+
+
+def _shown_steps(marks: set[tuple[int, int]], num_steps: int, window: int | None) -> range:
+    if window is None or not marks:
+        return range(num_steps)
+    first = max(0, min(s for _, s in marks) - window)
+    return range(first, min(num_steps, max(s for _, s in marks) + window + 1))
+
+
+def _cell(
+    col: Sequence[Action | str | None], at: tuple[int, int], marks: set[tuple[int, int]]
+) -> str:
+    op = col[at[1]] if at[1] < len(col) else None
+    return "" if op is None else str(op) + ("!" if at in marks else "")

@@ -14,33 +14,13 @@ from collections.abc import Callable, Iterable
 from itertools import product
 
 from perseus.errors import ScheduleError
-from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.actions import Action, Kind, Schedule, format_grid
 from perseus.schedule.dependencies import action_dependencies
 
-__all__ = ["format_grid", "validate_schedule"]
+__all__ = ["validate_schedule"]
 
-
-def format_grid(
-    rank_actions: tuple[tuple[Action, ...], ...], marked: Iterable[tuple[int, int]] = ()
-) -> str:
-    """Render a rank × step grid; cells ``(rank, step)`` in ``marked`` are flagged with ``!``."""
-    marks = set(marked)
-    num_steps = max((len(a) for a in rank_actions), default=0)
-    cells = [
-        [
-            (str(acts[step]) + ("!" if (rank, step) in marks else "")) if step < len(acts) else ""
-            for rank, acts in enumerate(rank_actions)
-        ]
-        for step in range(num_steps)
-    ]
-    header = [f"Rank {r}" for r in range(len(rank_actions))]
-    width = max([len(h) for h in header] + [len(c) for row in cells for c in row] + [1])
-    step_w = len(f"Step {max(num_steps - 1, 0):02d}")
-    lines = [" " * step_w + "  " + "  ".join(h.ljust(width) for h in header)]
-    for step, row in enumerate(cells):
-        label = f"Step {step:02d}".ljust(step_w)
-        lines.append(label + "  " + "  ".join(c.ljust(width) for c in row).rstrip())
-    return "\n".join(lines)
+#: Steps shown either side of the marked cells in an error's grid (long schedules).
+_WINDOW_STEPS = 4
 
 
 def validate_schedule(schedule: Schedule) -> None:
@@ -62,7 +42,7 @@ def validate_schedule(schedule: Schedule) -> None:
         )
 
     def fail(message: str, marked: Iterable[tuple[int, int]]) -> ScheduleError:
-        return ScheduleError(f"{message}\n{format_grid(acts, marked)}")
+        return ScheduleError(f"{message}\n{format_grid(acts, marked, window=_WINDOW_STEPS)}")
 
     counts = Counter(a for rank_acts in acts for a in rank_acts)
     for rank, rank_acts in enumerate(acts):

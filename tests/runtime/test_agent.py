@@ -77,6 +77,34 @@ def test_wrong_op_names_expected_and_actual(gpu: SimulatedGPU) -> None:
             pass
 
 
+def test_out_of_order_op_shows_the_rank_op_grid_with_the_failing_step_marked(
+    gpu: SimulatedGPU,
+) -> None:
+    ops = tuple(f"{k}{m}" for m in range(12) for k in "FB")  # a long schedule: 24 ops
+    plan = tiny_plan(stage_ops=(ops, ops))
+    with _agent(plan, gpu, rank=1) as agent:
+        agent.step_begin()
+        for name in ops[:10]:
+            with agent.op(name[0], int(name[1:])):
+                pass
+        with pytest.raises(PlanError) as info, agent.op("B", 6):
+            pass
+    summary, _, grid = str(info.value).partition("\n")
+    assert "expects op 10 of iteration 0 to be 'F5' but the training loop ran 'B6'" in summary
+    assert grid.splitlines() == [  # a window of steps around the failing one, marked
+        "         Rank 1 planned  ran",
+        "...",
+        "Step 07  1B3",
+        "Step 08  1F4",
+        "Step 09  1B4",
+        "Step 10  1F5!            1B6!",
+        "Step 11  1B5",
+        "Step 12  1F6",
+        "Step 13  1B6",
+        "...",
+    ]
+
+
 def test_wrong_stage_is_caught(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with _agent(plan, gpu, rank=1) as agent:
@@ -109,15 +137,17 @@ def test_too_few_and_too_many_ops(gpu: SimulatedGPU) -> None:
             pass
         with pytest.raises(
             PlanError, match="ended after 1 of 4 planned ops; the next planned op was 'F1'"
-        ):
+        ) as info:
             agent.step_end()
+        assert "Step 01  0F1!" in str(info.value) and "step_end()!" in str(info.value)
         _run_iteration(agent, plan.stage_ops[0])
         agent.step_begin()
         for name in plan.stage_ops[0]:
             with agent.op(name[0], int(name[1:])):
                 pass
-        with pytest.raises(PlanError, match="only 4 ops"), agent.op("F", 2):
+        with pytest.raises(PlanError, match="only 4 ops") as info, agent.op("F", 2):
             pass
+        assert str(info.value).splitlines()[-1] == "Step 04                  0F2!"
 
 
 def test_op_outside_iteration(gpu: SimulatedGPU) -> None:

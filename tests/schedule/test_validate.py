@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ScheduleError
-from perseus.schedule import Action, Kind, one_f_one_b, schedule_from_actions
+from perseus.schedule import Action, Kind, format_grid, one_f_one_b, schedule_from_actions
 
 
 def _acts(sched):
@@ -89,3 +89,34 @@ def test_weight_actions_must_be_complete():
     acts[0].append(Action(0, Kind.W, 0))
     with pytest.raises(ScheduleError, match=r"0W1 .*missing"):
         schedule_from_actions("x", acts, 2, 2)
+
+
+def test_grid_shows_a_window_around_the_marked_cells_of_a_long_schedule():
+    acts = _acts(one_f_one_b(2, 12))
+    # Rank 1 runs 1B11 before its 1F11: stuck at its last steps, far from the start.
+    acts[1][-2], acts[1][-1] = acts[1][-1], acts[1][-2]
+    with pytest.raises(ScheduleError, match="deadlocks") as info:
+        schedule_from_actions("x", acts, 2, 12)
+    assert str(info.value).splitlines()[1:] == [
+        "         Rank 0  Rank 1",
+        "...",
+        "Step 18  0B8     1F9",
+        "Step 19  0F10    1B9",
+        "Step 20  0B9     1F10",
+        "Step 21  0F11    1B10",
+        "Step 22  0B10    1B11!",
+        "Step 23  0B11!   1F11",
+    ]
+
+
+def test_format_grid_labels_columns_and_leaves_gaps_empty():
+    text = format_grid(
+        ([Action(0, Kind.F, 0), Action(0, Kind.B, 0)], [None, "x"]),
+        [(1, 1)],
+        labels=("planned", "ran"),
+    )
+    assert text.splitlines() == [
+        "         planned  ran",
+        "Step 00  0F0",
+        "Step 01  0B0      x!",
+    ]

@@ -11,8 +11,9 @@
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
-(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise) and hands
-each op to one of two timing modes (:mod:`perseus.runtime.agent.timing`): on the device's
+(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise, the rank's
+op grid below, the failing step marked) and hands each op to one of two timing modes
+(:mod:`perseus.runtime.agent.timing`): on the device's
 timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
 events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
 issues each op's clocks (SM, and memory where the plan sets them and the GPU can lock them)
@@ -444,7 +445,8 @@ class RankAgent:
         if self._cursor != n:
             raise PlanError(
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
-                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}"
+                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}\n"
+                + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
         delivery = mode.delivery
         if self._held_report is not None:

@@ -16,7 +16,7 @@ from perseus.device.base import nearest_clock_mhz
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Frontier
 from perseus.profile.two_clock import build_layer_split, op_phases
-from perseus.schedule.actions import Kind
+from perseus.schedule.actions import Action, Kind, format_grid
 
 __all__ = ["OpPhase", "OpTimeFn", "RankPlan", "parse_ops"]
 
@@ -181,14 +181,25 @@ class RankPlan:
                 f"rank {self.rank}: op {actual!r} ran outside an iteration; call step_begin() first"
             )
         n = len(self.names)
+        st = stage if stage is not None or not n else self.expected[min(j, n - 1)][2]
+        ran = Action(st, Kind(k), mb) if k in ("F", "B", "W") and st is not None else actual
         if j >= n:
             return PlanError(
                 f"rank {self.rank}: op {actual!r} is op {j + 1} of iteration {iteration}, "
-                f"but the plan has only {n} ops for this rank; call step_end() after the last"
+                f"but the plan has only {n} ops for this rank; call step_end() after the last\n"
+                + self.order_grid(j, ran)
             )
         window = " ".join(self.names[max(0, j - 2) : j + 3])
         return PlanError(
             f"rank {self.rank}: plan expects op {j} of iteration {iteration} to be "
             f"{self.names[j]!r} but the training loop ran {actual!r} (plan ops around it: "
-            f"{window}); the plan was computed for another schedule or microbatch count"
+            f"{window}); the plan was computed for another schedule or microbatch count\n"
+            + self.order_grid(j, ran)
         )
+
+    def order_grid(self, j: int, ran: Action | str) -> str:
+        """This rank's planned ops as a grid, op ``j`` and what ran in its place marked."""
+        planned = [Action(stage, Kind(k), mb) for k, mb, stage in self.expected]
+        ran_col: list[Action | str | None] = [None] * j + [ran]
+        labels = (f"Rank {self.rank} planned", "ran")
+        return format_grid((planned, ran_col), [(0, j), (1, j)], labels=labels, window=3)
