@@ -97,7 +97,8 @@ class IterationMetrics:
         min_clock_mhz, max_clock_mhz: The lowest and highest clock in ``clocks_mhz``.
         clock_share_at_plan: The share of this rank's op time that ran at the planned clock
             (None: not read back).
-        held_ops: This rank's ops held below their planned clock (CSV: ``name:planned>ran:why``).
+        held_ops: This rank's ops held off their planned clocks (CSV: ``name:planned>ran:why``,
+            a memory clock held written ``name:planned>ran,memplanned>ran:why``).
         pipeline_held_ops: Held ops on all the pipeline's ranks.
         host_overruns: Emulation: the pipeline's host overruns in this iteration.
     """
@@ -449,10 +450,16 @@ def _csv_row(r: IterationMetrics) -> list[Any]:
         row["clocks_mhz"] = " ".join(
             str(c) if isinstance(c, int) else f"{c[0]}/{c[1]}@{c[2]}" for c in r.clocks_mhz
         )
-    row["held_ops"] = " ".join(
-        f"{h.name}:{h.planned_mhz}>{h.applied_mhz}:{'+'.join(h.reasons)}" for h in r.held_ops
-    )
+    row["held_ops"] = " ".join(_held_text(h) for h in r.held_ops)
     return ["" if row[k] is None else row[k] for k in CSV_FIELDS]
+
+
+def _held_text(h: HeldOp) -> str:
+    """``name:planned>ran:why`` (SM clocks), with ``,memplanned>ran`` after them when the
+    memory clock was held."""
+    held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
+    mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
+    return f"{h.name}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
 
 
 def _open_log(path: Path) -> TextIO:

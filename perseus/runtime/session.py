@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from perseus.device.base import GPU, EventSource
 from perseus.device.clock import REAL_CLOCK, Clock
@@ -69,6 +69,9 @@ from perseus.runtime.planning import (
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
+
+if TYPE_CHECKING:
+    from perseus.runtime.power.replan import Realised, SignalSource
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionOptions", "SessionState"]
 
@@ -107,10 +110,13 @@ class SessionOptions:
         power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
             frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
         power_store: The job's store, read for run-time power caps (``perseus power set``).
+        power_forecast: The signal ``power_schedule`` was made from (a CSV path or a ``Signal``).
+        power_realised: Its realised values (a signal file or ``k -> value``): a change re-plans.
+        power_objective: The series of both signals to use (default: the first).
         clock: The host's clock, read where the device has no timeline of its own.
 
     Raises:
-        ConfigError: a negative ``blocking_power_w`` or ``point_index``.
+        ConfigError: a negative ``blocking_power_w``/``point_index``; ``power_realised`` alone.
     """
 
     blocking_power_w: float | None = None
@@ -121,6 +127,9 @@ class SessionOptions:
     events: EventSource | None = None
     power_schedule: str | Path | None = None
     power_store: Any = None
+    power_forecast: SignalSource | None = None
+    power_realised: SignalSource | Realised | None = None
+    power_objective: str | None = None
     clock: Clock = REAL_CLOCK
 
     def __post_init__(self) -> None:
@@ -128,6 +137,8 @@ class SessionOptions:
             raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
         if self.point_index < 0:
             raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
+        if self.power_realised is not None and None in (self.power_forecast, self.power_schedule):
+            raise ConfigError("power_realised= needs power_schedule= and its power_forecast=")
 
 
 class RankSession:
@@ -180,14 +191,10 @@ class RankSession:
         self._emulated = gpu if isinstance(gpu, EmulatedGPU) else None
         self.source = plan_source(plan)
         if isinstance(self.source, OnlineProfile) and options.power_schedule is not None:
-            raise ConfigError(
-                "power_schedule= needs a frontier to follow: plan= a plan file or a profile, "
-                "not OnlineProfile"
-            )
+            raise ConfigError("power_schedule= needs a frontier: plan= a plan file or a profile")
         self.engine, self.schedule, self.rank = engine, schedule, engine.rank
         self.gpu, self.options, self.emulate = gpu, options, self._emulated is not None
-        power_w = options.blocking_power_w
-        # blocking_power_for's ConfigError names the option
+        power_w = options.blocking_power_w  # blocking_power_for's ConfigError names the option
         self.blocking_power_w = float(blocking_power_for(gpu) if power_w is None else power_w)
         self.group = options.group if options.group is not None else engine.group
         self.point_index = options.point_index
@@ -256,7 +263,10 @@ class RankSession:
             if o.power_schedule is not None or o.power_store is not None:
                 from perseus.runtime.power.runtime import attach_power
 
-                self.power = attach_power(self, o.power_schedule, o.power_store)
+                self.power = attach_power(
+                    self, o.power_schedule, o.power_store, forecast=o.power_forecast,
+                    realised=o.power_realised, objective=o.power_objective,
+                )  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -331,8 +341,7 @@ class RankSession:
         """Run ``frontier.points[point_index]`` from the next iteration on (call on every rank).
 
         Raises:
-            PlanError: if the frontier belongs to another schedule, the index is out of range,
-                or the online sweep still runs.
+            PlanError: a frontier of another schedule, an index out of range, a running sweep.
         """
         check_frontier(self.schedule, frontier, point_index)
         if self._agent is None:
@@ -550,17 +559,11 @@ class RankSession:
             return
         o = self.options
         agent = RankAgent(
-            frontier,
-            self.gpu,
-            self.rank,
-            point_index=point_index,
-            measure_op_energy=False,
-            watchdog=o.watchdog,
-            handle_signals=o.handle_signals,
-            events=o.events,
+            frontier, self.gpu, self.rank, point_index=point_index, measure_op_energy=False,
+            watchdog=o.watchdog, handle_signals=o.handle_signals, events=o.events,
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
             op_time_s=profiled_op_time_s(self.job.profile) if self.job is not None else None,
-        )
+        )  # fmt: skip
         agent.start()
         self._agent = agent
 

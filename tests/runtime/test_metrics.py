@@ -17,6 +17,7 @@ from perseus import IterationMetrics, MetricsSink, RankSession, SimulatedGPU, ma
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.runtime import metrics as metrics_module
+from perseus.runtime.agent.readback import HeldOp
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.metrics import CSV_FIELDS, iteration_metrics
 from perseus.runtime.session import IterationStats, SessionOptions
@@ -148,6 +149,24 @@ def test_profiling_iterations_have_no_plan_figures() -> None:
     assert isinstance(record, IterationMetrics)
     assert record.clocks_mhz is None and record.time_error is None
     assert record.energy_error is None and record.min_clock_mhz is None
+
+
+def test_a_held_memory_clock_is_written_in_the_csv(tmp_path: Path) -> None:
+    """An SM hold reads ``name:planned>ran:why``; a memory hold adds its memory clocks."""
+    sink = MetricsSink(_emulated_session(tmp_path), csv=tmp_path / "m.csv", pipeline=False)
+    held = (
+        HeldOp("0F0", 1740, 1410, ("sw_power_cap",)),
+        HeldOp("0F1", 1740, 1740, ("memory_not_locked",), 5001, 7251),
+    )
+    stats = IterationStats(0, "run", 0, 1.0, 50.0, 0.9, held_ops=held, pipeline_held_ops=2)
+    with sink:
+        sink(stats)
+    with (tmp_path / "m.csv").open(newline="") as f:
+        (row,) = csv.DictReader(f)
+    assert (
+        row["held_ops"] == "0F0:1740>1410:sw_power_cap 0F1:1740>1740,mem5001>7251:memory_not_locked"
+    )
+    assert row["pipeline_held_ops"] == "2"
 
 
 def test_outputs_are_checked_and_files_never_followed(tmp_path: Path) -> None:

@@ -68,10 +68,16 @@ def _setup(tmp_path: Path, frontier: Frontier) -> tuple[Path, Path, list[float]]
 
 
 def _run(
-    tmp_path: Path, frontier: Frontier, schedule: Path, **replan: object
+    tmp_path: Path,
+    frontier: Frontier,
+    schedule: Path,
+    *,
+    via_options: bool = False,
+    **replan: object,
 ) -> tuple[PowerRuntime, list[int | None], float]:
     """Run N iterations of the emulated job following ``schedule``, then idle until the
-    deadline; the GPU's locked clock seen at every wait, and when the last iteration ended."""
+    deadline; the GPU's locked clock seen at every wait, and when the last iteration ended.
+    ``via_options``: configured through :class:`SessionOptions` alone, not ``attach_power``."""
     locked: list[int | None] = []
     finished_s: list[float] = []
     _RAN.clear()
@@ -88,12 +94,17 @@ def _run(
         take_stages(load_profile("a100"), 1), blocking_power_w=BLOCKING_W, state_dir=state,
         set_latency_s=0.0, clock=Clock(),
     )  # fmt: skip
-    options = SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False)
+    power_options = {f"power_{k}": v for k, v in replan.items()} if via_options else {}
+    options = SessionOptions(
+        blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False,
+        power_schedule=schedule if via_options else None, **power_options,  # type: ignore[arg-type]
+    )  # fmt: skip
     with RankSession(
         build_schedule("1f1b", 1, 4), 0, gpu=gpu, plan=frontier, options=options
     ) as session:
-        gpu = session.gpu
-        power = attach_power(session, schedule, None, **replan)  # type: ignore[arg-type]
+        gpu, power = session.gpu, session.power
+        if not via_options:
+            power = attach_power(session, schedule, None, **replan)  # type: ignore[arg-type]
         _RAN.append(power.waited_s)
         for _ in range(N):
             with session.iteration():
@@ -193,3 +204,20 @@ def test_a_cheaper_first_interval_is_replanned_before_the_first_iteration(
     waited_s, first_point = _RAN[:2]
     assert waited_s == 0
     assert first_point == power.replanner.pieces[1][1].segments()[0][1]
+
+
+def test_session_options_alone_configure_the_replan(tmp_path: Path, frontier: Frontier) -> None:
+    """``SessionOptions(power_schedule=, power_forecast=, power_realised=)`` re-plans as
+    ``attach_power`` does; the realised values without their forecast are refused at once."""
+    schedule, forecast, starts = _setup(tmp_path, frontier)
+    power, _, _ = _run(
+        tmp_path, frontier, schedule, via_options=True, forecast=forecast,
+        realised=lambda k: REALISED[k], objective=None,
+    )  # fmt: skip
+    assert power.replanner is not None
+    (replan,) = power.replanner.replans
+    assert replan.interval == 2 and replan.at_s == pytest.approx(starts[2])
+    for missing in ("power_forecast", "power_schedule"):
+        given = {"power_schedule": schedule, "power_forecast": forecast, missing: None}
+        with pytest.raises(ConfigError, match="power_realised= needs power_schedule="):
+            SessionOptions(power_realised=lambda k: REALISED[k], **given)  # type: ignore[arg-type]
