@@ -67,43 +67,10 @@ def _check(results: list[dict[str, Any]], call: str) -> None:
 
 
 def _megatron_rank(rank: int, world: int) -> dict[str, Any]:
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import schedules
-    from megatron.core.transformer import TransformerConfig
-
     from perseus.runtime.engines import megatron
-    from tests.runtime.test_megatron import _Chunk
+    from tests.runtime.test_megatron import megatron_1f1b
 
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
-    hidden, seq, mbs = 8, 4, 2
-    config = TransformerConfig(
-        num_layers=world,
-        hidden_size=hidden,
-        num_attention_heads=1,
-        pipeline_dtype=torch.float32,
-        pipeline_model_parallel_size=world,
-    )
-    model = _Chunk(rank, hidden, config, Recorder())
-    data = [torch.randn(seq, mbs, hidden) for _ in range(MICROBATCHES)]
-
-    def forward_step(it: Any, chunk: Any) -> Any:
-        y = chunk(next(it))
-        return y, lambda o: ((o**2).mean(), {"loss": (o**2).mean().detach()})
-
-    def run(forward_only: bool) -> None:
-        schedules.forward_backward_pipelining_without_interleaving(
-            forward_step_func=forward_step,
-            data_iterator=iter(data),
-            model=model,
-            num_microbatches=MICROBATCHES,
-            seq_length=seq,
-            micro_batch_size=mbs,
-            forward_only=forward_only,
-            **megatron.cpu_communication(config),
-        )
-
+    run = megatron_1f1b(rank, world, MICROBATCHES)
     session = _session(megatron.MegatronEngine(world, rank, MICROBATCHES), world)
     with megatron.cuda_to_cpu():
         return _misuse_between(session, lambda: run(False), lambda: run(True))

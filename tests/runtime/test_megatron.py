@@ -3,6 +3,7 @@ run on CPU/gloo with perseus's hooks around every forward and backward step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -234,18 +235,13 @@ def test_plans_from_perseus_frontier_fit_megatron(ranks, microbatches, chunks, b
     assert job.spec.schedule == (builder or "megatron-interleaved")
 
 
-def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
-    """Megatron's 1F1B under RankSession(MegatronEngine), a forward_only=True pass between
-    iterations, on the README's simulated GPU."""
+def megatron_1f1b(rank: int, world: int, microbatches: int) -> Callable[[bool], None]:
+    """One stage per rank on gloo: ``run(forward_only)`` runs one Megatron 1F1B iteration (or
+    a forward-only pass) over a tiny transformer chunk."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer import TransformerConfig
-
-    from perseus.device.simulated import SimulatedGPU
-    from perseus.io import default_blocking_power_w, load_profile
-    from perseus.runtime.emulation import scale_profile, take_stages
-    from perseus.runtime.session import RankSession, SessionOptions
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
@@ -277,6 +273,18 @@ def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str
             **megatron.cpu_communication(config),
         )
 
+    return run
+
+
+def _megatron_session_rank(rank: int, world: int, microbatches: int) -> dict[str, Any]:
+    """Megatron's 1F1B under RankSession(MegatronEngine), a forward_only=True pass between
+    iterations, on the README's simulated GPU."""
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.io import default_blocking_power_w, load_profile
+    from perseus.runtime.emulation import scale_profile, take_stages
+    from perseus.runtime.session import RankSession, SessionOptions
+
+    run = megatron_1f1b(rank, world, microbatches)
     bundled = load_profile("a100")
     power = default_blocking_power_w(bundled)
     assert power is not None
