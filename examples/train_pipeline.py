@@ -420,12 +420,15 @@ def run_power(args: argparse.Namespace, session: Any, train_step: Any, rank: int
     session.close()
     if args.fleet and rank == 0:
         session.power.store.close()  # finished: its power goes back to the fleet
-    mine = [(s.iteration, s.point_index, s.time_s, s.energy_j) for s in session.history[first:]]
+    mine = [
+        (s.iteration, s.point_index, s.time_s, s.energy_j, s.host_overruns)
+        for s in session.history[first:]
+    ]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if rank == 0 and args.summary is not None:
         rows = []
-        for j, (iteration, point, time_s, _) in enumerate(gathered[0]):
+        for j, (iteration, point, time_s, _, overruns) in enumerate(gathered[0]):
             energy_j = sum(g[j][3] for g in gathered)
             p = frontier.points[point]
             rows.append(
@@ -437,6 +440,8 @@ def run_power(args: argparse.Namespace, session: Any, train_step: Any, rank: int
                     "power_w": energy_j / time_s,
                     "predicted_time_s": p.time_s,
                     "predicted_power_w": p.avg_power_w,
+                    # Emulation: the pipeline's host overruns (a late host, not the plan).
+                    "host_overruns": overruns,
                 }
             )
         decisions = [

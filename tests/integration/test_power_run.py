@@ -8,8 +8,9 @@ the job's store between iterations 9 and 10 (as a ``perseus power set`` arriving
 Checked: every iteration runs the plan the schedule (then the cap) gives it, the switch to the
 capped plan comes at iteration 11 (the end of iteration 10 reads the cap: within two
 iterations of the set), and each plan's measured average pipeline power is
-within 2 % of its prediction (the median of the plan's iterations: the run is emulated in
-real time, so an iteration where a loaded host stalls the pipeline is set aside).
+within 2 % of its prediction (the median of the plan's iterations without host overruns: the
+run is emulated in real time, so an iteration where a loaded host stalls the pipeline is set
+aside).
 """
 
 from __future__ import annotations
@@ -85,9 +86,11 @@ def test_four_ranks_follow_a_three_interval_schedule_and_a_cap(tmp_path: Path) -
     assert [r["point"] for r in rows] == expected
     for point in sorted(set(expected)):
         mine = [r for r in rows if r["point"] == point]
-        # The median iteration: a host stall on a loaded 2-core machine (the emulator's device
-        # waits for a late host at blocking power) moves one iteration, not the plan's figure.
-        measured_w = statistics.median(r["power_w"] for r in mine)
+        # The median iteration without host overruns (the emulator's device waiting for a late
+        # host at blocking power, counted per iteration; they measure the host, not the plan):
+        # a stall on a loaded 2-core machine moves one iteration, not the plan's figure.
+        clean = [r for r in mine if r["host_overruns"] == 0] or mine
+        measured_w = statistics.median(r["power_w"] for r in clean)
         predicted_w = pts[point].avg_power_w
         print(f"point {point}: measured {measured_w:.2f} W, predicted {predicted_w:.2f} W, "
               f"error {100 * (measured_w / predicted_w - 1):+.2f} %")  # fmt: skip
