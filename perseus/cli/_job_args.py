@@ -282,16 +282,11 @@ def _check_interleaved(
 
 
 #: The job fields :func:`~perseus.job.make_job` takes as keywords, as args and JobSpec name them.
-_MAKE_JOB_KEYWORDS = (
-    "blocking_power_w",
-    "virtual_stages",
-    "p2p_latency_s",
-    "backward_split",
-    "layers_per_stage",
-    "layer_time_fractions",
-    "switch_latency_s",
-    "switch_energy_j",
-    "switch_stall_s",
+#: (The rest of the config's fields: make_job's positionals, and the solver's max_clocks_per_op.)
+_MAKE_JOB_KEYWORDS = tuple(
+    name
+    for name in CONFIG_FIELDS
+    if name not in {"schedule", "stages", "microbatches", "max_clocks_per_op"}
 )
 
 
