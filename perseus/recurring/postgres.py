@@ -116,6 +116,8 @@ ALTER TABLE power_limits ADD CONSTRAINT profile_measured CHECK (NOT perseus_prof
 POSTGRES_MIGRATIONS: tuple[tuple[int, str], ...] = ((2, _PG_V2), (3, _PG_V3))
 #: Any constant: the advisory lock that serialises migrations across processes.
 _MIGRATION_LOCK = 0x7065727365757301
+#: How long a signal handler waits for the server (connecting, the row).
+_URGENT_S = 5.0
 
 
 def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
@@ -239,8 +241,11 @@ class PostgresStore(SQLStore):
             yield con
             con.execute("COMMIT")
         except BaseException:
-            if not con.closed:
-                con.execute("ROLLBACK")
+            try:
+                if not con.closed:
+                    con.execute("ROLLBACK")
+            except Exception:  # the connection is gone (a signal handler ended its server
+                self.close()  # process): the original error is the one to raise
             raise
 
     def _x(self, con: Any, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -250,10 +255,21 @@ class PostgresStore(SQLStore):
         con.execute("SELECT 1 FROM jobs WHERE job = %s FOR UPDATE", (job,))
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
-        """From a signal handler: a fresh connection waiting at most a second for the row
-        (the interrupted code's transaction, if any, rolls back when this process ends)."""
-        con = connect(self.conninfo, timeout_s=1.0, lock_timeout_s=1.0)
+        """From a signal handler that ends the process: a fresh connection. If the signal
+        interrupted this process's own transaction (a heartbeat holding the run's row), that
+        transaction's server process is ended first, so its row lock goes now rather than
+        when this process's socket closes; a few seconds at most in all."""
+        con = connect(self.conninfo, timeout_s=_URGENT_S, lock_timeout_s=_URGENT_S)
         try:
+            own = self._con
+            if own is not None and self._pid == os.getpid() and not own.closed:
+                import psycopg.pq
+
+                if own.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    con.execute(
+                        "SELECT pg_terminate_backend(%s, %s)",
+                        (own.info.backend_pid, int(_URGENT_S * 1000)),
+                    )
             con.execute(sql.replace("?", "%s"), params)
         finally:
             con.close()

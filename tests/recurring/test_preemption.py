@@ -4,6 +4,7 @@ never wait for it. Each test runs on both engines: a SQLite file and a real Post
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from perseus.errors import PerseusError
 from perseus.recurring.database import open_store
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.store import SQLStore, StartedRun
@@ -127,6 +129,26 @@ def test_a_killed_run_is_retried_and_never_waited_for(
     # Not pending, not blocked: later decisions never wait for it and never count it twice.
     assert _decide(store) == (64, "default")
     assert len(store.history("j")) == 1
+
+
+def test_a_signal_inside_the_processs_own_transaction_still_marks_the_run(
+    store_url: str, opened: Callable[..., SQLStore]
+) -> None:
+    """The signal lands while this process's heartbeat holds the run's row in an open
+    transaction (what a SIGTERM under load often interrupts): the handler still marks the run
+    abandoned, without waiting for a lock its own process holds."""
+    store = opened(store_url)
+    store.register_job("j", {"batch_sizes": SIZES})
+    started = store.begin_run("j", lambda h, p: Decision(64, "default", None))
+    # PostgreSQL: the interrupted transaction is gone (its commit fails), SQLite: committed
+    with contextlib.suppress(PerseusError), store._write() as con:
+        store._x(
+            con, "UPDATE runs SET heartbeat_s = ? WHERE run_id = ?", (time.time(), started.run_id)
+        )
+        store.abandon_run(started.run_id, "signal", urgent=True)
+    row = _row(opened(store_url), started.run_id)
+    assert (row["status"], row["end_reason"]) == ("abandoned", "signal")
+    assert _decide(opened(store_url)) == (64, "default")  # retried: a preemption
 
 
 def test_a_preempted_run_of_the_best_arm_costs_it_nothing(
