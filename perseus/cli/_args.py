@@ -25,6 +25,7 @@ from perseus.validate import show_value
 
 __all__ = [
     "add_job_store_args",
+    "add_output_arg",
     "check_output_dir",
     "check_output_file",
     "check_output_folder",
@@ -219,6 +220,16 @@ def message_stream(out: str | os.PathLike[str]) -> TextIO:
     from perseus.io.atomic import writes_to_stdout
 
     return sys.stderr if writes_to_stdout(out) else sys.stdout
+
+
+def add_output_arg(
+    parser: argparse.ArgumentParser, metavar: str, help: str, default: str | None = None
+) -> None:
+    """``-o/--out/--output``: required unless ``default`` is given."""
+    parser.add_argument(
+        "-o", "--out", "--output", dest="out", required=default is None, default=default,
+        metavar=metavar, help=help,
+    )  # fmt: skip
 
 
 def add_job_store_args(parser: argparse.ArgumentParser) -> None:

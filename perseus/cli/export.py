@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import check_output_dir, float_arg
+from perseus.cli._args import add_output_arg, check_output_dir, float_arg
 from perseus.errors import ConfigError
 from perseus.validate import show_value
 
@@ -26,15 +26,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("export", help="write a plan for another stack (Zeus PFO server)")
     p.add_argument("frontier", metavar="FRONTIER.json", help="frontier or plan file")
     p.add_argument("--format", required=True, choices=_FORMATS, help="output format")
-    p.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="DIR",
-        help="output directory (replaced atomically)",
-    )
+    add_output_arg(p, "DIR", "output directory (replaced atomically)")
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--plan",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, message_stream, nonempty_arg
+from perseus.cli._args import add_output_arg, check_output_file, message_stream, nonempty_arg
 from perseus.cli._job_args import job_int
 from perseus.log import get_logger
 
@@ -39,15 +39,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     cut.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
     cut.add_argument("--stages", type=job_int("stages"), required=True, help="stages of the result")
-    cut.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="FILE",
-        help="profile to write (.json: perseus's JSON, else CSV)",
-    )
+    add_output_arg(cut, "FILE", "profile to write (.json: perseus's JSON, else CSV)")
     cut.set_defaults(handler=run)
 
 

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import check_output_dir, nonempty_arg
+from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
 from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
 
@@ -29,15 +29,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "frontier", metavar="FRONTIER.json", help="frontier written by perseus frontier/demo"
     )
-    p.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="DIR",
-        help="report directory (replaced atomically)",
-    )
+    add_output_arg(p, "DIR", "report directory (replaced atomically)")
     p.add_argument(
         "--summary",
         metavar="RUN.json",

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import check_output_file, int_arg, message_stream
+from perseus.cli._args import add_output_arg, check_output_file, int_arg, message_stream
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -40,14 +40,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="START:STOP:STEP",
         help="slowdown factors, start:stop:step or a comma list (default 1.05:1.5:0.05)",
     )
-    p.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        default="straggler-sweep.json",
-        metavar="FILE",
-        help="JSON table (default straggler-sweep.json)",
+    add_output_arg(
+        p, "FILE", "JSON table (default straggler-sweep.json)", default="straggler-sweep.json"
     )
     p.set_defaults(handler=run)
 
