@@ -76,6 +76,10 @@ def all_reduce_max(values: Sequence[float], group: Any = None) -> tuple[float, .
     One float64 all-reduce; on an NCCL group the buffer is a CUDA tensor (one host-to-device
     and one device-to-host copy of ``len(values)`` floats).
     """
+    return _all_reduce(values, "MAX", group)
+
+
+def _all_reduce(values: Sequence[float], op: str, group: Any) -> tuple[float, ...]:
     if not is_distributed() or not values:
         return tuple(float(v) for v in values)
     import torch
@@ -83,7 +87,7 @@ def all_reduce_max(values: Sequence[float], group: Any = None) -> tuple[float, .
 
     buf = torch.tensor([float(v) for v in values], dtype=torch.float64)
     buf = _to_device(buf, collective_device(group))
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(buf, op=getattr(dist.ReduceOp, op), group=group)
     return tuple(float(v) for v in buf.cpu().tolist())
 
 
@@ -131,13 +135,5 @@ def barrier(group: Any = None) -> None:
 
 
 def all_reduce_sum(values: Sequence[float], group: Any = None) -> tuple[float, ...]:
-    """Element-wise SUM of ``values`` over ``group`` (the values themselves when not distributed)."""
-    if not is_distributed() or not values:
-        return tuple(float(v) for v in values)
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    buf = _to_device(buf, collective_device(group))
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-    return tuple(float(v) for v in buf.cpu().tolist())
+    """Element-wise SUM of ``values`` over ``group`` (see :func:`all_reduce_max`)."""
+    return _all_reduce(values, "SUM", group)

@@ -36,6 +36,7 @@ __all__ = [
     "EngineAdapter",
     "ManualEngine",
     "OpContextFactory",
+    "attach_hooks",
     "check_engine_version",
     "eval_in_iteration",
     "parse_version",
@@ -98,6 +99,16 @@ class ManualEngine:
 
 def _nothing() -> None:
     return None
+
+
+def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:
+    """Enter ``hooks`` (an adapter's instrumenting context manager); the result exits it."""
+    hooks.__enter__()
+
+    def detach() -> None:
+        hooks.__exit__(None, None, None)
+
+    return detach
 
 
 def eval_in_iteration(call: str) -> ConfigError:

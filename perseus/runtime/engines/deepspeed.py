@@ -28,7 +28,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
+from perseus.runtime.engines.base import (
+    OpContextFactory,
+    attach_hooks,
+    check_engine_version,
+    eval_in_iteration,
+)
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -232,35 +237,19 @@ class DeepSpeedEngine:
                 f"DeepSpeedEngine needs a deepspeed PipelineEngine, got {type(engine).__name__}"
             )
         self.engine = engine
-        self._schedule = deepspeed_schedule(
+        self.schedule = deepspeed_schedule(
             int(engine.num_stages), int(engine.gradient_accumulation_steps())
         )
-        self._group = group
-
-    @property
-    def schedule(self) -> Schedule:
-        """The order of DeepSpeed's ``TrainSchedule``."""
-        return self._schedule
+        self.group = group
 
     @property
     def rank(self) -> int:
         """The engine's ``stage_id``."""
         return int(self.engine.stage_id)
 
-    @property
-    def group(self) -> Any:
-        """The pipeline's process group."""
-        return self._group
-
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_deepspeed` until the returned undo is called."""
-        hooks = instrument_deepspeed(self.engine, op, in_iteration)
-        hooks.__enter__()
-
-        def detach() -> None:
-            hooks.__exit__(None, None, None)
-
-        return detach
+        return attach_hooks(instrument_deepspeed(self.engine, op, in_iteration))
 
 
 def skip_cpu_shm_op() -> None:

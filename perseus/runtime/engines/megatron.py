@@ -45,7 +45,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from perseus.errors import ConfigError, ScheduleError
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
+from perseus.runtime.engines.base import (
+    OpContextFactory,
+    attach_hooks,
+    check_engine_version,
+    eval_in_iteration,
+)
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
 
@@ -369,36 +374,17 @@ class MegatronEngine:
     ) -> None:
         if not 0 <= rank < num_ranks:
             raise ConfigError(f"pipeline rank {rank} is out of range for {num_ranks} ranks")
-        self._schedule = megatron_schedule(
+        self.schedule = megatron_schedule(
             num_ranks, num_microbatches, virtual_stages, microbatch_group_size_per_vp_stage
         )
-        self._rank = rank
-        self._group = group
-
-    @property
-    def schedule(self) -> Schedule:
-        """The order Megatron's schedule function runs."""
-        return self._schedule
-
-    @property
-    def rank(self) -> int:
-        """This process's pipeline rank."""
-        return self._rank
-
-    @property
-    def group(self) -> Any:
-        """The pipeline's process group."""
-        return self._group
+        self.rank = rank
+        self.group = group
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_megatron` until the returned undo is called."""
-        hooks = instrument_megatron(self._schedule.num_ranks, self._rank, op, in_iteration)
-        hooks.__enter__()
-
-        def detach() -> None:
-            hooks.__exit__(None, None, None)
-
-        return detach
+        return attach_hooks(
+            instrument_megatron(self.schedule.num_ranks, self.rank, op, in_iteration)
+        )
 
 
 # --------------------------------------------------------------------------------------------

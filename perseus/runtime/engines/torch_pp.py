@@ -516,23 +516,13 @@ class TorchPipelining:
         self.stages = stages_of(torch_schedule, model_parts) if stages is None else list(stages)
         if not self.stages:
             raise ConfigError("TorchPipelining needs this rank's PipelineStage objects")
-        self._schedule = schedule_from_torch(torch_schedule, split_full_backward=True)
-        self._group = group if group is not None else getattr(self.stages[0], "group", None)
-
-    @property
-    def schedule(self) -> Schedule:
-        """The order torch runs, every rank's compute actions."""
-        return self._schedule
+        self.schedule = schedule_from_torch(torch_schedule, split_full_backward=True)
+        self.group = group if group is not None else getattr(self.stages[0], "group", None)
 
     @property
     def rank(self) -> int:
         """This process's pipeline rank (the stages' ``group_rank``)."""
         return int(self.stages[0].group_rank)
-
-    @property
-    def group(self) -> Any:
-        """The stages' process group."""
-        return self._group
 
     def training(self) -> bool:
         """False while ``schedule.eval()`` runs (torch clears the stages' ``has_backward``)."""
@@ -556,7 +546,7 @@ class TorchPipelining:
             return op(action)
 
         undo = instrument_stages(
-            self.stages, guarded, split_full_backward=self._schedule.has_weight_actions
+            self.stages, guarded, split_full_backward=self.schedule.has_weight_actions
         )
 
         def eval_outside_iterations(*args: Any, **kwargs: Any) -> Any:
