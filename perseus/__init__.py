@@ -19,6 +19,8 @@ and its exact evaluator), :mod:`perseus.solver` (the pure planning core), :mod:`
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import (
@@ -118,14 +120,24 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'perseus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+def _lazy_names(
+    module_name: str, lazy: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__``: each name of ``lazy`` (name -> defining
+    module) is imported on first access, then cached in the package's namespace."""
+    namespace = sys.modules[module_name].__dict__
+
+    def getattr_(name: str) -> Any:
+        module = lazy.get(name)
+        if module is None:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        value = namespace[name] = getattr(importlib.import_module(module), name)
+        return value
+
+    def dir_() -> list[str]:
+        return sorted(set(namespace) | set(lazy))
+
+    return getattr_, dir_
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_names(__name__, _LAZY)

@@ -1,23 +1,18 @@
 """Adapter for DeepSpeed's ``PipelineEngine`` (no fork, no edit of DeepSpeed's files).
 
-This is the only module that touches DeepSpeed names that are not documented API
+The only module that touches DeepSpeed names that are not documented API
 (``PipelineEngine._INSTRUCTION_MAP``, ``_exec_forward_pass``, ``_exec_backward_pass``,
-``_exec_schedule``). :func:`check_deepspeed_version` checks each of them once and raises a
-one-line :class:`~perseus.errors.ConfigError` naming the version and what is missing. Tested
-with deepspeed 0.19.8 (CPU accelerator, gloo); :data:`TESTED_VERSIONS` is the range the extra
-pins.
+``_exec_schedule``), checked once by :func:`check_deepspeed_version`. Tested with deepspeed
+0.19.8 (CPU accelerator, gloo); :data:`TESTED_VERSIONS` is the range the extra pins.
 
-* **Schedule as data** (:func:`deepspeed_schedule`): DeepSpeed's ``TrainSchedule(M, S, s)``
-  is a generator of instruction lists, public and pure. Its ``ForwardPass``/``BackwardPass``
-  instructions name a pipe buffer, not a microbatch; each stage runs its forwards and its
-  backwards in microbatch order, so the ``k``-th ``ForwardPass`` of a stage is microbatch ``k``.
-  Stage ``s`` is pipeline rank ``s`` (one stage per rank).
-* **Clock hooks** (:func:`instrument_deepspeed`): a context manager that gives the engine
-  *instance* its own copy of ``_INSTRUCTION_MAP`` whose ``ForwardPass``/``BackwardPass``
-  handlers run inside ``factory(action)``, and an instance ``_exec_schedule`` that restarts
-  the microbatch count at each training batch (evaluation batches, an ``InferenceSchedule``,
-  are not instrumented). The class, and other engines, are untouched; exiting restores the
-  instance.
+* **Schedule as data** (:func:`deepspeed_schedule`): DeepSpeed's public ``TrainSchedule``
+  names pipe buffers, not microbatches; each stage runs its forwards and its backwards in
+  microbatch order, so its ``k``-th ``ForwardPass`` is microbatch ``k``. Stage ``s`` is rank
+  ``s``.
+* **Clock hooks** (:func:`instrument_deepspeed`): the engine *instance* gets its own
+  ``_INSTRUCTION_MAP`` whose forward/backward handlers run inside ``factory(action)``, and an
+  ``_exec_schedule`` that restarts the microbatch count at each training batch (evaluation
+  batches are not instrumented). The class is untouched; exiting restores the instance.
 """
 
 from __future__ import annotations

@@ -1,38 +1,25 @@
 """Adapter for Megatron-Core's pipeline schedules (no fork, no edit of Megatron's files).
 
-This is the only module that touches Megatron-Core names that are not documented API
+The only module that touches Megatron-Core names that are not documented API
 (``schedules.forward_step``/``backward_step`` as module globals, ``P2PCommunicator._communicate``,
-``p2p_communication._p2p_ops``). :func:`check_megatron_version` checks
-each of them once and raises a one-line :class:`~perseus.errors.ConfigError` naming the
-version and what is missing. Tested with megatron-core 0.16.1 (the newest that installs on
-Python 3.11); :data:`TESTED_VERSIONS` is the range the extra pins.
+``p2p_communication._p2p_ops``), checked once by :func:`check_megatron_version`. Tested with
+megatron-core 0.16.1; :data:`TESTED_VERSIONS` is the range the extra pins.
 
-Three parts:
-
-* **Schedule as data** (:func:`megatron_schedule`): the compute actions each pipeline rank
-  runs in ``forward_backward_pipelining_without_interleaving`` (1F1B) and
-  ``..._with_interleaving`` (virtual pipeline, ``microbatch_group_size_per_vp_stage``).
-  The per-rank warm-up count comes from Megatron's own ``get_pp_rank_microbatches`` and the
-  interleaved (microbatch, model chunk) order from its ``get_schedule_table``; the loops around
-  them (warm-up forwards; forward ``k + warmup`` then backward ``k``; cool-down backwards;
-  backward chunk ``V - 1 - chunk``; per-chunk FIFO microbatches) are rebuilt here and checked
-  against the order Megatron executes (tests record it on gloo ranks). Model chunk ``c`` of
-  pipeline rank ``r`` is perseus stage ``c * R + r`` (Megatron's and torch's looped placement).
-* **Clock hooks** (:func:`instrument_megatron`): a context manager that, for its duration,
-  replaces the module globals ``schedules.forward_step`` and ``schedules.backward_step`` (the
-  schedule functions look them up at call time) with wrappers that run each step inside
-  ``factory(action)``. The forward's action comes from Megatron's own arguments
-  (``current_microbatch``, ``vp_stage``); the backward's from the identity of the output tensor
-  its forward returned. ``config.timers`` (``forward-compute``/``backward-compute``) would be
-  another public hook; it does not carry the microbatch, so it is not used.
-* **CPU emulation** (:func:`cpu_communication`, :func:`cuda_to_cpu`): Megatron's schedules
-  create a token counter with ``device="cuda"`` and receive buffers on
-  ``torch.cuda.current_device()``. On machines without GPUs (tests, ``--emulate``) the schedule
-  is called with two public means: its ``p2p_communicator=`` argument, a
-  ``P2PCommunicator`` subclass whose buffers are on the CPU and that calls Megatron's own
-  p2p ops, with ``pg_collection=`` from ``parallel_state``; and a
-  :class:`torch.overrides.TorchFunctionMode` that maps ``device="cuda"`` to the CPU around the
-  call. Neither is used on a GPU.
+* **Schedule as data** (:func:`megatron_schedule`): the compute actions of
+  ``forward_backward_pipelining_without_interleaving`` (1F1B) and ``..._with_interleaving``.
+  Warm-up counts come from Megatron's ``get_pp_rank_microbatches`` and the interleaved
+  (microbatch, chunk) order from its ``get_schedule_table``; the loops around them are rebuilt
+  here and checked against the order Megatron executes (tests record it on gloo ranks). Model
+  chunk ``c`` of rank ``r`` is stage ``c * R + r``.
+* **Clock hooks** (:func:`instrument_megatron`): replaces the module globals ``forward_step``
+  and ``backward_step`` (looked up at call time) for the block's duration with wrappers that
+  run each step inside ``factory(action)``. The forward's action comes from Megatron's own
+  arguments (``current_microbatch``, ``vp_stage``); the backward's from the identity of the
+  output tensor its forward returned (``config.timers`` do not carry the microbatch).
+* **CPU emulation** (:func:`cpu_communication`, :func:`cuda_to_cpu`): Megatron allocates on
+  ``cuda``; without GPUs the schedule gets a ``p2p_communicator=`` with CPU buffers (Megatron's
+  own p2p ops) and runs under a ``TorchFunctionMode`` mapping ``device="cuda"`` to the CPU.
+  Neither is used on a GPU.
 """
 
 from __future__ import annotations

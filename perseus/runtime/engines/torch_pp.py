@@ -1,49 +1,27 @@
 """Adapter between ``torch.distributed.pipelining`` schedules and perseus's schedule IR.
 
-This is the only module that touches torch's private pipelining names (``_Action``,
+The only module that touches torch's private pipelining names (``_Action``,
 ``_ComputationType``, ``_PipelineScheduleRuntime``, ``pipeline_order_with_comms``, the stage's
-``*_one_chunk`` methods). They are checked once, behind :func:`check_torch_version`, which
-raises a one-line :class:`~perseus.errors.ConfigError` naming the torch version and what is
-missing, instead of an ``AttributeError`` deep inside a training step.
-
-Two directions:
+``*_one_chunk`` methods), checked once by :func:`check_torch_version`.
 
 * **torch -> perseus** (:func:`schedule_from_torch`, :func:`schedule_from_torch_class`): the
-  compute actions each rank *really executes*, as a validated :class:`~perseus.schedule.Schedule`.
-  No process group is needed: schedules are built on lightweight stand-in stages.
-
-  - Multi-stage schedules (``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
-    ``DualPipeV``, ``LoopedBFS`` and any ``_PipelineScheduleRuntime``) execute
-    ``pipeline_order_with_comms[rank]``; its compute actions (``OVERLAP_F_B`` flattened into its
-    sub-actions) are read directly.
-  - Single-stage schedules (``GPipe``, ``1F1B``) run hand-written loops in
-    ``_step_microbatches``; their ``pipeline_order`` is only a visualisation aid and, in torch
-    2.13, is wrong for ``Schedule1F1B``'s last rank (it lists ``F1..F{M}`` instead of
-    ``F0..F{M-1}``: ``forward_mb`` starts at 0 and is incremented before the first steady-state
-    forward when there is no warm-up). We therefore *trace* ``_step_microbatches`` with a
-    recording stand-in stage whose P2P op lists are empty, which yields exactly the order the
-    runtime executes.
-
-  torch's ``I`` (input-gradient backward) maps to perseus's ``B``, ``W`` to ``W``, full ``B`` to
-  ``B``. Schedules mixing full and split backwards (``DualPipeV``) do not fit perseus's IR as
-  they are, since it wants either every backward split or none; with
-  ``split_full_backward=True`` each full backward becomes ``B`` immediately followed by ``W`` on
-  the same rank (its time and energy are the two halves' sum in a split profile,
-  :meth:`~perseus.profile.model.Profile.split_backward`), which plans them exactly, and the
-  stage hook closes that ``W`` right after the full backward
-  (:func:`perseus.runtime.engines.torch_hooks.instrument_stages`); without it they raise
-  :class:`~perseus.errors.ScheduleError`. DualPipeV's overlapped
-  forward-backward pairs (``OVERLAP_F_B``) are flattened into their two sub-actions.
-
-* **torchtitan-style use** (:func:`stages_of`, :class:`TorchPipelining`; :func:`perseus.runtime.pipeline.perseus_pipeline`): a trainer that keeps
-  only ``(pp_schedule, model_parts)`` builds its perseus session from those; the stages are
-  read here (``schedule._stage``/``_stages``), not by user code, and checked against the model
-  parts. :func:`check_profile_fits` checks that a profile has the model's stage count.
-
-* **perseus -> torch** (:func:`build_torch_schedule`): a torch schedule object that runs a
-  perseus :class:`~perseus.schedule.Schedule` on real stages, using torch's own
-  ``GPipe``/``1F1B``/``Interleaved1F1B`` classes when perseus's order equals theirs and torch's
-  schedule-IR runtime (``_PipelineScheduleRuntime``) otherwise (e.g. perseus's ZB-H1).
+  compute actions each rank really executes, with no process group. Multi-stage schedules
+  (``Interleaved1F1B``, ``ZBVZeroBubble``, ``DualPipeV``, any ``_PipelineScheduleRuntime``)
+  are read from ``pipeline_order_with_comms[rank]`` (``OVERLAP_F_B`` flattened into its
+  sub-actions). Single-stage schedules (``GPipe``, ``1F1B``) run hand-written loops whose
+  ``pipeline_order`` is only a visualisation aid (in torch 2.13 wrong for ``Schedule1F1B``'s
+  last rank), so ``_step_microbatches`` is traced on recording stand-in stages instead.
+  torch's ``I`` maps to ``B``, ``W`` to ``W``, a full backward to ``B``. A schedule mixing
+  full and split backwards (``DualPipeV``) raises :class:`~perseus.errors.ScheduleError`
+  unless ``split_full_backward=True``, which plans each full backward as ``B`` then ``W``
+  (their sum in a split profile, :meth:`~perseus.profile.model.Profile.split_backward`; the
+  stage hook closes that ``W`` right after the backward).
+* **torchtitan-style use** (:func:`stages_of`, :class:`TorchPipelining`): a trainer keeping
+  only ``(pp_schedule, model_parts)`` builds its session from those; the stages are read from
+  the schedule and checked against the model parts.
+* **perseus -> torch** (:func:`build_torch_schedule`): torch's own ``GPipe``/``1F1B``/
+  ``Interleaved1F1B`` class when its order equals perseus's, else torch's schedule-IR runtime
+  loaded with perseus's order (e.g. ZB-H1).
 """
 
 from __future__ import annotations
