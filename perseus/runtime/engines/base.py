@@ -1,21 +1,11 @@
 """The one protocol every engine adapter implements, and the one version check they share.
 
-An adapter answers three questions for :class:`~perseus.runtime.session.RankSession`:
-
-* **Which schedule runs?** :attr:`EngineAdapter.schedule`: every rank's compute actions in the
-  order the engine executes them, as a perseus :class:`~perseus.schedule.Schedule` (read from
-  the engine, never guessed), plus this process's pipeline ``rank`` and its process ``group``.
-* **How does perseus see each action?** :meth:`EngineAdapter.attach` makes the engine run every
-  training compute action inside ``op(action)`` (a context manager from the session: clock,
-  order check, measurement, emulation) and returns a function that undoes it. Evaluation and
-  forward-only passes between iterations run untouched (the session's ``op`` is a no-op
-  there).
-* **What does the user call once per iteration?** :attr:`EngineAdapter.step_call` names it
-  (``schedule.step()``, ``engine.train_batch()``...), so that a misuse is reported in the
-  words of the API the user called.
-
-A new engine plugs in by writing one module under ``perseus/runtime/engines/`` with a class
-that has these members; engine-private names stay in that module, behind
+An adapter tells :class:`~perseus.runtime.session.RankSession` which schedule the engine runs
+(every rank's compute actions, read from the engine, never guessed), this process's ``rank``
+and ``group``, the user's per-iteration call (``step_call``, for error messages), and
+``attach``es the session's ``op(action)`` around every training compute action (evaluation
+passes between iterations run untouched). A new engine is one module under
+``perseus/runtime/engines/`` whose engine-private names stay behind
 :func:`check_engine_version`.
 """
 
