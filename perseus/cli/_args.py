@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import math
 import os
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -193,23 +192,14 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
     """
     if not str(path_arg).strip():
         raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} plots")
+    from perseus.io.atomic import check_plain_directory, lstat_or_none
+
     path = Path(path_arg)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    st = lstat_or_none(path, f"{flag} ")
+    if st is None:
         _check_parents(path, flag)
         return path
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot check the path ({e.strerror})") from None
-    if stat.S_ISLNK(mode):
-        raise ConfigError(
-            f"{flag} {path}: is a symbolic link; perseus does not follow links for outputs; "
-            "pass the real directory"
-        )
-    if not stat.S_ISDIR(mode):
-        from perseus.io.reading import describe_file_type
-
-        raise ConfigError(f"{flag} {path}: is {describe_file_type(mode)}; pass a directory")
+    check_plain_directory(path, st.st_mode, f"{flag} ")
     if not os.access(path, os.W_OK | os.X_OK) or not _can_create_in(path):
         raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
     return path

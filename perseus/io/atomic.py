@@ -55,6 +55,8 @@ __all__ = [
     "check_distinct_outputs",
     "check_output_directory",
     "check_output_path",
+    "check_plain_directory",
+    "lstat_or_none",
     "open_output_dir",
     "writes_to_stdout",
 ]
@@ -123,12 +125,9 @@ def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
     if text.endswith(("/", os.sep)) or p.name in ("", ".", ".."):
         raise ConfigError(f"{p}: names a directory; pass a file path")
     _check_dir(p.parent)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
+    st = lstat_or_none(p)
+    if st is None:
         return OutputTarget(p, "file", p)
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot check the output path ({e.strerror})") from None
     mode = st.st_mode
     if stat.S_ISREG(mode):
         return OutputTarget(p, "file", p)
@@ -221,20 +220,35 @@ def check_output_directory(path: str | os.PathLike[str]) -> Path:
             "directory name (e.g. report)"
         )
     _check_dir(p.parent)
+    st = lstat_or_none(p)
+    if st is not None:
+        check_plain_directory(p, st.st_mode)
+    return p
+
+
+def lstat_or_none(p: Path, prefix: str = "") -> os.stat_result | None:
+    """``os.lstat(p)``, None when nothing is there.
+
+    Raises:
+        ConfigError: ``"<prefix><p>: cannot check the output path (...)"``.
+    """
     try:
-        mode = os.lstat(p).st_mode
+        return os.lstat(p)
     except FileNotFoundError:
-        return p
+        return None
     except OSError as e:
-        raise ConfigError(f"{p}: cannot check the output path ({e.strerror})") from None
+        raise ConfigError(f"{prefix}{p}: cannot check the output path ({e.strerror})") from None
+
+
+def check_plain_directory(p: Path, mode: int, prefix: str = "") -> None:
+    """Refuse an output directory that is a symbolic link or not a directory (``mode``)."""
     if stat.S_ISLNK(mode):
         raise ConfigError(
-            f"{p}: is a symbolic link; perseus replaces output directories and does not follow "
-            "links; pass the real directory"
+            f"{prefix}{p}: is a symbolic link; perseus does not follow links for outputs; "
+            "pass the real directory"
         )
     if not stat.S_ISDIR(mode):
-        raise ConfigError(f"{p}: is {describe_file_type(mode)}; pass a directory path")
-    return p
+        raise ConfigError(f"{prefix}{p}: is {describe_file_type(mode)}; pass a directory path")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,14 +305,10 @@ _CLEANUP = SignalCleanup()
 
 
 def _walk_dir(folder: Path, *, create: bool) -> int | None:
-    """``folder`` opened one component at a time, never following another user's link.
-
-    Each component is opened with ``O_NOFOLLOW`` relative to the one before, so nothing can be
-    swapped in between a check and an open. A link on the way is followed only when it is
-    ours or root's (``/var/run -> /run``); another user's link would let them send root's
-    output into any directory (``-o /tmp/shared/plan.json`` with ``/tmp/shared`` their link).
-    Missing directories are created (mode 0777 less the umask, like ``mkdir -p``) when
-    ``create``; else None is returned.
+    """``folder`` opened one component at a time with ``O_NOFOLLOW`` relative to the one
+    before (nothing can be swapped in between a check and an open), following only our or
+    root's links (``/var/run -> /run``). Missing directories are created like ``mkdir -p``
+    when ``create``; else None is returned.
 
     Raises:
         ConfigError: a link of another user on the way, a component that is not a directory,
@@ -361,8 +371,8 @@ def _link_target(folder: Path, name: str, fd: int, hops: int) -> str:
 
 
 def open_output_dir(folder: str | os.PathLike[str]) -> int:
-    """A descriptor of directory ``folder`` (created when missing), reached without following
-    another user's link (see :func:`_walk_dir`); open files in it with ``dir_fd=``.
+    """A descriptor of directory ``folder`` (created when missing, reached as
+    :func:`_walk_dir` does); open files in it with ``dir_fd=``.
 
     Raises:
         ConfigError: another user's link on the way, or a component that is not a directory.
@@ -490,10 +500,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary directory that replaces ``path`` only if the block succeeds.
-
-    On an exception (or SIGTERM) the temporary directory is removed and ``path`` is left as it
-    was.
+    """Yield a temporary directory that replaces ``path`` only if the block succeeds (on an
+    exception or SIGTERM it is removed and ``path`` is left as it was).
 
     Raises:
         ConfigError: what :func:`check_output_directory` refuses.

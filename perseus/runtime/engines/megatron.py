@@ -80,7 +80,7 @@ def check_megatron_version() -> types.SimpleNamespace:
     """Import Megatron-Core's pipeline modules and check every name this adapter uses.
 
     Returns:
-        A namespace with ``version``, ``schedules`` and ``p2p`` (the modules).
+        A namespace with ``schedules`` and ``p2p`` (the modules).
 
     Raises:
         ConfigError: if megatron-core is missing, older than :data:`MIN_MEGATRON_VERSION`, or
@@ -97,10 +97,7 @@ def check_megatron_version() -> types.SimpleNamespace:
         [(0, n) for n in _SCHEDULE_NAMES] + [(1, n) for n in _P2P_NAMES],
         TESTED_VERSIONS,
     )
-    import megatron.core as mcore
-
-    version = str(getattr(mcore, "__version__", "0.0"))
-    return types.SimpleNamespace(version=version, schedules=schedules, p2p=p2p)
+    return types.SimpleNamespace(schedules=schedules, p2p=p2p)
 
 
 # --------------------------------------------------------------------------------------------
