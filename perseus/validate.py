@@ -7,9 +7,8 @@ Strict types: a ``bool`` is never an int, a string is never a number. Pure: no f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from perseus.errors import ConfigError
 
@@ -23,11 +22,8 @@ __all__ = [
     "MESSAGE_LIMIT",
     "Bounds",
     "JobDefaults",
-    "check_finite",
-    "check_int",
     "check_job_size",
     "clip_message",
-    "estimate_job_ops",
     "show_value",
 ]
 
@@ -114,73 +110,6 @@ def clip_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return text[: max(0, limit - len(note))] + note
 
 
-def check_finite(
-    what: str,
-    value: Any,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-    unit: str = "",
-) -> float:
-    """``value`` as a finite float within the bounds, else :class:`ConfigError`.
-
-    Ints are accepted (``2`` means ``2.0``); bools and strings are not.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{what}: expected a number, got {show_value(value)}")
-    try:
-        f = float(value)
-    except OverflowError:
-        f = math.inf
-    if not math.isfinite(f):
-        raise ConfigError(
-            f"{what}: must be a finite number{_bounds(gt, ge, lt, le, unit)}, got {show_value(value)}"
-        )
-    if (
-        (gt is not None and not f > gt)
-        or (ge is not None and not f >= ge)
-        or (lt is not None and not f < lt)
-        or (le is not None and not f <= le)
-    ):
-        raise ConfigError(
-            f"{what}: must be a number{_bounds(gt, ge, lt, le, unit)}, got {show_value(value)}"
-        )
-    return f
-
-
-def check_int(what: str, value: Any, *, ge: int | None = None, le: int | None = None) -> int:
-    """``value`` as an int within ``[ge, le]``, else :class:`ConfigError` (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{what}: expected an integer, got {show_value(value)}")
-    if (ge is not None and value < ge) or (le is not None and value > le):
-        lo = f">= {ge}" if ge is not None else ""
-        hi = f"<= {le}" if le is not None else ""
-        rng = " and ".join(x for x in (lo, hi) if x)
-        raise ConfigError(f"{what}: must be an integer {rng}, got {show_value(value)}")
-    return value
-
-
-def _bounds(
-    gt: float | None, ge: float | None, lt: float | None, le: float | None, unit: str
-) -> str:
-    parts = []
-    for op, bound in ((">", gt), (">=", ge), ("<", lt), ("<=", le)):
-        if bound is not None:
-            parts.append(f"{op} {bound:g}{(' ' + unit) if unit else ''}")
-    return (" " + " and ".join(parts)) if parts else ""
-
-
-def estimate_job_ops(schedule: str, stages: int, microbatches: int, virtual_stages: int) -> int:
-    """Ops in one iteration of ``schedule`` without building it: F and B per microbatch and
-    model stage, plus W for zero-bubble (``stages`` counts model stages, so virtual stages do
-    not add ops)."""
-    del virtual_stages
-    kinds = 3 if schedule == "zb" else 2
-    return kinds * stages * microbatches
-
-
 def check_job_size(
     what: str,
     schedule: str,
@@ -198,7 +127,9 @@ def check_job_size(
     Raises:
         ConfigError: naming the ops, clocks, estimated memory and the limits.
     """
-    ops = estimate_job_ops(schedule, stages, microbatches, virtual_stages)
+    # F and B per microbatch and model stage, plus W for zero-bubble (``stages`` counts model
+    # stages, so virtual stages add no ops)
+    ops = (3 if schedule == "zb" else 2) * stages * microbatches
     cells = ops * max(clocks, 1)
     if ops <= MAX_JOB_OPS and cells <= MAX_JOB_CELLS:
         return

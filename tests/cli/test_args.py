@@ -13,8 +13,6 @@ from perseus.cli._args import float_arg, int_arg
 from perseus.errors import ConfigError
 from perseus.validate import (
     MAX_JOB_OPS,
-    check_finite,
-    check_int,
     check_job_size,
     clip_message,
     show_value,
@@ -46,23 +44,6 @@ def test_int_arg_accepts_exactly_integers_in_range(n: int) -> None:
 def test_int_arg_refuses_non_integers(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         int_arg(ge=0)(text)
-
-
-@pytest.mark.parametrize("value", [True, False, "4", None, [], float("nan"), float("inf"), 10**400])
-def test_check_finite_is_strict(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"job\.toml: key x"):
-        check_finite("job.toml: key x", value, ge=0)
-
-
-@pytest.mark.parametrize("value", [True, "4", 4.0, None])
-def test_check_int_is_strict(value: object) -> None:
-    with pytest.raises(ConfigError, match="expected an integer"):
-        check_int("--n", value)
-
-
-def test_check_int_and_finite_pass_good_values() -> None:
-    assert check_int("--n", 5, ge=1, le=9) == 5
-    assert check_finite("--x", 2, gt=0) == 2.0
 
 
 def test_size_bound_names_the_source_and_memory() -> None:
