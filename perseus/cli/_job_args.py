@@ -31,7 +31,6 @@ __all__ = [
     "build_checked_job",
     "check_figures",
     "check_plan_fits",
-    "job_float",
     "job_from_args",
     "job_from_frontier",
     "job_int",
@@ -62,11 +61,6 @@ def job_int(name: str) -> Callable[[str], int]:
         ge=None if bounds.ge is None else int(bounds.ge),
         le=None if bounds.le is None else int(bounds.le),
     )
-
-
-def job_float(name: str, unit: str = "") -> Callable[[str], float]:
-    """The argparse ``type`` of number job field ``name``, in its range (``JOB_BOUNDS``)."""
-    return float_arg(**JOB_BOUNDS[name]._asdict(), unit=unit)
 
 
 def _layer_counts(text: str) -> list[int]:
