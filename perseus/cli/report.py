@@ -124,18 +124,15 @@ def run(args: argparse.Namespace) -> int:
         measured.check_frontier(frontier, args.summary)
     job, why = _rebuild_job(frontier, args.profile, args.frontier)
     sweep = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
-    baselines: dict[str, Any] = {}
-    global_clock: list[Any] = []
+    plans: dict[str, Any] = {}
     if job is not None:
         from perseus.solver import baseline_plans, global_clock_plans
 
-        baselines = baseline_plans(job)
-        global_clock = global_clock_plans(job)
+        plans = {"baselines": baseline_plans(job), "global_clock": global_clock_plans(job)}
     inputs = ReportInputs(
-        frontier=frontier,
-        job=job,
-        baselines=baselines,
-        global_clock=global_clock,
+        frontier,
+        job,
+        **plans,
         sweep=sweep,
         pipelines=args.pipelines,
         measured=measured,

@@ -1,19 +1,11 @@
 """``perseus straggler set|clear``: declare a slowed pipeline to a running job, from outside.
 
-The job's ranks read the hint at their next iteration boundary (global rank 0 reads the store,
-the value travels in the ranks' all-reduce, see :mod:`perseus.runtime.straggler.switching`), so
-the other pipelines switch to a cheaper plan that finishes within the declared time::
-
-    perseus straggler set --store 10.0.0.1:29500 --pipeline 1 --time-s 2.4
-    perseus straggler clear --store 10.0.0.1:29500 --pipeline 1
-
-``--store`` is the job's torch.distributed TCP store (torchrun's ``MASTER_ADDR:MASTER_PORT``).
-Every wait is bounded: the store must answer within ``--timeout-s`` (a server that accepts
-the connection and never answers is given up on, not waited for), and the command then waits
-up to ``--wait-s`` for the running job to acknowledge the hint (global rank 0 writes the
-iteration at which it read it). It says which happened: "acknowledged by the job at iteration
-N" (exit 0), or "no running job has read it yet" (exit 1; the hint stays in the store and a job
-reads it at its next iteration boundary).
+Global rank 0 of the job reads the hint from its TCP store at an iteration boundary (see
+:mod:`perseus.runtime.straggler.switching` and docs/straggler.md), and the other pipelines
+switch to a cheaper plan that finishes within the declared time. Every wait is bounded: the
+store must answer within ``--timeout-s`` (a server that accepts and never answers is given up
+on), then the command waits up to ``--wait-s`` for the job's acknowledgement (exit 0), else
+says no running job has read it yet (exit 1; the hint stays in the store).
 """
 
 from __future__ import annotations

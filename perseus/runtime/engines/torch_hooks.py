@@ -1,15 +1,10 @@
 """Wrap a pipeline stage's compute calls so perseus sees every action as it runs.
 
-torch's schedules call three methods of a stage once per compute action (forward, backward or
-its input-gradient half, weight gradient); :data:`STAGE_COMPUTE_METHODS` names them. :func:`instrument_stages` replaces them *on the stage instances* (never on torch's
-classes, so other stages and other tests are untouched) with wrappers that run the real call
-inside a context manager supplied by the caller: typically
-:meth:`perseus.runtime.session.RankSession.op` (the rank agent sets the planned clock on
-the device's timeline and measures; in emulation the op is launched on the simulated GPU).
-
-The P2P waits happen outside these calls (torch waits for a receive before calling
-``forward_one_chunk``), so the wrapped window is pure compute, which is what a plan's op time
-means.
+:func:`instrument_stages` replaces the :data:`STAGE_COMPUTE_METHODS` *on the stage instances*
+(never on torch's classes) with wrappers that run the real call inside the caller's context
+manager, typically :meth:`perseus.runtime.session.RankSession.op`. torch waits for a receive
+before calling ``forward_one_chunk``, so the wrapped window is pure compute, which is what a
+plan's op time means.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from typing import Any
 from perseus.runtime.engines.base import OpContextFactory
 from perseus.schedule.actions import Action, Kind
 
-__all__ = ["STAGE_COMPUTE_METHODS", "OpContextFactory", "instrument_stages"]
+__all__ = ["STAGE_COMPUTE_METHODS", "instrument_stages"]
 
 #: Stage methods the runtime calls once per compute action, with the kind each one performs.
 #: ``backward_one_chunk`` is a full backward, or the input-gradient half when called with
