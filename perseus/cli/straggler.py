@@ -156,10 +156,14 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         return within(max(left_s, 0.0), "connecting", address, connect, shown_s=timeout_s)
     except (RuntimeError, OSError, ValueError, OverflowError) as e:
         reason = str(e).strip().partition("\n")[0][:200] or type(e).__name__
-        raise PerseusError(
-            f"--store {show_value(address)}: cannot connect to the job's store within "
-            f"{timeout_s:g} s ({reason}); check the address and that the job is running"
-        ) from None
+        raise _unreachable(address, timeout_s, reason) from None
+
+
+def _unreachable(address: str, timeout_s: float, reason: str) -> PerseusError:
+    return PerseusError(
+        f"--store {show_value(address)}: cannot connect to the job's store within "
+        f"{timeout_s:g} s ({reason}); check the address and that the job is running"
+    )
 
 
 def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
@@ -170,10 +174,7 @@ def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
             pass
     except OSError as e:
         reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise PerseusError(
-            f"--store {show_value(address)}: cannot connect to the job's store within "
-            f"{timeout_s:g} s ({reason}); check the address and that the job is running"
-        ) from None
+        raise _unreachable(address, timeout_s, reason) from None
 
 
 def _quiet_torch_env() -> None:

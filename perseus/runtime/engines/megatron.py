@@ -375,13 +375,9 @@ class MegatronEngine:
 # CPU emulation
 
 
-_CPU_COMMUNICATORS: dict[type, type] = {}
-
-
+@functools.cache
 def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
     """A ``P2PCommunicator`` subclass whose receive buffers are CPU tensors."""
-    if base in _CPU_COMMUNICATORS:
-        return _CPU_COMMUNICATORS[base]
 
     class CpuP2PCommunicator(base):  # type: ignore[misc]
         """Megatron's P2P communicator with CPU receive buffers (gloo), Megatron's own ops."""
@@ -433,7 +429,6 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
                 reqs = None
             return recv_prev_t, recv_next_t, reqs
 
-    _CPU_COMMUNICATORS[base] = CpuP2PCommunicator
     return CpuP2PCommunicator
 
 
