@@ -198,11 +198,7 @@ class _RecordingStage:
     def _prepare_forward_infra(self, *_: Any, **__: Any) -> None:
         return None
 
-    def clear_runtime_states(self) -> None:
-        return None
-
-    def perform_reduce_grad(self, *_: Any) -> None:
-        return None
+    clear_runtime_states = perform_reduce_grad = _prepare_forward_infra
 
 
 def _trace_single(cls: type, num_stages: int, num_microbatches: int) -> list[list[Action]]:
