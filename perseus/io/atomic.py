@@ -38,7 +38,7 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -173,11 +173,7 @@ def check_distinct_outputs(outputs: Mapping[str, str | os.PathLike[str] | None])
 
 def _link_entry(p: Path, st: os.stat_result) -> Path:
     """The in-directory file a link of ours points to, else :class:`ConfigError`."""
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ConfigError(
-            f"{p}: is a symbolic link owned by another user (uid {st.st_uid}); perseus does not "
-            "follow it; remove the link or pass another path"
-        )
+    _refuse_foreign_link(st, f"{p}: is")
     folder = os.path.realpath(p.parent)
     target = os.path.realpath(p)
     if os.path.dirname(target) != folder:
@@ -195,6 +191,16 @@ def _link_entry(p: Path, st: os.stat_result) -> Path:
             "regular file's path"
         )
     return p.parent / os.path.basename(target)
+
+
+def _refuse_foreign_link(st: os.stat_result, shown: str) -> None:
+    """Refuse a link another user planted (in a shared directory it is how a file elsewhere
+    gets overwritten); ``shown`` starts the message (``"<path>: is"``)."""
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(
+            f"{shown} a symbolic link owned by another user (uid {st.st_uid}); perseus does not "
+            "follow another user's links; remove the link or pass the real path"
+        )
 
 
 def check_output_directory(path: str | os.PathLike[str]) -> Path:
@@ -359,12 +365,7 @@ def _link_target(folder: Path, name: str, fd: int, hops: int) -> str:
             f"{folder}: {name} on the way is {describe_file_type(st.st_mode)}, not a "
             "directory; pass another path"
         ) from None
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ConfigError(
-            f"{folder}: {name} on the way is a symbolic link owned by another user "
-            f"(uid {st.st_uid}); perseus does not follow another user's links; "
-            "pass the real path"
-        ) from None
+    _refuse_foreign_link(st, f"{folder}: {name} on the way is")
     if hops > _MAX_LINK_HOPS:
         raise ConfigError(f"{folder}: too many symbolic links; pass the real path") from None
     return os.readlink(name, dir_fd=fd)
@@ -453,7 +454,7 @@ def _write_file(entry: Path, data: bytes) -> None:
                     os.fchmod(fd, 0o666 & ~_umask())
                 finally:
                     os.close(fd)
-                _check_entry(dfd, entry)
+                _entry_mode(dfd, name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             remove()
@@ -464,17 +465,19 @@ def _write_file(entry: Path, data: bytes) -> None:
         os.close(dfd)
 
 
-def _check_entry(dfd: int, entry: Path) -> None:
-    """The entry about to be replaced is still nothing, a regular file or a link."""
+def _entry_mode(dfd: int, name: str, shown: object, ok: Callable[[int], bool]) -> int | None:
+    """The mode of ``name`` in ``dfd`` (None when missing), refused unless ``ok(mode)``: what
+    is about to be replaced changed while perseus worked."""
     try:
-        mode = os.lstat(entry.name, dir_fd=dfd).st_mode
+        mode = os.lstat(name, dir_fd=dfd).st_mode
     except FileNotFoundError:
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        return None
+    if not ok(mode):
         raise ConfigError(
-            f"{entry}: became {describe_file_type(mode)} while perseus worked; nothing was "
+            f"{shown}: became {describe_file_type(mode)} while perseus worked; nothing was "
             "written; pass another path"
         )
+    return mode
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -531,16 +534,9 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
-    try:
-        mode = os.lstat(name, dir_fd=dfd).st_mode
-    except FileNotFoundError:
+    if _entry_mode(dfd, name, name, stat.S_ISDIR) is None:
         os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         return
-    if not stat.S_ISDIR(mode):
-        raise ConfigError(
-            f"{name}: became {describe_file_type(mode)} while perseus worked; nothing was "
-            "written; pass another path"
-        )
     # Move the old directory onto a fresh empty one of ours (a name nobody else can hold),
     # put the new one in place, then remove the old one.
     old_name = _temp_name(name)

@@ -1,37 +1,17 @@
-"""Export a plan for Zeus's pipeline frequency optimizer (PFO) server.
+"""Export a plan for Zeus's pipeline frequency optimizer (PFO) server (docs/formats.md).
 
-Zeus (``zeus.optimizer.pipeline_frequency``) hands each rank a ``FrequencySchedule``: the
-rank's instructions for one iteration in execution order, each with the SM clock to lock,
-as ``{"rank": r, "frequencies": [["forward", 1410], ["backward", 1395], ...]}``. The client
-checks every instruction name against the one the training loop announces
-(``on_instruction_begin("forward")``), so the names are the profile's instruction names:
-``forward``, ``backward`` (and ``weight`` for zero-bubble schedules, which Zeus's stock
-integrations do not emit).
+Zeus hands each rank a ``FrequencySchedule``, ``{"rank": r, "frequencies": [["forward",
+1410], ["backward", 1395], ...]}``: the rank's instructions in execution order with the SM
+clock to lock, named as the training loop announces them (the profile's instruction names;
+``weight`` for zero-bubble schedules, which Zeus's stock integrations do not emit). Two files
+carry it: ``point_solution.py``, the Python literal Zeus's ``PointSolution`` scheduler
+evaluates (literals only, with ``#`` lines giving the plan's figures, as lowtime's
+``freqs_pipeline_%05d.py``), and ``0.sched.json``, the layout the server dumps and reloads;
+``perseus_plan.json`` records the plan for provenance.
 
-Two files carry the same schedule:
-
-* ``point_solution.py``: what Zeus's ``PointSolution`` scheduler loads (it requires the
-  ``.py`` suffix and evaluates the file): a Python literal ``[[("forward", 1410), ...], ...]``
-  indexed by rank, with ``#`` comment lines giving the plan's time and energy, as lowtime's
-  ``freqs_pipeline_%05d.py`` files do. It holds literals only (``ast.literal_eval`` reads it),
-  but Zeus evaluates it, so serve only files you produced. Start Zeus's server with it::
-
-      ZEUS_PFO_SCHEDULER=PointSolution \\
-      ZEUS_PFO_SCHEDULER_ARGS='{"solution_path": "DIR/point_solution.py"}' \\
-      uvicorn zeus.optimizer.pipeline_frequency.server.router:app --port 7787
-
-* ``0.sched.json``: the list of per-rank ``FrequencySchedule`` objects, in the layout the
-  server dumps and reloads (``zeus...common.load_sched(DIR, 0)`` reads it as is).
-
-Ranks are pipeline ranks; with data or tensor parallelism use ``PointSolution3D``, which copies
-each pipeline rank's schedule to every rank with that ``pp_rank``. The chosen plan is also
-written as ``perseus_plan.json`` (perseus's own plan format) for provenance.
-
-Zeus sets SM clocks only. An op of a plan that also sets a memory clock (a one-phase op
-``[[freq_mhz, mem_freq_mhz, 0]]``) is exported with its SM clock; the export then logs a
-warning and says so in ``point_solution.py``, because Zeus will run those ops at the GPU's
-default memory clock and the plan's figures will not hold. An op that switches SM clock
-mid-op cannot be exported.
+Zeus sets SM clocks only: an op that also sets a memory clock is exported with its SM clock
+and a warning (in the log and in ``point_solution.py``: the plan's figures will not hold); an
+op that switches SM clock mid-op cannot be exported.
 """
 
 from __future__ import annotations
