@@ -25,35 +25,63 @@ from perseus.cli._args import add_job_store_args, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
-__all__ = ["abandoned_calls", "connect_store", "register", "run", "within"]
+__all__ = [
+    "abandoned_calls",
+    "add_store_command",
+    "await_ack",
+    "connect_store",
+    "register",
+    "run",
+    "within",
+]
 
 T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("straggler", help="declare or clear a slowed pipeline in a running job")
-    actions = p.add_subparsers(dest="straggler_action", metavar="ACTION")
-    actions.required = True
-    for name, help_text in (
-        ("set", "declare pipeline K slowed to T' seconds per iteration"),
-        ("clear", "remove the declaration for pipeline K"),
-    ):
-        a = actions.add_parser(name, help=help_text)
-        add_job_store_args(a)
+    actions = add_store_command(
+        sub,
+        "straggler",
+        "declare or clear a slowed pipeline in a running job",
+        {
+            "set": "declare pipeline K slowed to T' seconds per iteration",
+            "clear": "remove the declaration for pipeline K",
+        },
+        run,
+    )
+    for a in actions.values():
         a.add_argument(
             "--pipeline",
             type=int_arg(ge=0, le=1_000_000),
             required=True,
             help="data-parallel replica index",
         )
-        if name == "set":
-            a.add_argument(
-                "--time-s",
-                type=float_arg(gt=0, le=86_400, unit="s"),
-                required=True,
-                help="the pipeline's iteration time T' in seconds",
-            )
-    p.set_defaults(handler=run)
+    actions["set"].add_argument(
+        "--time-s",
+        type=float_arg(gt=0, le=86_400, unit="s"),
+        required=True,
+        help="the pipeline's iteration time T' in seconds",
+    )
+
+
+def add_store_command(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    help_text: str,
+    actions: dict[str, str],
+    handler: Callable[[argparse.Namespace], int],
+) -> dict[str, argparse.ArgumentParser]:
+    """``perseus NAME ACTION --store ...``: a command that talks to a running job's store;
+    returns each action's parser (``dest`` is ``<name>_action``)."""
+    p = sub.add_parser(name, help=help_text)
+    sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
+    sub_actions.required = True
+    parsers = {}
+    for action, text in actions.items():
+        parsers[action] = sub_actions.add_parser(action, help=text)
+        add_job_store_args(parsers[action])
+    p.set_defaults(handler=handler)
+    return parsers
 
 
 def _parse_address(address: str) -> tuple[str, int]:
@@ -215,20 +243,51 @@ _SILENCE = threading.Lock()
 
 
 def _wait_for_ack(
-    store: Any, pipeline: int, accept: Callable[[str], bool], wait_s: float, poll_s: float = 0.1
+    read: Callable[[], tuple[str, int | None] | None],
+    accept: Callable[[str], bool],
+    wait_s: float,
+    poll_s: float = 0.1,
 ) -> int | bool | None:
-    """Poll the job's acknowledgement until ``accept(token)``; its iteration (None if the job
-    did not say), or False if none came within ``wait_s``."""
-    from perseus.runtime.straggler.switching import read_ack
-
+    """Poll the job's acknowledgement (``read()``) until ``accept(token)``; its iteration
+    (None if the job did not say), or False if none came within ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        ack = read_ack(store, pipeline)
+        ack = read()
         if ack is not None and accept(ack[0]):
             return ack[1]
         if time.monotonic() >= deadline:
             return False
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def await_ack(
+    args: argparse.Namespace,
+    what: str,
+    read: Callable[[], tuple[str, int | None] | None],
+    accept: Callable[[str], bool],
+    reader: str,
+) -> int:
+    """Wait up to ``--wait-s`` for the running job to acknowledge (``read``/``accept``) and
+    print which happened, ``what`` first: 0 when it did, 1 when no running job has read it
+    (``reader`` says which jobs read it, and when)."""
+    if args.wait_s == 0:
+        print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
+        return 0
+    seen = within(
+        args.wait_s + args.timeout_s,
+        "waiting for the acknowledgement",
+        args.store,
+        lambda: _wait_for_ack(read, accept, args.wait_s),
+    )
+    if seen is False:
+        print(
+            f"{what}; no running job has read it yet (no acknowledgement within "
+            f"{args.wait_s:g} s): {reader}"
+        )
+        return 1
+    at = f"at iteration {seen}" if seen is not None else "at its last iteration boundary"
+    print(f"{what}; acknowledged by the job {at}")
+    return 0
 
 
 def _clear(store: Any, pipeline: int) -> tuple[str, int | None] | None:
@@ -242,7 +301,7 @@ def _clear(store: Any, pipeline: int) -> tuple[str, int | None] | None:
 
 def run(args: argparse.Namespace) -> int:
     _quiet_torch_env()
-    from perseus.runtime.straggler.switching import CLEARED, hint_key, set_hint
+    from perseus.runtime.straggler.switching import CLEARED, hint_key, read_ack, set_hint
 
     key = hint_key(args.pipeline)
     store = connect_store(args.store, args.timeout_s)
@@ -273,22 +332,10 @@ def run(args: argparse.Namespace) -> int:
         def accept(seen: str) -> bool:
             return seen == CLEARED
 
-    if args.wait_s == 0:
-        print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
-        return 0
-    seen = within(
-        args.wait_s + args.timeout_s,
-        "waiting for the acknowledgement",
-        args.store,
-        lambda: _wait_for_ack(store, args.pipeline, accept, args.wait_s),
+    return await_ack(
+        args,
+        what,
+        lambda: read_ack(store, args.pipeline),
+        accept,
+        "a job started with straggler hints reads them on global rank 0 at each iteration boundary",
     )
-    if seen is False:
-        print(
-            f"{what}; no running job has read it yet (no acknowledgement within "
-            f"{args.wait_s:g} s): a job started with straggler hints reads them on global "
-            "rank 0 at each iteration boundary"
-        )
-        return 1
-    at = f"at iteration {seen}" if seen is not None else "at its last iteration boundary"
-    print(f"{what}; acknowledged by the job {at}")
-    return 0
