@@ -17,56 +17,34 @@ job read the cap yet; it stays in the store).
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from typing import Any, Literal
 
-from perseus.cli._args import add_job_store_args, float_arg
+from perseus.cli._args import float_arg
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("power", help="set or clear a running job's power cap")
-    actions = p.add_subparsers(dest="power_action", metavar="ACTION")
-    actions.required = True
-    for name, help_text in (
-        ("set", "cap the job's average pipeline power at W watts"),
-        ("clear", "remove the cap"),
-    ):
-        a = actions.add_parser(name, help=help_text)
-        add_job_store_args(a)
-        if name == "set":
-            a.add_argument(
-                "--cap-w",
-                type=float_arg(gt=0, le=1e7, unit="W"),
-                required=True,
-                help="the cap on each pipeline's average power, in watts",
-            )
-            a.add_argument(
-                "--per-gpu", action="store_true", help="--cap-w is per GPU, not per pipeline"
-            )
-    p.set_defaults(handler=run)
+    from perseus.cli.straggler import add_store_command
 
-
-def _wait_for_ack(
-    store: Any, accept: Callable[[str], bool], wait_s: float, poll_s: float = 0.1
-) -> int | bool | None:
-    from perseus.runtime.power.cap import read_cap_ack
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        ack = read_cap_ack(store)
-        if ack is not None and accept(ack[0]):
-            return ack[1]
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    actions = {"set": "cap the job's average pipeline power at W watts", "clear": "remove the cap"}
+    parsers = add_store_command(
+        sub, "power", "set or clear a running job's power cap", actions, run
+    )
+    parsers["set"].add_argument(
+        "--cap-w",
+        type=float_arg(gt=0, le=1e7, unit="W"),
+        required=True,
+        help="the cap on each pipeline's average power, in watts",
+    )
+    parsers["set"].add_argument(
+        "--per-gpu", action="store_true", help="--cap-w is per GPU, not per pipeline"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.cli.straggler import connect_store, within
-    from perseus.runtime.power.cap import CAP_KEY, CLEARED, clear_cap, set_cap
+    from perseus.cli.straggler import await_ack, connect_store, within
+    from perseus.runtime.power.cap import CAP_KEY, CLEARED, clear_cap, read_cap_ack, set_cap
 
     store = connect_store(args.store, args.timeout_s)
     if args.power_action == "set":
@@ -89,22 +67,10 @@ def run(args: argparse.Namespace) -> int:
         def accept(seen: str) -> bool:
             return seen == CLEARED
 
-    if args.wait_s == 0:
-        print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
-        return 0
-    seen = within(
-        args.wait_s + args.timeout_s,
-        "waiting for the acknowledgement",
-        args.store,
-        lambda: _wait_for_ack(store, accept, args.wait_s),
+    return await_ack(
+        args,
+        what,
+        lambda: read_cap_ack(store),
+        accept,
+        "a job started with power_store= reads it at each iteration boundary",
     )
-    if seen is False:
-        print(
-            f"{what}; no running job has read it yet (no acknowledgement within "
-            f"{args.wait_s:g} s): a job started with power_store= reads it at each iteration "
-            "boundary"
-        )
-        return 1
-    at = f"at iteration {seen}" if seen is not None else "at its last iteration boundary"
-    print(f"{what}; acknowledged by the job {at}")
-    return 0
