@@ -83,15 +83,6 @@ class Summary:
         return {"kind": REPORT_SUMMARY_KIND, "schema_version": 1, **asdict(self)}
 
 
-def _figures(point: PlanPoint | Any, allmax_time_s: float, allmax_energy_j: float) -> PlanFigures:
-    return PlanFigures(
-        time_s=point.time_s,
-        energy_j=point.energy_j,
-        energy_saving=1 - point.energy_j / allmax_energy_j,
-        slowdown=point.time_s / allmax_time_s - 1,
-    )
-
-
 def summarize(
     frontier: Frontier,
     baselines: Mapping[str, PlanPoint] | None = None,
@@ -104,11 +95,15 @@ def summarize(
     sweep). Complexity: O(K + B + F) for K points, B baselines and F sweep cases.
     """
     base = frontier.baseline
-    fig = {
-        "allmax": _figures(base, base.time_s, base.energy_j),
-        "fastest": _figures(frontier.fastest, base.time_s, base.energy_j),
-        "min_energy": _figures(frontier.min_energy, base.time_s, base.energy_j),
-    }
+
+    def figures(point: PlanPoint | Any) -> PlanFigures:
+        return PlanFigures(
+            time_s=point.time_s,
+            energy_j=point.energy_j,
+            energy_saving=1 - point.energy_j / base.energy_j,
+            slowdown=point.time_s / base.time_s - 1,
+        )
+
     straggler = None
     if sweep and pipelines is not None:
         case = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
@@ -121,12 +116,10 @@ def summarize(
     return Summary(
         job=frontier.job.model_dump(),
         points=len(frontier.points),
-        allmax=fig["allmax"],
-        fastest=fig["fastest"],
-        min_energy=fig["min_energy"],
-        baselines={
-            name: _figures(p, base.time_s, base.energy_j) for name, p in (baselines or {}).items()
-        },
+        allmax=figures(base),
+        fastest=figures(frontier.fastest),
+        min_energy=figures(frontier.min_energy),
+        baselines={name: figures(p) for name, p in (baselines or {}).items()},
         straggler=straggler,
     )
 
