@@ -142,6 +142,13 @@ def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     )
 
 
+def _checked(engine: Any, who: str) -> types.SimpleNamespace:
+    ds = check_deepspeed_version()
+    if not isinstance(engine, ds.engine_class):
+        raise ConfigError(f"{who} needs a deepspeed PipelineEngine, got {type(engine).__name__}")
+    return ds
+
+
 @contextmanager
 def instrument_deepspeed(
     engine: Any, factory: OpContextFactory, in_iteration: Callable[[], bool] = lambda: False
@@ -161,11 +168,7 @@ def instrument_deepspeed(
         ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented; from
             ``engine.eval_batch()`` inside a training iteration.
     """
-    ds = check_deepspeed_version()
-    if not isinstance(engine, ds.engine_class):
-        raise ConfigError(
-            f"instrument_deepspeed needs a deepspeed PipelineEngine, got {type(engine).__name__}"
-        )
+    ds = _checked(engine, "instrument_deepspeed")
     if "_INSTRUCTION_MAP" in vars(engine):
         raise ConfigError("this PipelineEngine is already instrumented")
     cls_map = type(engine)._INSTRUCTION_MAP
@@ -226,11 +229,7 @@ class DeepSpeedEngine:
     step_call = "engine.train_batch()"
 
     def __init__(self, engine: Any, group: Any = None) -> None:
-        ds = check_deepspeed_version()
-        if not isinstance(engine, ds.engine_class):
-            raise ConfigError(
-                f"DeepSpeedEngine needs a deepspeed PipelineEngine, got {type(engine).__name__}"
-            )
+        _checked(engine, "DeepSpeedEngine")
         self.engine = engine
         self.schedule = deepspeed_schedule(
             int(engine.num_stages), int(engine.gradient_accumulation_steps())
