@@ -17,14 +17,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from perseus.errors import ConfigError
 from perseus.validate import show_value
 
 __all__ = [
-    "add_job_store_args",
     "add_output_arg",
+    "add_store_command",
     "check_output_dir",
     "check_output_file",
     "check_output_folder",
@@ -222,9 +222,30 @@ def add_output_arg(
     )  # fmt: skip
 
 
-def add_job_store_args(parser: argparse.ArgumentParser) -> None:
+def add_store_command(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    help_text: str,
+    actions: dict[str, str],
+    handler: Callable[[argparse.Namespace], int],
+) -> dict[str, argparse.ArgumentParser]:
+    """``perseus NAME ACTION --store HOST:PORT ...``: a command that reaches a running job's
+    TCP store (``straggler``, ``power``); returns each action's parser (``dest``:
+    ``<name>_action``)."""
+    p = sub.add_parser(name, help=help_text)
+    sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
+    sub_actions.required = True
+    parsers = {}
+    for action, text in actions.items():
+        parsers[action] = sub_actions.add_parser(action, help=text)
+        _add_job_store_args(parsers[action])
+    p.set_defaults(handler=handler)
+    return parsers
+
+
+def _add_job_store_args(parser: argparse.ArgumentParser) -> None:
     """``--store``, ``--timeout-s`` and ``--wait-s``: how a command reaches a running job's
-    TCP store and waits for its acknowledgement (``straggler`` and ``power``)."""
+    TCP store and waits for its acknowledgement."""
     parser.add_argument(
         "--store",
         required=True,

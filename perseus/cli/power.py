@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
-from perseus.cli._args import float_arg
+from perseus.cli._args import add_store_command, float_arg
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    from perseus.cli.straggler import add_store_command
-
     actions = {"set": "cap the job's average pipeline power at W watts", "clear": "remove the cap"}
     parsers = add_store_command(
         sub, "power", "set or clear a running job's power cap", actions, run

@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from perseus.cli._args import add_job_store_args, float_arg, int_arg
+from perseus.cli._args import add_store_command, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
 __all__ = [
     "abandoned_calls",
-    "add_store_command",
     "await_ack",
     "connect_store",
     "register",
@@ -62,26 +61,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         required=True,
         help="the pipeline's iteration time T' in seconds",
     )
-
-
-def add_store_command(
-    sub: argparse._SubParsersAction[Any],
-    name: str,
-    help_text: str,
-    actions: dict[str, str],
-    handler: Callable[[argparse.Namespace], int],
-) -> dict[str, argparse.ArgumentParser]:
-    """``perseus NAME ACTION --store ...``: a command that talks to a running job's store;
-    returns each action's parser (``dest`` is ``<name>_action``)."""
-    p = sub.add_parser(name, help=help_text)
-    sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
-    sub_actions.required = True
-    parsers = {}
-    for action, text in actions.items():
-        parsers[action] = sub_actions.add_parser(action, help=text)
-        add_job_store_args(parsers[action])
-    p.set_defaults(handler=handler)
-    return parsers
 
 
 def _parse_address(address: str) -> tuple[str, int]:
