@@ -317,12 +317,11 @@ def schedule_from_torch_class(
                     f"{cls.__name__} runs one stage per rank, not {stages_per_rank}"
                 )
             # Constructing validates torch's own size rules (e.g. 1F1B needs M >= S).
-            cls(_RecordingStage(0, num_stages, num_ranks, 0), num_microbatches)
-            orders = _trace_single(cls, num_stages, num_microbatches)
-            return schedule_from_actions(cls.__name__, orders, num_stages, num_microbatches)
-        local = _local_stage_indices(cls, sched_mod, num_ranks, stages_per_rank)
-        stages = [_RecordingStage(s, num_stages, num_ranks, 0) for s in local]
-        sched = cls(stages, num_microbatches)
+            sched = cls(_RecordingStage(0, num_stages, num_ranks, 0), num_microbatches)
+        else:
+            local = _local_stage_indices(cls, sched_mod, num_ranks, stages_per_rank)
+            stages = [_RecordingStage(s, num_stages, num_ranks, 0) for s in local]
+            sched = cls(stages, num_microbatches)
     except (ValueError, RuntimeError) as e:
         raise ScheduleError(
             f"torch {cls.__name__} rejects {num_ranks} ranks x {num_microbatches} microbatches "
