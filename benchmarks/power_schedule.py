@@ -37,7 +37,13 @@ from perseus.solver import trace_frontier
 from perseus.solver.power import with_power
 from perseus.solver.power_schedule import schedule_plans
 
-WEEK = Path(__file__).parents[1] / "tests" / "solver" / "signals" / "de_lu_2023-06-27_negative_prices.csv"
+WEEK = (
+    Path(__file__).parents[1]
+    / "tests"
+    / "solver"
+    / "signals"
+    / "de_lu_2023-06-27_negative_prices.csv"
+)
 
 
 def main() -> None:

@@ -150,7 +150,9 @@ def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
 def test_plan_schedule_charges_idle_gpus_and_names_the_signal(
     tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prices = Path(__file__).parents[1] / "solver" / "signals" / "de_lu_2023-06-27_negative_prices.csv"
+    prices = (
+        Path(__file__).parents[1] / "solver" / "signals" / "de_lu_2023-06-27_negative_prices.csv"
+    )
     start = datetime(2023, 6, 27, tzinfo=UTC)
     carbon = tmp_path / "carbon.csv"  # synthetic carbon on the real price week's hours
     carbon.write_text(
