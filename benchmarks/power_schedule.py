@@ -37,7 +37,13 @@ from perseus.solver import trace_frontier
 from perseus.solver.power import with_power
 from perseus.solver.power_schedule import schedule_plans
 
-WEEK = Path(__file__).parents[1] / "tests" / "solver" / "signals" / "solar_week_negative_prices.csv"
+WEEK = (
+    Path(__file__).parents[1]
+    / "tests"
+    / "solver"
+    / "signals"
+    / "de_lu_2023-06-27_negative_prices.csv"
+)
 
 
 def main() -> None:
@@ -56,7 +62,9 @@ def main() -> None:
         f"week: {len(points)} frontier points, 168 hourly intervals, N={n}: schedule in {time.perf_counter() - started:.3f} s"
     )
     rng = random.Random(0)
-    realised = forecast * np.array([1 + rng.uniform(-0.2, 0.2) for _ in forecast])
+    # An additive error (up to 20 % of the mean price): a zero hour's realised value differs too.
+    scale = 0.2 * float(np.abs(forecast).mean())
+    realised = forecast + np.array([scale * rng.uniform(-1, 1) for _ in forecast])
     # What the running job does at each hour: the re-planner's LP from the cached frontier,
     # then the schedule document the hook follows.
     replanner = Replanner(frontier, schedule_document(plan, frontier), starts, forecast,

@@ -7,7 +7,7 @@ import json
 import math
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +150,14 @@ def test_plan_schedule_writes_a_schedule_and_refuses_an_impossible_n(
 def test_plan_schedule_charges_idle_gpus_and_names_the_signal(
     tmp_path: Path, frontier_path: Path, frontier: Frontier, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prices = Path(__file__).parents[1] / "solver" / "signals" / "solar_week_negative_prices.csv"
-    carbon = tmp_path / "carbon.csv"
+    prices = (
+        Path(__file__).parents[1] / "solver" / "signals" / "de_lu_2023-06-27_negative_prices.csv"
+    )
+    start = datetime(2023, 6, 27, tzinfo=UTC)
+    carbon = tmp_path / "carbon.csv"  # synthetic carbon on the real price week's hours
     carbon.write_text(
         "start,carbon_g_per_kwh_location_average\n"
-        + "".join(f"2026-06-{8 + h // 24:02d}T{h % 24:02d}:00:00Z,{300 - 100 * math.sin(h / 4)}\n" for h in range(168))
+        + "".join(f"{(start + timedelta(hours=h)).isoformat()},{300 - 100 * math.sin(h / 4)}\n" for h in range(168))
     )  # fmt: skip
     out = tmp_path / "s.json"
     n = int(0.4 * 168 * 3600 / frontier.fastest.time_s)
@@ -162,7 +165,7 @@ def test_plan_schedule_charges_idle_gpus_and_names_the_signal(
             str(carbon), "--iterations", str(n), "--deadline-s", str(168 * 3600), "-o", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "signal:   price in EUR/MWh from 2026-06-08T00:00:00+00:00" in printed
+    assert "signal:   price in EUR/MWh from 2023-06-27T00:00:00+00:00" in printed
     assert "idle at 30 W each x 8 (the a40 preset)" in printed  # the A40 preset's idle power
     assert "EUR (exact optimum over plan mixes" in printed
     assert "kgCO2 (carbon in gCO2/kWh (location-based, average))" in printed

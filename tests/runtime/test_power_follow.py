@@ -4,6 +4,7 @@ interval it was drawn in) matches the schedule's. Emulated on a virtual clock.""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -11,17 +12,20 @@ import pytest
 from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.io import load_profile
-from perseus.io.power_files import read_schedule, write_schedule
+from perseus.io.power_files import read_schedule, read_signal, write_schedule
 from perseus.job import make_job
+from perseus.plan import Frontier
+from perseus.profile import Profile
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.power.follow import CostMeter, ScheduleClock
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 from perseus.solver import trace_frontier
-from perseus.solver.power_schedule import schedule_plans
+from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
 pytest.importorskip("torch.distributed")
 BLOCKING_W = 83.64
+SIGNALS = Path(__file__).parents[1] / "solver" / "signals"  # real market weeks
 
 
 class _WatchedClock(VirtualClock):
@@ -47,29 +51,50 @@ def _iteration(session: RankSession) -> None:
                 pass
 
 
-@pytest.mark.parametrize("values", [[3.0, 1.0, 5.0, 0.5], [0.2, -0.05, 0.0, 4.0]])
+def _frontier(profile: Profile) -> Frontier:
+    return trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=BLOCKING_W))
+
+
+@pytest.mark.parametrize(
+    "signal",
+    [
+        [3.0, 1.0, 5.0, 0.5],
+        [0.2, -0.05, 0.0, 4.0],
+        "de_lu_2023-06-27_negative_prices.csv",
+        "de_lu_2024-12-09_price_jump.csv",
+    ],
+)
 def test_an_emulated_job_follows_the_schedule_in_time_and_pays_what_it_stated(
-    tmp_path: Path, values: list[float]
+    tmp_path: Path, signal: list[float] | str
 ) -> None:
     profile = take_stages(load_profile("a100"), 1)
-    job = make_job(profile, "1f1b", 1, 4, blocking_power_w=BLOCKING_W)
-    frontier = trace_frontier(job)
-    t0 = frontier.fastest.time_s
-    # Intervals of 40 iterations: the energy counter publishes every 100 ms, as NVML's does.
-    length_s = 40 * t0
-    starts = [k * length_s for k in range(4)]
+    if isinstance(signal, str):
+        # A real market week as published: 168 hourly intervals; op times scaled so that an
+        # hour holds 10.5 iterations at the fastest plan; 30 % of the week's room asked for.
+        week = read_signal(SIGNALS / signal)
+        starts, values = week.starts_s.tolist(), week.series[0].values_per_kwh.tolist()
+        profile = scale_profile(profile, 3600.0 / (10.5 * _frontier(profile).fastest.time_s))
+        frontier = _frontier(profile)
+        length_s, iterations = 3600.0, 529
+    else:
+        # Intervals of 40 iterations: the energy counter publishes every 100 ms, as NVML's does.
+        frontier = _frontier(profile)
+        length_s, iterations, values = 40 * frontier.fastest.time_s, 50, signal
+        starts = [k * length_s for k in range(4)]
     s = schedule_plans(
         frontier.points,
         starts,
         values,
-        iterations=50,
-        deadline_s=4 * length_s,
+        iterations=iterations,
+        deadline_s=len(starts) * length_s,
         idle_power_w=BLOCKING_W,  # a simulated GPU idles at its blocking power
     )
     path = tmp_path / "schedule.json"
     write_schedule(s, frontier, path)
     doc = read_schedule(path)
-    assert doc.intervals[0].start_s > 0  # the job must wait for its first interval
+    # The job must wait: for its first interval, or between two it runs in.
+    ivs = doc.intervals
+    assert ivs[0].start_s > 0 or any(b.start_s > a.end_s for a, b in itertools.pairwise(ivs))
     clock = _WatchedClock()
     gpu = SimulatedGPU.from_profile(
         profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path, set_latency_s=0.0, clock=clock
@@ -81,21 +106,35 @@ def test_an_emulated_job_follows_the_schedule_in_time_and_pays_what_it_stated(
     schedule = build_schedule("1f1b", 1, 4)
     with RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session:
         clock.gpu = session.gpu
-        for _ in range(50):
+        for _ in range(iterations):
             _iteration(session)
         power = session.power
         report = power.incurred()
     assert report is not None
     # It waited (clocks released, nothing locked) rather than running in the dear hours.
     assert power.waited_s > length_s * 0.9
-    assert sum(w for w, _ in clock.waits) == pytest.approx(power.waited_s)
+    # Waits longer than two iterations are told from device time by their length; a week
+    # also has shorter ones (an hour's last iterations end just before the next hour).
+    recorded_s = sum(w for w, _ in clock.waits)
+    assert recorded_s <= power.waited_s * (1 + 1e-9)
+    if not isinstance(signal, str):
+        assert recorded_s == pytest.approx(power.waited_s)
     assert all(locked is None for _, locked in clock.waits)
     # Every iteration ran inside its interval: the measured time reached the last one.
     last = doc.intervals[-1]
     assert last.start_s <= report.elapsed_s <= last.end_s
-    # The cost it incurred matches the schedule's within 1 %.
+    # The cost it incurred matches the schedule's within 1 % on the short signals. On the
+    # market weeks it is within 0.4-3.2 % of the week's gross cost (Σ |value| x energy; the
+    # negative week's net is near zero), varying from run to run: emulated iterations of
+    # plans that change clocks between ops run -0.9 % to +2.1 % off their planned time, a
+    # full hour's lateness carries into the next, and the timing is not repeatable even on
+    # this virtual clock.
     assert report.scheduled != 0
-    assert abs(report.incurred - report.scheduled) <= 0.01 * abs(report.scheduled), report
+    gross = sum(abs(iv.value) * (iv.energy_j + iv.idle_energy_j) for iv in ivs) / J_PER_KWH
+    bound = 0.05 * gross if isinstance(signal, str) else 0.01 * abs(report.scheduled)
+    assert abs(report.incurred - report.scheduled) <= bound, report
+    # Running back to back from the start instead costs more than ten such bounds.
+    assert s.baseline_cost is not None and s.baseline_cost - s.cost > 10 * bound
     # Waiting outside the schedule's intervals drew idle power.
     assert report.outside_j == pytest.approx(report.scheduled_outside_j, rel=0.01)
 
