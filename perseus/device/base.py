@@ -174,7 +174,7 @@ class ClockReadbackGPU(Protocol):
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of NVML's clock event
-        reasons (``perseus.device.nvml.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
+        reasons (``perseus.device.nvml_calls.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
         ...
 
     def current_memory_clock_mhz(self) -> int:

@@ -24,15 +24,11 @@ from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.nvml_calls import (
-    CLOCK_EVENT_REASONS,
-    LIMITING_REASONS,
     NO_CLOCK_CHANGES_ENV,
     NvmlUnavailableError,
     ObserveOnlyNvml,
     call_nvml,
-    clock_event_names,
     import_nvml,
-    is_control_function,
     no_clock_changes_requested,
     nvml_init,
     nvml_shutdown,
@@ -48,15 +44,11 @@ from perseus.errors import (
 from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
-    "CLOCK_EVENT_REASONS",
-    "LIMITING_REASONS",
     "NO_CLOCK_CHANGES_ENV",
     "NvmlGPU",
     "NvmlUnavailableError",
     "call_nvml",
-    "clock_event_names",
     "import_nvml",
-    "is_control_function",
     "list_nvml_gpus",
     "no_clock_changes_requested",
     "probe_privilege",
@@ -463,8 +455,9 @@ class NvmlGPU:
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of
-        :data:`CLOCK_EVENT_REASONS` (``nvmlDeviceGetCurrentClocksEventReasons``, or the older
-        ``...ThrottleReasons`` name on drivers or bindings without it).
+        :data:`~perseus.device.nvml_calls.CLOCK_EVENT_REASONS`
+        (``nvmlDeviceGetCurrentClocksEventReasons``, or the older ``...ThrottleReasons`` name
+        on drivers or bindings without it).
 
         Raises:
             DeviceNotSupportedError: if the GPU reports neither.
