@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from perseus.device.base import GPU
 from perseus.device.power_model import MemoryModel, PowerModel, TimeModel
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +189,16 @@ def switch_cost_for(architecture: str) -> SwitchCost:
     Raises:
         ConfigError: naming the known architectures.
     """
+    return _entry(SWITCH_COSTS, architecture, "GPU architecture")
+
+
+def _entry(table: dict[str, _T], key: str, what: str) -> _T:
+    """``table[key.lower()]``, or a :class:`ConfigError` naming the known keys."""
     try:
-        return SWITCH_COSTS[architecture.lower()]
+        return table[key.lower()]
     except KeyError:
         raise ConfigError(
-            f"unknown GPU architecture {architecture!r} for a switch cost; choose one of "
-            f"{', '.join(sorted(SWITCH_COSTS))}"
+            f"unknown {what} {key!r}; choose one of {', '.join(sorted(table))}"
         ) from None
 
 
@@ -275,12 +280,7 @@ def get_preset(key: str) -> GPUPreset:
     Raises:
         ConfigError: naming the known presets.
     """
-    try:
-        return PRESETS[key.lower()]
-    except KeyError:
-        raise ConfigError(
-            f"unknown GPU preset {key!r}; choose one of {', '.join(sorted(PRESETS))}"
-        ) from None
+    return _entry(PRESETS, key, "GPU preset")
 
 
 def preset_for_name(name: str) -> GPUPreset | None:
