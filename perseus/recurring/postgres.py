@@ -124,14 +124,14 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
     """An autocommit psycopg connection (password from libpq's environment, never the URL).
 
     Raises:
-        ConfigError: psycopg is not installed (``pip install 'perseus[postgres]'``).
+        ConfigError: psycopg is not installed (``pip install 'perseus-energy[postgres]'``).
         PerseusError: the server cannot be reached or refused the login.
     """
     try:
         import psycopg
     except ImportError as e:
         raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'perseus[postgres]'"
+            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
         ) from e
     try:
         con = psycopg.connect(
