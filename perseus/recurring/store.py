@@ -171,8 +171,16 @@ class SQLStore:
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         raise NotImplementedError
 
+    #: The engine's connection (None: not open) and the pid that opened it (a forked child
+    #: opens its own and never closes its parent's).
+    _con: Any = None
+    _pid = 0
+
     def close(self) -> None:
         """Close the connection (reopened on next use)."""
+        con, self._con = self._con, None
+        if con is not None and self._pid == os.getpid():
+            con.close()
 
     def __enter__(self) -> Self:
         return self
@@ -437,8 +445,6 @@ class SQLiteStore(SQLStore):
         self.path = Path(path).expanduser()
         super().__init__(str(self.path), lease_s=lease_s, clock=clock)
         self.busy_timeout_s = busy_timeout_s
-        self._con: sqlite3.Connection | None = None
-        self._pid = 0
 
     # Connection, transactions, errors
 
@@ -454,7 +460,8 @@ class SQLiteStore(SQLStore):
         return con
 
     def _connection(self) -> sqlite3.Connection:
-        if self._con is None or self._pid != os.getpid():
+        con: sqlite3.Connection | None = self._con
+        if con is None or self._pid != os.getpid():
             with self._errors():
                 con = self._open(self.busy_timeout_s)
                 con.execute("PRAGMA journal_mode = WAL")
@@ -462,7 +469,7 @@ class SQLiteStore(SQLStore):
                 self._migrate(con)
                 con.execute("PRAGMA foreign_keys = ON")
             self._con, self._pid = con, os.getpid()
-        return self._con
+        return con
 
     def _migrate(self, con: sqlite3.Connection) -> None:
         version = con.execute("PRAGMA user_version").fetchone()[0]
@@ -538,12 +545,6 @@ class SQLiteStore(SQLStore):
 
     def _x(self, con: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
         return con.execute(sql, params)
-
-    def close(self) -> None:
-        """Close the connection (reopened on next use)."""
-        con, self._con = self._con, None
-        if con is not None and self._pid == os.getpid():
-            con.close()
 
     # Rows
 
