@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perseus.device.nvml import NvmlGPU, clock_event_names, probe_privilege
+from perseus.device.nvml import NvmlGPU, probe_privilege
+from perseus.device.nvml_calls import clock_event_names
 from perseus.errors import DeviceError
 from perseus.identity import architecture_name
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from perseus.cli._doctor_checks import Check, spread_clocks_mhz
 from perseus.device.base import GPU, ObserveOnlyWarning
-from perseus.device.nvml import LIMITING_REASONS, NvmlGPU, clock_event_names
+from perseus.device.nvml import NvmlGPU
+from perseus.device.nvml_calls import LIMITING_REASONS, clock_event_names
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 
 __all__ = ["check_cuda", "check_simulated", "cuda_device_for"]

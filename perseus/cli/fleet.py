@@ -88,17 +88,9 @@ def run_plan(args: argparse.Namespace) -> int:
     jobs = read_fleet_jobs(args.jobs, per_gpu_cap_w=args.per_gpu_cap_w)
     plan = plan_fleet(jobs, args.budget_w)
     if args.json:
+        fields = ("name", "point", "time_s", "average_power_w", "peak_power_w")
         doc = {
-            "jobs": [
-                {
-                    "name": a.name,
-                    "point": a.point,
-                    "time_s": a.time_s,
-                    "average_power_w": a.average_power_w,
-                    "peak_power_w": a.peak_power_w,
-                }
-                for a in plan.jobs
-            ],
+            "jobs": [{k: getattr(a, k) for k in fields} for a in plan.jobs],
             "total_average_power_w": plan.total_average_power_w,
             "weighted_slowdown": plan.weighted_slowdown,
         }

@@ -69,24 +69,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="recurrences per seed (default: 2 x batch sizes x power limits; at most "
         f"{MAX_RECURRENCES:,})",
     )
-    s.add_argument(
-        "--seeds",
-        type=int_arg(ge=1, le=MAX_SEEDS),
-        default=10,
-        help=f"seeds to average over (default 10, at most {MAX_SEEDS:,})",
-    )
-    s.add_argument(
-        "--eta",
-        type=float_arg(ge=0, le=1),
-        default=0.5,
-        help="energy-time weight in [0, 1] (default 0.5)",
-    )
-    s.add_argument(
-        "--beta",
-        type=float_arg(gt=1, le=100),
-        default=2.0,
-        help="early-stop factor, > 1 (default 2.0)",
-    )
+    for flag, kind, default, text in (
+        (
+            "--seeds",
+            int_arg(ge=1, le=MAX_SEEDS),
+            10,
+            f"seeds to average over (default 10, at most {MAX_SEEDS:,})",
+        ),
+        ("--eta", float_arg(ge=0, le=1), 0.5, "energy-time weight in [0, 1] (default 0.5)"),
+        ("--beta", float_arg(gt=1, le=100), 2.0, "early-stop factor, > 1 (default 2.0)"),
+    ):
+        s.add_argument(flag, type=kind, default=default, help=text)
     s.add_argument(
         "--profile-share",
         type=float_arg(ge=0, le=1),

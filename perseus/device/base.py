@@ -2,21 +2,14 @@
 
 Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the driver's
 list (nearest supported clock) and returns the clock actually requested from the driver.
-
-Optional capabilities are protocols too (``runtime_checkable``: test them with
-``isinstance``, never ``getattr``/``hasattr``): :class:`ManagedGPU` (ownership and watchdog),
-:class:`PowerLimitGPU`, :class:`EventSource` (device events), :class:`AppliedClockGPU` (says when
-a clock change took effect), :class:`CounterPeriodGPU` (says how often its energy counter is
-published), :class:`ObserveOnlyGPU` (knows before any set call that clocks cannot be
-changed), :class:`MemoryClockGPU` (lists, locks and resets its memory clock; its
-``reset_locked_clock`` also resets a memory lock it set) and :class:`ClockReadbackGPU` (says
-which SM clock it runs now and why that is below the maximum: what ran, not what was asked). Each backend owns its reset (``reset_locked_clock``, ``reset_power_limit``).
+Optional capabilities are ``runtime_checkable`` protocols below: test them with
+``isinstance``, never ``getattr``/``hasattr``. Each backend owns its reset
+(``reset_locked_clock``, ``reset_power_limit``).
 
 Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
 ``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
-device's own event in emulation. The agent times ops and schedules clock changes by them, so
-one code path serves both. A device that records its own events implements
-:class:`EventSource`.
+device's own event in emulation, so the agent times ops and schedules clock changes by one
+code path for both.
 """
 
 from __future__ import annotations
@@ -181,7 +174,7 @@ class ClockReadbackGPU(Protocol):
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of NVML's clock event
-        reasons (``perseus.device.nvml.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
+        reasons (``perseus.device.nvml_calls.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
         ...
 
     def current_memory_clock_mhz(self) -> int:
@@ -192,7 +185,7 @@ class ClockReadbackGPU(Protocol):
 @runtime_checkable
 class MemoryClockGPU(Protocol):
     """A device whose memory clock may be lockable (NVML, the simulator): see
-    ``docs/memory-clocks.md``."""
+    ``docs/memory-clocks.md``. Its ``reset_locked_clock`` also resets a memory lock it set."""
 
     def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
         """Memory clocks, highest (the default) first; one (or none) on HBM boards."""

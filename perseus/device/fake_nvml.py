@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from perseus.device.clock import Clock, RealClock
-from perseus.device.nvml import is_control_function
+from perseus.device.nvml_calls import is_control_function
 
 __all__ = ["FakeDevice", "FakeNvml", "NVMLError", "h100"]
 

@@ -1,21 +1,16 @@
 """The NVML backend (nvidia-ml-py, import name ``pynvml``), following docs/hardware.md#nvml.
 
-``pynvml`` is imported lazily, on first use, and can be injected (``nvml_module=``) so tests
-drive a recording fake. Every NVML call goes through
-:func:`~perseus.device.nvml_calls.call_nvml`, the one place where ``NVMLError`` codes become
-perseus errors (the table is in :mod:`perseus.device.nvml_calls`).
-
-``control=False`` (or ``PERSEUS_NO_CLOCK_CHANGES=1``) opens a GPU observe-only: the device calls
-go through a view of ``pynvml`` that refuses every ``nvmlDeviceSet*``/``nvmlDeviceReset*``
-function before it reaches the driver, so nothing (close, the controller, the watchdog, which
-is then never started) changes clocks, memory clocks or the power limit.
+``pynvml`` is imported lazily and can be injected (``nvml_module=``, e.g. a
+:class:`~perseus.device.fake_nvml.FakeNvml`). Every call goes through
+:func:`~perseus.device.nvml_calls.call_nvml` (the error table is there). An observe-only GPU
+(``control=False`` or ``PERSEUS_NO_CLOCK_CHANGES=1``) talks to a view of ``pynvml`` that refuses
+every function changing the device before it reaches the driver, so nothing (close, the
+controller, the watchdog, then never started) changes clocks or the power limit.
 
 Start-up (:meth:`NvmlGPU.open`): ``nvmlInit`` (reference-counted per process), handle by UUID
-(or index), refuse MIG unless allowed, architecture ≥ Volta or observe-only, clock list at the
-highest memory clock, privilege probe (root or CAP_SYS_ADMIN, else observe-only: set/reset
-raise :class:`DevicePermissionError` without calling NVML), persistence mode recorded.
-Shutdown (:meth:`NvmlGPU.close`): reset the lock if this object set one, ``nvmlShutdown`` when
-the last user closes.
+(or index), refuse MIG unless allowed, architecture ≥ Volta and root or CAP_SYS_ADMIN, else
+observe-only, clock list at the highest memory clock, persistence mode recorded. Shutdown
+(:meth:`NvmlGPU.close`): reset what this object set, ``nvmlShutdown`` when the last user closes.
 """
 
 from __future__ import annotations
@@ -29,15 +24,11 @@ from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.nvml_calls import (
-    CLOCK_EVENT_REASONS,
-    LIMITING_REASONS,
     NO_CLOCK_CHANGES_ENV,
     NvmlUnavailableError,
     ObserveOnlyNvml,
     call_nvml,
-    clock_event_names,
     import_nvml,
-    is_control_function,
     no_clock_changes_requested,
     nvml_init,
     nvml_shutdown,
@@ -53,15 +44,11 @@ from perseus.errors import (
 from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
-    "CLOCK_EVENT_REASONS",
-    "LIMITING_REASONS",
     "NO_CLOCK_CHANGES_ENV",
     "NvmlGPU",
     "NvmlUnavailableError",
     "call_nvml",
-    "clock_event_names",
     "import_nvml",
-    "is_control_function",
     "list_nvml_gpus",
     "no_clock_changes_requested",
     "probe_privilege",
@@ -313,6 +300,7 @@ class NvmlGPU:
         return nearest_clock_mhz(asc, freq_mhz)
 
     def _require_control(self, action: str) -> None:
+        self._h()  # open first: opening decides observe_only_reason
         if self.observe_only_reason is not None:
             raise DevicePermissionError(
                 f"{self._what()}: cannot {action}: {self.observe_only_reason}"
@@ -336,9 +324,7 @@ class NvmlGPU:
         return snapped
 
     def _lock_sm(self, handle: Any, freq_mhz: int) -> None:
-        call_nvml(
-            self._api, "nvmlDeviceSetGpuLockedClocks", handle, freq_mhz, freq_mhz, what=self._what()
-        )
+        self.query("nvmlDeviceSetGpuLockedClocks", freq_mhz, freq_mhz)
 
     def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
         """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
@@ -358,10 +344,9 @@ class NvmlGPU:
     def reset_locked_clock(self) -> None:
         """Reset the SM clock lock and, when this object locked it, the memory clock lock:
         every reset path (close, the agent's exit and signal teardown) comes through here."""
-        handle = self._h()
         self._require_control("reset clocks")
         try:
-            call_nvml(self._api, "nvmlDeviceResetGpuLockedClocks", handle, what=self._what())
+            self.query("nvmlDeviceResetGpuLockedClocks")
             self._locked = None
         finally:
             if self._mem_locked is not None:
@@ -400,22 +385,19 @@ class NvmlGPU:
             DeviceNotSupportedError: the GPU cannot lock its memory clock (see
                 :meth:`memory_clock_control`), or the driver says so.
         """
-        handle = self._h()
         self._require_control("lock memory clocks")
         why = self.memory_clock_control()
         if why is not None:
             raise DeviceNotSupportedError(f"{self._what()}: cannot lock memory clocks: {why}")
         snapped = nearest_clock_mhz(tuple(reversed(self._mem_clocks)), mem_freq_mhz)
-        what = self._what()
-        call_nvml(self._api, "nvmlDeviceSetMemoryLockedClocks", handle, snapped, snapped, what=what)
+        self.query("nvmlDeviceSetMemoryLockedClocks", snapped, snapped)
         self._mem_locked = snapped
         return snapped
 
     def reset_memory_locked_clock(self) -> None:
         """Reset the memory clock lock (``nvmlDeviceResetMemoryLockedClocks``)."""
-        handle = self._h()
         self._require_control("reset memory clocks")
-        call_nvml(self._api, "nvmlDeviceResetMemoryLockedClocks", handle, what=self._what())
+        self.query("nvmlDeviceResetMemoryLockedClocks")
         self._mem_locked = None
 
     def locked_memory_clock_mhz(self) -> int | None:
@@ -445,8 +427,7 @@ class NvmlGPU:
                 if milliwatts is not None and milliwatts > 0:
                     return milliwatts / 1000.0
             self._instant_power = False  # not on this GPU/driver: do not ask every time
-        milliwatts = call_nvml(self._api, "nvmlDeviceGetPowerUsage", handle, what=self._what())
-        return float(milliwatts) / 1000.0
+        return float(self.query("nvmlDeviceGetPowerUsage")) / 1000.0
 
     def _field_value(self, handle: Any, field_id: int, scope: int) -> float | None:
         try:
@@ -474,8 +455,9 @@ class NvmlGPU:
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of
-        :data:`CLOCK_EVENT_REASONS` (``nvmlDeviceGetCurrentClocksEventReasons``, or the older
-        ``...ThrottleReasons`` name on drivers or bindings without it).
+        :data:`~perseus.device.nvml_calls.CLOCK_EVENT_REASONS`
+        (``nvmlDeviceGetCurrentClocksEventReasons``, or the older ``...ThrottleReasons`` name
+        on drivers or bindings without it).
 
         Raises:
             DeviceNotSupportedError: if the GPU reports neither.
@@ -500,16 +482,11 @@ class NvmlGPU:
     _power_limit_set: float | None = None
 
     def power_limit_range_w(self) -> tuple[float, float]:
-        low_mw, high_mw = call_nvml(
-            self._nvml, "nvmlDeviceGetPowerManagementLimitConstraints", self._h(), what=self._what()
-        )
+        low_mw, high_mw = self.query("nvmlDeviceGetPowerManagementLimitConstraints")
         return float(low_mw) / 1000.0, float(high_mw) / 1000.0
 
     def power_limit_w(self) -> float:
-        milliwatts = call_nvml(
-            self._nvml, "nvmlDeviceGetEnforcedPowerLimit", self._h(), what=self._what()
-        )
-        return float(milliwatts) / 1000.0
+        return float(self.query("nvmlDeviceGetEnforcedPowerLimit")) / 1000.0
 
     def set_power_limit_w(self, power_limit_w: float) -> float:
         """Set the board power limit; returns the value applied (rounded to 1 mW).
@@ -518,7 +495,6 @@ class NvmlGPU:
             DevicePermissionError: observe-only (no root/CAP_SYS_ADMIN) or NO_PERMISSION.
             DeviceError: outside :meth:`power_limit_range_w`.
         """
-        handle = self._h()
         self._require_control("set the power limit")
         low, high = self.power_limit_range_w()
         if not low <= power_limit_w <= high:
@@ -526,22 +502,15 @@ class NvmlGPU:
                 f"{self._what()}: power limit {power_limit_w} W is outside {low:g}-{high:g} W"
             )
         milliwatts = round(power_limit_w * 1000.0)
-        call_nvml(
-            self._nvml, "nvmlDeviceSetPowerManagementLimit", handle, milliwatts, what=self._what()
-        )
+        self.query("nvmlDeviceSetPowerManagementLimit", milliwatts)
         self._power_limit_set = milliwatts / 1000.0
         return self._power_limit_set
 
     def reset_power_limit(self) -> None:
         """Restore the default limit (``nvmlDeviceGetPowerManagementDefaultLimit``)."""
-        handle = self._h()
         self._require_control("reset the power limit")
-        default_mw = call_nvml(
-            self._nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle, what=self._what()
-        )
-        call_nvml(
-            self._nvml, "nvmlDeviceSetPowerManagementLimit", handle, default_mw, what=self._what()
-        )
+        default_mw = self.query("nvmlDeviceGetPowerManagementDefaultLimit")
+        self.query("nvmlDeviceSetPowerManagementLimit", default_mw)
         self._power_limit_set = None
 
     # -----------------------------------------------------------------------------------------

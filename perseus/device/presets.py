@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from perseus.device.base import GPU
 from perseus.device.power_model import MemoryModel, PowerModel, TimeModel
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +90,8 @@ BLOCKING_POWER: tuple[tuple[str, BlockingPower], ...] = (
 )
 
 
-def _clocks(low_mhz: int, high_mhz: int, step_mhz: int = 15) -> tuple[int, ...]:
-    return tuple(range(high_mhz, low_mhz - 1, -step_mhz))
+def _clocks(low_mhz: int, high_mhz: int) -> tuple[int, ...]:
+    return tuple(range(high_mhz, low_mhz - 1, -15))
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +189,16 @@ def switch_cost_for(architecture: str) -> SwitchCost:
     Raises:
         ConfigError: naming the known architectures.
     """
+    return _entry(SWITCH_COSTS, architecture, "GPU architecture")
+
+
+def _entry(table: dict[str, _T], key: str, what: str) -> _T:
+    """``table[key.lower()]``, or a :class:`ConfigError` naming the known keys."""
     try:
-        return SWITCH_COSTS[architecture.lower()]
+        return table[key.lower()]
     except KeyError:
         raise ConfigError(
-            f"unknown GPU architecture {architecture!r} for a switch cost; choose one of "
-            f"{', '.join(sorted(SWITCH_COSTS))}"
+            f"unknown {what} {key!r}; choose one of {', '.join(sorted(table))}"
         ) from None
 
 
@@ -213,21 +218,18 @@ A40_MEMORY = MemoryModel(
 )
 
 
-_A100_POWER = PowerModel(
-    base_w=37.0,
-    c_w_per_ghz_v2=470.0,
-    v_min=0.70,
-    knee_mhz=1095.0,
-    v_max=0.83,
-    max_mhz=1410.0,
-    idle_w=60.0,
-    blocking_w=_A100_BLOCKING.power_w,
-)
+def _power(
+    base_w: float, c: float, knee_mhz: float, v_max: float, max_mhz: float, idle_w: float, b: float
+) -> PowerModel:
+    """A fitted :class:`PowerModel` (``C`` = ``c``, ``v_min`` 0.70 V, blocking power ``b``)."""
+    return PowerModel(base_w, c, 0.70, knee_mhz, v_max, max_mhz, idle_w, b)
+
+
 _A100 = GPUPreset(
     key="a100",
     name="NVIDIA A100-SXM4-80GB",
     clocks_mhz=_clocks(210, 1410),
-    power=_A100_POWER,
+    power=_power(37.0, 470.0, 1095.0, 0.83, 1410.0, 60.0, _A100_BLOCKING.power_w),
     time=TimeModel(ref_mhz=1410.0),
     power_cap_w=400.0,
     activity=0.75,
@@ -237,8 +239,7 @@ _A100 = GPUPreset(
 PRESETS: dict[str, GPUPreset] = {
     "a100": _A100,
     # The "perseus-500W" fixture (docs/hardware.md#sim-defaults): the board the Perseus A100 data
-    # was measured on.
-    # u = 1 with a 480 W cap reproduces docs/hardware.md#clock-curve.
+    # was measured on. u = 1 with a 480 W cap reproduces docs/hardware.md#clock-curve.
     "a100-500w": replace(
         _A100,
         key="a100-500w",
@@ -250,16 +251,7 @@ PRESETS: dict[str, GPUPreset] = {
         key="a40",
         name="NVIDIA A40",
         clocks_mhz=_clocks(210, 1740),
-        power=PowerModel(
-            base_w=93.0,
-            c_w_per_ghz_v2=202.0,
-            v_min=0.70,
-            knee_mhz=1120.0,
-            v_max=0.92,
-            max_mhz=1740.0,
-            idle_w=30.0,
-            blocking_w=_A40_BLOCKING.power_w,
-        ),
+        power=_power(93.0, 202.0, 1120.0, 0.92, 1740.0, 30.0, _A40_BLOCKING.power_w),
         time=TimeModel(ref_mhz=1740.0, form="linear", alpha=0.42),
         power_cap_w=300.0,
         activity=1.0,
@@ -270,16 +262,7 @@ PRESETS: dict[str, GPUPreset] = {
         key="h100",
         name="NVIDIA H100 80GB HBM3",
         clocks_mhz=_clocks(345, 1980),
-        power=PowerModel(
-            base_w=55.0,
-            c_w_per_ghz_v2=700.0,
-            v_min=0.70,
-            knee_mhz=1400.0,
-            v_max=0.95,
-            max_mhz=1980.0,
-            idle_w=70.0,
-            blocking_w=_H100_BLOCKING.power_w,
-        ),
+        power=_power(55.0, 700.0, 1400.0, 0.95, 1980.0, 70.0, _H100_BLOCKING.power_w),
         time=TimeModel(ref_mhz=1980.0),
         power_cap_w=700.0,
         activity=0.75,
@@ -297,12 +280,7 @@ def get_preset(key: str) -> GPUPreset:
     Raises:
         ConfigError: naming the known presets.
     """
-    try:
-        return PRESETS[key.lower()]
-    except KeyError:
-        raise ConfigError(
-            f"unknown GPU preset {key!r}; choose one of {', '.join(sorted(PRESETS))}"
-        ) from None
+    return _entry(PRESETS, key, "GPU preset")
 
 
 def preset_for_name(name: str) -> GPUPreset | None:

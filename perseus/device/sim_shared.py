@@ -298,11 +298,7 @@ class SimSharedState:
             )
         if self.set_latency_s > 0:
             self._sleep(self.set_latency_s)
-
-        def change(state: State) -> None:
-            state["power_limit_w"] = float(power_limit_w)
-
-        self._stream.set_cap(self._cap_w(self._update(change)))
+        self._set_limit(float(power_limit_w))
         return float(power_limit_w)
 
     def reset_power_limit(self) -> None:
@@ -313,11 +309,11 @@ class SimSharedState:
         """
         self._check("reset_power_limit")
         self._refuse_unprivileged("resetting the power limit")
+        self._set_limit(None)
 
-        def change(state: State) -> None:
-            state["power_limit_w"] = None
-
-        self._stream.set_cap(self._cap_w(self._update(change)))
+    def _set_limit(self, limit_w: float | None) -> None:
+        state = self._update(lambda s: s.update(power_limit_w=limit_w))
+        self._stream.set_cap(self._cap_w(state))
 
     def _wait_set_latency(self) -> None:
         """Block the caller for one set call's latency (lognormal; none when the median is 0)."""
@@ -388,11 +384,7 @@ class SimSharedState:
 
     def _apply_memory_lock(self, mem_mhz: int | None) -> None:
         self._wait_set_latency()
-
-        def change(state: State) -> None:
-            state["mem_locked_mhz"] = mem_mhz
-
-        self._update(change)
+        self._update(lambda s: s.update(mem_locked_mhz=mem_mhz))
         self._mem_locked = mem_mhz
         self._stream.reprice()
 
@@ -417,8 +409,4 @@ class SimSharedState:
         """
         if not factor > 0:
             raise ConfigError(f"slowdown must be > 0, got {factor}")
-
-        def change(state: State) -> None:
-            state["slowdown"] = float(factor)
-
-        self._update(change)
+        self._update(lambda s: s.update(slowdown=float(factor)))

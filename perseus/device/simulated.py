@@ -1,39 +1,19 @@
-"""A simulated GPU whose state lives outside the process, like a real driver's.
+"""A simulated GPU whose state lives outside the process, like a real driver's
+(``docs/hardware.md#sim-model``).
 
-The simulator follows ``docs/hardware.md#sim-model``. Its locked clock, energy counter, slowdown
-and owner live in a state directory (see :mod:`perseus.device.sim_state`), so several
-processes see the same GPU and a killed process's lock stays until someone resets it.
+Its lock, energy counter, slowdown and owner live in a state directory
+(:mod:`perseus.device.sim_state`), so several processes see one GPU and a killed process's lock
+stays until someone resets it. Built from a profile (:meth:`SimulatedGPU.from_profile`: an op
+costs exactly the profile's time and energy) or a preset (:meth:`SimulatedGPU.from_preset`:
+fitted physics, :mod:`perseus.device.power_model`). It behaves like a GPU, not like a plan:
 
-Two ways to build one:
-
-* :meth:`SimulatedGPU.from_profile`: the clock list is the profile's clocks and an op at clock
-  ``f`` costs exactly the profile's time and energy (power = energy / time, so a power cap
-  clamps to the highest profiled clock whose power fits).
-* :meth:`SimulatedGPU.from_preset`: A100-SXM4, A40, H100 (estimated) from fitted physics
-  (:mod:`perseus.device.power_model`).
-
-It behaves like a GPU, not like a plan (see :mod:`perseus.device.sim_stream`):
-
-* **Asynchronous stream.** :meth:`~SimulatedGPU.launch` queues an op and returns at once; the
-  device runs queued ops in order on its own timeline, so the host runs ahead as with CUDA.
-  :meth:`~SimulatedGPU.record_event` marks a point of the stream (a ``DeviceEvent`` with
-  ``query``/``synchronize``/``device_time_s``), :meth:`~SimulatedGPU.wait_until` makes the
-  stream wait (a receive whose data is ready at a given time).
-* **Clocks on the device's timeline.** ``set_locked_clock`` blocks its caller for a latency
-  drawn from a lognormal (median ``set_latency_s``, p99 ``set_latency_p99_s``:
-  docs/hardware.md#sim-defaults,
-  5 ms / 12 ms) and the new clock applies when it returns, in the middle of whatever op the
-  device is running then: an op that spans a clock change is priced piece by piece.
-* **Noise the planner does not know.** With ``noise`` (a :class:`SimNoise`; the emulation
-  entry points turn it on) every op's time and power get a seeded lognormal factor and the
-  blocking power is off the nominal value by a seeded error.
-* **Power cap.** Under ``power_cap_w`` (or a set power limit) an op runs at the highest
-  supported clock at or below the lock whose power fits the cap, as an H100 under its SW power
-  cap does: a lock is a request. :meth:`~SimulatedGPU.current_clock_mhz` and
-  :meth:`~SimulatedGPU.clock_event_reasons` read back what runs (the SW power cap reason set),
-  like NVML (:class:`~perseus.device.base.ClockReadbackGPU`).
-* **Sensors.** Energy is the integral of the true power (op power while busy, blocking power
-  otherwise); the counter is published every ``publish_interval_s`` (100 ms).
+* an asynchronous stream (:mod:`perseus.device.sim_stream`): ``launch`` returns at once and the
+  host runs ahead; ``record_event`` and ``wait_until`` as with CUDA;
+* a set call blocks for a lognormal latency (median 5 ms, p99 12 ms) and the new clock applies
+  when it returns, in the middle of the running op (priced piece by piece);
+* seeded noise the planner does not know (``noise``: :class:`SimNoise`);
+* a power cap that overrides the lock, read back with the SW power cap reason like NVML;
+* an energy counter published every ``publish_interval_s`` (100 ms).
 """
 
 from __future__ import annotations
@@ -410,10 +390,14 @@ class SimulatedGPU(SimSharedState):
 
     def effective_clock_mhz(self, stage_index: int, kind: Kind) -> int:
         """The clock an op would run at now: the lock (or max when unlocked), power-capped."""
-        state = self._state()
+        return self._op_now(stage_index, kind, self._state())[0]
+
+    def _op_now(
+        self, stage_index: int, kind: Kind, state: dict[str, Any]
+    ) -> tuple[int, float, float]:
         locked = state["locked_mhz"]
         f = self._clocks[0] if locked is None else locked
-        return self._op_at(stage_index, kind, f, self._cap_w(state))[0]
+        return self._op_at(stage_index, kind, f, self._cap_w(state))
 
     def _op_at(
         self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
@@ -426,9 +410,7 @@ class SimulatedGPU(SimSharedState):
         Slowdown multiplies time and, at unchanged power, energy.
         """
         state = self._state()
-        locked = state["locked_mhz"]
-        f = self._clocks[0] if locked is None else locked
-        _, t, e = self._op_at(stage_index, kind, f, self._cap_w(state))
+        _, t, e = self._op_now(stage_index, kind, state)
         s = float(state["slowdown"])
         return t * s, e * s
 
@@ -483,8 +465,5 @@ class SimulatedGPU(SimSharedState):
         """Wait until every queued op has run (like ``cuda.synchronize``; tests, teardown)."""
         self._stream.record_event().synchronize()
 
-    # -----------------------------------------------------------------------------------------
-    # Power limit (recurring jobs; owned by perseus.recurring). The limit lives in the shared
-    # state like the clock lock: it outlives this process and the watchdog resets it.
     def __repr__(self) -> str:
         return f"SimulatedGPU(name={self._name!r}, index={self.index}, uuid={self._uuid!r})"

@@ -14,42 +14,20 @@
             if run.end_epoch(reached=evaluate() >= target):
                 break                           # target reached, or stopped early
 
-Each ``run()`` asks the store for a decision (:class:`~perseus.recurring.policy.BatchSizeOptimizer`
-in one transaction with claiming the run), sets the cached power limit of that batch size or
-profiles it during the first iterations, measures the run's GPU energy (energy counter delta)
-and time, and records the result when the block exits. ``end_epoch`` returns True when the
-loop should stop: the target was reached, or the next epoch would push the run's cost past
-``β ×`` the cheapest converged run (early stopping; the run counts as failed). A block left by
-an exception records nothing (the run is abandoned and its size tried again), nor does a run
-that measured no energy or no time ("unmeasured"). The power limit is reset to the GPU's
-default when the block exits, on a SIGTERM/SIGINT that ends the process and at interpreter exit
-(:class:`ExitGuard`), and, for NVML and simulated GPUs, by a watchdog process or the GPU's next
-owner if this process is killed (with or without ``own_gpu``). A signal the process survives
-(its own handler returns, or it ignores the signal) changes nothing: the run goes on under its
-limit and is recorded as usual; a run under which the GPU was reset all the same (the handler
-raised and the program caught the exception) is abandoned, never recorded.
-
-**Preemption.** The run holds a lease in the store (:mod:`perseus.recurring.store`), renewed
-by ``run.step``/``run.end_epoch`` at most every ``heartbeat_interval_s`` with the cost so far.
-A SIGTERM (what Slurm, Kubernetes and torchrun send) that ends the process marks the run
-abandoned before it ends (the handler installed before runs first and decides); a SIGKILLed
-run is found by the next decision (its process is gone, or its lease expired). Either way the
-run is a preemption, no evidence about its batch size: the size is tried again
-(:data:`~perseus.recurring.policy.MAX_PREEMPTIONS` in a row count as one failed run), and it
-is never left pending. Call ``run.step`` (or ``end_epoch``) more often than the store's
-``lease_s``.
-
-**Pipeline-parallel jobs.** The two levels compose: this object picks the batch size and the
-power limit of the whole job, and perseus's per-op clock plan runs under that limit. Rank 0
-holds the job (``own_gpu=False``: each rank's agent owns its GPU; the job only records in the
-GPU's lock file that a reset is due and starts its own watchdog, so a killed rank 0 ends with
-the default limit whether the agent had started or not), broadcasts ``run.batch_size`` and
-``run.power_limit_w`` (``perseus.runtime.collectives.broadcast_object``), and every rank sets
-the limit on its own GPU. Profile the stages at the chosen microbatch size under the chosen
-limit (a capped GPU clamps high clocks, docs/hardware.md#power-cap), plan the frontier, start the
-agents. The
-JIT profile then runs on rank 0's GPU only, and rank 0's energy counter stands for the job's
-unless ``gpu`` wraps every rank's counter.
+Each ``run()`` takes a decision and claims the run in one store transaction, sets the batch
+size's cached power limit or profiles it during the first iterations, measures GPU energy and
+time, and records the result when the block exits; ``end_epoch`` says stop at the target or
+when the next epoch would pass ``β ×`` the cheapest converged run (a failed run). A block left
+by an exception, or a run that measured nothing ("unmeasured"), records nothing. The power
+limit goes back to the default at exit, on a SIGTERM/SIGINT that ends the process, at
+interpreter exit (:class:`ExitGuard`), and by the watchdog or the next owner if the process is
+killed; a signal the process survives changes nothing, and a run under which the GPU was reset
+anyway is abandoned, never recorded. A run holds a lease renewed by ``run.step``/``end_epoch``
+(at most every ``heartbeat_interval_s``; call them more often than the store's ``lease_s``): a
+SIGTERM marks it abandoned, a SIGKILLed one is found by the next decision, and either is a
+preemption, no evidence about its batch size. Pipeline-parallel jobs: rank 0 holds the job with
+``own_gpu=False`` and broadcasts ``run.batch_size`` and ``run.power_limit_w``; every rank sets
+the limit on its own GPU (docs/recurring.md says how the two levels compose).
 """
 
 from __future__ import annotations

@@ -124,14 +124,14 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
     """An autocommit psycopg connection (password from libpq's environment, never the URL).
 
     Raises:
-        ConfigError: psycopg is not installed (``pip install 'perseus[postgres]'``).
+        ConfigError: psycopg is not installed (``pip install 'perseus-energy[postgres]'``).
         PerseusError: the server cannot be reached or refused the login.
     """
     try:
         import psycopg
     except ImportError as e:
         raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'perseus[postgres]'"
+            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
         ) from e
     try:
         con = psycopg.connect(
@@ -141,8 +141,7 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
             options=f"-c lock_timeout={int(lock_timeout_s * 1000)}",
         )
     except psycopg.OperationalError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PerseusError(f"{_shown(conninfo)}: cannot connect ({first})") from None
+        raise PerseusError(f"{_shown(conninfo)}: cannot connect ({_first_line(e)})") from None
     return con
 
 
@@ -177,8 +176,6 @@ class PostgresStore(SQLStore):
         self.conninfo = conninfo
         self.busy_timeout_s = busy_timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self._con: Any = None
-        self._pid = 0
 
     def _connection(self) -> Any:
         if self._con is None or self._pid != os.getpid():
@@ -272,11 +269,6 @@ class PostgresStore(SQLStore):
                     )
             con.execute(sql.replace("?", "%s"), params)
         finally:
-            con.close()
-
-    def close(self) -> None:
-        con, self._con = self._con, None
-        if con is not None and self._pid == os.getpid():
             con.close()
 
 

@@ -1,34 +1,27 @@
 """Where a recurring job's history lives: a store Protocol and its SQLite implementation.
 
-Every process of a job (several may run at once on one machine) reads and writes the same
-history, so the decision for a new run and the claim of that run happen in **one write
-transaction** (``BEGIN IMMEDIATE``: SQLite takes the database's write lock up front, and a
-second writer waits up to ``busy_timeout_s``). Two concurrent runs therefore see each other
-(a started run is *pending*, and the policy never explores a batch size twice at once), and
-every finished run is stored exactly once: ``finish_run`` only moves a row to ``done`` once,
-so a retried call cannot double an observation and a crashed writer's transaction rolls back
-whole. The journal is WAL, so readers never block the writer.
+Every process of a job reads and writes one history, so the decision for a new run and its
+claim happen in **one write transaction** (``BEGIN IMMEDIATE`` takes SQLite's write lock up
+front; a second writer waits up to ``busy_timeout_s``): concurrent runs see each other (a
+started run is *pending*, never explored twice at once), and ``finish_run`` moves a row to
+``done`` only once, so a retried call cannot double an observation and a crashed writer's
+transaction rolls back whole. The journal is WAL, so readers never block the writer.
 
-**Leases: history that survives preemption.** A running row holds a lease: the process that
-runs it (pid, host and pid namespace, start time: :mod:`perseus.recurring.lease`) and a
-heartbeat that :meth:`~SQLiteStore.heartbeat` renews (``run.step``/``run.end_epoch`` call it).
-A run's own SIGTERM marks it abandoned before the process ends (see
-:mod:`perseus.recurring.job`); SIGKILL cannot, so each decision first marks abandoned every
-running row of the job whose process is gone (same host, pid dead or reused) or whose
-heartbeat is older than ``lease_s``. An abandoned run of those kinds is in the history the
-policy sees as a **preempted** run (its cost as of its last heartbeat), which the policy
-retries instead of waiting on a run that will never finish (see
-:func:`~perseus.recurring.policy.evidence`).
+**Leases.** A running row names its process (:mod:`perseus.recurring.lease`) and a heartbeat
+(:meth:`~SQLStore.heartbeat`). A SIGTERM marks the run abandoned before the process ends
+(:mod:`perseus.recurring.job`); a SIGKILL cannot, so each decision first abandons every running
+row of the job whose process is gone or whose heartbeat is older than ``lease_s``. Such a run
+is a **preempted** run in the history, retried rather than waited on
+(:func:`~perseus.recurring.policy.evidence`).
 
-**Bad rows.** The schema (:mod:`perseus.recurring.schema`) refuses bad values at insert; rows
-that predate it are checked when read, and a bad one is one :class:`ConfigError` naming the
-row and the SQL to repair or drop it. A damaged file (``sqlite3.DatabaseError``) is a
-:class:`ConfigError` saying how to recover. Schema changes are migrations applied in place.
+**Bad rows.** The schema (:mod:`perseus.recurring.schema`) refuses bad values at insert; older
+rows are checked when read, a bad one is one :class:`ConfigError` naming the row and the SQL to
+repair or drop it, and a damaged file is a :class:`ConfigError` saying how to recover.
 
-**Two engines, one schema.** SQLite needs one machine's file system (not NFS); jobs on several
-machines share PostgreSQL (:mod:`perseus.recurring.postgres`, where ``SELECT ... FOR UPDATE``
-on the job's row serialises its decisions as ``BEGIN IMMEDIATE`` does here). Both run the same
-row SQL (:class:`SQLStore`); :func:`~perseus.recurring.database.open_store` picks one by URL.
+**Two engines.** SQLite needs one machine's file system (not NFS); jobs on several machines
+share PostgreSQL (:mod:`perseus.recurring.postgres`: ``SELECT ... FOR UPDATE`` on the job's row
+serialises decisions). Both run the same row SQL (:class:`SQLStore`);
+:func:`~perseus.recurring.database.open_store` picks one by URL.
 """
 
 from __future__ import annotations
@@ -171,8 +164,16 @@ class SQLStore:
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         raise NotImplementedError
 
+    #: The engine's connection (None: not open) and the pid that opened it (a forked child
+    #: opens its own and never closes its parent's).
+    _con: Any = None
+    _pid = 0
+
     def close(self) -> None:
         """Close the connection (reopened on next use)."""
+        con, self._con = self._con, None
+        if con is not None and self._pid == os.getpid():
+            con.close()
 
     def __enter__(self) -> Self:
         return self
@@ -437,8 +438,6 @@ class SQLiteStore(SQLStore):
         self.path = Path(path).expanduser()
         super().__init__(str(self.path), lease_s=lease_s, clock=clock)
         self.busy_timeout_s = busy_timeout_s
-        self._con: sqlite3.Connection | None = None
-        self._pid = 0
 
     # Connection, transactions, errors
 
@@ -454,7 +453,8 @@ class SQLiteStore(SQLStore):
         return con
 
     def _connection(self) -> sqlite3.Connection:
-        if self._con is None or self._pid != os.getpid():
+        con: sqlite3.Connection | None = self._con
+        if con is None or self._pid != os.getpid():
             with self._errors():
                 con = self._open(self.busy_timeout_s)
                 con.execute("PRAGMA journal_mode = WAL")
@@ -462,7 +462,7 @@ class SQLiteStore(SQLStore):
                 self._migrate(con)
                 con.execute("PRAGMA foreign_keys = ON")
             self._con, self._pid = con, os.getpid()
-        return self._con
+        return con
 
     def _migrate(self, con: sqlite3.Connection) -> None:
         version = con.execute("PRAGMA user_version").fetchone()[0]
@@ -538,12 +538,6 @@ class SQLiteStore(SQLStore):
 
     def _x(self, con: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
         return con.execute(sql, params)
-
-    def close(self) -> None:
-        """Close the connection (reopened on next use)."""
-        con, self._con = self._con, None
-        if con is not None and self._pid == os.getpid():
-            con.close()
 
     # Rows
 

@@ -10,7 +10,8 @@ import pytest
 from perseus.device import fake_nvml
 from perseus.device.clock import VirtualClock
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
-from perseus.device.nvml import NvmlGPU, clock_event_names
+from perseus.device.nvml import NvmlGPU
+from perseus.device.nvml_calls import clock_event_names
 from perseus.errors import DevicePermissionError
 
 UUID = "GPU-fake"

@@ -12,10 +12,10 @@ from perseus.device.nvml import (
     NvmlGPU,
     NvmlUnavailableError,
     call_nvml,
-    clock_event_names,
     list_nvml_gpus,
     probe_privilege,
 )
+from perseus.device.nvml_calls import clock_event_names
 from perseus.errors import (
     DeviceError,
     DeviceLostError,

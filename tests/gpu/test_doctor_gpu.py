@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from perseus.cli.main import main
-from perseus.device.nvml import NvmlGPU, is_control_function
+from perseus.device.nvml import NvmlGPU
+from perseus.device.nvml_calls import is_control_function
 
 pytestmark = pytest.mark.gpu
 

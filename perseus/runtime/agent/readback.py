@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from perseus.device.nvml import CLOCK_EVENT_REASONS, LIMITING_REASONS
+from perseus.device.nvml_calls import CLOCK_EVENT_REASONS, LIMITING_REASONS
 
 __all__ = [
     "IDLE_REASON",

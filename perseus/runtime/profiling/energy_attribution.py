@@ -244,18 +244,7 @@ def _standard_errors(
     if dof < 1:
         return np.full(n, math.inf)
     s2 = float(resid @ resid) / dof
-    rows = [shares[:, used]]
-    if ridge > 0:
-        weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
-        if n > 1:
-            pull = np.zeros((n, n + 2))
-            pull[:, :n] = np.eye(n) - 1.0 / n
-            rows.append((weight * pull)[:, used])
-        if idle_power_w is not None:
-            prior = np.zeros((2, n + 2))
-            prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
-            rows.append(prior[:, used])
-    a = np.vstack(rows)
+    a = np.vstack([shares, _prior_rows(shares, n, idle_power_w, ridge)[0]])[:, used]
     try:
         inv = np.linalg.inv(a.T @ a)
     except np.linalg.LinAlgError:
@@ -265,16 +254,12 @@ def _standard_errors(
     return diag[:n]
 
 
-def _solve(
-    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
-) -> np.ndarray:
-    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
-    which the planner itself prices at the blocking power) and the time between iterations
-    (optimizer, data loading: anything) lightly towards ``idle_power_w``."""
-    from scipy.optimize import nnls
-
-    rows = [shares]
-    rhs = [energy]
+def _prior_rows(
+    shares: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ridge rows and their right-hand side: op groups towards their mean; with
+    ``idle_power_w``, the gap and between-iterations columns towards it."""
+    rows, rhs = [np.zeros((0, n + 2))], [np.zeros(0)]
     if ridge > 0:
         weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
         if n > 1:
@@ -287,12 +272,25 @@ def _solve(
             prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
             rows.append(prior)
             rhs.append(prior.sum(axis=1) * idle_power_w)
+    return np.vstack(rows), np.concatenate(rhs)
+
+
+def _solve(
+    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> np.ndarray:
+    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
+    which the planner itself prices at the blocking power) and the time between iterations
+    (optimizer, data loading: anything) lightly towards ``idle_power_w``."""
+    from scipy.optimize import nnls
+
+    prior_rows, prior_rhs = _prior_rows(shares, n, idle_power_w, ridge)
     # Columns with no time in any window are unknowable: keep them out of the solve.
     used = shares.sum(axis=0) > 0
-    a = np.vstack(rows)[:, used]
+    a = np.vstack([shares, prior_rows])[:, used]
     power = np.zeros(n + 2)
     if a.shape[1]:
-        power[used] = nnls(a, np.concatenate(rhs), maxiter=50 * (n + 2))[0]
+        rhs = np.concatenate([energy, prior_rhs])
+        power[used] = nnls(a, rhs, maxiter=50 * (n + 2))[0]
     if idle_power_w is not None:
         power[n : n + 2][~used[n:]] = idle_power_w
     return power
