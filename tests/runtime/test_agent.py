@@ -175,11 +175,11 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
                 gpu.launch(0, Kind(name[0]))  # returns at once: the device runs it later
         record = agent.step_end()
         ops = agent.records.ops
-        assert [o.name for o in ops] == list(plan.stage_ops[0])
+        assert [o.op for o in ops] == list(plan.rank_actions[0])
         assert all(o.freq_mhz == 1095 for o in ops)
         # Op time and energy are the device's, from events, not the host's launch time.
         for o in ops:
-            time_s, energy_j = gpu.op_cost(0, Kind(o.name[0]))
+            time_s, energy_j = gpu.op_cost(0, o.op.kind)
             assert o.time_s == pytest.approx(time_s, abs=1e-3)  # + the launch gap
             assert o.energy_j == pytest.approx(energy_j, abs=0.05)
         assert record.iteration == 0 and record.num_ops == 4 and record.point_index == 0

@@ -11,8 +11,9 @@
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
-(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise, the rank's
-op grid below, the failing step marked) and hands each op to one of two timing modes
+(:class:`~perseus.runtime.agent.rank_plan.OpOrderError` carries the planned and the actual
+:class:`~perseus.schedule.Action` otherwise, and its message shows the rank's op grid, the
+failing step marked) and hands each op to one of two timing modes
 (:mod:`perseus.runtime.agent.timing`): on the device's
 timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
 events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
@@ -156,7 +157,8 @@ class RankAgent:
         self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks, ascending (or none)
         self._mem_warned = False
         self._scope = _OpScope(self)
-        self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
+        # The arguments of the last op() call, checked against the planned action on entry.
+        self._op_args: tuple[Kind | str, int, int | None] = (Kind.F, 0, None)
         self._ops: deque[OpRow] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
         self._iterations: list[IterationRecord] = []
@@ -180,10 +182,9 @@ class RankAgent:
         self.plan = rank_plan.plan
         self.point_index = rank_plan.point_index
         self._rank_plan = rank_plan
-        self._names = rank_plan.names
-        self._expected = rank_plan.expected
+        self._actions = rank_plan.actions
         self._snap_plan()
-        self._mode.set(self._names, self._phases)
+        self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
         """The plan's phases on this GPU: SM clocks snapped to its list; memory clocks
@@ -239,7 +240,7 @@ class RankAgent:
                 for another schedule) or ``point_index`` is out of range.
         """
         rank_plan = RankPlan.of(plan, point_index, self.rank)
-        if rank_plan.names != self._names:
+        if rank_plan.actions != self._actions:
             raise PlanError(
                 f"rank {self.rank}: the new plan's ops differ from the running plan's; swap only "
                 "between plans of the same job"
@@ -344,7 +345,7 @@ class RankAgent:
         else:
             mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing()
             mode.controller = self._controller
-        mode.set(self._names, self._phases)
+        mode.set(self._actions, self._phases)
         self._mode = mode
 
     def close(self) -> None:
@@ -441,11 +442,12 @@ class RankAgent:
         mode = self._mode
         time_s, energy_j = mode.end(self._iteration)
         self._in_step = False
-        n = len(self._names)
+        n = len(self._actions)
         if self._cursor != n:
+            planned = self._actions[self._cursor]
             raise PlanError(
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
-                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}\n"
+                f"{n} planned ops; the next planned op was {self.plan.op_name(planned)!r}\n"
                 + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
         delivery = mode.delivery
@@ -530,10 +532,14 @@ class RankAgent:
     def _enter_op(self) -> None:
         kind, mb, stage = self._op_args
         j = self._cursor
-        if not self._in_step or j >= len(self._expected):
+        if not self._in_step or j >= len(self._actions):
             self._op_order_error(j)
-        exp_kind, exp_mb, exp_stage = self._expected[j]
-        if kind != exp_kind or mb != exp_mb or (stage is not None and stage != exp_stage):
+        planned = self._actions[j]
+        if (
+            kind != planned.kind
+            or mb != planned.microbatch_index
+            or (stage is not None and stage != planned.stage_index)
+        ):
             self._op_order_error(j)
         self._mode.enter(j)
 
@@ -549,7 +555,9 @@ class RankAgent:
         self._cursor = j + 1
 
     def _op_order_error(self, j: int) -> None:
-        raise self._rank_plan.order_error(j, self._op_args, self._in_step, self._iteration)
+        raise self._rank_plan.order_error(
+            j, *self._op_args, in_step=self._in_step, iteration=self._iteration
+        )
 
     # -----------------------------------------------------------------------------------------
     # Results
