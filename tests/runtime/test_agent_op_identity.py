@@ -53,9 +53,18 @@ def test_op_records_carry_the_action_of_a_multi_stage_rank(gpu: SimulatedGPU) ->
     with _agent(plan, gpu) as agent:
         agent.step_begin()
         for a in plan.rank_actions[0]:
-            with agent.op(a.kind, a.microbatch_index, a.stage_index):
+            with agent.op(a):
                 pass
         agent.step_end()
+        agent.step_begin()
+        with pytest.raises(OpOrderError) as wrong, agent.op(Action(2, Kind.F, 0)):
+            pass
+        assert (wrong.value.planned, wrong.value.ran) == (
+            Action(0, Kind.F, 0),
+            Action(2, Kind.F, 0),
+        )
+        with pytest.raises(TypeError, match="an Action, or a kind and a microbatch_index"):
+            agent.op(Kind.F)
     ran = [o.op for o in agent.records.ops]
     assert ran == [
         Action(0, Kind.F, 0),

@@ -6,7 +6,7 @@
         for batch in loader:
             agent.step_begin()
             for action in my_actions:                      # the schedule's order
-                with agent.op(action.kind, action.microbatch_index):
+                with agent.op(action):
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
@@ -54,7 +54,7 @@ from perseus.runtime.agent.readback import HeldClockReport
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
-from perseus.schedule.actions import Kind
+from perseus.schedule.actions import Action, Kind
 
 __all__ = [
     "AgentRecords",
@@ -513,20 +513,32 @@ class RankAgent:
         return self._cursor
 
     def op(
-        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
+        self,
+        kind: Action | Kind | str,
+        microbatch_index: int | None = None,
+        stage_index: int | None = None,
     ) -> _OpScope:
         """Context manager around one op: sets its clock first, checks it is the planned op.
 
+        ``agent.op(action)`` runs an :class:`~perseus.schedule.Action` (its stage checked);
+        ``agent.op(kind, microbatch_index)`` the same op by its parts.
+
         Args:
-            kind: ``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`.
-            microbatch_index: The op's microbatch.
+            kind: The op, or its kind: ``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`.
+            microbatch_index: The op's microbatch (with a kind).
             stage_index: The op's stage; checked when given (needed only to tell apart ops of
                 ranks holding several stages, which the microbatch order already does).
 
         Raises:
+            TypeError: for a kind without a microbatch.
             PlanError: on entering, if this is not the op the plan expects next.
         """
-        self._op_args = (kind, microbatch_index, stage_index)
+        if isinstance(kind, Action):
+            self._op_args = (kind.kind, kind.microbatch_index, kind.stage_index)
+        elif microbatch_index is None:
+            raise TypeError("op() takes an Action, or a kind and a microbatch_index")
+        else:
+            self._op_args = (kind, microbatch_index, stage_index)
         return self._scope
 
     def _enter_op(self) -> None:

@@ -95,7 +95,10 @@ class NullAgent:
         return None
 
     def op(
-        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
+        self,
+        kind: Action | Kind | str,
+        microbatch_index: int | None = None,
+        stage_index: int | None = None,
     ) -> contextlib.nullcontext[None]:
         return _NULL_SCOPE
 
