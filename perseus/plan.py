@@ -262,7 +262,15 @@ def _has_phases(point: PlanPoint) -> bool:
     )
 
 
-_OP_NAME_FIX = "not an op name like 'F3' or 'F3@5' (F, B or W, microbatch, @stage if needed)"
+def _parse_op(name: str, rank: int, index: int) -> Action:
+    """``stage_ops[rank][index]``, refused by its place when malformed."""
+    try:
+        return parse_op_name(name, rank)
+    except ScheduleError:
+        fix = "not an op name like 'F3' or 'F3@5' (F, B or W, microbatch, @stage if needed)"
+        error = PydanticCustomError("op_name", fix)
+        details = InitErrorDetails(type=error, loc=("stage_ops", rank, index), input=name)
+        raise ValidationError.from_exception_data("Frontier", [details]) from None
 
 
 def points_sha256(points: Iterable[PlanPoint]) -> str:
@@ -316,18 +324,10 @@ class Frontier(BaseModel):
 
     @model_validator(mode="after")
     def _parse_ops(self) -> Frontier:
-        actions = []
-        for r, ops in enumerate(self.stage_ops):
-            row = []
-            for i, name in enumerate(ops):
-                try:
-                    row.append(parse_op_name(name, r))
-                except ScheduleError:
-                    error = PydanticCustomError("op_name", _OP_NAME_FIX)
-                    details = InitErrorDetails(type=error, loc=("stage_ops", r, i), input=name)
-                    raise ValidationError.from_exception_data("Frontier", [details]) from None
-            actions.append(tuple(row))
-        self._rank_actions = tuple(actions)
+        self._rank_actions = tuple(
+            tuple(_parse_op(name, r, i) for i, name in enumerate(ops))
+            for r, ops in enumerate(self.stage_ops)
+        )
         self._stage_in_names = any("@" in name for ops in self.stage_ops for name in ops)
         return self
 

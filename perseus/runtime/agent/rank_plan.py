@@ -1,9 +1,8 @@
-"""One rank's part of a plan point, as the rank agent runs it: the action each op must be
-(as the plan file's ``stage_ops`` were parsed, :attr:`perseus.plan.Frontier.rank_actions`),
-and each op's phases: its clock pair (SM clock, memory
-clock or None for the default) from a share of its work on (one phase for a one-clock op,
-up to four for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per :meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`);
-pure: no device, no clock.
+"""One rank's part of a plan point, as the rank agent runs it: each op's action (the plan's
+:attr:`~perseus.plan.Frontier.rank_actions`) and phases: its clock pair (SM clock, memory clock
+or None for the default) from a share of its work on (one phase for a one-clock op, up to four
+for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per
+:meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`); pure: no device, no clock.
 """
 
 from __future__ import annotations
@@ -34,9 +33,6 @@ class OpPhase(NamedTuple):
     freq_mhz: int
     mem_freq_mhz: int | None
     start_share: float
-
-
-_KINDS = frozenset(Kind) | {k.value for k in Kind}
 
 
 class OpOrderError(PlanError):
@@ -169,40 +165,32 @@ class RankPlan:
         iteration: int,
     ) -> PlanError:
         """The error for the op the training loop ran as op ``j`` (``stage_index`` None: not
-        given, taken as the planned op's, else this rank's): an :class:`OpOrderError` unless
-        ``kind`` is no kind at all."""
-        if kind not in _KINDS:
+        given, taken as the planned op's): an :class:`OpOrderError` unless ``kind`` is none."""
+        try:
+            kind = Kind(kind)
+        except ValueError:
             return PlanError(f"rank {self.rank}: op kind {kind!r} is not one of F, B, W")
         n = len(self.actions)
-        stage = stage_index
-        if stage is None:
-            stage = self.actions[min(j, n - 1)].stage_index if n else self.rank
-        ran = Action(stage, Kind(kind), microbatch_index)
-        planned = self.actions[j] if in_step and j < n else None
+        near = self.actions[min(j, n - 1)].stage_index if n else self.rank
+        ran = Action(near if stage_index is None else stage_index, kind, microbatch_index)
         actual = repr(ran.op_name(stage_index is not None))
         if not in_step:
-            return OpOrderError(
-                f"rank {self.rank}: op {actual} ran outside an iteration; call step_begin() first",
-                None,
-                ran,
+            text = f"op {actual} ran outside an iteration; call step_begin() first"
+            return OpOrderError(f"rank {self.rank}: {text}", None, ran)
+        if j >= n:
+            text = (
+                f"op {actual} is op {j + 1} of iteration {iteration}, but the plan has only {n} "
+                "ops for this rank; call step_end() after the last"
             )
-        if planned is None:
-            return OpOrderError(
-                f"rank {self.rank}: op {actual} is op {j + 1} of iteration {iteration}, "
-                f"but the plan has only {n} ops for this rank; call step_end() after the last\n"
-                + self.order_grid(j, ran),
-                None,
-                ran,
-            )
+            return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", None, ran)
+        planned = self.actions[j]
         window = " ".join(map(self.plan.op_name, self.actions[max(0, j - 2) : j + 3]))
-        return OpOrderError(
-            f"rank {self.rank}: plan expects op {j} of iteration {iteration} to be "
-            f"{self.plan.op_name(planned)!r} but the training loop ran {actual} (plan ops around "
-            f"it: {window}); the plan was computed for another schedule or microbatch count\n"
-            + self.order_grid(j, ran),
-            planned,
-            ran,
+        text = (
+            f"plan expects op {j} of iteration {iteration} to be {self.plan.op_name(planned)!r} "
+            f"but the training loop ran {actual} (plan ops around it: {window}); the plan was "
+            "computed for another schedule or microbatch count"
         )
+        return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", planned, ran)
 
     def order_grid(self, j: int, ran: Action | str) -> str:
         """This rank's planned ops as a grid, op ``j`` and what ran in its place marked."""
