@@ -12,8 +12,7 @@ from perseus.io import load_profile
 from perseus.io.frontier_files import read_frontier, write_frontier
 from perseus.job import make_job
 from perseus.plan import Frontier
-from perseus.schedule import Action, Kind, build_schedule
-from perseus.schedule.actions import parse_op_name
+from perseus.schedule import Action, Kind, build_schedule, parse_op_name
 from tests.runtime.plans import tiny_plan
 
 
