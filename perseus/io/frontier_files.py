@@ -265,15 +265,15 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
     seen: set[Action] = set()
     for r, actions in enumerate(frontier.rank_actions):
         for i, action in enumerate(actions):
-            where = f"{source}: field stage_ops[{r}][{i}]"
-            op = show_value(frontier.stage_ops[r][i])
-            if action.microbatch_index >= j.microbatches or action.stage_index >= j.stages:
-                raise PlanError(
-                    f"{where}: {op} is outside the job ({j.stages} stages x "
-                    f"{j.microbatches} microbatches); {_REGENERATE}"
+            outside = action.microbatch_index >= j.microbatches or action.stage_index >= j.stages
+            if outside or action in seen:
+                why = (
+                    f"is outside the job ({j.stages} stages x {j.microbatches} microbatches)"
+                    if outside
+                    else "appears twice"
                 )
-            if action in seen:
-                raise PlanError(f"{where}: {op} appears twice; {_REGENERATE}")
+                op = show_value(frontier.stage_ops[r][i])
+                raise PlanError(f"{source}: field stage_ops[{r}][{i}]: {op} {why}; {_REGENERATE}")
             seen.add(action)
     kinds = {a.kind for a in seen}
     per_kind = j.stages * j.microbatches
@@ -281,8 +281,8 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
         count = sum(1 for a in seen if a.kind is kind)
         if count != per_kind:
             raise PlanError(
-                f"{source}: field stage_ops: {count} {kind.value} ops, the job ({j.stages} stages x "
-                f"{j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
+                f"{source}: field stage_ops: {count} {kind.value} ops, the job ({j.stages} stages "
+                f"x {j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
             )
 
 

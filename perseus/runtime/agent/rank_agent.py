@@ -157,7 +157,6 @@ class RankAgent:
         self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks, ascending (or none)
         self._mem_warned = False
         self._scope = _OpScope(self)
-        # The arguments of the last op() call, checked against the planned action on entry.
         self._op_args: tuple[Kind | str, int, int | None] = (Kind.F, 0, None)
         self._ops: deque[OpRow] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
@@ -444,10 +443,10 @@ class RankAgent:
         self._in_step = False
         n = len(self._actions)
         if self._cursor != n:
-            planned = self._actions[self._cursor]
+            nxt = self.plan.op_name(self._actions[self._cursor])
             raise PlanError(
-                f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
-                f"{n} planned ops; the next planned op was {self.plan.op_name(planned)!r}\n"
+                f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of {n} "
+                f"planned ops; the next planned op was {nxt!r}\n"
                 + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
         delivery = mode.delivery
@@ -520,11 +519,9 @@ class RankAgent:
     ) -> _OpScope:
         """Context manager around one op: sets its clock first, checks it is the planned op.
 
-        ``agent.op(action)`` runs an :class:`~perseus.schedule.Action` (its stage checked);
-        ``agent.op(kind, microbatch_index)`` the same op by its parts.
-
         Args:
-            kind: The op, or its kind: ``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`.
+            kind: The op (an :class:`~perseus.schedule.Action`, its stage checked) or its kind
+                (``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`).
             microbatch_index: The op's microbatch (with a kind).
             stage_index: The op's stage; checked when given (needed only to tell apart ops of
                 ranks holding several stages, which the microbatch order already does).
@@ -546,12 +543,8 @@ class RankAgent:
         j = self._cursor
         if not self._in_step or j >= len(self._actions):
             self._op_order_error(j)
-        planned = self._actions[j]
-        if (
-            kind != planned.kind
-            or mb != planned.microbatch_index
-            or (stage is not None and stage != planned.stage_index)
-        ):
+        a = self._actions[j]
+        if kind != a.kind or mb != a.microbatch_index or stage not in (None, a.stage_index):
             self._op_order_error(j)
         self._mode.enter(j)
 
