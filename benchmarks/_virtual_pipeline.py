@@ -28,9 +28,8 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import PlanError
 from perseus.plan import Frontier
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.agent.rank_plan import RankPlan
 from perseus.runtime.agent.records import AgentRecords
-from perseus.schedule.actions import Action, Kind
+from perseus.schedule.actions import Action
 from perseus.schedule.dependencies import action_dependencies
 
 __all__ = ["VirtualPipelineRun", "run_virtual_pipeline"]
@@ -101,7 +100,7 @@ def run_virtual_pipeline(
         )
         for r, gpu in enumerate(gpus)
     ]
-    expected = [_actions(RankPlan.of(plan, point_index, r)) for r in range(ranks)]
+    expected = [list(plan.rank_actions[r]) for r in range(ranks)]
     for agent in agents:
         agent.start()
     try:
@@ -120,10 +119,6 @@ def run_virtual_pipeline(
         mid_op_switches=tuple(n for _, _, n in steps),
         records=tuple(agent.records for agent in agents),
     )
-
-
-def _actions(rank_plan: RankPlan) -> list[Action]:
-    return [Action(stage, Kind(kind), mb) for kind, mb, stage in rank_plan.expected]
 
 
 def _run_iteration(

@@ -77,7 +77,7 @@ def main() -> int:
                 it += 1
             for op in agent.records.ops:
                 if op.start_s is not None and op.end_s is not None:
-                    spans.append(OpSpan(op.name[0], op.start_s, op.end_s, op.iteration))
+                    spans.append(OpSpan(op.op.kind.value, op.start_s, op.end_s, op.iteration))
         return spans, iteration_s
 
     agent_run(1.0, None)  # warm-up

@@ -91,7 +91,7 @@ def main() -> int:
             f"{args.microbatches} microbatches, {args.iterations} iterations after {args.warmup} warm-up"
         )
         for kind in (Kind.F, Kind.B):
-            times = [o.time_s * 1e3 for o in ops if o.name.startswith(kind.name)]
+            times = [o.time_s * 1e3 for o in ops if o.op.kind is kind]
             print(
                 f"  {kind.name}: device time median {statistics.median(times):.3f} ms "
                 f"(min {min(times):.3f}, max {max(times):.3f})"

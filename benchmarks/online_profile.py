@@ -118,8 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     # What the old path would have fed the sweep: per-op counter stamps at the op's clock.
     old = []
     for r in records:
-        kind = r.name[0]
-        op = next(v for (s, k), v in truth.ops.items() if k.value == kind)
+        op = next(v for (s, k), v in truth.ops.items() if k is r.op.kind)
         if r.iteration < len(session.history) and session.history[r.iteration].phase == "profile":
             old.append(abs(r.energy_j / (args.gain * op.at(r.freq_mhz).energy_j) - 1))
     out = {

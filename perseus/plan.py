@@ -35,10 +35,12 @@ import json
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from perseus.errors import InfeasibleError, PlanError
+from perseus.errors import InfeasibleError, PlanError, ScheduleError
 from perseus.identity import GpuIdentity
+from perseus.schedule.actions import Action, parse_op_name
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, MAX_LAYER_WEIGHT
 
 __all__ = [
@@ -260,6 +262,17 @@ def _has_phases(point: PlanPoint) -> bool:
     )
 
 
+def _parse_op(name: str, rank: int, index: int) -> Action:
+    """``stage_ops[rank][index]``, refused by its place when malformed."""
+    try:
+        return parse_op_name(name, rank)
+    except ScheduleError:
+        fix = "not an op name like 'F3' or 'F3@5' (F, B or W, microbatch, @stage if needed)"
+        error = PydanticCustomError("op_name", fix)
+        details = InitErrorDetails(type=error, loc=("stage_ops", rank, index), input=name)
+        raise ValidationError.from_exception_data("Frontier", [details]) from None
+
+
 def points_sha256(points: Iterable[PlanPoint]) -> str:
     """SHA-256 of the points' canonical JSON (sorted keys, no spaces), whatever an op's form.
 
@@ -272,7 +285,12 @@ def points_sha256(points: Iterable[PlanPoint]) -> str:
 
 
 class Frontier(BaseModel):
-    """A time–energy frontier (or, with one point, a single plan)."""
+    """A time–energy frontier (or, with one point, a single plan).
+
+    ``stage_ops`` is the file's spelling of every rank's ops; they are parsed once, when the
+    model is validated, into :attr:`rank_actions` (a malformed name is refused there, named by
+    its place ``stage_ops.<rank>.<index>``).
+    """
 
     model_config = _FROZEN
 
@@ -300,6 +318,27 @@ class Frontier(BaseModel):
                 "regenerate it (perseus frontier / perseus plan pick)"
             )
         return self
+
+    _rank_actions: tuple[tuple[Action, ...], ...] = PrivateAttr(default=())
+    _stage_in_names: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _parse_ops(self) -> Frontier:
+        self._rank_actions = tuple(
+            tuple(_parse_op(name, r, i) for i, name in enumerate(ops))
+            for r, ops in enumerate(self.stage_ops)
+        )
+        self._stage_in_names = any("@" in name for ops in self.stage_ops for name in ops)
+        return self
+
+    @property
+    def rank_actions(self) -> tuple[tuple[Action, ...], ...]:
+        """``stage_ops`` as actions: ``rank_actions[r]`` lists rank ``r``'s in order."""
+        return self._rank_actions
+
+    def op_name(self, action: Action) -> str:
+        """``action`` spelled as this plan's ``stage_ops`` spell it (``F3`` or ``F3@5``)."""
+        return action.op_name(self._stage_in_names)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Frontier:

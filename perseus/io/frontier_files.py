@@ -22,6 +22,7 @@ from perseus.io.atomic import atomic_write_text
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.log import get_logger
 from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
+from perseus.schedule.actions import Action, Kind
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_value
 
@@ -257,36 +258,31 @@ def _first_difference(got: tuple[tuple[str, ...], ...], want: tuple[tuple[str, .
 
 
 _TORCH_NAME_RE = re.compile(r"^Schedule[A-Za-z0-9_]{1,60}$")
-_OP_RE = re.compile(r"^([FBW])(\d{1,9})(?:@(\d{1,9}))?$")
 
 
 def _check_generic_ops(frontier: Frontier, source: str) -> None:
     j = frontier.job
-    seen: set[tuple[int, str, int]] = set()
-    for r, ops in enumerate(frontier.stage_ops):
-        for i, op in enumerate(ops):
-            m = _OP_RE.match(op)
-            where = f"{source}: field stage_ops[{r}][{i}]"
-            if m is None:
-                raise PlanError(f"{where}: {show_value(op)} is not an op name like F3 or B3@5")
-            kind, mb = m.group(1), int(m.group(2))
-            stage = int(m.group(3)) if m.group(3) is not None else r
-            if mb >= j.microbatches or stage >= j.stages:
-                raise PlanError(
-                    f"{where}: {show_value(op)} is outside the job ({j.stages} stages x "
-                    f"{j.microbatches} microbatches); {_REGENERATE}"
+    seen: set[Action] = set()
+    for r, actions in enumerate(frontier.rank_actions):
+        for i, action in enumerate(actions):
+            outside = action.microbatch_index >= j.microbatches or action.stage_index >= j.stages
+            if outside or action in seen:
+                why = (
+                    f"is outside the job ({j.stages} stages x {j.microbatches} microbatches)"
+                    if outside
+                    else "appears twice"
                 )
-            if (stage, kind, mb) in seen:
-                raise PlanError(f"{where}: {show_value(op)} appears twice; {_REGENERATE}")
-            seen.add((stage, kind, mb))
-    kinds = {k for _, k, _ in seen}
+                op = show_value(frontier.stage_ops[r][i])
+                raise PlanError(f"{source}: field stage_ops[{r}][{i}]: {op} {why}; {_REGENERATE}")
+            seen.add(action)
+    kinds = {a.kind for a in seen}
     per_kind = j.stages * j.microbatches
-    for kind in ("F", "B") + (("W",) if "W" in kinds else ()):
-        count = sum(1 for _, k, _ in seen if k == kind)
+    for kind in (Kind.F, Kind.B) + ((Kind.W,) if Kind.W in kinds else ()):
+        count = sum(1 for a in seen if a.kind is kind)
         if count != per_kind:
             raise PlanError(
-                f"{source}: field stage_ops: {count} {kind} ops, the job ({j.stages} stages x "
-                f"{j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
+                f"{source}: field stage_ops: {count} {kind.value} ops, the job ({j.stages} stages "
+                f"x {j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
             )
 
 

@@ -26,7 +26,6 @@ from perseus.io.atomic import atomic_write_text, open_output_dir
 from perseus.io.frontier_files import write_frontier
 from perseus.log import get_logger
 from perseus.plan import Frontier, PlanPoint
-from perseus.schedule.actions import Kind
 
 logger = get_logger(__name__)
 
@@ -38,15 +37,6 @@ __all__ = [
 ]
 
 ZEUS_PFO_FILES = ("0.sched.json", "point_solution.py", "perseus_plan.json")
-
-
-def _instruction(op_name: str) -> str:
-    try:
-        return Kind(op_name[:1]).profile_name
-    except ValueError:
-        raise PlanError(
-            f"stage_ops entry {op_name!r} does not start with F, B or W; recompute the frontier"
-        ) from None
 
 
 def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[str, Any]]:
@@ -63,11 +53,13 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
         {
             "rank": rank,
             "frequencies": [
-                [_instruction(op), _one_clock(op, freq)]
-                for op, freq in zip(ops, freqs, strict=True)
+                [a.kind.profile_name, _one_clock(frontier.op_name(a), freq)]
+                for a, freq in zip(actions, freqs, strict=True)
             ],
         }
-        for rank, (ops, freqs) in enumerate(zip(frontier.stage_ops, point.freqs_mhz, strict=True))
+        for rank, (actions, freqs) in enumerate(
+            zip(frontier.rank_actions, point.freqs_mhz, strict=True)
+        )
     ]
     if point.memory_clocks_mhz:
         logger.warning(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
-from perseus.schedule.actions import Action, Kind, Schedule
+from perseus.schedule.actions import Kind, Schedule
 
 __all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration", "ops_to_profile"]
 
@@ -172,7 +171,7 @@ def ops_to_profile(
         group: The pipeline's process group.
         patience: The drifting iterations.
     """
-    drifted = _drifted_ops(agent, schedule.rank_actions[agent.rank], profile, patience)
+    drifted = _drifted_ops(agent, profile, patience)
     ops = sorted(
         {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
         key=lambda o: (o[0], o[1].value),
@@ -181,14 +180,12 @@ def ops_to_profile(
     return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)
 
 
-def _drifted_ops(
-    agent: RankAgent, actions: Sequence[Action], profile: Profile, patience: int
-) -> set[tuple[int, Kind]]:
+def _drifted_ops(agent: RankAgent, profile: Profile, patience: int) -> set[tuple[int, Kind]]:
     """This rank's ops whose median time over the last ``patience`` iterations drifted."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
     for op in agent.records.ops:
         if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
-            key = (actions[op.index].stage_index, actions[op.index].kind)
+            key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
     return {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}

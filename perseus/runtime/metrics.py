@@ -126,6 +126,11 @@ class IterationMetrics:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (two-clock ops as lists)."""
         out = asdict(self)
+        # A held op's action written as in messages (``"0F1"``), under the key ``name``.
+        out["held_ops"] = [
+            {"name": str(h.op)} | {k: v for k, v in asdict(h).items() if k != "op"}
+            for h in self.held_ops
+        ]
         if self.clocks_mhz is not None:
             out["clocks_mhz"] = [c if isinstance(c, int) else list(c) for c in self.clocks_mhz]
         return out
@@ -459,7 +464,7 @@ def _held_text(h: HeldOp) -> str:
     memory clock was held."""
     held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
     mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
-    return f"{h.name}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
+    return f"{h.op}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
 
 
 def _open_log(path: Path) -> TextIO:

@@ -376,7 +376,7 @@ def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> 
     Raises:
         PlanError: other stage ops, or ``point_index`` out of range.
     """
-    if frontier.stage_ops != schedule.stage_ops():
+    if frontier.rank_actions != schedule.rank_actions:
         raise PlanError(
             "plan's stage_ops differ from the schedule the engine runs; compute the plan for "
             f"{schedule.name} with {schedule.num_stages} stages and "

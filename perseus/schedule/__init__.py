@@ -1,6 +1,6 @@
 """Pipeline schedules as data: the action IR, builders and validation (pure)."""
 
-from perseus.schedule.actions import Action, Kind, Schedule, format_grid, parse_action
+from perseus.schedule.actions import Action, Kind, Schedule, format_grid, parse_op_name
 from perseus.schedule.builders import (
     SCHEDULE_NAMES,
     build_schedule,
@@ -24,7 +24,7 @@ __all__ = [
     "gpipe",
     "interleaved_1f1b",
     "one_f_one_b",
-    "parse_action",
+    "parse_op_name",
     "schedule_from_actions",
     "validate_schedule",
     "zero_bubble_h1",

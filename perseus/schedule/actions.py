@@ -1,9 +1,12 @@
 """The action IR: one compute action of one rank, in torch.distributed.pipelining's vocabulary.
 
-An action is written like torch writes ``_Action``: ``"<stage_index><kind><microbatch_index>"``,
-e.g. ``"1F0"`` is stage 1's forward of microbatch 0. Kinds are ``F`` (forward), ``B`` (backward;
-the full backward, or the input-gradient half when a schedule splits it) and ``W`` (the
-weight-gradient half of a split backward).
+In messages an action is written as torch writes ``_Action`` (``str(action)``),
+``"<stage_index><kind><microbatch_index>"``: ``"1F0"`` is stage 1's forward of microbatch 0.
+Kinds are ``F`` (forward), ``B`` (backward; the full backward, or the input-gradient half when a
+schedule splits it) and ``W`` (the weight-gradient half of a split backward). Plan files spell
+a rank's actions ``F3`` (stage: the rank's one) or ``F3@5`` (ranks holding several stages):
+:func:`parse_op_name` reads that spelling (once, as a plan is loaded:
+:attr:`perseus.plan.Frontier.rank_actions`), :meth:`Action.op_name` writes it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 from perseus.errors import ScheduleError
 
-__all__ = ["Action", "Kind", "Schedule", "format_grid", "parse_action"]
+__all__ = ["Action", "Kind", "Schedule", "format_grid", "parse_op_name"]
 
 
 class Kind(str, enum.Enum):
@@ -39,7 +42,7 @@ class Kind(str, enum.Enum):
 _PROFILE_NAMES = {Kind.F: "forward", Kind.B: "backward", Kind.W: "weight"}
 _FROM_PROFILE_NAMES = {v: k for k, v in _PROFILE_NAMES.items()}
 
-_ACTION_RE = re.compile(r"^(\d+)([FBW])(\d+)$")
+_OP_NAME_RE = re.compile(r"^([FBW])(\d{1,9})(?:@(\d{1,9}))?$")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -59,18 +62,18 @@ class Action:
         return f"{name}@{self.stage_index}" if with_stage else name
 
 
-def parse_action(text: str) -> Action:
-    """Parse torch's ``"1F0"`` notation into an :class:`Action`.
+def parse_op_name(name: str, rank: int) -> Action:
+    """Parse a plan file's op name (``"F3"``, or ``"F3@5"``) of rank ``rank``'s ops: the
+    stage is ``rank`` unless named after ``@``. The inverse of :meth:`Action.op_name`.
 
     Raises:
-        ScheduleError: if ``text`` is not of the form ``<stage><F|B|W><microbatch>``.
+        ScheduleError: if ``name`` is not of that form.
     """
-    match = _ACTION_RE.match(text.strip())
+    match = _OP_NAME_RE.match(name)
     if match is None:
-        raise ScheduleError(
-            f"action {text!r} is not of the form <stage><F|B|W><microbatch>, e.g. '1F0'"
-        )
-    return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
+        raise ScheduleError(f"{name!r} is not an op name like 'F3' or 'F3@5'")
+    stage = match.group(3)
+    return Action(rank if stage is None else int(stage), Kind(match.group(1)), int(match.group(2)))
 
 
 @dataclass(frozen=True, slots=True)

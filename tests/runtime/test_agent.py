@@ -14,7 +14,7 @@ from perseus.errors import PlanError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.agent.rank_agent import NullAgent, RankAgent, make_agent
-from perseus.schedule import Kind
+from perseus.schedule import Action, Kind
 from tests.runtime.plans import tiny_plan
 
 
@@ -29,12 +29,12 @@ def _agent(plan, gpu, rank=0, **kwargs):  # type: ignore[no-untyped-def]
     return RankAgent(plan, gpu, rank, watchdog=False, handle_signals=False, **kwargs)
 
 
-def _run_iteration(agent: RankAgent, ops: tuple[str, ...]) -> list[int | None]:
+def _run_iteration(agent: RankAgent, ops: tuple[Action, ...]) -> list[int | None]:
     """Run the ops in order; return the GPU's lock seen inside each op."""
     seen = []
     agent.step_begin()
-    for name in ops:
-        with agent.op(name[0], int(name[1:].split("@")[0])):
+    for a in ops:
+        with agent.op(a):
             agent.wait_for_clock()
             seen.append(agent.gpu.locked_clock_mhz())  # type: ignore[union-attr]
     agent.step_end()
@@ -53,7 +53,7 @@ def test_each_op_runs_at_its_planned_clock(tmp_path: Path) -> None:
     )
     rank = 3
     with _agent(plan, gpu, rank=rank) as agent:
-        seen = _run_iteration(agent, plan.stage_ops[rank])
+        seen = _run_iteration(agent, plan.rank_actions[rank])
         assert seen == list(plan.points[0].freqs_mhz[rank])
         assert agent.planned_clocks_mhz == plan.points[0].freqs_mhz[rank]
     assert gpu.locked_clock_mhz() is None  # reset on close
@@ -63,7 +63,7 @@ def test_planned_clocks_are_snapped_to_the_device(gpu: SimulatedGPU) -> None:
     plan = tiny_plan(freq_mhz=1100)
     with _agent(plan, gpu) as agent:
         assert agent.planned_clocks_mhz == (1095,) * 4
-        assert _run_iteration(agent, plan.stage_ops[0]) == [1095] * 4
+        assert _run_iteration(agent, plan.rank_actions[0]) == [1095] * 4
 
 
 def test_wrong_op_names_expected_and_actual(gpu: SimulatedGPU) -> None:
@@ -84,8 +84,8 @@ def test_out_of_order_op_shows_the_rank_op_grid_with_the_failing_step_marked(
     plan = tiny_plan(stage_ops=(ops, ops))
     with _agent(plan, gpu, rank=1) as agent:
         agent.step_begin()
-        for name in ops[:10]:
-            with agent.op(name[0], int(name[1:])):
+        for a in plan.rank_actions[1][:10]:
+            with agent.op(a):
                 pass
         with pytest.raises(PlanError) as info, agent.op("B", 6):
             pass
@@ -140,10 +140,10 @@ def test_too_few_and_too_many_ops(gpu: SimulatedGPU) -> None:
         ) as info:
             agent.step_end()
         assert "Step 01  0F1!" in str(info.value) and "step_end()!" in str(info.value)
-        _run_iteration(agent, plan.stage_ops[0])
+        _run_iteration(agent, plan.rank_actions[0])
         agent.step_begin()
-        for name in plan.stage_ops[0]:
-            with agent.op(name[0], int(name[1:])):
+        for a in plan.rank_actions[0]:
+            with agent.op(a):
                 pass
         with pytest.raises(PlanError, match="only 4 ops") as info, agent.op("F", 2):
             pass
@@ -170,16 +170,16 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
         assert agent.device_timed
         agent.step_begin()
         agent.wait_for_clock()  # step_begin() applies the first op's clock
-        for name in plan.stage_ops[0]:
-            with agent.op(name[0], int(name[1:])):
-                gpu.launch(0, Kind(name[0]))  # returns at once: the device runs it later
+        for a in plan.rank_actions[0]:
+            with agent.op(a):
+                gpu.launch(0, a.kind)  # returns at once: the device runs it later
         record = agent.step_end()
         ops = agent.records.ops
-        assert [o.name for o in ops] == list(plan.stage_ops[0])
+        assert [o.op for o in ops] == list(plan.rank_actions[0])
         assert all(o.freq_mhz == 1095 for o in ops)
         # Op time and energy are the device's, from events, not the host's launch time.
         for o in ops:
-            time_s, energy_j = gpu.op_cost(0, Kind(o.name[0]))
+            time_s, energy_j = gpu.op_cost(0, o.op.kind)
             assert o.time_s == pytest.approx(time_s, abs=1e-3)  # + the launch gap
             assert o.energy_j == pytest.approx(energy_j, abs=0.05)
         assert record.iteration == 0 and record.num_ops == 4 and record.point_index == 0
@@ -193,15 +193,15 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
 def test_swap_plan_takes_effect_at_next_iteration(gpu: SimulatedGPU) -> None:
     plan = tiny_plan(freq_mhz=1410, points=3)
     with _agent(plan, gpu) as agent:
-        assert _run_iteration(agent, plan.stage_ops[0]) == [1410] * 4
+        assert _run_iteration(agent, plan.rank_actions[0]) == [1410] * 4
         agent.step_begin()
         agent.swap_plan(plan, point_index=2)  # mid-iteration: the current one is unchanged
-        for name in plan.stage_ops[0]:
-            with agent.op(name[0], int(name[1:])):
+        for a in plan.rank_actions[0]:
+            with agent.op(a):
                 agent.wait_for_clock()
                 assert gpu.locked_clock_mhz() == 1410
         agent.step_end()
-        assert _run_iteration(agent, plan.stage_ops[0]) == [1380] * 4
+        assert _run_iteration(agent, plan.rank_actions[0]) == [1380] * 4
         assert agent.records.iterations[-1].point_index == 2
 
 
@@ -226,7 +226,7 @@ def test_disabled_agent_measures_without_touching_clocks(gpu: SimulatedGPU) -> N
     plan = tiny_plan()
     with RankAgent(plan, gpu, 0, enabled=False) as agent:
         assert agent.observe_only
-        _run_iteration(agent, plan.stage_ops[0])
+        _run_iteration(agent, plan.rank_actions[0])
         assert gpu.locked_clock_mhz() is None
         assert len(agent.records.ops) == 4
     # Not the owner: another agent can take the GPU meanwhile.
@@ -257,12 +257,12 @@ def test_close_is_idempotent_and_restartable(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     agent = _agent(plan, gpu)
     agent.start()
-    _run_iteration(agent, plan.stage_ops[0])
+    _run_iteration(agent, plan.rank_actions[0])
     agent.close()
     agent.close()
     assert gpu.locked_clock_mhz() is None
     agent.start()
-    _run_iteration(agent, plan.stage_ops[0])
+    _run_iteration(agent, plan.rank_actions[0])
     assert gpu.locked_clock_mhz() == 1095
     agent.close()
 
@@ -270,7 +270,7 @@ def test_close_is_idempotent_and_restartable(gpu: SimulatedGPU) -> None:
 def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:
-        _run_iteration(agent, plan.stage_ops[0])
+        _run_iteration(agent, plan.rank_actions[0])
         raise RuntimeError("boom")
     assert gpu.locked_clock_mhz() is None
 
@@ -283,7 +283,7 @@ def test_unprivileged_simulated_gpu_warns_once_and_measures(tmp_path: Path) -> N
     with _agent(plan, gpu) as agent:
         with pytest.warns(ObserveOnlyWarning, match="NO_PERMISSION") as caught:
             for _ in range(3):
-                _run_iteration(agent, plan.stage_ops[0])
+                _run_iteration(agent, plan.rank_actions[0])
         assert len(caught) == 1
         assert agent.observe_only
         assert len(agent.records.iterations) == 3
@@ -299,8 +299,8 @@ def test_no_clock_is_set_before_the_first_iteration(gpu: SimulatedGPU) -> None:
         agent.step_begin()
         assert agent.controller.flush()
         assert gpu.locked_clock_mhz() == agent.planned_clocks_mhz[0]
-        for name in plan.stage_ops[0]:
-            with agent.op(name[0], int(name[1:].split("@")[0])):
+        for a in plan.rank_actions[0]:
+            with agent.op(a):
                 pass
         agent.step_end()
     assert gpu.locked_clock_mhz() is None
@@ -374,8 +374,8 @@ def test_cuda_events_leave_every_counter_read_to_the_worker(
         assert agent.device_timed
         for _ in range(iterations):
             agent.step_begin()
-            for name in plan.stage_ops[0]:
-                with agent.op(name[0], int(name[1:])):
+            for a in plan.rank_actions[0]:
+                with agent.op(a):
                     pass
             record = agent.step_end()
             assert record.energy_j == pytest.approx(1.0)  # one read between start and end
@@ -428,8 +428,8 @@ def test_cuda_events_are_pooled_and_follow_a_stream_switch(
             if i == 4:
                 streams.append("side")  # the training loop switched streams
             agent.step_begin()
-            for name in plan.stage_ops[0]:
-                with agent.op(name[0], int(name[1:])):
+            for a in plan.rank_actions[0]:
+                with agent.op(a):
                     pass
             last = agent.last_op_end_event
             agent.step_end()

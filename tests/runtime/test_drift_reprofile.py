@@ -130,7 +130,7 @@ def _agree_rank(rank: int, world: int, slow: float) -> list[Any]:
             f = 1410 if it >= 3 else 990
             t = profile.op(a.stage_index, a.kind).at(f).time_s
             t *= slow if (it >= 3 and rank == 1 and a.kind is Kind.B) else 1.0
-            records.append(OpRecord(it, i, str(a), f, t * (2.0 if it < 3 else 1.0), 0.0))
+            records.append(OpRecord(it, i, a, f, t * (2.0 if it < 3 else 1.0), 0.0))
     agent = SimpleNamespace(rank=rank, iteration=6, records=SimpleNamespace(ops=tuple(records)))
     return sorted(ops_to_profile(agent, schedule, profile, None))  # type: ignore[arg-type]
 

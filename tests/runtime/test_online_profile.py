@@ -150,7 +150,7 @@ def test_emulated_online_profile_matches_the_device_with_a_100ms_counter(tmp_pat
     # The old per-op stamps (counter read at op boundaries) in the same run.
     profile_its = {h.iteration for h in session.history if h.phase == "profile"}
     old = [
-        abs(r.energy_j / (gain * truth.op(0, Kind(r.name[0])).at(r.freq_mhz).energy_j) - 1)
+        abs(r.energy_j / (gain * truth.op(0, r.op.kind).at(r.freq_mhz).energy_j) - 1)
         for r in records
         if r.iteration in profile_its
     ]

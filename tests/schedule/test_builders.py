@@ -9,13 +9,11 @@ from perseus.dag import build_dag, evaluate_durations
 from perseus.errors import ScheduleError
 from perseus.schedule import (
     SCHEDULE_NAMES,
-    Action,
     Kind,
     build_schedule,
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
-    parse_action,
     zero_bubble_h1,
 )
 
@@ -104,13 +102,6 @@ def test_1f1b_warmup_counts():
 def test_stage_ops_names():
     assert one_f_one_b(2, 2).stage_ops()[0] == ("F0", "F1", "B0", "B1")
     assert interleaved_1f1b(4, 2, 2).stage_ops()[0][:3] == ("F0@0", "F1@0", "F0@2")
-
-
-def test_parse_action_round_trip():
-    a = Action(3, Kind.W, 12)
-    assert parse_action(str(a)) == a
-    with pytest.raises(ScheduleError, match="form"):
-        parse_action("F3")
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from perseus.runtime.agent.boundary import Boundary
 from perseus.runtime.agent.clock_setter import ApplyStats
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.rank_agent import RankAgent, make_agent
+from perseus.runtime.agent.rank_plan import OpOrderError
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "FrequencyController",
     "IterationRecord",
     "NullAgent",
+    "OpOrderError",
     "OpRecord",
     "RankAgent",
     "make_agent",

@@ -6,13 +6,14 @@
         for batch in loader:
             agent.step_begin()
             for action in my_actions:                      # the schedule's order
-                with agent.op(action.kind, action.microbatch_index):
+                with agent.op(action):
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
-(:class:`~perseus.errors.PlanError` names the expected and actual op otherwise, the rank's
-op grid below, the failing step marked) and hands each op to one of two timing modes
+(:class:`~perseus.runtime.agent.rank_plan.OpOrderError` carries the planned and the actual
+:class:`~perseus.schedule.Action` otherwise, and its message shows the rank's op grid, the
+failing step marked) and hands each op to one of two timing modes
 (:mod:`perseus.runtime.agent.timing`): on the device's
 timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
 events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
@@ -53,7 +54,7 @@ from perseus.runtime.agent.readback import HeldClockReport
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
 from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
-from perseus.schedule.actions import Kind
+from perseus.schedule.actions import Action, Kind
 
 __all__ = [
     "AgentRecords",
@@ -156,7 +157,7 @@ class RankAgent:
         self._mem_clocks: tuple[int, ...] = ()  # lockable memory clocks, ascending (or none)
         self._mem_warned = False
         self._scope = _OpScope(self)
-        self._op_args: tuple[Any, int, int | None] = (Kind.F, 0, None)
+        self._op_args: tuple[Kind | str, int, int | None] = (Kind.F, 0, None)
         self._ops: deque[OpRow] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
         self._iterations: list[IterationRecord] = []
@@ -180,10 +181,9 @@ class RankAgent:
         self.plan = rank_plan.plan
         self.point_index = rank_plan.point_index
         self._rank_plan = rank_plan
-        self._names = rank_plan.names
-        self._expected = rank_plan.expected
+        self._actions = rank_plan.actions
         self._snap_plan()
-        self._mode.set(self._names, self._phases)
+        self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
         """The plan's phases on this GPU: SM clocks snapped to its list; memory clocks
@@ -239,7 +239,7 @@ class RankAgent:
                 for another schedule) or ``point_index`` is out of range.
         """
         rank_plan = RankPlan.of(plan, point_index, self.rank)
-        if rank_plan.names != self._names:
+        if rank_plan.actions != self._actions:
             raise PlanError(
                 f"rank {self.rank}: the new plan's ops differ from the running plan's; swap only "
                 "between plans of the same job"
@@ -344,7 +344,7 @@ class RankAgent:
         else:
             mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing()
             mode.controller = self._controller
-        mode.set(self._names, self._phases)
+        mode.set(self._actions, self._phases)
         self._mode = mode
 
     def close(self) -> None:
@@ -441,11 +441,12 @@ class RankAgent:
         mode = self._mode
         time_s, energy_j = mode.end(self._iteration)
         self._in_step = False
-        n = len(self._names)
+        n = len(self._actions)
         if self._cursor != n:
+            nxt = self.plan.op_name(self._actions[self._cursor])
             raise PlanError(
-                f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of "
-                f"{n} planned ops; the next planned op was {self._names[self._cursor]!r}\n"
+                f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of {n} "
+                f"planned ops; the next planned op was {nxt!r}\n"
                 + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
         delivery = mode.delivery
@@ -511,29 +512,39 @@ class RankAgent:
         return self._cursor
 
     def op(
-        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
+        self,
+        kind: Action | Kind | str,
+        microbatch_index: int | None = None,
+        stage_index: int | None = None,
     ) -> _OpScope:
         """Context manager around one op: sets its clock first, checks it is the planned op.
 
         Args:
-            kind: ``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`.
-            microbatch_index: The op's microbatch.
+            kind: The op (an :class:`~perseus.schedule.Action`, its stage checked) or its kind
+                (``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`).
+            microbatch_index: The op's microbatch (with a kind).
             stage_index: The op's stage; checked when given (needed only to tell apart ops of
                 ranks holding several stages, which the microbatch order already does).
 
         Raises:
+            TypeError: for a kind without a microbatch.
             PlanError: on entering, if this is not the op the plan expects next.
         """
-        self._op_args = (kind, microbatch_index, stage_index)
+        if isinstance(kind, Action):
+            self._op_args = (kind.kind, kind.microbatch_index, kind.stage_index)
+        elif microbatch_index is None:
+            raise TypeError("op() takes an Action, or a kind and a microbatch_index")
+        else:
+            self._op_args = (kind, microbatch_index, stage_index)
         return self._scope
 
     def _enter_op(self) -> None:
         kind, mb, stage = self._op_args
         j = self._cursor
-        if not self._in_step or j >= len(self._expected):
+        if not self._in_step or j >= len(self._actions):
             self._op_order_error(j)
-        exp_kind, exp_mb, exp_stage = self._expected[j]
-        if kind != exp_kind or mb != exp_mb or (stage is not None and stage != exp_stage):
+        a = self._actions[j]
+        if kind != a.kind or mb != a.microbatch_index or stage not in (None, a.stage_index):
             self._op_order_error(j)
         self._mode.enter(j)
 
@@ -549,7 +560,9 @@ class RankAgent:
         self._cursor = j + 1
 
     def _op_order_error(self, j: int) -> None:
-        raise self._rank_plan.order_error(j, self._op_args, self._in_step, self._iteration)
+        raise self._rank_plan.order_error(
+            j, *self._op_args, in_step=self._in_step, iteration=self._iteration
+        )
 
     # -----------------------------------------------------------------------------------------
     # Results

@@ -1,16 +1,15 @@
-"""One rank's part of a plan point, as the rank agent runs it: op names, the (kind,
-microbatch, stage) each op must be, and each op's phases: its clock pair (SM clock, memory
-clock or None for the default) from a share of its work on (one phase for a one-clock op,
-up to four for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per :meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`);
-pure: no device, no clock.
+"""One rank's part of a plan point, as the rank agent runs it: each op's action (the plan's
+:attr:`~perseus.plan.Frontier.rank_actions`) and phases: its clock pair (SM clock, memory clock
+or None for the default) from a share of its work on (one phase for a one-clock op, up to four
+for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per
+:meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`); pure: no device, no clock.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.errors import ConfigError, PlanError
@@ -18,7 +17,7 @@ from perseus.plan import Frontier
 from perseus.profile.two_clock import build_layer_split, op_phases
 from perseus.schedule.actions import Action, Kind, format_grid
 
-__all__ = ["OpPhase", "OpTimeFn", "RankPlan", "parse_ops"]
+__all__ = ["OpOrderError", "OpPhase", "OpTimeFn", "RankPlan"]
 
 #: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``; called
 #: with a fourth argument, the memory clock, for a phase that sets one
@@ -36,25 +35,19 @@ class OpPhase(NamedTuple):
     start_share: float
 
 
-_OP_RE = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
+class OpOrderError(PlanError):
+    """The training loop ran another op than the plan's next (or none was due).
 
-
-def parse_ops(ops: tuple[str, ...], rank: int) -> tuple[tuple[str, int, int], ...]:
-    """``("F0", "B0@3", ...)`` as ``(kind, microbatch, stage)`` (stage defaults to ``rank``).
-
-    Raises:
-        PlanError: for a malformed op name.
+    Attributes:
+        planned: The op the plan expected (None: none was due: outside an iteration, or past
+            the rank's last op).
+        ran: The op the training loop ran.
     """
-    parsed = []
-    for j, name in enumerate(ops):
-        m = _OP_RE.match(name)
-        if m is None:
-            raise PlanError(
-                f"plan stage_ops[{rank}][{j}] = {name!r} is not an op name like 'F3' or 'F3@5'"
-            )
-        stage = int(m.group(3)) if m.group(3) is not None else rank
-        parsed.append((m.group(1), int(m.group(2)), stage))
-    return tuple(parsed)
+
+    def __init__(self, message: str, planned: Action | None, ran: Action) -> None:
+        super().__init__(message)
+        self.planned = planned
+        self.ran = ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +55,14 @@ class RankPlan:
     """Rank ``rank``'s ops at point ``point_index`` of ``plan``.
 
     Attributes:
-        names: Op names in the order the training loop must run them.
-        expected: ``(kind, microbatch, stage)`` per op.
+        actions: The ops in the order the training loop must run them.
         phases: Each op's phases, as planned (not yet snapped to a device).
     """
 
     plan: Frontier
     point_index: int
     rank: int
-    names: tuple[str, ...]
-    expected: tuple[tuple[str, int, int], ...]
+    actions: tuple[Action, ...]
     phases: tuple[tuple[OpPhase, ...], ...]
 
     @property
@@ -82,8 +73,8 @@ class RankPlan:
     @classmethod
     def of(cls, plan: Frontier, point_index: int, rank: int) -> RankPlan:
         """Raises:
-        PlanError: for a point or rank out of range, a malformed op name, or two-clock ops
-            without ``job.layers_per_stage``.
+        PlanError: for a point or rank out of range, or two-clock ops without
+            ``job.layers_per_stage``.
         """
         if not 0 <= point_index < len(plan.points):
             raise PlanError(
@@ -93,8 +84,7 @@ class RankPlan:
             raise PlanError(
                 f"rank {rank} is out of range: the plan has {len(plan.stage_ops)} ranks"
             )
-        names = plan.stage_ops[rank]
-        expected = parse_ops(names, rank)
+        actions = plan.rank_actions[rank]
         planned = tuple(op_phases(op) for op in plan.points[point_index].freqs_mhz[rank])
         phases: list[tuple[OpPhase, ...]] = [
             (OpPhase(p[0].freq_mhz, p[0].mem_freq_mhz, 0.0),) for p in planned
@@ -118,7 +108,7 @@ class RankPlan:
                 raise PlanError(f"plan job: {e}") from None
             for j, op in enumerate(planned):
                 if len(op) > 1:
-                    stage = expected[j][2]
+                    stage = actions[j].stage_index
                     phases[j] = tuple(
                         OpPhase(p.freq_mhz, p.mem_freq_mhz, split.work_before(stage, p.first_layer))
                         for p in op
@@ -127,8 +117,7 @@ class RankPlan:
             plan=plan,
             point_index=point_index,
             rank=rank,
-            names=names,
-            expected=expected,
+            actions=actions,
             phases=tuple(phases),
         )
 
@@ -155,51 +144,56 @@ class RankPlan:
         """Predicted device time from op ``j``'s start to its phase ``i``'s (``phases``: the
         op's phases as run): each earlier phase's share of work times the whole op's time at
         its clocks (the planned memory clock where one is set)."""
-        kind, _mb, stage = self.expected[j]
+        stage, kind = self.actions[j].stage_index, self.actions[j].kind
         planned = self.phases[j]
         total = 0.0
         for k in range(i):
             mem = planned[k].mem_freq_mhz if phases[k].mem_freq_mhz is not None else None
             f = phases[k].freq_mhz
-            t = (
-                op_time_s(stage, Kind(kind), f)
-                if mem is None
-                else op_time_s(stage, Kind(kind), f, mem)
-            )
+            t = op_time_s(stage, kind, f) if mem is None else op_time_s(stage, kind, f, mem)
             total += (phases[k + 1].start_share - phases[k].start_share) * t
         return total
 
     def order_error(
-        self, j: int, op: tuple[Any, int, int | None], in_step: bool, iteration: int
+        self,
+        j: int,
+        kind: Kind | str,
+        microbatch_index: int,
+        stage_index: int | None,
+        *,
+        in_step: bool,
+        iteration: int,
     ) -> PlanError:
-        """The error for op ``op`` = ``(kind, microbatch, stage)`` run as op ``j``."""
-        kind, mb, stage = op
-        k = kind.value if isinstance(kind, Kind) else str(kind)
-        actual = f"{k}{mb}" + (f"@{stage}" if stage is not None else "")
+        """The error for the op the training loop ran as op ``j`` (``stage_index`` None: not
+        given, taken as the planned op's): an :class:`OpOrderError` unless ``kind`` is none."""
+        try:
+            kind = Kind(kind)
+        except ValueError:
+            return PlanError(f"rank {self.rank}: op kind {kind!r} is not one of F, B, W")
+        n = len(self.actions)
+        near = self.actions[min(j, n - 1)].stage_index if n else self.rank
+        ran = Action(near if stage_index is None else stage_index, kind, microbatch_index)
+        actual = repr(ran.op_name(stage_index is not None))
         if not in_step:
-            return PlanError(
-                f"rank {self.rank}: op {actual!r} ran outside an iteration; call step_begin() first"
-            )
-        n = len(self.names)
-        st = stage if stage is not None or not n else self.expected[min(j, n - 1)][2]
-        ran = Action(st, Kind(k), mb) if k in ("F", "B", "W") and st is not None else actual
+            text = f"op {actual} ran outside an iteration; call step_begin() first"
+            return OpOrderError(f"rank {self.rank}: {text}", None, ran)
         if j >= n:
-            return PlanError(
-                f"rank {self.rank}: op {actual!r} is op {j + 1} of iteration {iteration}, "
-                f"but the plan has only {n} ops for this rank; call step_end() after the last\n"
-                + self.order_grid(j, ran)
+            text = (
+                f"op {actual} is op {j + 1} of iteration {iteration}, but the plan has only {n} "
+                "ops for this rank; call step_end() after the last"
             )
-        window = " ".join(self.names[max(0, j - 2) : j + 3])
-        return PlanError(
-            f"rank {self.rank}: plan expects op {j} of iteration {iteration} to be "
-            f"{self.names[j]!r} but the training loop ran {actual!r} (plan ops around it: "
-            f"{window}); the plan was computed for another schedule or microbatch count\n"
-            + self.order_grid(j, ran)
+            return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", None, ran)
+        planned = self.actions[j]
+        window = " ".join(map(self.plan.op_name, self.actions[max(0, j - 2) : j + 3]))
+        text = (
+            f"plan expects op {j} of iteration {iteration} to be {self.plan.op_name(planned)!r} "
+            f"but the training loop ran {actual} (plan ops around it: {window}); the plan was "
+            "computed for another schedule or microbatch count"
         )
+        return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", planned, ran)
 
     def order_grid(self, j: int, ran: Action | str) -> str:
         """This rank's planned ops as a grid, op ``j`` and what ran in its place marked."""
-        planned = [Action(stage, Kind(k), mb) for k, mb, stage in self.expected]
         ran_col: list[Action | str | None] = [None] * j + [ran]
         labels = (f"Rank {self.rank} planned", "ran")
-        return format_grid((planned, ran_col), [(0, j), (1, j)], labels=labels, window=3)
+        return format_grid((self.actions, ran_col), [(0, j), (1, j)], labels=labels, window=3)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from perseus.device.nvml_calls import CLOCK_EVENT_REASONS, LIMITING_REASONS
+from perseus.schedule.actions import Action
 
 __all__ = [
     "IDLE_REASON",
@@ -74,7 +75,7 @@ class HeldOp:
     """An op that ran off its planned clocks.
 
     Attributes:
-        name: The op (``"1F0"``).
+        op: The op (written ``1F0``).
         planned_mhz: The SM clock asked for it.
         applied_mhz: The SM clock the GPU ran (read back inside the op).
         reasons: Why, as NVML names its reasons (``("sw_power_cap",)``), or
@@ -83,7 +84,7 @@ class HeldOp:
             not the plan's (else None).
     """
 
-    name: str
+    op: Action
     planned_mhz: int
     applied_mhz: int
     reasons: tuple[str, ...]
@@ -93,7 +94,7 @@ class HeldOp:
     def __str__(self) -> str:
         memory = f", memory planned {self.planned_mem_mhz} MHz, ran {self.applied_mem_mhz} MHz"
         return (
-            f"{self.name} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz"
+            f"{self.op} planned {self.planned_mhz} MHz, ran {self.applied_mhz} MHz"
             f"{memory if self.applied_mem_mhz is not None else ''} "
             f"({describe_reasons(self.reasons)})"
         )
@@ -105,7 +106,7 @@ class OpReading(NamedTuple):
     memory lock in force; None: none, refused) and the one read (None: not read); the
     reason mask read and the op's time."""
 
-    name: str
+    op: Action
     planned_mhz: int
     asked_mhz: int | None
     read_mhz: int | None
@@ -191,7 +192,7 @@ def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
     if mem_held and r.asked_mem_mhz is None:
         reasons += (MEMORY_NOT_LOCKED,)
     mem = (plan_mem, read_mem) if mem_held else (None, None)
-    return HeldOp(r.name, r.planned_mhz, read_mhz, reasons or (NO_REASON,), *mem)
+    return HeldOp(r.op, r.planned_mhz, read_mhz, reasons or (NO_REASON,), *mem)
 
 
 class HeldClockReport:

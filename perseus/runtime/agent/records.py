@@ -10,7 +10,7 @@ from typing import Any
 from perseus.device.base import GPU
 from perseus.plan import Frontier
 from perseus.runtime.agent.readback import ClockDelivery
-from perseus.schedule.actions import Kind
+from perseus.schedule.actions import Action, Kind
 
 __all__ = ["AgentRecords", "IterationRecord", "NullAgent", "OpRecord"]
 
@@ -23,7 +23,7 @@ class OpRecord:
 
     iteration: int
     index: int
-    name: str
+    op: Action
     freq_mhz: int
     time_s: float
     energy_j: float
@@ -95,7 +95,10 @@ class NullAgent:
         return None
 
     def op(
-        self, kind: Kind | str, microbatch_index: int, stage_index: int | None = None
+        self,
+        kind: Action | Kind | str,
+        microbatch_index: int | None = None,
+        stage_index: int | None = None,
     ) -> contextlib.nullcontext[None]:
         return _NULL_SCOPE
 

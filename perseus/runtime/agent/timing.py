@@ -31,13 +31,14 @@ from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, OpReading, clock_delivery
+from perseus.schedule.actions import Action
 
 __all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
 
 _log = logging.getLogger(__name__)
 
-#: One op record: iteration, index, name, clock, time_s, energy_j, mid clock, start_s, end_s.
-OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float | None]
+#: One op record: iteration, index, action, clock, time_s, energy_j, mid clock, start_s, end_s.
+OpRow = tuple[int, int, Action, int, float, float, int | None, float | None, float | None]
 
 #: Predicted time from an op's start to the start of its phase: ``(op index, phase) -> time_s``.
 MidTimeFn = Callable[[int, int], "float | None"]
@@ -90,6 +91,7 @@ class _Clocks:
     """The plan's per-op phases, as the agent snapped them (shared by both modes)."""
 
     __slots__ = (
+        "actions",
         "controller",
         "delivery",
         "freqs",
@@ -97,7 +99,6 @@ class _Clocks:
         "mid_share",
         "mid_switches",
         "mid_switches_missed",
-        "names",
         "phases",
         "succ",
     )
@@ -109,7 +110,7 @@ class _Clocks:
         self.freqs: tuple[int, ...] = ()  # each op's first SM clock
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
         self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
-        self.names: tuple[str, ...] = ()
+        self.actions: tuple[Action, ...] = ()
         #: Per op, what its boundary posts, worked out once per plan rather than per op: the
         #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
@@ -119,8 +120,8 @@ class _Clocks:
         self.mid_switches_missed = 0
         self.delivery: ClockDelivery | None = None
 
-    def set(self, names: Sequence[str], phases: Sequence[tuple[OpPhase, ...]]) -> None:
-        self.names = tuple(names)
+    def set(self, actions: Sequence[Action], phases: Sequence[tuple[OpPhase, ...]]) -> None:
+        self.actions = tuple(actions)
         self.phases = tuple(phases)
         self.freqs = tuple(p[0].freq_mhz for p in self.phases)
         self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
@@ -300,7 +301,7 @@ class DeviceTiming(_Clocks):
 
     def _record_ops(self, iteration: int) -> None:
         """Each op's row, the mid-op changes made and the clocks delivered."""
-        jobs, freqs, names = self.jobs, self.freqs, self.names
+        jobs, freqs, actions = self.jobs, self.freqs, self.actions
         self.mid_switches = sum(job.report.mids_issued for job in jobs)
         self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[OpReading] = []
@@ -313,7 +314,7 @@ class DeviceTiming(_Clocks):
                 read = self.phases[j][report.read_phase]  # the phase that ran when read
                 readings.append(
                     OpReading(
-                        names[j],
+                        actions[j],
                         read.freq_mhz,
                         report.asked_mhz,
                         report.read_mhz,
@@ -328,7 +329,7 @@ class DeviceTiming(_Clocks):
                 (
                     iteration,
                     j,
-                    names[j],
+                    actions[j],
                     planned,
                     op.time_s,
                     job.energy_j() or 0.0,
@@ -436,7 +437,7 @@ class HostTiming(_Clocks):
             (
                 self.iteration,
                 j,
-                self.names[j],
+                self.actions[j],
                 self.freqs[j],
                 t - self._t_op,
                 (e - self._e_op) / 1000.0,
