@@ -374,7 +374,7 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntAr
 def _select(
     job: PlanningJob, model: CostModel, cand: list[IntArray], gap: float, allmax_time_s: float
 ) -> list[PlanPoint]:
-    """Reclaim, evaluate, Pareto-filter and thin candidates; return exact plan points.
+    """Evaluate, Pareto-filter and thin (reclaimed) candidates; return exact plan points.
 
     Thinning keeps points at least ``gap`` apart in time, but always keeps the fastest, the
     cheapest, and the cheapest no slower than all-max: the plan deployed to remove intrinsic
@@ -382,7 +382,9 @@ def _select(
     """
     topo = build_topology(job.graph)
     types = model.node_type
-    rec = np.unique(_reclaim_all(model, topo, np.stack(cand)), axis=0)
+    # Every walk returns its candidates reclaimed, and reclaiming a reclaimed plan changes
+    # nothing (its windows can only shrink), so they are not reclaimed again here.
+    rec = np.unique(np.stack(cand), axis=0)
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
