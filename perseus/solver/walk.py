@@ -190,11 +190,9 @@ def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[
 
     *walk, then = args
     cand, iterations, lp_t, lp_e, reason = walk_reference(*walk)
-    if then is not None:
-        cand = then(cand)
-    elif cand:  # reclaimed, as the compiled walk's are
+    if then is None and cand:  # reclaimed, as the compiled walk's are
         cand = list(reclaim_slack(walk[1], walk[2], np.stack(cand)))
-    return cand, iterations, lp_t, lp_e, reason
+    return (cand if then is None else then(cand)), iterations, lp_t, lp_e, reason
 
 
 class Lifter:
