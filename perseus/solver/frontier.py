@@ -84,7 +84,7 @@ from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, fold_job
 from perseus.solver.pareto_search import search_neighbours
-from perseus.solver.paths import Topology, build_topology
+from perseus.solver.paths import build_topology
 from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.walk import METHODS, Lifter, Progress
 
@@ -343,7 +343,7 @@ def _impl(
             small, small_model, small_topo, small_tol, quantum, small_gap, False, progress, lifter
         )
         cand.extend(lifter.flush())
-    cand.extend(_reclaim_all(model, topo, np.stack(seeds)))
+    cand.extend(reclaim_slack(model, topo, np.stack(seeds)))
     points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
         progress(1.0)
@@ -374,7 +374,7 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntAr
 def _select(
     job: PlanningJob, model: CostModel, cand: list[IntArray], gap: float, allmax_time_s: float
 ) -> list[PlanPoint]:
-    """Reclaim, evaluate, Pareto-filter and thin candidates; return exact plan points.
+    """Evaluate, Pareto-filter and thin (reclaimed) candidates; return exact plan points.
 
     Thinning keeps points at least ``gap`` apart in time, but always keeps the fastest, the
     cheapest, and the cheapest no slower than all-max: the plan deployed to remove intrinsic
@@ -382,7 +382,8 @@ def _select(
     """
     topo = build_topology(job.graph)
     types = model.node_type
-    rec = np.unique(_reclaim_all(model, topo, np.stack(cand)), axis=0)
+    # Not reclaimed again: every walk returns them reclaimed (and reclaiming is idempotent).
+    rec = np.unique(np.stack(cand), axis=0)
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     power = model.blocking_power_w
     times, energies = _evaluate_rows(job, model, rec)
@@ -432,11 +433,6 @@ def _evaluate_rows(
         )
         times[lo : lo + 64], energies[lo : lo + 64] = t, e
     return times, energies
-
-
-def _reclaim_all(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
-    """:func:`reclaim_slack` of every row of ``plans``."""
-    return reclaim_slack(model, topo, np.atleast_2d(plans))
 
 
 def _strict_pareto(points: list[PlanPoint]) -> list[PlanPoint]:

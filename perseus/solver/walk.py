@@ -185,11 +185,13 @@ CoreFn = Callable[
 
 def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The reference walk (a test oracle, imported only when asked for); its candidates go
-    through ``then`` (the last argument) at the end."""
+    through ``then`` (the last argument) at the end, or are reclaimed when there is none."""
     from perseus.solver.check.reference_walk import walk_reference
 
     *walk, then = args
     cand, iterations, lp_t, lp_e, reason = walk_reference(*walk)
+    if then is None and cand:  # reclaimed, as the compiled walk's are
+        cand = list(reclaim_slack(walk[1], walk[2], np.stack(cand)))
     return (cand if then is None else then(cand)), iterations, lp_t, lp_e, reason
 
 
