@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
@@ -51,7 +52,8 @@ def test_every_adapter_follows_the_one_protocol():
 
     for cls in (torch_pp.TorchPipelining, megatron.MegatronEngine, deepspeed.DeepSpeedEngine):
         for member in ("schedule", "rank", "group", "step_call", "attach"):
-            assert hasattr(cls, member), (cls, member)
+            # a method, a property or an attribute the constructor sets (annotated on the class)
+            assert hasattr(cls, member) or member in inspect.get_annotations(cls), (cls, member)
     manual = ManualEngine(build_schedule("1f1b", 2, 4), 1)
     assert isinstance(manual, EngineAdapter)
     assert manual.attach(lambda a: None, lambda: False)() is None  # type: ignore[arg-type,return-value,func-returns-value]

@@ -227,6 +227,8 @@ class DeepSpeedEngine:
     """
 
     step_call = "engine.train_batch()"
+    schedule: Schedule
+    group: Any
 
     def __init__(self, engine: Any, group: Any = None) -> None:
         _checked(engine, "DeepSpeedEngine")

@@ -346,6 +346,9 @@ class MegatronEngine:
     """
 
     step_call = "forward_backward_func(...)"
+    schedule: Schedule
+    rank: int
+    group: Any
 
     def __init__(
         self,

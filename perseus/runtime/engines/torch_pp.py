@@ -476,6 +476,8 @@ class TorchPipelining:
     """
 
     step_call = "schedule.step()"
+    schedule: Schedule
+    group: Any
 
     def __init__(
         self,
