@@ -23,12 +23,15 @@ loop enters ``session.op(action)`` around each compute action itself).
 Only *in iteration* are actions measured and held to the plan's order (exactly one engine
 step, the adapter's ``step_call``); outside (evaluation, warm-up) they run untouched.
 
-**Measurement.** At an iteration's end the ranks agree on the end (emulation: when the
-pipeline's last device finished; on GPUs a barrier) and, in one all-reduce, on the pipeline's
-time, energy, held ops and host overruns (:mod:`perseus.runtime.drift`). At a start they agree
-whether anything ran since the last end: if not, that end is this start (one counter reading
-for both); if so, every rank marks a fresh common start on the device's timeline. Boundaries
-and op scopes meet the device through one seam, a
+**Measurement.** On a real GPU an iteration's end is only marked on the device (the agent's end
+event; the controller's worker reads the counter as the device passes it) and its figures are
+read at the next iteration's end, or by :meth:`flush`/:meth:`close`: the training thread never
+waits for the device. Emulation (its device is idle at the boundary, where the ranks agree on
+the pipeline's end), the online sweep and ``SessionOptions(wait_for_figures=True)`` read them at
+once. Reading them, the ranks agree in one all-reduce on the pipeline's time, energy, held ops
+and host overruns (:mod:`perseus.runtime.drift`). At a start they agree whether anything ran
+since the last end: if not, that end is this start (one counter reading for both); if so, every
+rank marks a fresh common start. Boundaries and op scopes meet the device through one seam, a
 :class:`~perseus.runtime.emulation.DeviceRun`: a GPU's, or the emulated stream's (a simulated
 GPU means emulation).
 """
@@ -36,17 +39,13 @@ GPU means emulation).
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from perseus.device.base import GPU, DeviceEvent, EventSource
-from perseus.device.clock import REAL_CLOCK, Clock
+from perseus.device.base import GPU
 from perseus.device.presets import blocking_power_for, gpu_identity
 from perseus.errors import ConfigError, PlanError
 from perseus.job import PlanningJob
@@ -54,7 +53,6 @@ from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.agent.readback import ClockDelivery
 from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
@@ -68,94 +66,20 @@ from perseus.runtime.planning import (
     plan_source,
 )
 from perseus.runtime.session_sweep import SessionSweep
+from perseus.runtime.session_types import (
+    BoundaryHook,
+    EndedIteration,
+    SessionOptions,
+    SessionState,
+)
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
-
-if TYPE_CHECKING:
-    from perseus.runtime.power.replan import Realised, SignalSource
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionOptions", "SessionState"]
 
 _log = logging.getLogger(__name__)
 
-#: Called at the end of every iteration with its stats; may return ``(frontier, point_index)``
-#: to deploy from the next iteration on. Every rank of a pipeline must return the same value
-#: (hooks decide from data all ranks share).
-BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
 _Session = TypeVar("_Session", bound="RankSession")
-
-
-class _Ended(NamedTuple):
-    """An iteration ended on the host whose figures are not read yet."""
-
-    iteration: int
-    start: tuple[float, int] | CounterMark  # (device time, counter mJ), or read later
-    end: CounterMark | None  # a real GPU's end (None: marked when read)
-    last_op: DeviceEvent | None  # its last op's end
-    profiling: bool
-    point_index: int
-    frontier: Frontier | None  # the deployed frontier (None while profiling)
-
-
-class SessionState(enum.Enum):
-    """Where a :class:`RankSession` is in its lifecycle."""
-
-    NEW = "new"
-    IDLE = "idle"
-    IN_ITERATION = "in iteration"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionOptions:
-    """How a :class:`RankSession` runs, besides its engine, GPU and plan.
-
-    Args:
-        blocking_power_w: GPU power while waiting; used for planning and profiling. None
-            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
-            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
-        point_index: Which frontier point to deploy (0: the fastest).
-        group: The pipeline's process group (default: the adapter's, else the default group).
-        watchdog: Start the watchdog process that resets the GPU if this process dies.
-        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
-        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
-            on a real GPU).
-        power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
-            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
-        power_store: The job's store, read for run-time power caps (``perseus power set``).
-        power_forecast: The signal ``power_schedule`` was made from (a CSV path or a ``Signal``).
-        power_realised: Its realised values (a signal file or ``k -> value``): a change re-plans.
-        power_objective: The series of both signals to use (default: the first).
-        clock: The host's clock, read where the device has no timeline of its own.
-        wait_for_figures: Read each iteration's figures at its own end, the training thread
-            waiting for the device there (default False on a real GPU: one iteration later,
-            see :meth:`RankSession.iteration`).
-
-    Raises:
-        ConfigError: a negative ``blocking_power_w``/``point_index``; ``power_realised`` alone.
-    """
-
-    blocking_power_w: float | None = None
-    point_index: int = 0
-    group: Any = None
-    watchdog: bool = True
-    handle_signals: bool = True
-    events: EventSource | None = None
-    power_schedule: str | Path | None = None
-    power_store: Any = None
-    power_forecast: SignalSource | None = None
-    power_realised: SignalSource | Realised | None = None
-    power_objective: str | None = None
-    clock: Clock = REAL_CLOCK
-    wait_for_figures: bool = False
-
-    def __post_init__(self) -> None:
-        if self.blocking_power_w is not None and not self.blocking_power_w >= 0:
-            raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
-        if self.point_index < 0:
-            raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
-        if self.power_realised is not None and None in (self.power_forecast, self.power_schedule):
-            raise ConfigError("power_realised= needs power_schedule= and its power_forecast=")
 
 
 class RankSession:
@@ -232,7 +156,7 @@ class RankSession:
         # (device time, counter mJ) at the start, or a mark read later (a real GPU's)
         self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
-        self._ended: deque[_Ended] = deque()  # ended, figures not read yet (oldest first)
+        self._ended: deque[EndedIteration] = deque()  # ended, figures not read yet (oldest first)
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
@@ -355,7 +279,8 @@ class RankSession:
         return self._agent
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None:
-        """Call ``hook`` at the end of every iteration (see :data:`BoundaryHook`)."""
+        """Call ``hook`` with every iteration's stats as they are read (see
+        :data:`BoundaryHook`: on a real GPU one iteration late)."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -402,8 +327,11 @@ class RankSession:
     def iteration(self) -> Iterator[None]:
         """Context manager around one training iteration (one engine step + optimizer step).
 
-        Collective over the pipeline's group on entry and on exit. An exception inside
-        discards the iteration (no stats) and leaves the session usable.
+        Collective over the pipeline's group on entry and on exit. On a real GPU the exit
+        neither synchronizes the device nor reads NVML: the stats reach :attr:`history` and
+        the hooks at the next exit (the last at :meth:`flush`/:meth:`close`; see the module
+        docstring). An exception inside discards the iteration (no stats) and leaves the
+        session usable.
 
         Raises:
             ConfigError: before :meth:`start`, after :meth:`close`, or nested.
@@ -466,15 +394,13 @@ class RankSession:
             last_op = agent.last_op_end_event
             agent.step_close()
             if self._run.defers_start:  # a real GPU: its end is the agent's, read by the worker
-                end = agent.end_mark
-        profiling = self._sweep is not None
+                end = self._last_mark = agent.end_mark  # None: host timing, marked when read
+        profiling, i = self._sweep is not None, self._iteration
         frontier = None if profiling else self.frontier
         self._ended.append(
-            _Ended(self._iteration, start, end, last_op, profiling, self.point_index, frontier)
+            EndedIteration(i, start, end, last_op, profiling, self.point_index, frontier)
         )
-        self._iteration += 1
-        if end is not None:
-            self._last_mark = end
+        self._iteration = i + 1
         self._window = None
         self._state = SessionState.IDLE
         defer = end is not None and not profiling and not self.options.wait_for_figures
@@ -497,12 +423,11 @@ class RankSession:
         while len(self._ended) > keep:
             self._after_iteration(self._read(self._ended.popleft()))
 
-    def _read(self, ended: _Ended) -> IterationStats:
+    def _read(self, ended: EndedIteration) -> IterationStats:
         """An ended iteration's figures, agreed over the pipeline (collective)."""
         agent = self._agent
         delivery = agent.finish_iteration().clock_delivery if agent is not None else None
-        # The events are complete now: the worker passed the iteration's end.
-        start = ended.start
+        start = ended.start  # its events are complete now: the worker passed its end
         t0, e0 = start.resolve() if isinstance(start, CounterMark) else start
         own_end_s = t0 if ended.last_op is None else ended.last_op.device_time_s()
         if ended.end is not None:
@@ -538,7 +463,6 @@ class RankSession:
         return stats
 
     def _check_step(self, agent: RankAgent) -> None:
-        """The iteration ran a whole engine step (else it is discarded)."""
         planned = len(agent.planned_clocks_mhz)
         done = agent.ops_done_this_iteration
         if done < planned:

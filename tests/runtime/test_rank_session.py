@@ -217,14 +217,14 @@ def _deferred_run(profile, gate, wait_for_figures: bool):  # type: ignore[no-unt
     hooked: list[int] = []
     seen = []
     main = threading.current_thread().name
-    session = _session(
-        gpu, profile, events=_cuda_like_events(), wait_for_figures=wait_for_figures
-    )
+    session = _session(gpu, profile, events=_cuda_like_events(), wait_for_figures=wait_for_figures)
     with session:
         session.add_boundary_hook(lambda stats: hooked.append(stats.iteration))
         for _ in range(3):
             _iteration(session)
-            seen.append((len(session.history), list(hooked), readers.count(main), not gate.is_set()))
+            seen.append(
+                (len(session.history), list(hooked), readers.count(main), not gate.is_set())
+            )
             gate.set()  # the device passes everything recorded so far
     assert readers.count(main) == 0
     return session.history, seen, hooked
