@@ -449,7 +449,7 @@ class RankAgent:
 
     def step_close(self) -> None:
         """End the iteration without waiting for its figures: its end is marked on the device
-        (:attr:`end_mark`), the controller's worker reads the counter as the device passes it,
+        (``end_mark``), the controller's worker reads the counter as the device passes it,
         and :meth:`finish_iteration` returns its record later.
 
         Raises:
