@@ -267,6 +267,26 @@ def test_a_real_gpus_iteration_end_never_waits_and_its_figures_come_one_iteratio
     assert all(s.energy_j > 0 and s.time_s > 0 for s in history)
 
 
+def test_a_hooks_plan_on_a_real_gpu_runs_from_the_next_iteration_to_start(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iteration 0's figures reach the hook at iteration 1's end: the plan it returns runs
+    from iteration 2 on (with ``wait_for_figures=True``, from iteration 1)."""
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    for wait, first in ((False, 2), (True, 1)):
+        session = _session(
+            counting_gpu()[0], profile, events=_cuda_like_events(), wait_for_figures=wait
+        )
+        with session:
+            frontier = session.frontier
+            session.add_boundary_hook(lambda s, f=frontier: (f, 1) if s.iteration == 0 else None)
+            for _ in range(4):
+                _iteration(session)
+        assert [s.point_index for s in session.history] == [0] * first + [1] * (4 - first)
+
+
 def test_without_a_device_timeline_the_session_times_on_its_clock(
     profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
