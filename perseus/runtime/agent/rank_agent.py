@@ -165,10 +165,8 @@ class RankAgent:
         self._cursor = 0
         self._in_step = False
         self._pending_plan: RankPlan | None = None
-        # Ended, record not read yet: iteration, plan point, ops, planned time.
-        self._closed: deque[tuple[int, int, int, float]] = deque()
-        #: The last ended iteration's end on the device (None: host timing).
-        self.end_mark: CounterMark | None = None
+        self._closed: deque[tuple[int, int, int, float]] = deque()  # unread: it, point, ops, T
+        self.end_mark: CounterMark | None = None  # the last end on the device (None: host)
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
@@ -442,15 +440,11 @@ class RankAgent:
             PlanError: if the iteration ran fewer ops than the plan has for this rank.
         """
         self.step_close()
-        record = self.finish_iteration()
-        while self._closed:
-            record = self.finish_iteration()
-        return record
+        return [self.finish_iteration() for _ in range(len(self._closed))][-1]
 
     def step_close(self) -> None:
-        """End the iteration without waiting for its figures: its end is marked on the device
-        (``end_mark``), the controller's worker reads the counter as the device passes it,
-        and :meth:`finish_iteration` returns its record later.
+        """End the iteration without waiting: its end is marked on the device (``end_mark``;
+        the worker reads the counter there); :meth:`finish_iteration` returns its record.
 
         Raises:
             PlanError: if the iteration ran fewer ops than the plan has for this rank.
@@ -472,8 +466,7 @@ class RankAgent:
         self._iteration += 1
 
     def finish_iteration(self) -> IterationRecord:
-        """The record of the oldest iteration ended by :meth:`step_close` and not read
-        yet; waits until the controller's worker is past its end (the device, without one).
+        """The oldest unread record of :meth:`step_close`; waits for the worker to pass its end.
 
         Raises:
             PlanError: when every ended iteration was read already.
