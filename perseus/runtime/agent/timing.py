@@ -37,7 +37,7 @@ from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, OpReading, clock_delivery
 
-__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
+__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,37 +48,20 @@ OpRow = tuple[int, int, str, int, float, float, int | None, float | None, float 
 MidTimeFn = Callable[[int, int], "float | None"]
 
 
-def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) -> Boundary | None:
-    """Have the controller's worker read the energy counter when the device passes
-    ``event`` (its ``start_mj``), unless the event carries its own reading or there is no
-    worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
-    if controller is None or event.energy_mj is not None:
-        return None
-    job = Boundary(OpRequest(event, None, None, stamp=True), end=event)
-    controller.post(job)
-    return job
-
-
-def _stamped_mj(event: DeviceEvent, stamp: Boundary | None) -> int | None:
-    """The counter at a completed ``event``: its own reading, else the worker's stamp."""
-    mj = event.energy_mj
-    if mj is None and stamp is not None:
-        mj = stamp.report.start_mj
-    return mj
-
-
 class CounterMark:
     """A point on the device's timeline marked without waiting for the device or reading the
-    counter: its time and counter reading are taken when asked (:meth:`resolve`), once the
-    event completed and the worker read the counter at it.
+    counter: unless the event completed with its own reading, the controller's worker reads
+    the counter as the device passes it (an NVML read costs ~3 ms, p99 ~25 ms on an H100:
+    never the training thread's; without a worker it is read now). Its time and reading are
+    taken when asked (:meth:`resolve`).
 
     Args:
         event: The event marking the point.
-        controller: Its worker, asked to read the counter there (None: no worker).
-        read_mj: Reads the counter if the worker could not (closed, an error).
+        controller: Its worker (None: none).
+        read_mj: Reads the counter (no worker, or the worker could not: closed, an error).
     """
 
-    __slots__ = ("_controller", "_event", "_read_mj", "_resolved", "_stamp")
+    __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
 
     def __init__(
         self,
@@ -86,10 +69,14 @@ class CounterMark:
         controller: FrequencyController | None,
         read_mj: Callable[[], int],
     ) -> None:
-        self._event = event
-        self._controller = controller
-        self._stamp = stamp_counter(controller, event)
-        self._read_mj = read_mj
+        self._event, self._controller, self._read_mj = event, controller, read_mj
+        self._mj = event.energy_mj if event.query() else None
+        self._stamp: Boundary | None = None
+        if self._mj is None and controller is None:
+            self._mj = read_mj()
+        elif self._mj is None and controller is not None:
+            self._stamp = Boundary(OpRequest(event, None, None, stamp=True), end=event)
+            controller.post(self._stamp)
         self._resolved: tuple[float, int] | None = None
 
     def wait(self) -> None:
@@ -98,7 +85,8 @@ class CounterMark:
         ctl, stamp = self._controller, self._stamp
         if ctl is not None and stamp is not None and ctl.wait_done(stamp):
             return  # and the boundaries posted before it
-        self._event.synchronize()
+        if self._mj is None:  # else the event had completed
+            self._event.synchronize()
         if ctl is not None:
             ctl.flush(timeout_s=1.0)  # the boundaries posted before it are handled
 
@@ -107,8 +95,10 @@ class CounterMark:
         value stays valid after the event is recycled."""
         if self._resolved is None:
             self.wait()
+            mj = self._mj if self._mj is not None else self._event.energy_mj
+            if mj is None and self._stamp is not None:
+                mj = self._stamp.report.start_mj
             time_s = self._event.device_time_s()
-            mj = _stamped_mj(self._event, self._stamp)
             self._resolved = time_s, int(self._read_mj() if mj is None else mj)
         return self._resolved
 
@@ -117,7 +107,7 @@ class _Closed(NamedTuple):
     """An iteration ended on the host whose figures are not read yet, and the plan it ran."""
 
     iteration: int
-    step: tuple[DeviceEvent, int | None, Boundary | None]  # start: event, counter, its stamp
+    begin: CounterMark
     end: CounterMark
     jobs: list[Boundary]
     freqs: tuple[int, ...]
@@ -189,6 +179,7 @@ class DeviceTiming(_Clocks):
     """
 
     __slots__ = (
+        "_begin",
         "_closed",
         "_energy_mj",
         "_events",
@@ -196,9 +187,6 @@ class DeviceTiming(_Clocks):
         "_record_op",
         "_recycle",
         "_stamp_ops",
-        "_step_event",
-        "_step_mj",
-        "_step_stamp",
         "history",
         "jobs",
     )
@@ -223,9 +211,7 @@ class DeviceTiming(_Clocks):
         self._record_op = record_op
         self.history = OpTimingHistory()  # what clock changes are timed from
         self.jobs: list[Boundary] = []
-        self._step_event: DeviceEvent | None = None
-        self._step_mj: int | None = 0
-        self._step_stamp: Boundary | None = None
+        self._begin: CounterMark | None = None
         self._closed: deque[_Closed] = deque()  # ended on the host, figures not read yet
 
     def begin(self, iteration: int) -> None:
@@ -234,16 +220,7 @@ class DeviceTiming(_Clocks):
         if ctl is not None and self.freqs:
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
-        event = self._events.record_event()
-        self._step_event = event
-        self._step_stamp = None
-        mj = event.energy_mj if event.query() else None
-        if mj is None and ctl is None:
-            mj = self._energy_mj()
-        elif mj is None:
-            # Read by the worker when the device reaches the iteration's start.
-            self._step_stamp = stamp_counter(ctl, event)
-        self._step_mj = mj
+        self._begin = CounterMark(self._events.record_event(), ctl, self._energy_mj)
 
     def enter(self, j: int) -> None:
         """Op ``j`` starts: record its start event and post its boundary."""
@@ -303,12 +280,11 @@ class DeviceTiming(_Clocks):
             # Inline controller (virtual time): its work runs here, while the device runs the
             # iteration; waiting for the end first would apply every change late.
             ctl.flush(timeout_s=1.0)
-        begin = self._step_event
+        begin = self._begin
         assert begin is not None
         end = CounterMark(self._events.record_event(), ctl, self._energy_mj)
-        step = (begin, self._step_mj, self._step_stamp)
         self._closed.append(
-            _Closed(iteration, step, end, self.jobs, self.freqs, self.phases, self.names)
+            _Closed(iteration, begin, end, self.jobs, self.freqs, self.phases, self.names)
         )
         self.jobs = []
         return end
@@ -319,16 +295,11 @@ class DeviceTiming(_Clocks):
         long past), never for the device itself when the worker reads the counter."""
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
-        begin, begin_mj, begin_stamp = closed.step
-        if begin_mj is None:  # read by the worker when the device reached the start
-            begin_mj = begin_stamp.report.start_mj if begin_stamp is not None else None
-            if begin_mj is None:  # the worker could not read it (closed, or an error)
-                _log.debug("iteration %d: start counter missing; energy from now", closed.iteration)
-                begin_mj = mj
+        begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
         self._record_ops(closed)
         if self._recycle is not None:
             self._recycle()
-        return end_s - begin.device_time_s(), (mj - begin_mj) / 1000.0
+        return end_s - begin_s, (mj - begin_mj) / 1000.0
 
     def _record_ops(self, closed: _Closed) -> None:
         """Each op's row, the mid-op changes made and the clocks delivered."""
