@@ -81,6 +81,7 @@ def main() -> int:
                     t3 = time.perf_counter()
                     if it >= args.warmup:
                         host_us.append(((t1 - t0) + (t3 - t2)) * 1e6)
+        session.flush()  # a GPU's last iteration is read one iteration late: read it now
         ops = agent.records.ops[args.warmup * len(schedule.rank_actions[0]) :]
         history = session.history[args.warmup :]
         print(

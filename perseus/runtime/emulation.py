@@ -102,7 +102,7 @@ class DeviceRun:
     ahead of the device, the ranks meet at barriers); :class:`StreamEmulator` emulates one."""
 
     overruns = 0
-    #: A fresh start is read when the device passes it (a real GPU), not waited for.
+    #: Boundaries are read when the device passes them (a real GPU), not waited for.
     defers_start = True
 
     def agree_start(self, fresh: float, group: Any) -> float:
@@ -114,23 +114,18 @@ class DeviceRun:
         """Start right after the last iteration's end (no fresh start)."""
 
     def mark(
-        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int], at_end: bool
+        self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int]
     ) -> tuple[float, int] | CounterMark:
         """A boundary on the device's timeline: ``(device time, counter mJ)``. A real GPU's
-        fresh start is a :class:`CounterMark`: neither a wait for the device nor a counter read
-        (~3 ms on NVML) on the training thread; the worker reads the counter as the device
-        passes it."""
-        if self.defers_start and not at_end:
+        is a :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on
+        NVML) on the training thread; the worker reads the counter as the device passes it.
+        (A real GPU's iteration end is the agent's own mark, ``RankAgent.end_mark``.)"""
+        if self.defers_start:
             return CounterMark(events.record_event(), agent.controller, read_mj)
-        # At an end the agent read the counter as the iteration ended on this device, moments
-        # ago: the same boundary (the device is idle since), no second read.
-        mj_before = agent.take_end_counter_mj() if at_end else None
         event = events.record_event()
-        event.synchronize()  # the device is idle here: completes at once
+        event.synchronize()  # emulation: the device is idle here, completes at once
         mj = event.energy_mj
-        if mj is None:
-            mj = mj_before if mj_before is not None else read_mj()
-        return event.device_time_s(), int(mj)
+        return event.device_time_s(), int(read_mj() if mj is None else mj)
 
     def first_clock(self, agent: RankAgent) -> None:
         """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""

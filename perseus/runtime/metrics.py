@@ -301,7 +301,8 @@ class MetricsSink:
         self.close()
 
     def __call__(self, stats: IterationStats) -> None:
-        """The boundary hook: build the record and write it to every output."""
+        """The boundary hook: build the record and write it to every output (on a real GPU
+        one iteration after the iteration it describes, the last at the session's close)."""
         session = self.session
         pipeline_j = None
         if self._pipeline:

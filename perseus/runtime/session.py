@@ -23,12 +23,15 @@ loop enters ``session.op(action)`` around each compute action itself).
 Only *in iteration* are actions measured and held to the plan's order (exactly one engine
 step, the adapter's ``step_call``); outside (evaluation, warm-up) they run untouched.
 
-**Measurement.** At an iteration's end the ranks agree on the end (emulation: when the
-pipeline's last device finished; on GPUs a barrier) and, in one all-reduce, on the pipeline's
-time, energy, held ops and host overruns (:mod:`perseus.runtime.drift`). At a start they agree
-whether anything ran since the last end: if not, that end is this start (one counter reading
-for both); if so, every rank marks a fresh common start on the device's timeline. Boundaries
-and op scopes meet the device through one seam, a
+**Measurement.** On a real GPU an iteration's end is only marked on the device (the agent's end
+event; the controller's worker reads the counter as the device passes it) and its figures are
+read at the next iteration's end, or by :meth:`flush`/:meth:`close`: the training thread never
+waits for the device. Emulation (its device is idle at the boundary, where the ranks agree on
+the pipeline's end), the online sweep and ``SessionOptions(wait_for_figures=True)`` read them at
+once. Reading them, the ranks agree in one all-reduce on the pipeline's time, energy, held ops
+and host overruns (:mod:`perseus.runtime.drift`). At a start they agree whether anything ran
+since the last end: if not, that end is this start (one counter reading for both); if so, every
+rank marks a fresh common start. Boundaries and op scopes meet the device through one seam, a
 :class:`~perseus.runtime.emulation.DeviceRun`: a GPU's, or the emulated stream's (a simulated
 GPU means emulation).
 """
@@ -36,16 +39,13 @@ GPU means emulation).
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from perseus.device.base import GPU, EventSource
-from perseus.device.clock import REAL_CLOCK, Clock
+from perseus.device.base import GPU
 from perseus.device.presets import blocking_power_for, gpu_identity
 from perseus.errors import ConfigError, PlanError
 from perseus.job import PlanningJob
@@ -53,7 +53,6 @@ from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
-from perseus.runtime.agent.readback import ClockDelivery
 from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
@@ -67,78 +66,20 @@ from perseus.runtime.planning import (
     plan_source,
 )
 from perseus.runtime.session_sweep import SessionSweep
+from perseus.runtime.session_types import (
+    BoundaryHook,
+    EndedIteration,
+    SessionOptions,
+    SessionState,
+)
 from perseus.runtime.summary import IterationStats, RunSummary, summarize
 from perseus.schedule.actions import Action, Schedule
-
-if TYPE_CHECKING:
-    from perseus.runtime.power.replan import Realised, SignalSource
 
 __all__ = ["BoundaryHook", "IterationStats", "RankSession", "SessionOptions", "SessionState"]
 
 _log = logging.getLogger(__name__)
 
-#: Called at the end of every iteration with its stats; may return ``(frontier, point_index)``
-#: to deploy from the next iteration on. Every rank of a pipeline must return the same value
-#: (hooks decide from data all ranks share).
-BoundaryHook = Callable[["IterationStats"], "tuple[Frontier, int] | None"]
 _Session = TypeVar("_Session", bound="RankSession")
-
-
-class SessionState(enum.Enum):
-    """Where a :class:`RankSession` is in its lifecycle."""
-
-    NEW = "new"
-    IDLE = "idle"
-    IN_ITERATION = "in iteration"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionOptions:
-    """How a :class:`RankSession` runs, besides its engine, GPU and plan.
-
-    Args:
-        blocking_power_w: GPU power while waiting; used for planning and profiling. None
-            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
-            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
-        point_index: Which frontier point to deploy (0: the fastest).
-        group: The pipeline's process group (default: the adapter's, else the default group).
-        watchdog: Start the watchdog process that resets the GPU if this process dies.
-        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
-        events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
-            on a real GPU).
-        power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
-            frontier, followed from the first iteration (:mod:`perseus.runtime.power`).
-        power_store: The job's store, read for run-time power caps (``perseus power set``).
-        power_forecast: The signal ``power_schedule`` was made from (a CSV path or a ``Signal``).
-        power_realised: Its realised values (a signal file or ``k -> value``): a change re-plans.
-        power_objective: The series of both signals to use (default: the first).
-        clock: The host's clock, read where the device has no timeline of its own.
-
-    Raises:
-        ConfigError: a negative ``blocking_power_w``/``point_index``; ``power_realised`` alone.
-    """
-
-    blocking_power_w: float | None = None
-    point_index: int = 0
-    group: Any = None
-    watchdog: bool = True
-    handle_signals: bool = True
-    events: EventSource | None = None
-    power_schedule: str | Path | None = None
-    power_store: Any = None
-    power_forecast: SignalSource | None = None
-    power_realised: SignalSource | Realised | None = None
-    power_objective: str | None = None
-    clock: Clock = REAL_CLOCK
-
-    def __post_init__(self) -> None:
-        if self.blocking_power_w is not None and not self.blocking_power_w >= 0:
-            raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
-        if self.point_index < 0:
-            raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
-        if self.power_realised is not None and None in (self.power_forecast, self.power_schedule):
-            raise ConfigError("power_realised= needs power_schedule= and its power_forecast=")
 
 
 class RankSession:
@@ -212,9 +153,10 @@ class RankSession:
         self._run = DeviceRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
-        # (device time, counter mJ) at the start, or a mark read at the end (a real GPU's start)
+        # (device time, counter mJ) at the start, or a mark read later (a real GPU's)
         self._window: tuple[float, int] | CounterMark | None = None
-        self._last_mark: tuple[float, int] | None = None  # the last iteration's end
+        self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
+        self._ended: deque[EndedIteration] = deque()  # ended, figures not read yet (oldest first)
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = 0  # the first iteration of the deployed plan
         self._iteration = 0
@@ -277,15 +219,31 @@ class RankSession:
         return PlanContext(self.schedule, self.rank, self.group, self.blocking_power_w, gpu)
 
     def close(self) -> None:
-        """Stop the agent, reset the GPU, detach the engine, log the summary (idempotent).
+        """Deliver the last iterations' figures (:meth:`flush`, collective), stop the agent,
+        reset the GPU, detach the engine, log the summary (idempotent).
 
         Closing inside an iteration discards that iteration.
         """
+        self._close(deliver=True)
+
+    def _close(self, deliver: bool) -> None:
         if self._state is SessionState.CLOSED:
             return
         if self._state is SessionState.IN_ITERATION:
             self._abort_iteration()
-        self._state = SessionState.CLOSED
+        try:
+            if deliver:
+                self._deliver(keep=0)
+        finally:
+            self._state = SessionState.CLOSED
+            self._ended.clear()
+            self._shut_down()
+        if self.frontier is not None:
+            self.summary = summarize(self.history[self._run_start :], self.frontier)
+            if self.summary is not None and self.rank == 0:
+                _log.info("%s", self.summary)
+
+    def _shut_down(self) -> None:
         try:
             self._stop_sweep()
             agent, self._agent = self._agent, None
@@ -295,18 +253,15 @@ class RankSession:
             detach, self._detach = self._detach, None
             if detach is not None:
                 detach()
-        if self.frontier is not None:
-            self.summary = summarize(self.history[self._run_start :], self.frontier)
-            if self.summary is not None and self.rank == 0:
-                _log.info("%s", self.summary)
 
     def __enter__(self: _Session) -> _Session:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        # An error in close() does not mask the training loop's.
+        # An error in close() does not mask the training loop's; after one, the figures not
+        # read yet are dropped (reading them is collective: the other ranks may not be here).
         with contextlib.suppress(Exception) if exc_type else contextlib.nullcontext():
-            self.close()
+            self._close(deliver=exc_type is None)
 
     @property
     def next_iteration(self) -> int:
@@ -324,7 +279,8 @@ class RankSession:
         return self._agent
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None:
-        """Call ``hook`` at the end of every iteration (see :data:`BoundaryHook`)."""
+        """Call ``hook`` with every iteration's stats as they are read (see
+        :data:`BoundaryHook`: on a real GPU one iteration late)."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -371,8 +327,11 @@ class RankSession:
     def iteration(self) -> Iterator[None]:
         """Context manager around one training iteration (one engine step + optimizer step).
 
-        Collective over the pipeline's group on entry and on exit. An exception inside
-        discards the iteration (no stats) and leaves the session usable.
+        Collective over the pipeline's group on entry and on exit. On a real GPU the exit
+        neither synchronizes the device nor reads NVML: the stats reach :attr:`history` and
+        the hooks at the next exit (the last at :meth:`flush`/:meth:`close`; see the module
+        docstring). An exception inside discards the iteration (no stats) and leaves the
+        session usable.
 
         Raises:
             ConfigError: before :meth:`start`, after :meth:`close`, or nested.
@@ -412,38 +371,82 @@ class RankSession:
         fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
         self._ran_between = False
         fresh = self._run.agree_start(fresh, self.group)
-        if fresh or self._last_mark is None:
+        last = self._last_mark
+        if fresh or last is None:
             self._window = self._mark()
         else:
-            self._window = self._last_mark
-            self._run.resume(self._last_mark[0])
+            self._window = last
+            if isinstance(last, tuple):  # emulation: the devices idled since that end
+                self._run.resume(last[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
             agent.step_begin()
             self._run.first_clock(agent)
 
     def _end(self) -> None:
-        agent, window = self._agent, self._window
-        assert window is not None  # set by _begin
-        own_end_s, delivery = self._end_step(agent) if agent is not None else (None, None)
-        # A real GPU's start is read now: the worker has read its counter by the agent's end.
-        t0, e0 = window.resolve() if isinstance(window, CounterMark) else window
-        own_end_s = t0 if own_end_s is None else own_end_s
-        self._run.agree_end(own_end_s, self.group)
-        end = self._mark(at_end=True)
-        end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
+        """The iteration ends on the host: marked on the device, its figures read now (in
+        emulation, while profiling, with ``wait_for_figures``) or at the next end."""
+        agent, start = self._agent, self._window
+        assert start is not None  # set by _begin
+        last_op, end = None, None
+        if agent is not None:
+            self._check_step(agent)
+            last_op = agent.last_op_end_event
+            agent.step_close()
+            if self._run.defers_start:  # a real GPU: its end is the agent's, read by the worker
+                end = self._last_mark = agent.end_mark  # None: host timing, marked when read
+        profiling, i = self._sweep is not None, self._iteration
+        frontier = None if profiling else self.frontier
+        self._ended.append(
+            EndedIteration(i, start, end, last_op, profiling, self.point_index, frontier)
+        )
+        self._iteration = i + 1
+        self._window = None
+        self._state = SessionState.IDLE
+        defer = end is not None and not profiling and not self.options.wait_for_figures
+        self._deliver(keep=1 if defer else 0)
+
+    def flush(self) -> None:
+        """Read every ended iteration's figures now and deliver them (:attr:`history`, the
+        boundary hooks); waits for the device to pass their ends. Collective over the
+        pipeline's group: call it on every rank, between iterations. :meth:`close` does it.
+
+        Raises:
+            ConfigError: inside an iteration.
+        """
+        if self._state is SessionState.IN_ITERATION:
+            raise ConfigError("RankSession.flush() inside an iteration; call it between them")
+        self._deliver(keep=0)
+
+    def _deliver(self, keep: int) -> None:
+        """Read the figures of every ended iteration but the last ``keep``, oldest first."""
+        while len(self._ended) > keep:
+            self._after_iteration(self._read(self._ended.popleft()))
+
+    def _read(self, ended: EndedIteration) -> IterationStats:
+        """An ended iteration's figures, agreed over the pipeline (collective)."""
+        agent = self._agent
+        delivery = agent.finish_iteration().clock_delivery if agent is not None else None
+        start = ended.start  # its events are complete now: the worker passed its end
+        t0, e0 = start.resolve() if isinstance(start, CounterMark) else start
+        own_end_s = t0 if ended.last_op is None else ended.last_op.device_time_s()
+        if ended.end is not None:
+            end_s, mj = ended.end.resolve()
+        else:  # emulation (the ranks agree on the pipeline's end) or the host's view
+            self._run.agree_end(own_end_s, self.group)
+            end = self._mark()
+            end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
+            self._last_mark = (end_s, mj)
         energy_j = (mj - e0) / 1000.0
         overruns = self._run.take_overruns()
         pipeline = agree_iteration(
             energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
         )
-        profiling = self._sweep is not None
-        frontier = None if profiling else self.frontier
-        point = frontier.points[self.point_index] if frontier is not None else None
+        point = ended.frontier.points[ended.point_index] if ended.frontier is not None else None
         stats = IterationStats(
-            iteration=self._iteration,
-            phase="profile" if profiling else "run",
-            point_index=None if profiling else self.point_index,
+            iteration=ended.iteration,
+            phase="profile" if ended.profiling else "run",
+            point_index=None if ended.profiling else ended.point_index,
             time_s=pipeline.time_s,
             energy_j=energy_j,
             compute_time_s=max(0.0, own_end_s - t0),
@@ -457,14 +460,9 @@ class RankSession:
             host_overruns=pipeline.host_overruns,
         )
         self.history.append(stats)
-        self._iteration += 1
-        self._last_mark = (end_s, mj)
-        self._window = None
-        self._state = SessionState.IDLE
-        self._after_iteration(stats)
+        return stats
 
-    def _end_step(self, agent: RankAgent) -> tuple[float | None, ClockDelivery | None]:
-        """End a whole engine step: its last op's device end time, its clocks as read back."""
+    def _check_step(self, agent: RankAgent) -> None:
         planned = len(agent.planned_clocks_mhz)
         done = agent.ops_done_this_iteration
         if done < planned:
@@ -473,9 +471,6 @@ class RankSession:
                 f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
                 f"{self._one_step()} (evaluation and forward-only passes go between iterations)"
             )
-        last_end = agent.last_op_end_event
-        delivery = agent.step_end().clock_delivery
-        return (last_end.device_time_s() if last_end is not None else None), delivery
 
     def _one_step(self) -> str:
         call = self.engine.step_call
@@ -483,9 +478,13 @@ class RankSession:
 
     def _after_iteration(self, stats: IterationStats) -> None:
         """Advance the sweep or watch for drift, then ask the boundary hooks."""
-        if self._sweep is not None:
+        if stats.phase == "profile":
             self._sweep_boundary()
-        elif self._drift.update(stats) and isinstance(self.source, OnlineProfile):
+        elif (
+            self._sweep is None
+            and self._drift.update(stats)
+            and isinstance(self.source, OnlineProfile)
+        ):
             self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
         for hook in self._hooks:
             decision = hook(stats)
@@ -502,13 +501,13 @@ class RankSession:
         if self._sweep is not None:
             self._sweep.discard_iteration()
 
-    def _mark(self, at_end: bool = False) -> tuple[float, int] | CounterMark:
+    def _mark(self) -> tuple[float, int] | CounterMark:
         """A point on the device's timeline: (device time, energy counter in mJ)."""
         agent = self._agent
         events = agent.events if agent is not None else None
         if agent is None or events is None:  # no device timeline: the host's view
             return self.options.clock.now(), int(self.gpu.energy_mj())
-        return self._run.mark(agent, events, self.gpu.energy_mj, at_end)
+        return self._run.mark(agent, events, self.gpu.energy_mj)
 
     # ----------------------------------------------------------------------------------------
     # Actions

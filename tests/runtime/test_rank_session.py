@@ -205,6 +205,88 @@ def test_a_real_gpus_counter_is_never_read_on_the_training_thread(
     assert all(s.energy_j > 0 for s in session.history)
 
 
+def _deferred_run(profile, gate, wait_for_figures: bool):  # type: ignore[no-untyped-def]
+    """Three iterations on a counting NVML GPU with CUDA-like events; per iteration, what the
+    training thread saw at its end: (history length, iterations the hook got, counter reads
+    on this thread, device still short of the end)."""
+    import threading
+
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+
+    gpu, readers = counting_gpu()
+    hooked: list[int] = []
+    seen = []
+    main = threading.current_thread().name
+    session = _session(gpu, profile, events=_cuda_like_events(), wait_for_figures=wait_for_figures)
+    with session:
+        session.add_boundary_hook(lambda stats: hooked.append(stats.iteration))
+        for _ in range(3):
+            _iteration(session)
+            seen.append(
+                (len(session.history), list(hooked), readers.count(main), not gate.is_set())
+            )
+            gate.set()  # the device passes everything recorded so far
+    assert readers.count(main) == 0
+    return session.history, seen, hooked
+
+
+def test_a_real_gpus_iteration_end_never_waits_and_its_figures_come_one_iteration_later(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At an iteration's end the training thread neither synchronizes the device nor reads
+    the counter: it marks the end and goes on while the device is still short of it (events
+    incomplete); the worker reads the counter as the device passes it, and the figures reach
+    the history and the hooks at the next end (the last at close()), equal to those read at
+    once with ``wait_for_figures=True``."""
+    import threading
+
+    from tests.runtime.test_agent import _HostEvent
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    main = threading.current_thread().name
+    syncs: list[str] = []
+    gate = threading.Event()  # set: the device has passed every event recorded so far
+    monkeypatch.setattr(_HostEvent, "query", lambda self: gate.is_set())
+    monkeypatch.setattr(
+        _HostEvent, "synchronize", lambda self: syncs.append(threading.current_thread().name)
+    )
+    guard = threading.Timer(60.0, gate.set)  # a wait on the training thread cannot hang
+    guard.start()
+    try:
+        history, seen, hooked = _deferred_run(profile, gate, wait_for_figures=False)
+    finally:
+        guard.cancel()
+    assert syncs.count(main) == 0
+    # The first end returned with the device short of it; each end delivers the one before.
+    assert seen == [(0, [], 0, True), (1, [0], 0, False), (2, [0, 1], 0, False)]
+    assert [s.iteration for s in history] == hooked == [0, 1, 2]  # the last one at close()
+    gate.set()
+    at_once, seen_at_once, _ = _deferred_run(profile, gate, wait_for_figures=True)
+    assert [n for n, *_ in seen_at_once] == [1, 2, 3]
+    assert [s.energy_j for s in history] == [s.energy_j for s in at_once]
+    assert all(s.energy_j > 0 and s.time_s > 0 for s in history)
+
+
+def test_a_hooks_plan_on_a_real_gpu_runs_from_the_next_iteration_to_start(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iteration 0's figures reach the hook at iteration 1's end: the plan it returns runs
+    from iteration 2 on (with ``wait_for_figures=True``, from iteration 1)."""
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    for wait, first in ((False, 2), (True, 1)):
+        session = _session(
+            counting_gpu()[0], profile, events=_cuda_like_events(), wait_for_figures=wait
+        )
+        with session:
+            frontier = session.frontier
+            session.add_boundary_hook(lambda s, f=frontier: (f, 1) if s.iteration == 0 else None)
+            for _ in range(4):
+                _iteration(session)
+        assert [s.point_index for s in session.history] == [0] * first + [1] * (4 - first)
+
+
 def test_without_a_device_timeline_the_session_times_on_its_clock(
     profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -205,6 +205,21 @@ class FrequencyController:
             self._surface()
         return drained
 
+    def wait_done(self, job: Boundary) -> bool:
+        """Wait until the worker has handled ``job``, and so every job posted before it (a
+        host-side wait: the worker waits for the device). True when it was handled; False when
+        the controller closed or its worker stopped first."""
+        if not self._threaded:
+            self._drain()
+        with self._cond:
+            while job in self._jobs and self._working():
+                self._cond.wait(0.05)  # timed: a worker that died says nothing
+            return job not in self._jobs
+
+    def _working(self) -> bool:
+        thread = self._thread
+        return not self._closed and thread is not None and thread.is_alive()
+
     def _drained(self) -> bool:
         return self._pending is None and not self._jobs and not self._busy
 

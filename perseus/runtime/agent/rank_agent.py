@@ -20,7 +20,8 @@ events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyControl
 issues each op's clocks (SM, and memory where the plan sets them and the GPU can lock them)
 so that they land as the previous op or phase ends on the device; or on the host's
 (``timing="host"``, devices without events, and a baseline). The training thread never
-synchronises the device; :meth:`RankAgent.step_end` waits for the iteration's last event.
+synchronises the device; :meth:`RankAgent.step_end` waits for the iteration's figures
+(:meth:`RankAgent.step_close` does not: :meth:`RankAgent.finish_iteration` reads them later).
 Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes every
 timing decision deterministic, ``docs/timing.md``). :meth:`RankAgent.swap_plan` changes the
 plan at the next iteration. Safety (one owner per GPU, reset on exit, signals and owner
@@ -52,7 +53,7 @@ from perseus.runtime.agent.gpu_probe import (
 from perseus.runtime.agent.rank_plan import OpPhase, OpTimeFn, RankPlan
 from perseus.runtime.agent.readback import HeldClockReport
 from perseus.runtime.agent.records import AgentRecords, IterationRecord, NullAgent, OpRecord
-from perseus.runtime.agent.timing import DeviceTiming, HostTiming, OpRow
+from perseus.runtime.agent.timing import CounterMark, DeviceTiming, HostTiming, OpRow
 from perseus.runtime.safety.guard import GpuClaim
 from perseus.schedule.actions import Action, Kind
 
@@ -165,6 +166,8 @@ class RankAgent:
         self._cursor = 0
         self._in_step = False
         self._pending_plan: RankPlan | None = None
+        self._closed: deque[tuple[int, int, int, float]] = deque()  # unread: it, point, ops, T
+        self.end_mark: CounterMark | None = None  # the last end on the device (None: host)
         self._timing = timing
         self._events: EventSource | None = events
         self._device_timed = False
@@ -431,48 +434,66 @@ class RankAgent:
         self._mode.begin(self._iteration)
 
     def step_end(self) -> IterationRecord:
-        """End the iteration and return its record.
+        """End the iteration and return its record (reading first any left unread before it).
+
+        Raises:
+            PlanError: if the iteration ran fewer ops than the plan has for this rank.
+        """
+        self.step_close()
+        return [self.finish_iteration() for _ in range(len(self._closed))][-1]
+
+    def step_close(self) -> None:
+        """End the iteration without waiting: its end is marked on the device (``end_mark``;
+        the worker reads the counter there); :meth:`finish_iteration` returns its record.
 
         Raises:
             PlanError: if the iteration ran fewer ops than the plan has for this rank.
         """
         if not self._in_step:
             raise PlanError(f"rank {self.rank}: step_end() without step_begin()")
-        mode = self._mode
-        time_s, energy_j = mode.end(self._iteration)
         self._in_step = False
         n = len(self._actions)
         if self._cursor != n:
+            self._mode.abort()
             nxt = self.plan.op_name(self._actions[self._cursor])
             raise PlanError(
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of {n} "
                 f"planned ops; the next planned op was {nxt!r}\n"
                 + self._rank_plan.order_grid(self._cursor, "step_end()")
             )
+        self.end_mark = self._mode.close(self._iteration)
+        planned_time_s = self.plan.points[self.point_index].time_s
+        self._closed.append((self._iteration, self.point_index, n, planned_time_s))
+        self._iteration += 1
+
+    def finish_iteration(self) -> IterationRecord:
+        """The oldest unread record of :meth:`step_close`; waits for the worker to pass its end.
+
+        Raises:
+            PlanError: when every ended iteration was read already.
+        """
+        if not self._closed:
+            raise PlanError(f"rank {self.rank}: finish_iteration() with no iteration left unread")
+        iteration, point_index, n, planned_time_s = self._closed.popleft()
+        mode = self._mode
+        time_s, energy_j = mode.finish()
         delivery = mode.delivery
         if self._held_report is not None:
             # Within the iteration the clocks were held in: one warning, then only on a change.
-            self._held_report.update(delivery, self._iteration)
+            self._held_report.update(delivery, iteration)
         record = IterationRecord(
-            iteration=self._iteration,
-            point_index=self.point_index,
+            iteration=iteration,
+            point_index=point_index,
             time_s=time_s,
             energy_j=energy_j,
             num_ops=n,
-            planned_time_s=self.plan.points[self.point_index].time_s,
+            planned_time_s=planned_time_s,
             mid_op_switches=mode.mid_switches,
             mid_op_switches_missed=mode.mid_switches_missed,
             clock_delivery=delivery,
         )
         self._iterations.append(record)
-        self._iteration += 1
         return record
-
-    def take_end_counter_mj(self) -> int | None:
-        """The energy counter read when the last iteration ended on the device (device
-        timing), once: a caller marking the same boundary reuses it instead of paying another
-        counter read (~3 ms on NVML). None when already taken or never read."""
-        return self._mode.take_end_counter_mj()
 
     @property
     def last_op_end_event(self) -> DeviceEvent | None:

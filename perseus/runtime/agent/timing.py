@@ -4,16 +4,19 @@
   records an event on the compute stream and posts a
   :class:`~perseus.runtime.agent.boundary.Boundary` to the controller's worker, which issues
   the next clock so that it lands as the op ends on the device. Op times come from event
-  pairs, energy from counter readings at device-time boundaries; the training thread waits for
-  the device once per iteration (:meth:`DeviceTiming.end`).
+  pairs, energy from counter readings at device-time boundaries, which the worker takes as the
+  device passes them: the training thread never waits for the device (:meth:`DeviceTiming.close`
+  marks an iteration's end, :meth:`DeviceTiming.finish` reads its figures once the worker is
+  past it).
 * :class:`HostTiming` (devices without events, and the baseline that
   ``benchmarks/clock_timing.py`` compares against): the clock of an op is requested when the
   host enters it, and op times are the host's, read on the agent's
   :class:`~perseus.device.clock.Clock`.
 
-Both have the same four calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent`
-after it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit`
-(around op ``j``) and :meth:`end` (iteration end: its time and energy). The agent owns the plan
+Both have the same calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent` after
+it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit` (around
+op ``j``), :meth:`close` (iteration end) and :meth:`finish` (the oldest closed iteration's time
+and energy). The agent owns the plan
 and hands each mode the current clocks with :meth:`_Clocks.set`: per op, its phases (SM clock,
 memory clock or None, share of the op's work before the phase), the first phase's clocks set
 as the op starts and each later one at its layer boundary (device timing only).
@@ -22,7 +25,9 @@ as the op starts and each later one at its layer boundary (device timing only).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from perseus.device.base import DeviceEvent, EventSource
 from perseus.device.clock import Clock
@@ -33,7 +38,7 @@ from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.runtime.agent.readback import ClockDelivery, OpReading, clock_delivery
 from perseus.schedule.actions import Action
 
-__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow", "stamp_counter"]
+__all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow"]
 
 _log = logging.getLogger(__name__)
 
@@ -44,31 +49,20 @@ OpRow = tuple[int, int, Action, int, float, float, int | None, float | None, flo
 MidTimeFn = Callable[[int, int], "float | None"]
 
 
-def stamp_counter(controller: FrequencyController | None, event: DeviceEvent) -> Boundary | None:
-    """Have the controller's worker read the energy counter when the device passes
-    ``event`` (its ``start_mj``), unless the event carries its own reading or there is no
-    worker: an NVML read costs ~3 ms (p99 ~25 ms on an H100), never the training thread's."""
-    if controller is None or event.energy_mj is not None:
-        return None
-    job = Boundary(OpRequest(event, None, None, stamp=True), end=event)
-    controller.post(job)
-    return job
-
-
-def _stamped_mj(event: DeviceEvent, stamp: Boundary | None) -> int | None:
-    """The counter at a completed ``event``: its own reading, else the worker's stamp."""
-    mj = event.energy_mj
-    if mj is None and stamp is not None:
-        mj = stamp.report.start_mj
-    return mj
-
-
 class CounterMark:
     """A point on the device's timeline marked without waiting for the device or reading the
-    counter: its time and counter reading are taken when asked (:meth:`resolve`), once the
-    event completed and the worker read the counter at it."""
+    counter: unless the event completed with its own reading, the controller's worker reads
+    the counter as the device passes it (an NVML read costs ~3 ms, p99 ~25 ms on an H100:
+    never the training thread's; without a worker it is read now). Its time and reading are
+    taken when asked (:meth:`resolve`).
 
-    __slots__ = ("_event", "_read_mj", "_stamp")
+    Args:
+        event: The event marking the point.
+        controller: Its worker (None: none).
+        read_mj: Reads the counter (no worker, or the worker could not: closed, an error).
+    """
+
+    __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
 
     def __init__(
         self,
@@ -76,15 +70,50 @@ class CounterMark:
         controller: FrequencyController | None,
         read_mj: Callable[[], int],
     ) -> None:
-        self._event = event
-        self._stamp = stamp_counter(controller, event)
-        self._read_mj = read_mj  # only if the worker could not read it (closed, an error)
+        self._event, self._controller, self._read_mj = event, controller, read_mj
+        self._mj = event.energy_mj if event.query() else None
+        self._stamp: Boundary | None = None
+        if self._mj is None and controller is None:
+            self._mj = read_mj()
+        elif self._mj is None and controller is not None:
+            self._stamp = Boundary(OpRequest(event, None, None, stamp=True), end=event)
+            controller.post(self._stamp)
+        self._resolved: tuple[float, int] | None = None
+
+    def wait(self) -> None:
+        """Wait until the device passed the mark: for the worker's reading when it takes one
+        (a host-side wait), else for the event itself."""
+        ctl, stamp = self._controller, self._stamp
+        if ctl is not None and stamp is not None and ctl.wait_done(stamp):
+            return  # and the boundaries posted before it
+        if self._mj is None:  # else the event had completed
+            self._event.synchronize()
+        if ctl is not None:
+            ctl.flush(timeout_s=1.0)  # the boundaries posted before it are handled
 
     def resolve(self) -> tuple[float, int]:
-        """``(device time, counter mJ)`` at the mark (waits for the event if needed)."""
-        time_s = self._event.device_time_s()
-        mj = _stamped_mj(self._event, self._stamp)
-        return time_s, int(self._read_mj() if mj is None else mj)
+        """``(device time, counter mJ)`` at the mark (waits for it if needed), read once: the
+        value stays valid after the event is recycled."""
+        if self._resolved is None:
+            self.wait()
+            mj = self._mj if self._mj is not None else self._event.energy_mj
+            if mj is None and self._stamp is not None:
+                mj = self._stamp.report.start_mj
+            time_s = self._event.device_time_s()
+            self._resolved = time_s, int(self._read_mj() if mj is None else mj)
+        return self._resolved
+
+
+class _Closed(NamedTuple):
+    """An iteration ended on the host whose figures are not read yet, and the plan it ran."""
+
+    iteration: int
+    begin: CounterMark
+    end: CounterMark
+    jobs: list[Boundary]
+    freqs: tuple[int, ...]
+    phases: tuple[tuple[OpPhase, ...], ...]
+    actions: tuple[Action, ...]
 
 
 class _Clocks:
@@ -147,20 +176,18 @@ class DeviceTiming(_Clocks):
         stamp_ops: Whether the worker reads the counter at every op boundary.
         mid_time_s: Predicted time from a phased op's start to a later phase's start.
         record_op: Where each completed op's row goes.
-        recycle: Called as each iteration ends, its figures read (pooled CUDA events).
+        recycle: Called as each iteration's figures are read (pooled CUDA events).
     """
 
     __slots__ = (
-        "_end_mj",
+        "_begin",
+        "_closed",
         "_energy_mj",
         "_events",
         "_mid_time_s",
         "_record_op",
         "_recycle",
         "_stamp_ops",
-        "_step_event",
-        "_step_mj",
-        "_step_stamp",
         "history",
         "jobs",
     )
@@ -185,10 +212,8 @@ class DeviceTiming(_Clocks):
         self._record_op = record_op
         self.history = OpTimingHistory()  # what clock changes are timed from
         self.jobs: list[Boundary] = []
-        self._step_event: DeviceEvent | None = None
-        self._step_mj: int | None = 0
-        self._step_stamp: Boundary | None = None
-        self._end_mj: int | None = None
+        self._begin: CounterMark | None = None
+        self._closed: deque[_Closed] = deque()  # ended on the host, figures not read yet
 
     def begin(self, iteration: int) -> None:
         """The iteration starts: apply its first clock, mark its start on the device."""
@@ -196,16 +221,7 @@ class DeviceTiming(_Clocks):
         if ctl is not None and self.freqs:
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
-        event = self._events.record_event()
-        self._step_event = event
-        self._step_stamp = None
-        mj = event.energy_mj if event.query() else None
-        if mj is None and ctl is None:
-            mj = self._energy_mj()
-        elif mj is None:
-            # Read by the worker when the device reaches the iteration's start.
-            self._step_stamp = stamp_counter(ctl, event)
-        self._step_mj = mj
+        self._begin = CounterMark(self._events.record_event(), ctl, self._energy_mj)
 
     def enter(self, j: int) -> None:
         """Op ``j`` starts: record its start event and post its boundary."""
@@ -256,62 +272,50 @@ class DeviceTiming(_Clocks):
         if job.end is None:
             job.end = self._events.record_event()
 
-    def end(self, iteration: int) -> tuple[float, float]:
-        """Wait for the iteration's last event (the only wait per iteration), then read the
-        op and iteration figures from the events: ``(time_s, energy_j)``."""
-        begin = self._step_event
-        assert begin is not None
-        end, mj = self._close_iteration()
-        self._end_mj = mj
-        begin_mj = self._begin_mj(iteration, mj)
-        self._record_ops(iteration)
-        self.jobs = []
-        time_s = end.device_time_s() - begin.device_time_s()
-        if self._recycle is not None:
-            self._recycle()
-        return time_s, (mj - begin_mj) / 1000.0
-
-    def _close_iteration(self) -> tuple[DeviceEvent, int]:
-        """Record the iteration's end event and wait for it and the worker: the event and the
-        counter there."""
+    def close(self, iteration: int) -> CounterMark:
+        """The iteration ends on the host: record its end event, which the worker stamps with
+        the counter as the device passes it; nothing waits. Returns that end (its figures:
+        :meth:`finish`)."""
         ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
             # iteration; waiting for the end first would apply every change late.
             ctl.flush(timeout_s=1.0)
-        end = self._events.record_event()
-        stamp = stamp_counter(ctl, end)  # the end's counter, read by the worker too
-        end.synchronize()
-        if ctl is not None:
-            # Its last boundary is done: its counter stamps (the iteration start's and end's)
-            # are read, in order.
-            ctl.flush(timeout_s=1.0)
-        mj = _stamped_mj(end, stamp)
-        return end, self._energy_mj() if mj is None else mj  # no worker, or it could not read
+        begin = self._begin
+        assert begin is not None
+        end = CounterMark(self._events.record_event(), ctl, self._energy_mj)
+        self._closed.append(
+            _Closed(iteration, begin, end, self.jobs, self.freqs, self.phases, self.actions)
+        )
+        self.jobs = []
+        return end
 
-    def _begin_mj(self, iteration: int, end_mj: int) -> int:
-        """The counter at the iteration's start (read by the worker when not at begin())."""
-        if self._step_mj is None:
-            stamp = self._step_stamp
-            self._step_mj = stamp.report.start_mj if stamp is not None else None
-            if self._step_mj is None:  # the worker could not read it (closed, or an error)
-                _log.debug("iteration %d: start counter missing; energy from now", iteration)
-                self._step_mj = end_mj
-        return self._step_mj
+    def finish(self) -> tuple[float, float]:
+        """The oldest closed iteration's ``(time_s, energy_j)``, its ops recorded and learnt
+        from. Waits until the worker is past its end (a host-side wait; in steady state it is
+        long past), never for the device itself when the worker reads the counter."""
+        closed = self._closed.popleft()
+        end_s, mj = closed.end.resolve()
+        begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
+        self._record_ops(closed)
+        if self._recycle is not None:
+            self._recycle()
+        return end_s - begin_s, (mj - begin_mj) / 1000.0
 
-    def _record_ops(self, iteration: int) -> None:
+    def _record_ops(self, closed: _Closed) -> None:
         """Each op's row, the mid-op changes made and the clocks delivered."""
-        jobs, freqs, actions = self.jobs, self.freqs, self.actions
+        jobs, freqs, actions, phases = closed.jobs, closed.freqs, closed.actions, closed.phases
+        iteration = closed.iteration
         self.mid_switches = sum(job.report.mids_issued for job in jobs)
         self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[OpReading] = []
-        for op in self.history.learn(jobs, freqs, self.phases):
+        for op in self.history.learn(jobs, freqs, phases):
             j = op.index
             job = jobs[j]
             report = job.report
             planned = freqs[j] if j < len(freqs) else 0
             if report.read_mhz is not None and j < len(freqs):
-                read = self.phases[j][report.read_phase]  # the phase that ran when read
+                read = phases[j][report.read_phase]  # the phase that ran when read
                 readings.append(
                     OpReading(
                         actions[j],
@@ -343,13 +347,7 @@ class DeviceTiming(_Clocks):
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""
         self.jobs = []
-        self._end_mj = None  # no iteration ended here: nothing for the session to reuse
         self.history.forget_boundary()
-
-    def take_end_counter_mj(self) -> int | None:
-        """The counter read as the last iteration ended, once (None when taken)."""
-        mj, self._end_mj = self._end_mj, None
-        return mj
 
     @property
     def last_end_event(self) -> DeviceEvent | None:
@@ -374,6 +372,7 @@ class HostTiming(_Clocks):
         "_e_step",
         "_energy_iter_mj",
         "_energy_mj",
+        "_figures",
         "_now",
         "_record_op",
         "_t_op",
@@ -405,6 +404,7 @@ class HostTiming(_Clocks):
         self._t_op = 0.0
         self._e_op = 0
         self._warned_two_clock = False
+        self._figures: deque[tuple[float, float]] = deque()
 
     def begin(self, iteration: int) -> None:
         self.iteration = iteration
@@ -449,14 +449,17 @@ class HostTiming(_Clocks):
         if self.controller is not None and j + 1 < len(self.freqs):
             self.controller.request(self.freqs[j + 1], self.mems[j + 1])
 
-    def end(self, iteration: int) -> tuple[float, float]:
-        return self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
+    def close(self, iteration: int) -> None:
+        """The iteration ends: its figures on the host's clock, now (no device timeline)."""
+        figures = self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
+        self._figures.append(figures)
+
+    def finish(self) -> tuple[float, float]:
+        """The oldest closed iteration's ``(time_s, energy_j)``."""
+        return self._figures.popleft()
 
     def abort(self) -> None:
         """Nothing to forget."""
-
-    def take_end_counter_mj(self) -> int | None:
-        return None
 
     @property
     def last_end_event(self) -> DeviceEvent | None:

@@ -146,6 +146,8 @@ class PowerRuntime:
         self._release = release
         self._origin_s = clock.now() if clock is not None else 0.0
         self._interval: int | None = None
+        #: The index of the next iteration to start (None: the one after the stats').
+        self.next_iteration: Callable[[], int] | None = None
         self.mark()
 
     def elapsed_s(self) -> float:
@@ -283,14 +285,17 @@ class PowerRuntime:
         return decision
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.session.BoundaryHook` interface."""
+        """The :data:`perseus.runtime.session.BoundaryHook` interface. ``stats`` may be of an
+        iteration before the last (a session reads a real GPU's figures one iteration late):
+        the plan decided is the next iteration's to start (:attr:`next_iteration`)."""
         if stats.phase != "run":
             return None
         self.mark()
         cap_w = self.read_cap_w(stats.iteration)
         previous = self.point_index
-        self.wait_for(stats.iteration + 1)  # a re-plan on the way changes the plan
-        decision = self.decide(stats.iteration + 1, cap_w)
+        upcoming = stats.iteration + 1 if self.next_iteration is None else self.next_iteration()
+        self.wait_for(upcoming)  # a re-plan on the way changes the plan
+        decision = self.decide(upcoming, cap_w)
         if decision.point_index == previous and stats.point_index == previous:
             return None
         return self.frontier, decision.point_index
@@ -349,6 +354,7 @@ def attach_power(
         release=lambda: release_clocks(session),
         replanner=replanner,
     )
+    runtime.next_iteration = lambda: session.next_iteration
     session.add_boundary_hook(runtime)
     runtime.wait_for(session.next_iteration)  # the first interval may open later
     # The first plan, of the schedule in force after the wait (a re-plan may come on the way).

@@ -256,7 +256,10 @@ class StragglerRuntime:
         return compute_time_s * points[0].time_s / points[self.point_index].time_s
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.pipeline.BoundaryHook` interface."""
+        """The :data:`perseus.runtime.session.BoundaryHook` interface. ``stats`` may be of the
+        iteration before the one that just ended (a real GPU's figures come one iteration late):
+        every pipeline's ranks exchange the same iteration's figures, and the decision applies
+        from the next iteration to start."""
         if stats.phase != "run":
             return None
         times = self.exchange(self.intrinsic_time_s(stats.compute_time_s), stats.iteration)
