@@ -10,25 +10,18 @@
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
-The agent checks that ops arrive in the order of ``plan.stage_ops[rank]``
-(:class:`~perseus.runtime.agent.rank_plan.OpOrderError` carries the planned and the actual
-:class:`~perseus.schedule.Action` otherwise, and its message shows the rank's op grid, the
-failing step marked) and hands each op to one of two timing modes
-(:mod:`perseus.runtime.agent.timing`): on the device's
-timeline (``timing="device"``, whenever the GPU records events: the simulator's own, or CUDA
-events, :mod:`perseus.runtime.agent.events`), where the :class:`FrequencyController`'s worker
-issues each op's clocks (SM, and memory where the plan sets them and the GPU can lock them)
-so that they land as the previous op or phase ends on the device; or on the host's
-(``timing="host"``, devices without events, and a baseline). The training thread never
-synchronises the device; :meth:`RankAgent.step_end` waits for the iteration's figures
-(:meth:`RankAgent.step_close` does not: :meth:`RankAgent.finish_iteration` reads them later).
-Time comes from a :class:`~perseus.device.clock.Clock` (``clock=``; a virtual one makes every
-timing decision deterministic, ``docs/timing.md``). :meth:`RankAgent.swap_plan` changes the
-plan at the next iteration. Safety (one owner per GPU, reset on exit, signals and owner
-death): :mod:`perseus.runtime.safety.guard`.
-
-:class:`NullAgent` has the same surface and does nothing, for runs without a GPU or with
-perseus disabled.
+The agent checks that ops arrive in the order of ``plan.stage_ops[rank]`` (else
+:class:`~perseus.runtime.agent.rank_plan.OpOrderError`, with the planned and actual
+:class:`~perseus.schedule.Action` and the rank's op grid) and times them in one of two modes
+(:mod:`perseus.runtime.agent.timing`): on the device's timeline (``timing="device"``, a GPU
+that records events), where the :class:`FrequencyController`'s worker issues each op's SM and
+memory clocks to land as the previous op or phase ends on the device; or on the host's
+(``timing="host"``). The training thread never synchronises the device: :meth:`RankAgent.
+step_end` waits for the iteration's figures, :meth:`RankAgent.step_close` does not
+(:meth:`RankAgent.finish_iteration` reads them later). Time comes from a
+:class:`~perseus.device.clock.Clock` (a virtual one makes every timing decision
+deterministic, ``docs/timing.md``); :meth:`RankAgent.swap_plan` changes the plan at the next
+iteration; safety: :mod:`perseus.runtime.safety.guard`. :class:`NullAgent` does nothing.
 """
 
 from __future__ import annotations
@@ -68,7 +61,7 @@ __all__ = [
 ]
 
 
-def _no_energy() -> int:
+def _no_energy() -> int:  # no GPU: no counter
     return 0
 
 
@@ -118,7 +111,7 @@ class RankAgent:
             :meth:`step_end`: every timing decision is then deterministic (tests).
 
     Raises:
-        PlanError: if ``rank`` or ``point_index`` is out of range or an op name is malformed.
+        PlanError: if ``rank`` or ``point_index`` is out of range.
     """
 
     def __init__(
@@ -189,9 +182,8 @@ class RankAgent:
         self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
-        """The plan's phases on this GPU: SM clocks snapped to its list; memory clocks
-        snapped to its lockable ones (a phase without one at the default, the highest) when
-        the plan sets any and the GPU can lock them, else left alone (None)."""
+        """The plan's phases on this GPU: SM clocks snapped to its list, memory clocks (where
+        the plan sets any and the GPU can lock them; else None) to its lockable ones."""
         rank_plan = self._rank_plan
         mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
         if rank_plan.uses_memory_clocks and self._clocks and self.enabled and not mem:
@@ -303,17 +295,14 @@ class RankAgent:
         self._clocks = tuple(sorted(gpu.supported_clocks_mhz()))  # opens an NVML device
         reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
         if self.enabled and reason is not None:
-            # Known before any set call: neither own the GPU nor start a watchdog for clocks
-            # we cannot change.
+            # known before any set call: no ownership, no watchdog for clocks we cannot set
             warn_observe_only(gpu, reason)
             self.enabled = False
         if self._timing == "device" and self._events is None:
             self._events = event_source_for(gpu)
         self._device_timed = self._timing == "device" and self._events is not None
-        # CUDA events carry no counter reading and NVML's counter is too coarse and too slow
-        # to read per op (see FrequencyController's stamp_ops): iteration ends only.
+        # CUDA events carry no counter reading; NVML's is too coarse to read per op
         self._stamp_ops = not isinstance(self._events, CudaEventSource)
-        # Memory clocks: set only by an agent that controls clocks (never observe-only).
         self._mem_clocks = lockable_memory_clocks(gpu) if self.enabled else ()
         self._held_report = HeldClockReport(self.rank, gpu.name)
         self._snap_plan()
