@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["REAL_CLOCK", "Clock", "RealClock", "VirtualClock", "WallClock"]
+__all__ = ["REAL_CLOCK", "Clock", "RealClock", "VirtualClock", "WallClock", "clock_of"]
 
 
 @runtime_checkable
@@ -146,3 +146,14 @@ class VirtualClock:
 
 #: The default clock of the agent and the controller.
 REAL_CLOCK: Clock = RealClock()
+
+
+def clock_of(device: object, default: Clock = REAL_CLOCK) -> Clock:
+    """The timeline ``device`` runs on (a simulated GPU's ``clock``), else ``default``.
+
+    Code that waits for a device's events must sleep on the device's own clock: on a
+    :class:`VirtualClock`, a worker thread polling in real time would race the training
+    thread, and every timing decision would depend on the host's scheduling.
+    """
+    clock = getattr(device, "clock", None)
+    return clock if isinstance(clock, Clock) else default

@@ -46,6 +46,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 from perseus.device.base import GPU
+from perseus.device.clock import clock_of
 from perseus.device.presets import blocking_power_for, gpu_identity
 from perseus.errors import ConfigError, PlanError
 from perseus.job import PlanningJob
@@ -158,8 +159,7 @@ class RankSession:
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
         self._ended: deque[EndedIteration] = deque()  # ended, figures not read yet (oldest first)
         self._ran_between = False  # an action ran outside an iteration since the last one
-        self._run_start = 0  # the first iteration of the deployed plan
-        self._iteration = 0
+        self._run_start = self._iteration = 0  # the deployed plan's first iteration; the next
         self._drift = DriftMonitor(self.rank, reprofile=isinstance(self.source, OnlineProfile))
 
     # ----------------------------------------------------------------------------------------
@@ -560,6 +560,7 @@ class RankSession:
         agent = RankAgent(
             frontier, self.gpu, self.rank, point_index=point_index, measure_op_energy=False,
             watchdog=o.watchdog, handle_signals=o.handle_signals, events=o.events,
+            clock=clock_of(self.gpu, o.clock),  # the device's timeline, when it has one
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
             op_time_s=profiled_op_time_s(self.job.profile) if self.job is not None else None,
         )  # fmt: skip

@@ -123,15 +123,17 @@ def test_an_emulated_job_follows_the_schedule_in_time_and_pays_what_it_stated(
     # Every iteration ran inside its interval: the measured time reached the last one.
     last = doc.intervals[-1]
     assert last.start_s <= report.elapsed_s <= last.end_s
-    # The cost it incurred matches the schedule's within 1 % on the short signals. On the
-    # market weeks it is within 0.4-3.2 % of the week's gross cost (Σ |value| x energy; the
-    # negative week's net is near zero), varying from run to run: emulated iterations of
-    # plans that change clocks between ops run -0.9 % to +2.1 % off their planned time, a
-    # full hour's lateness carries into the next, and the timing is not repeatable even on
-    # this virtual clock.
+    # The cost it incurred matches the schedule's within 1 %: of the scheduled cost on the
+    # short signals and on the price-jump week (all its prices are positive: gross = net,
+    # 0.89 % off), of the week's gross cost (sum of |value| x energy) on the negative week,
+    # whose net is a near-cancelling sum of dear and paid hours (0.38 % of gross, 2.9 % of
+    # net). Repeatable: on this virtual clock the clock worker runs inline. What is left is
+    # emulation, not planning: single-clock hours match exactly, while the hours of plans that
+    # change clocks between ops draw ~3 % more, their clock changes landing after the ops
+    # (the inline worker runs when the iteration ends; an emulating host waits for each op).
     assert report.scheduled != 0
     gross = sum(abs(iv.value) * (iv.energy_j + iv.idle_energy_j) for iv in ivs) / J_PER_KWH
-    bound = 0.05 * gross if isinstance(signal, str) else 0.01 * abs(report.scheduled)
+    bound = 0.01 * (gross if isinstance(signal, str) else abs(report.scheduled))
     assert abs(report.incurred - report.scheduled) <= bound, report
     # Running back to back from the start instead costs more than ten such bounds.
     assert s.baseline_cost is not None and s.baseline_cost - s.cost > 10 * bound

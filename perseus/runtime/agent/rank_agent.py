@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU
-from perseus.device.clock import REAL_CLOCK, Clock
+from perseus.device.clock import Clock, clock_of
 from perseus.errors import DeviceError, PlanError
 from perseus.plan import Frontier
 from perseus.runtime.agent.controller import FrequencyController
@@ -105,10 +105,10 @@ class RankAgent:
             predicts from the op's device time in the previous iteration (time taken as
             inversely proportional to the clock), and the first iteration runs two-clock ops
             at their first clock only.
-        clock: Where host times are read and the clock worker sleeps
-            (:mod:`perseus.device.clock`). A :class:`~perseus.device.clock.VirtualClock`
-            (shared with a simulated GPU) runs the worker inline, on the training thread, at
-            :meth:`step_end`: every timing decision is then deterministic (tests).
+        clock: Where host times are read and the clock worker sleeps (default: the GPU's
+            own timeline, :func:`~perseus.device.clock.clock_of`). A virtual one (a simulated
+            GPU's) runs the worker inline, on the training thread, at :meth:`step_end`:
+            every timing decision is then deterministic (tests).
 
     Raises:
         PlanError: if ``rank`` or ``point_index`` is out of range.
@@ -129,7 +129,7 @@ class RankAgent:
         timing: str = "device",
         events: EventSource | None = None,
         op_time_s: OpTimeFn | None = None,
-        clock: Clock = REAL_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
         if timing not in ("device", "host"):
             raise PlanError(f"timing must be 'device' or 'host', got {timing!r}")
@@ -143,7 +143,7 @@ class RankAgent:
         self._energy_mj: Callable[[], int] = (
             gpu.energy_mj if measure_op_energy and gpu is not None else _no_energy
         )
-        self._clock = clock
+        self._clock = clock if clock is not None else clock_of(gpu)
         self._controller: FrequencyController | None = None
         self._claim: GpuClaim | None = None  # ownership, watchdog, exit hooks
         self._started = False

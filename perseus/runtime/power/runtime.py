@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perseus.device.clock import REAL_CLOCK, Clock
+from perseus.device.clock import Clock, clock_of
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
@@ -349,7 +349,7 @@ def attach_power(
         store=store,
         origin_iteration=session.next_iteration,
         source=str(schedule)[:200] if isinstance(schedule, (str, Path)) else "schedule",
-        clock=getattr(gpu, "clock", None) or REAL_CLOCK,
+        clock=clock_of(gpu, session.options.clock),
         energy_mj=gpu.energy_mj,
         release=lambda: release_clocks(session),
         replanner=replanner,
