@@ -12,7 +12,7 @@ import pytest
 
 from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimulatedGPU
-from perseus.errors import DeviceNotSupportedError
+from perseus.errors import DeviceNotSupportedError, DevicePermissionError
 from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.agent.rank_agent import RankAgent
@@ -170,15 +170,62 @@ def test_read_back_stops_on_a_gpu_that_cannot_tell(tmp_path: Path):
     assert all(r.clock_delivery is None for r in agent.records.iterations)
 
 
-def test_an_observe_only_agent_reads_nothing_back(tmp_path: Path):
+@pytest.mark.parametrize("how", ["enabled=False", "refused"])
+def test_an_observe_only_agent_reports_ops_the_driver_holds_below_the_plan(
+    tmp_path: Path, how: str
+):
+    """Observe-only, no clock is applied: the driver's own clock is read back against the
+    plan's. Under a 300 W cap an H100 cannot run the plan's 1980 MHz (held, power cap, warned
+    once); uncapped, the driver runs it (delivered); a plan below the driver's clock is
+    neither held nor at the plan."""
+    from tests.runtime.plans import tiny_plan
+
     clock = VirtualClock()
-    gpu = _h100(tmp_path, clock, 300.0)
-    agent = RankAgent(
-        _top_clock_plan(), gpu, 0, enabled=False, watchdog=False, handle_signals=False, clock=clock
-    ).start()
-    _run(agent, gpu, 2)
-    agent.close()
-    assert all(r.clock_delivery is None for r in agent.records.iterations)
+    low = tiny_plan(
+        1200,
+        stage_ops=(
+            tuple(
+                f"{a.kind.value}{a.microbatch_index}"
+                for a in build_schedule("1f1b", 1, 4).rank_actions[0]
+            ),
+        ),
+    )
+    for cap_w, plan in ((300.0, _top_clock_plan()), (None, _top_clock_plan()), (None, low)):
+        gpu = _h100(tmp_path / str(len(str(plan))), clock, cap_w)
+        if how == "refused":  # a container without CAP_SYS_ADMIN: every lock refused
+            gpu.inject_error("set_locked_clock", DevicePermissionError("NO_PERMISSION"), 99)
+        agent = RankAgent(
+            plan,
+            gpu,
+            0,
+            enabled=how != "enabled=False",
+            watchdog=False,
+            handle_signals=False,
+            clock=clock,
+        ).start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _run(agent, gpu, 2)
+        agent.close()
+        assert gpu.locked_clock_mhz() is None  # observe-only: nothing was ever set
+        held_warnings = [w for w in caught if issubclass(w.category, ClockHeldWarning)]
+        deliveries = [r.clock_delivery for r in agent.records.iterations]
+        assert all(d is not None and d.ops_read == 8 for d in deliveries)
+        if cap_w is not None:
+            assert len(held_warnings) == 1, [str(w.message) for w in caught]
+            assert "power cap" in str(held_warnings[0].message)
+            assert all(
+                len(d.held) == 8
+                and d.share_at_plan == 0.0  # type: ignore[union-attr]
+                and all(h.reasons == ("sw_power_cap",) for h in d.held)  # type: ignore[union-attr]
+                for d in deliveries
+            )
+        elif plan is low:  # the driver ran above the plan: not held, not at the plan
+            assert not held_warnings
+            assert all(not d.held and d.share_at_plan == 0.0 for d in deliveries)  # type: ignore[union-attr]
+        else:
+            assert not held_warnings
+            assert all(not d.held and d.share_at_plan == 1.0 for d in deliveries)  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------------

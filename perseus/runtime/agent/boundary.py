@@ -69,6 +69,9 @@ class OpReport:
             force when read (None: none, refused) and the memory clock the GPU ran.
         read_phase: The op's phase running when read (a phased op's later phases are set
             before the read).
+        observed: Read observe-only: no clock of ours was applied, the driver chose it; the
+            reading is held against the plan's clock (below it with a limiting reason: the
+            plan cannot be delivered here either).
     """
 
     start_mj: int | None = None
@@ -85,6 +88,7 @@ class OpReport:
     asked_mem_mhz: int | None = None
     read_mem_mhz: int | None = None
     read_phase: int = 0
+    observed: bool = False
 
 
 class Boundary:

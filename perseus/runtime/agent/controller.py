@@ -139,6 +139,12 @@ class FrequencyController:
         return self.setter.observe_only
 
     @property
+    def reads_back(self) -> bool:
+        """True when the GPU can say which clock ran (observe-only too: the plan's clocks are
+        then compared with the driver's own)."""
+        return self._readback is not None
+
+    @property
     def threaded(self) -> bool:
         """True when a worker thread does the work (else :meth:`flush` does it inline)."""
         return self._threaded
@@ -419,9 +425,9 @@ class FrequencyController:
         after the start event, waiting for the op's input: such readings are retried);
         nothing when the op ended first or no clock of ours is applied (observe-only). The
         memory clock is read too where the plan sets one (the next op's is set)."""
-        asked = self.setter.applied_mhz
+        asked, observed = self.setter.applied_mhz, self.observe_only
         read_mem = job.request.mem_next_mhz is not None
-        if asked is None or self.observe_only:
+        if asked is None and not observed:
             return
         due = self._read_due_s(job)
         if due is not None and self._wait_end(job, due[0]):
@@ -436,6 +442,7 @@ class FrequencyController:
             if not reasons & IDLE_REASON or self.events is None:
                 report = job.report
                 report.read_mhz, report.read_reasons, report.asked_mhz = read_mhz, reasons, asked
+                report.observed = observed
                 report.read_mem_mhz, report.asked_mem_mhz = read_mem_mhz, self.setter.mem_target_mhz
                 return
             if self._idle_wait_over(job, None if due is None else due[1]):

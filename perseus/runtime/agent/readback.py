@@ -152,7 +152,9 @@ def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
     yet, says nothing about the op's and is left out; so is one with the idle reason, taken
     in a gap. An op is held when its SM clock ran below the plan's, or its memory clock (read
     where the plan sets one) is not the plan's: with no memory lock in force (refused), the
-    reason is ``memory_not_locked``.
+    reason is ``memory_not_locked``. Observe-only readings (the driver's clock, nothing
+    applied) come with the plan's clock as asked: below it is held all the same, and an op
+    run above it is neither held nor at the plan.
 
     Complexity: O(len(readings)).
     """
@@ -167,10 +169,10 @@ def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
         ops_read += 1
         total_s += r.time_s
         op = _held(r, r.read_mhz)
-        if op is None:
-            at_plan_s += r.time_s
-        else:
+        if op is not None:
             held.append(op)
+        elif r.read_mhz <= r.planned_mhz * (1.0 + _TOLERANCE):
+            at_plan_s += r.time_s  # above the plan (observe-only, the driver's clock) is not
     if not ops_read:
         return None
     share = at_plan_s / total_s if total_s > 0 else float(not held)

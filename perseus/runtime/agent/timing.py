@@ -255,9 +255,9 @@ class DeviceTiming(_Clocks):
         )
         self.jobs.append(job)
         ctl = self.controller
-        if ctl is not None and (self._stamp_ops or not ctl.observe_only):
-            # Observe-only without per-op counter reads leaves the worker nothing to do for an
-            # op (its times come from the events at end()): no wake-up.
+        if ctl is not None and (self._stamp_ops or not ctl.observe_only or ctl.reads_back):
+            # Observe-only, the worker still reads back which clock ran (a GPU that cannot
+            # and no per-op counter reads leave it nothing to do for an op: no wake-up).
             ctl.post(job)
 
     def mark_end(self) -> None:
@@ -320,7 +320,7 @@ class DeviceTiming(_Clocks):
                     OpReading(
                         actions[j],
                         read.freq_mhz,
-                        report.asked_mhz,
+                        read.freq_mhz if report.observed else report.asked_mhz,
                         report.read_mhz,
                         report.read_reasons,
                         op.time_s,
