@@ -12,6 +12,8 @@ own cost per op (host time spent entering and leaving ``session.op``), median an
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import threading
 import time
@@ -82,6 +84,14 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the training thread's N "
+        "costliest functions (cProfile, after warm-up; it slows the loop: figures are not kept)",
+    )
     args = p.parse_args()
 
     import torch
@@ -98,6 +108,7 @@ def main() -> int:
     host_us: list[float] = []
     boundary_us: list[float] = []
     wall_s: list[float] = []
+    profiler = cProfile.Profile()
 
     # The same loop without perseus, timed the same way (a device sync at each iteration end),
     # before and after the session's loop, so that the session's cost shows as a difference.
@@ -119,6 +130,8 @@ def main() -> int:
             for it in range(args.warmup + args.iterations):
                 if it == args.warmup:
                     calls.counts.clear()
+                    if args.profile:
+                        profiler.enable()
                 t0 = time.perf_counter()
                 iteration = session.iteration()
                 iteration.__enter__()
@@ -142,6 +155,7 @@ def main() -> int:
                 if it >= args.warmup:
                     boundary_us.append(((t1 - t0) + (t3 - t2)) * 1e6)
                     wall_s.append(t4 - t0)
+            profiler.disable()
             training_calls = dict(calls.counts)
             session.flush()  # a GPU's last iteration is read one iteration late: read it now
             ops = agent.records.ops[args.warmup * len(schedule.rank_actions[0]) :]
@@ -212,6 +226,8 @@ def main() -> int:
             others[w.category.__name__] = others.get(w.category.__name__, 0) + 1
     print(f"  other warnings (the plan's predictions are placeholders): {others}")
     print(f"locked clock after close: {gpu.locked_clock_mhz()} (None: never locked)")
+    if args.profile:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
     return 0
 
 

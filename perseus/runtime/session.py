@@ -524,10 +524,6 @@ class RankSession:
         if self._state is not SessionState.IN_ITERATION:
             self._ran_between = True
             return contextlib.nullcontext()  # untouched
-        return self._op(action)
-
-    @contextmanager
-    def _op(self, action: Action) -> Iterator[None]:
         agent = self._agent
         if agent is None:
             raise PlanError("RankSession: an action ran before a plan was deployed")
@@ -537,8 +533,7 @@ class RankSession:
                 f"{len(agent.planned_clocks_mhz)} actions of {self._one_step()}; for gradient "
                 "accumulation raise the microbatch count instead"
             )
-        with self._run.op(agent, action):
-            yield
+        return self._run.op(agent, action)  # the agent's own scope on a GPU: no extra layer
 
     # ----------------------------------------------------------------------------------------
     # Planning

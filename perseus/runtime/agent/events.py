@@ -13,8 +13,10 @@ an event's time needs the event to have completed, never a device-wide synchroni
 The training thread records two events per op, so a record is kept small: CUDA events are
 pooled (:meth:`CudaEventSource.recycle`, called as each iteration ends, returns the events
 recorded two iterations ago: the controller's worker and the timing history are done with
-them by then) and the stream is looked up with a function bound once; it is still asked for
-at every record, so an op launched on another stream (a stream switch) is timed on it.
+them by then) and the stream is looked up with a function bound once, by device index; it is
+still asked for at every record, so an op launched on another stream (a stream switch) is
+timed on it. An event's time is read once and kept (the worker reads it as the event
+completes), so the training thread makes no CUDA call to learn its ops' times.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ __all__ = ["CudaEvent", "CudaEventSource", "event_source_for"]
 class CudaEvent:
     """A ``torch.cuda.Event`` (timing enabled) as a :class:`~perseus.device.base.DeviceEvent`."""
 
-    __slots__ = ("_event", "_source", "energy_mj")
+    __slots__ = ("_event", "_source", "_time_s", "energy_mj")
 
     def __init__(self, event: Any, source: CudaEventSource) -> None:
         self._event = event
         self._source = source
+        self._time_s: float | None = None
         self.energy_mj: int | None = None
 
     def query(self) -> bool:
@@ -44,9 +47,14 @@ class CudaEvent:
         self._event.synchronize()
 
     def device_time_s(self) -> float:
-        self._event.synchronize()  # returns at once when already complete
-        elapsed_ms = float(self._source.ref.elapsed_time(self._event))
-        return self._source.ref_host_s + elapsed_ms / 1000.0
+        """Read once (the controller's worker does, as the event completes), then kept: the
+        training thread reads ops' times at the iteration's end without a CUDA call."""
+        time_s = self._time_s
+        if time_s is None:
+            self._event.synchronize()  # returns at once when already complete
+            elapsed_ms = float(self._source.ref.elapsed_time(self._event))
+            time_s = self._time_s = self._source.ref_host_s + elapsed_ms / 1000.0
+        return time_s
 
 
 class CudaEventSource:
@@ -58,6 +66,7 @@ class CudaEventSource:
         self._torch = torch
         index = torch.cuda.current_device() if device_index is None else device_index
         self.device = torch.device("cuda", index)
+        self._index = index  # current_stream(int) skips parsing a device (~10 us a record)
         self._current_stream: Any = torch.cuda.current_stream
         self._event_type: Any = torch.cuda.Event
         self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -71,7 +80,7 @@ class CudaEventSource:
     def record_event(self) -> DeviceEvent:
         free = self._free
         event = free.pop() if free else self._event_type(enable_timing=True)
-        event.record(self._current_stream(self.device))
+        event.record(self._current_stream(self._index))
         self._recorded.append(event)
         return CudaEvent(event, self)
 

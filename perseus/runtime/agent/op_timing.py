@@ -56,13 +56,14 @@ class OpTimingHistory:
 
     def __init__(self, history: int = HISTORY) -> None:
         self._history = history
-        self._last_s: dict[tuple[int, int], float] = {}  # (op, clock) -> last device time
         self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
         self._gaps_s: dict[int, deque[float]] = {}
         self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
-        # What the per-op lookups return, recomputed once per iteration by learn():
-        self._expected_s: dict[tuple[int, int], float] = {}  # mean of _times_s, else _last_s
+        # What the per-op lookups return, kept up to date by learn() for the keys it touches:
+        self._expected_s: dict[
+            tuple[int, int], float
+        ] = {}  # mean of _times_s, else the last phased run's
         self._gap_s: dict[int, float] = {}  # min of _gaps_s
 
     def expected_s(self, j: int, freq_mhz: int) -> float | None:
@@ -104,41 +105,47 @@ class OpTimingHistory:
         last = self._last_end
         if last is not None and whole:
             # The last op's change lands in the gap before the next iteration's first op.
-            gap = jobs[0].start.device_time_s() - last.device_time_s()
-            self._push(self._gaps_s, len(jobs) - 1, gap)
+            self._push_gap(len(jobs) - 1, jobs[0].start.device_time_s() - last.device_time_s())
         self._last_end = jobs[-1].end if whole else None
         done: list[OpDeviceTimes] = []
         for j, job in enumerate(jobs):
             end = job.end
             if end is None:
                 continue
+            end_s = end.device_time_s()
             if j + 1 < len(jobs):
-                gap = jobs[j + 1].start.device_time_s() - end.device_time_s()
-                self._push(self._gaps_s, j, gap)
-            times = OpDeviceTimes(j, job.start.device_time_s(), end.device_time_s())
+                self._push_gap(j, jobs[j + 1].start.device_time_s() - end_s)
+            times = OpDeviceTimes(j, job.start.device_time_s(), end_s)
             done.append(times)
             freq = freqs_mhz[j] if j < len(freqs_mhz) else 0
             self._learn_op(j, freq, phases[j] if j < len(phases) else (), times.time_s, job)
-        self._expected_s = dict(self._last_s)
-        self._expected_s.update({k: sum(v) / len(v) for k, v in self._times_s.items() if v})
-        self._gap_s = {j: min(v) for j, v in self._gaps_s.items() if v}
         return done
 
     def _learn_op(
         self, j: int, freq: int, op: tuple[OpPhase, ...], time_s: float, job: Boundary
     ) -> None:
-        self._last_s[(j, freq)] = time_s
+        key = (j, freq)
         mids = job.report.mids_issued
         if not mids:
-            self._push(self._times_s, (j, freq), time_s)
+            times = self._push(self._times_s, key, time_s)
+            self._expected_s[key] = sum(times) / len(times)
+        elif key not in self._times_s:  # only phased runs seen: the last one
+            self._expected_s[key] = time_s
         if len(op) > 1:
             # Phases 0..m ran (m: the mid-op changes issued), the last of them to the end:
             # time_s = unit * sum(work share / clock) when time scales as 1 / clock.
             m = min(mids, len(op) - 1)
             self._unit_s[(j, op)] = time_s / _work_over_clock(op, m + 1, m)
 
-    def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> None:
-        table.setdefault(key, deque(maxlen=self._history)).append(max(0.0, value))
+    def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> deque[float]:
+        values = table.get(key)
+        if values is None:
+            values = table[key] = deque(maxlen=self._history)
+        values.append(max(0.0, value))
+        return values
+
+    def _push_gap(self, j: int, gap_s: float) -> None:
+        self._gap_s[j] = min(self._push(self._gaps_s, j, gap_s))
 
 
 def _work_over_clock(phases: tuple[OpPhase, ...], upto: int, last: int) -> float:
