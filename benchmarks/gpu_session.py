@@ -24,6 +24,7 @@ from _gpu_common import TransformerOps, one_clock_plan
 
 from perseus.device.base import ObserveOnlyWarning
 from perseus.device.nvml import NvmlGPU
+from perseus.runtime.agent import controller
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import Kind, build_schedule
 
@@ -92,7 +93,16 @@ def main() -> int:
         help="print the training thread's N "
         "costliest functions (cProfile, after warm-up; it slows the loop: figures are not kept)",
     )
+    p.add_argument(
+        "--poll-s",
+        type=float,
+        default=None,
+        help="the controller worker's event polling period "
+        "(an experiment: how much its wake-ups cost the training thread; default the library's)",
+    )
     args = p.parse_args()
+    if args.poll_s is not None:
+        controller.POLL_S = args.poll_s
 
     import torch
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from perseus.device.base import DeviceEvent
 from perseus.profile.model import Profile
@@ -38,9 +37,9 @@ HISTORY = 8
 _K = TypeVar("_K")
 
 
-@dataclass(frozen=True, slots=True)
-class OpDeviceTimes:
-    """One completed op of an iteration: its index, device start and end (seconds)."""
+class OpDeviceTimes(NamedTuple):
+    """One completed op of an iteration: its index, device start and end (seconds). A named
+    tuple: made for every op at every iteration's end, on the training thread."""
 
     index: int
     start_s: float
