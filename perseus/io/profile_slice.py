@@ -40,7 +40,8 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
         rows, how = _split(profile, stages), "split"
     else:
         rows, how = _merge(profile, stages, name), "merged"
-    return build_profile(rows, source=f"{profile.source} ({how} to {stages} stages)")
+    sliced = build_profile(rows, source=f"{profile.source} ({how} to {stages} stages)")
+    return sliced.with_gpu(profile.gpu)  # still that GPU's measurements
 
 
 def _split(profile: Profile, stages: int) -> list[Row]:

@@ -87,3 +87,34 @@ def test_frontier_record_leaves_the_points_digest_unchanged(tmp_path: Path) -> N
     assert read_frontier(with_record).job.gpu == profile.gpu
     assert read_frontier(without).job.gpu is None
     plan.check_job(bare.job)  # the record is not part of what makes a job another job
+
+
+def test_a_sliced_profile_keeps_its_gpu_and_the_cli_writes_it_beside(tmp_path: Path) -> None:
+    """`perseus profile slice` re-cuts one GPU's measurements: the record goes with them (it
+    was dropped, so a plan from a sliced A100 profile ran unchecked on any GPU)."""
+    import subprocess
+    import sys
+
+    from perseus.io.profile_slice import slice_profile
+
+    a100 = load_profile("a100")
+    assert slice_profile(a100, 1).gpu == a100.gpu is not None
+    out = tmp_path / "one.csv"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perseus.cli",
+            "profile",
+            "slice",
+            "a100",
+            "--stages",
+            "1",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    assert read_profile(out).gpu == a100.gpu
+    assert gpu_record_path(out).is_file()
