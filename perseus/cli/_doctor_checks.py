@@ -18,7 +18,7 @@ from typing import Any
 
 from perseus.device.nvml import NvmlGPU, probe_privilege
 from perseus.device.nvml_calls import clock_event_names
-from perseus.errors import DeviceError
+from perseus.errors import DeviceError, DevicePermissionError
 from perseus.identity import architecture_name
 
 __all__ = [
@@ -148,6 +148,13 @@ _HOW_TO_ALLOW = (
     "[SYS_ADMIN]), or have a privileged daemon change clocks for the job (e.g. zeusd; perseus "
     "does not talk to one yet)"
 )
+#: The privilege probe said yes (root, or the capability seen) and the driver still refused.
+_REFUSED_THOUGH_PRIVILEGED = (
+    "this process looks privileged ({why}) yet the driver refused the lock: a container without "
+    "CAP_SYS_ADMIN does this to root; grant the capability (docker run --cap-add SYS_ADMIN; "
+    "Kubernetes securityContext.capabilities.add: [SYS_ADMIN]), or have a privileged daemon "
+    "change clocks for the job (e.g. zeusd; perseus does not talk to one yet)"
+)
 
 
 def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 0.1) -> Check:
@@ -219,7 +226,16 @@ def _lock_and_read_back(
         error = str(e).splitlines()[0]
         data["error"] = error
         return Check(
-            "clock locking", "fail", f"lock refused: {error}", data, _HOW_TO_ALLOW + app_hint
+            "clock locking",
+            "fail",
+            f"lock refused: {error}",
+            data,
+            (
+                _REFUSED_THOUGH_PRIVILEGED.format(why=data["privilege"])
+                if isinstance(e, DevicePermissionError)
+                else _HOW_TO_ALLOW
+            )
+            + app_hint,
         )
     finally:
         with contextlib.suppress(DeviceError):

@@ -443,6 +443,8 @@ def test_every_set_call_refused_means_cannot_change_clocks(
     assert "[ok] clock locking" not in out
     assert "[FAIL] clock locking: lock refused:" in out and "Insufficient Permissions" in out
     assert "--cap-add SYS_ADMIN" in out and "CAP_SYS_ADMIN" in out
+    # Root already: the fix names the missing capability, never "run the job as root".
+    assert "run the job as root" not in out and "looks privileged" in out
     verdict = out.splitlines()[-1]
     assert verdict.startswith("verdict: perseus cannot change clocks here")
     assert "nvmlDeviceSetGpuLockedClocks failed: Insufficient Permissions" in verdict
