@@ -41,7 +41,7 @@ class OpDeviceTimes(NamedTuple):
     """One completed op of an iteration: its index, device start and end (seconds). A named
     tuple: made for every op at every iteration's end, on the training thread."""
 
-    index: int
+    op_index: int
     start_s: float
     end_s: float
 

@@ -310,7 +310,7 @@ class DeviceTiming(_Clocks):
         self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[OpReading] = []
         for op in self.history.learn(jobs, freqs, phases):
-            j = op.index
+            j = op.op_index
             job = jobs[j]
             report = job.report
             planned = freqs[j] if j < len(freqs) else 0
