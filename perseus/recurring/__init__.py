@@ -2,7 +2,7 @@
 
 Pure parts: :mod:`~perseus.recurring.cost` (the η-weighted cost), :mod:`~.workload` (a job's
 trace), :mod:`~.bandit` (Gaussian Thompson sampling), :mod:`~.policy` (the batch-size
-optimizer), :mod:`~.replay` (trace-driven evaluation) and :mod:`~.results`. I/O:
+optimizer), :mod:`~.replay` (trace-driven evaluation and its summaries). I/O:
 :mod:`~.trace` (CSV files), :mod:`~.store` (SQLite, with :mod:`~.schema` and the run leases
 of :mod:`~.lease`), :mod:`~.profiler` and :mod:`~.job`
 (the training-loop side, on a GPU), :mod:`~.report` (matplotlib, imported only on demand).

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -122,23 +121,13 @@ class PostgresStore(SQLStore):
 
     Args:
         conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
-        busy_timeout_s: How long a writer waits for a row another holds (``lock_timeout``).
         connect_timeout_s: How long to wait for the server.
-        lease_s, clock: As for :class:`~perseus.recurring.store.SQLStore`.
+        options: ``busy_timeout_s`` (PostgreSQL's ``lock_timeout``), ``lease_s``, ``clock``, as
+            for :class:`~perseus.recurring.store.SQLStore`.
     """
 
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        busy_timeout_s: float = 30.0,
-        connect_timeout_s: float = 10.0,
-        lease_s: float = 600.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(
-            _shown(conninfo), busy_timeout_s=busy_timeout_s, lease_s=lease_s, clock=clock
-        )
+    def __init__(self, conninfo: str, *, connect_timeout_s: float = 10.0, **options: Any) -> None:
+        super().__init__(_shown(conninfo), **options)
         self.conninfo = conninfo
         self.connect_timeout_s = connect_timeout_s
 

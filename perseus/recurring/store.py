@@ -139,7 +139,12 @@ class SQLStore:
     """
 
     def __init__(
-        self, name: str, *, busy_timeout_s: float, lease_s: float, clock: Callable[[], float]
+        self,
+        name: str,
+        *,
+        busy_timeout_s: float = 30.0,
+        lease_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
@@ -442,21 +447,12 @@ class SQLiteStore(SQLStore):
     Args:
         path: Database file (``~`` expanded; created with its directory, which must be one
             nobody else controls); it must be a regular file of this user.
-        busy_timeout_s, lease_s, clock: As for :class:`SQLStore`.
+        options: ``busy_timeout_s``, ``lease_s``, ``clock``, as for :class:`SQLStore`.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        busy_timeout_s: float = 30.0,
-        lease_s: float = 600.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, path: str | Path, **options: Any) -> None:
         self.path = Path(path).expanduser()
-        super().__init__(
-            str(self.path), busy_timeout_s=busy_timeout_s, lease_s=lease_s, clock=clock
-        )
+        super().__init__(str(self.path), **options)
 
     # Connection, transactions, errors
 
