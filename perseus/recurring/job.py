@@ -284,7 +284,6 @@ class RecurringJob:
             return
         from perseus.runtime.safety.guard import ExitGuard, GpuClaim
 
-
         def reset() -> None:
             with contextlib.suppress(DeviceError):
                 gpu.reset_power_limit()

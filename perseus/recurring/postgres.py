@@ -92,17 +92,17 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
     """
     try:
         import psycopg
-    except ImportError as e:
-        raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
-        ) from e
-    try:
+
         con = psycopg.connect(
             conninfo,
             autocommit=True,
             connect_timeout=max(1, round(timeout_s)),
             options=f"-c lock_timeout={int(lock_timeout_s * 1000)}",
         )
+    except ImportError as e:  # matched first: psycopg is then never looked up below
+        raise ConfigError(
+            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
+        ) from e
     except psycopg.OperationalError as e:
         raise PerseusError(f"{_shown(conninfo)}: cannot connect ({_first_line(e)})") from None
     return con
