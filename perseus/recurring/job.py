@@ -65,12 +65,12 @@ class RecurringRun:
         decision: Decision,
         profiler: PowerLimitProfiler | None,
         power_limit_w: float | None,
-        ended: threading.Event,
+        ended: threading.Event | None = None,
     ) -> None:
         self.job = job
         #: Set when a signal ended the process under the run (its GPU reset, the run marked
         #: abandoned): nothing it measures from then on is recorded.
-        self.ended = ended
+        self.ended = ended if ended is not None else threading.Event()
         self.run_id = run_id
         self.decision = decision
         self._profiler = profiler
