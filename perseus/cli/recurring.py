@@ -151,8 +151,7 @@ def format_summary(gpu: str, document: dict[str, Any]) -> str:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from perseus.recurring.replay import default_recurrences, replay_workload
-    from perseus.recurring.results import summary_json
+    from perseus.recurring.replay import default_recurrences, replay_workload, summary_json
     from perseus.recurring.trace import load_jobs, load_workloads
     from perseus.recurring.workload import ZEUS_JOBS
 

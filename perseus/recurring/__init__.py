@@ -2,7 +2,7 @@
 
 Pure parts: :mod:`~perseus.recurring.cost` (the η-weighted cost), :mod:`~.workload` (a job's
 trace), :mod:`~.bandit` (Gaussian Thompson sampling), :mod:`~.policy` (the batch-size
-optimizer), :mod:`~.replay` (trace-driven evaluation) and :mod:`~.results`. I/O:
+optimizer), :mod:`~.replay` (trace-driven evaluation and its summaries). I/O:
 :mod:`~.trace` (CSV files), :mod:`~.store` (SQLite, with :mod:`~.schema` and the run leases
 of :mod:`~.lease`), :mod:`~.profiler` and :mod:`~.job`
 (the training-loop side, on a GPU), :mod:`~.report` (matplotlib, imported only on demand).
@@ -13,9 +13,9 @@ access, so ``import perseus.recurring.replay`` never loads sqlite3 or the device
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from perseus import _lazy_names
 from perseus.recurring.bandit import GaussianPrior
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, zeus_cost
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
@@ -58,8 +58,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'perseus.recurring' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = _lazy_names(__name__, _LAZY)

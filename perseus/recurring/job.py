@@ -226,10 +226,6 @@ class RecurringJob:
         self.clock = clock
 
     @property
-    def controls_power(self) -> bool:
-        return isinstance(self.gpu, PowerLimitGPU)
-
-    @property
     def max_power_w(self) -> float:
         if self._max_power_w is None:
             if not isinstance(self.gpu, PowerLimitGPU):
@@ -282,13 +278,11 @@ class RecurringJob:
         With ``own_gpu`` the job owns the GPU for the run. Without, an agent of this process
         owns it (pipeline composition): the job only records that a reset is due, so a
         SIGKILL still ends with the default limit (watchdog, or the next owner)."""
-        if not self.controls_power:
+        gpu = self.gpu
+        if not isinstance(gpu, PowerLimitGPU):
             yield
             return
         from perseus.runtime.safety.guard import ExitGuard, GpuClaim
-
-        gpu = self.gpu
-        assert isinstance(gpu, PowerLimitGPU)
 
         def reset() -> None:
             with contextlib.suppress(DeviceError):

@@ -20,64 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.recurring.schema import ABANDON_REASONS, RUN_COLUMNS
+from perseus.recurring.schema import (
+    ABANDON_REASONS,
+    POSTGRES,
+    jobs_table,
+    power_limits_table,
+    runs_table,
+    too_new,
+)
 from perseus.recurring.store import SQLStore
 
 __all__ = ["POSTGRES_MIGRATIONS", "PostgresStore", "connect"]
 
-_FIGURE = "{c} >= 0 AND {c} <= 1e300"  # NaN compares above every number in PostgreSQL
-_REASONS = ", ".join(f"'{r}'" for r in ABANDON_REASONS[:5])
-
 _PG_V2 = f"""
-CREATE TABLE jobs (
-    job TEXT PRIMARY KEY CONSTRAINT job_name CHECK (length(job) BETWEEN 1 AND 1000),
-    config TEXT NOT NULL CONSTRAINT config_object CHECK (jsonb_typeof(config::jsonb) = 'object'),
-    created_s DOUBLE PRECISION NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
-);
-CREATE TABLE runs (
-    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-{RUN_COLUMNS}
-    batch_size BIGINT NOT NULL CONSTRAINT batch_size_positive CHECK (batch_size >= 1),
-    power_limit_w DOUBLE PRECISION CONSTRAINT power_limit_range CHECK (
-        power_limit_w IS NULL OR (power_limit_w > 0 AND power_limit_w <= 1e5)),
-    energy_j DOUBLE PRECISION CONSTRAINT energy_finite CHECK (
-        energy_j IS NULL OR ({_FIGURE.format(c="energy_j")})),
-    time_s DOUBLE PRECISION CONSTRAINT time_finite CHECK (
-        time_s IS NULL OR ({_FIGURE.format(c="time_s")})),
-    cost DOUBLE PRECISION CONSTRAINT cost_finite CHECK (cost IS NULL OR ({_FIGURE.format(c="cost")})),
-    reached INTEGER CONSTRAINT reached_flag CHECK (reached IS NULL OR reached IN (0, 1)),
-    epochs BIGINT CONSTRAINT epochs_count CHECK (epochs IS NULL OR epochs >= 0),
-    started_s DOUBLE PRECISION NOT NULL
-        CONSTRAINT started_time CHECK ({_FIGURE.format(c="started_s")}),
-    finished_s DOUBLE PRECISION CONSTRAINT finished_time CHECK (
-        finished_s IS NULL OR ({_FIGURE.format(c="finished_s")})),
-    pid BIGINT CONSTRAINT lease_pid CHECK (pid IS NULL OR pid > 0),
-    host TEXT,
-    process_start TEXT,
-    heartbeat_s DOUBLE PRECISION CONSTRAINT heartbeat_time CHECK (
-        heartbeat_s IS NULL OR ({_FIGURE.format(c="heartbeat_s")})),
-    end_reason TEXT CONSTRAINT end_reason_known CHECK (
-        end_reason IS NULL OR end_reason IN ({_REASONS})),
-    CONSTRAINT abandoned_has_reason CHECK ((status = 'abandoned') = (end_reason IS NOT NULL)),
-    CONSTRAINT done_has_figures CHECK (status <> 'done' OR (
-        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL))
-);
+{jobs_table(POSTGRES)}
+{runs_table(POSTGRES, "runs", ABANDON_REASONS[:5])}
 CREATE INDEX runs_by_job ON runs (job, status, seq);
-CREATE TABLE power_limits (
-    job TEXT NOT NULL,
-    gpu TEXT NOT NULL,
-    batch_size BIGINT NOT NULL CONSTRAINT cached_batch_size CHECK (batch_size >= 1),
-    power_limit_w DOUBLE PRECISION NOT NULL CONSTRAINT cached_power_limit CHECK (
-        power_limit_w > 0 AND power_limit_w <= 1e5),
-    profile TEXT NOT NULL
-        CONSTRAINT profile_object CHECK (jsonb_typeof(profile::jsonb) = 'object'),
-    PRIMARY KEY (job, gpu, batch_size)
-);
+{power_limits_table(POSTGRES)}
 CREATE FUNCTION perseus_size_in_job() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE sizes jsonb;
 BEGIN
@@ -129,17 +92,17 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
     """
     try:
         import psycopg
-    except ImportError as e:
-        raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
-        ) from e
-    try:
+
         con = psycopg.connect(
             conninfo,
             autocommit=True,
             connect_timeout=max(1, round(timeout_s)),
             options=f"-c lock_timeout={int(lock_timeout_s * 1000)}",
         )
+    except ImportError as e:  # matched first: psycopg is then never looked up below
+        raise ConfigError(
+            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
+        ) from e
     except psycopg.OperationalError as e:
         raise PerseusError(f"{_shown(conninfo)}: cannot connect ({_first_line(e)})") from None
     return con
@@ -158,23 +121,14 @@ class PostgresStore(SQLStore):
 
     Args:
         conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
-        busy_timeout_s: How long a writer waits for a row another holds (``lock_timeout``).
         connect_timeout_s: How long to wait for the server.
-        lease_s, clock: As for :class:`~perseus.recurring.store.SQLStore`.
+        options: ``busy_timeout_s`` (PostgreSQL's ``lock_timeout``), ``lease_s``, ``clock``, as
+            for :class:`~perseus.recurring.store.SQLStore`.
     """
 
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        busy_timeout_s: float = 30.0,
-        connect_timeout_s: float = 10.0,
-        lease_s: float = 600.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(_shown(conninfo), lease_s=lease_s, clock=clock)
+    def __init__(self, conninfo: str, *, connect_timeout_s: float = 10.0, **options: Any) -> None:
+        super().__init__(_shown(conninfo), **options)
         self.conninfo = conninfo
-        self.busy_timeout_s = busy_timeout_s
         self.connect_timeout_s = connect_timeout_s
 
     def _connection(self) -> Any:
@@ -198,10 +152,7 @@ class PostgresStore(SQLStore):
             version = 0 if row is None else int(row[0])
             latest = POSTGRES_MIGRATIONS[-1][0]
             if version > latest:
-                raise ConfigError(
-                    f"{self._name}: schema version {version} was written by a newer perseus "
-                    f"(this one reads up to {latest}); upgrade perseus or pass another database"
-                )
+                raise too_new(self._name, version, latest)
             for step, sql in POSTGRES_MIGRATIONS:
                 if step > version:
                     con.execute(sql)
@@ -219,14 +170,9 @@ class PostgresStore(SQLStore):
         try:
             yield
         except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as e:
-            raise ConfigError(
-                f"{self._name}: the database refused a value ({_first_line(e)}); this is a bug "
-                "or a row edited by hand: repair or drop the row the constraint names"
-            ) from e
+            raise self._refused(_first_line(e)) from e
         except psycopg.errors.LockNotAvailable as e:
-            raise PerseusError(
-                f"{self._name}: database busy for over {self.busy_timeout_s:g} s; try again"
-            ) from e
+            raise self._busy() from e
         except psycopg.Error as e:
             self.close()
             raise PerseusError(f"{self._name}: {_first_line(e)}") from e

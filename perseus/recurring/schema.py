@@ -26,6 +26,7 @@ import json
 import math
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from perseus.errors import ConfigError
@@ -35,14 +36,21 @@ __all__ = [
     "ABANDON_REASONS",
     "COUNTED_REASONS",
     "MIGRATIONS",
-    "RUN_COLUMNS",
+    "POSTGRES",
     "SCHEMA_VERSION",
+    "SQLITE",
+    "Dialect",
     "check_power_limit_row",
     "check_run_row",
+    "is_figure",
     "job_sizes",
+    "jobs_table",
     "migrate",
     "parse_job_config",
+    "power_limits_table",
+    "runs_table",
     "statements",
+    "too_new",
 ]
 
 #: Why a run was abandoned. A preemption (a signal, a dead process, an expired lease) is in the
@@ -94,9 +102,12 @@ CREATE TABLE IF NOT EXISTS power_limits (
 );
 """
 
-_FIGURE = "typeof({c}) = 'real' AND {c} >= 0 AND {c} <= 1e300"
-_SIZE_IN_JOB = """
-CREATE TRIGGER {name} BEFORE {event} ON {table}
+
+def _size_triggers(table: str) -> str:
+    """SQLite's triggers keeping ``table``'s batch sizes in the job's ``batch_sizes``."""
+    return "".join(
+        f"""
+CREATE TRIGGER {table}_size_in_job{suffix} BEFORE {event} ON {table}
 WHEN json_type((SELECT config FROM jobs WHERE job = NEW.job), '$.batch_sizes') = 'array'
  AND NOT EXISTS (
     SELECT 1 FROM json_each((SELECT config FROM jobs WHERE job = NEW.job), '$.batch_sizes')
@@ -105,51 +116,105 @@ BEGIN
     SELECT RAISE(ABORT, '{table}.batch_size is not one of the job''s batch_sizes');
 END;
 """
+        for suffix, event in (("", "INSERT"), ("_update", "UPDATE OF batch_size, job"))
+    )
 
 
-#: The ``runs`` columns both engines declare alike (PostgreSQL in :mod:`.postgres`).
-RUN_COLUMNS = """    run_id TEXT NOT NULL UNIQUE,
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one engine spells the tables: both declare the same columns, constraint names and
+    checks; SQLite also checks each value's type (it stores anything in any column)."""
+
+    int: str
+    real: str
+    seq: str
+    json_object: str
+    typed: bool
+
+    def check(self, column: str, kind: str, condition: str) -> str:
+        """``condition`` on ``column``, and on SQLite its type ``kind``."""
+        return f"typeof({column}) = '{kind}' AND {condition}" if self.typed else condition
+
+    def figure(self, c: str, null: bool = True) -> str:
+        """A finite number >= 0 (NaN compares above every number in PostgreSQL; SQLite
+        stores NaN as NULL), or NULL."""
+        figure = self.check(c, "real", f"{c} >= 0 AND {c} <= 1e300")
+        return f"{c} IS NULL OR ({figure})" if null else figure
+
+
+_SQLITE_JSON = "json_valid({c}) AND json_type({c}) = 'object'"
+SQLITE = Dialect("INTEGER", "REAL", "INTEGER PRIMARY KEY AUTOINCREMENT", _SQLITE_JSON, True)
+_PG_SEQ = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+POSTGRES = Dialect(
+    "BIGINT", "DOUBLE PRECISION", _PG_SEQ, "jsonb_typeof({c}::jsonb) = 'object'", False
+)
+
+
+def jobs_table(d: Dialect, name: str = "jobs") -> str:
+    """The ``jobs`` table's definition (V2 and later)."""
+    return f"""
+CREATE TABLE {name} (
+    job TEXT PRIMARY KEY NOT NULL
+        CONSTRAINT job_name CHECK ({d.check("job", "text", "length(job) BETWEEN 1 AND 1000")}),
+    config TEXT NOT NULL CONSTRAINT config_object CHECK ({d.json_object.format(c="config")}),
+    created_s {d.real} NOT NULL CONSTRAINT created_time CHECK ({d.figure("created_s", False)})
+);
+"""
+
+
+def runs_table(d: Dialect, name: str, reasons: tuple[str, ...], measured: bool = False) -> str:
+    """The ``runs`` table's definition (V2 and later; SQLite rebuilds it under ``name``)."""
+    known = ", ".join(f"'{r}'" for r in reasons)
+    limit = d.check("power_limit_w", "real", "power_limit_w > 0 AND power_limit_w <= 1e5")
+    done_measured = """,
+    CONSTRAINT done_measured CHECK (status <> 'done' OR (energy_j > 0 AND time_s > 0 AND cost > 0))"""
+    return f"""
+CREATE TABLE {name} (
+    seq {d.seq},
+    run_id TEXT NOT NULL UNIQUE,
     job TEXT NOT NULL REFERENCES jobs(job),
     status TEXT NOT NULL
         CONSTRAINT run_status CHECK (status IN ('running', 'done', 'abandoned')),
     phase TEXT NOT NULL
-        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),"""
-
-
-def _runs_table(name: str, reasons: tuple[str, ...], extra: str = "") -> str:
-    """The ``runs`` table's definition (V2 and later rebuild it under ``name``)."""
-    known = ", ".join(f"'{r}'" for r in reasons)
-    return f"""
-CREATE TABLE {name} (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-{RUN_COLUMNS}
-    batch_size INTEGER NOT NULL
-        CONSTRAINT batch_size_positive CHECK (typeof(batch_size) = 'integer' AND batch_size >= 1),
-    power_limit_w REAL CONSTRAINT power_limit_range CHECK (
-        power_limit_w IS NULL
-        OR (typeof(power_limit_w) = 'real' AND power_limit_w > 0 AND power_limit_w <= 1e5)),
-    energy_j REAL CONSTRAINT energy_finite CHECK (
-        energy_j IS NULL OR ({_FIGURE.format(c="energy_j")})),
-    time_s REAL CONSTRAINT time_finite CHECK (time_s IS NULL OR ({_FIGURE.format(c="time_s")})),
-    cost REAL CONSTRAINT cost_finite CHECK (cost IS NULL OR ({_FIGURE.format(c="cost")})),
-    reached INTEGER CONSTRAINT reached_flag CHECK (
-        reached IS NULL OR (typeof(reached) = 'integer' AND reached IN (0, 1))),
-    epochs INTEGER CONSTRAINT epochs_count CHECK (
-        epochs IS NULL OR (typeof(epochs) = 'integer' AND epochs >= 0)),
-    started_s REAL NOT NULL CONSTRAINT started_time CHECK ({_FIGURE.format(c="started_s")}),
-    finished_s REAL CONSTRAINT finished_time CHECK (
-        finished_s IS NULL OR ({_FIGURE.format(c="finished_s")})),
-    pid INTEGER CONSTRAINT lease_pid CHECK (pid IS NULL OR (typeof(pid) = 'integer' AND pid > 0)),
-    host TEXT CONSTRAINT lease_host CHECK (host IS NULL OR typeof(host) = 'text'),
+        CONSTRAINT run_phase CHECK (phase IN ('default', 'explore', 'thompson')),
+    batch_size {d.int} NOT NULL
+        CONSTRAINT batch_size_positive CHECK ({d.check("batch_size", "integer", "batch_size >= 1")}),
+    power_limit_w {d.real} CONSTRAINT power_limit_range CHECK (power_limit_w IS NULL OR ({limit})),
+    energy_j {d.real} CONSTRAINT energy_finite CHECK ({d.figure("energy_j")}),
+    time_s {d.real} CONSTRAINT time_finite CHECK ({d.figure("time_s")}),
+    cost {d.real} CONSTRAINT cost_finite CHECK ({d.figure("cost")}),
+    reached {d.int} CONSTRAINT reached_flag CHECK (
+        reached IS NULL OR ({d.check("reached", "integer", "reached IN (0, 1)")})),
+    epochs {d.int} CONSTRAINT epochs_count CHECK (
+        epochs IS NULL OR ({d.check("epochs", "integer", "epochs >= 0")})),
+    started_s {d.real} NOT NULL CONSTRAINT started_time CHECK ({d.figure("started_s", False)}),
+    finished_s {d.real} CONSTRAINT finished_time CHECK ({d.figure("finished_s")}),
+    pid {d.int} CONSTRAINT lease_pid CHECK (pid IS NULL OR ({d.check("pid", "integer", "pid > 0")})),
+    host TEXT CONSTRAINT lease_host CHECK (host IS NULL OR {d.check("host", "text", "TRUE")}),
     process_start TEXT CONSTRAINT lease_start CHECK (
-        process_start IS NULL OR typeof(process_start) = 'text'),
-    heartbeat_s REAL CONSTRAINT heartbeat_time CHECK (
-        heartbeat_s IS NULL OR ({_FIGURE.format(c="heartbeat_s")})),
+        process_start IS NULL OR {d.check("process_start", "text", "TRUE")}),
+    heartbeat_s {d.real} CONSTRAINT heartbeat_time CHECK ({d.figure("heartbeat_s")}),
     end_reason TEXT CONSTRAINT end_reason_known CHECK (
         end_reason IS NULL OR end_reason IN ({known})),
     CONSTRAINT abandoned_has_reason CHECK ((status = 'abandoned') = (end_reason IS NOT NULL)),
-    CONSTRAINT done_has_figures CHECK (status != 'done' OR (
-        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL)){extra}
+    CONSTRAINT done_has_figures CHECK (status <> 'done' OR (
+        energy_j IS NOT NULL AND time_s IS NOT NULL AND cost IS NOT NULL AND reached IS NOT NULL)){done_measured if measured else ""}
+);
+"""
+
+
+def power_limits_table(d: Dialect, name: str = "power_limits") -> str:
+    """The ``power_limits`` table's definition (V2 and later)."""
+    limit = d.check("power_limit_w", "real", "power_limit_w > 0 AND power_limit_w <= 1e5")
+    return f"""
+CREATE TABLE {name} (
+    job TEXT NOT NULL,
+    gpu TEXT NOT NULL,
+    batch_size {d.int} NOT NULL
+        CONSTRAINT cached_batch_size CHECK ({d.check("batch_size", "integer", "batch_size >= 1")}),
+    power_limit_w {d.real} NOT NULL CONSTRAINT cached_power_limit CHECK ({limit}),
+    profile TEXT NOT NULL CONSTRAINT profile_object CHECK ({d.json_object.format(c="profile")}),
+    PRIMARY KEY (job, gpu, batch_size)
 );
 """
 
@@ -158,18 +223,12 @@ CREATE TABLE {name} (
 # a run was abandoned. SQLite adds constraints only by rebuilding a table: create, copy, drop,
 # rename (foreign keys are off meanwhile, see migrate()).
 _V2 = f"""
-CREATE TABLE jobs_v2 (
-    job TEXT PRIMARY KEY NOT NULL
-        CONSTRAINT job_name CHECK (typeof(job) = 'text' AND length(job) BETWEEN 1 AND 1000),
-    config TEXT NOT NULL
-        CONSTRAINT config_object CHECK (json_valid(config) AND json_type(config) = 'object'),
-    created_s REAL NOT NULL CONSTRAINT created_time CHECK ({_FIGURE.format(c="created_s")})
-);
+{jobs_table(SQLITE, "jobs_v2")}
 INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;
 DROP TABLE jobs;
 ALTER TABLE jobs_v2 RENAME TO jobs;
 
-{_runs_table("runs_v2", _V2_REASONS)}
+{runs_table(SQLITE, "runs_v2", _V2_REASONS)}
 INSERT INTO runs_v2 (seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j,
                      time_s, cost, reached, epochs, started_s, finished_s, heartbeat_s,
                      end_reason)
@@ -181,35 +240,13 @@ DROP TABLE runs;
 ALTER TABLE runs_v2 RENAME TO runs;
 CREATE INDEX runs_by_job ON runs (job, status, seq);
 
-CREATE TABLE power_limits_v2 (
-    job TEXT NOT NULL,
-    gpu TEXT NOT NULL,
-    batch_size INTEGER NOT NULL CONSTRAINT cached_batch_size CHECK (
-        typeof(batch_size) = 'integer' AND batch_size >= 1),
-    power_limit_w REAL NOT NULL CONSTRAINT cached_power_limit CHECK (
-        typeof(power_limit_w) = 'real' AND power_limit_w > 0 AND power_limit_w <= 1e5),
-    profile TEXT NOT NULL
-        CONSTRAINT profile_object CHECK (json_valid(profile) AND json_type(profile) = 'object'),
-    PRIMARY KEY (job, gpu, batch_size)
-);
+{power_limits_table(SQLITE, "power_limits_v2")}
 INSERT INTO power_limits_v2 SELECT job, gpu, batch_size, power_limit_w, profile
     FROM power_limits;
 DROP TABLE power_limits;
 ALTER TABLE power_limits_v2 RENAME TO power_limits;
-{_SIZE_IN_JOB.format(name="runs_size_in_job", event="INSERT", table="runs")}
-{
-    _SIZE_IN_JOB.format(
-        name="runs_size_in_job_update", event="UPDATE OF batch_size, job", table="runs"
-    )
-}
-{_SIZE_IN_JOB.format(name="power_limits_size_in_job", event="INSERT", table="power_limits")}
-{
-    _SIZE_IN_JOB.format(
-        name="power_limits_size_in_job_update",
-        event="UPDATE OF batch_size, job",
-        table="power_limits",
-    )
-}
+{_size_triggers("runs")}
+{_size_triggers("power_limits")}
 """
 
 # Version 3: a finished run measured something. A run that the GPU reset or an energy
@@ -223,10 +260,8 @@ _ZERO_PROFILE = """EXISTS (
     WHERE json_type(m.value) = 'object' AND NOT (
         coalesce(json_extract(m.value, '$.avg_power_w'), 1) > 0
         AND coalesce(json_extract(m.value, '$.samples_per_s'), 1) > 0))"""
-_MEASURED = """,
-    CONSTRAINT done_measured CHECK (status <> 'done' OR (energy_j > 0 AND time_s > 0 AND cost > 0))"""
 _V3 = f"""
-{_runs_table("runs_v3", ABANDON_REASONS, _MEASURED)}
+{runs_table(SQLITE, "runs_v3", ABANDON_REASONS, measured=True)}
 INSERT INTO runs_v3 (seq, run_id, job, status, phase, batch_size, power_limit_w, energy_j,
                      time_s, cost, reached, epochs, started_s, finished_s, pid, host,
                      process_start, heartbeat_s, end_reason)
@@ -238,12 +273,7 @@ INSERT INTO runs_v3 (seq, run_id, job, status, phase, batch_size, power_limit_w,
 DROP TABLE runs;
 ALTER TABLE runs_v3 RENAME TO runs;
 CREATE INDEX runs_by_job ON runs (job, status, seq);
-{_SIZE_IN_JOB.format(name="runs_size_in_job", event="INSERT", table="runs")}
-{
-    _SIZE_IN_JOB.format(
-        name="runs_size_in_job_update", event="UPDATE OF batch_size, job", table="runs"
-    )
-}
+{_size_triggers("runs")}
 DELETE FROM power_limits WHERE {_ZERO_PROFILE.format(profile="power_limits.profile")};
 CREATE TRIGGER power_limits_profile_measured BEFORE INSERT ON power_limits
 WHEN {_ZERO_PROFILE.format(profile="NEW.profile")}
@@ -255,6 +285,14 @@ END;
 #: ``(version, sql)`` steps, oldest first; a database at version v gets every later step.
 MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2), (3, _V3))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def too_new(source: str, version: int, latest: int) -> ConfigError:
+    """The error for a store whose schema a newer perseus wrote."""
+    return ConfigError(
+        f"{source}: schema version {version} was written by a newer perseus (this one reads "
+        f"up to {latest}); upgrade perseus or pass another database"
+    )
 
 
 def statements(script: str) -> Iterator[str]:
@@ -361,9 +399,11 @@ def _is_count(value: Any, low: int, *, null: bool = False) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def _is_figure(
+def is_figure(
     value: Any, *, positive: bool = False, upper: float = 1e300, null: bool = False
 ) -> bool:
+    """A finite number (not a bool) >= 0 (> 0 with ``positive``) up to ``upper``, or None
+    with ``null``."""
     if value is None:
         return null
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -394,13 +434,11 @@ def check_run_row(
     if done or (status == "abandoned" and row.get("end_reason") in COUNTED_REASONS):
         for field in ("energy_j", "time_s", "cost"):
             # A run preempted before its first heartbeat measured nothing: NULL figures.
-            checks.append(
-                (field, _is_figure(row.get(field), null=not done), "a finite number >= 0")
-            )
+            checks.append((field, is_figure(row.get(field), null=not done), "a finite number >= 0"))
             if measured and done:
                 expected = "a measured figure > 0 (a run that measured nothing is no run)"
-                checks.append((field, _is_figure(row.get(field), positive=True), expected))
-        limit_ok = _is_figure(row.get("power_limit_w"), positive=True, upper=1e5, null=True)
+                checks.append((field, is_figure(row.get(field), positive=True), expected))
+        limit_ok = is_figure(row.get("power_limit_w"), positive=True, upper=1e5, null=True)
         checks += [
             ("power_limit_w", limit_ok, "a power limit in watts > 0, or NULL"),
             ("reached", not done or row.get("reached") in (0, 1), "0 or 1"),
@@ -442,7 +480,7 @@ def check_power_limit_row(
     where = f"job = {_sql(job)} AND gpu = {_sql(gpu)} AND batch_size = {_sql(batch_size)}"
     row = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
     fix = f"drop it (DELETE FROM power_limits WHERE {where}) and the next run profiles again"
-    if not _is_figure(power_limit_w, positive=True, upper=1e5):
+    if not is_figure(power_limit_w, positive=True, upper=1e5):
         raise ConfigError(
             f"{row}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
         )
@@ -453,7 +491,7 @@ def check_power_limit_row(
         raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
     for limit, m in parsed.items() if measured else ():
         figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]
-        if not all(_is_figure(v, positive=True) for v in figures):
+        if not all(is_figure(v, positive=True) for v in figures):
             raise ConfigError(
                 f"{row}: profile at {show_value(limit)} W measured {show_value(m)}, expected "
                 f"{' and '.join(_PROFILE_FIGURES)} > 0 (a limit chosen from nothing); {fix}"

@@ -50,9 +50,11 @@ from perseus.recurring.schema import (
     SCHEMA_VERSION,
     check_power_limit_row,
     check_run_row,
+    is_figure,
     job_sizes,
     migrate,
     parse_job_config,
+    too_new,
 )
 
 __all__ = ["RecurringStore", "SQLStore", "SQLiteStore", "StartedRun"]
@@ -129,16 +131,25 @@ class SQLStore:
 
     Args:
         name: How messages name the database (a path, or a URL without credentials).
+        busy_timeout_s: How long a writer waits for a lock another holds.
         lease_s: A running run whose heartbeat is older than this is abandoned (its process
             stopped renewing it: hung, killed on another host, or preempted); minutes, well
             above the job's heartbeat interval.
         clock: Wall clock (tests inject one).
     """
 
-    def __init__(self, name: str, *, lease_s: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        busy_timeout_s: float = 30.0,
+        lease_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
         self._name = name
+        self.busy_timeout_s = busy_timeout_s
         self.lease_s = lease_s
         self._clock = clock
         self._lock = threading.RLock()
@@ -163,6 +174,19 @@ class SQLStore:
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         raise NotImplementedError
+
+    def _refused(self, detail: object) -> ConfigError:
+        """The error for a value the database's constraints refused."""
+        return ConfigError(
+            f"{self._name}: the database refused a value ({detail}); this is a bug or a row "
+            "edited by hand: repair or drop the row the constraint names"
+        )
+
+    def _busy(self, detail: str = "") -> PerseusError:
+        """The error for a lock held longer than ``busy_timeout_s``."""
+        return PerseusError(
+            f"{self._name}: database busy for over {self.busy_timeout_s:g} s{detail}; try again"
+        )
 
     #: The engine's connection (None: not open) and the pid that opened it (a forked child
     #: opens its own and never closes its parent's).
@@ -423,21 +447,12 @@ class SQLiteStore(SQLStore):
     Args:
         path: Database file (``~`` expanded; created with its directory, which must be one
             nobody else controls); it must be a regular file of this user.
-        busy_timeout_s: How long a writer waits for another's transaction.
-        lease_s, clock: As for :class:`SQLStore`.
+        options: ``busy_timeout_s``, ``lease_s``, ``clock``, as for :class:`SQLStore`.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        busy_timeout_s: float = 30.0,
-        lease_s: float = 600.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, path: str | Path, **options: Any) -> None:
         self.path = Path(path).expanduser()
-        super().__init__(str(self.path), lease_s=lease_s, clock=clock)
-        self.busy_timeout_s = busy_timeout_s
+        super().__init__(str(self.path), **options)
 
     # Connection, transactions, errors
 
@@ -467,10 +482,7 @@ class SQLiteStore(SQLStore):
     def _migrate(self, con: sqlite3.Connection) -> None:
         version = con.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise ConfigError(
-                f"{self.path}: schema version {version} was written by a newer perseus (this "
-                f"one reads up to {SCHEMA_VERSION}); upgrade perseus or pass another database"
-            )
+            raise too_new(str(self.path), version, SCHEMA_VERSION)
         if version == SCHEMA_VERSION:
             return
         con.execute("PRAGMA foreign_keys = OFF")  # tables are rebuilt: see schema.migrate
@@ -494,10 +506,7 @@ class SQLiteStore(SQLStore):
         except sqlite3.OperationalError as e:
             text = str(e)
             if "locked" in text or "busy" in text:
-                raise PerseusError(
-                    f"{self.path}: database busy for over {self.busy_timeout_s:g} s ({text}); "
-                    "try again"
-                ) from e
+                raise self._busy(f" ({text})") from e
             # SQLITE_FULL, SQLITE_IOERR (a write past a quota or file size limit): the disk,
             # not the database; SQLite rolled the transaction back.
             if getattr(e, "sqlite_errorcode", 0) & 0xFF in (
@@ -510,10 +519,7 @@ class SQLiteStore(SQLStore):
                 ) from e
             raise self._damaged(e) from e
         except sqlite3.IntegrityError as e:
-            raise ConfigError(
-                f"{self.path}: the database refused a value ({e}); this is a bug or a row "
-                "edited by hand: repair or drop the row the constraint names"
-            ) from e
+            raise self._refused(e) from e
         except sqlite3.DatabaseError as e:
             raise self._damaged(e) from e
 
@@ -571,12 +577,7 @@ def _figures(source: str, run_id: str, o: Observation) -> tuple[float | None, ..
     """The observation's limit, energy, time and cost for the row; a figure that is not a
     finite number >= 0 is refused (a counter that went backwards must not steer the policy)."""
     for name in ("energy_j", "time_s", "cost"):
-        value = getattr(o, name)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (math.isfinite(value) and value >= 0)
-        ):
+        if not is_figure(value := getattr(o, name)):
             raise ConfigError(
                 f"{source}: run {run_id}: {name} {value!r} is not a finite number >= 0; not "
                 "recorded (a GPU energy counter that was reset mid-run gives this)"

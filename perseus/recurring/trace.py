@@ -66,13 +66,7 @@ def _rows(
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """The CSV's rows with their line numbers (a bounded read of a regular file)."""
     data = read_bounded(path, limit_bytes=INPUT_LIMITS[kind], what=what)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text; pass {what}") from None
-    del data
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(_text_lines(path, data, what))
     try:
         missing = [c for c in fields if c not in (reader.fieldnames or [])]
         if missing:
@@ -90,6 +84,16 @@ def _rows(
             yield reader.line_num, row
     except csv.Error as e:
         raise ConfigError(f"{path}:{reader.line_num}: malformed CSV ({e}); fix the row") from None
+
+
+def _text_lines(path: Path, data: bytes, what: str) -> Iterator[str]:
+    """The lines of ``data`` as text, decoded one by one: one that is not UTF-8 is refused
+    with its number (a newline byte is never part of a UTF-8 character)."""
+    for number, raw in enumerate(io.BytesIO(data), start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}:{number}: not UTF-8 text; pass {what}") from None
 
 
 def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:

@@ -354,8 +354,7 @@ class MetricsSink:
                 f.close()
         except OSError as e:
             self._stop_writing(e)
-        self._files.clear()
-        self._csv = None
+        self._drop_files()
 
     def _start_prometheus(self) -> None:
         try:

@@ -30,7 +30,6 @@ MODULES = (
     "perseus.runtime.straggler.sweep",
     "perseus.recurring",
     "perseus.recurring.replay",
-    "perseus.recurring.results",
 )
 
 _CODE = f"""

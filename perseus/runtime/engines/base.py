@@ -29,7 +29,6 @@ __all__ = [
     "attach_hooks",
     "check_engine_version",
     "eval_in_iteration",
-    "parse_version",
 ]
 
 #: ``factory(action)`` returns the context manager that surrounds one compute action.
@@ -114,7 +113,7 @@ def eval_in_iteration(call: str) -> ConfigError:
     )
 
 
-def parse_version(text: str) -> tuple[int, int]:
+def _parse_version(text: str) -> tuple[int, int]:
     """``"2.13.0+cpu"`` -> ``(2, 13)``; unparsable text is ``(0, 0)``."""
     parts = text.split("+")[0].split(".")
     try:
@@ -159,7 +158,7 @@ def check_engine_version(
             f"{package} is required for this perseus engine adapter; install it with `{install}`"
         ) from e
     version = str(getattr(top, "__version__", "0.0"))
-    if parse_version(version) < minimum:
+    if _parse_version(version) < minimum:
         raise ConfigError(
             f"{package} {version} is not supported by perseus's adapter; install {package} {tested}"
         )

@@ -104,19 +104,6 @@ def check_megatron_version() -> types.SimpleNamespace:
 # Schedule as data
 
 
-class _SizedGroup:
-    """Stand-in process group: only the size and rank Megatron's helpers ask for."""
-
-    def __init__(self, size: int, rank: int) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
 def megatron_schedule(
     num_ranks: int,
     num_microbatches: int,
@@ -151,8 +138,10 @@ def megatron_schedule(
     table = _schedule_table(mc, R, M, V, group)
     rank_actions = []
     for r in range(R):
+        # A stand-in process group: only the size and rank Megatron's helpers ask for.
+        pp_group = types.SimpleNamespace(size=lambda: R, rank=lambda r=r: r)
         comm = types.SimpleNamespace(
-            pp_group=_SizedGroup(R, r), virtual_pipeline_model_parallel_size=V if V > 1 else None
+            pp_group=pp_group, virtual_pipeline_model_parallel_size=V if V > 1 else None
         )
         total, _, warmup, remaining = mc.schedules.get_pp_rank_microbatches(
             M, V, group, forward_only=False, p2p_communicator=comm

@@ -25,7 +25,7 @@ from perseus.plan import PlanOp
 from perseus.profile.model import OpOption
 from perseus.profile.pair_grid import coarse_pair_grid, next_pairs
 from perseus.runtime.profiling.energy_attribution import PowerFit
-from perseus.runtime.profiling.sweep import step_row
+from perseus.runtime.profiling.sweep import StepSweep, step_row
 from perseus.schedule.actions import Kind
 
 __all__ = ["PairProfileRow", "PairSweep"]
@@ -36,7 +36,7 @@ PairProfileRow = tuple[int, Kind, int, float, float, int]
 _Pair = tuple[int, int]
 
 
-class PairSweep:
+class PairSweep(StepSweep):
     """Clock-pair sweep for the (stage, kind) pairs of one rank (see the module docstring).
 
     Args:
@@ -76,24 +76,18 @@ class PairSweep:
                 f"stride and radius must be >= 1 and max_pairs >= 1, got {stride}, {radius}, "
                 f"{max_pairs}"
             )
+        super().__init__(ops)
         self.clocks_mhz = sm
         self.memory_clocks_mhz = mem
         self.blocking_power_w = blocking_power_w
         self.radius = radius
         grid = len(sm) * len(mem)
         self.max_pairs = min(grid, 2 * len(sm) if max_pairs is None else max_pairs)
-        self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
         grid_pairs = coarse_pair_grid(sm, mem, stride) if self.ops else ()  # nothing to sweep
         self._queue: list[_Pair] = list(grid_pairs)[: self.max_pairs]
         self._index = 0
         self.measured: list[_Pair] = []  # pairs closed, in order
         self.rounds = 0  # refinement rounds started
-        self._rows: dict[tuple[int, Kind], list[tuple[_Pair, float, float, float]]] = {
-            op: [] for op in self.ops
-        }
-        self._times: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
-        self._energies: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
-        self.iterations = 0
 
     # -----------------------------------------------------------------------------------------
     # What to run
@@ -121,21 +115,8 @@ class PairSweep:
     # -----------------------------------------------------------------------------------------
     # Measurements
 
-    def record(
-        self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
-    ) -> None:
-        """Add one op's device time (and energy, when measured per op) at the step's pair."""
-        op = (stage_index, kind)
-        if self.done or op not in self._times or not time_s > 0:
-            return
-        self._times[op].append(time_s)
-        if energy_j is not None and energy_j > 0:
-            self._energies[op].append(energy_j)
-
-    def discard_iteration(self) -> None:
-        """Drop the current step's samples (the step restarts at the same pair)."""
-        for samples in (*self._times.values(), *self._energies.values()):
-            samples.clear()
+    def _measuring(self, op: tuple[int, Kind]) -> bool:
+        return not self.done
 
     def end_iteration(
         self, power_w: Mapping[Hashable, float] | None = None, fit: PowerFit | None = None
@@ -164,7 +145,7 @@ class PairSweep:
         seen = set(self.measured)
         wanted: list[_Pair] = []
         for op in self.ops:
-            options = [OpOption(p[0], t, e, p[1]) for p, t, e, _ in self._rows[op]]
+            options = [OpOption(f, t, e, m) for (f, m), t, e, _ in self._rows[op]]
             if not options:
                 continue
             for pair in next_pairs(options, self.clocks_mhz, self.blocking_power_w, self.radius):
@@ -182,22 +163,7 @@ class PairSweep:
     def rows(self) -> list[PairProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j, mem_freq_mhz)``."""
         return [
-            (stage, kind, p[0], t, e, p[1])
+            (stage, kind, f, t, e, m)
             for (stage, kind), rows in self._rows.items()
-            for p, t, e, _ in rows
+            for (f, m), t, e, _ in rows
         ]
-
-    def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
-        """Per row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
-        return [
-            (stage, kind, p[0], err)
-            for (stage, kind), rows in self._rows.items()
-            for p, _t, _e, err in rows
-        ]
-
-    def worst_fit_error(self) -> float:
-        return max((e[3] for e in self.fit_errors()), default=0.0)
-
-    def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
-        """How many pairs each op measured."""
-        return {op: len(rows) for op, rows in self._rows.items()}

@@ -28,7 +28,7 @@ import json
 import math
 import statistics
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "ClockSweep",
     "OpSweep",
     "ProfileRow",
+    "StepSweep",
     "check_fit",
     "profile_cache_path",
     "step_row",
@@ -55,26 +56,19 @@ MAX_FIT_ERROR = 0.04
 
 @dataclass
 class OpSweep:
-    """The sweep state of one (stage, kind).
+    """Where one (stage, kind) is in the SM-clock sweep.
 
     Attributes:
         clocks_mhz: Clocks to sweep, highest first.
         index: Position of the clock being measured.
-        rows: ``(freq_mhz, time_s, energy_j)`` measured so far, in sweep order.
-        fit_errors: Per row, the relative uncertainty of its fitted power (two standard
-            errors; 0 for energies measured per op, inf when the fit could not tell).
         rising: Consecutive clocks whose energy exceeded the lowest measured before them.
         stopped: No more clocks to measure.
     """
 
     clocks_mhz: tuple[int, ...]
     index: int = 0
-    rows: list[tuple[int, float, float]] = field(default_factory=list)
-    fit_errors: list[float] = field(default_factory=list)
     rising: int = 0
     stopped: bool = False
-    _times: list[float] = field(default_factory=list)
-    _energies: list[float] = field(default_factory=list)
 
     @property
     def clock_mhz(self) -> int:
@@ -82,7 +76,71 @@ class OpSweep:
         return self.clocks_mhz[0] if self.stopped else self.clocks_mhz[self.index]
 
 
-class ClockSweep:
+#: One measured row of a sweep: ``((freq_mhz, mem_freq_mhz; 0 when not set), time_s,
+#: energy_j, relative uncertainty of the energy)``.
+_Row = tuple[tuple[int, int], float, float, float]
+
+
+class StepSweep:
+    """What both sweeps share (this one and the clock-pair
+    :class:`~perseus.runtime.profiling.pair_sweep.PairSweep`): each op's samples at the
+    current sweep step, the rows closed so far and the figures read from them.
+
+    Args:
+        ops: The rank's (stage_index, kind) pairs to sweep.
+    """
+
+    def __init__(self, ops: Iterable[tuple[int, Kind]]) -> None:
+        self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
+        self._times: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
+        self._energies: dict[tuple[int, Kind], list[float]] = {op: [] for op in self.ops}
+        self._rows: dict[tuple[int, Kind], list[_Row]] = {op: [] for op in self.ops}
+        self.iterations = 0  # sweep steps closed (each may span several iterations)
+
+    def _measuring(self, op: tuple[int, Kind]) -> bool:
+        """Whether ``op`` takes samples now."""
+        raise NotImplementedError
+
+    def record(
+        self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
+    ) -> None:
+        """Add one op's measured device time (and energy, when measured per op) at the
+        current step (an op not swept, or no longer, is ignored). Energy usually comes per
+        step instead, as a fitted power passed to ``end_iteration``
+        (:mod:`perseus.runtime.profiling.energy_attribution`)."""
+        op = (stage_index, kind)
+        if op not in self._times or not self._measuring(op) or not time_s > 0:
+            return
+        self._times[op].append(time_s)
+        # A non-positive energy is a counter that did not move over the op (its update
+        # period is longer than the op): no information, not a zero.
+        if energy_j is not None and energy_j > 0:
+            self._energies[op].append(energy_j)
+
+    def discard_iteration(self) -> None:
+        """Drop the current sweep step's samples (an iteration failed: the step restarts at the
+        same clocks)."""
+        for samples in (*self._times.values(), *self._energies.values()):
+            samples.clear()
+
+    def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
+        """Per measured row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
+        return [
+            (stage, kind, clocks[0], err)
+            for (stage, kind), rows in self._rows.items()
+            for clocks, _t, _e, err in rows
+        ]
+
+    def worst_fit_error(self) -> float:
+        """The largest row uncertainty so far (0 without rows)."""
+        return max((e[3] for e in self.fit_errors()), default=0.0)
+
+    def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
+        """How many clocks (or pairs) each op measured."""
+        return {op: len(rows) for op, rows in self._rows.items()}
+
+
+class ClockSweep(StepSweep):
     """Clock sweep for the (stage, kind) pairs of one rank.
 
     Args:
@@ -111,13 +169,11 @@ class ClockSweep:
             raise ConfigError(
                 f"patience must be >= 1 and min_fraction in [0, 1], got {patience}, {min_fraction}"
             )
+        super().__init__(ops)
         self.patience = patience
         self.min_fraction = min_fraction
         self.clocks_mhz = clocks
-        self.sweeps = {
-            op: OpSweep(clocks) for op in sorted(set(ops), key=lambda o: (o[0], o[1].value))
-        }
-        self.iterations = 0  # sweep steps closed (each may span several iterations)
+        self.sweeps = {op: OpSweep(clocks) for op in self.ops}
 
     @property
     def done(self) -> bool:
@@ -153,28 +209,8 @@ class ClockSweep:
                 return sweep.clock_mhz
         return self.clocks_mhz[0]
 
-    def record(
-        self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
-    ) -> None:
-        """Add one op's measured device time (and energy, when measured per op) at the
-        current clock (an op not swept is ignored). Energy usually comes per step instead, as
-        a fitted power passed to :meth:`end_iteration`
-        (:mod:`perseus.runtime.profiling.energy_attribution`)."""
-        sweep = self.sweeps.get((stage_index, kind))
-        if sweep is None or sweep.stopped or not time_s > 0:
-            return
-        sweep._times.append(time_s)
-        # A non-positive energy is a counter that did not move over the op (its update
-        # period is longer than the op): no information, not a zero.
-        if energy_j is not None and energy_j > 0:
-            sweep._energies.append(energy_j)
-
-    def discard_iteration(self) -> None:
-        """Drop the current sweep step's samples (an iteration failed: the step restarts at the
-        same clocks)."""
-        for sweep in self.sweeps.values():
-            sweep._times.clear()
-            sweep._energies.clear()
+    def _measuring(self, op: tuple[int, Kind]) -> bool:
+        return not self.sweeps[op].stopped
 
     def end_iteration(
         self, power_w: Mapping[Hashable, float] | None = None, fit: PowerFit | None = None
@@ -192,20 +228,22 @@ class ClockSweep:
         for op, sweep in self.sweeps.items():
             if sweep.stopped:
                 continue
-            row = step_row(op, sweep._times, sweep._energies, power_w, fit)
+            row = step_row(op, self._times[op], self._energies[op], power_w, fit)
             if row is not None:
-                self._close_clock(sweep, *row)
+                self._close_clock(op, *row)
             else:  # nothing usable measured at this clock: move on
                 sweep.index += 1
                 sweep.stopped = sweep.index >= len(sweep.clocks_mhz)
 
-    def _close_clock(self, sweep: OpSweep, time_s: float, energy_j: float, error: float) -> None:
+    def _close_clock(
+        self, op: tuple[int, Kind], time_s: float, energy_j: float, error: float
+    ) -> None:
         """One op's row at its current clock; stop its sweep at the last clock, or once its
         energy has risen ``patience`` clocks in a row past the floor."""
-        best = min((r[2] for r in sweep.rows), default=math.inf)
+        sweep, rows = self.sweeps[op], self._rows[op]
+        best = min((r[2] for r in rows), default=math.inf)
         sweep.rising = sweep.rising + 1 if energy_j > best else 0
-        sweep.rows.append((sweep.clock_mhz, time_s, energy_j))
-        sweep.fit_errors.append(error)
+        rows.append(((sweep.clock_mhz, 0), time_s, energy_j, error))
         sweep.index += 1
         n = len(sweep.clocks_mhz)
         past_floor = sweep.index >= self.min_fraction * n
@@ -215,26 +253,10 @@ class ClockSweep:
     def rows(self) -> list[ProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j)``."""
         return [
-            (stage, kind, freq, t, e)
-            for (stage, kind), sweep in self.sweeps.items()
-            for freq, t, e in sweep.rows
+            (stage, kind, clocks[0], t, e)
+            for (stage, kind), rows in self._rows.items()
+            for clocks, t, e, _ in rows
         ]
-
-    def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
-        """Per measured row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
-        return [
-            (stage, kind, row[0], err)
-            for (stage, kind), sweep in self.sweeps.items()
-            for row, err in zip(sweep.rows, sweep.fit_errors, strict=True)
-        ]
-
-    def worst_fit_error(self) -> float:
-        """The largest row uncertainty so far (0 without rows)."""
-        return max((e[3] for e in self.fit_errors()), default=0.0)
-
-    def clocks_profiled(self) -> dict[tuple[int, Kind], int]:
-        """How many clocks each op measured (vs ``len(clocks_mhz)`` without early stop)."""
-        return {op: len(s.rows) for op, s in self.sweeps.items()}
 
 
 def step_row(

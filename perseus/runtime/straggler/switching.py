@@ -104,16 +104,23 @@ def clear_hint(store: Any, pipeline_index: int) -> None:
         store.delete_key(key)
 
 
-def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None:
-    """Pipeline ``pipeline_index``'s declared time and token (``""`` for a value written
-    without one), or None (never blocks)."""
-    key = hint_key(pipeline_index)
+def _read(store: Any, key: str) -> str | None:
+    """The text under ``key``, or None when there is none or it is not UTF-8 (never blocks)."""
     if not store.check([key]):
         return None
     try:
-        fields = store.get(key).decode().split()
+        return str(store.get(key).decode())
+    except UnicodeDecodeError:
+        return None
+
+
+def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None:
+    """Pipeline ``pipeline_index``'s declared time and token (``""`` for a value written
+    without one), or None (never blocks)."""
+    fields = (_read(store, hint_key(pipeline_index)) or "").split()
+    try:
         value = float(fields[0])
-    except (ValueError, UnicodeDecodeError, IndexError):
+    except (ValueError, IndexError):
         return None
     if not (math.isfinite(value) and value > 0):
         return None
@@ -130,13 +137,10 @@ def read_ack(store: Any, pipeline_index: int) -> tuple[str, int | None] | None:
     """The job's last acknowledgement for pipeline ``pipeline_index``: the token it read
     (:data:`CLEARED` after a clear) and the iteration (None if unknown), or None if no job
     ever acknowledged one."""
-    key = ack_key(pipeline_index)
-    if not store.check([key]):
+    text = _read(store, ack_key(pipeline_index))
+    if text is None:
         return None
-    try:
-        token, _, iteration = store.get(key).decode().partition(" ")
-    except UnicodeDecodeError:
-        return None
+    token, _, iteration = text.partition(" ")
     return token, int(iteration) if iteration.isdecimal() else None
 
 
