@@ -389,10 +389,12 @@ def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
     Raises:
         PlanError: naming the file and the field.
     """
+    from perseus.plan import same_figures
+
     regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"
     base = job.evaluate(job.allmax())
     b = frontier.baseline
-    if not (_close(base.time_s, b.time_s) and _close(base.energy_j, b.energy_j)):
+    if not same_figures(base, b):
         raise PlanError(
             f"{source}: field baseline: {b.time_s:.6g} s, {b.energy_j:.6g} J, but all-max on the "
             f"job's profile is {base.time_s:.6g} s, {base.energy_j:.6g} J; {regenerate}"
@@ -405,15 +407,11 @@ def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
             ev = job.evaluate(job.flat(p))
         except PlanError as e:
             raise PlanError(f"{source}: field points.{i}.freqs_mhz: {e}") from None
-        if not (_close(ev.time_s, p.time_s) and _close(ev.energy_j, p.energy_j)):
+        if not same_figures(ev, p):
             raise PlanError(
                 f"{source}: field points.{i}: {p.time_s:.6g} s, {p.energy_j:.6g} J, but its "
                 f"clocks evaluate to {ev.time_s:.6g} s, {ev.energy_j:.6g} J; {regenerate}"
             )
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
 
 
 def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:
