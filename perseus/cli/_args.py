@@ -23,6 +23,7 @@ from perseus.errors import ConfigError
 from perseus.validate import show_value
 
 __all__ = [
+    "add_command",
     "add_output_arg",
     "add_store_command",
     "check_output_dir",
@@ -212,6 +213,19 @@ def message_stream(out: str | os.PathLike[str]) -> TextIO:
     return sys.stderr if writes_to_stdout(out) else sys.stdout
 
 
+def add_command(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """``perseus NAME`` (or an action under a command): its parser, run by ``handler``."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def add_output_arg(
     parser: argparse.ArgumentParser, metavar: str, help: str, default: str | None = None
 ) -> None:
@@ -232,14 +246,13 @@ def add_store_command(
     """``perseus NAME ACTION --store HOST:PORT ...``: a command that reaches a running job's
     TCP store (``straggler``, ``power``); returns each action's parser (``dest``:
     ``<name>_action``)."""
-    p = sub.add_parser(name, help=help_text)
+    p = add_command(sub, name, handler, help_text)
     sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
     sub_actions.required = True
     parsers = {}
     for action, text in actions.items():
         parsers[action] = sub_actions.add_parser(action, help=text)
         _add_job_store_args(parsers[action])
-    p.set_defaults(handler=handler)
     return parsers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import nonempty_arg
+from perseus.cli._args import add_command, nonempty_arg
 from perseus.cli._job_args import (
     CONFIG_FIELDS,
     add_job_arguments,
@@ -24,13 +24,13 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "evaluate",
-        help="time and energy of one iteration under a plan (the job comes from the plan file)",
-        description=(
-            "Evaluate a plan exactly: `perseus evaluate --plan plan.json` (the job the plan "
-            "records), or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`."
-        ),
+        run,
+        "time and energy of one iteration under a plan (the job comes from the plan file)",
+        "Evaluate a plan exactly: `perseus evaluate --plan plan.json` (the job the plan records), "
+        "or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`.",
     )
     add_job_arguments(p)
     p.add_argument(
@@ -38,7 +38,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=nonempty_arg,
         help="plan/frontier JSON (its first point is evaluated; its job is used)",
     )
-    p.set_defaults(handler=run)
 
 
 def _job_flags_given(args: argparse.Namespace) -> list[str]:

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
+from perseus.cli._args import add_command, add_output_arg, check_output_dir, nonempty_arg
 from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
 
@@ -25,7 +25,7 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("report", help="plots and an HTML report for a frontier file")
+    p = add_command(sub, "report", run, "plots and an HTML report for a frontier file")
     p.add_argument(
         "frontier", metavar="FRONTIER.json", help="frontier written by perseus frontier/demo"
     )
@@ -54,7 +54,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="START:STOP:STEP",
         help="straggler slowdown factors (default 1.0:1.5:0.05)",
     )
-    p.set_defaults(handler=run)
 
 
 def _rebuild_job(
