@@ -152,19 +152,12 @@ def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -
         axes[-1].set_xlabel("Time within one iteration (s)")
         bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), pad=0.01, aspect=30)
         bar.set_label("GPU power (W)")
+        op = "op (F forward, B backward, W weight)"
+        blocked = f"blocked, waiting at {lo:g} W"
         axes[0].legend(
             handles=[
-                Patch(
-                    facecolor=cmap(norm(hi)),
-                    edgecolor="black",
-                    label="op (F forward, B backward, W weight)",
-                ),
-                Patch(
-                    facecolor=cmap(norm(lo)),
-                    edgecolor="0.6",
-                    hatch="///",
-                    label=f"blocked, waiting at {lo:g} W",
-                ),
+                Patch(facecolor=cmap(norm(hi)), edgecolor="black", label=op),
+                Patch(facecolor=cmap(norm(lo)), edgecolor="0.6", hatch="///", label=blocked),
             ],
             loc="lower right",
             bbox_to_anchor=(1.0, 1.08),
