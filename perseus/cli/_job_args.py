@@ -30,7 +30,6 @@ __all__ = [
     "add_job_arguments",
     "build_checked_job",
     "check_figures",
-    "check_plan_fits",
     "job_from_args",
     "job_from_frontier",
     "job_int",
@@ -351,7 +350,7 @@ def job_from_frontier(
             f"{source}: field job.profile_sha256: the plan was computed for another job (its "
             f"profile differs from {path}); pass the profile it was computed from ({flag})"
         )
-    check_plan_fits(job, frontier, source)
+    job.check_frontier(frontier, source)
     if verify:
         check_figures(job, frontier, source)
     return job
@@ -412,9 +411,3 @@ def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
                 f"{source}: field points.{i}: {p.time_s:.6g} s, {p.energy_j:.6g} J, but its "
                 f"clocks evaluate to {ev.time_s:.6g} s, {ev.energy_j:.6g} J; {regenerate}"
             )
-
-
-def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:
-    """Raise :class:`~perseus.errors.PlanError`, naming ``source``, unless the file is ``job``'s."""
-    frontier.check_job(job.spec, source=source)
-    job.check_frontier(frontier, source=source)

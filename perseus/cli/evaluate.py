@@ -14,7 +14,6 @@ from perseus.cli._args import add_command, nonempty_arg
 from perseus.cli._job_args import (
     CONFIG_FIELDS,
     add_job_arguments,
-    check_plan_fits,
     job_from_args,
     job_from_frontier,
 )
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         job = job_from_args(args)
         if frontier is not None:
-            check_plan_fits(job, frontier, args.plan)
+            job.check_frontier(frontier, args.plan)
     base = job.evaluate(job.allmax())
     if frontier is None:
         label, ev = "all-max", base
