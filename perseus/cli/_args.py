@@ -25,6 +25,7 @@ from perseus.validate import show_value
 __all__ = [
     "add_command",
     "add_output_arg",
+    "add_path_arg",
     "add_store_command",
     "check_output_dir",
     "check_output_file",
@@ -224,6 +225,14 @@ def add_command(
     parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
     parser.set_defaults(handler=handler)
     return parser
+
+
+def add_path_arg(
+    parser: argparse.ArgumentParser, name: str, metavar: str, help: str, **kwargs: Any
+) -> None:
+    """An input path (or bundled name) argument: ``name`` is a flag or a positional; a blank
+    value is refused as argparse reads it."""
+    parser.add_argument(name, metavar=metavar, type=nonempty_arg, help=help, **kwargs)
 
 
 def add_output_arg(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import float_arg, int_arg, nonempty_arg
+from perseus.cli._args import add_path_arg, float_arg, int_arg
 from perseus.errors import ConfigError, PlanError
 from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, check_job_size, show_value
@@ -125,18 +125,18 @@ _JOB_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
-    parser.add_argument(
+    add_path_arg(
+        parser,
         "profile",
-        metavar="PROFILE",
+        "PROFILE",
+        "profile CSV/JSON, or a bundled name (a100, a40); optional with --config",
         nargs="?",
-        type=nonempty_arg,
-        help="profile CSV/JSON, or a bundled name (a100, a40); optional with --config",
     )
-    parser.add_argument(
+    add_path_arg(
+        parser,
         "--config",
-        metavar="FILE",
-        type=nonempty_arg,
-        help="TOML job config (see configs/); flags given here override its values",
+        "FILE",
+        "TOML job config (see configs/); flags given here override its values",
     )
     parser.add_argument(
         "--schedule",

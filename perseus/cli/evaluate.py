@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import add_command, nonempty_arg
+from perseus.cli._args import add_command, add_path_arg
 from perseus.cli._job_args import (
     CONFIG_FIELDS,
     add_job_arguments,
@@ -32,10 +32,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`.",
     )
     add_job_arguments(p)
-    p.add_argument(
-        "--plan",
-        type=nonempty_arg,
-        help="plan/frontier JSON (its first point is evaluated; its job is used)",
+    add_path_arg(
+        p, "--plan", "PLAN", "plan/frontier JSON (its first point is evaluated; its job is used)"
     )
 
 

@@ -15,9 +15,9 @@ from typing import Any
 from perseus.cli._args import (
     add_command,
     add_output_arg,
+    add_path_arg,
     check_output_file,
     message_stream,
-    nonempty_arg,
 )
 from perseus.cli._job_args import job_int
 from perseus.log import get_logger
@@ -42,9 +42,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "a multiple of the profile's count. An estimate to plan with until you measure.",
     )
     for action in (show, cut):
-        action.add_argument(
-            "profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40"
-        )
+        add_path_arg(action, "profile", "PROFILE", "CSV/JSON or a100/a40")
     cut.add_argument("--stages", type=job_int("stages"), required=True, help="stages of the result")
     add_output_arg(cut, "FILE", "profile to write (.json: perseus's JSON, else CSV)")
 
