@@ -155,10 +155,7 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
 
 
 def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:
-    pairs = [("plan", run.predicted, run.measured)]
-    if run.allmax is not None:
-        pairs.append(("all-max", run.allmax.predicted, run.allmax.measured))
-    for i, (name, pred, meas) in enumerate(pairs):
+    for i, (name, pred, meas) in enumerate(run.pairs):
         x, y = meas.time_s, meas.energy_j * kj
         ax.plot([pred.time_s, x], [pred.energy_j * kj, y], "-", color="tab:orange", lw=1, zorder=6)
         label = "Measured run (X) vs its prediction" if i == 0 else None

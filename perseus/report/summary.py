@@ -191,6 +191,14 @@ class MeasuredRun(BaseModel):
     measured: MeasuredFigures
     allmax: _PredictedMeasured | None = None
 
+    @property
+    def pairs(self) -> list[tuple[str, MeasuredFigures, MeasuredFigures]]:
+        """``(run, predicted, measured)`` of the plan, then of all-max when the run has it."""
+        pairs = [("plan", self.predicted, self.measured)]
+        if self.allmax is not None:
+            pairs.append(("all-max", self.allmax.predicted, self.allmax.measured))
+        return pairs
+
     def check_frontier(self, frontier: Frontier, source: str) -> None:
         """Raise :class:`~perseus.errors.ConfigError` unless this run planned ``frontier``'s job.
 
