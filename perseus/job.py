@@ -125,11 +125,13 @@ class PlanningJob:
             points=tuple(sorted(points, key=lambda p: (p.time_s, p.energy_j))),
         )
 
-    def check_frontier(self, frontier: Frontier, source: str = "plan") -> None:
-        """Raise :class:`PlanError` unless ``frontier`` belongs to this job."""
-        frontier.check_job(self.spec)
+    def check_frontier(self, frontier: Frontier, source: str | None = None) -> None:
+        """Raise :class:`PlanError`, naming ``source``, unless ``frontier`` belongs to this job."""
+        frontier.check_job(self.spec, source=source)
         if frontier.stage_ops != self.schedule.stage_ops():
-            raise PlanError(f"{source}: stage_ops differ from this job's schedule; recompute it")
+            raise PlanError(
+                f"{source or 'plan'}: stage_ops differ from this job's schedule; recompute it"
+            )
 
 
 def make_job(

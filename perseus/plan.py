@@ -33,7 +33,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -49,7 +49,6 @@ __all__ = [
     "MAX_POWER_W",
     "MAX_TIME_S",
     "SCHEMA_VERSION",
-    "SUPPORTED_SCHEMA_VERSIONS",
     "Baseline",
     "ClockMHz",
     "Frontier",
@@ -59,12 +58,10 @@ __all__ = [
     "PointPower",
     "job_range",
     "points_sha256",
+    "same_figures",
 ]
 
 SCHEMA_VERSION: Literal[3] = 3
-#: Versions :class:`Frontier` reads (1 has no ``points_sha256``; 1 and 2 no point ``power``
-#: and no phased ops).
-SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -209,12 +206,12 @@ class PlanPoint(BaseModel):
     def _check_phases(self) -> PlanPoint:
         for r, rank in enumerate(self.freqs_mhz):
             for j, op in enumerate(rank):
-                if isinstance(op, int) or isinstance(op[0], int):
+                if not _is_phased(op):
                     continue
                 firsts = [ph[2] for ph in op]
                 if firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
                     raise ValueError(
-                        f"rank {r} op {j} {_show_op(op)}: phases start at layer 0 and then at "
+                        f"rank {r} op {j} {json.dumps(op)}: phases start at layer 0 and then at "
                         f"increasing layers, got first layers {firsts}"
                     )
         return self
@@ -236,10 +233,15 @@ class PlanPoint(BaseModel):
             ph[1]
             for rank in self.freqs_mhz
             for op in rank
-            if not isinstance(op, int) and not isinstance(op[0], int)
+            if _is_phased(op)
             for ph in op
             if ph[1] is not None
         )
+
+
+def _is_phased(op: PlanOp) -> TypeGuard[tuple[PhaseSpec, ...]]:
+    """Whether ``op`` is a list of phases (neither a clock nor a two-clock op)."""
+    return not isinstance(op, int) and not isinstance(op[0], int)
 
 
 def _switches(op: PlanOp) -> int:
@@ -250,15 +252,19 @@ def _switches(op: PlanOp) -> int:
     return sum(1 for a, b in itertools.pairwise(op) if a[:2] != b[:2])
 
 
-def _show_op(op: PlanOp) -> str:
-    return json.dumps(op)
+class _Figures(Protocol):
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
 
 
-def _has_phases(point: PlanPoint) -> bool:
-    return any(
-        not isinstance(op, int) and not isinstance(op[0], int)
-        for rank in point.freqs_mhz
-        for op in rank
+def same_figures(a: _Figures, b: _Figures) -> bool:
+    """Whether two records' ``time_s`` and ``energy_j`` agree to a relative 1e-6 (figures
+    from the same exact evaluator; a larger gap means another job or an edited file)."""
+    return all(
+        abs(x - y) <= 1e-6 * max(abs(x), abs(y))
+        for x, y in ((a.time_s, b.time_s), (a.energy_j, b.energy_j))
     )
 
 
@@ -309,7 +315,7 @@ class Frontier(BaseModel):
         if self.schema_version < 3 and any(p.power is not None for p in self.points):
             raise ValueError("point power figures need schema_version 3")
         if self.schema_version < 3 and any(
-            p.memory_clocks_mhz or _has_phases(p) for p in self.points
+            _is_phased(op) for p in self.points for rank in p.freqs_mhz for op in rank
         ):
             raise ValueError("phased ops (phase lists) need schema_version 3")
         if self.points_sha256 is not None and self.points_sha256 != points_sha256(self.points):

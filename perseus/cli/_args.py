@@ -23,7 +23,9 @@ from perseus.errors import ConfigError
 from perseus.validate import show_value
 
 __all__ = [
+    "add_command",
     "add_output_arg",
+    "add_path_arg",
     "add_store_command",
     "check_output_dir",
     "check_output_file",
@@ -212,6 +214,27 @@ def message_stream(out: str | os.PathLike[str]) -> TextIO:
     return sys.stderr if writes_to_stdout(out) else sys.stdout
 
 
+def add_command(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """``perseus NAME`` (or an action under a command): its parser, run by ``handler``."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_path_arg(
+    parser: argparse.ArgumentParser, name: str, metavar: str, help: str, **kwargs: Any
+) -> None:
+    """An input path (or bundled name) argument: ``name`` is a flag or a positional; a blank
+    value is refused as argparse reads it."""
+    parser.add_argument(name, metavar=metavar, type=nonempty_arg, help=help, **kwargs)
+
+
 def add_output_arg(
     parser: argparse.ArgumentParser, metavar: str, help: str, default: str | None = None
 ) -> None:
@@ -232,14 +255,13 @@ def add_store_command(
     """``perseus NAME ACTION --store HOST:PORT ...``: a command that reaches a running job's
     TCP store (``straggler``, ``power``); returns each action's parser (``dest``:
     ``<name>_action``)."""
-    p = sub.add_parser(name, help=help_text)
+    p = add_command(sub, name, handler, help_text)
     sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
     sub_actions.required = True
     parsers = {}
     for action, text in actions.items():
         parsers[action] = sub_actions.add_parser(action, help=text)
         _add_job_store_args(parsers[action])
-    p.set_defaults(handler=handler)
     return parsers
 
 

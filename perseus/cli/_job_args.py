@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import float_arg, int_arg, nonempty_arg
+from perseus.cli._args import add_path_arg, float_arg, int_arg
 from perseus.errors import ConfigError, PlanError
 from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, check_job_size, show_value
@@ -30,7 +30,6 @@ __all__ = [
     "add_job_arguments",
     "build_checked_job",
     "check_figures",
-    "check_plan_fits",
     "job_from_args",
     "job_from_frontier",
     "job_int",
@@ -126,18 +125,18 @@ _JOB_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
-    parser.add_argument(
+    add_path_arg(
+        parser,
         "profile",
-        metavar="PROFILE",
+        "PROFILE",
+        "profile CSV/JSON, or a bundled name (a100, a40); optional with --config",
         nargs="?",
-        type=nonempty_arg,
-        help="profile CSV/JSON, or a bundled name (a100, a40); optional with --config",
     )
-    parser.add_argument(
+    add_path_arg(
+        parser,
         "--config",
-        metavar="FILE",
-        type=nonempty_arg,
-        help="TOML job config (see configs/); flags given here override its values",
+        "FILE",
+        "TOML job config (see configs/); flags given here override its values",
     )
     parser.add_argument(
         "--schedule",
@@ -351,7 +350,7 @@ def job_from_frontier(
             f"{source}: field job.profile_sha256: the plan was computed for another job (its "
             f"profile differs from {path}); pass the profile it was computed from ({flag})"
         )
-    check_plan_fits(job, frontier, source)
+    job.check_frontier(frontier, source)
     if verify:
         check_figures(job, frontier, source)
     return job
@@ -389,10 +388,12 @@ def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
     Raises:
         PlanError: naming the file and the field.
     """
+    from perseus.plan import same_figures
+
     regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"
     base = job.evaluate(job.allmax())
     b = frontier.baseline
-    if not (_close(base.time_s, b.time_s) and _close(base.energy_j, b.energy_j)):
+    if not same_figures(base, b):
         raise PlanError(
             f"{source}: field baseline: {b.time_s:.6g} s, {b.energy_j:.6g} J, but all-max on the "
             f"job's profile is {base.time_s:.6g} s, {base.energy_j:.6g} J; {regenerate}"
@@ -405,18 +406,8 @@ def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
             ev = job.evaluate(job.flat(p))
         except PlanError as e:
             raise PlanError(f"{source}: field points.{i}.freqs_mhz: {e}") from None
-        if not (_close(ev.time_s, p.time_s) and _close(ev.energy_j, p.energy_j)):
+        if not same_figures(ev, p):
             raise PlanError(
                 f"{source}: field points.{i}: {p.time_s:.6g} s, {p.energy_j:.6g} J, but its "
                 f"clocks evaluate to {ev.time_s:.6g} s, {ev.energy_j:.6g} J; {regenerate}"
             )
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
-
-
-def check_plan_fits(job: PlanningJob, frontier: Frontier, source: str) -> None:
-    """Raise :class:`~perseus.errors.PlanError`, naming ``source``, unless the file is ``job``'s."""
-    frontier.check_job(job.spec, source=source)
-    job.check_frontier(frontier, source=source)

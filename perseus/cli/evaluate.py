@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import nonempty_arg
+from perseus.cli._args import add_command, add_path_arg
 from perseus.cli._job_args import (
     CONFIG_FIELDS,
     add_job_arguments,
-    check_plan_fits,
     job_from_args,
     job_from_frontier,
 )
@@ -24,21 +23,18 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "evaluate",
-        help="time and energy of one iteration under a plan (the job comes from the plan file)",
-        description=(
-            "Evaluate a plan exactly: `perseus evaluate --plan plan.json` (the job the plan "
-            "records), or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`."
-        ),
+        run,
+        "time and energy of one iteration under a plan (the job comes from the plan file)",
+        "Evaluate a plan exactly: `perseus evaluate --plan plan.json` (the job the plan records), "
+        "or `perseus evaluate PROFILE --microbatches N [--plan plan.json]`.",
     )
     add_job_arguments(p)
-    p.add_argument(
-        "--plan",
-        type=nonempty_arg,
-        help="plan/frontier JSON (its first point is evaluated; its job is used)",
+    add_path_arg(
+        p, "--plan", "PLAN", "plan/frontier JSON (its first point is evaluated; its job is used)"
     )
-    p.set_defaults(handler=run)
 
 
 def _job_flags_given(args: argparse.Namespace) -> list[str]:
@@ -67,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         job = job_from_args(args)
         if frontier is not None:
-            check_plan_fits(job, frontier, args.plan)
+            job.check_frontier(frontier, args.plan)
     base = job.evaluate(job.allmax())
     if frontier is None:
         label, ev = "all-max", base

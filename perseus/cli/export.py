@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_output_arg, check_output_dir, float_arg
+from perseus.cli._args import add_command, add_output_arg, check_output_dir, float_arg
 from perseus.errors import ConfigError
 from perseus.validate import show_value
 
@@ -23,7 +23,7 @@ _FORMATS = ("zeus-pfo",)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("export", help="write a plan for another stack (Zeus PFO server)")
+    p = add_command(sub, "export", run, "write a plan for another stack (Zeus PFO server)")
     p.add_argument("frontier", metavar="FRONTIER.json", help="frontier or plan file")
     p.add_argument("--format", required=True, choices=_FORMATS, help="output format")
     add_output_arg(p, "DIR", "output directory (replaced atomically)")
@@ -40,7 +40,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="T",
         help="the cheapest plan whose iteration time is at most T seconds",
     )
-    p.set_defaults(handler=run)
 
 
 def select_point(

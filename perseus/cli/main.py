@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import re
 import sys
 from collections.abc import Sequence
 
 from perseus import __version__
-from perseus.cli import _commands
 from perseus.errors import ConfigError, PerseusError
 from perseus.log import LOG_LEVELS, configure_logging, get_logger, rank_from_env
 from perseus.validate import clip_message
 
 logger = get_logger(__name__)
 
-__all__ = ["EXTRAS", "PARAMETER_FLAGS", "build_parser", "entry", "main"]
+__all__ = ["COMMANDS", "EXTRAS", "PARAMETER_FLAGS", "build_parser", "entry", "main"]
 
 #: Library parameter names whose flag is named otherwise (used where the command has the flag).
 PARAMETER_FLAGS: dict[str, str] = {
@@ -40,6 +40,25 @@ PARAMETER_FLAGS: dict[str, str] = {
 
 #: Optional packages -> the extra that installs them (pyproject's optional-dependencies).
 EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
+
+#: The subcommand modules, each with one ``register(subparsers)``, in `perseus --help` order.
+#: Each imports its own heavy dependencies lazily, inside ``run``.
+COMMANDS = (
+    "demo",
+    "frontier",
+    "plan",
+    "evaluate",
+    "report",
+    "export",
+    "straggler_sweep",
+    "straggler",
+    "power",
+    "profile",
+    "device",
+    "recurring",
+    "fleet",
+    "doctor",
+)
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
@@ -62,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"perseus {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for register in _commands.REGISTRY:
-        register(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"perseus.cli.{name}").register(sub)
     _add_logging_flags(parser)
     return parser
 

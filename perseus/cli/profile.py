@@ -12,7 +12,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import add_output_arg, check_output_file, message_stream, nonempty_arg
+from perseus.cli._args import (
+    add_command,
+    add_output_arg,
+    add_path_arg,
+    check_output_file,
+    message_stream,
+)
 from perseus.cli._job_args import job_int
 from perseus.log import get_logger
 
@@ -25,22 +31,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("profile", help="show a profile, or re-cut it to another stage count")
     actions = p.add_subparsers(dest="profile_action", metavar="ACTION", parser_class=type(p))
     actions.required = True
-    show = actions.add_parser("show", help="stages, instructions and clocks of a profile")
-    show.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
-    show.set_defaults(handler=run)
-    cut = actions.add_parser(
+    show = add_command(actions, "show", run, "stages, instructions and clocks of a profile")
+    cut = add_command(
+        actions,
         "slice",
-        help="merge (or evenly split) stages: a profile for a model with another stage count",
-        description=(
-            "Write PROFILE re-cut to --stages stages: contiguous stages are merged (times and "
-            "energies added at each common clock), or each stage split evenly when --stages is "
-            "a multiple of the profile's count. An estimate to plan with until you measure."
-        ),
+        run,
+        "merge (or evenly split) stages: a profile for a model with another stage count",
+        "Write PROFILE re-cut to --stages stages: contiguous stages are merged (times and "
+        "energies added at each common clock), or each stage split evenly when --stages is "
+        "a multiple of the profile's count. An estimate to plan with until you measure.",
     )
-    cut.add_argument("profile", metavar="PROFILE", type=nonempty_arg, help="CSV/JSON or a100/a40")
+    for action in (show, cut):
+        add_path_arg(action, "profile", "PROFILE", "CSV/JSON or a100/a40")
     cut.add_argument("--stages", type=job_int("stages"), required=True, help="stages of the result")
     add_output_arg(cut, "FILE", "profile to write (.json: perseus's JSON, else CSV)")
-    cut.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

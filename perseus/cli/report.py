@@ -13,7 +13,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
+from perseus.cli._args import (
+    add_command,
+    add_output_arg,
+    add_path_arg,
+    check_output_dir,
+)
 from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
 
@@ -25,22 +30,22 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("report", help="plots and an HTML report for a frontier file")
+    p = add_command(sub, "report", run, "plots and an HTML report for a frontier file")
     p.add_argument(
         "frontier", metavar="FRONTIER.json", help="frontier written by perseus frontier/demo"
     )
     add_output_arg(p, "DIR", "report directory (replaced atomically)")
-    p.add_argument(
+    add_path_arg(
+        p,
         "--summary",
-        metavar="RUN.json",
-        type=nonempty_arg,
-        help="an emulated or real run's summary (of this frontier's job): adds predicted vs measured",
+        "RUN.json",
+        "an emulated or real run's summary (of this frontier's job): adds predicted vs measured",
     )
-    p.add_argument(
+    add_path_arg(
+        p,
         "--profile",
-        metavar="PROFILE",
-        type=nonempty_arg,
-        help="profile the frontier was computed from (default: the bundled one it names)",
+        "PROFILE",
+        "profile the frontier was computed from (default: the bundled one it names)",
     )
     p.add_argument(
         "--pipelines",
@@ -54,7 +59,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="START:STOP:STEP",
         help="straggler slowdown factors (default 1.0:1.5:0.05)",
     )
-    p.set_defaults(handler=run)
 
 
 def _rebuild_job(

@@ -292,29 +292,18 @@ def run(args: argparse.Namespace) -> int:
             lambda: set_hint(store, args.pipeline, args.time_s),
         )
         what = f"delivered: {key} = {args.time_s:g} s"
-
-        def accept(seen: str) -> bool:
-            return seen == token
-
     else:
         before = within(
-            args.timeout_s,
-            "clearing the hint",
-            args.store,
-            lambda: _clear(store, args.pipeline),
+            args.timeout_s, "clearing the hint", args.store, lambda: _clear(store, args.pipeline)
         )
-        what = f"{key} cleared"
+        what, token = f"{key} cleared", CLEARED
         if before is None or before[0] == CLEARED:
             print(f"{what} (no running job had a hint for pipeline {args.pipeline} in effect)")
             return 0
-
-        def accept(seen: str) -> bool:
-            return seen == CLEARED
-
     return await_ack(
         args,
         what,
         lambda: read_ack(store, args.pipeline),
-        accept,
+        lambda seen: seen == token,
         "a job started with straggler hints reads them on global rank 0 at each iteration boundary",
     )

@@ -12,7 +12,13 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_output_arg, check_output_file, int_arg, message_stream
+from perseus.cli._args import (
+    add_command,
+    add_output_arg,
+    check_output_file,
+    int_arg,
+    message_stream,
+)
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -22,9 +28,11 @@ __all__ = ["format_sweep", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "straggler-sweep",
-        help="what-if: energy saving with one straggling pipeline, for each slowdown factor",
+        run,
+        "what-if: energy saving with one straggling pipeline, for each slowdown factor",
     )
     p.add_argument("frontier", metavar="FRONTIER.json", help="one pipeline's frontier")
     p.add_argument(
@@ -43,7 +51,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_output_arg(
         p, "FILE", "JSON table (default straggler-sweep.json)", default="straggler-sweep.json"
     )
-    p.set_defaults(handler=run)
 
 
 def format_sweep(cases: tuple[StragglerCase, ...] | list[StragglerCase]) -> str:

@@ -10,12 +10,9 @@ from perseus.validate import show_value
 
 __all__ = ["describe_os_error", "describe_validation_error"]
 
-_SHAPES = {
-    "tuple_type": "Input should be a valid array",
-    "list_type": "Input should be a valid array",
-    "model_type": "Input should be an object",
-    "dict_type": "Input should be an object",
-}
+# Documents are validated as Python values; speak of their JSON/TOML shapes.
+_ARRAY, _OBJECT = "Input should be a valid array", "Input should be an object"
+_SHAPES = {"tuple_type": _ARRAY, "list_type": _ARRAY, "model_type": _OBJECT, "dict_type": _OBJECT}
 
 
 def describe_validation_error(
@@ -29,7 +26,6 @@ def describe_validation_error(
     first = errors[0]
     where = ".".join(str(p) for p in (*loc, *first["loc"])) or "<root>"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    # Documents are validated as Python values; speak of their JSON/TOML shapes.
     msg = _SHAPES.get(first["type"], first["msg"])
     got = ""
     if first["type"] not in ("missing", "json_invalid") and "input" in first:

@@ -37,15 +37,11 @@ else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
 __all__ = [
-    "CONFIG_SCHEMA_VERSION",
     "JobConfig",
     "describe_job_error",
     "read_job_config",
     "resolve_config_profile",
 ]
-
-CONFIG_SCHEMA_VERSION = 1
-
 
 class JobConfig(BaseModel):
     """One planning job as written in a TOML config (see the module docstring), or as given by

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.axes import Axes
 
-from perseus.plan import Frontier, PlanPoint
+from perseus.plan import Baseline, Frontier, PlanPoint
 from perseus.report._figure import new_figure, report_style, to_png
 from perseus.report.summary import MeasuredRun
 
@@ -67,24 +67,19 @@ def plot_frontier(
         return to_png(fig)
 
 
+def _xy(points: Sequence[Baseline | PlanPoint], kj: float) -> tuple[list[float], list[float]]:
+    """Times (s) and energies (kJ with ``kj`` = 1e-3) of ``points``, for ``ax.plot``."""
+    return [p.time_s for p in points], [p.energy_j * kj for p in points]
+
+
 def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint], kj: float) -> None:
     # Every setting as a dot; the line joins only the efficient ones (on power-capped GPUs
     # many clocks run equally fast, and a line through all of them zigzags).
     gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
-    ax.plot(
-        [p.time_s for p in gc], [p.energy_j * kj for p in gc], ".", color="tab:gray", ms=5, zorder=2
-    )
+    ax.plot(*_xy(gc, kj), ".", color="tab:gray", ms=5, zorder=2)
     efficient = [p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])]
-    ax.plot(
-        [p.time_s for p in efficient],
-        [p.energy_j * kj for p in efficient],
-        "--",
-        color="tab:gray",
-        marker=".",
-        lw=1.2,
-        label="Global clock, every setting (line: efficient ones)",
-        zorder=2,
-    )
+    label = "Global clock, every setting (line: efficient ones)"
+    ax.plot(*_xy(efficient, kj), "--", color="tab:gray", marker=".", lw=1.2, label=label, zorder=2)
 
 
 def _draw_plans(
@@ -92,25 +87,15 @@ def _draw_plans(
 ) -> None:
     """The frontier up to T*, the all-max star and the other baselines."""
     useful = [p for p in frontier.points if p.time_s <= frontier.min_energy.time_s]
-    ax.plot(
-        [p.time_s for p in useful],
-        [p.energy_j * kj for p in useful],
-        "-o",
-        color="tab:blue",
-        ms=3,
-        lw=2.2,
-        label=f"Perseus frontier ({len(useful)} plans)",
-        zorder=4,
-    )
-    base = frontier.baseline
+    label = f"Perseus frontier ({len(useful)} plans)"
+    ax.plot(*_xy(useful, kj), "-o", color="tab:blue", ms=3, lw=2.2, label=label, zorder=4)
     label = BASELINE_LABELS["all-max"]
-    ax.plot([base.time_s], [base.energy_j * kj], "*", color="black", ms=16, label=label, zorder=6)
+    ax.plot(*_xy([frontier.baseline], kj), "*", color="black", ms=16, label=label, zorder=6)
     for name, p in baselines.items():
         if name == "all-max":
             continue
         ax.plot(
-            [p.time_s],
-            [p.energy_j * kj],
+            *_xy([p], kj),
             _MARKERS.get(name, "o"),
             color=_COLORS.get(name, "tab:brown"),
             ms=10,
@@ -170,31 +155,14 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
 
 
 def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:
-    pairs = [("plan", run.predicted, run.measured)]
-    if run.allmax is not None:
-        pairs.append(("all-max", run.allmax.predicted, run.allmax.measured))
-    for i, (name, pred, meas) in enumerate(pairs):
-        ax.plot(
-            [pred.time_s, meas.time_s],
-            [pred.energy_j * kj, meas.energy_j * kj],
-            "-",
-            color="tab:orange",
-            lw=1,
-            zorder=6,
-        )
-        ax.plot(
-            [meas.time_s],
-            [meas.energy_j * kj],
-            "X",
-            color="tab:orange",
-            ms=11,
-            mec="black",
-            label="Measured run (X) vs its prediction" if i == 0 else None,
-            zorder=7,
-        )
+    for i, (name, pred, meas) in enumerate(run.pairs):
+        x, y = meas.time_s, meas.energy_j * kj
+        ax.plot([pred.time_s, x], [pred.energy_j * kj, y], "-", color="tab:orange", lw=1, zorder=6)
+        label = "Measured run (X) vs its prediction" if i == 0 else None
+        ax.plot([x], [y], "X", color="tab:orange", ms=11, mec="black", label=label, zorder=7)
         ax.annotate(
             f"measured {name}",
-            (meas.time_s, meas.energy_j * kj),
+            (x, y),
             xytext=(6, -12),
             textcoords="offset points",
             fontsize=9,

@@ -190,9 +190,7 @@ def _sweep_table(sweep: Sequence[StragglerCase]) -> str:
 
 
 def _measured_table(measured: MeasuredRun) -> str:
-    rows = [_measured_row("plan", measured.predicted, measured.measured)]
-    if measured.allmax is not None:
-        rows.append(_measured_row("all-max", measured.allmax.predicted, measured.allmax.measured))
+    rows = [_measured_row(*pair) for pair in measured.pairs]
     headers = ["run", "predicted time (s)", "measured time (s)", "error"]
     return _table([*headers, "predicted energy (kJ)", "measured energy (kJ)", "error"], rows)
 

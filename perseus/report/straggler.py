@@ -28,24 +28,10 @@ def plot_straggler(
     with report_style():
         fig = new_figure()
         ax = fig.add_subplot()
-        ax.plot(
-            xs,
-            total,
-            "-o",
-            color="tab:blue",
-            lw=2.2,
-            ms=5,
-            label="vs all-max everywhere (Perseus total)",
-        )
-        ax.plot(
-            xs,
-            extrinsic,
-            "--s",
-            color="tab:green",
-            lw=1.8,
-            ms=4,
-            label="vs fastest Perseus plan everywhere (from slowing non-stragglers)",
-        )
+        label = "vs all-max everywhere (Perseus total)"
+        ax.plot(xs, total, "-o", color="tab:blue", lw=2.2, ms=5, label=label)
+        label = "vs fastest Perseus plan everywhere (from slowing non-stragglers)"
+        ax.plot(xs, extrinsic, "--s", color="tab:green", lw=1.8, ms=4, label=label)
         if xs[0] <= s_star <= xs[-1]:
             ax.axvline(s_star, color="tab:red", ls=":", lw=1.2)
             ax.text(

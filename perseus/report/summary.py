@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
-from perseus.plan import Frontier, JobSpec, PlanPoint
+from perseus.plan import Frontier, JobSpec, PlanPoint, same_figures
 from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = [
@@ -191,6 +191,14 @@ class MeasuredRun(BaseModel):
     measured: MeasuredFigures
     allmax: _PredictedMeasured | None = None
 
+    @property
+    def pairs(self) -> list[tuple[str, MeasuredFigures, MeasuredFigures]]:
+        """``(run, predicted, measured)`` of the plan, then of all-max when the run has it."""
+        pairs = [("plan", self.predicted, self.measured)]
+        if self.allmax is not None:
+            pairs.append(("all-max", self.allmax.predicted, self.allmax.measured))
+        return pairs
+
     def check_frontier(self, frontier: Frontier, source: str) -> None:
         """Raise :class:`~perseus.errors.ConfigError` unless this run planned ``frontier``'s job.
 
@@ -208,26 +216,20 @@ class MeasuredRun(BaseModel):
             frontier.check_job(spec, source=source)
         if self.allmax is not None:
             got, want = self.allmax.predicted, frontier.baseline
-            if not (_close(got.time_s, want.time_s) and _close(got.energy_j, want.energy_j)):
+            if not same_figures(got, want):
                 raise ConfigError(
                     f"{source}: field allmax.predicted: {got.time_s:.6g} s, {got.energy_j:.6g} J, "
                     f"but the frontier's all-max is {want.time_s:.6g} s, {want.energy_j:.6g} J: "
                     "the run planned another job; pass the frontier that run used"
                 )
         p = self.predicted
-        base = frontier.baseline
-        candidates: list[tuple[float, float]] = [(q.time_s, q.energy_j) for q in frontier.points]
-        candidates.append((base.time_s, base.energy_j))
         if (
             self.job is None
             and self.allmax is None
-            and not any(_close(p.time_s, t) and _close(p.energy_j, e) for t, e in candidates)
+            and not same_figures(p, frontier.baseline)
+            and not any(same_figures(p, q) for q in frontier.points)
         ):
             raise ConfigError(
                 f"{source}: field predicted: {p.time_s:.6g} s, {p.energy_j:.6g} J is no point of "
                 "the frontier: the run planned another job; pass the frontier that run used"
             )
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))

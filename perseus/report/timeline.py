@@ -120,15 +120,8 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
         for i in ids:
             width = float(tl.end_s[i] - tl.start_s[i])
             if width > 0.008 * t_max:
-                ax.text(
-                    float(tl.start_s[i]) + width / 2,
-                    r,
-                    _KIND_LETTERS[int(tl.kind[i])],
-                    ha="center",
-                    va="center",
-                    fontsize=6,
-                    color="black",
-                )
+                x, letter = float(tl.start_s[i]) + width / 2, _KIND_LETTERS[int(tl.kind[i])]
+                ax.text(x, r, letter, ha="center", va="center", fontsize=6, color="black")
     idle = sum(w for r in range(tl.num_ranks) for _, w in _idle_segments(tl, r))
     ax.set_title(
         f"{tl.label}: {tl.time_s:.3f} s, {tl.energy_j / 1e3:.2f} kJ, "
@@ -159,19 +152,12 @@ def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -
         axes[-1].set_xlabel("Time within one iteration (s)")
         bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), pad=0.01, aspect=30)
         bar.set_label("GPU power (W)")
+        op = "op (F forward, B backward, W weight)"
+        blocked = f"blocked, waiting at {lo:g} W"
         axes[0].legend(
             handles=[
-                Patch(
-                    facecolor=cmap(norm(hi)),
-                    edgecolor="black",
-                    label="op (F forward, B backward, W weight)",
-                ),
-                Patch(
-                    facecolor=cmap(norm(lo)),
-                    edgecolor="0.6",
-                    hatch="///",
-                    label=f"blocked, waiting at {lo:g} W",
-                ),
+                Patch(facecolor=cmap(norm(hi)), edgecolor="black", label=op),
+                Patch(facecolor=cmap(norm(lo)), edgecolor="0.6", hatch="///", label=blocked),
             ],
             loc="lower right",
             bbox_to_anchor=(1.0, 1.08),

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from perseus.cli import _commands
 from perseus.cli._progress import COMPILE_PHASE, progress_bar
-from perseus.cli.main import build_parser, main
+from perseus.cli.main import COMMANDS, build_parser, main
 from perseus.io import read_frontier
 from perseus.log import configure_logging, get_logger, phase
 
@@ -30,7 +29,7 @@ def _reset_logging() -> None:
 def test_bare_perseus_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     out = capsys.readouterr().out
-    for name in _commands._MODULES:
+    for name in COMMANDS:
         assert name.replace("_", "-") in out
 
 

@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.io import atomic_directory, atomic_write_text
-from perseus.io.atomic import atomic_write_bytes, check_output_directory, check_output_path
+from perseus.io.atomic import (
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output_directory,
+    check_output_path,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
