@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,15 +169,9 @@ def _said(what: str, locked_mhz: int | None, done: dict[str, Any]) -> str:
     return f"{what}: " + "; ".join(parts)
 
 
-def _clock_range(clocks: tuple[int, ...]) -> str:
-    if not clocks:
-        return "none"
-    steps = {a - b for a, b in itertools.pairwise(clocks)}
-    step = f", step {steps.pop()}" if len(steps) == 1 else ""
-    return f"{len(clocks)} values, {clocks[0]}-{clocks[-1]} MHz{step}"
-
-
 def _show(info: DeviceInfo) -> None:
+    from perseus.cli._doctor_checks import clock_range
+
     lock = (
         "unknown to other processes (NVML cannot read locks back)"
         if not info.lock_known
@@ -197,7 +190,7 @@ def _show(info: DeviceInfo) -> None:
             owner += f"; not at its defaults: run `perseus device reset {target}`"
     control = "can lock clocks" if info.can_lock else "observe-only"
     print(f"  [{info.index}] {info.name}  {info.uuid}")
-    print(f"      clocks: {_clock_range(info.clocks_mhz)}")
+    print(f"      clocks: {clock_range(info.clocks_mhz)}")
     print(f"      privilege: {control} ({info.privilege})")
     now = "" if info.current_clock_mhz is None else f"; now {info.current_clock_mhz} MHz"
     print(f"      lock: {lock}; owner: {owner}{now}")
@@ -227,6 +220,7 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 
 def _info(sim_dir: Path | None) -> int:
+    from perseus.cli._doctor_checks import first_line
     from perseus.device.discovery import nvml_devices, simulated_devices
     from perseus.device.nvml import NvmlUnavailableError
     from perseus.device.presets import PRESETS
@@ -246,8 +240,7 @@ def _info(sim_dir: Path | None) -> int:
         print("no NVIDIA driver found; showing simulated GPUs")
         real = None
     except Exception as e:  # any probe failure: one line, never a traceback
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"NVML failed ({first}); showing simulated GPUs")
+        print(f"NVML failed ({first_line(e)}); showing simulated GPUs")
         real = None
     if real is not None:
         print(f"NVIDIA GPUs ({len(real)}):")
