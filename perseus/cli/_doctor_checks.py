@@ -421,8 +421,9 @@ def check_power(gpu: NvmlGPU) -> Check:
         ("default_power_limit_w", "nvmlDeviceGetPowerManagementDefaultLimit"),
         ("enforced_power_limit_w", "nvmlDeviceGetEnforcedPowerLimit"),
     ):
-        with contextlib.suppress(Exception):
-            data[key] = int(gpu.query(function)) / 1000.0
+        figure = gpu.query_w(function)
+        if figure is not None:
+            data[key] = figure
     reasons: tuple[str, ...] = ()
     with contextlib.suppress(Exception):
         reasons = clock_event_names(gpu.clock_event_reasons())

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import float_arg
-from perseus.errors import ConfigError, DeviceError
+from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.device.discovery import DeviceInfo
-    from perseus.device.nvml import NvmlGPU
 
 __all__ = ["register", "run"]
 
@@ -91,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
             with NvmlGPU(args.uuid) as gpu:
 
                 def reset_nvml() -> dict[str, Any]:
-                    before_w = _limit_w(gpu)
+                    before_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
                     gpu.reset_locked_clock()
                     gpu.reset_power_limit()
-                    after_w = _limit_w(gpu)
+                    after_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
                     changed = before_w is not None and before_w != after_w
                     return {"power_limit_w": (before_w, after_w)} if changed else {}
 
@@ -108,12 +107,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"simulated GPU {args.index}: slowdown {args.factor:g}")
         return 0
     raise ConfigError(f"unknown device action {command!r}")  # argparse prevents this
-
-
-def _limit_w(gpu: NvmlGPU) -> float | None:
-    with contextlib.suppress(DeviceError):
-        return float(gpu.query("nvmlDeviceGetPowerManagementLimit")) / 1000.0
-    return None
 
 
 def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False) -> dict[str, Any]:

@@ -284,14 +284,11 @@ class NvmlGPU:
         """Which GPU this is, as profiles and plans record it: name, architecture, clock
         list and default power limit (None when NVML does not say)."""
         self._h()
-        default_w: float | None = None
-        with contextlib.suppress(DeviceError, AttributeError):
-            default_w = int(self.query("nvmlDeviceGetPowerManagementDefaultLimit")) / 1000.0
         return GpuIdentity(
             name=self._name,
             architecture=architecture_name(self._arch),
             clocks_mhz=self._clocks,
-            default_power_limit_w=default_w or None,
+            default_power_limit_w=self.query_w("nvmlDeviceGetPowerManagementDefaultLimit") or None,
         )
 
     def snap_clock_mhz(self, freq_mhz: int) -> int:
@@ -452,6 +449,14 @@ class NvmlGPU:
         an observe-only GPU refuses any function that would change the device.
         """
         return call_nvml(self._opened_api(), function, self._h(), *args, what=self._what())
+
+    def query_w(self, function: str) -> float | None:
+        """A power figure NVML gives in milliwatts (``nvmlDeviceGetPowerManagementLimit``,
+        ``...DefaultLimit``, ``nvmlDeviceGetEnforcedPowerLimit``), in watts; None when this
+        GPU or NVML does not say."""
+        with contextlib.suppress(DeviceError, AttributeError):
+            return int(self.query(function)) / 1000.0
+        return None
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of
