@@ -12,7 +12,7 @@ clock change, event query), which is exact because clock changes and launches on
 happen *now*: the past never changes. After a change the stream rewrites the device's planned
 segments in the shared state file, so every process reads the same energy counter.
 
-The stream reaches its device only through :class:`StreamDevice` (a protocol: the clock, the
+The stream reaches its device only through :class:`StreamDevice` (a view: the clock, the
 op prices, the counter's parameters, the shared state), and reads the time and waits on the
 device's :class:`~perseus.device.clock.Clock`: on a virtual clock the whole stream is
 deterministic. The first event recorded after a launch marks that op's end even when the host
@@ -154,7 +154,7 @@ _Item = _Op | _Wait | SimEvent
 
 class SimStream:
     """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`,
-    which it reaches only through the :class:`StreamDevice` protocol).
+    which it reaches only through its :class:`StreamDevice` view).
 
     Thread-safe: the training thread launches and records, the clock worker sets clocks and
     queries events. One re-entrant lock serves every stream of the process (a stream waiting
