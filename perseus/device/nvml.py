@@ -199,12 +199,8 @@ class NvmlGPU:
         reason: str | None = None
         if arch < _ARCH_VOLTA:
             reason = f"architecture {arch} is older than Volta"
-        mem_clocks = call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what)
-        self._mem_clocks = tuple(sorted({int(c) for c in mem_clocks}, reverse=True))
         self._arch = int(arch)
-        mem = max(mem_clocks)
-        clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
-        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        self._read_clocks(nvml, handle, what)
         if not self._clocks:
             raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
         if not self.control:
@@ -310,7 +306,7 @@ class NvmlGPU:
         self._require_control("lock clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
-            self._lock_sm(handle, snapped)
+            self._lock_sm(snapped)
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
@@ -320,17 +316,23 @@ class NvmlGPU:
         self._locked = snapped
         return snapped
 
-    def _lock_sm(self, handle: Any, freq_mhz: int) -> None:
+    def _read_clocks(self, nvml: Any, handle: Any, what: str = "") -> None:
+        """Read the memory clocks, then the SM clocks at the highest memory clock."""
+        mem_clocks = call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what)
+        self._mem_clocks = tuple(sorted({int(c) for c in mem_clocks}, reverse=True))
+        mem = self._mem_clocks[0]
+        clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
+        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+
+    def _lock_sm(self, freq_mhz: int) -> None:
         self.query("nvmlDeviceSetGpuLockedClocks", freq_mhz, freq_mhz)
 
     def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
         """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
-        mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
-        clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
-        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        self._read_clocks(self._api, handle)
         retry = self.snap_clock_mhz(freq_mhz)
         try:
-            self._lock_sm(handle, retry)
+            self._lock_sm(retry)
         except DeviceError as again:
             raise DeviceError(
                 f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
