@@ -235,14 +235,10 @@ def read_owner_pid(path: Path) -> int | None:
 # Resetting a GPU from another process (watchdog, next owner)
 
 
-def _sibling(name: str) -> ModuleType:
-    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path."""
-    if __name__ == "perseus.device.ownership":
-        return importlib.import_module(f"perseus.device.{name}")
-    key = f"_perseus_{name}"
+def _load_file(key: str, path: str | Path) -> ModuleType:
+    """The module in file ``path``, loaded once under ``sys.modules[key]``."""
     if key in sys.modules:
         return sys.modules[key]
-    path = Path(__file__).resolve().parent / f"{name}.py"
     spec = importlib.util.spec_from_file_location(key, path)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
         raise ImportError(path)
@@ -252,8 +248,49 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-#: Each backend owns its reset: ``backend -> (module beside this one, function(spec) -> restored)``.
-_RESETS = {"sim": ("sim_state", "reset_file"), "nvml": ("nvml_reset", "reset_device")}
+def _sibling(name: str) -> ModuleType:
+    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path."""
+    if __name__ == "perseus.device.ownership":
+        return importlib.import_module(f"perseus.device.{name}")
+    return _load_file(f"_perseus_{name}", Path(__file__).resolve().parent / f"{name}.py")
+
+
+def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
+    """The NVML backend's reset of GPU ``spec["uuid"]``: ``nvmlDeviceResetGpuLockedClocks``,
+    ``nvmlDeviceResetMemoryLockedClocks`` when ``spec["memory_clocks"]`` (a GDDR board whose
+    memory clock may be locked), and the power limit back to
+    ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs: NVML's *default* limit, never
+    the limit found at open (a rank may have lowered it before perseus opened the GPU).
+
+    ``pynvml`` is imported when called; or the NVML module file an owner was given instead
+    (``spec["nvml_module_path"]``: a test's fake shared across processes, named by the owner
+    in the spec it hands its own watchdog).
+
+    Raises:
+        Exception: whatever NVML raised (callers log it).
+    """
+    module_path = spec.get("nvml_module_path")
+    nvml = (
+        _load_file("_perseus_nvml_module", module_path)
+        if module_path
+        else importlib.import_module("pynvml")
+    )
+    restored: dict[str, Any] = {}
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
+        nvml.nvmlDeviceResetGpuLockedClocks(handle)
+        if spec.get("memory_clocks"):
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlDeviceResetMemoryLockedClocks(handle)
+        default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+        current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
+        if current_mw != default_mw:
+            nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
+            restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
+    finally:
+        nvml.nvmlShutdown()
+    return restored
 
 
 def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -263,8 +300,8 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}``
     (:func:`perseus.device.sim_state.reset_file`: the locked clock, memory clock and power
     limit go back to the defaults in the state file) or ``{"backend": "nvml", "uuid"}``
-    (:func:`perseus.device.nvml_reset.reset_device`: locked clocks, memory clocks and the
-    power limit back to NVML's default).
+    (:func:`_reset_nvml`: locked clocks, memory clocks and the power limit back to NVML's
+    default).
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
@@ -274,10 +311,11 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
         Exception: whatever the backend raised (callers log it).
     """
     backend = spec.get("backend")
-    if backend not in _RESETS:
+    if backend == "nvml":
+        return _reset_nvml(spec)
+    if backend != "sim":
         raise ValueError(f"unknown GPU backend {backend!r} in reset spec {spec!r}")
-    module, function = _RESETS[backend]
-    restored: dict[str, Any] = getattr(_sibling(module), function)(spec)
+    restored: dict[str, Any] = _sibling("sim_state").reset_file(spec)
     return restored
 
 
