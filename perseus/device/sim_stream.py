@@ -102,29 +102,16 @@ class OpTrace:
     pieces: tuple[tuple[int, float], ...]
 
 
+@dataclass(slots=True, eq=False)
 class _Op:
-    __slots__ = (
-        "done",
-        "kind",
-        "pieces",
-        "power_mult",
-        "seq",
-        "stage_index",
-        "start_s",
-        "time_mult",
-    )
-
-    def __init__(
-        self, seq: int, stage_index: int, kind: Kind, time_mult: float, power_mult: float
-    ) -> None:
-        self.seq = seq
-        self.stage_index = stage_index
-        self.kind = kind
-        self.time_mult = time_mult
-        self.power_mult = power_mult
-        self.done = 0.0  # fraction of the op's work completed
-        self.start_s: float | None = None
-        self.pieces: list[tuple[int, float]] | None = None
+    seq: int
+    stage_index: int
+    kind: Kind
+    time_mult: float
+    power_mult: float
+    done: float = 0.0  # fraction of the op's work completed
+    start_s: float | None = None
+    pieces: list[tuple[int, float]] | None = None
 
 
 class _Wait:
