@@ -142,14 +142,20 @@ class SimSharedState:
             "idle_clock_mhz": self._idle_clock,
         }
 
-    def _initial_state(self, now: float) -> State:
+    def _model(self) -> State:
+        """This process's model parameters, written over any state it attaches to."""
         return {
-            "uuid": self._uuid,
-            "index": self.index,
             "idle_power_w": self.true_blocking_power_w,
             "publish_interval_s": self.publish_interval_s,
             "counter_gain": self.counter_gain,
             "power_cap_w": self.power_cap_w,
+        }
+
+    def _initial_state(self, now: float) -> State:
+        return {
+            "uuid": self._uuid,
+            "index": self.index,
+            **self._model(),
             "locked_mhz": None,
             "power_limit_w": None,  # None: the default limit (power_cap_w)
             # The board's default limit, apart from the limit in force: what every reset
@@ -183,12 +189,7 @@ class SimSharedState:
         if state is None:
             return self._initial_state(now)
         advance(state, now)
-        state.update(
-            idle_power_w=self.true_blocking_power_w,
-            publish_interval_s=self.publish_interval_s,
-            counter_gain=self.counter_gain,
-            power_cap_w=self.power_cap_w,
-        )
+        state.update(self._model())
         default = self._default_power_limit_w()
         if default is not None:  # a handle without an op model keeps the recorded one
             state["default_power_limit_w"] = default
