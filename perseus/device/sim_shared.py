@@ -142,20 +142,14 @@ class SimSharedState:
             "idle_clock_mhz": self._idle_clock,
         }
 
-    def _model(self) -> State:
-        """This process's model parameters, written over any state it attaches to."""
-        return {
-            "idle_power_w": self.true_blocking_power_w,
-            "publish_interval_s": self.publish_interval_s,
-            "counter_gain": self.counter_gain,
-            "power_cap_w": self.power_cap_w,
-        }
-
     def _initial_state(self, now: float) -> State:
         return {
             "uuid": self._uuid,
             "index": self.index,
-            **self._model(),
+            "idle_power_w": self.true_blocking_power_w,
+            "publish_interval_s": self.publish_interval_s,
+            "counter_gain": self.counter_gain,
+            "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
             "power_limit_w": None,  # None: the default limit (power_cap_w)
             # The board's default limit, apart from the limit in force: what every reset
@@ -189,7 +183,12 @@ class SimSharedState:
         if state is None:
             return self._initial_state(now)
         advance(state, now)
-        state.update(self._model())
+        state.update(
+            idle_power_w=self.true_blocking_power_w,
+            publish_interval_s=self.publish_interval_s,
+            counter_gain=self.counter_gain,
+            power_cap_w=self.power_cap_w,
+        )
         default = self._default_power_limit_w()
         if default is not None:  # a handle without an op model keeps the recorded one
             state["default_power_limit_w"] = default
