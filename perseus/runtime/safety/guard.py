@@ -411,11 +411,9 @@ class GpuClaim:
         self.ownership = GpuOwnership(gpu.uuid, self.lock_path, reset=self._reset_in_hand)
         self._gpu = gpu
         self._use_watchdog = watchdog
-        self._handle_signals = handle_signals
-        self._on_exit = on_exit
         self._hold_lock = hold_lock
         self.watchdog: Watchdog | None = None
-        self._guard: ExitGuard | None = None
+        self._guard = ExitGuard(on_exit, ExitGuard.DEFAULT_SIGNALS if handle_signals else ())
 
     def _reset_in_hand(self) -> None:
         """Reset the GPU this claim holds to its defaults: clocks and (where it has one) the
@@ -445,10 +443,6 @@ class GpuClaim:
             if self._use_watchdog and self._managed is not None:
                 self.watchdog = Watchdog(self._managed.watchdog_spec(), self.lock_path)
                 self.watchdog.start()
-            self._guard = ExitGuard(
-                self._on_exit,
-                signals=ExitGuard.DEFAULT_SIGNALS if self._handle_signals else (),
-            )
             self._guard.install()
         except BaseException:
             self.release()
@@ -464,6 +458,4 @@ class GpuClaim:
             self.ownership.release()
         else:
             self.ownership.clear_due()
-        if self._guard is not None:
-            self._guard.uninstall()
-            self._guard = None
+        self._guard.uninstall()
