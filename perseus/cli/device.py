@@ -10,7 +10,6 @@ default power limit and clears a dead owner's record, and says what it restored.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,9 +116,8 @@ def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False)
     container) cannot be checked from here and is refused unless ``force``.
     """
     from perseus.device.ownership import acquire_owner_lock, recorded_owner, release_owner_lock
-    from perseus.device.process_identity import RECORD_MAX_BYTES, parse_record
 
-    fd, owner, _stale = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
+    fd, owner, dead = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
     if fd is None and owner != os.getpid():
         found, state = recorded_owner(lock_path)
         if state == "unknown" and found is not None:
@@ -135,11 +133,6 @@ def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False)
                 "first: it resets the GPU when it exits"
             )
     try:
-        dead = None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                found = parse_record(os.pread(fd, RECORD_MAX_BYTES, 0))
-                dead = None if found is None else found.pid
         done: dict[str, Any] = dict(reset())
         if dead is not None:
             done["dead_owner_pid"] = dead

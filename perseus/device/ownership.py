@@ -147,7 +147,8 @@ def acquire_owner_lock(
     without the ``flock`` (a recurring job with ``own_gpu=False`` only records itself,
     :meth:`GpuOwnership.mark_due`): a record naming a live process other than this one, or
     one in another PID namespace (``take_unverifiable`` takes that one anyway), is an owner
-    too. With ``record``, the previous record is read (``stale_pid``) and replaced by ours.
+    too. A previous owner's record left in the file is ``stale_pid``; with ``record`` ours
+    replaces it.
     Only the record's first line is read: whatever else the file holds is ignored.
 
     Raises:
@@ -172,11 +173,9 @@ def acquire_owner_lock(
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
-    stale: int | None = None
+    stale = found.pid if found is not None and not _is_me(found) else None
     if record:
         try:
-            if found is not None and not _is_me(found):
-                stale = found.pid
             _write_record(fd)
         except BaseException:
             os.close(fd)  # unlocks: a failed take leaves the lock free, not held for ever
