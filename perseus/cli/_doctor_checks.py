@@ -30,6 +30,9 @@ __all__ = [
     "check_memory_clock_locking",
     "check_power",
     "check_set_latency",
+    "clock_range",
+    "first_line",
+    "poll_counter",
     "probe",
     "spread_clocks_mhz",
 ]
@@ -66,19 +69,29 @@ class Check:
         return out
 
 
+def first_line(e: BaseException) -> str:
+    """An error in one line: its message's first line, else its type's name."""
+    text = str(e)
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def probe(name: str, fn: Callable[[], Check]) -> Check:
     """Run one probe; any exception becomes an ``unavailable: why`` check, never a crash."""
     try:
         return fn()
     except Exception as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return Check(name, "unavailable", f"unavailable: {why}", {"error": type(e).__name__})
+        return Check(
+            name, "unavailable", f"unavailable: {first_line(e)}", {"error": type(e).__name__}
+        )
 
 
-def _mhz_range(clocks: Sequence[int]) -> str:
+def clock_range(clocks: Sequence[int]) -> str:
+    """``"81 values, 1410-210 MHz, step 15"`` for a clock list, highest first."""
+    if not clocks:
+        return "none"
     steps = {a - b for a, b in itertools.pairwise(clocks)}
-    step = f", step {steps.pop()} MHz" if len(steps) == 1 else ""
-    return f"{len(clocks)} clocks, {clocks[-1]}-{clocks[0]} MHz{step}"
+    step = f", step {steps.pop()}" if len(steps) == 1 else ""
+    return f"{len(clocks)} values, {clocks[0]}-{clocks[-1]} MHz{step}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +149,7 @@ def check_clocks(gpu: NvmlGPU) -> Check:
     return Check(
         "supported clocks",
         "ok" if len(clocks) > 1 else "fail",
-        f"{_mhz_range(clocks)} ({memory})",
+        f"{clock_range(clocks)} ({memory})",
         data,
         "" if len(clocks) > 1 else "the driver offers one SM clock: nothing to choose from",
     )
@@ -213,17 +226,10 @@ def _lock_and_read_back(
     before = gpu.current_clock_mhz()
     target = next((c for c in spread_clocks_mhz(clocks, 3)[1:] if c != before), clocks[-1])
     data.update({"clock_before_mhz": before, "tried_mhz": target})
-    read: int | None = None
     try:
-        snapped = gpu.set_locked_clock(target)
-        deadline = time.perf_counter() + settle_s
-        while True:
-            read = gpu.current_clock_mhz()
-            if read == snapped or time.perf_counter() >= deadline:
-                break
-            time.sleep(0.0005)
+        snapped, _call_s, _seen_s, read = _lock_and_watch(gpu, target, settle_s)
     except DeviceError as e:
-        error = str(e).splitlines()[0]
+        error = first_line(e)
         data["error"] = error
         return Check(
             "clock locking",
@@ -258,6 +264,26 @@ def _lock_and_read_back(
     )
 
 
+def _lock_and_watch(
+    gpu: NvmlGPU, target_mhz: int, settle_s: float
+) -> tuple[int, float, float | None, int]:
+    """Lock ``target_mhz``, then read the clock back until it shows the lock or ``settle_s``
+    passed since the call returned: ``(snapped, call_s, seen_s, read)``, the time the set call
+    took, when (from its start) the clock first read as the lock (None: not within
+    ``settle_s``) and the last clock read."""
+    t0 = time.perf_counter()
+    snapped = gpu.set_locked_clock(target_mhz)
+    t1 = time.perf_counter()
+    while True:
+        read = gpu.current_clock_mhz()
+        now = time.perf_counter()
+        if read == snapped:
+            return snapped, t1 - t0, now - t0, read
+        if now - t1 >= settle_s:
+            return snapped, t1 - t0, None, read
+        time.sleep(0.0005)
+
+
 def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
     """Lock the memory clock to its second-highest value and reset it (only when clock locking
     is allowed and the GPU lists several memory clocks): whether plans with (SM, memory)
@@ -278,7 +304,7 @@ def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
         return Check(
             name,
             "warn",
-            f"the driver refused a memory lock: {str(e).splitlines()[0]}",
+            f"the driver refused a memory lock: {first_line(e)}",
             data,
             "plan with SM clocks only on this GPU (a profile without mem_freq_mhz)",
         )
@@ -308,18 +334,12 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
     unseen = 0
     try:
         for i in range(repeats):
-            target = pair[i % len(pair)]
-            t0 = time.perf_counter()
-            snapped = gpu.set_locked_clock(target)
-            t1 = time.perf_counter()
-            calls_ms.append((t1 - t0) * 1e3)
-            while time.perf_counter() - t1 < settle_s:
-                if gpu.current_clock_mhz() == snapped:
-                    applied_ms.append((time.perf_counter() - t0) * 1e3)
-                    break
-                time.sleep(0.0005)
-            else:
+            _snapped, call_s, seen_s, _read = _lock_and_watch(gpu, pair[i % len(pair)], settle_s)
+            calls_ms.append(call_s * 1e3)
+            if seen_s is None:
                 unseen += 1
+            else:
+                applied_ms.append(seen_s * 1e3)
     finally:
         gpu.reset_locked_clock()
     data: dict[str, Any] = {
@@ -350,17 +370,9 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
 
 def check_energy_counter(gpu: NvmlGPU, window_s: float) -> Check:
     """Poll the energy counter for ``window_s``: smallest step and interval between changes."""
-    changes: list[tuple[float, int]] = []
-    t_end = time.perf_counter() + window_s
-    last = gpu.energy_mj()
-    reads = 1
-    while time.perf_counter() < t_end:
-        value = gpu.energy_mj()
-        reads += 1
-        if value != last:
-            changes.append((time.perf_counter(), value - last))
-            last = value
-        time.sleep(0.0002)
+    first, publishes, reads = poll_counter(gpu.energy_mj, window_s, poll_s=0.0002)
+    values = [first] + [v for _, v in publishes]
+    changes = [(t, v - last) for (t, v), last in zip(publishes, values, strict=False)]
     steps = [d for _, d in changes if d > 0]
     intervals = [(b[0] - a[0]) * 1e3 for a, b in itertools.pairwise(changes)]
     data: dict[str, Any] = {
@@ -388,6 +400,36 @@ def check_energy_counter(gpu: NvmlGPU, window_s: float) -> Check:
     )
 
 
+def poll_counter(
+    read_energy_mj: Callable[[], int],
+    window_s: float,
+    *,
+    busy: Callable[[], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 0.002,
+) -> tuple[int, list[tuple[float, int]], int]:
+    """Read an energy counter every ``poll_s`` for ``window_s`` (calling ``busy`` before each
+    read): the first value, each change as ``(time, new value)``, and how many reads."""
+    if busy is not None:
+        busy()
+    first = last = read_energy_mj()
+    end = now() + window_s
+    publishes: list[tuple[float, int]] = []
+    reads = 1
+    while True:
+        if busy is not None:
+            busy()
+        value, at = read_energy_mj(), now()
+        reads += 1
+        if value != last:
+            publishes.append((at, value))
+            last = value
+        if at >= end:
+            return first, publishes, reads
+        sleep(poll_s)
+
+
 def check_power(gpu: NvmlGPU) -> Check:
     data: dict[str, Any] = {"power_w": round(gpu.power_w(), 1)}
     for key, function in (
@@ -395,8 +437,9 @@ def check_power(gpu: NvmlGPU) -> Check:
         ("default_power_limit_w", "nvmlDeviceGetPowerManagementDefaultLimit"),
         ("enforced_power_limit_w", "nvmlDeviceGetEnforcedPowerLimit"),
     ):
-        with contextlib.suppress(Exception):
-            data[key] = int(gpu.query(function)) / 1000.0
+        figure = gpu.query_w(function)
+        if figure is not None:
+            data[key] = figure
     reasons: tuple[str, ...] = ()
     with contextlib.suppress(Exception):
         reasons = clock_event_names(gpu.clock_event_reasons())

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from perseus.cli._doctor_checks import Check
+from perseus.cli._doctor_checks import Check, poll_counter
 from perseus.cli._doctor_cuda import cuda_device_for
 from perseus.device.nvml import NvmlGPU
 from perseus.device.presets import blocking_power_of_name
@@ -80,23 +80,13 @@ def measure_power_w(
         if busy is not None:
             busy()
         sleep(poll_s)
-    if busy is not None:
-        busy()
-    last = read_energy_mj()
-    end = now() + window_s
-    publishes: list[tuple[float, int]] = []
-    while True:
-        if busy is not None:
-            busy()
-        value, at = read_energy_mj(), now()
-        if value != last:
-            if value < last:
-                raise DeviceError(f"energy counter went backwards ({last} -> {value} mJ)")
-            publishes.append((at, value))
-            last = value
-        if at >= end:
-            break
-        sleep(poll_s)
+    last, publishes, _reads = poll_counter(
+        read_energy_mj, window_s, busy=busy, now=now, sleep=sleep, poll_s=poll_s
+    )
+    for _, value in publishes:
+        if value < last:
+            raise DeviceError(f"energy counter went backwards ({last} -> {value} mJ)")
+        last = value
     if len(publishes) < 2:
         raise DeviceError(
             f"the energy counter changed {len(publishes)} times in {window_s:g} s; "

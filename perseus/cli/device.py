@@ -10,18 +10,15 @@ default power limit and clears a dead owner's record, and says what it restored.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import float_arg
-from perseus.errors import ConfigError, DeviceError
+from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.device.discovery import DeviceInfo
-    from perseus.device.nvml import NvmlGPU
 
 __all__ = ["register", "run"]
 
@@ -92,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
             with NvmlGPU(args.uuid) as gpu:
 
                 def reset_nvml() -> dict[str, Any]:
-                    before_w = _limit_w(gpu)
+                    before_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
                     gpu.reset_locked_clock()
                     gpu.reset_power_limit()
-                    after_w = _limit_w(gpu)
+                    after_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
                     changed = before_w is not None and before_w != after_w
                     return {"power_limit_w": (before_w, after_w)} if changed else {}
 
@@ -111,12 +108,6 @@ def run(args: argparse.Namespace) -> int:
     raise ConfigError(f"unknown device action {command!r}")  # argparse prevents this
 
 
-def _limit_w(gpu: NvmlGPU) -> float | None:
-    with contextlib.suppress(DeviceError):
-        return float(gpu.query("nvmlDeviceGetPowerManagementLimit")) / 1000.0
-    return None
-
-
 def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False) -> dict[str, Any]:
     """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record.
 
@@ -125,9 +116,8 @@ def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False)
     container) cannot be checked from here and is refused unless ``force``.
     """
     from perseus.device.ownership import acquire_owner_lock, recorded_owner, release_owner_lock
-    from perseus.device.process_identity import RECORD_MAX_BYTES, parse_record
 
-    fd, owner, _stale = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
+    fd, owner, dead = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
     if fd is None and owner != os.getpid():
         found, state = recorded_owner(lock_path)
         if state == "unknown" and found is not None:
@@ -143,11 +133,6 @@ def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False)
                 "first: it resets the GPU when it exits"
             )
     try:
-        dead = None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                found = parse_record(os.pread(fd, RECORD_MAX_BYTES, 0))
-                dead = None if found is None else found.pid
         done: dict[str, Any] = dict(reset())
         if dead is not None:
             done["dead_owner_pid"] = dead
@@ -170,15 +155,9 @@ def _said(what: str, locked_mhz: int | None, done: dict[str, Any]) -> str:
     return f"{what}: " + "; ".join(parts)
 
 
-def _clock_range(clocks: tuple[int, ...]) -> str:
-    if not clocks:
-        return "none"
-    steps = {a - b for a, b in itertools.pairwise(clocks)}
-    step = f", step {steps.pop()}" if len(steps) == 1 else ""
-    return f"{len(clocks)} values, {clocks[0]}-{clocks[-1]} MHz{step}"
-
-
 def _show(info: DeviceInfo) -> None:
+    from perseus.cli._doctor_checks import clock_range
+
     lock = (
         "unknown to other processes (NVML cannot read locks back)"
         if not info.lock_known
@@ -197,7 +176,7 @@ def _show(info: DeviceInfo) -> None:
             owner += f"; not at its defaults: run `perseus device reset {target}`"
     control = "can lock clocks" if info.can_lock else "observe-only"
     print(f"  [{info.index}] {info.name}  {info.uuid}")
-    print(f"      clocks: {_clock_range(info.clocks_mhz)}")
+    print(f"      clocks: {clock_range(info.clocks_mhz)}")
     print(f"      privilege: {control} ({info.privilege})")
     now = "" if info.current_clock_mhz is None else f"; now {info.current_clock_mhz} MHz"
     print(f"      lock: {lock}; owner: {owner}{now}")
@@ -227,6 +206,7 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 
 def _info(sim_dir: Path | None) -> int:
+    from perseus.cli._doctor_checks import first_line
     from perseus.device.discovery import nvml_devices, simulated_devices
     from perseus.device.nvml import NvmlUnavailableError
     from perseus.device.presets import PRESETS
@@ -246,8 +226,7 @@ def _info(sim_dir: Path | None) -> int:
         print("no NVIDIA driver found; showing simulated GPUs")
         real = None
     except Exception as e:  # any probe failure: one line, never a traceback
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"NVML failed ({first}); showing simulated GPUs")
+        print(f"NVML failed ({first_line(e)}); showing simulated GPUs")
         real = None
     if real is not None:
         print(f"NVIDIA GPUs ({len(real)}):")

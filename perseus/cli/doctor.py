@@ -161,11 +161,11 @@ class _Options:
 
 def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
     """The report where NVML is unusable: the simulated path checked instead."""
-    from perseus.cli._doctor_checks import Check, probe
+    from perseus.cli._doctor_checks import Check, first_line, probe
     from perseus.cli._doctor_cuda import check_simulated
 
     report["no_gpu"] = (
-        f"no NVIDIA GPU usable here ({_first_line(error)}); checking the simulated path"
+        f"no NVIDIA GPU usable here ({first_line(error)}); checking the simulated path"
     )
     report["simulated"] = probe("simulated path", check_simulated).as_dict()
     report["blocking_power"] = Check(
@@ -184,13 +184,14 @@ def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
 
 def _gpu_count(nvml: Any, report: dict[str, Any]) -> int:
     """How many GPUs NVML sees (0 on error), noting the versions in ``report``."""
+    from perseus.cli._doctor_checks import first_line
     from perseus.device.nvml import call_nvml
 
     try:
         report["nvml"] = _versions(nvml)
         return int(call_nvml(nvml, "nvmlDeviceGetCount"))
     except Exception as e:
-        report["nvml"] = {"error": _first_line(e)}
+        report["nvml"] = {"error": first_line(e)}
         return 0
     finally:
         with contextlib.suppress(Exception):
@@ -310,6 +311,7 @@ def _open(gpu: NvmlGPU) -> Check:
 
 
 def _versions(nvml: Any) -> dict[str, Any]:
+    from perseus.cli._doctor_checks import first_line
     from perseus.device.nvml import call_nvml
 
     out: dict[str, Any] = {"nvidia_ml_py": _version("nvidia-ml-py")}
@@ -321,7 +323,7 @@ def _versions(nvml: Any) -> dict[str, Any]:
         try:
             value = call_nvml(nvml, function)
         except Exception as e:
-            out[key] = f"unavailable: {_first_line(e)}"
+            out[key] = f"unavailable: {first_line(e)}"
             continue
         value = value.decode() if isinstance(value, bytes) else value
         if key == "cuda_driver" and isinstance(value, int):
@@ -335,11 +337,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e)
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _line(check: dict[str, Any], indent: str = "  ") -> None:

@@ -8,7 +8,6 @@ until the next owner or ``perseus device reset`` resets it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,11 +138,6 @@ def nvml_devices(
                 current = None
             persistence = {True: "on", False: "OFF (enable it: nvidia-smi -pm 1)", None: "n/a"}
             live, dead = owner_status(lock_path)
-            limit_w = default_w = None
-            with contextlib.suppress(DeviceError):
-                limit_w = gpu.query("nvmlDeviceGetPowerManagementLimit") / 1000.0
-            with contextlib.suppress(DeviceError):
-                default_w = gpu.query("nvmlDeviceGetPowerManagementDefaultLimit") / 1000.0
             infos.append(
                 DeviceInfo(
                     backend="nvml",
@@ -159,8 +153,8 @@ def nvml_devices(
                     current_clock_mhz=current,
                     detail=f"persistence mode {persistence[gpu.persistence_mode]}",
                     dead_owner_pid=dead,
-                    power_limit_w=limit_w,
-                    default_power_limit_w=default_w,
+                    power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementLimit"),
+                    default_power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementDefaultLimit"),
                     lock_path=str(lock_path),
                     owner_unknown=hidden if live is None and dead is None else "",
                 )

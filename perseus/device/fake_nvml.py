@@ -415,9 +415,11 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         self._record("nvmlDeviceGetPowerUsage", handle)
         d = self._dev(handle)
-        if d.dynamic_power_w > 0:
-            return round(d.power_now_w(self.clock.now()) * 1000)
-        return d.power_mw
+        return self._drawn_mw(d, d.power_mw)
+
+    def _drawn_mw(self, d: FakeDevice, idle_mw: int) -> int:
+        """A power read: the power model's draw now, else ``idle_mw``."""
+        return round(d.power_now_w(self.clock.now()) * 1000) if d.dynamic_power_w > 0 else idle_mw
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[Any]:
         self._record("nvmlDeviceGetFieldValues", handle, tuple(field_ids))
@@ -426,9 +428,7 @@ class FakeNvml:
         for entry in field_ids:
             fid = entry[0] if isinstance(entry, tuple) else entry
             ok = fid == self.NVML_FI_DEV_POWER_INSTANT and d.instant_power_mw is not None
-            milliwatts = d.instant_power_mw or 0
-            if ok and d.dynamic_power_w > 0:
-                milliwatts = round(d.power_now_w(self.clock.now()) * 1000)
+            milliwatts = self._drawn_mw(d, d.instant_power_mw or 0)
             out.append(
                 SimpleNamespace(
                     fieldId=fid,

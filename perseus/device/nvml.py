@@ -199,12 +199,8 @@ class NvmlGPU:
         reason: str | None = None
         if arch < _ARCH_VOLTA:
             reason = f"architecture {arch} is older than Volta"
-        mem_clocks = call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what)
-        self._mem_clocks = tuple(sorted({int(c) for c in mem_clocks}, reverse=True))
         self._arch = int(arch)
-        mem = max(mem_clocks)
-        clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
-        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        self._read_clocks(nvml, handle, what)
         if not self._clocks:
             raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
         if not self.control:
@@ -284,14 +280,11 @@ class NvmlGPU:
         """Which GPU this is, as profiles and plans record it: name, architecture, clock
         list and default power limit (None when NVML does not say)."""
         self._h()
-        default_w: float | None = None
-        with contextlib.suppress(DeviceError, AttributeError):
-            default_w = int(self.query("nvmlDeviceGetPowerManagementDefaultLimit")) / 1000.0
         return GpuIdentity(
             name=self._name,
             architecture=architecture_name(self._arch),
             clocks_mhz=self._clocks,
-            default_power_limit_w=default_w or None,
+            default_power_limit_w=self.query_w("nvmlDeviceGetPowerManagementDefaultLimit") or None,
         )
 
     def snap_clock_mhz(self, freq_mhz: int) -> int:
@@ -313,7 +306,7 @@ class NvmlGPU:
         self._require_control("lock clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
-            self._lock_sm(handle, snapped)
+            self._lock_sm(snapped)
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
@@ -323,17 +316,23 @@ class NvmlGPU:
         self._locked = snapped
         return snapped
 
-    def _lock_sm(self, handle: Any, freq_mhz: int) -> None:
+    def _read_clocks(self, nvml: Any, handle: Any, what: str = "") -> None:
+        """Read the memory clocks, then the SM clocks at the highest memory clock."""
+        mem_clocks = call_nvml(nvml, "nvmlDeviceGetSupportedMemoryClocks", handle, what=what)
+        self._mem_clocks = tuple(sorted({int(c) for c in mem_clocks}, reverse=True))
+        mem = self._mem_clocks[0]
+        clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
+        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+
+    def _lock_sm(self, freq_mhz: int) -> None:
         self.query("nvmlDeviceSetGpuLockedClocks", freq_mhz, freq_mhz)
 
     def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
         """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
-        mem = max(call_nvml(self._api, "nvmlDeviceGetSupportedMemoryClocks", handle))
-        clocks = call_nvml(self._api, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem)
-        self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
+        self._read_clocks(self._api, handle)
         retry = self.snap_clock_mhz(freq_mhz)
         try:
-            self._lock_sm(handle, retry)
+            self._lock_sm(retry)
         except DeviceError as again:
             raise DeviceError(
                 f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
@@ -452,6 +451,14 @@ class NvmlGPU:
         an observe-only GPU refuses any function that would change the device.
         """
         return call_nvml(self._opened_api(), function, self._h(), *args, what=self._what())
+
+    def query_w(self, function: str) -> float | None:
+        """A power figure NVML gives in milliwatts (``nvmlDeviceGetPowerManagementLimit``,
+        ``...DefaultLimit``, ``nvmlDeviceGetEnforcedPowerLimit``), in watts; None when this
+        GPU or NVML does not say."""
+        with contextlib.suppress(DeviceError, AttributeError):
+            return int(self.query(function)) / 1000.0
+        return None
 
     def clock_event_reasons(self) -> int:
         """Why the clocks are below their maximum now: a bit mask of

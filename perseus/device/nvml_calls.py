@@ -19,6 +19,7 @@ anything else                                  :class:`DeviceError`
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -95,18 +96,12 @@ class NvmlUnavailableError(DeviceError):
 
 
 def import_nvml() -> Any:
-    """Import ``pynvml`` (from nvidia-ml-py).
-
-    Raises:
-        NvmlUnavailableError: with the install hint when the package is missing.
-    """
+    """``pynvml`` (from nvidia-ml-py), or :class:`NvmlUnavailableError` with the install hint."""
     try:
-        import pynvml
+        return importlib.import_module("pynvml")
     except ImportError as e:
-        raise NvmlUnavailableError(
-            "nvidia-ml-py is not installed; pip install 'perseus-energy[nvml]'"
-        ) from e
-    return pynvml
+        hint = "nvidia-ml-py is not installed; pip install 'perseus-energy[nvml]'"
+        raise NvmlUnavailableError(hint) from e
 
 
 def call_nvml(

@@ -147,7 +147,8 @@ def acquire_owner_lock(
     without the ``flock`` (a recurring job with ``own_gpu=False`` only records itself,
     :meth:`GpuOwnership.mark_due`): a record naming a live process other than this one, or
     one in another PID namespace (``take_unverifiable`` takes that one anyway), is an owner
-    too. With ``record``, the previous record is read (``stale_pid``) and replaced by ours.
+    too. A previous owner's record left in the file is ``stale_pid``; with ``record`` ours
+    replaces it.
     Only the record's first line is read: whatever else the file holds is ignored.
 
     Raises:
@@ -172,11 +173,9 @@ def acquire_owner_lock(
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
-    stale: int | None = None
+    stale = found.pid if found is not None and not _is_me(found) else None
     if record:
         try:
-            if found is not None and not _is_me(found):
-                stale = found.pid
             _write_record(fd)
         except BaseException:
             os.close(fd)  # unlocks: a failed take leaves the lock free, not held for ever
@@ -235,14 +234,10 @@ def read_owner_pid(path: Path) -> int | None:
 # Resetting a GPU from another process (watchdog, next owner)
 
 
-def _sibling(name: str) -> ModuleType:
-    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path."""
-    if __name__ == "perseus.device.ownership":
-        return importlib.import_module(f"perseus.device.{name}")
-    key = f"_perseus_{name}"
+def _load_file(key: str, path: str | Path) -> ModuleType:
+    """The module in file ``path``, loaded once under ``sys.modules[key]``."""
     if key in sys.modules:
         return sys.modules[key]
-    path = Path(__file__).resolve().parent / f"{name}.py"
     spec = importlib.util.spec_from_file_location(key, path)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
         raise ImportError(path)
@@ -252,8 +247,49 @@ def _sibling(name: str) -> ModuleType:
     return module
 
 
-#: Each backend owns its reset: ``backend -> (module beside this one, function(spec) -> restored)``.
-_RESETS = {"sim": ("sim_state", "reset_file"), "nvml": ("nvml_reset", "reset_device")}
+def _sibling(name: str) -> ModuleType:
+    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path."""
+    if __name__ == "perseus.device.ownership":
+        return importlib.import_module(f"perseus.device.{name}")
+    return _load_file(f"_perseus_{name}", Path(__file__).resolve().parent / f"{name}.py")
+
+
+def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
+    """The NVML backend's reset of GPU ``spec["uuid"]``: ``nvmlDeviceResetGpuLockedClocks``,
+    ``nvmlDeviceResetMemoryLockedClocks`` when ``spec["memory_clocks"]`` (a GDDR board whose
+    memory clock may be locked), and the power limit back to
+    ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs: NVML's *default* limit, never
+    the limit found at open (a rank may have lowered it before perseus opened the GPU).
+
+    ``pynvml`` is imported when called; or the NVML module file an owner was given instead
+    (``spec["nvml_module_path"]``: a test's fake shared across processes, named by the owner
+    in the spec it hands its own watchdog).
+
+    Raises:
+        Exception: whatever NVML raised (callers log it).
+    """
+    module_path = spec.get("nvml_module_path")
+    nvml = (
+        _load_file("_perseus_nvml_module", module_path)
+        if module_path
+        else importlib.import_module("pynvml")
+    )
+    restored: dict[str, Any] = {}
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
+        nvml.nvmlDeviceResetGpuLockedClocks(handle)
+        if spec.get("memory_clocks"):
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlDeviceResetMemoryLockedClocks(handle)
+        default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+        current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
+        if current_mw != default_mw:
+            nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
+            restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
+    finally:
+        nvml.nvmlShutdown()
+    return restored
 
 
 def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -263,8 +299,8 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}``
     (:func:`perseus.device.sim_state.reset_file`: the locked clock, memory clock and power
     limit go back to the defaults in the state file) or ``{"backend": "nvml", "uuid"}``
-    (:func:`perseus.device.nvml_reset.reset_device`: locked clocks, memory clocks and the
-    power limit back to NVML's default).
+    (:func:`_reset_nvml`: locked clocks, memory clocks and the power limit back to NVML's
+    default).
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
@@ -274,10 +310,11 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
         Exception: whatever the backend raised (callers log it).
     """
     backend = spec.get("backend")
-    if backend not in _RESETS:
+    if backend == "nvml":
+        return _reset_nvml(spec)
+    if backend != "sim":
         raise ValueError(f"unknown GPU backend {backend!r} in reset spec {spec!r}")
-    module, function = _RESETS[backend]
-    restored: dict[str, Any] = getattr(_sibling(module), function)(spec)
+    restored: dict[str, Any] = _sibling("sim_state").reset_file(spec)
     return restored
 
 

@@ -1,10 +1,10 @@
-"""What a simulated GPU's stream sees of its device: the :class:`StreamDevice` protocol, and
-:class:`StreamPort`, the :class:`~perseus.device.simulated.SimulatedGPU`'s side of it."""
+"""What a simulated GPU's stream sees of its device: :class:`StreamDevice`, and nothing more."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perseus.device.clock import Clock
 from perseus.device.sim_costs import SimNoise
@@ -14,14 +14,16 @@ from perseus.schedule.actions import Kind
 if TYPE_CHECKING:
     from perseus.device.simulated import SimulatedGPU
 
-__all__ = ["StreamDevice", "StreamPort"]
+__all__ = ["StreamDevice"]
 
 
-class StreamDevice(Protocol):
+@dataclass(frozen=True, slots=True)
+class StreamDevice:
     """What a :class:`SimStream` needs from its device, and nothing more.
 
-    :class:`~perseus.device.simulated.SimulatedGPU` provides it through a small port object
-    (its private state stays private); a test can provide it with a dozen lines.
+    :meth:`of` builds it from a :class:`~perseus.device.simulated.SimulatedGPU` (whose private
+    state stays private; the members are bound once: the stream prices an op on every commit);
+    a test can build one from a dozen values.
 
     Attributes:
         index: The device index (seeds its noise).
@@ -52,37 +54,20 @@ class StreamDevice(Protocol):
     cap_w: Callable[[State], float | None]
     update_state: Callable[[Callable[[State], None], float | None], State]
 
-
-class StreamPort:
-    """The :class:`StreamDevice` view of a :class:`~perseus.device.simulated.SimulatedGPU`:
-    the only members of the device its stream may use (bound once: the stream prices an op
-    on every commit)."""
-
-    __slots__ = (
-        "cap_w",
-        "clock",
-        "counter_gain",
-        "idle_power_w",
-        "index",
-        "noise",
-        "power_cap_w",
-        "price",
-        "publish_interval_s",
-        "read_state",
-        "top_clock_mhz",
-        "update_state",
-    )
-
-    def __init__(self, gpu: SimulatedGPU, clock: Clock) -> None:
-        self.index = gpu.index
-        self.noise = gpu.noise
-        self.clock = clock
-        self.top_clock_mhz = gpu.supported_clocks_mhz()[0]
-        self.idle_power_w = gpu.true_blocking_power_w
-        self.publish_interval_s = gpu.publish_interval_s
-        self.counter_gain = gpu.counter_gain
-        self.power_cap_w = gpu.power_cap_w
-        self.price: Callable[[int, Kind, int, float | None], tuple[int, float, float]] = gpu._op_at
-        self.read_state: Callable[[], State] = gpu._state
-        self.cap_w: Callable[[State], float | None] = gpu._cap_w
-        self.update_state: Callable[[Callable[[State], None], float | None], State] = gpu._update
+    @classmethod
+    def of(cls, gpu: SimulatedGPU, clock: Clock) -> StreamDevice:
+        """The view of ``gpu`` its stream uses."""
+        return cls(
+            gpu.index,
+            gpu.noise,
+            clock,
+            gpu.supported_clocks_mhz()[0],
+            gpu.true_blocking_power_w,
+            gpu.publish_interval_s,
+            gpu.counter_gain,
+            gpu.power_cap_w,
+            gpu._op_at,
+            gpu._state,
+            gpu._cap_w,
+            gpu._update,
+        )

@@ -362,8 +362,7 @@ class SimSharedState:
     def reset_memory_locked_clock(self) -> None:
         """Back to the default memory clock."""
         self._check("reset_memory_locked_clock")
-        if not self.privileged:
-            raise DevicePermissionError(f"{self._name}: resetting memory clocks: NO_PERMISSION")
+        self._refuse_unprivileged("resetting memory clocks")
         self._apply_memory_lock(None)
 
     def locked_memory_clock_mhz(self) -> int | None:

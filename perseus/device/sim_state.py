@@ -66,19 +66,12 @@ State = dict[str, Any]
 
 
 def _private() -> ModuleType:
-    """:mod:`perseus.device.private_dir`: imported inside perseus, else loaded by path."""
+    """:mod:`perseus.device.private_dir`: imported inside perseus; else loaded by path by the
+    ownership module that loaded this one by path (the watchdog's reset)."""
     if __name__ == "perseus.device.sim_state":
         return importlib.import_module("perseus.device.private_dir")
-    key = "_perseus_private_dir"
-    if key not in sys.modules:
-        path = Path(__file__).resolve().parent / "private_dir.py"
-        spec = importlib.util.spec_from_file_location(key, path)
-        if spec is None or spec.loader is None:  # pragma: no cover - ships with perseus
-            raise ImportError(path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    module: ModuleType = sys.modules["_perseus_ownership"]._sibling("private_dir")
+    return module
 
 
 def default_state_dir() -> Path:

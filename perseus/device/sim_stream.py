@@ -12,7 +12,7 @@ clock change, event query), which is exact because clock changes and launches on
 happen *now*: the past never changes. After a change the stream rewrites the device's planned
 segments in the shared state file, so every process reads the same energy counter.
 
-The stream reaches its device only through :class:`StreamDevice` (a protocol: the clock, the
+The stream reaches its device only through :class:`StreamDevice` (a view: the clock, the
 op prices, the counter's parameters, the shared state), and reads the time and waits on the
 device's :class:`~perseus.device.clock.Clock`: on a virtual clock the whole stream is
 deterministic. The first event recorded after a launch marks that op's end even when the host
@@ -102,29 +102,16 @@ class OpTrace:
     pieces: tuple[tuple[int, float], ...]
 
 
+@dataclass(slots=True, eq=False)
 class _Op:
-    __slots__ = (
-        "done",
-        "kind",
-        "pieces",
-        "power_mult",
-        "seq",
-        "stage_index",
-        "start_s",
-        "time_mult",
-    )
-
-    def __init__(
-        self, seq: int, stage_index: int, kind: Kind, time_mult: float, power_mult: float
-    ) -> None:
-        self.seq = seq
-        self.stage_index = stage_index
-        self.kind = kind
-        self.time_mult = time_mult
-        self.power_mult = power_mult
-        self.done = 0.0  # fraction of the op's work completed
-        self.start_s: float | None = None
-        self.pieces: list[tuple[int, float]] | None = None
+    seq: int
+    stage_index: int
+    kind: Kind
+    time_mult: float
+    power_mult: float
+    done: float = 0.0  # fraction of the op's work completed
+    start_s: float | None = None
+    pieces: list[tuple[int, float]] | None = None
 
 
 class _Wait:
@@ -154,7 +141,7 @@ _Item = _Op | _Wait | SimEvent
 
 class SimStream:
     """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`,
-    which it reaches only through the :class:`StreamDevice` protocol).
+    which it reaches only through its :class:`StreamDevice` view).
 
     Thread-safe: the training thread launches and records, the clock worker sets clocks and
     queries events. One re-entrant lock serves every stream of the process (a stream waiting

@@ -40,7 +40,7 @@ from perseus.device.sim_costs import (
     profile_costs,
     split_backward,
 )
-from perseus.device.sim_port import StreamPort
+from perseus.device.sim_port import StreamDevice
 from perseus.device.sim_shared import SimSharedState, as_clock
 from perseus.device.sim_state import published_mj, segment_at
 from perseus.device.sim_stream import OpTrace, SimEvent, SimStream
@@ -192,7 +192,7 @@ class SimulatedGPU(SimSharedState):
         self._injected = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
-        self._stream = SimStream(StreamPort(self, self.clock))
+        self._stream = SimStream(StreamDevice.of(self, self.clock))
         if trace_ops:
             self._stream.trace = []
 

@@ -1,5 +1,5 @@
 """Never leave a GPU at a low clock or power limit: ownership, exit and signal hooks, watchdog."""
 
-from perseus.runtime.safety.guard import ExitGuard, GpuClaim, GpuOwnership, Watchdog
+from perseus.runtime.safety.guard import ExitGuard, GpuClaim, Watchdog
 
-__all__ = ["ExitGuard", "GpuClaim", "GpuOwnership", "Watchdog"]
+__all__ = ["ExitGuard", "GpuClaim", "Watchdog"]

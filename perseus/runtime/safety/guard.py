@@ -4,7 +4,7 @@ A clock lock is global to the device and outlives the process that set it
 (docs/hardware.md#sharing), so a
 crashed agent would leave the GPU slow for everyone. Three layers make sure it is reset:
 
-1. :class:`~perseus.device.ownership.GpuOwnership` (re-exported here): one owner per GPU, an
+1. :class:`~perseus.device.ownership.GpuOwnership`: one owner per GPU, an
    exclusive ``flock`` on a file keyed by the GPU's UUID. A second agent gets
    :class:`~perseus.errors.DeviceBusyError` naming the owner's pid. The kernel drops the lock
    when the owner dies; the next owner resets the GPU it opened (clocks and default power
@@ -43,15 +43,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from perseus.device.base import ManagedGPU, PowerLimitGPU
 from perseus.device.ownership import (
     GpuOwnership,
     close_on_fork,
+    default_lock_dir,
     forget_on_fork,
+    owner_lock_path,
     reset_from_spec,
 )
 from perseus.errors import DeviceError
 
-__all__ = ["ExitGuard", "GpuClaim", "GpuOwnership", "Watchdog"]
+__all__ = ["ExitGuard", "GpuClaim", "Watchdog"]
 
 _WATCHDOG_SCRIPT = Path(__file__).resolve().parent / "_watchdog.py"
 
@@ -399,9 +402,6 @@ class GpuClaim:
         on_exit: Callable[[], None],
         hold_lock: bool = True,
     ) -> None:
-        from perseus.device.base import ManagedGPU
-        from perseus.device.ownership import default_lock_dir, owner_lock_path
-
         self._managed = gpu if isinstance(gpu, ManagedGPU) else None
         if self._managed is not None:
             self.lock_path = self._managed.owner_lock_path()
@@ -411,18 +411,14 @@ class GpuClaim:
         self.ownership = GpuOwnership(gpu.uuid, self.lock_path, reset=self._reset_in_hand)
         self._gpu = gpu
         self._use_watchdog = watchdog
-        self._handle_signals = handle_signals
-        self._on_exit = on_exit
         self._hold_lock = hold_lock
         self.watchdog: Watchdog | None = None
-        self._guard: ExitGuard | None = None
+        self._guard = ExitGuard(on_exit, ExitGuard.DEFAULT_SIGNALS if handle_signals else ())
 
     def _reset_in_hand(self) -> None:
         """Reset the GPU this claim holds to its defaults: clocks and (where it has one) the
         default power limit. A simulated GPU is reset in its state file, like the watchdog
         does; any other GPU through its own methods."""
-        from perseus.device.base import PowerLimitGPU
-
         if self._managed is not None:
             spec = self._managed.watchdog_spec()
             if spec.get("backend") == "sim":
@@ -447,10 +443,6 @@ class GpuClaim:
             if self._use_watchdog and self._managed is not None:
                 self.watchdog = Watchdog(self._managed.watchdog_spec(), self.lock_path)
                 self.watchdog.start()
-            self._guard = ExitGuard(
-                self._on_exit,
-                signals=ExitGuard.DEFAULT_SIGNALS if self._handle_signals else (),
-            )
             self._guard.install()
         except BaseException:
             self.release()
@@ -466,6 +458,4 @@ class GpuClaim:
             self.ownership.release()
         else:
             self.ownership.clear_due()
-        if self._guard is not None:
-            self._guard.uninstall()
-            self._guard = None
+        self._guard.uninstall()
