@@ -43,6 +43,7 @@ __all__ = [
     "resolve_config_profile",
 ]
 
+
 class JobConfig(BaseModel):
     """One planning job as written in a TOML config (see the module docstring), or as given by
     flags (:func:`perseus.cli._job_args.job_from_args` validates the flags through it too).

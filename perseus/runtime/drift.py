@@ -17,9 +17,10 @@ measure the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,14 @@ from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 from perseus.schedule.actions import Kind, Schedule
 
-__all__ = ["PATIENCE", "DriftMonitor", "PipelineFigures", "agree_iteration", "ops_to_profile"]
+__all__ = [
+    "ENERGY_WINDOW_PERIODS",
+    "PATIENCE",
+    "DriftMonitor",
+    "PipelineFigures",
+    "agree_iteration",
+    "ops_to_profile",
+]
 
 _log = logging.getLogger("perseus.runtime.session")
 
@@ -101,32 +109,77 @@ def _beyond(stats: IterationStats) -> bool:
     return abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
 
 
+#: An energy counter is judged over windows of at least this many of its publish periods
+#: (one period of error in 20 is 5 %, the tolerance; an H100's 100 ms counter: 2 s windows).
+ENERGY_WINDOW_PERIODS = 20
+
+
 class DriftMonitor:
     """Predicted against measured, every iteration; one report per deployed plan (logged on
     rank 0, as the summary is).
+
+    Time is judged per iteration. Energy is judged over the latest iterations that span
+    :data:`ENERGY_WINDOW_PERIODS` counter periods (their energy summed against their
+    predictions summed): a real GPU's
+    counter publishes every 100 ms, so an iteration shorter than that reads 0 J or a whole
+    step, and per-iteration energy would drift every iteration. Until a window is full the
+    energy is taken as predicted.
 
     Args:
         rank: This process's pipeline rank.
         reprofile: The plan comes from an online profile: the first drift that neither held
             clocks nor host overruns explain is answered by profiling again (once).
         patience: Iterations in a row beyond the tolerance before reporting.
+        counter_period_s: How often the GPU's energy counter publishes: energy is judged over
+            at least :data:`ENERGY_WINDOW_PERIODS` of it (0: every iteration alone).
     """
 
-    def __init__(self, rank: int, *, reprofile: bool = False, patience: int = PATIENCE) -> None:
+    def __init__(
+        self,
+        rank: int,
+        *,
+        reprofile: bool = False,
+        patience: int = PATIENCE,
+        counter_period_s: float = 0.0,
+    ) -> None:
         self._rank = rank
         self._reprofile = reprofile
         self._patience = patience
+        self._window_s = ENERGY_WINDOW_PERIODS * counter_period_s
+        self._recent: deque[IterationStats] = deque()
+        self._sums = [0.0, 0.0, 0.0]  # the window's time, energy, predicted energy
         self._streak: list[IterationStats] = []
         self._reported = False
 
     def reset(self) -> None:
         """A new plan runs: watch it afresh."""
         self._streak = []
+        self._recent.clear()
+        self._sums = [0.0, 0.0, 0.0]
         self._reported = False
+
+    def _judged(self, stats: IterationStats) -> IterationStats:
+        """``stats`` with its energy as the latest full window measured it."""
+        if self._window_s <= 0 or stats.pipeline_energy_j is None or not stats.predicted_energy_j:
+            return stats
+        recent, sums = self._recent, self._sums
+        recent.append(stats)
+        sums[:] = [sums[0] + stats.time_s, sums[1] + stats.pipeline_energy_j,
+                   sums[2] + stats.predicted_energy_j]  # fmt: skip
+        while len(recent) > 1 and sums[0] - recent[0].time_s >= self._window_s:
+            old = recent.popleft()  # the window stays full without its oldest iteration
+            sums[:] = [sums[0] - old.time_s, sums[1] - (old.pipeline_energy_j or 0.0),
+                       sums[2] - (old.predicted_energy_j or 0.0)]  # fmt: skip
+        if sums[0] < self._window_s:
+            return dataclasses.replace(stats, pipeline_energy_j=stats.predicted_energy_j)
+        energy = stats.predicted_energy_j * sums[1] / sums[2]
+        return dataclasses.replace(stats, pipeline_energy_j=energy)
 
     def update(self, stats: IterationStats) -> bool:
         """Take one iteration; say so the first time the drift persisted. True when the
         session should profile again (an online profile, and the profile is to blame)."""
+        if stats.phase == "run":
+            stats = self._judged(stats)
         if not _beyond(stats):
             self._streak = []
             return False

@@ -66,6 +66,7 @@ from perseus.runtime.planning import (
     check_frontier,
     plan_source,
 )
+from perseus.runtime.profiling.energy_windows import counter_period_s
 from perseus.runtime.session_sweep import SessionSweep
 from perseus.runtime.session_types import (
     BoundaryHook,
@@ -160,7 +161,8 @@ class RankSession:
         self._ended: deque[EndedIteration] = deque()  # ended, figures not read yet (oldest first)
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = self._iteration = 0  # the deployed plan's first iteration; the next
-        self._drift = DriftMonitor(self.rank, reprofile=isinstance(self.source, OnlineProfile))
+        online, period_s = isinstance(self.source, OnlineProfile), counter_period_s(gpu)
+        self._drift = DriftMonitor(self.rank, reprofile=online, counter_period_s=period_s)
 
     # ----------------------------------------------------------------------------------------
     # Lifecycle

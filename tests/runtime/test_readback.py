@@ -3,6 +3,7 @@ measured against predicted figures; the summary that says when it does not measu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -244,6 +245,43 @@ def _stats(i: int, time_s: float, energy_j: float, **kw: object) -> IterationSta
         predicted_time_s=1.0,
         predicted_energy_j=100.0,
         **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_energy_is_judged_over_counter_periods_not_per_short_iteration(caplog):
+    """A 27 ms iteration on an H100 (counter published every 100 ms) reads 0 J or a whole
+    70 J step: per iteration every one is far off its prediction, though the run is right on
+    average. Energy is judged over 20 counter periods, so only a real drift is said."""
+    monitor = DriftMonitor(0, reprofile=True, counter_period_s=0.1)
+    steps = [70.0 if i % 4 == 3 else 0.0 for i in range(200)]  # 17.5 J mean
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.session"):
+        for i, energy_j in enumerate(steps):
+            stats = _stats(i, 0.027, energy_j)
+            assert not monitor.update(
+                dataclasses.replace(stats, predicted_time_s=0.027, predicted_energy_j=17.5)
+            )
+        assert not caplog.records
+        drifted = [70.0 if i % 3 == 2 else 0.0 for i in range(200)]  # 23.3 J: +33 %
+        said = [
+            monitor.update(
+                dataclasses.replace(
+                    _stats(200 + i, 0.027, e), predicted_time_s=0.027, predicted_energy_j=17.5
+                )
+            )
+            for i, e in enumerate(drifted)
+        ]
+    assert said.count(True) == 1  # the profile is stale: re-profile, once
+    (record,) = caplog.records
+    assert "energy +" in record.message and "stale profile" in record.message
+    # Without the window (each iteration alone) the steady run already drifts.
+    alone = DriftMonitor(0, reprofile=True)
+    assert any(
+        alone.update(
+            dataclasses.replace(
+                _stats(i, 0.027, e), predicted_time_s=0.027, predicted_energy_j=17.5
+            )
+        )
+        for i, e in enumerate(steps)
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "CounterSample",
     "CounterSampler",
     "counter_intervals",
+    "counter_period_s",
     "publish_times",
     "sample_period_for",
 ]
@@ -343,6 +344,18 @@ class CounterSampler:
                 self._samples.popleft()
 
 
+def counter_period_s(gpu: object) -> float:
+    """How often ``gpu``'s energy counter publishes: ``publish_interval_s`` on the simulator,
+    NVML's 100 ms otherwise (0: no GPU, no counter)."""
+    if gpu is None:
+        return 0.0
+    return (
+        float(gpu.publish_interval_s)
+        if isinstance(gpu, CounterPeriodGPU)
+        else NVML_PUBLISH_PERIOD_S
+    )
+
+
 def sample_period_for(gpu: object) -> float:
     """Time between counter reads for ``gpu``: an eighth of its publish period
     (``publish_interval_s`` on the simulator; NVML's 100 ms otherwise), within 0.5-20 ms.
@@ -351,7 +364,7 @@ def sample_period_for(gpu: object) -> float:
     a quarter of one core at ~3 ms per read (an H100); an exact counter (period 0) is read
     every millisecond.
     """
-    period = gpu.publish_interval_s if isinstance(gpu, CounterPeriodGPU) else NVML_PUBLISH_PERIOD_S
+    period = counter_period_s(gpu)
     if period <= 0:
         return 0.001
     return min(0.02, max(0.0005, float(period) / 8.0))
