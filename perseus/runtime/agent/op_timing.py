@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from perseus.device.base import DeviceEvent
 from perseus.profile.model import Profile
@@ -29,25 +29,12 @@ from perseus.runtime.agent.boundary import Boundary
 from perseus.runtime.agent.rank_plan import OpPhase
 from perseus.schedule.actions import Kind
 
-__all__ = ["HISTORY", "OpDeviceTimes", "OpTimingHistory", "profiled_op_time_s"]
+__all__ = ["HISTORY", "OpTimingHistory", "profiled_op_time_s"]
 
 #: Iterations of op times and gaps kept per op.
 HISTORY = 8
 
 _K = TypeVar("_K")
-
-
-class OpDeviceTimes(NamedTuple):
-    """One completed op of an iteration: its index, device start and end (seconds). A named
-    tuple: made for every op at every iteration's end, on the training thread."""
-
-    op_index: int
-    start_s: float
-    end_s: float
-
-    @property
-    def time_s(self) -> float:
-        return self.end_s - self.start_s
 
 
 class OpTimingHistory:
@@ -91,9 +78,10 @@ class OpTimingHistory:
         jobs: Sequence[Boundary],
         freqs_mhz: Sequence[int],
         phases: Sequence[tuple[OpPhase, ...]],
-    ) -> list[OpDeviceTimes]:
+    ) -> list[tuple[int, float, float]]:
         """Learn from an iteration's completed boundaries (all events done); returns each
-        op's device times, in order (ops whose end was never recorded are left out).
+        op's ``(index, device start, device end)``, in order (ops whose end was never recorded
+        are left out).
 
         Args:
             jobs: The iteration's boundaries, op ``j`` at index ``j``.
@@ -106,7 +94,7 @@ class OpTimingHistory:
             # The last op's change lands in the gap before the next iteration's first op.
             self._push_gap(len(jobs) - 1, jobs[0].start.device_time_s() - last.device_time_s())
         self._last_end = jobs[-1].end if whole else None
-        done: list[OpDeviceTimes] = []
+        done: list[tuple[int, float, float]] = []
         for j, job in enumerate(jobs):
             end = job.end
             if end is None:
@@ -114,10 +102,10 @@ class OpTimingHistory:
             end_s = end.device_time_s()
             if j + 1 < len(jobs):
                 self._push_gap(j, jobs[j + 1].start.device_time_s() - end_s)
-            times = OpDeviceTimes(j, job.start.device_time_s(), end_s)
-            done.append(times)
+            start_s = job.start.device_time_s()
+            done.append((j, start_s, end_s))
             freq = freqs_mhz[j] if j < len(freqs_mhz) else 0
-            self._learn_op(j, freq, phases[j] if j < len(phases) else (), times.time_s, job)
+            self._learn_op(j, freq, phases[j] if j < len(phases) else (), end_s - start_s, job)
         return done
 
     def _learn_op(

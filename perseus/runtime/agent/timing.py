@@ -309,8 +309,7 @@ class DeviceTiming(_Clocks):
         self.mid_switches = sum(job.report.mids_issued for job in jobs)
         self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
         readings: list[OpReading] = []
-        for op in self.history.learn(jobs, freqs, phases):
-            j = op.op_index
+        for j, start_s, end_s in self.history.learn(jobs, freqs, phases):
             job = jobs[j]
             report = job.report
             planned = freqs[j] if j < len(freqs) else 0
@@ -323,7 +322,7 @@ class DeviceTiming(_Clocks):
                         read.freq_mhz if report.observed else report.asked_mhz,
                         report.read_mhz,
                         report.read_reasons,
-                        op.time_s,
+                        end_s - start_s,
                         read.mem_freq_mhz,
                         report.asked_mem_mhz,
                         report.read_mem_mhz,
@@ -335,11 +334,11 @@ class DeviceTiming(_Clocks):
                     j,
                     actions[j],
                     planned,
-                    op.time_s,
+                    end_s - start_s,
                     job.energy_j() or 0.0,
                     job.mid_freq_mhz,
-                    op.start_s,
-                    op.end_s,
+                    start_s,
+                    end_s,
                 )
             )
         self.delivery = clock_delivery(readings)
