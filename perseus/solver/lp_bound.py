@@ -46,7 +46,7 @@ from perseus.dag.evaluate import longest_path
 from perseus.dag.graph import OpGraph
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
-from perseus.solver.cost_model import build_cost_model
+from perseus.solver.cost_model import CostModel, build_cost_model
 
 __all__ = ["lp_energy_floor_j", "lp_peak_time_bound_s"]
 
@@ -77,9 +77,8 @@ class _FloorLP:
         return int(self.cost.size)
 
 
-def _floor_lp(job: PlanningJob) -> _FloorLP:
+def _floor_lp(job: PlanningJob, model: CostModel) -> _FloorLP:
     """The LP floor's variables and rows (the deadline goes in ``M``'s bound)."""
-    model = build_cost_model(job)
     g = job.graph
     n = g.num_nodes
     nh = model.num_hull[model.node_type]
@@ -120,7 +119,7 @@ def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
     Raises:
         InfeasibleError: if even all-fastest ops cannot meet ``deadline_s``, or HiGHS fails.
     """
-    lp = _floor_lp(job)
+    lp = _floor_lp(job, build_cost_model(job))
     bounds = [(0.0, None)] * (lp.num_vars - 1) + [(0.0, float(deadline_s))]
     res = linprog(
         lp.cost, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=lp.a_eq, b_eq=lp.b_eq, bounds=bounds,
@@ -190,16 +189,19 @@ def _peak_feasible(
 
 
 def lp_peak_time_bound_s(
-    job: PlanningJob, budget_w: float, upper_s: float, *, intervals: int = 256,
-    rel_tol: float = 1e-3,
+    job: PlanningJob, budget_w: float, upper_s: float, *, intervals: int = 64,
+    rel_tol: float = 1e-3, max_time_vars: int = 2_000_000,
 ) -> float:  # fmt: skip
     """A lower bound on the time of any plan of ``job`` whose peak summed power is at most
     ``budget_w`` (module docstring): the largest makespan, bisected between the fastest plan's
     and ``upper_s`` to ``rel_tol``, at which the peak LP with ``intervals`` intervals has no
-    solution (the fastest plan's time when none is found).
+    solution (the fastest plan's time when none is found). Large jobs get fewer intervals, so
+    that the LP has at most about ``max_time_vars`` time variables (a coarser, still valid
+    bound).
     """
-    lp = _floor_lp(job)
     model = build_cost_model(job)
+    lp = _floor_lp(job, model)
+    intervals = max(1, min(intervals, max_time_vars // max(lp.lam_node.size, 1)))
     fastest_s = model.hull_time_s[model.node_type, 0]
     head, tail = _windows(job.graph, fastest_s)
     lo = float((head + fastest_s).max())  # no plan is faster
