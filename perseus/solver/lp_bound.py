@@ -159,7 +159,7 @@ def _peak_feasible(
     span = np.maximum(last - first, 0)
     tau_lam = np.repeat(np.arange(node.size), span)  # the λ each τ belongs to
     tau_j = np.arange(tau_lam.size) - np.repeat(np.cumsum(span) - span, span) + first[tau_lam]
-    excess_w = lp.lam_c / lp.lam_t
+    excess_w = np.divide(lp.lam_c, lp.lam_t, out=np.zeros_like(lp.lam_c), where=lp.lam_t > 0)
     n0, n_tau = lp.num_vars, tau_lam.size
     tau_col = n0 + np.arange(n_tau)
     # Σ_j τ_ikj − λ_ik t_ik = 0
