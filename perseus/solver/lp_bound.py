@@ -1,4 +1,4 @@
-"""The LP floor: the least energy any plan could use by a deadline if ops could mix clocks.
+"""LP bounds: the least energy by a deadline, and the least time under a peak power cap.
 
 Relaxing "one clock per op" to "any convex combination of an op's measured clocks" turns the
 planning problem into a linear program::
@@ -12,21 +12,105 @@ whose value is a lower bound on every real plan's energy at that deadline (a rea
 0/1 ``λ``). Only the lower-hull vertices of each op's options can be optimal, so only they are
 variables. scipy's HiGHS solves it; at 8×96 on the bundled profiles that takes a few seconds.
 
+**Under a peak cap** (:func:`lp_peak_time_bound_s`): the summed power is ``P·R`` plus, for
+every running op, its excess ``x_ik = (e_ik − P·t_ik) / t_ik``, so a peak of at most ``W``
+means the running ops' excess is at most ``X = W − P·R`` at every instant. With a makespan of
+at most ``T``, op ``i`` runs inside its window ``[head_i, T − tail_i]`` (its longest paths
+from the start and to the end at the fastest clocks). Cutting ``[0, T]`` into intervals ``j``
+and adding to the LP above (with ``M ≤ T``, feasibility only) the time ``τ_ikj ≥ 0`` op ``i``
+spends at clock ``k`` in interval ``j`` of its window::
+
+    Σ_j τ_ikj = λ_ik t_ik          Σ_{i,k} x_ik τ_ikj ≤ X·len_j          Σ_{i on rank r, k} τ_ikj ≤ len_j
+
+every real plan of makespan at most ``T`` and peak at most ``W`` is a solution (τ its ops'
+overlaps with the intervals), so where the LP has none no such plan exists: the largest such
+``T`` found by bisection is a lower bound on the fastest plan's time under the cap. Hull
+vertices suffice here too (a clock off the hull is matched, interval by interval, by a mix of
+hull clocks with no more excess). Finer intervals tighten it.
+
 Complexity: an LP with N·H + N + 1 variables and N + E + N rows (H hull vertices per op),
-solved by HiGHS's dual simplex / IPM.
+solved by HiGHS's dual simplex / IPM; under a peak cap, plus N·H variables per interval of each
+op's window, and one bisection step per solve.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import numpy.typing as npt
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from perseus.dag.evaluate import longest_path
+from perseus.dag.graph import OpGraph
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
-from perseus.solver.cost_model import build_cost_model
+from perseus.solver.cost_model import CostModel, build_cost_model
 
-__all__ = ["lp_energy_floor_j"]
+__all__ = ["lp_energy_floor_j", "lp_peak_time_bound_s"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class _FloorLP:
+    """The energy floor's LP (variables: the λs, the starts, then the makespan ``M``).
+
+    Attributes:
+        lam_node, lam_t, lam_c: Per λ variable, its node, hull time and effective cost.
+        cost, a_ub, b_ub, a_eq, b_eq: The LP's objective and constraint rows.
+    """
+
+    lam_node: IntArray
+    lam_t: FloatArray
+    lam_c: FloatArray
+    cost: FloatArray
+    a_ub: sp.csr_array
+    b_ub: FloatArray
+    a_eq: sp.csr_array
+    b_eq: FloatArray
+
+    @property
+    def num_vars(self) -> int:
+        return int(self.cost.size)
+
+
+def _floor_lp(job: PlanningJob, model: CostModel) -> _FloorLP:
+    """The LP floor's variables and rows (the deadline goes in ``M``'s bound)."""
+    g = job.graph
+    n = g.num_nodes
+    nh = model.num_hull[model.node_type]
+    lam_node = np.repeat(np.arange(n), nh)
+    lam_k = np.concatenate([np.arange(h) for h in nh])
+    lam_t = model.hull_time_s[model.node_type[lam_node], lam_k]
+    lam_c = model.hull_cost_j[model.node_type[lam_node], lam_k]
+    n_lam = lam_node.size
+    s0, m_var = n_lam, n_lam + n  # start-time variables follow the λs, then the makespan
+    cost = np.concatenate([lam_c, np.zeros(n), [model.blocking_power_w * g.num_ranks]])
+    a_eq = sp.csr_array((np.ones(n_lam), (lam_node, np.arange(n_lam))), shape=(n, m_var + 1))
+    ne = g.edge_src.size
+    erow = np.arange(ne)
+    # Edge u -> v:  s_u - s_v + Σ λ_u t_u <= -latency.
+    lam_of_node = np.split(np.arange(n_lam), np.cumsum(nh)[:-1])
+    lam_idx = (
+        np.concatenate([lam_of_node[u] for u in g.edge_src.tolist()])
+        if ne
+        else np.zeros(0, dtype=np.int64)
+    )
+    # Node i finishes by M:  s_i + Σ λ_i t_i - M <= 0.
+    nrow = ne + np.arange(n)
+    rows = [erow, erow, np.repeat(erow, nh[g.edge_src]), nrow, ne + lam_node, nrow]
+    cols = [s0 + g.edge_src, s0 + g.edge_dst, lam_idx, s0 + np.arange(n), np.arange(n_lam)]
+    cols.append(np.full(n, m_var))
+    vals = [np.ones(ne), -np.ones(ne), lam_t[lam_idx], np.ones(n), lam_t, -np.ones(n)]
+    a_ub = sp.csr_array(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(ne + n, m_var + 1),
+    )
+    b_ub = np.concatenate([-g.edge_latency_s, np.zeros(n)])
+    return _FloorLP(lam_node, lam_t, lam_c, cost, a_ub, b_ub, a_eq, np.ones(n))
 
 
 def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
@@ -35,58 +119,98 @@ def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
     Raises:
         InfeasibleError: if even all-fastest ops cannot meet ``deadline_s``, or HiGHS fails.
     """
-    model = build_cost_model(job)
-    g = job.graph
-    n = g.num_nodes
-    types = model.node_type
-    nh = model.num_hull[types]
-    lam_node = np.repeat(np.arange(n), nh)
-    lam_k = np.concatenate([np.arange(h) for h in nh])
-    lam_t = model.hull_time_s[types[lam_node], lam_k]
-    lam_c = model.hull_cost_j[types[lam_node], lam_k]
-    n_lam = lam_node.size
-    s0 = n_lam  # start-time variables follow the λs
-    m_var = n_lam + n  # then the makespan
-    n_var = m_var + 1
-    power_ranks = model.blocking_power_w * g.num_ranks
-
-    cost = np.concatenate([lam_c, np.zeros(n), [power_ranks]])
-    # Σ_k λ_ik = 1
-    a_eq = sp.csr_array((np.ones(n_lam), (lam_node, np.arange(n_lam))), shape=(n, n_var))
-    b_eq = np.ones(n)
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    # Edge u -> v:  s_u - s_v + Σ λ_u t_u <= -latency.
-    ne = g.edge_src.size
-    erow = np.arange(ne)
-    rows += [erow, erow]
-    cols += [s0 + g.edge_src, s0 + g.edge_dst]
-    vals += [np.ones(ne), -np.ones(ne)]
-    # λ terms of each edge's source node.
-    lam_of_node = np.split(np.arange(n_lam), np.cumsum(nh)[:-1])
-    counts = nh[g.edge_src]
-    rows.append(np.repeat(erow, counts))
-    lam_idx = (
-        np.concatenate([lam_of_node[u] for u in g.edge_src.tolist()])
-        if ne
-        else np.zeros(0, dtype=np.int64)
-    )
-    cols.append(lam_idx)
-    vals.append(lam_t[lam_idx])
-    # Node i finishes by M:  s_i + Σ λ_i t_i - M <= 0.
-    nrow = ne + np.arange(n)
-    rows += [nrow, ne + lam_node, nrow]
-    cols += [s0 + np.arange(n), np.arange(n_lam), np.full(n, m_var)]
-    vals += [np.ones(n), lam_t, -np.ones(n)]
-    a_ub = sp.csr_array(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(ne + n, n_var)
-    )
-    b_ub = np.concatenate([-g.edge_latency_s, np.zeros(n)])
-    bounds = [(0.0, None)] * (n_lam + n) + [(0.0, float(deadline_s))]
-    res = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
+    lp = _floor_lp(job, build_cost_model(job))
+    bounds = [(0.0, None)] * (lp.num_vars - 1) + [(0.0, float(deadline_s))]
+    res = linprog(
+        lp.cost, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=lp.a_eq, b_eq=lp.b_eq, bounds=bounds,
+        method="highs",
+    )  # fmt: skip
     if res.status == 2:
         raise InfeasibleError(f"no plan, even mixing clocks, finishes within {deadline_s:.6g} s")
     if res.status != 0:
         raise InfeasibleError(f"HiGHS could not solve the LP floor: {res.message}")
     return float(res.fun)
+
+
+def _windows(graph: OpGraph, fastest_s: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Per node, its longest path from the start (head) and to the end (tail) at ``fastest_s``."""
+    head = longest_path(graph, fastest_s)[0]
+    gen_of = np.empty(graph.num_nodes, dtype=np.int64)
+    for k, gen in enumerate(graph.generations):
+        gen_of[gen] = k
+    src, dst, lat = graph.edge_src, graph.edge_dst, graph.edge_latency_s
+    tail = np.zeros(graph.num_nodes)
+    for k in range(len(graph.generations) - 1, -1, -1):
+        e = np.flatnonzero(gen_of[src] == k)
+        np.maximum.at(tail, src[e], tail[dst[e]] + fastest_s[dst[e]] + lat[e])
+    return head, tail
+
+
+def _peak_feasible(
+    job: PlanningJob, lp: _FloorLP, head: FloatArray, tail: FloatArray, budget_w: float,
+    time_s: float, intervals: int,
+) -> bool:  # fmt: skip
+    """Whether the peak LP (module docstring) has a solution with makespan at most ``time_s``."""
+    g = job.graph
+    width = time_s / intervals
+    node = lp.lam_node
+    first = np.floor(head[node] / width).astype(np.int64)
+    last = np.minimum(np.ceil((time_s - tail[node]) / width).astype(np.int64), intervals)
+    span = np.maximum(last - first, 0)
+    tau_lam = np.repeat(np.arange(node.size), span)  # the λ each τ belongs to
+    tau_j = np.arange(tau_lam.size) - np.repeat(np.cumsum(span) - span, span) + first[tau_lam]
+    excess_w = np.divide(lp.lam_c, lp.lam_t, out=np.zeros_like(lp.lam_c), where=lp.lam_t > 0)
+    n0, n_tau = lp.num_vars, tau_lam.size
+    tau_col = n0 + np.arange(n_tau)
+    # Σ_j τ_ikj − λ_ik t_ik = 0
+    link = sp.csr_array(
+        (np.concatenate([np.ones(n_tau), -lp.lam_t]),
+         (np.concatenate([tau_lam, np.arange(node.size)]), np.concatenate([tau_col, np.arange(node.size)]))),
+        shape=(node.size, n0 + n_tau),
+    )  # fmt: skip
+    power = sp.csr_array((excess_w[tau_lam], (tau_j, tau_col)), shape=(intervals, n0 + n_tau))
+    rank_row = g.rank[node[tau_lam]] * intervals + tau_j
+    busy = sp.csr_array(
+        (np.ones(n_tau), (rank_row, tau_col)), shape=(g.num_ranks * intervals, n0 + n_tau)
+    )
+    a_ub = sp.vstack([sp.hstack([lp.a_ub, sp.csr_array((lp.b_ub.size, n_tau))]), power, busy])
+    a_eq = sp.vstack([sp.hstack([lp.a_eq, sp.csr_array((lp.b_eq.size, n_tau))]), link])
+    excess_budget_w = budget_w - job.blocking_power_w * g.num_ranks
+    b_ub = np.concatenate(
+        [lp.b_ub, np.full(intervals, excess_budget_w * width), np.full(g.num_ranks * intervals, width)]
+    )  # fmt: skip
+    b_eq = np.concatenate([lp.b_eq, np.zeros(node.size)])
+    bounds = [(0.0, None)] * (n0 - 1) + [(0.0, time_s)] + [(0.0, None)] * n_tau
+    res = linprog(
+        np.zeros(n0 + n_tau), A_ub=sp.csr_array(a_ub), b_ub=b_ub, A_eq=sp.csr_array(a_eq),
+        b_eq=b_eq, bounds=bounds, method="highs-ipm",
+    )  # fmt: skip
+    return bool(res.status != 2)  # only a proof of infeasibility counts
+
+
+def lp_peak_time_bound_s(
+    job: PlanningJob, budget_w: float, upper_s: float, *, intervals: int = 64,
+    rel_tol: float = 1e-3, max_time_vars: int = 2_000_000,
+) -> float:  # fmt: skip
+    """A lower bound on the time of any plan of ``job`` whose peak summed power is at most
+    ``budget_w`` (module docstring): the largest makespan, bisected between the fastest plan's
+    and ``upper_s`` to ``rel_tol``, at which the peak LP with ``intervals`` intervals has no
+    solution (the fastest plan's time when none is found). Large jobs get fewer intervals, so
+    that the LP has at most about ``max_time_vars`` time variables (a coarser, still valid
+    bound).
+    """
+    model = build_cost_model(job)
+    lp = _floor_lp(job, model)
+    intervals = max(1, min(intervals, max_time_vars // max(lp.lam_node.size, 1)))
+    fastest_s = model.hull_time_s[model.node_type, 0]
+    head, tail = _windows(job.graph, fastest_s)
+    lo = float((head + fastest_s).max())  # no plan is faster
+    hi = max(float(upper_s), lo)
+    if not _peak_feasible(job, lp, head, tail, budget_w, lo, intervals):
+        while hi - lo > rel_tol * lo:
+            mid = 0.5 * (lo + hi)
+            if _peak_feasible(job, lp, head, tail, budget_w, mid, intervals):
+                hi = mid
+            else:
+                lo = mid
+    return lo

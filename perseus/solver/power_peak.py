@@ -14,9 +14,9 @@ less time than moving to a slower frontier plan. :func:`fastest_under_peak` sear
   lower by one clock the op running at the peak instant whose lowering costs the least
   iteration time (every candidate timed in one batched longest path). Below every shaved plan,
   the plans of a uniform per-op power level (every op at the highest clock whose power fits:
-  what one GPU power limit does). Not exact; never slower than the frontier's pick, and the
-  frontier's average-power pick bounds it from below (a plan whose peak is at most W averages
-  at most W): :class:`PeakPick` states that gap.
+  what one GPU power limit does). Not exact; never slower than the frontier's pick, and
+  :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s` (a time-indexed LP relaxation of the
+  peak cap) bounds it from below: :class:`PeakPick` states that gap.
 * ``method="auto"``: exhaustive when the job has at most ``max_plans`` plans, else search.
 
 The plan returned is priced by the exact evaluator and :func:`~perseus.solver.power.plan_power`.
@@ -40,7 +40,8 @@ from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.schedule.actions import Kind
-from perseus.solver.power import PowerTimeline, fastest_under_power, plan_power, timeline_of
+from perseus.solver.lp_bound import lp_peak_time_bound_s
+from perseus.solver.power import PowerTimeline, plan_power, timeline_of
 
 __all__ = ["PeakPick", "fastest_under_peak"]
 
@@ -58,8 +59,7 @@ class PeakPick:
         method: ``"exhaustive"`` (exact) or ``"search"``.
         frontier_time_s: The frontier's fastest plan whose peak fits (None: none fits).
         bound_time_s: A lower bound on any plan's time (exhaustive: the point's own; search:
-            the frontier's fastest plan whose *average* power fits, exact up to the
-            frontier's gap to the LP bound).
+            the peak LP's, :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s`).
         evaluated: Plans timed (the search: one per shaving step and per candidate lowering).
     """
 
@@ -282,6 +282,7 @@ def fastest_under_peak(
     method: Literal["auto", "exhaustive", "search"] = "auto",
     max_plans: int = 100_000,
     max_bases: int = 6,
+    bound_intervals: int = 64,
 ) -> PeakPick:
     """The fastest plan whose peak summed power is at most ``budget_w`` (see module).
 
@@ -292,6 +293,7 @@ def fastest_under_peak(
         method: ``"auto"``, ``"exhaustive"`` or ``"search"``.
         max_plans: Most plans ``"auto"`` enumerates.
         max_bases: Most frontier plans the search shaves from (evenly spread, fastest first).
+        bound_intervals: Intervals of the search's lower-bound LP (more: tighter and slower).
 
     Raises:
         InfeasibleError: if no plan found fits (naming the lowest peak seen).
@@ -318,7 +320,11 @@ def fastest_under_peak(
         point=best,
         method=method,
         frontier_time_s=None if frontier_best is None else frontier_best.time_s,
-        bound_time_s=best.time_s if exact else _average_bound(priced, budget_w, best),
+        bound_time_s=(
+            best.time_s
+            if exact
+            else lp_peak_time_bound_s(job, budget_w, best.time_s, intervals=bound_intervals)
+        ),
         evaluated=timed,
     )
 
@@ -330,12 +336,3 @@ def _frontier_pick(
     priced = [p if p.power is not None else p.model_copy(update={"power": plan_power(job, p)}) for p in points]  # fmt: skip
     fits = [p for p in priced if p.power is not None and p.power.peak_power_w <= budget_w]
     return priced, min(fits, key=lambda p: (p.time_s, p.energy_j)) if fits else None
-
-
-def _average_bound(priced: Sequence[PlanPoint], budget_w: float, best: PlanPoint) -> float:
-    """The frontier's fastest plan whose average power fits (no faster plan can have its
-    peak under the budget), or ``best``'s own time when none does."""
-    try:
-        return min(best.time_s, fastest_under_power(priced, budget_w).time_s)
-    except InfeasibleError:
-        return best.time_s
