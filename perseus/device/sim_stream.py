@@ -81,6 +81,12 @@ class SimEvent:
         """Block until the device has passed this point."""
         self._stream.wait_for(self)
 
+    def wait(self, until_s: float) -> bool:
+        """Block until the device has passed this point or its clock reads ``until_s``,
+        whichever comes first; True when it passed. On a virtual clock that is one step to the
+        earlier of the two (another only if a clock change moved this point meanwhile)."""
+        return self._stream.wait_for(self, until_s)
+
     def device_time_s(self) -> float:
         """When the device passed this point (the GPU's clock); waits for it if needed."""
         if self._time_s is None:
@@ -564,13 +570,16 @@ class SimStream:
                 return None
             return self._plan()[1].get(id(event))
 
-    def wait_for(self, event: SimEvent) -> None:
+    def wait_for(self, event: SimEvent, until_s: float = math.inf) -> bool:
+        """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""
         clock = self._dev.clock
         while True:
             predicted = self.predicted_time_s(event)
             if predicted is None:
-                return
-            remaining = predicted - clock.now()
+                return True
+            remaining = min(predicted, until_s) - clock.now()
+            if remaining <= 0 and predicted > until_s:
+                return False
             if remaining > _SPIN_S:
                 clock.sleep(remaining - _SPIN_S)
             else:

@@ -29,12 +29,13 @@ signal handlers that may have interrupted a thread holding the controller's lock
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import deque
 
 from perseus.device.base import GPU, ClockReadbackGPU, DeviceEvent, EventSource, ObserveOnlyWarning
-from perseus.device.clock import REAL_CLOCK, Clock
+from perseus.device.clock import REAL_CLOCK, Clock, TimedWait
 from perseus.errors import DeviceError
 from perseus.runtime.agent.boundary import Boundary, MidSwitch
 from perseus.runtime.agent.clock_setter import ApplyStats, ClockSetter
@@ -352,7 +353,12 @@ class FrequencyController:
 
     def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
         """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
-        end event completed."""
+        end event completed. On a virtual clock an event that knows when it completes (the
+        simulator's) takes one step to the earlier of the two, where polling takes one per
+        poll."""
+        end = job.end
+        if not self.clock.real_time and isinstance(end, TimedWait):
+            return end.wait(math.inf if until_s is None else until_s)
         events, sleep = self.events, self.clock.sleep
         while not self._closed:
             end = job.end
