@@ -574,16 +574,20 @@ class SimStream:
         """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""
         clock = self._dev.clock
         while True:
-            predicted = self.predicted_time_s(event)
+            with self._lock:
+                now = self._now()
+                self._commit(now)
+                if event._time_s is not None:
+                    return True
+                if now >= until_s:
+                    return False
+                predicted = self._plan()[1].get(id(event))  # if the clock does not change
             if predicted is None:
                 return True
             remaining = min(predicted, until_s) - clock.now()
-            if remaining <= 0 and predicted > until_s:
-                return False
-            if remaining > _SPIN_S:
-                clock.sleep(remaining - _SPIN_S)
-            else:
-                # Spin the last stretch on a real clock for precision; a virtual clock is given
-                # the remainder, at least a nanosecond (rounding can leave the event a hair
-                # past "now"), or it would never advance.
-                clock.sleep(0 if clock.real_time else max(remaining, 1e-9))
+            if not clock.real_time:
+                # One step there, at least a nanosecond (rounding can leave the event a hair
+                # past "now"), or the clock would never advance.
+                clock.sleep(max(remaining, 1e-9))
+            else:  # sleep, then spin the last stretch for precision
+                clock.sleep(remaining - _SPIN_S if remaining > _SPIN_S else 0)
