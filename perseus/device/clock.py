@@ -23,15 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = [
-    "REAL_CLOCK",
-    "Clock",
-    "RealClock",
-    "TimedWait",
-    "VirtualClock",
-    "WallClock",
-    "clock_of",
-]
+__all__ = ["REAL_CLOCK", "Clock", "RealClock", "VirtualClock", "WallClock", "clock_of"]
 
 
 @runtime_checkable
@@ -47,17 +39,6 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (a virtual clock advances by that much instead)."""
-        ...
-
-
-@runtime_checkable
-class TimedWait(Protocol):
-    """A device event that can wait with a deadline on its device's clock (the simulator's):
-    it knows when it completes, so on a :class:`VirtualClock` the wait is one step to the
-    earlier of the two, where polling the event takes one step per poll."""
-
-    def wait(self, until_s: float) -> bool:
-        """Block until the event completed (True) or the clock reads ``until_s`` (False)."""
         ...
 
 

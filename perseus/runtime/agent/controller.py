@@ -23,7 +23,8 @@ rank agent only *posts* work and a worker makes the driver calls
 With a :class:`~perseus.device.clock.VirtualClock` there is no worker thread: the work is done
 inline, in order, by :meth:`FrequencyController.flush` and
 :meth:`FrequencyController.wait_applied`, so every timing decision is deterministic
-(``docs/timing.md``). :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
+(``docs/timing.md``; an emulating host flushes before it waits for each op's end). A wait for
+a simulated event (``SimEvent.wait``, with a deadline) is then one step of the clock. :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
 signal handlers that may have interrupted a thread holding the controller's lock.
 """
 
@@ -33,10 +34,10 @@ import math
 import threading
 import warnings
 from collections import deque
-from typing import cast
+from collections.abc import Callable
 
 from perseus.device.base import GPU, ClockReadbackGPU, DeviceEvent, EventSource, ObserveOnlyWarning
-from perseus.device.clock import REAL_CLOCK, Clock, TimedWait
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError
 from perseus.runtime.agent.boundary import Boundary, MidSwitch
 from perseus.runtime.agent.clock_setter import ApplyStats, ClockSetter
@@ -357,9 +358,9 @@ class FrequencyController:
         end event completed. On a virtual clock an event that knows when it completes (the
         simulator's) takes one step to the earlier of the two, where polling takes one per
         poll."""
-        end = job.end
-        if not self.clock.real_time and hasattr(end, "wait"):  # cheaper than isinstance
-            return cast(TimedWait, end).wait(math.inf if until_s is None else until_s)
+        wait: Callable[[float], bool] | None = getattr(job.end, "wait", None)  # SimEvent.wait
+        if wait is not None and not self.clock.real_time:
+            return wait(math.inf if until_s is None else until_s)
         events, sleep = self.events, self.clock.sleep
         while not self._closed:
             end = job.end
