@@ -82,9 +82,8 @@ class SimEvent:
         self._stream.wait_for(self)
 
     def wait(self, until_s: float) -> bool:
-        """Block until the device has passed this point or its clock reads ``until_s``,
-        whichever comes first; True when it passed. On a virtual clock that is one step to the
-        earlier of the two (another only if a clock change moved this point meanwhile)."""
+        """Block until the device has passed this point (True) or its clock reads ``until_s``
+        (False); on a virtual clock, one step to the earlier of the two."""
         return self._stream.wait_for(self, until_s)
 
     def device_time_s(self) -> float:
@@ -585,9 +584,8 @@ class SimStream:
             if predicted is None:
                 return True
             remaining = min(predicted, until_s) - clock.now()
-            if not clock.real_time:
-                # One step there, at least a nanosecond (rounding can leave the event a hair
-                # past "now"), or the clock would never advance.
-                clock.sleep(max(remaining, 1e-9))
-            else:  # sleep, then spin the last stretch for precision
-                clock.sleep(remaining - _SPIN_S if remaining > _SPIN_S else 0)
+            # A virtual clock: one step, of a nanosecond at least (rounding can leave the event
+            # a hair past "now"); a real one: sleep, then spin the last stretch for precision.
+            clock.sleep(
+                max(remaining, 1e-9) if not clock.real_time else max(0.0, remaining - _SPIN_S)
+            )

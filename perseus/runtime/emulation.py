@@ -183,9 +183,7 @@ class StreamEmulator(DeviceRun):
         self, action: Action, end: DeviceEvent | None, controller: FrequencyController | None = None
     ) -> None:
         """Hold the host until the op's end event, then publish its device time. An inline
-        ``controller`` (a virtual clock: no worker thread) first does its work for the op on
-        the device's timeline, as its worker would while the host waits: the next op's clocks
-        land as this op ends, not when the iteration does."""
+        ``controller`` (virtual clock) first does the op's clock work, as its thread would."""
         self.actions += 1
         if end is None:
             end = self._gpu.record_event()

@@ -78,11 +78,8 @@ class FrequencyController:
             per-op reads would only return 0 or one whole 100 ms step, and would make the
             worker fall behind the ops; iteration energy is then read at the iteration's ends.
         clock: Where the worker reads the time and sleeps (:mod:`perseus.device.clock`); the
-            device's events must be on the same timeline when it is virtual.
-        threaded: Run the worker on its own thread (default: when ``clock`` is real). Without a
-            thread the work posted is done on the caller's thread, in order, by :meth:`flush`
-            and :meth:`wait_applied`: with a :class:`~perseus.device.clock.VirtualClock` every
-            timing decision is then deterministic (tests).
+            device's events must be on the same timeline when it is virtual, and the work is
+            then done inline (no thread; see the module docstring).
     """
 
     def __init__(
@@ -93,11 +90,10 @@ class FrequencyController:
         control: bool = True,
         stamp_ops: bool = True,
         clock: Clock = REAL_CLOCK,
-        threaded: bool | None = None,
     ) -> None:
         self.gpu = gpu
         self.clock = clock
-        self._threaded = clock.real_time if threaded is None else threaded
+        self._threaded = clock.real_time
         self.events = events
         self._stamp_ops = stamp_ops
         self._cond = threading.Condition(threading.Lock())
