@@ -179,7 +179,7 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
         sleeps = clock.sleeps
         assert ctl.flush()
         # The op's start, its clock read mid-way, the aim, the set call, its end.
-        assert clock.sleeps - sleeps <= 8, "the controller polled the virtual clock"
+        assert clock.sleeps - sleeps <= 5, "the controller polled the virtual clock"
         assert report.issue_s is not None and report.return_s is not None
         ctl.close()
         return report.issue_s - start.device_time_s(), report.return_s - start.device_time_s(), t_f
