@@ -4,6 +4,7 @@ hooks."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -139,7 +140,7 @@ def test_late_host_does_not_delay_the_device(gpu, tmp_path):
     assert timeline.ready_s(Action(1, Kind.B, 0)) == pytest.approx(end.device_time_s())
 
 
-def test_a_mixed_clock_plan_measures_its_planned_time_and_energy(tmp_path):
+def test_a_mixed_clock_plan_measures_its_planned_time_and_energy(tmp_path: Path) -> None:
     """On a virtual clock the controller has no thread: it does its work for each op before
     the emulating host waits for the op's end, so each clock change lands as its op ends. A
     frontier point whose ops use several clocks then measures what was planned, within
@@ -170,6 +171,7 @@ def test_a_mixed_clock_plan_measures_its_planned_time_and_energy(tmp_path):
         return session.history
 
     history = run(0)
+    assert len(history) == 3
     for stats in history:
         assert stats.time_s == pytest.approx(point.time_s, rel=1e-3)
         assert stats.energy_j == pytest.approx(point.energy_j, rel=1e-3)
