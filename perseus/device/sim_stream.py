@@ -81,6 +81,11 @@ class SimEvent:
         """Block until the device has passed this point."""
         self._stream.wait_for(self)
 
+    def wait(self, until_s: float) -> bool:
+        """Block until the device has passed this point (True) or its clock reads ``until_s``
+        (False); on a virtual clock, one step to the earlier of the two."""
+        return self._stream.wait_for(self, until_s)
+
     def device_time_s(self) -> float:
         """When the device passed this point (the GPU's clock); waits for it if needed."""
         if self._time_s is None:
@@ -551,17 +556,23 @@ class SimStream:
                 return None
             return self._plan()[1].get(id(event))
 
-    def wait_for(self, event: SimEvent) -> None:
+    def wait_for(self, event: SimEvent, until_s: float = math.inf) -> bool:
+        """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""
         clock = self._dev.clock
         while True:
-            predicted = self.predicted_time_s(event)
+            with self._lock:
+                now = self._now()
+                self._commit(now)
+                if event._time_s is not None:
+                    return True
+                if now >= until_s:
+                    return False
+                predicted = self._plan()[1].get(id(event))  # if the clock does not change
             if predicted is None:
-                return
-            remaining = predicted - clock.now()
-            if remaining > _SPIN_S:
-                clock.sleep(remaining - _SPIN_S)
-            else:
-                # Spin the last stretch on a real clock for precision; a virtual clock is given
-                # the remainder, at least a nanosecond (rounding can leave the event a hair
-                # past "now"), or it would never advance.
-                clock.sleep(0 if clock.real_time else max(remaining, 1e-9))
+                return True
+            remaining = min(predicted, until_s) - clock.now()
+            # A virtual clock: one step, of a nanosecond at least (rounding can leave the event
+            # a hair past "now"); a real one: sleep, then spin the last stretch for precision.
+            clock.sleep(
+                max(remaining, 1e-9) if not clock.real_time else max(0.0, remaining - _SPIN_S)
+            )

@@ -53,6 +53,7 @@ from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
 if TYPE_CHECKING:
+    from perseus.runtime.agent.controller import FrequencyController
     from perseus.runtime.agent.rank_agent import RankAgent
 
 __all__ = [
@@ -178,13 +179,18 @@ class StreamEmulator(DeviceRun):
         """Queue the action's op (returns at once, like kernel launches)."""
         self._gpu.launch(action.stage_index, action.kind)
 
-    def finish(self, action: Action, end: DeviceEvent | None) -> None:
-        """Hold the host until the op's end event, then publish its device time."""
+    def finish(
+        self, action: Action, end: DeviceEvent | None, controller: FrequencyController | None = None
+    ) -> None:
+        """Hold the host until the op's end event, then publish its device time. An inline
+        ``controller`` (virtual clock) first does the op's clock work, as its thread would."""
         self.actions += 1
         if end is None:
             end = self._gpu.record_event()
         if end.query():  # done before the host even left the op: the CPU was slower
             self._overrun(action)
+        if controller is not None and not controller.threaded:
+            controller.flush()
         end.synchronize()
         if self._timeline is not None:
             self._timeline.finish(action, end.device_time_s())
@@ -226,7 +232,7 @@ class StreamEmulator(DeviceRun):
             self.launch(action)
             agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
             yield
-        self.finish(action, agent.last_op_end_event)
+        self.finish(action, agent.last_op_end_event, agent.controller)
 
     def _overrun(self, action: Action) -> None:
         self.overruns += 1

@@ -146,7 +146,8 @@ def test_close_drops_pending_and_stops_thread(tmp_path: Path) -> None:
 def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: Path) -> None:
     """No worker thread: a request is applied on the caller's thread, its set latency moves
     the virtual clock (not the wall clock), and a posted boundary is handled by flush() at
-    the op's predicted end, to the microsecond the same in every run."""
+    the op's predicted end, to the microsecond the same in every run. Its waits on the
+    simulator's events take one step each to the moment they wait for, not one per poll."""
     from perseus.device.clock import VirtualClock
     from perseus.runtime.agent.boundary import Boundary, OpRequest
     from perseus.schedule import Kind
@@ -175,7 +176,10 @@ def test_on_a_virtual_clock_the_controller_works_inline_and_in_order(tmp_path: P
         ctl.post(job)
         report = job.report
         assert report.issue_s is None  # nothing runs until someone waits
+        sleeps = clock.sleeps
         assert ctl.flush()
+        # The op's start, its clock read mid-way, the aim, the set call, its end.
+        assert clock.sleeps - sleeps <= 5, "the controller polled the virtual clock"
         assert report.issue_s is not None and report.return_s is not None
         ctl.close()
         return report.issue_s - start.device_time_s(), report.return_s - start.device_time_s(), t_f

@@ -124,13 +124,11 @@ def test_an_emulated_job_follows_the_schedule_in_time_and_pays_what_it_stated(
     last = doc.intervals[-1]
     assert last.start_s <= report.elapsed_s <= last.end_s
     # The cost it incurred matches the schedule's within 1 %: of the scheduled cost on the
-    # short signals and on the price-jump week (all its prices are positive: gross = net,
-    # 0.89 % off), of the week's gross cost (sum of |value| x energy) on the negative week,
-    # whose net is a near-cancelling sum of dear and paid hours (0.38 % of gross, 2.9 % of
-    # net). Repeatable: on this virtual clock the clock worker runs inline. What is left is
-    # emulation, not planning: single-clock hours match exactly, while the hours of plans that
-    # change clocks between ops draw 3-9 % more, their clock changes landing after the ops
-    # (the inline worker runs when the iteration ends; an emulating host waits for each op).
+    # short signals and on the price-jump week (all its prices are positive: gross = net), of
+    # the week's gross cost (sum of |value| x energy) on the negative week, whose net is a
+    # near-cancelling sum of dear and paid hours. Repeatable: on this virtual clock the clock
+    # worker runs inline, each op's work before the emulating host waits for the op's end, so
+    # mixed-clock hours land their clock changes as planned too (both weeks within 0.002 %).
     assert report.scheduled != 0
     gross = sum(abs(iv.value) * (iv.energy_j + iv.idle_energy_j) for iv in ivs) / J_PER_KWH
     bound = 0.01 * (gross if isinstance(signal, str) else abs(report.scheduled))

@@ -13,6 +13,7 @@ feeds :func:`issue_offset_s`.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -72,6 +73,11 @@ def issue_offset_s(
         return 0.5 * (lo + hi)
 
     return 0.5 * (bounds(False) + bounds(True))
+
+
+#: The same inputs recur op after op in steady state (each op's gap and error quantiles, the
+#: landing quantiles re-taken every 8 landings): 96 bisection steps each time otherwise.
+_issue_offset_cached_s = functools.lru_cache(maxsize=64)(issue_offset_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +299,7 @@ class ClockSetter:
             if len(errs) >= 8
             else ()
         )
-        return issue_offset_s(landings, gap_s, errors)
+        return _issue_offset_cached_s(landings, gap_s, errors)
 
     def stats(self, stale: int) -> ApplyStats:
         """Apply-delay statistics over the recent history (``stale``: requests overwritten

@@ -23,15 +23,18 @@ rank agent only *posts* work and a worker makes the driver calls
 With a :class:`~perseus.device.clock.VirtualClock` there is no worker thread: the work is done
 inline, in order, by :meth:`FrequencyController.flush` and
 :meth:`FrequencyController.wait_applied`, so every timing decision is deterministic
-(``docs/timing.md``). :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
+(``docs/timing.md``; an emulating host flushes before it waits for each op's end). A wait for
+a simulated event (``SimEvent.wait``, with a deadline) is then one step of the clock. :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
 signal handlers that may have interrupted a thread holding the controller's lock.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import deque
+from collections.abc import Callable
 
 from perseus.device.base import GPU, ClockReadbackGPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.device.clock import REAL_CLOCK, Clock
@@ -75,11 +78,8 @@ class FrequencyController:
             per-op reads would only return 0 or one whole 100 ms step, and would make the
             worker fall behind the ops; iteration energy is then read at the iteration's ends.
         clock: Where the worker reads the time and sleeps (:mod:`perseus.device.clock`); the
-            device's events must be on the same timeline when it is virtual.
-        threaded: Run the worker on its own thread (default: when ``clock`` is real). Without a
-            thread the work posted is done on the caller's thread, in order, by :meth:`flush`
-            and :meth:`wait_applied`: with a :class:`~perseus.device.clock.VirtualClock` every
-            timing decision is then deterministic (tests).
+            device's events must be on the same timeline when it is virtual, and the work is
+            then done inline (no thread; see the module docstring).
     """
 
     def __init__(
@@ -90,11 +90,10 @@ class FrequencyController:
         control: bool = True,
         stamp_ops: bool = True,
         clock: Clock = REAL_CLOCK,
-        threaded: bool | None = None,
     ) -> None:
         self.gpu = gpu
         self.clock = clock
-        self._threaded = clock.real_time if threaded is None else threaded
+        self._threaded = clock.real_time
         self.events = events
         self._stamp_ops = stamp_ops
         self._cond = threading.Condition(threading.Lock())
@@ -352,7 +351,12 @@ class FrequencyController:
 
     def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
         """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
-        end event completed."""
+        end event completed. On a virtual clock an event that knows when it completes (the
+        simulator's) takes one step to the earlier of the two, where polling takes one per
+        poll."""
+        wait: Callable[[float], bool] | None = getattr(job.end, "wait", None)  # SimEvent.wait
+        if wait is not None and not self.clock.real_time:
+            return wait(math.inf if until_s is None else until_s)
         events, sleep = self.events, self.clock.sleep
         while not self._closed:
             end = job.end
