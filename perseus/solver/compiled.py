@@ -31,6 +31,7 @@ import numpy as np
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
 
@@ -186,27 +187,6 @@ def _relaxation_cost(op_cost):
     for v in range(op_cost.size):
         cost += op_cost[v]
     return cost
-
-
-@_jit_inline
-def _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
-    """Move flow between op ``v``'s arc and its terminal arcs before their capacities change.
-
-    A changed lower bound moves capacity between the op arc and its two terminal arcs; moving
-    the same amount of flow along keeps every node balanced, so the common case needs no
-    cancelling and no re-augmenting.
-    """
-    f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
-    lo = max(f_op - op_cap, -f_t, -f_s)
-    hi = min(f_op, term_cap - f_t, term_cap - f_s)
-    theta = min(max(np.int64(0), lo), hi) if lo <= hi else np.int64(0)
-    if theta != 0:
-        res[rs[v]] -= theta
-        res[fs[v]] += theta
-        res[rs[n + v]] += theta
-        res[fs[n + v]] -= theta
-        res[rs[2 * n + v]] += theta
-        res[fs[2 * n + v]] -= theta
 
 
 @_jit_inline
