@@ -20,7 +20,7 @@ This module is imported lazily by the solver so that ``import perseus.solver`` s
 Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
 for the capacity update, O(N + M·H) for the relaxation's cost (M ops moved by the step, H hull
 vertices per op: each op's cost and hull segment are kept between iterations), and the
-re-augmentation (Dinic, O(V²E) worst case; one or two phases on pipeline DAGs).
+re-augmentation (Dinic, O(V²E) worst case; three or four phases on pipeline DAGs).
 """
 
 from __future__ import annotations

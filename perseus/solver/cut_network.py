@@ -11,8 +11,9 @@ phases re-augment (:func:`augment`). The cut found is re-priced in floating poin
 integer scale can only pick a marginally sub-optimal cut, never a wrong price.
 
 Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
-the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case, one or two phases per walk
-iteration on pipeline DAGs, each a search of the part reachable from the source).
+the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case; three or four phases per
+walk iteration on pipeline DAGs, each a search of the part that reaches the sink, then one of
+the part the source reaches).
 """
 
 from __future__ import annotations
