@@ -28,6 +28,7 @@ __all__ = ["walk_reference"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 Progress = Callable[[float], None]
 
 _MAX_NEWTON = 64
@@ -75,7 +76,7 @@ def walk_reference(
         if side is None:
             break
         iterations += 1
-        move, cut_value, exact, total_room = _read_cut(side, c, d, prices)
+        move, cut_value, exact, total_room = _read_cut(side, c, prices)
         step_max = min(max(exact, quantum), total_room)
         step = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)[0]
         if step <= 0.0:  # a cut whose move cannot shorten the iteration would repeat forever
@@ -91,18 +92,14 @@ def walk_reference(
 
 
 _Prices = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]
+_Times = tuple[FloatArray, FloatArray, FloatArray, float]
 
 
 def _prices(model: CostModel, c: IntArray, d: FloatArray, tol: float) -> _Prices:
     """The critical ops' durations and fastest times, their next-faster slope and room
     (``upper``, inf at the fastest vertex) and next-slower (``lower``, 0 at the slowest)."""
     types = model.node_type[c]
-    dc, htc, hsc, nhc = (
-        d[c],
-        model.hull_time_s[types],
-        model.hull_slope[types],
-        model.num_hull[types],
-    )
+    dc, htc, hsc = d[c], model.hull_time_s[types], model.hull_slope[types]
     k = np.arange(c.size)
     a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
     at_v = (dc - htc[k, a]) <= tol
@@ -110,22 +107,13 @@ def _prices(model: CostModel, c: IntArray, d: FloatArray, tol: float) -> _Prices
     upper = np.where(lower_v >= 0, hsc[k, np.maximum(lower_v, 0)], np.inf)
     upper = np.where(at_v & (a == 0), np.inf, upper)
     room_red = dc - htc[k, np.maximum(lower_v, 0)]
-    can_len = ~(at_v & (a >= nhc - 1))
+    can_len = ~(at_v & (a >= model.num_hull[types] - 1))
     lower = np.where(can_len, hsc[k, np.minimum(a, hsc.shape[1] - 1)], 0.0)
     room_len = np.where(can_len, htc[k, np.minimum(a + 1, htc.shape[1] - 1)] - dc, 0.0)
     return dc, htc[:, 0], upper, lower, room_red, room_len
 
 
-def _min_cut(
-    job: PlanningJob,
-    topo: Topology,
-    c: IntArray,
-    crit: npt.NDArray[np.bool_],
-    times: tuple[FloatArray, FloatArray, FloatArray, float],
-    d: FloatArray,
-    crit_tol: float,
-    prices: _Prices,
-) -> npt.NDArray[np.bool_] | None:
+def _min_cut(job: PlanningJob, topo: Topology, c: IntArray, crit: BoolArray, times: _Times, d: FloatArray, crit_tol: float, prices: _Prices) -> BoolArray | None:  # fmt: skip
     """The source side of the minimum cut of the critical sub-DAG (``times``: earliest
     start and finish, latest finish, deadline); None when no finite cut exists."""
     start, end, lf, deadline = times
@@ -152,9 +140,7 @@ def _min_cut(
     )
 
 
-def _read_cut(
-    side: npt.NDArray[np.bool_], c: IntArray, d: FloatArray, prices: _Prices
-) -> tuple[_Move, float, float, float]:
+def _read_cut(side: BoolArray, c: IntArray, prices: _Prices) -> tuple[_Move, float, float, float]:
     """The cut's move, its marginal cost, the longest step before an op reaches a hull
     vertex, and before one reaches its fastest."""
     dc, fastest, upper, lower, room_red, room_len = prices
