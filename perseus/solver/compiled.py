@@ -20,7 +20,7 @@ This module is imported lazily by the solver so that ``import perseus.solver`` s
 Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
 for the capacity update, O(N + M·H) for the relaxation's cost (M ops moved by the step, H hull
 vertices per op: each op's cost and hull segment are kept between iterations), and the
-re-augmentation (Dinic, O(V²E) worst case; one or two phases on pipeline DAGs).
+re-augmentation (Dinic, O(V²E) worst case; three or four phases on pipeline DAGs).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
 
@@ -189,74 +190,73 @@ def _relaxation_cost(op_cost):
 
 
 @_jit_inline
-def _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
-    """Move flow between op ``v``'s arc and its terminal arcs before their capacities change.
-
-    A changed lower bound moves capacity between the op arc and its two terminal arcs; moving
-    the same amount of flow along keeps every node balanced, so the common case needs no
-    cancelling and no re-augmenting.
-    """
-    f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
-    lo = max(f_op - op_cap, -f_t, -f_s)
-    hi = min(f_op, term_cap - f_t, term_cap - f_s)
-    theta = min(max(np.int64(0), lo), hi) if lo <= hi else np.int64(0)
-    if theta != 0:
-        res[rs[v]] -= theta
-        res[fs[v]] += theta
-        res[rs[n + v]] += theta
-        res[fs[n + v]] -= theta
-        res[rs[2 * n + v]] += theta
-        res[fs[2 * n + v]] -= theta
-
-
-@_jit_inline
 def _update_network(topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices, flow):  # fmt: skip
     """Mark the critical ops; give the cut network their prices (next-faster slope: upper,
     next-slower: lower) as capacities, ``tie_units`` more per moved op (so ties go to cuts
     moving fewer ops: else two ops just off their vertices on one path swap in turn and the
-    walk crawls). Per-op code is written out (a helper per op, even inlined, made the walk
-    1.2-1.5x slower). False when a cancellation overflowed its stack (restart from zero)."""
-    pred_ptr, succ_ptr, succ_idx, succ_lat = topo[1], topo[4], topo[5], topo[6]
-    start, end, late_finish = paths[0], paths[1], paths[3]
+    walk crawls). Each step is one loop over the ops (a helper per op, even inlined, made the
+    walk several times slower). False when a cancellation overflowed its stack (restart
+    from zero)."""
+    crit_tol = 100.0 * tol
+    _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices)
+    ok = _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow)
+    edges_ok = _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow)
+    return ok and edges_ok
+
+
+@_jit_inline
+def _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices):
+    """Mark the critical ops and price each: the next-faster segment's slope (``upper``, inf
+    at the fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
+    end, late_finish = paths[1], paths[3]
     ht, hs, nh = hull[0], hull[1], hull[3]
     upper, lower, room_red, room_len = prices
+    for v in range(dur.size):
+        crit[v] = (late_finish[v] - end[v]) <= crit_tol
+        if not crit[v]:
+            continue
+        dv = dur[v]
+        a = max(seg[v], 0)
+        at_v = (dv - ht[v, a]) <= tol
+        lower_v = a - 1 if at_v else a
+        if lower_v >= 0:
+            upper[v] = hs[v, lower_v]
+            room_red[v] = dv - ht[v, lower_v]
+        else:
+            upper[v] = np.inf
+            room_red[v] = 0.0
+        if at_v and a >= nh[v] - 1:
+            lower[v] = 0.0
+            room_len[v] = 0.0
+        else:
+            lower[v] = hs[v, min(a, hs.shape[1] - 1)]
+            room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
+
+
+@_jit_inline
+def _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
+    """Each op's arc, terminal arcs and source/sink arcs get their capacities from its
+    prices (none when it is not critical); False when a cancellation overflowed its stack."""
+    pred_ptr, succ_ptr = topo[1], topo[4]
+    start, end = paths[0], paths[1]
+    upper, lower = prices[0], prices[1]
     net, capa, res, stack_n, stack_a = flow
     a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
-    n = dur.size
-    n_edges = succ_idx.size
-    crit_tol = 100.0 * tol
+    n = crit.size
+    n_edges = capa.size - 5 * n
     ok = True
     op_arc = np.empty(5, dtype=np.int64)  # an op's arcs: op, 2 terminals, source, sink
     op_new = np.empty(5, dtype=np.int64)
     for v in range(n):
-        crit[v] = (late_finish[v] - end[v]) <= crit_tol
-    for v in range(n):
         op_cap = term_cap = src_cap = snk_cap = np.int64(0)
         if crit[v]:
-            dv = dur[v]
-            a = max(seg[v], 0)
-            at_v = (dv - ht[v, a]) <= tol
-            lower_v = a - 1 if at_v else a
-            if lower_v >= 0:
-                upper[v] = hs[v, lower_v]
-                room_red[v] = dv - ht[v, lower_v]
-            else:
-                upper[v] = np.inf
-                room_red[v] = 0.0
-            if at_v and a >= nh[v] - 1:
-                lower[v] = 0.0
-                room_len[v] = 0.0
-            else:
-                lower[v] = hs[v, min(a, hs.shape[1] - 1)]
-                room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
             term_cap = np.int64(np.rint(lower[v] * scale))
             tie = np.int64(tie_units)
             if term_cap > tie:
                 term_cap -= tie
                 tie *= 2
-            if upper[v] == np.inf:
-                op_cap = _INF_CAP
-            else:
+            op_cap = _INF_CAP
+            if upper[v] != np.inf:
                 op_cap = np.int64(np.rint((upper[v] - lower[v]) * scale)) + tie
             if pred_ptr[v] == pred_ptr[v + 1] and start[v] <= crit_tol:
                 src_cap = _INF_CAP
@@ -274,6 +274,20 @@ def _update_network(topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie
                     op_arc[j], op_new[j], a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
                     2 * n, 2 * n + 1, stack_n, stack_a,
                 )  # fmt: skip
+    return ok
+
+
+@_jit_inline
+def _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow):
+    """Each dependency arc gets infinite capacity where both its ops are critical and the edge
+    is tight, else none; False when a cancellation overflowed its stack."""
+    succ_ptr, succ_idx, succ_lat = topo[4], topo[5], topo[6]
+    end, late_finish = paths[1], paths[3]
+    net, capa, res, stack_n, stack_a = flow
+    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
+    n = dur.size
+    ok = True
+    for v in range(n):
         for e in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ_idx[e]
             c = np.int64(0)

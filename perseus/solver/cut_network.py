@@ -11,8 +11,9 @@ phases re-augment (:func:`augment`). The cut found is re-priced in floating poin
 integer scale can only pick a marginally sub-optimal cut, never a wrong price.
 
 Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
-the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case, one or two phases per walk
-iteration on pipeline DAGs, each a search of the part reachable from the source).
+the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case; three or four phases per
+walk iteration on pipeline DAGs, each a search of the part that reaches the sink, then one of
+the part the source reaches).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["INF_CAP", "augment", "build_network", "jit", "set_capacity"]
+__all__ = ["INF_CAP", "augment", "build_network", "jit", "keep_balanced", "set_capacity"]
 
 #: Capacity of arcs that cannot be cut; finite capacities sum to less than 2**52.
 INF_CAP = np.int64(2**62)
@@ -157,23 +158,49 @@ def set_capacity(
     return True
 
 
+@_jit_inline
+def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
+    """Move flow between op ``v``'s arc and its terminal arcs before their capacities change.
+
+    A changed lower bound moves capacity between the op arc and its two terminal arcs; moving
+    the same amount of flow along keeps every node balanced, so the common case needs no
+    cancelling and no re-augmenting.
+    """
+    f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
+    lo = max(f_op - op_cap, -f_t, -f_s)
+    hi = min(f_op, term_cap - f_t, term_cap - f_s)
+    theta = min(max(np.int64(0), lo), hi) if lo <= hi else np.int64(0)
+    if theta != 0:
+        res[rs[v]] -= theta
+        res[fs[v]] += theta
+        res[rs[n + v]] += theta
+        res[fs[n + v]] -= theta
+        res[rs[2 * n + v]] += theta
+        res[fs[2 * n + v]] -= theta
+
+
 @jit
 def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
     """Dinic's phases from the current flow until it is maximum; fills ``side`` with the
     source side of a minimum cut. Returns False if an all-infinite source→sink path exists
     (seen as a bottleneck above every finite total); the flow is then left inconsistent.
 
-    ``level`` must be all -1 on entry and is left so; only visited nodes are touched.
+    Each phase labels the nodes that reach the sink by their distance to it (breadth first
+    from the sink, backwards), so its depth-first search from the source meets no dead ends
+    off the shortest paths. The minimal source side is the same for every maximum flow: one
+    last search forwards from the source reads it. ``level`` must be all -1 on entry and is
+    left so; only visited nodes are touched.
     """
     n_seen = np.int64(0)  # not a literal 0: numba would compile _levels twice
     while True:
-        n_seen = _levels(source, sink, ptr, to, res, level, queue, n_seen)
-        if level[sink] < 0:
+        n_seen = _levels(sink, source, True, ptr, to, twin, res, level, queue, n_seen)
+        if level[source] < 0:
             break
         if not _blocking_flow(source, sink, ptr, to, twin, res, level, it, queue[:n_seen], path):
             for i in range(n_seen):
                 level[queue[i]] = -1
             return False
+    n_seen = _levels(source, sink, False, ptr, to, twin, res, level, queue, n_seen)
     for i in range(n_seen):
         side[queue[i]] = True
         level[queue[i]] = -1
@@ -181,23 +208,23 @@ def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
 
 
 @_jit_inline
-def _levels(source, sink, ptr, to, res, level, queue, n_seen):
-    """Clear the last phase's levels (of ``queue[:n_seen]``), then label the residual network
-    breadth-first from ``source``, up to the sink's level; returns how many nodes it saw
-    (they are ``queue[:n]``)."""
+def _levels(root, target, backward, ptr, to, twin, res, level, queue, n_seen):
+    """Clear the last search's levels (of ``queue[:n_seen]``), then label breadth first from
+    ``root`` along residual arcs (``backward``: arcs into each node), up to ``target``'s
+    level; returns how many nodes it saw (they are ``queue[:n]``)."""
     for i in range(n_seen):
         level[queue[i]] = -1
-    level[source] = 0
+    level[root] = 0
     head, tail = 0, 1
-    queue[0] = source
+    queue[0] = root
     while head < tail:
         v = queue[head]
         head += 1
-        if level[sink] >= 0 and level[v] >= level[sink]:
+        if level[target] >= 0 and level[v] >= level[target]:
             continue
         for a in range(ptr[v], ptr[v + 1]):
             w = to[a]
-            if res[a] > 0 and level[w] < 0:
+            if res[twin[a] if backward else a] > 0 and level[w] < 0:
                 level[w] = level[v] + 1
                 queue[tail] = w
                 tail += 1
@@ -206,8 +233,9 @@ def _levels(source, sink, ptr, to, res, level, queue, n_seen):
 
 @_jit_inline
 def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
-    """One Dinic phase: augment along level-increasing paths (depth first, arcs tried once)
-    until none is left. Returns False on a path whose every arc is infinite."""
+    """One Dinic phase: augment along paths whose distance to the sink falls by one at each
+    arc (depth first, arcs tried once) until none is left. Returns False on a path whose
+    every arc is infinite."""
     for i in range(seen.size):
         it[seen[i]] = ptr[seen[i]]
     depth = 0
@@ -235,10 +263,11 @@ def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
 
 @_jit_inline
 def _next_arc(v, ptr, to, res, level, it):
-    """The next arc out of ``v`` to the next level with residual left (-1 if none)."""
+    """The next arc out of ``v`` one level nearer the sink with residual left (-1 if
+    none)."""
     while it[v] < ptr[v + 1]:
         a = it[v]
-        if res[a] > 0 and level[to[a]] == level[v] + 1:
+        if res[a] > 0 and level[to[a]] == level[v] - 1:
             return a
         it[v] += 1
     return -1

@@ -61,8 +61,8 @@ the minimum-energy one (T*).
 
 **Complexity.** With B breakpoints, N ops and E edges: each iteration costs O(N + E) compiled
 steps for 2–4 longest-path passes and the capacity update, plus the re-augmentation of the
-cut network (Dinic, O(V²E) worst case; on pipeline DAGs one or two phases, each a search of
-the part reachable from the source). So the walk is O(B·(N + E)) in practice, with
+cut network (Dinic, O(V²E) worst case; on pipeline DAGs three or four phases, each a search
+of the part that reaches the sink). So the walk is O(B·(N + E)) in practice, with
 B ≈ 2–30 per op. Emission costs O(N·W) per candidate (W options per op) plus one compiled
 reclaim pass and one exact evaluation per candidate. Memory is O(N·(W + H) + E) plus the
 candidates, filtered to their Pareto set batch by batch.

@@ -135,6 +135,14 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
         crossing = side[a_src] & ~side[a_dst]
         assert capa[crossing].sum() == best  # the reported side is a minimum cut
         assert side[source] and not side[sink]
+        # The minimal source side (the same for every maximum flow): all the residual reaches.
+        reach, todo = {source}, [source]
+        while todo:
+            v = todo.pop()
+            new = {int(to[a]) for a in range(ptr[v], ptr[v + 1]) if res[a] > 0} - reach
+            reach |= new
+            todo.extend(new)
+        assert set(np.flatnonzero(side).tolist()) == reach
 
 
 _SIGNATURES = """

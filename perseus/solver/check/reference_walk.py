@@ -28,6 +28,7 @@ __all__ = ["walk_reference"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 Progress = Callable[[float], None]
 
 _MAX_NEWTON = 64
@@ -46,127 +47,168 @@ def walk_reference(
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
     and why it stopped."""
-    n = topo.num_nodes
     types = model.node_type
-    ht = model.hull_time_s[types]  # (N, H)
-    hs = model.hull_slope[types]
-    nh = model.num_hull[types]
+    rows = np.arange(topo.num_nodes)
+    d = model.hull_time_s[types][rows, model.num_hull[types] - 1].copy()
     power_ranks = model.blocking_power_w * job.graph.num_ranks
-    rows = np.arange(n)
-    d = ht[rows, nh - 1].copy()
-    src_node, snk_node = 2 * n, 2 * n + 1
-    edge_src, edge_dst, edge_lat = job.graph.edge_src, job.graph.edge_dst, job.graph.edge_latency_s
-
-    cand: list[IntArray] = []
+    em = _Emitter(model, tol, gap, power_ranks)
     lp_t: list[float] = []
     lp_e: list[float] = []
-    emitting = False
-    last_emit = math.inf
-    start_t = -1.0
-    t_min = float(topo.forward(ht[rows, 0])[1].max())
-    last_report = -1.0
-    iterations = 0
-
-    def emit(dur: FloatArray) -> None:
-        cand.append(_round(model, dur, tol))
-
+    watch = _Watch(progress, float(topo.forward(model.hull_time_s[types][rows, 0])[1].max()))
     # Paths this close to critical join the cut network: without it, float noise from snapping
     # can leave a path a hair short of critical and the walk crawls in ~tol-sized steps.
     crit_tol = 100 * tol
-    best_deadline = math.inf
-    stalled = 0
+    iterations = 0
     reason = "fastest"
     while True:
         start, end = topo.forward(d)
         deadline = float(end.max())
         lf = topo.backward(d, deadline)
-        cost = float(_hull_cost(model, types, d).sum())
         lp_t.append(deadline)
-        lp_e.append(cost + power_ranks * deadline)
-        # Guard against numerical stalls: the walk must keep shortening the iteration.
-        if deadline < best_deadline - tol:
-            best_deadline, stalled = deadline, 0
-        else:
-            stalled += 1
-            if stalled > _MAX_STALL:
-                emit(d)
-                reason = "stalled"
-                break
-        if start_t < 0:
-            start_t = deadline
-        if progress is not None and start_t > t_min:
-            frac = min(1.0, (start_t - deadline) / (start_t - t_min))
-            if frac - last_report >= 0.01:
-                progress(0.99 * frac)
-                last_report = frac
+        lp_e.append(float(_hull_cost(model, types, d).sum()) + power_ranks * deadline)
+        if watch.stalled(deadline, tol):  # the walk must keep shortening the iteration
+            reason = "stalled"
+            break
         crit = (lf - end) <= crit_tol
         c = np.flatnonzero(crit)
-        # Criticality of dependency edges: the successor's latest start is the predecessor's
-        # earliest finish plus latency.
-        e_float = (lf[edge_dst] - d[edge_dst]) - (end[edge_src] + edge_lat)
-        ce = np.flatnonzero((e_float <= crit_tol) & crit[edge_src] & crit[edge_dst])
-        cs = c[topo.is_source[c] & (start[c] <= crit_tol)]
-        ck = c[topo.is_sink[c] & (end[c] >= deadline - crit_tol)]
-
-        dc = d[c]
-        htc, hsc, nhc = ht[c], hs[c], nh[c]
-        a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
-        at_v = (dc - htc[np.arange(c.size), a]) <= tol
-        lower_v = np.where(at_v, a - 1, a)  # vertex we move towards when shortening
-        upper = np.where(lower_v >= 0, hsc[np.arange(c.size), np.maximum(lower_v, 0)], np.inf)
-        upper = np.where(at_v & (a == 0), np.inf, upper)
-        room_red = dc - htc[np.arange(c.size), np.maximum(lower_v, 0)]
-        can_len = ~(at_v & (a >= nhc - 1))
-        lower = np.where(can_len, hsc[np.arange(c.size), np.minimum(a, hsc.shape[1] - 1)], 0.0)
-        nxt = np.minimum(a + 1, htc.shape[1] - 1)
-        room_len = np.where(can_len, htc[np.arange(c.size), nxt] - dc, 0.0)
-
-        arc_src = np.concatenate(
-            [2 * c, 2 * edge_src[ce] + 1, np.full(cs.size, src_node), 2 * ck + 1]
-        )
-        arc_dst = np.concatenate([2 * c + 1, 2 * edge_dst[ce], 2 * cs, np.full(ck.size, snk_node)])
-        m_other = ce.size + cs.size + ck.size
-        arc_up = np.concatenate([upper, np.full(m_other, np.inf)])
-        arc_lo = np.concatenate([lower, np.zeros(m_other)])
-        inf_arc = ~np.isfinite(arc_up)
-        if reaches(2 * n + 2, arc_src[inf_arc], arc_dst[inf_arc], src_node, snk_node):
-            emit(d)
+        prices = _prices(model, c, d, tol)
+        side = _min_cut(job, topo, c, crit, (start, end, lf, deadline), d, crit_tol, prices)
+        if side is None:
             break
-        side = min_cut_with_lower_bounds(
-            2 * n + 2, arc_src, arc_dst, arc_up, arc_lo, src_node, snk_node
-        )
-        fwd = side[2 * c] & ~side[2 * c + 1]
-        bwd = ~side[2 * c] & side[2 * c + 1] & (lower > 0)
-        cut_value = float(upper[fwd].sum() - lower[bwd].sum())
         iterations += 1
-        move = _Move(c[fwd], c[bwd], room_len[bwd])
-        exact = float(min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf)))
-        # Past the first vertex a shortened op just continues on its next (steeper) segment,
-        # so a step may run on to one quantum; it can never pass an op's fastest vertex.
-        total_room = dc[fwd] - htc[np.arange(c.size)[fwd], 0]
-        step_max = min(max(exact, quantum), float(total_room.min(initial=np.inf)))
-        step, start, end = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)
-        if step <= 0.0:
-            # Guard (added by the torch-integration helper, see its report): a cut whose move
-            # cannot shorten the iteration would repeat forever; stop tracing here.
-            emit(d)
+        move, cut_value, exact, total_room = _read_cut(side, c, prices)
+        step_max = min(max(exact, quantum), total_room)
+        step = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)[0]
+        if step <= 0.0:  # a cut whose move cannot shorten the iteration would repeat forever
             reason = "no-step"
             break
-        if not emitting and cut_value >= 0.5 * power_ranks:
-            emitting = True
-            emit(d)
-            last_emit = deadline
-        if emitting:
-            target = last_emit - gap
-            while gap > 0 and target >= deadline - step:
-                emit(move.apply(d, deadline - target))
-                last_emit = target
-                target -= gap
+        em.along(d, move, deadline, step, cut_value)
         d = move.apply(d, step)
-        _snap(d, ht, tol)
-        if every_breakpoint and emitting:
-            emit(d)
-    return cand, iterations, lp_t, lp_e, reason
+        _snap(d, model.hull_time_s[types], tol)
+        if every_breakpoint and em.emitting:
+            em.emit(d)
+    em.emit(d)
+    return em.cand, iterations, lp_t, lp_e, reason
+
+
+_Prices = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]
+_Times = tuple[FloatArray, FloatArray, FloatArray, float]
+
+
+def _prices(model: CostModel, c: IntArray, d: FloatArray, tol: float) -> _Prices:
+    """The critical ops' durations and fastest times, their next-faster slope and room
+    (``upper``, inf at the fastest vertex) and next-slower (``lower``, 0 at the slowest)."""
+    types = model.node_type[c]
+    dc, htc, hsc = d[c], model.hull_time_s[types], model.hull_slope[types]
+    k = np.arange(c.size)
+    a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
+    at_v = (dc - htc[k, a]) <= tol
+    lower_v = np.where(at_v, a - 1, a)  # vertex we move towards when shortening
+    upper = np.where(lower_v >= 0, hsc[k, np.maximum(lower_v, 0)], np.inf)
+    upper = np.where(at_v & (a == 0), np.inf, upper)
+    room_red = dc - htc[k, np.maximum(lower_v, 0)]
+    can_len = ~(at_v & (a >= model.num_hull[types] - 1))
+    lower = np.where(can_len, hsc[k, np.minimum(a, hsc.shape[1] - 1)], 0.0)
+    room_len = np.where(can_len, htc[k, np.minimum(a + 1, htc.shape[1] - 1)] - dc, 0.0)
+    return dc, htc[:, 0], upper, lower, room_red, room_len
+
+
+def _min_cut(job: PlanningJob, topo: Topology, c: IntArray, crit: BoolArray, times: _Times, d: FloatArray, crit_tol: float, prices: _Prices) -> BoolArray | None:  # fmt: skip
+    """The source side of the minimum cut of the critical sub-DAG (``times``: earliest
+    start and finish, latest finish, deadline); None when no finite cut exists."""
+    start, end, lf, deadline = times
+    upper, lower = prices[2], prices[3]
+    n = topo.num_nodes
+    src_node, snk_node = 2 * n, 2 * n + 1
+    edge_src, edge_dst, edge_lat = job.graph.edge_src, job.graph.edge_dst, job.graph.edge_latency_s
+    # Criticality of dependency edges: the successor's latest start is the predecessor's
+    # earliest finish plus latency.
+    e_float = (lf[edge_dst] - d[edge_dst]) - (end[edge_src] + edge_lat)
+    ce = np.flatnonzero((e_float <= crit_tol) & crit[edge_src] & crit[edge_dst])
+    cs = c[topo.is_source[c] & (start[c] <= crit_tol)]
+    ck = c[topo.is_sink[c] & (end[c] >= deadline - crit_tol)]
+    arc_src = np.concatenate([2 * c, 2 * edge_src[ce] + 1, np.full(cs.size, src_node), 2 * ck + 1])
+    arc_dst = np.concatenate([2 * c + 1, 2 * edge_dst[ce], 2 * cs, np.full(ck.size, snk_node)])
+    m_other = ce.size + cs.size + ck.size
+    arc_up = np.concatenate([upper, np.full(m_other, np.inf)])
+    arc_lo = np.concatenate([lower, np.zeros(m_other)])
+    inf_arc = ~np.isfinite(arc_up)
+    if reaches(2 * n + 2, arc_src[inf_arc], arc_dst[inf_arc], src_node, snk_node):
+        return None
+    return min_cut_with_lower_bounds(
+        2 * n + 2, arc_src, arc_dst, arc_up, arc_lo, src_node, snk_node
+    )
+
+
+def _read_cut(side: BoolArray, c: IntArray, prices: _Prices) -> tuple[_Move, float, float, float]:
+    """The cut's move, its marginal cost, the longest step before an op reaches a hull
+    vertex, and before one reaches its fastest."""
+    dc, fastest, upper, lower, room_red, room_len = prices
+    fwd = side[2 * c] & ~side[2 * c + 1]
+    bwd = ~side[2 * c] & side[2 * c + 1] & (lower > 0)
+    cut_value = float(upper[fwd].sum() - lower[bwd].sum())
+    exact = float(min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf)))
+    # Past the first vertex a shortened op just continues on its next (steeper) segment,
+    # so a step may run on to one quantum; it can never pass an op's fastest vertex.
+    total_room = float((dc[fwd] - fastest[fwd]).min(initial=np.inf))
+    return _Move(c[fwd], c[bwd], room_len[bwd]), cut_value, exact, total_room
+
+
+class _Emitter:
+    """The walk's candidates: the fractional plans it passes, rounded (:func:`_round`)."""
+
+    def __init__(self, model: CostModel, tol: float, gap: float, power_ranks: float) -> None:
+        self._figures = (model, tol, gap, power_ranks)
+        self.cand: list[IntArray] = []
+        self.emitting = False
+        self._last = math.inf
+
+    def emit(self, d: FloatArray) -> None:
+        self.cand.append(_round(self._figures[0], d, self._figures[1]))
+
+    def along(
+        self, d: FloatArray, move: _Move, deadline: float, step: float, cut_value: float
+    ) -> None:
+        """Emit the plans a step passes: the first once the cut's cost reaches half the
+        blocking power, then one every ``gap`` seconds."""
+        _, _, gap, power_ranks = self._figures
+        if not self.emitting and cut_value >= 0.5 * power_ranks:
+            self.emitting = True
+            self.emit(d)
+            self._last = deadline
+        target = self._last - gap
+        while self.emitting and gap > 0 and target >= deadline - step:
+            self.emit(move.apply(d, deadline - target))
+            self._last = target
+            target -= gap
+
+
+class _Watch:
+    """Progress reports (every 1 %) and the stall guard: no shortening beyond ``tol`` for
+    ``_MAX_STALL`` iterations."""
+
+    def __init__(self, progress: Progress | None, t_min: float) -> None:
+        self._progress, self._t_min = progress, t_min
+        self._first = -1.0
+        self._reported = -1.0
+        self._best = math.inf
+        self._stalled = 0
+
+    def stalled(self, deadline: float, tol: float) -> bool:
+        if deadline < self._best - tol:
+            self._best, self._stalled = deadline, 0
+        else:
+            self._stalled += 1
+            if self._stalled > _MAX_STALL:
+                return True
+        if self._first < 0:
+            self._first = deadline
+        if self._progress is not None and self._first > self._t_min:
+            frac = min(1.0, (self._first - deadline) / (self._first - self._t_min))
+            if frac - self._reported >= 0.01:
+                self._progress(0.99 * frac)
+                self._reported = frac
+        return False
 
 
 def _hull_cost(model: CostModel, types: IntArray, d: FloatArray) -> FloatArray:
