@@ -66,6 +66,10 @@ class _TrainingThreadCalls:
         return counted
 
 
+def _nothing() -> None:
+    pass
+
+
 def _plain(layer: TransformerOps, schedule: Any, iterations: int, sync: Any) -> list[float]:
     """The loop without perseus: wall time per iteration, a device sync at each end."""
     out: list[float] = []
@@ -140,32 +144,39 @@ def main() -> int:
             for it in range(args.warmup + args.iterations):
                 if it == args.warmup:
                     calls.counts.clear()
-                    if args.profile:
-                        profiler.enable()
+                on = profiler.enable if args.profile and it >= args.warmup else _nothing
+                off = profiler.disable if args.profile and it >= args.warmup else _nothing
                 t0 = time.perf_counter()
+                on()
                 iteration = session.iteration()
                 iteration.__enter__()
+                off()
                 t1 = time.perf_counter()
                 for action in schedule.rank_actions[0]:
-                    scope = session.op(action)
                     u0 = time.perf_counter()
+                    on()
+                    scope = session.op(action)
                     scope.__enter__()
+                    off()
                     u1 = time.perf_counter()
                     layer.run(action.kind, action.microbatch_index)
                     u2 = time.perf_counter()
+                    on()
                     scope.__exit__(None, None, None)
+                    off()
                     u3 = time.perf_counter()
                     if it >= args.warmup:
                         host_us.append(((u1 - u0) + (u3 - u2)) * 1e6)
                 t2 = time.perf_counter()
+                on()
                 iteration.__exit__(None, None, None)
+                off()
                 t3 = time.perf_counter()
                 sync()  # the plain loop's sync, uncounted: iterations timed alike
                 t4 = time.perf_counter()
                 if it >= args.warmup:
                     boundary_us.append(((t1 - t0) + (t3 - t2)) * 1e6)
                     wall_s.append(t4 - t0)
-            profiler.disable()
             training_calls = dict(calls.counts)
             session.flush()  # a GPU's last iteration is read one iteration late: read it now
             ops = agent.records.ops[args.warmup * len(schedule.rank_actions[0]) :]
@@ -202,7 +213,7 @@ def main() -> int:
         f"after {statistics.median(plain_after) * 1e3:.2f}); ratio {wall / plain:.3f}x"
     )
     print(
-        f"  training-thread cost per op (session.op enter+exit): median "
+        f"  training-thread cost per op (session.op(action), its enter and exit): median "
         f"{statistics.median(host_us):.1f} us, p99 {_pct(host_us, 0.99):.1f} us"
     )
     print(
