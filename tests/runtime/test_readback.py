@@ -508,3 +508,48 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
         ]
     )
     assert delivery is not None and delivery.held[0].reasons == ("sw_power_cap",)
+
+
+def test_a_clock_read_in_the_gap_before_the_op_is_not_taken_for_the_ops(tmp_path: Path):
+    """The device idles after an op's start event until its input arrives. A clock read there
+    (the lock's, no cap yet) with the reasons read once the op runs (the cap set) looked like
+    a delivered clock: the reasons are read on both sides of the clock, and such a reading is
+    taken again inside the op."""
+    import time
+
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
+    from perseus.device.nvml import NvmlGPU
+    from perseus.runtime.agent.boundary import Boundary, OpRequest
+    from perseus.runtime.agent.controller import FrequencyController
+    from tests.runtime.test_clock_timing import _Event
+
+    device = FakeDevice("GPU-h100", graphics_clocks=tuple(range(1980, 344, -15)))
+    gpu = NvmlGPU("GPU-h100", nvml_module=FakeNvml(devices=[device]), privileged=True,
+                  lock_dir=tmp_path).open()  # fmt: skip
+    running = [False]  # the op starts running right after the first clock read
+
+    def clock_mhz() -> int:
+        was, running[0] = running[0], True
+        return 1575 if was else 1980
+
+    gpu.current_clock_mhz = clock_mhz  # type: ignore[method-assign]
+    gpu.clock_event_reasons = lambda: CAP if running[0] else IDLE  # type: ignore[method-assign]
+
+    class Timeline:
+        def timeline_now_s(self) -> float:
+            return time.perf_counter()
+
+        def record_event(self) -> _Event:
+            return _Event(time.perf_counter())
+
+    ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
+    ctl.start()
+    ctl.apply_now(1980)
+    assert ctl.flush(timeout_s=2.0)
+    now = time.perf_counter()
+    job = Boundary(OpRequest(_Event(now), None, None), end=_Event(now + 0.2))  # type: ignore[arg-type]
+    ctl.post(job)
+    assert ctl.flush(timeout_s=2.0)
+    ctl.close()
+    gpu.close()
+    assert (job.report.read_mhz, job.report.read_reasons) == (1575, CAP)

@@ -438,12 +438,18 @@ class FrequencyController:
             return
         while not self._ended(job):
             try:
+                # The reasons are read on both sides of the clock: a clock read in the gap
+                # before the op runs (the idle clock) with reasons read once it runs would
+                # pass for a clock delivered.
+                before = gpu.clock_event_reasons()
                 read_mhz, reasons = gpu.current_clock_mhz(), gpu.clock_event_reasons()
                 read_mem_mhz = gpu.current_memory_clock_mhz() if read_mem else None
             except DeviceError:
                 self._readback = None  # not on this GPU or driver: stop asking
                 return
-            if not reasons & IDLE_REASON or self.events is None:
+            if self.events is not None and self._ended(job):
+                return  # the op may have ended before the read: it says nothing of the op
+            if not (before | reasons) & IDLE_REASON or self.events is None:
                 report = job.report
                 report.read_mhz, report.read_reasons, report.asked_mhz = read_mhz, reasons, asked
                 report.observed = observed
