@@ -65,6 +65,13 @@ CHILD = textwrap.dedent(
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _as_in_a_terminal() -> None:
+    """The child's SIGINT as Ctrl-C finds it in a terminal: a suite started in the background
+    of a script (``cmd &``) passes SIGINT on ignored (POSIX), and an ignored SIGINT rightly
+    leaves the child running."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(mode: str, state_dir: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PERSEUS_SIM_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
@@ -74,6 +81,7 @@ def _spawn(mode: str, state_dir: Path) -> subprocess.Popen[str]:
         text=True,
         env=env,
         cwd=REPO,
+        preexec_fn=_as_in_a_terminal,
     )
 
 
