@@ -8,6 +8,7 @@ import json
 import logging
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -457,13 +458,9 @@ def test_a_plan_from_an_online_profile_that_drifts_is_profiled_again(
 def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     """On NVML the worker reads ``nvmlDeviceGetClockInfo`` (SM) and the clock event reasons
     (``...EventReasons``, or ``...ThrottleReasons`` on older drivers) inside the op."""
-    import time
 
     from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.agent.boundary import Boundary, OpRequest
-    from perseus.runtime.agent.controller import FrequencyController
-    from tests.runtime.test_clock_timing import _Event
 
     device = FakeDevice(
         "GPU-h100",
@@ -477,23 +474,9 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     nvml = FakeNvml(devices=[device])
     gpu = NvmlGPU("GPU-h100", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
 
-    class Timeline:
-        def timeline_now_s(self) -> float:
-            return time.perf_counter()
-
-        def record_event(self) -> _Event:
-            return _Event(time.perf_counter())
-
-    ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
-    ctl.start()
-    ctl.apply_now(1980)
-    assert ctl.flush(timeout_s=2.0)
+    ctl = host_timed_worker(gpu, 1980)
     device.busy = True  # the lock is taken; under load the power cap holds the clock down
-    now = time.perf_counter()
-    job = Boundary(OpRequest(_Event(now), None, None), end=_Event(now + 0.05))  # type: ignore[arg-type]
-    ctl.post(job)
-    assert ctl.flush(timeout_s=2.0)
-    ctl.close()
+    job = run_one_op(ctl, 0.05)
     gpu.close()
     assert (job.report.asked_mhz, job.report.read_mhz, job.report.read_reasons) == (1980, 1575, 0x4)
     names = nvml.names()
@@ -515,13 +498,9 @@ def test_a_clock_read_in_the_gap_before_the_op_is_not_taken_for_the_ops(tmp_path
     (the lock's, no cap yet) with the reasons read once the op runs (the cap set) looked like
     a delivered clock: the reasons are read on both sides of the clock, and such a reading is
     taken again inside the op."""
-    import time
 
     from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.agent.boundary import Boundary, OpRequest
-    from perseus.runtime.agent.controller import FrequencyController
-    from tests.runtime.test_clock_timing import _Event
 
     device = FakeDevice("GPU-h100", graphics_clocks=tuple(range(1980, 344, -15)))
     gpu = NvmlGPU("GPU-h100", nvml_module=FakeNvml(devices=[device]), privileged=True,
@@ -535,6 +514,19 @@ def test_a_clock_read_in_the_gap_before_the_op_is_not_taken_for_the_ops(tmp_path
     gpu.current_clock_mhz = clock_mhz  # type: ignore[method-assign]
     gpu.clock_event_reasons = lambda: CAP if running[0] else IDLE  # type: ignore[method-assign]
 
+    job = run_one_op(host_timed_worker(gpu, 1980), 0.2)
+    gpu.close()
+    assert (job.report.read_mhz, job.report.read_reasons) == (1575, CAP)
+
+
+def host_timed_worker(gpu: Any, freq_mhz: int, mem_freq_mhz: int | None = None) -> Any:
+    """A started clock worker whose device events are CUDA-like events on the host's clock,
+    with ``freq_mhz`` (and ``mem_freq_mhz``) applied."""
+    import time
+
+    from perseus.runtime.agent.controller import FrequencyController
+    from tests.runtime.test_clock_timing import _Event
+
     class Timeline:
         def timeline_now_s(self) -> float:
             return time.perf_counter()
@@ -544,12 +536,23 @@ def test_a_clock_read_in_the_gap_before_the_op_is_not_taken_for_the_ops(tmp_path
 
     ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
     ctl.start()
-    ctl.apply_now(1980)
+    ctl.apply_now(freq_mhz, mem_freq_mhz)
     assert ctl.flush(timeout_s=2.0)
+    return ctl
+
+
+def run_one_op(ctl: Any, op_s: float, mem_next_mhz: int | None = None) -> Any:
+    """One op of ``op_s`` starting now, handled by the worker, which is then closed; its
+    boundary (``.report``: what was read back)."""
+    import time
+
+    from perseus.runtime.agent.boundary import Boundary, OpRequest
+    from tests.runtime.test_clock_timing import _Event
+
     now = time.perf_counter()
-    job = Boundary(OpRequest(_Event(now), None, None), end=_Event(now + 0.2))  # type: ignore[arg-type]
+    request = OpRequest(_Event(now), None, None, mem_next_mhz=mem_next_mhz)  # type: ignore[arg-type]
+    job = Boundary(request, end=_Event(now + op_s))  # type: ignore[arg-type]
     ctl.post(job)
     assert ctl.flush(timeout_s=2.0)
     ctl.close()
-    gpu.close()
-    assert (job.report.read_mhz, job.report.read_reasons) == (1575, CAP)
+    return job

@@ -123,13 +123,10 @@ def test_the_nvml_worker_reads_the_memory_clock_beside_the_sm_clock(
 ):
     """An A40 locked at 5001 MHz memory: read back as locked, or (a GeForce-like board in its
     P2 state under load) running 405 MHz whatever the lock: held, with the clock run."""
-    import time
 
     from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
-    from perseus.runtime.agent.boundary import Boundary, OpRequest
-    from perseus.runtime.agent.controller import FrequencyController
-    from tests.runtime.test_clock_timing import _Event
+    from tests.runtime.test_readback import host_timed_worker, run_one_op
 
     device = FakeDevice(
         "GPU-a40",
@@ -141,24 +138,9 @@ def test_the_nvml_worker_reads_the_memory_clock_beside_the_sm_clock(
     nvml = FakeNvml(devices=[device])
     gpu = NvmlGPU("GPU-a40", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
 
-    class Timeline:
-        def timeline_now_s(self) -> float:
-            return time.perf_counter()
-
-        def record_event(self) -> _Event:
-            return _Event(time.perf_counter())
-
-    ctl = FrequencyController(gpu, events=Timeline(), stamp_ops=False)  # type: ignore[arg-type]
-    ctl.start()
-    ctl.apply_now(1740, LO)
-    assert ctl.flush(timeout_s=2.0)
+    ctl = host_timed_worker(gpu, 1740, LO)
     device.busy = True
-    now = time.perf_counter()
-    request = OpRequest(_Event(now), None, None, mem_next_mhz=LO)  # type: ignore[arg-type]
-    job = Boundary(request, end=_Event(now + 0.05))  # type: ignore[arg-type]
-    ctl.post(job)
-    assert ctl.flush(timeout_s=2.0)
-    ctl.close()
+    job = run_one_op(ctl, 0.05, mem_next_mhz=LO)
     gpu.close()
     ran_mem = LO if busy_mem_mhz is None else busy_mem_mhz
     report = job.report
