@@ -120,10 +120,9 @@ class DriftMonitor:
 
     Time is judged per iteration. Energy is judged over the latest iterations that span
     :data:`ENERGY_WINDOW_PERIODS` counter periods (their energy summed against their
-    predictions summed): a real GPU's
-    counter publishes every 100 ms, so an iteration shorter than that reads 0 J or a whole
-    step, and per-iteration energy would drift every iteration. Until a window is full the
-    energy is taken as predicted.
+    predictions summed): a real GPU's counter publishes every 100 ms, so an iteration shorter
+    than that reads 0 J or a whole step, and per-iteration energy would drift every
+    iteration. Until a window is full the energy is taken as predicted.
 
     Args:
         rank: This process's pipeline rank.
@@ -146,8 +145,9 @@ class DriftMonitor:
         self._reprofile = reprofile
         self._patience = patience
         self._window_s = ENERGY_WINDOW_PERIODS * counter_period_s
-        self._recent: deque[IterationStats] = deque()
-        self._sums = [0.0, 0.0, 0.0]  # the window's time, energy, predicted energy
+        # The energy window: (time, measured and predicted pipeline energy) per iteration.
+        self._recent: deque[tuple[float, float, float]] = deque()
+        self._totals = (0.0, 0.0, 0.0)  # their sums
         self._streak: list[IterationStats] = []
         self._reported = False
 
@@ -155,25 +155,28 @@ class DriftMonitor:
         """A new plan runs: watch it afresh."""
         self._streak = []
         self._recent.clear()
-        self._sums = [0.0, 0.0, 0.0]
+        self._totals = (0.0, 0.0, 0.0)
         self._reported = False
 
     def _judged(self, stats: IterationStats) -> IterationStats:
         """``stats`` with its energy as the latest full window measured it."""
-        if self._window_s <= 0 or stats.pipeline_energy_j is None or not stats.predicted_energy_j:
+        energy_j, predicted_j = stats.pipeline_energy_j, stats.predicted_energy_j
+        if self._window_s <= 0 or energy_j is None or not predicted_j:
             return stats
-        recent, sums = self._recent, self._sums
-        recent.append(stats)
-        sums[:] = [sums[0] + stats.time_s, sums[1] + stats.pipeline_energy_j,
-                   sums[2] + stats.predicted_energy_j]  # fmt: skip
-        while len(recent) > 1 and sums[0] - recent[0].time_s >= self._window_s:
+        recent = self._recent
+        recent.append((stats.time_s, energy_j, predicted_j))
+        time_s, measured_j, planned_j = self._totals  # kept, not summed again: every iteration
+        time_s, measured_j, planned_j = (
+            time_s + stats.time_s,
+            measured_j + energy_j,
+            planned_j + predicted_j,
+        )
+        while len(recent) > 1 and time_s - recent[0][0] >= self._window_s:
             old = recent.popleft()  # the window stays full without its oldest iteration
-            sums[:] = [sums[0] - old.time_s, sums[1] - (old.pipeline_energy_j or 0.0),
-                       sums[2] - (old.predicted_energy_j or 0.0)]  # fmt: skip
-        if sums[0] < self._window_s:
-            return dataclasses.replace(stats, pipeline_energy_j=stats.predicted_energy_j)
-        energy = stats.predicted_energy_j * sums[1] / sums[2]
-        return dataclasses.replace(stats, pipeline_energy_j=energy)
+            time_s, measured_j, planned_j = time_s - old[0], measured_j - old[1], planned_j - old[2]
+        self._totals = time_s, measured_j, planned_j
+        judged = predicted_j * measured_j / planned_j if time_s >= self._window_s else predicted_j
+        return dataclasses.replace(stats, pipeline_energy_j=judged)
 
     def update(self, stats: IterationStats) -> bool:
         """Take one iteration; say so the first time the drift persisted. True when the

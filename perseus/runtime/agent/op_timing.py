@@ -47,10 +47,9 @@ class OpTimingHistory:
         self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
         # What the per-op lookups return, kept up to date by learn() for the keys it touches:
-        self._expected_s: dict[
-            tuple[int, int], float
-        ] = {}  # mean of _times_s, else the last phased run's
-        self._gap_s: dict[int, float] = {}  # min of _gaps_s
+        # the mean of _times_s (else the last phased run's time), and the min of _gaps_s.
+        self._expected_s: dict[tuple[int, int], float] = {}
+        self._gap_s: dict[int, float] = {}
 
     def expected_s(self, j: int, freq_mhz: int) -> float | None:
         """Predicted device time of op ``j`` at ``freq_mhz`` (None: never seen). A lookup:
