@@ -141,7 +141,7 @@ class DeviceRun:
 
     def op(self, agent: RankAgent, action: Action) -> AbstractContextManager[None]:
         """The scope of one measured action."""
-        return agent.op(action.kind, action.microbatch_index, action.stage_index)
+        return agent.op(action)
 
 
 class StreamEmulator(DeviceRun):

@@ -8,6 +8,7 @@ and the agent reads the report after the controller's ``flush()``: each field ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -92,6 +93,11 @@ class OpReport:
     observed: bool = False
 
 
+#: The report of a boundary no worker has taken yet (read-only: nothing read, nothing done);
+#: the worker gives each boundary its own as it takes it, off the training thread.
+NO_REPORT = OpReport()
+
+
 class Boundary:
     """One op on the device's timeline, posted by the agent when the host enters it.
 
@@ -99,14 +105,23 @@ class Boundary:
         request: What the worker is asked to do (frozen).
         end: The op's end event, when already recorded; else the agent sets :attr:`end` once,
             as the host leaves the op.
+        then: Run by the worker once it has handled the boundary, before anyone waiting for
+            it is told (an iteration's end: its figures are worked out there, off the training
+            thread).
     """
 
-    __slots__ = ("end", "report", "request")
+    __slots__ = ("end", "report", "request", "then")
 
-    def __init__(self, request: OpRequest, end: DeviceEvent | None = None) -> None:
+    def __init__(
+        self,
+        request: OpRequest,
+        end: DeviceEvent | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         self.request = request
         self.end = end
-        self.report = OpReport()
+        self.then = then
+        self.report = NO_REPORT  # the worker gives the boundary its own as it takes it
 
     @property
     def start(self) -> DeviceEvent:

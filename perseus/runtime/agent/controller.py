@@ -39,7 +39,7 @@ from collections.abc import Callable
 from perseus.device.base import GPU, ClockReadbackGPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError
-from perseus.runtime.agent.boundary import Boundary, MidSwitch
+from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpReport
 from perseus.runtime.agent.clock_setter import ApplyStats, ClockSetter
 from perseus.runtime.agent.readback import IDLE_REASON
 
@@ -103,6 +103,7 @@ class FrequencyController:
         self._posted: tuple[int, int | None] | None = None  # last value accepted by request()
         self._jobs: deque[Boundary] = deque()
         self._busy = False
+        self._idle = False  # the worker waits for work (post() then wakes it)
         self._attention = False  # set by the worker when the setter's notice needs surfacing
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -187,9 +188,10 @@ class FrequencyController:
         """Device-timed: handle ``boundary`` in order (see the module docstring)."""
         if self._attention:
             self._surface()
-        with self._cond:
-            self._jobs.append(boundary)
-            self._cond.notify()
+        self._jobs.append(boundary)  # atomic; the lock only to wake a worker waiting for work
+        if self._idle:
+            with self._cond:
+                self._cond.notify()
 
     def forget(self) -> None:
         """Forget the last posted clock so the next request is applied even if equal (after
@@ -282,7 +284,10 @@ class FrequencyController:
         job = self._jobs[0] if pair is None and self._jobs else None
         return pair, since, job
 
-    def _done(self, job: Boundary) -> None:
+    def _handle_done(self, job: Boundary) -> None:
+        self._handle(job)
+        if job.then is not None and not self._closed:
+            job.then()
         with self._cond:
             if self._jobs and self._jobs[0] is job:
                 self._jobs.popleft()
@@ -297,14 +302,17 @@ class FrequencyController:
             elif job is None or job.end is None:
                 return  # nothing left, or the host is still inside this op: the rest waits
             else:
-                self._handle(job)
-                self._done(job)
+                self._handle_done(job)
 
     def _run(self) -> None:
         while not self._closed:
             with self._cond:
+                # Idle is said before the queue is looked at: post() appends, then looks at
+                # it, so either it sees us idle and wakes us, or we see its boundary.
+                self._idle = True
                 while self._pending is None and not self._jobs and not self._closed:
                     self._cond.wait(0.05)  # timed: close_nowait() takes no lock to wake us
+                self._idle = False
                 if self._closed:
                     self._cond.notify_all()
                     return
@@ -314,8 +322,7 @@ class FrequencyController:
                 if pair is not None:
                     self._apply(pair[0], since, pair[1])
                 elif job is not None:
-                    self._handle(job)
-                    self._done(job)
+                    self._handle_done(job)
             finally:
                 with self._cond:
                     self._busy = False
@@ -386,7 +393,8 @@ class FrequencyController:
     def _handle(self, job: Boundary) -> None:
         """One op on the device's timeline: its start reading, the mid-op changes of a
         phased op, the next op's clocks, its end reading and prediction error."""
-        request, report = job.request, job.report
+        request = job.request
+        job.report = report = OpReport()
         report.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or request.stamp)
         self._issue_mids(job)
         if self._closed:

@@ -13,9 +13,9 @@ an event's time needs the event to have completed, never a device-wide synchroni
 The training thread records two events per op, so a record is kept small: CUDA events are
 pooled (:meth:`CudaEventSource.recycle`, called as each iteration ends, returns the events
 recorded two iterations ago: the controller's worker and the timing history are done with
-them by then) and the stream is looked up with a function bound once, by device index; it is
-still asked for at every record, so an op launched on another stream (a stream switch) is
-timed on it. An event's time is read once and kept (the worker reads it as the event
+them by then) and the current stream is kept, looked up again only when the raw stream
+changed (a cheap C call at every record), so an op launched on another stream (a stream
+switch) is timed on it. An event's time is read once and kept (the worker reads it as the event
 completes), so the training thread makes no CUDA call to learn its ops' times.
 """
 
@@ -68,6 +68,11 @@ class CudaEventSource:
         self.device = torch.device("cuda", index)
         self._index = index  # current_stream(int) skips parsing a device (~10 us a record)
         self._current_stream: Any = torch.cuda.current_stream
+        # The current stream is kept, and looked up again only when the raw stream (one cheap
+        # C call, where this torch has it) has changed: a stream switch.
+        self._raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._stream_key: int | None = None
+        self._stream: Any = None
         self._event_type: Any = torch.cuda.Event
         self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self.ref.record(torch.cuda.current_stream(self.device))
@@ -80,7 +85,14 @@ class CudaEventSource:
     def record_event(self) -> DeviceEvent:
         free = self._free
         event = free.pop() if free else self._event_type(enable_timing=True)
-        event.record(self._current_stream(self._index))
+        raw = self._raw_stream
+        if raw is None:
+            event.record(self._current_stream(self._index))
+        else:
+            key = raw(self._index)
+            if key != self._stream_key:
+                self._stream, self._stream_key = self._current_stream(self._index), key
+            event.record(self._stream)
         self._recorded.append(event)
         return CudaEvent(event, self)
 

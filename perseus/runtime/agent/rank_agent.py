@@ -328,7 +328,7 @@ class RankAgent:
                 self._energy_iter,
                 stamp_ops=self._stamp_ops,
                 mid_time_s=self._mid_time_s,
-                record_op=self._ops.append,
+                record_ops=self._ops.extend,
                 recycle=events.recycle if isinstance(events, CudaEventSource) else None,
             )
             if isinstance(self._mode, DeviceTiming):

@@ -25,8 +25,9 @@ as the op starts and each later one at its layer boundary (device timing only).
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from perseus.device.base import DeviceEvent, EventSource
@@ -60,6 +61,7 @@ class CounterMark:
         event: The event marking the point.
         controller: Its worker (None: none).
         read_mj: Reads the counter (no worker, or the worker could not: closed, an error).
+        then: Run by the worker once it has passed the mark (not run without one).
     """
 
     __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
@@ -69,6 +71,7 @@ class CounterMark:
         event: DeviceEvent,
         controller: FrequencyController | None,
         read_mj: Callable[[], int],
+        then: Callable[[], None] | None = None,
     ) -> None:
         self._event, self._controller, self._read_mj = event, controller, read_mj
         self._mj = event.energy_mj if event.query() else None
@@ -76,7 +79,7 @@ class CounterMark:
         if self._mj is None and controller is None:
             self._mj = read_mj()
         elif self._mj is None and controller is not None:
-            self._stamp = Boundary(OpRequest(event, None, None, stamp=True), end=event)
+            self._stamp = Boundary(OpRequest(event, None, None, stamp=True), event, then)
             controller.post(self._stamp)
         self._resolved: tuple[float, int] | None = None
 
@@ -104,16 +107,47 @@ class CounterMark:
         return self._resolved
 
 
-class _Closed(NamedTuple):
-    """An iteration ended on the host whose figures are not read yet, and the plan it ran."""
+class _Figures(NamedTuple):
+    """An iteration's op rows, mid-op changes made and missed, and clocks as read back."""
 
-    iteration: int
-    begin: CounterMark
+    rows: list[OpRow]
+    mid_switches: int
+    mid_switches_missed: int
+    delivery: ClockDelivery | None
+
+
+class _Closed:
+    """An iteration ended on the host whose figures are not read yet, and the plan it ran.
+    Its figures are worked out once, under :attr:`lock`: by the worker as it passes the
+    iteration's end, else (no worker, closed, an error there) by the training thread."""
+
+    __slots__ = (
+        "actions",
+        "begin",
+        "end",
+        "figures",
+        "freqs",
+        "iteration",
+        "jobs",
+        "lock",
+        "phases",
+    )
     end: CounterMark
-    jobs: list[Boundary]
-    freqs: tuple[int, ...]
-    phases: tuple[tuple[OpPhase, ...], ...]
-    actions: tuple[Action, ...]
+
+    def __init__(
+        self,
+        iteration: int,
+        begin: CounterMark,
+        jobs: list[Boundary],
+        freqs: tuple[int, ...],
+        phases: tuple[tuple[OpPhase, ...], ...],
+        actions: tuple[Action, ...],
+    ) -> None:
+        self.iteration, self.begin, self.jobs = iteration, begin, jobs
+        self.freqs, self.actions = freqs, actions
+        self.phases = phases
+        self.figures: _Figures | None = None
+        self.lock = threading.Lock()
 
 
 class _Clocks:
@@ -175,7 +209,7 @@ class DeviceTiming(_Clocks):
         energy_mj: Reads the counter (iteration ends, when events carry no reading).
         stamp_ops: Whether the worker reads the counter at every op boundary.
         mid_time_s: Predicted time from a phased op's start to a later phase's start.
-        record_op: Where each completed op's row goes.
+        record_ops: Where each iteration's op rows go, in order.
         recycle: Called as each iteration's figures are read (pooled CUDA events).
     """
 
@@ -185,7 +219,8 @@ class DeviceTiming(_Clocks):
         "_energy_mj",
         "_events",
         "_mid_time_s",
-        "_record_op",
+        "_post",
+        "_record_ops",
         "_recycle",
         "_stamp_ops",
         "history",
@@ -200,7 +235,7 @@ class DeviceTiming(_Clocks):
         *,
         stamp_ops: bool,
         mid_time_s: MidTimeFn,
-        record_op: Callable[[OpRow], None],
+        record_ops: Callable[[Iterable[OpRow]], None],
         recycle: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(controller)
@@ -209,10 +244,11 @@ class DeviceTiming(_Clocks):
         self._energy_mj = energy_mj
         self._stamp_ops = stamp_ops
         self._mid_time_s = mid_time_s
-        self._record_op = record_op
+        self._record_ops = record_ops
         self.history = OpTimingHistory()  # what clock changes are timed from
         self.jobs: list[Boundary] = []
         self._begin: CounterMark | None = None
+        self._post: Callable[[Boundary], None] | None = None  # where enter() posts (begin())
         self._closed: deque[_Closed] = deque()  # ended on the host, figures not read yet
 
     def begin(self, iteration: int) -> None:
@@ -222,6 +258,10 @@ class DeviceTiming(_Clocks):
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
         self._begin = CounterMark(self._events.record_event(), ctl, self._energy_mj)
+        # Observe-only, the worker still reads back which clock ran; a GPU that cannot, and
+        # no per-op counter reads, leave it nothing to do for an op: nothing posted.
+        wanted = ctl is not None and (self._stamp_ops or not ctl.observe_only or ctl.reads_back)
+        self._post = ctl.post if ctl is not None and wanted else None
 
     def enter(self, j: int) -> None:
         """Op ``j`` starts: record its start event and post its boundary."""
@@ -243,22 +283,11 @@ class DeviceTiming(_Clocks):
                 if i > 0
             )
         )
-        job = Boundary(
-            OpRequest(
-                self._events.record_event(),
-                nxt,
-                expected,
-                mem_next_mhz=nxt_mem,
-                mids=mids,
-                gap_s=gap,
-            )
-        )
+        job = Boundary(OpRequest(self._events.record_event(), nxt, expected, nxt_mem, mids, gap))
         self.jobs.append(job)
-        ctl = self.controller
-        if ctl is not None and (self._stamp_ops or not ctl.observe_only or ctl.reads_back):
-            # Observe-only, the worker still reads back which clock ran (a GPU that cannot
-            # and no per-op counter reads leave it nothing to do for an op: no wake-up).
-            ctl.post(job)
+        post = self._post
+        if post is not None:
+            post(job)
 
     def mark_end(self) -> None:
         """Record the current op's end event now (emulation: the op is fully launched)."""
@@ -283,10 +312,11 @@ class DeviceTiming(_Clocks):
             ctl.flush(timeout_s=1.0)
         begin = self._begin
         assert begin is not None
-        end = CounterMark(self._events.record_event(), ctl, self._energy_mj)
-        self._closed.append(
-            _Closed(iteration, begin, end, self.jobs, self.freqs, self.phases, self.actions)
+        closed = _Closed(iteration, begin, self.jobs, self.freqs, self.phases, self.actions)
+        closed.end = end = CounterMark(
+            self._events.record_event(), ctl, self._energy_mj, lambda: self._work_out(closed)
         )
+        self._closed.append(closed)
         self.jobs = []
         return end
 
@@ -297,17 +327,31 @@ class DeviceTiming(_Clocks):
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
-        self._record_ops(closed)
+        with closed.lock:  # the worker's figures, or (none) worked out here
+            figures = closed.figures or self._figures(closed)
+        self.mid_switches = figures.mid_switches
+        self.mid_switches_missed = figures.mid_switches_missed
+        self.delivery = figures.delivery
+        self._record_ops(figures.rows)
         if self._recycle is not None:
             self._recycle()
         return end_s - begin_s, (mj - begin_mj) / 1000.0
 
-    def _record_ops(self, closed: _Closed) -> None:
-        """Each op's row, the mid-op changes made and the clocks delivered."""
+    def _work_out(self, closed: _Closed) -> None:
+        """On the worker, as it passes the iteration's end: its figures, off the training
+        thread (which works them out itself when this fails)."""
+        with closed.lock:
+            try:
+                closed.figures = self._figures(closed)
+            except Exception:  # the training thread tries again, and raises
+                _log.debug("iteration %d: figures left to the training thread", closed.iteration)
+
+    def _figures(self, closed: _Closed) -> _Figures:
+        """Each op's row (the timing history learns from them), the mid-op changes made and
+        the clocks delivered."""
         jobs, freqs, actions, phases = closed.jobs, closed.freqs, closed.actions, closed.phases
         iteration = closed.iteration
-        self.mid_switches = sum(job.report.mids_issued for job in jobs)
-        self.mid_switches_missed = sum(job.report.mids_missed for job in jobs)
+        rows: list[OpRow] = []
         readings: list[OpReading] = []
         for j, start_s, end_s in self.history.learn(jobs, freqs, phases):
             job = jobs[j]
@@ -328,7 +372,7 @@ class DeviceTiming(_Clocks):
                         report.read_mem_mhz,
                     )
                 )
-            self._record_op(
+            rows.append(
                 (
                     iteration,
                     j,
@@ -341,7 +385,12 @@ class DeviceTiming(_Clocks):
                     end_s,
                 )
             )
-        self.delivery = clock_delivery(readings)
+        return _Figures(
+            rows,
+            sum(job.report.mids_issued for job in jobs),
+            sum(job.report.mids_missed for job in jobs),
+            clock_delivery(readings),
+        )
 
     def abort(self) -> None:
         """The iteration was abandoned: forget its ops."""
