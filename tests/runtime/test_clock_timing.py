@@ -22,7 +22,7 @@ from statistics import NormalDist
 
 import pytest
 
-from perseus.device.clock import VirtualClock
+from perseus.device.clock import REAL_CLOCK, Clock, VirtualClock
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
@@ -83,6 +83,28 @@ def test_prediction_error_widens_the_landing_distribution() -> None:
     # Cost under the wider distribution: the offset chosen for it does no worse.
     wide = [lat - e for lat in landings for e in (-0.003, -0.001, 0.0, 0.001, 0.003)]
     assert _expected_wrong_s(unsure, wide, 0.004) <= _expected_wrong_s(sure, wide, 0.004)
+
+
+class _Event:
+    """A device event that completes at a fixed time of a clock (real by default; the
+    read-back tests' host-timed worker records them)."""
+
+    energy_mj: int | None = 0
+
+    def __init__(self, at_s: float, clock: Clock = REAL_CLOCK) -> None:
+        self.at_s = at_s
+        self._clock = clock
+
+    def query(self) -> bool:
+        return self._clock.now() >= self.at_s
+
+    def synchronize(self) -> None:
+        while not self.query():
+            self._clock.sleep(min(0.0005, self.at_s - self._clock.now()))
+
+    def device_time_s(self) -> float:
+        self.synchronize()
+        return self.at_s
 
 
 def test_the_lead_is_learnt_from_the_landing_not_the_call(tmp_path) -> None:
