@@ -1,15 +1,10 @@
 """The simulated GPU's record of the set and reset calls it received (opt-in).
 
-As httpx's ``MockTransport`` lets a test see every request its client sent,
-``SimulatedGPU(record_set_calls=n)`` keeps the last ``n`` clock, memory-clock and power-limit
-set and reset calls (:attr:`~perseus.device.simulated.SimulatedGPU.set_calls`), each with
-what was asked, what was applied or the error raised, and when, on the GPU's own clock, it was
-issued, took effect and returned. Tests of code that drives a GPU (users' own included) check
-*where* each change landed against the op trace, and that a refused call was not asked again.
-
-``set_return_lag_s`` makes a call return that long after its change took effect (a driver
-whose call outlasts the change: the gap the controller learns a set call's lead from,
-:meth:`~perseus.device.simulated.SimulatedGPU.clock_applied_s`).
+As httpx's ``MockTransport`` shows a test every request, ``SimulatedGPU(record_set_calls=n)``
+keeps the last ``n`` clock, memory-clock and power-limit set and reset calls
+(:attr:`~perseus.device.simulated.SimulatedGPU.set_calls`): what was asked, what was applied or
+the error raised, and when (on the GPU's clock) each was issued, took effect and returned.
+``set_return_lag_s`` makes a call return that long after its change took effect.
 """
 
 from __future__ import annotations
@@ -80,7 +75,7 @@ _R = TypeVar("_R")
 
 
 def _number(value: object) -> float | None:
-    return value if isinstance(value, int | float) else None
+    return value if isinstance(value, int | float) else None  # MHz, W; None for a reset
 
 
 def recorded_set_call(
