@@ -221,7 +221,9 @@ class CounterSampler:
             publish is located within one period) and, on NVML, well over a read's ~3 ms.
         max_samples: Reads kept (oldest dropped first).
         clock: What paces the reads (default the process's monotonic clock; the device's own,
-            :func:`~perseus.device.clock.clock_of`, for a simulated GPU).
+            :func:`~perseus.device.clock.clock_of`, for a simulated GPU). A
+            :class:`~perseus.device.clock.VirtualClock` fires them as its timer; with any other
+            clock a thread waits out each period in real time.
 
     Raises:
         ConfigError: for a non-positive period.
@@ -309,10 +311,7 @@ class CounterSampler:
             if delay < 0:  # fell behind (a slow read): do not burst to catch up
                 next_s = now()
                 delay = 0.0
-            if self.clock.real_time:
-                self._stop.wait(delay)  # a sleep that close() interrupts
-            else:
-                self.clock.sleep(delay)
+            self._stop.wait(delay)  # a real-time sleep that close() interrupts
 
     def sample(self) -> CounterSample | None:
         """Read the counter once (None if the read failed: counted in :attr:`errors`)."""
