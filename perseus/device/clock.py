@@ -100,11 +100,14 @@ class VirtualClock:
 
     def call_every(
         self, period_s: float | Callable[[], float], callback: Callable[[], object]
-    ) -> None:
+    ) -> Callable[[], None]:
         """Call ``callback`` every ``period_s`` of virtual time, first one period from now
         (what a background thread polling on a timer does in real time: the energy counter
         sampler). ``period_s`` may be a function giving each wait in turn. Each call sees the
         clock at its due time.
+
+        Returns:
+            A function that stops the calls (like stopping that thread; idempotent).
 
         Raises:
             ValueError: for a non-positive period.
@@ -113,8 +116,15 @@ class VirtualClock:
         first = period()
         if not first > 0:
             raise ValueError(f"period_s must be > 0, got {first}")
+        timer = [self._now_s + first, period, callback]
         with self._lock:
-            self._timers.append([self._now_s + first, period, callback])
+            self._timers.append(timer)
+
+        def cancel() -> None:
+            with self._lock:
+                self._timers = [t for t in self._timers if t is not timer]
+
+        return cancel
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds`` (negative values are ignored), firing the
@@ -129,7 +139,7 @@ class VirtualClock:
             if self._timers and not self._firing:
                 self._firing = True
                 try:
-                    while True:
+                    while self._timers:  # a callback may cancel a timer
                         due = min(self._timers, key=lambda timer: timer[0])
                         if due[0] > target:
                             break

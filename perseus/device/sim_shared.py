@@ -15,12 +15,14 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.clock import Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
+from perseus.device.sim_calls import SetCall, recorded_set_call
 from perseus.device.sim_costs import OpCostFn, SimNoise
 from perseus.device.sim_state import (
     SimStateFile,
@@ -101,6 +103,8 @@ class SimSharedState:
     _mem_locked: int | None
     _latency_rng: random.Random
     _latency_sigma: float
+    set_return_lag_s: float
+    _set_calls: deque[SetCall] | None
 
     @property
     def explicit_state_dir(self) -> bool:
@@ -281,6 +285,7 @@ class SimSharedState:
         cap = self._cap_w(self._state())
         return self.power_limit_range_w()[1] if cap is None else cap
 
+    @recorded_set_call
     def set_power_limit_w(self, power_limit_w: float) -> float:
         """Set the limit (NVML's ``SetPowerManagementLimit``); returns the value applied.
 
@@ -301,6 +306,7 @@ class SimSharedState:
         self._set_limit(float(power_limit_w))
         return float(power_limit_w)
 
+    @recorded_set_call
     def reset_power_limit(self) -> None:
         """Back to the default limit.
 
@@ -343,6 +349,7 @@ class SimSharedState:
             return "one memory clock only"
         return None
 
+    @recorded_set_call
     def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
         """Lock the memory clock (snapped), after the set latency; queued ops are re-priced.
 
@@ -359,6 +366,7 @@ class SimSharedState:
         self._apply_memory_lock(snapped)
         return snapped
 
+    @recorded_set_call
     def reset_memory_locked_clock(self) -> None:
         """Back to the default memory clock."""
         self._check("reset_memory_locked_clock")

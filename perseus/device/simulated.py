@@ -13,7 +13,9 @@ fitted physics, :mod:`perseus.device.power_model`). It behaves like a GPU, not l
   when it returns, in the middle of the running op (priced piece by piece);
 * seeded noise the planner does not know (``noise``: :class:`SimNoise`);
 * a power cap that overrides the lock, read back with the SW power cap reason like NVML;
-* an energy counter published every ``publish_interval_s`` (100 ms).
+* an energy counter published every ``publish_interval_s`` (100 ms);
+* for tests, a record of the set and reset calls it received (``record_set_calls``,
+  :mod:`perseus.device.sim_calls`) and faults to inject (:meth:`inject_error`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.clock import Clock
 from perseus.device.nvml_calls import CLOCK_EVENT_REASONS
 from perseus.device.presets import GPUPreset, get_preset
+from perseus.device.sim_calls import SetCall, recorded_set_call, set_call_log
 from perseus.device.sim_costs import (
     MemCostFn,
     OpCostFn,
@@ -52,7 +55,7 @@ from perseus.errors import (
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
 
-__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
+__all__ = ["OpTrace", "SetCall", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
 
 _REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
 _REASON_IDLE = _REASON_BITS["gpu_idle"]
@@ -126,6 +129,10 @@ class SimulatedGPU(SimSharedState):
             fixed memory clock (HBM).
         mem_cost_fn: The op cost at an SM clock and a locked memory clock (needed with
             ``memory_clocks_mhz``). The power cap is applied on default-memory power.
+        record_set_calls: Keep the last this many set and reset calls in :attr:`set_calls`
+            (0: none).
+        set_return_lag_s: How long a set or reset call blocks after its change took effect
+            (0: it returns as the change applies).
     """
 
     def __init__(
@@ -152,6 +159,8 @@ class SimulatedGPU(SimSharedState):
         trace_ops: bool = False,
         memory_clocks_mhz: tuple[int, ...] = (),
         mem_cost_fn: MemCostFn | None = None,
+        record_set_calls: int = 0,
+        set_return_lag_s: float = 0.0,
     ) -> None:
         # Everything this GPU was built from, so that placed() can build its twin.
         self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -195,6 +204,8 @@ class SimulatedGPU(SimSharedState):
         self._stream = SimStream(StreamDevice.of(self, self.clock))
         if trace_ops:
             self._stream.trace = []
+        self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
+        self.set_return_lag_s = float(set_return_lag_s)
 
     # -----------------------------------------------------------------------------------------
     # Constructors
@@ -320,6 +331,7 @@ class SimulatedGPU(SimSharedState):
             )
         return nearest_clock_mhz(asc, freq_mhz)
 
+    @recorded_set_call
     def set_locked_clock(self, freq_mhz: int) -> int:
         self._check("set_locked_clock")
         self._refuse_unprivileged("setting locked clocks")
@@ -328,6 +340,7 @@ class SimulatedGPU(SimSharedState):
         self._stream.set_lock(snapped)
         return snapped
 
+    @recorded_set_call
     def reset_locked_clock(self) -> None:
         self._check("reset_locked_clock")
         self._refuse_unprivileged("resetting locked clocks")
@@ -449,6 +462,12 @@ class SimulatedGPU(SimSharedState):
         """Completed ops with the clocks they ran at (empty unless ``trace_ops=True``)."""
         self._stream.poll()
         return list(self._stream.trace or ())
+
+    @property
+    def set_calls(self) -> list[SetCall]:
+        """The set and reset calls this object received, oldest first (the last
+        ``record_set_calls``; empty when not recording)."""
+        return list(self._set_calls or ())
 
     def timeline_now_s(self) -> float:
         """Now, on the clock of this GPU's timeline (the clock event times are on)."""

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from typing import Any
 
 from perseus.device.base import GPU, MemoryClockGPU
-from perseus.device.clock import REAL_CLOCK
+from perseus.device.clock import clock_of
 from perseus.errors import ConfigError, ProfileError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.profile.model import Profile
@@ -102,13 +102,14 @@ class SessionSweep:
                 "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
                 "profile where clocks can be locked and pass that profile as plan="
             )
-        events = agent.events
-        now_s = events.timeline_now_s if events is not None else REAL_CLOCK.now
+        events, clock = agent.events, clock_of(self.gpu)  # reads paced on the device's clock
+        now_s = events.timeline_now_s if events is not None else clock.now
         period = self.options.sample_period_s
         sampler = CounterSampler(
             self.gpu.energy_mj,
             now_s,
             period_s=sample_period_for(self.gpu) if period is None else float(period),
+            clock=clock,
         )
         self._window = SweepWindow(
             sampler,

@@ -47,3 +47,22 @@ def test_periodic_callbacks_fire_at_their_due_times_in_order() -> None:
     assert [t for _, t in seen] == pytest.approx([0.25, 0.3, 0.6, 0.75, 0.9, 1.0])
     with pytest.raises(ValueError):
         clock.call_every(0.0, lambda: None)
+
+
+def test_a_periodic_callback_stops_when_cancelled_even_from_inside_a_call() -> None:
+    clock = VirtualClock(0.0)
+    seen: list[float] = []
+    cancel = clock.call_every(0.1, lambda: seen.append(clock.now()))
+    clock.sleep(0.25)
+    cancel()
+    cancel()  # idempotent
+    clock.sleep(1.0)
+    assert seen == pytest.approx([0.1, 0.2])
+
+    def once() -> None:  # the only timer cancels itself while the clock fires it
+        seen.append(clock.now())
+        stop()
+
+    stop = clock.call_every(0.5, once)
+    clock.sleep(2.0)
+    assert seen[2:] == pytest.approx([1.75]) and clock.now() == pytest.approx(3.25)

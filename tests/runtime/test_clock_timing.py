@@ -1,16 +1,15 @@
 """Clocks on the device's timeline: the test that fails on the host-timed design, and the
-targeting of each change's landing.
+targeting of each change's landing, on virtual time (deterministic whatever the host's load).
 
 On the asynchronous simulated GPU the host launches a whole iteration in a few milliseconds
-and the device runs it over a second. Host-timed control (the design before issue 14: post an
-op's clock when the host enters it) then sets most clocks long before their op runs, so a
-large share of op time runs at another op's clock. Device-timed control (events on the
-stream; the controller applies the next clock as the op ends on the device) keeps the share
-near the floor set by the set call's random latency: even a controller that knew every op's
-true end would lose E|L - median L| = 1.57 ms per change to the notes' lognormal (median
-5 ms, p99 12 ms), i.e. 9 changes x 1.57 ms / 1416 ms = 1.00 % of op time in this test's
-setting (measured: ~1.1-1.3 %; the rest is the ops' 1 % jitter, which no controller can
-predict, and thread wake-ups).
+and the device runs it over a second. Host-timed control (the older design: post an op's
+clock when the host enters it) then sets most clocks long before their op runs, so a large
+share of op time runs at another op's clock. Device-timed control (events on the stream; the
+controller applies the next clock as the op ends on the device) keeps the share near the
+floor set by the set call's random latency: even a controller that knew every op's true end
+would lose E|L - median L| = 1.57 ms per change to the notes' lognormal (median 5 ms, p99
+12 ms), i.e. 9 changes x 1.57 ms / 1416 ms = 1.00 % of op time in this test's setting
+(measured: 1.04 %; the rest is the ops' 1 % jitter, which no controller can predict).
 
 ``benchmarks/clock_timing.py`` prints both for whole pipelines with the floor (README table).
 """
@@ -18,7 +17,6 @@ predict, and thread wake-ups).
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from statistics import NormalDist
 
@@ -34,71 +32,6 @@ from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import take_stages
 from perseus.schedule import Kind, build_schedule
-
-
-def _wrong_clock_share(timing: str, state_dir: Path, iterations: int = 3) -> float:
-    profile = take_stages(load_profile("a100"), 4)
-    actions = build_schedule("1f1b", 4, 8).rank_actions[0]
-    names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
-    # Forward and backward at different clocks: nearly every boundary changes the clock.
-    freqs = tuple(1200 if a.kind is Kind.F else 1005 for a in actions)
-    spec = JobSpec(
-        schedule="1f1b",
-        ranks=1,
-        stages=1,
-        microbatches=8,
-        blocking_power_w=83.64,
-        profile_sha256="0" * 64,
-    )
-    plan = Frontier(
-        job=spec,
-        stage_ops=(names,),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=(freqs,)),),
-    )
-    gpu = SimulatedGPU.from_profile(
-        profile,
-        blocking_power_w=83.64,
-        state_dir=state_dir,
-        set_latency_s=0.005,  # lognormal, p99 12 ms (notes §5.1)
-        clock=time.perf_counter,
-        noise=SimNoise(seed=3),
-        trace_ops=True,
-    )
-    agent = RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False, timing=timing)
-    with agent:
-        agent.wait_for_clock(5.0)
-        for _ in range(iterations):
-            agent.step_begin()
-            t0 = time.perf_counter()
-            for a in actions:
-                with agent.op(a.kind, a.microbatch_index):
-                    gpu.launch(a.stage_index, a.kind)
-            launched_s = time.perf_counter() - t0
-            gpu.synchronize()  # once per iteration, like loss.item()
-            agent.step_end()
-            assert launched_s < 0.2  # the host really ran ahead of the device (~1.3 s of ops)
-    wrong = total = 0.0
-    n = len(freqs)
-    for op in gpu.op_trace:
-        if op.seq < n:
-            continue  # the first iteration teaches the agent each op's device time
-        for clock, time_s in op.pieces:
-            total += time_s
-            wrong += time_s if clock != freqs[op.seq % n] else 0.0
-    assert total > 0
-    return wrong / total
-
-
-@pytest.mark.slow
-def test_host_timed_clocks_run_ops_at_the_wrong_clock_device_timed_do_not(tmp_path):
-    host = _wrong_clock_share("host", tmp_path / "host")
-    device = _wrong_clock_share("device", tmp_path / "device")
-    assert host > 0.2, host  # today's design: a measurable share at the wrong clock
-    # 1.1-1.4 % measured, against a floor of 1.00 % even for a controller that knew every
-    # op's end (the set latency's spread; generous bound: thread wake-ups on a loaded host).
-    assert device < 0.05, device
-    assert device < host / 5, (host, device)
 
 
 def _lognormal_s(median_s: float = 0.005, p99_s: float = 0.012, n: int = 400) -> list[float]:
@@ -153,7 +86,8 @@ def test_prediction_error_widens_the_landing_distribution() -> None:
 
 
 class _Event:
-    """A device event that completes at a fixed time of a clock (real by default)."""
+    """A device event that completes at a fixed time of a clock (real by default; the
+    read-back tests' host-timed worker records them)."""
 
     energy_mj: int | None = 0
 
@@ -173,55 +107,21 @@ class _Event:
         return self.at_s
 
 
-class _LandingGPU:
-    """Its set call blocks 6 ms; the new clock takes effect 4 ms after the call is issued,
-    and the device says so (like the simulator's ``clock_applied_s``). The library's fakes
-    cannot show this on virtual time: their clock lands as the call returns."""
-
-    uuid = "GPU-landing"
-    name = "landing"
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self.applied_s: float | None = None
-
-    def supported_clocks_mhz(self) -> tuple[int, ...]:
-        return (1410, 1095)
-
-    def set_locked_clock(self, freq_mhz: int) -> int:
-        t = self.clock.now()
-        self.clock.sleep(0.006)
-        self.applied_s = t + 0.004
-        return freq_mhz
-
-    def clock_applied_s(self) -> float | None:
-        return self.applied_s
-
-    def reset_locked_clock(self) -> None:
-        pass
-
-    def locked_clock_mhz(self) -> int | None:
-        return None
-
-    def current_clock_mhz(self) -> int:
-        return 1410
-
-    def energy_mj(self) -> int:
-        return 0
-
-    def record_event(self) -> _Event:
-        return _Event(self.clock.now(), self.clock)
-
-    def timeline_now_s(self) -> float:
-        return self.clock.now()
-
-
-def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
-    """On virtual time: the landing is 4 ms, the call 6 ms; each change is aimed 4 ms before
-    its op's predicted end, to the microsecond."""
+def test_the_lead_is_learnt_from_the_landing_not_the_call(tmp_path) -> None:
+    """On virtual time: the simulated GPU's set call lands its clock 4 ms after it is issued
+    and returns 2 ms later (``set_return_lag_s``); each change is aimed 4 ms (the landing),
+    not 6 ms (the call), before its op's predicted end, to the microsecond."""
     clock = VirtualClock(1000.0)
-    gpu = _LandingGPU(clock)
-    ctl = FrequencyController(gpu, events=gpu, clock=clock)  # type: ignore[arg-type]
+    gpu = SimulatedGPU.from_preset(
+        "a100",
+        state_dir=tmp_path,
+        clock=clock,
+        set_latency_s=0.004,
+        set_latency_p99_s=0.004,  # no spread: every change lands 4 ms after its call
+        set_return_lag_s=0.002,
+        record_set_calls=100,
+    )
+    ctl = FrequencyController(gpu, events=gpu, clock=clock)
     ctl.start()
     try:
         for freq in (1410, 1095, 1410):
@@ -232,12 +132,15 @@ def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
         assert ctl.setter.set_latency_s() == pytest.approx(0.006, abs=1e-9)  # the call
         jobs = []
         t = clock.now()
+        marks = []
+        for k in range(5):  # events on the stream at the ops' ends: 40 ms back to back
+            gpu.wait_until(t + 0.04 * k)
+            marks.append(gpu.record_event())
         for k in range(4):
-            # Ops of 40 ms back to back; each change is issued 4 ms (the landing), not 6 ms
-            # (the call), before the op's predicted end.
-            start, end = t + 0.04 * k, t + 0.04 * (k + 1)
-            request = OpRequest(_Event(start, clock), 1095 if k % 2 == 0 else 1410, 0.04)  # type: ignore[arg-type]
-            job = Boundary(request, end=_Event(end, clock))  # type: ignore[arg-type]
+            # Each change is issued 4 ms (the landing), not 6 ms (the call), before the op's
+            # predicted end.
+            request = OpRequest(marks[k], 1095 if k % 2 == 0 else 1410, 0.04)
+            job = Boundary(request, end=marks[k + 1])
             ctl.post(job)
             jobs.append(job)
         assert ctl.flush()
@@ -247,11 +150,23 @@ def test_the_lead_is_learnt_from_the_landing_not_the_call() -> None:
         aim = job.report.aim_s
         assert aim is not None
         assert aim == pytest.approx(t + 0.04 * (k + 1) - 0.004, abs=1e-6), (k, aim - t)
+    # The GPU's record: every change took effect 4 ms after its call and returned 2 ms later.
+    calls = [c for c in gpu.set_calls if c.method == "set_locked_clock"]
+    assert [c.applied for c in calls] == [1410, 1095, 1410, 1095, 1410, 1095, 1410]
+    for c in calls:
+        assert c.ok and c.applied_s is not None
+        assert c.applied_s - c.issued_s == pytest.approx(0.004, abs=1e-9)
+        assert c.returned_s - c.applied_s == pytest.approx(0.002, abs=1e-9)
+    # ... and the four changes of the ops took effect exactly where they were aimed.
+    for job, c in zip(jobs, calls[3:], strict=True):
+        assert c.applied_s == pytest.approx(job.report.aim_s + 0.004, abs=1e-6)
 
 
-def _wrong_clock_share_virtual(timing: str, state_dir: Path, seed: int = 3) -> float:
-    """:func:`_wrong_clock_share` on a virtual clock: the clock worker runs inline and the
-    device's timeline moves only when someone waits, so the result is the same every run."""
+def _wrong_clock_share(timing: str, state_dir: Path, seed: int = 3) -> float:
+    """The share of op time (after the first iteration, which teaches the agent each op's
+    device time) run at another op's clock, on a virtual clock: the clock worker runs inline
+    and the device's timeline moves only when someone waits, so the result is the same every
+    run."""
     profile = take_stages(load_profile("a100"), 4)
     actions = build_schedule("1f1b", 4, 8).rank_actions[0]
     names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
@@ -292,8 +207,11 @@ def _wrong_clock_share_virtual(timing: str, state_dir: Path, seed: int = 3) -> f
             for a in actions:
                 with agent.op(a.kind, a.microbatch_index):
                     gpu.launch(a.stage_index, a.kind)
+            # The host ran ahead of the device (~1.3 s of ops): launching takes no device time
+            # when device-timed, and host-timed only the set calls' waits.
+            assert clock.now() - t0 < 0.2, clock.now() - t0
             if timing == "device":
-                assert clock.now() == t0  # launching takes no device time: the host ran ahead
+                assert clock.now() == t0
             agent.step_end()
             gpu.synchronize()
     wrong = total = 0.0
@@ -308,11 +226,12 @@ def _wrong_clock_share_virtual(timing: str, state_dir: Path, seed: int = 3) -> f
     return wrong / total
 
 
-def test_on_virtual_time_device_timed_clocks_land_at_op_ends_and_host_timed_do_not(tmp_path):
-    """The same comparison as the real-time smoke test above, deterministic and tight: the
-    device-timed share is near the set latency's floor (1.00 %), the host-timed one large."""
-    device = _wrong_clock_share_virtual("device", tmp_path / "d")
-    host = _wrong_clock_share_virtual("host", tmp_path / "h")
-    assert device == _wrong_clock_share_virtual("device", tmp_path / "d2")  # deterministic
+def test_host_timed_clocks_run_ops_at_the_wrong_clock_device_timed_do_not(tmp_path):
+    """Deterministic and tight: the device-timed share is near the set latency's floor
+    (1.00 %), the host-timed one large."""
+    device = _wrong_clock_share("device", tmp_path / "d")
+    host = _wrong_clock_share("host", tmp_path / "h")
+    assert device == _wrong_clock_share("device", tmp_path / "d2")  # deterministic
     assert device < 0.02, device
-    assert host > 0.2, host
+    assert host > 0.2, host  # the host-timed design: a large share at the wrong clock
+    assert device < host / 5, (host, device)

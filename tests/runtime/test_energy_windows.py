@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -160,6 +161,32 @@ def test_sampler_thread_reads_and_rejects_a_bad_period() -> None:
     assert not sampler.running
     with pytest.raises(ConfigError):
         CounterSampler(lambda: 0, lambda: 0.0, period_s=0.0)
+
+
+def test_sampler_on_a_virtual_clock_reads_at_its_due_times_without_a_thread() -> None:
+    """On a virtual clock the reads are the clock's timer: each at its due virtual time as
+    the sleeps pass it (no thread racing the training thread), and close() stops them."""
+    import threading
+
+    from perseus.device.clock import VirtualClock
+
+    clock = VirtualClock(10.0)
+    threads = threading.active_count()
+    sampler = CounterSampler(lambda: 7, clock.now, period_s=0.01, clock=clock)
+    with sampler:
+        assert sampler.running and threading.active_count() == threads
+        assert sampler.samples() == []  # nothing before the first period passed
+        for _ in range(100):
+            clock.sleep(0.01)
+    reads = sampler.samples()
+    assert not sampler.running and 99 <= len(reads) <= 101
+    times = [r.before_s for r in reads]
+    assert all(r.after_s == r.before_s and r.energy_mj == 7 for r in reads)
+    assert times[0] > 10.0 and times[-1] <= 11.0
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.5 * 0.01 - 1e-12 and max(gaps) <= 1.5 * 0.01 + 1e-12
+    clock.sleep(1.0)
+    assert len(sampler.samples()) == len(reads)  # stopped
 
 
 class _Clock:

@@ -3,10 +3,11 @@ op starts and at planned layer boundaries inside ops, on the device's timeline.
 
 The GPU is the simulated GDDR one (the bundled A40 profile extended to (SM, memory) pairs with
 the ``a40`` preset's memory model), on a virtual clock: every timing decision is deterministic.
-A subclass records each memory-clock set call with the device time it returned at, so the
-tests see where each change landed against the op trace. Each test fails on an agent that
-refuses memory clocks or phase lists (the old ``op_clocks`` path), that never issues a memory
-change, or that issues it at the op's start or end instead of at its planned layer boundary.
+The GPU records every set call it receives (``record_set_calls``) with the device time its
+change took effect, so the tests see where each change landed against the op trace. Each test
+fails on an agent that refuses memory clocks or phase lists (the old ``op_clocks`` path), that
+never issues a memory change, or that issues it at the op's start or end instead of at its
+planned layer boundary.
 """
 
 from __future__ import annotations
@@ -44,17 +45,12 @@ FWD: PlanOp = ((1740, HI, 0), (1740, LO, 4), (1200, LO, 8))
 BWD: PlanOp = ((1410, LO, 0), (1740, None, 6))
 
 
-class _RecordingGPU(SimulatedGPU):
-    """A simulated GPU that records its memory-clock set calls: (device time, clock)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.memory_sets: list[tuple[float, int]] = []
-
-    def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
-        got = super().set_memory_locked_clock(mem_freq_mhz)
-        self.memory_sets.append((self.timeline_now_s(), got))
-        return got
+def _memory_sets(gpu: SimulatedGPU) -> list[tuple[float, int]]:
+    """The memory-clock locks the GPU applied: (device time it took effect, clock)."""
+    calls = gpu.set_calls
+    return [
+        (c.applied_s, c.applied) for c in calls if c.method == "set_memory_locked_clock" and c.ok
+    ]
 
 
 def _pairs(stages: int = 4) -> Profile:
@@ -86,18 +82,17 @@ def _op_time(profile: Profile):  # type: ignore[no-untyped-def]
     return op_time_s
 
 
-def _gpu(profile: Profile, state_dir: Path, clock: VirtualClock, **kw: Any) -> _RecordingGPU:
-    gpu = _RecordingGPU.from_profile(
+def _gpu(profile: Profile, state_dir: Path, clock: VirtualClock, **kw: Any) -> SimulatedGPU:
+    return SimulatedGPU.from_profile(
         profile,
         blocking_power_w=POWER_W,
         state_dir=state_dir,
         set_latency_s=kw.pop("set_latency_s", 0.005),
         clock=clock,
         trace_ops=True,
+        record_set_calls=100_000,
         **kw,
     )
-    assert isinstance(gpu, _RecordingGPU)
-    return gpu
 
 
 def _one_rank(state_dir: Path, iterations: int = 3, **agent_kw: Any):  # type: ignore[no-untyped-def]
@@ -154,7 +149,7 @@ def test_phased_pair_ops_switch_memory_clock_at_the_planned_layer_boundary(tmp_p
     # Every planned switch inside an op is issued (a forward has 2, a backward 1).
     planned_mid = sum(2 if a.kind is Kind.F else 1 for a in actions)
     assert [r.mid_op_switches for r in records] == [planned_mid] * 3
-    sets = gpu.memory_sets
+    sets = _memory_sets(gpu)
     by_seq = {op.seq: op for op in gpu.op_trace}
     errors: list[float] = []
     for seq in range(n, 3 * n):
@@ -182,7 +177,7 @@ def test_phased_pair_ops_switch_memory_clock_at_the_planned_layer_boundary(tmp_p
     assert per_iteration[1:] == [rises, rises], (per_iteration, rises)
 
 
-def _windows(gpu: _RecordingGPU, n: int) -> list[tuple[float, float]]:
+def _windows(gpu: SimulatedGPU, n: int) -> list[tuple[float, float]]:
     trace_ = sorted(gpu.op_trace, key=lambda op: op.seq)
     return [(trace_[i * n].start_s, trace_[(i + 1) * n - 1].end_s) for i in range(len(trace_) // n)]
 
@@ -216,7 +211,9 @@ def test_observe_only_never_sets_memory_clocks(tmp_path, how):
                 with agent.op(a.kind, a.microbatch_index):
                     gpu.launch(a.stage_index, a.kind)
             agent.step_end()
-    assert gpu.memory_sets == []
+    assert [c for c in gpu.set_calls if "memory" in c.method] == []  # never even asked
+    assert not any(c.ok for c in gpu.set_calls)  # no clock changed ...
+    assert how == "unprivileged" or gpu.set_calls == []  # ... nor, disabled, asked to
     assert gpu.locked_memory_clock_mhz() is None
     assert all(p.mem_freq_mhz is None for op in agent.planned_phases for p in op)
 
@@ -316,7 +313,8 @@ def test_four_rank_clock_pair_plan_realises_its_predicted_saving(tmp_path, phase
             for p in op
         ]
         changes = sum(1 for i, m in enumerate(mems) if m != mems[i - 1])
-        assert 5 * changes <= len(g.memory_sets) <= 5 * changes + 1, (r, changes, g.memory_sets)
+        sets = _memory_sets(g)
+        assert 5 * changes <= len(sets) <= 5 * changes + 1, (r, changes, sets)
         lowered += LO in mems
     assert lowered > 0
 
@@ -388,5 +386,6 @@ def test_a_refused_memory_lock_keeps_sm_clocks_running(tmp_path):
             agent.step_end()
     assert len([w for w in caught if "memory" in str(w.message)]) == 1
     assert not agent.observe_only
-    assert gpu.memory_sets == []
+    memory_calls = [(c.method, c.error) for c in gpu.set_calls if "memory" in c.method]
+    assert memory_calls == [("set_memory_locked_clock", "NOT_SUPPORTED")]  # asked once only
     assert any(c == 1200 for op in gpu.op_trace for c, _ in op.pieces)  # SM phases still run

@@ -6,7 +6,8 @@ NVML's energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) is *publishe
 100 ms step per op, so op energy has to come from the windows between publishes instead:
 
 * :class:`CounterSampler` reads the counter every ``period_s`` on its own thread (never the
-  training thread) and stamps each read with the times just before and after it on the device
+  training thread; on a :class:`~perseus.device.clock.VirtualClock`, as the clock's timer, so
+  emulation and tests run on virtual time) and stamps each read with the times just before and after it on the device
   timeline (:meth:`~perseus.device.base.EventSource.timeline_now_s`, the clock that device
   event times are on), so the reading is known to reflect the counter at some instant between
   the two stamps.
@@ -30,13 +31,13 @@ import itertools
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from perseus.device.base import CounterPeriodGPU
+from perseus.device.clock import REAL_CLOCK, Clock, VirtualClock
 from perseus.errors import ConfigError, DeviceError
 
 __all__ = [
@@ -198,7 +199,9 @@ def counter_intervals(
 
 
 class CounterSampler:
-    """Reads a GPU's energy counter periodically on a background thread.
+    """Reads a GPU's energy counter periodically on a background thread (or, on a
+    :class:`~perseus.device.clock.VirtualClock`, as that clock's timer: each read at its due
+    virtual time, as the training thread's waits pass it).
 
     Usage::
 
@@ -208,8 +211,8 @@ class CounterSampler:
         windows = sampler.intervals(t0, t1)     # publish-to-publish windows inside [t0, t1]
         sampler.close()
 
-    The constructor does no I/O. Tests on a virtual clock call :meth:`sample` themselves
-    instead of starting the thread.
+    The constructor does no I/O. Tests may also call :meth:`sample` themselves instead of
+    starting it.
 
     Args:
         read_mj: The counter (``GPU.energy_mj``).
@@ -217,6 +220,10 @@ class CounterSampler:
         period_s: Time between reads. Keep it well under the counter's publish period (a
             publish is located within one period) and, on NVML, well over a read's ~3 ms.
         max_samples: Reads kept (oldest dropped first).
+        clock: What paces the reads (default the process's monotonic clock; the device's own,
+            :func:`~perseus.device.clock.clock_of`, for a simulated GPU). A
+            :class:`~perseus.device.clock.VirtualClock` fires them as its timer; with any other
+            clock a thread waits out each period in real time.
 
     Raises:
         ConfigError: for a non-positive period.
@@ -229,6 +236,7 @@ class CounterSampler:
         *,
         period_s: float = 0.0125,
         max_samples: int = 200_000,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         if not period_s > 0 or max_samples < 2:
             raise ConfigError(
@@ -238,17 +246,23 @@ class CounterSampler:
         self._read = read_mj
         self._now = now_s
         self.period_s = float(period_s)
+        self.clock = clock
         self._samples: collections.deque[CounterSample] = collections.deque(maxlen=max_samples)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cancel: Callable[[], None] | None = None  # a virtual clock's timer
         self.errors = 0
         self._warned = False
         self._reads = 0
 
     def start(self) -> CounterSampler:
-        """Start the sampling thread (idempotent)."""
-        if self._thread is None:
+        """Start reading (idempotent): a thread, or a timer on a virtual clock."""
+        if self.running:
+            return self
+        if isinstance(self.clock, VirtualClock):
+            self._cancel = self.clock.call_every(self.next_period_s, self.sample)
+        else:
             self._stop.clear()
             self._thread = threading.Thread(
                 target=self._run, name="perseus-energy-sampler", daemon=True
@@ -257,15 +271,18 @@ class CounterSampler:
         return self
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Stop the thread (idempotent); the samples stay readable."""
+        """Stop reading (idempotent); the samples stay readable."""
         self._stop.set()
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._thread is not None or self._cancel is not None
 
     def __enter__(self) -> CounterSampler:
         return self.start()
@@ -285,15 +302,16 @@ class CounterSampler:
         return self.period_s * (0.5 + (self._reads * _GOLDEN) % 1.0)
 
     def _run(self) -> None:
-        next_s = time.perf_counter()
+        now = self.clock.now
+        next_s = now()
         while not self._stop.is_set():
             self.sample()
             next_s += self.next_period_s()
-            delay = next_s - time.perf_counter()
+            delay = next_s - now()
             if delay < 0:  # fell behind (a slow read): do not burst to catch up
-                next_s = time.perf_counter()
+                next_s = now()
                 delay = 0.0
-            self._stop.wait(delay)
+            self._stop.wait(delay)  # a real-time sleep that close() interrupts
 
     def sample(self) -> CounterSample | None:
         """Read the counter once (None if the read failed: counted in :attr:`errors`)."""

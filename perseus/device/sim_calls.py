@@ -1,0 +1,109 @@
+"""The simulated GPU's record of the set and reset calls it received (opt-in).
+
+As httpx's ``MockTransport`` shows a test every request, ``SimulatedGPU(record_set_calls=n)``
+keeps the last ``n`` clock, memory-clock and power-limit set and reset calls
+(:attr:`~perseus.device.simulated.SimulatedGPU.set_calls`): what was asked, what was applied or
+the error raised, and when (on the GPU's clock) each was issued, took effect and returned.
+``set_return_lag_s`` makes a call return that long after its change took effect.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from perseus.errors import ConfigError
+
+__all__ = ["SetCall", "recorded_set_call", "set_call_log"]
+
+
+@dataclass(frozen=True)
+class SetCall:
+    """One set or reset call a simulated GPU received (times on the GPU's clock, seconds).
+
+    Attributes:
+        method: The GPU method called (``"set_locked_clock"``, ``"reset_memory_locked_clock"``,
+            ``"set_power_limit_w"``, ...).
+        requested: Its argument (MHz or W; None for a reset).
+        applied: What it returned: the clock or limit applied (None for a reset or a refusal).
+        issued_s: When the call was made.
+        applied_s: When its change took effect (None: refused).
+        returned_s: When it returned or raised.
+        error: The error it raised (None: it succeeded).
+    """
+
+    method: str
+    requested: float | None
+    applied: float | None
+    issued_s: float
+    applied_s: float | None
+    returned_s: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call succeeded."""
+        return self.error is None
+
+
+def set_call_log(max_calls: int, return_lag_s: float) -> deque[SetCall] | None:
+    """The bounded record of a GPU built with ``record_set_calls=max_calls`` (None: 0, off).
+
+    Raises:
+        ConfigError: for a negative count or lag.
+    """
+    if max_calls < 0 or return_lag_s < 0:
+        raise ConfigError(
+            f"record_set_calls and set_return_lag_s must be >= 0, got {max_calls}, {return_lag_s}"
+        )
+    return deque(maxlen=max_calls) if max_calls else None
+
+
+class _Recording(Protocol):
+    set_return_lag_s: float
+    _set_calls: deque[SetCall] | None
+    _clock: Callable[[], float]
+    _sleep: Callable[[float], None]
+
+
+_G = TypeVar("_G", bound=_Recording)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _number(value: object) -> float | None:
+    return value if isinstance(value, int | float) else None  # MHz, W; None for a reset
+
+
+def recorded_set_call(
+    method: Callable[Concatenate[_G, _P], _R],
+) -> Callable[Concatenate[_G, _P], _R]:
+    """Wrap a set/reset method: its change, then ``set_return_lag_s``, then its record."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: _G, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._set_calls is None and self.set_return_lag_s <= 0:
+            return method(self, *args, **kwargs)  # neither recording nor lagging
+        issued_s = self._clock()
+        requested = _number(args[0]) if args else None
+        try:
+            result = method(self, *args, **kwargs)
+        except Exception as e:
+            if self._set_calls is not None:
+                self._set_calls.append(
+                    SetCall(name, requested, None, issued_s, None, self._clock(), str(e))
+                )
+            raise
+        applied_s = self._clock()
+        if self.set_return_lag_s > 0:
+            self._sleep(self.set_return_lag_s)
+        if self._set_calls is not None:
+            record = SetCall(name, requested, _number(result), issued_s, applied_s, self._clock())
+            self._set_calls.append(record)
+        return result
+
+    return call
