@@ -396,6 +396,8 @@ class FrequencyController:
         request = job.request
         job.report = report = OpReport()
         report.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or request.stamp)
+        if request.stamp and not self._closed:
+            job.start.device_time_s()  # read here, and kept: not on the training thread
         self._issue_mids(job)
         if self._closed:
             return
