@@ -19,7 +19,6 @@ import contextlib
 import os
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
@@ -126,7 +125,6 @@ class NvmlGPU:
         self._arch = 0
         self.observe_only_reason: str | None = None
         self.persistence_mode: bool | None = None
-        self.initial_power_limit_mw: int | None = None
 
     @classmethod
     def for_cuda_device(cls, cuda_index: int, **kwargs: Any) -> NvmlGPU:
@@ -213,10 +211,6 @@ class NvmlGPU:
         if not ok and reason is None:
             reason = why
         self.observe_only_reason = reason
-        with contextlib.suppress(DeviceError, AttributeError):
-            self.initial_power_limit_mw = int(
-                call_nvml(nvml, "nvmlDeviceGetPowerManagementLimit", handle, what=what)
-            )
         try:
             self.persistence_mode = bool(
                 call_nvml(nvml, "nvmlDeviceGetPersistenceMode", handle, what=what)
@@ -537,12 +531,8 @@ class NvmlGPU:
     def watchdog_spec(self) -> dict[str, Any]:
         """What the watchdog needs to reset this GPU: its UUID. Every reset restores NVML's
         default power limit, never the limit found at open (a rank may have lowered it before
-        the agent opened the GPU). An NVML module given as ``nvml_module`` that is a module
-        file (a fake shared across processes in tests) is named so the watchdog loads it."""
+        the agent opened the GPU)."""
         spec: dict[str, Any] = {"backend": "nvml", "uuid": self.uuid}
-        module_file = getattr(self._nvml, "__file__", None)
-        if isinstance(self._nvml, ModuleType) and self._nvml.__name__ != "pynvml" and module_file:
-            spec["nvml_module_path"] = str(module_file)
         if self.is_open and self.memory_clock_control() is None:
             spec["memory_clocks"] = True  # the watchdog and the next owner reset them too
         return spec
