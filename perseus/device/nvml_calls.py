@@ -33,6 +33,7 @@ from perseus.errors import (
 )
 
 __all__ = [
+    "CLOCK_EVENT_BITS",
     "CLOCK_EVENT_REASONS",
     "LIMITING_REASONS",
     "NO_CLOCK_CHANGES_ENV",
@@ -77,6 +78,8 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
+#: The bit of each clock event reason, by name.
+CLOCK_EVENT_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
 #: Reasons that pull a clock below the requested lock (power or thermal limits).
 LIMITING_REASONS = frozenset(
     {

@@ -36,7 +36,6 @@ STARTUP = [
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetSupportedMemoryClocks",
     "nvmlDeviceGetSupportedGraphicsClocks",
-    "nvmlDeviceGetPowerManagementLimit",
     "nvmlDeviceGetPersistenceMode",
 ]
 
