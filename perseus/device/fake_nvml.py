@@ -21,7 +21,7 @@ cap allows is :func:`~perseus.device.power_model.capped_clock_mhz`, and the ener
 the simulator's integral and publish (:mod:`perseus.device.sim_state`). Time comes from
 :mod:`perseus.device.clock` (``clock=``), so tests drive the fake on a
 :class:`~perseus.device.clock.VirtualClock`. :func:`h100` replays a real H100 80GB HBM3's
-behaviour. ``NVML_ERROR_*`` constants carry nvidia-ml-py's values (a test checks them).
+behaviour. Its ``NVML_*`` constants are :class:`~perseus.device.nvml_calls.NvmlConstants`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from perseus.device.clock import Clock, RealClock
-from perseus.device.nvml_calls import CLOCK_EVENT_BITS, is_control_function
+from perseus.device.nvml_calls import CLOCK_EVENT_BITS, NvmlConstants, is_control_function
 from perseus.device.power_model import PowerModel, capped_clock_mhz
 from perseus.device.presets import get_preset
 from perseus.device.sim_shared import SimSharedState
@@ -60,7 +60,7 @@ class FakeDevice:
 
     uuid: str
     name: str = _A100.name
-    architecture: int = 7  # NVML_DEVICE_ARCH_AMPERE
+    architecture: int = NvmlConstants.NVML_DEVICE_ARCH_AMPERE
     memory_clocks: Sequence[int] = (1593,)  # HBM: one memory clock (a GDDR board lists several)
     graphics_clocks: Sequence[int] = _A100.clocks_mhz
     mig_mode: int = 0
@@ -112,7 +112,9 @@ class FakeDevice:
         cap_mw = round(preset.power_cap_w * 1000) if preset.power_cap_w else cls.power_limit_mw
         values: dict[str, Any] = {
             "name": preset.name,
-            "architecture": getattr(FakeNvml, f"NVML_DEVICE_ARCH_{preset.architecture.upper()}"),
+            "architecture": getattr(
+                NvmlConstants, f"NVML_DEVICE_ARCH_{preset.architecture.upper()}"
+            ),
             "graphics_clocks": preset.clocks_mhz,
             "sm_clock_mhz": preset.clocks_mhz[0],
             "power_mw": idle_mw,
@@ -225,7 +227,7 @@ def _answers(function: str, value: Any) -> Callable[[FakeNvml], Any]:
 
 
 @dataclass
-class FakeNvml:
+class FakeNvml(NvmlConstants):
     """Module-like fake of ``pynvml``; pass it as ``nvml_module=``.
 
     Attributes:
@@ -249,29 +251,6 @@ class FakeNvml:
     gates: dict[str, threading.Event] = field(default_factory=dict)
 
     NVMLError = NVMLError
-    NVML_SUCCESS = 0
-    NVML_ERROR_UNINITIALIZED = 1
-    NVML_ERROR_INVALID_ARGUMENT = 2
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NO_PERMISSION = 4
-    NVML_ERROR_NOT_FOUND = 6
-    NVML_ERROR_DRIVER_NOT_LOADED = 9
-    NVML_ERROR_TIMEOUT = 10
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13
-    NVML_ERROR_GPU_IS_LOST = 15
-    NVML_ERROR_FREQ_NOT_SUPPORTED = 24
-    NVML_ERROR_UNKNOWN = 999
-    NVML_DEVICE_ARCH_VOLTA = 5
-    NVML_DEVICE_ARCH_AMPERE = 7
-    NVML_DEVICE_ARCH_HOPPER = 9
-    NVML_CLOCK_GRAPHICS = 0
-    NVML_CLOCK_SM = 1
-    NVML_CLOCK_MEM = 2
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_FI_DEV_POWER_INSTANT = 186
-    NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
-    NVML_FEATURE_ENABLED = 1
 
     def control_calls(self) -> list[str]:
         """Calls that change a device (every ``nvmlDeviceSet*``/``Reset*``/``Clear*``), refused
