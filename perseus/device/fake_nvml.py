@@ -103,10 +103,11 @@ class FakeDevice:
 
     @classmethod
     def from_preset(cls, uuid: str, key: str, **fields: Any) -> FakeDevice:
-        """A device answering as the simulated GPU of preset ``key`` behaves: its name,
+        """A device that behaves as the simulated GPU of preset ``key``: its name,
         architecture, SM and memory clocks, idle power, power model, activity and default
-        power limit (the lowest a simulated GPU's share of it), the energy counter integrated
-        from the drawn power and published every 100 ms. ``fields`` override any of these."""
+        power limit (settable down to the simulated GPU's lowest share of it), the energy
+        counter integrated from the drawn power and published every 100 ms. ``fields``
+        override any of these."""
         preset = get_preset(key)
         idle_mw = round(preset.power.idle_w * 1000)
         cap_mw = round(preset.power_cap_w * 1000) if preset.power_cap_w else cls.power_limit_mw
