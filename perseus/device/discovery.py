@@ -15,7 +15,7 @@ from typing import Any
 
 from perseus.device.nvml import list_nvml_gpus, probe_privilege
 from perseus.device.ownership import default_lock_dir, owner_lock_path, recorded_owner
-from perseus.device.sim_state import default_state_dir, list_states
+from perseus.device.sim_state import default_state_dir, enforced_limit_w, list_states
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
 
@@ -172,12 +172,11 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
         locked = state.get("locked_mhz")
         uuid = str(state.get("uuid", ""))
         live, dead = owner_status(owner_lock_path(directory, uuid))
-        default = state.get("default_power_limit_w", state.get("power_cap_w"))
-        limit = state.get("power_limit_w")
-        if limit is None:
-            limit = default
-        elif state.get("power_cap_w") is not None:
-            limit = min(float(limit), float(state["power_cap_w"]))  # as the simulator enforces
+        cap = state.get("power_cap_w")
+        default = state.get("default_power_limit_w", cap)
+        limit = enforced_limit_w(state, None if cap is None else float(cap))
+        if state.get("power_limit_w") is None:
+            limit = default  # the board's default, as the simulator's reset restores
         infos.append(
             DeviceInfo(
                 backend="sim",

@@ -8,19 +8,20 @@ each call in ``calls`` as ``(name, args)``, and injects the faults a real GPU sh
 * ``refuse_control=True``: every call that would change a device (``nvmlDeviceSet*``,
   ``nvmlDeviceReset*``, ...) raises ``NO_PERMISSION``, what a container without
   ``CAP_SYS_ADMIN`` sees;
-* power caps that override locks: a busy device with a power model (``dynamic_power_w``) runs
-  the highest supported clock at or below its request whose power fits the enforced limit, and
-  sets the ``sw_power_cap`` event reason;
+* power caps that override locks: a busy device with a power model runs the highest supported
+  clock at or below its request whose power fits the enforced limit, and sets the
+  ``sw_power_cap`` event reason;
 * thermal events (``thermal_limit_mhz``: clock held there, ``sw_thermal_slowdown`` set);
 * counter wrap (``energy_wrap_mj``), energy published only every ``energy_publish_s``;
 * slow reads (``latency_s``: a per-function delay, slept on the fake's clock).
 
-Time comes from :mod:`perseus.device.clock` (``clock=``), so tests drive the fake on a
+The physics are the simulated GPU's: a device's power model is a preset's
+(:class:`~perseus.device.power_model.PowerModel`, :meth:`FakeDevice.from_preset`), the clock a
+cap allows is :func:`~perseus.device.power_model.capped_clock_mhz`, and the energy counter is
+the simulator's integral and publish (:mod:`perseus.device.sim_state`). Time comes from
+:mod:`perseus.device.clock` (``clock=``), so tests drive the fake on a
 :class:`~perseus.device.clock.VirtualClock`. :func:`h100` replays a real H100 80GB HBM3's
-behaviour. ``NVML_ERROR_*`` constants carry nvidia-ml-py's values (a test checks them).
-
-:mod:`perseus.device.shared_fake_nvml` loads this file by path in a watchdog process (which
-imports only the installed perseus's clock and NVML modules).
+behaviour. Its ``NVML_*`` constants are :class:`~perseus.device.nvml_calls.NvmlConstants`.
 """
 
 from __future__ import annotations
@@ -33,33 +34,38 @@ from types import SimpleNamespace
 from typing import Any
 
 from perseus.device.clock import Clock, RealClock
-from perseus.device.nvml_calls import is_control_function
+from perseus.device.nvml_calls import CLOCK_EVENT_BITS, NvmlConstants, is_control_function
+from perseus.device.power_model import PowerModel, capped_clock_mhz
+from perseus.device.presets import get_preset
+from perseus.device.sim_shared import SimSharedState
+from perseus.device.sim_state import State, advance, published_mj
 
 __all__ = ["FakeDevice", "FakeNvml", "NVMLError", "h100"]
 
-_IDLE = 0x1
-_SW_POWER_CAP = 0x4
-_SW_THERMAL = 0x20
+_IDLE = CLOCK_EVENT_BITS["gpu_idle"]
+_SW_POWER_CAP = CLOCK_EVENT_BITS["sw_power_cap"]
+_SW_THERMAL = CLOCK_EVENT_BITS["sw_thermal_slowdown"]
+_A100 = get_preset("a100")  # what a device answers by default (its name, clocks and cap)
 
 
 @dataclass
 class FakeDevice:
-    """One fake GPU (plain data, so a shared fake can keep it in a JSON file).
+    """One fake GPU.
 
-    Without a power model (``dynamic_power_w == 0``) the SM clock read back is the lock (or
-    ``sm_clock_mhz``). With one, a ``busy`` device draws
-    ``static_power_w + activity * dynamic_power_w * (f / f_max) ** 3`` and runs the highest
-    supported clock at or below its request that fits the enforced power limit.
+    Without a power model (``power`` None) the SM clock read back is the lock (or
+    ``sm_clock_mhz``) and the power read is ``power_mw``. With one, a ``busy`` device draws
+    ``power.compute_power_w(f, activity)`` and runs the highest supported clock at or below its
+    request that fits the enforced power limit, as a simulated GPU does.
     """
 
     uuid: str
-    name: str = "NVIDIA A100-SXM4-80GB"
-    architecture: int = 7  # NVML_DEVICE_ARCH_AMPERE
+    name: str = _A100.name
+    architecture: int = NvmlConstants.NVML_DEVICE_ARCH_AMPERE
     memory_clocks: Sequence[int] = (1593,)  # HBM: one memory clock (a GDDR board lists several)
-    graphics_clocks: Sequence[int] = tuple(range(1410, 209, -15))
+    graphics_clocks: Sequence[int] = _A100.clocks_mhz
     mig_mode: int = 0
     persistence: int = 1
-    energy_mj: int = 1_000_000
+    energy_mj: int = 1_000_000  # the counter (published, before any wrap)
     power_mw: int = 83_640  # the draw when idle (or always, without a power model)
     sm_clock_mhz: int = 1410  # the clock requested when unlocked
     locked: tuple[int, int] | None = None
@@ -85,15 +91,47 @@ class FakeDevice:
     #: When set, the activity steps through these values every ``activity_period_s``.
     activity_cycle: tuple[float, ...] = ()
     activity_period_s: float = 0.1
-    static_power_w: float = 0.0
-    dynamic_power_w: float = 0.0  # 0: no power model (the clock is the request)
+    power: PowerModel | None = None  # a preset's; None: no power model (the clock is the request)
     thermal_limit_mhz: int | None = None  # a thermal event holds the clock here
     # The energy counter ------------------------------------------------------------------
     energy_from_power: bool = False  # integrate the drawn power over the clock's time
     energy_publish_s: float = 0.0  # 0: every read sees the exact counter
     energy_wrap_mj: int | None = None  # the counter wraps to 0 here
-    exact_energy_mj: float = 0.0
-    energy_t_s: float | None = None
+    #: The simulator's energy integral (:mod:`perseus.device.sim_state`) once integrating: the
+    #: draw since the last change stands where a simulated GPU keeps its blocking power.
+    integral: State | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_preset(cls, uuid: str, key: str, **fields: Any) -> FakeDevice:
+        """A device that behaves as the simulated GPU of preset ``key``: its name,
+        architecture, SM and memory clocks, idle power, power model, activity and default
+        power limit (settable down to the simulated GPU's lowest share of it), the energy
+        counter integrated from the drawn power and published every 100 ms. ``fields``
+        override any of these."""
+        preset = get_preset(key)
+        idle_mw = round(preset.power.idle_w * 1000)
+        cap_mw = round(preset.power_cap_w * 1000) if preset.power_cap_w else cls.power_limit_mw
+        values: dict[str, Any] = {
+            "name": preset.name,
+            "architecture": getattr(
+                NvmlConstants, f"NVML_DEVICE_ARCH_{preset.architecture.upper()}"
+            ),
+            "graphics_clocks": preset.clocks_mhz,
+            "sm_clock_mhz": preset.clocks_mhz[0],
+            "power_mw": idle_mw,
+            "instant_power_mw": idle_mw,
+            "power_limit_mw": cap_mw,
+            "default_power_limit_mw": cap_mw,
+            "min_power_limit_mw": round(cap_mw * SimSharedState.power_limit_min_share),
+            "max_power_limit_mw": cap_mw,
+            "power": preset.power,
+            "activity": preset.activity,
+            "energy_from_power": True,
+            "energy_publish_s": 0.1,
+        }
+        if preset.memory is not None:
+            values["memory_clocks"] = preset.memory.clocks_mhz
+        return cls(uuid, **{**values, **fields})
 
     # -------------------------------------------------------------------------------------
     def load_activity(self, now_s: float) -> float:
@@ -102,28 +140,15 @@ class FakeDevice:
         step = math.floor(now_s / self.activity_period_s)
         return self.activity_cycle[step % len(self.activity_cycle)]
 
-    def power_at_w(self, freq_mhz: int, activity: float) -> float:
-        """The power drawn busy at ``freq_mhz`` (the model above)."""
-        top = max(self.graphics_clocks)
-        return self.static_power_w + activity * self.dynamic_power_w * (freq_mhz / top) ** 3
-
-    def requested_clock_mhz(self) -> int:
-        return self.locked[1] if self.locked is not None else self.sm_clock_mhz
-
     def applied(self, now_s: float) -> tuple[int, int]:
         """``(SM clock, clock event reasons)`` at ``now_s``."""
-        request = self.requested_clock_mhz()
+        request = self.locked[1] if self.locked is not None else self.sm_clock_mhz
         reasons = self.clock_event_reasons & ~_IDLE if self.busy else self.clock_event_reasons
         clock = request
-        if self.busy and self.dynamic_power_w > 0:
-            cap_w = self.power_limit_mw / 1000.0
-            activity = self.load_activity(now_s)
-            fitting = [
-                c
-                for c in self.graphics_clocks
-                if c <= request and self.power_at_w(c, activity) <= cap_w
-            ]
-            fit = max(fitting) if fitting else min(self.graphics_clocks)
+        if self.busy and self.power is not None:
+            activity, clocks = self.load_activity(now_s), sorted(self.graphics_clocks, reverse=True)
+            power_of = {c: self.power.compute_power_w(c, activity) for c in clocks}
+            fit = capped_clock_mhz(clocks, request, power_of, self.power_limit_mw / 1000.0)
             if fit < request:
                 clock, reasons = fit, reasons | _SW_POWER_CAP
         if self.thermal_limit_mhz is not None and clock > self.thermal_limit_mhz:
@@ -131,32 +156,29 @@ class FakeDevice:
         return clock, reasons
 
     def power_now_w(self, now_s: float) -> float:
-        if self.busy and self.dynamic_power_w > 0:
-            return self.power_at_w(self.applied(now_s)[0], self.load_activity(now_s))
+        if self.busy and self.power is not None:
+            return self.power.compute_power_w(self.applied(now_s)[0], self.load_activity(now_s))
         return self.power_mw / 1000.0
 
     def advance_energy(self, now_s: float) -> None:
-        """Integrate the drawn power up to ``now_s`` (power is constant between calls: every
-        state change goes through the fake, which advances first)."""
+        """Integrate the drawn power up to ``now_s`` and publish the counter (power is constant
+        between calls: every state change goes through the fake, which advances first)."""
         if not self.energy_from_power:
             return
-        if self.energy_t_s is None:
-            self.energy_t_s, self.exact_energy_mj = now_s, float(self.energy_mj)
-            return
-        if now_s <= self.energy_t_s:
-            return
-        power_w = self.power_now_w(self.energy_t_s)
-        publish = self.energy_publish_s
-        if publish > 0:
-            tick = math.floor(now_s / publish) * publish
-            if tick > self.energy_t_s:
-                self.energy_mj = int(
-                    self.exact_energy_mj + power_w * (tick - self.energy_t_s) * 1e3
-                )
-        self.exact_energy_mj += power_w * (now_s - self.energy_t_s) * 1e3
-        self.energy_t_s = now_s
-        if publish <= 0:
-            self.energy_mj = int(self.exact_energy_mj)
+        if self.integral is None:
+            publish = self.energy_publish_s
+            tick = math.floor(now_s / publish) * publish if publish > 0 else now_s
+            self.integral = {
+                "energy_j": self.energy_mj / 1000.0,
+                "t_last": now_s,
+                "publish_interval_s": publish,
+                "pub_tick": tick,
+                "pub_mj": self.energy_mj,
+            }
+        state = self.integral
+        state["idle_power_w"] = self.power_now_w(float(state["t_last"]))
+        advance(state, now_s)
+        self.energy_mj = published_mj(state, now_s)
 
 
 # pynvml's messages (``nvmlErrorString``) for the codes the fake raises.
@@ -188,15 +210,25 @@ def _reads(function: str, attribute: str) -> Callable[[FakeNvml, Any], Any]:
     """The fake's NVML getter ``function``: records the call and returns one device attribute."""
 
     def get(self: FakeNvml, handle: Any) -> Any:
-        self._record(function, handle)
-        return getattr(self._dev(handle), attribute)
+        return getattr(self._on(function, handle), attribute)
+
+    get.__name__ = function
+    return get
+
+
+def _answers(function: str, value: Any) -> Callable[[FakeNvml], Any]:
+    """The fake's system getter ``function``: records the call and returns ``value``."""
+
+    def get(self: FakeNvml) -> Any:
+        self._record(function)
+        return value
 
     get.__name__ = function
     return get
 
 
 @dataclass
-class FakeNvml:
+class FakeNvml(NvmlConstants):
     """Module-like fake of ``pynvml``; pass it as ``nvml_module=``.
 
     Attributes:
@@ -220,29 +252,6 @@ class FakeNvml:
     gates: dict[str, threading.Event] = field(default_factory=dict)
 
     NVMLError = NVMLError
-    NVML_SUCCESS = 0
-    NVML_ERROR_UNINITIALIZED = 1
-    NVML_ERROR_INVALID_ARGUMENT = 2
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NO_PERMISSION = 4
-    NVML_ERROR_NOT_FOUND = 6
-    NVML_ERROR_DRIVER_NOT_LOADED = 9
-    NVML_ERROR_TIMEOUT = 10
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13
-    NVML_ERROR_GPU_IS_LOST = 15
-    NVML_ERROR_FREQ_NOT_SUPPORTED = 24
-    NVML_ERROR_UNKNOWN = 999
-    NVML_DEVICE_ARCH_VOLTA = 5
-    NVML_DEVICE_ARCH_AMPERE = 7
-    NVML_DEVICE_ARCH_HOPPER = 9
-    NVML_CLOCK_GRAPHICS = 0
-    NVML_CLOCK_SM = 1
-    NVML_CLOCK_MEM = 2
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_FI_DEV_POWER_INSTANT = 186
-    NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
-    NVML_FEATURE_ENABLED = 1
 
     def control_calls(self) -> list[str]:
         """Calls that change a device (every ``nvmlDeviceSet*``/``Reset*``/``Clear*``), refused
@@ -271,20 +280,27 @@ class FakeNvml:
         if self.refuse_control and is_control_function(name):
             raise NVMLError(self.NVML_ERROR_NO_PERMISSION)
 
+    def _on(self, name: str, handle: Any, *args: Any) -> FakeDevice:
+        """Record a call of ``name`` on the device ``handle``; the device."""
+        self._record(name, handle, *args)
+        return self._dev(handle)
+
     def _dev(self, handle: Any) -> FakeDevice:
         if not isinstance(handle, FakeDevice):
             raise NVMLError(self.NVML_ERROR_INVALID_ARGUMENT)
         return handle
 
-    def _changing(self, handle: Any) -> FakeDevice:
-        """The device, its energy integrated up to now (before its state changes)."""
-        device = self._dev(handle)
+    def _setting(self, name: str, handle: Any, *args: Any) -> FakeDevice:
+        """:meth:`_on` for a call that changes the device: its energy integrated up to now
+        first (the power drawn so far is the power before the change)."""
+        device = self._on(name, handle, *args)
         device.advance_energy(self.clock.now())
         return device
 
     def set_busy(self, handle: Any, busy: bool = True, activity: float | None = None) -> None:
         """Start or stop a kernel on the device (not an NVML call; not recorded)."""
-        device = self._changing(handle)
+        device = self._dev(handle)
+        device.advance_energy(self.clock.now())
         device.busy = busy
         if activity is not None:
             device.activity = activity
@@ -298,17 +314,9 @@ class FakeNvml:
         self._record("nvmlShutdown")
         self.initialized -= 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:
-        self._record("nvmlSystemGetDriverVersion")
-        return "550.54.15"
-
-    def nvmlSystemGetNVMLVersion(self) -> str:
-        self._record("nvmlSystemGetNVMLVersion")
-        return "12.550.54.15"
-
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        self._record("nvmlSystemGetCudaDriverVersion_v2")
-        return 12040
+    nvmlSystemGetDriverVersion = _answers("nvmlSystemGetDriverVersion", "550.54.15")
+    nvmlSystemGetNVMLVersion = _answers("nvmlSystemGetNVMLVersion", "12.550.54.15")
+    nvmlSystemGetCudaDriverVersion_v2 = _answers("nvmlSystemGetCudaDriverVersion_v2", 12040)
 
     # Device discovery -----------------------------------------------------------------------
     def nvmlDeviceGetCount(self) -> int:
@@ -332,8 +340,7 @@ class FakeNvml:
     nvmlDeviceGetName = _reads("nvmlDeviceGetName", "name")
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
-        self._record("nvmlDeviceGetMigMode", handle)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetMigMode", handle)
         if not d.supports_mig_query:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return d.mig_mode, d.mig_mode
@@ -343,37 +350,30 @@ class FakeNvml:
 
     # Clocks ---------------------------------------------------------------------------------
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
-        self._record("nvmlDeviceGetSupportedMemoryClocks", handle)
-        return list(self._dev(handle).memory_clocks)
+        return list(self._on("nvmlDeviceGetSupportedMemoryClocks", handle).memory_clocks)
 
     def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memory_mhz: int) -> list[int]:
-        self._record("nvmlDeviceGetSupportedGraphicsClocks", handle, memory_mhz)
-        return list(self._dev(handle).graphics_clocks)
+        d = self._on("nvmlDeviceGetSupportedGraphicsClocks", handle, memory_mhz)
+        return list(d.graphics_clocks)
 
     def nvmlDeviceSetGpuLockedClocks(self, handle: Any, low_mhz: int, high_mhz: int) -> None:
-        self._record("nvmlDeviceSetGpuLockedClocks", handle, low_mhz, high_mhz)
-        d = self._changing(handle)
-        d.locked = (low_mhz, high_mhz)
-        d.sm_clock_mhz = high_mhz
+        d = self._setting("nvmlDeviceSetGpuLockedClocks", handle, low_mhz, high_mhz)
+        d.locked, d.sm_clock_mhz = (low_mhz, high_mhz), high_mhz
 
     def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
-        self._record("nvmlDeviceResetGpuLockedClocks", handle)
-        self._changing(handle).locked = None
+        self._setting("nvmlDeviceResetGpuLockedClocks", handle).locked = None
 
     def nvmlDeviceSetMemoryLockedClocks(self, handle: Any, low_mhz: int, high_mhz: int) -> None:
-        self._record("nvmlDeviceSetMemoryLockedClocks", handle, low_mhz, high_mhz)
-        d = self._changing(handle)
+        d = self._setting("nvmlDeviceSetMemoryLockedClocks", handle, low_mhz, high_mhz)
         if len(d.memory_clocks) < 2 or d.architecture < 7:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         d.mem_locked = (low_mhz, high_mhz)
 
     def nvmlDeviceResetMemoryLockedClocks(self, handle: Any) -> None:
-        self._record("nvmlDeviceResetMemoryLockedClocks", handle)
-        self._changing(handle).mem_locked = None
+        self._setting("nvmlDeviceResetMemoryLockedClocks", handle).mem_locked = None
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
-        self._record("nvmlDeviceGetClockInfo", handle, clock_type)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetClockInfo", handle, clock_type)
         if clock_type == self.NVML_CLOCK_MEM:
             if d.busy and d.busy_memory_clock_mhz is not None:
                 return d.busy_memory_clock_mhz
@@ -381,29 +381,25 @@ class FakeNvml:
         return d.applied(self.clock.now())[0]
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
-        self._record("nvmlDeviceGetMaxClockInfo", handle, clock_type)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetMaxClockInfo", handle, clock_type)
         return max(d.memory_clocks if clock_type == self.NVML_CLOCK_MEM else d.graphics_clocks)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetCurrentClocksEventReasons", handle)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if not d.has_event_reasons_name:  # an older driver without the symbol
             raise NVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND)
         return d.applied(self.clock.now())[1]
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
-        return self._dev(handle).applied(self.clock.now())[1]
+        d = self._on("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return d.applied(self.clock.now())[1]
 
     def nvmlDeviceGetAPIRestriction(self, handle: Any, api: int) -> int:
-        self._record("nvmlDeviceGetAPIRestriction", handle, api)
-        return self._dev(handle).app_clocks_restricted
+        return self._on("nvmlDeviceGetAPIRestriction", handle, api).app_clocks_restricted
 
     # Sensors --------------------------------------------------------------------------------
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetTotalEnergyConsumption", handle)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetTotalEnergyConsumption", handle)
         now_s = self.clock.now()
         if d.energy_fn is not None:
             value = int(d.energy_fn(now_s))
@@ -413,17 +409,15 @@ class FakeNvml:
         return value % d.energy_wrap_mj if d.energy_wrap_mj else value
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        self._record("nvmlDeviceGetPowerUsage", handle)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetPowerUsage", handle)
         return self._drawn_mw(d, d.power_mw)
 
     def _drawn_mw(self, d: FakeDevice, idle_mw: int) -> int:
         """A power read: the power model's draw now, else ``idle_mw``."""
-        return round(d.power_now_w(self.clock.now()) * 1000) if d.dynamic_power_w > 0 else idle_mw
+        return round(d.power_now_w(self.clock.now()) * 1000) if d.power is not None else idle_mw
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[Any]:
-        self._record("nvmlDeviceGetFieldValues", handle, tuple(field_ids))
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetFieldValues", handle, tuple(field_ids))
         out = []
         for entry in field_ids:
             fid = entry[0] if isinstance(entry, tuple) else entry
@@ -448,21 +442,21 @@ class FakeNvml:
     )
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> tuple[int, int]:
-        self._record("nvmlDeviceGetPowerManagementLimitConstraints", handle)
-        d = self._dev(handle)
+        d = self._on("nvmlDeviceGetPowerManagementLimitConstraints", handle)
         return d.min_power_limit_mw, d.max_power_limit_mw
 
     nvmlDeviceGetEnforcedPowerLimit = _reads("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
-        self._record("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
-        self._changing(handle).power_limit_mw = limit_mw
+        self._setting(
+            "nvmlDeviceSetPowerManagementLimit", handle, limit_mw
+        ).power_limit_mw = limit_mw
 
 
 #: The H100 80GB HBM3's load as measured: a d_model 4096 layer at the default clock ran at
-#: 1485-1740 MHz with the SW power cap set at 700 W. The activities below put the cap-bound
-#: clock at 1725, 1635, 1575, 1530 and 1485 MHz in turn (100 ms each).
-_H100_ACTIVITY_CYCLE = (0.78, 0.9, 1.0, 1.1, 1.2)
+#: 1485-1740 MHz with the SW power cap set at 700 W. These activities put the ``h100`` preset's
+#: cap-bound clock at 1725, 1635, 1575, 1530 and 1485 MHz in turn (100 ms each).
+_H100_ACTIVITY_CYCLE = (0.75, 0.865, 0.96, 1.04, 1.13)
 
 
 def h100(
@@ -472,10 +466,11 @@ def h100(
     clock: Clock | None = None,
     busy: bool = False,
 ) -> FakeNvml:
-    """One NVIDIA H100 80GB HBM3 replaying the measured behaviour: SM clocks 1980-345 MHz in
-    15 MHz steps, one HBM3 memory clock (2619 MHz, not lockable), a 700 W cap (200-700 W) that
-    holds a heavy kernel at 1485-1740 MHz with ``sw_power_cap`` set whatever the lock asks,
-    an energy counter published every 100 ms and read in ~3 ms, 70 W idle.
+    """One NVIDIA H100 80GB HBM3 replaying the measured behaviour on the ``h100`` preset: SM
+    clocks 1980-345 MHz in 15 MHz steps, one HBM3 memory clock (2619 MHz, not lockable), a
+    700 W cap (200-700 W) that holds a heavy kernel at 1485-1740 MHz with ``sw_power_cap`` set
+    whatever the lock asks, an energy counter published every 100 ms and read in ~3 ms, 70 W
+    idle.
 
     Args:
         uuid: The GPU's UUID.
@@ -484,30 +479,13 @@ def h100(
         clock: The fake's clock (a :class:`~perseus.device.clock.VirtualClock` in tests).
         busy: Start with the heavy kernel running.
     """
-    from perseus.device.presets import get_preset  # not at import: the watchdog loads this
-
-    preset = get_preset("h100")  # the name, clock list, idle power and cap
-    assert preset.power_cap_w is not None  # the h100 preset's 700 W
-    idle_mw, cap_mw = round(preset.power.idle_w * 1000), round(preset.power_cap_w * 1000)
-    device = FakeDevice(
+    device = FakeDevice.from_preset(
         uuid,
-        name=preset.name,
-        architecture=FakeNvml.NVML_DEVICE_ARCH_HOPPER,
+        "h100",
         memory_clocks=(2619,),
-        graphics_clocks=preset.clocks_mhz,
-        sm_clock_mhz=preset.clocks_mhz[0],
-        power_mw=idle_mw,
-        instant_power_mw=idle_mw,
-        power_limit_mw=cap_mw,
-        default_power_limit_mw=cap_mw,
         min_power_limit_mw=200_000,
-        max_power_limit_mw=cap_mw,
         busy=busy,
         activity_cycle=_H100_ACTIVITY_CYCLE,
-        static_power_w=100.0,
-        dynamic_power_w=1160.0,
-        energy_from_power=True,
-        energy_publish_s=0.1,
     )
     return FakeNvml(
         devices=[device],

@@ -19,12 +19,12 @@ import contextlib
 import os
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.nvml_calls import (
     NO_CLOCK_CHANGES_ENV,
+    NvmlConstants,
     NvmlUnavailableError,
     ObserveOnlyNvml,
     call_nvml,
@@ -54,17 +54,7 @@ __all__ = [
     "probe_privilege",
 ]
 
-# Real pynvml constant values (checked against nvidia-ml-py 13 in tests).
-_INVALID_ARGUMENT = 2
-_FREQ_NOT_SUPPORTED = 24
-_ARCH_VOLTA = 5
-_ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
-_CLOCK_SM = 1
-_CLOCK_MEM = 2
-_MIG_ENABLE = 1
-_FI_DEV_POWER_INSTANT = 186
-_POWER_SCOPE_GPU = 0
-_POWER_SCOPE_MODULE = 1
+_C = NvmlConstants
 # Data-centre boards with HBM, whose memory clock cannot be locked at run time even when the
 # driver lists several memory clocks (an H100 80GB HBM3 refused the lock it listed).
 _HBM_NAME = re.compile(r"HBM|\b(?:[VPA]100|A800|A30|H100|H800|H200|H20|GH200|B100|G?B[23]00)\b")
@@ -126,7 +116,6 @@ class NvmlGPU:
         self._arch = 0
         self.observe_only_reason: str | None = None
         self.persistence_mode: bool | None = None
-        self.initial_power_limit_mw: int | None = None
 
     @classmethod
     def for_cuda_device(cls, cuda_index: int, **kwargs: Any) -> NvmlGPU:
@@ -190,14 +179,14 @@ class NvmlGPU:
             current_mig, _pending = call_nvml(nvml, "nvmlDeviceGetMigMode", handle, what=what)
         except DeviceNotSupportedError:
             current_mig = 0
-        if current_mig == _MIG_ENABLE and not self._allow_mig:
+        if current_mig == _C.NVML_DEVICE_MIG_ENABLE and not self._allow_mig:
             raise DeviceNotSupportedError(
                 f"{what} is in MIG mode; a clock lock would change every MIG instance. Pass "
                 "allow_mig=True if this job owns the whole GPU"
             )
         arch = call_nvml(nvml, "nvmlDeviceGetArchitecture", handle, what=what)
         reason: str | None = None
-        if arch < _ARCH_VOLTA:
+        if arch < _C.NVML_DEVICE_ARCH_VOLTA:
             reason = f"architecture {arch} is older than Volta"
         self._arch = int(arch)
         self._read_clocks(nvml, handle, what)
@@ -213,10 +202,6 @@ class NvmlGPU:
         if not ok and reason is None:
             reason = why
         self.observe_only_reason = reason
-        with contextlib.suppress(DeviceError, AttributeError):
-            self.initial_power_limit_mw = int(
-                call_nvml(nvml, "nvmlDeviceGetPowerManagementLimit", handle, what=what)
-            )
         try:
             self.persistence_mode = bool(
                 call_nvml(nvml, "nvmlDeviceGetPersistenceMode", handle, what=what)
@@ -310,7 +295,10 @@ class NvmlGPU:
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
-            if getattr(e.__cause__, "value", None) not in (_INVALID_ARGUMENT, _FREQ_NOT_SUPPORTED):
+            if getattr(e.__cause__, "value", None) not in (
+                _C.NVML_ERROR_INVALID_ARGUMENT,
+                _C.NVML_ERROR_FREQ_NOT_SUPPORTED,
+            ):
                 raise
             snapped = self._relock_resnapped(handle, freq_mhz, snapped)
         self._locked = snapped
@@ -368,7 +356,7 @@ class NvmlGPU:
         self._h()
         if self.observe_only_reason is not None:
             return self.observe_only_reason
-        if self._arch < _ARCH_AMPERE:
+        if self._arch < _C.NVML_DEVICE_ARCH_AMPERE:
             return f"architecture {self._arch} is older than Ampere (memory locks need Ampere+)"
         if len(self._mem_clocks) < 2:
             return f"one memory clock only ({', '.join(map(str, self._mem_clocks))} MHz: HBM)"
@@ -408,10 +396,10 @@ class NvmlGPU:
         return self._locked
 
     def current_clock_mhz(self) -> int:
-        return int(self.query("nvmlDeviceGetClockInfo", _CLOCK_SM))
+        return int(self.query("nvmlDeviceGetClockInfo", _C.NVML_CLOCK_SM))
 
     def current_memory_clock_mhz(self) -> int:
-        return int(self.query("nvmlDeviceGetClockInfo", _CLOCK_MEM))
+        return int(self.query("nvmlDeviceGetClockInfo", _C.NVML_CLOCK_MEM))
 
     def energy_mj(self) -> int:
         return int(self.query("nvmlDeviceGetTotalEnergyConsumption"))
@@ -421,8 +409,8 @@ class NvmlGPU:
         back to ``nvmlDeviceGetPowerUsage`` (a 1 s average on H100)."""
         handle = self._h()
         if self._instant_power:
-            for scope in (_POWER_SCOPE_GPU, _POWER_SCOPE_MODULE):
-                milliwatts = self._field_value(handle, _FI_DEV_POWER_INSTANT, scope)
+            for scope in (_C.NVML_POWER_SCOPE_GPU, _C.NVML_POWER_SCOPE_MODULE):
+                milliwatts = self._field_value(handle, _C.NVML_FI_DEV_POWER_INSTANT, scope)
                 if milliwatts is not None and milliwatts > 0:
                     return milliwatts / 1000.0
             self._instant_power = False  # not on this GPU/driver: do not ask every time
@@ -537,12 +525,8 @@ class NvmlGPU:
     def watchdog_spec(self) -> dict[str, Any]:
         """What the watchdog needs to reset this GPU: its UUID. Every reset restores NVML's
         default power limit, never the limit found at open (a rank may have lowered it before
-        the agent opened the GPU). An NVML module given as ``nvml_module`` that is a module
-        file (a fake shared across processes in tests) is named so the watchdog loads it."""
+        the agent opened the GPU)."""
         spec: dict[str, Any] = {"backend": "nvml", "uuid": self.uuid}
-        module_file = getattr(self._nvml, "__file__", None)
-        if isinstance(self._nvml, ModuleType) and self._nvml.__name__ != "pynvml" and module_file:
-            spec["nvml_module_path"] = str(module_file)
         if self.is_open and self.memory_clock_control() is None:
             spec["memory_clocks"] = True  # the watchdog and the next owner reset them too
         return spec

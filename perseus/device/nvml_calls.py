@@ -33,9 +33,11 @@ from perseus.errors import (
 )
 
 __all__ = [
+    "CLOCK_EVENT_BITS",
     "CLOCK_EVENT_REASONS",
     "LIMITING_REASONS",
     "NO_CLOCK_CHANGES_ENV",
+    "NvmlConstants",
     "NvmlUnavailableError",
     "ObserveOnlyNvml",
     "call_nvml",
@@ -48,17 +50,42 @@ __all__ = [
     "probe_privilege",
 ]
 
-# Real pynvml constant values (checked against nvidia-ml-py 13 in tests).
-_NO_PERMISSION = 4
-_NOT_SUPPORTED = 3
-_DRIVER_NOT_LOADED = 9
-_TIMEOUT = 10
-_LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
-_GPU_IS_LOST = 15
-_UNKNOWN = 999
+
+class NvmlConstants:
+    """The ``pynvml`` constants perseus uses, with nvidia-ml-py's values (a test checks them
+    against ``pynvml``): one table for the backend and the fake NVML, which carries them as
+    attributes as the module does."""
+
+    NVML_SUCCESS = 0
+    NVML_ERROR_UNINITIALIZED = 1
+    NVML_ERROR_INVALID_ARGUMENT = 2
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_NO_PERMISSION = 4
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_ERROR_DRIVER_NOT_LOADED = 9
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+    NVML_ERROR_UNKNOWN = 999
+    NVML_DEVICE_ARCH_VOLTA = 5
+    NVML_DEVICE_ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
+    NVML_DEVICE_ARCH_HOPPER = 9
+    NVML_CLOCK_GRAPHICS = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_FI_DEV_POWER_INSTANT = 186
+    NVML_POWER_SCOPE_GPU = 0
+    NVML_POWER_SCOPE_MODULE = 1
+    NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
+    NVML_FEATURE_ENABLED = 1
+
+
+_C = NvmlConstants
 _CAP_SYS_ADMIN = 21
-_TRANSIENT = frozenset({_TIMEOUT})
+_TRANSIENT = frozenset({_C.NVML_ERROR_TIMEOUT})
 _TRANSIENT_RETRIES = 2
 _BACKOFF_S = (0.01, 0.05)
 
@@ -77,6 +104,8 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
+#: The bit of each clock event reason, by name.
+CLOCK_EVENT_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
 #: Reasons that pull a clock below the requested lock (power or thermal limits).
 LIMITING_REASONS = frozenset(
     {
@@ -134,15 +163,19 @@ def call_nvml(
 
 def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str) -> None:
     message = f"{where}{function} failed: {e} (NVML error {code}){tries}"
-    if code == _NO_PERMISSION:
+    if code == _C.NVML_ERROR_NO_PERMISSION:
         raise DevicePermissionError(
             f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
         ) from e
-    if code == _NOT_SUPPORTED:
+    if code == _C.NVML_ERROR_NOT_SUPPORTED:
         raise DeviceNotSupportedError(message) from e
-    if code in (_GPU_IS_LOST, _UNKNOWN):
+    if code in (_C.NVML_ERROR_GPU_IS_LOST, _C.NVML_ERROR_UNKNOWN):
         raise DeviceLostError(f"{message}; the GPU stopped answering") from e
-    if code in (_LIBRARY_NOT_FOUND, _DRIVER_NOT_LOADED, _FUNCTION_NOT_FOUND):
+    if code in (
+        _C.NVML_ERROR_LIBRARY_NOT_FOUND,
+        _C.NVML_ERROR_DRIVER_NOT_LOADED,
+        _C.NVML_ERROR_FUNCTION_NOT_FOUND,
+    ):
         raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
     raise DeviceError(message) from e
 

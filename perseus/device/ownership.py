@@ -234,24 +234,21 @@ def read_owner_pid(path: Path) -> int | None:
 # Resetting a GPU from another process (watchdog, next owner)
 
 
-def _load_file(key: str, path: str | Path) -> ModuleType:
-    """The module in file ``path``, loaded once under ``sys.modules[key]``."""
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, path)
-    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
-        raise ImportError(path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _sibling(name: str) -> ModuleType:
-    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path."""
+    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path once,
+    under ``sys.modules["_perseus_<name>"]``."""
     if __name__ == "perseus.device.ownership":
         return importlib.import_module(f"perseus.device.{name}")
-    return _load_file(f"_perseus_{name}", Path(__file__).resolve().parent / f"{name}.py")
+    key = f"_perseus_{name}"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parent / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
+            raise ImportError(path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
@@ -261,19 +258,12 @@ def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
     ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs: NVML's *default* limit, never
     the limit found at open (a rank may have lowered it before perseus opened the GPU).
 
-    ``pynvml`` is imported when called; or the NVML module file an owner was given instead
-    (``spec["nvml_module_path"]``: a test's fake shared across processes, named by the owner
-    in the spec it hands its own watchdog).
+    ``pynvml`` is imported when called.
 
     Raises:
         Exception: whatever NVML raised (callers log it).
     """
-    module_path = spec.get("nvml_module_path")
-    nvml = (
-        _load_file("_perseus_nvml_module", module_path)
-        if module_path
-        else importlib.import_module("pynvml")
-    )
+    nvml = importlib.import_module("pynvml")
     restored: dict[str, Any] = {}
     nvml.nvmlInit()
     try:

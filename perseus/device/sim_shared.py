@@ -31,6 +31,7 @@ from perseus.device.sim_state import (
     clock_kind,
     default_state_dir,
     energy_at,
+    enforced_limit_w,
     write_info,
 )
 from perseus.device.sim_stream import SimStream
@@ -274,11 +275,8 @@ class SimSharedState:
         return None
 
     def _cap_w(self, state: State) -> float | None:
-        """The enforced cap: the set limit, never above the board's own cap."""
-        limit = state.get("power_limit_w")
-        if limit is None:
-            return self.power_cap_w
-        return float(limit) if self.power_cap_w is None else min(float(limit), self.power_cap_w)
+        """The enforced cap (:func:`~perseus.device.sim_state.enforced_limit_w`)."""
+        return enforced_limit_w(state, self.power_cap_w)
 
     def power_limit_w(self) -> float:
         self._check("power_limit_w")

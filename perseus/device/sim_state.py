@@ -51,6 +51,7 @@ __all__ = [
     "clock_kind",
     "default_state_dir",
     "energy_at",
+    "enforced_limit_w",
     "list_states",
     "now_for",
     "published_mj",
@@ -142,6 +143,15 @@ def published_mj(state: State, t: float) -> int:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
     return math.floor(energy_at(state, tick) * 1000.0 * gain)
+
+
+def enforced_limit_w(state: State, board_cap_w: float | None) -> float | None:
+    """The power limit a simulated GPU enforces: the limit set in ``state``, never above the
+    board's own cap; the board's cap when none is set (None: neither)."""
+    limit = state.get("power_limit_w")
+    if limit is None:
+        return board_cap_w
+    return float(limit) if board_cap_w is None else min(float(limit), board_cap_w)
 
 
 def clock_kind(clock: Callable[[], float]) -> str:

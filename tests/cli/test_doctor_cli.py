@@ -14,6 +14,7 @@ from perseus.device import fake_nvml
 from perseus.device import nvml as nvml_backend
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlUnavailableError
+from perseus.device.presets import get_preset
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 STEP_MJ = 1700
@@ -274,8 +275,8 @@ def test_cuda_check_sees_a_power_cap_pull_the_clock_down(
 ) -> None:
     _privileged(monkeypatch, True)
     device = fake.devices[0]
-    # Busy, with a power model whose 400 W cap holds the GPU at 1200 MHz.
-    device.busy, device.static_power_w, device.dynamic_power_w = True, 100.0, 480.0
+    # Busy, with the a100 preset's power model, whose 400 W cap holds it at 1200 MHz at u 1.15.
+    device.busy, device.power, device.activity = True, get_preset("a100").power, 1.15
     rc, report = _doctor(capsys, "--clocks", "2", "--iterations", "4")
     cuda = _checks(report)["cuda check"]
     assert cuda["data"]["power_cap_pulls_clock_down"] is True, cuda
@@ -517,7 +518,7 @@ def test_cuda_check_says_whether_the_power_cap_binds_at_the_top_clock(
     assert cuda["data"]["power_cap_binds_at_top_clock"] is False
     assert "the power cap does not bind at the top clock" in cuda["summary"]
     device = fake.devices[0]
-    device.busy, device.static_power_w, device.dynamic_power_w = True, 100.0, 480.0
+    device.busy, device.power, device.activity = True, get_preset("a100").power, 1.15
     _, report = _doctor(capsys, "--clocks", "2", "--iterations", "3")
     cuda = _checks(report)["cuda check"]
     assert cuda["status"] == "ok" and cuda["data"]["power_cap_binds_at_top_clock"] is True

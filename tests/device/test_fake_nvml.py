@@ -4,6 +4,7 @@ publishes and wrap, slow reads, all on virtual time."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,9 @@ from perseus.device.clock import VirtualClock
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlGPU
 from perseus.device.nvml_calls import clock_event_names
+from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DevicePermissionError
+from perseus.schedule.actions import Kind
 
 UUID = "GPU-fake"
 
@@ -128,3 +131,36 @@ def test_nvml_gpu_identity_matches_the_simulated_preset() -> None:
     assert identity.clocks_mhz[0] == 1980 and identity.default_power_limit_w == 700.0
     assert identity.same_gpu(get_preset("h100").identity())
     assert not identity.same_gpu(get_preset("a100").identity())
+
+
+@pytest.mark.parametrize(("key", "cap_w"), [("h100", 700.0), ("a40", 300.0), ("a40", 200.0)])
+def test_a_fake_device_follows_the_simulated_gpus_model(
+    tmp_path: Path, key: str, cap_w: float
+) -> None:
+    """One model: under a cap, a busy fake device of a preset runs the clock a simulated GPU
+    of that preset runs an op at, and draws the op's power."""
+    sim = SimulatedGPU.from_preset(
+        key, state_dir=tmp_path, power_cap_w=cap_w, activity=1.0, set_latency_s=0.0
+    )
+    clock = VirtualClock()
+    nvml = FakeNvml(
+        devices=[FakeDevice.from_preset(UUID, key, busy=True, activity=1.0)], clock=clock
+    )
+    (device,) = nvml.devices
+    nvml.nvmlDeviceSetPowerManagementLimit(device, round(cap_w * 1000))
+    for lock_mhz in (sim.supported_clocks_mhz()[0], 1200):
+        sim.set_locked_clock(lock_mhz)
+        nvml.nvmlDeviceSetGpuLockedClocks(device, lock_mhz, lock_mhz)
+        clock_mhz = sim.effective_clock_mhz(0, Kind.F)
+        assert nvml.nvmlDeviceGetClockInfo(device, FakeNvml.NVML_CLOCK_SM) == clock_mhz
+        capped = nvml.nvmlDeviceGetCurrentClocksEventReasons(device) & 0x4 != 0
+        assert capped == (clock_mhz < lock_mhz)
+        time_s, energy_j = sim.op_cost(0, Kind.F)
+        power_mw = nvml.nvmlDeviceGetPowerUsage(device)
+        assert power_mw == pytest.approx(energy_j / time_s * 1000, abs=1)
+        # The counter integrates that power (published every 100 ms, like the simulator's).
+        before_mj = nvml.nvmlDeviceGetTotalEnergyConsumption(device)
+        clock.sleep(1.0)
+        assert nvml.nvmlDeviceGetTotalEnergyConsumption(device) - before_mj == pytest.approx(
+            power_mw, rel=0.11
+        )

@@ -15,7 +15,7 @@ from perseus.device.nvml import (
     list_nvml_gpus,
     probe_privilege,
 )
-from perseus.device.nvml_calls import clock_event_names
+from perseus.device.nvml_calls import NvmlConstants, clock_event_names
 from perseus.errors import (
     DeviceError,
     DeviceLostError,
@@ -36,7 +36,6 @@ STARTUP = [
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetSupportedMemoryClocks",
     "nvmlDeviceGetSupportedGraphicsClocks",
-    "nvmlDeviceGetPowerManagementLimit",
     "nvmlDeviceGetPersistenceMode",
 ]
 
@@ -50,11 +49,13 @@ def _gpu(nvml: FakeNvml, tmp_path: Path, **kwargs: object) -> NvmlGPU:
     return NvmlGPU(UUID, nvml_module=nvml, privileged=True, lock_dir=tmp_path, **kwargs)
 
 
-def test_fake_constants_match_real_pynvml() -> None:
+def test_constants_match_real_pynvml() -> None:
+    """The one table of NVML constants (the backend's, and the fake's as its attributes)."""
     pynvml = pytest.importorskip("pynvml")
-    for name in dir(FakeNvml):
-        if name.startswith("NVML_"):
-            assert getattr(FakeNvml, name) == getattr(pynvml, name), name
+    names = [name for name in dir(NvmlConstants) if name.startswith("NVML_")]
+    assert names and all(getattr(FakeNvml, name) == getattr(NvmlConstants, name) for name in names)
+    for name in names:
+        assert getattr(NvmlConstants, name) == getattr(pynvml, name), name
 
 
 def test_constructor_does_no_io(nvml: FakeNvml, tmp_path: Path) -> None:

@@ -462,14 +462,9 @@ def test_an_nvml_gpu_is_read_back_by_the_worker(tmp_path: Path, new_name: bool):
     from perseus.device.fake_nvml import FakeDevice, FakeNvml
     from perseus.device.nvml import NvmlGPU
 
-    device = FakeDevice(
-        "GPU-h100",
-        name="NVIDIA H100 80GB HBM3",
-        graphics_clocks=tuple(range(1980, 344, -15)),
-        has_event_reasons_name=new_name,
-        power_limit_mw=700_000,
-        static_power_w=100.0,
-        dynamic_power_w=1160.0,  # 1980 MHz would draw 1260 W: the cap holds 1575 MHz
+    # At activity 0.96 the h100 preset draws 1256 W at 1980 MHz: its 700 W cap holds 1575 MHz.
+    device = FakeDevice.from_preset(
+        "GPU-h100", "h100", has_event_reasons_name=new_name, activity=0.96
     )
     nvml = FakeNvml(devices=[device])
     gpu = NvmlGPU("GPU-h100", nvml_module=nvml, privileged=True, lock_dir=tmp_path).open()
