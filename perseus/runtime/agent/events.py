@@ -74,27 +74,36 @@ class CudaEventSource:
         self._stream_key: int | None = None
         self._stream: Any = None
         self._event_type: Any = torch.cuda.Event
+        # The C method itself where the event type is torch's (its Python wrapper only
+        # looks up the current stream when given none).
+        base = getattr(torch._C, "_CudaEventBase", None)
+        direct = isinstance(base, type) and issubclass(self._event_type, base)
+        self._record: Any = base.record if direct else self._event_type.record  # type: ignore[union-attr]
         self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self.ref.record(torch.cuda.current_stream(self.device))
         self.ref.synchronize()  # once, at start: the anchor of the device timeline
         self.ref_host_s = time.perf_counter()
-        self._free: list[Any] = []  # torch events nobody reads any more
-        self._recorded: list[Any] = []  # recorded in this iteration
-        self._retiring: list[Any] = []  # recorded in the previous one
+        self._free: list[CudaEvent] = []  # events nobody reads any more
+        self._recorded: list[CudaEvent] = []  # recorded in this iteration
+        self._retiring: list[CudaEvent] = []  # recorded in the previous one
 
     def record_event(self) -> DeviceEvent:
         free = self._free
-        event = free.pop() if free else self._event_type(enable_timing=True)
+        if free:  # a pooled event, its wrapper with it
+            event = free.pop()
+            event._time_s = event.energy_mj = None
+        else:
+            event = CudaEvent(self._event_type(enable_timing=True), self)
         raw = self._raw_stream
         if raw is None:
-            event.record(self._current_stream(self._index))
+            self._record(event._event, self._current_stream(self._index))
         else:
             key = raw(self._index)
             if key != self._stream_key:
                 self._stream, self._stream_key = self._current_stream(self._index), key
-            event.record(self._stream)
+            self._record(event._event, self._stream)
         self._recorded.append(event)
-        return CudaEvent(event, self)
+        return event
 
     def recycle(self) -> None:
         """An iteration ended: the events recorded in the one before it are free again (one

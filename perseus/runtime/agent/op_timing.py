@@ -51,14 +51,11 @@ class OpTimingHistory:
         self._expected_s: dict[tuple[int, int], float] = {}
         self._gap_s: dict[int, float] = {}
 
-    def expected_s(self, j: int, freq_mhz: int) -> float | None:
-        """Predicted device time of op ``j`` at ``freq_mhz`` (None: never seen). A lookup:
-        the agent asks once per op, so :meth:`learn` does the arithmetic."""
-        return self._expected_s.get((j, freq_mhz))
-
-    def gap_s(self, j: int) -> float:
-        """Predicted idle device time after op ``j`` (0 when unknown)."""
-        return self._gap_s.get(j, 0.0)
+    def predicted(self, j: int, freq_mhz: int) -> tuple[float | None, float]:
+        """Op ``j``'s predicted device time at ``freq_mhz`` (None: never seen) and idle device
+        time after it (0 when unknown). Two lookups: the agent asks once per op, on the
+        training thread, so :meth:`learn` does the arithmetic."""
+        return self._expected_s.get((j, freq_mhz)), self._gap_s.get(j, 0.0)
 
     def phase_start_s(self, j: int, phases: tuple[OpPhase, ...], i: int) -> float | None:
         """Phased op ``j``: predicted device time from its start to phase ``i``'s start

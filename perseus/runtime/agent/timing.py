@@ -269,9 +269,7 @@ class DeviceTiming(_Clocks):
         nxt, nxt_mem = self.succ[j]
         # The op's device time and the idle gap after it (waiting for the next op's input),
         # from recent iterations: the controller aims the change's landing there.
-        history = self.history
-        expected = history.expected_s(j, self.freqs[j])
-        gap = history.gap_s(j)
+        expected, gap = self.history.predicted(j, self.freqs[j])
         # Phased op: the worker sets each later phase's clocks at its planned layer boundary,
         # then the next op's (skipped when equal) as the op ends.
         mids = (
