@@ -85,9 +85,8 @@ def agree_iteration(
     """
     held = delivery.held if delivery is not None else ()
     if not is_distributed():  # the sums of one rank: said without building the buffer
-        reasons_held = (
-            tuple(r for r in _REASONS if any(r in h.reasons for h in held)) if held else ()
-        )
+        seen = delivery.reasons if delivery is not None else ()
+        reasons_held = tuple(r for r in _REASONS if r in seen) if seen else ()
         return PipelineFigures(
             float(time_s), float(energy_j), len(held), reasons_held, host_overruns
         )

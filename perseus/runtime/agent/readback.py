@@ -126,11 +126,13 @@ class ClockDelivery:
         held: The ops held off them, in op order.
         ops_read: Ops with a reading (ops too short to read, or read before their clock was
             applied, are left out).
+        reasons: Every reason the held ops give (worked out once, where the delivery is).
     """
 
     share_at_plan: float
     held: tuple[HeldOp, ...]
     ops_read: int
+    reasons: frozenset[str] = frozenset()
 
 
 def limiting_reasons(mask: int) -> tuple[str, ...]:
@@ -176,7 +178,9 @@ def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
     if not ops_read:
         return None
     share = at_plan_s / total_s if total_s > 0 else float(not held)
-    return ClockDelivery(share, tuple(held), ops_read)
+    return ClockDelivery(
+        share, tuple(held), ops_read, frozenset(r for h in held for r in h.reasons)
+    )
 
 
 def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
@@ -213,7 +217,7 @@ class HeldClockReport:
         message."""
         if delivery is None:
             return None
-        reasons = {r for h in delivery.held for r in h.reasons}
+        reasons = delivery.reasons
         if not reasons:
             self._reported.clear()  # delivered again
             return None
