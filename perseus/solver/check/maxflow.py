@@ -23,21 +23,13 @@ from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from perseus.solver.cut_network import INF_CAP
 
-__all__ = ["minimal_source_side", "reaches"]
+__all__ = ["minimal_source_side"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 #: Capacities of one scipy phase stay below this (its int32 flows then cannot overflow).
 _PHASE_BITS = 30
-
-
-def reaches(num_nodes: int, src: IntArray, dst: IntArray, source: int, sink: int) -> bool:
-    """Whether ``sink`` is reachable from ``source`` along the given arcs. O(V + E)."""
-    if src.size == 0:
-        return source == sink
-    order = breadth_first_order(_graph(num_nodes, src, dst), source, return_predecessors=False)
-    return bool(np.any(order == sink))
 
 
 def minimal_source_side(
@@ -48,87 +40,80 @@ def minimal_source_side(
     Args:
         num_nodes: Nodes are ``0 .. num_nodes-1``.
         src, dst: Arc endpoints; no two arcs join the same pair of nodes, either way round.
-        cap: Per-arc capacity (int64, > 0); ``INF_CAP`` (2**62) cannot be cut, the
-            finite ones sum to less than 2**62.
+        cap: Per-arc capacity (int64, > 0); ``INF_CAP`` (2**62) cannot be cut, the finite
+            ones sum to less than 2**62.
         source, sink: Terminals.
 
     Returns:
         Boolean mask of the nodes the source reaches in the residual graph of a maximum flow.
     """
-    infinite = cap >= INF_CAP
-    if reaches(num_nodes, src[infinite], dst[infinite], source, sink):
-        return None
-    flow = np.zeros(cap.size, dtype=np.int64)
-    missing = int(cap[~infinite].sum())  # at least the flow still missing
+    finite_total = int(cap[cap < INF_CAP].sum())
+    res = _Residual(num_nodes, src, dst, cap)
+    # Infinite arcs count as finite_total + 1 (phases cap every room at the flow still
+    # missing): a flow above finite_total then means an all-infinite source-sink path.
+    missing = finite_total + 1
+    found_total = 0
     while missing > 0:
         shift = max(0, missing.bit_length() - _PHASE_BITS)
-        found, cut_arcs = _phase(num_nodes, src, dst, cap, flow, missing, shift, source, sink)
+        found, left = res.phase(missing, shift, source, sink)
+        found_total += found
         if shift == 0:
             break
-        # The phase's minimum cut still has less than 2**shift room per arc (an arc capped at
+        # The phase's minimum cut has less than 2**shift room left per arc (an arc capped at
         # ``missing`` in it means at least ``missing - 2**shift`` was found).
+        cut_arcs = res.crossing(res.reached(source, left))
         missing = min(missing - found, cut_arcs * ((1 << shift) - 1))
-    room = np.concatenate([cap - flow, flow])
-    keep = room > 0
-    ends = np.concatenate([src, dst]), np.concatenate([dst, src])
-    order = breadth_first_order(
-        _graph(num_nodes, ends[0][keep], ends[1][keep]), source, return_predecessors=False
-    )
-    side = np.zeros(num_nodes, dtype=np.bool_)
-    side[order] = True
-    return side
+    if found_total > finite_total:
+        return None
+    return res.reached(source, res.room())
 
 
-def _phase(
-    num_nodes: int,
-    src: IntArray,
-    dst: IntArray,
-    cap: IntArray,
-    flow: IntArray,
-    missing: int,
-    shift: int,
-    source: int,
-    sink: int,
-) -> tuple[int, int]:
-    """One scaled max flow on the residual graph, added to ``flow`` (in place).
+class _Residual:
+    """The residual graph of a flow: each arc forwards (room left) and backwards (its flow),
+    as one CSR layout sorted by tail then head (the flow read back in the same order)."""
 
-    Returns the flow found and the number of residual arcs crossing the phase's minimum cut
-    (each has less than ``2**shift`` room left once the flow is added).
-    """
-    # Residual arcs: each arc forwards (room left) and backwards (its flow), capped at the
-    # flow still missing (a maximum flow without cycles never carries more on one arc).
-    room = np.minimum(np.concatenate([cap - flow, flow]), missing) >> shift
-    a = np.concatenate([src, dst])
-    b = np.concatenate([dst, src])
-    keep = room > 0
-    graph = sp.csr_array(
-        (room[keep].astype(np.int32), (a[keep].astype(np.int32), b[keep].astype(np.int32))),
-        shape=(num_nodes, num_nodes),
-    )
-    result = maximum_flow(graph, source, sink)
-    net = result.flow.tocoo()
-    key = net.row.astype(np.int64) * num_nodes + net.col
-    by_key = np.argsort(key)
-    key, found = key[by_key], net.data[by_key].astype(np.int64)
-    at = np.minimum(np.searchsorted(key, src * num_nodes + dst), max(key.size - 1, 0))
-    found_on = np.zeros(src.size, dtype=np.int64)  # net flow along each arc (< 0: backwards)
-    if key.size:
-        found_on = np.where(key[at] == src * num_nodes + dst, found[at], 0)
-    before = np.concatenate([cap - flow, flow]) > 0
-    flow += found_on << shift
-    left = (room - np.concatenate([found_on, -found_on])) > 0
-    reached = breadth_first_order(
-        _graph(num_nodes, a[left], b[left]), source, return_predecessors=False
-    )
-    inside = np.zeros(num_nodes, dtype=np.bool_)
-    inside[reached] = True
-    cut_arcs = int(np.count_nonzero(inside[a] & ~inside[b] & before))
-    return int(result.flow_value) << shift, cut_arcs
+    def __init__(self, num_nodes: int, src: IntArray, dst: IntArray, cap: IntArray) -> None:
+        tail, head = np.concatenate([src, dst]), np.concatenate([dst, src])
+        self._order = np.argsort(tail * num_nodes + head)
+        self._tail, self._head = tail[self._order], head[self._order].astype(np.int32)
+        self._ptr = np.zeros(num_nodes + 1, dtype=np.int32)
+        np.cumsum(np.bincount(tail, minlength=num_nodes), out=self._ptr[1:])
+        self._cap = np.concatenate([cap, np.zeros_like(cap)])[self._order]
+        self._flow = np.zeros(tail.size, dtype=np.int64)  # antisymmetric, per residual arc
+        self._n = num_nodes
 
+    def room(self) -> IntArray:
+        out: IntArray = self._cap - self._flow
+        return out
 
-def _graph(num_nodes: int, src: IntArray, dst: IntArray) -> sp.csr_array:
-    """The arcs as a sparse adjacency matrix (for scipy's graph searches)."""
-    return sp.csr_array(
-        (np.ones(src.size, dtype=np.int8), (src.astype(np.int32), dst.astype(np.int32))),
-        shape=(num_nodes, num_nodes),
-    )
+    def phase(self, missing: int, shift: int, source: int, sink: int) -> tuple[int, IntArray]:
+        """Add one scaled max flow of the residual graph (its rooms capped at ``missing``: a
+        maximum flow without cycles never carries more on one arc, shifted right by
+        ``shift`` bits); returns the flow added and the scaled graph's rooms left."""
+        room = (np.minimum(self.room(), missing) >> shift).astype(np.int32)
+        graph = sp.csr_array((room, self._head, self._ptr), shape=(self._n, self._n))
+        result = maximum_flow(graph, source, sink)
+        got = result.flow
+        if np.array_equal(got.indptr, self._ptr) and np.array_equal(got.indices, self._head):
+            found = got.data.astype(np.int64)
+        else:  # scipy laid its flow out otherwise
+            found = np.asarray(got[self._tail, self._head]).astype(np.int64).ravel()
+        self._flow += found << shift
+        return int(result.flow_value) << shift, room - found
+
+    def reached(self, source: int, room: IntArray) -> BoolArray:
+        """The nodes ``source`` reaches along arcs with room."""
+        keep = room > 0
+        ptr = np.zeros(self._n + 1, dtype=np.int32)
+        np.cumsum(np.bincount(self._tail[keep], minlength=self._n), out=ptr[1:])
+        graph = sp.csr_array(
+            (np.ones(int(keep.sum()), dtype=np.int8), self._head[keep], ptr),
+            shape=(self._n, self._n),
+        )
+        side = np.zeros(self._n, dtype=np.bool_)
+        side[breadth_first_order(graph, source, return_predecessors=False)] = True
+        return side
+
+    def crossing(self, side: BoolArray) -> int:
+        """How many residual arcs with room leave ``side``."""
+        return int(np.count_nonzero(side[self._tail] & ~side[self._head] & (self.room() > 0)))
