@@ -47,7 +47,6 @@ BoolArray = npt.NDArray[np.bool_]
 _Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, their rooms
 
 
-
 def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArray, int]:
     """Up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place): the
     arguments and results of :func:`perseus.solver.compiled.walk_kernel`."""
