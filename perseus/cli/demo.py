@@ -170,19 +170,23 @@ def run(args: argparse.Namespace) -> int:
     with phase("writing the report"), atomic_directory(out) as tmp:
         summary = write_report(inputs, tmp)
     print(format_summary(summary))
-    print(f"wrote {out}/ ({', '.join(REPORT_FILES)}) {_took(started, compile_s, uncompiled)}")
+    print(f"wrote {out}/ ({', '.join(REPORT_FILES)}); {_took(started, compile_s, uncompiled)}")
     return 0
 
 
 def _took(started: float, compile_s: float, uncompiled: bool) -> str:
-    """What the demo's time counts: planning and the report, not start-up nor a compile."""
-    took = f"in {time.perf_counter() - started:.1f} s (planning and the report"
+    """What the demo's time counts (planning and the report; not start-up, nor a compile),
+    the time last."""
+    planning = "planning"
     if uncompiled:
-        took += "; solver kernels not compiled yet: solved uncompiled, compiling them for next time"
+        planning += (
+            " (solver kernels not compiled yet: solved uncompiled, compiling them for next time)"
+        )
     left_out = "start-up"
     if compile_s > 0:
         left_out += f" and {compile_s:.1f} s compiling the solver kernels (first run only)"
-    return f"{took}; {left_out} not counted)"
+    took = time.perf_counter() - started
+    return f"{planning} and the report, {left_out} not counted, in {took:.1f} s"
 
 
 def _walk_kernel_cached() -> bool:

@@ -1,5 +1,15 @@
 """The minimal source side of a minimum s-t cut with int64 capacities, on scipy's max flow.
 
+The walk's step needs the s-t cut minimising ``Σ_forward u − Σ_backward l`` where each op arc
+has an upper bound ``u`` (cost per second of shortening it) and a lower bound ``l`` (cost saved
+per second of lengthening it), ``0 ≤ l ≤ u ≤ ∞``. Writing ``x_v = 1`` for ``v`` on the source
+side, an arc contributes ``u·x_a(1−x_b) − l·(1−x_a)x_b``, and since
+``(1−x_a)x_b = x_b − x_a + x_a(1−x_b)`` this is ``(u−l)·[a→b forward] + l·x_a − l·x_b``: the
+op arc gets ``u − l`` and the linear terms become terminal arcs (``a→t`` and ``s→b``, ``l``
+each, plus a constant). So the walks' networks are ordinary min cuts with non-negative
+capacities, no feasible circulation needed (unlike the textbook lower-bound reduction
+lowtime uses); the reference walk builds them in ``reference_walk._Walk._capacities``.
+
 The compiled walk's cut network (:mod:`perseus.solver.cut_network`) has int64 capacities on
 one scale of 2**52 (infinite arcs are 2**62); its min cut is the *minimal* source side, the
 nodes the source reaches in the residual graph of a maximum flow: the same for every maximum
@@ -55,14 +65,11 @@ def minimal_source_side(
     found_total = 0
     while missing > 0:
         shift = max(0, missing.bit_length() - _PHASE_BITS)
-        found, left = res.phase(missing, shift, source, sink)
+        found = res.phase(missing, shift, source, sink)
         found_total += found
         if shift == 0:
             break
-        # The phase's minimum cut has less than 2**shift room left per arc (an arc capped at
-        # ``missing`` in it means at least ``missing - 2**shift`` was found).
-        cut_arcs = res.crossing(res.reached(source, left))
-        missing = min(missing - found, cut_arcs * ((1 << shift) - 1))
+        missing = res.still_missing(missing - found, shift)
     if found_total > finite_total:
         return None
     return res.reached(source, res.room())
@@ -86,10 +93,10 @@ class _Residual:
         out: IntArray = self._cap - self._flow
         return out
 
-    def phase(self, missing: int, shift: int, source: int, sink: int) -> tuple[int, IntArray]:
+    def phase(self, missing: int, shift: int, source: int, sink: int) -> int:
         """Add one scaled max flow of the residual graph (its rooms capped at ``missing``: a
         maximum flow without cycles never carries more on one arc, shifted right by
-        ``shift`` bits); returns the flow added and the scaled graph's rooms left."""
+        ``shift`` bits); returns the flow added."""
         room = (np.minimum(self.room(), missing) >> shift).astype(np.int32)
         graph = sp.csr_array((room, self._head, self._ptr), shape=(self._n, self._n))
         result = maximum_flow(graph, source, sink)
@@ -99,7 +106,7 @@ class _Residual:
         else:  # scipy laid its flow out otherwise
             found = np.asarray(got[self._tail, self._head]).astype(np.int64).ravel()
         self._flow += found << shift
-        return int(result.flow_value) << shift, room - found
+        return int(result.flow_value) << shift
 
     def reached(self, source: int, room: IntArray) -> BoolArray:
         """The nodes ``source`` reaches along arcs with room."""
@@ -114,6 +121,16 @@ class _Residual:
         side[breadth_first_order(graph, source, return_predecessors=False)] = True
         return side
 
-    def crossing(self, side: BoolArray) -> int:
-        """How many residual arcs with room leave ``side``."""
-        return int(np.count_nonzero(side[self._tail] & ~side[self._head] & (self.room() > 0)))
+    def still_missing(self, left: int, shift: int) -> int:
+        """A bound on the flow still missing after a phase at ``shift``, ``left`` being the
+        last bound less the flow found.
+
+        Take the phase's minimum cut. Had an arc capped at the last bound crossed it, the
+        phase found within ``2**shift`` of that bound, so ``left`` is below ``2**shift``.
+        Otherwise every arc crossing it has less than ``2**shift`` room left, so the rooms
+        below ``2**shift`` sum to at least its capacity, which bounds the flow still missing.
+        """
+        if left < 1 << shift:
+            return left
+        room = self.room()
+        return min(left, int(room[(room > 0) & (room < 1 << shift)].sum()))

@@ -50,8 +50,9 @@ _Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, 
 def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArray, int]:
     """Up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place): the
     arguments and results of :func:`perseus.solver.compiled.walk_kernel`."""
-    topo, hull, (node_type, opt_t, dur, state), params, net = _unpack(args)
-    tol, quantum, gap, every_breakpoint, power_ranks, max_iterations, tie_units, anchor_s = params
+    topo, hull = args[0:7], args[7:11]
+    node_type, opt_t, dur, state, tol, quantum, gap, every_breakpoint, power_ranks = args[11:20]
+    max_iterations, tie_units, anchor_s, net = args[20:]
     walk = _Walk(topo, hull, dur, tol, tie_units, net)
     em = _Emitter(node_type, opt_t, tol)
     lp_t: list[float] = []
@@ -70,7 +71,7 @@ def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArra
             break
         move, cut_value, exact, step_max = walk.read_cut(side)
         iterations += 1
-        step = walk.step_length(move, deadline, min(max(exact, quantum), step_max), exact)
+        step = _step_length(walk, move, deadline, min(max(exact, quantum), step_max), exact)
         if step <= 0.0:
             em.emit(dur)
             state[S_DONE] = DONE_NO_STEP
@@ -80,29 +81,6 @@ def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArra
         if every_breakpoint and state[S_EMITTING] != 0.0:
             em.emit(dur)
     return em.rows(dur.size), np.array(lp_t), np.array(lp_e), iterations
-
-
-def _unpack(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """:func:`walk_chunk`'s arguments grouped: topology, hull, plan tables and state, scalar
-    parameters, cut network."""
-    if len(args) != 24:
-        raise TypeError(f"walk_chunk takes walk_kernel's 24 arguments, got {len(args)}")
-    topo, hull = args[0:7], args[7:11]
-    node_type, opt_t, dur, state = args[11:15]
-    tol, quantum, gap, every_breakpoint, power_ranks, max_iterations, tie_units, anchor_s = args[
-        15:23
-    ]
-    params = (
-        float(tol),
-        float(quantum),
-        float(gap),
-        bool(every_breakpoint),
-        float(power_ranks),
-        int(max_iterations),
-        int(tie_units),
-        float(anchor_s),
-    )
-    return topo, hull, (node_type, opt_t, dur, state), params, args[23]
 
 
 def _stalled(state: FloatArray, deadline: float, tol: float) -> bool:
@@ -239,9 +217,6 @@ class _Walk:
         bwd_idx = np.flatnonzero(bwd)
         move = (np.flatnonzero(fwd), bwd_idx, room_len[bwd_idx])
         return move, cut_value, float(exact), float(step_max)
-
-    def step_length(self, move: _Move, deadline: float, step_max: float, exact: float) -> float:
-        return _step_length(self, move, deadline, step_max, exact)
 
     def advance(self, move: _Move, step: float) -> None:
         """Take the step in place, snapping each moved op within ``tol`` of a hull vertex
