@@ -8,8 +8,10 @@ runs the straggler what-if, prints a short summary and writes a report directory
 The first run in a fresh environment finds the solver's numba kernels not yet compiled. A job
 of up to ``_UNCOMPILED_MAX_OPS`` ops is then solved by the walk's numpy stand-in (the same
 frontier, point for point: :mod:`perseus.solver.check.reference_walk`) while a detached,
-low-priority process compiles the kernels into numba's cache for the next run; a larger job
-compiles them first, on a small copy of the job, and the printed time leaves that out.
+low-priority process compiles the kernels into numba's cache for the next run (on a free
+core it compiles those the solve needs besides the walk before this run gets to them); a
+larger job compiles them first, on a small copy of the job, and the printed time leaves that
+out.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ DEMO_JOB: dict[str, str | int | float] = {
 }
 _DEFAULT_FACTORS = "1.0:1.5:0.05"
 #: Jobs up to this many ops are solved uncompiled while the walk kernel is not in numba's
-#: cache (the demo job, 384 ops: about 6 s of numpy walk against 15 s of compiling).
-_UNCOMPILED_MAX_OPS = 1024
+#: cache: 8x24 (the demo, 384 ops) 6 s of numpy walk, 8x32 8 s, 8x48 (768 ops) 14 s, against
+#: about 16 s of compiling then under a second of walking (2-core VM, 2026-11-27).
+_UNCOMPILED_MAX_OPS = 640
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
