@@ -218,7 +218,8 @@ def _compile_in_background() -> None:
     share whatever its nice value (measured: the first demo 20-23 s wall against 14-16 s).
     """
     code = "from perseus.cli.demo import compile_kernels; compile_kernels()"
-    group: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
+    posix_311 = os.name == "posix" and sys.version_info >= (3, 11)
+    group: dict[str, Any] = {"process_group": 0} if posix_311 else {}
     subprocess.Popen(
         [sys.executable, "-c", code],
         stdin=subprocess.DEVNULL,
