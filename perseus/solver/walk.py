@@ -43,7 +43,8 @@ _CHUNK_ITERATIONS = 2000
 _SECOND_WALK_MAX_WORK = 8e6
 
 
-def _core_compiled(
+def _core(
+    kernel: Callable[..., Any],
     job: PlanningJob,
     model: CostModel,
     topo: Topology,
@@ -54,7 +55,7 @@ def _core_compiled(
     progress: Progress | None,
     then: Then | None,
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The Phillips–Dessouky loop, compiled (:func:`perseus.solver.compiled.walk_kernel`).
+    """The Phillips–Dessouky loop, ``kernel`` a chunk at a time (see :func:`_walk`).
 
     The walk breaks ties between equally cheap cuts towards moving fewer ops, which keeps it
     from crawling (half the iterations at 8×32). Where the relaxation has several optimal
@@ -82,9 +83,9 @@ def _core_compiled(
         def submit(emitted: IntArray) -> None:
             pending.append(pool.submit(finish, emitted))
 
-        iterations, lp_t, lp_e, reason = _walk_compiled(*walk, progress, TIE_UNITS, submit)
+        iterations, lp_t, lp_e, reason = _walk(kernel, *walk, progress, TIE_UNITS, submit)
         if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
-            more_iterations, *_ = _walk_compiled(*walk, None, 0, submit)
+            more_iterations, *_ = _walk(kernel, *walk, None, 0, submit)
             iterations += more_iterations
         cand = [c for done in pending for c in done.result()]
     return cand, iterations, lp_t, lp_e, reason
@@ -106,7 +107,8 @@ def _rounded_candidates(
     return pareto_within(job, model, topo, rows)
 
 
-def _walk_compiled(
+def _walk(
+    kernel: Callable[..., Any],
     job: PlanningJob,
     model: CostModel,
     topo: Topology,
@@ -118,8 +120,9 @@ def _walk_compiled(
     tie_units: int,
     submit: Callable[[IntArray], None],
 ) -> tuple[int, list[float], list[float], str]:
-    """One compiled walk from the cheapest plan to the fastest; each chunk's emitted rows go
-    to ``submit``."""
+    """One walk from the cheapest plan to the fastest, ``kernel`` (the compiled walk or its
+    numpy stand-in) a chunk of iterations at a time; each chunk's emitted rows go to
+    ``submit``."""
     from perseus.solver import compiled
     from perseus.solver.cut_network import build_network
 
@@ -141,7 +144,7 @@ def _walk_compiled(
     lp_e: list[float] = []
     iterations = 0
     while state[compiled.S_DONE] == 0.0:
-        emitted, chunk_t, chunk_e, done = compiled.walk_kernel(
+        emitted, chunk_t, chunk_e, done = kernel(
             *topo.csr(),
             ht,
             hs,
@@ -183,16 +186,19 @@ CoreFn = Callable[
 ]
 
 
-def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The reference walk (a test oracle, imported only when asked for); its candidates go
-    through ``then`` (the last argument) at the end, or are reclaimed when there is none."""
-    from perseus.solver.check.reference_walk import walk_reference
+def _core_compiled(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The walk compiled (:func:`perseus.solver.compiled.walk_kernel`)."""
+    from perseus.solver.compiled import walk_kernel
 
-    *walk, then = args
-    cand, iterations, lp_t, lp_e, reason = walk_reference(*walk)
-    if then is None and cand:  # reclaimed, as the compiled walk's are
-        cand = list(reclaim_slack(walk[1], walk[2], np.stack(cand)))
-    return (cand if then is None else then(cand)), iterations, lp_t, lp_e, reason
+    return _core(walk_kernel, *args)
+
+
+def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """The same walk in numpy (:func:`perseus.solver.check.reference_walk.walk_chunk`), step
+    for step: no compilation, several times slower per iteration."""
+    from perseus.solver.check.reference_walk import walk_chunk
+
+    return _core(walk_chunk, *args)
 
 
 class Lifter:

@@ -1,22 +1,27 @@
-"""Minimum s-t cut with lower bounds, on scipy's compiled max-flow (Dinic).
+"""The minimal source side of a minimum s-t cut with int64 capacities, on scipy's max flow.
 
-The Phillips–Dessouky step needs the s-t cut minimising ``Σ_forward u − Σ_backward l`` where
-each arc has an upper bound ``u`` (cost per second of shortening it) and a lower bound ``l``
-(cost saved per second of lengthening it), ``0 ≤ l ≤ u ≤ ∞``. Writing ``x_v = 1`` for ``v`` on
-the source side, an arc contributes ``u·x_a(1−x_b) − l·(1−x_a)x_b``, and since
-``(1−x_a)x_b = x_b − x_a + x_a(1−x_b)`` this is ``(u−l)·[a→b forward] + l·x_a − l·x_b``. The
-linear terms become terminal arcs (``v→t`` for a positive node weight, ``s→v`` for a negative
-one plus a constant), leaving an ordinary min cut with non-negative capacities — no feasible
-circulation needed, unlike the textbook lower-bound reduction lowtime uses.
+The walk's step needs the s-t cut minimising ``Σ_forward u − Σ_backward l`` where each op arc
+has an upper bound ``u`` (cost per second of shortening it) and a lower bound ``l`` (cost saved
+per second of lengthening it), ``0 ≤ l ≤ u ≤ ∞``. Writing ``x_v = 1`` for ``v`` on the source
+side, an arc contributes ``u·x_a(1−x_b) − l·(1−x_a)x_b``, and since
+``(1−x_a)x_b = x_b − x_a + x_a(1−x_b)`` this is ``(u−l)·[a→b forward] + l·x_a − l·x_b``: the
+op arc gets ``u − l`` and the linear terms become terminal arcs (``a→t`` and ``s→b``, ``l``
+each, plus a constant). So the walks' networks are ordinary min cuts with non-negative
+capacities, no feasible circulation needed (unlike the textbook lower-bound reduction
+lowtime uses); the reference walk builds them in ``reference_walk._Walk._capacities``.
 
-scipy's ``maximum_flow`` takes int32 capacities, so finite capacities are scaled so their sum
-stays below ``2**29`` and rounded; infinite ones become ``2**30``. Callers must make sure a
-finite cut exists (no all-infinite s-t path), which keeps every flow below ``2**30``. The cut
-is then re-priced in floating point by the caller, so rounding can only pick a marginally
-sub-optimal cut, never a wrong price.
+The compiled walk's cut network (:mod:`perseus.solver.cut_network`) has int64 capacities on
+one scale of 2**52 (infinite arcs are 2**62); its min cut is the *minimal* source side, the
+nodes the source reaches in the residual graph of a maximum flow: the same for every maximum
+flow, so any exact max-flow algorithm finds the same cut. scipy's ``maximum_flow`` takes
+int32 capacities only, so the flow is found in phases of capacity scaling: each phase solves
+the residual graph with its capacities shifted right by ``k`` bits (below 2**30, capped at a
+bound on the flow still missing) and adds that flow, shifted back, to the running one. A
+phase leaves at most ``2**k`` missing per arc of its minimum cut, so two or three phases reach
+``k = 0``, whose flow is exact.
 
-Complexity: Dinic's O(V²E) worst case; on the near-series-parallel critical sub-DAGs of
-pipeline schedules it behaves close to linear.
+Complexity: two or three scipy max flows (Dinic, O(V²E) worst case; close to linear on the
+near-series-parallel critical sub-DAGs of pipeline schedules) and O(E log E) numpy per cut.
 """
 
 from __future__ import annotations
@@ -26,112 +31,106 @@ import numpy.typing as npt
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-__all__ = ["INFINITE_CAPACITY", "min_cut_with_lower_bounds", "reaches"]
+from perseus.solver.cut_network import INF_CAP
 
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["minimal_source_side"]
+
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-#: Integer capacity standing for "cannot be cut".
-INFINITE_CAPACITY = 2**30
-_FINITE_BUDGET = 2**29
+#: Capacities of one scipy phase stay below this (its int32 flows then cannot overflow).
+_PHASE_BITS = 30
 
 
-def reaches(num_nodes: int, src: IntArray, dst: IntArray, source: int, sink: int) -> bool:
-    """Whether ``sink`` is reachable from ``source`` along the given arcs. O(V + E)."""
-    if src.size == 0:
-        return source == sink
-    # CSR built directly (rows grouped by a stable sort, duplicates harmless for reachability):
-    # much cheaper than scipy's COO-to-CSR conversion for these small graphs.
-    by_row = np.argsort(src, kind="stable")
-    indptr = np.zeros(num_nodes + 1, dtype=np.int32)
-    np.cumsum(np.bincount(src, minlength=num_nodes), out=indptr[1:])
-    g = sp.csr_array(
-        (np.ones(src.size, dtype=np.int8), dst[by_row].astype(np.int32), indptr),
-        shape=(num_nodes, num_nodes),
-    )
-    order = breadth_first_order(g, source, directed=True, return_predecessors=False)
-    return bool(np.any(order == sink))
-
-
-def min_cut_with_lower_bounds(
-    num_nodes: int,
-    src: IntArray,
-    dst: IntArray,
-    upper: FloatArray,
-    lower: FloatArray,
-    source: int,
-    sink: int,
-) -> BoolArray:
-    """The source side of a minimum cut of ``Σ_fwd upper − Σ_bwd lower``.
+def minimal_source_side(
+    num_nodes: int, src: IntArray, dst: IntArray, cap: IntArray, source: int, sink: int
+) -> BoolArray | None:
+    """The minimal source side of a minimum cut, or None when no finite cut exists.
 
     Args:
         num_nodes: Nodes are ``0 .. num_nodes-1``.
-        src, dst: Arc endpoints (no duplicate pairs, no arcs into ``source`` or out of ``sink``).
-        upper: Per-arc upper bound, ``inf`` for uncuttable arcs.
-        lower: Per-arc lower bound, finite, ``0 ≤ lower ≤ upper``.
-        source, sink: Terminals; a finite cut must exist.
+        src, dst: Arc endpoints; no two arcs join the same pair of nodes, either way round.
+        cap: Per-arc capacity (int64, > 0); ``INF_CAP`` (2**62) cannot be cut, the finite
+            ones sum to less than 2**62.
+        source, sink: Terminals.
 
     Returns:
-        Boolean mask of nodes on the source side.
+        Boolean mask of the nodes the source reaches in the residual graph of a maximum flow.
     """
-    # Work on the nodes the arcs touch only (the critical sub-DAG is a fraction of the DAG).
-    used, local = np.unique(np.concatenate([src, dst, [source, sink]]), return_inverse=True)
-    k = src.size
-    side_local = _min_cut_local(
-        used.size,
-        local[:k],
-        local[k : 2 * k],
-        upper,
-        lower,
-        int(local[2 * k]),
-        int(local[2 * k + 1]),
-    )
-    side = np.zeros(num_nodes, dtype=np.bool_)
-    side[used[side_local]] = True
-    return side
+    finite_total = int(cap[cap < INF_CAP].sum())
+    res = _Residual(num_nodes, src, dst, cap)
+    # Infinite arcs count as finite_total + 1 (phases cap every room at the flow still
+    # missing): a flow above finite_total then means an all-infinite source-sink path.
+    missing = finite_total + 1
+    found_total = 0
+    while missing > 0:
+        shift = max(0, missing.bit_length() - _PHASE_BITS)
+        found = res.phase(missing, shift, source, sink)
+        found_total += found
+        if shift == 0:
+            break
+        missing = res.still_missing(missing - found, shift)
+    if found_total > finite_total:
+        return None
+    return res.reached(source, res.room())
 
 
-def _min_cut_local(
-    num_nodes: int,
-    src: IntArray,
-    dst: IntArray,
-    upper: FloatArray,
-    lower: FloatArray,
-    source: int,
-    sink: int,
-) -> BoolArray:
-    finite = np.isfinite(upper)
-    residual_cap = np.where(finite, upper - lower, 0.0)
-    # One bincount adds in the same order as ``np.add.at`` over src then dst, much faster.
-    weight = np.bincount(
-        np.concatenate([src, dst]), weights=np.concatenate([lower, -lower]), minlength=num_nodes
-    )
-    weight[source] = weight[sink] = 0.0
-    total = float(residual_cap[finite].sum() + np.abs(weight).sum())
-    scale = _FINITE_BUDGET / total if total > 0 else 1.0
+class _Residual:
+    """The residual graph of a flow: each arc forwards (room left) and backwards (its flow),
+    as one CSR layout sorted by tail then head (the flow read back in the same order)."""
 
-    pos = np.flatnonzero(weight > 0)
-    neg = np.flatnonzero(weight < 0)
-    all_src = np.concatenate([src, pos, np.full(neg.size, source)])
-    all_dst = np.concatenate([dst, np.full(pos.size, sink), neg])
-    caps = np.concatenate(
-        [
-            np.where(finite, np.rint(residual_cap * scale), INFINITE_CAPACITY),
-            np.rint(weight[pos] * scale),
-            np.rint(-weight[neg] * scale),
-        ]
-    ).astype(np.int32)
-    keep = caps > 0
-    all_src, all_dst, caps = all_src[keep], all_dst[keep], caps[keep]
-    graph = sp.csr_array((caps, (all_src, all_dst)), shape=(num_nodes, num_nodes))
-    graph.sum_duplicates()
-    flow = maximum_flow(graph, source, sink).flow
-    residual = (graph - flow).tocsr()
-    residual.eliminate_zeros()
-    residual.data = (residual.data > 0).astype(np.int8)
-    residual.eliminate_zeros()
-    order = breadth_first_order(residual, source, directed=True, return_predecessors=False)
-    side = np.zeros(num_nodes, dtype=np.bool_)
-    side[order] = True
-    return side
+    def __init__(self, num_nodes: int, src: IntArray, dst: IntArray, cap: IntArray) -> None:
+        tail, head = np.concatenate([src, dst]), np.concatenate([dst, src])
+        self._order = np.argsort(tail * num_nodes + head)
+        self._tail, self._head = tail[self._order], head[self._order].astype(np.int32)
+        self._ptr = np.zeros(num_nodes + 1, dtype=np.int32)
+        np.cumsum(np.bincount(tail, minlength=num_nodes), out=self._ptr[1:])
+        self._cap = np.concatenate([cap, np.zeros_like(cap)])[self._order]
+        self._flow = np.zeros(tail.size, dtype=np.int64)  # antisymmetric, per residual arc
+        self._n = num_nodes
+
+    def room(self) -> IntArray:
+        out: IntArray = self._cap - self._flow
+        return out
+
+    def phase(self, missing: int, shift: int, source: int, sink: int) -> int:
+        """Add one scaled max flow of the residual graph (its rooms capped at ``missing``: a
+        maximum flow without cycles never carries more on one arc, shifted right by
+        ``shift`` bits); returns the flow added."""
+        room = (np.minimum(self.room(), missing) >> shift).astype(np.int32)
+        graph = sp.csr_array((room, self._head, self._ptr), shape=(self._n, self._n))
+        result = maximum_flow(graph, source, sink)
+        got = result.flow
+        if np.array_equal(got.indptr, self._ptr) and np.array_equal(got.indices, self._head):
+            found = got.data.astype(np.int64)
+        else:  # scipy laid its flow out otherwise
+            found = np.asarray(got[self._tail, self._head]).astype(np.int64).ravel()
+        self._flow += found << shift
+        return int(result.flow_value) << shift
+
+    def reached(self, source: int, room: IntArray) -> BoolArray:
+        """The nodes ``source`` reaches along arcs with room."""
+        keep = room > 0
+        ptr = np.zeros(self._n + 1, dtype=np.int32)
+        np.cumsum(np.bincount(self._tail[keep], minlength=self._n), out=ptr[1:])
+        graph = sp.csr_array(
+            (np.ones(int(keep.sum()), dtype=np.int8), self._head[keep], ptr),
+            shape=(self._n, self._n),
+        )
+        side = np.zeros(self._n, dtype=np.bool_)
+        side[breadth_first_order(graph, source, return_predecessors=False)] = True
+        return side
+
+    def still_missing(self, left: int, shift: int) -> int:
+        """A bound on the flow still missing after a phase at ``shift``, ``left`` being the
+        last bound less the flow found.
+
+        Take the phase's minimum cut. Had an arc capped at the last bound crossed it, the
+        phase found within ``2**shift`` of that bound, so ``left`` is below ``2**shift``.
+        Otherwise every arc crossing it has less than ``2**shift`` room left, so the rooms
+        below ``2**shift`` sum to at least its capacity, which bounds the flow still missing.
+        """
+        if left < 1 << shift:
+            return left
+        room = self.room()
+        return min(left, int(room[(room > 0) & (room < 1 << shift)].sum()))

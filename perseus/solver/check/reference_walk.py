@@ -1,317 +1,294 @@
-"""The frontier walk in numpy/Python on scipy's max flow: the reference for the compiled walk.
+"""The frontier walk in numpy on scipy's max flow: the compiled walk's oracle and stand-in.
 
-Same algorithm as :func:`perseus.solver.compiled.walk_kernel` (see :mod:`perseus.solver.frontier`
-for the method), written for reading and for cross-checking the compiled loop
-(``trace(..., method="reference")``), 10–40x slower. Each iteration builds the min-cut network
-of the critical sub-DAG from scratch and solves it with
-:func:`perseus.solver.check.maxflow.min_cut_with_lower_bounds`.
+:func:`walk_chunk` takes the arguments of :func:`perseus.solver.compiled.walk_kernel` and
+returns what it returns, step for step: the same critical sub-DAG, the same int64 capacities
+on the same cut network (:func:`perseus.solver.cut_network.build_network`), the same cut (the
+minimal source side of a minimum cut, unique for every maximum flow, found here by
+:func:`perseus.solver.check.maxflow.minimal_source_side`), the same Newton step length, the
+same emitted plans and the same longest-path passes (the compiled ones of
+:mod:`perseus.solver.plan_kernels`). So both walks give the same frontier, point for point
+(``trace(..., method="reference")``). It needs no compilation of its own: the first solve
+in a fresh environment can use it while the walk kernel is not yet in numba's cache; per
+iteration it is several times slower (one cut costs two or three scipy max flows from zero,
+where the compiled walk re-augments the last flow).
 
-Complexity: O(B·(N + E)) Python steps for B breakpoints, plus one scipy max flow per
-breakpoint.
+Complexity: O(B·(N + E)) numpy steps for B breakpoints, plus two or three scipy max flows
+per breakpoint.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from perseus.job import PlanningJob
-from perseus.solver.check.maxflow import min_cut_with_lower_bounds, reaches
-from perseus.solver.cost_model import CostModel
-from perseus.solver.paths import Topology
+from perseus.solver.check.maxflow import minimal_source_side
+from perseus.solver.compiled import (
+    _BUDGET,
+    _MAX_NEWTON,
+    _MAX_STALL,
+    DONE_FASTEST,
+    DONE_NO_STEP,
+    DONE_STALLED,
+    S_BEST_DEADLINE,
+    S_DONE,
+    S_EMITTING,
+    S_LAST_EMIT,
+    S_STALLED,
+)
+from perseus.solver.cut_network import INF_CAP
 
-__all__ = ["walk_reference"]
+__all__ = ["walk_chunk"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-Progress = Callable[[float], None]
-
-_MAX_NEWTON = 64
-_MAX_STALL = 200
+_Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, their rooms
 
 
-def walk_reference(
-    job: PlanningJob,
-    model: CostModel,
-    topo: Topology,
-    tol: float,
-    quantum: float,
-    gap: float,
-    every_breakpoint: bool,
-    progress: Progress | None,
-) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The Phillips–Dessouky loop. Returns candidates (option indices), iterations, LP curve
-    and why it stopped."""
-    types = model.node_type
-    rows = np.arange(topo.num_nodes)
-    d = model.hull_time_s[types][rows, model.num_hull[types] - 1].copy()
-    power_ranks = model.blocking_power_w * job.graph.num_ranks
-    em = _Emitter(model, tol, gap, power_ranks)
+def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArray, int]:
+    """Up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place): the
+    arguments and results of :func:`perseus.solver.compiled.walk_kernel`."""
+    topo, hull = args[0:7], args[7:11]
+    node_type, opt_t, dur, state, tol, quantum, gap, every_breakpoint, power_ranks = args[11:20]
+    max_iterations, tie_units, anchor_s, net = args[20:]
+    walk = _Walk(topo, hull, dur, tol, tie_units, net)
+    em = _Emitter(node_type, opt_t, tol)
     lp_t: list[float] = []
     lp_e: list[float] = []
-    watch = _Watch(progress, float(topo.forward(model.hull_time_s[types][rows, 0])[1].max()))
-    # Paths this close to critical join the cut network: without it, float noise from snapping
-    # can leave a path a hair short of critical and the walk crawls in ~tol-sized steps.
-    crit_tol = 100 * tol
     iterations = 0
-    reason = "fastest"
-    while True:
-        start, end = topo.forward(d)
-        deadline = float(end.max())
-        lf = topo.backward(d, deadline)
+    while iterations < max_iterations:
+        start, end, deadline = walk.forward(dur)
+        late_finish = walk.backward(deadline)
         lp_t.append(deadline)
-        lp_e.append(float(_hull_cost(model, types, d).sum()) + power_ranks * deadline)
-        if watch.stalled(deadline, tol):  # the walk must keep shortening the iteration
-            reason = "stalled"
-            break
-        crit = (lf - end) <= crit_tol
-        c = np.flatnonzero(crit)
-        prices = _prices(model, c, d, tol)
-        side = _min_cut(job, topo, c, crit, (start, end, lf, deadline), d, crit_tol, prices)
+        lp_e.append(walk.cost() + power_ranks * deadline)
+        stalled = _stalled(state, deadline, tol)
+        side = None if stalled else walk.min_cut(start, end, late_finish, deadline)
         if side is None:
+            em.emit(dur)
+            state[S_DONE] = DONE_STALLED if stalled else DONE_FASTEST
             break
+        move, cut_value, exact, step_max = walk.read_cut(side)
         iterations += 1
-        move, cut_value, exact, total_room = _read_cut(side, c, prices)
-        step_max = min(max(exact, quantum), total_room)
-        step = _step_length(topo, d, move, deadline, step_max, exact, crit_tol)[0]
-        if step <= 0.0:  # a cut whose move cannot shorten the iteration would repeat forever
-            reason = "no-step"
+        step = _step_length(walk, move, deadline, min(max(exact, quantum), step_max), exact)
+        if step <= 0.0:
+            em.emit(dur)
+            state[S_DONE] = DONE_NO_STEP
             break
-        em.along(d, move, deadline, step, cut_value)
-        d = move.apply(d, step)
-        _snap(d, model.hull_time_s[types], tol)
-        if every_breakpoint and em.emitting:
-            em.emit(d)
-    em.emit(d)
-    return em.cand, iterations, lp_t, lp_e, reason
+        em.along(dur, move, (deadline, step, cut_value), state, (gap, power_ranks, anchor_s))
+        walk.advance(move, step)
+        if every_breakpoint and state[S_EMITTING] != 0.0:
+            em.emit(dur)
+    return em.rows(dur.size), np.array(lp_t), np.array(lp_e), iterations
 
 
-_Prices = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]
-_Times = tuple[FloatArray, FloatArray, FloatArray, float]
-
-
-def _prices(model: CostModel, c: IntArray, d: FloatArray, tol: float) -> _Prices:
-    """The critical ops' durations and fastest times, their next-faster slope and room
-    (``upper``, inf at the fastest vertex) and next-slower (``lower``, 0 at the slowest)."""
-    types = model.node_type[c]
-    dc, htc, hsc = d[c], model.hull_time_s[types], model.hull_slope[types]
-    k = np.arange(c.size)
-    a = (htc <= (dc + tol)[:, None]).sum(axis=1) - 1
-    at_v = (dc - htc[k, a]) <= tol
-    lower_v = np.where(at_v, a - 1, a)  # vertex we move towards when shortening
-    upper = np.where(lower_v >= 0, hsc[k, np.maximum(lower_v, 0)], np.inf)
-    upper = np.where(at_v & (a == 0), np.inf, upper)
-    room_red = dc - htc[k, np.maximum(lower_v, 0)]
-    can_len = ~(at_v & (a >= model.num_hull[types] - 1))
-    lower = np.where(can_len, hsc[k, np.minimum(a, hsc.shape[1] - 1)], 0.0)
-    room_len = np.where(can_len, htc[k, np.minimum(a + 1, htc.shape[1] - 1)] - dc, 0.0)
-    return dc, htc[:, 0], upper, lower, room_red, room_len
-
-
-def _min_cut(job: PlanningJob, topo: Topology, c: IntArray, crit: BoolArray, times: _Times, d: FloatArray, crit_tol: float, prices: _Prices) -> BoolArray | None:  # fmt: skip
-    """The source side of the minimum cut of the critical sub-DAG (``times``: earliest
-    start and finish, latest finish, deadline); None when no finite cut exists."""
-    start, end, lf, deadline = times
-    upper, lower = prices[2], prices[3]
-    n = topo.num_nodes
-    src_node, snk_node = 2 * n, 2 * n + 1
-    edge_src, edge_dst, edge_lat = job.graph.edge_src, job.graph.edge_dst, job.graph.edge_latency_s
-    # Criticality of dependency edges: the successor's latest start is the predecessor's
-    # earliest finish plus latency.
-    e_float = (lf[edge_dst] - d[edge_dst]) - (end[edge_src] + edge_lat)
-    ce = np.flatnonzero((e_float <= crit_tol) & crit[edge_src] & crit[edge_dst])
-    cs = c[topo.is_source[c] & (start[c] <= crit_tol)]
-    ck = c[topo.is_sink[c] & (end[c] >= deadline - crit_tol)]
-    arc_src = np.concatenate([2 * c, 2 * edge_src[ce] + 1, np.full(cs.size, src_node), 2 * ck + 1])
-    arc_dst = np.concatenate([2 * c + 1, 2 * edge_dst[ce], 2 * cs, np.full(ck.size, snk_node)])
-    m_other = ce.size + cs.size + ck.size
-    arc_up = np.concatenate([upper, np.full(m_other, np.inf)])
-    arc_lo = np.concatenate([lower, np.zeros(m_other)])
-    inf_arc = ~np.isfinite(arc_up)
-    if reaches(2 * n + 2, arc_src[inf_arc], arc_dst[inf_arc], src_node, snk_node):
-        return None
-    return min_cut_with_lower_bounds(
-        2 * n + 2, arc_src, arc_dst, arc_up, arc_lo, src_node, snk_node
-    )
-
-
-def _read_cut(side: BoolArray, c: IntArray, prices: _Prices) -> tuple[_Move, float, float, float]:
-    """The cut's move, its marginal cost, the longest step before an op reaches a hull
-    vertex, and before one reaches its fastest."""
-    dc, fastest, upper, lower, room_red, room_len = prices
-    fwd = side[2 * c] & ~side[2 * c + 1]
-    bwd = ~side[2 * c] & side[2 * c + 1] & (lower > 0)
-    cut_value = float(upper[fwd].sum() - lower[bwd].sum())
-    exact = float(min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf)))
-    # Past the first vertex a shortened op just continues on its next (steeper) segment,
-    # so a step may run on to one quantum; it can never pass an op's fastest vertex.
-    total_room = float((dc[fwd] - fastest[fwd]).min(initial=np.inf))
-    return _Move(c[fwd], c[bwd], room_len[bwd]), cut_value, exact, total_room
-
-
-class _Emitter:
-    """The walk's candidates: the fractional plans it passes, rounded (:func:`_round`)."""
-
-    def __init__(self, model: CostModel, tol: float, gap: float, power_ranks: float) -> None:
-        self._figures = (model, tol, gap, power_ranks)
-        self.cand: list[IntArray] = []
-        self.emitting = False
-        self._last = math.inf
-
-    def emit(self, d: FloatArray) -> None:
-        self.cand.append(_round(self._figures[0], d, self._figures[1]))
-
-    def along(
-        self, d: FloatArray, move: _Move, deadline: float, step: float, cut_value: float
-    ) -> None:
-        """Emit the plans a step passes: the first once the cut's cost reaches half the
-        blocking power, then one every ``gap`` seconds."""
-        _, _, gap, power_ranks = self._figures
-        if not self.emitting and cut_value >= 0.5 * power_ranks:
-            self.emitting = True
-            self.emit(d)
-            self._last = deadline
-        target = self._last - gap
-        while self.emitting and gap > 0 and target >= deadline - step:
-            self.emit(move.apply(d, deadline - target))
-            self._last = target
-            target -= gap
-
-
-class _Watch:
-    """Progress reports (every 1 %) and the stall guard: no shortening beyond ``tol`` for
-    ``_MAX_STALL`` iterations."""
-
-    def __init__(self, progress: Progress | None, t_min: float) -> None:
-        self._progress, self._t_min = progress, t_min
-        self._first = -1.0
-        self._reported = -1.0
-        self._best = math.inf
-        self._stalled = 0
-
-    def stalled(self, deadline: float, tol: float) -> bool:
-        if deadline < self._best - tol:
-            self._best, self._stalled = deadline, 0
-        else:
-            self._stalled += 1
-            if self._stalled > _MAX_STALL:
-                return True
-        if self._first < 0:
-            self._first = deadline
-        if self._progress is not None and self._first > self._t_min:
-            frac = min(1.0, (self._first - deadline) / (self._first - self._t_min))
-            if frac - self._reported >= 0.01:
-                self._progress(0.99 * frac)
-                self._reported = frac
+def _stalled(state: FloatArray, deadline: float, tol: float) -> bool:
+    """Record the best deadline so far; True once the walk made no progress for too long."""
+    if deadline < state[S_BEST_DEADLINE] - tol:
+        state[S_BEST_DEADLINE] = deadline
+        state[S_STALLED] = 0.0
         return False
+    state[S_STALLED] += 1.0
+    return bool(state[S_STALLED] > _MAX_STALL)
 
 
-def _hull_cost(model: CostModel, types: IntArray, d: FloatArray) -> FloatArray:
-    """Per-node effective cost of fractional durations on the hull (linear interpolation)."""
-    ht = model.hull_time_s[types]
-    hc = model.hull_cost_j[types]
-    hs = model.hull_slope[types]
-    rows = np.arange(d.size)
-    a = np.maximum((ht <= d[:, None]).sum(axis=1) - 1, 0)
-    out: FloatArray = hc[rows, a] - hs[rows, a] * (d - ht[rows, a])
+class _Walk:
+    """The fractional plan ``dur`` and what the walk reads off it each iteration."""
+
+    def __init__(
+        self,
+        topo: tuple[Any, ...],
+        hull: tuple[Any, ...],
+        dur: FloatArray,
+        tol: float,
+        tie_units: int,
+        net: tuple[Any, ...],
+    ) -> None:
+        from perseus.solver.plan_kernels import backward_pass, forward_pass
+
+        self._passes = forward_pass, backward_pass
+        self.topo, self.hull, self.dur, self.tol = topo, hull, dur, tol
+        self._tie_units = tie_units
+        self._arcs = net[0], net[1]
+        hs = hull[1]
+        # One capacity scale for the whole walk, summed in op order as the kernel does.
+        total = float(np.cumsum(3.0 * hs[:, 0])[-1]) if hs.shape[0] else 0.0
+        self._scale = _BUDGET / total if total > 0 else 1.0
+        self._rows = np.arange(dur.size)
+        self._prices: tuple[FloatArray, ...] = ()
+        self._crit = np.zeros(dur.size, dtype=np.bool_)
+
+    def forward(self, dur: FloatArray) -> tuple[FloatArray, FloatArray, float]:
+        """Earliest starts and finishes of ``dur``, and the makespan."""
+        order, pred_ptr, pred_idx, pred_lat = self.topo[0:4]
+        start, end = np.empty(dur.size), np.empty(dur.size)
+        makespan = self._passes[0](order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+        return start, end, float(makespan)
+
+    def backward(self, deadline: float) -> FloatArray:
+        order, _, _, _, succ_ptr, succ_idx, succ_lat = self.topo
+        late_start, late_finish = np.empty(self.dur.size), np.empty(self.dur.size)
+        self._passes[1](
+            order, succ_ptr, succ_idx, succ_lat, self.dur, deadline, late_start, late_finish
+        )
+        return late_finish
+
+    def _segment(self) -> IntArray:
+        """Per op, its last hull vertex at or below its duration + ``tol`` (-1 if none)."""
+        seg: IntArray = (self.hull[0] <= (self.dur + self.tol)[:, None]).sum(axis=1) - 1
+        return seg
+
+    def cost(self) -> float:
+        """The relaxation's cost of ``dur``, summed in op order."""
+        ht, hs, hc, _ = self.hull
+        r, x = self._rows, self.dur
+        a = np.maximum((ht <= x[:, None]).sum(axis=1) - 1, 0)
+        op_cost = hc[r, a] - hs[r, a] * (x - ht[r, a])
+        return float(np.cumsum(op_cost)[-1]) if op_cost.size else 0.0
+
+    def _price(self, end: FloatArray, late_finish: FloatArray) -> None:
+        """The critical ops and their prices (compiled.walk_kernel's ``_price_ops``)."""
+        ht, hs, _, nh = self.hull
+        r, dv, tol = self._rows, self.dur, self.tol
+        self._crit = (late_finish - end) <= 100.0 * tol
+        a = np.maximum(self._segment(), 0)
+        at_v = (dv - ht[r, a]) <= tol
+        lower_v = np.where(at_v, a - 1, a)
+        faster = np.maximum(lower_v, 0)
+        upper = np.where(lower_v >= 0, hs[r, faster], np.inf)
+        room_red = np.where(lower_v >= 0, dv - ht[r, faster], 0.0)
+        slowest = at_v & (a >= nh - 1)
+        lower = np.where(slowest, 0.0, hs[r, np.minimum(a, hs.shape[1] - 1)])
+        room_len = np.where(slowest, 0.0, ht[r, np.minimum(a + 1, ht.shape[1] - 1)] - dv)
+        self._prices = upper, lower, room_red, room_len
+
+    def min_cut(
+        self, start: FloatArray, end: FloatArray, late_finish: FloatArray, deadline: float
+    ) -> BoolArray | None:
+        """The cut network's capacities for this plan, and the minimal source side of its
+        minimum cut (None when no finite cut exists: the fastest plan is reached)."""
+        self._price(end, late_finish)
+        n = self.dur.size
+        cap = self._capacities(start, end, late_finish, deadline)
+        used = cap > 0
+        return minimal_source_side(
+            2 * n + 2, self._arcs[0][used], self._arcs[1][used], cap[used], 2 * n, 2 * n + 1
+        )
+
+    def _capacities(
+        self, start: FloatArray, end: FloatArray, late_finish: FloatArray, deadline: float
+    ) -> IntArray:
+        """Per arc of the network (``build_network``'s layout), the kernel's capacity."""
+        _, pred_ptr, _, _, succ_ptr, succ_idx, succ_lat = self.topo
+        upper, lower = self._prices[0], self._prices[1]
+        crit, crit_tol, inf = self._crit, 100.0 * self.tol, INF_CAP
+        term = np.where(crit, np.rint(lower * self._scale), 0.0).astype(np.int64)
+        tie = np.full(term.size, self._tie_units, dtype=np.int64)
+        more = term > tie  # the tie moves from the terminal arcs onto the op arc
+        term[more] -= tie[more]
+        tie[more] *= 2
+        finite = np.where(np.isinf(upper), 0.0, (upper - lower) * self._scale)
+        op = np.where(np.isinf(upper), inf, np.rint(finite).astype(np.int64) + tie)
+        op[~crit] = 0
+        first = crit & (np.diff(pred_ptr) == 0) & (start <= crit_tol)
+        last = crit & (np.diff(succ_ptr) == 0) & (end >= deadline - crit_tol)
+        edge_from = np.repeat(self._rows, np.diff(succ_ptr))
+        tight = (late_finish[succ_idx] - self.dur[succ_idx]) - (
+            end[edge_from] + succ_lat
+        ) <= crit_tol
+        edge = np.where(crit[edge_from] & crit[succ_idx] & tight, inf, np.int64(0))
+        return np.concatenate(
+            [op, term, term, edge, np.where(first, inf, 0), np.where(last, inf, 0)]
+        ).astype(np.int64)
+
+    def read_cut(self, side: BoolArray) -> tuple[_Move, float, float, float]:
+        """The cut's move, its marginal cost (summed in op order), the longest step before
+        an op reaches a hull vertex, and before one reaches its fastest."""
+        upper, lower, room_red, room_len = self._prices
+        s_start, s_end = side[0:-2:2], side[1:-2:2]
+        fwd = self._crit & s_start & ~s_end
+        bwd = self._crit & s_end & ~s_start & (lower > 0)
+        moved = fwd | bwd
+        signed = np.where(fwd, upper, -lower)[moved]
+        cut_value = float(np.cumsum(signed)[-1]) if signed.size else 0.0
+        exact = min(room_red[fwd].min(initial=np.inf), room_len[bwd].min(initial=np.inf))
+        step_max = (self.dur[fwd] - self.hull[0][fwd, 0]).min(initial=np.inf)
+        bwd_idx = np.flatnonzero(bwd)
+        move = (np.flatnonzero(fwd), bwd_idx, room_len[bwd_idx])
+        return move, cut_value, float(exact), float(step_max)
+
+    def advance(self, move: _Move, step: float) -> None:
+        """Take the step in place, snapping each moved op within ``tol`` of a hull vertex
+        onto the first such vertex."""
+        ht, nh = self.hull[0], self.hull[3]
+        trial = _apply(self.dur, move, step)
+        moved = np.concatenate([move[0], move[1]])
+        x = trial[moved]
+        near = (np.abs(ht[moved] - x[:, None]) <= self.tol) & (
+            np.arange(ht.shape[1]) < nh[moved][:, None]
+        )
+        snap = near.any(axis=1)
+        first = near.argmax(axis=1)
+        x[snap] = ht[moved[snap], first[snap]]
+        trial[moved] = x
+        self.dur[:] = trial
+
+
+def _apply(dur: FloatArray, move: _Move, step: float) -> FloatArray:
+    """``dur`` with the move's ops shortened (lengthened up to their room) by ``step``."""
+    out = dur.copy()
+    out[move[0]] -= step
+    out[move[1]] += np.minimum(step, move[2])
     return out
 
 
-def _snap(d: FloatArray, ht: FloatArray, tol: float) -> None:
-    """Snap durations within ``tol`` of a hull vertex onto it (in place)."""
-    diff = np.abs(ht - d[:, None])
-    j = diff.argmin(axis=1)
-    close = diff[np.arange(d.size), j] <= tol
-    d[close] = ht[np.arange(d.size), j][close]
-
-
-@dataclass(frozen=True)
-class _Move:
-    """A cut's move: shorten ``fwd`` ops by δ, lengthen ``bwd`` ops by δ up to ``bwd_room``."""
-
-    fwd: IntArray
-    bwd: IntArray
-    bwd_room: FloatArray
-
-    def apply(self, d: FloatArray, step: float) -> FloatArray:
-        out = d.copy()
-        out[self.fwd] -= step
-        out[self.bwd] += np.minimum(step, self.bwd_room)
-        return out
-
-    def slope_on(self, path: list[int], step: float) -> float:
-        """Left derivative of the path length in δ at ``step`` (a supergradient: lengths are
-        concave in δ because lengthening stops at ``bwd_room``)."""
-        on = np.zeros(0, dtype=np.int64) if not path else np.asarray(path)
-        k = -float(np.isin(self.fwd, on).sum())
-        k += float(np.isin(self.bwd[self.bwd_room >= step], on).sum())
-        return k
-
-
-def _step_length(
-    topo: Topology,
-    d: FloatArray,
-    move: _Move,
-    deadline: float,
-    step_max: float,
-    exact: float,
-    tol: float,
-) -> tuple[float, FloatArray, FloatArray]:
+def _step_length(walk: _Walk, move: _Move, deadline: float, step_max: float, exact: float) -> float:
     """Largest step ≤ ``step_max`` whose move shortens the iteration by the full step.
 
     While the makespan after a trial step is above ``deadline − δ``, a non-critical path has
     overtaken; the intersection of its tangent line with ``deadline − δ`` is the next, smaller
     candidate (path lengths are concave in δ, so the tangent never overshoots).
-
-    Returns:
-        The step and the earliest start/finish times after it (reused by the caller).
     """
+    tol = walk.tol
     step = step_max
     for _ in range(_MAX_NEWTON):
-        trial = move.apply(d, step)
-        start, end = topo.forward(trial)
-        makespan = float(end.max())
+        trial = _apply(walk.dur, move, step)
+        _, end, makespan = walk.forward(trial)
         if makespan <= deadline - step + tol:
-            return step, start, end
-        path = _binding_path(topo, trial, end)
-        slope = move.slope_on(path, step)
+            break
+        slope = _slope_on(_binding_path(walk.topo, trial, end), move, step)
         if slope <= -1.0:  # a critical path cut short by a clamp: retreat to the exact bound
             if step <= exact:
-                return step, start, end
+                break
             step = exact
             continue
         base = makespan - slope * step
         new = (deadline - base) / (slope + 1.0)
         if not new < step:
-            return step, start, end
+            break
         # Beyond the exact bound clamps bend the paths, so never undershoot it from above:
         # up to it every path length is linear in δ and the tangent step is exact.
         step = max(new, exact) if step > exact else max(new, 0.0)
-    trial = move.apply(d, step)
-    start, end = topo.forward(trial)
-    return step, start, end
+    return step
 
 
-def _round(model: CostModel, d: FloatArray, tol: float) -> IntArray:
-    """Per node, the slowest Pareto option whose time is at most its fractional duration."""
-    table = model.opt_time_s[model.node_type]
-    idx: IntArray = np.maximum((table <= (d + tol * 1e-3)[:, None]).sum(axis=1) - 1, 0)
-    return idx.astype(np.int64)
+def _slope_on(path: list[int], move: _Move, step: float) -> float:
+    """Left derivative of the path length in δ at ``step`` (a supergradient: lengths are
+    concave in δ because lengthening stops at its room)."""
+    on = np.asarray(path, dtype=np.int64)
+    k = -float(np.isin(move[0], on).sum())
+    k += float(np.isin(move[1][move[2] >= step], on).sum())
+    return k
 
 
-def _binding_path(topo: Topology, time_s: FloatArray, end_s: FloatArray) -> list[int]:
-    """Nodes of one longest path ending at the latest-finishing node (sink first)."""
+def _binding_path(topo: tuple[Any, ...], time_s: FloatArray, end_s: FloatArray) -> list[int]:
+    """Nodes of one longest path ending at the first latest-finishing node (sink first)."""
     node = int(np.argmax(end_s))
-    t = time_s.tolist()
-    end = end_s.tolist()
+    t, end = time_s.tolist(), end_s.tolist()
+    ptr, idx, lat = topo[1].tolist(), topo[2].tolist(), topo[3].tolist()
     path = [node]
     start = end[node] - t[node]
-    ptr, idx, lat = topo.pred_ptr.tolist(), topo.pred_idx.tolist(), topo.pred_lat_csr.tolist()
     while True:
         best_u, best = -1, -np.inf
         for k in range(ptr[node], ptr[node + 1]):  # first maximum, like argmax
@@ -323,3 +300,61 @@ def _binding_path(topo: Topology, time_s: FloatArray, end_s: FloatArray) -> list
         node = best_u
         path.append(node)
         start = end[node] - t[node]
+
+
+class _Emitter:
+    """The walk's emitted plans: pairs of roundings of the fractional plans it passes."""
+
+    def __init__(self, node_type: IntArray, opt_t: FloatArray, tol: float) -> None:
+        self._table = opt_t[node_type]
+        self._tol = tol
+        self._rows: list[npt.NDArray[np.int16]] = []
+        self._last: IntArray | None = None
+
+    def emit(self, x: FloatArray) -> None:
+        """Append the two roundings of ``x`` unless its floor rounding repeats the last:
+        each op's slowest option no slower than ``x``, then the next slower where that one
+        is faster than ``x``."""
+        table, slack = self._table, self._tol * 1e-3
+        floor = np.maximum((table <= (x + slack)[:, None]).sum(axis=1) - 1, 0)
+        if self._last is not None and np.array_equal(floor, self._last):
+            return
+        rows = np.arange(x.size)
+        nxt = np.minimum(floor + 1, table.shape[1] - 1)
+        up = (
+            (table[rows, floor] < x - slack)
+            & (floor + 1 < table.shape[1])
+            & np.isfinite(table[rows, nxt])
+        )
+        self._rows += [floor.astype(np.int16), (floor + up).astype(np.int16)]
+        self._last = floor
+
+    def along(
+        self,
+        dur: FloatArray,
+        move: _Move,
+        step: tuple[float, float, float],
+        state: FloatArray,
+        targets: tuple[float, float, float],
+    ) -> None:
+        """Emit the plans a step passes: the first once the cut's cost reaches half the
+        blocking power, then one every ``gap`` seconds, and the one at ``anchor_s``."""
+        deadline, length, cut_value = step
+        gap, power_ranks, anchor_s = targets
+        if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:
+            state[S_EMITTING] = 1.0
+            self.emit(dur)
+            state[S_LAST_EMIT] = deadline
+        if state[S_EMITTING] != 0.0 and gap > 0:
+            target = state[S_LAST_EMIT] - gap
+            while target >= deadline - length:
+                self.emit(_apply(dur, move, deadline - target))
+                state[S_LAST_EMIT] = target
+                target -= gap
+        if deadline > anchor_s >= deadline - length:
+            self.emit(_apply(dur, move, deadline - anchor_s))
+
+    def rows(self, n: int) -> npt.NDArray[np.int16]:
+        if not self._rows:
+            return np.empty((0, n), dtype=np.int16)
+        return np.stack(self._rows)
