@@ -32,6 +32,7 @@ from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
+from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
 
@@ -464,13 +465,7 @@ def _flow_arrays(net, n):
     res = np.zeros(2 * m_arcs, dtype=np.int64)
     stack_n = np.empty(4 * m_arcs, dtype=np.int64)
     stack_a = np.empty(4 * m_arcs, dtype=np.int64)
-    dinic = (
-        np.full(n_net, -1, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-    )
-    return capa, res, stack_n, stack_a, dinic
+    return capa, res, stack_n, stack_a, _search_arrays(n_net, res.size)
 
 
 @_jit_inline
@@ -485,9 +480,8 @@ def _min_cut(net, capa, res, ok, dinic, side):
             res[fs[k]] = capa[k]
     for k in range(side.size):
         side[k] = False
-    level, itp, queue, path = dinic
     n_net = ptr.size - 1
-    return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, level, itp, queue, path, side)
+    return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, dinic, side)
 
 
 @_jit
