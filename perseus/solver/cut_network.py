@@ -6,14 +6,16 @@ of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottle
 means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
 arcs exactly as in :mod:`perseus.solver.check.maxflow`. The flow is kept between iterations: when an
 op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
-lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then Dinic's
-phases re-augment (:func:`augment`). The cut found is re-priced in floating point, so the
-integer scale can only pick a marginally sub-optimal cut, never a wrong price.
+lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then
+:func:`augment` re-augments with Boykov–Kolmogorov's search trees, also kept between
+iterations. The cut found is re-priced in floating point, so the integer scale can only pick
+a marginally sub-optimal cut, never a wrong price.
 
 Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
-the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case; three or four phases per
-walk iteration on pipeline DAGs, each a search of the part that reaches the sink, then one of
-the part the source reaches).
+the flow it cancels; :func:`augment` is Boykov–Kolmogorov's (no polynomial bound better than
+O(V²E·|C|) for a cut of value C, but on pipeline DAGs a walk iteration re-searches a few
+hundred of the network's nodes where Dinic's phases searched about five times the whole
+network), plus one pass over the residual slots to find the changed ones.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _BIG = np.int64(2**63 - 1)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
-# Dinic's steps, inlined into augment (numba IR inlining): one compiled function, not five.
+# augment's steps, inlined into it (numba IR inlining): one compiled function, not several.
 _jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
@@ -194,8 +196,11 @@ _ROOT, _NONE = -1, -2
 @jit
 def search_arrays(n_nodes, n_slots):
     """The search trees of :func:`augment` over a network of ``n_nodes`` nodes and ``n_slots``
-    residual slots, kept between calls: ``(tree, parent, dist, stamp, queued, queue, orphans,
-    seen_res, counters)``."""
+    residual slots, empty, to be kept between its calls: ``(tree, parent, dist, stamp, queued,
+    queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2 the sink's;
+    ``parent``: the slot of the arc to the node's parent (from it, in the source's tree; to it,
+    in the sink's); ``dist``/``stamp``: steps to the root, and when they were last checked;
+    ``queue``: the active nodes; ``seen_res``: the residuals the trees were built on."""
     tree = np.zeros(n_nodes, dtype=np.int8)
     parent = np.full(n_nodes, _NONE, dtype=np.int64)
     dist = np.zeros(n_nodes, dtype=np.int64)
@@ -203,7 +208,7 @@ def search_arrays(n_nodes, n_slots):
     queued = np.zeros(n_nodes, dtype=np.bool_)
     queue = np.empty(n_nodes + 1, dtype=np.int64)
     orphans = np.empty(n_nodes, dtype=np.int64)
-    seen_res = np.full(n_slots, -1, dtype=np.int64)  # residuals at the last call's end
+    seen_res = np.full(n_slots, -1, dtype=np.int64)  # none seen yet: every slot is new
     counters = np.zeros(4, dtype=np.int64)  # queue head, queue tail, orphan count, time
     return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters
 
@@ -229,18 +234,16 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     for k in range(res.size):
         if res[k] != seen_res[k]:
             _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters)
-    _adopt(source, sink, ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)  # fmt: skip
+    _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
     while True:
         bridge = _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters)
         if bridge < 0:
             break
-        if not _augment_path(bridge, to, twin, res, tree, parent, orphans, counters):
+        if not _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
             return False
-        _adopt(source, sink, ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)  # fmt: skip
+        _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
     for v in range(tree.size):
         side[v] = tree[v] == _S
-    for k in range(res.size):
-        seen_res[k] = res[k]
     return True
 
 
@@ -264,6 +267,7 @@ def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, cou
     """Slot ``k``'s residual changed since the last call: a tree arc left without residual
     orphans its child, and both ends are searched again."""
     w, u = to[k], to[twin[k]]  # slot k is the arc u -> w
+    seen_res[k] = res[k]
     if res[k] == 0:
         if tree[w] == _S and parent[w] == k:
             _orphan(w, parent, orphans, counters)
@@ -300,7 +304,7 @@ def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters
 
 
 @_jit_inline
-def _augment_path(bridge, to, twin, res, tree, parent, orphans, counters):
+def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
     """Push the bottleneck along source tree -> ``bridge`` -> sink tree; the children of
     saturated tree arcs become orphans. False on a path whose every arc is infinite."""
     b = res[bridge]
@@ -311,14 +315,12 @@ def _augment_path(bridge, to, twin, res, tree, parent, orphans, counters):
             v = to[twin[parent[v]]] if side_tree == _S else to[parent[v]]
     if b >= INF_CAP // 2:
         return False
-    res[bridge] -= b
-    res[twin[bridge]] += b
+    _move(bridge, b, res, seen_res, twin)
     for side_tree in (_S, _T):
         v = to[twin[bridge]] if side_tree == _S else to[bridge]
         while parent[v] != _ROOT:
             a = parent[v]
-            res[a] -= b
-            res[twin[a]] += b
+            _move(a, b, res, seen_res, twin)
             nxt = to[twin[a]] if side_tree == _S else to[a]
             if res[a] == 0:
                 _orphan(v, parent, orphans, counters)
@@ -327,7 +329,16 @@ def _augment_path(bridge, to, twin, res, tree, parent, orphans, counters):
 
 
 @_jit_inline
-def _adopt(source, sink, ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
+def _move(a, b, res, seen_res, twin):
+    """Push ``b`` along slot ``a``, keeping ``seen_res`` in step (the trees know of it)."""
+    res[a] -= b
+    res[twin[a]] += b
+    seen_res[a] = res[a]
+    seen_res[twin[a]] = res[twin[a]]
+
+
+@_jit_inline
+def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
     """Give each orphan a new parent in its tree whose chain reaches the root along residual
     arcs (the nearest to the root), or free it: its tree neighbours that had an arc to it are
     searched again and its children become orphans."""
