@@ -38,7 +38,6 @@ __all__ = [
 
 #: Capacity of arcs that cannot be cut; finite capacities sum to less than 2**52.
 INF_CAP = np.int64(2**62)
-_BIG = np.int64(2**63 - 1)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
@@ -401,22 +400,3 @@ def _root_distance(q, now, to, twin, tree, parent, dist, stamp, t):
         dd -= 1
         v = to[twin[p]] if t == _S else to[p]
     return d
-
-
-@_jit_inline
-def _push(path, depth, res, twin):
-    """Push the bottleneck along ``path[:depth]``; returns the index of its first saturated
-    arc (where the search resumes), or -1 if every arc is infinite."""
-    b = _BIG
-    for i in range(depth):
-        b = min(b, res[path[i]])
-    if b >= INF_CAP // 2:
-        return -1
-    first = depth
-    for i in range(depth):
-        a = path[i]
-        res[a] -= b
-        res[twin[a]] += b
-        if res[a] == 0 and first == depth:
-            first = i
-    return first
