@@ -20,7 +20,8 @@ This module is imported lazily by the solver so that ``import perseus.solver`` s
 Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
 for the capacity update, O(N + M·H) for the relaxation's cost (M ops moved by the step, H hull
 vertices per op: each op's cost and hull segment are kept between iterations), and the
-re-augmentation (Dinic, O(V²E) worst case; three or four phases on pipeline DAGs).
+re-augmentation (Boykov–Kolmogorov search trees kept between iterations: about what the
+update changed, a few hundred nodes on pipeline DAGs, not whole-network searches).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
+from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
 
@@ -456,25 +458,19 @@ def _capacity_scale(hs):
 
 @_jit
 def _flow_arrays(net, n):
-    """Zero flow on the cut network ``net`` (``cut_network.build_network``), and Dinic's
-    scratch."""
+    """Zero flow on the cut network ``net`` (``cut_network.build_network``), and empty search
+    trees for it."""
     m_arcs = net[0].size
     n_net = 2 * n + 2
     capa = np.zeros(m_arcs, dtype=np.int64)
     res = np.zeros(2 * m_arcs, dtype=np.int64)
     stack_n = np.empty(4 * m_arcs, dtype=np.int64)
     stack_a = np.empty(4 * m_arcs, dtype=np.int64)
-    dinic = (
-        np.full(n_net, -1, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-        np.empty(n_net, dtype=np.int64),
-    )
-    return capa, res, stack_n, stack_a, dinic
+    return capa, res, stack_n, stack_a, _search_arrays(n_net, res.size)
 
 
 @_jit_inline
-def _min_cut(net, capa, res, ok, dinic, side):
+def _min_cut(net, capa, res, ok, trees, side):
     """Re-augment the kept flow to a maximum one (from zero when ``ok`` is False) and fill
     ``side``; False when no finite cut exists (the fastest plan is reached)."""
     ptr, to, twin, fs = net[2], net[3], net[4], net[6]
@@ -485,9 +481,8 @@ def _min_cut(net, capa, res, ok, dinic, side):
             res[fs[k]] = capa[k]
     for k in range(side.size):
         side[k] = False
-    level, itp, queue, path = dinic
     n_net = ptr.size - 1
-    return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, level, itp, queue, path, side)
+    return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, trees, side)
 
 
 @_jit
@@ -502,7 +497,7 @@ def walk_kernel(
     emitted rows come in pairs per fractional plan: each op rounded to its slowest option no
     slower than its duration, then each to the next slower option where it was fractional.
     ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
-    moving fewer ops; with 0 Dinic's cut nearest the source wins.
+    moving fewer ops; with 0 the minimum cut nearest the source wins.
     ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled). The
     fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always emitted
     when the walk passes it. ``net``: :func:`perseus.solver.cut_network.build_network`.
@@ -518,7 +513,7 @@ def walk_kernel(
     # The cut network over all ops, its flow kept from one iteration to the next (warm start):
     # between iterations only a few capacities change, so a few augmentations restore a
     # maximum flow.
-    capa, res, stack_n, stack_a, dinic = _flow_arrays(net, n)
+    capa, res, stack_n, stack_a, trees = _flow_arrays(net, n)
     op_cost, seg = _op_state(ht, hs, hc, dur, tol)
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
@@ -540,7 +535,7 @@ def walk_kernel(
             topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices,
             (net, capa, res, stack_n, stack_a),
         )  # fmt: skip
-        if stalled or not _min_cut(net, capa, res, ok, dinic, side):
+        if stalled or not _min_cut(net, capa, res, ok, trees, side):
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted
             )

@@ -6,14 +6,16 @@ of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottle
 means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
 arcs exactly as in :mod:`perseus.solver.check.maxflow`. The flow is kept between iterations: when an
 op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
-lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then Dinic's
-phases re-augment (:func:`augment`). The cut found is re-priced in floating point, so the
-integer scale can only pick a marginally sub-optimal cut, never a wrong price.
+lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then
+:func:`augment` re-augments with Boykov–Kolmogorov's search trees, also kept between
+iterations. The cut found is re-priced in floating point, so the integer scale can only pick
+a marginally sub-optimal cut, never a wrong price.
 
 Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
-the flow it cancels; :func:`augment` is Dinic's (O(V²E) worst case; three or four phases per
-walk iteration on pipeline DAGs, each a search of the part that reaches the sink, then one of
-the part the source reaches).
+the flow it cancels; :func:`augment` is Boykov–Kolmogorov's (no polynomial bound better than
+O(V²E·|C|) for a cut of value C, but on pipeline DAGs a walk iteration re-searches a few
+hundred of the network's nodes where Dinic's phases searched about five times the whole
+network), plus one pass over the residual slots to find the changed ones.
 """
 
 from __future__ import annotations
@@ -24,15 +26,22 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["INF_CAP", "augment", "build_network", "jit", "keep_balanced", "set_capacity"]
+__all__ = [
+    "INF_CAP",
+    "augment",
+    "build_network",
+    "jit",
+    "keep_balanced",
+    "search_arrays",
+    "set_capacity",
+]
 
 #: Capacity of arcs that cannot be cut; finite capacities sum to less than 2**52.
 INF_CAP = np.int64(2**62)
-_BIG = np.int64(2**63 - 1)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
-# Dinic's steps, inlined into augment (numba IR inlining): one compiled function, not five.
+# augment's steps, inlined into it (numba IR inlining): one compiled function, not several.
 _jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
@@ -179,114 +188,215 @@ def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
         res[fs[2 * n + v]] -= theta
 
 
-@jit
-def augment(source, sink, ptr, to, twin, res, level, it, queue, path, side):
-    """Dinic's phases from the current flow until it is maximum; fills ``side`` with the
-    source side of a minimum cut. Returns False if an all-infinite source→sink path exists
-    (seen as a bottleneck above every finite total); the flow is then left inconsistent.
+_FREE, _S, _T = 0, 1, 2
+_ROOT, _NONE = -1, -2
 
-    Each phase labels the nodes that reach the sink by their distance to it (breadth first
-    from the sink, backwards), so its depth-first search from the source meets no dead ends
-    off the shortest paths. The minimal source side is the same for every maximum flow: one
-    last search forwards from the source reads it. ``level`` must be all -1 on entry and is
-    left so; only visited nodes are touched.
+
+@jit
+def search_arrays(n_nodes, n_slots):
+    """The search trees of :func:`augment` over a network of ``n_nodes`` nodes and ``n_slots``
+    residual slots, empty, to be kept between its calls: ``(tree, parent, dist, stamp, queued,
+    queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2 the sink's;
+    ``parent``: the slot of the arc to the node's parent (from it, in the source's tree; to it,
+    in the sink's); ``dist``/``stamp``: steps to the root, and when they were last checked;
+    ``queue``: the active nodes; ``seen_res``: the residuals the trees were built on."""
+    tree = np.zeros(n_nodes, dtype=np.int8)
+    parent = np.full(n_nodes, _NONE, dtype=np.int64)
+    dist = np.zeros(n_nodes, dtype=np.int64)
+    stamp = np.zeros(n_nodes, dtype=np.int64)
+    queued = np.zeros(n_nodes, dtype=np.bool_)
+    queue = np.empty(n_nodes + 1, dtype=np.int64)
+    orphans = np.empty(n_nodes, dtype=np.int64)
+    seen_res = np.full(n_slots, -1, dtype=np.int64)  # none seen yet: every slot is new
+    counters = np.zeros(4, dtype=np.int64)  # queue head, queue tail, orphan count, time
+    return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters
+
+
+@jit
+def augment(source, sink, ptr, to, twin, res, search, side):
+    """Augment the current flow until it is maximum; fills ``side`` with the minimal source
+    side of a minimum cut (what the source reaches along residual arcs, the same for every
+    maximum flow). Returns False if an all-infinite source→sink path exists (seen as a
+    bottleneck above every finite total); the flow is then left inconsistent.
+
+    Boykov–Kolmogorov's search trees, one grown from the source and one into the sink, kept
+    from the last call (``search``: :func:`search_arrays`): only the nodes at the slots whose
+    residual changed since are looked at again (their tree arcs checked, their arcs searched),
+    so a call after a small capacity update costs about what it changes, not a search of the
+    whole network. At the end the source's tree is exactly what the source reaches.
     """
-    n_seen = np.int64(0)  # not a literal 0: numba would compile _levels twice
+    tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters = search
+    if tree[source] != _S:
+        tree[source], parent[source], tree[sink], parent[sink] = _S, _ROOT, _T, _ROOT
+        _enqueue(source, queued, queue, counters)
+        _enqueue(sink, queued, queue, counters)
+    for k in range(res.size):
+        if res[k] != seen_res[k]:
+            _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters)
+    _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
     while True:
-        n_seen = _levels(sink, source, True, ptr, to, twin, res, level, queue, n_seen)
-        if level[source] < 0:
+        bridge = _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters)
+        if bridge < 0:
             break
-        if not _blocking_flow(source, sink, ptr, to, twin, res, level, it, queue[:n_seen], path):
-            for i in range(n_seen):
-                level[queue[i]] = -1
+        if not _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
             return False
-    n_seen = _levels(source, sink, False, ptr, to, twin, res, level, queue, n_seen)
-    for i in range(n_seen):
-        side[queue[i]] = True
-        level[queue[i]] = -1
+        _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
+    for v in range(tree.size):
+        side[v] = tree[v] == _S
     return True
 
 
 @_jit_inline
-def _levels(root, target, backward, ptr, to, twin, res, level, queue, n_seen):
-    """Clear the last search's levels (of ``queue[:n_seen]``), then label breadth first from
-    ``root`` along residual arcs (``backward``: arcs into each node), up to ``target``'s
-    level; returns how many nodes it saw (they are ``queue[:n]``)."""
-    for i in range(n_seen):
-        level[queue[i]] = -1
-    level[root] = 0
-    head, tail = 0, 1
-    queue[0] = root
-    while head < tail:
-        v = queue[head]
-        head += 1
-        if level[target] >= 0 and level[v] >= level[target]:
-            continue
-        for a in range(ptr[v], ptr[v + 1]):
-            w = to[a]
-            if res[twin[a] if backward else a] > 0 and level[w] < 0:
-                level[w] = level[v] + 1
-                queue[tail] = w
-                tail += 1
-    return tail
+def _enqueue(v, queued, queue, counters):
+    if not queued[v]:
+        queued[v] = True
+        queue[counters[1]] = v
+        counters[1] = (counters[1] + 1) % queue.size
 
 
 @_jit_inline
-def _blocking_flow(source, sink, ptr, to, twin, res, level, it, seen, path):
-    """One Dinic phase: augment along paths whose distance to the sink falls by one at each
-    arc (depth first, arcs tried once) until none is left. Returns False on a path whose
-    every arc is infinite."""
-    for i in range(seen.size):
-        it[seen[i]] = ptr[seen[i]]
-    depth = 0
-    v = source
-    while True:
-        if v == sink:
-            depth = _push(path, depth, res, twin)
-            if depth < 0:
-                return False
-            v = source if depth == 0 else to[path[depth - 1]]
-            continue
-        a = _next_arc(v, ptr, to, res, level, it)
-        if a >= 0:
-            path[depth] = a
-            depth += 1
-            v = to[a]
-        elif depth == 0:
-            return True
-        else:
-            level[v] = -2  # dead end for the rest of this phase (still "seen")
-            depth -= 1
-            v = to[twin[path[depth]]]
-            it[v] += 1
+def _orphan(v, parent, orphans, counters):
+    parent[v] = _NONE
+    orphans[counters[2]] = v
+    counters[2] += 1
 
 
 @_jit_inline
-def _next_arc(v, ptr, to, res, level, it):
-    """The next arc out of ``v`` one level nearer the sink with residual left (-1 if
-    none)."""
-    while it[v] < ptr[v + 1]:
-        a = it[v]
-        if res[a] > 0 and level[to[a]] == level[v] - 1:
-            return a
-        it[v] += 1
+def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters):
+    """Slot ``k``'s residual changed since the last call: a tree arc left without residual
+    orphans its child, and both ends are searched again."""
+    w, u = to[k], to[twin[k]]  # slot k is the arc u -> w
+    seen_res[k] = res[k]
+    if res[k] == 0:
+        if tree[w] == _S and parent[w] == k:
+            _orphan(w, parent, orphans, counters)
+        if tree[u] == _T and parent[u] == k:
+            _orphan(u, parent, orphans, counters)
+    for x in (u, w):
+        if tree[x] != _FREE:
+            _enqueue(x, queued, queue, counters)
+
+
+@_jit_inline
+def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters):
+    """Grow the trees from their active nodes until they meet; returns the slot of the arc
+    from the source's tree into the sink's (-1 when neither tree can grow)."""
+    while counters[0] != counters[1]:
+        p = queue[counters[0]]
+        t = tree[p]
+        if t != _FREE:
+            for a in range(ptr[p], ptr[p + 1]):
+                q = to[a]
+                # The arc away from the root: p -> q in the source's tree, q -> p in the sink's.
+                arc = a if t == _S else twin[a]
+                if res[arc] == 0:
+                    continue
+                if tree[q] == _FREE:
+                    tree[q], parent[q] = t, arc
+                    dist[q], stamp[q] = dist[p] + 1, stamp[p]
+                    _enqueue(q, queued, queue, counters)
+                elif tree[q] != t:
+                    return arc  # p stays active: it may meet the other tree again
+        queued[p] = False
+        counters[0] = (counters[0] + 1) % queue.size
     return -1
 
 
 @_jit_inline
-def _push(path, depth, res, twin):
-    """Push the bottleneck along ``path[:depth]``; returns the index of its first saturated
-    arc (where the search resumes), or -1 if every arc is infinite."""
-    b = _BIG
-    for i in range(depth):
-        b = min(b, res[path[i]])
+def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
+    """Push the bottleneck along source tree -> ``bridge`` -> sink tree; the children of
+    saturated tree arcs become orphans. False on a path whose every arc is infinite."""
+    b = res[bridge]
+    for side_tree in (_S, _T):
+        v = to[twin[bridge]] if side_tree == _S else to[bridge]
+        while parent[v] != _ROOT:
+            b = min(b, res[parent[v]])
+            v = to[twin[parent[v]]] if side_tree == _S else to[parent[v]]
     if b >= INF_CAP // 2:
-        return -1
-    first = depth
-    for i in range(depth):
-        a = path[i]
-        res[a] -= b
-        res[twin[a]] += b
-        if res[a] == 0 and first == depth:
-            first = i
-    return first
+        return False
+    _move(bridge, b, res, seen_res, twin)
+    for side_tree in (_S, _T):
+        v = to[twin[bridge]] if side_tree == _S else to[bridge]
+        while parent[v] != _ROOT:
+            a = parent[v]
+            _move(a, b, res, seen_res, twin)
+            nxt = to[twin[a]] if side_tree == _S else to[a]
+            if res[a] == 0:
+                _orphan(v, parent, orphans, counters)
+            v = nxt
+    return True
+
+
+@_jit_inline
+def _move(a, b, res, seen_res, twin):
+    """Push ``b`` along slot ``a``, keeping ``seen_res`` in step (the trees know of it)."""
+    res[a] -= b
+    res[twin[a]] += b
+    seen_res[a] = res[a]
+    seen_res[twin[a]] = res[twin[a]]
+
+
+@_jit_inline
+def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
+    """Give each orphan a new parent in its tree whose chain reaches the root along residual
+    arcs (the nearest to the root), or free it: its tree neighbours that had an arc to it are
+    searched again and its children become orphans."""
+    counters[3] += 1
+    now = counters[3]
+    while counters[2] > 0:
+        counters[2] -= 1
+        v = orphans[counters[2]]
+        t = tree[v]
+        best, best_d = _NONE, np.int64(1) << 62
+        for a in range(ptr[v], ptr[v + 1]):
+            q = to[a]
+            arc = twin[a] if t == _S else a  # q -> v in the source's tree, v -> q in the sink's
+            if tree[q] != t or res[arc] == 0:
+                continue
+            d = _root_distance(q, now, to, twin, tree, parent, dist, stamp, t)
+            if 0 <= d < best_d:
+                best, best_d = arc, d
+        if best != _NONE:
+            parent[v], dist[v], stamp[v] = best, best_d + 1, now
+            continue
+        for a in range(ptr[v], ptr[v + 1]):
+            q = to[a]
+            if tree[q] != t:
+                continue
+            arc = twin[a] if t == _S else a
+            if res[arc] > 0:
+                _enqueue(q, queued, queue, counters)
+            child_arc = a if t == _S else twin[a]  # v -> q (source's tree), q -> v (sink's)
+            if parent[q] == child_arc:
+                _orphan(q, parent, orphans, counters)
+        tree[v] = _FREE
+
+
+@_jit_inline
+def _root_distance(q, now, to, twin, tree, parent, dist, stamp, t):
+    """Steps from ``q`` up its tree's parent arcs to the root, or -1 when the chain ends at an
+    orphan; the nodes passed are stamped ``now`` with their distances."""
+    d = np.int64(0)
+    v = q
+    while True:
+        if stamp[v] == now:
+            d += dist[v]
+            break
+        p = parent[v]
+        if p == _ROOT:
+            break
+        if p == _NONE:
+            return -1
+        d += 1
+        v = to[twin[p]] if t == _S else to[p]
+    # Stamp the chain with its distances (from q down, d falls by one per step).
+    v = q
+    dd = d
+    while stamp[v] != now:
+        stamp[v], dist[v] = now, dd
+        p = parent[v]
+        if p == _ROOT:
+            break
+        dd -= 1
+        v = to[twin[p]] if t == _S else to[p]
+    return d

@@ -27,8 +27,8 @@ the minimum-energy one (T*).
    over all ops whose flow is kept from one iteration to the next. An iteration changes only
    a few capacities: a changed lower bound moves flow between an op's arc and its terminal
    arcs (lower bounds are folded into terminal arcs, no feasible-circulation phase), flow above
-   a lowered capacity is cancelled back to the terminals, and Dinic's phases re-augment from
-   there, usually one or two. The reference loop (``method="reference"``: numpy, Python and
+   a lowered capacity is cancelled back to the terminals, and search trees kept from the last
+   cut (Boykov–Kolmogorov) re-augment from there. The reference loop (``method="reference"``: numpy, Python and
    scipy's max flow, 10–40x slower; :mod:`perseus.solver.check`) is its test oracle.
 5. *Fewer breakpoints.* Hull vertices closer than ``hull_gap_fraction`` (default 2 %) of an
    op's fastest time are merged; the relaxation gets slightly coarser but real plans still use
@@ -61,8 +61,8 @@ the minimum-energy one (T*).
 
 **Complexity.** With B breakpoints, N ops and E edges: each iteration costs O(N + E) compiled
 steps for 2–4 longest-path passes and the capacity update, plus the re-augmentation of the
-cut network (Dinic, O(V²E) worst case; on pipeline DAGs three or four phases, each a search
-of the part that reaches the sink). So the walk is O(B·(N + E)) in practice, with
+cut network (Boykov–Kolmogorov, whose trees are kept between iterations: on pipeline DAGs
+it re-searches a few hundred nodes per iteration). So the walk is O(B·(N + E)) in practice, with
 B ≈ 2–30 per op. Emission costs O(N·W) per candidate (W options per op) plus one compiled
 reclaim pass and one exact evaluation per candidate. Memory is O(N·(W + H) + E) plus the
 candidates, filtered to their Pareto set batch by batch.
