@@ -38,7 +38,7 @@ Progress = Callable[[float], None]
 _LIFT_BATCH = 32
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
-#: A second walk (ties left to Dinic) runs when the first cost at most this many
+#: A second walk (ties left to the max flow) runs when the first cost at most this many
 #: iteration × (node + edge) steps: a few tenths of a second (A40 8×48: 2e6; 8×32: 1e7).
 _SECOND_WALK_MAX_WORK = 8e6
 
