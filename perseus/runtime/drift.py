@@ -106,11 +106,11 @@ def agree_iteration(
     )
 
 
-def _beyond(stats: IterationStats) -> bool:
+def _beyond(stats: IterationStats, energy: float | None) -> bool:
+    """Whether ``stats`` (its pipeline energy as judged: ``energy``) is off the plan."""
     if stats.phase != "run" or not stats.predicted_time_s or not stats.predicted_energy_j:
         return False
     dt = stats.time_s / stats.predicted_time_s - 1.0
-    energy = stats.pipeline_energy_j
     de = 0.0 if energy is None else energy / stats.predicted_energy_j - 1.0
     return abs(dt) > DRIFT_TOLERANCE or abs(de) > DRIFT_TOLERANCE
 
@@ -164,11 +164,11 @@ class DriftMonitor:
         self._totals = (0.0, 0.0, 0.0)
         self._reported = False
 
-    def _judged(self, stats: IterationStats) -> IterationStats:
-        """``stats`` with its energy as the latest full window measured it."""
+    def _judged(self, stats: IterationStats) -> float | None:
+        """``stats``'s pipeline energy as the latest full window measured it."""
         energy_j, predicted_j = stats.pipeline_energy_j, stats.predicted_energy_j
         if self._window_s <= 0 or energy_j is None or not predicted_j:
-            return stats
+            return energy_j
         recent = self._recent
         recent.append((stats.time_s, energy_j, predicted_j))
         time_s, measured_j, planned_j = self._totals  # kept, not summed again: every iteration
@@ -181,19 +181,21 @@ class DriftMonitor:
             old = recent.popleft()  # the window stays full without its oldest iteration
             time_s, measured_j, planned_j = time_s - old[0], measured_j - old[1], planned_j - old[2]
         self._totals = time_s, measured_j, planned_j
-        judged = predicted_j * measured_j / planned_j if time_s >= self._window_s else predicted_j
-        return dataclasses.replace(stats, pipeline_energy_j=judged)
+        return predicted_j * measured_j / planned_j if time_s >= self._window_s else predicted_j
 
     def update(self, stats: IterationStats) -> bool:
         """Take one iteration; say so the first time the drift persisted. True when the
         session should profile again (an online profile, and the profile is to blame)."""
-        if stats.phase == "run":
-            stats = self._judged(stats)
-        if not _beyond(stats):
+        energy_j = self._judged(stats) if stats.phase == "run" else stats.pipeline_energy_j
+        if not _beyond(stats, energy_j):
             self._streak = []
             return False
+        if self._reported:  # said once per plan: nothing kept while it drifts on
+            return False
+        if energy_j != stats.pipeline_energy_j:
+            stats = dataclasses.replace(stats, pipeline_energy_j=energy_j)
         self._streak.append(stats)
-        if self._reported or len(self._streak) < self._patience:
+        if len(self._streak) < self._patience:
             return False
         cause = drift_cause(self._streak)
         if cause is None:

@@ -25,7 +25,7 @@ from perseus.runtime.agent.readback import (
     OpReading,
     clock_delivery,
 )
-from perseus.runtime.drift import DriftMonitor
+from perseus.runtime.drift import PATIENCE, DriftMonitor
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.metrics import CSV_FIELDS, _csv_row, iteration_metrics
 from perseus.runtime.summary import IterationStats, drift_cause, summarize
@@ -284,6 +284,15 @@ def test_energy_is_judged_over_counter_periods_not_per_short_iteration(caplog):
         )
         for i, e in enumerate(steps)
     )
+
+
+def test_a_drift_that_goes_on_keeps_nothing_once_said():
+    """A run that stays off its plan for a million iterations must not keep each of them:
+    once the drift is said, the monitor holds no more than its patience of iterations."""
+    monitor = DriftMonitor(1, reprofile=False)
+    for i in range(200):
+        monitor.update(_stats(i, 1.3, 120.0))
+    assert len(monitor._streak) <= PATIENCE
 
 
 def test_drift_is_said_once_after_a_few_iterations_with_its_cause(caplog):
