@@ -241,7 +241,8 @@ class RankSession:
             self._ended.clear()
             self._shut_down()
         if self.frontier is not None:
-            self.summary = summarize(self.history[self._run_start :], self.frontier)
+            since = [s for s in self.history if s.iteration >= self._run_start]
+            self.summary = summarize(since, self.frontier)
             if self.summary is not None and self.rank == 0:
                 _log.info("%s", self.summary)
 
@@ -462,6 +463,8 @@ class RankSession:
             host_overruns=pipeline.host_overruns,
         )
         self.history.append(stats)
+        if len(self.history) >= 2 * self.options.history_kept:  # one cut per `kept` iterations
+            del self.history[: -self.options.history_kept]
         return stats
 
     def _check_step(self, agent: RankAgent) -> None:

@@ -73,9 +73,14 @@ class SessionOptions:
         wait_for_figures: Read each iteration's figures at its own end, the training thread
             waiting for the device there (default False on a real GPU: one iteration later,
             see :meth:`RankSession.iteration`).
+        history_kept: Iterations kept in :attr:`RankSession.history` and the agent's
+            iteration records (older ones dropped, oldest first: a run of millions of
+            iterations stays in bounded memory; the ``close()`` summary covers the last
+            stretch kept). Stream figures elsewhere (``MetricsSink``) to keep them all.
 
     Raises:
-        ConfigError: a negative ``blocking_power_w``/``point_index``; ``power_realised`` alone.
+        ConfigError: a negative ``blocking_power_w``/``point_index``, ``history_kept`` below
+            1; ``power_realised`` alone.
     """
 
     blocking_power_w: float | None = None
@@ -91,11 +96,14 @@ class SessionOptions:
     power_objective: str | None = None
     clock: Clock = REAL_CLOCK
     wait_for_figures: bool = False
+    history_kept: int = 100_000
 
     def __post_init__(self) -> None:
         if self.blocking_power_w is not None and not self.blocking_power_w >= 0:
             raise ConfigError(f"blocking_power_w must be >= 0 W, got {self.blocking_power_w}")
         if self.point_index < 0:
             raise ConfigError(f"point_index must be >= 0, got {self.point_index}")
+        if self.history_kept < 1:
+            raise ConfigError(f"history_kept must be >= 1 iteration, got {self.history_kept}")
         if self.power_realised is not None and None in (self.power_forecast, self.power_schedule):
             raise ConfigError("power_realised= needs power_schedule= and its power_forecast=")

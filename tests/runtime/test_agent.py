@@ -423,6 +423,17 @@ def test_an_iterations_figures_are_worked_out_by_the_worker(
     ]
 
 
+def test_an_agent_keeps_its_latest_records_only(gpu: SimulatedGPU) -> None:
+    """Per-op and iteration records are capped (a long run stays in bounded memory)."""
+    plan = tiny_plan()
+    with _agent(plan, gpu, max_op_records=2) as agent:
+        for _ in range(5):
+            _run_iteration(agent, plan.rank_actions[0])
+    records = agent.records
+    assert [r.iteration for r in records.iterations] == [3, 4]
+    assert len(records.ops) == 2
+
+
 class _FakeCudaEvent:
     """A ``torch.cuda.Event`` stand-in: notes the stream of its last record."""
 

@@ -481,6 +481,21 @@ def test_the_summary_covers_the_last_deployed_plan_only(gpu, profile):
     assert summary.predicted_energy_j == plan.points[0].energy_j
 
 
+def test_a_long_run_keeps_a_bounded_history_and_summarises_what_it_kept(gpu, profile):
+    """Millions of iterations must not keep millions of figures: the history keeps the
+    latest ``history_kept`` (at most twice that between cuts), and the summary counts the
+    iterations it covers."""
+    with _session(gpu, profile, history_kept=3) as session:
+        for _ in range(10):
+            _iteration(session)
+    assert 3 <= len(session.history) < 6
+    assert [s.iteration for s in session.history] == list(range(10 - len(session.history), 10))
+    summary = session.summary
+    assert summary is not None and summary.iterations == len(session.history) - 1
+    with pytest.raises(ConfigError, match="history_kept"):
+        SessionOptions(history_kept=0)
+
+
 def test_blocking_power_comes_from_the_device_when_not_given(tmp_path: Path, profile):
     """Without ``blocking_power_w`` the session asks the device: a simulated GPU declares its
     own; a GPU whose name no preset knows is refused with a message naming the parameter."""

@@ -95,7 +95,7 @@ class RankAgent:
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
         measure_op_energy: Read the energy counter around each op (two cheap reads).
-        max_op_records: Per-op records kept (oldest dropped first).
+        max_op_records: Per-op records kept, and as many iteration records (oldest first out).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
         events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
@@ -154,7 +154,7 @@ class RankAgent:
         self._op_args: tuple[Kind | str, int, int | None] = (Kind.F, 0, None)
         self._ops: deque[OpRow] = deque(maxlen=max_op_records)
         self._op_time_fn = op_time_s
-        self._iterations: list[IterationRecord] = []
+        self._iterations: deque[IterationRecord] = deque(maxlen=max_op_records)
         self._iteration = 0
         self._cursor = 0
         self._in_step = False

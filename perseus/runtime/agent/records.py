@@ -56,7 +56,8 @@ class IterationRecord:
 
 @dataclass(frozen=True, slots=True)
 class AgentRecords:
-    """Everything an agent measured (per-op records are capped at ``max_op_records``)."""
+    """Everything an agent measured lately (per-op and iteration records are each capped at
+    ``max_op_records``, the oldest dropped)."""
 
     ops: tuple[OpRecord, ...]
     iterations: tuple[IterationRecord, ...]
