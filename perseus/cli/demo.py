@@ -217,7 +217,11 @@ def _compile_in_background() -> None:
     schedules each session's processes as one group, so a new session would take a core's
     share whatever its nice value (measured: the first demo 20-23 s wall against 14-16 s).
     """
-    code = "from perseus.cli.demo import compile_kernels; compile_kernels()"
+    code = (
+        "import os\n"
+        "if hasattr(os, 'nice'): os.nice(19)\n"  # after the interpreter started: only the work
+        "from perseus.cli.demo import compile_kernels; compile_kernels()"
+    )
     posix_311 = os.name == "posix" and sys.version_info >= (3, 11)
     group: dict[str, Any] = {"process_group": 0} if posix_311 else {}
     subprocess.Popen(
@@ -230,15 +234,13 @@ def _compile_in_background() -> None:
 
 
 def compile_kernels() -> None:
-    """Compile the solver kernels into numba's cache on a tiny job, at low priority: first
-    those the uncompiled walk uses too (so a concurrent first run may load them), then the
-    walk."""
+    """Compile the solver kernels into numba's cache on a tiny job: first those the
+    uncompiled walk uses too (so a concurrent first run may load them), then the walk. The
+    background compile runs it at nice 19."""
     from perseus.io.bundled import load_profile
     from perseus.job import make_job
     from perseus.solver import trace
 
-    if hasattr(os, "nice"):
-        os.nice(19)
     stages, power = int(DEMO_JOB["stages"]), float(DEMO_JOB["blocking_power_w"])
     profile = load_profile(str(DEMO_JOB["profile"]))
     tiny = make_job(profile, "1f1b", stages, stages, blocking_power_w=power)
