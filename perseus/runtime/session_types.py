@@ -73,7 +73,7 @@ class SessionOptions:
         wait_for_figures: Read each iteration's figures at its own end, the training thread
             waiting for the device there (default False on a real GPU: one iteration later,
             see :meth:`RankSession.iteration`).
-        history_kept: Iterations kept in :attr:`RankSession.history` and the agent's
+        history_kept: Iterations kept in the session's ``history`` and the agent's
             iteration records (older ones dropped, oldest first: a run of millions of
             iterations stays in bounded memory; the ``close()`` summary covers the last
             stretch kept). Stream figures elsewhere (``MetricsSink``) to keep them all.
