@@ -25,6 +25,16 @@ def noisy_profile(stages: int, clocks: int, seed: int, weight: bool = False) -> 
     return build_profile(rows, source=f"noisy(seed={seed})")
 
 
+#: Small jobs of every schedule kind: (schedule, stages, microbatches, virtual stages, seed).
+CASES = [
+    ("gpipe", 3, 4, 1, 3),
+    ("1f1b", 4, 6, 1, 5),
+    ("1f1b", 3, 8, 1, 7),
+    ("interleaved", 4, 4, 2, 2),
+    ("zb", 3, 5, 1, 9),
+]
+
+
 def small_job(
     schedule: str = "1f1b",
     stages: int = 3,

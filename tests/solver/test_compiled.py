@@ -12,15 +12,7 @@ from scipy.sparse.csgraph import maximum_flow
 from perseus.errors import ConfigError
 from perseus.solver import cut_network, trace, walk
 
-from .conftest import small_job
-
-CASES = [
-    ("gpipe", 3, 4, 1, 3),
-    ("1f1b", 4, 6, 1, 5),
-    ("1f1b", 3, 8, 1, 7),
-    ("interleaved", 4, 4, 2, 2),
-    ("zb", 3, 5, 1, 9),
-]
+from .conftest import CASES, small_job
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
@@ -30,8 +22,8 @@ def test_compiled_walk_traces_the_same_relaxation_as_the_reference(case):
     fast = trace(job, hull_gap_fraction=0.0)
     ref = trace(job, hull_gap_fraction=0.0, method="reference")
     assert fast.complete and ref.complete
-    # Both walk the same LP's breakpoints (ties may be broken by different cuts, so compare
-    # the curves, not the iterations): same ends, same energy at every deadline.
+    # Both walk the same LP's breakpoints (step for step: test_reference_walk.py): same ends,
+    # same energy at every deadline.
     t_ref, e_ref = ref.lp_time_s[::-1], ref.lp_energy_j[::-1]
     t_fast, e_fast = fast.lp_time_s[::-1], fast.lp_energy_j[::-1]
     assert t_fast[0] == pytest.approx(t_ref[0], rel=1e-9)

@@ -13,15 +13,7 @@ from perseus.solver import trace
 from perseus.solver.check.maxflow import minimal_source_side
 from perseus.solver.cut_network import INF_CAP
 
-from .conftest import small_job
-
-CASES = [
-    ("gpipe", 3, 4, 1, 3),
-    ("1f1b", 4, 6, 1, 5),
-    ("1f1b", 3, 8, 1, 7),
-    ("interleaved", 4, 4, 2, 2),
-    ("zb", 3, 5, 1, 9),
-]
+from .conftest import CASES, small_job
 
 
 def _same_walk(job, **kwargs) -> None:

@@ -144,8 +144,7 @@ class _Closed:
         actions: tuple[Action, ...],
     ) -> None:
         self.iteration, self.begin, self.jobs = iteration, begin, jobs
-        self.freqs, self.actions = freqs, actions
-        self.phases = phases
+        self.freqs, self.phases, self.actions = freqs, phases, actions
         self.figures: _Figures | None = None
         self.lock = threading.Lock()
 
