@@ -163,7 +163,7 @@ def test_straggler_switch_and_revert_with_two_pipelines(tmp_path):
         "--data-parallel",
         "2",
         "--iterations",
-        "14",  # six after the straggler ends: room to revert on a loaded host
+        "19",  # six after the straggler ends: room to revert on a loaded host
         "--warmup",
         "0",
         "--time-scale",
@@ -172,8 +172,8 @@ def test_straggler_switch_and_revert_with_two_pipelines(tmp_path):
         "1:1.2",
         "--straggler-from",
         "3",
-        "--straggler-until",
-        "8",
+        "--straggler-until",  # eight iterations measured (5-12): one late host is an eighth
+        "13",
         nproc=8,
     )
     st = s["straggler"]
@@ -181,8 +181,10 @@ def test_straggler_switch_and_revert_with_two_pipelines(tmp_path):
         assert st[run]["plans_consistent_within_pipelines"], run
     assert st["first_switch_iteration"] is not None
     assert st["first_switch_iteration"] <= st["from"] + 2
-    # Real-time emulation at --time-scale 0.2: a loaded host adds up to ~1 % of jitter to
-    # either run (1.05 % was seen with the whole suite and other jobs on 2 cores).
+    # Real-time emulation at --time-scale 0.2: a late host stretches an iteration by up to
+    # ~3 % (8 processes and two busy loops on 2 cores), and a just-in-time plan has no slack
+    # to absorb it: over three measured iterations that once gave 2.04 %; over eight, -0.4 to
+    # 1.0 % in four runs beside two busy loops.
     assert st["job_time_increase"] <= 0.02, st
     assert st["predicted"]["reduction"] > 0.02
     assert abs(st["measured_reduction"] - st["predicted"]["reduction"]) <= 0.01, st
