@@ -1,21 +1,9 @@
-"""A simulated GPU whose state lives outside the process, like a real driver's
-(``docs/hardware.md#sim-model``).
+"""A simulated GPU whose state lives outside the process, like a real driver's.
 
-Its lock, energy counter, slowdown and owner live in a state directory
-(:mod:`perseus.device.sim_state`), so several processes see one GPU and a killed process's lock
-stays until someone resets it. Built from a profile (:meth:`SimulatedGPU.from_profile`: an op
-costs exactly the profile's time and energy) or a preset (:meth:`SimulatedGPU.from_preset`:
-fitted physics, :mod:`perseus.device.power_model`). It behaves like a GPU, not like a plan:
-
-* an asynchronous stream (:mod:`perseus.device.sim_stream`): ``launch`` returns at once and the
-  host runs ahead; ``record_event`` and ``wait_until`` as with CUDA;
-* a set call blocks for a lognormal latency (median 5 ms, p99 12 ms) and the new clock applies
-  when it returns, in the middle of the running op (priced piece by piece);
-* seeded noise the planner does not know (``noise``: :class:`SimNoise`);
-* a power cap that overrides the lock, read back with the SW power cap reason like NVML;
-* an energy counter published every ``publish_interval_s`` (100 ms);
-* for tests, a record of the set and reset calls it received (``record_set_calls``,
-  :mod:`perseus.device.sim_calls`) and faults to inject (:meth:`inject_error`).
+Lock, energy counter, slowdown and owner live in a state directory (:mod:`.sim_state`), so
+several processes see one GPU. It behaves like a GPU, not like a plan: an asynchronous stream,
+set calls with lognormal latency, seeded noise, a power cap that overrides the lock and an
+energy counter published every 100 ms (``docs/hardware.md#sim-model``).
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.clock import Clock
-from perseus.device.nvml_calls import CLOCK_EVENT_REASONS
+from perseus.device.nvml_calls import CLOCK_EVENT_BITS
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_calls import SetCall, recorded_set_call, set_call_log
 from perseus.device.sim_costs import (
@@ -47,19 +35,14 @@ from perseus.device.sim_port import StreamDevice
 from perseus.device.sim_shared import SimSharedState, as_clock
 from perseus.device.sim_state import published_mj, segment_at
 from perseus.device.sim_stream import OpTrace, SimEvent, SimStream
-from perseus.errors import (
-    ConfigError,
-    DeviceError,
-    ProfileError,
-)
+from perseus.errors import ConfigError, DeviceError, ProfileError
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
 
 __all__ = ["OpTrace", "SetCall", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uuid"]
 
-_REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS}
-_REASON_IDLE = _REASON_BITS["gpu_idle"]
-_REASON_POWER_CAP = _REASON_BITS["sw_power_cap"]
+_REASON_IDLE = CLOCK_EVENT_BITS["gpu_idle"]
+_REASON_POWER_CAP = CLOCK_EVENT_BITS["sw_power_cap"]
 
 
 def _checked_p99_s(
@@ -70,8 +53,7 @@ def _checked_p99_s(
     set_latency_s: float,
     set_latency_p99_s: float | None,
 ) -> float:
-    """The set latency's 99th percentile (default 2.4 x the median), after checking the
-    constructor's numbers."""
+    """The set latency's 99th percentile (default 2.4 x the median), after checking inputs."""
     if not clocks_mhz:
         raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
     if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
@@ -89,7 +71,7 @@ def _checked_p99_s(
 
 
 def sim_uuid(index: int) -> str:
-    """The UUID of simulated GPU ``index``: stable, so every process finds the same GPU."""
+    """The stable UUID of simulated GPU ``index`` (every process finds the same GPU)."""
     return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
 
 
@@ -100,39 +82,29 @@ class SimulatedGPU(SimSharedState):
 
     Args:
         name: Reported device name.
-        clocks_mhz: Supported SM clocks (any order; stored highest first).
+        clocks_mhz: Supported SM clocks (any order).
         op_cost_fn: Uncapped ``(time_s, energy_j)`` of an op at a supported clock.
         blocking_power_w: Power while not running an op (waiting on P2P/collectives).
         index: Device index; the UUID is derived from it.
-        state_dir: Where the state lives (default ``$PERSEUS_SIM_DIR`` or a per-user temp dir).
-        publish_interval_s: Energy counter update period; 0 publishes exactly (tests).
-        set_latency_s: Median time ``set_locked_clock``/``reset_locked_clock`` block the
-            caller (lognormal; the new clock applies when the call returns); 0 for none.
-        set_latency_p99_s: 99th percentile of that latency (default 2.4 x the median, the
-            measured 12 ms for 5 ms).
+        state_dir: Where the state lives (default ``$PERSEUS_SIM_DIR`` or a per-user dir).
+        publish_interval_s: Energy counter update period; 0 publishes exactly.
+        set_latency_s: Median (lognormal) time a clock set or reset blocks; 0 for none.
+        set_latency_p99_s: Its 99th percentile (default 2.4 x the median: 12 ms for 5 ms).
         noise: Per-op time/power noise and blocking-power error (None: exact).
         power_cap_w: Enforced power limit, None for none.
         idle_clock_mhz: Clock reported while idle and unlocked (default: lowest clock).
-        privileged: False makes set/reset raise :class:`DevicePermissionError` (NO_PERMISSION).
-        clamp_out_of_range: Out-of-range requests snap to the nearest end (True) or raise
-            (NVML's INVALID_ARGUMENT, False).
+        privileged: False makes set/reset raise ``DevicePermissionError`` (NO_PERMISSION).
+        clamp_out_of_range: Snap out-of-range requests to the nearest end, else raise.
         source: Free text saying what the model was built from.
-        clock: The device's timeline (event times are on it), shared by all processes: a
-            :class:`~perseus.device.clock.Clock` (tests pass a
-            :class:`~perseus.device.clock.VirtualClock`, and the agent the same one), or a
-            time function such as ``time.time`` (the default) or ``time.perf_counter``.
-        sleep: How to wait out the set latency and event waits, when ``clock`` is a time
-            function (a :class:`~perseus.device.clock.Clock` brings its own sleep).
+        clock: The device's timeline shared by all processes: a ``Clock`` (tests pass a
+            ``VirtualClock``) or a time function (default ``time.time``).
+        sleep: How to wait when ``clock`` is a time function.
         seed: Seed of the set-latency draws (the noise has its own seed).
-        trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`; benchmarks).
-        memory_clocks_mhz: Lockable memory clocks, highest (the default) first; empty for one
-            fixed memory clock (HBM).
-        mem_cost_fn: The op cost at an SM clock and a locked memory clock (needed with
-            ``memory_clocks_mhz``). The power cap is applied on default-memory power.
-        record_set_calls: Keep the last this many set and reset calls in :attr:`set_calls`
-            (0: none).
-        set_return_lag_s: How long a set or reset call blocks after its change took effect
-            (0: it returns as the change applies).
+        trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`).
+        memory_clocks_mhz: Lockable memory clocks, highest (the default) first; empty: HBM.
+        mem_cost_fn: The op cost at a locked memory clock (needed with memory clocks).
+        record_set_calls: Keep the last this many set and reset calls in :attr:`set_calls`.
+        set_return_lag_s: How long a set or reset call blocks after its change took effect.
     """
 
     def __init__(
@@ -162,7 +134,7 @@ class SimulatedGPU(SimSharedState):
         record_set_calls: int = 0,
         set_return_lag_s: float = 0.0,
     ) -> None:
-        # Everything this GPU was built from, so that placed() can build its twin.
+        # What this GPU was built from, so that placed() can build its twin.
         self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         p99 = _checked_p99_s(
             name, clocks_mhz, blocking_power_w, publish_interval_s, set_latency_s, set_latency_p99_s
@@ -207,9 +179,6 @@ class SimulatedGPU(SimSharedState):
         self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
         self.set_return_lag_s = float(set_return_lag_s)
 
-    # -----------------------------------------------------------------------------------------
-    # Constructors
-
     @classmethod
     def from_profile(
         cls,
@@ -219,12 +188,8 @@ class SimulatedGPU(SimSharedState):
         name: str | None = None,
         **kwargs: Any,
     ) -> SimulatedGPU:
-        """A GPU on which an op at clock ``f`` costs exactly ``profile``'s time and energy.
-
-        The clock list is the union of the profile's clocks. An op asked to run at a clock it
-        was not profiled at uses its nearest profiled clock. Other keywords (``index``,
-        ``state_dir``, ``power_cap_w``, ...) go to the constructor.
-        """
+        """A GPU on which an op costs exactly ``profile``'s time and energy (at the nearest
+        profiled clock); other keywords go to the constructor."""
         clocks, cost, mem_clocks, mem_cost = profile_costs(profile)
         return cls(
             # The file's stem, without what scale_profile/take_stages appended ("... (time x0.1)").
@@ -251,14 +216,12 @@ class SimulatedGPU(SimSharedState):
     ) -> SimulatedGPU:
         """A GPU from a fitted preset (``a100``, ``a100-500w``, ``a40``, ``h100``).
 
-        Every stage costs the same: ``op_time_s[kind]`` at the highest clock (uncapped),
-        scaled by the preset's time model; power from its power model at ``activity``.
-        ``power_cap_w="preset"`` keeps the preset's cap; None removes it. Other keywords
-        (``index``, ``state_dir``, ...) go to the constructor.
+        Every stage costs ``op_time_s[kind]`` at the highest clock, scaled by the preset's
+        time model, at its power model's power. ``power_cap_w="preset"`` keeps the preset's
+        cap; None removes it. Other keywords go to the constructor.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
         cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
-        memory = preset.memory
         cap = preset.power_cap_w if power_cap_w == "preset" else power_cap_w
         if isinstance(cap, str):
             raise ConfigError(f"power_cap_w must be a number, None or 'preset', got {cap!r}")
@@ -272,7 +235,7 @@ class SimulatedGPU(SimSharedState):
             power_cap_w=cap,
             idle_clock_mhz=preset.idle_clock_mhz,
             source=f"preset {preset.key}" + (" (estimated)" if preset.estimated else ""),
-            memory_clocks_mhz=() if memory is None else memory.clocks_mhz,
+            memory_clocks_mhz=() if preset.memory is None else preset.memory.clocks_mhz,
             mem_cost_fn=mem_cost,
             **kwargs,
         )
@@ -284,15 +247,13 @@ class SimulatedGPU(SimSharedState):
         state_dir: str | Path | None = None,
         backward_split: float | None = None,
     ) -> SimulatedGPU:
-        """A new GPU of the same model at another index and/or state directory (emulation
-        gives each rank its own device and each job its own directory).
+        """A new GPU of the same model at another index and/or state directory.
 
         Args:
             index: Device index (default: this one's).
             state_dir: State directory (default: this one's).
-            backward_split: When the model prices no ``W`` op (a profile without ``weight``
-                rows), charge ``B`` this share of a full backward and ``W`` the rest, as
-                :meth:`~perseus.profile.model.Profile.split_backward` plans it.
+            backward_split: When the model prices no ``W`` op, charge ``B`` this share of a
+                full backward and ``W`` the rest (as ``Profile.split_backward`` plans it).
         """
         config = dict(self._config)
         if index is not None:
@@ -304,15 +265,12 @@ class SimulatedGPU(SimSharedState):
         return type(self)(**config)
 
     def prices(self, kind: Kind) -> bool:
-        """Whether the model has costs for ``kind`` ops (no I/O)."""
+        """Whether the model has costs for ``kind`` ops."""
         try:
             self._cost_fn(0, kind, self._clocks[0])
         except (ProfileError, KeyError):
             return False
         return True
-
-    # -----------------------------------------------------------------------------------------
-    # GPU protocol
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         return self._clocks
@@ -321,7 +279,7 @@ class SimulatedGPU(SimSharedState):
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock).
 
         Raises:
-            DeviceError: if out of range and ``clamp_out_of_range`` is False.
+            DeviceError: out of range and ``clamp_out_of_range`` is False.
         """
         asc = self._ascending
         if not asc[0] <= freq_mhz <= asc[-1] and not self.clamp_out_of_range:
@@ -359,14 +317,13 @@ class SimulatedGPU(SimSharedState):
         return self._clock_now()[0]
 
     def clock_event_reasons(self) -> int:
-        """Why the clock is below the maximum now, as NVML's bit mask: the SW power cap
-        (0x4) while an op runs below the lock (or, unlocked, the top clock) because its power
-        does not fit the cap; idle (0x1) while no op runs."""
+        """NVML's bit mask of why the clock is low now: SW power cap (0x4) while an op runs
+        below its target clock, idle (0x1) while none runs."""
         self._check("clock_event_reasons")
         return self._clock_now()[1]
 
     def _clock_now(self) -> tuple[int, int]:
-        """The clock now and the event reasons behind it (one state read)."""
+        """The clock now and the event reasons behind it."""
         state = self._state()
         seg = segment_at(state, self._clock())
         locked = state["locked_mhz"]
@@ -379,8 +336,7 @@ class SimulatedGPU(SimSharedState):
         """The published counter, never decreasing as seen by this object.
 
         The clock is read before the state so the integral is not extrapolated past a change
-        another process is writing; the running maximum covers the remaining window (a stream
-        that replanned its segments after this object extrapolated them).
+        another process is writing; the running maximum covers a replanned stream.
         """
         self._check("energy_mj")
         with self._stream._lock:  # no backdated launch between the read and its record
@@ -397,9 +353,6 @@ class SimulatedGPU(SimSharedState):
         state = self._state()
         seg = segment_at(state, self._clock())
         return float(seg[2] if seg is not None else state["idle_power_w"])
-
-    # -----------------------------------------------------------------------------------------
-    # Emulation API
 
     def effective_clock_mhz(self, stage_index: int, kind: Kind) -> int:
         """The clock an op would run at now: the lock (or max when unlocked), power-capped."""
@@ -418,17 +371,12 @@ class SimulatedGPU(SimSharedState):
         return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
 
     def op_cost(self, stage_index: int, kind: Kind) -> tuple[float, float]:
-        """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown.
-
-        Slowdown multiplies time and, at unchanged power, energy.
-        """
+        """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown
+        (which multiplies time and, at unchanged power, energy)."""
         state = self._state()
         _, t, e = self._op_now(stage_index, kind, state)
         s = float(state["slowdown"])
         return t * s, e * s
-
-    # -----------------------------------------------------------------------------------------
-    # The stream (see perseus.device.sim_stream)
 
     def launch(self, stage_index: int, kind: Kind) -> None:
         """Queue one op of ``(stage_index, kind)``; returns at once (like a kernel launch)."""
@@ -436,19 +384,16 @@ class SimulatedGPU(SimSharedState):
         self._stream.launch(stage_index, kind)
 
     def wait_until(self, time_s: float) -> None:
-        """Make the stream wait until ``time_s`` (this GPU's clock) before what comes next,
-        like a receive whose data arrives then."""
+        """Make the stream wait until ``time_s`` (a receive whose data arrives then)."""
         self._stream.wait_until(time_s)
 
     def backdate(self, ready_s: float) -> None:
-        """Emulation: the host reached the next op after the device could have started it
-        (on a GPU the host runs ahead); let it start when the stream was free and its inputs
-        were ready at ``ready_s``. Reuses only past idle time, never before the last event."""
+        """Let the next op start when the stream was free and its inputs were ready at
+        ``ready_s`` (a GPU host runs ahead); only past idle time after the last event."""
         self._stream.backdate(ready_s)
 
     def wait_event(self, event: DeviceEvent) -> None:
-        """Make the stream wait for another simulated GPU's event (a receive of data that
-        op produced, as NCCL's receive kernel waits on the device)."""
+        """Make the stream wait for another simulated GPU's event (an NCCL receive)."""
         if not isinstance(event, SimEvent):
             raise ConfigError("a simulated GPU can only wait for another simulated GPU's event")
         self._stream.wait_event(event)
@@ -465,23 +410,20 @@ class SimulatedGPU(SimSharedState):
 
     @property
     def set_calls(self) -> list[SetCall]:
-        """The set and reset calls this object received, oldest first (the last
-        ``record_set_calls``; empty when not recording)."""
+        """The last ``record_set_calls`` set and reset calls, oldest first."""
         return list(self._set_calls or ())
 
     def timeline_now_s(self) -> float:
-        """Now, on the clock of this GPU's timeline (the clock event times are on)."""
+        """Now, on this GPU's timeline (event times are on it)."""
         return self._clock()
 
     def clock_applied_s(self) -> float | None:
-        """When the last clock set or reset took effect, on the timeline's clock (None: none
-        yet). The simulator applies a set call's clock while the call still publishes the new
-        state, so this is a little before the call returns; the controller learns its lead
-        from it. NVML cannot tell (reading the clock back takes milliseconds)."""
+        """When the last clock set or reset took effect on the timeline (None: none yet),
+        a little before the call returned; the controller learns its lead from it."""
         return self._stream.lock_applied_s
 
     def synchronize(self) -> None:
-        """Wait until every queued op has run (like ``cuda.synchronize``; tests, teardown)."""
+        """Wait until every queued op has run (like ``cuda.synchronize``)."""
         self._stream.record_event().synchronize()
 
     def __repr__(self) -> str:
