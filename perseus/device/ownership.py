@@ -1,28 +1,11 @@
-"""One owner per physical GPU: ownership lock files keyed by UUID, and resetting a dead owner's lock.
+"""One owner per physical GPU: ownership lock files keyed by UUID, and resetting a dead owner's GPU.
 
-A clock lock (and a power limit) is global to the device and outlives the process that set it
-(docs/hardware.md#sharing). perseus makes one process the *owner* of each GPU it changes: the owner
-holds an
-exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its pid into the file. The kernel
-drops the ``flock`` when the owner dies, even by SIGKILL, but the pid stays in the file: a clean
-release truncates it. So whoever next takes the lock and finds a pid in the file knows that the
-previous owner died without resetting the GPU, and resets it first (:class:`GpuOwnership`). The
-watchdog process (:mod:`perseus.runtime.safety._watchdog`) does the same the moment its owner dies; the
-check here covers the case where the watchdog was killed too.
-
-The file holds nothing but that pid: a dead owner's record only says *that* a reset is due.
-What is reset is derived from the GPU the new owner opened (its UUID, its default clocks and
-default power limit), never from another process's file.
-
-Used by every backend: simulated GPUs keep their lock files in their state directory, real GPUs
-in the lock directory (``$PERSEUS_LOCK_DIR``, default ``/run/perseus/locks`` as root, a
-per-user runtime directory otherwise). Both are verified by
-:mod:`perseus.device.private_dir`, and lock files are opened without following links.
-
-This module uses the standard library only and imports perseus lazily (only to raise
-:class:`~perseus.errors.DeviceBusyError`), so the watchdog can load it by file path without
-paying for ``import perseus``. The simulated reset loads :mod:`perseus.device.sim_state` the same
-way.
+A clock lock or power limit outlives the process that set it (docs/hardware.md#sharing). The
+owner holds an exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its process record
+into it; the kernel drops the ``flock`` when the owner dies, the record stays, and a clean
+release truncates it. Whoever next takes the lock and finds a record resets the GPU it opened
+itself (never what another process's file says). Standard library only, so the watchdog can
+load it by file path without ``import perseus``.
 """
 
 from __future__ import annotations
@@ -67,12 +50,12 @@ _STATE_SUFFIX = ".state"  # sim_state.STATE_SUFFIX; repeated so this module load
 
 
 def default_lock_dir() -> Path:
-    """Where real GPUs' ownership locks live, created or verified: ``$PERSEUS_LOCK_DIR``, else
-    ``/run/perseus/locks`` as root or ``<per-user runtime dir>/locks``.
+    """Real GPUs' lock directory (``$PERSEUS_LOCK_DIR``, else under the runtime directory),
+    created or verified.
 
     Raises:
-        ConfigError: the directory (or one above it) is a link, another user's, or writable
-            by others.
+        ConfigError: it (or a directory above it) is a link, another user's, or writable by
+            others.
     """
     path: Path = _sibling("private_dir").lock_dir()
     return path
@@ -83,20 +66,14 @@ def owner_lock_path(lock_dir: Path, uuid: str) -> Path:
     return lock_dir / f"{uuid}{OWNER_LOCK_SUFFIX}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Lock files
-
-
 class OwnerLock(NamedTuple):
     """The outcome of :func:`acquire_owner_lock`.
 
     Attributes:
         fd: The locked file descriptor (None when another process owns the GPU).
         owner_pid: When ``fd`` is None: the owner's recorded pid (None when unrecorded).
-        stale_pid: When ``fd`` is ours: the pid a previous owner left in the file, i.e. an
-            owner that died without a clean release (its GPU may still be locked).
-
-    :func:`recorded_owner` tells a live owner from one in another PID namespace.
+        stale_pid: When ``fd`` is ours: the pid of a previous owner that died without a
+            clean release.
     """
 
     fd: int | None
@@ -104,8 +81,8 @@ class OwnerLock(NamedTuple):
     stale_pid: int | None
 
 
-#: Lock files that this process's recurring jobs (``own_gpu=False``) still owe a reset, with
-#: how many: an agent of this process that releases such a lock keeps our record in it.
+#: Lock files this process's recurring jobs (``own_gpu=False``) still owe a reset, with how
+#: many: an agent of this process releasing such a lock keeps our record in it.
 _DUE: dict[str, int] = {}
 
 
@@ -130,8 +107,7 @@ def _is_me(record: ProcessRecord) -> bool:
 
 
 def _write_record(fd: int) -> None:
-    # Our record over the dead one, then cut what is left of it: the file never holds no
-    # record in between, so a signal here cannot erase the record that a reset is due.
+    # Overwrite, then truncate: a signal in between cannot erase the record that a reset is due.
     data: bytes = _identity().format_record(_identity().this_process())
     os.pwrite(fd, data, 0)
     os.ftruncate(fd, len(data))
@@ -142,18 +118,13 @@ def acquire_owner_lock(
 ) -> OwnerLock:
     """Try to take the exclusive lock on ``path`` without blocking.
 
-    The ``flock`` is held as long as the returned descriptor is open in some process, and the
-    kernel drops it when the owner dies (even by SIGKILL). A process may also own the GPU
-    without the ``flock`` (a recurring job with ``own_gpu=False`` only records itself,
-    :meth:`GpuOwnership.mark_due`): a record naming a live process other than this one, or
-    one in another PID namespace (``take_unverifiable`` takes that one anyway), is an owner
-    too. A previous owner's record left in the file is ``stale_pid``; with ``record`` ours
-    replaces it.
-    Only the record's first line is read: whatever else the file holds is ignored.
+    A record naming another live process (a recurring job that only records itself,
+    :meth:`GpuOwnership.mark_due`), or one in another PID namespace unless
+    ``take_unverifiable``, is an owner too. A previous owner's record is ``stale_pid``; with
+    ``record`` ours replaces it.
 
     Raises:
-        ConfigError: the lock directory is not one nobody else controls, or ``path`` is a
-            link or not a regular file of ours (:mod:`perseus.device.private_dir`).
+        ConfigError: the lock directory or ``path`` is refused (:mod:`.private_dir`).
     """
     fd = _open_lock(path)
     try:
@@ -192,8 +163,7 @@ def _open_lock(path: Path) -> int:
 
 
 def release_owner_lock(fd: int, path: Path) -> None:
-    """Give up ownership cleanly: clear the record and close (unlocking) ``fd``. A recurring
-    job of this process that still owes the GPU a reset keeps its record in the file."""
+    """Clear the record (unless a recurring job here still owes a reset) and close ``fd``."""
     with contextlib.suppress(OSError):
         if _DUE.get(str(path)):
             _write_record(fd)
@@ -204,11 +174,8 @@ def release_owner_lock(fd: int, path: Path) -> None:
 
 
 def recorded_owner(path: Path) -> tuple[ProcessRecord | None, str | None]:
-    """The process a lock file names and whether it is ``"alive"``, ``"gone"`` or
-    ``"unknown"`` (another PID namespace); ``(None, None)`` when free or unreadable.
-
-    Never takes the lock: a record names an owner whether or not it holds the ``flock``.
-    """
+    """The process a lock file names and its liveness; ``(None, None)`` when free or
+    unreadable. Never takes the lock."""
     try:
         data = _sibling("private_dir").read_private(path, _identity().RECORD_MAX_BYTES)
     except (OSError, ValueError):  # missing, or refused (ConfigError is a ValueError)
@@ -221,22 +188,13 @@ def recorded_owner(path: Path) -> tuple[ProcessRecord | None, str | None]:
 
 
 def read_owner_pid(path: Path) -> int | None:
-    """The pid recorded in a lock file, or None when free or unreadable.
-
-    The pid is only meaningful while the lock is held: a clean release truncates it, and a
-    killed owner's stale pid is ignored by callers that first try the lock.
-    """
+    """The pid recorded in a lock file, or None when free or unreadable."""
     found, _state = recorded_owner(path)
     return None if found is None else found.pid
 
 
-# ---------------------------------------------------------------------------------------------
-# Resetting a GPU from another process (watchdog, next owner)
-
-
 def _sibling(name: str) -> ModuleType:
-    """``perseus.device.<name>``: imported normally inside perseus, else loaded by path once,
-    under ``sys.modules["_perseus_<name>"]``."""
+    """``perseus.device.<name>``, or loaded by path once as ``_perseus_<name>``."""
     if __name__ == "perseus.device.ownership":
         return importlib.import_module(f"perseus.device.{name}")
     key = f"_perseus_{name}"
@@ -252,17 +210,9 @@ def _sibling(name: str) -> ModuleType:
 
 
 def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
-    """The NVML backend's reset of GPU ``spec["uuid"]``: ``nvmlDeviceResetGpuLockedClocks``,
-    ``nvmlDeviceResetMemoryLockedClocks`` when ``spec["memory_clocks"]`` (a GDDR board whose
-    memory clock may be locked), and the power limit back to
-    ``nvmlDeviceGetPowerManagementDefaultLimit`` when it differs: NVML's *default* limit, never
-    the limit found at open (a rank may have lowered it before perseus opened the GPU).
-
-    ``pynvml`` is imported when called.
-
-    Raises:
-        Exception: whatever NVML raised (callers log it).
-    """
+    """The NVML reset of GPU ``spec["uuid"]``: locked clocks, memory clocks when
+    ``spec["memory_clocks"]``, and the power limit back to NVML's *default* limit (never the
+    limit found at open)."""
     nvml = importlib.import_module("pynvml")
     restored: dict[str, Any] = {}
     nvml.nvmlInit()
@@ -285,19 +235,15 @@ def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
 def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Reset everything perseus may change on the GPU ``spec`` names, from any process.
 
-    ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner, for the watchdog)
-    opened itself, never one read from a file: ``{"backend": "sim", "state_dir", "uuid"}``
-    (:func:`perseus.device.sim_state.reset_file`: the locked clock, memory clock and power
-    limit go back to the defaults in the state file) or ``{"backend": "nvml", "uuid"}``
-    (:func:`_reset_nvml`: locked clocks, memory clocks and the power limit back to NVML's
-    default).
+    ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner) opened, never
+    one read from a file: ``{"backend": "sim", "state_dir", "uuid"}`` or ``{"backend":
+    "nvml", "uuid"}``.
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.
 
     Raises:
         ValueError: an unknown backend.
-        Exception: whatever the backend raised (callers log it).
     """
     backend = spec.get("backend")
     if backend == "nvml":
@@ -309,8 +255,8 @@ def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def infer_reset_spec(uuid: str, lock_path: Path) -> dict[str, Any]:
-    """The reset spec of GPU ``uuid`` when its owner did not give one: simulated when its state
-    file sits next to the lock file (simulated GPUs keep both in the state directory), else NVML."""
+    """The reset spec of GPU ``uuid`` when its owner gave none: simulated when its state file
+    sits next to the lock file, else NVML."""
     state_dir = lock_path.parent
     if (state_dir / f"{uuid}{_STATE_SUFFIX}").exists():
         return {"backend": "sim", "state_dir": str(state_dir), "uuid": uuid}
@@ -320,12 +266,8 @@ def infer_reset_spec(uuid: str, lock_path: Path) -> dict[str, Any]:
 def reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> bool:
     """The watchdog's reset after its owner died; True when the GPU was reset.
 
-    ``spec`` is what the owner handed its watchdog (the GPU it opened, and its lock file).
-    Takes the owner lock first: if a new live owner holds it (its pid is in the file), or a
-    live process other than ``owner_pid`` recorded itself without the lock (a recurring job
-    with ``own_gpu=False`` that started since), the GPU is theirs and is left alone.
-    Otherwise resets, then clears the dead owner's record so that the next owner does not
-    reset again.
+    A new live owner (holding the lock, or recorded without it) keeps the GPU; otherwise it
+    is reset and the dead owner's record cleared so the next owner does not reset again.
     """
     lock_path = Path(spec["lock_path"])
     fd = _open_lock(lock_path)
@@ -349,9 +291,6 @@ def reset_if_orphaned(spec: dict[str, Any], owner_pid: int) -> bool:
         os.close(fd)
 
 
-# ---------------------------------------------------------------------------------------------
-# Descriptors that must not survive into a forked child (ownership locks, watchdog pipes)
-
 _FORK_CLOSE: set[int] = set()
 _fork_hook_installed = False
 
@@ -364,8 +303,8 @@ def _close_in_child() -> None:
 
 
 def close_on_fork(fd: int) -> None:
-    """Close ``fd`` in every child forked from now on (DataLoader workers must not keep a GPU's
-    ownership lock or its watchdog's pipe alive after the owner died)."""
+    """Close ``fd`` in every child forked from now on (DataLoader workers must not keep a
+    lock or a watchdog pipe alive after the owner died)."""
     global _fork_hook_installed
     if not _fork_hook_installed:
         os.register_at_fork(after_in_child=_close_in_child)
@@ -378,21 +317,15 @@ def forget_on_fork(fd: int) -> None:
     _FORK_CLOSE.discard(fd)
 
 
-# ---------------------------------------------------------------------------------------------
-# The owner
-
-
 class GpuOwnership:
     """Exclusive ownership of one GPU's clocks and power limit, by ``flock`` on ``lock_path``.
 
     Args:
         uuid: The GPU's UUID (for messages).
         lock_path: The lock file (per GPU UUID).
-        spec: The reset spec (``watchdog_spec()``) of the GPU this process opened, used when a
-            previous owner died without a reset; inferred from ``uuid`` and ``lock_path`` when
-            None. A dead owner's lock file never supplies it.
-        reset: Called instead of :func:`reset_from_spec` for that reset (e.g. the GPU
-            object's own resets of its clocks and power limit).
+        spec: The ``watchdog_spec()`` of the GPU this process opened, for resetting after a
+            dead previous owner (default: inferred from ``uuid`` and ``lock_path``).
+        reset: Called instead of :func:`reset_from_spec` for that reset.
     """
 
     def __init__(
@@ -418,12 +351,10 @@ class GpuOwnership:
     def acquire(self, wait_s: float = 2.0) -> None:
         """Become the owner; reset the GPU first if the previous owner died without doing so.
 
-        A lock held by no live process (a watchdog resetting the GPU after its owner died,
-        or a dead owner's forked child exiting) is waited for, up to ``wait_s``.
+        A lock held by no live process (a watchdog resetting) is waited for up to ``wait_s``.
 
         Raises:
-            DeviceBusyError: if another live process (or another agent in this process) owns
-                the GPU; the message names its pid and the lock file.
+            DeviceBusyError: another live process (or agent in this process) owns the GPU.
         """
         if self._fd is not None:
             return
@@ -453,8 +384,7 @@ class GpuOwnership:
             self._reset_stale(stale)
 
     def _reset_stale(self, pid: int) -> None:
-        # We hold the lock, so no watchdog or other owner can race this reset. The dead pid
-        # only says that a reset is due; what to reset is the GPU we opened.
+        # We hold the lock: nobody races this reset of the GPU we opened.
         try:
             if self._reset is not None:
                 self._reset()
@@ -479,13 +409,9 @@ class GpuOwnership:
     def mark_due(self) -> None:
         """Record this process as owing the GPU a reset, without keeping the lock.
 
-        For a process that changes the GPU (a recurring job's power limit) while an agent of
-        the same process will take the lock itself (a second ``flock`` of this process would
-        be refused). The lock is taken just long enough to reset a dead previous owner's GPU
-        and write our pid; the pid stays in the file, so if this process is killed with its
-        watchdog, the next owner finds a dead pid and resets the GPU it opened. An agent of
-        this process that takes the lock later finds its own pid and resets nothing.
-        :meth:`clear_due` removes the record.
+        For a recurring job's power limit while an agent of the same process takes the lock
+        itself: our record stays, so if we are killed the next owner resets the GPU; an
+        agent of this process finds its own record and resets nothing.
 
         Raises:
             DeviceBusyError: another live process owns the GPU.
@@ -502,8 +428,7 @@ class GpuOwnership:
                 os.close(fd)  # unlocks; the pid stays as the record that a reset is due
 
     def clear_due(self) -> None:
-        """Remove the record :meth:`mark_due` left (only ours, and only while nobody holds
-        the lock: an agent of this process clears it when it releases)."""
+        """Remove the record :meth:`mark_due` left (only ours, only while the lock is free)."""
         key = str(self.lock_path)
         left = _DUE.pop(key, 0) - 1
         if left > 0:  # another job of this process still owes the GPU a reset
@@ -529,7 +454,7 @@ class GpuOwnership:
 
     @staticmethod
     def owner_pid(lock_path: Path) -> int | None:
-        """The live owner's pid, or None when the GPU is free (never takes the lock over)."""
+        """The live owner's pid, or None when the GPU is free."""
         fd, owner, _stale = acquire_owner_lock(lock_path, record=False)
         if fd is not None:
             with contextlib.suppress(OSError):

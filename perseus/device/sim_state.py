@@ -54,6 +54,7 @@ __all__ = [
     "enforced_limit_w",
     "list_states",
     "now_for",
+    "publish_tick",
     "published_mj",
     "reset_file",
     "segment_at",
@@ -127,8 +128,9 @@ def segment_at(state: State, t: float) -> Segment | None:
     return None
 
 
-def _tick(t: float, interval_s: float) -> float:
-    return math.floor(t / interval_s) * interval_s
+def publish_tick(t: float, interval_s: float) -> float:
+    """The last publish instant at or before ``t`` (``t`` itself when publishing exactly)."""
+    return math.floor(t / interval_s) * interval_s if interval_s > 0 else t
 
 
 def published_mj(state: State, t: float) -> int:
@@ -138,7 +140,7 @@ def published_mj(state: State, t: float) -> int:
     gain = float(state.get("counter_gain", 1.0))  # a sensor gain error (SimNoise)
     if interval <= 0:
         return math.floor(energy_at(state, t) * 1000.0 * gain)
-    tick = _tick(t, interval)
+    tick = publish_tick(t, interval)
     if tick <= state["pub_tick"]:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
@@ -181,7 +183,7 @@ def advance(state: State, now: float) -> float:
     now = max(now, state["t_last"])
     interval = state["publish_interval_s"]
     if interval > 0:
-        tick = _tick(now, interval)
+        tick = publish_tick(now, interval)
         if tick > state["pub_tick"]:
             state["pub_mj"] = published_mj(state, now)
             state["pub_tick"] = tick

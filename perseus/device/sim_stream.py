@@ -1,27 +1,13 @@
 """The simulated GPU's compute stream: queued ops run in order on the device's own timeline.
 
-A launch returns at once; the device runs the queue back to back (waiting where the stream
-was told to wait), at the effective clock of the moment: the lock (or the highest clock when
-unlocked), capped by the power limit. A clock change takes effect at the time the set call
-returns, in the middle of whatever op runs then, so an op spanning it is priced piece by piece
-(its remaining work runs at the new speed and power).
-
-The model is lazy, like :mod:`perseus.device.sim_state`'s energy integral: nothing runs in the
-background. :meth:`SimStream._commit` advances the timeline to "now" at every call (launch,
-clock change, event query), which is exact because clock changes and launches only ever
-happen *now*: the past never changes. After a change the stream rewrites the device's planned
-segments in the shared state file, so every process reads the same energy counter.
-
-The stream reaches its device only through :class:`StreamDevice` (a view: the clock, the
-op prices, the counter's parameters, the shared state), and reads the time and waits on the
-device's :class:`~perseus.device.clock.Clock`: on a virtual clock the whole stream is
-deterministic. The first event recorded after a launch marks that op's end even when the host
-records it late (an emulating host that stalled between the two; a GPU host enqueues both at
-once).
-
-The stream also integrates energy itself (op power while busy, the device's true blocking
-power otherwise) so an event knows the counter value NVML would have published at its device
-time (what a reader polling the event would get: the counter only moves every publish period).
+A launch returns at once; the device runs the queue back to back at the effective clock of
+the moment (the lock, capped by the power limit), so an op spanning a clock change is priced
+piece by piece. Nothing runs in the background: :meth:`SimStream._commit` advances the
+timeline to "now" at every call, exact because changes only ever happen now. After a change
+the stream rewrites the device's planned segments in the shared state file, so every process
+reads the same energy counter, and it integrates energy itself so an event knows the counter
+value NVML would have published at its device time. It reaches its device only through
+:class:`StreamDevice` and waits on the device's clock: on a virtual clock it is deterministic.
 """
 
 from __future__ import annotations
@@ -32,19 +18,21 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from perseus.device.clock import Clock
 from perseus.device.sim_costs import SimNoise
-from perseus.device.sim_port import StreamDevice
-from perseus.device.sim_state import State
+from perseus.device.sim_state import State, publish_tick
 from perseus.schedule.actions import Kind
+
+if TYPE_CHECKING:
+    from perseus.device.simulated import SimulatedGPU
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream", "StreamDevice"]
 
-#: Bumped by every change to any stream of the process (under ``SimStream._LOCK``): a
-#: stream's predicted event times depend on the streams it waits on, so they are cached per
-#: version (without it, predicting through a chain of cross-stream waits re-plans each stream
-#: once per path: exponential in the pipeline's depth). A list, not a class attribute: writing
-#: a class attribute invalidates the type's method cache (+2 us per emulated op).
+#: Bumped by every change to any stream of the process: predicted event times are cached per
+#: version (else predicting through chains of cross-stream waits is exponential in depth). A
+#: list, not a class attribute: writing one invalidates the type's method cache.
 _VERSION = [0]
 
 #: Spin (instead of sleeping) for this long before an event's predicted time.
@@ -95,9 +83,59 @@ class SimEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamDevice:
+    """What a :class:`SimStream` needs from its device (a test can build one from values).
+
+    Attributes:
+        index: The device index (seeds its noise).
+        noise: Per-op noise, or None.
+        clock: The device's timeline and how to wait on it.
+        top_clock_mhz: The highest clock (an unlocked device runs at it).
+        idle_power_w: The true power while no op runs.
+        publish_interval_s: The energy counter's publish period (0: exact).
+        counter_gain: The share of the true energy the counter reports.
+        power_cap_w: The board's own power cap (None: none).
+        price: ``(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz, time_s, energy_j)``.
+        read_state: The shared state now.
+        cap_w: The cap a state enforces.
+        update_state: Apply a change to the shared state, advanced to ``at_s``.
+    """
+
+    index: int
+    noise: SimNoise | None
+    clock: Clock
+    top_clock_mhz: int
+    idle_power_w: float
+    publish_interval_s: float
+    counter_gain: float
+    power_cap_w: float | None
+    price: Callable[[int, Kind, int, float | None], tuple[int, float, float]]
+    read_state: Callable[[], State]
+    cap_w: Callable[[State], float | None]
+    update_state: Callable[[Callable[[State], None], float | None], State]
+
+    @classmethod
+    def of(cls, gpu: SimulatedGPU, clock: Clock) -> StreamDevice:
+        """The view of ``gpu`` its stream uses."""
+        return cls(
+            gpu.index,
+            gpu.noise,
+            clock,
+            gpu.supported_clocks_mhz()[0],
+            gpu.true_blocking_power_w,
+            gpu.publish_interval_s,
+            gpu.counter_gain,
+            gpu.power_cap_w,
+            gpu._op_at,
+            gpu._state,
+            gpu._cap_w,
+            gpu._update,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class OpTrace:
-    """How one op really ran: ``pieces`` are ``(clock_mhz, time_s)`` in order (one piece per
-    clock the op saw); ``start_s``/``end_s`` on the device's clock."""
+    """How one op really ran: ``(clock_mhz, time_s)`` pieces, in order, one per clock."""
 
     seq: int
     stage_index: int
@@ -129,9 +167,8 @@ class _Wait:
         self.event = event
 
     def end_s(self) -> float:
-        """When the wait ends: the event's time once known, else the other stream's
-        prediction (final once it lies in the past: clocks only change from now on). Commits
-        nothing, so streams waiting on each other never re-enter one another."""
+        """When the wait ends: the event's time, else the other stream's prediction (commits
+        nothing, so streams waiting on each other never re-enter one another)."""
         event = self.event
         if event is None:
             return self.until_s
@@ -145,14 +182,11 @@ _Item = _Op | _Wait | SimEvent
 
 
 class SimStream:
-    """One simulated GPU's stream (owned by :class:`~perseus.device.simulated.SimulatedGPU`,
-    which it reaches only through its :class:`StreamDevice` view).
+    """One simulated GPU's stream, reaching its device through a :class:`StreamDevice`.
 
-    Thread-safe: the training thread launches and records, the clock worker sets clocks and
-    queries events. One re-entrant lock serves every stream of the process (a stream waiting
-    for another's event reads that stream while holding its own: one lock cannot deadlock),
-    and re-entrant so a signal handler that resets the clock while the main thread is inside
-    a stream call does not deadlock either.
+    Thread-safe: one re-entrant lock serves every stream of the process (a stream waiting on
+    another's event reads it under its own lock; a signal handler may reset the clock inside
+    a stream call).
     """
 
     _LOCK = threading.RLock()
@@ -173,13 +207,11 @@ class SimStream:
         self._seq = 0
         self._idle_since = -math.inf  # when the queue last ran dry
         self._floor_s = -math.inf  # the latest completed event: nothing moves before it
-        # The latest publish instant whose counter value someone has read: that value is
-        # history, so backdating never moves work before it (see observe()).
+        # The latest publish instant whose counter someone read (see observe()).
         self._observed_s = -math.inf
         self._last_backdated: SimEvent | None = None  # recorded at the pending backdate
         self._backdate: float | None = None
-        # The end of the last op launched, once it ran (no event recorded behind it yet): the
-        # event the host records next marks that op's end, however late the host records it.
+        # The end of the last op launched, once it ran: the next event recorded marks it.
         self._early_end: float | None = None
         # (start, energy then, power) pieces covering the span since the queue last ran dry.
         self._recent: list[tuple[float, float, float]] = []
@@ -189,9 +221,6 @@ class SimStream:
         #: When the last lock change took effect, on the device's clock (None: none yet).
         self.lock_applied_s: float | None = None
 
-    # ----------------------------------------------------------------------------------------
-    # Pricing
-
     def _clock_for(self, op: _Op) -> tuple[int, float, float]:
         """``(clock, time_s, power_w)`` of ``op`` run entirely at the current lock."""
         dev = self._dev
@@ -199,24 +228,17 @@ class SimStream:
         f_eff, t, e = dev.price(op.stage_index, op.kind, target, self._cap_w)
         return f_eff, t * op.time_mult, (e / t) * op.power_mult
 
-    def _idle_power_w(self) -> float:
-        return self._dev.idle_power_w
-
-    # ----------------------------------------------------------------------------------------
-    # The timeline
-
     def _start(self, now: float) -> None:
         if self._t_dev is None:
             state = self._dev.read_state()
             self._t_dev = now
             self._idle_since = self._floor_s = now  # no history before this stream existed
-            self._recent = [(now, float(state["energy_j"]), self._idle_power_w())]
+            self._recent = [(now, float(state["energy_j"]), self._dev.idle_power_w)]
             self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
             self._cap_w = self._dev.cap_w(state)
             self._energy_j = float(state["energy_j"])
             self._tick_energy_j = self._energy_j
-            interval = self._dev.publish_interval_s
-            self._tick_s = math.floor(now / interval) * interval if interval > 0 else now
+            self._tick_s = publish_tick(now, self._dev.publish_interval_s)
 
     def _integrate(self, a: float, b: float, power_w: float) -> None:
         """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks."""
@@ -234,10 +256,8 @@ class SimStream:
         recent = self._recent
         if t >= now or not recent or t < recent[0][0]:
             return self._published_mj()
-        interval = self._dev.publish_interval_s
-        tick = math.floor(t / interval) * interval if interval > 0 else t
-        if tick < recent[0][0]:
-            tick = recent[0][0]  # not quite the tick, but within one period of it
+        # not quite the tick before recent[0], but within one period of it
+        tick = max(publish_tick(t, self._dev.publish_interval_s), recent[0][0])
         t0, e0, p = recent[0]
         for seg in recent:
             if seg[0] <= tick:
@@ -259,7 +279,7 @@ class SimStream:
             return
         _VERSION[0] += 1
         queue = self._queue
-        idle_w = self._idle_power_w()
+        idle_w = self._dev.idle_power_w
         while queue:
             item = queue[0]
             if isinstance(item, SimEvent):
@@ -307,10 +327,8 @@ class SimStream:
         self._integrate(t, end, power_w)
         self._piece(item, f_eff, remaining_s)
         if len(self._queue) == 1 and item.seq == self._seq - 1:
-            # The queue runs dry on the last op launched, before the host recorded the event
-            # behind it (a host stalled between the launch and the record): the host that an
-            # emulated GPU stands for has enqueued that event already, so it completes here,
-            # not whenever the stalled host gets to it.
+            # The queue runs dry on the last op launched before the host recorded the event
+            # behind it: a GPU host would have enqueued it already, so it completes here.
             self._early_end = end
         self._trace(item, item.start_s, end)
         return end, True
@@ -344,14 +362,12 @@ class SimStream:
             self._times_cache = (_VERSION[0], times)
         key = id(event)
         if key not in times:
-            # Up to the event only: a later wait may depend on this very event (through
-            # another stream), and the prefix never does.
+            # Up to the event only: a later wait may depend on this very event.
             times.update(self._plan(stop_at=event)[1])
         return times.get(key)
 
     def _plan(self, stop_at: SimEvent | None = None) -> tuple[list[list[float]], dict[int, float]]:
-        """The future at the current clock: op segments and each queued event's time (up to
-        ``stop_at`` when given)."""
+        """The future at the current clock: op segments and each queued event's time."""
         t = self._t_dev
         assert t is not None
         segments: list[list[float]] = []
@@ -381,9 +397,6 @@ class SimStream:
                 state["locked_mhz"] = lock
 
         self._dev.update_state(change, now)
-
-    # ----------------------------------------------------------------------------------------
-    # Operations
 
     def launch(self, stage_index: int, kind: Kind) -> None:
         dev = self._dev
@@ -420,14 +433,13 @@ class SimStream:
             self._publish(now)
 
     def _run_since(self, op: _Op, start: float, now: float) -> None:
-        """The op has run since ``start`` (the past idle span becomes op time); if it would
-        have finished already, it did, at ``start + its time``."""
+        """The op has run since ``start`` (past idle time becomes op time), maybe to its end."""
         f_eff, full_s, power_w = self._clock_for(op)
         span = min(now - start, full_s)
         op.start_s = start
         op.done = span / full_s
         self._piece(op, f_eff, span)
-        idle_w = self._idle_power_w()
+        idle_w = self._dev.idle_power_w
         e_start = self._energy_j - idle_w * (now - start)
         extra_j = (power_w - idle_w) * span
         self._energy_j += extra_j
@@ -444,8 +456,7 @@ class SimStream:
 
         def change(state: State) -> None:
             state["energy_j"] = float(state["energy_j"]) + extra_j
-            # The value published at the last tick (cached by advance() before this op was
-            # known) must include the op's work before that tick, as _tick_energy_j does.
+            # The value published at the last tick must include the op's work before it.
             tick = float(state["pub_tick"])
             if float(state["publish_interval_s"]) > 0 and tick > start:
                 moved_j = (power_w - idle_w) * min(span, tick - start)
@@ -455,9 +466,8 @@ class SimStream:
         self._dev.update_state(change, now)
 
     def backdate(self, ready_s: float) -> None:
-        """The host reached the next op late: let it start as soon as the stream was free and
-        its inputs were ready (``ready_s``), as if launched ahead like on a GPU. Only past idle
-        time is reused, never time before the stream's last completed event."""
+        """Let the next op start once the stream was free and its inputs ready (``ready_s``),
+        reusing only past idle time after the stream's last completed event."""
         with self._lock:
             now = self._now()
             self._commit(now)
@@ -467,12 +477,9 @@ class SimStream:
             self._backdate = start if start < now else None
 
     def observe(self, time_s: float) -> None:
-        """Someone read the energy counter at ``time_s``: the value published as of then is
-        history, and backdated work may not start before that publish instant (a reader
-        polling the counter in real time, like the online profiler's sampler, would otherwise
-        see idle energy where the device timeline later puts an op). Call under the lock."""
-        interval = self._dev.publish_interval_s
-        tick = math.floor(time_s / interval) * interval if interval > 0 else time_s
+        """Someone read the energy counter at ``time_s``: backdated work may not start before
+        that publish instant (the reader saw idle energy there). Call under the lock."""
+        tick = publish_tick(time_s, self._dev.publish_interval_s)
         if tick > self._observed_s:
             self._observed_s = tick
 
@@ -571,8 +578,7 @@ class SimStream:
             if predicted is None:
                 return True
             remaining = min(predicted, until_s) - clock.now()
-            # A virtual clock: one step, of a nanosecond at least (rounding can leave the event
-            # a hair past "now"); a real one: sleep, then spin the last stretch for precision.
+            # Virtual clock: one step of 1 ns at least; real: sleep, then spin the last stretch.
             clock.sleep(
                 max(remaining, 1e-9) if not clock.real_time else max(0.0, remaining - _SPIN_S)
             )

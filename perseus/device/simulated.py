@@ -31,10 +31,9 @@ from perseus.device.sim_costs import (
     profile_costs,
     split_backward,
 )
-from perseus.device.sim_port import StreamDevice
 from perseus.device.sim_shared import SimSharedState, as_clock
 from perseus.device.sim_state import published_mj, segment_at
-from perseus.device.sim_stream import OpTrace, SimEvent, SimStream
+from perseus.device.sim_stream import OpTrace, SimEvent, SimStream, StreamDevice
 from perseus.errors import ConfigError, DeviceError, ProfileError
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
