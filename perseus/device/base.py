@@ -1,15 +1,9 @@
 """The GPU interface every backend implements (NVML, simulated) and the agent relies on.
 
-Clock values are SM clocks in MHz. ``set_locked_clock`` snaps the request to the driver's
-list (nearest supported clock) and returns the clock actually requested from the driver.
-Optional capabilities are ``runtime_checkable`` protocols below: test them with
-``isinstance``, never ``getattr``/``hasattr``. Each backend owns its reset
-(``reset_locked_clock``, ``reset_power_limit``).
-
-Device events (:class:`DeviceEvent`) mark points on a GPU's compute stream: a
-``torch.cuda.Event`` on a real GPU (:mod:`perseus.runtime.agent.events` wraps it), the simulated
-device's own event in emulation, so the agent times ops and schedules clock changes by one
-code path for both.
+Clock values are SM clocks in MHz. Optional capabilities are ``runtime_checkable`` protocols:
+test them with ``isinstance``, never ``hasattr``. Device events mark points on a GPU's compute
+stream (a ``torch.cuda.Event``, or the simulated device's own), so the agent times ops and
+schedules clock changes by one code path for both.
 """
 
 from __future__ import annotations
@@ -47,41 +41,30 @@ class GPU(Protocol):
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """Supported SM clocks, highest first."""
-        ...
 
     def set_locked_clock(self, freq_mhz: int) -> int:
         """Lock the SM clock to the supported clock nearest ``freq_mhz``; return that clock."""
-        ...
 
     def reset_locked_clock(self) -> None:
         """Remove the lock (the driver's default DVFS resumes)."""
-        ...
 
     def locked_clock_mhz(self) -> int | None:
         """The current lock, or None when unlocked."""
-        ...
 
     def current_clock_mhz(self) -> int:
         """The SM clock the GPU runs at now."""
-        ...
 
     def energy_mj(self) -> int:
-        """Cumulative energy counter in millijoules (monotone; NVML's TotalEnergyConsumption)."""
-        ...
+        """Cumulative energy counter in millijoules (monotone)."""
 
     def power_w(self) -> float:
         """Current power draw in watts."""
-        ...
 
 
 @runtime_checkable
 class ManagedGPU(GPU, Protocol):
-    """A GPU the safety machinery can protect from another process.
-
-    ``owner_lock_path`` is the file whose exclusive lock makes a process the GPU's owner;
-    ``watchdog_spec`` is a JSON-able description that lets a separate, minimal process (the
-    watchdog) reset this GPU's lock after its owner died.
-    """
+    """A GPU the safety machinery can protect: the file whose exclusive lock makes a process
+    its owner, and a JSON-able spec that lets the watchdog reset it after its owner died."""
 
     def owner_lock_path(self) -> Path: ...
 
@@ -90,52 +73,37 @@ class ManagedGPU(GPU, Protocol):
 
 @runtime_checkable
 class PowerLimitGPU(GPU, Protocol):
-    """A GPU whose board power limit can be read and set (recurring-job optimisation).
-
-    Like a clock lock, a power limit is global to the device and outlives the process that
-    set it, so whoever sets it must reset it on exit, on signals and (via the watchdog) on
-    death. Values are watts; NVML works in milliwatts and the backend converts.
-    """
+    """A GPU whose board power limit (watts) can be read and set; like a clock lock it
+    outlives the process that set it, so whoever sets it must reset it."""
 
     def power_limit_range_w(self) -> tuple[float, float]:
         """``(min, max)`` power limit the driver accepts."""
-        ...
 
     def power_limit_w(self) -> float:
         """The enforced power limit now."""
-        ...
 
     def set_power_limit_w(self, power_limit_w: float) -> float:
         """Set the power limit; returns the value applied (out of range raises DeviceError)."""
-        ...
 
     def reset_power_limit(self) -> None:
         """Restore the driver's default power limit."""
-        ...
 
 
 @runtime_checkable
 class DeviceEvent(Protocol):
-    """A point recorded on a device's compute stream.
-
-    ``energy_mj`` is the device's energy counter as of the event's device time when the device
-    can tell (the simulator), else None (then whoever observes completion reads the counter).
-    """
+    """A point recorded on a device's compute stream; ``energy_mj`` is the energy counter as
+    of the event's device time when the device can tell (the simulator), else None."""
 
     energy_mj: int | None
 
     def query(self) -> bool:
         """True once the device has passed this point (never blocks)."""
-        ...
 
     def synchronize(self) -> None:
-        """Block until the device has passed this point (this event only, not the device)."""
-        ...
+        """Block until the device has passed this point."""
 
     def device_time_s(self) -> float:
-        """When the device passed this point, in seconds on :meth:`EventSource.timeline_now_s`'s
-        clock (blocks until completion)."""
-        ...
+        """When the device passed this point, on :meth:`EventSource.timeline_now_s`'s clock."""
 
 
 @runtime_checkable
@@ -144,11 +112,9 @@ class EventSource(Protocol):
 
     def record_event(self) -> DeviceEvent:
         """Record an event at the current end of the compute stream; returns at once."""
-        ...
 
     def timeline_now_s(self) -> float:
         """Now, on the clock that :meth:`DeviceEvent.device_time_s` uses."""
-        ...
 
 
 @runtime_checkable
@@ -156,52 +122,40 @@ class AppliedClockGPU(Protocol):
     """A device that knows when the last clock set or reset took effect (the simulator)."""
 
     def clock_applied_s(self) -> float | None:
-        """When the last change took effect, on :meth:`EventSource.timeline_now_s`'s clock
-        (None: none yet)."""
-        ...
+        """When the last change took effect, on the event timeline (None: none yet)."""
 
 
 @runtime_checkable
 class ClockReadbackGPU(Protocol):
-    """A device that reads back the SM and memory clocks it runs now and its clock event
-    reasons (NVML's ``nvmlDeviceGetClockInfo`` and ``nvmlDeviceGetCurrentClocksEventReasons``,
-    the simulator's power cap): a lock is a request, the read-back says what the GPU
-    delivered."""
+    """A device that reads back the clocks it runs now and why: a lock is a request, the
+    read-back says what the GPU delivered."""
 
     def current_clock_mhz(self) -> int:
         """The SM clock the GPU runs at now."""
-        ...
 
     def clock_event_reasons(self) -> int:
-        """Why the clocks are below their maximum now: a bit mask of NVML's clock event
-        reasons (``perseus.device.nvml_calls.CLOCK_EVENT_REASONS``; 0x4 the SW power cap)."""
-        ...
+        """NVML's bit mask of clock event reasons (0x4: the SW power cap)."""
 
     def current_memory_clock_mhz(self) -> int:
-        """The memory clock the GPU runs at now (read only where a plan sets one)."""
-        ...
+        """The memory clock the GPU runs at now."""
 
 
 @runtime_checkable
 class MemoryClockGPU(Protocol):
-    """A device whose memory clock may be lockable (NVML, the simulator): see
-    ``docs/memory-clocks.md``. Its ``reset_locked_clock`` also resets a memory lock it set."""
+    """A device whose memory clock may be lockable (``docs/memory-clocks.md``); its
+    ``reset_locked_clock`` also resets a memory lock it set."""
 
     def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
         """Memory clocks, highest (the default) first; one (or none) on HBM boards."""
-        ...
 
     def memory_clock_control(self) -> str | None:
         """Why the memory clock cannot be locked, or None when it can."""
-        ...
 
     def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
         """Lock the memory clock (snapped); returns the clock locked."""
-        ...
 
     def reset_memory_locked_clock(self) -> None:
         """Back to the default memory clock."""
-        ...
 
 
 @runtime_checkable
@@ -213,8 +167,7 @@ class CounterPeriodGPU(Protocol):
 
 @runtime_checkable
 class ObserveOnlyGPU(Protocol):
-    """A device that knows before any set call whether clocks can be changed (NVML probes
-    privilege and architecture): ``observe_only_reason`` is None when they can."""
+    """A device that knows before any set call whether clocks can be changed (None: they can)."""
 
     observe_only_reason: str | None
 
@@ -224,10 +177,8 @@ class ObserveOnlyWarning(RuntimeWarning):
 
 
 def nearest_clock_mhz(ascending_mhz: Sequence[int], freq_mhz: int) -> int:
-    """The clock in ``ascending_mhz`` nearest ``freq_mhz``, clamped to the ends.
-
-    Ties go to the higher clock, so snapping never slows an op below what a plan asked for.
-    """
+    """The clock in ``ascending_mhz`` nearest ``freq_mhz``, clamped to the ends; ties go to
+    the higher clock, so snapping never slows an op below what a plan asked for."""
     i = bisect.bisect_left(ascending_mhz, freq_mhz)
     if i == 0:
         return ascending_mhz[0]

@@ -1,16 +1,9 @@
 """The NVML backend (nvidia-ml-py, import name ``pynvml``), following docs/hardware.md#nvml.
 
-``pynvml`` is imported lazily and can be injected (``nvml_module=``, e.g. a
-:class:`~perseus.device.fake_nvml.FakeNvml`). Every call goes through
-:func:`~perseus.device.nvml_calls.call_nvml` (the error table is there). An observe-only GPU
-(``control=False`` or ``PERSEUS_NO_CLOCK_CHANGES=1``) talks to a view of ``pynvml`` that refuses
-every function changing the device before it reaches the driver, so nothing (close, the
-controller, the watchdog, then never started) changes clocks or the power limit.
-
-Start-up (:meth:`NvmlGPU.open`): ``nvmlInit`` (reference-counted per process), handle by UUID
-(or index), refuse MIG unless allowed, architecture ≥ Volta and root or CAP_SYS_ADMIN, else
-observe-only, clock list at the highest memory clock, persistence mode recorded. Shutdown
-(:meth:`NvmlGPU.close`): reset what this object set, ``nvmlShutdown`` when the last user closes.
+``pynvml`` is imported lazily and can be injected (``nvml_module=``, e.g. a ``FakeNvml``);
+every call goes through :func:`~perseus.device.nvml_calls.call_nvml`. An observe-only GPU
+(``control=False`` or ``PERSEUS_NO_CLOCK_CHANGES=1``) talks to a view of ``pynvml`` that
+refuses every function changing the device before it reaches the driver.
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ __all__ = [
 ]
 
 _C = NvmlConstants
-# Data-centre boards with HBM, whose memory clock cannot be locked at run time even when the
-# driver lists several memory clocks (an H100 80GB HBM3 refused the lock it listed).
+# HBM boards, whose memory clock cannot be locked at run time even when several are listed.
 _HBM_NAME = re.compile(r"HBM|\b(?:[VPA]100|A800|A30|H100|H800|H200|H20|GH200|B100|G?B[23]00)\b")
 # nvmlValueType_t -> the union member of c_nvmlValue_t holding it.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
@@ -73,16 +65,14 @@ class NvmlGPU:
     start-up checklist.
 
     Args:
-        uuid: The GPU's UUID (``GPU-…``), the stable way to name it.
-        index: NVML index, used only when ``uuid`` is None (NVML order is PCI order).
+        uuid: The GPU's UUID (``GPU-…``).
+        index: NVML index (PCI order), used only when ``uuid`` is None.
         nvml_module: ``pynvml`` or a fake; imported lazily when None.
         allow_mig: Accept a GPU in MIG mode (clock locks then affect every instance).
         privileged: Skip the privilege probe and assume this answer (tests).
         lock_dir: Where the ownership lock files live (default ``$PERSEUS_LOCK_DIR``).
         control: False opens the GPU observe-only: no NVML function that changes the device
-            (``nvmlDeviceSet*``, ``nvmlDeviceReset*``: clocks, memory clocks, power limit) is
-            ever called, also not at close or by a watchdog (an agent on it neither owns the
-            GPU nor starts one). None (default) reads ``$PERSEUS_NO_CLOCK_CHANGES``.
+            is ever called. None (default) reads ``$PERSEUS_NO_CLOCK_CHANGES``.
     """
 
     def __init__(
@@ -119,11 +109,8 @@ class NvmlGPU:
 
     @classmethod
     def for_cuda_device(cls, cuda_index: int, **kwargs: Any) -> NvmlGPU:
-        """The GPU CUDA calls ``cuda_index``, honouring ``CUDA_VISIBLE_DEVICES``.
-
-        UUID entries are used as is; integer entries are NVML indices, which match CUDA's only
-        with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML enumerates in PCI order).
-        """
+        """The GPU CUDA calls ``cuda_index``, honouring ``CUDA_VISIBLE_DEVICES`` (integer
+        entries match NVML indices only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible:
             entries = [e.strip() for e in visible.split(",") if e.strip()]
@@ -137,15 +124,13 @@ class NvmlGPU:
             return cls(index=int(entry), **kwargs)
         return cls(index=cuda_index, **kwargs)
 
-    # -----------------------------------------------------------------------------------------
-    # Start-up and shutdown
-
     @property
     def is_open(self) -> bool:
         return self._handle is not None
 
     def open(self) -> NvmlGPU:
-        """Run the start-up checklist (idempotent).
+        """Run the start-up checklist (idempotent): handle, MIG, architecture, privilege,
+        clock lists, persistence mode.
 
         Raises:
             NvmlUnavailableError: no library/driver.
@@ -192,9 +177,9 @@ class NvmlGPU:
         self._read_clocks(nvml, handle, what)
         if not self._clocks:
             raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
-        if not self.control:
+        if not self.control:  # the caller's word comes before any architecture reason
             ok, why = False, f"clock changes disabled (control=False or {NO_CLOCK_CHANGES_ENV}=1)"
-            reason = why  # before any architecture reason: the caller's word is final
+            reason = why
         elif self._privileged_override is None:
             ok, why = probe_privilege()
         else:
@@ -217,7 +202,7 @@ class NvmlGPU:
         try:
             if self._locked is not None or self._mem_locked is not None:
                 self.reset_locked_clock()
-            if self._power_limit_set is not None:  # a recurring job's limit (see below)
+            if self._power_limit_set is not None:  # a recurring job's limit
                 self.reset_power_limit()
         finally:
             self._handle = None
@@ -234,16 +219,8 @@ class NvmlGPU:
             self.open()
         return self._handle
 
-    def _opened_api(self) -> Any:
-        """The NVML module (or its observe-only wrapper), opening the device on first use."""
-        self._h()
-        return self._api
-
     def _what(self) -> str:
         return f"{self._name} ({self._uuid})"
-
-    # -----------------------------------------------------------------------------------------
-    # GPU protocol
 
     @property
     def uuid(self) -> str:
@@ -262,8 +239,7 @@ class NvmlGPU:
         return self._clocks
 
     def identity(self) -> GpuIdentity:
-        """Which GPU this is, as profiles and plans record it: name, architecture, clock
-        list and default power limit (None when NVML does not say)."""
+        """Which GPU this is, as profiles and plans record it."""
         self._h()
         return GpuIdentity(
             name=self._name,
@@ -291,7 +267,7 @@ class NvmlGPU:
         self._require_control("lock clocks")
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
-            self._lock_sm(snapped)
+            self.query("nvmlDeviceSetGpuLockedClocks", snapped, snapped)
         except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
             raise
         except DeviceError as e:
@@ -300,7 +276,16 @@ class NvmlGPU:
                 _C.NVML_ERROR_FREQ_NOT_SUPPORTED,
             ):
                 raise
-            snapped = self._relock_resnapped(handle, freq_mhz, snapped)
+            self._read_clocks(self._api, handle)
+            retry = self.snap_clock_mhz(freq_mhz)
+            try:
+                self.query("nvmlDeviceSetGpuLockedClocks", retry, retry)
+            except DeviceError as again:
+                raise DeviceError(
+                    f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
+                    f"then {retry} MHz); giving up on this clock"
+                ) from again
+            snapped = retry
         self._locked = snapped
         return snapped
 
@@ -312,25 +297,8 @@ class NvmlGPU:
         clocks = call_nvml(nvml, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem, what=what)
         self._clocks = tuple(sorted({int(c) for c in clocks}, reverse=True))
 
-    def _lock_sm(self, freq_mhz: int) -> None:
-        self.query("nvmlDeviceSetGpuLockedClocks", freq_mhz, freq_mhz)
-
-    def _relock_resnapped(self, handle: Any, freq_mhz: int, snapped: int) -> int:
-        """Re-read the clock list, re-snap ``freq_mhz`` and lock once more."""
-        self._read_clocks(self._api, handle)
-        retry = self.snap_clock_mhz(freq_mhz)
-        try:
-            self._lock_sm(retry)
-        except DeviceError as again:
-            raise DeviceError(
-                f"{self._what()}: the driver refused {freq_mhz} MHz (snapped to {snapped}, "
-                f"then {retry} MHz); giving up on this clock"
-            ) from again
-        return retry
-
     def reset_locked_clock(self) -> None:
-        """Reset the SM clock lock and, when this object locked it, the memory clock lock:
-        every reset path (close, the agent's exit and signal teardown) comes through here."""
+        """Reset the SM clock lock and, when this object locked it, the memory clock lock."""
         self._require_control("reset clocks")
         try:
             self.query("nvmlDeviceResetGpuLockedClocks")
@@ -339,20 +307,14 @@ class NvmlGPU:
             if self._mem_locked is not None:
                 self.reset_memory_locked_clock()
 
-    # -----------------------------------------------------------------------------------------
-    # Memory clocks (GDDR boards, Ampere and newer)
-
     def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
-        """The memory clocks NVML reports (``nvmlDeviceGetSupportedMemoryClocks``), highest
-        first; one entry on HBM boards."""
+        """The memory clocks NVML reports, highest first; one entry on HBM boards."""
         self._h()
         return self._mem_clocks
 
     def memory_clock_control(self) -> str | None:
-        """Why the memory clock cannot be locked here, or None when it can: it needs control
-        (not observe-only, privileged), an Ampere or newer GPU
-        (``nvmlDeviceSetMemoryLockedClocks``), more than one supported memory clock, and a
-        board without HBM (whose memory clock is fixed at run time, whatever NVML lists)."""
+        """Why the memory clock cannot be locked here (observe-only, older than Ampere, one
+        memory clock, HBM), or None when it can."""
         self._h()
         if self.observe_only_reason is not None:
             return self.observe_only_reason
@@ -369,8 +331,7 @@ class NvmlGPU:
 
         Raises:
             DevicePermissionError: observe-only or unprivileged.
-            DeviceNotSupportedError: the GPU cannot lock its memory clock (see
-                :meth:`memory_clock_control`), or the driver says so.
+            DeviceNotSupportedError: the GPU cannot lock its memory clock.
         """
         self._require_control("lock memory clocks")
         why = self.memory_clock_control()
@@ -382,7 +343,7 @@ class NvmlGPU:
         return snapped
 
     def reset_memory_locked_clock(self) -> None:
-        """Reset the memory clock lock (``nvmlDeviceResetMemoryLockedClocks``)."""
+        """Reset the memory clock lock."""
         self._require_control("reset memory clocks")
         self.query("nvmlDeviceResetMemoryLockedClocks")
         self._mem_locked = None
@@ -405,15 +366,15 @@ class NvmlGPU:
         return int(self.query("nvmlDeviceGetTotalEnergyConsumption"))
 
     def power_w(self) -> float:
-        """Instant power (``NVML_FI_DEV_POWER_INSTANT``, GPU scope, then module scope), falling
-        back to ``nvmlDeviceGetPowerUsage`` (a 1 s average on H100)."""
+        """Instant power (``NVML_FI_DEV_POWER_INSTANT``, GPU then module scope), else
+        ``nvmlDeviceGetPowerUsage`` (a 1 s average on H100)."""
         handle = self._h()
         if self._instant_power:
             for scope in (_C.NVML_POWER_SCOPE_GPU, _C.NVML_POWER_SCOPE_MODULE):
                 milliwatts = self._field_value(handle, _C.NVML_FI_DEV_POWER_INSTANT, scope)
                 if milliwatts is not None and milliwatts > 0:
                     return milliwatts / 1000.0
-            self._instant_power = False  # not on this GPU/driver: do not ask every time
+            self._instant_power = False  # not on this GPU/driver: stop asking
         return float(self.query("nvmlDeviceGetPowerUsage")) / 1000.0
 
     def _field_value(self, handle: Any, field_id: int, scope: int) -> float | None:
@@ -433,29 +394,23 @@ class NvmlGPU:
             return None
 
     def query(self, function: str, *args: Any) -> Any:
-        """``nvml.<function>(handle, *args)`` on this GPU, errors mapped by :func:`call_nvml`.
-
-        For read-only queries this class has no method for (power limits, API restrictions);
-        an observe-only GPU refuses any function that would change the device.
-        """
-        return call_nvml(self._opened_api(), function, self._h(), *args, what=self._what())
+        """``nvml.<function>(handle, *args)`` on this GPU, errors mapped by :func:`call_nvml`
+        (an observe-only GPU refuses any function that would change the device)."""
+        handle = self._h()
+        return call_nvml(self._api, function, handle, *args, what=self._what())
 
     def query_w(self, function: str) -> float | None:
-        """A power figure NVML gives in milliwatts (``nvmlDeviceGetPowerManagementLimit``,
-        ``...DefaultLimit``, ``nvmlDeviceGetEnforcedPowerLimit``), in watts; None when this
-        GPU or NVML does not say."""
+        """A power figure NVML gives in milliwatts, in watts; None when NVML does not say."""
         with contextlib.suppress(DeviceError, AttributeError):
             return int(self.query(function)) / 1000.0
         return None
 
     def clock_event_reasons(self) -> int:
-        """Why the clocks are below their maximum now: a bit mask of
-        :data:`~perseus.device.nvml_calls.CLOCK_EVENT_REASONS`
-        (``nvmlDeviceGetCurrentClocksEventReasons``, or the older ``...ThrottleReasons`` name
-        on drivers or bindings without it).
+        """Why the clocks are below their maximum now: a bit mask of NVML's clock event
+        reasons (or the older ``...ThrottleReasons`` name).
 
         Raises:
-            DeviceNotSupportedError: if the GPU reports neither.
+            DeviceNotSupportedError: the GPU reports neither.
         """
         handle = self._h()
         for function in (
@@ -470,10 +425,7 @@ class NvmlGPU:
                 continue  # FUNCTION_NOT_FOUND in an older driver: try the older name
         raise DeviceNotSupportedError(f"{self._what()}: no clock event reasons in this NVML")
 
-    # -----------------------------------------------------------------------------------------
-    # Power limit (recurring jobs; owned by perseus.recurring). NVML works in milliwatts.
-
-    #: The limit this object set (None: untouched), reset by :meth:`close`.
+    #: The power limit this object set (None: untouched), reset by :meth:`close`.
     _power_limit_set: float | None = None
 
     def power_limit_range_w(self) -> tuple[float, float]:
@@ -487,7 +439,7 @@ class NvmlGPU:
         """Set the board power limit; returns the value applied (rounded to 1 mW).
 
         Raises:
-            DevicePermissionError: observe-only (no root/CAP_SYS_ADMIN) or NO_PERMISSION.
+            DevicePermissionError: observe-only or NO_PERMISSION.
             DeviceError: outside :meth:`power_limit_range_w`.
         """
         self._require_control("set the power limit")
@@ -502,19 +454,14 @@ class NvmlGPU:
         return self._power_limit_set
 
     def reset_power_limit(self) -> None:
-        """Restore the default limit (``nvmlDeviceGetPowerManagementDefaultLimit``)."""
+        """Restore NVML's default power limit."""
         self._require_control("reset the power limit")
         default_mw = self.query("nvmlDeviceGetPowerManagementDefaultLimit")
         self.query("nvmlDeviceSetPowerManagementLimit", default_mw)
         self._power_limit_set = None
 
-    # -----------------------------------------------------------------------------------------
-    # Safety hooks
-
     def owner_lock_path(self) -> Path:
-        """Ownership lock file keyed by UUID in the lock directory (``lock_dir``, else
-        ``$PERSEUS_LOCK_DIR``, else ``/run/perseus/locks`` as root), which is created or
-        verified to be one nobody else controls (:mod:`perseus.device.private_dir`).
+        """Ownership lock file keyed by UUID in the verified lock directory.
 
         Raises:
             ConfigError: the directory is a link, another user's, or writable by others.
@@ -523,12 +470,10 @@ class NvmlGPU:
         return owner_lock_path(lock_dir, self.uuid)
 
     def watchdog_spec(self) -> dict[str, Any]:
-        """What the watchdog needs to reset this GPU: its UUID. Every reset restores NVML's
-        default power limit, never the limit found at open (a rank may have lowered it before
-        the agent opened the GPU)."""
+        """What the watchdog needs to reset this GPU."""
         spec: dict[str, Any] = {"backend": "nvml", "uuid": self.uuid}
         if self.is_open and self.memory_clock_control() is None:
-            spec["memory_clocks"] = True  # the watchdog and the next owner reset them too
+            spec["memory_clocks"] = True
         return spec
 
     def __repr__(self) -> str:

@@ -1,28 +1,11 @@
 """Directories nobody else controls, and files in them opened without following links.
 
-perseus runs as root on machines other users share, and keeps two kinds of files outside its
-``-o`` outputs: real GPUs' ownership locks and simulated GPUs' state. Both live in a directory
-that this module creates or verifies the way ``ssh`` verifies ``~/.ssh``:
-
-* the directory itself is a real directory (``lstat``: a symbolic link is refused), owned by
-  this user or root, and not writable by group or others, unless it is sticky and ours;
-* every directory above it is owned by this user or root and not writable by group or others
-  unless sticky (``/tmp`` passes: root's and sticky), so nobody can swap it for theirs;
-* missing directories are created with mode 0700.
-
-Files in it are opened with ``O_NOFOLLOW`` (``O_CREAT | O_EXCL`` when new) and checked after the
-open (``fstat``) to be a regular file of ours with one link, so a link or a hard link planted
-under a lock's name never makes root write somewhere else.
-
-Default places (:func:`runtime_dir`): as root ``/run/perseus``; as a user
-``$XDG_RUNTIME_DIR/perseus`` when that runtime directory is the user's own, else
-``<tmp>/perseus-<uid>``. Locks go in ``locks/`` (``$PERSEUS_LOCK_DIR`` overrides), simulated
-GPUs in ``sim/`` (``$PERSEUS_SIM_DIR``); overrides are verified the same way.
-
-This module uses the standard library only: the watchdog process and the simulated GPU's state
-module load it by file path (see :mod:`perseus.device.ownership`). Refusals raise
-:class:`~perseus.errors.ConfigError` (one line: the path, its owner and mode, the fix), or
-``PermissionError`` where perseus itself cannot be imported.
+perseus runs as root on shared machines and keeps GPU ownership locks and simulated GPUs' state
+outside its outputs. Their directory is verified the way ``ssh`` verifies ``~/.ssh`` (a real
+directory, ours or root's, not writable by others unless sticky and ours; every directory above
+likewise; missing ones created 0700), and files in it are opened with ``O_NOFOLLOW`` and checked
+with ``fstat`` (a regular file of ours with one link). Standard library only: the watchdog loads
+it by file path; refusals raise ``ConfigError``, or ``PermissionError`` without perseus.
 """
 
 from __future__ import annotations
@@ -76,10 +59,8 @@ def _describe(st: os.stat_result) -> str:
 
 
 def _private_group(st: os.stat_result) -> bool:
-    """Whether the group of ``st`` is its owner's own (a user private group: same name as
-    the owner, its primary group, no other member and nobody else's primary group), as on
-    systems with umask 002 where a user's directories are group-writable. Never root's
-    group (gid 0)."""
+    """Whether the group of ``st`` is its owner's private group (umask 002 systems): same
+    name, its primary group, no other member or user; never gid 0."""
     if st.st_gid == 0:
         return False
     try:
@@ -97,7 +78,7 @@ def _private_group(st: os.stat_result) -> bool:
 
 
 def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
-    """Why a directory with status ``st`` (from ``lstat``) is not one we may keep files in."""
+    """Why a directory with ``lstat`` status ``st`` is not one we may keep files in."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
@@ -134,8 +115,7 @@ def verify_private_dir(
 
     Args:
         path: The directory.
-        create: Create it (and missing parents) with mode 0700 when missing; otherwise a
-            missing directory raises ``FileNotFoundError``.
+        create: Create it (and missing parents) with mode 0700 when missing.
         what: What it is, for the message ("lock directory").
         env: The environment variable that overrides it, named in the fix.
 
@@ -145,8 +125,7 @@ def verify_private_dir(
     """
     target = Path(os.path.abspath(path))
     _check_links_on_the_way(target, what, env)
-    # Links above the directory are resolved (``/var/run -> /run``): each real directory on
-    # the way must then be one that nobody else can rename or replace entries in.
+    # Links above are resolved (``/var/run -> /run``); each real directory must be trusted.
     parent = Path(os.path.realpath(target.parent))
     chain = [*reversed(parent.parents), parent, parent / target.name]
     for i, directory in enumerate(chain):
@@ -167,10 +146,8 @@ def verify_private_dir(
 
 
 def _check_links_on_the_way(target: Path, what: str, env: str | None) -> None:
-    """Refuse a symbolic link on the way to ``target`` that someone else could repoint
-    between our check and our open: a link owned by another user, or one in a directory that
-    others can write (and that is not sticky). ``/var/run -> /run`` (root's, in root's
-    ``/var``) passes."""
+    """Refuse a symbolic link on the way to ``target`` that someone else could repoint: one
+    owned by another user, or in a directory others can write."""
     for prefix in [*reversed(target.parents), target][1:]:
         try:
             st = os.lstat(prefix)
@@ -213,11 +190,8 @@ def _xdg_runtime_dir() -> Path | None:
 
 
 def runtime_dir() -> Path:
-    """Where perseus keeps its locks and simulated state by default (not created here).
-
-    Root: ``/run/perseus`` (when ``/run`` exists). A user: ``$XDG_RUNTIME_DIR/perseus`` when
-    that directory is theirs (mode 0700), else ``<tmp>/perseus-<uid>``.
-    """
+    """Where perseus keeps locks and simulated state: ``/run/perseus`` as root, else
+    ``$XDG_RUNTIME_DIR/perseus`` when that is the user's own, else ``<tmp>/perseus-<uid>``."""
     if os.geteuid() == 0 and os.path.isdir(_ROOT_BASE.parent):
         return _ROOT_BASE
     xdg = _xdg_runtime_dir()
@@ -227,16 +201,14 @@ def runtime_dir() -> Path:
 
 
 def lock_dir(*, create: bool = True) -> Path:
-    """Real GPUs' ownership lock directory: ``$PERSEUS_LOCK_DIR`` or ``<runtime_dir>/locks``,
-    verified (and created) by :func:`verify_private_dir`."""
+    """``$PERSEUS_LOCK_DIR`` or ``<runtime_dir>/locks``, verified (and created)."""
     env = os.environ.get(LOCK_DIR_ENV)
     path = Path(env) if env else runtime_dir() / "locks"
     return verify_private_dir(path, create=create, what="lock directory", env=LOCK_DIR_ENV)
 
 
 def sim_dir(*, create: bool = True) -> Path:
-    """Simulated GPUs' state directory: ``$PERSEUS_SIM_DIR`` or ``<runtime_dir>/sim``,
-    verified (and created) by :func:`verify_private_dir`."""
+    """``$PERSEUS_SIM_DIR`` or ``<runtime_dir>/sim``, verified (and created)."""
     env = os.environ.get(SIM_DIR_ENV)
     path = Path(env) if env else runtime_dir() / "sim"
     return verify_private_dir(path, create=create, what="simulated GPU directory", env=SIM_DIR_ENV)
@@ -255,13 +227,11 @@ def open_private(
 ) -> int:
     """Open ``path`` without following links; the descriptor is of a regular file of ours.
 
-    ``flags`` is ``os.O_RDONLY``/``O_RDWR``/``O_WRONLY`` (plus e.g. ``O_APPEND``); a new file
-    is created with ``O_CREAT | O_EXCL`` and ``mode`` when ``create``. The open never blocks
-    (a FIFO planted under the name is refused, not waited on).
+    A new file is created with ``O_CREAT | O_EXCL`` and ``mode`` when ``create``; the open
+    never blocks (a planted FIFO is refused, not waited on).
 
     Raises:
-        ConfigError: a link, not a regular file, another user's file, or a file with other
-            names (hard links).
+        ConfigError: a link, not a regular file, another user's, or with hard links.
         FileNotFoundError: missing and ``create`` is False.
     """
     p = Path(path)
@@ -292,8 +262,7 @@ _OPEN_REFUSALS = {
 
 
 def _open_once(p: Path, base: int, create: bool, mode: int) -> int | None:
-    """Create ``p`` (when ``create``) or open the existing file: its descriptor, or None when
-    it was removed between the two opens."""
+    """Create or open ``p``: its descriptor, or None when removed between the two opens."""
     try:
         if create:
             try:
@@ -327,8 +296,7 @@ def _file_problem(st: os.stat_result) -> str | None:
 
 
 def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """``os.replace(src, dst)`` (a link at ``dst`` is replaced, never followed); a directory
-    planted at ``dst`` is refused with one line.
+    """``os.replace(src, dst)`` (a link at ``dst`` is replaced, never followed).
 
     Raises:
         ConfigError: ``dst`` is a directory.
@@ -340,12 +308,7 @@ def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 
 
 def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> bytes:
-    """The first ``limit_bytes`` of an existing file of ours (see :func:`open_private`).
-
-    Raises:
-        ConfigError: as :func:`open_private`.
-        FileNotFoundError: when missing.
-    """
+    """The first ``limit_bytes`` of an existing file of ours (see :func:`open_private`)."""
     fd = open_private(path, os.O_RDONLY, create=False)
     try:
         chunks = []
@@ -368,14 +331,12 @@ def check_private_file(
     siblings: tuple[str, ...] = (),
     create_dir: bool = True,
 ) -> bool:
-    """Verify a file that perseus reads back or that another library opens itself (a
-    SQLite store, an online-profile cache) before it is opened; return whether it exists.
+    """Verify a file another library opens itself (a SQLite store, a cache) before it is
+    opened; return whether it exists.
 
-    Its directory must be one nobody else controls (:func:`verify_private_dir`; created with
-    mode 0700 when missing and ``create_dir``), so nothing can be planted in it after this
-    check. The file, and ``path + suffix`` for each of ``siblings`` (``"-wal"``, ``"-shm"``,
-    ``"-journal"``), where present, must be a regular file of this user with one name: a
-    symbolic link, a FIFO, a device or another user's file is refused.
+    Its directory must be private (:func:`verify_private_dir`), and the file and each
+    ``path + suffix`` of ``siblings`` (``"-wal"``), where present, a regular file of ours
+    with one name.
 
     Args:
         path: The file.
@@ -384,7 +345,7 @@ def check_private_file(
         create_dir: Create a missing directory; False: a missing directory means no file.
 
     Raises:
-        ConfigError: the directory or a file is refused (one line: path, why, the fix).
+        ConfigError: the directory or a file is refused.
     """
     p = Path(os.path.abspath(path))
     if not p.name:
