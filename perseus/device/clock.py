@@ -1,18 +1,9 @@
 """Time as a seam: the clock that timing code reads and sleeps on.
 
-Everything in perseus that decides *when* (the clock worker issuing a set call ahead of an
-op's end, the simulated GPU's stream running its queue, a set call's latency) reads the time
-and waits through one small protocol, :class:`Clock`, instead of calling :mod:`time`:
-
-* :class:`RealClock` is the process's monotonic clock (``time.perf_counter``) and
-  ``time.sleep``: production, and the few real-time smoke tests;
-* :class:`VirtualClock` is a number that only moves when someone sleeps on it. Code driven
-  from one thread on a virtual clock runs the same decisions as in real time, deterministically
-  and without waiting: a 5 ms set latency is ``sleep(0.005)``, which adds 5 ms to the clock
-  and returns at once. Tests of timing decisions run on it.
-
-A simulated GPU shared by several processes needs a clock they agree on, so it defaults to
-:class:`WallClock` (``time.time``).
+Code that decides *when* reads the time and waits through :class:`Clock`, never :mod:`time`:
+:class:`RealClock` in production; :class:`VirtualClock`, a number that only moves when slept
+on, in tests (a 5 ms set latency is ``sleep(0.005)``: it advances the clock and returns at
+once); :class:`WallClock` where several processes must agree (a shared simulated GPU).
 """
 
 from __future__ import annotations
@@ -59,8 +50,7 @@ class RealClock:
 
 
 class WallClock(RealClock):
-    """The wall clock (``time.time``): one timeline for several processes (the simulated GPU's
-    state is shared by every process that opens it)."""
+    """The wall clock (``time.time``): one timeline for several processes."""
 
     __slots__ = ()
 
@@ -74,8 +64,7 @@ class WallClock(RealClock):
 class VirtualClock:
     """A clock that advances only when slept on (or by :meth:`advance`); never waits.
 
-    Deterministic when one thread drives it (the controller's inline mode, a test's loop).
-    Thread-safe: concurrent sleepers each add their time, in some order.
+    Deterministic when one thread drives it; concurrent sleepers each add their time.
 
     Args:
         start_s: The initial time.
@@ -101,13 +90,11 @@ class VirtualClock:
     def call_every(
         self, period_s: float | Callable[[], float], callback: Callable[[], object]
     ) -> Callable[[], None]:
-        """Call ``callback`` every ``period_s`` of virtual time, first one period from now
-        (what a background thread polling on a timer does in real time: the energy counter
-        sampler). ``period_s`` may be a function giving each wait in turn. Each call sees the
-        clock at its due time.
+        """Call ``callback`` every ``period_s`` of virtual time (a function: each wait in
+        turn), first one period from now, as a polling thread would in real time.
 
         Returns:
-            A function that stops the calls (like stopping that thread; idempotent).
+            A function that stops the calls (idempotent).
 
         Raises:
             ValueError: for a non-positive period.
@@ -127,14 +114,12 @@ class VirtualClock:
         return cancel
 
     def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds`` (negative values are ignored), firing the
-        periodic callbacks due on the way, in time order."""
+        """Move the clock forward by ``seconds`` (never back), firing due callbacks in order."""
         with self._lock:
             self.sleeps += 1
             if not seconds > 0:
                 return
-            # At least one step of the float: a sleep that rounds to nothing would leave a
-            # waiter polling for a time that never comes.
+            # At least one float step: else a waiter could poll for a time that never comes.
             target = max(self._now_s + seconds, math.nextafter(self._now_s, math.inf))
             if self._timers and not self._firing:
                 self._firing = True
@@ -159,11 +144,7 @@ REAL_CLOCK: Clock = RealClock()
 
 
 def clock_of(device: object, default: Clock = REAL_CLOCK) -> Clock:
-    """The timeline ``device`` runs on (a simulated GPU's ``clock``), else ``default``.
-
-    Code that waits for a device's events must sleep on the device's own clock: on a
-    :class:`VirtualClock`, a worker thread polling in real time would race the training
-    thread, and every timing decision would depend on the host's scheduling.
-    """
+    """The timeline ``device`` runs on (a simulated GPU's ``clock``), else ``default``: code
+    waiting for a device's events must sleep on the device's own clock."""
     clock = getattr(device, "clock", None)
     return clock if isinstance(clock, Clock) else default

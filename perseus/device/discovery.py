@@ -1,9 +1,8 @@
 """What GPUs are there: real ones through NVML and simulated ones in the state directory.
 
-Used by ``perseus device info``. Reading never takes an ownership lock (a probe could make a
-starting agent fail with "busy"); the owner is the pid recorded in the lock file: alive, it
-owns the GPU; dead, the GPU is *orphaned* (its owner and watchdog died without resetting it)
-until the next owner or ``perseus device reset`` resets it.
+Used by ``perseus device info``. Reading never takes an ownership lock; the owner is the
+process recorded in the lock file: alive, it owns the GPU; dead, the GPU is *orphaned* until
+the next owner or ``perseus device reset`` resets it.
 """
 
 from __future__ import annotations
@@ -41,17 +40,17 @@ class DeviceInfo:
         name: Device name.
         clocks_mhz: Supported SM clocks, highest first.
         can_lock: Whether this process may change clocks.
-        privilege: Why (``running as root``, ``not root and no CAP_SYS_ADMIN``...).
-        locked_mhz: The current lock, None when unlocked (NVML: only known to its setter).
+        privilege: Why (``running as root``...).
+        locked_mhz: The current lock (None: unlocked, or unknown to NVML).
         lock_known: False when the lock cannot be read back (NVML).
         owner_pid: The live owner's pid, or None.
         current_clock_mhz: The SM clock now.
         detail: Backend-specific extras (model source, slowdown, persistence mode).
-        dead_owner_pid: The pid of an owner that died without resetting the GPU (orphaned).
-        power_limit_w: The power limit in force (None when unknown).
-        default_power_limit_w: The board's default power limit (None when unknown).
-        lock_path: Where the GPU's ownership lock lives (empty when unknown).
-        owner_unknown: Why the owner cannot be known by this user (empty when it can).
+        dead_owner_pid: The pid of an owner that died without resetting the GPU.
+        power_limit_w: The power limit in force (None: unknown).
+        default_power_limit_w: The board's default power limit (None: unknown).
+        lock_path: Where the GPU's ownership lock lives.
+        owner_unknown: Why this user cannot know the owner (empty when it can).
     """
 
     backend: str
@@ -78,13 +77,8 @@ ROOT_LOCK_DIR = Path("/run/perseus/locks")
 
 
 def hidden_owners_note(lock_dir: Path, root_lock_dir: Path | None = None) -> str:
-    """Why this user may not see a real GPU's owner, or ``""``.
-
-    Root's agents record ownership in ``root_lock_dir`` (mode 0700: nobody else can plant or
-    read files there). A user who is not root looks in their own lock directory, so a GPU
-    that root's agent owns would show ``owner: none``; when root's directory exists but
-    cannot be read, say so instead.
-    """
+    """Why this user may not see a real GPU's owner (root's lock directory exists but is
+    unreadable), or ``""``."""
     root_lock_dir = ROOT_LOCK_DIR if root_lock_dir is None else root_lock_dir
     if os.geteuid() == 0 or os.path.abspath(lock_dir) == os.path.abspath(root_lock_dir):
         return ""
@@ -101,8 +95,7 @@ def hidden_owners_note(lock_dir: Path, root_lock_dir: Path | None = None) -> str
 
 
 def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
-    """``(live owner pid, dead owner pid)`` from the pid recorded in ``lock_path`` (a clean
-    release leaves none; a dead one means nobody reset the GPU after its owner died)."""
+    """``(live owner pid, dead owner pid)`` from the record in ``lock_path``."""
     found, state = recorded_owner(lock_path)
     if found is None:
         return None, None
@@ -201,8 +194,8 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
 
 
 def open_simulated(index: int, state_dir: Path | None = None) -> SimulatedGPU:
-    """A handle on existing simulated GPU ``index`` (its recorded clock list, no op model),
-    enough to read it, reset its lock or change its slowdown from another process.
+    """A handle on existing simulated GPU ``index`` (no op model), enough to read it, reset
+    it or change its slowdown from another process.
 
     Raises:
         ConfigError: if no simulated GPU ``index`` exists in the state directory.

@@ -1,20 +1,8 @@
-"""The NVML calls every backend piece shares: the process-wide ``nvmlInit``/``nvmlShutdown``
-count, the privilege probe, clock event reasons, the observe-only view of ``pynvml``, and
-:func:`call_nvml`, the one place where ``NVMLError`` codes become perseus errors:
-
-=============================================  =============================================
-NVML code                                      perseus error
-=============================================  =============================================
-NO_PERMISSION                                  :class:`DevicePermissionError` (observe-only)
-NOT_SUPPORTED                                  :class:`DeviceNotSupportedError`
-GPU_IS_LOST, UNKNOWN                           :class:`DeviceLostError` (stop and surface)
-LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED,          :class:`NvmlUnavailableError` (use the
-FUNCTION_NOT_FOUND, import failure             simulator or run without an agent)
-INVALID_ARGUMENT, FREQ_NOT_SUPPORTED           :class:`DeviceError` after one re-snap
-TIMEOUT                                        retried twice (10 ms, 50 ms back-off), then
-                                               :class:`DeviceError`
-anything else                                  :class:`DeviceError`
-=============================================  =============================================
+"""The NVML calls every backend piece shares: the process-wide ``nvmlInit`` count, the
+privilege probe, clock event reasons, the observe-only view of ``pynvml``, and
+:func:`call_nvml`, the one place where ``NVMLError`` codes become perseus errors
+(docs/hardware.md#nvml: NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST/UNKNOWN, no library or
+driver each have their own error; TIMEOUT is retried twice; the rest is DeviceError).
 """
 
 from __future__ import annotations
@@ -52,9 +40,8 @@ __all__ = [
 
 
 class NvmlConstants:
-    """The ``pynvml`` constants perseus uses, with nvidia-ml-py's values (a test checks them
-    against ``pynvml``): one table for the backend and the fake NVML, which carries them as
-    attributes as the module does."""
+    """The ``pynvml`` constants perseus uses, with nvidia-ml-py's values (checked by a test),
+    for the backend and the fake NVML."""
 
     NVML_SUCCESS = 0
     NVML_ERROR_UNINITIALIZED = 1
@@ -138,12 +125,11 @@ def call_nvml(
 ) -> Any:
     """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
 
-    A transient error (``TIMEOUT``) is retried ``retries`` times after a short back-off
-    (10 ms, then 50 ms); if it persists it is raised as :class:`DeviceError`, for the
-    controller to degrade on.
+    A ``TIMEOUT`` is retried ``retries`` times (10 ms, then 50 ms back-off), then raised as
+    :class:`DeviceError`.
 
     Args:
-        nvml: The ``pynvml`` module (or a fake with the same names).
+        nvml: The ``pynvml`` module (or a fake).
         function: The NVML function name.
         what: Context for the message, e.g. the GPU's name.
         retries: How often to retry a transient error.
@@ -181,11 +167,7 @@ def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str
 
 
 def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
-    """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff.
-
-    A zeusd socket (``ZEUSD_SOCK_PATH``) is reported but not used: perseus talks to NVML
-    directly.
-    """
+    """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff."""
     if os.geteuid() == 0:
         return True, "running as root"
     try:
@@ -221,11 +203,8 @@ def no_clock_changes_requested() -> bool:
 
 
 class ObserveOnlyNvml:
-    """``pynvml`` without the functions that change a device: they raise before any call.
-
-    What an :class:`NvmlGPU` with ``control=False`` talks to, so no code path (close, the
-    controller, a power-limit method added later) can change the GPU by mistake.
-    """
+    """``pynvml`` without the functions that change a device: they raise before any call
+    (what an observe-only NvmlGPU talks to)."""
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml

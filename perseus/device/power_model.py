@@ -1,20 +1,8 @@
-"""The simulator's physics: power and op time as functions of the SM clock.
+"""The simulator's physics: power and op time as functions of the SM (and memory) clock.
 
-Follows ``docs/hardware.md#sim-model``: under compute, ``P = P_base + u·C·(f/GHz)·V(f)²`` with a
-voltage floor below a knee clock and a linear rise above it; op time follows either a smooth
-max of compute and memory time or the simpler linear compute-bound share. A power cap clamps
-the *effective* clock to the highest supported clock whose power fits. All functions are pure
-(no clock, no files) so the sanity check of docs/hardware.md#sim-defaults can be checked exactly in
-tests.
-
-**Memory clocks** (:class:`MemoryModel`, GDDR boards whose memory clock NVML can lock): the
-memory draws ``P_mem(g) = P_mem_max·(s + (1 − s)·g/g_max)`` (a static share ``s`` and an I/O
-share that scales with the data rate), and a share ``β`` of an op's time at the highest clocks
-is bound by memory bandwidth, so the op time at SM clock ``f`` and memory clock ``g`` is
-``t(f) + β·t_ref·(g_max/g − 1)``. With the linear SM model ``t(f)/t_ref = α·f_ref/f + 1 − α``
-this is ``t/t_ref = α·f_ref/f + β·g_max/g + (1 − α − β)``: a memory-bound op (large ``β``)
-loses little time at a low SM clock and a compute-bound one (small ``β``) little at a low
-memory clock. At ``g = g_max`` everything is as without the model.
+Pure functions of ``docs/hardware.md#sim-model`` (power ``P_base + u·C·f·V(f)²`` with a voltage
+knee, smooth-max or linear op time, a power cap clamping the effective clock) and of
+``docs/memory-clocks.md`` (:class:`MemoryModel`: memory power and memory-bound op time).
 """
 
 from __future__ import annotations
@@ -43,15 +31,14 @@ class PowerModel:
     """Board power under load, idle and while blocked on communication.
 
     Attributes:
-        base_w: ``P_base``, the fitted constant of the compute formula (below idle power because
-            the fit only covers loaded clocks).
+        base_w: ``P_base``, the fitted constant (below idle: the fit covers loaded clocks).
         c_w_per_ghz_v2: ``C``, watts per GHz·V² at activity 1.
-        v_min: Voltage floor (volts), used up to ``knee_mhz``.
+        v_min: Voltage floor (volts), up to ``knee_mhz``.
         knee_mhz: Clock where the voltage starts to rise.
         v_max: Voltage at ``max_mhz``.
         max_mhz: Highest supported clock.
         idle_w: Power with no kernels running.
-        blocking_w: Power while spinning in a P2P/collective wait; also the floor under compute.
+        blocking_w: Power in a P2P/collective wait; also the floor under compute.
     """
 
     base_w: float
@@ -79,12 +66,8 @@ class PowerModel:
 
 @dataclass(frozen=True, slots=True)
 class TimeModel:
-    """Op time relative to its time at ``ref_mhz``.
-
-    ``smooth_max``: ``t(f)/t_ref = ((c·f_ref/f)^p + m^p)^(1/p) / (c^p + m^p)^(1/p)``, a smooth
-    maximum of a compute term (∝ 1/f) and a memory term (flat). ``linear``:
-    ``t(f)/t_ref = α·f_ref/f + 1 − α`` with ``α`` the compute-bound share.
-    """
+    """Op time relative to its time at ``ref_mhz``: a smooth max of a compute and a memory
+    term, or ``linear`` with compute-bound share ``alpha``."""
 
     ref_mhz: float
     form: Literal["smooth_max", "linear"] = "smooth_max"
@@ -107,7 +90,7 @@ class TimeModel:
 def capped_clock_mhz(
     clocks_mhz: Sequence[int], freq_mhz: int, power_of: dict[int, float], cap_w: float | None
 ) -> int:
-    """The effective clock: the largest supported clock ≤ ``freq_mhz`` whose power fits the cap.
+    """The largest supported clock ≤ ``freq_mhz`` whose power fits ``cap_w``.
 
     Args:
         clocks_mhz: Supported clocks, highest first.
@@ -116,8 +99,7 @@ def capped_clock_mhz(
         cap_w: Enforced power limit, or None for no cap.
 
     Returns:
-        The clamped clock; the lowest supported clock if nothing fits (a real GPU cannot go
-        lower either). O(len(clocks_mhz)).
+        The clamped clock; the lowest one if nothing fits. O(len(clocks_mhz)).
     """
     candidates = [f for f in clocks_mhz if f <= freq_mhz]
     if not candidates:
@@ -135,13 +117,12 @@ class MemoryModel:
     """A lockable memory clock: its power and how much of each op kind it bounds.
 
     Attributes:
-        clocks_mhz: Supported memory clocks, highest first (the default is the first).
-        power_at_max_w: Memory power under load at the highest memory clock (already part of
-            the SM model's power, which was fitted at that clock).
+        clocks_mhz: Supported memory clocks, highest (the default) first.
+        power_at_max_w: Memory power under load at the highest memory clock (part of the SM
+            model's power).
         static_share: Share of that power that does not scale with the memory clock.
-        memory_bound_share: Per op kind, the share ``β`` of its time at the highest clocks
-            that scales with ``1/g`` (memory-bandwidth bound).
-        source: Where the figures come from (or why they are estimates).
+        memory_bound_share: Per op kind, the share ``β`` of its time that scales with ``1/g``.
+        source: Where the figures come from.
     """
 
     clocks_mhz: tuple[int, ...]
@@ -184,11 +165,7 @@ def memory_clock_option(
     at_max_mem: OpOption, ref_time_s: float, kind: Kind, model: MemoryModel, mem_freq_mhz: int
 ) -> OpOption:
     """The option of an op at memory clock ``mem_freq_mhz``, from its option at the same SM
-    clock and the highest memory clock (see the module docstring).
-
-    ``ref_time_s`` is the op's time at the highest clocks. The op's power changes by
-    ``P_mem(g) − P_mem(g_max)`` and its time by :meth:`MemoryModel.extra_time_s`.
-    """
+    clock and the highest memory clock (``ref_time_s``: its time at the highest clocks)."""
     time_s = at_max_mem.time_s + model.extra_time_s(kind, ref_time_s, mem_freq_mhz)
     power_w = (
         at_max_mem.energy_j / at_max_mem.time_s
@@ -199,10 +176,8 @@ def memory_clock_option(
 
 
 def with_memory_clocks(profile: Profile, model: MemoryModel) -> Profile:
-    """A profile of (SM, memory) clock pairs made from one measured at the default memory
-    clock: every option at every memory clock of ``model`` (:func:`memory_clock_option`).
-
-    Complexity: O(options × memory clocks).
+    """A profile of (SM, memory) clock pairs from one measured at the default memory clock.
+    O(options × memory clocks).
 
     Raises:
         ConfigError: if ``profile`` already has memory clocks.

@@ -1,20 +1,9 @@
 """GPU presets: clock lists, fitted power/time models and blocking power for known GPUs.
 
-Numbers come from ``docs/hardware.md`` (physical data, simulator model). The A100 model is fitted
-to the Perseus
-GPT-3 A100 measurements (rmse 4.8 W); the A40 model is fitted to the bundled A40 profile
-(power rmse 0.9 W, 300 W cap binding above ~1485 MHz); the H100 row is an **estimate** to be
-re-fitted from one sweep on real hardware (``estimated=True``).
-
-Blocking power (the GPU's draw while blocked on P2P or a collective, which the planner charges
-for every second a GPU waits) is known per GPU family (:data:`BLOCKING_POWER`):
-:func:`blocking_power_for` gives it for a device, and ``perseus doctor`` measures it on a GPU
-the table does not know.
-
-Memory clocks: GDDR boards (the ``a40`` preset) carry a :class:`MemoryModel` (lockable memory
-clocks, memory power, a memory-bound share per op kind); HBM boards have one memory clock and
-none. Clock-switch costs per architecture are in :data:`SWITCH_COSTS`
-(:func:`switch_cost_for`), each with its source.
+Figures come from ``docs/hardware.md``: the A100 model is fitted to the Perseus GPT-3 A100 data
+(rmse 4.8 W), the A40 one to the bundled A40 profile (rmse 0.9 W); the H100 row is an estimate
+(``estimated=True``). Also blocking power per GPU family (:data:`BLOCKING_POWER`) and
+clock-switch costs per architecture (:data:`SWITCH_COSTS`), each with its source.
 """
 
 from __future__ import annotations
@@ -53,13 +42,13 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class BlockingPower:
-    """A GPU family's power while blocked on communication, and where the figure comes from.
+    """A GPU family's power while blocked on P2P/collectives, and its source.
 
     Attributes:
         family: The GPU family (``"A100 SXM4"``).
-        power_w: Power while blocked on P2P/collectives, in watts.
-        source: Where the number comes from (a measurement, or why it is an estimate).
-        estimated: True when nobody measured it: measure it with ``perseus doctor``.
+        power_w: Power while blocked, in watts.
+        source: Where the number comes from.
+        estimated: True when nobody measured it (``perseus doctor`` does).
     """
 
     family: str
@@ -81,8 +70,8 @@ _H100_BLOCKING = BlockingPower(
     estimated=True,
 )
 
-#: Blocking power by GPU family: (pattern matched against the device name, figure). The first
-#: match wins. PCIe and NVL boards have other power envelopes and are left unmatched.
+#: Blocking power by GPU family: (device name pattern, figure); the first match wins. PCIe and
+#: NVL boards have other power envelopes.
 BLOCKING_POWER: tuple[tuple[str, BlockingPower], ...] = (
     (r"\bA100[- ]SXM4?\b", _A100_BLOCKING),
     (r"\bA40\b", _A40_BLOCKING),
@@ -103,14 +92,13 @@ class GPUPreset:
         name: The name NVML would report.
         clocks_mhz: Supported SM clocks, highest first.
         power: Power model.
-        time: Op-time model (reference clock = the highest clock).
+        time: Op-time model (reference: the highest clock).
         power_cap_w: Default enforced power limit (None: uncapped).
         activity: Default activity ``u`` of a forward/backward op.
-        op_time_s: Reference time of one op of each kind at the highest clock, uncapped.
+        op_time_s: Uncapped time of one op of each kind at the highest clock.
         idle_clock_mhz: Clock reported while idle and unlocked.
-        estimated: True when the numbers are placeholders not yet checked on hardware.
-        memory: Lockable memory clocks and their model (GDDR boards); None for one fixed
-            memory clock (HBM boards).
+        estimated: True when the numbers are not yet checked on hardware.
+        memory: Lockable memory clocks and their model (GDDR boards; None: HBM).
         architecture: The NVML architecture name (``Ampere``, ``Hopper``).
     """
 
@@ -128,7 +116,7 @@ class GPUPreset:
     architecture: str = "Ampere"
 
     def identity(self) -> GpuIdentity:
-        """The GPU this preset models, as profiles and plans record it."""
+        """The GPU this preset models."""
         return GpuIdentity(
             name=self.name,
             architecture=self.architecture,
@@ -139,13 +127,13 @@ class GPUPreset:
 
 @dataclass(frozen=True, slots=True)
 class SwitchCost:
-    """What one clock change costs on an architecture, and where the figures come from.
+    """What one clock change costs on an architecture, and its source.
 
     Attributes:
         architecture: ``"ampere"``, ``"hopper"``, ``"blackwell"``.
         latency_s: Median length of a locked-clock set call; the old clocks run meanwhile.
         source: Where the figure comes from.
-        estimated: True when nobody measured it on that architecture.
+        estimated: True when nobody measured it.
     """
 
     architecture: str
@@ -154,9 +142,8 @@ class SwitchCost:
     estimated: bool = False
 
 
-#: Clock-switch latency per architecture. A plan charges each mid-op switch ``latency_s`` as
-#: the time the old clock keeps running and, where a runtime waits for the call (or a GDDR
-#: memory-clock change stalls the memory), as a stall (``switch_stall_s`` of the job).
+#: Clock-switch latency per architecture: a plan charges it per mid-op switch as time at the
+#: old clock and, where the runtime waits for the call, as a stall (``switch_stall_s``).
 SWITCH_COSTS: dict[str, SwitchCost] = {
     "ampere": SwitchCost(
         "ampere",
@@ -202,13 +189,9 @@ def _entry(table: dict[str, _T], key: str, what: str) -> _T:
         ) from None
 
 
-#: The A40's GDDR6 memory clocks and their model. All figures are estimates [E]: the clock list
-#: is the one ``nvidia-smi -q -d SUPPORTED_CLOCKS`` shows on GA102 boards (7251 MHz at full
-#: speed, 5001 MHz, and the idle states 810/405 MHz); the memory power (60 W for 48 GB of GDDR6
-#: at full speed, 30 % of it static) is a per-device estimate, not a measurement. The
-#: memory-bound shares split the part of an op's time that the fitted A40 SM model does not
-#: scale with the SM clock (1 - alpha = 0.58): forward 0.20 (attention and layer norms move
-#: activations), backward 0.15, weight gradient 0.10 (GEMM-dominated).
+#: The A40's GDDR6 memory clocks and model, all estimates: GA102's clock list, 60 W of memory
+#: power (30 % static), and memory-bound shares splitting the part of an op's time the A40 SM
+#: model does not scale with the SM clock (1 - alpha = 0.58).
 A40_MEMORY = MemoryModel(
     clocks_mhz=(7251, 5001, 810, 405),
     power_at_max_w=60.0,
@@ -238,8 +221,7 @@ _A100 = GPUPreset(
 
 PRESETS: dict[str, GPUPreset] = {
     "a100": _A100,
-    # The "perseus-500W" fixture (docs/hardware.md#sim-defaults): the board the Perseus A100 data
-    # was measured on. u = 1 with a 480 W cap reproduces docs/hardware.md#clock-curve.
+    # The board the Perseus A100 data was measured on (docs/hardware.md#sim-defaults).
     "a100-500w": replace(
         _A100,
         key="a100-500w",
@@ -284,8 +266,8 @@ def get_preset(key: str) -> GPUPreset:
 
 
 def preset_for_name(name: str) -> GPUPreset | None:
-    """The preset whose key or GPU name appears in ``name`` (case-insensitive; the longest
-    key first, so ``a100-500w`` wins over ``a100``), or None when none does."""
+    """The preset whose key or GPU name appears in ``name`` (case-insensitive, longest key
+    first), or None."""
     text = name.lower()
     for key in sorted(PRESETS, key=len, reverse=True):
         preset = PRESETS[key]
@@ -313,16 +295,14 @@ def blocking_power_of_name(name: str) -> BlockingPower | None:
 def blocking_power_for(gpu: GPU) -> float:
     """The power ``gpu`` draws while blocked on communication, in watts, for planning.
 
-    A device that declares it (:class:`DeclaresBlockingPower`: the simulated GPU) gives its
-    own; otherwise the device's name is looked up in :data:`BLOCKING_POWER`. The source is
-    logged (INFO; a WARNING when the figure is an estimate).
+    A device that declares it (the simulated GPU) gives its own; otherwise its name is looked
+    up in :data:`BLOCKING_POWER`. The source is logged (a warning for an estimate).
 
     Args:
-        gpu: A GPU (:class:`~perseus.device.nvml.NvmlGPU`, a simulated GPU).
+        gpu: A GPU.
 
     Raises:
-        ConfigError: if the GPU is not one the table knows; the message says how to measure
-            it (``perseus doctor``) and which parameter to pass.
+        ConfigError: the GPU is not one the table knows (measure it with ``perseus doctor``).
     """
     name = gpu.name
     if isinstance(gpu, DeclaresBlockingPower):
@@ -352,13 +332,10 @@ _SIMULATED = "Simulated "
 
 
 def gpu_identity(gpu: GPU) -> GpuIdentity | None:
-    """Which GPU ``gpu`` is, as profiles and plans record it (:class:`GpuIdentity`), or None
-    when it does not say (nothing to check a plan against).
+    """Which GPU ``gpu`` is, as profiles and plans record it, or None when it does not say.
 
-    A device that knows it (``identity()``: :class:`~perseus.device.nvml.NvmlGPU`) says so;
-    a simulated GPU built from a preset presents the preset's (``Simulated NVIDIA H100 80GB
-    HBM3`` is the ``h100`` preset's H100). A simulated GPU that replays a profile is that
-    profile's GPU by construction: None.
+    A device with ``identity()`` (NVML) says so; a simulated GPU built from a preset is the
+    preset's GPU; one replaying a profile is that profile's GPU by construction: None.
     """
     identity = getattr(gpu, "identity", None)
     if callable(identity):

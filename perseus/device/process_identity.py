@@ -1,23 +1,9 @@
 """Which process a record names, and whether it is still there: pid, start time, boot, namespace.
 
-A bare pid says little about a process: pids are reused, and a pid recorded inside a container
-(its own PID namespace) names another process, or none, on the host. So an ownership lock
-(:mod:`perseus.device.ownership`) and a recurring run's lease (:mod:`perseus.recurring.lease`)
-record a process as ``(pid, boot id, start time, PID namespace)``: ``/proc/<pid>/stat`` field
-22 (the kernel's start time in clock ticks), ``/proc/sys/kernel/random/boot_id`` and the inode
-of ``/proc/<pid>/ns/pid``. Then:
-
-- another boot id: the recorded process is gone (a reboot ended it);
-- another PID namespace: nothing here can tell (its pid means nothing in ours): *unknown*;
-- our namespace, no such pid, or a live pid with another start time (reused): *gone*;
-- otherwise *alive*. A record without a start time (an older perseus, no ``/proc``) is alive
-  while its pid is.
-
-A lock file's record is one ASCII line, ``<pid> <boot id>:<start ticks> pid:[<inode>]``; only
-its first 256 bytes are read and anything that is not that shape (NUL bytes, non-ASCII digits
-that ``int()`` would take, pid 0 or a negative one) names no process.
-
-Standard library only: the watchdog loads this file by path (through ``ownership``).
+Pids are reused and mean nothing across PID namespaces, so a lock or lease records
+``<pid> <boot id>:<start ticks> pid:[<inode>]`` (one ASCII line; only its first 256 bytes are
+read, anything else names no process). Another boot: gone; another namespace: unknown; no such
+pid or another start time: gone; else alive. Standard library only (the watchdog loads it).
 """
 
 from __future__ import annotations
@@ -55,12 +41,12 @@ Liveness = Literal["alive", "gone", "unknown"]
 
 
 class ProcessRecord(NamedTuple):
-    """A process as a lock file or lease names it.
+    """A process as a lock file or lease names it (None: unknown).
 
     Attributes:
         pid: Its pid, in ``namespace``.
-        start: ``"<boot id>:<start ticks>"``, or None where unknown.
-        namespace: ``"pid:[<inode>]"`` of its PID namespace, or None where unknown.
+        start: ``"<boot id>:<start ticks>"``.
+        namespace: ``"pid:[<inode>]"`` of its PID namespace.
     """
 
     pid: int
@@ -129,7 +115,6 @@ def parse_record(data: bytes) -> ProcessRecord | None:
     pid = int(match.group(1))
     if pid == 0:
         return None  # 0 would name a process group, never a process
-    # A pid past pid_max names no live process: a dead owner (liveness says "gone").
     start, namespace = (g.decode("ascii") if g else None for g in match.group(2, 3))
     return ProcessRecord(pid, start, namespace)
 

@@ -1,10 +1,8 @@
 """The simulated GPU's record of the set and reset calls it received (opt-in).
 
 As httpx's ``MockTransport`` shows a test every request, ``SimulatedGPU(record_set_calls=n)``
-keeps the last ``n`` clock, memory-clock and power-limit set and reset calls
-(:attr:`~perseus.device.simulated.SimulatedGPU.set_calls`): what was asked, what was applied or
-the error raised, and when (on the GPU's clock) each was issued, took effect and returned.
-``set_return_lag_s`` makes a call return that long after its change took effect.
+keeps the last ``n`` clock and power-limit set and reset calls: what was asked and applied,
+and when each was issued, took effect and returned.
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ class SetCall:
     """One set or reset call a simulated GPU received (times on the GPU's clock, seconds).
 
     Attributes:
-        method: The GPU method called (``"set_locked_clock"``, ``"reset_memory_locked_clock"``,
-            ``"set_power_limit_w"``, ...).
+        method: The GPU method called (``"set_locked_clock"``, ...).
         requested: Its argument (MHz or W; None for a reset).
-        applied: What it returned: the clock or limit applied (None for a reset or a refusal).
+        applied: The clock or limit applied (None for a reset or a refusal).
         issued_s: When the call was made.
         applied_s: When its change took effect (None: refused).
         returned_s: When it returned or raised.
@@ -50,10 +47,10 @@ class SetCall:
 
 
 def set_call_log(max_calls: int, return_lag_s: float) -> deque[SetCall] | None:
-    """The bounded record of a GPU built with ``record_set_calls=max_calls`` (None: 0, off).
+    """The bounded record for ``record_set_calls=max_calls`` (None: 0, off).
 
     Raises:
-        ConfigError: for a negative count or lag.
+        ConfigError: a negative count or lag.
     """
     if max_calls < 0 or return_lag_s < 0:
         raise ConfigError(

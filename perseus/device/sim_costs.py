@@ -1,9 +1,7 @@
 """How a simulated GPU prices an op: cost functions from a measured profile or a fitted preset.
 
-A cost function maps ``(stage_index, kind, freq_mhz)`` to the op's ``(time_s, energy_j)`` at
-that SM clock (uncapped, before slowdown); a memory cost function adds a locked, non-default
-memory clock. :class:`~perseus.device.simulated.SimulatedGPU` takes them; its constructors
-``from_profile`` and ``from_preset`` build them here.
+A cost function maps ``(stage_index, kind, freq_mhz)`` to the op's uncapped ``(time_s,
+energy_j)``; a memory cost function adds a locked memory clock.
 """
 
 from __future__ import annotations
@@ -37,13 +35,11 @@ MemCostFn = Callable[[int, Kind, int, int], tuple[float, float]]
 def profile_costs(
     profile: Profile,
 ) -> tuple[list[int], OpCostFn, tuple[int, ...], MemCostFn | None]:
-    """An op at clock ``f`` costs exactly ``profile``'s time and energy (the nearest profiled
-    clock when ``f`` was not profiled).
+    """An op costs exactly ``profile``'s time and energy at the nearest profiled clock.
 
     Returns:
-        The SM clocks (the union of the profile's), the cost function, the memory clocks
-        (highest first; empty for a profile without them) and the memory cost function (None
-        unless the profile has more than one memory clock).
+        The SM clocks, the cost function, the memory clocks (highest first) and the memory
+        cost function (None unless there are several memory clocks).
     """
     clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
     # An SM clock alone means the default (highest) memory clock: OpProfile.at.
@@ -86,8 +82,8 @@ def preset_costs(
     activity: float | None = None,
     op_time_s: Mapping[Kind, float] | None = None,
 ) -> tuple[OpCostFn, MemCostFn | None]:
-    """Every stage costs the same: ``op_time_s[kind]`` at the highest clock (uncapped), scaled
-    by the preset's time model; power from its power model at ``activity``.
+    """Every stage costs ``op_time_s[kind]`` at the highest clock, scaled by the preset's
+    time model, at its power model's power for ``activity``.
 
     Returns:
         The cost function and the memory cost function (None without a memory model).
@@ -135,12 +131,9 @@ class SimNoise:
     Attributes:
         time_sigma: Lognormal sigma of every op's time factor (0.01: ~1 % jitter).
         power_sigma: Lognormal sigma of every op's power factor.
-        blocking_error: The device's blocking power is the nominal one times ``1 + u`` with
-            ``u`` uniform in ``[-blocking_error, blocking_error]``, drawn once per device.
+        blocking_error: Relative blocking-power error, uniform, drawn once per device.
         seed: Seed; each device (index) gets its own stream of draws.
-        counter_gain: The energy counter reports this share of the true energy (a sensor
-            gain error; docs/hardware.md#sim-defaults: 0.95 +- 0.02 measured on an A100). 1 by
-            default.
+        counter_gain: The share of the true energy the counter reports (0.95 on an A100).
     """
 
     time_sigma: float = 0.01
@@ -160,15 +153,14 @@ class SimNoise:
         return random.Random(f"perseus-sim-noise/{self.seed}/{index}")
 
     def blocking_offset(self, index: int) -> float:
-        """The relative blocking-power error of device ``index`` (in +-``blocking_error``)."""
+        """The relative blocking-power error of device ``index``."""
         err = self.blocking_error
         return random.Random(f"perseus-sim-blocking/{self.seed}/{index}").uniform(-err, err)
 
 
 class OpPricer:
     """What an op costs run wholly at a lock under a power cap: the highest clock at or below
-    the lock whose power fits the cap (as an H100 under its SW power cap runs), and its
-    ``(time_s, energy_j)`` there, cached (the stream prices an op on every commit).
+    the lock whose power fits, and its ``(time_s, energy_j)`` there (cached).
 
     Args:
         clocks_mhz: Supported SM clocks, highest first.
@@ -198,8 +190,7 @@ class OpPricer:
         """``(clock_mhz, time_s, energy_j)`` of an op locked at ``freq_mhz`` under ``cap_w``
         with the memory clock locked at ``mem_mhz`` (None: the default)."""
         if mem_mhz is not None and self._mem_cost_fn is not None and mem_mhz != self._mem_clocks[0]:
-            # The memory hook: the clock the cap allows at the default memory clock, priced
-            # at the locked memory clock.
+            # The clock the cap allows at the default memory clock, at the locked one.
             f_eff = self._at_default_memory(stage_index, kind, freq_mhz, cap_w)[0]
             t, e = self._mem_cost_fn(stage_index, kind, f_eff, mem_mhz)
             return f_eff, t, e

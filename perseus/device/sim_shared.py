@@ -1,10 +1,8 @@
-"""The simulated GPU's shared state: how a process attaches to it, and what lives in it.
+"""The simulated GPU's shared state: attaching to its state file, and what lives there.
 
-A :class:`~perseus.device.simulated.SimulatedGPU` keeps its lock, energy counter, slowdown,
-memory lock and power limit in a state file (:mod:`perseus.device.sim_state`) that every
-process using the GPU shares. :class:`SimSharedState` is the part of the GPU that attaches to
-that file, reads and changes it, and implements the power limit (which lives there like the
-clock lock: it outlives the process and the watchdog resets it), plus error injection.
+:class:`SimSharedState` is the part of a :class:`~perseus.device.simulated.SimulatedGPU` that
+reads and changes the state file every process shares (lock, energy, slowdown, memory lock and
+power limit), plus error injection.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ class _FnClock:
 
 
 def _clock_kind(clock: Clock) -> str:
-    """How another process can read ``clock`` (see :func:`~perseus.device.sim_state.clock_kind`)."""
+    """How another process can read ``clock`` (see :func:`.sim_state.clock_kind`)."""
     if isinstance(clock, _FnClock):
         return clock_kind(clock.now)
     if isinstance(clock, WallClock):
@@ -70,14 +68,12 @@ def _clock_kind(clock: Clock) -> str:
 
 
 def as_clock(clock: Clock | Callable[[], float], sleep: Callable[[float], None] | None) -> Clock:
-    """``clock`` itself, or a :class:`~perseus.device.clock.Clock` from a time function and
-    ``sleep`` (default ``time.sleep``)."""
+    """``clock`` itself, or a Clock from a time function and ``sleep`` (``time.sleep``)."""
     return clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
 
 
 class SimSharedState:
-    """The shared-state half of a :class:`~perseus.device.simulated.SimulatedGPU` (a base
-    class: the attributes below are set by its constructor)."""
+    """The shared-state half of a SimulatedGPU (whose constructor sets these attributes)."""
 
     _name: str
     _uuid: str
@@ -109,8 +105,7 @@ class SimSharedState:
 
     @property
     def explicit_state_dir(self) -> bool:
-        """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``): GPUs
-        meant to be shared, rather than the per-user default."""
+        """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``)."""
         return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
 
     @property
@@ -123,13 +118,13 @@ class SimSharedState:
 
     @property
     def state_dir(self) -> Path:
-        """The directory holding this GPU's state (resolved on first use)."""
+        """The directory holding this GPU's state."""
         if self._state_dir is None:
             self._state_dir = default_state_dir()
         return self._state_dir
 
     def owner_lock_path(self) -> Path:
-        """Ownership lock file, in the state directory next to the state."""
+        """Ownership lock file, next to the state."""
         return owner_lock_path(self.state_dir, self._uuid)
 
     def watchdog_spec(self) -> dict[str, str]:
@@ -137,7 +132,7 @@ class SimSharedState:
         return {"backend": "sim", "state_dir": str(self.state_dir), "uuid": self._uuid}
 
     def _info(self) -> State:
-        """Static description, kept apart from the small, frequently rewritten state."""
+
         return {
             "uuid": self._uuid,
             "index": self.index,
@@ -157,8 +152,7 @@ class SimSharedState:
             "power_cap_w": self.power_cap_w,
             "locked_mhz": None,
             "power_limit_w": None,  # None: the default limit (power_cap_w)
-            # The board's default limit, apart from the limit in force: what every reset
-            # restores and what ``perseus device info`` compares against.
+            # The board's default limit: what every reset restores.
             "default_power_limit_w": self._default_power_limit_w(),
             "slowdown": 1.0,
             "energy_j": 0.0,
@@ -171,20 +165,19 @@ class SimSharedState:
 
     @property
     def true_blocking_power_w(self) -> float:
-        """The blocking power this device really draws (nominal +- the noise's error)."""
+        """The blocking power this device really draws (with the noise's error)."""
         if self.noise is None:
             return self.blocking_power_w
         return self.blocking_power_w * (1.0 + self.noise.blocking_offset(self.index))
 
     @property
     def counter_gain(self) -> float:
-        """The share of the true energy the counter reports (``noise.counter_gain``; 1
-        without noise). :meth:`exact_energy_j` is the truth."""
+        """The share of the true energy the counter reports (1 without noise)."""
         return 1.0 if self.noise is None else self.noise.counter_gain
 
     def _attach(self, state: State | None, now: float) -> State:
-        """Create the state, or adopt an existing one with this process's model parameters
-        (the lock, counter, slowdown and owner are kept: they belong to the "hardware")."""
+        """Create the state, or adopt one with this process's model parameters (keeping the
+        lock, counter, slowdown and owner: the "hardware")."""
         if state is None:
             return self._initial_state(now)
         advance(state, now)
@@ -202,7 +195,7 @@ class SimSharedState:
     def _store(self) -> SimStateFile:
         f = self._file
         if f is None:
-            with self._attach_lock:  # the clock worker and the training thread may race here
+            with self._attach_lock:  # the clock worker and the training thread may race
                 f = self._file
                 if f is None:
                     f = SimStateFile(self.state_dir, self._uuid)
@@ -214,16 +207,15 @@ class SimSharedState:
 
     def _state(self) -> State:
         state = self._store().read()
-        if state is None:  # someone deleted the state dir: start afresh, like a driver reload
+        if state is None:  # the state dir was deleted: start afresh, like a driver reload
             self._file = None
             state = self._store().read()
         assert state is not None  # created just above
         return state
 
     def _update(self, change: Callable[[State], None], at_s: float | None = None) -> State:
-        """Apply ``change`` to the shared state, advanced to now, or to ``at_s`` (the stream's
-        time of the change: on a real clock "now" has moved on by the time the file is
-        locked, and integrating that sliver at the old plan's power loses energy)."""
+        """Apply ``change`` to the shared state, advanced to now or to ``at_s`` (the stream's
+        time of the change, so no sliver is integrated at the old plan's power)."""
 
         def apply(state: State | None) -> State:
             # under the lock: writers' times are ordered like their writes
@@ -237,11 +229,8 @@ class SimSharedState:
         assert new is not None
         return new
 
-    # -----------------------------------------------------------------------------------------
-    # Error injection
-
     def inject_error(self, method: str, error: DeviceError, times: int = 1) -> None:
-        """Make the next ``times`` calls of ``method`` raise ``error`` (GPU_IS_LOST, TIMEOUT...)."""
+        """Make the next ``times`` calls of ``method`` raise ``error``."""
         self._injected.setdefault(method, []).extend([error] * times)
 
     def _check(self, method: str) -> None:
@@ -249,13 +238,12 @@ class SimSharedState:
         if queue:
             raise queue.pop(0)
 
-    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W,
-    #: docs/hardware.md#sim-defaults).
+    #: Lowest accepted limit as a share of the default one (A100: 100 of 400 W).
     power_limit_min_share: float = 0.25
 
     def power_limit_range_w(self) -> tuple[float, float]:
-        """``(min, max)``: the default limit (``power_cap_w``, else the largest op power at the
-        top clock) and ``power_limit_min_share`` of it."""
+        """``(min, max)``: ``power_limit_min_share`` of the default limit, and that limit
+        (``power_cap_w``, else the largest op power at the top clock)."""
         top = self.power_cap_w
         if top is None:
             powers = []
@@ -269,13 +257,13 @@ class SimSharedState:
         return self.power_limit_min_share * float(top), float(top)
 
     def _default_power_limit_w(self) -> float | None:
-        """The default limit (top of :meth:`power_limit_range_w`), None when unknown here."""
+        """The default limit, None when unknown here."""
         with contextlib.suppress(DeviceError):
             return self.power_limit_range_w()[1]
         return None
 
     def _cap_w(self, state: State) -> float | None:
-        """The enforced cap (:func:`~perseus.device.sim_state.enforced_limit_w`)."""
+
         return enforced_limit_w(state, self.power_cap_w)
 
     def power_limit_w(self) -> float:
@@ -285,7 +273,7 @@ class SimSharedState:
 
     @recorded_set_call
     def set_power_limit_w(self, power_limit_w: float) -> float:
-        """Set the limit (NVML's ``SetPowerManagementLimit``); returns the value applied.
+        """Set the power limit; returns the value applied.
 
         Raises:
             DevicePermissionError: without privilege (NO_PERMISSION).
@@ -306,11 +294,7 @@ class SimSharedState:
 
     @recorded_set_call
     def reset_power_limit(self) -> None:
-        """Back to the default limit.
-
-        Raises:
-            DevicePermissionError: without privilege (NO_PERMISSION).
-        """
+        """Back to the default limit (unprivileged: DevicePermissionError)."""
         self._check("reset_power_limit")
         self._refuse_unprivileged("resetting the power limit")
         self._set_limit(None)
@@ -320,20 +304,18 @@ class SimSharedState:
         self._stream.set_cap(self._cap_w(state))
 
     def _wait_set_latency(self) -> None:
-        """Block the caller for one set call's latency (lognormal; none when the median is 0)."""
+        """Block the caller for one (lognormal) set call latency."""
         if self.set_latency_s <= 0:
             return
         z = self._latency_rng.gauss(0.0, 1.0)
         self._sleep(self.set_latency_s * math.exp(self._latency_sigma * z))
 
     def _refuse_unprivileged(self, action: str) -> None:
-        """Raise NVML's NO_PERMISSION for ``action`` on an unprivileged GPU."""
+
         if not self.privileged:
             raise DevicePermissionError(
                 f"{self._name}: {action} needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
             )
-
-    # Memory clocks (GDDR presets and pair profiles; see perseus.device.power_model)
 
     def supported_memory_clocks_mhz(self) -> tuple[int, ...]:
         """Lockable memory clocks, highest first (empty: one fixed memory clock)."""
@@ -349,7 +331,7 @@ class SimSharedState:
 
     @recorded_set_call
     def set_memory_locked_clock(self, mem_freq_mhz: int) -> int:
-        """Lock the memory clock (snapped), after the set latency; queued ops are re-priced.
+        """Lock the memory clock (snapped), after the set latency; re-prices queued ops.
 
         Raises:
             DevicePermissionError: unprivileged.
@@ -372,12 +354,12 @@ class SimSharedState:
         self._apply_memory_lock(None)
 
     def locked_memory_clock_mhz(self) -> int | None:
-        """The memory lock in the shared state (any process's, until a reset)."""
+        """The memory lock in the shared state (any process's)."""
         locked = self._state().get("mem_locked_mhz")
         return None if locked is None else int(locked)
 
     def current_memory_clock_mhz(self) -> int:
-        """The memory clock applied now: the lock in the shared state, else the default.
+        """The memory lock in the shared state, else the default.
 
         Raises:
             DeviceNotSupportedError: one fixed memory clock (not modelled).
@@ -394,12 +376,12 @@ class SimSharedState:
         self._stream.reprice()
 
     def exact_energy_j(self) -> float:
-        """The true energy integral now (the published counter lags it by up to 100 ms)."""
+        """The true energy integral now (the published counter lags it)."""
         return energy_at(self._state(), self._clock())
 
     @property
     def slowdown(self) -> float:
-        """Time multiplier of every op (a throttled GPU: ops take longer at the same power)."""
+        """Time multiplier of every op (a throttled GPU), shared by every process."""
         return float(self._state()["slowdown"])
 
     @slowdown.setter
@@ -407,10 +389,10 @@ class SimSharedState:
         self.set_slowdown(factor)
 
     def set_slowdown(self, factor: float) -> None:
-        """Set the slowdown for every process using this GPU (stored in the state dir).
+        """Set the slowdown for every process using this GPU.
 
         Raises:
-            ConfigError: if ``factor`` is not positive.
+            ConfigError: ``factor`` is not positive.
         """
         if not factor > 0:
             raise ConfigError(f"slowdown must be > 0, got {factor}")

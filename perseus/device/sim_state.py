@@ -1,28 +1,11 @@
-"""Out-of-process state of simulated GPUs (ownership locks: :mod:`perseus.device.ownership`).
+"""Out-of-process state of simulated GPUs: one seqlocked JSON file per GPU.
 
-Like a real driver, a simulated GPU's locked clock, energy counter and owner outlive the
-process that set them: they live in a *state directory* (``PERSEUS_SIM_DIR``, default
-``/run/perseus/sim`` as root, ``<per-user runtime dir>/sim`` otherwise), one file per GPU
-(``<uuid>.state``: a 32-byte header, then JSON; the static description is in
-``<uuid>.info.json``), so several processes see the same GPU and a dead process's lock
-persists until someone resets it. The directory is created or verified, and every file in it
-opened without following links, by :mod:`perseus.device.private_dir`.
-
-This module uses the standard library only and imports nothing from perseus but that
-standalone module (loaded by path when this one is), so the watchdog process can load it by
-file path without paying for ``import perseus`` (~1 s).
-
-Energy is the integral of a piecewise-constant power: the state stores the exact integral
-``energy_j`` up to ``t_last`` and the device's planned work as ``segments`` (start, end, power,
-clock: the queued ops at the clocks known so far; the owner rewrites them when a clock change
-or a launch alters the plan), with the blocking power between and after them. Every transition first *advances* the integral to "now", so any
-process can read the counter at any time without replaying history. The counter NVML would
-report is published only at multiples of ``publish_interval_s`` (``pub_tick``/``pub_mj``).
-
-Concurrency: writers take an exclusive ``flock`` on the state file (re-entrant within a
-process, so a signal handler that resets the GPU while the main thread is mid-update does not
-deadlock) and update it in place under a sequence lock; readers never lock and re-parse only
-when the sequence number changed (see :class:`SimStateFile`).
+Like a real driver's, a simulated GPU's lock, energy counter and owner outlive the process
+that set them: they live in ``<state dir>/<uuid>.state`` (static description in
+``<uuid>.info.json``). Energy is the exact integral of a piecewise-constant power: ``energy_j``
+up to ``t_last`` plus the planned ``segments`` (start, end, power, clock) and blocking power
+between them, published every ``publish_interval_s``. Standard library only (and
+:mod:`.private_dir`), so the watchdog can load it by file path.
 """
 
 from __future__ import annotations
@@ -68,8 +51,7 @@ State = dict[str, Any]
 
 
 def _private() -> ModuleType:
-    """:mod:`perseus.device.private_dir`: imported inside perseus; else loaded by path by the
-    ownership module that loaded this one by path (the watchdog's reset)."""
+    """:mod:`perseus.device.private_dir`, imported or loaded by path (the watchdog)."""
     if __name__ == "perseus.device.sim_state":
         return importlib.import_module("perseus.device.private_dir")
     module: ModuleType = sys.modules["_perseus_ownership"]._sibling("private_dir")
@@ -77,12 +59,11 @@ def _private() -> ModuleType:
 
 
 def default_state_dir() -> Path:
-    """``$PERSEUS_SIM_DIR``, else ``/run/perseus/sim`` as root or a per-user runtime
-    directory's ``sim``; created or verified (:func:`perseus.device.private_dir.sim_dir`).
+    """``$PERSEUS_SIM_DIR``, else the runtime directory's ``sim``, created or verified.
 
     Raises:
-        ConfigError: the directory (or one above it) is a link, another user's, or writable
-            by others.
+        ConfigError: it (or a directory above it) is a link, another user's, or writable by
+            others.
     """
     path: Path = _private().sim_dir()
     return path
@@ -98,16 +79,12 @@ def _file_in(state_dir: Path, uuid: str, suffix: str) -> Path:
     return state_dir / f"{uuid}{suffix}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Energy integral (pure functions of a state dict)
-
 #: One planned stretch of device work: ``[start_s, end_s, power_w, clock_mhz]``.
 Segment = list[float]
 
 
 def energy_at(state: State, t: float) -> float:
-    """Exact energy (J) at time ``t`` >= ``state['t_last']``: each planned segment's power
-    over its span (``state['segments']``), blocking power elsewhere."""
+    """Exact energy (J) at time ``t`` >= ``state['t_last']``."""
     t0 = float(state["t_last"])
     span = max(0.0, t - t0)
     busy = 0.0
@@ -134,8 +111,7 @@ def publish_tick(t: float, interval_s: float) -> float:
 
 
 def published_mj(state: State, t: float) -> int:
-    """The counter an NVML read at time ``t`` returns: ``floor(∫P dt)`` in mJ, as of the last
-    publish tick (or exact when ``publish_interval_s`` is 0)."""
+    """The counter an NVML read at time ``t`` returns (mJ, as of the last publish tick)."""
     interval = state["publish_interval_s"]
     gain = float(state.get("counter_gain", 1.0))  # a sensor gain error (SimNoise)
     if interval <= 0:
@@ -148,8 +124,7 @@ def published_mj(state: State, t: float) -> int:
 
 
 def enforced_limit_w(state: State, board_cap_w: float | None) -> float | None:
-    """The power limit a simulated GPU enforces: the limit set in ``state``, never above the
-    board's own cap; the board's cap when none is set (None: neither)."""
+    """The limit set in ``state`` (never above the board's cap), else the board's cap."""
     limit = state.get("power_limit_w")
     if limit is None:
         return board_cap_w
@@ -157,9 +132,8 @@ def enforced_limit_w(state: State, board_cap_w: float | None) -> float | None:
 
 
 def clock_kind(clock: Callable[[], float]) -> str:
-    """How another process can read ``clock``: ``"wall"`` (``time.time``), ``"monotonic"``
-    (``time.perf_counter``/``time.monotonic``: ``CLOCK_MONOTONIC`` on Linux, the same in every
-    process) or ``"virtual"`` (it cannot)."""
+    """How another process can read ``clock``: ``"wall"``, ``"monotonic"`` (the same in
+    every process on Linux) or ``"virtual"`` (it cannot)."""
     if clock is time.time:
         return "wall"
     if clock is time.perf_counter or clock is time.monotonic:
@@ -168,8 +142,7 @@ def clock_kind(clock: Callable[[], float]) -> str:
 
 
 def now_for(state: State) -> float:
-    """Now on the clock the state's device runs on, from any process (a virtual clock: the
-    state's last time; a state without a recorded clock ran on the wall clock)."""
+    """Now on the clock the state's device runs on, from any process (virtual: its last time)."""
     kind = state.get("clock", "wall")
     if kind == "wall":
         return time.time()
@@ -179,7 +152,7 @@ def now_for(state: State) -> float:
 
 
 def advance(state: State, now: float) -> float:
-    """Move the integral to ``now`` (never backwards) before a transition; returns ``now`` used."""
+    """Move the integral to ``now`` (never backwards); returns the time used."""
     now = max(now, state["t_last"])
     interval = state["publish_interval_s"]
     if interval > 0:
@@ -195,10 +168,6 @@ def advance(state: State, now: float) -> float:
     return now
 
 
-# ---------------------------------------------------------------------------------------------
-# The state file
-
-
 _HEADER_BYTES = 32  # b"<seq:020d> <length:010d>\n"
 
 
@@ -209,14 +178,10 @@ def _header(seq: int, length: int) -> bytes:
 class SimStateFile:
     """One simulated GPU's state file: a seqlock-protected JSON document, updated in place.
 
-    Layout: a 32-byte ASCII header ``"<seq> <length>\n"`` followed by ``length`` bytes of
-    JSON. A writer (holding the exclusive ``flock`` on the file) makes ``seq`` odd, writes the
-    JSON, then makes ``seq`` even again; a reader that sees the same even ``seq`` before and
-    after reading the JSON has a consistent copy, and a reader whose cached ``seq`` still
-    matches needs one 32-byte ``pread`` (~1 µs). In-place writes avoid a rename, which costs
-    ~0.4 ms on ext4 and would dominate every emulated op.
-
-    File descriptors are reopened after ``fork`` so a child never shares the parent's lock.
+    A 32-byte header ``"<seq> <length>\n"``, then JSON. A writer (holding a re-entrant
+    ``flock``) makes ``seq`` odd, writes, makes it even; a reader seeing the same even ``seq``
+    before and after has a consistent copy, and a cached ``seq`` costs one 32-byte ``pread``
+    (a rename per write would cost ~0.4 ms). Descriptors are reopened after ``fork``.
     """
 
     def __init__(self, state_dir: Path, uuid: str) -> None:
@@ -262,8 +227,7 @@ class SimStateFile:
             return self._read_locked(fd)
 
     def _known(self, head: bytes) -> tuple[bool, State | None]:
-        """``(True, state)`` when the header ``head`` needs no payload read: no state yet
-        (None), or the cached state's sequence number."""
+        """``(True, state)`` when ``head`` needs no payload read (no state, or cached)."""
         if len(head) < _HEADER_BYTES:
             return True, None
         cached_seq, cached = self._cached
@@ -300,12 +264,8 @@ class SimStateFile:
                     fcntl.flock(fd, fcntl.LOCK_UN)
 
     def update(self, change: Callable[[State | None], State | None]) -> State | None:
-        """Apply ``change`` to the current state under the lock and write the result.
-
-        ``change`` gets a private shallow copy (or None when the state does not exist yet; it
-        must not mutate nested lists) and returns the new state, or None to leave the file
-        untouched. Cost: one JSON encode and three small syscalls, ~20-40 µs.
-        """
+        """Apply ``change`` to a shallow copy of the state (None: none yet) under the lock
+        and write what it returns (None: leave the file untouched)."""
         with self._locked():
             fd = self._file()
             current = self._read_locked(fd)
@@ -317,8 +277,7 @@ class SimStateFile:
             seq = int(head[:20]) if len(head) == _HEADER_BYTES else 0
             base = seq + (seq % 2)  # an odd seq means a writer died mid-write
             os.pwrite(fd, _header(base + 1, len(data)), 0)
-            # No truncation (a journaled metadata update on ext4): readers take ``length``
-            # bytes, so a longer old document's tail is ignored.
+            # No truncation: readers take ``length`` bytes.
             os.pwrite(fd, data, _HEADER_BYTES)
             os.pwrite(fd, _header(base + 2, len(data)), 0)
             self._cached = (base + 2, new)
@@ -326,9 +285,8 @@ class SimStateFile:
 
 
 def reset_file(spec: dict[str, Any]) -> dict[str, Any]:
-    """The simulated backend's reset, runnable from any process: the GPU ``spec["uuid"]`` in
-    ``spec["state_dir"]`` goes back to its default clocks, memory clock and power limit (the
-    energy integral first advanced on the clock the device runs on).
+    """Reset simulated GPU ``spec["uuid"]`` in ``spec["state_dir"]`` to its default clocks,
+    memory clock and power limit, from any process.
 
     Returns:
         What was restored: ``{"power_limit_w": (before, default)}`` when a limit was set.
@@ -361,10 +319,8 @@ def reset_file(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_info(state_dir: Path, uuid: str, info: State) -> None:
-    """Write a GPU's static description (name, clocks...) to ``<uuid>.info.json`` atomically.
-
-    Kept out of the state file so that every op does not re-encode the clock list.
-    """
+    """Write a GPU's static description to ``<uuid>.info.json`` atomically (kept out of the
+    state file so every op does not re-encode the clock list)."""
     path = _file_in(state_dir, uuid, INFO_SUFFIX)
     data = json.dumps(info, indent=1).encode("utf-8")
     private = _private()
