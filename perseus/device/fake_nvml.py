@@ -1,27 +1,11 @@
 """A recording, fault-injecting fake of the ``pynvml`` module: perseus's test double for NVML.
 
 Pass a :class:`FakeNvml` wherever perseus takes ``nvml_module=`` (as httpx ships
-``MockTransport`` next to its transports). It answers every NVML function perseus calls, records
-each call in ``calls`` as ``(name, args)``, and injects the faults a real GPU shows:
-
-* ``fail(name, code, times)``: the next calls of ``name`` raise ``NVMLError(code)``;
-* ``refuse_control=True``: every call that would change a device (``nvmlDeviceSet*``,
-  ``nvmlDeviceReset*``, ...) raises ``NO_PERMISSION``, what a container without
-  ``CAP_SYS_ADMIN`` sees;
-* power caps that override locks: a busy device with a power model runs the highest supported
-  clock at or below its request whose power fits the enforced limit, and sets the
-  ``sw_power_cap`` event reason;
-* thermal events (``thermal_limit_mhz``: clock held there, ``sw_thermal_slowdown`` set);
-* counter wrap (``energy_wrap_mj``), energy published only every ``energy_publish_s``;
-* slow reads (``latency_s``: a per-function delay, slept on the fake's clock).
-
-The physics are the simulated GPU's: a device's power model is a preset's
-(:class:`~perseus.device.power_model.PowerModel`, :meth:`FakeDevice.from_preset`), the clock a
-cap allows is :func:`~perseus.device.power_model.capped_clock_mhz`, and the energy counter is
-the simulator's integral and publish (:mod:`perseus.device.sim_state`). Time comes from
-:mod:`perseus.device.clock` (``clock=``), so tests drive the fake on a
-:class:`~perseus.device.clock.VirtualClock`. :func:`h100` replays a real H100 80GB HBM3's
-behaviour. Its ``NVML_*`` constants are :class:`~perseus.device.nvml_calls.NvmlConstants`.
+``MockTransport``). It records every call in ``calls`` and injects what real GPUs show: failures
+(:meth:`FakeNvml.fail`), refused control calls (``refuse_control``), power caps overriding locks
+(the simulator's power model and :func:`~perseus.device.power_model.capped_clock_mhz`), thermal
+limits, counter wrap and publish period, slow reads, all on a :mod:`perseus.device.clock` clock.
+:func:`h100` replays a real H100 80GB HBM3.
 """
 
 from __future__ import annotations
@@ -38,7 +22,7 @@ from perseus.device.nvml_calls import CLOCK_EVENT_BITS, NvmlConstants, is_contro
 from perseus.device.power_model import PowerModel, capped_clock_mhz
 from perseus.device.presets import get_preset
 from perseus.device.sim_shared import SimSharedState
-from perseus.device.sim_state import State, advance, published_mj
+from perseus.device.sim_state import State, advance, publish_tick, published_mj
 
 __all__ = ["FakeDevice", "FakeNvml", "NVMLError", "h100"]
 
@@ -50,13 +34,8 @@ _A100 = get_preset("a100")  # what a device answers by default (its name, clocks
 
 @dataclass
 class FakeDevice:
-    """One fake GPU.
-
-    Without a power model (``power`` None) the SM clock read back is the lock (or
-    ``sm_clock_mhz``) and the power read is ``power_mw``. With one, a ``busy`` device draws
-    ``power.compute_power_w(f, activity)`` and runs the highest supported clock at or below its
-    request that fits the enforced power limit, as a simulated GPU does.
-    """
+    """One fake GPU: without a power model it runs its lock and draws ``power_mw``; with one,
+    a ``busy`` device runs the highest clock at or below its lock that fits the power limit."""
 
     uuid: str
     name: str = _A100.name
@@ -70,12 +49,10 @@ class FakeDevice:
     sm_clock_mhz: int = 1410  # the clock requested when unlocked
     locked: tuple[int, int] | None = None
     mem_locked: tuple[int, int] | None = None
-    #: The memory clock a busy board runs whatever its lock (a GeForce board drops to its P2
-    #: state's memory clock under CUDA load); None: the lock, else the highest.
+    #: The memory clock a busy board runs whatever its lock (a GeForce board under CUDA load).
     busy_memory_clock_mhz: int | None = None
     supports_mig_query: bool = True
-    #: None: ``energy_mj`` is returned as is (or integrated from power, see
-    #: ``energy_from_power``); else the counter as a function of the clock's time (s).
+    #: The counter as a function of the clock's time (None: ``energy_mj``).
     energy_fn: Callable[[float], int] | None = None
     power_limit_mw: int = 400_000
     default_power_limit_mw: int = 400_000
@@ -85,29 +62,23 @@ class FakeDevice:
     clock_event_reasons: int = _IDLE  # the reasons when nothing holds the clock down
     has_event_reasons_name: bool = True  # False: only the older ...ThrottleReasons works
     app_clocks_restricted: int = 1  # NVML_FEATURE_ENABLED: only root may set them
-    # The load and power model ------------------------------------------------------------
     busy: bool = False  # a kernel is running
     activity: float = 1.0
-    #: When set, the activity steps through these values every ``activity_period_s``.
+    #: Activities stepped through every ``activity_period_s`` (empty: ``activity``).
     activity_cycle: tuple[float, ...] = ()
     activity_period_s: float = 0.1
     power: PowerModel | None = None  # a preset's; None: no power model (the clock is the request)
     thermal_limit_mhz: int | None = None  # a thermal event holds the clock here
-    # The energy counter ------------------------------------------------------------------
     energy_from_power: bool = False  # integrate the drawn power over the clock's time
     energy_publish_s: float = 0.0  # 0: every read sees the exact counter
     energy_wrap_mj: int | None = None  # the counter wraps to 0 here
-    #: The simulator's energy integral (:mod:`perseus.device.sim_state`) once integrating: the
-    #: draw since the last change stands where a simulated GPU keeps its blocking power.
+    #: The simulator's energy integral (:mod:`.sim_state`) once integrating.
     integral: State | None = field(default=None, repr=False)
 
     @classmethod
     def from_preset(cls, uuid: str, key: str, **fields: Any) -> FakeDevice:
-        """A device that behaves as the simulated GPU of preset ``key``: its name,
-        architecture, SM and memory clocks, idle power, power model, activity and default
-        power limit (settable down to the simulated GPU's lowest share of it), the energy
-        counter integrated from the drawn power and published every 100 ms. ``fields``
-        override any of these."""
+        """A device that behaves as the simulated GPU of preset ``key`` (its clocks, power
+        model and limits; energy integrated and published every 100 ms); ``fields`` override."""
         preset = get_preset(key)
         idle_mw = round(preset.power.idle_w * 1000)
         cap_mw = round(preset.power_cap_w * 1000) if preset.power_cap_w else cls.power_limit_mw
@@ -133,7 +104,6 @@ class FakeDevice:
             values["memory_clocks"] = preset.memory.clocks_mhz
         return cls(uuid, **{**values, **fields})
 
-    # -------------------------------------------------------------------------------------
     def load_activity(self, now_s: float) -> float:
         if not self.activity_cycle:
             return self.activity
@@ -161,18 +131,16 @@ class FakeDevice:
         return self.power_mw / 1000.0
 
     def advance_energy(self, now_s: float) -> None:
-        """Integrate the drawn power up to ``now_s`` and publish the counter (power is constant
-        between calls: every state change goes through the fake, which advances first)."""
+        """Integrate the drawn power up to ``now_s`` and publish the counter."""
         if not self.energy_from_power:
             return
         if self.integral is None:
             publish = self.energy_publish_s
-            tick = math.floor(now_s / publish) * publish if publish > 0 else now_s
             self.integral = {
                 "energy_j": self.energy_mj / 1000.0,
                 "t_last": now_s,
                 "publish_interval_s": publish,
-                "pub_tick": tick,
+                "pub_tick": publish_tick(now_s, publish),
                 "pub_mj": self.energy_mj,
             }
         state = self.integral
@@ -198,8 +166,7 @@ _MESSAGES = {
 
 
 class NVMLError(Exception):
-    """Like ``pynvml.NVMLError``: carries the NVML return code in ``value``, and says what
-    pynvml says."""
+    """Like ``pynvml.NVMLError``: the NVML return code in ``value``, pynvml's message."""
 
     def __init__(self, value: int) -> None:
         super().__init__(_MESSAGES.get(value, f"NVML Error with code {value}"))
@@ -207,7 +174,7 @@ class NVMLError(Exception):
 
 
 def _reads(function: str, attribute: str) -> Callable[[FakeNvml, Any], Any]:
-    """The fake's NVML getter ``function``: records the call and returns one device attribute."""
+    """The fake's NVML getter ``function``: records the call, returns a device attribute."""
 
     def get(self: FakeNvml, handle: Any) -> Any:
         return getattr(self._on(function, handle), attribute)
@@ -237,9 +204,8 @@ class FakeNvml(NvmlConstants):
         failures: Per function, the error codes its next calls raise (see :meth:`fail`).
         refuse_control: Every call that would change a device raises ``NO_PERMISSION``.
         latency_s: Per function, how long a call takes (slept on ``clock``).
-        clock: Where time comes from (the power model, the energy counter, slow reads).
-        gates: Per function, an event each call waits on (up to 5 s) once recorded: a test
-            holds a driver call in flight until it sets the event.
+        clock: Where time comes from.
+        gates: Per function, an event each call waits on (up to 5 s) once recorded.
     """
 
     devices: list[FakeDevice] = field(default_factory=list)
@@ -254,8 +220,7 @@ class FakeNvml(NvmlConstants):
     NVMLError = NVMLError
 
     def control_calls(self) -> list[str]:
-        """Calls that change a device (every ``nvmlDeviceSet*``/``Reset*``/``Clear*``), refused
-        ones included."""
+        """Calls that change a device, refused ones included."""
         return [name for name in self.names() if is_control_function(name)]
 
     def fail(self, name: str, code: int, times: int = 1) -> None:
@@ -291,8 +256,7 @@ class FakeNvml(NvmlConstants):
         return handle
 
     def _setting(self, name: str, handle: Any, *args: Any) -> FakeDevice:
-        """:meth:`_on` for a call that changes the device: its energy integrated up to now
-        first (the power drawn so far is the power before the change)."""
+        """:meth:`_on` for a call that changes the device, its energy integrated first."""
         device = self._on(name, handle, *args)
         device.advance_energy(self.clock.now())
         return device
@@ -305,7 +269,6 @@ class FakeNvml(NvmlConstants):
         if activity is not None:
             device.activity = activity
 
-    # Initialization -------------------------------------------------------------------------
     def nvmlInit(self) -> None:
         self._record("nvmlInit")
         self.initialized += 1
@@ -318,7 +281,6 @@ class FakeNvml(NvmlConstants):
     nvmlSystemGetNVMLVersion = _answers("nvmlSystemGetNVMLVersion", "12.550.54.15")
     nvmlSystemGetCudaDriverVersion_v2 = _answers("nvmlSystemGetCudaDriverVersion_v2", 12040)
 
-    # Device discovery -----------------------------------------------------------------------
     def nvmlDeviceGetCount(self) -> int:
         self._record("nvmlDeviceGetCount")
         return len(self.devices)
@@ -348,7 +310,6 @@ class FakeNvml(NvmlConstants):
     nvmlDeviceGetArchitecture = _reads("nvmlDeviceGetArchitecture", "architecture")
     nvmlDeviceGetPersistenceMode = _reads("nvmlDeviceGetPersistenceMode", "persistence")
 
-    # Clocks ---------------------------------------------------------------------------------
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
         return list(self._on("nvmlDeviceGetSupportedMemoryClocks", handle).memory_clocks)
 
@@ -397,7 +358,6 @@ class FakeNvml(NvmlConstants):
     def nvmlDeviceGetAPIRestriction(self, handle: Any, api: int) -> int:
         return self._on("nvmlDeviceGetAPIRestriction", handle, api).app_clocks_restricted
 
-    # Sensors --------------------------------------------------------------------------------
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         d = self._on("nvmlDeviceGetTotalEnergyConsumption", handle)
         now_s = self.clock.now()
@@ -433,7 +393,6 @@ class FakeNvml(NvmlConstants):
             )
         return out
 
-    # Power limit ----------------------------------------------------------------------------
     nvmlDeviceGetPowerManagementLimit = _reads(
         "nvmlDeviceGetPowerManagementLimit", "power_limit_mw"
     )
@@ -453,9 +412,8 @@ class FakeNvml(NvmlConstants):
         ).power_limit_mw = limit_mw
 
 
-#: The H100 80GB HBM3's load as measured: a d_model 4096 layer at the default clock ran at
-#: 1485-1740 MHz with the SW power cap set at 700 W. These activities put the ``h100`` preset's
-#: cap-bound clock at 1725, 1635, 1575, 1530 and 1485 MHz in turn (100 ms each).
+#: Activities that put the ``h100`` preset's cap-bound clock at 1725 ... 1485 MHz in turn, as
+#: a d_model 4096 layer ran on a real H100 under its 700 W cap.
 _H100_ACTIVITY_CYCLE = (0.75, 0.865, 0.96, 1.04, 1.13)
 
 
@@ -466,17 +424,14 @@ def h100(
     clock: Clock | None = None,
     busy: bool = False,
 ) -> FakeNvml:
-    """One NVIDIA H100 80GB HBM3 replaying the measured behaviour on the ``h100`` preset: SM
-    clocks 1980-345 MHz in 15 MHz steps, one HBM3 memory clock (2619 MHz, not lockable), a
-    700 W cap (200-700 W) that holds a heavy kernel at 1485-1740 MHz with ``sw_power_cap`` set
-    whatever the lock asks, an energy counter published every 100 ms and read in ~3 ms, 70 W
-    idle.
+    """One NVIDIA H100 80GB HBM3 replaying its measured behaviour: one HBM3 memory clock, a
+    700 W cap holding a heavy kernel at 1485-1740 MHz with ``sw_power_cap`` set, a counter
+    published every 100 ms and read in ~3 ms.
 
     Args:
         uuid: The GPU's UUID.
-        refuse_control: Every set/reset call raises ``NO_PERMISSION`` (observe-only, as the
-            GPU was measured).
-        clock: The fake's clock (a :class:`~perseus.device.clock.VirtualClock` in tests).
+        refuse_control: Every set/reset call raises ``NO_PERMISSION``.
+        clock: The fake's clock.
         busy: Start with the heavy kernel running.
     """
     device = FakeDevice.from_preset(

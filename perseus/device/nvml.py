@@ -169,23 +169,20 @@ class NvmlGPU:
                 f"{what} is in MIG mode; a clock lock would change every MIG instance. Pass "
                 "allow_mig=True if this job owns the whole GPU"
             )
-        arch = call_nvml(nvml, "nvmlDeviceGetArchitecture", handle, what=what)
-        reason: str | None = None
-        if arch < _C.NVML_DEVICE_ARCH_VOLTA:
-            reason = f"architecture {arch} is older than Volta"
-        self._arch = int(arch)
+        self._arch = int(call_nvml(nvml, "nvmlDeviceGetArchitecture", handle, what=what))
         self._read_clocks(nvml, handle, what)
         if not self._clocks:
             raise DeviceNotSupportedError(f"{what}: NVML reports no supported SM clocks")
-        if not self.control:  # the caller's word comes before any architecture reason
-            ok, why = False, f"clock changes disabled (control=False or {NO_CLOCK_CHANGES_ENV}=1)"
-            reason = why
+        reason: str | None
+        if not self.control:  # the caller's word comes before any other reason
+            reason = f"clock changes disabled (control=False or {NO_CLOCK_CHANGES_ENV}=1)"
+        elif self._arch < _C.NVML_DEVICE_ARCH_VOLTA:
+            reason = f"architecture {self._arch} is older than Volta"
         elif self._privileged_override is None:
             ok, why = probe_privilege()
+            reason = None if ok else why
         else:
-            ok, why = self._privileged_override, "marked unprivileged by the caller"
-        if not ok and reason is None:
-            reason = why
+            reason = None if self._privileged_override else "marked unprivileged by the caller"
         self.observe_only_reason = reason
         try:
             self.persistence_mode = bool(

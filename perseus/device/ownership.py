@@ -391,20 +391,12 @@ class GpuOwnership:
             else:
                 reset_from_spec(self._spec or infer_reset_spec(self.uuid, self.lock_path))
         except Exception as e:  # the new owner sets its own clocks anyway: warn, go on
-            logger.warning(
-                "GPU %s: its previous owner (pid %d) died without resetting it, and the reset "
-                "failed: %s",
-                self.uuid,
-                pid,
-                e,
-            )
-            return
-        self.reset_stale_pid = pid
-        logger.warning(
-            "GPU %s: its previous owner (pid %d) died without resetting it; reset to defaults",
-            self.uuid,
-            pid,
-        )
+            outcome = f", and the reset failed: {e}"
+        else:
+            self.reset_stale_pid = pid
+            outcome = "; reset to defaults"
+        message = "GPU %s: its previous owner (pid %d) died without resetting it%s"
+        logger.warning(message, self.uuid, pid, outcome)
 
     def mark_due(self) -> None:
         """Record this process as owing the GPU a reset, without keeping the lock.

@@ -180,12 +180,7 @@ class SimulatedGPU(SimSharedState):
 
     @classmethod
     def from_profile(
-        cls,
-        profile: Profile,
-        *,
-        blocking_power_w: float,
-        name: str | None = None,
-        **kwargs: Any,
+        cls, profile: Profile, *, blocking_power_w: float, name: str | None = None, **kwargs: Any
     ) -> SimulatedGPU:
         """A GPU on which an op costs exactly ``profile``'s time and energy (at the nearest
         profiled clock); other keywords go to the constructor."""
