@@ -43,8 +43,6 @@ class NvmlConstants:
     """The ``pynvml`` constants perseus uses, with nvidia-ml-py's values (checked by a test),
     for the backend and the fake NVML."""
 
-    NVML_SUCCESS = 0
-    NVML_ERROR_UNINITIALIZED = 1
     NVML_ERROR_INVALID_ARGUMENT = 2
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_NO_PERMISSION = 4
@@ -59,7 +57,6 @@ class NvmlConstants:
     NVML_DEVICE_ARCH_VOLTA = 5
     NVML_DEVICE_ARCH_AMPERE = 7  # nvmlDeviceSetMemoryLockedClocks: Ampere and newer
     NVML_DEVICE_ARCH_HOPPER = 9
-    NVML_CLOCK_GRAPHICS = 0
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
     NVML_DEVICE_MIG_ENABLE = 1

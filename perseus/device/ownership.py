@@ -233,11 +233,8 @@ def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def reset_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Reset everything perseus may change on the GPU ``spec`` names, from any process.
-
-    ``spec`` is the ``watchdog_spec()`` of a GPU this process (or its owner) opened, never
-    one read from a file: ``{"backend": "sim", "state_dir", "uuid"}`` or ``{"backend":
-    "nvml", "uuid"}``.
+    """Reset everything perseus may change on the GPU ``spec`` names, from any process
+    (``spec``: the ``watchdog_spec()`` of a GPU this process or its owner opened).
 
     Returns:
         What was restored: ``{"power_limit_w": (before, after)}`` when the limit changed.

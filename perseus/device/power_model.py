@@ -90,17 +90,9 @@ class TimeModel:
 def capped_clock_mhz(
     clocks_mhz: Sequence[int], freq_mhz: int, power_of: dict[int, float], cap_w: float | None
 ) -> int:
-    """The largest supported clock ≤ ``freq_mhz`` whose power fits ``cap_w``.
-
-    Args:
-        clocks_mhz: Supported clocks, highest first.
-        freq_mhz: The requested (already snapped) clock.
-        power_of: Power at each supported clock for the op in question.
-        cap_w: Enforced power limit, or None for no cap.
-
-    Returns:
-        The clamped clock; the lowest one if nothing fits. O(len(clocks_mhz)).
-    """
+    """The largest clock in ``clocks_mhz`` (highest first) at or below ``freq_mhz`` whose
+    power (``power_of``) fits ``cap_w`` (None: no cap); the lowest one if nothing fits.
+    O(len(clocks_mhz))."""
     candidates = [f for f in clocks_mhz if f <= freq_mhz]
     if not candidates:
         candidates = [min(clocks_mhz)]

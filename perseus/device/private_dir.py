@@ -151,10 +151,8 @@ def _check_links_on_the_way(target: Path, what: str, env: str | None) -> None:
     for prefix in [*reversed(target.parents), target][1:]:
         try:
             st = os.lstat(prefix)
-        except FileNotFoundError:
-            return  # created below, as real directories
         except OSError:
-            return  # the chain walk reports it
+            return  # missing: created below as a real directory; else the walk reports it
         if not stat.S_ISLNK(st.st_mode):
             continue
         why = None
@@ -331,12 +329,9 @@ def check_private_file(
     siblings: tuple[str, ...] = (),
     create_dir: bool = True,
 ) -> bool:
-    """Verify a file another library opens itself (a SQLite store, a cache) before it is
-    opened; return whether it exists.
-
-    Its directory must be private (:func:`verify_private_dir`), and the file and each
-    ``path + suffix`` of ``siblings`` (``"-wal"``), where present, a regular file of ours
-    with one name.
+    """Verify a file another library opens itself (a SQLite store) before it is opened: its
+    directory private, and it and each ``path + suffix`` of ``siblings`` (``"-wal"``), where
+    present, a regular file of ours with one name. Returns whether it exists.
 
     Args:
         path: The file.

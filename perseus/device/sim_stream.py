@@ -84,22 +84,9 @@ class SimEvent:
 
 @dataclass(frozen=True, slots=True)
 class StreamDevice:
-    """What a :class:`SimStream` needs from its device (a test can build one from values).
-
-    Attributes:
-        index: The device index (seeds its noise).
-        noise: Per-op noise, or None.
-        clock: The device's timeline and how to wait on it.
-        top_clock_mhz: The highest clock (an unlocked device runs at it).
-        idle_power_w: The true power while no op runs.
-        publish_interval_s: The energy counter's publish period (0: exact).
-        counter_gain: The share of the true energy the counter reports.
-        power_cap_w: The board's own power cap (None: none).
-        price: ``(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz, time_s, energy_j)``.
-        read_state: The shared state now.
-        cap_w: The cap a state enforces.
-        update_state: Apply a change to the shared state, advanced to ``at_s``.
-    """
+    """What a :class:`SimStream` needs from its device (a test can build one from values):
+    its counter's parameters, ``price(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz,
+    time_s, energy_j)``, and the shared state (read, the cap it enforces, update)."""
 
     index: int
     noise: SimNoise | None
@@ -484,19 +471,17 @@ class SimStream:
             self._observed_s = tick
 
     def wait_until(self, time_s: float) -> None:
-        with self._lock:
-            self._commit(self._now())
-            _VERSION[0] += 1
-            self._queue.append(_Wait(time_s))
-            self._idle = False
+        self._enqueue_wait(_Wait(time_s))
 
     def wait_event(self, event: SimEvent) -> None:
-        if event._stream is self:
-            return  # a stream is ordered already
+        if event._stream is not self:  # a stream is ordered already
+            self._enqueue_wait(_Wait(-math.inf, event))
+
+    def _enqueue_wait(self, wait: _Wait) -> None:
         with self._lock:
             self._commit(self._now())
             _VERSION[0] += 1
-            self._queue.append(_Wait(-math.inf, event))
+            self._queue.append(wait)
             self._idle = False
 
     def record_event(self) -> SimEvent:
