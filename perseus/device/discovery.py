@@ -35,9 +35,6 @@ class DeviceInfo:
 
     Attributes:
         backend: ``"nvml"`` or ``"sim"``.
-        index: Device index.
-        uuid: Device UUID.
-        name: Device name.
         clocks_mhz: Supported SM clocks, highest first.
         can_lock: Whether this process may change clocks.
         privilege: Why (``running as root``...).

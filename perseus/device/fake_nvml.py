@@ -1,11 +1,8 @@
 """A recording, fault-injecting fake of the ``pynvml`` module: perseus's test double for NVML.
 
-Pass a :class:`FakeNvml` wherever perseus takes ``nvml_module=`` (as httpx ships
-``MockTransport``). It records every call in ``calls`` and injects what real GPUs show: failures
-(:meth:`FakeNvml.fail`), refused control calls (``refuse_control``), power caps overriding locks
-(the simulator's power model and :func:`~perseus.device.power_model.capped_clock_mhz`), thermal
-limits, counter wrap and publish period, slow reads, all on a :mod:`perseus.device.clock` clock.
-:func:`h100` replays a real H100 80GB HBM3.
+Pass a :class:`FakeNvml` as ``nvml_module=``. It records every call and injects what real GPUs
+show: failures, refused control calls, power caps overriding locks (the simulator's power
+model), thermal limits, counter wrap and publish period, slow reads, on a given clock.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The simulated GPU's compute stream: queued ops run in order on the device's own timeline.
 
-A launch returns at once; the device runs the queue back to back at the effective clock of
-the moment (the lock, capped by the power limit), so an op spanning a clock change is priced
-piece by piece. Nothing runs in the background: :meth:`SimStream._commit` advances the
-timeline to "now" at every call, exact because changes only ever happen now. After a change
-the stream rewrites the device's planned segments in the shared state file, so every process
-reads the same energy counter, and it integrates energy itself so an event knows the counter
-value NVML would have published at its device time. It reaches its device only through
-:class:`StreamDevice` and waits on the device's clock: on a virtual clock it is deterministic.
+A launch returns at once; the queue runs back to back at the effective clock of the moment,
+so an op spanning a clock change is priced piece by piece. Nothing runs in the background:
+every call commits the timeline up to "now" (exact: changes only ever happen now) and
+publishes the planned segments to the shared state, so every process reads one energy counter.
 """
 
 from __future__ import annotations
