@@ -108,6 +108,23 @@ class NvmlUnavailableError(DeviceError):
     """No usable NVML: nvidia-ml-py missing, or no NVIDIA driver/library on this machine."""
 
 
+_LOST = (DeviceLostError, "; the GPU stopped answering")
+_NO_DRIVER = (NvmlUnavailableError, "; no usable NVIDIA driver")
+#: The perseus error (and hint) of each NVML error code; any other code is a DeviceError.
+_ERRORS: dict[int, tuple[type[DeviceError], str]] = {
+    _C.NVML_ERROR_NO_PERMISSION: (
+        DevicePermissionError,
+        "; changing clocks needs root or CAP_SYS_ADMIN",
+    ),
+    _C.NVML_ERROR_NOT_SUPPORTED: (DeviceNotSupportedError, ""),
+    _C.NVML_ERROR_GPU_IS_LOST: _LOST,
+    _C.NVML_ERROR_UNKNOWN: _LOST,
+    _C.NVML_ERROR_LIBRARY_NOT_FOUND: _NO_DRIVER,
+    _C.NVML_ERROR_DRIVER_NOT_LOADED: _NO_DRIVER,
+    _C.NVML_ERROR_FUNCTION_NOT_FOUND: _NO_DRIVER,
+}
+
+
 def import_nvml() -> Any:
     """``pynvml`` (from nvidia-ml-py), or :class:`NvmlUnavailableError` with the install hint."""
     try:
@@ -135,32 +152,15 @@ def call_nvml(
         try:
             return getattr(nvml, function)(*args)
         except nvml.NVMLError as e:
-            code = getattr(e, "value", None)
+            code: Any = getattr(e, "value", None)
             if code in _TRANSIENT and attempt < retries:
                 time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
                 continue
+            error, hint = _ERRORS.get(code, (DeviceError, ""))
+            where = f"{what}: " if what else ""
             tries = f" (after {attempt + 1} tries)" if attempt else ""
-            _raise_mapped(e, code, f"{what}: " if what else "", function, tries)
+            raise error(f"{where}{function} failed: {e} (NVML error {code}){tries}{hint}") from e
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-
-def _raise_mapped(e: Exception, code: Any, where: str, function: str, tries: str) -> None:
-    message = f"{where}{function} failed: {e} (NVML error {code}){tries}"
-    if code == _C.NVML_ERROR_NO_PERMISSION:
-        raise DevicePermissionError(
-            f"{message}; changing clocks needs root or CAP_SYS_ADMIN"
-        ) from e
-    if code == _C.NVML_ERROR_NOT_SUPPORTED:
-        raise DeviceNotSupportedError(message) from e
-    if code in (_C.NVML_ERROR_GPU_IS_LOST, _C.NVML_ERROR_UNKNOWN):
-        raise DeviceLostError(f"{message}; the GPU stopped answering") from e
-    if code in (
-        _C.NVML_ERROR_LIBRARY_NOT_FOUND,
-        _C.NVML_ERROR_DRIVER_NOT_LOADED,
-        _C.NVML_ERROR_FUNCTION_NOT_FOUND,
-    ):
-        raise NvmlUnavailableError(f"{message}; no usable NVIDIA driver") from e
-    raise DeviceError(message) from e
 
 
 def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
