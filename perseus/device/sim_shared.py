@@ -132,7 +132,6 @@ class SimSharedState:
         return {"backend": "sim", "state_dir": str(self.state_dir), "uuid": self._uuid}
 
     def _info(self) -> State:
-
         return {
             "uuid": self._uuid,
             "index": self.index,
@@ -140,27 +139,6 @@ class SimSharedState:
             "source": self.source,
             "clocks_mhz": list(self._clocks),
             "idle_clock_mhz": self._idle_clock,
-        }
-
-    def _initial_state(self, now: float) -> State:
-        return {
-            "uuid": self._uuid,
-            "index": self.index,
-            "idle_power_w": self.true_blocking_power_w,
-            "publish_interval_s": self.publish_interval_s,
-            "counter_gain": self.counter_gain,
-            "power_cap_w": self.power_cap_w,
-            "locked_mhz": None,
-            "power_limit_w": None,  # None: the default limit (power_cap_w)
-            # The board's default limit: what every reset restores.
-            "default_power_limit_w": self._default_power_limit_w(),
-            "slowdown": 1.0,
-            "energy_j": 0.0,
-            "t_last": now,
-            "clock": _clock_kind(self.clock),
-            "segments": [],
-            "pub_tick": 0.0,
-            "pub_mj": 0,
         }
 
     @property
@@ -179,16 +157,31 @@ class SimSharedState:
         """Create the state, or adopt one with this process's model parameters (keeping the
         lock, counter, slowdown and owner: the "hardware")."""
         if state is None:
-            return self._initial_state(now)
-        advance(state, now)
+            state = {
+                "uuid": self._uuid,
+                "index": self.index,
+                "locked_mhz": None,
+                "power_limit_w": None,  # None: the default limit (power_cap_w)
+                "slowdown": 1.0,
+                "energy_j": 0.0,
+                "t_last": now,
+                "clock": _clock_kind(self.clock),
+                "segments": [],
+                "pub_tick": 0.0,
+                "pub_mj": 0,
+            }
+        else:
+            advance(state, now)  # at the old model's power
         state.update(
             idle_power_w=self.true_blocking_power_w,
             publish_interval_s=self.publish_interval_s,
             counter_gain=self.counter_gain,
             power_cap_w=self.power_cap_w,
         )
+        # The board's default limit, what every reset restores; a handle without an op model
+        # keeps the recorded one.
         default = self._default_power_limit_w()
-        if default is not None:  # a handle without an op model keeps the recorded one
+        if default is not None or "default_power_limit_w" not in state:
             state["default_power_limit_w"] = default
         return state
 
@@ -263,7 +256,6 @@ class SimSharedState:
         return None
 
     def _cap_w(self, state: State) -> float | None:
-
         return enforced_limit_w(state, self.power_cap_w)
 
     def power_limit_w(self) -> float:
@@ -311,7 +303,6 @@ class SimSharedState:
         self._sleep(self.set_latency_s * math.exp(self._latency_sigma * z))
 
     def _refuse_unprivileged(self, action: str) -> None:
-
         if not self.privileged:
             raise DevicePermissionError(
                 f"{self._name}: {action} needs root or CAP_SYS_ADMIN (NO_PERMISSION)"
