@@ -1,16 +1,11 @@
-"""The frontier walk's inner loop, compiled with numba.
+"""The frontier walk's inner loop, compiled with numba (cached on disk, imported lazily).
 
-The Phillips–Dessouky walk visits every breakpoint of the relaxation, each a few longest-path
-passes, a min cut of the critical sub-DAG and a step-length search: milliseconds per iteration
-in Python, microseconds compiled. Everything works on plain arrays: the DAG as CSR lists plus
-a topological order, per-node hull tables ``ht`` (vertex times, ``inf``-padded) and ``hs``
-(segment slopes), per-type option tables for rounding. The min cut is a max flow on one network
-whose flow is kept between iterations (:mod:`perseus.solver.cut_network`). Compiled functions
-are cached on disk (``cache=True``); this module is imported lazily.
-
-Complexity per iteration: O(N + E) per longest-path pass (2–4) and for the capacity update,
-O(N + M·H) for the relaxation's cost (M ops moved, H hull vertices), and the re-augmentation
-(about what the update changed).
+Each iteration is a few longest-path passes over CSR lists, a min cut of the critical
+sub-DAG on a network whose flow is kept between iterations (:mod:`perseus.solver.cut_network`)
+and a step-length search, on per-node hull tables ``ht`` (vertex times, ``inf``-padded) and
+``hs`` (segment slopes). Complexity per iteration: O(N + E) per pass (2–4) and for the
+capacity update, O(N + M·H) for the relaxation's cost (M ops moved, H hull vertices), and a
+re-augmentation costing about what the update changed.
 """
 
 from __future__ import annotations

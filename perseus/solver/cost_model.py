@@ -1,16 +1,11 @@
 """Per-op cost curves: measured options, their Pareto set and lower convex hull.
 
-At a fixed deadline only an op's *effective* cost ``c = e − P·t`` matters (blocking power
-``P``). Per (stage, kind), one "type" shared by its ops, we keep the **options**, the Pareto
-measured clocks (or (SM, memory) clock pairs) in (time, effective cost), time ascending (real
-plans only use these), and the **hull**, their lower convex hull: exactly the LP relaxation in
-which an op mixes two neighbouring clocks, every vertex a measured clock; its slopes are the
-min-cut capacities of the frontier walk. With ``max_clocks_per_op`` ≥ 2 (a job with
-``layers_per_stage``) the options also hold every phased op over neighbouring hull vertices,
-priced by :mod:`perseus.profile.two_clock` as the exact evaluator prices them, so fractional
-plans round to real plans at most one layer step off the hull.
-
-Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
+Per (stage, kind) ("type"): the **options**, the Pareto measured clocks (or clock pairs) in
+(time, effective cost ``e − P·t``), time ascending, and the **hull**, their lower convex hull:
+the LP relaxation in which an op mixes neighbouring clocks, whose slopes are the walk's cut
+capacities. With ``max_clocks_per_op`` ≥ 2 the options also hold every phased op over
+neighbouring hull vertices (:mod:`perseus.profile.two_clock`), so fractional plans round to
+real plans at most one layer step off the hull. Complexity: O(K log K) per type for K clocks.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The min-cut network of the compiled frontier walk, with its flow kept between iterations.
 
-One network over all ops (:func:`build_network`), int64 capacities on one scale for the whole
-walk (finite ones sum below 2**52; infinite arcs are 2**62, and a bottleneck that large means
-no finite cut: the fastest plan is reached). Lower bounds are folded into terminal arcs as in
-:mod:`perseus.solver.check.maxflow`. Between iterations, a changed lower bound moves flow
-between an op's arc and its terminal arcs (:func:`keep_balanced`), flow above a lowered
-capacity is cancelled back to the terminals (:func:`set_capacity`), and :func:`augment`
-re-augments with Boykov–Kolmogorov search trees, also kept. The cut found is re-priced in
-floating point, so the integer scale can only pick a marginally sub-optimal cut.
-
-Complexity: building is O((N + E) log(N + E)); a capacity change O(1) plus the flow it
-cancels; :func:`augment` has no bound better than O(V²E·|C|) for a cut of value C, but on
-pipeline DAGs re-searches a few hundred nodes per iteration.
+One network over all ops (:func:`build_network`), int64 capacities on one scale (finite ones
+sum below 2**52; infinite arcs 2**62, a bottleneck that large meaning the fastest plan is
+reached), lower bounds folded into terminal arcs as in :mod:`perseus.solver.check.maxflow`.
+Between iterations flow follows changed capacities (:func:`keep_balanced`, :func:`set_capacity`)
+and :func:`augment` re-augments with Boykov–Kolmogorov search trees, also kept. Complexity:
+building O((N + E) log(N + E)); a capacity change O(1) plus the flow it cancels; an
+augmentation a few hundred nodes per iteration on pipeline DAGs (no useful polynomial bound).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Many jobs, one power budget: one frontier point per job, least weighted slowdown.
 
-Each job ``j`` offers its frontier's points ``i`` (iteration time ``t_ji``, average power
-``P_ji`` of all its GPUs) at cost ``c_ji = w_j (t_ji / t_j0 - 1)``; the fleet plan picks one
-point per job with ``Σ_j P_j,i_j <= B`` and the least ``Σ_j c_j,i_j``: a multiple-choice
-knapsack. :func:`plan_fleet` takes every job's lower convex hull in (power, cost) from its
-fastest point and takes hull segments in order of cost per watt saved until the fleet fits:
-the segment taken in part gives the LP bound and the price of a watt. That segment taken
-whole is an integer incumbent (``method="greedy"``); a dynamic program over the last watts,
-among the few moves whose reduced cost can beat the incumbent, improves it (``docs/fleet.md``).
-
-Complexity: O(K log K) for the K points of all jobs, plus O(K' x grid) for the K' points that
-enter the dynamic program.
+A multiple-choice knapsack: each job's points cost ``weight × slowdown`` and draw their
+average power; :func:`plan_fleet` takes hull segments in order of cost per watt saved (the LP
+bound), rounds the break segment up, and places the last watts by a dynamic program over the
+few moves whose reduced cost can still win (``docs/fleet.md``). Complexity: O(K log K) for K
+points, plus O(K' x grid) for the K' points in the dynamic program.
 """
 
 from __future__ import annotations

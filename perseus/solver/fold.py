@@ -1,17 +1,11 @@
 """Fold a long job into a short one with the same stages, and lift its plans back.
 
-The exact walk's time grows with the square of the microbatch count, but a schedule's
-microbatches are identical: the middle of every rank's op sequence is periodic. So the same
-schedule is built with ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches (full warm-up and
-cool-down, a few steady-state periods), its frontier traced, and each of its plans lifted: on
-every rank the head and tail of the folded sequence map onto the ends of the full one and the
-middle repeats the folded sequence's last period before its middle (found, not assumed). Each
-plan is also lifted with every rank's period capped at the bottleneck's (a small lag repeated
-hundreds of times would set the iteration time), and sped up until it keeps its folded time
-fraction of all-max (the ends meet a long steady state at other times). Lifted plans are
-reclaimed and evaluated exactly on the full job, so every point is still a real, exact plan;
-what folding gives up is that each came from the full job's relaxation optimum (16×128: 0.19
-point of saving below the exact walk at no slowdown, in a tenth of the time).
+The walk's time grows with the square of the microbatch count, but a schedule's middle is
+periodic: the same schedule with ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches is walked,
+and each of its plans lifted rank by rank (the ends kept, the middle repeating the folded
+sequence's last period), also with every rank's period capped at the bottleneck's and sped up
+to keep its share of all-max time. Lifted plans are reclaimed and evaluated exactly, so every
+point is a real, exact plan, but no longer the full job's relaxation optimum.
 
 Complexity: O(N·P) for the map (P periods tried), the walk on the folded job, and per lifted
 candidate O(N + E) per speed-up round plus the reclaim and the evaluation.

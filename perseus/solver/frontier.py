@@ -1,18 +1,12 @@
 """Trace the time–energy frontier of a pipeline iteration with iterative min cuts.
 
-A plan that finishes at ``T`` uses ``E = Σ_i c_i + P·R·T`` (blocking power ``P``, ``R`` ranks,
-effective op cost ``c_i = e_i − P·t_i``). The walk (Phillips–Dessouky family, as in lowtime)
-starts at the cheapest plan of the relaxation in which each op follows the lower convex hull of
-its measured options (:mod:`perseus.solver.cost_model`) and shortens the critical path by the
-cheapest min cut (:mod:`perseus.solver.cut_network`), with exact step lengths, compiled
-(:mod:`perseus.solver.compiled`), until the fastest plan. Fractional plans passed on the way
-are rounded to real plans two ways, reclaimed (:mod:`perseus.solver.reclaim`), joined by the
-baselines as seeds and a Pareto local search (:mod:`perseus.solver.pareto_search`), evaluated
-exactly and Pareto-filtered. Jobs above ``FOLD_ABOVE_OPS`` ops are walked folded
-(:mod:`perseus.solver.fold`). How it works and what it gives: ``docs/planning.md``.
-
-Complexity: O(B·(N + E)) in practice for B breakpoints (2–30 per op), N ops and E edges; each
-candidate costs O(N·W) (W options per op) plus a reclaim pass and an exact evaluation.
+The walk (Phillips–Dessouky family, as in lowtime) shortens the cheapest plan of the convex
+relaxation (:mod:`perseus.solver.cost_model`) by min cuts with exact step lengths, compiled
+(:mod:`perseus.solver.compiled`); the fractional plans it passes are rounded to real plans,
+reclaimed, joined by the baselines and a local search (:mod:`perseus.solver.pareto_search`),
+evaluated exactly and Pareto-filtered; long jobs are folded (:mod:`perseus.solver.fold`).
+How and why: ``docs/planning.md``. Complexity: O(B·(N + E)) in practice for B breakpoints
+(2–30 per op), plus O(N·W) and one reclaim and exact evaluation per candidate.
 """
 
 from __future__ import annotations
@@ -274,27 +268,15 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntAr
 def _select(
     job: PlanningJob, model: CostModel, cand: list[IntArray], gap: float, allmax_time_s: float
 ) -> list[PlanPoint]:
-    """Search around the (reclaimed) candidates, evaluate, Pareto-filter and thin them.
-
-    Thinning keeps points at least ``gap`` apart in time, but always keeps the fastest, the
-    cheapest and the cheapest no slower than all-max (the no-slowdown plan).
-    """
+    """Search around the (reclaimed) candidates, evaluate, Pareto-filter and thin them
+    (:func:`_thinned`)."""
     topo, types = build_topology(job.graph), model.node_type
     rec = np.unique(np.stack(cand), axis=0)  # reclaimed by every walk already: idempotent
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     times, energies = _evaluate_rows(job, model, rec)
     kept = pareto_indices(times, energies).tolist()
     if gap > 0 and len(kept) > 2:
-        within = [i for i in kept if times[i] <= allmax_time_s * (1 + 1e-12)]
-        anchors = {kept[0], kept[-1], *within[-1:]}
-        thinned = [kept[0]]
-        for i in kept[1:]:
-            if i not in anchors and times[i] < times[thinned[-1]] + gap:
-                continue
-            if i in anchors and thinned[-1] not in anchors and times[i] < times[thinned[-1]] + gap:
-                thinned.pop()  # an anchor displaces a point too close before it
-            thinned.append(i)
-        kept = thinned
+        kept = _thinned(kept, times, gap, allmax_time_s)
     points: list[PlanPoint] = []
     for i in kept:
         idx = rec[i]
@@ -309,6 +291,20 @@ def _select(
     # Only points strictly better in energy than every faster one (exact figures).
     keep = pareto_indices([p.time_s for p in points], [p.energy_j for p in points], 0.0)
     return [points[i] for i in keep.tolist()]
+
+
+def _thinned(kept: list[int], times: FloatArray, gap: float, allmax_time_s: float) -> list[int]:
+    """``kept`` (time order) at least ``gap`` apart, keeping both ends and the no-slowdown plan."""
+    within = [i for i in kept if times[i] <= allmax_time_s * (1 + 1e-12)]
+    anchors = {kept[0], kept[-1], *within[-1:]}
+    thinned = [kept[0]]
+    for i in kept[1:]:
+        if i not in anchors and times[i] < times[thinned[-1]] + gap:
+            continue
+        if i in anchors and thinned[-1] not in anchors and times[i] < times[thinned[-1]] + gap:
+            thinned.pop()  # an anchor displaces a point too close before it
+        thinned.append(i)
+    return thinned
 
 
 def _evaluate_rows(

@@ -1,15 +1,10 @@
 """Fill the gaps between rounded frontier points with a Pareto local search.
 
-Every real plan of the walk is a rounded fractional one, so the frontier is a staircase with
-gaps; on measured (non-convex) profiles the cheapest real plan inside a gap is often one or two
-option steps from a rounded plan. The search keeps an archive of mutually non-dominated plans;
-for every plan new to it, it tries each op one option faster and slower (on tiny jobs also
-two-op exchanges), reclaims slack, and keeps the neighbours no archive point dominates
-(:func:`perseus.solver.plan_kernels.neighbour_kernel`), until a round adds nothing or the work
-budget is spent; then the points before the largest staircase steps go first.
-
-Complexity: O(K·N·(N + E)) per round for K new archive plans, capped at ``work_budget``
-node-and-edge visits in all.
+Every plan of the walk is rounded, so the frontier is a staircase; the cheapest real plan in
+a gap is often an option step or two away. The search tries each op one option faster and
+slower (tiny jobs: also two-op exchanges) from every plan new to a Pareto archive, reclaimed,
+until a round adds nothing or the budget is spent (largest staircase steps first).
+Complexity: O(K·N·(N + E)) per round for K new archive plans, capped at ``work_budget``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The fastest plan under a peak power budget, off the time-energy frontier too.
 
 Peak summed power is not monotone along the frontier, and a plan off it can have a lower
-peak. :func:`fastest_under_peak` searches:
-
-* ``method="exhaustive"`` (exact): every combination of the profile's clocks, timed in batches
-  and tried fastest first; only plans faster than the best so far get a power timeline.
-  O(K^N) plans for N ops of K clocks (``max_plans``).
-* ``method="search"``: greedy peak shaving from up to ``max_bases`` frontier plans faster than
-  the frontier's pick (lower the op at the peak instant whose next clock costs the least
-  time), then raising back what no longer needs lowering; below every shaved plan, uniform
-  per-op power levels (what one GPU power limit does). Not exact; never slower than the
-  frontier's pick; :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s` bounds it.
-* ``method="auto"``: exhaustive up to ``max_plans`` plans, else search.
-
-Jobs with two-clock or phased ops are searched over their frontier plans only.
+peak. :func:`fastest_under_peak` enumerates every plan of small jobs (``"exhaustive"``,
+exact), or shaves the peak greedily from frontier plans and tries uniform per-op power levels
+(``"search"``, with the gap to :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s`); jobs
+with two-clock or phased ops use their frontier plans only (``docs/power.md``).
 """
 
 from __future__ import annotations
@@ -110,6 +101,13 @@ class _Clocks:
         out: IntArray = self.freq_mhz[np.arange(index.size), index]
         return out
 
+    def moved_times_s(self, job: PlanningJob, index: IntArray, nodes: IntArray, step: int) -> FloatArray:  # fmt: skip
+        """The makespan of plan ``index`` with each of ``nodes`` in turn ``step`` clocks lower."""
+        trial = np.tile(self.time_s[np.arange(index.size), index], (nodes.size, 1))
+        trial[np.arange(nodes.size), nodes] = self.time_s[nodes, index[nodes] + step]
+        out: FloatArray = longest_path(job.graph, trial)[1].max(axis=1)
+        return out
+
 
 def _priced(job: PlanningJob, freqs: IntArray) -> PlanPoint:
     point = job.point(freqs)
@@ -132,10 +130,7 @@ def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi:
     active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < clocks.count))
     if not active.size:
         return None, 0
-    t = clocks.time_s[np.arange(index.size), index]
-    trial = np.tile(t, (active.size, 1))
-    trial[np.arange(active.size), active] = clocks.time_s[active, index[active] + 1]
-    times = longest_path(job.graph, trial)[1].max(axis=1)
+    times = clocks.moved_times_s(job, index, active, 1)
     drop = clocks.power_w[active, index[active]] - clocks.power_w[active, index[active] + 1]
     return int(active[np.lexsort((active, -drop, times))[0]]), int(active.size)
 
@@ -175,9 +170,7 @@ def _raise_back(
         t = clocks.time_s[rows, index]
         now_s = float(longest_path(job.graph, t)[1].max())
         up = np.flatnonzero(index > 0)
-        trial = np.tile(t, (up.size, 1))
-        trial[np.arange(up.size), up] = clocks.time_s[up, index[up] - 1]
-        times = longest_path(job.graph, trial)[1].max(axis=1) if up.size else np.zeros(0)
+        times = clocks.moved_times_s(job, index, up, -1) if up.size else np.zeros(0)
         timed += 1 + up.size
         for r in np.argsort(times, kind="stable").tolist():
             if times[r] >= now_s * (1 - 1e-12):

@@ -1,16 +1,10 @@
 """A budget over time: which plan to run in each interval of a price or carbon signal.
 
-Given a signal (interval ``k`` starts at ``start_s[k]`` and costs ``value[k]`` per kWh until
-the next start, the last until the deadline), ``N`` iterations and a deadline ``D``,
-:func:`schedule_plans` finds how many iterations to run in each interval, with which frontier
-plans, so that all ``N`` finish by ``D`` at the least ``Σ_k value[k] · energy_kwh(k)``, idle
-GPUs included. Mixing plans, the least energy above idle of ``n`` iterations in ``d`` seconds
-is convex and piecewise linear in ``n`` (one segment per edge of the lower convex hull; the
-upper hull where the value is negative), so the LP takes the cheapest segments first, all
-intervals together, by bisection on a threshold; whole iterations are then rounded so that
-none straddles a boundary. The method, exactly: ``docs/power.md``.
-
-Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, about 45 steps.
+:func:`schedule_plans` runs ``N`` iterations by a deadline at the least ``Σ_k value[k] ·
+energy_kwh(k)``, idle GPUs included: exactly over mixes of frontier plans (cheapest hull
+segments first, all intervals together, a threshold found by bisection), then in whole
+iterations that never straddle an interval boundary (the method: ``docs/power.md``).
+Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, ~45 steps.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The minimal source side of a minimum s-t cut with int64 capacities, on scipy's max flow.
 
-The walk's step needs the s-t cut minimising ``Σ_forward u − Σ_backward l``, each op arc with
-an upper bound ``u`` (cost per second of shortening it) and a lower bound ``l`` (saved per
-second of lengthening it). Writing ``x_v = 1`` for ``v`` on the source side, an arc adds
-``u·x_a(1−x_b) − l·(1−x_a)x_b = (u−l)·[a→b forward] + l·x_a − l·x_b``: the op arc gets
-``u − l`` and the linear terms become terminal arcs (``a→t`` and ``s→b``, ``l`` each), an
-ordinary min cut with no feasible circulation needed.
-
-Its *minimal* source side (what the source reaches in the residual graph) is the same for every
-maximum flow. scipy's ``maximum_flow`` takes int32 capacities only, so the flow is found in
-phases of capacity scaling: each phase solves the residual graph with capacities shifted right
-by ``k`` bits (below 2**30, capped at a bound on the flow still missing); two or three phases
-reach ``k = 0``, whose flow is exact. Complexity: two or three scipy max flows (Dinic) and
-O(E log E) numpy per cut.
+The walk's cut minimises ``Σ_forward u − Σ_backward l``; since ``u·x_a(1−x_b) − l·(1−x_a)x_b
+= (u−l)·[a→b forward] + l·x_a − l·x_b``, the op arc gets ``u − l`` and ``l`` goes on terminal
+arcs ``a→t`` and ``s→b``: an ordinary min cut. Its minimal source side is the same for every
+maximum flow. scipy takes int32 capacities only, so the flow is found in capacity-scaling
+phases (capacities shifted right below 2**30), the last one exact. Complexity: two or three
+scipy max flows (Dinic) and O(E log E) numpy per cut.
 """
 
 from __future__ import annotations
