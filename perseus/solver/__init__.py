@@ -1,6 +1,6 @@
 """The frontier solver: min-cut frontier tracing, slack reclaiming, baselines, LP floor.
 
-Pure: numpy, numba, scipy and the standard library only. See :mod:`perseus.solver.frontier` for the algorithm.
+Pure: numpy, numba, scipy and the standard library only (:mod:`perseus.solver.frontier`).
 """
 
 from __future__ import annotations

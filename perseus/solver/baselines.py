@@ -1,18 +1,12 @@
 """Baseline frequency plans, evaluated by the same exact evaluator as the frontier.
 
 * ``all-max``: every op at its highest profiled clock (what a GPU does by default).
-* ``global-clock`` (Zeus-style): one clock for every GPU. :func:`global_clock_plans` gives one
-  plan per clock (for plots); the named baseline is the one with the least energy, i.e. the
-  best any single-clock setting can do, which is what the frontier's minimum-energy end must
-  beat. (With monotone profiles the best *no-slowdown* global clock is all-max itself.)
-* ``per-stage`` (ZeusPerStage-style): one clock per GPU, each GPU's the lowest clock whose
-  per-microbatch work (F + B (+ W), summed over its stages) is no longer than the slowest GPU's
-  at its highest clock, so that stages are balanced against the bottleneck.
-* ``envpipe`` (EnvPipe's heuristic): ops on the all-max critical path (the pipeline's outer
-  envelope) stay at max; every other op, from the end of the iteration backwards, is lowered
-  to the lowest clock that still fits before its successors need it, i.e. until it becomes
-  critical. Unlike :mod:`perseus.solver.reclaim` it picks the lowest *clock*, not the lowest
-  effective energy.
+* ``global-clock`` (Zeus-style): one clock for every GPU; the named baseline is the one with
+  the least energy, which the frontier's minimum-energy end must beat.
+* ``per-stage`` (ZeusPerStage-style): per GPU, the lowest clock whose per-microbatch work is
+  no longer than the slowest GPU's at its highest clock.
+* ``envpipe`` (EnvPipe's heuristic): ops on the all-max critical path stay at max; every other
+  op, from the end backwards, gets the lowest clock that still fits before its successors.
 
 Complexity: O(C·(N + E)) for C clocks (one exact evaluation per global clock), O(N·K) for the
 rest.
@@ -105,23 +99,18 @@ def _envpipe_freqs(job: PlanningJob) -> IntArray:
     time_s = np.array([op.max_freq.time_s for op in ops])
     start, end = topo.forward(time_s)
     deadline = float(end.max())
-    late_finish = topo.backward(time_s, deadline)
-    tol = 1e-9 * deadline
-    envelope = (late_finish - end) <= tol
+    envelope = (topo.backward(time_s, deadline) - end) <= 1e-9 * deadline
     margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
-    late_start = np.full(g.num_nodes + 1, deadline)
-    for gen in reversed(topo.generations):
-        for i in gen.tolist():
-            lf = min(
-                deadline,
-                float((late_start[topo.succ[i]] - topo.succ_lat_s[i]).min()),
-            )
-            if not envelope[i]:
-                window = lf - start[i] - margin
-                for o in ops[i].options:  # highest clock first; keep the lowest that fits
-                    if o.time_s <= window:
-                        freqs[i], time_s[i] = o.freq_mhz, o.time_s
-            late_start[i] = lf - time_s[i]
+    late_start = np.full(g.num_nodes, deadline)
+    ptr, succ, lat = topo.succ_ptr, topo.succ_idx, topo.succ_lat_csr
+    for i in topo.order_array[::-1].tolist():
+        after = slice(ptr[i], ptr[i + 1])
+        lf = float(np.min(late_start[succ[after]] - lat[after], initial=deadline))
+        if not envelope[i]:
+            for o in ops[i].options:  # highest clock first; keep the lowest that fits
+                if o.time_s <= lf - start[i] - margin:
+                    freqs[i], time_s[i] = o.freq_mhz, o.time_s
+        late_start[i] = lf - time_s[i]
     return freqs
 
 
@@ -138,8 +127,7 @@ def baseline_plans(job: PlanningJob) -> dict[str, PlanPoint]:
     """The named baselines as exact plan points.
 
     Returns:
-        ``{"all-max", "global-clock", "per-stage", "envpipe"}``; ``global-clock`` is the
-        least-energy single clock (see the module docstring).
+        ``{"all-max", "global-clock", "per-stage", "envpipe"}``.
     """
     best_global = min(global_clock_plans(job), key=lambda p: (p.energy_j, p.time_s))
     return {

@@ -1,27 +1,11 @@
-"""The frontier tracer's inner loops, compiled with numba.
+"""The frontier walk's inner loop, compiled with numba (cached on disk, imported lazily).
 
-The Phillips–Dessouky walk visits every breakpoint of the relaxation: thousands to hundreds of
-thousands of iterations, each a few longest-path passes, a min cut of the critical sub-DAG and
-a step-length search. In Python each iteration costs milliseconds of interpreter and call
-overhead (scipy's ``maximum_flow`` alone spends half its time validating its input); compiled,
-it costs microseconds to tens of microseconds. Everything here works on plain arrays:
-
-* the DAG as CSR predecessor/successor lists plus a topological order;
-* per-node hull tables ``ht`` (vertex times, ``inf``-padded) and ``hs`` (segment slopes);
-* per-type option tables for rounding.
-
-The min cut is a max flow on one network over all ops whose flow is kept from one iteration
-to the next (:mod:`perseus.solver.cut_network`).
-
-Compiled functions are cached on disk by numba (``cache=True``): the first use in a fresh
-environment compiles for about 15 s, later processes load the cache in well under a second.
-This module is imported lazily by the solver so that ``import perseus.solver`` stays light.
-
-Complexity per walk iteration: O(N + E) for each longest-path pass (2–4 per iteration) and
-for the capacity update, O(N + M·H) for the relaxation's cost (M ops moved by the step, H hull
-vertices per op: each op's cost and hull segment are kept between iterations), and the
-re-augmentation (Boykov–Kolmogorov search trees kept between iterations: about what the
-update changed, a few hundred nodes on pipeline DAGs, not whole-network searches).
+Each iteration is a few longest-path passes over CSR lists, a min cut of the critical
+sub-DAG on a network whose flow is kept between iterations (:mod:`perseus.solver.cut_network`)
+and a step-length search, on per-node hull tables ``ht`` (vertex times, ``inf``-padded) and
+``hs`` (segment slopes). Complexity per iteration: O(N + E) per pass (2–4) and for the
+capacity update, O(N + M·H) for the relaxation's cost (M ops moved, H hull vertices), and a
+re-augmentation costing about what the update changed.
 """
 
 from __future__ import annotations
@@ -37,15 +21,13 @@ from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
 from perseus.solver.plan_kernels import _backward, _forward
 
-# The walk's per-iteration helpers are inlined into it (numba's IR inlining): no call
-# overhead nor reference counting of their array arguments in the hot loop.
+# The walk's per-iteration helpers are inlined into it: no call overhead in the hot loop.
 _jit_inline = numba.njit(cache=True, nogil=True, inline="always")
 
 __all__ = ["TIE_UNITS", "walk_kernel"]
 
 _BUDGET = 2.0**52
-#: Tie-break cost per moved op, in capacity units (~1e-7 of an op's steepest slope; enough to
-#: outweigh the rounding of a few dozen capacities to integers).
+#: Tie-break cost per moved op, in capacity units (outweighs rounding capacities to integers).
 TIE_UNITS = 64
 _MAX_NEWTON = 64
 _MAX_STALL = 200
@@ -143,8 +125,7 @@ def _emit(x, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, 
     """Append the two roundings of fractional plan ``x`` to ``emitted`` (grown as needed)
     unless its floor rounding repeats the last one; returns ``(emitted, n_emitted)``.
 
-    A function of its own rather than a closure in :func:`walk_kernel`: numba would inline
-    a closure at each of its call sites, which tripled the walk's compile time.
+    Not a closure in :func:`walk_kernel`: numba inlines closures at every call site.
     """
     n = x.size
     _round_into(x, node_type, opt_t, tol, rounded)
@@ -179,12 +160,8 @@ def _op_cost(ht, hs, hc, v, x):
 
 @_jit_inline
 def _relaxation_cost(op_cost):
-    """The relaxation's cost: the ops' costs summed in op order.
-
-    Each op's cost is kept (``op_cost``) and updated only for the ops a step moves: finding
-    each op's hull segment anew took about 30 % of the walk. Summed in the same order, the
-    total is the same float as summing the costs computed afresh.
-    """
+    """The relaxation's cost: the kept per-op costs summed in op order (the same float as
+    summing costs computed afresh)."""
     cost = 0.0
     for v in range(op_cost.size):
         cost += op_cost[v]
@@ -194,11 +171,8 @@ def _relaxation_cost(op_cost):
 @_jit_inline
 def _update_network(topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices, flow):  # fmt: skip
     """Mark the critical ops; give the cut network their prices (next-faster slope: upper,
-    next-slower: lower) as capacities, ``tie_units`` more per moved op (so ties go to cuts
-    moving fewer ops: else two ops just off their vertices on one path swap in turn and the
-    walk crawls). Each step is one loop over the ops (a helper per op, even inlined, made the
-    walk several times slower). False when a cancellation overflowed its stack (restart
-    from zero)."""
+    next-slower: lower) as capacities, ``tie_units`` more per moved op (ties go to cuts moving
+    fewer ops). False when a cancellation overflowed its stack (restart from zero)."""
     crit_tol = 100.0 * tol
     _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices)
     ok = _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow)
@@ -237,8 +211,8 @@ def _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices):
 
 @_jit_inline
 def _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
-    """Each op's arc, terminal arcs and source/sink arcs get their capacities from its
-    prices (none when it is not critical); False when a cancellation overflowed its stack."""
+    """Each critical op's arcs get their capacities from its prices (others none); False when
+    a cancellation overflowed its stack."""
     pred_ptr, succ_ptr = topo[1], topo[4]
     start, end = paths[0], paths[1]
     upper, lower = prices[0], prices[1]
@@ -281,8 +255,8 @@ def _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, 
 
 @_jit_inline
 def _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow):
-    """Each dependency arc gets infinite capacity where both its ops are critical and the edge
-    is tight, else none; False when a cancellation overflowed its stack."""
+    """Dependency arcs: infinite where both ops are critical and the edge is tight, else
+    none; False when a cancellation overflowed its stack."""
     succ_ptr, succ_idx, succ_lat = topo[4], topo[5], topo[6]
     end, late_finish = paths[1], paths[3]
     net, capa, res, stack_n, stack_a = flow
@@ -309,16 +283,12 @@ def _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow):
 
 @_jit_inline
 def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
-    """The ops the cut moves: forward (shortened) into ``move[0]``, backward (lengthened)
-    into ``move[1]`` with their rooms in ``move[2]``; marks them (1 forward, 2 backward).
-
-    Returns ``(n_fwd, n_bwd, cut_value, exact, step_max)``: the cut's marginal cost, the
-    longest step before an op reaches a hull vertex, and before one reaches its fastest.
-    """
+    """The ops the cut shortens (``move[0]``, marked 1) and lengthens (``move[1]``, rooms in
+    ``move[2]``, marked 2); returns ``(n_fwd, n_bwd, cut_value, exact, step_max)``: the
+    marginal cost, the longest step before an op reaches a hull vertex, and its fastest."""
     upper, lower, room_red, room_len = prices
     fwd, bwd, bwd_room = move
-    # np.int64, not a literal 0: a literal argument makes numba compile a second, literal
-    # specialisation of each callee it reaches (_apply), a second or more of compile time.
+    # np.int64, not a literal 0: numba would compile a literal specialisation of callees.
     n_fwd = np.int64(0)
     n_bwd = np.int64(0)
     cut_value = 0.0
@@ -347,10 +317,8 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
 
 @_jit_inline
 def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work):
-    """Step length: Newton on the makespan along the move (see reference_walk._step_length).
-
-    ``work`` is (trial, start, end, mark, room_of); the marks are cleared on return.
-    """
+    """Step length: Newton on the makespan along the move (see reference_walk._step_length);
+    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return."""
     order, pred_ptr, pred_idx, pred_lat = topo[0], topo[1], topo[2], topo[3]
     fwd, bwd, bwd_room = move
     trial, start, end, mark, room_of = work
@@ -383,12 +351,8 @@ def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, 
 def _emit_along(
     dur, move, n_fwd, n_bwd, deadline, step, cut_value, state, gap, power_ranks, anchor_s, em
 ):
-    """Emit the plans this step passes: the first once the cut's cost reaches half the
-    blocking power, then one every ``gap`` seconds, and the one at ``anchor_s``.
-
-    ``em`` is (node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted,
-    n_emitted); returns the new ``(emitted, n_emitted)``.
-    """
+    """Emit the plans this step passes (see reference_walk._Emitter.along); ``em`` is
+    ``_emit``'s arguments with ``trial`` for ``x``; returns the new ``(emitted, n_emitted)``."""
     node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted, n_emitted = em
     fwd, bwd, bwd_room = move
     if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:
@@ -416,8 +380,8 @@ def _emit_along(
 
 @_jit_inline
 def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg):
-    """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it, and
-    update the moved ops' costs and hull segments."""
+    """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it;
+    update their costs and hull segments."""
     ht, hs, hc, nh = hull
     fwd, bwd, bwd_room = move
     _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
@@ -437,8 +401,8 @@ def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg):
 
 @_jit
 def _op_state(ht, hs, hc, dur, tol):
-    """Per op, kept between iterations and updated for the ops a step moves: its relaxation
-    cost and its hull segment (the last vertex at or below its duration + ``tol``)."""
+    """Per op, its relaxation cost and hull segment (last vertex at or below its duration +
+    ``tol``), kept between iterations."""
     op_cost, seg = np.empty(dur.size), np.empty(dur.size, dtype=np.int64)
     for v in range(dur.size):
         op_cost[v] = _op_cost(ht, hs, hc, v, dur[v])
@@ -448,8 +412,8 @@ def _op_state(ht, hs, hc, dur, tol):
 
 @_jit
 def _capacity_scale(hs):
-    """One capacity scale for the whole walk (so kept flows stay valid): every finite capacity
-    is a slope difference or a slope, at most each op's steepest slope."""
+    """One capacity scale for the whole walk (so kept flows stay valid); every finite
+    capacity is at most an op's steepest slope."""
     total = 0.0
     for v in range(hs.shape[0]):
         total += 3.0 * hs[v, 0]
@@ -458,8 +422,7 @@ def _capacity_scale(hs):
 
 @_jit
 def _flow_arrays(net, n):
-    """Zero flow on the cut network ``net`` (``cut_network.build_network``), and empty search
-    trees for it."""
+    """Zero flow on the cut network ``net``, and empty search trees for it."""
     m_arcs = net[0].size
     n_net = 2 * n + 2
     capa = np.zeros(m_arcs, dtype=np.int64)
@@ -494,13 +457,10 @@ def walk_kernel(
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
     Returns ``(emitted option indices (K, N) int16, lp_time_s, lp_energy_j, iterations)``;
-    emitted rows come in pairs per fractional plan: each op rounded to its slowest option no
-    slower than its duration, then each to the next slower option where it was fractional.
-    ``tie_units`` (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards
-    moving fewer ops; with 0 the minimum cut nearest the source wins.
-    ``state[S_DONE]`` becomes 1 when the walk reached the fastest plan (or stalled). The
-    fractional plan at ``anchor_s`` (the all-max time: the no-slowdown plan) is always emitted
-    when the walk passes it. ``net``: :func:`perseus.solver.cut_network.build_network`.
+    emitted rows come in pairs per fractional plan (rounded down, rounded up). ``tie_units``
+    (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards moving fewer ops.
+    ``state[S_DONE]`` is set when the walk ends (``DONE_*``). The fractional plan at
+    ``anchor_s`` (the no-slowdown time) is always emitted. ``net``: ``build_network``'s.
     """
     n = dur.size
     topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
@@ -510,9 +470,7 @@ def walk_kernel(
     mark, crit = np.zeros(n, np.int8), np.zeros(n, np.bool_)
     prices = (np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))  # up, low, rooms red/len
     move = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n))
-    # The cut network over all ops, its flow kept from one iteration to the next (warm start):
-    # between iterations only a few capacities change, so a few augmentations restore a
-    # maximum flow.
+    # The cut network's flow is kept between iterations (few capacities change).
     capa, res, stack_n, stack_a, trees = _flow_arrays(net, n)
     op_cost, seg = _op_state(ht, hs, hc, dur, tol)
     side = np.zeros(2 * n + 2, dtype=np.bool_)
@@ -570,11 +528,8 @@ def walk_kernel(
 
 @_jit_inline
 def _stalled(state, deadline, tol):
-    """Record the best deadline so far; True once the walk made no progress for too long.
-
-    Progress is any shortening beyond float noise: on large jobs (10^4+ ops) the breakpoints
-    lie closer together than the criticality tolerance.
-    """
+    """Record the best deadline so far; True once the walk made no progress (shortening
+    beyond float noise) for too long."""
     if deadline < state[S_BEST_DEADLINE] - tol:
         state[S_BEST_DEADLINE] = deadline
         state[S_STALLED] = 0.0

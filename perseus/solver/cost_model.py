@@ -1,36 +1,11 @@
 """Per-op cost curves: measured options, their Pareto set and lower convex hull.
 
-With blocking power ``P``, the energy of a plan that finishes at ``T`` is
-``Σ_i (e_i − P·t_i) + P·R·T`` (R ranks), so at a fixed deadline only the *effective* cost
-``c = e − P·t`` of each op matters. Per (stage, kind) we keep
-
-* the **options**: the Pareto-optimal measured clocks in (time, effective cost), sorted by time
-  ascending (so cost strictly decreasing). Real plans only ever use these clocks.
-* the **hull**: the lower convex hull of those options. A piecewise-linear convex cost model is
-  exactly the LP relaxation in which an op may mix two neighbouring clocks; its segment slopes
-  are the min-cut capacities of the frontier tracer. Unlike lowtime's exponential fit it has no
-  fitting error: every hull vertex *is* a measured clock.
-
-Ops of the same (stage, kind) share one curve ("type"), so the tables are tiny; per-node
-lookups index them with :attr:`CostModel.node_type`.
-
-**Two-clock options.** With ``max_clocks_per_op=2`` (a job with ``layers_per_stage``), the
-options also hold every two-clock op between neighbouring hull vertices ``a``/``b`` (either
-order, every layer boundary ``1..L-1``), priced by
-:func:`perseus.profile.two_clock.two_clock_cost`, the function the exact evaluator uses; then
-the Pareto filter runs over all of them. Without switch energy these points lie on the hull
-segments, so the hull (and the walk) is unchanged, and every fractional plan of the walk
-rounds to a real plan at most one layer step off the hull: the realisation of the LP.
-Everything downstream (rounding, reclaiming, local search) works on option indices and needs
-no change.
-
-**Clock pairs.** On a profile whose ops have memory clocks an option is an (SM, memory) pair;
-the Pareto filter and the hull run over all pairs, so the walk, the LP floor and the rounding
-are exact over pairs with no other change, and two-clock options mix neighbouring hull
-vertices whatever their memory clocks. The tables carry each option's memory clocks
-(``opt_mem_mhz``, ``opt_mem_b_mhz``; 0 for the GPU's default one) for the plan.
-
-Complexity: O(K log K) per type for K clocks; O(N) to index N nodes.
+Per (stage, kind) ("type"): the **options**, the Pareto measured clocks (or clock pairs) in
+(time, effective cost ``e − P·t``), time ascending, and the **hull**, their lower convex hull:
+the LP relaxation in which an op mixes neighbouring clocks, whose slopes are the walk's cut
+capacities. With ``max_clocks_per_op`` ≥ 2 the options also hold every phased op over
+neighbouring hull vertices (:mod:`perseus.profile.two_clock`), so fractional plans round to
+real plans at most one layer step off the hull. Complexity: O(K log K) per type for K clocks.
 """
 
 from __future__ import annotations
@@ -64,19 +39,16 @@ class CostModel:
         node_type: (N,) type id of each node.
         opt_time_s, opt_energy_j, opt_cost_j: (K, W) Pareto options per type, time ascending,
             padded with ``inf`` time / last value.
-        opt_freq_mhz: (K, W) their clocks (padded with the last clock); for a two-clock
-            option the clock of its first layers.
-        opt_freq_b_mhz: (K, W) the second clock (equal to ``opt_freq_mhz`` for one clock).
+        opt_freq_mhz, opt_freq_b_mhz: (K, W) the first and second clock (equal for one clock).
         opt_layers_at_a: (K, W) layers run at the first clock (0 for one-clock options).
-        opt_mem_mhz, opt_mem_b_mhz: (K, W) the memory clocks of the first and second clock
-            (0: the GPU's default memory clock, as in a profile without memory clocks).
-        opt_is_default_mem: (K, W) whether a one-clock option runs at the default memory clock
-            of its SM clock (what a plain SM clock in a plan means).
+        opt_mem_mhz, opt_mem_b_mhz: (K, W) the memory clocks (0: the GPU's default).
+        opt_is_default_mem: (K, W) whether a one-clock option runs at its SM clock's default
+            memory clock (what a plain SM clock in a plan means).
         opt_phases: Per type, per real option, its phases (the plan's op).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
-        hull_slope: (K, H) ``slope[k, j]`` is the cost saved per second of slowing from vertex
-            ``j`` to ``j+1`` (positive, non-increasing in ``j``); 0 past the last segment.
+        hull_slope: (K, H) cost saved per second of slowing from vertex ``j`` to ``j+1``
+            (positive, non-increasing); 0 past the last segment.
         num_hull: (K,) real hull vertices per type.
         blocking_power_w: P used for effective cost.
     """
@@ -135,8 +107,7 @@ class CostModel:
 
 def _thin_hull(time_s: FloatArray, hull: IntArray, min_gap_fraction: float) -> IntArray:
     """Drop hull vertices closer than ``min_gap_fraction`` of the fastest time to the last kept
-    one (both ends always kept). The coarser hull lies on or above the true one, so it stays
-    a valid convex model of real clocks, with fewer breakpoints to visit."""
+    one (both ends kept): a coarser convex model of real clocks, with fewer breakpoints."""
     if min_gap_fraction <= 0 or len(hull) <= 2:
         return hull
     gap = min_gap_fraction * time_s[hull[0]]
@@ -170,13 +141,10 @@ def _phased_options(
     max_phases: int,
 ) -> list[_Labelled]:
     """The one-clock options and every phased op over 2..``max_phases`` consecutive hull
-    vertices (in either order, every increasing set of layer boundaries), Pareto-filtered in
+    vertices (either order, every increasing set of layer boundaries), Pareto-filtered in
     (time, effective cost), time ascending (one-clock options win ties).
 
-    Only runs of neighbouring hull vertices are enumerated: in the relaxation an op mixes two
-    neighbours, and a run of ``p`` neighbours lets the layer-rounded op land between the
-    points ``p - 1`` switches can reach. Complexity: O(H·C(L-1, p-1)) per ``p`` for H hull
-    vertices and L layers.
+    Complexity: O(H·C(L-1, p-1)) per ``p`` phases for H hull vertices and L layers.
     """
     every: list[_Labelled] = [_one(o) for o in opts]
     n_layers = split.num_layers(stage)
@@ -230,12 +198,10 @@ def build_cost_model(
             "give it or use `max_clocks_per_op`=1"
         )
     graph, power = job.graph, job.blocking_power_w
-    keys = sorted({(int(s), int(k)) for s, k in zip(graph.stage, graph.kind, strict=True)})
+    stage_kind = list(zip(graph.stage.tolist(), graph.kind.tolist(), strict=True))
+    keys = sorted(set(stage_kind))
     type_of = {key: i for i, key in enumerate(keys)}
-    node_type = np.array(
-        [type_of[(int(s), int(k))] for s, k in zip(graph.stage, graph.kind, strict=True)],
-        dtype=np.int64,
-    )
+    node_type = np.array([type_of[key] for key in stage_kind], dtype=np.int64)
     options, hulls = _type_options(job, keys, min_vertex_gap_fraction, max_clocks_per_op)
     tables = _option_tables(job, keys, options)
     hull_t, hull_c, slope = _hull_tables(tables["opt_time_s"], tables["opt_cost_j"], hulls)

@@ -1,21 +1,12 @@
 """The min-cut network of the compiled frontier walk, with its flow kept between iterations.
 
-The min cut is a max flow on one network over all ops (:func:`build_network`), with int64
-capacities on one scale for the whole walk (every finite capacity is a slope or a difference
-of slopes, so their sum stays below 2**52; infinite arcs are 2**62, and a bottleneck that large
-means no finite cut, i.e. the fastest plan is reached). Lower bounds are folded into terminal
-arcs exactly as in :mod:`perseus.solver.check.maxflow`. The flow is kept between iterations: when an
-op's lower bound changes, flow moves between its arc and its terminal arcs; flow above a
-lowered capacity is cancelled back to the terminals (:func:`set_capacity`); then
-:func:`augment` re-augments with Boykov–Kolmogorov's search trees, also kept between
-iterations. The cut found is re-priced in floating point, so the integer scale can only pick
-a marginally sub-optimal cut, never a wrong price.
-
-Complexity: building is O((N + E) log(N + E)) (one sort); a capacity change costs O(1) plus
-the flow it cancels; :func:`augment` is Boykov–Kolmogorov's (no polynomial bound better than
-O(V²E·|C|) for a cut of value C, but on pipeline DAGs a walk iteration re-searches a few
-hundred of the network's nodes where Dinic's phases searched about five times the whole
-network), plus one pass over the residual slots to find the changed ones.
+One network over all ops (:func:`build_network`), int64 capacities on one scale (finite ones
+sum below 2**52; infinite arcs 2**62, a bottleneck that large meaning the fastest plan is
+reached), lower bounds folded into terminal arcs as in :mod:`perseus.solver.check.maxflow`.
+Between iterations flow follows changed capacities (:func:`keep_balanced`, :func:`set_capacity`)
+and :func:`augment` re-augments with Boykov–Kolmogorov search trees, also kept. Complexity:
+building O((N + E) log(N + E)); a capacity change O(1) plus the flow it cancels; an
+augmentation a few hundred nodes per iteration on pipeline DAGs (no useful polynomial bound).
 """
 
 from __future__ import annotations
@@ -58,10 +49,8 @@ def build_network(
     arc, ``N+v`` start→sink, ``2N+v`` source→end (the lower-bound terminal arcs), ``3N+e``
     dependency edge ``e`` (in CSR successor order), ``3N+E+v`` source→start, ``4N+E+v``
     end→sink. Source→start and end→sink arcs of inner ops never carry capacity and are left
-    out of the adjacency. Returns ``(a_src, a_dst, ptr, to, twin, is_fwd, fs, rs)``.
-
-    numpy, not compiled: it runs once per walk, and compiling it took about 2.5 s of a first
-    run.
+    out of the adjacency. Returns ``(a_src, a_dst, ptr, to, twin, is_fwd, fs, rs)``
+    (numpy: it runs once per walk, and compiling it cost seconds).
     """
     v = np.arange(n, dtype=np.int64)
     src_node, snk_node = np.full(n, 2 * n), np.full(n, 2 * n + 1)
@@ -133,23 +122,9 @@ def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, 
 
 @jit
 def set_capacity(
-    k,
-    new_cap,
-    a_src,
-    a_dst,
-    capa,
-    ptr,
-    to,
-    twin,
-    is_fwd,
-    fs,
-    rs,
-    res,
-    source,
-    sink,
-    stack_n,
+    k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, source, sink, stack_n,
     stack_a,
-):
+):  # fmt: skip
     """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it."""
     flow = res[rs[k]]
     if flow > new_cap:
@@ -169,12 +144,8 @@ def set_capacity(
 
 @_jit_inline
 def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
-    """Move flow between op ``v``'s arc and its terminal arcs before their capacities change.
-
-    A changed lower bound moves capacity between the op arc and its two terminal arcs; moving
-    the same amount of flow along keeps every node balanced, so the common case needs no
-    cancelling and no re-augmenting.
-    """
+    """Move flow between op ``v``'s arc and its terminal arcs as their capacities change
+    (a changed lower bound), keeping every node balanced: no cancelling, no re-augmenting."""
     f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
     lo = max(f_op - op_cap, -f_t, -f_s)
     hi = min(f_op, term_cap - f_t, term_cap - f_s)
@@ -194,12 +165,10 @@ _ROOT, _NONE = -1, -2
 
 @jit
 def search_arrays(n_nodes, n_slots):
-    """The search trees of :func:`augment` over a network of ``n_nodes`` nodes and ``n_slots``
-    residual slots, empty, to be kept between its calls: ``(tree, parent, dist, stamp, queued,
-    queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2 the sink's;
-    ``parent``: the slot of the arc to the node's parent (from it, in the source's tree; to it,
-    in the sink's); ``dist``/``stamp``: steps to the root, and when they were last checked;
-    ``queue``: the active nodes; ``seen_res``: the residuals the trees were built on."""
+    """Empty search trees of :func:`augment`, kept between its calls: ``(tree, parent, dist,
+    stamp, queued, queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2
+    the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``: steps to
+    the root and when last checked; ``seen_res``: the residuals the trees were built on."""
     tree = np.zeros(n_nodes, dtype=np.int8)
     parent = np.full(n_nodes, _NONE, dtype=np.int64)
     dist = np.zeros(n_nodes, dtype=np.int64)
@@ -214,16 +183,13 @@ def search_arrays(n_nodes, n_slots):
 
 @jit
 def augment(source, sink, ptr, to, twin, res, search, side):
-    """Augment the current flow until it is maximum; fills ``side`` with the minimal source
-    side of a minimum cut (what the source reaches along residual arcs, the same for every
-    maximum flow). Returns False if an all-infinite source→sink path exists (seen as a
-    bottleneck above every finite total); the flow is then left inconsistent.
+    """Augment the current flow until it is maximum; fill ``side`` with the minimal source
+    side of a minimum cut. False if an all-infinite source→sink path exists (the flow is then
+    left inconsistent).
 
-    Boykov–Kolmogorov's search trees, one grown from the source and one into the sink, kept
-    from the last call (``search``: :func:`search_arrays`): only the nodes at the slots whose
-    residual changed since are looked at again (their tree arcs checked, their arcs searched),
-    so a call after a small capacity update costs about what it changes, not a search of the
-    whole network. At the end the source's tree is exactly what the source reaches.
+    Boykov–Kolmogorov's search trees (``search``: :func:`search_arrays`) are kept from the
+    last call: only the nodes at slots whose residual changed are looked at again, so a call
+    after a small capacity update costs about what it changes.
     """
     tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters = search
     if tree[source] != _S:

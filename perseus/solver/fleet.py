@@ -1,29 +1,10 @@
 """Many jobs, one power budget: one frontier point per job, least weighted slowdown.
 
-Each job ``j`` offers its frontier's points ``i``, each with an iteration time ``t_ji`` and an
-average power ``P_ji`` (the job's GPUs together). Running point ``i`` costs the job
-``c_ji = w_j (t_ji / t_j0 - 1)``: its weight times its slowdown against its fastest plan. The
-fleet plan picks one point per job so that ``sum_j P_j,i_j <= B`` and ``sum_j c_j,i_j`` is
-least: a multiple-choice knapsack.
-
-:func:`plan_fleet` solves it in three steps:
-
-1. **LP bound (convex-hull greedy).** Per job, the lower convex hull of its (power, cost)
-   points; starting from every job's fastest point, hull segments are taken in order of cost
-   per watt saved (dP/dT in the job's own terms) until the fleet fits. The segment taken in
-   part (the break) gives the LP optimum ``lp_bound`` and the price of a watt ``lambda``.
-2. **An integer incumbent.** The break segment taken whole: it fits, and costs at most one
-   segment more than the bound (``method="greedy"`` stops here).
-3. **The last watts by dynamic program.** Before the break, the fleet is ``d`` watts over.
-   Which jobs save those ``d`` watts, and by how much, is a small covering knapsack: a
-   dynamic program over watts saved in ``grid`` steps of ``d / grid``, one move per job
-   (watts rounded down, so its answer always fits). Only moves whose reduced cost
-   ``c_ji + lambda P_ji - min_k (c_jk + lambda P_jk)`` is within ``incumbent - lp_bound`` can
-   beat the incumbent, so few points enter. The tests hold the answer to within 0.1 % of an
-   exact MILP on 1,000 jobs at every budget.
-
-Complexity: O(K log K) for the K points of all jobs (hulls and one sort of their segments),
-plus O(K' x grid) for the K' points that enter the dynamic program.
+A multiple-choice knapsack: each job's points cost ``weight × slowdown`` and draw their
+average power; :func:`plan_fleet` takes hull segments in order of cost per watt saved (the LP
+bound), rounds the break segment up, and places the last watts by a dynamic program over the
+few moves whose reduced cost can still win (``docs/fleet.md``). Complexity: O(K log K) for K
+points, plus O(K' x grid) for the K' points in the dynamic program.
 """
 
 from __future__ import annotations
@@ -39,13 +20,13 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import Frontier
+from perseus.profile.pareto import lower_hull
 
 __all__ = ["FleetAssignment", "FleetJob", "FleetPlan", "fleet_job", "plan_fleet"]
 
 FloatArray = npt.NDArray[np.float64]
 
-#: The dynamic program's states reach this many deficits below zero and above the deficit (a
-#: job moving back to a faster plan while others save more).
+#: The dynamic program's states reach this many deficits below zero and above the deficit.
 _REACH = 4
 #: Watts of float noise a budget comparison forgives (relative to the budget).
 _SLACK = 1e-9
@@ -62,8 +43,8 @@ class FleetJob:
         time_s: Iteration time of each choice; ``time_s[0]`` is the job's fastest plan.
         average_power_w: Average power of each choice (every GPU of the job).
         peak_power_w: Peak power of each choice (every GPU of the job).
-        fastest_time_s: The time slowdowns are measured against: the job's fastest plan,
-            which a per-GPU cap may have left out (default: the fastest choice).
+        fastest_time_s: The time slowdowns are measured against (default: the fastest
+            choice; a per-GPU cap may have left the job's fastest plan out).
     """
 
     name: str
@@ -84,7 +65,7 @@ class FleetJob:
             raise ConfigError(f"job {self.name!r}: weight must be a finite number >= 0")
 
     def slowdown(self, choice: int) -> float:
-        """Choice ``choice``'s slowdown against the job's fastest plan (0 for the fastest)."""
+        """Choice ``choice``'s slowdown against the job's fastest plan."""
         fastest_s = self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
         return self.time_s[choice] / fastest_s - 1.0
 
@@ -132,8 +113,7 @@ def fleet_job(
 
     Args:
         name: The job's name.
-        frontier: Its frontier (average power per pipeline from energy / time; peak power from
-            the points' power figures, else the average).
+        frontier: Its frontier (peak power from its points' power figures, else the average).
         weight: The value of one unit of the job's progress.
         gpus: GPUs of the job, a multiple of the frontier's ranks (default: the ranks).
         per_gpu_cap_w: Leave out plans whose average power per GPU exceeds this.
@@ -192,19 +172,7 @@ def _hull(power_w: FloatArray, cost: FloatArray) -> list[int]:
     for i in order:
         if not front or power_w[i] < power_w[front[-1]]:
             front.append(i)
-    hull: list[int] = []
-    for i in front:
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            # keep b only if a -> b costs less per watt saved than b -> i
-            if (cost[b] - cost[a]) * (power_w[b] - power_w[i]) >= (cost[i] - cost[b]) * (
-                power_w[a] - power_w[b]
-            ):
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    return hull
+    return [front[k] for k in lower_hull(-power_w[front], cost[front]).tolist()]
 
 
 def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
@@ -251,19 +219,14 @@ def plan_fleet(
         budget_w: The fleet's power budget in watts.
         method: ``"dp"`` (LP greedy, then the dynamic program over the last watts) or
             ``"greedy"`` (the LP greedy rounded up to whole hull segments).
-        grid: Steps of the dynamic program over the watts still to save (finer: closer to
-            the optimum, slower; the answer always fits).
+        grid: Steps of the dynamic program over the watts still to save.
 
     Returns:
         The plan; ``lp_bound <= weighted_slowdown``.
 
     Raises:
         ConfigError: a bad budget, method or grid, or repeated job names.
-        InfeasibleError: when even every job's lowest-power plan exceeds the budget (the
-            message names that least total).
-
-    Complexity: O(K log K) for K points in all, plus O(K' x grid) for the K' points the
-    reduced costs leave to the dynamic program.
+        InfeasibleError: when even every job's lowest-power plan exceeds the budget.
     """
     _check_inputs(jobs, budget_w, method, grid)
     least_w = sum(min(j.average_power_w) for j in jobs)
@@ -330,12 +293,10 @@ def _cover(
     """Save at least ``deficit_w`` more watts from ``base`` at least cost: a dynamic program
     over the net watts saved, one move (another point) per job at most.
 
-    The states span ``-4 deficit_w .. 5 deficit_w`` in ``grid`` steps, so a job may also move
-    back to a faster plan while others save more; the top state stands for "at least" (it
-    only under-counts). Only moves within ``allowed`` of the LP optimum by reduced cost (the
-    point's cost plus ``price`` per watt, against the job's best) can beat the incumbent, so
-    only those enter. Watts are rounded down to whole steps: whatever the program picks saves
-    at least ``deficit_w``.
+    The states span ``-4 deficit_w .. 5 deficit_w`` in ``grid`` steps (a job may move back to
+    a faster plan while others save more); the top state stands for "at least". Only moves
+    within ``allowed`` of the LP optimum by reduced cost (cost plus ``price`` per watt) enter.
+    Watts are rounded down to whole steps, so the pick always saves ``deficit_w``.
     """
     step_w = (1 + 2 * _REACH) * deficit_w / grid
     origin = _REACH * grid // (1 + 2 * _REACH)  # the state of zero watts saved

@@ -1,45 +1,14 @@
 """Fold a long job into a short one with the same stages, and lift its plans back.
 
-**Why.** The exact walk visits every breakpoint of the relaxation, about (ops × hull vertices)
-of them, and each costs O(N + E): its time grows with the square of the microbatch count.
-32 stages × 512 microbatches (32 768 ops) would take hours. But the microbatches of a pipeline
-schedule are identical, so the middle of every rank's op sequence is periodic (1F1B: F, B, F,
-B, …), and the cheapest plan at a deadline treats those steady-state ops alike up to the
-warm-up and cool-down at either end.
+The walk's time grows with the square of the microbatch count, but a schedule's middle is
+periodic: the same schedule with ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches is walked,
+and each of its plans lifted rank by rank (the ends kept, the middle repeating the folded
+sequence's last period), also with every rank's period capped at the bottleneck's and sped up
+to keep its share of all-max time. Lifted plans are reclaimed and evaluated exactly, so every
+point is a real, exact plan, but no longer the full job's relaxation optimum.
 
-**How.** Build the same schedule with ``M′ = stages + FOLD_EXTRA_MICROBATCHES`` microbatches,
-so every rank keeps its full warm-up and cool-down and a few steady-state periods. Trace its
-frontier exactly. Lift each of its real plans to the full job: on every rank the first half of
-the folded op sequence maps onto the start of the full sequence, the second half onto its end,
-and the positions in between repeat the folded sequence's last period before the middle. The
-period is found, not assumed: the smallest one for which every lifted op has the same (stage,
-kind) as its source; no such period means the schedule does not fold and the exact walk runs
-instead.
-
-Two things differ between the folded job and the full one, and the lift corrects both:
-
-* *Steady-state lag.* In the folded job a rank can run its period a little slower than the
-  bottleneck rank and absorb the lag in warm-up slack; repeated hundreds of times the lag
-  would set the iteration time. So each plan is also lifted with every rank's period capped
-  (cheapest speed-ups first) at the bottleneck's period in that plan, and at its fastest.
-* *Ends.* Warm-up and cool-down meet a long steady state at other times than a short one, so
-  ops that had slack in the folded job can be critical in the full one. Each lifted plan is
-  also sped up (every critical op one option faster per round) until it finishes within the
-  same fraction of the full job's all-max time as its source did of the folded job's.
-
-**What it gives up.** Lifted plans are reclaimed and evaluated exactly on the full job like any
-other candidate, so every emitted point is still a real plan whose figures are the evaluator's
-and the frontier still dominates every baseline. What folding gives up is the guarantee that
-each point came from the full job's relaxation optimum. Measured (synthetic 1F1B, two cores):
-8×64 folded to 8×16 matches the exact walk's savings to ±0.1 point at 1.0–1.2× slowdown in a
-third of the time; 16×64 folded to 16×24 is 0.19 point below it at no slowdown and within 0.15
-point elsewhere, in a fifth of the time; 16×128 (the smallest job folded by default) is 0.19
-point below at no slowdown, 0.13 / 0.08 / 0.09 point at 1.05 / 1.1 / 1.2× all-max time, in
-a tenth to a twentieth of the time; 32×512 folds to 32×40 and takes under a minute.
-
-Complexity: O(N·P) for the map (P periods tried), the exact walk on the folded job (S·M′·k
-ops for k ops per microbatch and stage), and per lifted candidate O(N + E) per speed-up round
-plus the reclaim and the evaluation.
+Complexity: O(N·P) for the map (P periods tried), the walk on the folded job, and per lifted
+candidate O(N + E) per speed-up round plus the reclaim and the evaluation.
 """
 
 from __future__ import annotations
@@ -72,9 +41,8 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-#: Jobs with more ops than this are folded unless asked not to (16×64 1F1B, 2 048 ops, walks
-#: exactly in ~20 s on two cores; the walk's cost grows with the square of the op count:
-#: 16×128 took 92 s of CPU exactly, folded a tenth of it, 0.19 point of saving below).
+#: Jobs with more ops than this are folded unless asked not to (16×64 1F1B walks exactly in
+#: ~20 s on two cores).
 FOLD_ABOVE_OPS = 2048
 #: Steady-state periods kept beyond one per stage.
 FOLD_EXTRA_MICROBATCHES = 8
@@ -94,12 +62,9 @@ class FoldedJob:
 def fold_job(
     job: PlanningJob, model: CostModel, hull_gap_fraction: float, max_clocks_per_op: int = 1
 ) -> FoldedJob | None:
-    """``job`` folded to ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches.
-
-    ``model`` is ``job``'s cost model (built with ``hull_gap_fraction``). ``None`` when
-    folding would not shrink the job, the schedule's middle is not periodic, or the folded
-    model numbers its options differently (then option indices would not carry over).
-    """
+    """``job`` (cost model ``model``) folded to ``stages + FOLD_EXTRA_MICROBATCHES``
+    microbatches; ``None`` when that would not shrink it, its middle is not periodic, or the
+    folded model numbers its options differently."""
     spec = job.spec
     folded_m = spec.stages + FOLD_EXTRA_MICROBATCHES
     if folded_m >= spec.microbatches:
@@ -136,13 +101,9 @@ def lift_plans(
 ) -> IntArray:
     """Full-job candidates (option indices) from the folded job's ``plans``.
 
-    Per plan: as it is, and balanced two ways (no rank's period longer than the plan's own
-    period of the reference rank, the one with the longest period at the fastest clocks; or
-    than that rank's fastest period, the steady state of the fastest plans). Each lifted;
-    then each also sped up (:func:`perseus.solver.plan_kernels.tighten_kernel`) to the same
-    fraction of ``allmax_time_s`` as its folded plan had of the folded job's all-max time,
-    because the ends can lag where the long steady state meets them at other times. The
-    caller reclaims and evaluates them on the full job.
+    Per plan: as it is, and with no rank's period longer than the reference rank's (the
+    slowest at the fastest clocks) in the plan, or at its fastest. Each lifted, and each also
+    sped up to the same fraction of ``allmax_time_s`` as it had of the folded all-max time.
     """
     from perseus.solver.plan_kernels import tighten_kernel
 
@@ -174,13 +135,8 @@ def lift_plans(
 
 
 def lift_map(full: OpGraph, folded: OpGraph) -> Lift | None:
-    """How ``full``'s nodes copy ``folded``'s: per node, a node of ``folded`` on the same rank
-    with the same (stage, kind).
-
-    Rank by rank: the head and tail halves of the folded sequence map onto the ends of the
-    full one, the middle repeats the folded sequence's last period before its middle.
-    ``None`` if the graphs have different ranks or no period up to ``_MAX_PERIOD`` matches.
-    """
+    """How ``full``'s nodes copy ``folded``'s (same rank, same (stage, kind)); ``None`` if
+    the ranks differ or no period up to ``_MAX_PERIOD`` matches."""
     if full.num_ranks != folded.num_ranks:
         return None
     label_full = full.stage * 8 + full.kind
@@ -247,14 +203,8 @@ def balance_periods(
     opt_cost_j: FloatArray,
 ) -> IntArray:
     """``plan`` (folded option indices) with rank ``r``'s repeated period no longer than
-    ``limits_s[r]``.
-
-    In the folded job a rank may run its steady state a little slower than the bottleneck and
-    absorb the lag in warm-up slack; repeated hundreds of times in the full job the lag would
-    set the iteration time. Each rank over its limit gets the cheapest speed-ups (least cost
-    per second saved, one option step at a time) until its period fits or all its period's
-    ops run at their fastest option.
-    """
+    ``limits_s[r]``: the cheapest speed-ups (least cost per second saved, one option step at
+    a time) until it fits or every op of the period runs at its fastest."""
     out = plan.copy()
     for nodes, limit_s in zip(periods, limits_s, strict=True):
         if nodes.size == 0:

@@ -1,36 +1,22 @@
 """LP bounds: the least energy by a deadline, and the least time under a peak power cap.
 
-Relaxing "one clock per op" to "any convex combination of an op's measured clocks" turns the
-planning problem into a linear program::
+Relaxing "one clock per op" to "any convex combination of an op's measured clocks" gives a
+linear program (only each op's lower-hull vertices can be optimal, so only they are variables)::
 
     minimise   Σ_i Σ_k λ_ik (e_ik − P·t_ik) + P·R·M
     subject to Σ_k λ_ik = 1,  λ ≥ 0                      (op i mixes its clocks k)
                s_v ≥ s_u + Σ_k λ_uk t_uk + latency(u, v)  (every DAG edge u → v)
                s_i + Σ_k λ_ik t_ik ≤ M ≤ deadline,  s ≥ 0
 
-whose value is a lower bound on every real plan's energy at that deadline (a real plan is a
-0/1 ``λ``). Only the lower-hull vertices of each op's options can be optimal, so only they are
-variables. scipy's HiGHS solves it; at 8×96 on the bundled profiles that takes a few seconds.
-
-**Under a peak cap** (:func:`lp_peak_time_bound_s`): the summed power is ``P·R`` plus, for
-every running op, its excess ``x_ik = (e_ik − P·t_ik) / t_ik``, so a peak of at most ``W``
-means the running ops' excess is at most ``X = W − P·R`` at every instant. With a makespan of
-at most ``T``, op ``i`` runs inside its window ``[head_i, T − tail_i]`` (its longest paths
-from the start and to the end at the fastest clocks). Cutting ``[0, T]`` into intervals ``j``
-and adding to the LP above (with ``M ≤ T``, feasibility only) the time ``τ_ikj ≥ 0`` op ``i``
-spends at clock ``k`` in interval ``j`` of its window::
-
-    Σ_j τ_ikj = λ_ik t_ik          Σ_{i,k} x_ik τ_ikj ≤ X·len_j          Σ_{i on rank r, k} τ_ikj ≤ len_j
-
-every real plan of makespan at most ``T`` and peak at most ``W`` is a solution (τ its ops'
-overlaps with the intervals), so where the LP has none no such plan exists: the largest such
-``T`` found by bisection is a lower bound on the fastest plan's time under the cap. Hull
-vertices suffice here too (a clock off the hull is matched, interval by interval, by a mix of
-hull clocks with no more excess). Finer intervals tighten it.
+whose value bounds every real plan's energy at that deadline from below. Under a peak cap
+(:func:`lp_peak_time_bound_s`) the LP gains, over intervals of ``[0, T]``, the time ``τ_ikj``
+op ``i`` spends at clock ``k`` in interval ``j`` of its window, with the ops' excess power
+within the budget and each rank busy at most the interval's length in every interval; where
+it has no solution no plan of makespan ``T`` fits the cap (``docs/power.md``).
 
 Complexity: an LP with N·H + N + 1 variables and N + E + N rows (H hull vertices per op),
-solved by HiGHS's dual simplex / IPM; under a peak cap, plus N·H variables per interval of each
-op's window, and one bisection step per solve.
+solved by HiGHS; under a peak cap, plus N·H variables per interval of each op's window, and one
+solve per bisection step.
 """
 
 from __future__ import annotations
@@ -56,12 +42,8 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class _FloorLP:
-    """The energy floor's LP (variables: the λs, the starts, then the makespan ``M``).
-
-    Attributes:
-        lam_node, lam_t, lam_c: Per λ variable, its node, hull time and effective cost.
-        cost, a_ub, b_ub, a_eq, b_eq: The LP's objective and constraint rows.
-    """
+    """The energy floor's LP (variables: the λs, the starts, then the makespan ``M``): per λ
+    its node, hull time and effective cost, and the LP's objective and constraint rows."""
 
     lam_node: IntArray
     lam_t: FloatArray
@@ -77,15 +59,20 @@ class _FloorLP:
         return int(self.cost.size)
 
 
-def _floor_lp(job: PlanningJob, model: CostModel) -> _FloorLP:
-    """The LP floor's variables and rows (the deadline goes in ``M``'s bound)."""
+def _floor_lp(job: PlanningJob, model: CostModel, options: bool = False) -> _FloorLP:
+    """The LP floor's variables and rows (the deadline goes in ``M``'s bound); with
+    ``options``, over every Pareto option instead of the hull vertices (the exact MILP's)."""
     g = job.graph
     n = g.num_nodes
-    nh = model.num_hull[model.node_type]
+    if options:
+        counts, times, costs = model.num_opts, model.opt_time_s, model.opt_cost_j
+    else:
+        counts, times, costs = model.num_hull, model.hull_time_s, model.hull_cost_j
+    nh = counts[model.node_type]
     lam_node = np.repeat(np.arange(n), nh)
     lam_k = np.concatenate([np.arange(h) for h in nh])
-    lam_t = model.hull_time_s[model.node_type[lam_node], lam_k]
-    lam_c = model.hull_cost_j[model.node_type[lam_node], lam_k]
+    lam_t = times[model.node_type[lam_node], lam_k]
+    lam_c = costs[model.node_type[lam_node], lam_k]
     n_lam = lam_node.size
     s0, m_var = n_lam, n_lam + n  # start-time variables follow the λs, then the makespan
     cost = np.concatenate([lam_c, np.zeros(n), [model.blocking_power_w * g.num_ranks]])
@@ -193,11 +180,9 @@ def lp_peak_time_bound_s(
     rel_tol: float = 1e-3, max_time_vars: int = 2_000_000,
 ) -> float:  # fmt: skip
     """A lower bound on the time of any plan of ``job`` whose peak summed power is at most
-    ``budget_w`` (module docstring): the largest makespan, bisected between the fastest plan's
-    and ``upper_s`` to ``rel_tol``, at which the peak LP with ``intervals`` intervals has no
-    solution (the fastest plan's time when none is found). Large jobs get fewer intervals, so
-    that the LP has at most about ``max_time_vars`` time variables (a coarser, still valid
-    bound).
+    ``budget_w``: the largest makespan, bisected between the fastest plan's and ``upper_s`` to
+    ``rel_tol``, at which the peak LP has no solution. Large jobs get fewer ``intervals`` (at
+    most about ``max_time_vars`` time variables; a coarser, still valid bound).
     """
     model = build_cost_model(job)
     lp = _floor_lp(job, model)

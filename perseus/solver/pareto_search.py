@@ -1,27 +1,10 @@
 """Fill the gaps between rounded frontier points with a Pareto local search.
 
-**Why.** The min-cut walk traces the relaxation exactly, but every real plan comes from
-rounding a fractional one, so the frontier is a staircase of rounded plans with gaps between
-them. On measured (non-convex) profiles the cheapest real plan at a deadline inside a gap is
-often one or two option steps away from a rounded plan: an op between two hull vertices runs at
-a clock that is on no hull (lowtime, stepping one quantum at a time, lands on some of those),
-or two ops on one path are slowed together. On tiny jobs a gap cost up to 0.6 % against the
-MILP optimum, and on 4×8 a few of lowtime's 1110 plans fell into gaps (by up to 0.08 %).
-
-**How.** A Pareto local search: keep an archive of mutually non-dominated plans (time, energy);
-for every plan new to the archive, try each op one option faster and one option slower,
-reclaim slack, and keep the neighbours no archive point dominates; repeat until a round adds
-nothing or the work budget is spent. When the budget cannot pay for a whole round, the points
-in front of the largest staircase steps (time gap × energy drop to the next point) go first;
-jobs of thousands of ops get a few points' neighbourhoods, where one option step moves the
-iteration by far less than the gap between frontier points anyway. The compiled kernel
-(:func:`perseus.solver.plan_kernels.neighbour_kernel`) drops dominated neighbours before they reach
-Python. Plans only ever enter through their own exact longest path, so nothing here changes
-what a plan costs; the caller still evaluates the survivors with the exact evaluator.
-
-Complexity: a round costs O(K·N·(N + E)) for K new archive plans (2N neighbours each, one
-reclaim and one longest-path pass per neighbour); the budget caps the total at
-``work_budget`` node-and-edge visits, so tiny jobs converge and large ones get part of a round.
+Every plan of the walk is rounded, so the frontier is a staircase; the cheapest real plan in
+a gap is often an option step or two away. The search tries each op one option faster and
+slower (tiny jobs: also two-op exchanges) from every plan new to a Pareto archive, reclaimed,
+until a round adds nothing or the budget is spent (largest staircase steps first).
+Complexity: O(K·N·(N + E)) per round for K new archive plans, capped at ``work_budget``.
 """
 
 from __future__ import annotations
@@ -60,14 +43,12 @@ def search_neighbours(
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
         work_budget: Node-and-edge visits the search may spend in all.
-        pairs: Also move two ops at once (O(N²) neighbours per plan instead of O(N));
-            ``None`` (default) does so on one-clock jobs of at most
-            :data:`PAIR_MOVES_MAX_NODES` ops, where rounding a few fractional ops decides
-            the result.
+        pairs: Also move two ops at once (O(N²) neighbours per plan); default: on one-clock
+            jobs of at most :data:`PAIR_MOVES_MAX_NODES` ops.
 
     Returns:
-        The archive: plans no other plan found dominates, sorted by time. Every input plan is
-        either in it or dominated by a plan in it.
+        The plans no other plan found dominates, sorted by time (every input plan is in it or
+        dominated by one in it).
     """
     from perseus.solver.plan_kernels import neighbour_kernel
 
@@ -79,8 +60,7 @@ def search_neighbours(
     archive, arch_t, arch_e = rows[keep], times[keep], energies[keep]
     fresh = np.ones(len(archive), dtype=np.bool_)
     if pairs is None:
-        # Two-clock options are a fine grid (one step moves an op by a layer's share), so a
-        # one-op move already reaches what an exchange would; pairs would only multiply work.
+        # Two-clock options are a fine grid: one-op moves already reach what exchanges would.
         pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES and not model.opt_layers_at_a.any()
     moves = 2 * topo.num_nodes * (topo.num_nodes if pairs else 1)
     # Per neighbour: a reclaim (a binary search per op), a longest path, an evaluation.
@@ -93,21 +73,13 @@ def search_neighbours(
             break
         picked = np.flatnonzero(fresh)
         if affordable < picked.size:
-            # Largest staircase steps first: a point's step is the area (time × energy) up to
-            # the next slower archive point, where a plan in between would save the most.
+            # Largest staircase steps (time × energy up to the next archive point) first.
             step = np.diff(arch_t, append=arch_t[-1]) * -np.diff(arch_e, append=arch_e[-1])
             picked = picked[np.argsort(-step[picked], kind="stable")[:affordable]]
         sources = archive[picked]
         spent += len(sources) * per_plan
         found, found_t, found_e = neighbour_kernel(
-            *topo.csr(),
-            *tables,
-            model.num_opts,
-            power_ranks,
-            sources,
-            arch_t,
-            arch_e,
-            pairs,
+            *topo.csr(), *tables, model.num_opts, power_ranks, sources, arch_t, arch_e, pairs
         )
         if len(found) == 0:
             break
@@ -122,20 +94,13 @@ def search_neighbours(
 def plan_figures(
     model: CostModel, topo: Topology, num_ranks: int, plans: IntArray
 ) -> tuple[FloatArray, FloatArray]:
-    """Time and energy of each row of ``plans`` (option indices), compiled.
-
-    The same longest path as the exact evaluator; energy is summed as ``Σ (e − P·t) + P·R·T``,
-    so it can differ from the evaluator's in the last bits. For filtering candidates; reported
-    figures come from :mod:`perseus.dag.evaluate`.
-    """
+    """Time and energy (``Σ (e − P·t) + P·R·T``, so the last bits may differ from the exact
+    evaluator's) of each row of ``plans`` (option indices), compiled; for filtering."""
     from perseus.solver.plan_kernels import evaluate_kernel
 
+    tables = (model.node_type, model.opt_time_s, model.opt_cost_j)
+    rows = np.ascontiguousarray(plans, dtype=np.int64)
     times, energies = evaluate_kernel(
-        *topo.csr()[:4],
-        model.node_type,
-        model.opt_time_s,
-        model.opt_cost_j,
-        model.blocking_power_w * num_ranks,
-        np.ascontiguousarray(plans, dtype=np.int64),
+        *topo.csr()[:4], *tables, model.blocking_power_w * num_ranks, rows
     )
     return times, energies

@@ -1,16 +1,11 @@
 """Compiled loops over whole plans: longest paths, slack reclaiming, tightening, evaluation
-and one-move neighbours, compiled with numba.
+and one-move neighbours.
 
-The walk (:mod:`perseus.solver.compiled`) and the Python around it call these on option-index
-plans (K, N) and per-type option tables; everything works on plain arrays, the DAG as CSR
-predecessor/successor lists plus a topological order (:class:`perseus.solver.paths.Topology`).
-Compiled functions are cached on disk by numba (``cache=True``); this module is imported
-lazily so that ``import perseus.solver`` stays light.
-
-Complexity: each longest-path pass is O(N + E); reclaiming one plan is one forward and one
-backward pass; tightening repeats forward and backward passes until the target is met (at
-most the number of options per op, times N); the neighbour search reclaims and evaluates
-O(N) (O(N²) with pairs) plans per row.
+They take option-index plans (K, N), per-type option tables and the DAG as CSR lists plus a
+topological order (:class:`perseus.solver.paths.Topology`). Cached on disk by numba; imported
+lazily. Complexity: O(N + E) per longest-path pass; reclaiming is two passes per plan;
+tightening repeats both until the target is met (at most W·N rounds for W options per op); the
+neighbour search reclaims and evaluates O(N) (O(N²) with pairs) plans per row.
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ def _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, la
         late_start[v] = lf - dur[v]
 
 
-#: The longest-path passes for callers outside the kernels (:class:`perseus.solver.paths.Topology`).
+#: The longest-path passes for callers outside the kernels.
 forward_pass = _forward
 backward_pass = _backward
 
@@ -70,10 +65,8 @@ backward_pass = _backward
 def _reclaim_row(
     order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, row, work
 ):
-    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of one plan, in place.
-
-    ``work`` is a (4, N) scratch array. Returns the plan's makespan (unchanged by reclaiming).
-    """
+    """Slack reclaiming (:mod:`perseus.solver.reclaim`) of one plan, in place; ``work`` is
+    (4, N) scratch. Returns the plan's makespan (unchanged by reclaiming)."""
     n = row.size
     start, end, dur, late_start = work[0], work[1], work[2], work[3]
     for v in range(n):
@@ -114,26 +107,14 @@ def reclaim_kernel(
 
 @_jit
 def tighten_kernel(
-    order,
-    pred_ptr,
-    pred_idx,
-    pred_lat,
-    succ_ptr,
-    succ_idx,
-    succ_lat,
-    node_type,
-    opt_t,
-    plans,
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, plans,
     targets_s,
-):
+):  # fmt: skip
     """Each row of ``plans`` (K, N), sped up until it finishes by ``targets_s[k]``.
 
-    A round moves every critical op not at its fastest option one option faster; rounds
-    repeat until the plan meets its target or no critical op can go faster. Blunt (it may
-    speed up more ops than the cheapest cut would), so the result goes through the reclaim
-    pass. Used on plans rounded towards slower clocks (brought back to the time of the
-    faster rounding) and on lifted plans (:mod:`perseus.solver.fold`) whose ends lag in the
-    full job.
+    A round moves every critical op not at its fastest option one option faster, until the
+    plan meets its target or no critical op can go faster. Blunt, so the result goes through
+    the reclaim pass.
     """
     k_plans, n = plans.shape
     out = plans.copy()
@@ -194,31 +175,14 @@ def evaluate_kernel(
 
 @_jit
 def neighbour_kernel(
-    order,
-    pred_ptr,
-    pred_idx,
-    pred_lat,
-    succ_ptr,
-    succ_idx,
-    succ_lat,
-    node_type,
-    opt_t,
-    opt_c,
-    num_opts,
-    power_ranks,
-    plans,
-    archive_t,
-    archive_e,
-    pairs,
-):
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, opt_c,
+    num_opts, power_ranks, plans, archive_t, archive_e, pairs,
+):  # fmt: skip
     """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
-    dominate.
+    dominate (to a relative 1e-12).
 
     A move shifts one op one option faster or slower; with ``pairs`` also two ops at once,
-    one faster and one slower (the exchanges that keep a path's length while moving energy
-    between its ops, which one-op moves cannot reach on tiny jobs). A neighbour is
-    reclaimed and kept unless an archive point is no slower and no costlier (to a relative
-    1e-12). ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set.
+    one each way. ``archive_t`` (ascending) and ``archive_e`` (descending) are a Pareto set.
     Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
     """
     k_plans, n = plans.shape
@@ -278,11 +242,8 @@ def _try_move(topo, costs, plan, i, k, j, kj, row, work, kept):
 
 @_jit
 def _grown(out, out_t, out_e):
-    """``out`` (K, N) and ``out_t``, ``out_e`` (K,) copied into arrays twice as long.
-
-    Element loops, not slice assignments: numba compiles a broadcasting setitem's shape
-    error message for about 15 s.
-    """
+    """``out`` (K, N) and ``out_t``, ``out_e`` (K,) copied into arrays twice as long
+    (element loops: numba compiles a broadcasting setitem's error message for ~15 s)."""
     k, n = out.shape
     bigger = np.empty((2 * k, n), dtype=np.int64)
     bigger_t = np.empty(2 * k)

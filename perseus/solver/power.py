@@ -1,22 +1,12 @@
 """The power of a plan over its iteration, and the fastest plan under a power budget.
 
-A pipeline of R ranks draws, at every instant of an iteration, the sum of its GPUs' power:
-a GPU running an op draws that op's power (its profiled energy / time at the plan's clock), a
-GPU between ops draws the blocking power (the same model as the exact evaluator's energy,
-:mod:`perseus.dag.evaluate`). From the evaluator's op start and end times this module builds
-that step function exactly (:func:`power_timeline`) and summarises it (:func:`plan_power`):
-
-* **average** = energy / iteration time (the integral of the step function, divided by T);
-* **peak** and **minimum**: the highest and lowest step of the summed power;
-* **largest step change**: the largest jump at one instant; op ends and starts at the same
-  instant (the next op of a rank starting as the last one ends) are netted into one change.
-
-A two-clock op draws its mix's average power over the whole op (the mid-op switch is not
-resolved in time). The iteration is taken on its own: the step from the end of one iteration
-to the start of the next is not counted.
-
-:func:`fastest_under_power` picks the fastest frontier point whose average (or peak) summed
-power fits a budget. Complexity: O(N log N) per plan for N ops (one sort of 2N events).
+At every instant a GPU running an op draws that op's power (its energy / time at the plan's
+clock; a two-clock op its mix's average), a GPU between ops the blocking power, as in the exact
+evaluator. :func:`power_timeline` builds the pipeline's summed power as a step function from the
+evaluator's op starts and ends; :func:`plan_power` summarises it: average (energy / time), peak,
+minimum, and the largest step change (ends and starts at one instant netted). The iteration is
+taken on its own. :func:`fastest_under_power` picks the fastest frontier point whose average
+(or peak) power fits a budget. Complexity: O(N log N) per plan (one sort of 2N events).
 """
 
 from __future__ import annotations
@@ -80,16 +70,8 @@ class PowerTimeline:
 
 
 def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
-    """The summed power of ``job``'s ranks over one iteration of ``point``.
-
-    Args:
-        job: The planning job the point belongs to.
-        point: A plan of that job.
-
-    Returns:
-        The step function; its integral equals the exact evaluator's energy.
-
-    Complexity: one exact evaluation, O(N + E), plus an O(N log N) sort of the op events.
+    """The summed power of ``job``'s ranks over one iteration of ``point`` (its integral is
+    the exact evaluator's energy). Complexity: O(N + E) plus an O(N log N) sort.
     """
     freqs = job.flat(point)
     op_time_s, op_energy_j = job.op_costs(freqs)
@@ -107,9 +89,8 @@ def timeline_of(
     blocking_power_w: float,
     ranks: int,
 ) -> PowerTimeline:
-    """The summed power step function from each op's start, end, time and energy (the
-    evaluator's); the iteration ends at the last op's end. Complexity: O(N log N).
-    """
+    """The summed power step function from each op's start, end, time and energy; the
+    iteration ends at the last op's end. Complexity: O(N log N)."""
     block = blocking_power_w
     total_s = float(end_s.max())
     busy = op_time_s > 0
@@ -140,11 +121,8 @@ def timeline_of(
 
 
 def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
-    """Average, peak and minimum summed power of ``point`` and its largest step change.
-
-    The average is taken from the point's own exact figures (energy / time), which the
-    timeline's integral equals to float precision.
-    """
+    """Average (from the point's exact figures), peak and minimum summed power of ``point``,
+    and its largest step change."""
     summary = power_timeline(job, point).summary()
     avg = point.energy_j / point.time_s
     return summary.model_copy(
@@ -168,14 +146,12 @@ def fastest_under_power(
     *,
     measure: Literal["average", "peak"] = "average",
 ) -> PlanPoint:
-    """The fastest point whose average (or peak) summed power is at most ``budget_w``.
-
-    Ties in time go to the lower energy. Complexity: O(P) for P points.
+    """The fastest point (then the lower energy) whose average (or peak) summed power is at
+    most ``budget_w``. Complexity: O(P) for P points.
 
     Raises:
         InfeasibleError: if no point fits, naming the lowest figure any point reaches.
-        PlanError: for ``measure="peak"`` on points without power figures (a frontier file
-            written before schema version 3).
+        PlanError: for ``measure="peak"`` on points without power figures.
     """
 
     def figure(p: PlanPoint) -> float:
@@ -218,14 +194,9 @@ class TimeShare:
 
 
 def time_share_under_power(points: Sequence[PlanPoint], budget_w: float) -> TimeShare | None:
-    """The fastest mix of two plans, alternated across iterations, whose average power (total
-    energy / total time) is at most ``budget_w``; None when one plan is as fast (the budget
-    meets a hull vertex, every plan fits, or none does).
-
-    Mixing plans, the least energy at mean time ``t`` is the lower convex hull of the points
-    in (time, energy); the budget is the line ``E = budget_w · t``, so the fastest mix is
-    where that line crosses the hull edge between a point above the budget and one below it.
-    Complexity: O(P log P) for P points.
+    """The fastest mix of two plans, alternated across iterations, whose average power is at
+    most ``budget_w``: where the line ``E = budget_w · t`` crosses the lower convex hull in
+    (time, energy). None when one plan is as fast. Complexity: O(P log P) for P points.
     """
     from perseus.solver.power_schedule import lower_hull_indices
 

@@ -1,27 +1,10 @@
 """The fastest plan under a peak power budget, off the time-energy frontier too.
 
-Peak summed power is not monotone along the frontier, and a plan off the frontier (more energy
-at the same time) can have a lower peak: slowing the ops that overlap at the peak instant costs
-less time than moving to a slower frontier plan. :func:`fastest_under_peak` searches:
-
-* ``method="exhaustive"`` (exact): every combination of the profile's clocks over the job's
-  ops. Plans are timed in batches on the longest path (:func:`~perseus.dag.evaluate.longest_path`
-  on a (K, N) matrix) and tried fastest first: only plans faster than the best so far get
-  their power timeline. O(K^N) plans for N ops of K clocks: only for small jobs
-  (``max_plans``).
-* ``method="search"``: greedy peak shaving from up to ``max_bases`` frontier plans faster
-  than the frontier's pick (evenly spread, fastest first): while the peak exceeds the budget,
-  lower by one clock the op running at the peak instant whose lowering costs the least
-  iteration time (every candidate timed in one batched longest path). Below every shaved plan,
-  the plans of a uniform per-op power level (every op at the highest clock whose power fits:
-  what one GPU power limit does). Not exact; never slower than the frontier's pick, and
-  :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s` (a time-indexed LP relaxation of the
-  peak cap) bounds it from below: :class:`PeakPick` states that gap.
-* ``method="auto"``: exhaustive when the job has at most ``max_plans`` plans, else search.
-
-The plan returned is priced by the exact evaluator and :func:`~perseus.solver.power.plan_power`.
-Jobs with two-clock or phased ops (layers per stage, memory clocks) are searched over their
-frontier plans only.
+Peak summed power is not monotone along the frontier, and a plan off it can have a lower
+peak. :func:`fastest_under_peak` enumerates every plan of small jobs (``"exhaustive"``,
+exact), or shaves the peak greedily from frontier plans and tries uniform per-op power levels
+(``"search"``, with the gap to :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s`); jobs
+with two-clock or phased ops use their frontier plans only (``docs/power.md``).
 """
 
 from __future__ import annotations
@@ -59,8 +42,8 @@ class PeakPick:
         method: ``"exhaustive"`` (exact) or ``"search"``.
         frontier_time_s: The frontier's fastest plan whose peak fits (None: none fits).
         bound_time_s: A lower bound on any plan's time (exhaustive: the point's own; search:
-            the peak LP's, :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s`).
-        evaluated: Plans timed (the search: one per shaving step and per candidate lowering).
+            the peak LP's).
+        evaluated: Plans timed.
     """
 
     point: PlanPoint
@@ -77,12 +60,8 @@ class PeakPick:
 
 @dataclass(frozen=True, slots=True)
 class _Clocks:
-    """Per node, its profile's clocks, highest first, padded to the most any node has.
-
-    Attributes:
-        freq_mhz, time_s, energy_j, power_w: (N, K) tables (the padding repeats the last).
-        count: Clocks per node.
-    """
+    """Per node, its profile's clocks, highest first: (N, K) tables padded with the last, and
+    the clocks per node (``count``)."""
 
     freq_mhz: IntArray
     time_s: FloatArray
@@ -122,6 +101,13 @@ class _Clocks:
         out: IntArray = self.freq_mhz[np.arange(index.size), index]
         return out
 
+    def moved_times_s(self, job: PlanningJob, index: IntArray, nodes: IntArray, step: int) -> FloatArray:  # fmt: skip
+        """The makespan of plan ``index`` with each of ``nodes`` in turn ``step`` clocks lower."""
+        trial = np.tile(self.time_s[np.arange(index.size), index], (nodes.size, 1))
+        trial[np.arange(nodes.size), nodes] = self.time_s[nodes, index[nodes] + step]
+        out: FloatArray = longest_path(job.graph, trial)[1].max(axis=1)
+        return out
+
 
 def _priced(job: PlanningJob, freqs: IntArray) -> PlanPoint:
     point = job.point(freqs)
@@ -139,15 +125,12 @@ def _peak_of(job: PlanningJob, clocks: _Clocks, index: IntArray) -> tuple[float,
 
 def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray) -> tuple[int | None, int]:  # fmt: skip
     """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
-    (ties: the larger power drop, then the lower node; None when none can go lower), and the
+    (ties: the larger power drop, then the lower node; None if none can go lower), and the
     plans timed."""
     active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < clocks.count))
     if not active.size:
         return None, 0
-    t = clocks.time_s[np.arange(index.size), index]
-    trial = np.tile(t, (active.size, 1))
-    trial[np.arange(active.size), active] = clocks.time_s[active, index[active] + 1]
-    times = longest_path(job.graph, trial)[1].max(axis=1)
+    times = clocks.moved_times_s(job, index, active, 1)
     drop = clocks.power_w[active, index[active]] - clocks.power_w[active, index[active] + 1]
     return int(active[np.lexsort((active, -drop, times))[0]]), int(active.size)
 
@@ -155,9 +138,8 @@ def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi:
 def _shave(
     job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float, best_s: float
 ) -> tuple[IntArray | None, int]:
-    """Greedy peak shaving from one plan: while the peak exceeds the budget, lower the op
-    :func:`_lowering` picks. Returns the plan that fits (None: gave up, or no faster than
-    ``best_s``) and the plans timed."""
+    """Greedy peak shaving from one plan (:func:`_lowering` while the peak is over budget).
+    Returns the plan that fits (None: gave up, or no faster than ``best_s``), plans timed."""
     index = index.copy()
     timed = 0
     while True:
@@ -179,9 +161,8 @@ def _shave(
 def _raise_back(
     job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float
 ) -> tuple[IntArray, int]:
-    """Hill-climb a plan that fits: while raising one op by one clock shortens the iteration
-    and keeps the peak within the budget, raise the one that shortens it most (shaving lowers
-    ops that later lowerings make unnecessary). Returns the plan and the plans timed."""
+    """Hill-climb a plan that fits: raise by one clock the op that shortens the iteration most
+    while the peak stays within budget. Returns the plan and the plans timed."""
     index = index.copy()
     rows = np.arange(index.size)
     timed = 0
@@ -189,9 +170,7 @@ def _raise_back(
         t = clocks.time_s[rows, index]
         now_s = float(longest_path(job.graph, t)[1].max())
         up = np.flatnonzero(index > 0)
-        trial = np.tile(t, (up.size, 1))
-        trial[np.arange(up.size), up] = clocks.time_s[up, index[up] - 1]
-        times = longest_path(job.graph, trial)[1].max(axis=1) if up.size else np.zeros(0)
+        times = clocks.moved_times_s(job, index, up, -1) if up.size else np.zeros(0)
         timed += 1 + up.size
         for r in np.argsort(times, kind="stable").tolist():
             if times[r] >= now_s * (1 - 1e-12):
@@ -208,8 +187,7 @@ def _raise_back(
 def _exhaustive(
     job: PlanningJob, clocks: _Clocks, budget_w: float, best: PlanPoint | None
 ) -> tuple[PlanPoint | None, int, float]:
-    """Every plan, timed in batches, tried fastest first (exact). Returns the best plan, the
-    plans timed and the lowest peak seen."""
+    """Every plan, tried fastest first (exact): the best, the plans timed, the lowest peak."""
     choices = itertools.product(*[range(int(c)) for c in clocks.count])
     rows = np.arange(clocks.count.size)
     lowest, timed = math.inf, 0
@@ -259,8 +237,8 @@ def _search(
 def _uniform_level(
     job: PlanningJob, clocks: _Clocks, budget_w: float, timed: int
 ) -> tuple[PlanPoint | None, int, float]:
-    """The fastest plan of a uniform per-op power level (each op at its highest clock whose
-    power fits the level) whose peak fits, levels tried from the highest down."""
+    """The fastest plan of a uniform per-op power level (each op at its highest clock within
+    it) whose peak fits, levels from the highest down."""
     lowest = math.inf
     last = clocks.count - 1
     for level in np.unique(clocks.power_w)[::-1].tolist():
@@ -289,11 +267,11 @@ def fastest_under_peak(
     Args:
         job: The job the frontier ``points`` belong to.
         points: Its frontier points (with power figures or without).
-        budget_w: The peak budget, in watts, for the pipeline's summed power.
+        budget_w: The peak budget for the pipeline's summed power.
         method: ``"auto"``, ``"exhaustive"`` or ``"search"``.
         max_plans: Most plans ``"auto"`` enumerates.
-        max_bases: Most frontier plans the search shaves from (evenly spread, fastest first).
-        bound_intervals: Intervals of the search's lower-bound LP (more: tighter and slower).
+        max_bases: Most frontier plans the search shaves from.
+        bound_intervals: Intervals of the search's lower-bound LP (more: tighter, slower).
 
     Raises:
         InfeasibleError: if no plan found fits (naming the lowest peak seen).

@@ -1,28 +1,10 @@
 """A budget over time: which plan to run in each interval of a price or carbon signal.
 
-Given a signal (interval ``k`` starts at ``start_s[k]`` and costs ``value[k]`` per kWh until
-the next start, the last until the deadline), ``N`` iterations and a deadline ``D``,
-:func:`schedule_plans` finds how many iterations to run in each interval, with which frontier
-plans, so that all ``N`` finish by ``D`` at the least ``Σ_k value[k] · energy_kwh(k)``.
-
-**Whole cost.** The job holds its GPUs from the signal's start to ``D``; a GPU running no
-iteration draws the idle power. With ``P0`` the summed idle power, an interval of length ``d``
-running ``x_j`` iterations of plan ``j`` uses ``P0·d + Σ_j (e_j − P0·t_j)·x_j`` joules, so the
-optimisation works on each plan's energy above idle ``e' = e − P0·t``.
-
-**Method (exact).** Mixing plans, the least ``e'`` of ``n`` iterations in ``d`` seconds is
-``F(n) = n · h(d / n)`` (``h`` the lower convex hull in (time, ``e'``)): convex and piecewise
-linear in ``n``, one segment per hull edge. A negative value maximises energy on the upper
-hull instead, and ``value · F`` is convex again. The allocation of ``N`` units over convex
-piecewise-linear costs takes the cheapest segments first, all intervals together: a
-threshold on the segment cost found by bisection, vectorised over the intervals (ties within
-1e-12 filled earliest interval first), at most two adjacent hull vertices per interval. This
-is the LP over the frontier's points; ``lp_cost`` is its optimum. Whole iterations: the
-integer part of each share, the rest one each per round to the intervals whose next
-iteration costs least; the faster plan gets the rounded-up share, so no iteration straddles
-a boundary. ``cost`` is the whole-iteration schedule's. More: ``docs/power.md``.
-
-Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, about 45 steps.
+:func:`schedule_plans` runs ``N`` iterations by a deadline at the least ``Σ_k value[k] ·
+energy_kwh(k)``, idle GPUs included: exactly over mixes of frontier plans (cheapest hull
+segments first, all intervals together, a threshold found by bisection), then in whole
+iterations that never straddle an interval boundary (the method: ``docs/power.md``).
+Complexity: O(K·log H) per bisection step for K intervals and H hull vertices, ~45 steps.
 """
 
 from __future__ import annotations
@@ -36,6 +18,7 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import MAX_TIME_S, PlanPoint
+from perseus.profile.pareto import lower_hull
 
 __all__ = [
     "J_PER_KWH",
@@ -47,8 +30,8 @@ __all__ = [
 
 #: Joules in one kilowatt-hour (signal values are per kWh).
 J_PER_KWH = 3.6e6
-#: Largest signal value, in magnitude, per kWh: far above any price or carbon intensity
-#: (wholesale prices are capped near 10 per kWh), far below overflow in the sums.
+#: Largest signal value, in magnitude, per kWh: far above any price or carbon intensity, far
+#: below overflow in the sums.
 MAX_SIGNAL_VALUE = 1e9
 #: Longest signal or deadline: a thousand years of seconds.
 _MAX_HORIZON_S = 1e3 * 365.25 * 86400
@@ -73,8 +56,8 @@ class PowerSchedule:
         cost: Total cost of the whole-iteration schedule, idle included (value × kWh).
         lp_cost: The exact fractional optimum (≤ ``cost``).
         baseline_index: The no-slowdown plan (the cheapest as fast as all-max).
-        baseline_cost: Cost of running it back to back from the first interval (idle after,
-            until the deadline), or None if that misses the deadline.
+        baseline_cost: Cost of running it back to back from the first interval, or None if
+            that misses the deadline.
         hull: Frontier point indices of the lower convex hull in (time, energy above idle).
     """
 
@@ -106,13 +89,12 @@ class PowerSchedule:
         return self.values * (self.energy_j + self.idle_energy_j) / J_PER_KWH
 
     def cost_on(self, values_per_kwh: FloatArray) -> float:
-        """The schedule's total on another series over the same intervals (carbon of a
-        price-optimal schedule)."""
+        """The schedule's total on another series over the same intervals."""
         return float(np.sum(values_per_kwh * (self.energy_j + self.idle_energy_j))) / J_PER_KWH
 
     def energy_between(self, a_s: float, b_s: float) -> FloatArray:
-        """Each interval's energy drawn in ``[a_s, b_s)``: its iterations run back to back
-        from its start at their average power, its idle GPUs draw the idle power after."""
+        """Each interval's energy drawn in ``[a_s, b_s)`` (iterations back to back from its
+        start at their average power, then idle)."""
         busy_end = self.starts_s + self.busy_s
         run_s = np.clip(np.minimum(b_s, busy_end) - np.maximum(a_s, self.starts_s), 0.0, None)
         idle_s = np.clip(np.minimum(b_s, self.ends_s) - np.maximum(a_s, busy_end), 0.0, None)
@@ -126,7 +108,7 @@ class PowerSchedule:
 
     @property
     def finish_s(self) -> float:
-        """When the last iteration ends (its interval's start plus the interval's busy time)."""
+        """When the last iteration ends."""
         used = self.used()
         if not used.size:
             return float(self.starts_s[0]) if self.starts_s.size else 0.0
@@ -139,8 +121,7 @@ class PowerSchedule:
         return float(self.energy_j.sum() + self.idle_energy_j.sum())
 
     def segments(self) -> tuple[tuple[int, int], ...]:
-        """``(first_iteration, point_index)`` runs in order (consecutive equal plans merged):
-        what a running job follows."""
+        """``(first_iteration, point_index)`` runs in order, equal neighbours merged."""
         counts = np.stack([self.fast_iterations, self.slow_iterations], axis=1).ravel()
         index = np.stack([self.fast_index, self.slow_index], axis=1).ravel()
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -153,34 +134,21 @@ class PowerSchedule:
 def _hull(times: FloatArray, extra: FloatArray, upper: bool) -> IntArray:
     """Indices of the lower (upper) convex hull of ``(times, extra)`` from the fastest point
     to the point of least (greatest) ``extra``; monotone chain, O(P log P)."""
-    sign = -1.0 if upper else 1.0
-    y = sign * extra
+    y = -extra if upper else extra
     best = min(range(times.size), key=lambda i: (y[i], times[i]))
-    t_best = times[best]
     order = sorted(
-        (i for i in range(times.size) if times[i] <= t_best), key=lambda i: (times[i], y[i])
+        (i for i in range(times.size) if times[i] <= times[best]), key=lambda i: (times[i], y[i])
     )
-    hull: list[int] = []
-    for i in order:
-        if hull and times[hull[-1]] == times[i]:
-            continue  # same time, a worse figure
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            cross = (times[b] - times[a]) * (y[i] - y[a]) - (y[b] - y[a]) * (times[i] - times[a])
-            if cross <= 0:  # b is on or beyond the chord a-i
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    return np.array(hull, dtype=np.int64)
+    # Of equal times only the best figure (the first) can be on the hull.
+    order = [i for k, i in enumerate(order) if k == 0 or times[order[k - 1]] != times[i]]
+    out: IntArray = np.array(order, dtype=np.int64)[lower_hull(times[order], y[order])]
+    return out
 
 
 def lower_hull_indices(points: Sequence[PlanPoint], idle_power_w: float = 0.0) -> tuple[int, ...]:
-    """Indices of the lower convex hull in (time, energy above idle), fastest point to the
-    least energy above idle (``e − idle_power_w · t``).
-
-    Points slower than that point are never useful and are left out; among equal times the
-    lower energy is kept. Complexity: O(P log P) (monotone chain).
+    """Indices of the lower convex hull in (time, energy above idle ``e − idle_power_w · t``),
+    from the fastest point to the least energy above idle; of equal times the lower energy.
+    Complexity: O(P log P).
     """
     if not points:
         raise ConfigError("the frontier has no points")
@@ -231,7 +199,7 @@ class _Curves:
 
     def plans(self, d: FloatArray, n: IntArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
         """Whole iterations: (fast point, fast count, slow point, slow count) per interval,
-        finishing within ``d`` (``n`` at most ``d / t_0``); points are frontier indices."""
+        finishing within ``d`` (``n`` at most ``d / t_0``)."""
         t = self.times_s
         m = t.size - 1
         fast_v = np.full(n.shape, m, dtype=np.int64)
@@ -307,23 +275,19 @@ def schedule_plans(
         values: Cost per kWh of each interval, within ±:data:`MAX_SIGNAL_VALUE` (negative: the
             grid pays for energy).
         iterations: ``N``.
-        deadline_s: ``D``; intervals starting at or after it are ignored, the last one ends
-            at it.
-        baseline_time_s: The all-max iteration time; the no-slowdown plan (the baseline the
-            saving is measured against) is the cheapest point no slower. Default: the
-            fastest point's time.
-        idle_power_w: The job's summed idle power (every GPU it holds), drawn by the GPUs
-            while they run no iteration, from ``from_s`` to the deadline.
-        from_s: Plan from this time on (a re-plan: the interval holding it starts there;
-            earlier intervals are left out).
+        deadline_s: ``D``; the last interval ends at it.
+        baseline_time_s: The all-max iteration time; the no-slowdown plan is the cheapest
+            point no slower (default: the fastest point's time).
+        idle_power_w: The job's summed idle power, drawn while no iteration runs.
+        from_s: Plan from this time on (a re-plan; earlier intervals are left out).
 
     Returns:
         The schedule; its ``lp_cost`` is the exact optimum over mixes of frontier plans.
 
     Raises:
         ConfigError: for a bad signal, ``N``, ``D`` or idle power.
-        InfeasibleError: if ``N`` iterations cannot finish by ``D`` even at the fastest plan,
-            naming how many can and the least deadline that ``N`` needs (rounded up).
+        InfeasibleError: if ``N`` iterations cannot finish by ``D`` even at the fastest plan
+            (naming how many can and the deadline ``N`` needs).
     """
     st = np.asarray(starts_s, dtype=np.float64)
     va = np.asarray(values, dtype=np.float64)
@@ -374,7 +338,7 @@ def _no_slowdown(times: FloatArray, energies: FloatArray, baseline_time_s: float
 @dataclass(frozen=True, slots=True)
 class _Problem:
     """The intervals to plan: lengths ``d``, values ``v``, and the hulls their costs follow
-    (``high``, the upper hull, where ``v`` < 0; the same object as ``low`` when none is)."""
+    (``high``, the upper hull, where ``v`` < 0; ``low`` itself when none is)."""
 
     low: _Curves
     high: _Curves
@@ -389,11 +353,8 @@ class _Problem:
         return cls(low, high, v < 0, d, v)
 
     def capacity(self, iterations: int, deadline_s: float, bounds: FloatArray) -> IntArray:
-        """Whole fastest iterations per interval.
-
-        Raises:
-            InfeasibleError: if ``iterations`` do not fit, with the deadline they need.
-        """
+        """Whole fastest iterations per interval; InfeasibleError if ``iterations`` do not
+        fit, with the deadline they need."""
         t0 = float(self.low.times_s[0])
         max_whole = np.floor(self.d / t0 * (1 + 1e-12)).astype(np.int64)
         capacity = int(max_whole.sum())
@@ -427,9 +388,9 @@ class _Problem:
 
 @dataclass(frozen=True, slots=True)
 class _Block:
-    """Intervals of one sign of value: their segment costs are ``value · seg_cost``, and a
-    threshold ``θ`` takes the prefix ``searchsorted(order, θ · scale)`` of each one's
-    segments (``order`` increasing, ``scale`` > 0; None: zero values, all or nothing)."""
+    """Intervals of one sign of value: a threshold ``θ`` takes the prefix
+    ``searchsorted(order, θ · scale)`` of each one's segments (``scale`` None: zero values,
+    all or nothing)."""
 
     curves: _Curves
     ks: IntArray
@@ -516,8 +477,8 @@ def _round_shares(
 
 
 def _needed_deadline_s(starts_s: FloatArray, t0_s: float, iterations: int) -> str:
-    """The least deadline at which ``iterations`` whole fastest iterations fit the intervals
-    before the deadline and then the last one, written rounded up (passing it fits)."""
+    """The least deadline at which ``iterations`` whole fastest iterations fit, written
+    rounded up."""
     fit = np.floor(np.diff(starts_s) / t0_s * (1 + 1e-12)).astype(np.int64)
     done_before = np.concatenate([[0], np.cumsum(fit)])
     k = int(np.searchsorted(done_before, iterations, side="left")) - 1

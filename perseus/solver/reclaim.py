@@ -1,14 +1,9 @@
 """Slack reclaiming: slow every op that has slack to the cheapest clock that still fits.
 
-Rounding a fractional plan to real clocks, or any heuristic plan, leaves ops that finish
-before anyone waits for them. Walking the DAG backwards from the sinks, each op may end as late
-as its successors' latest starts allow and may start as early as its predecessors (unchanged
-so far) finish; among the op's Pareto options whose time fits that window we take the cheapest
-in effective energy ``e − P·t`` (the slowest fitting Pareto option). The iteration time cannot
-grow, because every op stays inside its latest-start window, and the energy cannot grow,
-because each op's effective cost only drops while the makespan stays put.
-
-Complexity: O(N·W + E) per plan (W options per op).
+Walking the DAG backwards from the sinks, each op may end as late as its successors' latest
+starts allow and start as early as its predecessors finish; it takes the slowest Pareto option
+that fits that window (the cheapest in effective energy ``e − P·t``). Neither the iteration
+time nor the energy can grow. Complexity: O(N·log W + E) per plan (W options per op).
 """
 
 from __future__ import annotations
@@ -25,9 +20,7 @@ IntArray = npt.NDArray[np.int64]
 
 
 def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:
-    """Per-node option indices after reclaiming slack (a new array; the input is untouched).
-
-    The loop itself is compiled (:func:`perseus.solver.plan_kernels.reclaim_kernel`).
+    """Per-node option indices after reclaiming slack (a new array; compiled).
 
     Args:
         model: The job's cost model.
@@ -35,8 +28,7 @@ def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray
         plans: (N,) or (K, N) indices into each node's Pareto options (time ascending).
 
     Returns:
-        Option indices of the same shape, each ≥ the input's (never faster), same or lower
-        makespan.
+        Option indices of the same shape, each ≥ the input's, same or lower makespan.
     """
     from perseus.solver.plan_kernels import reclaim_kernel
 

@@ -1,13 +1,11 @@
-"""Driving the frontier walk: the compiled walk chunk by chunk, its emitted plans made into
-candidates on a worker thread, and the lifting of a folded walk's plans.
+"""Driving the frontier walk chunk by chunk, its emitted plans made into candidates on a
+worker thread, and the lifting of a folded walk's plans.
 
-:func:`perseus.solver.frontier.trace` picks a walk from :data:`METHODS` (``"compiled"``:
-:func:`perseus.solver.compiled.walk_kernel`; ``"reference"``: the numpy/scipy oracle in
-:mod:`perseus.solver.check`). Each returns the candidates (real plans, reclaimed, each batch's
-Pareto set), the iteration count, the traced relaxation and why the walk stopped.
-
-Complexity: the walk's (see :mod:`perseus.solver.frontier`); making candidates costs one
-tighten, reclaim and evaluation pass per emitted plan, O(N + E) each per round.
+:data:`METHODS` maps ``"compiled"`` (:func:`perseus.solver.compiled.walk_kernel`) and
+``"reference"`` (the numpy/scipy oracle in :mod:`perseus.solver.check`) to a core that returns
+the candidates (reclaimed, each batch's Pareto set), the iteration count, the traced
+relaxation and why the walk stopped. Complexity: the walk's, plus one tighten, reclaim and
+evaluation pass, O(N + E) each, per emitted plan.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from perseus.solver.reclaim import reclaim_slack
 
 __all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "pareto_within"]
 
-FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Progress = Callable[[float], None]
 
@@ -39,7 +36,7 @@ _LIFT_BATCH = 32
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
 #: A second walk (ties left to the max flow) runs when the first cost at most this many
-#: iteration × (node + edge) steps: a few tenths of a second (A40 8×48: 2e6; 8×32: 1e7).
+#: iteration × (node + edge) steps: a few tenths of a second.
 _SECOND_WALK_MAX_WORK = 8e6
 
 
@@ -57,18 +54,11 @@ def _core(
 ) -> tuple[list[IntArray], int, list[float], list[float], str]:
     """The Phillips–Dessouky loop, ``kernel`` a chunk at a time (see :func:`_walk`).
 
-    The walk breaks ties between equally cheap cuts towards moving fewer ops, which keeps it
-    from crawling (half the iterations at 8×32). Where the relaxation has several optimal
-    plans, though, which one gets rounded decides the real plan, and the untied walk's are
-    sometimes better (A40 8×12: 12.15 % saved at no slowdown against 12.01 %). Jobs
-    whose walk took a fraction of a second are walked both ways and keep both sets of
-    candidates; the returned LP curve is the first walk's (both trace the same relaxation).
-
-    Each chunk's emitted plans become candidates (tightened, reclaimed, filtered and passed
-    through ``then``) on a worker thread, in the order emitted, while the walk goes on: the
-    kernels release the GIL, so on two cores the walk and its candidates overlap (32×256:
-    the walk takes about two thirds of the solve, its candidates and their lifting most of
-    the rest). The candidates are the same as one thread's, in the same order.
+    Ties between equally cheap cuts go to moving fewer ops (else the walk crawls); where the
+    relaxation has several optimal plans the untied walk's rounding is sometimes better, so
+    a walk that took a fraction of a second runs again untied and both keep their candidates
+    (the LP curve is the first's). Each chunk's emitted plans become candidates (through
+    ``then``) on a worker thread, in order, while the GIL-free kernels walk on.
     """
     from perseus.solver.compiled import TIE_UNITS
 
@@ -83,9 +73,9 @@ def _core(
         def submit(emitted: IntArray) -> None:
             pending.append(pool.submit(finish, emitted))
 
-        iterations, lp_t, lp_e, reason = _walk(kernel, *walk, progress, TIE_UNITS, submit)
+        iterations, lp_t, lp_e, reason = _walk(kernel, walk, progress, TIE_UNITS, submit)
         if iterations * (topo.num_nodes + topo.succ_idx.size) <= _SECOND_WALK_MAX_WORK:
-            more_iterations, *_ = _walk(kernel, *walk, None, 0, submit)
+            more_iterations, *_ = _walk(kernel, walk, None, 0, submit)
             iterations += more_iterations
         cand = [c for done in pending for c in done.result()]
     return cand, iterations, lp_t, lp_e, reason
@@ -94,45 +84,38 @@ def _core(
 def _rounded_candidates(
     job: PlanningJob, model: CostModel, topo: Topology, emitted: IntArray
 ) -> list[IntArray]:
-    """Candidates from one chunk of the walk's emitted rows.
+    """Candidates from one chunk of emitted (rounded down, rounded up) row pairs: the
+    rounded-up plan sped up to the rounded-down one's time, both reclaimed, the Pareto set
+    kept."""
+    from perseus.solver.plan_kernels import tighten_kernel
 
-    Rows come in pairs (rounded down, rounded up): the rounded-up plan is sped up, critical
-    op by critical op, to the rounded-down plan's time; both are reclaimed and only the
-    chunk's Pareto set is kept.
-    """
     rows = np.asarray(emitted, dtype=np.int64)
-    down, up = rows[0::2], rows[1::2]
+    down, up = rows[0::2], np.ascontiguousarray(rows[1::2])
     targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
-    rows = np.concatenate([down, _tighten_all(model, topo, up, targets)])
-    return pareto_within(job, model, topo, rows)
+    up = tighten_kernel(*topo.csr(), model.node_type, model.opt_time_s, up, targets)
+    return pareto_within(job, model, topo, np.concatenate([down, up]))
 
 
 def _walk(
     kernel: Callable[..., Any],
-    job: PlanningJob,
-    model: CostModel,
-    topo: Topology,
-    tol: float,
-    quantum: float,
-    gap: float,
-    every_breakpoint: bool,
+    walk: tuple[PlanningJob, CostModel, Topology, float, float, float, bool],
     progress: Progress | None,
     tie_units: int,
     submit: Callable[[IntArray], None],
 ) -> tuple[int, list[float], list[float], str]:
-    """One walk from the cheapest plan to the fastest, ``kernel`` (the compiled walk or its
-    numpy stand-in) a chunk of iterations at a time; each chunk's emitted rows go to
+    """One walk (``walk``: job, model, topology, tol, quantum, gap, every breakpoint) from the
+    cheapest plan to the fastest, a chunk at a time; each chunk's emitted rows go to
     ``submit``."""
     from perseus.solver import compiled
     from perseus.solver.cut_network import build_network
 
+    job, model, topo, tol, quantum, gap, every_breakpoint = walk
+
     _, pred_ptr, _, _, succ_ptr, succ_idx, _ = topo.csr()
     net = build_network(topo.num_nodes, pred_ptr, succ_ptr, succ_idx)
     types = model.node_type
-    ht = np.ascontiguousarray(model.hull_time_s[types])
-    hs = np.ascontiguousarray(model.hull_slope[types])
-    hc = np.ascontiguousarray(model.hull_cost_j[types])
-    nh = np.ascontiguousarray(model.num_hull[types])
+    hull = [model.hull_time_s, model.hull_slope, model.hull_cost_j, model.num_hull]
+    ht, hs, hc, nh = (np.ascontiguousarray(table[types]) for table in hull)
     rows = np.arange(topo.num_nodes)
     d = ht[rows, nh - 1].copy()
     t_min = float(topo.forward(ht[rows, 0])[1].max())
@@ -140,29 +123,14 @@ def _walk(
     state[compiled.S_BEST_DEADLINE] = math.inf
     power_ranks = model.blocking_power_w * job.graph.num_ranks
     anchor_s = float(job.evaluate(job.allmax()).time_s)
+    tables = (ht, hs, hc, nh, types, model.opt_time_s)
+    knobs = (tol, quantum, gap, every_breakpoint, power_ranks, _CHUNK_ITERATIONS, tie_units)
     lp_t: list[float] = []
     lp_e: list[float] = []
     iterations = 0
     while state[compiled.S_DONE] == 0.0:
         emitted, chunk_t, chunk_e, done = kernel(
-            *topo.csr(),
-            ht,
-            hs,
-            hc,
-            nh,
-            types,
-            model.opt_time_s,
-            d,
-            state,
-            tol,
-            quantum,
-            gap,
-            every_breakpoint,
-            power_ranks,
-            _CHUNK_ITERATIONS,
-            tie_units,
-            anchor_s,
-            net,
+            *topo.csr(), *tables, d, state, *knobs, anchor_s, net
         )
         iterations += int(done)
         if len(emitted):
@@ -194,8 +162,8 @@ def _core_compiled(*args: Any) -> tuple[list[IntArray], int, list[float], list[f
 
 
 def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The same walk in numpy (:func:`perseus.solver.check.reference_walk.walk_chunk`), step
-    for step: no compilation, several times slower per iteration."""
+    """The same walk in numpy, step for step
+    (:func:`perseus.solver.check.reference_walk.walk_chunk`)."""
     from perseus.solver.check.reference_walk import walk_chunk
 
     return _core(walk_chunk, *args)
@@ -203,8 +171,7 @@ def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[
 
 class Lifter:
     """Folded plans lifted to the full job (:func:`perseus.solver.fold.lift_plans`) in
-    batches of ``_LIFT_BATCH`` as they come, each batch's Pareto set kept (lifted plans are
-    full-size: memory stays flat). :meth:`flush` lifts the last, partial batch."""
+    batches as they come, each batch's Pareto set kept; :meth:`flush` lifts the last."""
 
     def __init__(
         self,
@@ -242,28 +209,8 @@ METHODS: dict[str, CoreFn] = {"compiled": _core_compiled, "reference": _core_ref
 def pareto_within(
     job: PlanningJob, model: CostModel, topo: Topology, plans: IntArray
 ) -> list[IntArray]:
-    """The reclaimed plans of one batch that no other plan of the batch dominates.
-
-    Dropping them early is safe (dominated within the batch means dominated overall) and
-    keeps memory flat with every breakpoint sampled on large jobs, where the walk emits hundreds of
-    thousands of plans.
-    """
+    """The reclaimed plans of one batch that no other plan of the batch dominates (safe to
+    drop the others early; keeps memory flat)."""
     rec = reclaim_slack(model, topo, np.atleast_2d(plans))
     times, energies = plan_figures(model, topo, job.graph.num_ranks, rec)
     return list(rec[pareto_indices(times, energies)])
-
-
-def _tighten_all(
-    model: CostModel, topo: Topology, plans: IntArray, targets_s: FloatArray
-) -> IntArray:
-    """Each row of ``plans`` sped up until it meets its target (compiled)."""
-    from perseus.solver.plan_kernels import tighten_kernel
-
-    out: IntArray = tighten_kernel(
-        *topo.csr(),
-        model.node_type,
-        model.opt_time_s,
-        np.ascontiguousarray(plans, dtype=np.int64),
-        np.ascontiguousarray(targets_s, dtype=np.float64),
-    )
-    return out

@@ -1,27 +1,11 @@
 """The minimal source side of a minimum s-t cut with int64 capacities, on scipy's max flow.
 
-The walk's step needs the s-t cut minimising ``Σ_forward u − Σ_backward l`` where each op arc
-has an upper bound ``u`` (cost per second of shortening it) and a lower bound ``l`` (cost saved
-per second of lengthening it), ``0 ≤ l ≤ u ≤ ∞``. Writing ``x_v = 1`` for ``v`` on the source
-side, an arc contributes ``u·x_a(1−x_b) − l·(1−x_a)x_b``, and since
-``(1−x_a)x_b = x_b − x_a + x_a(1−x_b)`` this is ``(u−l)·[a→b forward] + l·x_a − l·x_b``: the
-op arc gets ``u − l`` and the linear terms become terminal arcs (``a→t`` and ``s→b``, ``l``
-each, plus a constant). So the walks' networks are ordinary min cuts with non-negative
-capacities, no feasible circulation needed (unlike the textbook lower-bound reduction
-lowtime uses); the reference walk builds them in ``reference_walk._Walk._capacities``.
-
-The compiled walk's cut network (:mod:`perseus.solver.cut_network`) has int64 capacities on
-one scale of 2**52 (infinite arcs are 2**62); its min cut is the *minimal* source side, the
-nodes the source reaches in the residual graph of a maximum flow: the same for every maximum
-flow, so any exact max-flow algorithm finds the same cut. scipy's ``maximum_flow`` takes
-int32 capacities only, so the flow is found in phases of capacity scaling: each phase solves
-the residual graph with its capacities shifted right by ``k`` bits (below 2**30, capped at a
-bound on the flow still missing) and adds that flow, shifted back, to the running one. A
-phase leaves at most ``2**k`` missing per arc of its minimum cut, so two or three phases reach
-``k = 0``, whose flow is exact.
-
-Complexity: two or three scipy max flows (Dinic, O(V²E) worst case; close to linear on the
-near-series-parallel critical sub-DAGs of pipeline schedules) and O(E log E) numpy per cut.
+The walk's cut minimises ``Σ_forward u − Σ_backward l``; since ``u·x_a(1−x_b) − l·(1−x_a)x_b
+= (u−l)·[a→b forward] + l·x_a − l·x_b``, the op arc gets ``u − l`` and ``l`` goes on terminal
+arcs ``a→t`` and ``s→b``: an ordinary min cut. Its minimal source side is the same for every
+maximum flow. scipy takes int32 capacities only, so the flow is found in capacity-scaling
+phases (capacities shifted right below 2**30), the last one exact. Complexity: two or three
+scipy max flows (Dinic) and O(E log E) numpy per cut.
 """
 
 from __future__ import annotations
@@ -76,8 +60,8 @@ def minimal_source_side(
 
 
 class _Residual:
-    """The residual graph of a flow: each arc forwards (room left) and backwards (its flow),
-    as one CSR layout sorted by tail then head (the flow read back in the same order)."""
+    """The residual graph of a flow, each arc forwards (room) and backwards (flow), as one CSR
+    layout sorted by tail then head."""
 
     def __init__(self, num_nodes: int, src: IntArray, dst: IntArray, cap: IntArray) -> None:
         tail, head = np.concatenate([src, dst]), np.concatenate([dst, src])
@@ -94,9 +78,8 @@ class _Residual:
         return out
 
     def phase(self, missing: int, shift: int, source: int, sink: int) -> int:
-        """Add one scaled max flow of the residual graph (its rooms capped at ``missing``: a
-        maximum flow without cycles never carries more on one arc, shifted right by
-        ``shift`` bits); returns the flow added."""
+        """Add one max flow of the residual graph, its rooms capped at ``missing`` and shifted
+        right by ``shift`` bits; returns the flow added."""
         room = (np.minimum(self.room(), missing) >> shift).astype(np.int32)
         graph = sp.csr_array((room, self._head, self._ptr), shape=(self._n, self._n))
         result = maximum_flow(graph, source, sink)
@@ -122,14 +105,9 @@ class _Residual:
         return side
 
     def still_missing(self, left: int, shift: int) -> int:
-        """A bound on the flow still missing after a phase at ``shift``, ``left`` being the
-        last bound less the flow found.
-
-        Take the phase's minimum cut. Had an arc capped at the last bound crossed it, the
-        phase found within ``2**shift`` of that bound, so ``left`` is below ``2**shift``.
-        Otherwise every arc crossing it has less than ``2**shift`` room left, so the rooms
-        below ``2**shift`` sum to at least its capacity, which bounds the flow still missing.
-        """
+        """A bound on the flow still missing after a phase at ``shift`` (``left``: the last
+        bound less the flow found): unless ``left`` < ``2**shift``, every arc across the
+        phase's minimum cut has less than ``2**shift`` room, so those rooms bound it."""
         if left < 1 << shift:
             return left
         room = self.room()

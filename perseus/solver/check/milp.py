@@ -1,11 +1,8 @@
 """Exact optima for tiny jobs, to check the frontier tracer against (tests, benchmarks).
 
-* :func:`optimal_energy_j` solves the planning problem at one deadline as a MILP with scipy's
-  HiGHS: the LP of :mod:`perseus.solver.lp_bound` over each op's Pareto options, with the
-  clock choice ``λ`` binary. Only Pareto options can be optimal (any other clock is beaten in
-  both time and effective energy), so nothing is lost by leaving the others out.
-* :func:`brute_force_energy_j` enumerates every clock assignment (all measured clocks, not
-  only Pareto ones) and evaluates each with the exact evaluator, for cross-checking the MILP.
+* :func:`optimal_energy_j`: a MILP (scipy's HiGHS), the LP of :mod:`perseus.solver.lp_bound`
+  over each op's Pareto options (only they can be optimal) with the clock choice ``λ`` binary.
+* :func:`brute_force_energy_j`: every assignment of every measured clock, exactly evaluated.
 
 Complexity: MILP worst case exponential in N (fine for ≤ 12 ops × ≤ 5 clocks, milliseconds);
 brute force O(K^N · (N + E)) for K clocks per op.
@@ -16,7 +13,6 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from perseus.dag.evaluate import evaluate_many
@@ -24,6 +20,7 @@ from perseus.errors import ConfigError, InfeasibleError
 from perseus.job import PlanningJob
 from perseus.schedule.actions import Kind
 from perseus.solver.cost_model import build_cost_model
+from perseus.solver.lp_bound import _floor_lp
 
 __all__ = ["brute_force_energy_j", "optimal_energy_j"]
 
@@ -36,62 +33,16 @@ def optimal_energy_j(job: PlanningJob, deadline_s: float) -> float:
     Raises:
         InfeasibleError: if no plan meets the deadline or HiGHS fails.
     """
-    model = build_cost_model(job)
-    g = job.graph
-    n = g.num_nodes
-    types = model.node_type
-    no = model.num_opts[types]
-    x_node = np.repeat(np.arange(n), no)
-    x_k = np.concatenate([np.arange(k) for k in no])
-    x_t = model.opt_time_s[types[x_node], x_k]
-    x_c = model.opt_cost_j[types[x_node], x_k]
-    nx_ = x_node.size
-    s0, m_var = nx_, nx_ + n
-    n_var = m_var + 1
-    ne = g.edge_src.size
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    lo: list[np.ndarray] = []
-    hi: list[np.ndarray] = []
-    # One option per op.
-    rows.append(x_node)
-    cols.append(np.arange(nx_))
-    vals.append(np.ones(nx_))
-    lo.append(np.ones(n))
-    hi.append(np.ones(n))
-    base = n
-    # Edges u -> v: s_v - s_u - Σ x_u t_u >= latency.
-    of_node = np.split(np.arange(nx_), np.cumsum(no)[:-1])
-    for e, (u, v) in enumerate(zip(g.edge_src.tolist(), g.edge_dst.tolist(), strict=True)):
-        r = base + e
-        idx = of_node[u]
-        rows += [np.array([r, r]), np.full(idx.size, r)]
-        cols += [np.array([s0 + v, s0 + u]), idx]
-        vals += [np.array([1.0, -1.0]), -x_t[idx]]
-    lo.append(g.edge_latency_s.copy())
-    hi.append(np.full(ne, np.inf))
-    base += ne
-    # M - s_i - Σ x_i t_i >= 0.
-    for i in range(n):
-        r = base + i
-        idx = of_node[i]
-        rows += [np.array([r, r]), np.full(idx.size, r)]
-        cols += [np.array([m_var, s0 + i]), idx]
-        vals += [np.array([1.0, -1.0]), -x_t[idx]]
-    lo.append(np.zeros(n))
-    hi.append(np.full(n, np.inf))
-    a = sp.csr_array(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-        shape=(base + n, n_var),
-    )
-    cost = np.concatenate([x_c, np.zeros(n), [model.blocking_power_w * g.num_ranks]])
-    integrality = np.concatenate([np.ones(nx_), np.zeros(n + 1)])
-    upper = np.concatenate([np.ones(nx_), np.full(n, np.inf), [float(deadline_s)]])
+    lp = _floor_lp(job, build_cost_model(job), options=True)
+    n_lam, n_var = lp.lam_node.size, lp.num_vars
+    upper = np.concatenate([np.ones(n_lam), np.full(n_var - n_lam - 1, np.inf), [deadline_s]])
     res = milp(
-        cost,
-        constraints=LinearConstraint(a, np.concatenate(lo), np.concatenate(hi)),
-        integrality=integrality,
+        lp.cost,
+        constraints=[
+            LinearConstraint(lp.a_ub, -np.inf, lp.b_ub),
+            LinearConstraint(lp.a_eq, lp.b_eq, lp.b_eq),
+        ],
+        integrality=np.concatenate([np.ones(n_lam), np.zeros(n_var - n_lam)]),
         bounds=Bounds(np.zeros(n_var), upper),
         options={"mip_rel_gap": 1e-9},
     )

@@ -1,16 +1,11 @@
 """The frontier walk in numpy on scipy's max flow: the compiled walk's oracle and stand-in.
 
 :func:`walk_chunk` takes the arguments of :func:`perseus.solver.compiled.walk_kernel` and
-returns what it returns, step for step: the same critical sub-DAG, the same int64 capacities
-on the same cut network (:func:`perseus.solver.cut_network.build_network`), the same cut (the
-minimal source side of a minimum cut, unique for every maximum flow, found here by
-:func:`perseus.solver.check.maxflow.minimal_source_side`), the same Newton step length, the
-same emitted plans and the same longest-path passes (the compiled ones of
-:mod:`perseus.solver.plan_kernels`). So both walks give the same frontier, point for point
-(``trace(..., method="reference")``). It needs no compilation of its own: the first solve
-in a fresh environment can use it while the walk kernel is not yet in numba's cache; per
-iteration it is several times slower (one cut costs two or three scipy max flows from zero,
-where the compiled walk re-augments the last flow).
+returns what it returns, step for step: the same capacities on the same cut network, the same
+cut (the minimal source side of a minimum cut, unique over maximum flows, found here by
+:func:`perseus.solver.check.maxflow.minimal_source_side`), the same Newton step length and the
+same emitted plans, so both walks give the same frontier point for point. It needs no
+compilation of its own, so a first solve can use it while the walk kernel is not yet cached.
 
 Complexity: O(B·(N + E)) numpy steps for B breakpoints, plus two or three scipy max flows
 per breakpoint.
@@ -38,6 +33,7 @@ from perseus.solver.compiled import (
     S_STALLED,
 )
 from perseus.solver.cut_network import INF_CAP
+from perseus.solver.plan_kernels import backward_pass, forward_pass
 
 __all__ = ["walk_chunk"]
 
@@ -48,8 +44,7 @@ _Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, 
 
 
 def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArray, int]:
-    """Up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place): the
-    arguments and results of :func:`perseus.solver.compiled.walk_kernel`."""
+    """:func:`perseus.solver.compiled.walk_kernel`, in numpy."""
     topo, hull = args[0:7], args[7:11]
     node_type, opt_t, dur, state, tol, quantum, gap, every_breakpoint, power_ranks = args[11:20]
     max_iterations, tie_units, anchor_s, net = args[20:]
@@ -105,9 +100,6 @@ class _Walk:
         tie_units: int,
         net: tuple[Any, ...],
     ) -> None:
-        from perseus.solver.plan_kernels import backward_pass, forward_pass
-
-        self._passes = forward_pass, backward_pass
         self.topo, self.hull, self.dur, self.tol = topo, hull, dur, tol
         self._tie_units = tie_units
         self._arcs = net[0], net[1]
@@ -121,23 +113,14 @@ class _Walk:
 
     def forward(self, dur: FloatArray) -> tuple[FloatArray, FloatArray, float]:
         """Earliest starts and finishes of ``dur``, and the makespan."""
-        order, pred_ptr, pred_idx, pred_lat = self.topo[0:4]
         start, end = np.empty(dur.size), np.empty(dur.size)
-        makespan = self._passes[0](order, pred_ptr, pred_idx, pred_lat, dur, start, end)
+        makespan = forward_pass(*self.topo[0:4], dur, start, end)
         return start, end, float(makespan)
 
     def backward(self, deadline: float) -> FloatArray:
-        order, _, _, _, succ_ptr, succ_idx, succ_lat = self.topo
         late_start, late_finish = np.empty(self.dur.size), np.empty(self.dur.size)
-        self._passes[1](
-            order, succ_ptr, succ_idx, succ_lat, self.dur, deadline, late_start, late_finish
-        )
+        backward_pass(self.topo[0], *self.topo[4:], self.dur, deadline, late_start, late_finish)
         return late_finish
-
-    def _segment(self) -> IntArray:
-        """Per op, its last hull vertex at or below its duration + ``tol`` (-1 if none)."""
-        seg: IntArray = (self.hull[0] <= (self.dur + self.tol)[:, None]).sum(axis=1) - 1
-        return seg
 
     def cost(self) -> float:
         """The relaxation's cost of ``dur``, summed in op order."""
@@ -148,11 +131,12 @@ class _Walk:
         return float(np.cumsum(op_cost)[-1]) if op_cost.size else 0.0
 
     def _price(self, end: FloatArray, late_finish: FloatArray) -> None:
-        """The critical ops and their prices (compiled.walk_kernel's ``_price_ops``)."""
+        """The critical ops and their prices (as ``compiled._price_ops``)."""
         ht, hs, _, nh = self.hull
         r, dv, tol = self._rows, self.dur, self.tol
         self._crit = (late_finish - end) <= 100.0 * tol
-        a = np.maximum(self._segment(), 0)
+        # Per op, its last hull vertex at or below its duration + ``tol``.
+        a = np.maximum((ht <= (dv + tol)[:, None]).sum(axis=1) - 1, 0)
         at_v = (dv - ht[r, a]) <= tol
         lower_v = np.where(at_v, a - 1, a)
         faster = np.maximum(lower_v, 0)
@@ -166,8 +150,8 @@ class _Walk:
     def min_cut(
         self, start: FloatArray, end: FloatArray, late_finish: FloatArray, deadline: float
     ) -> BoolArray | None:
-        """The cut network's capacities for this plan, and the minimal source side of its
-        minimum cut (None when no finite cut exists: the fastest plan is reached)."""
+        """The minimal source side of this plan's minimum cut (None when no finite cut exists:
+        the fastest plan is reached)."""
         self._price(end, late_finish)
         n = self.dur.size
         cap = self._capacities(start, end, late_finish, deadline)
@@ -203,8 +187,8 @@ class _Walk:
         ).astype(np.int64)
 
     def read_cut(self, side: BoolArray) -> tuple[_Move, float, float, float]:
-        """The cut's move, its marginal cost (summed in op order), the longest step before
-        an op reaches a hull vertex, and before one reaches its fastest."""
+        """The cut's move, its marginal cost, the longest step before an op reaches a hull
+        vertex, and before one reaches its fastest."""
         upper, lower, room_red, room_len = self._prices
         s_start, s_end = side[0:-2:2], side[1:-2:2]
         fwd = self._crit & s_start & ~s_end
@@ -220,7 +204,7 @@ class _Walk:
 
     def advance(self, move: _Move, step: float) -> None:
         """Take the step in place, snapping each moved op within ``tol`` of a hull vertex
-        onto the first such vertex."""
+        onto it."""
         ht, nh = self.hull[0], self.hull[3]
         trial = _apply(self.dur, move, step)
         moved = np.concatenate([move[0], move[1]])
@@ -312,9 +296,8 @@ class _Emitter:
         self._last: IntArray | None = None
 
     def emit(self, x: FloatArray) -> None:
-        """Append the two roundings of ``x`` unless its floor rounding repeats the last:
-        each op's slowest option no slower than ``x``, then the next slower where that one
-        is faster than ``x``."""
+        """Append the two roundings of ``x`` (each op's slowest option no slower, then the next
+        slower where that is faster than ``x``) unless the first repeats the last."""
         table, slack = self._table, self._tol * 1e-3
         floor = np.maximum((table <= (x + slack)[:, None]).sum(axis=1) - 1, 0)
         if self._last is not None and np.array_equal(floor, self._last):
