@@ -1,20 +1,10 @@
 """The fleet in the database: members, their power curves and leases, the budget, the plan.
 
-Running jobs register their frontier's power curve (:class:`~perseus.solver.fleet.FleetJob`)
-and hold a lease they renew at iteration boundaries; the planner (``perseus fleet serve``)
-re-solves (:func:`~perseus.solver.fleet.plan_fleet`) whenever a job registers or finishes, a
-lease runs out (a killed job's power goes back to the others) or the budget changes, and
-writes each member's plan (point and average-power cap) under a new ``epoch``. Jobs read their
-plan from the database; access is the database's own (roles and grants), no port of perseus's.
-
-Tables (the same on SQLite and PostgreSQL, next to the recurring store's):
-
-* ``fleet_state``: one row, the budget, the plan's epoch and whether it needs re-solving;
-* ``fleet_members``: one row per job (its curve as JSON, lease, assignment, acknowledgement);
-* ``fleet_log``: each plan's assignment and each budget, with the time (for plots).
-
-Every change is one transaction: a planner or job killed mid-write leaves the last whole
-state, and a restarted planner picks up from it.
+Running jobs register their frontier's power curve and renew a lease; the planner re-solves
+(:func:`~perseus.solver.fleet.plan_fleet`) when a job registers or finishes, a lease runs
+out or the budget changes, and writes each member's plan under a new ``epoch``. The tables
+(``fleet_state``: one row; ``fleet_members``; ``fleet_log``: each plan, for plots) sit next
+to the recurring store's, on SQLite or PostgreSQL; every change is one transaction.
 """
 
 from __future__ import annotations
@@ -112,10 +102,7 @@ def _job(name: str, weight: float, text: str) -> FleetJob:
 
 
 class FleetRegistry:
-    """The fleet's tables in a recurring store's database (``sqlite:///...`` or
-    ``postgresql://...``).
-
-    The constructor does no I/O; tables are created on first use.
+    """The fleet's tables in a recurring store's database (created on first use).
 
     Args:
         url: The database (:func:`~perseus.recurring.database.parse_url`).
@@ -168,7 +155,6 @@ class FleetRegistry:
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
 
     def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """One statement for many rows (pipelined on PostgreSQL)."""
         if self._postgres:
             sql = sql.replace("?", "%s")
         if rows:
@@ -254,11 +240,8 @@ class FleetRegistry:
             )
 
     def replan(self, *, force: bool = False) -> int | None:
-        """Expire lapsed leases, and re-solve if anything changed (or ``force``).
-
-        Returns:
-            The new epoch, or None if nothing changed (or no budget is set).
-        """
+        """Expire lapsed leases and re-solve if anything changed (or ``force``); the new
+        epoch, or None if nothing changed or no budget is set."""
         now = float(self._clock())
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
@@ -328,8 +311,8 @@ class FleetRegistry:
         )
 
     def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
-        """Every plan so far, oldest first: its time, the budget and each job's (average
-        power, iteration time) (:func:`perseus.report.fleet.plot_fleet` draws it)."""
+        """Every plan, oldest first: its time, the budget and each job's (average power,
+        iteration time)."""
         with self._read() as con:
             rows = self.store._x(
                 con,

@@ -1,10 +1,6 @@
-"""Which database: a URL names the engine (``sqlite:///path`` or ``postgresql://user@host/db``).
-
-Credentials never travel in the URL (it shows up in ``ps``, shell history and logs): a
-PostgreSQL password comes from ``PGPASSWORD``, ``~/.pgpass`` or libpq's other environment
-variables and files, and a URL that carries one is refused. ``sqlite:///jobs.sqlite`` is a path
-relative to the working directory and ``sqlite:////abs/jobs.sqlite`` an absolute one (as in
-SQLAlchemy); a bare path is SQLite too.
+"""Which database: ``sqlite:///path`` (relative; ``sqlite:////abs`` absolute; a bare path is
+SQLite too) or ``postgresql://user@host/db``, whose password comes from libpq's environment
+(``PGPASSWORD``, ``~/.pgpass``), never the URL (it shows up in ``ps`` and logs).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Just-in-time power-limit profiler: try each limit for a few iterations of a real run.
 
-Driven by the training loop, one call to :meth:`PowerLimitProfiler.step` per iteration: it
-skips ``warmup_steps`` iterations (data loader start-up, compilation, cache warm-up), then
-holds each candidate limit, highest first, for ``settle_steps`` unmeasured iterations (the
-limit takes effect) and a measured window of at least ``window_steps`` iterations and
-``min_window_s`` seconds. A window's throughput is samples over elapsed time and its average
-power is the GPU energy counter's delta over elapsed time. The limit with the lowest cost per
-sample for ``η`` (:func:`~perseus.recurring.cost.best_power_limit_w`) is then set for the
-rest of the run. A window in which the energy counter did not advance measured nothing and is
-left out; with no measurement at all the highest limit stays, and nothing is cached. The
-profile costs a little throughput at low limits, once per (job, GPU, batch size): the result
-is cached in the store (see :mod:`perseus.recurring.job`).
+The training loop calls :meth:`PowerLimitProfiler.step` once per iteration: after
+``warmup_steps``, each candidate limit, highest first, holds for ``settle_steps`` unmeasured
+iterations and a measured window (at least ``window_steps`` iterations and ``min_window_s``).
+The limit with the lowest cost per sample (:func:`~perseus.recurring.cost.best_power_limit_w`)
+is then set for the rest of the run. A window whose energy counter did not advance is left
+out; with no measurement at all the highest limit stays.
 """
 
 from __future__ import annotations
@@ -51,9 +46,6 @@ class PowerLimitProfiler:
         eta: Energy-time weight η of the cost.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest limit).
         power_limits_w: Candidates (default: the GPU's range in 25 W steps, highest first).
-        warmup_steps: Iterations skipped before the first window.
-        settle_steps: Unmeasured iterations after each limit change.
-        window_steps: Minimum measured iterations per limit.
         min_window_s: Minimum measured seconds per limit (energy counters update ~10 Hz).
         clock: Monotonic clock in seconds (the simulated GPU's clock in emulation).
     """

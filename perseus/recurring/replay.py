@@ -1,22 +1,12 @@
-"""Trace replay of a recurring job: the optimizer against the default and the oracle.
+"""Trace replay of a recurring job: the optimizer against the default and the oracle (pure).
 
-Pure: a :class:`~perseus.recurring.workload.Workload` and a seed in, records out. One
-*recurrence* is one submission of the job; it is over when a run reaches the target metric,
-so a run that fails (stopped early, or out of epochs) is followed by another run in the same
-recurrence (Zeus's ``simulate_one_job``). A run samples one recorded training path (seed) of
-its batch size uniformly and pays ``epochs × epoch cost`` at its power limit.
-
-Power limits come from the JIT profiler's rule (:func:`~perseus.recurring.cost.best_power_limit_w`)
-applied to the trace's per-limit throughput and power. The first run of a batch size pays for
-profiling: a share ``profile_share`` of its first epoch runs spread evenly over every power
-limit (Zeus's simulator assumes the whole first epoch, ``profile_share = 1``, the default).
-
-Policies compared:
-
-* ``optimizer``: :class:`~perseus.recurring.policy.BatchSizeOptimizer` + JIT profiler;
-* ``default``: ``b0`` at the maximum power limit (Zeus's baseline);
-* ``oracle``: the best fixed configuration in hindsight among batch sizes whose recorded runs
-  all converge (:meth:`Workload.oracle`).
+One *recurrence* is one submission of the job, over when a run reaches the target (a failed
+run is followed by another, as Zeus's ``simulate_one_job``). A run samples one recorded
+training path of its batch size and pays ``epochs × epoch cost`` at its power limit, the
+limit the JIT profiler's rule picks from the trace; the first run of a batch size pays a
+share ``profile_share`` of its first epoch spread over every limit (Zeus: all of it). The
+policies: ``optimizer`` (:class:`~perseus.recurring.policy.BatchSizeOptimizer`), ``default``
+(``b0`` at the maximum limit) and ``oracle`` (:meth:`Workload.oracle`).
 """
 
 from __future__ import annotations
@@ -49,8 +39,8 @@ __all__ = [
 
 POLICIES = ("optimizer", "default", "oracle")
 _MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
-# After this many failed runs in one recurrence, early stopping is off for the rest of it: a
-# lucky short run can set β × best below what most runs of every size need.
+# Failed runs in one recurrence after which early stopping is off (a lucky short run can set
+# β × best below what most runs of every size need).
 _UNLIMITED_AFTER = 10
 
 
@@ -91,10 +81,8 @@ def default_recurrences(workload: Workload) -> int:
 
 
 def jit_power_limit_w(workload: Workload, batch_size: int, eta: float) -> int:
-    """The limit the JIT profiler picks at ``batch_size`` from the trace's measurements.
-
-    Throughput is ``1 / time_per_epoch`` (samples per epoch cancel in the comparison).
-    """
+    """The limit the JIT profiler picks at ``batch_size`` from the trace (throughput
+    ``1 / time_per_epoch``: samples per epoch cancel)."""
     measured = {
         float(pl): PowerLimitMeasurement(
             pl,
@@ -164,11 +152,7 @@ def replay_optimizer(
     profile_share: float = 1.0,
     policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
-    """The batch-size optimizer with the JIT power-limit profiler over ``recurrences`` runs.
-
-    Args:
-        policy: Batch-size policy (default :class:`BatchSizeOptimizer` with ``beta``); a
-            benchmark passes another one (e.g. a re-implementation of Zeus's) to compare.
+    """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
@@ -245,15 +229,8 @@ def replay_fixed(
 
 @dataclass(frozen=True)
 class WorkloadSummary:
-    """Every policy over every seed for one workload.
-
-    Attributes:
-        workload: The workload's key.
-        recurrences: N.
-        runs: Policy -> one :class:`PolicyRun` per seed.
-        oracle_config: The oracle's (batch size, power limit).
-        default_config: The default's (batch size, power limit).
-    """
+    """Every policy over every seed for one workload: ``runs`` maps a policy to one
+    :class:`PolicyRun` per seed; the configs are (batch size, power limit)."""
 
     workload: str
     recurrences: int
@@ -281,9 +258,8 @@ def replay_workload(
     beta: float = 2.0,
     profile_share: float = 1.0,
 ) -> WorkloadSummary:
-    """Run the three policies for every seed (common seeds: seed ``s`` feeds every policy).
-
-    Complexity: O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
+    """Run the three policies for every seed (seed ``s`` feeds every policy).
+    O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
 
     Raises:
         ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
@@ -321,12 +297,8 @@ def replay_workload(
 
 
 def workload_json(summary: WorkloadSummary) -> dict[str, Any]:
-    """``{"recurrences": N, "<policy>": {"energy_j", "time_s", "cost", ...}, ...}``.
-
-    Each policy holds the mean over seeds of the cumulative totals, their standard deviation
-    (``*_std``), and its configuration; the optimizer also holds the mean regret against the
-    oracle after each recurrence (``regret``, fractions).
-    """
+    """Per policy the mean and ``*_std`` over seeds of the cumulative totals, its config, and
+    for the optimizer the mean ``regret`` after each recurrence (fractions)."""
     out: dict[str, Any] = {"recurrences": summary.recurrences, "seeds": len(summary.runs["oracle"])}
     for policy in POLICIES:
         block: dict[str, Any] = {}

@@ -1,14 +1,8 @@
 """Read Zeus-format traces (``summary_train.csv``, ``summary_power_<gpu>.csv``) into workloads.
 
-File formats (the Zeus NSDI'23 artifact's):
-
-* ``summary_train.csv``: ``dataset,network,batch_size,optimizer,learning_rate,run,
-  target_metric,target_epoch``; one row per (seed, metric threshold reached). A seed is a
-  (learning_rate, run) pair; a seed with no row at the job's target never reached it.
-* ``summary_power_<gpu>.csv``: ``dataset,network,batch_size,optimizer,power_limit,
-  time_per_epoch,average_power``.
-
-Errors name the file, the line and the field and say how to fix it (:class:`ConfigError`).
+The Zeus NSDI'23 artifact's formats: ``summary_train.csv`` has one row per (seed, metric
+threshold reached), a seed being a (learning_rate, run) pair; ``summary_power_<gpu>.csv``
+one row per (batch size, power limit). Errors name the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -25,34 +19,10 @@ from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
 __all__ = ["load_jobs", "load_workloads", "power_trace_path"]
 
-_TRAIN_FIELDS = (
-    "dataset",
-    "network",
-    "batch_size",
-    "optimizer",
-    "run",
-    "target_metric",
-    "target_epoch",
-)
-_POWER_FIELDS = (
-    "dataset",
-    "network",
-    "batch_size",
-    "optimizer",
-    "power_limit",
-    "time_per_epoch",
-    "average_power",
-)
-_JOB_FIELDS = (
-    "dataset",
-    "network",
-    "optimizer",
-    "target_metric",
-    "max_epochs",
-    "default_batch_size",
-)
-
-
+_NAME = ("dataset", "network", "batch_size", "optimizer")
+_TRAIN_FIELDS = (*_NAME, "run", "target_metric", "target_epoch")
+_POWER_FIELDS = (*_NAME, "power_limit", "time_per_epoch", "average_power")
+_JOBS = ("dataset", "network", "optimizer", "target_metric", "max_epochs", "default_batch_size")
 _TRACE_WHAT = "the right `trace_dir` (Zeus-format summary CSVs)"
 
 
@@ -87,8 +57,7 @@ def _rows(
 
 
 def _text_lines(path: Path, data: bytes, what: str) -> Iterator[str]:
-    """The lines of ``data`` as text, decoded one by one: one that is not UTF-8 is refused
-    with its number (a newline byte is never part of a UTF-8 character)."""
+    """The lines of ``data`` as text; one that is not UTF-8 is refused with its number."""
     for number, raw in enumerate(io.BytesIO(data), start=1):
         try:
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -109,10 +78,10 @@ def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: b
 
 
 def load_jobs(path: Path) -> tuple[JobSpec, ...]:
-    """Job definitions from a CSV with columns ``dataset,network,optimizer,target_metric,
-    max_epochs,default_batch_size``."""
+    """Job definitions from a CSV with columns dataset, network, optimizer, target_metric,
+    max_epochs and default_batch_size."""
     jobs = []
-    for line, row in _rows(path, _JOB_FIELDS, "jobs", "a --jobs CSV of job definitions"):
+    for line, row in _rows(path, _JOBS, "jobs", "a --jobs CSV of job definitions"):
         max_epochs = int(_number(path, line, row, "max_epochs", integer=True))
         b0 = int(_number(path, line, row, "default_batch_size", integer=True))
         if max_epochs < 1 or b0 < 1:
@@ -212,9 +181,8 @@ def load_workloads(
     jobs: Sequence[JobSpec] = ZEUS_JOBS,
     workload: str | None = None,
 ) -> list[Workload]:
-    """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu``.
-
-    ``b0`` is capped at the largest batch size both traces hold (as Zeus's evaluation does).
+    """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu`` (``b0``
+    capped at the largest batch size both hold, as in Zeus's evaluation).
 
     Raises:
         ConfigError: unreadable or malformed files, an unknown ``workload``, or no job found.
