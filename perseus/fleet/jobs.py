@@ -1,6 +1,6 @@
 """The fleet's jobs file: ``[{"name", "frontier": path, "weight", "gpus"}, ...]``.
 
-A relative ``frontier`` path is taken from the jobs file's directory. Each frontier is read
+A relative ``frontier`` path is taken from the jobs file's directory; each frontier is read
 once however many jobs name it.
 """
 

@@ -82,6 +82,7 @@ class MemberStatus:
 
 
 _CURVE = ("points", "time_s", "average_power_w", "peak_power_w", "fastest_time_s")
+_LOG = "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) VALUES "
 
 
 def _curve(job: FleetJob) -> str:
@@ -155,10 +156,8 @@ class FleetRegistry:
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
 
     def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        if self._postgres:
-            sql = sql.replace("?", "%s")
         if rows:
-            con.cursor().executemany(sql, rows)
+            con.cursor().executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
 
     def _dirty(self, con: Any) -> None:
         self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")
@@ -252,17 +251,17 @@ class FleetRegistry:
             ).fetchall()
             live = []
             for name, weight, curve, beat, lease in rows:
-                if beat < now - lease:
-                    log.warning("fleet member %s missed its lease: its power is reassigned", name)
-                    self.store._x(
-                        con,
-                        "UPDATE fleet_members SET status = 'expired', point = NULL, cap_w = NULL "
-                        "WHERE name = ?",
-                        (name,),
-                    )
-                    dirty = True
-                else:
+                if beat >= now - lease:
                     live.append(_job(name, weight, curve))
+                    continue
+                log.warning("fleet member %s missed its lease: its power is reassigned", name)
+                self.store._x(
+                    con,
+                    "UPDATE fleet_members SET status = 'expired', point = NULL, cap_w = NULL "
+                    "WHERE name = ?",
+                    (name,),
+                )
+                dirty = True
             if budget_w is None or not (dirty or force):
                 return None
             epoch += 1
@@ -271,12 +270,7 @@ class FleetRegistry:
                 "UPDATE fleet_state SET epoch = ?, dirty = 0, updated_s = ? WHERE id = 1",
                 (epoch, now),
             )
-            self.store._x(
-                con,
-                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
-                "VALUES (?, ?, NULL, ?, NULL, NULL)",
-                (now, epoch, budget_w),
-            )
+            self.store._x(con, _LOG + "(?, ?, NULL, ?, NULL, NULL)", (now, epoch, budget_w))
             plan = _solve(live, budget_w)
             self._many(
                 con,
@@ -285,8 +279,7 @@ class FleetRegistry:
             )
             self._many(
                 con,
-                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                _LOG + "(?, ?, ?, ?, ?, ?)",
                 [(now, epoch, name, budget_w, point, cap_w) for name, point, cap_w in plan],
             )
             return epoch
@@ -301,14 +294,11 @@ class FleetRegistry:
                 "SELECT name, status, point, cap_w, epoch, ack_point, ack_iteration, "
                 "heartbeat_s FROM fleet_members ORDER BY name",
             ).fetchall()
-        return (
-            budget_w,
-            epoch,
-            [
-                MemberStatus(r[0], r[1], r[2], r[3], r[4], r[5], r[6], now - float(r[7]))
-                for r in rows
-            ],
-        )
+        members = [
+            MemberStatus(name, status, point, cap_w, ep, ack, ack_from, now - float(beat))
+            for name, status, point, cap_w, ep, ack, ack_from, beat in rows
+        ]
+        return budget_w, epoch, members
 
     def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
         """Every plan, oldest first: its time, the budget and each job's (average power,
@@ -340,12 +330,8 @@ def _solve(jobs: list[FleetJob], budget_w: float) -> list[tuple[str, int, float]
     if not jobs:
         return []
     try:
-        plan = plan_fleet(jobs, budget_w)
-        return [(a.name, a.point, a.average_power_w) for a in plan.jobs]
+        return [(a.name, a.point, a.average_power_w) for a in plan_fleet(jobs, budget_w).jobs]
     except InfeasibleError as e:
         log.warning("fleet: %s; every job runs its lowest-power plan", e)
-        out = []
-        for j in jobs:
-            k = min(range(len(j.points)), key=lambda i: j.average_power_w[i])
-            out.append((j.name, j.points[k], j.average_power_w[k]))
-        return out
+    lowest = [min(range(len(j.points)), key=j.average_power_w.__getitem__) for j in jobs]
+    return [(j.name, j.points[k], j.average_power_w[k]) for j, k in zip(jobs, lowest, strict=True)]

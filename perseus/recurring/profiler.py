@@ -97,9 +97,7 @@ class PowerLimitProfiler:
         return self._limits
 
     def _begin(self, index: int) -> None:
-        self._index = index
-        self._count = 0
-        self._samples = 0
+        self._index, self._count, self._samples = index, 0, 0
         self.gpu.set_power_limit_w(self.power_limits_w[index])
         if self.settle_steps == 0:
             self._start_window()
@@ -140,17 +138,10 @@ class PowerLimitProfiler:
 
     def _finish(self) -> None:
         max_power_w = max(self.power_limits_w) if self._max_power_w is None else self._max_power_w
-        if not self.measurements:  # the energy counter never advanced: keep the highest limit
-            chosen = max(self.power_limits_w)
-        else:
+        chosen = max(self.power_limits_w)  # kept if the energy counter never advanced
+        if self.measurements:
             chosen = best_power_limit_w(self.measurements, self.eta, max_power_w)
         self.gpu.set_power_limit_w(chosen)
         self.chosen_w = chosen
-        log.info(
-            "power-limit profile: %s -> %g W",
-            {
-                w: round(m.cost_per_sample(self.eta, max_power_w), 6)
-                for w, m in self.measurements.items()
-            },
-            chosen,
-        )
+        costs = {w: m.cost_per_sample(self.eta, max_power_w) for w, m in self.measurements.items()}
+        log.info("power-limit profile: %s -> %g W", costs, chosen)

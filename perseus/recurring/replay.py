@@ -83,13 +83,10 @@ def default_recurrences(workload: Workload) -> int:
 def jit_power_limit_w(workload: Workload, batch_size: int, eta: float) -> int:
     """The limit the JIT profiler picks at ``batch_size`` from the trace (throughput
     ``1 / time_per_epoch``: samples per epoch cancel)."""
+    epochs = {pl: workload.epochs[(batch_size, pl)] for pl in workload.power_limits_w[batch_size]}
     measured = {
-        float(pl): PowerLimitMeasurement(
-            pl,
-            1.0 / workload.epochs[(batch_size, pl)].time_s,
-            workload.epochs[(batch_size, pl)].avg_power_w,
-        )
-        for pl in workload.power_limits_w[batch_size]
+        float(pl): PowerLimitMeasurement(pl, 1.0 / e.time_s, e.avg_power_w)
+        for pl, e in epochs.items()
     }
     return int(best_power_limit_w(measured, eta, workload.max_power_w))
 
@@ -132,14 +129,11 @@ def _run(
 
 
 def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
-    energy = np.zeros(recurrences)
-    time_s = np.zeros(recurrences)
-    cost = np.zeros(recurrences)
+    totals = np.zeros((3, recurrences))
     for r in runs:
-        energy[r.recurrence] += r.energy_j
-        time_s[r.recurrence] += r.time_s
-        cost[r.recurrence] += r.cost
-    return PolicyRun(tuple(runs), np.cumsum(energy), np.cumsum(time_s), np.cumsum(cost))
+        totals[:, r.recurrence] += (r.energy_j, r.time_s, r.cost)
+    energy_j, time_s, cost = np.cumsum(totals, axis=1)
+    return PolicyRun(tuple(runs), energy_j, time_s, cost)
 
 
 def replay_optimizer(
@@ -274,26 +268,15 @@ def replay_workload(
     default = (b0, workload.max_power_limit_w(b0))
     runs: dict[str, list[PolicyRun]] = {p: [] for p in POLICIES}
     for seed in seeds:
-        runs["optimizer"].append(
-            replay_optimizer(
-                workload,
-                n,
-                eta=eta,
-                beta=beta,
-                rng=np.random.default_rng([seed, 0]),
-                profile_share=profile_share,
-            )
+        rng = np.random.default_rng([seed, 0])
+        optimizer = replay_optimizer(
+            workload, n, eta=eta, beta=beta, rng=rng, profile_share=profile_share
         )
+        runs["optimizer"].append(optimizer)
         for k, (name, (bs, pl)) in enumerate((("default", default), ("oracle", oracle)), 1):
             rng = np.random.default_rng([seed, k])
             runs[name].append(replay_fixed(workload, bs, pl, n, eta=eta, rng=rng, phase=name))
-    return WorkloadSummary(
-        workload=workload.key,
-        recurrences=n,
-        runs={p: tuple(v) for p, v in runs.items()},
-        oracle_config=oracle,
-        default_config=default,
-    )
+    return WorkloadSummary(workload.key, n, {p: tuple(v) for p, v in runs.items()}, oracle, default)
 
 
 def workload_json(summary: WorkloadSummary) -> dict[str, Any]:

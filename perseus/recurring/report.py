@@ -1,8 +1,5 @@
-"""Plots of a trace replay (imports matplotlib; import this module only to plot).
-
-Two PNGs per workload, in the report style of :mod:`perseus.report`: cumulative cost vs
-recurrence for the three policies (mean over seeds, shaded min-max), and the batch size each
-run of the optimizer chose (first seed; failed runs hollow).
+"""Plots of a trace replay (imports matplotlib; import this module only to plot): cumulative
+cost per policy, and the batch size each run of the optimizer chose.
 """
 
 from __future__ import annotations
@@ -74,8 +71,7 @@ def plot_paths(workload: str, out_dir: Path) -> list[Path]:
 
 def write_plots(summary: WorkloadSummary, gpu: str, out_dir: Path) -> list[Path]:
     """Write ``<workload>_cost.png`` and ``<workload>_batch_size.png`` into ``out_dir``
-    (atomically; a link planted in their place is not followed, see
-    :mod:`perseus.io.atomic`)."""
+    (atomically, never following a link in their place)."""
     paths = plot_paths(summary.workload, out_dir)
     for path, png in zip(
         paths,
