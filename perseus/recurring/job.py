@@ -46,20 +46,14 @@ class RecurringRun:
         power_limit_w: float | None,
         ended: threading.Event | None = None,
     ) -> None:
-        self.job = job
+        self.job, self.run_id, self.decision = job, run_id, decision
         #: Set when a signal ended the process under the run: nothing more is recorded.
         self.ended = ended if ended is not None else threading.Event()
-        self.run_id = run_id
-        self.decision = decision
-        self._profiler = profiler
-        self._power_limit_w = power_limit_w
-        self.epochs = 0
-        self.reached = False
-        self.stopped_early = False
-        self._t0 = job.clock()
+        self._profiler, self._power_limit_w = profiler, power_limit_w
+        self.epochs, self.reached, self.stopped_early = 0, False, False
+        self._t0 = self._last_beat = job.clock()
         self._e0_mj = job.gpu.energy_mj()
         self._last_epoch_cost = 0.0
-        self._last_beat = self._t0
 
     @property
     def batch_size(self) -> int:
@@ -234,8 +228,9 @@ class RecurringJob:
             str(w): {"samples_per_s": m.samples_per_s, "avg_power_w": m.avg_power_w}
             for w, m in profiler.measurements.items()
         }
+        chosen = profiler.chosen_w
         stored = self.store.save_power_limit_w(
-            self.name, self.gpu.name, batch_size, profiler.chosen_w, profile
+            self.name, self.gpu.name, batch_size, chosen, profile
         )
         if stored != profiler.chosen_w and isinstance(self.gpu, PowerLimitGPU):
             self.gpu.set_power_limit_w(stored)  # a concurrent run profiled first: follow it
@@ -261,23 +256,20 @@ class RecurringJob:
             ended.set()
             reset()
 
-        claim: GpuClaim | ExitGuard
         if isinstance(gpu, ManagedGPU):
             claim = GpuClaim(
                 gpu, watchdog=True, handle_signals=True, on_exit=on_exit, hold_lock=self.own_gpu
             )
-            claim.acquire()
+            release = claim.acquire().release
         else:  # nothing to hand a watchdog: exit hooks only
-            claim = ExitGuard(on_exit)
-            claim.install()
+            guard = ExitGuard(on_exit)
+            guard.install()
+            release = guard.uninstall
         try:
             yield
         finally:
             reset()
-            if isinstance(claim, GpuClaim):
-                claim.release()
-            else:
-                claim.uninstall()
+            release()
 
     @contextlib.contextmanager
     def _lease(self, run_id: str, ended: threading.Event) -> Iterator[None]:
@@ -285,11 +277,9 @@ class RecurringJob:
         installed before runs first and decides; never swallowed)."""
         from perseus.runtime.safety.guard import ExitGuard
 
-        store = self.store
-
         def abandon() -> None:
             ended.set()
-            store.abandon_run(run_id, "signal", urgent=True)
+            self.store.abandon_run(run_id, "signal", urgent=True)
 
         guard = ExitGuard(abandon, signals=_PREEMPTION_SIGNALS)
         guard.install()

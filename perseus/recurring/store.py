@@ -103,8 +103,8 @@ class RecurringStore(Protocol):
 
 
 class SQLStore:
-    """:class:`RecurringStore` in SQL both engines speak (``?`` placeholders, run by
-    :meth:`_x`); a subclass supplies the connection, transactions, migrations and errors.
+    """:class:`RecurringStore` in SQL both engines speak (``?`` placeholders); a subclass
+    supplies the connection, transactions, migrations and errors.
 
     Args:
         name: How messages name the database (a path, or a URL without credentials).
@@ -114,8 +114,7 @@ class SQLStore:
         clock: Wall clock (tests inject one).
     """
 
-    #: The connection (None: not open) and the pid that opened it (a forked child opens its
-    #: own and never closes its parent's).
+    #: The connection and the pid that opened it (a forked child opens its own).
     _con: Any = None
     _pid = 0
 
@@ -251,12 +250,7 @@ class SQLStore:
     # RecurringStore
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create ``job`` or check its configuration.
-
-        Raises:
-            ConfigError: the job exists with a different configuration, or its stored
-                configuration is not a JSON object.
-        """
+        """Create ``job``, or :class:`ConfigError` if it is stored with another config."""
         text = json.dumps(dict(config), sort_keys=True)
         with self._write() as con:
             self._x(
@@ -304,13 +298,8 @@ class SQLStore:
             return int(cur.rowcount) == 1
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
-        """Record ``run_id``'s result once. A run marked abandoned by its own SIGTERM (whose
-        handler let it finish) or by an expired lease (slow to renew) is finished all the
-        same: its process is alive and has the true figures.
-
-        Raises:
-            ConfigError: a figure that is not finite and non-negative.
-        """
+        """Record ``run_id``'s result once; a run abandoned by a SIGTERM it survived or by an
+        expired lease is finished all the same (its process is alive and has the figures)."""
         o = observation
         figures = _figures(self._name, run_id, o)
         with self._write() as con:
@@ -325,12 +314,8 @@ class SQLStore:
             return int(cur.rowcount) == 1
 
     def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
-        """Mark ``run_id`` abandoned for ``reason``.
-
-        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
-        hold it) and no exception; if it cannot write, the next decision finds the process
-        gone.
-        """
+        """Mark ``run_id`` abandoned; ``urgent``: never this store's lock (the interrupted
+        code may hold it) and no exception (the next decision finds the process gone)."""
         if reason not in ABANDON_REASONS:
             raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
         params = (reason, float(self._clock()), run_id)
@@ -344,11 +329,6 @@ class SQLStore:
             log.warning("%s: could not mark run %s abandoned (%s)", self._name, run_id, e)
 
     def history(self, job: str) -> list[Observation]:
-        """Finished runs and preempted ones (``preempted``), oldest first.
-
-        Raises:
-            ConfigError: a row the store cannot use (named, with how to repair or drop it).
-        """
         with self._read() as con:
             return self._history(con, job)
 
@@ -360,12 +340,6 @@ class SQLStore:
     def cached_power_limit_w(
         self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
     ) -> float | None:
-        """The cached limit of (job, GPU, batch size), or None.
-
-        Raises:
-            ConfigError: the cached row is unusable or outside ``range_w`` (named, with the
-                SQL that drops it).
-        """
         with self._read() as con:
             row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
         if row is None:
@@ -390,14 +364,12 @@ class SQLStore:
 
 
 class SQLiteStore(SQLStore):
-    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host.
-
-    The constructor does no I/O; the file is opened (and created or migrated) on first use, and
-    again after ``fork``. Connections are autocommit with explicit transactions.
+    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host;
+    opened (and created or migrated) on first use, and again after ``fork``.
 
     Args:
-        path: Database file (``~`` expanded; created with its directory, which must be one
-            nobody else controls); it must be a regular file of this user.
+        path: Database file (``~`` expanded), a regular file of this user in a directory
+            nobody else controls (created if missing).
         options: ``busy_timeout_s``, ``lease_s``, ``clock``, as for :class:`SQLStore`.
     """
 
@@ -493,10 +465,8 @@ class SQLiteStore(SQLStore):
         return con.execute(sql, params)
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
-        """From a signal handler or the signal watcher thread. The interrupted code may hold
-        this process's own write transaction, which cannot finish while the handler runs: then
-        end it with the abandon (each of its statements is whole by itself); else write through
-        a fresh connection, retrying while the database stays locked."""
+        """From a signal handler: end this process's own open transaction (which cannot finish
+        while the handler runs) with the abandon, else write on a fresh connection."""
         deadline = time.monotonic() + _URGENT_TIMEOUT_S
         while True:
             own = self._con if self._pid == os.getpid() else None
@@ -517,8 +487,7 @@ class SQLiteStore(SQLStore):
 
 
 def _figures(source: str, run_id: str, o: Observation) -> tuple[float | None, ...]:
-    """The observation's limit, energy, time and cost for the row; a figure that is not a
-    finite number >= 0 is refused (a counter that went backwards must not steer the policy)."""
+    """The observation's limit, energy, time and cost for the row, each finite and >= 0."""
     for name in ("energy_j", "time_s", "cost"):
         if not is_figure(value := getattr(o, name)):
             raise ConfigError(
