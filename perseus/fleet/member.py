@@ -1,9 +1,8 @@
 """A running job as a fleet member: the fleet's plan is one more source of a power cap.
 
-:class:`FleetMember` registers the job's frontier with the fleet and serves the two keys
-:mod:`perseus.runtime.power.cap` reads from a job's store (pass it as the session's
-``power_store``): the cap, the average power of the assigned plan per pipeline, and the
-acknowledgement of which plan runs from which iteration. Each read renews the job's lease.
+:class:`FleetMember` registers the job's frontier and serves the keys
+:mod:`perseus.runtime.power.cap` reads (pass it as the session's ``power_store``): the plan's
+cap per pipeline and the acknowledgement of when it took effect. Each read renews the lease.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The fleet in the database: members, their power curves and leases, the budget, the plan.
 
-Running jobs register their frontier's power curve and renew a lease; the planner re-solves
-(:func:`~perseus.solver.fleet.plan_fleet`) when a job registers or finishes, a lease runs
-out or the budget changes, and writes each member's plan under a new ``epoch``. The tables
-(``fleet_state``: one row; ``fleet_members``; ``fleet_log``: each plan, for plots) sit next
-to the recurring store's, on SQLite or PostgreSQL; every change is one transaction.
+Tables ``fleet_state`` (one row), ``fleet_members`` and ``fleet_log`` (each plan, for plots)
+sit next to the recurring store's; the planner re-solves when a job registers or finishes, a
+lease runs out or the budget changes. Every change is one transaction.
 """
 
 from __future__ import annotations

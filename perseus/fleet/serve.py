@@ -1,9 +1,7 @@
 """The fleet planner's loop (``perseus fleet serve``), and a budget that follows a signal.
 
-While a price or carbon signal (:func:`~perseus.io.power_files.read_signal`) is above
-``above``, in its column's declared unit, the budget is ``high_signal_budget_w``, else the
-base budget. The loop wakes at each of the signal's interval boundaries, so a change lands
-on time rather than at the next poll.
+While a price or carbon signal is above ``above`` (in its column's declared unit), the
+budget is ``high_signal_budget_w``; the loop wakes at each of the signal's boundaries.
 """
 
 from __future__ import annotations

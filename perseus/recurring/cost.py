@@ -1,9 +1,7 @@
-"""Zeus's energy-time cost and the power-limit choice it implies (pure).
+"""Zeus's cost ``η·E + (1 − η)·MAXPOWER·T`` and the power-limit choice it implies (pure).
 
-A run costs ``η·E + (1 − η)·MAXPOWER·T`` (``η = 1``: least energy, ``η = 0``: fastest;
-``MAXPOWER``, the GPU's largest limit, turns seconds into joules). The number of epochs does
-not depend on the power limit, so the limit that minimises the cost per sample minimises the
-cost of the run.
+The epochs to the target do not depend on the power limit, so the limit with the lowest cost
+per sample gives the cheapest run.
 """
 
 from __future__ import annotations

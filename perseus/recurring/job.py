@@ -1,12 +1,10 @@
 """Use from a training loop: ``with job.run() as run:`` picks the batch size and power limit.
 
-Each ``run()`` decides and claims the run in one store transaction, sets the batch size's
-cached power limit or profiles it during the first iterations, measures GPU energy and time,
-and records the result when the block exits (docs/recurring.md shows the loop). The power
-limit goes back to the default at exit, on a signal that ends the process, and by the watchdog
-or the next owner if the process is killed; a SIGTERM marks the run abandoned (a preemption).
-Pipeline-parallel jobs: rank 0 holds the job with ``own_gpu=False`` and broadcasts
-``run.batch_size`` and ``run.power_limit_w``.
+Each run is decided and claimed in one store transaction, sets its batch size's cached power
+limit or profiles it, measures GPU energy and time and records the result at exit
+(docs/recurring.md shows the loop, preemption and the pipeline-parallel composition). The
+limit goes back to the default at exit, on a signal that ends the process, and by the
+watchdog or the next owner if the process is killed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Who holds a recurring run: the process identity a lease records, and whether it is gone.
+"""Who holds a recurring run: a process as ``(pid, host, start)``, and whether it is gone.
 
-A lease names a process by ``(pid, host, start)``: ``host`` is the machine and its pid
-namespace, ``start`` the boot and the process's start time (pids are reused), None where
-``/proc`` is missing. :mod:`perseus.device.process_identity` reads ``/proc``.
+``host`` is the machine and its pid namespace, ``start`` the boot and the process's start
+time (pids are reused), as :mod:`perseus.device.process_identity` reads them.
 """
 
 from __future__ import annotations

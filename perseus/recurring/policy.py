@@ -1,22 +1,12 @@
 """Which batch size the next run of a recurring job uses, from the runs so far (pure).
 
-A function of the job's history and a random generator, with no state of its own, so
-processes sharing one history take consistent decisions. ``best`` is the converged arm with
-the lowest mean cost:
-
-1. **Start at the default** ``b0``; once ``b0`` failed, the untried size nearest it.
-2. **Explore outward from the best.** An untried immediate neighbour of an arm not clearly
-   worse than ``best`` (mean within ``margin_std`` shared relative standard deviations; or,
-   with ``share_epochs``, its cost per epoch times the fewest epochs it or an adjacent size
-   needed) runs next, cheapest arm first, smaller neighbour first: the cost over batch sizes
-   is unimodal in expectation, so the walk only goes where it improves.
-3. **Thompson sampling** among converged arms (:mod:`perseus.recurring.bandit`); an untried
-   neighbour of the drawn arm runs instead, once.
-
-A run whose cost passes ``β ×`` the cheapest converged run is stopped and failed; a failed
-arm's cost is penalised with ``max(incurred, β × best)`` and an arm whose every run failed is
-pruned. A preempted run is no evidence (its size is retried), but :data:`MAX_PREEMPTIONS` in
-a row of one size count as one failed run (:func:`evidence`).
+A function of the history and a random generator, so processes sharing one history decide
+consistently. Rules (docs/recurring.md): run ``b0`` first; then an untried neighbour of any
+arm not clearly worse than the best (``margin_std``), smaller first; then Thompson sampling
+among converged arms (:mod:`perseus.recurring.bandit`), exploring the drawn arm's untried
+neighbour once. A run past ``β ×`` the cheapest converged run stops and fails; a failed
+arm's cost is penalised with ``max(incurred, β × best)``; a preempted run is no evidence
+until :data:`MAX_PREEMPTIONS` in a row (:func:`evidence`).
 """
 
 from __future__ import annotations

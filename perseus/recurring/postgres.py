@@ -1,9 +1,7 @@
 """The recurring store on PostgreSQL (psycopg 3): the same tables and rows as SQLite's.
 
-The row SQL is :class:`~perseus.recurring.store.SQLStore`'s; here is what differs: the schema
-in PostgreSQL's types (same columns, constraint names and checks, and a trigger keeping batch
-sizes in the job's ``batch_sizes``), the version in table ``perseus_schema`` (starting at 2),
-``SELECT ... FOR UPDATE`` on the job's row for each decision, and psycopg's errors.
+What differs from SQLite: the schema in PostgreSQL's types, the version in table
+``perseus_schema``, ``SELECT ... FOR UPDATE`` on the job's row, and psycopg's errors.
 """
 
 from __future__ import annotations

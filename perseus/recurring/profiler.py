@@ -1,11 +1,8 @@
 """Just-in-time power-limit profiler: try each limit for a few iterations of a real run.
 
-The training loop calls :meth:`PowerLimitProfiler.step` once per iteration: after
-``warmup_steps``, each candidate limit, highest first, holds for ``settle_steps`` unmeasured
-iterations and a measured window (at least ``window_steps`` iterations and ``min_window_s``).
-The limit with the lowest cost per sample (:func:`~perseus.recurring.cost.best_power_limit_w`)
-is then set for the rest of the run. A window whose energy counter did not advance is left
-out; with no measurement at all the highest limit stays.
+After ``warmup_steps``, each candidate limit, highest first, holds for ``settle_steps`` and a
+measured window; the limit with the lowest cost per sample is then kept for the run. A window
+whose energy counter did not advance is left out; with none measured the highest limit stays.
 """
 
 from __future__ import annotations

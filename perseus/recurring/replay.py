@@ -1,12 +1,10 @@
 """Trace replay of a recurring job: the optimizer against the default and the oracle (pure).
 
-One *recurrence* is one submission of the job, over when a run reaches the target (a failed
-run is followed by another, as Zeus's ``simulate_one_job``). A run samples one recorded
-training path of its batch size and pays ``epochs × epoch cost`` at its power limit, the
-limit the JIT profiler's rule picks from the trace; the first run of a batch size pays a
-share ``profile_share`` of its first epoch spread over every limit (Zeus: all of it). The
-policies: ``optimizer`` (:class:`~perseus.recurring.policy.BatchSizeOptimizer`), ``default``
-(``b0`` at the maximum limit) and ``oracle`` (:meth:`Workload.oracle`).
+A recurrence is one submission, over when a run reaches the target (Zeus's
+``simulate_one_job``); a run samples one recorded training path of its batch size and pays
+``epochs × epoch cost`` at the limit the JIT profiler picks, the first run of a size paying
+``profile_share`` of its first epoch spread over every limit. Policies: ``optimizer``,
+``default`` (``b0`` at the maximum limit) and ``oracle`` (:meth:`Workload.oracle`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The recurring store's schema: versioned migrations, constraints, and row checks.
 
-:data:`MIGRATIONS` lists ``(version, sql)`` steps; a SQLite file at version ``v``
-(``user_version``) gets every later step in one transaction (:func:`migrate`). Every column
-carries a ``CHECK`` (and SQLite triggers keep batch sizes in the job's ``batch_sizes``), so a
-bad row is refused at insert; rows from before are checked when read (:func:`check_run_row`),
-and a bad one is one :class:`~perseus.errors.ConfigError` naming the row and the SQL to repair
-or drop it.
+:data:`MIGRATIONS` are ``(version, sql)`` steps applied in place in one transaction
+(:func:`migrate`); every column has a ``CHECK``, and rows from before are checked when read
+(:func:`check_run_row`), a bad one named with the SQL to repair or drop it.
 """
 
 from __future__ import annotations
@@ -319,10 +316,8 @@ def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
     for values in cur:
         row = dict(zip(names, values, strict=True))
         check_run_row(source, row, job_sizes(configs.get(row["job"], {})), measured=False)
-    for job, gpu, size, limit, profile in con.execute(
-        "SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"
-    ):
-        check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
+    for row in con.execute("SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"):
+        check_power_limit_row(source, row, measured=False)
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:
@@ -425,21 +420,19 @@ _PROFILE_FIGURES = ("samples_per_s", "avg_power_w")
 
 def check_power_limit_row(
     source: str,
-    job: Any,
-    gpu: Any,
-    batch_size: Any,
-    power_limit_w: Any,
-    profile: Any = "{}",
+    row: Sequence[Any],
     range_w: Sequence[float] | None = None,
     *,
     measured: bool = True,
 ) -> float:
-    """A cached power limit, checked (within the GPU's ``range_w`` when given; with
-    ``measured``, a profile above zero at every limit).
+    """A cached power limit from its ``(job, gpu, batch_size, power_limit_w, profile)`` row,
+    checked (within the GPU's ``range_w`` when given; with ``measured``, a profile above zero
+    at every limit).
 
     Raises:
         ConfigError: naming the row and the SQL that drops it.
     """
+    job, gpu, batch_size, power_limit_w, profile = row
     where = f"job = {_sql(job)} AND gpu = {_sql(gpu)} AND batch_size = {_sql(batch_size)}"
     row = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
     fix = f"drop it (DELETE FROM power_limits WHERE {where}) and the next run profiles again"

@@ -1,11 +1,8 @@
 """Where a recurring job's history lives: a store Protocol, its SQL, and SQLite.
 
-The decision for a new run and its claim happen in one write transaction (SQLite's ``BEGIN
-IMMEDIATE``; PostgreSQL's ``SELECT ... FOR UPDATE`` on the job row), so concurrent runs see
-each other and a run is recorded once. A running row holds a lease (its process and a
-heartbeat): each decision first abandons the job's runs whose process is gone or whose lease
-expired, and such a run is a preemption, retried rather than waited on. docs/recurring.md
-describes the schema, leases and preemption.
+A run's decision and claim are one write transaction, so concurrent runs see each other and a
+run is recorded once; a running row holds a lease (its process and a heartbeat), and each
+decision first abandons the runs whose process is gone or whose lease expired (a preemption).
 """
 
 from __future__ import annotations
@@ -344,7 +341,7 @@ class SQLStore:
             row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
         if row is None:
             return None
-        return check_power_limit_row(self._name, job, gpu, batch_size, row[0], row[1], range_w)
+        return check_power_limit_row(self._name, (job, gpu, batch_size, *row), range_w)
 
     def save_power_limit_w(
         self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
@@ -360,7 +357,7 @@ class SQLStore:
                 (job, gpu, batch_size, float(power_limit_w), text),
             )
             row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
-        return check_power_limit_row(self._name, job, gpu, batch_size, row[0], row[1])
+        return check_power_limit_row(self._name, (job, gpu, batch_size, *row))
 
 
 class SQLiteStore(SQLStore):

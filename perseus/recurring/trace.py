@@ -1,8 +1,6 @@
 """Read Zeus-format traces (``summary_train.csv``, ``summary_power_<gpu>.csv``) into workloads.
 
-The Zeus NSDI'23 artifact's formats: ``summary_train.csv`` has one row per (seed, metric
-threshold reached), a seed being a (learning_rate, run) pair; ``summary_power_<gpu>.csv``
-one row per (batch size, power limit). Errors name the file, the line and the field.
+A seed is a (learning_rate, run) pair of the train trace; errors name file, line and field.
 """
 
 from __future__ import annotations
@@ -17,18 +15,16 @@ from perseus.errors import ConfigError
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
-__all__ = ["load_jobs", "load_workloads", "power_trace_path"]
+__all__ = ["load_jobs", "load_workloads"]
 
 _NAME = ("dataset", "network", "batch_size", "optimizer")
 _TRAIN_FIELDS = (*_NAME, "run", "target_metric", "target_epoch")
 _POWER_FIELDS = (*_NAME, "power_limit", "time_per_epoch", "average_power")
 _JOBS = ("dataset", "network", "optimizer", "target_metric", "max_epochs", "default_batch_size")
 _TRACE_WHAT = "the right `trace_dir` (Zeus-format summary CSVs)"
-
-
-def power_trace_path(trace_dir: Path, gpu: str) -> Path:
-    """``<trace_dir>/summary_power_<gpu>.csv``."""
-    return trace_dir / f"summary_power_{gpu}.csv"
+# job key -> batch size -> seed -> epochs to the target (None: never reached)
+_Paths = dict[str, dict[int, dict[tuple[str, str], int | None]]]
+_Epochs = dict[str, dict[tuple[int, int], EpochCost]]  # job key -> (batch size, limit W) -> cost
 
 
 def _rows(
@@ -101,11 +97,9 @@ def load_jobs(path: Path) -> tuple[JobSpec, ...]:
     return tuple(jobs)
 
 
-def _read_train(
-    path: Path, jobs: Iterable[JobSpec]
-) -> dict[str, dict[int, dict[tuple[str, str], int | None]]]:
+def _read_train(path: Path, jobs: Iterable[JobSpec]) -> _Paths:
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
-    out: dict[str, dict[int, dict[tuple[str, str], int | None]]] = {}
+    out: _Paths = {}
     for line, row in _rows(path, _TRAIN_FIELDS, "trace", _TRACE_WHAT):
         job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
         if job is None:
@@ -113,7 +107,7 @@ def _read_train(
         bs = int(_number(path, line, row, "batch_size", integer=True))
         metric = _number(path, line, row, "target_metric", integer=False)
         raw = (row.get("target_epoch") or "").strip().lower()
-        # "nan" (or empty) is how the trace writes "this seed never reached this metric".
+        # "nan" (or empty): this seed never reached this metric
         reached = raw not in ("", "nan")
         epoch = int(_number(path, line, row, "target_epoch", integer=True)) if reached else 0
         seeds = out.setdefault(job.key, {}).setdefault(bs, {})
@@ -126,11 +120,9 @@ def _read_train(
     return out
 
 
-def _read_power(
-    path: Path, jobs: Iterable[JobSpec]
-) -> tuple[dict[str, dict[tuple[int, int], EpochCost]], float]:
+def _read_power(path: Path, jobs: Iterable[JobSpec]) -> tuple[_Epochs, float]:
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
-    out: dict[str, dict[tuple[int, int], EpochCost]] = {}
+    out: _Epochs = {}
     max_power_w = 0.0
     for line, row in _rows(path, _POWER_FIELDS, "trace", _TRACE_WHAT):
         limit = _number(path, line, row, "power_limit", integer=False)
@@ -152,11 +144,7 @@ def _read_power(
 
 
 def _workload(
-    job: JobSpec,
-    gpu: str,
-    train: dict[str, dict[int, dict[tuple[str, str], int | None]]],
-    power: dict[str, dict[tuple[int, int], EpochCost]],
-    max_power_w: float,
+    job: JobSpec, gpu: str, train: _Paths, power: _Epochs, max_power_w: float
 ) -> Workload | None:
     """``job``'s workload, or None when the traces share no batch size for it."""
     paths, epochs = train.get(job.key), power.get(job.key)
@@ -196,7 +184,7 @@ def load_workloads(
                 f"{', '.join(j.key for j in ZEUS_JOBS)} or pass `jobs` defining it"
             )
     train_path = trace_dir / "summary_train.csv"
-    power_path = power_trace_path(trace_dir, gpu)
+    power_path = trace_dir / f"summary_power_{gpu}.csv"
     train = _read_train(train_path, jobs)
     power, max_power_w = _read_power(power_path, jobs)
     found = (_workload(job, gpu, train, power, max_power_w) for job in jobs)

@@ -1,8 +1,6 @@
-"""A recurring job as the traces describe it: what one run costs at a batch size and limit (pure).
+"""A recurring job as the traces describe it: recorded training paths and epoch costs (pure).
 
-A :class:`Workload` holds, for one job on one GPU type, the recorded training paths (epochs
-to the target per batch size and seed, None when a seed never reached it) and the cost of
-one epoch per batch size and power limit; :mod:`perseus.recurring.trace` reads the files.
+:mod:`perseus.recurring.trace` reads the files.
 """
 
 from __future__ import annotations
@@ -61,9 +59,6 @@ class EpochCost:
     def energy_j(self) -> float:
         return self.time_s * self.avg_power_w
 
-    def cost(self, eta: float, max_power_w: float) -> float:
-        return zeus_cost(self.energy_j, self.time_s, eta, max_power_w)
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -111,7 +106,8 @@ class Workload:
 
     def epoch_cost(self, batch_size: int, power_limit_w: int, eta: float) -> float:
         """Cost of one epoch at a configuration."""
-        return self.epochs[(batch_size, power_limit_w)].cost(eta, self.max_power_w)
+        epoch = self.epochs[(batch_size, power_limit_w)]
+        return zeus_cost(epoch.energy_j, epoch.time_s, eta, self.max_power_w)
 
     def optimal_power_limit_w(self, batch_size: int, eta: float) -> int:
         """The power limit with the smallest epoch cost at ``batch_size`` (ties: higher)."""
