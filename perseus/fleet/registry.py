@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perseus.errors import ConfigError, InfeasibleError
-from perseus.recurring.database import open_store
+from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.store import SQLStore
 from perseus.solver.fleet import FleetJob, plan_fleet
 
@@ -112,7 +112,7 @@ class FleetRegistry:
         self.store: SQLStore = open_store(url, clock=clock)
         self._clock = clock
         self._ready = False
-        self._postgres = url.split("://", 1)[0].lower() in ("postgresql", "postgres")
+        self._postgres = parse_url(url).engine == "postgresql"
 
     def close(self) -> None:
         self.store.close()

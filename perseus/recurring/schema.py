@@ -308,9 +308,8 @@ def migrate(con: sqlite3.Connection, source: str, version: int) -> None:
 
 
 def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
-    configs = {}
-    for job, text in con.execute("SELECT job, config FROM jobs"):
-        configs[job] = parse_job_config(source, job, text)
+    jobs = con.execute("SELECT job, config FROM jobs")
+    configs = {job: parse_job_config(source, job, text) for job, text in jobs}
     cur = con.execute("SELECT * FROM runs ORDER BY seq")
     names = [d[0] for d in cur.description]
     for values in cur:

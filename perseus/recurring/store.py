@@ -196,13 +196,11 @@ class SQLStore:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 
-    def _history(
-        self, con: Any, job: str, rows: list[dict[str, Any]] | None = None
-    ) -> list[Observation]:
+    def _history(self, con: Any, job: str, rows: list[dict[str, Any]]) -> list[Observation]:
         config = self._config(con, job)
         sizes = job_sizes(config) if config is not None else None
         out = []
-        for row in self._rows(con, job) if rows is None else rows:
+        for row in rows:
             done = row["status"] == "done"
             if not done and not (
                 row["status"] == "abandoned" and row["end_reason"] in COUNTED_REASONS
@@ -327,7 +325,7 @@ class SQLStore:
 
     def history(self, job: str) -> list[Observation]:
         with self._read() as con:
-            return self._history(con, job)
+            return self._history(con, job, self._rows(con, job))
 
     def runs(self, job: str) -> list[dict[str, Any]]:
         """Every run row of ``job`` (any status), oldest first, as dicts (for reports)."""
