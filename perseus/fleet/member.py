@@ -26,8 +26,7 @@ class FleetMember:
     """A job of the fleet, read like a torch store by the job's power runtime.
 
     Args:
-        url: The fleet's database.
-        name: The job's name in the fleet (unique).
+        url: The fleet's database; ``name`` the job's (unique) name in it.
         frontier: The deployed frontier (its power curve is registered).
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).

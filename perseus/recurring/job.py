@@ -98,11 +98,8 @@ class RecurringRun:
             log.warning("run %s: lease not renewed: %s", self.run_id, e)
 
     def end_epoch(self, *, reached: bool) -> bool:
-        """Report the end of an epoch; True when the loop should stop.
-
-        Args:
-            reached: Whether the validation metric reached the job's target.
-        """
+        """Report the end of an epoch (``reached``: the metric reached the job's target);
+        True when the loop should stop."""
         self.epochs += 1
         cost = self.cost()
         epoch_cost = cost - self._last_epoch_cost

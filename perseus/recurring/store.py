@@ -108,7 +108,6 @@ class SQLStore:
         busy_timeout_s: How long a writer waits for a lock another holds.
         lease_s: A running run whose heartbeat is older than this is abandoned (minutes, well
             above the job's heartbeat interval).
-        clock: Wall clock (tests inject one).
     """
 
     #: The connection and the pid that opened it (a forked child opens its own).
@@ -281,45 +280,43 @@ class SQLStore:
             )
         return StartedRun(run_id, decision)
 
+    def _update(self, sql: str, params: Sequence[Any]) -> bool:
+        """One statement in its own transaction; whether it changed a row."""
+        with self._write() as con:
+            return int(self._x(con, sql, params).rowcount) == 1
+
     def heartbeat(self, run_id: str, so_far: Observation) -> bool:
         figures = _figures(self._name, run_id, so_far)
-        with self._write() as con:
-            cur = self._x(
-                con,
-                "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
-                "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
-                (float(self._clock()), *figures, so_far.epochs, run_id),
-            )
-            return int(cur.rowcount) == 1
+        return self._update(
+            "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
+            "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
+            (float(self._clock()), *figures, so_far.epochs, run_id),
+        )
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
         """Record ``run_id``'s result once; a run abandoned by a SIGTERM it survived or by an
         expired lease is finished all the same (its process is alive and has the figures)."""
         o = observation
         figures = _figures(self._name, run_id, o)
-        with self._write() as con:
-            cur = self._x(
-                con,
-                "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
-                "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
-                "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
-                "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
-                (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
-            )
-            return int(cur.rowcount) == 1
+        return self._update(
+            "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
+            "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
+            "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
+            "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
+            (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
+        )
 
     def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
         """Mark ``run_id`` abandoned; ``urgent``: never this store's lock (the interrupted
         code may hold it) and no exception (the next decision finds the process gone)."""
         if reason not in ABANDON_REASONS:
             raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
-        params = (reason, float(self._clock()), run_id)
+        sql, params = _ABANDON.format("run_id"), (reason, float(self._clock()), run_id)
         if not urgent:
-            with self._write() as con:
-                self._x(con, _ABANDON.format("run_id"), params)
+            self._update(sql, params)
             return
         try:
-            self._abandon_urgently(_ABANDON.format("run_id"), params)
+            self._abandon_urgently(sql, params)
         except Exception as e:  # a signal handler must not raise
             log.warning("%s: could not mark run %s abandoned (%s)", self._name, run_id, e)
 

@@ -82,16 +82,9 @@ def load_jobs(path: Path) -> tuple[JobSpec, ...]:
         b0 = int(_number(path, line, row, "default_batch_size", integer=True))
         if max_epochs < 1 or b0 < 1:
             raise ConfigError(f"{path}:{line}: max_epochs and default_batch_size must be >= 1")
-        jobs.append(
-            JobSpec(
-                dataset=row["dataset"].strip(),
-                network=row["network"].strip(),
-                optimizer=row["optimizer"].strip(),
-                target_metric=_number(path, line, row, "target_metric", integer=False),
-                max_epochs=max_epochs,
-                default_batch_size=b0,
-            )
-        )
+        dataset, network, optimizer = (row[k].strip() for k in ("dataset", "network", "optimizer"))
+        metric = _number(path, line, row, "target_metric", integer=False)
+        jobs.append(JobSpec(dataset, network, optimizer, metric, max_epochs, b0))
     if not jobs:
         raise ConfigError(f"{path}: no job rows; add one row per recurring job")
     return tuple(jobs)
