@@ -160,8 +160,6 @@ class FleetRegistry:
     def _dirty(self, con: Any) -> None:
         self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")
 
-    # Jobs
-
     def register(self, job: FleetJob, *, lease_s: float = 60.0) -> None:
         """Add (or re-add) ``job`` as running, holding a lease of ``lease_s``."""
         if not (math.isfinite(lease_s) and lease_s > 0):
@@ -220,8 +218,6 @@ class FleetRegistry:
                 "UPDATE fleet_members SET ack_point = ?, ack_iteration = ? WHERE name = ?",
                 (point, iteration, name),
             )
-
-    # The planner
 
     def set_budget(self, budget_w: float) -> None:
         """Set the fleet's budget (re-solved at the planner's next look)."""

@@ -130,8 +130,6 @@ class SQLStore:
         self._clock = clock
         self._lock = threading.RLock()
 
-    # The engine's part
-
     def _connection(self) -> Any:
         raise NotImplementedError
 
@@ -183,8 +181,6 @@ class SQLStore:
     def _read(self) -> Iterator[Any]:
         with self._lock, self._errors():
             yield self._connection()
-
-    # Rows
 
     def _config(self, con: Any, job: str) -> dict[str, Any] | None:
         row = self._x(con, "SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
@@ -240,8 +236,6 @@ class SQLStore:
                 *(self._name, row["run_id"], job, row["batch_size"], reason),
             )
             self._x(con, _ABANDON.format("seq"), (reason, now, row["seq"]))
-
-    # RecurringStore
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
         """Create ``job``, or :class:`ConfigError` if it is stored with another config."""
