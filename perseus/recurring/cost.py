@@ -57,7 +57,4 @@ def best_power_limit_w(
             raise ConfigError(
                 f"power limit {m.power_limit_w} W: throughput must be > 0, got {m.samples_per_s}"
             )
-    return min(
-        measurements,
-        key=lambda w: (measurements[w].cost_per_sample(eta, max_power_w), -w),
-    )
+    return min(measurements, key=lambda w: (measurements[w].cost_per_sample(eta, max_power_w), -w))
