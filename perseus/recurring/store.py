@@ -350,8 +350,8 @@ class SQLStore:
 
 
 class SQLiteStore(SQLStore):
-    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host;
-    opened (and created or migrated) on first use, and again after ``fork``.
+    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host
+    (a local file system, not NFS); opened (and migrated) on first use and after ``fork``.
 
     Args:
         path: Database file (``~`` expanded), a regular file of this user in a directory
