@@ -43,6 +43,8 @@ class PowerLimitProfiler:
         eta: Energy-time weight η of the cost.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest limit).
         power_limits_w: Candidates (default: the GPU's range in 25 W steps, highest first).
+        warmup_steps: Iterations skipped first; ``settle_steps`` after each limit change, then
+            at least ``window_steps`` measured.
         min_window_s: Minimum measured seconds per limit (energy counters update ~10 Hz).
         clock: Monotonic clock in seconds (the simulated GPU's clock in emulation).
     """
