@@ -1,8 +1,7 @@
-"""Many jobs, one power budget: the jobs file, the shared database and the fleet that follows.
+"""Many jobs, one power budget: the jobs file, the fleet's database and the members' plans.
 
-:mod:`perseus.solver.fleet` is the pure planner; this package reads the jobs file
-(:mod:`perseus.fleet.jobs`), keeps the fleet in a database (:mod:`perseus.fleet.registry`:
-members, leases, budget, plans) and brings each job its plan (:mod:`perseus.fleet.member`).
+:mod:`perseus.solver.fleet` is the pure planner; :mod:`~perseus.fleet.registry` keeps the
+fleet in a database and :mod:`~perseus.fleet.member` brings each job its plan.
 """
 
 from perseus.fleet.jobs import FleetJobEntry, read_fleet_jobs

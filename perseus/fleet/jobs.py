@@ -1,6 +1,6 @@
 """The fleet's jobs file: ``[{"name", "frontier": path, "weight", "gpus"}, ...]``.
 
-A relative ``frontier`` path is taken from the jobs file's directory. Each frontier is read
+A relative ``frontier`` path is taken from the jobs file's directory; each frontier is read
 once however many jobs name it.
 """
 
@@ -22,10 +22,9 @@ __all__ = ["FleetJobEntry", "read_fleet_jobs"]
 
 
 class FleetJobEntry(BaseModel):
-    """One job of the fleet.
+    """One job of the fleet (``name`` unique in the file).
 
     Attributes:
-        name: Unique in the file.
         frontier: Its frontier JSON (``perseus frontier``).
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs, a multiple of the frontier's ranks (default: the ranks).

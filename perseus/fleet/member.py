@@ -1,19 +1,8 @@
 """A running job as a fleet member: the fleet's plan is one more source of a power cap.
 
-:class:`FleetMember` registers the job's frontier with the fleet (:class:`~perseus.fleet.
-registry.FleetRegistry`) and then serves the two keys :mod:`perseus.runtime.power.cap` reads
-from a job's store: the cap is the average power of the plan the fleet assigned (per
-pipeline), and the acknowledgement records which plan runs from which iteration. Pass it as
-the session's ``power_store``::
-
-    member = FleetMember("postgresql://fleet@db/perseus", "job-a", frontier, gpus=8).start()
-    session = RankSession(..., plan=frontier, options=SessionOptions(power_store=member))
-
-:class:`~perseus.runtime.power.PowerRuntime` reads it on rank 0 of the group at every
-iteration boundary and shares it in one all-reduce, so every rank switches at the same
-iteration: a plan written while iteration ``k`` runs is in force from ``k + 1``. Each read
-also renews the job's lease; a job that stops reading (killed, hung) loses its share when the
-lease runs out.
+:class:`FleetMember` registers the job's frontier and serves the keys
+:mod:`perseus.runtime.power.cap` reads (pass it as the session's ``power_store``): the plan's
+cap per pipeline and the acknowledgement of when it took effect. Each read renews the lease.
 """
 
 from __future__ import annotations
@@ -37,13 +26,11 @@ class FleetMember:
     """A job of the fleet, read like a torch store by the job's power runtime.
 
     Args:
-        url: The fleet's database.
-        name: The job's name in the fleet (unique).
+        url: The fleet's database; ``name`` the job's (unique) name in it.
         frontier: The deployed frontier (its power curve is registered).
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).
         lease_s: The job loses its share this long after its last read.
-        clock: Wall clock (tests inject one).
     """
 
     def __init__(

@@ -1,20 +1,8 @@
 """The fleet in the database: members, their power curves and leases, the budget, the plan.
 
-Running jobs register their frontier's power curve (:class:`~perseus.solver.fleet.FleetJob`)
-and hold a lease they renew at iteration boundaries; the planner (``perseus fleet serve``)
-re-solves (:func:`~perseus.solver.fleet.plan_fleet`) whenever a job registers or finishes, a
-lease runs out (a killed job's power goes back to the others) or the budget changes, and
-writes each member's plan (point and average-power cap) under a new ``epoch``. Jobs read their
-plan from the database; access is the database's own (roles and grants), no port of perseus's.
-
-Tables (the same on SQLite and PostgreSQL, next to the recurring store's):
-
-* ``fleet_state``: one row, the budget, the plan's epoch and whether it needs re-solving;
-* ``fleet_members``: one row per job (its curve as JSON, lease, assignment, acknowledgement);
-* ``fleet_log``: each plan's assignment and each budget, with the time (for plots).
-
-Every change is one transaction: a planner or job killed mid-write leaves the last whole
-state, and a restarted planner picks up from it.
+Tables ``fleet_state`` (one row), ``fleet_members`` and ``fleet_log`` (each plan, for plots)
+sit next to the recurring store's; the planner re-solves when a job registers or finishes, a
+lease runs out or the budget changes. Every change is one transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perseus.errors import ConfigError, InfeasibleError
-from perseus.recurring.database import open_store
+from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.store import SQLStore
 from perseus.solver.fleet import FleetJob, plan_fleet
 
@@ -92,6 +80,7 @@ class MemberStatus:
 
 
 _CURVE = ("points", "time_s", "average_power_w", "peak_power_w", "fastest_time_s")
+_LOG = "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) VALUES "
 
 
 def _curve(job: FleetJob) -> str:
@@ -112,10 +101,7 @@ def _job(name: str, weight: float, text: str) -> FleetJob:
 
 
 class FleetRegistry:
-    """The fleet's tables in a recurring store's database (``sqlite:///...`` or
-    ``postgresql://...``).
-
-    The constructor does no I/O; tables are created on first use.
+    """The fleet's tables in a recurring store's database (created on first use).
 
     Args:
         url: The database (:func:`~perseus.recurring.database.parse_url`).
@@ -126,7 +112,7 @@ class FleetRegistry:
         self.store: SQLStore = open_store(url, clock=clock)
         self._clock = clock
         self._ready = False
-        self._postgres = url.split("://", 1)[0].lower() in ("postgresql", "postgres")
+        self._postgres = parse_url(url).engine == "postgresql"
 
     def close(self) -> None:
         self.store.close()
@@ -168,16 +154,11 @@ class FleetRegistry:
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
 
     def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """One statement for many rows (pipelined on PostgreSQL)."""
-        if self._postgres:
-            sql = sql.replace("?", "%s")
         if rows:
-            con.cursor().executemany(sql, rows)
+            con.cursor().executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
 
     def _dirty(self, con: Any) -> None:
         self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")
-
-    # Jobs
 
     def register(self, job: FleetJob, *, lease_s: float = 60.0) -> None:
         """Add (or re-add) ``job`` as running, holding a lease of ``lease_s``."""
@@ -238,8 +219,6 @@ class FleetRegistry:
                 (point, iteration, name),
             )
 
-    # The planner
-
     def set_budget(self, budget_w: float) -> None:
         """Set the fleet's budget (re-solved at the planner's next look)."""
         if not (math.isfinite(budget_w) and budget_w > 0):
@@ -254,11 +233,8 @@ class FleetRegistry:
             )
 
     def replan(self, *, force: bool = False) -> int | None:
-        """Expire lapsed leases, and re-solve if anything changed (or ``force``).
-
-        Returns:
-            The new epoch, or None if nothing changed (or no budget is set).
-        """
+        """Expire lapsed leases and re-solve if anything changed (or ``force``); the new
+        epoch, or None if nothing changed or no budget is set."""
         now = float(self._clock())
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
@@ -269,17 +245,17 @@ class FleetRegistry:
             ).fetchall()
             live = []
             for name, weight, curve, beat, lease in rows:
-                if beat < now - lease:
-                    log.warning("fleet member %s missed its lease: its power is reassigned", name)
-                    self.store._x(
-                        con,
-                        "UPDATE fleet_members SET status = 'expired', point = NULL, cap_w = NULL "
-                        "WHERE name = ?",
-                        (name,),
-                    )
-                    dirty = True
-                else:
+                if beat >= now - lease:
                     live.append(_job(name, weight, curve))
+                    continue
+                log.warning("fleet member %s missed its lease: its power is reassigned", name)
+                self.store._x(
+                    con,
+                    "UPDATE fleet_members SET status = 'expired', point = NULL, cap_w = NULL "
+                    "WHERE name = ?",
+                    (name,),
+                )
+                dirty = True
             if budget_w is None or not (dirty or force):
                 return None
             epoch += 1
@@ -288,12 +264,7 @@ class FleetRegistry:
                 "UPDATE fleet_state SET epoch = ?, dirty = 0, updated_s = ? WHERE id = 1",
                 (epoch, now),
             )
-            self.store._x(
-                con,
-                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
-                "VALUES (?, ?, NULL, ?, NULL, NULL)",
-                (now, epoch, budget_w),
-            )
+            self.store._x(con, _LOG + "(?, ?, NULL, ?, NULL, NULL)", (now, epoch, budget_w))
             plan = _solve(live, budget_w)
             self._many(
                 con,
@@ -302,8 +273,7 @@ class FleetRegistry:
             )
             self._many(
                 con,
-                "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                _LOG + "(?, ?, ?, ?, ?, ?)",
                 [(now, epoch, name, budget_w, point, cap_w) for name, point, cap_w in plan],
             )
             return epoch
@@ -318,18 +288,15 @@ class FleetRegistry:
                 "SELECT name, status, point, cap_w, epoch, ack_point, ack_iteration, "
                 "heartbeat_s FROM fleet_members ORDER BY name",
             ).fetchall()
-        return (
-            budget_w,
-            epoch,
-            [
-                MemberStatus(r[0], r[1], r[2], r[3], r[4], r[5], r[6], now - float(r[7]))
-                for r in rows
-            ],
-        )
+        members = [
+            MemberStatus(name, status, point, cap_w, ep, ack, ack_from, now - float(beat))
+            for name, status, point, cap_w, ep, ack, ack_from, beat in rows
+        ]
+        return budget_w, epoch, members
 
     def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
-        """Every plan so far, oldest first: its time, the budget and each job's (average
-        power, iteration time) (:func:`perseus.report.fleet.plot_fleet` draws it)."""
+        """Every plan, oldest first: its time, the budget and each job's (average power,
+        iteration time)."""
         with self._read() as con:
             rows = self.store._x(
                 con,
@@ -357,12 +324,8 @@ def _solve(jobs: list[FleetJob], budget_w: float) -> list[tuple[str, int, float]
     if not jobs:
         return []
     try:
-        plan = plan_fleet(jobs, budget_w)
-        return [(a.name, a.point, a.average_power_w) for a in plan.jobs]
+        return [(a.name, a.point, a.average_power_w) for a in plan_fleet(jobs, budget_w).jobs]
     except InfeasibleError as e:
         log.warning("fleet: %s; every job runs its lowest-power plan", e)
-        out = []
-        for j in jobs:
-            k = min(range(len(j.points)), key=lambda i: j.average_power_w[i])
-            out.append((j.name, j.points[k], j.average_power_w[k]))
-        return out
+    lowest = [min(range(len(j.points)), key=j.average_power_w.__getitem__) for j in jobs]
+    return [(j.name, j.points[k], j.average_power_w[k]) for j, k in zip(jobs, lowest, strict=True)]

@@ -1,13 +1,7 @@
 """The fleet planner's loop (``perseus fleet serve``), and a budget that follows a signal.
 
-A price or carbon signal (the CSV ``perseus plan schedule`` reads, :func:`read_signal`) sets
-the budget by a threshold: while the signal's value is above ``above`` (in the column's own
-declared unit: EUR/MWh for ``price_eur_per_mwh``, gCO2/kWh for a carbon column), the budget is
-``high_signal_budget_w``; otherwise it is the base budget. The signal's first row is the
-planner's start; its last value holds after its last row. The loop wakes at each interval
-boundary of the signal and re-solves there when the budget changes, so a change lands on time,
-not at the next poll; an operator's ``perseus fleet budget`` holds until the signal's budget
-next changes.
+While a price or carbon signal is above ``above`` (in its column's declared unit), the
+budget is ``high_signal_budget_w``; the loop wakes at each of the signal's boundaries.
 """
 
 from __future__ import annotations
@@ -53,7 +47,7 @@ def signal_budget(
     the column's declared unit) is above ``above``, ``budget_w`` elsewhere.
 
     Raises:
-        ConfigError: if either budget is not a positive number of watts.
+        ConfigError: either budget is not a positive number of watts.
     """
     for name, w in (("budget_w", budget_w), ("high_signal_budget_w", high_signal_budget_w)):
         if not (np.isfinite(w) and w > 0):

@@ -1,14 +1,7 @@
 """Recurring jobs (Zeus, NSDI'23): the batch size and GPU power limit across re-runs.
 
-Pure parts: :mod:`~perseus.recurring.cost` (the η-weighted cost), :mod:`~.workload` (a job's
-trace), :mod:`~.bandit` (Gaussian Thompson sampling), :mod:`~.policy` (the batch-size
-optimizer), :mod:`~.replay` (trace-driven evaluation and its summaries). I/O:
-:mod:`~.trace` (CSV files), :mod:`~.store` (SQLite, with :mod:`~.schema` and the run leases
-of :mod:`~.lease`), :mod:`~.profiler` and :mod:`~.job`
-(the training-loop side, on a GPU), :mod:`~.report` (matplotlib, imported only on demand).
-
-Importing this package loads only the pure parts; the I/O names below are imported on first
-access, so ``import perseus.recurring.replay`` never loads sqlite3 or the device layer.
+Importing this package loads only the pure parts (cost, workload, bandit, policy, replay);
+the store, the profiler and the training-loop job are imported on first access.
 """
 
 from __future__ import annotations

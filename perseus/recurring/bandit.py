@@ -1,19 +1,13 @@
 """Gaussian Thompson sampling over batch sizes, with a noise level shared across arms (pure).
 
-Each arm (batch size) has an unknown mean cost per run. Run costs are modelled as Gaussian
-around the arm's mean with a standard deviation *proportional to the mean*: a training run's
-cost varies through its number of epochs, so the spread scales with the cost. The relative
-spread ``σ_rel`` is one number shared by every arm and estimated by pooling the within-arm
-scatter of every arm with at least two converged runs, shrunk towards a prior guess:
+Run costs are Gaussian around each arm's mean with a standard deviation proportional to it
+(the spread comes from the number of epochs). The relative spread is shared by every arm,
+pooled from each arm with two or more runs and shrunk towards a prior guess:
 
     σ_rel² = (κ·σ₀² + Σ_a Σ_i ((x_ai − x̄_a)/x̄_a)²) / (κ + Σ_a (n_a − 1))
 
-with ``σ₀ = prior_rel_std`` and ``κ = prior_weight`` pseudo-observations. With a flat prior
-on each arm's mean, the posterior of arm ``a`` is ``N(x̄_a, (σ_rel·x̄_a)²/n_a)``. Sharing the
-noise level is what lets an arm enter Thompson sampling after a single run (Zeus estimates a
-variance per arm and so needs two runs of every surviving arm before sampling).
-
-Costs are minimised: Thompson sampling draws one mean per arm and picks the smallest draw.
+so arm ``a``'s posterior is ``N(x̄_a, (σ_rel·x̄_a)²/n_a)`` and an arm joins sampling after one
+run (Zeus needs two runs of each). Costs are minimised: the smallest draw wins.
 """
 
 from __future__ import annotations
@@ -31,12 +25,8 @@ __all__ = ["ArmPosterior", "GaussianPrior", "pooled_rel_std", "posteriors", "tho
 
 @dataclass(frozen=True, slots=True)
 class GaussianPrior:
-    """Prior on the shared relative noise of run costs.
-
-    Attributes:
-        rel_std: Prior guess of a run cost's standard deviation over its mean (0.1: ±10 %).
-        weight: How many pseudo-observations the guess is worth against pooled data.
-    """
+    """Prior on the shared relative noise of run costs: the guess ``rel_std`` (σ₀; 0.1 is
+    ±10 %) worth ``weight`` (κ) pseudo-observations."""
 
     rel_std: float = 0.1
     weight: float = 2.0
@@ -78,13 +68,10 @@ def posteriors(
     *,
     noise_samples: Mapping[int, Sequence[float]] | None = None,
 ) -> dict[int, ArmPosterior]:
-    """Posterior of every arm that has at least one cost.
+    """Posterior of every arm with at least one cost (failed runs' penalties included).
 
-    Args:
-        costs: Arm -> observed costs (penalised costs of failed runs included).
-        prior: Noise prior.
-        noise_samples: The costs used to estimate the shared noise (default ``costs``);
-            callers pass converged runs only, so that a penalty does not read as noise.
+    ``noise_samples``: the costs that estimate the shared noise (default ``costs``; callers
+    pass converged runs only, so that a penalty does not read as noise).
     """
     rel = pooled_rel_std(costs if noise_samples is None else noise_samples, prior)
     out = {}
@@ -97,9 +84,7 @@ def posteriors(
 
 
 def thompson_sample(arms: Mapping[int, ArmPosterior], rng: np.random.Generator) -> int:
-    """Draw one mean per arm from its posterior and return the arm with the smallest draw.
-
-    Arms are visited in sorted order so that a seeded generator gives the same choice.
+    """Draw one mean per arm (in sorted order, so a seed fixes the choice); the smallest wins.
 
     Raises:
         ConfigError: if ``arms`` is empty.

@@ -1,10 +1,7 @@
-"""Zeus's energy-time cost and the power-limit choice it implies (pure).
+"""Zeus's cost ``η·E + (1 − η)·MAXPOWER·T`` and the power-limit choice it implies (pure).
 
-The cost of a run is ``η·E + (1 − η)·MAXPOWER·T``: ``η = 1`` minimises energy, ``η = 0``
-minimises time, and ``MAXPOWER`` (the GPU's largest power limit) converts seconds into joules
-so the two terms share a unit. Per epoch (or per sample) the same weights apply, so the power
-limit that minimises the cost of one epoch minimises the cost of the whole run at a fixed
-batch size: the number of epochs does not depend on the power limit.
+The epochs to the target do not depend on the power limit, so the limit with the lowest cost
+per sample gives the cheapest run.
 """
 
 from __future__ import annotations
@@ -18,11 +15,7 @@ __all__ = ["PowerLimitMeasurement", "best_power_limit_w", "check_eta", "zeus_cos
 
 
 def check_eta(eta: float) -> float:
-    """Validate η ∈ [0, 1].
-
-    Raises:
-        ConfigError: if ``eta`` is outside [0, 1].
-    """
+    """η, or :class:`ConfigError` if it is outside [0, 1]."""
     if not 0.0 <= eta <= 1.0:
         raise ConfigError(f"eta must be in [0, 1] (0: fastest, 1: least energy), got {eta}")
     return float(eta)
@@ -35,20 +28,14 @@ def zeus_cost(energy_j: float, time_s: float, eta: float, max_power_w: float) ->
 
 @dataclass(frozen=True, slots=True)
 class PowerLimitMeasurement:
-    """Throughput and average power measured at one power limit.
-
-    Attributes:
-        power_limit_w: The limit the measurement was taken under.
-        samples_per_s: Training throughput.
-        avg_power_w: Average board power over the window.
-    """
+    """Throughput and average board power measured at one power limit."""
 
     power_limit_w: float
     samples_per_s: float
     avg_power_w: float
 
     def cost_per_sample(self, eta: float, max_power_w: float) -> float:
-        """The cost of one sample: time per sample is ``1/throughput``."""
+        """The cost of one sample (``1/throughput`` seconds)."""
         time_s = 1.0 / self.samples_per_s
         return zeus_cost(self.avg_power_w * time_s, time_s, eta, max_power_w)
 
@@ -70,7 +57,4 @@ def best_power_limit_w(
             raise ConfigError(
                 f"power limit {m.power_limit_w} W: throughput must be > 0, got {m.samples_per_s}"
             )
-    return min(
-        measurements,
-        key=lambda w: (measurements[w].cost_per_sample(eta, max_power_w), -w),
-    )
+    return min(measurements, key=lambda w: (measurements[w].cost_per_sample(eta, max_power_w), -w))

@@ -1,10 +1,6 @@
-"""Which database: a URL names the engine (``sqlite:///path`` or ``postgresql://user@host/db``).
-
-Credentials never travel in the URL (it shows up in ``ps``, shell history and logs): a
-PostgreSQL password comes from ``PGPASSWORD``, ``~/.pgpass`` or libpq's other environment
-variables and files, and a URL that carries one is refused. ``sqlite:///jobs.sqlite`` is a path
-relative to the working directory and ``sqlite:////abs/jobs.sqlite`` an absolute one (as in
-SQLAlchemy); a bare path is SQLite too.
+"""Which database: ``sqlite:///path`` (relative; ``sqlite:////abs`` absolute; a bare path is
+SQLite too) or ``postgresql://user@host/db``, whose password comes from libpq's environment
+(``PGPASSWORD``, ``~/.pgpass``), never the URL (it shows up in ``ps`` and logs).
 """
 
 from __future__ import annotations
@@ -40,24 +36,22 @@ def parse_url(url: str) -> DatabaseTarget:
         if not url:
             raise ConfigError("`db` is empty; pass sqlite:///FILE or postgresql://USER@HOST/DB")
         return DatabaseTarget("sqlite", url, "")
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "sqlite":
-        path = url.split("://", 1)[1]
-        if not path.startswith("/") or len(path) < 2:
+    prefix, _, rest = url.partition("://")
+    if prefix.lower() == "sqlite":
+        if not rest.startswith("/") or len(rest) < 2:
             raise ConfigError(
                 f"`db` {url!r}: write sqlite:///relative/file or sqlite:////absolute/file"
             )
-        return DatabaseTarget("sqlite", path[1:], "")
-    if scheme in ("postgresql", "postgres"):
-        parts = urlsplit(url)
-        if parts.password is not None:
+        return DatabaseTarget("sqlite", rest[1:], "")
+    if prefix.lower() in ("postgresql", "postgres"):
+        if urlsplit(url).password is not None:
             raise ConfigError(
                 "`db`: the URL carries a password; drop it from the URL and give it in "
                 "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"
             )
         return DatabaseTarget("postgresql", "", url)
     raise ConfigError(
-        f"`db` {url.split('://', 1)[0]!r}:// is not a database this store speaks; pass "
+        f"`db` {prefix!r}:// is not a database this store speaks; pass "
         "sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
     )
 

@@ -1,33 +1,10 @@
 """Use from a training loop: ``with job.run() as run:`` picks the batch size and power limit.
 
-::
-
-    job = RecurringJob("cifar100-shufflenet", batch_sizes=[64, 128, 256, 512, 1024],
-                       default_batch_size=1024, store=SQLiteStore("~/.perseus/jobs.db"),
-                       gpu=gpu, eta=0.5)
-    with job.run() as run:
-        loader = make_loader(run.batch_size)
-        for epoch in range(max_epochs):
-            for batch in loader:
-                train_step(batch)
-                run.step(len(batch))            # drives the JIT power-limit profiler
-            if run.end_epoch(reached=evaluate() >= target):
-                break                           # target reached, or stopped early
-
-Each ``run()`` takes a decision and claims the run in one store transaction, sets the batch
-size's cached power limit or profiles it during the first iterations, measures GPU energy and
-time, and records the result when the block exits; ``end_epoch`` says stop at the target or
-when the next epoch would pass ``β ×`` the cheapest converged run (a failed run). A block left
-by an exception, or a run that measured nothing ("unmeasured"), records nothing. The power
-limit goes back to the default at exit, on a SIGTERM/SIGINT that ends the process, at
-interpreter exit (:class:`ExitGuard`), and by the watchdog or the next owner if the process is
-killed; a signal the process survives changes nothing, and a run under which the GPU was reset
-anyway is abandoned, never recorded. A run holds a lease renewed by ``run.step``/``end_epoch``
-(at most every ``heartbeat_interval_s``; call them more often than the store's ``lease_s``): a
-SIGTERM marks it abandoned, a SIGKILLed one is found by the next decision, and either is a
-preemption, no evidence about its batch size. Pipeline-parallel jobs: rank 0 holds the job with
-``own_gpu=False`` and broadcasts ``run.batch_size`` and ``run.power_limit_w``; every rank sets
-the limit on its own GPU (docs/recurring.md says how the two levels compose).
+Each run is decided and claimed in one store transaction, sets its batch size's cached power
+limit or profiles it, measures GPU energy and time and records the result at exit
+(docs/recurring.md shows the loop, preemption and the pipeline-parallel composition). The
+limit goes back to the default at exit, on a signal that ends the process, and by the
+watchdog or the next owner if the process is killed.
 """
 
 from __future__ import annotations
@@ -67,21 +44,14 @@ class RecurringRun:
         power_limit_w: float | None,
         ended: threading.Event | None = None,
     ) -> None:
-        self.job = job
-        #: Set when a signal ended the process under the run (its GPU reset, the run marked
-        #: abandoned): nothing it measures from then on is recorded.
+        self.job, self.run_id, self.decision = job, run_id, decision
+        #: Set when a signal ended the process under the run: nothing more is recorded.
         self.ended = ended if ended is not None else threading.Event()
-        self.run_id = run_id
-        self.decision = decision
-        self._profiler = profiler
-        self._power_limit_w = power_limit_w
-        self.epochs = 0
-        self.reached = False
-        self.stopped_early = False
-        self._t0 = job.clock()
+        self._profiler, self._power_limit_w = profiler, power_limit_w
+        self.epochs, self.reached, self.stopped_early = 0, False, False
+        self._t0 = self._last_beat = job.clock()
         self._e0_mj = job.gpu.energy_mj()
         self._last_epoch_cost = 0.0
-        self._last_beat = self._t0
 
     @property
     def batch_size(self) -> int:
@@ -99,14 +69,12 @@ class RecurringRun:
         return self._profiler is not None and not self._profiler.done
 
     def energy_j(self) -> float:
-        """GPU energy of this run so far."""
         return (self.job.gpu.energy_mj() - self._e0_mj) / 1000.0
 
     def time_s(self) -> float:
         return self.job.clock() - self._t0
 
     def cost(self) -> float:
-        """The run's cost so far."""
         return zeus_cost(self.energy_j(), self.time_s(), self.job.eta, self.job.max_power_w)
 
     def step(self, samples: int = 1) -> None:
@@ -118,7 +86,7 @@ class RecurringRun:
         self._heartbeat()
 
     def _heartbeat(self, force: bool = False) -> None:
-        """Renew the lease (at most every ``heartbeat_interval_s``) with the figures so far."""
+        """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``)."""
         now = self.job.clock()
         if not force and now - self._last_beat < self.job.heartbeat_interval_s:
             return
@@ -130,11 +98,8 @@ class RecurringRun:
             log.warning("run %s: lease not renewed: %s", self.run_id, e)
 
     def end_epoch(self, *, reached: bool) -> bool:
-        """Report the end of an epoch; True when the loop should stop.
-
-        Args:
-            reached: Whether the validation metric reached the job's target.
-        """
+        """Report the end of an epoch (``reached``: the metric reached the job's target);
+        True when the loop should stop."""
         self.epochs += 1
         cost = self.cost()
         epoch_cost = cost - self._last_epoch_cost
@@ -166,23 +131,20 @@ class RecurringRun:
 class RecurringJob:
     """A job that is re-run again and again; each run gets a batch size and a power limit.
 
-    The constructor does no I/O. See the module docstring for the loop-side API.
+    The constructor does no I/O.
 
     Args:
         name: The job's name in the store (one history per name).
-        batch_sizes: Allowed batch sizes.
-        default_batch_size: ``b0``.
+        batch_sizes: Allowed batch sizes; ``default_batch_size`` is ``b0``.
         store: Where the history lives (:class:`~perseus.recurring.store.SQLiteStore`).
         gpu: The GPU (energy counter; power limit if it implements ``PowerLimitGPU``).
-        eta: Energy-time weight η ∈ [0, 1].
-        beta: Early-stopping factor β.
+        eta: Energy-time weight η ∈ [0, 1]; ``beta`` the early-stopping factor β.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest power limit).
         max_epochs: Epoch budget; a run out of epochs failed (None: the loop decides).
         seed: Seed of the Thompson sampler (None: fresh entropy).
         profiler_kwargs: Passed to :class:`PowerLimitProfiler` (steps, window, limits).
         own_gpu: Hold the GPU's ownership lock for the run. False: an agent of this process
-            holds it; the job still starts a watchdog and records that a reset is due, so
-            the limit goes back to the default if the process is killed.
+            holds it; the job still starts a watchdog and records that a reset is due.
         clock: Monotonic clock (the simulated GPU's clock in emulation).
         heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
             well under the store's ``lease_s``).
@@ -249,7 +211,7 @@ class RecurringJob:
 
     def _save_profile(self, batch_size: int, profiler: PowerLimitProfiler) -> None:
         assert profiler.chosen_w is not None  # called when done
-        if not profiler.measurements:  # no window measured energy: nothing to cache
+        if not profiler.measurements:
             log.warning(
                 "job %s: the power-limit profile of batch size %d measured no energy (a GPU "
                 "energy counter that does not advance?); not cached, the next run profiles again",
@@ -261,8 +223,9 @@ class RecurringJob:
             str(w): {"samples_per_s": m.samples_per_s, "avg_power_w": m.avg_power_w}
             for w, m in profiler.measurements.items()
         }
+        chosen = profiler.chosen_w
         stored = self.store.save_power_limit_w(
-            self.name, self.gpu.name, batch_size, profiler.chosen_w, profile
+            self.name, self.gpu.name, batch_size, chosen, profile
         )
         if stored != profiler.chosen_w and isinstance(self.gpu, PowerLimitGPU):
             self.gpu.set_power_limit_w(stored)  # a concurrent run profiled first: follow it
@@ -270,14 +233,10 @@ class RecurringJob:
 
     @contextlib.contextmanager
     def _guard(self, ended: threading.Event) -> Iterator[None]:
-        """Reset the power limit to the GPU's default on exit, on signals and, for a GPU that
-        describes its reset (:class:`~perseus.device.base.ManagedGPU`: NVML, simulated), when
-        this process is killed: the agent's claim (:class:`~perseus.runtime.safety.guard.GpuClaim`),
-        whose watchdog and next owner reset the GPU in hand to its *default* limit.
-
-        With ``own_gpu`` the job owns the GPU for the run. Without, an agent of this process
-        owns it (pipeline composition): the job only records that a reset is due, so a
-        SIGKILL still ends with the default limit (watchdog, or the next owner)."""
+        """Reset the power limit to the default on exit and on signals; for a
+        :class:`~perseus.device.base.ManagedGPU`, also when this process is killed (the
+        agent's :class:`~perseus.runtime.safety.guard.GpuClaim`: its watchdog and the next
+        owner reset it; without ``own_gpu`` the claim records the reset but holds no lock)."""
         gpu = self.gpu
         if not isinstance(gpu, PowerLimitGPU):
             yield
@@ -292,36 +251,30 @@ class RecurringJob:
             ended.set()
             reset()
 
-        claim: GpuClaim | ExitGuard
         if isinstance(gpu, ManagedGPU):
             claim = GpuClaim(
                 gpu, watchdog=True, handle_signals=True, on_exit=on_exit, hold_lock=self.own_gpu
             )
-            claim.acquire()
+            release = claim.acquire().release
         else:  # nothing to hand a watchdog: exit hooks only
-            claim = ExitGuard(on_exit)
-            claim.install()
+            guard = ExitGuard(on_exit)
+            guard.install()
+            release = guard.uninstall
         try:
             yield
         finally:
             reset()
-            if isinstance(claim, GpuClaim):
-                claim.release()
-            else:
-                claim.uninstall()
+            release()
 
     @contextlib.contextmanager
     def _lease(self, run_id: str, ended: threading.Event) -> Iterator[None]:
-        """While the run is on: a SIGTERM/SIGHUP that ends the process marks the run abandoned
-        before it ends (the handler installed before runs first and decides; never
-        swallowed)."""
+        """A SIGTERM/SIGHUP that ends the process marks the run abandoned first (the handler
+        installed before runs first and decides; never swallowed)."""
         from perseus.runtime.safety.guard import ExitGuard
-
-        store = self.store
 
         def abandon() -> None:
             ended.set()
-            store.abandon_run(run_id, "signal", urgent=True)
+            self.store.abandon_run(run_id, "signal", urgent=True)
 
         guard = ExitGuard(abandon, signals=_PREEMPTION_SIGNALS)
         guard.install()
@@ -346,11 +299,11 @@ class RecurringJob:
         """
         self.store.register_job(self.name, self._config())
         started = self.store.begin_run(self.name, self._decide)
-        bs = started.decision.batch_size
+        run_id, bs = started.run_id, started.decision.batch_size
         handed_over = False
         ended = threading.Event()
         try:
-            with self._lease(started.run_id, ended), self._guard(ended):
+            with self._lease(run_id, ended), self._guard(ended):
                 profiler = None
                 limit: float | None = None
                 if isinstance(self.gpu, PowerLimitGPU):
@@ -360,48 +313,39 @@ class RecurringJob:
                     if limit is not None:
                         self.gpu.set_power_limit_w(limit)
                     else:
+                        kwargs = {"max_power_w": self.max_power_w, **self.profiler_kwargs}
                         profiler = PowerLimitProfiler(
-                            self.gpu,
-                            eta=self.eta,
-                            max_power_w=self.max_power_w,
-                            clock=self.clock,
-                            **self.profiler_kwargs,
+                            self.gpu, eta=self.eta, clock=self.clock, **kwargs
                         )
-                run = RecurringRun(self, started.run_id, started.decision, profiler, limit, ended)
+                run = RecurringRun(self, run_id, started.decision, profiler, limit, ended)
+                shown = "profiling" if profiler is not None else limit
+                phase = started.decision.phase
                 log.info(
                     "job %s run %s: batch size %d (%s), power limit %s",
-                    self.name,
-                    started.run_id,
-                    bs,
-                    started.decision.phase,
-                    "profiling" if profiler is not None else limit,
+                    *(self.name, run_id, bs, phase, shown),
                 )
                 handed_over = True
                 yield run
-                observation = run.observation()
+                o = run.observation()
         except BaseException:
-            # Not counted as a failure of the batch size: the training code failed (or
-            # perseus could not start the run), not the size. Preemption is counted: see
-            # _lease and the store's leases.
-            self._abandon(started.run_id, "exception" if handed_over else "not started")
+            # the training code failed (or the run could not start), not the batch size
+            self._abandon(run_id, "exception" if handed_over else "not started")
             raise
-        if ended.is_set():  # a signal ended the process under the run: its figures are not
-            self._abandon(started.run_id, "signal")  # the batch size's (a preemption)
+        if ended.is_set():  # a signal ended the process under the run: a preemption
+            self._abandon(run_id, "signal")
             return
-        if not (observation.energy_j > 0 and observation.time_s > 0):
+        if not (o.energy_j > 0 and o.time_s > 0):
             log.warning(
                 "run %s: %g J in %g s is no measurement (a GPU energy counter that does not "
                 "advance?); not recorded",
-                started.run_id,
-                observation.energy_j,
-                observation.time_s,
+                *(run_id, o.energy_j, o.time_s),
             )
-            self._abandon(started.run_id, "unmeasured")
+            self._abandon(run_id, "unmeasured")
             return
         try:
-            self.store.finish_run(started.run_id, observation)
+            self.store.finish_run(run_id, o)
         except BaseException:
-            self._abandon(started.run_id, "exception")
+            self._abandon(run_id, "exception")
             raise
 
 

@@ -1,14 +1,7 @@
-"""Who holds a recurring run: the process identity a run's lease records, and whether that
-process is gone.
+"""Who holds a recurring run: a process as ``(pid, host, start)``, and whether it is gone.
 
-A lease names a process by ``(pid, host, start)``: ``host`` is the machine *and* its pid
-namespace (two containers with the same hostname number their processes independently, so a
-pid from one means nothing in the other), and ``start`` is the boot and the kernel's start
-time of the process (``/proc/<pid>/stat`` field 22), because pids are reused: a live process
-with the lease's pid but another start time is somebody else, and the lease's holder is gone.
-Where ``/proc`` is missing, ``start`` is None and only the pid's liveness is checked. The
-reading of ``/proc`` is :mod:`perseus.device.process_identity`'s (ownership locks record the
-same identity).
+``host`` is the machine and its pid namespace, ``start`` the boot and the process's start
+time (pids are reused), as :mod:`perseus.device.process_identity` reads them.
 """
 
 from __future__ import annotations
@@ -25,13 +18,8 @@ __all__ = ["ProcessIdentity", "process_gone", "this_process"]
 
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
-    """A process as a lease records it.
-
-    Attributes:
-        pid: Its process id.
-        host: Machine and pid namespace (``"node7 pid:[4026531836]"``).
-        start: Boot id and start time (``"<boot id>:<ticks>"``), or None where unknown.
-    """
+    """A process as a lease records it: ``host`` is ``"node7 pid:[4026531836]"``, ``start``
+    ``"<boot id>:<ticks>"`` or None where unknown."""
 
     pid: int
     host: str
@@ -50,11 +38,8 @@ def this_process() -> ProcessIdentity:
 
 
 def process_gone(holder: ProcessIdentity) -> bool:
-    """Whether the process ``holder`` names is certainly gone.
-
-    Only a process of this host (and pid namespace) can be checked; any other is never "gone"
-    here (its lease expires instead).
-    """
+    """Whether the process ``holder`` names is certainly gone (one of another host or pid
+    namespace never is: its lease expires instead)."""
     if holder.host != _host() or holder.pid <= 0:
         return False
     return liveness(ProcessRecord(holder.pid, holder.start)) == "gone"

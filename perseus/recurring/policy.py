@@ -1,41 +1,12 @@
 """Which batch size the next run of a recurring job uses, from the runs so far (pure).
 
-The optimizer is a function of the job's history (every finished run, in order) and a random
-generator; it holds no state of its own, so any number of processes sharing one history (see
-:mod:`perseus.recurring.store`) take consistent decisions.
-
-Rules, in order (``best`` is the converged arm with the lowest mean cost):
-
-1. **Start at the default.** Before any run converged, run ``b0``; if ``b0`` failed, the
-   untried batch size nearest ``b0`` (ties: the smaller one).
-2. **Explore outward from the best, one neighbour at a time.** If an immediate neighbour (in
-   the sorted batch-size list) of an arm that is not clearly worse than ``best`` (mean within
-   ``margin_std`` shared relative standard deviations of the best mean) has never run, run
-   it; arms are taken cheapest first, the smaller neighbour first. The cost over batch sizes
-   is, in expectation, unimodal (too small: poor GPU use; too large: more epochs), so a
-   neighbour that is clearly worse closes its direction, and the other direction beyond an
-   improving neighbour is never tried: from ``b0`` the walk only goes where it improves, and
-   one noisy run near the optimum does not stop it. An arm also counts as not clearly worse
-   when its cost per epoch times the fewest epochs it or an adjacent size needed passes that
-   test (epochs to the target vary smoothly with the batch size: a prior shared across
-   sizes). A neighbour whose run failed is pruned.
-3. **Thompson sampling** among converged arms (:mod:`perseus.recurring.bandit`), the noise
-   level shared across batch sizes. If the drawn arm has an immediate neighbour that never
-   ran, that neighbour runs instead: an arm that is only *plausibly* the best (one noisy run
-   made it look worse) still gets its far side explored, once.
-
-**Early stopping**: a run whose cost passes ``β × (cheapest converged run so far)`` is stopped
-and counts as failed. **Failed runs** (stopped early, or not at the target after the epoch
-budget) are recorded; their arm's cost is penalised with ``max(incurred cost, β × cheapest
-converged run at the time)`` (Zeus: the incurred cost, or ``100·β·min`` when a run cannot
-even start) so that a failing batch size stops being chosen, and an arm whose every run
-failed is pruned. The job itself then re-runs (the recurrence is not over until a run
-converges). A **preempted run** (SIGTERM, a killed process, an expired lease: see
-:mod:`perseus.recurring.store`) says nothing about its batch size: it is in the history
-(marked ``preempted``) but is no evidence, so its size is tried again as if it had never run,
-and it is never left *pending*. Only :data:`MAX_PREEMPTIONS` preemptions in a row of one size
-(with no finished run of it in between: a size that is always killed, such as one the
-out-of-memory killer ends) count as one failed run of it, judged by the rules above.
+A function of the history and a random generator, so processes sharing one history decide
+consistently. Rules (docs/recurring.md): (1) run ``b0`` first; (2) then an untried neighbour
+of any arm not clearly worse than the best (``margin_std``), smaller first; (3) then Thompson
+sampling among converged arms (:mod:`perseus.recurring.bandit`), exploring the drawn arm's
+untried neighbour once. A run past ``β ×`` the cheapest converged run stops and fails; a failed
+arm's cost is penalised with ``max(incurred, β × best)``; a preempted run is no evidence
+until :data:`MAX_PREEMPTIONS` in a row (:func:`evidence`).
 """
 
 from __future__ import annotations
@@ -60,15 +31,12 @@ class Observation:
     """One finished run of a recurring job.
 
     Attributes:
-        batch_size: Batch size of the run.
-        power_limit_w: Power limit it ran under (after profiling, if any).
-        energy_j: GPU energy of the run.
-        time_s: Wall-clock duration.
+        power_limit_w: Power limit it ran under (after profiling; NaN: none).
         cost: ``η·E + (1 − η)·MAXPOWER·T`` of the run.
         reached: Whether it reached the target metric.
         epochs: Epochs the run trained (None when unknown).
-        preempted: The run was preempted (its figures are as of its last heartbeat): no
-            evidence about its batch size (:func:`evidence`).
+        preempted: The run was preempted (figures as of its last heartbeat): no evidence
+            about its batch size (:func:`evidence`).
     """
 
     batch_size: int
@@ -82,12 +50,8 @@ class Observation:
 
 
 def evidence(history: Sequence[Observation]) -> list[Observation]:
-    """The runs that say something about their batch size: every finished run, and, for a
-    size preempted :data:`MAX_PREEMPTIONS` times in a row, that streak as one failed run (its
-    last preemption). Shorter streaks are left out: the size is tried again.
-
-    Complexity: O(len(history)).
-    """
+    """Every finished run, and each streak of :data:`MAX_PREEMPTIONS` preemptions of one
+    size as one failed run (its last preemption); shorter streaks are left out. O(n)."""
     out: list[Observation] = []
     streak: dict[int, int] = {}
     for o in history:
@@ -104,10 +68,8 @@ def evidence(history: Sequence[Observation]) -> list[Observation]:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The next run's batch size, why, and the cost at which it is stopped early.
-
-    ``cost_limit`` is None while no run has converged (nothing to compare against).
-    """
+    """The next run's batch size, why, and the cost at which it is stopped early (None
+    while no run has converged)."""
 
     batch_size: int
     phase: str  # "default", "explore" or "thompson"
@@ -116,18 +78,15 @@ class Decision:
 
 @dataclass(frozen=True)
 class BatchSizeOptimizer:
-    """The batch-size policy of one recurring job (see the module docstring).
+    """The batch-size policy of one recurring job (rules in the module docstring).
 
     Args:
         batch_sizes: The allowed batch sizes.
         default_batch_size: ``b0``, the job's usual batch size (one of ``batch_sizes``).
         beta: Early-stopping factor β > 1 (Zeus: 2.0).
         prior: Prior of the bandit's shared noise level.
-        margin_std: An arm within ``margin_std`` shared relative standard deviations of the
-            best mean counts as "not clearly worse" and its untried neighbours are explored.
-        share_epochs: Also count an arm as not clearly worse when its cost per epoch times the
-            fewest epochs it or an adjacent size needed is within that margin (needs
-            ``Observation.epochs``).
+        margin_std: Rule 2's margin, in shared relative standard deviations.
+        share_epochs: Rule 2 also judges an arm by its neighbours' epoch counts.
     """
 
     batch_sizes: Sequence[int]
@@ -150,16 +109,13 @@ class BatchSizeOptimizer:
             raise ConfigError(f"beta must be > 1 (early-stop threshold factor), got {self.beta}")
         object.__setattr__(self, "batch_sizes", sizes)
 
-    # -----------------------------------------------------------------------------------------
-
     def cost_limit(self, history: Sequence[Observation]) -> float | None:
         """``β ×`` the cheapest converged run, or None before any run converged."""
         best = min((o.cost for o in history if o.reached), default=None)
         return None if best is None else self.beta * best
 
     def arm_costs(self, history: Sequence[Observation]) -> dict[int, list[float]]:
-        """Every arm's costs, failed runs penalised as the module docstring says (preempted
-        runs only as :func:`evidence` counts them)."""
+        """Every arm's costs, failed runs penalised (preemptions as :func:`evidence` counts)."""
         costs: dict[int, list[float]] = {}
         best = math.inf
         for o in evidence(history):
@@ -178,15 +134,10 @@ class BatchSizeOptimizer:
         *,
         pending: Sequence[int] = (),
     ) -> Decision:
-        """The next run's batch size given every finished run so far.
+        """The next run's batch size given the finished runs so far, oldest first.
 
-        Args:
-            history: Finished runs, oldest first.
-            rng: Source of Thompson samples.
-            pending: Batch sizes of runs started but not finished (concurrent jobs): they count
-                as tried, so two concurrent runs never explore the same batch size.
-
-        Complexity: O(len(history) + len(batch_sizes)).
+        ``pending``: sizes of runs started but not finished; they count as tried, so two
+        concurrent runs never explore the same size. O(len(history) + len(batch_sizes)).
         """
         history = evidence(history)
         limit = self.cost_limit(history)
@@ -225,8 +176,7 @@ class BatchSizeOptimizer:
         converged: dict[int, list[float]],
         means: Mapping[int, float],
     ) -> list[int]:
-        """Rule 2: the arms not clearly worse than the best, cheapest first; the walk goes on
-        past them."""
+        """Rule 2: the arms not clearly worse than the best, cheapest first."""
         rel_std = pooled_rel_std(converged, self.prior)
         bar = min(means.values()) * (1.0 + self.margin_std * rel_std)
         close = [b for b in means if means[b] <= bar]
@@ -237,13 +187,8 @@ class BatchSizeOptimizer:
 
     def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
         """Optimistic cost of each converged arm with known epochs: its cheapest cost per
-        epoch times the smallest mean epoch count among it and its adjacent sizes.
-
-        Epochs to the target change smoothly with the batch size while the cost of an epoch
-        is nearly deterministic, so a size whose single run needed unusually many epochs is
-        judged by its neighbours' epoch counts too (the prior shared across batch sizes).
-        O(len(history)).
-        """
+        epoch times the smallest mean epoch count among it and its adjacent sizes (epochs to
+        the target change smoothly with the batch size). O(len(history))."""
         per_epoch: dict[int, float] = {}
         epochs: dict[int, list[int]] = {}
         for o in history:

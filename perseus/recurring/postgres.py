@@ -1,19 +1,7 @@
 """The recurring store on PostgreSQL (psycopg 3): the same tables and rows as SQLite's.
 
-The row SQL is :class:`~perseus.recurring.store.SQLStore`'s; this module holds what differs:
-the schema in PostgreSQL's types (the same columns, constraint names and checks as
-:mod:`perseus.recurring.schema`'s SQLite schema, and a trigger keeping batch sizes in the job's
-``batch_sizes``), the migration table ``perseus_schema`` (one row: the version; SQLite keeps it
-in ``user_version``), ``SELECT ... FOR UPDATE`` on the job's row for each decision, and
-psycopg's errors as perseus's.
-
-A PostgreSQL database starts at schema version 2 (the first with constraints and leases); a
-later step is added to :data:`POSTGRES_MIGRATIONS` under the same number as SQLite's.
-
-What the database must allow the role in the URL: ``CONNECT``, ``CREATE`` on the schema for
-the first run (or an administrator runs it once), then ``SELECT, INSERT, UPDATE`` on the
-tables. Connections are autocommit with explicit transactions; the lock wait is
-``lock_timeout``.
+What differs from SQLite: the schema in PostgreSQL's types, the version in table
+``perseus_schema``, ``SELECT ... FOR UPDATE`` on the job's row, and psycopg's errors.
 """
 
 from __future__ import annotations
@@ -57,8 +45,6 @@ CREATE TRIGGER power_limits_size_in_job BEFORE INSERT OR UPDATE OF batch_size, j
     ON power_limits FOR EACH ROW EXECUTE FUNCTION perseus_size_in_job();
 """
 
-#: ``(version, sql)`` steps, oldest first; numbered as SQLite's (:data:`~perseus.recurring.
-#: schema.MIGRATIONS`), starting at 2.
 # v3: a finished run is measured (energy, time and cost > 0); a cached power profile is too.
 _PG_V3 = """
 ALTER TABLE runs DROP CONSTRAINT end_reason_known;
@@ -76,6 +62,7 @@ CREATE FUNCTION perseus_profile_unmeasured(profile TEXT) RETURNS boolean LANGUAG
 DELETE FROM power_limits WHERE perseus_profile_unmeasured(profile);
 ALTER TABLE power_limits ADD CONSTRAINT profile_measured CHECK (NOT perseus_profile_unmeasured(profile));
 """
+#: ``(version, sql)`` steps, numbered as SQLite's (:data:`~perseus.recurring.schema.MIGRATIONS`).
 POSTGRES_MIGRATIONS: tuple[tuple[int, str], ...] = ((2, _PG_V2), (3, _PG_V3))
 #: Any constant: the advisory lock that serialises migrations across processes.
 _MIGRATION_LOCK = 0x7065727365757301
@@ -114,10 +101,8 @@ def _shown(conninfo: str) -> str:
 
 
 class PostgresStore(SQLStore):
-    """:class:`~perseus.recurring.store.RecurringStore` on a PostgreSQL server.
-
-    The constructor does no I/O; the connection is opened (and the schema created or
-    migrated) on first use, and again after ``fork``.
+    """:class:`~perseus.recurring.store.RecurringStore` on a PostgreSQL server; connected
+    (and the schema created or migrated) on first use, and again after ``fork``.
 
     Args:
         conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
@@ -163,8 +148,8 @@ class PostgresStore(SQLStore):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
-        """psycopg's errors as perseus's: a refused value -> ConfigError, the rest ->
-        PerseusError (the connection is dropped and reopened on next use)."""
+        """psycopg's errors as perseus's (a refused value: ConfigError; the rest PerseusError,
+        and the connection is reopened on next use)."""
         import psycopg
 
         try:
@@ -198,10 +183,8 @@ class PostgresStore(SQLStore):
         con.execute("SELECT 1 FROM jobs WHERE job = %s FOR UPDATE", (job,))
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
-        """From a signal handler that ends the process: a fresh connection. If the signal
-        interrupted this process's own transaction (a heartbeat holding the run's row), that
-        transaction's server process is ended first, so its row lock goes now rather than
-        when this process's socket closes; a few seconds at most in all."""
+        """From a signal handler, on a fresh connection; a transaction of this process that
+        the signal interrupted (holding the run's row) has its server process ended first."""
         con = connect(self.conninfo, timeout_s=_URGENT_S, lock_timeout_s=_URGENT_S)
         try:
             own = self._con

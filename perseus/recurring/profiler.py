@@ -1,16 +1,8 @@
 """Just-in-time power-limit profiler: try each limit for a few iterations of a real run.
 
-Driven by the training loop, one call to :meth:`PowerLimitProfiler.step` per iteration: it
-skips ``warmup_steps`` iterations (data loader start-up, compilation, cache warm-up), then
-holds each candidate limit, highest first, for ``settle_steps`` unmeasured iterations (the
-limit takes effect) and a measured window of at least ``window_steps`` iterations and
-``min_window_s`` seconds. A window's throughput is samples over elapsed time and its average
-power is the GPU energy counter's delta over elapsed time. The limit with the lowest cost per
-sample for ``η`` (:func:`~perseus.recurring.cost.best_power_limit_w`) is then set for the
-rest of the run. A window in which the energy counter did not advance measured nothing and is
-left out; with no measurement at all the highest limit stays, and nothing is cached. The
-profile costs a little throughput at low limits, once per (job, GPU, batch size): the result
-is cached in the store (see :mod:`perseus.recurring.job`).
+After ``warmup_steps``, each candidate limit, highest first, holds for ``settle_steps`` and a
+measured window; the limit with the lowest cost per sample is then kept for the run. A window
+whose energy counter did not advance is left out; with none measured the highest limit stays.
 """
 
 from __future__ import annotations
@@ -51,9 +43,8 @@ class PowerLimitProfiler:
         eta: Energy-time weight η of the cost.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest limit).
         power_limits_w: Candidates (default: the GPU's range in 25 W steps, highest first).
-        warmup_steps: Iterations skipped before the first window.
-        settle_steps: Unmeasured iterations after each limit change.
-        window_steps: Minimum measured iterations per limit.
+        warmup_steps: Iterations skipped first; ``settle_steps`` after each limit change, then
+            at least ``window_steps`` measured.
         min_window_s: Minimum measured seconds per limit (energy counters update ~10 Hz).
         clock: Monotonic clock in seconds (the simulated GPU's clock in emulation).
     """
@@ -105,9 +96,7 @@ class PowerLimitProfiler:
         return self._limits
 
     def _begin(self, index: int) -> None:
-        self._index = index
-        self._count = 0
-        self._samples = 0
+        self._index, self._count, self._samples = index, 0, 0
         self.gpu.set_power_limit_w(self.power_limits_w[index])
         if self.settle_steps == 0:
             self._start_window()
@@ -148,17 +137,10 @@ class PowerLimitProfiler:
 
     def _finish(self) -> None:
         max_power_w = max(self.power_limits_w) if self._max_power_w is None else self._max_power_w
-        if not self.measurements:  # the energy counter never advanced: keep the highest limit
-            chosen = max(self.power_limits_w)
-        else:
+        chosen = max(self.power_limits_w)  # kept if the energy counter never advanced
+        if self.measurements:
             chosen = best_power_limit_w(self.measurements, self.eta, max_power_w)
         self.gpu.set_power_limit_w(chosen)
         self.chosen_w = chosen
-        log.info(
-            "power-limit profile: %s -> %g W",
-            {
-                w: round(m.cost_per_sample(self.eta, max_power_w), 6)
-                for w, m in self.measurements.items()
-            },
-            chosen,
-        )
+        costs = {w: m.cost_per_sample(self.eta, max_power_w) for w, m in self.measurements.items()}
+        log.info("power-limit profile: %s -> %g W", costs, chosen)

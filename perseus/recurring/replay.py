@@ -1,22 +1,10 @@
-"""Trace replay of a recurring job: the optimizer against the default and the oracle.
+"""Trace replay of a recurring job: the optimizer against the default and the oracle (pure).
 
-Pure: a :class:`~perseus.recurring.workload.Workload` and a seed in, records out. One
-*recurrence* is one submission of the job; it is over when a run reaches the target metric,
-so a run that fails (stopped early, or out of epochs) is followed by another run in the same
-recurrence (Zeus's ``simulate_one_job``). A run samples one recorded training path (seed) of
-its batch size uniformly and pays ``epochs × epoch cost`` at its power limit.
-
-Power limits come from the JIT profiler's rule (:func:`~perseus.recurring.cost.best_power_limit_w`)
-applied to the trace's per-limit throughput and power. The first run of a batch size pays for
-profiling: a share ``profile_share`` of its first epoch runs spread evenly over every power
-limit (Zeus's simulator assumes the whole first epoch, ``profile_share = 1``, the default).
-
-Policies compared:
-
-* ``optimizer``: :class:`~perseus.recurring.policy.BatchSizeOptimizer` + JIT profiler;
-* ``default``: ``b0`` at the maximum power limit (Zeus's baseline);
-* ``oracle``: the best fixed configuration in hindsight among batch sizes whose recorded runs
-  all converge (:meth:`Workload.oracle`).
+A recurrence is one submission, over when a run reaches the target (Zeus's
+``simulate_one_job``); a run samples one recorded training path of its batch size and pays
+``epochs × epoch cost`` at the limit the JIT profiler picks, the first run of a size paying
+``profile_share`` of its first epoch spread over every limit. Policies: ``optimizer``,
+``default`` (``b0`` at the maximum limit) and ``oracle`` (:meth:`Workload.oracle`).
 """
 
 from __future__ import annotations
@@ -49,8 +37,8 @@ __all__ = [
 
 POLICIES = ("optimizer", "default", "oracle")
 _MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
-# After this many failed runs in one recurrence, early stopping is off for the rest of it: a
-# lucky short run can set β × best below what most runs of every size need.
+# Failed runs in one recurrence after which early stopping is off (a lucky short run can set
+# β × best below what most runs of every size need).
 _UNLIMITED_AFTER = 10
 
 
@@ -91,17 +79,12 @@ def default_recurrences(workload: Workload) -> int:
 
 
 def jit_power_limit_w(workload: Workload, batch_size: int, eta: float) -> int:
-    """The limit the JIT profiler picks at ``batch_size`` from the trace's measurements.
-
-    Throughput is ``1 / time_per_epoch`` (samples per epoch cancel in the comparison).
-    """
+    """The limit the JIT profiler picks at ``batch_size`` from the trace (throughput
+    ``1 / time_per_epoch``: samples per epoch cancel)."""
+    epochs = {pl: workload.epochs[(batch_size, pl)] for pl in workload.power_limits_w[batch_size]}
     measured = {
-        float(pl): PowerLimitMeasurement(
-            pl,
-            1.0 / workload.epochs[(batch_size, pl)].time_s,
-            workload.epochs[(batch_size, pl)].avg_power_w,
-        )
-        for pl in workload.power_limits_w[batch_size]
+        float(pl): PowerLimitMeasurement(pl, 1.0 / e.time_s, e.avg_power_w)
+        for pl, e in epochs.items()
     }
     return int(best_power_limit_w(measured, eta, workload.max_power_w))
 
@@ -144,14 +127,11 @@ def _run(
 
 
 def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
-    energy = np.zeros(recurrences)
-    time_s = np.zeros(recurrences)
-    cost = np.zeros(recurrences)
+    totals = np.zeros((3, recurrences))
     for r in runs:
-        energy[r.recurrence] += r.energy_j
-        time_s[r.recurrence] += r.time_s
-        cost[r.recurrence] += r.cost
-    return PolicyRun(tuple(runs), np.cumsum(energy), np.cumsum(time_s), np.cumsum(cost))
+        totals[:, r.recurrence] += (r.energy_j, r.time_s, r.cost)
+    energy_j, time_s, cost = np.cumsum(totals, axis=1)
+    return PolicyRun(tuple(runs), energy_j, time_s, cost)
 
 
 def replay_optimizer(
@@ -164,11 +144,7 @@ def replay_optimizer(
     profile_share: float = 1.0,
     policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
-    """The batch-size optimizer with the JIT power-limit profiler over ``recurrences`` runs.
-
-    Args:
-        policy: Batch-size policy (default :class:`BatchSizeOptimizer` with ``beta``); a
-            benchmark passes another one (e.g. a re-implementation of Zeus's) to compare.
+    """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
@@ -245,15 +221,8 @@ def replay_fixed(
 
 @dataclass(frozen=True)
 class WorkloadSummary:
-    """Every policy over every seed for one workload.
-
-    Attributes:
-        workload: The workload's key.
-        recurrences: N.
-        runs: Policy -> one :class:`PolicyRun` per seed.
-        oracle_config: The oracle's (batch size, power limit).
-        default_config: The default's (batch size, power limit).
-    """
+    """Every policy over every seed for one workload: ``runs`` maps a policy to one
+    :class:`PolicyRun` per seed; the configs are (batch size, power limit)."""
 
     workload: str
     recurrences: int
@@ -281,9 +250,8 @@ def replay_workload(
     beta: float = 2.0,
     profile_share: float = 1.0,
 ) -> WorkloadSummary:
-    """Run the three policies for every seed (common seeds: seed ``s`` feeds every policy).
-
-    Complexity: O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
+    """Run the three policies for every seed (seed ``s`` feeds every policy).
+    O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
 
     Raises:
         ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
@@ -298,35 +266,20 @@ def replay_workload(
     default = (b0, workload.max_power_limit_w(b0))
     runs: dict[str, list[PolicyRun]] = {p: [] for p in POLICIES}
     for seed in seeds:
-        runs["optimizer"].append(
-            replay_optimizer(
-                workload,
-                n,
-                eta=eta,
-                beta=beta,
-                rng=np.random.default_rng([seed, 0]),
-                profile_share=profile_share,
-            )
+        rng = np.random.default_rng([seed, 0])
+        optimizer = replay_optimizer(
+            workload, n, eta=eta, beta=beta, rng=rng, profile_share=profile_share
         )
+        runs["optimizer"].append(optimizer)
         for k, (name, (bs, pl)) in enumerate((("default", default), ("oracle", oracle)), 1):
             rng = np.random.default_rng([seed, k])
             runs[name].append(replay_fixed(workload, bs, pl, n, eta=eta, rng=rng, phase=name))
-    return WorkloadSummary(
-        workload=workload.key,
-        recurrences=n,
-        runs={p: tuple(v) for p, v in runs.items()},
-        oracle_config=oracle,
-        default_config=default,
-    )
+    return WorkloadSummary(workload.key, n, {p: tuple(v) for p, v in runs.items()}, oracle, default)
 
 
 def workload_json(summary: WorkloadSummary) -> dict[str, Any]:
-    """``{"recurrences": N, "<policy>": {"energy_j", "time_s", "cost", ...}, ...}``.
-
-    Each policy holds the mean over seeds of the cumulative totals, their standard deviation
-    (``*_std``), and its configuration; the optimizer also holds the mean regret against the
-    oracle after each recurrence (``regret``, fractions).
-    """
+    """Per policy the mean and ``*_std`` over seeds of the cumulative totals, its config, and
+    for the optimizer the mean ``regret`` after each recurrence (fractions)."""
     out: dict[str, Any] = {"recurrences": summary.recurrences, "seeds": len(summary.runs["oracle"])}
     for policy in POLICIES:
         block: dict[str, Any] = {}

@@ -1,8 +1,5 @@
-"""Plots of a trace replay (imports matplotlib; import this module only to plot).
-
-Two PNGs per workload, in the report style of :mod:`perseus.report`: cumulative cost vs
-recurrence for the three policies (mean over seeds, shaded min-max), and the batch size each
-run of the optimizer chose (first seed; failed runs hollow).
+"""Plots of a trace replay (imports matplotlib; import this module only to plot): cumulative
+cost per policy, and the batch size each run of the optimizer chose.
 """
 
 from __future__ import annotations
@@ -49,14 +46,8 @@ def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) ->
         ok = np.array([r.reached for r in runs], dtype=bool)
         bs = np.array([r.batch_size for r in runs])
         ax.scatter(xs[ok], bs[ok], color="tab:green", s=18, label="reached target")
-        ax.scatter(
-            xs[~ok],
-            bs[~ok],
-            s=30,
-            facecolors="none",
-            edgecolors="tab:red",
-            label="failed / stopped early",
-        )
+        label = "failed / stopped early"
+        ax.scatter(xs[~ok], bs[~ok], s=30, facecolors="none", edgecolors="tab:red", label=label)
         ax.axhline(summary.oracle_config[0], color="tab:blue", ls=":", label="oracle batch size")
         ax.set_yscale("log", base=2)
         ax.set_xlabel("run")
@@ -74,13 +65,8 @@ def plot_paths(workload: str, out_dir: Path) -> list[Path]:
 
 def write_plots(summary: WorkloadSummary, gpu: str, out_dir: Path) -> list[Path]:
     """Write ``<workload>_cost.png`` and ``<workload>_batch_size.png`` into ``out_dir``
-    (atomically; a link planted in their place is not followed, see
-    :mod:`perseus.io.atomic`)."""
-    paths = plot_paths(summary.workload, out_dir)
-    for path, png in zip(
-        paths,
-        (plot_cumulative_cost(summary, gpu), plot_batch_sizes(summary, gpu)),
-        strict=True,
-    ):
-        atomic_write_bytes(path, png)
-    return paths
+    (atomically, never following a link in their place)."""
+    cost_png, sizes_png = plot_paths(summary.workload, out_dir)
+    atomic_write_bytes(cost_png, plot_cumulative_cost(summary, gpu))
+    atomic_write_bytes(sizes_png, plot_batch_sizes(summary, gpu))
+    return [cost_png, sizes_png]

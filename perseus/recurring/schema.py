@@ -1,23 +1,8 @@
-"""The recurring store's SQLite schema: versioned migrations, constraints, and row checks.
+"""The recurring store's schema: versioned migrations, constraints, and row checks.
 
-**Migrations.** :data:`MIGRATIONS` lists ``(version, sql)`` steps; a database at version ``v``
-(SQLite's ``user_version``; 0 for a new file) gets every later step, in one transaction, in
-place (:func:`migrate`): a failed step leaves the file as it was. Version 1 is the first
-published schema; version 2 rebuilds the tables with constraints and adds the run lease;
-version 3 refuses a finished run without energy or time (``done_measured``) and drops what
-such runs left (they become abandoned, "unmeasured"; a cached limit whose profile measured
-no power is deleted).
-
-**Constraints.** Every column carries a ``CHECK``: figures are finite and non-negative
-numbers (``typeof`` refuses text in numeric columns; ``+inf`` fails the upper bound; SQLite
-stores NaN as NULL), a finished run has all its figures, a job's config is a JSON object, and
-triggers keep a run's and a cached power limit's batch size in the job's ``batch_sizes``. A
-hand-made bad row is refused at insert with the constraint's name.
-
-**Row checks.** Rows written before the constraints existed (or with ``PRAGMA
-ignore_check_constraints``) are checked again when read (:func:`check_run_row`,
-:func:`parse_job_config`): a bad one is one :class:`~perseus.errors.ConfigError` naming the row
-and the SQL to repair or drop it.
+:data:`MIGRATIONS` are ``(version, sql)`` steps applied in place in one transaction
+(:func:`migrate`); every column has a ``CHECK``, and rows from before are checked when read
+(:func:`check_run_row`), a bad one named with the SQL to repair or drop it.
 """
 
 from __future__ import annotations
@@ -53,19 +38,10 @@ __all__ = [
     "too_new",
 ]
 
-#: Why a run was abandoned. A preemption (a signal, a dead process, an expired lease) is in the
-#: history as a preempted run (see :mod:`perseus.recurring.policy`: the size is retried, a
-#: bounded number of times); an exception in the training code, a run that never started or
-#: one that measured no energy or no time ("unmeasured") is not (the size is tried again).
-ABANDON_REASONS = (
-    "exception",
-    "not started",
-    "signal",
-    "process gone",
-    "lease expired",
-    "unmeasured",
-)
+#: Why a run was abandoned. Preemptions (:data:`COUNTED_REASONS`) are in the history as
+#: preempted runs; the others are not (the size is tried again).
 COUNTED_REASONS = ("signal", "process gone", "lease expired")
+ABANDON_REASONS = ("exception", "not started", *COUNTED_REASONS, "unmeasured")
 _V2_REASONS = ABANDON_REASONS[:5]
 
 # Version 1, as first published (kept verbatim: it is what existing files hold).
@@ -104,7 +80,7 @@ CREATE TABLE IF NOT EXISTS power_limits (
 
 
 def _size_triggers(table: str) -> str:
-    """SQLite's triggers keeping ``table``'s batch sizes in the job's ``batch_sizes``."""
+    """Triggers keeping ``table``'s batch sizes in the job's ``batch_sizes``."""
     return "".join(
         f"""
 CREATE TRIGGER {table}_size_in_job{suffix} BEFORE {event} ON {table}
@@ -122,8 +98,7 @@ END;
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """How one engine spells the tables: both declare the same columns, constraint names and
-    checks; SQLite also checks each value's type (it stores anything in any column)."""
+    """How one engine spells the tables (SQLite also checks each value's type)."""
 
     int: str
     real: str
@@ -136,8 +111,7 @@ class Dialect:
         return f"typeof({column}) = '{kind}' AND {condition}" if self.typed else condition
 
     def figure(self, c: str, null: bool = True) -> str:
-        """A finite number >= 0 (NaN compares above every number in PostgreSQL; SQLite
-        stores NaN as NULL), or NULL."""
+        """A finite number >= 0 (NaN is above every number in PostgreSQL), or NULL."""
         figure = self.check(c, "real", f"{c} >= 0 AND {c} <= 1e300")
         return f"{c} IS NULL OR ({figure})" if null else figure
 
@@ -219,9 +193,8 @@ CREATE TABLE {name} (
 """
 
 
-# Version 2: constraints on every column, the run lease (pid, host, start, heartbeat) and why
-# a run was abandoned. SQLite adds constraints only by rebuilding a table: create, copy, drop,
-# rename (foreign keys are off meanwhile, see migrate()).
+# Version 2: constraints, the run lease and why a run was abandoned. SQLite adds constraints
+# only by rebuilding a table (foreign keys are off meanwhile, see migrate()).
 _V2 = f"""
 {jobs_table(SQLITE, "jobs_v2")}
 INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;
@@ -249,11 +222,8 @@ ALTER TABLE power_limits_v2 RENAME TO power_limits;
 {_size_triggers("power_limits")}
 """
 
-# Version 3: a finished run measured something. A run that the GPU reset or an energy
-# counter that never advanced left with 0 J (or 0 s) is no observation: the CHECK refuses it,
-# and such rows already stored become abandoned ("unmeasured"), out of the history. A cached
-# power limit chosen from a profile that measured no power (or no throughput) at some limit
-# is dropped: the next run of its batch size profiles again.
+# Version 3: a finished run measured something (0 J or 0 s becomes abandoned, "unmeasured");
+# a cached limit whose profile measured no power or throughput is dropped (profiled again).
 _UNMEASURED = "status = 'done' AND NOT (energy_j > 0 AND time_s > 0 AND cost > 0)"
 _ZERO_PROFILE = """EXISTS (
     SELECT 1 FROM json_each({profile}) AS m
@@ -311,8 +281,6 @@ def statements(script: str) -> Iterator[str]:
 def migrate(con: sqlite3.Connection, source: str, version: int) -> None:
     """Apply every step after ``version`` on ``con`` (inside the caller's transaction).
 
-    Rows the new constraints would refuse are found first and named (:func:`check_run_row`).
-
     Raises:
         ConfigError: a bad row, or a step the database refused.
     """
@@ -340,18 +308,15 @@ def migrate(con: sqlite3.Connection, source: str, version: int) -> None:
 
 
 def _check_old_rows(con: sqlite3.Connection, source: str) -> None:
-    configs = {}
-    for job, text in con.execute("SELECT job, config FROM jobs"):
-        configs[job] = parse_job_config(source, job, text)
+    jobs = con.execute("SELECT job, config FROM jobs")
+    configs = {job: parse_job_config(source, job, text) for job, text in jobs}
     cur = con.execute("SELECT * FROM runs ORDER BY seq")
     names = [d[0] for d in cur.description]
     for values in cur:
         row = dict(zip(names, values, strict=True))
         check_run_row(source, row, job_sizes(configs.get(row["job"], {})), measured=False)
-    for job, gpu, size, limit, profile in con.execute(
-        "SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"
-    ):
-        check_power_limit_row(source, job, gpu, size, limit, profile, measured=False)
+    for row in con.execute("SELECT job, gpu, batch_size, power_limit_w, profile FROM power_limits"):
+        check_power_limit_row(source, row, measured=False)
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:
@@ -363,11 +328,8 @@ def _json_object(text: Any) -> dict[str, Any] | None:
 
 
 def parse_job_config(source: str, job: str, text: Any) -> dict[str, Any]:
-    """A ``jobs`` row's config as a dict.
-
-    Raises:
-        ConfigError: naming the row, when the config is not a JSON object.
-    """
+    """A ``jobs`` row's config as a dict; :class:`ConfigError` naming the row if it is not
+    a JSON object."""
     config = _json_object(text)
     if config is None:
         where = f"job = {_sql(job)}"
@@ -402,8 +364,7 @@ def _is_count(value: Any, low: int, *, null: bool = False) -> bool:
 def is_figure(
     value: Any, *, positive: bool = False, upper: float = 1e300, null: bool = False
 ) -> bool:
-    """A finite number (not a bool) >= 0 (> 0 with ``positive``) up to ``upper``, or None
-    with ``null``."""
+    """A finite number >= 0 (> 0 with ``positive``) up to ``upper``, or None with ``null``."""
     if value is None:
         return null
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -414,12 +375,9 @@ def is_figure(
 def check_run_row(
     source: str, row: Mapping[str, Any], sizes: frozenset[int] | None, *, measured: bool = True
 ) -> Mapping[str, Any]:
-    """Refuse a ``runs`` row whose values the store cannot use.
-
-    Checked for every row: the status and batch size (an integer in the job's ``sizes``); for
-    rows that enter a job's history (done, or abandoned by preemption), every figure; with
-    ``measured`` (all but rows a migration is about to repair), a done run's energy, time
-    and cost above zero.
+    """Refuse a ``runs`` row whose values the store cannot use: its status and batch size;
+    for a row of the history, every figure; with ``measured`` (all but rows a migration is
+    about to repair), a done run's energy, time and cost above zero.
 
     Raises:
         ConfigError: naming the row, the field and the SQL to repair or drop it.
@@ -433,7 +391,7 @@ def check_run_row(
     done = status == "done"
     if done or (status == "abandoned" and row.get("end_reason") in COUNTED_REASONS):
         for field in ("energy_j", "time_s", "cost"):
-            # A run preempted before its first heartbeat measured nothing: NULL figures.
+            # a run preempted before its first heartbeat has NULL figures
             checks.append((field, is_figure(row.get(field), null=not done), "a finite number >= 0"))
             if measured and done:
                 expected = "a measured figure > 0 (a run that measured nothing is no run)"
@@ -461,22 +419,19 @@ _PROFILE_FIGURES = ("samples_per_s", "avg_power_w")
 
 def check_power_limit_row(
     source: str,
-    job: Any,
-    gpu: Any,
-    batch_size: Any,
-    power_limit_w: Any,
-    profile: Any = "{}",
+    row: Sequence[Any],
     range_w: Sequence[float] | None = None,
     *,
     measured: bool = True,
 ) -> float:
-    """A cached power limit, or :class:`ConfigError` naming its row (outside ``range_w``, the
-    GPU's limits, when given; with ``measured``, a profile whose throughput or power is not
-    above zero at some limit).
+    """A cached power limit from its ``(job, gpu, batch_size, power_limit_w, profile)`` row,
+    checked (within the GPU's ``range_w`` when given; with ``measured``, a profile above zero
+    at every limit).
 
     Raises:
-        ConfigError: naming the row and the SQL that drops it (the next run profiles again).
+        ConfigError: naming the row and the SQL that drops it.
     """
+    job, gpu, batch_size, power_limit_w, profile = row
     where = f"job = {_sql(job)} AND gpu = {_sql(gpu)} AND batch_size = {_sql(batch_size)}"
     row = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
     fix = f"drop it (DELETE FROM power_limits WHERE {where}) and the next run profiles again"

@@ -1,27 +1,8 @@
-"""Where a recurring job's history lives: a store Protocol and its SQLite implementation.
+"""Where a recurring job's history lives: a store Protocol, its SQL, and SQLite.
 
-Every process of a job reads and writes one history, so the decision for a new run and its
-claim happen in **one write transaction** (``BEGIN IMMEDIATE`` takes SQLite's write lock up
-front; a second writer waits up to ``busy_timeout_s``): concurrent runs see each other (a
-started run is *pending*, never explored twice at once), and ``finish_run`` moves a row to
-``done`` only once, so a retried call cannot double an observation and a crashed writer's
-transaction rolls back whole. The journal is WAL, so readers never block the writer.
-
-**Leases.** A running row names its process (:mod:`perseus.recurring.lease`) and a heartbeat
-(:meth:`~SQLStore.heartbeat`). A SIGTERM marks the run abandoned before the process ends
-(:mod:`perseus.recurring.job`); a SIGKILL cannot, so each decision first abandons every running
-row of the job whose process is gone or whose heartbeat is older than ``lease_s``. Such a run
-is a **preempted** run in the history, retried rather than waited on
-(:func:`~perseus.recurring.policy.evidence`).
-
-**Bad rows.** The schema (:mod:`perseus.recurring.schema`) refuses bad values at insert; older
-rows are checked when read, a bad one is one :class:`ConfigError` naming the row and the SQL to
-repair or drop it, and a damaged file is a :class:`ConfigError` saying how to recover.
-
-**Two engines.** SQLite needs one machine's file system (not NFS); jobs on several machines
-share PostgreSQL (:mod:`perseus.recurring.postgres`: ``SELECT ... FOR UPDATE`` on the job's row
-serialises decisions). Both run the same row SQL (:class:`SQLStore`);
-:func:`~perseus.recurring.database.open_store` picks one by URL.
+A run's decision and claim are one write transaction, so concurrent runs see each other and a
+run is recorded once; a running row holds a lease (its process and a heartbeat), and each
+decision first abandons the runs whose process is gone or whose lease expired (a preemption).
 """
 
 from __future__ import annotations
@@ -69,6 +50,10 @@ _SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
 _CACHED_LIMIT = (
     "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND batch_size = ?"
 )
+_ABANDON = (
+    "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
+    "WHERE {} = ? AND status = 'running'"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,58 +70,49 @@ class RecurringStore(Protocol):
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
         """Create the job, or check that ``config`` matches the stored one."""
-        ...
 
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
-        """Atomically: expire dead runs, read history and pending runs, ``decide``, record the
+        """Atomically: expire dead runs, ``decide`` from history and pending runs, record the
         run as running under this process's lease."""
-        ...
 
     def heartbeat(self, run_id: str, so_far: Observation) -> bool:
-        """Renew a running run's lease and record its figures so far; False if it is not
-        running any more."""
-        ...
+        """Renew a run's lease with its figures so far; False if it is not running any more."""
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
         """Record a run's result once; False if it was already finished or abandoned."""
-        ...
 
     def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
-        """Drop a running run without an observation; ``reason`` is one of
-        :data:`~perseus.recurring.schema.ABANDON_REASONS`. ``urgent``: called from a signal
-        handler, so wait briefly and on nothing the interrupted code may hold."""
-        ...
+        """Drop a running run for one of :data:`~perseus.recurring.schema.ABANDON_REASONS`
+        (``urgent``: from a signal handler, wait briefly and on nothing held)."""
 
     def history(self, job: str) -> list[Observation]:
         """Finished runs and preempted ones (``preempted``), oldest first."""
-        ...
 
     def cached_power_limit_w(
         self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
     ) -> float | None:
-        """The JIT profiler's choice for (job, GPU, batch size), or None if never profiled;
-        a cached limit outside ``range_w`` is a :class:`ConfigError` naming its row."""
-        ...
+        """The profiler's choice for (job, GPU, batch size), or None if never profiled."""
 
     def save_power_limit_w(
         self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
     ) -> float:
         """Cache a profiler's choice; the first one stored wins and is returned."""
-        ...
 
 
 class SQLStore:
-    """:class:`RecurringStore` in SQL both engines speak (``?`` placeholders, run by
-    :meth:`_x`); a subclass supplies the connection, transactions, migrations and errors.
+    """:class:`RecurringStore` in SQL both engines speak (``?`` placeholders); a subclass
+    supplies the connection, transactions, migrations and errors.
 
     Args:
         name: How messages name the database (a path, or a URL without credentials).
         busy_timeout_s: How long a writer waits for a lock another holds.
-        lease_s: A running run whose heartbeat is older than this is abandoned (its process
-            stopped renewing it: hung, killed on another host, or preempted); minutes, well
-            above the job's heartbeat interval.
-        clock: Wall clock (tests inject one).
+        lease_s: A running run whose heartbeat is older than this is abandoned (minutes, well
+            above the job's heartbeat interval).
     """
+
+    #: The connection and the pid that opened it (a forked child opens its own).
+    _con: Any = None
+    _pid = 0
 
     def __init__(
         self,
@@ -153,8 +129,6 @@ class SQLStore:
         self.lease_s = lease_s
         self._clock = clock
         self._lock = threading.RLock()
-
-    # The engine: its connection (opened on first use), errors as perseus's, transactions.
 
     def _connection(self) -> Any:
         raise NotImplementedError
@@ -176,22 +150,15 @@ class SQLStore:
         raise NotImplementedError
 
     def _refused(self, detail: object) -> ConfigError:
-        """The error for a value the database's constraints refused."""
         return ConfigError(
             f"{self._name}: the database refused a value ({detail}); this is a bug or a row "
             "edited by hand: repair or drop the row the constraint names"
         )
 
     def _busy(self, detail: str = "") -> PerseusError:
-        """The error for a lock held longer than ``busy_timeout_s``."""
         return PerseusError(
             f"{self._name}: database busy for over {self.busy_timeout_s:g} s{detail}; try again"
         )
-
-    #: The engine's connection (None: not open) and the pid that opened it (a forked child
-    #: opens its own and never closes its parent's).
-    _con: Any = None
-    _pid = 0
 
     def close(self) -> None:
         """Close the connection (reopened on next use)."""
@@ -207,40 +174,34 @@ class SQLStore:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Any]:
-        with self._lock, self._errors():
-            con = self._connection()
-            with self._transaction(con) as c:
-                yield c
+        with self._lock, self._errors(), self._transaction(self._connection()) as con:
+            yield con
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
         with self._lock, self._errors():
             yield self._connection()
 
-    # Rows
-
     def _config(self, con: Any, job: str) -> dict[str, Any] | None:
         row = self._x(con, "SELECT config FROM jobs WHERE job = ?", (job,)).fetchone()
         return None if row is None else parse_job_config(self._name, job, row[0])
 
-    def _rows(self, con: Any, job: str, where: str) -> list[dict[str, Any]]:
+    def _rows(self, con: Any, job: str, where: str = "TRUE") -> list[dict[str, Any]]:
         cur = self._x(con, f"SELECT * FROM runs WHERE job = ? AND {where} ORDER BY seq", (job,))
         names = [d[0] for d in cur.description]
         return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 
-    def _history(
-        self, con: Any, job: str, rows: list[dict[str, Any]] | None = None
-    ) -> list[Observation]:
+    def _history(self, con: Any, job: str, rows: list[dict[str, Any]]) -> list[Observation]:
         config = self._config(con, job)
         sizes = job_sizes(config) if config is not None else None
         out = []
-        for row in self._rows(con, job, "TRUE") if rows is None else rows:
-            if row["status"] != "done" and not (
+        for row in rows:
+            done = row["status"] == "done"
+            if not done and not (
                 row["status"] == "abandoned" and row["end_reason"] in COUNTED_REASONS
             ):
                 continue
             check_run_row(self._name, row, sizes)
-            done = row["status"] == "done"
             limit = row["power_limit_w"]
             out.append(
                 Observation(
@@ -274,22 +235,10 @@ class SQLStore:
                 "%s: run %s of job %s (batch size %s) abandoned: %s; its size is retried",
                 *(self._name, row["run_id"], job, row["batch_size"], reason),
             )
-            self._x(
-                con,
-                "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
-                "WHERE seq = ? AND status = 'running'",
-                (reason, now, row["seq"]),
-            )
-
-    # RecurringStore
+            self._x(con, _ABANDON.format("seq"), (reason, now, row["seq"]))
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create ``job`` or check its configuration.
-
-        Raises:
-            ConfigError: if the job exists with a different configuration, or its stored
-                configuration is not a JSON object.
-        """
+        """Create ``job``, or :class:`ConfigError` if it is stored with another config."""
         text = json.dumps(dict(config), sort_keys=True)
         with self._write() as con:
             self._x(
@@ -308,77 +257,57 @@ class SQLStore:
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         run_id = uuid.uuid4().hex
         me = this_process()
+        lease = (me.pid, me.host, me.start)
         with self._write() as con:
             self._lock_job(con, job)
             now = float(self._clock())
-            lease = (me.pid, me.host, me.start, now)
             self._expire(con, job, now)
             # One statement, one snapshot: a run finishing meanwhile is pending or in history.
-            rows = self._rows(con, job, "TRUE")
-            history = self._history(con, job, rows)
+            rows = self._rows(con, job)
             pending = [int(r["batch_size"]) for r in rows if r["status"] == "running"]
-            decision = decide(history, pending)
+            decision = decide(self._history(con, job, rows), pending)
             self._x(
                 con,
                 "INSERT INTO runs (run_id, job, status, phase, batch_size, started_s, pid, host, "
                 "process_start, heartbeat_s) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, job, decision.phase, decision.batch_size, now, *lease),
+                (run_id, job, decision.phase, decision.batch_size, now, *lease, now),
             )
         return StartedRun(run_id, decision)
 
-    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
-        """Renew the lease of ``run_id`` and record its figures so far (a preempted run is
-        judged by them); False if the run is not running any more."""
-        figures = _figures(self._name, run_id, so_far)
+    def _update(self, sql: str, params: Sequence[Any]) -> bool:
+        """One statement in its own transaction; whether it changed a row."""
         with self._write() as con:
-            cur = self._x(
-                con,
-                "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
-                "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
-                (float(self._clock()), *figures, so_far.epochs, run_id),
-            )
-            return int(cur.rowcount) == 1
+            return int(self._x(con, sql, params).rowcount) == 1
+
+    def heartbeat(self, run_id: str, so_far: Observation) -> bool:
+        figures = _figures(self._name, run_id, so_far)
+        return self._update(
+            "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
+            "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
+            (float(self._clock()), *figures, so_far.epochs, run_id),
+        )
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
-        """Record ``run_id``'s result once. A run marked abandoned by its own SIGTERM (the
-        program's handler let it finish) or by an expired lease (it was slow to renew) is
-        finished all the same: its process is alive and has the true figures.
-
-        Raises:
-            ConfigError: a figure that is not finite and non-negative.
-        """
+        """Record ``run_id``'s result once; a run abandoned by a SIGTERM it survived or by an
+        expired lease is finished all the same (its process is alive and has the figures)."""
         o = observation
         figures = _figures(self._name, run_id, o)
-        with self._write() as con:
-            cur = self._x(
-                con,
-                "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
-                "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
-                "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
-                "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
-                (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
-            )
-            return int(cur.rowcount) == 1
+        return self._update(
+            "UPDATE runs SET status = 'done', end_reason = NULL, batch_size = ?, "
+            "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
+            "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
+            "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
+            (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
+        )
 
     def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
-        """Mark ``run_id`` abandoned for ``reason`` (see
-        :data:`~perseus.recurring.schema.ABANDON_REASONS`).
-
-        ``urgent`` (from a signal handler): never this store's lock (the interrupted code may
-        hold it); this process's open transaction, if the signal interrupted one, else a fresh
-        connection waiting at most a second; no exception. If it cannot write, the next
-        decision finds the process gone.
-        """
+        """Mark ``run_id`` abandoned; ``urgent``: never this store's lock (the interrupted
+        code may hold it) and no exception (the next decision finds the process gone)."""
         if reason not in ABANDON_REASONS:
             raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
-        sql = (
-            "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
-            "WHERE run_id = ? AND status = 'running'"
-        )
-        params = (reason, float(self._clock()), run_id)
+        sql, params = _ABANDON.format("run_id"), (reason, float(self._clock()), run_id)
         if not urgent:
-            with self._write() as con:
-                self._x(con, sql, params)
+            self._update(sql, params)
             return
         try:
             self._abandon_urgently(sql, params)
@@ -386,67 +315,47 @@ class SQLStore:
             log.warning("%s: could not mark run %s abandoned (%s)", self._name, run_id, e)
 
     def history(self, job: str) -> list[Observation]:
-        """Finished runs and preempted ones (``preempted``), oldest first.
-
-        Raises:
-            ConfigError: a row the store cannot use (named, with how to repair or drop it).
-        """
         with self._read() as con:
-            return self._history(con, job)
+            return self._history(con, job, self._rows(con, job))
 
     def runs(self, job: str) -> list[dict[str, Any]]:
         """Every run row of ``job`` (any status), oldest first, as dicts (for reports)."""
         with self._read() as con:
-            return self._rows(con, job, "TRUE")
+            return self._rows(con, job)
 
     def cached_power_limit_w(
         self, job: str, gpu: str, batch_size: int, *, range_w: Sequence[float] | None = None
     ) -> float | None:
-        """The cached limit of (job, GPU, batch size), or None.
-
-        Raises:
-            ConfigError: the cached row is unusable or outside ``range_w`` (named, with the
-                SQL that drops it).
-        """
         with self._read() as con:
             row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
         if row is None:
             return None
-        return check_power_limit_row(
-            self._name, job, gpu, batch_size, row[0], row[1], range_w=range_w
-        )
+        return check_power_limit_row(self._name, (job, gpu, batch_size, *row), range_w)
 
     def save_power_limit_w(
         self, job: str, gpu: str, batch_size: int, power_limit_w: float, profile: Mapping[str, Any]
     ) -> float:
         if not (math.isfinite(power_limit_w) and power_limit_w > 0):
             raise ConfigError(f"power limit {power_limit_w!r} W is not a finite number > 0")
+        text = json.dumps(dict(profile), sort_keys=True)
         with self._write() as con:
             self._x(
                 con,
                 "INSERT INTO power_limits (job, gpu, batch_size, power_limit_w, profile) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    job,
-                    gpu,
-                    batch_size,
-                    float(power_limit_w),
-                    json.dumps(dict(profile), sort_keys=True),
-                ),
+                (job, gpu, batch_size, float(power_limit_w), text),
             )
             row = self._x(con, _CACHED_LIMIT, (job, gpu, batch_size)).fetchone()
-        return check_power_limit_row(self._name, job, gpu, batch_size, row[0], row[1])
+        return check_power_limit_row(self._name, (job, gpu, batch_size, *row))
 
 
 class SQLiteStore(SQLStore):
-    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host.
-
-    The constructor does no I/O; the file is opened (and created or migrated) on first use, and
-    again after ``fork``. Connections run in autocommit mode with explicit transactions.
+    """:class:`RecurringStore` in one SQLite file, safe for concurrent processes on one host
+    (a local file system, not NFS); opened (and migrated) on first use and after ``fork``.
 
     Args:
-        path: Database file (``~`` expanded; created with its directory, which must be one
-            nobody else controls); it must be a regular file of this user.
+        path: Database file (``~`` expanded), a regular file of this user in a directory
+            nobody else controls (created if missing).
         options: ``busy_timeout_s``, ``lease_s``, ``clock``, as for :class:`SQLStore`.
     """
 
@@ -454,12 +363,9 @@ class SQLiteStore(SQLStore):
         self.path = Path(path).expanduser()
         super().__init__(str(self.path), **options)
 
-    # Connection, transactions, errors
-
     def _open(self, timeout_s: float) -> sqlite3.Connection:
-        # SQLite opens the file and its -wal/-shm/-journal siblings itself, following links
-        # and waiting on FIFOs: the directory must be one nobody else can plant them in, and
-        # what is there already must be our own regular files.
+        # SQLite opens the file and its siblings itself, following links and waiting on FIFOs:
+        # the directory must be private and what is there already our own regular files.
         check_private_file(self.path, what="recurring store", siblings=_SQLITE_SIBLINGS)
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
@@ -507,8 +413,7 @@ class SQLiteStore(SQLStore):
             text = str(e)
             if "locked" in text or "busy" in text:
                 raise self._busy(f" ({text})") from e
-            # SQLITE_FULL, SQLITE_IOERR (a write past a quota or file size limit): the disk,
-            # not the database; SQLite rolled the transaction back.
+            # SQLITE_FULL, SQLITE_IOERR: the disk, not the database; the transaction rolled back.
             if getattr(e, "sqlite_errorcode", 0) & 0xFF in (
                 sqlite3.SQLITE_FULL,
                 sqlite3.SQLITE_IOERR,
@@ -545,15 +450,9 @@ class SQLiteStore(SQLStore):
     def _x(self, con: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
         return con.execute(sql, params)
 
-    # Rows
-
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
-        """Write from a signal handler (main thread) or the signal watcher thread. The
-        interrupted code may hold this process's own write transaction, which cannot finish
-        while the handler runs (the main thread waits in it): a second connection would wait
-        for it in vain. So when this process's connection is in a transaction, end that
-        transaction with the abandon (each of its statements is whole by itself); else write
-        through a fresh connection, looking again while the database stays locked."""
+        """From a signal handler: end this process's own open transaction (which cannot finish
+        while the handler runs) with the abandon, else write on a fresh connection."""
         deadline = time.monotonic() + _URGENT_TIMEOUT_S
         while True:
             own = self._con if self._pid == os.getpid() else None
@@ -574,8 +473,7 @@ class SQLiteStore(SQLStore):
 
 
 def _figures(source: str, run_id: str, o: Observation) -> tuple[float | None, ...]:
-    """The observation's limit, energy, time and cost for the row; a figure that is not a
-    finite number >= 0 is refused (a counter that went backwards must not steer the policy)."""
+    """The observation's limit, energy, time and cost for the row, each finite and >= 0."""
     for name in ("energy_j", "time_s", "cost"):
         if not is_figure(value := getattr(o, name)):
             raise ConfigError(

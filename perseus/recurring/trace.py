@@ -1,14 +1,6 @@
 """Read Zeus-format traces (``summary_train.csv``, ``summary_power_<gpu>.csv``) into workloads.
 
-File formats (the Zeus NSDI'23 artifact's):
-
-* ``summary_train.csv``: ``dataset,network,batch_size,optimizer,learning_rate,run,
-  target_metric,target_epoch``; one row per (seed, metric threshold reached). A seed is a
-  (learning_rate, run) pair; a seed with no row at the job's target never reached it.
-* ``summary_power_<gpu>.csv``: ``dataset,network,batch_size,optimizer,power_limit,
-  time_per_epoch,average_power``.
-
-Errors name the file, the line and the field and say how to fix it (:class:`ConfigError`).
+A seed is a (learning_rate, run) pair of the train trace; errors name file, line and field.
 """
 
 from __future__ import annotations
@@ -23,42 +15,16 @@ from perseus.errors import ConfigError
 from perseus.io.reading import INPUT_LIMITS, read_bounded
 from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
-__all__ = ["load_jobs", "load_workloads", "power_trace_path"]
+__all__ = ["load_jobs", "load_workloads"]
 
-_TRAIN_FIELDS = (
-    "dataset",
-    "network",
-    "batch_size",
-    "optimizer",
-    "run",
-    "target_metric",
-    "target_epoch",
-)
-_POWER_FIELDS = (
-    "dataset",
-    "network",
-    "batch_size",
-    "optimizer",
-    "power_limit",
-    "time_per_epoch",
-    "average_power",
-)
-_JOB_FIELDS = (
-    "dataset",
-    "network",
-    "optimizer",
-    "target_metric",
-    "max_epochs",
-    "default_batch_size",
-)
-
-
+_NAME = ("dataset", "network", "batch_size", "optimizer")
+_TRAIN_FIELDS = (*_NAME, "run", "target_metric", "target_epoch")
+_POWER_FIELDS = (*_NAME, "power_limit", "time_per_epoch", "average_power")
+_JOBS = ("dataset", "network", "optimizer", "target_metric", "max_epochs", "default_batch_size")
 _TRACE_WHAT = "the right `trace_dir` (Zeus-format summary CSVs)"
-
-
-def power_trace_path(trace_dir: Path, gpu: str) -> Path:
-    """``<trace_dir>/summary_power_<gpu>.csv``."""
-    return trace_dir / f"summary_power_{gpu}.csv"
+# job key -> batch size -> seed -> epochs to the target (None: never reached)
+_Paths = dict[str, dict[int, dict[tuple[str, str], int | None]]]
+_Epochs = dict[str, dict[tuple[int, int], EpochCost]]  # job key -> (batch size, limit W) -> cost
 
 
 def _rows(
@@ -87,8 +53,7 @@ def _rows(
 
 
 def _text_lines(path: Path, data: bytes, what: str) -> Iterator[str]:
-    """The lines of ``data`` as text, decoded one by one: one that is not UTF-8 is refused
-    with its number (a newline byte is never part of a UTF-8 character)."""
+    """The lines of ``data`` as text; one that is not UTF-8 is refused with its number."""
     for number, raw in enumerate(io.BytesIO(data), start=1):
         try:
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -109,34 +74,25 @@ def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: b
 
 
 def load_jobs(path: Path) -> tuple[JobSpec, ...]:
-    """Job definitions from a CSV with columns ``dataset,network,optimizer,target_metric,
-    max_epochs,default_batch_size``."""
+    """Job definitions from a CSV with columns dataset, network, optimizer, target_metric,
+    max_epochs and default_batch_size."""
     jobs = []
-    for line, row in _rows(path, _JOB_FIELDS, "jobs", "a --jobs CSV of job definitions"):
+    for line, row in _rows(path, _JOBS, "jobs", "a --jobs CSV of job definitions"):
         max_epochs = int(_number(path, line, row, "max_epochs", integer=True))
         b0 = int(_number(path, line, row, "default_batch_size", integer=True))
         if max_epochs < 1 or b0 < 1:
             raise ConfigError(f"{path}:{line}: max_epochs and default_batch_size must be >= 1")
-        jobs.append(
-            JobSpec(
-                dataset=row["dataset"].strip(),
-                network=row["network"].strip(),
-                optimizer=row["optimizer"].strip(),
-                target_metric=_number(path, line, row, "target_metric", integer=False),
-                max_epochs=max_epochs,
-                default_batch_size=b0,
-            )
-        )
+        dataset, network, optimizer = (row[k].strip() for k in ("dataset", "network", "optimizer"))
+        metric = _number(path, line, row, "target_metric", integer=False)
+        jobs.append(JobSpec(dataset, network, optimizer, metric, max_epochs, b0))
     if not jobs:
         raise ConfigError(f"{path}: no job rows; add one row per recurring job")
     return tuple(jobs)
 
 
-def _read_train(
-    path: Path, jobs: Iterable[JobSpec]
-) -> dict[str, dict[int, dict[tuple[str, str], int | None]]]:
+def _read_train(path: Path, jobs: Iterable[JobSpec]) -> _Paths:
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
-    out: dict[str, dict[int, dict[tuple[str, str], int | None]]] = {}
+    out: _Paths = {}
     for line, row in _rows(path, _TRAIN_FIELDS, "trace", _TRACE_WHAT):
         job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
         if job is None:
@@ -144,7 +100,7 @@ def _read_train(
         bs = int(_number(path, line, row, "batch_size", integer=True))
         metric = _number(path, line, row, "target_metric", integer=False)
         raw = (row.get("target_epoch") or "").strip().lower()
-        # "nan" (or empty) is how the trace writes "this seed never reached this metric".
+        # "nan" (or empty): this seed never reached this metric
         reached = raw not in ("", "nan")
         epoch = int(_number(path, line, row, "target_epoch", integer=True)) if reached else 0
         seeds = out.setdefault(job.key, {}).setdefault(bs, {})
@@ -157,11 +113,9 @@ def _read_train(
     return out
 
 
-def _read_power(
-    path: Path, jobs: Iterable[JobSpec]
-) -> tuple[dict[str, dict[tuple[int, int], EpochCost]], float]:
+def _read_power(path: Path, jobs: Iterable[JobSpec]) -> tuple[_Epochs, float]:
     by_name = {(j.dataset, j.network, j.optimizer): j for j in jobs}
-    out: dict[str, dict[tuple[int, int], EpochCost]] = {}
+    out: _Epochs = {}
     max_power_w = 0.0
     for line, row in _rows(path, _POWER_FIELDS, "trace", _TRACE_WHAT):
         limit = _number(path, line, row, "power_limit", integer=False)
@@ -183,11 +137,7 @@ def _read_power(
 
 
 def _workload(
-    job: JobSpec,
-    gpu: str,
-    train: dict[str, dict[int, dict[tuple[str, str], int | None]]],
-    power: dict[str, dict[tuple[int, int], EpochCost]],
-    max_power_w: float,
+    job: JobSpec, gpu: str, train: _Paths, power: _Epochs, max_power_w: float
 ) -> Workload | None:
     """``job``'s workload, or None when the traces share no batch size for it."""
     paths, epochs = train.get(job.key), power.get(job.key)
@@ -212,9 +162,8 @@ def load_workloads(
     jobs: Sequence[JobSpec] = ZEUS_JOBS,
     workload: str | None = None,
 ) -> list[Workload]:
-    """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu``.
-
-    ``b0`` is capped at the largest batch size both traces hold (as Zeus's evaluation does).
+    """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu`` (``b0``
+    capped at the largest batch size both hold, as in Zeus's evaluation).
 
     Raises:
         ConfigError: unreadable or malformed files, an unknown ``workload``, or no job found.
@@ -228,7 +177,7 @@ def load_workloads(
                 f"{', '.join(j.key for j in ZEUS_JOBS)} or pass `jobs` defining it"
             )
     train_path = trace_dir / "summary_train.csv"
-    power_path = power_trace_path(trace_dir, gpu)
+    power_path = trace_dir / f"summary_power_{gpu}.csv"
     train = _read_train(train_path, jobs)
     power, max_power_w = _read_power(power_path, jobs)
     found = (_workload(job, gpu, train, power, max_power_w) for job in jobs)

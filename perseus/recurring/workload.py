@@ -1,10 +1,6 @@
-"""A recurring job as the traces describe it: what one run costs at a batch size and limit (pure).
+"""A recurring job as the traces describe it: recorded training paths and epoch costs (pure).
 
-A :class:`Workload` holds, for one (dataset, network) job on one GPU type, the recorded
-training paths (epochs to the target metric per batch size and seed, ``None`` when a seed never
-reached it within the job's epoch budget) and the deterministic cost of one epoch per batch size
-and power limit. Everything here is a value; reading the CSV files lives in
-:mod:`perseus.recurring.trace`.
+:mod:`perseus.recurring.trace` reads the files.
 """
 
 from __future__ import annotations
@@ -20,12 +16,9 @@ __all__ = ["ZEUS_JOBS", "EpochCost", "JobSpec", "Workload"]
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """How a recurring job is defined: its data, model, optimizer, target and default.
+    """How a recurring job is defined (names as in the traces).
 
     Attributes:
-        dataset: Dataset name as in the traces.
-        network: Network name as in the traces.
-        optimizer: Training optimizer as in the traces (the power trace may hold several).
         target_metric: Validation metric value that ends a run (matched exactly in the trace).
         max_epochs: Epoch budget of one run; a run not at the target by then failed.
         default_batch_size: ``b0``, what the job uses without perseus.
@@ -44,8 +37,7 @@ class JobSpec:
         return f"{self.dataset}/{self.network}"
 
 
-# The jobs of Zeus's trace-driven evaluation (its artifact's ``get_job_with_defaults``), as the
-# data README lists them. Data, not tuning: any other job can be passed in its place.
+# The jobs of Zeus's trace-driven evaluation (its artifact's ``get_job_with_defaults``).
 ZEUS_JOBS: tuple[JobSpec, ...] = (
     JobSpec("cifar100", "shufflenetv2", "adadelta", 0.6, 100, 1024),
     JobSpec("imagenet", "resnet50", "adadelta", 0.65, 100, 256),
@@ -67,17 +59,12 @@ class EpochCost:
     def energy_j(self) -> float:
         return self.time_s * self.avg_power_w
 
-    def cost(self, eta: float, max_power_w: float) -> float:
-        return zeus_cost(self.energy_j, self.time_s, eta, max_power_w)
-
 
 @dataclass(frozen=True)
 class Workload:
     """One recurring job on one GPU type.
 
     Attributes:
-        spec: The job definition.
-        gpu: GPU name of the power trace.
         max_power_w: ``MAXPOWER``, the largest power limit in the GPU's trace.
         paths: Batch size -> epochs to target of every recorded seed (None: never reached).
         epochs: (batch size, power limit W) -> cost of one epoch.
@@ -119,7 +106,8 @@ class Workload:
 
     def epoch_cost(self, batch_size: int, power_limit_w: int, eta: float) -> float:
         """Cost of one epoch at a configuration."""
-        return self.epochs[(batch_size, power_limit_w)].cost(eta, self.max_power_w)
+        epoch = self.epochs[(batch_size, power_limit_w)]
+        return zeus_cost(epoch.energy_j, epoch.time_s, eta, self.max_power_w)
 
     def optimal_power_limit_w(self, batch_size: int, eta: float) -> int:
         """The power limit with the smallest epoch cost at ``batch_size`` (ties: higher)."""
