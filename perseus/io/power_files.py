@@ -1,19 +1,5 @@
-"""Files of the power features: price/carbon signals (CSV), plan schedules (JSON), power curves.
-
-* **Signal CSV**: rows ``start, value``, or a header row naming each value column with its
-  unit and basis (``start,price_eur_per_mwh,carbon_g_per_kwh_location_average``); ``#``
-  comments and blank lines are skipped. ``start`` is seconds (any step, increasing) or an ISO
-  8601 time (``2026-11-23T00:00:00+00:00``), all rows the same kind; times are taken relative
-  to the first row, which is the job's start. A value is a finite number within
-  ±:data:`~perseus.solver.power_schedule.MAX_SIGNAL_VALUE` per kWh (negative and zero prices
-  are real: a market pays for consumption in some hours). Prices and carbon come in one file
-  or two (:func:`read_signal` aligns them). Reading is bounded: 16 MB, 1,000,000 rows.
-* **Schedule JSON** (:class:`ScheduleFile`, ``schema_version`` 2; 1 still reads): the frontier
-  it indexes (its ``points_sha256``), ``N``, ``D``, the idle power, the signal's description,
-  the costs, one record per interval that runs iterations and the iteration-indexed
-  ``segments`` a running job follows.
-* **Power curve CSV** (:func:`write_power_curve`): one row per frontier point.
-"""
+"""Files of the power features: price/carbon signals (CSV), plan schedules (JSON, schema
+version 2; 1 still reads) and power curves (CSV); the formats are in docs/power.md."""
 
 from __future__ import annotations
 
@@ -34,7 +20,7 @@ from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import read_json_document
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
 from perseus.solver.power_schedule import MAX_SIGNAL_VALUE, PowerSchedule
 from perseus.validate import show_value
@@ -78,7 +64,7 @@ _Index = Annotated[int, Field(ge=0)]
 
 @dataclass(frozen=True, slots=True)
 class SignalSeries:
-    """One column of a signal: what it measures, its declared unit and basis, its values.
+    """One column of a signal.
 
     Attributes:
         column: The column's header name (``value`` for a file without a header).
@@ -112,10 +98,10 @@ class SignalSeries:
 
 @dataclass(frozen=True, slots=True)
 class Signal:
-    """A price/carbon signal: interval starts (seconds from the job's start) and its series.
+    """A price/carbon signal.
 
     Attributes:
-        starts_s: Interval starts, 0 first, increasing.
+        starts_s: Interval starts in seconds from the job's start, 0 first, increasing.
         series: One entry per value column (of one file or two).
         origin: The UTC time of the first start (None for a signal in seconds).
     """
@@ -143,11 +129,8 @@ class Signal:
 
 
 def read_signal(*paths: str | os.PathLike[str]) -> Signal:
-    """Read one signal CSV, or two (prices and carbon) aligned on the union of their starts.
-
-    Two files must both use ISO times (aligned on the clock) or both seconds (each from its
-    own first row). The job starts at the later first row; each series holds its last value
-    until its next row.
+    """Read one signal CSV, or two (prices and carbon) aligned on the union of their starts
+    (both ISO times, aligned on the clock, or both seconds, each from its first row).
 
     Raises:
         ConfigError: one line naming the file, the line and the value at fault.
@@ -207,11 +190,7 @@ def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
 def _signal_rows(p: Path) -> tuple[list[int], list[str]]:
     """Line numbers and text of the rows that are not blank or comments (header included)."""
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["signal"], what=_SIGNAL_WHAT, name="signal")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        bad_line = data[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{bad_line}: not UTF-8 text; pass {_SIGNAL_WHAT}") from None
+    text = decode_text(p, data, _SIGNAL_WHAT, ConfigError, "utf-8-sig")
     del data
     numbers: list[int] = []
     lines: list[str] = []
@@ -451,12 +430,8 @@ def schedule_json(
     signal: SignalSeries | None = None,
     origin: datetime | None = None,
 ) -> str:
-    """The schedule file's text: made for ``frontier``'s points, the intervals that run
-    iterations only, naming the signal series it was computed on.
-
-    Written from the schedule's arrays with :mod:`json` (a year of per-minute intervals in
-    seconds); :func:`read_schedule` and :func:`schedule_document` validate it.
-    """
+    """The schedule file's text, written from the schedule's arrays with :mod:`json` (a year
+    of per-minute intervals in seconds); :func:`read_schedule` validates it."""
     used = schedule.used()
     firsts = np.concatenate([[0], np.cumsum(schedule.interval_iterations)])[used].tolist()
     columns = zip(
@@ -562,11 +537,8 @@ def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:
 
 
 def power_curve_rows(frontier: Frontier) -> list[tuple[float, float, float | None, float | None]]:
-    """``(time_s, avg_power_w, peak_power_w, dpower_dtime_w_per_s)`` per point, fastest first.
-
-    The slope is taken to the next slower point (None for the last point and between points
-    of equal time); a cluster manager reads it as watts freed per second of iteration time.
-    """
+    """``(time_s, avg_power_w, peak_power_w, dpower_dtime_w_per_s)`` per point, fastest first;
+    the slope is to the next slower point (None for the last one and between equal times)."""
     pts = frontier.points
     rows: list[tuple[float, float, float | None, float | None]] = []
     for i, p in enumerate(pts):
