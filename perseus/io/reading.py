@@ -163,9 +163,9 @@ def read_bounded(
     finally:
         os.close(fd)
     if total > limit_bytes:
-        size = f"{limit_bytes // MB} MB" if limit_bytes >= MB else f"{limit_bytes} bytes"
+        cap = f"{limit_bytes // MB} MB" if limit_bytes >= MB else f"{limit_bytes} bytes"
         raise error(
-            f"{p}: larger than {size}, the most perseus reads as {what}; "
+            f"{p}: larger than {cap}, the most perseus reads as {what}; "
             "check that this is the right file"
         )
     parts = [part for part in parts if part]
