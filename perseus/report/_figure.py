@@ -1,9 +1,5 @@
-"""The one place matplotlib is set up: Agg canvases, report-size figures, PNG bytes.
-
-Figures are built with :class:`matplotlib.figure.Figure` on an explicit Agg canvas (no
-pyplot), so there is no global figure registry, no interactive backend and no change to the
-backend of a process that imports perseus (e.g. a notebook).
-"""
+"""The one place matplotlib is set up: figures on an explicit Agg canvas (no pyplot, so no
+global registry and no change to the backend of a process that imports perseus), PNG bytes."""
 
 from __future__ import annotations
 

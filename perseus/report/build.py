@@ -1,8 +1,5 @@
-"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html.
-
-The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
-directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
-"""
+"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html
+(the CLI writes it inside :func:`perseus.io.atomic.atomic_directory`: whole or nothing)."""
 
 from __future__ import annotations
 
@@ -49,12 +46,10 @@ class ReportInputs:
     Attributes:
         frontier: The frontier (its fastest and minimum-energy plans are the headline).
         job: The job the frontier was computed for; without it there is no timeline.
-        baselines: Baseline plans by name (``perseus.solver.baseline_plans``), may be empty.
-        global_clock: One-clock-for-all plans, drawn as a curve (may be empty).
-        sweep: Straggler sweep cases (may be empty: no straggler plot).
-        pipelines: Pipelines in the sweep.
+        baselines: Baseline plans by name (``perseus.solver.baseline_plans``).
+        global_clock: One-clock-for-all plans, drawn as a curve.
+        sweep: Straggler sweep cases (empty: no straggler plot), of ``pipelines`` pipelines.
         measured: A run's predicted vs measured figures, if any.
-        title: Report title.
         details: Extra rows for the job table (e.g. solve time, profile description).
         notes: Lines shown at the end (e.g. why a plot is missing).
     """

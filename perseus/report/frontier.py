@@ -1,9 +1,5 @@
-"""``frontier.png``: iteration time vs energy, the frontier against the baselines.
-
-What the reader should see at a glance: the Perseus frontier lies below every baseline; at
-the all-max time (T_min, no slowdown) it already saves energy, and at T* it saves the most.
-Both savings are written on the plot.
-"""
+"""``frontier.png``: iteration time vs energy, the frontier below every baseline, with the
+savings at T_min (no slowdown) and at T* written on the plot."""
 
 from __future__ import annotations
 
@@ -68,7 +64,6 @@ def plot_frontier(
 
 
 def _xy(points: Sequence[Baseline | PlanPoint], kj: float) -> tuple[list[float], list[float]]:
-    """Times (s) and energies (kJ with ``kj`` = 1e-3) of ``points``, for ``ax.plot``."""
     return [p.time_s for p in points], [p.energy_j * kj for p in points]
 
 

@@ -1,11 +1,6 @@
-"""``power.png``: the frontier in (time, power), and the pipeline's power over one iteration.
-
-Left: every frontier plan's average summed power against its iteration time (and its peak,
-when the frontier file carries it): how fast the job can run on a given power budget, and the
-watts each second of slowdown frees. Right: the summed power of all GPUs over one iteration
-for the all-max plan and a chosen plan (:func:`perseus.solver.power.power_timeline`, the same
-step function whose integral is the exact energy), with each plan's average as a dashed line.
-"""
+"""``power.png``: each frontier plan's average (and peak) summed power against its time (left),
+and the summed power of all GPUs over one iteration for chosen plans (right,
+:func:`perseus.solver.power.power_timeline`), each plan's average dashed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``straggler.png``: job-level energy saving vs the straggler's slowdown factor.
-
-Two curves from :func:`perseus.runtime.straggler.sweep.straggler_sweep`: the saving against a job
-that runs all-max everywhere (what Perseus gives in total) and against a job that already runs
-the fastest Perseus plan (what slowing the non-stragglers adds). The factor at which T′
-reaches T* is marked: savings peak there and decline slowly after it.
-"""
+"""``straggler.png``: job-level energy saving vs the straggler's slowdown factor, against
+all-max everywhere and against the fastest Perseus plan everywhere; T′ = T* is marked."""
 
 from __future__ import annotations
 

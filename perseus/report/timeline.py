@@ -1,10 +1,5 @@
-"""``timeline.png``: per-rank Gantt chart of one iteration, ops coloured by power.
-
-Two panels on one time axis: the all-max plan and a Perseus plan (the fastest one, which
-keeps the iteration time). Hot colours are high power; hatched pale bars are blocking time
-(the GPU waits on a neighbour at blocking power). Under all-max, ops off the critical path
-run hot and then wait; under Perseus the same ops run cooler and the waits shrink.
-"""
+"""``timeline.png``: per-rank Gantt charts of one iteration on one time axis, ops coloured by
+power, hatched pale bars for blocking time (a GPU waiting on a neighbour)."""
 
 from __future__ import annotations
 
