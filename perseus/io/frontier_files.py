@@ -44,32 +44,6 @@ _PLAN_WHAT = "a plan/frontier JSON written by perseus"
 _TORCH_NAME_RE = re.compile(r"^Schedule[A-Za-z0-9_]{1,60}$")
 
 
-def _decode(p: Path, data: bytes, what: str, error: type[ConfigError]) -> str:
-    if not data.strip():
-        raise error(f"{p}: file is empty; pass {what}")
-    return decode_text(p, data, what, error)
-
-
-def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
-    """The stdlib parser's document; errors name the line and column. Equal integers share one
-    object (a frontier repeats a few dozen clocks millions of times). NaN and Infinity pass
-    here and are refused by the schema, which names the field."""
-    ints: dict[int, int] = {}
-
-    def parse_int(digits: str) -> int:
-        value = int(digits)
-        return ints.setdefault(value, value)
-
-    try:
-        return json.loads(text, parse_int=parse_int)
-    except json.JSONDecodeError as e:
-        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
-    except RecursionError:
-        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
-    except ValueError as e:  # an integer of thousands of digits
-        raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
-
-
 def _as_tuples(value: Any, depth: int = 0) -> Any:
     """JSON arrays as tuples, for strict validation of tuple fields (deeper than 16 levels is
     left to the schema). Objects are converted in place and each array is dropped once
@@ -89,12 +63,31 @@ def _as_tuples(value: Any, depth: int = 0) -> Any:
 def read_json_document(
     p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
 ) -> Any:
-    """Read ``p`` (a bounded read) and parse it once as JSON (integers shared); errors name
-    the line and column. Validate the result with ``Model.model_validate(doc, strict=True)``."""
+    """Read ``p`` (a bounded read) and parse it once as JSON; errors name the line and column.
+    Validate the result with ``Model.model_validate(doc, strict=True)``.
+
+    Equal integers share one object (a frontier repeats a few dozen clocks millions of times).
+    NaN and Infinity pass here and are refused by the schema, which names the field.
+    """
     data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
-    text = _decode(p, data, what, error)
+    if not data.strip():
+        raise error(f"{p}: file is empty; pass {what}")
+    text = decode_text(p, data, what, error)
     del data
-    return _parse_json(p, text, what, error)
+    ints: dict[int, int] = {}
+
+    def parse_int(digits: str) -> int:
+        value = int(digits)
+        return ints.setdefault(value, value)
+
+    try:
+        return json.loads(text, parse_int=parse_int)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
+    except RecursionError:
+        raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
 
 
 def _check_counts(p: Path, doc: Any) -> None:

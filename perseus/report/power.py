@@ -30,35 +30,20 @@ def plot_power(
         title: Figure title (default: the job).
     """
     pts = frontier.points
+    times = [p.time_s for p in pts]
     with report_style():
         fig = new_figure()
         right = job is not None and bool(plans)
         axes = fig.subplots(1, 2 if right else 1, squeeze=False)[0]
         ax = axes[0]
-        ax.plot(
-            [p.time_s for p in pts],
-            [p.avg_power_w for p in pts],
-            "-o",
-            color="tab:blue",
-            ms=3,
-            label="Perseus plans: average power",
-        )
-        if all(p.power is not None for p in pts):
-            ax.plot(
-                [p.time_s for p in pts],
-                [p.power.peak_power_w for p in pts if p.power is not None],
-                ":",
-                color="tab:red",
-                label="peak summed power",
-            )
+        label = "Perseus plans: average power"
+        ax.plot(times, [p.avg_power_w for p in pts], "-o", color="tab:blue", ms=3, label=label)
+        peaks = [p.power.peak_power_w for p in pts if p.power is not None]
+        if len(peaks) == len(pts):
+            ax.plot(times, peaks, ":", color="tab:red", label="peak summed power")
         base = frontier.baseline
         ax.plot(
-            [base.time_s],
-            [base.energy_j / base.time_s],
-            "*",
-            color="black",
-            ms=12,
-            label="All-max",
+            [base.time_s], [base.energy_j / base.time_s], "*", color="black", ms=12, label="All-max"
         )
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Pipeline power (W)")
