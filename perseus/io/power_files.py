@@ -3,6 +3,7 @@ version 2; 1 still reads) and power curves (CSV); the formats are in docs/power.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import os
@@ -260,14 +261,10 @@ def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np
     try:
         values = np.array(raw, dtype=np.float64)
     except ValueError:
-        for number, cell in zip(numbers, raw, strict=True):
-            try:
-                float(cell)
-            except ValueError:
-                raise ConfigError(
-                    f"{p}:{number}: value {show_value(cell)} is not a number; pass {_SIGNAL_WHAT}"
-                ) from None
-        raise  # pragma: no cover - numpy and float() agree
+        k = next(k for k, cell in enumerate(raw) if not _is_number(cell))
+        raise ConfigError(
+            f"{p}:{numbers[k]}: value {show_value(raw[k])} is not a number; pass {_SIGNAL_WHAT}"
+        ) from None
     bad = np.flatnonzero(~(np.abs(values) <= MAX_SIGNAL_VALUE))
     if bad.size:
         k = int(bad[0])
@@ -402,12 +399,8 @@ class ScheduleFile(BaseModel):
 
     def point_at(self, iteration: int) -> int:
         """The frontier point index that iteration ``iteration`` (0-based) runs."""
-        current = self.segments[0][1]
-        for first, index in self.segments:
-            if first > iteration:
-                break
-            current = index
-        return current
+        k = bisect.bisect_right([first for first, _ in self.segments], iteration)
+        return self.segments[max(k - 1, 0)][1]
 
     def check_frontier(self, frontier: Frontier, source: str) -> None:
         """Raise :class:`PlanError` unless the schedule indexes ``frontier``'s points."""

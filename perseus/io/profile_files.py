@@ -339,16 +339,6 @@ def _clock_mhz(text: str) -> int | None:
     return int(value) if ok else None
 
 
-def _parse_mem(where: str, text: str) -> int:
-    value = _clock_mhz(text)
-    if value is None:
-        raise ProfileError(
-            f"{where}: {MEM_COLUMN} {show_value(text)} is not an integer memory clock in "
-            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
-        )
-    return value
-
-
 def _parse_rank(where: str, name: str, text: str) -> int:
     if not (text.isdecimal() and len(text) <= 7):
         raise ProfileError(f"{where}: {name} {show_value(text)} is not an integer rank >= 0")
@@ -413,8 +403,14 @@ def _parse_fields(where: str, record: list[str], col: dict[str, int]) -> Row:
     energy_j = _parse_number(where, "energy", energy_text, MAX_ENERGY_J, "J")
     if not 0 <= int(stage) < MAX_STAGES:
         raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {int(stage)}")
-    mem = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
-    return int(stage), kind, freq, time_s, energy_j, (_parse_mem(where, mem) if mem else None)
+    mem_text = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
+    mem = _clock_mhz(mem_text) if mem_text else None
+    if mem_text and mem is None:
+        raise ProfileError(
+            f"{where}: {MEM_COLUMN} {show_value(mem_text)} is not an integer memory clock in "
+            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
+        )
+    return int(stage), kind, freq, time_s, energy_j, mem
 
 
 class _JsonRow(BaseModel):

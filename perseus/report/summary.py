@@ -188,9 +188,7 @@ class MeasuredRun(BaseModel):
             try:
                 spec = JobSpec.model_validate(self.job)
             except ValidationError as e:
-                raise ConfigError(
-                    describe_validation_error(source, e).replace("field ", "field job.", 1)
-                ) from None
+                raise ConfigError(describe_validation_error(source, e, loc=("job",))) from None
             frontier.check_job(spec, source=source)
         if self.allmax is not None:
             got, want = self.allmax.predicted, frontier.baseline
