@@ -22,12 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
-__all__ = [
-    "JobConfig",
-    "describe_job_error",
-    "read_job_config",
-    "resolve_config_profile",
-]
+__all__ = ["JobConfig", "describe_job_error", "read_job_config", "resolve_config_profile"]
 
 
 class JobConfig(BaseModel):

@@ -27,12 +27,7 @@ from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_val
 
 logger = get_logger(__name__)
 
-__all__ = [
-    "check_frontier_job",
-    "read_frontier",
-    "read_json_document",
-    "write_frontier",
-]
+__all__ = ["check_frontier_job", "read_frontier", "read_json_document", "write_frontier"]
 
 #: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
 MAX_FILE_BYTES = INPUT_LIMITS["frontier"]

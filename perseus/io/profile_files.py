@@ -271,18 +271,11 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
         raise ProfileError(f"{p}: no phases for stage(s) {missing}")
     counts = tuple(layers[s][0] for s in range(num_stages))
     logger.debug("read phase profile %s: %d stages, %d phase rows", p, num_stages, len(rows))
-    return PhaseProfile(
-        profile=profile,
-        rows=tuple(rows),
-        layers_per_stage=counts,
-        layer_time_fractions=_layer_fractions(profile, ops, counts),
-    )
+    return PhaseProfile(profile, tuple(rows), counts, _layer_fractions(profile, ops, counts))
 
 
 def _layer_fractions(
-    profile: Profile,
-    ops: _PhaseOps,
-    counts: tuple[int, ...],
+    profile: Profile, ops: _PhaseOps, counts: tuple[int, ...]
 ) -> tuple[tuple[float, ...], ...]:
     """Per stage, each layer's share of the stage's time at the highest clocks (a phase's time
     spread evenly over its layers; ops in file order)."""

@@ -22,12 +22,7 @@ from perseus.plan import Frontier, PlanPoint
 
 logger = get_logger(__name__)
 
-__all__ = [
-    "ZEUS_PFO_FILES",
-    "format_point_solution",
-    "write_zeus_pfo",
-    "zeus_frequency_schedules",
-]
+__all__ = ["ZEUS_PFO_FILES", "format_point_solution", "write_zeus_pfo", "zeus_frequency_schedules"]
 
 ZEUS_PFO_FILES = ("0.sched.json", "point_solution.py", "perseus_plan.json")
 
