@@ -188,58 +188,51 @@ def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
     raise ConfigError(f"{p}:1: column {show_value(name)} is not one of: {_COLUMN_FORMS}")
 
 
-def _signal_rows(p: Path) -> tuple[list[int], list[str]]:
-    """Line numbers and text of the rows that are not blank or comments (header included)."""
+def _signal_rows(p: Path) -> tuple[list[int], list[list[str]]]:
+    """Line numbers and cells of the rows that are not blank or comments (header included)."""
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["signal"], what=_SIGNAL_WHAT, name="signal")
     text = decode_text(p, data, _SIGNAL_WHAT, ConfigError, "utf-8-sig")
     del data
     numbers: list[int] = []
-    lines: list[str] = []
+    rows: list[list[str]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line and not line.startswith("#"):
             numbers.append(number)
-            lines.append(line)
-            if len(lines) > MAX_SIGNAL_ROWS + 1:
+            rows.append(line.split(","))
+            if len(rows) > MAX_SIGNAL_ROWS + 1:
                 raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
-    if not lines:
+    if not rows:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
-    return numbers, lines
+    return numbers, rows
 
 
 def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
-    numbers, lines = _signal_rows(p)
-    first = [c.strip() for c in lines[0].split(",")]
-    columns: list[tuple[str, str, str | None, float]]
+    numbers, cells = _signal_rows(p)
+    first = [c.strip() for c in cells[0]]
+    names = ["value"]
     if first[0].lower() in ("start", "start_s", "time"):
         names = first[1:]
         if not names:
             raise ConfigError(f"{p}:{numbers[0]}: a header with no value column; {_SIGNAL_WHAT}")
-        columns = [_column(p, n) for n in names]
-        numbers, lines = numbers[1:], lines[1:]
-    else:
-        names = ["value"]
-        columns = [_column(p, "value")]
-    width = 1 + len(columns)
-    if not lines:
+        numbers, cells = numbers[1:], cells[1:]
+    columns = [_column(p, n) for n in names]
+    if not cells:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
-    if len(lines) > MAX_SIGNAL_ROWS:
+    if len(cells) > MAX_SIGNAL_ROWS:
         raise ConfigError(
             f"{p}:{numbers[MAX_SIGNAL_ROWS]}: more than {MAX_SIGNAL_ROWS:,} rows; resample it"
         )
-    cells = [line.split(",") for line in lines]
-    del lines
     for number, row in zip(numbers, cells, strict=True):
-        if len(row) != width:
+        if len(row) != 1 + len(columns):
             raise ConfigError(
-                f"{p}:{number}: {len(row)} fields, expected {width} (start, "
+                f"{p}:{number}: {len(row)} fields, expected {1 + len(columns)} (start, "
                 f"{', '.join(names)}); pass {_SIGNAL_WHAT}"
             )
     starts, origin = _parse_starts(p, numbers, [row[0].strip() for row in cells])
     series = []
     for j, (name, (quantity, unit, basis, factor)) in enumerate(zip(names, columns, strict=True)):
-        raw_values = [row[1 + j].strip() for row in cells]
-        values = _parse_values(p, numbers, raw_values)
+        values = _parse_values(p, numbers, [row[1 + j].strip() for row in cells])
         series.append(SignalSeries(name, quantity, unit, basis, values * factor))
     _check_increasing(p, starts)
     return starts, tuple(series), origin
@@ -426,36 +419,28 @@ def schedule_json(
     """The schedule file's text, written from the schedule's arrays with :mod:`json` (a year
     of per-minute intervals in seconds); :func:`read_schedule` validates it."""
     used = schedule.used()
-    firsts = np.concatenate([[0], np.cumsum(schedule.interval_iterations)])[used].tolist()
-    columns = zip(
-        firsts,
-        schedule.starts_s[used].tolist(),
-        schedule.ends_s[used].tolist(),
-        schedule.values[used].tolist(),
-        schedule.fast_index[used].tolist(),
-        schedule.fast_iterations[used].tolist(),
-        schedule.slow_index[used].tolist(),
-        schedule.slow_iterations[used].tolist(),
-        schedule.busy_s[used].tolist(),
-        schedule.energy_j[used].tolist(),
-        schedule.idle_energy_j[used].tolist(),
-        schedule.interval_costs[used].tolist(),
-        strict=True,
-    )
-    records = [
-        {
-            "start_s": start,
-            "end_s": end,
-            "value": value,
-            "first_iteration": first,
-            "plans": [{"point_index": i, "iterations": n} for i, n in ((fi, fn), (si, sn)) if n],
-            "busy_s": busy,
-            "energy_j": energy,
-            "idle_energy_j": idle,
-            "cost": cost,
-        }
-        for first, start, end, value, fi, fn, si, sn, busy, energy, idle, cost in columns
-    ]
+    s = schedule
+
+    def column(values: npt.NDArray[np.generic]) -> list[object]:
+        return values[used].tolist()  # type: ignore[no-any-return]
+
+    fast = zip(column(s.fast_index), column(s.fast_iterations), strict=True)
+    slow = zip(column(s.slow_index), column(s.slow_iterations), strict=True)
+    fields = {
+        "start_s": column(s.starts_s),
+        "end_s": column(s.ends_s),
+        "value": column(s.values),
+        "first_iteration": column(np.concatenate([[0], np.cumsum(s.interval_iterations)])),
+        "plans": [
+            [{"point_index": i, "iterations": n} for i, n in pair if n]
+            for pair in zip(fast, slow, strict=True)
+        ],
+        "busy_s": column(s.busy_s),
+        "energy_j": column(s.energy_j),
+        "idle_energy_j": column(s.idle_energy_j),
+        "cost": column(s.interval_costs),
+    }
+    records = [dict(zip(fields, row, strict=True)) for row in zip(*fields.values(), strict=True)]
     head = ScheduleFile.model_construct(
         schema_version=SCHEDULE_SCHEMA_VERSION,
         frontier_points_sha256=points_sha256(frontier.points),
