@@ -445,31 +445,25 @@ def _parse_json(p: Path, text: str) -> list[Row]:
     return rows
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _check_json_syntax(p: Path, text: str) -> None:
-    """Report a JSON syntax error at its real line and column (stdlib parser); NaN/Infinity
-    pass here and are refused by the schema, which names the field."""
+    """Report a JSON syntax error at its real line and column (stdlib parser), and a key
+    repeated in one object; NaN/Infinity pass here and are refused by the schema."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ProfileError(
+                    f"{p}: key {show_value(key)} appears twice in one object (which one counts "
+                    "would be a guess); keep one"
+                )
+            out[key] = value
+        return out
+
     try:
-        json.loads(text, object_pairs_hook=_unique_keys)
+        json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-    except _DuplicateKey as e:
-        raise ProfileError(
-            f"{p}: key {show_value(e.args[0])} appears twice in one object (which one counts "
-            "would be a guess); keep one"
-        ) from None
     except RecursionError:
         raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
 
