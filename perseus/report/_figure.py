@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import matplotlib
@@ -32,12 +31,10 @@ _STYLE: dict[str, Any] = {
 }
 
 
-@contextlib.contextmanager
-def report_style() -> Iterator[None]:
+def report_style() -> contextlib.AbstractContextManager[None]:
     """Apply the report's fonts and grid to everything created inside the block."""
     # rc_context's stub wants literal keys; these are checked by matplotlib at run time.
-    with matplotlib.rc_context(_STYLE):  # type: ignore[arg-type]
-        yield
+    return matplotlib.rc_context(_STYLE)  # type: ignore[arg-type]
 
 
 def new_figure(figsize: tuple[float, float] = FIGSIZE_IN) -> Figure:

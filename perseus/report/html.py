@@ -47,11 +47,6 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int =
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
-
-
 def render_html(
     summary: Summary,
     images: Mapping[str, bytes],
@@ -87,11 +82,9 @@ def render_html(
     ]
     for key, (heading, caption) in _FIGURES.items():
         if key in images:
-            parts += [
-                f"<h2>{heading}</h2>",
-                _img(images[key], heading),
-                f'<p class="note">{caption}</p>',
-            ]
+            data = base64.b64encode(images[key]).decode("ascii")
+            img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(heading)}">'
+            parts += [f"<h2>{heading}</h2>", img, f'<p class="note">{caption}</p>']
     if sweep:
         parts.append(_sweep_table(sweep))
     if measured is not None:
