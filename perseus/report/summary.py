@@ -84,22 +84,13 @@ def summarize(
     base = frontier.baseline
 
     def figures(point: PlanPoint | Any) -> PlanFigures:
-        return PlanFigures(
-            time_s=point.time_s,
-            energy_j=point.energy_j,
-            energy_saving=1 - point.energy_j / base.energy_j,
-            slowdown=point.time_s / base.time_s - 1,
-        )
+        t, e = point.time_s, point.energy_j
+        return PlanFigures(t, e, energy_saving=1 - e / base.energy_j, slowdown=t / base.time_s - 1)
 
     straggler = None
     if sweep and pipelines is not None:
-        case = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
-        straggler = StragglerFigures(
-            factor=case.factor,
-            pipelines=pipelines,
-            saving_vs_allmax=case.saving_vs_allmax,
-            saving_vs_fastest=case.saving_vs_fastest,
-        )
+        c = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
+        straggler = StragglerFigures(c.factor, pipelines, c.saving_vs_allmax, c.saving_vs_fastest)
     return Summary(
         job=frontier.job.model_dump(),
         points=len(frontier.points),
