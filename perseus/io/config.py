@@ -24,6 +24,9 @@ else:  # pragma: no cover - Python 3.10 needs the backport
 
 __all__ = ["JobConfig", "describe_job_error", "read_job_config", "resolve_config_profile"]
 
+_Layers = Annotated[int, _within("layers_per_stage")]
+_LayerWeight = Annotated[float, _within("layer_time_fractions")]
+
 
 class JobConfig(BaseModel):
     """One planning job as written in a TOML config or given by flags (the CLI validates its
@@ -46,14 +49,8 @@ class JobConfig(BaseModel):
     backward_split: Annotated[float, _within("backward_split")] = JOB_DEFAULTS.backward_split
     pipelines: Annotated[int, _within("pipelines")] | None = None
     # Two-clock ops: layers per stage (one number or one per stage), per-layer work, switch cost.
-    layers_per_stage: (
-        Annotated[int, _within("layers_per_stage")]
-        | Annotated[list[Annotated[int, _within("layers_per_stage")]], Field(max_length=4096)]
-        | None
-    ) = None
-    layer_time_fractions: list[list[Annotated[float, _within("layer_time_fractions")]]] | None = (
-        None
-    )
+    layers_per_stage: _Layers | Annotated[list[_Layers], Field(max_length=4096)] | None = None
+    layer_time_fractions: list[list[_LayerWeight]] | None = None
     switch_latency_s: Annotated[float, _within("switch_latency_s")] = JOB_DEFAULTS.switch_latency_s
     switch_energy_j: Annotated[float, _within("switch_energy_j")] = JOB_DEFAULTS.switch_energy_j
     switch_stall_s: Annotated[float, _within("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
