@@ -160,7 +160,8 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         PlanError: naming the file and the field at fault.
     """
     j = frontier.job
-    check_job_size(f"{source}: field job", j.schedule, j.stages, j.microbatches, j.virtual_stages)
+    sizes = (j.schedule, j.stages, j.microbatches)
+    check_job_size(f"{source}: field job", *sizes, j.virtual_stages)
     if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
         raise PlanError(
             f"{source}: field job.backward_split: set for schedule {j.schedule!r}, which does not "
@@ -168,13 +169,10 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         )
     if j.schedule in SCHEDULE_NAMES:
         try:
-            sched = build_schedule(
-                j.schedule, j.stages, j.microbatches, virtual_stages=j.virtual_stages
-            )
+            sched = build_schedule(*sizes, virtual_stages=j.virtual_stages)
         except ConfigError as e:  # a ScheduleError: the sizes do not fit the schedule
-            raise PlanError(
-                f"{source}: field job: {str(e).partition(chr(10))[0]}; {_REGENERATE}"
-            ) from None
+            why = str(e).partition("\n")[0]
+            raise PlanError(f"{source}: field job: {why}; {_REGENERATE}") from None
         expected = sched.stage_ops()
         if sched.num_ranks != j.ranks:
             raise PlanError(
