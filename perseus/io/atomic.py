@@ -1,31 +1,14 @@
 """Outputs: files and directories appear whole or not at all, and never replace what is not
-a regular file.
+a regular file (docs/formats.md, "Inputs and outputs on a shared machine").
 
-Everything perseus writes goes through here. What an output path names decides how it is
-written (:func:`check_output_path` says so before any work starts, and the write checks again):
-
-* **missing or a regular file**: a temporary sibling (``.NAME.PID.RANDOM.tmp``, created with
-  ``O_EXCL``, so never through a planted link) is written and fsynced, then renamed over the
-  name inside the directory opened once (``os.replace`` is atomic on POSIX); the rename
-  replaces a directory entry and never writes through a link.
-* **a symbolic link**: followed only when it is ours (or root's) and points to a regular file
-  (or nothing) in the same directory; a link that leads out of its directory, or that another
-  user planted, is refused: in a shared directory it is how a file elsewhere gets overwritten.
-* **a character device or a FIFO named directly** (``-o /dev/null``, ``-o pipe``): written
-  through, never replaced (renaming over ``/dev/null`` replaces the machine's ``/dev/null``). A
-  FIFO is opened without blocking: one that nobody reads is refused at once, not waited on.
-* ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``: written to that descriptor of this process.
-* **a directory, socket or block device**: refused.
-
-The directory is opened one component at a time without following links, except links of
-ours or root's: another user's link on the way (``/tmp/shared -> /etc``) is refused, so it
-cannot send an output into a directory of their choosing, nor be swapped in after a check.
-
-No temporary file survives a failed write: it is removed on any exception (Ctrl-C included),
-and on SIGTERM/SIGHUP when the signal's action is to end the process (a signal handler that
-the program installed runs after the write instead, when nothing is left half-done). A
-temporary left by a process that was killed outright (SIGKILL) is removed by the next write of
-the same name.
+Everything perseus writes goes through here. A missing or regular file is replaced by a fsynced
+temporary sibling (``.NAME.PID.RANDOM.tmp``, created ``O_EXCL``) renamed over it inside the
+directory opened once; a link is followed only when it is ours (or root's) and points to a
+regular file in its own directory; a character device or FIFO named directly is written
+through, ``/dev/stdout`` and ``/dev/fd/N`` to that descriptor; anything else is refused. The
+directory is opened one component at a time without following another user's links. No
+temporary survives a failed write (exceptions, Ctrl-C, SIGTERM/SIGHUP); one left by a killed
+process is removed by the next write of the same name.
 """
 
 from __future__ import annotations
@@ -68,7 +51,7 @@ _TEMP_RE = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")
 
 @dataclass(frozen=True, slots=True)
 class OutputTarget:
-    """How an output path is written (see the module docstring).
+    """How an output path is written.
 
     Attributes:
         path: The path as named.
@@ -93,10 +76,8 @@ def _umask() -> int:
 
 
 def _std_fd(text: str) -> int | None:
-    if text in _STD_NAMES:
-        return _STD_NAMES[text]
     m = _FD_PATH.match(text)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else _STD_NAMES.get(text)
 
 
 def writes_to_stdout(path: str | os.PathLike[str]) -> bool:
@@ -126,11 +107,9 @@ def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
         raise ConfigError(f"{p}: names a directory; pass a file path")
     _check_dir(p.parent)
     st = lstat_or_none(p)
-    if st is None:
+    if st is None or stat.S_ISREG(st.st_mode):
         return OutputTarget(p, "file", p)
     mode = st.st_mode
-    if stat.S_ISREG(mode):
-        return OutputTarget(p, "file", p)
     if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
         return OutputTarget(p, "stream", p)
     if stat.S_ISLNK(mode):
@@ -144,10 +123,9 @@ def check_output_path(path: str | os.PathLike[str]) -> OutputTarget:
 
 
 def check_distinct_outputs(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
-    """Refuse two outputs that name one file (``-o F --power-curve F``, ``d/../F``, a link to
-    it, a hard link): the second write would silently replace the first. Devices, FIFOs and
-    descriptors (``/dev/null`` twice) are written through, so they may repeat. ``outputs``
-    maps each output's name in messages (``"--power-curve"``) to its path (None: not asked).
+    """Refuse two outputs that name one file (``d/../F``, a link, a hard link); devices, FIFOs
+    and descriptors may repeat. ``outputs`` maps each output's name in messages
+    (``"--power-curve"``) to its path (None: not asked).
 
     Raises:
         ConfigError: ``"<name> <path>: the same file as <name> <path>; ..."``.
@@ -194,8 +172,7 @@ def _link_entry(p: Path, st: os.stat_result) -> Path:
 
 
 def _refuse_foreign_link(st: os.stat_result, shown: str) -> None:
-    """Refuse a link another user planted (in a shared directory it is how a file elsewhere
-    gets overwritten); ``shown`` starts the message (``"<path>: is"``)."""
+    """Refuse a link another user planted; ``shown`` starts the message (``"<path>: is"``)."""
     if st.st_uid not in (os.geteuid(), 0):
         raise ConfigError(
             f"{shown} a symbolic link owned by another user (uid {st.st_uid}); perseus does not "
@@ -257,10 +234,6 @@ def check_plain_directory(p: Path, mode: int, prefix: str = "") -> None:
         raise ConfigError(f"{prefix}{p}: is {describe_file_type(mode)}; pass a directory path")
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
 def _temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
@@ -305,16 +278,16 @@ def _rmtree_at(dfd: int, name: str) -> None:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINK_HOPS = 40
-#: Removes this process's temporaries on SIGTERM/SIGHUP (see the module docstring).
+#: Removes this process's temporaries on SIGTERM/SIGHUP.
 _CLEANUP = SignalCleanup()
 
 
 def _walk_dir(folder: Path, *, create: bool) -> int | None:
     """``folder`` opened one component at a time with ``O_NOFOLLOW`` relative to the one
-    before (nothing can be swapped in between a check and an open), following only our or
-    root's links (``/var/run -> /run``). Missing directories are created like ``mkdir -p``
-    when ``create``; else None is returned.
+    before, following only our or root's links (``/var/run -> /run``). Missing directories
+    are created like ``mkdir -p`` when ``create``; else None is returned.
 
     Raises:
         ConfigError: a link of another user on the way, a component that is not a directory,
@@ -357,8 +330,7 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
 
 
 def _link_target(folder: Path, name: str, fd: int, hops: int) -> str:
-    """Where ``name`` (in directory ``fd``, the ``hops``-th link on the way) points, when it is
-    a link perseus may follow."""
+    """Where the link ``name`` in directory ``fd`` points, when perseus may follow it."""
     st = os.lstat(name, dir_fd=fd)
     if not stat.S_ISLNK(st.st_mode):
         raise ConfigError(
@@ -372,8 +344,7 @@ def _link_target(folder: Path, name: str, fd: int, hops: int) -> str:
 
 
 def open_output_dir(folder: str | os.PathLike[str]) -> int:
-    """A descriptor of directory ``folder`` (created when missing, reached as
-    :func:`_walk_dir` does); open files in it with ``dir_fd=``.
+    """A descriptor of directory ``folder`` (created when missing, no foreign links on the way).
 
     Raises:
         ConfigError: another user's link on the way, or a component that is not a directory.
@@ -428,41 +399,50 @@ def _write_stream(p: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _write_file(entry: Path, data: bytes) -> None:
-    name = entry.name
+@contextlib.contextmanager
+def _temp_sibling(entry: Path, directory: bool = False) -> Iterator[tuple[int, str, int]]:
+    """Yield ``(directory fd, name, file fd)`` of a new temporary sibling of ``entry`` (a file
+    open for writing, or a directory and -1), removed on any exception or SIGTERM."""
     dfd = open_output_dir(entry.parent)
     try:
-        _remove_stale_temps(dfd, name)
-        tmp = _temp_name(name)
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dfd,
-        )
+        _remove_stale_temps(dfd, entry.name)
+        tmp = _temp_name(entry.name)
+        fd = -1
+        if directory:
+            os.mkdir(tmp, 0o700, dir_fd=dfd)
+        else:
+            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dfd)
 
         def remove() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=dfd)
+            if directory:
+                _rmtree_at(dfd, tmp)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dfd)
 
         try:
             with _CLEANUP.protect(remove):
-                try:
-                    _write_all(fd, data)
-                    os.fsync(fd)
-                    # O_EXCL created it 0600; give it the permissions a plain open() would.
-                    os.fchmod(fd, 0o666 & ~_umask())
-                finally:
-                    os.close(fd)
-                _entry_mode(dfd, name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))
-                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                yield dfd, tmp, fd
         except BaseException:
             remove()
             raise
-        with contextlib.suppress(OSError):
-            os.fsync(dfd)  # the rename itself survives a crash
     finally:
         os.close(dfd)
+
+
+def _write_file(entry: Path, data: bytes) -> None:
+    with _temp_sibling(entry) as (dfd, tmp, fd):
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+            # O_EXCL created it 0600; give it the permissions a plain open() would.
+            os.fchmod(fd, 0o666 & ~_umask())
+        finally:
+            os.close(fd)
+        _entry_mode(dfd, entry.name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))
+        os.replace(tmp, entry.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)  # the rename itself survives a crash
 
 
 def _entry_mode(dfd: int, name: str, shown: object, ok: Callable[[int], bool]) -> int | None:
@@ -510,27 +490,10 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         ConfigError: what :func:`check_output_directory` refuses.
     """
     target = check_output_directory(path)
-    name = target.name
-    dfd = open_output_dir(target.parent)
-    try:
-        _remove_stale_temps(dfd, name)
-        tmp_name = _temp_name(name)
-        os.mkdir(tmp_name, 0o700, dir_fd=dfd)
-        tmp = target.parent / tmp_name
-
-        def remove() -> None:
-            _rmtree_at(dfd, tmp_name)
-
-        try:
-            with _CLEANUP.protect(remove):
-                os.chmod(tmp_name, 0o777 & ~_umask(), dir_fd=dfd)
-                yield tmp
-                _replace_directory(dfd, tmp_name, name)
-        except BaseException:
-            remove()
-            raise
-    finally:
-        os.close(dfd)
+    with _temp_sibling(target, directory=True) as (dfd, tmp, _):
+        os.chmod(tmp, 0o777 & ~_umask(), dir_fd=dfd)
+        yield target.parent / tmp
+        _replace_directory(dfd, tmp, target.name)
 
 
 def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:

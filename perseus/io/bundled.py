@@ -1,8 +1,5 @@
-"""The profiles shipped with perseus (measured on A100/A40 in the Perseus SOSP'24 artifact).
-
-Each bundled profile carries the blocking (P2P-wait) power its authors measured, used as the
-default when a job does not give one.
-"""
+"""The profiles shipped with perseus (A100/A40, from the Perseus SOSP'24 artifact), each with
+the blocking (P2P-wait) power its authors measured: the default when a job gives none."""
 
 from __future__ import annotations
 
@@ -33,6 +30,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class BundledProfile:
+    """A shipped profile: its file name, short alias, measured blocking power and what it is."""
+
     name: str
     alias: str
     blocking_power_w: float
@@ -45,6 +44,7 @@ BUNDLED_PROFILES: tuple[BundledProfile, ...] = (
     ),
     BundledProfile("gpt3-175b+a40_bf16", "a40", 70.38, "GPT-3 175B, 8 stages, A40"),
 )
+_BUNDLED_NAMES = ", ".join(f"{b.alias} ({b.name})" for b in BUNDLED_PROFILES)
 
 
 def _bundled_path(name: str) -> Path:
@@ -59,15 +59,9 @@ def bundled_profile_path(name: str) -> Path | None:
     return None
 
 
-def _bundled_names() -> str:
-    return ", ".join(f"{b.alias} ({b.name})" for b in BUNDLED_PROFILES)
-
-
 def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
-    """A profile path, or a bundled profile's name/alias (``a100``, ``gpt3-175b+a40_bf16``).
-
-    For names the user typed (a command-line argument); a name read from a file goes through
-    :func:`resolve_plan_profile` or :func:`perseus.io.config.resolve_config_profile`.
+    """A profile path, or a bundled profile's name/alias (``a100``), as the user typed it (a
+    name read from a file goes through :func:`resolve_plan_profile`).
 
     Raises:
         ConfigError: if ``arg`` is neither an existing file nor a bundled name.
@@ -79,34 +73,23 @@ def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
     if bundled is not None:
         return bundled
     raise ConfigError(
-        f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {_bundled_names()}"
-    )
-
-
-def _plain_file_name(name: str) -> bool:
-    return (
-        0 < len(name) <= 255
-        and name not in (".", "..")
-        and not any(c in name for c in ("/", "\\", "\0"))
+        f"{arg}: profile file not found; pass a CSV/JSON path or a bundled name: {_BUNDLED_NAMES}"
     )
 
 
 def resolve_plan_profile(name: str, plan_path: str | os.PathLike[str], source: str) -> Path:
     """The profile a plan/frontier file names in ``job.profile_name``: a bundled profile, or a
-    regular file beside the plan (``NAME``, ``NAME.csv`` or ``NAME.json``; perseus records a
-    profile file's stem).
-
-    A plan is data that may come from anyone, so its profile name never makes perseus open a
-    path of the file's choosing: no directories, no ``..``, no links.
+    regular file beside the plan (``NAME``, ``NAME.csv`` or ``NAME.json``). A plan may come
+    from anyone, so the name never opens a path of its choosing: no directories, ``..`` or links.
 
     Raises:
-        ConfigError: ``"<source>: field job.profile_name: ..."`` when the name is neither (the
-            caller adds how to pass the profile instead).
+        ConfigError: ``"<source>: field job.profile_name: ..."`` when the name is neither.
     """
     bundled = bundled_profile_path(name)
     if bundled is not None:
         return bundled
-    if _plain_file_name(name):
+    plain = 0 < len(name) <= 255 and name not in (".", "..")
+    if plain and not any(c in name for c in ("/", "\\", "\0")):
         folder = Path(plan_path).parent
         for candidate in (name, f"{name}.csv", f"{name}.json"):
             path = folder / candidate
@@ -115,7 +98,7 @@ def resolve_plan_profile(name: str, plan_path: str | os.PathLike[str], source: s
                     return path
     raise ConfigError(
         f"{source}: field job.profile_name: {show_value(name)} is neither a bundled profile "
-        f"({_bundled_names()}) nor a profile file beside the plan"
+        f"({_BUNDLED_NAMES}) nor a profile file beside the plan"
     )
 
 
@@ -138,10 +121,8 @@ def default_blocking_power_w(profile: Profile) -> float | None:
 def load_profile_with_blocking_power(
     path: str | Path, blocking_power_w: float | None = None
 ) -> tuple[Profile, float]:
-    """A profile CSV/JSON (or a bundled name such as ``a100``) and its blocking power:
-    ``blocking_power_w`` when given, else the bundled profile's measured value. What a
-    simulated GPU is built from (``SimulatedGPU.from_profile(profile, blocking_power_w=...)``:
-    device modules read no files).
+    """A profile (a path or a bundled name) and its blocking power: ``blocking_power_w`` when
+    given, else the bundled profile's measured value (what a simulated GPU is built from).
 
     Raises:
         ConfigError: unreadable profile, or no blocking power for a non-bundled profile.

@@ -1,20 +1,6 @@
-"""Job configs: TOML files naming a profile, schedule, sizes and blocking power.
-
-A config is a complete, reviewable description of one planning job, so that
-``perseus frontier --config configs/gpt3-a100-1f1b-8x24.toml`` reproduces a figure without a
-long command line. Example::
-
-    description = "GPT-3 175B on A100 SXM4, 1F1B, 8 stages x 24 microbatches"
-    profile = "a100"            # bundled name, or a CSV/JSON path relative to this file
-    schedule = "1f1b"           # gpipe | 1f1b | interleaved | zb
-    stages = 8                  # optional: defaults to the profile's stage count
-    microbatches = 24
-    blocking_power_w = 83.64    # optional for bundled profiles (their measured value)
-    pipelines = 16              # optional: data-parallel pipelines, for straggler what-ifs
-
-Unknown keys are errors (a typo must not silently fall back to a default), and every error
-names the file, the key and the fix.
-"""
+"""Job configs: TOML files naming a profile, schedule, sizes and blocking power (``configs/``),
+so that ``perseus frontier --config FILE`` reproduces a figure without a long command line.
+Unknown keys are errors, and every error names the file, the key and the fix."""
 
 from __future__ import annotations
 
@@ -27,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import job_range as _within
 from perseus.validate import JOB_DEFAULTS, clip_message, show_value
 
@@ -36,20 +22,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
-__all__ = [
-    "JobConfig",
-    "describe_job_error",
-    "read_job_config",
-    "resolve_config_profile",
-]
+__all__ = ["JobConfig", "describe_job_error", "read_job_config", "resolve_config_profile"]
+
+_Layers = Annotated[int, _within("layers_per_stage")]
+_LayerWeight = Annotated[float, _within("layer_time_fractions")]
 
 
 class JobConfig(BaseModel):
-    """One planning job as written in a TOML config (see the module docstring), or as given by
-    flags (:func:`perseus.cli._job_args.job_from_args` validates the flags through it too).
-
-    Types are strict: ``microbatches = "4"`` or ``= true`` is an error, not 4 or 1; numbers
-    must be finite and within :data:`perseus.validate.JOB_BOUNDS`; what is left out takes
+    """One planning job as written in a TOML config or given by flags (the CLI validates its
+    flags through it too). Types are strict (``"4"`` is not 4); numbers are finite and within
+    :data:`perseus.validate.JOB_BOUNDS`; what is left out takes
     :data:`perseus.validate.JOB_DEFAULTS`.
     """
 
@@ -66,16 +48,9 @@ class JobConfig(BaseModel):
     p2p_latency_s: Annotated[float, _within("p2p_latency_s")] = JOB_DEFAULTS.p2p_latency_s
     backward_split: Annotated[float, _within("backward_split")] = JOB_DEFAULTS.backward_split
     pipelines: Annotated[int, _within("pipelines")] | None = None
-    # Two-clock ops (perseus.profile.two_clock): layers per stage (one number or one per
-    # stage), an optional per-layer work profile, the switch cost, and 1 or 2 clocks per op.
-    layers_per_stage: (
-        Annotated[int, _within("layers_per_stage")]
-        | Annotated[list[Annotated[int, _within("layers_per_stage")]], Field(max_length=4096)]
-        | None
-    ) = None
-    layer_time_fractions: list[list[Annotated[float, _within("layer_time_fractions")]]] | None = (
-        None
-    )
+    # Two-clock ops: layers per stage (one number or one per stage), per-layer work, switch cost.
+    layers_per_stage: _Layers | Annotated[list[_Layers], Field(max_length=4096)] | None = None
+    layer_time_fractions: list[list[_LayerWeight]] | None = None
     switch_latency_s: Annotated[float, _within("switch_latency_s")] = JOB_DEFAULTS.switch_latency_s
     switch_energy_j: Annotated[float, _within("switch_energy_j")] = JOB_DEFAULTS.switch_energy_j
     switch_stall_s: Annotated[float, _within("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
@@ -84,27 +59,18 @@ class JobConfig(BaseModel):
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
-    """Load and validate a TOML job config.
-
-    Returns:
-        The config and its path (relative profile paths resolve against its directory, see
-        :func:`resolve_config_profile`).
+    """Load and validate a TOML job config; returns it and its path (relative profile paths
+    resolve against its directory, see :func:`resolve_config_profile`).
 
     Raises:
         ConfigError: ``"<file>: ..."`` for a missing/unreadable file, bad TOML (with line),
             an unknown key or a bad value (with the key and the accepted values).
     """
     p = Path(path)
-    data = read_bounded(
-        p,
-        limit_bytes=INPUT_LIMITS["config"],
-        what="a TOML job config (see configs/)",
-        name="config file",
-    )
+    what = "a TOML job config (see configs/)"
+    data = read_bounded(p, limit_bytes=INPUT_LIMITS["config"], what=what, name="config file")
     try:
-        raw = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not UTF-8 text; a job config is a TOML file") from None
+        raw = tomllib.loads(decode_text(p, data, what, ConfigError))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(
             f"{p}: invalid TOML ({clip_message(str(e), 200)}); fix the syntax"
@@ -127,16 +93,14 @@ def _describe(source: str, error: ValidationError) -> str:
     if first["type"] == "missing":
         key = ".".join(str(part) for part in first["loc"])
         return f"{source}: missing key {key!r}; add it (e.g. {key} = {_EXAMPLES.get(key, '...')})"
-    return describe_job_error(
-        error, {name: f"{source}: key {name}" for name in JobConfig.model_fields}
-    )
+    where = {name: f"{source}: key {name}" for name in JobConfig.model_fields}
+    return describe_job_error(error, where)
 
 
 def describe_job_error(error: ValidationError, where: Mapping[str, str]) -> str:
     """``"--stages: Input should be greater than or equal to 1, got 0"``: a job's first bad
-    value, named by where it came from (``where[field]``: its flag, or ``"<file>: key <name>"``);
-    of a union's errors (``12`` or ``[12, 12]``), the one that reached deepest into the value.
-    """
+    value, named by ``where[field]`` (its flag, or ``"<file>: key <name>"``); of a union's
+    errors, the one that reached deepest into the value."""
     first = max(error.errors(), key=lambda e: len(e["loc"]))
     name, *rest = first["loc"] or ("job",)
     source = where.get(str(name), str(name))
@@ -150,11 +114,9 @@ _EXAMPLES = {"profile": '"a100"', "microbatches": "24"}
 
 
 def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
-    """The profile argument for :func:`perseus.io.bundled.resolve_profile_path`.
-
-    A config is data (it may come from anyone), so its profile is a bundled name or a file
-    under the config's own directory, named by a relative path without ``..``
-    (``profiles/mine.csv``): a config never makes perseus open a path of its choosing.
+    """The profile argument for :func:`perseus.io.bundled.resolve_profile_path`: a bundled name
+    or a file under the config's directory by a relative path without ``..`` (a config may come
+    from anyone, so it never makes perseus open a path of its choosing).
 
     Raises:
         ConfigError: ``"<config>: key profile: ..."`` for an absolute path, a path that climbs

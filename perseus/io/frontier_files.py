@@ -1,9 +1,8 @@
 """Read and write plan/frontier JSON files (validated with pydantic, never executed).
 
-Reading checks, in order: the JSON syntax (the error names the line and column), the schema
-(strict types: ``"4"`` is not 4, ``true`` is not 1; finite numbers only), the points' digest
-(``points_sha256``, schema version 2: an edited or corrupted point is refused; version-1 files
-have none), and on request the job's self-consistency (:func:`check_frontier_job`).
+Reading checks the JSON syntax (naming the line and column), the schema (strict types, finite
+numbers), the points' digest (``points_sha256``, schema version 2+) and, on request, the job's
+self-consistency (:func:`check_frontier_job`).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pydantic import ValidationError
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
 from perseus.schedule.actions import Action, Kind
@@ -28,13 +27,7 @@ from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_val
 
 logger = get_logger(__name__)
 
-__all__ = [
-    "check_frontier_job",
-    "read_frontier",
-    "read_json_document",
-    "read_json_text",
-    "write_frontier",
-]
+__all__ = ["check_frontier_job", "read_frontier", "read_json_document", "write_frontier"]
 
 #: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
 MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
@@ -43,23 +36,39 @@ MAX_POINTS = 100_000
 
 _REGENERATE = "regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)"
 _PLAN_WHAT = "a plan/frontier JSON written by perseus"
+_TORCH_NAME_RE = re.compile(r"^Schedule[A-Za-z0-9_]{1,60}$")
 
 
-def _decode(p: Path, data: bytes, what: str, error: type[Exception]) -> str:
+def _as_tuples(value: Any, depth: int = 0) -> Any:
+    """JSON arrays as tuples, for strict validation of tuple fields (deeper than 16 levels is
+    left to the schema). Objects are converted in place and each array is dropped once
+    converted, so the document never exists twice."""
+    if depth > 16:
+        return value
+    if isinstance(value, list):
+        out = tuple([_as_tuples(v, depth + 1) for v in value])
+        value.clear()
+        return out
+    if isinstance(value, dict):
+        for k, v in value.items():
+            value[k] = _as_tuples(v, depth + 1)
+    return value
+
+
+def read_json_document(
+    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
+) -> Any:
+    """Read ``p`` (a bounded read) and parse it once as JSON; errors name the line and column.
+    Validate the result with ``Model.model_validate(doc, strict=True)``.
+
+    Equal integers share one object (a frontier repeats a few dozen clocks millions of times).
+    NaN and Infinity pass here and are refused by the schema, which names the field.
+    """
+    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
     if not data.strip():
         raise error(f"{p}: file is empty; pass {what}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise error(f"{p}:{line}: not UTF-8 text; pass {what}") from None
-
-
-def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
-    """The stdlib parser's document; errors name the real line and column. Equal integers
-    share one object (a frontier repeats a few dozen clocks millions of times), which keeps a
-    plan's memory a few times its size. NaN and Infinity pass here and are refused by the
-    schema, which names the field."""
+    text = decode_text(p, data, what, error)
+    del data
     ints: dict[int, int] = {}
 
     def parse_int(digits: str) -> int:
@@ -74,54 +83,6 @@ def _parse_json(p: Path, text: str, what: str, error: type[Exception]) -> Any:
         raise error(f"{p}: invalid JSON (nested too deeply); pass {what}") from None
     except ValueError as e:  # an integer of thousands of digits
         raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
-
-
-def _as_tuples(value: Any, depth: int = 0) -> Any:
-    """JSON arrays as tuples, for strict validation of the models' tuple fields (the
-    document's own nesting is at most a few levels; deeper input is left to the schema).
-
-    Objects are converted in place and each array is dropped once converted, so the document
-    never exists twice (a plan's clocks are most of its memory)."""
-    if depth > 16:
-        return value
-    if isinstance(value, list):
-        out = tuple([_as_tuples(v, depth + 1) for v in value])
-        value.clear()
-        return out
-    if isinstance(value, dict):
-        for k, v in value.items():
-            value[k] = _as_tuples(v, depth + 1)
-    return value
-
-
-def read_json_text(
-    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
-) -> str:
-    """Read ``p`` (a bounded read) as UTF-8 JSON text and check its syntax; errors name the
-    line and column.
-
-    Args:
-        p: The file.
-        what: What the file should be (``"a plan/frontier JSON written by perseus"``).
-        error: The :class:`~perseus.errors.ConfigError` subclass to raise.
-        limit_bytes: The largest file accepted.
-    """
-    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
-    text = _decode(p, data, what, error)
-    _parse_json(p, text, what, error)
-    return text
-
-
-def read_json_document(
-    p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
-) -> Any:
-    """Read ``p`` (a bounded read) and parse it once as JSON (integers shared); errors name
-    the line and column. Validate the result with ``Model.model_validate(doc, strict=True)``
-    rather than parsing the text a second time."""
-    data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
-    text = _decode(p, data, what, error)
-    del data
-    return _parse_json(p, text, what, error)
 
 
 def _check_counts(p: Path, doc: Any) -> None:
@@ -144,8 +105,7 @@ def _check_counts(p: Path, doc: Any) -> None:
 
 
 def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
-    """Each point validated on its own, its document dropped once its model exists: a plan's
-    clocks are most of its memory, and this way they never exist twice."""
+    """Each point validated on its own, its document dropped once its model exists."""
     for i, point in enumerate(points):
         try:
             points[i] = PlanPoint.model_validate(_as_tuples(point), strict=True)
@@ -157,10 +117,8 @@ def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
 
 
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
-    """Load and validate a frontier or plan file, checking the points' digest.
-
-    The file is read whole (at most :data:`MAX_FILE_BYTES`), parsed by the standard library
-    with shared integers, and validated strictly (``"4"`` is not 4, ``true`` is not 1).
+    """Load and validate a frontier or plan file (at most :data:`MAX_FILE_BYTES`), checking
+    the points' digest.
 
     Raises:
         PlanError: naming the file and the first bad field, line or the digest.
@@ -176,7 +134,9 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "value_error" and "points_sha256" in first["msg"]:
-            raise PlanError(f"{p}: field points: {_REGENERATE_MSG(first['msg'])}") from None
+            msg = first["msg"].removeprefix("Value error, ")
+            msg = msg.replace("regenerate it (perseus frontier / perseus plan pick)", _REGENERATE)
+            raise PlanError(f"{p}: field points: {msg}") from None
         raise PlanError(describe_validation_error(str(p), e)) from None
     logger.debug(
         "read %s: %d points, schema version %d", p, len(frontier.points), frontier.schema_version
@@ -187,11 +147,6 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
             f"points); {_REGENERATE}"
         )
     return frontier
-
-
-def _REGENERATE_MSG(msg: str) -> str:
-    text = msg.removeprefix("Value error, ")
-    return text.replace("regenerate it (perseus frontier / perseus plan pick)", _REGENERATE)
 
 
 def check_frontier_job(frontier: Frontier, source: str) -> None:
@@ -205,7 +160,8 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         PlanError: naming the file and the field at fault.
     """
     j = frontier.job
-    check_job_size(f"{source}: field job", j.schedule, j.stages, j.microbatches, j.virtual_stages)
+    sizes = (j.schedule, j.stages, j.microbatches)
+    check_job_size(f"{source}: field job", *sizes, j.virtual_stages)
     if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
         raise PlanError(
             f"{source}: field job.backward_split: set for schedule {j.schedule!r}, which does not "
@@ -213,13 +169,10 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         )
     if j.schedule in SCHEDULE_NAMES:
         try:
-            sched = build_schedule(
-                j.schedule, j.stages, j.microbatches, virtual_stages=j.virtual_stages
-            )
+            sched = build_schedule(*sizes, virtual_stages=j.virtual_stages)
         except ConfigError as e:  # a ScheduleError: the sizes do not fit the schedule
-            raise PlanError(
-                f"{source}: field job: {str(e).partition(chr(10))[0]}; {_REGENERATE}"
-            ) from None
+            why = str(e).partition("\n")[0]
+            raise PlanError(f"{source}: field job: {why}; {_REGENERATE}") from None
         expected = sched.stage_ops()
         if sched.num_ranks != j.ranks:
             raise PlanError(
@@ -257,9 +210,6 @@ def _first_difference(got: tuple[tuple[str, ...], ...], want: tuple[tuple[str, .
     return f" ({len(got)} ranks, expected {len(want)})"
 
 
-_TORCH_NAME_RE = re.compile(r"^Schedule[A-Za-z0-9_]{1,60}$")
-
-
 def _check_generic_ops(frontier: Frontier, source: str) -> None:
     j = frontier.job
     seen: set[Action] = set()
@@ -267,13 +217,12 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
         for i, action in enumerate(actions):
             outside = action.microbatch_index >= j.microbatches or action.stage_index >= j.stages
             if outside or action in seen:
-                why = (
-                    f"is outside the job ({j.stages} stages x {j.microbatches} microbatches)"
-                    if outside
-                    else "appears twice"
-                )
+                why = f"is outside the job ({j.stages} stages x {j.microbatches} microbatches)"
                 op = show_value(frontier.stage_ops[r][i])
-                raise PlanError(f"{source}: field stage_ops[{r}][{i}]: {op} {why}; {_REGENERATE}")
+                raise PlanError(
+                    f"{source}: field stage_ops[{r}][{i}]: {op} "
+                    f"{why if outside else 'appears twice'}; {_REGENERATE}"
+                )
             seen.add(action)
     kinds = {a.kind for a in seen}
     per_kind = j.stages * j.microbatches
@@ -288,13 +237,11 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
 
 def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
     """Write ``frontier`` as compact JSON (one point per line) with its digest, atomically."""
-    digest = points_sha256(frontier.points)
-    # A job without a GPU record is written as before the record existed.
     exclude: dict[str, Any] = {"points": True}
-    if frontier.job.gpu is None:
+    if frontier.job.gpu is None:  # written as before the record existed
         exclude["job"] = {"gpu"}
     head = frontier.model_copy(
-        update={"schema_version": SCHEMA_VERSION, "points_sha256": digest}
+        update={"schema_version": SCHEMA_VERSION, "points_sha256": points_sha256(frontier.points)}
     ).model_dump_json(exclude=exclude)
     points = ",\n".join(p.model_dump_json(exclude_none=True) for p in frontier.points)
     atomic_write_text(path, head[:-1] + ',\n"points":[\n' + points + "\n]}\n")

@@ -1,8 +1,6 @@
-"""The GPU record of a profile file (:class:`~perseus.identity.GpuIdentity`).
-
-A JSON profile carries it as its ``gpu`` field. A CSV profile keeps the Zeus/lowtime format
-unchanged and carries it beside itself, in ``<name>.gpu.json`` (``profile.csv`` ->
-``profile.gpu.json``). A file without one still reads; it is logged as unchecked.
+"""The GPU record of a profile file (:class:`~perseus.identity.GpuIdentity`): a JSON
+profile's ``gpu`` field, or ``<name>.gpu.json`` beside a CSV profile (whose Zeus format stays
+unchanged). A file without one still reads; it is logged as unchecked.
 """
 
 from __future__ import annotations
@@ -34,27 +32,22 @@ def gpu_record_path(profile_path: str | os.PathLike[str]) -> Path:
 
 
 def read_gpu_record(profile_path: str | os.PathLike[str], text: str) -> GpuIdentity | None:
-    """The GPU record of the profile at ``profile_path`` whose content is ``text`` (its
-    ``gpu`` field for JSON, the ``.gpu.json`` beside it otherwise); None, logged as
-    unchecked, when there is none.
+    """The GPU record of the profile at ``profile_path`` whose content is ``text``; None,
+    logged as unchecked, when there is none.
 
     Raises:
         ProfileError: a record that is not valid, naming its file and field.
     """
     p = Path(profile_path)
+    where, raw = p, None
     if p.suffix.lower() == ".json":
-        where, raw = p, json.loads(text).get("gpu")
-    else:
-        where = gpu_record_path(p)
-        raw = None
-        if where.is_file():
-            data = read_bounded(
-                where, limit_bytes=_MAX_BYTES, what="a GPU record", error=ProfileError
-            )
-            try:
-                raw = json.loads(data.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ProfileError(f"{where}: not a JSON GPU record ({e}); regenerate it") from None
+        raw = json.loads(text).get("gpu")
+    elif (where := gpu_record_path(p)).is_file():
+        data = read_bounded(where, limit_bytes=_MAX_BYTES, what="a GPU record", error=ProfileError)
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ProfileError(f"{where}: not a JSON GPU record ({e}); regenerate it") from None
     if raw is None:
         logger.info(
             "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name

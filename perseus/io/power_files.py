@@ -1,22 +1,9 @@
-"""Files of the power features: price/carbon signals (CSV), plan schedules (JSON), power curves.
-
-* **Signal CSV**: rows ``start, value``, or a header row naming each value column with its
-  unit and basis (``start,price_eur_per_mwh,carbon_g_per_kwh_location_average``); ``#``
-  comments and blank lines are skipped. ``start`` is seconds (any step, increasing) or an ISO
-  8601 time (``2026-11-23T00:00:00+00:00``), all rows the same kind; times are taken relative
-  to the first row, which is the job's start. A value is a finite number within
-  ±:data:`~perseus.solver.power_schedule.MAX_SIGNAL_VALUE` per kWh (negative and zero prices
-  are real: a market pays for consumption in some hours). Prices and carbon come in one file
-  or two (:func:`read_signal` aligns them). Reading is bounded: 16 MB, 1,000,000 rows.
-* **Schedule JSON** (:class:`ScheduleFile`, ``schema_version`` 2; 1 still reads): the frontier
-  it indexes (its ``points_sha256``), ``N``, ``D``, the idle power, the signal's description,
-  the costs, one record per interval that runs iterations and the iteration-indexed
-  ``segments`` a running job follows.
-* **Power curve CSV** (:func:`write_power_curve`): one row per frontier point.
-"""
+"""Files of the power features: price/carbon signals (CSV), plan schedules (JSON, schema
+version 2; 1 still reads) and power curves (CSV); the formats are in docs/power.md."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import os
@@ -34,7 +21,7 @@ from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import read_json_document
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
 from perseus.solver.power_schedule import MAX_SIGNAL_VALUE, PowerSchedule
 from perseus.validate import show_value
@@ -78,7 +65,7 @@ _Index = Annotated[int, Field(ge=0)]
 
 @dataclass(frozen=True, slots=True)
 class SignalSeries:
-    """One column of a signal: what it measures, its declared unit and basis, its values.
+    """One column of a signal.
 
     Attributes:
         column: The column's header name (``value`` for a file without a header).
@@ -112,10 +99,10 @@ class SignalSeries:
 
 @dataclass(frozen=True, slots=True)
 class Signal:
-    """A price/carbon signal: interval starts (seconds from the job's start) and its series.
+    """A price/carbon signal.
 
     Attributes:
-        starts_s: Interval starts, 0 first, increasing.
+        starts_s: Interval starts in seconds from the job's start, 0 first, increasing.
         series: One entry per value column (of one file or two).
         origin: The UTC time of the first start (None for a signal in seconds).
     """
@@ -143,11 +130,8 @@ class Signal:
 
 
 def read_signal(*paths: str | os.PathLike[str]) -> Signal:
-    """Read one signal CSV, or two (prices and carbon) aligned on the union of their starts.
-
-    Two files must both use ISO times (aligned on the clock) or both seconds (each from its
-    own first row). The job starts at the later first row; each series holds its last value
-    until its next row.
+    """Read one signal CSV, or two (prices and carbon) aligned on the union of their starts
+    (both ISO times, aligned on the clock, or both seconds, each from its first row).
 
     Raises:
         ConfigError: one line naming the file, the line and the value at fault.
@@ -204,62 +188,51 @@ def _column(p: Path, name: str) -> tuple[str, str, str | None, float]:
     raise ConfigError(f"{p}:1: column {show_value(name)} is not one of: {_COLUMN_FORMS}")
 
 
-def _signal_rows(p: Path) -> tuple[list[int], list[str]]:
-    """Line numbers and text of the rows that are not blank or comments (header included)."""
+def _signal_rows(p: Path) -> tuple[list[int], list[list[str]]]:
+    """Line numbers and cells of the rows that are not blank or comments (header included)."""
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["signal"], what=_SIGNAL_WHAT, name="signal")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        bad_line = data[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{bad_line}: not UTF-8 text; pass {_SIGNAL_WHAT}") from None
+    text = decode_text(p, data, _SIGNAL_WHAT, ConfigError, "utf-8-sig")
     del data
     numbers: list[int] = []
-    lines: list[str] = []
+    rows: list[list[str]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line and not line.startswith("#"):
             numbers.append(number)
-            lines.append(line)
-            if len(lines) > MAX_SIGNAL_ROWS + 1:
+            rows.append(line.split(","))
+            if len(rows) > MAX_SIGNAL_ROWS + 1:
                 raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
-    if not lines:
+    if not rows:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
-    return numbers, lines
+    return numbers, rows
 
 
 def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
-    numbers, lines = _signal_rows(p)
-    first = [c.strip() for c in lines[0].split(",")]
-    columns: list[tuple[str, str, str | None, float]]
+    numbers, cells = _signal_rows(p)
+    first = [c.strip() for c in cells[0]]
+    names = ["value"]
     if first[0].lower() in ("start", "start_s", "time"):
         names = first[1:]
         if not names:
             raise ConfigError(f"{p}:{numbers[0]}: a header with no value column; {_SIGNAL_WHAT}")
-        columns = [_column(p, n) for n in names]
-        numbers, lines = numbers[1:], lines[1:]
-    else:
-        names = ["value"]
-        columns = [_column(p, "value")]
-    width = 1 + len(columns)
-    if not lines:
+        numbers, cells = numbers[1:], cells[1:]
+    columns = [_column(p, n) for n in names]
+    if not cells:
         raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
-    if len(lines) > MAX_SIGNAL_ROWS:
+    if len(cells) > MAX_SIGNAL_ROWS:
         raise ConfigError(
             f"{p}:{numbers[MAX_SIGNAL_ROWS]}: more than {MAX_SIGNAL_ROWS:,} rows; resample it"
         )
-    cells = [line.split(",") for line in lines]
-    del lines
     for number, row in zip(numbers, cells, strict=True):
-        if len(row) != width:
+        if len(row) != 1 + len(columns):
             raise ConfigError(
-                f"{p}:{number}: {len(row)} fields, expected {width} (start, "
+                f"{p}:{number}: {len(row)} fields, expected {1 + len(columns)} (start, "
                 f"{', '.join(names)}); pass {_SIGNAL_WHAT}"
             )
     starts, origin = _parse_starts(p, numbers, [row[0].strip() for row in cells])
     series = []
     for j, (name, (quantity, unit, basis, factor)) in enumerate(zip(names, columns, strict=True)):
-        raw_values = [row[1 + j].strip() for row in cells]
-        values = _parse_values(p, numbers, raw_values)
+        values = _parse_values(p, numbers, [row[1 + j].strip() for row in cells])
         series.append(SignalSeries(name, quantity, unit, basis, values * factor))
     _check_increasing(p, starts)
     return starts, tuple(series), origin
@@ -281,14 +254,10 @@ def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np
     try:
         values = np.array(raw, dtype=np.float64)
     except ValueError:
-        for number, cell in zip(numbers, raw, strict=True):
-            try:
-                float(cell)
-            except ValueError:
-                raise ConfigError(
-                    f"{p}:{number}: value {show_value(cell)} is not a number; pass {_SIGNAL_WHAT}"
-                ) from None
-        raise  # pragma: no cover - numpy and float() agree
+        k = next(k for k, cell in enumerate(raw) if not _is_number(cell))
+        raise ConfigError(
+            f"{p}:{numbers[k]}: value {show_value(raw[k])} is not a number; pass {_SIGNAL_WHAT}"
+        ) from None
     bad = np.flatnonzero(~(np.abs(values) <= MAX_SIGNAL_VALUE))
     if bad.size:
         k = int(bad[0])
@@ -423,12 +392,8 @@ class ScheduleFile(BaseModel):
 
     def point_at(self, iteration: int) -> int:
         """The frontier point index that iteration ``iteration`` (0-based) runs."""
-        current = self.segments[0][1]
-        for first, index in self.segments:
-            if first > iteration:
-                break
-            current = index
-        return current
+        k = bisect.bisect_right([first for first, _ in self.segments], iteration)
+        return self.segments[max(k - 1, 0)][1]
 
     def check_frontier(self, frontier: Frontier, source: str) -> None:
         """Raise :class:`PlanError` unless the schedule indexes ``frontier``'s points."""
@@ -451,43 +416,31 @@ def schedule_json(
     signal: SignalSeries | None = None,
     origin: datetime | None = None,
 ) -> str:
-    """The schedule file's text: made for ``frontier``'s points, the intervals that run
-    iterations only, naming the signal series it was computed on.
-
-    Written from the schedule's arrays with :mod:`json` (a year of per-minute intervals in
-    seconds); :func:`read_schedule` and :func:`schedule_document` validate it.
-    """
+    """The schedule file's text, written from the schedule's arrays with :mod:`json` (a year
+    of per-minute intervals in seconds); :func:`read_schedule` validates it."""
     used = schedule.used()
-    firsts = np.concatenate([[0], np.cumsum(schedule.interval_iterations)])[used].tolist()
-    columns = zip(
-        firsts,
-        schedule.starts_s[used].tolist(),
-        schedule.ends_s[used].tolist(),
-        schedule.values[used].tolist(),
-        schedule.fast_index[used].tolist(),
-        schedule.fast_iterations[used].tolist(),
-        schedule.slow_index[used].tolist(),
-        schedule.slow_iterations[used].tolist(),
-        schedule.busy_s[used].tolist(),
-        schedule.energy_j[used].tolist(),
-        schedule.idle_energy_j[used].tolist(),
-        schedule.interval_costs[used].tolist(),
-        strict=True,
-    )
-    records = [
-        {
-            "start_s": start,
-            "end_s": end,
-            "value": value,
-            "first_iteration": first,
-            "plans": [{"point_index": i, "iterations": n} for i, n in ((fi, fn), (si, sn)) if n],
-            "busy_s": busy,
-            "energy_j": energy,
-            "idle_energy_j": idle,
-            "cost": cost,
-        }
-        for first, start, end, value, fi, fn, si, sn, busy, energy, idle, cost in columns
-    ]
+    s = schedule
+
+    def column(values: npt.NDArray[np.generic]) -> list[object]:
+        return values[used].tolist()  # type: ignore[no-any-return]
+
+    fast = zip(column(s.fast_index), column(s.fast_iterations), strict=True)
+    slow = zip(column(s.slow_index), column(s.slow_iterations), strict=True)
+    fields = {
+        "start_s": column(s.starts_s),
+        "end_s": column(s.ends_s),
+        "value": column(s.values),
+        "first_iteration": column(np.concatenate([[0], np.cumsum(s.interval_iterations)])),
+        "plans": [
+            [{"point_index": i, "iterations": n} for i, n in pair if n]
+            for pair in zip(fast, slow, strict=True)
+        ],
+        "busy_s": column(s.busy_s),
+        "energy_j": column(s.energy_j),
+        "idle_energy_j": column(s.idle_energy_j),
+        "cost": column(s.interval_costs),
+    }
+    records = [dict(zip(fields, row, strict=True)) for row in zip(*fields.values(), strict=True)]
     head = ScheduleFile.model_construct(
         schema_version=SCHEDULE_SCHEMA_VERSION,
         frontier_points_sha256=points_sha256(frontier.points),
@@ -562,11 +515,8 @@ def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:
 
 
 def power_curve_rows(frontier: Frontier) -> list[tuple[float, float, float | None, float | None]]:
-    """``(time_s, avg_power_w, peak_power_w, dpower_dtime_w_per_s)`` per point, fastest first.
-
-    The slope is taken to the next slower point (None for the last point and between points
-    of equal time); a cluster manager reads it as watts freed per second of iteration time.
-    """
+    """``(time_s, avg_power_w, peak_power_w, dpower_dtime_w_per_s)`` per point, fastest first;
+    the slope is to the next slower point (None for the last one and between equal times)."""
     pts = frontier.points
     rows: list[tuple[float, float, float | None, float | None]] = []
     for i, p in enumerate(pts):

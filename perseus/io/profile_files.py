@@ -1,42 +1,7 @@
-"""Read and write profiles: Zeus/lowtime CSV and perseus's JSON form.
+"""Read and write profiles: Zeus/lowtime CSV (op-level, multi-rank or phase-level) and JSON.
 
-CSV: a header with at least ``stage,instruction,frequency,time,energy`` (extra columns are
-ignored; each column perseus reads is named once), one row per (stage, instruction, clock); ``time`` in seconds and ``energy`` in joules
-of one GPU per op. JSON: ``{"schema_version": 1, "rows": [{"stage": 0, "instruction":
-"forward", "frequency": 1410, "time": 0.05, "energy": 23.8}, ...]}``.
-
-The GPU the rows were measured on: a JSON profile's optional ``gpu`` field, a CSV's
-``<name>.gpu.json`` beside it (:mod:`perseus.io.gpu_record`); without one a profile is
-unchecked against the GPU it runs on.
-
-Memory clocks: an optional ``mem_freq_mhz`` column (CSV) or row field (JSON) gives each row's
-memory clock, so that an op's rows are (SM, memory) clock pairs; ``frequency`` stays the SM
-clock. A file without it (or a row with an empty cell) means the GPU's one memory clock. Within
-an op every row or none names a memory clock.
-
-Multi-rank CSVs (Zeus/Merak profilers with data or tensor parallelism: a ``rank`` column, and
-optionally ``dp_rank``, ``pp_rank``, ``tp_rank``) hold one row per rank for each (stage,
-instruction, clock). They are aggregated per (stage, instruction, clock): **time is the maximum
-over the stage's ranks** (its slowest GPU gates the stage: tensor-parallel ranks meet in every
-layer's collective, data-parallel replicas at the gradient all-reduce), and **energy is the mean
-over them** (the profile's energy is one GPU's; perseus plans one pipeline and scales by
-GPUs). Every (stage, instruction, clock) must have a row from each of the stage's ranks, and a
-``pp_rank`` column, when present, must equal ``stage``.
-
-Phase-level CSV (for users who measure kernels with a profiler): two more columns,
-``first_layer`` and ``last_layer`` (either one alone is refused), make each row one phase of an op, the layers
-``first_layer..last_layer`` (inclusive) at one clock (pair), with that stretch's time and energy.
-For each (stage, instruction, clock) the phases must cover the stage's layers ``0..L-1`` once,
-in the same phases at every clock; ``L`` is the same for every instruction of a stage.
-:func:`read_profile` reads such a file as the op-level profile (each op's time and energy the
-sum of its phases'); :func:`read_phase_profile` also returns the layer count per stage and
-each layer's share of the stage's time (at its highest clocks), which the planner's phased ops
-use (``layers_per_stage``, ``layer_time_fractions``).
-
-Bounds: stage < 4096, layer < 4096, clock 1..100000 MHz, time in [1e-9, 1e6] s, energy in [1e-9, 1e9] J.
-
-Every problem is reported as one :class:`ProfileError` line naming the file and line (CSV) or
-field (JSON).
+The formats, bounds and aggregation rules are in docs/formats.md and docs/memory-clocks.md.
+Every problem is one :class:`ProfileError` line naming the file and line (CSV) or field (JSON).
 """
 
 from __future__ import annotations
@@ -58,7 +23,7 @@ from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
 from perseus.io.gpu_record import read_gpu_record, write_gpu_record
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile
 from perseus.schedule.actions import Kind
@@ -77,7 +42,6 @@ __all__ = [
 ]
 
 REQUIRED_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
-#: Columns of a multi-rank (Zeus/Merak) profile; ``rank`` marks one.
 RANK_COLUMNS = ("rank", "dp_rank", "pp_rank", "tp_rank")
 MAX_STAGES = 4096
 MAX_FREQ_MHZ = 100_000
@@ -87,33 +51,32 @@ MAX_ENERGY_J = 1e9
 MIN_VALUE = 1e-9
 MAX_FILE_BYTES = INPUT_LIMITS["profile"]
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
-
 MEM_COLUMN = "mem_freq_mhz"
-
-# (stage, kind, SM clock, time, energy, memory clock or None)
-Row = tuple[int, Kind, int, float, float, int | None]
-
 PHASE_COLUMNS = ("first_layer", "last_layer")
 MAX_LAYERS = 4096
+#: Every column perseus reads; each may be named once (case and spaces ignored).
+_KNOWN_COLUMNS = (*REQUIRED_COLUMNS, *RANK_COLUMNS, MEM_COLUMN, *PHASE_COLUMNS)
 
-#: One phase of a phase-level profile: ``(stage, kind, first_layer, last_layer, freq_mhz,
-#: time_s, energy_j, mem_freq_mhz or None)``.
+#: (stage, kind, SM clock, time, energy, memory clock or None)
+Row = tuple[int, Kind, int, float, float, int | None]
+#: ``(stage, kind, first_layer, last_layer, freq_mhz, time_s, energy_j, mem_freq_mhz)``.
 PhaseRow = tuple[int, Kind, int, int, int, float, float, int | None]
+#: A CSV record to write: its cells and its memory clock (None: the default).
+_Cells = tuple[list[object], int | None]
 #: A phase-level profile's rows by op: (stage, kind, SM clock, memory clock or None) -> phases.
 _PhaseOps = dict[tuple[int, Kind, int, int | None], list[PhaseRow]]
 
 
 @dataclass(frozen=True)
 class PhaseProfile:
-    """A phase-level profile (see the module docstring).
+    """A phase-level profile.
 
     Attributes:
         profile: The op-level profile (each op the sum of its phases).
         rows: The phase rows as read, in file order.
         layers_per_stage: Layers of each stage.
         layer_time_fractions: Per stage, each layer's share of the stage's op time at the
-            highest clocks (forward, backward and weight ops together; a phase's time spread
-            evenly over its layers).
+            highest clocks (a phase's time spread evenly over its layers).
     """
 
     profile: Profile
@@ -123,11 +86,11 @@ class PhaseProfile:
 
 
 def read_profile(path: str | os.PathLike[str]) -> Profile:
-    """Read a CSV or JSON profile (chosen by extension; ``.json`` is JSON, anything else CSV);
-    a phase-level CSV is read as its op-level profile.
+    """Read a CSV or JSON profile (``.json`` is JSON, anything else CSV); a phase-level CSV
+    is read as its op-level profile.
 
     Raises:
-        ProfileError: naming the file and the line or field, for any malformed content.
+        ProfileError: naming the file and the line or field.
     """
     p = Path(path)
     text = _read_text(p)
@@ -143,8 +106,8 @@ def read_phase_profile(path: str | os.PathLike[str]) -> PhaseProfile:
     """Read a phase-level CSV profile (``first_layer`` and ``last_layer`` columns).
 
     Raises:
-        ProfileError: naming the file and line for a malformed row, a duplicate phase, or
-            phases that do not cover each op's layers once (or differ between clocks).
+        ProfileError: a malformed row, a duplicate phase, or phases that do not cover each
+            op's layers once (or differ between clocks).
     """
     p = Path(path)
     text = _read_text(p)
@@ -166,28 +129,17 @@ def _read_text(p: Path) -> str:
         )
     if b"\x00" in data:
         raise ProfileError(f"{p}: file is binary, not a text profile; pass the CSV or JSON file")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise ProfileError(f"{p}:{line}: not valid UTF-8 text; pass the CSV or JSON file") from None
-    return text
+    return decode_text(p, data, "the CSV or JSON file", ProfileError, "utf-8-sig")
 
 
 def _is_phase_csv(text: str) -> bool:
     """Either phase column makes a phase-level file (whose header then needs both)."""
-    first = text.split("\n", 1)[0]
-    header = {h.strip().lower() for h in first.split(",")}
+    header = {h.strip().lower() for h in text.split("\n", 1)[0].split(",")}
     return any(c in header for c in PHASE_COLUMNS)
 
 
-#: Every column perseus reads; each may be named once (case and spaces ignored).
-_KNOWN_COLUMNS = (*REQUIRED_COLUMNS, *RANK_COLUMNS, MEM_COLUMN, *PHASE_COLUMNS)
-
-
 def _read_header(p: Path, reader: Any, phase: bool) -> list[str]:
-    """The CSV header, lower-cased; refuses a missing column and a column named twice (which
-    of the two would be read is a guess)."""
+    """The CSV header, lower-cased; refuses a missing column and a column named twice."""
     try:
         header = [h.strip().lower() for h in next(reader)]
     except (StopIteration, csv.Error) as e:
@@ -223,7 +175,7 @@ def _parse_layer(where: str, name: str, text: str) -> int:
 
 
 def _records(p: Path, reader: Any, width: int) -> Iterator[tuple[int, list[str]]]:
-    """The CSV's data records after the header, cells stripped, with their line numbers; blank
+    """The data records after the header, cells stripped, with their line numbers; blank
     lines skipped, short and malformed lines and a file without data refused."""
     count = 0
     try:
@@ -319,18 +271,11 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
         raise ProfileError(f"{p}: no phases for stage(s) {missing}")
     counts = tuple(layers[s][0] for s in range(num_stages))
     logger.debug("read phase profile %s: %d stages, %d phase rows", p, num_stages, len(rows))
-    return PhaseProfile(
-        profile=profile,
-        rows=tuple(rows),
-        layers_per_stage=counts,
-        layer_time_fractions=_layer_fractions(profile, ops, counts),
-    )
+    return PhaseProfile(profile, tuple(rows), counts, _layer_fractions(profile, ops, counts))
 
 
 def _layer_fractions(
-    profile: Profile,
-    ops: _PhaseOps,
-    counts: tuple[int, ...],
+    profile: Profile, ops: _PhaseOps, counts: tuple[int, ...]
 ) -> tuple[tuple[float, ...], ...]:
     """Per stage, each layer's share of the stage's time at the highest clocks (a phase's time
     spread evenly over its layers; ops in file order)."""
@@ -387,16 +332,6 @@ def _clock_mhz(text: str) -> int | None:
     return int(value) if ok else None
 
 
-def _parse_mem(where: str, text: str) -> int:
-    value = _clock_mhz(text)
-    if value is None:
-        raise ProfileError(
-            f"{where}: {MEM_COLUMN} {show_value(text)} is not an integer memory clock in "
-            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
-        )
-    return value
-
-
 def _parse_rank(where: str, name: str, text: str) -> int:
     if not (text.isdecimal() and len(text) <= 7):
         raise ProfileError(f"{where}: {name} {show_value(text)} is not an integer rank >= 0")
@@ -406,10 +341,9 @@ def _parse_rank(where: str, name: str, text: str) -> int:
 def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
     """One row per (stage, instruction, clock): max time and mean energy over the stage's ranks."""
     stage_ranks: dict[int, set[int]] = {}
-    for row, rank in zip(rows, ranks, strict=True):
-        stage_ranks.setdefault(row[0], set()).add(rank)
     groups: dict[tuple[int, Kind, int, int | None], list[tuple[int, float, float]]] = {}
     for row, rank in zip(rows, ranks, strict=True):
+        stage_ranks.setdefault(row[0], set()).add(rank)
         groups.setdefault((*row[:3], row[5]), []).append((rank, row[3], row[4]))
     out: list[Row] = []
     for (stage, kind, freq, mem), members in groups.items():
@@ -422,16 +356,8 @@ def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
                 f"{', '.join(map(str, lacking))} (the stage's ranks are {len(want)}); every rank "
                 "of a stage must be profiled at the same clocks"
             )
-        out.append(
-            (
-                stage,
-                kind,
-                freq,
-                max(t for _, t, _ in members),
-                sum(e for _, _, e in members) / len(members),
-                mem,
-            )
-        )
+        energy_j = sum(e for _, _, e in members) / len(members)
+        out.append((stage, kind, freq, max(t for _, t, _ in members), energy_j, mem))
     return out
 
 
@@ -470,8 +396,14 @@ def _parse_fields(where: str, record: list[str], col: dict[str, int]) -> Row:
     energy_j = _parse_number(where, "energy", energy_text, MAX_ENERGY_J, "J")
     if not 0 <= int(stage) < MAX_STAGES:
         raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {int(stage)}")
-    mem = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
-    return int(stage), kind, freq, time_s, energy_j, (_parse_mem(where, mem) if mem else None)
+    mem_text = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
+    mem = _clock_mhz(mem_text) if mem_text else None
+    if mem_text and mem is None:
+        raise ProfileError(
+            f"{where}: {MEM_COLUMN} {show_value(mem_text)} is not an integer memory clock in "
+            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
+        )
+    return int(stage), kind, freq, time_s, energy_j, mem
 
 
 class _JsonRow(BaseModel):
@@ -513,31 +445,25 @@ def _parse_json(p: Path, text: str) -> list[Row]:
     return rows
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _check_json_syntax(p: Path, text: str) -> None:
-    """Report a JSON syntax error at its real line and column (stdlib parser); NaN/Infinity
-    pass here and are refused by the schema, which names the field."""
+    """Report a JSON syntax error at its real line and column (stdlib parser), and a key
+    repeated in one object; NaN/Infinity pass here and are refused by the schema."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ProfileError(
+                    f"{p}: key {show_value(key)} appears twice in one object (which one counts "
+                    "would be a guess); keep one"
+                )
+            out[key] = value
+        return out
+
     try:
-        json.loads(text, object_pairs_hook=_unique_keys)
+        json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-    except _DuplicateKey as e:
-        raise ProfileError(
-            f"{p}: key {show_value(e.args[0])} appears twice in one object (which one counts "
-            "would be a guess); keep one"
-        ) from None
     except RecursionError:
         raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
 
@@ -550,19 +476,27 @@ def _rows(profile: Profile) -> list[Row]:
     ]
 
 
-def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` in the Zeus/lowtime CSV format (atomically); with a ``mem_freq_mhz``
-    column only when some op has memory clocks, and its GPU record beside it when it has
-    one (:mod:`perseus.io.gpu_record`)."""
-    rows = _rows(profile)
-    with_mem = any(r[5] is not None for r in rows)
+def _write_csv(
+    path: str | os.PathLike[str], columns: tuple[str, ...], records: list[_Cells]
+) -> None:
+    """Write ``(cells, memory clock)`` records atomically; a ``mem_freq_mhz`` column only when
+    some record has a memory clock."""
+    with_mem = any(mem is not None for _, mem in records)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(REQUIRED_COLUMNS + ((MEM_COLUMN,) if with_mem else ()))
-    for stage, kind, freq, t, e, mem in rows:
-        tail: list[object] = [("" if mem is None else mem)] if with_mem else []
-        writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), *tail])
+    writer.writerow(columns + ((MEM_COLUMN,) if with_mem else ()))
+    for cells, mem in records:
+        writer.writerow(cells + (["" if mem is None else mem] if with_mem else []))
     atomic_write_text(path, out.getvalue())
+
+
+def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """Write ``profile`` in the Zeus/lowtime CSV format (atomically), and its GPU record
+    beside it when it has one (:mod:`perseus.io.gpu_record`)."""
+    records: list[_Cells] = [
+        ([s, k.profile_name, f, repr(t), repr(e)], m) for s, k, f, t, e, m in _rows(profile)
+    ]
+    _write_csv(path, REQUIRED_COLUMNS, records)
     if profile.gpu is not None:
         write_gpu_record(profile.gpu, path)
 
@@ -583,13 +517,9 @@ def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
 
 
 def write_phase_profile_csv(profile: PhaseProfile, path: str | os.PathLike[str]) -> None:
-    """Write a phase-level profile's rows as CSV (atomically); a ``mem_freq_mhz`` column only
-    when some row has a memory clock."""
-    with_mem = any(r[7] is not None for r in profile.rows)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(REQUIRED_COLUMNS + PHASE_COLUMNS + ((MEM_COLUMN,) if with_mem else ()))
-    for stage, kind, first, last, freq, t, e, mem in profile.rows:
-        tail: list[object] = [("" if mem is None else mem)] if with_mem else []
-        writer.writerow([stage, kind.profile_name, freq, repr(t), repr(e), first, last, *tail])
-    atomic_write_text(path, out.getvalue())
+    """Write a phase-level profile's rows as CSV (atomically)."""
+    records: list[_Cells] = [
+        ([s, k.profile_name, f, repr(t), repr(e), first, last], m)
+        for s, k, first, last, f, t, e, m in profile.rows
+    ]
+    _write_csv(path, REQUIRED_COLUMNS + PHASE_COLUMNS, records)

@@ -1,13 +1,10 @@
-"""Re-cut a profile to another number of pipeline stages (e.g. the bundled 8-stage GPT-3
-profile to the 4 stages of your model), for planning before you have measured your own.
+"""Re-cut a profile to another number of pipeline stages, for planning before you have
+measured your own model (the result is an estimate).
 
-The model: a stage of the new profile runs a contiguous block of the old stages' layers, one
-after the other, at one clock. Merging ``k`` old stages (``stages`` < old count) adds their
-times and their energies at each clock that all of them measured; splitting (``stages`` a
-multiple of the old count) gives each new stage an equal ``1/k`` share of an old stage's time
-and energy. Blocks are as even as integer division allows: new stage ``i`` of ``N`` covers old
-stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``. The result is an estimate; measure your
-own model (Zeus's profiler, or ``plan=OnlineProfile()``) before trusting the figures.
+A new stage runs a contiguous block of the old stages' layers at one clock: merging ``k`` old
+stages adds their times and energies at each clock all of them measured; splitting (a multiple
+of the old count) gives each new stage an equal ``1/k`` share. New stage ``i`` of ``N`` covers
+old stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ Row = tuple[int, Kind, int, float, float, int | None]
 
 
 def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profile:
-    """``profile`` re-cut to ``stages`` stages (see the module docstring for the model).
+    """``profile`` re-cut to ``stages`` stages.
 
     Raises:
         ConfigError: ``stages`` < 1, or more stages than the profile and not a multiple of its
@@ -45,7 +42,6 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
 
 
 def _split(profile: Profile, stages: int) -> list[Row]:
-    """Each old stage's ops shared evenly by ``stages / old`` new stages."""
     k = stages // profile.num_stages
     return [
         (new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k, o.mem_freq_mhz)
@@ -56,7 +52,6 @@ def _split(profile: Profile, stages: int) -> list[Row]:
 
 
 def _merge(profile: Profile, stages: int, name: str) -> list[Row]:
-    """Blocks of old stages summed at every clock all of a block's stages measured."""
     old = profile.num_stages
     rows: list[Row] = []
     for new in range(stages):

@@ -1,17 +1,10 @@
 """Bounded reads of input files: the one way perseus reads a file it is given.
 
-perseus runs as root on shared machines, so an input path may name anything: ``/dev/zero``
-(endless), a FIFO (blocks for ever), a huge file, a directory. :func:`read_bounded` reads
-**regular files only** and at most ``limit_bytes + 1`` bytes whatever ``st_size`` says (it is 0
-for devices and FIFOs, and a file may grow while it is read). FIFOs, character and block
-devices and sockets are refused *before they are opened*: opening a device can act on it (a
-watchdog arms, a tape rewinds), and opening a FIFO waits for a writer. On Linux the path is
-first opened with ``O_PATH`` (which never calls a driver), checked, and then re-opened through
-that descriptor, so a file swapped in between cannot be a device.
-
-Each format has its own cap, sized to what real files need (see :data:`INPUT_LIMITS`); the
-benchmark ``benchmarks/input_limits.py`` measures the peak memory of the worst input each cap
-accepts.
+perseus runs as root on shared machines, so an input path may name anything (``/dev/zero``, a
+FIFO, a huge file, a directory). :func:`read_bounded` reads regular files only, at most
+``limit_bytes + 1`` bytes whatever ``st_size`` says, and refuses FIFOs, devices and sockets
+before opening them: on Linux the path is opened with ``O_PATH`` (which never calls a driver),
+checked, and re-opened through that descriptor, so a file swapped in between cannot be a device.
 """
 
 from __future__ import annotations
@@ -26,60 +19,52 @@ __all__ = [
     "INPUT_LIMITS",
     "MB",
     "check_regular_input",
+    "decode_text",
     "describe_file_type",
     "read_bounded",
 ]
 
 MB = 1024 * 1024
 
-#: Largest file read per kind of input, in bytes, and why (shown in the refusal).
+#: Largest file read per kind of input, in bytes (``benchmarks/input_limits.py`` measures the
+#: memory of the largest accepted ones). A 128-stage x 8-rank profile is ~7 MB, a 32x512
+#: frontier of 100 points ~20 MB, a year of per-minute signal rows ~16 MB; a job config or a
+#: job list is a dozen keys or rows.
 INPUT_LIMITS: dict[str, int] = {
-    # A 128-stage profile at all 81 A100 clocks is 0.8 MB; 128 stages x 8 ranks ~7 MB.
     "profile": 16 * MB,
-    # A 32-stage x 512-microbatch frontier of 100 points is ~20 MB.
     "frontier": 64 * MB,
-    # A job config is a dozen keys.
     "config": 1 * MB,
-    # A run's summary holds a few figures (plus whatever a runner adds).
     "summary": 16 * MB,
-    # Zeus's NSDI'23 traces are 0.2 MB for six jobs.
     "trace": 16 * MB,
-    # Job definitions: one row per recurring job.
     "jobs": 1 * MB,
-    # A price/carbon signal: a year of per-minute rows is ~16 MB.
     "signal": 16 * MB,
-    # A plan schedule: one record per signal interval.
     "schedule": 64 * MB,
 }
 
 _CHUNK = 1 << 20
 
 
+_FILE_TYPES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISREG, "a regular file"),
+)
+
+
 def describe_file_type(mode: int) -> str:
     """``"a FIFO (named pipe)"``, ``"a character device"``, ... for an ``st_mode``."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    return "not a regular file"
+    return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
 
 
 def _refuse_kind(p: Path, mode: int, what: str, error: type[ConfigError]) -> ConfigError:
-    kind = describe_file_type(mode)
     if stat.S_ISDIR(mode):
         return error(f"{p}: is a directory; pass {what}")
     return error(
-        f"{p}: is {kind}, not a regular file; perseus reads inputs only from regular files "
+        f"{p}: is {describe_file_type(mode)}, not a regular file; perseus reads inputs only from regular files "
         f"(copy the data to a file first); pass {what}"
     )
 
@@ -87,10 +72,8 @@ def _refuse_kind(p: Path, mode: int, what: str, error: type[ConfigError]) -> Con
 def check_regular_input(
     path: str | os.PathLike[str], what: str, error: type[ConfigError] = ConfigError
 ) -> Path:
-    """Refuse, without opening it, a path that is not an existing regular file.
-
-    For inputs that another library opens itself (SQLite); :func:`read_bounded` does the same
-    check and more for files perseus reads.
+    """Refuse, without opening it, a path that is not an existing regular file (for inputs
+    that another library opens itself, such as SQLite).
 
     Raises:
         error: the file is missing, unreadable, or a directory, FIFO, device or socket.
@@ -108,8 +91,7 @@ def check_regular_input(
 
 
 def _open_regular(p: Path, what: str, error: type[ConfigError]) -> tuple[int, int]:
-    """A read-only descriptor of the regular file ``p`` and its size; never opens anything
-    else."""
+    """A read-only descriptor of the regular file ``p`` and its size."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
     o_path = getattr(os, "O_PATH", 0)
     if o_path and os.path.isdir("/proc/self/fd"):
@@ -147,9 +129,6 @@ def read_bounded(
 ) -> bytes:
     """The bytes of the regular file ``path``, refusing one larger than ``limit_bytes``.
 
-    Reads at most ``limit_bytes + 1`` bytes, whatever the file's size says, and never opens a
-    FIFO, device or socket (see the module docstring).
-
     Args:
         path: The file.
         limit_bytes: The largest size accepted.
@@ -157,12 +136,8 @@ def read_bounded(
         error: The :class:`~perseus.errors.ConfigError` subclass to raise.
         name: What to call the file when it is missing (``"config file"``).
 
-    Returns:
-        The file's content.
-
     Raises:
-        error: one line naming the file: missing, unreadable, a directory, not a regular
-            file, or too large.
+        error: one line naming the file: missing, unreadable, not a regular file, or too large.
     """
     p = Path(path)
     try:
@@ -188,8 +163,9 @@ def read_bounded(
     finally:
         os.close(fd)
     if total > limit_bytes:
+        cap = f"{limit_bytes // MB} MB" if limit_bytes >= MB else f"{limit_bytes} bytes"
         raise error(
-            f"{p}: larger than {_size(limit_bytes)}, the most perseus reads as {what}; "
+            f"{p}: larger than {cap}, the most perseus reads as {what}; "
             "check that this is the right file"
         )
     parts = [part for part in parts if part]
@@ -197,5 +173,12 @@ def read_bounded(
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _size(n: int) -> str:
-    return f"{n // MB} MB" if n >= MB else f"{n} bytes"
+def decode_text(
+    p: Path, data: bytes, what: str, error: type[ConfigError], encoding: str = "utf-8"
+) -> str:
+    """``data`` decoded; ``"<p>:<line>: not valid UTF-8 text; pass <what>"`` if it is not."""
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{p}:{line}: not valid UTF-8 text; pass {what}") from None

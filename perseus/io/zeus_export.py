@@ -1,17 +1,10 @@
 """Export a plan for Zeus's pipeline frequency optimizer (PFO) server (docs/formats.md).
 
 Zeus hands each rank a ``FrequencySchedule``, ``{"rank": r, "frequencies": [["forward",
-1410], ["backward", 1395], ...]}``: the rank's instructions in execution order with the SM
-clock to lock, named as the training loop announces them (the profile's instruction names;
-``weight`` for zero-bubble schedules, which Zeus's stock integrations do not emit). Two files
-carry it: ``point_solution.py``, the Python literal Zeus's ``PointSolution`` scheduler
-evaluates (literals only, with ``#`` lines giving the plan's figures, as lowtime's
-``freqs_pipeline_%05d.py``), and ``0.sched.json``, the layout the server dumps and reloads;
-``perseus_plan.json`` records the plan for provenance.
-
-Zeus sets SM clocks only: an op that also sets a memory clock is exported with its SM clock
-and a warning (in the log and in ``point_solution.py``: the plan's figures will not hold); an
-op that switches SM clock mid-op cannot be exported.
+1410], ...]}``: the rank's instructions in execution order with the SM clock to lock. Zeus sets
+SM clocks only: an op that also sets a memory clock is exported with its SM clock and a
+warning (the plan's figures will not hold); an op that switches SM clock mid-op cannot be
+exported.
 """
 
 from __future__ import annotations
@@ -29,12 +22,7 @@ from perseus.plan import Frontier, PlanPoint
 
 logger = get_logger(__name__)
 
-__all__ = [
-    "ZEUS_PFO_FILES",
-    "format_point_solution",
-    "write_zeus_pfo",
-    "zeus_frequency_schedules",
-]
+__all__ = ["ZEUS_PFO_FILES", "format_point_solution", "write_zeus_pfo", "zeus_frequency_schedules"]
 
 ZEUS_PFO_FILES = ("0.sched.json", "point_solution.py", "perseus_plan.json")
 
@@ -49,18 +37,11 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
         raise PlanError(
             "plan shape differs from the frontier's stage_ops; export a point of this frontier"
         )
-    schedules = [
-        {
-            "rank": rank,
-            "frequencies": [
-                [a.kind.profile_name, _one_clock(frontier.op_name(a), freq)]
-                for a, freq in zip(actions, freqs, strict=True)
-            ],
-        }
-        for rank, (actions, freqs) in enumerate(
-            zip(frontier.rank_actions, point.freqs_mhz, strict=True)
-        )
-    ]
+    schedules = []
+    for rank, freqs in enumerate(point.freqs_mhz):
+        pairs = zip(frontier.rank_actions[rank], freqs, strict=True)
+        frequencies = [[a.kind.profile_name, _one_clock(frontier.op_name(a), f)] for a, f in pairs]
+        schedules.append({"rank": rank, "frequencies": frequencies})
     if point.memory_clocks_mhz:
         logger.warning(
             "the plan sets memory clocks %s MHz; Zeus sets SM clocks only, so the export keeps "
@@ -98,11 +79,8 @@ def format_point_solution(schedules: list[dict[str, Any]], header: list[str]) ->
 def write_zeus_pfo(
     frontier: Frontier, point: PlanPoint, directory: str | os.PathLike[str]
 ) -> list[Path]:
-    """Write :data:`ZEUS_PFO_FILES` for ``point`` into ``directory`` (created if missing).
-
-    Returns:
-        The paths written.
-    """
+    """Write :data:`ZEUS_PFO_FILES` for ``point`` into ``directory`` (created if missing);
+    returns the paths written."""
     out = Path(directory)
     os.close(open_output_dir(out))  # created without following another user's link
     schedules = zeus_frequency_schedules(frontier, point)

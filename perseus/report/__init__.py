@@ -1,7 +1,4 @@
-"""Plots and the HTML report (the only package that imports matplotlib).
-
-Importing :mod:`perseus.report` loads matplotlib; the planning core never does.
-"""
+"""Plots and the HTML report: the only package that imports matplotlib."""
 
 from perseus.report.build import REPORT_FILES, ReportInputs, write_report
 from perseus.report.summary import MeasuredRun, Summary, format_summary, summarize

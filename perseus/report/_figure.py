@@ -1,15 +1,10 @@
-"""The one place matplotlib is set up: Agg canvases, report-size figures, PNG bytes.
-
-Figures are built with :class:`matplotlib.figure.Figure` on an explicit Agg canvas (no
-pyplot), so there is no global figure registry, no interactive backend and no change to the
-backend of a process that imports perseus (e.g. a notebook).
-"""
+"""The one place matplotlib is set up: figures on an explicit Agg canvas (no pyplot, so no
+global registry and no change to the backend of a process that imports perseus), PNG bytes."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import matplotlib
@@ -36,12 +31,10 @@ _STYLE: dict[str, Any] = {
 }
 
 
-@contextlib.contextmanager
-def report_style() -> Iterator[None]:
+def report_style() -> contextlib.AbstractContextManager[None]:
     """Apply the report's fonts and grid to everything created inside the block."""
     # rc_context's stub wants literal keys; these are checked by matplotlib at run time.
-    with matplotlib.rc_context(_STYLE):  # type: ignore[arg-type]
-        yield
+    return matplotlib.rc_context(_STYLE)  # type: ignore[arg-type]
 
 
 def new_figure(figsize: tuple[float, float] = FIGSIZE_IN) -> Figure:

@@ -1,8 +1,5 @@
-"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html.
-
-The caller chooses the directory; ``perseus demo`` and ``perseus report`` pass the temporary
-directory of :func:`perseus.io.atomic.atomic_directory`, so a failure leaves no partial report.
-"""
+"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html
+(the CLI writes it inside :func:`perseus.io.atomic.atomic_directory`: whole or nothing)."""
 
 from __future__ import annotations
 
@@ -49,12 +46,10 @@ class ReportInputs:
     Attributes:
         frontier: The frontier (its fastest and minimum-energy plans are the headline).
         job: The job the frontier was computed for; without it there is no timeline.
-        baselines: Baseline plans by name (``perseus.solver.baseline_plans``), may be empty.
-        global_clock: One-clock-for-all plans, drawn as a curve (may be empty).
-        sweep: Straggler sweep cases (may be empty: no straggler plot).
-        pipelines: Pipelines in the sweep.
+        baselines: Baseline plans by name (``perseus.solver.baseline_plans``).
+        global_clock: One-clock-for-all plans, drawn as a curve.
+        sweep: Straggler sweep cases (empty: no straggler plot), of ``pipelines`` pipelines.
         measured: A run's predicted vs measured figures, if any.
-        title: Report title.
         details: Extra rows for the job table (e.g. solve time, profile description).
         notes: Lines shown at the end (e.g. why a plot is missing).
     """
@@ -99,26 +94,19 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
     Raises:
         PlanError: if the frontier's plans do not fit ``inputs.job``.
     """
-    out = Path(directory)
-    f = inputs.frontier
+    out, f, job = Path(directory), inputs.frontier, inputs.job
     summary = summarize(f, inputs.baselines, inputs.sweep, inputs.pipelines)
     notes = list(inputs.notes)
-    images: dict[str, bytes] = {
+    measured = inputs.measured
+    images = {
         "frontier": plot_frontier(
-            f, inputs.baselines, global_clock=inputs.global_clock, measured=inputs.measured
+            f, inputs.baselines, global_clock=inputs.global_clock, measured=measured
         )
     }
-    if inputs.job is not None:
-        allmax = inputs.job.point(inputs.job.allmax())
-        images["timeline"] = plot_timelines(
-            [
-                build_timeline(inputs.job, allmax, "All-max"),
-                build_timeline(inputs.job, f.fastest, "Perseus, fastest plan"),
-            ]
-        )
-        images["power"] = plot_power(
-            f, inputs.job, [("All-max", allmax), ("Perseus, fastest plan", f.fastest)]
-        )
+    if job is not None:
+        plans = [("All-max", job.point(job.allmax())), ("Perseus, fastest plan", f.fastest)]
+        images["timeline"] = plot_timelines([build_timeline(job, p, label) for label, p in plans])
+        images["power"] = plot_power(f, job, plans)
     else:
         notes.append("No timeline: the profile this frontier was computed from was not available.")
         images["power"] = plot_power(f)
@@ -128,16 +116,16 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
         atomic_write_bytes(out / f"{name}.png", png)
         logger.debug("wrote %s.png (%d bytes)", name, len(png))
     write_frontier(f, out / "frontier.json")
-    atomic_write_text(
-        out / "report-summary.json", json.dumps(summary.to_json_dict(), indent=2) + "\n"
-    )
+    summary_json = json.dumps(summary.to_json_dict(), indent=2) + "\n"
+    atomic_write_text(out / "report-summary.json", summary_json)
+    details = _job_details(inputs, summary)
     page = render_html(
         summary,
         images,
         title=inputs.title,
-        details=_job_details(inputs, summary),
+        details=details,
         sweep=inputs.sweep,
-        measured=inputs.measured,
+        measured=measured,
         notes=notes,
     )
     atomic_write_text(out / "report.html", page)

@@ -1,9 +1,5 @@
-"""``fleet.png``: a fleet's budget over time, each job's power under it and each job's progress.
-
-Top: the budget as a step line and the jobs' planned average power stacked under it. Bottom:
-each job's progress in iterations (the integral of one over its plan's iteration time), so a
-job that slows down under a lower budget, or stops when it is killed, shows as a flatter line.
-"""
+"""``fleet.png``: a fleet's budget over time with the jobs' planned power stacked under it
+(top) and each job's progress in iterations (bottom: a slowed or killed job flattens)."""
 
 from __future__ import annotations
 
@@ -20,13 +16,8 @@ FleetEvent = tuple[float, float | None, Mapping[str, tuple[float, float]]]
 
 
 def plot_fleet(events: Sequence[FleetEvent], end_s: float, *, title: str = "fleet") -> bytes:
-    """Render the budget, power and progress panels as PNG bytes.
-
-    Args:
-        events: The plans in time order, each in force until the next (or ``end_s``).
-        end_s: Where the time axis ends.
-        title: Figure title.
-    """
+    """Render the budget, power and progress panels as PNG bytes; ``events`` are the plans in
+    time order, each in force until the next (or ``end_s``)."""
     names = sorted({n for _, _, jobs in events for n in jobs})
     starts = [e[0] for e in events] + [end_s]
     with report_style():

@@ -1,13 +1,10 @@
-"""``frontier.png``: iteration time vs energy, the frontier against the baselines.
-
-What the reader should see at a glance: the Perseus frontier lies below every baseline; at
-the all-max time (T_min, no slowdown) it already saves energy, and at T* it saves the most.
-Both savings are written on the plot.
-"""
+"""``frontier.png``: iteration time vs energy, the frontier below every baseline, with the
+savings at T_min (no slowdown) and at T* written on the plot."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from matplotlib.axes import Axes
 
@@ -68,7 +65,6 @@ def plot_frontier(
 
 
 def _xy(points: Sequence[Baseline | PlanPoint], kj: float) -> tuple[list[float], list[float]]:
-    """Times (s) and energies (kJ with ``kj`` = 1e-3) of ``points``, for ``ax.plot``."""
     return [p.time_s for p in points], [p.energy_j * kj for p in points]
 
 
@@ -92,17 +88,10 @@ def _draw_plans(
     label = BASELINE_LABELS["all-max"]
     ax.plot(*_xy([frontier.baseline], kj), "*", color="black", ms=16, label=label, zorder=6)
     for name, p in baselines.items():
-        if name == "all-max":
-            continue
-        ax.plot(
-            *_xy([p], kj),
-            _MARKERS.get(name, "o"),
-            color=_COLORS.get(name, "tab:brown"),
-            ms=10,
-            mec="white",
-            label=BASELINE_LABELS.get(name, name),
-            zorder=5,
-        )
+        if name != "all-max":
+            color, label = _COLORS.get(name, "tab:brown"), BASELINE_LABELS.get(name, name)
+            marker = _MARKERS.get(name, "o")
+            ax.plot(*_xy([p], kj), marker, color=color, ms=10, mec="white", label=label, zorder=5)
 
 
 def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
@@ -116,39 +105,31 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     save_fast = 1 - fastest.energy_j / base.energy_j
     save_star = 1 - slowest.energy_j / base.energy_j
     slow_star = slowest.time_s / base.time_s - 1
-    span = ymax - ymin
     xmin, xmax = ax.get_xlim()
     # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
     arrow = {"arrowstyle": "-|>", "color": "tab:blue", "lw": 2, "shrinkA": 9, "shrinkB": 3}
-    ax.annotate(
-        "",
-        xy=(fastest.time_s, fastest.energy_j * kj),
-        xytext=(base.time_s, base.energy_j * kj),
-        arrowprops=arrow,
-    )
+    base_xy = (base.time_s, base.energy_j * kj)
+    ax.annotate("", xy=(fastest.time_s, fastest.energy_j * kj), xytext=base_xy, arrowprops=arrow)
     # Below a convex decreasing frontier the lower-left and lower-right corners are empty.
-    for text, point, x in (
-        (
-            f"−{100 * save_fast:.1f} % energy\nat no slowdown",
-            fastest,
-            fastest.time_s + 0.06 * (xmax - xmin),
-        ),
+    box = {"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9}
+    style: dict[str, Any] = {"fontsize": 12, "fontweight": "bold", "color": "tab:blue"}
+    labels = (
+        (f"−{100 * save_fast:.1f} % energy\nat no slowdown", fastest, 0.06 * (xmax - xmin)),
         (
             f"−{100 * save_star:.1f} % energy at T*\n(+{100 * slow_star:.1f} % time)",
             slowest,
-            slowest.time_s + 0.30 * (xmax - slowest.time_s),
+            0.30 * (xmax - slowest.time_s),
         ),
-    ):
+    )
+    for text, point, dx in labels:
         ax.annotate(
             text,
             xy=(point.time_s, point.energy_j * kj),
-            xytext=(x, ymin + 0.03 * span),
-            fontsize=12,
-            fontweight="bold",
-            color="tab:blue",
+            xytext=(point.time_s + dx, ymin + 0.03 * (ymax - ymin)),
             va="bottom",
-            bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9},
+            bbox=box,
             arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5},
+            **style,
         )
     ax.set_ylim(ymin, ymax)
     ax.set_xlim(xmin, xmax)
@@ -160,14 +141,8 @@ def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:
         ax.plot([pred.time_s, x], [pred.energy_j * kj, y], "-", color="tab:orange", lw=1, zorder=6)
         label = "Measured run (X) vs its prediction" if i == 0 else None
         ax.plot([x], [y], "X", color="tab:orange", ms=11, mec="black", label=label, zorder=7)
-        ax.annotate(
-            f"measured {name}",
-            (x, y),
-            xytext=(6, -12),
-            textcoords="offset points",
-            fontsize=9,
-            color="tab:orange",
-        )
+        offset: dict[str, Any] = {"xytext": (6, -12), "textcoords": "offset points"}
+        ax.annotate(f"measured {name}", (x, y), fontsize=9, color="tab:orange", **offset)
 
 
 def _default_title(frontier: Frontier) -> str:

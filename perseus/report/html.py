@@ -1,8 +1,5 @@
-"""``report.html``: one self-contained page (images inlined as base64) with the figures.
-
-No scripts, no external stylesheets or fonts: the page can be mailed or attached to a ticket
-and still shows everything.
-"""
+"""``report.html``: one self-contained page (images inlined as base64, no scripts, no external
+stylesheets or fonts), so that it can be mailed or attached to a ticket."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import html
 from collections.abc import Mapping, Sequence
 
 from perseus.report.frontier import BASELINE_LABELS
-from perseus.report.summary import MeasuredFigures, MeasuredRun, Summary
+from perseus.report.summary import MeasuredRun, Summary
 from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = ["render_html"]
@@ -34,6 +31,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
+def _kj(energy_j: float) -> str:
+    return f"{energy_j / 1e3:.3f}"
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int = 1) -> str:
     def cell(tag: str, i: int, v: object) -> str:
         cls = ' class="l"' if i < left else ""
@@ -44,11 +45,6 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int =
         "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
 
 
 def render_html(
@@ -84,13 +80,11 @@ def render_html(
         "<h2>Plans</h2>",
         _plans_table(summary),
     ]
-    for key, heading, caption in _FIGURES:
+    for key, (heading, caption) in _FIGURES.items():
         if key in images:
-            parts += [
-                f"<h2>{heading}</h2>",
-                _img(images[key], heading),
-                f'<p class="note">{caption}</p>',
-            ]
+            data = base64.b64encode(images[key]).decode("ascii")
+            img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(heading)}">'
+            parts += [f"<h2>{heading}</h2>", img, f'<p class="note">{caption}</p>']
     if sweep:
         parts.append(_sweep_table(sweep))
     if measured is not None:
@@ -101,107 +95,90 @@ def render_html(
     return "\n".join(parts)
 
 
-#: The figures in page order: (image name, heading, caption).
-_FIGURES = (
-    (
-        "frontier",
+#: The figures in page order: image name -> (heading, caption).
+_FIGURES = {
+    "frontier": (
         "Time–energy frontier",
         "Every point is a full frequency plan evaluated exactly on the job's DAG. T_min is the "
         "fastest plan's time, T* the minimum-energy plan's.",
     ),
-    (
-        "timeline",
+    "timeline": (
         "One iteration, op by op",
         "Colour is the op's average power; hatched pale bars are blocking time "
         "(waiting on a neighbour at blocking power).",
     ),
-    (
-        "power",
+    "power": (
         "Power",
         "Left: each plan's average (and peak) summed power against its iteration time, the "
         "fastest plan under any power budget. Right: the summed power of all GPUs over one "
         "iteration (the step function whose integral is the exact energy).",
     ),
-    (
-        "straggler",
+    "straggler": (
         "One straggling pipeline",
         "Non-straggler pipelines run the cheapest plan that finishes within the straggler's "
         "time T′ (capped at T*) instead of running all-max and waiting.",
     ),
-)
+}
 
 
 def _headline(summary: Summary) -> str:
     f, m, straggler = summary.fastest, summary.min_energy, summary.straggler
-    return (
-        '<p class="headline">'
+    text = (
         f"Energy saved at no slowdown: <b>{100 * f.energy_saving:.1f} %</b>. "
         f"At T* = {m.time_s:.3f} s: <b>{100 * m.energy_saving:.1f} %</b> "
         f"({100 * m.slowdown:.1f} % slower)."
-        + (
+    )
+    if straggler:
+        text += (
             f" With a {straggler.factor:g}× straggler among "
             f"{straggler.pipelines} pipelines: <b>{100 * straggler.saving_vs_allmax:.1f} %</b>."
-            if straggler
-            else ""
         )
-        + "</p>"
-    )
+    return f'<p class="headline">{text}</p>'
 
 
 def _plans_table(summary: Summary) -> str:
-    a = summary.allmax
     plans = [
+        ("All-max", summary.allmax),
         ("Perseus, fastest (T_min)", summary.fastest),
         ("Perseus, minimum energy (T*)", summary.min_energy),
         *[(BASELINE_LABELS.get(n, n), b) for n, b in summary.baselines.items() if n != "all-max"],
     ]
-    return _table(
-        ["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"],
-        [
-            ("All-max", f"{a.time_s:.4f}", f"{a.energy_j / 1e3:.3f}", "+0.0 %", "+0.0 %"),
-            *[
-                (
-                    name,
-                    f"{p.time_s:.4f}",
-                    f"{p.energy_j / 1e3:.3f}",
-                    _pct(p.slowdown),
-                    _pct(-p.energy_saving),
-                )
-                for name, p in plans
-            ],
-        ],
-    )
+    # "+ 0.0": all-max's -0.0 shows as +0.0 %
+    rows = [
+        (name, f"{p.time_s:.4f}", _kj(p.energy_j), _pct(p.slowdown), _pct(-p.energy_saving + 0.0))
+        for name, p in plans
+    ]
+    return _table(["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"], rows)
 
 
 def _sweep_table(sweep: Sequence[StragglerCase]) -> str:
-    return _table(
-        ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"],
-        [
-            (
-                f"{c.factor:.2f}",
-                f"{c.straggler_time_s:.3f}",
-                f"{c.plan_time_s:.3f}",
-                f"{100 * c.saving_vs_allmax:.1f} %",
-                f"{100 * c.saving_vs_fastest:.1f} %",
-            )
-            for c in sweep
-        ],
-    )
+    headers = ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"]
+    rows = [
+        (
+            f"{c.factor:.2f}",
+            f"{c.straggler_time_s:.3f}",
+            f"{c.plan_time_s:.3f}",
+            f"{100 * c.saving_vs_allmax:.1f} %",
+            f"{100 * c.saving_vs_fastest:.1f} %",
+        )
+        for c in sweep
+    ]
+    return _table(headers, rows)
 
 
 def _measured_table(measured: MeasuredRun) -> str:
-    rows = [_measured_row(*pair) for pair in measured.pairs]
     headers = ["run", "predicted time (s)", "measured time (s)", "error"]
-    return _table([*headers, "predicted energy (kJ)", "measured energy (kJ)", "error"], rows)
-
-
-def _measured_row(name: str, pred: MeasuredFigures, meas: MeasuredFigures) -> tuple[str, ...]:
-    return (
-        name,
-        f"{pred.time_s:.4f}",
-        f"{meas.time_s:.4f}",
-        _pct(meas.time_s / pred.time_s - 1),
-        f"{pred.energy_j / 1e3:.3f}",
-        f"{meas.energy_j / 1e3:.3f}",
-        _pct(meas.energy_j / pred.energy_j - 1),
-    )
+    headers += ["predicted energy (kJ)", "measured energy (kJ)", "error"]
+    rows = [
+        (
+            name,
+            f"{pred.time_s:.4f}",
+            f"{meas.time_s:.4f}",
+            _pct(meas.time_s / pred.time_s - 1),
+            _kj(pred.energy_j),
+            _kj(meas.energy_j),
+            _pct(meas.energy_j / pred.energy_j - 1),
+        )
+        for name, pred, meas in measured.pairs
+    ]
+    return _table(headers, rows)

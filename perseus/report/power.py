@@ -1,11 +1,6 @@
-"""``power.png``: the frontier in (time, power), and the pipeline's power over one iteration.
-
-Left: every frontier plan's average summed power against its iteration time (and its peak,
-when the frontier file carries it): how fast the job can run on a given power budget, and the
-watts each second of slowdown frees. Right: the summed power of all GPUs over one iteration
-for the all-max plan and a chosen plan (:func:`perseus.solver.power.power_timeline`, the same
-step function whose integral is the exact energy), with each plan's average as a dashed line.
-"""
+"""``power.png``: each frontier plan's average (and peak) summed power against its time (left),
+and the summed power of all GPUs over one iteration for chosen plans (right,
+:func:`perseus.solver.power.power_timeline`), each plan's average dashed."""
 
 from __future__ import annotations
 
@@ -35,35 +30,20 @@ def plot_power(
         title: Figure title (default: the job).
     """
     pts = frontier.points
+    times = [p.time_s for p in pts]
     with report_style():
         fig = new_figure()
         right = job is not None and bool(plans)
         axes = fig.subplots(1, 2 if right else 1, squeeze=False)[0]
         ax = axes[0]
-        ax.plot(
-            [p.time_s for p in pts],
-            [p.avg_power_w for p in pts],
-            "-o",
-            color="tab:blue",
-            ms=3,
-            label="Perseus plans: average power",
-        )
-        if all(p.power is not None for p in pts):
-            ax.plot(
-                [p.time_s for p in pts],
-                [p.power.peak_power_w for p in pts if p.power is not None],
-                ":",
-                color="tab:red",
-                label="peak summed power",
-            )
+        label = "Perseus plans: average power"
+        ax.plot(times, [p.avg_power_w for p in pts], "-o", color="tab:blue", ms=3, label=label)
+        peaks = [p.power.peak_power_w for p in pts if p.power is not None]
+        if len(peaks) == len(pts):
+            ax.plot(times, peaks, ":", color="tab:red", label="peak summed power")
         base = frontier.baseline
         ax.plot(
-            [base.time_s],
-            [base.energy_j / base.time_s],
-            "*",
-            color="black",
-            ms=12,
-            label="All-max",
+            [base.time_s], [base.energy_j / base.time_s], "*", color="black", ms=12, label="All-max"
         )
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Pipeline power (W)")

@@ -1,10 +1,5 @@
-"""``straggler.png``: job-level energy saving vs the straggler's slowdown factor.
-
-Two curves from :func:`perseus.runtime.straggler.sweep.straggler_sweep`: the saving against a job
-that runs all-max everywhere (what Perseus gives in total) and against a job that already runs
-the fastest Perseus plan (what slowing the non-stragglers adds). The factor at which T′
-reaches T* is marked: savings peak there and decline slowly after it.
-"""
+"""``straggler.png``: job-level energy saving vs the straggler's slowdown factor, against
+all-max everywhere and against the fastest Perseus plan everywhere; T′ = T* is marked."""
 
 from __future__ import annotations
 
@@ -34,15 +29,8 @@ def plot_straggler(
         ax.plot(xs, extrinsic, "--s", color="tab:green", lw=1.8, ms=4, label=label)
         if xs[0] <= s_star <= xs[-1]:
             ax.axvline(s_star, color="tab:red", ls=":", lw=1.2)
-            ax.text(
-                s_star,
-                max(total) * 1.02,
-                f" T′ = T* (s = {s_star:.2f})",
-                color="tab:red",
-                ha="left",
-                va="bottom",
-                fontsize=10,
-            )
+            text = f" T′ = T* (s = {s_star:.2f})"
+            ax.text(s_star, max(total) * 1.02, text, color="tab:red", va="bottom", fontsize=10)
         best = max(cases, key=lambda c: c.saving_vs_allmax)
         ax.annotate(
             f"peak {100 * best.saving_vs_allmax:.1f} % at s = {best.factor:g}",

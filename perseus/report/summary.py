@@ -1,9 +1,5 @@
-"""The figures a report shows: savings of the fastest plan, T*, the baselines and a straggler.
-
-Every figure is relative to the all-max plan (all clocks at maximum) of the same job, the way
-the Perseus paper reports them. The same :class:`Summary` feeds the terminal output of
-``perseus demo``, ``report-summary.json`` and the HTML report, so the three never disagree.
-"""
+"""The figures a report shows, relative to the job's all-max plan as the Perseus paper reports
+them; one :class:`Summary` feeds the terminal, ``report-summary.json`` and the HTML page."""
 
 from __future__ import annotations
 
@@ -35,20 +31,14 @@ __all__ = [
 REPORT_SUMMARY_KIND = "perseus.report-summary"
 #: ``kind`` of a run's summary (predicted and measured figures of a deployed plan).
 RUN_SUMMARY_KIND = "perseus.run-summary"
-
-#: The straggler slowdown the summary quotes (the issue's "1.2x straggler").
+#: The straggler slowdown the summary quotes.
 SUMMARY_STRAGGLER_FACTOR = 1.2
 
 
 @dataclass(frozen=True, slots=True)
 class PlanFigures:
-    """One plan's figures and its saving relative to all-max.
-
-    Attributes:
-        time_s, energy_j: The plan's exact iteration time and energy.
-        energy_saving: ``1 − energy / all-max energy`` (positive = saves energy).
-        slowdown: ``time / all-max time − 1`` (positive = slower).
-    """
+    """One plan's exact iteration time and energy, its ``energy_saving`` (``1 − energy /
+    all-max energy``) and ``slowdown`` (``time / all-max time − 1``)."""
 
     time_s: float
     energy_j: float
@@ -89,30 +79,18 @@ def summarize(
     sweep: Sequence[StragglerCase] = (),
     pipelines: int | None = None,
 ) -> Summary:
-    """Compute the report's figures from a frontier, its baselines and a straggler sweep.
-
-    The straggler figure is the sweep case whose factor is closest to 1.2 (None without a
-    sweep). Complexity: O(K + B + F) for K points, B baselines and F sweep cases.
-    """
+    """The report's figures of a frontier, its baselines and a straggler sweep (the case whose
+    factor is closest to 1.2). Complexity: O(K + B + F) for K points, B baselines, F cases."""
     base = frontier.baseline
 
     def figures(point: PlanPoint | Any) -> PlanFigures:
-        return PlanFigures(
-            time_s=point.time_s,
-            energy_j=point.energy_j,
-            energy_saving=1 - point.energy_j / base.energy_j,
-            slowdown=point.time_s / base.time_s - 1,
-        )
+        t, e = point.time_s, point.energy_j
+        return PlanFigures(t, e, energy_saving=1 - e / base.energy_j, slowdown=t / base.time_s - 1)
 
     straggler = None
     if sweep and pipelines is not None:
-        case = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
-        straggler = StragglerFigures(
-            factor=case.factor,
-            pipelines=pipelines,
-            saving_vs_allmax=case.saving_vs_allmax,
-            saving_vs_fastest=case.saving_vs_fastest,
-        )
+        c = min(sweep, key=lambda c: abs(c.factor - SUMMARY_STRAGGLER_FACTOR))
+        straggler = StragglerFigures(c.factor, pipelines, c.saving_vs_allmax, c.saving_vs_fastest)
     return Summary(
         job=frontier.job.model_dump(),
         points=len(frontier.points),
@@ -174,14 +152,8 @@ class _PredictedMeasured(BaseModel):
 
 
 class MeasuredRun(BaseModel):
-    """An emulated or real run's summary: the plan's predicted and measured figures.
-
-    Extra keys are ignored: runners add their own details, and the report only needs these.
-    ``kind`` (:data:`RUN_SUMMARY_KIND`) and ``job`` (the plan's job, as in plan files) are
-    optional; when present the report checks them against the frontier, and otherwise it
-    checks the run's predicted all-max figures against the frontier's baseline
-    (:meth:`check_frontier`).
-    """
+    """An emulated or real run's summary: the plan's predicted and measured figures (extra keys
+    ignored; ``kind`` and ``job`` optional, checked by :meth:`check_frontier` when present)."""
 
     model_config = _LOOSE
 
@@ -200,19 +172,14 @@ class MeasuredRun(BaseModel):
         return pairs
 
     def check_frontier(self, frontier: Frontier, source: str) -> None:
-        """Raise :class:`~perseus.errors.ConfigError` unless this run planned ``frontier``'s job.
-
-        The run's job (when recorded) must equal the frontier's and its predicted all-max figures
-        the frontier's baseline; a run that records neither must have predicted one of the
-        frontier's points (relative tolerance 1e-6: all come from the same exact evaluator).
-        """
+        """Raise :class:`~perseus.errors.ConfigError` unless this run planned ``frontier``'s job:
+        its recorded job and predicted all-max must match the frontier's, and a run that
+        records neither must have predicted one of its points (relative tolerance 1e-6)."""
         if self.job is not None:
             try:
                 spec = JobSpec.model_validate(self.job)
             except ValidationError as e:
-                raise ConfigError(
-                    describe_validation_error(source, e).replace("field ", "field job.", 1)
-                ) from None
+                raise ConfigError(describe_validation_error(source, e, loc=("job",))) from None
             frontier.check_job(spec, source=source)
         if self.allmax is not None:
             got, want = self.allmax.predicted, frontier.baseline

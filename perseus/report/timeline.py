@@ -1,10 +1,5 @@
-"""``timeline.png``: per-rank Gantt chart of one iteration, ops coloured by power.
-
-Two panels on one time axis: the all-max plan and a Perseus plan (the fastest one, which
-keeps the iteration time). Hot colours are high power; hatched pale bars are blocking time
-(the GPU waits on a neighbour at blocking power). Under all-max, ops off the critical path
-run hot and then wait; under Perseus the same ops run cooler and the waits shrink.
-"""
+"""``timeline.png``: per-rank Gantt charts of one iteration on one time axis, ops coloured by
+power, hatched pale bars for blocking time (a GPU waiting on a neighbour)."""
 
 from __future__ import annotations
 
@@ -98,24 +93,14 @@ def _idle_segments(tl: Timeline, r: int) -> list[tuple[float, float]]:
 
 
 def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float) -> None:
-    height = 0.8
+    idle_color = cmap(norm(tl.blocking_power_w))
     for r in range(tl.num_ranks):
-        ax.broken_barh(
-            _idle_segments(tl, r),
-            (r - height / 2, height),
-            facecolors=cmap(norm(tl.blocking_power_w)),
-            edgecolor="0.6",
-            hatch="///",
-            lw=0.3,
-        )
+        row = (r - 0.4, 0.8)
+        ax.broken_barh(_idle_segments(tl, r), row, fc=idle_color, ec="0.6", hatch="///", lw=0.3)
         ids = np.flatnonzero(tl.rank == r)
-        ax.broken_barh(
-            [(float(tl.start_s[i]), float(tl.end_s[i] - tl.start_s[i])) for i in ids],
-            (r - height / 2, height),
-            facecolors=[cmap(norm(float(tl.power_w[i]))) for i in ids],
-            edgecolor="black",
-            lw=0.3,
-        )
+        bars = [(float(tl.start_s[i]), float(tl.end_s[i] - tl.start_s[i])) for i in ids]
+        colors = [cmap(norm(float(tl.power_w[i]))) for i in ids]
+        ax.broken_barh(bars, row, facecolors=colors, edgecolor="black", lw=0.3)
         # Letters only where they fit (a glyph needs ~0.8 % of the axis at report size).
         for i in ids:
             width = float(tl.end_s[i] - tl.start_s[i])
@@ -154,17 +139,12 @@ def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -
         bar.set_label("GPU power (W)")
         op = "op (F forward, B backward, W weight)"
         blocked = f"blocked, waiting at {lo:g} W"
-        axes[0].legend(
-            handles=[
-                Patch(facecolor=cmap(norm(hi)), edgecolor="black", label=op),
-                Patch(facecolor=cmap(norm(lo)), edgecolor="0.6", hatch="///", label=blocked),
-            ],
-            loc="lower right",
-            bbox_to_anchor=(1.0, 1.08),
-            ncols=2,
-            frameon=False,
-            fontsize=9,
-        )
+        handles = [
+            Patch(facecolor=cmap(norm(hi)), edgecolor="black", label=op),
+            Patch(facecolor=cmap(norm(lo)), edgecolor="0.6", hatch="///", label=blocked),
+        ]
+        where = {"loc": "lower right", "bbox_to_anchor": (1.0, 1.08)}
+        axes[0].legend(handles=handles, ncols=2, frameon=False, fontsize=9, **where)
         if title:
             fig.suptitle(title)
         return to_png(fig)
