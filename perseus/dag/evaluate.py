@@ -70,12 +70,8 @@ def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatA
     end = np.zeros_like(time_s)
     src, dst, lat = graph.edge_src, graph.edge_dst, graph.edge_latency_s
     for gen, edges in zip(graph.generations, graph.generation_edges, strict=True):
-        if edges.size:
-            ready = end[..., src[edges]] + lat[edges]
-            if time_s.ndim == 1:
-                np.maximum.at(start, dst[edges], ready)
-            else:
-                np.maximum.at(start, (slice(None), dst[edges]), ready)  # type: ignore[arg-type]
+        if edges.size:  # transposed, a node's row holds its start in every plan
+            np.maximum.at(start.T, dst[edges], (end[..., src[edges]] + lat[edges]).T)
         end[..., gen] = start[..., gen] + time_s[..., gen]
     return start, end
 
@@ -83,10 +79,8 @@ def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatA
 def evaluate_durations(
     graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, *, blocking_power_w: float
 ) -> Evaluation:
-    """Evaluate a plan given each node's duration and energy.
-
-    Complexity: O(N + E) numpy work in O(depth) vectorised steps.
-    """
+    """Evaluate a plan given each node's duration and energy. Complexity: as
+    :func:`longest_path`."""
     t = np.asarray(time_s, dtype=np.float64)
     e = np.asarray(energy_j, dtype=np.float64)
     start, end = longest_path(graph, t)
@@ -190,18 +184,17 @@ def _one_clock_costs(
 ) -> tuple[FloatArray, FloatArray] | None:
     """:func:`op_costs` of per-node clocks (N,), one profile look-up per distinct (stage,
     kind, clock); ``None`` when a clock was not profiled (the general path names it)."""
-    kinds = _KINDS
     freqs = freqs_mhz.astype(np.int64)
     if freqs.size and not 0 <= freqs.min() <= freqs.max() < _CLOCK_KEY:
         return None
-    codes = graph.stage.astype(np.int64) * len(kinds) + graph.kind
+    codes = graph.stage.astype(np.int64) * len(_KINDS) + graph.kind
     keys, inverse = np.unique(codes * _CLOCK_KEY + freqs, return_inverse=True)
     time_s = np.empty(keys.size)
     energy_j = np.empty(keys.size)
     for j, key in enumerate(keys.tolist()):
         code, freq = divmod(key, _CLOCK_KEY)
         try:
-            option = profile.op(code // len(kinds), kinds[code % len(kinds)]).at(freq, None)
+            option = profile.op(code // len(_KINDS), _KINDS[code % len(_KINDS)]).at(freq, None)
         except KeyError:
             return None
         time_s[j], energy_j[j] = option.time_s, option.energy_j
