@@ -63,6 +63,7 @@ MAX_TIME_S = 1e7
 MAX_ENERGY_J = 1e15
 _Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
 _Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+_LayerWeight = Annotated[float, Field(gt=0, le=MAX_LAYER_WEIGHT, allow_inf_nan=False)]
 #: One phase of a phased op: ``(freq_mhz, mem_freq_mhz or None, first_layer)``.
 PhaseSpec = tuple[ClockMHz, ClockMHz | None, Annotated[int, Field(ge=0, le=100_000)]]
 #: One op of a plan: a clock, a two-clock op or a list of at most 64 phases.
@@ -89,12 +90,7 @@ class JobSpec(BaseModel):
     backward_split: Annotated[float, job_range("backward_split")] | None = None
     profile_name: Annotated[str, Field(max_length=4096)] | None = None
     layers_per_stage: Annotated[tuple[LayerCount, ...], Field(max_length=4096)] | None = None
-    layer_time_fractions: (
-        tuple[
-            tuple[Annotated[float, Field(gt=0, le=MAX_LAYER_WEIGHT, allow_inf_nan=False)], ...], ...
-        ]
-        | None
-    ) = None
+    layer_time_fractions: tuple[tuple[_LayerWeight, ...], ...] | None = None
     switch_latency_s: Annotated[float, job_range("switch_latency_s")] = (
         JOB_DEFAULTS.switch_latency_s
     )
@@ -314,19 +310,17 @@ class Frontier(BaseModel):
         for i, p in enumerate(self.points):
             got = [len(f) for f in p.freqs_mhz]
             if got != shape:
-                bad = next(
-                    (r for r in range(min(len(got), len(shape))) if got[r] != shape[r]),
-                    min(len(got), len(shape)),
-                )
+                pairs = enumerate(itertools.zip_longest(got, shape))
+                bad = next(r for r, (a, b) in pairs if a != b)
                 raise ValueError(
                     f"points[{i}].freqs_mhz does not fit stage_ops ({len(got)} ranks vs "
                     f"{len(shape)}; first difference at rank {bad})"
                 )
-        for i in range(1, len(self.points)):
-            if self.points[i].time_s < self.points[i - 1].time_s:
+        for i, (a, b) in enumerate(itertools.pairwise(self.points), start=1):
+            if b.time_s < a.time_s:
                 raise ValueError(
                     f"points must be sorted by time_s ascending; points[{i}] "
-                    f"({self.points[i].time_s}) < points[{i - 1}] ({self.points[i - 1].time_s})"
+                    f"({b.time_s}) < points[{i - 1}] ({a.time_s})"
                 )
         return self
 
@@ -375,10 +369,9 @@ class Frontier(BaseModel):
             figures_only.add("layers_per_stage")  # it only says where two-clock ops switch
         mine = self.job.model_dump(exclude=figures_only)
         theirs = job.model_dump(exclude=figures_only)
-        diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
-        if diff:
+        if diff := [k for k in mine if mine[k] != theirs[k]]:
             fields = "; ".join(
-                f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items()
+                f"job.{k}: plan has {mine[k]!r}, run has {theirs[k]!r}" for k in diff
             )
             where = f"{source}: " if source else ""
             raise PlanError(f"{where}plan was computed for another job ({fields}); recompute it")
