@@ -160,16 +160,10 @@ class Profile:
         bound = self.cap_bound_clocks()
         if not bound:
             return self
-        ops = {
-            key: (
-                dataclasses.replace(
-                    op, options=tuple(o for o in op.options if o.freq_mhz <= bound[key])
-                )
-                if key in bound
-                else op
-            )
-            for key, op in self.ops.items()
-        }
+        ops = dict(self.ops)
+        for key, clock in bound.items():
+            kept = tuple(o for o in ops[key].options if o.freq_mhz <= clock)
+            ops[key] = dataclasses.replace(ops[key], options=kept)
         clocks = sorted(set(bound.values()))
         source = f"{self.source} (cap-bound above {'/'.join(map(str, clocks))} MHz: collapsed)"
         return dataclasses.replace(self, ops=ops, source=source)

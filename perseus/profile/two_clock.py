@@ -60,10 +60,8 @@ def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
         return (Phase(op, None, 0),)
     items: list[object] = list(op)
     if items and all(isinstance(x, int) for x in items):
-        two = op_clocks(cast("list[int]", items))
-        if not two.is_two_clock:
-            return (Phase(two.freq_a_mhz, None, 0),)
-        return (Phase(two.freq_a_mhz, None, 0), Phase(two.freq_b_mhz, None, two.layers_at_a))
+        a, b, k = op_clocks(cast("list[int]", items))
+        return (Phase(a, None, 0), Phase(b, None, k)) if k > 0 else (Phase(a, None, 0),)
     phases: list[Phase] = []
     for item in items:
         phase = _phase(op, item, phases[-1] if phases else None)
@@ -143,13 +141,9 @@ def op_clocks(op: AnyPlanOp) -> TwoClockOp:
                 f"plan op {_show(op)} sets memory clocks or more than two phases; this "
                 "consumer runs SM clocks only: plan with SM clocks (one or two per op)"
             )
-        if len(phases) == 1:
-            return TwoClockOp(phases[0].freq_mhz, phases[0].freq_mhz, 0)
-        return TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer)
+        return TwoClockOp(phases[0].freq_mhz, phases[-1].freq_mhz, phases[-1].first_layer)
     a, b, k = (int(cast("int", x)) for x in items)
-    if k == 0 or a == b:
-        return TwoClockOp(a, a, 0)
-    return TwoClockOp(a, b, k)
+    return TwoClockOp(a, a, 0) if k == 0 or a == b else TwoClockOp(a, b, k)
 
 
 @dataclass(frozen=True)
