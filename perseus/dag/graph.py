@@ -93,25 +93,15 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     rank = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     stage = np.fromiter((a.stage_index for a in actions), dtype=np.int64, count=n)
     kind = np.fromiter((KIND_CODES[a.kind] for a in actions), dtype=np.int64, count=n)
-
     src, dst = _edges(schedule, actions, starts.tolist())
     latency = np.where(rank[src] != rank[dst], float(p2p_latency_s), 0.0)
     try:
         generations = _topological_generations(n, src, dst)
     except CycleError:
         raise ScheduleError(f"schedule {schedule.name!r} has a dependency cycle") from None
+    edges_in = _generation_edges(n, generations, dst)
     return OpGraph(
-        schedule=schedule,
-        actions=actions,
-        rank=rank,
-        stage=stage,
-        kind=kind,
-        rank_start=starts,
-        edge_src=src,
-        edge_dst=dst,
-        edge_latency_s=latency.astype(np.float64),
-        generations=generations,
-        generation_edges=_generation_edges(n, generations, dst),
+        schedule, actions, rank, stage, kind, starts, src, dst, latency, generations, edges_in
     )
 
 
