@@ -107,7 +107,7 @@ def check_job_size(
     virtual_stages: int = 1,
     clocks: int = 1,
 ) -> None:
-    """Refuse a job too large to plan, before anything is built, with its estimated memory.
+    """Refuse a job too large to plan before anything is built.
 
     Args:
         what: Where the sizes came from (``"--microbatches"``, a config file, a plan file).

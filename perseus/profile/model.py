@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,8 +73,7 @@ class OpProfile:
         memory clock profiled at ``freq_mhz``, which the sort puts first).
 
         Raises:
-            KeyError: if the clock (pair) was not profiled for this op; the key is
-                ``freq_mhz`` or ``(freq_mhz, mem_freq_mhz)``.
+            KeyError: ``freq_mhz`` or ``(freq_mhz, mem_freq_mhz)``, if not profiled.
         """
         for option in self.options:
             if option.freq_mhz == freq_mhz and (
@@ -250,42 +250,34 @@ def _check_shape(grouped: _Grouped, source: str) -> int:
     """The number of stages, once every stage has the same kinds, ``F`` and ``B`` among them."""
     stages = {s for s, _ in grouped}
     num_stages = max(stages) + 1
-    missing_stages = sorted(set(range(num_stages)) - stages)
-    if missing_stages:
+    if missing := sorted(set(range(num_stages)) - stages):
         raise ProfileError(
-            f"{source}: stage(s) {missing_stages} have no rows (stages must be numbered "
+            f"{source}: stage(s) {missing} have no rows (stages must be numbered "
             f"0..{num_stages - 1} without gaps)"
         )
-    kinds_present = {k for _, k in grouped}
+    kinds = sorted({k for _, k in grouped}, key=lambda k: k.value)
     for required in (Kind.F, Kind.B):
-        if required not in kinds_present:
+        if required not in kinds:
             raise ProfileError(f"{source}: no {required.profile_name!r} rows at all")
-    for stage in range(num_stages):
-        for kind in sorted(kinds_present, key=lambda k: k.value):
-            if (stage, kind) not in grouped:
-                raise ProfileError(
-                    f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
-                    f"needs the same instructions"
-                )
+    for stage, kind in itertools.product(range(num_stages), kinds):
+        if (stage, kind) not in grouped:
+            raise ProfileError(
+                f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
+                f"needs the same instructions"
+            )
     return num_stages
 
 
 def build_profile(
     rows: Iterable[ProfileRow], source: str = "<profile>", gpu: GpuIdentity | None = None
 ) -> Profile:
-    """Assemble and validate a profile from :data:`ProfileRow` rows.
-
-    Checks the structure: stages 0..S-1 without gaps, the same kinds on every stage, ``F`` and
-    ``B`` present, values finite and positive, no duplicate (stage, kind, clock pair), and
-    within a (stage, kind) every row or none naming a memory clock.
-
-    Args:
-        rows: The measured rows.
-        source: Where they come from (for messages).
-        gpu: The GPU they were measured on (None: unrecorded).
+    """Assemble and validate a profile from :data:`ProfileRow` rows measured on ``gpu``.
 
     Raises:
-        ProfileError: naming ``source`` and the offending stage/kind/clock.
+        ProfileError: naming ``source`` and the offending stage, kind or clock, unless stages
+            run 0..S-1 without gaps, each with the same kinds (``F`` and ``B`` among them),
+            values are finite and positive, no (stage, kind, clock pair) repeats, and each
+            (stage, kind) names a memory clock on every row or on none.
     """
     full = [_full(r) for r in rows]
     if not full:
