@@ -169,12 +169,14 @@ def make_job(
         )
     if blocking_power_w < 0:
         raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
-    layers = _layer_counts(
-        stages,
-        layers_per_stage,
-        layer_time_fractions,
-        (switch_latency_s, switch_energy_j, switch_stall_s),
-    )
+    layers = None
+    if layers_per_stage is not None:  # checked with the fractions and switch costs
+        given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
+        switch = (switch_latency_s, switch_energy_j, switch_stall_s)
+        split = build_layer_split(list(given), stages, layer_time_fractions, *switch)
+        layers = tuple(len(f) for f in split.layer_fractions)
+    elif layer_time_fractions is not None:
+        raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
     sched = build_schedule(schedule, stages, microbatches, virtual_stages=virtual_stages)
     b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
@@ -201,19 +203,3 @@ def make_job(
         gpu=profile.gpu,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))
-
-
-def _layer_counts(
-    stages: int,
-    layers_per_stage: Sequence[int] | int | None,
-    layer_time_fractions: Sequence[Sequence[float]] | None,
-    switch: tuple[float, float, float],
-) -> tuple[int, ...] | None:
-    """Layers per stage, one per stage, checked with the fractions and switch cost."""
-    if layers_per_stage is None:
-        if layer_time_fractions is not None:
-            raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
-        return None
-    given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
-    split = build_layer_split(list(given), stages, layer_time_fractions, *switch)
-    return tuple(len(f) for f in split.layer_fractions)

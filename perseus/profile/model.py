@@ -203,10 +203,6 @@ def cap_bound_clock_mhz(options: tuple[OpOption, ...]) -> int | None:
 _Full = tuple[int, Kind, int, float, float, int | None]
 
 
-def _full(row: ProfileRow) -> _Full:
-    return (*row, None) if len(row) == 5 else row
-
-
 def _hash_rows(rows: Iterable[_Full]) -> str:
     # A row without a memory clock hashes without a tail, as before memory clocks existed.
     digest = hashlib.sha256()
@@ -279,7 +275,7 @@ def build_profile(
             values are finite and positive, no (stage, kind, clock pair) repeats, and each
             (stage, kind) names a memory clock on every row or on none.
     """
-    full = [_full(r) for r in rows]
+    full: list[_Full] = [(*r, None) if len(r) == 5 else r for r in rows]
     if not full:
         raise ProfileError(
             f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"
