@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from perseus.dag.graph import FloatArray, IntArray, OpGraph
 from perseus.errors import PlanError
-from perseus.profile.model import OpOption, Profile
+from perseus.profile.model import OpOption, Profile, clock_label
 from perseus.profile.two_clock import LayerSplit, Phase, check_phases, op_phases, phased_cost
 from perseus.schedule.actions import Kind
 
@@ -162,11 +162,8 @@ def _phased_op_cost(
             chosen.append(op.at(ph.freq_mhz, ph.mem_freq_mhz))
         except KeyError:
             r = int(graph.rank[node])
-            clock = f"{ph.freq_mhz} MHz"
-            if ph.mem_freq_mhz is not None:
-                clock = f"{ph.freq_mhz}/{ph.mem_freq_mhz} MHz (SM/memory)"
             raise PlanError(
-                f"plan clock {clock} for rank {r} op {node - int(graph.rank_start[r])} "
+                f"plan clock {clock_label(ph.freq_mhz, ph.mem_freq_mhz)} for rank {r} op {node - int(graph.rank_start[r])} "
                 f"({graph.actions[node]}) was not profiled for stage {op.stage_index} "
                 f"{op.kind.profile_name}; profiled clocks are {op.options[-1].freq_mhz}.."
                 f"{op.options[0].freq_mhz} MHz"

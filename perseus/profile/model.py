@@ -30,10 +30,18 @@ __all__ = [
     "ProfileRow",
     "build_profile",
     "cap_bound_clock_mhz",
+    "clock_label",
 ]
 
 #: ``(stage, kind, freq_mhz, time_s, energy_j)``, optionally followed by ``mem_freq_mhz``.
 ProfileRow = tuple[int, Kind, int, float, float] | tuple[int, Kind, int, float, float, int | None]
+
+
+def clock_label(freq_mhz: int, mem_freq_mhz: int | None) -> str:
+    """A clock (pair) in messages: ``1410 MHz`` or ``1740/7251 MHz (SM/memory)``."""
+    if mem_freq_mhz is None:
+        return f"{freq_mhz} MHz"
+    return f"{freq_mhz}/{mem_freq_mhz} MHz (SM/memory)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +229,7 @@ def _group(full: list[_Full], source: str) -> _Grouped:
     """The rows' options by (stage, kind), each row checked on its own and against its op's."""
     grouped: _Grouped = {}
     for stage, kind, freq, time_s, energy_j, mem in full:
-        pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
-        where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
+        where = f"{source}: stage {stage} {kind.profile_name} at {clock_label(freq, mem)}"
         if stage < 0:
             raise ProfileError(f"{where}: stage index must be >= 0")
         if freq <= 0 or (mem is not None and mem <= 0):
