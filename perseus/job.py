@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import Evaluation, PlanArg, allmax_freqs, evaluate_freqs, op_costs
-from perseus.dag.graph import OpGraph, build_dag
+from perseus.dag.graph import FloatArray, IntArray, OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
@@ -27,9 +26,6 @@ __all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
 
 #: Share of a backward given to ``B`` when a profile without ``weight`` rows meets a ZB schedule.
 DEFAULT_BACKWARD_SPLIT = JOB_DEFAULTS.backward_split
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)
