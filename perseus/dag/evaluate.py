@@ -46,8 +46,7 @@ class Evaluation:
     Attributes:
         time_s: Iteration time (makespan).
         energy_j: Total energy of all ranks over the iteration.
-        compute_energy_j: Energy of the ops themselves.
-        blocking_energy_j: Blocking power × idle time, summed over ranks.
+        compute_energy_j: Energy of the ops; ``blocking_energy_j`` that of the idle time.
         start_s: Per-node start times; ``end_s`` the end times.
         busy_s: Per-rank compute time.
     """

@@ -208,19 +208,18 @@ def build_layer_split(
     for name, value in costs.items():
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
-    if layer_time_fractions is None:
-        fractions = tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
-    else:
-        fractions = _fractions(layer_time_fractions, layers)
+    fractions = _fractions(layer_time_fractions, layers)
     return LayerSplit(
         fractions, float(switch_latency_s), float(switch_energy_j), float(switch_stall_s)
     )
 
 
 def _fractions(
-    layer_time_fractions: Sequence[Sequence[float]], layers: list[int]
+    layer_time_fractions: Sequence[Sequence[float]] | None, layers: list[int]
 ) -> tuple[tuple[float, ...], ...]:
-    """Per-layer weights normalised per stage, one weight per layer in (0, max]."""
+    """Per-layer weights normalised per stage (one in (0, max] per layer), or the even split."""
+    if layer_time_fractions is None:
+        return tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
     if len(layer_time_fractions) != len(layers):
         raise ConfigError(
             f"layer_time_fractions has {len(layer_time_fractions)} stages, the job has "
