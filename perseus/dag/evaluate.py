@@ -93,11 +93,8 @@ def evaluate_durations(
 def evaluate_many(
     graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, blocking_power_w: float
 ) -> tuple[FloatArray, FloatArray]:
-    """Iteration times and energies of K plans at once (arrays of shape (K, N)).
-
-    Returns:
-        ``(time_s, energy_j)``, each of shape (K,), equal to :func:`evaluate_durations` per row.
-    """
+    """Iteration times and energies, each (K,), of K plans at once (arrays of shape (K, N)):
+    :func:`evaluate_durations` per row."""
     t = np.atleast_2d(np.asarray(time_s, dtype=np.float64))
     e = np.atleast_2d(np.asarray(energy_j, dtype=np.float64))
     _, end = longest_path(graph, t)

@@ -48,10 +48,8 @@ AnyPlanOp = int | Sequence[int] | Sequence[Sequence[int | None]]
 
 
 def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
-    """A plan op in any of its forms as its phases, adjacent equal clock pairs merged.
-
-    The forms: a clock ``f``, ``(freq_a_mhz, freq_b_mhz, layers_at_a)``, or a sequence of
-    ``(freq_mhz, mem_freq_mhz, first_layer)`` phases (the first at layer 0, then increasing).
+    """A plan op (a clock, ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` or a sequence of
+    ``(freq_mhz, mem_freq_mhz, first_layer)`` phases) as its phases, equal neighbours merged.
 
     Raises:
         PlanError: if a phase list is empty or its layers do not start at 0 and increase.
@@ -109,10 +107,8 @@ def _show(op: object) -> str:
 
 
 class TwoClockOp(NamedTuple):
-    """An op's clocks: layers ``0..layers_at_a-1`` at ``freq_a_mhz``, the rest at ``freq_b_mhz``.
-
-    A one-clock op is ``TwoClockOp(f, f, 0)``.
-    """
+    """Layers ``0..layers_at_a-1`` at ``freq_a_mhz``, the rest at ``freq_b_mhz`` (``(f, f, 0)``:
+    one clock)."""
 
     freq_a_mhz: int
     freq_b_mhz: int
@@ -241,12 +237,9 @@ def _fractions(
 def phased_cost(
     options: Sequence[OpOption], work_before: Sequence[float], split: LayerSplit
 ) -> tuple[float, float]:
-    """Time and energy of an op that runs phase ``i`` at ``options[i]``, from the share
-    ``work_before[i - 1]`` of its work on (one :meth:`LayerSplit.work_before` per switch,
-    increasing). Each switch moves its boundary later by the set latency over the old phase's
-    time, and adds the stall (at the new phase's power) and the switch energy.
-
-    Complexity: O(phases).
+    """Time and energy of an op that runs phase ``i`` at ``options[i]`` from the share
+    ``work_before[i - 1]`` of its work on. Each switch moves its boundary later by the set
+    latency over the old phase's time and adds the stall and the switch energy. O(phases).
     """
     x = 0.0
     time_s = 0.0

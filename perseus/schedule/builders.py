@@ -195,8 +195,7 @@ def build_schedule(
     """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
 
     Raises:
-        ScheduleError: for an unknown name, bad sizes, or ``virtual_stages != 1`` on a
-            schedule that has one stage per rank.
+        ScheduleError: for an unknown name, bad sizes, or ``virtual_stages`` on another one.
     """
     if name not in _BUILDERS:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
