@@ -6,14 +6,11 @@ The public API, one import away::
     from perseus import PerseusPipeline, RankSession, SimulatedGPU      # run (torch, a GPU)
     from perseus import PlanFile, OfflineProfile, OnlineProfile         # where a plan comes from
 
-Every name below is loaded on first use (module ``__getattr__``), so ``import perseus`` costs
-a few milliseconds and never imports numpy, torch, pynvml or matplotlib; the module that
-defines a name is imported when the name is first touched. Everything else lives one level
-down: :mod:`perseus.schedule`, :mod:`perseus.profile`, :mod:`perseus.dag` (the operation graph
-and its exact evaluator), :mod:`perseus.solver` (the pure planning core), :mod:`perseus.io`
-(files), :mod:`perseus.device` (GPUs), :mod:`perseus.runtime` (sessions and engine adapters),
-:mod:`perseus.recurring` (batch size and power limit across re-runs), :mod:`perseus.errors`
-(every error class).
+Every name is loaded on first use (module ``__getattr__``), so ``import perseus`` never imports
+numpy, torch, pynvml or matplotlib. Everything else lives one level down
+(:mod:`perseus.schedule`, :mod:`perseus.profile`, :mod:`perseus.dag`, :mod:`perseus.solver`,
+:mod:`perseus.io`, :mod:`perseus.device`, :mod:`perseus.runtime`, :mod:`perseus.recurring`,
+:mod:`perseus.errors`).
 """
 
 from __future__ import annotations
@@ -50,39 +47,23 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
 
 __version__ = "0.1.0"
 
-#: Public name -> the module that defines it (imported on first access).
-_LAZY: dict[str, str] = {
-    # data model
-    "Action": "perseus.schedule",
-    "Frontier": "perseus.plan",
-    "PlanPoint": "perseus.plan",
-    "PlanningJob": "perseus.job",
-    "Profile": "perseus.profile",
-    # planning
-    "baseline_plans": "perseus.solver",
-    "make_job": "perseus.job",
-    "trace_frontier": "perseus.solver",
-    # files
-    "load_profile": "perseus.io",
-    "read_frontier": "perseus.io",
-    "write_frontier": "perseus.io",
-    # devices
-    "NvmlGPU": "perseus.device.nvml",
-    "SimulatedGPU": "perseus.device.simulated",
-    "blocking_power_for": "perseus.device.presets",
-    # where a running job's plan comes from
-    "OfflineProfile": "perseus.runtime.planning",
-    "OnlineProfile": "perseus.runtime.planning",
-    "PlanFile": "perseus.runtime.planning",
-    # sessions (torch is imported when a session starts, not here)
-    "IterationMetrics": "perseus.runtime.metrics",
-    "IterationStats": "perseus.runtime.session",
-    "MetricsSink": "perseus.runtime.metrics",
-    "PerseusPipeline": "perseus.runtime.pipeline",
-    "RankSession": "perseus.runtime.session",
-    "SessionOptions": "perseus.runtime.session",
-    "perseus_pipeline": "perseus.runtime.pipeline",
+#: Module -> the public names it defines (each imported on first access).
+_MODULES = {
+    "perseus.schedule": "Action",
+    "perseus.plan": "Frontier PlanPoint",
+    "perseus.job": "PlanningJob make_job",
+    "perseus.profile": "Profile",
+    "perseus.solver": "baseline_plans trace_frontier",
+    "perseus.io": "load_profile read_frontier write_frontier",
+    "perseus.device.nvml": "NvmlGPU",
+    "perseus.device.simulated": "SimulatedGPU",
+    "perseus.device.presets": "blocking_power_for",
+    "perseus.runtime.planning": "OfflineProfile OnlineProfile PlanFile",
+    "perseus.runtime.metrics": "IterationMetrics MetricsSink",
+    "perseus.runtime.pipeline": "PerseusPipeline perseus_pipeline",
+    "perseus.runtime.session": "IterationStats RankSession SessionOptions",
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 __all__ = [
     "Action",
@@ -123,8 +104,8 @@ __all__ = [
 def _lazy_names(
     module_name: str, lazy: dict[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A package's ``__getattr__`` and ``__dir__``: each name of ``lazy`` (name -> defining
-    module) is imported on first access, then cached in the package's namespace."""
+    """A package's ``__getattr__`` and ``__dir__``: each name of ``lazy`` (name -> module) is
+    imported on first access, then cached in the package's namespace."""
     namespace = sys.modules[module_name].__dict__
 
     def getattr_(name: str) -> Any:

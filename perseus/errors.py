@@ -1,10 +1,5 @@
-"""The PerseusError tree.
-
-Everything perseus raises on purpose derives from :class:`PerseusError`. Bad input (profiles,
-schedules, plans, configs) raises a :class:`ConfigError`, which the CLI turns into one line on
-stderr and exit code 2. Vendor errors (NVML) are wrapped once, in the device layer, with
-``raise ... from e``.
-"""
+"""The PerseusError tree: bad input raises a :class:`ConfigError` (the CLI's exit code 2);
+vendor errors are wrapped once, in the device layer, with ``raise ... from e``."""
 
 from __future__ import annotations
 

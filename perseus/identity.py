@@ -1,10 +1,8 @@
 """The GPU a profile, frontier or plan describes: one record, :class:`GpuIdentity`.
 
-Times and energies measured on one GPU do not hold on another (an A100 profile predicted
-4.62 s and 2200 J per iteration for a job an H100 ran in 0.116 s and 68 J), so profiles,
-frontiers and plans carry the GPU they were measured on, and a session compares it with the GPU
-it runs on (:func:`perseus.runtime.planning.check_gpu`). Files written before the record
-existed still read; they are unchecked.
+Figures measured on one GPU do not hold on another, so profiles and plans carry the GPU they
+were measured on and a session compares it with its own
+(:func:`perseus.runtime.planning.check_gpu`); files without the record are unchecked.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ ARCHITECTURES = {
     13: "Rubin",
 }
 
-# Parts of a name that do not change what a GPU's profile measures: the vendor, the memory
-# size (A100-SXM4-40GB and -80GB run the same clocks) and the memory kind, and separators.
+# What does not change a GPU's profile: vendor, memory size and kind, separators.
 _NOISE = re.compile(r"nvidia|\b\d+\s*gb\b|\bhbm\d*e?\b|\(.*?\)|[\s_-]+", re.IGNORECASE)
 _Clock = Annotated[int, Field(ge=1, le=100_000)]
 
@@ -42,13 +39,13 @@ def architecture_name(code: int) -> str:
 
 
 class GpuIdentity(BaseModel):
-    """Which GPU a profile, frontier or plan describes.
+    """Which GPU a profile, frontier or plan describes (None or empty: not known).
 
     Attributes:
         name: The name NVML reports (``NVIDIA A100-SXM4-80GB``).
-        architecture: ``Ampere``, ``Hopper``... (None: not known).
-        clocks_mhz: The GPU's supported SM clocks, highest first (empty: not known).
-        default_power_limit_w: The board's default power limit (None: not known).
+        architecture: ``Ampere``, ``Hopper``...
+        clocks_mhz: The GPU's supported SM clocks, highest first.
+        default_power_limit_w: The board's default power limit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,8 +60,7 @@ class GpuIdentity(BaseModel):
 
     @property
     def model(self) -> str:
-        """The name without vendor, memory size and memory kind, lower case: what two
-        records must share to describe the same kind of GPU."""
+        """The name without vendor, memory size and kind, lower case."""
         return _NOISE.sub("", self.name).lower()
 
     def same_gpu(self, other: GpuIdentity) -> bool:
@@ -80,13 +76,9 @@ class GpuIdentity(BaseModel):
 
     def describe(self) -> str:
         """One phrase: ``NVIDIA A100-SXM4-80GB (Ampere, 1410 MHz max, 400 W)``."""
-        parts = [
-            p
-            for p in (
-                self.architecture,
-                f"{self.clocks_mhz[0]} MHz max" if self.clocks_mhz else None,
-                f"{self.default_power_limit_w:g} W" if self.default_power_limit_w else None,
-            )
-            if p
-        ]
+        parts = [self.architecture] if self.architecture else []
+        if self.clocks_mhz:
+            parts.append(f"{self.clocks_mhz[0]} MHz max")
+        if self.default_power_limit_w:
+            parts.append(f"{self.default_power_limit_w:g} W")
         return self.name + (f" ({', '.join(parts)})" if parts else "")

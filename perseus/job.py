@@ -1,19 +1,19 @@
 """A planning job: schedule + profile + DAG + blocking power, with plan <-> array conversions.
 
-This is the one place where a :class:`~perseus.plan.JobSpec` meets the objects it describes,
-so the solver, the CLI and the runtime all evaluate plans the same way.
+The one place a :class:`~perseus.plan.JobSpec` meets the objects it describes, so every caller
+evaluates plans the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import Evaluation, PlanArg, allmax_freqs, evaluate_freqs, op_costs
-from perseus.dag.graph import OpGraph, build_dag
+from perseus.dag.graph import FloatArray, IntArray, OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
@@ -24,12 +24,8 @@ from perseus.validate import JOB_DEFAULTS
 
 __all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
 
-#: Fraction of a profiled backward given to ``B`` when a zero-bubble schedule needs ``B``/``W``
-#: and the profile has no ``weight`` rows (the ZB paper's T_B ≈ T_W).
+#: Share of a backward given to ``B`` when a profile without ``weight`` rows meets a ZB schedule.
 DEFAULT_BACKWARD_SPLIT = JOB_DEFAULTS.backward_split
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,25 +41,23 @@ class PlanningJob:
     def blocking_power_w(self) -> float:
         return self.spec.blocking_power_w
 
-    @property
+    @cached_property
     def layer_split(self) -> LayerSplit | None:
         """How two-clock ops are priced; ``None`` without ``layers_per_stage``."""
-        cached = self.__dict__.get("_split")
-        if cached is None and self.spec.layers_per_stage is not None:
-            cached = build_layer_split(
-                self.spec.layers_per_stage,
-                self.spec.stages,
-                self.spec.layer_time_fractions,
-                self.spec.switch_latency_s,
-                self.spec.switch_energy_j,
-                self.spec.switch_stall_s,
-            )
-            object.__setattr__(self, "_split", cached)
-        return cached
+        spec = self.spec
+        if spec.layers_per_stage is None:
+            return None
+        return build_layer_split(
+            spec.layers_per_stage,
+            spec.stages,
+            spec.layer_time_fractions,
+            spec.switch_latency_s,
+            spec.switch_energy_j,
+            spec.switch_stall_s,
+        )
 
     def evaluate(self, freqs_mhz: PlanArg) -> Evaluation:
-        """Exact evaluation of a plan given as per-node clocks (N,), two-clock rows (N, 3) or
-        a list of plan ops (rank-major; see :func:`perseus.dag.evaluate.op_costs`)."""
+        """Exact evaluation of a plan in any form :func:`perseus.dag.evaluate.op_costs` takes."""
         return evaluate_freqs(
             self.graph,
             self.profile,
@@ -81,8 +75,8 @@ class PlanningJob:
         return allmax_freqs(self.graph, self.profile)
 
     def nested(self, freqs_mhz: PlanArg) -> tuple[tuple[PlanOp, ...], ...]:
-        """Per-node clocks (N,), two-clock rows (N, 3) or plan ops -> ``freqs_mhz[r][j]`` as
-        in plan files (a one-clock op stays an int; each op in its canonical form)."""
+        """A plan in any evaluator form -> ``freqs_mhz[r][j]`` as in plan files (each op in its
+        canonical form)."""
         flat: list[PlanOp]
         if not isinstance(freqs_mhz, np.ndarray) and not all(isinstance(f, int) for f in freqs_mhz):
             flat = [phases_op(op_phases(op)) for op in freqs_mhz]  # type: ignore[arg-type]
@@ -96,9 +90,8 @@ class PlanningJob:
         return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
 
     def flat(self, point: PlanPoint) -> IntArray | list[PlanOp]:
-        """``freqs_mhz[r][j]`` of a plan point -> per-node clocks (N,), (N, 3) rows
-        ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` when the plan has a two-clock op, or the
-        list of plan ops when it has a phased op (memory clocks or more than two phases)."""
+        """A plan point -> per-node clocks (N,), (N, 3) two-clock rows when it has a two-clock
+        op, or the list of plan ops when it has a phased op."""
         flat = [f for rank in point.freqs_mhz for f in rank]
         if len(flat) != self.graph.num_nodes:
             raise PlanError(f"plan has {len(flat)} clocks, job has {self.graph.num_nodes} ops")
@@ -151,22 +144,16 @@ def make_job(
     switch_energy_j: float = JOB_DEFAULTS.switch_energy_j,
     switch_stall_s: float = JOB_DEFAULTS.switch_stall_s,
 ) -> PlanningJob:
-    """Build the schedule and DAG for ``profile`` and describe the job.
-
-    ::
+    """Build the schedule and DAG for ``profile`` and describe the job::
 
         job = make_job(load_profile("a100"), "1f1b", 8, 24, blocking_power_w=83.64)
 
-    Everything after ``microbatches`` is keyword-only. ``blocking_power_w`` is the GPU's power
-    while blocked on communication (:func:`perseus.device.presets.blocking_power_for` gives it
-    for known GPUs; ``perseus doctor`` measures it).
-
-    A zero-bubble schedule on a profile without ``weight`` rows splits each backward into
-    ``B``/``W`` by ``backward_split`` (recorded in the job spec).
-
-    ``layers_per_stage`` (one number or one per stage) lets plans use two-clock ops
-    (:mod:`perseus.profile.two_clock`), priced with the even split or ``layer_time_fractions``
-    and the switch cost ``switch_latency_s`` / ``switch_energy_j`` / ``switch_stall_s``.
+    ``blocking_power_w`` is the GPU's power while blocked on communication
+    (:func:`perseus.device.presets.blocking_power_for`; ``perseus doctor`` measures it). A
+    zero-bubble schedule on a profile without ``weight`` rows splits each backward by
+    ``backward_split``. ``layers_per_stage`` (one number or one per stage) allows two-clock ops,
+    priced with ``layer_time_fractions`` and the ``switch_*`` costs
+    (:mod:`perseus.profile.two_clock`).
 
     Raises:
         ConfigError: if the profile's stage count differs from ``stages``, or sizes are bad.
@@ -178,12 +165,14 @@ def make_job(
         )
     if blocking_power_w < 0:
         raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
-    layers = _layer_counts(
-        stages,
-        layers_per_stage,
-        layer_time_fractions,
-        (switch_latency_s, switch_energy_j, switch_stall_s),
-    )
+    layers = None
+    if layers_per_stage is not None:  # checked with the fractions and switch costs
+        given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
+        switch = (switch_latency_s, switch_energy_j, switch_stall_s)
+        split = build_layer_split(list(given), stages, layer_time_fractions, *switch)
+        layers = tuple(len(f) for f in split.layer_fractions)
+    elif layer_time_fractions is not None:
+        raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
     sched = build_schedule(schedule, stages, microbatches, virtual_stages=virtual_stages)
     b_split: float | None = None
     if sched.has_weight_actions and not profile.has_weight:
@@ -210,19 +199,3 @@ def make_job(
         gpu=profile.gpu,
     )
     return PlanningJob(spec, sched, profile, build_dag(sched, p2p_latency_s=p2p_latency_s))
-
-
-def _layer_counts(
-    stages: int,
-    layers_per_stage: Sequence[int] | int | None,
-    layer_time_fractions: Sequence[Sequence[float]] | None,
-    switch: tuple[float, float, float],
-) -> tuple[int, ...] | None:
-    """Layers per stage, checked (with the fractions and switch cost) and one per stage."""
-    if layers_per_stage is None:
-        if layer_time_fractions is not None:
-            raise ConfigError("layer_time_fractions needs layers_per_stage; give both")
-        return None
-    given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage
-    split = build_layer_split(list(given), stages, layer_time_fractions, *switch)
-    return tuple(len(f) for f in split.layer_fractions)

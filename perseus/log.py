@@ -1,18 +1,9 @@
 """perseus's logging: one ``perseus`` logger tree, quiet by default, rank-prefixed when asked.
 
-The library only logs (``logger = get_logger(__name__)``); it never configures handlers except
-through :func:`configure_logging`, which the CLI calls for ``-v``/``--log-level`` and a
-distributed program may call once per process::
-
-    from perseus.log import configure_logging, rank_from_env
-    configure_logging("INFO", rank=rank_from_env())   # "[rank 3] perseus.runtime...: ..."
-
-Long steps announce themselves with :func:`phase`, logged on ``perseus.phase``; a progress bar
-(the CLI's) may listen on that logger to show what is running, e.g. the one-time compile of the
-solver kernels::
-
-    with phase("compiling solver kernels (first run only)"):
-        ...
+The library only logs (``get_logger(__name__)``); :func:`configure_logging` installs the one
+handler (the CLI's ``-v``, or a distributed program once per process with
+``rank=rank_from_env()``). Long steps announce themselves with :func:`phase` on
+:data:`PHASE_LOGGER`, where a progress bar may listen.
 """
 
 from __future__ import annotations
@@ -35,12 +26,11 @@ __all__ = [
 ]
 
 ROOT = "perseus"
-#: The logger :func:`phase` reports on (progress bars may attach a handler to it).
+#: The logger :func:`phase` reports on.
 PHASE_LOGGER = "perseus.phase"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-# The library stays silent unless a program configures logging (Python's last-resort handler
-# would otherwise print warnings).
+# Silent unless configured (Python's last-resort handler would print warnings).
 logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
@@ -58,11 +48,9 @@ def rank_from_env() -> int | None:
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Marks the handler :func:`configure_logging` installed, so a second call replaces it.
-
-    Without an explicit stream it writes to ``sys.stderr`` as it is at each record, not as it
-    was when logging was configured (a replaced or closed stderr, as under test capture or a
-    redirecting launcher, must not break logging)."""
+    """The handler :func:`configure_logging` installed (a second call replaces it). Without a
+    stream it writes to ``sys.stderr`` as it is at each record, so a replaced stderr (test
+    capture, a redirecting launcher) does not break logging."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._follow_stderr = stream is None
@@ -85,7 +73,7 @@ def configure_logging(
     Args:
         level: A name from :data:`LOG_LEVELS` or a ``logging`` level number.
         rank: Prefix every line with ``[rank N]`` (distributed runs).
-        stream: Where to write (default: whatever ``sys.stderr`` is when a record is written).
+        stream: Where to write (default: ``sys.stderr`` as it is at each record).
 
     Raises:
         ValueError: for an unknown level name.

@@ -1,30 +1,12 @@
 """Frequency plans and frontiers as validated data (never code).
 
 A frontier file holds the job it was computed for, every rank's ops in execution order
-(``stage_ops``), the all-max baseline and a list of points, each a full frequency plan with its
-exact time and energy. A single plan file has the same shape with one point. See the README's
-"File formats" section for an example.
-
-Schema version 2 adds ``points_sha256``, the SHA-256 of the points' canonical JSON
-(:func:`points_sha256`), so that an edited or corrupted point is refused on read; version-1
-files (no digest) are still read.
-
-A plan op is a clock (an int, MHz) or, for a job with ``layers_per_stage``, a two-clock op
-``[freq_a_mhz, freq_b_mhz, layers_at_a]``: the first ``layers_at_a`` layers at ``freq_a_mhz``,
-the rest at ``freq_b_mhz`` (:mod:`perseus.profile.two_clock`). Version-1 files (one clock
-per op) still read.
-
-Schema version 3 adds, all optional: a ``power`` record on each point (:class:`PointPower`: the
-average, peak and minimum summed power of the pipeline over one iteration and its largest
-step change, from the exact timeline, see :mod:`perseus.solver.power`); phased ops with memory
-clocks, a list of phases ``[[freq_mhz, mem_freq_mhz, first_layer], ...]`` (``mem_freq_mhz`` may
-be ``null``, the GPU's default memory clock; the first phase starts at layer 0), written only for
-an op that sets a memory clock or has more than two phases; and the job's ``switch_stall_s``.
-A point without these digests as in version 2, so version-1 and version-2 files still read.
-
-The job may carry ``gpu``, the GPU its profile was measured on
-(:class:`~perseus.identity.GpuIdentity`); outside ``points``, so digests are unchanged,
-and written only when known, so a file without it reads as before (unchecked).
+(``stage_ops``), the all-max baseline and its points, each a full frequency plan with its exact
+time and energy; a plan file is a frontier of one point. A plan op is a clock, a two-clock op
+``[freq_a_mhz, freq_b_mhz, layers_at_a]`` or a phase list (:mod:`perseus.profile.two_clock`).
+Schema version 2 adds ``points_sha256`` (:func:`points_sha256`), version 3 point power
+records, phase lists and ``switch_stall_s``; older files still read (docs/formats.md and
+docs/memory-clocks.md give the details).
 """
 
 from __future__ import annotations
@@ -67,27 +49,24 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 def job_range(name: str) -> Any:
-    """The field constraint of job number ``name`` (:data:`perseus.validate.JOB_BOUNDS`), for
-    the models that hold a job: :class:`JobSpec` and :class:`perseus.io.config.JobConfig`."""
+    """The field constraint of job number ``name`` (:data:`perseus.validate.JOB_BOUNDS`)."""
     gt, ge, lt, le = JOB_BOUNDS[name]
     return Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False)
 
 
-#: A stage's layers, or those of one clock of a two-clock op: bounded as configs bound them.
 LayerCount = Annotated[int, job_range("layers_per_stage")]
 #: No GPU clock is anywhere near 100 GHz; a larger number is a corrupted file.
 MAX_CLOCK_MHZ = 100_000
 ClockMHz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
-#: Bounds on an iteration's figures: finite, positive, and far from overflow (1e7 s is 115 days,
-#: 1e15 J a quarter of a terawatt-hour); anything beyond is a corrupted file.
+#: Bounds on an iteration's figures (115 days, a quarter TWh): beyond is a corrupted file.
 MAX_TIME_S = 1e7
 MAX_ENERGY_J = 1e15
 _Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
 _Joules = Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+_LayerWeight = Annotated[float, Field(gt=0, le=MAX_LAYER_WEIGHT, allow_inf_nan=False)]
 #: One phase of a phased op: ``(freq_mhz, mem_freq_mhz or None, first_layer)``.
 PhaseSpec = tuple[ClockMHz, ClockMHz | None, Annotated[int, Field(ge=0, le=100_000)]]
-#: One op of a plan: a clock, ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` for a two-clock op, or
-#: a list of phases (:mod:`perseus.profile.two_clock`), at most 64.
+#: One op of a plan: a clock, a two-clock op or a list of at most 64 phases.
 PlanOp = (
     ClockMHz
     | tuple[ClockMHz, ClockMHz, LayerCount]
@@ -101,7 +80,6 @@ class JobSpec(BaseModel):
     model_config = _FROZEN
 
     schedule: Annotated[str, Field(min_length=1, max_length=100)]
-    # The sizes a job config or the CLI accepts (perseus.io.config): far from any overflow.
     ranks: Annotated[int, job_range("stages")]
     stages: Annotated[int, job_range("stages")]
     microbatches: Annotated[int, job_range("microbatches")]
@@ -111,15 +89,8 @@ class JobSpec(BaseModel):
     p2p_latency_s: Annotated[float, job_range("p2p_latency_s")] = JOB_DEFAULTS.p2p_latency_s
     backward_split: Annotated[float, job_range("backward_split")] | None = None
     profile_name: Annotated[str, Field(max_length=4096)] | None = None
-    # Two-clock ops (perseus.profile.two_clock): layers per stage, an optional per-layer work
-    # profile replacing the even split, and the modelled cost of a mid-op clock switch.
     layers_per_stage: Annotated[tuple[LayerCount, ...], Field(max_length=4096)] | None = None
-    layer_time_fractions: (
-        tuple[
-            tuple[Annotated[float, Field(gt=0, le=MAX_LAYER_WEIGHT, allow_inf_nan=False)], ...], ...
-        ]
-        | None
-    ) = None
+    layer_time_fractions: tuple[tuple[_LayerWeight, ...], ...] | None = None
     switch_latency_s: Annotated[float, job_range("switch_latency_s")] = (
         JOB_DEFAULTS.switch_latency_s
     )
@@ -128,7 +99,6 @@ class JobSpec(BaseModel):
         JOB_DEFAULTS.switch_energy_j
     )
     switch_stall_s: Annotated[float, job_range("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
-    #: The GPU the profile was measured on (None in files without the record: unchecked).
     gpu: GpuIdentity | None = None
 
 
@@ -151,10 +121,8 @@ class PointPower(BaseModel):
 
     Attributes:
         avg_power_w: Energy / iteration time.
-        peak_power_w: Highest summed power at any instant of the iteration.
-        min_power_w: Lowest summed power at any instant.
-        max_step_w: Largest change of the summed power at one instant (op starts and ends
-            that coincide count as one change).
+        peak_power_w: Highest summed power at any instant; ``min_power_w`` the lowest.
+        max_step_w: Largest change of the summed power at one instant.
     """
 
     model_config = _FROZEN
@@ -183,27 +151,16 @@ class PlanPoint(BaseModel):
     time_s: _Seconds
     energy_j: _Joules
     freqs_mhz: tuple[tuple[PlanOp, ...], ...]
-    #: The summed power over the iteration (schema version 3; None in older files).
     power: PointPower | None = None
 
     @model_validator(mode="after")
-    def _check_power(self) -> PlanPoint:
-        if self.power is not None:
-            avg = self.energy_j / self.time_s
-            if abs(self.power.avg_power_w - avg) > 1e-6 * avg:
-                raise ValueError(
-                    f"power.avg_power_w {self.power.avg_power_w} is not energy_j / time_s "
-                    f"({avg}); regenerate the file"
-                )
-        return self
-
-    @property
-    def avg_power_w(self) -> float:
-        """The pipeline's average power: energy / iteration time (every schema version)."""
-        return self.energy_j / self.time_s
-
-    @model_validator(mode="after")
-    def _check_phases(self) -> PlanPoint:
+    def _check(self) -> PlanPoint:
+        avg = self.avg_power_w
+        if self.power is not None and abs(self.power.avg_power_w - avg) > 1e-6 * avg:
+            raise ValueError(
+                f"power.avg_power_w {self.power.avg_power_w} is not energy_j / time_s "
+                f"({avg}); regenerate the file"
+            )
         for r, rank in enumerate(self.freqs_mhz):
             for j, op in enumerate(rank):
                 if not _is_phased(op):
@@ -215,6 +172,11 @@ class PlanPoint(BaseModel):
                         f"increasing layers, got first layers {firsts}"
                     )
         return self
+
+    @property
+    def avg_power_w(self) -> float:
+        """The pipeline's average power: energy / iteration time."""
+        return self.energy_j / self.time_s
 
     @property
     def num_two_clock_ops(self) -> int:
@@ -240,7 +202,6 @@ class PlanPoint(BaseModel):
 
 
 def _is_phased(op: PlanOp) -> TypeGuard[tuple[PhaseSpec, ...]]:
-    """Whether ``op`` is a list of phases (neither a clock nor a two-clock op)."""
     return not isinstance(op, int) and not isinstance(op[0], int)
 
 
@@ -260,8 +221,7 @@ class _Figures(Protocol):
 
 
 def same_figures(a: _Figures, b: _Figures) -> bool:
-    """Whether two records' ``time_s`` and ``energy_j`` agree to a relative 1e-6 (figures
-    from the same exact evaluator; a larger gap means another job or an edited file)."""
+    """Whether two records' ``time_s`` and ``energy_j`` agree to a relative 1e-6."""
     return all(
         abs(x - y) <= 1e-6 * max(abs(x), abs(y))
         for x, y in ((a.time_s, b.time_s), (a.energy_j, b.energy_j))
@@ -279,12 +239,21 @@ def _parse_op(name: str, rank: int, index: int) -> Action:
         raise ValidationError.from_exception_data("Frontier", [details]) from None
 
 
-def points_sha256(points: Iterable[PlanPoint]) -> str:
-    """SHA-256 of the points' canonical JSON (sorted keys, no spaces), whatever an op's form.
+#: Job fields that change a plan's figures, not its ops (``gpu`` is checked by the plan sources).
+_FIGURES_ONLY = (
+    "blocking_power_w",
+    "profile_name",
+    "layer_time_fractions",
+    "switch_latency_s",
+    "switch_energy_j",
+    "switch_stall_s",
+    "gpu",
+)
 
-    The digest covers every figure and clock, so editing one number of one point changes it.
-    A point without ``power`` digests exactly as in schema version 2.
-    """
+
+def points_sha256(points: Iterable[PlanPoint]) -> str:
+    """SHA-256 of the points' canonical JSON (sorted keys, no spaces, ``None`` fields left out,
+    so a point without ``power`` digests as in schema version 2)."""
     doc = [p.model_dump(mode="json", exclude_none=True) for p in points]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -293,9 +262,8 @@ def points_sha256(points: Iterable[PlanPoint]) -> str:
 class Frontier(BaseModel):
     """A time–energy frontier (or, with one point, a single plan).
 
-    ``stage_ops`` is the file's spelling of every rank's ops; they are parsed once, when the
-    model is validated, into :attr:`rank_actions` (a malformed name is refused there, named by
-    its place ``stage_ops.<rank>.<index>``).
+    ``stage_ops`` (the file's spelling of every rank's ops) is parsed once, on validation, into
+    :attr:`rank_actions`; a malformed name is refused by its place ``stage_ops.<rank>.<index>``.
     """
 
     model_config = _FROZEN
@@ -305,11 +273,13 @@ class Frontier(BaseModel):
     stage_ops: tuple[tuple[str, ...], ...]
     baseline: Baseline
     points: tuple[PlanPoint, ...] = Field(min_length=1)
-    #: Digest of ``points`` (:func:`points_sha256`); set by the writer, checked when present.
     points_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
+    _rank_actions: tuple[tuple[Action, ...], ...] = PrivateAttr(default=())
+    _stage_in_names: bool = PrivateAttr(default=False)
+
     @model_validator(mode="after")
-    def _check_digest(self) -> Frontier:
+    def _check_versions(self) -> Frontier:
         if self.points_sha256 is not None and self.schema_version == 1:
             raise ValueError("points_sha256 needs schema_version 2 or later")
         if self.schema_version < 3 and any(p.power is not None for p in self.points):
@@ -325,16 +295,33 @@ class Frontier(BaseModel):
             )
         return self
 
-    _rank_actions: tuple[tuple[Action, ...], ...] = PrivateAttr(default=())
-    _stage_in_names: bool = PrivateAttr(default=False)
-
     @model_validator(mode="after")
-    def _parse_ops(self) -> Frontier:
+    def _check_ops(self) -> Frontier:
         self._rank_actions = tuple(
             tuple(_parse_op(name, r, i) for i, name in enumerate(ops))
             for r, ops in enumerate(self.stage_ops)
         )
         self._stage_in_names = any("@" in name for ops in self.stage_ops for name in ops)
+        if len(self.stage_ops) != self.job.ranks:
+            raise ValueError(
+                f"stage_ops has {len(self.stage_ops)} ranks but job.ranks is {self.job.ranks}"
+            )
+        shape = [len(ops) for ops in self.stage_ops]
+        for i, p in enumerate(self.points):
+            got = [len(f) for f in p.freqs_mhz]
+            if got != shape:
+                pairs = enumerate(itertools.zip_longest(got, shape))
+                bad = next(r for r, (a, b) in pairs if a != b)
+                raise ValueError(
+                    f"points[{i}].freqs_mhz does not fit stage_ops ({len(got)} ranks vs "
+                    f"{len(shape)}; first difference at rank {bad})"
+                )
+        for i, (a, b) in enumerate(itertools.pairwise(self.points), start=1):
+            if b.time_s < a.time_s:
+                raise ValueError(
+                    f"points must be sorted by time_s ascending; points[{i}] "
+                    f"({b.time_s}) < points[{i - 1}] ({a.time_s})"
+                )
         return self
 
     @property
@@ -345,32 +332,6 @@ class Frontier(BaseModel):
     def op_name(self, action: Action) -> str:
         """``action`` spelled as this plan's ``stage_ops`` spell it (``F3`` or ``F3@5``)."""
         return action.op_name(self._stage_in_names)
-
-    @model_validator(mode="after")
-    def _check_shapes(self) -> Frontier:
-        if len(self.stage_ops) != self.job.ranks:
-            raise ValueError(
-                f"stage_ops has {len(self.stage_ops)} ranks but job.ranks is {self.job.ranks}"
-            )
-        shape = [len(ops) for ops in self.stage_ops]
-        for i, p in enumerate(self.points):
-            got = [len(f) for f in p.freqs_mhz]
-            if got != shape:
-                bad = next(
-                    (r for r in range(min(len(got), len(shape))) if got[r] != shape[r]),
-                    min(len(got), len(shape)),
-                )
-                raise ValueError(
-                    f"points[{i}].freqs_mhz does not fit stage_ops ({len(got)} ranks vs "
-                    f"{len(shape)}; first difference at rank {bad})"
-                )
-        for i in range(1, len(self.points)):
-            if self.points[i].time_s < self.points[i - 1].time_s:
-                raise ValueError(
-                    f"points must be sorted by time_s ascending; points[{i}] "
-                    f"({self.points[i].time_s}) < points[{i - 1}] ({self.points[i - 1].time_s})"
-                )
-        return self
 
     @property
     def fastest(self) -> PlanPoint:
@@ -383,10 +344,7 @@ class Frontier(BaseModel):
         return min(self.points, key=lambda p: (p.energy_j, p.time_s))
 
     def cheapest_within(self, time_s: float) -> PlanPoint:
-        """The lowest-energy point no slower than ``time_s``.
-
-        Points slower than the minimum-energy point are never useful, so for ``time_s`` beyond
-        T* this returns the minimum-energy point.
+        """The lowest-energy point no slower than ``time_s`` (the minimum-energy one beyond T*).
 
         Raises:
             InfeasibleError: if even the fastest point is slower than ``time_s``.
@@ -404,30 +362,16 @@ class Frontier(BaseModel):
         return self.model_copy(update={"points": tuple(points), "points_sha256": None})
 
     def check_job(self, job: JobSpec, source: str | None = None) -> None:
-        """Raise :class:`PlanError` unless this frontier was computed for ``job``.
-
-        The schedule, sizes and profile hash must match; blocking power may differ (it only
-        changes the figures, not what the ops are).
-        """
-        # Switch costs and layer weights change figures only; the layer count matters only
-        # to two-clock ops (it says where they switch).
-        figures_only = {
-            "blocking_power_w",
-            "profile_name",
-            "layer_time_fractions",
-            "switch_latency_s",
-            "switch_energy_j",
-            "switch_stall_s",
-            "gpu",  # checked against the running GPU by the plan sources
-        }
+        """Raise :class:`PlanError` unless this frontier was computed for ``job``: the same
+        schedule, sizes and profile hash (what changes only the figures may differ)."""
+        figures_only = set(_FIGURES_ONLY)
         if not any(p.num_two_clock_ops for p in self.points):
-            figures_only.add("layers_per_stage")
+            figures_only.add("layers_per_stage")  # it only says where two-clock ops switch
         mine = self.job.model_dump(exclude=figures_only)
         theirs = job.model_dump(exclude=figures_only)
-        diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
-        if diff:
+        if diff := [k for k in mine if mine[k] != theirs[k]]:
             fields = "; ".join(
-                f"job.{k}: plan has {a!r}, run has {b!r}" for k, (a, b) in diff.items()
+                f"job.{k}: plan has {mine[k]!r}, run has {theirs[k]!r}" for k in diff
             )
             where = f"{source}: " if source else ""
             raise PlanError(f"{where}plan was computed for another job ({fields}); recompute it")

@@ -1,8 +1,6 @@
-"""Checks for values that cross a boundary (flags, config keys, file fields, store values).
+"""Limits and defaults of a planning job, and the helpers that show a bad value in one line.
 
-Every check raises :class:`~perseus.errors.ConfigError` with one line naming the value (``what``,
-e.g. ``"--time-s"`` or ``"job.toml: key microbatches"``), what was seen and what is accepted.
-Strict types: a ``bool`` is never an int, a string is never a number. Pure: no files, no env.
+Pure (no files, no env) and free of pydantic, so that ``--help`` can show the defaults.
 """
 
 from __future__ import annotations
@@ -29,14 +27,15 @@ __all__ = [
 
 #: Longest message an error carries (a value is shown cut, never a 7.9 MB line).
 MESSAGE_LIMIT = 600
-
-#: Largest job the planner accepts: ops in one iteration's DAG.
+#: Largest job the planner accepts: ops in one iteration's DAG, and ops x clocks.
 MAX_JOB_OPS = 1_000_000
-#: Largest ops x clocks product (the solver's tables grow with it).
 MAX_JOB_CELLS = 20_000_000
-#: Most layers one pipeline stage may hold for two-clock ops (GPT-3 175B has 96 in all); the
-#: planner's cost grows with it.
+#: Most layers one stage may hold for two-clock ops (GPT-3 175B has 96 in all).
 MAX_LAYERS_PER_STAGE = 1024
+#: Largest relative weight of one layer (``layer_time_fractions``): a stage's sum stays finite.
+MAX_LAYER_WEIGHT = 1e6
+#: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
+_BYTES_PER_CELL = 700
 
 
 class Bounds(NamedTuple):
@@ -48,8 +47,7 @@ class Bounds(NamedTuple):
     le: float | None = None
 
 
-#: The ranges of a planning job's numbers: the one table :class:`perseus.io.config.JobConfig`
-#: (which validates flags and TOML keys alike) and :class:`perseus.plan.JobSpec` derive from.
+#: The ranges of a planning job's numbers, the one table the job models derive from.
 JOB_BOUNDS: dict[str, Bounds] = {
     "stages": Bounds(ge=1, le=4096),
     "microbatches": Bounds(ge=1, le=10_000_000),
@@ -68,30 +66,21 @@ JOB_BOUNDS: dict[str, Bounds] = {
 
 @dataclass(frozen=True)
 class JobDefaults:
-    """The values a job takes for what its flags and config leave out (:class:`JobConfig`'s
-    defaults; kept here, without pydantic, so that ``--help`` can show them)."""
+    """The values a job takes for what its flags and config leave out."""
 
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = "1f1b"
     virtual_stages: int = 1
     p2p_latency_s: float = 0.0
-    #: Share of a profiled backward given to ``B`` when a zero-bubble schedule needs ``B``/``W``
-    #: and the profile has no ``weight`` rows (the ZB paper's T_B ~ T_W).
+    #: Share of a backward given to ``B`` when a zero-bubble schedule needs ``B``/``W`` and the
+    #: profile has no ``weight`` rows (the ZB paper's T_B ~ T_W).
     backward_split: float = 0.5
     #: Median latency of a locked-clock set call (docs/hardware.md#sim-defaults).
     switch_latency_s: float = 0.005
-    #: Extra energy per mid-op clock switch (none measured).
     switch_energy_j: float = 0.0
-    #: Time an op stalls per mid-op switch (none by default: the set call runs beside the GPU).
     switch_stall_s: float = 0.0
 
 
 JOB_DEFAULTS = JobDefaults()
-
-
-#: Largest relative weight of one layer (``layer_time_fractions``): a stage's sum stays finite.
-MAX_LAYER_WEIGHT = 1e6
-#: Bytes the planner holds per (op, clock) cell: the 32x512 job (1.25 M cells) peaks at ~0.9 GB.
-_BYTES_PER_CELL = 700
 
 
 def show_value(value: object, limit: int = 40) -> str:
@@ -118,7 +107,7 @@ def check_job_size(
     virtual_stages: int = 1,
     clocks: int = 1,
 ) -> None:
-    """Refuse a job too large to plan, before anything is built, with its estimated memory.
+    """Refuse a job too large to plan before anything is built.
 
     Args:
         what: Where the sizes came from (``"--microbatches"``, a config file, a plan file).
@@ -127,8 +116,7 @@ def check_job_size(
     Raises:
         ConfigError: naming the ops, clocks, estimated memory and the limits.
     """
-    # F and B per microbatch and model stage, plus W for zero-bubble (``stages`` counts model
-    # stages, so virtual stages add no ops)
+    # F and B (and W for zero-bubble) per microbatch and model stage
     ops = (3 if schedule == "zb" else 2) * stages * microbatches
     cells = ops * max(clocks, 1)
     if ops <= MAX_JOB_OPS and cells <= MAX_JOB_CELLS:

@@ -1,21 +1,11 @@
 """The exact evaluator: iteration time, energy and per-op timing of a frequency plan.
 
-Every figure perseus reports for a plan comes from here.
-
-* **Time** is the longest path through the DAG with op durations as node weights and P2P
-  latency on cross-rank edges; every rank starts at 0 and ops start as early as their
-  predecessors allow (as a pipeline engine runs them).
-* **Energy** is ``Σ_ops e(stage, kind, f) + P_block · Σ_ranks (T − busy(rank))``: each rank is
-  one GPU that draws the blocking power whenever it is not computing (bubbles and P2P waits).
-* **Two-clock ops** (a plan given as an (N, 3) array of ``(freq_a_mhz, freq_b_mhz,
-  layers_at_a)``) and **phased ops** (a plan given as a list of plan ops, any of which may be
-  a list of ``(freq_mhz, mem_freq_mhz, first_layer)`` phases) cost what
-  :func:`perseus.profile.two_clock.phased_cost` says: the layer-weighted mix of the phases'
-  clock pairs plus the switch costs.
-
-The longest path itself is :func:`longest_path`, the one implementation every caller uses
-(the solver's compiled loops run the same recurrence on CSR arrays, see
-:mod:`perseus.solver.plan_kernels`).
+Every figure perseus reports for a plan comes from here. **Time** is the longest path through
+the DAG (op durations on nodes, P2P latency on cross-rank edges; every rank starts at 0 and an
+op as early as its predecessors allow), computed by :func:`longest_path`, the one
+implementation. **Energy** is ``Σ_ops e(stage, kind, f) + P_block · Σ_ranks (T − busy(rank))``:
+each rank is a GPU drawing the blocking power whenever it is not computing. Two-clock and phased
+ops cost what :func:`perseus.profile.two_clock.phased_cost` says.
 """
 
 from __future__ import annotations
@@ -27,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.graph import OpGraph
+from perseus.dag.graph import FloatArray, IntArray, OpGraph
 from perseus.errors import PlanError
-from perseus.profile.model import OpOption, Profile
+from perseus.profile.model import OpOption, Profile, clock_label
 from perseus.profile.two_clock import LayerSplit, Phase, check_phases, op_phases, phased_cost
 from perseus.schedule.actions import Kind
 
@@ -43,8 +33,7 @@ __all__ = [
     "op_costs",
 ]
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+_KINDS = tuple(Kind)  # by kind code (perseus.dag.graph.KIND_CODES)
 #: A plan as the evaluator takes it: per-node clocks (N,), two-clock rows (N, 3), or a list of
 #: plan ops in any form :func:`perseus.profile.two_clock.op_phases` reads.
 PlanArg = Sequence[int] | IntArray | Sequence[object]
@@ -57,9 +46,8 @@ class Evaluation:
     Attributes:
         time_s: Iteration time (makespan).
         energy_j: Total energy of all ranks over the iteration.
-        compute_energy_j: Energy of the ops themselves.
-        blocking_energy_j: Blocking power × idle time, summed over ranks.
-        start_s, end_s: Per-node start and end times.
+        compute_energy_j: Energy of the ops; ``blocking_energy_j`` that of the idle time.
+        start_s: Per-node start times; ``end_s`` the end times.
         busy_s: Per-rank compute time.
     """
 
@@ -75,19 +63,14 @@ class Evaluation:
 def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Earliest start/end of every node; ``time_s`` is (N,) or (K, N) for K plans at once.
 
-    Every rank starts at 0; a node starts when its last predecessor has finished (plus the
-    edge latency). Complexity: O(N + E) numpy work in O(depth) vectorised steps.
+    Complexity: O(N + E) numpy work in O(depth) vectorised steps.
     """
     start = np.zeros_like(time_s)
     end = np.zeros_like(time_s)
     src, dst, lat = graph.edge_src, graph.edge_dst, graph.edge_latency_s
     for gen, edges in zip(graph.generations, graph.generation_edges, strict=True):
-        if edges.size:
-            ready = end[..., src[edges]] + lat[edges]
-            if time_s.ndim == 1:
-                np.maximum.at(start, dst[edges], ready)
-            else:
-                np.maximum.at(start, (slice(None), dst[edges]), ready)  # type: ignore[arg-type]
+        if edges.size:  # transposed, a node's row holds its start in every plan
+            np.maximum.at(start.T, dst[edges], (end[..., src[edges]] + lat[edges]).T)
         end[..., gen] = start[..., gen] + time_s[..., gen]
     return start, end
 
@@ -95,10 +78,8 @@ def longest_path(graph: OpGraph, time_s: FloatArray) -> tuple[FloatArray, FloatA
 def evaluate_durations(
     graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, *, blocking_power_w: float
 ) -> Evaluation:
-    """Evaluate a plan given each node's duration and energy.
-
-    Complexity: O(N + E) numpy work in O(depth) vectorised steps.
-    """
+    """Evaluate a plan given each node's duration and energy. Complexity: as
+    :func:`longest_path`."""
     t = np.asarray(time_s, dtype=np.float64)
     e = np.asarray(energy_j, dtype=np.float64)
     start, end = longest_path(graph, t)
@@ -112,11 +93,8 @@ def evaluate_durations(
 def evaluate_many(
     graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, blocking_power_w: float
 ) -> tuple[FloatArray, FloatArray]:
-    """Iteration times and energies of K plans at once (arrays of shape (K, N)).
-
-    Returns:
-        ``(time_s, energy_j)``, each of shape (K,), equal to :func:`evaluate_durations` per row.
-    """
+    """Iteration times and energies, each (K,), of K plans at once (arrays of shape (K, N)):
+    :func:`evaluate_durations` per row."""
     t = np.atleast_2d(np.asarray(time_s, dtype=np.float64))
     e = np.atleast_2d(np.asarray(energy_j, dtype=np.float64))
     _, end = longest_path(graph, t)
@@ -136,12 +114,10 @@ def op_costs(
     Args:
         graph: The DAG.
         profile: Its profile.
-        freqs_mhz: (N,) clocks, or (N, 3) ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows
-            (one-clock ops as ``(f, f, 0)``), or a list of N plan ops of any form (a clock, a
-            two-clock triple, or a list of ``(freq_mhz, mem_freq_mhz, first_layer)`` phases),
-            node order rank-major. A clock without a memory clock means the default one.
-        split: How multi-phase ops are priced (the job's layers and switch cost); needed only
-            when the plan has such ops.
+        freqs_mhz: (N,) clocks, (N, 3) ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows
+            (one-clock ops as ``(f, f, 0)``), or N plan ops of any form
+            (:func:`perseus.profile.two_clock.op_phases`), rank-major.
+        split: How multi-phase ops are priced; needed only when the plan has such ops.
 
     Raises:
         PlanError: if the plan has the wrong length, a clock (pair) the profile lacks for that
@@ -156,69 +132,62 @@ def op_costs(
         if found is not None:
             return found
     ops = _plan_rows(graph, freqs_mhz)
-    kinds = list(Kind)
     time_s = np.empty(graph.num_nodes)
     energy_j = np.empty(graph.num_nodes)
     cache: dict[tuple[int, int, tuple[Phase, ...]], tuple[float, float]] = {}
-    stages, kind_codes = graph.stage.tolist(), graph.kind.tolist()
-    for i in range(graph.num_nodes):
+    for i, key in enumerate(zip(graph.stage.tolist(), graph.kind.tolist(), strict=True)):
         phases = op_phases(ops[i])  # type: ignore[arg-type]
-        key = (stages[i], kind_codes[i], phases)
-        hit = cache.get(key)
+        hit = cache.get((*key, phases))
         if hit is None:
-            op = profile.op(stages[i], kinds[kind_codes[i]])
-            check_phases(phases, stages[i], split)
-            chosen: list[OpOption] = []
-            for ph in phases:
-                try:
-                    chosen.append(op.at(ph.freq_mhz, ph.mem_freq_mhz))
-                except KeyError:
-                    r = int(graph.rank[i])
-                    j = i - int(graph.rank_start[r])
-                    clock = (
-                        f"{ph.freq_mhz} MHz"
-                        if ph.mem_freq_mhz is None
-                        else f"{ph.freq_mhz}/{ph.mem_freq_mhz} MHz (SM/memory)"
-                    )
-                    raise PlanError(
-                        f"plan clock {clock} for rank {r} op {j} ({graph.actions[i]}) was "
-                        f"not profiled for stage {op.stage_index} {op.kind.profile_name}; "
-                        f"profiled clocks are {op.options[-1].freq_mhz}.."
-                        f"{op.options[0].freq_mhz} MHz"
-                        + ("" if op.has_memory_clocks else " at the one memory clock")
-                    ) from None
-            if len(chosen) == 1:
-                hit = (chosen[0].time_s, chosen[0].energy_j)
-            else:
-                assert split is not None  # check_phases raised without one
-                hit = phased_cost(
-                    chosen,
-                    [split.work_before(stages[i], ph.first_layer) for ph in phases[1:]],
-                    split,
-                )
-            cache[key] = hit
+            hit = cache[(*key, phases)] = _phased_op_cost(graph, profile, i, phases, split)
         time_s[i], energy_j[i] = hit
     return time_s, energy_j
+
+
+def _phased_op_cost(
+    graph: OpGraph, profile: Profile, node: int, phases: tuple[Phase, ...], split: LayerSplit | None
+) -> tuple[float, float]:
+    """Time and energy of node ``node`` run in ``phases``; :class:`PlanError` names a clock
+    the profile lacks."""
+    stage = int(graph.stage[node])
+    op = profile.op(stage, _KINDS[graph.kind[node]])
+    check_phases(phases, stage, split)
+    chosen: list[OpOption] = []
+    for ph in phases:
+        try:
+            chosen.append(op.at(ph.freq_mhz, ph.mem_freq_mhz))
+        except KeyError:
+            r = int(graph.rank[node])
+            raise PlanError(
+                f"plan clock {clock_label(ph.freq_mhz, ph.mem_freq_mhz)} for rank {r} op {node - int(graph.rank_start[r])} "
+                f"({graph.actions[node]}) was not profiled for stage {op.stage_index} "
+                f"{op.kind.profile_name}; profiled clocks are {op.options[-1].freq_mhz}.."
+                f"{op.options[0].freq_mhz} MHz"
+                + ("" if op.has_memory_clocks else " at the one memory clock")
+            ) from None
+    if len(chosen) == 1:
+        return chosen[0].time_s, chosen[0].energy_j
+    assert split is not None  # check_phases raised without one
+    work = [split.work_before(stage, ph.first_layer) for ph in phases[1:]]
+    return phased_cost(chosen, work, split)
 
 
 def _one_clock_costs(
     graph: OpGraph, profile: Profile, freqs_mhz: npt.NDArray[np.integer[Any]]
 ) -> tuple[FloatArray, FloatArray] | None:
     """:func:`op_costs` of per-node clocks (N,), one profile look-up per distinct (stage,
-    kind, clock) instead of one per node; ``None`` when a clock was not profiled (the general
-    path then names it in its error)."""
-    kinds = list(Kind)
+    kind, clock); ``None`` when a clock was not profiled (the general path names it)."""
     freqs = freqs_mhz.astype(np.int64)
     if freqs.size and not 0 <= freqs.min() <= freqs.max() < _CLOCK_KEY:
         return None
-    codes = graph.stage.astype(np.int64) * len(kinds) + graph.kind
+    codes = graph.stage.astype(np.int64) * len(_KINDS) + graph.kind
     keys, inverse = np.unique(codes * _CLOCK_KEY + freqs, return_inverse=True)
     time_s = np.empty(keys.size)
     energy_j = np.empty(keys.size)
     for j, key in enumerate(keys.tolist()):
         code, freq = divmod(key, _CLOCK_KEY)
         try:
-            option = profile.op(code // len(kinds), kinds[code % len(kinds)]).at(freq, None)
+            option = profile.op(code // len(_KINDS), _KINDS[code % len(_KINDS)]).at(freq, None)
         except KeyError:
             return None
         time_s[j], energy_j[j] = option.time_s, option.energy_j
@@ -255,17 +224,16 @@ def evaluate_freqs(
     blocking_power_w: float,
     split: LayerSplit | None = None,
 ) -> Evaluation:
-    """Evaluate a plan given per-node clocks or two-clock rows (see :func:`op_costs`)."""
+    """Evaluate a plan in any form :func:`op_costs` takes."""
     time_s, energy_j = op_costs(graph, profile, freqs_mhz, split)
     return evaluate_durations(graph, time_s, energy_j, blocking_power_w=blocking_power_w)
 
 
 def allmax_freqs(graph: OpGraph, profile: Profile) -> IntArray:
     """Every op at its (stage, kind)'s highest profiled clock: the baseline plan."""
-    kinds = list(Kind)
     return np.array(
         [
-            profile.op(int(s), kinds[int(k)]).max_freq.freq_mhz
+            profile.op(int(s), _KINDS[int(k)]).max_freq.freq_mhz
             for s, k in zip(graph.stage, graph.kind, strict=True)
         ],
         dtype=np.int64,

@@ -1,15 +1,16 @@
 """The operation DAG of one training iteration, built from a schedule.
 
-Nodes are the schedule's actions, numbered rank-major: rank 0's actions in execution order,
-then rank 1's, and so on, so that a plan's ``freqs_mhz[r][j]`` flattens onto node ids directly.
-Edges are (a) consecutive actions on one rank and (b) the data dependencies of
-:func:`perseus.schedule.action_dependencies`. Edges that cross ranks carry an optional constant
-P2P latency.
+Nodes are the schedule's actions numbered rank-major (each rank's in execution order), so a
+plan's ``freqs_mhz[r][j]`` flattens onto node ids. Edges join consecutive actions of a rank and
+the data dependencies of :func:`perseus.schedule.action_dependencies`; edges across ranks carry
+a constant P2P latency.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
@@ -32,15 +33,14 @@ class OpGraph:
     """Immutable operation DAG.
 
     Attributes:
-        schedule: The schedule the DAG was built from.
-        actions: ``actions[i]`` is node ``i``'s action.
-        rank, stage, kind: Per-node rank, stage index and kind code (:data:`KIND_CODES`).
+        actions: ``actions[i]`` is node ``i``'s action; ``rank``, ``stage`` and ``kind`` (a
+            :data:`KIND_CODES` code) hold its rank, stage index and kind.
         rank_start: Node ids of rank ``r`` are ``rank_start[r] .. rank_start[r+1]-1``.
-        edge_src, edge_dst: Edge endpoints (deduplicated).
+        edge_src: Edge sources (deduplicated), ``edge_dst`` their destinations.
         edge_latency_s: Latency added on each edge (P2P latency on cross-rank edges, else 0).
-        generations: Topological generations (lists of node ids whose predecessors all lie in
-            earlier generations), used for vectorised longest-path evaluation.
-        generation_edges: ``generation_edges[g]`` lists the edges entering generation ``g``.
+        generations: Topological generations (node ids whose predecessors all lie in earlier
+            generations), for vectorised longest paths; ``generation_edges[g]`` lists the
+            edges entering generation ``g``.
     """
 
     schedule: Schedule
@@ -65,21 +65,18 @@ class OpGraph:
 
     def node_of(self, action: Action) -> int:
         """Node id of ``action``; raises KeyError if the schedule does not contain it."""
-        return self._index()[action]
+        return self._node_ids[action]
 
-    def _index(self) -> dict[Action, int]:
-        cache = self.__dict__.get("_index_cache")
-        if cache is None:
-            cache = {a: i for i, a in enumerate(self.actions)}
-            object.__setattr__(self, "_index_cache", cache)
-        return cache
+    @cached_property
+    def _node_ids(self) -> dict[Action, int]:
+        return {a: i for i, a in enumerate(self.actions)}
 
 
 def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     """Build the operation DAG of one iteration of ``schedule``.
 
     Args:
-        schedule: A validated schedule (builders validate; see :func:`validate_schedule`).
+        schedule: A validated schedule (the builders validate).
         p2p_latency_s: Constant latency added on every edge between different ranks.
 
     Raises:
@@ -91,49 +88,32 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
         raise ScheduleError(f"p2p latency must be >= 0 s, got {p2p_latency_s}")
     actions = tuple(a for acts in schedule.rank_actions for a in acts)
     n = len(actions)
-    rank = np.empty(n, dtype=np.int64)
-    starts = [0]
-    for r, acts in enumerate(schedule.rank_actions):
-        rank[starts[-1] : starts[-1] + len(acts)] = r
-        starts.append(starts[-1] + len(acts))
+    sizes = [len(acts) for acts in schedule.rank_actions]
+    starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    rank = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     stage = np.fromiter((a.stage_index for a in actions), dtype=np.int64, count=n)
     kind = np.fromiter((KIND_CODES[a.kind] for a in actions), dtype=np.int64, count=n)
-
-    src, dst = _edges(schedule, actions, starts)
+    src, dst = _edges(schedule, actions, starts.tolist())
     latency = np.where(rank[src] != rank[dst], float(p2p_latency_s), 0.0)
-
     try:
         generations = _topological_generations(n, src, dst)
     except CycleError:
         raise ScheduleError(f"schedule {schedule.name!r} has a dependency cycle") from None
+    edges_in = _generation_edges(n, generations, dst)
     return OpGraph(
-        schedule=schedule,
-        actions=actions,
-        rank=rank,
-        stage=stage,
-        kind=kind,
-        rank_start=np.array(starts, dtype=np.int64),
-        edge_src=src,
-        edge_dst=dst,
-        edge_latency_s=latency.astype(np.float64),
-        generations=generations,
-        generation_edges=_generation_edges(n, generations, dst),
+        schedule, actions, rank, stage, kind, starts, src, dst, latency, generations, edges_in
     )
 
 
 def _edges(
     schedule: Schedule, actions: tuple[Action, ...], starts: list[int]
 ) -> tuple[IntArray, IntArray]:
-    """Sorted, distinct edges (sources, destinations): each rank's order, then each action's
-    dependencies.
-
-    Raises:
-        ScheduleError: if an action depends on one that no rank runs.
-    """
+    """Sorted, distinct edges (sources, destinations); :class:`ScheduleError` if an action
+    depends on one that no rank runs."""
     index = {a: i for i, a in enumerate(actions)}
     edges: set[tuple[int, int]] = set()
-    for r in range(len(schedule.rank_actions)):
-        edges.update((i, i + 1) for i in range(starts[r], starts[r + 1] - 1))
+    for first, end in itertools.pairwise(starts):
+        edges.update((i, i + 1) for i in range(first, end - 1))
     for i, a in enumerate(actions):
         for dep in action_dependencies(a, schedule.num_stages):
             if dep not in index:
@@ -159,18 +139,10 @@ def _generation_edges(
 
 
 def _topological_generations(n: int, src: IntArray, dst: IntArray) -> tuple[IntArray, ...]:
-    """Kahn's layering: generation ``k`` holds the nodes whose predecessors all lie in
-    generations ``< k``, each sorted by node id.
-
-    Marking a whole ready batch done before asking for the next makes each batch exactly one
-    generation (networkx's ``topological_generations``).
-
-    Raises:
-        graphlib.CycleError: if the edges contain a cycle.
-    """
-    sorter: TopologicalSorter[int] = TopologicalSorter()
-    for v in range(n):
-        sorter.add(v)
+    """Kahn's layering, each generation sorted by node id: marking a whole ready batch done
+    before asking for the next makes each batch one generation. Raises
+    :class:`graphlib.CycleError` on a cycle."""
+    sorter: TopologicalSorter[int] = TopologicalSorter({v: () for v in range(n)})
     for u, v in zip(src.tolist(), dst.tolist(), strict=True):
         sorter.add(v, u)
     sorter.prepare()

@@ -1,21 +1,17 @@
 """Per-(stage, kind) time/energy options at each clock pair, and the checks that make them usable.
 
-A :class:`Profile` is what the planner knows about the hardware: for every stage and every
-computation kind (``F``, ``B``, optionally ``W``) a list of measured options
-``(freq_mhz, time_s, energy_j)``, where energy is one GPU's energy over one microbatch's op.
-
-An option may also carry a memory clock (``mem_freq_mhz``): then the op's options are
-(SM, memory) clock pairs. An option without one ran at the GPU's one (default) memory clock.
-Within one (stage, kind) either every option names its memory clock or none does. A plain SM
-clock ``f`` of a plan means "``f`` at the default memory clock", which for an op with memory
-clocks is the highest one profiled at ``f`` (:meth:`OpProfile.at`), so one-clock plans, the
-all-max baseline and every global-clock baseline mean the same on both kinds of profile.
+A :class:`Profile` holds, for every stage and kind (``F``, ``B``, optionally ``W``), the measured
+options ``(freq_mhz, time_s, energy_j)``, energy being one GPU's over one microbatch's op. Options
+may carry a memory clock (all of an op's, or none); a plain SM clock ``f`` then means ``f`` at
+the highest memory clock profiled with it (:meth:`OpProfile.at`), so one-clock plans and
+baselines mean the same on both kinds of profile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,17 +30,24 @@ __all__ = [
     "ProfileRow",
     "build_profile",
     "cap_bound_clock_mhz",
+    "clock_label",
 ]
 
-#: ``(stage, kind, freq_mhz, time_s, energy_j)``, optionally followed by ``mem_freq_mhz``
-#: (``None``: the GPU's default memory clock).
+#: ``(stage, kind, freq_mhz, time_s, energy_j)``, optionally followed by ``mem_freq_mhz``.
 ProfileRow = tuple[int, Kind, int, float, float] | tuple[int, Kind, int, float, float, int | None]
+
+
+def clock_label(freq_mhz: int, mem_freq_mhz: int | None) -> str:
+    """A clock (pair) in messages: ``1410 MHz`` or ``1740/7251 MHz (SM/memory)``."""
+    if mem_freq_mhz is None:
+        return f"{freq_mhz} MHz"
+    return f"{freq_mhz}/{mem_freq_mhz} MHz (SM/memory)"
 
 
 @dataclass(frozen=True, slots=True)
 class OpOption:
-    """One measured operating point of an op: time and one GPU's energy at SM clock
-    ``freq_mhz`` and memory clock ``mem_freq_mhz`` (``None``: the GPU's default one)."""
+    """One measured operating point of an op at SM clock ``freq_mhz`` and memory clock
+    ``mem_freq_mhz`` (``None``: the GPU's default one)."""
 
     freq_mhz: int
     time_s: float
@@ -53,7 +56,6 @@ class OpOption:
 
     @property
     def clocks(self) -> tuple[int, int | None]:
-        """The option's ``(freq_mhz, mem_freq_mhz)`` pair."""
         return self.freq_mhz, self.mem_freq_mhz
 
 
@@ -67,24 +69,19 @@ class OpProfile:
 
     @property
     def max_freq(self) -> OpOption:
-        """The option at the highest profiled clock (the "all-max" choice); with memory
-        clocks, the highest memory clock at the highest SM clock."""
+        """The option at the highest (SM, then memory) clock: the "all-max" choice."""
         return self.options[0]
 
     @property
     def has_memory_clocks(self) -> bool:
-        """Whether the options are (SM, memory) pairs."""
         return self.options[0].mem_freq_mhz is not None
 
     def at(self, freq_mhz: int, mem_freq_mhz: int | None = None) -> OpOption:
-        """The option measured at SM clock ``freq_mhz`` and memory clock ``mem_freq_mhz``.
-
-        ``mem_freq_mhz=None`` means the default memory clock: the highest one profiled at
-        ``freq_mhz`` (options are sorted so that it comes first).
+        """The option measured at ``freq_mhz`` and ``mem_freq_mhz`` (``None``: the highest
+        memory clock profiled at ``freq_mhz``, which the sort puts first).
 
         Raises:
-            KeyError: if the clock (pair) was not profiled for this op; the key is
-                ``freq_mhz`` or ``(freq_mhz, mem_freq_mhz)``.
+            KeyError: ``freq_mhz`` or ``(freq_mhz, mem_freq_mhz)``, if not profiled.
         """
         for option in self.options:
             if option.freq_mhz == freq_mhz and (
@@ -96,10 +93,9 @@ class OpProfile:
 
 @dataclass(frozen=True)
 class Profile:
-    """Time/energy options for every (stage, kind) of a pipeline.
+    """Time/energy options for every (stage, kind) of a pipeline, built by :func:`build_profile`.
 
-    Build with :func:`build_profile`, which validates completeness. ``gpu`` is the GPU the
-    rows were measured on (None: not recorded, so unchecked); it is not part of the hash.
+    ``gpu`` is the GPU the rows were measured on (None: unchecked); it is not part of the hash.
     """
 
     ops: Mapping[tuple[int, Kind], OpProfile]
@@ -117,11 +113,7 @@ class Profile:
         return Kind.W in self.kinds
 
     def op(self, stage_index: int, kind: Kind) -> OpProfile:
-        """The options of one (stage, kind).
-
-        Raises:
-            ProfileError: if the profile has no rows for it.
-        """
+        """The options of one (stage, kind); :class:`ProfileError` if it has no rows."""
         try:
             return self.ops[(stage_index, kind)]
         except KeyError:
@@ -137,11 +129,8 @@ class Profile:
         return self._sha256
 
     def split_backward(self, b_fraction: float) -> Profile:
-        """Split each ``backward`` option into ``B`` and ``W`` for zero-bubble schedules.
-
-        ``B`` gets ``b_fraction`` of the time and energy, ``W`` the rest. This is the fallback
-        when a profile has no ``weight`` rows; the ZB paper measures T_B ≈ T_W, hence the usual
-        0.5. A profile that already has ``weight`` rows is returned unchanged.
+        """Split each ``backward`` option into ``B`` (``b_fraction`` of time and energy) and
+        ``W`` (the rest) for zero-bubble schedules; unchanged if it has ``weight`` rows.
 
         Raises:
             ProfileError: if ``b_fraction`` is not in (0, 1).
@@ -152,30 +141,13 @@ class Profile:
             raise ProfileError(f"backward split fraction must be in (0, 1), got {b_fraction}")
         rows: list[ProfileRow] = []
         for (stage, kind), op in self.ops.items():
+            parts = ((Kind.B, b_fraction), (Kind.W, 1 - b_fraction)) if kind is Kind.B else ()
             for o in op.options:
-                if kind is Kind.B:
-                    rows.append(
-                        (
-                            stage,
-                            Kind.B,
-                            o.freq_mhz,
-                            o.time_s * b_fraction,
-                            o.energy_j * b_fraction,
-                            o.mem_freq_mhz,
-                        )
-                    )
-                    rows.append(
-                        (
-                            stage,
-                            Kind.W,
-                            o.freq_mhz,
-                            o.time_s * (1 - b_fraction),
-                            o.energy_j * (1 - b_fraction),
-                            o.mem_freq_mhz,
-                        )
-                    )
-                else:
+                if not parts:
                     rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
+                for part, share in parts:
+                    t, e = o.time_s * share, o.energy_j * share
+                    rows.append((stage, part, o.freq_mhz, t, e, o.mem_freq_mhz))
         split = build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
         return split.with_gpu(self.gpu)
 
@@ -184,57 +156,39 @@ class Profile:
         return dataclasses.replace(self, gpu=gpu)
 
     def cap_bound_clocks(self) -> dict[tuple[int, Kind], int]:
-        """Per op measured under a binding power cap, the cap-bound clock (see
-        :func:`cap_bound_clock_mhz`); ops not cap-bound are left out."""
-        out: dict[tuple[int, Kind], int] = {}
-        for key, op in self.ops.items():
-            clock = cap_bound_clock_mhz(op.options)
-            if clock is not None:
-                out[key] = clock
-        return out
+        """The cap-bound clock (:func:`cap_bound_clock_mhz`) of each op that has one."""
+        clocks = {key: cap_bound_clock_mhz(op.options) for key, op in self.ops.items()}
+        return {key: clock for key, clock in clocks.items() if clock is not None}
 
     def collapse_cap_bound(self) -> Profile:
-        """The profile as the planner should see it when a power cap bound the sweep: every
-        option above an op's cap-bound clock dropped, so a plan asks for the clock the GPU
-        runs (an A40 at 300 W ran every request from ~1500 to 1740 MHz at the same time and
-        power). The profile itself when nothing was cap-bound.
-
-        The hash stays the measured profile's: plans name the measurement they came from.
-
-        Complexity: O(options).
+        """The profile with every option above an op's cap-bound clock dropped, so a plan asks
+        for the clock the GPU runs (an A40 at 300 W ran 1500-1740 MHz alike). The hash stays the
+        measured profile's. Complexity: O(options).
         """
         bound = self.cap_bound_clocks()
         if not bound:
             return self
-        ops = {
-            key: (
-                dataclasses.replace(
-                    op, options=tuple(o for o in op.options if o.freq_mhz <= bound[key])
-                )
-                if key in bound
-                else op
-            )
-            for key, op in self.ops.items()
-        }
+        ops = dict(self.ops)
+        for key, clock in bound.items():
+            kept = tuple(o for o in ops[key].options if o.freq_mhz <= clock)
+            ops[key] = dataclasses.replace(ops[key], options=kept)
         clocks = sorted(set(bound.values()))
         source = f"{self.source} (cap-bound above {'/'.join(map(str, clocks))} MHz: collapsed)"
         return dataclasses.replace(self, ops=ops, source=source)
 
 
-#: A cap-bound run: every option from the top down to the cap-bound clock within these
-#: fractions of the top option's time and power, over at least this share of the top clock.
+#: A cap-bound run: options within these fractions of the top one's time and power, spanning
+#: at least this share of the top clock.
 CAP_FLAT_TIME = 0.025
 CAP_FLAT_POWER = 0.015
 CAP_MIN_SPAN = 0.10
 
 
 def cap_bound_clock_mhz(options: tuple[OpOption, ...]) -> int | None:
-    """The clock a power cap held an op at, from its options (highest clock first): the
-    lowest clock of the run from the top whose time and power stay within
-    :data:`CAP_FLAT_TIME` and :data:`CAP_FLAT_POWER` of the top option's, when that run
-    spans at least :data:`CAP_MIN_SPAN` of the top clock (a GPU that is not cap-bound slows
-    down or draws less within a few steps). None when the op was not cap-bound, or has
-    memory clocks (each memory clock has its own cap-bound SM clock).
+    """The clock a power cap held an op at (options highest clock first): the lowest clock of
+    the run from the top within :data:`CAP_FLAT_TIME` and :data:`CAP_FLAT_POWER` of the top
+    option's time and power, if it spans :data:`CAP_MIN_SPAN` of the top clock; else None
+    (also for memory clocks, where each memory clock has its own cap-bound SM clock).
     """
     if len(options) < 3 or options[0].mem_freq_mhz is not None:
         return None
@@ -257,13 +211,8 @@ def cap_bound_clock_mhz(options: tuple[OpOption, ...]) -> int | None:
 _Full = tuple[int, Kind, int, float, float, int | None]
 
 
-def _full(row: ProfileRow) -> _Full:
-    return (*row, None) if len(row) == 5 else row
-
-
 def _hash_rows(rows: Iterable[_Full]) -> str:
-    # Rows without a memory clock hash as before, so profiles and the plans computed for them
-    # keep their digests.
+    # A row without a memory clock hashes without a tail, as before memory clocks existed.
     digest = hashlib.sha256()
     for stage, kind, freq, time_s, energy_j, mem in sorted(
         rows, key=lambda r: (r[0], r[1].value, r[2], r[5] or 0)
@@ -280,8 +229,7 @@ def _group(full: list[_Full], source: str) -> _Grouped:
     """The rows' options by (stage, kind), each row checked on its own and against its op's."""
     grouped: _Grouped = {}
     for stage, kind, freq, time_s, energy_j, mem in full:
-        pair = f"{freq} MHz" if mem is None else f"{freq}/{mem} MHz (SM/memory)"
-        where = f"{source}: stage {stage} {kind.profile_name} at {pair}"
+        where = f"{source}: stage {stage} {kind.profile_name} at {clock_label(freq, mem)}"
         if stage < 0:
             raise ProfileError(f"{where}: stage index must be >= 0")
         if freq <= 0 or (mem is not None and mem <= 0):
@@ -305,46 +253,36 @@ def _check_shape(grouped: _Grouped, source: str) -> int:
     """The number of stages, once every stage has the same kinds, ``F`` and ``B`` among them."""
     stages = {s for s, _ in grouped}
     num_stages = max(stages) + 1
-    missing_stages = sorted(set(range(num_stages)) - stages)
-    if missing_stages:
+    if missing := sorted(set(range(num_stages)) - stages):
         raise ProfileError(
-            f"{source}: stage(s) {missing_stages} have no rows (stages must be numbered "
+            f"{source}: stage(s) {missing} have no rows (stages must be numbered "
             f"0..{num_stages - 1} without gaps)"
         )
-    kinds_present = {k for _, k in grouped}
+    kinds = sorted({k for _, k in grouped}, key=lambda k: k.value)
     for required in (Kind.F, Kind.B):
-        if required not in kinds_present:
+        if required not in kinds:
             raise ProfileError(f"{source}: no {required.profile_name!r} rows at all")
-    for stage in range(num_stages):
-        for kind in sorted(kinds_present, key=lambda k: k.value):
-            if (stage, kind) not in grouped:
-                raise ProfileError(
-                    f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
-                    f"needs the same instructions"
-                )
+    for stage, kind in itertools.product(range(num_stages), kinds):
+        if (stage, kind) not in grouped:
+            raise ProfileError(
+                f"{source}: stage {stage} has no {kind.profile_name!r} rows; every stage "
+                f"needs the same instructions"
+            )
     return num_stages
 
 
 def build_profile(
     rows: Iterable[ProfileRow], source: str = "<profile>", gpu: GpuIdentity | None = None
 ) -> Profile:
-    """Assemble and validate a profile from ``(stage, kind, freq_mhz, time_s, energy_j)`` rows,
-    each optionally followed by its ``mem_freq_mhz`` (``None``: the default memory clock).
-
-    Checks the structure only (row-level parsing errors are the readers' job): stages numbered
-    0..S-1 without gaps, every stage has the same kinds, ``F`` and ``B`` present, values finite
-    and positive, no duplicate (stage, kind, clock pair), and within a (stage, kind) either
-    every row or no row names a memory clock.
-
-    Args:
-        rows: The measured rows.
-        source: Where they come from (for messages).
-        gpu: The GPU they were measured on (None: unrecorded).
+    """Assemble and validate a profile from :data:`ProfileRow` rows measured on ``gpu``.
 
     Raises:
-        ProfileError: naming ``source`` and the offending stage/kind/clock.
+        ProfileError: naming ``source`` and the offending stage, kind or clock, unless stages
+            run 0..S-1 without gaps, each with the same kinds (``F`` and ``B`` among them),
+            values are finite and positive, no (stage, kind, clock pair) repeats, and each
+            (stage, kind) names a memory clock on every row or on none.
     """
-    full = [_full(r) for r in rows]
+    full: list[_Full] = [(*r, None) if len(r) == 5 else r for r in rows]
     if not full:
         raise ProfileError(
             f"{source}: profile has no rows; add stage,instruction,frequency,time,energy rows"

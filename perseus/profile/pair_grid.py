@@ -1,13 +1,9 @@
 """Which (SM, memory) clock pairs to measure: a coarse grid first, then refined near the hull.
 
-Sweeping every pair of a GDDR GPU (81 SM clocks x 4 memory clocks on an A40) costs four times
-a plain SM sweep. Only the pairs on the lower convex hull of an op's options in (time,
-effective energy) can matter to the planner (:mod:`perseus.solver.cost_model`), so a sweep
-measures a coarse grid (every ``stride``-th SM clock at every memory clock) and then, round by
-round, the unmeasured SM clocks next to each hull vertex at that vertex's memory clock, until
-a round adds nothing. The hull of a convex-ish curve is found with a few rounds, not the grid.
-
-Pure: the caller measures and feeds the options back (:func:`next_pairs`).
+Only pairs on the lower convex hull of an op's options in (time, effective energy) matter to the
+planner, so a sweep measures every ``stride``-th SM clock at every memory clock, then, round by
+round, the SM clocks next to each hull vertex, until a round adds nothing. Pure: the caller
+measures and feeds the options back (:func:`next_pairs`).
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ Pair = tuple[int, int]
 def coarse_pair_grid(
     sm_clocks_mhz: Sequence[int], mem_clocks_mhz: Sequence[int], stride: int = 4
 ) -> tuple[Pair, ...]:
-    """Every ``stride``-th SM clock (the highest and the lowest always) at every memory clock,
-    highest first.
+    """Every ``stride``-th SM clock (and the lowest) at every memory clock, highest first.
 
     Complexity: O(S·M) for S SM and M memory clocks.
 

@@ -1,9 +1,8 @@
 """The one Pareto filter, and its use on op options in (time, effective energy).
 
-With blocking power ``P``, a GPU that finishes an op early idles at ``P`` watts until its next
-op, so the cost of an option that keeps the iteration time fixed is its *effective* energy
-``e - P·t``. An option is useful only if no faster-or-equal option has lower-or-equal
-effective energy. The same filter keeps a frontier's strictly improving plans.
+A GPU that finishes an op early idles at the blocking power ``P``, so an option's cost at a
+fixed iteration time is its *effective* energy ``e - P·t``; an option is useful only if no
+faster-or-equal one costs as little. The same filter keeps a frontier's improving plans.
 """
 
 from __future__ import annotations

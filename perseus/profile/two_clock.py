@@ -1,36 +1,11 @@
 """Phased ops: an op that runs its first layers at one clock (pair) and later ones at others.
 
-An op (one forward or backward of one stage on one microbatch) runs ``L`` layers one after
-another. Setting the clock once at a layer boundary lets it run layers ``0..k-1`` at clock
-``a`` and ``k..L-1`` at clock ``b``, which is exactly what the LP relaxation of the planning
-problem allows (each op mixing two neighbouring clocks), rounded to layer fractions.
-
-**Cost model** (the one place it is written down; the exact evaluator and the solver's option
-tables both call :func:`two_clock_cost`):
-
-* *Layer split.* Layer ``j`` of a stage does a fixed share ``w_j`` of the op's work at any
-  clock (``Σ w_j = 1``), so the first ``k`` layers are a fraction ``W_k = w_0 + … + w_{k-1}``
-  of the op's time and energy at that clock. Without a per-layer profile the layers of a stage
-  cost the same (``w_j = 1/L``, the *even-split assumption*; true for a transformer stage whose
-  layers are identical, the embedding and head aside). A per-layer profile replaces it.
-* *Switch cost.* The clock change is requested at the boundary and takes effect after the set
-  latency, during which the old clock keeps running: the op runs a fraction
-  ``x = min(1, W_k + latency / t_a)`` of its work at ``a``. Time and energy are then the mix
-  ``x·(t_a, e_a) + (1 − x)·(t_b, e_b)``, plus a transition energy per switch. Defaults: 5 ms
-  latency (the median ``nvmlDeviceSetGpuLockedClocks`` call, docs/hardware.md#sim-defaults)
-  and 0 J transition energy (no measurement says otherwise); both are job parameters.
-* *Stall.* Optionally each switch also stalls the op for ``switch_stall_s`` (a runtime that
-  waits for the set call, or a GDDR memory-clock change that retrains the memory): that much
-  time is added and drawn at the new phase's mean power. Default 0; the presets of
-  :mod:`perseus.device.presets` give per-architecture figures.
-
-**Phases.** The general op is a sequence of phases, each an (SM, memory) clock pair and the
-first layer it runs (:class:`Phase`); a two-clock op is two phases, a one-clock op one. Every
-boundary ``W_i`` is moved by the latency of the switch into it
-(``x_i = min(1, max(x_{i-1}, W_i + latency / t_{i-1}))``) and each phase ``i`` runs the share
-``x_{i+1} − x_i`` of the op's work at its own clocks (:func:`phased_cost`).
-
-Pure: no I/O. Complexity O(phases) per op.
+An op of ``L`` layers may switch clocks at layer boundaries. A :class:`Phase` is an (SM,
+memory) clock pair and the first layer it runs; a two-clock op is two phases, a one-clock op
+one. Each layer does a fixed share of the op's work (even, or ``layer_time_fractions``); a
+switch moves its boundary later by the set latency (the old clocks run until the call returns)
+and may add a stall and an energy charge. :func:`phased_cost` is the one place that cost is
+computed (docs/memory-clocks.md, "Pricing a switch"). Pure; O(phases) per op.
 """
 
 from __future__ import annotations
@@ -50,7 +25,6 @@ __all__ = [
     "Phase",
     "TwoClockOp",
     "build_layer_split",
-    "check_op",
     "check_phases",
     "op_clocks",
     "op_phases",
@@ -74,11 +48,8 @@ AnyPlanOp = int | Sequence[int] | Sequence[Sequence[int | None]]
 
 
 def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
-    """A plan op in any of its forms as its phases, adjacent equal clock pairs merged.
-
-    The forms: a clock ``f`` (one phase), ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` (two
-    phases at the default memory clock), or a sequence of ``(freq_mhz, mem_freq_mhz,
-    first_layer)`` phases (the first starts at layer 0, later ones at increasing layers).
+    """A plan op (a clock, ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` or a sequence of
+    ``(freq_mhz, mem_freq_mhz, first_layer)`` phases) as its phases, equal neighbours merged.
 
     Raises:
         PlanError: if a phase list is empty or its layers do not start at 0 and increase.
@@ -87,10 +58,8 @@ def op_phases(op: AnyPlanOp) -> tuple[Phase, ...]:
         return (Phase(op, None, 0),)
     items: list[object] = list(op)
     if items and all(isinstance(x, int) for x in items):
-        two = op_clocks(cast("list[int]", items))
-        if not two.is_two_clock:
-            return (Phase(two.freq_a_mhz, None, 0),)
-        return (Phase(two.freq_a_mhz, None, 0), Phase(two.freq_b_mhz, None, two.layers_at_a))
+        a, b, k = op_clocks(cast("list[int]", items))
+        return (Phase(a, None, 0), Phase(b, None, k)) if k > 0 else (Phase(a, None, 0),)
     phases: list[Phase] = []
     for item in items:
         phase = _phase(op, item, phases[-1] if phases else None)
@@ -138,10 +107,8 @@ def _show(op: object) -> str:
 
 
 class TwoClockOp(NamedTuple):
-    """An op's clocks: layers ``0..layers_at_a-1`` at ``freq_a_mhz``, the rest at ``freq_b_mhz``.
-
-    A one-clock op is ``TwoClockOp(f, f, 0)``.
-    """
+    """Layers ``0..layers_at_a-1`` at ``freq_a_mhz``, the rest at ``freq_b_mhz`` (``(f, f, 0)``:
+    one clock)."""
 
     freq_a_mhz: int
     freq_b_mhz: int
@@ -153,15 +120,12 @@ class TwoClockOp(NamedTuple):
 
 
 def op_clocks(op: AnyPlanOp) -> TwoClockOp:
-    """A plan op (an int clock, or ``(freq_a_mhz, freq_b_mhz, layers_at_a)``) as a
-    :class:`TwoClockOp`: the two clocks and the layer boundary at which the second one is set.
-
-    This is what a runtime needs per op: set ``freq_a_mhz`` before the op and, if
-    ``is_two_clock``, ``freq_b_mhz`` when layer ``layers_at_a`` starts.
+    """A plan op of SM clocks only as a :class:`TwoClockOp`: what a runtime sets per op
+    (``freq_a_mhz`` before it and, if ``is_two_clock``, ``freq_b_mhz`` at layer ``layers_at_a``).
 
     Raises:
-        PlanError: for a phase-list op that uses a memory clock or more than two phases
-            (read it with :func:`op_phases`).
+        PlanError: for an op that sets a memory clock or has more than two phases (read it
+            with :func:`op_phases`).
     """
     if isinstance(op, int):
         return TwoClockOp(op, op, 0)
@@ -173,13 +137,9 @@ def op_clocks(op: AnyPlanOp) -> TwoClockOp:
                 f"plan op {_show(op)} sets memory clocks or more than two phases; this "
                 "consumer runs SM clocks only: plan with SM clocks (one or two per op)"
             )
-        if len(phases) == 1:
-            return TwoClockOp(phases[0].freq_mhz, phases[0].freq_mhz, 0)
-        return TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer)
+        return TwoClockOp(phases[0].freq_mhz, phases[-1].freq_mhz, phases[-1].first_layer)
     a, b, k = (int(cast("int", x)) for x in items)
-    if k == 0 or a == b:
-        return TwoClockOp(a, a, 0)
-    return TwoClockOp(a, b, k)
+    return TwoClockOp(a, a, 0) if k == 0 or a == b else TwoClockOp(a, b, k)
 
 
 @dataclass(frozen=True)
@@ -190,8 +150,7 @@ class LayerSplit:
         layer_fractions: Per stage, each layer's share of the op's work (sums to 1).
         switch_latency_s: Time the old clock keeps running after a mid-op switch is requested.
         switch_energy_j: Extra energy per mid-op switch.
-        switch_stall_s: Time an op makes no progress per mid-op switch (drawn at the new
-            phase's power).
+        switch_stall_s: Time an op makes no progress per switch (at the new phase's power).
     """
 
     layer_fractions: tuple[tuple[float, ...], ...]
@@ -220,10 +179,9 @@ def build_layer_split(
     Args:
         layers_per_stage: One number for every stage, or one per stage.
         num_stages: The job's stage count.
-        layer_time_fractions: Optional per-layer profile: per stage, one relative weight per
-            layer (normalised here); replaces the even split.
-        switch_latency_s, switch_energy_j, switch_stall_s: The switch cost (see the module
-            docstring).
+        layer_time_fractions: Per stage, one relative weight per layer (normalised here);
+            replaces the even split.
+        switch_latency_s: See :class:`LayerSplit`; also ``switch_energy_j``, ``switch_stall_s``.
 
     Raises:
         ConfigError: on a bad count, weight or cost, naming the field and the fix.
@@ -238,23 +196,26 @@ def build_layer_split(
         )
     if any(n < 1 for n in layers):
         raise ConfigError(f"layers_per_stage must be >= 1 for every stage, got {layers}")
-    costs = {"switch_latency_s": switch_latency_s, "switch_energy_j": switch_energy_j}
-    for name, value in (costs | {"switch_stall_s": switch_stall_s}).items():
+    costs = {
+        "switch_latency_s": switch_latency_s,
+        "switch_energy_j": switch_energy_j,
+        "switch_stall_s": switch_stall_s,
+    }
+    for name, value in costs.items():
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
-    if layer_time_fractions is None:
-        fractions = tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
-    else:
-        fractions = _fractions(layer_time_fractions, layers)
+    fractions = _fractions(layer_time_fractions, layers)
     return LayerSplit(
         fractions, float(switch_latency_s), float(switch_energy_j), float(switch_stall_s)
     )
 
 
 def _fractions(
-    layer_time_fractions: Sequence[Sequence[float]], layers: list[int]
+    layer_time_fractions: Sequence[Sequence[float]] | None, layers: list[int]
 ) -> tuple[tuple[float, ...], ...]:
-    """Per-layer weights normalised per stage, one weight per layer in (0, max]."""
+    """Per-layer weights normalised per stage (one in (0, max] per layer), or the even split."""
+    if layer_time_fractions is None:
+        return tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
     if len(layer_time_fractions) != len(layers):
         raise ConfigError(
             f"layer_time_fractions has {len(layer_time_fractions)} stages, the job has "
@@ -277,80 +238,55 @@ def phased_cost(
     options: Sequence[OpOption], work_before: Sequence[float], split: LayerSplit
 ) -> tuple[float, float]:
     """Time and energy of an op that runs phase ``i`` at ``options[i]`` from the share
-    ``work_before[i - 1]`` of its work on (see the module docstring): every switch moves its
-    boundary later by the set latency and adds the stall and the switch energy.
-
-    ``work_before`` holds one :meth:`LayerSplit.work_before` per switch
-    (``len(options) - 1``), increasing. Complexity: O(phases).
+    ``work_before[i - 1]`` of its work on. Each switch moves its boundary later by the set
+    latency over the old phase's time and adds the stall and the switch energy. O(phases).
     """
     x = 0.0
     time_s = 0.0
     energy_j = 0.0
     for i, o in enumerate(options):
+        end = 1.0
         if i + 1 < len(options):
             end = min(1.0, max(x, work_before[i] + split.switch_latency_s / o.time_s))
-        else:
-            end = 1.0
-        share = end - x
-        time_s += share * o.time_s
-        energy_j += share * o.energy_j
+        time_s += (end - x) * o.time_s
+        energy_j += (end - x) * o.energy_j
         x = end
-    switches = len(options) - 1
-    if switches:
-        energy_j += switches * split.switch_energy_j
-        if split.switch_stall_s > 0:
-            for o in options[1:]:
-                time_s += split.switch_stall_s
-                energy_j += split.switch_stall_s * o.energy_j / o.time_s
+    energy_j += (len(options) - 1) * split.switch_energy_j
+    for o in options[1:]:  # adding a zero stall leaves both sums exactly as they are
+        time_s += split.switch_stall_s
+        energy_j += split.switch_stall_s * o.energy_j / o.time_s
     return time_s, energy_j
 
 
 def two_clock_cost(
     a: OpOption, b: OpOption, work_at_a: float, split: LayerSplit
 ) -> tuple[float, float]:
-    """Time and energy of an op that runs a share ``work_at_a`` of its work (its first
-    layers) at option ``a`` and switches to ``b``: :func:`phased_cost` of two phases.
-    """
+    """Time and energy of an op that runs the share ``work_at_a`` of its work at option ``a``
+    and the rest at ``b``: :func:`phased_cost` of two phases."""
     return phased_cost((a, b), (work_at_a,), split)
 
 
 def check_phases(phases: Sequence[Phase], stage_index: int, split: LayerSplit | None) -> None:
     """Raise :class:`PlanError` unless every phase of a multi-phase op starts at a layer of
-    ``stage_index``."""
+    ``stage_index`` (a job without ``layers_per_stage`` runs one phase per op)."""
     if len(phases) == 1:
         return
-    if len(phases) == 2 and all(p.mem_freq_mhz is None for p in phases):
-        check_op(
-            TwoClockOp(phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer),
-            stage_index,
-            split,
-        )
-        return
+    two = len(phases) == 2 and all(p.mem_freq_mhz is None for p in phases)
+    shown = [phases[0].freq_mhz, phases[1].freq_mhz, phases[1].first_layer]
     if split is None:
+        what = f"a two-clock op {shown}" if two else f"an op with {len(phases)} phases"
         raise PlanError(
-            f"plan has an op with {len(phases)} phases but the job has no layers_per_stage; "
+            f"plan has {what} but the job has no layers_per_stage; "
             "give layers_per_stage or use a one-clock plan"
         )
     n = split.num_layers(stage_index)
+    if two and not 0 < phases[1].first_layer < n:
+        raise PlanError(
+            f"two-clock op {shown} on stage {stage_index}: layers_at_a must be in 1..{n - 1} "
+            f"(the stage has {n} layers)"
+        )
     if phases[-1].first_layer >= n:
         raise PlanError(
             f"op phases {[list(p) for p in phases]} on stage {stage_index}: a phase starts at "
             f"layer {phases[-1].first_layer} but the stage has {n} layers (0..{n - 1})"
-        )
-
-
-def check_op(op: TwoClockOp, stage_index: int, split: LayerSplit | None) -> None:
-    """Raise :class:`PlanError` unless ``op``'s layer boundary exists on ``stage_index``."""
-    if not op.is_two_clock:
-        return
-    if split is None:
-        raise PlanError(
-            f"plan has a two-clock op {list(op)} but the job has no layers_per_stage; "
-            "give layers_per_stage or use a one-clock plan"
-        )
-    n = split.num_layers(stage_index)
-    if not 0 < op.layers_at_a < n:
-        raise PlanError(
-            f"two-clock op {list(op)} on stage {stage_index}: layers_at_a must be in 1..{n - 1} "
-            f"(the stage has {n} layers)"
         )

@@ -1,12 +1,9 @@
 """The action IR: one compute action of one rank, in torch.distributed.pipelining's vocabulary.
 
-In messages an action is written as torch writes ``_Action`` (``str(action)``),
-``"<stage_index><kind><microbatch_index>"``: ``"1F0"`` is stage 1's forward of microbatch 0.
-Kinds are ``F`` (forward), ``B`` (backward; the full backward, or the input-gradient half when a
-schedule splits it) and ``W`` (the weight-gradient half of a split backward). Plan files spell
-a rank's actions ``F3`` (stage: the rank's one) or ``F3@5`` (ranks holding several stages):
-:func:`parse_op_name` reads that spelling (once, as a plan is loaded:
-:attr:`perseus.plan.Frontier.rank_actions`), :meth:`Action.op_name` writes it.
+``str(action)`` is torch's ``_Action`` spelling, ``"1F0"`` (stage 1's forward of microbatch 0);
+``B`` is the full backward or, when a schedule splits it, the input-gradient half, ``W`` the
+weight-gradient half. Plan files spell an action ``F3`` or ``F3@5`` (ranks holding several
+stages): :func:`parse_op_name` reads that, :meth:`Action.op_name` writes it.
 """
 
 from __future__ import annotations
@@ -30,12 +27,12 @@ class Kind(str, enum.Enum):
 
     @property
     def profile_name(self) -> str:
-        """The instruction name used in profile files (``forward``/``backward``/``weight``)."""
+        """The instruction name in profile files (``forward``/``backward``/``weight``)."""
         return _PROFILE_NAMES[self]
 
     @classmethod
     def from_profile_name(cls, name: str) -> Kind:
-        """Map a profile instruction name to a kind; raises KeyError for unknown names."""
+        """The kind of a profile instruction name; KeyError for an unknown name."""
         return _FROM_PROFILE_NAMES[name]
 
 
@@ -57,18 +54,14 @@ class Action:
         return f"{self.stage_index}{self.kind.value}{self.microbatch_index}"
 
     def op_name(self, with_stage: bool) -> str:
-        """The plan-file name of this action: ``F3``, or ``F3@5`` when ranks hold several stages."""
+        """The plan-file name: ``F3``, or ``F3@5`` when ranks hold several stages."""
         name = f"{self.kind.value}{self.microbatch_index}"
         return f"{name}@{self.stage_index}" if with_stage else name
 
 
 def parse_op_name(name: str, rank: int) -> Action:
-    """Parse a plan file's op name (``"F3"``, or ``"F3@5"``) of rank ``rank``'s ops: the
-    stage is ``rank`` unless named after ``@``. The inverse of :meth:`Action.op_name`.
-
-    Raises:
-        ScheduleError: if ``name`` is not of that form.
-    """
+    """Parse a plan file's op name (``"F3"``, or ``"F3@5"``) of rank ``rank``: the stage is
+    ``rank`` unless named after ``@``. :class:`ScheduleError` if not of that form."""
     match = _OP_NAME_RE.match(name)
     if match is None:
         raise ScheduleError(f"{name!r} is not an op name like 'F3' or 'F3@5'")
@@ -81,7 +74,7 @@ class Schedule:
     """A pipeline schedule: every rank's compute actions in execution order.
 
     Attributes:
-        name: The builder's name (``gpipe``, ``1f1b``, ``interleaved``, ``zb``) or a free label.
+        name: The builder's name or a free label.
         num_stages: Model stages (profile stages), ``num_ranks * virtual_stages``.
         num_microbatches: Microbatches per iteration.
         stage_to_rank: ``stage_to_rank[s]`` is the rank that runs stage ``s``.
@@ -107,7 +100,7 @@ class Schedule:
         return any(a.kind is Kind.W for acts in self.rank_actions for a in acts)
 
     def stage_ops(self) -> tuple[tuple[str, ...], ...]:
-        """Per-rank op names as written in plan files (``F3``, or ``F3@5`` for multi-stage ranks)."""
+        """Per-rank op names as plan files write them (:meth:`Action.op_name`)."""
         with_stage = self.virtual_stages > 1 or self.num_stages != self.num_ranks
         return tuple(tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions)
 
@@ -120,14 +113,14 @@ def format_grid(
     window: int | None = None,
 ) -> str:
     """Render ops as a step × column grid (a column per rank, as torch's
-    ``_format_pipeline_order``); cells ``(column, step)`` in ``marked`` are flagged with ``!``.
+    ``_format_pipeline_order``).
 
     Args:
         columns: Each column's ops by step (``None``: an empty cell).
-        marked: ``(column, step)`` cells to flag.
+        marked: ``(column, step)`` cells to flag with ``!``.
         labels: Column headers; ``Rank 0``, ``Rank 1``, ... by default.
-        window: When given and cells are marked, only steps within ``window`` of a marked
-            one are shown; ``...`` stands for the steps left out.
+        window: When cells are marked, show only steps within ``window`` of one (``...`` for
+            the rest).
     """
     marks = set(marked)
     num_steps = max((len(c) for c in columns), default=0)

@@ -1,24 +1,15 @@
 """Builders for the common pipeline schedules, returning validated :class:`Schedule` values.
 
-Sizes follow torch: ``stages`` counts model stages (profile stages), ``virtual_stages`` is stages
-per rank (1 except for interleaved), and ``ranks = stages / virtual_stages``. Stage ``s`` runs on
-rank ``s % ranks`` (torch's looped placement).
-
-* ``gpipe``: all forwards, then all backwards.
-* ``1f1b``: ``S - r - 1`` warm-up forwards on rank ``r``, then one forward / one backward,
-  then the remaining backwards (PipeDream-flush).
-* ``interleaved``: Megatron's interleaved 1F1B in torch's formulation (rounds of
-  ``microbatches_per_round`` microbatches, warm-up ``(V-1)·mpr + 2·(R-1-r)`` forwards), so that
-  the order equals ``ScheduleInterleaved1F1B``'s.
-* ``zb``: ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward is split into
-  ``B`` (input gradient) and ``W`` (weight gradient); a greedy list scheduler with nominal unit
-  durations runs, whenever a rank is free, a ready ``B`` first, then an ``F`` if fewer than
-  ``S - r`` microbatches are in flight (1F1B's activation memory), then a pending ``W``. ``W``
-  therefore fills the bubbles that 1F1B leaves at the end of the iteration.
+Sizes follow torch: ``stages`` counts model stages, ``virtual_stages`` is stages per rank (1
+except for interleaved), and stage ``s`` runs on rank ``s % ranks`` (torch's looped placement).
+``gpipe`` runs all forwards, then all backwards; ``1f1b`` is PipeDream-flush; ``interleaved``
+equals torch's ``ScheduleInterleaved1F1B``; ``zb`` is ZB-H1 (Qi et al., "Zero Bubble Pipeline
+Parallelism"), whose split backward's ``W`` fills the bubbles 1F1B leaves.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from perseus.errors import ScheduleError
@@ -55,8 +46,7 @@ def schedule_from_actions(
     num_microbatches: int,
     stage_to_rank: tuple[int, ...] | None = None,
 ) -> Schedule:
-    """Wrap explicit per-rank action lists (e.g. from another engine) and validate them.
-
+    """Wrap explicit per-rank action lists (e.g. from another engine) and validate them;
     ``stage_to_rank`` defaults to the rank on which each stage's actions appear.
 
     Raises:
@@ -103,7 +93,8 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
 
 
 def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Schedule:
-    """Interleaved 1F1B with ``virtual_stages`` stages per rank, in torch's order.
+    """Interleaved 1F1B with ``virtual_stages`` stages per rank, in torch's order: rounds of
+    ``per_round`` microbatches, ``(V-1)·per_round + 2·(R-1-r)`` warm-up forwards on rank ``r``.
 
     Raises:
         ScheduleError: if ``stages`` is not a multiple of ``virtual_stages`` or the microbatches
@@ -126,33 +117,20 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
     acts = []
     for r in range(ranks):
         warmup = min((v - 1) * per_round + 2 * (ranks - 1 - r), total)
-
-        def fwd_stage(step: int, r: int = r) -> int:
-            return ((step // per_round) % v) * ranks + r
-
-        def bwd_stage(step: int, r: int = r, warmup: int = warmup) -> int:
-            return (v - 1 - ((step - warmup) // per_round) % v) * ranks + r
-
-        next_f: dict[int, int] = {}
-        next_b: dict[int, int] = {}
-
-        def take(counter: dict[int, int], stage: int) -> int:
-            m = counter.get(stage, 0)
-            counter[stage] = m + 1
-            return m
-
-        ra: list[Action] = []
-        for step in range(warmup):
-            s = fwd_stage(step)
-            ra.append(Action(s, Kind.F, take(next_f, s)))
-        for step in range(warmup, total):
-            s = fwd_stage(step)
-            ra.append(Action(s, Kind.F, take(next_f, s)))
-            s = bwd_stage(step)
-            ra.append(Action(s, Kind.B, take(next_b, s)))
-        for step in range(total, total + warmup):
-            s = bwd_stage(step)
-            ra.append(Action(s, Kind.B, take(next_b, s)))
+        # (step, kind): warm-up forwards, then a forward and a backward per step, cool-down
+        steps = [(t, Kind.F) for t in range(warmup)]
+        for t in range(warmup, total):
+            steps += [(t, Kind.F), (t, Kind.B)]
+        steps += [(t, Kind.B) for t in range(total, total + warmup)]
+        taken: Counter[tuple[int, Kind]] = Counter()
+        ra = []
+        for t, kind in steps:
+            chunk = (t // per_round) % v
+            if kind is Kind.B:
+                chunk = v - 1 - ((t - warmup) // per_round) % v
+            stage = chunk * ranks + r
+            ra.append(Action(stage, kind, taken[stage, kind]))
+            taken[stage, kind] += 1
         acts.append(ra)
     return schedule_from_actions("interleaved", acts, stages, microbatches, _looped(stages, ranks))
 
@@ -160,51 +138,44 @@ def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int) -> Sch
 def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     """ZB-H1: 1F1B memory, backward split into ``B`` and ``W``, ``W`` filling bubbles.
 
-    Built by a deterministic greedy list scheduler with unit durations for F, B and W
-    (the ZB paper's T_F = T_B = T_W assumption); see the module docstring.
+    A deterministic greedy list scheduler with unit durations (the ZB paper's T_F = T_B = T_W)
+    runs, whenever a rank is free, a ready ``B`` first, then an ``F`` if fewer than ``S - r``
+    microbatches are in flight, then a pending ``W``.
 
     Complexity: O(A·R) for A actions and R ranks.
     """
     _check_sizes(stages, microbatches)
     S, M = stages, microbatches
     end: dict[Action, float] = {}
-    nf, nb, nw = [0] * S, [0] * S, [0] * S
+    started = {kind: [0] * S for kind in Kind}  # per kind, actions each rank has started
     free = [0.0] * S
     acts: list[list[Action]] = [[] for _ in range(S)]
 
-    def ready(a: Action) -> float | None:
-        deps = action_dependencies(a, S)
-        return max((end[d] for d in deps), default=0.0) if all(d in end for d in deps) else None
-
     def choose(r: int) -> tuple[float, Action] | None:
-        # B first, then F (at most S - r in flight), then W: a W is always ready on its rank.
+        """The earliest ready action of rank ``r`` (ties: B, then F, then W)."""
+        nf, nb, nw = (started[kind][r] for kind in (Kind.F, Kind.B, Kind.W))
         wanted = (
-            (Kind.B, nb[r], nb[r] < nf[r]),
-            (Kind.F, nf[r], nf[r] < M and nf[r] - nw[r] < S - r),
-            (Kind.W, nw[r], nw[r] < nb[r]),
+            (Kind.B, nb, nb < nf),
+            (Kind.F, nf, nf < M and nf - nw < S - r),
+            (Kind.W, nw, nw < nb),
         )
-        cands: list[tuple[float, int, Action]] = []
-        for order, (kind, m, allowed) in enumerate(wanted):
-            t = ready(Action(r, kind, m)) if allowed else None
-            if t is not None:
-                cands.append((max(t, free[r]), order, Action(r, kind, m)))
-        if not cands:
-            return None
-        start = min(c[0] for c in cands)
-        _, _, action = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
-        return start, action
+        best: tuple[float, Action] | None = None
+        for kind, m, allowed in wanted:
+            deps = action_dependencies(Action(r, kind, m), S)
+            if allowed and all(d in end for d in deps):
+                start = max([free[r], *(end[d] for d in deps)])
+                if best is None or start < best[0]:
+                    best = (start, Action(r, kind, m))
+        return best
 
-    total = 3 * S * M
-    while sum(len(a) for a in acts) < total:
+    for _ in range(3 * S * M):
         options = [(c[0], r, c[1]) for r in range(S) if (c := choose(r)) is not None]
         if not options:  # cannot happen for S - r >= 1; kept as a clear error, not a hang
             raise ScheduleError(f"zero-bubble construction stalled at S={S}, M={M}")
         start, r, action = min(options, key=lambda o: (o[0], o[1]))
         acts[r].append(action)
-        end[action] = start + 1.0
-        free[r] = start + 1.0
-        counter = {Kind.F: nf, Kind.B: nb, Kind.W: nw}[action.kind]
-        counter[r] += 1
+        end[action] = free[r] = start + 1.0
+        started[action.kind][r] += 1
     return schedule_from_actions("zb", acts, S, M, _looped(S, S))
 
 
@@ -224,8 +195,7 @@ def build_schedule(
     """Build the named schedule (one of :data:`SCHEDULE_NAMES`).
 
     Raises:
-        ScheduleError: for an unknown name, bad sizes, or ``virtual_stages != 1`` on a
-            schedule that has one stage per rank.
+        ScheduleError: for an unknown name, bad sizes, or ``virtual_stages`` on another one.
     """
     if name not in _BUILDERS:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")

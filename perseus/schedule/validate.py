@@ -1,11 +1,5 @@
-"""Schedule validation with torch-style rank × step grids in the error message.
-
-A schedule is valid when every stage runs ``F`` and ``B`` (and, if any rank runs ``W``, also
-``W``) exactly once per microbatch, on the rank that holds the stage, and the ranks' orders
-cannot deadlock: executing each rank's list in order, respecting the data dependencies of
-:mod:`perseus.schedule.dependencies`, finishes every action. Errors print the grid with the
-offending cells marked, as torch's ``_format_pipeline_order`` does.
-"""
+"""Schedule validation; errors print the rank × step grid with the bad cells marked (as
+torch's ``_format_pipeline_order`` does)."""
 
 from __future__ import annotations
 
@@ -24,7 +18,9 @@ _WINDOW_STEPS = 4
 
 
 def validate_schedule(schedule: Schedule) -> None:
-    """Check completeness, placement and deadlock freedom of ``schedule``.
+    """Check that every stage runs ``F`` and ``B`` (and ``W`` if any rank does) once per
+    microbatch, on the rank holding the stage, and that running each rank's list in order,
+    respecting :func:`perseus.schedule.action_dependencies`, cannot deadlock.
 
     Raises:
         ScheduleError: naming the problem, with the rank × step grid and the bad cells marked.
@@ -84,31 +80,24 @@ def _cell_problem(
 def _check_deadlock(
     schedule: Schedule, fail: Callable[[str, Iterable[tuple[int, int]]], ScheduleError]
 ) -> None:
-    acts = schedule.rank_actions
+    acts, num_stages = schedule.rank_actions, schedule.num_stages
     done: set[Action] = set()
     pos = [0] * len(acts)
-    remaining = sum(len(a) for a in acts)
-    while remaining:
+    progressed = True
+    while progressed:  # run every rank as far as it can, until no rank moves
         progressed = False
         for rank, rank_acts in enumerate(acts):
-            while pos[rank] < len(rank_acts):
-                a = rank_acts[pos[rank]]
-                if all(d in done for d in action_dependencies(a, schedule.num_stages)):
-                    done.add(a)
-                    pos[rank] += 1
-                    remaining -= 1
-                    progressed = True
-                else:
-                    break
-        if not progressed:
-            stuck = [(r, pos[r]) for r in range(len(acts)) if pos[r] < len(acts[r])]
-            waits = ", ".join(
-                f"rank {r} waits at {acts[r][i]} for "
-                + "/".join(
-                    str(d)
-                    for d in action_dependencies(acts[r][i], schedule.num_stages)
-                    if d not in done
-                )
-                for r, i in stuck
-            )
-            raise fail(f"schedule deadlocks: {waits}", stuck)
+            while pos[rank] < len(rank_acts) and all(
+                d in done for d in action_dependencies(rank_acts[pos[rank]], num_stages)
+            ):
+                done.add(rank_acts[pos[rank]])
+                pos[rank] += 1
+                progressed = True
+    stuck = [(r, pos[r]) for r in range(len(acts)) if pos[r] < len(acts[r])]
+    if stuck:
+        waits = ", ".join(
+            f"rank {r} waits at {acts[r][i]} for "
+            + "/".join(str(d) for d in action_dependencies(acts[r][i], num_stages) if d not in done)
+            for r, i in stuck
+        )
+        raise fail(f"schedule deadlocks: {waits}", stuck)
