@@ -44,6 +44,7 @@ __all__ = [
     "check_frontier",
     "check_gpu",
     "job_for_schedule",
+    "job_spec",
     "plan_from_profile",
     "plan_source",
 ]
@@ -333,18 +334,26 @@ def job_for_schedule(
         )
     if schedule.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(0.5)
-    spec = JobSpec(
+    spec = job_spec(
+        schedule, blocking_power_w, profile.sha256, profile_name=profile_name, gpu=profile.gpu
+    )
+    return PlanningJob(spec, schedule, profile, build_dag(schedule))
+
+
+def job_spec(
+    schedule: Schedule, blocking_power_w: float, profile_sha256: str, **fields: Any
+) -> JobSpec:
+    """The :class:`~perseus.plan.JobSpec` of an engine's ``schedule`` (``fields``: the rest)."""
+    return JobSpec(
         schedule=schedule.name,
         ranks=schedule.num_ranks,
         stages=schedule.num_stages,
         microbatches=schedule.num_microbatches,
-        virtual_stages=v,
+        virtual_stages=schedule.virtual_stages,
         blocking_power_w=blocking_power_w,
-        profile_sha256=profile.sha256,
-        profile_name=profile_name,
-        gpu=profile.gpu,
+        profile_sha256=profile_sha256,
+        **fields,
     )
-    return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
 
 def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> None:
