@@ -2,29 +2,16 @@
 
 ::
 
-    from perseus.runtime.pipeline import PerseusPipeline
-
     pp = PerseusPipeline(schedule, stages, gpu=gpu, plan="plan.json").start()
     for x, y in loader:                      # plan=: also a profile, or OnlineProfile()
         with pp.iteration():
-            schedule.step(x, target=y)
+            schedule.step(x, target=y)       # one step per iteration
             optimizer.step()
         schedule.eval(x_val, target=y_val)   # between iterations: untouched
     pp.close()                               # logs predicted vs measured
 
 A :class:`~perseus.runtime.session.RankSession` whose engine is
-:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`: the schedule is the order torch
-really runs (any torch schedule, DualPipeV included) and the stages' compute calls run inside
-the session's ``op``. Everything else (plans, the agent, emulation, online profiling,
-measurement, the lifecycle) is the session's.
-
-Watchdog and signal handling are on by default: a SIGTERM from torchrun, a crash or a SIGKILL
-never leaves the GPU at a low clock.
-
-One ``schedule.step()`` per :meth:`PerseusPipeline.iteration`: a second step in one iteration
-is refused with a :class:`~perseus.errors.PlanError` (for gradient accumulation raise the
-microbatch count instead); ``schedule.eval()`` inside an iteration is refused too, and runs
-untouched between iterations.
+:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`; everything else is the session's.
 """
 
 from __future__ import annotations
@@ -100,9 +87,5 @@ def perseus_pipeline(
         torch_schedule: The trainer's ``pp_schedule`` (any torch schedule, DualPipeV too).
         model_parts: Its ``model_parts`` (checked against the schedule's stages).
         **session: :class:`PerseusPipeline`'s keywords (``gpu``, ``plan``, ``options``).
-
-    Raises:
-        ConfigError: see :func:`~perseus.runtime.engines.torch_pp.stages_of`; ProfileError:
-            see :func:`~perseus.runtime.engines.torch_pp.check_profile_fits`.
     """
     return PerseusPipeline(torch_schedule, model_parts=model_parts, **session)
