@@ -56,10 +56,7 @@ _SCHEDULE_NAMES = (
     "get_pp_rank_microbatches",
     *_FORWARD_BACKWARD_NAMES,
 )
-_P2P_NAMES = (
-    "P2PCommunicator._communicate",
-    "_p2p_ops",
-)
+_P2P_NAMES = ("P2PCommunicator._communicate", "_p2p_ops")
 
 
 def check_megatron_version() -> types.SimpleNamespace:
