@@ -100,31 +100,22 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     host overruns (emulation), or, with neither, time or energy off the prediction beyond
     :data:`DRIFT_TOLERANCE` on average. Every rank finds the same. Complexity: O(len(runs)).
     """
-    causes = [c for c in (_held_cause(runs), _overrun_cause(runs)) if c is not None]
+    causes = []
+    held = [s for s in runs if s.pipeline_held_ops]
+    if held:
+        reasons = sorted({r for s in held for r in s.held_reasons})
+        causes.append(
+            f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
+            f"{len(runs)} iterations"
+        )
+    if overruns := sum(s.host_overruns for s in runs):
+        causes.append(
+            f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
+            "simulated GPU runs them)"
+        )
     if not causes and (off := _off_prediction_cause(runs)) is not None:
         causes.append(off)
     return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
-
-
-def _held_cause(runs: Sequence[IterationStats]) -> str | None:
-    held = [s for s in runs if s.pipeline_held_ops]
-    if not held:
-        return None
-    reasons = sorted({r for s in held for r in s.held_reasons})
-    return (
-        f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
-        f"{len(runs)} iterations"
-    )
-
-
-def _overrun_cause(runs: Sequence[IterationStats]) -> str | None:
-    overruns = sum(s.host_overruns for s in runs)
-    if not overruns:
-        return None
-    return (
-        f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
-        "simulated GPU runs them)"
-    )
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:

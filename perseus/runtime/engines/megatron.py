@@ -209,7 +209,10 @@ def instrument_megatron(
             # a schedule function held from before the hooks were installed
             _refuse_eval(in_iteration, {"forward_only": forward_only})
             return original_fwd(*args, **kwargs)
-        action = _forward_action(kwargs, num_ranks, rank)
+        if kwargs.get("current_microbatch") is None:
+            raise ScheduleError("Megatron's forward_step was called without current_microbatch")
+        chunk = kwargs.get("vp_stage") or 0
+        action = Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
         if action.microbatch_index == 0 and action.stage_index == rank:
             pending.clear()  # a new iteration: drop what an aborted one left behind
         seen.append(action)
@@ -244,15 +247,6 @@ def instrument_megatron(
     finally:
         vars(schedules).update(originals)
         _installed.clear()
-
-
-def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
-    """The forward a ``forward_step`` call runs: model chunk ``c`` is stage ``c * R + rank``."""
-    chunk = kwargs.get("vp_stage") or 0
-    microbatch = kwargs.get("current_microbatch")
-    if microbatch is None:
-        raise ScheduleError("Megatron's forward_step was called without current_microbatch")
-    return Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
 
 
 def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> None:
