@@ -213,13 +213,11 @@ class StreamEmulator(DeviceRun):
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"emulated action {action}: the host fell behind the simulated GPU (this CPU "
-                "computes the op slower than the simulated GPU runs it; the device timeline "
-                "absorbs some of it, measured times may come out long): slow the simulated GPU "
-                "down with SimulatedGPU.from_profile(scale_profile(profile, k), "
-                "set_latency_s=0.005 * k, publish_interval_s=0.1 * k) for some k > 1 "
-                "(perseus.runtime.emulation.scale_profile; savings are unchanged), or use a "
-                "smaller model; further cases are counted, not warned",
+                f"emulated action {action}: the host fell behind the simulated GPU (measured "
+                "times may come out long): slow it down with SimulatedGPU.from_profile("
+                "scale_profile(profile, k), set_latency_s=0.005 * k, publish_interval_s=0.1 * k) "
+                "for some k > 1 (savings are unchanged), or use a smaller model; further cases "
+                "are counted, not warned",
                 EmulationOverrunWarning,
                 stacklevel=4,
             )

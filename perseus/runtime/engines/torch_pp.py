@@ -18,6 +18,7 @@ from typing import Any
 
 from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.profile.model import Profile
+from perseus.runtime.collectives import is_distributed
 from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
@@ -357,10 +358,10 @@ def job_store() -> Any:
     Raises:
         ConfigError: if torch.distributed is not initialised.
     """
+    if not is_distributed():
+        raise ConfigError("job_store() needs torch.distributed to be initialised first")
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError("job_store() needs torch.distributed to be initialised first")
     return dist.distributed_c10d._get_default_store()
 
 
