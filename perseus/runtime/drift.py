@@ -106,7 +106,6 @@ class DriftMonitor:
     0 J or a whole step), taken as predicted until that window is full.
 
     Args:
-        rank: This process's pipeline rank.
         reprofile: Answer the first drift that neither held clocks nor host overruns explain
             by profiling again (once): the plan comes from an online profile.
         patience: Iterations in a row beyond the tolerance before reporting.

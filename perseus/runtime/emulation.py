@@ -126,7 +126,6 @@ class StreamEmulator(DeviceRun):
     session's :class:`DeviceRun` when it emulates.
 
     Args:
-        gpu: The rank's simulated GPU.
         timeline: The pipeline's shared timeline (None: a single process).
 
     Attributes:

@@ -44,7 +44,6 @@ class PerseusPipeline(RankSession):
     """One rank's perseus session around a torch pipeline schedule.
 
     Args:
-        torch_schedule: The torch schedule object the training loop steps.
         stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
         model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
         gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.

@@ -36,10 +36,6 @@ class SessionSweep:
     """One rank's online sweep inside a session.
 
     Args:
-        options: The sweep's options.
-        schedule: The schedule the engine runs.
-        rank: This process's pipeline rank.
-        gpu: This rank's GPU.
         blocking_power_w: GPU power while waiting (the fit's idle power).
         only: Profile again only these ops (stage, kind) (None: every op of the rank) ...
         previous: ... keeping the rank's other ops' rows of this profile.

@@ -91,8 +91,6 @@ def megatron_schedule(
     ``megatron-interleaved`` with ``virtual_stages`` model chunks per rank.
 
     Args:
-        num_ranks: Pipeline-parallel size.
-        num_microbatches: Microbatches per iteration.
         virtual_stages: Model chunks per rank (1: ``..._without_interleaving``).
         microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``).
 
@@ -181,10 +179,7 @@ def instrument_megatron(
     or no gradients) is not instrumented, and is refused inside a training iteration.
 
     Args:
-        num_ranks: Pipeline-parallel size.
-        rank: This process's pipeline rank.
         factory: Called with each action about to run; returns a context manager.
-        in_iteration: Whether a training iteration is open.
 
     Yields:
         The actions seen so far (appended as they run).
@@ -288,7 +283,6 @@ class MegatronEngine:
     Args:
         num_ranks, num_microbatches, virtual_stages, microbatch_group_size_per_vp_stage: As
             :func:`megatron_schedule`.
-        rank: This process's pipeline rank.
         group: The pipeline's process group (default: the default group).
 
     Raises:

@@ -179,7 +179,6 @@ def schedule_from_torch(
     """The perseus schedule that a constructed torch schedule object (any rank's) executes.
 
     Args:
-        torch_schedule: An instance of a torch pipelining schedule.
         name: Label for the result (default: the torch class name).
         split_full_backward: Plan the full backwards of a schedule that also splits some
             (DualPipeV) as ``B`` then ``W``.
@@ -251,8 +250,6 @@ def schedule_from_torch_class(
 
     Args:
         name_or_class: See :func:`torch_class_for`.
-        num_ranks: Pipeline ranks.
-        num_microbatches: Microbatches per iteration.
         stages_per_rank: Local stages per rank (1 for GPipe/1F1B, 2 for ZBV/DualPipeV).
         split_full_backward: See :func:`schedule_from_torch`.
 
