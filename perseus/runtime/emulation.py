@@ -295,10 +295,8 @@ class VirtualTimeline:
 
     def ready_s(self, action: Action) -> float:
         """The latest device end time among ``action``'s inputs (0 when it has none)."""
-        ready = 0.0
-        for dep in self._dependencies(action):
-            ready = max(ready, float(self._ends[self._node_of(dep)]))
-        return ready
+        ends = (float(self._ends[self._node_of(dep)]) for dep in self._dependencies(action))
+        return max(ends, default=0.0)
 
     def finish(self, action: Action, end_s: float) -> None:
         """Publish ``action``'s device end time (call before torch sends its output)."""

@@ -20,7 +20,6 @@ import socket
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from perseus.errors import ConfigError
@@ -252,12 +251,7 @@ class MetricsSink:
     def __enter__(self) -> MetricsSink:
         return self.attach()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __call__(self, stats: IterationStats) -> None:
@@ -289,17 +283,15 @@ class MetricsSink:
             if self._csv is not None:
                 self._csv.writerow(_csv_row(record))
         except OSError as e:
-            self._stop_writing(e)
+            self._drop_files(e)
 
-    def _stop_writing(self, e: OSError) -> None:
-        _log.warning(
-            "metrics files: cannot write (%s); no further records are written to %s",
-            describe_os_error(e),
-            ", ".join(str(p) for p in self._paths.values()),
-        )
-        self._drop_files()
-
-    def _drop_files(self) -> None:
+    def _drop_files(self, error: OSError | None = None) -> None:
+        if error is not None:
+            _log.warning(
+                "metrics files: cannot write (%s); no further records are written to %s",
+                describe_os_error(error),
+                ", ".join(str(p) for p in self._paths.values()),
+            )
         for f in self._files.values():
             with contextlib.suppress(OSError):
                 f.close()
@@ -312,7 +304,7 @@ class MetricsSink:
             for f in self._files.values():
                 f.close()
         except OSError as e:
-            self._stop_writing(e)
+            self._drop_files(e)
         self._drop_files()
 
     def _start_prometheus(self) -> None:
