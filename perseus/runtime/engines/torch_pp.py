@@ -387,9 +387,7 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
     if model_parts is not None:
         parts = list(model_parts)
         submods = [getattr(st, "submod", None) for st in stages]
-        if len(parts) != len(stages) or any(
-            p is not m for p, m in zip(parts, submods, strict=True)
-        ):
+        if list(map(id, parts)) != list(map(id, submods)):  # the very same modules
             raise ConfigError(
                 f"model_parts ({len(parts)} modules) are not the schedule's stage modules "
                 f"(stages {[int(st.stage_index) for st in stages]}); pass the model parts the "
