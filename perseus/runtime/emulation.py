@@ -174,27 +174,23 @@ class StreamEmulator(DeviceRun):
         return new
 
     def agree_start(self, fresh: float, group: Any) -> float:
-        # A fresh start is at the latest of the hosts' arrival: a host that arrives late does
-        # not make the others' devices start late.
+        # A fresh start is at the latest host's arrival, on every device.
         at_s, fresh = all_reduce_max([self._gpu.timeline_now_s(), fresh], group)
         self._gpu.backdate(at_s)
         return fresh
 
     def resume(self, last_end_s: float) -> None:
-        # The devices idled since the last iteration's end while the hosts went round the
-        # loop; on GPUs the hosts would have queued the next ops ahead of time.
+        # The devices idled since then; on GPUs the hosts would have queued ahead.
         self._gpu.backdate(last_end_s)
 
     def first_clock(self, agent: RankAgent) -> None:
         if agent.first_clock_pending():
-            # A new plan (or sweep step) starts: its first clock is applied in real time, so
-            # the device must not run this iteration's first op before it.
+            # A new plan's first clock is applied in real time: no op may run before it.
             agent.wait_for_clock(5.0)
             self._gpu.record_event()  # nothing may start before now
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
-        # The end is the moment the pipeline's last device finished, not when hosts got here
-        # (host stalls are an artefact of CPUs shared between emulated GPUs).
+        # The end is when the pipeline's last device finished, not when hosts got here.
         (at_s,) = all_reduce_max([own_end_s], group)  # also a barrier
         self._gpu.backdate(at_s)
 

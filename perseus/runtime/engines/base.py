@@ -40,28 +40,23 @@ class EngineAdapter(Protocol):
     @property
     def schedule(self) -> Schedule:
         """Every rank's compute actions, in the order the engine runs them."""
-        ...
 
     @property
     def rank(self) -> int:
         """This process's pipeline rank (an index into ``schedule.rank_actions``)."""
-        ...
 
     @property
     def group(self) -> Any:
         """The pipeline's process group (None: the default group, or no distribution)."""
-        ...
 
     @property
     def step_call(self) -> str:
         """The call that runs one training iteration, as the user writes it."""
-        ...
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Run every training compute action of the engine inside ``op(action)``; return the
         undo. ``in_iteration()`` says whether a training iteration is open (an adapter may
         refuse an evaluation pass inside one with a message about its own API)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
