@@ -199,21 +199,16 @@ def ops_to_profile(
     is off the ``profile``'s time at the clock it ran beyond the tolerance (two-clock ops are
     not judged). When no op's time drifted on any rank, every op is profiled again.
     """
-    drifted = _drifted_ops(agent, profile, patience)
-    ops = sorted(
-        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
-        key=lambda o: (o[0], o[1].value),
-    )
-    flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
-    return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)
-
-
-def _drifted_ops(agent: RankAgent, profile: Profile, patience: int) -> set[tuple[int, Kind]]:
-    """This rank's ops whose median time over the last ``patience`` iterations drifted."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
     for op in agent.records.ops:
         if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
-    return {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}
+    drifted = {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}
+    ops = sorted(
+        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
+        key=lambda o: (o[0], o[1].value),
+    )
+    flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
+    return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)
