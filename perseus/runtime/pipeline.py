@@ -1,17 +1,8 @@
 """``PerseusPipeline``: energy-aware ``torch.distributed.pipelining`` in a few lines.
 
-::
-
-    pp = PerseusPipeline(schedule, stages, gpu=gpu, plan="plan.json").start()
-    for x, y in loader:                      # plan=: also a profile, or OnlineProfile()
-        with pp.iteration():
-            schedule.step(x, target=y)       # one step per iteration
-            optimizer.step()
-        schedule.eval(x_val, target=y_val)   # between iterations: untouched
-    pp.close()                               # logs predicted vs measured
-
 A :class:`~perseus.runtime.session.RankSession` whose engine is
 :class:`~perseus.runtime.engines.torch_pp.TorchPipelining`; everything else is the session's.
+Usage (and torchtitan's): ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -77,10 +68,6 @@ def perseus_pipeline(
     torch_schedule: Any, model_parts: Sequence[Any] | None = None, **session: Any
 ) -> PerseusPipeline:
     """A :class:`PerseusPipeline` from what a torchtitan trainer keeps.
-
-    ::
-
-        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, plan=profile).start()
 
     Args:
         torch_schedule: The trainer's ``pp_schedule`` (any torch schedule, DualPipeV too).
