@@ -1,19 +1,9 @@
 """Processes and threads around training: one session per pipeline rank.
 
-The parts: engine adapters (:mod:`perseus.runtime.engines`, one module per engine behind
-:class:`~perseus.runtime.engines.base.EngineAdapter`), plan sources
-(:mod:`perseus.runtime.planning`), the session (:class:`~perseus.runtime.session.RankSession`;
-:class:`~perseus.runtime.pipeline.PerseusPipeline` for torch pipelining), the rank agent
-(:mod:`perseus.runtime.agent`), the safety net (:mod:`perseus.runtime.safety`) and the
-straggler and power hooks. How they fit together and where a new engine plugs in: the design
-note in ``docs/training.md``.
-
-Flow: adapter -> ``session.op(action)`` -> agent (clock, device event) -> device; at each
-iteration's end the session's :class:`~perseus.runtime.session.IterationStats` go to
-``history`` and the boundary hooks, which may return a new plan for the next iteration.
-
-Importing this package never imports torch or pynvml; the session-level names below load on
-first access. Internals stay in their subpackages.
+Engine adapters (:mod:`perseus.runtime.engines`), plan sources (:mod:`perseus.runtime.planning`),
+the session (:class:`~perseus.runtime.session.RankSession`), the rank agent
+(:mod:`perseus.runtime.agent`), the safety net and the straggler and power hooks; the design
+note is in ``docs/training.md``. Importing this package never imports torch or pynvml.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Collectives that work on every process-group backend perseus meets (gloo and NCCL).
 
-GPU jobs usually run NCCL-only process groups, which refuse CPU tensors; emulated and CPU jobs run
-gloo, which refuses CUDA tensors. Every collective the runtime issues (the straggler exchange, the
-plan broadcast, the profiling barrier) goes through this module, which picks the tensor device
-from the group's backend, so no caller carries that choice.
-
-torch is imported lazily: importing this module costs nothing.
+NCCL-only groups refuse CPU tensors, gloo refuses CUDA ones: every collective of the runtime
+goes through here, which picks the tensor device from the group's backend. torch is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -45,11 +42,7 @@ def global_rank() -> int:
 
 
 def uses_nccl(group: Any = None) -> bool:
-    """Whether ``group`` only takes CUDA tensors: its backend is NCCL with no CPU backend.
-
-    A group created with ``backend="cpu:gloo,cuda:nccl"`` takes CPU tensors (gloo), so it is
-    not NCCL-only.
-    """
+    """Whether ``group`` only takes CUDA tensors (NCCL with no gloo for CPU tensors)."""
     import torch.distributed as dist
 
     backend = str(dist.get_backend(group)).lower()
@@ -57,12 +50,8 @@ def uses_nccl(group: Any = None) -> bool:
 
 
 def collective_device(group: Any = None) -> Any:
-    """The device a tensor must live on for a collective over ``group``.
-
-    NCCL-only groups need a CUDA tensor on this process's current CUDA device (set it with
-    ``torch.cuda.set_device(local_rank)`` before the first collective, as every NCCL job
-    does); every other backend (gloo, mixed ``cpu:gloo,cuda:nccl``) takes CPU tensors.
-    """
+    """The device a tensor must live on for a collective over ``group``: the current CUDA
+    device for an NCCL-only group, else the CPU."""
     import torch
 
     if uses_nccl(group):
@@ -71,11 +60,8 @@ def collective_device(group: Any = None) -> Any:
 
 
 def all_reduce_max(values: Sequence[float], group: Any = None) -> tuple[float, ...]:
-    """Element-wise MAX of ``values`` over ``group`` (the values themselves when not distributed).
-
-    One float64 all-reduce; on an NCCL group the buffer is a CUDA tensor (one host-to-device
-    and one device-to-host copy of ``len(values)`` floats).
-    """
+    """Element-wise MAX of ``values`` over ``group`` (the values themselves when not
+    distributed): one float64 all-reduce."""
     return _all_reduce(values, "MAX", group)
 
 

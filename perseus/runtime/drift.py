@@ -1,18 +1,10 @@
 """Does the run measure its plan? Every iteration, on every rank alike.
 
-At each iteration's end the ranks agree, in the one all-reduce that sums the pipeline's
-energy, on the iteration's time (the longest rank's window), how many ops of the pipeline ran
-below their planned clock and why, and how many host overruns emulation counted
-(:func:`agree_iteration`): every rank then holds the same figures, so every rank reaches the
-same verdict. :class:`DriftMonitor` compares predicted and
-measured time and energy every iteration; when they differ beyond
-:data:`~perseus.runtime.summary.DRIFT_TOLERANCE` for :data:`PATIENCE` iterations in a row it
-says so once, with the cause found (:func:`~perseus.runtime.summary.drift_cause`: clocks held
-below the plan, host overruns in emulation, else another GPU than the profile's or a stale
-profile). A session whose plan comes from an online profile then profiles again the ops that
-drifted and re-plans (all ranks together: the verdict is the same everywhere, and so is the set
-of ops, :func:`ops_to_profile`); others keep running, and their summary says the figures do not
-measure the plan.
+At each iteration's end the ranks agree in one all-reduce on the pipeline's figures
+(:func:`agree_iteration`), so every rank reaches the same verdict. :class:`DriftMonitor` says
+once when predicted and measured differ beyond the tolerance for :data:`PATIENCE` iterations,
+with the cause; a session planned from an online profile then profiles again the ops that
+drifted (:func:`ops_to_profile`) and re-plans.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
-from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 from perseus.schedule.actions import Kind, Schedule
 
@@ -71,25 +63,10 @@ def agree_iteration(
     group: Any,
 ) -> PipelineFigures:
     """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline, and
-    gather every rank's iteration window (the pipeline's time is the longest): one
-    all-reduce (each rank's window in its own slot of the sum), collective over ``group``.
-
-    Args:
-        energy_j: This rank's energy over the iteration.
-        time_s: This rank's window of the iteration (device time from its start to its end).
-        delivery: This rank's clocks as read back.
-        host_overruns: This rank's host overruns in the iteration (emulation).
-        rank: This rank's index in the pipeline.
-        num_ranks: The pipeline's ranks (the group's size).
-        group: The pipeline's process group.
+    take the longest rank's ``time_s`` window as the pipeline's time: one all-reduce (each
+    rank's window in its own slot of the sum), collective over ``group``.
     """
     held = delivery.held if delivery is not None else ()
-    if not is_distributed():  # the sums of one rank: said without building the buffer
-        seen = delivery.reasons if delivery is not None else ()
-        reasons_held = tuple(r for r in _REASONS if r in seen) if seen else ()
-        return PipelineFigures(
-            float(time_s), float(energy_j), len(held), reasons_held, host_overruns
-        )
     by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
     windows = [0.0] * num_ranks
     windows[rank] = float(time_s)
@@ -122,21 +99,18 @@ ENERGY_WINDOW_PERIODS = 20
 
 class DriftMonitor:
     """Predicted against measured, every iteration; one report per deployed plan (logged on
-    rank 0, as the summary is).
+    rank 0).
 
-    Time is judged per iteration. Energy is judged over the latest iterations that span
-    :data:`ENERGY_WINDOW_PERIODS` counter periods (their energy summed against their
-    predictions summed): a real GPU's counter publishes every 100 ms, so an iteration shorter
-    than that reads 0 J or a whole step, and per-iteration energy would drift every
-    iteration. Until a window is full the energy is taken as predicted.
+    Time is judged per iteration; energy over the latest iterations that span
+    :data:`ENERGY_WINDOW_PERIODS` counter periods (an iteration shorter than a period reads
+    0 J or a whole step), taken as predicted until that window is full.
 
     Args:
-        rank: This process's pipeline rank.
-        reprofile: The plan comes from an online profile: the first drift that neither held
-            clocks nor host overruns explain is answered by profiling again (once).
+        reprofile: Answer the first drift that neither held clocks nor host overruns explain
+            by profiling again (once): the plan comes from an online profile.
         patience: Iterations in a row beyond the tolerance before reporting.
-        counter_period_s: How often the GPU's energy counter publishes: energy is judged over
-            at least :data:`ENERGY_WINDOW_PERIODS` of it (0: every iteration alone).
+        counter_period_s: How often the GPU's energy counter publishes (0: every iteration
+            judged alone).
     """
 
     def __init__(
@@ -185,7 +159,7 @@ class DriftMonitor:
 
     def update(self, stats: IterationStats) -> bool:
         """Take one iteration; say so the first time the drift persisted. True when the
-        session should profile again (an online profile, and the profile is to blame)."""
+        session should profile again."""
         energy_j = self._judged(stats) if stats.phase == "run" else stats.pipeline_energy_j
         if not _beyond(stats, energy_j):
             self._streak = []
@@ -203,8 +177,7 @@ class DriftMonitor:
         self._reported = True
         stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
         reprofile = stale and self._reprofile
-        self._reprofile = self._reprofile and not reprofile  # once: a re-plan that drifts too
-        # is said, not chased
+        self._reprofile = self._reprofile and not reprofile  # a re-plan's drift is not chased
         if self._rank == 0:
             _log.warning(
                 "perseus: iterations %d-%d: %s%s",
@@ -220,36 +193,22 @@ def ops_to_profile(
     agent: RankAgent, schedule: Schedule, profile: Profile, group: Any, patience: int = PATIENCE
 ) -> frozenset[tuple[int, Kind]]:
     """The ops (stage, kind) to profile again, the same on every rank (one all-reduce over
-    ``group``, collective).
+    ``group``).
 
-    An op drifted when the median of its measured device times over the agent's last
-    ``patience`` iterations is off the profile's time at the clock it ran by more than the
-    tolerance (two-clock ops, timed from the profile, are not judged). When no op's time
-    drifted on any rank (the energy drifted: ops are not told apart by time), every op is
-    profiled again.
-
-    Args:
-        agent: This rank's agent (its op records).
-        schedule: The schedule the engine runs.
-        profile: The profile the plan was made from.
-        group: The pipeline's process group.
-        patience: The drifting iterations.
+    An op drifted when its median device time over the agent's last ``patience`` iterations
+    is off the ``profile``'s time at the clock it ran beyond the tolerance (two-clock ops are
+    not judged). When no op's time drifted on any rank, every op is profiled again.
     """
-    drifted = _drifted_ops(agent, profile, patience)
-    ops = sorted(
-        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
-        key=lambda o: (o[0], o[1].value),
-    )
-    flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
-    return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)
-
-
-def _drifted_ops(agent: RankAgent, profile: Profile, patience: int) -> set[tuple[int, Kind]]:
-    """This rank's ops whose median time over the last ``patience`` iterations drifted."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
     for op in agent.records.ops:
         if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
-    return {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}
+    drifted = {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}
+    ops = sorted(
+        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
+        key=lambda o: (o[0], o[1].value),
+    )
+    flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
+    return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)

@@ -1,31 +1,11 @@
 """Emulation on machines without GPUs: the same agent path, a simulated device underneath.
 
-An emulated run executes exactly what a run on GPUs executes (rank agent, controller thread,
-device events, watchdog); only two things differ:
-
-* **The device backend.** Each rank's :class:`~perseus.device.simulated.SimulatedGPU` queues
-  every action as an op on its stream (:meth:`StreamEmulator.launch`) and runs it on its own
-  timeline, at whatever clock the controller has applied by then.
-* **CPU-stretching.** On the CPU, torch produces an action's output as soon as the host has
-  computed it; on a GPU it exists only when the device has run the op. So the host waits for
-  the op's end event before it goes on to send that output (:meth:`StreamEmulator.finish`)
-  and publishes the op's device end time (:class:`VirtualTimeline`, a small file shared by
-  the pipeline's processes). The consumer's op starts on its device when the input was ready
-  there and the stream was free, even though its host, which had to receive the data over
-  gloo first, got there a little later (:meth:`StreamEmulator.before`): on a GPU the host
-  would have launched it ahead. The host's own overhead (Python, hooks, gloo) thus overlaps
-  device work as on a GPU instead of adding up along the pipeline.
-
-The op's end event is recorded right after its launch (a GPU host enqueues the kernels and
-the event, then moves on), so the CPU compute is host work and never device time. If it takes
-longer than the simulated op the host falls behind its device (on a GPU that would starve the
-device); the first such action emits one :class:`EmulationOverrunWarning` per emulator (use a
-smaller model or a larger time scale) and the rest are counted.
-
-Profiles can be scaled in time (:func:`scale_profile`) so that tests run quickly: times and
-energies are multiplied by the same factor, which keeps every op's power, and therefore every
-relative figure (savings, frontier shape), unchanged. The entry points scale the simulated
-GPUs' set latency and counter period by the same factor (a consistently faster device).
+Each rank's simulated GPU runs every action as an op on its own stream; the host waits for the
+op's end event before it sends the output on (:meth:`StreamEmulator.finish`), and a consumer's
+op starts on its device when its inputs were ready there (:class:`VirtualTimeline`, a file
+shared by the pipeline's processes), so host overhead overlaps device work as on a GPU. A host
+slower than its simulated GPU is warned of once (:class:`EmulationOverrunWarning`), then
+counted. The design and the time scale (:func:`scale_profile`): ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -75,8 +55,7 @@ class EmulationOverrunWarning(RuntimeWarning):
 @runtime_checkable
 class EmulatedGPU(GPU, EventSource, Protocol):
     """A device whose stream the host drives op by op (a
-    :class:`~perseus.device.simulated.SimulatedGPU`): a session on one always emulates (timing
-    real CPU compute against simulated clocks would measure nothing true)."""
+    :class:`~perseus.device.simulated.SimulatedGPU`): a session on one always emulates."""
 
     index: int
 
@@ -100,7 +79,7 @@ class EmulatedGPU(GPU, EventSource, Protocol):
 
 class DeviceRun:
     """How a session's iteration boundaries and op scopes meet a real GPU (the host enqueues
-    ahead of the device, the ranks meet at barriers); :class:`StreamEmulator` emulates one."""
+    ahead of the device); :class:`StreamEmulator` emulates one."""
 
     overruns = 0
     #: Boundaries are read when the device passes them (a real GPU), not waited for.
@@ -117,10 +96,8 @@ class DeviceRun:
     def mark(
         self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int]
     ) -> tuple[float, int] | CounterMark:
-        """A boundary on the device's timeline: ``(device time, counter mJ)``. A real GPU's
-        is a :class:`CounterMark`: neither a wait for the device nor a counter read (~3 ms on
-        NVML) on the training thread; the worker reads the counter as the device passes it.
-        (A real GPU's iteration end is the agent's own mark, ``RankAgent.end_mark``.)"""
+        """A boundary on the device's timeline: ``(device time, counter mJ)``, or on a real GPU
+        a :class:`CounterMark` the worker reads as the device passes it (no wait here)."""
         if self.defers_start:
             return CounterMark(events.record_event(), agent.controller, read_mj)
         event = events.record_event()
@@ -149,9 +126,7 @@ class StreamEmulator(DeviceRun):
     session's :class:`DeviceRun` when it emulates.
 
     Args:
-        gpu: The rank's simulated GPU (``launch``, ``backdate``, ``record_event``).
-        timeline: The pipeline's shared timeline (None: a single process, no cross-rank
-            dependencies to wait for).
+        timeline: The pipeline's shared timeline (None: a single process).
 
     Attributes:
         overruns: Actions whose CPU compute outlasted the simulated op.
@@ -170,8 +145,7 @@ class StreamEmulator(DeviceRun):
 
     def before(self, action: Action) -> None:
         """Start the action when its inputs exist on the producers' devices and this stream
-        is free, even if the host gets there later (a GPU's host would have launched it
-        ahead): the simulated GPU reuses the idle time since then."""
+        is free, even if the host gets there later (a GPU's host would have launched it)."""
         ready_s = self._timeline.ready_s(action) if self._timeline is not None else 0.0
         self._gpu.backdate(ready_s)
 
@@ -182,8 +156,8 @@ class StreamEmulator(DeviceRun):
     def finish(
         self, action: Action, end: DeviceEvent | None, controller: FrequencyController | None = None
     ) -> None:
-        """Hold the host until the op's end event, then publish its device time. An inline
-        ``controller`` (virtual clock) first does the op's clock work, as its thread would."""
+        """Hold the host until the op's end event, then publish its device time (an inline
+        ``controller`` first does the op's clock work, as its thread would)."""
         self.actions += 1
         if end is None:
             end = self._gpu.record_event()
@@ -196,32 +170,27 @@ class StreamEmulator(DeviceRun):
             self._timeline.finish(action, end.device_time_s())
 
     def take_overruns(self) -> int:
-        """Overruns since the last call (a session counts them per iteration)."""
         new, self._taken = self.overruns - self._taken, self.overruns
         return new
 
     def agree_start(self, fresh: float, group: Any) -> float:
-        # A fresh start is at the latest of the hosts' arrival: a host that arrives late does
-        # not make the others' devices start late.
+        # A fresh start is at the latest host's arrival, on every device.
         at_s, fresh = all_reduce_max([self._gpu.timeline_now_s(), fresh], group)
         self._gpu.backdate(at_s)
         return fresh
 
     def resume(self, last_end_s: float) -> None:
-        # The devices idled since the last iteration's end while the hosts went round the
-        # loop; on GPUs the hosts would have queued the next ops ahead of time.
+        # The devices idled since then; on GPUs the hosts would have queued ahead.
         self._gpu.backdate(last_end_s)
 
     def first_clock(self, agent: RankAgent) -> None:
         if agent.first_clock_pending():
-            # A new plan (or sweep step) starts: its first clock is applied in real time, so
-            # the device must not run this iteration's first op before it.
+            # A new plan's first clock is applied in real time: no op may run before it.
             agent.wait_for_clock(5.0)
             self._gpu.record_event()  # nothing may start before now
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
-        # The end is the moment the pipeline's last device finished, not when hosts got here
-        # (host stalls are an artefact of CPUs shared between emulated GPUs).
+        # The end is when the pipeline's last device finished, not when hosts got here.
         (at_s,) = all_reduce_max([own_end_s], group)  # also a barrier
         self._gpu.backdate(at_s)
 
@@ -239,13 +208,11 @@ class StreamEmulator(DeviceRun):
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"emulated action {action}: the host fell behind the simulated GPU (this CPU "
-                "computes the op slower than the simulated GPU runs it; the device timeline "
-                "absorbs some of it, measured times may come out long): slow the simulated GPU "
-                "down with SimulatedGPU.from_profile(scale_profile(profile, k), "
-                "set_latency_s=0.005 * k, publish_interval_s=0.1 * k) for some k > 1 "
-                "(perseus.runtime.emulation.scale_profile; savings are unchanged), or use a "
-                "smaller model; further cases are counted, not warned",
+                f"emulated action {action}: the host fell behind the simulated GPU (measured "
+                "times may come out long): slow it down with SimulatedGPU.from_profile("
+                "scale_profile(profile, k), set_latency_s=0.005 * k, publish_interval_s=0.1 * k) "
+                "for some k > 1 (savings are unchanged), or use a smaller model; further cases "
+                "are counted, not warned",
                 EmulationOverrunWarning,
                 stacklevel=4,
             )
@@ -261,19 +228,13 @@ def scale_profile(profile: Profile, factor: float) -> Profile:
         raise ConfigError(f"time scale must be > 0, got {factor}")
     if factor == 1.0:
         return profile
-    rows = [
-        (stage, kind, o.freq_mhz, o.time_s * factor, o.energy_j * factor, o.mem_freq_mhz)
-        for (stage, kind), op in profile.ops.items()
-        for o in op.options
-    ]
-    return build_profile(rows, source=f"{profile.source} (time x{factor:g})")
+    return _rebuilt(profile, f"{profile.source} (time x{factor:g})", {}, factor)
 
 
 def take_stages(profile: Profile, num_stages: int) -> Profile:
     """A ``num_stages``-stage profile cut from a deeper one: its first ``num_stages - 1``
-    stages and its last stage, renumbered (e.g. a 4-stage job from the 8-stage A100 profile
-    keeps the heavier last stage, where the language-model head sits, as real models do).
-    ``num_stages >= profile.num_stages`` returns the profile unchanged.
+    stages and its last (heavier: the language-model head), renumbered; unchanged when it has
+    no more stages than that.
 
     Raises:
         ConfigError: if ``num_stages`` is below 1.
@@ -282,25 +243,28 @@ def take_stages(profile: Profile, num_stages: int) -> Profile:
         raise ConfigError(f"stage count must be >= 1, got {num_stages}")
     if num_stages >= profile.num_stages:
         return profile
-    last = profile.num_stages - 1
-    keep = {s: s for s in range(num_stages - 1)} | {last: num_stages - 1}
+    keep = {s: s for s in range(num_stages - 1)} | {profile.num_stages - 1: num_stages - 1}
+    return _rebuilt(profile, f"{profile.source} (stages {sorted(keep)})", keep)
+
+
+def _rebuilt(profile: Profile, source: str, stages: dict[int, int], factor: float = 1.0) -> Profile:
+    """``profile``'s rows of the ``stages`` kept (old -> new index; empty: all), times and
+    energies multiplied by ``factor``."""
     rows = [
-        (keep[stage], kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz)
-        for (stage, kind), op in profile.ops.items()
-        if stage in keep
+        (stages.get(s, s), kind, o.freq_mhz, o.time_s * factor, o.energy_j * factor, o.mem_freq_mhz)
+        for (s, kind), op in profile.ops.items()
+        if not stages or s in stages
         for o in op.options
     ]
-    return build_profile(rows, source=f"{profile.source} (stages {sorted(keep)})")
+    return build_profile(rows, source=source)
 
 
 class VirtualTimeline:
     """When each action's inputs exist on the simulated GPUs, shared by a pipeline's processes.
 
-    Every rank publishes each action's device end time in a small memory-mapped file (one
-    float per action, indexed by DAG node id, on :func:`time.perf_counter`'s clock:
-    ``CLOCK_MONOTONIC`` on Linux, one clock for all processes of a machine). A producer
-    publishes before torch sends the output, so the consumer, which only gets to the action
-    after receiving it, always reads a fresh value.
+    Every rank publishes each action's device end time (one float per DAG node, on the
+    machine-wide monotonic clock) in a memory-mapped file, before torch sends the output, so
+    a consumer, which gets to the action only after receiving it, reads a fresh value.
 
     Args:
         path: The shared file (created by :meth:`create`).
@@ -327,10 +291,8 @@ class VirtualTimeline:
 
     def ready_s(self, action: Action) -> float:
         """The latest device end time among ``action``'s inputs (0 when it has none)."""
-        ready = 0.0
-        for dep in self._dependencies(action):
-            ready = max(ready, float(self._ends[self._node_of(dep)]))
-        return ready
+        ends = (float(self._ends[self._node_of(dep)]) for dep in self._dependencies(action))
+        return max(ends, default=0.0)
 
     def finish(self, action: Action, end_s: float) -> None:
         """Publish ``action``'s device end time (call before torch sends its output)."""
@@ -348,12 +310,9 @@ def start_emulation(
     """Place this process's simulated GPU and join its pipeline's timeline (collective).
 
     Each process gets its own simulated GPU (index = its global rank) in the job's own
-    directory (made by global rank 0, unless ``gpu`` was given a state directory to share),
-    with a profile's full backward split into ``B`` (``backward_split``) and ``W`` where the
-    schedule has weight actions the GPU does not price; the pipeline's rank 0 makes the shared
-    timeline there. At exit each process removes what it put in the job's directory (after the
-    agent's own exit reset has run) and the last one out the directory, however the process
-    was started (a plain process, torchrun, or a multiprocessing worker, forked or spawned).
+    directory unless ``gpu`` has a state directory of its own, with its full backward split
+    into ``B`` (``backward_split``) and ``W`` where the schedule needs it. At exit each process
+    removes its files there, the last one out the directory.
 
     Returns:
         The placed GPU and the emulator that launches actions on it.
@@ -381,17 +340,15 @@ def start_emulation(
     mine = [path.name] if rank == 0 else []
     if not explicit:  # placed in the job's directory
         mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
-    # At this process's exit, after the agent's own exit reset: multiprocessing runs its
-    # finalizers from the atexit hook it registered on import (before the agent registers its
-    # own, so after it) and, in a worker it started, when the worker's target returns, where a
-    # fork-started worker never runs atexit (torch.multiprocessing's start_method="fork").
+    # After the agent's exit reset (multiprocessing's atexit hook was registered first), and
+    # also in a fork-started worker, which never runs atexit.
     Finalize(None, _remove_job_files, args=(job_dir, mine), exitpriority=0)
     return gpu, StreamEmulator(gpu, timeline)
 
 
 def _remove_job_files(job_dir: Path, names: list[str]) -> None:
     """Remove this process's files from an emulated job's directory, then the directory if it
-    is empty (the last process out). A SIGKILLed job leaves a few KB for tmp cleaning."""
+    is empty (a SIGKILLed job leaves a few KB for tmp cleaning)."""
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(job_dir / name)

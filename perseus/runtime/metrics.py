@@ -1,32 +1,10 @@
 """Per-iteration energy metrics for the dashboards users already watch.
 
-::
-
-    from perseus import MetricsSink
-
-    with RankSession(...) as session, MetricsSink(
-        session, jsonl="metrics-{rank}.jsonl", prometheus_port=9400
-    ):
-        for batch in loader:
-            with session.iteration():
-                ...
-
-A :class:`MetricsSink` subscribes to the session's iteration boundary
-(``session.add_boundary_hook``): at every boundary it turns the session's
-:class:`~perseus.runtime.session.IterationStats` into an :class:`IterationMetrics` record (time,
-energy of this GPU and of the whole pipeline, predicted vs measured, the plan point and the
-clocks it deployed on this rank) and hands it to its outputs: a JSON-lines file, a CSV file,
-and Prometheus gauges on a registry (optionally served over HTTP). It reads only the session's
-public attributes (``rank``, ``schedule``, ``group``, ``gpu``, ``frontier``), never its
-internals.
-
-The pipeline's energy is the sum of every rank's GPU energy, gathered over the pipeline's
-process group at the boundary (all ranks pass it together); a sink on one rank of a pipeline
-whose other ranks have none would wait there, so attach one on every rank (``pipeline=False``
-skips the gather and the pipeline figure).
-
-``prometheus_client`` is imported only when a Prometheus output is asked for (the ``metrics``
-extra: ``pip install 'perseus-energy[metrics]'``).
+A :class:`MetricsSink` subscribes to a session's iteration boundary and turns each
+:class:`~perseus.runtime.session.IterationStats` into an :class:`IterationMetrics` record for a
+JSON-lines file, a CSV file and Prometheus gauges. The pipeline's energy is gathered over the
+pipeline's process group at the boundary, so attach a sink on every rank (``pipeline=False``
+skips the gather). ``prometheus_client`` is imported only when a Prometheus output is asked for.
 """
 
 from __future__ import annotations
@@ -40,10 +18,8 @@ import os
 import re
 import socket
 import stat
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from perseus.errors import ConfigError
@@ -77,30 +53,18 @@ class SessionView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class IterationMetrics:
-    """One iteration of one rank, as dashboards want it.
+    """One iteration of one rank, as dashboards want it (fields as in
+    :class:`~perseus.runtime.session.IterationStats`, None where not known).
 
     Attributes:
-        iteration: Index since the session started (profiling iterations included).
-        phase: ``"profile"`` during the online sweep, else ``"run"``.
-        rank: The pipeline rank.
         gpu: The GPU's name.
-        time_s: Measured iteration time.
-        energy_j: This GPU's energy over the iteration.
-        pipeline_energy_j: Every rank's GPU energy summed (None when not gathered).
-        predicted_time_s: The deployed plan point's iteration time (None while profiling).
-        predicted_energy_j: The deployed point's energy of the whole pipeline.
-        time_error: ``time_s / predicted_time_s - 1`` (None without a prediction).
-        energy_error: ``pipeline_energy_j / predicted_energy_j - 1`` (None without both).
-        point_index: The deployed frontier point (None while profiling).
+        time_error: ``time_s / predicted_time_s - 1``.
+        energy_error: ``pipeline_energy_j / predicted_energy_j - 1``.
         clocks_mhz: This rank's planned clock per op, as in plan files (an int, or
-            ``[freq_a_mhz, freq_b_mhz, layers_at_a]`` for a two-clock op); None while profiling.
+            ``[freq_a_mhz, freq_b_mhz, layers_at_a]`` for a two-clock op).
         min_clock_mhz, max_clock_mhz: The lowest and highest clock in ``clocks_mhz``.
-        clock_share_at_plan: The share of this rank's op time that ran at the planned clock
-            (None: not read back).
         held_ops: This rank's ops held off their planned clocks (CSV: ``name:planned>ran:why``,
             a memory clock held written ``name:planned>ran,memplanned>ran:why``).
-        pipeline_held_ops: Held ops on all the pipeline's ranks.
-        host_overruns: Emulation: the pipeline's host overruns in this iteration.
     """
 
     iteration: int
@@ -191,25 +155,20 @@ class MetricsSink:
 
     Args:
         session: The session to follow (``RankSession``, ``PerseusPipeline``).
-        jsonl: JSON-lines file, one record per iteration (``{rank}`` in the name is replaced
-            by the rank). Truncated at :meth:`attach`; each line is flushed as written.
+        jsonl: JSON-lines file, one flushed line per iteration (``{rank}`` in the name is
+            replaced by the rank), truncated at :meth:`attach`.
         csv: CSV file with a header row (:data:`CSV_FIELDS`); ``{rank}`` as for ``jsonl``.
-        prometheus_registry: A ``prometheus_client.CollectorRegistry`` to put the gauges on
-            (scraped however the application serves it).
-        prometheus_port: Serve the gauges over HTTP on this port (a registry of their own
-            unless ``prometheus_registry`` is given); 0 picks a free port
-            (:attr:`prometheus_port` says which).
-        prometheus_addr: Address the HTTP server binds (default loopback only; pass
-            ``"0.0.0.0"`` to let another host scrape it).
+        prometheus_registry: A ``prometheus_client.CollectorRegistry`` for the gauges.
+        prometheus_port: Serve the gauges over HTTP on this port (0: a free one, see
+            :attr:`prometheus_port`).
+        prometheus_addr: Address the HTTP server binds (default loopback only).
         labels: Constant labels added to every gauge (e.g. ``{"job": "gpt3"}``).
         pipeline: Gather every rank's energy for the pipeline figure (a collective over the
-            session's group at each boundary; all ranks must have a sink).
+            session's group at each boundary: all ranks must have a sink).
 
     Raises:
-        ConfigError: one line: no output asked for, a port that is not an integer in
-            0..65535, an address that is not a string, labels that are not a dict of valid
-            Prometheus label names to strings; at :meth:`attach`: one path for both files, a
-            port in use or an address that cannot be bound, a file that cannot be created.
+        ConfigError: one line for a bad argument; at :meth:`attach`: one path for both files,
+            a port or address that cannot be bound, a file that cannot be created.
     """
 
     def __init__(
@@ -292,17 +251,11 @@ class MetricsSink:
     def __enter__(self) -> MetricsSink:
         return self.attach()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __call__(self, stats: IterationStats) -> None:
-        """The boundary hook: build the record and write it to every output (on a real GPU
-        one iteration after the iteration it describes, the last at the session's close)."""
+        """The boundary hook: build the record and write it to every output."""
         session = self.session
         pipeline_j = None
         if self._pipeline:
@@ -330,17 +283,15 @@ class MetricsSink:
             if self._csv is not None:
                 self._csv.writerow(_csv_row(record))
         except OSError as e:
-            self._stop_writing(e)
+            self._drop_files(e)
 
-    def _stop_writing(self, e: OSError) -> None:
-        _log.warning(
-            "metrics files: cannot write (%s); no further records are written to %s",
-            describe_os_error(e),
-            ", ".join(str(p) for p in self._paths.values()),
-        )
-        self._drop_files()
-
-    def _drop_files(self) -> None:
+    def _drop_files(self, error: OSError | None = None) -> None:
+        if error is not None:
+            _log.warning(
+                "metrics files: cannot write (%s); no further records are written to %s",
+                describe_os_error(error),
+                ", ".join(str(p) for p in self._paths.values()),
+            )
         for f in self._files.values():
             with contextlib.suppress(OSError):
                 f.close()
@@ -353,7 +304,7 @@ class MetricsSink:
             for f in self._files.values():
                 f.close()
         except OSError as e:
-            self._stop_writing(e)
+            self._drop_files(e)
         self._drop_files()
 
     def _start_prometheus(self) -> None:
@@ -374,44 +325,41 @@ class MetricsSink:
             )
 
 
+#: Prometheus gauge name -> (help, extra label).
+_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "perseus_iteration": ("Index of the latest iteration", ()),
+    "perseus_profiling": ("1 while the online sweep runs, else 0", ()),
+    "perseus_iteration_time_seconds": ("Measured iteration time", ()),
+    "perseus_iteration_energy_joules": (
+        "Energy of the latest iteration: this GPU (scope=gpu) or the pipeline",
+        ("scope",),
+    ),
+    "perseus_predicted_iteration_time_seconds": ("The deployed plan point's time", ()),
+    "perseus_predicted_iteration_energy_joules": (
+        "The deployed plan point's energy of the whole pipeline",
+        (),
+    ),
+    "perseus_plan_point_index": ("The deployed frontier point", ()),
+    "perseus_deployed_clock_mhz": ("Lowest/highest clock this rank's plan sets", ("bound",)),
+    "perseus_clock_share_at_plan": ("Share of this rank's op time at the planned clock", ()),
+    "perseus_held_ops": (
+        "Ops run below their planned clock: this GPU (scope=gpu) or the pipeline",
+        ("scope",),
+    ),
+    "perseus_host_overruns": ("Emulation: host overruns, last iteration", ()),
+}
+
+
 class _Gauges:
     """The Prometheus side: gauges for the latest iteration, counters for running totals."""
 
     def __init__(self, client: Any, registry: Any, rank: int, labels: dict[str, str]) -> None:
         names = ["rank", *labels]
         self._values = [str(rank), *labels.values()]
-
-        def gauge(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
-            return client.Gauge(name, doc, [*names, *extra], registry=registry)
-
-        self.iteration = gauge("perseus_iteration", "Index of the latest iteration")
-        self.profiling = gauge("perseus_profiling", "1 while the online sweep runs, else 0")
-        self.time = gauge("perseus_iteration_time_seconds", "Measured iteration time")
-        self.energy = gauge(
-            "perseus_iteration_energy_joules",
-            "Energy of the latest iteration: this GPU (scope=gpu) or the pipeline",
-            ["scope"],
-        )
-        self.predicted_time = gauge(
-            "perseus_predicted_iteration_time_seconds", "The deployed plan point's time"
-        )
-        self.predicted_energy = gauge(
-            "perseus_predicted_iteration_energy_joules",
-            "The deployed plan point's energy of the whole pipeline",
-        )
-        self.point = gauge("perseus_plan_point_index", "The deployed frontier point")
-        self.clock = gauge(
-            "perseus_deployed_clock_mhz", "Lowest/highest clock this rank's plan sets", ["bound"]
-        )
-        self.clock_share = gauge(
-            "perseus_clock_share_at_plan", "Share of this rank's op time at the planned clock"
-        )
-        self.held = gauge(
-            "perseus_held_ops",
-            "Ops run below their planned clock: this GPU (scope=gpu) or the pipeline",
-            ["scope"],
-        )
-        self.overruns = gauge("perseus_host_overruns", "Emulation: host overruns, last iteration")
+        self._gauges = {
+            name: client.Gauge(name, doc, [*names, *extra], registry=registry)
+            for name, (doc, extra) in _GAUGES.items()
+        }
         self.energy_total = client.Counter(
             "perseus_energy_joules",
             "This GPU's energy over all iterations",
@@ -423,30 +371,26 @@ class _Gauges:
         )
 
     def update(self, r: IterationMetrics) -> None:
-        v = self._values
-        self.iteration.labels(*v).set(r.iteration)
-        self.profiling.labels(*v).set(1 if r.phase == "profile" else 0)
-        self.time.labels(*v).set(r.time_s)
-        self.energy.labels(*v, "gpu").set(r.energy_j)
-        if r.pipeline_energy_j is not None:
-            self.energy.labels(*v, "pipeline").set(r.pipeline_energy_j)
-        for gauge, value in (
-            (self.predicted_time, r.predicted_time_s),
-            (self.predicted_energy, r.predicted_energy_j),
-            (self.point, r.point_index),
+        for name, extra, value in (
+            ("perseus_iteration", (), r.iteration),
+            ("perseus_profiling", (), 1 if r.phase == "profile" else 0),
+            ("perseus_iteration_time_seconds", (), r.time_s),
+            ("perseus_iteration_energy_joules", ("gpu",), r.energy_j),
+            ("perseus_iteration_energy_joules", ("pipeline",), r.pipeline_energy_j),
+            ("perseus_predicted_iteration_time_seconds", (), r.predicted_time_s),
+            ("perseus_predicted_iteration_energy_joules", (), r.predicted_energy_j),
+            ("perseus_plan_point_index", (), r.point_index),
+            ("perseus_deployed_clock_mhz", ("min",), r.min_clock_mhz),
+            ("perseus_deployed_clock_mhz", ("max",), r.max_clock_mhz),
+            ("perseus_clock_share_at_plan", (), r.clock_share_at_plan),
+            ("perseus_held_ops", ("gpu",), len(r.held_ops)),
+            ("perseus_held_ops", ("pipeline",), r.pipeline_held_ops),
+            ("perseus_host_overruns", (), r.host_overruns),
         ):
             if value is not None:
-                gauge.labels(*v).set(value)
-        if r.min_clock_mhz is not None and r.max_clock_mhz is not None:
-            self.clock.labels(*v, "min").set(r.min_clock_mhz)
-            self.clock.labels(*v, "max").set(r.max_clock_mhz)
-        if r.clock_share_at_plan is not None:
-            self.clock_share.labels(*v).set(r.clock_share_at_plan)
-        self.held.labels(*v, "gpu").set(len(r.held_ops))
-        self.held.labels(*v, "pipeline").set(r.pipeline_held_ops)
-        self.overruns.labels(*v).set(r.host_overruns)
-        self.energy_total.labels(*v).inc(max(0.0, r.energy_j))
-        self.iterations_total.labels(*v).inc()
+                self._gauges[name].labels(*self._values, *extra).set(value)
+        self.energy_total.labels(*self._values).inc(max(0.0, r.energy_j))
+        self.iterations_total.labels(*self._values).inc()
 
 
 def _csv_row(r: IterationMetrics) -> list[Any]:
@@ -460,8 +404,8 @@ def _csv_row(r: IterationMetrics) -> list[Any]:
 
 
 def _held_text(h: HeldOp) -> str:
-    """``name:planned>ran:why`` (SM clocks), with ``,memplanned>ran`` after them when the
-    memory clock was held."""
+    """``name:planned>ran:why``, with ``,memplanned>ran`` after the SM clocks when the memory
+    clock was held."""
     held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
     mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
     return f"{h.op}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
@@ -469,11 +413,9 @@ def _held_text(h: HeldOp) -> str:
 
 def _open_log(path: Path) -> TextIO:
     """Open ``path`` for writing from its start without following a link, creating it if
-    needed; refuse anything but a regular file this user owns with one link (a FIFO, a
-    device, another user's file hard-linked into a shared directory)."""
+    needed; refuse anything but a regular file this user owns with one link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        # The directory is reached without following another user's link on the way.
         dfd = open_output_dir(path.parent)
         try:
             fd = os.open(path.name, flags, 0o644, dir_fd=dfd)
@@ -540,7 +482,6 @@ def _check_prometheus(registry: object, port: object, addr: object) -> None:
 
 
 def _check_labels(labels: object) -> None:
-    """One :class:`ConfigError` line for the first bad extra label of :class:`MetricsSink`."""
     if not isinstance(labels, dict):
         raise ConfigError(
             f"MetricsSink: `labels` must be a dict of label name to value, got "
@@ -562,7 +503,6 @@ def _check_labels(labels: object) -> None:
 
 
 def _serve(client: Any, port: int, addr: str, registry: Any) -> Any:
-    """Start the HTTP server, or one :class:`ConfigError` line naming why it cannot."""
     try:
         server, _thread = client.start_http_server(port, addr=addr, registry=registry)
     except OSError as e:

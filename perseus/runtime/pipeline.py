@@ -1,30 +1,8 @@
 """``PerseusPipeline``: energy-aware ``torch.distributed.pipelining`` in a few lines.
 
-::
-
-    from perseus.runtime.pipeline import PerseusPipeline
-
-    pp = PerseusPipeline(schedule, stages, gpu=gpu, plan="plan.json").start()
-    for x, y in loader:                      # plan=: also a profile, or OnlineProfile()
-        with pp.iteration():
-            schedule.step(x, target=y)
-            optimizer.step()
-        schedule.eval(x_val, target=y_val)   # between iterations: untouched
-    pp.close()                               # logs predicted vs measured
-
 A :class:`~perseus.runtime.session.RankSession` whose engine is
-:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`: the schedule is the order torch
-really runs (any torch schedule, DualPipeV included) and the stages' compute calls run inside
-the session's ``op``. Everything else (plans, the agent, emulation, online profiling,
-measurement, the lifecycle) is the session's.
-
-Watchdog and signal handling are on by default: a SIGTERM from torchrun, a crash or a SIGKILL
-never leaves the GPU at a low clock.
-
-One ``schedule.step()`` per :meth:`PerseusPipeline.iteration`: a second step in one iteration
-is refused with a :class:`~perseus.errors.PlanError` (for gradient accumulation raise the
-microbatch count instead); ``schedule.eval()`` inside an iteration is refused too, and runs
-untouched between iterations.
+:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`; everything else is the session's.
+Usage (and torchtitan's): ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -57,7 +35,6 @@ class PerseusPipeline(RankSession):
     """One rank's perseus session around a torch pipeline schedule.
 
     Args:
-        torch_schedule: The torch schedule object the training loop steps.
         stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
         model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
         gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.
@@ -92,17 +69,9 @@ def perseus_pipeline(
 ) -> PerseusPipeline:
     """A :class:`PerseusPipeline` from what a torchtitan trainer keeps.
 
-    ::
-
-        pp = perseus_pipeline(pp_schedule, model_parts, gpu=gpu, plan=profile).start()
-
     Args:
         torch_schedule: The trainer's ``pp_schedule`` (any torch schedule, DualPipeV too).
         model_parts: Its ``model_parts`` (checked against the schedule's stages).
         **session: :class:`PerseusPipeline`'s keywords (``gpu``, ``plan``, ``options``).
-
-    Raises:
-        ConfigError: see :func:`~perseus.runtime.engines.torch_pp.stages_of`; ProfileError:
-            see :func:`~perseus.runtime.engines.torch_pp.check_profile_fits`.
     """
     return PerseusPipeline(torch_schedule, model_parts=model_parts, **session)

@@ -1,30 +1,11 @@
 """Where a running session's plan comes from: a plan file, an offline profile, or a sweep.
 
-Each way is a small strategy object (a :class:`PlanSource`): :class:`PlanFile`,
-:class:`OfflineProfile` or :class:`OnlineProfile` (whose options are typed and checked when it
-is built). :class:`~perseus.runtime.session.RankSession` asks its source once, at start; a
-source that answers None (an online sweep without a cached profile) is measured first, then
-:meth:`OnlineProfile.plan_measured` plans from the measured rows.
-
-A session gets its frontier in one of three ways, all collective over the pipeline's process
-group (every rank calls the same function at the same point):
-
-* a plan/frontier passed in (object or JSON path), checked against the schedule the engine
-  runs and, when given, the profile it was computed for;
-* a profile: pipeline rank 0 traces the frontier and broadcasts it
-  (:func:`plan_from_profile`);
-* an online sweep (:mod:`perseus.runtime.profiling.sweep`): the ranks agree when every rank's
-  sweep is done (:meth:`~perseus.runtime.session_sweep.SessionSweep.finished_everywhere`),
-  gather the rows and plan as above.
-
-Collectives go through :mod:`perseus.runtime.collectives`, so NCCL-only groups work.
-
-Every source checks the GPU its plan or profile describes against the GPU the session runs on
-(:func:`check_gpu`): another GPU is refused in one line naming both and the fixes, unless the
-source opts in with ``allow_other_gpu=True`` (then one :class:`OtherGpuWarning`); a record
-missing from an older file is logged as unchecked. A profile measured under a binding power
-cap is planned with the options above each op's cap-bound clock collapsed into it
-(:meth:`~perseus.profile.model.Profile.collapse_cap_bound`).
+Each way is a :class:`PlanSource` (:class:`PlanFile`, :class:`OfflineProfile`,
+:class:`OnlineProfile`) that :class:`~perseus.runtime.session.RankSession` asks once, at start,
+collectively over the pipeline's process group: a profile is traced on pipeline rank 0 and the
+frontier broadcast; an online sweep answers None, is measured first, then planned from the
+gathered rows. Every source checks the GPU its plan or profile describes against the one the
+session runs on (:func:`check_gpu`).
 """
 
 from __future__ import annotations
@@ -63,6 +44,7 @@ __all__ = [
     "check_frontier",
     "check_gpu",
     "job_for_schedule",
+    "job_spec",
     "plan_from_profile",
     "plan_source",
 ]
@@ -94,17 +76,17 @@ def check_gpu(
     source: str,
     allow_other_gpu: bool = False,
 ) -> None:
-    """Check that ``what`` (a plan or profile) describes the GPU the session runs on.
+    """Check that ``what`` (``"profile a100.csv"``) describes the GPU the session runs on.
 
     Args:
         described: The GPU the plan or profile records (None: an older file, unchecked).
         running: The GPU the session runs on (None: unknown, nothing to check).
-        what: The plan or profile, for the message (``"profile a100.csv"``).
+        what: The plan or profile, for the message.
         source: The plan source's class name, for the opt-in in the message.
         allow_other_gpu: Run another GPU's plan as an estimate, with one warning.
 
     Raises:
-        PlanError: one line naming both GPUs and the fixes, for another GPU without the opt-in.
+        PlanError: another GPU without the opt-in.
     """
     if running is None:
         return
@@ -183,8 +165,8 @@ class OfflineProfile:
 
     Args:
         profile: Time and energy per (stage, kind, clock).
-        layers_per_stage: Layers per stage: plans may switch the clock once inside an op
-            (two-clock ops); needs a schedule perseus builds.
+        layers_per_stage: Plans may switch the clock once inside an op (two-clock ops); needs
+            a schedule perseus builds.
         switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
             (default: :func:`perseus.job.make_job`'s).
         allow_other_gpu: Run a profile of another GPU as an estimate (one warning).
@@ -221,12 +203,11 @@ class OnlineProfile:
     """Measure the profile during the first iterations, then plan from it.
 
     Args:
-        cache: CSV path where the measured profile is saved (pipeline rank 0); if it exists,
-            the sweep is skipped and the saved profile is used.
-        patience: Early stop: clocks swept below the best energy before a (stage, kind)
-            stops (see :class:`~perseus.runtime.profiling.sweep.ClockSweep`).
-        min_windows: Energy-counter windows each sweep step must span (20: ~2 s at NVML's
-            100 ms period).
+        cache: CSV path where pipeline rank 0 saves the measured profile; if it exists, the
+            sweep is skipped and the saved profile used.
+        patience: Clocks swept below the best energy before a (stage, kind) stops (see
+            :class:`~perseus.runtime.profiling.sweep.ClockSweep`).
+        min_windows: Energy-counter windows each sweep step must span.
         sample_period_s: Time between counter reads (None:
             :func:`~perseus.runtime.profiling.energy_windows.sample_period_for`).
         max_step_iterations: Iterations after which a sweep step ends anyway.
@@ -259,7 +240,6 @@ class OnlineProfile:
 
     def plan(self, ctx: PlanContext) -> Planned | None:
         """The cached profile's plan (collective), or None: sweep first."""
-        # Read back only from a directory nobody else controls, and only our own regular file.
         if self.cache is None or not check_private_file(
             self.cache, what="profile cache", create_dir=False
         ):
@@ -279,8 +259,7 @@ class OnlineProfile:
         self, ctx: PlanContext, rows: list[ProfileRow] | list[PairProfileRow]
     ) -> Planned:
         """Gather every rank's rows, save them to ``cache`` (rank 0) and plan (collective)."""
-        parts = all_gather_objects(rows, ctx.group)  # every rank's rows (collective)
-        merged = [r for part in parts for r in part]
+        merged = [r for part in all_gather_objects(rows, ctx.group) for r in part]
         profile = build_profile(merged, source="online profile").with_gpu(ctx.gpu)
         if self.cache is not None and ctx.rank == 0:
             check_private_file(self.cache, what="profile cache")  # a directory of ours
@@ -288,8 +267,7 @@ class OnlineProfile:
         return replace(OfflineProfile(profile).plan(ctx), profiled=profile)
 
 
-#: What a session's ``plan=`` takes: a plan source, or what one is made from (a frontier or
-#: plan JSON path: :class:`PlanFile`; a profile: :class:`OfflineProfile`).
+#: What a session's ``plan=`` takes: a plan source, or a frontier, plan JSON path or profile.
 PlanLike = PlanSource | Frontier | Profile | str | Path
 
 
@@ -320,12 +298,12 @@ def job_for_schedule(
 ) -> PlanningJob:
     """The planning job of a schedule read from an engine.
 
-    ``job_options`` are passed to :func:`perseus.job.make_job` (``layers_per_stage`` for
-    two-clock plans, ``switch_latency_s``...); they need a schedule perseus can build.
+    A schedule equal to one of perseus's builders gets :func:`perseus.job.make_job`'s job (with
+    ``job_options``), so plans computed with ``perseus frontier`` fit it; any other is named
+    after the engine's schedule and takes no ``job_options``.
 
-    When the schedule equals one of perseus's builders (GPipe, 1F1B, interleaved, ZB-H1 with
-    the same sizes) the job is :func:`perseus.job.make_job`'s, so plans computed with
-    ``perseus frontier`` fit it; otherwise the job is named after the engine's schedule.
+    Raises:
+        ConfigError: ``job_options`` for a schedule perseus does not build.
     """
     v = schedule.virtual_stages
     for name in SCHEDULE_NAMES:
@@ -356,18 +334,26 @@ def job_for_schedule(
         )
     if schedule.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(0.5)
-    spec = JobSpec(
+    spec = job_spec(
+        schedule, blocking_power_w, profile.sha256, profile_name=profile_name, gpu=profile.gpu
+    )
+    return PlanningJob(spec, schedule, profile, build_dag(schedule))
+
+
+def job_spec(
+    schedule: Schedule, blocking_power_w: float, profile_sha256: str, **fields: Any
+) -> JobSpec:
+    """The :class:`~perseus.plan.JobSpec` of an engine's ``schedule`` (``fields``: the rest)."""
+    return JobSpec(
         schedule=schedule.name,
         ranks=schedule.num_ranks,
         stages=schedule.num_stages,
         microbatches=schedule.num_microbatches,
-        virtual_stages=v,
+        virtual_stages=schedule.virtual_stages,
         blocking_power_w=blocking_power_w,
-        profile_sha256=profile.sha256,
-        profile_name=profile_name,
-        gpu=profile.gpu,
+        profile_sha256=profile_sha256,
+        **fields,
     )
-    return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
 
 def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> None:
@@ -394,10 +380,8 @@ def plan_from_profile(
     group: Any,
     job_options: dict[str, Any] | None = None,
 ) -> tuple[PlanningJob, Frontier]:
-    """Trace the frontier on pipeline rank 0 and broadcast it (collective over ``group``).
-
-    Options above a cap-bound clock are collapsed into it first (a plan asks for the clock
-    the GPU runs under its power cap)."""
+    """Trace the frontier on pipeline rank 0 and broadcast it (collective over ``group``), the
+    profile's options above a cap-bound clock collapsed into it first."""
     from perseus.solver import trace_frontier
 
     profile = profile.collapse_cap_bound()

@@ -1,17 +1,10 @@
 """The online sweep of a session, as one object: options, profiler, counter sampler, windows.
 
-During the first iterations a :class:`~perseus.runtime.session.RankSession` with an
-``OnlineProfile`` plan runs a one-point "plan" of the clocks to measure next
-(:meth:`SessionSweep.sweep_plan`) through the rank agent; op times come from the agent's device
-events, op energy from the GPU's energy counter read on a background thread
-(:mod:`perseus.runtime.profiling.energy_windows`): each (stage, kind)'s power is fitted to the
-windows between the counter's publishes (:mod:`perseus.runtime.profiling.energy_attribution`).
-A step repeats for further iterations until its ops span enough windows
-(:attr:`~perseus.runtime.planning.OnlineProfile.min_windows`).
-
-Profiling again after a drift sweeps only the ops that drifted
-(:func:`~perseus.runtime.drift.ops_to_profile`): the rank's other ops run at the step's clock
-and keep their rows of the previous profile, which the re-plan merges with the new ones.
+During the first iterations a session with an ``OnlineProfile`` plan runs a one-point "plan"
+of the clocks to measure next (:meth:`SessionSweep.sweep_plan`); op times come from the agent's
+device events, op power from a fit to the energy counter's windows
+(:mod:`perseus.runtime.profiling.energy_attribution`). Profiling again after a drift sweeps
+only the ops that drifted, keeping the other ops' rows of the previous profile.
 """
 
 from __future__ import annotations
@@ -23,11 +16,11 @@ from typing import Any
 from perseus.device.base import GPU, MemoryClockGPU
 from perseus.device.clock import clock_of
 from perseus.errors import ConfigError, ProfileError
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Baseline, Frontier, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.collectives import all_reduce_max
-from perseus.runtime.planning import OnlineProfile
+from perseus.runtime.planning import OnlineProfile, job_spec
 from perseus.runtime.profiling.energy_attribution import OpSpan, SweepWindow
 from perseus.runtime.profiling.energy_windows import CounterSampler, sample_period_for
 from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
@@ -43,10 +36,6 @@ class SessionSweep:
     """One rank's online sweep inside a session.
 
     Args:
-        options: The sweep's options.
-        schedule: The schedule the engine runs.
-        rank: This process's pipeline rank.
-        gpu: This rank's GPU (clocks, energy counter).
         blocking_power_w: GPU power while waiting (the fit's idle power).
         only: Profile again only these ops (stage, kind) (None: every op of the rank) ...
         previous: ... keeping the rank's other ops' rows of this profile.
@@ -94,7 +83,7 @@ class SessionSweep:
         """Start reading the energy counter on the agent's device timeline.
 
         Raises:
-            ConfigError: if the agent cannot set clocks (observe-only).
+            ConfigError: the agent is observe-only.
         """
         if agent.observe_only:
             raise ConfigError(
@@ -145,17 +134,8 @@ class SessionSweep:
             )
             for r, actions in enumerate(schedule.rank_actions)
         )
-        spec = JobSpec(
-            schedule=schedule.name,
-            ranks=schedule.num_ranks,
-            stages=schedule.num_stages,
-            microbatches=schedule.num_microbatches,
-            virtual_stages=schedule.virtual_stages,
-            blocking_power_w=self.blocking_power_w,
-            profile_sha256="0" * 64,
-        )
         return Frontier(
-            job=spec,
+            job=job_spec(schedule, self.blocking_power_w, "0" * 64),
             stage_ops=schedule.stage_ops(),
             baseline=Baseline(time_s=1.0, energy_j=1.0),
             points=(PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=freqs),),
@@ -163,7 +143,7 @@ class SessionSweep:
 
     def add_iteration(self, agent: RankAgent) -> bool:
         """Feed the sweep the agent's last iteration; once the step's ops span enough counter
-        windows, fit their power and advance. Returns True when the sweep advanced a step."""
+        windows, fit their power and advance (then True)."""
         step = self._window
         if step is None:
             return False
@@ -219,5 +199,4 @@ class SessionSweep:
                 f"online profile refused: another rank's energy fit is worse than "
                 f"{MAX_FIT_ERROR:.0%} (its error names the row)"
             )
-        rows: list[Any] = [*self.profiler.rows(), *self.kept_rows]
-        return rows
+        return [*self.profiler.rows(), *self.kept_rows]

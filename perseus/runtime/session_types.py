@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BoundaryHook", "EndedIteration", "SessionOptions", "SessionState"]
 
-#: Called with every iteration's stats as they are read: on a real GPU at the next iteration's
-#: end (the last at close), so while iteration k+1 runs or right after it; may return
-#: ``(frontier, point_index)`` to deploy from the next iteration to start on. Every rank of a
-#: pipeline must return the same value (hooks decide from data all ranks share).
+#: Called with every iteration's stats as they are read (on a real GPU at the next iteration's
+#: end); may return ``(frontier, point_index)`` to deploy from the next iteration to start on,
+#: the same value on every rank of a pipeline.
 BoundaryHook = Callable[[IterationStats], "tuple[Frontier, int] | None"]
 
 
@@ -54,9 +53,8 @@ class SessionOptions:
     """How a :class:`RankSession` runs, besides its engine, GPU and plan.
 
     Args:
-        blocking_power_w: GPU power while waiting; used for planning and profiling. None
-            (default): the device's own (:func:`~perseus.device.presets.blocking_power_for`:
-            a simulated GPU declares it, known NVIDIA GPUs are looked up by name).
+        blocking_power_w: GPU power while waiting, for planning and profiling (None: the
+            device's own, :func:`~perseus.device.presets.blocking_power_for`).
         point_index: Which frontier point to deploy (0: the fastest).
         group: The pipeline's process group (default: the adapter's, else the default group).
         watchdog: Start the watchdog process that resets the GPU if this process dies.
@@ -70,13 +68,10 @@ class SessionOptions:
         power_realised: Its realised values (a signal file or ``k -> value``): a change re-plans.
         power_objective: The series of both signals to use (default: the first).
         clock: The host's clock, read where the device has no timeline of its own.
-        wait_for_figures: Read each iteration's figures at its own end, the training thread
-            waiting for the device there (default False on a real GPU: one iteration later,
-            see :meth:`RankSession.iteration`).
-        history_kept: Iterations kept in the session's ``history`` and the agent's
-            iteration records (older ones dropped, oldest first: a run of millions of
-            iterations stays in bounded memory; the ``close()`` summary covers the last
-            stretch kept). Stream figures elsewhere (``MetricsSink``) to keep them all.
+        wait_for_figures: Read each iteration's figures at its own end, waiting for the
+            device there (default on a real GPU: one iteration later).
+        history_kept: Iterations kept in the session's ``history`` and the agent's records,
+            oldest dropped first (``MetricsSink`` streams them all).
 
     Raises:
         ConfigError: a negative ``blocking_power_w``/``point_index``, ``history_kept`` below

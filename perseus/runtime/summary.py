@@ -1,13 +1,8 @@
 """One short, readable summary of a run: predicted vs measured time, energy and saving.
 
-Everything is for the whole pipeline (time: the pipeline's iteration; energy: all its ranks),
-so predicted and measured figures are like with like. The saving is measured against the
-plan's predicted all-max baseline (an all-max run is not part of a normal training run).
-
-When the figures do not measure the plan (clocks held below it, host overruns in emulation,
-time or energy off the prediction beyond :data:`DRIFT_TOLERANCE`), the summary says so and why
-(:attr:`RunSummary.caveat`), from figures every rank of the pipeline shares: every rank's
-summary says the same.
+Every figure is the whole pipeline's, the saving measured against the plan's predicted all-max
+baseline. When the figures do not measure the plan, the summary says why
+(:attr:`RunSummary.caveat`), from figures every rank shares.
 """
 
 from __future__ import annotations
@@ -27,32 +22,26 @@ DRIFT_TOLERANCE = 0.05
 
 @dataclass(frozen=True, slots=True)
 class IterationStats:
-    """One iteration, measured on the device's timeline.
-
-    Predicted and measured figures compare like with like: ``time_s`` and
-    ``pipeline_energy_j`` are the pipeline's, as the plan's predictions are.
+    """One iteration, measured on the device's timeline (``pipeline_*`` and ``held_reasons``,
+    ``host_overruns`` and ``time_s``: the same on every rank).
 
     Attributes:
-        iteration: Index since :meth:`~perseus.runtime.session.RankSession.start` (profiling iterations included).
+        iteration: Index since :meth:`~perseus.runtime.session.RankSession.start`.
         phase: ``"profile"`` during the online sweep, else ``"run"``.
-        point_index: Index of the deployed frontier point (None while profiling).
-        time_s: The pipeline's iteration: the longest of its ranks' windows from the common
-            start to the common end (emulation: the end of the last op on any rank; GPUs: a
-            barrier), the same on every rank.
+        point_index: The deployed frontier point (None while profiling).
+        time_s: The pipeline's iteration: the longest of its ranks' windows.
         energy_j: This rank's GPU energy over the iteration.
         compute_time_s: From the start to the end of this rank's last action.
         pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
-        predicted_time_s: The deployed point's predicted iteration time (None while profiling).
-        predicted_energy_j: The deployed point's predicted energy of the whole pipeline (None
-            while profiling): compare with ``pipeline_energy_j``.
-        clock_share_at_plan: The share of this rank's op time that ran at the planned clock
-            (None: no clock read back; see :mod:`perseus.runtime.agent.readback`).
+        predicted_time_s: The deployed point's iteration time (None while profiling).
+        predicted_energy_j: The deployed point's energy of the whole pipeline.
+        clock_share_at_plan: The share of this rank's op time at the planned clock (None: no
+            clock read back).
         held_ops: This rank's ops that ran below their planned clock, with why.
-        pipeline_held_ops: Held ops on all the pipeline's ranks (the same on every rank).
-        held_reasons: Why, over all ranks (NVML's names, ``"sw_power_cap"``; the same on every
-            rank).
+        pipeline_held_ops: Held ops on all the pipeline's ranks.
+        held_reasons: Why, over all ranks (NVML's names, ``"sw_power_cap"``).
         host_overruns: Emulation: actions of all ranks whose CPU compute outlasted the
-            simulated op in this iteration (the same on every rank; 0 on GPUs).
+            simulated op.
     """
 
     iteration: int
@@ -76,13 +65,8 @@ class RunSummary:
     """The deployed plan's predicted and measured figures (means over its iterations).
 
     Attributes:
-        iterations: Iterations averaged (the first one after the plan was deployed is left
-            out when there are more: it pays the clock changes of a new plan).
-        point_index: The frontier point that ran.
-        predicted_time_s: The point's predicted iteration time.
-        measured_time_s: Mean measured pipeline iteration time.
-        predicted_energy_j: The point's predicted pipeline energy per iteration.
-        measured_energy_j: Mean measured pipeline energy (all ranks) per iteration.
+        iterations: Iterations averaged (without the plan's first when there are more: it
+            pays the clock changes).
         predicted_saving: ``1 - predicted energy / all-max energy`` (both predicted).
         measured_saving: ``1 - measured energy / predicted all-max energy``.
         caveat: Why these figures do not measure the plan (None: they do).
@@ -113,37 +97,25 @@ class RunSummary:
 
 def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     """Why ``runs`` do not measure their plan, or None when they do: clocks held below it,
-    host overruns (emulation), or, with neither, measured time or energy off the prediction
-    beyond :data:`DRIFT_TOLERANCE` on average (another GPU than the profile's, a stale
-    profile). Reads only figures every rank shares, so every rank finds the same.
-
-    Complexity: O(len(runs)).
+    host overruns (emulation), or, with neither, time or energy off the prediction beyond
+    :data:`DRIFT_TOLERANCE` on average. Every rank finds the same. Complexity: O(len(runs)).
     """
-    causes = [c for c in (_held_cause(runs), _overrun_cause(runs)) if c is not None]
+    causes = []
+    held = [s for s in runs if s.pipeline_held_ops]
+    if held:
+        reasons = sorted({r for s in held for r in s.held_reasons})
+        causes.append(
+            f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
+            f"{len(runs)} iterations"
+        )
+    if overruns := sum(s.host_overruns for s in runs):
+        causes.append(
+            f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
+            "simulated GPU runs them)"
+        )
     if not causes and (off := _off_prediction_cause(runs)) is not None:
         causes.append(off)
     return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
-
-
-def _held_cause(runs: Sequence[IterationStats]) -> str | None:
-    held = [s for s in runs if s.pipeline_held_ops]
-    if not held:
-        return None
-    reasons = sorted({r for s in held for r in s.held_reasons})
-    return (
-        f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
-        f"{len(runs)} iterations"
-    )
-
-
-def _overrun_cause(runs: Sequence[IterationStats]) -> str | None:
-    overruns = sum(s.host_overruns for s in runs)
-    if not overruns:
-        return None
-    return (
-        f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
-        "simulated GPU runs them)"
-    )
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
@@ -166,14 +138,8 @@ def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
 
 
 def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
-    """The summary of the run iterations of one deployed plan (None: none ran).
-
-    Args:
-        history: The iterations since the plan was deployed (its last stretch of one point
-            is used).
-        frontier: The deployed frontier (its baseline is the all-max prediction).
-
-    Complexity: O(len(history)).
+    """The summary of the last stretch of ``history`` that ran one point of ``frontier``
+    (None: none ran). Complexity: O(len(history)).
     """
     runs = _last_stretch(history)
     if not runs:

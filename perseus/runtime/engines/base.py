@@ -1,12 +1,10 @@
 """The one protocol every engine adapter implements, and the one version check they share.
 
 An adapter tells :class:`~perseus.runtime.session.RankSession` which schedule the engine runs
-(every rank's compute actions, read from the engine, never guessed), this process's ``rank``
-and ``group``, the user's per-iteration call (``step_call``, for error messages), and
-``attach``es the session's ``op(action)`` around every training compute action (evaluation
-passes between iterations run untouched). A new engine is one module under
-``perseus/runtime/engines/`` whose engine-private names stay behind
-:func:`check_engine_version`.
+(read from the engine, never guessed), this process's ``rank`` and ``group``, the user's
+per-iteration call (``step_call``, for messages), and ``attach``es the session's
+``op(action)`` around every training compute action. A new engine is one module here whose
+engine-private names stay behind :func:`check_engine_version`.
 """
 
 from __future__ import annotations
@@ -42,39 +40,28 @@ class EngineAdapter(Protocol):
     @property
     def schedule(self) -> Schedule:
         """Every rank's compute actions, in the order the engine runs them."""
-        ...
 
     @property
     def rank(self) -> int:
         """This process's pipeline rank (an index into ``schedule.rank_actions``)."""
-        ...
 
     @property
     def group(self) -> Any:
         """The pipeline's process group (None: the default group, or no distribution)."""
-        ...
 
     @property
     def step_call(self) -> str:
         """The call that runs one training iteration, as the user writes it."""
-        ...
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Run every training compute action of the engine inside ``op(action)``; return the
         undo. ``in_iteration()`` says whether a training iteration is open (an adapter may
         refuse an evaluation pass inside one with a message about its own API)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
 class ManualEngine:
-    """No engine: the training loop itself runs each action inside ``session.op(action)``.
-
-    Args:
-        schedule: The schedule the loop runs.
-        rank: This process's pipeline rank.
-        group: The pipeline's process group (None: the default group, or none).
-    """
+    """No engine: the training loop itself runs each action inside ``session.op(action)``."""
 
     schedule: Schedule
     rank: int
@@ -101,25 +88,13 @@ def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:
 
 
 def eval_in_iteration(call: str) -> ConfigError:
-    """The error every adapter raises for an evaluation pass inside a training iteration.
-
-    ``call`` is the engine's own words (``"engine.eval_batch()"``): the device time of such a
-    pass would count as the iteration's, and its ops are not the plan's.
-    """
+    """The error for an evaluation pass (``call``, in the engine's words) inside a training
+    iteration, whose device time would count as the iteration's."""
     return ConfigError(
         f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
         "inside a training iteration; evaluate between iterations, where it runs untouched at "
         "the current clock"
     )
-
-
-def _parse_version(text: str) -> tuple[int, int]:
-    """``"2.13.0+cpu"`` -> ``(2, 13)``; unparsable text is ``(0, 0)``."""
-    parts = text.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
 
 
 def check_engine_version(
@@ -136,17 +111,13 @@ def check_engine_version(
         package: The engine's top package (its ``__version__`` is checked).
         minimum: Oldest ``(major, minor)`` the adapter was written against.
         install: The install command named in the error.
-        modules: Modules to import (``"torch.distributed.pipelining.schedules"``...).
-        required: ``(module position in modules, dotted attribute path)`` pairs: every name
-            the adapter touches (``"PipelineEngine._exec_schedule"``).
+        modules: Modules to import, returned in this order.
+        required: ``(index into modules, dotted attribute path)`` of every name the adapter
+            touches (``"PipelineEngine._exec_schedule"``).
         tested: The versions the adapter was tested with (named in the error).
 
-    Returns:
-        The imported modules, in the order of ``modules``.
-
     Raises:
-        ConfigError: the engine is missing, too old, or lacks one of the attributes; one
-            line naming the version, what is missing and what to install.
+        ConfigError: the engine is missing, too old, or lacks one of the attributes.
     """
     try:
         with warnings.catch_warnings():  # engines warn at import about optional extras
@@ -158,7 +129,11 @@ def check_engine_version(
             f"{package} is required for this perseus engine adapter; install it with `{install}`"
         ) from e
     version = str(getattr(top, "__version__", "0.0"))
-    if _parse_version(version) < minimum:
+    try:  # "2.13.0+cpu" -> (2, 13)
+        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        major, minor = 0, 0
+    if (major, minor) < minimum:
         raise ConfigError(
             f"{package} {version} is not supported by perseus's adapter; install {package} {tested}"
         )

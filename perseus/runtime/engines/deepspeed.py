@@ -2,17 +2,9 @@
 
 The only module that touches DeepSpeed names that are not documented API
 (``PipelineEngine._INSTRUCTION_MAP``, ``_exec_forward_pass``, ``_exec_backward_pass``,
-``_exec_schedule``), checked once by :func:`check_deepspeed_version`. Tested with deepspeed
-0.19.8 (CPU accelerator, gloo); :data:`TESTED_VERSIONS` is the range the extra pins.
-
-* **Schedule as data** (:func:`deepspeed_schedule`): DeepSpeed's public ``TrainSchedule``
-  names pipe buffers, not microbatches; each stage runs its forwards and its backwards in
-  microbatch order, so its ``k``-th ``ForwardPass`` is microbatch ``k``. Stage ``s`` is rank
-  ``s``.
-* **Clock hooks** (:func:`instrument_deepspeed`): the engine *instance* gets its own
-  ``_INSTRUCTION_MAP`` whose forward/backward handlers run inside ``factory(action)``, and an
-  ``_exec_schedule`` that restarts the microbatch count at each training batch (evaluation
-  batches are not instrumented). The class is untouched; exiting restores the instance.
+``_exec_schedule``), checked once by :func:`check_deepspeed_version`. Each stage runs its
+forwards and its backwards in microbatch order, so its ``k``-th ``ForwardPass`` is microbatch
+``k``; stage ``s`` is rank ``s``. The hooks live on the engine *instance*, never its class.
 """
 
 from __future__ import annotations
@@ -59,14 +51,12 @@ _ENGINE_NAMES = (
 
 
 def check_deepspeed_version() -> types.SimpleNamespace:
-    """Import DeepSpeed's pipeline modules and check every name this adapter uses.
-
-    Returns:
-        A namespace with ``version``, ``schedule`` (the module) and ``engine_class``.
+    """Import DeepSpeed's pipeline modules (``version``, ``schedule`` and ``engine_class`` of
+    the result), checking every name this adapter uses.
 
     Raises:
-        ConfigError: if deepspeed is missing, older than :data:`MIN_DEEPSPEED_VERSION`, or
-            lacks one of the names used here.
+        ConfigError: deepspeed is missing, older than :data:`MIN_DEEPSPEED_VERSION`, or lacks
+            a name.
     """
     schedule, engine_mod = check_engine_version(
         "deepspeed",
@@ -99,14 +89,11 @@ def check_deepspeed_version() -> types.SimpleNamespace:
 
 
 def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
-    """The compute actions of DeepSpeed's ``TrainSchedule``, as a perseus schedule.
+    """The compute actions of DeepSpeed's ``TrainSchedule``: ``deepspeed-1f1b``.
 
     Args:
         num_stages: Pipeline stages (= ranks).
         num_microbatches: Microbatches per batch (DeepSpeed's gradient accumulation steps).
-
-    Returns:
-        A validated schedule named ``deepspeed-1f1b``.
 
     Raises:
         ScheduleError: for non-positive sizes.
@@ -133,12 +120,9 @@ def deepspeed_schedule(num_stages: int, num_microbatches: int) -> Schedule:
                     acts.append(Action(s, kind, counts[kind]))
                     counts[kind] += 1
         rank_actions.append(acts)
+    stage_to_rank = tuple(range(num_stages))
     return schedule_from_actions(
-        "deepspeed-1f1b",
-        rank_actions,
-        num_stages,
-        num_microbatches,
-        tuple(range(num_stages)),
+        "deepspeed-1f1b", rank_actions, num_stages, num_microbatches, stage_to_rank
     )
 
 
@@ -159,10 +143,10 @@ def instrument_deepspeed(
         engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
         factory: Called with each action about to run; returns a context manager.
         in_iteration: Whether a training iteration is open: an evaluation batch then is
-            refused (before it communicates, so every stage refuses it alike).
+            refused before it communicates.
 
     Yields:
-        The list of actions seen so far (appended as they run).
+        The actions seen so far (appended as they run).
 
     Raises:
         ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented; from
@@ -195,8 +179,7 @@ def instrument_deepspeed(
         training = isinstance(pipe_schedule, sched_mod.TrainSchedule)
         if not training and in_iteration():
             raise eval_in_iteration("engine.eval_batch()")
-        state.update({"training": training})
-        state[Kind.F] = state[Kind.B] = 0
+        state.update({"training": training, Kind.F: 0, Kind.B: 0})
         try:
             return original_exec(pipe_schedule)
         finally:
@@ -249,14 +232,9 @@ class DeepSpeedEngine:
 
 
 def skip_cpu_shm_op() -> None:
-    """Emulation on CPU only: keep DeepSpeed from compiling its shared-memory allreduce op.
-
-    On the CPU accelerator, ``deepspeed.init_distributed`` probes the C++ compiler and builds
-    ``deepspeed_shm_comm`` (about a minute on two cores) although gloo does the communication
-    anyway. DeepSpeed keeps the probe's result in ``deepspeed.ops.__compatible_ops__``, a dict
-    it documents as editable; marking the op incompatible skips probe and build. Call before
-    ``deepspeed.init_distributed``; never on a GPU.
-    """
+    """Emulation on CPU only: keep ``deepspeed.init_distributed`` (call this before it) from
+    building its shared-memory allreduce op, which gloo does not need, by marking it
+    incompatible in ``deepspeed.ops.__compatible_ops__``."""
     check_deepspeed_version()
     import deepspeed.ops
 

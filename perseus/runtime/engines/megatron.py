@@ -1,25 +1,11 @@
 """Adapter for Megatron-Core's pipeline schedules (no fork, no edit of Megatron's files).
 
-The only module that touches Megatron-Core names that are not documented API
-(``schedules.forward_step``/``backward_step`` as module globals, ``P2PCommunicator._communicate``,
-``p2p_communication._p2p_ops``), checked once by :func:`check_megatron_version`. Tested with
-megatron-core 0.16.1; :data:`TESTED_VERSIONS` is the range the extra pins.
-
-* **Schedule as data** (:func:`megatron_schedule`): the compute actions of
-  ``forward_backward_pipelining_without_interleaving`` (1F1B) and ``..._with_interleaving``.
-  Warm-up counts come from Megatron's ``get_pp_rank_microbatches`` and the interleaved
-  (microbatch, chunk) order from its ``get_schedule_table``; the loops around them are rebuilt
-  here and checked against the order Megatron executes (tests record it on gloo ranks). Model
-  chunk ``c`` of rank ``r`` is stage ``c * R + r``.
-* **Clock hooks** (:func:`instrument_megatron`): replaces the module globals ``forward_step``
-  and ``backward_step`` (looked up at call time) for the block's duration with wrappers that
-  run each step inside ``factory(action)``. The forward's action comes from Megatron's own
-  arguments (``current_microbatch``, ``vp_stage``); the backward's from the identity of the
-  output tensor its forward returned (``config.timers`` do not carry the microbatch).
-* **CPU emulation** (:func:`cpu_communication`, :func:`cuda_to_cpu`): Megatron allocates on
-  ``cuda``; without GPUs the schedule gets a ``p2p_communicator=`` with CPU buffers (Megatron's
-  own p2p ops) and runs under a ``TorchFunctionMode`` mapping ``device="cuda"`` to the CPU.
-  Neither is used on a GPU.
+The only module that touches Megatron-Core names that are not documented API (the module
+globals ``schedules.forward_step``/``backward_step``, ``P2PCommunicator._communicate``,
+``p2p_communication._p2p_ops``), checked once by :func:`check_megatron_version`. The schedule
+is rebuilt from Megatron's own ``get_pp_rank_microbatches`` and ``get_schedule_table``; model
+chunk ``c`` of rank ``r`` is stage ``c * R + r``. :func:`cpu_communication` and
+:func:`cuda_to_cpu` run Megatron on CPUs for emulation, never on a GPU.
 """
 
 from __future__ import annotations
@@ -70,21 +56,16 @@ _SCHEDULE_NAMES = (
     "get_pp_rank_microbatches",
     *_FORWARD_BACKWARD_NAMES,
 )
-_P2P_NAMES = (
-    "P2PCommunicator._communicate",
-    "_p2p_ops",
-)
+_P2P_NAMES = ("P2PCommunicator._communicate", "_p2p_ops")
 
 
 def check_megatron_version() -> types.SimpleNamespace:
-    """Import Megatron-Core's pipeline modules and check every name this adapter uses.
-
-    Returns:
-        A namespace with ``schedules`` and ``p2p`` (the modules).
+    """Import Megatron-Core's pipeline modules (``schedules``, ``p2p`` of the result),
+    checking every name this adapter uses.
 
     Raises:
-        ConfigError: if megatron-core is missing, older than :data:`MIN_MEGATRON_VERSION`, or
-            lacks one of the names used here.
+        ConfigError: megatron-core is missing, older than :data:`MIN_MEGATRON_VERSION`, or
+            lacks a name.
     """
     schedules, p2p = check_engine_version(
         "megatron.core",
@@ -100,27 +81,18 @@ def check_megatron_version() -> types.SimpleNamespace:
     return types.SimpleNamespace(schedules=schedules, p2p=p2p)
 
 
-# --------------------------------------------------------------------------------------------
-# Schedule as data
-
-
 def megatron_schedule(
     num_ranks: int,
     num_microbatches: int,
     virtual_stages: int = 1,
     microbatch_group_size_per_vp_stage: int | None = None,
 ) -> Schedule:
-    """The compute actions Megatron-Core's pipeline schedule runs, as a perseus schedule.
+    """The compute actions Megatron-Core's pipeline schedule runs: ``megatron-1f1b``, or
+    ``megatron-interleaved`` with ``virtual_stages`` model chunks per rank.
 
     Args:
-        num_ranks: Pipeline-parallel size.
-        num_microbatches: Microbatches per iteration.
         virtual_stages: Model chunks per rank (1: ``..._without_interleaving``).
-        microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``,
-            as in Megatron); only used when ``virtual_stages > 1``.
-
-    Returns:
-        A validated schedule named ``megatron-1f1b`` or ``megatron-interleaved``.
+        microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``).
 
     Raises:
         ScheduleError: for sizes Megatron refuses (its own rules, with its reason).
@@ -189,10 +161,6 @@ def _schedule_table(
     return [(int(m), int(c)) for m, c in mc.schedules.get_schedule_table(M, V, group)]
 
 
-# --------------------------------------------------------------------------------------------
-# Clock hooks
-
-
 _installed: list[bool] = []  # guards against nesting (the hooks are module globals)
 
 
@@ -205,20 +173,16 @@ def instrument_megatron(
 ) -> Iterator[list[Action]]:
     """Run every forward/backward step of Megatron's pipeline schedules inside ``factory``.
 
-    For the duration of the ``with`` block, the module globals ``forward_step`` and
-    ``backward_step`` of ``megatron.core.pipeline_parallel.schedules`` are wrappers; they are
-    restored on exit. Evaluation (``forward_only=True``, or gradients disabled) is not
-    instrumented, and is refused inside a training iteration: by the schedule functions'
-    wrappers (module globals too) before any communication, else at its first forward step.
+    The module globals ``forward_step`` and ``backward_step`` are wrappers for the block's
+    duration. The forward's action comes from its ``current_microbatch`` and ``vp_stage``, the
+    backward's from the output tensor its forward returned. Evaluation (``forward_only=True``
+    or no gradients) is not instrumented, and is refused inside a training iteration.
 
     Args:
-        num_ranks: Pipeline-parallel size (maps model chunk ``c`` to stage ``c * R + rank``).
-        rank: This process's pipeline rank.
         factory: Called with each action about to run; returns a context manager.
-        in_iteration: Whether a training iteration is open.
 
     Yields:
-        The list of actions seen so far (appended as they run), for checks and logs.
+        The actions seen so far (appended as they run).
 
     Raises:
         ConfigError: if the hooks are already installed in this process; from an evaluation
@@ -240,7 +204,10 @@ def instrument_megatron(
             # a schedule function held from before the hooks were installed
             _refuse_eval(in_iteration, {"forward_only": forward_only})
             return original_fwd(*args, **kwargs)
-        action = _forward_action(kwargs, num_ranks, rank)
+        if kwargs.get("current_microbatch") is None:
+            raise ScheduleError("Megatron's forward_step was called without current_microbatch")
+        chunk = kwargs.get("vp_stage") or 0
+        action = Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
         if action.microbatch_index == 0 and action.stage_index == rank:
             pending.clear()  # a new iteration: drop what an aborted one left behind
         seen.append(action)
@@ -275,15 +242,6 @@ def instrument_megatron(
     finally:
         vars(schedules).update(originals)
         _installed.clear()
-
-
-def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
-    """The forward a ``forward_step`` call runs: model chunk ``c`` is stage ``c * R + rank``."""
-    chunk = kwargs.get("vp_stage") or 0
-    microbatch = kwargs.get("current_microbatch")
-    if microbatch is None:
-        raise ScheduleError("Megatron's forward_step was called without current_microbatch")
-    return Action(int(chunk) * num_ranks + rank, Kind.F, int(microbatch))
 
 
 def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> None:
@@ -323,15 +281,12 @@ class MegatronEngine:
     """The engine adapter for Megatron-Core's pipeline schedules (see :mod:`.base`).
 
     Args:
-        num_ranks: Pipeline-parallel size.
-        rank: This process's pipeline rank.
-        num_microbatches: Microbatches per iteration (``num_microbatches=`` of the schedule).
-        virtual_stages: Model chunks per rank (1: no interleaving).
-        microbatch_group_size_per_vp_stage: Megatron's config field (default: ``num_ranks``).
+        num_ranks, num_microbatches, virtual_stages, microbatch_group_size_per_vp_stage: As
+            :func:`megatron_schedule`.
         group: The pipeline's process group (default: the default group).
 
     Raises:
-        ScheduleError: see :func:`megatron_schedule`.
+        ConfigError: a rank out of range; ScheduleError: see :func:`megatron_schedule`.
     """
 
     step_call = "forward_backward_func(...)"
@@ -361,10 +316,6 @@ class MegatronEngine:
         return attach_hooks(
             instrument_megatron(self.schedule.num_ranks, self.rank, op, in_iteration)
         )
-
-
-# --------------------------------------------------------------------------------------------
-# CPU emulation
 
 
 @functools.cache
@@ -403,9 +354,7 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
                 )
 
             recv_prev_t, recv_next_t = buffer(recv_prev), buffer(recv_next)
-            # Megatron's individual isend/irecv ops whatever batch_p2p_comm says: on gloo a
-            # batch is the same ops posted together, and a batched run was seen to abort a rank
-            # once in eight runs; the individual ops have not.
+            # Individual ops whatever batch_p2p_comm says: batched ones on gloo aborted ranks.
             reqs = p2p._p2p_ops(
                 tensor_send_prev=tensor_send_prev,
                 tensor_recv_prev=recv_prev_t,
@@ -425,15 +374,9 @@ def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
 
 
 def cpu_communication(config: Any) -> dict[str, Any]:
-    """``p2p_communicator=`` and ``pg_collection=`` arguments for running on CPU (gloo).
-
-    Needs ``megatron.core.parallel_state.initialize_model_parallel`` to have run.
-
-    Args:
-        config: The model's ``ModelParallelConfig``/``TransformerConfig``.
-
-    Returns:
-        Keyword arguments for Megatron's ``forward_backward_*`` functions.
+    """``p2p_communicator=`` and ``pg_collection=`` arguments of Megatron's
+    ``forward_backward_*`` functions for running on CPU (gloo), after
+    ``parallel_state.initialize_model_parallel``; ``config``: the model's ``TransformerConfig``.
     """
     mc = check_megatron_version()
     from megatron.core import parallel_state
@@ -453,20 +396,10 @@ def cpu_communication(config: Any) -> dict[str, Any]:
     return {"p2p_communicator": cls(pp_group=pp_group, config=config), "pg_collection": pgs}
 
 
-def _is_cuda(device: Any) -> bool:
-    if isinstance(device, str):
-        return device.startswith("cuda")
-    kind = getattr(device, "type", None)
-    return kind == "cuda"
-
-
 @contextmanager
 def cuda_to_cpu() -> Iterator[None]:
-    """Map ``device="cuda"`` (and ``Tensor.cuda()``) to the CPU for torch calls in the block.
-
-    Only for emulation on machines without GPUs: Megatron's schedules allocate a small counter
-    with a literal ``device="cuda"``.
-    """
+    """Map ``device="cuda"`` (and ``Tensor.cuda()``) to the CPU for torch calls in the block:
+    emulation only (Megatron's schedules allocate a counter on a literal ``device="cuda"``)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -479,7 +412,8 @@ def cuda_to_cpu() -> Iterator[None]:
             kwargs: dict[str, Any] | None = None,
         ) -> Any:
             kwargs = dict(kwargs or {})
-            if _is_cuda(kwargs.get("device")):
+            device = kwargs.get("device")  # "cuda:0" or torch.device("cuda", 0)
+            if str(getattr(device, "type", device)).startswith("cuda"):
                 kwargs["device"] = "cpu"
             if func is torch.Tensor.cuda:
                 return args[0]

@@ -1,10 +1,7 @@
 """Wrap a pipeline stage's compute calls so perseus sees every action as it runs.
 
-:func:`instrument_stages` replaces the :data:`STAGE_COMPUTE_METHODS` *on the stage instances*
-(never on torch's classes) with wrappers that run the real call inside the caller's context
-manager, typically :meth:`perseus.runtime.session.RankSession.op`. torch waits for a receive
-before calling ``forward_one_chunk``, so the wrapped window is pure compute, which is what a
-plan's op time means.
+The wrappers are set on the stage *instances*, never on torch's classes. torch waits for a
+receive before calling ``forward_one_chunk``, so the wrapped window is pure compute.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ def _wrap(
         with factory(Action(int(stage.stage_index), kind, int(chunk_id))):
             result = method(chunk_id, *args, **kwargs)
         if split_full_backward and kind is Kind.B and kwargs.get("full_backward", True):
-            # A full backward in a schedule planned with split ones (DualPipeV): its W op
-            # follows at once (torch_pp.schedule_from_torch(split_full_backward=True)).
+            # A full backward planned split (DualPipeV): its W op follows at once.
             with factory(Action(int(stage.stage_index), Kind.W, int(chunk_id))):
                 pass
         return result
@@ -55,17 +51,9 @@ def _wrap(
 def instrument_stages(
     stages: Sequence[Any], factory: OpContextFactory, *, split_full_backward: bool = False
 ) -> Callable[[], None]:
-    """Run every compute call of ``stages`` inside ``factory(action)``.
-
-    Args:
-        stages: This rank's torch ``PipelineStage`` objects.
-        factory: Called with the action about to run; returns a context manager.
-        split_full_backward: Follow each full backward with its ``W`` action (schedules that
-            mix full and split backwards, planned split).
-
-    Returns:
-        A function that restores the original methods (idempotent).
-    """
+    """Run every compute call of this rank's ``stages`` inside ``factory(action)``; return a
+    function that restores the original methods (idempotent). ``split_full_backward``: follow
+    each full backward with its ``W`` action (a mixed schedule planned split)."""
     originals: list[tuple[Any, str]] = []
     for stage in stages:
         for name, kind in STAGE_COMPUTE_METHODS.items():

@@ -1,27 +1,12 @@
 """Adapter between ``torch.distributed.pipelining`` schedules and perseus's schedule IR.
 
 The only module that touches torch's private pipelining names (``_Action``,
-``_ComputationType``, ``_PipelineScheduleRuntime``, ``pipeline_order_with_comms``, the stage's
-``*_one_chunk`` methods), checked once by :func:`check_torch_version`.
-
-* **torch -> perseus** (:func:`schedule_from_torch`, :func:`schedule_from_torch_class`): the
-  compute actions each rank really executes, with no process group. Multi-stage schedules
-  (``Interleaved1F1B``, ``ZBVZeroBubble``, ``DualPipeV``, any ``_PipelineScheduleRuntime``)
-  are read from ``pipeline_order_with_comms[rank]`` (``OVERLAP_F_B`` flattened into its
-  sub-actions). Single-stage schedules (``GPipe``, ``1F1B``) run hand-written loops whose
-  ``pipeline_order`` is only a visualisation aid (in torch 2.13 wrong for ``Schedule1F1B``'s
-  last rank), so ``_step_microbatches`` is traced on recording stand-in stages instead.
-  torch's ``I`` maps to ``B``, ``W`` to ``W``, a full backward to ``B``. A schedule mixing
-  full and split backwards (``DualPipeV``) raises :class:`~perseus.errors.ScheduleError`
-  unless ``split_full_backward=True``, which plans each full backward as ``B`` then ``W``
-  (their sum in a split profile, :meth:`~perseus.profile.model.Profile.split_backward`; the
-  stage hook closes that ``W`` right after the backward).
-* **torchtitan-style use** (:func:`stages_of`, :class:`TorchPipelining`): a trainer keeping
-  only ``(pp_schedule, model_parts)`` builds its session from those; the stages are read from
-  the schedule and checked against the model parts.
-* **perseus -> torch** (:func:`build_torch_schedule`): torch's own ``GPipe``/``1F1B``/
-  ``Interleaved1F1B`` class when its order equals perseus's, else torch's schedule-IR runtime
-  loaded with perseus's order (e.g. ZB-H1).
+``_ComputationType``, ``_PipelineScheduleRuntime``, the stage's ``*_one_chunk`` methods),
+checked once by :func:`check_torch_version`. Multi-stage schedules are read from
+``pipeline_order_with_comms``; single-stage ones (``GPipe``, ``1F1B``), whose
+``pipeline_order`` is only a visualisation aid, are traced on recording stand-in stages.
+torch's ``I`` maps to ``B``; a schedule mixing full and split backwards (``DualPipeV``) is
+planned with each full backward as ``B`` then ``W`` when ``split_full_backward=True``.
 """
 
 from __future__ import annotations
@@ -33,6 +18,7 @@ from typing import Any
 
 from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.profile.model import Profile
+from perseus.runtime.collectives import is_distributed
 from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
@@ -56,9 +42,8 @@ __all__ = [
 #: Oldest torch whose pipelining internals this adapter was written against.
 MIN_TORCH_VERSION = (2, 5)
 
-#: perseus schedule name -> torch class name whose executed order equals perseus's builder.
-#: ``zb`` has no torch twin (torch's zero-bubble schedules order differently); it runs through
-#: torch's schedule-IR runtime instead.
+#: perseus schedule name -> torch class whose executed order equals perseus's builder (``zb``
+#: has none: it runs through torch's schedule-IR runtime).
 TORCH_SCHEDULE_CLASSES: dict[str, str] = {
     "gpipe": "ScheduleGPipe",
     "1f1b": "Schedule1F1B",
@@ -85,14 +70,10 @@ _REQUIRED_SCHEDULE_NAMES = (
 
 
 def check_torch_version() -> types.ModuleType:
-    """Import torch's pipelining schedules and check every internal this adapter uses.
-
-    Returns:
-        The ``torch.distributed.pipelining.schedules`` module.
+    """Import ``torch.distributed.pipelining.schedules``, checking every internal used here.
 
     Raises:
-        ConfigError: if torch is missing, older than :data:`MIN_TORCH_VERSION`, or lacks one of
-            the names used here (a newer torch that renamed them).
+        ConfigError: torch is missing, older than :data:`MIN_TORCH_VERSION`, or lacks a name.
     """
     (schedules,) = check_engine_version(
         "torch",
@@ -103,10 +84,6 @@ def check_torch_version() -> types.ModuleType:
         f">={MIN_TORCH_VERSION[0]}.{MIN_TORCH_VERSION[1]},<=2.13",
     )
     return schedules
-
-
-# --------------------------------------------------------------------------------------------
-# torch -> perseus
 
 
 def _convert(torch_action: Any, sched_mod: types.ModuleType) -> list[tuple[Action, bool]]:
@@ -121,10 +98,7 @@ def _convert(torch_action: Any, sched_mod: types.ModuleType) -> list[tuple[Actio
     if torch_action is None:
         return []
     if torch_action.computation_type == ct.OVERLAP_F_B:
-        out: list[tuple[Action, bool]] = []
-        for sub in torch_action.sub_actions or ():
-            out += _convert(sub, sched_mod)
-        return out
+        return [pair for sub in torch_action.sub_actions or () for pair in _convert(sub, sched_mod)]
     kind = kind_of.get(torch_action.computation_type)
     if kind is None:  # communication, (un)shard, reduce-grad: not compute
         return []
@@ -176,7 +150,7 @@ class _RecordingStage:
         self.has_backward = False
         self.output_chunks: list[Any] = []
         self.stage_index_to_group_rank: dict[int, int] = {}
-        self.recorded: list[tuple[Action, bool]] = []
+        self.recorded: list[Action] = []
 
     def get_fwd_recv_ops(self, *_: Any) -> list[Any]:
         return []
@@ -185,15 +159,13 @@ class _RecordingStage:
     _get_init_p2p_neighbors_ops = get_fwd_recv_ops
 
     def forward_one_chunk(self, fwd_chunk_id: int, *_: Any, **__: Any) -> None:
-        self.recorded.append((Action(self.stage_index, Kind.F, fwd_chunk_id), False))
+        self.recorded.append(Action(self.stage_index, Kind.F, fwd_chunk_id))
 
-    def backward_one_chunk(
-        self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True, **_: Any
-    ) -> None:
-        self.recorded.append((Action(self.stage_index, Kind.B, bwd_chunk_id), not full_backward))
+    def backward_one_chunk(self, bwd_chunk_id: int, *_: Any, **__: Any) -> None:
+        self.recorded.append(Action(self.stage_index, Kind.B, bwd_chunk_id))
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, **_: Any) -> None:
-        self.recorded.append((Action(self.stage_index, Kind.W, bwd_chunk_id), True))
+        self.recorded.append(Action(self.stage_index, Kind.W, bwd_chunk_id))
 
     def _prepare_forward_infra(self, *_: Any, **__: Any) -> None:
         return None
@@ -201,35 +173,15 @@ class _RecordingStage:
     clear_runtime_states = perform_reduce_grad = _prepare_forward_infra
 
 
-def _trace_single(cls: type, num_stages: int, num_microbatches: int) -> list[list[Action]]:
-    """Run a single-stage schedule's ``_step_microbatches`` on recording stages, rank by rank."""
-    orders = []
-    for rank in range(num_stages):
-        stage = _RecordingStage(rank, num_stages, num_stages, rank)
-        sched = cls(stage, num_microbatches)
-        sched._step_microbatches(None, None, None, None, return_outputs=False)
-        orders.append([a for a, _ in stage.recorded])
-    return orders
-
-
-def _is_single(sched_mod: types.ModuleType, cls: type) -> bool:
-    return issubclass(cls, sched_mod.PipelineScheduleSingle)
-
-
 def schedule_from_torch(
     torch_schedule: Any, name: str | None = None, *, split_full_backward: bool = False
 ) -> Schedule:
-    """The perseus schedule that a constructed torch schedule object executes.
-
-    Works on the user's real schedule object (any rank's): for multi-stage schedules every
-    rank's order is already in ``pipeline_order_with_comms``; single-stage schedules are traced
-    on stand-in stages (see the module docstring).
+    """The perseus schedule that a constructed torch schedule object (any rank's) executes.
 
     Args:
-        torch_schedule: An instance of a torch pipelining schedule.
         name: Label for the result (default: the torch class name).
-        split_full_backward: Plan full backwards of a schedule that also splits some
-            (DualPipeV) as ``B`` then ``W`` (see the module docstring).
+        split_full_backward: Plan the full backwards of a schedule that also splits some
+            (DualPipeV) as ``B`` then ``W``.
 
     Raises:
         ConfigError: for an unsupported torch.
@@ -239,9 +191,13 @@ def schedule_from_torch(
     cls = type(torch_schedule)
     label = name or cls.__name__
     n_mb = int(torch_schedule._n_microbatches)
-    if _is_single(sched_mod, cls):
-        num_stages = int(torch_schedule._num_stages)
-        orders = _trace_single(cls, num_stages, n_mb)
+    num_stages = int(torch_schedule._num_stages)
+    if issubclass(cls, sched_mod.PipelineScheduleSingle):
+        orders = []
+        for rank in range(num_stages):  # run its hand-written loop on a stand-in stage
+            stage = _RecordingStage(rank, num_stages, num_stages, rank)
+            cls(stage, n_mb)._step_microbatches(None, None, None, None, return_outputs=False)
+            orders.append(stage.recorded)
         return schedule_from_actions(label, orders, num_stages, n_mb)
     if not isinstance(torch_schedule, sched_mod._PipelineScheduleRuntime):
         raise ScheduleError(
@@ -249,12 +205,15 @@ def schedule_from_torch(
             "perseus cannot read its action order"
         )
     with_comms = torch_schedule.pipeline_order_with_comms
-    orders = [with_comms[r] for r in sorted(with_comms)]
-    num_stages = int(torch_schedule._num_stages)
     mapping = torch_schedule.stage_index_to_group_rank
-    stage_to_rank = tuple(int(mapping[s]) for s in range(num_stages))
     return _schedule_from_orders(
-        orders, num_stages, n_mb, label, stage_to_rank, sched_mod, split_full_backward
+        [with_comms[r] for r in sorted(with_comms)],
+        num_stages,
+        n_mb,
+        label,
+        tuple(int(mapping[s]) for s in range(num_stages)),
+        sched_mod,
+        split_full_backward,
     )
 
 
@@ -269,9 +228,8 @@ def torch_class_for(name_or_class: str | type) -> type:
     if isinstance(name_or_class, type):
         return name_or_class
     name = TORCH_SCHEDULE_CLASSES.get(name_or_class, name_or_class)
-    bare = name.removeprefix("Schedule")
     try:
-        cls: type = sched_mod.get_schedule_class(bare)
+        cls: type = sched_mod.get_schedule_class(name.removeprefix("Schedule"))
     except ValueError:
         raise ConfigError(
             f"unknown torch pipeline schedule {name_or_class!r}; use a torch class name "
@@ -292,15 +250,13 @@ def schedule_from_torch_class(
 
     Args:
         name_or_class: See :func:`torch_class_for`.
-        num_ranks: Pipeline ranks.
-        num_microbatches: Microbatches per iteration.
         stages_per_rank: Local stages per rank (1 for GPipe/1F1B, 2 for ZBV/DualPipeV).
         split_full_backward: See :func:`schedule_from_torch`.
 
     Raises:
-        ConfigError: unknown class or unsupported torch; torch's own size errors are re-raised
-            as :class:`~perseus.errors.ScheduleError` with its message.
-        ScheduleError: if the order does not fit perseus's IR.
+        ConfigError: unknown class or unsupported torch.
+        ScheduleError: torch refuses the sizes (its message), or the order does not fit
+            perseus's IR.
     """
     sched_mod = check_torch_version()
     cls = torch_class_for(name_or_class)
@@ -311,7 +267,7 @@ def schedule_from_torch_class(
         )
     num_stages = num_ranks * stages_per_rank
     try:
-        if _is_single(sched_mod, cls):
+        if issubclass(cls, sched_mod.PipelineScheduleSingle):
             if stages_per_rank != 1:
                 raise ScheduleError(
                     f"{cls.__name__} runs one stage per rank, not {stages_per_rank}"
@@ -319,7 +275,11 @@ def schedule_from_torch_class(
             # Constructing validates torch's own size rules (e.g. 1F1B needs M >= S).
             sched = cls(_RecordingStage(0, num_stages, num_ranks, 0), num_microbatches)
         else:
-            local = _local_stage_indices(cls, sched_mod, num_ranks, stages_per_rank)
+            # Rank 0's stages: V-shaped (0, 2R-1) or looped (0, R, 2R...).
+            if cls.__name__ in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV"):
+                local = [0, 2 * num_ranks - 1][:stages_per_rank]
+            else:
+                local = [k * num_ranks for k in range(stages_per_rank)]
             stages = [_RecordingStage(s, num_stages, num_ranks, 0) for s in local]
             sched = cls(stages, num_microbatches)
     except (ValueError, RuntimeError) as e:
@@ -328,20 +288,6 @@ def schedule_from_torch_class(
             f"x {stages_per_rank} stages per rank: {e}"
         ) from e
     return schedule_from_torch(sched, name=cls.__name__, split_full_backward=split_full_backward)
-
-
-def _local_stage_indices(
-    cls: type, sched_mod: types.ModuleType, num_ranks: int, stages_per_rank: int
-) -> list[int]:
-    """Rank 0's stage indices: looped (0, R, 2R...) or V-shaped (0, 2R-1) placement."""
-    v_style = cls.__name__ in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
-    if v_style:
-        return [0, 2 * num_ranks - 1][:stages_per_rank]
-    return [k * num_ranks for k in range(stages_per_rank)]
-
-
-# --------------------------------------------------------------------------------------------
-# perseus -> torch
 
 
 def build_torch_schedule(
@@ -354,10 +300,9 @@ def build_torch_schedule(
 ) -> Any:
     """A torch schedule object that executes ``schedule`` on this rank's ``stages``.
 
-    With ``prefer_torch_class`` and a schedule named like one of :data:`TORCH_SCHEDULE_CLASSES`,
-    torch's own class is used (after checking that its executed order equals ``schedule``);
-    otherwise torch's schedule-IR runtime is loaded with ``schedule``'s per-rank actions (full
-    backwards as ``B``, split ones as ``I``/``W``), which is how torch runs custom schedules.
+    torch's own class when ``prefer_torch_class`` and one of :data:`TORCH_SCHEDULE_CLASSES`
+    matches (its executed order checked against ``schedule``); otherwise torch's schedule-IR
+    runtime loaded with ``schedule``'s per-rank actions, as torch runs custom schedules.
 
     Args:
         schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
@@ -371,7 +316,6 @@ def build_torch_schedule(
     """
     sched_mod = check_torch_version()
     stages = list(stages)
-    single = len(stages) == 1 and schedule.virtual_stages == 1
     cls_name = TORCH_SCHEDULE_CLASSES.get(schedule.name)
     if prefer_torch_class and cls_name is not None:
         cls = getattr(sched_mod, cls_name)
@@ -383,6 +327,7 @@ def build_torch_schedule(
                 f"torch {cls_name} would run a different order than perseus's {schedule.name!r} "
                 f"schedule; pass prefer_torch_class=False to run perseus's order"
             )
+        single = len(stages) == 1 and schedule.virtual_stages == 1
         return cls(stages[0] if single else stages, schedule.num_microbatches, loss_fn, **kwargs)
     ct = sched_mod._ComputationType
     split = schedule.has_weight_actions
@@ -404,21 +349,17 @@ def build_torch_schedule(
 
 
 def job_store() -> Any:
-    """The default process group's store (torchrun's ``MASTER_ADDR:MASTER_PORT`` TCP store),
-    through which ``perseus straggler set`` reaches a running job.
+    """The default process group's store (torchrun's TCP store), through which
+    ``perseus straggler set`` reaches a running job.
 
     Raises:
         ConfigError: if torch.distributed is not initialised.
     """
+    if not is_distributed():
+        raise ConfigError("job_store() needs torch.distributed to be initialised first")
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError("job_store() needs torch.distributed to be initialised first")
     return dist.distributed_c10d._get_default_store()
-
-
-# --------------------------------------------------------------------------------------------
-# torchtitan-style construction
 
 
 def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> list[Any]:
@@ -426,8 +367,8 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
 
     Args:
         torch_schedule: A torch pipelining schedule (single- or multi-stage).
-        model_parts: The modules the trainer keeps (torchtitan's ``model_parts``); when given,
-            they must be the stages' submodules, in the same order.
+        model_parts: The modules the trainer keeps (torchtitan's ``model_parts``): checked to
+            be the stages' submodules, in order.
 
     Raises:
         ConfigError: if the schedule holds no stages or they do not match ``model_parts``.
@@ -446,9 +387,7 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
     if model_parts is not None:
         parts = list(model_parts)
         submods = [getattr(st, "submod", None) for st in stages]
-        if len(parts) != len(stages) or any(
-            p is not m for p, m in zip(parts, submods, strict=True)
-        ):
+        if list(map(id, parts)) != list(map(id, submods)):  # the very same modules
             raise ConfigError(
                 f"model_parts ({len(parts)} modules) are not the schedule's stage modules "
                 f"(stages {[int(st.stage_index) for st in stages]}); pass the model parts the "
@@ -460,10 +399,8 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
 class TorchPipelining:
     """The engine adapter for ``torch.distributed.pipelining`` (see :mod:`.base`).
 
-    The schedule is the order torch really runs (:func:`schedule_from_torch`; a schedule that
-    mixes full and split backwards, DualPipeV, is planned with each full backward as ``B``
-    then ``W``); the stages' compute methods run inside the session's ``op``
-    (:func:`~perseus.runtime.engines.torch_hooks.instrument_stages`).
+    The schedule is the order torch really runs (:func:`schedule_from_torch`, full backwards
+    split when mixed); the stages' compute methods run inside the session's ``op``.
 
     Args:
         torch_schedule: The torch schedule object the training loop steps.
@@ -539,12 +476,11 @@ class TorchPipelining:
 
 
 def check_profile_fits(profile: Profile, schedule: Schedule) -> None:
-    """Check that ``profile`` describes the model ``schedule`` runs.
+    """Check that ``profile`` has the stages ``schedule`` runs (a profile without ``weight``
+    rows fits a split schedule: :meth:`~perseus.profile.model.Profile.split_backward`).
 
     Raises:
-        ProfileError: if the stage counts differ (a profile without ``weight`` rows always
-            fits a schedule that splits backwards: it is split by
-            :meth:`~perseus.profile.model.Profile.split_backward`).
+        ProfileError: if the stage counts differ.
     """
     if profile.num_stages != schedule.num_stages:
         raise ProfileError(
