@@ -27,13 +27,12 @@ from perseus.runtime.profiling.energy_windows import CounterInterval, CounterSam
 __all__ = ["DEFAULT_RIDGE", "OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
 
 
-#: The non-op columns' pull towards the blocking power, relative to the ridge. Light: a firm
-#: pull moves a counter's gain error (0.95 on an A100) into the ops next to the bubbles.
-_GAP_PRIOR = 1.0
-_OUTSIDE_PRIOR = 1.0
 #: The default ridge: it moves a group's power ~(ridge/share)^2 towards the others' (0.01
 #: moved a forward row 2.5 %, 0.002 about 0.1 %) and still decides groups nothing separates.
 DEFAULT_RIDGE = 0.002
+#: The non-op columns' pull towards the blocking power, relative to the ridge. Light: a firm
+#: pull moves a counter's gain error (0.95 on an A100) into the ops next to the bubbles.
+_GAP_PRIOR = _OUTSIDE_PRIOR = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +196,12 @@ def _standard_errors(
 ) -> np.ndarray:
     """Standard errors of the op groups' powers: residual variance x diag((A^T A)^-1), the
     ridge and prior rows included in ``A``."""
-    m = len(energy)
-    resid = energy - shares @ power
-    used = shares.sum(axis=0) > 0
-    k = int(used.sum())
-    dof = m - k
+    a, _, used = _design(shares, energy, n, idle_power_w, ridge)
+    dof = len(energy) - int(used.sum())
     if dof < 1:
         return np.full(n, math.inf)
+    resid = energy - shares @ power
     s2 = float(resid @ resid) / dof
-    a = np.vstack([shares, _prior_rows(shares, n, idle_power_w, ridge)[0]])[:, used]
     try:
         inv = np.linalg.inv(a.T @ a)
     except np.linalg.LinAlgError:
@@ -215,11 +211,12 @@ def _standard_errors(
     return diag[:n]
 
 
-def _prior_rows(
-    shares: np.ndarray, n: int, idle_power_w: float | None, ridge: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The ridge rows and their right-hand side (see :func:`_solve`)."""
-    rows, rhs = [np.zeros((0, n + 2))], [np.zeros(0)]
+def _design(
+    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The least-squares matrix (the windows, then the ridge rows; only the columns with time
+    in some window: the others are unknowable), its right-hand side and those columns."""
+    rows, rhs = [shares], [energy]
     if ridge > 0:
         weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
         if n > 1:
@@ -232,24 +229,21 @@ def _prior_rows(
             prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
             rows.append(prior)
             rhs.append(prior.sum(axis=1) * idle_power_w)
-    return np.vstack(rows), np.concatenate(rhs)
+    used = shares.sum(axis=0) > 0
+    return np.vstack(rows)[:, used], np.concatenate(rhs), used
 
 
 def _solve(
     shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
 ) -> np.ndarray:
-    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
-    which the planner itself prices at the blocking power) and the time between iterations
-    (optimizer, data loading: anything) lightly towards ``idle_power_w``."""
+    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles, which the
+    planner prices at the blocking power) and the time between iterations lightly towards
+    ``idle_power_w``."""
     from scipy.optimize import nnls
 
-    prior_rows, prior_rhs = _prior_rows(shares, n, idle_power_w, ridge)
-    # Columns with no time in any window are unknowable: keep them out of the solve.
-    used = shares.sum(axis=0) > 0
-    a = np.vstack([shares, prior_rows])[:, used]
+    a, rhs, used = _design(shares, energy, n, idle_power_w, ridge)
     power = np.zeros(n + 2)
     if a.shape[1]:
-        rhs = np.concatenate([energy, prior_rhs])
         power[used] = nnls(a, rhs, maxiter=50 * (n + 2))[0]
     if idle_power_w is not None:
         power[n : n + 2][~used[n:]] = idle_power_w
