@@ -145,8 +145,4 @@ class PairSweep(StepSweep):
 
     def rows(self) -> list[PairProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j, mem_freq_mhz)``."""
-        return [
-            (stage, kind, f, t, e, m)
-            for (stage, kind), rows in self._rows.items()
-            for (f, m), t, e, _ in rows
-        ]
+        return [(s, k, f, t, e, m) for s, k, f, m, t, e, _err in self._flat()]

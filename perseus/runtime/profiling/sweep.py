@@ -107,13 +107,15 @@ class StepSweep:
         for samples in (*self._times.values(), *self._energies.values()):
             samples.clear()
 
+    def _flat(self) -> list[tuple[int, Kind, int, int, float, float, float]]:
+        """Every row: ``(stage, kind, freq_mhz, mem_freq_mhz, time_s, energy_j, error)``."""
+        return [
+            (*op, f, m, t, e, err) for op, rows in self._rows.items() for (f, m), t, e, err in rows
+        ]
+
     def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
         """Per measured row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
-        return [
-            (stage, kind, clocks[0], err)
-            for (stage, kind), rows in self._rows.items()
-            for clocks, _t, _e, err in rows
-        ]
+        return [(s, k, f, err) for s, k, f, _m, _t, _e, err in self._flat()]
 
     def worst_fit_error(self) -> float:
         """The largest row uncertainty so far (0 without rows)."""
@@ -221,11 +223,7 @@ class ClockSweep(StepSweep):
 
     def rows(self) -> list[ProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j)``."""
-        return [
-            (stage, kind, clocks[0], t, e)
-            for (stage, kind), rows in self._rows.items()
-            for clocks, t, e, _ in rows
-        ]
+        return [(s, k, f, t, e) for s, k, f, _m, t, e, _err in self._flat()]
 
 
 def step_row(
@@ -239,15 +237,14 @@ def step_row(
     nothing usable was measured), its samples cleared: the median time, times the fitted
     power, else the median per-op energy."""
     power = None if power_w is None else power_w.get(op)
-    if power is not None and not power > 0:
-        power = None  # a group the fit could not see: no information
+    fitted = power is not None and power > 0  # else a group the fit could not see
     row = None
-    if times_s and (power is not None or energies_j):
+    if times_s and (fitted or energies_j):
         time_s = statistics.median(times_s)
-        if power is None:
-            row = (time_s, statistics.median(energies_j), 0.0)
-        else:
+        if power is not None and fitted:
             row = (time_s, power * time_s, fit.relative_error(op) if fit else math.inf)
+        else:
+            row = (time_s, statistics.median(energies_j), 0.0)
     times_s.clear()
     energies_j.clear()
     return row
