@@ -14,15 +14,7 @@ from typing import Any, Literal
 from perseus.errors import ConfigError
 from perseus.runtime.straggler.switching import CLEARED, read_ack_at, read_text
 
-__all__ = [
-    "ACK_KEY",
-    "CAP_KEY",
-    "CLEARED",
-    "clear_cap",
-    "read_cap",
-    "read_cap_ack",
-    "set_cap",
-]
+__all__ = ["ACK_KEY", "CAP_KEY", "CLEARED", "clear_cap", "read_cap", "read_cap_ack", "set_cap"]
 
 #: Store key of the job's power cap.
 CAP_KEY = "perseus/power/cap"

@@ -106,13 +106,12 @@ class PowerRuntime:
         self._acked: str | None = None
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
-        self.timer = ScheduleClock(schedule) if follow and schedule is not None else None
         self.replanner = replanner if follow else None
+        self.timer: ScheduleClock | None = None
         self.meter: CostMeter | None = None
         if follow and schedule is not None:
-            self.meter = (
-                replanner.meter() if replanner is not None else CostMeter.of_schedule(schedule)
-            )
+            self.timer = ScheduleClock(schedule)
+            self.meter = replanner.meter() if replanner else CostMeter.of_schedule(schedule)
         self._first_schedule = schedule
         self._done_before = 0  # schedule iterations run before the schedule in force began
         self.waited_s = 0.0
@@ -212,19 +211,15 @@ class PowerRuntime:
         value = 0.0
         if self.store is not None and _group_rank(self.group) == 0:
             entry = read_cap(self.store)
+            token = None
             if entry is not None:
                 cap_w, scope, token = entry
                 value = cap_w * (self.frontier.job.ranks if scope == "gpu" else 1)
-                self._acknowledge(token, iteration)
-            else:
-                self._acknowledge(None, iteration)
+            if token != self._acked:  # None: never acknowledged, or cleared
+                self._acked = token
+                write_ack(self.store, ACK_KEY, token, iteration)
         (reduced,) = all_reduce_max([value], self.group)
         return reduced if reduced > 0 else None
-
-    def _acknowledge(self, token: str | None, iteration: int | None) -> None:
-        if token != self._acked:  # None: never acknowledged, or cleared
-            self._acked = token
-            write_ack(self.store, ACK_KEY, token, iteration)
 
     def decide(self, iteration: int, cap_w: float | None) -> PowerDecision:
         """The plan of session iteration ``iteration`` under ``cap_w`` (pure but for the log)."""

@@ -101,8 +101,7 @@ def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True)
     # The period on whose grid the middles agree best (phase concentration), then a line fit.
     candidates = p0 * np.linspace(0.8, 1.25, 2251)
     phases = np.exp(2j * np.pi * mn[None, :] / candidates[:, None])
-    concentration = np.abs(phases.mean(axis=1))
-    best = int(np.argmax(concentration))
+    best = int(np.argmax(np.abs(phases.mean(axis=1))))
     period = float(candidates[best])
     t0 = float(np.angle(phases[best].mean())) / (2 * np.pi) * period
     n = np.round((mn - t0) / period)
@@ -135,13 +134,8 @@ def _deepest_grid(
     # t0 + n P + s <= hi  and  -(t0 + n P) + s <= -lo; maximise s.
     a_ub = np.vstack([np.column_stack([ones, n, ones]), np.column_stack([-ones, -n, ones])])
     b_ub = np.concatenate([hi, -lo])
-    res = linprog(
-        c=[0.0, 0.0, -1.0],
-        A_ub=a_ub,
-        b_ub=b_ub,
-        bounds=[(None, None), (0.5 * period, 2.0 * period), (None, None)],
-        method="highs",
-    )
+    bounds = [(None, None), (0.5 * period, 2.0 * period), (None, None)]
+    res = linprog([0.0, 0.0, -1.0], a_ub, b_ub, bounds=bounds, method="highs")
     if res.status != 0 or res.x[2] < 0:
         return period, t0
     return float(res.x[1]), float(res.x[0])
@@ -165,13 +159,11 @@ def counter_intervals(
         times = reads
     else:
         times = publish_times(brackets, grid=grid)
-    out: list[CounterInterval] = []
-    for k in range(1, len(times)):
-        delta_mj = values[k] - values[k - 1]
-        if delta_mj < 0 or times[k] <= times[k - 1]:
-            continue
-        out.append(CounterInterval(times[k - 1], times[k], delta_mj / 1000.0))
-    return out
+    return [
+        CounterInterval(t0, t1, (v1 - v0) / 1000.0)
+        for (t0, v0), (t1, v1) in itertools.pairwise(zip(times, values, strict=True))
+        if v1 >= v0 and t1 > t0
+    ]
 
 
 class CounterSampler:

@@ -207,16 +207,12 @@ class StragglerRuntime:
         if self.store is not None and global_rank() == 0:
             for k in range(d):
                 entry = read_hint_entry(self.store, k)
-                if entry is not None:
-                    values[d + k] = entry[0]
-                self._acknowledge(k, entry[1] if entry is not None else None, iteration)
+                values[d + k], token = entry if entry is not None else (0.0, None)
+                if token != self._acked.get(k):  # None: never acknowledged, or cleared
+                    self._acked[k] = token
+                    write_ack(self.store, ack_key(k), token, iteration)
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
-
-    def _acknowledge(self, k: int, token: str | None, iteration: int | None) -> None:
-        if token != self._acked.get(k):  # None: never acknowledged, or cleared
-            self._acked[k] = token
-            write_ack(self.store, ack_key(k), token, iteration)
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""
