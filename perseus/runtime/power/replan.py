@@ -1,11 +1,9 @@
 """Re-plan the rest of a schedule when an interval's realised value differs from its forecast.
 
-:class:`Replanner` keeps the cached frontier and the forecast; when an interval opens, it reads
-the realised value (a second signal file, or a callable) and, when it differs, re-solves what
-is left from that moment with :func:`~perseus.solver.power_schedule.schedule_plans` (realised
-values so far, the forecast after). :class:`ReplanCost` reports the cost incurred against the
-plans followed and the original schedule. Every rank decides alike from the clock reading the
-ranks agree on, so the realised values must be the same on every rank.
+:class:`Replanner` reads each interval's realised value when it opens and, when it differs,
+re-solves what is left with :func:`~perseus.solver.power_schedule.schedule_plans` (realised
+values so far, the forecast after). Every rank decides alike from the clock reading the ranks
+agree on, so the realised values must be the same on every rank.
 """
 
 from __future__ import annotations

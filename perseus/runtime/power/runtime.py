@@ -1,11 +1,9 @@
 """Follow a plan schedule and a run-time power cap: one boundary hook, the same on every rank.
 
-At every iteration boundary :class:`PowerRuntime` reads the job's cap (rank 0 of its group,
-shared in one all-reduce), picks the next iteration's plan from data every rank shares (the
-schedule's plan, or the fastest under the cap) and returns it to the session. Given a clock
-it also follows the schedule in time (:mod:`perseus.runtime.power.follow`), releasing the
-clocks while it waits for an interval, and re-plans when realised values differ
-(:mod:`perseus.runtime.power.replan`). docs/power.md describes the behaviour.
+At every iteration boundary :class:`PowerRuntime` reads the job's cap (rank 0, shared in one
+all-reduce) and picks the next iteration's plan from data every rank shares; given a clock it
+also waits for each schedule interval with the clocks released, and re-plans when realised
+values differ (docs/power.md).
 """
 
 from __future__ import annotations

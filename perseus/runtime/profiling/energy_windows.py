@@ -2,11 +2,8 @@
 
 NVML's counter is published every ~100 ms and a read costs ~3 ms (docs/timing.md), so op
 energy comes from the windows between publishes: :class:`CounterSampler` reads the counter
-on its own thread (or as a :class:`~perseus.device.clock.VirtualClock` timer) and stamps each
-read with device-timeline times before and after it; :func:`counter_intervals` finds the
-publishes (placed on a fitted regular grid when the brackets allow, else mid-bracket) and
-returns the windows between them with their energy. The same code runs on a real GPU and on
-the simulated one.
+and stamps each read with device-timeline times; :func:`counter_intervals` finds the publishes
+(on a fitted regular grid when the brackets allow) and the energy between them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Online profiling of (SM, memory) clock pairs, on a GPU whose memory clock can be locked.
 
 :class:`PairSweep` measures a coarse grid first (every ``stride``-th SM clock at every memory
-clock, :func:`perseus.profile.pair_grid.coarse_pair_grid`), then in rounds the unmeasured SM
-clocks near each op's lower hull (:func:`perseus.profile.pair_grid.next_pairs`), until a round
-adds nothing or ``max_pairs`` were measured. As in the SM sweep
-(:class:`~perseus.runtime.profiling.sweep.ClockSweep`, whose surface it has), one pair per
-step for the whole rank.
+clock), then in rounds the unmeasured SM clocks near each op's lower hull
+(:mod:`perseus.profile.pair_grid`), one pair per step for the whole rank, until a round adds
+nothing or ``max_pairs`` were measured.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Straggler-aware plan switching at run time, the same decision on every rank of a pipeline.
 
-At every iteration boundary :class:`StragglerRuntime` measures this rank's compute-bound time
-scaled to its fastest plan (:meth:`StragglerRuntime.intrinsic_time_s`), exchanges every
-pipeline's time and global rank 0's store hints (``perseus straggler set``) in one all-reduce
-(MAX), and feeds :class:`~perseus.runtime.straggler.policy.StragglerPolicy`: every rank holds
-the same numbers and so derives the same plan without further coordination. Rank 0
-acknowledges each hint (or clearing) in the store with the iteration it read it at.
-docs/straggler.md describes the behaviour.
+At every iteration boundary :class:`StragglerRuntime` exchanges every pipeline's time and
+global rank 0's store hints (``perseus straggler set``) in one all-reduce (MAX) and feeds
+:class:`~perseus.runtime.straggler.policy.StragglerPolicy`: every rank holds the same numbers
+and so derives the same plan (docs/straggler.md).
 """
 
 from __future__ import annotations
