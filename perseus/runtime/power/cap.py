@@ -1,10 +1,8 @@
 """A job's power cap in its torch.distributed store (``perseus power set --cap-w W``).
 
-The value under :data:`CAP_KEY` is ``"<cap_w> <scope> <token>"``: the cap in watts, ``pipeline``
-(the whole pipeline's average power) or ``gpu`` (per GPU: times the pipeline's ranks), and a
-token the job acknowledges under :data:`ACK_KEY` (``"<token> <iteration>"``, ``-`` once a cap
-was cleared) when it reads it at an iteration boundary, so the command can tell a job that
-took the cap from a store nobody reads.
+The value under :data:`CAP_KEY` is ``"<cap_w> <scope> <token>"``, the scope ``pipeline`` or
+``gpu`` (per GPU: times the pipeline's ranks); the job acknowledges the token under
+:data:`ACK_KEY` at the iteration boundary where it reads it.
 """
 
 from __future__ import annotations
@@ -14,23 +12,14 @@ import secrets
 from typing import Any, Literal
 
 from perseus.errors import ConfigError
+from perseus.runtime.straggler.switching import CLEARED, read_ack_at, read_text
 
-__all__ = [
-    "ACK_KEY",
-    "CAP_KEY",
-    "CLEARED",
-    "clear_cap",
-    "read_cap",
-    "read_cap_ack",
-    "set_cap",
-]
+__all__ = ["ACK_KEY", "CAP_KEY", "CLEARED", "clear_cap", "read_cap", "read_cap_ack", "set_cap"]
 
 #: Store key of the job's power cap.
 CAP_KEY = "perseus/power/cap"
 #: Store key of the job's acknowledgement.
 ACK_KEY = "perseus/power/ack"
-#: The acknowledgement of a cleared cap names this instead of a token.
-CLEARED = "-"
 
 Scope = Literal["pipeline", "gpu"]
 
@@ -58,12 +47,10 @@ def clear_cap(store: Any) -> None:
 
 def read_cap(store: Any) -> tuple[float, Scope, str] | None:
     """The cap, its scope and token, or None (never blocks; a malformed value reads as none)."""
-    if not store.check([CAP_KEY]):
-        return None
+    fields = (read_text(store, CAP_KEY) or "").split()
     try:
-        fields = store.get(CAP_KEY).decode().split()
         value = float(fields[0])
-    except (ValueError, UnicodeDecodeError, IndexError):
+    except (ValueError, IndexError):
         return None
     scope = fields[1] if len(fields) > 1 else "pipeline"
     if not (math.isfinite(value) and value > 0) or scope not in ("pipeline", "gpu"):
@@ -72,12 +59,5 @@ def read_cap(store: Any) -> tuple[float, Scope, str] | None:
 
 
 def read_cap_ack(store: Any) -> tuple[str, int | None] | None:
-    """The job's last acknowledgement: the token (:data:`CLEARED` after a clear) and the
-    iteration it was read at (None if unknown), or None if no job acknowledged one."""
-    if not store.check([ACK_KEY]):
-        return None
-    try:
-        token, _, iteration = store.get(ACK_KEY).decode().partition(" ")
-    except UnicodeDecodeError:
-        return None
-    return token, int(iteration) if iteration.isdecimal() else None
+    """The job's last acknowledgement of a cap (:func:`read_ack_at`)."""
+    return read_ack_at(store, ACK_KEY)

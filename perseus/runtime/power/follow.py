@@ -1,14 +1,9 @@
 """Follow a plan schedule in time: wait for each interval, and price what the job really drew.
 
-A schedule (:class:`~perseus.io.power_files.ScheduleFile`) says which iterations run in which
-signal interval. Run by count alone, a job scheduled into tonight's cheap hours would run now;
-:class:`ScheduleClock` tells the boundary hook how long to wait before an iteration's interval
-opens, and :class:`CostMeter` prices the energy the job's GPUs really drew (their energy
-counters, summed over the pipeline) by the interval it was drawn in, next to what the schedule
-stated for the same time.
-
-Times are seconds from the signal's start (the schedule's ``start_s``), on the clock the job's
-device runs on (the simulated GPU's virtual or wall clock in emulation, the host's on a GPU).
+:class:`ScheduleClock` says how long to wait before an iteration's interval opens;
+:class:`CostMeter` prices the energy the pipeline's GPUs drew by the interval it was drawn in,
+against what the schedule stated. Times are seconds from the signal's start on the clock the
+job's device runs on.
 """
 
 from __future__ import annotations
@@ -28,19 +23,14 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class ScheduleClock:
-    """When each iteration of a schedule may start (pure).
-
-    Args:
-        schedule: The schedule; its intervals list the ones that run iterations.
-    """
+    """When each iteration of a schedule may start (pure)."""
 
     def __init__(self, schedule: ScheduleFile) -> None:
         self.intervals = schedule.intervals
         self._firsts = [iv.first_iteration for iv in self.intervals]
 
     def interval_of(self, iteration: int) -> int | None:
-        """The index (in :attr:`intervals`) of the interval that runs schedule iteration
-        ``iteration``, or None past the schedule."""
+        """The index of the interval that runs schedule iteration ``iteration`` (None past it)."""
         k = bisect.bisect_right(self._firsts, iteration) - 1
         if k < 0:
             return None
@@ -49,8 +39,8 @@ class ScheduleClock:
         return k if iteration < done else None
 
     def wait_s(self, iteration: int, elapsed_s: float) -> float:
-        """How long to wait, at ``elapsed_s`` from the signal's start, before schedule
-        iteration ``iteration`` (0 when its interval is open, or past the schedule)."""
+        """How long to wait at ``elapsed_s`` before schedule iteration ``iteration`` (0 when its
+        interval is open, or past the schedule)."""
         k = self.interval_of(iteration)
         if k is None:
             return 0.0
@@ -62,13 +52,10 @@ class IncurredCost:
     """What the job drew and paid, against the schedule, up to ``elapsed_s``.
 
     Attributes:
-        elapsed_s: Seconds from the signal's start.
         incurred: Measured energy x the interval's value, inside the schedule's intervals.
-        scheduled: The schedule's cost of the same intervals up to ``elapsed_s`` (its
-            iterations and its idle GPUs over the part of the interval that has passed).
-        outside_j: Measured energy drawn outside them (waiting in intervals the schedule
-            leaves idle; the file does not carry their values, so it is not priced here).
-        scheduled_outside_j: The schedule's idle energy for that time (idle power x time).
+        scheduled: The schedule's cost of the same time (iterations and idle GPUs).
+        outside_j: Measured energy drawn outside them (not priced: the file lacks values).
+        scheduled_outside_j: The schedule's idle energy for that time.
     """
 
     elapsed_s: float
@@ -95,14 +82,11 @@ class IncurredCost:
 class CostMeter:
     """Prices measured energy by the interval it was drawn in.
 
-    Call :meth:`mark` with the pipeline's energy counter (J) at moments the job's power is
-    about constant in between (iteration boundaries, the two ends of a wait): the energy of a
-    span is spread over the intervals it overlaps in proportion to time, and priced at their
-    ``values`` (per kWh) as they are when the span is added (a re-planner writes each
-    realised value in before the energy drawn in its interval is marked).
+    :meth:`mark` takes the pipeline's energy counter (J) at moments between which power is
+    about constant; a span's energy is spread over the intervals it overlaps in proportion to
+    time and priced at their ``values`` (per kWh) as they are when it is added.
 
     Attributes:
-        starts_s, ends_s, values: The intervals energy is priced by.
         spans: Every ``(start_s, end_s, drawn_j)`` added.
         incurred: Energy x value so far (kWh x value), inside the intervals.
         outside_j: Energy drawn outside them.
@@ -118,8 +102,7 @@ class CostMeter:
 
     @classmethod
     def of_schedule(cls, schedule: ScheduleFile) -> CostMeter:
-        """Priced by the intervals of ``schedule`` that run iterations (the file does not
-        carry the others' values: energy drawn there counts as outside)."""
+        """Priced by the intervals of ``schedule`` that run iterations."""
         ivs = schedule.intervals
         return cls(
             np.array([iv.start_s for iv in ivs], dtype=np.float64),

@@ -1,20 +1,9 @@
-"""A forecast and its realisation: re-plan the rest of a schedule when the realised values differ.
+"""Re-plan the rest of a schedule when an interval's realised value differs from its forecast.
 
-A schedule is computed on a forecast (a day-ahead price, a carbon forecast); the market then
-settles each interval at its realised value. :class:`Replanner` keeps the cached frontier and
-the forecast. When an interval opens, it reads that interval's realised value (from a second
-signal file, or a callable); when the value differs from the forecast, the run-time hook
-(:class:`~perseus.runtime.power.runtime.PowerRuntime`) re-solves what is left from that moment
-with the exact LP of :func:`~perseus.solver.power_schedule.schedule_plans` (the realised
-values so far, the forecast after) and follows the new schedule from its next iteration.
-
-The cost actually incurred (the pipeline's measured energy priced at the realised values) is
-reported against the plans followed (each re-plan's model cost over the time it was in force,
-at the realised values) and against the original schedule (its stated cost at the forecast,
-and what sticking to it would have cost at the realised values): :class:`ReplanCost`.
-
-Every rank decides alike: a re-plan is due from the clock reading the ranks agree on, and the
-realised values must be the same on every rank (a file is; a callable must be).
+:class:`Replanner` reads each interval's realised value when it opens and, when it differs,
+re-solves what is left with :func:`~perseus.solver.power_schedule.schedule_plans` (realised
+values so far, the forecast after). Every rank decides alike from the clock reading the ranks
+agree on, so the realised values must be the same on every rank.
 """
 
 from __future__ import annotations
@@ -44,14 +33,11 @@ SignalSource = str | os.PathLike[str] | Signal
 
 @dataclass(frozen=True, slots=True)
 class Replan:
-    """One re-plan.
+    """One re-plan at ``at_s`` (from the signal's start), after ``done`` iterations.
 
     Attributes:
-        at_s: When (seconds from the signal's start).
         interval: The signal interval whose realised value differed.
-        done: Iterations already run.
-        cost: The new schedule's stated cost of what is left (realised values so far, the
-            forecast after), idle GPUs included.
+        cost: The new schedule's stated cost of what is left, idle GPUs included.
     """
 
     at_s: float
@@ -62,16 +48,12 @@ class Replan:
 
 @dataclass(frozen=True, slots=True)
 class ReplanCost(IncurredCost):
-    """The cost incurred up to ``elapsed_s`` against the plans followed and the original.
-
-    Everything is priced at the realised values, so nothing is outside (``outside_j`` is the
-    energy drawn after the deadline). ``scheduled`` is the plans followed (each re-plan over
-    the time it was in force).
+    """The cost incurred up to ``elapsed_s`` against the plans followed (``scheduled``) and the
+    original, all at the realised values (``outside_j``: drawn after the deadline).
 
     Attributes:
         original: The original schedule's stated cost of the same time (at the forecast).
-        original_at_realised: What sticking to the original schedule would have cost (its
-            model energy at the realised values).
+        original_at_realised: What sticking to the original schedule would have cost.
         replans: How many re-plans ran.
     """
 
@@ -119,8 +101,7 @@ class Replanner:
         realised: The realised value of each interval, read once when it opens.
 
     Raises:
-        ConfigError: if ``schedule`` is not the schedule of this forecast (same frontier,
-            iterations, deadline and idle power).
+        ConfigError: if ``schedule`` is not the schedule of this forecast.
     """
 
     def __init__(
@@ -144,7 +125,6 @@ class Replanner:
         self.starts_s = self.original.starts_s
         self.ends_s = self.original.ends_s
         self.forecast = np.asarray(forecast, dtype=np.float64)[: self.starts_s.size].copy()
-        #: Per interval: the realised value once read, the forecast before.
         self.values = self.forecast.copy()
         self._realised = realised
         self._known = 0  # values[:_known] were read
@@ -206,10 +186,9 @@ class Replanner:
             self._known += 1
 
     def replan(self, elapsed_s: float, done: int) -> PowerSchedule | None:
-        """At ``elapsed_s`` (the same reading on every rank) with ``done`` iterations run: the
-        new schedule of the rest when an interval opened since the last call has a realised
-        value other than its forecast, else None (also when nothing is left, or the rest no
-        longer fits: then the schedule in force stays, with a warning)."""
+        """The new schedule of the rest at ``elapsed_s`` (the same on every rank) after ``done``
+        iterations, when an interval opened since the last call has a realised value other
+        than its forecast; else None (also when nothing is left or the rest no longer fits)."""
         self.observe(elapsed_s)
         k = self.interval_at(elapsed_s)
         opened = slice(self._checked, k + 1)
@@ -239,8 +218,8 @@ class Replanner:
         return float(v @ schedule.energy_between(a_s, b_s)) / J_PER_KWH
 
     def report(self, meter: CostMeter) -> ReplanCost:
-        """The cost ``meter`` measured (priced at the realised values) against the plans
-        followed and the original schedule, up to its last mark."""
+        """The cost ``meter`` measured up to its last mark against the plans followed and the
+        original schedule."""
         now = meter.elapsed_s
         ends = [s for s, _ in self.pieces[1:]] + [math.inf]
         stated = sum(

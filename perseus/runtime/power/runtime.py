@@ -1,33 +1,9 @@
 """Follow a plan schedule and a run-time power cap: one boundary hook, the same on every rank.
 
-At every iteration boundary :class:`PowerRuntime`:
-
-1. reads the job's power cap from the store (on rank 0 of its group only, so every rank of
-   every pipeline sees the same value: it travels in one all-reduce (MAX) over the group);
-2. decides the plan of the next iteration from data every rank shares (the iteration index
-   and that cap): the schedule's plan for that iteration (``segments`` of a
-   :class:`~perseus.io.power_files.ScheduleFile`), or the fastest plan, and, if that plan's
-   average power exceeds the cap, the fastest plan under the cap instead (the lowest-power
-   plan, with a warning, when none fits);
-3. returns it to the session, which deploys it from the next iteration on.
-
-A cap written to the store while iteration ``k`` runs is read at the end of ``k`` and in force
-from ``k + 1``: every pipeline runs under a new cap within two iterations of it being set.
-Schedule iterations count from ``origin_iteration`` (the session iteration that runs the
-schedule's iteration 0).
-
-**Time.** Given a clock, the hook follows the schedule in time as well
-(:mod:`perseus.runtime.power.follow`): the signal starts when the hook is made; before an
-iteration whose interval has not opened yet, it releases the GPU's clocks (nothing locked: the
-GPU idles at its idle clocks) and sleeps until the interval opens, on every rank alike (the
-decision uses the clock the ranks share: the device timeline in emulation). It prices the
-energy the pipeline's GPUs drew by the interval it was drawn in (``PowerRuntime.meter``)
-and logs, at the end of each interval, the cost incurred against the schedule's.
-
-**Re-planning.** Given the forecast the schedule was made from and the realised values
-(:mod:`perseus.runtime.power.replan`), the hook wakes at every interval start while it waits,
-and when an interval opens whose realised value differs, re-plans the rest from the cached
-frontier and follows the new schedule from the next iteration.
+At every iteration boundary :class:`PowerRuntime` reads the job's cap (rank 0, shared in one
+all-reduce) and picks the next iteration's plan from data every rank shares; given a clock it
+also waits for each schedule interval with the clocks released, and re-plans when realised
+values differ (docs/power.md).
 """
 
 from __future__ import annotations
@@ -43,10 +19,10 @@ from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, global_rank, is_distributed
-from perseus.runtime.power.cap import ACK_KEY, CLEARED, read_cap
+from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
-from perseus.runtime.straggler.switching import raw_store
+from perseus.runtime.straggler.switching import raw_store, write_ack
 from perseus.solver.power import fastest_under_power
 
 __all__ = ["PowerDecision", "PowerRuntime", "attach_power", "release_clocks"]
@@ -56,10 +32,9 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PowerDecision:
-    """One boundary's decision.
+    """One boundary's decision for session iteration ``iteration``.
 
     Attributes:
-        iteration: The session iteration the decision is for (the next one).
         scheduled_index: The plan the schedule (or, without one, the fastest plan) asks for.
         cap_w: The pipeline cap in force (None: no cap).
         point_index: The plan that runs.
@@ -88,19 +63,16 @@ class PowerRuntime:
 
     Args:
         frontier: The deployed frontier (the schedule indexes its points).
-        schedule: A schedule file's model (:func:`perseus.io.power_files.read_schedule`), or
-            None to run the fastest plan unless a cap says otherwise.
+        schedule: A schedule file's model, or None to run the fastest plan unless capped.
         store: The job's store to read caps from (None: no run-time cap).
-        group: The process group the cap is shared over (default: the world, so that every
-            pipeline of a data-parallel job moves together).
+        group: The process group the cap is shared over (default: the world).
         origin_iteration: The session iteration that runs the schedule's iteration 0.
         source: Where the schedule came from, for messages.
-        clock: Follow the schedule in time on this clock (None: by iteration count only).
-            The signal starts at its reading when the hook is made.
+        clock: Follow the schedule in time on this clock, from its reading now (None: by
+            iteration count only).
         energy_mj: This rank's energy counter (mJ), for the cost actually incurred.
-        release: Unlocks this rank's clocks before a wait (default: nothing to unlock).
-        replanner: Re-plan the rest of the schedule when an interval's realised value
-            differs from the forecast (:mod:`perseus.runtime.power.replan`; needs ``clock``).
+        release: Unlocks this rank's clocks before a wait.
+        replanner: Re-plans the rest when realised values differ (needs ``clock``).
 
     Raises:
         PlanError: if the schedule was made for another frontier.
@@ -132,13 +104,12 @@ class PowerRuntime:
         self._acked: str | None = None
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
-        self.timer = ScheduleClock(schedule) if follow and schedule is not None else None
         self.replanner = replanner if follow else None
+        self.timer: ScheduleClock | None = None
         self.meter: CostMeter | None = None
         if follow and schedule is not None:
-            self.meter = (
-                replanner.meter() if replanner is not None else CostMeter.of_schedule(schedule)
-            )
+            self.timer = ScheduleClock(schedule)
+            self.meter = replanner.meter() if replanner else CostMeter.of_schedule(schedule)
         self._first_schedule = schedule
         self._done_before = 0  # schedule iterations run before the schedule in force began
         self.waited_s = 0.0
@@ -155,7 +126,7 @@ class PowerRuntime:
         return self.clock.now() - self._origin_s if self.clock is not None else 0.0
 
     def mark(self) -> None:
-        """Note the pipeline's energy counter now (the cost meter's reading)."""
+        """Note the pipeline's energy counter now, for the cost meter."""
         if self.meter is None or self._energy_mj is None:
             return
         (pipeline_mj,) = all_reduce_sum([float(self._energy_mj())], self.group)
@@ -165,9 +136,9 @@ class PowerRuntime:
         self.meter.mark(elapsed, pipeline_mj / 1000.0)
 
     def incurred(self) -> IncurredCost | None:
-        """The cost incurred so far against the schedule's (None unless following time with
-        an energy counter); with a re-planner, a
-        :class:`~perseus.runtime.power.replan.ReplanCost`."""
+        """The cost incurred so far against the schedule's (a
+        :class:`~perseus.runtime.power.replan.ReplanCost` with a re-planner; None unless
+        following time with an energy counter)."""
         if self.meter is None or not self._energy_mj:
             return None
         if self.replanner is not None:
@@ -177,8 +148,8 @@ class PowerRuntime:
         return self.meter.report(self._first_schedule)
 
     def wait_for(self, iteration: int) -> float:
-        """Before session iteration ``iteration``: release the clocks and sleep until its
-        interval opens (every rank decides alike from the shared clock). Returns the wait."""
+        """Release the clocks and sleep until session iteration ``iteration``'s interval opens
+        (every rank alike, from the shared clock); returns the wait."""
         waited_s = 0.0
         while self.clock is not None and self.timer is not None:
             # Ranks may read the clock moments apart: agree on the latest reading.
@@ -204,8 +175,7 @@ class PowerRuntime:
         return waited_s
 
     def _replan(self, iteration: int, elapsed_s: float) -> None:
-        """Follow a new schedule of the rest from ``iteration`` on, when the re-planner makes
-        one (an interval opened whose realised value differs from the forecast)."""
+        """Follow the re-planner's new schedule of the rest from ``iteration``, if it makes one."""
         if self.replanner is None:
             return
         done = self._done_before + iteration - self.origin_iteration
@@ -234,31 +204,20 @@ class PowerRuntime:
         return self.schedule.point_at(max(0, iteration - self.origin_iteration))
 
     def read_cap_w(self, iteration: int | None = None) -> float | None:
-        """The pipeline cap every rank agrees on (one all-reduce), or None.
-
-        Rank 0 of the group reads the store and acknowledges each new cap (and each clearing)
-        under :data:`~perseus.runtime.power.cap.ACK_KEY` with ``iteration``.
-        """
+        """The pipeline cap every rank agrees on (one all-reduce), or None; rank 0 of the
+        group reads the store and acknowledges each new cap or clearing with ``iteration``."""
         value = 0.0
         if self.store is not None and _group_rank(self.group) == 0:
             entry = read_cap(self.store)
+            token = None
             if entry is not None:
                 cap_w, scope, token = entry
                 value = cap_w * (self.frontier.job.ranks if scope == "gpu" else 1)
-                self._acknowledge(token, iteration)
-            else:
-                self._acknowledge(None, iteration)
+            if token != self._acked:  # None: never acknowledged, or cleared
+                self._acked = token
+                write_ack(self.store, ACK_KEY, token, iteration)
         (reduced,) = all_reduce_max([value], self.group)
         return reduced if reduced > 0 else None
-
-    def _acknowledge(self, token: str | None, iteration: int | None) -> None:
-        if token == self._acked or self.store is None:
-            return
-        if token is None and self._acked is None:
-            return
-        self._acked = token
-        when = str(iteration) if iteration is not None else "?"
-        self.store.set(ACK_KEY, f"{token if token is not None else CLEARED} {when}")
 
     def decide(self, iteration: int, cap_w: float | None) -> PowerDecision:
         """The plan of session iteration ``iteration`` under ``cap_w`` (pure but for the log)."""
@@ -285,9 +244,8 @@ class PowerRuntime:
         return decision
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.session.BoundaryHook` interface. ``stats`` may be of an
-        iteration before the last (a session reads a real GPU's figures one iteration late):
-        the plan decided is the next iteration's to start (:attr:`next_iteration`)."""
+        """The :data:`perseus.runtime.session.BoundaryHook` interface: the plan of the next
+        iteration to start (``stats`` may be one iteration late, as a real GPU's are)."""
         if stats.phase != "run":
             return None
         self.mark()
@@ -311,17 +269,15 @@ def attach_power(
     objective: str | None = None,
 ) -> PowerRuntime:
     """Add a :class:`PowerRuntime` to a started ``session`` (a
-    :class:`~perseus.runtime.session.RankSession`) and deploy the schedule's first plan.
-
-    Its iteration 0 is the session's next iteration.
+    :class:`~perseus.runtime.session.RankSession`) and deploy the schedule's first plan; the
+    schedule's iteration 0 is the session's next iteration.
 
     Args:
         session: The started session.
         schedule: The schedule to follow (a file or its model), or None.
         store: The job's store, for run-time caps, or None.
         forecast: The signal the schedule was made from (a CSV or a
-            :class:`~perseus.io.power_files.Signal`); with ``realised``, the rest of the
-            schedule is re-planned whenever an interval's realised value differs.
+            :class:`~perseus.io.power_files.Signal`), for re-planning.
         realised: The realised values: a signal file on the forecast's intervals, or a
             callable giving interval ``k``'s value per kWh (None: the forecast stands).
         objective: The series of both signals to use (default: the first).
@@ -365,8 +321,7 @@ def attach_power(
 
 
 def release_clocks(session: Any) -> None:
-    """Unlock ``session``'s GPU clocks between iterations (the agent's next iteration applies
-    its first clock again); nothing when the agent does not control clocks."""
+    """Unlock ``session``'s GPU clocks between iterations (unless the agent only observes)."""
     agent = session.agent
     ctl = agent.controller if agent is not None else None
     if ctl is None or ctl.observe_only:

@@ -1,37 +1,16 @@
-"""Per-op power from energy-counter windows and the ops' device-time spans.
+"""Per-op power from energy-counter windows and the ops' device-time spans (docs/timing.md).
 
-The counter only tells how much energy was spent between two publishes (~100 ms apart on
-NVML, :mod:`perseus.runtime.profiling.energy_windows`); the agent's device events tell when every op ran.
-For each window ``k`` and op group ``g`` (a (stage, kind) whose ops all run at one clock during
-a sweep step) let ``d[k, g]`` be the device time of ``g``'s ops inside the window, ``gap`` the
-time inside an iteration (first op start to last op end) covered by no op (pipeline bubbles,
-P2P waits) and ``outside`` the rest of the window (between iterations: optimizer step, data
-loading, barriers). The window's energy is then
+For each counter window ``k`` (:mod:`perseus.runtime.profiling.energy_windows`) and op group
+``g`` (a (stage, kind) at one clock during a sweep step), ``d[k, g]`` is ``g``'s device time in
+the window, ``gap`` the time inside an iteration covered by no op (bubbles, P2P waits) and
+``outside`` the rest (optimizer, data loading). :func:`fit_group_power` solves
 
     E_k = sum_g p_g d[k, g] + p_gap d[k, gap] + p_out d[k, outside]
 
-and :func:`fit_group_power` solves for the powers ``p >= 0`` (``scipy.optimize.nnls``) over
-the windows of one sweep step; an op's energy is its group's power times its device time.
-
-Two things make the plain least-squares problem ill-posed in practice, so the fit adds a
-light ridge (rows of weight ``ridge * sqrt(sum of squared window lengths)``):
-
-* when ops are much shorter than a window, every window holds the op groups in the same
-  proportions and their powers cannot be told apart; the ridge pulls every op group towards
-  their common mean, which leaves well-determined powers alone (the pull is a fraction
-  ``ridge**2 / share**2`` of the data's) and otherwise shares the energy by time, keeping the
-  step's total right;
-* a non-op column with almost no time (no bubbles on a one-rank pipeline) could take any
-  value and soak up the residual; with ``idle_power_w`` (the nominal blocking power) the gap
-  and between-iterations columns are pulled lightly towards it (the ridge's weight: a firm
-  pull moves the counter's gain error into the ops next to the bubbles, see ``_GAP_PRIOR``).
-
-Windows whose residual is far out (a host stall on a loaded CPU that moved energy across a
-publish) are down-weighted, then dropped (see :func:`fit_group_power`).
-
-:class:`SweepWindow` collects one sweep step's op spans iteration by iteration and says when
-the counter windows inside them are enough (``min_intervals``; the step is repeated for more
-iterations until then).
+for ``p >= 0`` (``scipy.optimize.nnls``) with a light ridge: op groups the windows cannot tell
+apart are pulled to their common mean, and with ``idle_power_w`` the non-op columns lightly
+towards it. Outlying windows (a host stall) are down-weighted, then dropped.
+:class:`SweepWindow` collects one sweep step's op spans and says when its windows suffice.
 """
 
 from __future__ import annotations
@@ -48,25 +27,17 @@ from perseus.runtime.profiling.energy_windows import CounterInterval, CounterSam
 __all__ = ["DEFAULT_RIDGE", "OpSpan", "PowerFit", "SweepWindow", "fit_group_power", "time_shares"]
 
 
-#: Weights of the non-op columns' pull towards the nominal blocking power, relative to the
-#: ridge. Light: the counter may read a few percent off the true energy (a sensor gain, 0.95 on
-#: an A100) and the blocking power is only known to a few percent, so a firm pull on the gap
-#: column moves that error into the ops next to the bubbles (seen: a four-rank stage's forward
-#: rows 4-6 % low with a 10x pull and a 0.95 gain). The pull only decides a column the windows
-#: cannot see (no bubbles, nothing between iterations).
-_GAP_PRIOR = 1.0
-#: The default ridge. Its pull on op groups of different power is a share ~(ridge/share)^2
-#: of the data's: 0.01 moved a forward row 2.5 % towards the backward one's power on windows
-#: holding about one of each; 0.002 moves it ~0.1 %, and still decides groups the windows
-#: cannot tell apart (which the fit's standard error reports, see PowerFit).
+#: The default ridge: it moves a group's power ~(ridge/share)^2 towards the others' (0.01
+#: moved a forward row 2.5 %, 0.002 about 0.1 %) and still decides groups nothing separates.
 DEFAULT_RIDGE = 0.002
-_OUTSIDE_PRIOR = 1.0
+#: The non-op columns' pull towards the blocking power, relative to the ridge. Light: a firm
+#: pull moves a counter's gain error (0.95 on an A100) into the ops next to the bubbles.
+_GAP_PRIOR = _OUTSIDE_PRIOR = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class OpSpan:
-    """One op on the device timeline: its group (e.g. ``(stage_index, kind)``), device start
-    and end, and the iteration it belongs to."""
+    """One op on the device timeline: its group (e.g. ``(stage_index, kind)``) and iteration."""
 
     group: Hashable
     start_s: float
@@ -84,9 +55,8 @@ class PowerFit:
         outside_power_w: Between iterations.
         intervals: Counter windows used.
         residual_w: RMS over windows of (measured - fitted energy) / window length.
-        power_se_w: Standard error of each op group's power: the spread of the windows about
-            the fit, carried through the least-squares problem (a group the windows cannot
-            tell from the others, or windows that disagree, give a large one).
+        power_se_w: Standard error of each op group's power (large for windows that disagree
+            or a group they cannot tell from the others).
     """
 
     power_w: dict[Hashable, float]
@@ -160,10 +130,8 @@ def fit_group_power(
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
 
-    The fit is robust: windows whose residual power is far out (a host stall that moved
-    energy across a publish, a read the driver delayed) are down-weighted (Huber weights,
-    iterated), and those over ``outlier_w`` and five robust standard deviations are then
-    dropped for a final fit, as long as enough windows remain.
+    Windows far out are down-weighted (Huber weights, iterated), and those over ``outlier_w``
+    and five robust standard deviations dropped for a final fit while enough remain.
 
     Args:
         intervals: Counter windows (inside the spans' time range).
@@ -171,9 +139,6 @@ def fit_group_power(
         idle_power_w: Prior for the non-op columns (the nominal blocking power), or None.
         ridge: Regularisation weight (0: plain non-negative least squares).
         outlier_w: Residual power (W) below which no window counts as an outlier.
-
-    Returns:
-        The fitted powers.
 
     Raises:
         ConfigError: without windows or spans, or for a negative ridge.
@@ -191,15 +156,10 @@ def fit_group_power(
     n = len(groups)
     inside = _inside(shares)
     if int(inside.sum()) >= 2 * (n + 2) and not inside.all():
-        # Only windows wholly inside iterations: between iterations the device runs
-        # whatever the host does (optimizer, data loading, a stalled process), which the
-        # loose prior cannot pin down and which then trades energy with the ops (seen: a
-        # sweep step's op energy 25 % low with the between-iterations power fitted high).
+        # Only windows wholly inside iterations: what runs between them (optimizer, a stalled
+        # host) trades energy with the ops (seen: a step's op energy 25 % low).
         shares, energy, lengths = shares[inside], energy[inside], lengths[inside]
     per_w = np.where(lengths > 0, lengths, 1.0)
-    # Huber-weighted iterations (a window far out counts less), then windows beyond five
-    # robust standard deviations are dropped for a last plain fit.
-    weight = np.ones(len(energy))
     power = _solve(shares, energy, n, idle_power_w, ridge)
     for _ in range(6):
         resid = (energy - shares @ power) / per_w
@@ -234,17 +194,14 @@ def _standard_errors(
     idle_power_w: float | None,
     ridge: float,
 ) -> np.ndarray:
-    """Standard errors of the op groups' powers: the windows' residual variance times the
-    diagonal of the inverse normal matrix (the ridge and prior rows count as information)."""
-    m = len(energy)
-    resid = energy - shares @ power
-    used = shares.sum(axis=0) > 0
-    k = int(used.sum())
-    dof = m - k
+    """Standard errors of the op groups' powers: residual variance x diag((A^T A)^-1), the
+    ridge and prior rows included in ``A``."""
+    a, _, used = _design(shares, energy, n, idle_power_w, ridge)
+    dof = len(energy) - int(used.sum())
     if dof < 1:
         return np.full(n, math.inf)
+    resid = energy - shares @ power
     s2 = float(resid @ resid) / dof
-    a = np.vstack([shares, _prior_rows(shares, n, idle_power_w, ridge)[0]])[:, used]
     try:
         inv = np.linalg.inv(a.T @ a)
     except np.linalg.LinAlgError:
@@ -254,12 +211,12 @@ def _standard_errors(
     return diag[:n]
 
 
-def _prior_rows(
-    shares: np.ndarray, n: int, idle_power_w: float | None, ridge: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The ridge rows and their right-hand side: op groups towards their mean; with
-    ``idle_power_w``, the gap and between-iterations columns towards it."""
-    rows, rhs = [np.zeros((0, n + 2))], [np.zeros(0)]
+def _design(
+    shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The least-squares matrix (the windows, then the ridge rows; only the columns with time
+    in some window: the others are unknowable), its right-hand side and those columns."""
+    rows, rhs = [shares], [energy]
     if ridge > 0:
         weight = ridge * math.sqrt(float(np.sum(shares.sum(axis=1) ** 2)))
         if n > 1:
@@ -272,24 +229,21 @@ def _prior_rows(
             prior[0, n], prior[1, n + 1] = _GAP_PRIOR * weight, _OUTSIDE_PRIOR * weight
             rows.append(prior)
             rhs.append(prior.sum(axis=1) * idle_power_w)
-    return np.vstack(rows), np.concatenate(rhs)
+    used = shares.sum(axis=0) > 0
+    return np.vstack(rows)[:, used], np.concatenate(rhs), used
 
 
 def _solve(
     shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
 ) -> np.ndarray:
-    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles: P2P waits,
-    which the planner itself prices at the blocking power) and the time between iterations
-    (optimizer, data loading: anything) lightly towards ``idle_power_w``."""
+    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles, which the
+    planner prices at the blocking power) and the time between iterations lightly towards
+    ``idle_power_w``."""
     from scipy.optimize import nnls
 
-    prior_rows, prior_rhs = _prior_rows(shares, n, idle_power_w, ridge)
-    # Columns with no time in any window are unknowable: keep them out of the solve.
-    used = shares.sum(axis=0) > 0
-    a = np.vstack([shares, prior_rows])[:, used]
+    a, rhs, used = _design(shares, energy, n, idle_power_w, ridge)
     power = np.zeros(n + 2)
     if a.shape[1]:
-        rhs = np.concatenate([energy, prior_rhs])
         power[used] = nnls(a, rhs, maxiter=50 * (n + 2))[0]
     if idle_power_w is not None:
         power[n : n + 2][~used[n:]] = idle_power_w
@@ -300,24 +254,19 @@ def _solve(
 class SweepWindow:
     """One sweep step's ops, and whether the counter windows over them are enough to fit.
 
-    A step is ready when the windows wholly inside the step's device-time span number at
-    least ``min_intervals`` and twice the unknowns (op groups + 2), or after
-    ``max_iterations`` iterations (fit what there is), or at once when no window can come
-    (counter reads fail, or 50 iterations passed without one publish).
+    A step is ready when the windows inside its device-time span number at least
+    ``min_intervals`` and twice the unknowns (op groups + 2), after ``max_iterations``
+    iterations, or at once when no window can come (reads fail, or 50 iterations without one).
 
     Args:
         sampler: The running counter sampler.
-        min_intervals: Windows wanted per step (20: ~2 s at NVML's 100 ms period). The fit
-            has a handful of unknowns and each window's edges are pinned to the publish grid;
-            on the emulated A100 sweep (benchmarks/online_profile.py) 10 windows left
-            occasional rows 10-17 % off (a host hiccup inside a short step), 20 kept every
-            row within ~2 %.
+        min_intervals: Windows wanted per step (20, ~2 s on NVML, kept every emulated A100
+            row within ~2 %; 10 left some 10-17 % off).
         max_iterations: Give up waiting for windows after this many iterations of one step.
         idle_power_w: Prior for the non-op power (see :func:`fit_group_power`).
         ridge: See :func:`fit_group_power`.
-        max_fit_error: A step whose fit leaves an op group's power this uncertain
-            (:meth:`PowerFit.worst_relative_error`, two standard errors) runs more
-            iterations, up to ``max_iterations``, before it is fitted.
+        max_fit_error: A step whose :meth:`PowerFit.worst_relative_error` exceeds this runs
+            more iterations, up to ``max_iterations``.
     """
 
     sampler: CounterSampler
@@ -365,23 +314,18 @@ class SweepWindow:
             return True
         intervals = self.intervals()
         windows = len(intervals)
-        if windows == 0 and (
+        if not windows and (
             self.iterations >= 50 or (self.sampler.errors and not self.sampler.samples())
         ):
             return True  # no counter to wait for (reads fail, or it never moves): fit nothing
         needed = self.needed()
         if windows < needed:
             return False
-        # The fit uses the windows wholly inside iterations when there are enough of them;
-        # iterations too short to hold any are fitted on all windows (twice as many).
-        enough = (
-            windows >= 2 * needed
-            or int(_inside(time_shares(intervals, self.spans)[1]).sum()) >= needed
-        )
-        if not enough:
+        # Enough windows inside iterations, or (iterations too short to hold any) twice as many.
+        shares = time_shares(intervals, self.spans)[1]
+        if windows < 2 * needed and int(_inside(shares).sum()) < needed:
             return False
         fit = self.fit()
-        # A poor fit (windows that disagree, op groups they cannot tell apart): more windows.
         return fit is None or fit.worst_relative_error() <= self.max_fit_error
 
     def fit(self) -> PowerFit | None:
@@ -396,9 +340,7 @@ class SweepWindow:
     def reset(self) -> None:
         """Start the next step (or restart this one after a failed iteration)."""
         span = self.span_s()
-        if span is not None:
-            # Keep a little history: the next step's first publish is located from reads
-            # just before its start.
+        if span is not None:  # a second of history locates the next step's first publish
             self.sampler.discard_before(span[1] - 1.0)
         self.spans = []
         self.iterations = 0

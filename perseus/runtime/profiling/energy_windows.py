@@ -1,27 +1,9 @@
 """The GPU's energy counter as a series of windows: a background sampler and publish detection.
 
-NVML's energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) is *published* every
-~100 ms (docs/hardware.md#sim-defaults) and one read costs ~3 ms of driver time on an H100
-(benchmarks/README.md, ``gpu_session.py``). Reading it at op boundaries gives 0 J or one whole
-100 ms step per op, so op energy has to come from the windows between publishes instead:
-
-* :class:`CounterSampler` reads the counter every ``period_s`` on its own thread (never the
-  training thread; on a :class:`~perseus.device.clock.VirtualClock`, as the clock's timer, so
-  emulation and tests run on virtual time) and stamps each read with the times just before and after it on the device
-  timeline (:meth:`~perseus.device.base.EventSource.timeline_now_s`, the clock that device
-  event times are on), so the reading is known to reflect the counter at some instant between
-  the two stamps.
-* :func:`counter_intervals` finds the publish instants (where the value changes between two
-  reads) and returns the windows between consecutive publishes with the energy that the
-  counter says was spent in each (:class:`CounterInterval`). A publish is only known to lie
-  between the last read with the old value and the first with the new one (a bracket as wide
-  as the sampling period); when the brackets fit a regular publish grid (the counter is
-  published at a fixed period, as on the simulated GPU) the instants are placed on the fitted
-  grid, which pins them far more tightly than one sampling period; otherwise each instant is
-  the middle of its bracket.
-
-:mod:`perseus.runtime.profiling.energy_attribution` turns windows plus the ops' device-time spans into
-per-op power. The same code runs on a real GPU and on the simulated one.
+NVML's counter is published every ~100 ms and a read costs ~3 ms (docs/timing.md), so op
+energy comes from the windows between publishes: :class:`CounterSampler` reads the counter
+and stamps each read with device-timeline times; :func:`counter_intervals` finds the publishes
+(on a fitted regular grid when the brackets allow) and the energy between them.
 """
 
 from __future__ import annotations
@@ -77,7 +59,7 @@ class CounterSample:
 
 @dataclass(frozen=True, slots=True)
 class CounterInterval:
-    """The window between two consecutive detected publishes and the energy spent in it."""
+    """The window between two consecutive publishes and the energy spent in it."""
 
     start_s: float
     end_s: float
@@ -96,9 +78,8 @@ class CounterInterval:
 def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True) -> list[float]:
     """Estimated publish instants from their brackets ``(lo, hi)`` (publish in ``(lo, hi]``).
 
-    With ``grid`` and at least three brackets, fits ``t = t0 + P * n`` to the bracket middles
-    (``n`` from the median spacing) and, if the latest grid point inside every bracket exists,
-    returns those grid points; otherwise (or without ``grid``) the bracket middles. O(n).
+    With ``grid`` and at least three brackets, the latest point of a grid ``t0 + P * n``
+    fitted to the brackets inside each one, when it exists; otherwise the bracket middles.
     """
     mids = [0.5 * (lo + hi) for lo, hi in brackets]
     if not grid or len(brackets) < 3:
@@ -109,18 +90,15 @@ def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True)
     p0 = float(np.median(np.diff(m)))
     if not p0 > 0:
         return mids
-    # Fit on the narrow brackets only: a read delayed by the GIL or the driver widens its
-    # bracket, and a bracket wider than a period may hold two publishes.
+    # Narrow brackets only: a delayed read widens its bracket, which may then hold two publishes.
     narrow = (hi - lo) <= 0.5 * p0
     if int(narrow.sum()) < 3:
         return mids
     mn = m[narrow] - m[0]
-    # The period whose grid the narrow brackets' middles agree on best (phase concentration),
-    # searched around the median spacing, then refined by a linear fit of the indexed middles.
+    # The period on whose grid the middles agree best (phase concentration), then a line fit.
     candidates = p0 * np.linspace(0.8, 1.25, 2251)
     phases = np.exp(2j * np.pi * mn[None, :] / candidates[:, None])
-    concentration = np.abs(phases.mean(axis=1))
-    best = int(np.argmax(concentration))
+    best = int(np.argmax(np.abs(phases.mean(axis=1))))
     period = float(candidates[best])
     t0 = float(np.angle(phases[best].mean())) / (2 * np.pi) * period
     n = np.round((mn - t0) / period)
@@ -129,13 +107,11 @@ def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True)
     period, t0 = (float(x) for x in np.polyfit(n, mn, 1))
     if not period > 0:
         return mids
-    # The middles of brackets are biased when the reads drift in phase against the publishes:
-    # take the grid deepest inside every narrow bracket instead (a 3-variable LP: maximise the
-    # margin s with lo + s <= t0 + n P <= hi - s). Infeasible: keep the least-squares grid.
+    # Middles are biased when reads drift in phase against publishes: take the grid deepest
+    # inside every narrow bracket instead (an LP), or keep the line fit when none is.
     period, t0 = _deepest_grid(n, lo[narrow] - m[0], hi[narrow] - m[0], period, t0)
     t0 += float(m[0])
-    # The latest grid point at or before each bracket's end (a stalled sampler's bracket may
-    # hold several publishes: the value read is the last one's).
+    # The latest grid point in each bracket (a stalled read's bracket may hold several).
     k = np.floor((hi - t0) / period + 1e-9)
     g = t0 + k * period
     slack = 0.1 * period  # the fitted grid is off by a little; estimates stay in brackets
@@ -155,13 +131,8 @@ def _deepest_grid(
     # t0 + n P + s <= hi  and  -(t0 + n P) + s <= -lo; maximise s.
     a_ub = np.vstack([np.column_stack([ones, n, ones]), np.column_stack([-ones, -n, ones])])
     b_ub = np.concatenate([hi, -lo])
-    res = linprog(
-        c=[0.0, 0.0, -1.0],
-        A_ub=a_ub,
-        b_ub=b_ub,
-        bounds=[(None, None), (0.5 * period, 2.0 * period), (None, None)],
-        method="highs",
-    )
+    bounds = [(None, None), (0.5 * period, 2.0 * period), (None, None)]
+    res = linprog([0.0, 0.0, -1.0], a_ub, b_ub, bounds=bounds, method="highs")
     if res.status != 0 or res.x[2] < 0:
         return period, t0
     return float(res.x[1]), float(res.x[0])
@@ -170,11 +141,8 @@ def _deepest_grid(
 def counter_intervals(
     samples: Sequence[CounterSample], *, grid: bool = True
 ) -> list[CounterInterval]:
-    """The windows between consecutive publishes seen in ``samples`` (in time order).
-
-    The first window starts at the first detected publish: the energy before it is not known
-    to belong to any window. A counter that went backwards (a driver reload) breaks the chain.
-    """
+    """The windows between consecutive publishes seen in ``samples`` (in time order); a
+    counter that went backwards (a driver reload) breaks the chain."""
     brackets: list[tuple[float, float]] = []
     reads: list[float] = []
     values: list[int] = []
@@ -184,46 +152,28 @@ def counter_intervals(
             reads.append(cur.time_s)
             values.append(cur.energy_mj)
     if len(samples) >= 10 and len(values) >= 0.9 * (len(samples) - 1):
-        # It moves on (nearly) every read: published at least as often as it is read, so
-        # each value is as of its read (an exact counter) rather than of an earlier publish.
+        # It moves on (nearly) every read: each value is as of its read (an exact counter).
         times = reads
     else:
         times = publish_times(brackets, grid=grid)
-    out: list[CounterInterval] = []
-    for k in range(1, len(times)):
-        delta_mj = values[k] - values[k - 1]
-        if delta_mj < 0 or times[k] <= times[k - 1]:
-            continue
-        out.append(CounterInterval(times[k - 1], times[k], delta_mj / 1000.0))
-    return out
+    return [
+        CounterInterval(t0, t1, (v1 - v0) / 1000.0)
+        for (t0, v0), (t1, v1) in itertools.pairwise(zip(times, values, strict=True))
+        if v1 >= v0 and t1 > t0
+    ]
 
 
 class CounterSampler:
-    """Reads a GPU's energy counter periodically on a background thread (or, on a
-    :class:`~perseus.device.clock.VirtualClock`, as that clock's timer: each read at its due
-    virtual time, as the training thread's waits pass it).
-
-    Usage::
-
-        sampler = CounterSampler(gpu.energy_mj, events.timeline_now_s, period_s=0.0125)
-        sampler.start()
-        ...
-        windows = sampler.intervals(t0, t1)     # publish-to-publish windows inside [t0, t1]
-        sampler.close()
-
-    The constructor does no I/O. Tests may also call :meth:`sample` themselves instead of
-    starting it.
+    """Reads a GPU's energy counter periodically on a background thread (or as a
+    :class:`~perseus.device.clock.VirtualClock`'s timer); the constructor does no I/O.
 
     Args:
         read_mj: The counter (``GPU.energy_mj``).
         now_s: Now on the device timeline (``EventSource.timeline_now_s``).
-        period_s: Time between reads. Keep it well under the counter's publish period (a
-            publish is located within one period) and, on NVML, well over a read's ~3 ms.
+        period_s: Time between reads: well under the publish period and, on NVML, well over
+            a read's ~3 ms.
         max_samples: Reads kept (oldest dropped first).
-        clock: What paces the reads (default the process's monotonic clock; the device's own,
-            :func:`~perseus.device.clock.clock_of`, for a simulated GPU). A
-            :class:`~perseus.device.clock.VirtualClock` fires them as its timer; with any other
-            clock a thread waits out each period in real time.
+        clock: What paces the reads (default the monotonic clock; the simulated GPU's own).
 
     Raises:
         ConfigError: for a non-positive period.
@@ -291,13 +241,8 @@ class CounterSampler:
         self.close()
 
     def next_period_s(self) -> float:
-        """The wait before the next read: ``period_s`` on average, dithered between half and
-        one and a half of it (a golden-ratio sequence). Reads at a fixed period that divides
-        the counter's publish period (12.5 ms into NVML's 100 ms) meet every publish at the
-        same phase, so the publish grid is never located better than one read period, and a
-        grid off by a few milliseconds moves energy between the ops next to the bubbles
-        (seen: a stage's forward rows 4-6 % low on virtual time). Dithered reads sweep every
-        phase."""
+        """The wait before the next read: ``period_s`` dithered between half and one and a half
+        of it (a golden-ratio sequence), so reads sweep every phase of the publish grid."""
         self._reads += 1
         return self.period_s * (0.5 + (self._reads * _GOLDEN) % 1.0)
 
@@ -338,11 +283,8 @@ class CounterSampler:
     def intervals(
         self, start_s: float, end_s: float, *, grid: bool = True
     ) -> list[CounterInterval]:
-        """The publish-to-publish windows lying wholly inside ``[start_s, end_s]``.
-
-        Reads up to one publish period (estimated from the reads) outside the span are used
-        to locate the publishes at its edges.
-        """
+        """The publish-to-publish windows wholly inside ``[start_s, end_s]`` (reads up to a
+        publish period outside it locate the publishes at its edges)."""
         with self._lock:
             samples = list(self._samples)
         if len(samples) < 2:
@@ -363,29 +305,17 @@ class CounterSampler:
 
 
 def counter_period_s(gpu: object) -> float:
-    """How often ``gpu``'s energy counter publishes: ``publish_interval_s`` on the simulator,
-    NVML's 100 ms otherwise (0: no GPU, no counter)."""
-    if gpu is None:
-        return 0.0
-    return (
-        float(gpu.publish_interval_s)
-        if isinstance(gpu, CounterPeriodGPU)
-        else NVML_PUBLISH_PERIOD_S
-    )
+    """How often ``gpu``'s energy counter publishes (NVML's 100 ms unless it says; 0: no GPU)."""
+    if isinstance(gpu, CounterPeriodGPU):
+        return float(gpu.publish_interval_s)
+    return 0.0 if gpu is None else NVML_PUBLISH_PERIOD_S
 
 
 def sample_period_for(gpu: object) -> float:
-    """Time between counter reads for ``gpu``: an eighth of its publish period
-    (``publish_interval_s`` on the simulator; NVML's 100 ms otherwise), within 0.5-20 ms.
-
-    An eighth locates each publish within 12.5 ms on NVML before the grid fit, and costs about
-    a quarter of one core at ~3 ms per read (an H100); an exact counter (period 0) is read
-    every millisecond.
-    """
+    """Time between counter reads for ``gpu``: an eighth of its publish period, within
+    0.5-20 ms (about a quarter of a core on an H100); 1 ms for an exact counter."""
     period = counter_period_s(gpu)
-    if period <= 0:
-        return 0.001
-    return min(0.02, max(0.0005, float(period) / 8.0))
+    return min(0.02, max(0.0005, period / 8.0)) if period > 0 else 0.001
 
 
 def _period_guess(samples: Sequence[CounterSample]) -> float:

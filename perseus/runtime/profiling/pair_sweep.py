@@ -1,19 +1,9 @@
 """Online profiling of (SM, memory) clock pairs, on a GPU whose memory clock can be locked.
 
-The sweep of :mod:`perseus.runtime.profiling.sweep` measures SM clocks one per step. On a GDDR
-GPU every SM clock has several memory clocks, and measuring every pair costs as many sweeps as
-there are memory clocks. :class:`PairSweep` measures a coarse grid first (every ``stride``-th
-SM clock at every memory clock, :func:`perseus.profile.pair_grid.coarse_pair_grid`), then, in
-rounds, the unmeasured SM clocks near each op's lower hull at that vertex's memory clock
-(:func:`perseus.profile.pair_grid.next_pairs`), until a round adds nothing or ``max_pairs``
-pairs were measured (bounded).
-
-As in the SM sweep, one clock pair per sweep step for the whole rank (a change inside an
-iteration would mix pairs in the fit); a step measures every op of the rank at that pair, so
-the rank's ops share the grid and its refinement rounds take the union of the pairs each op's
-hull asks for. It has the SM sweep's surface (``done``, ``record``, ``end_iteration``,
-``rows``, ``fit_errors``, ...), and :meth:`plan_op_for` gives the plan op that runs the step's
-pair (a one-phase op with a memory clock, which the rank agent runs).
+:class:`PairSweep` measures a coarse grid first (every ``stride``-th SM clock at every memory
+clock), then in rounds the unmeasured SM clocks near each op's lower hull
+(:mod:`perseus.profile.pair_grid`), one pair per step for the whole rank, until a round adds
+nothing or ``max_pairs`` were measured.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ _Pair = tuple[int, int]
 
 
 class PairSweep(StepSweep):
-    """Clock-pair sweep for the (stage, kind) pairs of one rank (see the module docstring).
+    """Clock-pair sweep for the (stage, kind) pairs of one rank.
 
     Args:
         ops: The rank's (stage_index, kind) pairs.
@@ -89,9 +79,6 @@ class PairSweep(StepSweep):
         self.measured: list[_Pair] = []  # pairs closed, in order
         self.rounds = 0  # refinement rounds started
 
-    # -----------------------------------------------------------------------------------------
-    # What to run
-
     @property
     def done(self) -> bool:
         """True when no pair is left to measure."""
@@ -112,18 +99,15 @@ class PairSweep(StepSweep):
         f, m = self.pair_mhz()
         return ((f, m, 0),)
 
-    # -----------------------------------------------------------------------------------------
-    # Measurements
-
     def _measuring(self, op: tuple[int, Kind]) -> bool:
         return not self.done
 
     def end_iteration(
         self, power_w: Mapping[Hashable, float] | None = None, fit: PowerFit | None = None
     ) -> None:
-        """Close the current pair for every op and move to the next one (a refinement round
-        when the queue is empty). ``power_w`` and ``fit`` as in
-        :meth:`perseus.runtime.profiling.sweep.ClockSweep.end_iteration`."""
+        """Close the current pair for every op and move to the next (a refinement round when
+        the queue is empty); arguments as in
+        :meth:`~perseus.runtime.profiling.sweep.ClockSweep.end_iteration`."""
         if self.done:
             return
         self.iterations += 1
@@ -157,13 +141,6 @@ class PairSweep(StepSweep):
             wanted.sort(key=lambda p: (-p[1], -p[0]))
             self._queue.extend(wanted[:room])
 
-    # -----------------------------------------------------------------------------------------
-    # Results
-
     def rows(self) -> list[PairProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j, mem_freq_mhz)``."""
-        return [
-            (stage, kind, f, t, e, m)
-            for (stage, kind), rows in self._rows.items()
-            for (f, m), t, e, _ in rows
-        ]
+        return [(s, k, f, t, e, m) for s, k, f, m, t, e, _err in self._flat()]

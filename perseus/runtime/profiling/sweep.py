@@ -1,24 +1,13 @@
 """Online (just-in-time) profiling: measure every (stage, kind) at each clock during training.
 
-The first iterations of a job double as the profiling run. In sweep step ``i`` every op of
-a (stage, kind) runs at that op's ``i``-th clock (clocks from high to low); the median device
-time of its ops and their fitted mean power (from the energy counter's publish windows over
-the step, :mod:`perseus.runtime.profiling.energy_attribution`; a step lasts as many iterations as the
-windows need) become the profile row for that clock: energy = power x median time. An op stops
-early once, past the first ``min_fraction`` of the clock list, its energy has stayed above the
-lowest energy measured so far for ``patience`` consecutive clocks: below the energy-optimal
-clock both time and energy grow, so those clocks can never be on the frontier. Comparing with
-the best so far rather than with the previous clock makes the rule robust to measurement noise
-(measured energies wiggle by a few tenths of a percent between neighbouring clocks, which
-resets a "strictly increasing" streak: on the bundled A100 data that rule never fires). The sweep ends when every op on every rank has stopped, which the ranks agree on
-with one all-reduce per iteration
-(:meth:`perseus.runtime.session_sweep.SessionSweep.finished_everywhere`).
-
-The result is a profile in the standard CSV format (``stage,instruction,frequency,time,energy``)
-saved under a key of the model, schedule and world configuration (:func:`profile_cache_path`),
-so that the next run with the same configuration skips profiling.
-
-This module holds the sweep logic; `perseus.runtime.session` wires it into the hooks.
+In sweep step ``i`` every op of a (stage, kind) runs at its ``i``-th clock (high to low); the
+median device time of its ops and their fitted mean power
+(:mod:`perseus.runtime.profiling.energy_attribution`) give the row for that clock. An op stops
+once, past the first ``min_fraction`` of its clocks, its energy stayed above the lowest so far
+for ``patience`` clocks in a row (below the energy-optimal clock nothing can be on the
+frontier; comparing with the best so far rather than the previous clock is robust to noise).
+The profile is saved under a key of the configuration (:func:`profile_cache_path`) so the next
+run skips profiling; :mod:`perseus.runtime.session_sweep` wires the sweep into a session.
 """
 
 from __future__ import annotations
@@ -49,8 +38,8 @@ __all__ = [
 
 ProfileRow = tuple[int, Kind, int, float, float]
 
-#: The largest energy uncertainty (two standard errors of the fitted power, relative) a row of
-#: a deployed online profile may have (:func:`check_fit`).
+#: The largest relative energy uncertainty (two standard errors) of a deployed online profile's
+#: rows (:func:`check_fit`).
 MAX_FIT_ERROR = 0.04
 
 
@@ -82,9 +71,9 @@ _Row = tuple[tuple[int, int], float, float, float]
 
 
 class StepSweep:
-    """What both sweeps share (this one and the clock-pair
-    :class:`~perseus.runtime.profiling.pair_sweep.PairSweep`): each op's samples at the
-    current sweep step, the rows closed so far and the figures read from them.
+    """What :class:`ClockSweep` and the clock-pair
+    :class:`~perseus.runtime.profiling.pair_sweep.PairSweep` share: each op's samples at the
+    current step and the rows closed so far.
 
     Args:
         ops: The rank's (stage_index, kind) pairs to sweep.
@@ -98,38 +87,35 @@ class StepSweep:
         self.iterations = 0  # sweep steps closed (each may span several iterations)
 
     def _measuring(self, op: tuple[int, Kind]) -> bool:
-        """Whether ``op`` takes samples now."""
         raise NotImplementedError
 
     def record(
         self, stage_index: int, kind: Kind, time_s: float, energy_j: float | None = None
     ) -> None:
-        """Add one op's measured device time (and energy, when measured per op) at the
-        current step (an op not swept, or no longer, is ignored). Energy usually comes per
-        step instead, as a fitted power passed to ``end_iteration``
-        (:mod:`perseus.runtime.profiling.energy_attribution`)."""
+        """Add one op's device time (and energy, when measured per op) at the current step;
+        an op not swept, or no longer, is ignored."""
         op = (stage_index, kind)
         if op not in self._times or not self._measuring(op) or not time_s > 0:
             return
         self._times[op].append(time_s)
-        # A non-positive energy is a counter that did not move over the op (its update
-        # period is longer than the op): no information, not a zero.
+        # A non-positive energy is a counter that did not move over the op: no information.
         if energy_j is not None and energy_j > 0:
             self._energies[op].append(energy_j)
 
     def discard_iteration(self) -> None:
-        """Drop the current sweep step's samples (an iteration failed: the step restarts at the
-        same clocks)."""
+        """Drop the current step's samples (a failed iteration: the step restarts)."""
         for samples in (*self._times.values(), *self._energies.values()):
             samples.clear()
 
+    def _flat(self) -> list[tuple[int, Kind, int, int, float, float, float]]:
+        """Every row: ``(stage, kind, freq_mhz, mem_freq_mhz, time_s, energy_j, error)``."""
+        return [
+            (*op, f, m, t, e, err) for op, rows in self._rows.items() for (f, m), t, e, err in rows
+        ]
+
     def fit_errors(self) -> list[tuple[int, Kind, int, float]]:
         """Per measured row: ``(stage, kind, freq_mhz, relative uncertainty of its energy)``."""
-        return [
-            (stage, kind, clocks[0], err)
-            for (stage, kind), rows in self._rows.items()
-            for clocks, _t, _e, err in rows
-        ]
+        return [(s, k, f, err) for s, k, f, _m, _t, _e, err in self._flat()]
 
     def worst_fit_error(self) -> float:
         """The largest row uncertainty so far (0 without rows)."""
@@ -144,8 +130,7 @@ class ClockSweep(StepSweep):
     """Clock sweep for the (stage, kind) pairs of one rank.
 
     Args:
-        ops: The rank's (stage_index, kind) pairs to sweep (may be empty: nothing to measure;
-            the rank's other ops run at the step's clock).
+        ops: The rank's (stage_index, kind) pairs to sweep (may be empty).
         clocks_mhz: The GPU's clocks to sweep (any order; swept highest first).
         patience: Stop after this many consecutive clocks above the lowest energy so far ...
         min_fraction: ... once at least this fraction of the clock list has been measured.
@@ -181,17 +166,8 @@ class ClockSweep(StepSweep):
         return all(s.stopped for s in self.sweeps.values())
 
     def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The clock the next op of (stage, kind) should run at.
-
-        One clock per sweep step for the whole rank: an op whose sweep stopped runs at the
-        clock the others measure (the highest once all stopped). A rank running two clocks in
-        one iteration changes its clock between ops, and a change that lands early or late
-        (a set call's random latency; in emulation, a host that fell behind the simulated
-        device) runs part of an op at the other op's clock. The fit then mixes clocks: the
-        rows of a four-rank run whose backward sweep had stopped (backward at the top clock,
-        forward still sweeping) came out 5-65 % low in energy (benchmarks/online_profile.py
-        ``--ranks 4``). With one clock per step no change happens inside an iteration.
-        """
+        """The clock the next op of (stage, kind) should run at: one clock per sweep step
+        for the whole rank (docs/timing.md), so no change happens inside an iteration."""
         sweep = self.sweeps.get((stage_index, kind))  # None: an op not swept (kept rows)
         if sweep is not None and not sweep.stopped:
             return sweep.clock_mhz
@@ -202,8 +178,7 @@ class ClockSweep(StepSweep):
         return self.clock_for(stage_index, kind)
 
     def step_clock_mhz(self) -> int:
-        """The clock of the current sweep step: the clock the unstopped ops measure (they
-        advance together), else the highest."""
+        """The clock the unstopped ops measure (they advance together), else the highest."""
         for sweep in self.sweeps.values():
             if not sweep.stopped:
                 return sweep.clock_mhz
@@ -218,11 +193,9 @@ class ClockSweep(StepSweep):
         """Close the current clock of every op and advance the sweep.
 
         Args:
-            power_w: Fitted mean power per (stage, kind) over this step's ops: the row's
-                energy is that power times the median op time. Ops without one use the
-                median of their per-op energies; ops with neither skip the clock.
-            fit: The fit ``power_w`` came from: each row keeps its uncertainty
-                (:func:`check_fit`).
+            power_w: Fitted mean power per (stage, kind) (see :func:`step_row`); ops with no
+                usable sample skip the clock.
+            fit: The fit ``power_w`` came from, for each row's uncertainty.
         """
         self.iterations += 1
         for op, sweep in self.sweeps.items():
@@ -238,8 +211,6 @@ class ClockSweep(StepSweep):
     def _close_clock(
         self, op: tuple[int, Kind], time_s: float, energy_j: float, error: float
     ) -> None:
-        """One op's row at its current clock; stop its sweep at the last clock, or once its
-        energy has risen ``patience`` clocks in a row past the floor."""
         sweep, rows = self.sweeps[op], self._rows[op]
         best = min((r[2] for r in rows), default=math.inf)
         sweep.rising = sweep.rising + 1 if energy_j > best else 0
@@ -252,11 +223,7 @@ class ClockSweep(StepSweep):
 
     def rows(self) -> list[ProfileRow]:
         """Measured rows ``(stage, kind, freq_mhz, time_s, energy_j)``."""
-        return [
-            (stage, kind, clocks[0], t, e)
-            for (stage, kind), rows in self._rows.items()
-            for clocks, t, e, _ in rows
-        ]
+        return [(s, k, f, t, e) for s, k, f, _m, t, e, _err in self._flat()]
 
 
 def step_row(
@@ -266,22 +233,18 @@ def step_row(
     power_w: Mapping[Hashable, float] | None,
     fit: PowerFit | None,
 ) -> tuple[float, float, float] | None:
-    """One op's figures at a sweep step, its samples cleared: ``(time_s, energy_j, relative
-    uncertainty of the energy)``, None when nothing usable was measured.
-
-    The time is the median sample (a sample delayed by the host must not move the row); the
-    energy the fitted power times it, else the median per-op energy (uncertainty 0).
-    """
+    """One op's ``(time_s, energy_j, relative energy uncertainty)`` at a step (None when
+    nothing usable was measured), its samples cleared: the median time, times the fitted
+    power, else the median per-op energy."""
     power = None if power_w is None else power_w.get(op)
-    if power is not None and not power > 0:
-        power = None  # a group the fit could not see: no information
+    fitted = power is not None and power > 0  # else a group the fit could not see
     row = None
-    if times_s and (power is not None or energies_j):
+    if times_s and (fitted or energies_j):
         time_s = statistics.median(times_s)
-        if power is None:
-            row = (time_s, statistics.median(energies_j), 0.0)
-        else:
+        if power is not None and fitted:
             row = (time_s, power * time_s, fit.relative_error(op) if fit else math.inf)
+        else:
+            row = (time_s, statistics.median(energies_j), 0.0)
     times_s.clear()
     energies_j.clear()
     return row
@@ -290,16 +253,15 @@ def step_row(
 def check_fit(profilers: Any, max_error: float = MAX_FIT_ERROR) -> None:
     """Refuse an online profile with a row whose energy fit is poor.
 
-    ``profilers``: one sweep or a sequence of them (:class:`ClockSweep` or
-    :class:`~perseus.runtime.profiling.pair_sweep.PairSweep`: anything with ``fit_errors()``).
+    Args:
+        profilers: One sweep or a sequence of them (anything with ``fit_errors()``).
+        max_error: The largest relative uncertainty (two standard errors) allowed.
 
     Raises:
-        ProfileError: naming the worst row, its uncertainty and what to do, when a row's
-            energy is more uncertain than ``max_error`` (two standard errors, relative).
+        ProfileError: naming the worst row, its uncertainty and what to do.
     """
-    if not isinstance(profilers, Sequence):  # one sweep (SM clocks or clock pairs)
-        profilers = [profilers]
-    rows: list[tuple[int, Kind, int, float]] = [row for p in profilers for row in p.fit_errors()]
+    sweeps = profilers if isinstance(profilers, Sequence) else [profilers]
+    rows: list[tuple[int, Kind, int, float]] = [row for p in sweeps for row in p.fit_errors()]
     if not rows:
         return
     stage, kind, freq, err = max(rows, key=lambda r: r[3])

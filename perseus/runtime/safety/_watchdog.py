@@ -1,15 +1,10 @@
 """The watchdog process: resets a GPU's clock lock when the process that set it dies.
 
-Run as a script (``python -I _watchdog.py SPEC_JSON OWNER_PID POLL_S``), never imported by
-perseus, and using the standard library only, so it starts in ~30 ms instead of paying for
-``import perseus``. The owner keeps the write end of our stdin; we learn of its death when
-that pipe reaches EOF (the kernel closes it even after SIGKILL) or when our parent pid
-changes. A clean owner writes ``stop`` first, and we exit without touching the GPU.
-
-The reset itself (:func:`perseus.device.ownership.reset_if_orphaned`, loaded by file path)
-takes the GPU's ownership lock first: if a new live owner holds it, the lock is theirs and we
-leave the GPU alone. It resets the locked clock and restores the default power limit of the
-one device the owner named on our command line; nothing read from a file changes which.
+Run as ``python -I _watchdog.py SPEC_JSON OWNER_PID POLL_S`` with the standard library only
+(it starts in ~30 ms). The owner's death shows as EOF on our stdin (even after SIGKILL) or a
+new parent pid; a clean owner writes ``stop`` first. The reset
+(:func:`perseus.device.ownership.reset_if_orphaned`, loaded by file path) leaves a GPU that a
+new live owner holds alone, and touches only the device named on our command line.
 """
 
 from __future__ import annotations

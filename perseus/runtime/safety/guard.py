@@ -1,29 +1,11 @@
 """Never leave a GPU locked at a low clock: ownership, exit hooks and a watchdog process.
 
-A clock lock is global to the device and outlives the process that set it
-(docs/hardware.md#sharing), so a
-crashed agent would leave the GPU slow for everyone. Three layers make sure it is reset:
-
-1. :class:`~perseus.device.ownership.GpuOwnership`: one owner per GPU, an
-   exclusive ``flock`` on a file keyed by the GPU's UUID. A second agent gets
-   :class:`~perseus.errors.DeviceBusyError` naming the owner's pid. The kernel drops the lock
-   when the owner dies; the next owner resets the GPU it opened (clocks and default power
-   limit) if its previous owner died without doing so (owner and watchdog both killed). The
-   dead owner's lock file only says that a reset is due, never what to reset.
-2. :class:`ExitGuard`: ``atexit`` plus SIGTERM/SIGINT handlers that run the agent's reset when
-   the signal ends the process, and only then: a signal first goes to the handler installed
-   before (so Ctrl-C still raises KeyboardInterrupt and SIGTERM still terminates); the reset
-   runs when that handler raises (the exception is ending the process) or when the signal's
-   default action kills it. A program's own handler that returns (a "stop after this epoch"
-   flag), or a signal the process ignores (SIGINT in a background job ``cmd &``), leaves the
-   GPU and the run alone: the process lives on, and resets when it really ends.
-3. :class:`Watchdog`: a tiny separate process holding a pipe from the owner; when the owner
-   dies, even by SIGKILL, the pipe reaches EOF and the watchdog resets the lock (unless a new
-   live owner has taken the GPU meanwhile).
-
-Forked children (DataLoader workers) must not keep the ownership lock or the watchdog pipe
-alive, nor reset the GPU from their inherited signal handlers: file descriptors are closed in
-the child right after ``fork`` and the handlers check the pid.
+A clock lock outlives the process that set it (docs/hardware.md#sharing), so three layers
+reset it (docs/safety.md): :class:`~perseus.device.ownership.GpuOwnership` (one owner per GPU;
+the next owner resets a GPU whose owner died without doing so), :class:`ExitGuard` (``atexit``
+plus SIGTERM/SIGINT, resetting only when the signal ends the process) and :class:`Watchdog` (a
+separate process that resets when the owner's pipe reaches EOF, even after SIGKILL). Forked
+children close the lock and pipe descriptors, and their inherited handlers check the pid.
 """
 
 from __future__ import annotations
@@ -32,6 +14,7 @@ import atexit
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -64,20 +47,12 @@ _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 class _SignalChain:
     """The one handler per signal shared by every :class:`ExitGuard` of this process.
 
-    Signals are process-wide, so the handlers are too: the first guard installs ours (keeping
-    the handler that was there), the last one restores it (if ours is still the active one).
-    Guards that come and go in any order (two agents, one closed early) therefore never leave a
-    stale handler behind or call a closed guard's callback.
-
-    Python runs signal handlers on the main thread, between two bytecodes. A main thread
-    blocked in C (a gloo/NCCL collective waiting for a peer that died: exactly when torchrun
-    sends SIGTERM to the survivors) would run ours only when the call returns, possibly
-    minutes later. So the chain also registers a wakeup fd (``signal.set_wakeup_fd``, unless
-    someone else uses it), to which CPython's C-level handler writes the signal number at once,
-    and a daemon thread reading it runs the guards' callbacks immediately. If the signal's
-    previous disposition was the default (terminate) and the main thread has not ended the
-    process within ``grace_s``, that thread ends it with status ``128 + signum`` as the default
-    action would have.
+    The first guard installs ours (keeping the previous handler), the last one restores it, so
+    guards may come and go in any order. A main thread blocked in C (a collective waiting for a
+    dead peer, when torchrun sends SIGTERM) would run Python handlers only when the call
+    returns, so a wakeup fd (``signal.set_wakeup_fd``, unless someone else uses it) lets a
+    daemon thread run the guards at once; under the default disposition it then ends the
+    process with status ``128 + signum`` if the main thread has not within ``grace_s``.
     """
 
     def __init__(self, grace_s: float = 1.0) -> None:
@@ -121,9 +96,7 @@ class _SignalChain:
         return list(reversed(self._guards.get(signum, ()))) if os.getpid() == self._pid else []
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Runs in the main thread between two bytecodes of whatever it was doing: the guards'
-        # callbacks must not take a lock the interrupted code may hold (see ExitGuard). The
-        # previous handler decides whether the process ends; the guards run only if it does.
+        # The previous handler decides whether the process ends; the guards run only if it does.
         previous = self._previous.get(signum, signal.SIG_DFL)
         if callable(previous):
             try:
@@ -141,8 +114,6 @@ class _SignalChain:
     def _run_guards(self, signum: int) -> None:
         for guard in self._guards_for(signum):
             guard._run_once()
-
-    # Wakeup-fd watcher ---------------------------------------------------------------------
 
     def _start_watcher(self) -> None:
         r, w = os.pipe()
@@ -202,8 +173,7 @@ class _SignalChain:
         default = self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None)
         if not (ours and default):
             return  # a handler of the program's decides, on the main thread (_on_signal)
-        # The default action is to die now: reset, give the main thread the chance to die
-        # properly (exit status "killed by signal"), then do it ourselves.
+        # Default action: reset, let the main thread die by the signal, else exit ourselves.
         self._run_guards(signum)
         time.sleep(self.grace_s)
         os._exit(128 + signum)
@@ -213,21 +183,14 @@ _CHAIN = _SignalChain()
 
 
 class ExitGuard:
-    """Runs ``callback`` once when the process ends: at interpreter exit, or on a SIGTERM/SIGINT
-    that ends it.
+    """Runs ``callback`` once when the process ends: at exit, or on a SIGTERM/SIGINT that ends it.
 
-    A signal goes first to the handler installed before the first guard (so Ctrl-C still
-    raises KeyboardInterrupt and SIGTERM still terminates); ``callback`` runs if that handler
-    raises (before the exception unwinds) or if the signal's default action is to terminate
-    (before it does). A handler that returns, or a signal the process ignores, leaves
-    ``callback`` for the real end. Signal handlers can only be installed from the main thread;
-    elsewhere only the ``atexit`` hook is installed.
-
-    Contract for ``callback`` (it may run inside a signal handler, on the main thread, at any
-    bytecode of the training loop): it must reset the device *directly* and never wait for a
-    lock the interrupted code may hold (a controller's lock, a queue's mutex); it must not
-    raise (exceptions are swallowed) and should finish within milliseconds. The watchdog
-    remains the backstop if it cannot.
+    A signal goes first to the previous handler; ``callback`` runs if that handler raises or
+    the default action terminates, and a handler that returns (or an ignored signal) leaves it
+    for the real end. Off the main thread only the ``atexit`` hook is installed. ``callback``
+    may run inside a signal handler at any bytecode: it must reset the device directly, never
+    wait for a lock the interrupted code may hold, and finish within milliseconds (exceptions
+    are swallowed; the watchdog remains the backstop).
     """
 
     DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -265,11 +228,8 @@ class ExitGuard:
         self._installed = False
 
     def _run_once(self, wait_s: float = 1.0) -> None:
-        # Called from atexit, the main thread's signal handler or the signal watcher thread:
-        # exactly one of them runs the callback. The others wait (bounded: the running one may
-        # need a lock the interrupted main thread holds) so the process does not end mid-reset.
-        # (No early look at ``_ran``: it is set before the callback finishes, and a caller
-        # that returned then would let the process die mid-reset.)
+        # atexit, the signal handler and the watcher thread: one runs the callback, the others
+        # wait (bounded) so the process does not end mid-reset; hence no early look at ``_ran``.
         if os.getpid() != self._pid:
             return
         if not self._running.acquire(timeout=wait_s):
@@ -294,8 +254,7 @@ class Watchdog:
     """
 
     def __init__(self, spec: dict[str, Any], lock_path: Path, poll_interval_s: float = 0.05):
-        # Handed to the watchdog on its command line: it resets this device and no other,
-        # whatever the lock file may say later.
+        # On the watchdog's command line: it resets this device, whatever the lock file says.
         self.spec = {**spec, "lock_path": str(lock_path)}
         self.poll_interval_s = poll_interval_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -312,15 +271,9 @@ class Watchdog:
         """
         if self._proc is not None:
             return
+        args = [json.dumps(self.spec), str(os.getpid()), str(self.poll_interval_s)]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                str(_WATCHDOG_SCRIPT),
-                json.dumps(self.spec),
-                str(os.getpid()),
-                str(self.poll_interval_s),
-            ],
+            [sys.executable, "-I", str(_WATCHDOG_SCRIPT), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -358,8 +311,6 @@ class Watchdog:
 
 
 def _read_line(fd: int, timeout_s: float) -> bytes:
-    import select
-
     data = b""
     deadline = time.monotonic() + timeout_s
     while b"\n" not in data:
@@ -377,20 +328,17 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
 
 
 class GpuClaim:
-    """The three layers for one GPU an agent changes clocks on: ownership, the watchdog
-    process (for GPUs that describe their reset, :class:`~perseus.device.base.ManagedGPU`) and
-    exit hooks running ``on_exit``.
+    """The three layers for one GPU: ownership, the watchdog (for a
+    :class:`~perseus.device.base.ManagedGPU`) and exit hooks running ``on_exit``.
 
     Args:
         gpu: The GPU (its ``uuid``; a managed GPU's own lock path and watchdog spec).
         watchdog: Start the watchdog (managed GPUs only).
         handle_signals: Install SIGTERM/SIGINT handlers besides ``atexit``.
         on_exit: What the exit hooks run (the agent's emergency reset).
-        hold_lock: Keep the ownership lock while claimed (an agent). False: only record that
-            this process owes the GPU a reset (:meth:`GpuOwnership.mark_due`), for a process
-            that changes the GPU's power limit while an agent of the same process takes the
-            lock itself (a recurring job with ``own_gpu=False``); the watchdog and the next
-            owner still reset the GPU if this process dies.
+        hold_lock: Keep the ownership lock while claimed. False only records that this
+            process owes the GPU a reset (:meth:`GpuOwnership.mark_due`): a recurring job with
+            ``own_gpu=False`` whose agent takes the lock itself.
     """
 
     def __init__(
@@ -416,9 +364,8 @@ class GpuClaim:
         self._guard = ExitGuard(on_exit, ExitGuard.DEFAULT_SIGNALS if handle_signals else ())
 
     def _reset_in_hand(self) -> None:
-        """Reset the GPU this claim holds to its defaults: clocks and (where it has one) the
-        default power limit. A simulated GPU is reset in its state file, like the watchdog
-        does; any other GPU through its own methods."""
+        """Reset the GPU in hand: clocks and default power limit (a simulated one in its state
+        file, as the watchdog does)."""
         if self._managed is not None:
             spec = self._managed.watchdog_spec()
             if spec.get("backend") == "sim":

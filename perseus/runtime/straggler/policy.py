@@ -1,43 +1,20 @@
 """Which frontier plan a pipeline runs when another pipeline straggles (pure, deterministic).
 
-In data-parallel training every pipeline waits for the slowest one at the gradient all-reduce,
-so when one pipeline straggles with iteration time T′ the others can slow down to T′ for free:
-they run the cheapest plan whose time is at most T′. Slowing past the minimum-energy plan T*
-only adds blocking time, so the choice is capped at T*. The straggler itself keeps its fastest
-plan (it is the bottleneck). When the straggler recovers, T′ falls and the choice follows it
-back to the fastest plan.
-
-Every rank of a pipeline must switch together, so the decision is a pure function of the
-frontier and the sequence of observed T′ values: all ranks fed the same observations derive the
-same plan, with no communication. Two mechanisms keep measurement noise from making plans flap:
-
-* **Smoothing.** ``smoothed = α·observed + (1−α)·smoothed`` (exponential moving average,
-  ``α = smoothing``; ``α = 1`` disables it).
-* **Hysteresis band.** A decision fixes a deadline ``D`` (the smoothed T′ at that moment) and
-  picks the cheapest plan with time ≤ ``D·(1 − h)``. The plan is kept while the smoothed T′
-  stays inside ``[D·(1 − h), D·(1 + h)]``; only leaving the band re-decides. Because the plan
-  was chosen with the margin ``h``, it is never slower than any T′ inside the band, so keeping
-  it never slows the job; noise smaller than ``h`` causes no switch at all.
-
-Two layers, as elsewhere in perseus: the pure step function :func:`step_policy` maps
-``(state, observation) -> (state, choice)`` over a frozen :class:`PolicyState`, and
-:class:`StragglerPolicy` is a thin holder of that state for callers that want an object::
-
-    policy = StragglerPolicy(frontier, hysteresis=0.01, smoothing=0.5)
-    choice = policy.decide(straggler_time_s)          # this pipeline is not the straggler
-    choice = policy.decide(my_time_s, is_straggler=True)
-    frontier.points[choice.point_index]                # the plan to run next iteration
-
-:func:`choose_plan_index` is the stateless rule used by both (and by the what-if sweep):
-it agrees with :meth:`perseus.plan.Frontier.cheapest_within` but returns the fastest plan
-instead of raising when T′ is below T_min.
+Pipelines wait for the slowest at the gradient all-reduce, so when one straggles at T′ the
+others run the cheapest plan with time <= T′, capped at the minimum-energy plan T*; the
+straggler keeps its fastest plan. The decision is a pure function of the frontier and the
+observed T′ sequence, so all ranks fed the same observations agree. Against noise, T′ is
+smoothed (an EMA of weight ``smoothing``) and a decision fixes a deadline ``D``, picking the
+cheapest plan within ``D·(1 − h)``; the plan is kept while the smoothed T′ stays inside
+``[D·(1 − h), D·(1 + h)]``, so keeping it never slows the job. :func:`step_policy` is the pure
+step over a frozen :class:`PolicyState`; :class:`StragglerPolicy` holds the state.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from perseus.errors import ConfigError
@@ -60,16 +37,12 @@ _TIME_RTOL = 1e-12
 
 @dataclass(frozen=True, slots=True)
 class PlanChoice:
-    """The plan to run next.
+    """The plan to run next (``point_index`` into ``frontier.points``, its time and energy).
 
     Attributes:
-        point_index: Index into ``frontier.points``.
-        time_s: That plan's iteration time.
-        energy_j: That plan's energy per iteration.
-        reason: ``"fastest"`` (T′ at or below T_min, or recovered), ``"straggler"`` (this
-            pipeline is the straggler), ``"slack"`` (cheapest plan within T′),
-            ``"min-energy"`` (T′ beyond T*, capped), ``"hold"`` (T′ still inside the
-            hysteresis band; previous plan kept).
+        reason: ``"fastest"`` (T′ at or below T_min), ``"straggler"`` (this pipeline is the
+            straggler), ``"slack"`` (cheapest plan within T′), ``"min-energy"`` (T′ beyond
+            T*, capped) or ``"hold"`` (T′ inside the hysteresis band: previous plan kept).
         switched: True when the plan differs from the previous decision's.
     """
 
@@ -88,8 +61,8 @@ class PolicyState:
         point_index: The plan currently chosen.
         deadline_s: The smoothed T′ the current plan was chosen for (None before the first
             observation, or while this pipeline is the straggler).
-        smoothed_s: Exponential moving average of the observed T′ (None before the first).
-        switches: Number of plan changes so far (for monitoring flapping).
+        smoothed_s: Moving average of the observed T′ (None before the first).
+        switches: Number of plan changes so far.
     """
 
     point_index: int
@@ -99,7 +72,7 @@ class PolicyState:
 
 
 class _Table:
-    """Sorted times and, for each prefix, the index of its cheapest point (O(K) to build)."""
+    """Sorted times and each prefix's cheapest point (O(K) to build)."""
 
     __slots__ = ("best_index", "energies", "times")
 
@@ -109,10 +82,7 @@ class _Table:
         best: list[int] = []
         for i, e in enumerate(self.energies):
             # Ties go to the slower point: same energy, more slack left for the straggler.
-            if not best or e <= self.energies[best[-1]]:
-                best.append(i)
-            else:
-                best.append(best[-1])
+            best.append(i if not best or e <= self.energies[best[-1]] else best[-1])
         self.best_index = best
 
     def choose(self, deadline_s: float) -> int:
@@ -123,11 +93,9 @@ class _Table:
 def choose_plan_index(frontier: Frontier, straggler_time_s: float) -> int:
     """Index of the cheapest plan no slower than ``straggler_time_s`` (stateless rule).
 
-    Below T_min the fastest plan (index 0) is returned: nothing is faster, and a non-straggler
-    must not become the bottleneck. Beyond T* the minimum-energy plan is returned (slower
-    plans are never cheaper). ``frontier.points`` must be sorted by time (the format ensures it).
-
-    Complexity: O(K) for K points (use :class:`StragglerPolicy` for O(log K) repeated calls).
+    Like :meth:`perseus.plan.Frontier.cheapest_within`, but below T_min the fastest plan
+    (index 0) instead of an error. Complexity: O(K) for K points
+    (:meth:`StragglerPolicy.choose` is O(log K)).
     """
     return _Table(frontier).choose(straggler_time_s)
 
@@ -177,13 +145,7 @@ def _step(
         else:
             reason = "slack"
     switched = index != state.point_index
-    new_state = replace(
-        state,
-        point_index=index,
-        deadline_s=deadline,
-        smoothed_s=smoothed,
-        switches=state.switches + int(switched),
-    )
+    new_state = PolicyState(index, deadline, smoothed, state.switches + int(switched))
     choice = PlanChoice(index, table.times[index], table.energies[index], reason, switched)
     return new_state, choice
 
@@ -205,27 +167,22 @@ def step_policy(
         observed_time_s: The slowest pipeline's latest iteration time T′.
         is_straggler: True on the straggling pipeline itself, which keeps its fastest plan.
         hysteresis: Relative half-width ``h`` of the band in which the plan is kept.
-        smoothing: EMA weight ``α`` of the newest observation.
+        smoothing: Weight of the newest observation in the moving average (1: none).
 
     Returns:
-        The new state and the choice. Neither input is modified.
+        The new state and the choice (neither input is modified).
 
     Raises:
         ConfigError: on a non-positive observation or parameters out of range.
 
-    Complexity: O(K) per call for K points (the lookup table is rebuilt);
-    :class:`StragglerPolicy` keeps it and costs O(log K).
+    Complexity: O(K) for K points (:class:`StragglerPolicy` keeps the table: O(log K)).
     """
     _check_params(hysteresis, smoothing)
     return _step(_Table(frontier), state, observed_time_s, is_straggler, hysteresis, smoothing)
 
 
 class StragglerPolicy:
-    """Holds a :class:`PolicyState` and applies :func:`step_policy` to each observation.
-
-    Construction does no I/O; the object is deterministic, so every rank of a pipeline that
-    feeds it the same observations makes the same decisions.
-    """
+    """Holds a :class:`PolicyState` and applies :func:`step_policy` to each observation."""
 
     def __init__(
         self, frontier: Frontier, *, hysteresis: float = 0.01, smoothing: float = 0.5

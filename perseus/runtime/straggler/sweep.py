@@ -1,28 +1,13 @@
 """What-if at scale: job-level energy saving when one of N pipelines straggles (no processes).
 
-The model, for a data-parallel job of ``N`` identical pipelines planned with one frontier
-(``T_min`` = its fastest time, ``T*`` = its minimum-energy time, ``R`` ranks per pipeline,
-``P_b`` = blocking power), with one pipeline slowed by a factor ``s``:
-
-* **The straggler** runs its plan with every op ``s`` times longer at unchanged power, so its
-  iteration takes ``T′ = s·T_min`` and its energy is ``s`` times the plan's energy. It is the
-  bottleneck, so it keeps its fastest plan (Perseus) or all-max (baseline).
-* **The job's iteration time** is ``T_job = max(T′, slowest non-straggler plan)``: all
-  pipelines meet at the gradient all-reduce, and a pipeline that finishes early waits there
-  with all ``R`` GPUs drawing ``P_b``.
-* **Baseline "all-max"**: every pipeline runs all clocks at maximum; each of the ``N − 1``
-  others uses ``E_allmax + R·P_b·(T_job − T_allmax)``; the straggler ``s·E_allmax``.
-* **Perseus**: each of the ``N − 1`` others runs the cheapest frontier plan with time ≤ T′,
-  capped at T* (:meth:`~perseus.plan.Frontier.cheapest_within`), and waits for the rest:
-  ``E_p + R·P_b·(T_job − t_p)``; the straggler runs the fastest frontier plan, ``s·E_fastest``.
-* **Saving vs all-max** = ``1 − E_perseus / E_allmax-baseline`` over all N pipelines: the
-  Perseus paper's Table 4 / Figure 8 quantity (intrinsic and extrinsic savings together).
-* **Saving vs fastest** isolates the straggler adaptation: the baseline runs the fastest
-  frontier plan everywhere (then waits), so the straggler's energy is identical in both and
-  cancels in the difference while still counting in the total.
-
-Savings grow with ``s`` until T′ reaches T*; past it both sides only add blocking energy at the
-same rate, so the absolute saving stays constant and the relative saving declines slowly.
+For ``N`` pipelines of ``R`` ranks planned with one frontier (blocking power ``P_b``), one
+slowed by ``s``: the straggler runs its fastest plan (Perseus) or all-max (baseline) ``s``
+times longer at unchanged power, so ``T′ = s·T_min``; the job's time is
+``T_job = max(T′, slowest other plan)``, and each of the ``N − 1`` others uses its plan's
+energy plus ``R·P_b·(T_job − t_plan)`` waiting. Perseus runs the cheapest plan within T′ capped
+at T* (:meth:`~perseus.plan.Frontier.cheapest_within`). "vs all-max" compares with all-max
+everywhere (the Perseus paper's Table 4 quantity), "vs fastest" with the fastest frontier plan
+everywhere (the straggler adaptation alone).
 """
 
 from __future__ import annotations
@@ -45,16 +30,14 @@ class StragglerCase:
     Attributes:
         factor: Straggler slowdown ``s`` (1.0 = no straggler).
         straggler_time_s: ``T′ = s·T_min``.
-        job_time_s: The job's iteration time (Perseus and baseline alike, to within the
-            all-max plan's difference from T_min).
-        plan_index: Index of the plan the non-stragglers run (into ``frontier.points``).
-        plan_time_s: That plan's iteration time.
-        plan_energy_j: That plan's energy per iteration and pipeline, before waiting.
+        job_time_s: The job's iteration time.
+        plan_index: The plan the non-stragglers run (into ``frontier.points``), with its
+            ``plan_time_s`` and ``plan_energy_j`` (per pipeline, before waiting).
         allmax_energy_j: Job energy per iteration, every pipeline at all-max.
         fastest_energy_j: Job energy per iteration, every pipeline at the fastest plan.
         perseus_energy_j: Job energy per iteration with Perseus's straggler policy.
         saving_vs_allmax: ``1 − perseus / allmax``.
-        saving_vs_fastest: ``1 − perseus / fastest`` (the straggler-adaptation share).
+        saving_vs_fastest: ``1 − perseus / fastest``.
     """
 
     factor: float
@@ -95,10 +78,10 @@ def straggler_sweep(
         factors: Slowdown factors ``s >= 1`` of the one straggling pipeline.
 
     Returns:
-        One frozen :class:`StragglerCase` per factor, in the given order.
+        One :class:`StragglerCase` per factor, in the given order.
 
     Raises:
-        ConfigError: if ``pipelines < 2`` or a factor is below 1 or not finite.
+        ConfigError: if ``pipelines < 2`` or a factor is outside [1, MAX_FACTOR].
 
     Complexity: O(F·K) for F factors and K frontier points.
     """
@@ -122,21 +105,10 @@ def straggler_sweep(
         allmax_total = others * waited(allmax.energy_j, allmax.time_s) + s * allmax.energy_j
         fastest_total = others * waited(fastest.energy_j, fastest.time_s) + s * fastest.energy_j
         perseus_total = others * waited(plan.energy_j, plan.time_s) + s * fastest.energy_j
-        cases.append(
-            StragglerCase(
-                factor=s,
-                straggler_time_s=t_prime,
-                job_time_s=job_time,
-                plan_index=index,
-                plan_time_s=plan.time_s,
-                plan_energy_j=plan.energy_j,
-                allmax_energy_j=allmax_total,
-                fastest_energy_j=fastest_total,
-                perseus_energy_j=perseus_total,
-                saving_vs_allmax=1 - perseus_total / allmax_total,
-                saving_vs_fastest=1 - perseus_total / fastest_total,
-            )
-        )
+        totals = (allmax_total, fastest_total, perseus_total)
+        savings = (1 - perseus_total / allmax_total, 1 - perseus_total / fastest_total)
+        plan_figures = (index, plan.time_s, plan.energy_j)
+        cases.append(StragglerCase(s, t_prime, job_time, *plan_figures, *totals, *savings))
     return tuple(cases)
 
 
@@ -146,9 +118,8 @@ _MAX_FACTORS = 10_000
 
 
 def parse_factors(text: str, name: str = "factors") -> tuple[float, ...]:
-    """``"1.05:1.5:0.05"`` (start:stop:step, stop included) or ``"1.1,1.2,1.5"`` -> factors.
-
-    Every factor must be finite, in [1, 1000]; at most 10,000 of them.
+    """``"1.05:1.5:0.05"`` (start:stop:step, stop included) or ``"1.1,1.2,1.5"`` -> factors,
+    each in [1, 1000], at most 10,000.
 
     Raises:
         ConfigError: naming the parameter ``name``, the bad part and the accepted forms.

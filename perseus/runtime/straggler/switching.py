@@ -1,25 +1,9 @@
 """Straggler-aware plan switching at run time, the same decision on every rank of a pipeline.
 
-In data-parallel training the pipelines meet at the gradient all-reduce, so when one pipeline
-is slowed (thermal throttling, a slow node) the others can run a slower, cheaper plan for free.
-This module feeds :class:`perseus.runtime.straggler.policy.StragglerPolicy` at every iteration
-boundary:
-
-* **Detection.** Each rank measures its compute-bound iteration time (window start to the end
-  of its last action, *not* the wait at the data-parallel sync), scaled to its fastest plan
-  (:meth:`StragglerRuntime.intrinsic_time_s`). One all-reduce (MAX) over all
-  ranks of a vector with one slot per pipeline gives every rank every pipeline's time; the
-  pipeline's time is its slowest rank's. Every rank therefore holds the same numbers at the
-  same boundary and derives the same decision: no rank ever runs a different plan from its
-  pipeline peers, without any extra coordination.
-* **External hints.** A cluster monitor (or a person) can declare "pipeline k is slowed to T′"
-  through the job's torch.distributed store (``perseus straggler set --store HOST:PORT
-  --pipeline K --time-s T``), e.g. before a known throttle starts. Only global rank 0 reads the
-  store; its reading travels in the same all-reduce, so all ranks see the same hint. Rank 0
-  acknowledges each new hint (and each clearing) in the store with the iteration it read it
-  at, so the command can say whether a running job took it.
-* **Switching.** The decision is returned to :class:`perseus.runtime.pipeline.PerseusPipeline`
-  as a boundary hook and takes effect from the next iteration on.
+At every iteration boundary :class:`StragglerRuntime` exchanges every pipeline's time and
+global rank 0's store hints (``perseus straggler set``) in one all-reduce (MAX) and feeds
+:class:`~perseus.runtime.straggler.policy.StragglerPolicy`: every rank holds the same numbers
+and so derives the same plan (docs/straggler.md).
 """
 
 from __future__ import annotations
@@ -45,9 +29,12 @@ __all__ = [
     "hint_key",
     "raw_store",
     "read_ack",
+    "read_ack_at",
     "read_hint",
     "read_hint_entry",
+    "read_text",
     "set_hint",
+    "write_ack",
 ]
 
 #: Store key prefix of external straggler hints: ``perseus/straggler/<pipeline>``.
@@ -64,8 +51,7 @@ def hint_key(pipeline_index: int) -> str:
 
 
 def ack_key(pipeline_index: int) -> str:
-    """The store key where the running job acknowledges pipeline ``pipeline_index``'s hint:
-    ``"<token> <iteration>"`` (the hint's token, or ``-`` once a hint was cleared)."""
+    """The store key where the job acknowledges pipeline ``pipeline_index``'s hint."""
     return f"{ACK_PREFIX}{pipeline_index}"
 
 
@@ -77,13 +63,8 @@ def raw_store(store: Any) -> Any:
 
 
 def set_hint(store: Any, pipeline_index: int, time_s: float) -> str:
-    """Declare that pipeline ``pipeline_index`` runs at ``time_s`` per iteration.
-
-    The value is ``"<time_s> <token>"``; the job acknowledges the token (:func:`read_ack`)
-    when global rank 0 reads it at an iteration boundary.
-
-    Returns:
-        The hint's token.
+    """Declare that pipeline ``pipeline_index`` runs at ``time_s`` per iteration; returns the
+    token the job acknowledges (:func:`read_ack`).
 
     Raises:
         ConfigError: if ``time_s`` is not positive or the index is negative.
@@ -104,7 +85,7 @@ def clear_hint(store: Any, pipeline_index: int) -> None:
         store.delete_key(key)
 
 
-def _read(store: Any, key: str) -> str | None:
+def read_text(store: Any, key: str) -> str | None:
     """The text under ``key``, or None when there is none or it is not UTF-8 (never blocks)."""
     if not store.check([key]):
         return None
@@ -114,10 +95,26 @@ def _read(store: Any, key: str) -> str | None:
         return None
 
 
+def read_ack_at(store: Any, key: str) -> tuple[str, int | None] | None:
+    """The acknowledgement under ``key``: the token read (:data:`CLEARED` after a clearing) and
+    the iteration (None if unknown), or None if no job acknowledged one."""
+    text = read_text(store, key)
+    if text is None:
+        return None
+    token, _, iteration = text.partition(" ")
+    return token, int(iteration) if iteration.isdecimal() else None
+
+
+def write_ack(store: Any, key: str, token: str | None, iteration: int | None) -> None:
+    """Acknowledge under ``key`` that the job read ``token`` (None: a clearing) at ``iteration``."""
+    when = str(iteration) if iteration is not None else "?"
+    store.set(key, f"{token if token is not None else CLEARED} {when}")
+
+
 def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None:
     """Pipeline ``pipeline_index``'s declared time and token (``""`` for a value written
     without one), or None (never blocks)."""
-    fields = (_read(store, hint_key(pipeline_index)) or "").split()
+    fields = (read_text(store, hint_key(pipeline_index)) or "").split()
     try:
         value = float(fields[0])
     except (ValueError, IndexError):
@@ -134,14 +131,8 @@ def read_hint(store: Any, pipeline_index: int) -> float | None:
 
 
 def read_ack(store: Any, pipeline_index: int) -> tuple[str, int | None] | None:
-    """The job's last acknowledgement for pipeline ``pipeline_index``: the token it read
-    (:data:`CLEARED` after a clear) and the iteration (None if unknown), or None if no job
-    ever acknowledged one."""
-    text = _read(store, ack_key(pipeline_index))
-    if text is None:
-        return None
-    token, _, iteration = text.partition(" ")
-    return token, int(iteration) if iteration.isdecimal() else None
+    """The job's last acknowledgement for pipeline ``pipeline_index`` (:func:`read_ack_at`)."""
+    return read_ack_at(store, ack_key(pipeline_index))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +144,7 @@ class StragglerDecision:
         pipeline_times_s: Every pipeline's time (measured, raised to its hint if any).
         straggler: Index of the slowest pipeline.
         point_index: The plan this pipeline runs next.
-        reason: The policy's reason (``"fastest"``, ``"slack"``, ``"straggler"``, ...).
+        reason: The policy's reason, or ``"fixed"`` when not adaptive.
     """
 
     iteration: int
@@ -168,10 +159,10 @@ class StragglerRuntime:
 
     Args:
         frontier: This pipeline's frontier (all pipelines run the same job).
-        pipeline_index: This rank's data-parallel replica (pipeline) index.
-        num_pipelines: Data-parallel degree D.
+        pipeline_index: This rank's pipeline (data-parallel replica) index.
+        num_pipelines: Data-parallel degree.
         group: Process group spanning all pipelines (default: the world).
-        store: Store to read hints from (read on global rank 0 only); None disables hints.
+        store: Store to read hints from (on global rank 0); None disables hints.
         adaptive: False measures and records but never switches (the baseline).
         hysteresis, smoothing: :class:`StragglerPolicy` parameters.
 
@@ -205,35 +196,20 @@ class StragglerRuntime:
         self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
 
     def exchange(self, compute_time_s: float, iteration: int | None = None) -> tuple[float, ...]:
-        """All-reduce (MAX) this rank's compute time and rank 0's hints; every pipeline's time.
-
-        Global rank 0 acknowledges each hint it reads for the first time (and each clearing of
-        one) under :func:`ack_key`, with ``iteration``, so that ``perseus straggler set`` can
-        tell a job that read the hint from a store nobody reads.
-
-        Works on gloo and NCCL-only groups alike (:func:`perseus.runtime.collectives.all_reduce_max`
-        puts the buffer on the device the group's backend needs).
-        """
+        """Every pipeline's time: this rank's compute time and rank 0's hints, all-reduced
+        (MAX); rank 0 acknowledges each new hint or clearing with ``iteration``."""
         d = self.num_pipelines
         values = [0.0] * (2 * d)
         values[self.pipeline_index] = float(compute_time_s)
         if self.store is not None and global_rank() == 0:
             for k in range(d):
                 entry = read_hint_entry(self.store, k)
-                if entry is not None:
-                    values[d + k] = entry[0]
-                self._acknowledge(k, entry[1] if entry is not None else None, iteration)
+                values[d + k], token = entry if entry is not None else (0.0, None)
+                if token != self._acked.get(k):  # None: never acknowledged, or cleared
+                    self._acked[k] = token
+                    write_ack(self.store, ack_key(k), token, iteration)
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
-
-    def _acknowledge(self, k: int, token: str | None, iteration: int | None) -> None:
-        """Tell the store that this job read pipeline ``k``'s hint (or its clearing), once."""
-        if token == self._acked.get(k) or (token is None and k not in self._acked):
-            return
-        self._acked[k] = token
-        assert self.store is not None
-        when = str(iteration) if iteration is not None else "?"
-        self.store.set(ack_key(k), f"{token if token is not None else CLEARED} {when}")
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""
@@ -249,21 +225,14 @@ class StragglerRuntime:
         return decision
 
     def intrinsic_time_s(self, compute_time_s: float) -> float:
-        """This pipeline's measured time, scaled to what its fastest plan would take.
-
-        A pipeline that slowed down *by choice* (a cheaper plan) must not look like a
-        straggler, or the pipelines would take turns: each slows to just under the other's
-        time, then looks slowest itself. Scaling by ``T_fastest / T_plan`` (both predicted)
-        leaves only the slowdown the plan does not explain.
-        """
+        """This pipeline's measured time scaled by ``T_fastest / T_plan``: a pipeline slowed by
+        choice (a cheaper plan) must not look like a straggler, or pipelines take turns."""
         points = self.frontier.points
         return compute_time_s * points[0].time_s / points[self.point_index].time_s
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.session.BoundaryHook` interface. ``stats`` may be of the
-        iteration before the one that just ended (a real GPU's figures come one iteration late):
-        every pipeline's ranks exchange the same iteration's figures, and the decision applies
-        from the next iteration to start."""
+        """The :data:`perseus.runtime.session.BoundaryHook` interface (``stats`` may be one
+        iteration late; the decision applies from the next iteration to start)."""
         if stats.phase != "run":
             return None
         times = self.exchange(self.intrinsic_time_s(stats.compute_time_s), stats.iteration)
