@@ -10,30 +10,15 @@
             evaluate()                            # between iterations: runs untouched
     session.history                               # IterationStats per iteration
 
-``engine`` is an :class:`~perseus.runtime.engines.base.EngineAdapter` (torch pipelining,
-Megatron-Core, DeepSpeed) or a bare :class:`~perseus.schedule.Schedule` with ``rank`` (then the
-loop enters ``session.op(action)`` around each compute action itself).
-
-**Lifecycle.** A small state machine::
-
-    new --start()--> idle --iteration() enter--> in iteration --exit--> idle --close()--> closed
-                                                      |  exception: iteration discarded
-                                                      +-----------------------------------> idle
-
-Only *in iteration* are actions measured and held to the plan's order (exactly one engine
-step, the adapter's ``step_call``); outside (evaluation, warm-up) they run untouched.
-
-**Measurement.** On a real GPU an iteration's end is only marked on the device (the agent's end
-event; the controller's worker reads the counter as the device passes it) and its figures are
-read at the next iteration's end, or by :meth:`flush`/:meth:`close`: the training thread never
-waits for the device. Emulation (its device is idle at the boundary, where the ranks agree on
-the pipeline's end), the online sweep and ``SessionOptions(wait_for_figures=True)`` read them at
-once. Reading them, the ranks agree in one all-reduce on the pipeline's time, energy, held ops
-and host overruns (:mod:`perseus.runtime.drift`). At a start they agree whether anything ran
-since the last end: if not, that end is this start (one counter reading for both); if so, every
-rank marks a fresh common start. Boundaries and op scopes meet the device through one seam, a
-:class:`~perseus.runtime.emulation.DeviceRun`: a GPU's, or the emulated stream's (a simulated
-GPU means emulation).
+``engine`` is an :class:`~perseus.runtime.engines.base.EngineAdapter` or a bare
+:class:`~perseus.schedule.Schedule` with ``rank`` (the loop then enters ``session.op(action)``
+itself). The lifecycle (new, idle, in iteration, closed) and its rules are in
+``docs/training.md``. On a real GPU an iteration's end is only marked on the device and its
+figures are read at the next iteration's end (or by :meth:`RankSession.flush`/
+:meth:`RankSession.close`); emulation, the online sweep and
+``SessionOptions(wait_for_figures=True)`` read them at once. Reading them, the ranks agree in
+one all-reduce on the pipeline's figures (:mod:`perseus.runtime.drift`). Boundaries and op
+scopes meet the device through one seam, a :class:`~perseus.runtime.emulation.DeviceRun`.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Apply clocks (SM, and memory where a plan sets one) off the training thread, on the
 device's timeline.
 
-A set call blocks its caller for ~5 ms (up to 15 ms, docs/hardware.md#sim-defaults), so the
-rank agent only *posts* work and a worker makes the driver calls
-(:class:`~perseus.runtime.agent.clock_setter.ClockSetter`: retries, observe-only). Two ways:
-
-* **Device-timed** (:meth:`FrequencyController.post`, whenever the device records events).
-  The host runs ahead of the GPU, so at each op boundary the agent records an event on the
-  compute stream and posts a :class:`~perseus.runtime.agent.boundary.Boundary` ("op *j*
-  starts at this event; when it ends, run at ``freq_next_mhz``"). The worker waits for the
-  start event and issues the next clocks at ``start + expected op time + offset`` (the offset
-  from the measured landings, :func:`~perseus.runtime.agent.clock_setter.issue_offset_s`), so
-  they land as the op ends; without an expected time it waits for the end event. A phased op
-  carries each later phase's clocks and predicted start, issued the same way (the rest
-  skipped once the op ended); a pair that changes the memory clock makes two calls and is
-  issued one landing earlier. The worker also reads the clock back inside each op
-  (:mod:`perseus.runtime.agent.readback`) and stamps events with the energy counter.
-* **Host-timed** (:meth:`FrequencyController.request`): apply the latest request as soon as
-  possible (one slot: a new request overwrites a pending one); devices without events, and
-  the baseline of ``benchmarks/clock_timing.py``.
-
-With a :class:`~perseus.device.clock.VirtualClock` there is no worker thread: the work is done
-inline, in order, by :meth:`FrequencyController.flush` and
-:meth:`FrequencyController.wait_applied`, so every timing decision is deterministic
-(``docs/timing.md``; an emulating host flushes before it waits for each op's end). A wait for
-a simulated event (``SimEvent.wait``, with a deadline) is then one step of the clock. :meth:`FrequencyController.close_nowait` only sets a flag (no lock), for
-signal handlers that may have interrupted a thread holding the controller's lock.
+A set call blocks its caller for ~5 ms, so the rank agent only posts work and a worker makes
+the driver calls (:class:`~perseus.runtime.agent.clock_setter.ClockSetter`). Device-timed
+(:meth:`FrequencyController.post`): the worker waits for an op's start event and issues the
+next clocks so that they land as the op ends, reads the clock back inside each op and stamps
+events with the energy counter. Host-timed (:meth:`FrequencyController.request`): the latest
+request is applied as soon as possible. With a :class:`~perseus.device.clock.VirtualClock`
+there is no thread: :meth:`FrequencyController.flush` and
+:meth:`FrequencyController.wait_applied` do the work inline, in order (``docs/timing.md``).
+:meth:`FrequencyController.close_nowait` only sets a flag, for signal handlers.
 """
 
 from __future__ import annotations

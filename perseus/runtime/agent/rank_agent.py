@@ -10,18 +10,12 @@
                     run(action)
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
-The agent checks that ops arrive in the order of ``plan.stage_ops[rank]`` (else
-:class:`~perseus.runtime.agent.rank_plan.OpOrderError`, with the planned and actual
-:class:`~perseus.schedule.Action` and the rank's op grid) and times them in one of two modes
-(:mod:`perseus.runtime.agent.timing`): on the device's timeline (``timing="device"``, a GPU
-that records events), where the :class:`FrequencyController`'s worker issues each op's SM and
-memory clocks to land as the previous op or phase ends on the device; or on the host's
-(``timing="host"``). The training thread never synchronises the device: :meth:`RankAgent.
-step_end` waits for the iteration's figures, :meth:`RankAgent.step_close` does not
-(:meth:`RankAgent.finish_iteration` reads them later). Time comes from a
-:class:`~perseus.device.clock.Clock` (a virtual one makes every timing decision
-deterministic, ``docs/timing.md``); :meth:`RankAgent.swap_plan` changes the plan at the next
-iteration; safety: :mod:`perseus.runtime.safety.guard`. :class:`NullAgent` does nothing.
+Ops must arrive in the plan's order (else
+:class:`~perseus.runtime.agent.rank_plan.OpOrderError`, with the rank's op grid); they are
+timed on the device's timeline or the host's (:mod:`perseus.runtime.agent.timing`).
+:meth:`RankAgent.step_close` never waits for the device (:meth:`RankAgent.finish_iteration`
+reads the figures later); :meth:`RankAgent.swap_plan` changes the plan at the next iteration;
+safety: :mod:`perseus.runtime.safety.guard`. :class:`NullAgent` does nothing.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
-"""The rank agent's two ways of timing ops and clock changes, one small class each.
+"""The rank agent's two ways of timing ops and clock changes, one small class each
+(``docs/timing.md``).
 
-* :class:`DeviceTiming` (whenever the GPU records device events): at each op boundary it
-  records an event on the compute stream and posts a
-  :class:`~perseus.runtime.agent.boundary.Boundary` to the controller's worker, which issues
-  the next clock so that it lands as the op ends on the device. Op times come from event
-  pairs, energy from counter readings at device-time boundaries, which the worker takes as the
-  device passes them: the training thread never waits for the device (:meth:`DeviceTiming.close`
-  marks an iteration's end, :meth:`DeviceTiming.finish` reads its figures once the worker is
-  past it).
-* :class:`HostTiming` (devices without events, and the baseline that
-  ``benchmarks/clock_timing.py`` compares against): the clock of an op is requested when the
-  host enters it, and op times are the host's, read on the agent's
+* :class:`DeviceTiming` (a GPU that records device events): an event and a
+  :class:`~perseus.runtime.agent.boundary.Boundary` posted to the clock worker at each op
+  boundary; op times from event pairs, energy from counter readings the worker takes as the
+  device passes each boundary; the training thread never waits for the device.
+* :class:`HostTiming` (no events; the baseline of ``benchmarks/clock_timing.py``): an op's
+  clock requested as the host enters it, times on the agent's
   :class:`~perseus.device.clock.Clock`.
 
-Both have the same calls, made by :class:`~perseus.runtime.agent.rank_agent.RankAgent` after
-it checked the op order: :meth:`begin` (iteration start), :meth:`enter` and :meth:`exit` (around
-op ``j``), :meth:`close` (iteration end) and :meth:`finish` (the oldest closed iteration's time
-and energy). The agent owns the plan
-and hands each mode the current clocks with :meth:`_Clocks.set`: per op, its phases (SM clock,
-memory clock or None, share of the op's work before the phase), the first phase's clocks set
-as the op starts and each later one at its layer boundary (device timing only).
+Both are called by :class:`~perseus.runtime.agent.rank_agent.RankAgent` after it checked the op
+order: :meth:`begin`, :meth:`enter`/:meth:`exit` around op ``j``, :meth:`close` (iteration end)
+and :meth:`finish` (the oldest closed iteration's time and energy).
 """
 
 from __future__ import annotations
