@@ -81,6 +81,7 @@ def fold_job(
         layer_time_fractions=spec.layer_time_fractions,
         switch_latency_s=spec.switch_latency_s,
         switch_energy_j=spec.switch_energy_j,
+        switch_stall_s=spec.switch_stall_s,
     )
     lift = lift_map(job.graph, small.graph)
     if lift is None:

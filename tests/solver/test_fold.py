@@ -61,6 +61,31 @@ def test_jobs_that_do_not_fold_are_walked_whole():
     assert lift_map(small_job("1f1b", 4, 40).graph, small_job("1f1b", 3, 40).graph) is None
 
 
+def test_the_folded_job_is_the_same_job_with_fewer_microbatches():
+    """Every field of the job's spec is kept (a two-clock job with a non-default switch stall
+    was folded with the default one, its options no longer matched, and it was walked whole)."""
+    from .conftest import noisy_profile
+
+    job = make_job(
+        noisy_profile(4, 5, 0),
+        "1f1b",
+        4,
+        40,
+        blocking_power_w=80.0,
+        p2p_latency_s=1e-4,
+        layers_per_stage=4,
+        switch_latency_s=0.002,
+        switch_energy_j=0.5,
+        switch_stall_s=0.0007,
+    )
+    folded = fold_job(job, build_cost_model(job, 0.0, 2), 0.0, 2)
+    assert folded is not None
+    full, small = job.spec.model_dump(), folded.job.spec.model_dump()
+    assert {k: v for k, v in small.items() if v != full[k]} == {
+        "microbatches": 4 + FOLD_EXTRA_MICROBATCHES
+    }
+
+
 def test_balance_periods_caps_every_period_and_only_speeds_up():
     job = small_job("1f1b", 4, 40, clocks=6)
     folded = fold_job(job, build_cost_model(job), 0.0)
