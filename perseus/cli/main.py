@@ -1,14 +1,8 @@
 """The ``perseus`` command: ``main(argv) -> int`` and the one place errors become exit codes.
 
-Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments);
-1 any other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. Errors are printed as one
-line on stderr (cut to a readable length), never a traceback; ``--log-level DEBUG`` adds the
-traceback of an unexpected error. ``-v``/``--log-level`` work before or after the command.
-
-The library names parameters in its errors, written in backquotes (`` `stages` must be >= 1``),
-since a Python caller never saw a flag; this handler rewrites each one into the flag of the
-command that ran (``--stages must be >= 1``), from the parsers themselves plus
-:data:`PARAMETER_FLAGS` where a parameter and its flag are named differently.
+Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments); 1 any
+other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. An error is one line on stderr, its
+backquoted library parameters (`` `stages` ``) rewritten as the command's flags (``--stages``).
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ PARAMETER_FLAGS: dict[str, str] = {
 #: Optional packages -> the extra that installs them (pyproject's optional-dependencies).
 EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
 
-#: The subcommand modules, each with one ``register(subparsers)``, in `perseus --help` order.
-#: Each imports its own heavy dependencies lazily, inside ``run``.
+#: The subcommand modules (each with ``register(subparsers)``), in `perseus --help` order.
 COMMANDS = (
     "demo",
     "frontier",
@@ -129,8 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         configure_logging(_log_level(args), rank=rank_from_env())
-        result: int = args.handler(args)
-        return result
+        return int(args.handler(args))
     except _ArgumentError as e:
         _print_error(str(e))
         return 2
@@ -150,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _environment_error(error: Exception, args: argparse.Namespace | None) -> int:
-    """An error from the machine (pipe, paths, a missing extra, memory) or an internal one."""
+    """An error from the machine (pipe, paths, a missing extra, memory), else an internal one."""
     if isinstance(error, BrokenPipeError):
         # The reader went away (e.g. `perseus ... | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -175,10 +167,6 @@ def _environment_error(error: Exception, args: argparse.Namespace | None) -> int
             f"out of memory or recursion depth ({type(error).__name__}); plan a smaller job"
         )
         return 1
-    return _internal_error(error)
-
-
-def _internal_error(error: Exception) -> int:
     logger.debug("unexpected error", exc_info=True)
     _print_error(
         f"internal error ({type(error).__name__}: {_one_line(error)}); please report it "
@@ -188,11 +176,9 @@ def _internal_error(error: Exception) -> int:
 
 
 def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace | None) -> str:
-    """``message`` with each `` `parameter` `` the library named turned into the flag of the
-    command that ran (`` `stages`=8`` -> ``--stages=8``); a parameter without a flag loses
-    its backquotes."""
+    """``message`` with each `` `parameter` `` turned into the flag of the command that ran
+    (`` `stages`=8`` -> ``--stages=8``); a parameter without a flag loses its backquotes."""
     flags = _command_flags(parser, args)
-
     known = set(flags.values())
 
     def flag(match: re.Match[str]) -> str:
@@ -229,9 +215,7 @@ def _print_error(message: str) -> None:
 
 def _one_line(error: Exception) -> str:
     """The error's message on one line (schedule grids and C++ frames are dropped)."""
-    text = str(error).strip()
-    first = text.partition("\n")[0]
-    return first or type(error).__name__
+    return str(error).strip().partition("\n")[0] or type(error).__name__
 
 
 def entry() -> None:
@@ -240,8 +224,7 @@ def entry() -> None:
     from perseus.cli.straggler import abandoned_calls
 
     if abandoned_calls():
-        # A store call given up on is still blocked in C++ on another thread; if it returned
-        # during the interpreter's shutdown its thread would abort the process. End now.
+        # A store call still blocked in C++ would abort the interpreter's shutdown: end now.
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
