@@ -76,9 +76,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="plan this TOML job config instead (see configs/)",
     )
     p.add_argument(
-        "--microbatches",
-        type=job_int("microbatches"),
-        help="override the job's microbatch count",
+        "--microbatches", type=job_int("microbatches"), help="override the job's microbatch count"
     )
     p.add_argument(
         "--pipelines",

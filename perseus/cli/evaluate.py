@@ -11,12 +11,7 @@ import argparse
 from typing import Any
 
 from perseus.cli._args import add_command, add_path_arg
-from perseus.cli._job_args import (
-    CONFIG_FIELDS,
-    add_job_arguments,
-    job_from_args,
-    job_from_frontier,
-)
+from perseus.cli._job_args import CONFIG_FIELDS, add_job_arguments, job_from_args, job_from_frontier
 from perseus.errors import ConfigError, PlanError
 
 __all__ = ["register", "run"]

@@ -68,8 +68,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = _Parser(
-        prog="perseus",
-        description="Remove wasted GPU energy from pipeline-parallel training.",
+        prog="perseus", description="Remove wasted GPU energy from pipeline-parallel training."
     )
     parser.add_argument("--version", action="version", version=f"perseus {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -43,9 +43,7 @@ def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
         help="budget as a multiple of the fastest time (>= 1)",
     )
     which.add_argument(
-        "--straggler-time-s",
-        type=float_arg(gt=0, unit="s"),
-        help="iteration time of a straggler",
+        "--straggler-time-s", type=float_arg(gt=0, unit="s"), help="iteration time of a straggler"
     )
     which.add_argument(
         "--power-cap-w",

@@ -42,8 +42,7 @@ MAX_REPLAYED_RUNS = 200_000
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
-        "recurring",
-        help="recurring jobs: batch size and GPU power limit across re-runs (Zeus)",
+        "recurring", help="recurring jobs: batch size and GPU power limit across re-runs (Zeus)"
     )
     inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
     inner.required = True

@@ -13,12 +13,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import (
-    add_command,
-    add_output_arg,
-    add_path_arg,
-    check_output_dir,
-)
+from perseus.cli._args import add_command, add_output_arg, add_path_arg, check_output_dir
 from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
 
