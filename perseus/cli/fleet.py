@@ -18,8 +18,7 @@ __all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("fleet", help="many jobs, one power budget: a plan per job")
-    inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
-    inner.required = True
+    inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
     s = inner.add_parser(
         "plan",
         help="one frontier point per job: total average power <= the budget, least weighted "

@@ -14,8 +14,7 @@ __all__ = ["register", "run", "run_schedule"]
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("plan", help="work with plans (pick one from a frontier)")
-    plan_sub = p.add_subparsers(dest="plan_command", metavar="ACTION", parser_class=type(p))
-    plan_sub.required = True
+    plan_sub = p.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     _add_pick(plan_sub)
     _add_schedule(plan_sub)
 

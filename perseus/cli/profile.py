@@ -29,8 +29,7 @@ logger = get_logger(__name__)
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("profile", help="show a profile, or re-cut it to another stage count")
-    actions = p.add_subparsers(dest="profile_action", metavar="ACTION", parser_class=type(p))
-    actions.required = True
+    actions = p.add_subparsers(dest="profile_action", metavar="ACTION", required=True)
     show = add_command(actions, "show", run, "stages, instructions and clocks of a profile")
     cut = add_command(
         actions,
