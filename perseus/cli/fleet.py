@@ -1,9 +1,5 @@
-"""``perseus fleet``: many jobs under one power budget.
-
-``perseus fleet plan JOBS.json --budget-w W`` assigns each job of the jobs file one plan of its
-frontier so that the jobs' average power sums to at most ``W`` and the weighted sum of their
-slowdowns is least (:mod:`perseus.solver.fleet`).
-"""
+"""``perseus fleet``: many jobs under one power budget (:mod:`perseus.solver.fleet`), planned
+once from a jobs file or served from the fleet's database."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import json
 from typing import Any
 
 from perseus.cli._args import float_arg
+from perseus.errors import ConfigError
 
 __all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
 
@@ -88,11 +85,9 @@ def run_plan(args: argparse.Namespace) -> int:
     plan = plan_fleet(jobs, args.budget_w)
     if args.json:
         fields = ("name", "point", "time_s", "average_power_w", "peak_power_w")
-        doc = {
-            "jobs": [{k: getattr(a, k) for k in fields} for a in plan.jobs],
-            "total_average_power_w": plan.total_average_power_w,
-            "weighted_slowdown": plan.weighted_slowdown,
-        }
+        rows = [{k: getattr(a, k) for k in fields} for a in plan.jobs]
+        total, slowdown = plan.total_average_power_w, plan.weighted_slowdown
+        doc = {"jobs": rows, "total_average_power_w": total, "weighted_slowdown": slowdown}
         print(json.dumps(doc, indent=2))
         return 0
     width = max(len(a.name) for a in plan.jobs)
@@ -111,7 +106,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from perseus.device.clock import WallClock
-    from perseus.errors import ConfigError
     from perseus.fleet.registry import FleetRegistry
     from perseus.fleet.serve import serve, signal_budget
     from perseus.io.power_files import read_signal
@@ -163,7 +157,7 @@ def run_status(args: argparse.Namespace) -> int:
         doc = {
             "budget_w": budget_w,
             "epoch": epoch,
-            "members": [dataclasses.asdict(m) for m in members],
+            "members": list(map(dataclasses.asdict, members)),
         }
         print(json.dumps(doc, indent=2))
         return 0
