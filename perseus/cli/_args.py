@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import operator
 import os
 import sys
 import tempfile
@@ -45,25 +46,22 @@ def float_arg(
     unit: str = "",
 ) -> Callable[[str], float]:
     """An argparse ``type``: a finite float within the bounds."""
-    bounds = " and ".join(
-        f"{op} {b:g}{(' ' + unit) if unit else ''}"
-        for op, b in ((">", gt), (">=", ge), ("<", lt), ("<=", le))
-        if b is not None
+    tests = (
+        (">", operator.gt, gt),
+        (">=", operator.ge, ge),
+        ("<", operator.lt, lt),
+        ("<=", operator.le, le),
     )
-    wanted = f"a finite number{(' ' + bounds) if bounds else ''}"
+    bounds = [(sym, test, b) for sym, test, b in tests if b is not None]
+    shown = " and ".join(f"{sym} {b:g}{(' ' + unit) if unit else ''}" for sym, _, b in bounds)
+    wanted = f"a finite number{(' ' + shown) if shown else ''}"
 
     def parse(text: str) -> float:
         try:
             value = float(text.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}") from None
-        ok = math.isfinite(value) and not (
-            (gt is not None and not value > gt)
-            or (ge is not None and not value >= ge)
-            or (lt is not None and not value < lt)
-            or (le is not None and not value <= le)
-        )
-        if not ok:
+            value = math.nan
+        if not math.isfinite(value) or not all(test(value, b) for _, test, b in bounds):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         return value
 

@@ -36,21 +36,23 @@ PARAMETER_FLAGS: dict[str, str] = {
 EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
 
 #: The subcommand modules (each with ``register(subparsers)``), in `perseus --help` order.
-COMMANDS = (
-    "demo",
-    "frontier",
-    "plan",
-    "evaluate",
-    "report",
-    "export",
-    "straggler_sweep",
-    "straggler",
-    "power",
-    "profile",
-    "device",
-    "recurring",
-    "fleet",
-    "doctor",
+COMMANDS = tuple(
+    [
+        "demo",
+        "frontier",
+        "plan",
+        "evaluate",
+        "report",
+        "export",
+        "straggler_sweep",
+        "straggler",
+        "power",
+        "profile",
+        "device",
+        "recurring",
+        "fleet",
+        "doctor",
+    ]
 )
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
@@ -71,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="perseus", description="Remove wasted GPU energy from pipeline-parallel training."
     )
     parser.add_argument("--version", action="version", version=f"perseus {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"perseus.cli.{name}").register(sub)
     _add_logging_flags(parser)
