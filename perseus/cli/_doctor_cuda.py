@@ -134,10 +134,12 @@ def _measure(
     model: tuple[Any, Any],
     new_event: Callable[..., Any],
 ) -> list[dict[str, Any]]:
-    """One row per target clock: each op's median time and the clocks read while it ran."""
+    """One row per target clock: ``iterations`` (after one that warms the clock) of F and B
+    through the agent, each op's median CUDA-event time and the clocks read while it ran."""
     from perseus.runtime.agent.rank_agent import RankAgent
     from perseus.runtime.agent.readback import ClockHeldWarning
 
+    block, x = model
     sampler = _Sampler(gpu.current_clock_mhz, gpu.clock_event_reasons)
     rows: list[dict[str, Any]] = []
     with sampler, warnings.catch_warnings():
@@ -146,46 +148,30 @@ def _measure(
         warnings.simplefilter("ignore", ClockHeldWarning)
         for target in targets:
             plan = _plan(target if target is not None else gpu.supported_clocks_mhz()[0])
+            times: dict[str, list[float]] = {"F": [], "B": []}
             with RankAgent(plan, gpu, rank=0, enabled=control) as agent:
-                times = _time_ops(agent, sampler, target, iterations, model, new_event)
+                for it in range(iterations + 1):
+                    agent.step_begin()
+                    agent.wait_for_clock()
+                    out = None
+                    for op in ("F", "B"):
+                        start, end = new_event(enable_timing=True), new_event(enable_timing=True)
+                        sampler.mark(f"{target}:{op}" if it else None)  # 0 warms the clock
+                        with agent.op(op, 0):
+                            start.record()
+                            if op == "F":
+                                out = block(x).float().square().mean()
+                            else:
+                                assert out is not None
+                                out.backward()
+                            end.record()
+                            end.synchronize()
+                        sampler.mark(None)
+                        if it:
+                            times[op].append(start.elapsed_time(end))
+                    agent.step_end()
             rows.append(_row(target, times, sampler))
     return rows
-
-
-def _time_ops(
-    agent: Any,
-    sampler: _Sampler,
-    target: int | None,
-    iterations: int,
-    model: tuple[Any, Any],
-    new_event: Callable[..., Any],
-) -> dict[str, list[float]]:
-    """Run ``iterations`` (after one that warms the clock) of F and B through ``agent``,
-    marking each op for the sampler; the ops' CUDA-event times in ms."""
-    block, x = model
-    times: dict[str, list[float]] = {"F": [], "B": []}
-    for it in range(iterations + 1):
-        agent.step_begin()
-        agent.wait_for_clock()
-        out = None
-        for op in ("F", "B"):
-            start = new_event(enable_timing=True)
-            end = new_event(enable_timing=True)
-            sampler.mark(f"{target}:{op}" if it else None)  # iteration 0 warms the clock
-            with agent.op(op, 0):
-                start.record()
-                if op == "F":
-                    out = block(x).float().square().mean()
-                else:
-                    assert out is not None
-                    out.backward()
-                end.record()
-                end.synchronize()
-            sampler.mark(None)
-            if it:
-                times[op].append(start.elapsed_time(end))
-        agent.step_end()
-    return times
 
 
 def _row(target: int | None, times: dict[str, list[float]], sampler: _Sampler) -> dict[str, Any]:
@@ -222,7 +208,7 @@ def _verdict(rows: list[dict[str, Any]], data: dict[str, Any]) -> Check:
     sampled = any(top[op]["samples"] for op in ("F", "B"))
     binds = ("sw_power_cap" in top_reasons) if sampled else None
     data.update(
-        power_cap_pulls_clock_down=bool(pulled),
+        power_cap_pulls_clock_down=pulled,
         power_cap_binds_at_top_clock=binds,
         clock_not_as_asked=wrong,
     )
@@ -246,26 +232,20 @@ def _verdict(rows: list[dict[str, Any]], data: dict[str, Any]) -> Check:
     return Check("cuda check", "ok", summary, data)
 
 
-def _compare_clocks(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows a power or thermal limit held below their lock, and the ops that ran at
+def _compare_clocks(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+    """Whether a power or thermal limit held an op below its lock, and the ops that ran at
     another clock than asked with no such reason (``"asked 1485 MHz, F ran at 1980 MHz"``)."""
-    pulled: list[dict[str, Any]] = []
-    wrong: list[str] = []
+    pulled, wrong = False, []
     for r in rows:
         asked = r["requested_mhz"]
-        if asked is None:
-            continue
-        held = False
         for op in ("F", "B"):
             ran = r[op]["sm_clock_mhz_median"]
-            if ran is None or abs(ran - asked) <= 15:
+            if asked is None or ran is None or abs(ran - asked) <= 15:
                 continue
             if ran < asked and LIMITING_REASONS.intersection(r[op]["clock_event_reasons"]):
-                held = True
+                pulled = True
             else:
                 wrong.append(f"asked {asked} MHz, {op} ran at {ran:g} MHz")
-        if held:
-            pulled.append(r)
     return pulled, wrong
 
 

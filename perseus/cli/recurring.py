@@ -109,6 +109,15 @@ def _check_runs(recurrences: int | None, seeds: int, workload: str, default: int
         )
 
 
+def _check(args: argparse.Namespace) -> None:
+    if args.recurrences is not None:
+        _check_runs(args.recurrences, args.seeds, "each workload", 0)
+    if not Path(args.trace).is_dir():
+        raise ConfigError(f"--trace {args.trace}: not a folder; pass the folder holding the CSVs")
+    if args.plot is not None:
+        check_output_folder(args.plot, "--plot")
+
+
 def format_summary(gpu: str, document: dict[str, Any]) -> str:
     """Human-readable lines for the ``--json`` document."""
     lines = []
@@ -139,12 +148,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from perseus.recurring.trace import load_jobs, load_workloads
     from perseus.recurring.workload import ZEUS_JOBS
 
-    if args.recurrences is not None:
-        _check_runs(args.recurrences, args.seeds, "each workload", 0)
-    if not Path(args.trace).is_dir():
-        raise ConfigError(f"--trace {args.trace}: not a folder; pass the folder holding the CSVs")
-    if args.plot is not None:
-        check_output_folder(args.plot, "--plot")
+    _check(args)
     jobs = load_jobs(Path(args.jobs)) if args.jobs else ZEUS_JOBS
     workloads = load_workloads(Path(args.trace), args.gpu, jobs=jobs, workload=args.workload)
     for w in workloads:
