@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from perseus.cli._args import float_arg
+from perseus.cli._args import add_command, float_arg
 from perseus.errors import ConfigError
 
 __all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
@@ -16,10 +16,11 @@ __all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("fleet", help="many jobs, one power budget: a plan per job")
     inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
-    s = inner.add_parser(
+    s = add_command(
+        inner,
         "plan",
-        help="one frontier point per job: total average power <= the budget, least weighted "
-        "slowdown",
+        run_plan,
+        "one frontier point per job: total average power <= the budget, least weighted slowdown",
     )
     s.add_argument(
         "jobs",
@@ -38,9 +39,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="leave out plans whose average power per GPU exceeds this",
     )
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
-    s.set_defaults(handler=run_plan)
     db_help = "the fleet's database: sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
-    v = inner.add_parser("serve", help="re-solve the running jobs' plans as the fleet changes")
+    v = add_command(
+        inner, "serve", run_serve, "re-solve the running jobs' plans as the fleet changes"
+    )
     v.add_argument("--db", required=True, help=db_help)
     v.add_argument("--budget-w", type=float_arg(gt=0, unit="W"), help="set the budget first")
     v.add_argument(
@@ -66,15 +68,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(gt=0, unit="W"),
         help="the budget while the signal is above the threshold",
     )
-    v.set_defaults(handler=run_serve)
-    b = inner.add_parser("budget", help="set the fleet's power budget")
+    b = add_command(inner, "budget", run_budget, "set the fleet's power budget")
     b.add_argument("--db", required=True, help=db_help)
     b.add_argument("--set-w", required=True, type=float_arg(gt=0, unit="W"), help="watts")
-    b.set_defaults(handler=run_budget)
-    t = inner.add_parser("status", help="the budget and every member's plan")
+    t = add_command(inner, "status", run_status, "the budget and every member's plan")
     t.add_argument("--db", required=True, help=db_help)
     t.add_argument("--json", action="store_true", help="print as JSON")
-    t.set_defaults(handler=run_status)
 
 
 def run_plan(args: argparse.Namespace) -> int:
