@@ -145,34 +145,30 @@ def _environment_error(error: Exception, args: argparse.Namespace | None) -> int
     """An error from the machine (pipe, paths, a missing extra, memory), else an internal one."""
     if isinstance(error, BrokenPipeError):
         # The reader went away (e.g. `perseus ... | head`): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    if isinstance(error, OSError):
-        if error.filename is None:
-            _print_error(f"{error.strerror or error}; nothing was written")
-            return 1
-        # a path that cannot be read or written (permissions, a read-only or full disk)
-        _print_error(f"{error.filename}: {error.strerror}; choose another path")
-        return 2
+    code, name = 1, type(error).__name__
     package = (error.name or "").partition(".")[0] if isinstance(error, ModuleNotFoundError) else ""
-    if package in EXTRAS:
-        _print_error(
+    if isinstance(error, OSError) and error.filename is not None:
+        # a path that cannot be read or written (permissions, a read-only or full disk)
+        message, code = f"{error.filename}: {error.strerror}; choose another path", 2
+    elif isinstance(error, OSError):
+        message = f"{error.strerror or error}; nothing was written"
+    elif package in EXTRAS:
+        message = (
             f"{package} is not installed; `perseus {args.command if args else ''}` needs it: "
             f"pip install 'perseus-energy[{EXTRAS[package]}]'"
         )
-        return 1
-    if isinstance(error, (MemoryError, RecursionError)):
-        _print_error(
-            f"out of memory or recursion depth ({type(error).__name__}); plan a smaller job"
+    elif isinstance(error, (MemoryError, RecursionError)):
+        message = f"out of memory or recursion depth ({name}); plan a smaller job"
+    else:
+        logger.debug("unexpected error", exc_info=True)
+        message = (
+            f"internal error ({name}: {_one_line(error)}); please report it "
+            "(--log-level DEBUG shows the traceback)"
         )
-        return 1
-    logger.debug("unexpected error", exc_info=True)
-    _print_error(
-        f"internal error ({type(error).__name__}: {_one_line(error)}); please report it "
-        "(--log-level DEBUG shows the traceback)"
-    )
-    return 1
+    _print_error(message)
+    return code
 
 
 def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace | None) -> str:
