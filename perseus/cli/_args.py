@@ -77,10 +77,8 @@ def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], 
     def parse(text: str) -> int:
         s = text.strip()
         body = s[1:] if s[:1] in "+-" else s
-        if not body.isdecimal() or len(body) > 30:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
-        value = int(s)
-        if (ge is not None and value < ge) or (le is not None and value > le):
+        value = int(s) if body.isdecimal() and len(body) <= 30 else None
+        if value is None or (ge is not None and value < ge) or (le is not None and value > le):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         return value
 
@@ -103,15 +101,17 @@ def _check_parents(path: Path, flag: str) -> None:
                 raise ConfigError(
                     f"{flag} {path}: {ancestor} is a file, not a directory; choose another path"
                 )
-            if not os.access(ancestor, os.W_OK | os.X_OK) or not _can_create_in(ancestor):
+            if not _writable(ancestor):
                 raise ConfigError(
                     f"{flag} {path}: directory {ancestor} is not writable; choose another path"
                 )
             return
 
 
-def _can_create_in(directory: Path) -> bool:
+def _writable(directory: Path) -> bool:
     """Whether a file can be created there (permissions alone miss read-only mounts, /sys)."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
     try:
         fd, probe = tempfile.mkstemp(prefix=".perseus-probe.", dir=directory)
     except OSError:
@@ -195,7 +195,7 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
         _check_parents(path, flag)
         return path
     check_plain_directory(path, st.st_mode, f"{flag} ")
-    if not os.access(path, os.W_OK | os.X_OK) or not _can_create_in(path):
+    if not _writable(path):
         raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
     return path
 
