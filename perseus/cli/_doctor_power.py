@@ -32,8 +32,13 @@ _SPIN_QUEUE = 4
 
 @dataclass(frozen=True, slots=True)
 class PowerReading:
-    """Mean power between the first and the last counter publish seen in a window, the time
-    between them, and how many publishes were seen."""
+    """Mean power over the counter publishes seen in a window.
+
+    Attributes:
+        power_w: Energy between the first and the last publish over the time between them.
+        span_s: Time between the first and the last publish.
+        publishes: Counter changes seen.
+    """
 
     power_w: float
     span_s: float

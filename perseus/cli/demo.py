@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_command, add_output_arg, check_output_dir, nonempty_arg
+from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
 from perseus.cli._job_args import CONFIG_FIELDS, job_from_args, job_int
 from perseus.cli._progress import progress_bar
 from perseus.log import get_logger, phase
@@ -44,14 +44,13 @@ _UNCOMPILED_MAX_OPS = 640
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = add_command(
-        sub,
+    p = sub.add_parser(
         "demo",
-        run,
-        "frontier, baselines, straggler what-if and report for GPT-3 175B on A100 (no GPU)",
-        "Plan GPT-3 175B on the bundled A100 profile (1F1B, 8 stages x 24 microbatches) and "
-        "write a report. No GPU and no arguments needed.",
+        help="frontier, baselines, straggler what-if and report for GPT-3 175B on A100 (no GPU)",
+        description="Plan GPT-3 175B on the bundled A100 profile (1F1B, 8 stages x 24 "
+        "microbatches) and write a report. No GPU and no arguments needed.",
     )
+    p.set_defaults(handler=run)
     add_output_arg(
         p,
         "DIR",

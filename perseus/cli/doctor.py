@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_command, float_arg, int_arg
+from perseus.cli._args import float_arg, int_arg
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.cli._doctor_checks import Check
@@ -31,13 +31,12 @@ _NEEDED = {"open", "gpu", "supported clocks", "energy counter"}
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = add_command(
-        sub,
+    p = sub.add_parser(
         "doctor",
-        run,
-        "check whether this machine can run perseus for real (GPU, driver, privileges)",
-        "``perseus doctor``: can this machine run perseus for real?",
+        help="check whether this machine can run perseus for real (GPU, driver, privileges)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
+    p.set_defaults(handler=run)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument(
         "--no-clock-changes",

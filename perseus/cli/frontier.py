@@ -8,7 +8,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import (
-    add_command,
     add_output_arg,
     check_output_file,
     float_arg,
@@ -28,12 +27,11 @@ logger = get_logger(__name__)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = add_command(
-        sub,
+    p = sub.add_parser(
         "frontier",
-        run,
-        "trace the time-energy frontier (every point a real, exactly evaluated plan)",
+        help="trace the time-energy frontier (every point a real, exactly evaluated plan)",
     )
+    p.set_defaults(handler=run)
     add_job_arguments(p)
     p.add_argument(
         "--time-quantum-s",
