@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
 from perseus.cli._job_args import CONFIG_FIELDS, job_from_args, job_int
 from perseus.cli._progress import progress_bar
+from perseus.cli.report import add_whatif_arguments
 from perseus.log import get_logger, phase
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ DEMO_JOB: dict[str, str | int | float] = {
     "blocking_power_w": 83.64,
     "pipelines": 16,
 }
-_DEFAULT_FACTORS = "1.0:1.5:0.05"
 #: Jobs up to this many ops are solved uncompiled while the walk kernel is not in numba's
 #: cache (benchmarks/README.md, *First run, solved uncompiled*).
 _UNCOMPILED_MAX_OPS = 640
@@ -66,17 +66,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--microbatches", type=job_int("microbatches"), help="override the job's microbatch count"
     )
-    p.add_argument(
-        "--pipelines",
-        type=job_int("pipelines"),
-        help="data-parallel pipelines in the straggler what-if (default 16)",
-    )
-    p.add_argument(
-        "--factors",
-        default=_DEFAULT_FACTORS,
-        metavar="START:STOP:STEP",
-        help=f"straggler slowdown factors (default {_DEFAULT_FACTORS})",
-    )
+    add_whatif_arguments(p, pipelines=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.job import PlanningJob
     from perseus.plan import Frontier
 
-__all__ = ["register", "run"]
+__all__ = ["add_whatif_arguments", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -39,17 +39,23 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "PROFILE",
         "profile the frontier was computed from (default: the bundled one it names)",
     )
-    p.add_argument(
+    add_whatif_arguments(p, pipelines=16)
+
+
+def add_whatif_arguments(parser: argparse.ArgumentParser, pipelines: int | None) -> None:
+    """``--pipelines`` and ``--factors`` of the report's straggler what-if."""
+    parser.add_argument(
         "--pipelines",
         type=job_int("pipelines"),
-        default=16,
+        default=pipelines,
         help="data-parallel pipelines in the straggler what-if (default 16)",
     )
-    p.add_argument(
+    factors = "1.0:1.5:0.05"
+    parser.add_argument(
         "--factors",
-        default="1.0:1.5:0.05",
+        default=factors,
         metavar="START:STOP:STEP",
-        help="straggler slowdown factors (default 1.0:1.5:0.05)",
+        help=f"straggler slowdown factors (default {factors})",
     )
 
 
