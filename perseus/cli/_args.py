@@ -1,10 +1,7 @@
 """Argument types and output-path checks shared by every subcommand.
 
-Each flag value is checked when argparse reads it (finite, in range, strict integer), so a bad
-value fails in one line naming the flag before any work starts; a job's flags are only parsed
-here and checked with its config keys by :class:`~perseus.io.config.JobConfig`
-(:mod:`perseus.cli._job_args`). Output paths are checked before any work too
-(:func:`check_output_file`, :func:`check_output_dir`).
+A flag's value is checked as argparse reads it, and output paths before any work starts, so a
+bad one fails in one line naming the flag.
 """
 
 from __future__ import annotations
@@ -12,12 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import operator
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from perseus.errors import ConfigError
 from perseus.validate import show_value
@@ -36,6 +34,8 @@ __all__ = [
     "nonempty_arg",
 ]
 
+T = TypeVar("T")
+
 
 def float_arg(
     *,
@@ -46,25 +46,22 @@ def float_arg(
     unit: str = "",
 ) -> Callable[[str], float]:
     """An argparse ``type``: a finite float within the bounds."""
-    bounds = " and ".join(
-        f"{op} {b:g}{(' ' + unit) if unit else ''}"
-        for op, b in ((">", gt), (">=", ge), ("<", lt), ("<=", le))
-        if b is not None
+    tests = (
+        (">", operator.gt, gt),
+        (">=", operator.ge, ge),
+        ("<", operator.lt, lt),
+        ("<=", operator.le, le),
     )
-    wanted = f"a finite number{(' ' + bounds) if bounds else ''}"
+    bounds = [(sym, test, b) for sym, test, b in tests if b is not None]
+    shown = " and ".join(f"{sym} {b:g}{(' ' + unit) if unit else ''}" for sym, _, b in bounds)
+    wanted = f"a finite number{(' ' + shown) if shown else ''}"
 
     def parse(text: str) -> float:
         try:
             value = float(text.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}") from None
-        ok = math.isfinite(value) and not (
-            (gt is not None and not value > gt)
-            or (ge is not None and not value >= ge)
-            or (lt is not None and not value < lt)
-            or (le is not None and not value <= le)
-        )
-        if not ok:
+            value = math.nan
+        if not math.isfinite(value) or not all(test(value, b) for _, test, b in bounds):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         return value
 
@@ -80,10 +77,8 @@ def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], 
     def parse(text: str) -> int:
         s = text.strip()
         body = s[1:] if s[:1] in "+-" else s
-        if not body.isdecimal() or len(body) > 30:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
-        value = int(s)
-        if (ge is not None and value < ge) or (le is not None and value > le):
+        value = int(s) if body.isdecimal() and len(body) <= 30 else None
+        if value is None or (ge is not None and value < ge) or (le is not None and value > le):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         return value
 
@@ -100,22 +95,23 @@ def nonempty_arg(text: str) -> str:
 
 def _check_parents(path: Path, flag: str) -> None:
     """Refuse a path whose parent chain runs through a regular file or an unwritable folder."""
-    parent = path.parent
-    for ancestor in [parent, *parent.parents]:
+    for ancestor in [path.parent, *path.parent.parents]:
         if ancestor.exists():
             if not ancestor.is_dir():
                 raise ConfigError(
                     f"{flag} {path}: {ancestor} is a file, not a directory; choose another path"
                 )
-            if not os.access(ancestor, os.W_OK | os.X_OK) or not _can_create_in(ancestor):
+            if not _writable(ancestor):
                 raise ConfigError(
                     f"{flag} {path}: directory {ancestor} is not writable; choose another path"
                 )
             return
 
 
-def _can_create_in(directory: Path) -> bool:
+def _writable(directory: Path) -> bool:
     """Whether a file can be created there (permissions alone miss read-only mounts, /sys)."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
     try:
         fd, probe = tempfile.mkstemp(prefix=".perseus-probe.", dir=directory)
     except OSError:
@@ -126,27 +122,32 @@ def _can_create_in(directory: Path) -> bool:
     return True
 
 
-def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:
-    """Refuse an output file path that cannot or must not be written, before any work starts.
+def _flagged(flag: str, check: Callable[[], T]) -> T:
+    """``check()``, its :class:`ConfigError` prefixed with ``flag``."""
+    try:
+        return check()
+    except ConfigError as e:
+        raise ConfigError(f"{flag} {e}") from None
 
-    What perseus writes and refuses is :func:`perseus.io.atomic.check_output_path`'s rule: a
-    regular file (replaced atomically), a character device or FIFO named directly (written
-    through), ``/dev/stdout``; never a directory, socket, block device, or a link out of its
-    directory.
+
+def _not_empty(path_arg: str | os.PathLike[str], flag: str, example: str) -> None:
+    if not str(path_arg).strip():
+        raise ConfigError(f"{flag}: empty path; pass a {example}")
+
+
+def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:
+    """Refuse an output file path that cannot or must not be written, before any work starts
+    (the rule is :func:`perseus.io.atomic.check_output_path`'s).
 
     Raises:
         ConfigError: ``"<flag> <path>: ..."`` naming what is wrong and the fix.
     """
-    if not str(path_arg).strip():
-        raise ConfigError(f"{flag}: empty path; pass a file name, e.g. {flag} out.json")
+    _not_empty(path_arg, flag, f"file name, e.g. {flag} out.json")
     if str(path_arg).endswith(("/", os.sep)):
         raise ConfigError(f"{flag} {path_arg}: ends with a separator; pass a file path")
     from perseus.io.atomic import check_output_path
 
-    try:
-        target = check_output_path(path_arg)
-    except ConfigError as e:
-        raise ConfigError(f"{flag} {e}") from None
+    target = _flagged(flag, lambda: check_output_path(path_arg))
     if target.kind == "file":
         _check_parents(target.entry, flag)
     return Path(path_arg)
@@ -155,23 +156,16 @@ def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Pat
 def check_output_dir(
     path_arg: str | os.PathLike[str], known_files: Iterable[str], flag: str = "-o"
 ) -> Path:
-    """Refuse an output directory that cannot be written or would destroy foreign files.
-
-    The directory is replaced as a whole, so an existing one may only hold files a previous
-    run of the same command wrote.
+    """Refuse an output directory that cannot be written, or holds files other than
+    ``known_files`` (it is replaced as a whole).
 
     Raises:
-        ConfigError: an empty path, the current directory, a link, a regular file, a path
-            under a regular file, or a directory holding other files.
+        ConfigError: ``"<flag> <path>: ..."`` naming what is wrong and the fix.
     """
-    if not str(path_arg).strip():
-        raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} out")
+    _not_empty(path_arg, flag, f"directory name, e.g. {flag} out")
     from perseus.io.atomic import check_output_directory
 
-    try:
-        path = check_output_directory(path_arg)
-    except ConfigError as e:
-        raise ConfigError(f"{flag} {e}") from None
+    path = _flagged(flag, lambda: check_output_directory(path_arg))
     _check_parents(path, flag)
     if path.is_dir():
         known = set(known_files)
@@ -186,14 +180,13 @@ def check_output_dir(
 
 
 def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
-    """Refuse a directory that perseus adds files to (``--plot DIR``): an existing
-    non-directory, a symbolic link (not followed), or one under a file or unwritable.
+    """Refuse a directory that perseus adds files to (``--plot DIR``): a non-directory, a
+    symbolic link, or one under a file or unwritable.
 
     Raises:
         ConfigError: ``"<flag> <path>: ..."``.
     """
-    if not str(path_arg).strip():
-        raise ConfigError(f"{flag}: empty path; pass a directory name, e.g. {flag} plots")
+    _not_empty(path_arg, flag, f"directory name, e.g. {flag} plots")
     from perseus.io.atomic import check_plain_directory, lstat_or_none
 
     path = Path(path_arg)
@@ -202,7 +195,7 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
         _check_parents(path, flag)
         return path
     check_plain_directory(path, st.st_mode, f"{flag} ")
-    if not os.access(path, os.W_OK | os.X_OK) or not _can_create_in(path):
+    if not _writable(path):
         raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
     return path
 
@@ -230,8 +223,7 @@ def add_command(
 def add_path_arg(
     parser: argparse.ArgumentParser, name: str, metavar: str, help: str, **kwargs: Any
 ) -> None:
-    """An input path (or bundled name) argument: ``name`` is a flag or a positional; a blank
-    value is refused as argparse reads it."""
+    """An input path (or bundled name), flag or positional; a blank value is refused."""
     parser.add_argument(name, metavar=metavar, type=nonempty_arg, help=help, **kwargs)
 
 
@@ -253,36 +245,29 @@ def add_store_command(
     handler: Callable[[argparse.Namespace], int],
 ) -> dict[str, argparse.ArgumentParser]:
     """``perseus NAME ACTION --store HOST:PORT ...``: a command that reaches a running job's
-    TCP store (``straggler``, ``power``); returns each action's parser (``dest``:
-    ``<name>_action``)."""
-    p = add_command(sub, name, handler, help_text)
-    sub_actions = p.add_subparsers(dest=f"{name}_action", metavar="ACTION")
-    sub_actions.required = True
+    TCP store; returns each action's parser (``dest``: ``<name>_action``)."""
+    sub_actions = add_command(sub, name, handler, help_text).add_subparsers(
+        dest=f"{name}_action", metavar="ACTION", required=True
+    )
     parsers = {}
     for action, text in actions.items():
-        parsers[action] = sub_actions.add_parser(action, help=text)
-        _add_job_store_args(parsers[action])
+        parser = parsers[action] = sub_actions.add_parser(action, help=text)
+        parser.add_argument(
+            "--store",
+            required=True,
+            metavar="HOST:PORT",
+            help="the job's TCP store (torchrun's MASTER_ADDR:MASTER_PORT)",
+        )
+        parser.add_argument(
+            "--timeout-s",
+            type=float_arg(gt=0, le=3600, unit="s"),
+            default=10.0,
+            help="how long the store may take to answer (default 10)",
+        )
+        parser.add_argument(
+            "--wait-s",
+            type=float_arg(ge=0, le=3600, unit="s"),
+            default=10.0,
+            help="how long to wait for the running job's acknowledgement (default 10; 0: do not wait)",
+        )
     return parsers
-
-
-def _add_job_store_args(parser: argparse.ArgumentParser) -> None:
-    """``--store``, ``--timeout-s`` and ``--wait-s``: how a command reaches a running job's
-    TCP store and waits for its acknowledgement."""
-    parser.add_argument(
-        "--store",
-        required=True,
-        metavar="HOST:PORT",
-        help="the job's TCP store (torchrun's MASTER_ADDR:MASTER_PORT)",
-    )
-    parser.add_argument(
-        "--timeout-s",
-        type=float_arg(gt=0, le=3600, unit="s"),
-        default=10.0,
-        help="how long the store may take to answer (default 10)",
-    )
-    parser.add_argument(
-        "--wait-s",
-        type=float_arg(ge=0, le=3600, unit="s"),
-        default=10.0,
-        help="how long to wait for the running job's acknowledgement (default 10; 0: do not wait)",
-    )

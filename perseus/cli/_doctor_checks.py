@@ -1,9 +1,5 @@
-"""The probes behind ``perseus doctor``: each returns a :class:`Check`, none ever raises.
-
-NVML probes work on an open :class:`~perseus.device.nvml.NvmlGPU` (real ``pynvml`` or the
-library's fake, :mod:`perseus.device.fake_nvml`). The agent-path probes (the CUDA check, the
-simulated path) live in :mod:`perseus.cli._doctor_cuda`.
-"""
+"""The NVML probes behind ``perseus doctor``, on an open :class:`~perseus.device.nvml.NvmlGPU`:
+each returns a :class:`Check` (:func:`probe` turns an exception into one)."""
 
 from __future__ import annotations
 
@@ -38,22 +34,13 @@ __all__ = [
 ]
 
 _RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
-_CLOCK_SM = 1
 
 
 @dataclass
 class Check:
-    """One line of the doctor's report.
-
-    Attributes:
-        name: What was checked (``"clock locking"``).
-        status: ``ok``, ``warn``, ``fail`` (perseus cannot run for real), ``skip`` (not run,
-            by request or because an earlier check failed) or ``unavailable`` (the probe
-            itself could not run; ``summary`` says why).
-        summary: One line for people.
-        data: Machine-readable figures (``--json``).
-        fix: How to fix a ``fail``/``warn`` (empty when nothing to do).
-    """
+    """One line of the doctor's report: ``status`` is ``ok``, ``warn``, ``fail`` (perseus cannot
+    run for real), ``skip`` or ``unavailable`` (the probe could not run); ``data`` holds the
+    figures ``--json`` prints, ``fix`` how to fix a fail or warn."""
 
     name: str
     status: str
@@ -62,11 +49,14 @@ class Check:
     fix: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "status": self.status, "summary": self.summary}
-        if self.fix:
-            out["fix"] = self.fix
-        out["data"] = self.data
-        return out
+        fix = {"fix": self.fix} if self.fix else {}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            **fix,
+            "data": self.data,
+        }
 
 
 def first_line(e: BaseException) -> str:
@@ -94,10 +84,6 @@ def clock_range(clocks: Sequence[int]) -> str:
     return f"{len(clocks)} values, {clocks[0]}-{clocks[-1]} MHz{step}"
 
 
-# ---------------------------------------------------------------------------------------------
-# NVML probes
-
-
 def check_identity(gpu: NvmlGPU) -> Check:
     arch = int(gpu.query("nvmlDeviceGetArchitecture"))
     arch_name = architecture_name(arch)
@@ -109,29 +95,18 @@ def check_identity(gpu: NvmlGPU) -> Check:
     }
     summary = f"{gpu.name}, {gpu.uuid}, {arch_name}"
     if arch < 5:
-        return Check(
-            "gpu",
-            "fail",
-            summary + " (older than Volta: no energy counter or locked clocks)",
-            data,
-            "perseus needs a Volta or newer GPU",
-        )
+        why = " (older than Volta: no energy counter or locked clocks)"
+        return Check("gpu", "fail", summary + why, data, "perseus needs a Volta or newer GPU")
     if gpu.persistence_mode is False:
-        return Check(
-            "gpu",
-            "warn",
-            summary + "; persistence mode off",
-            data,
-            "enable persistence mode (sudo nvidia-smi -pm 1) so the driver keeps clocks",
-        )
+        fix = "enable persistence mode (sudo nvidia-smi -pm 1) so the driver keeps clocks"
+        return Check("gpu", "warn", summary + "; persistence mode off", data, fix)
     return Check("gpu", "ok", summary, data)
 
 
 def check_clocks(gpu: NvmlGPU) -> Check:
     clocks = gpu.supported_clocks_mhz()
     mem = sorted({int(m) for m in gpu.query("nvmlDeviceGetSupportedMemoryClocks")}, reverse=True)
-    # Whether plans may use (SM, memory) clock pairs here (GDDR boards, Ampere and newer).
-    mem_lock = gpu.memory_clock_control()
+    mem_lock = gpu.memory_clock_control()  # None: (SM, memory) clock pairs may run here
     data = {
         "sm_clocks_mhz": list(clocks),
         "count": len(clocks),
@@ -143,7 +118,6 @@ def check_clocks(gpu: NvmlGPU) -> Check:
     }
     memory = f"memory {data['memory_clock_mhz']} MHz"
     if len(mem) > 1:
-        # Whether a lock works is shown by trying one (the memory clock locking check).
         lockable = "lock tried below" if mem_lock is None else f"not lockable: {mem_lock}"
         memory = f"memory {'/'.join(map(str, mem))} MHz, {lockable}"
     return Check(
@@ -155,18 +129,16 @@ def check_clocks(gpu: NvmlGPU) -> Check:
     )
 
 
-_HOW_TO_ALLOW = (
-    "locking clocks needs root or CAP_SYS_ADMIN: run the job as root, or grant the capability "
-    "(docker run --cap-add SYS_ADMIN; Kubernetes securityContext.capabilities.add: "
-    "[SYS_ADMIN]), or have a privileged daemon change clocks for the job (e.g. zeusd; perseus "
-    "does not talk to one yet)"
+_GRANT = (
+    "grant the capability (docker run --cap-add SYS_ADMIN; Kubernetes "
+    "securityContext.capabilities.add: [SYS_ADMIN]), or have a privileged daemon change clocks "
+    "for the job (e.g. zeusd; perseus does not talk to one yet)"
 )
+_HOW_TO_ALLOW = "locking clocks needs root or CAP_SYS_ADMIN: run the job as root, or " + _GRANT
 #: The privilege probe said yes (root, or the capability seen) and the driver still refused.
 _REFUSED_THOUGH_PRIVILEGED = (
     "this process looks privileged ({why}) yet the driver refused the lock: a container without "
-    "CAP_SYS_ADMIN does this to root; grant the capability (docker run --cap-add SYS_ADMIN; "
-    "Kubernetes securityContext.capabilities.add: [SYS_ADMIN]), or have a privileged daemon "
-    "change clocks for the job (e.g. zeusd; perseus does not talk to one yet)"
+    "CAP_SYS_ADMIN does this to root; " + _GRANT
 )
 
 
@@ -192,30 +164,17 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 
             f"with `sudo nvidia-smi -acp UNRESTRICTED -i {gpu.uuid}` (perseus's locked clocks "
             "still need root or CAP_SYS_ADMIN)"
         )
+    name = "clock locking"
     if no_clock_changes:
         word = "the privileges would allow a try" if allowed else "would NOT be allowed"
-        return Check(
-            "clock locking",
-            "skip",
-            f"not tried (--no-clock-changes); {word} ({why}); application clocks: {app}",
-            data,
-        )
+        summary = f"not tried (--no-clock-changes); {word} ({why}); application clocks: {app}"
+        return Check(name, "skip", summary, data)
     if gpu.observe_only_reason is not None and allowed:
-        return Check(
-            "clock locking",
-            "fail",
-            f"not possible: {gpu.observe_only_reason}",
-            data,
-            "perseus needs a Volta or newer GPU for locked clocks",
-        )
+        fix = "perseus needs a Volta or newer GPU for locked clocks"
+        return Check(name, "fail", f"not possible: {gpu.observe_only_reason}", data, fix)
     if not allowed:
-        return Check(
-            "clock locking",
-            "fail",
-            f"not allowed: {why}; application clocks: {app}",
-            data,
-            _HOW_TO_ALLOW + app_hint,
-        )
+        summary = f"not allowed: {why}; application clocks: {app}"
+        return Check(name, "fail", summary, data, _HOW_TO_ALLOW + app_hint)
     return _lock_and_read_back(gpu, data, settle_s, app_hint)
 
 
@@ -226,42 +185,28 @@ def _lock_and_read_back(
     before = gpu.current_clock_mhz()
     target = next((c for c in spread_clocks_mhz(clocks, 3)[1:] if c != before), clocks[-1])
     data.update({"clock_before_mhz": before, "tried_mhz": target})
+    name = "clock locking"
     try:
         snapped, _call_s, _seen_s, read = _lock_and_watch(gpu, target, settle_s)
     except DeviceError as e:
-        error = first_line(e)
-        data["error"] = error
-        return Check(
-            "clock locking",
-            "fail",
-            f"lock refused: {error}",
-            data,
-            (
-                _REFUSED_THOUGH_PRIVILEGED.format(why=data["privilege"])
-                if isinstance(e, DevicePermissionError)
-                else _HOW_TO_ALLOW
-            )
-            + app_hint,
-        )
+        data["error"] = first_line(e)
+        fix = _HOW_TO_ALLOW
+        if isinstance(e, DevicePermissionError):
+            fix = _REFUSED_THOUGH_PRIVILEGED.format(why=data["privilege"])
+        return Check(name, "fail", f"lock refused: {data['error']}", data, fix + app_hint)
     finally:
         with contextlib.suppress(DeviceError):
             gpu.reset_locked_clock()
     data["read_back_mhz"] = read
     if read != snapped:
-        return Check(
-            "clock locking",
-            "fail",
+        summary = (
             f"locked {snapped} MHz but the clock read back {read} MHz (was {before} MHz): the "
-            "lock did not take effect",
-            data,
-            "check that no other process or policy (DCGM, nvidia-smi -rgc) resets the clocks",
+            "lock did not take effect"
         )
-    return Check(
-        "clock locking",
-        "ok",
-        f"locked {snapped} MHz and read it back (was {before} MHz); lock reset",
-        data,
-    )
+        fix = "check that no other process or policy (DCGM, nvidia-smi -rgc) resets the clocks"
+        return Check(name, "fail", summary, data, fix)
+    summary = f"locked {snapped} MHz and read it back (was {before} MHz); lock reset"
+    return Check(name, "ok", summary, data)
 
 
 def _lock_and_watch(
@@ -285,9 +230,8 @@ def _lock_and_watch(
 
 
 def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
-    """Lock the memory clock to its second-highest value and reset it (only when clock locking
-    is allowed and the GPU lists several memory clocks): whether plans with (SM, memory)
-    clock pairs can run here."""
+    """Lock the memory clock to its second-highest value and reset it (when clock locking is
+    allowed and the GPU lists several): whether (SM, memory) clock pairs can run here."""
     name = "memory clock locking"
     mem = gpu.supported_memory_clocks_mhz()
     data: dict[str, Any] = {"memory_clocks_mhz": list(mem)}
@@ -295,19 +239,13 @@ def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
     if len(mem) < 2:
         return Check(name, "skip", f"one memory clock ({mem[0]} MHz): SM clocks only", data)
     if not clock_locking_ok or why is not None:
-        reason = why or "clock locking not allowed"
-        return Check(name, "skip", f"not tried ({reason})", data)
+        return Check(name, "skip", f"not tried ({why or 'clock locking not allowed'})", data)
     try:
         applied = gpu.set_memory_locked_clock(mem[1])
     except DeviceError as e:
         data["error"] = type(e).__name__
-        return Check(
-            name,
-            "warn",
-            f"the driver refused a memory lock: {first_line(e)}",
-            data,
-            "plan with SM clocks only on this GPU (a profile without mem_freq_mhz)",
-        )
+        fix = "plan with SM clocks only on this GPU (a profile without mem_freq_mhz)"
+        return Check(name, "warn", f"the driver refused a memory lock: {first_line(e)}", data, fix)
     finally:
         with contextlib.suppress(DeviceError):
             gpu.reset_memory_locked_clock()
@@ -331,35 +269,29 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
     pair = spread_clocks_mhz(clocks, 3)[1:] or [clocks[0]]
     calls_ms: list[float] = []
     applied_ms: list[float] = []
-    unseen = 0
     try:
         for i in range(repeats):
             _snapped, call_s, seen_s, _read = _lock_and_watch(gpu, pair[i % len(pair)], settle_s)
             calls_ms.append(call_s * 1e3)
-            if seen_s is None:
-                unseen += 1
-            else:
+            if seen_s is not None:
                 applied_ms.append(seen_s * 1e3)
     finally:
         gpu.reset_locked_clock()
+    call = {"median": statistics.median(calls_ms), "max": max(calls_ms)}
+    applied = (
+        {"median": statistics.median(applied_ms), "max": max(applied_ms)} if applied_ms else None
+    )
     data: dict[str, Any] = {
         "clocks_mhz": pair,
-        "set_call_ms": {"median": statistics.median(calls_ms), "max": max(calls_ms)},
-        "applied_ms": (
-            {"median": statistics.median(applied_ms), "max": max(applied_ms)}
-            if applied_ms
-            else None
-        ),
-        "not_seen_within_ms": settle_s * 1e3 if unseen else None,
+        "set_call_ms": call,
+        "applied_ms": applied,
+        "not_seen_within_ms": settle_s * 1e3 if len(applied_ms) < len(calls_ms) else None,
         "samples": len(calls_ms),
     }
-    summary = (
-        f"set call median {data['set_call_ms']['median']:.2f} ms (max "
-        f"{data['set_call_ms']['max']:.2f}); "
-    )
-    if applied_ms:
+    summary = f"set call median {call['median']:.2f} ms (max {call['max']:.2f}); "
+    if applied:
         summary += (
-            f"clock read back after median {data['applied_ms']['median']:.2f} ms "
+            f"clock read back after median {applied['median']:.2f} ms "
             f"({len(applied_ms)}/{len(calls_ms)} seen)"
         )
     else:
@@ -391,13 +323,11 @@ def check_energy_counter(gpu: NvmlGPU, window_s: float) -> Check:
             "perseus measures energy from this counter (Volta+); poll longer with "
             "--energy-window-s if the GPU is idle and the counter is coarse",
         )
-    return Check(
-        "energy counter",
-        "ok",
+    summary = (
         f"updates every {data['median_interval_ms']:.1f} ms (median of {len(intervals)}), "
-        f"smallest step {data['smallest_step_mj']} mJ",
-        data,
+        f"smallest step {data['smallest_step_mj']} mJ"
     )
+    return Check("energy counter", "ok", summary, data)
 
 
 def poll_counter(

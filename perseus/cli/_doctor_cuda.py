@@ -1,8 +1,5 @@
 """The doctor's agent-path probes: a transformer block through the real agent on the NVML GPU
-(:func:`check_cuda`), with a sampler thread reading the SM clock and the clock event reasons
-from NVML while the ops run and CUDA events timing them; without a GPU, the same agent on a
-simulated GPU (:func:`check_simulated`).
-"""
+(:func:`check_cuda`), or without a GPU the same agent on a simulated one (:func:`check_simulated`)."""
 
 from __future__ import annotations
 
@@ -24,27 +21,13 @@ from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 __all__ = ["check_cuda", "check_simulated", "cuda_device_for"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The agent path
-
-
 def _plan(freq_mhz: int) -> Frontier:
     """A one-rank plan with one forward and one backward, both at ``freq_mhz``."""
-    job = JobSpec(
-        schedule="1f1b",
-        ranks=1,
-        stages=1,
-        microbatches=1,
-        blocking_power_w=0.0,
-        profile_sha256="0" * 64,
-    )
+    sizes = {"ranks": 1, "stages": 1, "microbatches": 1}
+    job = JobSpec(schedule="1f1b", **sizes, blocking_power_w=0.0, profile_sha256="0" * 64)
     point = PlanPoint(time_s=1.0, energy_j=1.0, freqs_mhz=((freq_mhz, freq_mhz),))
-    return Frontier(
-        job=job,
-        stage_ops=(("F0", "B0"),),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(point,),
-    )
+    baseline = Baseline(time_s=1.0, energy_j=1.0)
+    return Frontier(job=job, stage_ops=(("F0", "B0"),), baseline=baseline, points=(point,))
 
 
 class _Sampler:
@@ -85,15 +68,9 @@ class _Sampler:
 
 
 def _transformer(torch: Any, device: Any) -> tuple[Any, Any]:
-    block = torch.nn.TransformerEncoderLayer(
-        d_model=2048,
-        nhead=16,
-        dim_feedforward=8192,
-        batch_first=True,
-        device=device,
-        dtype=torch.bfloat16,
-    )
-    return block, torch.randn(4, 1024, 2048, device=device, dtype=torch.bfloat16)
+    on = {"device": device, "dtype": torch.bfloat16}
+    block = torch.nn.TransformerEncoderLayer(2048, 16, 8192, batch_first=True, **on)
+    return block, torch.randn(4, 1024, 2048, **on)
 
 
 def cuda_device_for(torch: Any, gpu: NvmlGPU) -> int:
@@ -106,9 +83,7 @@ def cuda_device_for(torch: Any, gpu: NvmlGPU) -> int:
     return 0
 
 
-def check_cuda(
-    gpu: NvmlGPU, control: bool, clocks: int = 3, iterations: int = 5, lock_dir: str | None = None
-) -> Check:
+def check_cuda(gpu: NvmlGPU, control: bool, clocks: int = 3, iterations: int = 5) -> Check:
     """A transformer block's forward/backward through the agent at a few clocks (or, without
     control, at whatever clock the GPU runs), with the SM clock sampled during each op."""
     torch, refusal = _cuda_torch()
@@ -142,21 +117,12 @@ def _cuda_torch() -> tuple[Any, Check | None]:
     try:
         import torch
     except ImportError:
-        return None, Check(
-            "cuda check",
-            "fail",
-            "torch is not installed",
-            {},
-            "pip install torch (a CUDA build) to run pipelines with perseus",
-        )
+        fix = "pip install torch (a CUDA build) to run pipelines with perseus"
+        return None, Check("cuda check", "fail", "torch is not installed", {}, fix)
     if not torch.cuda.is_available():
-        return torch, Check(
-            "cuda check",
-            "fail",
-            f"torch {torch.__version__} sees no CUDA device",
-            {"torch": torch.__version__},
-            "install a CUDA build of torch that matches the driver",
-        )
+        summary = f"torch {torch.__version__} sees no CUDA device"
+        fix = "install a CUDA build of torch that matches the driver"
+        return torch, Check("cuda check", "fail", summary, {"torch": torch.__version__}, fix)
     return torch, None
 
 
@@ -168,10 +134,12 @@ def _measure(
     model: tuple[Any, Any],
     new_event: Callable[..., Any],
 ) -> list[dict[str, Any]]:
-    """One row per target clock: each op's median time and the clocks read while it ran."""
+    """One row per target clock: ``iterations`` (after one that warms the clock) of F and B
+    through the agent, each op's median CUDA-event time and the clocks read while it ran."""
     from perseus.runtime.agent.rank_agent import RankAgent
     from perseus.runtime.agent.readback import ClockHeldWarning
 
+    block, x = model
     sampler = _Sampler(gpu.current_clock_mhz, gpu.clock_event_reasons)
     rows: list[dict[str, Any]] = []
     with sampler, warnings.catch_warnings():
@@ -180,46 +148,30 @@ def _measure(
         warnings.simplefilter("ignore", ClockHeldWarning)
         for target in targets:
             plan = _plan(target if target is not None else gpu.supported_clocks_mhz()[0])
+            times: dict[str, list[float]] = {"F": [], "B": []}
             with RankAgent(plan, gpu, rank=0, enabled=control) as agent:
-                times = _time_ops(agent, sampler, target, iterations, model, new_event)
+                for it in range(iterations + 1):
+                    agent.step_begin()
+                    agent.wait_for_clock()
+                    out = None
+                    for op in ("F", "B"):
+                        start, end = new_event(enable_timing=True), new_event(enable_timing=True)
+                        sampler.mark(f"{target}:{op}" if it else None)  # 0 warms the clock
+                        with agent.op(op, 0):
+                            start.record()
+                            if op == "F":
+                                out = block(x).float().square().mean()
+                            else:
+                                assert out is not None
+                                out.backward()
+                            end.record()
+                            end.synchronize()
+                        sampler.mark(None)
+                        if it:
+                            times[op].append(start.elapsed_time(end))
+                    agent.step_end()
             rows.append(_row(target, times, sampler))
     return rows
-
-
-def _time_ops(
-    agent: Any,
-    sampler: _Sampler,
-    target: int | None,
-    iterations: int,
-    model: tuple[Any, Any],
-    new_event: Callable[..., Any],
-) -> dict[str, list[float]]:
-    """Run ``iterations`` (after one that warms the clock) of F and B through ``agent``,
-    marking each op for the sampler; the ops' CUDA-event times in ms."""
-    block, x = model
-    times: dict[str, list[float]] = {"F": [], "B": []}
-    for it in range(iterations + 1):
-        agent.step_begin()
-        agent.wait_for_clock()
-        out = None
-        for op in ("F", "B"):
-            start = new_event(enable_timing=True)
-            end = new_event(enable_timing=True)
-            sampler.mark(f"{target}:{op}" if it else None)  # iteration 0 warms the clock
-            with agent.op(op, 0):
-                start.record()
-                if op == "F":
-                    out = block(x).float().square().mean()
-                else:
-                    assert out is not None
-                    out.backward()
-                end.record()
-                end.synchronize()
-            sampler.mark(None)
-            if it:
-                times[op].append(start.elapsed_time(end))
-        agent.step_end()
-    return times
 
 
 def _row(target: int | None, times: dict[str, list[float]], sampler: _Sampler) -> dict[str, Any]:
@@ -255,9 +207,11 @@ def _verdict(rows: list[dict[str, Any]], data: dict[str, Any]) -> Check:
     top_reasons = {n for op in ("F", "B") for n in top[op]["clock_event_reasons"]}
     sampled = any(top[op]["samples"] for op in ("F", "B"))
     binds = ("sw_power_cap" in top_reasons) if sampled else None
-    data["power_cap_pulls_clock_down"] = bool(pulled)
-    data["power_cap_binds_at_top_clock"] = binds
-    data["clock_not_as_asked"] = wrong
+    data.update(
+        power_cap_pulls_clock_down=pulled,
+        power_cap_binds_at_top_clock=binds,
+        clock_not_as_asked=wrong,
+    )
     summary = "; ".join(parts)
     if pulled:
         summary += " (a power or thermal limit pulled the clock below the lock)"
@@ -269,43 +223,30 @@ def _verdict(rows: list[dict[str, Any]], data: dict[str, Any]) -> Check:
             f"; the power cap {'binds' if binds else 'does not bind'} at {at} for this kernel"
         )
     if wrong:
-        return Check(
-            "cuda check",
-            "fail",
-            "the clock read while the kernel ran is not the one asked: "
-            + ", ".join(wrong)
-            + " (no power or thermal reason set)",
-            data,
-            "the locks did not take effect: see the clock locking check",
+        summary = (
+            f"the clock read while the kernel ran is not the one asked: {', '.join(wrong)} (no "
+            "power or thermal reason set)"
         )
+        fix = "the locks did not take effect: see the clock locking check"
+        return Check("cuda check", "fail", summary, data, fix)
     return Check("cuda check", "ok", summary, data)
 
 
-def _compare_clocks(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows a power or thermal limit held below their lock, and the ops that ran at
+def _compare_clocks(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+    """Whether a power or thermal limit held an op below its lock, and the ops that ran at
     another clock than asked with no such reason (``"asked 1485 MHz, F ran at 1980 MHz"``)."""
-    pulled: list[dict[str, Any]] = []
-    wrong: list[str] = []
+    pulled, wrong = False, []
     for r in rows:
         asked = r["requested_mhz"]
-        if asked is None:
-            continue
-        held = False
         for op in ("F", "B"):
             ran = r[op]["sm_clock_mhz_median"]
-            if ran is None or abs(ran - asked) <= 15:
+            if asked is None or ran is None or abs(ran - asked) <= 15:
                 continue
             if ran < asked and LIMITING_REASONS.intersection(r[op]["clock_event_reasons"]):
-                held = True
+                pulled = True
             else:
                 wrong.append(f"asked {asked} MHz, {op} ran at {ran:g} MHz")
-        if held:
-            pulled.append(r)
     return pulled, wrong
-
-
-# ---------------------------------------------------------------------------------------------
-# Without a GPU
 
 
 def check_simulated(iterations: int = 3) -> Check:
@@ -314,6 +255,7 @@ def check_simulated(iterations: int = 3) -> Check:
     from perseus.device.simulated import SimulatedGPU
     from perseus.runtime.agent.rank_agent import RankAgent
 
+    name = "simulated path"
     with tempfile.TemporaryDirectory(prefix="perseus-doctor-") as state_dir:
         gpu: GPU = SimulatedGPU.from_preset("a100", state_dir=state_dir, index=0)
         clocks = gpu.supported_clocks_mhz()
@@ -329,23 +271,15 @@ def check_simulated(iterations: int = 3) -> Check:
                     agent.step_end()
             after = gpu.locked_clock_mhz()
             if after is not None:
-                return Check(
-                    "simulated path",
-                    "fail",
-                    f"the agent left the simulated GPU locked at {after} MHz",
-                    {"locked_after_close_mhz": after},
-                )
+                summary = f"the agent left the simulated GPU locked at {after} MHz"
+                return Check(name, "fail", summary, {"locked_after_close_mhz": after})
     wrong = {t: v for t, v in seen.items() if any(c != t for c in v)}
     ran = sorted(seen, reverse=True)
     data: dict[str, Any] = {"clocks_mhz": ran, "ops_per_clock": 2 * iterations}
     if wrong:
-        return Check(
-            "simulated path", "fail", f"ops ran at other clocks than planned: {wrong}", data
-        )
-    return Check(
-        "simulated path",
-        "ok",
-        f"agent on a simulated A100: {len(seen)} clocks ({', '.join(map(str, ran))}"
-        " MHz) applied per op, lock reset at close",
-        data,
+        return Check(name, "fail", f"ops ran at other clocks than planned: {wrong}", data)
+    summary = (
+        f"agent on a simulated A100: {len(seen)} clocks ({', '.join(map(str, ran))} MHz) "
+        "applied per op, lock reset at close"
     )
+    return Check(name, "ok", summary, data)

@@ -1,14 +1,9 @@
 """``perseus doctor``'s blocking-power probe: idle and blocked-on-communication power, observed.
 
-The planner charges a GPU's *blocking power* for every second it waits on P2P or a collective
-(``blocking_power_w``). NCCL waits by spinning a kernel on the GPU, so the GPU stays awake at
-its clock with its SMs almost idle; this probe reproduces that state with a spin-wait kernel
-(``torch.cuda._sleep``: one thread polling the clock, as a NCCL proxy polls a flag) and reads
-the energy counter while it runs. It never sets a clock or a power limit.
-
-Power comes from the energy counter (NVML publishes it every ~100 ms), never from the instant
-power field: :func:`measure_power_w` divides the energy between the first and the last
-publish it saw by the time between them, so a window holds only whole publish intervals.
+NCCL waits by spinning a kernel, so a GPU waiting on P2P stays awake with its SMs almost idle;
+this probe reproduces that with a spin-wait kernel (``torch.cuda._sleep``) and reads the energy
+counter meanwhile (whole publish intervals only, never the instant power field). It never sets
+a clock or a power limit.
 """
 
 from __future__ import annotations
@@ -66,7 +61,7 @@ def measure_power_w(
         read_energy_mj: The cumulative energy counter in millijoules.
         window_s: How long to watch the counter.
         settle_s: Time to let the device settle (power ramps after work starts) before the
-            window opens; ``busy`` is called meanwhile too.
+            window opens.
         busy: Called before every poll to keep the device in the state being measured.
         now, sleep: The clock (tests pass a virtual one).
         poll_s: Time between reads.
@@ -97,10 +92,8 @@ def measure_power_w(
 
 
 def spin_wait(torch: Any, device: Any, max_clock_mhz: int) -> tuple[Callable[[], None], Any]:
-    """A ``busy`` callback keeping ``device`` in spin-wait kernels, and a function draining them.
-
-    Each kernel spins ``_SPIN_CHUNK_S`` at the highest clock (longer at a lower one); at most
-    ``_SPIN_QUEUE`` are queued, so the device never idles and draining takes little time.
+    """A ``busy`` callback keeping ``device`` in spin-wait kernels (at most ``_SPIN_QUEUE``
+    queued), and a function draining them.
 
     Raises:
         DeviceError: if this torch has no spin-wait kernel (``torch.cuda._sleep``).
@@ -140,10 +133,10 @@ def check_blocking_power(
 ) -> Check:
     """Idle power, then power while a spin-wait kernel holds the GPU, from the energy counter.
 
-    Observe-only: no clock, no power limit is set. ``spin`` starts the spin-wait kernels and
-    returns ``(busy, drain)`` (default: :func:`spin_wait` on the GPU's CUDA device); ``cuda``
-    False measures idle power only.
+    ``spin`` starts the spin-wait kernels and returns ``(busy, drain)`` (default:
+    :func:`spin_wait` on the GPU's CUDA device); ``cuda`` False measures idle power only.
     """
+    name = "blocking power"
     idle = measure_power_w(gpu.energy_mj, window_s, now=now, sleep=sleep)
     data: dict[str, Any] = {
         "window_s": window_s,
@@ -151,40 +144,29 @@ def check_blocking_power(
         "idle_publishes": idle.publishes,
     }
     figure = blocking_power_of_name(gpu.name)
+    known = ""
     if figure is not None:
-        data["table_w"] = figure.power_w
-        data["table_estimated"] = figure.estimated
-    known = (
-        ""
-        if figure is None
-        else f"; table: {figure.power_w:g} W ({'estimate' if figure.estimated else 'measured'})"
-    )
+        data.update(table_w=figure.power_w, table_estimated=figure.estimated)
+        known = f"; table: {figure.power_w:g} W ({'estimate' if figure.estimated else 'measured'})"
     if not cuda:
-        return Check(
-            "blocking power",
-            "skip",
+        summary = (
             f"idle {idle.power_w:.1f} W; blocked power skipped (it runs a spin-wait kernel with "
-            f"the CUDA check: --no-cuda, or not the first GPU){known}",
-            data,
+            f"the CUDA check: --no-cuda, or not the first GPU){known}"
         )
+        return Check(name, "skip", summary, data)
     try:
         busy, drain = (spin or _torch_spin)(gpu)
     except (ImportError, DeviceError) as e:
-        return Check(
-            "blocking power",
-            "unavailable",
-            f"idle {idle.power_w:.1f} W; blocked power unavailable ({e}){known}",
-            data,
-            "install a CUDA build of torch to measure blocked power",
-        )
+        summary = f"idle {idle.power_w:.1f} W; blocked power unavailable ({e}){known}"
+        fix = "install a CUDA build of torch to measure blocked power"
+        return Check(name, "unavailable", summary, data, fix)
     try:
         blocked = measure_power_w(
             gpu.energy_mj, window_s, settle_s=0.5, busy=busy, now=now, sleep=sleep
         )
     finally:
         drain()
-    data["blocked_w"] = round(blocked.power_w, 2)
-    data["blocked_publishes"] = blocked.publishes
+    data.update(blocked_w=round(blocked.power_w, 2), blocked_publishes=blocked.publishes)
     summary = (
         f"idle {idle.power_w:.1f} W, blocked in a spin-wait kernel {blocked.power_w:.1f} W"
         f"{known}; plan with blocking_power_w={blocked.power_w:.1f}"
@@ -193,7 +175,7 @@ def check_blocking_power(
     if figure is not None and abs(blocked.power_w - figure.power_w) > 0.2 * figure.power_w:
         status = "warn"
         summary += " (more than 20 % off the table: pass the measured value)"
-    return Check("blocking power", status, summary, data)
+    return Check(name, status, summary, data)
 
 
 def _torch_spin(gpu: NvmlGPU) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -202,5 +184,4 @@ def _torch_spin(gpu: NvmlGPU) -> tuple[Callable[[], None], Callable[[], None]]:
     if not torch.cuda.is_available():
         raise DeviceError(f"torch {torch.__version__} sees no CUDA device for the spin kernel")
     device = torch.device("cuda", cuda_device_for(torch, gpu))
-    busy, drain = spin_wait(torch, device, max(gpu.supported_clocks_mhz()))
-    return busy, drain
+    return spin_wait(torch, device, max(gpu.supported_clocks_mhz()))

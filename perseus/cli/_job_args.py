@@ -1,11 +1,8 @@
 """Arguments shared by subcommands that describe a job (profile, schedule, sizes, power).
 
-A job comes from flags, from a TOML config (``--config FILE``, see :mod:`perseus.io.config`),
-or both: config values fill in what the flags leave out, and a flag given on the command line
-always wins. The PROFILE positional is optional when ``--config`` names one. The flags are only
-parsed here (a number is a number); :class:`~perseus.io.config.JobConfig` validates flags and
-keys alike when the job is built, and every error names where the bad value came from: the
-flag, or the config file and key.
+A job comes from flags, a TOML config (``--config FILE``), or both (a flag wins). The flags are
+only parsed here; :class:`~perseus.io.config.JobConfig` validates flags and keys alike, and an
+error names where the bad value came from: the flag, or the config file and key.
 """
 
 from __future__ import annotations
@@ -36,20 +33,22 @@ __all__ = [
 ]
 
 #: Job fields a TOML config can set (flags given on the command line override them).
-CONFIG_FIELDS = (
-    "schedule",
-    "stages",
-    "microbatches",
-    "virtual_stages",
-    "blocking_power_w",
-    "p2p_latency_s",
-    "backward_split",
-    "layers_per_stage",
-    "layer_time_fractions",
-    "switch_latency_s",
-    "switch_energy_j",
-    "switch_stall_s",
-    "max_clocks_per_op",
+CONFIG_FIELDS = tuple(
+    [
+        "schedule",
+        "stages",
+        "microbatches",
+        "virtual_stages",
+        "blocking_power_w",
+        "p2p_latency_s",
+        "backward_split",
+        "layers_per_stage",
+        "layer_time_fractions",
+        "switch_latency_s",
+        "switch_energy_j",
+        "switch_stall_s",
+        "max_clocks_per_op",
+    ]
 )
 
 
@@ -74,18 +73,12 @@ def _layer_counts(text: str) -> list[int]:
 # The job's flags are parsed, not range-checked: JobConfig checks them with the config's keys.
 _INT = int_arg()
 _NUMBER = float_arg()
-
-
 _D = JOB_DEFAULTS
 #: The job's flags after --schedule: (field, parse, help).
 _JOB_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("stages", _INT, "model stages (default: the profile's)"),
     ("microbatches", _INT, "microbatches per iteration (required without --config)"),
-    (
-        "virtual_stages",
-        _INT,
-        f"stages per rank (interleaved; default {_D.virtual_stages})",
-    ),
+    ("virtual_stages", _INT, f"stages per rank (interleaved; default {_D.virtual_stages})"),
     (
         "blocking_power_w",
         _NUMBER,
@@ -148,12 +141,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _merge(args: argparse.Namespace) -> dict[str, str]:
-    """Validate the job's flags and its config's keys as one :class:`JobConfig` (a flag given
-    wins over its key; what both leave out takes the defaults) and write it back to ``args``.
+    """Validate the job's flags and its config's keys as one :class:`JobConfig` (a flag wins
+    over its key) and write it back to ``args``.
 
     Returns:
-        For each job field, where its value came from (the flag, or ``"<config>: key <name>"``),
-        for later error messages.
+        For each job field, where its value came from (the flag, or ``"<config>: key <name>"``).
     """
     from pydantic import ValidationError
 
@@ -194,10 +186,8 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
 
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
-    """Load the profile and build the job; the blocking power defaults to the bundled value.
-
-    Resolved values (config, then defaults) are written back to ``args`` so that later code
-    reads the same job the planner used.
+    """Load the profile and build the job (the blocking power defaults to the bundled value);
+    resolved values are written back to ``args``.
 
     Raises:
         ConfigError: no profile, no microbatch count, a bad config, a job too large, or no
@@ -206,9 +196,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 
     sources = _merge(args)
-    profile_arg = args.profile
     try:
-        path = resolve_profile_path(profile_arg)
+        path = resolve_profile_path(args.profile)
     except ConfigError as e:
         if args.profile_source is None:
             raise
@@ -229,7 +218,7 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         raise ConfigError(
             f"{sources['stages']}: {stages} stages, but profile {path} has {profile.num_stages}; "
             f"use {profile.num_stages}, or make a {stages}-stage profile with "
-            f"`perseus profile slice {profile_arg} --stages {stages} -o p.csv`"
+            f"`perseus profile slice {args.profile} --stages {stages} -o p.csv`"
         )
     if args.backward_split != JOB_DEFAULTS.backward_split and args.schedule != "zb":
         raise ConfigError(
@@ -274,8 +263,7 @@ def _check_interleaved(
         )
 
 
-#: The job fields :func:`~perseus.job.make_job` takes as keywords, as args and JobSpec name them.
-#: (The rest of the config's fields: make_job's positionals, and the solver's max_clocks_per_op.)
+#: The job fields :func:`~perseus.job.make_job` takes as keywords.
 _MAKE_JOB_KEYWORDS = tuple(
     name
     for name in CONFIG_FIELDS
@@ -292,8 +280,7 @@ def build_checked_job(
     size_source: str = "--microbatches",
     **job: Any,
 ) -> PlanningJob:
-    """:func:`~perseus.job.make_job` (``job`` its keywords) after the size bound (ops x clocks)
-    is checked, blamed on ``size_source``."""
+    """:func:`~perseus.job.make_job` after the size bound is checked, blamed on ``size_source``."""
     from perseus.job import make_job
 
     clocks = max((len(op.options) for op in profile.ops.values()), default=1)
@@ -309,11 +296,8 @@ def job_from_frontier(
     flag: str = "--profile",
     verify: bool = True,
 ) -> PlanningJob:
-    """The job a plan/frontier file records, rebuilt on its profile.
-
-    The profile is ``profile_arg`` (a path or bundled name), else the bundled profile the file
-    names. The rebuilt job must match the file (schedule, sizes, ops, profile hash) and, with
-    ``verify``, reproduce its figures (:func:`check_figures`).
+    """The job a plan/frontier file records, rebuilt on ``profile_arg`` (else the profile the
+    file names); it must match the file and, with ``verify``, reproduce its figures.
 
     Raises:
         ConfigError: no usable profile, or one that differs from the file's.
@@ -357,11 +341,8 @@ def job_from_frontier(
 
 
 def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profile]:
-    """The profile a plan file names: bundled, or a file beside the plan (never any path).
-
-    A profile the plan names is read on the plan's word, so its errors do not quote it: a plan
-    must not be a way to show another file's lines.
-    """
+    """The profile a plan file names: bundled, or a file beside the plan. Its errors do not
+    quote it: a plan must not be a way to show another file's lines."""
     from perseus.io.bundled import load_profile, resolve_plan_profile
 
     where = f"{source}: field job.profile_name"
@@ -381,9 +362,8 @@ def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profil
 
 
 def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
-    """The file's all-max figures and its first, cheapest and last points must be what the
-    exact evaluator gives on ``job`` (relative 1e-6): catches edited figures the digest cannot
-    (the baseline), and clocks the profile never measured.
+    """Check that the file's all-max figures and its first, cheapest and last points are what
+    the exact evaluator gives on ``job`` (relative 1e-6).
 
     Raises:
         PlanError: naming the file and the field.

@@ -1,10 +1,7 @@
-"""Progress bars for long CLI steps: a tqdm bar on a terminal, log lines otherwise.
+"""Progress bars for long CLI steps: a tqdm bar on a terminal, log lines (``-v``) otherwise.
 
-When stderr is not a terminal (a log file, CI) no bar text is written at all; progress goes to
-the ``perseus`` logger at INFO (shown with ``-v``). The bar's label follows the phases the
-library announces (:func:`perseus.log.phase`), and the first solve in a fresh environment is
-labelled as the one-time compile of the solver kernels, which the bar would otherwise show as
-frozen at 0 %.
+The bar's label follows the phases the library announces (:func:`perseus.log.phase`); a first
+solve in a fresh environment is labelled as the one-time compile of the solver kernels.
 """
 
 from __future__ import annotations
@@ -29,18 +26,15 @@ def solver_kernels_cached() -> bool:
     """Whether numba's on-disk cache already holds perseus's solver kernels."""
     import importlib.util
 
-    dirs: list[Path] = []
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        # numba then caches there only, under a path-mangled subfolder
-        dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
+    if os.environ.get("NUMBA_CACHE_DIR"):  # numba caches there only, in a path-mangled subfolder
+        cache = Path(os.environ["NUMBA_CACHE_DIR"])
     else:
         spec = importlib.util.find_spec("perseus.solver")
-        if spec is not None and spec.origin is not None:
-            dirs.append(Path(spec.origin).parent / "__pycache__")
-    for d in dirs:
-        with contextlib.suppress(OSError):
-            if d.is_dir() and any(d.rglob("*.nbi")):
-                return True
+        if spec is None or spec.origin is None:
+            return False
+        cache = Path(spec.origin).parent / "__pycache__"
+    with contextlib.suppress(OSError):
+        return cache.is_dir() and any(cache.rglob("*.nbi"))
     return False
 
 
@@ -120,9 +114,7 @@ def progress_bar(
         phase_logger.propagate = False
 
     def update(fraction: float) -> None:
-        if not 0.0 <= fraction <= 1.0:
-            fraction = min(max(fraction, 0.0), 1.0)
-        target = round(100 * fraction)
+        target = round(100 * min(max(fraction, 0.0), 1.0))
         if target > 0 and label_now[0] == COMPILE_PHASE:
             logger.info("solver kernels compiled; %s", label)
             set_label(label)

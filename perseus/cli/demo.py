@@ -1,17 +1,10 @@
-"""``perseus demo``: the whole story on the bundled GPT-3 175B A100 profile, no GPU needed.
+"""``perseus demo``: frontier, baselines, straggler what-if and report for the bundled GPT-3
+175B A100 profile (or ``--config``), no GPU needed.
 
-Computes the frontier of 1F1B over 8 stages x 24 microbatches, evaluates the baselines,
-runs the straggler what-if, prints a short summary and writes a report directory
-(frontier.json, report-summary.json, frontier.png, timeline.png, straggler.png, report.html).
-``--config`` runs the same on any job config (the tests use a small one).
-
-The first run in a fresh environment finds the solver's numba kernels not yet compiled. A job
-of up to ``_UNCOMPILED_MAX_OPS`` ops is then solved by the walk's numpy stand-in (the same
-frontier, point for point: :mod:`perseus.solver.check.reference_walk`) while a detached,
-low-priority process compiles the kernels into numba's cache for the next run (on a free
-core it compiles those the solve needs besides the walk before this run gets to them); a
-larger job compiles them first, on a small copy of the job, and the printed time leaves that
-out.
+While the solver's numba kernels are not compiled yet, a job of up to ``_UNCOMPILED_MAX_OPS``
+ops is solved by the walk's numpy stand-in (the same frontier) while a low-priority process
+compiles them for the next run; a larger job compiles them first, on a small copy of the job,
+and the printed time leaves that out.
 """
 
 from __future__ import annotations
@@ -23,9 +16,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import check_output_dir, nonempty_arg
+from perseus.cli._args import add_output_arg, check_output_dir, nonempty_arg
 from perseus.cli._job_args import CONFIG_FIELDS, job_from_args, job_int
 from perseus.cli._progress import progress_bar
+from perseus.cli.report import add_whatif_arguments
 from perseus.log import get_logger, phase
 
 if TYPE_CHECKING:
@@ -44,10 +38,8 @@ DEMO_JOB: dict[str, str | int | float] = {
     "blocking_power_w": 83.64,
     "pipelines": 16,
 }
-_DEFAULT_FACTORS = "1.0:1.5:0.05"
 #: Jobs up to this many ops are solved uncompiled while the walk kernel is not in numba's
-#: cache: 8x24 (the demo, 384 ops) 6 s of numpy walk, 8x32 8 s, 8x48 (768 ops) 14 s, against
-#: about 16 s of compiling then under a second of walking (2-core VM, 2026-11-27).
+#: cache (benchmarks/README.md, *First run, solved uncompiled*).
 _UNCOMPILED_MAX_OPS = 640
 
 
@@ -55,19 +47,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
         help="frontier, baselines, straggler what-if and report for GPT-3 175B on A100 (no GPU)",
-        description=(
-            "Plan GPT-3 175B on the bundled A100 profile (1F1B, 8 stages x 24 microbatches) and "
-            "write a report. No GPU and no arguments needed."
-        ),
+        description="Plan GPT-3 175B on the bundled A100 profile (1F1B, 8 stages x 24 "
+        "microbatches) and write a report. No GPU and no arguments needed.",
     )
-    p.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        default="perseus-report",
-        metavar="DIR",
-        help="report directory (default perseus-report/; replaced atomically)",
+    p.set_defaults(handler=run)
+    add_output_arg(
+        p,
+        "DIR",
+        "report directory (default perseus-report/; replaced atomically)",
+        "perseus-report",
     )
     p.add_argument(
         "--config",
@@ -76,23 +64,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="plan this TOML job config instead (see configs/)",
     )
     p.add_argument(
-        "--microbatches",
-        type=job_int("microbatches"),
-        help="override the job's microbatch count",
+        "--microbatches", type=job_int("microbatches"), help="override the job's microbatch count"
     )
-    p.add_argument(
-        "--pipelines",
-        type=job_int("pipelines"),
-        help="data-parallel pipelines in the straggler what-if (default 16)",
-    )
-    p.add_argument(
-        "--factors",
-        default=_DEFAULT_FACTORS,
-        metavar="START:STOP:STEP",
-        help=f"straggler slowdown factors (default {_DEFAULT_FACTORS})",
-    )
+    add_whatif_arguments(p, pipelines=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(handler=run)
 
 
 def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
@@ -100,31 +75,25 @@ def _job_namespace(args: argparse.Namespace) -> tuple[argparse.Namespace, int]:
     from perseus.io.config import read_job_config
 
     ns = argparse.Namespace(profile=None, config=args.config, **dict.fromkeys(CONFIG_FIELDS))
-    pipelines = args.pipelines
+    pipelines = int(DEMO_JOB["pipelines"])
     if args.config is None:
-        for key in CONFIG_FIELDS:
-            if key in DEMO_JOB:
-                setattr(ns, key, DEMO_JOB[key])
-        ns.profile = DEMO_JOB["profile"]
-        pipelines = pipelines if pipelines is not None else int(DEMO_JOB["pipelines"])
+        for key in ("profile", *CONFIG_FIELDS):
+            setattr(ns, key, DEMO_JOB.get(key, getattr(ns, key)))
     else:
         config, _ = read_job_config(args.config)
-        if pipelines is None:
-            pipelines = (
-                config.pipelines if config.pipelines is not None else int(DEMO_JOB["pipelines"])
-            )
+        pipelines = config.pipelines if config.pipelines is not None else pipelines
     if args.microbatches is not None:
         ns.microbatches = args.microbatches
-    return ns, pipelines
+    return ns, args.pipelines if args.pipelines is not None else pipelines
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.io.atomic import atomic_directory
-    from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
-
     started = time.perf_counter()
-    from perseus.report import REPORT_FILES
+    from perseus.io.atomic import atomic_directory
+    from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
     from perseus.report.build import LEGACY_REPORT_FILES
+    from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
+    from perseus.solver import baseline_plans, global_clock_plans, trace
 
     out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)
@@ -139,9 +108,6 @@ def run(args: argparse.Namespace) -> int:
         s.microbatches,
         job.graph.num_nodes,
     )
-
-    from perseus.solver import baseline_plans, global_clock_plans, trace
-
     uncompiled = job.graph.num_nodes <= _UNCOMPILED_MAX_OPS and not _walk_kernel_cached()
     compile_s = 0.0
     if uncompiled:
@@ -157,9 +123,6 @@ def run(args: argparse.Namespace) -> int:
     with phase("baselines and straggler what-if"):
         baselines = baseline_plans(job)
         sweep = straggler_sweep(frontier, pipelines=pipelines, factors=factors)
-
-    from perseus.report import ReportInputs, format_summary, write_report
-
     inputs = ReportInputs(
         frontier=frontier,
         job=job,
@@ -178,8 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _took(started: float, compile_s: float, uncompiled: bool) -> str:
-    """What the demo's time counts (planning and the report; not start-up, nor a compile),
-    the time last."""
+    """What the demo's time counts (planning and the report; not start-up, nor a compile)."""
     planning = "planning"
     if uncompiled:
         planning += (
@@ -193,30 +155,22 @@ def _took(started: float, compile_s: float, uncompiled: bool) -> str:
 
 
 def _walk_kernel_cached() -> bool:
-    """Whether numba's disk cache holds the compiled walk for this source and this CPU.
-
-    Read from the kernel's cache index (numba's own check: the index is ignored when the
-    source changed); if numba's internals differ, assume it does: a wrong guess only costs
-    time, both walks give the same frontier.
-    """
+    """Whether numba's disk cache holds the compiled walk for this source and this CPU (read
+    from numba's private cache index; if that fails, assume so: a wrong guess costs only time)."""
     try:
         from perseus.solver.compiled import walk_kernel
 
         index = walk_kernel._cache._cache_file._load_index()
         magic = walk_kernel.targetctx.codegen().magic_tuple()
         return any(key[1] == magic for key in index)
-    except Exception:  # numba's private layout: see above
+    except Exception:
         return True
 
 
 def _compile_in_background() -> None:
-    """Start a low-priority process that compiles the solver kernels into numba's cache for
-    the next run (output discarded: if it fails, the next run is uncompiled too).
-
-    In its own process group (Ctrl-C on this command leaves it be) but in this session: Linux
-    schedules each session's processes as one group, so a new session would take a core's
-    share whatever its nice value (measured: the first demo 20-23 s wall against 14-16 s).
-    """
+    """Start a low-priority process compiling the solver kernels into numba's cache for the
+    next run, in its own process group (Ctrl-C here leaves it be) but in this session: Linux
+    schedules a session as one group, so a new one would take a core whatever its nice value."""
     code = (
         "import os\n"
         "if hasattr(os, 'nice'): os.nice(19)\n"  # after the interpreter started: only the work
@@ -234,9 +188,8 @@ def _compile_in_background() -> None:
 
 
 def compile_kernels() -> None:
-    """Compile the solver kernels into numba's cache on a tiny job: first those the
-    uncompiled walk uses too (so a concurrent first run may load them), then the walk. The
-    background compile runs it at nice 19."""
+    """Compile the solver kernels into numba's cache on a tiny job: first those the uncompiled
+    walk uses too (so a concurrent first run may load them), then the walk."""
     from perseus.io.bundled import load_profile
     from perseus.job import make_job
     from perseus.solver import trace
@@ -249,11 +202,8 @@ def compile_kernels() -> None:
 
 
 def _compile_kernels(job: PlanningJob, enabled: bool) -> float:
-    """Seconds spent compiling the solver kernels, 0 when numba's disk cache holds them.
-
-    They are compiled on a small 1F1B job of the same stages (one microbatch per stage), so
-    that the time the demo prints is the planning itself, with the one-time compile apart.
-    """
+    """Seconds spent compiling the solver kernels on a small 1F1B job of the same stages, 0
+    when numba's disk cache holds them."""
     from perseus.cli._progress import solver_kernels_cached
     from perseus.job import make_job
     from perseus.solver import trace_frontier

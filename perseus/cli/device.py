@@ -1,11 +1,5 @@
-"""``perseus device``: list GPUs (real or simulated), reset a lock, slow a simulated GPU down.
-
-``perseus device info`` shows each GPU's clocks, whether this process may lock them, the
-current lock, the power limit against its default, and the owner (alive, or dead: the GPU is
-orphaned). Without an NVIDIA driver it says so in one line and lists the simulated GPUs in the
-state directory and the presets. ``perseus device reset`` removes the clock lock, restores the
-default power limit and clears a dead owner's record, and says what it restored.
-"""
+"""``perseus device``: list GPUs (real or simulated) with their clocks, locks, power limits and
+owners; reset a lock and power limit after a crash; slow a simulated GPU down."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import float_arg
+from perseus.cli._args import add_command, float_arg
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -31,13 +25,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="simulated GPUs' state directory (default: $PERSEUS_SIM_DIR or a per-user temp dir)",
     )
-    actions = p.add_subparsers(dest="device_command", metavar="ACTION")
-    actions.required = True
-    info = actions.add_parser("info", help="list GPUs (real and simulated)")
-    info.set_defaults(handler=run)
-    reset = actions.add_parser(
+    actions = p.add_subparsers(dest="device_command", metavar="ACTION", required=True)
+    add_command(actions, "info", _info, "list GPUs (real and simulated)")
+    reset = add_command(
+        actions,
         "reset",
-        help="remove a GPU's clock lock and restore its default power limit (after a crash)",
+        _reset,
+        "remove a GPU's clock lock and restore its default power limit (after a crash)",
     )
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--sim", type=int, metavar="INDEX", help="a simulated GPU")
@@ -48,9 +42,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="reset although the recorded owner is in another PID namespace (a container) "
         "and cannot be checked from here; only when you know it is gone",
     )
-    reset.set_defaults(handler=run)
-    slow = actions.add_parser(
-        "slowdown", help="make a simulated GPU's ops take FACTOR times longer (a straggler)"
+    slow = add_command(
+        actions,
+        "slowdown",
+        _slowdown,
+        "make a simulated GPU's ops take FACTOR times longer (a straggler)",
     )
     slow.add_argument("index", type=int, help="simulated GPU index")
     slow.add_argument(
@@ -58,63 +54,55 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(ge=0.001, le=1000),
         help="time multiplier, 1 = normal (0.001 to 1000)",
     )
-    slow.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``perseus device ACTION``."""
+    return int(args.handler(args))
+
+
+def _slowdown(args: argparse.Namespace) -> int:
+    from perseus.device.discovery import open_simulated
+
+    open_simulated(args.index, args.sim_dir).set_slowdown(args.factor)
+    print(f"simulated GPU {args.index}: slowdown {args.factor:g}")
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
     from perseus.device.discovery import hidden_owners_note, open_simulated
     from perseus.device.nvml import NvmlGPU
     from perseus.device.ownership import default_lock_dir, reset_from_spec
 
-    command = args.device_command
-    if command == "info":
-        return _info(args.sim_dir)
-    if command == "reset":
-        if args.sim is not None:
-            sim = open_simulated(args.sim, args.sim_dir)
-            locked = sim.locked_clock_mhz()
-            done = _reset_owned(
-                f"simulated GPU {args.sim}",
-                sim.owner_lock_path(),
-                lambda: reset_from_spec(sim.watchdog_spec()),
-                force=args.force,
-            )
-            print(_said(f"simulated GPU {args.sim}", locked, done))
-        else:
-            hidden = hidden_owners_note(default_lock_dir())
-            if hidden:  # root's agent may own it: resetting would pull clocks from under it
-                raise ConfigError(
-                    f"GPU {args.uuid}: cannot tell whether root's agent owns it: {hidden}"
-                )
-            with NvmlGPU(args.uuid) as gpu:
-
-                def reset_nvml() -> dict[str, Any]:
-                    before_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
-                    gpu.reset_locked_clock()
-                    gpu.reset_power_limit()
-                    after_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
-                    changed = before_w is not None and before_w != after_w
-                    return {"power_limit_w": (before_w, after_w)} if changed else {}
-
-                done = _reset_owned(args.uuid, gpu.owner_lock_path(), reset_nvml, force=args.force)
-            print(_said(args.uuid, None, done))
+    if args.sim is not None:
+        sim = open_simulated(args.sim, args.sim_dir)
+        what, locked = f"simulated GPU {args.sim}", sim.locked_clock_mhz()
+        done = _reset_owned(
+            what, sim.owner_lock_path(), lambda: reset_from_spec(sim.watchdog_spec()), args.force
+        )
+        print(_said(what, locked, done))
         return 0
-    if command == "slowdown":
-        if not args.factor > 0:
-            raise ConfigError(f"slowdown FACTOR must be > 0, got {args.factor}")
-        open_simulated(args.index, args.sim_dir).set_slowdown(args.factor)
-        print(f"simulated GPU {args.index}: slowdown {args.factor:g}")
-        return 0
-    raise ConfigError(f"unknown device action {command!r}")  # argparse prevents this
+    hidden = hidden_owners_note(default_lock_dir())
+    if hidden:  # root's agent may own it: resetting would pull clocks from under it
+        raise ConfigError(f"GPU {args.uuid}: cannot tell whether root's agent owns it: {hidden}")
+    with NvmlGPU(args.uuid) as gpu:
+
+        def reset_nvml() -> dict[str, Any]:
+            before_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
+            gpu.reset_locked_clock()
+            gpu.reset_power_limit()
+            after_w = gpu.query_w("nvmlDeviceGetPowerManagementLimit")
+            changed = before_w is not None and before_w != after_w
+            return {"power_limit_w": (before_w, after_w)} if changed else {}
+
+        done = _reset_owned(args.uuid, gpu.owner_lock_path(), reset_nvml, args.force)
+    print(_said(args.uuid, None, done))
+    return 0
 
 
-def _reset_owned(what: str, lock_path: Path, reset: Any, *, force: bool = False) -> dict[str, Any]:
-    """Run ``reset`` unless a live process owns the GPU; clear a dead owner's record.
-
-    An owner is the process that holds the lock, or one whose record is in the file without
-    it (a recurring job with ``own_gpu=False``); a record from another PID namespace (a
-    container) cannot be checked from here and is refused unless ``force``.
-    """
+def _reset_owned(what: str, lock_path: Path, reset: Any, force: bool) -> dict[str, Any]:
+    """Run ``reset`` unless a live process owns the GPU (holds the lock, or is recorded in the
+    file); clear a dead owner's record. An owner in another PID namespace needs ``force``."""
     from perseus.device.ownership import acquire_owner_lock, recorded_owner, release_owner_lock
 
     fd, owner, dead = acquire_owner_lock(lock_path, record=False, take_unverifiable=force)
@@ -205,14 +193,14 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
     return f"{limit_w:g} W (default {default_w:g} W)"
 
 
-def _info(sim_dir: Path | None) -> int:
+def _info(args: argparse.Namespace) -> int:
     from perseus.cli._doctor_checks import first_line
     from perseus.device.discovery import nvml_devices, simulated_devices
     from perseus.device.nvml import NvmlUnavailableError
     from perseus.device.presets import PRESETS
     from perseus.device.sim_state import default_state_dir
 
-    directory = sim_dir or default_state_dir()
+    directory = args.sim_dir or default_state_dir()
     unreadable = ""
     try:
         sims = simulated_devices(directory)  # a refused directory: one line before any output

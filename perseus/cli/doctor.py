@@ -1,25 +1,11 @@
 """``perseus doctor``: can this machine run perseus for real?
 
-Checks, for each NVIDIA GPU: the driver and NVML (versions), name, UUID, architecture, whether
-clock locking works (a lock whose read-back shows the clock moved; otherwise the NVML error and
-exactly how to allow it), the supported clocks, the set
-latency (skipped under ``--no-clock-changes``), the energy counter's resolution and update
-period, the power cap and clock event reasons, idle and blocked-on-communication power (the
-``blocking_power_w`` a plan needs: the energy counter read while a spin-wait kernel holds the
-GPU, as NCCL's waits do; observe-only), and a short CUDA check: a transformer block's
-forward and backward through the real agent path at a few clocks (under
-``--no-clock-changes``: only at the current clock), with the SM clock read back while the ops
-run and the ops timed by CUDA events (it fails when the clock read is not the one asked, with
-no power or thermal reason set, and says whether the power cap binds at the top clock). Without
-a GPU it says so in one line and checks the simulated path instead.
-
-Every probe is isolated: one that cannot run prints ``unavailable: why`` and the others go on.
-Exit status: 0 when perseus can run for real here (observe-only counts when asked for with
-``--no-clock-changes``), 1 when not, 2 on bad flags. ``--json`` prints the same as one JSON
-document.
-
-``--no-clock-changes`` never calls an NVML set or reset function: the GPUs are opened with
-``NvmlGPU(control=False)``.
+Checks each NVIDIA GPU (driver, identity, clock locking from evidence, set latency, energy
+counter, power, blocking power, a CUDA check through the real agent path), or, without one, the
+simulated path; docs/devices.md lists what each check does. A probe that cannot run says
+``unavailable: why`` and the others go on. Exit 0 when perseus can run for real here
+(observe-only counts when asked for), 1 when not, 2 on bad flags. ``--no-clock-changes`` opens
+the GPUs with ``NvmlGPU(control=False)``: no NVML set or reset call.
 """
 
 from __future__ import annotations
@@ -27,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -41,8 +26,8 @@ if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
 __all__ = ["diagnose", "register", "run"]
 
 _MARK = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip", "unavailable": "n/a"}
-# Statuses that make a GPU unusable for real runs.
-_BLOCKING = {"fail"}
+#: Checks perseus needs: one whose probe could not run makes the GPU unusable.
+_NEEDED = {"open", "gpu", "supported clocks", "energy counter"}
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -51,6 +36,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="check whether this machine can run perseus for real (GPU, driver, privileges)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
+    p.set_defaults(handler=run)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument(
         "--no-clock-changes",
@@ -87,7 +73,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     ):
         p.add_argument(flag, type=kind, default=default, help=text)
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,11 +88,19 @@ def run(args: argparse.Namespace) -> int:
         energy_window_s=args.energy_window_s,
         power_window_s=args.power_window_s,
     )
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        _print(report)
+    print(json.dumps(report, indent=1) if args.json else _text(report), flush=True)
     return 0 if report["usable"] else 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """The flags every GPU's checks share."""
+
+    no_clock_changes: bool
+    clocks: int
+    iterations: int
+    energy_window_s: float
+    power_window_s: float
 
 
 def diagnose(
@@ -148,22 +141,16 @@ def diagnose(
     return report
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
-    """The flags every GPU's checks share."""
-
-    no_clock_changes: bool
-    clocks: int
-    iterations: int
-    energy_window_s: float
-    power_window_s: float
-
-
 def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
     """The report where NVML is unusable: the simulated path checked instead."""
     from perseus.cli._doctor_checks import Check, first_line, probe
     from perseus.cli._doctor_cuda import check_simulated
+    from perseus.device.presets import BLOCKING_POWER
 
+    known = ", ".join(
+        f"{f.family} {f.power_w:g} W{' (estimate)' if f.estimated else ''}"
+        for _, f in BLOCKING_POWER
+    )
     report["no_gpu"] = (
         f"no NVIDIA GPU usable here ({first_line(error)}); checking the simulated path"
     )
@@ -172,7 +159,7 @@ def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
         "blocking power",
         "skip",
         "needs an NVIDIA GPU (it reads idle and blocked-on-communication power from the "
-        f"GPU's energy counter); known without measuring: {_known_blocking_power()}",
+        f"GPU's energy counter); known without measuring: {known}",
     ).as_dict()
     report["usable"] = False
     report["verdict"] = (
@@ -188,7 +175,21 @@ def _gpu_count(nvml: Any, report: dict[str, Any]) -> int:
     from perseus.device.nvml import call_nvml
 
     try:
-        report["nvml"] = _versions(nvml)
+        report["nvml"] = {"nvidia_ml_py": _version("nvidia-ml-py")}
+        for key, function in (
+            ("driver", "nvmlSystemGetDriverVersion"),
+            ("nvml", "nvmlSystemGetNVMLVersion"),
+            ("cuda_driver", "nvmlSystemGetCudaDriverVersion_v2"),
+        ):
+            try:
+                value = call_nvml(nvml, function)
+            except Exception as e:
+                report["nvml"][key] = f"unavailable: {first_line(e)}"
+                continue
+            value = value.decode() if isinstance(value, bytes) else value
+            if key == "cuda_driver" and isinstance(value, int):
+                value = f"{value // 1000}.{value % 1000 // 10}"
+            report["nvml"][key] = str(value)
         return int(call_nvml(nvml, "nvmlDeviceGetCount"))
     except Exception as e:
         report["nvml"] = {"error": first_line(e)}
@@ -204,11 +205,9 @@ def _verdict(
     if not indices:
         return "NVML found no GPU" + (" with those indices" if gpus else "")
     if report["usable"]:
-        return (
-            "perseus can run here, observe-only as asked (no clock changes)"
-            if no_clock_changes
-            else "perseus can run here and change clocks"
-        )
+        if no_clock_changes:
+            return "perseus can run here, observe-only as asked (no clock changes)"
+        return "perseus can run here and change clocks"
     bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
     no_locks = any(
         c["name"] == "clock locking" and c["status"] == "fail"
@@ -220,25 +219,29 @@ def _verdict(
 
 
 def _diagnose_gpu(nvml: Any, index: int, options: _Options, *, cuda: bool) -> dict[str, Any]:
-    from perseus.cli._doctor_checks import probe
+    from perseus.cli._doctor_checks import Check, probe
     from perseus.device.nvml import NvmlGPU
 
     gpu = NvmlGPU(index=index, nvml_module=nvml, control=not options.no_clock_changes)
-    opened = probe("open", lambda: _open(gpu))
-    if opened.status != "ok":
-        checks = [opened]
-    else:
+
+    def opened() -> Check:
+        gpu.open()
+        return Check("open", "ok", "opened")
+
+    checks = [probe("open", opened)]
+    if checks[0].status == "ok":
         try:
             checks = _gpu_checks(gpu, options, cuda)
         finally:
             with contextlib.suppress(Exception):
                 gpu.close()
-    blocking = [c for c in checks if c.status in _BLOCKING or c.name in ("open",)]
-    if options.no_clock_changes:
-        blocking = [c for c in blocking if c.name != "clock locking"]
-    # A probe that could not run at all on a check perseus needs is blocking too.
-    needed = {"open", "gpu", "supported clocks", "energy counter"}
-    blocking += [c for c in checks if c.status == "unavailable" and c.name in needed]
+    blocking = [
+        c
+        for c in checks
+        if (c.status == "fail" and not (options.no_clock_changes and c.name == "clock locking"))
+        or c.name == "open"
+        or (c.status == "unavailable" and c.name in _NEEDED)
+    ]
     return {
         "index": index,
         "checks": [c.as_dict() for c in checks],
@@ -249,87 +252,35 @@ def _diagnose_gpu(nvml: Any, index: int, options: _Options, *, cuda: bool) -> di
 
 def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
     """The checks of one opened GPU, in order."""
-    from perseus.cli._doctor_checks import (
-        Check,
-        check_clock_control,
-        check_clocks,
-        check_energy_counter,
-        check_identity,
-        check_memory_clock_locking,
-        check_power,
-        check_set_latency,
-        probe,
-    )
+    from perseus.cli import _doctor_checks as dc
     from perseus.cli._doctor_cuda import check_cuda
     from perseus.cli._doctor_power import check_blocking_power
 
     no_changes = options.no_clock_changes
-    checks = [probe("gpu", lambda: check_identity(gpu))]
-    checks.append(probe("supported clocks", lambda: check_clocks(gpu)))
-    control = probe("clock locking", lambda: check_clock_control(gpu, no_changes))
+    control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
     can_lock = control.status == "ok"
-    checks.append(control)
-    checks.append(probe("memory clock locking", lambda: check_memory_clock_locking(gpu, can_lock)))
-    if can_lock:
-        checks.append(probe("set latency", lambda: check_set_latency(gpu)))
-    else:
-        why = "--no-clock-changes" if no_changes else "clock locking not allowed"
-        checks.append(Check("set latency", "skip", f"skipped ({why})"))
-    window_s = options.energy_window_s
-    checks.append(probe("energy counter", lambda: check_energy_counter(gpu, window_s)))
-    checks.append(probe("power", lambda: check_power(gpu)))
-    # Before the CUDA check: its transformer leaves the GPU warm for a while.
-    power_s = options.power_window_s
-    checks.append(probe("blocking power", lambda: check_blocking_power(gpu, power_s, cuda=cuda)))
-    if cuda:
-        clocks, iterations = options.clocks, options.iterations
-        checks.append(
-            probe(
-                "cuda check",
-                lambda: check_cuda(gpu, can_lock, clocks=clocks, iterations=iterations),
-            )
+    why = "--no-clock-changes" if no_changes else "clock locking not allowed"
+    return [
+        dc.probe("gpu", lambda: dc.check_identity(gpu)),
+        dc.probe("supported clocks", lambda: dc.check_clocks(gpu)),
+        control,
+        dc.probe("memory clock locking", lambda: dc.check_memory_clock_locking(gpu, can_lock)),
+        dc.probe("set latency", lambda: dc.check_set_latency(gpu))
+        if can_lock
+        else dc.Check("set latency", "skip", f"skipped ({why})"),
+        dc.probe("energy counter", lambda: dc.check_energy_counter(gpu, options.energy_window_s)),
+        dc.probe("power", lambda: dc.check_power(gpu)),
+        # Before the CUDA check: its transformer leaves the GPU warm for a while.
+        dc.probe(
+            "blocking power", lambda: check_blocking_power(gpu, options.power_window_s, cuda=cuda)
+        ),
+        dc.probe(
+            "cuda check",
+            lambda: check_cuda(gpu, can_lock, clocks=options.clocks, iterations=options.iterations),
         )
-    else:
-        checks.append(Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"))
-    return checks
-
-
-def _known_blocking_power() -> str:
-    from perseus.device.presets import BLOCKING_POWER
-
-    return ", ".join(
-        f"{f.family} {f.power_w:g} W{' (estimate)' if f.estimated else ''}"
-        for _, f in BLOCKING_POWER
-    )
-
-
-def _open(gpu: NvmlGPU) -> Check:
-    from perseus.cli._doctor_checks import Check
-
-    gpu.open()
-    return Check("open", "ok", "opened")
-
-
-def _versions(nvml: Any) -> dict[str, Any]:
-    from perseus.cli._doctor_checks import first_line
-    from perseus.device.nvml import call_nvml
-
-    out: dict[str, Any] = {"nvidia_ml_py": _version("nvidia-ml-py")}
-    for key, function in (
-        ("driver", "nvmlSystemGetDriverVersion"),
-        ("nvml", "nvmlSystemGetNVMLVersion"),
-        ("cuda_driver", "nvmlSystemGetCudaDriverVersion_v2"),
-    ):
-        try:
-            value = call_nvml(nvml, function)
-        except Exception as e:
-            out[key] = f"unavailable: {first_line(e)}"
-            continue
-        value = value.decode() if isinstance(value, bytes) else value
-        if key == "cuda_driver" and isinstance(value, int):
-            value = f"{value // 1000}.{value % 1000 // 10}"
-        out[key] = str(value)
-    return out
+        if cuda
+        else dc.Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"),
+    ]
 
 
 def _version(dist: str) -> str | None:
@@ -339,36 +290,27 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _line(check: dict[str, Any], indent: str = "  ") -> None:
-    print(
-        f"{indent}[{_MARK.get(check['status'], check['status'])}] {check['name']}: {check['summary']}"
-    )
-    if check.get("fix"):
-        print(f"{indent}       fix: {check['fix']}")
+def _line(check: dict[str, Any]) -> str:
+    mark = _MARK.get(check["status"], check["status"])
+    fix = f"\n         fix: {check['fix']}" if check.get("fix") else ""
+    return f"  [{mark}] {check['name']}: {check['summary']}{fix}"
 
 
-def _print(report: dict[str, Any]) -> None:
+def _text(report: dict[str, Any]) -> str:
     if report.get("no_gpu"):
-        print(report["no_gpu"])
-        if report["simulated"] is not None:
-            _line(report["simulated"])
-        if report.get("blocking_power") is not None:
-            _line(report["blocking_power"])
-        print(f"verdict: {report['verdict']}")
-        return
-    versions = report["nvml"] or {}
-    if "error" in versions:
-        print(f"NVML: {versions['error']}")
+        lines = [report["no_gpu"]]
+        lines += [_line(report[k]) for k in ("simulated", "blocking_power") if report.get(k)]
+        return "\n".join([*lines, f"verdict: {report['verdict']}"])
+    v = report["nvml"] or {}
+    if "error" in v:
+        lines = [f"NVML: {v['error']}"]
     else:
-        print(
-            f"driver {versions.get('driver')}, NVML {versions.get('nvml')}, CUDA driver "
-            f"{versions.get('cuda_driver')}, nvidia-ml-py {versions.get('nvidia_ml_py')}"
-        )
+        lines = [
+            f"driver {v.get('driver')}, NVML {v.get('nvml')}, CUDA driver "
+            f"{v.get('cuda_driver')}, nvidia-ml-py {v.get('nvidia_ml_py')}"
+        ]
     if report["mode"] == "observe-only":
-        print("mode: observe-only (--no-clock-changes: no NVML set/reset call is made)")
+        lines.append("mode: observe-only (--no-clock-changes: no NVML set/reset call is made)")
     for gpu in report["gpus"]:
-        print(f"GPU {gpu['index']}:")
-        for check in gpu["checks"]:
-            _line(check)
-    print(f"verdict: {report['verdict']}")
-    sys.stdout.flush()
+        lines += [f"GPU {gpu['index']}:", *(_line(c) for c in gpu["checks"])]
+    return "\n".join([*lines, f"verdict: {report['verdict']}"])

@@ -1,9 +1,5 @@
-"""``perseus evaluate``: exact time and energy of a plan (all-max when none is given).
-
-With ``--plan FILE`` alone the job is the one the plan file records (rebuilt on its profile:
-``PROFILE`` if given, else the bundled profile the file names); with job flags
-(``--microbatches``, ``--config``) the job comes from them and the plan must fit it.
-"""
+"""``perseus evaluate``: exact time and energy of a plan (all-max when none is given), on the
+job the plan file records, or on the job flags describe (the plan must fit it)."""
 
 from __future__ import annotations
 
@@ -11,12 +7,7 @@ import argparse
 from typing import Any
 
 from perseus.cli._args import add_command, add_path_arg
-from perseus.cli._job_args import (
-    CONFIG_FIELDS,
-    add_job_arguments,
-    job_from_args,
-    job_from_frontier,
-)
+from perseus.cli._job_args import CONFIG_FIELDS, add_job_arguments, job_from_args, job_from_frontier
 from perseus.errors import ConfigError, PlanError
 
 __all__ = ["register", "run"]
@@ -37,14 +28,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
 
 
-def _job_flags_given(args: argparse.Namespace) -> list[str]:
-    return [
-        "--" + name.replace("_", "-")
-        for name in CONFIG_FIELDS
-        if getattr(args, name, None) is not None
-    ]
-
-
 def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import check_frontier_job, read_frontier
 
@@ -53,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
         frontier = read_frontier(args.plan)
         check_frontier_job(frontier, args.plan)
     if frontier is not None and args.config is None and args.microbatches is None:
-        flags = _job_flags_given(args)
+        flags = [
+            "--" + n.replace("_", "-") for n in CONFIG_FIELDS if getattr(args, n, None) is not None
+        ]
         if flags:
             raise ConfigError(
                 f"{flags[0]}: the job comes from --plan {args.plan}; drop {flags[0]}, or give "
@@ -76,11 +61,9 @@ def run(args: argparse.Namespace) -> int:
     s = job.spec
     print(
         f"{s.schedule} {s.stages} stages x {s.microbatches} microbatches on {s.ranks} ranks, "
-        f"blocking power {s.blocking_power_w:g} W"
+        f"blocking power {s.blocking_power_w:g} W\nplan:     {label}\ntime_s:   {ev.time_s:.6f}\n"
+        f"energy_j: {ev.energy_j:.3f}"
     )
-    print(f"plan:     {label}")
-    print(f"time_s:   {ev.time_s:.6f}")
-    print(f"energy_j: {ev.energy_j:.3f}")
     if frontier is not None:
         print(
             f"vs all-max: time {100 * (ev.time_s / base.time_s - 1):+.2f} %, "

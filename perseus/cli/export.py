@@ -1,9 +1,5 @@
-"""``perseus export``: write one plan of a frontier in another stack's format.
-
-``--format zeus-pfo`` writes what Zeus's pipeline frequency optimizer server serves to its
-ranks (see :mod:`perseus.io.zeus_export`). The plan is the fastest by default; ``--plan
-min-energy``, ``--plan INDEX`` or ``--max-time-s T`` (the cheapest plan within T) pick others.
-"""
+"""``perseus export``: write one plan of a frontier in another stack's format (``zeus-pfo``:
+what Zeus's pipeline frequency optimizer server serves, :mod:`perseus.io.zeus_export`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``perseus fleet``: many jobs under one power budget.
-
-``perseus fleet plan JOBS.json --budget-w W`` assigns each job of the jobs file one plan of its
-frontier so that the jobs' average power sums to at most ``W`` and the weighted sum of their
-slowdowns is least (:mod:`perseus.solver.fleet`).
-"""
+"""``perseus fleet``: many jobs under one power budget (:mod:`perseus.solver.fleet`), planned
+once from a jobs file or served from the fleet's database."""
 
 from __future__ import annotations
 
@@ -11,19 +7,20 @@ import argparse
 import json
 from typing import Any
 
-from perseus.cli._args import float_arg
+from perseus.cli._args import add_command, float_arg
+from perseus.errors import ConfigError
 
 __all__ = ["register", "run_budget", "run_plan", "run_serve", "run_status"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("fleet", help="many jobs, one power budget: a plan per job")
-    inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
-    inner.required = True
-    s = inner.add_parser(
+    inner = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
+    s = add_command(
+        inner,
         "plan",
-        help="one frontier point per job: total average power <= the budget, least weighted "
-        "slowdown",
+        run_plan,
+        "one frontier point per job: total average power <= the budget, least weighted slowdown",
     )
     s.add_argument(
         "jobs",
@@ -42,9 +39,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="leave out plans whose average power per GPU exceeds this",
     )
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
-    s.set_defaults(handler=run_plan)
     db_help = "the fleet's database: sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
-    v = inner.add_parser("serve", help="re-solve the running jobs' plans as the fleet changes")
+    v = add_command(
+        inner, "serve", run_serve, "re-solve the running jobs' plans as the fleet changes"
+    )
     v.add_argument("--db", required=True, help=db_help)
     v.add_argument("--budget-w", type=float_arg(gt=0, unit="W"), help="set the budget first")
     v.add_argument(
@@ -70,15 +68,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(gt=0, unit="W"),
         help="the budget while the signal is above the threshold",
     )
-    v.set_defaults(handler=run_serve)
-    b = inner.add_parser("budget", help="set the fleet's power budget")
+    b = add_command(inner, "budget", run_budget, "set the fleet's power budget")
     b.add_argument("--db", required=True, help=db_help)
     b.add_argument("--set-w", required=True, type=float_arg(gt=0, unit="W"), help="watts")
-    b.set_defaults(handler=run_budget)
-    t = inner.add_parser("status", help="the budget and every member's plan")
+    t = add_command(inner, "status", run_status, "the budget and every member's plan")
     t.add_argument("--db", required=True, help=db_help)
     t.add_argument("--json", action="store_true", help="print as JSON")
-    t.set_defaults(handler=run_status)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -89,11 +84,9 @@ def run_plan(args: argparse.Namespace) -> int:
     plan = plan_fleet(jobs, args.budget_w)
     if args.json:
         fields = ("name", "point", "time_s", "average_power_w", "peak_power_w")
-        doc = {
-            "jobs": [{k: getattr(a, k) for k in fields} for a in plan.jobs],
-            "total_average_power_w": plan.total_average_power_w,
-            "weighted_slowdown": plan.weighted_slowdown,
-        }
+        rows = [{k: getattr(a, k) for k in fields} for a in plan.jobs]
+        total, slowdown = plan.total_average_power_w, plan.weighted_slowdown
+        doc = {"jobs": rows, "total_average_power_w": total, "weighted_slowdown": slowdown}
         print(json.dumps(doc, indent=2))
         return 0
     width = max(len(a.name) for a in plan.jobs)
@@ -112,7 +105,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from perseus.device.clock import WallClock
-    from perseus.errors import ConfigError
     from perseus.fleet.registry import FleetRegistry
     from perseus.fleet.serve import serve, signal_budget
     from perseus.io.power_files import read_signal
@@ -164,7 +156,7 @@ def run_status(args: argparse.Namespace) -> int:
         doc = {
             "budget_w": budget_w,
             "epoch": epoch,
-            "members": [dataclasses.asdict(m) for m in members],
+            "members": list(map(dataclasses.asdict, members)),
         }
         print(json.dumps(doc, indent=2))
         return 0

@@ -7,7 +7,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import check_output_file, float_arg, message_stream
+from perseus.cli._args import (
+    add_output_arg,
+    check_output_file,
+    float_arg,
+    message_stream,
+)
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
 from perseus.log import get_logger
@@ -26,12 +31,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "frontier",
         help="trace the time-energy frontier (every point a real, exactly evaluated plan)",
     )
+    p.set_defaults(handler=run)
     add_job_arguments(p)
     p.add_argument(
         "--time-quantum-s",
         type=float_arg(gt=0, le=3600, unit="s"),
-        help="minimum step of the tracer in seconds (default: exact steps, breakpoint to "
-        "breakpoint)",
+        help="minimum step of the tracer in seconds (default: exact steps, breakpoint to breakpoint)",
     )
     p.add_argument(
         "--fold",
@@ -48,15 +53,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--all-points", action="store_true", help="keep every Pareto point found")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument(
-        "-o",
-        "--out",
-        "--output",
-        dest="out",
-        required=True,
-        metavar="FILE",
-        help="frontier JSON to write (atomically)",
-    )
+    add_output_arg(p, "FILE", "frontier JSON to write (atomically)")
     p.add_argument(
         "--power-curve",
         metavar="FILE.csv",
@@ -70,7 +67,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="1: one clock per op; 2: an op may switch clock once at a layer boundary (needs "
         "--layers-per-stage; the default when it is given); 3-4: up to that many phases",
     )
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,49 +105,37 @@ def run(args: argparse.Namespace) -> int:
     write_frontier(frontier, args.out)
     if args.power_curve is not None:
         write_power_curve(frontier, args.power_curve)
-    _print_summary(args, frontier, result, elapsed)
+    print(_summary(args, frontier, result, elapsed), file=message_stream(args.out))
     return 0
 
 
-def _print_summary(
+def _summary(
     args: argparse.Namespace, frontier: Frontier, result: FrontierTrace, elapsed: float
-) -> None:
-    """What ``perseus frontier`` says about the frontier it wrote (stdout, or stderr when
-    the frontier goes to stdout)."""
-    s = frontier.job
-    say = message_stream(args.out)
-    base = frontier.baseline
+) -> str:
+    """What ``perseus frontier`` says about the frontier it wrote; a partial walk warns on stderr."""
+    s, base, best, fastest = frontier.job, frontier.baseline, frontier.min_energy, frontier.fastest
     same_speed = frontier.cheapest_within(base.time_s)
-    best = frontier.min_energy
-    print(
+    lines = [
         f"{s.schedule} {s.stages} stages x {s.microbatches} microbatches on {s.ranks} ranks, "
         f"blocking power {s.blocking_power_w:g} W",
-        file=say,
-    )
-    print(
         f"points:      {len(frontier.points)} (in {elapsed:.2f} s, {result.iterations} iterations)",
-        file=say,
-    )
+    ]
     if result.folded_microbatches is not None:
-        print(
+        lines.append(
             f"folded:      walked {s.stages} stages x {result.folded_microbatches} microbatches "
-            "and lifted its plans (--fold never walks the full job)",
-            file=say,
+            "and lifted its plans (--fold never walks the full job)"
         )
-    print(
-        f"fastest:     {frontier.fastest.time_s:.6f} s, {frontier.fastest.energy_j:.1f} J", file=say
-    )
-    print(f"min energy:  {best.time_s:.6f} s, {best.energy_j:.1f} J (T*)", file=say)
-    print(
+    lines += [
+        f"fastest:     {fastest.time_s:.6f} s, {fastest.energy_j:.1f} J",
+        f"min energy:  {best.time_s:.6f} s, {best.energy_j:.1f} J (T*)",
         f"all-max:     {base.time_s:.6f} s, {base.energy_j:.1f} J; no-slowdown saving "
         f"{100 * (1 - same_speed.energy_j / base.energy_j):.2f} %",
-        file=say,
-    )
+    ]
     if same_speed.num_two_clock_ops:
-        print(f"two-clock:   {same_speed.num_switches} mid-op switches per iteration", file=say)
+        lines.append(f"two-clock:   {same_speed.num_switches} mid-op switches per iteration")
     if same_speed.memory_clocks_mhz:
         mem = ", ".join(str(m) for m in sorted(same_speed.memory_clocks_mhz))
-        print(f"memory:      the no-slowdown plan sets memory clocks {mem} MHz", file=say)
+        lines.append(f"memory:      the no-slowdown plan sets memory clocks {mem} MHz")
     if not result.complete:
         print(
             f"warning: the min-cut walk stopped early ({result.stop_reason}) after "
@@ -159,11 +143,10 @@ def _print_summary(
             "baselines only",
             file=sys.stderr,
         )
-    print(
-        f"power:       {frontier.fastest.avg_power_w:.1f} W average at the fastest plan, "
-        f"{best.avg_power_w:.1f} W at T*",
-        file=say,
+    lines.append(
+        f"power:       {fastest.avg_power_w:.1f} W average at the fastest plan, "
+        f"{best.avg_power_w:.1f} W at T*"
     )
     if args.power_curve is not None:
-        print(f"wrote {args.power_curve}", file=say)
-    print(f"wrote {args.out}", file=say)
+        lines.append(f"wrote {args.power_curve}")
+    return "\n".join([*lines, f"wrote {args.out}"])

@@ -1,14 +1,8 @@
 """The ``perseus`` command: ``main(argv) -> int`` and the one place errors become exit codes.
 
-Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments);
-1 any other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. Errors are printed as one
-line on stderr (cut to a readable length), never a traceback; ``--log-level DEBUG`` adds the
-traceback of an unexpected error. ``-v``/``--log-level`` work before or after the command.
-
-The library names parameters in its errors, written in backquotes (`` `stages` must be >= 1``),
-since a Python caller never saw a flag; this handler rewrites each one into the flag of the
-command that ran (``--stages must be >= 1``), from the parsers themselves plus
-:data:`PARAMETER_FLAGS` where a parameter and its flag are named differently.
+Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments); 1 any
+other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. An error is one line on stderr, its
+backquoted library parameters (`` `stages` ``) rewritten as the command's flags (``--stages``).
 """
 
 from __future__ import annotations
@@ -41,23 +35,24 @@ PARAMETER_FLAGS: dict[str, str] = {
 #: Optional packages -> the extra that installs them (pyproject's optional-dependencies).
 EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
 
-#: The subcommand modules, each with one ``register(subparsers)``, in `perseus --help` order.
-#: Each imports its own heavy dependencies lazily, inside ``run``.
-COMMANDS = (
-    "demo",
-    "frontier",
-    "plan",
-    "evaluate",
-    "report",
-    "export",
-    "straggler_sweep",
-    "straggler",
-    "power",
-    "profile",
-    "device",
-    "recurring",
-    "fleet",
-    "doctor",
+#: The subcommand modules (each with ``register(subparsers)``), in `perseus --help` order.
+COMMANDS = tuple(
+    [
+        "demo",
+        "frontier",
+        "plan",
+        "evaluate",
+        "report",
+        "export",
+        "straggler_sweep",
+        "straggler",
+        "power",
+        "profile",
+        "device",
+        "recurring",
+        "fleet",
+        "doctor",
+    ]
 )
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
@@ -75,12 +70,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = _Parser(
-        prog="perseus",
-        description="Remove wasted GPU energy from pipeline-parallel training.",
+        prog="perseus", description="Remove wasted GPU energy from pipeline-parallel training."
     )
     parser.add_argument("--version", action="version", version=f"perseus {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"perseus.cli.{name}").register(sub)
     _add_logging_flags(parser)
@@ -129,8 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         configure_logging(_log_level(args), rank=rank_from_env())
-        result: int = args.handler(args)
-        return result
+        return int(args.handler(args))
     except _ArgumentError as e:
         _print_error(str(e))
         return 2
@@ -150,49 +142,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _environment_error(error: Exception, args: argparse.Namespace | None) -> int:
-    """An error from the machine (pipe, paths, a missing extra, memory) or an internal one."""
+    """An error from the machine (pipe, paths, a missing extra, memory), else an internal one."""
     if isinstance(error, BrokenPipeError):
         # The reader went away (e.g. `perseus ... | head`): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    if isinstance(error, OSError):
-        if error.filename is None:
-            _print_error(f"{error.strerror or error}; nothing was written")
-            return 1
-        # a path that cannot be read or written (permissions, a read-only or full disk)
-        _print_error(f"{error.filename}: {error.strerror}; choose another path")
-        return 2
+    code, name = 1, type(error).__name__
     package = (error.name or "").partition(".")[0] if isinstance(error, ModuleNotFoundError) else ""
-    if package in EXTRAS:
-        _print_error(
+    if isinstance(error, OSError) and error.filename is not None:
+        # a path that cannot be read or written (permissions, a read-only or full disk)
+        message, code = f"{error.filename}: {error.strerror}; choose another path", 2
+    elif isinstance(error, OSError):
+        message = f"{error.strerror or error}; nothing was written"
+    elif package in EXTRAS:
+        message = (
             f"{package} is not installed; `perseus {args.command if args else ''}` needs it: "
             f"pip install 'perseus-energy[{EXTRAS[package]}]'"
         )
-        return 1
-    if isinstance(error, (MemoryError, RecursionError)):
-        _print_error(
-            f"out of memory or recursion depth ({type(error).__name__}); plan a smaller job"
+    elif isinstance(error, (MemoryError, RecursionError)):
+        message = f"out of memory or recursion depth ({name}); plan a smaller job"
+    else:
+        logger.debug("unexpected error", exc_info=True)
+        message = (
+            f"internal error ({name}: {_one_line(error)}); please report it "
+            "(--log-level DEBUG shows the traceback)"
         )
-        return 1
-    return _internal_error(error)
-
-
-def _internal_error(error: Exception) -> int:
-    logger.debug("unexpected error", exc_info=True)
-    _print_error(
-        f"internal error ({type(error).__name__}: {_one_line(error)}); please report it "
-        "(--log-level DEBUG shows the traceback)"
-    )
-    return 1
+    _print_error(message)
+    return code
 
 
 def as_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace | None) -> str:
-    """``message`` with each `` `parameter` `` the library named turned into the flag of the
-    command that ran (`` `stages`=8`` -> ``--stages=8``); a parameter without a flag loses
-    its backquotes."""
+    """``message`` with each `` `parameter` `` turned into the flag of the command that ran
+    (`` `stages`=8`` -> ``--stages=8``); a parameter without a flag loses its backquotes."""
     flags = _command_flags(parser, args)
-
     known = set(flags.values())
 
     def flag(match: re.Match[str]) -> str:
@@ -229,9 +211,7 @@ def _print_error(message: str) -> None:
 
 def _one_line(error: Exception) -> str:
     """The error's message on one line (schedule grids and C++ frames are dropped)."""
-    text = str(error).strip()
-    first = text.partition("\n")[0]
-    return first or type(error).__name__
+    return str(error).strip().partition("\n")[0] or type(error).__name__
 
 
 def entry() -> None:
@@ -240,8 +220,7 @@ def entry() -> None:
     from perseus.cli.straggler import abandoned_calls
 
     if abandoned_calls():
-        # A store call given up on is still blocked in C++ on another thread; if it returned
-        # during the interpreter's shutdown its thread would abort the process. End now.
+        # A store call still blocked in C++ would abort the interpreter's shutdown: end now.
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from perseus.cli._args import check_output_file, float_arg, int_arg, message_stream
+from perseus.cli._args import add_output_arg, check_output_file, float_arg, int_arg, message_stream
 from perseus.errors import ConfigError, InfeasibleError
 
 __all__ = ["register", "run", "run_schedule"]
@@ -14,17 +14,9 @@ __all__ = ["register", "run", "run_schedule"]
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("plan", help="work with plans (pick one from a frontier)")
-    plan_sub = p.add_subparsers(dest="plan_command", metavar="ACTION", parser_class=type(p))
-    plan_sub.required = True
+    plan_sub = p.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     _add_pick(plan_sub)
     _add_schedule(plan_sub)
-
-
-def _add_out(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "-o", "--out", "--output", dest="out", required=True, metavar="FILE",
-        help=f"{what} to write (atomically)",
-    )  # fmt: skip
 
 
 def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
@@ -50,9 +42,7 @@ def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
         help="budget as a multiple of the fastest time (>= 1)",
     )
     which.add_argument(
-        "--straggler-time-s",
-        type=float_arg(gt=0, unit="s"),
-        help="iteration time of a straggler",
+        "--straggler-time-s", type=float_arg(gt=0, unit="s"), help="iteration time of a straggler"
     )
     which.add_argument(
         "--power-cap-w",
@@ -81,7 +71,7 @@ def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="--power-cap-w/--peak-power-w are per GPU (times the pipeline's ranks)",
     )
-    _add_out(pick, "plan JSON")
+    add_output_arg(pick, "FILE", "plan JSON to write (atomically)")
     pick.set_defaults(handler=run)
 
 
@@ -125,7 +115,7 @@ def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
         required=True,
         help="seconds from the signal's first row by which all iterations must finish",
     )
-    _add_out(sched, "schedule JSON")
+    add_output_arg(sched, "FILE", "schedule JSON to write (atomically)")
     sched.set_defaults(handler=run_schedule)
 
 
@@ -156,15 +146,14 @@ def run(args: argparse.Namespace) -> int:
             )
     point = frontier.cheapest_within(deadline)
     write_frontier(frontier.with_points([point]), args.out)
-    say = message_stream(args.out)
     base = frontier.baseline
     print(
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J "
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time, "
-        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)",
-        file=say,
+        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)\n"
+        f"wrote {args.out}",
+        file=message_stream(args.out),
     )
-    print(f"wrote {args.out}", file=say)
     return 0
 
 
@@ -177,20 +166,16 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
     budget_w = given * ranks if args.per_gpu else given
     point, notes = _power_point(args, frontier, budget_w, peak)
     write_frontier(frontier.with_points([point]), args.out)
-    say = message_stream(args.out)
     how = f"{'--peak-power-w' if peak else '--power-cap-w'} {given:g}" + (
         f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
     )
     peak_text = f", peak {point.power.peak_power_w:.1f} W" if point.power is not None else ""
-    print(
+    picked = (
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J, average "
         f"{point.avg_power_w:.1f} W{peak_text} "
-        f"({100 * (point.time_s / frontier.baseline.time_s - 1):+.2f} % time vs all-max)",
-        file=say,
+        f"({100 * (point.time_s / frontier.baseline.time_s - 1):+.2f} % time vs all-max)"
     )
-    for line in notes:
-        print(line, file=say)
-    print(f"wrote {args.out}", file=say)
+    print("\n".join([picked, *notes, f"wrote {args.out}"]), file=message_stream(args.out))
     return 0
 
 
@@ -209,8 +194,7 @@ def _power_point(
         if not peak:
             raise
         # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
-        # which holds each GPU, and so the sum, under the budget (the GPUs throttle clocks
-        # where the plan asks for more).
+        # which holds each GPU, and so the sum, under the budget.
         limit_w = budget_w / frontier.job.ranks
         point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
         return point, [
@@ -238,11 +222,9 @@ def _off_frontier(args: argparse.Namespace, frontier: Any, budget_w: float) -> t
     job = job_from_frontier(frontier, args.profile, args.frontier)
     found = fastest_under_peak(job, frontier.points, budget_w)
     point = found.point
-    vs = (
-        "no frontier plan fits"
-        if found.frontier_time_s is None
-        else f"{100 * (point.time_s / found.frontier_time_s - 1):+.2f} % vs the frontier's pick"
-    )
+    vs = "no frontier plan fits"
+    if found.frontier_time_s is not None:
+        vs = f"{100 * (point.time_s / found.frontier_time_s - 1):+.2f} % vs the frontier's pick"
     exact = (
         "exact"
         if found.method == "exhaustive"
@@ -260,8 +242,7 @@ def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
         return args.idle_power_w, "--idle-power-w"
     from perseus.device.presets import preset_for_name
 
-    # The GPU record the frontier carries, else the profile's name (older files).
-    gpu_name = frontier.job.gpu.name if frontier.job.gpu is not None else ""
+    gpu_name = frontier.job.gpu.name if frontier.job.gpu is not None else ""  # else: older files
     preset = preset_for_name(f"{gpu_name} {frontier.job.profile_name or ''}")
     if preset is not None:
         estimate = " (an estimate)" if preset.estimated else ""
@@ -295,49 +276,34 @@ def run_schedule(args: argparse.Namespace) -> int:
         idle_power_w=idle_w,
     )
     write_schedule(schedule, frontier, args.out, series, signal.origin)
-    say = message_stream(args.out)
-    busy = schedule.used().size
-    print(
-        f"schedule: {schedule.iterations} iterations by {schedule.deadline_s:g} s over "
-        f"{schedule.starts_s.size} intervals ({busy} used), finishing at "
-        f"{schedule.finish_s:.6g} s; {len(schedule.segments())} plan segments",
-        file=say,
-    )
-    print(
-        f"signal:   {series.describe()}" + (f" from {signal.origin.isoformat()}" if signal.origin else "")
-        + f"; GPUs held until the deadline, idle at {gpu_idle_w:g} W each x "
-        f"{frontier.job.ranks} ({idle_source})",
-        file=say,
-    )  # fmt: skip
+    origin = f" from {signal.origin.isoformat()}" if signal.origin else ""
     gap = (
         100 * (schedule.cost - schedule.lp_cost) / abs(schedule.lp_cost) if schedule.lp_cost else 0
     )
-    print(
+    lines = [
+        f"schedule: {schedule.iterations} iterations by {schedule.deadline_s:g} s over "
+        f"{schedule.starts_s.size} intervals ({schedule.used().size} used), finishing at "
+        f"{schedule.finish_s:.6g} s; {len(schedule.segments())} plan segments",
+        f"signal:   {series.describe()}{origin}; GPUs held until the deadline, idle at "
+        f"{gpu_idle_w:g} W each x {frontier.job.ranks} ({idle_source})",
         f"cost:     {series.amount(schedule.cost)} (exact optimum over plan mixes "
         f"{series.amount(schedule.lp_cost)}, whole iterations {gap:+.3g} %; energy "
         f"{schedule.total_energy_j / J_PER_KWH:.6g} kWh, idle {schedule.idle_energy_j.sum() / J_PER_KWH:.6g})",
-        file=say,
-    )
+    ]
     for other in signal.series:
         if other is not series:
             total = schedule.cost_on(other.values_per_kwh[: schedule.starts_s.size])
-            print(f"also:     {other.amount(total)} ({other.describe()})", file=say)
-    if schedule.baseline_cost is not None:
-        saving = (
-            (schedule.baseline_cost - schedule.cost) / abs(schedule.baseline_cost)
-            if schedule.baseline_cost
-            else 0.0
-        )
-        print(
-            f"baseline: {series.amount(schedule.baseline_cost)} running the no-slowdown plan "
-            f"(point {schedule.baseline_index}) back to back; saving {100 * saving:.2f} %",
-            file=say,
+            lines.append(f"also:     {other.amount(total)} ({other.describe()})")
+    base = schedule.baseline_cost
+    if base is not None:
+        saving = (base - schedule.cost) / abs(base) if base else 0.0
+        lines.append(
+            f"baseline: {series.amount(base)} running the no-slowdown plan "
+            f"(point {schedule.baseline_index}) back to back; saving {100 * saving:.2f} %"
         )
     else:
-        print(
-            "baseline: the no-slowdown plan run back to back misses the deadline (no saving "
-            "figure)",
-            file=say,
+        lines.append(
+            "baseline: the no-slowdown plan run back to back misses the deadline (no saving figure)"
         )
-    print(f"wrote {args.out}", file=say)
+    print("\n".join([*lines, f"wrote {args.out}"]), file=message_stream(args.out))
     return 0

@@ -1,17 +1,8 @@
 """``perseus power set|clear``: cap a running job's power, from outside.
 
-The job's ranks read the cap at their next iteration boundary (rank 0 of the job reads the
-store, the value travels in an all-reduce, see :mod:`perseus.runtime.power.runtime`), and every
-pipeline runs the fastest plan whose average power fits from the iteration after::
-
-    perseus power set --store 10.0.0.1:29500 --cap-w 2400
-    perseus power set --store 10.0.0.1:29500 --cap-w 300 --per-gpu
-    perseus power clear --store 10.0.0.1:29500
-
-The job must run with ``power_store=`` (``RankSession``/``PerseusPipeline``). Waits are bounded
-as in ``perseus straggler``: the store must answer within ``--timeout-s``, and the command
-waits up to ``--wait-s`` for the job's acknowledgement (exit 0 when it came, 1 when no running
-job read the cap yet; it stays in the store).
+A job run with ``power_store=`` reads the cap at its next iteration boundary and every pipeline
+runs the fastest plan whose average power fits (:mod:`perseus.runtime.power.runtime`). Waits
+are bounded as in ``perseus straggler``.
 """
 
 from __future__ import annotations
@@ -41,34 +32,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.cli.straggler import await_ack, connect_store, within
+    from perseus.cli.straggler import await_ack, connect_store, store_call
     from perseus.runtime.power.cap import CAP_KEY, CLEARED, clear_cap, read_cap_ack, set_cap
 
     store = connect_store(args.store, args.timeout_s)
     if args.power_action == "set":
         scope: Literal["pipeline", "gpu"] = "gpu" if args.per_gpu else "pipeline"
-        token = within(
-            args.timeout_s,
-            "setting the cap",
-            args.store,
-            lambda: set_cap(store, args.cap_w, scope),
-        )
+        token = store_call(args, "setting the cap", lambda: set_cap(store, args.cap_w, scope))
         what = f"delivered: {CAP_KEY} = {args.cap_w:g} W per {scope}"
-
-        def accept(seen: str) -> bool:
-            return seen == token
-
     else:
-        within(args.timeout_s, "clearing the cap", args.store, lambda: clear_cap(store))
-        what = f"{CAP_KEY} cleared"
-
-        def accept(seen: str) -> bool:
-            return seen == CLEARED
-
+        store_call(args, "clearing the cap", lambda: clear_cap(store))
+        what, token = f"{CAP_KEY} cleared", CLEARED
     return await_ack(
         args,
         what,
         lambda: read_cap_ack(store),
-        accept,
+        lambda seen: seen == token,
         "a job started with power_store= reads it at each iteration boundary",
     )

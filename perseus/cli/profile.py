@@ -1,11 +1,5 @@
-"""``perseus profile``: look at a profile, or re-cut one to your model's stage count.
-
-    perseus profile show a100
-    perseus profile slice a100 --stages 4 -o gpt3-a100-4stage.csv
-    perseus frontier gpt3-a100-4stage.csv --microbatches 16 --blocking-power-w 83.64 -o f.json
-
-``slice`` merges (or evenly splits) stages, see :mod:`perseus.io.profile_slice`.
-"""
+"""``perseus profile``: look at a profile, or re-cut one to your model's stage count
+(:mod:`perseus.io.profile_slice`)."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ logger = get_logger(__name__)
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("profile", help="show a profile, or re-cut it to another stage count")
-    actions = p.add_subparsers(dest="profile_action", metavar="ACTION", parser_class=type(p))
-    actions.required = True
+    actions = p.add_subparsers(dest="profile_action", metavar="ACTION", required=True)
     show = add_command(actions, "show", run, "stages, instructions and clocks of a profile")
     cut = add_command(
         actions,
@@ -74,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         write_profile_json(sliced, out)
     else:
         write_profile_csv(sliced, out)
-    say = message_stream(out)
     hint = f" --blocking-power-w {power:g}" if power is not None else " --blocking-power-w W"
-    print(f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages", file=say)
-    print(f"next: perseus frontier {out} --microbatches N{hint} -o frontier.json", file=say)
+    print(
+        f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages\n"
+        f"next: perseus frontier {out} --microbatches N{hint} -o frontier.json",
+        file=message_stream(out),
+    )
     return 0

@@ -1,10 +1,6 @@
-"""``perseus recurring simulate``: the recurring-job optimizer on Zeus-format traces.
-
-Runs N recurrences of each workload per seed with the batch-size optimizer and JIT power-limit
-profiler, against the default (``b0`` at the maximum power limit) and the oracle (best fixed
-configuration in hindsight), and prints cumulative energy, time and cost and the regret
-against the oracle (``--json`` for the machine-readable document; ``--plot DIR`` for PNGs).
-"""
+"""``perseus recurring simulate``: the recurring-job optimizer on Zeus-format traces, against
+the default (``b0`` at the maximum power limit) and the oracle (the best fixed configuration in
+hindsight): cumulative energy, time, cost and regret."""
 
 from __future__ import annotations
 
@@ -42,11 +38,9 @@ MAX_REPLAYED_RUNS = 200_000
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
-        "recurring",
-        help="recurring jobs: batch size and GPU power limit across re-runs (Zeus)",
+        "recurring", help="recurring jobs: batch size and GPU power limit across re-runs (Zeus)"
     )
-    inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", parser_class=type(p))
-    inner.required = True
+    inner = p.add_subparsers(dest="recurring_command", metavar="ACTION", required=True)
     s = inner.add_parser(
         "simulate", help="replay Zeus traces: the optimizer vs the default and the oracle"
     )
@@ -106,8 +100,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _check_runs(recurrences: int | None, seeds: int, workload: str, default: int) -> None:
     n = recurrences if recurrences is not None else default
-    runs = n * seeds
-    if runs > MAX_REPLAYED_RUNS:
+    if (runs := n * seeds) > MAX_REPLAYED_RUNS:
         given = f"--recurrences {n}" if recurrences is not None else f"{n} recurrences (default)"
         raise ConfigError(
             f"--seeds {seeds}: {given} x {seeds} seeds = {runs:,} replayed runs of {workload}; "
@@ -167,17 +160,12 @@ def run_simulate(args: argparse.Namespace) -> int:
             for path in plot_paths(w.key, Path(args.plot)):
                 check_output_file(path, "--plot")
     summaries = []
+    options = {"eta": args.eta, "beta": args.beta, "profile_share": args.profile_share}
     for w in workloads:
         try:
+            seeds = range(args.seeds)
             summaries.append(
-                replay_workload(
-                    w,
-                    recurrences=args.recurrences,
-                    seeds=range(args.seeds),
-                    eta=args.eta,
-                    beta=args.beta,
-                    profile_share=args.profile_share,
-                )
+                replay_workload(w, recurrences=args.recurrences, seeds=seeds, **options)
             )
         except (ConfigError, InfeasibleError) as e:
             if args.workload:
@@ -194,8 +182,5 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         for s in summaries:
             write_plots(s, args.gpu, Path(args.plot))
-    if args.json:
-        print(json.dumps(document, indent=1))
-    else:
-        print(format_summary(args.gpu, document))
+    print(json.dumps(document, indent=1) if args.json else format_summary(args.gpu, document))
     return 0

@@ -1,10 +1,7 @@
 """``perseus report``: the demo's report for any frontier file, optionally with a measured run.
 
-The job is rebuilt from the frontier's own description (schedule, sizes, power) and its
-profile: ``--profile``, else the bundled profile the frontier names. With the profile the
-report also has the baselines and the timeline; without it, the frontier and straggler plots.
-``--summary RUN.json`` (an emulated or real run's summary) adds predicted vs measured; a run of
-another job is refused.
+With the frontier's profile (``--profile``, else the bundled one it names) the report also has
+the baselines and the timeline; ``--summary RUN.json`` adds predicted vs measured.
 """
 
 from __future__ import annotations
@@ -13,12 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import (
-    add_command,
-    add_output_arg,
-    add_path_arg,
-    check_output_dir,
-)
+from perseus.cli._args import add_command, add_output_arg, add_path_arg, check_output_dir
 from perseus.cli._job_args import check_figures, job_from_frontier, job_int
 from perseus.errors import ConfigError, PerseusError
 
@@ -26,7 +18,7 @@ if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.job import PlanningJob
     from perseus.plan import Frontier
 
-__all__ = ["register", "run"]
+__all__ = ["add_whatif_arguments", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -47,17 +39,23 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "PROFILE",
         "profile the frontier was computed from (default: the bundled one it names)",
     )
-    p.add_argument(
+    add_whatif_arguments(p, pipelines=16)
+
+
+def add_whatif_arguments(parser: argparse.ArgumentParser, pipelines: int | None) -> None:
+    """``--pipelines`` and ``--factors`` of the report's straggler what-if."""
+    parser.add_argument(
         "--pipelines",
         type=job_int("pipelines"),
-        default=16,
+        default=pipelines,
         help="data-parallel pipelines in the straggler what-if (default 16)",
     )
-    p.add_argument(
+    factors = "1.0:1.5:0.05"
+    parser.add_argument(
         "--factors",
-        default="1.0:1.5:0.05",
+        default=factors,
         metavar="START:STOP:STEP",
-        help="straggler slowdown factors (default 1.0:1.5:0.05)",
+        help=f"straggler slowdown factors (default {factors})",
     )
 
 
@@ -71,7 +69,6 @@ def _rebuild_job(
         if profile_arg is not None:
             raise
         return None, f"{str(e).partition(chr(10))[0]}; no baselines or timeline"
-    # The job is the file's: its figures must be what the evaluator gives (else it was edited).
     check_figures(job, frontier, source)
     return job, None
 
@@ -86,12 +83,8 @@ def _read_measured(path: str) -> Any:
     from perseus.report.summary import REPORT_SUMMARY_KIND
 
     p = Path(path)
-    doc = read_json_document(
-        p,
-        "a run's summary (examples/train_pipeline.py --summary)",
-        ConfigError,
-        limit_bytes=INPUT_LIMITS["summary"],
-    )
+    what = "a run's summary (examples/train_pipeline.py --summary)"
+    doc = read_json_document(p, what, ConfigError, limit_bytes=INPUT_LIMITS["summary"])
     if isinstance(doc, dict) and doc.get("kind") == REPORT_SUMMARY_KIND:
         raise ConfigError(
             f"{p}: field kind: a report's summary (written by perseus demo/report), not a run's; "
@@ -106,12 +99,6 @@ def _read_measured(path: str) -> Any:
         ) from None
 
 
-def _title(frontier: Frontier) -> str:
-    j = frontier.job
-    name = j.profile_name or "custom profile"
-    return f"Perseus report: {name}, {j.schedule} {j.stages} stages x {j.microbatches} microbatches"
-
-
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_directory
     from perseus.io.frontier_files import check_frontier_job, read_frontier
@@ -123,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
-    measured = _read_measured(args.summary) if args.summary is not None else None
-    if measured is not None:
+    measured = None
+    if args.summary is not None:
+        measured = _read_measured(args.summary)
         measured.check_frontier(frontier, args.summary)
     job, why = _rebuild_job(frontier, args.profile, args.frontier)
     sweep = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
@@ -133,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
         from perseus.solver import baseline_plans, global_clock_plans
 
         plans = {"baselines": baseline_plans(job), "global_clock": global_clock_plans(job)}
+    j = frontier.job
+    title = (
+        f"Perseus report: {j.profile_name or 'custom profile'}, {j.schedule} {j.stages} stages x "
+        f"{j.microbatches} microbatches"
+    )
     inputs = ReportInputs(
         frontier,
         job,
@@ -140,14 +133,11 @@ def run(args: argparse.Namespace) -> int:
         sweep=sweep,
         pipelines=args.pipelines,
         measured=measured,
-        title=_title(frontier),
+        title=title,
         details={"frontier file": args.frontier},
         notes=[why] if why else [],
     )
     with atomic_directory(out) as tmp:
         summary = write_report(inputs, tmp)
-    print(format_summary(summary))
-    if why:
-        print(f"note: {why}")
-    print(f"wrote {out}/")
+    print(format_summary(summary) + (f"\nnote: {why}" if why else "") + f"\nwrote {out}/")
     return 0

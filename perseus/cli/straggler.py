@@ -1,11 +1,8 @@
 """``perseus straggler set|clear``: declare a slowed pipeline to a running job, from outside.
 
-Global rank 0 of the job reads the hint from its TCP store at an iteration boundary (see
-:mod:`perseus.runtime.straggler.switching` and docs/straggler.md), and the other pipelines
-switch to a cheaper plan that finishes within the declared time. Every wait is bounded: the
-store must answer within ``--timeout-s`` (a server that accepts and never answers is given up
-on), then the command waits up to ``--wait-s`` for the job's acknowledgement (exit 0), else
-says no running job has read it yet (exit 1; the hint stays in the store).
+The job reads the hint from its TCP store at an iteration boundary (docs/straggler.md). Every
+wait is bounded: the store must answer within ``--timeout-s``, then the command waits up to
+``--wait-s`` for the job's acknowledgement (exit 0), else says no running job read it (exit 1).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ __all__ = [
     "connect_store",
     "register",
     "run",
+    "store_call",
     "within",
 ]
 
@@ -66,13 +64,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
-    if (
-        not sep
-        or not host
-        or not port.isdecimal()
-        or len(port) > 5
-        or any(c.isspace() for c in host)
-    ):
+    if not (sep and host and port.isdecimal() and len(port) <= 5) or any(map(str.isspace, host)):
         raise ConfigError(
             f"--store {show_value(address)}: not HOST:PORT, e.g. --store 127.0.0.1:29500"
         )
@@ -84,9 +76,8 @@ def _parse_address(address: str) -> tuple[str, int]:
 def within(
     timeout_s: float, what: str, address: str, fn: Callable[[], T], shown_s: float | None = None
 ) -> T:
-    """``fn()``, given up on after ``timeout_s``: store calls block in C++ and some ignore
-    their own timeout (a server that accepts and never answers), so they run in a daemon
-    thread that is abandoned if it does not return in time.
+    """``fn()`` in a daemon thread, abandoned after ``timeout_s``: store calls block in C++ and
+    some ignore their own timeout (a server that accepts and never answers).
 
     Raises:
         PerseusError: ``fn`` did not return within ``timeout_s``.
@@ -116,12 +107,17 @@ def within(
     return cast(T, box["value"])
 
 
+def store_call(args: argparse.Namespace, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` on the store of ``--store``, given up on after ``--timeout-s``."""
+    return within(args.timeout_s, what, args.store, fn)
+
+
 _ABANDONED: list[threading.Thread] = []
 
 
 def abandoned_calls() -> bool:
-    """Whether a store call was given up on and may still be blocked in C++ (the process must
-    then end without the interpreter's shutdown, see :func:`perseus.cli.main.entry`)."""
+    """Whether a store call was given up on and may still be blocked in C++ (then the process
+    ends without the interpreter's shutdown)."""
     return any(t.is_alive() for t in _ABANDONED)
 
 
@@ -133,8 +129,6 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
         PerseusError: if nothing answers there within ``timeout_s``.
     """
     host, port = _parse_address(address)
-    if not (0 < timeout_s <= 3600):
-        raise ConfigError(f"--timeout-s: must be a number > 0 and <= 3600, got {timeout_s!r}")
     _quiet_torch_env()
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -148,16 +142,11 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
     left_s = timeout_s - (time.monotonic() - started)
 
     def connect() -> Any:
+        # The client's own timeout ends a refused connection's retries before ours, so only a
+        # server that accepts and never answers leaves a thread behind.
+        timeout = timedelta(seconds=max(0.8 * left_s, 0.001))
         with _silenced_stderr_fd():
-            # The client's own timeout ends a refused connection's retries before ours, so
-            # only a server that accepts and never answers leaves a thread behind.
-            return TCPStore(
-                host,
-                port,
-                is_master=False,
-                timeout=timedelta(seconds=max(0.8 * left_s, 0.001)),
-                wait_for_workers=False,
-            )
+            return TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
 
     try:
         return within(max(left_s, 0.0), "connecting", address, connect, shown_s=timeout_s)
@@ -174,8 +163,7 @@ def _unreachable(address: str, timeout_s: float, reason: str) -> PerseusError:
 
 
 def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
-    """Fail fast, with the reason, when nothing listens at HOST:PORT (the store client would
-    retry until its timeout and report only that)."""
+    """Fail fast, with the reason, when nothing listens at HOST:PORT."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
@@ -185,19 +173,15 @@ def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
 
 
 def _quiet_torch_env() -> None:
-    # torch's C++ side logs each failed connection attempt with its stack frames straight to
-    # stderr; our one-line error says what failed (the variables are read when torch loads).
+    # torch's C++ side logs each failed connection attempt to stderr (read when torch loads).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
 
 
 @contextlib.contextmanager
 def _silenced_stderr_fd() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null (C++ code writes there directly), then restore it.
-
-    Only from the main thread: the descriptor is process-wide, and a client abandoned in
-    another thread must not keep stderr silenced.
-    """
+    """Send file descriptor 2 (C++ code writes there directly) to /dev/null, then restore it;
+    only from the main thread, so that a client abandoned in another thread cannot keep it."""
     if threading.current_thread() is not threading.main_thread() or _SILENCE.locked():
         yield
         return
@@ -269,41 +253,33 @@ def await_ack(
     return 0
 
 
-def _clear(store: Any, pipeline: int) -> tuple[str, int | None] | None:
-    """Clear the hint; the job's acknowledgement from before (None if it never gave one)."""
-    from perseus.runtime.straggler.switching import clear_hint, read_ack
-
-    before = read_ack(store, pipeline)
-    clear_hint(store, pipeline)
-    return before
-
-
 def run(args: argparse.Namespace) -> int:
     _quiet_torch_env()
-    from perseus.runtime.straggler.switching import CLEARED, hint_key, read_ack, set_hint
+    from perseus.runtime.straggler import switching as sw
 
-    key = hint_key(args.pipeline)
+    key = sw.hint_key(args.pipeline)
     store = connect_store(args.store, args.timeout_s)
     if args.straggler_action == "set":
-        token = within(
-            args.timeout_s,
-            "setting the hint",
-            args.store,
-            lambda: set_hint(store, args.pipeline, args.time_s),
+        token = store_call(
+            args, "setting the hint", lambda: sw.set_hint(store, args.pipeline, args.time_s)
         )
         what = f"delivered: {key} = {args.time_s:g} s"
     else:
-        before = within(
-            args.timeout_s, "clearing the hint", args.store, lambda: _clear(store, args.pipeline)
-        )
-        what, token = f"{key} cleared", CLEARED
-        if before is None or before[0] == CLEARED:
+
+        def clear() -> tuple[str, int | None] | None:
+            before = sw.read_ack(store, args.pipeline)  # None: the job never acknowledged one
+            sw.clear_hint(store, args.pipeline)
+            return before
+
+        before = store_call(args, "clearing the hint", clear)
+        what, token = f"{key} cleared", sw.CLEARED
+        if before is None or before[0] == sw.CLEARED:
             print(f"{what} (no running job had a hint for pipeline {args.pipeline} in effect)")
             return 0
     return await_ack(
         args,
         what,
-        lambda: read_ack(store, args.pipeline),
+        lambda: sw.read_ack(store, args.pipeline),
         lambda seen: seen == token,
         "a job started with straggler hints reads them on global rank 0 at each iteration boundary",
     )

@@ -1,9 +1,5 @@
-"""``perseus straggler-sweep``: job-level saving vs straggler slowdown, from one frontier.
-
-Judges an N-pipeline job (e.g. 128 pipelines x 8 GPUs = 1,024 GPUs) without running
-anything: see :mod:`perseus.runtime.straggler.sweep` for the model. Prints a table and writes it
-as JSON (``--out``, default ``straggler-sweep.json``).
-"""
+"""``perseus straggler-sweep``: job-level saving vs straggler slowdown, from one frontier
+(the model: :mod:`perseus.runtime.straggler.sweep`); a table, also written as JSON."""
 
 from __future__ import annotations
 
@@ -82,10 +78,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{args.pipelines} pipelines x {j.ranks} GPUs ({j.schedule}, {j.stages} stages x "
         f"{j.microbatches} microbatches); T_min {frontier.fastest.time_s:.3f} s, "
-        f"T* {frontier.min_energy.time_s:.3f} s",
+        f"T* {frontier.min_energy.time_s:.3f} s\n{format_sweep(cases)}",
         file=say,
     )
-    print(format_sweep(cases), file=say)
     payload = {
         "frontier": args.frontier,
         "pipelines": args.pipelines,
