@@ -423,6 +423,50 @@ def test_an_iterations_figures_are_worked_out_by_the_worker(
     ]
 
 
+def test_a_late_worker_does_not_work_out_an_iterations_figures_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the training thread took an iteration's figures itself (the worker had not run
+    its end's callback yet), the worker's late callback leaves them alone: the timing history
+    learns each iteration once."""
+    from perseus.runtime.agent.controller import FrequencyController
+    from perseus.runtime.agent.timing import DeviceTiming
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    late: list[Any] = []
+    handle_done = FrequencyController._handle_done
+
+    def deferring(self: FrequencyController, job: Any) -> None:
+        then, job.then = job.then, None
+        handle_done(self, job)
+        if then is not None:
+            late.append(then)
+
+    monkeypatch.setattr(FrequencyController, "_handle_done", deferring)
+    worked_out: list[int] = []
+    figures = DeviceTiming._figures
+
+    def counting(self: DeviceTiming, closed: Any) -> Any:
+        worked_out.append(closed.iteration)
+        return figures(self, closed)
+
+    monkeypatch.setattr(DeviceTiming, "_figures", counting)
+    gpu, _ = counting_gpu(tmp_path)
+    plan = tiny_plan()
+    with _agent(plan, gpu, events=_cuda_like_events()) as agent:
+        for _ in range(2):
+            agent.step_begin()
+            for a in plan.rank_actions[0]:
+                with agent.op(a):
+                    pass
+            agent.step_close()
+        records = [agent.finish_iteration() for _ in range(2)]
+        for then in late:  # the worker's callbacks, run after the training thread's reads
+            then()
+    assert len(late) == 2 and worked_out == [0, 1]
+    assert [r.num_ops for r in records] == [len(plan.rank_actions[0])] * 2
+
+
 def test_an_agent_keeps_its_latest_records_only(gpu: SimulatedGPU) -> None:
     """Per-op and iteration records are capped (a long run stays in bounded memory)."""
     plan = tiny_plan()

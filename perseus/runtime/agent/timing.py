@@ -316,8 +316,10 @@ class DeviceTiming(_Clocks):
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
-        with closed.lock:  # the worker's figures, or (none) worked out here
-            figures = closed.figures or self._figures(closed)
+        with closed.lock:  # the worker's figures, or (none) worked out here, once
+            if closed.figures is None:
+                closed.figures = self._figures(closed)
+            figures = closed.figures
         self.mid_switches = figures.mid_switches
         self.mid_switches_missed = figures.mid_switches_missed
         self.delivery = figures.delivery
@@ -330,6 +332,8 @@ class DeviceTiming(_Clocks):
         """On the worker, as it passes the iteration's end: its figures, off the training
         thread (which works them out itself when this fails)."""
         with closed.lock:
+            if closed.figures is not None:  # a late worker: the training thread took them
+                return
             try:
                 closed.figures = self._figures(closed)
             except Exception:  # the training thread tries again, and raises
