@@ -164,9 +164,9 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
         live, dead = owner_status(owner_lock_path(directory, uuid))
         cap = state.get("power_cap_w")
         default = state.get("default_power_limit_w", cap)
-        limit = enforced_limit_w(state, None if cap is None else float(cap))
-        if state.get("power_limit_w") is None:
-            limit = default  # the board's default, as the simulator's reset restores
+        # No limit set: the board's default, as the simulator's reset restores.
+        unset = state.get("power_limit_w") is None
+        limit = default if unset else enforced_limit_w(state, None if cap is None else float(cap))
         infos.append(
             DeviceInfo(
                 backend="sim",

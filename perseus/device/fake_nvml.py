@@ -323,7 +323,7 @@ class FakeNvml(NvmlConstants):
 
     def nvmlDeviceSetMemoryLockedClocks(self, handle: Any, low_mhz: int, high_mhz: int) -> None:
         d = self._setting("nvmlDeviceSetMemoryLockedClocks", handle, low_mhz, high_mhz)
-        if len(d.memory_clocks) < 2 or d.architecture < 7:
+        if len(d.memory_clocks) < 2 or d.architecture < self.NVML_DEVICE_ARCH_AMPERE:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         d.mem_locked = (low_mhz, high_mhz)
 

@@ -76,10 +76,11 @@ def _number(value: object) -> float | None:
 
 
 def recorded_set_call(
-    method: Callable[Concatenate[_G, _P], _R],
+    method: Callable[Concatenate[_G, _P], _R], name: str | None = None
 ) -> Callable[Concatenate[_G, _P], _R]:
-    """Wrap a set/reset method: its change, then ``set_return_lag_s``, then its record."""
-    name = method.__name__
+    """Wrap a set/reset method: its change, then ``set_return_lag_s``, then its record (named
+    ``name``, default the method's)."""
+    name = method.__name__ if name is None else name
 
     @functools.wraps(method)
     def call(self: _G, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:

@@ -292,14 +292,19 @@ class SimulatedGPU(SimSharedState):
         self._stream.set_lock(snapped)
         return snapped
 
-    @recorded_set_call
     def reset_locked_clock(self) -> None:
+        self._reset_sm_lock()
+        if self._mem_locked is not None:
+            self.reset_memory_locked_clock()  # a call of its own, recorded after this one
+
+    def _reset_sm_lock_now(self) -> None:
         self._check("reset_locked_clock")
         self._refuse_unprivileged("resetting locked clocks")
         self._wait_set_latency()
         self._stream.set_lock(None)
-        if self._mem_locked is not None:
-            self.reset_memory_locked_clock()
+
+    # Recorded on its own: the SM clock's reset takes effect before the memory clock's starts.
+    _reset_sm_lock = recorded_set_call(_reset_sm_lock_now, "reset_locked_clock")
 
     def locked_clock_mhz(self) -> int | None:
         self._check("locked_clock_mhz")

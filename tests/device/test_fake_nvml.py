@@ -162,5 +162,5 @@ def test_a_fake_device_follows_the_simulated_gpus_model(
         before_mj = nvml.nvmlDeviceGetTotalEnergyConsumption(device)
         clock.sleep(1.0)
         assert nvml.nvmlDeviceGetTotalEnergyConsumption(device) - before_mj == pytest.approx(
-            power_mw, rel=0.11
+            power_mw, abs=2
         )

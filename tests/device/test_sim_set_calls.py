@@ -36,8 +36,8 @@ def test_every_set_and_reset_call_is_recorded_with_its_times_and_refusals(tmp_pa
         ("set_locked_clock", 1200, None, False),
         ("set_power_limit_w", 250.0, 250.0, True),
         ("reset_power_limit", None, None, True),
-        ("reset_memory_locked_clock", None, None, True),
         ("reset_locked_clock", None, None, True),
+        ("reset_memory_locked_clock", None, None, True),
     ]
     first, refused = gpu.set_calls[0], gpu.set_calls[2]
     assert first == SetCall(
@@ -46,6 +46,9 @@ def test_every_set_and_reset_call_is_recorded_with_its_times_and_refusals(tmp_pa
     assert refused.error == "GPU_IS_LOST" and refused.applied_s is None
     assert refused.returned_s == refused.issued_s  # refused at once, no latency
     assert gpu.set_calls[1].issued_s == pytest.approx(first.returned_s)
+    sm_reset, mem_reset = gpu.set_calls[-2:]  # each took effect within its own call
+    assert sm_reset.applied_s == pytest.approx(gpu.clock_applied_s())
+    assert sm_reset.returned_s <= mem_reset.issued_s
 
 
 def test_the_record_is_off_by_default_bounded_and_counts_permission_refusals(tmp_path) -> None:
