@@ -134,12 +134,15 @@ class DriftMonitor:
         # The energy window: (time, measured and predicted pipeline energy) per iteration.
         self._recent: deque[tuple[float, float, float]] = deque()
         self._totals = (0.0, 0.0, 0.0)  # their sums
-        self._streak: list[IterationStats] = []
+        # The latest iterations beyond the tolerance in a row (judged together), and the
+        # first of the row: every iteration may be beyond while their mean is not.
+        self._streak: deque[IterationStats] = deque(maxlen=patience)
+        self._streak_from = 0
         self._reported = False
 
     def reset(self) -> None:
         """A new plan runs: watch it afresh."""
-        self._streak = []
+        self._streak.clear()
         self._recent.clear()
         self._totals = (0.0, 0.0, 0.0)
         self._reported = False
@@ -168,12 +171,14 @@ class DriftMonitor:
         session should profile again."""
         energy_j = self._judged(stats) if stats.phase == "run" else stats.pipeline_energy_j
         if not _beyond(stats, energy_j):
-            self._streak = []
+            self._streak.clear()
             return False
         if self._reported:  # said once per plan: nothing kept while it drifts on
             return False
         if energy_j != stats.pipeline_energy_j:
             stats = dataclasses.replace(stats, pipeline_energy_j=energy_j)
+        if not self._streak:
+            self._streak_from = stats.iteration
         self._streak.append(stats)
         if len(self._streak) < self._patience:
             return False
@@ -187,7 +192,7 @@ class DriftMonitor:
         if self._rank == 0:
             _log.warning(
                 "perseus: iterations %d-%d: %s%s",
-                self._streak[0].iteration,
+                self._streak_from,
                 stats.iteration,
                 cause,
                 "; profiling again to re-plan" if reprofile else "",

@@ -293,6 +293,11 @@ def test_a_drift_that_goes_on_keeps_nothing_once_said():
     for i in range(200):
         monitor.update(_stats(i, 1.3, 120.0))
     assert len(monitor._streak) <= PATIENCE
+    # Every iteration beyond the tolerance, their mean within it: never said, never kept.
+    swinging = DriftMonitor(1, reprofile=False)
+    for i in range(200):
+        assert not swinging.update(_stats(i, 1.07 if i % 2 else 0.93, 100.0))
+    assert len(swinging._streak) <= PATIENCE
 
 
 def test_drift_is_said_once_after_a_few_iterations_with_its_cause(caplog):
