@@ -197,7 +197,7 @@ class StreamEmulator(DeviceRun):
     @contextmanager
     def op(self, agent: RankAgent, action: Action) -> Iterator[None]:
         self.before(action)
-        with agent.op(action.kind, action.microbatch_index, action.stage_index):
+        with agent.op(action):
             self.launch(action)
             agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
             yield
@@ -210,7 +210,8 @@ class StreamEmulator(DeviceRun):
             warnings.warn(
                 f"emulated action {action}: the host fell behind the simulated GPU (measured "
                 "times may come out long): slow it down with SimulatedGPU.from_profile("
-                "scale_profile(profile, k), set_latency_s=0.005 * k, publish_interval_s=0.1 * k) "
+                "perseus.runtime.emulation.scale_profile(profile, k), set_latency_s=0.005 * k, "
+                "publish_interval_s=0.1 * k) "
                 "for some k > 1 (savings are unchanged), or use a smaller model; further cases "
                 "are counted, not warned",
                 EmulationOverrunWarning,

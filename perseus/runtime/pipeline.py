@@ -35,6 +35,7 @@ class PerseusPipeline(RankSession):
     """One rank's perseus session around a torch pipeline schedule.
 
     Args:
+        torch_schedule: The torch pipeline schedule this rank runs.
         stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
         model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
         gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.

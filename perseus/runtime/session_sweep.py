@@ -14,7 +14,6 @@ from collections.abc import Collection
 from typing import Any
 
 from perseus.device.base import GPU, MemoryClockGPU
-from perseus.device.clock import clock_of
 from perseus.errors import ConfigError, ProfileError
 from perseus.plan import Baseline, Frontier, PlanPoint
 from perseus.profile.model import Profile
@@ -91,7 +90,7 @@ class SessionSweep:
                 "observe-only (no privilege, or unsupported): run `perseus doctor`, or "
                 "profile where clocks can be locked and pass that profile as plan="
             )
-        events, clock = agent.events, clock_of(self.gpu)  # reads paced on the device's clock
+        events, clock = agent.events, agent.clock  # reads paced on the agent's clock
         now_s = events.timeline_now_s if events is not None else clock.now
         period = self.options.sample_period_s
         sampler = CounterSampler(

@@ -62,7 +62,8 @@ class IterationStats:
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
-    """The deployed plan's predicted and measured figures (means over its iterations).
+    """The deployed plan's predicted and measured figures (means over its iterations in the
+    session's kept history, ``SessionOptions(history_kept=)``).
 
     Attributes:
         iterations: Iterations averaged (without the plan's first when there are more: it

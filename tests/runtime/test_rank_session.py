@@ -148,6 +148,7 @@ def test_online_profiling_runs_through_the_agent_and_deploys_a_plan(tmp_path):
         assert session.profiling and session.frontier is None
         agent = session.agent  # emulation runs the real agent -> controller -> device path
         assert agent is not None and agent.device_timed and not agent.observe_only
+        assert agent.clock is gpu.clock  # the sweep's counter reads are paced on it
         while session.profiling:
             _iteration(session)
             assert len(session.history) < 400  # steps repeat until 20 counter windows

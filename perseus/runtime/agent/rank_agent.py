@@ -497,6 +497,11 @@ class RankAgent:
         return self._events if self._device_timed else None
 
     @property
+    def clock(self) -> Clock:
+        """Where host times are read and the clock worker waits."""
+        return self._clock
+
+    @property
     def device_timed(self) -> bool:
         """True when clocks and op times follow device events."""
         return self._device_timed
