@@ -33,22 +33,20 @@ __all__ = [
 ]
 
 #: Job fields a TOML config can set (flags given on the command line override them).
-CONFIG_FIELDS = tuple(
-    [
-        "schedule",
-        "stages",
-        "microbatches",
-        "virtual_stages",
-        "blocking_power_w",
-        "p2p_latency_s",
-        "backward_split",
-        "layers_per_stage",
-        "layer_time_fractions",
-        "switch_latency_s",
-        "switch_energy_j",
-        "switch_stall_s",
-        "max_clocks_per_op",
-    ]
+CONFIG_FIELDS = (
+    "schedule",
+    "stages",
+    "microbatches",
+    "virtual_stages",
+    "blocking_power_w",
+    "p2p_latency_s",
+    "backward_split",
+    "layers_per_stage",
+    "layer_time_fractions",
+    "switch_latency_s",
+    "switch_energy_j",
+    "switch_stall_s",
+    "max_clocks_per_op",
 )
 
 

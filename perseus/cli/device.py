@@ -14,7 +14,7 @@ from perseus.errors import ConfigError
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.device.discovery import DeviceInfo
 
-__all__ = ["register", "run"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -54,11 +54,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(ge=0.001, le=1000),
         help="time multiplier, 1 = normal (0.001 to 1000)",
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``perseus device ACTION``."""
-    return int(args.handler(args))
 
 
 def _slowdown(args: argparse.Namespace) -> int:

@@ -257,12 +257,14 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
     from perseus.cli._doctor_power import check_blocking_power
 
     no_changes = options.no_clock_changes
+    identity = dc.probe("gpu", lambda: dc.check_identity(gpu))  # read before any lock is tried
+    clocks = dc.probe("supported clocks", lambda: dc.check_clocks(gpu))
     control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
     can_lock = control.status == "ok"
     why = "--no-clock-changes" if no_changes else "clock locking not allowed"
     return [
-        dc.probe("gpu", lambda: dc.check_identity(gpu)),
-        dc.probe("supported clocks", lambda: dc.check_clocks(gpu)),
+        identity,
+        clocks,
         control,
         dc.probe("memory clock locking", lambda: dc.check_memory_clock_locking(gpu, can_lock)),
         dc.probe("set latency", lambda: dc.check_set_latency(gpu))

@@ -36,23 +36,21 @@ PARAMETER_FLAGS: dict[str, str] = {
 EXTRAS: dict[str, str] = {"matplotlib": "plot", "tqdm": "progress"}
 
 #: The subcommand modules (each with ``register(subparsers)``), in `perseus --help` order.
-COMMANDS = tuple(
-    [
-        "demo",
-        "frontier",
-        "plan",
-        "evaluate",
-        "report",
-        "export",
-        "straggler_sweep",
-        "straggler",
-        "power",
-        "profile",
-        "device",
-        "recurring",
-        "fleet",
-        "doctor",
-    ]
+COMMANDS = (
+    "demo",
+    "frontier",
+    "plan",
+    "evaluate",
+    "report",
+    "export",
+    "straggler_sweep",
+    "straggler",
+    "power",
+    "profile",
+    "device",
+    "recurring",
+    "fleet",
+    "doctor",
 )
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")

@@ -392,7 +392,7 @@ class ScheduleFile(BaseModel):
 
     def point_at(self, iteration: int) -> int:
         """The frontier point index that iteration ``iteration`` (0-based) runs."""
-        k = bisect.bisect_right([first for first, _ in self.segments], iteration)
+        k = bisect.bisect_right(self.segments, iteration, key=lambda segment: segment[0])
         return self.segments[max(k - 1, 0)][1]
 
     def check_frontier(self, frontier: Frontier, source: str) -> None:
