@@ -25,7 +25,7 @@ from perseus.io.atomic import atomic_write_text
 from perseus.io.gpu_record import read_gpu_record, write_gpu_record
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.log import get_logger
-from perseus.profile.model import Profile, build_profile
+from perseus.profile.model import Profile, build_profile, clock_label
 from perseus.schedule.actions import Kind
 from perseus.validate import show_value
 
@@ -217,7 +217,7 @@ def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
         if (first_line := seen.setdefault((stage, kind, freq, mem, first), line)) != line:
             raise ProfileError(
                 f"{where}: duplicate phase from layer {first} of stage {stage} "
-                f"{kind.profile_name} at {_clocks(freq, mem)} (first on line {first_line}); "
+                f"{kind.profile_name} at {clock_label(freq, mem)} (first on line {first_line}); "
                 "keep one"
             )
         rows.append((stage, kind, first, last, freq, time_s, energy_j, mem))
@@ -249,7 +249,7 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
     splits: dict[tuple[int, Kind], tuple[tuple[int, int], ...]] = {}
     op_rows: list[Row] = []
     for (stage, kind, freq, mem), phases in ops.items():
-        what = f"{p}: stage {stage} {kind.profile_name} at {_clocks(freq, mem)}"
+        what = f"{p}: stage {stage} {kind.profile_name} at {clock_label(freq, mem)}"
         split = _tile_layers(what, phases)
         if (known := splits.setdefault((stage, kind), split)) != split:
             raise ProfileError(
@@ -311,15 +311,11 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
             who = f"rank {key[0]} " if "rank" in ranks else ""
             raise ProfileError(
                 f"{where}: duplicate row for {who}stage {row[0]} {row[1].profile_name} at "
-                f"{_clocks(row[2], row[5])} (first on line {first_line}); keep one"
+                f"{clock_label(row[2], row[5])} (first on line {first_line}); keep one"
             )
         rows.append(row)
         row_ranks.append(key[0])
     return _aggregate_ranks(p, rows, row_ranks) if "rank" in col else rows
-
-
-def _clocks(freq_mhz: int, mem_mhz: int | None) -> str:
-    return f"{freq_mhz} MHz" if mem_mhz is None else f"{freq_mhz}/{mem_mhz} MHz (SM/memory)"
 
 
 def _clock_mhz(text: str) -> int | None:
@@ -438,7 +434,7 @@ def _parse_json(p: Path, text: str) -> list[Row]:
         if key in seen:
             raise ProfileError(
                 f"{p}: field rows.{i}: duplicate row for stage {r.stage} {r.instruction} at "
-                f"{_clocks(r.frequency, r.mem_freq_mhz)}; keep one"
+                f"{clock_label(r.frequency, r.mem_freq_mhz)}; keep one"
             )
         seen.add(key)
         rows.append((*key[:3], r.time, r.energy, r.mem_freq_mhz))

@@ -442,9 +442,7 @@ def _min_cut(net, capa, res, ok, trees, side):
             res[k] = 0
         for k in range(capa.size):
             res[fs[k]] = capa[k]
-    for k in range(side.size):
-        side[k] = False
-    n_net = ptr.size - 1
+    n_net = ptr.size - 1  # _augment writes every entry of side
     return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, trees, side)
 
 

@@ -82,6 +82,7 @@ def fold_job(
         switch_latency_s=spec.switch_latency_s,
         switch_energy_j=spec.switch_energy_j,
         switch_stall_s=spec.switch_stall_s,
+        profile_name=spec.profile_name,
     )
     lift = lift_map(job.graph, small.graph)
     if lift is None:

@@ -77,6 +77,7 @@ def test_the_folded_job_is_the_same_job_with_fewer_microbatches():
         switch_latency_s=0.002,
         switch_energy_j=0.5,
         switch_stall_s=0.0007,
+        profile_name="noisy",
     )
     folded = fold_job(job, build_cost_model(job, 0.0, 2), 0.0, 2)
     assert folded is not None
