@@ -31,6 +31,7 @@ class FleetMember:
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).
         lease_s: The job loses its share this long after its last read.
+        clock: The wall clock (tests inject one).
     """
 
     def __init__(

@@ -223,9 +223,8 @@ class RecurringJob:
             str(w): {"samples_per_s": m.samples_per_s, "avg_power_w": m.avg_power_w}
             for w, m in profiler.measurements.items()
         }
-        chosen = profiler.chosen_w
         stored = self.store.save_power_limit_w(
-            self.name, self.gpu.name, batch_size, chosen, profile
+            self.name, self.gpu.name, batch_size, profiler.chosen_w, profile
         )
         if stored != profiler.chosen_w and isinstance(self.gpu, PowerLimitGPU):
             self.gpu.set_power_limit_w(stored)  # a concurrent run profiled first: follow it
@@ -313,16 +312,23 @@ class RecurringJob:
                     if limit is not None:
                         self.gpu.set_power_limit_w(limit)
                     else:
-                        kwargs = {"max_power_w": self.max_power_w, **self.profiler_kwargs}
                         profiler = PowerLimitProfiler(
-                            self.gpu, eta=self.eta, clock=self.clock, **kwargs
+                            self.gpu,
+                            eta=self.eta,
+                            max_power_w=self.max_power_w,
+                            clock=self.clock,
+                            **self.profiler_kwargs,
                         )
                 run = RecurringRun(self, run_id, started.decision, profiler, limit, ended)
                 shown = "profiling" if profiler is not None else limit
                 phase = started.decision.phase
                 log.info(
                     "job %s run %s: batch size %d (%s), power limit %s",
-                    *(self.name, run_id, bs, phase, shown),
+                    self.name,
+                    run_id,
+                    bs,
+                    phase,
+                    shown,
                 )
                 handed_over = True
                 yield run
@@ -338,7 +344,9 @@ class RecurringJob:
             log.warning(
                 "run %s: %g J in %g s is no measurement (a GPU energy counter that does not "
                 "advance?); not recorded",
-                *(run_id, o.energy_j, o.time_s),
+                run_id,
+                o.energy_j,
+                o.time_s,
             )
             self._abandon(run_id, "unmeasured")
             return

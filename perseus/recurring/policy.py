@@ -2,7 +2,8 @@
 
 A function of the history and a random generator, so processes sharing one history decide
 consistently. Rules (docs/recurring.md): (1) run ``b0`` first; (2) then an untried neighbour
-of any arm not clearly worse than the best (``margin_std``), smaller first; (3) then Thompson
+of the arms not clearly worse than the best (``margin_std``), the cheapest arm first and its
+smaller neighbour first; (3) then Thompson
 sampling among converged arms (:mod:`perseus.recurring.bandit`), exploring the drawn arm's
 untried neighbour once. A run past ``β ×`` the cheapest converged run stops and fails; a failed
 arm's cost is penalised with ``max(incurred, β × best)``; a preempted run is no evidence

@@ -433,27 +433,27 @@ def check_power_limit_row(
     """
     job, gpu, batch_size, power_limit_w, profile = row
     where = f"job = {_sql(job)} AND gpu = {_sql(gpu)} AND batch_size = {_sql(batch_size)}"
-    row = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
+    shown = f"{source}: power_limits row (job {show_value(job)}, gpu {show_value(gpu)}, batch size {show_value(batch_size)})"
     fix = f"drop it (DELETE FROM power_limits WHERE {where}) and the next run profiles again"
     if not is_figure(power_limit_w, positive=True, upper=1e5):
         raise ConfigError(
-            f"{row}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
+            f"{shown}: power_limit_w is {show_value(power_limit_w)}, expected watts > 0; {fix}"
         )
     if not _is_count(batch_size, 1):
-        raise ConfigError(f"{row}: batch_size is not a positive integer; {fix}")
+        raise ConfigError(f"{shown}: batch_size is not a positive integer; {fix}")
     parsed = _json_object(profile)
     if parsed is None:
-        raise ConfigError(f"{row}: profile {show_value(profile)} is not a JSON object; {fix}")
+        raise ConfigError(f"{shown}: profile {show_value(profile)} is not a JSON object; {fix}")
     for limit, m in parsed.items() if measured else ():
         figures = [m[k] for k in _PROFILE_FIGURES if isinstance(m, dict) and k in m]
         if not all(is_figure(v, positive=True) for v in figures):
             raise ConfigError(
-                f"{row}: profile at {show_value(limit)} W measured {show_value(m)}, expected "
+                f"{shown}: profile at {show_value(limit)} W measured {show_value(m)}, expected "
                 f"{' and '.join(_PROFILE_FIGURES)} > 0 (a limit chosen from nothing); {fix}"
             )
     if range_w is not None and not range_w[0] <= power_limit_w <= range_w[1]:
         raise ConfigError(
-            f"{row}: cached limit {power_limit_w:g} W is outside this GPU's range "
+            f"{shown}: cached limit {power_limit_w:g} W is outside this GPU's range "
             f"{range_w[0]:g}..{range_w[1]:g} W; {fix}"
         )
     return float(power_limit_w)

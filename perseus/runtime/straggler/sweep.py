@@ -105,10 +105,20 @@ def straggler_sweep(
         allmax_total = others * waited(allmax.energy_j, allmax.time_s) + s * allmax.energy_j
         fastest_total = others * waited(fastest.energy_j, fastest.time_s) + s * fastest.energy_j
         perseus_total = others * waited(plan.energy_j, plan.time_s) + s * fastest.energy_j
-        totals = (allmax_total, fastest_total, perseus_total)
-        savings = (1 - perseus_total / allmax_total, 1 - perseus_total / fastest_total)
-        plan_figures = (index, plan.time_s, plan.energy_j)
-        cases.append(StragglerCase(s, t_prime, job_time, *plan_figures, *totals, *savings))
+        case = StragglerCase(
+            factor=s,
+            straggler_time_s=t_prime,
+            job_time_s=job_time,
+            plan_index=index,
+            plan_time_s=plan.time_s,
+            plan_energy_j=plan.energy_j,
+            allmax_energy_j=allmax_total,
+            fastest_energy_j=fastest_total,
+            perseus_energy_j=perseus_total,
+            saving_vs_allmax=1 - perseus_total / allmax_total,
+            saving_vs_fastest=1 - perseus_total / fastest_total,
+        )
+        cases.append(case)
     return tuple(cases)
 
 
