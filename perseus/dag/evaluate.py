@@ -29,6 +29,7 @@ __all__ = [
     "evaluate_durations",
     "evaluate_freqs",
     "evaluate_many",
+    "evaluations",
     "longest_path",
     "op_costs",
 ]
@@ -82,12 +83,26 @@ def evaluate_durations(
     :func:`longest_path`."""
     t = np.asarray(time_s, dtype=np.float64)
     e = np.asarray(energy_j, dtype=np.float64)
-    start, end = longest_path(graph, t)
-    makespan = float(end.max())
-    busy = np.bincount(graph.rank, weights=t, minlength=graph.num_ranks).astype(np.float64)
-    compute = float(e.sum())
-    blocking = float(blocking_power_w * (graph.num_ranks * makespan - busy.sum()))
-    return Evaluation(makespan, compute + blocking, compute, blocking, start, end, busy)
+    return evaluations(graph, t[None], e[None], blocking_power_w=blocking_power_w)[0]
+
+
+def evaluations(
+    graph: OpGraph, time_s: FloatArray, energy_j: FloatArray, *, blocking_power_w: float
+) -> list[Evaluation]:
+    """:func:`evaluate_durations` of each row of ``time_s`` and ``energy_j`` (K, N), one
+    longest-path pass for all (each row's figures the same floats as alone)."""
+    t = np.asarray(time_s, dtype=np.float64)
+    e = np.asarray(energy_j, dtype=np.float64)
+    starts, ends = longest_path(graph, t)
+    out = []
+    for k in range(t.shape[0]):
+        makespan = float(ends[k].max())
+        busy = np.bincount(graph.rank, weights=t[k], minlength=graph.num_ranks).astype(np.float64)
+        compute = float(e[k].sum())
+        blocking = float(blocking_power_w * (graph.num_ranks * makespan - busy.sum()))
+        ev = Evaluation(makespan, compute + blocking, compute, blocking, starts[k], ends[k], busy)
+        out.append(ev)
+    return out
 
 
 def evaluate_many(

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from perseus.dag.evaluate import evaluations
 from perseus.errors import InfeasibleError, PlanError
 from perseus.job import PlanningJob
 from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, PointPower
@@ -28,6 +29,7 @@ __all__ = [
     "fastest_under_power",
     "plan_power",
     "power_timeline",
+    "power_timelines",
     "time_share_under_power",
     "timeline_of",
     "with_power",
@@ -73,12 +75,22 @@ def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
     """The summed power of ``job``'s ranks over one iteration of ``point`` (its integral is
     the exact evaluator's energy). Complexity: O(N + E) plus an O(N log N) sort.
     """
-    freqs = job.flat(point)
-    op_time_s, op_energy_j = job.op_costs(freqs)
-    ev = job.evaluate(freqs)
-    return timeline_of(
-        ev.start_s, ev.end_s, op_time_s, op_energy_j, job.blocking_power_w, job.graph.num_ranks
-    )
+    return power_timelines(job, [point])[0]
+
+
+def power_timelines(job: PlanningJob, points: Sequence[PlanPoint]) -> list[PowerTimeline]:
+    """:func:`power_timeline` of each point, one longest-path pass per 64 points."""
+    out: list[PowerTimeline] = []
+    for lo in range(0, len(points), 64):
+        costs = [job.op_costs(job.flat(p)) for p in points[lo : lo + 64]]
+        time_s = np.stack([c[0] for c in costs])
+        energy_j = np.stack([c[1] for c in costs])
+        evs = evaluations(job.graph, time_s, energy_j, blocking_power_w=job.blocking_power_w)
+        out.extend(
+            timeline_of(ev.start_s, ev.end_s, t, e, job.blocking_power_w, job.graph.num_ranks)
+            for ev, t, e in zip(evs, time_s, energy_j, strict=True)
+        )
+    return out
 
 
 def timeline_of(
@@ -123,7 +135,11 @@ def timeline_of(
 def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
     """Average (from the point's exact figures), peak and minimum summed power of ``point``,
     and its largest step change."""
-    summary = power_timeline(job, point).summary()
+    return _point_power(point, power_timeline(job, point))
+
+
+def _point_power(point: PlanPoint, timeline: PowerTimeline) -> PointPower:
+    summary = timeline.summary()
     avg = point.energy_j / point.time_s
     return summary.model_copy(
         update={
@@ -136,7 +152,11 @@ def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
 
 def with_power(job: PlanningJob, frontier: Frontier) -> Frontier:
     """A copy of ``frontier`` whose points carry their :class:`PointPower` (schema 3)."""
-    points = [p.model_copy(update={"power": plan_power(job, p)}) for p in frontier.points]
+    timelines = power_timelines(job, frontier.points)
+    points = [
+        p.model_copy(update={"power": _point_power(p, tl)})
+        for p, tl in zip(frontier.points, timelines, strict=True)
+    ]
     return frontier.with_points(points).model_copy(update={"schema_version": SCHEMA_VERSION})
 
 

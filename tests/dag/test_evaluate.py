@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perseus.dag import build_dag, evaluate_durations, evaluate_freqs, evaluate_many
+from perseus.dag.evaluate import evaluations
 from perseus.errors import PlanError, ScheduleError
 from perseus.io import load_profile
 from perseus.job import make_job
@@ -153,3 +154,22 @@ def test_a_dependency_cycle_is_a_schedule_error():
     )
     with pytest.raises(ScheduleError, match="dependency cycle"):
         build_dag(bad)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_many_plans_in_one_pass_give_each_plan_its_own_figures_exactly(name) -> None:
+    graph, _, _ = _random_case(name, 0, 0.05)
+    rng = np.random.default_rng(1)
+    times = rng.uniform(0.1, 2.0, (5, graph.num_nodes))
+    energies = rng.uniform(5, 50, (5, graph.num_nodes))
+    together = evaluations(graph, times, energies, blocking_power_w=80.0)
+    for t, e, ev in zip(times, energies, together, strict=True):
+        alone = evaluate_durations(graph, t.copy(), e.copy(), blocking_power_w=80.0)
+        assert (ev.time_s, ev.energy_j, ev.blocking_energy_j) == (
+            alone.time_s,
+            alone.energy_j,
+            alone.blocking_energy_j,
+        )
+        assert np.array_equal(ev.start_s, alone.start_s)
+        assert np.array_equal(ev.end_s, alone.end_s)
+        assert np.array_equal(ev.busy_s, alone.busy_s)

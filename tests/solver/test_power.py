@@ -87,6 +87,8 @@ def test_frontier_with_power_round_trips_as_schema_3(
     back = read_frontier(path)
     assert back.points == powered.points
     assert all(p.power is not None for p in back.points)
+    # The frontier's points are priced together; each gets what it gets alone.
+    assert [p.power for p in powered.points] == [plan_power(job, p) for p in frontier.points]
 
 
 def test_old_files_without_power_still_read_and_digest_as_before(tmp_path) -> None:
