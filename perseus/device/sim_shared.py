@@ -26,7 +26,6 @@ from perseus.device.sim_state import (
     SimStateFile,
     State,
     advance,
-    clock_kind,
     default_state_dir,
     energy_at,
     enforced_limit_w,
@@ -56,14 +55,21 @@ class _FnClock:
         self.real_time = sleep is time.sleep
 
 
+#: Time functions every process on Linux reads alike: a state on them is shared in real time.
+_SHARED_TIME: dict[Callable[[], float], str] = {
+    time.time: "wall",
+    time.perf_counter: "monotonic",
+    time.monotonic: "monotonic",
+}
+
+
 def _clock_kind(clock: Clock) -> str:
-    """How another process can read ``clock`` (see :func:`.sim_state.clock_kind`)."""
+    """How another process can read ``clock``: ``"wall"``, ``"monotonic"`` or ``"virtual"``
+    (it cannot; :func:`.sim_state.now_for` reads each)."""
     if isinstance(clock, _FnClock):
-        return clock_kind(clock.now)
-    if isinstance(clock, WallClock):
-        return "wall"
+        return _SHARED_TIME.get(clock.now, "virtual")
     if isinstance(clock, RealClock):
-        return "monotonic"
+        return "wall" if isinstance(clock, WallClock) else "monotonic"
     return "virtual"
 
 

@@ -33,7 +33,7 @@ from perseus.device.sim_costs import (
 )
 from perseus.device.sim_shared import SimSharedState, as_clock
 from perseus.device.sim_state import published_mj, segment_at
-from perseus.device.sim_stream import OpTrace, SimEvent, SimStream, StreamDevice
+from perseus.device.sim_stream import OpTrace, SimEvent, SimStream
 from perseus.errors import ConfigError, DeviceError, ProfileError
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
@@ -172,7 +172,7 @@ class SimulatedGPU(SimSharedState):
         self._injected = {}
         self._last_mj = 0
         self._attach_lock = threading.Lock()
-        self._stream = SimStream(StreamDevice.of(self, self.clock))
+        self._stream = SimStream(self)
         if trace_ops:
             self._stream.trace = []
         self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
