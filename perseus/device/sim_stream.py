@@ -21,7 +21,7 @@ from perseus.device.sim_state import State, publish_tick
 from perseus.schedule.actions import Kind
 
 if TYPE_CHECKING:
-    from perseus.device.simulated import SimulatedGPU
+    from perseus.device.sim_shared import SimSharedState
 
 __all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
 
@@ -136,10 +136,10 @@ class SimStream:
 
     _LOCK = threading.RLock()
 
-    def __init__(self, device: SimulatedGPU) -> None:
+    def __init__(self, device: SimSharedState) -> None:
         self._dev = device
         self._now = device.clock.now
-        self._top_mhz = device.supported_clocks_mhz()[0]
+        self._top_mhz = device._clocks[0]
         self._idle_w = device.true_blocking_power_w
         self._interval_s = device.publish_interval_s
         self._gain = device.counter_gain
