@@ -190,13 +190,12 @@ class SimStream:
             self._tick_s = publish_tick(now, self._interval_s)
 
     def _integrate(self, a: float, b: float, power_w: float) -> None:
-        """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks."""
-        interval = self._interval_s
-        if interval > 0:
-            tick = math.floor(b / interval) * interval
-            if tick > self._tick_s:
-                self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
-                self._tick_s = tick
+        """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks (each
+        instant when publishing exactly)."""
+        tick = publish_tick(b, self._interval_s)
+        if tick > self._tick_s:
+            self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
+            self._tick_s = tick
         self._energy_j += power_w * (b - a)
 
     def _published_at_mj(self, t: float, now: float) -> int:
@@ -214,10 +213,7 @@ class SimStream:
         return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._gain)
 
     def _published_mj(self) -> int:
-        gain = self._gain
-        if self._interval_s > 0:
-            return math.floor(self._tick_energy_j * 1000.0 * gain)
-        return math.floor(self._energy_j * 1000.0 * gain)
+        return math.floor(self._tick_energy_j * 1000.0 * self._gain)
 
     def _commit(self, now: float) -> None:
         """Run the queue from the committed time up to ``now`` at the current clock."""
