@@ -58,7 +58,7 @@ class FakeDevice:
     instant_power_mw: int | None = 84_000  # None: the field is not supported
     clock_event_reasons: int = _IDLE  # the reasons when nothing holds the clock down
     has_event_reasons_name: bool = True  # False: only the older ...ThrottleReasons works
-    app_clocks_restricted: int = 1  # NVML_FEATURE_ENABLED: only root may set them
+    app_clocks_restricted: int = 1  # enabled: only root may set application clocks
     busy: bool = False  # a kernel is running
     activity: float = 1.0
     #: Activities stepped through every ``activity_period_s`` (empty: ``activity``).

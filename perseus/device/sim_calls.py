@@ -11,9 +11,12 @@ import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from perseus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perseus.device.sim_shared import SimSharedState
 
 __all__ = ["SetCall", "recorded_set_call", "set_call_log"]
 
@@ -59,14 +62,7 @@ def set_call_log(max_calls: int, return_lag_s: float) -> deque[SetCall] | None:
     return deque(maxlen=max_calls) if max_calls else None
 
 
-class _Recording(Protocol):
-    set_return_lag_s: float
-    _set_calls: deque[SetCall] | None
-    _clock: Callable[[], float]
-    _sleep: Callable[[float], None]
-
-
-_G = TypeVar("_G", bound=_Recording)
+_G = TypeVar("_G", bound="SimSharedState")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 

@@ -1,8 +1,8 @@
-"""The simulated GPU's shared state: attaching to its state file, and what lives there.
+"""The simulated GPU's base: its model's parameters and the state every process shares.
 
-:class:`SimSharedState` is the part of a :class:`~perseus.device.simulated.SimulatedGPU` that
-reads and changes the state file every process shares (lock, energy, slowdown, memory lock and
-power limit), plus error injection.
+:class:`SimSharedState` builds a :class:`~perseus.device.simulated.SimulatedGPU` (which
+documents the arguments), attaches to its state file and changes what lives there (lock,
+energy, slowdown, memory lock and power limit), and injects errors.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ import os
 import random
 import threading
 import time
-from collections import deque
+import uuid as _uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.clock import Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
-from perseus.device.sim_calls import SetCall, recorded_set_call
-from perseus.device.sim_costs import OpCostFn, SimNoise
+from perseus.device.sim_calls import recorded_set_call, set_call_log
+from perseus.device.sim_costs import MemCostFn, OpCostFn, OpPricer, SimNoise
 from perseus.device.sim_state import (
     SimStateFile,
     State,
     advance,
-    clock_kind,
     default_state_dir,
     energy_at,
     enforced_limit_w,
@@ -42,7 +42,7 @@ from perseus.errors import (
 )
 from perseus.schedule.actions import Kind
 
-__all__ = ["SimSharedState", "as_clock"]
+__all__ = ["SimSharedState", "as_clock", "sim_uuid"]
 
 
 class _FnClock:
@@ -56,14 +56,21 @@ class _FnClock:
         self.real_time = sleep is time.sleep
 
 
+#: Time functions every process on Linux reads alike: a state on them is shared in real time.
+_SHARED_TIME: dict[Callable[[], float], str] = {
+    time.time: "wall",
+    time.perf_counter: "monotonic",
+    time.monotonic: "monotonic",
+}
+
+
 def _clock_kind(clock: Clock) -> str:
-    """How another process can read ``clock`` (see :func:`.sim_state.clock_kind`)."""
+    """How another process can read ``clock``: ``"wall"``, ``"monotonic"`` or ``"virtual"``
+    (it cannot; :func:`.sim_state.now_for` reads each)."""
     if isinstance(clock, _FnClock):
-        return clock_kind(clock.now)
-    if isinstance(clock, WallClock):
-        return "wall"
+        return _SHARED_TIME.get(clock.now, "virtual")
     if isinstance(clock, RealClock):
-        return "monotonic"
+        return "wall" if isinstance(clock, WallClock) else "monotonic"
     return "virtual"
 
 
@@ -72,36 +79,117 @@ def as_clock(clock: Clock | Callable[[], float], sleep: Callable[[float], None] 
     return clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
 
 
-class SimSharedState:
-    """The shared-state half of a SimulatedGPU (whose constructor sets these attributes)."""
+def _checked_p99_s(
+    name: str,
+    clocks_mhz: tuple[int, ...] | list[int],
+    blocking_power_w: float,
+    publish_interval_s: float,
+    set_latency_s: float,
+    set_latency_p99_s: float | None,
+) -> float:
+    """The set latency's 99th percentile (default 2.4 x the median), after checking inputs."""
+    if not clocks_mhz:
+        raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
+    if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
+        raise ConfigError(
+            f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
+            "set_latency_s must be >= 0"
+        )
+    p99 = 2.4 * set_latency_s if set_latency_p99_s is None else set_latency_p99_s
+    if set_latency_s > 0 and p99 < set_latency_s:
+        raise ConfigError(
+            f"simulated GPU {name!r}: set_latency_p99_s ({p99}) is below the median "
+            f"set_latency_s ({set_latency_s})"
+        )
+    return float(p99)
 
-    _name: str
-    _uuid: str
-    index: int
-    source: str
-    _clocks: tuple[int, ...]
-    _idle_clock: int
-    _cost_fn: OpCostFn
-    blocking_power_w: float
-    noise: SimNoise | None
-    publish_interval_s: float
-    set_latency_s: float
-    power_cap_w: float | None
-    privileged: bool
-    clock: Clock
-    _clock: Callable[[], float]
-    _sleep: Callable[[float], None]
-    _state_dir: Path | None
-    _file: SimStateFile | None
-    _attach_lock: threading.Lock
-    _injected: dict[str, list[DeviceError]]
-    _stream: SimStream
-    _mem_clocks: tuple[int, ...]
-    _mem_locked: int | None
-    _latency_rng: random.Random
-    _latency_sigma: float
-    set_return_lag_s: float
-    _set_calls: deque[SetCall] | None
+
+def sim_uuid(index: int) -> str:
+    """The stable UUID of simulated GPU ``index`` (every process finds the same GPU)."""
+    return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
+
+
+class SimSharedState:
+    """The base of :class:`~perseus.device.simulated.SimulatedGPU` (its constructor, whose
+    arguments that class documents): the model's parameters, the state file every process
+    shares (lock, energy, slowdown, memory lock, power limit), prices, error injection."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clocks_mhz: tuple[int, ...] | list[int],
+        op_cost_fn: OpCostFn,
+        blocking_power_w: float,
+        index: int = 0,
+        state_dir: str | Path | None = None,
+        publish_interval_s: float = 0.1,
+        set_latency_s: float = 0.005,
+        set_latency_p99_s: float | None = None,
+        noise: SimNoise | None = None,
+        power_cap_w: float | None = None,
+        idle_clock_mhz: int | None = None,
+        privileged: bool = True,
+        clamp_out_of_range: bool = True,
+        source: str = "",
+        clock: Clock | Callable[[], float] = time.time,
+        sleep: Callable[[float], None] | None = None,
+        seed: int = 0,
+        trace_ops: bool = False,
+        memory_clocks_mhz: tuple[int, ...] = (),
+        mem_cost_fn: MemCostFn | None = None,
+        record_set_calls: int = 0,
+        set_return_lag_s: float = 0.0,
+    ) -> None:
+        # What this GPU was built from, so that placed() can build its twin.
+        self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        p99 = _checked_p99_s(
+            name, clocks_mhz, blocking_power_w, publish_interval_s, set_latency_s, set_latency_p99_s
+        )
+        self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
+        if len(self._mem_clocks) > 1 and mem_cost_fn is None:
+            raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
+        self._name = name
+        self._clocks = tuple(sorted(set(clocks_mhz), reverse=True))
+        self._ascending = tuple(reversed(self._clocks))
+        self._cost_fn = op_cost_fn
+        self._pricer = OpPricer(self._clocks, op_cost_fn, self._mem_clocks, mem_cost_fn)
+        self._mem_locked: int | None = None  # this process's memory lock (also in the state)
+        self.blocking_power_w = float(blocking_power_w)
+        self.index = index
+        self._state_dir = Path(state_dir) if state_dir is not None else None
+        self.publish_interval_s = float(publish_interval_s)
+        self.set_latency_s = float(set_latency_s)
+        self.set_latency_p99_s = p99
+        # lognormal sigma from the median and the 99th percentile (z_0.99 = 2.3263)
+        self._latency_sigma = (
+            math.log(p99 / set_latency_s) / 2.3263 if set_latency_s > 0 and p99 > 0 else 0.0
+        )
+        self._latency_rng = random.Random(f"perseus-sim-latency/{seed}/{index}")
+        self.noise = noise
+        self.power_cap_w = power_cap_w
+        self._idle_clock = idle_clock_mhz if idle_clock_mhz is not None else self._clocks[-1]
+        self.privileged = privileged
+        self.clamp_out_of_range = clamp_out_of_range
+        self.source = source
+        self.clock = as_clock(clock, sleep)
+        self._clock: Callable[[], float] = self.clock.now
+        self._sleep: Callable[[float], None] = self.clock.sleep
+        self._uuid = sim_uuid(index)
+        self._file: SimStateFile | None = None
+        self._injected: dict[str, list[DeviceError]] = {}
+        self._last_mj = 0
+        self._attach_lock = threading.Lock()
+        self._stream = SimStream(self)
+        if trace_ops:
+            self._stream.trace = []
+        self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
+        self.set_return_lag_s = float(set_return_lag_s)
+
+    def _op_at(
+        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
+    ) -> tuple[int, float, float]:
+        return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
 
     @property
     def explicit_state_dir(self) -> bool:

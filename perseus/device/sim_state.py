@@ -31,7 +31,6 @@ __all__ = [
     "STATE_SUFFIX",
     "SimStateFile",
     "advance",
-    "clock_kind",
     "default_state_dir",
     "energy_at",
     "enforced_limit_w",
@@ -129,16 +128,6 @@ def enforced_limit_w(state: State, board_cap_w: float | None) -> float | None:
     if limit is None:
         return board_cap_w
     return float(limit) if board_cap_w is None else min(float(limit), board_cap_w)
-
-
-def clock_kind(clock: Callable[[], float]) -> str:
-    """How another process can read ``clock``: ``"wall"``, ``"monotonic"`` (the same in
-    every process on Linux) or ``"virtual"`` (it cannot)."""
-    if clock is time.time:
-        return "wall"
-    if clock is time.perf_counter or clock is time.monotonic:
-        return "monotonic"
-    return "virtual"
 
 
 def now_for(state: State) -> float:

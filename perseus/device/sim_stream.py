@@ -16,15 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perseus.device.clock import Clock
 from perseus.device.sim_costs import SimNoise
 from perseus.device.sim_state import State, publish_tick
 from perseus.schedule.actions import Kind
 
 if TYPE_CHECKING:
-    from perseus.device.simulated import SimulatedGPU
+    from perseus.device.sim_shared import SimSharedState
 
-__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream", "StreamDevice"]
+__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
 
 #: Bumped by every change to any stream of the process: predicted event times are cached per
 #: version (else predicting through chains of cross-stream waits is exponential in depth). A
@@ -79,44 +78,6 @@ class SimEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamDevice:
-    """What a :class:`SimStream` needs from its device (a test can build one from values):
-    its counter's parameters, ``price(stage_index, kind, lock_mhz, cap_w) -> (clock_mhz,
-    time_s, energy_j)``, and the shared state (read, the cap it enforces, update)."""
-
-    index: int
-    noise: SimNoise | None
-    clock: Clock
-    top_clock_mhz: int
-    idle_power_w: float
-    publish_interval_s: float
-    counter_gain: float
-    power_cap_w: float | None
-    price: Callable[[int, Kind, int, float | None], tuple[int, float, float]]
-    read_state: Callable[[], State]
-    cap_w: Callable[[State], float | None]
-    update_state: Callable[[Callable[[State], None], float | None], State]
-
-    @classmethod
-    def of(cls, gpu: SimulatedGPU, clock: Clock) -> StreamDevice:
-        """The view of ``gpu`` its stream uses."""
-        return cls(
-            gpu.index,
-            gpu.noise,
-            clock,
-            gpu.supported_clocks_mhz()[0],
-            gpu.true_blocking_power_w,
-            gpu.publish_interval_s,
-            gpu.counter_gain,
-            gpu.power_cap_w,
-            gpu._op_at,
-            gpu._state,
-            gpu._cap_w,
-            gpu._update,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class OpTrace:
     """How one op really ran: ``(clock_mhz, time_s)`` pieces, in order, one per clock."""
 
@@ -165,7 +126,8 @@ _Item = _Op | _Wait | SimEvent
 
 
 class SimStream:
-    """One simulated GPU's stream, reaching its device through a :class:`StreamDevice`.
+    """One simulated GPU's stream: its queue and timeline; the shared state, prices and
+    counter parameters are the device's.
 
     Thread-safe: one re-entrant lock serves every stream of the process (a stream waiting on
     another's event reads it under its own lock; a signal handler may reset the clock inside
@@ -174,9 +136,13 @@ class SimStream:
 
     _LOCK = threading.RLock()
 
-    def __init__(self, device: StreamDevice) -> None:
+    def __init__(self, device: SimSharedState) -> None:
         self._dev = device
         self._now = device.clock.now
+        self._top_mhz = device._clocks[0]
+        self._idle_w = device.true_blocking_power_w
+        self._interval_s = device.publish_interval_s
+        self._gain = device.counter_gain
         self._lock = SimStream._LOCK
         self._times_cache: tuple[int, dict[int, float]] = (-1, {})
         self._queue: deque[_Item] = deque()
@@ -207,30 +173,29 @@ class SimStream:
     def _clock_for(self, op: _Op) -> tuple[int, float, float]:
         """``(clock, time_s, power_w)`` of ``op`` run entirely at the current lock."""
         dev = self._dev
-        target = dev.top_clock_mhz if self._lock_mhz is None else self._lock_mhz
-        f_eff, t, e = dev.price(op.stage_index, op.kind, target, self._cap_w)
+        target = self._top_mhz if self._lock_mhz is None else self._lock_mhz
+        f_eff, t, e = dev._op_at(op.stage_index, op.kind, target, self._cap_w)
         return f_eff, t * op.time_mult, (e / t) * op.power_mult
 
     def _start(self, now: float) -> None:
         if self._t_dev is None:
-            state = self._dev.read_state()
+            state = self._dev._state()
             self._t_dev = now
             self._idle_since = self._floor_s = now  # no history before this stream existed
-            self._recent = [(now, float(state["energy_j"]), self._dev.idle_power_w)]
+            self._recent = [(now, float(state["energy_j"]), self._idle_w)]
             self._lock_mhz = None if state["locked_mhz"] is None else int(state["locked_mhz"])
-            self._cap_w = self._dev.cap_w(state)
+            self._cap_w = self._dev._cap_w(state)
             self._energy_j = float(state["energy_j"])
             self._tick_energy_j = self._energy_j
-            self._tick_s = publish_tick(now, self._dev.publish_interval_s)
+            self._tick_s = publish_tick(now, self._interval_s)
 
     def _integrate(self, a: float, b: float, power_w: float) -> None:
-        """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks."""
-        interval = self._dev.publish_interval_s
-        if interval > 0:
-            tick = math.floor(b / interval) * interval
-            if tick > self._tick_s:
-                self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
-                self._tick_s = tick
+        """Add ``power_w`` over ``[a, b]`` to the stream's energy, noting publish ticks (each
+        instant when publishing exactly)."""
+        tick = publish_tick(b, self._interval_s)
+        if tick > self._tick_s:
+            self._tick_energy_j = self._energy_j + power_w * max(0.0, tick - a)
+            self._tick_s = tick
         self._energy_j += power_w * (b - a)
 
     def _published_at_mj(self, t: float, now: float) -> int:
@@ -240,18 +205,15 @@ class SimStream:
         if t >= now or not recent or t < recent[0][0]:
             return self._published_mj()
         # not quite the tick before recent[0], but within one period of it
-        tick = max(publish_tick(t, self._dev.publish_interval_s), recent[0][0])
+        tick = max(publish_tick(t, self._interval_s), recent[0][0])
         t0, e0, p = recent[0]
         for seg in recent:
             if seg[0] <= tick:
                 t0, e0, p = seg
-        return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._dev.counter_gain)
+        return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._gain)
 
     def _published_mj(self) -> int:
-        gain = self._dev.counter_gain
-        if self._dev.publish_interval_s > 0:
-            return math.floor(self._tick_energy_j * 1000.0 * gain)
-        return math.floor(self._energy_j * 1000.0 * gain)
+        return math.floor(self._tick_energy_j * 1000.0 * self._gain)
 
     def _commit(self, now: float) -> None:
         """Run the queue from the committed time up to ``now`` at the current clock."""
@@ -262,7 +224,7 @@ class SimStream:
             return
         _VERSION[0] += 1
         queue = self._queue
-        idle_w = self._dev.idle_power_w
+        idle_w = self._idle_w
         while queue:
             item = queue[0]
             if isinstance(item, SimEvent):
@@ -379,7 +341,7 @@ class SimStream:
             if lock_changed:
                 state["locked_mhz"] = lock
 
-        self._dev.update_state(change, now)
+        self._dev._update(change, now)
 
     def launch(self, stage_index: int, kind: Kind) -> None:
         dev = self._dev
@@ -390,7 +352,7 @@ class SimStream:
                 self._rng = noise.rng(dev.index)
             time_mult = math.exp(self._rng.gauss(0.0, noise.time_sigma))
             power_mult = math.exp(self._rng.gauss(0.0, noise.power_sigma))
-        slowdown = float(dev.read_state()["slowdown"])
+        slowdown = float(dev._state()["slowdown"])
         with self._lock:
             op = _Op(self._seq, stage_index, kind, time_mult * slowdown, power_mult)
             self._seq += 1
@@ -422,7 +384,7 @@ class SimStream:
         op.start_s = start
         op.done = span / full_s
         self._piece(op, f_eff, span)
-        idle_w = self._dev.idle_power_w
+        idle_w = self._idle_w
         e_start = self._energy_j - idle_w * (now - start)
         extra_j = (power_w - idle_w) * span
         self._energy_j += extra_j
@@ -446,7 +408,7 @@ class SimStream:
                 gain = float(state.get("counter_gain", 1.0))
                 state["pub_mj"] = int(state["pub_mj"]) + round(moved_j * 1000.0 * gain)
 
-        self._dev.update_state(change, now)
+        self._dev._update(change, now)
 
     def backdate(self, ready_s: float) -> None:
         """Let the next op start once the stream was free and its inputs ready (``ready_s``),
@@ -462,7 +424,7 @@ class SimStream:
     def observe(self, time_s: float) -> None:
         """Someone read the energy counter at ``time_s``: backdated work may not start before
         that publish instant (the reader saw idle energy there). Call under the lock."""
-        tick = publish_tick(time_s, self._dev.publish_interval_s)
+        tick = publish_tick(time_s, self._interval_s)
         if tick > self._observed_s:
             self._observed_s = tick
 

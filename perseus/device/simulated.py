@@ -8,32 +8,23 @@ energy counter published every 100 ms (``docs/hardware.md#sim-model``).
 
 from __future__ import annotations
 
-import math
-import random
-import threading
-import time
-import uuid as _uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from perseus.device.base import DeviceEvent, nearest_clock_mhz
-from perseus.device.clock import Clock
 from perseus.device.nvml_calls import CLOCK_EVENT_BITS
 from perseus.device.presets import GPUPreset, get_preset
-from perseus.device.sim_calls import SetCall, recorded_set_call, set_call_log
+from perseus.device.sim_calls import SetCall, recorded_set_call
 from perseus.device.sim_costs import (
-    MemCostFn,
-    OpCostFn,
-    OpPricer,
     SimNoise,
     preset_costs,
     profile_costs,
     split_backward,
 )
-from perseus.device.sim_shared import SimSharedState, as_clock
+from perseus.device.sim_shared import SimSharedState, sim_uuid
 from perseus.device.sim_state import published_mj, segment_at
-from perseus.device.sim_stream import OpTrace, SimEvent, SimStream, StreamDevice
+from perseus.device.sim_stream import OpTrace, SimEvent
 from perseus.errors import ConfigError, DeviceError, ProfileError
 from perseus.profile.model import Profile
 from perseus.schedule.actions import Kind
@@ -42,36 +33,6 @@ __all__ = ["OpTrace", "SetCall", "SimEvent", "SimNoise", "SimulatedGPU", "sim_uu
 
 _REASON_IDLE = CLOCK_EVENT_BITS["gpu_idle"]
 _REASON_POWER_CAP = CLOCK_EVENT_BITS["sw_power_cap"]
-
-
-def _checked_p99_s(
-    name: str,
-    clocks_mhz: tuple[int, ...] | list[int],
-    blocking_power_w: float,
-    publish_interval_s: float,
-    set_latency_s: float,
-    set_latency_p99_s: float | None,
-) -> float:
-    """The set latency's 99th percentile (default 2.4 x the median), after checking inputs."""
-    if not clocks_mhz:
-        raise ConfigError(f"simulated GPU {name!r}: clock list is empty")
-    if blocking_power_w < 0 or publish_interval_s < 0 or set_latency_s < 0:
-        raise ConfigError(
-            f"simulated GPU {name!r}: blocking_power_w, publish_interval_s and "
-            "set_latency_s must be >= 0"
-        )
-    p99 = 2.4 * set_latency_s if set_latency_p99_s is None else set_latency_p99_s
-    if set_latency_s > 0 and p99 < set_latency_s:
-        raise ConfigError(
-            f"simulated GPU {name!r}: set_latency_p99_s ({p99}) is below the median "
-            f"set_latency_s ({set_latency_s})"
-        )
-    return float(p99)
-
-
-def sim_uuid(index: int) -> str:
-    """The stable UUID of simulated GPU ``index`` (every process finds the same GPU)."""
-    return f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, f'perseus-sim/{index}')}"
 
 
 class SimulatedGPU(SimSharedState):
@@ -105,78 +66,6 @@ class SimulatedGPU(SimSharedState):
         record_set_calls: Keep the last this many set and reset calls in :attr:`set_calls`.
         set_return_lag_s: How long a set or reset call blocks after its change took effect.
     """
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        clocks_mhz: tuple[int, ...] | list[int],
-        op_cost_fn: OpCostFn,
-        blocking_power_w: float,
-        index: int = 0,
-        state_dir: str | Path | None = None,
-        publish_interval_s: float = 0.1,
-        set_latency_s: float = 0.005,
-        set_latency_p99_s: float | None = None,
-        noise: SimNoise | None = None,
-        power_cap_w: float | None = None,
-        idle_clock_mhz: int | None = None,
-        privileged: bool = True,
-        clamp_out_of_range: bool = True,
-        source: str = "",
-        clock: Clock | Callable[[], float] = time.time,
-        sleep: Callable[[float], None] | None = None,
-        seed: int = 0,
-        trace_ops: bool = False,
-        memory_clocks_mhz: tuple[int, ...] = (),
-        mem_cost_fn: MemCostFn | None = None,
-        record_set_calls: int = 0,
-        set_return_lag_s: float = 0.0,
-    ) -> None:
-        # What this GPU was built from, so that placed() can build its twin.
-        self._config: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
-        p99 = _checked_p99_s(
-            name, clocks_mhz, blocking_power_w, publish_interval_s, set_latency_s, set_latency_p99_s
-        )
-        self._mem_clocks = tuple(sorted(set(memory_clocks_mhz), reverse=True))
-        if len(self._mem_clocks) > 1 and mem_cost_fn is None:
-            raise ConfigError(f"simulated GPU {name!r}: memory clocks need a mem_cost_fn")
-        self._name = name
-        self._clocks = tuple(sorted(set(clocks_mhz), reverse=True))
-        self._ascending = tuple(reversed(self._clocks))
-        self._cost_fn = op_cost_fn
-        self._pricer = OpPricer(self._clocks, op_cost_fn, self._mem_clocks, mem_cost_fn)
-        self._mem_locked: int | None = None  # this process's memory lock (also in the state)
-        self.blocking_power_w = float(blocking_power_w)
-        self.index = index
-        self._state_dir = Path(state_dir) if state_dir is not None else None
-        self.publish_interval_s = float(publish_interval_s)
-        self.set_latency_s = float(set_latency_s)
-        self.set_latency_p99_s = p99
-        # lognormal sigma from the median and the 99th percentile (z_0.99 = 2.3263)
-        self._latency_sigma = (
-            math.log(p99 / set_latency_s) / 2.3263 if set_latency_s > 0 and p99 > 0 else 0.0
-        )
-        self._latency_rng = random.Random(f"perseus-sim-latency/{seed}/{index}")
-        self.noise = noise
-        self.power_cap_w = power_cap_w
-        self._idle_clock = idle_clock_mhz if idle_clock_mhz is not None else self._clocks[-1]
-        self.privileged = privileged
-        self.clamp_out_of_range = clamp_out_of_range
-        self.source = source
-        self.clock = as_clock(clock, sleep)
-        self._clock = self.clock.now
-        self._sleep = self.clock.sleep
-        self._uuid = sim_uuid(index)
-        self._file = None
-        self._injected = {}
-        self._last_mj = 0
-        self._attach_lock = threading.Lock()
-        self._stream = SimStream(StreamDevice.of(self, self.clock))
-        if trace_ops:
-            self._stream.trace = []
-        self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
-        self.set_return_lag_s = float(set_return_lag_s)
 
     @classmethod
     def from_profile(
@@ -363,11 +252,6 @@ class SimulatedGPU(SimSharedState):
         locked = state["locked_mhz"]
         f = self._clocks[0] if locked is None else locked
         return self._op_at(stage_index, kind, f, self._cap_w(state))
-
-    def _op_at(
-        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
-    ) -> tuple[int, float, float]:
-        return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
 
     def op_cost(self, stage_index: int, kind: Kind) -> tuple[float, float]:
         """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown
