@@ -18,16 +18,22 @@ if TYPE_CHECKING:
     from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
     from perseus.runtime.session import BoundaryHook, IterationStats, RankSession, SessionOptions
 
-#: Module -> the public names it defines (each imported on first access).
-_MODULES = {
-    "perseus.runtime.agent.rank_agent": "RankAgent",
-    "perseus.runtime.metrics": "IterationMetrics MetricsSink",
-    "perseus.runtime.pipeline": "PerseusPipeline perseus_pipeline",
-    "perseus.runtime.planning": "OfflineProfile OnlineProfile PlanFile",
-    "perseus.runtime.session": "BoundaryHook IterationStats RankSession SessionOptions SessionState",
-    "perseus.runtime.summary": "RunSummary",
+_LAZY: dict[str, str] = {
+    "BoundaryHook": "perseus.runtime.session",
+    "IterationMetrics": "perseus.runtime.metrics",
+    "IterationStats": "perseus.runtime.session",
+    "MetricsSink": "perseus.runtime.metrics",
+    "OfflineProfile": "perseus.runtime.planning",
+    "OnlineProfile": "perseus.runtime.planning",
+    "PerseusPipeline": "perseus.runtime.pipeline",
+    "PlanFile": "perseus.runtime.planning",
+    "RankAgent": "perseus.runtime.agent.rank_agent",
+    "RankSession": "perseus.runtime.session",
+    "RunSummary": "perseus.runtime.summary",
+    "SessionOptions": "perseus.runtime.session",
+    "SessionState": "perseus.runtime.session",
+    "perseus_pipeline": "perseus.runtime.pipeline",
 }
-_LAZY = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 __all__ = [
     "BoundaryHook",
@@ -45,5 +51,6 @@ __all__ = [
     "SessionState",
     "perseus_pipeline",
 ]
+
 
 __getattr__, __dir__ = _lazy_names(__name__, _LAZY)
