@@ -39,9 +39,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def select_point(
-    frontier: Frontier, plan: str, max_time_s: float | None, source: str = "the frontier"
+    frontier: Frontier,
+    plan: str,
+    max_time_s: float | None,
+    source: str = "the frontier",
+    flag: str = "--max-time-s",
 ) -> tuple[int, PlanPoint]:
-    """The chosen point and its index.
+    """The chosen point and its index: the cheapest within ``max_time_s`` (given by
+    ``flag``) when it is given, else ``plan``.
 
     Raises:
         ConfigError: for an unknown name, an index out of range, or a time below T_min.
@@ -50,8 +55,8 @@ def select_point(
     if max_time_s is not None:
         if max_time_s < frontier.fastest.time_s * (1 - 1e-12):
             raise ConfigError(
-                f"--max-time-s {max_time_s:g}: below the fastest plan of {source} "
-                f"({frontier.fastest.time_s:.6g} s); pass a larger time"
+                f"{flag} {max_time_s:g}: below the fastest plan of {source} "
+                f"({frontier.fastest.time_s:.6g} s); pass at least that"
             )
         point = frontier.cheapest_within(max_time_s)
     elif plan == "fastest":

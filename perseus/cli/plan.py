@@ -131,20 +131,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
     if args.off_frontier or args.profile is not None:
         raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
-    fastest = frontier.fastest.time_s
+    from perseus.cli.export import select_point
+
     if args.slowdown is not None:
-        deadline = fastest * args.slowdown
+        flag, deadline = "--slowdown", frontier.fastest.time_s * args.slowdown
         how = f"slowdown {args.slowdown:g}"
     else:
-        deadline = args.time_s if args.time_s is not None else args.straggler_time_s
         flag = "--time-s" if args.time_s is not None else "--straggler-time-s"
+        deadline = args.time_s if args.time_s is not None else args.straggler_time_s
         how = f"{flag} {deadline:g}"
-        if deadline < fastest * (1 - 1e-12):
-            raise ConfigError(
-                f"{flag} {deadline:g}: below the fastest plan of {args.frontier} "
-                f"({fastest:.6g} s); pass at least {fastest:.6g}"
-            )
-    point = frontier.cheapest_within(deadline)
+    _, point = select_point(frontier, "", deadline, args.frontier, flag)
     write_frontier(frontier.with_points([point]), args.out)
     base = frontier.baseline
     print(

@@ -104,6 +104,12 @@ class IterationMetrics:
 #: written ``A/B@K``).
 CSV_FIELDS: tuple[str, ...] = tuple(IterationMetrics.__dataclass_fields__)
 
+#: The fields a record copies from its :class:`IterationStats` (the pipeline's energy is the
+#: sink's own gather).
+_FROM_STATS = tuple(
+    f for f in CSV_FIELDS if f in IterationStats.__dataclass_fields__ and f != "pipeline_energy_j"
+)
+
 
 def iteration_metrics(
     stats: IterationStats,
@@ -119,25 +125,15 @@ def iteration_metrics(
         clocks = frontier.points[stats.point_index].freqs_mhz[rank]
     flat = [ph.freq_mhz for op in clocks or () for ph in op_phases(op)]
     return IterationMetrics(
-        iteration=stats.iteration,
-        phase=stats.phase,
+        **{name: getattr(stats, name) for name in _FROM_STATS},
         rank=rank,
         gpu=gpu,
-        time_s=stats.time_s,
-        energy_j=stats.energy_j,
         pipeline_energy_j=pipeline_energy_j,
-        predicted_time_s=stats.predicted_time_s,
-        predicted_energy_j=stats.predicted_energy_j,
         time_error=_ratio(stats.time_s, stats.predicted_time_s),
         energy_error=_ratio(pipeline_energy_j, stats.predicted_energy_j),
-        point_index=stats.point_index,
         clocks_mhz=clocks,
         min_clock_mhz=min(flat) if flat else None,
         max_clock_mhz=max(flat) if flat else None,
-        clock_share_at_plan=stats.clock_share_at_plan,
-        held_ops=stats.held_ops,
-        pipeline_held_ops=stats.pipeline_held_ops,
-        host_overruns=stats.host_overruns,
     )
 
 
