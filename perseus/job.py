@@ -82,10 +82,10 @@ class PlanningJob:
             flat = [phases_op(op_phases(op)) for op in freqs_mhz]  # type: ignore[arg-type]
         elif (arr := np.asarray(freqs_mhz, dtype=np.int64)).ndim == 1:
             flat = [int(f) for f in arr.tolist()]
-        else:
-            flat = [
-                int(a) if k == 0 or a == b else (int(a), int(b), int(k)) for a, b, k in arr.tolist()
-            ]
+        else:  # two-clock rows: one clock where the row is one
+            flat = arr[:, 0].tolist()
+            for i in np.flatnonzero((arr[:, 2] != 0) & (arr[:, 0] != arr[:, 1])).tolist():
+                flat[i] = tuple(arr[i].tolist())
         starts = self.graph.rank_start.tolist()
         return tuple(tuple(flat[starts[r] : starts[r + 1]]) for r in range(len(starts) - 1))
 
