@@ -196,11 +196,14 @@ def _cached_signatures(kernel: Any) -> list[Any]:
 
 class _KernelLoader:
     """Loads the plan kernels (:mod:`perseus.solver.plan_kernels`) into this process from
-    numba's disk cache as the background compile writes them (polling every 0.1 s), so that
-    the solve finds them loaded rather than compiling them itself; a kernel it needs first
-    is compiled here as usual."""
+    numba's disk cache as the background compile writes them (:meth:`poll` every 0.1 s on a
+    thread), so that the solve finds them loaded rather than compiling them itself; a kernel
+    it needs before is compiled here as usual."""
 
     def __init__(self) -> None:
+        from perseus.solver import plan_kernels
+
+        self._pending = [getattr(plan_kernels, name) for name in plan_kernels.__all__]
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="perseus-kernel-loader")
         self._thread.daemon = True
@@ -213,21 +216,23 @@ class _KernelLoader:
         if self._thread.is_alive():
             self._thread.join()
 
-    def _run(self) -> None:
-        from perseus.solver import plan_kernels
+    def poll(self) -> bool:
+        """Load the kernels now in the cache; whether some are still to come."""
+        for kernel in list(self._pending):
+            try:
+                signatures = _cached_signatures(kernel)
+                for signature in signatures:
+                    kernel.compile(signature)  # loads it: numba reads its cache first
+            except Exception as e:  # a kernel not loaded is compiled when first used
+                logger.debug("loading %s from numba's cache failed: %s", kernel, e)
+                signatures = [None]
+            if signatures:
+                self._pending.remove(kernel)
+        return bool(self._pending)
 
-        pending = [getattr(plan_kernels, name) for name in plan_kernels.__all__]
-        while pending and not self._stopped.wait(0.1):
-            for kernel in list(pending):
-                try:
-                    signatures = _cached_signatures(kernel)
-                    for signature in signatures:
-                        kernel.compile(signature)  # loads it: numba reads its cache first
-                except Exception as e:  # a kernel not loaded is compiled when first used
-                    logger.debug("loading %s from numba's cache failed: %s", kernel, e)
-                    signatures = [None]
-                if signatures:
-                    pending.remove(kernel)
+    def _run(self) -> None:
+        while not self._stopped.wait(0.1) and self.poll():
+            pass
 
 
 def _compile_in_background() -> None:
@@ -248,11 +253,11 @@ def _compile_in_background() -> None:
     )
 
 
-def compile_kernels(renice: bool = False) -> None:
+def compile_kernels(renice: bool = False, walk: bool = True) -> None:
     """Compile the solver kernels into numba's cache on a tiny job (one microbatch: its
     uncompiled walk takes a fraction of a second): first those the uncompiled walk uses too,
-    in the order it needs them (so a concurrent first run may load them), then (``renice``:
-    at the lowest priority) the walk."""
+    in the order it needs them (so a concurrent first run may load them), then (``walk``;
+    ``renice``: at the lowest priority) the walk."""
     from perseus.io.bundled import load_profile
     from perseus.job import make_job
     from perseus.solver import trace
@@ -261,6 +266,8 @@ def compile_kernels(renice: bool = False) -> None:
     profile = load_profile(str(DEMO_JOB["profile"]))
     tiny = make_job(profile, "1f1b", stages, 1, blocking_power_w=power)
     trace(tiny, method="reference")
+    if not walk:
+        return
     if renice and hasattr(os, "nice"):
         os.nice(19)
     trace(tiny)
