@@ -12,7 +12,6 @@ printed time leaves that out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -115,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     )
     uncompiled = job.graph.num_nodes <= _UNCOMPILED_MAX_OPS and not _walk_kernel_cached()
     compile_s = 0.0
-    loader = None
+    loader = _KernelLoader()
     if uncompiled:
-        loader = _KernelLoader(_compile_in_background())
+        _compile_in_background()
         loader.start()
     else:
         compile_s = _compile_kernels(job, enabled=not args.no_progress)
@@ -127,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             frontier = trace(job, progress=update, method=method).frontier
         finally:
-            if loader is not None:
-                loader.stop()
+            loader.stop()
     solve_s = time.perf_counter() - started
     logger.info("frontier: %d points in %.1f s", len(frontier.points), solve_s)
     with phase("baselines and straggler what-if"):
@@ -198,21 +196,14 @@ def _cached_signatures(kernel: Any) -> list[Any]:
 
 class _KernelLoader:
     """Loads the plan kernels (:mod:`perseus.solver.plan_kernels`) into this process from
-    numba's disk cache as ``background`` compiles them (:meth:`poll` every 0.1 s, on a
-    thread), so that the solve loads them rather than compiling them a second time.
+    numba's disk cache as the background compile writes them (:meth:`poll` every 0.1 s on a
+    thread), so that the solve finds them loaded rather than compiling them itself; a kernel
+    it needs before is compiled here as usual."""
 
-    The walk needs the longest-path passes at once and compiles them itself; the other
-    kernels only once its first chunk is done. Once the passes are in, the loader holds
-    numba's compile lock until the rest have landed (a first use of one waits for it, the
-    compiled walk's callers run on), the background process has ended, or ``wait_s`` passed.
-    """
-
-    def __init__(self, background: subprocess.Popen[bytes] | None, wait_s: float = 30.0) -> None:
+    def __init__(self) -> None:
         from perseus.solver import plan_kernels
 
-        self._walk_passes = [plan_kernels.forward_pass, plan_kernels.backward_pass]
         self._pending = [getattr(plan_kernels, name) for name in plan_kernels.__all__]
-        self._background, self._wait_s = background, wait_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="perseus-kernel-loader")
         self._thread.daemon = True
@@ -235,52 +226,31 @@ class _KernelLoader:
             except Exception as e:  # a kernel not loaded is compiled when first used
                 logger.debug("loading %s from numba's cache failed: %s", kernel, e)
                 signatures = [None]
-            if signatures or kernel.overloads:
+            if signatures:
                 self._pending.remove(kernel)
         return bool(self._pending)
 
-    def _waiting(self) -> bool:
-        return not self._stopped.wait(0.1) and self.poll()
-
     def _run(self) -> None:
-        from numba.core.compiler_lock import global_compiler_lock
-
-        while self._waiting() and any(k in self._pending for k in self._walk_passes):
+        while not self._stopped.wait(0.1) and self.poll():
             pass
-        if self._background is None:
-            while self._waiting():
-                pass
-            return
-        deadline = time.monotonic() + self._wait_s
-        with global_compiler_lock:
-            while self._background.poll() is None and time.monotonic() < deadline:
-                if not self._waiting():
-                    break
-            self.poll()
 
 
-def _compile_in_background() -> subprocess.Popen[bytes]:
+def _compile_in_background() -> None:
     """Start a process compiling the solver kernels into numba's cache: first the plan kernels
-    (with this run's weight: it waits for them), then the walk for the next run at the lowest
-    priority. It starts a session of its own (Ctrl-C here leaves it be): Linux schedules each
-    session as one group, so on a busy machine the plan kernels get a share of their own
-    rather than half of this run's; for the walk it lowers its group's weight too."""
+    (at this run's priority: it loads them as they land), then the walk for the next run at
+    the lowest priority; in its own process group (Ctrl-C here leaves it be) but in this
+    session: Linux schedules a session as one group, so a new one would take a core whatever
+    its nice value."""
     code = "from perseus.cli.demo import compile_kernels; compile_kernels(renice=True)"
-    return subprocess.Popen(
+    posix_311 = os.name == "posix" and sys.version_info >= (3, 11)
+    group: dict[str, Any] = {"process_group": 0} if posix_311 else {}
+    subprocess.Popen(
         [sys.executable, "-c", code],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        **group,
     )
-
-
-def _lowest_priority() -> None:
-    """This process at nice 19, and its session's scheduling group too (Linux autogroups)."""
-    if hasattr(os, "nice"):
-        os.nice(19)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text("19")
 
 
 def compile_kernels(renice: bool = False, walk: bool = True) -> None:
@@ -298,8 +268,8 @@ def compile_kernels(renice: bool = False, walk: bool = True) -> None:
     trace(tiny, method="reference")
     if not walk:
         return
-    if renice:
-        _lowest_priority()
+    if renice and hasattr(os, "nice"):
+        os.nice(19)
     trace(tiny)
 
 

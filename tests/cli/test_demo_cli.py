@@ -121,7 +121,7 @@ def test_a_first_run_loads_the_plan_kernels_another_process_compiled(tmp_path: P
         "import subprocess, sys\n"
         "from perseus.cli.demo import _KernelLoader\n"
         "from perseus.solver import plan_kernels\n"
-        "loader = _KernelLoader(None)\n"
+        "loader = _KernelLoader()\n"
         "assert loader.poll(), 'nothing compiled yet'\n"
         "compile = 'from perseus.cli.demo import compile_kernels; compile_kernels(walk=False)'\n"
         "subprocess.run([sys.executable, '-c', compile], check=True)\n"
