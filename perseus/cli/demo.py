@@ -12,6 +12,7 @@ printed time leaves that out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -235,22 +236,28 @@ class _KernelLoader:
             pass
 
 
-def _compile_in_background() -> None:
+def _compile_in_background() -> subprocess.Popen[bytes]:
     """Start a process compiling the solver kernels into numba's cache: first the plan kernels
     (at this run's priority: it loads them as they land), then the walk for the next run at
-    the lowest priority; in its own process group (Ctrl-C here leaves it be) but in this
-    session: Linux schedules a session as one group, so a new one would take a core whatever
-    its nice value."""
+    the lowest priority. It starts a session of its own (Ctrl-C here leaves it be): Linux
+    schedules each session as one group, so on a busy machine the plan kernels get a share of
+    their own rather than half of this run's; for the walk it lowers its group's weight too."""
     code = "from perseus.cli.demo import compile_kernels; compile_kernels(renice=True)"
-    posix_311 = os.name == "posix" and sys.version_info >= (3, 11)
-    group: dict[str, Any] = {"process_group": 0} if posix_311 else {}
-    subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", code],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        **group,
+        start_new_session=True,
     )
+
+
+def _lowest_priority() -> None:
+    """This process at nice 19, and its session's scheduling group too (Linux autogroups)."""
+    if hasattr(os, "nice"):
+        os.nice(19)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text("19")
 
 
 def compile_kernels(renice: bool = False, walk: bool = True) -> None:
@@ -268,8 +275,8 @@ def compile_kernels(renice: bool = False, walk: bool = True) -> None:
     trace(tiny, method="reference")
     if not walk:
         return
-    if renice and hasattr(os, "nice"):
-        os.nice(19)
+    if renice:
+        _lowest_priority()
     trace(tiny)
 
 
