@@ -142,6 +142,42 @@ def test_a_first_run_loads_the_plan_kernels_another_process_compiled(tmp_path: P
     assert all(hits >= 1 and misses == 0 for hits, misses in loaded.values()), loaded
 
 
+def test_the_background_compile_runs_in_a_session_of_its_own_then_at_the_lowest_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its own session (a scheduling group of its own while the first run loads its plan
+    # kernels); for the walk kernel it lowers itself and that group to nice 19.
+    import os
+    import subprocess
+    import sys
+
+    from perseus.cli import demo
+
+    started: list[tuple[list[str], dict[str, object]]] = []
+    monkeypatch.setattr(
+        demo.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw)) or None
+    )
+    demo._compile_in_background()
+    monkeypatch.undo()  # Popen is subprocess's own
+    [(argv, kw)] = started
+    assert "compile_kernels(renice=True)" in argv[-1] and kw["start_new_session"] is True
+    code = (
+        "import os\n"
+        "from perseus.cli.demo import _lowest_priority\n"
+        "os.setsid(); _lowest_priority(); print(os.nice(0))\n"
+        "if os.path.exists('/proc/self/autogroup'): print(open('/proc/self/autogroup').read())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "19"
+    if len(lines) > 1:  # Linux with autogroups
+        assert lines[1].endswith("nice 19")
+
+
 def test_demo_defaults_are_the_issue_job() -> None:
     from perseus.cli.demo import DEMO_JOB
 
