@@ -154,9 +154,11 @@ def test_the_background_compile_runs_in_a_session_of_its_own_then_at_the_lowest_
     from perseus.cli import demo
 
     started: list[tuple[list[str], dict[str, object]]] = []
-    monkeypatch.setattr(
-        demo.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw)) or None
-    )
+
+    def popen(argv: list[str], **kw: object) -> None:
+        started.append((argv, kw))
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
     demo._compile_in_background()
     monkeypatch.undo()  # Popen is subprocess's own
     [(argv, kw)] = started
