@@ -109,6 +109,77 @@ def test_walk_kernel_cache_is_read_from_numba_and_filled_by_the_background_compi
     assert proc.stdout.split() == ["False", "True"]
 
 
+@pytest.mark.slow
+def test_a_first_run_loads_the_plan_kernels_another_process_compiled(tmp_path: Path) -> None:
+    # While another process compiles the plan kernels into an empty cache, the first run's
+    # loader finds each one there and loads it: none is compiled a second time in this one.
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import subprocess, sys\n"
+        "from perseus.cli.demo import _KernelLoader\n"
+        "from perseus.solver import plan_kernels\n"
+        "loader = _KernelLoader()\n"
+        "assert loader.poll(), 'nothing compiled yet'\n"
+        "compile = 'from perseus.cli.demo import compile_kernels; compile_kernels(walk=False)'\n"
+        "subprocess.run([sys.executable, '-c', compile], check=True)\n"
+        "assert not loader.poll(), 'all loaded'\n"
+        "for name in plan_kernels.__all__:\n"
+        "    stats = getattr(plan_kernels, name).stats\n"
+        "    print(name, sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    loaded = {name: (int(h), int(m)) for name, h, m in map(str.split, proc.stdout.splitlines())}
+    assert set(loaded) == {"backward_pass", "evaluate_kernel", "forward_pass",
+                           "neighbour_kernel", "reclaim_kernel", "tighten_kernel"}  # fmt: skip
+    assert all(hits >= 1 and misses == 0 for hits, misses in loaded.values()), loaded
+
+
+def test_the_background_compile_runs_in_a_session_of_its_own_then_at_the_lowest_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its own session (a scheduling group of its own while the first run loads its plan
+    # kernels); for the walk kernel it lowers itself and that group to nice 19.
+    import os
+    import subprocess
+    import sys
+
+    from perseus.cli import demo
+
+    started: list[tuple[list[str], dict[str, object]]] = []
+
+    def popen(argv: list[str], **kw: object) -> None:
+        started.append((argv, kw))
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    demo._compile_in_background()
+    monkeypatch.undo()  # Popen is subprocess's own
+    [(argv, kw)] = started
+    assert "compile_kernels(renice=True)" in argv[-1] and kw["start_new_session"] is True
+    code = (
+        "import os\n"
+        "from perseus.cli.demo import _lowest_priority\n"
+        "os.setsid(); _lowest_priority(); print(os.nice(0))\n"
+        "if os.path.exists('/proc/self/autogroup'): print(open('/proc/self/autogroup').read())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "19"
+    if len(lines) > 1:  # Linux with autogroups
+        assert lines[1].endswith("nice 19")
+
+
 def test_demo_defaults_are_the_issue_job() -> None:
     from perseus.cli.demo import DEMO_JOB
 
