@@ -84,8 +84,23 @@ def build_network(
     return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
 
 
+@_jit_inline
+def _log_change(k, changed):
+    """Note that slot ``k``'s residual changed outside :func:`augment` (``changed[0]``: how
+    many noted, -1 once they no longer fit: every slot is then looked at)."""
+    count = changed[0]
+    if count >= 0:
+        if count + 1 < changed.size:
+            changed[count + 1] = k
+            changed[0] = count + 1
+        else:
+            changed[0] = -1
+
+
 @jit
-def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+def _cancel(
+    x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a, changed
+):  # fmt: skip
     """Remove ``amount`` of flow passing through ``x`` on its way to the sink (or from the
     source), following arcs that carry flow. The flow is acyclic (the network is a DAG), so
     this ends at the terminal. A forward slot holds its arc's residual, the twin its flow."""
@@ -112,6 +127,8 @@ def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, 
             t = min(res[twin[fa]], r)
             res[twin[fa]] -= t
             res[fa] += t
+            _log_change(twin[fa], changed)
+            _log_change(fa, changed)
             r -= t
             if top == stack_n.size:
                 return False
@@ -123,9 +140,10 @@ def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, 
 @jit
 def set_capacity(
     k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, source, sink, stack_n,
-    stack_a,
+    stack_a, changed,
 ):  # fmt: skip
-    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it."""
+    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it (the
+    slots changed are noted in ``changed``, :func:`search_arrays`' last)."""
     flow = res[rs[k]]
     if flow > new_cap:
         over = flow - new_cap
@@ -134,16 +152,20 @@ def set_capacity(
         # A loop, not two calls with literal True/False: numba would compile _cancel twice.
         for toward_sink in (False, True):
             x, end = (a_dst[k], sink) if toward_sink else (a_src[k], source)
-            if not _cancel(x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+            if not _cancel(
+                x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a, changed
+            ):
                 return False
         flow = res[rs[k]]
     capa[k] = new_cap
     res[fs[k]] = new_cap - flow
+    _log_change(fs[k], changed)
+    _log_change(rs[k], changed)
     return True
 
 
 @_jit_inline
-def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
+def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res, changed):
     """Move flow between op ``v``'s arc and its terminal arcs as their capacities change
     (a changed lower bound), keeping every node balanced: no cancelling, no re-augmenting."""
     f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
@@ -157,6 +179,9 @@ def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
         res[fs[n + v]] -= theta
         res[rs[2 * n + v]] += theta
         res[fs[2 * n + v]] -= theta
+        for k in (v, n + v, 2 * n + v):
+            _log_change(fs[k], changed)
+            _log_change(rs[k], changed)
 
 
 _FREE, _S, _T = 0, 1, 2
@@ -166,9 +191,10 @@ _ROOT, _NONE = -1, -2
 @jit
 def search_arrays(n_nodes, n_slots):
     """Empty search trees of :func:`augment`, kept between its calls: ``(tree, parent, dist,
-    stamp, queued, queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2
+    stamp, queued, queue, orphans, seen_res, counters, changed)``. ``tree``: 0 free, 1 the source's, 2
     the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``: steps to
-    the root and when last checked; ``seen_res``: the residuals the trees were built on."""
+    the root and when last checked; ``seen_res``: the residuals the trees were built on;
+    ``changed``: the slots changed since (:func:`_log_change`; none noted yet: all are new)."""
     tree = np.zeros(n_nodes, dtype=np.int8)
     parent = np.full(n_nodes, _NONE, dtype=np.int64)
     dist = np.zeros(n_nodes, dtype=np.int64)
@@ -178,7 +204,9 @@ def search_arrays(n_nodes, n_slots):
     orphans = np.empty(n_nodes, dtype=np.int64)
     seen_res = np.full(n_slots, -1, dtype=np.int64)  # none seen yet: every slot is new
     counters = np.zeros(4, dtype=np.int64)  # queue head, queue tail, orphan count, time
-    return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters
+    changed = np.empty(n_slots + 1, dtype=np.int64)
+    changed[0] = -1
+    return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters, changed
 
 
 @jit
@@ -188,17 +216,23 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     left inconsistent).
 
     Boykov–Kolmogorov's search trees (``search``: :func:`search_arrays`) are kept from the
-    last call: only the nodes at slots whose residual changed are looked at again, so a call
-    after a small capacity update costs about what it changes.
+    last call: only the nodes at slots whose residual changed are looked at again (in slot
+    order, those noted in ``changed``), so a call after a small capacity update costs about
+    what it changes.
     """
-    tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters = search
+    tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters, changed = search
     if tree[source] != _S:
         tree[source], parent[source], tree[sink], parent[sink] = _S, _ROOT, _T, _ROOT
         _enqueue(source, queued, queue, counters)
         _enqueue(sink, queued, queue, counters)
-    for k in range(res.size):
-        if res[k] != seen_res[k]:
+    count = changed[0]
+    noted = changed[1 : count + 1]
+    noted.sort()
+    for i in range(count if count >= 0 else res.size):
+        k = noted[i] if count >= 0 else i
+        if res[k] != seen_res[k]:  # also skips repeats: touching updates seen_res
             _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters)
+    changed[0] = 0
     _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
     while True:
         bridge = _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters)

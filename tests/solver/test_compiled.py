@@ -109,7 +109,7 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
             new_cap = np.int64(rng.integers(0, 20))
             ok = cut_network.set_capacity(
                 k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                source, sink, *stack,
+                source, sink, *stack, search[-1],
             )  # fmt: skip
             assert ok
         side[:] = False
