@@ -19,7 +19,7 @@ from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
-from perseus.solver.plan_kernels import _backward, _forward
+from perseus.solver.plan_kernels import _backward
 
 # The walk's per-iteration helpers are inlined into it: no call overhead in the hot loop.
 _jit_inline = numba.njit(cache=True, nogil=True, inline="always")
@@ -331,16 +331,54 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
 
 
 @_jit_inline
-def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work):
+def _forward_again(topo, x, start, end, kept):
+    """Earliest start/finish of durations ``x`` in place (as ``plan_kernels._forward``, the
+    same floats), recomputing only the ops whose duration or some predecessor's finish changed
+    since the last call; returns the makespan. ``kept``: (position of each op in ``order``,
+    the durations last seen (NaN: none), int8 scratch by position, all zero between calls)."""
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx = topo[:6]
+    pos, seen, dirty = kept
+    n = x.size
+    first = n
+    for v in range(n):
+        if x[v] != seen[v]:
+            seen[v] = x[v]
+            dirty[pos[v]] = 1
+            first = min(first, pos[v])
+    for i in range(first, n):
+        if dirty[i] == 0:
+            continue
+        dirty[i] = 0
+        v = order[i]
+        s = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            r = end[pred_idx[k]] + pred_lat[k]
+            if r > s:
+                s = r
+        start[v] = s
+        e = s + x[v]
+        if e != end[v]:
+            end[v] = e
+            for k in range(succ_ptr[v], succ_ptr[v + 1]):
+                dirty[pos[succ_idx[k]]] = 1
+    makespan = 0.0
+    for v in range(n):
+        makespan = max(makespan, end[v])
+    return makespan
+
+
+@_jit_inline
+def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work, kept):
     """Step length: Newton on the makespan along the move (see reference_walk._step_length);
-    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return."""
-    order, pred_ptr, pred_idx, pred_lat = topo[0], topo[1], topo[2], topo[3]
+    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return; ``kept``:
+    :func:`_forward_again`'s."""
+    pred_ptr, pred_idx, pred_lat = topo[1], topo[2], topo[3]
     fwd, bwd, bwd_room = move
     trial, start, end, mark, room_of = work
     step = step_max
     for _ in range(_MAX_NEWTON):
         _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
-        makespan = _forward(order, pred_ptr, pred_idx, pred_lat, trial, start, end)
+        makespan = _forward_again(topo, trial, start, end, kept)
         if makespan <= deadline - step + tol:
             break
         slope = _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room_of, step)
@@ -490,6 +528,10 @@ def walk_kernel(
     capa, res, stack_n, stack_a, trees = _flow_arrays(net, n)
     op_cost = _op_state(hull, dur, tol, prices)
     stale = np.zeros(n + 1, np.bool_)  # see _update_network
+    # The longest-path pass recomputes only what changed since the last one (_forward_again).
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    kept = (pos, np.full(n, np.nan), np.zeros(n, np.int8))
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
@@ -500,7 +542,7 @@ def walk_kernel(
     n_lp = 0
     iterations = 0
     while iterations < max_iterations:
-        deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, paths[0], paths[1])
+        deadline = _forward_again(topo, dur, paths[0], paths[1], kept)
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, paths[2], paths[3])
         lp_t[n_lp] = deadline
         lp_e[n_lp] = _relaxation_cost(op_cost) + power_ranks * deadline
@@ -523,7 +565,7 @@ def walk_kernel(
         step_max = min(max(exact, quantum), step_max)
         step = _step_length(
             topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol,
-            (trial, paths[0], paths[1], mark, room_of),
+            (trial, paths[0], paths[1], mark, room_of), kept,
         )  # fmt: skip
         if step <= 0.0:
             emitted, n_emitted = _emit(

@@ -251,7 +251,8 @@ def _enqueue(v, queued, queue, counters):
     if not queued[v]:
         queued[v] = True
         queue[counters[1]] = v
-        counters[1] = (counters[1] + 1) % queue.size
+        tail = counters[1] + 1
+        counters[1] = tail if tail < queue.size else 0  # a ring (no division)
 
 
 @_jit_inline
@@ -298,7 +299,8 @@ def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters
                 elif tree[q] != t:
                     return arc  # p stays active: it may meet the other tree again
         queued[p] = False
-        counters[0] = (counters[0] + 1) % queue.size
+        head = counters[0] + 1
+        counters[0] = head if head < queue.size else 0
     return -1
 
 
