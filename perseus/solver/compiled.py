@@ -187,9 +187,10 @@ def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, 
         was = crit[v]
         crit[v] = (late_finish[v] - end[v]) <= crit_tol
         # was_crit: the op's dependency arcs may carry capacity (checked below).
+        # Bitwise, not short-circuit: fewer branches to mispredict.
         stale[v] = (
-            stale[v] or full or crit[v] != was
-            or pred_ptr[v] == pred_ptr[v + 1] or succ_ptr[v] == succ_ptr[v + 1]
+            stale[v] | full | (crit[v] != was)
+            | (pred_ptr[v] == pred_ptr[v + 1]) | (succ_ptr[v] == succ_ptr[v + 1])
         )  # fmt: skip
         if stale[v]:
             ok &= _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow)  # fmt: skip
@@ -286,7 +287,7 @@ def _set_edge_capacities(topo, paths, crit, crit_tol, was_crit, full, flow):
         for e in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ_idx[e]
             c = np.int64(0)
-            if crit[v] and crit[w] and late_start[w] - (end[v] + succ_lat[e]) <= crit_tol:
+            if crit[v] & crit[w] & (late_start[w] - (end[v] + succ_lat[e]) <= crit_tol):
                 c = _INF_CAP
             if capa[3 * n + e] != c:
                 ok &= _set_capacity(
