@@ -3,9 +3,11 @@
 Each iteration is a few longest-path passes over CSR lists, a min cut of the critical
 sub-DAG on a network whose flow is kept between iterations (:mod:`perseus.solver.cut_network`)
 and a step-length search, on per-node hull tables ``ht`` (vertex times, ``inf``-padded) and
-``hs`` (segment slopes). Complexity per iteration: O(N + E) per pass (2–4) and for the
-capacity update, O(N + M·H) for the relaxation's cost (M ops moved, H hull vertices), and a
-re-augmentation costing about what the update changed.
+``hs`` (segment slopes). Complexity per iteration: O(N + E) for the backward pass and for
+checking which capacities change; O(N) plus the ops whose finish changed for each forward
+pass (1–3: only those are recomputed); O(M·H) to re-price the M ops moved (H hull vertices);
+and a re-augmentation costing about what the update changed (only the ops that moved or
+changed criticality get new capacities).
 """
 
 from __future__ import annotations
@@ -186,15 +188,16 @@ def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, 
     for v in range(n):
         was = crit[v]
         crit[v] = (late_finish[v] - end[v]) <= crit_tol
-        # was_crit: the op's dependency arcs may carry capacity (checked below).
         # Bitwise, not short-circuit: fewer branches to mispredict.
         stale[v] = (
             stale[v] | full | (crit[v] != was)
             | (pred_ptr[v] == pred_ptr[v + 1]) | (succ_ptr[v] == succ_ptr[v + 1])
         )  # fmt: skip
         if stale[v]:
-            ok &= _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow)  # fmt: skip
-        stale[v] = crit[v] or was
+            ok &= _set_op_capacities(
+                v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow
+            )
+        stale[v] = crit[v] | was  # until cleared: its dependency arcs may carry capacity
     ok &= _set_edge_capacities(topo, paths, crit, crit_tol, stale, full, flow)
     for v in range(n):
         stale[v] = False
@@ -253,15 +256,8 @@ def _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_unit
             snk_cap = _INF_CAP
     if capa[v] != op_cap or capa[n + v] != term_cap:
         _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res, changed)
-    # The op's arcs: op, 2 terminals, source, sink.
-    for j in range(5):
-        k, new = v, op_cap
-        if j == 1 or j == 2:
-            k, new = j * n + v, term_cap
-        elif j == 3:
-            k, new = 3 * n + n_edges + v, src_cap
-        elif j == 4:
-            k, new = 4 * n + n_edges + v, snk_cap
+    arcs = ((v, op_cap), (n + v, term_cap), (2 * n + v, term_cap))  # op, 2 terminals
+    for k, new in (*arcs, (3 * n + n_edges + v, src_cap), (4 * n + n_edges + v, snk_cap)):
         if capa[k] != new:
             ok &= _set_capacity(
                 k, new, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, 2 * n, 2 * n + 1,
