@@ -12,19 +12,16 @@ changed criticality get new capacities).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import jit_inline as _jit_inline  # per-iteration helpers
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
-from perseus.solver.plan_kernels import _backward
-
-# The walk's per-iteration helpers are inlined into it: no call overhead in the hot loop.
-_jit_inline = numba.njit(cache=True, nogil=True, inline="always")
+from perseus.solver.plan_kernels import _backward, _earliest_start
 
 __all__ = ["TIE_UNITS", "walk_kernel"]
 
@@ -347,11 +344,7 @@ def _forward_again(topo, x, start, end, kept):
             continue
         dirty[i] = 0
         v = order[i]
-        s = 0.0
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            r = end[pred_idx[k]] + pred_lat[k]
-            if r > s:
-                s = r
+        s = _earliest_start(v, pred_ptr, pred_idx, pred_lat, end)
         start[v] = s
         e = s + x[v]
         if e != end[v]:

@@ -22,6 +22,7 @@ __all__ = [
     "augment",
     "build_network",
     "jit",
+    "jit_inline",
     "keep_balanced",
     "search_arrays",
     "set_capacity",
@@ -32,8 +33,9 @@ INF_CAP = np.int64(2**62)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
-# augment's steps, inlined into it (numba IR inlining): one compiled function, not several.
-_jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
+#: The same, inlined at each call site (numba IR inlining): augment's and the walk's steps, one
+#: compiled function each, not several.
+jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -84,7 +86,7 @@ def build_network(
     return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
 
 
-@_jit_inline
+@jit_inline
 def _log_change(k, changed):
     """Note that slot ``k``'s residual changed outside :func:`augment` (``changed[0]``: how
     many noted, -1 once they no longer fit: every slot is then looked at)."""
@@ -164,7 +166,7 @@ def set_capacity(
     return True
 
 
-@_jit_inline
+@jit_inline
 def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res, changed):
     """Move flow between op ``v``'s arc and its terminal arcs as their capacities change
     (a changed lower bound), keeping every node balanced: no cancelling, no re-augmenting."""
@@ -246,7 +248,7 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     return True
 
 
-@_jit_inline
+@jit_inline
 def _enqueue(v, queued, queue, counters):
     if not queued[v]:
         queued[v] = True
@@ -255,14 +257,14 @@ def _enqueue(v, queued, queue, counters):
         counters[1] = tail if tail < queue.size else 0  # a ring (no division)
 
 
-@_jit_inline
+@jit_inline
 def _orphan(v, parent, orphans, counters):
     parent[v] = _NONE
     orphans[counters[2]] = v
     counters[2] += 1
 
 
-@_jit_inline
+@jit_inline
 def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters):
     """Slot ``k``'s residual changed since the last call: a tree arc left without residual
     orphans its child, and both ends are searched again."""
@@ -278,7 +280,7 @@ def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, cou
             _enqueue(x, queued, queue, counters)
 
 
-@_jit_inline
+@jit_inline
 def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters):
     """Grow the trees from their active nodes until they meet; returns the slot of the arc
     from the source's tree into the sink's (-1 when neither tree can grow)."""
@@ -304,7 +306,7 @@ def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters
     return -1
 
 
-@_jit_inline
+@jit_inline
 def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
     """Push the bottleneck along source tree -> ``bridge`` -> sink tree; the children of
     saturated tree arcs become orphans. False on a path whose every arc is infinite."""
@@ -329,7 +331,7 @@ def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counte
     return True
 
 
-@_jit_inline
+@jit_inline
 def _move(a, b, res, seen_res, twin):
     """Push ``b`` along slot ``a``, keeping ``seen_res`` in step (the trees know of it)."""
     res[a] -= b
@@ -338,7 +340,7 @@ def _move(a, b, res, seen_res, twin):
     seen_res[twin[a]] = res[twin[a]]
 
 
-@_jit_inline
+@jit_inline
 def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
     """Give each orphan a new parent in its tree whose chain reaches the root along residual
     arcs (the nearest to the root), or free it: its tree neighbours that had an arc to it are
@@ -374,7 +376,7 @@ def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans
         tree[v] = _FREE
 
 
-@_jit_inline
+@jit_inline
 def _root_distance(q, now, to, twin, tree, parent, dist, stamp, t):
     """Steps from ``q`` up its tree's parent arcs to the root, or -1 when the chain ends at an
     orphan; the nodes passed are stamped ``now`` with their distances."""
