@@ -324,7 +324,7 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
     return n_fwd, n_bwd, cut_value, exact, step_max
 
 
-@_jit_inline
+@_jit  # not inlined: called from two places, compiled once
 def _forward_again(topo, x, start, end, kept):
     """Earliest start/finish of durations ``x`` in place (as ``plan_kernels._forward``, the
     same floats), recomputing only the ops whose duration or some predecessor's finish changed
@@ -520,7 +520,8 @@ def walk_kernel(
     stale = np.zeros(n + 1, np.bool_)  # see _update_network
     # The longest-path pass recomputes only what changed since the last one (_forward_again).
     pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
+    for i in range(n):
+        pos[order[i]] = i
     kept = (pos, np.full(n, np.nan), np.zeros(n, np.int8))
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)

@@ -228,10 +228,11 @@ def augment(source, sink, ptr, to, twin, res, search, side):
         _enqueue(source, queued, queue, counters)
         _enqueue(sink, queued, queue, counters)
     count = changed[0]
-    noted = changed[1 : count + 1]
-    noted.sort()
+    if count > _MAX_NOTED:
+        count = -1  # scanning every slot is cheaper than sorting so many
+    _sort_noted(changed, count)
     for i in range(count if count >= 0 else res.size):
-        k = noted[i] if count >= 0 else i
+        k = changed[i + 1] if count >= 0 else i
         if res[k] != seen_res[k]:  # also skips repeats: touching updates seen_res
             _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters)
     changed[0] = 0
@@ -246,6 +247,23 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     for v in range(tree.size):
         side[v] = tree[v] == _S
     return True
+
+
+#: Noted slots sorted by insertion (a few dozen per walk iteration), beyond which all are scanned.
+_MAX_NOTED = 256
+
+
+@jit_inline
+def _sort_noted(changed, count):
+    """Sort ``changed[1 : count + 1]`` in place (insertion sort: numba's sort costs seconds of
+    compilation on a first run)."""
+    for i in range(2, count + 1):
+        k = changed[i]
+        j = i - 1
+        while j >= 1 and changed[j] > k:
+            changed[j + 1] = changed[j]
+            j -= 1
+        changed[j + 1] = k
 
 
 @jit_inline
