@@ -202,7 +202,7 @@ def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, 
     return ok
 
 
-@_jit_inline
+@_jit  # called from two places: compiled once
 def _price_op(v, dv, seg_v, hull, tol, prices):
     """Price op ``v`` at duration ``dv``: the next-faster segment's slope (``upper``, inf at the
     fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
@@ -225,7 +225,7 @@ def _price_op(v, dv, seg_v, hull, tol, prices):
         room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
 
 
-@_jit_inline
+@_jit
 def _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
     """Op ``v``'s arcs get their capacities from its prices (none unless critical); False when
     a cancellation overflowed its stack."""
