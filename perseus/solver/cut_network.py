@@ -193,10 +193,11 @@ _ROOT, _NONE = -1, -2
 @jit
 def search_arrays(n_nodes, n_slots):
     """Empty search trees of :func:`augment`, kept between its calls: ``(tree, parent, dist,
-    stamp, queued, queue, orphans, seen_res, counters, changed)``. ``tree``: 0 free, 1 the source's, 2
-    the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``: steps to
-    the root and when last checked; ``seen_res``: the residuals the trees were built on;
-    ``changed``: the slots changed since (:func:`_log_change`; none noted yet: all are new)."""
+    stamp, queued, queue, orphans, seen_res, counters, changed)``. ``tree``: 0 free, 1 the
+    source's, 2 the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``:
+    steps to the root and when last checked; ``seen_res``: the residuals the trees were built
+    on; ``changed``: the slots changed since (:func:`_log_change`; none noted yet: all are
+    new)."""
     tree = np.zeros(n_nodes, dtype=np.int8)
     parent = np.full(n_nodes, _NONE, dtype=np.int64)
     dist = np.zeros(n_nodes, dtype=np.int64)

@@ -192,7 +192,9 @@ def test_longest_path_pass_redone_for_changes_only_gives_the_full_pass_floats():
         x[rng.choice(n, size=int(rng.integers(0, 5)), replace=False)] = rng.random()
         makespan = compiled._forward_again(topo, x, start, end, kept)
         full_start, full_end = np.empty(n), np.empty(n)
-        expected = plan_kernels.forward_pass(order, pred_ptr, pred_idx, pred_lat, x, full_start, full_end)  # fmt: skip
+        expected = plan_kernels.forward_pass(
+            order, pred_ptr, pred_idx, pred_lat, x, full_start, full_end
+        )
         assert makespan == expected
         np.testing.assert_array_equal(start, full_start)
         np.testing.assert_array_equal(end, full_end)
