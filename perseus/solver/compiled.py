@@ -3,26 +3,25 @@
 Each iteration is a few longest-path passes over CSR lists, a min cut of the critical
 sub-DAG on a network whose flow is kept between iterations (:mod:`perseus.solver.cut_network`)
 and a step-length search, on per-node hull tables ``ht`` (vertex times, ``inf``-padded) and
-``hs`` (segment slopes). Complexity per iteration: O(N + E) per pass (2–4) and for the
-capacity update, O(N + M·H) for the relaxation's cost (M ops moved, H hull vertices), and a
-re-augmentation costing about what the update changed.
+``hs`` (segment slopes). Complexity per iteration: O(N + E) for the backward pass and for
+checking which capacities change; O(N) plus the ops whose finish changed for each forward
+pass (1–3: only those are recomputed); O(M·H) to re-price the M ops moved (H hull vertices);
+and a re-augmentation costing about what the update changed (only the ops that moved or
+changed criticality get new capacities).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import jit_inline as _jit_inline  # per-iteration helpers
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
-from perseus.solver.plan_kernels import _backward, _forward
-
-# The walk's per-iteration helpers are inlined into it: no call overhead in the hot loop.
-_jit_inline = numba.njit(cache=True, nogil=True, inline="always")
+from perseus.solver.plan_kernels import _backward, _earliest_start
 
 __all__ = ["TIE_UNITS", "walk_kernel"]
 
@@ -169,114 +168,124 @@ def _relaxation_cost(op_cost):
 
 
 @_jit_inline
-def _update_network(topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices, flow):  # fmt: skip
+def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, stale, flow):
     """Mark the critical ops; give the cut network their prices (next-faster slope: upper,
     next-slower: lower) as capacities, ``tie_units`` more per moved op (ties go to cuts moving
-    fewer ops). False when a cancellation overflowed its stack (restart from zero)."""
-    crit_tol = 100.0 * tol
-    _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices)
-    ok = _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow)
-    edges_ok = _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow)
-    return ok and edges_ok
-
-
-@_jit_inline
-def _price_ops(paths, dur, seg, crit, hull, tol, crit_tol, prices):
-    """Mark the critical ops and price each: the next-faster segment's slope (``upper``, inf
-    at the fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
+    fewer ops). Only ops whose capacities may have changed are looked at: those whose
+    criticality changed, moved last step (``stale``, cleared here) or that start or end the
+    DAG; the calls made are those of a pass over every op, in the same order. ``stale[n]``
+    asks for every op and edge (after a failed update). False when a cancellation overflowed
+    its stack (restart from zero)."""
+    pred_ptr, succ_ptr = topo[1], topo[4]
     end, late_finish = paths[1], paths[3]
+    crit_tol = 100.0 * tol
+    n = crit.size
+    full = stale[n]
+    ok = True
+    for v in range(n):
+        was = crit[v]
+        crit[v] = (late_finish[v] - end[v]) <= crit_tol
+        # Bitwise, not short-circuit: fewer branches to mispredict.
+        stale[v] = (
+            stale[v] | full | (crit[v] != was)
+            | (pred_ptr[v] == pred_ptr[v + 1]) | (succ_ptr[v] == succ_ptr[v + 1])
+        )  # fmt: skip
+        if stale[v]:
+            ok &= _set_op_capacities(
+                v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow
+            )
+        stale[v] = crit[v] | was  # until cleared: its dependency arcs may carry capacity
+    ok &= _set_edge_capacities(topo, paths, crit, crit_tol, stale, full, flow)
+    for v in range(n):
+        stale[v] = False
+    stale[n] = not ok
+    return ok
+
+
+@_jit  # called from two places: compiled once
+def _price_op(v, dv, seg_v, hull, tol, prices):
+    """Price op ``v`` at duration ``dv``: the next-faster segment's slope (``upper``, inf at the
+    fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
     ht, hs, nh = hull[0], hull[1], hull[3]
     upper, lower, room_red, room_len = prices
-    for v in range(dur.size):
-        crit[v] = (late_finish[v] - end[v]) <= crit_tol
-        if not crit[v]:
-            continue
-        dv = dur[v]
-        a = max(seg[v], 0)
-        at_v = (dv - ht[v, a]) <= tol
-        lower_v = a - 1 if at_v else a
-        if lower_v >= 0:
-            upper[v] = hs[v, lower_v]
-            room_red[v] = dv - ht[v, lower_v]
-        else:
-            upper[v] = np.inf
-            room_red[v] = 0.0
-        if at_v and a >= nh[v] - 1:
-            lower[v] = 0.0
-            room_len[v] = 0.0
-        else:
-            lower[v] = hs[v, min(a, hs.shape[1] - 1)]
-            room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
+    a = max(seg_v, 0)
+    at_v = (dv - ht[v, a]) <= tol
+    lower_v = a - 1 if at_v else a
+    if lower_v >= 0:
+        upper[v] = hs[v, lower_v]
+        room_red[v] = dv - ht[v, lower_v]
+    else:
+        upper[v] = np.inf
+        room_red[v] = 0.0
+    if at_v and a >= nh[v] - 1:
+        lower[v] = 0.0
+        room_len[v] = 0.0
+    else:
+        lower[v] = hs[v, min(a, hs.shape[1] - 1)]
+        room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
 
 
-@_jit_inline
-def _set_op_capacities(topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
-    """Each critical op's arcs get their capacities from its prices (others none); False when
+@_jit
+def _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
+    """Op ``v``'s arcs get their capacities from its prices (none unless critical); False when
     a cancellation overflowed its stack."""
     pred_ptr, succ_ptr = topo[1], topo[4]
     start, end = paths[0], paths[1]
     upper, lower = prices[0], prices[1]
-    net, capa, res, stack_n, stack_a = flow
+    net, capa, res, stack_n, stack_a, changed = flow
     a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
     n = crit.size
     n_edges = capa.size - 5 * n
     ok = True
-    op_arc = np.empty(5, dtype=np.int64)  # an op's arcs: op, 2 terminals, source, sink
-    op_new = np.empty(5, dtype=np.int64)
-    for v in range(n):
-        op_cap = term_cap = src_cap = snk_cap = np.int64(0)
-        if crit[v]:
-            term_cap = np.int64(np.rint(lower[v] * scale))
-            tie = np.int64(tie_units)
-            if term_cap > tie:
-                term_cap -= tie
-                tie *= 2
-            op_cap = _INF_CAP
-            if upper[v] != np.inf:
-                op_cap = np.int64(np.rint((upper[v] - lower[v]) * scale)) + tie
-            if pred_ptr[v] == pred_ptr[v + 1] and start[v] <= crit_tol:
-                src_cap = _INF_CAP
-            if succ_ptr[v] == succ_ptr[v + 1] and end[v] >= deadline - crit_tol:
-                snk_cap = _INF_CAP
-        if capa[v] != op_cap or capa[n + v] != term_cap:
-            _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res)
-        op_arc[0], op_arc[1], op_arc[2] = v, n + v, 2 * n + v
-        op_arc[3], op_arc[4] = 3 * n + n_edges + v, 4 * n + n_edges + v
-        op_new[0], op_new[1], op_new[2] = op_cap, term_cap, term_cap
-        op_new[3], op_new[4] = src_cap, snk_cap
-        for j in range(5):
-            if capa[op_arc[j]] != op_new[j]:
-                ok &= _set_capacity(
-                    op_arc[j], op_new[j], a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    2 * n, 2 * n + 1, stack_n, stack_a,
-                )  # fmt: skip
+    op_cap = term_cap = src_cap = snk_cap = np.int64(0)
+    if crit[v]:
+        term_cap = np.int64(np.rint(lower[v] * scale))
+        tie = np.int64(tie_units)
+        if term_cap > tie:
+            term_cap -= tie
+            tie *= 2
+        op_cap = _INF_CAP
+        if upper[v] != np.inf:
+            op_cap = np.int64(np.rint((upper[v] - lower[v]) * scale)) + tie
+        if pred_ptr[v] == pred_ptr[v + 1] and start[v] <= crit_tol:
+            src_cap = _INF_CAP
+        if succ_ptr[v] == succ_ptr[v + 1] and end[v] >= deadline - crit_tol:
+            snk_cap = _INF_CAP
+    if capa[v] != op_cap or capa[n + v] != term_cap:
+        _keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res, changed)
+    arcs = ((v, op_cap), (n + v, term_cap), (2 * n + v, term_cap))  # op, 2 terminals
+    for k, new in (*arcs, (3 * n + n_edges + v, src_cap), (4 * n + n_edges + v, snk_cap)):
+        if capa[k] != new:
+            ok &= _set_capacity(
+                k, new, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, 2 * n, 2 * n + 1,
+                stack_n, stack_a, changed,
+            )  # fmt: skip
     return ok
 
 
 @_jit_inline
-def _set_edge_capacities(topo, paths, dur, crit, crit_tol, flow):
+def _set_edge_capacities(topo, paths, crit, crit_tol, was_crit, full, flow):
     """Dependency arcs: infinite where both ops are critical and the edge is tight, else
-    none; False when a cancellation overflowed its stack."""
+    none (those of ops neither critical nor ``was_crit`` already have none, unless ``full``);
+    False when a cancellation overflowed its stack."""
     succ_ptr, succ_idx, succ_lat = topo[4], topo[5], topo[6]
-    end, late_finish = paths[1], paths[3]
-    net, capa, res, stack_n, stack_a = flow
+    end, late_start = paths[1], paths[2]
+    net, capa, res, stack_n, stack_a, changed = flow
     a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
-    n = dur.size
+    n = crit.size
     ok = True
     for v in range(n):
+        if not (was_crit[v] or full):
+            continue
         for e in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ_idx[e]
             c = np.int64(0)
-            if (
-                crit[v]
-                and crit[w]
-                and (late_finish[w] - dur[w]) - (end[v] + succ_lat[e]) <= crit_tol
-            ):
+            if crit[v] & crit[w] & (late_start[w] - (end[v] + succ_lat[e]) <= crit_tol):
                 c = _INF_CAP
             if capa[3 * n + e] != c:
                 ok &= _set_capacity(
                     3 * n + e, c, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                    2 * n, 2 * n + 1, stack_n, stack_a,
+                    2 * n, 2 * n + 1, stack_n, stack_a, changed,
                 )  # fmt: skip
     return ok
 
@@ -315,17 +324,51 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
     return n_fwd, n_bwd, cut_value, exact, step_max
 
 
+@_jit  # not inlined: called from two places, compiled once
+def _forward_again(topo, x, start, end, kept):
+    """Earliest start/finish of durations ``x`` in place (as ``plan_kernels._forward``, the
+    same floats), recomputing only the ops whose duration or some predecessor's finish changed
+    since the last call; returns the makespan. ``kept``: (position of each op in ``order``,
+    the durations last seen (NaN: none), int8 scratch by position, all zero between calls)."""
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx = topo[:6]
+    pos, seen, dirty = kept
+    n = x.size
+    first = n
+    for v in range(n):
+        if x[v] != seen[v]:
+            seen[v] = x[v]
+            dirty[pos[v]] = 1
+            first = min(first, pos[v])
+    for i in range(first, n):
+        if dirty[i] == 0:
+            continue
+        dirty[i] = 0
+        v = order[i]
+        s = _earliest_start(v, pred_ptr, pred_idx, pred_lat, end)
+        start[v] = s
+        e = s + x[v]
+        if e != end[v]:
+            end[v] = e
+            for k in range(succ_ptr[v], succ_ptr[v + 1]):
+                dirty[pos[succ_idx[k]]] = 1
+    makespan = 0.0
+    for v in range(n):
+        makespan = max(makespan, end[v])
+    return makespan
+
+
 @_jit_inline
-def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work):
+def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work, kept):
     """Step length: Newton on the makespan along the move (see reference_walk._step_length);
-    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return."""
-    order, pred_ptr, pred_idx, pred_lat = topo[0], topo[1], topo[2], topo[3]
+    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return; ``kept``:
+    :func:`_forward_again`'s."""
+    pred_ptr, pred_idx, pred_lat = topo[1], topo[2], topo[3]
     fwd, bwd, bwd_room = move
     trial, start, end, mark, room_of = work
     step = step_max
     for _ in range(_MAX_NEWTON):
         _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
-        makespan = _forward(order, pred_ptr, pred_idx, pred_lat, trial, start, end)
+        makespan = _forward_again(topo, trial, start, end, kept)
         if makespan <= deadline - step + tol:
             break
         slope = _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room_of, step)
@@ -379,9 +422,9 @@ def _emit_along(
 
 
 @_jit_inline
-def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg):
+def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, prices, stale):
     """Take the step in place, snapping moved ops within ``tol`` of a hull vertex onto it;
-    update their costs and hull segments."""
+    update their costs and prices, and mark them ``stale``."""
     ht, hs, hc, nh = hull
     fwd, bwd, bwd_room = move
     _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, trial)
@@ -394,20 +437,22 @@ def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg):
                 break
         trial[v] = x
         op_cost[v] = _op_cost(ht, hs, hc, v, x)
-        seg[v] = _vertex_at_or_below(ht, v, x + tol)
+        _price_op(v, x, _vertex_at_or_below(ht, v, x + tol), hull, tol, prices)
+        stale[v] = True
     for v in range(dur.size):
         dur[v] = trial[v]
 
 
 @_jit
-def _op_state(ht, hs, hc, dur, tol):
-    """Per op, its relaxation cost and hull segment (last vertex at or below its duration +
-    ``tol``), kept between iterations."""
-    op_cost, seg = np.empty(dur.size), np.empty(dur.size, dtype=np.int64)
+def _op_state(hull, dur, tol, prices):
+    """Per op, its relaxation cost and prices (at its hull segment: the last vertex at or
+    below its duration + ``tol``), kept between iterations; returns the costs."""
+    ht, hs, hc = hull[0], hull[1], hull[2]
+    op_cost = np.empty(dur.size)
     for v in range(dur.size):
         op_cost[v] = _op_cost(ht, hs, hc, v, dur[v])
-        seg[v] = _vertex_at_or_below(ht, v, dur[v] + tol)
-    return op_cost, seg
+        _price_op(v, dur[v], _vertex_at_or_below(ht, v, dur[v] + tol), hull, tol, prices)
+    return op_cost
 
 
 @_jit
@@ -442,6 +487,7 @@ def _min_cut(net, capa, res, ok, trees, side):
             res[k] = 0
         for k in range(capa.size):
             res[fs[k]] = capa[k]
+        trees[-1][0] = -1  # every slot changed
     n_net = ptr.size - 1  # _augment writes every entry of side
     return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, trees, side)
 
@@ -470,7 +516,13 @@ def walk_kernel(
     move = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n))
     # The cut network's flow is kept between iterations (few capacities change).
     capa, res, stack_n, stack_a, trees = _flow_arrays(net, n)
-    op_cost, seg = _op_state(ht, hs, hc, dur, tol)
+    op_cost = _op_state(hull, dur, tol, prices)
+    stale = np.zeros(n + 1, np.bool_)  # see _update_network
+    # The longest-path pass recomputes only what changed since the last one (_forward_again).
+    pos = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        pos[order[i]] = i
+    kept = (pos, np.full(n, np.nan), np.zeros(n, np.int8))
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     scale = _capacity_scale(hs)
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
@@ -481,15 +533,15 @@ def walk_kernel(
     n_lp = 0
     iterations = 0
     while iterations < max_iterations:
-        deadline = _forward(order, pred_ptr, pred_idx, pred_lat, dur, paths[0], paths[1])
+        deadline = _forward_again(topo, dur, paths[0], paths[1], kept)
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, paths[2], paths[3])
         lp_t[n_lp] = deadline
         lp_e[n_lp] = _relaxation_cost(op_cost) + power_ranks * deadline
         n_lp += 1
         stalled = _stalled(state, deadline, tol)
         ok = stalled or _update_network(
-            topo, paths, dur, seg, crit, deadline, hull, tol, scale, tie_units, prices,
-            (net, capa, res, stack_n, stack_a),
+            topo, paths, crit, deadline, tol, scale, tie_units, prices, stale,
+            (net, capa, res, stack_n, stack_a, trees[-1]),
         )  # fmt: skip
         if stalled or not _min_cut(net, capa, res, ok, trees, side):
             emitted, n_emitted = _emit(
@@ -504,7 +556,7 @@ def walk_kernel(
         step_max = min(max(exact, quantum), step_max)
         step = _step_length(
             topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol,
-            (trial, paths[0], paths[1], mark, room_of),
+            (trial, paths[0], paths[1], mark, room_of), kept,
         )  # fmt: skip
         if step <= 0.0:
             emitted, n_emitted = _emit(
@@ -516,7 +568,7 @@ def walk_kernel(
             dur, move, n_fwd, n_bwd, deadline, step, cut_value, state, gap, power_ranks, anchor_s,
             (node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted, n_emitted),
         )  # fmt: skip
-        _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, seg)
+        _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, prices, stale)
         if every_breakpoint and state[S_EMITTING] != 0.0:
             emitted, n_emitted = _emit(
                 dur, node_type, opt_t, tol, rounded, rounded_up, last_rounded, emitted, n_emitted

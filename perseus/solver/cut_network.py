@@ -22,6 +22,7 @@ __all__ = [
     "augment",
     "build_network",
     "jit",
+    "jit_inline",
     "keep_balanced",
     "search_arrays",
     "set_capacity",
@@ -32,8 +33,9 @@ INF_CAP = np.int64(2**62)
 
 #: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
 jit: Any = numba.njit(cache=True, nogil=True)
-# augment's steps, inlined into it (numba IR inlining): one compiled function, not several.
-_jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
+#: The same, inlined at each call site (numba IR inlining): augment's and the walk's steps, one
+#: compiled function each, not several.
+jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -84,8 +86,23 @@ def build_network(
     return a_src, a_dst, ptr, to, twin, is_fwd, fs, rs
 
 
+@jit_inline
+def _log_change(k, changed):
+    """Note that slot ``k``'s residual changed outside :func:`augment` (``changed[0]``: how
+    many noted, -1 once they no longer fit: every slot is then looked at)."""
+    count = changed[0]
+    if count >= 0:
+        if count + 1 < changed.size:
+            changed[count + 1] = k
+            changed[0] = count + 1
+        else:
+            changed[0] = -1
+
+
 @jit
-def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+def _cancel(
+    x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a, changed
+):  # fmt: skip
     """Remove ``amount`` of flow passing through ``x`` on its way to the sink (or from the
     source), following arcs that carry flow. The flow is acyclic (the network is a DAG), so
     this ends at the terminal. A forward slot holds its arc's residual, the twin its flow."""
@@ -112,6 +129,8 @@ def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, 
             t = min(res[twin[fa]], r)
             res[twin[fa]] -= t
             res[fa] += t
+            _log_change(twin[fa], changed)
+            _log_change(fa, changed)
             r -= t
             if top == stack_n.size:
                 return False
@@ -123,9 +142,10 @@ def _cancel(x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, 
 @jit
 def set_capacity(
     k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, source, sink, stack_n,
-    stack_a,
+    stack_a, changed,
 ):  # fmt: skip
-    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it."""
+    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it (the
+    slots changed are noted in ``changed``, :func:`search_arrays`' last)."""
     flow = res[rs[k]]
     if flow > new_cap:
         over = flow - new_cap
@@ -134,16 +154,20 @@ def set_capacity(
         # A loop, not two calls with literal True/False: numba would compile _cancel twice.
         for toward_sink in (False, True):
             x, end = (a_dst[k], sink) if toward_sink else (a_src[k], source)
-            if not _cancel(x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a):
+            if not _cancel(
+                x, over, toward_sink, end, ptr, to, twin, is_fwd, res, stack_n, stack_a, changed
+            ):
                 return False
         flow = res[rs[k]]
     capa[k] = new_cap
     res[fs[k]] = new_cap - flow
+    _log_change(fs[k], changed)
+    _log_change(rs[k], changed)
     return True
 
 
-@_jit_inline
-def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
+@jit_inline
+def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res, changed):
     """Move flow between op ``v``'s arc and its terminal arcs as their capacities change
     (a changed lower bound), keeping every node balanced: no cancelling, no re-augmenting."""
     f_op, f_t, f_s = res[rs[v]], res[rs[n + v]], res[rs[2 * n + v]]
@@ -157,6 +181,9 @@ def keep_balanced(v, n, op_cap, term_cap, capa, fs, rs, res):
         res[fs[n + v]] -= theta
         res[rs[2 * n + v]] += theta
         res[fs[2 * n + v]] -= theta
+        for k in (v, n + v, 2 * n + v):
+            _log_change(fs[k], changed)
+            _log_change(rs[k], changed)
 
 
 _FREE, _S, _T = 0, 1, 2
@@ -166,9 +193,11 @@ _ROOT, _NONE = -1, -2
 @jit
 def search_arrays(n_nodes, n_slots):
     """Empty search trees of :func:`augment`, kept between its calls: ``(tree, parent, dist,
-    stamp, queued, queue, orphans, seen_res, counters)``. ``tree``: 0 free, 1 the source's, 2
-    the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``: steps to
-    the root and when last checked; ``seen_res``: the residuals the trees were built on."""
+    stamp, queued, queue, orphans, seen_res, counters, changed)``. ``tree``: 0 free, 1 the
+    source's, 2 the sink's; ``parent``: the slot of the arc to the parent; ``dist``/``stamp``:
+    steps to the root and when last checked; ``seen_res``: the residuals the trees were built
+    on; ``changed``: the slots changed since (:func:`_log_change`; none noted yet: all are
+    new)."""
     tree = np.zeros(n_nodes, dtype=np.int8)
     parent = np.full(n_nodes, _NONE, dtype=np.int64)
     dist = np.zeros(n_nodes, dtype=np.int64)
@@ -178,7 +207,9 @@ def search_arrays(n_nodes, n_slots):
     orphans = np.empty(n_nodes, dtype=np.int64)
     seen_res = np.full(n_slots, -1, dtype=np.int64)  # none seen yet: every slot is new
     counters = np.zeros(4, dtype=np.int64)  # queue head, queue tail, orphan count, time
-    return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters
+    changed = np.empty(n_slots + 1, dtype=np.int64)
+    changed[0] = -1
+    return tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters, changed
 
 
 @jit
@@ -188,17 +219,24 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     left inconsistent).
 
     Boykov–Kolmogorov's search trees (``search``: :func:`search_arrays`) are kept from the
-    last call: only the nodes at slots whose residual changed are looked at again, so a call
-    after a small capacity update costs about what it changes.
+    last call: only the nodes at slots whose residual changed are looked at again (in slot
+    order, those noted in ``changed``), so a call after a small capacity update costs about
+    what it changes.
     """
-    tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters = search
+    tree, parent, dist, stamp, queued, queue, orphans, seen_res, counters, changed = search
     if tree[source] != _S:
         tree[source], parent[source], tree[sink], parent[sink] = _S, _ROOT, _T, _ROOT
         _enqueue(source, queued, queue, counters)
         _enqueue(sink, queued, queue, counters)
-    for k in range(res.size):
-        if res[k] != seen_res[k]:
+    count = changed[0]
+    if count > _MAX_NOTED:
+        count = -1  # scanning every slot is cheaper than sorting so many
+    _sort_noted(changed, count)
+    for i in range(count if count >= 0 else res.size):
+        k = changed[i + 1] if count >= 0 else i
+        if res[k] != seen_res[k]:  # also skips repeats: touching updates seen_res
             _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters)
+    changed[0] = 0
     _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters)
     while True:
         bridge = _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters)
@@ -212,22 +250,40 @@ def augment(source, sink, ptr, to, twin, res, search, side):
     return True
 
 
-@_jit_inline
+#: Noted slots sorted by insertion (a few dozen per walk iteration), beyond which all are scanned.
+_MAX_NOTED = 256
+
+
+@jit_inline
+def _sort_noted(changed, count):
+    """Sort ``changed[1 : count + 1]`` in place (insertion sort: numba's sort costs seconds of
+    compilation on a first run)."""
+    for i in range(2, count + 1):
+        k = changed[i]
+        j = i - 1
+        while j >= 1 and changed[j] > k:
+            changed[j + 1] = changed[j]
+            j -= 1
+        changed[j + 1] = k
+
+
+@jit_inline
 def _enqueue(v, queued, queue, counters):
     if not queued[v]:
         queued[v] = True
         queue[counters[1]] = v
-        counters[1] = (counters[1] + 1) % queue.size
+        tail = counters[1] + 1
+        counters[1] = tail if tail < queue.size else 0  # a ring (no division)
 
 
-@_jit_inline
+@jit_inline
 def _orphan(v, parent, orphans, counters):
     parent[v] = _NONE
     orphans[counters[2]] = v
     counters[2] += 1
 
 
-@_jit_inline
+@jit_inline
 def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, counters):
     """Slot ``k``'s residual changed since the last call: a tree arc left without residual
     orphans its child, and both ends are searched again."""
@@ -243,7 +299,7 @@ def _touch(k, to, twin, res, seen_res, tree, parent, queued, queue, orphans, cou
             _enqueue(x, queued, queue, counters)
 
 
-@_jit_inline
+@jit_inline
 def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters):
     """Grow the trees from their active nodes until they meet; returns the slot of the arc
     from the source's tree into the sink's (-1 when neither tree can grow)."""
@@ -264,11 +320,12 @@ def _grow(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, counters
                 elif tree[q] != t:
                     return arc  # p stays active: it may meet the other tree again
         queued[p] = False
-        counters[0] = (counters[0] + 1) % queue.size
+        head = counters[0] + 1
+        counters[0] = head if head < queue.size else 0
     return -1
 
 
-@_jit_inline
+@jit_inline
 def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counters):
     """Push the bottleneck along source tree -> ``bridge`` -> sink tree; the children of
     saturated tree arcs become orphans. False on a path whose every arc is infinite."""
@@ -293,7 +350,7 @@ def _augment_path(bridge, to, twin, res, seen_res, tree, parent, orphans, counte
     return True
 
 
-@_jit_inline
+@jit_inline
 def _move(a, b, res, seen_res, twin):
     """Push ``b`` along slot ``a``, keeping ``seen_res`` in step (the trees know of it)."""
     res[a] -= b
@@ -302,7 +359,7 @@ def _move(a, b, res, seen_res, twin):
     seen_res[twin[a]] = res[twin[a]]
 
 
-@_jit_inline
+@jit_inline
 def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
     """Give each orphan a new parent in its tree whose chain reaches the root along residual
     arcs (the nearest to the root), or free it: its tree neighbours that had an arc to it are
@@ -338,7 +395,7 @@ def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans
         tree[v] = _FREE
 
 
-@_jit_inline
+@jit_inline
 def _root_distance(q, now, to, twin, tree, parent, dist, stamp, t):
     """Steps from ``q`` up its tree's parent arcs to the root, or -1 when the chain ends at an
     orphan; the nodes passed are stamped ``now`` with their distances."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from perseus.solver.cut_network import jit as _jit
+from perseus.solver.cut_network import jit_inline as _jit_inline
 
 __all__ = [
     "backward_pass",
@@ -24,16 +25,23 @@ __all__ = [
 ]
 
 
+@_jit_inline
+def _earliest_start(v, pred_ptr, pred_idx, pred_lat, end):
+    """Op ``v``'s earliest start: its predecessors' latest finish plus latency (0 if none)."""
+    s = 0.0
+    for k in range(pred_ptr[v], pred_ptr[v + 1]):
+        r = end[pred_idx[k]] + pred_lat[k]
+        if r > s:
+            s = r
+    return s
+
+
 @_jit
 def _forward(order, pred_ptr, pred_idx, pred_lat, dur, start, end):
     """Earliest start/finish in place; returns the makespan."""
     makespan = 0.0
     for v in order:
-        s = 0.0
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            r = end[pred_idx[k]] + pred_lat[k]
-            if r > s:
-                s = r
+        s = _earliest_start(v, pred_ptr, pred_idx, pred_lat, end)
         start[v] = s
         e = s + dur[v]
         end[v] = e

@@ -85,9 +85,11 @@ def _random_dag(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarra
     return pred_ptr, succ_ptr, succ_idx
 
 
+@pytest.mark.parametrize("log_slots", [None, 3], ids=["log", "log-overflowing"])
 @pytest.mark.parametrize("seed", range(10))
-def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
-    # Small DAGs, and larger ones whose search trees lose whole subtrees to a change.
+def test_warm_started_min_cut_matches_scipy_after_every_change(seed, log_slots):
+    # Small DAGs, and larger ones whose search trees lose whole subtrees to a change. The
+    # min cut looks at the slots noted as changed; a log too small for them means all slots.
     rng = np.random.default_rng(seed)
     n = int(rng.integers(4, 12)) if seed < 6 else int(rng.integers(30, 60))
     pred_ptr, succ_ptr, succ_idx = _random_dag(rng, n)
@@ -100,6 +102,8 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
     res = np.zeros(2 * m, dtype=np.int64)
     stack = np.empty(4 * m + 8, dtype=np.int64), np.empty(4 * m + 8, dtype=np.int64)
     search = cut_network.search_arrays(2 * n + 2, res.size)
+    if log_slots is not None:
+        search = (*search[:-1], np.full(log_slots, -1, dtype=np.int64))
     side = np.zeros(2 * n + 2, dtype=np.bool_)
     # Only arcs in the adjacency may carry capacity (source arcs of sources, sink arcs of sinks).
     usable = np.array([fs[k] < ptr[-1] for k in range(m)])
@@ -109,7 +113,7 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed):
             new_cap = np.int64(rng.integers(0, 20))
             ok = cut_network.set_capacity(
                 k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                source, sink, *stack,
+                source, sink, *stack, search[-1],
             )  # fmt: skip
             assert ok
         side[:] = False
@@ -142,6 +146,7 @@ from perseus.solver import compiled, cut_network, trace
 from tests.solver.conftest import small_job
 trace(small_job("1f1b", 3, 5, seed=2))
 helpers = [compiled._apply, compiled._emit, cut_network._cancel, cut_network.set_capacity]
+helpers += [compiled._price_op, compiled._set_op_capacities, compiled._forward_again]
 print([len(h.signatures) for h in helpers])
 """
 
@@ -162,4 +167,35 @@ def test_each_walk_helper_is_compiled_for_one_signature_only(tmp_path):
         [sys.executable, "-c", _SIGNATURES], env=env, cwd=root, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[-2] == "[1, 1, 1, 1]"
+    assert out.stdout.split("\n")[-2] == str([1] * 7)
+
+
+def test_longest_path_pass_redone_for_changes_only_gives_the_full_pass_floats():
+    from perseus.solver import compiled, plan_kernels
+
+    rng = np.random.default_rng(7)
+    n = 60
+    pred_ptr, succ_ptr, succ_idx = _random_dag(rng, n)
+    edges = [(v, int(w)) for v in range(n) for w in succ_idx[succ_ptr[v] : succ_ptr[v + 1]]]
+    pred_idx = np.array([v for w in range(n) for v, x in edges if x == w], dtype=np.int64)
+    succ_lat = rng.random(succ_idx.size) * 1e-3
+    lat = {e: succ_lat[i] for i, e in enumerate(edges)}
+    pred_lat = np.array([lat[(v, w)] for w in range(n) for v, x in edges if x == w])
+    order = np.arange(n, dtype=np.int64)  # edges go from lower to higher nodes
+    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
+    pos = np.arange(n, dtype=np.int64)
+    kept = (pos, np.full(n, np.nan), np.zeros(n, np.int8))
+    start, end = np.empty(n), np.empty(n)
+    x = rng.random(n)
+    for _ in range(30):
+        # A few ops change, as in a walk step or a Newton trial.
+        x[rng.choice(n, size=int(rng.integers(0, 5)), replace=False)] = rng.random()
+        makespan = compiled._forward_again(topo, x, start, end, kept)
+        full_start, full_end = np.empty(n), np.empty(n)
+        expected = plan_kernels.forward_pass(
+            order, pred_ptr, pred_idx, pred_lat, x, full_start, full_end
+        )
+        assert makespan == expected
+        np.testing.assert_array_equal(start, full_start)
+        np.testing.assert_array_equal(end, full_end)
+        assert not kept[2].any()
