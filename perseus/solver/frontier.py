@@ -12,6 +12,7 @@ How and why: ``docs/planning.md``. Complexity: O(B·(N + E)) in practice for B b
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,35 +215,24 @@ def _impl(
 ) -> FrontierTrace:
     """Walk (``walk``: the core, quantum, gap fraction, ``all_points``, progress), add the
     seeds, select the points."""
-    from perseus.solver.baselines import baseline_freq_plans  # it uses the solver's modules
-
     core, quantum, min_gap_fraction, all_points, progress = walk
     topo = build_topology(job.graph)
     allmax_time = float(job.evaluate(job.allmax()).time_s)
     t_min_lp = float(topo.forward(model.hull_time_s[model.node_type, 0])[1].max())
     # The walk samples fractional plans ``gap`` apart whatever is kept.
     gap = min_gap_fraction * t_min_lp
-    seeds = [_to_options(job, model, f) for f in [*baseline_freq_plans(job), *extra_seeds]]
-    if folded is None:
-        cand, iterations, lp_t, lp_e, reason = core(
-            job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
-        )
-    else:
-        # Walk the folded job, lifting its plans as they come (points as far apart, as a
-        # fraction of the fastest time, as asked: denser cost 2-3x the time for a few
-        # hundredths of a point).
-        small, small_model = folded.job, folded.model
-        small_topo = build_topology(small.graph)
-        small_ht = small_model.hull_time_s[small_model.node_type, 0]
-        small_t_min = float(small_topo.forward(small_ht)[1].max())
-        small_gap = max(min_gap_fraction, _FOLD_MIN_GAP_FRACTION) * small_t_min
-        small_tol = 1e-9 * float(small.evaluate(small.allmax()).time_s)
-        lifter = Lifter(job, model, topo, folded, allmax_time)
-        cand, iterations, lp_t, lp_e, reason = core(
-            small, small_model, small_topo, small_tol, quantum, small_gap, False, progress, lifter
-        )
-        cand.extend(lifter.flush())
-    cand.extend(reclaim_slack(model, topo, np.stack(seeds)))
+    # The baselines and a folded walk's lifting run beside the walk (it releases the GIL).
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="perseus-solver") as pool:
+        seeds = pool.submit(_seeds, job, model, extra_seeds)
+        if folded is None:
+            cand, iterations, lp_t, lp_e, reason = core(
+                job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
+            )
+        else:
+            lifter = Lifter(job, model, topo, folded, allmax_time, pool)
+            cand, iterations, lp_t, lp_e, reason = _walk_folded(folded, walk, lifter)
+            cand.extend(lifter.flush())
+        cand.extend(reclaim_slack(model, topo, np.stack(seeds.result())))
     points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
         progress(1.0)
@@ -255,6 +245,32 @@ def _impl(
         stop_reason=reason,
         folded_microbatches=None if folded is None else folded.job.spec.microbatches,
     )
+
+
+def _walk_folded(
+    folded: FoldedJob, walk: tuple[CoreFn, float, float, bool, Progress | None], lifter: Lifter
+) -> tuple[list[IntArray], int, list[float], list[float], str]:
+    """Walk the folded job, its plans going to ``lifter`` as they come (as far apart, as a
+    fraction of the fastest time, as asked: denser cost 2-3x the time for a few hundredths of
+    a point)."""
+    core, quantum, min_gap_fraction, _, progress = walk
+    small, small_model = folded.job, folded.model
+    small_topo = build_topology(small.graph)
+    small_t_min = float(
+        small_topo.forward(small_model.hull_time_s[small_model.node_type, 0])[1].max()
+    )
+    small_gap = max(min_gap_fraction, _FOLD_MIN_GAP_FRACTION) * small_t_min
+    small_tol = 1e-9 * float(small.evaluate(small.allmax()).time_s)
+    return core(
+        small, small_model, small_topo, small_tol, quantum, small_gap, False, progress, lifter
+    )
+
+
+def _seeds(job: PlanningJob, model: CostModel, extra: list[PlanArg]) -> list[IntArray]:
+    """The baselines' plans and ``extra`` as option indices (:func:`_to_options`)."""
+    from perseus.solver.baselines import baseline_freq_plans  # it uses the solver's modules
+
+    return [_to_options(job, model, f) for f in [*baseline_freq_plans(job), *extra]]
 
 
 def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntArray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -171,7 +171,9 @@ def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[
 
 class Lifter:
     """Folded plans lifted to the full job (:func:`perseus.solver.fold.lift_plans`) in
-    batches as they come, each batch's Pareto set kept; :meth:`flush` lifts the last."""
+    batches as they come, each batch's Pareto set kept, on ``pool``'s threads (each batch on
+    its own, so the result does not depend on which thread lifts it); :meth:`flush` lifts the
+    last batch and returns every batch's candidates in order."""
 
     def __init__(
         self,
@@ -180,21 +182,26 @@ class Lifter:
         topo: Topology,
         folded: FoldedJob,
         allmax_time_s: float,
+        pool: Executor,
     ) -> None:
         self._lift = (job, model, topo, folded, allmax_time_s)
+        self._pool = pool
         self._buffer: list[IntArray] = []
+        self._batches: list[Future[list[IntArray]]] = []
 
     def __call__(self, plans: list[IntArray]) -> list[IntArray]:
         self._buffer.extend(plans)
-        out: list[IntArray] = []
         while len(self._buffer) >= _LIFT_BATCH:
-            out.extend(self._lifted(self._buffer[:_LIFT_BATCH]))
+            self._batches.append(self._pool.submit(self._lifted, self._buffer[:_LIFT_BATCH]))
             del self._buffer[:_LIFT_BATCH]
-        return out
+        return []
 
     def flush(self) -> list[IntArray]:
-        out = self._lifted(self._buffer) if self._buffer else []
+        if self._buffer:
+            self._batches.append(self._pool.submit(self._lifted, self._buffer))
         self._buffer = []
+        out = [c for batch in self._batches for c in batch.result()]
+        self._batches = []
         return out
 
     def _lifted(self, batch: list[IntArray]) -> list[IntArray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -158,9 +159,11 @@ def test_plans_lifted_as_they_come_are_the_batches_lifted_at_the_end():
     plans = [
         rng.integers(0, folded.model.num_opts[small_types]).astype(np.int64) for _ in range(75)
     ]
-    lifter = Lifter(job, model, topo, folded, allmax_s)
-    streamed = [c for lo in range(0, 75, 7) for c in lifter(plans[lo : lo + 7])]
-    streamed += lifter.flush()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # batches lifted on two threads at once
+        lifter = Lifter(job, model, topo, folded, allmax_s, pool)
+        streamed = [c for lo in range(0, 75, 7) for c in lifter(plans[lo : lo + 7])]
+        streamed += lifter.flush()
+        assert lifter.flush() == []
     at_end = [
         c
         for lo in range(0, 75, 32)
@@ -170,7 +173,6 @@ def test_plans_lifted_as_they_come_are_the_batches_lifted_at_the_end():
     ]
     assert len(streamed) == len(at_end) > 0
     assert all(np.array_equal(a, b) for a, b in zip(streamed, at_end, strict=True))
-    assert lifter.flush() == []
 
 
 def test_jobs_above_the_threshold_fold_by_default(monkeypatch):
