@@ -224,9 +224,10 @@ class _KernelLoader:
                 signatures = _cached_signatures(kernel)
                 for signature in signatures:
                     kernel.compile(signature)  # loads it: numba reads its cache first
-            except Exception as e:  # a kernel not loaded is compiled when first used
+            except Exception as e:  # not tried again: compiled when first used
                 logger.debug("loading %s from numba's cache failed: %s", kernel, e)
-                signatures = [None]
+                self._pending.remove(kernel)
+                continue
             if signatures:
                 self._pending.remove(kernel)
         return bool(self._pending)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,20 +95,11 @@ def test_walk_kernel_cache_is_read_from_numba_and_filled_by_the_background_compi
     tmp_path: Path,
 ) -> None:
     # An empty cache is seen as empty; the background compile's work fills it.
-    import os
-    import subprocess
-    import sys
-
     code = (
         "from perseus.cli.demo import _walk_kernel_cached as cached, compile_kernels\n"
         "print(cached()); compile_kernels(); print(cached())\n"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    proc = _python_with_cache(code, tmp_path, timeout_s=900)
     assert proc.stdout.split() == ["False", "True"]
 
 
@@ -113,10 +107,6 @@ def test_walk_kernel_cache_is_read_from_numba_and_filled_by_the_background_compi
 def test_a_first_run_loads_the_plan_kernels_another_process_compiled(tmp_path: Path) -> None:
     # While another process compiles the plan kernels into an empty cache, the first run's
     # loader finds each one there and loads it: none is compiled a second time in this one.
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import subprocess, sys\n"
         "from perseus.cli.demo import _KernelLoader\n"
@@ -130,12 +120,7 @@ def test_a_first_run_loads_the_plan_kernels_another_process_compiled(tmp_path: P
         "    stats = getattr(plan_kernels, name).stats\n"
         "    print(name, sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))\n"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    proc = _python_with_cache(code, tmp_path, timeout_s=600)
     loaded = {name: (int(h), int(m)) for name, h, m in map(str.split, proc.stdout.splitlines())}
     assert set(loaded) == {"backward_pass", "evaluate_kernel", "forward_pass",
                            "neighbour_kernel", "reclaim_kernel", "tighten_kernel"}  # fmt: skip
@@ -147,10 +132,6 @@ def test_the_background_compile_runs_in_a_session_of_its_own_then_at_the_lowest_
 ) -> None:
     # Its own session (a scheduling group of its own while the first run loads its plan
     # kernels); for the walk kernel it lowers itself and that group to nice 19.
-    import os
-    import subprocess
-    import sys
-
     from perseus.cli import demo
 
     started: list[tuple[list[str], dict[str, object]]] = []
@@ -232,3 +213,17 @@ def test_refuses_to_replace_foreign_directory(
     file_out.write_text("x")
     assert main(["demo", "--config", SMALL, "--out", str(file_out), "--no-progress"]) == 2
     assert file_out.read_text() == "x"
+
+
+def _python_with_cache(
+    code: str, cache_dir: Path, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter on this checkout with numba's cache in
+    ``cache_dir``; asserts it succeeded."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=timeout_s,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc
