@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, Protocol, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -162,6 +162,8 @@ class PlanPoint(BaseModel):
                 f"({avg}); regenerate the file"
             )
         for r, rank in enumerate(self.freqs_mhz):
+            if _all_ints(rank):
+                continue
             for j, op in enumerate(rank):
                 if not _is_phased(op):
                     continue
@@ -199,6 +201,11 @@ class PlanPoint(BaseModel):
             for ph in op
             if ph[1] is not None
         )
+
+
+def _all_ints(ops: Sequence[object]) -> bool:
+    """Whether every item is a plain ``int`` (one clock each: a fast path for large plans)."""
+    return set(map(type, ops)) <= {int}
 
 
 def _is_phased(op: PlanOp) -> TypeGuard[tuple[PhaseSpec, ...]]:

@@ -45,12 +45,11 @@ def _clock_for(job: PlanningJob, stage: int, kind: int, freq_mhz: int) -> int:
 
 def _global_freqs(job: PlanningJob, freq_mhz: int) -> IntArray:
     g = job.graph
-    cache: dict[tuple[int, int], int] = {}
-    out = np.empty(g.num_nodes, dtype=np.int64)
-    for i, (s, k) in enumerate(zip(g.stage.tolist(), g.kind.tolist(), strict=True)):
-        if (s, k) not in cache:
-            cache[(s, k)] = _clock_for(job, s, k, freq_mhz)
-        out[i] = cache[(s, k)]
+    pairs = {(s, k) for s, k in zip(g.stage.tolist(), g.kind.tolist(), strict=True)}
+    table = np.zeros((int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
+    for s, k in pairs:
+        table[s, k] = _clock_for(job, s, k, freq_mhz)
+    out: IntArray = table[g.stage, g.kind]
     return out
 
 
@@ -83,11 +82,11 @@ def _per_stage_freqs(job: PlanningJob) -> IntArray:
             else:
                 break
         chosen.append(pick)
-    out = np.empty(g.num_nodes, dtype=np.int64)
-    for i, (r, s, k) in enumerate(
-        zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True)
-    ):
-        out[i] = _clock_for(job, s, k, chosen[r])
+    triples = set(zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True))
+    table = np.zeros((ranks, int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
+    for r, s, k in triples:
+        table[r, s, k] = _clock_for(job, s, k, chosen[r])
+    out: IntArray = table[g.rank, g.stage, g.kind]
     return out
 
 
@@ -101,16 +100,19 @@ def _envpipe_freqs(job: PlanningJob) -> IntArray:
     deadline = float(end.max())
     envelope = (topo.backward(time_s, deadline) - end) <= 1e-9 * deadline
     margin = 8 * np.finfo(np.float64).eps * max(deadline, 1.0)
-    late_start = np.full(g.num_nodes, deadline)
-    ptr, succ, lat = topo.succ_ptr, topo.succ_idx, topo.succ_lat_csr
+    # One node at a time in reverse topological order: plain floats, not numpy calls.
+    late_start = [deadline] * g.num_nodes
+    ptr, succ, lat = (a.tolist() for a in (topo.succ_ptr, topo.succ_idx, topo.succ_lat_csr))
+    starts, durations, fixed = start.tolist(), time_s.tolist(), envelope.tolist()
     for i in topo.order_array[::-1].tolist():
-        after = slice(ptr[i], ptr[i + 1])
-        lf = float(np.min(late_start[succ[after]] - lat[after], initial=deadline))
-        if not envelope[i]:
+        lf = deadline
+        for a in range(ptr[i], ptr[i + 1]):
+            lf = min(lf, late_start[succ[a]] - lat[a])
+        if not fixed[i]:
             for o in ops[i].options:  # highest clock first; keep the lowest that fits
-                if o.time_s <= lf - start[i] - margin:
-                    freqs[i], time_s[i] = o.freq_mhz, o.time_s
-        late_start[i] = lf - time_s[i]
+                if o.time_s <= lf - starts[i] - margin:
+                    freqs[i], durations[i] = o.freq_mhz, o.time_s
+        late_start[i] = lf - durations[i]
     return freqs
 
 

@@ -222,14 +222,17 @@ def _impl(
     # The walk samples fractional plans ``gap`` apart whatever is kept.
     gap = min_gap_fraction * t_min_lp
     # The baselines and a folded walk's lifting run beside the walk (it releases the GIL).
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="perseus-solver") as pool:
+    with (
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="perseus-solver") as pool,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-lift") as lane,
+    ):
         seeds = pool.submit(_seeds, job, model, extra_seeds)
         if folded is None:
             cand, iterations, lp_t, lp_e, reason = core(
                 job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
             )
         else:
-            lifter = Lifter(job, model, topo, folded, allmax_time, pool)
+            lifter = Lifter(job, model, topo, folded, allmax_time, (lane, pool))
             cand, iterations, lp_t, lp_e, reason = _walk_folded(folded, walk, lifter)
             cand.extend(lifter.flush())
         cand.extend(reclaim_slack(model, topo, np.stack(seeds.result())))

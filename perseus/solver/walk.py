@@ -31,8 +31,9 @@ __all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "pareto_within"]
 IntArray = npt.NDArray[np.int64]
 Progress = Callable[[float], None]
 
-#: Folded plans lifted at a time (each gives up to six full-size candidates).
-_LIFT_BATCH = 32
+#: Folded plans lifted at a time while the walk runs (each gives up to six full-size
+#: candidates; small, so that lifting keeps up with the walk).
+_LIFT_BATCH = 8
 #: Walk iterations per compiled call (between progress reports).
 _CHUNK_ITERATIONS = 2000
 #: A second walk (ties left to the max flow) runs when the first cost at most this many
@@ -171,9 +172,11 @@ def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[
 
 class Lifter:
     """Folded plans lifted to the full job (:func:`perseus.solver.fold.lift_plans`) in
-    batches as they come, each batch's Pareto set kept, on ``pool``'s threads (each batch on
-    its own, so the result does not depend on which thread lifts it); :meth:`flush` lifts the
-    last batch and returns every batch's candidates in order."""
+    batches of :data:`_LIFT_BATCH` as they come, one batch at a time on ``lane`` (so the walk
+    keeps a core of its own), each batch's Pareto set kept; :meth:`flush` lifts the plans left
+    in two halves on ``pool``'s threads (the walk is done) and returns every batch's
+    candidates in order. Each batch is lifted on its own, so the result does not depend on
+    which thread lifts it."""
 
     def __init__(
         self,
@@ -182,23 +185,25 @@ class Lifter:
         topo: Topology,
         folded: FoldedJob,
         allmax_time_s: float,
-        pool: Executor,
+        pools: tuple[Executor, Executor],
     ) -> None:
         self._lift = (job, model, topo, folded, allmax_time_s)
-        self._pool = pool
+        self._lane, self._pool = pools
         self._buffer: list[IntArray] = []
         self._batches: list[Future[list[IntArray]]] = []
 
     def __call__(self, plans: list[IntArray]) -> list[IntArray]:
         self._buffer.extend(plans)
         while len(self._buffer) >= _LIFT_BATCH:
-            self._batches.append(self._pool.submit(self._lifted, self._buffer[:_LIFT_BATCH]))
+            self._batches.append(self._lane.submit(self._lifted, self._buffer[:_LIFT_BATCH]))
             del self._buffer[:_LIFT_BATCH]
         return []
 
     def flush(self) -> list[IntArray]:
-        if self._buffer:
-            self._batches.append(self._pool.submit(self._lifted, self._buffer))
+        half = (len(self._buffer) + 1) // 2
+        for part in (self._buffer[:half], self._buffer[half:]):
+            if part:
+                self._batches.append(self._pool.submit(self._lifted, part))
         self._buffer = []
         out = [c for batch in self._batches for c in batch.result()]
         self._batches = []

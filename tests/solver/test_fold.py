@@ -11,7 +11,7 @@ import pytest
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
-from perseus.solver import frontier, trace
+from perseus.solver import frontier, trace, walk
 from perseus.solver.cost_model import build_cost_model
 from perseus.solver.fold import (
     FOLD_EXTRA_MICROBATCHES,
@@ -159,16 +159,21 @@ def test_plans_lifted_as_they_come_are_the_batches_lifted_at_the_end():
     plans = [
         rng.integers(0, folded.model.num_opts[small_types]).astype(np.int64) for _ in range(75)
     ]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # batches lifted on two threads at once
-        lifter = Lifter(job, model, topo, folded, allmax_s, pool)
+    size = walk._LIFT_BATCH
+    with ThreadPoolExecutor(max_workers=1) as lane, ThreadPoolExecutor(max_workers=2) as pool:
+        lifter = Lifter(job, model, topo, folded, allmax_s, (lane, pool))
         streamed = [c for lo in range(0, 75, 7) for c in lifter(plans[lo : lo + 7])]
         streamed += lifter.flush()
         assert lifter.flush() == []
+    # Full batches in order, then what is left in two halves (the first the larger).
+    full = 75 // size * size
+    half = full + (75 - full + 1) // 2
+    bounds = [*range(0, full + 1, size), half, 75]
     at_end = [
         c
-        for lo in range(0, 75, 32)
+        for lo, hi in itertools.pairwise(bounds)
         for c in pareto_within(
-            job, model, topo, lift_plans(folded, plans[lo : lo + 32], model, topo, allmax_s)
+            job, model, topo, lift_plans(folded, plans[lo:hi], model, topo, allmax_s)
         )
     ]
     assert len(streamed) == len(at_end) > 0
