@@ -18,6 +18,7 @@ from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import jit_inline as _jit_inline  # per-iteration helpers
+from perseus.solver.cut_network import jit_noalloc as _jit_noalloc
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity
@@ -38,7 +39,7 @@ STATE_SIZE = 5
 DONE_FASTEST, DONE_STALLED, DONE_NO_STEP = 1.0, 2.0, 3.0
 
 
-@_jit
+@_jit_noalloc
 def _vertex_at_or_below(ht, v, x):
     """Index of the last hull vertex of node ``v`` with time ≤ x (-1 if none)."""
     a = -1
@@ -50,7 +51,7 @@ def _vertex_at_or_below(ht, v, x):
     return a
 
 
-@_jit
+@_jit_noalloc
 def _round_into(dur, node_type, opt_t, tol, out):
     """Per node, the slowest option no slower than its fractional duration."""
     for v in range(dur.size):
@@ -65,7 +66,7 @@ def _round_into(dur, node_type, opt_t, tol, out):
         out[v] = k
 
 
-@_jit
+@_jit_noalloc
 def _round_up_into(dur, node_type, opt_t, floor, tol, out):
     """Per node, the fastest option no faster than its fractional duration (``floor`` is
     :func:`_round_into`'s result)."""
@@ -81,7 +82,7 @@ def _round_up_into(dur, node_type, opt_t, floor, tol, out):
         out[v] = k
 
 
-@_jit
+@_jit_noalloc
 def _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, out):
     for v in range(dur.size):
         out[v] = dur[v]
@@ -91,7 +92,7 @@ def _apply(dur, fwd, n_fwd, bwd, n_bwd, bwd_room, step, out):
         out[bwd[i]] += min(step, bwd_room[i])
 
 
-@_jit
+@_jit_noalloc
 def _binding_slope(pred_ptr, pred_idx, pred_lat, trial, end, mark, room, step):
     """Left derivative in δ of one longest path of ``trial`` (sink first, first maximum)."""
     node = 0
@@ -202,7 +203,7 @@ def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, 
     return ok
 
 
-@_jit  # called from two places: compiled once
+@_jit_noalloc
 def _price_op(v, dv, seg_v, hull, tol, prices):
     """Price op ``v`` at duration ``dv``: the next-faster segment's slope (``upper``, inf at the
     fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
@@ -225,7 +226,7 @@ def _price_op(v, dv, seg_v, hull, tol, prices):
         room_len[v] = ht[v, min(a + 1, ht.shape[1] - 1)] - dv
 
 
-@_jit
+@_jit_noalloc
 def _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_units, prices, flow):  # fmt: skip
     """Op ``v``'s arcs get their capacities from its prices (none unless critical); False when
     a cancellation overflowed its stack."""
@@ -324,7 +325,7 @@ def _read_cut(side, crit, dur, ht, prices, move, mark, room_of):
     return n_fwd, n_bwd, cut_value, exact, step_max
 
 
-@_jit  # not inlined: called from two places, compiled once
+@_jit_noalloc  # not inlined: called from two places, compiled once
 def _forward_again(topo, x, start, end, kept):
     """Earliest start/finish of durations ``x`` in place (as ``plan_kernels._forward``, the
     same floats), recomputing only the ops whose duration or some predecessor's finish changed

@@ -26,7 +26,7 @@ from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, FoldedJob, fold_job
 from perseus.solver.pareto_search import search_neighbours
-from perseus.solver.paths import build_topology
+from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.walk import METHODS, CoreFn, Lifter, Progress
 
@@ -236,7 +236,7 @@ def _impl(
             cand, iterations, lp_t, lp_e, reason = _walk_folded(folded, walk, lifter)
             cand.extend(lifter.flush())
         cand.extend(reclaim_slack(model, topo, np.stack(seeds.result())))
-    points = _select(job, model, cand, 0.0 if all_points else gap, allmax_time)
+    points = _select(job, model, topo, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
         progress(1.0)
     return FrontierTrace(
@@ -286,11 +286,16 @@ def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntAr
 
 
 def _select(
-    job: PlanningJob, model: CostModel, cand: list[IntArray], gap: float, allmax_time_s: float
+    job: PlanningJob,
+    model: CostModel,
+    topo: Topology,
+    cand: list[IntArray],
+    gap: float,
+    allmax_time_s: float,
 ) -> list[PlanPoint]:
     """Search around the (reclaimed) candidates, evaluate, Pareto-filter and thin them
     (:func:`_thinned`)."""
-    topo, types = build_topology(job.graph), model.node_type
+    types = model.node_type
     rec = np.unique(np.stack(cand), axis=0)  # reclaimed by every walk already: idempotent
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
     times, energies = _evaluate_rows(job, model, rec)

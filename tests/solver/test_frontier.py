@@ -158,18 +158,20 @@ def test_thinning_keeps_the_no_slowdown_plan():
     # all-max time is taken at the dense frontier's third point, so that point is the anchor.)
     from perseus.solver import frontier as frontier_module
     from perseus.solver.cost_model import build_cost_model
+    from perseus.solver.paths import build_topology
 
     job = small_job("1f1b", 4, 6, seed=11)
     model = build_cost_model(job)
+    topo = build_topology(job.graph)
     dense = trace(job, all_points=True).frontier
     assert len(dense.points) > 4
     cand = [model.option_index_of_freqs(job.flat(p)) for p in dense.points]
     anchor = dense.points[2]
     for gap_s in (0.0, 0.01 * anchor.time_s, anchor.time_s):
-        points = frontier_module._select(job, model, cand, gap_s, anchor.time_s)
+        points = frontier_module._select(job, model, topo, cand, gap_s, anchor.time_s)
         assert anchor in points
         assert points[0] == dense.points[0] and points[-1] == dense.points[-1]
-    assert len(frontier_module._select(job, model, cand, anchor.time_s, anchor.time_s)) == 3
+    assert len(frontier_module._select(job, model, topo, cand, anchor.time_s, anchor.time_s)) == 3
 
 
 @pytest.mark.parametrize("method", ["compiled", "reference"])
