@@ -203,7 +203,7 @@ def _update_network(topo, paths, crit, deadline, tol, scale, tie_units, prices, 
     return ok
 
 
-@_jit_noalloc
+@_jit_noalloc  # called from two places: compiled once
 def _price_op(v, dv, seg_v, hull, tol, prices):
     """Price op ``v`` at duration ``dv``: the next-faster segment's slope (``upper``, inf at the
     fastest vertex) and room, the next-slower one's (``lower``, 0 at the slowest)."""
