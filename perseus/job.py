@@ -95,7 +95,7 @@ class PlanningJob:
         flat = [f for rank in point.freqs_mhz for f in rank]
         if len(flat) != self.graph.num_nodes:
             raise PlanError(f"plan has {len(flat)} clocks, job has {self.graph.num_nodes} ops")
-        if set(map(type, flat)) <= {int}:  # one clock per op (fast for large plans)
+        if all(isinstance(f, int) for f in flat):
             return np.array(flat, dtype=np.int64)
         if any(not isinstance(f, int) and not isinstance(f[0], int) for f in flat):
             return flat
