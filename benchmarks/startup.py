@@ -14,8 +14,9 @@ Every figure is a fresh process, as a user meets it:
   whole process with the solver kernels already in numba's disk cache (one untimed run fills
   it first);
 * with ``--demo``: ``perseus demo`` with an empty numba cache (the first run after install),
-  wall and CPU, how long the kernel compile it leaves running in the background takes after
-  it, and then warm (once that compile is done); ``--demo-repeats N`` cold runs per tree.
+  wall and CPU, then warm; ``--demo-repeats N`` cold runs per tree. A tree whose solver
+  kernels were built at install (``perseus/solver/_kernels*.so``, :mod:`perseus.solver.aot`)
+  uses them; an exported ``--against`` revision has none built, so numba compiles there.
 
 ``--against REV`` exports that git revision to a temporary folder and measures it the same way
 in the same run, interleaved with this tree (A, B, A, B...) so that a change in the machine's
@@ -166,37 +167,15 @@ def _measure(tree: Tree, work: Path) -> None:
 
 
 def _demo(tree: Tree, work: Path, warm_runs: int, repeat: int) -> None:
-    """One cold ``perseus demo`` (empty numba cache), then ``warm_runs`` warm ones, once the
-    kernels the cold run left compiling in the background are in the cache."""
+    """One cold ``perseus demo`` (empty numba cache), then ``warm_runs`` warm ones."""
     cold = work / f"{tree.label}-cold-cache-{repeat}"
     cold.mkdir()
     demo = ["-m", "perseus.cli", "demo", "--no-progress", "-o", str(work / "report")]
     tree.add("demo, empty numba cache (process)", tree.run(demo, work, cache=cold))
     tree.add("demo, empty numba cache CPU (process)", tree.last_cpu_s)
-    started = time.perf_counter()
-    if _wait_for_background_compile():
-        tree.add("demo, its background compile (after it)", time.perf_counter() - started)
     for _ in range(warm_runs):
         tree.add("demo, warm (process)", tree.run(demo, work, cache=cold))
         tree.add("demo, warm CPU (process)", tree.last_cpu_s)
-
-
-def _wait_for_background_compile(timeout_s: float = 600.0) -> bool:
-    """Wait while a ``perseus demo`` background compile runs (``pgrep``; no wait without
-    it); whether there was one."""
-    pattern = "perseus.cli.demo import compile_kernels"
-    seen = False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            found = subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode
-        except FileNotFoundError:
-            return False
-        if found != 0:
-            return seen
-        seen = True
-        time.sleep(0.5)
-    return seen
 
 
 def _cell(values: list[float] | None) -> str:

@@ -23,9 +23,14 @@ COMPILE_PHASE = "compiling solver kernels (first run only, ~20-50 s)"
 
 
 def solver_kernels_cached() -> bool:
-    """Whether numba's on-disk cache already holds perseus's solver kernels."""
+    """Whether the solver kernels need no compiling: built at install
+    (:mod:`perseus.solver.aot`) or already in numba's on-disk cache."""
     import importlib.util
 
+    from perseus.solver.aot import native_module
+
+    if native_module() is not None:
+        return True
     if os.environ.get("NUMBA_CACHE_DIR"):  # numba caches there only, in a path-mangled subfolder
         cache = Path(os.environ["NUMBA_CACHE_DIR"])
     else:

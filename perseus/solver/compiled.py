@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perseus.solver.aot import ahead_of_time
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
 from perseus.solver.cut_network import jit as _jit
@@ -587,3 +588,7 @@ def _stalled(state, deadline, tol):
         return False
     state[S_STALLED] += 1.0
     return state[S_STALLED] > _MAX_STALL
+
+
+# Called from Python only: the native one where it was built (perseus.solver.aot).
+walk_kernel = ahead_of_time("walk_kernel", walk_kernel)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perseus.solver.aot import ahead_of_time
 from perseus.solver.cut_network import jit as _jit
 from perseus.solver.cut_network import jit_inline as _jit_inline
 
@@ -65,8 +66,8 @@ def _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, late_start, la
 
 
 #: The longest-path passes for callers outside the kernels.
-forward_pass = _forward
-backward_pass = _backward
+forward_pass = ahead_of_time("forward_pass", _forward)
+backward_pass = ahead_of_time("backward_pass", _backward)
 
 
 @_jit
@@ -262,3 +263,10 @@ def _grown(out, out_t, out_e):
         for v in range(n):
             bigger[r, v] = out[r, v]
     return bigger, bigger_t, bigger_e
+
+
+# Called from Python only: the native ones where they were built (perseus.solver.aot).
+evaluate_kernel = ahead_of_time("evaluate_kernel", evaluate_kernel)
+neighbour_kernel = ahead_of_time("neighbour_kernel", neighbour_kernel)
+reclaim_kernel = ahead_of_time("reclaim_kernel", reclaim_kernel)
+tighten_kernel = ahead_of_time("tighten_kernel", tighten_kernel)

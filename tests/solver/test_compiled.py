@@ -161,10 +161,16 @@ def test_each_walk_helper_is_compiled_for_one_signature_only(tmp_path):
     import sys
     from pathlib import Path
 
+    from tests.conftest import JIT_ONLY
+
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
     out = subprocess.run(
-        [sys.executable, "-c", _SIGNATURES], env=env, cwd=root, capture_output=True, text=True
+        [sys.executable, "-c", JIT_ONLY + _SIGNATURES],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == str([1] * 7)

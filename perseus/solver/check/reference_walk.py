@@ -1,11 +1,10 @@
-"""The frontier walk in numpy on scipy's max flow: the compiled walk's oracle and stand-in.
+"""The frontier walk in numpy on scipy's max flow: the compiled walk's oracle.
 
 :func:`walk_chunk` takes the arguments of :func:`perseus.solver.compiled.walk_kernel` and
 returns what it returns, step for step: the same capacities on the same cut network, the same
 cut (the minimal source side of a minimum cut, unique over maximum flows, found here by
 :func:`perseus.solver.check.maxflow.minimal_source_side`), the same Newton step length and the
-same emitted plans, so both walks give the same frontier point for point. It needs no
-compilation of its own, so a first solve can use it while the walk kernel is not yet cached.
+same emitted plans, so both walks give the same frontier point for point.
 
 Complexity: O(B·(N + E)) numpy steps for B breakpoints, plus two or three scipy max flows
 per breakpoint.

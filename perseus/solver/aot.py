@@ -1,0 +1,127 @@
+"""The solver's kernels compiled ahead of time, at install, so that no run waits for numba.
+
+``pip install`` compiles the kernels named in :data:`KERNELS` into one extension module,
+``perseus.solver._kernels`` (numba's ``pycc``; ``setup.py``), each for the argument types the
+solver passes: C-contiguous int64/float64 arrays and float, int and bool scalars. Each public
+kernel name (``plan_kernels.forward_pass``, ``compiled.walk_kernel``...) is then
+:func:`ahead_of_time`'s wrapper: it calls the native function when every argument has the type
+it was compiled for (its wrapper does not check: a wrong one would crash it) and numba's
+dispatcher otherwise; attributes (``signatures``, ``py_func``...) are the dispatcher's. Where
+the module was not built (no C compiler at install), the names are the dispatchers themselves
+and numba compiles on first use, as before. Both run the same Python source, so they give the
+same floats (no fast-math either way).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KERNELS", "MODULE", "ahead_of_time", "native_module", "numba_types"]
+
+#: The extension module ``setup.py`` builds.
+MODULE = "perseus.solver._kernels"
+
+# Argument types: (dtype, ndim) for a C-contiguous writable array, a name for a scalar, a
+# tuple of them for a tuple.
+_I1, _F1, _I2, _F2, _B1 = ("int64", 1), ("float64", 1), ("int64", 2), ("float64", 2), ("bool", 1)
+_F, _I, _B = "float64", "int64", "boolean"
+_TOPO = (_I1, _I1, _I1, _F1, _I1, _I1, _F1)  # order, preds (ptr, idx, lat), succs (same)
+_COSTS = (_I1, _F2)  # node type, per-type option table
+ArgType = Any  # a (dtype, ndim) pair, a scalar name, or a tuple of ArgTypes
+
+#: Per kernel: its module and its arguments' types (those the solver passes).
+KERNELS: dict[str, tuple[str, tuple[ArgType, ...]]] = {
+    "forward_pass": ("plan_kernels", (*_TOPO[:4], _F1, _F1, _F1)),
+    "backward_pass": ("plan_kernels", (_I1, *_TOPO[4:], _F1, _F, _F1, _F1)),
+    "evaluate_kernel": ("plan_kernels", (*_TOPO[:4], _I1, _F2, _F2, _F, _I2)),
+    "reclaim_kernel": ("plan_kernels", (*_TOPO, *_COSTS, _I2)),
+    "tighten_kernel": ("plan_kernels", (*_TOPO, *_COSTS, _I2, _F1)),
+    "neighbour_kernel": (
+        "plan_kernels",
+        (*_TOPO, _I1, _F2, _F2, _I1, _F, _I2, _F1, _F1, _B),
+    ),
+    "walk_kernel": (
+        "compiled",
+        (
+            *_TOPO,
+            *(_F2, _F2, _F2, _I1),  # hull: vertex times, slopes, costs, vertex counts
+            *_COSTS,
+            *(_F1, _F1),  # durations, state
+            *(_F, _F, _F, _B, _F, _I, _I, _F),  # tol ... anchor_s
+            (_I1, _I1, _I1, _I1, _I1, _B1, _I1, _I1),  # the cut network
+        ),
+    ),
+}
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "float64": (float, np.float64),
+    "int64": (int, np.int64),
+    "boolean": (bool, np.bool_),
+}
+
+
+def native_module() -> ModuleType | None:
+    """The kernels compiled at install, or None where they were not built."""
+    try:
+        return importlib.import_module(MODULE)
+    except ImportError:
+        return None
+
+
+def ahead_of_time(name: str, jitted: Any) -> Any:
+    """``jitted`` (a numba dispatcher), calling ``name`` from the native module instead when
+    it was built and the arguments have its types."""
+    module = native_module()
+    native = getattr(module, name, None) if module is not None else None
+    if native is None:
+        return jitted
+    return _Native(native, jitted, KERNELS[name][1])
+
+
+class _Native:
+    """A kernel compiled ahead of time, numba's dispatcher where the arguments differ."""
+
+    def __init__(self, native: Callable[..., Any], jitted: Any, types: tuple[ArgType, ...]):
+        self._native, self._jitted, self._types = native, jitted, types
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) == len(self._types) and all(map(_matches, args, self._types)):
+            return self._native(*args)
+        return self._jitted(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+
+def _matches(value: Any, kind: ArgType) -> bool:
+    if isinstance(kind, str):
+        return type(value) in _SCALARS[kind]
+    if isinstance(kind[0], str):
+        return (
+            type(value) is np.ndarray
+            and value.dtype == kind[0]
+            and value.ndim == kind[1]
+            and value.flags.c_contiguous
+            and value.flags.writeable
+            and value.flags.aligned
+        )
+    return type(value) is tuple and len(value) == len(kind) and all(map(_matches, value, kind))
+
+
+def numba_types(kinds: tuple[ArgType, ...]) -> tuple[Any, ...]:
+    """The numba types of ``kinds`` (for the build)."""
+    from numba import from_dtype, types
+
+    def one(kind: ArgType) -> Any:
+        if isinstance(kind, str):
+            return getattr(types, kind)
+        if isinstance(kind[0], str):
+            return types.Array(from_dtype(np.dtype(kind[0])), kind[1], "C")
+        return types.Tuple([one(k) for k in kind])  # type: ignore[no-untyped-call]
+
+    return tuple(one(k) for k in kinds)
