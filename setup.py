@@ -45,6 +45,7 @@ def _compile_kernels(target: Path) -> None:
         package = types.ModuleType(name)
         package.__path__ = [str(ROOT.joinpath(*name.split(".")))]
         sys.modules.setdefault(name, package)
+    sys.modules[MODULE] = None  # type: ignore[assignment]  # not an earlier build's kernels
     aot = importlib.import_module("perseus.solver.aot")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pycc is pending deprecation (numba 0.57+)
@@ -65,6 +66,8 @@ def _compile_kernels(target: Path) -> None:
     for name, (module, kinds) in aot.KERNELS.items():
         kernel = getattr(importlib.import_module(f"perseus.solver.{module}"), name)
         cc.export(name, aot.numba_types(kinds))(kernel.py_func)
+    digest = aot.source_digest()  # what the kernels were built from, checked when loaded
+    cc.export("source_digest", "int64()")(lambda: digest)
     flags = compiler.Flags
     compiler.Flags = ReleasingGil
     try:

@@ -7,24 +7,39 @@ kernel name (``plan_kernels.forward_pass``, ``compiled.walk_kernel``...) is then
 :func:`ahead_of_time`'s wrapper: it calls the native function when every argument has the type
 it was compiled for (its wrapper does not check: a wrong one would crash it) and numba's
 dispatcher otherwise; attributes (``signatures``, ``py_func``...) are the dispatcher's. Where
-the module was not built (no C compiler at install), the names are the dispatchers themselves
-and numba compiles on first use, as before. Both run the same Python source, so they give the
-same floats (no fast-math either way).
+the module was not built (no C compiler at install), or was built from other source than the
+modules in :data:`SOURCES` hold now (an editable install changed since: one warning), the names
+are the dispatchers themselves and numba compiles on first use. Both run the same Python
+source, so they give the same floats (no fast-math either way).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
+import importlib.util
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KERNELS", "MODULE", "ahead_of_time", "native_module", "numba_types"]
+__all__ = [
+    "KERNELS",
+    "MODULE",
+    "SOURCES",
+    "ahead_of_time",
+    "native_module",
+    "numba_types",
+    "source_digest",
+]
 
 #: The extension module ``setup.py`` builds.
 MODULE = "perseus.solver._kernels"
+#: The modules the kernels are built from: a change to any of them needs a new build.
+SOURCES = ("aot", "cut_network", "plan_kernels", "compiled")
 
 # Argument types: (dtype, ndim) for a C-contiguous writable array, a name for a scalar, a
 # tuple of them for a tuple.
@@ -65,12 +80,36 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 }
 
 
+@functools.cache
 def native_module() -> ModuleType | None:
-    """The kernels compiled at install, or None where they were not built."""
+    """The kernels compiled at install, or None where they were not built or were built from
+    other source (an editable install changed since: said once, and numba compiles them)."""
     try:
-        return importlib.import_module(MODULE)
+        module = importlib.import_module(MODULE)
     except ImportError:
         return None
+    built_from = getattr(module, "source_digest", None)
+    if built_from is None or built_from() != source_digest():
+        warnings.warn(
+            "the solver kernels built at install come from other source than this (changed "
+            "since): numba compiles them instead; `pip install -e .` builds them again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return module
+
+
+def source_digest() -> int:
+    """The first 60 bits of the SHA-256 of :data:`SOURCES`, as read by the import system (a
+    build stores it in the module it builds, as the function ``source_digest``)."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        spec = importlib.util.find_spec(f"perseus.solver.{name}")
+        if spec is None or spec.origin is None or spec.loader is None:
+            raise ImportError(f"perseus.solver.{name}: no source to read")
+        digest.update(spec.loader.get_data(spec.origin))  # type: ignore[attr-defined]
+    return int(digest.hexdigest()[:15], 16)
 
 
 def ahead_of_time(name: str, jitted: Any) -> Any:

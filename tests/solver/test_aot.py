@@ -3,6 +3,8 @@ were built for, and giving numba's JIT results bit for bit."""
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,26 @@ def test_without_the_built_module_the_names_are_numbas_dispatchers(
     monkeypatch.setattr(aot, "native_module", lambda: None)
     jitted = object()
     assert aot.ahead_of_time("walk_kernel", jitted) is jitted
+
+
+def test_kernels_built_from_other_source_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An editable install whose kernel modules changed since the build: numba compiles them.
+    built = types.ModuleType(aot.MODULE)
+    monkeypatch.setitem(sys.modules, aot.MODULE, built)
+    aot.native_module.cache_clear()
+    try:
+        built.source_digest = aot.source_digest  # type: ignore[attr-defined]
+        assert aot.native_module() is built
+        for digest in (lambda: aot.source_digest() + 1, None):  # other source; no digest
+            aot.native_module.cache_clear()
+            if digest is None:
+                del built.source_digest  # type: ignore[attr-defined]
+            else:
+                built.source_digest = digest  # type: ignore[attr-defined]
+            with pytest.warns(RuntimeWarning, match="other source than this"):
+                assert aot.native_module() is None
+    finally:
+        aot.native_module.cache_clear()
 
 
 def _kernels() -> dict[str, Any]:
