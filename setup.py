@@ -66,6 +66,7 @@ def _compile_kernels(target: Path) -> None:
     for name, (module, kinds) in aot.KERNELS.items():
         kernel = getattr(importlib.import_module(f"perseus.solver.{module}"), name)
         cc.export(name, aot.numba_types(kinds))(kernel.py_func)
+    aot.dispatchers()  # numba types each kernel's callees from its module's globals
     digest = aot.source_digest()  # what the kernels were built from, checked when loaded
     cc.export("source_digest", "int64()")(lambda: digest)
     flags = compiler.Flags

@@ -19,6 +19,8 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import sys
+import threading
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -31,6 +33,10 @@ __all__ = [
     "MODULE",
     "SOURCES",
     "ahead_of_time",
+    "dispatchers",
+    "jit",
+    "jit_inline",
+    "jit_noalloc",
     "native_module",
     "numba_types",
     "source_digest",
@@ -135,6 +141,69 @@ class _Native:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
+
+
+class _Lazy:
+    """``numba.njit(**options)(py_func)``, made when first called or looked into
+    (:func:`dispatchers`): importing the solver imports numba only where the kernels were not
+    built at install."""
+
+    def __init__(self, py_func: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.py_func, self._options = py_func, options
+        self._dispatcher: Any = None
+        self.__name__, self.__doc__ = py_func.__name__, py_func.__doc__
+
+    def __call__(self, *args: Any) -> Any:
+        return self.dispatcher()(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dispatcher(), name)
+
+    def dispatcher(self) -> Any:
+        if self._dispatcher is None:
+            dispatchers()
+        return self._dispatcher
+
+
+_LAZY: list[_Lazy] = []
+_MADE = threading.Lock()
+
+
+def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    def decorate(py_func: Callable[..., Any]) -> Any:
+        kernel = _Lazy(py_func, options)
+        _LAZY.append(kernel)
+        return kernel
+
+    return decorate
+
+
+#: numba's compiler, with the on-disk cache.
+jit = _jit(cache=True, nogil=True)
+#: The same, inlined at each call site (numba IR inlining): augment's and the walk's steps, one
+#: compiled function each, not several.
+jit_inline = _jit(cache=True, nogil=True, inline="always")
+#: The same without numba's reference counting (its NRT), for the walk's inner-loop functions:
+#: the atomic increment and decrement of every array passed or unpacked from a tuple took a
+#: quarter of a walk's time (``perf`` on a 32x40 walk: 6.7 -> 5.2 s, the same cuts). They
+#: cannot allocate (numba refuses to compile an allocation without it).
+jit_noalloc = _jit(cache=True, nogil=True, _nrt=False)
+
+
+def dispatchers() -> None:
+    """numba's dispatcher for every kernel, put in place of its stand-in wherever one of
+    :data:`SOURCES` names it (numba finds a kernel's callees in its module's globals)."""
+    import numba
+
+    with _MADE:
+        for kernel in _LAZY:
+            if kernel._dispatcher is None:
+                kernel._dispatcher = numba.njit(**kernel._options)(kernel.py_func)
+        for name in SOURCES:  # those not imported yet will import the dispatchers
+            module = sys.modules.get(f"perseus.solver.{name}")
+            for key, value in list(vars(module).items()) if module is not None else []:
+                if isinstance(value, _Lazy):
+                    setattr(module, key, value._dispatcher)
 
 
 def _matches(value: Any, kind: ArgType) -> bool:

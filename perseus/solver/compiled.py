@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from perseus.solver.aot import ahead_of_time
+from perseus.solver.aot import jit as _jit
+from perseus.solver.aot import jit_inline as _jit_inline  # per-iteration helpers
+from perseus.solver.aot import jit_noalloc as _jit_noalloc
 from perseus.solver.cut_network import INF_CAP as _INF_CAP
 from perseus.solver.cut_network import augment as _augment
-from perseus.solver.cut_network import jit as _jit
-from perseus.solver.cut_network import jit_inline as _jit_inline  # per-iteration helpers
-from perseus.solver.cut_network import jit_noalloc as _jit_noalloc
 from perseus.solver.cut_network import keep_balanced as _keep_balanced
 from perseus.solver.cut_network import search_arrays as _search_arrays
 from perseus.solver.cut_network import set_capacity as _set_capacity

@@ -11,19 +11,15 @@ augmentation a few hundred nodes per iteration on pipeline DAGs (no useful polyn
 
 from __future__ import annotations
 
-from typing import Any
-
-import numba
 import numpy as np
 import numpy.typing as npt
+
+from perseus.solver.aot import jit, jit_inline, jit_noalloc
 
 __all__ = [
     "INF_CAP",
     "augment",
     "build_network",
-    "jit",
-    "jit_inline",
-    "jit_noalloc",
     "keep_balanced",
     "search_arrays",
     "set_capacity",
@@ -31,17 +27,6 @@ __all__ = [
 
 #: Capacity of arcs that cannot be cut; finite capacities sum to less than 2**52.
 INF_CAP = np.int64(2**62)
-
-#: numba's compiler, with the on-disk cache (shared with :mod:`perseus.solver.compiled`).
-jit: Any = numba.njit(cache=True, nogil=True)
-#: The same, inlined at each call site (numba IR inlining): augment's and the walk's steps, one
-#: compiled function each, not several.
-jit_inline: Any = numba.njit(cache=True, nogil=True, inline="always")
-#: The same without numba's reference counting (its NRT), for the walk's inner-loop functions:
-#: the atomic increment and decrement of every array passed or unpacked from a tuple took a
-#: quarter of a walk's time (``perf`` on a 32x40 walk: 6.7 -> 5.2 s, the same cuts). They
-#: cannot allocate (numba refuses to compile an allocation without it).
-jit_noalloc: Any = numba.njit(cache=True, nogil=True, _nrt=False)  # type: ignore[call-overload]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from perseus.solver.aot import ahead_of_time
-from perseus.solver.cut_network import jit as _jit
-from perseus.solver.cut_network import jit_inline as _jit_inline
+from perseus.solver.aot import jit as _jit
+from perseus.solver.aot import jit_inline as _jit_inline
 
 __all__ = [
     "backward_pass",
