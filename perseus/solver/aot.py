@@ -10,7 +10,9 @@ dispatcher otherwise; attributes (``signatures``, ``py_func``...) are the dispat
 the module was not built (no C compiler at install), or was built from other source than the
 modules in :data:`SOURCES` hold now (an editable install changed since: one warning), the names
 are the dispatchers themselves and numba compiles on first use. Both run the same Python
-source, so they give the same floats (no fast-math either way).
+source, so they give the same floats (no fast-math either way). The kernels are declared with
+:data:`jit` and its variants, which make numba's dispatchers only when one is first needed
+(:func:`dispatchers`): with the built module, a solve never imports numba.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import logging
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -96,11 +98,9 @@ def native_module() -> ModuleType | None:
         return None
     built_from = getattr(module, "source_digest", None)
     if built_from is None or built_from() != source_digest():
-        warnings.warn(
+        logging.getLogger(__name__).warning(
             "the solver kernels built at install come from other source than this (changed "
-            "since): numba compiles them instead; `pip install -e .` builds them again",
-            RuntimeWarning,
-            stacklevel=2,
+            "since): numba compiles them instead; `pip install -e .` builds them again"
         )
         return None
     return module
