@@ -8,7 +8,7 @@ kernel name (``plan_kernels.forward_pass``, ``compiled.walk_kernel``...) is then
 it was compiled for (its wrapper does not check: a wrong one would crash it) and numba's
 dispatcher otherwise; attributes (``signatures``, ``py_func``...) are the dispatcher's. Where
 the module was not built (no C compiler at install), or was built from other source than the
-modules in :data:`SOURCES` hold now (an editable install changed since: one warning), the names
+modules in :data:`SOURCES` hold now (an editable install changed since: one log line), the names
 are the dispatchers themselves and numba compiles on first use. Both run the same Python
 source, so they give the same floats (no fast-math either way). The kernels are declared with
 :data:`jit` and its variants, which make numba's dispatchers only when one is first needed
