@@ -121,6 +121,7 @@ def diagnose(
 
     report: dict[str, Any] = {
         "perseus": _version("perseus-energy"),
+        "solver_kernels": _solver_kernels(),
         "mode": "observe-only" if no_clock_changes else "control",
         "nvml": None,
         "gpus": [],
@@ -167,6 +168,24 @@ def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
         "the simulated path " + ("work" if report["simulated"]["status"] == "ok" else "FAIL")
     )
     return report
+
+
+def _solver_kernels() -> dict[str, Any]:
+    """Whether the solver's kernels were built at install from this source
+    (:mod:`perseus.solver.aot`), or numba compiles them on first use."""
+    from perseus.cli._doctor_checks import Check
+    from perseus.solver.aot import MODULE, native_module
+
+    if native_module() is not None:
+        return Check("solver kernels", "ok", f"built at install ({MODULE})").as_dict()
+    return Check(
+        "solver kernels",
+        "warn",
+        "not built at install from this source: numba compiles them on first use (seconds to "
+        "a minute, once; then cached on disk)",
+        fix="install again (`pip install -e .` or `pip install .`) where a C compiler and "
+        "Python's headers are found",
+    ).as_dict()
 
 
 def _gpu_count(nvml: Any, report: dict[str, Any]) -> int:
@@ -301,7 +320,8 @@ def _line(check: dict[str, Any]) -> str:
 def _text(report: dict[str, Any]) -> str:
     if report.get("no_gpu"):
         lines = [report["no_gpu"]]
-        lines += [_line(report[k]) for k in ("simulated", "blocking_power") if report.get(k)]
+        keys = ("simulated", "blocking_power", "solver_kernels")
+        lines += [_line(report[k]) for k in keys if report.get(k)]
         return "\n".join([*lines, f"verdict: {report['verdict']}"])
     v = report["nvml"] or {}
     if "error" in v:
@@ -313,6 +333,7 @@ def _text(report: dict[str, Any]) -> str:
         ]
     if report["mode"] == "observe-only":
         lines.append("mode: observe-only (--no-clock-changes: no NVML set/reset call is made)")
+    lines.append(_line(report["solver_kernels"]))
     for gpu in report["gpus"]:
         lines += [f"GPU {gpu['index']}:", *(_line(c) for c in gpu["checks"])]
     return "\n".join([*lines, f"verdict: {report['verdict']}"])

@@ -66,6 +66,33 @@ def test_no_nvml_says_so_in_one_line_and_checks_the_simulator(
     assert rc == 1 and report["simulated"]["status"] == "ok" and report["usable"] is False
 
 
+@pytest.mark.parametrize("built", [True, False])
+def test_doctor_says_whether_the_solver_kernels_were_built_at_install(
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    built: bool,
+) -> None:
+    from perseus.solver import aot
+
+    monkeypatch.setattr(aot, "native_module", lambda: object() if built else None)
+    quick = [
+        "--no-cuda",
+        "--no-clock-changes",
+        "--energy-window-s",
+        "0.3",
+        "--power-window-s",
+        "0.3",
+    ]
+    assert main(["doctor", *quick]) in (0, 1)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "solver kernels" in x)
+    assert line.startswith("  [ok] solver kernels: built at install" if built else "  [warn]")
+    assert built or "fix: install again" in out
+    _, report = _doctor(capsys, "--no-cuda", "--no-clock-changes")
+    assert report["solver_kernels"]["status"] == ("ok" if built else "warn")
+
+
 def test_observe_only_never_calls_set_or_reset(
     fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
