@@ -3,8 +3,12 @@ were built for, and giving numba's JIT results bit for bit."""
 
 from __future__ import annotations
 
+import importlib
+import shutil
 import sys
+import sysconfig
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,6 +75,22 @@ def test_kernels_built_from_other_source_are_not_used(
             assert "other source than this" in caplog.text
     finally:
         aot.native_module.cache_clear()
+
+
+def test_the_kernels_are_built_at_install_where_a_c_compiler_is_found() -> None:
+    # The build is optional for users, but where it can run (as in CI) it must have: else
+    # every other test here would pass on numba's JIT alone.
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if shutil.which("cc") is None or not headers.is_file():
+        pytest.skip("no C compiler or Python headers here: the build is skipped by design")
+    try:
+        built = importlib.import_module(aot.MODULE)
+    except ImportError:
+        pytest.fail("perseus.solver._kernels was not built (`pip install -v -e .` says why)")
+    if built.source_digest() != aot.source_digest():
+        pytest.skip("built from older source: `pip install -e .` builds it again")
+    assert aot.native_module() is built
+    assert all(isinstance(kernel, aot._Native) for kernel in _kernels().values())
 
 
 def _kernels() -> dict[str, Any]:
