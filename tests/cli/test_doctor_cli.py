@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,6 +203,27 @@ def test_bad_flags_exit_2(
     assert fake.calls == []
 
 
+class _WaitingSampler(_doctor_cuda._Sampler):
+    """The doctor's sampler, able to wait until it has read the clock during the marked op."""
+
+    current: _WaitingSampler | None = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._before = 0
+        _WaitingSampler.current = self
+
+    def mark(self, op: str | None) -> None:
+        self._before = len(self.samples.get(op, [])) if op is not None else 0
+        super().mark(op)
+
+    def wait_for_sample(self, timeout_s: float = 60.0) -> None:
+        op, deadline = self._op, time.monotonic() + timeout_s
+        while op is not None and len(self.samples.get(op, [])) <= self._before:
+            assert time.monotonic() < deadline, f"the sampler read no clock during {op}"
+            time.sleep(0.0005)
+
+
 class _FakeEvent:
     """``torch.cuda.Event`` on the host clock (this machine has no CUDA)."""
 
@@ -216,7 +239,10 @@ class _FakeEvent:
         return True
 
     def synchronize(self) -> None:
-        pass
+        # A real op runs for milliseconds, long enough for the sampler to read the clock; the
+        # small block on a busy host may finish between two reads, so wait for one.
+        if _WaitingSampler.current is not None:
+            _WaitingSampler.current.wait_for_sample()
 
     def elapsed_time(self, end: _FakeEvent) -> float:
         return (end.t - self.t) * 1e3
@@ -241,6 +267,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         lambda index: SimpleNamespace(uuid=UUID.removeprefix("GPU-")),
     )
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_doctor_cuda, "_Sampler", _WaitingSampler)
+    monkeypatch.setattr(_WaitingSampler, "current", None)
 
     def small_block(torch_module, device):
         block = torch.nn.TransformerEncoderLayer(
@@ -267,8 +295,8 @@ def test_cuda_check_runs_ops_through_the_agent_at_each_clock(
     for row in rows:
         for op in ("F", "B"):
             # The fake GPU runs at its lock: the sampler read back the agent's clock.
-            if row[op]["samples"]:
-                assert row[op]["sm_clock_mhz_median"] == row["requested_mhz"]
+            assert row[op]["samples"] >= 1
+            assert row[op]["sm_clock_mhz_median"] == row["requested_mhz"]
             assert row[op]["time_ms_median"] > 0
     assert any(row[op]["samples"] for row in rows for op in ("F", "B"))
     set_calls = [args[1] for name, args in fake.calls if name == "nvmlDeviceSetGpuLockedClocks"]
