@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.integration._summary import check_summary
 
 pytest.importorskip("torch.distributed.pipelining")
 
@@ -50,24 +51,6 @@ CASES = [
         "deepspeed",
     ),
 ]
-
-
-def check_summary(s: dict) -> None:
-    """The one check every example's summary passes."""
-    assert set(s["predicted"]) == {"time_s", "energy_j"}
-    assert set(s["allmax"]) == {"predicted", "measured"}
-    for key, value in s["errors"].items():
-        assert abs(value) <= 0.02, (
-            key,
-            value,
-            s["predicted"],
-            s["measured"],
-            s["allmax"],
-            s.get("overruns"),
-        )
-    saving = s["saving"]
-    assert saving["predicted"] > 0.03  # the fastest plan removes real intrinsic bloat
-    assert abs(saving["measured"] - saving["predicted"]) <= 0.01, saving
 
 
 @pytest.mark.parametrize(("example", "args", "package"), CASES, ids=lambda c: str(c))
