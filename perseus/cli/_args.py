@@ -28,6 +28,7 @@ __all__ = [
     "check_output_dir",
     "check_output_file",
     "check_output_folder",
+    "first_line",
     "float_arg",
     "int_arg",
     "message_stream",
@@ -84,6 +85,12 @@ def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], 
 
     parse.__name__ = "integer"
     return parse
+
+
+def first_line(error: BaseException) -> str:
+    """An error in one line: its message's first line (schedule grids and C++ frames are
+    dropped), else its type's name."""
+    return str(error).strip().partition("\n")[0] or type(error).__name__
 
 
 def nonempty_arg(text: str) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perseus.cli._args import first_line
 from perseus.device.nvml import NvmlGPU, probe_privilege
 from perseus.device.nvml_calls import clock_event_names
 from perseus.errors import DeviceError, DevicePermissionError
@@ -27,7 +28,6 @@ __all__ = [
     "check_power",
     "check_set_latency",
     "clock_range",
-    "first_line",
     "poll_counter",
     "probe",
     "spread_clocks_mhz",
@@ -49,20 +49,8 @@ class Check:
     fix: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        fix = {"fix": self.fix} if self.fix else {}
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            **fix,
-            "data": self.data,
-        }
-
-
-def first_line(e: BaseException) -> str:
-    """An error in one line: its message's first line, else its type's name."""
-    text = str(e)
-    return text.splitlines()[0] if text else type(e).__name__
+        head = {"name": self.name, "status": self.status, "summary": self.summary}
+        return {**head, **({"fix": self.fix} if self.fix else {}), "data": self.data}
 
 
 def probe(name: str, fn: Callable[[], Check]) -> Check:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_path_arg, float_arg, int_arg
+from perseus.cli._args import add_path_arg, first_line, float_arg, int_arg
 from perseus.errors import ConfigError, PlanError
 from perseus.schedule.builders import SCHEDULE_NAMES
 from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, check_job_size, show_value
@@ -349,7 +349,7 @@ def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profil
     try:
         path = resolve_plan_profile(name, source, source)
     except ConfigError as e:
-        raise ConfigError(f"{str(e).partition(chr(10))[0]}; {how}") from None
+        raise ConfigError(f"{first_line(e)}; {how}") from None
     try:
         return path, load_profile(path)
     except ConfigError:

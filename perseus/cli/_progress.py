@@ -53,22 +53,6 @@ class _PhaseListener(logging.Handler):
             self._set_label(str(record.msg % record.args if record.args else record.msg))
 
 
-class _LogOnlyBar:
-    """The part of a tqdm bar used below, drawing nothing (tqdm is not installed)."""
-
-    def __init__(self, **_: object) -> None:
-        self.n = 0
-
-    def update(self, n: int) -> None:
-        self.n += n
-
-    def set_description_str(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def progress_bar(
     label: str, enabled: bool = True, solve: bool = False
@@ -85,29 +69,31 @@ def progress_bar(
     compiling = solve and not solver_kernels_cached()
     first = COMPILE_PHASE if compiling else label
     logger.info("%s", first)
+    bar = None
     try:
         from tqdm import tqdm
+
+        bar = tqdm(
+            total=100,
+            desc=first,
+            unit="%",
+            file=sys.stderr,
+            disable=not tty,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]",
+            leave=True,
+        )
     except ModuleNotFoundError:  # the progress extra is optional: log lines (-v) only
         if tty:
             logger.warning(
                 "no progress bar: pip install 'perseus-energy[progress]' (--no-progress: quiet)"
             )
-        tqdm = _LogOnlyBar
-    bar = tqdm(
-        total=100,
-        desc=first,
-        unit="%",
-        file=sys.stderr,
-        disable=not tty,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]",
-        leave=True,
-    )
     label_now = [first]
     logged = [0]
 
     def set_label(text: str) -> None:
         label_now[0] = text
-        bar.set_description_str(text)
+        if bar is not None:
+            bar.set_description_str(text)
 
     listener = _PhaseListener(set_label)
     phase_logger = logging.getLogger(PHASE_LOGGER)
@@ -123,7 +109,7 @@ def progress_bar(
         if target > 0 and label_now[0] == COMPILE_PHASE:
             logger.info("solver kernels compiled; %s", label)
             set_label(label)
-        if target > bar.n:
+        if bar is not None and target > bar.n:
             bar.update(target - bar.n)
         if target >= logged[0] + 10:
             logged[0] = target - target % 10
@@ -133,7 +119,8 @@ def progress_bar(
         yield update
         update(1.0)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         phase_logger.removeHandler(listener)
         phase_logger.setLevel(old_level)
         phase_logger.propagate = True

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_command, float_arg
+from perseus.cli._args import add_command, first_line, float_arg
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -189,7 +189,6 @@ def _power(limit_w: float | None, default_w: float | None) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from perseus.cli._doctor_checks import first_line
     from perseus.device.discovery import nvml_devices, simulated_devices
     from perseus.device.nvml import NvmlUnavailableError
     from perseus.device.presets import PRESETS

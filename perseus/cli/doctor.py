@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import float_arg, int_arg
+from perseus.cli._args import first_line, float_arg, int_arg
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
     from perseus.cli._doctor_checks import Check
@@ -144,7 +144,7 @@ def diagnose(
 
 def _without_gpu(report: dict[str, Any], error: Exception) -> dict[str, Any]:
     """The report where NVML is unusable: the simulated path checked instead."""
-    from perseus.cli._doctor_checks import Check, first_line, probe
+    from perseus.cli._doctor_checks import Check, probe
     from perseus.cli._doctor_cuda import check_simulated
     from perseus.device.presets import BLOCKING_POWER
 
@@ -190,7 +190,6 @@ def _solver_kernels() -> dict[str, Any]:
 
 def _gpu_count(nvml: Any, report: dict[str, Any]) -> int:
     """How many GPUs NVML sees (0 on error), noting the versions in ``report``."""
-    from perseus.cli._doctor_checks import first_line
     from perseus.device.nvml import call_nvml
 
     try:

@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     v = add_command(
         inner, "serve", run_serve, "re-solve the running jobs' plans as the fleet changes"
     )
-    v.add_argument("--db", required=True, help=db_help)
+    b = add_command(inner, "budget", run_budget, "set the fleet's power budget")
+    t = add_command(inner, "status", run_status, "the budget and every member's plan")
+    for parser in (v, b, t):
+        parser.add_argument("--db", required=True, help=db_help)
     v.add_argument("--budget-w", type=float_arg(gt=0, unit="W"), help="set the budget first")
     v.add_argument(
         "--interval-s",
@@ -68,11 +71,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=float_arg(gt=0, unit="W"),
         help="the budget while the signal is above the threshold",
     )
-    b = add_command(inner, "budget", run_budget, "set the fleet's power budget")
-    b.add_argument("--db", required=True, help=db_help)
     b.add_argument("--set-w", required=True, type=float_arg(gt=0, unit="W"), help="watts")
-    t = add_command(inner, "status", run_status, "the budget and every member's plan")
-    t.add_argument("--db", required=True, help=db_help)
     t.add_argument("--json", action="store_true", help="print as JSON")
 
 

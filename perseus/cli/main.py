@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from perseus import __version__
+from perseus.cli._args import first_line
 from perseus.errors import ConfigError, PerseusError
 from perseus.log import LOG_LEVELS, configure_logging, get_logger, rank_from_env
 from perseus.validate import clip_message
@@ -124,14 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _ArgumentError as e:
         _print_error(str(e))
         return 2
-    except ConfigError as e:
-        _print_error(as_flags(_one_line(e), parser, args))
-        if "\n" in str(e).strip():
-            logger.info("details:\n%s", str(e).strip().partition("\n")[2])
-        return 2
     except PerseusError as e:
-        _print_error(as_flags(_one_line(e), parser, args))
-        return 1
+        _print_error(as_flags(first_line(e), parser, args))
+        if isinstance(e, ConfigError) and "\n" in str(e).strip():
+            logger.info("details:\n%s", str(e).strip().partition("\n")[2])
+        return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -162,7 +160,7 @@ def _environment_error(error: Exception, args: argparse.Namespace | None) -> int
     else:
         logger.debug("unexpected error", exc_info=True)
         message = (
-            f"internal error ({name}: {_one_line(error)}); please report it "
+            f"internal error ({name}: {first_line(error)}); please report it "
             "(--log-level DEBUG shows the traceback)"
         )
     _print_error(message)
@@ -205,11 +203,6 @@ def _command_flags(
 
 def _print_error(message: str) -> None:
     print(f"error: {clip_message(message)}", file=sys.stderr)
-
-
-def _one_line(error: Exception) -> str:
-    """The error's message on one line (schedule grids and C++ frames are dropped)."""
-    return str(error).strip().partition("\n")[0] or type(error).__name__
 
 
 def entry() -> None:

@@ -33,27 +33,16 @@ def _add_pick(plan_sub: argparse._SubParsersAction[Any]) -> None:
     )
     pick.add_argument("frontier", metavar="FRONTIER.json")
     which = pick.add_mutually_exclusive_group(required=True)
-    which.add_argument(
-        "--time-s", type=float_arg(gt=0, unit="s"), help="iteration time budget in seconds"
-    )
-    which.add_argument(
-        "--slowdown",
-        type=float_arg(ge=1, le=1000),
-        help="budget as a multiple of the fastest time (>= 1)",
-    )
-    which.add_argument(
-        "--straggler-time-s", type=float_arg(gt=0, unit="s"), help="iteration time of a straggler"
-    )
-    which.add_argument(
-        "--power-cap-w",
-        type=float_arg(gt=0, le=1e7, unit="W"),
-        help="the fastest plan whose average pipeline power is at most this many watts",
-    )
-    which.add_argument(
-        "--peak-power-w",
-        type=float_arg(gt=0, le=1e7, unit="W"),
-        help="the fastest plan whose peak summed pipeline power is at most this many watts",
-    )
+    seconds, watts = float_arg(gt=0, unit="s"), float_arg(gt=0, le=1e7, unit="W")
+    at_most = "pipeline power is at most this many watts"
+    for flag, kind, text in (
+        ("--time-s", seconds, "iteration time budget in seconds"),
+        ("--slowdown", float_arg(ge=1, le=1000), "budget as a multiple of the fastest time (>= 1)"),
+        ("--straggler-time-s", seconds, "iteration time of a straggler"),
+        ("--power-cap-w", watts, f"the fastest plan whose average {at_most}"),
+        ("--peak-power-w", watts, f"the fastest plan whose peak summed {at_most}"),
+    ):
+        which.add_argument(flag, type=kind, help=text)
     pick.add_argument(
         "--off-frontier",
         action="store_true",

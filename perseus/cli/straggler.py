@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from perseus.cli._args import add_store_command, float_arg, int_arg
+from perseus.cli._args import add_store_command, first_line, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
@@ -151,8 +151,7 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
     try:
         return within(max(left_s, 0.0), "connecting", address, connect, shown_s=timeout_s)
     except (RuntimeError, OSError, ValueError, OverflowError) as e:
-        reason = str(e).strip().partition("\n")[0][:200] or type(e).__name__
-        raise _unreachable(address, timeout_s, reason) from None
+        raise _unreachable(address, timeout_s, first_line(e)[:200]) from None
 
 
 def _unreachable(address: str, timeout_s: float, reason: str) -> PerseusError:
