@@ -47,6 +47,6 @@ def run(args: argparse.Namespace) -> int:
         args,
         what,
         lambda: read_cap_ack(store),
-        lambda seen: seen == token,
+        token,
         "a job started with power_store= reads it at each iteration boundary",
     )

@@ -204,43 +204,30 @@ def _silenced_stderr_fd() -> Iterator[None]:
 _SILENCE = threading.Lock()
 
 
-def _wait_for_ack(
-    read: Callable[[], tuple[str, int | None] | None],
-    accept: Callable[[str], bool],
-    wait_s: float,
-    poll_s: float = 0.1,
-) -> int | bool | None:
-    """Poll the job's acknowledgement (``read()``) until ``accept(token)``; its iteration
-    (None if the job did not say), or False if none came within ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        ack = read()
-        if ack is not None and accept(ack[0]):
-            return ack[1]
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-
-
 def await_ack(
     args: argparse.Namespace,
     what: str,
     read: Callable[[], tuple[str, int | None] | None],
-    accept: Callable[[str], bool],
+    token: str,
     reader: str,
 ) -> int:
-    """Wait up to ``--wait-s`` for the running job to acknowledge (``read``/``accept``) and
-    print which happened, ``what`` first: 0 when it did, 1 when no running job has read it
-    (``reader`` says which jobs read it, and when)."""
+    """Wait up to ``--wait-s`` for the running job to acknowledge ``token`` (``read()`` gives
+    the job's last acknowledgement and its iteration) and print which happened, ``what``
+    first: 0 when it did, 1 when no running job has read it (``reader`` says which jobs read
+    it, and when)."""
     if args.wait_s == 0:
         print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
         return 0
-    seen = within(
-        args.wait_s + args.timeout_s,
-        "waiting for the acknowledgement",
-        args.store,
-        lambda: _wait_for_ack(read, accept, args.wait_s),
-    )
+
+    def wait() -> int | bool | None:  # the job's iteration (None: not said), False: no ack
+        deadline = time.monotonic() + args.wait_s
+        while (ack := read()) is None or ack[0] != token:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        return ack[1]
+
+    seen = within(args.wait_s + args.timeout_s, "waiting for the acknowledgement", args.store, wait)
     if seen is False:
         print(
             f"{what}; no running job has read it yet (no acknowledgement within "
@@ -279,6 +266,6 @@ def run(args: argparse.Namespace) -> int:
         args,
         what,
         lambda: sw.read_ack(store, args.pipeline),
-        lambda seen: seen == token,
+        token,
         "a job started with straggler hints reads them on global rank 0 at each iteration boundary",
     )
