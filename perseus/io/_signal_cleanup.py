@@ -31,7 +31,6 @@ class SignalCleanup:
         self._removers: list[Callable[[], None]] = []
         self._previous: dict[int, Any] = {}
         self._pending: list[int] = []
-        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def protect(self, remove: Callable[[], None]) -> Iterator[None]:

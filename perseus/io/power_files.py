@@ -202,17 +202,14 @@ def _signal_rows(p: Path) -> tuple[list[int], list[list[str]]]:
             rows.append(line.split(","))
             if len(rows) > MAX_SIGNAL_ROWS + 1:
                 raise ConfigError(f"{p}:{number}: more than {MAX_SIGNAL_ROWS:,} rows; resample it")
-    if not rows:
-        raise ConfigError(f"{p}: no rows; pass {_SIGNAL_WHAT}")
     return numbers, rows
 
 
 def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
     numbers, cells = _signal_rows(p)
-    first = [c.strip() for c in cells[0]]
     names = ["value"]
-    if first[0].lower() in ("start", "start_s", "time"):
-        names = first[1:]
+    if cells and cells[0][0].strip().lower() in ("start", "start_s", "time"):
+        names = [c.strip() for c in cells[0][1:]]
         if not names:
             raise ConfigError(f"{p}:{numbers[0]}: a header with no value column; {_SIGNAL_WHAT}")
         numbers, cells = numbers[1:], cells[1:]

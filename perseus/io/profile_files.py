@@ -163,6 +163,11 @@ def _read_header(p: Path, reader: Any, phase: bool) -> list[str]:
             f"{p}:1: column {orphans[0]} without a rank column; a multi-rank profile gives each "
             "row's global rank in `rank` (or drop the rank columns of a one-GPU profile)"
         )
+    if phase and any(c in header for c in RANK_COLUMNS):
+        raise ProfileError(
+            f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
+            "(drop the rank columns)"
+        )
     return header
 
 
@@ -174,10 +179,13 @@ def _parse_layer(where: str, name: str, text: str) -> int:
     return int(text)
 
 
-def _records(p: Path, reader: Any, width: int) -> Iterator[tuple[int, list[str]]]:
-    """The data records after the header, cells stripped, with their line numbers; blank
-    lines skipped, short and malformed lines and a file without data refused."""
-    count = 0
+def _records(p: Path, text: str, phase: bool) -> Iterator[tuple[int, list[str], dict[str, int]]]:
+    """The data records after the header: line number, cells stripped and each known column's
+    index; blank lines skipped, short and malformed lines and a file without data refused."""
+    reader = csv.reader(io.StringIO(text))
+    header = _read_header(p, reader, phase)
+    col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
+    width, count = len(header), 0
     try:
         for record in reader:
             if not record or all(not c.strip() for c in record):
@@ -187,7 +195,7 @@ def _records(p: Path, reader: Any, width: int) -> Iterator[tuple[int, list[str]]
                     f"{p}:{reader.line_num}: expected {width} fields, got {len(record)}"
                 )
             count += 1
-            yield reader.line_num, [c.strip() for c in record]
+            yield reader.line_num, [c.strip() for c in record], col
     except csv.Error as e:
         raise ProfileError(f"{p}:{reader.line_num}: malformed CSV ({e})") from None
     if not count:
@@ -195,17 +203,9 @@ def _records(p: Path, reader: Any, width: int) -> Iterator[tuple[int, list[str]]
 
 
 def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
-    reader = csv.reader(io.StringIO(text))
-    header = _read_header(p, reader, phase=True)
-    if any(c in header for c in RANK_COLUMNS):
-        raise ProfileError(
-            f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
-            "(drop the rank columns)"
-        )
-    col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
     rows: list[PhaseRow] = []
     seen: dict[tuple[int, Kind, int, int | None, int], int] = {}
-    for line, record in _records(p, reader, len(header)):
+    for line, record, col in _records(p, text, phase=True):
         where = f"{p}:{line}"
         stage, kind, freq, time_s, energy_j, mem = _parse_fields(where, record, col)
         first, last = (_parse_layer(where, c, record[col[c]]) for c in PHASE_COLUMNS)
@@ -290,17 +290,13 @@ def _layer_fractions(
 
 
 def _parse_csv(p: Path, text: str) -> list[Row]:
-    reader = csv.reader(io.StringIO(text))
-    header = _read_header(p, reader, phase=False)
-    col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
-    rank_cols = {name: i for name, i in col.items() if name in RANK_COLUMNS}
     rows: list[Row] = []
     row_ranks: list[int] = []
     seen: dict[tuple[int, int, Kind, int, int | None], int] = {}
-    for line, record in _records(p, reader, len(header)):
+    for line, record, col in _records(p, text, phase=False):
         where = f"{p}:{line}"
         row = _parse_fields(where, record, col)
-        ranks = {k: _parse_rank(where, k, record[i]) for k, i in rank_cols.items()}
+        ranks = {k: _parse_rank(where, k, record[col[k]]) for k in RANK_COLUMNS if k in col}
         if ranks.get("pp_rank", row[0]) != row[0]:
             raise ProfileError(
                 f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
@@ -499,13 +495,11 @@ def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
 
 def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write ``profile`` in perseus's JSON form (atomically)."""
-    rows_out: list[dict[str, object]] = []
-    for s, k, f, t, e, mem in _rows(profile):
-        row: dict[str, object] = {"stage": s, "instruction": k.profile_name, "frequency": f}
-        row |= {"time": t, "energy": e}
-        if mem is not None:
-            row[MEM_COLUMN] = mem
-        rows_out.append(row)
+    rows_out = [
+        {"stage": s, "instruction": k.profile_name, "frequency": f, "time": t, "energy": e}
+        | ({} if mem is None else {MEM_COLUMN: mem})
+        for s, k, f, t, e, mem in _rows(profile)
+    ]
     doc: dict[str, object] = {"schema_version": 1, "rows": rows_out}
     if profile.gpu is not None:
         doc["gpu"] = profile.gpu.model_dump(mode="json", exclude_none=True)

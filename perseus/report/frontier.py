@@ -21,12 +21,11 @@ BASELINE_LABELS = {
     "per-stage": "Per-stage clock (one clock per stage)",
     "envpipe": "EnvPipe-style (slow non-critical stages)",
 }
-_MARKERS = {"all-max": "*", "global-clock": "s", "per-stage": "D", "envpipe": "^"}
-_COLORS = {
-    "all-max": "black",
-    "global-clock": "tab:gray",
-    "per-stage": "tab:purple",
-    "envpipe": "tab:green",
+#: Marker and colour of each baseline but all-max (drawn as the frontier's star).
+_LOOKS = {
+    "global-clock": ("s", "tab:gray"),
+    "per-stage": ("D", "tab:purple"),
+    "envpipe": ("^", "tab:green"),
 }
 
 
@@ -89,8 +88,8 @@ def _draw_plans(
     ax.plot(*_xy([frontier.baseline], kj), "*", color="black", ms=16, label=label, zorder=6)
     for name, p in baselines.items():
         if name != "all-max":
-            color, label = _COLORS.get(name, "tab:brown"), BASELINE_LABELS.get(name, name)
-            marker = _MARKERS.get(name, "o")
+            marker, color = _LOOKS.get(name, ("o", "tab:brown"))
+            label = BASELINE_LABELS.get(name, name)
             ax.plot(*_xy([p], kj), marker, color=color, ms=10, mec="white", label=label, zorder=5)
 
 
