@@ -163,11 +163,6 @@ def _read_header(p: Path, reader: Any, phase: bool) -> list[str]:
             f"{p}:1: column {orphans[0]} without a rank column; a multi-rank profile gives each "
             "row's global rank in `rank` (or drop the rank columns of a one-GPU profile)"
         )
-    if phase and any(c in header for c in RANK_COLUMNS):
-        raise ProfileError(
-            f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
-            "(drop the rank columns)"
-        )
     return header
 
 
@@ -184,6 +179,11 @@ def _records(p: Path, text: str, phase: bool) -> Iterator[tuple[int, list[str], 
     index; blank lines skipped, short and malformed lines and a file without data refused."""
     reader = csv.reader(io.StringIO(text))
     header = _read_header(p, reader, phase)
+    if phase and any(c in header for c in RANK_COLUMNS):
+        raise ProfileError(
+            f"{p}:1: a phase-level profile holds one GPU's phases: aggregate the ranks first "
+            "(drop the rank columns)"
+        )
     col = {name: header.index(name) for name in _KNOWN_COLUMNS if name in header}
     width, count = len(header), 0
     try:
