@@ -89,15 +89,9 @@ def _curve(job: FleetJob) -> str:
 
 def _job(name: str, weight: float, text: str) -> FleetJob:
     c = json.loads(text)
-    return FleetJob(
-        name=name,
-        weight=float(weight),
-        points=tuple(int(p) for p in c["points"]),
-        time_s=tuple(float(t) for t in c["time_s"]),
-        average_power_w=tuple(float(w) for w in c["average_power_w"]),
-        peak_power_w=tuple(float(w) for w in c["peak_power_w"]),
-        fastest_time_s=c["fastest_time_s"],
-    )
+    curve = {key: tuple(map(float, c[key])) for key in _CURVE[1:4]}
+    points = tuple(int(p) for p in c["points"])
+    return FleetJob(name, float(weight), points, **curve, fastest_time_s=c["fastest_time_s"])
 
 
 class FleetRegistry:

@@ -8,10 +8,12 @@ decision first abandons the runs whose process is gone or whose lease expired (a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -22,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol, Self, runtime_checkable
 
 from perseus.device.private_dir import check_private_file
+from perseus.device.process_identity import ProcessRecord, liveness, pid_namespace, this_process
 from perseus.errors import ConfigError, PerseusError
-from perseus.recurring.lease import ProcessIdentity, process_gone, this_process
 from perseus.recurring.policy import Decision, Observation
 from perseus.recurring.schema import (
     ABANDON_REASONS,
@@ -54,6 +56,21 @@ _ABANDON = (
     "UPDATE runs SET status = 'abandoned', end_reason = ?, finished_s = ? "
     "WHERE {} = ? AND status = 'running'"
 )
+
+
+@functools.cache
+def _host() -> str:
+    """This machine and its pid namespace, as a lease records them (``"node7 pid:[4026531836]"``;
+    the process's start, ``"<boot id>:<ticks>"``, tells a reused pid apart)."""
+    return f"{socket.gethostname()} {pid_namespace() or ''}".strip()
+
+
+def _holder_gone(pid: int | None, host: str | None, start: str | None) -> bool:
+    """Whether the process holding a lease is certainly gone (one of another host or pid
+    namespace never is: its lease expires instead)."""
+    if pid is None or host != _host() or int(pid) <= 0:
+        return False
+    return liveness(ProcessRecord(int(pid), start)) == "gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,11 +238,8 @@ class SQLStore:
     def _expire(self, con: Any, job: str, now: float) -> None:
         """Mark abandoned the job's running rows whose process is gone or lease expired."""
         for row in self._rows(con, job, "status = 'running'"):
-            holder = None
-            if row["pid"] is not None and row["host"] is not None:
-                holder = ProcessIdentity(int(row["pid"]), str(row["host"]), row["process_start"])
             beat = row["heartbeat_s"] if row["heartbeat_s"] is not None else row["started_s"]
-            if holder is not None and process_gone(holder):
+            if _holder_gone(row["pid"], row["host"], row["process_start"]):
                 reason = "process gone"
             elif not isinstance(beat, (int, float)) or beat < now - self.lease_s:
                 reason = "lease expired"
@@ -257,7 +271,7 @@ class SQLStore:
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         run_id = uuid.uuid4().hex
         me = this_process()
-        lease = (me.pid, me.host, me.start)
+        lease = (me.pid, _host(), me.start)
         with self._write() as con:
             self._lock_job(con, job)
             now = float(self._clock())
