@@ -149,7 +149,7 @@ class FleetRegistry:
 
     def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
-            con.cursor().executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
+            con.cursor().executemany(sql.replace("?", self.store._param), rows)
 
     def _dirty(self, con: Any) -> None:
         self.store._x(con, "UPDATE fleet_state SET dirty = 1 WHERE id = 1")

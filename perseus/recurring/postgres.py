@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -111,6 +111,8 @@ class PostgresStore(SQLStore):
             for :class:`~perseus.recurring.store.SQLStore`.
     """
 
+    _param = "%s"
+
     def __init__(self, conninfo: str, *, connect_timeout_s: float = 10.0, **options: Any) -> None:
         super().__init__(_shown(conninfo), **options)
         self.conninfo = conninfo
@@ -176,9 +178,6 @@ class PostgresStore(SQLStore):
                 self.close()  # process): the original error is the one to raise
             raise
 
-    def _x(self, con: Any, sql: str, params: Sequence[Any] = ()) -> Any:
-        return con.execute(sql.replace("?", "%s"), params)
-
     def _lock_job(self, con: Any, job: str) -> None:
         con.execute("SELECT 1 FROM jobs WHERE job = %s FOR UPDATE", (job,))
 
@@ -196,7 +195,7 @@ class PostgresStore(SQLStore):
                         "SELECT pg_terminate_backend(%s, %s)",
                         (own.info.backend_pid, int(_URGENT_S * 1000)),
                     )
-            con.execute(sql.replace("?", "%s"), params)
+            self._x(con, sql, params)
         finally:
             con.close()
 

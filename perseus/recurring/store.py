@@ -130,6 +130,8 @@ class SQLStore:
     #: The connection and the pid that opened it (a forked child opens its own).
     _con: Any = None
     _pid = 0
+    #: How the engine's driver writes a parameter (the SQL here writes ``?``).
+    _param = "?"
 
     def __init__(
         self,
@@ -158,7 +160,7 @@ class SQLStore:
 
     def _x(self, con: Any, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement (``?`` placeholders); returns the cursor."""
-        raise NotImplementedError
+        return con.execute(sql.replace("?", self._param), params)
 
     def _lock_job(self, con: Any, job: str) -> None:
         """Serialise the decisions of ``job`` (inside the write transaction)."""
@@ -460,9 +462,6 @@ class SQLiteStore(SQLStore):
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
-
-    def _x(self, con: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-        return con.execute(sql, params)
 
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         """From a signal handler: end this process's own open transaction (which cannot finish
