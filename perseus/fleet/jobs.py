@@ -71,9 +71,7 @@ def read_fleet_jobs(
         if entry.name in seen:
             raise ConfigError(f"{p}: job name {entry.name!r} appears twice; names are unique")
         seen.add(entry.name)
-        source = Path(entry.frontier)
-        if not source.is_absolute():
-            source = p.parent / source
+        source = p.parent / entry.frontier  # an absolute path stays as it is
         if source not in frontiers:
             frontiers[source] = read_frontier(source)
         out.append(
