@@ -108,6 +108,9 @@ class DeviceRun:
     def first_clock(self, agent: RankAgent) -> None:
         """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""
 
+    def closing(self) -> None:
+        """The iteration's last op is launched: the end marks recorded next follow it."""
+
     def agree_end(self, own_end_s: float, group: Any) -> None:
         """Agree (collective) on the iteration's end; ``own_end_s``: this rank's last op."""
         barrier(group)
@@ -188,6 +191,11 @@ class StreamEmulator(DeviceRun):
             # A new plan's first clock is applied in real time: no op may run before it.
             agent.wait_for_clock(5.0)
             self._gpu.record_event()  # nothing may start before now
+
+    def closing(self) -> None:
+        # Right behind the last op, as a GPU's host would have enqueued them, not at the
+        # host's (maybe late) arrival: else the next iteration could not start before it.
+        self._gpu.backdate(0.0)
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
         # The end is when the pipeline's last device finished, not when hosts got here.

@@ -380,6 +380,7 @@ class RankSession:
         if agent is not None:
             self._check_step(agent)
             last_op = agent.last_op_end_event
+            self._run.closing()
             agent.step_close()
             if self._run.defers_start:  # a real GPU: its end is the agent's, read by the worker
                 end = self._last_mark = agent.end_mark  # None: host timing, marked when read
