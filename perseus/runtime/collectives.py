@@ -18,6 +18,7 @@ __all__ = [
     "broadcast_object",
     "collective_device",
     "global_rank",
+    "group_size",
     "is_distributed",
     "uses_nccl",
 ]
@@ -92,6 +93,15 @@ def broadcast_object(obj: Any, src_group_rank: int = 0, group: Any = None) -> An
     payload = [obj]
     dist.broadcast_object_list(payload, src=src, group=group, device=collective_device(group))
     return payload[0]
+
+
+def group_size(group: Any = None) -> int:
+    """How many processes ``group`` holds (the world's by default; 1 when not distributed)."""
+    if not is_distributed():
+        return 1
+    import torch.distributed as dist
+
+    return int(dist.get_world_size(group))
 
 
 def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:

@@ -28,7 +28,13 @@ from perseus.errors import ConfigError
 from perseus.job import DEFAULT_BACKWARD_SPLIT
 from perseus.profile.model import Profile, build_profile
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max, barrier, broadcast_object, global_rank
+from perseus.runtime.collectives import (
+    all_reduce_max,
+    barrier,
+    broadcast_object,
+    global_rank,
+    group_size,
+)
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.dependencies import action_dependencies
 
@@ -130,6 +136,8 @@ class StreamEmulator(DeviceRun):
 
     Args:
         timeline: The pipeline's shared timeline (None: a single process).
+        data_parallel: The world holds other pipelines, which reduce their gradients with
+            this one every iteration: an iteration ends when the last of them ends.
 
     Attributes:
         overruns: Actions whose CPU compute outlasted the simulated op.
@@ -139,9 +147,12 @@ class StreamEmulator(DeviceRun):
     _taken = 0  # overruns already counted by take_overruns()
     defers_start = False
 
-    def __init__(self, gpu: EmulatedGPU, timeline: VirtualTimeline | None = None) -> None:
+    def __init__(
+        self, gpu: EmulatedGPU, timeline: VirtualTimeline | None = None, data_parallel: bool = False
+    ) -> None:
         self._gpu = gpu
         self._timeline = timeline
+        self._data_parallel = data_parallel
         self._warned = False
         self.overruns = 0
         self.actions = 0
@@ -198,8 +209,10 @@ class StreamEmulator(DeviceRun):
         self._gpu.backdate(0.0)
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
-        # The end is when the pipeline's last device finished, not when hosts got here.
-        (at_s,) = all_reduce_max([own_end_s], group)  # also a barrier
+        # The end is when the pipeline's last device finished, not when hosts got here; with
+        # data-parallel pipelines, the last one's (on GPUs the others' gradient all-reduce
+        # waits for it: their devices idle until then).
+        (at_s,) = all_reduce_max([own_end_s], None if self._data_parallel else group)
         self._gpu.backdate(at_s)
 
     @contextmanager
@@ -352,7 +365,7 @@ def start_emulation(
     # After the agent's exit reset (multiprocessing's atexit hook was registered first), and
     # also in a fork-started worker, which never runs atexit.
     Finalize(None, _remove_job_files, args=(job_dir, mine), exitpriority=0)
-    return gpu, StreamEmulator(gpu, timeline)
+    return gpu, StreamEmulator(gpu, timeline, data_parallel=group_size() > group_size(group))
 
 
 def _remove_job_files(job_dir: Path, names: list[str]) -> None:
