@@ -217,6 +217,12 @@ class StreamEmulator(DeviceRun):
 
     @contextmanager
     def op(self, agent: RankAgent, action: Action) -> Iterator[None]:
+        ctl = agent.controller
+        if ctl is not None and ctl.threaded:
+            # The op starts once its clock is set: a host slower than its simulated GPU also
+            # starves the clock worker, whose lateness would then be the host's, not the
+            # plan's or the GPU's (the wait is host time: the op is backdated).
+            agent.wait_for_clock(1.0)
         self.before(action)
         with agent.op(action):
             self.launch(action)
