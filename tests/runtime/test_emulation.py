@@ -223,6 +223,40 @@ def test_a_late_host_at_the_iteration_end_does_not_lengthen_it(tmp_path: Path) -
     assert prompt[-1].energy_j == pytest.approx(point.energy_j, rel=1e-3)
 
 
+def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_path: Path) -> None:
+    """Real time, a clock worker whose set calls take three times as long as an op (a worker
+    starved by a loaded host): an emulated op starts once its planned clock is set, so a
+    plan whose ops use several clocks measures its planned time and energy (launched at once,
+    the ops ran at the clock before theirs). The wait is the host's: the op is backdated."""
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)  # ops of 1-2 ms
+    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
+    points = frontier.points
+    index = next(
+        i for i in range(len(points) * 3 // 4, len(points)) if len(set(points[i].freqs_mhz[0])) > 2
+    )
+    gpu = SimulatedGPU.from_profile(
+        profile,
+        blocking_power_w=83.64,
+        state_dir=tmp_path,
+        set_latency_s=0.006,
+        publish_interval_s=0.0,
+    )
+    options = SessionOptions(
+        blocking_power_w=83.64, point_index=index, watchdog=False, handle_signals=False
+    )
+    schedule = build_schedule("1f1b", 1, 4)
+    with RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session:
+        for _ in range(3):
+            with session.iteration():
+                for action in schedule.rank_actions[0]:
+                    with session.op(action):
+                        pass
+    point = points[index]
+    for stats in session.history[1:]:  # the first waits for its plan's first clock
+        assert stats.time_s == pytest.approx(point.time_s, rel=1e-3)
+        assert stats.energy_j == pytest.approx(point.energy_j, rel=1e-3)
+
+
 def test_virtual_timeline_reports_the_latest_input(tmp_path):
     schedule = build_schedule("1f1b", 2, 2)
     nodes = {a: i for i, a in enumerate(a for acts in schedule.rank_actions for a in acts)}
