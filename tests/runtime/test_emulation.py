@@ -183,7 +183,7 @@ def test_a_late_host_at_the_iteration_end_does_not_lengthen_it(tmp_path: Path) -
     overrun): every iteration still measures what a host that is never late measures. Its end
     marks follow the last op, as a GPU's host would enqueue them, not the host's late arrival
     (recorded then, the next iteration could not start before it: a loaded 2-core CI host
-    measured all-max iterations 6.7 % long, up to 40 % each beside four busy processes)."""
+    measured all-max iterations 6.7 % long; a busier one, up to 43 % each)."""
     profile = scale_profile(take_stages(load_profile("a100"), 1), 0.1)
     frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
     schedule = build_schedule("1f1b", 1, 4)
