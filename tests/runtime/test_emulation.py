@@ -13,6 +13,8 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
+from perseus.plan import Frontier
+from perseus.profile.model import Profile
 from perseus.runtime.emulation import (
     EmulatedGPU,
     EmulationOverrunWarning,
@@ -140,35 +142,58 @@ def test_late_host_does_not_delay_the_device(gpu, tmp_path):
     assert timeline.ready_s(Action(1, Kind.B, 0)) == pytest.approx(end.device_time_s())
 
 
+_SCHEDULE = build_schedule("1f1b", 1, 4)
+
+
+def _mixed_clock_plan(scale: float) -> tuple[Profile, Frontier, int]:
+    """A one-stage 1F1B job (4 microbatches) of the A100 profile at time ``scale``: the
+    profile, its frontier and a point whose ops use more than two clocks."""
+    profile = scale_profile(take_stages(load_profile("a100"), 1), scale)
+    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
+    points = frontier.points
+    index = next(
+        i for i in range(len(points) * 3 // 4, len(points)) if len(set(points[i].freqs_mhz[0])) > 2
+    )
+    return profile, frontier, index
+
+
+def _three_iterations(
+    gpu: SimulatedGPU, frontier: Frontier, index: int = 0, stall: float = 0.0
+) -> list[IterationStats]:
+    """Three iterations of the one-stage job running point ``index`` on ``gpu``; the host's
+    CPU compute of each iteration's last op lasts ``stall`` times the op (virtual clock)."""
+    options = SessionOptions(
+        blocking_power_w=83.64, point_index=index, watchdog=False, handle_signals=False
+    )
+    last = _SCHEDULE.rank_actions[0][-1]
+    with (
+        warnings.catch_warnings(),
+        RankSession(_SCHEDULE, 0, gpu=gpu, plan=frontier, options=options) as session,
+    ):
+        warnings.simplefilter("ignore", EmulationOverrunWarning)
+        for _ in range(3):
+            with session.iteration():
+                for action in _SCHEDULE.rank_actions[0]:
+                    with session.op(action):
+                        if stall and action == last:
+                            gpu.clock.sleep(stall * gpu.op_cost(0, action.kind)[0])
+    return session.history
+
+
 def test_a_mixed_clock_plan_measures_its_planned_time_and_energy(tmp_path: Path) -> None:
     """On a virtual clock the controller has no thread: it does its work for each op before
     the emulating host waits for the op's end, so each clock change lands as its op ends. A
     frontier point whose ops use several clocks then measures what was planned, within
     0.1 % (run at the end of the iteration instead, every op ran at the first op's clock:
     2.3 % short, 2.4 % over the planned energy), and the same in a second run."""
-    profile = scale_profile(take_stages(load_profile("a100"), 1), 560.0)  # ~400 s iterations
-    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
-    points = frontier.points
-    index = next(
-        i for i in range(len(points) * 3 // 4, len(points)) if len(set(points[i].freqs_mhz[0])) > 2
-    )
-    point = points[index]
+    profile, frontier, index = _mixed_clock_plan(560.0)  # ~400 s iterations
+    point = frontier.points[index]
 
     def run(k: int) -> list[IterationStats]:
         gpu = SimulatedGPU.from_profile(
             profile, blocking_power_w=83.64, state_dir=tmp_path / str(k), clock=VirtualClock()
         )
-        options = SessionOptions(
-            blocking_power_w=83.64, point_index=index, watchdog=False, handle_signals=False
-        )
-        schedule = build_schedule("1f1b", 1, 4)
-        with RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session:
-            for _ in range(3):
-                with session.iteration():
-                    for action in schedule.rank_actions[0]:
-                        with session.op(action):
-                            pass
-        return session.history
+        return _three_iterations(gpu, frontier, index)
 
     history = run(0)
     assert len(history) == 3
@@ -184,10 +209,7 @@ def test_a_late_host_at_the_iteration_end_does_not_lengthen_it(tmp_path: Path) -
     marks follow the last op, as a GPU's host would enqueue them, not the host's late arrival
     (recorded then, the next iteration could not start before it: a loaded 2-core CI host
     measured all-max iterations 6.7 % long; a busier one, up to 43 % each)."""
-    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.1)
-    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
-    schedule = build_schedule("1f1b", 1, 4)
-    last = schedule.rank_actions[0][-1]
+    profile, frontier, _ = _mixed_clock_plan(0.1)
 
     def run(stall: float) -> list[IterationStats]:
         gpu = SimulatedGPU.from_profile(
@@ -197,19 +219,7 @@ def test_a_late_host_at_the_iteration_end_does_not_lengthen_it(tmp_path: Path) -
             publish_interval_s=0.0,  # the counter exact at every instant
             clock=VirtualClock(),
         )
-        options = SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False)
-        with (
-            warnings.catch_warnings(),
-            RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session,
-        ):
-            warnings.simplefilter("ignore", EmulationOverrunWarning)
-            for _ in range(3):
-                with session.iteration():
-                    for action in schedule.rank_actions[0]:
-                        with session.op(action):
-                            if action == last:
-                                gpu.clock.sleep(stall * gpu.op_cost(0, action.kind)[0])
-        return session.history
+        return _three_iterations(gpu, frontier, stall=stall)
 
     late, prompt = run(3.0), run(0.0)
     assert len(late) == len(prompt) == 3
@@ -228,12 +238,7 @@ def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_pat
     starved by a loaded host): an emulated op starts once its planned clock is set, so a
     plan whose ops use several clocks measures its planned time and energy (launched at once,
     the ops ran at the clock before theirs). The wait is the host's: the op is backdated."""
-    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)  # ops of 1-2 ms
-    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=83.64))
-    points = frontier.points
-    index = next(
-        i for i in range(len(points) * 3 // 4, len(points)) if len(set(points[i].freqs_mhz[0])) > 2
-    )
+    profile, frontier, index = _mixed_clock_plan(0.02)  # ops of 1-2 ms
     gpu = SimulatedGPU.from_profile(
         profile,
         blocking_power_w=83.64,
@@ -241,18 +246,8 @@ def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_pat
         set_latency_s=0.006,
         publish_interval_s=0.0,
     )
-    options = SessionOptions(
-        blocking_power_w=83.64, point_index=index, watchdog=False, handle_signals=False
-    )
-    schedule = build_schedule("1f1b", 1, 4)
-    with RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session:
-        for _ in range(3):
-            with session.iteration():
-                for action in schedule.rank_actions[0]:
-                    with session.op(action):
-                        pass
-    point = points[index]
-    for stats in session.history[1:]:  # the first waits for its plan's first clock
+    point = frontier.points[index]
+    for stats in _three_iterations(gpu, frontier, index)[1:]:  # the first sets its first clock
         assert stats.time_s == pytest.approx(point.time_s, rel=1e-3)
         assert stats.energy_j == pytest.approx(point.energy_j, rel=1e-3)
 
