@@ -97,9 +97,11 @@ class RunSummary:
 
 
 def drift_cause(runs: Sequence[IterationStats]) -> str | None:
-    """Why ``runs`` do not measure their plan, or None when they do: clocks held below it,
-    host overruns (emulation), or, with neither, time or energy off the prediction beyond
-    :data:`DRIFT_TOLERANCE` on average. Every rank finds the same. Complexity: O(len(runs)).
+    """Why ``runs`` do not measure their plan, or None when they do: clocks held below it;
+    else time or energy off the prediction beyond :data:`DRIFT_TOLERANCE` on average, from
+    the host overruns in emulation where there were any (a late host costs the emulated
+    devices no time, so overruns alone are no cause), else another GPU or a stale profile.
+    Every rank finds the same. Complexity: O(len(runs)).
     """
     causes = []
     held = [s for s in runs if s.pipeline_held_ops]
@@ -109,13 +111,14 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
             f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
             f"{len(runs)} iterations"
         )
-    if overruns := sum(s.host_overruns for s in runs):
+    if not causes and (off := _off_prediction_cause(runs)) is not None:
+        overruns = sum(s.host_overruns for s in runs)
         causes.append(
             f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
             "simulated GPU runs them)"
+            if overruns
+            else off
         )
-    if not causes and (off := _off_prediction_cause(runs)) is not None:
-        causes.append(off)
     return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
 
 
