@@ -110,7 +110,7 @@ def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
         return [obj]
     import torch.distributed as dist
 
-    gathered: list[Any] = [None] * dist.get_world_size(group)
+    gathered: list[Any] = [None] * group_size(group)
     # all_gather_object picks its device from the backend itself (current CUDA device for NCCL).
     dist.all_gather_object(gathered, obj, group=group)
     return gathered
