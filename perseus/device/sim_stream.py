@@ -97,6 +97,7 @@ class _Op:
     time_mult: float
     power_mult: float
     done: float = 0.0  # fraction of the op's work completed
+    until: float = 1.0  # the share of its work this launch runs to (the rest: a later one's)
     start_s: float | None = None
     pieces: list[tuple[int, float]] | None = None
 
@@ -154,6 +155,8 @@ class SimStream:
         self._tick_s = -math.inf
         self._rng: random.Random | None = None
         self._seq = 0
+        # The op launched last, if only up to a share of its work: launch() runs the rest.
+        self._part: _Op | None = None
         self._idle_since = -math.inf  # when the queue last ran dry
         self._floor_s = -math.inf  # the latest completed event: nothing moves before it
         # The latest publish instant whose counter someone read (see observe()).
@@ -260,7 +263,7 @@ class SimStream:
     def _run_op(self, item: _Op, t: float, now: float) -> tuple[float, bool]:
         """Run the head op from ``t`` towards ``now``: ``(time reached, whether it ended)``."""
         f_eff, full_s, power_w = self._clock_for(item)
-        remaining_s = (1.0 - item.done) * full_s
+        remaining_s = (item.until - item.done) * full_s
         if item.start_s is None:
             item.start_s = t
         if t + remaining_s > now:
@@ -279,11 +282,20 @@ class SimStream:
         return end, True
 
     def _trace(self, op: _Op, start_s: float, end_s: float) -> None:
-        """Keep a completed op's clock pieces when tracing."""
-        if self.trace is not None and op.pieces is not None:
-            self.trace.append(
-                OpTrace(op.seq, op.stage_index, op.kind, start_s, end_s, tuple(op.pieces))
-            )
+        """Keep a completed op's clock pieces when tracing (an op launched in parts: one)."""
+        trace = self.trace
+        if trace is None or op.pieces is None:
+            return
+        pieces = op.pieces
+        if trace and trace[-1].seq == op.seq:  # a later part of the last op
+            first = trace.pop()
+            start_s, pieces = first.start_s, list(first.pieces)
+            for clock_mhz, time_s in op.pieces:
+                if pieces[-1][0] == clock_mhz:
+                    pieces[-1] = (clock_mhz, pieces[-1][1] + time_s)
+                else:
+                    pieces.append((clock_mhz, time_s))
+        trace.append(OpTrace(op.seq, op.stage_index, op.kind, start_s, end_s, tuple(pieces)))
 
     def _piece(self, op: _Op, clock_mhz: int, time_s: float) -> None:
         if self.trace is None or time_s <= 0:
@@ -326,7 +338,7 @@ class SimStream:
                 t = max(t, item.end_s())
             else:
                 f_eff, full_s, power_w = self._clock_for(item)
-                end = t + (1.0 - item.done) * full_s
+                end = t + (item.until - item.done) * full_s
                 segments.append([t, end, power_w, float(f_eff)])
                 t = end
         return segments, when
@@ -343,19 +355,28 @@ class SimStream:
 
         self._dev._update(change, now)
 
-    def launch(self, stage_index: int, kind: Kind) -> None:
-        dev = self._dev
-        noise = dev.noise
-        time_mult = power_mult = 1.0
-        if noise is not None:
-            if self._rng is None:
-                self._rng = noise.rng(dev.index)
-            time_mult = math.exp(self._rng.gauss(0.0, noise.time_sigma))
-            power_mult = math.exp(self._rng.gauss(0.0, noise.power_sigma))
-        slowdown = float(dev._state()["slowdown"])
+    def launch(self, stage_index: int, kind: Kind, until: float = 1.0) -> None:
+        part = self._part
+        if part is not None and (part.stage_index, part.kind) == (stage_index, kind):
+            # The next part of the op launched last: the same op, noise and all.
+            op = _Op(part.seq, stage_index, kind, part.time_mult, part.power_mult, part.until)
+        else:
+            dev = self._dev
+            noise = dev.noise
+            time_mult = power_mult = 1.0
+            if noise is not None:
+                if self._rng is None:
+                    self._rng = noise.rng(dev.index)
+                time_mult = math.exp(self._rng.gauss(0.0, noise.time_sigma))
+                power_mult = math.exp(self._rng.gauss(0.0, noise.power_sigma))
+            slowdown = float(dev._state()["slowdown"])
+            op = _Op(-1, stage_index, kind, time_mult * slowdown, power_mult)
+        op.until = until
+        self._part = op if until < 1.0 else None
         with self._lock:
-            op = _Op(self._seq, stage_index, kind, time_mult * slowdown, power_mult)
-            self._seq += 1
+            if op.seq < 0:
+                op.seq = self._seq
+                self._seq += 1
             now = self._now()
             self._commit(now)
             start = self._backdate
@@ -380,9 +401,10 @@ class SimStream:
     def _run_since(self, op: _Op, start: float, now: float) -> None:
         """The op has run since ``start`` (past idle time becomes op time), maybe to its end."""
         f_eff, full_s, power_w = self._clock_for(op)
-        span = min(now - start, full_s)
+        left_s = (op.until - op.done) * full_s
+        span = min(now - start, left_s)
         op.start_s = start
-        op.done = span / full_s
+        op.done += span / full_s
         self._piece(op, f_eff, span)
         idle_w = self._idle_w
         e_start = self._energy_j - idle_w * (now - start)
@@ -391,11 +413,11 @@ class SimStream:
         if self._tick_s >= start:
             self._tick_energy_j += (power_w - idle_w) * min(span, self._tick_s - start)
         self._recent = [(start, e_start, power_w)]
-        if span >= full_s:  # finished in the past
+        if span >= left_s:  # finished in the past
             self._queue.pop()
-            end = start + full_s
+            end = start + left_s
             self._idle_since = self._early_end = end
-            self._recent.append((end, e_start + power_w * full_s, idle_w))
+            self._recent.append((end, e_start + power_w * left_s, idle_w))
             self._idle = True
             self._trace(op, start, end)
 
@@ -444,6 +466,7 @@ class SimStream:
 
     def record_event(self) -> SimEvent:
         event = SimEvent(self)
+        self._part = None  # an op's parts are launched back to back
         with self._lock:
             now = self._now()
             self._commit(now)

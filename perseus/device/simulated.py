@@ -261,10 +261,12 @@ class SimulatedGPU(SimSharedState):
         s = float(state["slowdown"])
         return t * s, e * s
 
-    def launch(self, stage_index: int, kind: Kind) -> None:
-        """Queue one op of ``(stage_index, kind)``; returns at once (like a kernel launch)."""
+    def launch(self, stage_index: int, kind: Kind, until: float = 1.0) -> None:
+        """Queue one op of ``(stage_index, kind)``; returns at once (like a kernel launch).
+        ``until`` < 1 runs only that share of its work, up to where the next launch of the
+        same op, with no event recorded between, carries on."""
         self._check("launch")
-        self._stream.launch(stage_index, kind)
+        self._stream.launch(stage_index, kind, until)
 
     def wait_until(self, time_s: float) -> None:
         """Make the stream wait until ``time_s`` (a receive whose data arrives then)."""

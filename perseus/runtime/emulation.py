@@ -68,7 +68,7 @@ class EmulatedGPU(GPU, EventSource, Protocol):
     @property
     def explicit_state_dir(self) -> bool: ...
 
-    def launch(self, stage_index: int, kind: Kind) -> None: ...
+    def launch(self, stage_index: int, kind: Kind, until: float = 1.0) -> None: ...
 
     def backdate(self, ready_s: float) -> None: ...
 
@@ -225,6 +225,13 @@ class StreamEmulator(DeviceRun):
             agent.wait_for_clock(1.0)
         self.before(action)
         with agent.op(action):
+            if ctl is not None and ctl.threaded:
+                # A phased op runs each phase at its clock however late the worker: its work
+                # up to a switch, then (host time again) the rest once that clock is set.
+                for i, share in enumerate(agent.switch_shares(), 1):
+                    self._gpu.launch(action.stage_index, action.kind, share)
+                    agent.wait_for_clock(1.0, phase=i)
+                    self._gpu.backdate(0.0)
             self.launch(action)
             agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
             yield

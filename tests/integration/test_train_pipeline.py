@@ -89,16 +89,11 @@ def test_two_clock_plan_realises_its_predicted_saving(tmp_path):
     )
     two = s["two_clock"]
     assert two["planned_mid_op_switches"] > 0  # the plan really has two-clock ops
-    # Every planned switch is issued or reported missed (its op ended before the clock worker
-    # issued it: a worker thread starved by a loaded host, seen once in ~10 runs under two busy
-    # loops); a miss is rare, never silent.
-    issued = two["mid_op_switches_per_iteration"]
-    missed = two["mid_op_switches_missed_per_iteration"]
-    assert len(issued) == len(missed) == 4, two
-    assert [i + m for i, m in zip(issued, missed, strict=True)] == [
-        two["planned_mid_op_switches"]
-    ] * 4, two
-    assert sum(missed) <= 0.05 * sum(issued), two
+    # Every planned switch is issued: an emulated two-clock op runs the rest of its work only
+    # once the worker has set its second clock (before, a worker starved by a loaded host
+    # missed up to 12 of 92 switches beside two busy loops).
+    assert two["mid_op_switches_per_iteration"] == [two["planned_mid_op_switches"]] * 4, two
+    assert two["mid_op_switches_missed_per_iteration"] == [0] * 4, two
     check_errors(s)
     saving = s["saving"]
     assert abs(saving["measured"] - saving["predicted"]) <= 0.01, saving

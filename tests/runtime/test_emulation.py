@@ -13,7 +13,7 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
-from perseus.plan import Frontier
+from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
 from perseus.profile.model import Profile
 from perseus.runtime.emulation import (
     EmulatedGPU,
@@ -250,6 +250,67 @@ def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_pat
     for stats in _three_iterations(gpu, frontier, index)[1:]:  # the first sets its first clock
         assert stats.time_s == pytest.approx(point.time_s, rel=1e-3)
         assert stats.energy_j == pytest.approx(point.energy_j, rel=1e-3)
+
+
+def test_each_phase_of_a_two_clock_op_runs_at_its_clock_however_late_the_clock_worker(
+    tmp_path: Path,
+) -> None:
+    """Real time, set calls three times as long as an op: an emulated two-clock op runs its
+    work up to the planned layer boundary, then the rest once the worker has set the second
+    clock (host time: backdated). Every op spends its planned share of work at each clock and
+    no switch is missed (launched whole, every op ran wholly at its first clock: the worker
+    got to its switch after it ended)."""
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)  # ops of 1-2 ms
+    actions = _SCHEDULE.rank_actions[0]
+    plan_ops = {Kind.F: (1410, 1005, 4), Kind.B: (1005, 1410, 6)}  # of 12 layers
+    spec = JobSpec(
+        schedule="1f1b",
+        ranks=1,
+        stages=1,
+        microbatches=4,
+        blocking_power_w=83.64,
+        profile_sha256="0" * 64,
+        layers_per_stage=(12,),
+    )
+    frontier = Frontier(
+        job=spec,
+        stage_ops=(tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions),),
+        baseline=Baseline(time_s=1.0, energy_j=1.0),
+        points=(
+            PlanPoint(
+                time_s=1.0, energy_j=1.0, freqs_mhz=(tuple(plan_ops[a.kind] for a in actions),)
+            ),
+        ),
+    )
+    gpu = SimulatedGPU.from_profile(
+        profile,
+        blocking_power_w=83.64,
+        state_dir=tmp_path,
+        set_latency_s=0.006,
+        publish_interval_s=0.0,
+        trace_ops=True,
+    )
+    options = SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False)
+    with (
+        warnings.catch_warnings(),
+        RankSession(_SCHEDULE, 0, gpu=gpu, plan=frontier, options=options) as session,
+    ):
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            with session.iteration():
+                for action in actions:
+                    with session.op(action):
+                        pass
+        assert session.agent is not None
+        records = session.agent.records.iterations
+    # The first iteration learns each op's device time: its switches are not timed yet.
+    off = []
+    for op in gpu.op_trace[len(actions) :]:
+        first_mhz, _, layers = plan_ops[op.kind]
+        planned_s = layers / 12 * profile.op(0, op.kind).at(first_mhz).time_s
+        off.append(dict(op.pieces).get(first_mhz, 0.0) / planned_s - 1)
+    assert max(map(abs, off)) < 1e-6, off
+    assert [(r.mid_op_switches, r.mid_op_switches_missed) for r in records[1:]] == [(8, 0)] * 2
 
 
 def test_virtual_timeline_reports_the_latest_input(tmp_path):

@@ -316,6 +316,9 @@ class FrequencyController:
         self.setter.apply(freq_mhz, since_s, mem_freq_mhz)
         if self.setter.notice is not None:
             self._attention = True
+        if self._threaded:
+            with self._cond:
+                self._cond.notify_all()  # wait_applied(), also mid-way through a job
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
         """Poll until ``event`` completed (or we close); its counter reading. On a virtual

@@ -381,9 +381,9 @@ class RankAgent:
             with contextlib.suppress(DeviceError):
                 self.close()
 
-    def wait_for_clock(self, timeout_s: float = 1.0) -> bool:
-        """Block until the current op's clock (the next op's between ops) is applied (tests,
-        doctor); True if it was."""
+    def wait_for_clock(self, timeout_s: float = 1.0, phase: int = 0) -> bool:
+        """Block until the current op's clock (the next op's between ops; ``phase``: that
+        phase's, of a phased op) is applied (tests, doctor, emulation); True if it was."""
         ctl = self._controller
         if ctl is None:
             return True
@@ -392,7 +392,17 @@ class RankAgent:
         if not self._freqs or (not self._in_step and self._iteration == 0):
             return True  # no clock is set before the first step_begin()
         j = min(self._cursor, len(self._freqs) - 1) if self._in_step else 0
-        return ctl.wait_applied(self._freqs[j], timeout_s)
+        return ctl.wait_applied(self._phases[j][phase].freq_mhz, timeout_s)
+
+    def switch_shares(self) -> tuple[float, ...]:
+        """Inside a device-timed phased op: the shares of its work at which the clock worker
+        sets its later phases' clocks (empty: none, or the op's end is recorded)."""
+        mode = self._mode
+        if not isinstance(mode, DeviceTiming) or not mode.jobs or mode.jobs[-1].end is not None:
+            return ()
+        mids = mode.jobs[-1].request.mids
+        timed = next((i for i, mid in enumerate(mids) if mid.at_s is None), len(mids))
+        return tuple(p.start_share for p in self._phases[self._cursor][1 : timed + 1])
 
     # -----------------------------------------------------------------------------------------
     # Per-iteration and per-op hooks (hot path)
