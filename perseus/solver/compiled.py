@@ -532,8 +532,7 @@ def walk_kernel(
     emitted = np.empty((16, n), dtype=np.int16)
     n_emitted = np.int64(0)  # not a literal: see _read_cut
     lp_t, lp_e = np.empty(max_iterations + 1), np.empty(max_iterations + 1)
-    n_lp = 0
-    iterations = 0
+    n_lp = iterations = 0
     while iterations < max_iterations:
         deadline = _forward_again(topo, dur, paths[0], paths[1], kept)
         _backward(order, succ_ptr, succ_idx, succ_lat, dur, deadline, paths[2], paths[3])

@@ -143,6 +143,47 @@ def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(tmp_path: Path) 
     assert [t for _, t in trace.pieces] == pytest.approx([fast_t / 2, slow_t / 2])
 
 
+def test_an_op_launched_in_parts_runs_each_part_at_its_clock(tmp_path: Path) -> None:
+    """Emulation launches a two-clock op in parts: half its work, then (the host late, the
+    clock changed meanwhile) the rest, backdated to the first part's end. It is priced as if
+    the clock had changed on time mid-op, traced as one op, with one noise draw."""
+    clock = FakeClock()
+    gpu = _from_profile(tmp_path, clock, trace_ops=True)
+    gpu.set_locked_clock(1095)
+    slow_t, slow_e = gpu.op_cost(0, Kind.F)
+    gpu.set_locked_clock(1410)
+    fast_t, fast_e = gpu.op_cost(0, Kind.F)
+    before = gpu.exact_energy_j()
+    start = gpu.record_event()
+    gpu.launch(0, Kind.F, until=0.5)
+    clock.t += fast_t  # the host gets back long after the first half ended
+    gpu.set_locked_clock(1095)
+    gpu.backdate(0.0)
+    gpu.launch(0, Kind.F)
+    end = gpu.record_event()
+    clock.t += 10.0
+    assert end.device_time_s() - start.device_time_s() == pytest.approx(fast_t / 2 + slow_t / 2)
+    idle = fast_t + 10.0 - fast_t / 2 - slow_t / 2
+    assert gpu.exact_energy_j() - before == pytest.approx(fast_e / 2 + slow_e / 2 + 83.64 * idle)
+    (trace,) = gpu.op_trace
+    assert [c for c, _ in trace.pieces] == [1410, 1095]
+    assert [t for _, t in trace.pieces] == pytest.approx([fast_t / 2, slow_t / 2])
+
+    def noisy(path: Path, parts: tuple[float, ...]) -> float:
+        clock = FakeClock()
+        gpu = _from_profile(path, clock, noise=SimNoise(seed=7))
+        start = gpu.record_event()
+        for until in parts:
+            gpu.launch(0, Kind.F, until=until)
+        end = gpu.record_event()
+        clock.t += 1.0
+        return end.device_time_s() - start.device_time_s()
+
+    assert noisy(tmp_path / "parts", (0.25, 1.0)) == pytest.approx(
+        noisy(tmp_path / "whole", (1.0,))
+    )
+
+
 def test_noise_is_seeded_and_the_blocking_power_is_off_by_a_seeded_error(tmp_path: Path) -> None:
     def run(seed: int) -> tuple[float, float]:
         clock = FakeClock()
