@@ -198,8 +198,12 @@ class StreamEmulator(DeviceRun):
         self._gpu.backdate(last_end_s)
 
     def first_clock(self, agent: RankAgent) -> None:
-        if agent.first_clock_pending():
-            # A new plan's first clock is applied in real time: no op may run before it.
+        ctl, freqs = agent.controller, agent.planned_clocks_mhz
+        if not (agent.device_timed and freqs and ctl is not None and not ctl.observe_only):
+            return
+        if ctl.setter.done_mhz != freqs[0]:
+            # A new plan's first clock is applied in real time (in steady state the last
+            # op's boundary applied it already): no op may run before it.
             agent.wait_for_clock(5.0)
             self._gpu.record_event()  # nothing may start before now
 

@@ -398,11 +398,7 @@ class RankAgent:
         """Inside a device-timed phased op: the shares of its work at which the clock worker
         sets its later phases' clocks (empty: none, or the op's end is recorded)."""
         mode = self._mode
-        if not isinstance(mode, DeviceTiming) or not mode.jobs or mode.jobs[-1].end is not None:
-            return ()
-        mids = mode.jobs[-1].request.mids
-        timed = next((i for i, mid in enumerate(mids) if mid.at_s is None), len(mids))
-        return tuple(p.start_share for p in self._phases[self._cursor][1 : timed + 1])
+        return mode.switch_shares() if isinstance(mode, DeviceTiming) else ()
 
     # -----------------------------------------------------------------------------------------
     # Per-iteration and per-op hooks (hot path)
@@ -492,14 +488,6 @@ class RankAgent:
     def last_op_end_event(self) -> DeviceEvent | None:
         """The end event of the op the host left last (device timing only)."""
         return self._mode.last_end_event
-
-    def first_clock_pending(self) -> bool:
-        """Device timing: True while the current iteration's first clock is not applied yet
-        (after a plan swap; in steady state the last op's boundary applied it already)."""
-        ctl = self._controller
-        if not self._device_timed or ctl is None or ctl.observe_only or not self._freqs:
-            return False
-        return ctl.setter.done_mhz != self._freqs[0]
 
     @property
     def events(self) -> EventSource | None:

@@ -278,6 +278,16 @@ class DeviceTiming(_Clocks):
         if post is not None:
             post(job)
 
+    def switch_shares(self) -> tuple[float, ...]:
+        """Inside a phased op: the shares of its work at which the worker sets its later
+        phases' clocks (empty: none, or the op's end is recorded)."""
+        jobs = self.jobs
+        if not jobs or jobs[-1].end is not None:
+            return ()
+        mids = jobs[-1].request.mids
+        timed = next((i for i, mid in enumerate(mids) if mid.at_s is None), len(mids))
+        return tuple(p.start_share for p in self.phases[len(jobs) - 1][1 : timed + 1])
+
     def mark_end(self) -> None:
         """Record the current op's end event now (emulation: the op is fully launched)."""
         jobs = self.jobs

@@ -1,0 +1,26 @@
+"""The library's shape (issue 30): no module over 600 lines, no function over 80; ruff's C901
+holds each function's complexity at 15 or less (pyproject.toml)."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO
+
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_or_function_is_longer_than_the_limits() -> None:
+    long: list[str] = []
+    for path in sorted((REPO / "perseus").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(REPO)
+        if text.count("\n") > MAX_FILE_LINES:
+            long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}:{node.lineno} {node.name}(): {lines} lines")
+    assert not long, "split these: " + "; ".join(long)
