@@ -119,57 +119,43 @@ def test_queued_ops_run_back_to_back_and_events_mark_the_stream(tmp_path: Path) 
     assert end.device_time_s() - middle.device_time_s() == pytest.approx(t_b)
 
 
-def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(tmp_path: Path) -> None:
-    clock = FakeClock()
-    gpu = _from_profile(tmp_path, clock, trace_ops=True)
-    gpu.set_locked_clock(1410)
-    fast_t, fast_e = gpu.op_cost(0, Kind.F)
-    gpu.set_locked_clock(1095)
-    slow_t, slow_e = gpu.op_cost(0, Kind.F)
-    gpu.set_locked_clock(1410)
-    before = gpu.exact_energy_j()
-    start = gpu.record_event()
-    gpu.launch(0, Kind.F)
-    end = gpu.record_event()
-    clock.t += fast_t / 2  # half the work at 1410 MHz ...
-    gpu.set_locked_clock(1095)  # ... the rest at 1095 MHz
-    clock.t += 10.0
-    assert end.device_time_s() - start.device_time_s() == pytest.approx(fast_t / 2 + slow_t / 2)
-    op_energy = fast_e / 2 + slow_e / 2
-    idle = 10.0 - slow_t / 2  # elapsed fast_t / 2 + 10 minus the op
-    assert gpu.exact_energy_j() - before == pytest.approx(op_energy + 83.64 * idle)
-    (trace,) = gpu.op_trace
-    assert [c for c, _ in trace.pieces] == [1410, 1095]
-    assert [t for _, t in trace.pieces] == pytest.approx([fast_t / 2, slow_t / 2])
-
-
-def test_an_op_launched_in_parts_runs_each_part_at_its_clock(tmp_path: Path) -> None:
-    """Emulation launches a two-clock op in parts: half its work, then (the host late, the
-    clock changed meanwhile) the rest, backdated to the first part's end. It is priced as if
-    the clock had changed on time mid-op, traced as one op, with one noise draw."""
+@pytest.mark.parametrize("parts", [False, True], ids=["whole", "in-parts"])
+def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(
+    tmp_path: Path, parts: bool
+) -> None:
+    """Half an op's work at 1410 MHz, the rest at 1095 MHz: launched whole, the clock changed
+    at its middle; or launched in parts as emulation does (the host late, the clock changed
+    meanwhile, the rest backdated to the first part's end): one op either way."""
     clock = FakeClock()
     gpu = _from_profile(tmp_path, clock, trace_ops=True)
     gpu.set_locked_clock(1095)
     slow_t, slow_e = gpu.op_cost(0, Kind.F)
     gpu.set_locked_clock(1410)
     fast_t, fast_e = gpu.op_cost(0, Kind.F)
-    before = gpu.exact_energy_j()
+    before, t0 = gpu.exact_energy_j(), clock.t
     start = gpu.record_event()
-    gpu.launch(0, Kind.F, until=0.5)
-    clock.t += fast_t  # the host gets back long after the first half ended
-    gpu.set_locked_clock(1095)
-    gpu.backdate(0.0)
-    gpu.launch(0, Kind.F)
+    gpu.launch(0, Kind.F, until=0.5 if parts else 1.0)
+    if parts:
+        clock.t += fast_t  # the host gets back long after the first half ended
+        gpu.set_locked_clock(1095)
+        gpu.backdate(0.0)
+        gpu.launch(0, Kind.F)
     end = gpu.record_event()
+    if not parts:
+        clock.t += fast_t / 2  # half the work at 1410 MHz ...
+        gpu.set_locked_clock(1095)  # ... the rest at 1095 MHz
     clock.t += 10.0
-    assert end.device_time_s() - start.device_time_s() == pytest.approx(fast_t / 2 + slow_t / 2)
-    idle = fast_t + 10.0 - fast_t / 2 - slow_t / 2
-    assert gpu.exact_energy_j() - before == pytest.approx(fast_e / 2 + slow_e / 2 + 83.64 * idle)
+    op_t, op_e = fast_t / 2 + slow_t / 2, fast_e / 2 + slow_e / 2
+    assert end.device_time_s() - start.device_time_s() == pytest.approx(op_t)
+    idle_j = 83.64 * (clock.t - t0 - op_t)
+    assert gpu.exact_energy_j() - before == pytest.approx(op_e + idle_j)
     (trace,) = gpu.op_trace
     assert [c for c, _ in trace.pieces] == [1410, 1095]
     assert [t for _, t in trace.pieces] == pytest.approx([fast_t / 2, slow_t / 2])
 
-    def noisy(path: Path, parts: tuple[float, ...]) -> float:
+
+def test_an_op_launched_in_parts_draws_its_noise_once(tmp_path: Path) -> None:
+    def time_s(path: Path, parts: tuple[float, ...]) -> float:
         clock = FakeClock()
         gpu = _from_profile(path, clock, noise=SimNoise(seed=7))
         start = gpu.record_event()
@@ -179,8 +165,8 @@ def test_an_op_launched_in_parts_runs_each_part_at_its_clock(tmp_path: Path) -> 
         clock.t += 1.0
         return end.device_time_s() - start.device_time_s()
 
-    assert noisy(tmp_path / "parts", (0.25, 1.0)) == pytest.approx(
-        noisy(tmp_path / "whole", (1.0,))
+    assert time_s(tmp_path / "parts", (0.25, 1.0)) == pytest.approx(
+        time_s(tmp_path / "whole", (1.0,))
     )
 
 

@@ -13,7 +13,7 @@ from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
 from perseus.job import make_job
-from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
+from perseus.plan import Frontier
 from perseus.profile.model import Profile
 from perseus.runtime.emulation import (
     EmulatedGPU,
@@ -27,6 +27,7 @@ from perseus.runtime.engines.torch_hooks import instrument_stages
 from perseus.runtime.session import IterationStats, RankSession, SessionOptions
 from perseus.schedule import Action, Kind, action_dependencies, build_schedule
 from perseus.solver import trace_frontier
+from tests.runtime.test_two_clock_runtime import BWD, FWD, LAYERS, _plan
 
 
 @pytest.fixture
@@ -233,19 +234,26 @@ def test_a_late_host_at_the_iteration_end_does_not_lengthen_it(tmp_path: Path) -
     assert prompt[-1].energy_j == pytest.approx(point.energy_j, rel=1e-3)
 
 
-def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_path: Path) -> None:
-    """Real time, a clock worker whose set calls take three times as long as an op (a worker
-    starved by a loaded host): an emulated op starts once its planned clock is set, so a
-    plan whose ops use several clocks measures its planned time and energy (launched at once,
-    the ops ran at the clock before theirs). The wait is the host's: the op is backdated."""
-    profile, frontier, index = _mixed_clock_plan(0.02)  # ops of 1-2 ms
-    gpu = SimulatedGPU.from_profile(
+def _late_worker_gpu(profile: Profile, state_dir: Path, **kwargs: bool) -> SimulatedGPU:
+    """Real time, set calls (6 ms) three times as long as the ops of ``_plan(0.02)`` (a clock
+    worker starved by a loaded host)."""
+    return SimulatedGPU.from_profile(
         profile,
         blocking_power_w=83.64,
-        state_dir=tmp_path,
+        state_dir=state_dir,
         set_latency_s=0.006,
         publish_interval_s=0.0,
+        **kwargs,  # type: ignore[arg-type]
     )
+
+
+def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_path: Path) -> None:
+    """An emulated op starts once its planned clock is set, however late the clock worker,
+    so a plan whose ops use several clocks measures its planned time and energy (launched at
+    once, the ops ran at the clock before theirs). The wait is the host's: the op is
+    backdated."""
+    profile, frontier, index = _mixed_clock_plan(0.02)  # ops of 1-2 ms
+    gpu = _late_worker_gpu(profile, tmp_path)
     point = frontier.points[index]
     for stats in _three_iterations(gpu, frontier, index)[1:]:  # the first sets its first clock
         assert stats.time_s == pytest.approx(point.time_s, rel=1e-3)
@@ -255,45 +263,22 @@ def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_pat
 def test_each_phase_of_a_two_clock_op_runs_at_its_clock_however_late_the_clock_worker(
     tmp_path: Path,
 ) -> None:
-    """Real time, set calls three times as long as an op: an emulated two-clock op runs its
-    work up to the planned layer boundary, then the rest once the worker has set the second
-    clock (host time: backdated). Every op spends its planned share of work at each clock and
-    no switch is missed (launched whole, every op ran wholly at its first clock: the worker
-    got to its switch after it ended)."""
+    """An emulated two-clock op runs its work up to the planned layer boundary, then the rest
+    once the worker has set the second clock (host time: backdated), however late the worker.
+    Every op spends its planned share of work at each clock and no switch is missed (launched
+    whole, every op ran wholly at its first clock: the worker got to its switch after it
+    ended)."""
     profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)  # ops of 1-2 ms
-    actions = _SCHEDULE.rank_actions[0]
-    plan_ops = {Kind.F: (1410, 1005, 4), Kind.B: (1005, 1410, 6)}  # of 12 layers
-    spec = JobSpec(
-        schedule="1f1b",
-        ranks=1,
-        stages=1,
-        microbatches=4,
-        blocking_power_w=83.64,
-        profile_sha256="0" * 64,
-        layers_per_stage=(12,),
-    )
-    frontier = Frontier(
-        job=spec,
-        stage_ops=(tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions),),
-        baseline=Baseline(time_s=1.0, energy_j=1.0),
-        points=(
-            PlanPoint(
-                time_s=1.0, energy_j=1.0, freqs_mhz=(tuple(plan_ops[a.kind] for a in actions),)
-            ),
-        ),
-    )
-    gpu = SimulatedGPU.from_profile(
-        profile,
-        blocking_power_w=83.64,
-        state_dir=tmp_path,
-        set_latency_s=0.006,
-        publish_interval_s=0.0,
-        trace_ops=True,
-    )
+    schedule = build_schedule("1f1b", 1, 8)
+    actions = schedule.rank_actions[0]
+    plan_ops = {Kind.F: FWD, Kind.B: BWD}
+    names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
+    frontier = _plan(tuple(plan_ops[a.kind] for a in actions), names)
+    gpu = _late_worker_gpu(profile, tmp_path, trace_ops=True)
     options = SessionOptions(blocking_power_w=83.64, watchdog=False, handle_signals=False)
     with (
         warnings.catch_warnings(),
-        RankSession(_SCHEDULE, 0, gpu=gpu, plan=frontier, options=options) as session,
+        RankSession(schedule, 0, gpu=gpu, plan=frontier, options=options) as session,
     ):
         warnings.simplefilter("ignore")
         for _ in range(3):
@@ -307,10 +292,10 @@ def test_each_phase_of_a_two_clock_op_runs_at_its_clock_however_late_the_clock_w
     off = []
     for op in gpu.op_trace[len(actions) :]:
         first_mhz, _, layers = plan_ops[op.kind]
-        planned_s = layers / 12 * profile.op(0, op.kind).at(first_mhz).time_s
+        planned_s = layers / LAYERS * profile.op(0, op.kind).at(first_mhz).time_s
         off.append(dict(op.pieces).get(first_mhz, 0.0) / planned_s - 1)
     assert max(map(abs, off)) < 1e-6, off
-    assert [(r.mid_op_switches, r.mid_op_switches_missed) for r in records[1:]] == [(8, 0)] * 2
+    assert [(r.mid_op_switches, r.mid_op_switches_missed) for r in records[1:]] == [(16, 0)] * 2
 
 
 def test_virtual_timeline_reports_the_latest_input(tmp_path):
