@@ -3,6 +3,7 @@ hooks."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.profile.model import Profile
+from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import (
     EmulatedGPU,
     EmulationOverrunWarning,
@@ -261,13 +263,21 @@ def test_each_op_runs_at_its_planned_clock_however_late_the_clock_worker(tmp_pat
 
 
 def test_each_phase_of_a_two_clock_op_runs_at_its_clock_however_late_the_clock_worker(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An emulated two-clock op runs its work up to the planned layer boundary, then the rest
     once the worker has set the second clock (host time: backdated), however late the worker.
     Every op spends its planned share of work at each clock and no switch is missed (launched
     whole, every op ran wholly at its first clock: the worker got to its switch after it
-    ended)."""
+    ended). The host is descheduled for 10 ms between each op's start and its launch: no
+    clock lands meanwhile (else the first part ran at the second clock, set for later)."""
+    shares = RankAgent.switch_shares
+
+    def preempted(agent: RankAgent) -> tuple[float, ...]:
+        time.sleep(0.01)
+        return shares(agent)
+
+    monkeypatch.setattr(RankAgent, "switch_shares", preempted)
     profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)  # ops of 1-2 ms
     schedule = build_schedule("1f1b", 1, 8)
     actions = schedule.rank_actions[0]
