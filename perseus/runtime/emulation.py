@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -223,38 +222,30 @@ class StreamEmulator(DeviceRun):
     @contextmanager
     def op(self, agent: RankAgent, action: Action) -> Iterator[None]:
         ctl = agent.controller
-        lock = ctl.device_lock if ctl is not None and ctl.threaded else None
-        if lock is not None:
-            # The op starts once its clock is set: a host slower than its simulated GPU also
-            # starves the clock worker, whose lateness would then be the host's, not the
-            # plan's or the GPU's (the wait is host time: the op is backdated). No clock may
-            # land between the op's start event and its launch: backdated to its start, the
-            # op would run at a clock the worker set for later.
-            agent.wait_for_clock(1.0)
-            lock.acquire()
-        try:
+        threaded = ctl is not None and ctl.threaded
+        with contextlib.ExitStack() as held:
+            if ctl is not None and threaded:
+                # The op starts once its clock is set: a host slower than its simulated GPU
+                # also starves the clock worker, whose lateness would then be the host's, not
+                # the plan's or the GPU's (the wait is host time: the op is backdated). No
+                # clock may land between the op's start event and its launch: backdated to
+                # its start, the op would run at a clock the worker set for later.
+                agent.wait_for_clock(1.0)
+                held.enter_context(ctl.device_lock)
             self.before(action)
             with agent.op(action):
                 # A phased op runs each phase at its clock however late the worker: its work
                 # up to a switch, then (host time again) the rest once that clock is set.
-                for i, share in enumerate(agent.switch_shares() if lock else (), 1):
+                for i, share in enumerate(agent.switch_shares() if threaded else (), 1):
                     self._gpu.launch(action.stage_index, action.kind, share)
-                    lock = self._release(lock)
+                    held.close()  # the worker may set the next phase's clock now
                     agent.wait_for_clock(1.0, phase=i)
                     self._gpu.backdate(0.0)
                 self.launch(action)
-                lock = self._release(lock)
+                held.close()
                 agent.mark_op_end()  # the op is enqueued; the CPU compute below is host work
                 yield
-        finally:
-            self._release(lock)
         self.finish(action, agent.last_op_end_event, agent.controller)
-
-    @staticmethod
-    def _release(lock: threading.Lock | None) -> None:
-        if lock is not None:
-            lock.release()
-        return None  # the caller's lock is released: None in its place
 
     def _overrun(self, action: Action) -> None:
         self.overruns += 1
