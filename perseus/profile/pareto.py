@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from perseus.profile.model import OpOption
 
-__all__ = ["lower_hull", "pareto_indices", "pareto_options"]
+__all__ = ["convex_front", "lower_hull", "pareto_indices", "pareto_options"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -74,3 +74,16 @@ def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
                 break
         hull.append(i)
     return np.array(hull, dtype=np.int64)
+
+
+def convex_front(x: FloatArray, y: FloatArray) -> IntArray:
+    """Indices of the lower convex hull of the points ``(x, y)``, ``x`` ascending, from the
+    least ``x`` to the least ``y`` (of equal ``y`` the least ``x``; of equal ``x`` the least
+    ``y``). Complexity: O(P log P).
+    """
+    best = min(range(x.size), key=lambda i: (y[i], x[i]))
+    order = sorted((i for i in range(x.size) if x[i] <= x[best]), key=lambda i: (x[i], y[i]))
+    # Of equal x only the least y (the first) can be on the hull.
+    order = [i for k, i in enumerate(order) if k == 0 or x[order[k - 1]] != x[i]]
+    out: IntArray = np.array(order, dtype=np.int64)[lower_hull(x[order], y[order])]
+    return out

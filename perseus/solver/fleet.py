@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import Frontier
-from perseus.profile.pareto import lower_hull
+from perseus.profile.pareto import convex_front
 
 __all__ = ["FleetAssignment", "FleetJob", "FleetPlan", "fleet_job", "plan_fleet"]
 
@@ -164,17 +164,6 @@ class _Segments:
     added_cost: FloatArray
 
 
-def _hull(power_w: FloatArray, cost: FloatArray) -> list[int]:
-    """Indices of the lower convex hull of (power, cost), cheapest first (power falling, cost
-    rising, cost per watt saved rising), over the points no other point beats in both."""
-    order = sorted(range(power_w.size), key=lambda i: (cost[i], power_w[i]))
-    front: list[int] = []
-    for i in order:
-        if not front or power_w[i] < power_w[front[-1]]:
-            front.append(i)
-    return [front[k] for k in lower_hull(-power_w[front], cost[front]).tolist()]
-
-
 def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
     return [
         np.asarray([j.weight * j.slowdown(i) for i in range(len(j.points))], dtype=np.float64)
@@ -187,7 +176,8 @@ def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[
     start, seg_job, seg_to, seg_w, seg_c = [], [], [], [], []
     for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
         power = np.asarray(job.average_power_w, dtype=np.float64)
-        hull = _hull(power, cost)
+        # Cheapest first: power falling, cost rising, cost per watt saved rising.
+        hull = convex_front(power, cost)[::-1].tolist()
         start.append(hull[0])
         for a, b in itertools.pairwise(hull):
             seg_job.append(k)

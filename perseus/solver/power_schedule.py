@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import MAX_TIME_S, PlanPoint
-from perseus.profile.pareto import lower_hull
+from perseus.profile.pareto import convex_front
 
 __all__ = [
     "J_PER_KWH",
@@ -131,20 +131,6 @@ class PowerSchedule:
         return tuple(zip(firsts[new].tolist(), index[new].tolist(), strict=True))
 
 
-def _hull(times: FloatArray, extra: FloatArray, upper: bool) -> IntArray:
-    """Indices of the lower (upper) convex hull of ``(times, extra)`` from the fastest point
-    to the point of least (greatest) ``extra``; monotone chain, O(P log P)."""
-    y = -extra if upper else extra
-    best = min(range(times.size), key=lambda i: (y[i], times[i]))
-    order = sorted(
-        (i for i in range(times.size) if times[i] <= times[best]), key=lambda i: (times[i], y[i])
-    )
-    # Of equal times only the best figure (the first) can be on the hull.
-    order = [i for k, i in enumerate(order) if k == 0 or times[order[k - 1]] != times[i]]
-    out: IntArray = np.array(order, dtype=np.int64)[lower_hull(times[order], y[order])]
-    return out
-
-
 def lower_hull_indices(points: Sequence[PlanPoint], idle_power_w: float = 0.0) -> tuple[int, ...]:
     """Indices of the lower convex hull in (time, energy above idle ``e − idle_power_w · t``),
     from the fastest point to the least energy above idle; of equal times the lower energy.
@@ -154,7 +140,7 @@ def lower_hull_indices(points: Sequence[PlanPoint], idle_power_w: float = 0.0) -
         raise ConfigError("the frontier has no points")
     t = np.array([p.time_s for p in points])
     e = np.array([p.energy_j for p in points])
-    return tuple(_hull(t, e - idle_power_w * t, upper=False).tolist())
+    return tuple(convex_front(t, e - idle_power_w * t).tolist())
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +156,7 @@ class _Curves:
 
     @classmethod
     def build(cls, times: FloatArray, extra: FloatArray, upper: bool) -> _Curves:
-        idx = _hull(times, extra, upper)
+        idx = convex_front(times, -extra if upper else extra)
         t, e = times[idx], extra[idx]
         m = idx.size - 1
         slopes = np.diff(e) / np.diff(t)  # edge j: vertex j to j + 1
