@@ -28,11 +28,10 @@ import numpy.typing as npt
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from perseus.dag.evaluate import longest_path
-from perseus.dag.graph import OpGraph
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.solver.cost_model import CostModel, build_cost_model
+from perseus.solver.paths import build_topology
 
 __all__ = ["lp_energy_floor_j", "lp_peak_time_bound_s"]
 
@@ -119,20 +118,6 @@ def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
     return float(res.fun)
 
 
-def _windows(graph: OpGraph, fastest_s: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Per node, its longest path from the start (head) and to the end (tail) at ``fastest_s``."""
-    head = longest_path(graph, fastest_s)[0]
-    gen_of = np.empty(graph.num_nodes, dtype=np.int64)
-    for k, gen in enumerate(graph.generations):
-        gen_of[gen] = k
-    src, dst, lat = graph.edge_src, graph.edge_dst, graph.edge_latency_s
-    tail = np.zeros(graph.num_nodes)
-    for k in range(len(graph.generations) - 1, -1, -1):
-        e = np.flatnonzero(gen_of[src] == k)
-        np.maximum.at(tail, src[e], tail[dst[e]] + fastest_s[dst[e]] + lat[e])
-    return head, tail
-
-
 def _peak_feasible(
     job: PlanningJob, lp: _FloorLP, head: FloatArray, tail: FloatArray, budget_w: float,
     time_s: float, intervals: int,
@@ -188,7 +173,9 @@ def lp_peak_time_bound_s(
     lp = _floor_lp(job, model)
     intervals = max(1, min(intervals, max_time_vars // max(lp.lam_node.size, 1)))
     fastest_s = model.hull_time_s[model.node_type, 0]
-    head, tail = _windows(job.graph, fastest_s)
+    topo = build_topology(job.graph)
+    # Per node, its longest path from the start (head) and to the end (tail), all fastest.
+    head, tail = topo.forward(fastest_s)[0], -topo.backward(fastest_s, 0.0)
     lo = float((head + fastest_s).max())  # no plan is faster
     hi = max(float(upper_s), lo)
     if not _peak_feasible(job, lp, head, tail, budget_w, lo, intervals):
