@@ -43,19 +43,20 @@ def _clock_for(job: PlanningJob, stage: int, kind: int, freq_mhz: int) -> int:
     return options[-1].freq_mhz
 
 
-def _global_freqs(job: PlanningJob, freq_mhz: int) -> IntArray:
+def _rank_freqs(job: PlanningJob, freqs_mhz: list[int]) -> IntArray:
+    """Per node, its op's highest clock at most its rank's clock in ``freqs_mhz``."""
     g = job.graph
-    pairs = {(s, k) for s, k in zip(g.stage.tolist(), g.kind.tolist(), strict=True)}
-    table = np.zeros((int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
-    for s, k in pairs:
-        table[s, k] = _clock_for(job, s, k, freq_mhz)
-    out: IntArray = table[g.stage, g.kind]
+    triples = set(zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True))
+    table = np.zeros((g.num_ranks, int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
+    for r, s, k in triples:
+        table[r, s, k] = _clock_for(job, s, k, freqs_mhz[r])
+    out: IntArray = table[g.rank, g.stage, g.kind]
     return out
 
 
 def global_clock_plans(job: PlanningJob) -> list[PlanPoint]:
     """One exact plan per profiled clock (every GPU at that clock), highest clock first."""
-    return [job.point(_global_freqs(job, f)) for f in _all_clocks(job)]
+    return [job.point(_rank_freqs(job, [f] * job.graph.num_ranks)) for f in _all_clocks(job)]
 
 
 def _per_stage_freqs(job: PlanningJob) -> IntArray:
@@ -82,12 +83,7 @@ def _per_stage_freqs(job: PlanningJob) -> IntArray:
             else:
                 break
         chosen.append(pick)
-    triples = set(zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True))
-    table = np.zeros((ranks, int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
-    for r, s, k in triples:
-        table[r, s, k] = _clock_for(job, s, k, chosen[r])
-    out: IntArray = table[g.rank, g.stage, g.kind]
-    return out
+    return _rank_freqs(job, chosen)
 
 
 def _envpipe_freqs(job: PlanningJob) -> IntArray:
@@ -119,7 +115,7 @@ def _envpipe_freqs(job: PlanningJob) -> IntArray:
 def baseline_freq_plans(job: PlanningJob) -> list[IntArray]:
     """Per-node clocks of every baseline: all-max, each global clock, per-stage, EnvPipe."""
     plans = [job.allmax()]
-    plans.extend(_global_freqs(job, f) for f in _all_clocks(job))
+    plans.extend(_rank_freqs(job, [f] * job.graph.num_ranks) for f in _all_clocks(job))
     plans.append(_per_stage_freqs(job))
     plans.append(_envpipe_freqs(job))
     return plans
