@@ -72,10 +72,7 @@ def brute_force_energy_j(job: PlanningJob, deadline_s: float) -> float:
         )
     best = np.inf
     combos = itertools.product(*[range(len(o)) for o in ops])
-    while True:
-        chunk = list(itertools.islice(combos, 4096))
-        if not chunk:
-            break
+    while chunk := list(itertools.islice(combos, 4096)):
         idx = np.array(chunk)
         t = np.array([[ops[i][j].time_s for i, j in enumerate(row)] for row in idx])
         e = np.array([[ops[i][j].energy_j for i, j in enumerate(row)] for row in idx])
