@@ -22,7 +22,7 @@ from perseus.job import PlanningJob
 from perseus.plan import PlanOp
 from perseus.profile.model import OpOption, OpProfile
 from perseus.profile.pareto import lower_hull, pareto_indices, pareto_options
-from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op, two_clock_cost
+from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op
 from perseus.schedule.actions import Kind
 
 __all__ = ["MAX_PHASES_PER_OP", "CostModel", "build_cost_model", "lower_hull"]
@@ -70,16 +70,6 @@ class CostModel:
     hull_slope: FloatArray
     num_hull: IntArray
     blocking_power_w: float
-
-    def option_index_of_freqs(self, freqs_mhz: IntArray) -> IntArray:
-        """Per-node option index of a plan; -1 where the clock is not a Pareto option."""
-        table = self.opt_freq_mhz[self.node_type]
-        hit = table == np.asarray(freqs_mhz)[:, None]
-        width = self.num_opts[self.node_type]
-        hit &= np.arange(table.shape[1])[None, :] < width[:, None]
-        hit &= self.opt_layers_at_a[self.node_type] == 0
-        hit &= self.opt_is_default_mem[self.node_type]
-        return np.where(hit.any(axis=1), hit.argmax(axis=1), -1).astype(np.int64)
 
     @property
     def has_memory_clocks(self) -> bool:
@@ -156,10 +146,7 @@ def _phased_options(
                 chosen = [opts[v] for v in order]
                 for bounds in itertools.combinations(range(1, n_layers), phases - 1):
                     work = [split.work_before(stage, b) for b in bounds]
-                    if phases == 2:
-                        t, e = two_clock_cost(chosen[0], chosen[1], work[0], split)
-                    else:
-                        t, e = phased_cost(chosen, work, split)
+                    t, e = phased_cost(chosen, work, split)
                     labels = tuple(
                         Phase(o.freq_mhz, o.mem_freq_mhz, first)
                         for o, first in zip(chosen, (0, *bounds), strict=True)

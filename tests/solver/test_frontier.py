@@ -165,7 +165,7 @@ def test_thinning_keeps_the_no_slowdown_plan():
     topo = build_topology(job.graph)
     dense = trace(job, all_points=True).frontier
     assert len(dense.points) > 4
-    cand = [model.option_index_of_freqs(job.flat(p)) for p in dense.points]
+    cand = [frontier_module._to_options(job, model, job.flat(p)) for p in dense.points]
     anchor = dense.points[2]
     for gap_s in (0.0, 0.01 * anchor.time_s, anchor.time_s):
         points = frontier_module._select(job, model, topo, cand, gap_s, anchor.time_s)
