@@ -59,17 +59,6 @@ class PowerTimeline:
         """The step function's integral (equals the evaluator's energy)."""
         return float(np.dot(np.diff(self.times_s), self.power_w))
 
-    def summary(self) -> PointPower:
-        """Average, peak, minimum and largest step change."""
-        total = float(self.times_s[-1] - self.times_s[0])
-        steps = np.abs(np.diff(self.power_w))
-        return PointPower(
-            avg_power_w=self.energy_j / total,
-            peak_power_w=float(self.power_w.max()),
-            min_power_w=float(self.power_w.min()),
-            max_step_w=float(steps.max()) if steps.size else 0.0,
-        )
-
 
 def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
     """The summed power of ``job``'s ranks over one iteration of ``point`` (its integral is
@@ -139,14 +128,13 @@ def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
 
 
 def _point_power(point: PlanPoint, timeline: PowerTimeline) -> PointPower:
-    summary = timeline.summary()
     avg = point.energy_j / point.time_s
-    return summary.model_copy(
-        update={
-            "avg_power_w": avg,
-            "peak_power_w": max(summary.peak_power_w, avg),
-            "min_power_w": min(summary.min_power_w, avg),
-        }
+    steps = np.abs(np.diff(timeline.power_w))
+    return PointPower(
+        avg_power_w=avg,
+        peak_power_w=max(float(timeline.power_w.max()), avg),
+        min_power_w=min(float(timeline.power_w.min()), avg),
+        max_step_w=float(steps.max()) if steps.size else 0.0,
     )
 
 
