@@ -30,7 +30,6 @@ __all__ = [
     "op_phases",
     "phased_cost",
     "phases_op",
-    "two_clock_cost",
 ]
 
 
@@ -256,14 +255,6 @@ def phased_cost(
         time_s += split.switch_stall_s
         energy_j += split.switch_stall_s * o.energy_j / o.time_s
     return time_s, energy_j
-
-
-def two_clock_cost(
-    a: OpOption, b: OpOption, work_at_a: float, split: LayerSplit
-) -> tuple[float, float]:
-    """Time and energy of an op that runs the share ``work_at_a`` of its work at option ``a``
-    and the rest at ``b``: :func:`phased_cost` of two phases."""
-    return phased_cost((a, b), (work_at_a,), split)
 
 
 def check_phases(phases: Sequence[Phase], stage_index: int, split: LayerSplit | None) -> None:

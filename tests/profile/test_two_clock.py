@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.profile import OpOption, TwoClockOp, build_layer_split, op_clocks
-from perseus.profile.two_clock import two_clock_cost
+from perseus.profile.two_clock import phased_cost
 
 
 def test_op_clocks_normalises_plan_ops():
@@ -19,14 +19,14 @@ def test_op_clocks_normalises_plan_ops():
 def test_mix_is_layer_weighted_and_the_old_clock_runs_through_the_set_latency():
     fast, slow = OpOption(1410, 0.10, 40.0), OpOption(1005, 0.14, 30.0)
     even = build_layer_split([4], 1, switch_latency_s=0.0)
-    assert two_clock_cost(fast, slow, even.work_before(0, 1), even) == pytest.approx((0.13, 32.5))
+    assert phased_cost((fast, slow), (even.work_before(0, 1),), even) == pytest.approx((0.13, 32.5))
     late = build_layer_split([4], 1, switch_latency_s=0.01, switch_energy_j=0.5)
     # 10 ms at 1410 MHz is another 10 % of the op's work at the old clock.
-    assert two_clock_cost(fast, slow, late.work_before(0, 1), late) == pytest.approx(
+    assert phased_cost((fast, slow), (late.work_before(0, 1),), late) == pytest.approx(
         (0.35 * 0.10 + 0.65 * 0.14, 0.35 * 40 + 0.65 * 30 + 0.5)
     )
     # The switch can land past the op's end: then the op runs at the old clock throughout.
-    assert two_clock_cost(fast, slow, 0.95, late)[0] == pytest.approx(0.10)
+    assert phased_cost((fast, slow), (0.95,), late)[0] == pytest.approx(0.10)
 
 
 def test_per_layer_profile_replaces_the_even_split():
