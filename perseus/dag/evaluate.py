@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from perseus.dag.graph import FloatArray, IntArray, OpGraph
 from perseus.errors import PlanError
-from perseus.profile.model import OpOption, Profile, clock_label
+from perseus.profile.model import OpOption, OpProfile, Profile, clock_label
 from perseus.profile.two_clock import LayerSplit, Phase, check_phases, op_phases, phased_cost
 from perseus.schedule.actions import Kind
 
@@ -31,6 +31,7 @@ __all__ = [
     "evaluate_many",
     "evaluations",
     "longest_path",
+    "node_ops",
     "op_costs",
 ]
 
@@ -244,12 +245,13 @@ def evaluate_freqs(
     return evaluate_durations(graph, time_s, energy_j, blocking_power_w=blocking_power_w)
 
 
+def node_ops(graph: OpGraph, profile: Profile) -> list[OpProfile]:
+    """Each node's (stage, kind) options in ``profile``."""
+    return [
+        profile.op(int(s), _KINDS[int(k)]) for s, k in zip(graph.stage, graph.kind, strict=True)
+    ]
+
+
 def allmax_freqs(graph: OpGraph, profile: Profile) -> IntArray:
     """Every op at its (stage, kind)'s highest profiled clock: the baseline plan."""
-    return np.array(
-        [
-            profile.op(int(s), _KINDS[int(k)]).max_freq.freq_mhz
-            for s, k in zip(graph.stage, graph.kind, strict=True)
-        ],
-        dtype=np.int64,
-    )
+    return np.array([op.max_freq.freq_mhz for op in node_ops(graph, profile)], dtype=np.int64)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from perseus.dag.evaluate import node_ops
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.schedule.actions import Kind
@@ -90,7 +91,7 @@ def _envpipe_freqs(job: PlanningJob) -> IntArray:
     g = job.graph
     topo = build_topology(g)
     freqs = job.allmax()
-    ops = [job.profile.op(int(s), _KINDS[int(k)]) for s, k in zip(g.stage, g.kind, strict=True)]
+    ops = node_ops(g, job.profile)
     time_s = np.array([op.max_freq.time_s for op in ops])
     start, end = topo.forward(time_s)
     deadline = float(end.max())

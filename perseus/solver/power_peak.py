@@ -18,17 +18,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from perseus.dag.evaluate import evaluate_many, longest_path
+from perseus.dag.evaluate import evaluate_many, longest_path, node_ops
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
-from perseus.schedule.actions import Kind
 from perseus.solver.lp_bound import lp_peak_time_bound_s
 from perseus.solver.power import PowerTimeline, plan_power, timeline_of
 
 __all__ = ["PeakPick", "fastest_under_peak"]
 
-_KINDS = list(Kind)
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -74,10 +72,9 @@ class _Clocks:
         """None when the job has two-clock or phased ops (a clock is then not one number)."""
         if job.layer_split is not None:
             return None
-        g = job.graph
         rows = []
-        for s, k in zip(g.stage.tolist(), g.kind.tolist(), strict=True):
-            opts = job.profile.op(int(s), _KINDS[int(k)]).options
+        for op in node_ops(job.graph, job.profile):
+            opts = op.options
             if any(o.mem_freq_mhz is not None for o in opts):
                 return None
             rows.append(sorted(((o.freq_mhz, o.time_s, o.energy_j) for o in opts), reverse=True))

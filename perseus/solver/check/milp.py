@@ -15,10 +15,9 @@ import itertools
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from perseus.dag.evaluate import evaluate_many
+from perseus.dag.evaluate import evaluate_many, node_ops
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.job import PlanningJob
-from perseus.schedule.actions import Kind
 from perseus.solver.cost_model import build_cost_model
 from perseus.solver.lp_bound import _floor_lp
 
@@ -61,10 +60,7 @@ def brute_force_energy_j(job: PlanningJob, deadline_s: float) -> float:
         InfeasibleError: if no assignment meets the deadline.
     """
     g = job.graph
-    kinds = list(Kind)
-    ops = [
-        job.profile.op(int(s), kinds[int(k)]).options for s, k in zip(g.stage, g.kind, strict=True)
-    ]
+    ops = [op.options for op in node_ops(g, job.profile)]
     total = int(np.prod([len(o) for o in ops], dtype=np.float64))
     if total > _MAX_BRUTE_FORCE:
         raise ConfigError(
