@@ -20,7 +20,7 @@ import numpy.typing as npt
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import PlanOp
-from perseus.profile.model import OpOption, OpProfile
+from perseus.profile.model import OpOption
 from perseus.profile.pareto import lower_hull, pareto_indices, pareto_options
 from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op
 from perseus.schedule.actions import Kind
@@ -41,9 +41,6 @@ class CostModel:
             padded with ``inf`` time / last value.
         opt_freq_mhz, opt_freq_b_mhz: (K, W) the first and second clock (equal for one clock).
         opt_layers_at_a: (K, W) layers run at the first clock (0 for one-clock options).
-        opt_mem_mhz, opt_mem_b_mhz: (K, W) the memory clocks (0: the GPU's default).
-        opt_is_default_mem: (K, W) whether a one-clock option runs at its SM clock's default
-            memory clock (what a plain SM clock in a plan means).
         opt_phases: Per type, per real option, its phases (the plan's op).
         num_opts: (K,) real options per type.
         hull_time_s, hull_cost_j: (K, H) hull vertices, time ascending, padded with ``inf``.
@@ -60,9 +57,6 @@ class CostModel:
     opt_freq_mhz: IntArray
     opt_freq_b_mhz: IntArray
     opt_layers_at_a: IntArray
-    opt_mem_mhz: IntArray
-    opt_mem_b_mhz: IntArray
-    opt_is_default_mem: npt.NDArray[np.bool_]
     num_opts: IntArray
     opt_phases: tuple[tuple[tuple[Phase, ...], ...], ...]
     hull_time_s: FloatArray
@@ -71,16 +65,12 @@ class CostModel:
     num_hull: IntArray
     blocking_power_w: float
 
-    @property
-    def has_memory_clocks(self) -> bool:
-        """Whether some option sets a memory clock."""
-        return bool(self.opt_mem_mhz.any())
-
     def plan_ops(self, option_index: IntArray) -> IntArray | list[PlanOp]:
         """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices;
         with memory clocks, per-node plan ops (phase lists where a memory clock is set)."""
         t = self.node_type
-        if self.has_memory_clocks or any(len(ph) > 2 for t_ph in self.opt_phases for ph in t_ph):
+        phases = (ph for t_ph in self.opt_phases for ph in t_ph)
+        if any(len(ph) > 2 or ph[0].mem_freq_mhz is not None for ph in phases):
             return [
                 phases_op(self.opt_phases[ty][ix])
                 for ty, ix in zip(t.tolist(), np.asarray(option_index).tolist(), strict=True)
@@ -190,7 +180,7 @@ def build_cost_model(
     type_of = {key: i for i, key in enumerate(keys)}
     node_type = np.array([type_of[key] for key in stage_kind], dtype=np.int64)
     options, hulls = _type_options(job, keys, min_vertex_gap_fraction, max_clocks_per_op)
-    tables = _option_tables(job, keys, options)
+    tables = _option_tables(options, power)
     hull_t, hull_c, slope = _hull_tables(tables["opt_time_s"], tables["opt_cost_j"], hulls)
     return CostModel(
         node_type=node_type,
@@ -234,32 +224,26 @@ def _type_options(
     return options, hulls
 
 
-def _option_tables(
-    job: PlanningJob, keys: list[tuple[int, int]], options: list[list[_Labelled]]
-) -> dict[str, npt.NDArray[Any]]:
+def _option_tables(options: list[list[_Labelled]], power_w: float) -> dict[str, npt.NDArray[Any]]:
     """The per-type option tables of :class:`CostModel` (its ``opt_*`` fields), each row
     padded with its last value (times with ``inf``)."""
-    kinds, power = list(Kind), job.blocking_power_w
     columns: dict[str, list[list[Any]]] = {}
-    for (stage, kind), labelled in zip(keys, options, strict=True):
-        row = _option_row(job.profile.op(stage, kinds[kind]), labelled, power)
-        for name, values in row.items():
+    for labelled in options:
+        for name, values in _option_row(labelled, power_w).items():
             columns.setdefault(name, []).append(list(values))
     width = max(len(o) for o in options)
     dtypes = {"opt_time_s": float, "opt_energy_j": float, "opt_cost_j": float}
-    dtypes["opt_is_default_mem"] = bool
-    pads: dict[str, Any] = {"opt_time_s": np.inf, "opt_is_default_mem": False}
     tables: dict[str, npt.NDArray[Any]] = {}
     for name, rows in columns.items():
         out = np.zeros((len(rows), width), dtype=dtypes.get(name, np.int64))
         for k, values in enumerate(rows):
             out[k, : len(values)] = values
-            out[k, len(values) :] = pads.get(name, values[-1])
+            out[k, len(values) :] = np.inf if name == "opt_time_s" else values[-1]
         tables[name] = out
     return tables
 
 
-def _option_row(op: OpProfile, labelled: list[_Labelled], power_w: float) -> dict[str, Any]:
+def _option_row(labelled: list[_Labelled], power_w: float) -> dict[str, Any]:
     """One type's ``opt_*`` columns, unpadded."""
     time_s = np.array([o.time_s for o, _ in labelled])
     energy_j = np.array([o.energy_j for o, _ in labelled])
@@ -272,11 +256,6 @@ def _option_row(op: OpProfile, labelled: list[_Labelled], power_w: float) -> dic
         "opt_freq_mhz": [p.freq_mhz for p in first],
         "opt_freq_b_mhz": [p.freq_mhz for p in second],
         "opt_layers_at_a": [ph[1].first_layer if len(ph) > 1 else 0 for _, ph in labelled],
-        "opt_mem_mhz": [p.mem_freq_mhz or 0 for p in first],
-        "opt_mem_b_mhz": [p.mem_freq_mhz or 0 for p in second],
-        "opt_is_default_mem": [
-            len(ph) == 1 and op.at(o.freq_mhz).mem_freq_mhz == o.mem_freq_mhz for o, ph in labelled
-        ],
     }
 
 
