@@ -86,9 +86,6 @@ class _Clocks:
             np.array([len(r) for r in rows], dtype=np.int64),
         )  # fmt: skip
 
-    def plans(self) -> int:
-        return math.prod(self.count.tolist())
-
     def index_of(self, freqs_mhz: IntArray) -> IntArray:
         """Column of each node's clock."""
         out: IntArray = np.argmax(self.freq_mhz == freqs_mhz[:, None], axis=1).astype(np.int64)
@@ -276,7 +273,7 @@ def fastest_under_peak(
     budget = budget_w + 1e-12 * max(budget_w, 1.0)
     clocks = _Clocks.of(job)
     if method == "auto":
-        small = clocks is not None and clocks.plans() <= max_plans
+        small = clocks is not None and math.prod(clocks.count.tolist()) <= max_plans
         method = "exhaustive" if small else "search"
     priced, frontier_best = _frontier_pick(job, points, budget)
     best, timed, lowest = frontier_best, 0, math.inf

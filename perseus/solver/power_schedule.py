@@ -151,7 +151,6 @@ class _Curves:
     times_s: FloatArray
     vertex_extra_j: FloatArray  # energy above idle of each vertex
     seg_cost_j: FloatArray  # marginal energy of each segment, in the order taken
-    seg_width: FloatArray  # iterations per second of interval of each segment
     cum_width: FloatArray  # cum_width[p]: iterations per second of the first p segments
 
     @classmethod
@@ -164,7 +163,7 @@ class _Curves:
         edges = np.arange(m - 1, -1, -1)
         cost = np.concatenate([[e[m]], e[edges] - slopes[edges] * t[edges]])
         width = np.concatenate([[1.0 / t[m]], 1.0 / t[edges] - 1.0 / t[edges + 1]])
-        return cls(idx, t, e, cost, width, np.concatenate([[0.0], np.cumsum(width)]))
+        return cls(idx, t, e, cost, np.concatenate([[0.0], np.cumsum(width)]))
 
     def extra_j(self, d: FloatArray, n: FloatArray) -> FloatArray:
         """Least (upper hull: greatest) energy above idle of ``n`` iterations in ``d``."""
