@@ -82,9 +82,8 @@ def evaluate_durations(
 ) -> Evaluation:
     """Evaluate a plan given each node's duration and energy. Complexity: as
     :func:`longest_path`."""
-    t = np.asarray(time_s, dtype=np.float64)
-    e = np.asarray(energy_j, dtype=np.float64)
-    return evaluations(graph, t[None], e[None], blocking_power_w=blocking_power_w)[0]
+    t, e = np.atleast_2d(time_s), np.atleast_2d(energy_j)
+    return evaluations(graph, t, e, blocking_power_w=blocking_power_w)[0]
 
 
 def evaluations(
