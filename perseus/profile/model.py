@@ -141,11 +141,10 @@ class Profile:
             raise ProfileError(f"backward split fraction must be in (0, 1), got {b_fraction}")
         rows: list[ProfileRow] = []
         for (stage, kind), op in self.ops.items():
+            # Other kinds keep their figures (times 1.0: exactly the same floats).
             parts = ((Kind.B, b_fraction), (Kind.W, 1 - b_fraction)) if kind is Kind.B else ()
             for o in op.options:
-                if not parts:
-                    rows.append((stage, kind, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
-                for part, share in parts:
+                for part, share in parts or ((kind, 1.0),):
                     t, e = o.time_s * share, o.energy_j * share
                     rows.append((stage, part, o.freq_mhz, t, e, o.mem_freq_mhz))
         split = build_profile(rows, source=f"{self.source} (backward split {b_fraction:g})")
