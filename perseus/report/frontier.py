@@ -35,7 +35,6 @@ def plot_frontier(
     *,
     global_clock: Sequence[PlanPoint] = (),
     measured: MeasuredRun | None = None,
-    title: str | None = None,
 ) -> bytes:
     """Render the time–energy plot as PNG bytes.
 
@@ -44,7 +43,6 @@ def plot_frontier(
         baselines: Other plans by name (keys of :data:`BASELINE_LABELS`, others allowed).
         global_clock: Optional curve of one-clock-for-all plans, slowest last.
         measured: Optional emulated/real run: its predicted and measured points are drawn.
-        title: Figure title (default: the job).
     """
     kj = 1e-3
     with report_style():
@@ -58,7 +56,7 @@ def plot_frontier(
         _annotate_savings(ax, frontier, kj)
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Energy per iteration, all GPUs (kJ)")
-        ax.set_title(title or _default_title(frontier))
+        ax.set_title(_default_title(frontier))
         ax.legend(loc="upper right", framealpha=0.9)
         return to_png(fig)
 

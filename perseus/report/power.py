@@ -18,8 +18,6 @@ def plot_power(
     frontier: Frontier,
     job: PlanningJob | None = None,
     plans: Sequence[tuple[str, PlanPoint]] = (),
-    *,
-    title: str | None = None,
 ) -> bytes:
     """Render the power panels as PNG bytes.
 
@@ -27,7 +25,6 @@ def plot_power(
         frontier: The frontier (left panel).
         job: Its job; without it there is no right panel (no timeline to draw).
         plans: ``(label, plan)`` pairs for the right panel, e.g. all-max and the chosen plan.
-        title: Figure title (default: the job).
     """
     pts = frontier.points
     times = [p.time_s for p in pts]
@@ -62,7 +59,5 @@ def plot_power(
             ax2.set_title("Power over one iteration (dashed: average)")
             ax2.legend(loc="lower right")
         s = frontier.job
-        fig.suptitle(
-            title or f"{s.schedule}, {s.stages} stages x {s.microbatches} microbatches: power"
-        )
+        fig.suptitle(f"{s.schedule}, {s.stages} stages x {s.microbatches} microbatches: power")
         return to_png(fig)

@@ -119,7 +119,7 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
     ax.grid(False)
 
 
-def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -> bytes:
+def plot_timelines(timelines: Sequence[Timeline]) -> bytes:
     """Stack the timelines (same time axis, same power colours) and render PNG bytes."""
     import matplotlib
 
@@ -145,6 +145,4 @@ def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -
         ]
         where = {"loc": "lower right", "bbox_to_anchor": (1.0, 1.08)}
         axes[0].legend(handles=handles, ncols=2, frameon=False, fontsize=9, **where)
-        if title:
-            fig.suptitle(title)
         return to_png(fig)
