@@ -28,7 +28,6 @@ __all__ = [
     "connect_store",
     "register",
     "run",
-    "store_call",
     "within",
 ]
 
@@ -105,11 +104,6 @@ def within(
     if "error" in box:
         raise box["error"]
     return cast(T, box["value"])
-
-
-def store_call(args: argparse.Namespace, what: str, fn: Callable[[], T]) -> T:
-    """``fn()`` on the store of ``--store``, given up on after ``--timeout-s``."""
-    return within(args.timeout_s, what, args.store, fn)
 
 
 _ABANDONED: list[threading.Thread] = []
@@ -246,8 +240,11 @@ def run(args: argparse.Namespace) -> int:
     key = sw.hint_key(args.pipeline)
     store = connect_store(args.store, args.timeout_s)
     if args.straggler_action == "set":
-        token = store_call(
-            args, "setting the hint", lambda: sw.set_hint(store, args.pipeline, args.time_s)
+        token = within(
+            args.timeout_s,
+            "setting the hint",
+            args.store,
+            lambda: sw.set_hint(store, args.pipeline, args.time_s),
         )
         what = f"delivered: {key} = {args.time_s:g} s"
     else:
@@ -257,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
             sw.clear_hint(store, args.pipeline)
             return before
 
-        before = store_call(args, "clearing the hint", clear)
+        before = within(args.timeout_s, "clearing the hint", args.store, clear)
         what, token = f"{key} cleared", sw.CLEARED
         if before is None or before[0] == sw.CLEARED:
             print(f"{what} (no running job had a hint for pipeline {args.pipeline} in effect)")
