@@ -1,9 +1,6 @@
-"""Arguments shared by subcommands that describe a job (profile, schedule, sizes, power).
-
-A job comes from flags, a TOML config (``--config FILE``), or both (a flag wins). The flags are
-only parsed here; :class:`~perseus.io.config.JobConfig` validates flags and keys alike, and an
-error names where the bad value came from: the flag, or the config file and key.
-"""
+"""Arguments of subcommands that describe a job: flags, a TOML config (``--config FILE``), or
+both (a flag wins). :class:`~perseus.io.config.JobConfig` validates flags and keys alike, and
+an error names where the bad value came from: the flag, or the config file and key."""
 
 from __future__ import annotations
 
@@ -140,11 +137,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _merge(args: argparse.Namespace) -> dict[str, str]:
     """Validate the job's flags and its config's keys as one :class:`JobConfig` (a flag wins
-    over its key) and write it back to ``args``.
-
-    Returns:
-        For each job field, where its value came from (the flag, or ``"<config>: key <name>"``).
-    """
+    over its key) and write it back to ``args``; returns where each field's value came from
+    (the flag, or ``"<config>: key <name>"``)."""
     from pydantic import ValidationError
 
     from perseus.io.config import (
@@ -361,11 +355,7 @@ def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profil
 
 def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
     """Check that the file's all-max figures and its first, cheapest and last points are what
-    the exact evaluator gives on ``job`` (relative 1e-6).
-
-    Raises:
-        PlanError: naming the file and the field.
-    """
+    the exact evaluator gives on ``job`` (relative 1e-6); PlanError names the file and field."""
     from perseus.plan import same_figures
 
     regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"
