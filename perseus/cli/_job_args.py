@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # the planner and the file readers load when a command runs, 
 __all__ = [
     "CONFIG_FIELDS",
     "add_job_arguments",
-    "build_checked_job",
     "check_figures",
     "job_from_args",
     "job_from_frontier",
