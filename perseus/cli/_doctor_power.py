@@ -42,11 +42,8 @@ def measure_power_w(
     """Mean power (W) between the first and the last counter publish seen in ``window_s``
     (opened after ``settle_s``: power ramps after work starts), and how many publishes were
     seen; ``busy`` is called before every poll to hold the device in the state measured.
-
-    Raises:
-        DeviceError: if the counter changed fewer than twice in the window (no whole
-            publish interval to divide by), or went backwards.
-    """
+    DeviceError if the counter changed fewer than twice (no whole publish interval to divide
+    by) or went backwards."""
     start = now()
     while now() - start < settle_s:
         if busy is not None:
@@ -70,11 +67,7 @@ def measure_power_w(
 
 def spin_wait(torch: Any, device: Any, max_clock_mhz: int) -> tuple[Callable[[], None], Any]:
     """A ``busy`` callback keeping ``device`` in spin-wait kernels (at most ``_SPIN_QUEUE``
-    queued), and a function draining them.
-
-    Raises:
-        DeviceError: if this torch has no spin-wait kernel (``torch.cuda._sleep``).
-    """
+    queued), and a function draining them; DeviceError if this torch has none."""
     sleep_kernel = getattr(torch.cuda, "_sleep", None)
     if sleep_kernel is None:
         raise DeviceError(f"torch {torch.__version__} has no torch.cuda._sleep spin kernel")

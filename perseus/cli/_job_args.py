@@ -178,12 +178,9 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
     """Load the profile and build the job (the blocking power defaults to the bundled value);
-    resolved values are written back to ``args``.
-
-    Raises:
-        ConfigError: no profile, no microbatch count, a bad config, a job too large, or no
-            known blocking power; the message names the flag or config key at fault.
-    """
+    resolved values are written back to ``args``. A ConfigError (no profile or microbatch
+    count, a bad config, a job too large, no blocking power known) names the flag or config
+    key at fault."""
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 
     sources = _merge(args)
@@ -288,11 +285,8 @@ def job_from_frontier(
     verify: bool = True,
 ) -> PlanningJob:
     """The job a plan/frontier file records, rebuilt on ``profile_arg`` (else the profile the
-    file names); it must match the file and, with ``verify``, reproduce its figures.
-
-    Raises:
-        ConfigError: no usable profile, or one that differs from the file's.
-    """
+    file names); it must match the file and, with ``verify``, reproduce its figures
+    (ConfigError: no usable profile, or one that differs from the file's)."""
     from perseus.io.bundled import load_profile, resolve_profile_path
 
     j = frontier.job

@@ -75,12 +75,8 @@ def _parse_address(address: str) -> tuple[str, int]:
 def within(
     timeout_s: float, what: str, address: str, fn: Callable[[], T], shown_s: float | None = None
 ) -> T:
-    """``fn()`` in a daemon thread, abandoned after ``timeout_s``: store calls block in C++ and
-    some ignore their own timeout (a server that accepts and never answers).
-
-    Raises:
-        PerseusError: ``fn`` did not return within ``timeout_s``.
-    """
+    """``fn()`` in a daemon thread, abandoned (PerseusError) after ``timeout_s``: store calls
+    block in C++ and some ignore their own timeout (a server that accepts and never answers)."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -116,12 +112,8 @@ def abandoned_calls() -> bool:
 
 
 def connect_store(address: str, timeout_s: float = 10.0) -> Any:
-    """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s``.
-
-    Raises:
-        ConfigError: for a malformed address.
-        PerseusError: if nothing answers there within ``timeout_s``.
-    """
+    """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s`` (ConfigError
+    for a malformed address, PerseusError if nothing answers in time)."""
     host, port = _parse_address(address)
     _quiet_torch_env()
     try:

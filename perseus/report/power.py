@@ -19,13 +19,8 @@ def plot_power(
     job: PlanningJob | None = None,
     plans: Sequence[tuple[str, PlanPoint]] = (),
 ) -> bytes:
-    """Render the power panels as PNG bytes.
-
-    Args:
-        frontier: The frontier (left panel).
-        job: Its job; without it there is no right panel (no timeline to draw).
-        plans: ``(label, plan)`` pairs for the right panel, e.g. all-max and the chosen plan.
-    """
+    """Render the power panels as PNG bytes: the frontier's plans (left) and, given their job,
+    the summed power over one iteration of each ``(label, plan)`` in ``plans`` (right)."""
     pts = frontier.points
     times = [p.time_s for p in pts]
     with report_style():

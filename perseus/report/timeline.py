@@ -53,13 +53,8 @@ class Timeline:
 
 
 def build_timeline(job: PlanningJob, point: PlanPoint, label: str) -> Timeline:
-    """Lay out ``point`` on ``job``'s DAG with the exact evaluator.
-
-    Raises:
-        PlanError: if the plan does not fit the job.
-
-    Complexity: O(N + E) for N ops and E edges.
-    """
+    """Lay out ``point`` on ``job``'s DAG with the exact evaluator, in O(ops + edges) (PlanError
+    if the plan does not fit the job)."""
     flat = job.flat(point)
     time_s, energy_j = job.op_costs(flat)
     ev = job.evaluate(flat)
