@@ -22,14 +22,7 @@ from perseus.cli._args import add_store_command, first_line, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
-__all__ = [
-    "abandoned_calls",
-    "await_ack",
-    "connect_store",
-    "register",
-    "run",
-    "within",
-]
+__all__ = ["abandoned_calls", "await_ack", "connect_store", "register", "run", "within"]
 
 T = TypeVar("T")
 

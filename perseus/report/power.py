@@ -15,9 +15,7 @@ __all__ = ["plot_power"]
 
 
 def plot_power(
-    frontier: Frontier,
-    job: PlanningJob | None = None,
-    plans: Sequence[tuple[str, PlanPoint]] = (),
+    frontier: Frontier, job: PlanningJob | None = None, plans: Sequence[tuple[str, PlanPoint]] = ()
 ) -> bytes:
     """Render the power panels as PNG bytes: the frontier's plans (left) and, given their job,
     the summed power over one iteration of each ``(label, plan)`` in ``plans`` (right)."""
