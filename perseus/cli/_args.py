@@ -153,22 +153,20 @@ def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Pat
     return Path(path_arg)
 
 
-def check_output_dir(
-    path_arg: str | os.PathLike[str], known_files: Iterable[str], flag: str = "-o"
-) -> Path:
-    """Refuse an output directory that cannot be written, or holds files other than
-    ``known_files`` (it is replaced as a whole): ConfigError ``"<flag> <path>: ..."``."""
-    _not_empty(path_arg, flag, f"directory name, e.g. {flag} out")
+def check_output_dir(path_arg: str | os.PathLike[str], known_files: Iterable[str]) -> Path:
+    """Refuse an ``-o`` directory that cannot be written, or holds files other than
+    ``known_files`` (it is replaced as a whole): ConfigError ``"-o <path>: ..."``."""
+    _not_empty(path_arg, "-o", "directory name, e.g. -o out")
     from perseus.io.atomic import check_output_directory
 
-    path = _flagged(flag, lambda: check_output_directory(path_arg))
-    _check_parents(path, flag)
+    path = _flagged("-o", lambda: check_output_directory(path_arg))
+    _check_parents(path, "-o")
     if path.is_dir():
         known = set(known_files)
         foreign = sorted(p.name for p in path.iterdir() if p.name not in known)
         if foreign:
             raise ConfigError(
-                f"{flag} {path}: directory holds files perseus did not write "
+                f"-o {path}: directory holds files perseus did not write "
                 f"({', '.join(show_value(f, 30) for f in foreign[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory"
             )
