@@ -75,7 +75,6 @@ def progress_bar(
             file=sys.stderr,
             disable=not tty,
             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]",
-            leave=True,
         )
     except ModuleNotFoundError:  # the progress extra is optional: log lines (-v) only
         if tty:

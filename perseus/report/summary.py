@@ -16,7 +16,6 @@ from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = [
     "REPORT_SUMMARY_KIND",
-    "SUMMARY_STRAGGLER_FACTOR",
     "MeasuredFigures",
     "MeasuredRun",
     "PlanFigures",
