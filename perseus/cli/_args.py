@@ -1,8 +1,5 @@
-"""Argument types and output-path checks shared by every subcommand.
-
-A flag's value is checked as argparse reads it, and output paths before any work starts, so a
-bad one fails in one line naming the flag.
-"""
+"""Argument types (checked as argparse reads them) and output-path checks (before any work
+starts) shared by every subcommand: a bad value fails in one line naming the flag."""
 
 from __future__ import annotations
 
@@ -143,12 +140,8 @@ def _not_empty(path_arg: str | os.PathLike[str], flag: str, example: str) -> Non
 
 
 def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:
-    """Refuse an output file path that cannot or must not be written, before any work starts
-    (the rule is :func:`perseus.io.atomic.check_output_path`'s).
-
-    Raises:
-        ConfigError: ``"<flag> <path>: ..."`` naming what is wrong and the fix.
-    """
+    """Refuse an output file path that cannot or must not be written (the rule is
+    :func:`perseus.io.atomic.check_output_path`'s): ConfigError ``"<flag> <path>: ..."``."""
     _not_empty(path_arg, flag, f"file name, e.g. {flag} out.json")
     if str(path_arg).endswith(("/", os.sep)):
         raise ConfigError(f"{flag} {path_arg}: ends with a separator; pass a file path")
@@ -160,26 +153,20 @@ def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Pat
     return Path(path_arg)
 
 
-def check_output_dir(
-    path_arg: str | os.PathLike[str], known_files: Iterable[str], flag: str = "-o"
-) -> Path:
-    """Refuse an output directory that cannot be written, or holds files other than
-    ``known_files`` (it is replaced as a whole).
-
-    Raises:
-        ConfigError: ``"<flag> <path>: ..."`` naming what is wrong and the fix.
-    """
-    _not_empty(path_arg, flag, f"directory name, e.g. {flag} out")
+def check_output_dir(path_arg: str | os.PathLike[str], known_files: Iterable[str]) -> Path:
+    """Refuse an ``-o`` directory that cannot be written, or holds files other than
+    ``known_files`` (it is replaced as a whole): ConfigError ``"-o <path>: ..."``."""
+    _not_empty(path_arg, "-o", "directory name, e.g. -o out")
     from perseus.io.atomic import check_output_directory
 
-    path = _flagged(flag, lambda: check_output_directory(path_arg))
-    _check_parents(path, flag)
+    path = _flagged("-o", lambda: check_output_directory(path_arg))
+    _check_parents(path, "-o")
     if path.is_dir():
         known = set(known_files)
         foreign = sorted(p.name for p in path.iterdir() if p.name not in known)
         if foreign:
             raise ConfigError(
-                f"{flag} {path}: directory holds files perseus did not write "
+                f"-o {path}: directory holds files perseus did not write "
                 f"({', '.join(show_value(f, 30) for f in foreign[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory"
             )
@@ -188,11 +175,7 @@ def check_output_dir(
 
 def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
     """Refuse a directory that perseus adds files to (``--plot DIR``): a non-directory, a
-    symbolic link, or one under a file or unwritable.
-
-    Raises:
-        ConfigError: ``"<flag> <path>: ..."``.
-    """
+    symbolic link, or one under a file or unwritable (ConfigError ``"<flag> <path>: ..."``)."""
     _not_empty(path_arg, flag, f"directory name, e.g. {flag} plots")
     from perseus.io.atomic import check_plain_directory, lstat_or_none
 

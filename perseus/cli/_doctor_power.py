@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from perseus.cli._doctor_checks import Check, poll_counter
@@ -20,7 +19,7 @@ from perseus.device.nvml import NvmlGPU
 from perseus.device.presets import blocking_power_of_name
 from perseus.errors import DeviceError
 
-__all__ = ["PowerReading", "check_blocking_power", "measure_power_w", "spin_wait"]
+__all__ = ["check_blocking_power", "measure_power_w", "spin_wait"]
 
 #: Poll period of the energy counter (NVML publishes every ~100 ms; a read costs ~ms).
 _POLL_S = 0.002
@@ -28,21 +27,6 @@ _POLL_S = 0.002
 _SPIN_CHUNK_S = 0.01
 #: Spin kernels kept queued ahead of the device, so it never idles between them.
 _SPIN_QUEUE = 4
-
-
-@dataclass(frozen=True, slots=True)
-class PowerReading:
-    """Mean power over the counter publishes seen in a window.
-
-    Attributes:
-        power_w: Energy between the first and the last publish over the time between them.
-        span_s: Time between the first and the last publish.
-        publishes: Counter changes seen.
-    """
-
-    power_w: float
-    span_s: float
-    publishes: int
 
 
 def measure_power_w(
@@ -54,22 +38,12 @@ def measure_power_w(
     now: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = _POLL_S,
-) -> PowerReading:
-    """Poll the energy counter for ``window_s`` (after ``settle_s``) and return mean power.
-
-    Args:
-        read_energy_mj: The cumulative energy counter in millijoules.
-        window_s: How long to watch the counter.
-        settle_s: Time to let the device settle (power ramps after work starts) before the
-            window opens.
-        busy: Called before every poll to keep the device in the state being measured.
-        now, sleep: The clock (tests pass a virtual one).
-        poll_s: Time between reads.
-
-    Raises:
-        DeviceError: if the counter changed fewer than twice in the window (no whole
-            publish interval to divide by), or went backwards.
-    """
+) -> tuple[float, int]:
+    """Mean power (W) between the first and the last counter publish seen in ``window_s``
+    (opened after ``settle_s``: power ramps after work starts), and how many publishes were
+    seen; ``busy`` is called before every poll to hold the device in the state measured.
+    DeviceError if the counter changed fewer than twice (no whole publish interval to divide
+    by) or went backwards."""
     start = now()
     while now() - start < settle_s:
         if busy is not None:
@@ -88,16 +62,12 @@ def measure_power_w(
             "watch it longer (--power-window-s)"
         )
     (t0, e0), (t1, e1) = publishes[0], publishes[-1]
-    return PowerReading((e1 - e0) / 1000.0 / (t1 - t0), t1 - t0, len(publishes))
+    return (e1 - e0) / 1000.0 / (t1 - t0), len(publishes)
 
 
 def spin_wait(torch: Any, device: Any, max_clock_mhz: int) -> tuple[Callable[[], None], Any]:
     """A ``busy`` callback keeping ``device`` in spin-wait kernels (at most ``_SPIN_QUEUE``
-    queued), and a function draining them.
-
-    Raises:
-        DeviceError: if this torch has no spin-wait kernel (``torch.cuda._sleep``).
-    """
+    queued), and a function draining them; DeviceError if this torch has none."""
     sleep_kernel = getattr(torch.cuda, "_sleep", None)
     if sleep_kernel is None:
         raise DeviceError(f"torch {torch.__version__} has no torch.cuda._sleep spin kernel")
@@ -137,11 +107,11 @@ def check_blocking_power(
     :func:`spin_wait` on the GPU's CUDA device); ``cuda`` False measures idle power only.
     """
     name = "blocking power"
-    idle = measure_power_w(gpu.energy_mj, window_s, now=now, sleep=sleep)
+    idle_w, idle_publishes = measure_power_w(gpu.energy_mj, window_s, now=now, sleep=sleep)
     data: dict[str, Any] = {
         "window_s": window_s,
-        "idle_w": round(idle.power_w, 2),
-        "idle_publishes": idle.publishes,
+        "idle_w": round(idle_w, 2),
+        "idle_publishes": idle_publishes,
     }
     figure = blocking_power_of_name(gpu.name)
     known = ""
@@ -150,29 +120,29 @@ def check_blocking_power(
         known = f"; table: {figure.power_w:g} W ({'estimate' if figure.estimated else 'measured'})"
     if not cuda:
         summary = (
-            f"idle {idle.power_w:.1f} W; blocked power skipped (it runs a spin-wait kernel with "
+            f"idle {idle_w:.1f} W; blocked power skipped (it runs a spin-wait kernel with "
             f"the CUDA check: --no-cuda, or not the first GPU){known}"
         )
         return Check(name, "skip", summary, data)
     try:
         busy, drain = (spin or _torch_spin)(gpu)
     except (ImportError, DeviceError) as e:
-        summary = f"idle {idle.power_w:.1f} W; blocked power unavailable ({e}){known}"
+        summary = f"idle {idle_w:.1f} W; blocked power unavailable ({e}){known}"
         fix = "install a CUDA build of torch to measure blocked power"
         return Check(name, "unavailable", summary, data, fix)
     try:
-        blocked = measure_power_w(
+        blocked_w, publishes = measure_power_w(
             gpu.energy_mj, window_s, settle_s=0.5, busy=busy, now=now, sleep=sleep
         )
     finally:
         drain()
-    data.update(blocked_w=round(blocked.power_w, 2), blocked_publishes=blocked.publishes)
+    data.update(blocked_w=round(blocked_w, 2), blocked_publishes=publishes)
     summary = (
-        f"idle {idle.power_w:.1f} W, blocked in a spin-wait kernel {blocked.power_w:.1f} W"
-        f"{known}; plan with blocking_power_w={blocked.power_w:.1f}"
+        f"idle {idle_w:.1f} W, blocked in a spin-wait kernel {blocked_w:.1f} W"
+        f"{known}; plan with blocking_power_w={blocked_w:.1f}"
     )
     status = "ok"
-    if figure is not None and abs(blocked.power_w - figure.power_w) > 0.2 * figure.power_w:
+    if figure is not None and abs(blocked_w - figure.power_w) > 0.2 * figure.power_w:
         status = "warn"
         summary += " (more than 20 % off the table: pass the measured value)"
     return Check(name, status, summary, data)

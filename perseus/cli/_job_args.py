@@ -1,9 +1,6 @@
-"""Arguments shared by subcommands that describe a job (profile, schedule, sizes, power).
-
-A job comes from flags, a TOML config (``--config FILE``), or both (a flag wins). The flags are
-only parsed here; :class:`~perseus.io.config.JobConfig` validates flags and keys alike, and an
-error names where the bad value came from: the flag, or the config file and key.
-"""
+"""Arguments of subcommands that describe a job: flags, a TOML config (``--config FILE``), or
+both (a flag wins). :class:`~perseus.io.config.JobConfig` validates flags and keys alike, and
+an error names where the bad value came from: the flag, or the config file and key."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ if TYPE_CHECKING:  # the planner and the file readers load when a command runs, 
 __all__ = [
     "CONFIG_FIELDS",
     "add_job_arguments",
-    "build_checked_job",
     "check_figures",
     "job_from_args",
     "job_from_frontier",
@@ -140,11 +136,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _merge(args: argparse.Namespace) -> dict[str, str]:
     """Validate the job's flags and its config's keys as one :class:`JobConfig` (a flag wins
-    over its key) and write it back to ``args``.
-
-    Returns:
-        For each job field, where its value came from (the flag, or ``"<config>: key <name>"``).
-    """
+    over its key) and write it back to ``args``; returns where each field's value came from
+    (the flag, or ``"<config>: key <name>"``)."""
     from pydantic import ValidationError
 
     from perseus.io.config import (
@@ -185,12 +178,9 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
     """Load the profile and build the job (the blocking power defaults to the bundled value);
-    resolved values are written back to ``args``.
-
-    Raises:
-        ConfigError: no profile, no microbatch count, a bad config, a job too large, or no
-            known blocking power; the message names the flag or config key at fault.
-    """
+    resolved values are written back to ``args``. A ConfigError (no profile or microbatch
+    count, a bad config, a job too large, no blocking power known) names the flag or config
+    key at fault."""
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 
     sources = _merge(args)
@@ -295,11 +285,8 @@ def job_from_frontier(
     verify: bool = True,
 ) -> PlanningJob:
     """The job a plan/frontier file records, rebuilt on ``profile_arg`` (else the profile the
-    file names); it must match the file and, with ``verify``, reproduce its figures.
-
-    Raises:
-        ConfigError: no usable profile, or one that differs from the file's.
-    """
+    file names); it must match the file and, with ``verify``, reproduce its figures
+    (ConfigError: no usable profile, or one that differs from the file's)."""
     from perseus.io.bundled import load_profile, resolve_profile_path
 
     j = frontier.job
@@ -361,11 +348,7 @@ def _plan_profile(name: str | None, source: str, how: str) -> tuple[Path, Profil
 
 def check_figures(job: PlanningJob, frontier: Frontier, source: str) -> None:
     """Check that the file's all-max figures and its first, cheapest and last points are what
-    the exact evaluator gives on ``job`` (relative 1e-6).
-
-    Raises:
-        PlanError: naming the file and the field.
-    """
+    the exact evaluator gives on ``job`` (relative 1e-6); PlanError names the file and field."""
     from perseus.plan import same_figures
 
     regenerate = "the file was edited or computed differently; regenerate it (perseus frontier)"

@@ -57,14 +57,9 @@ class _PhaseListener(logging.Handler):
 def progress_bar(
     label: str, enabled: bool = True, solve: bool = False
 ) -> Iterator[Callable[[float], None]]:
-    """Yield ``update(fraction)`` for a step reported as fractions in [0, 1].
-
-    Args:
-        label: What the step is (``"frontier"``).
-        enabled: False for ``--no-progress``: no bar (log lines still go to the logger).
-        solve: The step runs the solver: label it as a compile until the first progress
-            report when the kernels are not cached yet.
-    """
+    """Yield ``update(fraction)`` for step ``label`` reported as fractions in [0, 1]; no bar
+    when not ``enabled`` (log lines still go to the logger). A ``solve`` step is labelled as a
+    compile until its first progress report when the kernels are not cached yet."""
     tty = enabled and sys.stderr.isatty()
     compiling = solve and not solver_kernels_cached()
     first = COMPILE_PHASE if compiling else label
@@ -80,7 +75,6 @@ def progress_bar(
             file=sys.stderr,
             disable=not tty,
             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]",
-            leave=True,
         )
     except ModuleNotFoundError:  # the progress extra is optional: log lines (-v) only
         if tty:

@@ -1,11 +1,8 @@
 """``perseus doctor``: can this machine run perseus for real?
 
-Checks each NVIDIA GPU (driver, identity, clock locking from evidence, set latency, energy
-counter, power, blocking power, a CUDA check through the real agent path), or, without one, the
-simulated path; docs/devices.md lists what each check does. A probe that cannot run says
-``unavailable: why`` and the others go on. Exit 0 when perseus can run for real here
-(observe-only counts when asked for), 1 when not, 2 on bad flags. ``--no-clock-changes`` opens
-the GPUs with ``NvmlGPU(control=False)``: no NVML set or reset call.
+Checks each NVIDIA GPU (docs/devices.md lists the checks), or, without one, the simulated path;
+a probe that cannot run says ``unavailable: why`` and the others go on. Exit 0 when perseus can
+run for real here (observe-only counts when asked for), 1 when not, 2 on bad flags.
 """
 
 from __future__ import annotations

@@ -45,12 +45,9 @@ def select_point(
     source: str = "the frontier",
     flag: str = "--max-time-s",
 ) -> tuple[int, PlanPoint]:
-    """The chosen point and its index: the cheapest within ``max_time_s`` (given by
-    ``flag``) when it is given, else ``plan``.
-
-    Raises:
-        ConfigError: for an unknown name, an index out of range, or a time below T_min.
-    """
+    """The chosen point and its index: the cheapest within ``max_time_s`` (given by ``flag``)
+    when it is given, else ``plan`` (ConfigError for an unknown name, an index out of range,
+    or a time below T_min)."""
     points = frontier.points
     if max_time_s is not None:
         if max_time_s < frontier.fastest.time_s * (1 - 1e-12):

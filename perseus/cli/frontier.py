@@ -7,12 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import (
-    add_output_arg,
-    check_output_file,
-    float_arg,
-    message_stream,
-)
+from perseus.cli._args import add_output_arg, check_output_file, float_arg, message_stream
 from perseus.cli._job_args import add_job_arguments, job_from_args
 from perseus.cli._progress import progress_bar
 from perseus.log import get_logger

@@ -115,7 +115,15 @@ def run(args: argparse.Namespace) -> int:
     frontier = read_frontier(args.frontier)
     check_frontier_job(frontier, args.frontier)
     if args.power_cap_w is not None or args.peak_power_w is not None:
-        return _pick_under_power(args, frontier)
+        point, lines = _pick_under_power(args, frontier)
+    else:
+        point, lines = _pick_by_time(args, frontier)
+    write_frontier(frontier.with_points([point]), args.out)
+    print("\n".join([*lines, f"wrote {args.out}"]), file=message_stream(args.out))
+    return 0
+
+
+def _pick_by_time(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[str]]:
     if args.per_gpu:
         raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
     if args.off_frontier or args.profile is not None:
@@ -130,38 +138,30 @@ def run(args: argparse.Namespace) -> int:
         deadline = args.time_s if args.time_s is not None else args.straggler_time_s
         how = f"{flag} {deadline:g}"
     _, point = select_point(frontier, "", deadline, args.frontier, flag)
-    write_frontier(frontier.with_points([point]), args.out)
     base = frontier.baseline
-    print(
+    return point, [
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J "
         f"({100 * (point.time_s / base.time_s - 1):+.2f} % time, "
-        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)\n"
-        f"wrote {args.out}",
-        file=message_stream(args.out),
-    )
-    return 0
+        f"{100 * (point.energy_j / base.energy_j - 1):+.2f} % energy vs all-max)"
+    ]
 
 
-def _pick_under_power(args: argparse.Namespace, frontier: Any) -> int:
-    from perseus.io.frontier_files import write_frontier
-
+def _pick_under_power(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[str]]:
     peak = args.peak_power_w is not None
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given
     point, notes = _power_point(args, frontier, budget_w, peak)
-    write_frontier(frontier.with_points([point]), args.out)
     how = f"{'--peak-power-w' if peak else '--power-cap-w'} {given:g}" + (
         f" per GPU x {ranks} ranks = {budget_w:g} W" if args.per_gpu else ""
     )
     peak_text = f", peak {point.power.peak_power_w:.1f} W" if point.power is not None else ""
-    picked = (
+    return point, [
         f"picked ({how}): {point.time_s:.6f} s, {point.energy_j:.1f} J, average "
         f"{point.avg_power_w:.1f} W{peak_text} "
-        f"({100 * (point.time_s / frontier.baseline.time_s - 1):+.2f} % time vs all-max)"
-    )
-    print("\n".join([picked, *notes, f"wrote {args.out}"]), file=message_stream(args.out))
-    return 0
+        f"({100 * (point.time_s / frontier.baseline.time_s - 1):+.2f} % time vs all-max)",
+        *notes,
+    ]
 
 
 def _power_point(

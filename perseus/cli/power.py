@@ -32,16 +32,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.cli.straggler import await_ack, connect_store, store_call
+    from perseus.cli.straggler import await_ack, connect_store, within
     from perseus.runtime.power.cap import CAP_KEY, CLEARED, clear_cap, read_cap_ack, set_cap
 
     store = connect_store(args.store, args.timeout_s)
     if args.power_action == "set":
         scope: Literal["pipeline", "gpu"] = "gpu" if args.per_gpu else "pipeline"
-        token = store_call(args, "setting the cap", lambda: set_cap(store, args.cap_w, scope))
+        token = within(
+            args.timeout_s, "setting the cap", args.store, lambda: set_cap(store, args.cap_w, scope)
+        )
         what = f"delivered: {CAP_KEY} = {args.cap_w:g} W per {scope}"
     else:
-        store_call(args, "clearing the cap", lambda: clear_cap(store))
+        within(args.timeout_s, "clearing the cap", args.store, lambda: clear_cap(store))
         what, token = f"{CAP_KEY} cleared", CLEARED
     return await_ack(
         args,

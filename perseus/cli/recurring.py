@@ -19,14 +19,7 @@ from perseus.cli._args import (
 )
 from perseus.errors import ConfigError, InfeasibleError
 
-__all__ = [
-    "MAX_RECURRENCES",
-    "MAX_REPLAYED_RUNS",
-    "MAX_SEEDS",
-    "format_summary",
-    "register",
-    "run_simulate",
-]
+__all__ = ["register", "run_simulate"]
 
 #: Recurrences per seed (Zeus's evaluation runs 2 x |batch sizes| x |power limits|, ~200).
 MAX_RECURRENCES = 100_000

@@ -22,15 +22,7 @@ from perseus.cli._args import add_store_command, first_line, float_arg, int_arg
 from perseus.errors import ConfigError, PerseusError
 from perseus.validate import show_value
 
-__all__ = [
-    "abandoned_calls",
-    "await_ack",
-    "connect_store",
-    "register",
-    "run",
-    "store_call",
-    "within",
-]
+__all__ = ["abandoned_calls", "await_ack", "connect_store", "register", "run", "within"]
 
 T = TypeVar("T")
 
@@ -76,12 +68,8 @@ def _parse_address(address: str) -> tuple[str, int]:
 def within(
     timeout_s: float, what: str, address: str, fn: Callable[[], T], shown_s: float | None = None
 ) -> T:
-    """``fn()`` in a daemon thread, abandoned after ``timeout_s``: store calls block in C++ and
-    some ignore their own timeout (a server that accepts and never answers).
-
-    Raises:
-        PerseusError: ``fn`` did not return within ``timeout_s``.
-    """
+    """``fn()`` in a daemon thread, abandoned (PerseusError) after ``timeout_s``: store calls
+    block in C++ and some ignore their own timeout (a server that accepts and never answers)."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -107,11 +95,6 @@ def within(
     return cast(T, box["value"])
 
 
-def store_call(args: argparse.Namespace, what: str, fn: Callable[[], T]) -> T:
-    """``fn()`` on the store of ``--store``, given up on after ``--timeout-s``."""
-    return within(args.timeout_s, what, args.store, fn)
-
-
 _ABANDONED: list[threading.Thread] = []
 
 
@@ -122,12 +105,8 @@ def abandoned_calls() -> bool:
 
 
 def connect_store(address: str, timeout_s: float = 10.0) -> Any:
-    """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s``.
-
-    Raises:
-        ConfigError: for a malformed address.
-        PerseusError: if nothing answers there within ``timeout_s``.
-    """
+    """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s`` (ConfigError
+    for a malformed address, PerseusError if nothing answers in time)."""
     host, port = _parse_address(address)
     _quiet_torch_env()
     try:
@@ -246,8 +225,11 @@ def run(args: argparse.Namespace) -> int:
     key = sw.hint_key(args.pipeline)
     store = connect_store(args.store, args.timeout_s)
     if args.straggler_action == "set":
-        token = store_call(
-            args, "setting the hint", lambda: sw.set_hint(store, args.pipeline, args.time_s)
+        token = within(
+            args.timeout_s,
+            "setting the hint",
+            args.store,
+            lambda: sw.set_hint(store, args.pipeline, args.time_s),
         )
         what = f"delivered: {key} = {args.time_s:g} s"
     else:
@@ -257,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             sw.clear_hint(store, args.pipeline)
             return before
 
-        before = store_call(args, "clearing the hint", clear)
+        before = within(args.timeout_s, "clearing the hint", args.store, clear)
         what, token = f"{key} cleared", sw.CLEARED
         if before is None or before[0] == sw.CLEARED:
             print(f"{what} (no running job had a hint for pipeline {args.pipeline} in effect)")

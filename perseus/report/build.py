@@ -89,11 +89,8 @@ def _job_details(inputs: ReportInputs, summary: Summary) -> dict[str, object]:
 
 
 def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
-    """Write the report files into ``directory`` (which must exist) and return the figures.
-
-    Raises:
-        PlanError: if the frontier's plans do not fit ``inputs.job``.
-    """
+    """Write the report files into ``directory`` (which must exist) and return the figures
+    (PlanError if the frontier's plans do not fit ``inputs.job``)."""
     out, f, job = Path(directory), inputs.frontier, inputs.job
     summary = summarize(f, inputs.baselines, inputs.sweep, inputs.pipelines)
     notes = list(inputs.notes)

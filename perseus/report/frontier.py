@@ -35,17 +35,10 @@ def plot_frontier(
     *,
     global_clock: Sequence[PlanPoint] = (),
     measured: MeasuredRun | None = None,
-    title: str | None = None,
 ) -> bytes:
-    """Render the time–energy plot as PNG bytes.
-
-    Args:
-        frontier: The frontier (its all-max baseline is always drawn).
-        baselines: Other plans by name (keys of :data:`BASELINE_LABELS`, others allowed).
-        global_clock: Optional curve of one-clock-for-all plans, slowest last.
-        measured: Optional emulated/real run: its predicted and measured points are drawn.
-        title: Figure title (default: the job).
-    """
+    """Render the time–energy plot as PNG bytes: the frontier and its all-max baseline, other
+    ``baselines`` by name (keys of :data:`BASELINE_LABELS`, others allowed), the one-clock-for-all
+    plans of ``global_clock``, and a ``measured`` run's predicted and measured points."""
     kj = 1e-3
     with report_style():
         fig = new_figure()
@@ -58,7 +51,7 @@ def plot_frontier(
         _annotate_savings(ax, frontier, kj)
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Energy per iteration, all GPUs (kJ)")
-        ax.set_title(title or _default_title(frontier))
+        ax.set_title(_default_title(frontier))
         ax.legend(loc="upper right", framealpha=0.9)
         return to_png(fig)
 

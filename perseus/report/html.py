@@ -57,18 +57,9 @@ def render_html(
     measured: MeasuredRun | None = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The report page.
-
-    Args:
-        summary: The figures (see :func:`perseus.report.summary.summarize`).
-        images: PNG bytes by name: ``frontier``, ``timeline``, ``power``, ``straggler`` (any may
-            be absent).
-        title: Page heading.
-        details: Job details shown as a two-column table.
-        sweep: Straggler sweep cases for the table under the straggler plot.
-        measured: A run's predicted and measured figures, if any.
-        notes: Extra lines (e.g. why a plot is missing).
-    """
+    """The report page: ``images`` are PNG bytes by name (``frontier``, ``timeline``, ``power``,
+    ``straggler``; any may be absent), ``details`` the job table's rows, ``sweep`` the cases
+    tabled under the straggler plot, ``notes`` extra lines (e.g. why a plot is missing)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

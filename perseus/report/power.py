@@ -15,20 +15,10 @@ __all__ = ["plot_power"]
 
 
 def plot_power(
-    frontier: Frontier,
-    job: PlanningJob | None = None,
-    plans: Sequence[tuple[str, PlanPoint]] = (),
-    *,
-    title: str | None = None,
+    frontier: Frontier, job: PlanningJob | None = None, plans: Sequence[tuple[str, PlanPoint]] = ()
 ) -> bytes:
-    """Render the power panels as PNG bytes.
-
-    Args:
-        frontier: The frontier (left panel).
-        job: Its job; without it there is no right panel (no timeline to draw).
-        plans: ``(label, plan)`` pairs for the right panel, e.g. all-max and the chosen plan.
-        title: Figure title (default: the job).
-    """
+    """Render the power panels as PNG bytes: the frontier's plans (left) and, given their job,
+    the summed power over one iteration of each ``(label, plan)`` in ``plans`` (right)."""
     pts = frontier.points
     times = [p.time_s for p in pts]
     with report_style():
@@ -62,7 +52,5 @@ def plot_power(
             ax2.set_title("Power over one iteration (dashed: average)")
             ax2.legend(loc="lower right")
         s = frontier.job
-        fig.suptitle(
-            title or f"{s.schedule}, {s.stages} stages x {s.microbatches} microbatches: power"
-        )
+        fig.suptitle(f"{s.schedule}, {s.stages} stages x {s.microbatches} microbatches: power")
         return to_png(fig)

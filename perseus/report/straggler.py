@@ -12,9 +12,7 @@ from perseus.runtime.straggler.sweep import StragglerCase
 __all__ = ["plot_straggler"]
 
 
-def plot_straggler(
-    cases: Sequence[StragglerCase], frontier: Frontier, pipelines: int, *, title: str | None = None
-) -> bytes:
+def plot_straggler(cases: Sequence[StragglerCase], frontier: Frontier, pipelines: int) -> bytes:
     """Render the saving-vs-slowdown plot as PNG bytes (``cases`` from one sweep)."""
     xs = [c.factor for c in cases]
     total = [100 * c.saving_vs_allmax for c in cases]
@@ -48,8 +46,7 @@ def plot_straggler(
         ax.set_ylabel("Job energy saving per iteration (%)")
         j = frontier.job
         ax.set_title(
-            title
-            or f"One straggler among {pipelines} pipelines × {j.ranks} GPUs "
+            f"One straggler among {pipelines} pipelines × {j.ranks} GPUs "
             f"({j.schedule}, {j.microbatches} microbatches)"
         )
         ax.legend(loc="lower right")

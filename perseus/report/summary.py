@@ -16,8 +16,6 @@ from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = [
     "REPORT_SUMMARY_KIND",
-    "RUN_SUMMARY_KIND",
-    "SUMMARY_STRAGGLER_FACTOR",
     "MeasuredFigures",
     "MeasuredRun",
     "PlanFigures",
@@ -29,8 +27,6 @@ __all__ = [
 
 #: ``kind`` of a report's ``report-summary.json`` (the figures of a frontier, nothing run).
 REPORT_SUMMARY_KIND = "perseus.report-summary"
-#: ``kind`` of a run's summary (predicted and measured figures of a deployed plan).
-RUN_SUMMARY_KIND = "perseus.run-summary"
 #: The straggler slowdown the summary quotes.
 SUMMARY_STRAGGLER_FACTOR = 1.2
 

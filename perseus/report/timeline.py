@@ -53,13 +53,8 @@ class Timeline:
 
 
 def build_timeline(job: PlanningJob, point: PlanPoint, label: str) -> Timeline:
-    """Lay out ``point`` on ``job``'s DAG with the exact evaluator.
-
-    Raises:
-        PlanError: if the plan does not fit the job.
-
-    Complexity: O(N + E) for N ops and E edges.
-    """
+    """Lay out ``point`` on ``job``'s DAG with the exact evaluator, in O(ops + edges) (PlanError
+    if the plan does not fit the job)."""
     flat = job.flat(point)
     time_s, energy_j = job.op_costs(flat)
     ev = job.evaluate(flat)
@@ -119,7 +114,7 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
     ax.grid(False)
 
 
-def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -> bytes:
+def plot_timelines(timelines: Sequence[Timeline]) -> bytes:
     """Stack the timelines (same time axis, same power colours) and render PNG bytes."""
     import matplotlib
 
@@ -145,6 +140,4 @@ def plot_timelines(timelines: Sequence[Timeline], *, title: str | None = None) -
         ]
         where = {"loc": "lower right", "bbox_to_anchor": (1.0, 1.08)}
         axes[0].legend(handles=handles, ncols=2, frameon=False, fontsize=9, **where)
-        if title:
-            fig.suptitle(title)
         return to_png(fig)
