@@ -1,14 +1,12 @@
-"""The one protocol every engine adapter implements, and the one version check they share.
+"""The protocol every engine adapter implements, and the version check they share.
 
-An adapter tells :class:`~perseus.runtime.session.RankSession` which schedule the engine runs
-(read from the engine, never guessed), this process's ``rank`` and ``group``, the user's
-per-iteration call (``step_call``, for messages), and ``attach``es the session's
-``op(action)`` around every training compute action. A new engine is one module here whose
-engine-private names stay behind :func:`check_engine_version`.
+A new engine is one module here whose engine-private names stay behind
+:func:`check_engine_version`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import types
 import warnings
@@ -70,21 +68,14 @@ class ManualEngine:
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Nothing to hook: the caller enters ``session.op`` itself."""
-        return _nothing
-
-
-def _nothing() -> None:
-    return None
+        return lambda: None
 
 
 def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:
     """Enter ``hooks`` (an adapter's instrumenting context manager); the result exits it."""
-    hooks.__enter__()
-
-    def detach() -> None:
-        hooks.__exit__(None, None, None)
-
-    return detach
+    stack = contextlib.ExitStack()
+    stack.enter_context(hooks)
+    return stack.close
 
 
 def eval_in_iteration(call: str) -> ConfigError:

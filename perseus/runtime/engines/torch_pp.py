@@ -1,12 +1,9 @@
 """Adapter between ``torch.distributed.pipelining`` schedules and perseus's schedule IR.
 
-The only module that touches torch's private pipelining names (``_Action``,
-``_ComputationType``, ``_PipelineScheduleRuntime``, the stage's ``*_one_chunk`` methods),
-checked once by :func:`check_torch_version`. Multi-stage schedules are read from
-``pipeline_order_with_comms``; single-stage ones (``GPipe``, ``1F1B``), whose
-``pipeline_order`` is only a visualisation aid, are traced on recording stand-in stages.
-torch's ``I`` maps to ``B``; a schedule mixing full and split backwards (``DualPipeV``) is
-planned with each full backward as ``B`` then ``W`` when ``split_full_backward=True``.
+The only module that touches torch's private pipelining names, checked once by
+:func:`check_torch_version`. Multi-stage schedules are read from ``pipeline_order_with_comms``;
+single-stage ones (``GPipe``, ``1F1B``), whose ``pipeline_order`` is only a visualisation aid,
+are traced on recording stand-in stages. torch's ``I`` maps to ``B``.
 """
 
 from __future__ import annotations
