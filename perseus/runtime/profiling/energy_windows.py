@@ -69,11 +69,6 @@ class CounterInterval:
     def length_s(self) -> float:
         return self.end_s - self.start_s
 
-    @property
-    def power_w(self) -> float:
-        """Mean power over the window."""
-        return self.energy_j / self.length_s if self.length_s > 0 else 0.0
-
 
 def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True) -> list[float]:
     """Estimated publish instants from their brackets ``(lo, hi)`` (publish in ``(lo, hi]``).

@@ -90,10 +90,6 @@ class PairSweep(StepSweep):
             return (self.clocks_mhz[0], self.memory_clocks_mhz[0])
         return self._queue[self._index]
 
-    def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The SM clock of the current step (every op of the rank runs the step's pair)."""
-        return self.pair_mhz()[0]
-
     def plan_op_for(self, stage_index: int, kind: Kind) -> PlanOp:
         """The plan op that runs the current step's pair: one phase with its memory clock."""
         f, m = self.pair_mhz()
