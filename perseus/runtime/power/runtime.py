@@ -18,7 +18,7 @@ from perseus.device.clock import Clock, clock_of
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
-from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, global_rank, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distributed
 from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
@@ -51,9 +51,7 @@ class PowerDecision:
 def _group_rank(group: Any) -> int:
     if not is_distributed():
         return 0
-    if group is None:
-        return global_rank()
-    import torch.distributed as dist
+    import torch.distributed as dist  # get_rank(None): the default group's rank
 
     return int(dist.get_rank(group))
 
