@@ -80,8 +80,7 @@ def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True)
     if not grid or len(brackets) < 3:
         return mids
     m = np.asarray(mids)
-    lo = np.asarray([b[0] for b in brackets])
-    hi = np.asarray([b[1] for b in brackets])
+    lo, hi = np.asarray(brackets, dtype=float).T
     p0 = float(np.median(np.diff(m)))
     if not p0 > 0:
         return mids
