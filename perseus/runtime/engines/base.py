@@ -24,7 +24,7 @@ __all__ = [
     "OpContextFactory",
     "attach_hooks",
     "check_engine_version",
-    "eval_in_iteration",
+    "refuse_eval",
 ]
 
 #: ``factory(action)`` returns the context manager that surrounds one compute action.
@@ -78,14 +78,15 @@ def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:
     return stack.close
 
 
-def eval_in_iteration(call: str) -> ConfigError:
-    """The error for an evaluation pass (``call``, in the engine's words) inside a training
-    iteration, whose device time would count as the iteration's."""
-    return ConfigError(
-        f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
-        "inside a training iteration; evaluate between iterations, where it runs untouched at "
-        "the current clock"
-    )
+def refuse_eval(in_iteration: Callable[[], bool], call: str) -> None:
+    """Refuse an evaluation pass (``call``, in the engine's words) while ``in_iteration()``:
+    its device time would count as the training iteration's."""
+    if in_iteration():
+        raise ConfigError(
+            f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
+            "inside a training iteration; evaluate between iterations, where it runs untouched "
+            "at the current clock"
+        )
 
 
 def check_engine_version(

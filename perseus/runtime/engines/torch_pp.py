@@ -16,7 +16,7 @@ from typing import Any
 from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.profile.model import Profile
 from perseus.runtime.collectives import is_distributed
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version, refuse_eval
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
@@ -444,13 +444,9 @@ class TorchPipelining:
         sched = self.torch_schedule
         original_eval = sched.eval  # every torch schedule has one (_PipelineSchedule.eval)
 
-        def refuse_eval() -> None:  # its device time would count as the training iteration's
-            if in_iteration():
-                raise eval_in_iteration("schedule.eval()")
-
         def guarded(action: Action) -> Any:
             if not self.training():
-                refuse_eval()
+                refuse_eval(in_iteration, "schedule.eval()")
                 return contextlib.nullcontext()
             return op(action)
 
@@ -459,7 +455,7 @@ class TorchPipelining:
         )
 
         def eval_outside_iterations(*args: Any, **kwargs: Any) -> Any:
-            refuse_eval()
+            refuse_eval(in_iteration, "schedule.eval()")
             return original_eval(*args, **kwargs)
 
         sched.eval = eval_outside_iterations  # an instance attribute: the class is untouched
