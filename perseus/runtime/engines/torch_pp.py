@@ -433,10 +433,6 @@ class TorchPipelining:
         """This process's pipeline rank (the stages' ``group_rank``)."""
         return int(self.stages[0].group_rank)
 
-    def training(self) -> bool:
-        """False while ``schedule.eval()`` runs (torch clears the stages' ``has_backward``)."""
-        return all(getattr(s, "has_backward", True) for s in self.stages)
-
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Wrap the stages' compute methods; ``schedule.eval()`` passes skip ``op``, and are
         refused inside an iteration when called (before they communicate, so every rank
@@ -445,7 +441,8 @@ class TorchPipelining:
         original_eval = sched.eval  # every torch schedule has one (_PipelineSchedule.eval)
 
         def guarded(action: Action) -> Any:
-            if not self.training():
+            # schedule.eval() clears the stages' has_backward: its forwards run untimed.
+            if not all(getattr(s, "has_backward", True) for s in self.stages):
                 refuse_eval(in_iteration, "schedule.eval()")
                 return contextlib.nullcontext()
             return op(action)
