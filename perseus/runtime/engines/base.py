@@ -1,14 +1,12 @@
-"""The one protocol every engine adapter implements, and the one version check they share.
+"""The protocol every engine adapter implements, and the version check they share.
 
-An adapter tells :class:`~perseus.runtime.session.RankSession` which schedule the engine runs
-(read from the engine, never guessed), this process's ``rank`` and ``group``, the user's
-per-iteration call (``step_call``, for messages), and ``attach``es the session's
-``op(action)`` around every training compute action. A new engine is one module here whose
-engine-private names stay behind :func:`check_engine_version`.
+A new engine is one module here whose engine-private names stay behind
+:func:`check_engine_version`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import types
 import warnings
@@ -26,7 +24,7 @@ __all__ = [
     "OpContextFactory",
     "attach_hooks",
     "check_engine_version",
-    "eval_in_iteration",
+    "refuse_eval",
 ]
 
 #: ``factory(action)`` returns the context manager that surrounds one compute action.
@@ -70,31 +68,25 @@ class ManualEngine:
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Nothing to hook: the caller enters ``session.op`` itself."""
-        return _nothing
-
-
-def _nothing() -> None:
-    return None
+        return lambda: None
 
 
 def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:
     """Enter ``hooks`` (an adapter's instrumenting context manager); the result exits it."""
-    hooks.__enter__()
-
-    def detach() -> None:
-        hooks.__exit__(None, None, None)
-
-    return detach
+    stack = contextlib.ExitStack()
+    stack.enter_context(hooks)
+    return stack.close
 
 
-def eval_in_iteration(call: str) -> ConfigError:
-    """The error for an evaluation pass (``call``, in the engine's words) inside a training
-    iteration, whose device time would count as the iteration's."""
-    return ConfigError(
-        f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
-        "inside a training iteration; evaluate between iterations, where it runs untouched at "
-        "the current clock"
-    )
+def refuse_eval(in_iteration: Callable[[], bool], call: str) -> None:
+    """Refuse an evaluation pass (``call``, in the engine's words) while ``in_iteration()``:
+    its device time would count as the training iteration's."""
+    if in_iteration():
+        raise ConfigError(
+            f"{call} ran inside `with session.iteration():`: an evaluation (forward-only) pass "
+            "inside a training iteration; evaluate between iterations, where it runs untouched "
+            "at the current clock"
+        )
 
 
 def check_engine_version(

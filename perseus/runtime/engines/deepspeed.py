@@ -19,7 +19,7 @@ from perseus.runtime.engines.base import (
     OpContextFactory,
     attach_hooks,
     check_engine_version,
-    eval_in_iteration,
+    refuse_eval,
 )
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
@@ -177,8 +177,8 @@ def instrument_deepspeed(
 
     def exec_schedule(pipe_schedule: Any) -> Any:
         training = isinstance(pipe_schedule, sched_mod.TrainSchedule)
-        if not training and in_iteration():
-            raise eval_in_iteration("engine.eval_batch()")
+        if not training:
+            refuse_eval(in_iteration, "engine.eval_batch()")
         state.update({"training": training, Kind.F: 0, Kind.B: 0})
         try:
             return original_exec(pipe_schedule)

@@ -22,7 +22,7 @@ from perseus.runtime.engines.base import (
     OpContextFactory,
     attach_hooks,
     check_engine_version,
-    eval_in_iteration,
+    refuse_eval,
 )
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
@@ -248,9 +248,9 @@ def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> No
     """Refuse an evaluation pass (``forward_only`` or no gradients) inside a training iteration."""
     import torch
 
-    if in_iteration() and (kwargs.get("forward_only") or not torch.is_grad_enabled()):
+    if kwargs.get("forward_only") or not torch.is_grad_enabled():
         flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
-        raise eval_in_iteration(f"forward_backward_func(..., {flag})")
+        refuse_eval(in_iteration, f"forward_backward_func(..., {flag})")
 
 
 def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:

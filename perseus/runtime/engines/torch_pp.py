@@ -1,12 +1,9 @@
 """Adapter between ``torch.distributed.pipelining`` schedules and perseus's schedule IR.
 
-The only module that touches torch's private pipelining names (``_Action``,
-``_ComputationType``, ``_PipelineScheduleRuntime``, the stage's ``*_one_chunk`` methods),
-checked once by :func:`check_torch_version`. Multi-stage schedules are read from
-``pipeline_order_with_comms``; single-stage ones (``GPipe``, ``1F1B``), whose
-``pipeline_order`` is only a visualisation aid, are traced on recording stand-in stages.
-torch's ``I`` maps to ``B``; a schedule mixing full and split backwards (``DualPipeV``) is
-planned with each full backward as ``B`` then ``W`` when ``split_full_backward=True``.
+The only module that touches torch's private pipelining names, checked once by
+:func:`check_torch_version`. Multi-stage schedules are read from ``pipeline_order_with_comms``;
+single-stage ones (``GPipe``, ``1F1B``), whose ``pipeline_order`` is only a visualisation aid,
+are traced on recording stand-in stages. torch's ``I`` maps to ``B``.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any
 from perseus.errors import ConfigError, ProfileError, ScheduleError
 from perseus.profile.model import Profile
 from perseus.runtime.collectives import is_distributed
-from perseus.runtime.engines.base import OpContextFactory, check_engine_version, eval_in_iteration
+from perseus.runtime.engines.base import OpContextFactory, check_engine_version, refuse_eval
 from perseus.runtime.engines.torch_hooks import STAGE_COMPUTE_METHODS, instrument_stages
 from perseus.schedule.actions import Action, Kind, Schedule
 from perseus.schedule.builders import schedule_from_actions
@@ -436,10 +433,6 @@ class TorchPipelining:
         """This process's pipeline rank (the stages' ``group_rank``)."""
         return int(self.stages[0].group_rank)
 
-    def training(self) -> bool:
-        """False while ``schedule.eval()`` runs (torch clears the stages' ``has_backward``)."""
-        return all(getattr(s, "has_backward", True) for s in self.stages)
-
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Wrap the stages' compute methods; ``schedule.eval()`` passes skip ``op``, and are
         refused inside an iteration when called (before they communicate, so every rank
@@ -447,13 +440,10 @@ class TorchPipelining:
         sched = self.torch_schedule
         original_eval = sched.eval  # every torch schedule has one (_PipelineSchedule.eval)
 
-        def refuse_eval() -> None:  # its device time would count as the training iteration's
-            if in_iteration():
-                raise eval_in_iteration("schedule.eval()")
-
         def guarded(action: Action) -> Any:
-            if not self.training():
-                refuse_eval()
+            # schedule.eval() clears the stages' has_backward: its forwards run untimed.
+            if not all(getattr(s, "has_backward", True) for s in self.stages):
+                refuse_eval(in_iteration, "schedule.eval()")
                 return contextlib.nullcontext()
             return op(action)
 
@@ -462,7 +452,7 @@ class TorchPipelining:
         )
 
         def eval_outside_iterations(*args: Any, **kwargs: Any) -> Any:
-            refuse_eval()
+            refuse_eval(in_iteration, "schedule.eval()")
             return original_eval(*args, **kwargs)
 
         sched.eval = eval_outside_iterations  # an instance attribute: the class is untouched

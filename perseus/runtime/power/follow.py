@@ -27,11 +27,10 @@ class ScheduleClock:
 
     def __init__(self, schedule: ScheduleFile) -> None:
         self.intervals = schedule.intervals
-        self._firsts = [iv.first_iteration for iv in self.intervals]
 
     def interval_of(self, iteration: int) -> int | None:
         """The index of the interval that runs schedule iteration ``iteration`` (None past it)."""
-        k = bisect.bisect_right(self._firsts, iteration) - 1
+        k = bisect.bisect_right(self.intervals, iteration, key=lambda iv: iv.first_iteration) - 1
         if k < 0:
             return None
         iv = self.intervals[k]

@@ -18,7 +18,7 @@ from perseus.device.clock import Clock, clock_of
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
-from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, global_rank, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distributed
 from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
@@ -51,9 +51,7 @@ class PowerDecision:
 def _group_rank(group: Any) -> int:
     if not is_distributed():
         return 0
-    if group is None:
-        return global_rank()
-    import torch.distributed as dist
+    import torch.distributed as dist  # get_rank(None): the default group's rank
 
     return int(dist.get_rank(group))
 
@@ -110,7 +108,6 @@ class PowerRuntime:
         if follow and schedule is not None:
             self.timer = ScheduleClock(schedule)
             self.meter = replanner.meter() if replanner else CostMeter.of_schedule(schedule)
-        self._first_schedule = schedule
         self._done_before = 0  # schedule iterations run before the schedule in force began
         self.waited_s = 0.0
         self._energy_mj = energy_mj
@@ -139,13 +136,11 @@ class PowerRuntime:
         """The cost incurred so far against the schedule's (a
         :class:`~perseus.runtime.power.replan.ReplanCost` with a re-planner; None unless
         following time with an energy counter)."""
-        if self.meter is None or not self._energy_mj:
+        if self.meter is None or not self._energy_mj or self.schedule is None:
             return None
         if self.replanner is not None:
             return self.replanner.report(self.meter)
-        if self._first_schedule is None:
-            return None
-        return self.meter.report(self._first_schedule)
+        return self.meter.report(self.schedule)
 
     def wait_for(self, iteration: int) -> float:
         """Release the clocks and sleep until session iteration ``iteration``'s interval opens
@@ -158,9 +153,10 @@ class PowerRuntime:
             index = iteration - self.origin_iteration
             wait_s = self.timer.wait_s(index, elapsed)
             k = self.timer.interval_of(index)
-            if k != self._interval:
-                self._log_interval()
-                self._interval = k
+            report = self.incurred() if k != self._interval else None
+            if report is not None and self._interval is not None:
+                _log.info("power schedule: %s", report.describe())
+            self._interval = k
             if wait_s <= 0:
                 break
             if self.replanner is not None:  # wake when the next interval opens: its value
@@ -191,11 +187,6 @@ class PowerRuntime:
             "differs from the forecast): stated cost %.6g",
             new.iterations, elapsed_s, self.replanner.replans[-1].interval, new.cost,
         )  # fmt: skip
-
-    def _log_interval(self) -> None:
-        report = self.incurred()
-        if report is not None and self._interval is not None:
-            _log.info("power schedule: %s", report.describe())
 
     def scheduled_index(self, iteration: int) -> int:
         """The plan the schedule gives session iteration ``iteration`` (pure)."""

@@ -9,8 +9,7 @@ the window, ``gap`` the time inside an iteration covered by no op (bubbles, P2P 
 
 for ``p >= 0`` (``scipy.optimize.nnls``) with a light ridge: op groups the windows cannot tell
 apart are pulled to their common mean, and with ``idle_power_w`` the non-op columns lightly
-towards it. Outlying windows (a host stall) are down-weighted, then dropped.
-:class:`SweepWindow` collects one sweep step's op spans and says when its windows suffice.
+towards it.
 """
 
 from __future__ import annotations

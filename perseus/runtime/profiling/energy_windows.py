@@ -69,11 +69,6 @@ class CounterInterval:
     def length_s(self) -> float:
         return self.end_s - self.start_s
 
-    @property
-    def power_w(self) -> float:
-        """Mean power over the window."""
-        return self.energy_j / self.length_s if self.length_s > 0 else 0.0
-
 
 def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True) -> list[float]:
     """Estimated publish instants from their brackets ``(lo, hi)`` (publish in ``(lo, hi]``).
@@ -85,8 +80,7 @@ def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True)
     if not grid or len(brackets) < 3:
         return mids
     m = np.asarray(mids)
-    lo = np.asarray([b[0] for b in brackets])
-    hi = np.asarray([b[1] for b in brackets])
+    lo, hi = np.asarray(brackets, dtype=float).T
     p0 = float(np.median(np.diff(m)))
     if not p0 > 0:
         return mids

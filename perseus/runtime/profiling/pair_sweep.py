@@ -84,19 +84,11 @@ class PairSweep(StepSweep):
         """True when no pair is left to measure."""
         return self._index >= len(self._queue)
 
-    def pair_mhz(self) -> _Pair:
-        """The (SM, memory) pair of the current step (the highest pair once done)."""
-        if self.done:
-            return (self.clocks_mhz[0], self.memory_clocks_mhz[0])
-        return self._queue[self._index]
-
-    def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The SM clock of the current step (every op of the rank runs the step's pair)."""
-        return self.pair_mhz()[0]
-
     def plan_op_for(self, stage_index: int, kind: Kind) -> PlanOp:
-        """The plan op that runs the current step's pair: one phase with its memory clock."""
-        f, m = self.pair_mhz()
+        """The plan op that runs the current step's pair (the highest once done): one phase
+        with its memory clock."""
+        top = (self.clocks_mhz[0], self.memory_clocks_mhz[0])
+        f, m = top if self.done else self._queue[self._index]
         return ((f, m, 0),)
 
     def _measuring(self, op: tuple[int, Kind]) -> bool:

@@ -173,9 +173,8 @@ class ClockSweep(StepSweep):
             return sweep.clock_mhz
         return self.step_clock_mhz()
 
-    def plan_op_for(self, stage_index: int, kind: Kind) -> int:
-        """The plan op that runs the current step for (stage, kind): its clock."""
-        return self.clock_for(stage_index, kind)
+    #: The plan op that runs the current step for (stage, kind): its clock.
+    plan_op_for = clock_for
 
     def step_clock_mhz(self) -> int:
         """The clock the unstopped ops measure (they advance together), else the highest."""

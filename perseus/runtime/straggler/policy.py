@@ -94,8 +94,7 @@ def choose_plan_index(frontier: Frontier, straggler_time_s: float) -> int:
     """Index of the cheapest plan no slower than ``straggler_time_s`` (stateless rule).
 
     Like :meth:`perseus.plan.Frontier.cheapest_within`, but below T_min the fastest plan
-    (index 0) instead of an error. Complexity: O(K) for K points
-    (:meth:`StragglerPolicy.choose` is O(log K)).
+    (index 0) instead of an error. Complexity: O(K) for K points.
     """
     return _Table(frontier).choose(straggler_time_s)
 
@@ -193,10 +192,6 @@ class StragglerPolicy:
         self.smoothing = smoothing
         self._table = _Table(frontier)
         self.state = initial_state()
-
-    def choose(self, straggler_time_s: float) -> int:
-        """Stateless rule (:func:`choose_plan_index`) in O(log K)."""
-        return self._table.choose(straggler_time_s)
 
     def decide(self, observed_time_s: float, *, is_straggler: bool = False) -> PlanChoice:
         """Fold in one observation of T′ and return the plan to run next."""
