@@ -18,7 +18,6 @@ from perseus.errors import ConfigError
 __all__ = [
     "INPUT_LIMITS",
     "MB",
-    "check_regular_input",
     "decode_text",
     "describe_file_type",
     "read_bounded",
@@ -67,27 +66,6 @@ def _refuse_kind(p: Path, mode: int, what: str, error: type[ConfigError]) -> Con
         f"{p}: is {describe_file_type(mode)}, not a regular file; perseus reads inputs only from regular files "
         f"(copy the data to a file first); pass {what}"
     )
-
-
-def check_regular_input(
-    path: str | os.PathLike[str], what: str, error: type[ConfigError] = ConfigError
-) -> Path:
-    """Refuse, without opening it, a path that is not an existing regular file (for inputs
-    that another library opens itself, such as SQLite).
-
-    Raises:
-        error: the file is missing, unreadable, or a directory, FIFO, device or socket.
-    """
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise error(f"{p}: file not found; pass {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _refuse_kind(p, st.st_mode, what, error)
-    return p
 
 
 def _open_regular(p: Path, what: str, error: type[ConfigError]) -> tuple[int, int]:
