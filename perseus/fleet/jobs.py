@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from perseus.errors import ConfigError
+from perseus.io._errors import describe_validation_error
 from perseus.io.frontier_files import read_frontier, read_json_document
 from perseus.io.reading import INPUT_LIMITS
 from perseus.plan import Frontier
@@ -56,10 +57,8 @@ def read_fleet_jobs(
     try:
         entries = _ENTRIES.validate_python(doc)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
         raise ConfigError(
-            f"{p}: entry {where}: {err['msg']}; each entry is "
+            f"{describe_validation_error(str(p), e, 'entry')}; each entry is "
             '{"name": str, "frontier": path, "weight": number >= 0, "gpus": int}'
         ) from None
     if not entries:
