@@ -129,13 +129,11 @@ def read_bounded(
     want = limit_bytes + 1
     try:
         # One read is the whole file in practice: ask for its size (+1 to see EOF) at most.
-        first = os.read(fd, min(want, size + 1 if size > 0 else _CHUNK))
-        parts = [first]
-        total = len(first)
-        while first and total < want:
-            first = os.read(fd, min(_CHUNK, want - total))
-            parts.append(first)
-            total += len(first)
+        parts = [os.read(fd, min(want, size + 1 if size > 0 else _CHUNK))]
+        total = len(parts[0])
+        while parts[-1] and total < want:
+            parts.append(os.read(fd, min(_CHUNK, want - total)))
+            total += len(parts[-1])
     except OSError as e:
         raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
     finally:
