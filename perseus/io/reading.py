@@ -106,13 +106,8 @@ def read_bounded(
     name: str = "file",
 ) -> bytes:
     """The bytes of the regular file ``path``, refusing one larger than ``limit_bytes``.
-
-    Args:
-        path: The file.
-        limit_bytes: The largest size accepted.
-        what: What the file should be, for messages (``"a profile CSV/JSON path"``).
-        error: The :class:`~perseus.errors.ConfigError` subclass to raise.
-        name: What to call the file when it is missing (``"config file"``).
+    Messages say what the file should be (``what``: ``"a profile CSV/JSON path"``) and what
+    to call it when missing (``name``: ``"config file"``).
 
     Raises:
         error: one line naming the file: missing, unreadable, not a regular file, or too large.
