@@ -15,13 +15,7 @@ from pathlib import Path
 
 from perseus.errors import ConfigError
 
-__all__ = [
-    "INPUT_LIMITS",
-    "MB",
-    "decode_text",
-    "describe_file_type",
-    "read_bounded",
-]
+__all__ = ["INPUT_LIMITS", "MB", "decode_text", "describe_file_type", "read_bounded"]
 
 MB = 1024 * 1024
 
