@@ -6,6 +6,7 @@ once however many jobs name it.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Annotated
@@ -13,9 +14,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from perseus.errors import ConfigError
+from perseus.io._errors import describe_validation_error
 from perseus.io.frontier_files import read_frontier, read_json_document
 from perseus.io.reading import INPUT_LIMITS
-from perseus.plan import Frontier
 from perseus.solver.fleet import FleetJob, fleet_job
 
 __all__ = ["FleetJobEntry", "read_fleet_jobs"]
@@ -56,28 +57,23 @@ def read_fleet_jobs(
     try:
         entries = _ENTRIES.validate_python(doc)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
         raise ConfigError(
-            f"{p}: entry {where}: {err['msg']}; each entry is "
+            f"{describe_validation_error(str(p), e, 'entry')}; each entry is "
             '{"name": str, "frontier": path, "weight": number >= 0, "gpus": int}'
         ) from None
     if not entries:
         raise ConfigError(f"{p}: no jobs; list at least one")
     seen: set[str] = set()
-    frontiers: dict[Path, Frontier] = {}
+    read = functools.cache(read_frontier)  # each frontier once, however many jobs name it
     out = []
     for entry in entries:
         if entry.name in seen:
             raise ConfigError(f"{p}: job name {entry.name!r} appears twice; names are unique")
         seen.add(entry.name)
-        source = p.parent / entry.frontier  # an absolute path stays as it is
-        if source not in frontiers:
-            frontiers[source] = read_frontier(source)
         out.append(
             fleet_job(
                 entry.name,
-                frontiers[source],
+                read(p.parent / entry.frontier),  # an absolute path stays as it is
                 weight=entry.weight,
                 gpus=entry.gpus,
                 per_gpu_cap_w=per_gpu_cap_w,

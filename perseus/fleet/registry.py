@@ -172,13 +172,11 @@ class FleetRegistry:
 
     def heartbeat(self, name: str) -> bool:
         """Renew ``name``'s lease; False if it is not running (finished or expired)."""
-        with self._write() as con:
-            cur = self.store._x(
-                con,
-                "UPDATE fleet_members SET heartbeat_s = ? WHERE name = ? AND status = 'running'",
-                (float(self._clock()), name),
-            )
-            return int(cur.rowcount) == 1
+        self._ensure()
+        return self.store._update(
+            "UPDATE fleet_members SET heartbeat_s = ? WHERE name = ? AND status = 'running'",
+            (float(self._clock()), name),
+        )
 
     def finish(self, name: str) -> None:
         """``name`` ended: its power goes back to the others at the next plan."""
@@ -206,12 +204,11 @@ class FleetRegistry:
 
     def acknowledge(self, name: str, point: int, iteration: int | None) -> None:
         """Record that ``name`` runs ``point`` from ``iteration`` on."""
-        with self._write() as con:
-            self.store._x(
-                con,
-                "UPDATE fleet_members SET ack_point = ?, ack_iteration = ? WHERE name = ?",
-                (point, iteration, name),
-            )
+        self._ensure()
+        self.store._update(
+            "UPDATE fleet_members SET ack_point = ?, ack_iteration = ? WHERE name = ?",
+            (point, iteration, name),
+        )
 
     def set_budget(self, budget_w: float) -> None:
         """Set the fleet's budget (re-solved at the planner's next look)."""

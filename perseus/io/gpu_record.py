@@ -15,7 +15,7 @@ from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
-from perseus.io.reading import read_bounded
+from perseus.io.frontier_files import read_json_document
 from perseus.log import get_logger
 
 logger = get_logger(__name__)
@@ -43,11 +43,9 @@ def read_gpu_record(profile_path: str | os.PathLike[str], text: str) -> GpuIdent
     if p.suffix.lower() == ".json":
         raw = json.loads(text).get("gpu")
     elif (where := gpu_record_path(p)).is_file():
-        data = read_bounded(where, limit_bytes=_MAX_BYTES, what="a GPU record", error=ProfileError)
-        try:
-            raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ProfileError(f"{where}: not a JSON GPU record ({e}); regenerate it") from None
+        raw = read_json_document(
+            where, "the GPU record written with the profile", ProfileError, _MAX_BYTES
+        )
     if raw is None:
         logger.info(
             "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name

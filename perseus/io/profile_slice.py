@@ -10,12 +10,9 @@ old stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``.
 from __future__ import annotations
 
 from perseus.errors import ConfigError
-from perseus.profile.model import Profile, build_profile
-from perseus.schedule.actions import Kind
+from perseus.profile.model import Profile, ProfileRow, build_profile
 
 __all__ = ["slice_profile"]
-
-Row = tuple[int, Kind, int, float, float, int | None]
 
 
 def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profile:
@@ -41,7 +38,7 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
     return sliced.with_gpu(profile.gpu)  # still that GPU's measurements
 
 
-def _split(profile: Profile, stages: int) -> list[Row]:
+def _split(profile: Profile, stages: int) -> list[ProfileRow]:
     k = stages // profile.num_stages
     return [
         (new, kind, o.freq_mhz, o.time_s / k, o.energy_j / k, o.mem_freq_mhz)
@@ -51,9 +48,9 @@ def _split(profile: Profile, stages: int) -> list[Row]:
     ]
 
 
-def _merge(profile: Profile, stages: int, name: str) -> list[Row]:
+def _merge(profile: Profile, stages: int, name: str) -> list[ProfileRow]:
     old = profile.num_stages
-    rows: list[Row] = []
+    rows: list[ProfileRow] = []
     for new in range(stages):
         block = range(new * old // stages, (new + 1) * old // stages)
         for kind in profile.kinds:

@@ -15,14 +15,7 @@ from pathlib import Path
 
 from perseus.errors import ConfigError
 
-__all__ = [
-    "INPUT_LIMITS",
-    "MB",
-    "check_regular_input",
-    "decode_text",
-    "describe_file_type",
-    "read_bounded",
-]
+__all__ = ["INPUT_LIMITS", "MB", "decode_text", "describe_file_type", "read_bounded"]
 
 MB = 1024 * 1024
 
@@ -69,27 +62,6 @@ def _refuse_kind(p: Path, mode: int, what: str, error: type[ConfigError]) -> Con
     )
 
 
-def check_regular_input(
-    path: str | os.PathLike[str], what: str, error: type[ConfigError] = ConfigError
-) -> Path:
-    """Refuse, without opening it, a path that is not an existing regular file (for inputs
-    that another library opens itself, such as SQLite).
-
-    Raises:
-        error: the file is missing, unreadable, or a directory, FIFO, device or socket.
-    """
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise error(f"{p}: file not found; pass {what}") from None
-    except OSError as e:
-        raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _refuse_kind(p, st.st_mode, what, error)
-    return p
-
-
 def _open_regular(p: Path, what: str, error: type[ConfigError]) -> tuple[int, int]:
     """A read-only descriptor of the regular file ``p`` and its size."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
@@ -128,13 +100,8 @@ def read_bounded(
     name: str = "file",
 ) -> bytes:
     """The bytes of the regular file ``path``, refusing one larger than ``limit_bytes``.
-
-    Args:
-        path: The file.
-        limit_bytes: The largest size accepted.
-        what: What the file should be, for messages (``"a profile CSV/JSON path"``).
-        error: The :class:`~perseus.errors.ConfigError` subclass to raise.
-        name: What to call the file when it is missing (``"config file"``).
+    Messages say what the file should be (``what``: ``"a profile CSV/JSON path"``) and what
+    to call it when missing (``name``: ``"config file"``).
 
     Raises:
         error: one line naming the file: missing, unreadable, not a regular file, or too large.
@@ -151,13 +118,11 @@ def read_bounded(
     want = limit_bytes + 1
     try:
         # One read is the whole file in practice: ask for its size (+1 to see EOF) at most.
-        first = os.read(fd, min(want, size + 1 if size > 0 else _CHUNK))
-        parts = [first]
-        total = len(first)
-        while first and total < want:
-            first = os.read(fd, min(_CHUNK, want - total))
-            parts.append(first)
-            total += len(first)
+        parts = [os.read(fd, min(want, size + 1 if size > 0 else _CHUNK))]
+        total = len(parts[0])
+        while parts[-1] and total < want:
+            parts.append(os.read(fd, min(_CHUNK, want - total)))
+            total += len(parts[-1])
     except OSError as e:
         raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
     finally:

@@ -91,10 +91,9 @@ def thompson_sample(arms: Mapping[int, ArmPosterior], rng: np.random.Generator) 
     """
     if not arms:
         raise ConfigError("Thompson sampling needs at least one arm with an observation")
-    best_arm, best = -1, math.inf
-    for arm in sorted(arms):
+
+    def draw(arm: int) -> float:
         post = arms[arm]
-        draw = float(rng.normal(post.mean, post.std)) if post.std > 0 else post.mean
-        if draw < best:
-            best_arm, best = arm, draw
-    return best_arm
+        return float(rng.normal(post.mean, post.std)) if post.std > 0 else post.mean
+
+    return min(sorted(arms), key=draw)

@@ -201,5 +201,4 @@ class PostgresStore(SQLStore):
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return str(e).strip().partition("\n")[0] or type(e).__name__

@@ -374,7 +374,7 @@ def is_figure(
 
 def check_run_row(
     source: str, row: Mapping[str, Any], sizes: frozenset[int] | None, *, measured: bool = True
-) -> Mapping[str, Any]:
+) -> None:
     """Refuse a ``runs`` row whose values the store cannot use: its status and batch size;
     for a row of the history, every figure; with ``measured`` (all but rows a migration is
     about to repair), a done run's energy, time and cost above zero.
@@ -411,7 +411,6 @@ def check_run_row(
                 f"expected {expected}; repair it (UPDATE runs SET {field} = ... WHERE seq = "
                 f"{seq}) or drop it (DELETE FROM runs WHERE seq = {seq})"
             )
-    return row
 
 
 _PROFILE_FIGURES = ("samples_per_s", "avg_power_w")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from perseus.errors import ConfigError
-from perseus.io.reading import INPUT_LIMITS, read_bounded
+from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.recurring.workload import ZEUS_JOBS, EpochCost, JobSpec, Workload
 
 __all__ = ["load_jobs", "load_workloads"]
@@ -32,7 +32,7 @@ def _rows(
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """The CSV's rows with their line numbers (a bounded read of a regular file)."""
     data = read_bounded(path, limit_bytes=INPUT_LIMITS[kind], what=what)
-    reader = csv.DictReader(_text_lines(path, data, what))
+    reader = csv.DictReader(io.StringIO(decode_text(path, data, what, ConfigError, "utf-8-sig")))
     try:
         missing = [c for c in fields if c not in (reader.fieldnames or [])]
         if missing:
@@ -50,15 +50,6 @@ def _rows(
             yield reader.line_num, row
     except csv.Error as e:
         raise ConfigError(f"{path}:{reader.line_num}: malformed CSV ({e}); fix the row") from None
-
-
-def _text_lines(path: Path, data: bytes, what: str) -> Iterator[str]:
-    """The lines of ``data`` as text; one that is not UTF-8 is refused with its number."""
-    for number, raw in enumerate(io.BytesIO(data), start=1):
-        try:
-            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}:{number}: not UTF-8 text; pass {what}") from None
 
 
 def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:
