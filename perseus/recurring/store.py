@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from perseus.device.private_dir import check_private_file
 from perseus.device.process_identity import ProcessRecord, liveness, pid_namespace, this_process
@@ -39,6 +39,9 @@ from perseus.recurring.schema import (
     parse_job_config,
     too_new,
 )
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; the package supports 3.10
 
 __all__ = ["RecurringStore", "SQLStore", "SQLiteStore", "StartedRun"]
 
@@ -429,11 +432,15 @@ class SQLiteStore(SQLStore):
             text = str(e)
             if "locked" in text or "busy" in text:
                 raise self._busy(f" ({text})") from e
-            # SQLITE_FULL, SQLITE_IOERR: the disk, not the database; the transaction rolled back.
-            if getattr(e, "sqlite_errorcode", 0) & 0xFF in (
-                sqlite3.SQLITE_FULL,
-                sqlite3.SQLITE_IOERR,
-            ):
+            # SQLITE_FULL (13), SQLITE_IOERR (10): the disk, not the database; the transaction
+            # rolled back. Python 3.10 has no error code on the exception: its message then.
+            code = getattr(e, "sqlite_errorcode", None)
+            disk = (
+                (code & 0xFF) in (13, 10)
+                if code is not None
+                else "disk is full" in text or "disk I/O error" in text
+            )
+            if disk:
                 raise PerseusError(
                     f"{self.path}: cannot write the database ({text}): the disk is full, over "
                     "quota or failing; free space and try again (the database is not damaged)"
