@@ -26,11 +26,9 @@ class Clock(Protocol):
 
     def now(self) -> float:
         """The time now, in seconds (monotone)."""
-        ...
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (a virtual clock advances by that much instead)."""
-        ...
 
 
 class RealClock:

@@ -338,10 +338,6 @@ class FakeNvml(NvmlConstants):
             return d.mem_locked[1] if d.mem_locked is not None else max(d.memory_clocks)
         return d.applied(self.clock.now())[0]
 
-    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
-        d = self._on("nvmlDeviceGetMaxClockInfo", handle, clock_type)
-        return max(d.memory_clocks if clock_type == self.NVML_CLOCK_MEM else d.graphics_clocks)
-
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         d = self._on("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if not d.has_event_reasons_name:  # an older driver without the symbol

@@ -157,9 +157,8 @@ class NvmlGPU:
         else:
             handle = call_nvml(nvml, "nvmlDeviceGetHandleByIndex", self._index)
             self._uuid = _text(call_nvml(nvml, "nvmlDeviceGetUUID", handle))
-        what = self._uuid or ""
-        self._name = _text(call_nvml(nvml, "nvmlDeviceGetName", handle, what=what))
-        what = f"{self._name} ({self._uuid})"
+        self._name = _text(call_nvml(nvml, "nvmlDeviceGetName", handle, what=self._uuid or ""))
+        what = self._what()
         try:
             current_mig, _pending = call_nvml(nvml, "nvmlDeviceGetMigMode", handle, what=what)
         except DeviceNotSupportedError:
@@ -376,18 +375,14 @@ class NvmlGPU:
 
     def _field_value(self, handle: Any, field_id: int, scope: int) -> float | None:
         try:
-            values = call_nvml(
+            value = call_nvml(
                 self._api, "nvmlDeviceGetFieldValues", handle, [(field_id, scope)], retries=0
-            )
-        except (DeviceError, AttributeError, TypeError):
-            return None
-        try:
-            value = values[0]
+            )[0]
             if int(getattr(value, "nvmlReturn", 0)) != 0:
                 return None
             member = _VALUE_MEMBERS.get(int(getattr(value, "valueType", 1)), "uiVal")
             return float(getattr(value.value, member))
-        except (AttributeError, IndexError, TypeError, ValueError):
+        except (DeviceError, AttributeError, IndexError, TypeError, ValueError):
             return None
 
     def query(self, function: str, *args: Any) -> Any:
@@ -487,15 +482,9 @@ def list_nvml_gpus(nvml_module: Any = None) -> list[NvmlGPU]:
     nvml_init(nvml)
     try:
         count = call_nvml(nvml, "nvmlDeviceGetCount")
-        gpus = [NvmlGPU(index=i, nvml_module=nvml) for i in range(count)]
-        opened: list[NvmlGPU] = []
-        try:
-            for g in gpus:
-                opened.append(g.open())
-        except BaseException:
-            for g in opened:
-                g.close()
-            raise
-        return opened
+        with contextlib.ExitStack() as opened:  # one failing: close those opened before it
+            gpus = [opened.enter_context(NvmlGPU(index=i, nvml_module=nvml)) for i in range(count)]
+            opened.pop_all()
+        return gpus
     finally:
         nvml_shutdown(nvml)

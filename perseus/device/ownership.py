@@ -50,13 +50,7 @@ _STATE_SUFFIX = ".state"  # sim_state.STATE_SUFFIX; repeated so this module load
 
 
 def default_lock_dir() -> Path:
-    """Real GPUs' lock directory (``$PERSEUS_LOCK_DIR``, else under the runtime directory),
-    created or verified.
-
-    Raises:
-        ConfigError: it (or a directory above it) is a link, another user's, or writable by
-            others.
-    """
+    """Real GPUs' lock directory, created or verified (:func:`.private_dir.lock_dir`)."""
     path: Path = _sibling("private_dir").lock_dir()
     return path
 

@@ -307,19 +307,8 @@ def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 
 def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> bytes:
     """The first ``limit_bytes`` of an existing file of ours (see :func:`open_private`)."""
-    fd = open_private(path, os.O_RDONLY, create=False)
-    try:
-        chunks = []
-        left = limit_bytes
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    with open(open_private(path, os.O_RDONLY, create=False), "rb") as f:
+        return f.read(limit_bytes)
 
 
 def check_private_file(

@@ -58,12 +58,7 @@ def _private() -> ModuleType:
 
 
 def default_state_dir() -> Path:
-    """``$PERSEUS_SIM_DIR``, else the runtime directory's ``sim``, created or verified.
-
-    Raises:
-        ConfigError: it (or a directory above it) is a link, another user's, or writable by
-            others.
-    """
+    """Simulated GPUs' state directory, created or verified (:func:`.private_dir.sim_dir`)."""
     path: Path = _private().sim_dir()
     return path
 

@@ -102,14 +102,12 @@ class _Op:
     pieces: list[tuple[int, float]] | None = None
 
 
+@dataclass(slots=True, eq=False)
 class _Wait:
     """The stream waits until ``until_s``, or until another stream's ``event`` completed."""
 
-    __slots__ = ("event", "until_s")
-
-    def __init__(self, until_s: float, event: SimEvent | None = None) -> None:
-        self.until_s = until_s
-        self.event = event
+    until_s: float
+    event: SimEvent | None = None
 
     def end_s(self) -> float:
         """When the wait ends: the event's time, else the other stream's prediction (commits
@@ -520,14 +518,6 @@ class SimStream:
     def poll(self) -> None:
         with self._lock:
             self._commit(self._now())
-
-    def predicted_time_s(self, event: SimEvent) -> float | None:
-        """When ``event`` completes if the clock does not change again (None if done)."""
-        with self._lock:
-            self._commit(self._now())
-            if event._time_s is not None:
-                return None
-            return self._plan()[1].get(id(event))
 
     def wait_for(self, event: SimEvent, until_s: float = math.inf) -> bool:
         """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""
