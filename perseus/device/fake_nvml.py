@@ -400,9 +400,8 @@ class FakeNvml(NvmlConstants):
     nvmlDeviceGetEnforcedPowerLimit = _reads("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
-        self._setting(
-            "nvmlDeviceSetPowerManagementLimit", handle, limit_mw
-        ).power_limit_mw = limit_mw
+        d = self._setting("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
+        d.power_limit_mw = limit_mw
 
 
 #: Activities that put the ``h100`` preset's cap-bound clock at 1725 ... 1485 MHz in turn, as

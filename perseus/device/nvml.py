@@ -28,12 +28,7 @@ from perseus.device.nvml_calls import (
     probe_privilege,
 )
 from perseus.device.ownership import default_lock_dir, owner_lock_path
-from perseus.errors import (
-    DeviceError,
-    DeviceLostError,
-    DeviceNotSupportedError,
-    DevicePermissionError,
-)
+from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
@@ -264,8 +259,6 @@ class NvmlGPU:
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
             self.query("nvmlDeviceSetGpuLockedClocks", snapped, snapped)
-        except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
-            raise
         except DeviceError as e:
             if getattr(e.__cause__, "value", None) not in (
                 _C.NVML_ERROR_INVALID_ARGUMENT,

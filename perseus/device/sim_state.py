@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -346,7 +345,6 @@ def list_states(state_dir: Path) -> list[State]:
     states = []
     for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):
         uuid = path.name[: -len(STATE_SUFFIX)]
-        state = None
         try:
             store = SimStateFile(state_dir, uuid)
         except ValueError:

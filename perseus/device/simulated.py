@@ -16,12 +16,7 @@ from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.nvml_calls import CLOCK_EVENT_BITS
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_calls import SetCall, recorded_set_call
-from perseus.device.sim_costs import (
-    SimNoise,
-    preset_costs,
-    profile_costs,
-    split_backward,
-)
+from perseus.device.sim_costs import SimNoise, preset_costs, profile_costs, split_backward
 from perseus.device.sim_shared import SimSharedState, sim_uuid
 from perseus.device.sim_state import published_mj, segment_at
 from perseus.device.sim_stream import OpTrace, SimEvent
