@@ -241,8 +241,7 @@ class NvmlGPU:
 
     def snap_clock_mhz(self, freq_mhz: int) -> int:
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
-        asc = tuple(reversed(self.supported_clocks_mhz()))
-        return nearest_clock_mhz(asc, freq_mhz)
+        return nearest_clock_mhz(tuple(reversed(self.supported_clocks_mhz())), freq_mhz)
 
     def _require_control(self, action: str) -> None:
         self._h()  # open first: opening decides observe_only_reason
