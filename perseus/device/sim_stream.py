@@ -444,9 +444,7 @@ class SimStream:
     def observe(self, time_s: float) -> None:
         """Someone read the energy counter at ``time_s``: backdated work may not start before
         that publish instant (the reader saw idle energy there). Call under the lock."""
-        tick = publish_tick(time_s, self._interval_s)
-        if tick > self._observed_s:
-            self._observed_s = tick
+        self._observed_s = max(self._observed_s, publish_tick(time_s, self._interval_s))
 
     def wait_until(self, time_s: float) -> None:
         self._enqueue_wait(_Wait(time_s))

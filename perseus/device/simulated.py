@@ -226,10 +226,8 @@ class SimulatedGPU(SimSharedState):
             now = self._clock()
             self._stream.observe(now)
             value = published_mj(self._state(), now)
-        if value < self._last_mj:
-            return self._last_mj
-        self._last_mj = value
-        return value
+        self._last_mj = max(self._last_mj, value)
+        return self._last_mj
 
     def power_w(self) -> float:
         self._check("power_w")
