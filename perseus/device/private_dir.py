@@ -95,15 +95,6 @@ def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
     return None
 
 
-def _refuse(path: Path, st: os.stat_result, why: str, what: str, env: str | None) -> Exception:
-    where = f"point ${env} at" if env else "use"
-    return _error(
-        f"{what} {path} {why} ({_describe(st)}); perseus keeps its files only in a directory "
-        f"nobody else controls: remove it or {where} a directory of yours with mode 0700 "
-        "(mkdir -m 700 DIR)"
-    )
-
-
 def verify_private_dir(
     path: str | os.PathLike[str],
     *,
@@ -140,8 +131,13 @@ def verify_private_dir(
             st = os.lstat(directory)
         why = _why_untrusted(st, final=final)
         if why is not None:
-            return_what = what if final else f"{what} {target}: its parent"
-            raise _refuse(directory, st, why, return_what, env)
+            name = what if final else f"{what} {target}: its parent"
+            where = f"point ${env} at" if env else "use"
+            raise _error(
+                f"{name} {directory} {why} ({_describe(st)}); perseus keeps its files only in a "
+                f"directory nobody else controls: remove it or {where} a directory of yours with "
+                "mode 0700 (mkdir -m 700 DIR)"
+            )
     return chain[-1]
 
 

@@ -267,8 +267,10 @@ class SimSharedState:
             power_cap_w=self.power_cap_w,
         )
         # The board's default limit, what every reset restores; a handle without an op model
-        # keeps the recorded one.
-        default = self._default_power_limit_w()
+        # (no default known here) keeps the recorded one.
+        default: float | None = None
+        with contextlib.suppress(DeviceError):
+            default = self.power_limit_range_w()[1]
         if default is not None or "default_power_limit_w" not in state:
             state["default_power_limit_w"] = default
         return state
@@ -336,12 +338,6 @@ class SimSharedState:
                 raise DeviceError(f"{self._name}: no op to derive a default power limit from")
             top = max(powers)
         return self.power_limit_min_share * float(top), float(top)
-
-    def _default_power_limit_w(self) -> float | None:
-        """The default limit, None when unknown here."""
-        with contextlib.suppress(DeviceError):
-            return self.power_limit_range_w()[1]
-        return None
 
     def _cap_w(self, state: State) -> float | None:
         return enforced_limit_w(state, self.power_cap_w)
