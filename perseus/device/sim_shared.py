@@ -42,7 +42,7 @@ from perseus.errors import (
 )
 from perseus.schedule.actions import Kind
 
-__all__ = ["SimSharedState", "as_clock", "sim_uuid"]
+__all__ = ["SimSharedState", "sim_uuid"]
 
 
 class _FnClock:
@@ -72,11 +72,6 @@ def _clock_kind(clock: Clock) -> str:
     if isinstance(clock, RealClock):
         return "wall" if isinstance(clock, WallClock) else "monotonic"
     return "virtual"
-
-
-def as_clock(clock: Clock | Callable[[], float], sleep: Callable[[float], None] | None) -> Clock:
-    """``clock`` itself, or a Clock from a time function and ``sleep`` (``time.sleep``)."""
-    return clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
 
 
 def _checked_p99_s(
@@ -172,7 +167,7 @@ class SimSharedState:
         self.privileged = privileged
         self.clamp_out_of_range = clamp_out_of_range
         self.source = source
-        self.clock = as_clock(clock, sleep)
+        self.clock = clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
         self._clock: Callable[[], float] = self.clock.now
         self._sleep: Callable[[float], None] = self.clock.sleep
         self._uuid = sim_uuid(index)
