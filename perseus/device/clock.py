@@ -26,11 +26,9 @@ class Clock(Protocol):
 
     def now(self) -> float:
         """The time now, in seconds (monotone)."""
-        ...
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (a virtual clock advances by that much instead)."""
-        ...
 
 
 class RealClock:
@@ -91,13 +89,8 @@ class VirtualClock:
         self, period_s: float | Callable[[], float], callback: Callable[[], object]
     ) -> Callable[[], None]:
         """Call ``callback`` every ``period_s`` of virtual time (a function: each wait in
-        turn), first one period from now, as a polling thread would in real time.
-
-        Returns:
-            A function that stops the calls (idempotent).
-
-        Raises:
-            ValueError: for a non-positive period.
+        turn), first one period from now, as a polling thread would in real time; returns a
+        function that stops the calls (idempotent). A non-positive period raises ValueError.
         """
         period: Callable[[], float] = period_s if callable(period_s) else (lambda: float(period_s))
         first = period()

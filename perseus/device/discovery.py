@@ -7,6 +7,7 @@ the next owner or ``perseus device reset`` resets it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,15 +112,12 @@ def nvml_devices(
     infos = []
     can, why = probe_privilege()
     gpus = list_nvml_gpus(nvml_module)
-    try:
-        locks = lock_dir or default_lock_dir()
-    except BaseException:
+    with contextlib.ExitStack() as closing:
         for gpu in gpus:
-            gpu.close()
-        raise
-    hidden = hidden_owners_note(locks, root_lock_dir)
-    for i, gpu in enumerate(gpus):
-        try:
+            closing.callback(gpu.close)
+        locks = lock_dir or default_lock_dir()
+        hidden = hidden_owners_note(locks, root_lock_dir)
+        for i, gpu in enumerate(gpus):
             reason = gpu.observe_only_reason
             lock_path = owner_lock_path(locks, gpu.uuid)
             try:
@@ -149,8 +147,6 @@ def nvml_devices(
                     owner_unknown=hidden if live is None and dead is None else "",
                 )
             )
-        finally:
-            gpu.close()
     return infos
 
 

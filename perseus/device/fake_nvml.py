@@ -338,10 +338,6 @@ class FakeNvml(NvmlConstants):
             return d.mem_locked[1] if d.mem_locked is not None else max(d.memory_clocks)
         return d.applied(self.clock.now())[0]
 
-    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
-        d = self._on("nvmlDeviceGetMaxClockInfo", handle, clock_type)
-        return max(d.memory_clocks if clock_type == self.NVML_CLOCK_MEM else d.graphics_clocks)
-
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         d = self._on("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if not d.has_event_reasons_name:  # an older driver without the symbol
@@ -404,9 +400,8 @@ class FakeNvml(NvmlConstants):
     nvmlDeviceGetEnforcedPowerLimit = _reads("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit_mw: int) -> None:
-        self._setting(
-            "nvmlDeviceSetPowerManagementLimit", handle, limit_mw
-        ).power_limit_mw = limit_mw
+        d = self._setting("nvmlDeviceSetPowerManagementLimit", handle, limit_mw)
+        d.power_limit_mw = limit_mw
 
 
 #: Activities that put the ``h100`` preset's cap-bound clock at 1725 ... 1485 MHz in turn, as

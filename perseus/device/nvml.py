@@ -28,12 +28,7 @@ from perseus.device.nvml_calls import (
     probe_privilege,
 )
 from perseus.device.ownership import default_lock_dir, owner_lock_path
-from perseus.errors import (
-    DeviceError,
-    DeviceLostError,
-    DeviceNotSupportedError,
-    DevicePermissionError,
-)
+from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 from perseus.identity import GpuIdentity, architecture_name
 
 __all__ = [
@@ -157,9 +152,8 @@ class NvmlGPU:
         else:
             handle = call_nvml(nvml, "nvmlDeviceGetHandleByIndex", self._index)
             self._uuid = _text(call_nvml(nvml, "nvmlDeviceGetUUID", handle))
-        what = self._uuid or ""
-        self._name = _text(call_nvml(nvml, "nvmlDeviceGetName", handle, what=what))
-        what = f"{self._name} ({self._uuid})"
+        self._name = _text(call_nvml(nvml, "nvmlDeviceGetName", handle, what=self._uuid or ""))
+        what = self._what()
         try:
             current_mig, _pending = call_nvml(nvml, "nvmlDeviceGetMigMode", handle, what=what)
         except DeviceNotSupportedError:
@@ -247,8 +241,7 @@ class NvmlGPU:
 
     def snap_clock_mhz(self, freq_mhz: int) -> int:
         """The supported clock nearest ``freq_mhz`` (ties go to the higher clock)."""
-        asc = tuple(reversed(self.supported_clocks_mhz()))
-        return nearest_clock_mhz(asc, freq_mhz)
+        return nearest_clock_mhz(tuple(reversed(self.supported_clocks_mhz())), freq_mhz)
 
     def _require_control(self, action: str) -> None:
         self._h()  # open first: opening decides observe_only_reason
@@ -265,8 +258,6 @@ class NvmlGPU:
         snapped = self.snap_clock_mhz(freq_mhz)
         try:
             self.query("nvmlDeviceSetGpuLockedClocks", snapped, snapped)
-        except (DeviceNotSupportedError, DevicePermissionError, DeviceLostError):
-            raise
         except DeviceError as e:
             if getattr(e.__cause__, "value", None) not in (
                 _C.NVML_ERROR_INVALID_ARGUMENT,
@@ -376,18 +367,14 @@ class NvmlGPU:
 
     def _field_value(self, handle: Any, field_id: int, scope: int) -> float | None:
         try:
-            values = call_nvml(
+            value = call_nvml(
                 self._api, "nvmlDeviceGetFieldValues", handle, [(field_id, scope)], retries=0
-            )
-        except (DeviceError, AttributeError, TypeError):
-            return None
-        try:
-            value = values[0]
+            )[0]
             if int(getattr(value, "nvmlReturn", 0)) != 0:
                 return None
             member = _VALUE_MEMBERS.get(int(getattr(value, "valueType", 1)), "uiVal")
             return float(getattr(value.value, member))
-        except (AttributeError, IndexError, TypeError, ValueError):
+        except (DeviceError, AttributeError, IndexError, TypeError, ValueError):
             return None
 
     def query(self, function: str, *args: Any) -> Any:
@@ -487,15 +474,9 @@ def list_nvml_gpus(nvml_module: Any = None) -> list[NvmlGPU]:
     nvml_init(nvml)
     try:
         count = call_nvml(nvml, "nvmlDeviceGetCount")
-        gpus = [NvmlGPU(index=i, nvml_module=nvml) for i in range(count)]
-        opened: list[NvmlGPU] = []
-        try:
-            for g in gpus:
-                opened.append(g.open())
-        except BaseException:
-            for g in opened:
-                g.close()
-            raise
-        return opened
+        with contextlib.ExitStack() as opened:  # one failing: close those opened before it
+            gpus = [opened.enter_context(NvmlGPU(index=i, nvml_module=nvml)) for i in range(count)]
+            opened.pop_all()
+        return gpus
     finally:
         nvml_shutdown(nvml)

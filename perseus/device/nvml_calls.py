@@ -1,8 +1,7 @@
 """The NVML calls every backend piece shares: the process-wide ``nvmlInit`` count, the
 privilege probe, clock event reasons, the observe-only view of ``pynvml``, and
 :func:`call_nvml`, the one place where ``NVMLError`` codes become perseus errors
-(docs/hardware.md#nvml: NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST/UNKNOWN, no library or
-driver each have their own error; TIMEOUT is retried twice; the rest is DeviceError).
+(docs/hardware.md#nvml).
 """
 
 from __future__ import annotations

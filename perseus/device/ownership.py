@@ -50,13 +50,7 @@ _STATE_SUFFIX = ".state"  # sim_state.STATE_SUFFIX; repeated so this module load
 
 
 def default_lock_dir() -> Path:
-    """Real GPUs' lock directory (``$PERSEUS_LOCK_DIR``, else under the runtime directory),
-    created or verified.
-
-    Raises:
-        ConfigError: it (or a directory above it) is a link, another user's, or writable by
-            others.
-    """
+    """Real GPUs' lock directory, created or verified (:func:`.private_dir.lock_dir`)."""
     path: Path = _sibling("private_dir").lock_dir()
     return path
 
@@ -410,11 +404,7 @@ class GpuOwnership:
             self.acquire()
         # else an agent of this process holds it: when it releases, it keeps our record.
         _DUE[key] = _DUE.get(key, 0) + 1
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            forget_on_fork(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)  # unlocks; the pid stays as the record that a reset is due
+        self.release()  # unlocks, keeping our record (a reset is due)
 
     def clear_due(self) -> None:
         """Remove the record :meth:`mark_due` left (only ours, only while the lock is free)."""

@@ -93,9 +93,7 @@ def capped_clock_mhz(
     """The largest clock in ``clocks_mhz`` (highest first) at or below ``freq_mhz`` whose
     power (``power_of``) fits ``cap_w`` (None: no cap); the lowest one if nothing fits.
     O(len(clocks_mhz))."""
-    candidates = [f for f in clocks_mhz if f <= freq_mhz]
-    if not candidates:
-        candidates = [min(clocks_mhz)]
+    candidates = [f for f in clocks_mhz if f <= freq_mhz] or [min(clocks_mhz)]
     if cap_w is None:
         return candidates[0]
     for f in candidates:

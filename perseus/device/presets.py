@@ -328,9 +328,6 @@ def blocking_power_for(gpu: GPU) -> float:
     return figure.power_w
 
 
-_SIMULATED = "Simulated "
-
-
 def gpu_identity(gpu: GPU) -> GpuIdentity | None:
     """Which GPU ``gpu`` is, as profiles and plans record it, or None when it does not say.
 
@@ -342,7 +339,7 @@ def gpu_identity(gpu: GPU) -> GpuIdentity | None:
         found = identity()
         if isinstance(found, GpuIdentity):
             return found
-    name = gpu.name.removeprefix(_SIMULATED)
+    name = gpu.name.removeprefix("Simulated ")  # SimulatedGPU.from_preset's name
     for preset in PRESETS.values():
         if preset.name == name:
             return preset.identity()

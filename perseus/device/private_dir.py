@@ -95,15 +95,6 @@ def _why_untrusted(st: os.stat_result, *, final: bool) -> str | None:
     return None
 
 
-def _refuse(path: Path, st: os.stat_result, why: str, what: str, env: str | None) -> Exception:
-    where = f"point ${env} at" if env else "use"
-    return _error(
-        f"{what} {path} {why} ({_describe(st)}); perseus keeps its files only in a directory "
-        f"nobody else controls: remove it or {where} a directory of yours with mode 0700 "
-        "(mkdir -m 700 DIR)"
-    )
-
-
 def verify_private_dir(
     path: str | os.PathLike[str],
     *,
@@ -140,8 +131,13 @@ def verify_private_dir(
             st = os.lstat(directory)
         why = _why_untrusted(st, final=final)
         if why is not None:
-            return_what = what if final else f"{what} {target}: its parent"
-            raise _refuse(directory, st, why, return_what, env)
+            name = what if final else f"{what} {target}: its parent"
+            where = f"point ${env} at" if env else "use"
+            raise _error(
+                f"{name} {directory} {why} ({_describe(st)}); perseus keeps its files only in a "
+                f"directory nobody else controls: remove it or {where} a directory of yours with "
+                "mode 0700 (mkdir -m 700 DIR)"
+            )
     return chain[-1]
 
 
@@ -307,19 +303,8 @@ def replace_private(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 
 def read_private(path: str | os.PathLike[str], limit_bytes: int = 1 << 20) -> bytes:
     """The first ``limit_bytes`` of an existing file of ours (see :func:`open_private`)."""
-    fd = open_private(path, os.O_RDONLY, create=False)
-    try:
-        chunks = []
-        left = limit_bytes
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    with open(open_private(path, os.O_RDONLY, create=False), "rb") as f:
+        return f.read(limit_bytes)
 
 
 def check_private_file(

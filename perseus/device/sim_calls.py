@@ -1,8 +1,5 @@
-"""The simulated GPU's record of the set and reset calls it received (opt-in).
-
-As httpx's ``MockTransport`` shows a test every request, ``SimulatedGPU(record_set_calls=n)``
-keeps the last ``n`` clock and power-limit set and reset calls: what was asked and applied,
-and when each was issued, took effect and returned.
+"""The simulated GPU's record of the set and reset calls it received (opt-in:
+``SimulatedGPU(record_set_calls=n)`` keeps the last ``n``, each a :class:`SetCall`).
 """
 
 from __future__ import annotations
@@ -50,11 +47,8 @@ class SetCall:
 
 
 def set_call_log(max_calls: int, return_lag_s: float) -> deque[SetCall] | None:
-    """The bounded record for ``record_set_calls=max_calls`` (None: 0, off).
-
-    Raises:
-        ConfigError: a negative count or lag.
-    """
+    """The bounded record for ``record_set_calls=max_calls`` (None: 0, off); a negative
+    count or lag raises ConfigError."""
     if max_calls < 0 or return_lag_s < 0:
         raise ConfigError(
             f"record_set_calls and set_return_lag_s must be >= 0, got {max_calls}, {return_lag_s}"

@@ -42,7 +42,7 @@ from perseus.errors import (
 )
 from perseus.schedule.actions import Kind
 
-__all__ = ["SimSharedState", "as_clock", "sim_uuid"]
+__all__ = ["SimSharedState", "sim_uuid"]
 
 
 class _FnClock:
@@ -72,11 +72,6 @@ def _clock_kind(clock: Clock) -> str:
     if isinstance(clock, RealClock):
         return "wall" if isinstance(clock, WallClock) else "monotonic"
     return "virtual"
-
-
-def as_clock(clock: Clock | Callable[[], float], sleep: Callable[[float], None] | None) -> Clock:
-    """``clock`` itself, or a Clock from a time function and ``sleep`` (``time.sleep``)."""
-    return clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
 
 
 def _checked_p99_s(
@@ -172,7 +167,7 @@ class SimSharedState:
         self.privileged = privileged
         self.clamp_out_of_range = clamp_out_of_range
         self.source = source
-        self.clock = as_clock(clock, sleep)
+        self.clock = clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
         self._clock: Callable[[], float] = self.clock.now
         self._sleep: Callable[[float], None] = self.clock.sleep
         self._uuid = sim_uuid(index)
@@ -267,8 +262,10 @@ class SimSharedState:
             power_cap_w=self.power_cap_w,
         )
         # The board's default limit, what every reset restores; a handle without an op model
-        # keeps the recorded one.
-        default = self._default_power_limit_w()
+        # (no default known here) keeps the recorded one.
+        default: float | None = None
+        with contextlib.suppress(DeviceError):
+            default = self.power_limit_range_w()[1]
         if default is not None or "default_power_limit_w" not in state:
             state["default_power_limit_w"] = default
         return state
@@ -336,12 +333,6 @@ class SimSharedState:
                 raise DeviceError(f"{self._name}: no op to derive a default power limit from")
             top = max(powers)
         return self.power_limit_min_share * float(top), float(top)
-
-    def _default_power_limit_w(self) -> float | None:
-        """The default limit, None when unknown here."""
-        with contextlib.suppress(DeviceError):
-            return self.power_limit_range_w()[1]
-        return None
 
     def _cap_w(self, state: State) -> float | None:
         return enforced_limit_w(state, self.power_cap_w)

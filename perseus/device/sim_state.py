@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -58,12 +57,7 @@ def _private() -> ModuleType:
 
 
 def default_state_dir() -> Path:
-    """``$PERSEUS_SIM_DIR``, else the runtime directory's ``sim``, created or verified.
-
-    Raises:
-        ConfigError: it (or a directory above it) is a link, another user's, or writable by
-            others.
-    """
+    """Simulated GPUs' state directory, created or verified (:func:`.private_dir.sim_dir`)."""
     path: Path = _private().sim_dir()
     return path
 
@@ -351,7 +345,6 @@ def list_states(state_dir: Path) -> list[State]:
     states = []
     for path in sorted(state_dir.glob(f"*{STATE_SUFFIX}")):
         uuid = path.name[: -len(STATE_SUFFIX)]
-        state = None
         try:
             store = SimStateFile(state_dir, uuid)
         except ValueError:

@@ -8,11 +8,12 @@ publishes the planned segments to the shared state, so every process reads one e
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -102,14 +103,12 @@ class _Op:
     pieces: list[tuple[int, float]] | None = None
 
 
+@dataclass(slots=True, eq=False)
 class _Wait:
     """The stream waits until ``until_s``, or until another stream's ``event`` completed."""
 
-    __slots__ = ("event", "until_s")
-
-    def __init__(self, until_s: float, event: SimEvent | None = None) -> None:
-        self.until_s = until_s
-        self.event = event
+    until_s: float
+    event: SimEvent | None = None
 
     def end_s(self) -> float:
         """When the wait ends: the event's time, else the other stream's prediction (commits
@@ -388,8 +387,7 @@ class SimStream:
                 if last is not None:
                     last._complete(start, self._published_at_mj(start, now))
                     self._floor_s = max(self._floor_s, start)
-            self._last_backdated = None
-            self._backdate = self._early_end = None
+            self._last_backdated = self._backdate = self._early_end = None
             self._queue.append(op)
             _VERSION[0] += 1
             self._idle = False
@@ -446,9 +444,7 @@ class SimStream:
     def observe(self, time_s: float) -> None:
         """Someone read the energy counter at ``time_s``: backdated work may not start before
         that publish instant (the reader saw idle energy there). Call under the lock."""
-        tick = publish_tick(time_s, self._interval_s)
-        if tick > self._observed_s:
-            self._observed_s = tick
+        self._observed_s = max(self._observed_s, publish_tick(time_s, self._interval_s))
 
     def wait_until(self, time_s: float) -> None:
         self._enqueue_wait(_Wait(time_s))
@@ -471,12 +467,11 @@ class SimStream:
             now = self._now()
             self._commit(now)
             _VERSION[0] += 1
+            self._last_backdated = None
             if self._queue:
                 self._queue.append(event)
-                self._last_backdated = None
             else:
                 when = now
-                self._last_backdated = None
                 if self._backdate is not None:
                     when = self._backdate
                     self._last_backdated = event
@@ -487,47 +482,36 @@ class SimStream:
                 self._floor_s = when
         return event
 
-    def _change_now(self, change: Callable[[float], None], lock_changed: bool = False) -> None:
-        """Run the queue up to now, apply ``change(now)`` and publish the re-planned future."""
+    @contextlib.contextmanager
+    def _changing(self, lock_changed: bool = False) -> Iterator[float]:
+        """Run the queue up to now (yielded), let the caller change the stream, and publish
+        the re-planned future."""
         with self._lock:
             now = self._now()
             self._commit(now)
             _VERSION[0] += 1  # the queued ops' prices may change: predictions are stale
-            change(now)
+            yield now
             self._publish(now, lock_changed=lock_changed)
 
     def set_lock(self, lock_mhz: int | None) -> None:
         """Apply a new lock now (the set call's latency has already passed)."""
-
-        def change(now: float) -> None:
+        with self._changing(lock_changed=True) as now:
             self._lock_mhz = lock_mhz
             self.lock_applied_s = now
 
-        self._change_now(change, lock_changed=True)
-
     def reprice(self) -> None:
         """Re-plan the queued ops now at unchanged lock and cap (a memory-clock change)."""
-        self._change_now(lambda now: None)
+        with self._changing():
+            pass
 
     def set_cap(self, cap_w: float | None) -> None:
         """Apply a new power cap now (a power limit set or reset; the clock follows at once)."""
-
-        def change(now: float) -> None:
+        with self._changing():
             self._cap_w = cap_w
-
-        self._change_now(change)
 
     def poll(self) -> None:
         with self._lock:
             self._commit(self._now())
-
-    def predicted_time_s(self, event: SimEvent) -> float | None:
-        """When ``event`` completes if the clock does not change again (None if done)."""
-        with self._lock:
-            self._commit(self._now())
-            if event._time_s is not None:
-                return None
-            return self._plan()[1].get(id(event))
 
     def wait_for(self, event: SimEvent, until_s: float = math.inf) -> bool:
         """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""

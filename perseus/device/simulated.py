@@ -16,12 +16,7 @@ from perseus.device.base import DeviceEvent, nearest_clock_mhz
 from perseus.device.nvml_calls import CLOCK_EVENT_BITS
 from perseus.device.presets import GPUPreset, get_preset
 from perseus.device.sim_calls import SetCall, recorded_set_call
-from perseus.device.sim_costs import (
-    SimNoise,
-    preset_costs,
-    profile_costs,
-    split_backward,
-)
+from perseus.device.sim_costs import SimNoise, preset_costs, profile_costs, split_backward
 from perseus.device.sim_shared import SimSharedState, sim_uuid
 from perseus.device.sim_state import published_mj, segment_at
 from perseus.device.sim_stream import OpTrace, SimEvent
@@ -231,10 +226,8 @@ class SimulatedGPU(SimSharedState):
             now = self._clock()
             self._stream.observe(now)
             value = published_mj(self._state(), now)
-        if value < self._last_mj:
-            return self._last_mj
-        self._last_mj = value
-        return value
+        self._last_mj = max(self._last_mj, value)
+        return self._last_mj
 
     def power_w(self) -> float:
         self._check("power_w")

@@ -578,7 +578,7 @@ def test_predictions_through_a_chain_of_cross_stream_waits_are_cheap(tmp_path: P
     SimStream._plan = counting  # type: ignore[method-assign,assignment]
     try:
         last = ends[3][-1]
-        predicted = gpus[3]._stream.predicted_time_s(last)  # type: ignore[arg-type]
+        predicted = gpus[3]._stream._predict(last)  # type: ignore[arg-type]
     finally:
         SimStream._plan = plan  # type: ignore[method-assign]
     assert predicted == pytest.approx(1000.0 + (12 + 3) * t_f)
