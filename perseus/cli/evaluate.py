@@ -29,12 +29,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.frontier_files import read_frontier
 
     frontier = None
     if args.plan is not None:
         frontier = read_frontier(args.plan)
-        check_frontier_job(frontier, args.plan)
     if frontier is not None and args.config is None and args.microbatches is None:
         flags = [
             "--" + n.replace("_", "-") for n in CONFIG_FIELDS if getattr(args, n, None) is not None

@@ -76,12 +76,11 @@ def select_point(
 
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_directory
-    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.frontier_files import read_frontier
     from perseus.io.zeus_export import ZEUS_PFO_FILES, write_zeus_pfo
 
     out = check_output_dir(args.out, (*ZEUS_PFO_FILES, "point_solution.json"))
     frontier = read_frontier(args.frontier)
-    check_frontier_job(frontier, args.frontier)
     index, point = select_point(frontier, args.plan, args.max_time_s, args.frontier)
     with atomic_directory(out) as tmp:
         write_zeus_pfo(frontier, point, tmp)

@@ -109,11 +109,10 @@ def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.io.frontier_files import check_frontier_job, read_frontier, write_frontier
+    from perseus.io.frontier_files import read_frontier, write_frontier
 
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
-    check_frontier_job(frontier, args.frontier)
     if args.power_cap_w is not None or args.peak_power_w is not None:
         point, lines = _pick_under_power(args, frontier)
     else:
@@ -240,13 +239,12 @@ def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
 
 
 def run_schedule(args: argparse.Namespace) -> int:
-    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.frontier_files import read_frontier
     from perseus.io.power_files import read_signal, write_schedule
     from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
-    check_frontier_job(frontier, args.frontier)
     gpu_idle_w, idle_source = _idle_power_w(args, frontier)
     signal = read_signal(*args.signal)
     series = signal.pick(args.objective)

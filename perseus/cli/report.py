@@ -101,7 +101,7 @@ def _read_measured(path: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_directory
-    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.frontier_files import read_frontier
     from perseus.report import REPORT_FILES, ReportInputs, format_summary, write_report
     from perseus.report.build import LEGACY_REPORT_FILES
     from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
@@ -109,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, (*REPORT_FILES, *LEGACY_REPORT_FILES))
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
-    check_frontier_job(frontier, args.frontier)
     measured = None
     if args.summary is not None:
         measured = _read_measured(args.summary)

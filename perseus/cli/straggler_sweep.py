@@ -65,13 +65,12 @@ def format_sweep(cases: tuple[StragglerCase, ...] | list[StragglerCase]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.io.atomic import atomic_write_text
-    from perseus.io.frontier_files import check_frontier_job, read_frontier
+    from perseus.io.frontier_files import read_frontier
     from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
     check_output_file(args.out)
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
-    check_frontier_job(frontier, args.frontier)
     say = message_stream(args.out)
     cases = straggler_sweep(frontier, pipelines=args.pipelines, factors=factors)
     j = frontier.job

@@ -1,7 +1,7 @@
 """Read and write plan/frontier JSON files (validated with pydantic, never executed).
 
 Reading checks the JSON syntax (naming the line and column), the schema (strict types, finite
-numbers), the points' digest (``points_sha256``, schema version 2+) and, on request, the job's
+numbers), the points' digest (``points_sha256``, schema version 2+) and the job's
 self-consistency (:func:`check_frontier_job`).
 """
 
@@ -118,7 +118,7 @@ def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
 
 def read_frontier(path: str | os.PathLike[str]) -> Frontier:
     """Load and validate a frontier or plan file (at most :data:`MAX_FILE_BYTES`), checking
-    the points' digest.
+    the points' digest and that its job describes its ops (:func:`check_frontier_job`).
 
     Raises:
         PlanError: naming the file and the first bad field, line or the digest.
@@ -146,6 +146,7 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
             f"{p}: field points_sha256: missing (schema_version 2+ files carry a digest of their "
             f"points); {_REGENERATE}"
         )
+    check_frontier_job(frontier, os.fspath(path))
     return frontier
 
 

@@ -52,6 +52,8 @@ def test_pick(job):
         (lambda d: d.update(schema_version=2), "field points_sha256: missing"),
         (lambda d: d.update(schema_version=3), "field points_sha256: missing"),
         (lambda d: d["job"].pop("ranks"), "field job.ranks"),
+        # read_frontier itself checks that the job describes stage_ops, for every reader
+        (lambda d: d["job"].update(microbatches=5), "stage_ops"),
         (lambda d: d["points"][0]["freqs_mhz"][0].pop(), "freqs_mhz does not fit stage_ops"),
         (lambda d: d["points"].reverse(), "sorted by time_s"),
         (lambda d: d.update(code="__import__('os')"), "field code: Extra inputs"),
