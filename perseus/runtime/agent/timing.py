@@ -1,17 +1,10 @@
-"""The rank agent's two ways of timing ops and clock changes, one small class each
-(``docs/timing.md``).
+"""The rank agent's two ways of timing ops and clock changes (``docs/timing.md``).
 
-* :class:`DeviceTiming` (a GPU that records device events): an event and a
-  :class:`~perseus.runtime.agent.boundary.Boundary` posted to the clock worker at each op
-  boundary; op times from event pairs, energy from counter readings the worker takes as the
-  device passes each boundary; the training thread never waits for the device.
-* :class:`HostTiming` (no events; the baseline of ``benchmarks/clock_timing.py``): an op's
-  clock requested as the host enters it, times on the agent's
-  :class:`~perseus.device.clock.Clock`.
-
-Both are called by :class:`~perseus.runtime.agent.rank_agent.RankAgent` after it checked the op
-order: :meth:`begin`, :meth:`enter`/:meth:`exit` around op ``j``, :meth:`close` (iteration end)
-and :meth:`finish` (the oldest closed iteration's time and energy).
+:class:`DeviceTiming` posts an event and a :class:`~perseus.runtime.agent.boundary.Boundary`
+to the clock worker at each op boundary (the training thread never waits for the device);
+:class:`HostTiming` requests an op's clock as the host enters it and times on the host's clock.
+Both are called as ``begin``, ``enter``/``exit`` around op ``j``, ``close`` (iteration end) and
+``finish`` (the oldest closed iteration's time and energy).
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perseus.device.base import DeviceEvent, EventSource
@@ -43,11 +37,9 @@ MidTimeFn = Callable[[int, int], "float | None"]
 
 
 class CounterMark:
-    """A point on the device's timeline marked without waiting for the device or reading the
-    counter: unless the event completed with its own reading, the controller's worker reads
-    the counter as the device passes it (an NVML read costs ~3 ms, p99 ~25 ms on an H100:
-    never the training thread's; without a worker it is read now). Its time and reading are
-    taken when asked (:meth:`resolve`).
+    """A point on the device's timeline marked without waiting for the device: the worker
+    reads the counter as the device passes it (an NVML read costs ~3 ms; without a worker it
+    is read now); :meth:`resolve` gives its time and reading.
 
     Args:
         event: The event marking the point.
@@ -76,8 +68,7 @@ class CounterMark:
         self._resolved: tuple[float, int] | None = None
 
     def wait(self) -> None:
-        """Wait until the device passed the mark: for the worker's reading when it takes one
-        (a host-side wait), else for the event itself."""
+        """Wait until the device passed the mark: for the worker's reading, else the event."""
         ctl, stamp = self._controller, self._stamp
         if ctl is not None and stamp is not None and ctl.wait_done(stamp):
             return  # and the boundaries posted before it
@@ -87,8 +78,8 @@ class CounterMark:
             ctl.flush(timeout_s=1.0)  # the boundaries posted before it are handled
 
     def resolve(self) -> tuple[float, int]:
-        """``(device time, counter mJ)`` at the mark (waits for it if needed), read once: the
-        value stays valid after the event is recycled."""
+        """``(device time, counter mJ)`` at the mark (waits if needed), read once: it stays
+        valid after the event is recycled."""
         if self._resolved is None:
             self.wait()
             mj = self._mj if self._mj is not None else self._event.energy_mj
@@ -108,37 +99,21 @@ class _Figures(NamedTuple):
     delivery: ClockDelivery | None
 
 
+@dataclass(slots=True)
 class _Closed:
     """An iteration ended on the host whose figures are not read yet, and the plan it ran.
     Its figures are worked out once, under :attr:`lock`: by the worker as it passes the
-    iteration's end, else (no worker, closed, an error there) by the training thread."""
+    iteration's end, else by the training thread."""
 
-    __slots__ = (
-        "actions",
-        "begin",
-        "end",
-        "figures",
-        "freqs",
-        "iteration",
-        "jobs",
-        "lock",
-        "phases",
-    )
-    end: CounterMark
-
-    def __init__(
-        self,
-        iteration: int,
-        begin: CounterMark,
-        jobs: list[Boundary],
-        freqs: tuple[int, ...],
-        phases: tuple[tuple[OpPhase, ...], ...],
-        actions: tuple[Action, ...],
-    ) -> None:
-        self.iteration, self.begin, self.jobs = iteration, begin, jobs
-        self.freqs, self.phases, self.actions = freqs, phases, actions
-        self.figures: _Figures | None = None
-        self.lock = threading.Lock()
+    iteration: int
+    begin: CounterMark
+    jobs: list[Boundary]
+    freqs: tuple[int, ...]
+    phases: tuple[tuple[OpPhase, ...], ...]
+    actions: tuple[Action, ...]
+    end: CounterMark = field(init=False)
+    figures: _Figures | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class _Clocks:
@@ -165,11 +140,9 @@ class _Clocks:
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
         self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
         self.actions: tuple[Action, ...] = ()
-        #: Per op, what its boundary posts, worked out once per plan rather than per op: the
-        #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
+        #: Per op, once per plan: the next op's SM clock (None: no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
-        #: The last iteration's mid-op changes made and missed, and its clocks as read back
-        #: (device timing only; None: none read).
+        #: The last iteration's mid-op changes made and missed, and its clocks as read back.
         self.mid_switches = 0
         self.mid_switches_missed = 0
         self.delivery: ClockDelivery | None = None
@@ -301,9 +274,8 @@ class DeviceTiming(_Clocks):
             job.end = self._events.record_event()
 
     def close(self, iteration: int) -> CounterMark:
-        """The iteration ends on the host: record its end event, which the worker stamps with
-        the counter as the device passes it; nothing waits. Returns that end (its figures:
-        :meth:`finish`)."""
+        """The iteration ends on the host: record its end event (the worker stamps it with the
+        counter); nothing waits. Returns that end."""
         ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
@@ -321,8 +293,7 @@ class DeviceTiming(_Clocks):
 
     def finish(self) -> tuple[float, float]:
         """The oldest closed iteration's ``(time_s, energy_j)``, its ops recorded and learnt
-        from. Waits until the worker is past its end (a host-side wait; in steady state it is
-        long past), never for the device itself when the worker reads the counter."""
+        from; waits until the worker is past its end."""
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
