@@ -87,9 +87,7 @@ class ClockSetter:
     """Set calls for one GPU, on the worker's thread (see the module docstring).
 
     Args:
-        gpu: The device to drive.
         events: The device's timeline (None: landings from call durations only).
-        clock: Where call durations are read and back-offs slept.
         control: False never sets a clock (observe-only from the start).
         stopped: True once the controller closes: no call is started after that.
     """

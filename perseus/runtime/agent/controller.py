@@ -166,16 +166,18 @@ class FrequencyController:
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time."""
+        return self._wait(self._drained, timeout_s)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (inline: work) until ``done()``, the worker is gone or the timeout passed."""
         if not self._threaded:
             self._drain()
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._drained() or self._thread is None or self._closed, timeout_s
-            )
-            drained = self._drained()
+            self._cond.wait_for(lambda: done() or self._thread is None or self._closed, timeout_s)
+            ok = done()
         if self._attention:
             self._surface()
-        return drained
+        return ok
 
     def wait_done(self, job: Boundary) -> bool:
         """Wait until the worker has handled ``job`` and every job posted before it; False when
@@ -197,23 +199,7 @@ class FrequencyController:
     def wait_applied(self, freq_mhz: int, timeout_s: float = 1.0) -> bool:
         """Wait until a set call for ``freq_mhz`` has returned (True), the controller is
         observe-only (True: nothing to wait for) or the timeout passed (False)."""
-        if not self._threaded:
-            self._drain()
-        setter = self.setter
-        with self._cond:
-            self._cond.wait_for(
-                lambda: (
-                    setter.done_mhz == freq_mhz
-                    or self.observe_only
-                    or self._thread is None
-                    or self._closed
-                ),
-                timeout_s,
-            )
-            ok = setter.done_mhz == freq_mhz or self.observe_only
-        if self._attention:
-            self._surface()
-        return ok
+        return self._wait(lambda: self.setter.done_mhz == freq_mhz or self.observe_only, timeout_s)
 
     def close(self, timeout_s: float = 1.0) -> None:
         """Drop anything pending and stop the worker (idempotent)."""

@@ -28,7 +28,6 @@ __all__ = [
     "OpReading",
     "clock_delivery",
     "describe_reasons",
-    "limiting_reasons",
 ]
 
 #: How each limiting reason reads in a warning or summary.
@@ -125,13 +124,6 @@ class ClockDelivery:
     reasons: frozenset[str] = frozenset()
 
 
-def limiting_reasons(mask: int) -> tuple[str, ...]:
-    """The names of the limiting reasons (power, thermal) set in an NVML reason mask."""
-    return tuple(
-        name for bit, name in CLOCK_EVENT_REASONS if mask & bit and name in LIMITING_REASONS
-    )
-
-
 def describe_reasons(reasons: Sequence[str]) -> str:
     """``("sw_power_cap",)`` -> ``"power cap"`` (several joined with ``" + "``)."""
     return " + ".join(REASON_TEXT.get(r, r) for r in reasons) or REASON_TEXT[NO_REASON]
@@ -179,7 +171,9 @@ def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
     )
     if not (sm_held or mem_held):
         return None
-    reasons = limiting_reasons(r.reasons)
+    reasons = tuple(
+        name for bit, name in CLOCK_EVENT_REASONS if r.reasons & bit and name in LIMITING_REASONS
+    )
     if mem_held and r.asked_mem_mhz is None:
         reasons += (MEMORY_NOT_LOCKED,)
     mem = (plan_mem, read_mem) if mem_held else (None, None)

@@ -38,14 +38,9 @@ MidTimeFn = Callable[[int, int], "float | None"]
 
 class CounterMark:
     """A point on the device's timeline marked without waiting for the device: the worker
-    reads the counter as the device passes it (an NVML read costs ~3 ms; without a worker it
-    is read now); :meth:`resolve` gives its time and reading.
-
-    Args:
-        event: The event marking the point.
-        controller: Its worker (None: none).
-        read_mj: Reads the counter (no worker, or the worker could not: closed, an error).
-        then: Run by the worker once it has passed the mark (not run without one).
+    reads the counter as the device passes it (an NVML read costs ~3 ms; without a worker
+    ``read_mj`` reads it now, or when the worker could not); :meth:`resolve` gives its time
+    and reading. ``then`` is run by the worker once it has passed the mark.
     """
 
     __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
@@ -153,8 +148,7 @@ class _Clocks:
         self.freqs = tuple(p[0].freq_mhz for p in self.phases)
         self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
         self.mid_share = tuple(p[1].start_share if len(p) > 1 else None for p in self.phases)
-        # The last op's successor is the next iteration's first op (same plan unless a swap,
-        # which begin() applies).
+        # The last op's successor is the next iteration's first op.
         n = len(self.phases)
         succ = []
         for j, p in enumerate(self.phases):
@@ -168,12 +162,8 @@ class DeviceTiming(_Clocks):
     """Ops and clock changes on the device's timeline (see the module docstring).
 
     Args:
-        events: Where events are recorded.
-        controller: The clock worker (None: no GPU control, times and energy only).
         energy_mj: Reads the counter (iteration ends, when events carry no reading).
         stamp_ops: Whether the worker reads the counter at every op boundary.
-        mid_time_s: Predicted time from a phased op's start to a later phase's start.
-        record_ops: Where each iteration's op rows go, in order.
         recycle: Called as each iteration's figures are read (pooled CUDA events).
     """
 
@@ -222,8 +212,7 @@ class DeviceTiming(_Clocks):
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
         self._begin = CounterMark(self._events.record_event(), ctl, self._energy_mj)
-        # Observe-only, the worker still reads back which clock ran; a GPU that cannot, and
-        # no per-op counter reads, leave it nothing to do for an op: nothing posted.
+        # Observe-only without readback or per-op counter reads, the worker has nothing to do.
         wanted = ctl is not None and (self._stamp_ops or not ctl.observe_only or ctl.reads_back)
         self._post = ctl.post if ctl is not None and wanted else None
 
@@ -231,11 +220,9 @@ class DeviceTiming(_Clocks):
         """Op ``j`` starts: record its start event and post its boundary."""
         phases = self.phases[j]
         nxt, nxt_mem = self.succ[j]
-        # The op's device time and the idle gap after it (waiting for the next op's input),
-        # from recent iterations: the controller aims the change's landing there.
+        # The op's device time and idle gap after it: the worker aims the change's landing there.
         expected, gap = self.history.predicted(j, self.freqs[j])
-        # Phased op: the worker sets each later phase's clocks at its planned layer boundary,
-        # then the next op's (skipped when equal) as the op ends.
+        # Phased op: each later phase's clocks at its planned layer boundary.
         mids = (
             ()
             if len(phases) == 1
@@ -252,8 +239,7 @@ class DeviceTiming(_Clocks):
             post(job)
 
     def switch_shares(self) -> tuple[float, ...]:
-        """Inside a phased op: the shares of its work at which the worker sets its later
-        phases' clocks (empty: none, or the op's end is recorded)."""
+        """See :meth:`~perseus.runtime.agent.rank_agent.RankAgent.switch_shares`."""
         jobs = self.jobs
         if not jobs or jobs[-1].end is not None:
             return ()
@@ -262,16 +248,14 @@ class DeviceTiming(_Clocks):
         return tuple(p.start_share for p in self.phases[len(jobs) - 1][1 : timed + 1])
 
     def mark_end(self) -> None:
-        """Record the current op's end event now (emulation: the op is fully launched)."""
+        """Record the current op's end event now (emulation: the op is launched)."""
         jobs = self.jobs
         if jobs and jobs[-1].end is None:
             jobs[-1].end = self._events.record_event()
 
     def exit(self, j: int) -> None:
         """Op ``j`` ends on the host: record its end event (unless marked already)."""
-        job = self.jobs[-1]
-        if job.end is None:
-            job.end = self._events.record_event()
+        self.mark_end()
 
     def close(self, iteration: int) -> CounterMark:
         """The iteration ends on the host: record its end event (the worker stamps it with the
@@ -381,12 +365,8 @@ class HostTiming(_Clocks):
     """Clocks requested when the host enters an op; times on the host's clock.
 
     Args:
-        controller: The clock worker (None: measure only).
-        clock: Where op and iteration times are read.
         energy_mj: Reads the counter around each op (a no-op reader when per-op energy is off).
         energy_iter_mj: Reads the counter at iteration ends.
-        record_op: Where each op's row goes.
-        rank: For the one warning about two-clock ops.
     """
 
     __slots__ = (
