@@ -111,28 +111,21 @@ class DriftMonitor:
     Args:
         reprofile: Answer the first drift that neither held clocks nor host overruns explain
             by profiling again (once): the plan comes from an online profile.
-        patience: Iterations in a row beyond the tolerance before reporting.
         counter_period_s: How often the GPU's energy counter publishes (0: every iteration
             judged alone).
     """
 
     def __init__(
-        self,
-        rank: int,
-        *,
-        reprofile: bool = False,
-        patience: int = PATIENCE,
-        counter_period_s: float = 0.0,
+        self, rank: int, *, reprofile: bool = False, counter_period_s: float = 0.0
     ) -> None:
         self._rank = rank
         self._reprofile = reprofile
-        self._patience = patience
         self._window_s = ENERGY_WINDOW_PERIODS * counter_period_s
         # The energy window: (time, measured and predicted pipeline energy) per iteration.
         self._recent: deque[tuple[float, float, float]] = deque()
         self._totals = (0.0, 0.0, 0.0)  # their sums
         # The latest iterations beyond the tolerance in a row (judged together), and the first.
-        self._streak: deque[IterationStats] = deque(maxlen=patience)
+        self._streak: deque[IterationStats] = deque(maxlen=PATIENCE)
         self._streak_from = 0
         self._reported = False
 
@@ -176,7 +169,7 @@ class DriftMonitor:
         if not self._streak:
             self._streak_from = stats.iteration
         self._streak.append(stats)
-        if len(self._streak) < self._patience:
+        if len(self._streak) < PATIENCE:
             return False
         cause = drift_cause(self._streak)
         if cause is None:
@@ -197,15 +190,15 @@ class DriftMonitor:
 
 
 def ops_to_profile(
-    agent: RankAgent, schedule: Schedule, profile: Profile, group: Any, patience: int = PATIENCE
+    agent: RankAgent, schedule: Schedule, profile: Profile, group: Any
 ) -> frozenset[tuple[int, Kind]]:
     """The ops (stage, kind) to profile again, the same on every rank (one all-reduce):
-    those whose median time over the last ``patience`` iterations is off the ``profile``'s
+    those whose median time over the last :data:`PATIENCE` iterations is off the ``profile``'s
     beyond the tolerance (two-clock ops not judged), else every op."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
     for op in agent.records.ops:
-        if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
+        if op.iteration >= agent.iteration - PATIENCE and op.mid_freq_mhz is None:
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
     drifted = {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}

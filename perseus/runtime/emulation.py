@@ -341,18 +341,13 @@ class VirtualTimeline:
 
 
 def start_emulation(
-    gpu: EmulatedGPU,
-    schedule: Schedule,
-    rank: int,
-    group: Any,
-    *,
-    backward_split: float = DEFAULT_BACKWARD_SPLIT,
+    gpu: EmulatedGPU, schedule: Schedule, rank: int, group: Any
 ) -> tuple[EmulatedGPU, StreamEmulator]:
     """Place this process's simulated GPU and join its pipeline's timeline (collective).
 
     Each process gets its own simulated GPU (index = its global rank) in the job's directory
-    unless ``gpu`` has its own, its backward split into ``B`` and ``W`` where the schedule needs
-    it. At exit each process removes its files, the last one out the directory.
+    unless ``gpu`` has its own, its backward split into ``B`` and ``W`` (the default split)
+    where the schedule needs it. At exit each process removes its files, the last one out the directory.
 
     Returns:
         The placed GPU and the emulator that launches actions on it.
@@ -366,7 +361,7 @@ def start_emulation(
         gpu = gpu.placed(
             index=index,
             state_dir=None if explicit else job_dir,
-            backward_split=backward_split if split else None,
+            backward_split=DEFAULT_BACKWARD_SPLIT if split else None,
         )
     # One timeline per pipeline (a job may run several data-parallel pipelines).
     path = job_dir / f"timeline-{index}.bin" if rank == 0 else None

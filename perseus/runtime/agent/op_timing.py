@@ -30,8 +30,7 @@ _K = TypeVar("_K")
 class OpTimingHistory:
     """Per-op device times and idle gaps of recent iterations (see the module docstring)."""
 
-    def __init__(self, history: int = HISTORY) -> None:
-        self._history = history
+    def __init__(self) -> None:
         self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
         self._gaps_s: dict[int, deque[float]] = {}
         self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
@@ -104,7 +103,7 @@ class OpTimingHistory:
     def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> deque[float]:
         values = table.get(key)
         if values is None:
-            values = table[key] = deque(maxlen=self._history)
+            values = table[key] = deque(maxlen=HISTORY)
         values.append(max(0.0, value))
         return values
 
