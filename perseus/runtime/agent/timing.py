@@ -120,7 +120,6 @@ class _Clocks:
         "delivery",
         "freqs",
         "mems",
-        "mid_share",
         "mid_switches",
         "mid_switches_missed",
         "phases",
@@ -133,7 +132,6 @@ class _Clocks:
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
         self.freqs: tuple[int, ...] = ()  # each op's first SM clock
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
-        self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
         self.actions: tuple[Action, ...] = ()
         #: Per op, once per plan: the next op's SM clock (None: no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
@@ -147,7 +145,6 @@ class _Clocks:
         self.phases = tuple(phases)
         self.freqs = tuple(p[0].freq_mhz for p in self.phases)
         self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
-        self.mid_share = tuple(p[1].start_share if len(p) > 1 else None for p in self.phases)
         # The last op's successor is the next iteration's first op.
         n = len(self.phases)
         succ = []
@@ -418,7 +415,7 @@ class HostTiming(_Clocks):
     def enter(self, j: int) -> None:
         ctl = self.controller
         if ctl is not None:
-            if self.mid_share[j] is not None and not self._warned_two_clock:
+            if len(self.phases[j]) > 1 and not self._warned_two_clock:
                 self._warned_two_clock = True
                 _log.warning(
                     "rank %d: host timing cannot switch clocks mid-op; phased ops run at "
