@@ -1,9 +1,6 @@
-"""Processes and threads around training: one session per pipeline rank.
-
-Engine adapters (:mod:`perseus.runtime.engines`), plan sources (:mod:`perseus.runtime.planning`),
-the session (:class:`~perseus.runtime.session.RankSession`), the rank agent
-(:mod:`perseus.runtime.agent`), the safety net and the straggler and power hooks; the design
-note is in ``docs/training.md``. Importing this package never imports torch or pynvml.
+"""Processes and threads around training: one session per pipeline rank
+(:class:`~perseus.runtime.session.RankSession`; design: ``docs/training.md``). Importing this
+package never imports torch or pynvml.
 """
 
 from __future__ import annotations

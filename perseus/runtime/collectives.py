@@ -1,8 +1,5 @@
-"""Collectives that work on every process-group backend perseus meets (gloo and NCCL).
-
-NCCL-only groups refuse CPU tensors, gloo refuses CUDA ones: every collective of the runtime
-goes through here, which picks the tensor device from the group's backend. torch is imported
-lazily.
+"""Collectives on any process-group backend: NCCL-only groups refuse CPU tensors and gloo
+refuses CUDA ones, so the tensor device follows the group's backend. torch is imported lazily.
 """
 
 from __future__ import annotations

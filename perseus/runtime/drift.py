@@ -1,10 +1,9 @@
 """Does the run measure its plan? Every iteration, on every rank alike.
 
-At each iteration's end the ranks agree in one all-reduce on the pipeline's figures
-(:func:`agree_iteration`), so every rank reaches the same verdict. :class:`DriftMonitor` says
-once when predicted and measured differ beyond the tolerance for :data:`PATIENCE` iterations,
-with the cause; a session planned from an online profile then profiles again the ops that
-drifted (:func:`ops_to_profile`) and re-plans.
+The ranks agree on the pipeline's figures in one all-reduce (:func:`agree_iteration`), so
+every rank reaches the same verdict; :class:`DriftMonitor` says once when predicted and
+measured differ for :data:`PATIENCE` iterations, and an online-profiled session profiles the
+drifted ops again (:func:`ops_to_profile`).
 """
 
 from __future__ import annotations
@@ -63,9 +62,8 @@ def agree_iteration(
     group: Any,
 ) -> PipelineFigures:
     """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline, and
-    take the longest rank's ``time_s`` window as the pipeline's time: one all-reduce (each
-    rank's window in its own slot of the sum), collective over ``group``.
-    """
+    take the longest rank's ``time_s`` as the pipeline's: one all-reduce over ``group`` (each
+    rank's time in its own slot of the sum)."""
     held = delivery.held if delivery is not None else ()
     if not is_distributed():  # one rank: its own figures, no buffer built
         seen = delivery.reasons if delivery is not None else ()
@@ -108,35 +106,26 @@ class DriftMonitor:
     rank 0).
 
     Time is judged per iteration; energy over the latest iterations that span
-    :data:`ENERGY_WINDOW_PERIODS` counter periods (an iteration shorter than a period reads
-    0 J or a whole step), taken as predicted until that window is full.
+    :data:`ENERGY_WINDOW_PERIODS` counter periods, taken as predicted until that is full.
 
     Args:
         reprofile: Answer the first drift that neither held clocks nor host overruns explain
             by profiling again (once): the plan comes from an online profile.
-        patience: Iterations in a row beyond the tolerance before reporting.
         counter_period_s: How often the GPU's energy counter publishes (0: every iteration
             judged alone).
     """
 
     def __init__(
-        self,
-        rank: int,
-        *,
-        reprofile: bool = False,
-        patience: int = PATIENCE,
-        counter_period_s: float = 0.0,
+        self, rank: int, *, reprofile: bool = False, counter_period_s: float = 0.0
     ) -> None:
         self._rank = rank
         self._reprofile = reprofile
-        self._patience = patience
         self._window_s = ENERGY_WINDOW_PERIODS * counter_period_s
         # The energy window: (time, measured and predicted pipeline energy) per iteration.
         self._recent: deque[tuple[float, float, float]] = deque()
         self._totals = (0.0, 0.0, 0.0)  # their sums
-        # The latest iterations beyond the tolerance in a row (judged together), and the
-        # first of the row: every iteration may be beyond while their mean is not.
-        self._streak: deque[IterationStats] = deque(maxlen=patience)
+        # The latest iterations beyond the tolerance in a row (judged together), and the first.
+        self._streak: deque[IterationStats] = deque(maxlen=PATIENCE)
         self._streak_from = 0
         self._reported = False
 
@@ -180,7 +169,7 @@ class DriftMonitor:
         if not self._streak:
             self._streak_from = stats.iteration
         self._streak.append(stats)
-        if len(self._streak) < self._patience:
+        if len(self._streak) < PATIENCE:
             return False
         cause = drift_cause(self._streak)
         if cause is None:
@@ -201,19 +190,15 @@ class DriftMonitor:
 
 
 def ops_to_profile(
-    agent: RankAgent, schedule: Schedule, profile: Profile, group: Any, patience: int = PATIENCE
+    agent: RankAgent, schedule: Schedule, profile: Profile, group: Any
 ) -> frozenset[tuple[int, Kind]]:
-    """The ops (stage, kind) to profile again, the same on every rank (one all-reduce over
-    ``group``).
-
-    An op drifted when its median device time over the agent's last ``patience`` iterations
-    is off the ``profile``'s time at the clock it ran beyond the tolerance (two-clock ops are
-    not judged). When no op's time drifted on any rank, every op is profiled again.
-    """
+    """The ops (stage, kind) to profile again, the same on every rank (one all-reduce):
+    those whose median time over the last :data:`PATIENCE` iterations is off the ``profile``'s
+    beyond the tolerance (two-clock ops not judged), else every op."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
     for op in agent.records.ops:
-        if op.iteration >= agent.iteration - patience and op.mid_freq_mhz is None:
+        if op.iteration >= agent.iteration - PATIENCE and op.mid_freq_mhz is None:
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
     drifted = {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}

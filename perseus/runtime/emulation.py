@@ -1,11 +1,9 @@
 """Emulation on machines without GPUs: the same agent path, a simulated device underneath.
 
-Each rank's simulated GPU runs every action as an op on its own stream; the host waits for the
-op's end event before it sends the output on (:meth:`StreamEmulator.finish`), and a consumer's
-op starts on its device when its inputs were ready there (:class:`VirtualTimeline`, a file
-shared by the pipeline's processes), so host overhead overlaps device work as on a GPU. A host
-slower than its simulated GPU is warned of once (:class:`EmulationOverrunWarning`), then
-counted. The design and the time scale (:func:`scale_profile`): ``docs/training.md``.
+Each rank's simulated GPU runs every action as an op on its own stream; a consumer's op starts
+when its inputs were ready on their devices (:class:`VirtualTimeline`, a file shared by the
+pipeline's processes), so host overhead overlaps device work as on a GPU. The design and the
+time scale (:func:`scale_profile`): ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -136,8 +134,8 @@ class StreamEmulator(DeviceRun):
 
     Args:
         timeline: The pipeline's shared timeline (None: a single process).
-        data_parallel: The world holds other pipelines, which reduce their gradients with
-            this one every iteration: an iteration ends when the last of them ends.
+        data_parallel: Other pipelines reduce their gradients with this one every iteration:
+            an iteration ends when the last of them ends.
 
     Attributes:
         overruns: Actions whose CPU compute outlasted the simulated op.
@@ -158,8 +156,8 @@ class StreamEmulator(DeviceRun):
         self.actions = 0
 
     def before(self, action: Action) -> None:
-        """Start the action when its inputs exist on the producers' devices and this stream
-        is free, even if the host gets there later (a GPU's host would have launched it)."""
+        """Start the action when its inputs exist and this stream is free, even if the host
+        gets there later (a GPU's host would have launched it)."""
         ready_s = self._timeline.ready_s(action) if self._timeline is not None else 0.0
         self._gpu.backdate(ready_s)
 
@@ -171,7 +169,7 @@ class StreamEmulator(DeviceRun):
         self, action: Action, end: DeviceEvent | None, controller: FrequencyController | None = None
     ) -> None:
         """Hold the host until the op's end event, then publish its device time (an inline
-        ``controller`` first does the op's clock work, as its thread would)."""
+        ``controller`` first does the op's clock work)."""
         self.actions += 1
         if end is None:
             end = self._gpu.record_event()
@@ -202,20 +200,19 @@ class StreamEmulator(DeviceRun):
         if not (agent.device_timed and freqs and ctl is not None and not ctl.observe_only):
             return
         if ctl.setter.done_mhz != freqs[0]:
-            # A new plan's first clock is applied in real time (in steady state the last
-            # op's boundary applied it already): no op may run before it.
+            # A new plan's first clock (in steady state the last op's boundary set it): no op
+            # may run before it.
             agent.wait_for_clock(5.0)
             self._gpu.record_event()  # nothing may start before now
 
     def closing(self) -> None:
-        # Right behind the last op, as a GPU's host would have enqueued them, not at the
-        # host's (maybe late) arrival: else the next iteration could not start before it.
+        # Right behind the last op, as a GPU's host would have enqueued it, not at the host's
+        # (maybe late) arrival.
         self._gpu.backdate(0.0)
 
     def agree_end(self, own_end_s: float, group: Any) -> None:
-        # The end is when the pipeline's last device finished, not when hosts got here; with
-        # data-parallel pipelines, the last one's (on GPUs the others' gradient all-reduce
-        # waits for it: their devices idle until then).
+        # When the pipeline's last device finished (with data-parallel pipelines, the last
+        # one's: their gradient all-reduce waits for it).
         (at_s,) = all_reduce_max([own_end_s], None if self._data_parallel else group)
         self._gpu.backdate(at_s)
 
@@ -307,9 +304,8 @@ def _rebuilt(profile: Profile, source: str, stages: dict[int, int], factor: floa
 class VirtualTimeline:
     """When each action's inputs exist on the simulated GPUs, shared by a pipeline's processes.
 
-    Every rank publishes each action's device end time (one float per DAG node, on the
-    machine-wide monotonic clock) in a memory-mapped file, before torch sends the output, so
-    a consumer, which gets to the action only after receiving it, reads a fresh value.
+    Every rank publishes each action's device end time (one float per DAG node) in a
+    memory-mapped file before torch sends the output, so a consumer reads a fresh value.
 
     Args:
         path: The shared file (created by :meth:`create`).
@@ -345,19 +341,13 @@ class VirtualTimeline:
 
 
 def start_emulation(
-    gpu: EmulatedGPU,
-    schedule: Schedule,
-    rank: int,
-    group: Any,
-    *,
-    backward_split: float = DEFAULT_BACKWARD_SPLIT,
+    gpu: EmulatedGPU, schedule: Schedule, rank: int, group: Any
 ) -> tuple[EmulatedGPU, StreamEmulator]:
     """Place this process's simulated GPU and join its pipeline's timeline (collective).
 
-    Each process gets its own simulated GPU (index = its global rank) in the job's own
-    directory unless ``gpu`` has a state directory of its own, with its full backward split
-    into ``B`` (``backward_split``) and ``W`` where the schedule needs it. At exit each process
-    removes its files there, the last one out the directory.
+    Each process gets its own simulated GPU (index = its global rank) in the job's directory
+    unless ``gpu`` has its own, its backward split into ``B`` and ``W`` (the default split)
+    where the schedule needs it. At exit each process removes its files, the last one out the directory.
 
     Returns:
         The placed GPU and the emulator that launches actions on it.
@@ -371,7 +361,7 @@ def start_emulation(
         gpu = gpu.placed(
             index=index,
             state_dir=None if explicit else job_dir,
-            backward_split=backward_split if split else None,
+            backward_split=DEFAULT_BACKWARD_SPLIT if split else None,
         )
     # One timeline per pipeline (a job may run several data-parallel pipelines).
     path = job_dir / f"timeline-{index}.bin" if rank == 0 else None
@@ -392,8 +382,8 @@ def start_emulation(
 
 
 def _remove_job_files(job_dir: Path, names: list[str]) -> None:
-    """Remove this process's files from an emulated job's directory, then the directory if it
-    is empty (a SIGKILLed job leaves a few KB for tmp cleaning)."""
+    """Remove this process's files from an emulated job's directory, then the directory if
+    empty."""
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(job_dir / name)

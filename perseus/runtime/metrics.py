@@ -1,10 +1,8 @@
 """Per-iteration energy metrics for the dashboards users already watch.
 
-A :class:`MetricsSink` subscribes to a session's iteration boundary and turns each
-:class:`~perseus.runtime.session.IterationStats` into an :class:`IterationMetrics` record for a
-JSON-lines file, a CSV file and Prometheus gauges. The pipeline's energy is gathered over the
-pipeline's process group at the boundary, so attach a sink on every rank (``pipeline=False``
-skips the gather). ``prometheus_client`` is imported only when a Prometheus output is asked for.
+A :class:`MetricsSink` turns each :class:`~perseus.runtime.session.IterationStats` into an
+:class:`IterationMetrics` record for a JSON-lines file, a CSV file and Prometheus gauges.
+``prometheus_client`` is imported only when a Prometheus output is asked for.
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ class IterationMetrics:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (two-clock ops as lists)."""
         out = asdict(self)
-        # A held op's action written as in messages (``"0F1"``), under the key ``name``.
+        # A held op's action as in messages (``"0F1"``), under ``name``.
         out["held_ops"] = [
             {"name": str(h.op)} | {k: v for k, v in asdict(h).items() if k != "op"}
             for h in self.held_ops
@@ -408,8 +406,8 @@ def _held_text(h: HeldOp) -> str:
 
 
 def _open_log(path: Path) -> TextIO:
-    """Open ``path`` for writing from its start without following a link, creating it if
-    needed; refuse anything but a regular file this user owns with one link."""
+    """Open ``path`` for writing from its start without following a link (created if needed);
+    refuse anything but a regular file this user owns with one link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         dfd = open_output_dir(path.parent)

@@ -1,8 +1,5 @@
-"""``PerseusPipeline``: energy-aware ``torch.distributed.pipelining`` in a few lines.
-
-A :class:`~perseus.runtime.session.RankSession` whose engine is
-:class:`~perseus.runtime.engines.torch_pp.TorchPipelining`; everything else is the session's.
-Usage (and torchtitan's): ``docs/training.md``.
+"""``PerseusPipeline``: a :class:`~perseus.runtime.session.RankSession` around
+``torch.distributed.pipelining`` (usage, torchtitan's too: ``docs/training.md``).
 """
 
 from __future__ import annotations

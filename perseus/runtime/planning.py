@@ -1,11 +1,8 @@
 """Where a running session's plan comes from: a plan file, an offline profile, or a sweep.
 
-Each way is a :class:`PlanSource` (:class:`PlanFile`, :class:`OfflineProfile`,
-:class:`OnlineProfile`) that :class:`~perseus.runtime.session.RankSession` asks once, at start,
-collectively over the pipeline's process group: a profile is traced on pipeline rank 0 and the
-frontier broadcast; an online sweep answers None, is measured first, then planned from the
-gathered rows. Every source checks the GPU its plan or profile describes against the one the
-session runs on (:func:`check_gpu`).
+Each way is a :class:`PlanSource` that :class:`~perseus.runtime.session.RankSession` asks once,
+at start, collectively over the pipeline's group; an online sweep answers None and is planned
+from the gathered rows later. Every source checks the GPU it describes (:func:`check_gpu`).
 """
 
 from __future__ import annotations
@@ -76,14 +73,9 @@ def check_gpu(
     source: str,
     allow_other_gpu: bool = False,
 ) -> None:
-    """Check that ``what`` (``"profile a100.csv"``) describes the GPU the session runs on.
-
-    Args:
-        described: The GPU the plan or profile records (None: an older file, unchecked).
-        running: The GPU the session runs on (None: unknown, nothing to check).
-        what: The plan or profile, for the message.
-        source: The plan source's class name, for the opt-in in the message.
-        allow_other_gpu: Run another GPU's plan as an estimate, with one warning.
+    """Check that ``what`` (``"profile a100.csv"``), recording GPU ``described`` (None: an
+    older file, unchecked), describes ``running`` (None: unknown); ``source`` names the plan
+    source in the message; ``allow_other_gpu`` runs it as an estimate, with one warning.
 
     Raises:
         PlanError: another GPU without the opt-in.
@@ -296,11 +288,8 @@ def job_for_schedule(
     profile_name: str | None = None,
     job_options: dict[str, Any] | None = None,
 ) -> PlanningJob:
-    """The planning job of a schedule read from an engine.
-
-    A schedule equal to one of perseus's builders gets :func:`perseus.job.make_job`'s job (with
-    ``job_options``), so plans computed with ``perseus frontier`` fit it; any other is named
-    after the engine's schedule and takes no ``job_options``.
+    """The planning job of a schedule read from an engine: :func:`perseus.job.make_job`'s (with
+    ``job_options``) for a schedule perseus builds, so ``perseus frontier`` plans fit it.
 
     Raises:
         ConfigError: ``job_options`` for a schedule perseus does not build.

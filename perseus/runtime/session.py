@@ -10,15 +10,10 @@
             evaluate()                            # between iterations: runs untouched
     session.history                               # IterationStats per iteration
 
-``engine`` is an :class:`~perseus.runtime.engines.base.EngineAdapter` or a bare
-:class:`~perseus.schedule.Schedule` with ``rank`` (the loop then enters ``session.op(action)``
-itself). The lifecycle (new, idle, in iteration, closed) and its rules are in
-``docs/training.md``. On a real GPU an iteration's end is only marked on the device and its
-figures are read at the next iteration's end (or by :meth:`RankSession.flush`/
-:meth:`RankSession.close`); emulation, the online sweep and
-``SessionOptions(wait_for_figures=True)`` read them at once. Reading them, the ranks agree in
-one all-reduce on the pipeline's figures (:mod:`perseus.runtime.drift`). Boundaries and op
-scopes meet the device through one seam, a :class:`~perseus.runtime.emulation.DeviceRun`.
+The lifecycle and its rules are in ``docs/training.md``. On a real GPU an iteration's figures
+are read at the next iteration's end (or by :meth:`RankSession.flush`/:meth:`RankSession.close`);
+emulation, the online sweep and ``SessionOptions(wait_for_figures=True)`` read them at once.
+Boundaries and op scopes meet the device through a :class:`~perseus.runtime.emulation.DeviceRun`.
 """
 
 from __future__ import annotations
@@ -140,10 +135,9 @@ class RankSession:
         self._run = DeviceRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
-        # (device time, counter mJ) at the start, or a mark read later (a real GPU's)
         self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
-        self._ended: deque[EndedIteration] = deque()  # ended, figures not read yet (oldest first)
+        self._ended: deque[EndedIteration] = deque()  # figures not read yet (oldest first)
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = self._iteration = 0  # the deployed plan's first iteration; the next
         online, period_s = isinstance(self.source, OnlineProfile), counter_period_s(gpu)
@@ -207,10 +201,8 @@ class RankSession:
 
     def close(self) -> None:
         """Deliver the last iterations' figures (:meth:`flush`, collective), stop the agent,
-        reset the GPU, detach the engine, log the summary (idempotent).
-
-        Closing inside an iteration discards that iteration.
-        """
+        reset the GPU, detach the engine, log the summary (idempotent). Closing inside an
+        iteration discards that iteration."""
         self._close(deliver=True)
 
     def _close(self, deliver: bool) -> None:
@@ -246,8 +238,8 @@ class RankSession:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        # An error in close() does not mask the training loop's; after one, the figures not
-        # read yet are dropped (reading them is collective: the other ranks may not be here).
+        # An error in close() does not mask the loop's; after one, unread figures are dropped
+        # (reading them is collective: the other ranks may not be here).
         with contextlib.suppress(Exception) if exc_type else contextlib.nullcontext():
             self._close(deliver=exc_type is None)
 
@@ -315,11 +307,9 @@ class RankSession:
     def iteration(self) -> Iterator[None]:
         """Context manager around one training iteration (one engine step + optimizer step).
 
-        Collective over the pipeline's group on entry and on exit. On a real GPU the exit
-        neither synchronizes the device nor reads NVML: the stats reach :attr:`history` and
-        the hooks at the next exit (the last at :meth:`flush`/:meth:`close`; see the module
-        docstring). An exception inside discards the iteration (no stats) and leaves the
-        session usable.
+        Collective over the pipeline's group on entry and on exit. On a real GPU the stats
+        reach :attr:`history` and the hooks at the next exit (see the module docstring). An
+        exception inside discards the iteration and leaves the session usable.
 
         Raises:
             ConfigError: before :meth:`start`, after :meth:`close`, or nested.
@@ -353,9 +343,8 @@ class RankSession:
                 self.frontier, self.point_index = frontier, index
                 self._run_start = self._iteration
                 self._drift.reset()
-        # Back-to-back iterations share their boundary (one energy reading ends one and starts
-        # the next, so counter steps cancel over a run); after anything ran between them
-        # (evaluation) or after a discarded one, every rank marks a fresh start.
+        # Back-to-back iterations share their boundary (counter steps cancel over a run); after
+        # anything ran between them or a discarded one, every rank marks a fresh start.
         fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0
         self._ran_between = False
         fresh = self._run.agree_start(fresh, self.group)
@@ -372,8 +361,8 @@ class RankSession:
             self._run.first_clock(agent)
 
     def _end(self) -> None:
-        """The iteration ends on the host: marked on the device, its figures read now (in
-        emulation, while profiling, with ``wait_for_figures``) or at the next end."""
+        """The iteration ends on the host: marked on the device, its figures read now or at
+        the next end."""
         agent, start = self._agent, self._window
         assert start is not None  # set by _begin
         last_op, end = None, None
@@ -397,8 +386,7 @@ class RankSession:
 
     def flush(self) -> None:
         """Read every ended iteration's figures now and deliver them (:attr:`history`, the
-        boundary hooks); waits for the device to pass their ends. Collective over the
-        pipeline's group: call it on every rank, between iterations. :meth:`close` does it.
+        boundary hooks). Collective: call it on every rank, between iterations.
 
         Raises:
             ConfigError: inside an iteration.
@@ -416,7 +404,7 @@ class RankSession:
         """An ended iteration's figures, agreed over the pipeline (collective)."""
         agent = self._agent
         delivery = agent.finish_iteration().clock_delivery if agent is not None else None
-        start = ended.start  # its events are complete now: the worker passed its end
+        start = ended.start
         t0, e0 = start.resolve() if isinstance(start, CounterMark) else start
         own_end_s = t0 if ended.last_op is None else ended.last_op.device_time_s()
         if ended.end is not None:

@@ -1,10 +1,6 @@
-"""The online sweep of a session, as one object: options, profiler, counter sampler, windows.
-
-During the first iterations a session with an ``OnlineProfile`` plan runs a one-point "plan"
-of the clocks to measure next (:meth:`SessionSweep.sweep_plan`); op times come from the agent's
-device events, op power from a fit to the energy counter's windows
-(:mod:`perseus.runtime.profiling.energy_attribution`). Profiling again after a drift sweeps
-only the ops that drifted, keeping the other ops' rows of the previous profile.
+"""The online sweep of a session: a one-point "plan" of the clocks to measure next, op times
+from the agent's device events, op power from a fit to the energy counter's windows
+(:mod:`perseus.runtime.profiling.energy_attribution`).
 """
 
 from __future__ import annotations

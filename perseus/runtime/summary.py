@@ -1,8 +1,6 @@
-"""One short, readable summary of a run: predicted vs measured time, energy and saving.
-
-Every figure is the whole pipeline's, the saving measured against the plan's predicted all-max
-baseline. When the figures do not measure the plan, the summary says why
-(:attr:`RunSummary.caveat`), from figures every rank shares.
+"""One short, readable summary of a run: predicted vs measured time, energy and saving (the
+whole pipeline's, against the plan's predicted all-max baseline), and why the figures do not
+measure the plan when they do not (:attr:`RunSummary.caveat`).
 """
 
 from __future__ import annotations
@@ -98,32 +96,29 @@ class RunSummary:
 
 def drift_cause(runs: Sequence[IterationStats]) -> str | None:
     """Why ``runs`` do not measure their plan, or None when they do: clocks held below it;
-    else time or energy off the prediction beyond :data:`DRIFT_TOLERANCE` on average, from
-    the host overruns in emulation where there were any (a late host costs the emulated
-    devices no time, so overruns alone are no cause), else another GPU or a stale profile.
-    Every rank finds the same. Complexity: O(len(runs)).
-    """
-    causes = []
+    else time or energy off beyond :data:`DRIFT_TOLERANCE` on average, put down to host
+    overruns in emulation where there were any (overruns alone are no cause), else to another
+    GPU or a stale profile. Every rank finds the same."""
     held = [s for s in runs if s.pipeline_held_ops]
     if held:
         reasons = sorted({r for s in held for r in s.held_reasons})
-        causes.append(
+        cause = (
             f"clocks held below the plan ({describe_reasons(reasons)}) in {len(held)} of "
             f"{len(runs)} iterations"
         )
-    if not causes and (off := _off_prediction_cause(runs)) is not None:
-        overruns = sum(s.host_overruns for s in runs)
-        causes.append(
+    elif (off := _off_prediction_cause(runs)) is None:
+        return None
+    elif overruns := sum(s.host_overruns for s in runs):
+        cause = (
             f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
             "simulated GPU runs them)"
-            if overruns
-            else off
         )
-    return "these figures do not measure the plan: " + "; ".join(causes) if causes else None
+    else:
+        cause = off
+    return "these figures do not measure the plan: " + cause
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
-    # Each run's (time error, energy error) against its prediction, where it has one.
     errors = [
         (s.time_s / s.predicted_time_s - 1.0, s.pipeline_energy_j / s.predicted_energy_j - 1.0)
         for s in runs
@@ -143,8 +138,7 @@ def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
 
 def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
     """The summary of the last stretch of ``history`` that ran one point of ``frontier``
-    (None: none ran). Complexity: O(len(history)).
-    """
+    (None: none ran)."""
     runs = _last_stretch(history)
     if not runs:
         return None

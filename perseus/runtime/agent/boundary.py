@@ -1,9 +1,7 @@
 """The hand-off between the training thread and the clock worker, one op at a time.
 
-The agent posts a :class:`Boundary` as the host enters an op: its :class:`OpRequest` (frozen:
-what the worker is asked to do) and, once the host leaves the op, its end event (written once,
-by the agent). The worker writes only the boundary's :class:`OpReport` (what it did and read),
-and the agent reads the report after the controller's ``flush()``: each field has one writer.
+The agent posts a :class:`Boundary` as the host enters an op and writes its end event once;
+the worker writes only its :class:`OpReport`: each field has one writer.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ class MidSwitch(NamedTuple):
 
 @dataclass(slots=True)  # not frozen: a frozen init costs ~5 us on the training thread
 class OpRequest:
-    """What the agent asks of the worker for one op on the device's timeline (never changed
-    once posted).
+    """What the agent asks of the worker for one op (never changed once posted).
 
     Attributes:
         start: Event recorded on the compute stream just before the op.
@@ -38,10 +35,8 @@ class OpRequest:
         expected_s: Expected device time of this op (None: unknown, wait for its end event).
         mem_next_mhz: Memory clock of the next op (None: not set by the plan).
         mids: Phased op: the changes inside the op, in order (empty: one phase).
-        gap_s: Expected idle device time between this op's end and the next op's start
-            (waiting for its input); the change may land anywhere in it.
-        stamp: Read the counter at ``start`` even when the controller does not stamp ops (an
-            iteration's first event: its reading is taken there, off the training thread).
+        gap_s: Expected idle device time after this op's end (the change may land in it).
+        stamp: Read the counter at ``start`` even when the controller does not stamp ops.
     """
 
     start: DeviceEvent
@@ -60,20 +55,16 @@ class OpReport:
     Attributes:
         start_mj / end_mj: The energy counter at the op's events.
         mids_issued / mids_missed: Mid-op changes issued, and skipped because the op ended
-            first (a late worker, or an op shorter than predicted).
+            first.
         aim_s / ready_s / issue_s / return_s: On the device's clock, for the next op's
-            change: when the worker meant to issue it (None: at the end event), was ready to
-            wait for that, issued it and saw the call return (``benchmarks/clock_timing.py``).
-        asked_mhz / read_mhz / read_reasons: The clock read back inside the op
-            (:mod:`perseus.runtime.agent.readback`): the SM clock applied then, the clock the
-            GPU ran and its event reasons (None: not read).
-        asked_mem_mhz / read_mem_mhz: Where the plan sets memory clocks, the memory lock in
-            force when read (None: none, refused) and the memory clock the GPU ran.
-        read_phase: The op's phase running when read (a phased op's later phases are set
-            before the read).
-        observed: Read observe-only: no clock of ours was applied, the driver chose it; the
-            reading is held against the plan's clock (below it with a limiting reason: the
-            plan cannot be delivered here either).
+            change: when the worker meant to issue it (None: at the end event), was ready,
+            issued it and saw the call return (``benchmarks/clock_timing.py``).
+        asked_mhz / read_mhz / read_reasons: The clock read back inside the op: the SM clock
+            applied then, the one the GPU ran and its event reasons (None: not read).
+        asked_mem_mhz / read_mem_mhz: The memory lock in force when read (None: none) and
+            the memory clock the GPU ran.
+        read_phase: The op's phase running when read.
+        observed: Read observe-only (the driver chose the clock).
     """
 
     start_mj: int | None = None
@@ -93,8 +84,7 @@ class OpReport:
     observed: bool = False
 
 
-#: The report of a boundary no worker has taken yet (read-only: nothing read, nothing done);
-#: the worker gives each boundary its own as it takes it, off the training thread.
+#: The report of a boundary no worker has taken yet (read-only; the worker gives each its own).
 NO_REPORT = OpReport()
 
 
@@ -102,12 +92,9 @@ class Boundary:
     """One op on the device's timeline, posted by the agent when the host enters it.
 
     Args:
-        request: What the worker is asked to do (frozen).
-        end: The op's end event, when already recorded; else the agent sets :attr:`end` once,
-            as the host leaves the op.
-        then: Run by the worker once it has handled the boundary, before anyone waiting for
-            it is told (an iteration's end: its figures are worked out there, off the training
-            thread).
+        request: What the worker is asked to do.
+        end: The op's end event, when already recorded (else the agent sets it once).
+        then: Run by the worker once it has handled the boundary, before waiters are told.
     """
 
     __slots__ = ("end", "report", "request", "then")
@@ -121,7 +108,7 @@ class Boundary:
         self.request = request
         self.end = end
         self.then = then
-        self.report = NO_REPORT  # the worker gives the boundary its own as it takes it
+        self.report = NO_REPORT
 
     @property
     def start(self) -> DeviceEvent:

@@ -1,13 +1,9 @@
 """The driver calls behind the clock worker, and what they teach about when to make them.
 
-:class:`ClockSetter` makes the worker's set calls: one short method for the SM clock and one
-for the memory clock, through one retry helper. Permission and support errors switch to
-*observe-only* (a refused memory lock only drops memory clocks); other errors are retried
-(:data:`RETRIES` times, with a short back-off) and one that persists also switches to
-observe-only, instead of killing training. The notice waits for the training thread to warn
-once (:class:`~perseus.device.base.ObserveOnlyWarning`). Each call's landing (issue to the new
-clock in effect: as the device reports it, else the call's duration)
-feeds :func:`issue_offset_s`.
+Permission and support errors switch :class:`ClockSetter` to *observe-only* (a refused memory
+lock only drops memory clocks); other errors are retried :data:`RETRIES` times, then also
+switch to observe-only instead of killing training. Each call's landing (issue to the new
+clock in effect) feeds :func:`issue_offset_s`.
 """
 
 from __future__ import annotations
@@ -43,15 +39,11 @@ def issue_offset_s(
 ) -> float:
     """When to issue a clock change, relative to an op's predicted end (negative: before).
 
-    The new clock lands ``L`` after the call is issued (``landings_s``: samples of ``L``).
-    Landing before the op's true end runs its tail at the next op's clock; landing after the
-    next op's start (``gap_s`` of idle device time after the end) runs that op's head at the
-    old clock. The op's true end is the prediction plus an error (``end_errors_s``: samples,
-    equally likely). The expected wrong-clock time, E[(end - x)+ + (x - end - gap)+], is least
-    where landing before the end is as likely as landing after the next start: with no gap
-    that is the median landing (so the lead is the median of the landing time, not of the
-    call time), within a gap the two tails balance, and a gap wider than the spread leaves a
-    range of offsets with no wrong time at all: this returns its middle.
+    The new clock lands ``L`` after the call (``landings_s``: samples of ``L``); the op's
+    true end is the prediction plus an error (``end_errors_s``: samples). Landing before the
+    end runs its tail at the next op's clock, landing after the next op's start (``gap_s``
+    later) runs that op's head at the old one. The expected wrong-clock time is least where
+    both are equally likely; when a range of offsets has none, this returns its middle.
     """
     errors = tuple(end_errors_s) or (0.0,)
     a = sorted(d - e for d in landings_s for e in errors)  # landing relative to the true end
@@ -75,8 +67,7 @@ def issue_offset_s(
     return 0.5 * (bounds(False) + bounds(True))
 
 
-#: The same inputs recur op after op in steady state (each op's gap and error quantiles, the
-#: landing quantiles re-taken every 8 landings): 96 bisection steps each time otherwise.
+#: In steady state the same inputs recur op after op (96 bisection steps each otherwise).
 _issue_offset_cached_s = functools.lru_cache(maxsize=64)(issue_offset_s)
 
 
@@ -96,9 +87,7 @@ class ClockSetter:
     """Set calls for one GPU, on the worker's thread (see the module docstring).
 
     Args:
-        gpu: The device to drive.
         events: The device's timeline (None: landings from call durations only).
-        clock: Where call durations are read and back-offs slept.
         control: False never sets a clock (observe-only from the start).
         stopped: True once the controller closes: no call is started after that.
     """
@@ -117,8 +106,7 @@ class ClockSetter:
         self._clock = clock
         self._stopped = stopped
         self.observe_only = not control
-        #: Held around each driver call, so a reset on shutdown cannot be overtaken by a set
-        #: call that was already in flight.
+        #: Held around each driver call: a reset on shutdown cannot be overtaken by a set call.
         self.device_lock = threading.Lock()
         self.applied_mhz: int | None = None  # the last clock the driver accepted (snapped)
         self.target_mhz: int | None = None  # the last clock asked for, applied or not
@@ -238,8 +226,7 @@ class ClockSetter:
         return t1
 
     def _drop_memory_clocks(self, error: DeviceError) -> None:
-        """The driver refused a memory lock (a board that lists memory clocks but does not
-        lock them): keep setting SM clocks, never ask for a memory clock again, warn once."""
+        """The driver refused a memory lock: keep setting SM clocks only, warn once."""
         self._mem_gpu = None
         self.mem_target_mhz = None
         self.notice = (

@@ -1,15 +1,12 @@
 """Apply clocks (SM, and memory where a plan sets one) off the training thread, on the
 device's timeline.
 
-A set call blocks its caller for ~5 ms, so the rank agent only posts work and a worker makes
-the driver calls (:class:`~perseus.runtime.agent.clock_setter.ClockSetter`). Device-timed
-(:meth:`FrequencyController.post`): the worker waits for an op's start event and issues the
-next clocks so that they land as the op ends, reads the clock back inside each op and stamps
-events with the energy counter. Host-timed (:meth:`FrequencyController.request`): the latest
-request is applied as soon as possible. With a :class:`~perseus.device.clock.VirtualClock`
-there is no thread: :meth:`FrequencyController.flush` and
-:meth:`FrequencyController.wait_applied` do the work inline, in order (``docs/timing.md``).
-:meth:`FrequencyController.close_nowait` only sets a flag, for signal handlers.
+A set call blocks its caller for ~5 ms, so the agent only posts work and a worker makes the
+driver calls. Device-timed (:meth:`FrequencyController.post`): the worker waits for an op's
+start event, issues the next clocks to land as the op ends, reads the clock back inside each
+op and stamps events with the energy counter. Host-timed (:meth:`FrequencyController.request`):
+the latest request is applied as soon as possible. On a virtual clock there is no thread: the
+work is done inline, in order (``docs/timing.md``).
 """
 
 from __future__ import annotations
@@ -43,27 +40,15 @@ FINAL_APPROACH_S = 0.003
 class FrequencyController:
     """Applies clocks on a worker thread, timed by device events or by host requests.
 
-    Usage::
-
-        ctl = FrequencyController(gpu, events=gpu)
-        ctl.start()
-        ctl.apply_now(1410)                  # iteration start
-        ctl.post(Boundary(OpRequest(start_event, freq_next_mhz=1095, expected_s=0.05)))
-        ctl.flush()                          # wait until everything posted is done
-        ctl.close()
-
     Args:
         gpu: The device to drive.
         events: Where device time comes from (None: host-timed requests only).
         control: False only observes (stamps events with the counter; never sets clocks).
-        stamp_ops: Read the device's energy counter at every op boundary whose event carries
-            no reading of its own. False for NVML: its counter is published every 100 ms and a
-            read costs ~3 ms of driver time (measured on an H100, benchmarks/README.md), so
-            per-op reads would only return 0 or one whole 100 ms step, and would make the
-            worker fall behind the ops; iteration energy is then read at the iteration's ends.
-        clock: Where the worker reads the time and sleeps (:mod:`perseus.device.clock`); the
-            device's events must be on the same timeline when it is virtual, and the work is
-            then done inline (no thread; see the module docstring).
+        stamp_ops: Read the energy counter at every op boundary whose event carries no reading.
+            False for NVML: its counter publishes every 100 ms and a read costs ~3 ms
+            (benchmarks/README.md), so only iteration ends are read.
+        clock: Where the worker reads the time and sleeps; when virtual, the device's events
+            share its timeline and the work is done inline.
     """
 
     def __init__(
@@ -91,7 +76,6 @@ class FrequencyController:
         self._attention = False  # set by the worker when the setter's notice needs surfacing
         self._closed = False
         self._thread: threading.Thread | None = None
-        #: The driver calls and what they teach (applied clocks, latencies, landings).
         self.setter = ClockSetter(
             gpu,
             events=events,
@@ -99,9 +83,8 @@ class FrequencyController:
             control=control,
             stopped=lambda: self._closed,
         )
-        #: Held by the worker around each driver call (see :class:`ClockSetter`).
         self.device_lock = self.setter.device_lock
-        # Reads back what ran (NVML, the simulator); None: the device cannot tell.
+        # None: the device cannot say which clock ran.
         self._readback: ClockReadbackGPU | None = gpu if isinstance(gpu, ClockReadbackGPU) else None
         self._stale = 0
 
@@ -124,8 +107,7 @@ class FrequencyController:
 
     @property
     def reads_back(self) -> bool:
-        """True when the GPU can say which clock ran (observe-only too: the plan's clocks are
-        then compared with the driver's own)."""
+        """True when the GPU can say which clock ran (observe-only too)."""
         return self._readback is not None
 
     @property
@@ -159,9 +141,8 @@ class FrequencyController:
             self._drain()  # inline: "as soon as possible" is now
 
     def apply_now(self, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
-        """Device-timed mode: apply ``freq_mhz`` (and ``mem_freq_mhz`` unless None) before
-        the next posted boundary is handled (the device is idle at an iteration boundary, so
-        "now" is the right time)."""
+        """Device-timed: apply ``freq_mhz`` (and ``mem_freq_mhz`` unless None) before the next
+        posted boundary is handled (at an iteration boundary the device is idle)."""
         setter = self.setter
         if freq_mhz == setter.target_mhz and not setter.mem_change(mem_freq_mhz):
             return
@@ -178,27 +159,28 @@ class FrequencyController:
                 self._cond.notify()
 
     def forget(self) -> None:
-        """Forget the last posted clock so the next request is applied even if equal (after
-        someone else reset the GPU: a power schedule's pause between intervals)."""
+        """Forget the last posted clock so the next request is applied even if equal (someone
+        else reset the GPU)."""
         self._posted = None
         self.setter.forget()
 
     def flush(self, timeout_s: float = 1.0) -> bool:
         """Wait until nothing is pending or in flight; True if it drained in time."""
+        return self._wait(self._drained, timeout_s)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (inline: work) until ``done()``, the worker is gone or the timeout passed."""
         if not self._threaded:
             self._drain()
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._drained() or self._thread is None or self._closed, timeout_s
-            )
-            drained = self._drained()
+            self._cond.wait_for(lambda: done() or self._thread is None or self._closed, timeout_s)
+            ok = done()
         if self._attention:
             self._surface()
-        return drained
+        return ok
 
     def wait_done(self, job: Boundary) -> bool:
-        """Wait until the worker has handled ``job``, and so every job posted before it (a
-        host-side wait: the worker waits for the device). True when it was handled; False when
+        """Wait until the worker has handled ``job`` and every job posted before it; False when
         the controller closed or its worker stopped first."""
         if not self._threaded:
             self._drain()
@@ -217,23 +199,7 @@ class FrequencyController:
     def wait_applied(self, freq_mhz: int, timeout_s: float = 1.0) -> bool:
         """Wait until a set call for ``freq_mhz`` has returned (True), the controller is
         observe-only (True: nothing to wait for) or the timeout passed (False)."""
-        if not self._threaded:
-            self._drain()
-        setter = self.setter
-        with self._cond:
-            self._cond.wait_for(
-                lambda: (
-                    setter.done_mhz == freq_mhz
-                    or self.observe_only
-                    or self._thread is None
-                    or self._closed
-                ),
-                timeout_s,
-            )
-            ok = setter.done_mhz == freq_mhz or self.observe_only
-        if self._attention:
-            self._surface()
-        return ok
+        return self._wait(lambda: self.setter.done_mhz == freq_mhz or self.observe_only, timeout_s)
 
     def close(self, timeout_s: float = 1.0) -> None:
         """Drop anything pending and stop the worker (idempotent)."""
@@ -251,8 +217,7 @@ class FrequencyController:
         self._closed = True
 
     def _surface(self) -> None:
-        """On the caller's thread: warn about observe-only mode (or dropped memory clocks)
-        once."""
+        """On the caller's thread: warn once about observe-only mode or dropped memory clocks."""
         self._attention = False
         notice, self.setter.notice = self.setter.notice, None
         if notice is not None:
@@ -322,7 +287,7 @@ class FrequencyController:
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
         """Poll until ``event`` completed (or we close); its counter reading. On a virtual
-        clock nothing can happen meanwhile (the work is inline): wait for the event at once."""
+        clock the work is inline: wait for the event at once."""
         sleep = self.clock.sleep
         if not self.clock.real_time:
             event.synchronize()
@@ -345,9 +310,7 @@ class FrequencyController:
 
     def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
         """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
-        end event completed. On a virtual clock an event that knows when it completes (the
-        simulator's) takes one step to the earlier of the two, where polling takes one per
-        poll."""
+        end event completed. On a virtual clock the simulator's event waits in one step."""
         wait: Callable[[float], bool] | None = getattr(job.end, "wait", None)  # SimEvent.wait
         if wait is not None and not self.clock.real_time:
             return wait(math.inf if until_s is None else until_s)
@@ -366,8 +329,7 @@ class FrequencyController:
         return False
 
     def _settle_until(self, until_s: float) -> None:
-        """The last stretch before a planned set call: sleep, then poll (a sleep overshoots
-        by up to a scheduler tick on a loaded machine)."""
+        """The last stretch before a planned set call: sleep, then poll (see FINAL_POLL_S)."""
         events = self.events
         assert events is not None
         sleep = self.clock.sleep
@@ -421,11 +383,9 @@ class FrequencyController:
         return True
 
     def _read_back(self, job: Boundary, gpu: ClockReadbackGPU) -> None:
-        """Read the clock the GPU runs inside ``job``'s op: mid-way through it when its time
-        is known (before the next clock is due), else as soon as it runs (the device may idle
-        after the start event, waiting for the op's input: such readings are retried);
-        nothing when the op ended first or no clock of ours is applied (observe-only). The
-        memory clock is read too where the plan sets one (the next op's is set)."""
+        """Read the clock the GPU runs inside ``job``'s op: mid-way when its time is known,
+        else as soon as it runs (idle readings are retried); nothing when the op ended first
+        or, not observe-only, no clock of ours is applied. The memory clock too where set."""
         asked, observed = self.setter.applied_mhz, self.observe_only
         read_mem = job.request.mem_next_mhz is not None
         if asked is None and not observed:
@@ -456,8 +416,7 @@ class FrequencyController:
                 return
 
     def _read_due_s(self, job: Boundary) -> tuple[float, float] | None:
-        """When to read ``job``'s clock, and the last moment to (before its next clock's set
-        call): None when its time is not known."""
+        """When to read ``job``'s clock and the last moment to (None: its time is unknown)."""
         expected, events = job.request.expected_s, self.events
         if expected is None or events is None:
             return None
@@ -466,8 +425,8 @@ class FrequencyController:
         return min(start + 0.5 * expected, last), last
 
     def _idle_wait_over(self, job: Boundary, last_s: float | None) -> bool:
-        """An idle reading: wait for the op to be launched, then a moment; True when the op
-        ended or reading is too late."""
+        """After an idle reading: wait for the op's launch, then a moment; True when the op
+        ended or it is too late to read."""
         events = self.events
         assert events is not None
         while job.end is None and not self._closed:  # not launched yet: no read till then
@@ -476,8 +435,8 @@ class FrequencyController:
         return (last_s is not None and now >= last_s) or self._wait_end(job, now + 5 * POLL_S)
 
     def _issue_next(self, job: Boundary, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
-        """The next op's clocks: at the aim (predicted end plus the learnt offset), or when
-        the op's end event completes when there is no prediction."""
+        """The next op's clocks: at the aim (predicted end plus the learnt offset), else at the
+        op's end event."""
         events, report = self.events, job.report
         until = self._aim_s(job, freq_mhz, mem_freq_mhz)
         report.aim_s = until

@@ -1,22 +1,9 @@
 """Device events for the agent: the simulated device's own, or ``torch.cuda.Event`` on a GPU.
 
-:func:`event_source_for` picks the source for a GPU object: a device that records events itself
-(the simulator) is its own source; an NVML GPU uses CUDA events on the current stream of the
-current CUDA device when torch with CUDA is importable; otherwise there is no device timeline
-and the agent falls back to host timing. Every CUDA call is behind that check, so CPU-only
-machines never touch CUDA.
-
-A CUDA event's time comes from ``elapsed_time`` against a reference event recorded (and
-synchronised once) when the source is created, mapped onto :func:`time.perf_counter`; reading
-an event's time needs the event to have completed, never a device-wide synchronise.
-
-The training thread records two events per op, so a record is kept small: CUDA events are
-pooled (:meth:`CudaEventSource.recycle`, called as each iteration ends, returns the events
-recorded two iterations ago: the controller's worker and the timing history are done with
-them by then) and the current stream is kept, looked up again only when the raw stream
-changed (a cheap C call at every record), so an op launched on another stream (a stream
-switch) is timed on it. An event's time is read once and kept (the worker reads it as the event
-completes), so the training thread makes no CUDA call to learn its ops' times.
+A CUDA event's time is ``elapsed_time`` against a reference event recorded (and synchronised
+once) when the source is created, mapped onto :func:`time.perf_counter`. CUDA events are pooled
+(:meth:`CudaEventSource.recycle`) and the current stream is looked up again only when the raw
+stream changed, so an op launched on another stream is timed on it.
 """
 
 from __future__ import annotations
@@ -47,8 +34,8 @@ class CudaEvent:
         self._event.synchronize()
 
     def device_time_s(self) -> float:
-        """Read once (the controller's worker does, as the event completes), then kept: the
-        training thread reads ops' times at the iteration's end without a CUDA call."""
+        """Read once (by the worker, as the event completes), then kept: no CUDA call on the
+        training thread."""
         time_s = self._time_s
         if time_s is None:
             self._event.synchronize()  # returns at once when already complete
@@ -63,19 +50,16 @@ class CudaEventSource:
     def __init__(self, device_index: int | None = None) -> None:
         import torch
 
-        self._torch = torch
         index = torch.cuda.current_device() if device_index is None else device_index
         self.device = torch.device("cuda", index)
         self._index = index  # current_stream(int) skips parsing a device (~10 us a record)
         self._current_stream: Any = torch.cuda.current_stream
-        # The current stream is kept, and looked up again only when the raw stream (one cheap
-        # C call, where this torch has it) has changed: a stream switch.
+        # Looked up again only when the raw stream (one cheap C call) changed: a stream switch.
         self._raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._stream_key: int | None = None
         self._stream: Any = None
         self._event_type: Any = torch.cuda.Event
-        # The C method itself where the event type is torch's (its Python wrapper only
-        # looks up the current stream when given none).
+        # The C method itself where the event type is torch's (its wrapper adds nothing here).
         base = getattr(torch._C, "_CudaEventBase", None)
         direct = isinstance(base, type) and issubclass(self._event_type, base)
         self._record: Any = base.record if direct else self._event_type.record  # type: ignore[union-attr]

@@ -1,20 +1,10 @@
 """What the rank agent learns about each op on the device's timeline, to time clock changes.
 
-A clock change for the op after op ``j`` is issued so that it lands at op ``j``'s end (or in the
-idle gap after it, while the next op waits for its input). That needs op ``j``'s device time
-at its clock and the gap after it, both learnt from the completed iterations' device events:
-
-* op times are averaged over the last :data:`HISTORY` iterations: ops jitter by ~1 % from one
-  iteration to the next, so one sample mispredicts the end by ~1.4 % and a mean of k by
-  ~1 % x sqrt(1 + 1/k);
-* the gap is the smallest of the last :data:`HISTORY` (a change aimed into a gap that turns out
-  shorter lands inside the next op);
-* a phased op's time is also kept as its "time per unit of work over clock" (time taken as
-  inversely proportional to the SM clock, over the phases that really ran), from which its
-  planned layer boundaries are predicted when no profile gives them.
-
-The agent (:mod:`perseus.runtime.agent.rank_agent`) owns one :class:`OpTimingHistory`; the controller
-(:mod:`perseus.runtime.agent.controller`) turns its predictions into issue times.
+A change for the op after op ``j`` should land at op ``j``'s end or in the idle gap after it.
+Op times are averaged over the last :data:`HISTORY` iterations (ops jitter by ~1 %); the gap
+is the smallest of the last :data:`HISTORY` (a change aimed into a gap that turns out shorter
+lands inside the next op); a phased op's time is kept per unit of work over clock (time taken
+as inversely proportional to the SM clock), to predict its layer boundaries without a profile.
 """
 
 from __future__ import annotations
@@ -40,21 +30,18 @@ _K = TypeVar("_K")
 class OpTimingHistory:
     """Per-op device times and idle gaps of recent iterations (see the module docstring)."""
 
-    def __init__(self, history: int = HISTORY) -> None:
-        self._history = history
+    def __init__(self) -> None:
         self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
         self._gaps_s: dict[int, deque[float]] = {}
         self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
-        # What the per-op lookups return, kept up to date by learn() for the keys it touches:
-        # the mean of _times_s (else the last phased run's time), and the min of _gaps_s.
+        # What predicted() returns, kept up to date by learn(): mean time, min gap.
         self._expected_s: dict[tuple[int, int], float] = {}
         self._gap_s: dict[int, float] = {}
 
     def predicted(self, j: int, freq_mhz: int) -> tuple[float | None, float]:
         """Op ``j``'s predicted device time at ``freq_mhz`` (None: never seen) and idle device
-        time after it (0 when unknown). Two lookups: the agent asks once per op, on the
-        training thread, so :meth:`learn` does the arithmetic."""
+        time after it (0 when unknown); two lookups, on the training thread."""
         return self._expected_s.get((j, freq_mhz)), self._gap_s.get(j, 0.0)
 
     def phase_start_s(self, j: int, phases: tuple[OpPhase, ...], i: int) -> float | None:
@@ -75,15 +62,8 @@ class OpTimingHistory:
         freqs_mhz: Sequence[int],
         phases: Sequence[tuple[OpPhase, ...]],
     ) -> list[tuple[int, float, float]]:
-        """Learn from an iteration's completed boundaries (all events done); returns each
-        op's ``(index, device start, device end)``, in order (ops whose end was never recorded
-        are left out).
-
-        Args:
-            jobs: The iteration's boundaries, op ``j`` at index ``j``.
-            freqs_mhz: Each op's (first) clock.
-            phases: Each op's phases.
-        """
+        """Learn from an iteration's completed boundaries (op ``j`` at index ``j``); returns
+        each op's ``(index, device start, device end)``, in order (ops never ended left out)."""
         whole = bool(jobs) and len(jobs) == len(freqs_mhz)
         last = self._last_end
         if last is not None and whole:
@@ -123,7 +103,7 @@ class OpTimingHistory:
     def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> deque[float]:
         values = table.get(key)
         if values is None:
-            values = table[key] = deque(maxlen=self._history)
+            values = table[key] = deque(maxlen=HISTORY)
         values.append(max(0.0, value))
         return values
 

@@ -11,11 +11,8 @@
             record = agent.step_end()                     # time_s, energy_j of the iteration
 
 Ops must arrive in the plan's order (else
-:class:`~perseus.runtime.agent.rank_plan.OpOrderError`, with the rank's op grid); they are
-timed on the device's timeline or the host's (:mod:`perseus.runtime.agent.timing`).
-:meth:`RankAgent.step_close` never waits for the device (:meth:`RankAgent.finish_iteration`
-reads the figures later); :meth:`RankAgent.swap_plan` changes the plan at the next iteration;
-safety: :mod:`perseus.runtime.safety.guard`. :class:`NullAgent` does nothing.
+:class:`~perseus.runtime.agent.rank_plan.OpOrderError`); they are timed on the device's
+timeline or the host's (:mod:`perseus.runtime.agent.timing`). :class:`NullAgent` does nothing.
 """
 
 from __future__ import annotations
@@ -44,15 +41,7 @@ from perseus.runtime.agent.timing import CounterMark, DeviceTiming, HostTiming, 
 from perseus.runtime.safety.guard import GpuClaim
 from perseus.schedule.actions import Action, Kind
 
-__all__ = [
-    "AgentRecords",
-    "IterationRecord",
-    "NullAgent",
-    "OpRecord",
-    "OpTimeFn",
-    "RankAgent",
-    "make_agent",
-]
+__all__ = ["NullAgent", "RankAgent", "make_agent"]
 
 
 def _no_energy() -> int:  # no GPU: no counter
@@ -93,15 +82,12 @@ class RankAgent:
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; see the module docstring).
         events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
-        op_time_s: Predicted device time of a whole op at a clock (from the profile the plan
-            was computed for; given the memory clock as a fourth argument for a phase that
-            sets one); times a phased op's mid-op switches. Without it the agent
-            predicts from the op's device time in the previous iteration (time taken as
-            inversely proportional to the clock), and the first iteration runs two-clock ops
-            at their first clock only.
+        op_time_s: Predicted device time of a whole op at a clock (from the plan's profile;
+            :data:`~perseus.runtime.agent.rank_plan.OpTimeFn`); times a phased op's mid-op
+            switches. Without it they are predicted from earlier iterations, and the first
+            iteration runs two-clock ops at their first clock only.
         clock: Where host times are read and the clock worker sleeps (default: the GPU's
-            own timeline, :func:`~perseus.device.clock.clock_of`). A virtual one (a simulated
-            GPU's) runs the worker inline, on the training thread, at :meth:`step_end`:
+            own timeline). A virtual one runs the worker inline, on the training thread:
             every timing decision is then deterministic (tests).
 
     Raises:
@@ -132,7 +118,7 @@ class RankAgent:
         self.enabled = enabled and gpu is not None
         self._use_watchdog = watchdog
         self._handle_signals = handle_signals
-        # Bound once so the hot path makes one call and no branch.
+        # Bound once: the hot path makes one call and no branch.
         self._energy_iter: Callable[[], int] = gpu.energy_mj if gpu is not None else _no_energy
         self._energy_mj: Callable[[], int] = (
             gpu.energy_mj if measure_op_energy and gpu is not None else _no_energy
@@ -159,9 +145,8 @@ class RankAgent:
         self._events: EventSource | None = events
         self._device_timed = False
         self._stamp_ops = True
-        # How ops are timed (device events or the host's clock): chosen at start().
         self._mode: DeviceTiming | HostTiming = self._host_timing()
-        self._held_report: HeldClockReport | None = None  # made at start (the GPU's name)
+        self._held_report: HeldClockReport | None = None
         self._set_plan(RankPlan.of(plan, point_index, rank))
 
     # -----------------------------------------------------------------------------------------
@@ -176,8 +161,8 @@ class RankAgent:
         self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
-        """The plan's phases on this GPU: SM clocks snapped to its list, memory clocks (where
-        the plan sets any and the GPU can lock them; else None) to its lockable ones."""
+        """The plan's phases snapped to this GPU's clocks (memory clocks None where unset or
+        not lockable)."""
         rank_plan = self._rank_plan
         mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
         if rank_plan.uses_memory_clocks and self._clocks and self.enabled and not mem:
@@ -210,8 +195,7 @@ class RankAgent:
         return self._phases
 
     def _mid_time_s(self, j: int, i: int) -> float | None:
-        """Predicted device time from op ``j``'s start to the start of its phase ``i``: each
-        earlier phase's share of work times the whole op's time at its clocks."""
+        """Predicted device time from op ``j``'s start to the start of its phase ``i``."""
         phases = self._phases[j]
         if self._op_time_fn is not None:
             return self._rank_plan.phase_start_s(j, i, phases, self._op_time_fn)
@@ -273,11 +257,9 @@ class RankAgent:
             except BaseException:
                 self._teardown(reset=False)
                 raise
-            # No clock is set before step_begin(): set-up, evaluation and the first data
-            # loads run at the GPU's default clock (step_begin applies the first op's).
+            # No clock is set before step_begin(): set-up runs at the GPU's default clock.
         elif gpu is not None and self._device_timed:
-            # Observe-only: no ownership, no watchdog; the worker only reads the counter at
-            # device-time boundaries.
+            # Observe-only: no ownership, no watchdog; the worker only reads the counter.
             self._controller = self._new_controller(gpu, control=False)
             self._controller.start()
         self._install_mode()
@@ -289,7 +271,6 @@ class RankAgent:
         self._clocks = tuple(sorted(gpu.supported_clocks_mhz()))  # opens an NVML device
         reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
         if self.enabled and reason is not None:
-            # known before any set call: no ownership, no watchdog for clocks we cannot set
             warn_observe_only(gpu, reason)
             self.enabled = False
         if self._timing == "device" and self._events is None:
@@ -347,7 +328,7 @@ class RankAgent:
 
     def _emergency_close(self) -> None:
         """atexit / signal path: like close() but never raises and takes no lock that the
-        interrupted thread may hold (the controller is told to stop by a flag, not joined)."""
+        interrupted thread may hold."""
         if self._started:
             self._started = False
             with contextlib.suppress(Exception):
@@ -468,7 +449,6 @@ class RankAgent:
         time_s, energy_j = mode.finish()
         delivery = mode.delivery
         if self._held_report is not None:
-            # Within the iteration the clocks were held in: one warning, then only on a change.
             self._held_report.update(delivery, iteration)
         record = IterationRecord(
             iteration=iteration,
@@ -557,8 +537,7 @@ class RankAgent:
 
     def mark_op_end(self) -> None:
         """Record the current op's end event now, before the host leaves the op (emulation:
-        the op is fully launched, as a GPU host has enqueued it and moved on). Device timing
-        only; a no-op otherwise."""
+        the op is fully launched). A no-op under host timing."""
         self._mode.mark_end()
 
     def _exit_op(self) -> None:

@@ -1,8 +1,5 @@
-"""One rank's part of a plan point, as the rank agent runs it: each op's action (the plan's
-:attr:`~perseus.plan.Frontier.rank_actions`) and phases: its clock pair (SM clock, memory clock
-or None for the default) from a share of its work on (one phase for a one-clock op, up to four
-for a phased op, :func:`perseus.profile.op_phases`). Built once per plan (and per
-:meth:`~perseus.runtime.agent.rank_agent.RankAgent.swap_plan`); pure: no device, no clock.
+"""One rank's part of a plan point, as the rank agent runs it: each op's action and phases
+(a clock pair from a share of its work on; :func:`perseus.profile.op_phases`). Pure: no device.
 """
 
 from __future__ import annotations
@@ -19,9 +16,8 @@ from perseus.schedule.actions import Action, Kind, format_grid
 
 __all__ = ["OpOrderError", "OpPhase", "OpTimeFn", "RankPlan"]
 
-#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``; called
-#: with a fourth argument, the memory clock, for a phase that sets one
-#: (``(stage_index, kind, freq_mhz, mem_freq_mhz) -> time_s``).
+#: Predicted device time of one whole op: ``(stage_index, kind, freq_mhz) -> time_s``, with
+#: the memory clock as a fourth argument for a phase that sets one.
 OpTimeFn = Callable[..., float]
 
 
@@ -113,20 +109,13 @@ class RankPlan:
                         OpPhase(p.freq_mhz, p.mem_freq_mhz, split.work_before(stage, p.first_layer))
                         for p in op
                     )
-        return cls(
-            plan=plan,
-            point_index=point_index,
-            rank=rank,
-            actions=actions,
-            phases=tuple(phases),
-        )
+        return cls(plan, point_index, rank, actions, tuple(phases))
 
     def snapped(
         self, clocks: tuple[int, ...], mem_clocks: tuple[int, ...]
     ) -> tuple[tuple[OpPhase, ...], ...]:
-        """The phases on a GPU's ascending clock lists: each SM clock the nearest (unchanged
-        while the list is unknown, before start); each memory clock the nearest, a phase
-        without one at the highest (None when ``mem_clocks`` is empty: not set)."""
+        """The phases on a GPU's ascending clock lists: each clock the nearest (SM unchanged
+        while the list is unknown; memory: the highest where unset, None without a list)."""
 
         def snap(p: OpPhase) -> OpPhase:
             freq, mem = p.freq_mhz, p.mem_freq_mhz
@@ -141,9 +130,8 @@ class RankPlan:
     def phase_start_s(
         self, j: int, i: int, phases: tuple[OpPhase, ...], op_time_s: OpTimeFn
     ) -> float:
-        """Predicted device time from op ``j``'s start to its phase ``i``'s (``phases``: the
-        op's phases as run): each earlier phase's share of work times the whole op's time at
-        its clocks (the planned memory clock where one is set)."""
+        """Predicted device time from op ``j``'s start to its phase ``i``'s (``phases``: as
+        run): each earlier phase's share of work times the whole op's time at its clocks."""
         stage, kind = self.actions[j].stage_index, self.actions[j].kind
         planned = self.phases[j]
         total = 0.0

@@ -1,20 +1,11 @@
 """What ran, against what was asked: the clocks read back inside each op, per iteration.
 
-A clock lock is a request. Under a power cap an H100 runs the highest clock whose power fits
-(the SW power cap reason set), and a hot or power-braked GPU slows down on its own; a plan
-whose clocks are not delivered predicts time and energy it will not measure. The controller's
-worker reads the GPU's SM clock and clock event reasons once inside every op, off the training
-thread (:class:`~perseus.device.base.ClockReadbackGPU`), and the memory clock in the same read
-where the plan sets one (GDDR boards; an HBM board's plan sets none, see
-``docs/memory-clocks.md``); the readings sit on the op's
-:class:`~perseus.runtime.agent.boundary.Boundary`. At the iteration's end
-:func:`clock_delivery` turns them into the share of op time that ran at the planned clocks
-and the ops held off them (an SM clock below the plan's, a memory clock other than the
-plan's), and :class:`HeldClockReport` warns once (:class:`ClockHeldWarning`) when clocks are
-held, again only when they are held for another reason.
-
-One reading per op is a sample: an op counts as run at its clock when the reading is, and its
-whole time counts as held otherwise.
+A clock lock is a request: under a power cap or when hot a GPU runs slower on its own. The
+controller's worker reads the SM clock, its event reasons and (where the plan sets one) the
+memory clock once inside every op; :func:`clock_delivery` turns an iteration's readings into
+the share of op time at the planned clocks and the ops held off them, and
+:class:`HeldClockReport` warns (:class:`ClockHeldWarning`) once per new reason. One reading per
+op is a sample: its whole time counts as held or not.
 """
 
 from __future__ import annotations
@@ -37,7 +28,6 @@ __all__ = [
     "OpReading",
     "clock_delivery",
     "describe_reasons",
-    "limiting_reasons",
 ]
 
 #: How each limiting reason reads in a warning or summary.
@@ -101,10 +91,9 @@ class HeldOp:
 
 
 class OpReading(NamedTuple):
-    """One op's clocks read back (:func:`clock_delivery`): per clock (SM, then memory where
-    the plan sets one) the plan's for the phase running when read, the one applied then (the
-    memory lock in force; None: none, refused) and the one read (None: not read); the
-    reason mask read and the op's time."""
+    """One op's clocks read back: per clock (SM, then memory) the plan's for the phase running
+    when read, the one applied then (None: none) and the one read (None: not read); the reason
+    mask and the op's time."""
 
     op: Action
     planned_mhz: int
@@ -135,13 +124,6 @@ class ClockDelivery:
     reasons: frozenset[str] = frozenset()
 
 
-def limiting_reasons(mask: int) -> tuple[str, ...]:
-    """The names of the limiting reasons (power, thermal) set in an NVML reason mask."""
-    return tuple(
-        name for bit, name in CLOCK_EVENT_REASONS if mask & bit and name in LIMITING_REASONS
-    )
-
-
 def describe_reasons(reasons: Sequence[str]) -> str:
     """``("sw_power_cap",)`` -> ``"power cap"`` (several joined with ``" + "``)."""
     return " + ".join(REASON_TEXT.get(r, r) for r in reasons) or REASON_TEXT[NO_REASON]
@@ -150,15 +132,10 @@ def describe_reasons(reasons: Sequence[str]) -> str:
 def clock_delivery(readings: Sequence[OpReading]) -> ClockDelivery | None:
     """An iteration's delivery from its ops' readings (None: no op was read).
 
-    A reading taken while another SM clock (or memory lock) was applied, a change not issued
-    yet, says nothing about the op's and is left out; so is one with the idle reason, taken
-    in a gap. An op is held when its SM clock ran below the plan's, or its memory clock (read
-    where the plan sets one) is not the plan's: with no memory lock in force (refused), the
-    reason is ``memory_not_locked``. Observe-only readings (the driver's clock, nothing
-    applied) come with the plan's clock as asked: below it is held all the same, and an op
-    run above it is neither held nor at the plan.
-
-    Complexity: O(len(readings)).
+    Readings taken while another clock was applied, or with the idle reason, are left out.
+    An op is held when its SM clock ran below the plan's or its memory clock is not the
+    plan's (``memory_not_locked`` when no memory lock was in force). Observe-only readings
+    come with the plan's clock as asked; an op run above it is neither held nor at the plan.
     """
     at_plan_s = total_s = 0.0
     ops_read = 0
@@ -194,7 +171,9 @@ def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
     )
     if not (sm_held or mem_held):
         return None
-    reasons = limiting_reasons(r.reasons)
+    reasons = tuple(
+        name for bit, name in CLOCK_EVENT_REASONS if r.reasons & bit and name in LIMITING_REASONS
+    )
     if mem_held and r.asked_mem_mhz is None:
         reasons += (MEMORY_NOT_LOCKED,)
     mem = (plan_mem, read_mem) if mem_held else (None, None)
@@ -202,10 +181,8 @@ def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
 
 
 class HeldClockReport:
-    """Warns when a rank's clocks are held off the plan: once, then only when they are held
-    for another reason (the held clock wanders under a cap, and which ops one reading per op
-    catches varies: neither is news). Once every op read runs at its planned clock again, the
-    next hold is reported afresh."""
+    """Warns when a rank's clocks are held off the plan: once, then only for a new reason;
+    after clocks are delivered again, the next hold is reported afresh."""
 
     def __init__(self, rank: int, gpu_name: str) -> None:
         self._rank = rank

@@ -1,17 +1,10 @@
-"""The rank agent's two ways of timing ops and clock changes, one small class each
-(``docs/timing.md``).
+"""The rank agent's two ways of timing ops and clock changes (``docs/timing.md``).
 
-* :class:`DeviceTiming` (a GPU that records device events): an event and a
-  :class:`~perseus.runtime.agent.boundary.Boundary` posted to the clock worker at each op
-  boundary; op times from event pairs, energy from counter readings the worker takes as the
-  device passes each boundary; the training thread never waits for the device.
-* :class:`HostTiming` (no events; the baseline of ``benchmarks/clock_timing.py``): an op's
-  clock requested as the host enters it, times on the agent's
-  :class:`~perseus.device.clock.Clock`.
-
-Both are called by :class:`~perseus.runtime.agent.rank_agent.RankAgent` after it checked the op
-order: :meth:`begin`, :meth:`enter`/:meth:`exit` around op ``j``, :meth:`close` (iteration end)
-and :meth:`finish` (the oldest closed iteration's time and energy).
+:class:`DeviceTiming` posts an event and a :class:`~perseus.runtime.agent.boundary.Boundary`
+to the clock worker at each op boundary (the training thread never waits for the device);
+:class:`HostTiming` requests an op's clock as the host enters it and times on the host's clock.
+Both are called as ``begin``, ``enter``/``exit`` around op ``j``, ``close`` (iteration end) and
+``finish`` (the oldest closed iteration's time and energy).
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perseus.device.base import DeviceEvent, EventSource
@@ -43,17 +37,10 @@ MidTimeFn = Callable[[int, int], "float | None"]
 
 
 class CounterMark:
-    """A point on the device's timeline marked without waiting for the device or reading the
-    counter: unless the event completed with its own reading, the controller's worker reads
-    the counter as the device passes it (an NVML read costs ~3 ms, p99 ~25 ms on an H100:
-    never the training thread's; without a worker it is read now). Its time and reading are
-    taken when asked (:meth:`resolve`).
-
-    Args:
-        event: The event marking the point.
-        controller: Its worker (None: none).
-        read_mj: Reads the counter (no worker, or the worker could not: closed, an error).
-        then: Run by the worker once it has passed the mark (not run without one).
+    """A point on the device's timeline marked without waiting for the device: the worker
+    reads the counter as the device passes it (an NVML read costs ~3 ms; without a worker
+    ``read_mj`` reads it now, or when the worker could not); :meth:`resolve` gives its time
+    and reading. ``then`` is run by the worker once it has passed the mark.
     """
 
     __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
@@ -76,8 +63,7 @@ class CounterMark:
         self._resolved: tuple[float, int] | None = None
 
     def wait(self) -> None:
-        """Wait until the device passed the mark: for the worker's reading when it takes one
-        (a host-side wait), else for the event itself."""
+        """Wait until the device passed the mark: for the worker's reading, else the event."""
         ctl, stamp = self._controller, self._stamp
         if ctl is not None and stamp is not None and ctl.wait_done(stamp):
             return  # and the boundaries posted before it
@@ -87,8 +73,8 @@ class CounterMark:
             ctl.flush(timeout_s=1.0)  # the boundaries posted before it are handled
 
     def resolve(self) -> tuple[float, int]:
-        """``(device time, counter mJ)`` at the mark (waits for it if needed), read once: the
-        value stays valid after the event is recycled."""
+        """``(device time, counter mJ)`` at the mark (waits if needed), read once: it stays
+        valid after the event is recycled."""
         if self._resolved is None:
             self.wait()
             mj = self._mj if self._mj is not None else self._event.energy_mj
@@ -108,37 +94,21 @@ class _Figures(NamedTuple):
     delivery: ClockDelivery | None
 
 
+@dataclass(slots=True)
 class _Closed:
     """An iteration ended on the host whose figures are not read yet, and the plan it ran.
     Its figures are worked out once, under :attr:`lock`: by the worker as it passes the
-    iteration's end, else (no worker, closed, an error there) by the training thread."""
+    iteration's end, else by the training thread."""
 
-    __slots__ = (
-        "actions",
-        "begin",
-        "end",
-        "figures",
-        "freqs",
-        "iteration",
-        "jobs",
-        "lock",
-        "phases",
-    )
-    end: CounterMark
-
-    def __init__(
-        self,
-        iteration: int,
-        begin: CounterMark,
-        jobs: list[Boundary],
-        freqs: tuple[int, ...],
-        phases: tuple[tuple[OpPhase, ...], ...],
-        actions: tuple[Action, ...],
-    ) -> None:
-        self.iteration, self.begin, self.jobs = iteration, begin, jobs
-        self.freqs, self.phases, self.actions = freqs, phases, actions
-        self.figures: _Figures | None = None
-        self.lock = threading.Lock()
+    iteration: int
+    begin: CounterMark
+    jobs: list[Boundary]
+    freqs: tuple[int, ...]
+    phases: tuple[tuple[OpPhase, ...], ...]
+    actions: tuple[Action, ...]
+    end: CounterMark = field(init=False)
+    figures: _Figures | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class _Clocks:
@@ -150,7 +120,6 @@ class _Clocks:
         "delivery",
         "freqs",
         "mems",
-        "mid_share",
         "mid_switches",
         "mid_switches_missed",
         "phases",
@@ -163,13 +132,10 @@ class _Clocks:
         self.phases: tuple[tuple[OpPhase, ...], ...] = ()
         self.freqs: tuple[int, ...] = ()  # each op's first SM clock
         self.mems: tuple[int | None, ...] = ()  # each op's first memory clock
-        self.mid_share: tuple[float | None, ...] = ()  # the second phase's start share
         self.actions: tuple[Action, ...] = ()
-        #: Per op, what its boundary posts, worked out once per plan rather than per op: the
-        #: next op's SM clock (None for a one-phase op that needs no change) and memory clock.
+        #: Per op, once per plan: the next op's SM clock (None: no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
-        #: The last iteration's mid-op changes made and missed, and its clocks as read back
-        #: (device timing only; None: none read).
+        #: The last iteration's mid-op changes made and missed, and its clocks as read back.
         self.mid_switches = 0
         self.mid_switches_missed = 0
         self.delivery: ClockDelivery | None = None
@@ -179,9 +145,7 @@ class _Clocks:
         self.phases = tuple(phases)
         self.freqs = tuple(p[0].freq_mhz for p in self.phases)
         self.mems = tuple(p[0].mem_freq_mhz for p in self.phases)
-        self.mid_share = tuple(p[1].start_share if len(p) > 1 else None for p in self.phases)
-        # The last op's successor is the next iteration's first op (same plan unless a swap,
-        # which begin() applies).
+        # The last op's successor is the next iteration's first op.
         n = len(self.phases)
         succ = []
         for j, p in enumerate(self.phases):
@@ -195,12 +159,8 @@ class DeviceTiming(_Clocks):
     """Ops and clock changes on the device's timeline (see the module docstring).
 
     Args:
-        events: Where events are recorded.
-        controller: The clock worker (None: no GPU control, times and energy only).
         energy_mj: Reads the counter (iteration ends, when events carry no reading).
         stamp_ops: Whether the worker reads the counter at every op boundary.
-        mid_time_s: Predicted time from a phased op's start to a later phase's start.
-        record_ops: Where each iteration's op rows go, in order.
         recycle: Called as each iteration's figures are read (pooled CUDA events).
     """
 
@@ -249,8 +209,7 @@ class DeviceTiming(_Clocks):
             ctl.apply_now(self.freqs[0], self.mems[0])
         self.jobs = []
         self._begin = CounterMark(self._events.record_event(), ctl, self._energy_mj)
-        # Observe-only, the worker still reads back which clock ran; a GPU that cannot, and
-        # no per-op counter reads, leave it nothing to do for an op: nothing posted.
+        # Observe-only without readback or per-op counter reads, the worker has nothing to do.
         wanted = ctl is not None and (self._stamp_ops or not ctl.observe_only or ctl.reads_back)
         self._post = ctl.post if ctl is not None and wanted else None
 
@@ -258,11 +217,9 @@ class DeviceTiming(_Clocks):
         """Op ``j`` starts: record its start event and post its boundary."""
         phases = self.phases[j]
         nxt, nxt_mem = self.succ[j]
-        # The op's device time and the idle gap after it (waiting for the next op's input),
-        # from recent iterations: the controller aims the change's landing there.
+        # The op's device time and idle gap after it: the worker aims the change's landing there.
         expected, gap = self.history.predicted(j, self.freqs[j])
-        # Phased op: the worker sets each later phase's clocks at its planned layer boundary,
-        # then the next op's (skipped when equal) as the op ends.
+        # Phased op: each later phase's clocks at its planned layer boundary.
         mids = (
             ()
             if len(phases) == 1
@@ -279,8 +236,7 @@ class DeviceTiming(_Clocks):
             post(job)
 
     def switch_shares(self) -> tuple[float, ...]:
-        """Inside a phased op: the shares of its work at which the worker sets its later
-        phases' clocks (empty: none, or the op's end is recorded)."""
+        """See :meth:`~perseus.runtime.agent.rank_agent.RankAgent.switch_shares`."""
         jobs = self.jobs
         if not jobs or jobs[-1].end is not None:
             return ()
@@ -289,21 +245,18 @@ class DeviceTiming(_Clocks):
         return tuple(p.start_share for p in self.phases[len(jobs) - 1][1 : timed + 1])
 
     def mark_end(self) -> None:
-        """Record the current op's end event now (emulation: the op is fully launched)."""
+        """Record the current op's end event now (emulation: the op is launched)."""
         jobs = self.jobs
         if jobs and jobs[-1].end is None:
             jobs[-1].end = self._events.record_event()
 
     def exit(self, j: int) -> None:
         """Op ``j`` ends on the host: record its end event (unless marked already)."""
-        job = self.jobs[-1]
-        if job.end is None:
-            job.end = self._events.record_event()
+        self.mark_end()
 
     def close(self, iteration: int) -> CounterMark:
-        """The iteration ends on the host: record its end event, which the worker stamps with
-        the counter as the device passes it; nothing waits. Returns that end (its figures:
-        :meth:`finish`)."""
+        """The iteration ends on the host: record its end event (the worker stamps it with the
+        counter); nothing waits. Returns that end."""
         ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
@@ -321,8 +274,7 @@ class DeviceTiming(_Clocks):
 
     def finish(self) -> tuple[float, float]:
         """The oldest closed iteration's ``(time_s, energy_j)``, its ops recorded and learnt
-        from. Waits until the worker is past its end (a host-side wait; in steady state it is
-        long past), never for the device itself when the worker reads the counter."""
+        from; waits until the worker is past its end."""
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
@@ -410,12 +362,8 @@ class HostTiming(_Clocks):
     """Clocks requested when the host enters an op; times on the host's clock.
 
     Args:
-        controller: The clock worker (None: measure only).
-        clock: Where op and iteration times are read.
         energy_mj: Reads the counter around each op (a no-op reader when per-op energy is off).
         energy_iter_mj: Reads the counter at iteration ends.
-        record_op: Where each op's row goes.
-        rank: For the one warning about two-clock ops.
     """
 
     __slots__ = (
@@ -467,7 +415,7 @@ class HostTiming(_Clocks):
     def enter(self, j: int) -> None:
         ctl = self.controller
         if ctl is not None:
-            if self.mid_share[j] is not None and not self._warned_two_clock:
+            if len(self.phases[j]) > 1 and not self._warned_two_clock:
                 self._warned_two_clock = True
                 _log.warning(
                     "rank %d: host timing cannot switch clocks mid-op; phased ops run at "
