@@ -22,7 +22,6 @@ __all__ = [
     "bundled_profile_path",
     "default_blocking_power_w",
     "load_profile",
-    "load_profile_with_blocking_power",
     "resolve_plan_profile",
     "resolve_profile_path",
 ]
@@ -116,23 +115,3 @@ def default_blocking_power_w(profile: Profile) -> float | None:
     """The measured blocking power of a bundled profile (matched by content), else None."""
     match = _bundled_hashes().get(profile.sha256)
     return match.blocking_power_w if match else None
-
-
-def load_profile_with_blocking_power(
-    path: str | Path, blocking_power_w: float | None = None
-) -> tuple[Profile, float]:
-    """A profile (a path or a bundled name) and its blocking power: ``blocking_power_w`` when
-    given, else the bundled profile's measured value (what a simulated GPU is built from).
-
-    Raises:
-        ConfigError: unreadable profile, or no blocking power for a non-bundled profile.
-    """
-    profile = load_profile(path)
-    if blocking_power_w is None:
-        blocking_power_w = default_blocking_power_w(profile)
-        if blocking_power_w is None:
-            raise ConfigError(
-                f"{path}: not a bundled profile, so its blocking (P2P-wait) power is unknown; "
-                "pass blocking_power_w"
-            )
-    return profile, blocking_power_w

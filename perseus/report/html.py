@@ -144,16 +144,7 @@ def _plans_table(summary: Summary) -> str:
 
 def _sweep_table(sweep: Sequence[StragglerCase]) -> str:
     headers = ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"]
-    rows = [
-        (
-            f"{c.factor:.2f}",
-            f"{c.straggler_time_s:.3f}",
-            f"{c.plan_time_s:.3f}",
-            f"{100 * c.saving_vs_allmax:.1f} %",
-            f"{100 * c.saving_vs_fastest:.1f} %",
-        )
-        for c in sweep
-    ]
+    rows = [c.cells() for c in sweep]
     return _table(headers, rows)
 
 

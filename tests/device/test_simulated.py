@@ -406,25 +406,25 @@ def test_unknown_preset() -> None:
 
 def test_a_profile_file_and_its_measured_blocking_power_build_a_gpu(tmp_path: Path) -> None:
     """Device modules read no files: perseus.io reads the profile, the caller builds the GPU."""
-    from perseus.io.bundled import load_profile_with_blocking_power
+    from perseus.io.bundled import default_blocking_power_w
 
-    profile, power = load_profile_with_blocking_power("a40")
+    profile = load_profile("a40")
+    power = default_blocking_power_w(profile)
+    assert power is not None
     gpu = SimulatedGPU.from_profile(
         profile, blocking_power_w=power, state_dir=tmp_path, set_latency_s=0.0
     )
     assert gpu.blocking_power_w == pytest.approx(70.38)
-    option = load_profile("a40").op(2, Kind.B).options[3]
+    option = profile.op(2, Kind.B).options[3]
     gpu.set_locked_clock(option.freq_mhz)
     assert gpu.op_cost(2, Kind.B) == (option.time_s, option.energy_j)
     csv = tmp_path / "p.csv"
     csv.write_text(
         "stage,instruction,frequency,time,energy\n0,forward,1410,0.1,30\n0,backward,1410,0.2,60\n"
     )
-    with pytest.raises(ConfigError, match="blocking_power_w"):
-        load_profile_with_blocking_power(csv)
-    profile, power = load_profile_with_blocking_power(csv, blocking_power_w=50.0)
-    assert power == 50.0
-    assert SimulatedGPU.from_profile(profile, blocking_power_w=power).supported_clocks_mhz() == (
+    profile = load_profile(csv)
+    assert default_blocking_power_w(profile) is None  # not bundled: the caller must say
+    assert SimulatedGPU.from_profile(profile, blocking_power_w=50.0).supported_clocks_mhz() == (
         1410,
     )
 

@@ -52,6 +52,16 @@ class StragglerCase:
     saving_vs_allmax: float
     saving_vs_fastest: float
 
+    def cells(self) -> tuple[str, ...]:
+        """Slowdown, T′, the others' plan time, and both savings: one table row's text."""
+        return (
+            f"{self.factor:.2f}",
+            f"{self.straggler_time_s:.3f}",
+            f"{self.plan_time_s:.3f}",
+            f"{100 * self.saving_vs_allmax:.1f} %",
+            f"{100 * self.saving_vs_fastest:.1f} %",
+        )
+
 
 def _check(pipelines: int, factors: list[float]) -> None:
     if pipelines < 2:
