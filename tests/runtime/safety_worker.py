@@ -11,6 +11,7 @@ every op at 1095 MHz. It prints ``running`` once the first iteration has ended, 
 * ``failed-iteration``: an exception inside one iteration is caught, training goes on for two
   more iterations, ``close()``, exit 0 (prints ``recovered``);
 * ``loop``: iterates until killed;
+* ``lock-held``: holds the clock worker's device lock on the main thread until killed;
 * ``rank1-fails``: all ranks loop; once ``$SAFETY_GO_FILE`` exists rank 1 raises and the
   others block in C (as in an NCCL collective whose peer died), where torchrun SIGTERMs them.
 
@@ -118,6 +119,13 @@ def main(mode: str) -> int:
         print("recovered", flush=True)
         pp.close()
         return 0
+    if mode == "lock-held":
+        # Signalled while the main thread holds the device lock, as in an emulated op's
+        # launch or a power pause: the reset must not wait for the thread it interrupted.
+        assert pp.agent is not None and pp.agent.controller is not None
+        with pp.agent.controller.device_lock:
+            while True:
+                time.sleep(0.05)
     go_file = os.environ.get("SAFETY_GO_FILE", "")
     while True:  # loop / rank1-fails on the other ranks: until killed
         step()

@@ -15,7 +15,9 @@ from perseus.device.nvml import NvmlGPU
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceLostError
 from perseus.io import load_profile
+from perseus.runtime.agent.clock_setter import DeviceLock
 from perseus.runtime.agent.controller import FrequencyController
+from perseus.runtime.agent.gpu_probe import reset_clocks
 
 _SET = "nvmlDeviceSetGpuLockedClocks"
 
@@ -121,6 +123,50 @@ def test_close_nowait_stops_the_worker_without_taking_the_lock(tmp_path: Path) -
     assert worker is not None
     worker.join(2.0)
     assert not worker.is_alive()
+
+
+def test_the_exit_reset_waits_for_a_set_call_in_flight(tmp_path: Path) -> None:
+    gpu, nvml, gate = _gated_gpu(tmp_path)
+    ctl = FrequencyController(gpu)
+    ctl.start()
+    ctl.request(1410)
+    assert _entered(nvml)  # the worker holds the device lock in its set call
+    ctl.close_nowait()
+    reset = threading.Thread(target=reset_clocks, args=(gpu, ctl))
+    reset.start()
+    reset.join(0.2)
+    assert reset.is_alive() and "nvmlDeviceResetGpuLockedClocks" not in nvml.names()
+    gate.set()
+    reset.join(5.0)
+    assert nvml.names()[-2:] == [_SET, "nvmlDeviceResetGpuLockedClocks"]
+    assert gpu.locked_clock_mhz() is None
+
+
+class _CountingLock:
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def acquire(self, timeout: float = -1) -> bool:
+        self.tries += 1
+        return False
+
+
+@pytest.mark.parametrize("from_main", [True, False])
+def test_the_exit_reset_never_waits_for_the_main_thread(from_main: bool) -> None:
+    """A signal that interrupts the main thread inside its device-lock window (an emulated
+    op's launch) runs the reset there or on the signal watcher thread; neither may wait for
+    the main thread, which cannot let go until the handler returns."""
+    lock, counting = DeviceLock(), _CountingLock()
+    lock._lock = counting  # type: ignore[assignment]
+    lock.holder = threading.main_thread().ident  # the main thread is inside its window
+    got: list[bool] = []
+    if from_main:
+        got.append(lock.acquire_for_reset(timeout_s=60.0))
+    else:
+        watcher = threading.Thread(target=lambda: got.append(lock.acquire_for_reset(60.0)))
+        watcher.start()
+        watcher.join(5.0)
+    assert got == [False] and counting.tries == 0
 
 
 def test_close_drops_pending_and_stops_thread(tmp_path: Path) -> None:

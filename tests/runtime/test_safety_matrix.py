@@ -7,7 +7,7 @@ with its own simulated-GPU state directory, and reads the lock from that directo
 so that the matrix costs about one torch start-up; the torchrun case runs two workers.
 
 Cases: normal exit, exit without ``close()``, an exception, a failed iteration (caught; training
-goes on), SIGINT, SIGTERM, SIGKILL, owner and watchdog both SIGKILLed and then a new agent opens
+goes on), SIGINT, SIGTERM (also while the main thread holds the device lock), SIGKILL, owner and watchdog both SIGKILLed and then a new agent opens
 the GPU, and torchrun SIGTERMing the surviving worker after another one failed (it is blocked in
 C, as in an NCCL collective waiting for the dead peer, when the signal arrives).
 """
@@ -51,6 +51,7 @@ SINGLE = (
     "failed-iteration",
     "SIGINT",
     "SIGTERM",
+    "SIGTERM-lock-held",
     "SIGKILL",
     "both-killed",
 )
@@ -92,6 +93,8 @@ def _env(state_dir: Path) -> dict[str, str]:
 
 
 def _mode(case: str) -> str:
+    if case.endswith("lock-held"):
+        return "lock-held"
     return "loop" if case.startswith("SIG") or case == "both-killed" else case
 
 
@@ -196,6 +199,9 @@ def test_failed_iteration_leaves_the_session_usable(
     [
         ("SIGINT", signal.SIGINT, -signal.SIGINT),
         ("SIGTERM", signal.SIGTERM, -signal.SIGTERM),
+        # The main thread holds the device lock when the signal lands (an emulated op's
+        # launch): the reset once waited 2 s for it, the handler's own thread.
+        ("SIGTERM-lock-held", signal.SIGTERM, -signal.SIGTERM),
         ("SIGKILL", signal.SIGKILL, -signal.SIGKILL),
     ],
 )

@@ -19,7 +19,7 @@ from perseus.device.base import GPU, AppliedClockGPU, EventSource, MemoryClockGP
 from perseus.device.clock import Clock
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
-__all__ = ["ApplyStats", "ClockSetter", "issue_offset_s"]
+__all__ = ["ApplyStats", "ClockSetter", "DeviceLock", "issue_offset_s"]
 
 #: Quantiles of the op-end prediction error folded into the landing distribution.
 _ERROR_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -32,6 +32,44 @@ _REFUSED = (DevicePermissionError, DeviceNotSupportedError)
 RETRIES = 2
 #: Apply delays kept for :meth:`ClockSetter.stats`.
 _HISTORY = 10_000
+
+
+class DeviceLock:
+    """The lock held around each driver call, knowing its holder.
+
+    A reset at exit waits for a set call in flight (:meth:`acquire_for_reset`). It never
+    waits for the main thread: when a signal interrupts the main thread inside a window
+    where it holds the lock (an emulated op's launch, a power pause), no driver call is in
+    flight, and waiting for the main thread would only wait for the handler itself.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holder: int | None = None
+
+    def __enter__(self) -> DeviceLock:
+        self._lock.acquire()
+        self.holder = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self.holder = None
+        self._lock.release()
+
+    def acquire_for_reset(self, timeout_s: float = 2.0, poll_s: float = 0.01) -> bool:
+        """Take the lock once no other thread but the main one holds it (at most
+        ``timeout_s``); False: the reset goes on without it."""
+        main = threading.main_thread().ident
+        for _ in range(max(1, round(timeout_s / poll_s))):
+            if self.holder == main:
+                return False
+            if self._lock.acquire(timeout=poll_s):
+                self.holder = threading.get_ident()
+                return True
+        return False
 
 
 def issue_offset_s(
@@ -107,7 +145,7 @@ class ClockSetter:
         self._stopped = stopped
         self.observe_only = not control
         #: Held around each driver call: a reset on shutdown cannot be overtaken by a set call.
-        self.device_lock = threading.Lock()
+        self.device_lock = DeviceLock()
         self.applied_mhz: int | None = None  # the last clock the driver accepted (snapped)
         self.target_mhz: int | None = None  # the last clock asked for, applied or not
         self.done_mhz: int | None = None  # the last clock whose set call returned
