@@ -119,7 +119,6 @@ class PlanSource(Protocol):
 
     def plan(self, ctx: PlanContext) -> Planned | None:
         """The plan to deploy, or None when it must be measured first (online sweep)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
