@@ -202,9 +202,6 @@ def ops_to_profile(
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))
     drifted = {k for k, r in ratios.items() if abs(statistics.median(r) - 1) > DRIFT_TOLERANCE}
-    ops = sorted(
-        {(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts},
-        key=lambda o: (o[0], o[1].value),
-    )
+    ops = sorted({(a.stage_index, a.kind) for acts in schedule.rank_actions for a in acts})
     flags = all_reduce_max([1.0 if op in drifted else 0.0 for op in ops], group)
     return frozenset(op for op, flag in zip(ops, flags, strict=True) if flag) or frozenset(ops)

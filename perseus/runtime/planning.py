@@ -119,7 +119,6 @@ class PlanSource(Protocol):
 
     def plan(self, ctx: PlanContext) -> Planned | None:
         """The plan to deploy, or None when it must be measured first (online sweep)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +284,6 @@ def job_for_schedule(
     schedule: Schedule,
     profile: Profile,
     blocking_power_w: float,
-    profile_name: str | None = None,
     job_options: dict[str, Any] | None = None,
 ) -> PlanningJob:
     """The planning job of a schedule read from an engine: :func:`perseus.job.make_job`'s (with
@@ -313,7 +311,6 @@ def job_for_schedule(
                 schedule.num_microbatches,
                 blocking_power_w=blocking_power_w,
                 virtual_stages=v,
-                profile_name=profile_name,
                 **(job_options or {}),
             )
     if job_options:
@@ -323,9 +320,7 @@ def job_for_schedule(
         )
     if schedule.has_weight_actions and not profile.has_weight:
         profile = profile.split_backward(0.5)
-    spec = job_spec(
-        schedule, blocking_power_w, profile.sha256, profile_name=profile_name, gpu=profile.gpu
-    )
+    spec = job_spec(schedule, blocking_power_w, profile.sha256, gpu=profile.gpu)
     return PlanningJob(spec, schedule, profile, build_dag(schedule))
 
 

@@ -55,7 +55,7 @@ class SessionSweep:
         ops = own if only is None else own & set(only)
         self.kept_rows: list[Any] = []  # the rows of the ops not swept again
         if previous is not None:
-            for op in sorted(own - ops, key=lambda o: (o[0], o[1].value)):
+            for op in sorted(own - ops):
                 for o in previous.op(*op).options:
                     mem = () if o.mem_freq_mhz is None else (o.mem_freq_mhz,)
                     self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, *mem))

@@ -109,8 +109,6 @@ def _cuda_available() -> bool:
 
 def event_source_for(gpu: Any) -> EventSource | None:
     """The event source for ``gpu`` (None: no device timeline, time on the host)."""
-    if gpu is None:
-        return None
     if isinstance(gpu, EventSource):
         return gpu
     if type(gpu).__name__ == "NvmlGPU" and _cuda_available():

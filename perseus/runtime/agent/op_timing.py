@@ -9,9 +9,9 @@ as inversely proportional to the SM clock), to predict its layer boundaries with
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from functools import partial
 
 from perseus.device.base import DeviceEvent
 from perseus.profile.model import Profile
@@ -24,15 +24,16 @@ __all__ = ["HISTORY", "OpTimingHistory", "profiled_op_time_s"]
 #: Iterations of op times and gaps kept per op.
 HISTORY = 8
 
-_K = TypeVar("_K")
+_recent: Callable[[], deque[float]] = partial(deque, maxlen=HISTORY)
 
 
 class OpTimingHistory:
     """Per-op device times and idle gaps of recent iterations (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._times_s: dict[tuple[int, int], deque[float]] = {}  # one-clock runs only
-        self._gaps_s: dict[int, deque[float]] = {}
+        # Each key's last HISTORY values (times: of one-clock runs only).
+        self._times_s: defaultdict[tuple[int, int], deque[float]] = defaultdict(_recent)
+        self._gaps_s: defaultdict[int, deque[float]] = defaultdict(_recent)
         self._unit_s: dict[tuple[int, tuple[OpPhase, ...]], float] = {}  # phased ops
         self._last_end: DeviceEvent | None = None  # the previous iteration's last op end
         # What predicted() returns, kept up to date by learn(): mean time, min gap.
@@ -90,7 +91,8 @@ class OpTimingHistory:
         key = (j, freq)
         mids = job.report.mids_issued
         if not mids:
-            times = self._push(self._times_s, key, time_s)
+            times = self._times_s[key]
+            times.append(max(0.0, time_s))
             self._expected_s[key] = sum(times) / len(times)
         elif key not in self._times_s:  # only phased runs seen: the last one
             self._expected_s[key] = time_s
@@ -100,15 +102,10 @@ class OpTimingHistory:
             m = min(mids, len(op) - 1)
             self._unit_s[(j, op)] = time_s / _work_over_clock(op, m + 1, m)
 
-    def _push(self, table: dict[_K, deque[float]], key: _K, value: float) -> deque[float]:
-        values = table.get(key)
-        if values is None:
-            values = table[key] = deque(maxlen=HISTORY)
-        values.append(max(0.0, value))
-        return values
-
     def _push_gap(self, j: int, gap_s: float) -> None:
-        self._gap_s[j] = min(self._push(self._gaps_s, j, gap_s))
+        gaps = self._gaps_s[j]
+        gaps.append(max(0.0, gap_s))
+        self._gap_s[j] = min(gaps)
 
 
 def _work_over_clock(phases: tuple[OpPhase, ...], upto: int, last: int) -> float:

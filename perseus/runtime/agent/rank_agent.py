@@ -355,12 +355,9 @@ class RankAgent:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None:
+        # Do not mask the training loop's exception with a reset error.
+        with contextlib.suppress(DeviceError) if exc_type else contextlib.nullcontext():
             self.close()
-        else:
-            # Do not mask the training loop's exception with a reset error.
-            with contextlib.suppress(DeviceError):
-                self.close()
 
     def wait_for_clock(self, timeout_s: float = 1.0, phase: int = 0) -> bool:
         """Block until the current op's clock (the next op's between ops; ``phase``: that
