@@ -304,8 +304,6 @@ def build_torch_schedule(
     Args:
         schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
         stages: This rank's ``PipelineStage`` objects, in stage order.
-        loss_fn: The loss, as for any torch schedule.
-        prefer_torch_class: Use torch's class when one matches.
         **kwargs: Passed to the torch schedule constructor (e.g. ``scale_grads``).
 
     Raises:

@@ -73,11 +73,7 @@ _Row = tuple[tuple[int, int], float, float, float]
 class StepSweep:
     """What :class:`ClockSweep` and the clock-pair
     :class:`~perseus.runtime.profiling.pair_sweep.PairSweep` share: each op's samples at the
-    current step and the rows closed so far.
-
-    Args:
-        ops: The rank's (stage_index, kind) pairs to sweep.
-    """
+    current step and the rows closed so far."""
 
     def __init__(self, ops: Iterable[tuple[int, Kind]]) -> None:
         self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
