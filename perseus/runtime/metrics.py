@@ -450,12 +450,6 @@ def _check_arguments(
     for name, path in (("jsonl", jsonl), ("csv", csv)):
         if path is not None and (not isinstance(path, str | os.PathLike) or not str(path)):
             raise ConfigError(f"MetricsSink: `{name}` must be a file path, got {path!r:.60}")
-    _check_prometheus(registry, port, addr)
-    if labels is not None:
-        _check_labels(labels)
-
-
-def _check_prometheus(registry: object, port: object, addr: object) -> None:
     if port is not None and (
         isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
     ):
@@ -473,15 +467,12 @@ def _check_prometheus(registry: object, port: object, addr: object) -> None:
             "MetricsSink: `prometheus_registry` must be a prometheus_client.CollectorRegistry, "
             f"got {type(registry).__name__}"
         )
-
-
-def _check_labels(labels: object) -> None:
-    if not isinstance(labels, dict):
+    if labels is not None and not isinstance(labels, dict):
         raise ConfigError(
             f"MetricsSink: `labels` must be a dict of label name to value, got "
             f"{type(labels).__name__}"
         )
-    for key, value in labels.items():
+    for key, value in (labels or {}).items():
         if not isinstance(key, str) or not _LABEL_NAME.match(key) or key.startswith("__"):
             raise ConfigError(
                 f"MetricsSink: `labels` key {key!r:.60} is not a Prometheus label name "

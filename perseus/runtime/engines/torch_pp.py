@@ -103,35 +103,6 @@ def _convert(torch_action: Any, sched_mod: types.ModuleType) -> list[tuple[Actio
     return [(Action(torch_action.stage_index, kind, torch_action.microbatch_index), split)]
 
 
-def _schedule_from_orders(
-    orders: Sequence[Sequence[Any]],
-    num_stages: int,
-    num_microbatches: int,
-    name: str,
-    stage_to_rank: tuple[int, ...] | None,
-    sched_mod: types.ModuleType,
-    split_full_backward: bool = False,
-) -> Schedule:
-    converted = [[pair for ta in order for pair in _convert(ta, sched_mod)] for order in orders]
-    split_kinds = {split for order in converted for a, split in order if a.kind is not Kind.F}
-    mixed = len(split_kinds) > 1
-    if mixed and not split_full_backward:
-        raise ScheduleError(
-            f"torch schedule {name} mixes full backwards (B) with split ones (I/W); perseus "
-            "plans schedules whose backwards are all full or all split: pass "
-            "split_full_backward=True to plan each full backward as B then W"
-        )
-    rank_actions: list[list[Action]] = []
-    for order in converted:
-        acts: list[Action] = []
-        for action, split in order:
-            acts.append(action)
-            if mixed and action.kind is Kind.B and not split:
-                acts.append(Action(action.stage_index, Kind.W, action.microbatch_index))
-        rank_actions.append(acts)
-    return schedule_from_actions(name, rank_actions, num_stages, num_microbatches, stage_to_rank)
-
-
 class _RecordingStage:
     """Stand-in for a ``_PipelineStageBase``: no process group, empty P2P, records compute."""
 
@@ -202,16 +173,29 @@ def schedule_from_torch(
             "perseus cannot read its action order"
         )
     with_comms = torch_schedule.pipeline_order_with_comms
+    converted = [
+        [pair for ta in with_comms[r] for pair in _convert(ta, sched_mod)]
+        for r in sorted(with_comms)
+    ]
+    split_kinds = {split for order in converted for a, split in order if a.kind is not Kind.F}
+    mixed = len(split_kinds) > 1
+    if mixed and not split_full_backward:
+        raise ScheduleError(
+            f"torch schedule {label} mixes full backwards (B) with split ones (I/W); perseus "
+            "plans schedules whose backwards are all full or all split: pass "
+            "split_full_backward=True to plan each full backward as B then W"
+        )
+    rank_actions: list[list[Action]] = []
+    for order in converted:
+        acts: list[Action] = []
+        for action, split in order:
+            acts.append(action)
+            if mixed and action.kind is Kind.B and not split:
+                acts.append(Action(action.stage_index, Kind.W, action.microbatch_index))
+        rank_actions.append(acts)
     mapping = torch_schedule.stage_index_to_group_rank
-    return _schedule_from_orders(
-        [with_comms[r] for r in sorted(with_comms)],
-        num_stages,
-        n_mb,
-        label,
-        tuple(int(mapping[s]) for s in range(num_stages)),
-        sched_mod,
-        split_full_backward,
-    )
+    stage_to_rank = tuple(int(mapping[s]) for s in range(num_stages))
+    return schedule_from_actions(label, rank_actions, num_stages, n_mb, stage_to_rank)
 
 
 def torch_class_for(name_or_class: str | type) -> type:
@@ -304,8 +288,6 @@ def build_torch_schedule(
     Args:
         schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
         stages: This rank's ``PipelineStage`` objects, in stage order.
-        loss_fn: The loss, as for any torch schedule.
-        prefer_torch_class: Use torch's class when one matches.
         **kwargs: Passed to the torch schedule constructor (e.g. ``scale_grads``).
 
     Raises:

@@ -134,7 +134,6 @@ def fit_group_power(
 
     Args:
         intervals: Counter windows (inside the spans' time range).
-        spans: The ops that ran, with their groups and iterations.
         idle_power_w: Prior for the non-op columns (the nominal blocking power), or None.
         ridge: Regularisation weight (0: plain non-negative least squares).
         outlier_w: Residual power (W) below which no window counts as an outlier.
@@ -258,7 +257,6 @@ class SweepWindow:
     iterations, or at once when no window can come (reads fail, or 50 iterations without one).
 
     Args:
-        sampler: The running counter sampler.
         min_intervals: Windows wanted per step (20, ~2 s on NVML, kept every emulated A100
             row within ~2 %; 10 left some 10-17 % off).
         max_iterations: Give up waiting for windows after this many iterations of one step.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -269,18 +268,17 @@ class CounterSampler:
             self._samples.append(sample)
         return sample
 
-    def samples(self, start_s: float = -math.inf, end_s: float = math.inf) -> list[CounterSample]:
-        """The reads taken between ``start_s`` and ``end_s``, in time order."""
+    def samples(self) -> list[CounterSample]:
+        """The reads kept, in time order."""
         with self._lock:
-            return [s for s in self._samples if start_s <= s.before_s and s.after_s <= end_s]
+            return list(self._samples)
 
     def intervals(
         self, start_s: float, end_s: float, *, grid: bool = True
     ) -> list[CounterInterval]:
         """The publish-to-publish windows wholly inside ``[start_s, end_s]`` (reads up to a
         publish period outside it locate the publishes at its edges)."""
-        with self._lock:
-            samples = list(self._samples)
+        samples = self.samples()
         if len(samples) < 2:
             return []
         margin = max(2.0 * self.period_s, _period_guess(samples))

@@ -30,7 +30,6 @@ class PairSweep(StepSweep):
     """Clock-pair sweep for the (stage, kind) pairs of one rank.
 
     Args:
-        ops: The rank's (stage_index, kind) pairs.
         clocks_mhz: The GPU's SM clocks.
         memory_clocks_mhz: Its lockable memory clocks (at least two).
         blocking_power_w: Power while waiting (the hull is taken in (time, energy above it)).

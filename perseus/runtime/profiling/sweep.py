@@ -73,11 +73,7 @@ _Row = tuple[tuple[int, int], float, float, float]
 class StepSweep:
     """What :class:`ClockSweep` and the clock-pair
     :class:`~perseus.runtime.profiling.pair_sweep.PairSweep` share: each op's samples at the
-    current step and the rows closed so far.
-
-    Args:
-        ops: The rank's (stage_index, kind) pairs to sweep.
-    """
+    current step and the rows closed so far."""
 
     def __init__(self, ops: Iterable[tuple[int, Kind]]) -> None:
         self.ops = tuple(sorted(set(ops), key=lambda o: (o[0], o[1].value)))
@@ -236,14 +232,12 @@ def step_row(
     nothing usable was measured), its samples cleared: the median time, times the fitted
     power, else the median per-op energy."""
     power = None if power_w is None else power_w.get(op)
-    fitted = power is not None and power > 0  # else a group the fit could not see
     row = None
-    if times_s and (fitted or energies_j):
+    if times_s and power is not None and power > 0:  # else a group the fit could not see
         time_s = statistics.median(times_s)
-        if power is not None and fitted:
-            row = (time_s, power * time_s, fit.relative_error(op) if fit else math.inf)
-        else:
-            row = (time_s, statistics.median(energies_j), 0.0)
+        row = (time_s, power * time_s, fit.relative_error(op) if fit else math.inf)
+    elif times_s and energies_j:
+        row = (statistics.median(times_s), statistics.median(energies_j), 0.0)
     times_s.clear()
     energies_j.clear()
     return row
