@@ -9,7 +9,7 @@ from typing import Any
 from matplotlib.axes import Axes
 
 from perseus.plan import Baseline, Frontier, PlanPoint
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 from perseus.report.summary import MeasuredRun
 
 __all__ = ["BASELINE_LABELS", "plot_frontier"]
@@ -40,8 +40,7 @@ def plot_frontier(
     ``baselines`` by name (keys of :data:`BASELINE_LABELS`, others allowed), the one-clock-for-all
     plans of ``global_clock``, and a ``measured`` run's predicted and measured points."""
     kj = 1e-3
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         ax = fig.add_subplot()
         if global_clock:
             _draw_global_clock(ax, global_clock, kj)
