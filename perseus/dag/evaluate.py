@@ -127,8 +127,6 @@ def op_costs(
     """Per-node (time_s, energy_j) of a plan.
 
     Args:
-        graph: The DAG.
-        profile: Its profile.
         freqs_mhz: (N,) clocks, (N, 3) ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows
             (one-clock ops as ``(f, f, 0)``), or N plan ops of any form
             (:func:`perseus.profile.two_clock.op_phases`), rank-major.

@@ -177,7 +177,6 @@ def build_layer_split(
 
     Args:
         layers_per_stage: One number for every stage, or one per stage.
-        num_stages: The job's stage count.
         layer_time_fractions: Per stage, one relative weight per layer (normalised here);
             replaces the even split.
         switch_latency_s: See :class:`LayerSplit`; also ``switch_energy_j``, ``switch_stall_s``.

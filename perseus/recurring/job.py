@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
 from perseus.errors import ConfigError, DeviceError, PerseusError
+from perseus.io._signal_cleanup import SignalCleanup
 from perseus.recurring.cost import check_eta, zeus_cost
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.profiler import PowerLimitProfiler
@@ -275,7 +275,7 @@ class RecurringJob:
             ended.set()
             self.store.abandon_run(run_id, "signal", urgent=True)
 
-        guard = ExitGuard(abandon, signals=_PREEMPTION_SIGNALS)
+        guard = ExitGuard(abandon, signals=SignalCleanup.SIGNALS)
         guard.install()
         try:
             yield
@@ -355,8 +355,3 @@ class RecurringJob:
         except BaseException:
             self._abandon(run_id, "exception")
             raise
-
-
-_PREEMPTION_SIGNALS = tuple(
-    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
-)

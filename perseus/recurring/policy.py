@@ -82,7 +82,6 @@ class BatchSizeOptimizer:
     """The batch-size policy of one recurring job (rules in the module docstring).
 
     Args:
-        batch_sizes: The allowed batch sizes.
         default_batch_size: ``b0``, the job's usual batch size (one of ``batch_sizes``).
         beta: Early-stopping factor β > 1 (Zeus: 2.0).
         prior: Prior of the bandit's shared noise level.

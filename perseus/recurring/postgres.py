@@ -106,7 +106,6 @@ class PostgresStore(SQLStore):
 
     Args:
         conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
-        connect_timeout_s: How long to wait for the server.
         options: ``busy_timeout_s`` (PostgreSQL's ``lock_timeout``), ``lease_s``, ``clock``, as
             for :class:`~perseus.recurring.store.SQLStore`.
     """

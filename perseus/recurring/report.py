@@ -10,7 +10,7 @@ import numpy as np
 
 from perseus.io.atomic import atomic_write_bytes
 from perseus.recurring.replay import WorkloadSummary
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 
 __all__ = ["plot_batch_sizes", "plot_cumulative_cost", "plot_paths", "write_plots"]
 
@@ -19,8 +19,7 @@ _COLOURS = {"optimizer": "tab:green", "default": "tab:red", "oracle": "tab:blue"
 
 def plot_cumulative_cost(summary: WorkloadSummary, gpu: str) -> bytes:
     """Cumulative cost vs recurrence, mean over seeds with the min-max band, as PNG bytes."""
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         ax = fig.add_subplot()
         x = np.arange(1, summary.recurrences + 1)
         for policy, runs in summary.runs.items():
@@ -39,8 +38,7 @@ def plot_cumulative_cost(summary: WorkloadSummary, gpu: str) -> bytes:
 def plot_batch_sizes(summary: WorkloadSummary, gpu: str, seed_index: int = 0) -> bytes:
     """Batch size of every optimizer run (one seed), oracle's as a line, as PNG bytes."""
     runs = summary.runs["optimizer"][seed_index].runs
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         ax = fig.add_subplot()
         xs = np.arange(1, len(runs) + 1)
         ok = np.array([r.reached for r in runs], dtype=bool)

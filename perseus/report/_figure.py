@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["FIGSIZE_IN", "PNG_DPI", "new_figure", "report_style", "to_png"]
+__all__ = ["FIGSIZE_IN", "PNG_DPI", "new_figure", "to_png"]
 
 #: Report size: 10 x 6 inches at 120 dpi (1200 x 720 pixels), legible in the HTML page.
 FIGSIZE_IN = (10.0, 6.0)
@@ -31,17 +32,15 @@ _STYLE: dict[str, Any] = {
 }
 
 
-def report_style() -> contextlib.AbstractContextManager[None]:
-    """Apply the report's fonts and grid to everything created inside the block."""
+@contextlib.contextmanager
+def new_figure(figsize: tuple[float, float] = FIGSIZE_IN) -> Iterator[Figure]:
+    """A blank figure on an Agg canvas, the report's fonts and grid applied to everything
+    drawn inside the block."""
     # rc_context's stub wants literal keys; these are checked by matplotlib at run time.
-    return matplotlib.rc_context(_STYLE)  # type: ignore[arg-type]
-
-
-def new_figure(figsize: tuple[float, float] = FIGSIZE_IN) -> Figure:
-    """A blank figure on an Agg canvas (call inside :func:`report_style`)."""
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+    with matplotlib.rc_context(_STYLE):  # type: ignore[arg-type]
+        fig = Figure(figsize=figsize, layout="constrained")
+        FigureCanvasAgg(fig)
+        yield fig
 
 
 def to_png(fig: Figure) -> bytes:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 
 __all__ = ["plot_fleet"]
 
@@ -20,8 +20,7 @@ def plot_fleet(events: Sequence[FleetEvent], end_s: float, *, title: str = "flee
     time order, each in force until the next (or ``end_s``)."""
     names = sorted({n for _, _, jobs in events for n in jobs})
     starts = [e[0] for e in events] + [end_s]
-    with report_style():
-        fig = new_figure((8.0, 6.0))
+    with new_figure((8.0, 6.0)) as fig:
         top, bottom = fig.subplots(2, 1, sharex=True)
         edges = np.repeat(starts, 2)[1:-1]  # each plan's start and end
         budget = np.repeat([e[1] if e[1] is not None else np.nan for e in events], 2)

@@ -9,8 +9,8 @@ from typing import Any
 from matplotlib.axes import Axes
 
 from perseus.plan import Baseline, Frontier, PlanPoint
-from perseus.report._figure import new_figure, report_style, to_png
-from perseus.report.summary import MeasuredRun
+from perseus.report._figure import new_figure, to_png
+from perseus.report.summary import MeasuredRun, summarize
 
 __all__ = ["BASELINE_LABELS", "plot_frontier"]
 
@@ -40,8 +40,7 @@ def plot_frontier(
     ``baselines`` by name (keys of :data:`BASELINE_LABELS`, others allowed), the one-clock-for-all
     plans of ``global_clock``, and a ``measured`` run's predicted and measured points."""
     kj = 1e-3
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         ax = fig.add_subplot()
         if global_clock:
             _draw_global_clock(ax, global_clock, kj)
@@ -94,9 +93,8 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     for t, name in ((fastest.time_s, "T_min"), (slowest.time_s, "T*")):
         ax.axvline(t, color="tab:red", ls=":", lw=1.2, zorder=1)
         ax.text(t, ymax, f" {name} = {t:.3f} s", color="tab:red", va="top", ha="left", fontsize=10)
-    save_fast = 1 - fastest.energy_j / base.energy_j
-    save_star = 1 - slowest.energy_j / base.energy_j
-    slow_star = slowest.time_s / base.time_s - 1
+    figures = summarize(frontier)
+    save_fast, star = figures.fastest.energy_saving, figures.min_energy
     xmin, xmax = ax.get_xlim()
     # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
     arrow = {"arrowstyle": "-|>", "color": "tab:blue", "lw": 2, "shrinkA": 9, "shrinkB": 3}
@@ -108,7 +106,7 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     labels = (
         (f"−{100 * save_fast:.1f} % energy\nat no slowdown", fastest, 0.06 * (xmax - xmin)),
         (
-            f"−{100 * save_star:.1f} % energy at T*\n(+{100 * slow_star:.1f} % time)",
+            f"−{100 * star.energy_saving:.1f} % energy at T*\n(+{100 * star.slowdown:.1f} % time)",
             slowest,
             0.30 * (xmax - slowest.time_s),
         ),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 from perseus.solver.power import power_timeline
 
 __all__ = ["plot_power"]
@@ -21,8 +21,7 @@ def plot_power(
     the summed power over one iteration of each ``(label, plan)`` in ``plans`` (right)."""
     pts = frontier.points
     times = [p.time_s for p in pts]
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         right = job is not None and bool(plans)
         axes = fig.subplots(1, 2 if right else 1, squeeze=False)[0]
         ax = axes[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from perseus.plan import Frontier
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = ["plot_straggler"]
@@ -18,8 +18,7 @@ def plot_straggler(cases: Sequence[StragglerCase], frontier: Frontier, pipelines
     total = [100 * c.saving_vs_allmax for c in cases]
     extrinsic = [100 * c.saving_vs_fastest for c in cases]
     s_star = frontier.min_energy.time_s / frontier.fastest.time_s
-    with report_style():
-        fig = new_figure()
+    with new_figure() as fig:
         ax = fig.add_subplot()
         label = "vs all-max everywhere (Perseus total)"
         ax.plot(xs, total, "-o", color="tab:blue", lw=2.2, ms=5, label=label)

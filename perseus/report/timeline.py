@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
-from perseus.report._figure import new_figure, report_style, to_png
+from perseus.report._figure import new_figure, to_png
 
 __all__ = ["Timeline", "build_timeline", "plot_timelines"]
 
@@ -124,8 +124,7 @@ def plot_timelines(timelines: Sequence[Timeline]) -> bytes:
     norm = Normalize(vmin=lo, vmax=max(hi, lo + 1.0))
     t_max = max(tl.time_s for tl in timelines)
     rows = max(tl.num_ranks for tl in timelines)
-    with report_style():
-        fig = new_figure((12.0, 1.2 + 0.42 * rows * len(timelines) + 0.6 * len(timelines)))
+    with new_figure((12.0, 1.2 + 0.42 * rows * len(timelines) + 0.6 * len(timelines))) as fig:
         axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
         for ax, tl in zip(axes, timelines, strict=True):
             _draw(ax, tl, cmap, norm, t_max)
