@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from perseus.io.atomic import pid_alive
+
 __all__ = [
     "RECORD_MAX_BYTES",
     "Liveness",
@@ -22,7 +24,6 @@ __all__ = [
     "format_record",
     "liveness",
     "parse_record",
-    "pid_alive",
     "pid_namespace",
     "process_start",
     "this_process",
@@ -30,8 +31,6 @@ __all__ = [
 
 #: How much of a lock file is read: a record is far shorter; a 1 MB file is not read whole.
 RECORD_MAX_BYTES = 256
-#: The largest pid Linux hands out (``pid_max`` at most 2**22).
-_PID_MAX = 1 << 22
 _RECORD = re.compile(
     rb"\A([0-9]{1,10})(?:[ \t]+([0-9a-f-]{1,64}:[0-9]{1,20}))?(?:[ \t]+(pid:\[[0-9]{1,20}\]))?"
     rb"[ \t]*(?:\n|\Z)"
@@ -67,19 +66,6 @@ def pid_namespace(pid: int | str = "self") -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists here (a process of another user counts as alive)."""
-    if not 0 < pid <= _PID_MAX:
-        return False  # 0 and -1 would signal a whole process group: never "a process"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def process_start(pid: int) -> str | None:

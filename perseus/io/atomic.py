@@ -41,11 +41,14 @@ __all__ = [
     "check_plain_directory",
     "lstat_or_none",
     "open_output_dir",
+    "pid_alive",
     "writes_to_stdout",
 ]
 
 _FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d{1,6})$")
 _STD_NAMES = {"/dev/stdout": 1, "/dev/stderr": 2}
+#: The largest pid Linux hands out (``pid_max`` at most 2**22).
+_PID_MAX = 1 << 22
 _TEMP_RE = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")
 
 
@@ -238,12 +241,15 @@ def _temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists here (a process of another user counts as alive)."""
+    if not 0 < pid <= _PID_MAX:
+        return False  # 0 and -1 would signal a whole process group: never "a process"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
+    except PermissionError:
         return True
     return True
 
@@ -256,7 +262,7 @@ def _remove_stale_temps(dfd: int, name: str) -> None:
             if m is None or m.group(1) != name[:200]:
                 continue
             pid = int(m.group(2))
-            if pid == os.getpid() or _pid_alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             with contextlib.suppress(OSError):
                 st = os.lstat(entry, dir_fd=dfd)

@@ -222,6 +222,18 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path)
     assert _names(tmp_path) == [alive.name, "out.json"]
 
 
+def test_a_temporary_named_with_an_impossible_pid_does_not_break_the_write(
+    tmp_path: Path,
+) -> None:
+    # A name planted in a shared output directory: os.kill(pid, 0) once raised OverflowError.
+    huge = tmp_path / f".out.json.{10**20}.0123abcd.tmp"
+    huge.write_text("planted")
+    group = tmp_path / ".out.json.0.0123abcd.tmp"  # pid 0 names a process group, not a process
+    group.write_text("planted")
+    atomic_write_text(tmp_path / "out.json", "whole")
+    assert _names(tmp_path) == ["out.json"]
+
+
 def _text() -> dict[str, object]:
     return {"capture_output": True, "text": True, "check": True, "timeout": 60}
 
