@@ -214,10 +214,7 @@ def _info(args: argparse.Namespace) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    if unreadable:
-        print(unreadable)
-    else:
-        print(f"simulated GPUs in {directory} ({len(sims)}):")
+    print(unreadable or f"simulated GPUs in {directory} ({len(sims)}):")
     if not sims and not unreadable:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")
     for info in sims:
