@@ -22,7 +22,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--sim-dir",
         type=Path,
-        default=None,
         help="simulated GPUs' state directory (default: $PERSEUS_SIM_DIR or a per-user temp dir)",
     )
     actions = p.add_subparsers(dest="device_command", metavar="ACTION", required=True)
