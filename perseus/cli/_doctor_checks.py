@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 _RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
+_SETTLE_S = 0.1
 
 
 @dataclass
@@ -130,7 +131,7 @@ _REFUSED_THOUGH_PRIVILEGED = (
 )
 
 
-def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 0.1) -> Check:
+def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool) -> Check:
     """Whether this process can change the GPU's clocks, from evidence: a lock at another
     clock than the one read now, whose read-back shows the clock moved, then a reset. A
     refused call names the NVML error and how to allow it."""
@@ -163,19 +164,17 @@ def check_clock_control(gpu: NvmlGPU, no_clock_changes: bool, settle_s: float = 
     if not allowed:
         summary = f"not allowed: {why}; application clocks: {app}"
         return Check(name, "fail", summary, data, _HOW_TO_ALLOW + app_hint)
-    return _lock_and_read_back(gpu, data, settle_s, app_hint)
+    return _lock_and_read_back(gpu, data, app_hint)
 
 
-def _lock_and_read_back(
-    gpu: NvmlGPU, data: dict[str, Any], settle_s: float, app_hint: str
-) -> Check:
+def _lock_and_read_back(gpu: NvmlGPU, data: dict[str, Any], app_hint: str) -> Check:
     clocks = gpu.supported_clocks_mhz()
     before = gpu.current_clock_mhz()
     target = next((c for c in spread_clocks_mhz(clocks, 3)[1:] if c != before), clocks[-1])
     data.update({"clock_before_mhz": before, "tried_mhz": target})
     name = "clock locking"
     try:
-        snapped, _call_s, _seen_s, read = _lock_and_watch(gpu, target, settle_s)
+        snapped, _call_s, _seen_s, read = _lock_and_watch(gpu, target)
     except DeviceError as e:
         data["error"] = first_line(e)
         fix = _HOW_TO_ALLOW
@@ -197,13 +196,11 @@ def _lock_and_read_back(
     return Check(name, "ok", summary, data)
 
 
-def _lock_and_watch(
-    gpu: NvmlGPU, target_mhz: int, settle_s: float
-) -> tuple[int, float, float | None, int]:
-    """Lock ``target_mhz``, then read the clock back until it shows the lock or ``settle_s``
+def _lock_and_watch(gpu: NvmlGPU, target_mhz: int) -> tuple[int, float, float | None, int]:
+    """Lock ``target_mhz``, then read the clock back until it shows the lock or ``_SETTLE_S``
     passed since the call returned: ``(snapped, call_s, seen_s, read)``, the time the set call
     took, when (from its start) the clock first read as the lock (None: not within
-    ``settle_s``) and the last clock read."""
+    ``_SETTLE_S``) and the last clock read."""
     t0 = time.perf_counter()
     snapped = gpu.set_locked_clock(target_mhz)
     t1 = time.perf_counter()
@@ -212,7 +209,7 @@ def _lock_and_watch(
         now = time.perf_counter()
         if read == snapped:
             return snapped, t1 - t0, now - t0, read
-        if now - t1 >= settle_s:
+        if now - t1 >= _SETTLE_S:
             return snapped, t1 - t0, None, read
         time.sleep(0.0005)
 
@@ -251,7 +248,7 @@ def spread_clocks_mhz(clocks: Sequence[int], count: int) -> list[int]:
     return list(dict.fromkeys(picks))
 
 
-def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> Check:
+def check_set_latency(gpu: NvmlGPU, repeats: int = 6) -> Check:
     """Time ``nvmlDeviceSetGpuLockedClocks`` and how long until NVML reads the clock back."""
     clocks = gpu.supported_clocks_mhz()
     pair = spread_clocks_mhz(clocks, 3)[1:] or [clocks[0]]
@@ -259,7 +256,7 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
     applied_ms: list[float] = []
     try:
         for i in range(repeats):
-            _snapped, call_s, seen_s, _read = _lock_and_watch(gpu, pair[i % len(pair)], settle_s)
+            _snapped, call_s, seen_s, _read = _lock_and_watch(gpu, pair[i % len(pair)])
             calls_ms.append(call_s * 1e3)
             if seen_s is not None:
                 applied_ms.append(seen_s * 1e3)
@@ -273,7 +270,7 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
         "clocks_mhz": pair,
         "set_call_ms": call,
         "applied_ms": applied,
-        "not_seen_within_ms": settle_s * 1e3 if len(applied_ms) < len(calls_ms) else None,
+        "not_seen_within_ms": _SETTLE_S * 1e3 if len(applied_ms) < len(calls_ms) else None,
         "samples": len(calls_ms),
     }
     summary = f"set call median {call['median']:.2f} ms (max {call['max']:.2f}); "
@@ -283,7 +280,10 @@ def check_set_latency(gpu: NvmlGPU, repeats: int = 6, settle_s: float = 0.1) -> 
             f"({len(applied_ms)}/{len(calls_ms)} seen)"
         )
     else:
-        summary += f"clock never read back within {settle_s * 1e3:.0f} ms (an idle GPU may sit below the lock)"
+        summary += (
+            f"clock never read back within {_SETTLE_S * 1e3:.0f} ms (an idle GPU may sit below "
+            "the lock)"
+        )
     status = "warn" if max(calls_ms) > 50 else "ok"
     return Check("set latency", status, summary + "; lock reset", data)
 

@@ -50,7 +50,7 @@ class _PhaseListener(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "perseus_phase", None) == "start":
-            self._set_label(str(record.msg % record.args if record.args else record.msg))
+            self._set_label(record.getMessage())
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--sim-dir",
         type=Path,
-        default=None,
         help="simulated GPUs' state directory (default: $PERSEUS_SIM_DIR or a per-user temp dir)",
     )
     actions = p.add_subparsers(dest="device_command", metavar="ACTION", required=True)
@@ -214,10 +213,7 @@ def _info(args: argparse.Namespace) -> int:
         print(f"NVIDIA GPUs ({len(real)}):")
         for info in real:
             _show(info)
-    if unreadable:
-        print(unreadable)
-    else:
-        print(f"simulated GPUs in {directory} ({len(sims)}):")
+    print(unreadable or f"simulated GPUs in {directory} ({len(sims)}):")
     if not sims and not unreadable:
         print("  none yet; one appears when a process first uses SimulatedGPU(index=...)")
     for info in sims:

@@ -31,9 +31,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import read_frontier
 
-    frontier = None
-    if args.plan is not None:
-        frontier = read_frontier(args.plan)
+    frontier = read_frontier(args.plan) if args.plan is not None else None
     if frontier is not None and args.config is None and args.microbatches is None:
         flags = [
             "--" + n.replace("_", "-") for n in CONFIG_FIELDS if getattr(args, n, None) is not None

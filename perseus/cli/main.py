@@ -114,7 +114,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        # A bare `perseus` lists the commands, as `perseus --help` does.
         print(parser.format_help(), end="")
         return 0
     args: argparse.Namespace | None = None

@@ -156,9 +156,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     options = {"eta": args.eta, "beta": args.beta, "profile_share": args.profile_share}
     for w in workloads:
         try:
-            seeds = range(args.seeds)
             summaries.append(
-                replay_workload(w, recurrences=args.recurrences, seeds=seeds, **options)
+                replay_workload(w, recurrences=args.recurrences, seeds=range(args.seeds), **options)
             )
         except (ConfigError, InfeasibleError) as e:
             if args.workload:

@@ -219,7 +219,6 @@ def await_ack(
 
 
 def run(args: argparse.Namespace) -> int:
-    _quiet_torch_env()
     from perseus.runtime.straggler import switching as sw
 
     key = sw.hint_key(args.pipeline)
