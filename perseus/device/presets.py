@@ -180,7 +180,6 @@ def switch_cost_for(architecture: str) -> SwitchCost:
 
 
 def _entry(table: dict[str, _T], key: str, what: str) -> _T:
-    """``table[key.lower()]``, or a :class:`ConfigError` naming the known keys."""
     try:
         return table[key.lower()]
     except KeyError:
@@ -297,9 +296,6 @@ def blocking_power_for(gpu: GPU) -> float:
 
     A device that declares it (the simulated GPU) gives its own; otherwise its name is looked
     up in :data:`BLOCKING_POWER`. The source is logged (a warning for an estimate).
-
-    Args:
-        gpu: A GPU.
 
     Raises:
         ConfigError: the GPU is not one the table knows (measure it with ``perseus doctor``).
