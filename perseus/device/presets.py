@@ -285,10 +285,7 @@ class DeclaresBlockingPower(Protocol):
 
 def blocking_power_of_name(name: str) -> BlockingPower | None:
     """The :data:`BLOCKING_POWER` entry whose pattern matches the device name ``name``."""
-    for pattern, figure in BLOCKING_POWER:
-        if re.search(pattern, name):
-            return figure
-    return None
+    return next((figure for pattern, figure in BLOCKING_POWER if re.search(pattern, name)), None)
 
 
 def blocking_power_for(gpu: GPU) -> float:
@@ -336,7 +333,4 @@ def gpu_identity(gpu: GPU) -> GpuIdentity | None:
         if isinstance(found, GpuIdentity):
             return found
     name = gpu.name.removeprefix("Simulated ")  # SimulatedGPU.from_preset's name
-    for preset in PRESETS.values():
-        if preset.name == name:
-            return preset.identity()
-    return None
+    return next((preset.identity() for preset in PRESETS.values() if preset.name == name), None)
