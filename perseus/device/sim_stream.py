@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perseus.device.sim_costs import SimNoise
 from perseus.device.sim_state import State, publish_tick
 from perseus.schedule.actions import Kind
 
 if TYPE_CHECKING:
     from perseus.device.sim_shared import SimSharedState
 
-__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
+__all__ = ["OpTrace", "SimEvent", "SimStream"]
 
 #: Bumped by every change to any stream of the process: predicted event times are cached per
 #: version (else predicting through chains of cross-stream waits is exponential in depth). A
