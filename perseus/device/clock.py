@@ -44,7 +44,7 @@ class RealClock:
         time.sleep(max(0.0, seconds))
 
     def __repr__(self) -> str:
-        return "RealClock()"
+        return f"{type(self).__name__}()"
 
 
 class WallClock(RealClock):
@@ -55,17 +55,11 @@ class WallClock(RealClock):
     def now(self) -> float:
         return time.time()
 
-    def __repr__(self) -> str:
-        return "WallClock()"
-
 
 class VirtualClock:
     """A clock that advances only when slept on (or by :meth:`advance`); never waits.
 
     Deterministic when one thread drives it; concurrent sleepers each add their time.
-
-    Args:
-        start_s: The initial time.
     """
 
     real_time = False

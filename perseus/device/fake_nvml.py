@@ -421,9 +421,7 @@ def h100(
     published every 100 ms and read in ~3 ms.
 
     Args:
-        uuid: The GPU's UUID.
         refuse_control: Every set/reset call raises ``NO_PERMISSION``.
-        clock: The fake's clock.
         busy: Start with the heavy kernel running.
     """
     device = FakeDevice.from_preset(

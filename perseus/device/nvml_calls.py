@@ -134,16 +134,11 @@ def import_nvml() -> Any:
 def call_nvml(
     nvml: Any, function: str, *args: Any, what: str = "", retries: int = _TRANSIENT_RETRIES
 ) -> Any:
-    """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree.
+    """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree
+    (``what``, e.g. the GPU's name, prefixes the message).
 
     A ``TIMEOUT`` is retried ``retries`` times (10 ms, then 50 ms back-off), then raised as
     :class:`DeviceError`.
-
-    Args:
-        nvml: The ``pynvml`` module (or a fake).
-        function: The NVML function name.
-        what: Context for the message, e.g. the GPU's name.
-        retries: How often to retry a transient error.
     """
     for attempt in range(retries + 1):
         try:

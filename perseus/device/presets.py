@@ -180,7 +180,6 @@ def switch_cost_for(architecture: str) -> SwitchCost:
 
 
 def _entry(table: dict[str, _T], key: str, what: str) -> _T:
-    """``table[key.lower()]``, or a :class:`ConfigError` naming the known keys."""
     try:
         return table[key.lower()]
     except KeyError:
@@ -286,10 +285,7 @@ class DeclaresBlockingPower(Protocol):
 
 def blocking_power_of_name(name: str) -> BlockingPower | None:
     """The :data:`BLOCKING_POWER` entry whose pattern matches the device name ``name``."""
-    for pattern, figure in BLOCKING_POWER:
-        if re.search(pattern, name):
-            return figure
-    return None
+    return next((figure for pattern, figure in BLOCKING_POWER if re.search(pattern, name)), None)
 
 
 def blocking_power_for(gpu: GPU) -> float:
@@ -297,9 +293,6 @@ def blocking_power_for(gpu: GPU) -> float:
 
     A device that declares it (the simulated GPU) gives its own; otherwise its name is looked
     up in :data:`BLOCKING_POWER`. The source is logged (a warning for an estimate).
-
-    Args:
-        gpu: A GPU.
 
     Raises:
         ConfigError: the GPU is not one the table knows (measure it with ``perseus doctor``).
@@ -340,7 +333,4 @@ def gpu_identity(gpu: GPU) -> GpuIdentity | None:
         if isinstance(found, GpuIdentity):
             return found
     name = gpu.name.removeprefix("Simulated ")  # SimulatedGPU.from_preset's name
-    for preset in PRESETS.values():
-        if preset.name == name:
-            return preset.identity()
-    return None
+    return next((preset.identity() for preset in PRESETS.values() if preset.name == name), None)

@@ -105,7 +105,6 @@ def verify_private_dir(
     """Create or verify directory ``path`` (and every directory above it); return its path.
 
     Args:
-        path: The directory.
         create: Create it (and missing parents) with mode 0700 when missing.
         what: What it is, for the message ("lock directory").
         env: The environment variable that overrides it, named in the fix.
@@ -319,7 +318,6 @@ def check_private_file(
     present, a regular file of ours with one name. Returns whether it exists.
 
     Args:
-        path: The file.
         what: What it is, for the message ("recurring store").
         siblings: Suffixes of files that are opened with it.
         create_dir: Create a missing directory; False: a missing directory means no file.

@@ -6,6 +6,7 @@ energy_j)``; a memory cost function adds a locked memory clock.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ class OpPricer:
         mem_cost_fn: Cost at a locked memory clock (None: one memory clock).
     """
 
-    __slots__ = ("_cache", "_clocks", "_cost_fn", "_mem_clocks", "_mem_cost_fn")
+    __slots__ = ("_at_default_memory", "_clocks", "_cost_fn", "_mem_clocks", "_mem_cost_fn")
 
     def __init__(
         self,
@@ -182,7 +183,7 @@ class OpPricer:
         self._cost_fn = cost_fn
         self._mem_clocks = mem_clocks_mhz
         self._mem_cost_fn = mem_cost_fn
-        self._cache: dict[tuple[int, Kind, int, float | None], tuple[int, float, float]] = {}
+        self._at_default_memory = functools.cache(self._capped)
 
     def price(
         self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None, mem_mhz: int | None
@@ -196,22 +197,18 @@ class OpPricer:
             return f_eff, t, e
         return self._at_default_memory(stage_index, kind, freq_mhz, cap_w)
 
-    def _at_default_memory(
+    def _capped(
         self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
     ) -> tuple[int, float, float]:
-        key = (stage_index, kind, freq_mhz, cap_w)
-        hit = self._cache.get(key)
-        if hit is None:
-            if cap_w is None:
-                f_eff = freq_mhz
-            else:
-                below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
-                power = {}
-                for f in below:
-                    t, e = self._cost_fn(stage_index, kind, f)
-                    power[f] = e / t
-                f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
-            t, e = self._cost_fn(stage_index, kind, f_eff)
-            hit = (f_eff, t, e)
-            self._cache[key] = hit
-        return hit
+        """Uncached :meth:`price` at the default memory clock."""
+        if cap_w is None:
+            f_eff = freq_mhz
+        else:
+            below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
+            power = {}
+            for f in below:
+                t, e = self._cost_fn(stage_index, kind, f)
+                power[f] = e / t
+            f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
+        t, e = self._cost_fn(stage_index, kind, f_eff)
+        return f_eff, t, e

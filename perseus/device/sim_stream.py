@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perseus.device.sim_costs import SimNoise
 from perseus.device.sim_state import State, publish_tick
 from perseus.schedule.actions import Kind
 
 if TYPE_CHECKING:
     from perseus.device.sim_shared import SimSharedState
 
-__all__ = ["OpTrace", "SimEvent", "SimNoise", "SimStream"]
+__all__ = ["OpTrace", "SimEvent", "SimStream"]
 
 #: Bumped by every change to any stream of the process: predicted event times are cached per
 #: version (else predicting through chains of cross-stream waits is exponential in depth). A
@@ -285,16 +284,12 @@ class SimStream:
         trace = self.trace
         if trace is None or op.pieces is None:
             return
-        pieces = op.pieces
-        if trace and trace[-1].seq == op.seq:  # a later part of the last op
-            first = trace.pop()
-            start_s, pieces = first.start_s, list(first.pieces)
-            for clock_mhz, time_s in op.pieces:
-                if pieces[-1][0] == clock_mhz:
-                    pieces[-1] = (clock_mhz, pieces[-1][1] + time_s)
-                else:
-                    pieces.append((clock_mhz, time_s))
-        trace.append(OpTrace(op.seq, op.stage_index, op.kind, start_s, end_s, tuple(pieces)))
+        if trace and trace[-1].seq == op.seq:  # a later part of the last op: merge into it
+            first, later = trace.pop(), op.pieces
+            start_s, op.pieces = first.start_s, list(first.pieces)
+            for clock_mhz, time_s in later:
+                self._piece(op, clock_mhz, time_s)
+        trace.append(OpTrace(op.seq, op.stage_index, op.kind, start_s, end_s, tuple(op.pieces)))
 
     def _piece(self, op: _Op, clock_mhz: int, time_s: float) -> None:
         if self.trace is None or time_s <= 0:

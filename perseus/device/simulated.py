@@ -125,11 +125,10 @@ class SimulatedGPU(SimSharedState):
         state_dir: str | Path | None = None,
         backward_split: float | None = None,
     ) -> SimulatedGPU:
-        """A new GPU of the same model at another index and/or state directory.
+        """A new GPU of the same model at another index and/or state directory (default:
+        this one's).
 
         Args:
-            index: Device index (default: this one's).
-            state_dir: State directory (default: this one's).
             backward_split: When the model prices no ``W`` op, charge ``B`` this share of a
                 full backward and ``W`` the rest (as ``Profile.split_backward`` plans it).
         """
