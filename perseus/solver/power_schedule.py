@@ -58,7 +58,6 @@ class PowerSchedule:
         baseline_index: The no-slowdown plan (the cheapest as fast as all-max).
         baseline_cost: Cost of running it back to back from the first interval, or None if
             that misses the deadline.
-        hull: Frontier point indices of the lower convex hull in (time, energy above idle).
     """
 
     starts_s: FloatArray
@@ -78,7 +77,6 @@ class PowerSchedule:
     lp_cost: float
     baseline_index: int
     baseline_cost: float | None
-    hull: tuple[int, ...]
 
     @property
     def interval_iterations(self) -> IntArray:
@@ -306,7 +304,6 @@ def schedule_plans(
         baseline_cost=_back_to_back_cost(
             times[no_slow], energies[no_slow], bounds, prob.v, iterations, idle_power_w
         ),
-        hull=tuple(prob.low.index.tolist()),
     )  # fmt: skip
 
 
