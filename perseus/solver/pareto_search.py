@@ -37,8 +37,6 @@ def search_neighbours(
     """The Pareto set of ``plans`` after a local search around it (option indices, (K', N)).
 
     Args:
-        model: The job's cost model.
-        topo: Its topology.
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
         work_budget: Node-and-edge visits the search may spend in all.
