@@ -37,11 +37,8 @@ def _all_clocks(job: PlanningJob) -> list[int]:
 
 def _clock_for(job: PlanningJob, stage: int, kind: int, freq_mhz: int) -> int:
     """The op's highest measured clock ≤ ``freq_mhz`` (its lowest if none is)."""
-    options = job.profile.op(stage, _KINDS[kind]).options
-    for o in options:  # highest first
-        if o.freq_mhz <= freq_mhz:
-            return o.freq_mhz
-    return options[-1].freq_mhz
+    options = job.profile.op(stage, _KINDS[kind]).options  # highest first
+    return next((o.freq_mhz for o in options if o.freq_mhz <= freq_mhz), options[-1].freq_mhz)
 
 
 def _rank_freqs(job: PlanningJob, freqs_mhz: list[int]) -> IntArray:

@@ -156,7 +156,6 @@ def build_cost_model(
     """Pareto options and convex hulls of every (stage, kind) the job's DAG uses.
 
     Args:
-        job: The planning job.
         min_vertex_gap_fraction: Thin each hull so consecutive vertices are at least this
             fraction of the op's fastest time apart (0 keeps the exact hull).
         max_clocks_per_op: 1; 2 for two-clock options; up to :data:`MAX_PHASES_PER_OP` for

@@ -88,7 +88,6 @@ class FleetPlan:
 
     Attributes:
         jobs: One assignment per job, in the input order.
-        budget_w: The budget planned for.
         total_average_power_w: Sum of the jobs' average power (<= ``budget_w``).
         weighted_slowdown: Sum of weight x slowdown (what the plan minimises).
         lp_bound: The convex-hull greedy's (LP) value: no plan does better.
@@ -112,7 +111,6 @@ def fleet_job(
     """A job's choices from its frontier: ``gpus / ranks`` pipelines run each plan.
 
     Args:
-        name: The job's name.
         frontier: Its frontier (peak power from its points' power figures, else the average).
         weight: The value of one unit of the job's progress.
         gpus: GPUs of the job, a multiple of the frontier's ranks (default: the ranks).
@@ -206,7 +204,6 @@ def plan_fleet(
 
     Args:
         jobs: The jobs (unique names), e.g. from :func:`fleet_job`.
-        budget_w: The fleet's power budget in watts.
         method: ``"dp"`` (LP greedy, then the dynamic program over the last watts) or
             ``"greedy"`` (the LP greedy rounded up to whole hull segments).
         grid: Steps of the dynamic program over the watts still to save.

@@ -102,7 +102,6 @@ def trace_frontier(
     """The time–energy frontier of ``job``: real plans, exactly evaluated, strictly Pareto.
 
     Args:
-        job: The planning job.
         time_quantum_s: Minimum step (lowtime's quantum); default: exact steps from
             breakpoint to breakpoint.
         min_gap_fraction: Round the walk's fractional plans this fraction of the fastest time

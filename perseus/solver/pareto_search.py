@@ -23,7 +23,7 @@ FloatArray = npt.NDArray[np.float64]
 
 #: Node-and-edge visits the search may spend (about a second compiled on one core).
 DEFAULT_WORK_BUDGET = 1e8
-#: Jobs up to this many ops also try two-op moves (see :func:`search_neighbours`).
+#: One-clock jobs up to this many ops also try two-op moves (O(N²) neighbours per plan).
 PAIR_MOVES_MAX_NODES = 16
 
 
@@ -33,18 +33,13 @@ def search_neighbours(
     num_ranks: int,
     plans: IntArray,
     work_budget: float = DEFAULT_WORK_BUDGET,
-    pairs: bool | None = None,
 ) -> IntArray:
     """The Pareto set of ``plans`` after a local search around it (option indices, (K', N)).
 
     Args:
-        model: The job's cost model.
-        topo: Its topology.
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
         work_budget: Node-and-edge visits the search may spend in all.
-        pairs: Also move two ops at once (O(N²) neighbours per plan); default: on one-clock
-            jobs of at most :data:`PAIR_MOVES_MAX_NODES` ops.
 
     Returns:
         The plans no other plan found dominates, sorted by time (every input plan is in it or
@@ -59,9 +54,8 @@ def search_neighbours(
     keep = pareto_indices(times, energies)
     archive, arch_t, arch_e = rows[keep], times[keep], energies[keep]
     fresh = np.ones(len(archive), dtype=np.bool_)
-    if pairs is None:
-        # Two-clock options are a fine grid: one-op moves already reach what exchanges would.
-        pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES and not model.opt_layers_at_a.any()
+    # Two-clock options are a fine grid: one-op moves already reach what exchanges would.
+    pairs = topo.num_nodes <= PAIR_MOVES_MAX_NODES and not model.opt_layers_at_a.any()
     moves = 2 * topo.num_nodes * (topo.num_nodes if pairs else 1)
     # Per neighbour: a reclaim (a binary search per op), a longest path, an evaluation.
     log_w = max(1.0, float(np.log2(model.opt_time_s.shape[1])))

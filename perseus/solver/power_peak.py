@@ -262,7 +262,6 @@ def fastest_under_peak(
         job: The job the frontier ``points`` belong to.
         points: Its frontier points (with power figures or without).
         budget_w: The peak budget for the pipeline's summed power.
-        method: ``"auto"``, ``"exhaustive"`` or ``"search"``.
         max_plans: Most plans ``"auto"`` enumerates.
         max_bases: Most frontier plans the search shaves from.
         bound_intervals: Intervals of the search's lower-bound LP (more: tighter, slower).

@@ -58,7 +58,6 @@ class PowerSchedule:
         baseline_index: The no-slowdown plan (the cheapest as fast as all-max).
         baseline_cost: Cost of running it back to back from the first interval, or None if
             that misses the deadline.
-        hull: Frontier point indices of the lower convex hull in (time, energy above idle).
     """
 
     starts_s: FloatArray
@@ -78,7 +77,6 @@ class PowerSchedule:
     lp_cost: float
     baseline_index: int
     baseline_cost: float | None
-    hull: tuple[int, ...]
 
     @property
     def interval_iterations(self) -> IntArray:
@@ -306,7 +304,6 @@ def schedule_plans(
         baseline_cost=_back_to_back_cost(
             times[no_slow], energies[no_slow], bounds, prob.v, iterations, idle_power_w
         ),
-        hull=tuple(prob.low.index.tolist()),
     )  # fmt: skip
 
 
@@ -348,7 +345,7 @@ class _Problem:
                 f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest "
                 f"plan ({t0:.6g} s per iteration, whole iterations per signal interval) at most "
                 f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
-                f"{_needed_deadline_s(bounds[:-1], t0, iterations)}"
+                f"{_needed_deadline_s(bounds[:-1], max_whole[:-1], t0, iterations)}"
             )
         return max_whole
 
@@ -461,10 +458,9 @@ def _round_shares(
     return whole
 
 
-def _needed_deadline_s(starts_s: FloatArray, t0_s: float, iterations: int) -> str:
-    """The least deadline at which ``iterations`` whole fastest iterations fit, written
-    rounded up."""
-    fit = np.floor(np.diff(starts_s) / t0_s * (1 + 1e-12)).astype(np.int64)
+def _needed_deadline_s(starts_s: FloatArray, fit: IntArray, t0_s: float, iterations: int) -> str:
+    """The least deadline at which ``iterations`` whole fastest iterations fit (``fit[k]`` in
+    interval ``k``), written rounded up."""
     done_before = np.concatenate([[0], np.cumsum(fit)])
     k = int(np.searchsorted(done_before, iterations, side="left")) - 1
     k = max(0, min(k, starts_s.size - 1))

@@ -23,8 +23,6 @@ def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray
     """Per-node option indices after reclaiming slack (a new array; compiled).
 
     Args:
-        model: The job's cost model.
-        topo: Its topology.
         plans: (N,) or (K, N) indices into each node's Pareto options (time ascending).
 
     Returns:

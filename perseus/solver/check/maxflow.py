@@ -36,7 +36,6 @@ def minimal_source_side(
         src, dst: Arc endpoints; no two arcs join the same pair of nodes, either way round.
         cap: Per-arc capacity (int64, > 0); ``INF_CAP`` (2**62) cannot be cut, the finite
             ones sum to less than 2**62.
-        source, sink: Terminals.
 
     Returns:
         Boolean mask of the nodes the source reaches in the residual graph of a maximum flow.

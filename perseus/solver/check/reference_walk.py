@@ -32,7 +32,7 @@ from perseus.solver.compiled import (
     S_STALLED,
 )
 from perseus.solver.cut_network import INF_CAP
-from perseus.solver.plan_kernels import backward_pass, forward_pass
+from perseus.solver.paths import Topology
 
 __all__ = ["walk_chunk"]
 
@@ -53,8 +53,9 @@ def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArra
     lp_e: list[float] = []
     iterations = 0
     while iterations < max_iterations:
-        start, end, deadline = walk.forward(dur)
-        late_finish = walk.backward(deadline)
+        start, end = walk.topo.forward(dur)
+        deadline = float(end.max())
+        late_finish = walk.topo.backward(dur, deadline)
         lp_t.append(deadline)
         lp_e.append(walk.cost() + power_ranks * deadline)
         stalled = _stalled(state, deadline, tol)
@@ -99,7 +100,7 @@ class _Walk:
         tie_units: int,
         net: tuple[Any, ...],
     ) -> None:
-        self.topo, self.hull, self.dur, self.tol = topo, hull, dur, tol
+        self.topo, self.hull, self.dur, self.tol = Topology(dur.size, *topo), hull, dur, tol
         self._tie_units = tie_units
         self._arcs = net[0], net[1]
         hs = hull[1]
@@ -109,17 +110,6 @@ class _Walk:
         self._rows = np.arange(dur.size)
         self._prices: tuple[FloatArray, ...] = ()
         self._crit = np.zeros(dur.size, dtype=np.bool_)
-
-    def forward(self, dur: FloatArray) -> tuple[FloatArray, FloatArray, float]:
-        """Earliest starts and finishes of ``dur``, and the makespan."""
-        start, end = np.empty(dur.size), np.empty(dur.size)
-        makespan = forward_pass(*self.topo[0:4], dur, start, end)
-        return start, end, float(makespan)
-
-    def backward(self, deadline: float) -> FloatArray:
-        late_start, late_finish = np.empty(self.dur.size), np.empty(self.dur.size)
-        backward_pass(self.topo[0], *self.topo[4:], self.dur, deadline, late_start, late_finish)
-        return late_finish
 
     def cost(self) -> float:
         """The relaxation's cost of ``dur``, summed in op order."""
@@ -163,7 +153,7 @@ class _Walk:
         self, start: FloatArray, end: FloatArray, late_finish: FloatArray, deadline: float
     ) -> IntArray:
         """Per arc of the network (``build_network``'s layout), the kernel's capacity."""
-        _, pred_ptr, _, _, succ_ptr, succ_idx, succ_lat = self.topo
+        _, pred_ptr, _, _, succ_ptr, succ_idx, succ_lat = self.topo.csr()
         upper, lower = self._prices[0], self._prices[1]
         crit, crit_tol, inf = self._crit, 100.0 * self.tol, INF_CAP
         term = np.where(crit, np.rint(lower * self._scale), 0.0).astype(np.int64)
@@ -237,7 +227,8 @@ def _step_length(walk: _Walk, move: _Move, deadline: float, step_max: float, exa
     step = step_max
     for _ in range(_MAX_NEWTON):
         trial = _apply(walk.dur, move, step)
-        _, end, makespan = walk.forward(trial)
+        end = walk.topo.forward(trial)[1]
+        makespan = float(end.max())
         if makespan <= deadline - step + tol:
             break
         slope = _slope_on(_binding_path(walk.topo, trial, end), move, step)
@@ -265,11 +256,11 @@ def _slope_on(path: list[int], move: _Move, step: float) -> float:
     return k
 
 
-def _binding_path(topo: tuple[Any, ...], time_s: FloatArray, end_s: FloatArray) -> list[int]:
+def _binding_path(topo: Topology, time_s: FloatArray, end_s: FloatArray) -> list[int]:
     """Nodes of one longest path ending at the first latest-finishing node (sink first)."""
     node = int(np.argmax(end_s))
     t, end = time_s.tolist(), end_s.tolist()
-    ptr, idx, lat = topo[1].tolist(), topo[2].tolist(), topo[3].tolist()
+    ptr, idx, lat = topo.pred_ptr.tolist(), topo.pred_idx.tolist(), topo.pred_lat_csr.tolist()
     path = [node]
     start = end[node] - t[node]
     while True:
