@@ -66,3 +66,29 @@ def test_bad_values_are_config_errors(frontier):
         StragglerRuntime(frontier, pipeline_index=2, num_pipelines=2)
     with pytest.raises(ConfigError):
         set_hint(torch_dist.HashStore(), 0, -1.0)
+
+
+class _ClearedBetweenCheckAndGet:
+    """A store where an operator's ``straggler clear`` lands between the job's ``check`` and
+    its ``get`` (the race a loaded CI machine hit: the job then waited for the key until the
+    store's timeout and raised)."""
+
+    def __init__(self, store, pipeline_index: int) -> None:
+        self.store, self.pipeline_index = store, pipeline_index
+
+    def check(self, keys):
+        found = self.store.check(keys)
+        clear_hint(self.store, self.pipeline_index)
+        return found
+
+    def get(self, key):
+        return self.store.get(key)
+
+
+def test_a_clear_between_the_jobs_check_and_get_reads_as_no_hint():
+    from datetime import timedelta
+
+    store = torch_dist.HashStore()
+    store.set_timeout(timedelta(seconds=1))
+    set_hint(store, 1, 2.5)
+    assert read_hint(_ClearedBetweenCheckAndGet(store, 1), 1) is None

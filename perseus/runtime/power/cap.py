@@ -12,7 +12,7 @@ import secrets
 from typing import Any, Literal
 
 from perseus.errors import ConfigError
-from perseus.runtime.straggler.switching import CLEARED, read_ack_at, read_text
+from perseus.runtime.straggler.switching import CLEARED, clear_key, read_ack_at, read_text
 
 __all__ = ["ACK_KEY", "CAP_KEY", "CLEARED", "clear_cap", "read_cap", "read_cap_ack", "set_cap"]
 
@@ -41,8 +41,7 @@ def set_cap(store: Any, cap_w: float, scope: Scope = "pipeline") -> str:
 
 def clear_cap(store: Any) -> None:
     """Remove the cap (no error if there is none)."""
-    if store.check([CAP_KEY]):
-        store.delete_key(CAP_KEY)
+    clear_key(store, CAP_KEY)
 
 
 def read_cap(store: Any) -> tuple[float, Scope, str] | None:

@@ -26,6 +26,7 @@ __all__ = [
     "StragglerRuntime",
     "ack_key",
     "clear_hint",
+    "clear_key",
     "hint_key",
     "raw_store",
     "read_ack",
@@ -80,13 +81,19 @@ def set_hint(store: Any, pipeline_index: int, time_s: float) -> str:
 
 def clear_hint(store: Any, pipeline_index: int) -> None:
     """Remove pipeline ``pipeline_index``'s hint (no error if there is none)."""
-    key = hint_key(pipeline_index)
+    clear_key(store, hint_key(pipeline_index))
+
+
+def clear_key(store: Any, key: str) -> None:
+    """Empty ``key`` if it holds a value. Never deleted: a job between ``check`` and ``get``
+    (:func:`read_text`) would then wait for the key until the store's timeout."""
     if store.check([key]):
-        store.delete_key(key)
+        store.set(key, "")
 
 
 def read_text(store: Any, key: str) -> str | None:
-    """The text under ``key``, or None when there is none or it is not UTF-8 (never blocks)."""
+    """The text under ``key``, or None when there is none or it is not UTF-8 (never blocks: a
+    key once written is never deleted, see :func:`clear_key`)."""
     if not store.check([key]):
         return None
     try:
