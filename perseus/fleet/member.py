@@ -99,6 +99,3 @@ class FleetMember:
             # read when iteration `iteration` ended: in force from the next one
             after = int(iteration) + 1 if iteration.isdecimal() else None
             self.registry.acknowledge(self.name, a.point, after)
-
-    def delete_key(self, key: str) -> None:
-        """Nothing to delete: the fleet, not the job, owns the plan."""
