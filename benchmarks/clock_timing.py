@@ -40,7 +40,6 @@ import argparse
 import bisect
 import math
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from statistics import NormalDist
 import numpy as np
 
 from perseus.device.base import DeviceEvent
+from perseus.device.clock import REAL_CLOCK
 from perseus.device.sim_stream import OpTrace
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
@@ -135,7 +135,7 @@ def run_pipeline(
             state_dir=directory,
             set_latency_s=0.005 * time_scale,
             publish_interval_s=0.1 * time_scale,
-            clock=time.perf_counter,
+            clock=REAL_CLOCK,
             noise=SimNoise(seed=seed),
             seed=seed,
             trace_ops=True,

@@ -39,7 +39,7 @@ import tempfile
 import time
 import warnings
 
-from perseus.device.clock import VirtualClock
+from perseus.device.clock import REAL_CLOCK, VirtualClock
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ProfileError
 from perseus.io import default_blocking_power_w, load_profile
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             set_latency_s=0.005 * args.time_scale,
             publish_interval_s=0.1 * args.time_scale,
             noise=SimNoise(seed=args.seed, counter_gain=args.gain),
-            clock=time.perf_counter,
+            clock=REAL_CLOCK,
         )
         schedule = build_schedule("1f1b", 1, args.microbatches)
         session = RankSession(

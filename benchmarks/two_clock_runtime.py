@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
+from perseus.device.clock import REAL_CLOCK
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.io import load_profile
 from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
@@ -75,7 +75,7 @@ def main() -> None:
             blocking_power_w=83.64,
             state_dir=Path(tmp),
             set_latency_s=0.005,
-            clock=time.perf_counter,
+            clock=REAL_CLOCK,
             noise=SimNoise(seed=args.seed),
             seed=args.seed,
             trace_ops=True,

@@ -12,7 +12,6 @@ import math
 import os
 import random
 import threading
-import time
 import uuid as _uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -45,30 +44,13 @@ from perseus.schedule.actions import Kind
 __all__ = ["SimSharedState", "sim_uuid"]
 
 
-class _FnClock:
-    """A :class:`~perseus.device.clock.Clock` from a time function and a sleep function."""
-
-    __slots__ = ("now", "real_time", "sleep")
-
-    def __init__(self, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
-        self.now = now
-        self.sleep = sleep
-        self.real_time = sleep is time.sleep
-
-
-#: Time functions every process on Linux reads alike: a state on them is shared in real time.
-_SHARED_TIME: dict[Callable[[], float], str] = {
-    time.time: "wall",
-    time.perf_counter: "monotonic",
-    time.monotonic: "monotonic",
-}
+#: The default timeline of a simulated GPU: the wall clock, which every process reads alike.
+_WALL_CLOCK: Clock = WallClock()
 
 
 def _clock_kind(clock: Clock) -> str:
     """How another process can read ``clock``: ``"wall"``, ``"monotonic"`` or ``"virtual"``
     (it cannot; :func:`.sim_state.now_for` reads each)."""
-    if isinstance(clock, _FnClock):
-        return _SHARED_TIME.get(clock.now, "virtual")
     if isinstance(clock, RealClock):
         return "wall" if isinstance(clock, WallClock) else "monotonic"
     return "virtual"
@@ -127,8 +109,7 @@ class SimSharedState:
         privileged: bool = True,
         clamp_out_of_range: bool = True,
         source: str = "",
-        clock: Clock | Callable[[], float] = time.time,
-        sleep: Callable[[float], None] | None = None,
+        clock: Clock = _WALL_CLOCK,
         seed: int = 0,
         trace_ops: bool = False,
         memory_clocks_mhz: tuple[int, ...] = (),
@@ -167,7 +148,7 @@ class SimSharedState:
         self.privileged = privileged
         self.clamp_out_of_range = clamp_out_of_range
         self.source = source
-        self.clock = clock if isinstance(clock, Clock) else _FnClock(clock, sleep or time.sleep)
+        self.clock = clock
         self._clock: Callable[[], float] = self.clock.now
         self._sleep: Callable[[float], None] = self.clock.sleep
         self._uuid = sim_uuid(index)

@@ -244,10 +244,9 @@ def test_a_reset_from_another_process_keeps_the_simulated_gpus_clock(
 ) -> None:
     """The watchdog resets a simulated GPU on the clock it runs on: a GPU on perf_counter (the
     examples') or a virtual clock must not have its energy integral jump to the wall clock."""
-    import time
+    from perseus.device.clock import RealClock, VirtualClock, WallClock
 
-    virtual = [100.0]
-    clocks = {"perf_counter": time.perf_counter, "time": time.time, "virtual": lambda: virtual[0]}
+    clocks = {"perf_counter": RealClock(), "time": WallClock(), "virtual": VirtualClock(100.0)}
     gpu = SimulatedGPU.from_preset(
         "a100", state_dir=tmp_path, set_latency_s=0.0, clock=clocks[clock]
     )

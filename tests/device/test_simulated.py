@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from perseus.device.base import GPU, ManagedGPU
+from perseus.device.clock import VirtualClock
 from perseus.device.presets import PRESETS, get_preset
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError, DeviceError, DeviceLostError, DevicePermissionError
@@ -35,17 +36,7 @@ A100_TABLE = {
 }
 
 
-class FakeClock:
-    """A shared wall clock the test moves by hand."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _from_profile(tmp_path: Path, clock: FakeClock, **kwargs: object) -> SimulatedGPU:
+def _from_profile(tmp_path: Path, clock: VirtualClock, **kwargs: object) -> SimulatedGPU:
     return SimulatedGPU.from_profile(
         load_profile("a100"),
         blocking_power_w=83.64,
@@ -67,7 +58,7 @@ def test_implements_protocols(tmp_path: Path) -> None:
 
 def test_profile_gpu_costs_exactly_the_profile_at_every_clock(tmp_path: Path) -> None:
     profile = load_profile("a100")
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock)
     clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options}, reverse=True)
     assert gpu.supported_clocks_mhz() == tuple(clocks)
@@ -83,7 +74,7 @@ def test_profile_gpu_costs_exactly_the_profile_at_every_clock(tmp_path: Path) ->
             end = gpu.record_event()
             assert not end.query()  # the launch returned at once; the device runs it later
             assert gpu.current_clock_mhz() == option.freq_mhz
-            clock.t += option.time_s
+            clock.advance(option.time_s)
             assert end.query()
             assert end.device_time_s() - start.device_time_s() == pytest.approx(option.time_s)
             assert gpu.exact_energy_j() - before == pytest.approx(option.energy_j, rel=1e-9)
@@ -91,20 +82,20 @@ def test_profile_gpu_costs_exactly_the_profile_at_every_clock(tmp_path: Path) ->
 
 
 def test_idle_device_draws_blocking_power(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     before = gpu.exact_energy_j()
     gpu.launch(0, Kind.F)
     duration, energy = gpu.op_cost(0, Kind.F)
     assert gpu.power_w() == pytest.approx(energy / duration)
-    clock.t += duration + 0.5
+    clock.advance(duration + 0.5)
     assert gpu.power_w() == pytest.approx(83.64)
     assert gpu.exact_energy_j() - before == pytest.approx(energy + 83.64 * 0.5)
 
 
 def test_queued_ops_run_back_to_back_and_events_mark_the_stream(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     t_f, _ = gpu.op_cost(0, Kind.F)
@@ -114,7 +105,7 @@ def test_queued_ops_run_back_to_back_and_events_mark_the_stream(tmp_path: Path) 
     middle = gpu.record_event()
     gpu.launch(0, Kind.B)
     end = gpu.record_event()
-    clock.t += t_f + t_b
+    clock.advance(t_f + t_b)
     assert middle.device_time_s() - start.device_time_s() == pytest.approx(t_f)
     assert end.device_time_s() - middle.device_time_s() == pytest.approx(t_b)
 
@@ -126,28 +117,28 @@ def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(
     """Half an op's work at 1410 MHz, the rest at 1095 MHz: launched whole, the clock changed
     at its middle; or launched in parts as emulation does (the host late, the clock changed
     meanwhile, the rest backdated to the first part's end): one op either way."""
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock, trace_ops=True)
     gpu.set_locked_clock(1095)
     slow_t, slow_e = gpu.op_cost(0, Kind.F)
     gpu.set_locked_clock(1410)
     fast_t, fast_e = gpu.op_cost(0, Kind.F)
-    before, t0 = gpu.exact_energy_j(), clock.t
+    before, t0 = gpu.exact_energy_j(), clock.now()
     start = gpu.record_event()
     gpu.launch(0, Kind.F, until=0.5 if parts else 1.0)
     if parts:
-        clock.t += fast_t  # the host gets back long after the first half ended
+        clock.advance(fast_t)  # the host gets back long after the first half ended
         gpu.set_locked_clock(1095)
         gpu.backdate(0.0)
         gpu.launch(0, Kind.F)
     end = gpu.record_event()
     if not parts:
-        clock.t += fast_t / 2  # half the work at 1410 MHz ...
+        clock.advance(fast_t / 2)  # half the work at 1410 MHz ...
         gpu.set_locked_clock(1095)  # ... the rest at 1095 MHz
-    clock.t += 10.0
+    clock.advance(10.0)
     op_t, op_e = fast_t / 2 + slow_t / 2, fast_e / 2 + slow_e / 2
     assert end.device_time_s() - start.device_time_s() == pytest.approx(op_t)
-    idle_j = 83.64 * (clock.t - t0 - op_t)
+    idle_j = 83.64 * (clock.now() - t0 - op_t)
     assert gpu.exact_energy_j() - before == pytest.approx(op_e + idle_j)
     (trace,) = gpu.op_trace
     assert [c for c, _ in trace.pieces] == [1410, 1095]
@@ -156,13 +147,13 @@ def test_an_op_spanning_a_clock_change_is_priced_piece_by_piece(
 
 def test_an_op_launched_in_parts_draws_its_noise_once(tmp_path: Path) -> None:
     def time_s(path: Path, parts: tuple[float, ...]) -> float:
-        clock = FakeClock()
+        clock = VirtualClock(1000.0)
         gpu = _from_profile(path, clock, noise=SimNoise(seed=7))
         start = gpu.record_event()
         for until in parts:
             gpu.launch(0, Kind.F, until=until)
         end = gpu.record_event()
-        clock.t += 1.0
+        clock.advance(1.0)
         return end.device_time_s() - start.device_time_s()
 
     assert time_s(tmp_path / "parts", (0.25, 1.0)) == pytest.approx(
@@ -172,12 +163,12 @@ def test_an_op_launched_in_parts_draws_its_noise_once(tmp_path: Path) -> None:
 
 def test_noise_is_seeded_and_the_blocking_power_is_off_by_a_seeded_error(tmp_path: Path) -> None:
     def run(seed: int) -> tuple[float, float]:
-        clock = FakeClock()
+        clock = VirtualClock(1000.0)
         gpu = _from_profile(tmp_path / str(seed), clock, noise=SimNoise(seed=seed))
         start = gpu.record_event()
         gpu.launch(0, Kind.F)
         end = gpu.record_event()
-        clock.t += 1.0
+        clock.advance(1.0)
         return end.device_time_s() - start.device_time_s(), gpu.true_blocking_power_w
 
     nominal = load_profile("a100").op(0, Kind.F).options[0].time_s
@@ -193,7 +184,7 @@ def test_a100_preset_reproduces_the_notes_table(tmp_path: Path, freq: int) -> No
     power_w, t_ratio, e_ratio = A100_TABLE[freq]
     assert preset.power.compute_power_w(freq, 1.0) == pytest.approx(power_w, rel=0.05)
     gpu = SimulatedGPU.from_preset(
-        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=FakeClock()
+        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=VirtualClock(1000.0)
     )
     gpu.set_locked_clock(1410)
     t0, e0 = gpu.op_cost(0, Kind.F)
@@ -205,7 +196,7 @@ def test_a100_preset_reproduces_the_notes_table(tmp_path: Path, freq: int) -> No
 
 def test_a100_energy_minimum_near_the_knee(tmp_path: Path) -> None:
     gpu = SimulatedGPU.from_preset(
-        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=FakeClock()
+        "a100-500w", state_dir=tmp_path, set_latency_s=0.0, clock=VirtualClock(1000.0)
     )
     energies = {}
     for f in range(855, 1411, 15):
@@ -217,7 +208,7 @@ def test_a100_energy_minimum_near_the_knee(tmp_path: Path) -> None:
 
 
 def test_counter_moves_only_in_publish_steps(tmp_path: Path) -> None:
-    clock = FakeClock(2000.0)
+    clock = VirtualClock(2000.0)
     gpu = SimulatedGPU.from_preset(
         "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.1, clock=clock
     )
@@ -226,8 +217,8 @@ def test_counter_moves_only_in_publish_steps(tmp_path: Path) -> None:
     for step in range(60):  # 600 ms in 10 ms steps, with ops queued in between
         if step % 7 == 0:
             gpu.launch(0, Kind.F)
-        seen.append((clock.t, gpu.energy_mj()))
-        clock.t += 0.01
+        seen.append((clock.now(), gpu.energy_mj()))
+        clock.advance(0.01)
     changes = [t for (t, e), (_, prev) in zip(seen[1:], seen, strict=False) if e != prev]
     assert len(changes) >= 5
     for t in changes:  # every change happens in the first 10 ms step after a 100 ms tick
@@ -237,19 +228,19 @@ def test_counter_moves_only_in_publish_steps(tmp_path: Path) -> None:
 
 
 def test_counter_is_the_floor_of_the_integral_at_the_tick(tmp_path: Path) -> None:
-    clock = FakeClock(3000.0)
+    clock = VirtualClock(3000.0)
     gpu = SimulatedGPU.from_preset(
         "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.1, clock=clock
     )
     gpu.energy_mj()  # create the state at t = 3000.0
-    clock.t = 3000.25
+    clock.advance(0.25)  # to 3000.25
     # Idle all along: blocking power from 3000.0 to the tick at 3000.2.
     assert gpu.energy_mj() == math.floor(83.64 * 0.2 * 1000 + 1e-6)
 
 
 def test_power_cap_clamps_the_effective_clock(tmp_path: Path) -> None:
     gpu = SimulatedGPU.from_preset(
-        "a100", state_dir=tmp_path, activity=1.0, set_latency_s=0.0, clock=FakeClock()
+        "a100", state_dir=tmp_path, activity=1.0, set_latency_s=0.0, clock=VirtualClock(1000.0)
     )
     gpu.set_locked_clock(1410)
     assert gpu.effective_clock_mhz(0, Kind.F) == 1275  # notes: ≈1275 MHz under 400 W
@@ -263,7 +254,7 @@ def test_power_cap_clamps_the_effective_clock(tmp_path: Path) -> None:
 
 
 def test_power_cap_on_a_profile_gpu(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock, power_cap_w=300.0)
     gpu.set_locked_clock(1410)
     op = load_profile("a100").op(0, Kind.F)
@@ -277,20 +268,20 @@ def test_the_capped_clock_is_read_back_with_the_power_cap_reason(tmp_path: Path)
     one, with NVML's SW power cap reason (0x4); idle reads carry the idle reason (0x1)."""
     from perseus.device.base import ClockReadbackGPU
 
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock, power_cap_w=300.0)
     assert isinstance(gpu, ClockReadbackGPU)
     gpu.set_locked_clock(1410)
     assert gpu.clock_event_reasons() == 0x1 and gpu.current_clock_mhz() == 1410  # idle
     gpu.launch(0, Kind.F)
-    clock.t += 1e-4
+    clock.advance(1e-4)
     capped = gpu.effective_clock_mhz(0, Kind.F)
     assert capped < 1410
     assert (gpu.current_clock_mhz(), gpu.clock_event_reasons()) == (capped, 0x4)
-    clock.t += 10.0  # the op is done
+    clock.advance(10.0)  # the op is done
     gpu.set_locked_clock(capped)  # asking for what fits: delivered, no reason
     gpu.launch(0, Kind.F)
-    clock.t += 1e-4
+    clock.advance(1e-4)
     assert (gpu.current_clock_mhz(), gpu.clock_event_reasons()) == (capped, 0)
 
 
@@ -302,7 +293,7 @@ def test_h100_is_marked_estimated() -> None:
 
 
 def test_state_is_shared_between_objects_and_outlives_them(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     first = _from_profile(tmp_path, clock)
     first.set_locked_clock(1100)
     del first
@@ -318,7 +309,7 @@ def test_state_is_shared_between_objects_and_outlives_them(tmp_path: Path) -> No
 
 
 def test_slowdown_scales_time_and_energy(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     t, e = gpu.op_cost(1, Kind.B)
@@ -328,7 +319,7 @@ def test_slowdown_scales_time_and_energy(tmp_path: Path) -> None:
     start = gpu.record_event()
     gpu.launch(1, Kind.B)
     end = gpu.record_event()
-    clock.t += 2 * t
+    clock.advance(2 * t)
     assert end.device_time_s() - start.device_time_s() == pytest.approx(2 * t)
     assert gpu.exact_energy_j() - before == pytest.approx(2 * e)
     with pytest.raises(ConfigError):
@@ -348,7 +339,7 @@ def test_snapping_and_out_of_range(tmp_path: Path) -> None:
 
 
 def test_unlocked_gpu_runs_ops_at_max_and_idles_at_idle_clock(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(1000.0)
     gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0, clock=clock)
     assert gpu.locked_clock_mhz() is None
     assert gpu.current_clock_mhz() == 210
@@ -371,23 +362,21 @@ def test_permission_and_injected_errors(tmp_path: Path) -> None:
 
 
 def test_set_latency_blocks_the_caller_for_a_lognormal_time(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.005, clock=clock)
     waited: list[float] = []
-    gpu = SimulatedGPU.from_preset(
-        "a100", state_dir=tmp_path, set_latency_s=0.005, sleep=waited.append
-    )
-    for _ in range(400):
-        gpu.set_locked_clock(1095)
-    gpu.reset_locked_clock()
+    for call in [lambda: gpu.set_locked_clock(1095)] * 400 + [gpu.reset_locked_clock]:
+        start = clock.now()
+        call()
+        waited.append(clock.now() - start)
     waited.sort()
     assert waited[len(waited) // 2] == pytest.approx(0.005, rel=0.15)  # notes: median 5 ms
     assert waited[int(0.99 * len(waited))] == pytest.approx(0.012, rel=0.3)  # p99 12 ms
     assert min(waited) > 0
-    exact = SimulatedGPU.from_preset(
-        "a100", state_dir=tmp_path, set_latency_s=0.0, sleep=waited.append
-    )
-    n = len(waited)
+    exact = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0, clock=clock)
+    n = clock.sleeps
     exact.set_locked_clock(1095)
-    assert len(waited) == n  # no latency, no sleep
+    assert clock.sleeps == n  # no latency, no sleep
 
 
 def test_unknown_stage_is_a_profile_error(tmp_path: Path) -> None:
@@ -489,22 +478,22 @@ def test_concurrent_writer_process_never_tears_reads(tmp_path: Path) -> None:
 
 
 def test_backdated_op_counts_from_its_start(tmp_path: Path) -> None:
-    clock = FakeClock(1000.0)
+    clock = VirtualClock(1000.0)
     gpu = _from_profile(tmp_path, clock)
     gpu.set_locked_clock(1410)
     start = gpu.exact_energy_j()
     duration, energy = gpu.op_cost(0, Kind.F)
-    clock.t = 1000.32  # the host reaches the op 20 ms after the GPU could have started it
+    clock.advance(0.32)  # the host reaches the op 20 ms after the GPU could have started it
     gpu.backdate(1000.3)
     first = gpu.record_event()
     gpu.launch(0, Kind.F)
     end = gpu.record_event()
     assert first.device_time_s() == pytest.approx(1000.3)
-    clock.t = 1000.3 + duration
+    clock.advance(1000.3 + duration - clock.now())
     assert end.device_time_s() == pytest.approx(1000.3 + duration)
     assert gpu.exact_energy_j() - start == pytest.approx(83.64 * 0.3 + energy)
     # Never before the last event: that span is already accounted for.
-    clock.t += 0.01
+    clock.advance(0.01)
     gpu.backdate(1000.0)
     second = gpu.record_event()
     assert second.device_time_s() == pytest.approx(end.device_time_s())

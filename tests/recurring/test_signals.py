@@ -30,6 +30,7 @@ _RUN = textwrap.dedent(
     """
     import json, os, signal, sqlite3, sys
     from pathlib import Path
+    from perseus.device.clock import VirtualClock
     from perseus.device.simulated import SimulatedGPU
     from perseus.recurring.job import RecurringJob
     from perseus.recurring.store import SQLiteStore
@@ -37,17 +38,9 @@ _RUN = textwrap.dedent(
 
     tmp, mode, own = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "own"
 
-    class Clock:
-        now = 0.0
-        def __call__(self):
-            return self.now
-        def sleep(self, s):
-            self.now += s
-
-    clock = Clock()
+    clock = VirtualClock()
     gpu = SimulatedGPU.from_preset("a40", state_dir=tmp / "sim", publish_interval_s=0.0,
-                                   set_latency_s=0.0, activity=1.0, clock=clock,
-                                   sleep=clock.sleep)
+                                   set_latency_s=0.0, activity=1.0, clock=clock)
     seen = []
     if mode == "handler":  # the application's own "stop after this epoch" handler
         signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
@@ -56,7 +49,7 @@ _RUN = textwrap.dedent(
     elif mode == "caught":  # Ctrl-C's KeyboardInterrupt, caught by the loop, which goes on
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even under cmd &
     job = RecurringJob("j", batch_sizes=[64], default_batch_size=64,
-                       store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock,
+                       store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock.now,
                        heartbeat_interval_s=1e9,
                        profiler_kwargs={"warmup_steps": 2, "settle_steps": 1, "window_steps": 3})
     limits = []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.io import load_profile
@@ -168,8 +169,6 @@ def test_sampler_on_a_virtual_clock_reads_at_its_due_times_without_a_thread() ->
     the sleeps pass it (no thread racing the training thread), and close() stops them."""
     import threading
 
-    from perseus.device.clock import VirtualClock
-
     clock = VirtualClock(10.0)
     threads = threading.active_count()
     sampler = CounterSampler(lambda: 7, clock.now, period_s=0.01, clock=clock)
@@ -189,24 +188,13 @@ def test_sampler_on_a_virtual_clock_reads_at_its_due_times_without_a_thread() ->
     assert len(sampler.samples()) == len(reads)  # stopped
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-
-
 def test_simulated_counter_windows_recover_op_energy_at_nvml_granularity(tmp_path: Path) -> None:
     """The real simulated GPU on a virtual clock: counter published every 100 ms, noise and a
     5 % gain error on, ops of 45-100 ms (the bundled A100 profile, unscaled) with host gaps,
     the counter read every 12.5 ms. Energies come out within 2 % of the gain times the truth;
     the old per-op counter stamps are 0 J or whole 100 ms steps."""
     truth = take_stages(load_profile("a100"), 1)
-    clock = _Clock()
+    clock = VirtualClock(100.0)
     gpu = SimulatedGPU.from_profile(
         truth,
         blocking_power_w=83.64,
@@ -215,12 +203,11 @@ def test_simulated_counter_windows_recover_op_energy_at_nvml_granularity(tmp_pat
         publish_interval_s=0.1,
         noise=SimNoise(seed=3, counter_gain=0.95),
         clock=clock,
-        sleep=clock.sleep,
     )
     sampler = CounterSampler(gpu.energy_mj, gpu.timeline_now_s, period_s=0.0125)
     rng = random.Random(2)
     spans, stamps = [], []
-    next_read = clock.t
+    next_read = clock.now()
     for i in range(40):
         kind = Kind.F if i % 2 == 0 else Kind.B
         gpu.backdate(0.0)
@@ -228,13 +215,13 @@ def test_simulated_counter_windows_recover_op_energy_at_nvml_granularity(tmp_pat
         gpu.launch(0, kind)
         end = gpu.record_event()
         while not end.query():  # the host waits for the op (virtual time), the sampler reads
-            clock.t = next_read
+            clock.advance(next_read - clock.now())
             sampler.sample()
             next_read += 0.0125 + rng.uniform(-0.003, 0.003)  # thread wake-up jitter
         spans.append(OpSpan((0, kind), start.device_time_s(), end.device_time_s()))
         assert start.energy_mj is not None and end.energy_mj is not None
         stamps.append((kind, (end.energy_mj - start.energy_mj) / 1000.0))
-        clock.t += rng.uniform(0.0, 0.004)  # host work between ops (the next op is backdated)
+        clock.advance(rng.uniform(0.0, 0.004))  # host work between ops (the next op is backdated)
     windows = sampler.intervals(spans[0].start_s, spans[-1].end_s)
     assert len(windows) >= 25  # 40 ops of 45-100 ms
     assert statistics.median(w.length_s for w in windows) == pytest.approx(0.1, rel=1e-3)
