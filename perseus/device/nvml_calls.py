@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-import time
 from typing import Any
 
+from perseus.device.clock import clock_of
 from perseus.errors import (
     DeviceError,
     DeviceLostError,
@@ -137,8 +137,8 @@ def call_nvml(
     """Call ``nvml.<function>(*args)``, mapping ``NVMLError`` to the perseus error tree
     (``what``, e.g. the GPU's name, prefixes the message).
 
-    A ``TIMEOUT`` is retried ``retries`` times (10 ms, then 50 ms back-off), then raised as
-    :class:`DeviceError`.
+    A ``TIMEOUT`` is retried ``retries`` times (10 ms, then 50 ms back-off, slept on the
+    library's clock: a fake's, else real time), then raised as :class:`DeviceError`.
     """
     for attempt in range(retries + 1):
         try:
@@ -146,7 +146,7 @@ def call_nvml(
         except nvml.NVMLError as e:
             code: Any = getattr(e, "value", None)
             if code in _TRANSIENT and attempt < retries:
-                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+                clock_of(nvml).sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
                 continue
             error, hint = _ERRORS.get(code, (DeviceError, ""))
             where = f"{what}: " if what else ""

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from perseus.device.base import ObserveOnlyWarning
+from perseus.device.clock import VirtualClock
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import (
     NvmlGPU,
@@ -330,14 +331,17 @@ def test_cuda_device_mapping(monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml) ->
 
 
 def test_transient_timeout_is_retried(nvml: FakeNvml, tmp_path: Path) -> None:
+    nvml.clock = clock = VirtualClock()  # the back-off sleeps on the library's clock
     gpu = _gpu(nvml, tmp_path).open()
     nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_TIMEOUT, times=2)
     assert gpu.set_locked_clock(1095) == 1095
     assert nvml.names().count("nvmlDeviceSetGpuLockedClocks") == 3
+    assert clock.now() == pytest.approx(0.01 + 0.05)  # 10 ms, then 50 ms
     gpu.close()
 
 
 def test_persistent_timeout_is_a_device_error(nvml: FakeNvml, tmp_path: Path) -> None:
+    nvml.clock = VirtualClock()
     gpu = _gpu(nvml, tmp_path).open()
     nvml.fail("nvmlDeviceSetGpuLockedClocks", FakeNvml.NVML_ERROR_TIMEOUT, times=3)
     with pytest.raises(DeviceError, match="after 3 tries") as info:
