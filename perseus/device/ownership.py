@@ -17,13 +17,13 @@ import importlib.util
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from perseus.device.clock import Clock
     from perseus.device.process_identity import ProcessRecord
 
 __all__ = [
@@ -339,24 +339,26 @@ class GpuOwnership:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, wait_s: float = 2.0) -> None:
+    def acquire(self, wait_s: float = 2.0, clock: Clock | None = None) -> None:
         """Become the owner; reset the GPU first if the previous owner died without doing so.
 
-        A lock held by no live process (a watchdog resetting) is waited for up to ``wait_s``.
+        A lock held by no live process (a watchdog resetting) is waited for up to ``wait_s``
+        on ``clock`` (default real time: the holder is another process).
 
         Raises:
             DeviceBusyError: another live process (or agent in this process) owns the GPU.
         """
         if self._fd is not None:
             return
-        deadline = time.monotonic() + wait_s
+        clock = clock if clock is not None else _sibling("clock").REAL_CLOCK
+        deadline = clock.now() + wait_s
         while True:
             fd, owner, stale = acquire_owner_lock(self.lock_path)
             if fd is not None:
                 break
             found, state = recorded_owner(self.lock_path)
             transient = owner is None or state == "gone"
-            if not transient or time.monotonic() >= deadline:
+            if not transient or clock.now() >= deadline:
                 from perseus.errors import DeviceBusyError
 
                 who = f"process {owner}" if owner is not None else "another process"
@@ -368,7 +370,7 @@ class GpuOwnership:
                     f"GPU {self.uuid} is already owned by {who} (lock {self.lock_path}); one "
                     "agent per GPU: stop the other agent or give each rank its own GPU"
                 )
-            time.sleep(0.01)
+            clock.sleep(0.01)
         self._fd = fd
         close_on_fork(fd)
         if stale is not None:

@@ -163,6 +163,27 @@ def test_busy_owner_is_named(tmp_path: Path) -> None:
     first.release()
 
 
+def test_a_lock_held_without_a_record_is_waited_for_on_the_given_clock(tmp_path: Path) -> None:
+    """A lock held by no recorded process (a watchdog resetting) is waited for up to
+    ``wait_s``, then named busy; one freed meanwhile is taken (virtual time: no real wait)."""
+    from perseus.device.clock import VirtualClock
+
+    path = tmp_path / "GPU-x.owner"
+    fd, _, _ = acquire_owner_lock(path, record=False)
+    assert fd is not None
+    clock = VirtualClock()
+    with pytest.raises(DeviceBusyError, match="owned by another process"):
+        GpuOwnership("GPU-x", path).acquire(wait_s=2.0, clock=clock)
+    assert 2.0 <= clock.now() < 2.1
+    start = clock.now()
+    stop = clock.call_every(0.5, lambda: release_owner_lock(fd, path))
+    owner = GpuOwnership("GPU-x", path)
+    owner.acquire(clock=clock)
+    stop()
+    assert owner.held and clock.now() - start == pytest.approx(0.5, abs=0.02)
+    owner.release()
+
+
 def test_nvml_reset_restores_the_default_limit_not_a_recorded_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
