@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.recurring import RecurringJob, SQLiteStore
 from perseus.schedule.actions import Kind
@@ -29,19 +30,6 @@ BATCH_SIZES = [16, 32, 64, 128, 256]
 DEFAULT_BATCH_SIZE = 128
 TARGET_ACCURACY = 0.92
 MAX_EPOCHS = 20
-
-
-class VirtualClock:
-    """Seconds of simulated GPU time (the CPU's own speed does not matter)."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
 
 
 def make_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -66,7 +54,6 @@ def simulated_gpu(batch_size: int, clock: VirtualClock, state_dir: Path) -> Simu
         activity=activity,
         op_time_s={Kind.F: step_s},
         clock=clock,
-        sleep=clock.sleep,
     )
 
 

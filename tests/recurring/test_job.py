@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import ConfigError
 from perseus.recurring.cost import zeus_cost
@@ -16,20 +17,9 @@ from perseus.recurring.store import SQLiteStore
 from perseus.schedule.actions import Kind
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[SimulatedGPU, Clock, RecurringJob]:
-    clock = Clock()
+def setup(tmp_path: Path) -> tuple[SimulatedGPU, VirtualClock, RecurringJob]:
+    clock = VirtualClock()
     gpu = SimulatedGPU.from_preset(
         "a40",
         state_dir=tmp_path / "sim",
@@ -37,7 +27,6 @@ def setup(tmp_path: Path) -> tuple[SimulatedGPU, Clock, RecurringJob]:
         set_latency_s=0.0,
         activity=1.0,
         clock=clock,
-        sleep=clock.sleep,
     )
     job = RecurringJob(
         "job",
@@ -53,7 +42,7 @@ def setup(tmp_path: Path) -> tuple[SimulatedGPU, Clock, RecurringJob]:
     return gpu, clock, job
 
 
-def _steps(run: RecurringRun, gpu: SimulatedGPU, clock: Clock, n: int) -> None:
+def _steps(run: RecurringRun, gpu: SimulatedGPU, clock: VirtualClock, n: int) -> None:
     for _ in range(n):
         gpu.launch(0, Kind.F)  # the simulated GPU runs the step on its own timeline
         clock.sleep(gpu.op_cost(0, Kind.F)[0])  # the host waits for it (virtual clock)
@@ -61,7 +50,7 @@ def _steps(run: RecurringRun, gpu: SimulatedGPU, clock: Clock, n: int) -> None:
 
 
 def test_first_run_profiles_and_picks_the_cheapest_limit_then_reruns_use_the_cache(
-    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+    setup: tuple[SimulatedGPU, VirtualClock, RecurringJob],
 ) -> None:
     gpu, clock, job = setup
     low, high = gpu.power_limit_range_w()
@@ -100,7 +89,7 @@ def test_first_run_profiles_and_picks_the_cheapest_limit_then_reruns_use_the_cac
 
 
 def test_a_run_past_beta_times_the_best_cost_stops_early_and_counts_as_failed(
-    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+    setup: tuple[SimulatedGPU, VirtualClock, RecurringJob],
 ) -> None:
     gpu, clock, job = setup
     job.store.register_job("job", job._config())
@@ -125,7 +114,7 @@ def test_a_run_past_beta_times_the_best_cost_stops_early_and_counts_as_failed(
 
 
 def test_a_cached_limit_outside_the_gpus_range_is_named_and_not_a_failure(
-    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+    setup: tuple[SimulatedGPU, VirtualClock, RecurringJob],
 ) -> None:
     gpu, _clock, job = setup
     job.store.register_job("job", job._config())
@@ -143,7 +132,7 @@ def test_a_cached_limit_outside_the_gpus_range_is_named_and_not_a_failure(
 
 
 def test_the_lease_is_renewed_with_the_cost_so_far(
-    setup: tuple[SimulatedGPU, Clock, RecurringJob],
+    setup: tuple[SimulatedGPU, VirtualClock, RecurringJob],
 ) -> None:
     gpu, clock, job = setup
     job.heartbeat_interval_s = 0.5

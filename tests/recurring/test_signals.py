@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.errors import ConfigError
 from perseus.recurring.job import RecurringJob
 from perseus.recurring.policy import Decision, Observation
@@ -30,6 +31,7 @@ _RUN = textwrap.dedent(
     """
     import json, os, signal, sqlite3, sys
     from pathlib import Path
+    from perseus.device.clock import VirtualClock
     from perseus.device.simulated import SimulatedGPU
     from perseus.recurring.job import RecurringJob
     from perseus.recurring.store import SQLiteStore
@@ -37,17 +39,9 @@ _RUN = textwrap.dedent(
 
     tmp, mode, own = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "own"
 
-    class Clock:
-        now = 0.0
-        def __call__(self):
-            return self.now
-        def sleep(self, s):
-            self.now += s
-
-    clock = Clock()
+    clock = VirtualClock()
     gpu = SimulatedGPU.from_preset("a40", state_dir=tmp / "sim", publish_interval_s=0.0,
-                                   set_latency_s=0.0, activity=1.0, clock=clock,
-                                   sleep=clock.sleep)
+                                   set_latency_s=0.0, activity=1.0, clock=clock)
     seen = []
     if mode == "handler":  # the application's own "stop after this epoch" handler
         signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
@@ -150,7 +144,7 @@ class _StuckCounter:
 
 
 def test_a_run_that_measured_no_energy_is_not_recorded(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "db")
+    store, clock = SQLiteStore(tmp_path / "db"), VirtualClock()
     job = RecurringJob(
         "j",
         batch_sizes=[32, 64],
@@ -158,9 +152,10 @@ def test_a_run_that_measured_no_energy_is_not_recorded(tmp_path: Path) -> None:
         store=store,
         gpu=_StuckCounter(),
         max_power_w=300.0,
-        clock=iter(range(100)).__next__,
+        clock=clock,
     )
     with job.run() as run:
+        clock.advance(1.0)  # time passes, energy does not
         run.step(64)
         run.end_epoch(reached=True)
     (row,) = store.runs("j")
