@@ -189,6 +189,7 @@ def replay(out: str) -> None:
     """Three jobs through a day of the planner on virtual time, drawn as ``out`` (PNG)."""
     import tempfile
 
+    from perseus.device.clock import VirtualClock
     from perseus.fleet.registry import FleetRegistry
     from perseus.report.fleet import plot_fleet
     from perseus.solver.fleet import FleetJob
@@ -202,16 +203,16 @@ def replay(out: str) -> None:
     ]
     all_max_w = sum(j.average_power_w[0] for j in jobs)
     least_w = sum(min(j.average_power_w) for j in jobs)
-    now = [0.0]
+    clock = VirtualClock()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        FleetRegistry(f"sqlite:///{tmp}/fleet.sqlite", clock=lambda: now[0]) as fleet,
+        FleetRegistry(f"sqlite:///{tmp}/fleet.sqlite", clock=clock) as fleet,
     ):
         for j in jobs:
             fleet.register(j, lease_s=20.0)
         budgets = {0: all_max_w, 30: least_w + 0.35 * (all_max_w - least_w), 120: 0.9 * all_max_w}
         for t in range(0, 155, 5):
-            now[0] = float(t)
+            clock.advance(t - clock.now())
             if t in budgets:
                 fleet.set_budget(budgets[t])
             for j in jobs:

@@ -7,12 +7,12 @@ import contextlib
 import itertools
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from perseus.cli._args import first_line
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.nvml import NvmlGPU, probe_privilege
 from perseus.device.nvml_calls import clock_event_names
 from perseus.errors import DeviceError, DevicePermissionError
@@ -201,17 +201,17 @@ def _lock_and_watch(gpu: NvmlGPU, target_mhz: int) -> tuple[int, float, float | 
     passed since the call returned: ``(snapped, call_s, seen_s, read)``, the time the set call
     took, when (from its start) the clock first read as the lock (None: not within
     ``_SETTLE_S``) and the last clock read."""
-    t0 = time.perf_counter()
+    t0 = REAL_CLOCK.now()
     snapped = gpu.set_locked_clock(target_mhz)
-    t1 = time.perf_counter()
+    t1 = REAL_CLOCK.now()
     while True:
         read = gpu.current_clock_mhz()
-        now = time.perf_counter()
+        now = REAL_CLOCK.now()
         if read == snapped:
             return snapped, t1 - t0, now - t0, read
         if now - t1 >= _SETTLE_S:
             return snapped, t1 - t0, None, read
-        time.sleep(0.0005)
+        REAL_CLOCK.sleep(0.0005)
 
 
 def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
@@ -323,8 +323,7 @@ def poll_counter(
     window_s: float,
     *,
     busy: Callable[[], None] | None = None,
-    now: Callable[[], float] = time.perf_counter,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = REAL_CLOCK,
     poll_s: float = 0.002,
 ) -> tuple[int, list[tuple[float, int]], int]:
     """Read an energy counter every ``poll_s`` for ``window_s`` (calling ``busy`` before each
@@ -332,20 +331,20 @@ def poll_counter(
     if busy is not None:
         busy()
     first = last = read_energy_mj()
-    end = now() + window_s
+    end = clock.now() + window_s
     publishes: list[tuple[float, int]] = []
     reads = 1
     while True:
         if busy is not None:
             busy()
-        value, at = read_energy_mj(), now()
+        value, at = read_energy_mj(), clock.now()
         reads += 1
         if value != last:
             publishes.append((at, value))
             last = value
         if at >= end:
             return first, publishes, reads
-        sleep(poll_s)
+        clock.sleep(poll_s)
 
 
 def check_power(gpu: NvmlGPU) -> Check:

@@ -7,13 +7,13 @@ import contextlib
 import statistics
 import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from perseus.cli._doctor_checks import Check, spread_clocks_mhz
 from perseus.device.base import GPU, ObserveOnlyWarning
+from perseus.device.clock import REAL_CLOCK
 from perseus.device.nvml import NvmlGPU
 from perseus.device.nvml_calls import LIMITING_REASONS, clock_event_names
 from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint
@@ -64,7 +64,7 @@ class _Sampler:
                     continue
                 if self._op == op:
                     self.samples.setdefault(op, []).append((clock, reasons))
-            time.sleep(0.0005)
+            REAL_CLOCK.sleep(0.0005)
 
 
 def _transformer(torch: Any, device: Any) -> tuple[Any, Any]:

@@ -8,13 +8,13 @@ a clock or a power limit.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from perseus.cli._doctor_checks import Check, poll_counter
 from perseus.cli._doctor_cuda import cuda_device_for
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.device.nvml import NvmlGPU
 from perseus.device.presets import blocking_power_of_name
 from perseus.errors import DeviceError
@@ -35,8 +35,7 @@ def measure_power_w(
     *,
     settle_s: float = 0.0,
     busy: Callable[[], None] | None = None,
-    now: Callable[[], float] = time.perf_counter,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = REAL_CLOCK,
     poll_s: float = _POLL_S,
 ) -> tuple[float, int]:
     """Mean power (W) between the first and the last counter publish seen in ``window_s``
@@ -44,13 +43,13 @@ def measure_power_w(
     seen; ``busy`` is called before every poll to hold the device in the state measured.
     DeviceError if the counter changed fewer than twice (no whole publish interval to divide
     by) or went backwards."""
-    start = now()
-    while now() - start < settle_s:
+    start = clock.now()
+    while clock.now() - start < settle_s:
         if busy is not None:
             busy()
-        sleep(poll_s)
+        clock.sleep(poll_s)
     last, publishes, _reads = poll_counter(
-        read_energy_mj, window_s, busy=busy, now=now, sleep=sleep, poll_s=poll_s
+        read_energy_mj, window_s, busy=busy, clock=clock, poll_s=poll_s
     )
     for _, value in publishes:
         if value < last:
@@ -98,8 +97,7 @@ def check_blocking_power(
     *,
     cuda: bool = True,
     spin: Callable[[NvmlGPU], tuple[Callable[[], None], Callable[[], None]]] | None = None,
-    now: Callable[[], float] = time.perf_counter,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = REAL_CLOCK,
 ) -> Check:
     """Idle power, then power while a spin-wait kernel holds the GPU, from the energy counter.
 
@@ -107,7 +105,7 @@ def check_blocking_power(
     :func:`spin_wait` on the GPU's CUDA device); ``cuda`` False measures idle power only.
     """
     name = "blocking power"
-    idle_w, idle_publishes = measure_power_w(gpu.energy_mj, window_s, now=now, sleep=sleep)
+    idle_w, idle_publishes = measure_power_w(gpu.energy_mj, window_s, clock=clock)
     data: dict[str, Any] = {
         "window_s": window_s,
         "idle_w": round(idle_w, 2),
@@ -132,7 +130,7 @@ def check_blocking_power(
         return Check(name, "unavailable", summary, data, fix)
     try:
         blocked_w, publishes = measure_power_w(
-            gpu.energy_mj, window_s, settle_s=0.5, busy=busy, now=now, sleep=sleep
+            gpu.energy_mj, window_s, settle_s=0.5, busy=busy, clock=clock
         )
     finally:
         drain()

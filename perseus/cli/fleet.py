@@ -123,7 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
     elif args.signal_above is not None or args.signal_budget_w is not None:
         raise ConfigError("--signal-above and --signal-budget-w need --budget-signal FILE")
     clock = WallClock()
-    with FleetRegistry(args.db, clock=clock.now) as fleet:
+    with FleetRegistry(args.db, clock=clock) as fleet:
         serve(
             fleet,
             clock=clock,

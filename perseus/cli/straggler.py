@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -116,9 +115,11 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
             "perseus straggler needs torch; pip install 'perseus-energy[torch]'"
         ) from e
 
-    started = time.monotonic()
+    from perseus.device.clock import REAL_CLOCK  # here, not at import: --help loads no numpy
+
+    started = REAL_CLOCK.now()
     _probe(host, port, timeout_s, address)
-    left_s = timeout_s - (time.monotonic() - started)
+    left_s = timeout_s - (REAL_CLOCK.now() - started)
 
     def connect() -> Any:
         # The client's own timeout ends a refused connection's retries before ours, so only a
@@ -197,13 +198,14 @@ def await_ack(
     if args.wait_s == 0:
         print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
         return 0
+    from perseus.device.clock import REAL_CLOCK
 
     def wait() -> int | bool | None:  # the job's iteration (None: not said), False: no ack
-        deadline = time.monotonic() + args.wait_s
+        deadline = REAL_CLOCK.now() + args.wait_s
         while (ack := read()) is None or ack[0] != token:
-            if time.monotonic() >= deadline:
+            if REAL_CLOCK.now() >= deadline:
                 return False
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            REAL_CLOCK.sleep(min(0.1, deadline - REAL_CLOCK.now()))
         return ack[1]
 
     seen = within(args.wait_s + args.timeout_s, "waiting for the acknowledgement", args.store, wait)

@@ -7,11 +7,11 @@ cap per pipeline and the acknowledgement of when it took effect. Each read renew
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from perseus.device.clock import Clock
 from perseus.errors import ConfigError
-from perseus.fleet.registry import Assignment, FleetRegistry
+from perseus.fleet.registry import _WALL_CLOCK, Assignment, FleetRegistry
 from perseus.plan import Frontier
 from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
 from perseus.solver.fleet import fleet_job
@@ -43,7 +43,7 @@ class FleetMember:
         weight: float = 1.0,
         gpus: int | None = None,
         lease_s: float = 60.0,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = _WALL_CLOCK,
     ) -> None:
         self.job = fleet_job(name, frontier, weight=weight, gpus=gpus)
         self.name = name

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from perseus.device.clock import Clock, WallClock
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.store import SQLStore
@@ -23,6 +22,7 @@ from perseus.solver.fleet import FleetJob, plan_fleet
 __all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
 
 log = logging.getLogger(__name__)
+_WALL_CLOCK = WallClock()
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS fleet_state (
@@ -102,7 +102,7 @@ class FleetRegistry:
         clock: Wall clock (tests inject one); leases compare its readings across machines.
     """
 
-    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, url: str, *, clock: Clock = _WALL_CLOCK) -> None:
         self.store: SQLStore = open_store(url, clock=clock)
         self._clock = clock
         self._ready = False
@@ -136,7 +136,7 @@ class FleetRegistry:
                     con,
                     "INSERT INTO fleet_state (id, budget_w, epoch, dirty, updated_s) "
                     "VALUES (1, NULL, 0, 0, ?) ON CONFLICT DO NOTHING",
-                    (float(self._clock()),),
+                    (self._clock.now(),),
                 )
             self._ready = True
 
@@ -158,7 +158,7 @@ class FleetRegistry:
         """Add (or re-add) ``job`` as running, holding a lease of ``lease_s``."""
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"`lease_s` must be a positive number of seconds, got {lease_s}")
-        now = float(self._clock())
+        now = self._clock.now()
         with self._write() as con:
             self._state(con, lock=True)
             self.store._x(con, "DELETE FROM fleet_members WHERE name = ?", (job.name,))
@@ -175,7 +175,7 @@ class FleetRegistry:
         self._ensure()
         return self.store._update(
             "UPDATE fleet_members SET heartbeat_s = ? WHERE name = ? AND status = 'running'",
-            (float(self._clock()), name),
+            (self._clock.now(), name),
         )
 
     def finish(self, name: str) -> None:
@@ -214,7 +214,7 @@ class FleetRegistry:
         """Set the fleet's budget (re-solved at the planner's next look)."""
         if not (math.isfinite(budget_w) and budget_w > 0):
             raise ConfigError(f"`budget_w` must be a positive number of watts, got {budget_w}")
-        now = float(self._clock())
+        now = self._clock.now()
         with self._write() as con:
             self._state(con, lock=True)
             self.store._x(
@@ -226,7 +226,7 @@ class FleetRegistry:
     def replan(self, *, force: bool = False) -> int | None:
         """Expire lapsed leases and re-solve if anything changed (or ``force``); the new
         epoch, or None if nothing changed or no budget is set."""
-        now = float(self._clock())
+        now = self._clock.now()
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
             rows = self.store._x(
@@ -271,7 +271,7 @@ class FleetRegistry:
 
     def status(self) -> tuple[float | None, int, list[MemberStatus]]:
         """The budget, the plan's epoch and every member."""
-        now = float(self._clock())
+        now = self._clock.now()
         with self._read() as con:
             budget_w, epoch, _ = self._state(con)
             rows = self.store._x(

@@ -13,13 +13,13 @@ import contextlib
 import logging
 import math
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import ConfigError, DeviceError, PerseusError
 from perseus.io._signal_cleanup import SignalCleanup
 from perseus.recurring.cost import check_eta, zeus_cost
@@ -49,7 +49,7 @@ class RecurringRun:
         self.ended = ended if ended is not None else threading.Event()
         self._profiler, self._power_limit_w = profiler, power_limit_w
         self.epochs, self.reached, self.stopped_early = 0, False, False
-        self._t0 = self._last_beat = job.clock()
+        self._t0 = self._last_beat = job.clock.now()
         self._e0_mj = job.gpu.energy_mj()
         self._last_epoch_cost = 0.0
 
@@ -72,7 +72,7 @@ class RecurringRun:
         return (self.job.gpu.energy_mj() - self._e0_mj) / 1000.0
 
     def time_s(self) -> float:
-        return self.job.clock() - self._t0
+        return self.job.clock.now() - self._t0
 
     def cost(self) -> float:
         return zeus_cost(self.energy_j(), self.time_s(), self.job.eta, self.job.max_power_w)
@@ -87,7 +87,7 @@ class RecurringRun:
 
     def _heartbeat(self, force: bool = False) -> None:
         """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``)."""
-        now = self.job.clock()
+        now = self.job.clock.now()
         if not force and now - self._last_beat < self.job.heartbeat_interval_s:
             return
         self._last_beat = now
@@ -145,7 +145,7 @@ class RecurringJob:
         profiler_kwargs: Passed to :class:`PowerLimitProfiler` (steps, window, limits).
         own_gpu: Hold the GPU's ownership lock for the run. False: an agent of this process
             holds it; the job still starts a watchdog and records that a reset is due.
-        clock: Monotonic clock (the simulated GPU's clock in emulation).
+        clock: What run times are measured on (the simulated GPU's clock in emulation).
         heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
             well under the store's ``lease_s``).
     """
@@ -165,7 +165,7 @@ class RecurringJob:
         seed: int | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
         own_gpu: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = REAL_CLOCK,
         heartbeat_interval_s: float = 60.0,
     ) -> None:
         if not name:

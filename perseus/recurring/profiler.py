@@ -8,10 +8,10 @@ whose energy counter did not advance is left out; with none measured the highest
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from perseus.device.base import PowerLimitGPU
+from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import ConfigError
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, check_eta
 
@@ -46,7 +46,7 @@ class PowerLimitProfiler:
         warmup_steps: Iterations skipped first; ``settle_steps`` after each limit change, then
             at least ``window_steps`` measured.
         min_window_s: Minimum measured seconds per limit (energy counters update ~10 Hz).
-        clock: Monotonic clock in seconds (the simulated GPU's clock in emulation).
+        clock: What windows are timed on (the simulated GPU's clock in emulation).
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class PowerLimitProfiler:
         settle_steps: int = 2,
         window_steps: int = 10,
         min_window_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         if warmup_steps < 0 or settle_steps < 0 or window_steps < 1 or min_window_s < 0:
             raise ConfigError(
@@ -116,7 +116,7 @@ class PowerLimitProfiler:
         if self._count < self.settle_steps:
             return
         self._samples += samples
-        elapsed = self._clock() - self._t0
+        elapsed = self._clock.now() - self._t0
         if self._count - self.settle_steps < self.window_steps or elapsed < self.min_window_s:
             return
         energy_j = (self.gpu.energy_mj() - self._e0_mj) / 1000.0
@@ -131,7 +131,7 @@ class PowerLimitProfiler:
         self._finish()
 
     def _start_window(self) -> None:
-        self._t0 = self._clock()
+        self._t0 = self._clock.now()
         self._e0_mj = self.gpu.energy_mj()
         self._samples = 0
 

@@ -16,13 +16,13 @@ import os
 import socket
 import sqlite3
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from perseus.device.clock import REAL_CLOCK, Clock, WallClock
 from perseus.device.private_dir import check_private_file
 from perseus.device.process_identity import ProcessRecord, liveness, pid_namespace, this_process
 from perseus.errors import ConfigError, PerseusError
@@ -51,6 +51,7 @@ Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
 
 #: How long an urgent abandon (from a signal handler) waits for the database.
 _URGENT_TIMEOUT_S = 1.0
+_WALL_CLOCK = WallClock()
 _SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
 _CACHED_LIMIT = (
     "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND batch_size = ?"
@@ -128,6 +129,7 @@ class SQLStore:
         busy_timeout_s: How long a writer waits for a lock another holds.
         lease_s: A running run whose heartbeat is older than this is abandoned (minutes, well
             above the job's heartbeat interval).
+        clock: What the recorded times are read on (default the wall clock: hosts compare them).
     """
 
     #: The connection and the pid that opened it (a forked child opens its own).
@@ -142,7 +144,7 @@ class SQLStore:
         *,
         busy_timeout_s: float = 30.0,
         lease_s: float = 600.0,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = _WALL_CLOCK,
     ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
@@ -263,7 +265,7 @@ class SQLStore:
             self._x(
                 con,
                 "INSERT INTO jobs (job, config, created_s) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                (job, text, float(self._clock())),
+                (job, text, self._clock.now()),
             )
             stored = self._config(con, job)
         if stored is not None and stored != json.loads(text):
@@ -279,7 +281,7 @@ class SQLStore:
         lease = (me.pid, _host(), me.start)
         with self._write() as con:
             self._lock_job(con, job)
-            now = float(self._clock())
+            now = self._clock.now()
             self._expire(con, job, now)
             # One statement, one snapshot: a run finishing meanwhile is pending or in history.
             rows = self._rows(con, job)
@@ -303,7 +305,7 @@ class SQLStore:
         return self._update(
             "UPDATE runs SET heartbeat_s = ?, power_limit_w = ?, energy_j = ?, time_s = ?, "
             "cost = ?, epochs = ? WHERE run_id = ? AND status = 'running'",
-            (float(self._clock()), *figures, so_far.epochs, run_id),
+            (self._clock.now(), *figures, so_far.epochs, run_id),
         )
 
     def finish_run(self, run_id: str, observation: Observation) -> bool:
@@ -316,7 +318,7 @@ class SQLStore:
             "power_limit_w = ?, energy_j = ?, time_s = ?, cost = ?, reached = ?, epochs = ?, "
             "finished_s = ? WHERE run_id = ? AND (status = 'running' OR (status = "
             "'abandoned' AND end_reason IN ('signal', 'lease expired')))",
-            (o.batch_size, *figures, int(o.reached), o.epochs, float(self._clock()), run_id),
+            (o.batch_size, *figures, int(o.reached), o.epochs, self._clock.now(), run_id),
         )
 
     def abandon_run(self, run_id: str, reason: str = "exception", *, urgent: bool = False) -> None:
@@ -324,7 +326,7 @@ class SQLStore:
         code may hold it) and no exception (the next decision finds the process gone)."""
         if reason not in ABANDON_REASONS:
             raise ConfigError(f"abandon reason {reason!r} is not one of {ABANDON_REASONS}")
-        sql, params = _ABANDON.format("run_id"), (reason, float(self._clock()), run_id)
+        sql, params = _ABANDON.format("run_id"), (reason, self._clock.now(), run_id)
         if not urgent:
             self._update(sql, params)
             return
@@ -473,7 +475,7 @@ class SQLiteStore(SQLStore):
     def _abandon_urgently(self, sql: str, params: tuple[Any, ...]) -> None:
         """From a signal handler: end this process's own open transaction (which cannot finish
         while the handler runs) with the abandon, else write on a fresh connection."""
-        deadline = time.monotonic() + _URGENT_TIMEOUT_S
+        deadline = REAL_CLOCK.now() + _URGENT_TIMEOUT_S  # another process's lock: real time
         while True:
             own = self._con if self._pid == os.getpid() else None
             if own is not None and own.in_transaction:
@@ -486,7 +488,7 @@ class SQLiteStore(SQLStore):
                 con.execute(sql, params)
                 return
             except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
+                if "locked" not in str(e) or REAL_CLOCK.now() > deadline:
                     raise
             finally:
                 con.close()

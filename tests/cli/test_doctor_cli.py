@@ -14,6 +14,7 @@ from perseus.cli import _doctor_checks, _doctor_cuda
 from perseus.cli.main import main
 from perseus.device import fake_nvml
 from perseus.device import nvml as nvml_backend
+from perseus.device.clock import VirtualClock
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlUnavailableError
 from perseus.device.presets import get_preset
@@ -361,16 +362,10 @@ class _VirtualGpu:
     name = "NVIDIA A100-SXM4-80GB"
 
     def __init__(self, idle_w: float, blocked_w: float) -> None:
-        self.t = 0.0
+        self.clock = VirtualClock()
         self.idle_w, self.blocked_w = idle_w, blocked_w
         self.spin_from: float | None = None
         self.drained = False
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
     def _energy_j(self, t: float) -> float:
         if self.spin_from is None or t <= self.spin_from:
@@ -378,13 +373,13 @@ class _VirtualGpu:
         return self.idle_w * self.spin_from + self.blocked_w * (t - self.spin_from)
 
     def energy_mj(self) -> int:
-        published = math.floor(self.t / 0.1) * 0.1
+        published = math.floor(self.clock.now() / 0.1) * 0.1
         return int(1000 * self._energy_j(published))
 
     def spin(self, _gpu: object) -> tuple:
         def busy() -> None:
             if self.spin_from is None:
-                self.spin_from = self.t
+                self.spin_from = self.clock.now()
 
         def drain() -> None:
             self.drained = True
@@ -396,13 +391,7 @@ def test_blocking_power_arithmetic_on_a_virtual_counter() -> None:
     from perseus.cli._doctor_power import check_blocking_power
 
     gpu = _VirtualGpu(idle_w=61.5, blocked_w=86.0)
-    check = check_blocking_power(
-        gpu,  # type: ignore[arg-type]
-        3.0,
-        spin=gpu.spin,
-        now=gpu.now,
-        sleep=gpu.sleep,
-    )
+    check = check_blocking_power(gpu, 3.0, spin=gpu.spin, clock=gpu.clock)  # type: ignore[arg-type]
     assert check.status == "ok", check
     assert check.data["idle_w"] == pytest.approx(61.5, rel=1e-3)
     assert check.data["blocked_w"] == pytest.approx(86.0, rel=1e-3)
@@ -410,7 +399,7 @@ def test_blocking_power_arithmetic_on_a_virtual_counter() -> None:
     assert "plan with blocking_power_w=86.0" in check.summary
     # Far from the table's figure: a warning that says to pass the measured value.
     far = _VirtualGpu(idle_w=60.0, blocked_w=150.0)
-    check = check_blocking_power(far, 3.0, spin=far.spin, now=far.now, sleep=far.sleep)  # type: ignore[arg-type]
+    check = check_blocking_power(far, 3.0, spin=far.spin, clock=far.clock)  # type: ignore[arg-type]
     assert check.status == "warn" and "pass the measured value" in check.summary
 
 
@@ -420,7 +409,7 @@ def test_blocking_power_needs_two_publishes() -> None:
 
     gpu = _VirtualGpu(idle_w=60.0, blocked_w=80.0)
     with pytest.raises(DeviceError, match="changed 1 times"):
-        measure_power_w(gpu.energy_mj, 0.15, now=gpu.now, sleep=gpu.sleep, poll_s=0.01)
+        measure_power_w(gpu.energy_mj, 0.15, clock=gpu.clock, poll_s=0.01)
 
 
 def test_doctor_on_a_fake_gpu_reports_idle_power(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from perseus.device.clock import VirtualClock, WallClock
 from perseus.device.simulated import SimulatedGPU
 from perseus.fleet.member import FleetMember
 from perseus.fleet.registry import FleetRegistry
@@ -44,8 +45,8 @@ def test_registry_replans_on_register_budget_finish_and_lease(
     store_url: str, small: tuple[Any, PlanningJob, Frontier]
 ) -> None:
     _, _, frontier = small
-    now = [1000.0]
-    with FleetRegistry(store_url, clock=lambda: now[0]) as fleet:
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(store_url, clock=clock) as fleet:
         jobs = [fleet_job(f"j{k}", frontier, weight=1.0 + k) for k in range(3)]
         for j in jobs:
             fleet.register(j, lease_s=30.0)
@@ -62,7 +63,7 @@ def test_registry_replans_on_register_budget_finish_and_lease(
         first = {j.name: fleet.assignment(j.name) for j in jobs}
         assert sum(a.cap_w for a in first.values()) <= budget_w  # type: ignore[union-attr]
         # j0 stops renewing its lease; the others renew theirs: j0's power goes to them
-        now[0] += 31.0
+        clock.advance(31.0)
         fleet.heartbeat("j1")
         fleet.heartbeat("j2")
         assert fleet.replan() == 3
@@ -82,7 +83,7 @@ def test_registry_replans_on_register_budget_finish_and_lease(
         }  # fmt: skip
         assert fleet.assignment("j2").point == 0  # type: ignore[union-attr]  # alone: fastest fits
     # a restarted planner picks up where it was
-    with FleetRegistry(store_url, clock=lambda: now[0]) as again:
+    with FleetRegistry(store_url, clock=clock) as again:
         assert again.status()[1] == 4 and again.replan() is None
 
 
@@ -107,14 +108,23 @@ _KILLED = textwrap.dedent(
 )
 
 
+class _SkewedWallClock(WallClock):
+    """The wall clock, ``skew_s`` ahead: the planner passes a lease without waiting for it."""
+
+    skew_s = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.skew_s
+
+
 def test_three_emulated_jobs_follow_the_budget_on_postgres(
     postgres_url: str, small: tuple[Any, PlanningJob, Frontier], tmp_path: Path
 ) -> None:
     profile, _, frontier = small
     path = tmp_path / "frontier.json"
     write_frontier(frontier, path)
-    offset = [0.0]
-    planner = FleetRegistry(postgres_url, clock=lambda: time.time() + offset[0])
+    planner_clock = _SkewedWallClock()
+    planner = FleetRegistry(postgres_url, clock=planner_clock)
     victim = subprocess.Popen(
         [sys.executable, "-c", _KILLED, postgres_url, str(path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -167,7 +177,7 @@ def test_three_emulated_jobs_follow_the_budget_on_postgres(
         # The victim is SIGKILLed; after its lease its share goes to the three jobs
         victim.send_signal(signal.SIGKILL)
         victim.communicate(timeout=30)
-        offset[0] = 6.0  # past the victim's 5 s lease, well within the jobs' 60 s
+        planner_clock.skew_s = 6.0  # past the victim's 5 s lease, well within the jobs' 60 s
         for s in sessions:
             _iteration(s)  # the jobs renew their leases
         again = planner.replan()
@@ -222,14 +232,14 @@ def test_timeline_and_plot(tmp_path: Path, small: tuple[Any, PlanningJob, Fronti
     from perseus.report.fleet import plot_fleet
 
     _, _, frontier = small
-    now = [0.0]
-    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=lambda: now[0]) as fleet:
+    clock = VirtualClock()
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=clock) as fleet:
         a, b = fleet_job("a", frontier), fleet_job("b", frontier, weight=2.0)
         fleet.register(a, lease_s=10.0)
         fleet.register(b, lease_s=10.0)
         fleet.set_budget(2 * frontier.fastest.avg_power_w)
         fleet.replan()
-        now[0] = 5.0
+        clock.advance(5.0)
         fleet.set_budget(a.average_power_w[-1] + b.average_power_w[-1])
         fleet.replan()
         events = fleet.timeline()

@@ -34,7 +34,7 @@ def test_the_budget_follows_a_price_signal_at_its_interval_boundaries(
         read_signal(csv), budget_w=all_max_w, above=100.0, high_signal_budget_w=low_w
     )
     clock = VirtualClock(1000.0)
-    with FleetRegistry(store_url, clock=clock.now) as fleet:
+    with FleetRegistry(store_url, clock=clock) as fleet:
         for j in jobs:
             fleet.register(j, lease_s=1e6)
         # Polled every 7 s, yet each change lands on the signal's boundary, not the next poll.

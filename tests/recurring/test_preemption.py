@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.errors import PerseusError
 from perseus.recurring.database import open_store
 from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
@@ -165,7 +166,7 @@ def test_a_preempted_run_of_the_best_arm_costs_it_nothing(
     store.heartbeat(started.run_id, Observation(64, 200.0, 30.0, 0.3, 30.0, False, 1))
     # The run's process dies (another host's lease here: it expires).
     _update(store, "UPDATE runs SET host = 'elsewhere' WHERE run_id = ?", started.run_id)
-    later = opened(store_url, lease_s=60.0, clock=lambda: time.time() + 61.0)
+    later = opened(store_url, lease_s=60.0, clock=VirtualClock(time.time() + 61.0))
     policy = BatchSizeOptimizer(SIZES, 64)
     history = later.history("j")
     assert len(history) == 3  # pending, not yet counted: its lease is still valid for `store`
@@ -196,8 +197,8 @@ def test_a_programs_own_sigterm_handler_still_runs_and_its_result_counts(
 def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(
     store_url: str, opened: Callable[..., SQLStore]
 ) -> None:
-    now = [1000.0]
-    store = opened(store_url, lease_s=300.0, clock=lambda: now[0])
+    clock = VirtualClock(1000.0)
+    store = opened(store_url, lease_s=300.0, clock=clock)
     store.register_job("j", {"batch_sizes": SIZES})
     policy = BatchSizeOptimizer(SIZES, 64)
 
@@ -211,13 +212,13 @@ def test_a_lease_expires_and_a_reused_pid_is_not_the_holder(
     _update(  # same pid, another start time: the pid was reused by another process
         store, "UPDATE runs SET process_start = 'other-boot:1' WHERE run_id = ?", reused.run_id
     )
-    now[0] += 299.0
+    clock.advance(299.0)
     store.heartbeat(hung.run_id, Observation(64, 200.0, 5.0, 1.0, 5.0, False))
     begin()
     rows = {r["run_id"]: r for r in store.runs("j")}
     assert rows[reused.run_id]["end_reason"] == "process gone"
     assert rows[hung.run_id]["status"] == "running"  # renewed 0 s ago
-    now[0] += 301.0
+    clock.advance(301.0)
     begin()
     rows = {r["run_id"]: r for r in store.runs("j")}
     assert rows[hung.run_id]["end_reason"] == "lease expired"

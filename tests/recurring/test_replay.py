@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from perseus.cli.main import main
+from perseus.device.clock import VirtualClock
 from perseus.errors import ConfigError
 from perseus.recurring.profiler import PowerLimitProfiler, candidate_power_limits_w
 from perseus.recurring.replay import (
@@ -54,14 +55,14 @@ class _TraceGPU:
         limits = workload.power_limits_w[batch_size]
         self.range = (float(min(limits)), float(max(limits)))
         self.limit = self.range[1]
-        self.now = 0.0
+        self.clock = VirtualClock()
         self.energy_j = 0.0
         self.sets: list[float] = []
 
     def iterate(self) -> None:
         epoch = self.w.epochs[(self.bs, round(self.limit))]
         dt = epoch.time_s / self.n
-        self.now += dt
+        self.clock.advance(dt)
         self.energy_j += epoch.avg_power_w * dt
 
     def power_limit_range_w(self) -> tuple[float, float]:
@@ -100,7 +101,7 @@ def test_jit_profiler_picks_the_trace_optimum_for_every_batch_size(
                     settle_steps=1,
                     window_steps=5,
                     min_window_s=0.0,
-                    clock=lambda f=fake: f.now,  # type: ignore[misc]
+                    clock=fake.clock,
                 )
                 steps = 0
                 while not profiler.done:

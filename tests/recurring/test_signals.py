@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.errors import ConfigError
 from perseus.recurring.job import RecurringJob
 from perseus.recurring.policy import Decision, Observation
@@ -143,7 +144,7 @@ class _StuckCounter:
 
 
 def test_a_run_that_measured_no_energy_is_not_recorded(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "db")
+    store, clock = SQLiteStore(tmp_path / "db"), VirtualClock()
     job = RecurringJob(
         "j",
         batch_sizes=[32, 64],
@@ -151,9 +152,10 @@ def test_a_run_that_measured_no_energy_is_not_recorded(tmp_path: Path) -> None:
         store=store,
         gpu=_StuckCounter(),
         max_power_w=300.0,
-        clock=iter(range(100)).__next__,
+        clock=clock,
     )
     with job.run() as run:
+        clock.advance(1.0)  # time passes, energy does not
         run.step(64)
         run.end_epoch(reached=True)
     (row,) = store.runs("j")

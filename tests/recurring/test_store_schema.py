@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from perseus.device.clock import VirtualClock
 from perseus.errors import ConfigError
 from perseus.recurring.policy import BatchSizeOptimizer, Observation
 from perseus.recurring.schema import SCHEMA_VERSION
@@ -96,7 +97,7 @@ def _version(path: Path) -> int:
 
 def test_a_version_1_store_migrates_in_place_with_its_history(tmp_path: Path) -> None:
     path = _v1_file(tmp_path / "v1.db")
-    store = SQLiteStore(path, clock=lambda: 10_000.0)
+    store = SQLiteStore(path, clock=VirtualClock(10_000.0))
     h = store.history("j")
     assert len(h) == 2  # done runs; the v1 abandoned run (an exception) does not count
     assert h[0] == Observation(64, 250.0, 1000.0, 10.0, 1100.0, True, 4)
