@@ -77,7 +77,7 @@ def train_once(job_db: Path, state_dir: Path, clock: VirtualClock, eta: float, s
             "window_steps": 3,
             "min_window_s": 0.0,
         },
-        clock=clock.now,
+        clock=clock,
     )
     with job.run() as run:
         gpu = simulated_gpu(run.batch_size, clock, state_dir)

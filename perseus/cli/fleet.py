@@ -103,7 +103,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from perseus.device.clock import WallClock
+    from perseus.device.clock import WALL_CLOCK
     from perseus.fleet.registry import FleetRegistry
     from perseus.fleet.serve import serve, signal_budget
     from perseus.io.power_files import read_signal
@@ -122,11 +122,10 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     elif args.signal_above is not None or args.signal_budget_w is not None:
         raise ConfigError("--signal-above and --signal-budget-w need --budget-signal FILE")
-    clock = WallClock()
-    with FleetRegistry(args.db, clock=clock) as fleet:
+    with FleetRegistry(args.db, clock=WALL_CLOCK) as fleet:
         serve(
             fleet,
-            clock=clock,
+            clock=WALL_CLOCK,
             interval_s=args.interval_s,
             budget_w=args.budget_w,
             track=track,

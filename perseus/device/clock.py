@@ -14,7 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["REAL_CLOCK", "Clock", "RealClock", "VirtualClock", "WallClock", "clock_of"]
+__all__ = [
+    "REAL_CLOCK",
+    "WALL_CLOCK",
+    "Clock",
+    "RealClock",
+    "VirtualClock",
+    "WallClock",
+    "clock_of",
+]
 
 
 @runtime_checkable
@@ -128,6 +136,8 @@ class VirtualClock:
 
 #: The default clock of the agent and the controller.
 REAL_CLOCK: Clock = RealClock()
+#: The default clock of what several processes or machines share (stores, a simulated GPU).
+WALL_CLOCK: Clock = WallClock()
 
 
 def clock_of(device: object, default: Clock = REAL_CLOCK) -> Clock:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from perseus.device.base import nearest_clock_mhz
-from perseus.device.clock import Clock, RealClock, WallClock
+from perseus.device.clock import WALL_CLOCK, Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
 from perseus.device.sim_calls import recorded_set_call, set_call_log
 from perseus.device.sim_costs import MemCostFn, OpCostFn, OpPricer, SimNoise
@@ -42,10 +42,6 @@ from perseus.errors import (
 from perseus.schedule.actions import Kind
 
 __all__ = ["SimSharedState", "sim_uuid"]
-
-
-#: The default timeline of a simulated GPU: the wall clock, which every process reads alike.
-_WALL_CLOCK: Clock = WallClock()
 
 
 def _clock_kind(clock: Clock) -> str:
@@ -109,7 +105,7 @@ class SimSharedState:
         privileged: bool = True,
         clamp_out_of_range: bool = True,
         source: str = "",
-        clock: Clock = _WALL_CLOCK,
+        clock: Clock = WALL_CLOCK,
         seed: int = 0,
         trace_ops: bool = False,
         memory_clocks_mhz: tuple[int, ...] = (),

@@ -51,7 +51,7 @@ class SimulatedGPU(SimSharedState):
         privileged: False makes set/reset raise ``DevicePermissionError`` (NO_PERMISSION).
         clamp_out_of_range: Snap out-of-range requests to the nearest end, else raise.
         source: Free text saying what the model was built from.
-        clock: The device's timeline shared by all processes (default a ``WallClock``;
+        clock: The device's timeline shared by all processes (default ``WALL_CLOCK``;
             tests pass a ``VirtualClock``).
         seed: Seed of the set-latency draws (the noise has its own seed).
         trace_ops: Keep every completed op's clock pieces (:attr:`op_trace`).

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from perseus.device.clock import Clock
+from perseus.device.clock import WALL_CLOCK, Clock
 from perseus.errors import ConfigError
-from perseus.fleet.registry import _WALL_CLOCK, Assignment, FleetRegistry
+from perseus.fleet.registry import Assignment, FleetRegistry
 from perseus.plan import Frontier
 from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
 from perseus.solver.fleet import fleet_job
@@ -43,7 +43,7 @@ class FleetMember:
         weight: float = 1.0,
         gpus: int | None = None,
         lease_s: float = 60.0,
-        clock: Clock = _WALL_CLOCK,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
         self.job = fleet_job(name, frontier, weight=weight, gpus=gpus)
         self.name = name

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from perseus.device.clock import Clock, WallClock
+from perseus.device.clock import WALL_CLOCK, Clock
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.store import SQLStore
@@ -22,7 +22,6 @@ from perseus.solver.fleet import FleetJob, plan_fleet
 __all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
 
 log = logging.getLogger(__name__)
-_WALL_CLOCK = WallClock()
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS fleet_state (
@@ -102,7 +101,7 @@ class FleetRegistry:
         clock: Wall clock (tests inject one); leases compare its readings across machines.
     """
 
-    def __init__(self, url: str, *, clock: Clock = _WALL_CLOCK) -> None:
+    def __init__(self, url: str, *, clock: Clock = WALL_CLOCK) -> None:
         self.store: SQLStore = open_store(url, clock=clock)
         self._clock = clock
         self._ready = False

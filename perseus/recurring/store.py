@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from perseus.device.clock import REAL_CLOCK, Clock, WallClock
+from perseus.device.clock import REAL_CLOCK, WALL_CLOCK, Clock
 from perseus.device.private_dir import check_private_file
 from perseus.device.process_identity import ProcessRecord, liveness, pid_namespace, this_process
 from perseus.errors import ConfigError, PerseusError
@@ -51,7 +51,6 @@ Decide = Callable[[Sequence[Observation], Sequence[int]], Decision]
 
 #: How long an urgent abandon (from a signal handler) waits for the database.
 _URGENT_TIMEOUT_S = 1.0
-_WALL_CLOCK = WallClock()
 _SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
 _CACHED_LIMIT = (
     "SELECT power_limit_w, profile FROM power_limits WHERE job = ? AND gpu = ? AND batch_size = ?"
@@ -144,7 +143,7 @@ class SQLStore:
         *,
         busy_timeout_s: float = 30.0,
         lease_s: float = 600.0,
-        clock: Clock = _WALL_CLOCK,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")

@@ -37,7 +37,7 @@ def setup(tmp_path: Path) -> tuple[SimulatedGPU, VirtualClock, RecurringJob]:
         eta=0.5,
         own_gpu=False,
         profiler_kwargs={"warmup_steps": 2, "settle_steps": 1, "window_steps": 3},
-        clock=clock.now,
+        clock=clock,
     )
     return gpu, clock, job
 

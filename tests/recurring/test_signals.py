@@ -50,7 +50,7 @@ _RUN = textwrap.dedent(
     elif mode == "caught":  # Ctrl-C's KeyboardInterrupt, caught by the loop, which goes on
         signal.signal(signal.SIGINT, signal.default_int_handler)  # even under cmd &
     job = RecurringJob("j", batch_sizes=[64], default_batch_size=64,
-                       store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock.now,
+                       store=SQLiteStore(tmp / "db"), gpu=gpu, own_gpu=own, clock=clock,
                        heartbeat_interval_s=1e9,
                        profiler_kwargs={"warmup_steps": 2, "settle_steps": 1, "window_steps": 3})
     limits = []
