@@ -3,7 +3,9 @@
 Code that decides *when* reads the time and waits through :class:`Clock`, never :mod:`time`:
 :class:`RealClock` in production; :class:`VirtualClock`, a number that only moves when slept
 on, in tests (a 5 ms set latency is ``sleep(0.005)``: it advances the clock and returns at
-once); :class:`WallClock` where several processes must agree (a shared simulated GPU).
+once); :class:`WallClock` where several processes must agree (a shared simulated GPU). Retries
+with back-off sleep on one too (:func:`retry`). The standard library only: the watchdog loads
+this file by path.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "REAL_CLOCK",
@@ -22,7 +24,10 @@ __all__ = [
     "VirtualClock",
     "WallClock",
     "clock_of",
+    "retry",
 ]
+
+_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -145,3 +150,23 @@ def clock_of(device: object, default: Clock = REAL_CLOCK) -> Clock:
     waiting for a device's events must sleep on the device's own clock."""
     clock = getattr(device, "clock", None)
     return clock if isinstance(clock, Clock) else default
+
+
+def retry(
+    call: Callable[[], _T],
+    *,
+    transient: Callable[[Exception], bool],
+    backoff_s: Sequence[float],
+    clock: Clock = REAL_CLOCK,
+) -> _T:
+    """``call()``, tried again after each error ``transient`` accepts, ``len(backoff_s)``
+    times at most, sleeping ``backoff_s[i]`` on ``clock`` before try ``i + 2``; any other
+    error, and the last try's, propagates."""
+    for wait_s in backoff_s:
+        try:
+            return call()
+        except Exception as e:
+            if not transient(e):
+                raise
+        clock.sleep(wait_s)
+    return call()

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any
 
-from perseus.device.clock import clock_of
+from perseus.device.clock import clock_of, retry
 from perseus.errors import (
     DeviceError,
     DeviceLostError,
@@ -140,19 +140,25 @@ def call_nvml(
     A ``TIMEOUT`` is retried ``retries`` times (10 ms, then 50 ms back-off, slept on the
     library's clock: a fake's, else real time), then raised as :class:`DeviceError`.
     """
-    for attempt in range(retries + 1):
-        try:
-            return getattr(nvml, function)(*args)
-        except nvml.NVMLError as e:
-            code: Any = getattr(e, "value", None)
-            if code in _TRANSIENT and attempt < retries:
-                clock_of(nvml).sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
-                continue
-            error, hint = _ERRORS.get(code, (DeviceError, ""))
-            where = f"{what}: " if what else ""
-            tries = f" (after {attempt + 1} tries)" if attempt else ""
-            raise error(f"{where}{function} failed: {e} (NVML error {code}){tries}{hint}") from e
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+    tries = 0
+
+    def once() -> Any:
+        nonlocal tries
+        tries += 1
+        return getattr(nvml, function)(*args)
+
+    def transient(e: Exception) -> bool:
+        return isinstance(e, nvml.NVMLError) and getattr(e, "value", None) in _TRANSIENT
+
+    waits_s = [_BACKOFF_S[min(i, len(_BACKOFF_S) - 1)] for i in range(retries)]
+    try:
+        return retry(once, transient=transient, backoff_s=waits_s, clock=clock_of(nvml))
+    except nvml.NVMLError as e:
+        code: Any = getattr(e, "value", None)
+        error, hint = _ERRORS.get(code, (DeviceError, ""))
+        where = f"{what}: " if what else ""
+        after = f" (after {tries} tries)" if tries > 1 else ""
+        raise error(f"{where}{function} failed: {e} (NVML error {code}){after}{hint}") from e
 
 
 def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:

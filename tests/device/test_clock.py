@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from perseus.device.clock import REAL_CLOCK, Clock, RealClock, VirtualClock, WallClock
+from perseus.device.clock import REAL_CLOCK, Clock, RealClock, VirtualClock, WallClock, retry
 
 
 def test_every_clock_implements_the_protocol() -> None:
@@ -66,3 +66,45 @@ def test_a_periodic_callback_stops_when_cancelled_even_from_inside_a_call() -> N
     stop = clock.call_every(0.5, once)
     clock.sleep(2.0)
     assert seen[2:] == pytest.approx([1.75]) and clock.now() == pytest.approx(3.25)
+
+
+def test_retry_sleeps_its_back_off_on_the_clock_and_returns_the_first_success() -> None:
+    clock = VirtualClock()
+    calls: list[float] = []
+
+    def flaky() -> str:
+        calls.append(clock.now())
+        if len(calls) < 3:
+            raise TimeoutError("transient")
+        return "ok"
+
+    def transient(e: Exception) -> bool:
+        return isinstance(e, TimeoutError)
+
+    assert retry(flaky, transient=transient, backoff_s=(0.01, 0.05), clock=clock) == "ok"
+    assert calls == pytest.approx([0.0, 0.01, 0.06])
+
+
+def test_retry_raises_the_last_error_and_never_retries_another() -> None:
+    clock = VirtualClock()
+    tries: list[int] = []
+
+    def failing(error: Exception) -> None:
+        tries.append(1)
+        raise error
+
+    with pytest.raises(TimeoutError):
+        retry(
+            lambda: failing(TimeoutError()), transient=lambda e: True, backoff_s=(1, 2), clock=clock
+        )
+    assert len(tries) == 3 and clock.now() == 3.0  # the first try and two more, 1 s and 2 s apart
+    clock = VirtualClock()
+    tries.clear()
+    with pytest.raises(PermissionError):
+        retry(
+            lambda: failing(PermissionError()),
+            transient=lambda e: isinstance(e, TimeoutError),
+            backoff_s=(1, 2),
+            clock=clock,
+        )
+    assert len(tries) == 1 and clock.now() == 0.0

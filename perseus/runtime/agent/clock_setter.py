@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from perseus.device.base import GPU, AppliedClockGPU, EventSource, MemoryClockGPU
-from perseus.device.clock import Clock
+from perseus.device.clock import Clock, retry
 from perseus.errors import DeviceError, DeviceNotSupportedError, DevicePermissionError
 
 __all__ = ["ApplyStats", "ClockSetter", "DeviceLock", "issue_offset_s"]
@@ -32,6 +32,10 @@ _REFUSED = (DevicePermissionError, DeviceNotSupportedError)
 RETRIES = 2
 #: Apply delays kept for :meth:`ClockSetter.stats`.
 _HISTORY = 10_000
+
+
+def _not_refused(e: Exception) -> bool:
+    return not isinstance(e, _REFUSED)
 
 
 class DeviceLock:
@@ -214,20 +218,16 @@ class ClockSetter:
     def _retrying(self, call: Callable[[], float | None]) -> float | None:
         """``call()`` (its return time; None: stopped), retried on transient errors; None
         after switching to observe-only."""
-        last: BaseException | None = None
-        for attempt in range(RETRIES + 1):
-            try:
-                return call()
-            except _REFUSED as e:
-                self._degrade(f"cannot lock clocks on {self.gpu.name}: {e}")
-                return None
-            except Exception as e:  # transient (NVML timeout) or a backend bug: retry
-                last = e
-                self._clock.sleep(0.001 * (attempt + 1))
-        self._degrade(
-            f"setting the clock on {self.gpu.name} kept failing ({RETRIES + 1} tries, "
-            f"last: {last!r})"
-        )
+        waits_s = [0.001 * (attempt + 1) for attempt in range(RETRIES)]
+        try:  # a transient error (NVML timeout) or a backend bug is retried
+            return retry(call, transient=_not_refused, backoff_s=waits_s, clock=self._clock)
+        except _REFUSED as e:
+            self._degrade(f"cannot lock clocks on {self.gpu.name}: {e}")
+        except Exception as e:
+            self._degrade(
+                f"setting the clock on {self.gpu.name} kept failing ({RETRIES + 1} tries, "
+                f"last: {e!r})"
+            )
         return None
 
     def _set_memory(self, mem_freq_mhz: int) -> float | None:

@@ -14,16 +14,19 @@ import json
 import os
 import select
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
 __all__: list[str] = []
 
 
-def _load_ownership() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "device" / "ownership.py"
-    spec = importlib.util.spec_from_file_location("_perseus_ownership", path)
+def _load_device_module(name: str) -> ModuleType:
+    """``perseus/device/<name>.py`` loaded by path as ``_perseus_<name>`` (as the ownership
+    module loads its siblings: once)."""
+    if f"_perseus_{name}" in sys.modules:
+        return sys.modules[f"_perseus_{name}"]
+    path = Path(__file__).resolve().parents[2] / "device" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_perseus_{name}", path)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
         raise ImportError(path)
     module = importlib.util.module_from_spec(spec)
@@ -38,7 +41,8 @@ def main(argv: list[str]) -> int:
     poll_s = float(argv[3])
     stdin_fd = sys.stdin.fileno()
     # Loaded before "ready": a watchdog that cannot reset must fail to start, not at the end.
-    ownership = _load_ownership()
+    ownership = _load_device_module("ownership")
+    retry = _load_device_module("clock").retry
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdout.close()
@@ -54,14 +58,15 @@ def main(argv: list[str]) -> int:
                 return 0
         elif os.getppid() != owner_pid:
             break
-    for attempt in range(3):  # a transient driver error (NVML TIMEOUT) gets two more tries
-        try:
-            ownership.reset_if_orphaned(spec, owner_pid)
-            return 0
-        except Exception:
-            if attempt < 2:
-                time.sleep(0.1)
-    return 1
+    try:  # a transient driver error (NVML TIMEOUT) gets two more tries
+        retry(
+            lambda: ownership.reset_if_orphaned(spec, owner_pid),
+            transient=lambda e: True,
+            backoff_s=(0.1, 0.1),
+        )
+    except Exception:
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
