@@ -58,8 +58,7 @@ class SessionSweep:
         if previous is not None:
             for op in sorted(own - ops):
                 for o in previous.op(*op).options:
-                    mem = () if o.mem_freq_mhz is None else (o.mem_freq_mhz,)
-                    self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, *mem))
+                    self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
         self.profiler: ClockSweep | PairSweep
         mem_clocks = lockable_memory_clocks(gpu)
         if mem_clocks:  # a lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md)
