@@ -19,7 +19,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
-from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 from perseus.schedule.actions import Kind, Schedule
 
@@ -65,12 +65,6 @@ def agree_iteration(
     take the longest rank's ``time_s`` as the pipeline's: one all-reduce over ``group`` (each
     rank's time in its own slot of the sum)."""
     held = delivery.held if delivery is not None else ()
-    if not is_distributed():  # one rank: its own figures, no buffer built
-        seen = delivery.reasons if delivery is not None else ()
-        reasons_held = tuple(r for r in _REASONS if r in seen)
-        return PipelineFigures(
-            float(time_s), float(energy_j), len(held), reasons_held, host_overruns
-        )
     by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
     windows = [0.0] * num_ranks
     windows[rank] = float(time_s)

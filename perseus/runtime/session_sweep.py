@@ -9,10 +9,11 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from perseus.device.base import GPU, MemoryClockGPU
+from perseus.device.base import GPU
 from perseus.errors import ConfigError, ProfileError
 from perseus.plan import Baseline, Frontier, PlanPoint
 from perseus.profile.model import Profile
+from perseus.runtime.agent.gpu_probe import lockable_memory_clocks
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.planning import OnlineProfile, job_spec
@@ -57,16 +58,12 @@ class SessionSweep:
         if previous is not None:
             for op in sorted(own - ops):
                 for o in previous.op(*op).options:
-                    mem = () if o.mem_freq_mhz is None else (o.mem_freq_mhz,)
-                    self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, *mem))
+                    self.kept_rows.append((*op, o.freq_mhz, o.time_s, o.energy_j, o.mem_freq_mhz))
         self.profiler: ClockSweep | PairSweep
-        if isinstance(gpu, MemoryClockGPU) and gpu.memory_clock_control() is None:
-            # A lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md).
+        mem_clocks = lockable_memory_clocks(gpu)
+        if mem_clocks:  # a lockable memory clock: sweep (SM, memory) pairs (docs/memory-clocks.md)
             self.profiler = PairSweep(
-                ops,
-                self.gpu.supported_clocks_mhz(),
-                gpu.supported_memory_clocks_mhz(),
-                blocking_power_w=blocking_power_w,
+                ops, gpu.supported_clocks_mhz(), mem_clocks, blocking_power_w=blocking_power_w
             )
         else:
             self.profiler = ClockSweep(ops, gpu.supported_clocks_mhz(), patience=options.patience)
