@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.dag.evaluate import evaluate_many
-from perseus.dag.graph import OpGraph
+from perseus.dag.graph import FloatArray, IntArray, OpGraph
 from perseus.job import PlanningJob, make_job
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.paths import Topology
@@ -37,9 +37,6 @@ __all__ = [
     "lift_plans",
     "period_times_s",
 ]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 #: Jobs with more ops than this are folded unless asked not to (16×64 1F1B walks exactly in
 #: ~20 s on two cores).
