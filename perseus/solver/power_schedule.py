@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from perseus.dag.graph import FloatArray, IntArray
+from perseus.dag.graph import BoolArray, FloatArray, IntArray
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import MAX_TIME_S, PlanPoint
 from perseus.profile.pareto import convex_front
@@ -322,7 +321,7 @@ class _Problem:
 
     low: _Curves
     high: _Curves
-    neg: npt.NDArray[np.bool_]
+    neg: BoolArray
     d: FloatArray
     v: FloatArray
 
