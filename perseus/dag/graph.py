@@ -26,6 +26,7 @@ KIND_CODES: dict[Kind, int] = {Kind.F: 0, Kind.B: 1, Kind.W: 2}
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,17 +15,15 @@ rest.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import node_ops
+from perseus.dag.graph import IntArray
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.schedule.actions import Kind
 from perseus.solver.paths import build_topology
 
 __all__ = ["baseline_freq_plans", "baseline_plans", "global_clock_plans"]
-
-IntArray = npt.NDArray[np.int64]
 
 _KINDS = list(Kind)
 

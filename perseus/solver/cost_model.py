@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import PlanOp
@@ -26,9 +27,6 @@ from perseus.profile.two_clock import LayerSplit, Phase, phased_cost, phases_op
 from perseus.schedule.actions import Kind
 
 __all__ = ["MAX_PHASES_PER_OP", "CostModel", "build_cost_model", "lower_hull"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,15 +16,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import Frontier
 from perseus.profile.pareto import convex_front
 
 __all__ = ["FleetAssignment", "FleetJob", "FleetPlan", "fleet_job", "plan_fleet"]
-
-FloatArray = npt.NDArray[np.float64]
 
 #: The dynamic program's states reach this many deficits below zero and above the deficit.
 _REACH = 4
@@ -156,8 +154,8 @@ def fleet_job(
 class _Segments:
     """Every job's hull segments, sorted by cost per watt saved (the greedy's order)."""
 
-    job: npt.NDArray[np.int64]
-    to_choice: npt.NDArray[np.int64]  # the hull vertex a segment reaches
+    job: IntArray
+    to_choice: IntArray  # the hull vertex a segment reaches
     saved_w: FloatArray
     added_cost: FloatArray
 
@@ -289,7 +287,7 @@ def _cover(
     origin = _REACH * grid // (1 + 2 * _REACH)  # the state of zero watts saved
     dp = np.full(grid + 1, np.inf)
     dp[origin] = 0.0
-    picks: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+    picks: list[tuple[int, IntArray, IntArray]] = []
     for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
         power = np.asarray(job.average_power_w, dtype=np.float64)
         value = cost + price * power

@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import evaluate_many
-from perseus.dag.graph import OpGraph
+from perseus.dag.graph import BoolArray, FloatArray, IntArray, OpGraph
 from perseus.job import PlanningJob, make_job
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.paths import Topology
@@ -37,9 +36,6 @@ __all__ = [
     "lift_plans",
     "period_times_s",
 ]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 #: Jobs with more ops than this are folded unless asked not to (16×64 1F1B walks exactly in
 #: ~20 s on two cores).
@@ -167,12 +163,10 @@ class Lift:
 
     node_map: IntArray
     periods: tuple[IntArray, ...]
-    middle: npt.NDArray[np.bool_]
+    middle: BoolArray
 
 
-def _rank_map(
-    full: IntArray, folded: IntArray
-) -> tuple[IntArray, IntArray, npt.NDArray[np.bool_]] | None:
+def _rank_map(full: IntArray, folded: IntArray) -> tuple[IntArray, IntArray, BoolArray] | None:
     n_full, n_small = full.size, folded.size
     pos = np.arange(n_full)
     if n_small > n_full:

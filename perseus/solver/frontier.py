@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import PlanArg, evaluate_many, evaluations, op_costs
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
@@ -31,9 +31,6 @@ from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.walk import METHODS, CoreFn, Lifter, Progress
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 #: Default hull thinning: vertices closer than this fraction of an op's fastest time merge
 #: (~1.5x faster on the bundled profiles with the same savings; 0.05 loses 0.3-0.6 points).

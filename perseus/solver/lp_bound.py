@@ -24,19 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.paths import build_topology
 
 __all__ = ["lp_energy_floor_j", "lp_peak_time_bound_s"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,16 +10,13 @@ Complexity: O(K·N·(N + E)) per round for K new archive plans, capped at ``work
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel
 from perseus.solver.paths import Topology
 
 __all__ = ["DEFAULT_WORK_BUDGET", "PAIR_MOVES_MAX_NODES", "plan_figures", "search_neighbours"]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
 
 #: Node-and-edge visits the search may spend (about a second compiled on one core).
 DEFAULT_WORK_BUDGET = 1e8

@@ -11,14 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from perseus.dag.graph import OpGraph
+from perseus.dag.graph import FloatArray, IntArray, OpGraph
 
 __all__ = ["Topology", "build_topology"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, eq=False)

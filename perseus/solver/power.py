@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import evaluations
+from perseus.dag.graph import FloatArray
 from perseus.errors import InfeasibleError, PlanError
 from perseus.job import PlanningJob
 from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, PointPower
@@ -34,8 +34,6 @@ __all__ = [
     "timeline_of",
     "with_power",
 ]
-
-FloatArray = npt.NDArray[np.float64]
 
 #: Event times closer than this fraction of the iteration are one instant (float noise of the
 #: longest path: an op that starts as its predecessor ends).

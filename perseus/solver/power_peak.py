@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from perseus.dag.evaluate import evaluate_many, longest_path, node_ops
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import InfeasibleError
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
@@ -26,9 +26,6 @@ from perseus.solver.lp_bound import lp_peak_time_bound_s
 from perseus.solver.power import PowerTimeline, plan_power, timeline_of
 
 __all__ = ["PeakPick", "fastest_under_peak"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)

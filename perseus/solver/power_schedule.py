@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import BoolArray, FloatArray, IntArray
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.plan import MAX_TIME_S, PlanPoint
 from perseus.profile.pareto import convex_front
@@ -35,9 +35,6 @@ J_PER_KWH = 3.6e6
 MAX_SIGNAL_VALUE = 1e9
 #: Longest signal or deadline: a thousand years of seconds.
 _MAX_HORIZON_S = 1e3 * 365.25 * 86400
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +321,7 @@ class _Problem:
 
     low: _Curves
     high: _Curves
-    neg: npt.NDArray[np.bool_]
+    neg: BoolArray
     d: FloatArray
     v: FloatArray
 

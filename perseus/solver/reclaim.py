@@ -9,14 +9,12 @@ time nor the energy can grow. Complexity: O(N·log W + E) per plan (W options pe
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import IntArray
 from perseus.solver.cost_model import CostModel
 from perseus.solver.paths import Topology
 
 __all__ = ["reclaim_slack"]
-
-IntArray = npt.NDArray[np.int64]
 
 
 def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray:

@@ -16,8 +16,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import IntArray
 from perseus.job import PlanningJob
 from perseus.profile.pareto import pareto_indices
 from perseus.solver.cost_model import CostModel
@@ -28,7 +28,6 @@ from perseus.solver.reclaim import reclaim_slack
 
 __all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "pareto_within"]
 
-IntArray = npt.NDArray[np.int64]
 Progress = Callable[[float], None]
 
 #: Folded plans lifted at a time while the walk runs (each gives up to six full-size

@@ -11,16 +11,13 @@ scipy max flows (Dinic) and O(E log E) numpy per cut.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from perseus.dag.graph import BoolArray, IntArray
 from perseus.solver.cut_network import INF_CAP
 
 __all__ = ["minimal_source_side"]
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 #: Capacities of one scipy phase stay below this (its int32 flows then cannot overflow).
 _PHASE_BITS = 30

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from perseus.dag.graph import BoolArray, FloatArray, IntArray
 from perseus.solver.check.maxflow import minimal_source_side
 from perseus.solver.compiled import (
     _BUDGET,
@@ -36,9 +37,6 @@ from perseus.solver.paths import Topology
 
 __all__ = ["walk_chunk"]
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 _Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, their rooms
 
 
