@@ -106,13 +106,11 @@ def publish_tick(t: float, interval_s: float) -> float:
 def published_mj(state: State, t: float) -> int:
     """The counter an NVML read at time ``t`` returns (mJ, as of the last publish tick)."""
     interval = state["publish_interval_s"]
-    gain = float(state.get("counter_gain", 1.0))  # a sensor gain error (SimNoise)
-    if interval <= 0:
-        return math.floor(energy_at(state, t) * 1000.0 * gain)
-    tick = publish_tick(t, interval)
-    if tick <= state["pub_tick"]:
+    tick = publish_tick(t, interval)  # t itself when publishing exactly
+    if interval > 0 and tick <= state["pub_tick"]:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
+    gain = float(state.get("counter_gain", 1.0))  # a sensor gain error (SimNoise)
     return math.floor(energy_at(state, tick) * 1000.0 * gain)
 
 
