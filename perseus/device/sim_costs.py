@@ -205,10 +205,8 @@ class OpPricer:
             f_eff = freq_mhz
         else:
             below = [f for f in self._clocks if f <= freq_mhz] or [self._clocks[-1]]
-            power = {}
-            for f in below:
-                t, e = self._cost_fn(stage_index, kind, f)
-                power[f] = e / t
+            costs = {f: self._cost_fn(stage_index, kind, f) for f in below}
+            power = {f: e / t for f, (t, e) in costs.items()}
             f_eff = capped_clock_mhz(below, freq_mhz, power, cap_w)
         t, e = self._cost_fn(stage_index, kind, f_eff)
         return f_eff, t, e
