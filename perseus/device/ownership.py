@@ -46,7 +46,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OWNER_LOCK_SUFFIX = ".owner"
-_STATE_SUFFIX = ".state"  # sim_state.STATE_SUFFIX; repeated so this module loads alone
 
 
 def default_lock_dir() -> Path:
@@ -249,7 +248,7 @@ def infer_reset_spec(uuid: str, lock_path: Path) -> dict[str, Any]:
     """The reset spec of GPU ``uuid`` when its owner gave none: simulated when its state file
     sits next to the lock file, else NVML."""
     state_dir = lock_path.parent
-    if (state_dir / f"{uuid}{_STATE_SUFFIX}").exists():
+    if (state_dir / f"{uuid}{_sibling('sim_state').STATE_SUFFIX}").exists():
         return {"backend": "sim", "state_dir": str(state_dir), "uuid": uuid}
     return {"backend": "nvml", "uuid": uuid}
 
