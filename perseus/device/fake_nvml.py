@@ -258,13 +258,11 @@ class FakeNvml(NvmlConstants):
         device.advance_energy(self.clock.now())
         return device
 
-    def set_busy(self, handle: Any, busy: bool = True, activity: float | None = None) -> None:
+    def set_busy(self, handle: Any, busy: bool = True) -> None:
         """Start or stop a kernel on the device (not an NVML call; not recorded)."""
         device = self._dev(handle)
         device.advance_energy(self.clock.now())
         device.busy = busy
-        if activity is not None:
-            device.activity = activity
 
     def nvmlInit(self) -> None:
         self._record("nvmlInit")

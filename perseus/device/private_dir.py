@@ -193,18 +193,18 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"perseus-{os.geteuid()}"
 
 
-def lock_dir(*, create: bool = True) -> Path:
+def lock_dir() -> Path:
     """``$PERSEUS_LOCK_DIR`` or ``<runtime_dir>/locks``, verified (and created)."""
     env = os.environ.get(LOCK_DIR_ENV)
     path = Path(env) if env else runtime_dir() / "locks"
-    return verify_private_dir(path, create=create, what="lock directory", env=LOCK_DIR_ENV)
+    return verify_private_dir(path, what="lock directory", env=LOCK_DIR_ENV)
 
 
-def sim_dir(*, create: bool = True) -> Path:
+def sim_dir() -> Path:
     """``$PERSEUS_SIM_DIR`` or ``<runtime_dir>/sim``, verified (and created)."""
     env = os.environ.get(SIM_DIR_ENV)
     path = Path(env) if env else runtime_dir() / "sim"
-    return verify_private_dir(path, create=create, what="simulated GPU directory", env=SIM_DIR_ENV)
+    return verify_private_dir(path, what="simulated GPU directory", env=SIM_DIR_ENV)
 
 
 def _refuse_file(path: Path, why: str) -> Exception:

@@ -60,10 +60,10 @@ def _boot_id() -> str:
     return ""
 
 
-def pid_namespace(pid: int | str = "self") -> str | None:
-    """``"pid:[<inode>]"`` of the PID namespace of ``pid`` (this process by default)."""
+def pid_namespace() -> str | None:
+    """``"pid:[<inode>]"`` of this process's PID namespace."""
     try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
+        return os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
 
