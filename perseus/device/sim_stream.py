@@ -207,10 +207,7 @@ class SimStream:
             return self._published_mj()
         # not quite the tick before recent[0], but within one period of it
         tick = max(publish_tick(t, self._interval_s), recent[0][0])
-        t0, e0, p = recent[0]
-        for seg in recent:
-            if seg[0] <= tick:
-                t0, e0, p = seg
+        t0, e0, p = [seg for seg in recent if seg[0] <= tick][-1]  # the piece covering tick
         return math.floor((e0 + p * (tick - t0)) * 1000.0 * self._gain)
 
     def _published_mj(self) -> int:
