@@ -194,11 +194,8 @@ def open_simulated(index: int, state_dir: Path | None = None) -> SimulatedGPU:
         ConfigError: if no simulated GPU ``index`` exists in the state directory.
     """
     directory = state_dir or default_state_dir()
-    wanted = sim_uuid(index)
-    for state in list_states(directory):
-        if state.get("uuid") == wanted:
-            break
-    else:
+    state = next((s for s in list_states(directory) if s.get("uuid") == sim_uuid(index)), None)
+    if state is None:
         raise ConfigError(
             f"no simulated GPU {index} in {directory}; it appears once a process uses it "
             "(or point PERSEUS_SIM_DIR or `state_dir` at the right directory)"
