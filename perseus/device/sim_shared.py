@@ -1,9 +1,4 @@
-"""The simulated GPU's base: its model's parameters and the state every process shares.
-
-:class:`SimSharedState` builds a :class:`~perseus.device.simulated.SimulatedGPU` (which
-documents the arguments), attaches to its state file and changes what lives there (lock,
-energy, slowdown, memory lock and power limit), and injects errors.
-"""
+"""The simulated GPU's base (:class:`SimSharedState`): its model and the state it shares."""
 
 from __future__ import annotations
 
