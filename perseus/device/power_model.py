@@ -96,10 +96,7 @@ def capped_clock_mhz(
     candidates = [f for f in clocks_mhz if f <= freq_mhz] or [min(clocks_mhz)]
     if cap_w is None:
         return candidates[0]
-    for f in candidates:
-        if power_of[f] <= cap_w:
-            return f
-    return candidates[-1]
+    return next((f for f in candidates if power_of[f] <= cap_w), candidates[-1])
 
 
 @dataclass(frozen=True, slots=True)
