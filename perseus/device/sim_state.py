@@ -92,10 +92,7 @@ def energy_at(state: State, t: float) -> float:
 
 def segment_at(state: State, t: float) -> Segment | None:
     """The planned segment covering time ``t``, or None when the device is idle then."""
-    for seg in state.get("segments", ()):
-        if seg[0] <= t < seg[1]:
-            return list(seg)
-    return None
+    return next((list(seg) for seg in state.get("segments", ()) if seg[0] <= t < seg[1]), None)
 
 
 def publish_tick(t: float, interval_s: float) -> float:
