@@ -268,11 +268,8 @@ def preset_for_name(name: str) -> GPUPreset | None:
     """The preset whose key or GPU name appears in ``name`` (case-insensitive, longest key
     first), or None."""
     text = name.lower()
-    for key in sorted(PRESETS, key=len, reverse=True):
-        preset = PRESETS[key]
-        if key in text or preset.name.lower() in text:
-            return preset
-    return None
+    longest_first = sorted(PRESETS.values(), key=lambda p: len(p.key), reverse=True)
+    return next((p for p in longest_first if p.key in text or p.name.lower() in text), None)
 
 
 @runtime_checkable
