@@ -6,6 +6,7 @@ privilege probe, clock event reasons, the observe-only view of ``pynvml``, and
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -165,15 +166,12 @@ def probe_privilege(status_path: str = "/proc/self/status") -> tuple[bool, str]:
     """Can this process lock clocks? ``(ok, why)``: root, or CAP_SYS_ADMIN in CapEff."""
     if os.geteuid() == 0:
         return True, "running as root"
-    try:
-        with open(status_path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    if int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1:
-                        return True, "CAP_SYS_ADMIN"
-                    break
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(status_path, encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                if int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1:
+                    return True, "CAP_SYS_ADMIN"
+                break
     hint = (
         " (a zeusd socket is set, but perseus does not use zeusd)"
         if os.environ.get("ZEUSD_SOCK_PATH")

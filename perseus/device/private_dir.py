@@ -258,10 +258,8 @@ def _open_once(p: Path, base: int, create: bool, mode: int) -> int | None:
     """Create or open ``p``: its descriptor, or None when removed between the two opens."""
     try:
         if create:
-            try:
+            with contextlib.suppress(FileExistsError):
                 return os.open(p, base | os.O_CREAT | os.O_EXCL, mode)
-            except FileExistsError:
-                pass
         try:
             return os.open(p, base)
         except FileNotFoundError:
