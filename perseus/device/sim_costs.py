@@ -90,9 +90,7 @@ def preset_costs(
         The cost function and the memory cost function (None without a memory model).
     """
     u = preset.activity if activity is None else activity
-    times = dict(preset.op_time_s)
-    if op_time_s is not None:
-        times.update(op_time_s)
+    times = {**preset.op_time_s, **(op_time_s or {})}
     model_power, model_time = preset.power, preset.time
 
     def cost(stage_index: int, kind: Kind, freq_mhz: int) -> tuple[float, float]:
