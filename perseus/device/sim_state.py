@@ -133,11 +133,10 @@ def advance(state: State, now: float) -> float:
     """Move the integral to ``now`` (never backwards); returns the time used."""
     now = max(now, state["t_last"])
     interval = state["publish_interval_s"]
-    if interval > 0:
-        tick = publish_tick(now, interval)
-        if tick > state["pub_tick"]:
-            state["pub_mj"] = published_mj(state, now)
-            state["pub_tick"] = tick
+    tick = publish_tick(now, interval)
+    if interval > 0 and tick > state["pub_tick"]:
+        state["pub_mj"] = published_mj(state, now)
+        state["pub_tick"] = tick
     state["energy_j"] = energy_at(state, now)
     state["t_last"] = now
     segments = state.get("segments")
