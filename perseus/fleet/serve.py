@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import FloatArray
 from perseus.device.clock import Clock
 from perseus.errors import ConfigError
 from perseus.fleet.registry import FleetRegistry
@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 class BudgetTrack:
     """A budget over time: ``budgets_w[i]`` from ``starts_s[i]`` (seconds from the start)."""
 
-    starts_s: npt.NDArray[np.float64]
-    budgets_w: npt.NDArray[np.float64]
+    starts_s: FloatArray
+    budgets_w: FloatArray
 
     def at(self, t_s: float) -> float:
         """The budget at ``t_s`` seconds from the start (the first one before it)."""

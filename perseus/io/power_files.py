@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from perseus.dag.graph import FloatArray
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
@@ -79,7 +80,7 @@ class SignalSeries:
     quantity: str
     unit: str
     basis: str | None
-    values_per_kwh: npt.NDArray[np.float64]
+    values_per_kwh: FloatArray
 
     def describe(self) -> str:
         """``price in EUR/MWh`` / ``carbon in gCO2/kWh (location-based, average)``."""
@@ -107,7 +108,7 @@ class Signal:
         origin: The UTC time of the first start (None for a signal in seconds).
     """
 
-    starts_s: npt.NDArray[np.float64]
+    starts_s: FloatArray
     series: tuple[SignalSeries, ...]
     origin: datetime | None
 
@@ -205,7 +206,7 @@ def _signal_rows(p: Path) -> tuple[list[int], list[list[str]]]:
     return numbers, rows
 
 
-def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...], datetime | None]:
+def _read_one(p: Path) -> tuple[FloatArray, tuple[SignalSeries, ...], datetime | None]:
     numbers, cells = _signal_rows(p)
     names = ["value"]
     if cells and cells[0][0].strip().lower() in ("start", "start_s", "time"):
@@ -235,7 +236,7 @@ def _read_one(p: Path) -> tuple[npt.NDArray[np.float64], tuple[SignalSeries, ...
     return starts, tuple(series), origin
 
 
-def _check_increasing(p: Path, starts: npt.NDArray[np.float64]) -> None:
+def _check_increasing(p: Path, starts: FloatArray) -> None:
     bad = np.flatnonzero(~(np.diff(starts) > 0))
     if bad.size:
         k = int(bad[0]) + 1
@@ -247,7 +248,7 @@ def _check_increasing(p: Path, starts: npt.NDArray[np.float64]) -> None:
         )
 
 
-def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> npt.NDArray[np.float64]:
+def _parse_values(p: Path, numbers: list[int], raw: list[str]) -> FloatArray:
     try:
         values = np.array(raw, dtype=np.float64)
     except ValueError:
@@ -282,7 +283,7 @@ def _iso_or_none(cell: str) -> datetime | None:
 
 def _parse_starts(
     p: Path, numbers: list[int], raw: list[str]
-) -> tuple[npt.NDArray[np.float64], datetime | None]:
+) -> tuple[FloatArray, datetime | None]:
     """Seconds (any origin), or ISO times as seconds from the first one, and that origin."""
     try:
         starts = np.array(raw, dtype=np.float64)

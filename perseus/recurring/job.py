@@ -42,11 +42,11 @@ class RecurringRun:
         decision: Decision,
         profiler: PowerLimitProfiler | None,
         power_limit_w: float | None,
-        ended: threading.Event | None = None,
+        ended: threading.Event,
     ) -> None:
         self.job, self.run_id, self.decision = job, run_id, decision
         #: Set when a signal ended the process under the run: nothing more is recorded.
-        self.ended = ended if ended is not None else threading.Event()
+        self.ended = ended
         self._profiler, self._power_limit_w = profiler, power_limit_w
         self.epochs, self.reached, self.stopped_early = 0, False, False
         self._t0 = self._last_beat = job.clock.now()

@@ -111,7 +111,7 @@ def _run(
         e_first = profile_share * e_prof + (1 - profile_share) * e_first
         t_first = profile_share * t_prof + (1 - profile_share) * t_first
     c_first = zeus_cost(e_first, t_first, eta, workload.max_power_w)
-    c_epoch = zeus_cost(epoch.energy_j, epoch.time_s, eta, workload.max_power_w)
+    c_epoch = workload.epoch_cost(batch_size, power_limit_w, eta)
     budget = workload.spec.max_epochs
     if cost_limit is not None:
         # Stop before the first epoch that would cross the limit.

@@ -14,6 +14,8 @@ from perseus.report.summary import MeasuredRun, summarize
 
 __all__ = ["BASELINE_LABELS", "plot_frontier"]
 
+_KJ = 1e-3
+
 #: Display names of the baselines returned by ``perseus.solver.baseline_plans``.
 BASELINE_LABELS = {
     "all-max": "All-max (every clock at maximum)",
@@ -39,15 +41,14 @@ def plot_frontier(
     """Render the time–energy plot as PNG bytes: the frontier and its all-max baseline, other
     ``baselines`` by name (keys of :data:`BASELINE_LABELS`, others allowed), the one-clock-for-all
     plans of ``global_clock``, and a ``measured`` run's predicted and measured points."""
-    kj = 1e-3
     with new_figure() as fig:
         ax = fig.add_subplot()
         if global_clock:
-            _draw_global_clock(ax, global_clock, kj)
-        _draw_plans(ax, frontier, baselines or {}, kj)
+            _draw_global_clock(ax, global_clock)
+        _draw_plans(ax, frontier, baselines or {})
         if measured is not None:
-            _draw_measured(ax, measured, kj)
-        _annotate_savings(ax, frontier, kj)
+            _draw_measured(ax, measured)
+        _annotate_savings(ax, frontier)
         ax.set_xlabel("Iteration time (s)")
         ax.set_ylabel("Energy per iteration, all GPUs (kJ)")
         ax.set_title(_default_title(frontier))
@@ -55,37 +56,35 @@ def plot_frontier(
         return to_png(fig)
 
 
-def _xy(points: Sequence[Baseline | PlanPoint], kj: float) -> tuple[list[float], list[float]]:
-    return [p.time_s for p in points], [p.energy_j * kj for p in points]
+def _xy(points: Sequence[Baseline | PlanPoint]) -> tuple[list[float], list[float]]:
+    return [p.time_s for p in points], [p.energy_j * _KJ for p in points]
 
 
-def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint], kj: float) -> None:
+def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint]) -> None:
     # Every setting as a dot; the line joins only the efficient ones (on power-capped GPUs
     # many clocks run equally fast, and a line through all of them zigzags).
     gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
-    ax.plot(*_xy(gc, kj), ".", color="tab:gray", ms=5, zorder=2)
+    ax.plot(*_xy(gc), ".", color="tab:gray", ms=5, zorder=2)
     efficient = [p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])]
     label = "Global clock, every setting (line: efficient ones)"
-    ax.plot(*_xy(efficient, kj), "--", color="tab:gray", marker=".", lw=1.2, label=label, zorder=2)
+    ax.plot(*_xy(efficient), "--", color="tab:gray", marker=".", lw=1.2, label=label, zorder=2)
 
 
-def _draw_plans(
-    ax: Axes, frontier: Frontier, baselines: Mapping[str, PlanPoint], kj: float
-) -> None:
+def _draw_plans(ax: Axes, frontier: Frontier, baselines: Mapping[str, PlanPoint]) -> None:
     """The frontier up to T*, the all-max star and the other baselines."""
     useful = [p for p in frontier.points if p.time_s <= frontier.min_energy.time_s]
     label = f"Perseus frontier ({len(useful)} plans)"
-    ax.plot(*_xy(useful, kj), "-o", color="tab:blue", ms=3, lw=2.2, label=label, zorder=4)
+    ax.plot(*_xy(useful), "-o", color="tab:blue", ms=3, lw=2.2, label=label, zorder=4)
     label = BASELINE_LABELS["all-max"]
-    ax.plot(*_xy([frontier.baseline], kj), "*", color="black", ms=16, label=label, zorder=6)
+    ax.plot(*_xy([frontier.baseline]), "*", color="black", ms=16, label=label, zorder=6)
     for name, p in baselines.items():
         if name != "all-max":
             marker, color = _LOOKS.get(name, ("o", "tab:brown"))
             label = BASELINE_LABELS.get(name, name)
-            ax.plot(*_xy([p], kj), marker, color=color, ms=10, mec="white", label=label, zorder=5)
+            ax.plot(*_xy([p]), marker, color=color, ms=10, mec="white", label=label, zorder=5)
 
 
-def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
+def _annotate_savings(ax: Axes, frontier: Frontier) -> None:
     """T_min and T* as lines, and the energy saved at each written under the frontier."""
     base, fastest, slowest = frontier.baseline, frontier.fastest, frontier.min_energy
     ymin, ymax = ax.get_ylim()
@@ -98,8 +97,8 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     xmin, xmax = ax.get_xlim()
     # The no-slowdown saving as a vertical gap: all-max star down to the fastest plan.
     arrow = {"arrowstyle": "-|>", "color": "tab:blue", "lw": 2, "shrinkA": 9, "shrinkB": 3}
-    base_xy = (base.time_s, base.energy_j * kj)
-    ax.annotate("", xy=(fastest.time_s, fastest.energy_j * kj), xytext=base_xy, arrowprops=arrow)
+    base_xy = (base.time_s, base.energy_j * _KJ)
+    ax.annotate("", xy=(fastest.time_s, fastest.energy_j * _KJ), xytext=base_xy, arrowprops=arrow)
     # Below a convex decreasing frontier the lower-left and lower-right corners are empty.
     box = {"boxstyle": "round,pad=0.3", "fc": "white", "ec": "tab:blue", "alpha": 0.9}
     style: dict[str, Any] = {"fontsize": 12, "fontweight": "bold", "color": "tab:blue"}
@@ -114,7 +113,7 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     for text, point, dx in labels:
         ax.annotate(
             text,
-            xy=(point.time_s, point.energy_j * kj),
+            xy=(point.time_s, point.energy_j * _KJ),
             xytext=(point.time_s + dx, ymin + 0.03 * (ymax - ymin)),
             va="bottom",
             bbox=box,
@@ -125,10 +124,10 @@ def _annotate_savings(ax: Axes, frontier: Frontier, kj: float) -> None:
     ax.set_xlim(xmin, xmax)
 
 
-def _draw_measured(ax: Axes, run: MeasuredRun, kj: float) -> None:
+def _draw_measured(ax: Axes, run: MeasuredRun) -> None:
     for i, (name, pred, meas) in enumerate(run.pairs):
-        x, y = meas.time_s, meas.energy_j * kj
-        ax.plot([pred.time_s, x], [pred.energy_j * kj, y], "-", color="tab:orange", lw=1, zorder=6)
+        x, y = meas.time_s, meas.energy_j * _KJ
+        ax.plot([pred.time_s, x], [pred.energy_j * _KJ, y], "-", color="tab:orange", lw=1, zorder=6)
         label = "Measured run (X) vs its prediction" if i == 0 else None
         ax.plot([x], [y], "X", color="tab:orange", ms=11, mec="black", label=label, zorder=7)
         offset: dict[str, Any] = {"xytext": (6, -12), "textcoords": "offset points"}

@@ -7,20 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.patches import Patch
 
+from perseus.dag.graph import FloatArray, IntArray
 from perseus.job import PlanningJob
 from perseus.plan import PlanPoint
 from perseus.report._figure import new_figure, to_png
 
 __all__ = ["Timeline", "build_timeline", "plot_timelines"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 _CMAP = "YlOrRd"
 _KIND_LETTERS = "FBW"
