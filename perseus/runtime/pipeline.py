@@ -32,9 +32,8 @@ class PerseusPipeline(RankSession):
     """One rank's perseus session around a torch pipeline schedule.
 
     Args:
-        torch_schedule: The torch pipeline schedule this rank runs.
-        stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
-        model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
+        torch_schedule, stages, model_parts: as
+            :class:`~perseus.runtime.engines.torch_pp.TorchPipelining`.
         gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.
 
     Raises:
