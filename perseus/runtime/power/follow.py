@@ -12,14 +12,12 @@ import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from perseus.dag.graph import FloatArray
 from perseus.io.power_files import ScheduleFile
 from perseus.solver.power_schedule import J_PER_KWH
 
 __all__ = ["CostMeter", "IncurredCost", "ScheduleClock"]
-
-FloatArray = npt.NDArray[np.float64]
 
 
 class ScheduleClock:

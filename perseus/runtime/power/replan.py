@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perseus.dag.graph import FloatArray
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, Signal, read_signal
 from perseus.plan import Frontier
-from perseus.runtime.power.follow import CostMeter, FloatArray, IncurredCost
+from perseus.runtime.power.follow import CostMeter, IncurredCost
 from perseus.solver.power_schedule import J_PER_KWH, MAX_SIGNAL_VALUE, PowerSchedule, schedule_plans
 
 __all__ = ["Realised", "Replan", "ReplanCost", "Replanner"]
