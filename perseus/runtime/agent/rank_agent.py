@@ -44,7 +44,7 @@ from perseus.schedule.actions import Action, Kind
 __all__ = ["NullAgent", "RankAgent", "make_agent"]
 
 
-def _no_energy() -> int:  # no GPU: no counter
+def _no_energy() -> int:  # no GPU, or per-op reads off: no counter read
     return 0
 
 
@@ -77,10 +77,12 @@ class RankAgent:
         enabled: False measures time and energy but never changes clocks (no ownership).
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
-        measure_op_energy: Read the energy counter around each op (two cheap reads).
+        measure_op_energy: Host timing: read the energy counter as each op starts and ends
+            (off: per-op energy 0). Device timing ignores it: the clock worker reads the
+            counter at op boundaries (``FrequencyController(stamp_ops=)``).
         max_op_records: Per-op records kept, and as many iteration records (oldest first out).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
-            ``"host"`` (the host's view; see the module docstring).
+            ``"host"`` (the host's view; :mod:`perseus.runtime.agent.timing`).
         events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
         op_time_s: Predicted device time of a whole op at a clock (from the plan's profile;
             :data:`~perseus.runtime.agent.rank_plan.OpTimeFn`); times a phased op's mid-op
@@ -91,7 +93,8 @@ class RankAgent:
             every timing decision is then deterministic (tests).
 
     Raises:
-        PlanError: if ``rank`` or ``point_index`` is out of range.
+        PlanError: if ``rank`` or ``point_index`` is out of range, ``timing`` is neither, or
+            the plan has two-clock ops without ``job.layers_per_stage``.
     """
 
     def __init__(
@@ -501,7 +504,9 @@ class RankAgent:
         microbatch_index: int | None = None,
         stage_index: int | None = None,
     ) -> _OpScope:
-        """Context manager around one op: sets its clock first, checks it is the planned op.
+        """Context manager around one op: checks it is the planned op and times it (host
+        timing requests its clock on entry; on device timing the clock worker set it as the
+        previous op ended).
 
         Args:
             kind: The op (an :class:`~perseus.schedule.Action`, its stage checked) or its kind
