@@ -341,7 +341,8 @@ class FrequencyController:
 
     def _handle(self, job: Boundary) -> None:
         """One op on the device's timeline: its start reading, the mid-op changes of a
-        phased op, the next op's clocks, its end reading and prediction error."""
+        phased op, its clock read back, the next op's clocks, its end reading and prediction
+        error."""
         request = job.request
         job.report = report = OpReport()
         report.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or request.stamp)
@@ -360,8 +361,9 @@ class FrequencyController:
         self._finish(job)
 
     def _issue_mids(self, job: Boundary) -> None:
-        """Phased op: each later phase's clocks at its planned layer boundary, aimed as for
-        op boundaries; once the op ends, the rest are skipped (and counted)."""
+        """Phased op: each later phase's clocks issued a median landing time before its
+        planned layer boundary (two for an SM and memory change); once the op ends, the rest
+        are skipped (and counted), and from a phase with no boundary time on, none is issued."""
         events, mids, report = self.events, job.request.mids, job.report
         for i, mid in enumerate(mids):
             if mid.at_s is None or events is None:
