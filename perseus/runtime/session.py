@@ -84,8 +84,9 @@ class RankSession:
         options: Everything else (:class:`SessionOptions`; default: its defaults).
 
     Raises:
-        ConfigError: a ``plan`` of another type; a rank out of range or missing;
-            ``power_schedule`` with an online sweep.
+        ConfigError: a ``plan`` of another type; a rank out of range, missing, or not the
+            adapter's; ``power_schedule`` with an online sweep; no ``blocking_power_w`` for a
+            GPU :func:`~perseus.device.presets.blocking_power_for` does not know.
     """
 
     def __init__(
@@ -157,7 +158,8 @@ class RankSession:
         return self._state is SessionState.IN_ITERATION
 
     def start(self: _Session) -> _Session:
-        """Attach the engine, place the simulated GPU, obtain a plan and start the agent.
+        """Attach the engine, place the simulated GPU, obtain a plan and start the agent (and
+        the power runtime, when the options ask for one).
 
         Collective over the pipeline's group. Idempotent while open.
 
