@@ -70,7 +70,7 @@ class RankPlan:
     def of(cls, plan: Frontier, point_index: int, rank: int) -> RankPlan:
         """Raises:
         PlanError: for a point or rank out of range, or two-clock ops without
-            ``job.layers_per_stage``.
+            ``job.layers_per_stage`` (or with a layer split the job cannot build).
         """
         if not 0 <= point_index < len(plan.points):
             raise PlanError(
@@ -153,7 +153,8 @@ class RankPlan:
         iteration: int,
     ) -> PlanError:
         """The error for the op the training loop ran as op ``j`` (``stage_index`` None: not
-        given, taken as the planned op's): an :class:`OpOrderError` unless ``kind`` is none."""
+        given, taken as the planned op's): an :class:`OpOrderError`, or a plain
+        :class:`~perseus.errors.PlanError` when ``kind`` is none of F, B, W."""
         try:
             kind = Kind(kind)
         except ValueError:
