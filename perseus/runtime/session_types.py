@@ -58,7 +58,8 @@ class SessionOptions:
         point_index: Which frontier point to deploy (0: the fastest).
         group: The pipeline's process group (default: the adapter's, else the default group).
         watchdog: Start the watchdog process that resets the GPU if this process dies.
-        handle_signals: Reset the GPU on SIGTERM/SIGINT (previous handlers still run).
+        handle_signals: Reset the GPU when SIGTERM/SIGINT ends the process (the previous
+            handler runs first and decides whether it does).
         events: The agent's device event source (default: the GPU's own; ``CudaEventSource``
             on a real GPU).
         power_schedule: A plan schedule JSON (``perseus plan schedule``) over the plan's
