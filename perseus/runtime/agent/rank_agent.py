@@ -262,7 +262,8 @@ class RankAgent:
                 raise
             # No clock is set before step_begin(): set-up runs at the GPU's default clock.
         elif gpu is not None and self._device_timed:
-            # Observe-only: no ownership, no watchdog; the worker only reads the counter.
+            # Observe-only: no ownership, no watchdog; the worker only reads (the counter, and
+            # the clocks the driver chose where the GPU reads them back).
             self._controller = self._new_controller(gpu, control=False)
             self._controller.start()
         self._install_mode()
