@@ -390,7 +390,9 @@ class RankAgent:
 
         Raises:
             PlanError: if the previous iteration was not ended.
-            DeviceError: an error the clock worker hit since the last call.
+            DeviceError: if the energy counter cannot be read here (host timing, or no clock
+                worker). The clock worker's errors are not raised: they turn it observe-only
+                (or drop memory clocks), with a warning.
         """
         if self._in_step:
             raise PlanError(
