@@ -173,7 +173,7 @@ class RankSession:
         self._state = SessionState.IDLE
         try:
             self._detach = self.engine.attach(self.op, lambda: self.in_iteration)
-            if self._emulated is not None:  # each process its own simulated GPU; the timeline
+            if self._emulated is not None:  # this process's own GPU, on the pipeline's timeline
                 self.gpu, self._run = start_emulation(
                     self._emulated, self.schedule, self.rank, self.group
                 )
