@@ -1,6 +1,6 @@
 """Never leave a GPU at a low clock or power limit: ownership, exit hooks and a watchdog process.
 
-A clock lock or power limit outlives the process that set it (docs/hardware.md#sharing), so
+A clock lock (docs/hardware.md#sharing) or a power limit outlives the process that set it, so
 three layers reset the GPU (docs/safety.md): :class:`~perseus.device.ownership.GpuOwnership`
 (one owner per GPU; the next owner resets a GPU whose owner died without doing so),
 :class:`ExitGuard` (``atexit`` plus SIGTERM/SIGINT, resetting only when the signal ends the
