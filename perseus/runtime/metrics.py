@@ -162,7 +162,8 @@ class MetricsSink:
 
     Raises:
         ConfigError: one line for a bad argument; at :meth:`attach`: one path for both files,
-            a port or address that cannot be bound, a file that cannot be created.
+            a port or address that cannot be bound, a file that cannot be created, a
+            Prometheus output without ``prometheus_client`` installed.
     """
 
     def __init__(
@@ -398,8 +399,7 @@ def _csv_row(r: IterationMetrics) -> list[Any]:
 
 
 def _held_text(h: HeldOp) -> str:
-    """``name:planned>ran:why``, with ``,memplanned>ran`` after the SM clocks when the memory
-    clock was held."""
+    """One held op as the CSV writes it (the form :class:`IterationMetrics` gives)."""
     held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
     mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
     return f"{h.op}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"

@@ -163,7 +163,7 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
 
 def _last_stretch(history: Sequence[IterationStats]) -> list[IterationStats]:
     """The last run iterations of one point and prediction, less the first when there are
-    more (it pays the clock changes of a new plan)."""
+    more (see :attr:`RunSummary.iterations`)."""
     runs: list[IterationStats] = []
     for stats in reversed(history):
         if stats.phase != "run" or stats.pipeline_energy_j is None:

@@ -1,4 +1,4 @@
-"""The watchdog process: resets a GPU's clock lock when the process that set it dies.
+"""The watchdog process: resets a GPU's clocks and power limit when its owner process dies.
 
 Run as ``python -I _watchdog.py SPEC_JSON OWNER_PID POLL_S`` with the standard library only
 (it starts in ~30 ms). The owner's death shows as EOF on our stdin (even after SIGKILL) or a
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
                 return 0
         elif os.getppid() != owner_pid:
             break
-    try:  # a transient driver error (NVML TIMEOUT) gets two more tries
+    try:  # any error gets two more tries: it may be a transient driver error (NVML TIMEOUT)
         retry(
             lambda: ownership.reset_if_orphaned(spec, owner_pid),
             transient=lambda e: True,

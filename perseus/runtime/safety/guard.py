@@ -1,11 +1,12 @@
-"""Never leave a GPU locked at a low clock: ownership, exit hooks and a watchdog process.
+"""Never leave a GPU at a low clock or power limit: ownership, exit hooks and a watchdog process.
 
-A clock lock outlives the process that set it (docs/hardware.md#sharing), so three layers
-reset it (docs/safety.md): :class:`~perseus.device.ownership.GpuOwnership` (one owner per GPU;
-the next owner resets a GPU whose owner died without doing so), :class:`ExitGuard` (``atexit``
-plus SIGTERM/SIGINT, resetting only when the signal ends the process) and :class:`Watchdog` (a
-separate process that resets when the owner's pipe reaches EOF, even after SIGKILL). Forked
-children close the lock and pipe descriptors, and their inherited handlers check the pid.
+A clock lock (docs/hardware.md#sharing) or a power limit outlives the process that set it, so
+three layers reset the GPU (docs/safety.md): :class:`~perseus.device.ownership.GpuOwnership`
+(one owner per GPU; the next owner resets a GPU whose owner died without doing so),
+:class:`ExitGuard` (``atexit`` plus SIGTERM/SIGINT, resetting only when the signal ends the
+process) and :class:`Watchdog` (a separate process that resets when the owner's pipe reaches
+EOF, even after SIGKILL). Forked children close the lock and pipe descriptors, and their
+inherited handlers check the pid.
 """
 
 from __future__ import annotations
@@ -187,10 +188,10 @@ class ExitGuard:
 
     A signal goes first to the previous handler; ``callback`` runs if that handler raises or
     the default action terminates, and a handler that returns (or an ignored signal) leaves it
-    for the real end. Off the main thread only the ``atexit`` hook is installed. ``callback``
-    may run inside a signal handler at any bytecode: it must reset the device directly, never
-    wait for a lock the interrupted code may hold, and finish within milliseconds (exceptions
-    are swallowed; the watchdog remains the backstop).
+    for the real end. Off the main thread only the ``atexit`` hook (and multiprocessing's
+    finalizer) is installed. ``callback`` may run inside a signal handler at any bytecode: it
+    must reset the device directly, never wait for a lock the interrupted code may hold, and
+    finish within milliseconds (exceptions are swallowed; the watchdog remains the backstop).
     """
 
     DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -245,7 +246,7 @@ class ExitGuard:
 
 
 class Watchdog:
-    """A separate process that resets the GPU's lock if this process dies.
+    """A separate process that resets the GPU (clocks, power limit) if this process dies.
 
     Args:
         spec: The GPU's ``watchdog_spec()`` (backend, uuid, where its state lives).

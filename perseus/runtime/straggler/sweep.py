@@ -91,7 +91,8 @@ def straggler_sweep(
         One :class:`StragglerCase` per factor, in the given order.
 
     Raises:
-        ConfigError: if ``pipelines < 2`` or a factor is outside [1, MAX_FACTOR].
+        ConfigError: if ``pipelines < 2``, no factor is given or one is outside
+            [1, MAX_FACTOR].
 
     Complexity: O(F·K) for F factors and K frontier points.
     """

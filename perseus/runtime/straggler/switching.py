@@ -148,7 +148,8 @@ class StragglerDecision:
 
     Attributes:
         iteration: The iteration that just ended.
-        pipeline_times_s: Every pipeline's time (measured, raised to its hint if any).
+        pipeline_times_s: Every pipeline's intrinsic time
+            (:meth:`StragglerRuntime.intrinsic_time_s`), raised to its hint if any.
         straggler: Index of the slowest pipeline.
         point_index: The plan this pipeline runs next.
         reason: The policy's reason, or ``"fixed"`` when not adaptive.
