@@ -210,7 +210,7 @@ class SimSharedState:
 
     def _attach(self, state: State | None, now: float) -> State:
         """Create the state, or adopt one with this process's model parameters (keeping the
-        lock, counter, slowdown and owner: the "hardware")."""
+        clock locks, counter, slowdown and power limit: the "hardware")."""
         if state is None:
             state = {
                 "uuid": self._uuid,
