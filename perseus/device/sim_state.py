@@ -104,7 +104,7 @@ def publish_tick(t: float, interval_s: float) -> float:
 def published_mj(state: State, t: float) -> int:
     """The counter an NVML read at time ``t`` returns (mJ, as of the last publish tick)."""
     interval = state["publish_interval_s"]
-    tick = publish_tick(t, interval)  # t itself when publishing exactly
+    tick = publish_tick(t, interval)
     if interval > 0 and tick <= state["pub_tick"]:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.
