@@ -94,9 +94,10 @@ class SimulatedGPU(SimSharedState):
     ) -> SimulatedGPU:
         """A GPU from a fitted preset (``a100``, ``a100-500w``, ``a40``, ``h100``).
 
-        Every stage costs ``op_time_s[kind]`` at the highest clock, scaled by the preset's
-        time model, at its power model's power. ``power_cap_w="preset"`` keeps the preset's
-        cap; None removes it. Other keywords go to the constructor.
+        Every stage costs ``op_time_s[kind]`` (default: the preset's) at the highest clock,
+        scaled by the preset's time model, at its power model's power for ``activity``
+        (default: the preset's). ``power_cap_w="preset"`` keeps the preset's cap; None removes
+        it. Other keywords go to the constructor.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
         cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
