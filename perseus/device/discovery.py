@@ -70,7 +70,7 @@ class DeviceInfo:
     owner_unknown: str = ""
 
 
-#: Where root's agents keep real GPUs' ownership locks (``private_dir.runtime_dir()`` as root).
+#: Where root's agents keep real GPUs' ownership locks (``private_dir.lock_dir()`` as root).
 ROOT_LOCK_DIR = Path("/run/perseus/locks")
 
 
