@@ -146,8 +146,8 @@ WALL_CLOCK: Clock = WallClock()
 
 
 def clock_of(device: object, default: Clock = REAL_CLOCK) -> Clock:
-    """The timeline ``device`` runs on (a simulated GPU's ``clock``), else ``default``: code
-    waiting for a device's events must sleep on the device's own clock."""
+    """The timeline ``device`` runs on (a simulated GPU's or a fake NVML's ``clock``), else
+    ``default``: code waiting for a device's events must sleep on the device's own clock."""
     clock = getattr(device, "clock", None)
     return clock if isinstance(clock, Clock) else default
 

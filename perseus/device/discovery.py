@@ -1,8 +1,8 @@
 """What GPUs are there: real ones through NVML and simulated ones in the state directory.
 
-Used by ``perseus device info``. Reading never takes an ownership lock; the owner is the
-process recorded in the lock file: alive, it owns the GPU; dead, the GPU is *orphaned* until
-the next owner or ``perseus device reset`` resets it.
+Used by ``perseus device`` (info, reset, slowdown). Reading never takes an ownership lock; the
+owner is the process recorded in the lock file: alive, it owns the GPU; dead, the GPU is
+*orphaned* until the next owner or ``perseus device reset`` resets it.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class DeviceInfo:
     owner_unknown: str = ""
 
 
-#: Where root's agents keep real GPUs' ownership locks (``private_dir.runtime_dir()`` as root).
+#: Where root's agents keep real GPUs' ownership locks (``private_dir.lock_dir()`` as root).
 ROOT_LOCK_DIR = Path("/run/perseus/locks")
 
 

@@ -415,8 +415,8 @@ def h100(
     busy: bool = False,
 ) -> FakeNvml:
     """One NVIDIA H100 80GB HBM3 replaying its measured behaviour: one HBM3 memory clock, a
-    700 W cap holding a heavy kernel at 1485-1740 MHz with ``sw_power_cap`` set, a counter
-    published every 100 ms and read in ~3 ms.
+    700 W cap holding a heavy kernel at 1485-1725 MHz (a real one: 1485-1740) with
+    ``sw_power_cap`` set, a counter published every 100 ms and read in ~3 ms.
 
     Args:
         refuse_control: Every set/reset call raises ``NO_PERMISSION``.

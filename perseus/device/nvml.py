@@ -65,7 +65,8 @@ class NvmlGPU:
         nvml_module: ``pynvml`` or a fake; imported lazily when None.
         allow_mig: Accept a GPU in MIG mode (clock locks then affect every instance).
         privileged: Skip the privilege probe and assume this answer (tests).
-        lock_dir: Where the ownership lock files live (default ``$PERSEUS_LOCK_DIR``).
+        lock_dir: Where the ownership lock files live (default ``$PERSEUS_LOCK_DIR``, else
+            ``/run/perseus/locks`` as root or a per-user directory: docs/safety.md).
         control: False opens the GPU observe-only: no NVML function that changes the device
             is ever called. None (default) reads ``$PERSEUS_NO_CLOCK_CHANGES``.
     """
@@ -187,7 +188,8 @@ class NvmlGPU:
         self._handle = handle
 
     def close(self) -> None:
-        """Reset a lock this object set, then release NVML (idempotent)."""
+        """Reset the clock locks and power limit this object set, then release NVML
+        (idempotent)."""
         if self._handle is None:
             return
         try:

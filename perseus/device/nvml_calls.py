@@ -191,7 +191,8 @@ def is_control_function(function: str) -> bool:
 
 
 def no_clock_changes_requested() -> bool:
-    """Whether ``$PERSEUS_NO_CLOCK_CHANGES`` asks for observe-only GPUs (``1``/``true``/``yes``)."""
+    """Whether ``$PERSEUS_NO_CLOCK_CHANGES`` asks for observe-only GPUs (``1``, ``true``,
+    ``yes`` or ``on``, in any case)."""
     return os.environ.get(NO_CLOCK_CHANGES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -4,8 +4,9 @@ A clock lock or power limit outlives the process that set it (docs/hardware.md#s
 owner holds an exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its process record
 into it; the kernel drops the ``flock`` when the owner dies, the record stays, and a clean
 release truncates it. Whoever next takes the lock and finds a record resets the GPU it opened
-itself (never what another process's file says). Standard library only, so the watchdog can
-load it by file path without ``import perseus``.
+itself (never what another process's file says). It loads with the standard library alone, so
+the watchdog can load it by file path (:mod:`.process_identity`, loaded beside it to read a
+record, does import ``perseus``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Pids are reused and mean nothing across PID namespaces, so a lock or lease records
 ``<pid> <boot id>:<start ticks> pid:[<inode>]`` (one ASCII line; only its first 256 bytes are
 read, anything else names no process). Another boot: gone; another namespace: unknown; no such
-pid or another start time: gone; else alive. Standard library only (the watchdog loads it).
+pid or another start time: gone; else alive. The watchdog loads it by file path; its one
+perseus import, :func:`perseus.io.atomic.pid_alive`, then comes from the installed package.
 """
 
 from __future__ import annotations

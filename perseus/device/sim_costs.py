@@ -36,7 +36,7 @@ MemCostFn = Callable[[int, Kind, int, int], tuple[float, float]]
 def profile_costs(
     profile: Profile,
 ) -> tuple[list[int], OpCostFn, tuple[int, ...], MemCostFn | None]:
-    """An op costs exactly ``profile``'s time and energy at the nearest profiled clock.
+    """The costs of :meth:`.SimulatedGPU.from_profile`, read off ``profile``.
 
     Returns:
         The SM clocks, the cost function, the memory clocks (highest first) and the memory
@@ -83,8 +83,7 @@ def preset_costs(
     activity: float | None = None,
     op_time_s: Mapping[Kind, float] | None = None,
 ) -> tuple[OpCostFn, MemCostFn | None]:
-    """Every stage costs ``op_time_s[kind]`` at the highest clock, scaled by the preset's
-    time model, at its power model's power for ``activity``.
+    """The costs of :meth:`.SimulatedGPU.from_preset`, from ``preset``'s models.
 
     Returns:
         The cost function and the memory cost function (None without a memory model).

@@ -15,6 +15,7 @@ from typing import Any
 from perseus.device.base import nearest_clock_mhz
 from perseus.device.clock import WALL_CLOCK, Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
+from perseus.device.private_dir import SIM_DIR_ENV
 from perseus.device.sim_calls import recorded_set_call, set_call_log
 from perseus.device.sim_costs import MemCostFn, OpCostFn, OpPricer, SimNoise
 from perseus.device.sim_state import (
@@ -161,7 +162,7 @@ class SimSharedState:
     @property
     def explicit_state_dir(self) -> bool:
         """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``)."""
-        return self._state_dir is not None or bool(os.environ.get("PERSEUS_SIM_DIR"))
+        return self._state_dir is not None or bool(os.environ.get(SIM_DIR_ENV))
 
     @property
     def uuid(self) -> str:
@@ -210,7 +211,7 @@ class SimSharedState:
 
     def _attach(self, state: State | None, now: float) -> State:
         """Create the state, or adopt one with this process's model parameters (keeping the
-        lock, counter, slowdown and owner: the "hardware")."""
+        clock locks, counter, slowdown and power limit: the "hardware")."""
         if state is None:
             state = {
                 "uuid": self._uuid,

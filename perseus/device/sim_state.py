@@ -1,9 +1,10 @@
 """Out-of-process state of simulated GPUs: one seqlocked JSON file per GPU.
 
-Like a real driver's, a simulated GPU's lock, energy counter and owner outlive the process
-that set them: they live in ``<state dir>/<uuid>.state`` (static description in
-``<uuid>.info.json``). Energy is the exact integral of a piecewise-constant power: ``energy_j``
-up to ``t_last`` plus the planned ``segments`` (start, end, power, clock) and blocking power
+Like a real driver's, a simulated GPU's clock locks, energy counter, slowdown and power limit
+outlive the process that set them: they live in ``<state dir>/<uuid>.state`` (static
+description in ``<uuid>.info.json``, owner in the :mod:`.ownership` lock file
+``<uuid>.owner``). Energy is the exact integral of a piecewise-constant power: ``energy_j`` up
+to ``t_last`` plus the planned ``segments`` (start, end, power, clock) and blocking power
 between them, published every ``publish_interval_s``. Standard library only (and
 :mod:`.private_dir`), so the watchdog can load it by file path.
 """
@@ -103,7 +104,7 @@ def publish_tick(t: float, interval_s: float) -> float:
 def published_mj(state: State, t: float) -> int:
     """The counter an NVML read at time ``t`` returns (mJ, as of the last publish tick)."""
     interval = state["publish_interval_s"]
-    tick = publish_tick(t, interval)  # t itself when publishing exactly
+    tick = publish_tick(t, interval)
     if interval > 0 and tick <= state["pub_tick"]:
         return int(state["pub_mj"])
     # tick > pub_tick = tick(t_last) implies tick > t_last, so the integral formula holds.

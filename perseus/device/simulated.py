@@ -46,7 +46,8 @@ class SimulatedGPU(SimSharedState):
         set_latency_s: Median (lognormal) time a clock set or reset blocks; 0 for none.
         set_latency_p99_s: Its 99th percentile (default 2.4 x the median: 12 ms for 5 ms).
         noise: Per-op time/power noise and blocking-power error (None: exact).
-        power_cap_w: Enforced power limit, None for none.
+        power_cap_w: The board's power cap and default power limit (None: uncapped);
+            :meth:`set_power_limit_w` enforces a lower limit until reset.
         idle_clock_mhz: Clock reported while idle and unlocked (default: lowest clock).
         privileged: False makes set/reset raise ``DevicePermissionError`` (NO_PERMISSION).
         clamp_out_of_range: Snap out-of-range requests to the nearest end, else raise.
@@ -93,9 +94,10 @@ class SimulatedGPU(SimSharedState):
     ) -> SimulatedGPU:
         """A GPU from a fitted preset (``a100``, ``a100-500w``, ``a40``, ``h100``).
 
-        Every stage costs ``op_time_s[kind]`` at the highest clock, scaled by the preset's
-        time model, at its power model's power. ``power_cap_w="preset"`` keeps the preset's
-        cap; None removes it. Other keywords go to the constructor.
+        Every stage costs ``op_time_s[kind]`` (default: the preset's) at the highest clock,
+        scaled by the preset's time model, at its power model's power for ``activity``
+        (default: the preset's). ``power_cap_w="preset"`` keeps the preset's cap; None removes
+        it. Other keywords go to the constructor.
         """
         preset = key if isinstance(key, GPUPreset) else get_preset(key)
         cost, mem_cost = preset_costs(preset, activity=activity, op_time_s=op_time_s)
