@@ -1,4 +1,4 @@
-"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html
+"""Assemble a report directory: frontier.json, report-summary.json, the PNGs and report.html
 (the CLI writes it inside :func:`perseus.io.atomic.atomic_directory`: whole or nothing)."""
 
 from __future__ import annotations
