@@ -50,6 +50,7 @@ class ReportInputs:
         global_clock: One-clock-for-all plans, drawn as a curve.
         sweep: Straggler sweep cases (empty: no straggler plot), of ``pipelines`` pipelines.
         measured: A run's predicted vs measured figures, if any.
+        title: The page's title and heading.
         details: Extra rows for the job table (e.g. solve time, profile description).
         notes: Lines shown at the end (e.g. why a plot is missing).
     """
