@@ -1,3 +1,3 @@
-"""Command-line interface (``perseus``); nothing imports this package."""
+"""Command-line interface (``perseus``); no library module imports this package."""
 
 __all__: list[str] = []

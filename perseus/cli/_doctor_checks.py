@@ -94,7 +94,7 @@ def check_identity(gpu: NvmlGPU) -> Check:
 
 def check_clocks(gpu: NvmlGPU) -> Check:
     clocks = gpu.supported_clocks_mhz()
-    mem = sorted({int(m) for m in gpu.query("nvmlDeviceGetSupportedMemoryClocks")}, reverse=True)
+    mem = list(gpu.supported_memory_clocks_mhz())
     mem_lock = gpu.memory_clock_control()  # None: (SM, memory) clock pairs may run here
     data = {
         "sm_clocks_mhz": list(clocks),

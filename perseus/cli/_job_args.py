@@ -111,7 +111,7 @@ _JOB_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add PROFILE, --config, --schedule, --stages, --microbatches, --virtual-stages, power, latency."""
+    """Add PROFILE, --config, --schedule and the job's flags (``_JOB_FLAGS``)."""
     add_path_arg(
         parser,
         "profile",

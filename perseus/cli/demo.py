@@ -1,9 +1,9 @@
 """``perseus demo``: frontier, baselines, straggler what-if and report for the bundled GPT-3
 175B A100 profile (or ``--config``), no GPU needed.
 
-The solver's kernels are compiled at install (:mod:`perseus.solver.aot`); where they were not
-(no C compiler then) and numba's cache does not hold them yet, the demo compiles them on a
-small copy of the job first, and its printed time leaves that out.
+Where the solver's kernels are not compiled yet (no C compiler at install, nothing in numba's
+cache: :func:`~perseus.cli._progress.solver_kernels_cached`), the demo compiles them on a small
+job first (:func:`_compile_kernels`), and its printed time leaves that out.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _took(started: float, compile_s: float) -> str:
 
 def _compile_kernels(job: PlanningJob, enabled: bool) -> float:
     """Seconds spent compiling the solver kernels on a small 1F1B job of the same stages, 0
-    when they were built at install or numba's disk cache holds them."""
+    when they need no compiling."""
     from perseus.cli._progress import solver_kernels_cached
     from perseus.job import make_job
     from perseus.solver import trace_frontier

@@ -1,8 +1,9 @@
 """The ``perseus`` command: ``main(argv) -> int`` and the one place errors become exit codes.
 
-Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments); 1 any
-other :class:`~perseus.errors.PerseusError`; 130 on Ctrl-C. An error is one line on stderr, its
-backquoted library parameters (`` `stages` ``) rewritten as the command's flags (``--stages``).
+Exit codes: 0 success; 2 bad input (:class:`~perseus.errors.ConfigError`, bad arguments, a path
+that cannot be read or written); 1 any other error; 130 on Ctrl-C; 141 when stdout's reader
+goes away. An error is one line on stderr, its backquoted library parameters (`` `stages` ``)
+rewritten as the command's flags (``--stages``).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def _idle_power_w(args: argparse.Namespace, frontier: Any) -> tuple[float, str]:
         return args.idle_power_w, "--idle-power-w"
     from perseus.device.presets import preset_for_name
 
-    gpu_name = frontier.job.gpu.name if frontier.job.gpu is not None else ""  # else: older files
+    gpu_name = frontier.job.gpu.name if frontier.job.gpu is not None else ""  # else: none recorded
     preset = preset_for_name(f"{gpu_name} {frontier.job.profile_name or ''}")
     if preset is not None:
         estimate = " (an estimate)" if preset.estimated else ""

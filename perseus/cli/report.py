@@ -1,7 +1,8 @@
 """``perseus report``: the demo's report for any frontier file, optionally with a measured run.
 
-With the frontier's profile (``--profile``, else the bundled one it names) the report also has
-the baselines and the timeline; ``--summary RUN.json`` adds predicted vs measured.
+With the frontier's profile (``--profile``, else the one it names: bundled, or a file beside
+it) the report also has the baselines and the timeline; ``--summary RUN.json`` adds predicted
+vs measured.
 """
 
 from __future__ import annotations

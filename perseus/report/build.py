@@ -1,4 +1,4 @@
-"""Assemble a report directory: frontier.json, report-summary.json, four PNGs and report.html
+"""Assemble a report directory: frontier.json, report-summary.json, the PNGs and report.html
 (the CLI writes it inside :func:`perseus.io.atomic.atomic_directory`: whole or nothing)."""
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ReportInputs:
         global_clock: One-clock-for-all plans, drawn as a curve.
         sweep: Straggler sweep cases (empty: no straggler plot), of ``pipelines`` pipelines.
         measured: A run's predicted vs measured figures, if any.
+        title: The page's title and heading.
         details: Extra rows for the job table (e.g. solve time, profile description).
         notes: Lines shown at the end (e.g. why a plot is missing).
     """

@@ -149,7 +149,8 @@ class _PredictedMeasured(BaseModel):
 
 class MeasuredRun(BaseModel):
     """An emulated or real run's summary: the plan's predicted and measured figures (extra keys
-    ignored; ``kind`` and ``job`` optional, checked by :meth:`check_frontier` when present)."""
+    ignored; ``kind``, ``job`` and ``allmax`` optional: ``kind`` must name a run's summary,
+    ``job`` and ``allmax`` are checked by :meth:`check_frontier` when present)."""
 
     model_config = _LOOSE
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
@@ -113,8 +114,6 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
 
 def plot_timelines(timelines: Sequence[Timeline]) -> bytes:
     """Stack the timelines (same time axis, same power colours) and render PNG bytes."""
-    import matplotlib
-
     cmap = matplotlib.colormaps[_CMAP]
     lo = min(tl.blocking_power_w for tl in timelines)
     hi = max(float(tl.power_w.max()) for tl in timelines)
