@@ -126,8 +126,8 @@ class SQLStore:
     Args:
         name: How messages name the database (a path, or a URL without credentials).
         busy_timeout_s: How long a writer waits for a lock another holds.
-        lease_s: A running run whose heartbeat is older than this is abandoned (minutes, well
-            above the job's heartbeat interval).
+        lease_s: A running run whose heartbeat is older than this many seconds is abandoned
+            (some minutes, well above the job's heartbeat interval).
         clock: What the recorded times are read on (default the wall clock: hosts compare them).
     """
 
