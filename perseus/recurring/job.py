@@ -136,7 +136,8 @@ class RecurringJob:
     Args:
         name: The job's name in the store (one history per name).
         batch_sizes: Allowed batch sizes; ``default_batch_size`` is ``b0``.
-        store: Where the history lives (:class:`~perseus.recurring.store.SQLiteStore`).
+        store: Where the history lives (a :class:`~perseus.recurring.store.RecurringStore`:
+            SQLite or PostgreSQL, :func:`~perseus.recurring.database.open_store`).
         gpu: The GPU (energy counter; power limit if it implements ``PowerLimitGPU``).
         eta: Energy-time weight η ∈ [0, 1]; ``beta`` the early-stopping factor β.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest power limit).
