@@ -68,7 +68,8 @@ class Workload:
         max_power_w: ``MAXPOWER``, the largest power limit in the GPU's trace.
         paths: Batch size -> epochs to target of every recorded seed (None: never reached).
         epochs: (batch size, power limit W) -> cost of one epoch.
-        default_batch_size: ``b0`` capped at the largest batch size both traces hold.
+        default_batch_size: ``b0``, one of the traced batch sizes
+            (:func:`~perseus.recurring.trace.load_workloads` says which).
     """
 
     spec: JobSpec
