@@ -19,7 +19,8 @@ class JobSpec:
     """How a recurring job is defined (names as in the traces).
 
     Attributes:
-        target_metric: Validation metric value that ends a run (matched exactly in the trace).
+        target_metric: Validation metric value that ends a run (matched in the trace to a
+            relative 1e-9).
         max_epochs: Epoch budget of one run; a run not at the target by then failed.
         default_batch_size: ``b0``, what the job uses without perseus.
     """
