@@ -229,7 +229,7 @@ class SQLStore:
             out.append(
                 Observation(
                     batch_size=int(row["batch_size"]),
-                    # SQLite stores NaN (no limit) as NULL
+                    # NULL: no limit (_figures writes the NaN as NULL, on either engine)
                     power_limit_w=math.nan if limit is None else float(limit),
                     energy_j=float(row["energy_j"] or 0.0),
                     time_s=float(row["time_s"] or 0.0),
