@@ -147,8 +147,9 @@ class RecurringJob:
         own_gpu: Hold the GPU's ownership lock for the run. False: an agent of this process
             holds it; the job still starts a watchdog and records that a reset is due.
         clock: What run times are measured on (the simulated GPU's clock in emulation).
-        heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
-            well under the store's ``lease_s``).
+        heartbeat_interval_s: Least time between two renewals of the run's lease by
+            :meth:`RecurringRun.step` (each epoch's end renews it regardless; keep it well
+            under the store's ``lease_s``).
     """
 
     def __init__(
