@@ -86,7 +86,8 @@ class RecurringRun:
         self._heartbeat()
 
     def _heartbeat(self, force: bool = False) -> None:
-        """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``)."""
+        """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``
+        unless ``force``)."""
         now = self.job.clock.now()
         if not force and now - self._last_beat < self.job.heartbeat_interval_s:
             return
