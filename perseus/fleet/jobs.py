@@ -64,7 +64,7 @@ def read_fleet_jobs(
     if not entries:
         raise ConfigError(f"{p}: no jobs; list at least one")
     seen: set[str] = set()
-    read = functools.cache(read_frontier)  # each frontier once, however many jobs name it
+    read = functools.cache(read_frontier)
     out = []
     for entry in entries:
         if entry.name in seen:

@@ -1,7 +1,5 @@
-"""The fleet planner's loop (``perseus fleet serve``), and a budget that follows a signal.
-
-While a price or carbon signal is above ``above`` (in its column's declared unit), the
-budget is ``high_signal_budget_w``; the loop wakes at each of the signal's boundaries.
+"""The fleet planner's loop (``perseus fleet serve``), and a budget that follows a price or
+carbon signal (:func:`signal_budget`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Recurring jobs (Zeus, NSDI'23): the batch size and GPU power limit across re-runs.
 
 Importing this package loads only the pure parts (cost, workload, bandit, policy, replay);
-the store, the profiler and the training-loop job are imported on first access.
+the store, the profiler, the trace reader and the training-loop job are imported on first
+access.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ class RecurringRun:
         self._heartbeat()
 
     def _heartbeat(self, force: bool = False) -> None:
-        """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``)."""
+        """Renew the lease with the figures so far (at most every ``heartbeat_interval_s``
+        unless ``force``)."""
         now = self.job.clock.now()
         if not force and now - self._last_beat < self.job.heartbeat_interval_s:
             return
@@ -136,7 +137,8 @@ class RecurringJob:
     Args:
         name: The job's name in the store (one history per name).
         batch_sizes: Allowed batch sizes; ``default_batch_size`` is ``b0``.
-        store: Where the history lives (:class:`~perseus.recurring.store.SQLiteStore`).
+        store: Where the history lives (a :class:`~perseus.recurring.store.RecurringStore`:
+            SQLite or PostgreSQL, :func:`~perseus.recurring.database.open_store`).
         gpu: The GPU (energy counter; power limit if it implements ``PowerLimitGPU``).
         eta: Energy-time weight η ∈ [0, 1]; ``beta`` the early-stopping factor β.
         max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest power limit).
@@ -146,8 +148,9 @@ class RecurringJob:
         own_gpu: Hold the GPU's ownership lock for the run. False: an agent of this process
             holds it; the job still starts a watchdog and records that a reset is due.
         clock: What run times are measured on (the simulated GPU's clock in emulation).
-        heartbeat_interval_s: Least time between two renewals of the run's lease (keep it
-            well under the store's ``lease_s``).
+        heartbeat_interval_s: Least time between two renewals of the run's lease by
+            :meth:`RecurringRun.step` (each epoch's end renews it regardless; keep it well
+            under the store's ``lease_s``).
     """
 
     def __init__(

@@ -29,7 +29,7 @@ MAX_PREEMPTIONS = 3
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One finished run of a recurring job.
+    """One finished (or preempted) run of a recurring job.
 
     Attributes:
         power_limit_w: Power limit it ran under (after profiling; NaN: none).

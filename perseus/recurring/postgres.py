@@ -106,6 +106,8 @@ class PostgresStore(SQLStore):
 
     Args:
         conninfo: A ``postgresql://user@host[:port]/db`` URL (no password).
+        connect_timeout_s: How long connecting to the server may take (whole seconds, at
+            least 1).
         options: ``busy_timeout_s`` (PostgreSQL's ``lock_timeout``), ``lease_s``, ``clock``, as
             for :class:`~perseus.recurring.store.SQLStore`.
     """

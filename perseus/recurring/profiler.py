@@ -1,7 +1,7 @@
 """Just-in-time power-limit profiler: try each limit for a few iterations of a real run.
 
-After ``warmup_steps``, each candidate limit, highest first, holds for ``settle_steps`` and a
-measured window; the limit with the lowest cost per sample is then kept for the run. A window
+After ``warmup_steps``, each candidate limit in turn holds for ``settle_steps`` and a measured
+window; the limit with the lowest cost per sample is then kept for the run. A window
 whose energy counter did not advance is left out; with none measured the highest limit stays.
 """
 
@@ -41,7 +41,7 @@ class PowerLimitProfiler:
     Args:
         gpu: The GPU whose limit is changed (the caller resets it after the run).
         eta: Energy-time weight η of the cost.
-        max_power_w: ``MAXPOWER`` of the cost (default: the GPU's highest limit).
+        max_power_w: ``MAXPOWER`` of the cost (default: the highest candidate limit).
         power_limits_w: Candidates (default: the GPU's range in 25 W steps, highest first).
         warmup_steps: Iterations skipped first; ``settle_steps`` after each limit change, then
             at least ``window_steps`` measured.

@@ -255,6 +255,8 @@ def replay_workload(
 
     Raises:
         ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
+        InfeasibleError: a recurrence of the optimizer needs more than 50 runs, or ``b0``
+            never reaches the target (:func:`replay_optimizer`, :func:`replay_fixed`).
     """
     n = default_recurrences(workload) if recurrences is None else recurrences
     if n < 1 or not seeds:

@@ -1,8 +1,9 @@
 """The recurring store's schema: versioned migrations, constraints, and row checks.
 
 :data:`MIGRATIONS` are ``(version, sql)`` steps applied in place in one transaction
-(:func:`migrate`); every column has a ``CHECK``, and rows from before are checked when read
-(:func:`check_run_row`), a bad one named with the SQL to repair or drop it.
+(:func:`migrate`); the tables' ``CHECK`` constraints refuse a bad value at insert, and rows
+from before are checked when read (:func:`check_run_row`), a bad one named with the SQL to
+repair or drop it.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ CREATE TABLE {name} (
 
 
 # Version 2: constraints, the run lease and why a run was abandoned. SQLite adds constraints
-# only by rebuilding a table (foreign keys are off meanwhile, see migrate()).
+# only by rebuilding a table (the store turns foreign keys off meanwhile; migrate() checks them
+# after).
 _V2 = f"""
 {jobs_table(SQLITE, "jobs_v2")}
 INSERT INTO jobs_v2 (job, config, created_s) SELECT job, config, created_s FROM jobs;

@@ -126,8 +126,8 @@ class SQLStore:
     Args:
         name: How messages name the database (a path, or a URL without credentials).
         busy_timeout_s: How long a writer waits for a lock another holds.
-        lease_s: A running run whose heartbeat is older than this is abandoned (minutes, well
-            above the job's heartbeat interval).
+        lease_s: A running run whose heartbeat is older than this many seconds is abandoned
+            (some minutes, well above the job's heartbeat interval).
         clock: What the recorded times are read on (default the wall clock: hosts compare them).
     """
 
@@ -229,7 +229,7 @@ class SQLStore:
             out.append(
                 Observation(
                     batch_size=int(row["batch_size"]),
-                    # SQLite stores NaN (no limit) as NULL
+                    # NULL: no limit (_figures writes the NaN as NULL, on either engine)
                     power_limit_w=math.nan if limit is None else float(limit),
                     energy_j=float(row["energy_j"] or 0.0),
                     time_s=float(row["time_s"] or 0.0),

@@ -154,7 +154,8 @@ def load_workloads(
     workload: str | None = None,
 ) -> list[Workload]:
     """Every job of ``jobs`` that both traces in ``trace_dir`` hold, for GPU ``gpu`` (``b0``
-    capped at the largest batch size both hold, as in Zeus's evaluation).
+    capped at the largest batch size both hold, as in Zeus's evaluation; a ``b0`` they do not
+    hold becomes the next smaller size they do, or their smallest).
 
     Raises:
         ConfigError: unreadable or malformed files, an unknown ``workload``, or no job found.

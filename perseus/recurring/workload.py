@@ -19,7 +19,8 @@ class JobSpec:
     """How a recurring job is defined (names as in the traces).
 
     Attributes:
-        target_metric: Validation metric value that ends a run (matched exactly in the trace).
+        target_metric: Validation metric value that ends a run (matched in the trace to a
+            relative 1e-9).
         max_epochs: Epoch budget of one run; a run not at the target by then failed.
         default_batch_size: ``b0``, what the job uses without perseus.
     """
@@ -68,7 +69,8 @@ class Workload:
         max_power_w: ``MAXPOWER``, the largest power limit in the GPU's trace.
         paths: Batch size -> epochs to target of every recorded seed (None: never reached).
         epochs: (batch size, power limit W) -> cost of one epoch.
-        default_batch_size: ``b0`` capped at the largest batch size both traces hold.
+        default_batch_size: ``b0``, one of the traced batch sizes
+            (:func:`~perseus.recurring.trace.load_workloads` says which).
     """
 
     spec: JobSpec
