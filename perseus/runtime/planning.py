@@ -194,8 +194,8 @@ class OnlineProfile:
     """Measure the profile during the first iterations, then plan from it.
 
     Args:
-        cache: CSV path where pipeline rank 0 saves the measured profile; if it exists, the
-            sweep is skipped and the saved profile used.
+        cache: CSV path where pipeline rank 0 saves the measured profile; if it exists (and
+            was not measured on another GPU), the sweep is skipped and the saved profile used.
         patience: Clocks swept below the best energy before a (stage, kind) stops (see
             :class:`~perseus.runtime.profiling.sweep.ClockSweep`).
         min_windows: Energy-counter windows each sweep step must span.
