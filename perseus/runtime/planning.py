@@ -161,6 +161,9 @@ class OfflineProfile:
         switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
             (default: :func:`perseus.job.make_job`'s).
         allow_other_gpu: Run a profile of another GPU as an estimate (one warning).
+
+    Raises:
+        ConfigError: a ``layers_per_stage`` below 1.
     """
 
     profile: Profile
