@@ -352,9 +352,9 @@ def start_emulation(
     Returns:
         The placed GPU and the emulator that launches actions on it.
     """
-    made = tempfile.mkdtemp(prefix="perseus-job-") if global_rank() == 0 else None
-    job_dir = Path(broadcast_object(made, 0, None))
     index = global_rank()
+    made = tempfile.mkdtemp(prefix="perseus-job-") if index == 0 else None
+    job_dir = Path(broadcast_object(made, 0, None))
     split = schedule.has_weight_actions and not gpu.prices(Kind.W)
     explicit = gpu.explicit_state_dir
     if index != gpu.index or not explicit or split:

@@ -37,7 +37,9 @@ class PerseusPipeline(RankSession):
         gpu, plan, options: as :class:`~perseus.runtime.session.RankSession`.
 
     Raises:
-        ConfigError: see :class:`RankSession`; ProfileError: a profile for another model.
+        ConfigError: see :class:`RankSession` and ``TorchPipelining``; ScheduleError: a torch
+            schedule perseus cannot read (``TorchPipelining``); ProfileError: a profile for
+            another model.
         PlanError: if ``plan`` was computed for another schedule.
     """
 

@@ -18,7 +18,7 @@ from perseus.errors import ConfigError, PlanError
 from perseus.identity import GpuIdentity
 from perseus.io.frontier_files import read_frontier
 from perseus.io.profile_files import read_profile, write_profile_csv
-from perseus.job import PlanningJob, make_job
+from perseus.job import DEFAULT_BACKWARD_SPLIT, PlanningJob, make_job
 from perseus.log import get_logger
 from perseus.plan import Frontier, JobSpec
 from perseus.profile.model import Profile, build_profile
@@ -161,6 +161,9 @@ class OfflineProfile:
         switch_latency_s: With ``layers_per_stage``: the cost of a mid-op clock switch
             (default: :func:`perseus.job.make_job`'s).
         allow_other_gpu: Run a profile of another GPU as an estimate (one warning).
+
+    Raises:
+        ConfigError: a ``layers_per_stage`` below 1.
     """
 
     profile: Profile
@@ -194,8 +197,8 @@ class OnlineProfile:
     """Measure the profile during the first iterations, then plan from it.
 
     Args:
-        cache: CSV path where pipeline rank 0 saves the measured profile; if it exists, the
-            sweep is skipped and the saved profile used.
+        cache: CSV path where pipeline rank 0 saves the measured profile; if it exists (and
+            was not measured on another GPU), the sweep is skipped and the saved profile used.
         patience: Clocks swept below the best energy before a (stage, kind) stops (see
             :class:`~perseus.runtime.profiling.sweep.ClockSweep`).
         min_windows: Energy-counter windows each sweep step must span.
@@ -287,7 +290,8 @@ def job_for_schedule(
     job_options: dict[str, Any] | None = None,
 ) -> PlanningJob:
     """The planning job of a schedule read from an engine: :func:`perseus.job.make_job`'s (with
-    ``job_options``) for a schedule perseus builds, so ``perseus frontier`` plans fit it.
+    ``job_options``) for a schedule perseus builds, so ``perseus frontier`` plans fit it; else a
+    job of ``schedule`` itself.
 
     Raises:
         ConfigError: ``job_options`` for a schedule perseus does not build.
@@ -319,7 +323,7 @@ def job_for_schedule(
             f"interleaved, ZB-H1); {schedule.name} is not one: drop them"
         )
     if schedule.has_weight_actions and not profile.has_weight:
-        profile = profile.split_backward(0.5)
+        profile = profile.split_backward(DEFAULT_BACKWARD_SPLIT)
     spec = job_spec(schedule, blocking_power_w, profile.sha256, gpu=profile.gpu)
     return PlanningJob(spec, schedule, profile, build_dag(schedule))
 

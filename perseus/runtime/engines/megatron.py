@@ -173,10 +173,11 @@ def instrument_megatron(
 ) -> Iterator[list[Action]]:
     """Run every forward/backward step of Megatron's pipeline schedules inside ``factory``.
 
-    The module globals ``forward_step`` and ``backward_step`` are wrappers for the block's
-    duration. The forward's action comes from its ``current_microbatch`` and ``vp_stage``, the
-    backward's from the output tensor its forward returned. Evaluation (``forward_only=True``
-    or no gradients) is not instrumented, and is refused inside a training iteration.
+    The module globals ``forward_step`` and ``backward_step``, and the ``forward_backward_*``
+    schedule functions, are wrappers for the block's duration. The forward's action comes from
+    its ``current_microbatch`` and ``vp_stage``, the backward's from the output tensor its
+    forward returned. Evaluation (``forward_only=True`` or no gradients) is not instrumented,
+    and is refused inside a training iteration.
 
     Args:
         factory: Called with each action about to run; returns a context manager.
@@ -201,7 +202,7 @@ def instrument_megatron(
 
         forward_only = _calling_forward_only(schedules)
         if forward_only or not torch.is_grad_enabled():
-            # a schedule function held from before the hooks were installed
+            # refused here too: a schedule function taken before the hooks does not refuse
             _refuse_eval(in_iteration, {"forward_only": forward_only})
             return original_fwd(*args, **kwargs)
         if kwargs.get("current_microbatch") is None:

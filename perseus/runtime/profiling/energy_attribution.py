@@ -9,7 +9,7 @@ the window, ``gap`` the time inside an iteration covered by no op (bubbles, P2P 
 
 for ``p >= 0`` (``scipy.optimize.nnls``) with a light ridge: op groups the windows cannot tell
 apart are pulled to their common mean, and with ``idle_power_w`` the non-op columns lightly
-towards it.
+towards it (the planner prices the gap, its bubbles, at the blocking power).
 """
 
 from __future__ import annotations
@@ -234,9 +234,7 @@ def _design(
 def _solve(
     shares: np.ndarray, energy: np.ndarray, n: int, idle_power_w: float | None, ridge: float
 ) -> np.ndarray:
-    """NNLS with the ridge rows: op groups towards their mean; the gap (bubbles, which the
-    planner prices at the blocking power) and the time between iterations lightly towards
-    ``idle_power_w``."""
+    """NNLS on :func:`_design`'s rows; a non-op column no window covers takes ``idle_power_w``."""
     from scipy.optimize import nnls
 
     a, rhs, used = _design(shares, energy, n, idle_power_w, ridge)

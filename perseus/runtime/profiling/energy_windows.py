@@ -169,7 +169,7 @@ class CounterSampler:
         clock: What paces the reads (default the monotonic clock; the simulated GPU's own).
 
     Raises:
-        ConfigError: for a non-positive period.
+        ConfigError: for a non-positive period, or ``max_samples`` below 2.
     """
 
     def __init__(

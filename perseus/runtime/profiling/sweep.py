@@ -6,8 +6,9 @@ median device time of its ops and their fitted mean power
 once, past the first ``min_fraction`` of its clocks, its energy stayed above the lowest so far
 for ``patience`` clocks in a row (below the energy-optimal clock nothing can be on the
 frontier; comparing with the best so far rather than the previous clock is robust to noise).
-The profile is saved under a key of the configuration (:func:`profile_cache_path`) so the next
-run skips profiling; :mod:`perseus.runtime.session_sweep` wires the sweep into a session.
+Saved to a file named by the configuration (:func:`profile_cache_path`, passed as
+``OnlineProfile(cache=...)``), the profile spares the next run its sweep;
+:mod:`perseus.runtime.session_sweep` wires the sweep into a session.
 """
 
 from __future__ import annotations
