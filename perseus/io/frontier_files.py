@@ -29,7 +29,7 @@ logger = get_logger(__name__)
 
 __all__ = ["check_frontier_job", "read_frontier", "read_json_document", "write_frontier"]
 
-#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
+#: Largest plan/frontier file read (sized in :data:`perseus.io.reading.INPUT_LIMITS`).
 MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
 #: Most points a frontier holds (the tracer keeps points 0.1 % of T_min apart: hundreds).
 MAX_POINTS = 100_000
