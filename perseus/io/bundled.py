@@ -102,7 +102,12 @@ def resolve_plan_profile(name: str, plan_path: str | os.PathLike[str], source: s
 
 
 def load_profile(arg: str | os.PathLike[str]) -> Profile:
-    """Read a profile given as a path or a bundled name."""
+    """Read a profile given as a path or a bundled name.
+
+    Raises:
+        ConfigError: if ``arg`` is neither an existing file nor a bundled name.
+        ProfileError: naming the file and the line or field at fault.
+    """
     return read_profile(resolve_profile_path(arg))
 
 
