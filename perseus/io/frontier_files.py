@@ -59,7 +59,8 @@ def read_json_document(
     p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
 ) -> Any:
     """Read ``p`` (a bounded read) and parse it once as JSON; errors name the line and column.
-    Validate the result with ``Model.model_validate(doc, strict=True)``.
+    Callers validate the result as a Python value (``model_validate``; ``strict=True`` where
+    the schema allows), never the text again.
 
     Equal integers share one object (a frontier repeats a few dozen clocks millions of times).
     NaN and Infinity pass here and are refused by the schema, which names the field.
