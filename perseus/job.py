@@ -156,7 +156,9 @@ def make_job(
     (:mod:`perseus.profile.two_clock`).
 
     Raises:
-        ConfigError: if the profile's stage count differs from ``stages``, or sizes are bad.
+        ConfigError: if the profile's stage count differs from ``stages``,
+            ``blocking_power_w`` is negative, or the schedule name, sizes or two-clock settings
+            are bad.
     """
     if profile.num_stages != stages:
         raise ConfigError(

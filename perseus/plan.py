@@ -144,7 +144,8 @@ class PointPower(BaseModel):
 
 
 class PlanPoint(BaseModel):
-    """One plan: ``freqs_mhz[r][j]`` is the clock (or two-clock op) of ``stage_ops[r][j]``."""
+    """One plan: ``freqs_mhz[r][j]`` is the op (a clock, a two-clock op or a phase list) of
+    ``stage_ops[r][j]``."""
 
     model_config = _FROZEN
 

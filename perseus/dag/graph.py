@@ -83,7 +83,7 @@ def build_dag(schedule: Schedule, *, p2p_latency_s: float = 0.0) -> OpGraph:
     Raises:
         ScheduleError: if ``p2p_latency_s`` is negative or the schedule has a cycle.
 
-    Complexity: O(N + E) for N actions and E edges (E < 3N).
+    Complexity: O(N log N) for N actions (fewer than 2N edges, sorted once).
     """
     if p2p_latency_s < 0:
         raise ScheduleError(f"p2p latency must be >= 0 s, got {p2p_latency_s}")

@@ -60,7 +60,8 @@ def bundled_profile_path(name: str) -> Path | None:
 
 def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
     """A profile path, or a bundled profile's name/alias (``a100``), as the user typed it (a
-    name read from a file goes through :func:`resolve_plan_profile`).
+    name read from a plan goes through :func:`resolve_plan_profile` instead, one read from a
+    config through :func:`perseus.io.config.resolve_config_profile` first).
 
     Raises:
         ConfigError: if ``arg`` is neither an existing file nor a bundled name.
@@ -102,7 +103,12 @@ def resolve_plan_profile(name: str, plan_path: str | os.PathLike[str], source: s
 
 
 def load_profile(arg: str | os.PathLike[str]) -> Profile:
-    """Read a profile given as a path or a bundled name."""
+    """Read a profile given as a path or a bundled name.
+
+    Raises:
+        ConfigError: if ``arg`` is neither an existing file nor a bundled name.
+        ProfileError: naming the file and the line or field at fault.
+    """
     return read_profile(resolve_profile_path(arg))
 
 

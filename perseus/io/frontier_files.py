@@ -29,7 +29,7 @@ logger = get_logger(__name__)
 
 __all__ = ["check_frontier_job", "read_frontier", "read_json_document", "write_frontier"]
 
-#: Largest plan/frontier file read (a 32x512 frontier of 100 points is ~20 MB).
+#: Largest plan/frontier file read (sized in :data:`perseus.io.reading.INPUT_LIMITS`).
 MAX_FILE_BYTES = INPUT_LIMITS["frontier"]
 #: Most points a frontier holds (the tracer keeps points 0.1 % of T_min apart: hundreds).
 MAX_POINTS = 100_000
@@ -59,7 +59,8 @@ def read_json_document(
     p: Path, what: str, error: type[ConfigError], limit_bytes: int = MAX_FILE_BYTES
 ) -> Any:
     """Read ``p`` (a bounded read) and parse it once as JSON; errors name the line and column.
-    Validate the result with ``Model.model_validate(doc, strict=True)``.
+    Callers validate the result as a Python value (``model_validate``; ``strict=True`` where
+    the schema allows), never the text again.
 
     Equal integers share one object (a frontier repeats a few dozen clocks millions of times).
     NaN and Infinity pass here and are refused by the schema, which names the field.

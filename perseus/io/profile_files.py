@@ -277,8 +277,7 @@ def _phase_profile(p: Path, text: str) -> PhaseProfile:
 def _layer_fractions(
     profile: Profile, ops: _PhaseOps, counts: tuple[int, ...]
 ) -> tuple[tuple[float, ...], ...]:
-    """Per stage, each layer's share of the stage's time at the highest clocks (a phase's time
-    spread evenly over its layers; ops in file order)."""
+    """:attr:`PhaseProfile.layer_time_fractions` of the phases of ``ops`` (in file order)."""
     weights = [[0.0] * n for n in counts]
     for stage, kind in dict.fromkeys(key[:2] for key in ops):
         top = profile.op(stage, kind).max_freq  # the highest clock (pair): the reference

@@ -56,7 +56,7 @@ def _one_clock(op: str, freq: object) -> int:
     if isinstance(freq, tuple) and freq and isinstance(freq[0], tuple):
         sm_clocks = {phase[0] for phase in freq}
         if len(sm_clocks) == 1:
-            return int(next(iter(sm_clocks)))  # its memory clock is dropped (logged above)
+            return int(next(iter(sm_clocks)))  # its memory clock is dropped (the caller warns)
     if isinstance(freq, bool) or not isinstance(freq, int):
         raise PlanError(
             f"op {op} has a two-clock setting {json.dumps(freq)}; Zeus's schedules hold one "

@@ -59,13 +59,11 @@ def next_pairs(
     sm = sorted(set(sm_clocks_mhz), reverse=True)
     where = {f: i for i, f in enumerate(sm)}
     done = {(o.freq_mhz, o.mem_freq_mhz) for o in measured}
-    out: list[Pair] = []
+    out: set[Pair] = set()
     for v in _hull(measured, blocking_power_w):
         if v.mem_freq_mhz is None or v.freq_mhz not in where:
             continue
         i = where[v.freq_mhz]
         for j in range(max(0, i - radius), min(len(sm), i + radius + 1)):
-            pair = (sm[j], v.mem_freq_mhz)
-            if pair not in done and pair not in out:
-                out.append(pair)
-    return tuple(sorted(out, key=lambda p: (-p[1], -p[0])))
+            out.add((sm[j], v.mem_freq_mhz))
+    return tuple(sorted(out - done, key=lambda p: (-p[1], -p[0])))

@@ -56,8 +56,8 @@ def pareto_options(options: Sequence[OpOption], blocking_power_w: float) -> tupl
 def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
     """Indices of the lower convex hull of points sorted by time (Andrew's monotone chain).
 
-    Only the part from the fastest point to the cheapest one is kept; with Pareto input (cost
-    strictly decreasing) that is the whole lower hull.
+    The whole hull, from the fastest point to the slowest; with Pareto input (cost strictly
+    decreasing) it ends at the cheapest point. :func:`convex_front` stops at the cheapest one.
 
     Complexity: O(K) for K sorted points.
     """

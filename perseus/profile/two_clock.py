@@ -2,10 +2,9 @@
 
 An op of ``L`` layers may switch clocks at layer boundaries. A :class:`Phase` is an (SM,
 memory) clock pair and the first layer it runs; a two-clock op is two phases, a one-clock op
-one. Each layer does a fixed share of the op's work (even, or ``layer_time_fractions``); a
-switch moves its boundary later by the set latency (the old clocks run until the call returns)
-and may add a stall and an energy charge. :func:`phased_cost` is the one place that cost is
-computed (docs/memory-clocks.md, "Pricing a switch"). Pure; O(phases) per op.
+one. Each layer does a fixed share of the op's work (even, or ``layer_time_fractions``);
+:func:`phased_cost` is the one place a switch is priced (docs/memory-clocks.md, "Pricing a
+switch"). Pure; O(phases) per op.
 """
 
 from __future__ import annotations
@@ -237,7 +236,8 @@ def phased_cost(
 ) -> tuple[float, float]:
     """Time and energy of an op that runs phase ``i`` at ``options[i]`` from the share
     ``work_before[i - 1]`` of its work on. Each switch moves its boundary later by the set
-    latency over the old phase's time and adds the stall and the switch energy. O(phases).
+    latency over the old phase's time (the old clocks run until the call returns) and adds the
+    stall and the switch energy. O(phases).
     """
     x = 0.0
     time_s = 0.0

@@ -101,7 +101,7 @@ class Schedule:
 
     def stage_ops(self) -> tuple[tuple[str, ...], ...]:
         """Per-rank op names as plan files write them (:meth:`Action.op_name`)."""
-        with_stage = self.virtual_stages > 1 or self.num_stages != self.num_ranks
+        with_stage = self.num_stages != self.num_ranks
         return tuple(tuple(a.op_name(with_stage) for a in acts) for acts in self.rank_actions)
 
 

@@ -25,8 +25,8 @@ def validate_schedule(schedule: Schedule) -> None:
     Raises:
         ScheduleError: naming the problem, with the rank × step grid and the bad cells marked.
 
-    Complexity: O(A) for A actions (the deadlock check advances every rank at most A times in
-    total, each step O(1) amortised).
+    Complexity: O(A + P·R) for A actions, R ranks and P passes of the deadlock check, which
+    runs the ranks in order until none moves: backwards wait a pass per rank, so P reaches R.
     """
     acts = schedule.rank_actions
     S, M = schedule.num_stages, schedule.num_microbatches
