@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from perseus.device.base import GPU
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_os_error
 from perseus.io.atomic import check_distinct_outputs, open_output_dir
@@ -41,7 +42,7 @@ class SessionView(Protocol):
     rank: int
     schedule: Schedule
     group: Any
-    gpu: Any
+    gpu: GPU
     frontier: Frontier | None
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None: ...

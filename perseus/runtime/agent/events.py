@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from perseus.device.base import DeviceEvent, EventSource
+from perseus.device.base import GPU, DeviceEvent, EventSource
+from perseus.device.nvml import NvmlGPU
 
 __all__ = ["CudaEvent", "CudaEventSource", "event_source_for"]
 
@@ -107,10 +108,10 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def event_source_for(gpu: Any) -> EventSource | None:
+def event_source_for(gpu: GPU) -> EventSource | None:
     """The event source for ``gpu`` (None: no device timeline, time on the host)."""
     if isinstance(gpu, EventSource):
         return gpu
-    if type(gpu).__name__ == "NvmlGPU" and _cuda_available():
+    if isinstance(gpu, NvmlGPU) and _cuda_available():
         return CudaEventSource()
     return None

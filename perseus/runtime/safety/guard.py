@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from perseus.device.base import ManagedGPU, PowerLimitGPU
+from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
 from perseus.device.ownership import (
     GpuOwnership,
     close_on_fork,
@@ -344,7 +344,7 @@ class GpuClaim:
 
     def __init__(
         self,
-        gpu: Any,
+        gpu: GPU,
         *,
         watchdog: bool,
         handle_signals: bool,
