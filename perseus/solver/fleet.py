@@ -86,6 +86,7 @@ class FleetPlan:
 
     Attributes:
         jobs: One assignment per job, in the input order.
+        budget_w: The total average power budget the plan was made for.
         total_average_power_w: Sum of the jobs' average power (<= ``budget_w``).
         weighted_slowdown: Sum of weight x slowdown (what the plan minimises).
         lp_bound: The convex-hull greedy's (LP) value: no plan does better.
