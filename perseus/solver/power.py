@@ -202,7 +202,8 @@ class TimeShare:
 def time_share_under_power(points: Sequence[PlanPoint], budget_w: float) -> TimeShare | None:
     """The fastest mix of two plans, alternated across iterations, whose average power is at
     most ``budget_w``: where the line ``E = budget_w · t`` crosses the lower convex hull in
-    (time, energy). None when one plan is as fast. Complexity: O(P log P) for P points.
+    (time, energy). None when one plan is as fast, or when no plan fits. Complexity:
+    O(P log P) for P points.
     """
     from perseus.solver.power_schedule import lower_hull_indices
 
