@@ -23,6 +23,7 @@ from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.profile.pareto import pareto_indices
+from perseus.solver.baselines import baseline_freq_plans
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, FoldedJob, fold_job
 from perseus.solver.pareto_search import search_neighbours
@@ -267,8 +268,6 @@ def _walk_folded(
 
 def _seeds(job: PlanningJob, model: CostModel, extra: list[PlanArg]) -> list[IntArray]:
     """The baselines' plans and ``extra`` as option indices (:func:`_to_options`)."""
-    from perseus.solver.baselines import baseline_freq_plans  # it uses the solver's modules
-
     return [_to_options(job, model, f) for f in [*baseline_freq_plans(job), *extra]]
 
 
