@@ -114,7 +114,7 @@ def timeline_of(
     start_level = float(level[at_zero][-1]) if at_zero.any() else ranks * block
     bps = np.concatenate([[0.0], instants[inside], [total_s]])
     levels = np.concatenate([[start_level], level[inside]])
-    # Clean rounding residue (a level that should be the all-blocking floor).
+    # Clean rounding residue below zero (the all-blocking floor when blocking power is 0).
     levels = np.maximum(levels, 0.0)
     return PowerTimeline(bps.astype(np.float64), levels.astype(np.float64))
 
