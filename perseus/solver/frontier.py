@@ -141,7 +141,7 @@ def trace(
     Args:
         hull_gap_fraction: Thin each op's hull (:func:`build_cost_model`); 0 traces the LP
             floor exactly. Default: :data:`DEFAULT_HULL_GAP_FRACTION` for one clock per op,
-            0 for two.
+            0 for two or more.
         method: ``"compiled"`` (numba) or ``"reference"`` (numpy and scipy, the oracle).
         fold: Walk a job with fewer microbatches and lift its plans
             (:mod:`perseus.solver.fold`); default: above ``FOLD_ABOVE_OPS`` ops.
