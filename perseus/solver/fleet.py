@@ -116,7 +116,8 @@ def fleet_job(
         per_gpu_cap_w: Leave out plans whose average power per GPU exceeds this.
 
     Raises:
-        ConfigError: ``gpus`` not a positive multiple of the ranks; no plan under the cap.
+        ConfigError: ``gpus`` not a positive multiple of the ranks.
+        InfeasibleError: no plan under the cap.
     """
     ranks = frontier.job.ranks
     gpus = ranks if gpus is None else gpus
