@@ -1,6 +1,10 @@
-"""The frontier solver: min-cut frontier tracing, slack reclaiming, baselines, LP floor.
+"""The frontier solver: min-cut frontier tracing (:mod:`perseus.solver.frontier`), slack
+reclaiming, baselines, LP bounds; and planning on a frontier: power figures and budgets
+(:mod:`~perseus.solver.power`, :mod:`~perseus.solver.power_peak`), over a price or carbon
+signal (:mod:`~perseus.solver.power_schedule`) and for many jobs under one budget
+(:mod:`~perseus.solver.fleet`).
 
-Pure: numpy, numba, scipy and the standard library only (:mod:`perseus.solver.frontier`).
+Pure: numpy, numba, scipy and the standard library only.
 """
 
 from __future__ import annotations

@@ -65,7 +65,9 @@ class CostModel:
 
     def plan_ops(self, option_index: IntArray) -> IntArray | list[PlanOp]:
         """Per-node ``(freq_a_mhz, freq_b_mhz, layers_at_a)`` rows (N, 3) of option indices;
-        with memory clocks, per-node plan ops (phase lists where a memory clock is set)."""
+        where any option has more than two phases or a memory clock, per-node plan ops instead
+        (:func:`~perseus.profile.two_clock.phases_op`: phase lists where a clock pair cannot
+        say it)."""
         t = self.node_type
         phases = (ph for t_ph in self.opt_phases for ph in t_ph)
         if any(len(ph) > 2 or ph[0].mem_freq_mhz is not None for ph in phases):

@@ -86,6 +86,7 @@ class FleetPlan:
 
     Attributes:
         jobs: One assignment per job, in the input order.
+        budget_w: The total average power budget the plan was made for.
         total_average_power_w: Sum of the jobs' average power (<= ``budget_w``).
         weighted_slowdown: Sum of weight x slowdown (what the plan minimises).
         lp_bound: The convex-hull greedy's (LP) value: no plan does better.
@@ -115,7 +116,8 @@ def fleet_job(
         per_gpu_cap_w: Leave out plans whose average power per GPU exceeds this.
 
     Raises:
-        ConfigError: ``gpus`` not a positive multiple of the ranks; no plan under the cap.
+        ConfigError: ``gpus`` not a positive multiple of the ranks.
+        InfeasibleError: no plan under the cap.
     """
     ranks = frontier.job.ranks
     gpus = ranks if gpus is None else gpus

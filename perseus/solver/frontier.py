@@ -23,6 +23,7 @@ from perseus.errors import ConfigError
 from perseus.job import PlanningJob
 from perseus.plan import Frontier, PlanPoint
 from perseus.profile.pareto import pareto_indices
+from perseus.solver.baselines import baseline_freq_plans
 from perseus.solver.cost_model import CostModel, build_cost_model
 from perseus.solver.fold import FOLD_ABOVE_OPS, FoldedJob, fold_job
 from perseus.solver.pareto_search import search_neighbours
@@ -140,7 +141,7 @@ def trace(
     Args:
         hull_gap_fraction: Thin each op's hull (:func:`build_cost_model`); 0 traces the LP
             floor exactly. Default: :data:`DEFAULT_HULL_GAP_FRACTION` for one clock per op,
-            0 for two.
+            0 for two or more.
         method: ``"compiled"`` (numba) or ``"reference"`` (numpy and scipy, the oracle).
         fold: Walk a job with fewer microbatches and lift its plans
             (:mod:`perseus.solver.fold`); default: above ``FOLD_ABOVE_OPS`` ops.
@@ -267,8 +268,6 @@ def _walk_folded(
 
 def _seeds(job: PlanningJob, model: CostModel, extra: list[PlanArg]) -> list[IntArray]:
     """The baselines' plans and ``extra`` as option indices (:func:`_to_options`)."""
-    from perseus.solver.baselines import baseline_freq_plans  # it uses the solver's modules
-
     return [_to_options(job, model, f) for f in [*baseline_freq_plans(job), *extra]]
 
 

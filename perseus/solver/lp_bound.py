@@ -39,7 +39,8 @@ __all__ = ["lp_energy_floor_j", "lp_peak_time_bound_s"]
 @dataclass(frozen=True, slots=True)
 class _FloorLP:
     """The energy floor's LP (variables: the λs, the starts, then the makespan ``M``): per λ
-    its node, hull time and effective cost, and the LP's objective and constraint rows."""
+    its node, time and effective cost (a hull vertex's, or an option's for the MILP), and the
+    LP's objective and constraint rows."""
 
     lam_node: IntArray
     lam_t: FloatArray

@@ -114,7 +114,7 @@ def timeline_of(
     start_level = float(level[at_zero][-1]) if at_zero.any() else ranks * block
     bps = np.concatenate([[0.0], instants[inside], [total_s]])
     levels = np.concatenate([[start_level], level[inside]])
-    # Clean rounding residue (a level that should be the all-blocking floor).
+    # Clean rounding residue below zero (the all-blocking floor when blocking power is 0).
     levels = np.maximum(levels, 0.0)
     return PowerTimeline(bps.astype(np.float64), levels.astype(np.float64))
 
@@ -202,7 +202,8 @@ class TimeShare:
 def time_share_under_power(points: Sequence[PlanPoint], budget_w: float) -> TimeShare | None:
     """The fastest mix of two plans, alternated across iterations, whose average power is at
     most ``budget_w``: where the line ``E = budget_w · t`` crosses the lower convex hull in
-    (time, energy). None when one plan is as fast. Complexity: O(P log P) for P points.
+    (time, energy). None when one plan is as fast, or when no plan fits. Complexity:
+    O(P log P) for P points.
     """
     from perseus.solver.power_schedule import lower_hull_indices
 

@@ -4,7 +4,8 @@ Peak summed power is not monotone along the frontier, and a plan off it can have
 peak. :func:`fastest_under_peak` enumerates every plan of small jobs (``"exhaustive"``,
 exact), or shaves the peak greedily from frontier plans and tries uniform per-op power levels
 (``"search"``, with the gap to :func:`~perseus.solver.lp_bound.lp_peak_time_bound_s`); jobs
-with two-clock or phased ops use their frontier plans only (``docs/power.md``).
+with two-clock or phased ops or memory clocks use their frontier plans only
+(``docs/power.md``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class _Clocks:
 
     @classmethod
     def of(cls, job: PlanningJob) -> _Clocks | None:
-        """None when the job has two-clock or phased ops (a clock is then not one number)."""
+        """None when the job has two-clock or phased ops or memory clocks (a clock is then not
+        one number)."""
         if job.layer_split is not None:
             return None
         rows = []

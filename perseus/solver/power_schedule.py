@@ -265,7 +265,7 @@ def schedule_plans(
         The schedule; its ``lp_cost`` is the exact optimum over mixes of frontier plans.
 
     Raises:
-        ConfigError: for a bad signal, ``N``, ``D`` or idle power.
+        ConfigError: for a bad signal, ``N``, ``D``, idle power or ``from_s``, or no points.
         InfeasibleError: if ``N`` iterations cannot finish by ``D`` even at the fastest plan
             (naming how many can and the deadline ``N`` needs).
     """

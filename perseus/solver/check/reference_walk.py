@@ -118,7 +118,8 @@ class _Walk:
         return float(np.cumsum(op_cost)[-1]) if op_cost.size else 0.0
 
     def _price(self, end: FloatArray, late_finish: FloatArray) -> None:
-        """The critical ops and their prices (as ``compiled._price_ops``)."""
+        """The critical ops and their prices (as ``compiled._update_network`` marks them and
+        ``compiled._price_op`` prices them)."""
         ht, hs, _, nh = self.hull
         r, dv, tol = self._rows, self.dur, self.tol
         self._crit = (late_finish - end) <= 100.0 * tol
