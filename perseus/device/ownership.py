@@ -4,9 +4,8 @@ A clock lock or power limit outlives the process that set it (docs/hardware.md#s
 owner holds an exclusive ``flock`` on ``<lock_dir>/<uuid>.owner`` and writes its process record
 into it; the kernel drops the ``flock`` when the owner dies, the record stays, and a clean
 release truncates it. Whoever next takes the lock and finds a record resets the GPU it opened
-itself (never what another process's file says). It loads with the standard library alone, so
-the watchdog can load it by file path (:mod:`.process_identity`, loaded beside it to read a
-record, does import ``perseus``).
+itself (never what another process's file says). Standard library only, like the modules it
+loads beside it, so the watchdog can load it by file path without ``import perseus``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from perseus.device.clock import Clock
-    from perseus.device.process_identity import ProcessRecord
+    from perseus.io.process_identity import ProcessRecord
 
 __all__ = [
     "OWNER_LOCK_SUFFIX",
@@ -81,7 +80,7 @@ _DUE: dict[str, int] = {}
 
 
 def _identity() -> ModuleType:
-    return _sibling("process_identity")
+    return _sibling("process_identity", package="io")
 
 
 def _read_record(fd: int) -> ProcessRecord | None:
@@ -187,13 +186,13 @@ def read_owner_pid(path: Path) -> int | None:
     return None if found is None else found.pid
 
 
-def _sibling(name: str) -> ModuleType:
-    """``perseus.device.<name>``, or loaded by path once as ``_perseus_<name>``."""
+def _sibling(name: str, package: str = "device") -> ModuleType:
+    """``perseus.<package>.<name>``, or loaded by path once as ``_perseus_<name>``."""
     if __name__ == "perseus.device.ownership":
-        return importlib.import_module(f"perseus.device.{name}")
+        return importlib.import_module(f"perseus.{package}.{name}")
     key = f"_perseus_{name}"
     if key not in sys.modules:
-        path = Path(__file__).resolve().parent / f"{name}.py"
+        path = Path(__file__).resolve().parents[1] / package / f"{name}.py"
         spec = importlib.util.spec_from_file_location(key, path)
         if spec is None or spec.loader is None:  # pragma: no cover - the file ships with perseus
             raise ImportError(path)

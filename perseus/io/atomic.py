@@ -28,6 +28,7 @@ from typing import Literal
 
 from perseus.errors import ConfigError
 from perseus.io._signal_cleanup import SignalCleanup
+from perseus.io.process_identity import pid_alive
 from perseus.io.reading import describe_file_type
 
 __all__ = [
@@ -41,14 +42,11 @@ __all__ = [
     "check_plain_directory",
     "lstat_or_none",
     "open_output_dir",
-    "pid_alive",
     "writes_to_stdout",
 ]
 
 _FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d{1,6})$")
 _STD_NAMES = {"/dev/stdout": 1, "/dev/stderr": 2}
-#: The largest pid Linux hands out (``pid_max`` at most 2**22).
-_PID_MAX = 1 << 22
 _TEMP_RE = re.compile(r"^\.(.+)\.(\d+)\.[0-9a-f]{8}\.tmp$")
 
 
@@ -239,19 +237,6 @@ def check_plain_directory(p: Path, mode: int, prefix: str = "") -> None:
 
 def _temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists here (a process of another user counts as alive)."""
-    if not 0 < pid <= _PID_MAX:
-        return False  # 0 and -1 would signal a whole process group: never "a process"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_stale_temps(dfd: int, name: str) -> None:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from perseus.device.clock import REAL_CLOCK, WALL_CLOCK, Clock
 from perseus.device.private_dir import check_private_file
-from perseus.device.process_identity import ProcessRecord, liveness, pid_namespace, this_process
 from perseus.errors import ConfigError, PerseusError
+from perseus.io.process_identity import ProcessRecord, liveness, pid_namespace, this_process
 from perseus.recurring.policy import Decision, Observation
 from perseus.recurring.schema import (
     ABANDON_REASONS,

@@ -20,7 +20,8 @@ import pytest
 
 from perseus.cli.main import main
 from perseus.device.ownership import GpuOwnership, acquire_owner_lock, release_owner_lock
-from perseus.device.process_identity import (
+from perseus.device.simulated import SimulatedGPU
+from perseus.io.process_identity import (
     ProcessRecord,
     format_record,
     liveness,
@@ -28,7 +29,6 @@ from perseus.device.process_identity import (
     process_start,
     this_process,
 )
-from perseus.device.simulated import SimulatedGPU
 
 REPO = Path(__file__).resolve().parents[2]
 LOWERED_W = 150.0

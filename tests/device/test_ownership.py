@@ -18,9 +18,9 @@ from perseus.device.ownership import (
     release_owner_lock,
     reset_if_orphaned,
 )
-from perseus.device.process_identity import format_record, parse_record, this_process
 from perseus.device.simulated import SimulatedGPU
 from perseus.errors import DeviceBusyError
+from perseus.io.process_identity import format_record, parse_record, this_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,18 +40,45 @@ def _leave_stale_lock(gpu: SimulatedGPU, freq_mhz: int = 1095) -> int:
 
 
 def test_module_loads_alone_without_perseus() -> None:
-    """The watchdog loads ownership.py by path under ``python -I``: stdlib only."""
+    """The watchdog loads ownership.py by path under ``python -I``, and the reset loads its
+    siblings beside it: stdlib only (an installed perseus may be another version, or none)."""
     path = REPO / "perseus" / "device" / "ownership.py"
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('o', {str(path)!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "print(','.join(k for k in sys.modules if k.startswith(('perseus', 'torch', 'pynvml'))))\n"
+        "m._identity(); [m._sibling(n) for n in ('private_dir', 'sim_state', 'clock')]\n"
+        "print(','.join(k for k in sys.modules if k.startswith(('perseus', 'torch', 'pynvml',"
+        " 'numpy'))))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
     )
     assert proc.stdout.strip() == ""
+
+
+def test_watchdog_reset_imports_no_perseus(tmp_path: Path) -> None:
+    """The watchdog's reset of a dead owner's GPU, loaded as the watchdog loads it, where
+    ``import perseus`` fails: it reads the record and resets with the modules beside it."""
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    dead = _leave_stale_lock(gpu)
+    spec = {**gpu.watchdog_spec(), "lock_path": str(gpu.owner_lock_path())}
+    path = REPO / "perseus" / "device" / "ownership.py"
+    code = (
+        "import importlib.util, json, sys\n"
+        "sys.modules['perseus'] = None  # every import of perseus fails\n"
+        f"spec = importlib.util.spec_from_file_location('_perseus_ownership', {str(path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m\n"
+        "spec.loader.exec_module(m)\n"
+        "print(m.reset_if_orphaned(json.loads(sys.argv[1]), int(sys.argv[2])))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code, json.dumps(spec), str(dead)],
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "True"), proc.stderr
+    assert gpu.locked_clock_mhz() is None
 
 
 def test_clean_release_leaves_no_pid(tmp_path: Path) -> None:

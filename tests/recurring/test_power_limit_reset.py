@@ -19,8 +19,8 @@ import pytest
 
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 from perseus.device.nvml import NvmlGPU
-from perseus.device.process_identity import parse_record, this_process
 from perseus.device.simulated import SimulatedGPU
+from perseus.io.process_identity import parse_record, this_process
 from perseus.recurring.job import RecurringJob
 from perseus.recurring.store import SQLiteStore
 from perseus.runtime.safety.guard import GpuClaim

@@ -3,8 +3,9 @@
 Pids are reused and mean nothing across PID namespaces, so a lock or lease records
 ``<pid> <boot id>:<start ticks> pid:[<inode>]`` (one ASCII line; only its first 256 bytes are
 read, anything else names no process). Another boot: gone; another namespace: unknown; no such
-pid or another start time: gone; else alive. The watchdog loads it by file path; its one
-perseus import, :func:`perseus.io.atomic.pid_alive`, then comes from the installed package.
+pid or another start time: gone; else alive. Standard library only: the watchdog loads it by
+file path beside :mod:`perseus.device.ownership`, with no ``import perseus`` (the installed
+package may be another version, or none).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import re
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from perseus.io.atomic import pid_alive
-
 __all__ = [
     "RECORD_MAX_BYTES",
     "Liveness",
@@ -25,6 +24,7 @@ __all__ = [
     "format_record",
     "liveness",
     "parse_record",
+    "pid_alive",
     "pid_namespace",
     "process_start",
     "this_process",
@@ -38,6 +38,8 @@ _RECORD = re.compile(
 )
 
 Liveness = Literal["alive", "gone", "unknown"]
+#: The largest pid Linux hands out (``pid_max`` at most 2**22).
+_PID_MAX = 1 << 22
 
 
 class ProcessRecord(NamedTuple):
@@ -104,6 +106,19 @@ def parse_record(data: bytes) -> ProcessRecord | None:
         return None  # 0 would name a process group, never a process
     start, namespace = (g.decode("ascii") if g else None for g in match.group(2, 3))
     return ProcessRecord(pid, start, namespace)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists here (a process of another user counts as alive)."""
+    if not 0 < pid <= _PID_MAX:
+        return False  # 0 and -1 would signal a whole process group: never "a process"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def liveness(record: ProcessRecord) -> Liveness:
