@@ -25,8 +25,8 @@ def validate_schedule(schedule: Schedule) -> None:
     Raises:
         ScheduleError: naming the problem, with the rank × step grid and the bad cells marked.
 
-    Complexity: O(A + P·R) for A actions, R ranks and P passes of the deadlock check, which
-    runs the ranks in order until none moves: backwards wait a pass per rank, so P reaches R.
+    Complexity: O(A) for A actions: the deadlock check runs each rank until it waits, and
+    wakes it when the action it waits for runs.
     """
     acts = schedule.rank_actions
     S, M = schedule.num_stages, schedule.num_microbatches
@@ -83,16 +83,21 @@ def _check_deadlock(
     acts, num_stages = schedule.rank_actions, schedule.num_stages
     done: set[Action] = set()
     pos = [0] * len(acts)
-    progressed = True
-    while progressed:  # run every rank as far as it can, until no rank moves
-        progressed = False
-        for rank, rank_acts in enumerate(acts):
-            while pos[rank] < len(rank_acts) and all(
-                d in done for d in action_dependencies(rank_acts[pos[rank]], num_stages)
-            ):
-                done.add(rank_acts[pos[rank]])
-                pos[rank] += 1
-                progressed = True
+    waiting: dict[Action, list[int]] = {}  # an action not yet run: the ranks it blocks
+    ready = list(range(len(acts)))
+    while ready:  # run a rank as far as it can; the action it waits for wakes it again
+        rank = ready.pop()
+        rank_acts = acts[rank]
+        while pos[rank] < len(rank_acts):
+            a = rank_acts[pos[rank]]
+            deps = action_dependencies(a, num_stages)
+            missing = next((d for d in deps if d not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
+                break
+            done.add(a)
+            pos[rank] += 1
+            ready.extend(waiting.pop(a, ()))
     stuck = [(r, pos[r]) for r in range(len(acts)) if pos[r] < len(acts[r])]
     if stuck:
         waits = ", ".join(
