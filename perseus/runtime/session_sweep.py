@@ -150,7 +150,7 @@ class SessionSweep:
         actions = self.schedule.rank_actions[self.rank]
         last = agent.iteration - 1
         spans = []
-        for op in agent.records.ops[-len(actions) :]:
+        for op in agent.recent_ops(len(actions)):
             if op.iteration == last:
                 action = actions[op.index]
                 profiler.record(action.stage_index, action.kind, op.time_s)

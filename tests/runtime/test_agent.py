@@ -193,6 +193,20 @@ def test_records_time_and_energy(tmp_path: Path) -> None:
         assert record.planned_time_s == plan.points[0].time_s
 
 
+def test_recent_ops_are_the_end_of_the_records(gpu: SimulatedGPU) -> None:
+    """What the online sweep reads each iteration: the last ops, as ``records`` ends, within
+    the cap (oldest dropped)."""
+    plan = tiny_plan()
+    with _agent(plan, gpu, timing="host", max_op_records=6) as agent:
+        assert agent.recent_ops(4) == ()
+        for _ in range(3):
+            _run_iteration(agent, plan.rank_actions[0])
+        ops = agent.records.ops
+        assert len(ops) == 6 and [o.iteration for o in ops] == [1, 1, 2, 2, 2, 2]
+        for count in (0, 1, 4, 6, 50):
+            assert agent.recent_ops(count) == ops[len(ops) - min(count, 6) :]
+
+
 def test_swap_plan_takes_effect_at_next_iteration(gpu: SimulatedGPU) -> None:
     plan = tiny_plan(freq_mhz=1410, points=3)
     with _agent(plan, gpu) as agent:

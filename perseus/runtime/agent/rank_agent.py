@@ -18,6 +18,7 @@ timeline or the host's (:mod:`perseus.runtime.agent.timing`). :class:`NullAgent`
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -564,6 +565,12 @@ class RankAgent:
         return AgentRecords(
             ops=tuple(OpRecord(*r) for r in self._ops), iterations=tuple(self._iterations)
         )
+
+    def recent_ops(self, count: int) -> tuple[OpRecord, ...]:
+        """The last ``count`` per-op records (or all kept), oldest first: the end of
+        :attr:`records`, without building the rest (up to ``max_op_records``)."""
+        rows = list(itertools.islice(reversed(self._ops), count))
+        return tuple(OpRecord(*r) for r in reversed(rows))
 
     @property
     def iteration(self) -> int:
