@@ -13,7 +13,15 @@ if TYPE_CHECKING:
     from perseus.runtime.agent.rank_agent import RankAgent
     from perseus.runtime.metrics import IterationMetrics, MetricsSink
     from perseus.runtime.pipeline import PerseusPipeline, perseus_pipeline
-    from perseus.runtime.session import BoundaryHook, IterationStats, RankSession, SessionOptions
+    from perseus.runtime.planning import OfflineProfile, OnlineProfile, PlanFile
+    from perseus.runtime.session import (
+        BoundaryHook,
+        IterationStats,
+        RankSession,
+        SessionOptions,
+        SessionState,
+    )
+    from perseus.runtime.summary import RunSummary
 
 _LAZY: dict[str, str] = {
     "BoundaryHook": "perseus.runtime.session",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
+from pathlib import Path
+
+import pytest
 
 import perseus
 
@@ -48,3 +52,21 @@ def test_the_top_level_is_a_short_public_face():
     # every lazily loaded name is public, and every public name resolves
     assert set(perseus._LAZY) <= names
     assert all(getattr(perseus, name) is not None for name in names)
+
+
+@pytest.mark.parametrize("package", ["perseus", "perseus.runtime", "perseus.recurring"])
+def test_lazy_names_are_typed(package: str) -> None:
+    """Each name a package loads on first access is also imported under ``TYPE_CHECKING``, so
+    a type checker sees its real type (a module ``__getattr__`` alone gives ``Any``)."""
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
+    typed = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for stmt in ast.walk(node)
+        if isinstance(stmt, ast.ImportFrom)
+        for alias in stmt.names
+    }
+    assert set(module._LAZY) <= typed, sorted(set(module._LAZY) - typed)
