@@ -3,7 +3,10 @@ shared out-of-process state and injected errors."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -589,3 +592,34 @@ def test_preset_for_name_finds_the_preset_a_name_mentions(name: str, key: str | 
 
     found = preset_for_name(name)
     assert (found.key if found is not None else None) == key
+
+
+def _open_fds_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_dropped_gpu_closes_its_state_file(tmp_path: Path) -> None:
+    """A simulated GPU has no close(): its state file's descriptor goes with the object
+    (each dropped GPU kept one open: a process making GPUs in a loop ran out of them)."""
+    path = None
+    for _ in range(20):
+        gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+        gpu.set_locked_clock(1095)
+        path = gpu._store().path
+        del gpu
+    gc.collect()
+    assert path is not None and _open_fds_on(path) == 0
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    assert gpu.locked_clock_mhz() == 1095  # the state outlives the objects, like a driver's
+    assert _open_fds_on(path) == 1
+    store = gpu._store()
+    store.close()
+    store.close()  # idempotent
+    assert _open_fds_on(path) == 0
+    assert gpu.locked_clock_mhz() == 1095 and _open_fds_on(path) == 1  # reopened on use
