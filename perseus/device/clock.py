@@ -133,7 +133,8 @@ class VirtualClock:
                         due[2]()
                 finally:
                     self._firing = False
-            self._now_s = target
+            # A callback sleeping on this clock (a counter read's latency) may have passed it.
+            self._now_s = max(self._now_s, target)
 
     def __repr__(self) -> str:
         return f"VirtualClock(now={self._now_s!r})"

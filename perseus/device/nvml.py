@@ -193,10 +193,12 @@ class NvmlGPU:
         if self._handle is None:
             return
         try:
-            if self._locked is not None or self._mem_locked is not None:
-                self.reset_locked_clock()
-            if self._power_limit_set is not None:  # a recurring job's limit
-                self.reset_power_limit()
+            try:
+                if self._locked is not None or self._mem_locked is not None:
+                    self.reset_locked_clock()
+            finally:  # a failed clock reset still leaves no limit behind
+                if self._power_limit_set is not None:  # a recurring job's limit
+                    self.reset_power_limit()
         finally:
             self._handle = None
             nvml_shutdown(self._nvml)

@@ -211,15 +211,17 @@ def _reset_nvml(spec: dict[str, Any]) -> dict[str, Any]:
     nvml.nvmlInit()
     try:
         handle = nvml.nvmlDeviceGetHandleByUUID(spec["uuid"])
-        nvml.nvmlDeviceResetGpuLockedClocks(handle)
-        if spec.get("memory_clocks"):
-            with contextlib.suppress(nvml.NVMLError):
-                nvml.nvmlDeviceResetMemoryLockedClocks(handle)
-        default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
-        current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
-        if current_mw != default_mw:
-            nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
-            restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
+        try:
+            nvml.nvmlDeviceResetGpuLockedClocks(handle)
+        finally:  # a failed clock reset still restores the memory clock and the limit
+            if spec.get("memory_clocks"):
+                with contextlib.suppress(nvml.NVMLError):
+                    nvml.nvmlDeviceResetMemoryLockedClocks(handle)
+            default_mw = int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+            current_mw = int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
+            if current_mw != default_mw:
+                nvml.nvmlDeviceSetPowerManagementLimit(handle, default_mw)
+                restored["power_limit_w"] = (current_mw / 1000.0, default_mw / 1000.0)
     finally:
         nvml.nvmlShutdown()
     return restored

@@ -43,11 +43,14 @@ def profile_costs(
         cost function (None unless there are several memory clocks).
     """
     clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
-    # An SM clock alone means the default (highest) memory clock: OpProfile.at.
-    tables = {
-        key: {f: (op.at(f).time_s, op.at(f).energy_j) for f in {o.freq_mhz for o in op.options}}
-        for key, op in profile.ops.items()
-    }
+    # An SM clock alone means the default (highest) memory clock: OpProfile.at, i.e. the
+    # first option at that clock in the options' order; one pass per op (a lookup per clock
+    # rescanned the options: quadratic in them).
+    tables: dict[tuple[int, Kind], dict[int, tuple[float, float]]] = {}
+    for key, op in profile.ops.items():
+        table = tables[key] = {}
+        for o in op.options:
+            table.setdefault(o.freq_mhz, (o.time_s, o.energy_j))
     pairs = {
         key: {o.clocks: (o.time_s, o.energy_j) for o in op.options}
         for key, op in profile.ops.items()

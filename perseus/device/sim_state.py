@@ -21,6 +21,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -153,13 +154,21 @@ def _header(seq: int, length: int) -> bytes:
     return f"{seq:020d} {length:010d}\n".encode("ascii")
 
 
+def _close_fd(fd: int, pid: int) -> None:
+    """Close ``fd`` if this is the process that opened it (a forked child reopens its own)."""
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 class SimStateFile:
     """One simulated GPU's state file: a seqlock-protected JSON document, updated in place.
 
     A 32-byte header ``"<seq> <length>\n"``, then JSON. A writer (holding a re-entrant
     ``flock``) makes ``seq`` odd, writes, makes it even; a reader seeing the same even ``seq``
     before and after has a consistent copy, and a cached ``seq`` costs one 32-byte ``pread``
-    (a rename per write would cost ~0.4 ms). Descriptors are reopened after ``fork``.
+    (a rename per write would cost ~0.4 ms). Descriptors are reopened after ``fork``, and
+    closed by :meth:`close` or when the object is garbage-collected.
     """
 
     def __init__(self, state_dir: Path, uuid: str) -> None:
@@ -170,6 +179,9 @@ class SimStateFile:
         self._cached: tuple[int, State | None] = (-1, None)
         self._rlock = threading.RLock()
         self._depth = 0
+        # Closes the descriptor when this object is collected without close() (a simulated
+        # GPU has no close): else every GPU object dropped kept one open for good.
+        self._closer: weakref.finalize[Any, Any] | None = None
 
     def _file(self) -> int:
         if self._fd is None or self._pid != os.getpid():
@@ -178,12 +190,17 @@ class SimStateFile:
             self._fd = private.open_private(self.path, os.O_RDWR, mode=0o644)
             self._pid = os.getpid()
             self._cached = (-1, None)
+            self._closer = weakref.finalize(self, _close_fd, self._fd, self._pid)
+            self._closer.atexit = False  # exit handlers may still reset through this object
         return self._fd
 
     def close(self) -> None:
         """Close the file descriptor (reopened on next use)."""
         fd, self._fd = self._fd, None
+        closer, self._closer = self._closer, None
         if fd is not None and self._pid == os.getpid() and self._depth == 0:
+            if closer is not None:
+                closer.detach()
             os.close(fd)
 
     def read(self) -> State | None:

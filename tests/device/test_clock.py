@@ -68,6 +68,25 @@ def test_a_periodic_callback_stops_when_cancelled_even_from_inside_a_call() -> N
     assert seen[2:] == pytest.approx([1.75]) and clock.now() == pytest.approx(3.25)
 
 
+def test_a_callback_sleeping_on_the_clock_never_moves_it_back() -> None:
+    """A sampler's counter read sleeps its latency on the device's clock (a fake NVML's 3 ms)
+    from inside the timer: the clock stays at least where that left it."""
+    clock = VirtualClock(0.0)
+    seen: list[float] = []
+
+    def read() -> None:
+        clock.sleep(0.003)  # the read's latency
+        seen.append(clock.now())
+
+    clock.call_every(0.005, read)
+    clock.sleep(0.006)
+    assert seen == pytest.approx([0.008])
+    assert clock.now() >= seen[-1]
+    before = clock.now()
+    clock.sleep(0.001)
+    assert clock.now() == pytest.approx(before + 0.001)
+
+
 def test_retry_sleeps_its_back_off_on_the_clock_and_returns_the_first_success() -> None:
     clock = VirtualClock()
     calls: list[float] = []

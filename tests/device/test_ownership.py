@@ -232,6 +232,21 @@ def test_nvml_reset_restores_the_default_limit_not_a_recorded_one(
     assert "nvmlDeviceSetPowerManagementLimit" not in fake.names()
 
 
+def test_nvml_reset_restores_the_limit_even_when_the_clock_reset_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog's reset: a clock reset the driver refuses (retried, then given up) must
+    not leave a recurring job's lowered power limit on the GPU."""
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
+
+    fake = FakeNvml(devices=[FakeDevice("GPU-real", power_limit_mw=250_000, locked=(900, 900))])
+    fake.fail("nvmlDeviceResetGpuLockedClocks", fake.NVML_ERROR_NOT_SUPPORTED)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(fake.NVMLError):
+        ownership.reset_from_spec({"backend": "nvml", "uuid": "GPU-real"})
+    assert fake.devices[0].power_limit_mw == 400_000 and fake.initialized == 0
+
+
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown GPU backend"):
         ownership.reset_from_spec(json.loads('{"backend": "tpu", "uuid": "x"}'))

@@ -191,3 +191,19 @@ def test_limit_is_reset_when_the_job_process_is_killed(tmp_path: Path, sig: int)
     while gpu.power_limit_w() != gpu.power_limit_range_w()[1] and time.monotonic() < deadline:
         time.sleep(0.05)  # after SIGKILL the watchdog resets it
     assert gpu.power_limit_w() == gpu.power_limit_range_w()[1]
+
+
+def test_nvml_close_resets_the_power_limit_even_when_the_clock_reset_fails(
+    tmp_path: Path,
+) -> None:
+    nvml = _PowerNvml(devices=[FakeDevice("GPU-1")])
+    gpu = NvmlGPU("GPU-1", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    gpu.set_locked_clock(1200)
+    gpu.set_power_limit_w(212.5)
+    nvml.fail("nvmlDeviceResetGpuLockedClocks", nvml.NVML_ERROR_NO_PERMISSION)
+    with pytest.raises(DevicePermissionError):
+        gpu.close()
+    assert nvml.limit_mw == 300_000  # the limit this object set is reset all the same
+    assert nvml.names()[-1] == "nvmlShutdown" and nvml.initialized == 0
+    gpu.close()  # idempotent: nothing left to reset
+    assert nvml.names()[-1] == "nvmlShutdown" and nvml.initialized == 0

@@ -3,7 +3,11 @@ shared out-of-process state and injected errors."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ import pytest
 from perseus.device.base import GPU, ManagedGPU
 from perseus.device.clock import VirtualClock
 from perseus.device.presets import PRESETS, get_preset
+from perseus.device.sim_costs import profile_costs
 from perseus.device.simulated import SimNoise, SimulatedGPU
 from perseus.errors import ConfigError, DeviceError, DeviceLostError, DevicePermissionError
 from perseus.io import load_profile
@@ -589,3 +594,69 @@ def test_preset_for_name_finds_the_preset_a_name_mentions(name: str, key: str | 
 
     found = preset_for_name(name)
     assert (found.key if found is not None else None) == key
+
+
+def _open_fds_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_dropped_gpu_closes_its_state_file(tmp_path: Path) -> None:
+    """A simulated GPU has no close(): its state file's descriptor goes with the object
+    (each dropped GPU kept one open: a process making GPUs in a loop ran out of them)."""
+    path = None
+    for _ in range(20):
+        gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+        gpu.set_locked_clock(1095)
+        path = gpu._store().path
+        del gpu
+    gc.collect()
+    assert path is not None and _open_fds_on(path) == 0
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path, set_latency_s=0.0)
+    assert gpu.locked_clock_mhz() == 1095  # the state outlives the objects, like a driver's
+    assert _open_fds_on(path) == 1
+    store = gpu._store()
+    store.close()
+    store.close()  # idempotent
+    assert _open_fds_on(path) == 0
+    assert gpu.locked_clock_mhz() == 1095 and _open_fds_on(path) == 1  # reopened on use
+
+
+class _CountedOptions(tuple):  # type: ignore[type-arg]
+    """An op's options that count the passes made over them."""
+
+    passes = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        _CountedOptions.passes += 1
+        return super().__iter__()
+
+
+def test_a_profiled_gpu_reads_each_ops_options_in_a_few_passes() -> None:
+    """``from_profile`` read an op's cost at each clock with a scan of its options (81 clocks:
+    81 scans per op, 2.8 s at the 4,096-stage limit); a few passes per op now, same costs."""
+    profile = build_profile(
+        (stage, kind, f, 0.05 * 1410 / f, 20.0 + f / 100, mem)
+        for stage in range(3)
+        for kind in (Kind.F, Kind.B)
+        for f in range(1410, 200, -15)
+        for mem in (1593, 1215)
+    )
+    ops = {
+        key: dataclasses.replace(op, options=_CountedOptions(op.options))
+        for key, op in profile.ops.items()
+    }
+    counted = dataclasses.replace(profile, ops=ops)
+    _CountedOptions.passes = 0
+    clocks, cost, mem_clocks, _ = profile_costs(counted)
+    assert _CountedOptions.passes <= 4 * len(ops)  # was 81 + a few per op
+    assert len(clocks) == 81 and mem_clocks == (1593, 1215)
+    for kind in (Kind.F, Kind.B):
+        for f in (1410, 1095, 210):
+            option = profile.ops[(1, kind)].at(f)  # the highest memory clock's
+            assert cost(1, kind, f) == (option.time_s, option.energy_j)
