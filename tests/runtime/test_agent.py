@@ -284,6 +284,30 @@ def test_close_is_idempotent_and_restartable(gpu: SimulatedGPU) -> None:
     agent.close()
 
 
+def test_a_close_cut_short_before_its_reset_leaves_the_exit_reset_armed(
+    gpu: SimulatedGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT (KeyboardInterrupt) or SIGTERM landing while close() stops the worker: the
+    exit hooks, which the signal runs, still reset the GPU and give it up."""
+    plan = tiny_plan()
+    agent = _agent(plan, gpu).start()
+    _run_iteration(agent, plan.rank_actions[0])
+    assert agent.wait_for_clock() and gpu.locked_clock_mhz() == 1095
+    ctl = agent.controller
+    assert ctl is not None
+
+    def interrupted(timeout_s: float = 1.0) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ctl, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        agent.close()
+    agent._emergency_close()  # what the atexit hook and the SIGTERM/SIGINT handlers run
+    assert gpu.locked_clock_mhz() is None
+    with _agent(plan, gpu):  # the GPU was given up
+        pass
+
+
 def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:

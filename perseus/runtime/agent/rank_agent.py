@@ -328,8 +328,12 @@ class RankAgent:
         """
         if not self._started:
             return
+        # Started until torn down: a close() cut short (a signal, KeyboardInterrupt) before
+        # its reset leaves the exit hooks (and a second close) to reset the GPU.
+        error = self._teardown(reset=True)
         self._started = False
-        self._teardown(reset=True)
+        if error is not None:
+            raise error
 
     def _emergency_close(self) -> None:
         """atexit / signal path: like close() but never raises and takes no lock that the
@@ -339,7 +343,9 @@ class RankAgent:
             with contextlib.suppress(Exception):
                 self._teardown(reset=True, emergency=True)
 
-    def _teardown(self, reset: bool, emergency: bool = False) -> None:
+    def _teardown(self, reset: bool, emergency: bool = False) -> DeviceError | None:
+        """Stop the worker, reset the clocks (``reset``), release the claim; the reset's
+        error, returned once all is released."""
         ctl = self._controller
         if ctl is not None:
             if emergency:
@@ -353,8 +359,7 @@ class RankAgent:
         if self._claim is not None:
             self._claim.release()
             self._claim = None
-        if error is not None:
-            raise error
+        return error
 
     def __enter__(self) -> RankAgent:
         return self.start()
