@@ -359,8 +359,12 @@ class RankSession:
                 self._run.resume(last[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
-            agent.step_begin()
-            self._run.first_clock(agent)
+            try:
+                agent.step_begin()
+                self._run.first_clock(agent)
+            except BaseException:  # (a counter read failed): no iteration, the session usable
+                self._abort_iteration()
+                raise
 
     def _end(self) -> None:
         """The iteration ends on the host: marked on the device, its figures read now or at

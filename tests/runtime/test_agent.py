@@ -400,6 +400,26 @@ def counting_gpu(lock_dir: Path | None = None) -> tuple[NvmlGPU, list[str]]:
     return NvmlGPU("GPU-counting", nvml_module=nvml, privileged=True, lock_dir=lock_dir), readers
 
 
+def test_a_failed_counter_read_at_step_begin_leaves_no_iteration_begun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """step_begin() raises DeviceError when the counter cannot be read (host timing): the
+    next step_begin() starts the iteration, not "step_begin() called twice"."""
+    from perseus.errors import DeviceError
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    nvml = FakeNvml(devices=[FakeDevice("GPU-flaky")])
+    gpu = NvmlGPU("GPU-flaky", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    plan = tiny_plan()
+    with _agent(plan, gpu, timing="host", clock=VirtualClock()) as agent:
+        _run_iteration(agent, plan.rank_actions[0])
+        nvml.fail("nvmlDeviceGetTotalEnergyConsumption", nvml.NVML_ERROR_UNKNOWN)
+        with pytest.raises(DeviceError):
+            agent.step_begin()
+        _run_iteration(agent, plan.rank_actions[0])
+        assert [r.iteration for r in agent.records.iterations] == [0, 1]
+
+
 @pytest.mark.parametrize("control", [True, False])
 def test_cuda_events_leave_every_counter_read_to_the_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, control: bool

@@ -13,7 +13,7 @@ from perseus.io import load_profile
 from perseus.job import make_job
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.planning import OnlineProfile, PlanFile
-from perseus.runtime.session import IterationStats, RankSession, SessionOptions
+from perseus.runtime.session import IterationStats, RankSession, SessionOptions, SessionState
 from perseus.schedule import Kind, build_schedule
 
 BLOCKING_W = 83.64
@@ -307,6 +307,28 @@ def test_without_a_device_timeline_the_session_times_on_its_clock(
                     with session.op(action):
                         clock.sleep(0.01)
     assert [s.time_s for s in session.history] == pytest.approx([0.08, 0.08])
+
+
+def test_a_failed_counter_read_entering_an_iteration_leaves_the_session_usable(
+    profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's counter read as an iteration begins fails (host timing, NVML): the error
+    propagates from ``with session.iteration():`` and the next iteration runs."""
+    from perseus.device.fake_nvml import FakeDevice, FakeNvml
+    from perseus.device.nvml import NvmlGPU
+    from perseus.errors import DeviceError
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    nvml = FakeNvml(devices=[FakeDevice("GPU-flaky")])
+    gpu = NvmlGPU("GPU-flaky", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    with _session(gpu, profile, clock=VirtualClock()) as session:
+        _iteration(session)
+        nvml.fail("nvmlDeviceGetTotalEnergyConsumption", nvml.NVML_ERROR_UNKNOWN)
+        with pytest.raises(DeviceError), session.iteration():
+            pytest.fail("the iteration's body ran")
+        assert session.state is SessionState.IDLE
+        _iteration(session)
+    assert [s.iteration for s in session.history] == [0, 1]
 
 
 def test_session_options_are_checked_when_built():

@@ -409,8 +409,8 @@ class RankAgent:
             self._pending_plan = None
             self._set_plan(pending)
         self._cursor = 0
+        self._mode.begin(self._iteration)  # may raise: the iteration has not begun then
         self._in_step = True
-        self._mode.begin(self._iteration)
 
     def step_end(self) -> IterationRecord:
         """End the iteration and return its record (reading first any left unread before it).
