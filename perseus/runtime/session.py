@@ -471,7 +471,7 @@ class RankSession:
             and isinstance(self.source, OnlineProfile)
         ):
             self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
-        for hook in self._hooks:
+        for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
             decision = hook(stats)
             if decision is not None:
                 check_frontier(self.schedule, *decision)

@@ -331,6 +331,21 @@ def test_a_failed_counter_read_entering_an_iteration_leaves_the_session_usable(
     assert [s.iteration for s in session.history] == [0, 1]
 
 
+def test_a_hook_that_removes_itself_leaves_the_next_hook_its_stats(gpu, profile):
+    seen: list[tuple[str, int]] = []
+
+    def once(stats: IterationStats) -> None:
+        seen.append(("once", stats.iteration))
+        session.remove_boundary_hook(once)
+
+    with _session(gpu, profile) as session:
+        session.add_boundary_hook(once)
+        session.add_boundary_hook(lambda stats: seen.append(("every", stats.iteration)))
+        for _ in range(2):
+            _iteration(session)
+    assert seen == [("once", 0), ("every", 0), ("every", 1)]
+
+
 def test_session_options_are_checked_when_built():
     with pytest.raises(ConfigError, match="blocking_power_w must be >= 0"):
         SessionOptions(blocking_power_w=-1.0)
