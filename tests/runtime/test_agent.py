@@ -400,6 +400,34 @@ def counting_gpu(lock_dir: Path | None = None) -> tuple[NvmlGPU, list[str]]:
     return NvmlGPU("GPU-counting", nvml_module=nvml, privileged=True, lock_dir=lock_dir), readers
 
 
+@pytest.mark.parametrize("inside", ["step_abort", "step_end"])
+def test_an_iteration_given_up_inside_an_op_leaves_the_worker_free(
+    tmp_path: Path, inside: str
+) -> None:
+    """step_abort() (or a refused step_end()) inside an op: the op's posted boundary still
+    gets its end, so the worker goes on to the next iterations' boundaries instead of waiting
+    for it for ever (every later clock change lost, every iteration end waiting on it)."""
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, clock=VirtualClock(), set_latency_s=0.0, publish_interval_s=0.0
+    )
+    plan = tiny_plan()
+    actions = plan.rank_actions[0]
+    with _agent(plan, gpu) as agent:
+        ctl = agent.controller
+        assert ctl is not None and not ctl.threaded  # inline: deterministic
+        agent.step_begin()
+        with agent.op(actions[0]):
+            if inside == "step_abort":
+                agent.step_abort()
+            else:
+                with pytest.raises(PlanError, match="ended after 0 of 4"):
+                    agent.step_end()
+        assert ctl.flush()
+        _run_iteration(agent, actions)
+        assert ctl.flush()  # every boundary handled
+        assert [r.iteration for r in agent.records.iterations] == [0]
+
+
 def test_a_failed_counter_read_at_step_begin_leaves_no_iteration_begun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -348,7 +348,9 @@ class DeviceTiming(_Clocks):
         )
 
     def abort(self) -> None:
-        """The iteration was abandoned: forget its ops."""
+        """The iteration was abandoned: forget its ops (an op still open ends here: the
+        worker, in order, waits for each posted op's end)."""
+        self.mark_end()
         self.jobs = []
         self.history.forget_boundary()
 
