@@ -35,6 +35,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
+from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
@@ -470,7 +471,7 @@ class RankSession:
             and self._drift.update(stats)
             and isinstance(self.source, OnlineProfile)
         ):
-            self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
+            self._reprofile(self.source)  # what drifted, re-plan: every rank alike
         for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
             decision = hook(stats)
             if decision is not None:
@@ -546,6 +547,20 @@ class RankSession:
         )  # fmt: skip
         agent.start()
         self._agent = agent
+
+    def _reprofile(self, options: OnlineProfile) -> None:
+        """Profile again after a drift, unless a rank lost clock control (one all-reduce): the
+        sweep needs to set clocks, and an observe-only run goes on as it is."""
+        agent = self._agent
+        (lost,) = all_reduce_max([float(agent is not None and agent.observe_only)], self.group)
+        if lost:
+            if self.rank == 0:
+                _log.warning(
+                    "perseus: not profiling again: clock control was lost (observe-only) on a "
+                    "rank; the run goes on at the clocks its GPUs run"
+                )
+            return
+        self._start_sweep(options)
 
     def _start_sweep(self, options: OnlineProfile) -> None:
         agent, previous, only = self._agent, self.profiled, None
