@@ -216,10 +216,13 @@ class RankSession:
         try:
             if deliver:
                 self._deliver(keep=0)
+            self._summarize()  # before the agent stops: a failed GPU reset does not cost it
         finally:
             self._state = SessionState.CLOSED
             self._ended.clear()
             self._shut_down()
+
+    def _summarize(self) -> None:
         if self.frontier is not None:
             since = [s for s in self.history if s.iteration >= self._run_start]
             self.summary = summarize(since, self.frontier)
