@@ -308,6 +308,23 @@ def test_a_close_cut_short_before_its_reset_leaves_the_exit_reset_armed(
         pass
 
 
+def test_a_restart_after_an_exception_inside_an_iteration_begins_afresh(
+    gpu: SimulatedGPU,
+) -> None:
+    plan = tiny_plan()
+    actions = plan.rank_actions[0]
+    agent = _agent(plan, gpu)
+    with pytest.raises(RuntimeError, match="transient"), agent:
+        agent.step_begin()
+        with agent.op(actions[0]):
+            pass
+        raise RuntimeError("transient")
+    with agent:  # not "step_begin() called twice"
+        assert _run_iteration(agent, actions) == [1095] * 4
+    assert [r.iteration for r in agent.records.iterations] == [0]
+    assert gpu.locked_clock_mhz() is None
+
+
 def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:

@@ -321,6 +321,7 @@ class RankAgent:
 
     def close(self) -> None:
         """Reset the GPU's clock, stop the worker and watchdog, release ownership (idempotent).
+        Closing inside an iteration discards that iteration (a restart begins afresh).
 
         Raises:
             DeviceError: if the reset failed for a reason other than missing privilege (the
@@ -328,6 +329,8 @@ class RankAgent:
         """
         if not self._started:
             return
+        if self._in_step:  # the loop raised inside it: `with agent:` closes here
+            self.step_abort()
         # Started until torn down: a close() cut short (a signal, KeyboardInterrupt) before
         # its reset leaves the exit hooks (and a second close) to reset the GPU.
         error = self._teardown(reset=True)
