@@ -325,6 +325,35 @@ def test_a_restart_after_an_exception_inside_an_iteration_begins_afresh(
     assert gpu.locked_clock_mhz() is None
 
 
+def test_a_device_that_can_record_no_event_is_still_reset_at_close(gpu: SimulatedGPU) -> None:
+    """A sticky CUDA error inside an op: every event record raises. Discarding the iteration
+    (which ends its open op) must not stop close() from resetting the GPU."""
+
+    class Breaking:
+        broken = False
+
+        def record_event(self):  # type: ignore[no-untyped-def]
+            if self.broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return gpu.record_event()
+
+        def timeline_now_s(self) -> float:
+            return gpu.timeline_now_s()
+
+    events = Breaking()
+    plan = tiny_plan()
+    with (
+        pytest.raises(RuntimeError, match="illegal memory access"),
+        _agent(plan, gpu, events=events) as agent,
+    ):
+        agent.step_begin()
+        with agent.op(plan.rank_actions[0][0]):
+            assert agent.wait_for_clock() and gpu.locked_clock_mhz() == 1095
+            events.broken = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert gpu.locked_clock_mhz() is None
+
+
 def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:
