@@ -35,6 +35,7 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
+from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
@@ -215,10 +216,13 @@ class RankSession:
         try:
             if deliver:
                 self._deliver(keep=0)
+            self._summarize()  # before the agent stops: a failed GPU reset does not cost it
         finally:
             self._state = SessionState.CLOSED
             self._ended.clear()
             self._shut_down()
+
+    def _summarize(self) -> None:
         if self.frontier is not None:
             since = [s for s in self.history if s.iteration >= self._run_start]
             self.summary = summarize(since, self.frontier)
@@ -359,8 +363,12 @@ class RankSession:
                 self._run.resume(last[0])
         self._state = SessionState.IN_ITERATION
         if agent is not None:
-            agent.step_begin()
-            self._run.first_clock(agent)
+            try:
+                agent.step_begin()
+                self._run.first_clock(agent)
+            except BaseException:  # (a counter read failed): no iteration, the session usable
+                self._abort_iteration()
+                raise
 
     def _end(self) -> None:
         """The iteration ends on the host: marked on the device, its figures read now or at
@@ -466,8 +474,8 @@ class RankSession:
             and self._drift.update(stats)
             and isinstance(self.source, OnlineProfile)
         ):
-            self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
-        for hook in self._hooks:
+            self._reprofile(self.source)  # what drifted, re-plan: every rank alike
+        for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
             decision = hook(stats)
             if decision is not None:
                 check_frontier(self.schedule, *decision)
@@ -542,6 +550,20 @@ class RankSession:
         )  # fmt: skip
         agent.start()
         self._agent = agent
+
+    def _reprofile(self, options: OnlineProfile) -> None:
+        """Profile again after a drift, unless a rank lost clock control (one all-reduce): the
+        sweep needs to set clocks, and an observe-only run goes on as it is."""
+        agent = self._agent
+        (lost,) = all_reduce_max([float(agent is not None and agent.observe_only)], self.group)
+        if lost:
+            if self.rank == 0:
+                _log.warning(
+                    "perseus: not profiling again: clock control was lost (observe-only) on a "
+                    "rank; the run goes on at the clocks its GPUs run"
+                )
+            return
+        self._start_sweep(options)
 
     def _start_sweep(self, options: OnlineProfile) -> None:
         agent, previous, only = self._agent, self.profiled, None

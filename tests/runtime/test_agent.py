@@ -284,6 +284,76 @@ def test_close_is_idempotent_and_restartable(gpu: SimulatedGPU) -> None:
     agent.close()
 
 
+def test_a_close_cut_short_before_its_reset_leaves_the_exit_reset_armed(
+    gpu: SimulatedGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT (KeyboardInterrupt) or SIGTERM landing while close() stops the worker: the
+    exit hooks, which the signal runs, still reset the GPU and give it up."""
+    plan = tiny_plan()
+    agent = _agent(plan, gpu).start()
+    _run_iteration(agent, plan.rank_actions[0])
+    assert agent.wait_for_clock() and gpu.locked_clock_mhz() == 1095
+    ctl = agent.controller
+    assert ctl is not None
+
+    def interrupted(timeout_s: float = 1.0) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ctl, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        agent.close()
+    agent._emergency_close()  # what the atexit hook and the SIGTERM/SIGINT handlers run
+    assert gpu.locked_clock_mhz() is None
+    with _agent(plan, gpu):  # the GPU was given up
+        pass
+
+
+def test_a_restart_after_an_exception_inside_an_iteration_begins_afresh(
+    gpu: SimulatedGPU,
+) -> None:
+    plan = tiny_plan()
+    actions = plan.rank_actions[0]
+    agent = _agent(plan, gpu)
+    with pytest.raises(RuntimeError, match="transient"), agent:
+        agent.step_begin()
+        with agent.op(actions[0]):
+            pass
+        raise RuntimeError("transient")
+    with agent:  # not "step_begin() called twice"
+        assert _run_iteration(agent, actions) == [1095] * 4
+    assert [r.iteration for r in agent.records.iterations] == [0]
+    assert gpu.locked_clock_mhz() is None
+
+
+def test_a_device_that_can_record_no_event_is_still_reset_at_close(gpu: SimulatedGPU) -> None:
+    """A sticky CUDA error inside an op: every event record raises. Discarding the iteration
+    (which ends its open op) must not stop close() from resetting the GPU."""
+
+    class Breaking:
+        broken = False
+
+        def record_event(self):  # type: ignore[no-untyped-def]
+            if self.broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return gpu.record_event()
+
+        def timeline_now_s(self) -> float:
+            return gpu.timeline_now_s()
+
+    events = Breaking()
+    plan = tiny_plan()
+    with (
+        pytest.raises(RuntimeError, match="illegal memory access"),
+        _agent(plan, gpu, events=events) as agent,
+    ):
+        agent.step_begin()
+        with agent.op(plan.rank_actions[0][0]):
+            assert agent.wait_for_clock() and gpu.locked_clock_mhz() == 1095
+            events.broken = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert gpu.locked_clock_mhz() is None
+
+
 def test_exception_in_loop_resets_and_propagates(gpu: SimulatedGPU) -> None:
     plan = tiny_plan()
     with pytest.raises(RuntimeError, match="boom"), _agent(plan, gpu) as agent:
@@ -374,6 +444,54 @@ def counting_gpu(lock_dir: Path | None = None) -> tuple[NvmlGPU, list[str]]:
 
     nvml = FakeNvml(devices=[FakeDevice("GPU-counting", energy_fn=energy_mj)])
     return NvmlGPU("GPU-counting", nvml_module=nvml, privileged=True, lock_dir=lock_dir), readers
+
+
+@pytest.mark.parametrize("inside", ["step_abort", "step_end"])
+def test_an_iteration_given_up_inside_an_op_leaves_the_worker_free(
+    tmp_path: Path, inside: str
+) -> None:
+    """step_abort() (or a refused step_end()) inside an op: the op's posted boundary still
+    gets its end, so the worker goes on to the next iterations' boundaries instead of waiting
+    for it for ever (every later clock change lost, every iteration end waiting on it)."""
+    gpu = SimulatedGPU.from_preset(
+        "a100", state_dir=tmp_path, clock=VirtualClock(), set_latency_s=0.0, publish_interval_s=0.0
+    )
+    plan = tiny_plan()
+    actions = plan.rank_actions[0]
+    with _agent(plan, gpu) as agent:
+        ctl = agent.controller
+        assert ctl is not None and not ctl.threaded  # inline: deterministic
+        agent.step_begin()
+        with agent.op(actions[0]):
+            if inside == "step_abort":
+                agent.step_abort()
+            else:
+                with pytest.raises(PlanError, match="ended after 0 of 4"):
+                    agent.step_end()
+        assert ctl.flush()
+        _run_iteration(agent, actions)
+        assert ctl.flush()  # every boundary handled
+        assert [r.iteration for r in agent.records.iterations] == [0]
+
+
+def test_a_failed_counter_read_at_step_begin_leaves_no_iteration_begun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """step_begin() raises DeviceError when the counter cannot be read (host timing): the
+    next step_begin() starts the iteration, not "step_begin() called twice"."""
+    from perseus.errors import DeviceError
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    nvml = FakeNvml(devices=[FakeDevice("GPU-flaky")])
+    gpu = NvmlGPU("GPU-flaky", nvml_module=nvml, privileged=True, lock_dir=tmp_path)
+    plan = tiny_plan()
+    with _agent(plan, gpu, timing="host", clock=VirtualClock()) as agent:
+        _run_iteration(agent, plan.rank_actions[0])
+        nvml.fail("nvmlDeviceGetTotalEnergyConsumption", nvml.NVML_ERROR_UNKNOWN)
+        with pytest.raises(DeviceError):
+            agent.step_begin()
+        _run_iteration(agent, plan.rank_actions[0])
+        assert [r.iteration for r in agent.records.iterations] == [0, 1]
 
 
 @pytest.mark.parametrize("control", [True, False])

@@ -103,6 +103,55 @@ def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_row
     assert replanned.predicted_time_s > 1.1 * stale.predicted_time_s  # stage 1 is slower
 
 
+def test_a_drift_after_clock_control_was_lost_does_not_end_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Set calls kept failing (the controller went observe-only, "instead of killing
+    training") with the GPU left above the plan's clocks: the drift that follows does not
+    start a sweep, which needs to set clocks and refused with a ConfigError out of the
+    iteration; the run goes on, observe-only."""
+    from perseus.errors import DeviceError
+
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(truth, cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            assert session.frontier is not None and session.agent is not None
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            for _ in range(3):
+                _iterate(session)  # the fastest point: the GPU locked high
+            placed = session.gpu
+            assert isinstance(placed, SimulatedGPU)
+            placed.inject_error("set_locked_clock", DeviceError("set failed"), times=10)
+            session.deploy(session.frontier, len(session.frontier.points) - 1)  # the slowest
+            for _ in range(12):
+                _iterate(session)
+            assert session.agent.observe_only and not session.profiling
+    assert "profiling again to re-plan" in caplog.text  # the drift was there
+    assert "not profiling again: clock control was lost" in caplog.text
+    assert {h.phase for h in session.history} == {"run"}
+
+
 def test_an_op_not_swept_runs_at_the_steps_clock_and_records_nothing() -> None:
     profiler = ClockSweep([(1, Kind.F)], [1410, 1395, 1380])
     assert profiler.clock_for(0, Kind.F) == profiler.clock_for(1, Kind.F) == 1410

@@ -321,6 +321,7 @@ class RankAgent:
 
     def close(self) -> None:
         """Reset the GPU's clock, stop the worker and watchdog, release ownership (idempotent).
+        Closing inside an iteration discards that iteration (a restart begins afresh).
 
         Raises:
             DeviceError: if the reset failed for a reason other than missing privilege (the
@@ -328,8 +329,14 @@ class RankAgent:
         """
         if not self._started:
             return
+        if self._in_step:  # the loop raised inside it: `with agent:` closes here
+            self.step_abort()
+        # Started until torn down: a close() cut short (a signal, KeyboardInterrupt) before
+        # its reset leaves the exit hooks (and a second close) to reset the GPU.
+        error = self._teardown(reset=True)
         self._started = False
-        self._teardown(reset=True)
+        if error is not None:
+            raise error
 
     def _emergency_close(self) -> None:
         """atexit / signal path: like close() but never raises and takes no lock that the
@@ -339,7 +346,9 @@ class RankAgent:
             with contextlib.suppress(Exception):
                 self._teardown(reset=True, emergency=True)
 
-    def _teardown(self, reset: bool, emergency: bool = False) -> None:
+    def _teardown(self, reset: bool, emergency: bool = False) -> DeviceError | None:
+        """Stop the worker, reset the clocks (``reset``), release the claim; the reset's
+        error, returned once all is released."""
         ctl = self._controller
         if ctl is not None:
             if emergency:
@@ -353,8 +362,7 @@ class RankAgent:
         if self._claim is not None:
             self._claim.release()
             self._claim = None
-        if error is not None:
-            raise error
+        return error
 
     def __enter__(self) -> RankAgent:
         return self.start()
@@ -404,8 +412,8 @@ class RankAgent:
             self._pending_plan = None
             self._set_plan(pending)
         self._cursor = 0
+        self._mode.begin(self._iteration)  # may raise: the iteration has not begun then
         self._in_step = True
-        self._mode.begin(self._iteration)
 
     def step_end(self) -> IterationRecord:
         """End the iteration and return its record (reading first any left unread before it).

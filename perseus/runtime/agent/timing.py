@@ -9,6 +9,7 @@ Both are called as ``begin``, ``enter``/``exit`` around op ``j``, ``close`` (ite
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -348,7 +349,10 @@ class DeviceTiming(_Clocks):
         )
 
     def abort(self) -> None:
-        """The iteration was abandoned: forget its ops."""
+        """The iteration was abandoned: forget its ops (an op still open ends here: the
+        worker, in order, waits for each posted op's end)."""
+        with contextlib.suppress(Exception):  # a device that cannot record one is lost anyway
+            self.mark_end()
         self.jobs = []
         self.history.forget_boundary()
 
