@@ -11,6 +11,7 @@ import pytest
 from perseus.cli.main import main
 from perseus.device.clock import VirtualClock
 from perseus.errors import ConfigError
+from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.profiler import PowerLimitProfiler, candidate_power_limits_w
 from perseus.recurring.replay import (
     default_recurrences,
@@ -138,6 +139,40 @@ def test_every_recurrence_ends_with_a_converged_run_and_stops_respect_the_limit(
         assert sorted(by_rec) == list(range(30))
         assert all(flags[-1] and not any(flags[:-1]) for flags in by_rec.values())
         assert np.all(np.diff(run.cum_cost) > 0)
+
+
+def test_the_optimizer_replay_reads_each_run_once(
+    workloads: dict[str, list[Workload]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decision of the replay reads a tally, not every run before it: it re-read the
+    whole history each run, O(N^2) over N recurrences (hours at the 100,000 limit)."""
+    import perseus.recurring.policy as policy_module
+
+    read = []
+    evidence = policy_module.evidence
+    monkeypatch.setattr(
+        policy_module, "evidence", lambda history: read.append(len(history)) or evidence(history)
+    )
+    w = next(x for x in workloads["a40"] if x.key == "cifar100/shufflenetv2")
+    run = replay_optimizer(w, 300, eta=0.5, beta=2.0, rng=np.random.default_rng(0))
+    assert len(run.runs) >= 300
+    assert sum(read) <= len(run.runs)  # was 91,506: the whole history, twice a run
+
+    class Wrapped:  # another policy is handed the whole history each run, as before
+        def __init__(self) -> None:
+            self.policy = BatchSizeOptimizer(w.batch_sizes, w.default_batch_size)
+            self.lengths: list[int] = []
+
+        def decide(self, history: list[Observation], rng: np.random.Generator) -> Decision:
+            self.lengths.append(len(history))
+            return self.policy.decide(history, rng)
+
+    wrapped = Wrapped()
+    again = replay_optimizer(
+        w, 300, eta=0.5, beta=2.0, rng=np.random.default_rng(0), policy=wrapped
+    )
+    assert again.runs == run.runs  # the same runs, decided from the history
+    assert wrapped.lengths == list(range(len(run.runs)))
 
 
 def test_fixed_policy_pays_sampled_epochs_times_epoch_cost(
