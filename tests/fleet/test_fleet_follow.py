@@ -88,7 +88,7 @@ def test_registry_replans_on_register_budget_finish_and_lease(
 
 
 def test_a_live_member_whose_lease_ran_out_joins_again(
-    tmp_path: Path, small: tuple[Any, PlanningJob, Frontier]
+    store_url: str, small: tuple[Any, PlanningJob, Frontier]
 ) -> None:
     """A job paused past its lease (a long checkpoint) is expired by the planner; at its next
     read it registers again and gets a share of the next plan, instead of running uncapped on
@@ -97,7 +97,7 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
 
     _, _, frontier = small
     clock = VirtualClock(1000.0)
-    url = f"sqlite:///{tmp_path / 'fleet.sqlite'}"
+    url = store_url
     with FleetRegistry(url, clock=clock) as planner:
         member = FleetMember(url, "a", frontier, lease_s=30.0, clock=clock).start()
         other = FleetMember(url, "b", frontier, lease_s=600.0, clock=clock).start()
@@ -115,6 +115,7 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
         assert member.assignment.epoch == 3
         member.close()
         assert not member.check([CAP_KEY])  # finished: it does not come back
+        member.registry.close()
         assert {m.name: m.status for m in planner.status()[2]}["a"] == "finished"
         other.close()
 
