@@ -23,15 +23,21 @@ __all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
 
 log = logging.getLogger(__name__)
 
+#: (what it creates, how): created where missing.
 _DDL = (
-    """CREATE TABLE IF NOT EXISTS fleet_state (
+    (
+        "fleet_state",
+        """CREATE TABLE IF NOT EXISTS fleet_state (
     id INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (id = 1),
     budget_w DOUBLE PRECISION CONSTRAINT budget_positive CHECK (budget_w IS NULL OR budget_w > 0),
     epoch BIGINT NOT NULL CONSTRAINT epoch_count CHECK (epoch >= 0),
     dirty INTEGER NOT NULL CONSTRAINT dirty_flag CHECK (dirty IN (0, 1)),
     updated_s DOUBLE PRECISION NOT NULL
 )""",
-    """CREATE TABLE IF NOT EXISTS fleet_members (
+    ),
+    (
+        "fleet_members",
+        """CREATE TABLE IF NOT EXISTS fleet_members (
     name TEXT PRIMARY KEY CONSTRAINT member_name CHECK (length(name) BETWEEN 1 AND 200),
     weight DOUBLE PRECISION NOT NULL CONSTRAINT weight_range CHECK (weight >= 0 AND weight <= 1e9),
     curve TEXT NOT NULL,
@@ -44,7 +50,10 @@ _DDL = (
     ack_point BIGINT,
     ack_iteration BIGINT
 )""",
-    """CREATE TABLE IF NOT EXISTS fleet_log (
+    ),
+    (
+        "fleet_log",
+        """CREATE TABLE IF NOT EXISTS fleet_log (
     t_s DOUBLE PRECISION NOT NULL,
     epoch BIGINT NOT NULL,
     name TEXT,
@@ -52,6 +61,7 @@ _DDL = (
     point BIGINT,
     average_power_w DOUBLE PRECISION
 )""",
+    ),
 )
 
 
@@ -127,9 +137,13 @@ class FleetRegistry:
     def _ensure(self) -> None:
         if not self._ready:
             with self.store._write() as con:
+                missing: tuple[tuple[str, str], ...] = _DDL
                 if self._postgres:
                     self.store._x(con, "SELECT pg_advisory_xact_lock(7370657273657502)")
-                for ddl in _DDL:
+                    # CREATE ... IF NOT EXISTS needs CREATE on the schema even where the table
+                    # is there: a role granted only what docs/fleet.md lists creates nothing.
+                    missing = tuple((n, ddl) for n, ddl in _DDL if not self._exists(con, n))
+                for _, ddl in missing:
                     self.store._x(con, ddl)
                 self.store._x(
                     con,
@@ -138,6 +152,10 @@ class FleetRegistry:
                     (self._clock.now(),),
                 )
             self._ready = True
+
+    def _exists(self, con: Any, name: str) -> bool:
+        """Whether table or index ``name`` is in the PostgreSQL search path."""
+        return self.store._x(con, "SELECT to_regclass(?)", (name,)).fetchone()[0] is not None
 
     def _state(self, con: Any, *, lock: bool = False) -> tuple[float | None, int, bool]:
         sql = "SELECT budget_w, epoch, dirty FROM fleet_state WHERE id = 1"
