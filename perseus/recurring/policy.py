@@ -175,7 +175,7 @@ class BatchSizeOptimizer:
         self, tally: HistoryTally, rng: np.random.Generator, *, pending: Sequence[int] = ()
     ) -> Decision:
         """:meth:`decide` from a :class:`HistoryTally` of the history instead of the history:
-        O(len(batch_sizes)) whatever the history's length (the trace replay decides after
+        O(len(batch_sizes)²) whatever the history's length (the trace replay decides after
         every run of a growing history)."""
         if tally.policy is not self:
             raise ConfigError("decide_from: the tally was made by another policy")

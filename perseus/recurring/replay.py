@@ -146,7 +146,7 @@ def replay_optimizer(
 ) -> PolicyRun:
     """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
     The optimizer decides from a :class:`~perseus.recurring.policy.HistoryTally` kept run by
-    run (O(batch sizes) a run); another policy is handed the whole history each run.
+    run (O(batch sizes²) a run); another policy is handed the whole history each run.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
@@ -266,7 +266,7 @@ def replay_workload(
     profile_share: float = 1.0,
 ) -> WorkloadSummary:
     """Run the three policies for every seed (seed ``s`` feeds every policy).
-    O(len(seeds) · N · (runs per recurrence) · batch sizes).
+    O(len(seeds) · N · (runs per recurrence) · batch sizes²).
 
     Raises:
         ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
