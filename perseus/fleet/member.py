@@ -7,6 +7,7 @@ cap per pipeline and the acknowledgement of when it took effect. Each read renew
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from perseus.device.clock import WALL_CLOCK, Clock
@@ -17,6 +18,8 @@ from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
 from perseus.solver.fleet import fleet_job
 
 __all__ = ["FleetMember"]
+
+log = logging.getLogger(__name__)
 
 #: A cap a hair above the planned point's power, so float noise never moves the job below it.
 _CAP_SLACK = 1e-9
@@ -30,7 +33,8 @@ class FleetMember:
         frontier: The deployed frontier (its power curve is registered).
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).
-        lease_s: The job loses its share this long after its last read.
+        lease_s: The job loses its share this long after its last read; a started member
+            that reads again after that registers again (its share comes with the next plan).
         clock: The wall clock (tests inject one).
     """
 
@@ -52,14 +56,17 @@ class FleetMember:
         self.registry = FleetRegistry(url, clock=clock)
         self.assignment: Assignment | None = None
         self._ack = b""
+        self._started = False
 
     def start(self) -> FleetMember:
         """Register (or re-register) the job; its first plan comes with the next re-solve."""
         self.registry.register(self.job, lease_s=self.lease_s)
+        self._started = True
         return self
 
     def close(self) -> None:
         """The job is done: its power goes back to the others."""
+        self._started = False
         try:
             self.registry.finish(self.name)
         finally:
@@ -75,7 +82,14 @@ class FleetMember:
 
     def check(self, keys: Sequence[str]) -> bool:
         if CAP_KEY in keys:
-            self.registry.heartbeat(self.name)
+            if not self.registry.heartbeat(self.name) and self._started:
+                # The planner expired the lease of this live job (a pause longer than the
+                # lease): join again, or it runs uncapped on power planned for the others.
+                log.warning(
+                    "fleet member %s: its lease ran out while it ran; registering again",
+                    self.name,
+                )
+                self.registry.register(self.job, lease_s=self.lease_s)
             self.assignment = self.registry.assignment(self.name)
             return self.assignment is not None
         return ACK_KEY in keys and bool(self._ack)

@@ -23,15 +23,21 @@ __all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
 
 log = logging.getLogger(__name__)
 
+#: (what it creates, how): created where missing.
 _DDL = (
-    """CREATE TABLE IF NOT EXISTS fleet_state (
+    (
+        "fleet_state",
+        """CREATE TABLE IF NOT EXISTS fleet_state (
     id INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (id = 1),
     budget_w DOUBLE PRECISION CONSTRAINT budget_positive CHECK (budget_w IS NULL OR budget_w > 0),
     epoch BIGINT NOT NULL CONSTRAINT epoch_count CHECK (epoch >= 0),
     dirty INTEGER NOT NULL CONSTRAINT dirty_flag CHECK (dirty IN (0, 1)),
     updated_s DOUBLE PRECISION NOT NULL
 )""",
-    """CREATE TABLE IF NOT EXISTS fleet_members (
+    ),
+    (
+        "fleet_members",
+        """CREATE TABLE IF NOT EXISTS fleet_members (
     name TEXT PRIMARY KEY CONSTRAINT member_name CHECK (length(name) BETWEEN 1 AND 200),
     weight DOUBLE PRECISION NOT NULL CONSTRAINT weight_range CHECK (weight >= 0 AND weight <= 1e9),
     curve TEXT NOT NULL,
@@ -44,7 +50,16 @@ _DDL = (
     ack_point BIGINT,
     ack_iteration BIGINT
 )""",
-    """CREATE TABLE IF NOT EXISTS fleet_log (
+    ),
+    # The planner's poll reads the running members; without this it scans every member
+    # that ever ran (finished and expired ones stay), holding SQLite's write lock meanwhile.
+    (
+        "fleet_members_by_status",
+        "CREATE INDEX IF NOT EXISTS fleet_members_by_status ON fleet_members (status, name)",
+    ),
+    (
+        "fleet_log",
+        """CREATE TABLE IF NOT EXISTS fleet_log (
     t_s DOUBLE PRECISION NOT NULL,
     epoch BIGINT NOT NULL,
     name TEXT,
@@ -52,6 +67,7 @@ _DDL = (
     point BIGINT,
     average_power_w DOUBLE PRECISION
 )""",
+    ),
 )
 
 
@@ -78,6 +94,11 @@ class MemberStatus:
     heartbeat_age_s: float
 
 
+_INDEX = "fleet_members_by_status"
+_RUNNING = (
+    "SELECT name, weight, curve, heartbeat_s, lease_s FROM fleet_members "
+    "WHERE status = 'running' ORDER BY name"
+)
 _CURVE = ("points", "time_s", "average_power_w", "peak_power_w", "fastest_time_s")
 _LOG = "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) VALUES "
 
@@ -127,9 +148,20 @@ class FleetRegistry:
     def _ensure(self) -> None:
         if not self._ready:
             with self.store._write() as con:
+                missing: tuple[tuple[str, str], ...] = _DDL
                 if self._postgres:
                     self.store._x(con, "SELECT pg_advisory_xact_lock(7370657273657502)")
-                for ddl in _DDL:
+                    # CREATE ... IF NOT EXISTS needs CREATE on the schema even where the table
+                    # is there: a role granted only what docs/fleet.md lists creates nothing.
+                    missing = tuple((n, ddl) for n, ddl in _DDL if not self._exists(con, n))
+                for name, ddl in missing:
+                    if name == _INDEX and self._postgres and not self._may_index(con):
+                        log.info(
+                            "fleet: index %s is missing and this role cannot create it (the "
+                            "owner of fleet_members can: run `perseus fleet status` as it)",
+                            _INDEX,
+                        )
+                        continue
                     self.store._x(con, ddl)
                 self.store._x(
                     con,
@@ -138,6 +170,20 @@ class FleetRegistry:
                     (self._clock.now(),),
                 )
             self._ready = True
+
+    def _exists(self, con: Any, name: str) -> bool:
+        """Whether table or index ``name`` is in the PostgreSQL search path."""
+        return self.store._x(con, "SELECT to_regclass(?)", (name,)).fetchone()[0] is not None
+
+    def _may_index(self, con: Any) -> bool:
+        """Whether this PostgreSQL role may index ``fleet_members`` (its owner, with CREATE on
+        its schema); one granted only what docs/fleet.md lists may not."""
+        row = self.store._x(
+            con,
+            "SELECT pg_has_role(relowner, 'USAGE') AND has_schema_privilege(relnamespace, "
+            "'CREATE') FROM pg_class WHERE oid = to_regclass('fleet_members')",
+        ).fetchone()
+        return row is not None and bool(row[0])
 
     def _state(self, con: Any, *, lock: bool = False) -> tuple[float | None, int, bool]:
         sql = "SELECT budget_w, epoch, dirty FROM fleet_state WHERE id = 1"
@@ -228,11 +274,7 @@ class FleetRegistry:
         now = self._clock.now()
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
-            rows = self.store._x(
-                con,
-                "SELECT name, weight, curve, heartbeat_s, lease_s FROM fleet_members "
-                "WHERE status = 'running' ORDER BY name",
-            ).fetchall()
+            rows = self.store._x(con, _RUNNING).fetchall()
             live = []
             for name, weight, curve, beat, lease in rows:
                 if beat >= now - lease:

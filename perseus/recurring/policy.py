@@ -19,9 +19,22 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from perseus.errors import ConfigError
-from perseus.recurring.bandit import GaussianPrior, pooled_rel_std, posteriors, thompson_sample
+from perseus.recurring.bandit import (
+    ArmPosterior,
+    GaussianPrior,
+    pooled_rel_std,
+    posteriors,
+    thompson_sample,
+)
 
-__all__ = ["MAX_PREEMPTIONS", "BatchSizeOptimizer", "Decision", "Observation", "evidence"]
+__all__ = [
+    "MAX_PREEMPTIONS",
+    "BatchSizeOptimizer",
+    "Decision",
+    "HistoryTally",
+    "Observation",
+    "evidence",
+]
 
 #: Preemptions in a row of one batch size that count as one failed run of it; fewer are retried.
 MAX_PREEMPTIONS = 3
@@ -147,10 +160,45 @@ class BatchSizeOptimizer:
             if o.reached:
                 converged.setdefault(o.batch_size, []).append(o.cost)
         if not converged:
-            return self._start(history, tried, limit)
+            return self._start(bool(history), tried, limit)
         costs = self.arm_costs(history)
         post = posteriors({b: costs[b] for b in converged}, self.prior, noise_samples=converged)
-        for arm in self._close_arms(history, converged, {b: p.mean for b, p in post.items()}):
+        rel_std = pooled_rel_std(converged, self.prior)
+        shared = self._epoch_shared(history) if self.share_epochs else {}
+        return self._choose(post, rel_std, shared, tried, limit, rng)
+
+    def tally(self) -> HistoryTally:
+        """An empty :class:`HistoryTally` of this policy, for :meth:`decide_from`."""
+        return HistoryTally(self)
+
+    def decide_from(
+        self, tally: HistoryTally, rng: np.random.Generator, *, pending: Sequence[int] = ()
+    ) -> Decision:
+        """:meth:`decide` from a :class:`HistoryTally` of the history instead of the history:
+        O(len(batch_sizes)²) whatever the history's length (the trace replay decides after
+        every run of a growing history)."""
+        if tally.policy is not self:
+            raise ConfigError("decide_from: the tally was made by another policy")
+        tried = tally.tried | set(pending)
+        limit = self.beta * tally.best if tally.converged else None
+        if not tally.converged:
+            return self._start(tally.runs > 0, tried, limit)
+        post, rel_std = tally.posteriors()
+        shared = tally.epoch_shared() if self.share_epochs else {}
+        return self._choose(post, rel_std, shared, tried, limit, rng)
+
+    def _choose(
+        self,
+        post: Mapping[int, ArmPosterior],
+        rel_std: float,
+        shared: Mapping[int, float],
+        tried: set[int],
+        limit: float | None,
+        rng: np.random.Generator,
+    ) -> Decision:
+        """Rules 2 and 3, from the converged arms' posteriors."""
+        means = {b: p.mean for b, p in post.items()}
+        for arm in self._close_arms(means, rel_std, shared):
             if (neighbour := self._untried_neighbour(arm, tried)) is not None:
                 return Decision(neighbour, "explore", limit)
         drawn = thompson_sample(post, rng)
@@ -158,31 +206,24 @@ class BatchSizeOptimizer:
             return Decision(neighbour, "explore", limit)
         return Decision(drawn, "thompson", limit)
 
-    def _start(
-        self, history: Sequence[Observation], tried: set[int], limit: float | None
-    ) -> Decision:
+    def _start(self, any_run: bool, tried: set[int], limit: float | None) -> Decision:
         """Rule 1: ``b0``, or the untried size nearest it once ``b0`` failed."""
         b0 = self.default_batch_size
         fresh = [b for b in self.batch_sizes if b not in tried]
         # Everything failed once (or runs): keep trying the default.
-        if b0 not in tried or not history or not fresh:
+        if b0 not in tried or not any_run or not fresh:
             return Decision(b0, "default", limit)
         nearest = min(fresh, key=lambda b: (abs(math.log(b / b0)), b))
         return Decision(nearest, "explore", limit)
 
     def _close_arms(
-        self,
-        history: Sequence[Observation],
-        converged: dict[int, list[float]],
-        means: Mapping[int, float],
+        self, means: Mapping[int, float], rel_std: float, shared: Mapping[int, float]
     ) -> list[int]:
-        """Rule 2: the arms not clearly worse than the best, cheapest first."""
-        rel_std = pooled_rel_std(converged, self.prior)
+        """Rule 2: the arms not clearly worse than the best, cheapest first (``shared``:
+        :meth:`_epoch_shared`'s costs, empty without ``share_epochs``)."""
         bar = min(means.values()) * (1.0 + self.margin_std * rel_std)
         close = [b for b in means if means[b] <= bar]
-        if self.share_epochs:
-            shared = self._epoch_shared(history)
-            close += [b for b, c in shared.items() if b not in close and b in means and c <= bar]
+        close += [b for b, c in shared.items() if b not in close and b in means and c <= bar]
         return sorted(close, key=lambda b: (means[b], b))
 
     def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
@@ -196,14 +237,18 @@ class BatchSizeOptimizer:
                 b = o.batch_size
                 per_epoch[b] = min(per_epoch.get(b, math.inf), o.cost / o.epochs)
                 epochs.setdefault(b, []).append(o.epochs)
+        means = {b: sum(e) / len(e) for b, e in epochs.items()}
+        return self._shared(per_epoch, means)
+
+    def _shared(
+        self, per_epoch: Mapping[int, float], epochs: Mapping[int, float]
+    ) -> dict[int, float]:
+        """Each arm's cost per epoch times the least mean epochs of it and its neighbours."""
         sizes = self.batch_sizes
         out = {}
         for b, c in per_epoch.items():
             i = sizes.index(b)
-            near = [
-                sum(epochs[x]) / len(epochs[x]) for x in sizes[max(0, i - 1) : i + 2] if x in epochs
-            ]
-            out[b] = c * min(near)
+            out[b] = c * min(epochs[x] for x in sizes[max(0, i - 1) : i + 2] if x in epochs)
         return out
 
     def _untried_neighbour(self, arm: int, tried: set[int]) -> int | None:
@@ -214,3 +259,82 @@ class BatchSizeOptimizer:
             if 0 <= j < len(sizes) and sizes[j] not in tried:
                 return sizes[j]
         return None
+
+
+class HistoryTally:
+    """What :meth:`BatchSizeOptimizer.decide` reads of a history, kept one run at a time
+    (:meth:`add`, O(1)) for :meth:`BatchSizeOptimizer.decide_from`: for a caller that appends
+    to one history and decides after each run (the trace replay), so that each decision does
+    not re-read every run before it. The bandit's means and spreads are running sums
+    (Welford's for the spread), equal to :meth:`~BatchSizeOptimizer.decide`'s up to float
+    rounding; the rest is exact.
+    """
+
+    def __init__(self, policy: BatchSizeOptimizer) -> None:
+        self.policy = policy
+        #: Runs in the evidence (:func:`evidence`), every size tried, the cheapest converged
+        #: run's cost and whether any converged.
+        self.runs = 0
+        self.tried: set[int] = set()
+        self.best = math.inf
+        self.converged = False
+        self._streak: dict[int, int] = {}
+        self._cost_sum: dict[int, float] = {}  # penalised costs (arm_costs), per arm
+        self._cost_n: dict[int, int] = {}
+        self._spread: dict[int, tuple[int, float, float]] = {}  # converged: n, mean, m2
+        self._per_epoch: dict[int, float] = {}
+        self._epochs: dict[int, list[int]] = {}  # [sum, count] of converged runs' epochs
+
+    def add(self, o: Observation) -> None:
+        """Count ``o``, the history's next run (a preemption as :func:`evidence` counts it)."""
+        if o.preempted:
+            streak = self._streak[o.batch_size] = self._streak.get(o.batch_size, 0) + 1
+            if streak < MAX_PREEMPTIONS:
+                return
+            self._streak.pop(o.batch_size)
+            o = replace(o, preempted=False, reached=False)
+        else:
+            self._streak.pop(o.batch_size, None)
+        b = o.batch_size
+        self.runs += 1
+        self.tried.add(b)
+        if o.reached:  # as arm_costs: a failed run is penalised against the best so far
+            value = o.cost
+            self.best = min(self.best, o.cost)
+            self.converged = True
+            n, mean, m2 = self._spread.get(b, (0, 0.0, 0.0))
+            delta = o.cost - mean
+            mean += delta / (n + 1)
+            self._spread[b] = (n + 1, mean, m2 + delta * (o.cost - mean))
+            if o.epochs:
+                self._per_epoch[b] = min(self._per_epoch.get(b, math.inf), o.cost / o.epochs)
+                counts = self._epochs.setdefault(b, [0, 0])
+                counts[0] += o.epochs
+                counts[1] += 1
+        else:
+            best = self.best
+            value = max(o.cost, self.policy.beta * best) if math.isfinite(best) else o.cost
+        self._cost_sum[b] = self._cost_sum.get(b, 0.0) + value
+        self._cost_n[b] = self._cost_n.get(b, 0) + 1
+
+    def posteriors(self) -> tuple[dict[int, ArmPosterior], float]:
+        """The converged arms' posteriors and the shared relative spread
+        (:func:`~perseus.recurring.bandit.posteriors`, from the running sums)."""
+        prior = self.policy.prior
+        num, den = prior.weight * prior.rel_std**2, prior.weight
+        for n, mean, m2 in self._spread.values():
+            if n >= 2 and mean > 0:
+                num += m2 / mean**2
+                den += n - 1
+        rel = math.sqrt(num / den)
+        out = {}
+        for b in self._spread:
+            count = self._cost_n[b]
+            mean = self._cost_sum[b] / count
+            out[b] = ArmPosterior(mean=mean, std=rel * abs(mean) / math.sqrt(count), count=count)
+        return out, rel
+
+    def epoch_shared(self) -> dict[int, float]:
+        """:meth:`BatchSizeOptimizer._epoch_shared` of the history."""
+        means = {b: total / count for b, (total, count) in self._epochs.items()}
+        return self.policy._shared(self._per_epoch, means)

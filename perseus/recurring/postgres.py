@@ -135,7 +135,10 @@ class PostgresStore(SQLStore):
     def _migrate(self, con: Any) -> None:
         with self._transaction(con):
             con.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            con.execute("CREATE TABLE IF NOT EXISTS perseus_schema (version INTEGER NOT NULL)")
+            # CREATE ... IF NOT EXISTS needs CREATE on the schema even where the table is there:
+            # a role granted only SELECT, INSERT, UPDATE and DELETE (docs/fleet.md) looks first.
+            if con.execute("SELECT to_regclass('perseus_schema')").fetchone()[0] is None:
+                con.execute("CREATE TABLE IF NOT EXISTS perseus_schema (version INTEGER NOT NULL)")
             row = con.execute("SELECT version FROM perseus_schema").fetchone()
             version = 0 if row is None else int(row[0])
             latest = POSTGRES_MIGRATIONS[-1][0]

@@ -145,6 +145,8 @@ def replay_optimizer(
     policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
     """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
+    The optimizer decides from a :class:`~perseus.recurring.policy.HistoryTally` kept run by
+    run (O(batch sizes²) a run); another policy is handed the whole history each run.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
@@ -152,11 +154,20 @@ def replay_optimizer(
     if policy is None:
         policy = BatchSizeOptimizer(workload.batch_sizes, workload.default_batch_size, beta=beta)
     history: list[Observation] = []
+    # The optimizer's own decide (not a subclass's) reads the history through a tally: each
+    # run's decision re-read every run before it, O(N^2) over N recurrences.
+    optimizer: BatchSizeOptimizer | None = None
+    if isinstance(policy, BatchSizeOptimizer) and type(policy).decide is BatchSizeOptimizer.decide:
+        optimizer = policy
+    tally = optimizer.tally() if optimizer is not None else None
     profiled: dict[int, int] = {}
     runs: list[RunRecord] = []
     for rec in range(recurrences):
         for tries in range(_MAX_TRIES):
-            decision = policy.decide(history, rng)
+            if optimizer is not None and tally is not None:
+                decision = optimizer.decide_from(tally, rng)
+            else:
+                decision = policy.decide(history, rng)
             bs = decision.batch_size
             cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
             first = bs not in profiled
@@ -173,7 +184,11 @@ def replay_optimizer(
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
             cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
-            history.append(Observation(bs, pl, energy, time_s, cost, reached, epochs))
+            observation = Observation(bs, pl, energy, time_s, cost, reached, epochs)
+            if tally is not None:
+                tally.add(observation)
+            else:
+                history.append(observation)
             runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
             if reached:
                 break
@@ -251,7 +266,7 @@ def replay_workload(
     profile_share: float = 1.0,
 ) -> WorkloadSummary:
     """Run the three policies for every seed (seed ``s`` feeds every policy).
-    O(len(seeds) · N · (runs per recurrence) · (batch sizes + history)).
+    O(len(seeds) · N · (runs per recurrence) · batch sizes²).
 
     Raises:
         ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.

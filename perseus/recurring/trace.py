@@ -132,7 +132,8 @@ def _workload(
 ) -> Workload | None:
     """``job``'s workload, or None when the traces share no batch size for it."""
     paths, epochs = train.get(job.key), power.get(job.key)
-    traced = sorted(b for b in paths or () if any(k[0] == b for k in epochs or ()))
+    traced_sizes = {b for b, _ in epochs or ()}
+    traced = sorted(b for b in paths or () if b in traced_sizes)
     if not paths or not epochs or not traced:
         return None
     below = [b for b in traced if b <= job.default_batch_size]

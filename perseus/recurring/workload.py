@@ -83,13 +83,16 @@ class Workload:
     power_limits_w: Mapping[int, tuple[int, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
-        sizes = tuple(sorted(b for b in self.paths if any(k[0] == b for k in self.epochs)))
+        by_size: dict[int, list[int]] = {}  # one pass: a scan per batch size was O(B x E)
+        for b, pl in self.epochs:
+            by_size.setdefault(b, []).append(pl)
+        sizes = tuple(sorted(b for b in self.paths if b in by_size))
         if not sizes:
             raise ConfigError(
                 f"{self.spec.key} on {self.gpu}: no batch size is in both the train and the "
                 "power trace; check the dataset/network/optimizer columns"
             )
-        limits = {b: tuple(sorted(pl for bb, pl in self.epochs if bb == b)) for b in sizes}
+        limits = {b: tuple(sorted(by_size[b])) for b in sizes}
         object.__setattr__(self, "batch_sizes", sizes)
         object.__setattr__(self, "power_limits_w", limits)
         if self.default_batch_size not in sizes:

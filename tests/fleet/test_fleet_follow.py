@@ -87,6 +87,39 @@ def test_registry_replans_on_register_budget_finish_and_lease(
         assert again.status()[1] == 4 and again.replan() is None
 
 
+def test_a_live_member_whose_lease_ran_out_joins_again(
+    store_url: str, small: tuple[Any, PlanningJob, Frontier]
+) -> None:
+    """A job paused past its lease (a long checkpoint) is expired by the planner; at its next
+    read it registers again and gets a share of the next plan, instead of running uncapped on
+    power the plan gave the others."""
+    from perseus.runtime.power.cap import CAP_KEY
+
+    _, _, frontier = small
+    clock = VirtualClock(1000.0)
+    url = store_url
+    with FleetRegistry(url, clock=clock) as planner:
+        member = FleetMember(url, "a", frontier, lease_s=30.0, clock=clock).start()
+        other = FleetMember(url, "b", frontier, lease_s=600.0, clock=clock).start()
+        planner.set_budget(2 * min(p.avg_power_w for p in frontier.points) * 1.5)
+        assert planner.replan() == 1
+        assert member.check([CAP_KEY]) and other.check([CAP_KEY])
+        clock.advance(31.0)  # "a" pauses past its lease
+        other.check([CAP_KEY])
+        assert planner.replan() == 2
+        assert planner.assignment("a") is None
+        assert not member.check([CAP_KEY])  # no plan yet: it registered again
+        assert {m.name: m.status for m in planner.status()[2]} == {"a": "running", "b": "running"}
+        assert planner.replan() == 3
+        assert member.check([CAP_KEY]) and member.assignment is not None
+        assert member.assignment.epoch == 3
+        member.close()
+        assert not member.check([CAP_KEY])  # finished: it does not come back
+        member.registry.close()
+        assert {m.name: m.status for m in planner.status()[2]}["a"] == "finished"
+        other.close()
+
+
 def _iteration(session: RankSession) -> None:
     with session.iteration():
         for action in session.schedule.rank_actions[session.rank]:

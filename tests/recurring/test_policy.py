@@ -16,7 +16,7 @@ from perseus.recurring.bandit import (
     thompson_sample,
 )
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, zeus_cost
-from perseus.recurring.policy import BatchSizeOptimizer, Observation
+from perseus.recurring.policy import BatchSizeOptimizer, HistoryTally, Observation
 
 SIZES = (8, 16, 32, 64, 128)
 
@@ -149,3 +149,35 @@ def test_epochs_shared_across_sizes_keep_the_walk_past_one_noisy_run() -> None:
     plain = BatchSizeOptimizer(sizes, 1024, share_epochs=False)
     picks = {plain.decide(history, np.random.default_rng(s)).batch_size for s in range(20)}
     assert 8192 not in picks  # judged by its one noisy run, 4096 closes the walk
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_deciding_from_a_tally_is_deciding_from_the_history(seed: int) -> None:
+    """decide_from (the replay's, a tally kept run by run) decides as decide (the whole
+    history) after every run of a history with failures, preemptions and epochs."""
+    gen = np.random.default_rng(seed)
+    policy = BatchSizeOptimizer(SIZES, 32, beta=1.5 + seed % 3, share_epochs=seed % 4 != 3)
+    tally = policy.tally()
+    assert isinstance(tally, HistoryTally)
+    history: list[Observation] = []
+    for k in range(150):
+        for pending in ((), (int(gen.choice(SIZES)),)):
+            want = policy.decide(history, np.random.default_rng(k), pending=pending)
+            got = policy.decide_from(tally, np.random.default_rng(k), pending=pending)
+            assert got == want, (k, pending)
+        bs = want.batch_size if gen.random() < 0.8 else int(gen.choice(SIZES))
+        cost = float(gen.uniform(50, 150) * (1 + abs(math.log2(bs / 16)) / 4))
+        o = Observation(
+            bs,
+            150.0,
+            cost,
+            cost / 100,
+            cost,
+            reached=bool(gen.random() < 0.7),
+            epochs=int(gen.integers(0, 20)) if gen.random() < 0.8 else None,
+            preempted=bool(gen.random() < 0.15),
+        )
+        history.append(o)
+        tally.add(o)
+    with pytest.raises(ConfigError, match="another policy"):
+        BatchSizeOptimizer(SIZES, 32).decide_from(tally, np.random.default_rng(0))
