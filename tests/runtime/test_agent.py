@@ -166,7 +166,7 @@ def test_op_outside_iteration(gpu: SimulatedGPU) -> None:
 
 def test_records_time_and_energy(tmp_path: Path) -> None:
     gpu = SimulatedGPU.from_preset(
-        "a100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.0
+        "a100", state_dir=tmp_path, clock=VirtualClock(), set_latency_s=0.0, publish_interval_s=0.0
     )
     plan = tiny_plan()
     with _agent(plan, gpu) as agent:
