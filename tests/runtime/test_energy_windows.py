@@ -354,3 +354,32 @@ def test_a_step_fits_once_per_iteration_and_fit_returns_what_ready_judged(
     assert step.fit() is not fit
     step.reset()
     assert step.fit() is None
+
+
+def test_publish_times_holds_a_block_of_phases_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The period search held every candidate period's phase for every bracket at once (2251 x
+    brackets complex numbers: 0.9 GB for the ~25,000 publishes of the sampler's 200,000 reads,
+    1.8 GB at the peak); by blocks, the same estimates."""
+    import numpy as np
+
+    from perseus.runtime.profiling import energy_windows
+
+    rng = random.Random(3)
+    brackets = []
+    for k in range(3000):
+        t = 0.1 * k + 0.0371
+        brackets.append((t - rng.uniform(0.001, 0.012), t + rng.uniform(0.0, 0.012)))
+    largest = [0]
+    real_exp = np.exp
+
+    def exp(x, *args, **kwargs):
+        largest[0] = max(largest[0], np.size(x))
+        return real_exp(x, *args, **kwargs)
+
+    monkeypatch.setattr(energy_windows.np, "exp", exp)
+    got = publish_times(brackets)
+    monkeypatch.undo()
+    assert largest[0] <= 2**20  # 16 MB of complex numbers (2251 x 3000 before)
+    # The estimates of the all-at-once search (which its blocks reproduce to the bit).
+    monkeypatch.setattr(energy_windows, "_PHASE_BLOCK", 10**12)
+    assert got == publish_times(brackets)
