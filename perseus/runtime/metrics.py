@@ -227,6 +227,10 @@ class MetricsSink:
                 self._start_prometheus()
         except BaseException:
             self._drop_files()  # what could not be written is not reported twice
+            # Out of the registry again: a retry (another port) may register them anew.
+            gauges, self._gauges = self._gauges, None
+            if gauges is not None:
+                gauges.unregister()
             self.close()
             raise
         self.session.add_boundary_hook(self)
@@ -352,19 +356,39 @@ class _Gauges:
     def __init__(self, client: Any, registry: Any, rank: int, labels: dict[str, str]) -> None:
         names = ["rank", *labels]
         self._values = [str(rank), *labels.values()]
-        self._gauges = {
-            name: client.Gauge(name, doc, [*names, *extra], registry=registry)
-            for name, (doc, extra) in _GAUGES.items()
-        }
-        self.energy_total = client.Counter(
-            "perseus_energy_joules",
-            "This GPU's energy over all iterations",
-            names,
-            registry=registry,
-        )
-        self.iterations_total = client.Counter(
-            "perseus_iterations", "Iterations measured", names, registry=registry
-        )
+        self._registry = registry
+        self._made: list[Any] = []  # registered so far (unregistered if a later one fails)
+        try:
+            self._gauges = {
+                name: self._made_one(client.Gauge(name, doc, [*names, *extra], registry=registry))
+                for name, (doc, extra) in _GAUGES.items()
+            }
+            self.energy_total = self._made_one(
+                client.Counter(
+                    "perseus_energy_joules",
+                    "This GPU's energy over all iterations",
+                    names,
+                    registry=registry,
+                )
+            )
+            self.iterations_total = self._made_one(
+                client.Counter(
+                    "perseus_iterations", "Iterations measured", names, registry=registry
+                )
+            )
+        except BaseException:
+            self.unregister()
+            raise
+
+    def _made_one(self, collector: Any) -> Any:
+        self._made.append(collector)
+        return collector
+
+    def unregister(self) -> None:
+        """Take every gauge and counter out of the registry (idempotent)."""
+        while self._made:
+            with contextlib.suppress(KeyError):
+                self._registry.unregister(self._made.pop())
 
     def update(self, r: IterationMetrics) -> None:
         for name, extra, value in (

@@ -130,3 +130,58 @@ def test_plans_from_perseus_frontier_fit_deepspeed():
 
     job = job_for_schedule(ds.deepspeed_schedule(4, 8), take_stages(load_profile("a100"), 4), 83.6)
     assert job.spec.schedule == "1f1b"
+
+
+def test_engine_adapter_keeps_no_action_per_op(monkeypatch):
+    """DeepSpeedEngine.attach lives for the whole run: its hooks must not keep every action run
+    (the session keeps its own bounded records); a direct instrument_deepspeed still lists them."""
+    import contextlib
+
+    import torch
+    from deepspeed.runtime.pipe import schedule as sched
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    class FakeEngine(PipelineEngine):
+        """Only what the adapter touches: its instruction map runs no-op passes."""
+
+        _INSTRUCTION_MAP = {sched.ForwardPass: lambda self, **kw: None} | {
+            sched.BackwardPass: lambda self, **kw: None
+        }
+
+        def __init__(self) -> None:
+            torch.nn.Module.__init__(self)
+            self.stage_id = 0
+            self.num_stages = 1
+
+        def gradient_accumulation_steps(self) -> int:
+            return 4
+
+        def _exec_schedule(self, pipe_schedule: Any) -> None:
+            for step in pipe_schedule.steps():
+                for cmd in step:
+                    if type(cmd) in self._INSTRUCTION_MAP:
+                        self._INSTRUCTION_MAP[type(cmd)](self, **cmd.kwargs)
+
+    kept: list[list[Any]] = []
+    real = ds.instrument_deepspeed
+
+    @contextlib.contextmanager
+    def spy(*args: Any, **kwargs: Any):
+        with real(*args, **kwargs) as seen:
+            kept.append(seen)
+            yield seen
+
+    monkeypatch.setattr(ds, "instrument_deepspeed", spy)
+    engine = FakeEngine()
+    recorder = Recorder()
+    undo = ds.DeepSpeedEngine(engine).attach(recorder, lambda: False)
+    try:
+        for _ in range(50):  # iterations
+            engine._exec_schedule(sched.TrainSchedule(micro_batches=4, stages=1, stage_id=0))
+    finally:
+        undo()
+    assert len(recorder.events) == 2 * 400  # every op ran inside the factory
+    assert kept == [[]]
+    with real(engine, Recorder()) as seen:
+        engine._exec_schedule(sched.TrainSchedule(micro_batches=1, stages=1, stage_id=0))
+    assert [str(a) for a in seen] == ["0F0", "0B0"]

@@ -309,3 +309,39 @@ def test_forward_only_between_iterations_runs_untouched():
     for r in results:
         assert r["iterations"] == 3
         assert r["step_call"] == "forward_backward_func(...)"
+
+
+def test_engine_adapter_keeps_no_action_per_op(monkeypatch):
+    """MegatronEngine.attach lives for the whole run: its hooks must not keep every action run
+    (the session keeps its own bounded records); a direct instrument_megatron still lists them."""
+    import contextlib
+
+    from megatron.core.pipeline_parallel import schedules
+
+    monkeypatch.setattr(schedules, "forward_step", lambda *a, **k: (torch.zeros(1), 0))
+    monkeypatch.setattr(schedules, "backward_step", lambda *a, **k: None)
+    kept: list[list[Any]] = []
+    real = megatron.instrument_megatron
+
+    @contextlib.contextmanager
+    def spy(*args: Any, **kwargs: Any):
+        with real(*args, **kwargs) as seen:
+            kept.append(seen)
+            yield seen
+
+    monkeypatch.setattr(megatron, "instrument_megatron", spy)
+    recorder = Recorder()
+    undo = megatron.MegatronEngine(2, 0, 4).attach(recorder, lambda: True)
+    try:
+        for _ in range(50):  # iterations
+            for k in range(4):
+                out, _ = schedules.forward_step(current_microbatch=k)
+                schedules.backward_step(None, out, None)
+    finally:
+        undo()
+    assert len(recorder.events) == 2 * 400  # every op ran inside the factory
+    assert kept == [[]]
+    with real(2, 0, Recorder()) as seen:
+        out, _ = schedules.forward_step(current_microbatch=0)
+        schedules.backward_step(None, out, None)
+    assert [str(a) for a in seen] == ["0F0", "0B0"]

@@ -289,3 +289,39 @@ def test_a_full_disk_is_named_and_never_stops_the_run(
     assert len(session.history) == 2
     warned = [r.getMessage() for r in caplog.records if "metrics files" in r.getMessage()]
     assert len(warned) == 1 and "the disk is full (ENOSPC)" in warned[0], warned
+
+
+def _names(registry: Any) -> set[str]:
+    return {family.name for family in registry.collect()}
+
+
+def test_a_failed_attach_leaves_the_registry_as_it_was(tmp_path: Path) -> None:
+    """A port in use fails attach with its message; the gauges it had registered go again, so
+    a retry on another port with the same registry works (it raised DuplicateTimeseries), and
+    gauges that could not all be registered leave none behind."""
+    from types import SimpleNamespace
+
+    registry = prometheus_client.CollectorRegistry()
+    hooks: list[Any] = []
+    session = SimpleNamespace(
+        rank=0, add_boundary_hook=hooks.append, remove_boundary_hook=hooks.remove
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        sink = MetricsSink(session, prometheus_registry=registry, prometheus_port=port)
+        with pytest.raises(ConfigError, match="is in use by another process"):
+            sink.attach()
+    assert _names(registry) == set() and hooks == []
+    retry = MetricsSink(session, prometheus_registry=registry, prometheus_port=0)
+    with retry:
+        assert retry.prometheus_port and hooks == [retry]
+    assert "perseus_iteration" in _names(registry)  # kept after close: a last scrape reads it
+
+    other = prometheus_client.CollectorRegistry()
+    prometheus_client.Counter("perseus_iterations", "someone else's", registry=other)
+    before = _names(other)
+    with pytest.raises(ValueError, match="Duplicated"):
+        MetricsSink(session, prometheus_registry=other).attach()
+    assert _names(other) == before and hooks == []

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -197,3 +198,47 @@ def test_forked_child_gets_its_own_watcher(tmp_path: Path) -> None:
     os.kill(child, signal.SIGTERM)
     _, err = proc.communicate(timeout=10)
     assert marker.exists(), err
+
+
+class _Recorded(subprocess.Popen):  # type: ignore[type-arg]
+    """Popen that remembers its instances (the watchdog's process, for the tests below)."""
+
+    made: ClassVar[list[subprocess.Popen]] = []  # type: ignore[type-arg]
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-overload]
+        _Recorded.made.append(self)
+
+
+@pytest.mark.parametrize("failure", ["no ready line", "interrupted"])
+def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """A failed start kills and reaps the watchdog, closes its stdin and forgets it for forks:
+    a descriptor left in the close-on-fork set would close whatever reuses its number in every
+    child forked later (a DataLoader worker's socket, a file)."""
+    from perseus.device import ownership
+    from perseus.errors import DeviceError
+    from perseus.runtime.safety import guard
+
+    script = tmp_path / "silent_watchdog.py"
+    script.write_text("import sys, time\ntime.sleep(30)\n")
+    monkeypatch.setattr(guard, "_WATCHDOG_SCRIPT", script)
+    monkeypatch.setattr(guard.subprocess, "Popen", _Recorded)
+    _Recorded.made.clear()
+    if failure == "interrupted":
+
+        def interrupted(fd: int, timeout_s: float) -> bytes:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(guard, "_read_line", interrupted)
+    before = set(ownership._FORK_CLOSE)
+    watchdog = guard.Watchdog({"backend": "sim"}, tmp_path / "lock")
+    with pytest.raises(KeyboardInterrupt if failure == "interrupted" else DeviceError):
+        watchdog.start(timeout_s=0.2)
+    (proc,) = _Recorded.made
+    assert proc.returncode is not None  # killed and reaped
+    assert proc.stdin is not None and proc.stdin.closed
+    assert proc.stdout is not None and proc.stdout.closed
+    assert set(ownership._FORK_CLOSE) == before
+    assert watchdog.pid is None

@@ -92,3 +92,73 @@ def test_a_clear_between_the_jobs_check_and_get_reads_as_no_hint():
     store.set_timeout(timedelta(seconds=1))
     set_hint(store, 1, 2.5)
     assert read_hint(_ClearedBetweenCheckAndGet(store, 1), 1) is None
+
+
+class _CountingStore:
+    """A store that counts the calls made to it (``num_keys`` hidden when ``counts_keys`` is
+    False: a store read key by key)."""
+
+    def __init__(self, store, counts_keys: bool = True) -> None:
+        self._store, self._counts_keys, self.calls = store, counts_keys, 0
+
+    def __getattr__(self, name: str):
+        if name == "num_keys" and not self._counts_keys:
+            raise AttributeError(name)
+        method = getattr(self._store, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def test_rank_0_reads_the_hints_in_one_store_call_per_iteration_and_sees_every_change(frontier):
+    """Rank 0 read two keys per pipeline at every boundary (check and get), every other rank
+    waiting for it at the all-reduce: with a store that counts its keys, one call while no key
+    appears, and what every exchange returns and acknowledges is as read key by key."""
+    from perseus.runtime.straggler.switching import read_ack, read_hint_entry
+
+    def ack(store, k):  # (acknowledges the hint in force, at which iteration)
+        entry, got = read_hint_entry(store, k), read_ack(store, k)
+        return got and (got[0] == (entry[1] if entry else "-"), got[1])
+
+    d = 64
+    stores = [_CountingStore(torch_dist.HashStore(), counts) for counts in (True, False)]
+    fast, ref = (StragglerRuntime(frontier, pipeline_index=0, num_pipelines=d, store=s) for s in stores)  # fmt: skip
+    steps = [
+        lambda s: None,
+        lambda s: None,
+        lambda s: set_hint(s, 5, 2.5),
+        lambda s: None,
+        lambda s: set_hint(s, 5, 3.5),  # a new value under a key already there
+        lambda s: set_hint(s, 63, 1.5),
+        lambda s: clear_hint(s, 5),
+        lambda s: None,
+    ]
+    calls = []
+    for iteration, step in enumerate(steps):
+        for s in stores:
+            step(s._store)
+        before = stores[0].calls
+        got = fast.exchange(1.0, iteration)
+        calls.append(stores[0].calls - before)
+        assert got == ref.exchange(1.0, iteration), iteration
+        for k in range(d):
+            assert ack(stores[0]._store, k) == ack(stores[1]._store, k), (iteration, k)
+    assert read_ack(stores[0]._store, 5) == ("-", 6) and ack(stores[0]._store, 63) == (True, 5)
+    assert calls[1] == 1  # nothing new: the key count only
+    assert calls[3] == 1 + 2  # pipeline 5's key: check and get
+    assert max(calls) < 2 * d
+
+
+def test_a_store_that_cannot_count_its_keys_is_read_key_by_key(frontier):
+    class NoCount(_CountingStore):
+        def num_keys(self):
+            raise RuntimeError("not implemented")
+
+    store = NoCount(torch_dist.HashStore())
+    rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=4, store=store)
+    assert rt.exchange(1.0, 0) == (1.0, 0.0, 0.0, 0.0)
+    set_hint(store._store, 2, 2.5)
+    assert rt.exchange(1.0, 1) == (1.0, 0.0, 2.5, 0.0)

@@ -135,7 +135,11 @@ def _checked(engine: Any, who: str) -> types.SimpleNamespace:
 
 @contextmanager
 def instrument_deepspeed(
-    engine: Any, factory: OpContextFactory, in_iteration: Callable[[], bool] = lambda: False
+    engine: Any,
+    factory: OpContextFactory,
+    in_iteration: Callable[[], bool] = lambda: False,
+    *,
+    record: bool = True,
 ) -> Iterator[list[Action]]:
     """Run every forward/backward pass of a ``PipelineEngine``'s training batches in ``factory``.
 
@@ -144,6 +148,8 @@ def instrument_deepspeed(
         factory: Called with each action about to run; returns a context manager.
         in_iteration: Whether a training iteration is open: an evaluation batch then is
             refused before it communicates.
+        record: Append each action run to the yielded list (False: it stays empty, so a run
+            of any length keeps nothing per op; the engine adapter's way).
 
     Yields:
         The actions seen so far (appended as they run).
@@ -167,7 +173,8 @@ def instrument_deepspeed(
                 return handler(self, *args, **kwargs)
             action = Action(stage, kind, state[kind])
             state[kind] += 1
-            seen.append(action)
+            if record:
+                seen.append(action)
             with factory(action):
                 return handler(self, *args, **kwargs)
 
@@ -228,7 +235,8 @@ class DeepSpeedEngine:
 
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_deepspeed` until the returned undo is called."""
-        return attach_hooks(instrument_deepspeed(self.engine, op, in_iteration))
+        # Nothing kept per op: the session keeps its own (bounded) records.
+        return attach_hooks(instrument_deepspeed(self.engine, op, in_iteration, record=False))
 
 
 def skip_cpu_shm_op() -> None:

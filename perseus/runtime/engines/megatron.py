@@ -170,6 +170,8 @@ def instrument_megatron(
     rank: int,
     factory: OpContextFactory,
     in_iteration: Callable[[], bool] = lambda: False,
+    *,
+    record: bool = True,
 ) -> Iterator[list[Action]]:
     """Run every forward/backward step of Megatron's pipeline schedules inside ``factory``.
 
@@ -181,6 +183,8 @@ def instrument_megatron(
 
     Args:
         factory: Called with each action about to run; returns a context manager.
+        record: Append each action run to the yielded list (False: it stays empty, so a run
+            of any length keeps nothing per op; the engine adapter's way).
 
     Yields:
         The actions seen so far (appended as they run).
@@ -211,7 +215,8 @@ def instrument_megatron(
         action = Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
         if action.microbatch_index == 0 and action.stage_index == rank:
             pending.clear()  # a new iteration: drop what an aborted one left behind
-        seen.append(action)
+        if record:
+            seen.append(action)
         with factory(action):
             result = original_fwd(*args, **kwargs)
         output = result[0]
@@ -227,7 +232,8 @@ def instrument_megatron(
             return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
         fwd = entry[1]
         action = Action(fwd.stage_index, Kind.B, fwd.microbatch_index)
-        seen.append(action)
+        if record:
+            seen.append(action)
         with factory(action):
             return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
 
@@ -315,7 +321,8 @@ class MegatronEngine:
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Install :func:`instrument_megatron` until the returned undo is called."""
         return attach_hooks(
-            instrument_megatron(self.schedule.num_ranks, self.rank, op, in_iteration)
+            # Nothing kept per op: the session keeps its own (bounded) records.
+            instrument_megatron(self.schedule.num_ranks, self.rank, op, in_iteration, record=False)
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,8 @@ DEFAULT_RIDGE = 0.002
 #: The non-op columns' pull towards the blocking power, relative to the ridge. Light: a firm
 #: pull moves a counter's gain error (0.95 on an A100) into the ops next to the bubbles.
 _GAP_PRIOR = _OUTSIDE_PRIOR = 1.0
+#: :func:`fit_group_power`'s default ``outlier_w``.
+_OUTLIER_W = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,7 @@ def fit_group_power(
     *,
     idle_power_w: float | None = None,
     ridge: float = DEFAULT_RIDGE,
-    outlier_w: float = 5.0,
+    outlier_w: float = _OUTLIER_W,
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
 
@@ -144,11 +147,23 @@ def fit_group_power(
     Complexity: O(windows x spans) to build the matrix, then NNLS on (windows + groups + 2)
     rows and groups + 2 columns, 8 times.
     """
+    return _fit(intervals, spans, None, idle_power_w, ridge, outlier_w)
+
+
+def _fit(
+    intervals: Sequence[CounterInterval],
+    spans: Sequence[OpSpan],
+    shared: tuple[list[Hashable], np.ndarray] | None,
+    idle_power_w: float | None,
+    ridge: float,
+    outlier_w: float,
+) -> PowerFit:
+    """:func:`fit_group_power`, given its :func:`time_shares` when already computed."""
     if not intervals or not spans:
         raise ConfigError("fit_group_power needs at least one counter window and one op span")
     if ridge < 0:
         raise ConfigError(f"ridge must be >= 0, got {ridge}")
-    groups, shares = time_shares(intervals, spans)
+    groups, shares = time_shares(intervals, spans) if shared is None else shared
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
     lengths = shares.sum(axis=1)
     n = len(groups)
@@ -272,6 +287,10 @@ class SweepWindow:
     max_fit_error: float = 0.02
     spans: list[OpSpan] = field(default_factory=list)
     iterations: int = 0
+    # The fit ready() judged, and the step it judged (see fit()).
+    _judged: tuple[tuple[Any, ...], PowerFit] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.min_intervals < 1 or self.max_iterations < 1:
@@ -282,6 +301,7 @@ class SweepWindow:
 
     def add_iteration(self, spans: Sequence[OpSpan]) -> None:
         """Add one iteration's ops (all at this step's clocks)."""
+        self._judged = None
         self.spans.extend(OpSpan(s.group, s.start_s, s.end_s, self.iterations) for s in spans)
         self.iterations += 1
 
@@ -303,6 +323,7 @@ class SweepWindow:
 
     def ready(self) -> bool:
         """True when the step has enough windows (or waited ``max_iterations``)."""
+        self._judged = None
         if not self.spans:
             return False
         if self.iterations >= self.max_iterations:
@@ -317,14 +338,24 @@ class SweepWindow:
         if windows < needed:
             return False
         # Enough windows inside iterations, or (iterations too short to hold any) twice as many.
-        shares = time_shares(intervals, self.spans)[1]
-        if windows < 2 * needed and int(_inside(shares).sum()) < needed:
+        shared = time_shares(intervals, self.spans)
+        if windows < 2 * needed and int(_inside(shared[1]).sum()) < needed:
             return False
-        fit = self.fit()
-        return fit is None or fit.worst_relative_error() <= self.max_fit_error
+        # One fit per call, on the windows and shares just computed (each is O(windows x
+        # spans), and the step's spans grow with its iterations); fit() then returns it.
+        fit = _fit(intervals, self.spans, shared, self.idle_power_w, self.ridge, _OUTLIER_W)
+        self._judged = (self._fit_key(), fit)
+        return fit.worst_relative_error() <= self.max_fit_error
+
+    def _fit_key(self) -> tuple[Any, ...]:
+        return (id(self.spans), len(self.spans), self.idle_power_w, self.ridge)
 
     def fit(self) -> PowerFit | None:
-        """Fit the step's powers; None when no window lies inside the step."""
+        """Fit the step's powers; None when no window lies inside the step. Right after
+        :meth:`ready` judged a fit (no op added since), that fit."""
+        judged = self._judged
+        if judged is not None and judged[0] == self._fit_key():
+            return judged[1]
         windows = self.intervals()
         if not windows or not self.spans:
             return None
@@ -339,3 +370,4 @@ class SweepWindow:
             self.sampler.discard_before(span[1] - 1.0)
         self.spans = []
         self.iterations = 0
+        self._judged = None

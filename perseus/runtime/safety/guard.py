@@ -284,12 +284,21 @@ class Watchdog:
         )
         assert proc.stdin is not None and proc.stdout is not None  # PIPE requested
         close_on_fork(proc.stdin.fileno())
-        ready = _read_line(proc.stdout.fileno(), timeout_s)
-        proc.stdout.close()
-        if ready != b"ready":
+        try:
+            ready = _read_line(proc.stdout.fileno(), timeout_s)
+            proc.stdout.close()
+            if ready != b"ready":
+                raise DeviceError(f"the clock watchdog did not start within {timeout_s:g} s")
+        except BaseException:
+            # Killed before its stdin closes (EOF would make it reset), then the pipe closed
+            # and forgotten: a later fork must not close whatever reuses the descriptor.
             proc.kill()
             proc.wait()
-            raise DeviceError(f"the clock watchdog did not start within {timeout_s:g} s")
+            proc.stdout.close()
+            forget_on_fork(proc.stdin.fileno())
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            raise
         self._proc = proc
 
     def stop(self, timeout_s: float = 2.0) -> None:
