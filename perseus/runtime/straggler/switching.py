@@ -202,11 +202,6 @@ class StragglerRuntime:
         self.decisions: list[StragglerDecision] = []
         self.point_index = 0
         self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
-        # Pipelines whose hint key exists (a key is never deleted, see clear_key), as of the
-        # store's key count ``_keys_seen``: only a new count can bring a key to look for.
-        self._hinted: list[int] = []
-        self._keys_seen: int | None = None
-        self._count_keys = True
 
     def exchange(self, compute_time_s: float, iteration: int | None = None) -> tuple[float, ...]:
         """Every pipeline's time: this rank's compute time and rank 0's hints, all-reduced
@@ -215,43 +210,14 @@ class StragglerRuntime:
         values = [0.0] * (2 * d)
         values[self.pipeline_index] = float(compute_time_s)
         if self.store is not None and global_rank() == 0:
-            entries = self._hint_entries(self.store)
             for k in range(d):
-                entry = entries[k]
+                entry = read_hint_entry(self.store, k)
                 values[d + k], token = entry if entry is not None else (0.0, None)
                 if token != self._acked.get(k):  # None: never acknowledged, or cleared
                     self._acked[k] = token
-                    # A key this writes is counted here, not taken for one to look for.
-                    new = self._keys_seen is not None and not self.store.check([ack_key(k)])
                     write_ack(self.store, ack_key(k), token, iteration)
-                    if new and self._keys_seen is not None:
-                        self._keys_seen += 1
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
-
-    def _hint_entries(self, store: Any) -> list[tuple[float, str] | None]:
-        """Every pipeline's :func:`read_hint_entry`. Two store calls per pipeline would run
-        each iteration on rank 0, every other rank waiting for it at the all-reduce (512
-        pipelines: about 10 ms on a local store); with a store that counts its keys, one call,
-        and the pipelines whose key exists are read (looked for when the count changes, but
-        for the acknowledgements written here)."""
-        d = self.num_pipelines
-        num_keys = getattr(store, "num_keys", None) if self._count_keys else None
-        count = None
-        if callable(num_keys):
-            try:
-                count = int(num_keys())
-            except (RuntimeError, NotImplementedError):  # a store that does not count them
-                self._count_keys = False  # (or cannot answer: read as before, raising there)
-        if count is None:
-            return [read_hint_entry(store, k) for k in range(d)]
-        if count != self._keys_seen:
-            self._hinted = [k for k in range(d) if store.check([hint_key(k)])]
-            self._keys_seen = count
-        entries: list[tuple[float, str] | None] = [None] * d
-        for k in self._hinted:
-            entries[k] = read_hint_entry(store, k)
-        return entries
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""
