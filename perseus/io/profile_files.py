@@ -22,7 +22,7 @@ from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
-from perseus.io.gpu_record import read_gpu_record, write_gpu_record
+from perseus.io.gpu_record import note_missing_gpu_record, read_gpu_record, write_gpu_record
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
@@ -96,8 +96,12 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     text = _read_text(p)
     if p.suffix.lower() != ".json" and _is_phase_csv(text):
         return _phase_profile(p, text).profile.with_gpu(read_gpu_record(p, text))
-    rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    profile = build_profile(rows, source=str(p), gpu=read_gpu_record(p, text))
+    if p.suffix.lower() == ".json":
+        rows, gpu = _parse_json(p, text)  # the text is parsed twice (syntax, schema), not again
+        gpu = note_missing_gpu_record(p, gpu)
+    else:
+        rows, gpu = _parse_csv(p, text), read_gpu_record(p, text)
+    profile = build_profile(rows, source=str(p), gpu=gpu)
     logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
     return profile
 
@@ -416,7 +420,8 @@ class _JsonProfile(BaseModel):
     gpu: GpuIdentity | None = None  # the GPU the rows were measured on (perseus.io.gpu_record)
 
 
-def _parse_json(p: Path, text: str) -> list[Row]:
+def _parse_json(p: Path, text: str) -> tuple[list[Row], GpuIdentity | None]:
+    """The rows of a JSON profile and its ``gpu`` field."""
     _check_json_syntax(p, text)
     try:
         doc = _JsonProfile.model_validate_json(text, strict=True)
@@ -433,7 +438,7 @@ def _parse_json(p: Path, text: str) -> list[Row]:
             )
         seen.add(key)
         rows.append((*key[:3], r.time, r.energy, r.mem_freq_mhz))
-    return rows
+    return rows, doc.gpu
 
 
 def _check_json_syntax(p: Path, text: str) -> None:
