@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from perseus.cli.main import main
+from perseus.errors import ProfileError
+from perseus.io.bundled import load_profile
+from perseus.io.profile_files import (
+    MAX_FILE_BYTES,
+    read_profile,
+    write_profile_csv,
+    write_profile_json,
+)
 from perseus.io.profile_slice import slice_profile
 from perseus.profile.model import OpOption, OpProfile, Profile, build_profile
 from perseus.schedule.actions import Kind
@@ -60,3 +72,24 @@ def test_merging_scans_each_option_a_bounded_number_of_times(
     merged = slice_profile(profile, 1)
     assert len(merged.op(0, Kind.F).options) == 400 - 8
     assert scanned[0] <= total
+
+
+def test_slice_refuses_to_write_a_profile_perseus_cannot_read(tmp_path: Path) -> None:
+    """`profile slice a100 --stages 2048 -o p.json` wrote 21.5 MB of JSON (4096 to CSV:
+    18 MB), which every command then refused as "larger than 16 MB"."""
+    out = tmp_path / "p.json"
+    assert main(["profile", "slice", "a100", "--stages", "2048", "-o", str(out)]) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert main(["profile", "slice", "a100", "--stages", "512", "-o", str(out)]) == 0
+    assert read_profile(out).num_stages == 512  # what is written reads back
+
+
+@pytest.mark.parametrize("write", [write_profile_csv, write_profile_json])
+def test_profile_writers_refuse_more_than_max_bytes(tmp_path: Path, write: Any) -> None:
+    path = tmp_path / "p.out"
+    profile = load_profile("a100")
+    with pytest.raises(ProfileError, match=r"p\.out: 0\.\d MB of profile .*nothing was written"):
+        write(profile, path, max_bytes=1000)
+    assert list(tmp_path.iterdir()) == []
+    write(profile, path, max_bytes=MAX_FILE_BYTES)
+    assert path.exists()
