@@ -114,14 +114,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call this)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        print(parser.format_help(), end="")
-        return 0
     args: argparse.Namespace | None = None
     try:
+        if not argv:
+            print(parser.format_help(), end="")
+            _flush_stdout()
+            return 0
         args = parser.parse_args(argv)
         configure_logging(_log_level(args), rank=rank_from_env())
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        _flush_stdout()
+        return code
     except _ArgumentError as e:
         _print_error(str(e))
         return 2
@@ -141,7 +144,7 @@ def _environment_error(error: Exception, args: argparse.Namespace | None) -> int
     """An error from the machine (pipe, paths, a missing extra, memory), else an internal one."""
     if isinstance(error, BrokenPipeError):
         # The reader went away (e.g. `perseus ... | head`): stop quietly, as Unix tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return 141
     code, name = 1, type(error).__name__
     package = (error.name or "").partition(".")[0] if isinstance(error, ModuleNotFoundError) else ""
@@ -201,13 +204,39 @@ def _command_flags(
     return flags
 
 
+def _flush_stdout() -> None:
+    """Write out what the command printed while its errors can still be reported: stdout is
+    block-buffered when it is a pipe or a file, and a flush that fails at the interpreter's
+    exit (the reader went away, a full disk) prints "Exception ignored" and exits 120."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        _drop_stdout()  # what is left cannot be written; the exit's flush must not retry it
+        raise
+
+
+def _drop_stdout() -> None:
+    """Send the rest of stdout (and Python's buffer of it) to /dev/null."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def _print_error(message: str) -> None:
     print(f"error: {clip_message(message)}", file=sys.stderr)
 
 
 def entry() -> None:
     """Console-script entry point."""
-    code = main()
+    try:
+        code = main()
+    except SystemExit as e:  # argparse printed --help or --version, then exited
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        try:
+            _flush_stdout()
+        except Exception as error:
+            code = _environment_error(error, None)
     from perseus.cli.straggler import abandoned_calls
 
     if abandoned_calls():

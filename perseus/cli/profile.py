@@ -14,6 +14,7 @@ from perseus.cli._args import (
     message_stream,
 )
 from perseus.cli._job_args import job_int
+from perseus.errors import ConfigError, ProfileError
 from perseus.log import get_logger
 
 __all__ = ["register", "run"]
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
-    from perseus.io.profile_files import write_profile_csv, write_profile_json
+    from perseus.io.profile_files import MAX_FILE_BYTES, write_profile_csv, write_profile_json
     from perseus.io.profile_slice import slice_profile
 
     if args.profile_action == "slice":
@@ -63,10 +64,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     logger.info("slicing %s (%d stages) to %d stages", path, profile.num_stages, args.stages)
     sliced = slice_profile(profile, args.stages)
-    if out.suffix.lower() == ".json":
-        write_profile_json(sliced, out)
-    else:
-        write_profile_csv(sliced, out)
+    write = write_profile_json if out.suffix.lower() == ".json" else write_profile_csv
+    try:  # a profile perseus would refuse to read is not written
+        write(sliced, out, max_bytes=MAX_FILE_BYTES)
+    except ProfileError as e:
+        raise ConfigError(f"--stages {args.stages}: {e}; slice to fewer stages") from None
     hint = f" --blocking-power-w {power:g}" if power is not None else " --blocking-power-w W"
     print(
         f"wrote {out}: {profile.num_stages} -> {sliced.num_stages} stages\n"

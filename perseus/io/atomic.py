@@ -487,6 +487,14 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         _replace_directory(dfd, tmp, target.name)
 
 
+def _exists_at(dfd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
     if _entry_mode(dfd, name, name, stat.S_ISDIR) is None:
         os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -495,6 +503,20 @@ def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
     # put the new one in place, then remove the old one.
     old_name = _temp_name(name)
     os.mkdir(old_name, 0o700, dir_fd=dfd)
-    os.rename(name, old_name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def restore() -> None:
+        # Between the renames (an error, Ctrl-C, SIGTERM): put the old directory back.
+        with contextlib.suppress(OSError):
+            os.rename(old_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    with _CLEANUP.protect(restore):
+        try:
+            os.rename(name, old_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            if not _exists_at(dfd, name):
+                restore()
+            if _exists_at(dfd, name):  # else old_name holds the only copy: leave it
+                _rmtree_at(dfd, old_name)
+            raise
     _rmtree_at(dfd, old_name)

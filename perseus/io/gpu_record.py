@@ -20,7 +20,7 @@ from perseus.log import get_logger
 
 logger = get_logger(__name__)
 
-__all__ = ["gpu_record_path", "read_gpu_record", "write_gpu_record"]
+__all__ = ["gpu_record_path", "note_missing_gpu_record", "read_gpu_record", "write_gpu_record"]
 
 _MAX_BYTES = 1 << 20
 
@@ -47,14 +47,25 @@ def read_gpu_record(profile_path: str | os.PathLike[str], text: str) -> GpuIdent
             where, "the GPU record written with the profile", ProfileError, _MAX_BYTES
         )
     if raw is None:
-        logger.info(
-            "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name
-        )
-        return None
+        return note_missing_gpu_record(p, None)
     try:
         return GpuIdentity.model_validate(raw)
     except ValidationError as e:
         raise ProfileError(describe_validation_error(str(where), e)) from None
+
+
+def note_missing_gpu_record(
+    profile_path: str | os.PathLike[str], gpu: GpuIdentity | None
+) -> GpuIdentity | None:
+    """``gpu``, the record of the profile at ``profile_path`` already read (a JSON profile's
+    ``gpu`` field, validated with its rows); logged as unchecked when None."""
+    if gpu is None:
+        p = Path(profile_path)
+        where = p if p.suffix.lower() == ".json" else gpu_record_path(p)
+        logger.info(
+            "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name
+        )
+    return gpu
 
 
 def write_gpu_record(gpu: GpuIdentity, profile_path: str | os.PathLike[str]) -> None:

@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
-from perseus.io.atomic import atomic_write_text
-from perseus.io.gpu_record import read_gpu_record, write_gpu_record
-from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
+from perseus.io.atomic import atomic_write_bytes
+from perseus.io.gpu_record import note_missing_gpu_record, read_gpu_record, write_gpu_record
+from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
 from perseus.schedule.actions import Kind
@@ -96,8 +96,12 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     text = _read_text(p)
     if p.suffix.lower() != ".json" and _is_phase_csv(text):
         return _phase_profile(p, text).profile.with_gpu(read_gpu_record(p, text))
-    rows = _parse_json(p, text) if p.suffix.lower() == ".json" else _parse_csv(p, text)
-    profile = build_profile(rows, source=str(p), gpu=read_gpu_record(p, text))
+    if p.suffix.lower() == ".json":
+        rows, gpu = _parse_json(p, text)  # the text is parsed twice (syntax, schema), not again
+        gpu = note_missing_gpu_record(p, gpu)
+    else:
+        rows, gpu = _parse_csv(p, text), read_gpu_record(p, text)
+    profile = build_profile(rows, source=str(p), gpu=gpu)
     logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
     return profile
 
@@ -416,7 +420,8 @@ class _JsonProfile(BaseModel):
     gpu: GpuIdentity | None = None  # the GPU the rows were measured on (perseus.io.gpu_record)
 
 
-def _parse_json(p: Path, text: str) -> list[Row]:
+def _parse_json(p: Path, text: str) -> tuple[list[Row], GpuIdentity | None]:
+    """The rows of a JSON profile and its ``gpu`` field."""
     _check_json_syntax(p, text)
     try:
         doc = _JsonProfile.model_validate_json(text, strict=True)
@@ -433,7 +438,7 @@ def _parse_json(p: Path, text: str) -> list[Row]:
             )
         seen.add(key)
         rows.append((*key[:3], r.time, r.energy, r.mem_freq_mhz))
-    return rows
+    return rows, doc.gpu
 
 
 def _check_json_syntax(p: Path, text: str) -> None:
@@ -467,8 +472,22 @@ def _rows(profile: Profile) -> list[Row]:
     ]
 
 
+def _write_text(path: str | os.PathLike[str], text: str, form: str, max_bytes: int | None) -> None:
+    """Write ``text`` atomically, refusing (before writing) more than ``max_bytes``."""
+    data = text.encode("utf-8")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ProfileError(
+            f"{path}: {len(data) / MB:.1f} MB of profile {form}, more than perseus reads back "
+            f"({max_bytes / MB:.0f} MB); nothing was written"
+        )
+    atomic_write_bytes(path, data)
+
+
 def _write_csv(
-    path: str | os.PathLike[str], columns: tuple[str, ...], records: list[_Cells]
+    path: str | os.PathLike[str],
+    columns: tuple[str, ...],
+    records: list[_Cells],
+    max_bytes: int | None = None,
 ) -> None:
     """Write ``(cells, memory clock)`` records atomically; a ``mem_freq_mhz`` column only when
     some record has a memory clock."""
@@ -478,22 +497,35 @@ def _write_csv(
     writer.writerow(columns + ((MEM_COLUMN,) if with_mem else ()))
     for cells, mem in records:
         writer.writerow(cells + (["" if mem is None else mem] if with_mem else []))
-    atomic_write_text(path, out.getvalue())
+    _write_text(path, out.getvalue(), "CSV", max_bytes)
 
 
-def write_profile_csv(profile: Profile, path: str | os.PathLike[str]) -> None:
+def write_profile_csv(
+    profile: Profile, path: str | os.PathLike[str], *, max_bytes: int | None = None
+) -> None:
     """Write ``profile`` in the Zeus/lowtime CSV format (atomically), and its GPU record
-    beside it when it has one (:mod:`perseus.io.gpu_record`)."""
+    beside it when it has one (:mod:`perseus.io.gpu_record`).
+
+    Raises:
+        ProfileError: the file would be larger than ``max_bytes`` (``MAX_FILE_BYTES``: more
+            than perseus reads back); nothing is written.
+    """
     records: list[_Cells] = [
         ([s, k.profile_name, f, repr(t), repr(e)], m) for s, k, f, t, e, m in _rows(profile)
     ]
-    _write_csv(path, REQUIRED_COLUMNS, records)
+    _write_csv(path, REQUIRED_COLUMNS, records, max_bytes)
     if profile.gpu is not None:
         write_gpu_record(profile.gpu, path)
 
 
-def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` in perseus's JSON form (atomically)."""
+def write_profile_json(
+    profile: Profile, path: str | os.PathLike[str], *, max_bytes: int | None = None
+) -> None:
+    """Write ``profile`` in perseus's JSON form (atomically).
+
+    Raises:
+        ProfileError: the file would be larger than ``max_bytes``; nothing is written.
+    """
     rows_out = [
         {"stage": s, "instruction": k.profile_name, "frequency": f, "time": t, "energy": e}
         | ({} if mem is None else {MEM_COLUMN: mem})
@@ -502,7 +534,7 @@ def write_profile_json(profile: Profile, path: str | os.PathLike[str]) -> None:
     doc: dict[str, object] = {"schema_version": 1, "rows": rows_out}
     if profile.gpu is not None:
         doc["gpu"] = profile.gpu.model_dump(mode="json", exclude_none=True)
-    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    _write_text(path, json.dumps(doc, indent=1) + "\n", "JSON", max_bytes)
 
 
 def write_phase_profile_csv(profile: PhaseProfile, path: str | os.PathLike[str]) -> None:

@@ -54,15 +54,17 @@ def _merge(profile: Profile, stages: int, name: str) -> list[ProfileRow]:
     for new in range(stages):
         block = range(new * old // stages, (new + 1) * old // stages)
         for kind in profile.kinds:
-            ops = [profile.op(s, kind) for s in block]
-            common = set.intersection(*({o.clocks for o in op.options} for op in ops))
+            # Each op's options by clock pair (an op names a memory clock on all rows or none),
+            # looked up once per clock: OpProfile.at scans the options, O(clocks^2) per op.
+            by_clock = [{o.clocks: o for o in profile.op(s, kind).options} for s in block]
+            common = set.intersection(*(set(options) for options in by_clock))
             if not common:
                 raise ConfigError(
                     f"`{name}` {stages}: stages {block.start}..{block.stop - 1} of "
                     f"{profile.source} share no {kind.profile_name} clock; cannot merge them"
                 )
             for freq, mem in sorted(common, key=lambda c: (-c[0], -(c[1] or 0))):
-                options = [op.at(freq, mem) for op in ops]
+                options = [op_options[(freq, mem)] for op_options in by_clock]
                 time_s = sum(o.time_s for o in options)
                 rows.append((new, kind, freq, time_s, sum(o.energy_j for o in options), mem))
     return rows

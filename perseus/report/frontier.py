@@ -3,6 +3,7 @@ savings at T_min (no slowdown) and at T* written on the plot."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,7 +66,11 @@ def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint]) -> None:
     # many clocks run equally fast, and a line through all of them zigzags).
     gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
     ax.plot(*_xy(gc), ".", color="tab:gray", ms=5, zorder=2)
-    efficient = [p for i, p in enumerate(gc) if all(q.energy_j > p.energy_j for q in gc[:i])]
+    efficient, least_j = [], math.inf  # each setting cheaper than every faster one
+    for p in gc:
+        if p.energy_j < least_j:
+            efficient.append(p)
+            least_j = p.energy_j
     label = "Global clock, every setting (line: efficient ones)"
     ax.plot(*_xy(efficient), "--", color="tab:gray", marker=".", lw=1.2, label=label, zorder=2)
 

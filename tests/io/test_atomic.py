@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,69 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
     check_distinct_outputs({"-o": out, "--power-curve": None})
     check_distinct_outputs({"-o": "/dev/null", "--power-curve": "/dev/null"})
     assert out.read_text() == "{}"
+
+
+def _interrupt_between_renames(monkeypatch: pytest.MonkeyPatch, stop: Callable[[], None]) -> None:
+    """Call ``stop`` once, right after atomic_directory moved the old directory aside."""
+    real = os.rename
+    calls: list[str] = []
+
+    def rename(src: str, dst: str, **kw: int) -> None:
+        real(src, dst, **kw)
+        calls.append(dst)
+        if len(calls) == 1 and dst.endswith(".tmp"):  # the old one went to its temporary name
+            stop()
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_a_directory_is_replaced_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "report"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    _interrupt_between_renames(monkeypatch, _raise_keyboard_interrupt)
+    with pytest.raises(KeyboardInterrupt), atomic_directory(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert _names(tmp_path) == ["report"]
+    assert (target / "old.txt").read_text() == "old"
+    assert _names(target) == ["old.txt"]
+
+
+_SIGTERM_CHILD = """
+import os, signal, sys
+from pathlib import Path
+import pytest
+from tests.io.test_atomic import _interrupt_between_renames
+from perseus.io.atomic import atomic_directory
+target = Path(sys.argv[1])
+with pytest.MonkeyPatch.context() as mp:
+    _interrupt_between_renames(mp, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with atomic_directory(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+print("not killed")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name != "posix", reason="POSIX signals")
+def test_sigterm_while_a_directory_is_replaced_keeps_the_old_one(tmp_path: Path) -> None:
+    target = tmp_path / "report"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_CHILD, str(target)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert (target / "old.txt").read_text() == "old"
+    assert _names(target) == ["old.txt"]
+    assert "report" in _names(tmp_path)

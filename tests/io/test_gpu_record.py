@@ -118,3 +118,30 @@ def test_a_sliced_profile_keeps_its_gpu_and_the_cli_writes_it_beside(tmp_path: P
     )
     assert read_profile(out).gpu == a100.gpu
     assert gpu_record_path(out).is_file()
+
+
+@pytest.mark.parametrize("with_gpu", [True, False])
+def test_a_json_profile_is_parsed_once_by_the_stdlib(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    with_gpu: bool,
+) -> None:
+    """The syntax check parses the text and the schema validates it; the GPU record is the
+    validated ``gpu`` field, not a third parse of a file of up to 16 MB."""
+    profile = load_profile("a40")
+    path = tmp_path / "p.json"
+    write_profile_json(profile.with_gpu(H100 if with_gpu else None), path)
+    parses: list[int] = []
+    real = json.loads
+
+    def loads(text: str | bytes, **kw: object) -> object:
+        parses.append(len(text))
+        return real(text, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(json, "loads", loads)
+    with caplog.at_level(logging.INFO, logger="perseus.io.gpu_record"):
+        again = read_profile(path)
+    assert parses == [path.stat().st_size]
+    assert again.gpu == (H100 if with_gpu else None) and again.sha256 == profile.sha256
+    assert ("no GPU record (p.json)" in caplog.text) is not with_gpu
