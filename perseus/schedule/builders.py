@@ -9,6 +9,7 @@ Parallelism"), whose split backward's ``W`` fills the bubbles 1F1B leaves.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable
 
@@ -142,14 +143,29 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     runs, whenever a rank is free, a ready ``B`` first, then an ``F`` if fewer than ``S - r``
     microbatches are in flight, then a pending ``W``.
 
-    Complexity: O(A·R) for A actions and R ranks.
+    Complexity: O(A log A) for A actions: a rank's choice depends only on its own state and
+    its neighbours' finished actions, so only the ranks next to the one that ran choose again,
+    and a heap gives the earliest choice.
     """
     _check_sizes(stages, microbatches)
     S, M = stages, microbatches
-    end: dict[Action, float] = {}
     started = {kind: [0] * S for kind in Kind}  # per kind, actions each rank has started
+    # per kind and rank, the end times of its actions by microbatch (a rank starts each kind's
+    # microbatches in order, so ``ends[kind][r][m]`` exists once that action has run)
+    ends: dict[Kind, list[list[float]]] = {kind: [[] for _ in range(S)] for kind in Kind}
     free = [0.0] * S
     acts: list[list[Action]] = [[] for _ in range(S)]
+
+    def dep_end(action: Action) -> float | None:
+        """When the action ``action`` waits for ended; ``None`` while one has not run (the one
+        rule, :func:`action_dependencies`)."""
+        start = free[action.stage_index]
+        for d in action_dependencies(action, S):
+            done = ends[d.kind][d.stage_index]
+            if d.microbatch_index >= len(done):
+                return None
+            start = max(start, done[d.microbatch_index])
+        return start
 
     def choose(r: int) -> tuple[float, Action] | None:
         """The earliest ready action of rank ``r`` (ties: B, then F, then W)."""
@@ -161,21 +177,37 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
         )
         best: tuple[float, Action] | None = None
         for kind, m, allowed in wanted:
-            deps = action_dependencies(Action(r, kind, m), S)
-            if allowed and all(d in end for d in deps):
-                start = max([free[r], *(end[d] for d in deps)])
-                if best is None or start < best[0]:
-                    best = (start, Action(r, kind, m))
+            if allowed:
+                action = Action(r, kind, m)
+                start = dep_end(action)
+                if start is not None and (best is None or start < best[0]):
+                    best = (start, action)
         return best
 
+    # choice[r]: rank r's current choice; the heap holds it, and stale entries, by (start, r).
+    # choose(r) reads rank r's counts and clock and the finished actions of ranks r-1, r and r+1
+    # (F waits on the previous stage, B on the next, W and the last stage's B on their own), so
+    # running an action of rank r changes only those three choices.
+    choice: list[tuple[float, Action] | None] = [choose(r) for r in range(S)]
+    heap = [(c[0], r) for r, c in enumerate(choice) if c is not None]
+    heapq.heapify(heap)
     for _ in range(3 * S * M):
-        options = [(c[0], r, c[1]) for r in range(S) if (c := choose(r)) is not None]
-        if not options:  # cannot happen for S - r >= 1; kept as a clear error, not a hang
+        while heap and ((c := choice[heap[0][1]]) is None or c[0] != heap[0][0]):
+            heapq.heappop(heap)  # stale: that rank has chosen again since
+        if not heap:  # cannot happen for S - r >= 1; kept as a clear error, not a hang
             raise ScheduleError(f"zero-bubble construction stalled at S={S}, M={M}")
-        start, r, action = min(options, key=lambda o: (o[0], o[1]))
+        start, r = heapq.heappop(heap)
+        chosen = choice[r]
+        assert chosen is not None  # the loop above dropped entries of ranks without a choice
+        action = chosen[1]
         acts[r].append(action)
-        end[action] = free[r] = start + 1.0
+        free[r] = start + 1.0
+        ends[action.kind][r].append(free[r])
         started[action.kind][r] += 1
+        for q in range(max(0, r - 1), min(S, r + 2)):
+            c = choice[q] = choose(q)
+            if c is not None:
+                heapq.heappush(heap, (c[0], q))
     return schedule_from_actions("zb", acts, S, M, _looped(S, S))
 
 

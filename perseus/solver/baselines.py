@@ -42,11 +42,15 @@ def _clock_for(job: PlanningJob, stage: int, kind: int, freq_mhz: int) -> int:
 def _rank_freqs(job: PlanningJob, freqs_mhz: list[int]) -> IntArray:
     """Per node, its op's highest clock at most its rank's clock in ``freqs_mhz``."""
     g = job.graph
-    triples = set(zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), strict=True))
-    table = np.zeros((g.num_ranks, int(g.stage.max()) + 1, len(_KINDS)), dtype=np.int64)
-    for r, s, k in triples:
-        table[r, s, k] = _clock_for(job, s, k, freqs_mhz[r])
-    out: IntArray = table[g.rank, g.stage, g.kind]
+    # Each distinct (rank, stage, kind) once, by a code per node: a dense ranks x stages x
+    # kinds table was 400 MB at 4096 stages, filled for every global clock.
+    stages, kinds = int(g.stage.max()) + 1, len(_KINDS)
+    codes, node_code = np.unique((g.rank * stages + g.stage) * kinds + g.kind, return_inverse=True)
+    clocks = [
+        _clock_for(job, rs % stages, k, freqs_mhz[rs // stages])
+        for rs, k in (divmod(c, kinds) for c in codes.tolist())
+    ]
+    out: IntArray = np.array(clocks, dtype=np.int64)[node_code.reshape(-1)]
     return out
 
 
@@ -59,7 +63,9 @@ def _per_stage_freqs(job: PlanningJob) -> IntArray:
     g = job.graph
     kinds = sorted(set(g.kind.tolist()))
     ranks = g.num_ranks
-    stages_of = [sorted({int(s) for s in g.stage[g.rank == r]}) for r in range(ranks)]
+    stages_of: list[list[int]] = [[] for _ in range(ranks)]
+    for r, s in sorted(set(zip(g.rank.tolist(), g.stage.tolist(), strict=True))):
+        stages_of[r].append(s)  # one pass over the nodes (a mask per rank: O(ranks x N))
 
     def load(r: int, freq: int) -> float:
         total = 0.0

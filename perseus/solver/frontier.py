@@ -223,16 +223,23 @@ def _impl(
         ThreadPoolExecutor(max_workers=2, thread_name_prefix="perseus-solver") as pool,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-lift") as lane,
     ):
-        seeds = pool.submit(_seeds, job, model, extra_seeds)
-        if folded is None:
-            cand, iterations, lp_t, lp_e, reason = core(
-                job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
-            )
-        else:
-            lifter = Lifter(job, model, topo, folded, allmax_time, (lane, pool))
-            cand, iterations, lp_t, lp_e, reason = _walk_folded(folded, walk, lifter)
-            cand.extend(lifter.flush())
-        cand.extend(reclaim_slack(model, topo, np.stack(seeds.result())))
+        try:
+            seeds = pool.submit(_seeds, job, model, extra_seeds)
+            if folded is None:
+                cand, iterations, lp_t, lp_e, reason = core(
+                    job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
+                )
+            else:
+                lifter = Lifter(job, model, topo, folded, allmax_time, (lane, pool))
+                cand, iterations, lp_t, lp_e, reason = _walk_folded(folded, walk, lifter)
+                cand.extend(lifter.flush())
+            cand.extend(reclaim_slack(model, topo, np.stack(seeds.result())))
+        except BaseException:
+            # An error or Ctrl-C: drop the queued lifting (the walk runs ahead of it, dozens of
+            # batches) instead of waiting for every batch; only the running ones finish.
+            for executor in (lane, pool):
+                executor.shutdown(wait=False, cancel_futures=True)
+            raise
     points = _select(job, model, topo, cand, 0.0 if all_points else gap, allmax_time)
     if progress is not None:
         progress(1.0)

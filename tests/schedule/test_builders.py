@@ -9,8 +9,11 @@ from perseus.dag import build_dag, evaluate_durations
 from perseus.errors import ScheduleError
 from perseus.schedule import (
     SCHEDULE_NAMES,
+    Action,
     Kind,
+    action_dependencies,
     build_schedule,
+    builders,
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
@@ -81,6 +84,62 @@ def test_zero_bubble_fills_bubbles_and_has_weight_ops():
             inflight += {Kind.F: 1, Kind.B: 0, Kind.W: -1}[a.kind]
             peak = max(peak, inflight)
         assert peak <= 4 - r
+
+
+def _zero_bubble_reference(S, M):
+    """ZB-H1's greedy as documented, every rank asked at every step (O(A·R))."""
+    end, free = {}, [0.0] * S
+    started = {kind: [0] * S for kind in Kind}
+    acts = [[] for _ in range(S)]
+
+    def choose(r):
+        nf, nb, nw = (started[kind][r] for kind in (Kind.F, Kind.B, Kind.W))
+        best = None
+        for kind, m, allowed in (
+            (Kind.B, nb, nb < nf),
+            (Kind.F, nf, nf < M and nf - nw < S - r),
+            (Kind.W, nw, nw < nb),
+        ):
+            deps = action_dependencies(Action(r, kind, m), S)
+            if allowed and all(d in end for d in deps):
+                start = max([free[r], *(end[d] for d in deps)])
+                if best is None or start < best[0]:
+                    best = (start, Action(r, kind, m))
+        return best
+
+    for _ in range(3 * S * M):
+        start, r, action = min(
+            ((c[0], r, c[1]) for r in range(S) if (c := choose(r)) is not None),
+            key=lambda o: (o[0], o[1]),
+        )
+        acts[r].append(action)
+        end[action] = free[r] = start + 1.0
+        started[action.kind][r] += 1
+    return tuple(tuple(ra) for ra in acts)
+
+
+@pytest.mark.parametrize(
+    ("stages", "microbatches"), [(1, 1), (1, 5), (2, 1), (3, 7), (5, 2), (8, 8), (13, 30), (33, 4)]
+)
+def test_zero_bubble_matches_the_greedy_asking_every_rank(stages, microbatches):
+    got = zero_bubble_h1(stages, microbatches).rank_actions
+    assert got == _zero_bubble_reference(stages, microbatches)
+
+
+def test_zero_bubble_asks_only_the_ranks_next_to_the_one_that_ran(monkeypatch):
+    # Asking every rank at every step made ZB-H1 O(A·R): 88 s at 1024 stages x 4 microbatches,
+    # hours at the 4096-stage limit. Now each step asks 3 ranks, <= 3 candidates each.
+    calls = 0
+
+    def counted(action, num_stages):
+        nonlocal calls
+        calls += 1
+        return action_dependencies(action, num_stages)
+
+    monkeypatch.setattr(builders, "action_dependencies", counted)
+    S, M = 64, 2
+    zero_bubble_h1(S, M)
+    assert calls <= 3 * S + 9 * (3 * S * M)
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
