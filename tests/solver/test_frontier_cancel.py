@@ -35,4 +35,5 @@ def test_an_error_in_the_walk_cancels_the_queued_lift_batches(monkeypatch):
     job = small_job("1f1b", 2, 16, clocks=3)
     with pytest.raises(RuntimeError, match="walk failed"):
         frontier.trace(job, fold=True)
-    assert lifted == [walk._LIFT_BATCH]
+    # at most the batch already running (none if the error came before the lane took it)
+    assert lifted in ([], [walk._LIFT_BATCH])
