@@ -77,7 +77,8 @@ def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint]) -> None:
 
 def _draw_plans(ax: Axes, frontier: Frontier, baselines: Mapping[str, PlanPoint]) -> None:
     """The frontier up to T*, the all-max star and the other baselines."""
-    useful = [p for p in frontier.points if p.time_s <= frontier.min_energy.time_s]
+    t_star = frontier.min_energy.time_s  # once: it scans every point
+    useful = [p for p in frontier.points if p.time_s <= t_star]
     label = f"Perseus frontier ({len(useful)} plans)"
     ax.plot(*_xy(useful), "-o", color="tab:blue", ms=3, lw=2.2, label=label, zorder=4)
     label = BASELINE_LABELS["all-max"]

@@ -185,3 +185,26 @@ def test_global_clock_curve_is_linear_in_the_settings() -> None:
     settings = [_CountingPoint(1.0 + i, e) for i, e in enumerate(energies)]
     _draw_global_clock(ax, settings)  # type: ignore[arg-type]
     assert ax.lines[1] == ([1.0, 2.0, 4.0, 6.0, 8.0], [5.0e-3, 4.0e-3, 3.0e-3, 2.5e-3, 1.0e-3])
+
+
+def test_frontier_curve_reads_t_star_once() -> None:
+    """The frontier drawn up to T*: ``min_energy`` scans every point, so it is read once, not
+    once per point (O(P^2): about 10^10 steps at the 100,000-point limit)."""
+    from perseus.report.frontier import _draw_plans
+
+    class _Frontier:
+        reads = 0
+
+        def __init__(self, points: list[_CountingPoint]) -> None:
+            self.points, self.baseline = points, points[0]
+
+        @property
+        def min_energy(self) -> _CountingPoint:
+            _Frontier.reads += 1
+            return min(self.points, key=lambda p: (p.energy_j, p.time_s))
+
+    frontier = _Frontier([_CountingPoint(1.0 + i, 10.0 - i % 7) for i in range(50)])
+    ax = _Axes()
+    _draw_plans(ax, frontier, {})  # type: ignore[arg-type]
+    assert _Frontier.reads == 1
+    assert ax.lines[0][0] == [1.0 + i for i in range(7)]  # up to T*, the first 3 J point
