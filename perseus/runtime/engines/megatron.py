@@ -164,6 +164,19 @@ def _schedule_table(
 _installed: list[bool] = []  # guards against nesting (the hooks are module globals)
 
 
+def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
+    """The forward a ``forward_step`` call runs, from its ``current_microbatch`` and
+    ``vp_stage`` (the model chunk)."""
+    if kwargs.get("current_microbatch") is None:
+        raise ScheduleError("Megatron's forward_step was called without current_microbatch")
+    chunk = kwargs.get("vp_stage") or 0
+    return Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
+
+
+def _keep_nothing(action: Action) -> None:
+    """``instrument_megatron(record=False)``'s note of an action run: none."""
+
+
 @contextmanager
 def instrument_megatron(
     num_ranks: int,
@@ -183,8 +196,7 @@ def instrument_megatron(
 
     Args:
         factory: Called with each action about to run; returns a context manager.
-        record: Append each action run to the yielded list (False: it stays empty, so a run
-            of any length keeps nothing per op; the engine adapter's way).
+        record: Append each action run to the yielded list (False: nothing kept per op).
 
     Yields:
         The actions seen so far (appended as they run).
@@ -198,6 +210,7 @@ def instrument_megatron(
         raise ConfigError("instrument_megatron is already active in this process")
     original_fwd, original_bwd = schedules.forward_step, schedules.backward_step
     seen: list[Action] = []
+    note: Callable[[Action], None] = seen.append if record else _keep_nothing
     pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
 
     @functools.wraps(original_fwd)
@@ -209,14 +222,10 @@ def instrument_megatron(
             # refused here too: a schedule function taken before the hooks does not refuse
             _refuse_eval(in_iteration, {"forward_only": forward_only})
             return original_fwd(*args, **kwargs)
-        if kwargs.get("current_microbatch") is None:
-            raise ScheduleError("Megatron's forward_step was called without current_microbatch")
-        chunk = kwargs.get("vp_stage") or 0
-        action = Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
+        action = _forward_action(kwargs, num_ranks, rank)
         if action.microbatch_index == 0 and action.stage_index == rank:
             pending.clear()  # a new iteration: drop what an aborted one left behind
-        if record:
-            seen.append(action)
+        note(action)
         with factory(action):
             result = original_fwd(*args, **kwargs)
         output = result[0]
@@ -232,8 +241,7 @@ def instrument_megatron(
             return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
         fwd = entry[1]
         action = Action(fwd.stage_index, Kind.B, fwd.microbatch_index)
-        if record:
-            seen.append(action)
+        note(action)
         with factory(action):
             return original_bwd(input_tensor, output_tensor, output_tensor_grad, *args, **kw)
 
