@@ -34,19 +34,23 @@ REPO = Path(__file__).resolve().parent.parent
 # ------------------------------------------------------------------------------ generators
 
 
-def _write_frontier(path: Path, ranks: int, ops: list[list[str]], points: Iterator[dict]) -> None:
-    """A frontier file as perseus writes it (one point per line) with a valid digest."""
+def _write_frontier(path: Path, stages: int, microbatches: int, points: Iterator[dict]) -> None:
+    """A 1F1B frontier file as perseus writes it (schema 3, one point per line, the ops of the
+    job's schedule) with a valid digest."""
+    from perseus.schedule.builders import build_schedule
+
+    ops = [list(r) for r in build_schedule("1f1b", stages, microbatches).stage_ops()]
     digest = hashlib.sha256(b"[")
     job = {
         "schedule": "1f1b",
-        "ranks": ranks,
-        "stages": ranks,
-        "microbatches": 1,
+        "ranks": stages,
+        "stages": stages,
+        "microbatches": microbatches,
         "virtual_stages": 1,
         "blocking_power_w": 80.0,
         "profile_sha256": "0" * 64,
     }
-    head = {"schema_version": 2, "job": job, "stage_ops": ops}
+    head = {"schema_version": 3, "job": job, "stage_ops": ops}
     head |= {"baseline": {"time_s": 1.0, "energy_j": 1.0}}
     body = []
     for i, point in enumerate(points):
@@ -62,21 +66,21 @@ def _write_frontier(path: Path, ranks: int, ops: list[list[str]], points: Iterat
 
 def frontier_real(path: Path, cap: int) -> None:
     """32 stages x 512 microbatches of 1F1B (a large real job): as many points as fit."""
-    from perseus.schedule.builders import build_schedule
-
-    ops = [list(r) for r in build_schedule("1f1b", 32, 512, 1).stage_ops()]
+    stages, microbatches = 32, 512
     clocks = list(range(1005, 1411, 15))
-    per_point = sum(len(r) for r in ops) * 5 + 64  # "1230," per op
+    ops_per_rank = 2 * microbatches
+    per_point = stages * ops_per_rank * 5 + 64  # "1230," per op
     count = (cap - 400_000) // per_point
 
     def points() -> Iterator[dict]:
         for i in range(count):
             freqs = [
-                [clocks[(i + j + r) % len(clocks)] for j in range(len(ops[r]))] for r in range(32)
+                [clocks[(i + j + r) % len(clocks)] for j in range(ops_per_rank)]
+                for r in range(stages)
             ]
             yield {"time_s": 10.0 + i, "energy_j": 1e6 - i, "freqs_mhz": freqs}
 
-    _write_frontier(path, 32, ops, points())
+    _write_frontier(path, stages, microbatches, points())
 
 
 def frontier_tiny_points(path: Path, cap: int) -> None:
@@ -87,20 +91,21 @@ def frontier_tiny_points(path: Path, cap: int) -> None:
         for i in range(count):
             yield {"time_s": 1.0 + i, "energy_j": 1.0, "freqs_mhz": [[1, 1]]}
 
-    _write_frontier(path, 1, [["F0", "B0"]], points())
+    _write_frontier(path, 1, 1, points())
 
 
 def frontier_short_values(path: Path, cap: int) -> None:
-    """The largest job perseus plans (1M ops, one-character names) with one-digit clocks in
-    as many points as fit (objects per byte: values)."""
+    """The largest job perseus plans (1M ops: one stage x 500,000 microbatches) with one-digit
+    clocks in as many points as fit (objects per byte: values)."""
     n = 1_000_000
-    count = (cap - 4 * n - 1000) // (2 * n + 60)
+    names_bytes = sum(len(f'"F{i}",') + len(f'"B{i}",') for i in range(n // 2))
+    count = (cap - names_bytes - 1000) // (2 * n + 60)
 
     def points() -> Iterator[dict]:
         for i in range(count):
             yield {"time_s": 1.0 + i, "energy_j": 1.0, "freqs_mhz": [[1] * n]}
 
-    _write_frontier(path, 1, [["a"] * n], points())
+    _write_frontier(path, 1, n // 2, points())
 
 
 def profile_real(path: Path, cap: int) -> None:
