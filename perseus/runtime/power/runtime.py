@@ -9,6 +9,7 @@ values differ (docs/power.md).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distr
 from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
-from perseus.runtime.straggler.switching import raw_store, write_ack
+from perseus.runtime.straggler.switching import DECISIONS_KEPT, raw_store, write_ack
 from perseus.solver.power import fastest_under_power
 
 __all__ = ["PowerDecision", "PowerRuntime", "attach_power", "release_clocks"]
@@ -72,6 +73,10 @@ class PowerRuntime:
         release: Unlocks this rank's clocks before a wait.
         replanner: Re-plans the rest when realised values differ (needs ``clock``).
 
+    Attributes:
+        decisions: The latest :data:`~perseus.runtime.straggler.switching.DECISIONS_KEPT`
+            decisions, oldest first.
+
     Raises:
         PlanError: if the schedule was made for another frontier.
     """
@@ -97,7 +102,7 @@ class PowerRuntime:
         self.store = raw_store(store) if store is not None else None
         self.group = group
         self.origin_iteration = origin_iteration
-        self.decisions: list[PowerDecision] = []
+        self.decisions: deque[PowerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = self.scheduled_index(origin_iteration)
         self._acked: str | None = None
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
