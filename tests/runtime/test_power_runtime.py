@@ -132,6 +132,28 @@ def test_a_runtime_keeps_the_latest_decisions(
     assert sum("below every plan" in r.message for r in caplog.records) == 2
 
 
+def test_the_plan_under_a_cap_is_worked_out_once_per_cap_value(
+    frontier: Frontier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each search scans every point (168 ms per iteration at 100,000 points): once per cap.
+    import perseus.runtime.power.runtime as power_runtime
+
+    calls: list[float] = []
+    real = power_runtime.fastest_under_power
+
+    def counted(points, cap_w):  # type: ignore[no-untyped-def]
+        calls.append(cap_w)
+        return real(points, cap_w)
+
+    monkeypatch.setattr(power_runtime, "fastest_under_power", counted)
+    pts = frontier.points
+    mid, low = pts[len(pts) // 2].avg_power_w, pts[-1].avg_power_w
+    rt = PowerRuntime(frontier)
+    picks = [rt.decide(i, cap).point_index for i, cap in enumerate([mid] * 5 + [low] * 5 + [mid])]
+    assert calls == [mid, low, mid]
+    assert picks == [pts.index(real(pts, mid))] * 5 + [pts.index(real(pts, low))] * 5 + picks[:1]
+
+
 def test_profile_iterations_are_ignored_and_no_change_returns_none(frontier: Frontier) -> None:
     rt = PowerRuntime(frontier)
     assert rt(_Stats(0, 0, phase="profile")) is None
