@@ -104,6 +104,13 @@ class CostMeter:
     outside_j: float = 0.0
     _last: tuple[float, float] | None = None
     _first_s: float | None = None  # the first span's start
+    _ordered: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Intervals in time order, none overlapping the next (a schedule's, a signal's): a
+        # span's are found by bisection, not priced against every interval (a year of minutes).
+        starts, ends = self.starts_s, self.ends_s
+        self._ordered = bool(np.all(starts <= ends) and np.all(ends[:-1] <= starts[1:]))
 
     @classmethod
     def of_schedule(cls, schedule: ScheduleFile) -> CostMeter:
@@ -131,8 +138,13 @@ class CostMeter:
         span_s = end_s - start_s
         if not span_s > 0:
             return
-        overlap = np.clip(np.minimum(end_s, self.ends_s) - np.maximum(start_s, self.starts_s), 0.0, None)  # fmt: skip
-        self.incurred += float(self.values @ overlap) * drawn_j / span_s / J_PER_KWH
+        near = slice(None)
+        if self._ordered:
+            first = int(np.searchsorted(self.ends_s, start_s, side="right"))
+            near = slice(first, max(first, int(np.searchsorted(self.starts_s, end_s))))
+        starts, ends = self.starts_s[near], self.ends_s[near]
+        overlap = np.clip(np.minimum(end_s, ends) - np.maximum(start_s, starts), 0.0, None)
+        self.incurred += float(self.values[near] @ overlap) * drawn_j / span_s / J_PER_KWH
         self.outside_j += drawn_j * max(0.0, span_s - float(overlap.sum())) / span_s
         self.spans.append((start_s, end_s, drawn_j))
         if self._first_s is None:
