@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from perseus.device.clock import VirtualClock
@@ -17,7 +19,7 @@ from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.profile import Profile
 from perseus.runtime.emulation import scale_profile, take_stages
-from perseus.runtime.power.follow import CostMeter, ScheduleClock
+from perseus.runtime.power.follow import SPANS_KEPT, CostMeter, ScheduleClock
 from perseus.runtime.session import RankSession, SessionOptions
 from perseus.schedule import build_schedule
 from perseus.solver import trace_frontier
@@ -164,3 +166,59 @@ def test_schedule_clock_and_meter_by_hand(tmp_path: Path) -> None:
         400 * t0
     )
     assert r.incurred == pytest.approx(1.0 * 2000.0 / 3.6e6)
+
+
+def test_a_meter_keeps_the_latest_spans_and_totals_over_all(tmp_path: Path) -> None:
+    """A run of weeks marks every iteration: the meter keeps :data:`SPANS_KEPT` spans, and its
+    totals and report cover every span, the first one's start included."""
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.05)
+    frontier = trace_frontier(make_job(profile, "1f1b", 1, 4, blocking_power_w=BLOCKING_W))
+    s = schedule_plans(
+        frontier.points, [0.0, 1.0], [9.0, 2.0], iterations=3, deadline_s=2e6, idle_power_w=10.0
+    )
+    write_schedule(s, frontier, tmp_path / "s.json")
+    doc = read_schedule(tmp_path / "s.json")
+    meter = CostMeter.of_schedule(doc)  # priced in [1 s, 2e6 s) only, at 2 per kWh
+    marks = SPANS_KEPT + 5
+    for i in range(marks + 1):  # one span a second, the first second outside the intervals
+        meter.mark(float(i), 100.0 * i)
+    assert len(meter.spans) == SPANS_KEPT and meter.spans[0] == (5.0, 6.0, 100.0)
+    assert meter.outside_j == pytest.approx(100.0)
+    assert meter.incurred == pytest.approx(2.0 * 100.0 * (marks - 1) / J_PER_KWH)
+    r = meter.report(doc)
+    assert r.scheduled_outside_j == pytest.approx(10.0)  # idle power x the first second
+
+
+class _Priced(np.ndarray):
+    """Interval values that note how many of them each pricing reads."""
+
+    read: ClassVar[list[int]] = []
+
+    def __matmul__(self, other):  # type: ignore[no-untyped-def]
+        _Priced.read.append(self.size)
+        return np.asarray(self) @ other
+
+
+def test_a_meter_prices_a_span_against_the_intervals_it_overlaps_only() -> None:
+    """A re-planner's meter holds every signal interval (a year of minutes: 525,600): a mark
+    priced against all of them took 25 ms on the training thread. Intervals in time order are
+    searched; in another order all are read, to the same figures."""
+    n = 100_000
+    starts, values = np.arange(n) * 60.0, 1.0 + np.arange(n) % 7
+    meter = CostMeter(starts, starts + 60.0, values.view(_Priced))
+    _Priced.read = []
+    for i in range(400):  # 45 s spans of 4.5 kJ, some across a minute's edge
+        meter.mark(45.0 * i, 4500.0 * i)
+    assert max(_Priced.read) <= 2 and len(_Priced.read) == 399
+    # Each span's energy at 100 W over the minutes it touches, priced at theirs.
+    once = sum(
+        100.0 * values[k] * max(0.0, min(45.0 * (i + 1), 60.0 * (k + 1)) - max(45.0 * i, 60.0 * k))
+        for i in range(399)
+        for k in {int(45.0 * i // 60), int(45.0 * (i + 1) // 60)}
+    )
+    assert meter.incurred == pytest.approx(once / J_PER_KWH)
+    order = np.arange(n)[::-1]
+    shuffled = CostMeter(starts[order], starts[order] + 60.0, values[order])
+    for i in range(400):
+        shuffled.mark(45.0 * i, 4500.0 * i)
+    assert shuffled.incurred == pytest.approx(meter.incurred) and shuffled.outside_j == 0.0

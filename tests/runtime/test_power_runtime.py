@@ -15,6 +15,7 @@ from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.runtime.emulation import take_stages
 from perseus.runtime.power import PowerRuntime, clear_cap, read_cap, read_cap_ack, set_cap
+from perseus.runtime.straggler.switching import DECISIONS_KEPT
 from perseus.solver import trace_frontier
 from perseus.solver.power_schedule import lower_hull_indices, schedule_plans
 
@@ -114,6 +115,43 @@ def test_a_cap_below_every_plan_runs_the_lowest_power_plan_with_one_warning(
     lowest = min(range(len(frontier.points)), key=lambda i: frontier.points[i].avg_power_w)
     assert ran == [0, lowest, lowest, lowest]
     assert sum("below every plan" in r.message for r in caplog.records) == 1
+
+
+def test_a_runtime_keeps_the_latest_decisions(
+    frontier: Frontier, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A run of weeks decides every iteration: only the latest DECISIONS_KEPT are kept, and the
+    # warning still comes once per stretch under an unreachable cap.
+    rt = PowerRuntime(frontier)
+    with caplog.at_level(logging.WARNING):
+        for i in range(DECISIONS_KEPT + 3):
+            rt.decide(i, 1.0 if i < DECISIONS_KEPT else None)
+        rt.decide(DECISIONS_KEPT + 3, 1.0)
+    assert len(rt.decisions) == DECISIONS_KEPT
+    assert [d.iteration for d in (rt.decisions[0], rt.decisions[-1])] == [4, DECISIONS_KEPT + 3]
+    assert sum("below every plan" in r.message for r in caplog.records) == 2
+
+
+def test_the_plan_under_a_cap_is_worked_out_once_per_cap_value(
+    frontier: Frontier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each search scans every point (168 ms per iteration at 100,000 points): once per cap.
+    import perseus.runtime.power.runtime as power_runtime
+
+    calls: list[float] = []
+    real = power_runtime.fastest_under_power
+
+    def counted(points, cap_w):  # type: ignore[no-untyped-def]
+        calls.append(cap_w)
+        return real(points, cap_w)
+
+    monkeypatch.setattr(power_runtime, "fastest_under_power", counted)
+    pts = frontier.points
+    mid, low = pts[len(pts) // 2].avg_power_w, pts[-1].avg_power_w
+    rt = PowerRuntime(frontier)
+    picks = [rt.decide(i, cap).point_index for i, cap in enumerate([mid] * 5 + [low] * 5 + [mid])]
+    assert calls == [mid, low, mid]
+    assert picks == [pts.index(real(pts, mid))] * 5 + [pts.index(real(pts, low))] * 5 + picks[:1]
 
 
 def test_profile_iterations_are_ignored_and_no_change_returns_none(frontier: Frontier) -> None:

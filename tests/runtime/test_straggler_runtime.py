@@ -10,6 +10,7 @@ from perseus.job import make_job
 from perseus.plan import PlanPoint
 from perseus.runtime.emulation import take_stages
 from perseus.runtime.straggler.switching import (
+    DECISIONS_KEPT,
     StragglerRuntime,
     clear_hint,
     hint_key,
@@ -46,6 +47,17 @@ def test_non_straggler_switches_and_straggler_keeps_fastest(frontier):
 def test_baseline_never_switches(frontier):
     rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=2, adaptive=False)
     assert rt.decide(0, (1.0, 10.0)).point_index == 0
+
+
+def test_a_runtime_keeps_the_latest_decisions(frontier):
+    # A run of weeks decides every iteration: only the latest DECISIONS_KEPT are kept.
+    rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=2)
+    t = frontier.fastest.time_s
+    for i in range(DECISIONS_KEPT + 3):
+        rt.decide(i, (t, 1.2 * t))
+    assert len(rt.decisions) == DECISIONS_KEPT
+    assert [d.iteration for d in (rt.decisions[0], rt.decisions[-1])] == [3, DECISIONS_KEPT + 2]
+    assert rt.decisions[-1].point_index == rt.point_index == 1
 
 
 def test_exchange_without_process_group_uses_store_hints(frontier):

@@ -9,6 +9,7 @@ job's device runs on.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +18,11 @@ from perseus.dag.graph import FloatArray
 from perseus.io.power_files import ScheduleFile
 from perseus.solver.power_schedule import J_PER_KWH
 
-__all__ = ["CostMeter", "IncurredCost", "ScheduleClock"]
+__all__ = ["SPANS_KEPT", "CostMeter", "IncurredCost", "ScheduleClock"]
+
+#: How many of the latest spans a :class:`CostMeter` keeps (a run of weeks marks every
+#: iteration; the totals cover every span).
+SPANS_KEPT = 10_000
 
 
 class ScheduleClock:
@@ -84,7 +89,7 @@ class CostMeter:
     time and priced at their ``values`` (per kWh) as they are when it is added.
 
     Attributes:
-        spans: Every ``(start_s, end_s, drawn_j)`` added.
+        spans: The latest :data:`SPANS_KEPT` ``(start_s, end_s, drawn_j)`` added, oldest first.
         incurred: Energy x value so far (kWh x value), inside the intervals.
         outside_j: Energy drawn outside them.
     """
@@ -92,10 +97,20 @@ class CostMeter:
     starts_s: FloatArray
     ends_s: FloatArray
     values: FloatArray
-    spans: list[tuple[float, float, float]] = field(default_factory=list)
+    spans: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=SPANS_KEPT)
+    )
     incurred: float = 0.0
     outside_j: float = 0.0
     _last: tuple[float, float] | None = None
+    _first_s: float | None = None  # the first span's start
+    _ordered: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Intervals in time order, none overlapping the next (a schedule's, a signal's): a
+        # span's are found by bisection, not priced against every interval (a year of minutes).
+        starts, ends = self.starts_s, self.ends_s
+        self._ordered = bool(np.all(starts <= ends) and np.all(ends[:-1] <= starts[1:]))
 
     @classmethod
     def of_schedule(cls, schedule: ScheduleFile) -> CostMeter:
@@ -123,10 +138,17 @@ class CostMeter:
         span_s = end_s - start_s
         if not span_s > 0:
             return
-        overlap = np.clip(np.minimum(end_s, self.ends_s) - np.maximum(start_s, self.starts_s), 0.0, None)  # fmt: skip
-        self.incurred += float(self.values @ overlap) * drawn_j / span_s / J_PER_KWH
+        near = slice(None)
+        if self._ordered:
+            first = int(np.searchsorted(self.ends_s, start_s, side="right"))
+            near = slice(first, max(first, int(np.searchsorted(self.starts_s, end_s))))
+        starts, ends = self.starts_s[near], self.ends_s[near]
+        overlap = np.clip(np.minimum(end_s, ends) - np.maximum(start_s, starts), 0.0, None)
+        self.incurred += float(self.values[near] @ overlap) * drawn_j / span_s / J_PER_KWH
         self.outside_j += drawn_j * max(0.0, span_s - float(overlap.sum())) / span_s
         self.spans.append((start_s, end_s, drawn_j))
+        if self._first_s is None:
+            self._first_s = start_s
 
     def report(self, schedule: ScheduleFile) -> IncurredCost:
         """The cost so far against ``schedule``'s for the same time."""
@@ -140,6 +162,6 @@ class CostMeter:
             idle_s = max(0.0, passed - iv.busy_s)
             scheduled += iv.value * (iv.energy_j + idle_w * idle_s) / J_PER_KWH
             inside_s += passed
-        start = self.spans[0][0] if self.spans else now
+        start = self._first_s if self._first_s is not None else now
         outside_s = max(0.0, now - start - inside_s)
         return IncurredCost(now, self.incurred, scheduled, self.outside_j, idle_w * outside_s)

@@ -9,6 +9,7 @@ values differ (docs/power.md).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distr
 from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
-from perseus.runtime.straggler.switching import raw_store, write_ack
+from perseus.runtime.straggler.switching import DECISIONS_KEPT, raw_store, write_ack
 from perseus.solver.power import fastest_under_power
 
 __all__ = ["PowerDecision", "PowerRuntime", "attach_power", "release_clocks"]
@@ -72,6 +73,10 @@ class PowerRuntime:
         release: Unlocks this rank's clocks before a wait.
         replanner: Re-plans the rest when realised values differ (needs ``clock``).
 
+    Attributes:
+        decisions: The latest :data:`~perseus.runtime.straggler.switching.DECISIONS_KEPT`
+            decisions, oldest first.
+
     Raises:
         PlanError: if the schedule was made for another frontier.
     """
@@ -97,9 +102,10 @@ class PowerRuntime:
         self.store = raw_store(store) if store is not None else None
         self.group = group
         self.origin_iteration = origin_iteration
-        self.decisions: list[PowerDecision] = []
+        self.decisions: deque[PowerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = self.scheduled_index(origin_iteration)
         self._acked: str | None = None
+        self._cap_plan: tuple[float, int, str] | None = None  # (cap_w, index, reason)
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
         self.replanner = replanner if follow else None
@@ -216,23 +222,33 @@ class PowerRuntime:
         points = self.frontier.points
         index, reason = scheduled, "schedule"
         if cap_w is not None and points[scheduled].avg_power_w > cap_w * (1 + 1e-12):
-            try:
-                best = fastest_under_power(points, cap_w)
-                index, reason = points.index(best), "cap"
-            except InfeasibleError:
-                index = min(range(len(points)), key=lambda i: points[i].avg_power_w)
-                reason = "cap-unreachable"
-                if not self.decisions or self.decisions[-1].reason != reason:
-                    _log.warning(
-                        "power cap %.1f W is below every plan's average power; running the "
-                        "lowest-power plan (%.1f W)",
-                        cap_w,
-                        points[index].avg_power_w,
-                    )
+            index, reason = self._under_cap(cap_w)
+            if reason == "cap-unreachable" and (
+                not self.decisions or self.decisions[-1].reason != reason
+            ):
+                _log.warning(
+                    "power cap %.1f W is below every plan's average power; running the "
+                    "lowest-power plan (%.1f W)",
+                    cap_w,
+                    points[index].avg_power_w,
+                )
         decision = PowerDecision(iteration, scheduled, cap_w, index, reason)
         self.decisions.append(decision)
         self.point_index = index
         return decision
+
+    def _under_cap(self, cap_w: float) -> tuple[int, str]:
+        """The plan under ``cap_w`` and its reason (``"cap"`` or ``"cap-unreachable"``), worked
+        out once per cap value: a cap stays for many iterations, each scan is O(points)."""
+        if self._cap_plan is None or self._cap_plan[0] != cap_w:
+            points = self.frontier.points
+            try:
+                plan = points.index(fastest_under_power(points, cap_w)), "cap"
+            except InfeasibleError:
+                lowest = min(range(len(points)), key=lambda i: points[i].avg_power_w)
+                plan = lowest, "cap-unreachable"
+            self._cap_plan = (cap_w, *plan)
+        return self._cap_plan[1], self._cap_plan[2]
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
         """The :data:`perseus.runtime.session.BoundaryHook` interface: the plan of the next

@@ -12,6 +12,7 @@ everywhere (the straggler adaptation alone).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ def straggler_sweep(
         ConfigError: if ``pipelines < 2``, no factor is given or one is outside
             [1, MAX_FACTOR].
 
-    Complexity: O(F·K) for F factors and K frontier points.
+    Complexity: O(K + F·log K) for F factors and K frontier points.
     """
     factor_list = [float(f) for f in factors]
     _check(pipelines, factor_list)
@@ -103,11 +104,16 @@ def straggler_sweep(
     fastest = frontier.fastest
     allmax = frontier.baseline
     others = pipelines - 1
+    times, cheapest = _cheapest_prefixes(frontier)
     cases = []
     for s in factor_list:
         t_prime = s * fastest.time_s
-        plan = frontier.cheapest_within(t_prime)
-        index = frontier.points.index(plan)
+        # Frontier.cheapest_within's point and rule, found by bisection (points sorted by time).
+        within = bisect.bisect_right(times, t_prime * (1 + 1e-12))
+        if not within:
+            frontier.cheapest_within(t_prime)  # raises InfeasibleError
+        index = cheapest[within - 1]
+        plan = frontier.points[index]
         job_time = max(t_prime, allmax.time_s, plan.time_s)
 
         def waited(energy_j: float, time_s: float, job_time: float = job_time) -> float:
@@ -131,6 +137,24 @@ def straggler_sweep(
         )
         cases.append(case)
     return tuple(cases)
+
+
+def _cheapest_prefixes(frontier: Frontier) -> tuple[list[float], list[int]]:
+    """The points' times, and for each ``k`` the index of
+    :meth:`~perseus.plan.Frontier.cheapest_within`'s choice among ``points[: k + 1]``: the
+    lowest ``(energy_j, -time_s)``, the first of equals."""
+    points = frontier.points
+    times = [p.time_s for p in points]
+    cheapest: list[int] = []
+    best: tuple[float, float] | None = None
+    for i, p in enumerate(points):
+        key = (p.energy_j, -p.time_s)
+        if best is None or key < best:
+            best = key
+            cheapest.append(i)
+        else:
+            cheapest.append(cheapest[-1])
+    return times, cheapest
 
 
 #: Largest slowdown factor accepted (a pipeline 1000x slower is a hang, not a straggler).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from perseus.runtime.straggler.policy import StragglerPolicy
 __all__ = [
     "ACK_PREFIX",
     "CLEARED",
+    "DECISIONS_KEPT",
     "HINT_PREFIX",
     "StragglerDecision",
     "StragglerRuntime",
@@ -44,6 +46,8 @@ HINT_PREFIX = "perseus/straggler/"
 ACK_PREFIX = HINT_PREFIX + "ack/"
 #: The acknowledgement of a cleared hint names this instead of a token.
 CLEARED = "-"
+#: How many of the latest decisions a runtime keeps (a run of weeks makes one per iteration).
+DECISIONS_KEPT = 10_000
 
 
 def hint_key(pipeline_index: int) -> str:
@@ -174,6 +178,9 @@ class StragglerRuntime:
         adaptive: False measures and records but never switches (the baseline).
         hysteresis, smoothing: :class:`StragglerPolicy` parameters.
 
+    Attributes:
+        decisions: The latest :data:`DECISIONS_KEPT` decisions, oldest first.
+
     Raises:
         ConfigError: for an index outside ``0..num_pipelines-1``.
     """
@@ -199,7 +206,7 @@ class StragglerRuntime:
         self.store = raw_store(store) if store is not None else None
         self.adaptive = adaptive
         self.policy = StragglerPolicy(frontier, hysteresis=hysteresis, smoothing=smoothing)
-        self.decisions: list[StragglerDecision] = []
+        self.decisions: deque[StragglerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = 0
         self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
 
