@@ -326,9 +326,19 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
     no_changes = options.no_clock_changes
     identity = dc.probe("gpu", lambda: dc.check_identity(gpu))  # read before any lock is tried
     clocks = dc.probe("supported clocks", lambda: dc.check_clocks(gpu))
-    control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
+    owner = None if no_changes else _running_owner(gpu)
+    if owner is not None:
+        # Its agent sets the clocks op by op: a lock and reset here would pull them (and a
+        # memory clock it set once) from under the running job.
+        control = dc.Check(
+            "clock locking", "skip", f"not tried: {owner}; doctor does not change its clocks"
+        )
+    else:
+        control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
     can_lock = control.status == "ok"
     why = "--no-clock-changes" if no_changes else "clock locking not allowed"
+    if owner is not None:
+        why = "the GPU is owned by a running process"
     return [
         identity,
         clocks,
@@ -350,6 +360,22 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
         if cuda
         else dc.Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"),
     ]
+
+
+def _running_owner(gpu: NvmlGPU) -> str | None:
+    """``"pid N owns this GPU (lock PATH)"`` when a live process (a training run's agent, a
+    recurring job) or one in another PID namespace is recorded as the GPU's owner; else None.
+    Reads the lock file only (never takes the lock)."""
+    from perseus.device.ownership import recorded_owner
+
+    try:
+        path = gpu.owner_lock_path()
+    except Exception:  # a refused lock directory: no owner can be told from here
+        return None
+    found, state = recorded_owner(path)
+    if found is None or state == "gone":
+        return None
+    return f"pid {found.pid} owns this GPU (lock {path})"
 
 
 def _version(dist: str) -> str | None:

@@ -625,3 +625,30 @@ def test_a_signal_while_a_clock_is_locked_resets_it_then_ends_the_process(
     )
     assert proc.returncode == -sig, proc.stderr
     assert log.read_text().splitlines() == ["locked", "reset"]
+
+
+def test_a_gpu_a_running_process_owns_is_not_locked_or_reset(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training run's agent owns its GPU and sets the clocks op by op: doctor locked and
+    reset them anyway (and the memory clock, which a plan may set once), under the running
+    job. Now the lock checks are skipped, naming the owner; the read-only checks still run."""
+    from perseus.device.nvml import NvmlGPU
+    from perseus.device.ownership import acquire_owner_lock, release_owner_lock
+
+    _privileged(monkeypatch, True)
+    path = NvmlGPU(UUID, nvml_module=fake).owner_lock_path()
+    held = acquire_owner_lock(path)  # this process stands for the running job
+    assert held.fd is not None
+    try:
+        rc, report = _doctor(capsys, "--no-cuda")
+    finally:
+        release_owner_lock(held.fd, path)
+    names = fake.names()
+    assert not [n for n in names if ("Set" in n and "Clocks" in n) or "Reset" in n]
+    checks = _checks(report)
+    assert checks["clock locking"]["status"] == "skip"
+    assert "owns this GPU" in checks["clock locking"]["summary"]
+    assert checks["set latency"]["status"] == "skip"
+    assert checks["energy counter"]["status"] == "ok"
+    assert rc == 0, report["verdict"]
