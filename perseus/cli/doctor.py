@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import first_line, float_arg, int_arg
@@ -75,18 +80,65 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from perseus.device import nvml as nvml_backend
 
-    report = diagnose(
-        # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
-        no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),
-        gpus=args.gpu,
-        cuda=not args.no_cuda,
-        clocks=args.clocks,
-        iterations=args.iterations,
-        energy_window_s=args.energy_window_s,
-        power_window_s=args.power_window_s,
-    )
+    with _resets_before_signal_ends():
+        report = diagnose(
+            # The environment's request (PERSEUS_NO_CLOCK_CHANGES=1) holds even without the flag.
+            no_clock_changes=args.no_clock_changes or nvml_backend.no_clock_changes_requested(),
+            gpus=args.gpu,
+            cuda=not args.no_cuda,
+            clocks=args.clocks,
+            iterations=args.iterations,
+            energy_window_s=args.energy_window_s,
+            power_window_s=args.power_window_s,
+        )
     print(json.dumps(report, indent=1) if args.json else _text(report), flush=True)
     return 0 if report["usable"] else 1
+
+
+class _Ended(BaseException):
+    """A SIGTERM/SIGHUP that ends ``perseus doctor``, raised where the checks are (a
+    BaseException: a probe's ``except Exception`` must not take it for a failed check)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _resets_before_signal_ends() -> Iterator[None]:
+    """Within the block, a SIGTERM or SIGHUP that would end the process (default action) is
+    raised as :class:`_Ended`, so each check's reset runs (the clock-lock checks lock the clock
+    with no agent, no ownership claim and no watchdog: killed there, the GPU stayed locked);
+    then the process ends by that signal as before. Later signals during the resets are
+    ignored, so a second one cannot cut a reset short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ended: list[int] = []
+    armed = [True]  # off once the block is left: a signal then is only recorded
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not ended:
+            ended.append(signum)
+            if armed[0]:
+                raise _Ended(signum)
+
+    previous = {
+        sig: signal.signal(sig, on_signal)
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
+        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL
+    }
+    try:
+        yield
+    except _Ended:
+        pass
+    finally:
+        armed[0] = False
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if ended:
+        os.kill(os.getpid(), ended[0])  # the default action, restored above: the process ends
+        raise SystemExit(128 + ended[0])  # pragma: no cover - reached only if it did not
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,9 +326,19 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
     no_changes = options.no_clock_changes
     identity = dc.probe("gpu", lambda: dc.check_identity(gpu))  # read before any lock is tried
     clocks = dc.probe("supported clocks", lambda: dc.check_clocks(gpu))
-    control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
+    owner = None if no_changes else _running_owner(gpu)
+    if owner is not None:
+        # Its agent sets the clocks op by op: a lock and reset here would pull them (and a
+        # memory clock it set once) from under the running job.
+        control = dc.Check(
+            "clock locking", "skip", f"not tried: {owner}; doctor does not change its clocks"
+        )
+    else:
+        control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
     can_lock = control.status == "ok"
     why = "--no-clock-changes" if no_changes else "clock locking not allowed"
+    if owner is not None:
+        why = "the GPU is owned by a running process"
     return [
         identity,
         clocks,
@@ -298,6 +360,22 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
         if cuda
         else dc.Check("cuda check", "skip", "skipped (--no-cuda or not first GPU)"),
     ]
+
+
+def _running_owner(gpu: NvmlGPU) -> str | None:
+    """``"pid N owns this GPU (lock PATH)"`` when a live process (a training run's agent, a
+    recurring job) or one in another PID namespace is recorded as the GPU's owner; else None.
+    Reads the lock file only (never takes the lock)."""
+    from perseus.device.ownership import recorded_owner
+
+    try:
+        path = gpu.owner_lock_path()
+    except Exception:  # a refused lock directory: no owner can be told from here
+        return None
+    found, state = recorded_owner(path)
+    if found is None or state == "gone":
+        return None
+    return f"pid {found.pid} owns this GPU (lock {path})"
 
 
 def _version(dist: str) -> str | None:

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
-from perseus.io.atomic import atomic_write_text
-from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
+from perseus.io.atomic import atomic_write_bytes
+from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
 from perseus.schedule.actions import Action, Kind
@@ -238,7 +238,12 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
 
 
 def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
-    """Write ``frontier`` as compact JSON (one point per line) with its digest, atomically."""
+    """Write ``frontier`` as compact JSON (one point per line) with its digest, atomically.
+
+    Raises:
+        PlanError: the file would be larger than :data:`MAX_FILE_BYTES` (more than
+            :func:`read_frontier` reads back); nothing is written.
+    """
     exclude: dict[str, Any] = {"points": True}
     if frontier.job.gpu is None:  # written as before the record existed
         exclude["job"] = {"gpu"}
@@ -246,4 +251,14 @@ def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
         update={"schema_version": SCHEMA_VERSION, "points_sha256": points_sha256(frontier.points)}
     ).model_dump_json(exclude=exclude)
     points = ",\n".join(p.model_dump_json(exclude_none=True) for p in frontier.points)
-    atomic_write_text(path, head[:-1] + ',\n"points":[\n' + points + "\n]}\n")
+    data = (head[:-1] + ',\n"points":[\n' + points + "\n]}\n").encode("utf-8")
+    del points
+    if len(data) > MAX_FILE_BYTES:
+        ops = sum(len(r) for r in frontier.stage_ops)
+        raise PlanError(
+            f"{path}: {len(data) / MB:.1f} MB of frontier JSON ({len(frontier.points):,} points x "
+            f"{ops:,} ops), more than perseus reads back ({MAX_FILE_BYTES / MB:.0f} MB); nothing "
+            "was written; plan fewer microbatches (the frontier per microbatch changes little "
+            "past ~100) or keep fewer points (a larger --min-gap-fraction)"
+        )
+    atomic_write_bytes(path, data)

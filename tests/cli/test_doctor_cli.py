@@ -567,3 +567,88 @@ def test_cuda_check_says_whether_the_power_cap_binds_at_the_top_clock(
     cuda = _checks(report)["cuda check"]
     assert cuda["status"] == "ok" and cuda["data"]["power_cap_binds_at_top_clock"] is True
     assert "the power cap binds at the top clock" in cuda["summary"]
+
+
+_KILLED_WHILE_LOCKED = """
+import os, signal, sys
+from perseus.cli import _doctor_checks
+from perseus.cli.main import main
+from perseus.device import nvml as nvml_backend
+from perseus.device.fake_nvml import FakeDevice, FakeNvml
+
+log = open(sys.argv[1], "a", buffering=1)
+
+
+class Nvml(FakeNvml):
+    def nvmlDeviceSetGpuLockedClocks(self, handle, low, high):
+        super().nvmlDeviceSetGpuLockedClocks(handle, low, high)
+        log.write("locked\\n")
+        os.kill(os.getpid(), int(sys.argv[2]))  # killed while the clock is locked
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle):
+        super().nvmlDeviceResetGpuLockedClocks(handle)
+        log.write("reset\\n")
+
+
+nvml = Nvml(devices=[FakeDevice("{uuid}", energy_fn=lambda t: 1_000_000 + int(t * 1e5))])
+nvml_backend.import_nvml = lambda: nvml
+for module in (nvml_backend, _doctor_checks):
+    module.probe_privilege = lambda: (True, "running as root")
+main(["doctor", "--no-cuda", "--energy-window-s", "0.1", "--power-window-s", "0.1"])
+log.write("finished\\n")
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_a_clock_is_locked_resets_it_then_ends_the_process(
+    tmp_path: Path, signum: str
+) -> None:
+    """The clock-lock checks lock the clock directly (no agent, no claim, no watchdog): a
+    SIGTERM or SIGHUP there (`timeout`, a closed terminal) left the GPU locked. Now the lock
+    is reset, then the process ends by the signal as before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    sig = getattr(signal, signum)
+    log = tmp_path / "calls.log"
+    script = _KILLED_WHILE_LOCKED.replace("{uuid}", UUID)
+    env = {**os.environ, "PERSEUS_LOCK_DIR": str(tmp_path / "locks")}
+    env.pop("PERSEUS_NO_CLOCK_CHANGES", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(log), str(int(sig))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -sig, proc.stderr
+    assert log.read_text().splitlines() == ["locked", "reset"]
+
+
+def test_a_gpu_a_running_process_owns_is_not_locked_or_reset(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training run's agent owns its GPU and sets the clocks op by op: doctor locked and
+    reset them anyway (and the memory clock, which a plan may set once), under the running
+    job. Now the lock checks are skipped, naming the owner; the read-only checks still run."""
+    from perseus.device.nvml import NvmlGPU
+    from perseus.device.ownership import acquire_owner_lock, release_owner_lock
+
+    _privileged(monkeypatch, True)
+    path = NvmlGPU(UUID, nvml_module=fake).owner_lock_path()
+    held = acquire_owner_lock(path)  # this process stands for the running job
+    assert held.fd is not None
+    try:
+        rc, report = _doctor(capsys, "--no-cuda")
+    finally:
+        release_owner_lock(held.fd, path)
+    names = fake.names()
+    assert not [n for n in names if ("Set" in n and "Clocks" in n) or "Reset" in n]
+    checks = _checks(report)
+    assert checks["clock locking"]["status"] == "skip"
+    assert "owns this GPU" in checks["clock locking"]["summary"]
+    assert checks["set latency"]["status"] == "skip"
+    assert checks["energy counter"]["status"] == "ok"
+    assert rc == 0, report["verdict"]

@@ -101,3 +101,20 @@ def test_frontier_fold_always_says_so_and_stays_exact(tmp_path, capsys):
         assert (p.time_s, p.energy_j) == (ev.time_s, ev.energy_j)
     assert frontier.fastest.time_s <= frontier.baseline.time_s + 1e-9
     assert main(["frontier", str(prof), "--microbatches", "4", "--fold", "sometimes"]) == 2
+
+
+def test_frontier_larger_than_perseus_reads_is_exit_2_nothing_written(
+    tmp_path, capsys, monkeypatch
+):
+    """A frontier over the plan read limit is refused in one line (exit 2) and neither -o nor
+    --power-curve is written: perseus never writes a plan it then refuses to read."""
+    from perseus.io import frontier_files
+
+    monkeypatch.setattr(frontier_files, "MAX_FILE_BYTES", 1000)
+    out, curve = tmp_path / "f.json", tmp_path / "c.csv"
+    argv = ["frontier", str(_profile_csv(tmp_path)), "--microbatches", "4", "--blocking-power-w"]
+    argv += ["80", "--no-progress", "-o", str(out), "--power-curve", str(curve)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out}: " in err and "more than perseus reads back" in err
+    assert not out.exists() and not curve.exists()

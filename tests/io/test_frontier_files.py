@@ -35,6 +35,31 @@ def test_round_trip_and_shape(tmp_path, job):
     assert [p["time_s"] for p in doc["points"]] == sorted(p["time_s"] for p in doc["points"])
 
 
+def test_write_refuses_what_read_refuses(tmp_path, job, monkeypatch):
+    """What write_frontier writes, read_frontier reads: a frontier over the read limit (a job
+    near the 1M-op maximum: ~5 bytes per op per point, so ~13 points fit in 64 MB) is refused
+    in one line before anything is written, not written and then refused on read."""
+    from perseus.io import frontier_files
+
+    frontier = job.frontier([job.point(job.allmax()), _clock_plan(job, 1200)])
+    fits = tmp_path / "fits.json"
+    write_frontier(frontier, fits)
+    size = fits.stat().st_size
+    monkeypatch.setattr(frontier_files, "MAX_FILE_BYTES", size)
+    write_frontier(frontier, tmp_path / "again.json")
+    assert read_frontier(tmp_path / "again.json").points == frontier.points
+    monkeypatch.setattr(frontier_files, "MAX_FILE_BYTES", size - 1)
+    with pytest.raises(PlanError, match=r"more than perseus reads back") as e:
+        write_frontier(frontier, tmp_path / "big.json")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{tmp_path / 'big.json'}: ")
+    assert "2 points x 64 ops" in msg and "nothing was written" in msg
+    assert not (tmp_path / "big.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.json", "fits.json"]
+    with pytest.raises(PlanError, match=r"larger than \d+ bytes, the most perseus reads"):
+        read_frontier(fits)
+
+
 def test_pick(job):
     frontier = job.frontier(
         [job.point(job.allmax()), _clock_plan(job, 1200), _clock_plan(job, 1080)]
