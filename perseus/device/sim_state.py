@@ -168,7 +168,9 @@ class SimStateFile:
     ``flock``) makes ``seq`` odd, writes, makes it even; a reader seeing the same even ``seq``
     before and after has a consistent copy, and a cached ``seq`` costs one 32-byte ``pread``
     (a rename per write would cost ~0.4 ms). Descriptors are reopened after ``fork``, and
-    closed by :meth:`close` or when the object is garbage-collected.
+    closed by :meth:`close` or when the object is garbage-collected. A signal handler that
+    reads or updates the state while its thread is mid-write (an exit guard's reset) gets
+    the state being written, not the torn file.
     """
 
     def __init__(self, state_dir: Path, uuid: str) -> None:
@@ -179,6 +181,8 @@ class SimStateFile:
         self._cached: tuple[int, State | None] = (-1, None)
         self._rlock = threading.RLock()
         self._depth = 0
+        # (thread, state) while that thread writes the state: its own file is torn meanwhile.
+        self._writing: tuple[int, State] | None = None
         # Closes the descriptor when this object is collected without close() (a simulated
         # GPU has no close): else every GPU object dropped kept one open for good.
         self._closer: weakref.finalize[Any, Any] | None = None
@@ -206,6 +210,9 @@ class SimStateFile:
     def read(self) -> State | None:
         """The current state (cached while ``seq`` is unchanged), or None if not created yet."""
         fd = self._file()
+        writing = self._writing
+        if writing is not None and writing[0] == threading.get_ident():
+            return writing[1]  # interrupting our own write (a signal handler)
         for _ in range(50):
             head = os.pread(fd, _HEADER_BYTES, 0)
             known, state = self._known(head)
@@ -263,18 +270,24 @@ class SimStateFile:
         and write what it returns (None: leave the file untouched)."""
         with self._locked():
             fd = self._file()
-            current = self._read_locked(fd)
+            # Nested in our own write (a signal handler's reset): from the state being written.
+            writing = self._writing
+            current = writing[1] if writing is not None else self._read_locked(fd)
             new = change(dict(current) if current is not None else None)
             if new is None:
                 return current
             data = json.dumps(new, separators=(",", ":")).encode("utf-8")
             head = os.pread(fd, _HEADER_BYTES, 0)
             seq = int(head[:20]) if len(head) == _HEADER_BYTES else 0
-            base = seq + (seq % 2)  # an odd seq means a writer died mid-write
-            os.pwrite(fd, _header(base + 1, len(data)), 0)
-            # No truncation: readers take ``length`` bytes.
-            os.pwrite(fd, data, _HEADER_BYTES)
-            os.pwrite(fd, _header(base + 2, len(data)), 0)
+            base = seq + (seq % 2)  # an odd seq means a writer died (or is interrupted) mid-write
+            self._writing = (threading.get_ident(), new)
+            try:
+                os.pwrite(fd, _header(base + 1, len(data)), 0)
+                # No truncation: readers take ``length`` bytes.
+                os.pwrite(fd, data, _HEADER_BYTES)
+                os.pwrite(fd, _header(base + 2, len(data)), 0)
+            finally:
+                self._writing = writing
             self._cached = (base + 2, new)
             return new
 
