@@ -63,11 +63,15 @@ class FleetMember:
         self._clock = clock
         #: While the database fails to answer: when to ask it again (None: it answers).
         self._retry_at: float | None = None
+        #: When the database last answered; a lease past since then may be expired, and
+        #: the plan's power the others': the job then runs its lowest-power plan.
+        self._answered_s = clock.now()
+        self._lapsed = False
 
     def start(self) -> FleetMember:
         """Register (or re-register) the job; its first plan comes with the next re-solve."""
         self.registry.register(self.job, lease_s=self.lease_s)
-        self._started = True
+        self._started, self._answered_s = True, self._clock.now()
         return self
 
     def close(self) -> None:
@@ -112,12 +116,15 @@ class FleetMember:
             if self._retry_at is None:
                 log.warning(
                     "fleet member %s: the fleet's database does not answer (%s); the last plan "
-                    "holds until it does",
+                    "holds until it does (past the lease, the lowest-power plan)",
                     self.name,
                     e,
                 )
-            self._retry_at = self._clock.now() + min(_RETRY_S, self.lease_s / 4)
+            now = self._clock.now()
+            self._retry_at = now + min(_RETRY_S, self.lease_s / 4)
+            self._lapsed = now - self._answered_s > self.lease_s
             return
+        self._answered_s, self._lapsed = self._clock.now(), False
         if self._retry_at is not None:
             log.info("fleet member %s: the fleet's database answers again", self.name)
             self._retry_at = None
@@ -128,6 +135,9 @@ class FleetMember:
         a = self.assignment
         if key != CAP_KEY or a is None:
             raise ConfigError(f"fleet member {self.name!r}: no value under {key!r}")
+        if self._lapsed:  # its lease ran out unrenewed: the plan's power may be the others'
+            lowest_w = min(self.job.average_power_w) / self.replicas * (1 + _CAP_SLACK)
+            return f"{lowest_w!r} pipeline lapsed-{a.epoch}".encode()
         cap_w = a.cap_w / self.replicas * (1 + _CAP_SLACK)
         return f"{cap_w!r} pipeline {a.epoch}".encode()
 

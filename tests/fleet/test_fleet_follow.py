@@ -125,8 +125,9 @@ def test_a_database_that_does_not_answer_does_not_stop_the_training(
 ) -> None:
     """Rank 0 reads the plan at every iteration boundary: a database that did not answer (a
     writer holding its lock past the busy timeout, a server restarted or out of reach) raised
-    out of the power runtime's read and ended the training. The last plan now holds; the
-    database is asked again a few seconds later, not at every iteration meanwhile."""
+    out of the power runtime's read and ended the training. The last plan now holds (past the
+    lease, the lowest-power one); the database is asked again a few seconds later, not at
+    every iteration meanwhile."""
     from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
 
     _, _, frontier = small
@@ -148,10 +149,16 @@ def test_a_database_that_does_not_answer_does_not_stop_the_training(
             for _ in range(3):
                 assert member.check([CAP_KEY]) and member.get(CAP_KEY) == plan
             member.set(ACK_KEY, f"{epoch} 7")  # not recorded, not raised
-        assert asked == ["a"]
+            assert asked == ["a"]
+            # past its lease unrenewed, the plan's power may be the others': the lowest plan
+            clock.advance(61.0)
+            assert member.check([CAP_KEY]) and asked == ["a", "a"]
+            lowest_w = min(p.avg_power_w for p in frontier.points)
+            cap_w, _, token = member.get(CAP_KEY).decode().split()
+            assert float(cap_w) == pytest.approx(lowest_w) and token == f"lapsed-{epoch}"
         assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
         clock.advance(5.0)
-        assert member.check([CAP_KEY]) and member.get(CAP_KEY) == plan and asked == ["a", "a"]
+        assert member.check([CAP_KEY]) and member.get(CAP_KEY) == plan and len(asked) == 3
         assert planner.status()[2][0].heartbeat_age_s == 0.0  # the lease renewed again
         member.close()
 
