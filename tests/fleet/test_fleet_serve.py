@@ -71,3 +71,33 @@ def test_cli_serve_takes_its_first_budget_from_the_signal(tmp_path: Path, capsys
     assert "--signal-budget-w" in capsys.readouterr().err
     assert main(["fleet", "serve", "--db", url, "--once", "--signal-above", "1"]) == 2
     assert "--budget-signal" in capsys.readouterr().err
+
+
+def test_the_planner_outlives_a_database_that_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy database, a restarted PostgreSQL server or one out of reach ended `perseus
+    fleet serve` at its next look: no more plans until someone restarted it. It now looks
+    again at its next poll; a first look that fails (a wrong URL) still raises."""
+    from perseus.errors import PerseusError
+    from perseus.solver.fleet import FleetJob
+
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=clock) as fleet:
+        fleet.register(FleetJob("a", 1.0, (0, 1), (1.0, 1.1), (100.0, 60.0), (100.0, 60.0)))
+        replan, looks = fleet.replan, []
+
+        def flaky(*, force: bool = False) -> int | None:
+            looks.append(clock.now())
+            if len(looks) in (1, 3):
+                raise PerseusError("db: server closed the connection unexpectedly")
+            return replan(force=force)
+
+        monkeypatch.setattr(fleet, "replan", flaky)
+        with pytest.raises(PerseusError, match="closed the connection"):
+            serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, until_s=21.0)
+        assert looks == [1000.0]
+        serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, until_s=21.0)
+        assert looks == [1000.0, 1000.0, 1007.0, 1014.0, 1021.0]
+        assert fleet.status()[1] == 1 and fleet.assignment("a") is not None
+    assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
