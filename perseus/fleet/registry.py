@@ -325,6 +325,16 @@ class FleetRegistry:
         ]
         return budget_w, epoch, members
 
+    def running(self) -> tuple[float | None, int]:
+        """The budget and how many members run (by the index: :meth:`status` reads every
+        member that ever ran)."""
+        with self._read() as con:
+            budget_w, _, _ = self._state(con)
+            count = self.store._x(
+                con, "SELECT count(*) FROM fleet_members WHERE status = 'running'"
+            ).fetchone()[0]
+        return budget_w, int(count)
+
     def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
         """Every plan, oldest first: its time, the budget and each job's (average power,
         iteration time)."""

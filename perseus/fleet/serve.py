@@ -84,8 +84,7 @@ def serve(
                 applied = want
             epoch = fleet.replan()
             if epoch is not None:
-                budget, _, members = fleet.status()
-                running = sum(1 for m in members if m.status == "running")
+                budget, running = fleet.running()
                 log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget or 0)
             answered = True
         except ConfigError:

@@ -101,3 +101,29 @@ def test_the_planner_outlives_a_database_that_does_not_answer(
         assert looks == [1000.0, 1000.0, 1007.0, 1014.0, 1021.0]
         assert fleet.status()[1] == 1 and fleet.assignment("a") is not None
     assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_planners_log_line_reads_the_running_members_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After each plan the loop logged the running jobs' count from status(), which reads
+    every member that ever ran (finished and expired ones stay): 0.85-1.3 s a plan at
+    100,000 members that once ran; by the index now (0.04 ms)."""
+    import logging
+
+    from perseus.solver.fleet import FleetJob
+
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=clock) as fleet:
+        for name in ("a", "b", "c"):
+            fleet.register(FleetJob(name, 1.0, (0, 1), (1.0, 1.1), (100.0, 60.0), (100.0, 60.0)))
+        fleet.finish("c")
+
+        def every_member() -> None:
+            raise AssertionError("the loop read every member")
+
+        monkeypatch.setattr(fleet, "status", every_member)
+        with caplog.at_level(logging.INFO, logger="perseus.fleet.serve"):
+            serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, once=True)
+        assert fleet.running() == (150.0, 2)
+    assert "plan 1: 2 running jobs under 150.0 W" in caplog.text
