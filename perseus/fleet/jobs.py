@@ -1,12 +1,11 @@
 """The fleet's jobs file: ``[{"name", "frontier": path, "weight", "gpus"}, ...]``.
 
 A relative ``frontier`` path is taken from the jobs file's directory; each frontier is read
-once however many jobs name it.
+once however many jobs name it, and kept only until its last job is made.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +16,7 @@ from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
 from perseus.io.frontier_files import read_frontier, read_json_document
 from perseus.io.reading import INPUT_LIMITS
+from perseus.plan import Frontier
 from perseus.solver.fleet import FleetJob, fleet_job
 
 __all__ = ["FleetJobEntry", "read_fleet_jobs"]
@@ -64,16 +64,22 @@ def read_fleet_jobs(
     if not entries:
         raise ConfigError(f"{p}: no jobs; list at least one")
     seen: set[str] = set()
-    read = functools.cache(read_frontier)
+    paths = [p.parent / entry.frontier for entry in entries]  # an absolute path stays as it is
+    # A frontier is kept only until its last job: together they can take gigabytes.
+    last = {path: i for i, path in enumerate(paths)}
+    kept: dict[Path, Frontier] = {}
     out = []
-    for entry in entries:
+    for i, (entry, path) in enumerate(zip(entries, paths, strict=True)):
         if entry.name in seen:
             raise ConfigError(f"{p}: job name {entry.name!r} appears twice; names are unique")
         seen.add(entry.name)
+        frontier = kept.pop(path) if path in kept else read_frontier(path)
+        if last[path] > i:
+            kept[path] = frontier
         out.append(
             fleet_job(
                 entry.name,
-                read(p.parent / entry.frontier),  # an absolute path stays as it is
+                frontier,
                 weight=entry.weight,
                 gpus=entry.gpus,
                 per_gpu_cap_w=per_gpu_cap_w,

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from perseus.device.clock import WALL_CLOCK, Clock
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PerseusError
 from perseus.fleet.registry import Assignment, FleetRegistry
 from perseus.plan import Frontier
 from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 #: A cap a hair above the planned point's power, so float noise never moves the job below it.
 _CAP_SLACK = 1e-9
+#: After the database failed to answer, the last plan is served this long (at most a quarter
+#: of the lease) before the next try: a server out of reach costs no iteration a timeout.
+_RETRY_S = 5.0
 
 
 class FleetMember:
@@ -57,11 +60,18 @@ class FleetMember:
         self.assignment: Assignment | None = None
         self._ack = b""
         self._started = False
+        self._clock = clock
+        #: While the database fails to answer: when to ask it again (None: it answers).
+        self._retry_at: float | None = None
+        #: When the database last answered; a lease past since then may be expired, and
+        #: the plan's power the others': the job then runs its lowest-power plan.
+        self._answered_s = clock.now()
+        self._lapsed = False
 
     def start(self) -> FleetMember:
         """Register (or re-register) the job; its first plan comes with the next re-solve."""
         self.registry.register(self.job, lease_s=self.lease_s)
-        self._started = True
+        self._started, self._answered_s = True, self._clock.now()
         return self
 
     def close(self) -> None:
@@ -82,6 +92,15 @@ class FleetMember:
 
     def check(self, keys: Sequence[str]) -> bool:
         if CAP_KEY in keys:
+            if self._retry_at is None or self._clock.now() >= self._retry_at:
+                self._read_plan()
+            return self.assignment is not None
+        return ACK_KEY in keys and bool(self._ack)
+
+    def _read_plan(self) -> None:
+        """Renew the lease and read the plan. A database that does not answer (busy, down,
+        out of reach) must not stop the training: the last plan holds meanwhile."""
+        try:
             if not self.registry.heartbeat(self.name) and self._started:
                 # The planner expired the lease of this live job (a pause longer than the
                 # lease): join again, or it runs uncapped on power planned for the others.
@@ -91,8 +110,24 @@ class FleetMember:
                 )
                 self.registry.register(self.job, lease_s=self.lease_s)
             self.assignment = self.registry.assignment(self.name)
-            return self.assignment is not None
-        return ACK_KEY in keys and bool(self._ack)
+        except ConfigError:
+            raise
+        except PerseusError as e:
+            if self._retry_at is None:
+                log.warning(
+                    "fleet member %s: the fleet's database does not answer (%s); the last plan "
+                    "holds until it does (past the lease, the lowest-power plan)",
+                    self.name,
+                    e,
+                )
+            now = self._clock.now()
+            self._retry_at = now + min(_RETRY_S, self.lease_s / 4)
+            self._lapsed = now - self._answered_s > self.lease_s
+            return
+        self._answered_s, self._lapsed = self._clock.now(), False
+        if self._retry_at is not None:
+            log.info("fleet member %s: the fleet's database answers again", self.name)
+            self._retry_at = None
 
     def get(self, key: str) -> bytes:
         if key == ACK_KEY:
@@ -100,6 +135,9 @@ class FleetMember:
         a = self.assignment
         if key != CAP_KEY or a is None:
             raise ConfigError(f"fleet member {self.name!r}: no value under {key!r}")
+        if self._lapsed:  # its lease ran out unrenewed: the plan's power may be the others'
+            lowest_w = min(self.job.average_power_w) / self.replicas * (1 + _CAP_SLACK)
+            return f"{lowest_w!r} pipeline lapsed-{a.epoch}".encode()
         cap_w = a.cap_w / self.replicas * (1 + _CAP_SLACK)
         return f"{cap_w!r} pipeline {a.epoch}".encode()
 
@@ -112,4 +150,9 @@ class FleetMember:
         if a is not None and token == str(a.epoch):
             # read when iteration `iteration` ended: in force from the next one
             after = int(iteration) + 1 if iteration.isdecimal() else None
-            self.registry.acknowledge(self.name, a.point, after)
+            try:
+                self.registry.acknowledge(self.name, a.point, after)
+            except ConfigError:
+                raise
+            except PerseusError as e:  # shown by `fleet status` only: the training goes on
+                log.warning("fleet member %s: acknowledgement not recorded (%s)", self.name, e)

@@ -96,9 +96,10 @@ class MemberStatus:
 
 _INDEX = "fleet_members_by_status"
 _RUNNING = (
-    "SELECT name, weight, curve, heartbeat_s, lease_s FROM fleet_members "
-    "WHERE status = 'running' ORDER BY name"
+    "SELECT name, heartbeat_s, lease_s FROM fleet_members WHERE status = 'running' ORDER BY name"
 )
+#: Read (and parsed) only for a re-solve: a poll that changes nothing reads no curve.
+_CURVES = "SELECT name, weight, curve FROM fleet_members WHERE status = 'running' ORDER BY name"
 _CURVE = ("points", "time_s", "average_power_w", "peak_power_w", "fastest_time_s")
 _LOG = "INSERT INTO fleet_log (t_s, epoch, name, budget_w, point, average_power_w) VALUES "
 
@@ -274,11 +275,8 @@ class FleetRegistry:
         now = self._clock.now()
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
-            rows = self.store._x(con, _RUNNING).fetchall()
-            live = []
-            for name, weight, curve, beat, lease in rows:
+            for name, beat, lease in self.store._x(con, _RUNNING).fetchall():
                 if beat >= now - lease:
-                    live.append(_job(name, weight, curve))
                     continue
                 log.warning("fleet member %s missed its lease: its power is reassigned", name)
                 self.store._x(
@@ -297,6 +295,7 @@ class FleetRegistry:
                 (epoch, now),
             )
             self.store._x(con, _LOG + "(?, ?, NULL, ?, NULL, NULL)", (now, epoch, budget_w))
+            live = [_job(*row) for row in self.store._x(con, _CURVES).fetchall()]
             plan = _solve(live, budget_w)
             self._many(
                 con,
@@ -325,6 +324,16 @@ class FleetRegistry:
             for name, status, point, cap_w, ep, ack, ack_from, beat in rows
         ]
         return budget_w, epoch, members
+
+    def running(self) -> tuple[float | None, int]:
+        """The budget and how many members run (by the index: :meth:`status` reads every
+        member that ever ran)."""
+        with self._read() as con:
+            budget_w, _, _ = self._state(con)
+            count = self.store._x(
+                con, "SELECT count(*) FROM fleet_members WHERE status = 'running'"
+            ).fetchone()[0]
+        return budget_w, int(count)
 
     def timeline(self) -> list[tuple[float, float | None, dict[str, tuple[float, float]]]]:
         """Every plan, oldest first: its time, the budget and each job's (average power,

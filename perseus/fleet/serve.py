@@ -11,7 +11,7 @@ import numpy as np
 
 from perseus.dag.graph import FloatArray
 from perseus.device.clock import Clock
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PerseusError
 from perseus.fleet.registry import FleetRegistry
 from perseus.io.power_files import Signal
 
@@ -69,20 +69,30 @@ def serve(
 ) -> None:
     """Look for changes every ``interval_s`` (and at each of ``track``'s boundaries) and
     re-solve; set ``budget_w`` first, or follow ``track``. Runs until ``until_s`` seconds
-    have passed (for ever when None), or one look if ``once``."""
+    have passed (for ever when None), or one look if ``once``. A look the database does not
+    answer (busy, restarted, out of reach) once an earlier one was answered is logged and made
+    again at the next one."""
     start_s = clock.now()
     applied: float | None = None
+    answered = False
     while True:
         t_s = clock.now() - start_s
         want = track.at(t_s) if track is not None else budget_w
-        if want is not None and want != applied:
-            fleet.set_budget(want)
-            applied = want
-        epoch = fleet.replan()
-        if epoch is not None:
-            budget, _, members = fleet.status()
-            running = sum(1 for m in members if m.status == "running")
-            log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget or 0)
+        try:
+            if want is not None and want != applied:
+                fleet.set_budget(want)
+                applied = want
+            epoch = fleet.replan()
+            if epoch is not None:
+                budget, running = fleet.running()
+                log.info("plan %d: %d running jobs under %.1f W", epoch, running, budget or 0)
+            answered = True
+        except ConfigError:
+            raise
+        except PerseusError as e:  # busy, restarted or out of reach: the next look tries again
+            if not answered:  # the first look (the only one with ``once``): a wrong URL, say
+                raise
+            log.warning("fleet planner: the database does not answer (%s); looking again", e)
         if once or (until_s is not None and t_s >= until_s):
             return
         wait_s = interval_s

@@ -82,7 +82,16 @@ class RecurringRun:
         if self._profiler is not None and not self._profiler.done:
             self._profiler.step(samples)
             if self._profiler.done and not self.ended.is_set():
-                self.job._save_profile(self.batch_size, self._profiler)
+                try:
+                    self.job._save_profile(self.batch_size, self._profiler)
+                except PerseusError as e:  # a busy or full store must not stop the training
+                    log.warning(
+                        "run %s: the power-limit profile of batch size %d is not cached (%s); "
+                        "the next run of that size profiles again",
+                        self.run_id,
+                        self.batch_size,
+                        e,
+                    )
         self._heartbeat()
 
     def _heartbeat(self, force: bool = False) -> None:

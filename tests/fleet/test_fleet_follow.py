@@ -120,6 +120,49 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
         other.close()
 
 
+def test_a_database_that_does_not_answer_does_not_stop_the_training(
+    store_url: str, small: tuple[Any, PlanningJob, Frontier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rank 0 reads the plan at every iteration boundary: a database that did not answer (a
+    writer holding its lock past the busy timeout, a server restarted or out of reach) raised
+    out of the power runtime's read and ended the training. The last plan now holds (past the
+    lease, the lowest-power one); the database is asked again a few seconds later, not at
+    every iteration meanwhile."""
+    from perseus.runtime.power.cap import ACK_KEY, CAP_KEY
+
+    _, _, frontier = small
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(store_url, clock=clock) as planner, FleetRegistry(store_url) as holder:
+        member = FleetMember(store_url, "a", frontier, lease_s=60.0, clock=clock)
+        member.registry.store.busy_timeout_s = 0.2
+        member.start()
+        planner.set_budget(max(p.avg_power_w for p in frontier.points))
+        assert planner.replan() == 1
+        assert member.check([CAP_KEY]) and member.assignment is not None
+        plan, epoch = member.get(CAP_KEY), member.assignment.epoch
+        asked = []
+        heartbeat = member.registry.heartbeat
+        member.registry.heartbeat = lambda name: asked.append(name) or heartbeat(name)  # type: ignore[method-assign]
+        # SQLite: the write lock; PostgreSQL: the member's row
+        with holder._write() as con:
+            holder.store._x(con, "UPDATE fleet_members SET heartbeat_s = 0 WHERE name = 'a'")
+            for _ in range(3):
+                assert member.check([CAP_KEY]) and member.get(CAP_KEY) == plan
+            member.set(ACK_KEY, f"{epoch} 7")  # not recorded, not raised
+            assert asked == ["a"]
+            # past its lease unrenewed, the plan's power may be the others': the lowest plan
+            clock.advance(61.0)
+            assert member.check([CAP_KEY]) and asked == ["a", "a"]
+            lowest_w = min(p.avg_power_w for p in frontier.points)
+            cap_w, _, token = member.get(CAP_KEY).decode().split()
+            assert float(cap_w) == pytest.approx(lowest_w) and token == f"lapsed-{epoch}"
+        assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
+        clock.advance(5.0)
+        assert member.check([CAP_KEY]) and member.get(CAP_KEY) == plan and len(asked) == 3
+        assert planner.status()[2][0].heartbeat_age_s == 0.0  # the lease renewed again
+        member.close()
+
+
 def _iteration(session: RankSession) -> None:
     with session.iteration():
         for action in session.schedule.rank_actions[session.rank]:

@@ -71,3 +71,59 @@ def test_cli_serve_takes_its_first_budget_from_the_signal(tmp_path: Path, capsys
     assert "--signal-budget-w" in capsys.readouterr().err
     assert main(["fleet", "serve", "--db", url, "--once", "--signal-above", "1"]) == 2
     assert "--budget-signal" in capsys.readouterr().err
+
+
+def test_the_planner_outlives_a_database_that_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy database, a restarted PostgreSQL server or one out of reach ended `perseus
+    fleet serve` at its next look: no more plans until someone restarted it. It now looks
+    again at its next poll; a first look that fails (a wrong URL) still raises."""
+    from perseus.errors import PerseusError
+    from perseus.solver.fleet import FleetJob
+
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=clock) as fleet:
+        fleet.register(FleetJob("a", 1.0, (0, 1), (1.0, 1.1), (100.0, 60.0), (100.0, 60.0)))
+        replan, looks = fleet.replan, []
+
+        def flaky(*, force: bool = False) -> int | None:
+            looks.append(clock.now())
+            if len(looks) in (1, 3):
+                raise PerseusError("db: server closed the connection unexpectedly")
+            return replan(force=force)
+
+        monkeypatch.setattr(fleet, "replan", flaky)
+        with pytest.raises(PerseusError, match="closed the connection"):
+            serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, until_s=21.0)
+        assert looks == [1000.0]
+        serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, until_s=21.0)
+        assert looks == [1000.0, 1000.0, 1007.0, 1014.0, 1021.0]
+        assert fleet.status()[1] == 1 and fleet.assignment("a") is not None
+    assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_planners_log_line_reads_the_running_members_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After each plan the loop logged the running jobs' count from status(), which reads
+    every member that ever ran (finished and expired ones stay): 0.85-1.3 s a plan at
+    100,000 members that once ran; by the index now (0.04 ms)."""
+    import logging
+
+    from perseus.solver.fleet import FleetJob
+
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(f"sqlite:///{tmp_path / 'f.sqlite'}", clock=clock) as fleet:
+        for name in ("a", "b", "c"):
+            fleet.register(FleetJob(name, 1.0, (0, 1), (1.0, 1.1), (100.0, 60.0), (100.0, 60.0)))
+        fleet.finish("c")
+
+        def every_member() -> None:
+            raise AssertionError("the loop read every member")
+
+        monkeypatch.setattr(fleet, "status", every_member)
+        with caplog.at_level(logging.INFO, logger="perseus.fleet.serve"):
+            serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, once=True)
+        assert fleet.running() == (150.0, 2)
+    assert "plan 1: 2 running jobs under 150.0 W" in caplog.text

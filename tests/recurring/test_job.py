@@ -144,3 +144,29 @@ def test_the_lease_is_renewed_with_the_cost_so_far(
         run.end_epoch(reached=True)
     (row,) = job.store.runs("job")
     assert row["status"] == "done"
+
+
+def test_a_profile_the_busy_store_cannot_cache_does_not_stop_the_training(
+    setup: tuple[SimulatedGPU, VirtualClock, RecurringJob], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease's renewals survive a busy store (PerseusError); caching the profile at the
+    step that ended it raised out of run.step() and ended the training. The run keeps the
+    limit it chose, and the next run of that size profiles again."""
+    import contextlib
+    import sqlite3
+
+    gpu, clock, job = setup
+    job.store.busy_timeout_s = 0.1
+    with job.run() as run:
+        assert run.profiling
+        path = job.store.path  # type: ignore[attr-defined]
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock meanwhile
+            _steps(run, gpu, clock, 200)
+            other.execute("ROLLBACK")
+        high = gpu.power_limit_range_w()[1]
+        assert not run.profiling and run.power_limit_w == gpu.power_limit_w() < high
+        run.end_epoch(reached=True)
+    assert job.store.cached_power_limit_w("job", gpu.name, 64) is None
+    assert [o.reached for o in job.store.history("job")] == [True]
+    assert "is not cached" in caplog.text
