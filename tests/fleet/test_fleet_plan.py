@@ -111,6 +111,31 @@ def test_dynamic_program_beats_the_rounded_greedy() -> None:
     assert plan.lp_bound <= plan.weighted_slowdown
 
 
+def test_dynamic_program_keeps_a_byte_per_state_per_job() -> None:
+    """Many identical jobs all enter the dynamic program (their moves tie at the break
+    segment's price). Its trace-back record was two int64 arrays of ``grid + 1`` states per
+    job (2 GB at 15,000 jobs of the 1 MB jobs file); now one small-integer array per job."""
+    import tracemalloc
+
+    time_s = tuple(1.0 + 0.01 * i for i in range(20))
+    power_w = tuple(500.0 - 9.0 * i for i in range(20))
+    jobs = [
+        FleetJob(f"j{k}", 1.0 + k % 3, tuple(range(20)), time_s, power_w, power_w)
+        for k in range(300)
+    ]
+    budget_w = sum(power_w[0] for _ in jobs) - 0.37 * sum(power_w[0] - power_w[-1] for _ in jobs)
+    tracemalloc.start()
+    try:
+        plan = plan_fleet(jobs, budget_w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.total_average_power_w <= budget_w * (1 + 1e-12)
+    assert plan.weighted_slowdown < plan_fleet(jobs, budget_w, method="greedy").weighted_slowdown
+    grid = 9000
+    assert peak < 4 * len(jobs) * grid, peak  # 16 bytes a state a job before
+
+
 def test_cli_json_and_per_gpu_cap(fleet_frontiers: Frontiers, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     jobs_path = _jobs_file(fleet_frontiers, tmp_path, 12)
     jobs = read_fleet_jobs(jobs_path)
