@@ -64,8 +64,10 @@ class FleetJob:
 
     def slowdown(self, choice: int) -> float:
         """Choice ``choice``'s slowdown against the job's fastest plan."""
-        fastest_s = self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
-        return self.time_s[choice] / fastest_s - 1.0
+        return self.time_s[choice] / self._fastest_s() - 1.0
+
+    def _fastest_s(self) -> float:
+        return self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +165,12 @@ class _Segments:
 
 
 def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
-    return [
-        np.asarray([j.weight * j.slowdown(i) for i in range(len(j.points))], dtype=np.float64)
-        for j in jobs
-    ]
+    """Each job's weight x slowdown per choice (its fastest time found once, not per choice)."""
+    out = []
+    for j in jobs:
+        fastest_s = j._fastest_s()
+        out.append(np.asarray([j.weight * (t / fastest_s - 1.0) for t in j.time_s], np.float64))
+    return out
 
 
 def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[int], _Segments]:
