@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -208,12 +209,12 @@ def test_bad_jobs_files_name_the_entry(fleet_frontiers: Frontiers, tmp_path: Pat
         plan_fleet([fleet_job("x", frontier)], float("nan"))
 
 
-class _CountedTimes(tuple):  # type: ignore[type-arg]
+class _CountedTimes(tuple[float, ...]):
     """A job's times that count the passes over them."""
 
     passes = 0
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[float]:
         _CountedTimes.passes += 1
         return super().__iter__()
 
