@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -264,7 +265,7 @@ def _check_inputs(jobs: Sequence[FleetJob], budget_w: float, method: str, grid: 
         raise ConfigError("a fleet plan needs at least one job")
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = sorted(n for n, times in Counter(names).items() if times > 1)
         raise ConfigError(f"job names must be unique; repeated: {', '.join(twice[:5])}")
 
 
