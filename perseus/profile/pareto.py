@@ -61,13 +61,14 @@ def lower_hull(time_s: FloatArray, cost_j: FloatArray) -> IntArray:
 
     Complexity: O(K) for K sorted points.
     """
+    # Python floats: the same doubles, without a NumPy scalar made per element read.
+    t: list[float] = np.asarray(time_s, dtype=np.float64).tolist()
+    c: list[float] = np.asarray(cost_j, dtype=np.float64).tolist()
     hull: list[int] = []
-    for i in range(len(time_s)):
+    for i in range(len(t)):
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
-            cross = (time_s[b] - time_s[a]) * (cost_j[i] - cost_j[a]) - (cost_j[b] - cost_j[a]) * (
-                time_s[i] - time_s[a]
-            )
+            cross = (t[b] - t[a]) * (c[i] - c[a]) - (c[b] - c[a]) * (t[i] - t[a])
             if cross <= 0:  # b lies on or above segment a-i
                 hull.pop()
             else:
@@ -81,9 +82,11 @@ def convex_front(x: FloatArray, y: FloatArray) -> IntArray:
     least ``x`` to the least ``y`` (of equal ``y`` the least ``x``; of equal ``x`` the least
     ``y``). Complexity: O(P log P).
     """
-    best = min(range(x.size), key=lambda i: (y[i], x[i]))
-    order = sorted((i for i in range(x.size) if x[i] <= x[best]), key=lambda i: (x[i], y[i]))
+    xs: list[float] = np.asarray(x, dtype=np.float64).tolist()
+    ys: list[float] = np.asarray(y, dtype=np.float64).tolist()
+    best = min(range(len(xs)), key=lambda i: (ys[i], xs[i]))
+    order = sorted((i for i in range(len(xs)) if xs[i] <= xs[best]), key=lambda i: (xs[i], ys[i]))
     # Of equal x only the least y (the first) can be on the hull.
-    order = [i for k, i in enumerate(order) if k == 0 or x[order[k - 1]] != x[i]]
+    order = [i for k, i in enumerate(order) if k == 0 or xs[order[k - 1]] != xs[i]]
     out: IntArray = np.array(order, dtype=np.int64)[lower_hull(x[order], y[order])]
     return out

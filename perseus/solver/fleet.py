@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -64,8 +65,10 @@ class FleetJob:
 
     def slowdown(self, choice: int) -> float:
         """Choice ``choice``'s slowdown against the job's fastest plan."""
-        fastest_s = self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
-        return self.time_s[choice] / fastest_s - 1.0
+        return self.time_s[choice] / self._fastest_s() - 1.0
+
+    def _fastest_s(self) -> float:
+        return self.fastest_time_s if self.fastest_time_s is not None else min(self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +166,12 @@ class _Segments:
 
 
 def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
-    return [
-        np.asarray([j.weight * j.slowdown(i) for i in range(len(j.points))], dtype=np.float64)
-        for j in jobs
-    ]
+    """Each job's weight x slowdown per choice (its fastest time found once, not per choice)."""
+    out = []
+    for j in jobs:
+        fastest_s = j._fastest_s()
+        out.append(np.asarray([j.weight * (t / fastest_s - 1.0) for t in j.time_s], np.float64))
+    return out
 
 
 def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[int], _Segments]:
@@ -260,7 +265,7 @@ def _check_inputs(jobs: Sequence[FleetJob], budget_w: float, method: str, grid: 
         raise ConfigError("a fleet plan needs at least one job")
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = sorted(n for n, times in Counter(names).items() if times > 1)
         raise ConfigError(f"job names must be unique; repeated: {', '.join(twice[:5])}")
 
 
@@ -289,7 +294,10 @@ def _cover(
     origin = _REACH * grid // (1 + 2 * _REACH)  # the state of zero watts saved
     dp = np.full(grid + 1, np.inf)
     dp[origin] = 0.0
-    picks: list[tuple[int, IntArray, IntArray]] = []
+    # Per job that moves: its moves' steps, each state's move plus one (0: none; a byte or two
+    # a state, not two int64 arrays: K' x grid of those was 2 GB at 15,000 jobs) and the state
+    # the top one came from. A state below the top came from itself less its move's steps.
+    picks: list[tuple[int, IntArray, np.ndarray, int]] = []
     for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
         power = np.asarray(job.average_power_w, dtype=np.float64)
         value = cost + price * power
@@ -299,8 +307,8 @@ def _cover(
         if moves.size == 0:
             continue
         new = dp.copy()
-        prev = np.arange(grid + 1, dtype=np.int64)  # the state each state came from
-        src = np.full(grid + 1, -1, dtype=np.int64)  # the move that reached it (-1: none)
+        src = np.zeros(grid + 1, dtype=np.min_scalar_type(len(units)))
+        top_from = grid
         for i in moves:
             u = int(units[i])
             if abs(u) > grid:
@@ -310,23 +318,23 @@ def _cover(
             cand = dp[lo - u : hi - u] + added
             better = cand < new[lo:hi]
             new[lo:hi][better] = cand[better]
-            src[lo:hi][better] = i
-            prev[lo:hi][better] = np.arange(lo, hi)[better] - u
+            src[lo:hi][better] = i + 1
             if u > 0:  # the top state: "at least", from any state within u of it
                 j = int(np.argmin(dp[grid - u :])) + grid - u
                 if dp[j] + added < new[grid]:
-                    new[grid], src[grid], prev[grid] = dp[j] + added, i, j
-        picks.append((k, src, prev))
+                    new[grid], src[grid], top_from = dp[j] + added, i + 1, j
+        picks.append((k, units, src, top_from))
         dp = new
     need = origin + math.ceil(deficit_w / step_w - 1e-9)
     if need > grid or not np.isfinite(dp[need:]).any():
         return None
     state = int(np.argmin(dp[need:])) + need
     out = list(base)
-    for k, src, prev in reversed(picks):
-        if src[state] >= 0:
-            out[k] = int(src[state])
-        state = int(prev[state])
+    for k, units, src, top_from in reversed(picks):
+        move = int(src[state]) - 1
+        if move >= 0:
+            out[k] = move
+            state = top_from if state == grid else state - int(units[move])
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,31 @@ def test_dynamic_program_beats_the_rounded_greedy() -> None:
     greedy = plan_fleet([a, b], 190.0, method="greedy")
     assert greedy.weighted_slowdown == pytest.approx(0.05)
     assert plan.lp_bound <= plan.weighted_slowdown
+
+
+def test_dynamic_program_keeps_a_byte_per_state_per_job() -> None:
+    """Many identical jobs all enter the dynamic program (their moves tie at the break
+    segment's price). Its trace-back record was two int64 arrays of ``grid + 1`` states per
+    job (2 GB at 15,000 jobs of the 1 MB jobs file); now one small-integer array per job."""
+    import tracemalloc
+
+    time_s = tuple(1.0 + 0.01 * i for i in range(20))
+    power_w = tuple(500.0 - 9.0 * i for i in range(20))
+    jobs = [
+        FleetJob(f"j{k}", 1.0 + k % 3, tuple(range(20)), time_s, power_w, power_w)
+        for k in range(300)
+    ]
+    budget_w = sum(power_w[0] for _ in jobs) - 0.37 * sum(power_w[0] - power_w[-1] for _ in jobs)
+    tracemalloc.start()
+    try:
+        plan = plan_fleet(jobs, budget_w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.total_average_power_w <= budget_w * (1 + 1e-12)
+    assert plan.weighted_slowdown < plan_fleet(jobs, budget_w, method="greedy").weighted_slowdown
+    grid = 9000
+    assert peak < 4 * len(jobs) * grid, peak  # 16 bytes a state a job before
 
 
 def test_cli_json_and_per_gpu_cap(fleet_frontiers: Frontiers, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -219,3 +245,52 @@ def test_each_frontier_is_read_once_and_kept_only_until_its_last_job(
     assert len(made) == 4  # each frontier once
     assert max(alive) <= 1, alive  # the one a later job names (or the last one made)
     assert jobs == [fleet_job(f"j{k}", fleet_frontiers[shapes[s]][1]) for k, s in enumerate(order)]
+
+
+class _CountedTimes(tuple[float, ...]):
+    """A job's times that count the passes over them."""
+
+    passes = 0
+
+    def __iter__(self) -> Iterator[float]:
+        _CountedTimes.passes += 1
+        return super().__iter__()
+
+
+def test_costs_find_each_jobs_fastest_time_once() -> None:
+    """Without ``fastest_time_s`` a job's slowdowns are against its fastest choice: that
+    minimum was taken again for every choice (P^2 for P points: 10^10 steps for a frontier of
+    100,000 points)."""
+    n = 400
+    time_s = _CountedTimes(1.0 + 0.001 * i for i in range(n))
+    power_w = tuple(500.0 - i for i in range(n))
+    jobs = [FleetJob("a", 1.0, tuple(range(n)), time_s, power_w, power_w)]
+    _CountedTimes.passes = 0
+    plan = plan_fleet(jobs, 300.0)
+    assert plan.jobs[0].average_power_w <= 300.0
+    assert plan.jobs[0].slowdown == pytest.approx(time_s[plan.jobs[0].point] / 1.0 - 1.0)
+    assert _CountedTimes.passes <= 4, _CountedTimes.passes  # n + 1 before
+
+
+class _CountedName(str):
+    """A job name that counts its ``==`` comparisons."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_repeated_names_are_found_without_comparing_every_pair() -> None:
+    """Each name was counted over the whole list (K^2 comparisons: 6.7 s at 18,000 jobs
+    before the error)."""
+    one = ((0,), (1.0,), (100.0,), (100.0,))
+    names = [_CountedName(f"job{k}") for k in range(300)] + [_CountedName("job7")]
+    jobs = [FleetJob(name, 1.0, *one) for name in names]
+    _CountedName.compared = 0
+    with pytest.raises(ConfigError, match=r"job names must be unique; repeated: job7$"):
+        plan_fleet(jobs, 1e9)
+    assert _CountedName.compared < 10 * len(names), _CountedName.compared  # 90,000 before
