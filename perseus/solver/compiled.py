@@ -361,9 +361,9 @@ def _forward_again(topo, x, start, end, kept):
 
 @_jit_inline
 def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, work, kept):
-    """Step length: Newton on the makespan along the move (see reference_walk._step_length);
-    ``work`` is (trial, start, end, mark, room_of), the marks cleared on return; ``kept``:
-    :func:`_forward_again`'s."""
+    """Step length: Newton on the makespan along the move (as in the tests' oracle,
+    tests/solver/oracles/reference_walk.py); ``work`` is (trial, start, end, mark, room_of),
+    the marks cleared on return; ``kept``: :func:`_forward_again`'s."""
     pred_ptr, pred_idx, pred_lat = topo[1], topo[2], topo[3]
     fwd, bwd, bwd_room = move
     trial, start, end, mark, room_of = work
@@ -396,8 +396,9 @@ def _step_length(topo, dur, move, n_fwd, n_bwd, deadline, step_max, exact, tol, 
 def _emit_along(
     dur, move, n_fwd, n_bwd, deadline, step, cut_value, state, gap, power_ranks, anchor_s, em
 ):
-    """Emit the plans this step passes (see reference_walk._Emitter.along); ``em`` is
-    ``_emit``'s arguments with ``trial`` for ``x``; returns the new ``(emitted, n_emitted)``."""
+    """Emit the plans this step passes (as in the tests' oracle,
+    tests/solver/oracles/reference_walk.py); ``em`` is ``_emit``'s arguments with ``trial``
+    for ``x``; returns the new ``(emitted, n_emitted)``."""
     node_type, opt_t, tol, trial, rounded, rounded_up, last_rounded, emitted, n_emitted = em
     fwd, bwd, bwd_room = move
     if state[S_EMITTING] == 0.0 and cut_value >= 0.5 * power_ranks:

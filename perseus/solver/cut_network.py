@@ -2,9 +2,10 @@
 
 One network over all ops (:func:`build_network`), int64 capacities on one scale (finite ones
 sum below 2**52; infinite arcs 2**62, a bottleneck that large meaning the fastest plan is
-reached), lower bounds folded into terminal arcs as in :mod:`perseus.solver.check.maxflow`.
-Between iterations flow follows changed capacities (:func:`keep_balanced`, :func:`set_capacity`)
-and :func:`augment` re-augments with Boykov–Kolmogorov search trees, also kept. Complexity:
+reached), lower bounds folded into terminal arcs as in the tests' oracle
+(tests/solver/oracles/maxflow.py). Between iterations flow follows changed capacities
+(:func:`keep_balanced`, :func:`set_capacity`) and :func:`augment` re-augments with
+Boykov–Kolmogorov search trees, also kept. Complexity:
 building O((N + E) log(N + E)); a capacity change O(1) plus the flow it cancels; an
 augmentation a few hundred nodes per iteration on pipeline DAGs (no useful polynomial bound).
 """

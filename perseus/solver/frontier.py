@@ -12,8 +12,10 @@ How and why: ``docs/planning.md``. Complexity: O(B·(N + E)) in practice for B b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from perseus.solver.fold import FOLD_ABOVE_OPS, FoldedJob, fold_job
 from perseus.solver.pareto_search import search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
-from perseus.solver.walk import METHODS, CoreFn, Lifter, Progress
+from perseus.solver.walk import METHODS, CoreFn, Lifter, Progress, core_of
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
@@ -132,7 +134,7 @@ def trace(
     all_points: bool = False,
     progress: Progress | None = None,
     hull_gap_fraction: float | None = None,
-    method: str = "compiled",
+    method: str | Callable[..., Any] = "compiled",
     fold: bool | None = None,
     max_clocks_per_op: int | None = None,
 ) -> FrontierTrace:
@@ -142,7 +144,8 @@ def trace(
         hull_gap_fraction: Thin each op's hull (:func:`build_cost_model`); 0 traces the LP
             floor exactly. Default: :data:`DEFAULT_HULL_GAP_FRACTION` for one clock per op,
             0 for two or more.
-        method: ``"compiled"`` (numba) or ``"reference"`` (numpy and scipy, the oracle).
+        method: ``"compiled"`` (numba), or a kernel with
+            :func:`perseus.solver.compiled.walk_kernel`'s signature (the tests' numpy oracle).
         fold: Walk a job with fewer microbatches and lift its plans
             (:mod:`perseus.solver.fold`); default: above ``FOLD_ABOVE_OPS`` ops.
         max_clocks_per_op: 1, 2 (two-clock ops) or up to 4 phases per op; default: 2 when
@@ -171,7 +174,8 @@ def trace(
     model = build_cost_model(job, hull_gap_fraction, max_clocks_per_op)
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     quantum = time_quantum_s if time_quantum_s is not None else 0.0
-    walk = (METHODS[method], quantum, min_gap_fraction, all_points, progress)
+    core = METHODS[method] if isinstance(method, str) else core_of(method)
+    walk = (core, quantum, min_gap_fraction, all_points, progress)
     return _impl(job, model, folded, walk, one_clock)
 
 
@@ -180,11 +184,11 @@ def _checked(
     time_quantum_s: float | None,
     min_gap_fraction: float,
     hull_gap_fraction: float | None,
-    method: str,
+    method: str | Callable[..., Any],
     max_clocks_per_op: int | None,
 ) -> tuple[int, float]:
     """:func:`trace`'s arguments checked; returns the clocks per op and hull gap to use."""
-    if method not in METHODS:
+    if isinstance(method, str) and method not in METHODS:
         raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(METHODS)}")
     if time_quantum_s is not None and not (math.isfinite(time_quantum_s) and time_quantum_s > 0):
         raise ConfigError(

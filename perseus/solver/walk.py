@@ -1,15 +1,16 @@
 """Driving the frontier walk chunk by chunk, its emitted plans made into candidates on a
 worker thread, and the lifting of a folded walk's plans.
 
-:data:`METHODS` maps ``"compiled"`` (:func:`perseus.solver.compiled.walk_kernel`) and
-``"reference"`` (the numpy/scipy oracle in :mod:`perseus.solver.check`) to a core that returns
-the candidates (reclaimed, each batch's Pareto set), the iteration count, the traced
+:data:`METHODS` maps ``"compiled"`` (:func:`perseus.solver.compiled.walk_kernel`) to a core,
+and :func:`core_of` makes one of any kernel of that signature (the tests' numpy oracle); a core
+returns the candidates (reclaimed, each batch's Pareto set), the iteration count, the traced
 relaxation and why the walk stopped. Complexity: the walk's, plus one tighten, reclaim and
 evaluation pass, O(N + E) each, per emitted plan.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -26,7 +27,7 @@ from perseus.solver.pareto_search import plan_figures
 from perseus.solver.paths import Topology
 from perseus.solver.reclaim import reclaim_slack
 
-__all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "pareto_within"]
+__all__ = ["METHODS", "CoreFn", "Lifter", "Progress", "Then", "core_of", "pareto_within"]
 
 Progress = Callable[[float], None]
 
@@ -161,12 +162,10 @@ def _core_compiled(*args: Any) -> tuple[list[IntArray], int, list[float], list[f
     return _core(walk_kernel, *args)
 
 
-def _core_reference(*args: Any) -> tuple[list[IntArray], int, list[float], list[float], str]:
-    """The same walk in numpy, step for step
-    (:func:`perseus.solver.check.reference_walk.walk_chunk`)."""
-    from perseus.solver.check.reference_walk import walk_chunk
-
-    return _core(walk_chunk, *args)
+def core_of(kernel: Callable[..., Any]) -> CoreFn:
+    """The walk core around ``kernel``, a function with
+    :func:`perseus.solver.compiled.walk_kernel`'s arguments and results."""
+    return functools.partial(_core, kernel)
 
 
 class Lifter:
@@ -214,7 +213,7 @@ class Lifter:
         return pareto_within(job, model, topo, lifted)
 
 
-METHODS: dict[str, CoreFn] = {"compiled": _core_compiled, "reference": _core_reference}
+METHODS: dict[str, CoreFn] = {"compiled": _core_compiled}
 
 
 def pareto_within(

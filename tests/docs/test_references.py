@@ -2,7 +2,7 @@
 
 Three kinds are checked, in every module under ``perseus/``:
 
-* dotted names (``perseus.solver.check.maxflow``, ``reference_walk._step_length``): a full
+* dotted names (``perseus.solver.cut_network.INF_CAP``, ``compiled._step_length``): a full
   ``perseus.…`` path, a Sphinx role (:func:, :meth:, :class:, ...) resolved from the module it is
   written in, or ``module._private`` where ``module`` is the last part of a perseus module;
 * citations of the hardware notes, ``docs/hardware.md#anchor``: the page has that anchor;
@@ -183,7 +183,7 @@ def test_the_checker_finds_moved_names() -> None:
     source = (
         '"""Folded as in :mod:`perseus.solver.maxflow`; see frontier._step_length, and\n'
         ":meth:`ClockSweep.finished_everywhere`; docs/hardware.md#no-such-section;\n"
-        'benchmarks/no_such_script.py; fine: reference_walk._step_length."""\n'
+        'benchmarks/no_such_script.py; fine: compiled._step_length."""\n'
         "from perseus.runtime.profiling.sweep import ClockSweep\n"
     )
     module = types.ModuleType("perseus.runtime.profiling._probe")

@@ -13,6 +13,7 @@ from perseus.errors import ConfigError
 from perseus.solver import cut_network, trace, walk
 
 from .conftest import CASES, small_job
+from .oracles.reference_walk import walk_chunk
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
@@ -20,7 +21,7 @@ def test_compiled_walk_traces_the_same_relaxation_as_the_reference(case):
     schedule, stages, microbatches, virtual, seed = case
     job = small_job(schedule, stages, microbatches, seed=seed, virtual_stages=virtual)
     fast = trace(job, hull_gap_fraction=0.0)
-    ref = trace(job, hull_gap_fraction=0.0, method="reference")
+    ref = trace(job, hull_gap_fraction=0.0, method=walk_chunk)
     assert fast.complete and ref.complete
     # Both walk the same LP's breakpoints (step for step: test_reference_walk.py): same ends,
     # same energy at every deadline.

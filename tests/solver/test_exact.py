@@ -7,10 +7,10 @@ import pytest
 
 from perseus.errors import InfeasibleError
 from perseus.solver import trace
-from perseus.solver.check.milp import brute_force_energy_j, optimal_energy_j
 from perseus.solver.lp_bound import lp_energy_floor_j
 
 from .conftest import small_job
+from .oracles.milp import brute_force_energy_j, optimal_energy_j
 
 # (schedule, stages, microbatches, clocks, seed): all ≤ 12 ops and ≤ 5 clocks.
 TINY = [

@@ -174,21 +174,24 @@ def test_thinning_keeps_the_no_slowdown_plan():
     assert len(frontier_module._select(job, model, topo, cand, anchor.time_s, anchor.time_s)) == 3
 
 
-@pytest.mark.parametrize("method", ["compiled", "reference"])
+@pytest.mark.parametrize("method", ["compiled", "reference"])  # the tests' numpy oracle
 def test_every_walk_returns_reclaimed_candidates(method):
     # The final selection does not reclaim again, so every walk must hand over plans that
     # reclaiming leaves as they are.
     from perseus.solver.cost_model import build_cost_model
     from perseus.solver.paths import build_topology
     from perseus.solver.reclaim import reclaim_slack
-    from perseus.solver.walk import METHODS
+    from perseus.solver.walk import METHODS, core_of
+
+    from .oracles.reference_walk import walk_chunk
 
     job = small_job("1f1b", 4, 6, seed=11)
     model = build_cost_model(job)
     topo = build_topology(job.graph)
     allmax_s = float(job.evaluate(job.allmax()).time_s)
     walk = (job, model, topo, 1e-9 * allmax_s, 0.0, 1e-3 * allmax_s, False, None, None)
-    cand, *_ = METHODS[method](*walk)
+    core = METHODS["compiled"] if method == "compiled" else core_of(walk_chunk)
+    cand, *_ = core(*walk)
     rows = np.stack(cand)
     assert len(rows) > 2
     assert np.array_equal(reclaim_slack(model, topo, rows), rows)

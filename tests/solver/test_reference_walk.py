@@ -10,15 +10,16 @@ import pytest
 
 from perseus.plan import points_sha256
 from perseus.solver import trace
-from perseus.solver.check.maxflow import minimal_source_side
 from perseus.solver.cut_network import INF_CAP
 
 from .conftest import CASES, small_job
+from .oracles.maxflow import minimal_source_side
+from .oracles.reference_walk import walk_chunk
 
 
 def _same_walk(job, **kwargs) -> None:
     fast = trace(job, **kwargs)
-    ref = trace(job, method="reference", **kwargs)
+    ref = trace(job, method=walk_chunk, **kwargs)
     assert ref.frontier.points == fast.frontier.points
     assert points_sha256(ref.frontier.points) == points_sha256(fast.frontier.points)
     # Step for step: the same breakpoints, candidates and ending.

@@ -3,7 +3,7 @@
 :func:`walk_chunk` takes the arguments of :func:`perseus.solver.compiled.walk_kernel` and
 returns what it returns, step for step: the same capacities on the same cut network, the same
 cut (the minimal source side of a minimum cut, unique over maximum flows, found here by
-:func:`perseus.solver.check.maxflow.minimal_source_side`), the same Newton step length and the
+:func:`tests.solver.oracles.maxflow.minimal_source_side`), the same Newton step length and the
 same emitted plans, so both walks give the same frontier point for point.
 
 Complexity: O(B·(N + E)) numpy steps for B breakpoints, plus two or three scipy max flows
@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from perseus.dag.graph import BoolArray, FloatArray, IntArray
-from perseus.solver.check.maxflow import minimal_source_side
 from perseus.solver.compiled import (
     _BUDGET,
     _MAX_NEWTON,
@@ -34,6 +33,7 @@ from perseus.solver.compiled import (
 )
 from perseus.solver.cut_network import INF_CAP
 from perseus.solver.paths import Topology
+from tests.solver.oracles.maxflow import minimal_source_side
 
 __all__ = ["walk_chunk"]
 
