@@ -43,6 +43,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--no-profile", action="store_true")
     args = p.parse_args()
+    if not (0 < args.k_fwd < args.layers and 0 < args.k_bwd < args.layers):
+        p.error("--k-fwd and --k-bwd must be at least 1 and below --layers (the switch is inside)")
 
     profile = take_stages(load_profile("a100"), 4)
     actions = build_schedule("1f1b", 4, args.microbatches).rank_actions[0]
