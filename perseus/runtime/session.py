@@ -344,11 +344,14 @@ class RankSession:
         agent = self._agent
         if self._pending is not None and agent is not None:
             (frontier, index), self._pending = self._pending, None
-            agent.swap_plan(frontier, index)
-            if self._sweep is None:  # a sweep plan is not the deployed frontier
-                self.frontier, self.point_index = frontier, index
-                self._run_start = self._iteration
-                self._drift.reset()
+            # Only a plan not running already (a hook may return its decision every
+            # iteration): each re-deploy restarted the summary's stretch and the drift watch.
+            if frontier is not agent.plan or index != agent.point_index:
+                agent.swap_plan(frontier, index)
+                if self._sweep is None:  # a sweep plan is not the deployed frontier
+                    self.frontier, self.point_index = frontier, index
+                    self._run_start = self._iteration
+                    self._drift.reset()
         # Back-to-back iterations share their boundary (counter steps cancel over a run); after
         # anything ran between them or a discarded one, every rank marks a fresh start.
         fresh = 1.0 if (self._ran_between or self._last_mark is None) else 0.0

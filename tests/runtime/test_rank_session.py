@@ -287,6 +287,21 @@ def test_a_hooks_plan_on_a_real_gpu_runs_from_the_next_iteration_to_start(
         assert [s.point_index for s in session.history] == [0] * first + [1] * (4 - first)
 
 
+def test_a_hook_returning_the_running_plan_every_iteration_deploys_nothing(gpu, profile):
+    """An adaptive StragglerRuntime returns its decision every iteration, mostly the plan
+    running already: that is no new plan. Each re-deploy restarted the summary's stretch (1
+    iteration summarised of 6) and the drift watch, and swapped the agent's plan."""
+    with _session(gpu, profile) as session:
+        agent = session.agent
+        assert agent is not None
+        running = agent._rank_plan
+        session.add_boundary_hook(lambda stats: (session.frontier, session.point_index))
+        for _ in range(6):
+            _iteration(session)
+        assert agent._rank_plan is running
+    assert session.summary is not None and session.summary.iterations == 5  # less the first
+
+
 def test_without_a_device_timeline_the_session_times_on_its_clock(
     profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
