@@ -344,13 +344,17 @@ def job_spec(
     )
 
 
-def check_frontier(schedule: Schedule, frontier: Frontier, point_index: int) -> None:
-    """Raise :class:`PlanError` unless ``frontier`` was computed for ``schedule``.
+def check_frontier(
+    schedule: Schedule, frontier: Frontier, point_index: int, *, ops_checked: bool = False
+) -> None:
+    """Raise :class:`PlanError` unless ``frontier`` was computed for ``schedule``
+    (``ops_checked``: its stage ops were found to be the schedule's before; only the point is
+    checked).
 
     Raises:
         PlanError: other stage ops, or ``point_index`` out of range.
     """
-    if frontier.rank_actions != schedule.rank_actions:
+    if not ops_checked and frontier.rank_actions != schedule.rank_actions:
         raise PlanError(
             "plan's stage_ops differ from the schedule the engine runs; compute the plan for "
             f"{schedule.name} with {schedule.num_stages} stages and "

@@ -114,6 +114,42 @@ def test_unexpected_backend_exception_degrades_too(tmp_path: Path) -> None:
     ctl.close()
 
 
+@pytest.mark.filterwarnings("ignore::perseus.runtime.agent.readback.ClockHeldWarning")
+def test_an_op_whose_handling_raises_leaves_the_worker_running_observe_only(
+    tmp_path: Path,
+) -> None:
+    """A clock read-back raising something other than a DeviceError (a backend's bug) killed
+    the worker: every boundary posted after it queued for good (9 per iteration here, one per
+    op and mark) and each iteration's end waited out a 1 s flush. Now that op is dropped, the
+    controller goes observe-only with one warning and the worker goes on."""
+    from perseus.runtime.agent.rank_agent import RankAgent
+    from perseus.schedule import build_schedule
+    from tests.runtime.plans import tiny_plan
+
+    actions = build_schedule("1f1b", 1, 4).rank_actions[0]
+    plan = tiny_plan(
+        1980, stage_ops=(tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions),)
+    )
+    gpu = SimulatedGPU.from_preset(
+        "h100", state_dir=tmp_path, set_latency_s=0.0, publish_interval_s=0.0
+    )
+    agent = RankAgent(plan, gpu, 0, watchdog=False, handle_signals=False).start()
+    ctl = agent.controller
+    assert ctl is not None and ctl.threaded
+    gpu.inject_error("current_clock_mhz", RuntimeError("boom"))  # type: ignore[arg-type]
+    with pytest.warns(ObserveOnlyWarning, match="clock worker failed.*RuntimeError"):
+        for _ in range(3):
+            agent.step_begin()
+            for a in actions:
+                with agent.op(a.kind, a.microbatch_index):
+                    gpu.launch(a.stage_index, a.kind)
+                    agent.mark_op_end()
+            assert agent.step_end().time_s > 0
+            assert not ctl._jobs  # nothing left queued
+    assert ctl.observe_only and ctl._thread is not None and ctl._thread.is_alive()
+    agent.close()
+
+
 def test_close_nowait_stops_the_worker_without_taking_the_lock(tmp_path: Path) -> None:
     ctl = FrequencyController(_gated_gpu(tmp_path)[0])
     ctl.start()

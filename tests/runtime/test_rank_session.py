@@ -287,6 +287,50 @@ def test_a_hooks_plan_on_a_real_gpu_runs_from_the_next_iteration_to_start(
         assert [s.point_index for s in session.history] == [0] * first + [1] * (4 - first)
 
 
+def test_a_hook_returning_the_running_plan_every_iteration_deploys_nothing(gpu, profile):
+    """An adaptive StragglerRuntime returns its decision every iteration, mostly the plan
+    running already: that is no new plan. Each re-deploy restarted the summary's stretch (1
+    iteration summarised of 6) and the drift watch, and swapped the agent's plan."""
+    with _session(gpu, profile) as session:
+        agent = session.agent
+        assert agent is not None
+        running = agent._rank_plan
+        session.add_boundary_hook(lambda stats: (session.frontier, session.point_index))
+        for _ in range(6):
+            _iteration(session)
+        assert agent._rank_plan is running
+    assert session.summary is not None and session.summary.iterations == 5  # less the first
+
+
+def test_a_hooks_frontier_is_compared_with_the_schedule_once(
+    gpu, profile, monkeypatch: pytest.MonkeyPatch
+):
+    """A hook returning its frontier every iteration: its stage ops (every rank's actions:
+    131,072 for 1F1B 64 x 1024) are compared with the schedule's once, not each iteration;
+    a point out of range is still refused."""
+    from perseus.plan import Frontier
+
+    reads = []
+    ops = Frontier.rank_actions
+    monkeypatch.setattr(
+        Frontier, "rank_actions", property(lambda f: reads.append(1) or ops.__get__(f))
+    )
+    point = [1]
+    with _session(gpu, profile) as session:
+        frontier = session.frontier
+        session.add_boundary_hook(lambda stats: (frontier, point[0]))
+        for _ in range(2):
+            _iteration(session)
+        first = len(reads)
+        for _ in range(4):
+            _iteration(session)
+        assert len(reads) == first
+        point[0] = 2
+        with pytest.raises(PlanError, match="point 2 is out of range"):
+            _iteration(session)
+    assert [s.point_index for s in session.history[:3]] == [0, 1, 1]
+
+
 def test_without_a_device_timeline_the_session_times_on_its_clock(
     profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -158,6 +158,42 @@ def test_a_cap_halves_a_locked_top_clocks_throughput_and_is_flagged_in_the_first
     assert times["capped"][0] / times["free"][0] >= 1.9  # throughput halved
 
 
+def test_a_steady_cap_keeps_each_held_op_once_however_many_iterations_hold_it(tmp_path: Path):
+    """Every iteration under a steady cap holds the same ops at the same clocks: the agent's
+    iteration records (up to 100,000) share those held ops rather than keep new ones per
+    iteration (64 ops: 11 KB an iteration, over 1 GB per rank)."""
+    clock = VirtualClock()
+    gpu = _h100(tmp_path, clock, 300.0)
+    agent = RankAgent(
+        _top_clock_plan(), gpu, 0, watchdog=False, handle_signals=False, clock=clock
+    ).start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClockHeldWarning)
+        _run(agent, gpu, 60)
+    agent.close()
+    deliveries = [r.clock_delivery for r in agent.records.iterations]
+    assert all(d is not None and len(d.held) == 8 for d in deliveries)
+    held = [h for d in deliveries if d is not None for h in d.held]
+    assert len(held) == 480
+    assert len({id(h) for h in held}) == len(set(held)) <= 16  # one object per held op seen
+    assert len({id(d) for d in deliveries}) == len(set(deliveries))
+
+
+def test_shared_holds_keep_at_most_their_limit():
+    from perseus.runtime.agent import readback
+
+    shared = readback.SharedHolds()
+    for mhz in range(readback._SHARED_LIMIT + 10):
+        op = HeldOp("0F0", 1980, mhz, ("sw_power_cap",))
+        assert shared.one(op) is op
+        assert shared.one(HeldOp("0F0", 1980, mhz, ("sw_power_cap",))) is op
+        assert len(shared) <= readback._SHARED_LIMIT
+    readings = [OpReading("0F0", 1980, 1980, 1500, CAP, 1.0)]
+    first = clock_delivery(readings, shared)
+    assert first is not None and clock_delivery(readings, shared) is first
+    assert first == clock_delivery(readings)
+
+
 def test_read_back_stops_on_a_gpu_that_cannot_tell(tmp_path: Path):
     clock = VirtualClock()
     gpu = _h100(tmp_path, clock, 300.0)

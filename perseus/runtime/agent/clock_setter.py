@@ -222,9 +222,9 @@ class ClockSetter:
         try:  # a transient error (NVML timeout) or a backend bug is retried
             return retry(call, transient=_not_refused, backoff_s=waits_s, clock=self._clock)
         except _REFUSED as e:
-            self._degrade(f"cannot lock clocks on {self.gpu.name}: {e}")
+            self.degrade(f"cannot lock clocks on {self.gpu.name}: {e}")
         except Exception as e:
-            self._degrade(
+            self.degrade(
                 f"setting the clock on {self.gpu.name} kept failing ({RETRIES + 1} tries, "
                 f"last: {e!r})"
             )
@@ -272,7 +272,8 @@ class ClockSetter:
             "only, at the default memory clock (the plan's figures will not hold)"
         )
 
-    def _degrade(self, why: str) -> None:
+    def degrade(self, why: str) -> None:
+        """Set no clock any more (observe-only); ``why`` goes into :attr:`notice`."""
         self.notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"
         self.observe_only = True  # last: a waiter that sees it also sees the notice
 

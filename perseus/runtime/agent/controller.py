@@ -87,6 +87,7 @@ class FrequencyController:
         # None: the device cannot say which clock ran.
         self._readback: ClockReadbackGPU | None = gpu if isinstance(gpu, ClockReadbackGPU) else None
         self._stale = 0
+        self._failures = 0  # ops whose handling raised
 
     def start(self) -> None:
         """Start the worker thread (idempotent; no thread when not ``threaded``)."""
@@ -234,12 +235,25 @@ class FrequencyController:
         return pair, since, job
 
     def _handle_done(self, job: Boundary) -> None:
-        self._handle(job)
-        if job.then is not None and not self._closed:
-            job.then()
+        try:
+            self._handle(job)
+        except Exception as e:  # DeviceErrors are handled where they occur: a bug, say
+            self._failed(e)
+        else:  # on failure the training thread works out what ``then`` would have
+            if job.then is not None and not self._closed:
+                job.then()
         with self._cond:
             if self._jobs and self._jobs[0] is job:
                 self._jobs.popleft()
+
+    def _failed(self, error: Exception) -> None:
+        """An op's handling raised: its boundary is dropped and no clock is set any more
+        (observe-only, said once), instead of the worker dying with boundaries still posted to
+        it (they queued for good and every iteration's end waited out its flush timeout)."""
+        if self._failures == 0:
+            self.setter.degrade(f"the clock worker failed on {self.gpu.name}: {error!r}")
+            self._attention = True
+        self._failures += 1
 
     def _drain(self) -> None:
         """Inline mode: do everything posted so far on this thread, in the worker's order."""

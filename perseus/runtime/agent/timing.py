@@ -23,7 +23,12 @@ from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpRequest
 from perseus.runtime.agent.controller import FrequencyController
 from perseus.runtime.agent.op_timing import OpTimingHistory
 from perseus.runtime.agent.rank_plan import OpPhase
-from perseus.runtime.agent.readback import ClockDelivery, OpReading, clock_delivery
+from perseus.runtime.agent.readback import (
+    ClockDelivery,
+    OpReading,
+    SharedHolds,
+    clock_delivery,
+)
 from perseus.schedule.actions import Action
 
 __all__ = ["CounterMark", "DeviceTiming", "HostTiming", "OpRow"]
@@ -174,6 +179,7 @@ class DeviceTiming(_Clocks):
         "_post",
         "_record_ops",
         "_recycle",
+        "_shared",
         "_stamp_ops",
         "history",
         "jobs",
@@ -202,6 +208,7 @@ class DeviceTiming(_Clocks):
         self._begin: CounterMark | None = None
         self._post: Callable[[Boundary], None] | None = None  # where enter() posts (begin())
         self._closed: deque[_Closed] = deque()  # ended on the host, figures not read yet
+        self._shared = SharedHolds()  # the held ops iterations repeat, made once
 
     def begin(self, iteration: int) -> None:
         """The iteration starts: apply its first clock, mark its start on the device."""
@@ -345,7 +352,7 @@ class DeviceTiming(_Clocks):
             rows,
             sum(job.report.mids_issued for job in jobs),
             sum(job.report.mids_missed for job in jobs),
-            clock_delivery(readings),
+            clock_delivery(readings, self._shared),
         )
 
     def abort(self) -> None:
