@@ -20,6 +20,7 @@ from collections.abc import Callable
 from perseus.device.base import GPU, ClockReadbackGPU, DeviceEvent, EventSource, ObserveOnlyWarning
 from perseus.device.clock import REAL_CLOCK, Clock
 from perseus.errors import DeviceError
+from perseus.log import get_logger
 from perseus.runtime.agent.boundary import Boundary, MidSwitch, OpReport
 from perseus.runtime.agent.clock_setter import ApplyStats, ClockSetter
 from perseus.runtime.agent.readback import IDLE_REASON
@@ -35,6 +36,8 @@ FINAL_POLL_S = 0.001
 #: ... and stops querying the op's end event this long before it (a query may wait on a
 #: lock); an op that ends earlier than predicted by more than this plus the lead is rare.
 FINAL_APPROACH_S = 0.003
+
+_log = get_logger(__name__)
 
 
 class FrequencyController:
@@ -250,7 +253,8 @@ class FrequencyController:
         """An op's handling raised: its boundary is dropped and no clock is set any more
         (observe-only, said once), instead of the worker dying with boundaries still posted to
         it (they queued for good and every iteration's end waited out its flush timeout)."""
-        if self._failures == 0:
+        if self._failures == 0:  # the traceback is the bug's report
+            _log.error("clock worker on %s: an op's handling raised", self.gpu.name, exc_info=error)
             self.setter.degrade(f"the clock worker failed on {self.gpu.name}: {error!r}")
             self._attention = True
         self._failures += 1
