@@ -259,6 +259,6 @@ def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
             f"{path}: {len(data) / MB:.1f} MB of frontier JSON ({len(frontier.points):,} points x "
             f"{ops:,} ops), more than perseus reads back ({MAX_FILE_BYTES / MB:.0f} MB); nothing "
             "was written; plan fewer microbatches (the frontier per microbatch changes little "
-            "past ~100) or keep fewer points (a larger --min-gap-fraction)"
+            "past ~100) or keep fewer points (a larger `min_gap_fraction`)"
         )
     atomic_write_bytes(path, data)

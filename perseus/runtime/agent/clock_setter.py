@@ -273,7 +273,7 @@ class ClockSetter:
         )
 
     def degrade(self, why: str) -> None:
-        """Set no clock any more (observe-only); ``why`` goes into :attr:`notice`."""
+        """Set no clock any more (observe-only); ``why`` goes into ``notice``."""
         self.notice = f"perseus: {why}; observe-only mode (time and energy are still measured)"
         self.observe_only = True  # last: a waiter that sees it also sees the notice
 
