@@ -214,9 +214,13 @@ def _lock_and_watch(gpu: NvmlGPU, target_mhz: int) -> tuple[int, float, float | 
         REAL_CLOCK.sleep(0.0005)
 
 
-def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
+def check_memory_clock_locking(
+    gpu: NvmlGPU, clock_locking_ok: bool, *, not_tried: str | None = None
+) -> Check:
     """Lock the memory clock to its second-highest value and reset it (when clock locking is
-    allowed and the GPU lists several): whether (SM, memory) clock pairs can run here."""
+    allowed and the GPU lists several): whether (SM, memory) clock pairs can run here.
+    ``not_tried``: why clock locking was not tried, when not because it is refused (a running
+    process owns the GPU)."""
     name = "memory clock locking"
     mem = gpu.supported_memory_clocks_mhz()
     data: dict[str, Any] = {"memory_clocks_mhz": list(mem)}
@@ -224,7 +228,9 @@ def check_memory_clock_locking(gpu: NvmlGPU, clock_locking_ok: bool) -> Check:
     if len(mem) < 2:
         return Check(name, "skip", f"one memory clock ({mem[0]} MHz): SM clocks only", data)
     if not clock_locking_ok or why is not None:
-        return Check(name, "skip", f"not tried ({why or 'clock locking not allowed'})", data)
+        return Check(
+            name, "skip", f"not tried ({why or not_tried or 'clock locking not allowed'})", data
+        )
     try:
         applied = gpu.set_memory_locked_clock(mem[1])
     except DeviceError as e:

@@ -92,7 +92,7 @@ def progress_bar(
     listener = _PhaseListener(set_label)
     phase_logger = logging.getLogger(PHASE_LOGGER)
     phase_logger.addHandler(listener)
-    old_level = phase_logger.level
+    old_level, old_propagate = phase_logger.level, phase_logger.propagate
     if phase_logger.getEffectiveLevel() > logging.INFO:
         phase_logger.setLevel(logging.INFO)
         # Records raised to INFO for the bar must not reach other handlers below their level.
@@ -117,4 +117,4 @@ def progress_bar(
             bar.close()
         phase_logger.removeHandler(listener)
         phase_logger.setLevel(old_level)
-        phase_logger.propagate = True
+        phase_logger.propagate = old_propagate

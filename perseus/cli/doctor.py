@@ -274,6 +274,18 @@ def _verdict(
     if report["usable"]:
         if no_clock_changes:
             return "perseus can run here, observe-only as asked (no clock changes)"
+        owned = [
+            f"GPU {g['index']}: {c['data']['owner']}"
+            for g in report["gpus"]
+            for c in g["checks"]
+            if c["name"] == "clock locking" and "owner" in c["data"]
+        ]
+        if owned:
+            return (
+                "perseus can run here; clock changes not tried on a GPU a running process owns ("
+                + "; ".join(owned)
+                + "): run doctor again once it has ended"
+            )
         return "perseus can run here and change clocks"
     bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
     no_locks = any(
@@ -331,7 +343,10 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
         # Its agent sets the clocks op by op: a lock and reset here would pull them (and a
         # memory clock it set once) from under the running job.
         control = dc.Check(
-            "clock locking", "skip", f"not tried: {owner}; doctor does not change its clocks"
+            "clock locking",
+            "skip",
+            f"not tried: {owner}; doctor does not change its clocks",
+            {"owner": owner},
         )
     else:
         control = dc.probe("clock locking", lambda: dc.check_clock_control(gpu, no_changes))
@@ -343,7 +358,12 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
         identity,
         clocks,
         control,
-        dc.probe("memory clock locking", lambda: dc.check_memory_clock_locking(gpu, can_lock)),
+        dc.probe(
+            "memory clock locking",
+            lambda: dc.check_memory_clock_locking(
+                gpu, can_lock, not_tried=why if owner is not None else None
+            ),
+        ),
         dc.probe("set latency", lambda: dc.check_set_latency(gpu))
         if can_lock
         else dc.Check("set latency", "skip", f"skipped ({why})"),

@@ -150,7 +150,8 @@ class BatchSizeOptimizer:
         """The next run's batch size given the finished runs so far, oldest first.
 
         ``pending``: sizes of runs started but not finished; they count as tried, so two
-        concurrent runs never explore the same size. O(len(history) + len(batch_sizes)).
+        concurrent runs never explore the same size. O(len(history) + len(batch_sizes)²)
+        (the converged arms' neighbours are looked up by position).
         """
         history = evidence(history)
         limit = self.cost_limit(history)

@@ -188,10 +188,12 @@ def ops_to_profile(
 ) -> frozenset[tuple[int, Kind]]:
     """The ops (stage, kind) to profile again, the same on every rank (one all-reduce):
     those whose median time over the last :data:`PATIENCE` iterations is off the ``profile``'s
-    beyond the tolerance (two-clock ops not judged), else every op."""
+    beyond the tolerance (two-clock ops not judged), else every op. Reads only the agent's
+    last records (those iterations and the one under way), not all it keeps."""
     op_time_s = profiled_op_time_s(profile)
     ratios: defaultdict[tuple[int, Kind], list[float]] = defaultdict(list)
-    for op in agent.records.ops:
+    per_iteration = len(schedule.rank_actions[agent.rank])
+    for op in agent.recent_ops((PATIENCE + 1) * per_iteration):
         if op.iteration >= agent.iteration - PATIENCE and op.mid_freq_mhz is None:
             key = (op.op.stage_index, op.op.kind)
             ratios[key].append(op.time_s / op_time_s(*key, op.freq_mhz))

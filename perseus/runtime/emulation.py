@@ -354,27 +354,36 @@ def start_emulation(
     """
     index = global_rank()
     made = tempfile.mkdtemp(prefix="perseus-job-") if index == 0 else None
-    job_dir = Path(broadcast_object(made, 0, None))
-    split = schedule.has_weight_actions and not gpu.prices(Kind.W)
-    explicit = gpu.explicit_state_dir
-    if index != gpu.index or not explicit or split:
-        gpu = gpu.placed(
-            index=index,
-            state_dir=None if explicit else job_dir,
-            backward_split=DEFAULT_BACKWARD_SPLIT if split else None,
+    job_dir = Path(made) if made is not None else None
+    mine: list[str] = []  # this process's files in the job's directory, named before made
+    try:
+        job_dir = Path(broadcast_object(made, 0, None))
+        split = schedule.has_weight_actions and not gpu.prices(Kind.W)
+        explicit = gpu.explicit_state_dir
+        if index != gpu.index or not explicit or split:
+            gpu = gpu.placed(
+                index=index,
+                state_dir=None if explicit else job_dir,
+                backward_split=DEFAULT_BACKWARD_SPLIT if split else None,
+            )
+        if not explicit:  # placed in the job's directory
+            mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
+        # One timeline per pipeline (a job may run several data-parallel pipelines).
+        path = job_dir / f"timeline-{index}.bin" if rank == 0 else None
+        path = broadcast_object(path, 0, group)
+        if rank == 0:
+            mine.append(path.name)
+            VirtualTimeline.create(path, sum(map(len, schedule.rank_actions)))
+        barrier(group)
+        graph = build_dag(schedule)
+        num_stages = schedule.num_stages
+        timeline = VirtualTimeline(
+            path, graph.node_of, lambda a: action_dependencies(a, num_stages)
         )
-    # One timeline per pipeline (a job may run several data-parallel pipelines).
-    path = job_dir / f"timeline-{index}.bin" if rank == 0 else None
-    path = broadcast_object(path, 0, group)
-    if rank == 0:
-        VirtualTimeline.create(path, sum(map(len, schedule.rank_actions)))
-    barrier(group)
-    graph = build_dag(schedule)
-    num_stages = schedule.num_stages
-    timeline = VirtualTimeline(path, graph.node_of, lambda a: action_dependencies(a, num_stages))
-    mine = [path.name] if rank == 0 else []
-    if not explicit:  # placed in the job's directory
-        mine += [f"{gpu.uuid}{suffix}" for suffix in (".state", ".owner", ".info.json")]
+    except BaseException:  # no cleanup registered yet: what was made goes now
+        if job_dir is not None:
+            _remove_job_files(job_dir, mine)
+        raise
     # After the agent's exit reset (multiprocessing's atexit hook was registered first), and
     # also in a fork-started worker, which never runs atexit.
     Finalize(None, _remove_job_files, args=(job_dir, mine), exitpriority=0)

@@ -118,6 +118,25 @@ def test_progress_labels_the_first_compile(monkeypatch: pytest.MonkeyPatch) -> N
     assert logging.getLogger("perseus.phase").propagate
 
 
+@pytest.mark.parametrize("propagate", [False, True])
+def test_progress_leaves_the_phase_loggers_propagate_as_it_found_it(propagate: bool) -> None:
+    """The bar turns the phase logger's propagation off while it raises its level; on exit
+    it is what it was (a caller's False was turned to True)."""
+    phase_logger = logging.getLogger("perseus.phase")
+    before = phase_logger.propagate, phase_logger.level
+    phase_logger.propagate = propagate
+    phase_logger.setLevel(logging.WARNING)  # the bar raises it to INFO, turning propagation off
+    try:
+        with progress_bar("frontier", enabled=False) as update:
+            assert not phase_logger.propagate
+            update(1.0)
+        assert phase_logger.propagate is propagate
+        assert phase_logger.level == logging.WARNING
+    finally:
+        phase_logger.propagate, level = before
+        phase_logger.setLevel(level)
+
+
 def test_four_stage_model_to_a_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The README's path: slice the bundled 8-stage profile to 4 stages, plan, pick, evaluate."""
     p4, f, plan = tmp_path / "p4.csv", tmp_path / "f.json", tmp_path / "plan.json"

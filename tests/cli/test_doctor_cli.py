@@ -632,11 +632,17 @@ def test_a_gpu_a_running_process_owns_is_not_locked_or_reset(
 ) -> None:
     """A training run's agent owns its GPU and sets the clocks op by op: doctor locked and
     reset them anyway (and the memory clock, which a plan may set once), under the running
-    job. Now the lock checks are skipped, naming the owner; the read-only checks still run."""
+    job. Now the lock checks are skipped, naming the owner; the read-only checks still run.
+    The memory clock check and the verdict say so (they said locking was not allowed, and
+    that perseus could change clocks here)."""
+    import os
+
     from perseus.device.nvml import NvmlGPU
     from perseus.device.ownership import acquire_owner_lock, release_owner_lock
 
     _privileged(monkeypatch, True)
+    fake.devices[0].name = "NVIDIA A40"  # memory clocks a plan may lock
+    fake.devices[0].memory_clocks = (7251, 5001, 810, 405)
     path = NvmlGPU(UUID, nvml_module=fake).owner_lock_path()
     held = acquire_owner_lock(path)  # this process stands for the running job
     assert held.fd is not None
@@ -652,3 +658,11 @@ def test_a_gpu_a_running_process_owns_is_not_locked_or_reset(
     assert checks["set latency"]["status"] == "skip"
     assert checks["energy counter"]["status"] == "ok"
     assert rc == 0, report["verdict"]
+    # What is true: not tried because of the owner (locking is allowed here), nothing said of
+    # clock changes working.
+    memory = checks["memory clock locking"]
+    assert memory["summary"] == "not tried (the GPU is owned by a running process)", memory
+    assert checks["set latency"]["summary"] == "skipped (the GPU is owned by a running process)"
+    assert "change clocks" not in report["verdict"]
+    assert report["verdict"].startswith("perseus can run here; clock changes not tried")
+    assert f"GPU 0: pid {os.getpid()} owns this GPU" in report["verdict"]

@@ -127,3 +127,31 @@ def test_the_planners_log_line_reads_the_running_members_only(
             serve(fleet, clock=clock, interval_s=7.0, budget_w=150.0, once=True)
         assert fleet.running() == (150.0, 2)
     assert "plan 1: 2 running jobs under 150.0 W" in caplog.text
+
+
+def test_the_plan_log_keeps_the_last_plans_not_every_one(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fleet_log`` gained a row per member and one per plan for ever (a fleet re-planning
+    every 5 s for a year: 3 GB at 10 members, all read by ``timeline()``); it keeps the
+    last ``LOG_PLANS`` plans (up to ``_LOG_PRUNE_EVERY`` more), whole, newest last."""
+    from perseus.fleet import registry
+
+    monkeypatch.setattr(registry, "LOG_PLANS", 4, raising=False)
+    monkeypatch.setattr(registry, "_LOG_PRUNE_EVERY", 2, raising=False)
+    job = make_job(take_stages(load_profile("a100"), 2), "1f1b", 2, 4, blocking_power_w=83.64)
+    frontier = trace(job, min_gap_fraction=0.01).frontier
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(store_url, clock=clock) as fleet:
+        for k in range(2):
+            fleet.register(fleet_job(f"j{k}", frontier, weight=1.0), lease_s=1e6)
+        fleet.set_budget(1e6)
+        kept = []
+        for _ in range(13):
+            clock.advance(1.0)
+            fleet.replan(force=True)
+            kept.append(len(fleet.timeline()))
+        timeline = fleet.timeline()
+    assert max(kept) <= 4 + 2 and kept[-1] >= 4, kept
+    assert [t for t, _, _ in timeline][-1] == clock.now()
+    assert all(set(plan) == {"j0", "j1"} for _, _, plan in timeline)  # whole plans

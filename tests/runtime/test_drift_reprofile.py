@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -180,8 +179,41 @@ def _agree_rank(rank: int, world: int, slow: float) -> list[Any]:
             t = profile.op(a.stage_index, a.kind).at(f).time_s
             t *= slow if (it >= 3 and rank == 1 and a.kind is Kind.B) else 1.0
             records.append(OpRecord(it, i, a, f, t * (2.0 if it < 3 else 1.0), 0.0))
-    agent = SimpleNamespace(rank=rank, iteration=6, records=SimpleNamespace(ops=tuple(records)))
+    agent = _RecentOnly(rank, 6, records)
     return sorted(ops_to_profile(agent, schedule, profile, None))  # type: ignore[arg-type]
+
+
+class _RecentOnly:
+    """An agent's records that may be read from the end only (:meth:`recent_ops`): reading
+    them all (``records``, up to 100,000 built on the training thread) fails."""
+
+    def __init__(self, rank: int, iteration: int, ops: list[OpRecord]) -> None:
+        self.rank, self.iteration, self._ops, self.asked = rank, iteration, ops, 0
+
+    @property
+    def records(self) -> Any:
+        raise AssertionError("read every record kept")
+
+    def recent_ops(self, count: int) -> tuple[OpRecord, ...]:
+        self.asked += count
+        return tuple(self._ops[-count:])
+
+
+def test_choosing_the_ops_to_profile_again_reads_only_the_last_iterations_records() -> None:
+    """A long run keeps up to 100,000 records; the re-profile reads the last patience + 1
+    iterations' (the drift judged on them alone), not all of them."""
+    profile = _profile()
+    schedule = build_schedule("1f1b", 2, 4)
+    actions = schedule.rank_actions[0]
+    records = []
+    for it in range(1000):
+        for i, a in enumerate(actions):
+            t = profile.op(a.stage_index, a.kind).at(1410).time_s
+            t *= 1.3 if (it >= 997 and a.kind is Kind.F) else (2.0 if it < 997 else 1.0)
+            records.append(OpRecord(it, i, a, 1410, t, 0.0))
+    agent = _RecentOnly(0, 1000, records)
+    assert ops_to_profile(agent, schedule, profile, None) == {(0, Kind.F)}  # type: ignore[arg-type]
+    assert agent.asked <= 4 * len(actions)
 
 
 def test_every_rank_agrees_on_the_ops_that_drifted_or_on_all_when_none_did() -> None:

@@ -670,3 +670,34 @@ def test_on_a_virtual_clock_a_mixed_clock_plan_times_the_same_in_every_run(tmp_p
                 _iteration(s)
         runs.append([it.time_s for it in s.history])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("where", ["timeline", "dag"])
+def test_an_emulated_job_that_fails_to_start_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A failure before the exit cleanup is registered (the timeline file refused: a full
+    disk; the schedule's graph) removed nothing: an empty ``perseus-job-*`` directory (or one
+    holding the timeline) stayed in ``$TMPDIR`` per try. What was made goes with the error."""
+    import errno
+    import tempfile
+
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.io import load_profile
+    from perseus.runtime import emulation
+    from perseus.runtime.emulation import scale_profile, start_emulation, take_stages
+    from perseus.schedule import build_schedule
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if where == "timeline":
+        monkeypatch.setattr(emulation.VirtualTimeline, "create", refused)
+    else:
+        monkeypatch.setattr(emulation, "build_dag", refused)
+    profile = scale_profile(take_stages(load_profile("a100"), 1), 0.02)
+    gpu = SimulatedGPU.from_profile(profile, blocking_power_w=83.64, set_latency_s=0.0)
+    with pytest.raises(OSError, match="No space left"):
+        start_emulation(gpu, build_schedule("1f1b", 1, 4), 0, None)
+    assert list(tmp_path.iterdir()) == []

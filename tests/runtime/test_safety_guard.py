@@ -3,6 +3,7 @@ thread is blocked in C."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -242,3 +243,28 @@ def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
     assert proc.stdout is not None and proc.stdout.closed
     assert set(ownership._FORK_CLOSE) == before
     assert watchdog.pid is None
+
+
+@pytest.mark.parametrize("errno_", [errno.EAGAIN, errno.EMFILE])
+def test_a_watchdog_that_cannot_be_spawned_fails_the_claim_with_a_device_error_and_no_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: int
+) -> None:
+    """Popen raising OSError (no process or descriptor left) is the DeviceError the claim and
+    the watchdog promise (the CLI reports a PerseusError; an OSError was a traceback), and the
+    claim lets the GPU go: the next claim owns it."""
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.errors import DeviceError
+    from perseus.runtime.safety import guard
+
+    def no_process(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        raise OSError(errno_, os.strerror(errno_))
+
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path / "sim", set_latency_s=0.0)
+    claim = guard.GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None)
+    with monkeypatch.context() as m:
+        m.setattr(guard.subprocess, "Popen", no_process)
+        with pytest.raises(DeviceError, match="watchdog could not be started"):
+            claim.acquire()
+    assert claim.watchdog is None
+    again = guard.GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None)
+    again.acquire().release()

@@ -199,6 +199,24 @@ def test_two_clock_plan_without_layers_is_refused(tmp_path):
         RankAgent(plan, None, 0)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [(1410, 1005, LAYERS), (1410, 1005, 40), ((1410, None, 0), (1005, 1593, LAYERS))],
+)
+def test_a_switch_at_a_layer_the_stage_lacks_is_refused_naming_rank_op_and_limit(bad):
+    """A switch at or past the stage's last layer was accepted and landed at the op's end
+    (its whole op at the first clock, though the plan was priced otherwise); ``perseus
+    evaluate`` refused the same plan."""
+    from perseus.runtime.agent.rank_plan import RankPlan
+
+    actions = build_schedule("1f1b", 4, 8).rank_actions[0]
+    names = tuple(f"{a.kind.value}{a.microbatch_index}" for a in actions)
+    ops = tuple(bad if i == 3 else FWD for i in range(len(names)))
+    with pytest.raises(PlanError, match=rf"plan rank 0 op 3 \({names[3]}\): .*{LAYERS} layers"):
+        RankPlan.of(_plan(ops, names), 0, 0)
+    RankPlan.of(_plan(tuple(FWD for _ in names), names), 0, 0)  # layers 1..11: accepted
+
+
 def test_host_timing_runs_two_clock_ops_at_their_first_clock_and_says_so(tmp_path, caplog):
     profile = take_stages(load_profile("a100"), 4)
     actions = build_schedule("1f1b", 4, 8).rank_actions[0]

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from perseus.device.base import nearest_clock_mhz
 from perseus.errors import ConfigError, PlanError
 from perseus.plan import Frontier
-from perseus.profile.two_clock import build_layer_split, op_phases
+from perseus.profile.two_clock import build_layer_split, check_phases, op_phases
 from perseus.schedule.actions import Action, Kind, format_grid
 
 __all__ = ["OpOrderError", "OpPhase", "OpTimeFn", "RankPlan"]
@@ -70,7 +70,8 @@ class RankPlan:
     def of(cls, plan: Frontier, point_index: int, rank: int) -> RankPlan:
         """Raises:
         PlanError: for a point or rank out of range, or two-clock ops without
-            ``job.layers_per_stage`` (or with a layer split the job cannot build).
+            ``job.layers_per_stage`` (or with a layer split the job cannot build, or a phase
+            starting at a layer its stage lacks: naming the rank, the op and the limit).
         """
         if not 0 <= point_index < len(plan.points):
             raise PlanError(
@@ -105,6 +106,12 @@ class RankPlan:
             for j, op in enumerate(planned):
                 if len(op) > 1:
                     stage = actions[j].stage_index
+                    try:  # a switch at or past the last layer would land at the op's end
+                        check_phases(op, stage, split)
+                    except PlanError as e:
+                        raise PlanError(
+                            f"plan rank {rank} op {j} ({plan.op_name(actions[j])}): {e}"
+                        ) from None
                     phases[j] = tuple(
                         OpPhase(p.freq_mhz, p.mem_freq_mhz, split.work_before(stage, p.first_layer))
                         for p in op

@@ -268,20 +268,24 @@ class Watchdog:
         """Start the watchdog and wait until it is watching.
 
         Raises:
-            DeviceError: if it did not come up within ``timeout_s``.
+            DeviceError: if it could not be started (no descriptor or process left: EMFILE,
+                EAGAIN) or did not come up within ``timeout_s``.
         """
         if self._proc is not None:
             return
         args = [json.dumps(self.spec), str(os.getpid()), str(self.poll_interval_s)]
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(_WATCHDOG_SCRIPT), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-            # Its own session: a Ctrl-C to our process group must not kill it before it resets.
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(_WATCHDOG_SCRIPT), *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                # Its own session: a Ctrl-C to our process group must not kill it before it resets.
+                start_new_session=True,
+            )
+        except OSError as e:  # Popen closed the pipes it made
+            raise DeviceError(f"the clock watchdog could not be started: {e}") from e
         assert proc.stdin is not None and proc.stdout is not None  # PIPE requested
         close_on_fork(proc.stdin.fileno())
         try:
