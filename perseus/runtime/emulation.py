@@ -251,8 +251,8 @@ class StreamEmulator(DeviceRun):
             warnings.warn(
                 f"emulated action {action}: the host fell behind the simulated GPU (measured "
                 "times may come out long): slow it down with SimulatedGPU.from_profile("
-                "perseus.runtime.emulation.scale_profile(profile, k), set_latency_s=0.005 * k, "
-                "publish_interval_s=0.1 * k) "
+                "perseus.runtime.emulation.scale_profile(profile, k), blocking_power_w=..., "
+                "set_latency_s=0.005 * k, publish_interval_s=0.1 * k) "
                 "for some k > 1 (savings are unchanged), or use a smaller model; further cases "
                 "are counted, not warned",
                 EmulationOverrunWarning,
