@@ -138,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.emulate:
         p.error("only --emulate is supported on machines without GPUs; pass --emulate")
+    if args.fleet is not None and args.plan is None:
+        p.error("--fleet registers the job's frontier with the fleet: pass it with --plan")
     return args
 
 
