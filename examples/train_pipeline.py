@@ -636,7 +636,8 @@ def straggler_summary(
             break
     out["first_switch_iteration"] = first_switch
     last = out["adaptive"]["iterations"][-1]
-    out["reverted"] = (until < n - 2) and all(p == 0 for k in range(d) for p in last["plan"][k])
+    # A plan reverts one iteration after the straggler recovers (iteration `until`).
+    out["reverted"] = (until < n - 1) and all(p == 0 for k in range(d) for p in last["plan"][k])
     return out
 
 
