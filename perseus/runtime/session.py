@@ -267,7 +267,9 @@ class RankSession:
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None:
         """Call ``hook`` with every iteration's stats as they are read (see
-        :data:`BoundaryHook`: on a real GPU one iteration late)."""
+        :data:`BoundaryHook`: on a real GPU one iteration late). A plan it returns while the
+        online sweep runs, or from a profiling iteration's stats, is not deployed (as
+        :meth:`deploy` refuses then): the sweep sets the clocks it measures."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -481,9 +483,17 @@ class RankSession:
             self._reprofile(self.source)  # what drifted, re-plan: every rank alike
         for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
             decision = hook(stats)
-            if decision is not None:
-                self._check_frontier(*decision)
-                self._pending = decision
+            if decision is None:
+                continue
+            if self._sweep is not None or stats.phase == "profile":
+                # The sweep sets the clocks it measures (and its end, the plan made from
+                # them): another plan here would run its first step at clocks it never set.
+                _log.debug(
+                    "rank %d: a boundary hook's plan is not deployed while profiling", self.rank
+                )
+                continue
+            self._check_frontier(*decision)
+            self._pending = decision
 
     def _abort_iteration(self) -> None:
         self._window = None

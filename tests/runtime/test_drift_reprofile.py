@@ -189,3 +189,52 @@ def test_every_rank_agrees_on_the_ops_that_drifted_or_on_all_when_none_did() -> 
     assert drifted[0] == drifted[1] == [(1, Kind.B)]
     every = sorted((s, k) for s in (0, 1) for k in (Kind.F, Kind.B))
     assert run_ranks(2, _agree_rank, 1.02) == [every, every]  # within the tolerance
+
+
+def test_a_hooks_plan_at_the_drift_does_not_replace_the_sweeps_clocks(tmp_path: Path) -> None:
+    """A boundary hook returning its plan every iteration (a straggler runtime) at the boundary
+    where a drift starts the sweep again: every profiling iteration still runs the sweep's
+    clocks (before, the first ran the hook's plan while the sweep recorded its op times as
+    measured at the clocks it meant to set)."""
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    ran_at_profiling: list[bool] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            planned = session.frontier
+            assert planned is not None
+            session.add_boundary_hook(lambda stats: (planned, 0))  # every iteration, any phase
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                sweep = session._sweep
+                with session.iteration():
+                    agent = session.agent
+                    assert agent is not None
+                    if sweep is not None:  # the clocks the sweep measures next
+                        wanted = sweep.sweep_plan().points[0].freqs_mhz
+                        ran_at_profiling.append(agent.plan.points[0].freqs_mhz == wanted)
+                    for action in session.schedule.rank_actions[session.rank]:
+                        with session.op(action):
+                            pass
+                assert len(session.history) < 400
+    assert ran_at_profiling and all(ran_at_profiling)
