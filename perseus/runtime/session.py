@@ -494,6 +494,10 @@ class RankSession:
                 continue
             self._check_frontier(*decision)
             self._pending = decision
+        if self._pending is not None and self.power is not None and self._sweep is None:
+            # Whichever hook decided last, no plan runs above the power cap in force (the
+            # power hook acknowledged it: it holds from the next iteration, on every rank).
+            self._pending = self.power.within_cap(*self._pending)
 
     def _abort_iteration(self) -> None:
         self._window = None

@@ -94,3 +94,23 @@ def test_schedule_of_another_frontier_or_with_online_profiling_is_refused(setup)
     options = SessionOptions(blocking_power_w=BLOCKING_W, power_schedule=schedule)
     with pytest.raises(ConfigError, match="power_schedule= needs a frontier"):
         RankSession(build_schedule("1f1b", 2, 4), 0, gpu=gpu, plan=OnlineProfile(), options=options)
+
+
+def test_a_cap_holds_over_a_straggler_hook_added_after_start(setup) -> None:  # type: ignore[no-untyped-def]
+    """A straggler runtime (this pipeline the slowest: it asks for the fastest plan every
+    iteration) added after start, so asked after the power hook: the cap the power hook
+    acknowledged still holds from the next iteration. Before, the straggler's plan replaced
+    the power hook's at every boundary and the job ran above its cap for good."""
+    from perseus.runtime.power import read_cap_ack
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    gpu, plan, _ = setup
+    store = torch_dist.HashStore()
+    with _session(gpu, plan, power_store=store) as session:
+        session.add_boundary_hook(StragglerRuntime(plan, pipeline_index=0, num_pipelines=1))
+        for i in range(6):
+            if i == 3:  # a cap only point 1 meets, read at the boundary ending iteration 3
+                token = set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]
+    assert read_cap_ack(store) == (token, 3)

@@ -105,6 +105,8 @@ class PowerRuntime:
         self.decisions: deque[PowerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = self.scheduled_index(origin_iteration)
         self._acked: str | None = None
+        #: The cap of the last decision (None: no cap), agreed over the group.
+        self.cap_w: float | None = None
         self._cap_plan: tuple[float, int, str] | None = None  # (cap_w, index, reason)
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
@@ -234,8 +236,17 @@ class PowerRuntime:
                 )
         decision = PowerDecision(iteration, scheduled, cap_w, index, reason)
         self.decisions.append(decision)
-        self.point_index = index
+        self.point_index, self.cap_w = index, cap_w
         return decision
+
+    def within_cap(self, frontier: Frontier, point_index: int) -> tuple[Frontier, int]:
+        """``(frontier, point_index)`` when that plan fits the cap in force (or none is),
+        else this hook's plan under it: another boundary hook's plan (a straggler runtime's
+        fastest) must not run above a cap this hook acknowledged."""
+        cap_w = self.cap_w
+        if cap_w is None or frontier.points[point_index].avg_power_w <= cap_w * (1 + 1e-12):
+            return frontier, point_index
+        return self.frontier, self.point_index
 
     def _under_cap(self, cap_w: float) -> tuple[int, str]:
         """The plan under ``cap_w`` and its reason (``"cap"`` or ``"cap-unreachable"``), worked
