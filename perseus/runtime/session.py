@@ -141,6 +141,7 @@ class RankSession:
         self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
         self._ended: deque[EndedIteration] = deque()  # figures not read yet (oldest first)
+        self._delivering: EndedIteration | None = None  # whose stats the hooks get now
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = self._iteration = 0  # the deployed plan's first iteration; the next
         online, period_s = isinstance(self.source, OnlineProfile), counter_period_s(gpu)
@@ -259,6 +260,15 @@ class RankSession:
     def profiling(self) -> bool:
         """True while the online sweep runs."""
         return self._sweep is not None
+
+    @property
+    def stats_frontier(self) -> Frontier | None:
+        """The frontier that ran the iteration whose stats the boundary hooks get now (None
+        while profiling), :attr:`frontier` outside them. On a real GPU the stats come one
+        iteration late: a plan of another frontier (:meth:`allmax_plan`) may run already,
+        and ``stats.point_index`` indexes the frontier it ran."""
+        ended = self._delivering
+        return self.frontier if ended is None else ended.frontier
 
     @property
     def agent(self) -> RankAgent | None:
@@ -414,7 +424,13 @@ class RankSession:
     def _deliver(self, keep: int) -> None:
         """Read the figures of every ended iteration but the last ``keep``, oldest first."""
         while len(self._ended) > keep:
-            self._after_iteration(self._read(self._ended.popleft()))
+            ended = self._ended.popleft()
+            stats = self._read(ended)
+            self._delivering = ended
+            try:
+                self._after_iteration(stats)
+            finally:
+                self._delivering = None
 
     def _read(self, ended: EndedIteration) -> IterationStats:
         """An ended iteration's figures, agreed over the pipeline (collective)."""
