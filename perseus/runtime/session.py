@@ -123,7 +123,8 @@ class RankSession:
         self.blocking_power_w = float(blocking_power_for(gpu) if power_w is None else power_w)
         self.group = options.group if options.group is not None else engine.group
         self.point_index = options.point_index
-        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
+        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any: its
+        # cap holds over the other hooks' plans while it is attached
         self.history: list[IterationStats] = []
         self.frontier: Frontier | None = None
         self.job: PlanningJob | None = None
@@ -510,10 +511,11 @@ class RankSession:
                 continue
             self._check_frontier(*decision)
             self._pending = decision
-        if self._pending is not None and self.power is not None and self._sweep is None:
+        power = self.power
+        if self._pending is not None and power in self._hooks and self._sweep is None:
             # Whichever hook decided last, no plan runs above the power cap in force (the
             # power hook acknowledged it: it holds from the next iteration, on every rank).
-            self._pending = self.power.within_cap(*self._pending)
+            self._pending = power.within_cap(*self._pending)
 
     def _abort_iteration(self) -> None:
         self._window = None

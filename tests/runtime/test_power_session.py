@@ -114,3 +114,25 @@ def test_a_cap_holds_over_a_straggler_hook_added_after_start(setup) -> None:  # 
             _iteration(session)
     assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]
     assert read_cap_ack(store) == (token, 3)
+
+
+def test_a_cap_holds_over_other_hooks_while_its_hook_is_attached(setup) -> None:  # type: ignore[no-untyped-def]
+    """attach_power on a started session (the documented way without the options) is the
+    session's power hook as well: its cap holds over a straggler runtime added after it;
+    once the power hook is removed, its last cap no longer lowers the others' plans."""
+    from perseus.runtime.power import attach_power
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    gpu, plan, _ = setup
+    store = torch_dist.HashStore()
+    set_cap(store, plan.points[1].avg_power_w * 1.0001)
+    with _session(gpu, plan) as session:
+        power = attach_power(session, None, store)
+        assert session.power is power
+        session.add_boundary_hook(StragglerRuntime(plan, pipeline_index=0, num_pipelines=1))
+        for _ in range(3):
+            _iteration(session)
+        session.remove_boundary_hook(power)
+        for _ in range(3):
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 1, 1, 1, 0, 0]

@@ -287,8 +287,8 @@ def attach_power(
     objective: str | None = None,
 ) -> PowerRuntime:
     """Add a :class:`PowerRuntime` to a started ``session`` (a
-    :class:`~perseus.runtime.session.RankSession`) and deploy the schedule's first plan; the
-    schedule's iteration 0 is the session's next iteration.
+    :class:`~perseus.runtime.session.RankSession`) as ``session.power`` and deploy the
+    schedule's first plan; the schedule's iteration 0 is the session's next iteration.
 
     Args:
         session: The started session.
@@ -330,6 +330,7 @@ def attach_power(
     )
     runtime.next_iteration = lambda: session.next_iteration
     session.add_boundary_hook(runtime)
+    session.power = runtime  # its cap holds over the other hooks' plans
     runtime.wait_for(session.next_iteration)  # the first interval may open later
     # The first plan, of the schedule in force after the wait (a re-plan may come on the way).
     runtime.point_index = runtime.scheduled_index(session.next_iteration)
