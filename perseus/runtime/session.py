@@ -280,7 +280,9 @@ class RankSession:
         """Call ``hook`` with every iteration's stats as they are read (see
         :data:`BoundaryHook`: on a real GPU one iteration late). A plan it returns while the
         online sweep runs, or from a profiling iteration's stats, is not deployed (as
-        :meth:`deploy` refuses then): the sweep sets the clocks it measures."""
+        :meth:`deploy` refuses then): the sweep sets the clocks it measures. A hook with a
+        ``follow_frontier(frontier)`` method (a straggler runtime) gets each plan the session
+        makes from its own (re-)profile, on every rank alike."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -640,3 +642,8 @@ class RankSession:
         rows = sweep.measured_rows(self.group)  # every rank refuses together on a poor fit
         self.clocks_profiled = sweep.profiler.clocks_profiled()
         self._install(sweep.options.plan_measured(self._context(), rows))
+        frontier = self.frontier
+        for hook in tuple(self._hooks):  # their plans of the frontier replaced would undo it
+            follow = getattr(hook, "follow_frontier", None)
+            if follow is not None and frontier is not None:
+                follow(frontier)

@@ -238,3 +238,53 @@ def test_a_hooks_plan_at_the_drift_does_not_replace_the_sweeps_clocks(tmp_path: 
                             pass
                 assert len(session.history) < 400
     assert ran_at_profiling and all(ran_at_profiling)
+
+
+def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path: Path) -> None:
+    """A straggler runtime holds the frontier it was made with: after a drift, the plan made
+    from the new profile was undone at the next boundary (the runtime's decision on the old
+    frontier deployed again, its predictions the stale ones that drifted). The session now
+    hands the hook its new frontier."""
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None
+            straggler = StragglerRuntime(stale, pipeline_index=0, num_pipelines=1)
+            session.add_boundary_hook(straggler)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            for _ in range(3):
+                _iterate(session)
+            agent = session.agent
+            assert agent is not None
+            assert session.frontier is replanned and agent.plan is replanned
+            assert straggler.frontier is replanned
+    assert session.history[-1].predicted_time_s == replanned.points[0].time_s

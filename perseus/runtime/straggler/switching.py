@@ -239,6 +239,17 @@ class StragglerRuntime:
         self.decisions.append(decision)
         return decision
 
+    def follow_frontier(self, frontier: Frontier) -> None:
+        """Decide on ``frontier`` from now on, from its fastest plan with no history: a
+        session calls it with each plan it makes from its own (re-)profile, whose points
+        this runtime's frontier no longer describes."""
+        policy = self.policy
+        self.frontier = frontier
+        self.policy = StragglerPolicy(
+            frontier, hysteresis=policy.hysteresis, smoothing=policy.smoothing
+        )
+        self.point_index = 0
+
     def intrinsic_time_s(self, compute_time_s: float, point_index: int | None = None) -> float:
         """This pipeline's measured time scaled by ``T_fastest / T_plan``: a pipeline slowed by
         choice (a cheaper plan) must not look like a straggler, or pipelines take turns.
