@@ -136,3 +136,30 @@ def test_a_cap_holds_over_other_hooks_while_its_hook_is_attached(setup) -> None:
         for _ in range(3):
             _iteration(session)
     assert [s.point_index for s in session.history] == [0, 1, 1, 1, 0, 0]
+
+
+def test_a_real_gpus_cap_is_acknowledged_at_the_iteration_that_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real GPU the boundary ending iteration k hands the hooks iteration k - 1's
+    figures; a cap read there is in force from k + 1. The acknowledgement said k - 1 (a fleet
+    member recorded the plan in force from k, an iteration early)."""
+    from perseus.runtime.power import read_cap_ack
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+    from tests.runtime.test_rank_session import _session as real_gpu_session
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    store = torch_dist.HashStore()
+    session = real_gpu_session(
+        counting_gpu()[0], profile, events=_cuda_like_events(), power_store=store
+    )
+    with session:
+        plan = session.frontier
+        assert plan is not None
+        for i in range(6):
+            if i == 3:  # set while iteration 3 runs: read at the boundary ending it
+                token = set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    assert read_cap_ack(store) == (token, 3)
+    assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]  # from 3 + 1

@@ -267,9 +267,11 @@ class PowerRuntime:
         if stats.phase != "run":
             return None
         self.mark()
-        cap_w = self.read_cap_w(stats.iteration)
-        previous = self.point_index
         upcoming = stats.iteration + 1 if self.next_iteration is None else self.next_iteration()
+        # Acknowledged as read when the iteration before `upcoming` ended (a real GPU's stats
+        # are one iteration older): the cap is in force from `upcoming` on.
+        cap_w = self.read_cap_w(upcoming - 1)
+        previous = self.point_index
         self.wait_for(upcoming)  # a re-plan on the way changes the plan
         decision = self.decide(upcoming, cap_w)
         if decision.point_index == previous and stats.point_index == previous:
