@@ -282,7 +282,8 @@ class RankSession:
         online sweep runs, or from a profiling iteration's stats, is not deployed (as
         :meth:`deploy` refuses then): the sweep sets the clocks it measures. A hook with a
         ``follow_frontier(frontier)`` method (a straggler runtime) gets each plan the session
-        makes from its own (re-)profile, on every rank alike."""
+        makes from its own (re-)profile, on every rank alike. The power hook
+        (:attr:`power`) is asked first, so the others' plans go on it, within its cap."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -500,7 +501,10 @@ class RankSession:
             and isinstance(self.source, OnlineProfile)
         ):
             self._reprofile(self.source)  # what drifted, re-plan: every rank alike
-        for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
+        hooks, power = tuple(self._hooks), self.power  # a hook may remove or add one as it runs
+        if power in hooks:  # first, whenever it was attached: the others' plans go on it
+            hooks = (power, *(hook for hook in hooks if hook is not power))
+        for hook in hooks:
             decision = hook(stats)
             if decision is None:
                 continue

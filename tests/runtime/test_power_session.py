@@ -163,3 +163,22 @@ def test_a_real_gpus_cap_is_acknowledged_at_the_iteration_that_ended(
             _iteration(session)
     assert read_cap_ack(store) == (token, 3)
     assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]  # from 3 + 1
+
+
+def test_a_straggler_hook_added_before_start_is_not_undone_by_the_power_hook(setup) -> None:  # type: ignore[no-untyped-def]
+    """Hooks added before start() came before the power hook start() attaches: the power
+    hook put its plan back at every other boundary, and the pipeline flapped between the
+    straggler runtime's plan and the fastest. The power hook is asked first wherever it is."""
+    from perseus.runtime.straggler.switching import StragglerRuntime, set_hint
+
+    gpu, plan, _ = setup
+    hints, caps = torch_dist.HashStore(), torch_dist.HashStore()
+    set_hint(hints, 1, 10 * plan.points[0].time_s)  # the other pipeline straggles: slow down
+    session = _session(gpu, plan, power_store=caps)
+    session.add_boundary_hook(
+        StragglerRuntime(plan, pipeline_index=0, num_pipelines=2, store=hints)
+    )
+    with session:
+        for _ in range(6):
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 1, 1, 1, 1, 1]
