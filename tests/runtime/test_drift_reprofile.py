@@ -288,3 +288,56 @@ def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path
             assert session.frontier is replanned and agent.plan is replanned
             assert straggler.frontier is replanned
     assert session.history[-1].predicted_time_s == replanned.points[0].time_s
+
+
+def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) -> None:
+    """The power hook (``power_store=``) held the frontier it was attached with: the next cap
+    after a drift undid the plan made from the new profile (the capped point of the old
+    frontier deployed again, its predictions the stale ones). It now decides on the new
+    frontier, within the cap."""
+    import torch.distributed as dist
+
+    from perseus.runtime.power import set_cap
+
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    store = dist.HashStore()
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False, power_store=store),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None and len(stale.points) > 2
+            cap_w = stale.points[len(stale.points) // 2].avg_power_w
+            set_cap(store, cap_w)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            cap_w = stale.points[-2].avg_power_w  # a lower cap, decided on the new frontier
+            set_cap(store, cap_w)
+            for _ in range(3):
+                _iterate(session)
+            agent = session.agent
+            assert agent is not None and agent.plan is replanned
+            assert replanned.points[agent.point_index].avg_power_w <= cap_w

@@ -239,6 +239,14 @@ class PowerRuntime:
         self.point_index, self.cap_w = index, cap_w
         return decision
 
+    def follow_frontier(self, frontier: Frontier) -> None:
+        """Decide on ``frontier`` from now on: a session calls it with each plan it makes from
+        its own (re-)profile (never with a schedule: it indexes the frontier it was made for,
+        and a schedule is refused with online profiling)."""
+        if self.schedule is not None:
+            return
+        self.frontier, self._cap_plan, self.point_index = frontier, None, 0
+
     def within_cap(self, frontier: Frontier, point_index: int) -> tuple[Frontier, int]:
         """``(frontier, point_index)`` when that plan fits the cap in force (or none is),
         else this hook's plan under it: another boundary hook's plan (a straggler runtime's
