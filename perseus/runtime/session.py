@@ -645,6 +645,9 @@ class RankSession:
         self._stop_sweep()
         rows = sweep.measured_rows(self.group)  # every rank refuses together on a poor fit
         self.clocks_profiled = sweep.profiler.clocks_profiled()
+        # The options' point, as the first plan: an index a hook or deploy() chose on the
+        # frontier replaced names another point of this one, or none (fewer points).
+        self.point_index = self.options.point_index
         self._install(sweep.options.plan_measured(self._context(), rows))
         frontier = self.frontier
         for hook in tuple(self._hooks):  # their plans of the frontier replaced would undo it

@@ -341,3 +341,49 @@ def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) 
             agent = session.agent
             assert agent is not None and agent.plan is replanned
             assert replanned.points[agent.point_index].avg_power_w <= cap_w
+
+
+def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
+    tmp_path: Path,
+) -> None:
+    """The slowest point deployed (by the user, or a power or straggler hook) before a drift:
+    the plan made from the new profile was installed at that index, which on the new
+    frontier names another point, or none: here 167 of ~134 points, a PlanError out of the
+    training loop at the sweep's end. The new plan starts at the options' point, as the
+    first one did."""
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None
+            session.deploy(stale, len(stale.points) - 1)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            _iterate(session)
+    assert session.point_index == 0 and session.history[-1].point_index == 0
+    assert session.history[-1].predicted_time_s == replanned.points[0].time_s
