@@ -263,11 +263,14 @@ class MetricsSink:
             energies = all_gather_objects(float(stats.energy_j), session.group)
             if len(energies) == session.schedule.num_ranks:
                 pipeline_j = float(sum(energies))
+        # The frontier the iteration ran (a real GPU's stats come one iteration late, when
+        # another frontier may run already: its point_index indexes the one it ran).
+        frontier = getattr(session, "stats_frontier", session.frontier)
         record = iteration_metrics(
             stats,
             rank=session.rank,
             gpu=str(session.gpu.name),
-            frontier=session.frontier,
+            frontier=frontier,
             pipeline_energy_j=pipeline_j,
         )
         self.latest = record

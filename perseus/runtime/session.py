@@ -123,7 +123,8 @@ class RankSession:
         self.blocking_power_w = float(blocking_power_for(gpu) if power_w is None else power_w)
         self.group = options.group if options.group is not None else engine.group
         self.point_index = options.point_index
-        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any
+        self.power: Any = None  # the PowerRuntime hook (perseus.runtime.power), if any: its
+        # cap holds over the other hooks' plans while it is attached
         self.history: list[IterationStats] = []
         self.frontier: Frontier | None = None
         self.job: PlanningJob | None = None
@@ -141,6 +142,7 @@ class RankSession:
         self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
         self._ended: deque[EndedIteration] = deque()  # figures not read yet (oldest first)
+        self._delivering: EndedIteration | None = None  # whose stats the hooks get now
         self._ran_between = False  # an action ran outside an iteration since the last one
         self._run_start = self._iteration = 0  # the deployed plan's first iteration; the next
         online, period_s = isinstance(self.source, OnlineProfile), counter_period_s(gpu)
@@ -261,13 +263,27 @@ class RankSession:
         return self._sweep is not None
 
     @property
+    def stats_frontier(self) -> Frontier | None:
+        """The frontier that ran the iteration whose stats the boundary hooks get now (None
+        while profiling), :attr:`frontier` outside them. On a real GPU the stats come one
+        iteration late: a plan of another frontier (:meth:`allmax_plan`) may run already,
+        and ``stats.point_index`` indexes the frontier it ran."""
+        ended = self._delivering
+        return self.frontier if ended is None else ended.frontier
+
+    @property
     def agent(self) -> RankAgent | None:
         """The rank agent running the deployed plan (None before a plan is deployed)."""
         return self._agent
 
     def add_boundary_hook(self, hook: BoundaryHook) -> None:
         """Call ``hook`` with every iteration's stats as they are read (see
-        :data:`BoundaryHook`: on a real GPU one iteration late)."""
+        :data:`BoundaryHook`: on a real GPU one iteration late). A plan it returns while the
+        online sweep runs, or from a profiling iteration's stats, is not deployed (as
+        :meth:`deploy` refuses then): the sweep sets the clocks it measures. A hook with a
+        ``follow_frontier(frontier)`` method (a straggler runtime) gets each plan the session
+        makes from its own (re-)profile, on every rank alike. The power hook
+        (:attr:`power`) is asked first, so the others' plans go on it, within its cap."""
         self._hooks.append(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
@@ -412,7 +428,13 @@ class RankSession:
     def _deliver(self, keep: int) -> None:
         """Read the figures of every ended iteration but the last ``keep``, oldest first."""
         while len(self._ended) > keep:
-            self._after_iteration(self._read(self._ended.popleft()))
+            ended = self._ended.popleft()
+            stats = self._read(ended)
+            self._delivering = ended
+            try:
+                self._after_iteration(stats)
+            finally:
+                self._delivering = None
 
     def _read(self, ended: EndedIteration) -> IterationStats:
         """An ended iteration's figures, agreed over the pipeline (collective)."""
@@ -479,11 +501,27 @@ class RankSession:
             and isinstance(self.source, OnlineProfile)
         ):
             self._reprofile(self.source)  # what drifted, re-plan: every rank alike
-        for hook in tuple(self._hooks):  # a hook may remove itself (or add one) as it runs
+        hooks, power = tuple(self._hooks), self.power  # a hook may remove or add one as it runs
+        if power in hooks:  # first, whenever it was attached: the others' plans go on it
+            hooks = (power, *(hook for hook in hooks if hook is not power))
+        for hook in hooks:
             decision = hook(stats)
-            if decision is not None:
-                self._check_frontier(*decision)
-                self._pending = decision
+            if decision is None:
+                continue
+            if self._sweep is not None or stats.phase == "profile":
+                # The sweep sets the clocks it measures (and its end, the plan made from
+                # them): another plan here would run its first step at clocks it never set.
+                _log.debug(
+                    "rank %d: a boundary hook's plan is not deployed while profiling", self.rank
+                )
+                continue
+            self._check_frontier(*decision)
+            self._pending = decision
+        power = self.power
+        if self._pending is not None and power in self._hooks and self._sweep is None:
+            # Whichever hook decided last, no plan runs above the power cap in force (the
+            # power hook acknowledged it: it holds from the next iteration, on every rank).
+            self._pending = power.within_cap(*self._pending)
 
     def _abort_iteration(self) -> None:
         self._window = None
@@ -607,4 +645,12 @@ class RankSession:
         self._stop_sweep()
         rows = sweep.measured_rows(self.group)  # every rank refuses together on a poor fit
         self.clocks_profiled = sweep.profiler.clocks_profiled()
+        # The options' point, as the first plan: an index a hook or deploy() chose on the
+        # frontier replaced names another point of this one, or none (fewer points).
+        self.point_index = self.options.point_index
         self._install(sweep.options.plan_measured(self._context(), rows))
+        frontier = self.frontier
+        for hook in tuple(self._hooks):  # their plans of the frontier replaced would undo it
+            follow = getattr(hook, "follow_frontier", None)
+            if follow is not None and frontier is not None:
+                follow(frontier)

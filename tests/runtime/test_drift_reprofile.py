@@ -221,3 +221,201 @@ def test_every_rank_agrees_on_the_ops_that_drifted_or_on_all_when_none_did() -> 
     assert drifted[0] == drifted[1] == [(1, Kind.B)]
     every = sorted((s, k) for s in (0, 1) for k in (Kind.F, Kind.B))
     assert run_ranks(2, _agree_rank, 1.02) == [every, every]  # within the tolerance
+
+
+def test_a_hooks_plan_at_the_drift_does_not_replace_the_sweeps_clocks(tmp_path: Path) -> None:
+    """A boundary hook returning its plan every iteration (a straggler runtime) at the boundary
+    where a drift starts the sweep again: every profiling iteration still runs the sweep's
+    clocks (before, the first ran the hook's plan while the sweep recorded its op times as
+    measured at the clocks it meant to set)."""
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    ran_at_profiling: list[bool] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            planned = session.frontier
+            assert planned is not None
+            session.add_boundary_hook(lambda stats: (planned, 0))  # every iteration, any phase
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                sweep = session._sweep
+                with session.iteration():
+                    agent = session.agent
+                    assert agent is not None
+                    if sweep is not None:  # the clocks the sweep measures next
+                        wanted = sweep.sweep_plan().points[0].freqs_mhz
+                        ran_at_profiling.append(agent.plan.points[0].freqs_mhz == wanted)
+                    for action in session.schedule.rank_actions[session.rank]:
+                        with session.op(action):
+                            pass
+                assert len(session.history) < 400
+    assert ran_at_profiling and all(ran_at_profiling)
+
+
+def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path: Path) -> None:
+    """A straggler runtime holds the frontier it was made with: after a drift, the plan made
+    from the new profile was undone at the next boundary (the runtime's decision on the old
+    frontier deployed again, its predictions the stale ones that drifted). The session now
+    hands the hook its new frontier."""
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None
+            straggler = StragglerRuntime(stale, pipeline_index=0, num_pipelines=1)
+            session.add_boundary_hook(straggler)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            for _ in range(3):
+                _iterate(session)
+            agent = session.agent
+            assert agent is not None
+            assert session.frontier is replanned and agent.plan is replanned
+            assert straggler.frontier is replanned
+    assert session.history[-1].predicted_time_s == replanned.points[0].time_s
+
+
+def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) -> None:
+    """The power hook (``power_store=``) held the frontier it was attached with: the next cap
+    after a drift undid the plan made from the new profile (the capped point of the old
+    frontier deployed again, its predictions the stale ones). It now decides on the new
+    frontier, within the cap."""
+    import torch.distributed as dist
+
+    from perseus.runtime.power import set_cap
+
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    store = dist.HashStore()
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False, power_store=store),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None and len(stale.points) > 2
+            cap_w = stale.points[len(stale.points) // 2].avg_power_w
+            set_cap(store, cap_w)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            cap_w = stale.points[-2].avg_power_w  # a lower cap, decided on the new frontier
+            set_cap(store, cap_w)
+            for _ in range(3):
+                _iterate(session)
+            agent = session.agent
+            assert agent is not None and agent.plan is replanned
+            assert replanned.points[agent.point_index].avg_power_w <= cap_w
+
+
+def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
+    tmp_path: Path,
+) -> None:
+    """The slowest point deployed (by the user, or a power or straggler hook) before a drift:
+    the plan made from the new profile was installed at that index, which on the new
+    frontier names another point, or none: here 167 of ~134 points, a PlanError out of the
+    training loop at the sweep's end. The new plan starts at the options' point, as the
+    first one did."""
+    truth = _profile()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        truth,
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
+    session = RankSession(
+        schedule,
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            stale = session.frontier
+            assert stale is not None
+            session.deploy(stale, len(stale.points) - 1)
+            while not any(h.phase == "profile" for h in session.history) or session.profiling:
+                _iterate(session)
+                assert len(session.history) < 400
+            replanned = session.frontier
+            assert replanned is not None and replanned is not stale
+            _iterate(session)
+    assert session.point_index == 0 and session.history[-1].point_index == 0
+    assert session.history[-1].predicted_time_s == replanned.points[0].time_s

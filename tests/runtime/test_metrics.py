@@ -325,3 +325,34 @@ def test_a_failed_attach_leaves_the_registry_as_it_was(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Duplicated"):
         MetricsSink(session, prometheus_registry=other).attach()
     assert _names(other) == before and hooks == []
+
+
+def test_a_real_gpus_late_figures_are_recorded_with_the_frontier_they_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real GPU an iteration's figures reach the sink one iteration late: after a deploy
+    of another frontier (the all-max baseline, one point) the last iteration of the old
+    frontier's point 1 was recorded against the new frontier: an IndexError out of the
+    training loop at the iteration's end (or, the other way, the other frontier's clocks)."""
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+    from tests.runtime.test_rank_session import _session
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    session = _session(counting_gpu()[0], profile, events=_cuda_like_events(), checked=True)
+    with session, MetricsSink(session, jsonl=tmp_path / "m.jsonl", pipeline=False) as sink:
+        planned = session.frontier
+        assert planned is not None and len(planned.points) > 1
+        session.deploy(planned, 1)
+        _run(session, 2)
+        baseline = session.allmax_plan()
+        session.deploy(baseline)
+        _run(session, 2)
+        session.flush()
+        assert session.stats_frontier is baseline  # outside the hooks: the deployed one
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    clocks = [[c if isinstance(c, int) else tuple(c) for c in r["clocks_mhz"]] for r in records]
+    assert [r["point_index"] for r in records] == [1, 1, 0, 0]
+    ran = [planned.points[1]] * 2 + [baseline.points[0]] * 2
+    assert clocks == [list(p.freqs_mhz[0]) for p in ran]
+    assert sink.latest is not None and sink.latest.iteration == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -222,3 +222,47 @@ def test_a_meter_prices_a_span_against_the_intervals_it_overlaps_only() -> None:
     for i in range(400):
         shuffled.mark(45.0 * i, 4500.0 * i)
     assert shuffled.incurred == pytest.approx(meter.incurred) and shuffled.outside_j == 0.0
+
+
+class _Interval:
+    """A schedule interval that counts the reads of its start."""
+
+    reads: ClassVar[list[int]] = [0]
+
+    def __init__(self, k: int) -> None:
+        self._start_s, self.end_s = 60.0 * k, 60.0 * k + 50.0 + k % 3
+        self.value, self.busy_s, self.energy_j = 1.0 + k % 7, 40.0 + k % 5, 4000.0 + k
+
+    @property
+    def start_s(self) -> float:
+        _Interval.reads[0] += 1
+        return self._start_s
+
+
+def test_a_report_at_each_interval_change_does_not_rescan_the_intervals_passed() -> None:
+    """The power hook reports at every interval change (a year of minutes: 525,600): each
+    report summed every interval passed again, a cost growing with the run on the training
+    thread. The whole intervals are summed once; the figures are the same to the bit."""
+    from types import SimpleNamespace
+
+    n = 3000
+    schedule: Any = SimpleNamespace(
+        intervals=tuple(_Interval(k) for k in range(n)), idle_power_w=7.0
+    )
+    meter = CostMeter.of_schedule(schedule)
+    _Interval.reads[0] = 0
+    reports = []
+    for k in range(n):  # a mark inside each interval, a report after it
+        meter.mark(60.0 * k + 30.0, 1000.0 * k)
+        reports.append(meter.report(schedule))
+    assert _Interval.reads[0] <= 10 * n  # was n * n / 2: every interval passed, every report
+    for r in reports[:: n // 7]:  # the figures of the plain sum over the intervals passed
+        scheduled, inside_s = 0.0, 0.0
+        for iv in schedule.intervals:
+            if iv.start_s >= r.elapsed_s:
+                break
+            passed = min(r.elapsed_s, iv.end_s) - iv.start_s
+            scheduled += iv.value * (iv.energy_j + 7.0 * max(0.0, passed - iv.busy_s)) / J_PER_KWH
+            inside_s += passed
+        assert r.scheduled == scheduled
+        assert r.scheduled_outside_j == 7.0 * max(0.0, r.elapsed_s - 30.0 - inside_s)

@@ -94,3 +94,91 @@ def test_schedule_of_another_frontier_or_with_online_profiling_is_refused(setup)
     options = SessionOptions(blocking_power_w=BLOCKING_W, power_schedule=schedule)
     with pytest.raises(ConfigError, match="power_schedule= needs a frontier"):
         RankSession(build_schedule("1f1b", 2, 4), 0, gpu=gpu, plan=OnlineProfile(), options=options)
+
+
+def test_a_cap_holds_over_a_straggler_hook_added_after_start(setup) -> None:  # type: ignore[no-untyped-def]
+    """A straggler runtime (this pipeline the slowest: it asks for the fastest plan every
+    iteration) added after start, so asked after the power hook: the cap the power hook
+    acknowledged still holds from the next iteration. Before, the straggler's plan replaced
+    the power hook's at every boundary and the job ran above its cap for good."""
+    from perseus.runtime.power import read_cap_ack
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    gpu, plan, _ = setup
+    store = torch_dist.HashStore()
+    with _session(gpu, plan, power_store=store) as session:
+        session.add_boundary_hook(StragglerRuntime(plan, pipeline_index=0, num_pipelines=1))
+        for i in range(6):
+            if i == 3:  # a cap only point 1 meets, read at the boundary ending iteration 3
+                token = set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]
+    assert read_cap_ack(store) == (token, 3)
+
+
+def test_a_cap_holds_over_other_hooks_while_its_hook_is_attached(setup) -> None:  # type: ignore[no-untyped-def]
+    """attach_power on a started session (the documented way without the options) is the
+    session's power hook as well: its cap holds over a straggler runtime added after it;
+    once the power hook is removed, its last cap no longer lowers the others' plans."""
+    from perseus.runtime.power import attach_power
+    from perseus.runtime.straggler.switching import StragglerRuntime
+
+    gpu, plan, _ = setup
+    store = torch_dist.HashStore()
+    set_cap(store, plan.points[1].avg_power_w * 1.0001)
+    with _session(gpu, plan) as session:
+        power = attach_power(session, None, store)
+        assert session.power is power
+        session.add_boundary_hook(StragglerRuntime(plan, pipeline_index=0, num_pipelines=1))
+        for _ in range(3):
+            _iteration(session)
+        session.remove_boundary_hook(power)
+        for _ in range(3):
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 1, 1, 1, 0, 0]
+
+
+def test_a_real_gpus_cap_is_acknowledged_at_the_iteration_that_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real GPU the boundary ending iteration k hands the hooks iteration k - 1's
+    figures; a cap read there is in force from k + 1. The acknowledgement said k - 1 (a fleet
+    member recorded the plan in force from k, an iteration early)."""
+    from perseus.runtime.power import read_cap_ack
+    from tests.runtime.test_agent import _cuda_like_events, counting_gpu
+    from tests.runtime.test_rank_session import _session as real_gpu_session
+
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path))
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    store = torch_dist.HashStore()
+    session = real_gpu_session(
+        counting_gpu()[0], profile, events=_cuda_like_events(), power_store=store
+    )
+    with session:
+        plan = session.frontier
+        assert plan is not None
+        for i in range(6):
+            if i == 3:  # set while iteration 3 runs: read at the boundary ending it
+                token = set_cap(store, plan.points[1].avg_power_w * 1.0001)
+            _iteration(session)
+    assert read_cap_ack(store) == (token, 3)
+    assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]  # from 3 + 1
+
+
+def test_a_straggler_hook_added_before_start_is_not_undone_by_the_power_hook(setup) -> None:  # type: ignore[no-untyped-def]
+    """Hooks added before start() came before the power hook start() attaches: the power
+    hook put its plan back at every other boundary, and the pipeline flapped between the
+    straggler runtime's plan and the fastest. The power hook is asked first wherever it is."""
+    from perseus.runtime.straggler.switching import StragglerRuntime, set_hint
+
+    gpu, plan, _ = setup
+    hints, caps = torch_dist.HashStore(), torch_dist.HashStore()
+    set_hint(hints, 1, 10 * plan.points[0].time_s)  # the other pipeline straggles: slow down
+    session = _session(gpu, plan, power_store=caps)
+    session.add_boundary_hook(
+        StragglerRuntime(plan, pipeline_index=0, num_pipelines=2, store=hints)
+    )
+    with session:
+        for _ in range(6):
+            _iteration(session)
+    assert [s.point_index for s in session.history] == [0, 1, 1, 1, 1, 1]

@@ -104,3 +104,30 @@ def test_a_clear_between_the_jobs_check_and_get_reads_as_no_hint():
     store.set_timeout(timedelta(seconds=1))
     set_hint(store, 1, 2.5)
     assert read_hint(_ClearedBetweenCheckAndGet(store, 1), 1) is None
+
+
+def test_the_time_is_scaled_by_the_plan_the_iteration_ran(frontier):
+    """On a real GPU the figures come one iteration late: the stats after a switch are of the
+    plan before it. Pipeline 0 slowed to the cheap plan (1.15 x) for pipeline 1's hint, then
+    went back to the fastest when it was cleared; the iteration still on the cheap plan must
+    report its intrinsic time, not 1.15 x (which made pipeline 0 the straggler every other
+    pipeline slowed down to: pipelines took turns)."""
+    from types import SimpleNamespace
+
+    store = torch_dist.HashStore()
+    t = frontier.fastest.time_s
+    rt = StragglerRuntime(frontier, pipeline_index=0, num_pipelines=2, store=store)
+
+    def boundary(iteration: int, ran: int, time_s: float):  # type: ignore[no-untyped-def]
+        stats = SimpleNamespace(
+            phase="run", iteration=iteration, point_index=ran, compute_time_s=time_s
+        )
+        return rt(stats)
+
+    set_hint(store, 1, 1.2 * t)
+    assert boundary(0, 0, t) == (frontier, 1)
+    clear_hint(store, 1)
+    assert boundary(1, 0, t) == (frontier, 0)  # iteration 1 ran the fastest plan still
+    boundary(2, 1, 1.15 * t)  # iteration 2 ran the cheap plan decided after iteration 0
+    assert rt.decisions[-1].pipeline_times_s[0] == pytest.approx(t)
+    assert rt.decisions[-1].point_index == 0

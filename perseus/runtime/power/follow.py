@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perseus.dag.graph import FloatArray
-from perseus.io.power_files import ScheduleFile
+from perseus.io.power_files import ScheduleFile, ScheduleIntervalRecord
 from perseus.solver.power_schedule import J_PER_KWH
 
 __all__ = ["SPANS_KEPT", "CostMeter", "IncurredCost", "ScheduleClock"]
@@ -105,6 +105,10 @@ class CostMeter:
     _last: tuple[float, float] | None = None
     _first_s: float | None = None  # the first span's start
     _ordered: bool = field(default=False, init=False, repr=False, compare=False)
+    #: :meth:`report`'s walk: (schedule, intervals summed whole, their cost, their time, at).
+    _walk: tuple[ScheduleFile, int, float, float, float] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         # Intervals in time order, none overlapping the next (a schedule's, a signal's): a
@@ -151,17 +155,38 @@ class CostMeter:
             self._first_s = start_s
 
     def report(self, schedule: ScheduleFile) -> IncurredCost:
-        """The cost so far against ``schedule``'s for the same time."""
+        """The cost so far against ``schedule``'s for the same time.
+
+        Each interval change reports (a year of minutes: 525,600 intervals): the intervals
+        passed whole are summed once over the run, not again at every report."""
         now = self.elapsed_s
         idle_w = schedule.idle_power_w
-        scheduled, inside_s = 0.0, 0.0
-        for iv in schedule.intervals:
+        ivs = schedule.intervals
+        walk = self._walk
+        if walk is None or walk[0] is not schedule or walk[4] > now:
+            walk = (schedule, 0, 0.0, 0.0, now)
+        _, first, scheduled, inside_s, _ = walk
+        while first < len(ivs) and ivs[first].start_s < now and ivs[first].end_s <= now:
+            cost, passed = _scheduled(ivs[first], now, idle_w)  # whole: the same from now on
+            scheduled += cost
+            inside_s += passed
+            first += 1
+        self._walk = (schedule, first, scheduled, inside_s, now)
+        for k in range(first, len(ivs)):
+            iv = ivs[k]
             if iv.start_s >= now:
                 break
-            passed = min(now, iv.end_s) - iv.start_s
-            idle_s = max(0.0, passed - iv.busy_s)
-            scheduled += iv.value * (iv.energy_j + idle_w * idle_s) / J_PER_KWH
+            cost, passed = _scheduled(iv, now, idle_w)
+            scheduled += cost
             inside_s += passed
         start = self._first_s if self._first_s is not None else now
         outside_s = max(0.0, now - start - inside_s)
         return IncurredCost(now, self.incurred, scheduled, self.outside_j, idle_w * outside_s)
+
+
+def _scheduled(iv: ScheduleIntervalRecord, now_s: float, idle_w: float) -> tuple[float, float]:
+    """A schedule interval's stated cost up to ``now_s`` (iterations and idle GPUs) and the
+    time of it passed (it started before ``now_s``)."""
+    passed = min(now_s, iv.end_s) - iv.start_s
+    idle_s = max(0.0, passed - iv.busy_s)
+    return iv.value * (iv.energy_j + idle_w * idle_s) / J_PER_KWH, passed

@@ -105,6 +105,8 @@ class PowerRuntime:
         self.decisions: deque[PowerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = self.scheduled_index(origin_iteration)
         self._acked: str | None = None
+        #: The cap of the last decision (None: no cap), agreed over the group.
+        self.cap_w: float | None = None
         self._cap_plan: tuple[float, int, str] | None = None  # (cap_w, index, reason)
         follow = clock is not None and schedule is not None and bool(schedule.intervals)
         self.clock = clock if follow else None
@@ -234,8 +236,25 @@ class PowerRuntime:
                 )
         decision = PowerDecision(iteration, scheduled, cap_w, index, reason)
         self.decisions.append(decision)
-        self.point_index = index
+        self.point_index, self.cap_w = index, cap_w
         return decision
+
+    def follow_frontier(self, frontier: Frontier) -> None:
+        """Decide on ``frontier`` from now on: a session calls it with each plan it makes from
+        its own (re-)profile (never with a schedule: it indexes the frontier it was made for,
+        and a schedule is refused with online profiling)."""
+        if self.schedule is not None:
+            return
+        self.frontier, self._cap_plan, self.point_index = frontier, None, 0
+
+    def within_cap(self, frontier: Frontier, point_index: int) -> tuple[Frontier, int]:
+        """``(frontier, point_index)`` when that plan fits the cap in force (or none is),
+        else this hook's plan under it: another boundary hook's plan (a straggler runtime's
+        fastest) must not run above a cap this hook acknowledged."""
+        cap_w = self.cap_w
+        if cap_w is None or frontier.points[point_index].avg_power_w <= cap_w * (1 + 1e-12):
+            return frontier, point_index
+        return self.frontier, self.point_index
 
     def _under_cap(self, cap_w: float) -> tuple[int, str]:
         """The plan under ``cap_w`` and its reason (``"cap"`` or ``"cap-unreachable"``), worked
@@ -256,9 +275,11 @@ class PowerRuntime:
         if stats.phase != "run":
             return None
         self.mark()
-        cap_w = self.read_cap_w(stats.iteration)
-        previous = self.point_index
         upcoming = stats.iteration + 1 if self.next_iteration is None else self.next_iteration()
+        # Acknowledged as read when the iteration before `upcoming` ended (a real GPU's stats
+        # are one iteration older): the cap is in force from `upcoming` on.
+        cap_w = self.read_cap_w(upcoming - 1)
+        previous = self.point_index
         self.wait_for(upcoming)  # a re-plan on the way changes the plan
         decision = self.decide(upcoming, cap_w)
         if decision.point_index == previous and stats.point_index == previous:
@@ -276,8 +297,8 @@ def attach_power(
     objective: str | None = None,
 ) -> PowerRuntime:
     """Add a :class:`PowerRuntime` to a started ``session`` (a
-    :class:`~perseus.runtime.session.RankSession`) and deploy the schedule's first plan; the
-    schedule's iteration 0 is the session's next iteration.
+    :class:`~perseus.runtime.session.RankSession`) as ``session.power`` and deploy the
+    schedule's first plan; the schedule's iteration 0 is the session's next iteration.
 
     Args:
         session: The started session.
@@ -319,6 +340,7 @@ def attach_power(
     )
     runtime.next_iteration = lambda: session.next_iteration
     session.add_boundary_hook(runtime)
+    session.power = runtime  # its cap holds over the other hooks' plans
     runtime.wait_for(session.next_iteration)  # the first interval may open later
     # The first plan, of the schedule in force after the wait (a re-plan may come on the way).
     runtime.point_index = runtime.scheduled_index(session.next_iteration)

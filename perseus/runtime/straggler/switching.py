@@ -239,17 +239,36 @@ class StragglerRuntime:
         self.decisions.append(decision)
         return decision
 
-    def intrinsic_time_s(self, compute_time_s: float) -> float:
+    def follow_frontier(self, frontier: Frontier) -> None:
+        """Decide on ``frontier`` from now on, from its fastest plan with no history: a
+        session calls it with each plan it makes from its own (re-)profile, whose points
+        this runtime's frontier no longer describes."""
+        policy = self.policy
+        self.frontier = frontier
+        self.policy = StragglerPolicy(
+            frontier, hysteresis=policy.hysteresis, smoothing=policy.smoothing
+        )
+        self.point_index = 0
+
+    def intrinsic_time_s(self, compute_time_s: float, point_index: int | None = None) -> float:
         """This pipeline's measured time scaled by ``T_fastest / T_plan``: a pipeline slowed by
-        choice (a cheaper plan) must not look like a straggler, or pipelines take turns."""
+        choice (a cheaper plan) must not look like a straggler, or pipelines take turns.
+        ``point_index``: the plan the time was measured on (default: the last decided)."""
         points = self.frontier.points
-        return compute_time_s * points[0].time_s / points[self.point_index].time_s
+        ran = self.point_index if point_index is None else point_index
+        return compute_time_s * points[0].time_s / points[ran].time_s
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
         """The :data:`perseus.runtime.session.BoundaryHook` interface (``stats`` may be one
         iteration late; the decision applies from the next iteration to start)."""
         if stats.phase != "run":
             return None
-        times = self.exchange(self.intrinsic_time_s(stats.compute_time_s), stats.iteration)
+        # Scaled by the plan the iteration ran: one decided a boundary earlier (figures one
+        # iteration late) or by another hook, not the last decided here.
+        ran = stats.point_index
+        if ran is None or not 0 <= ran < len(self.frontier.points):
+            ran = None
+        intrinsic_s = self.intrinsic_time_s(stats.compute_time_s, ran)
+        times = self.exchange(intrinsic_s, stats.iteration)
         decision = self.decide(stats.iteration, times)
         return (self.frontier, decision.point_index) if self.adaptive else None
