@@ -1,6 +1,6 @@
 """Does the run measure its plan? Every iteration, on every rank alike.
 
-The ranks agree on the pipeline's figures in one all-reduce (:func:`agree_iteration`), so
+The ranks agree on an iteration's figures in one all-reduce (:func:`agree_iteration`), so
 every rank reaches the same verdict; :class:`DriftMonitor` says once when predicted and
 measured differ for :data:`PATIENCE` iterations, and an online-profiled session profiles the
 drifted ops again (:func:`ops_to_profile`).
@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import statistics
 from collections import defaultdict, deque
-from dataclasses import dataclass
 from typing import Any
 
 from perseus.profile.model import Profile
@@ -20,6 +19,7 @@ from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
+from perseus.runtime.session_types import EndedIteration
 from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
 from perseus.schedule.actions import Kind, Schedule
 
@@ -27,7 +27,6 @@ __all__ = [
     "ENERGY_WINDOW_PERIODS",
     "PATIENCE",
     "DriftMonitor",
-    "PipelineFigures",
     "agree_iteration",
     "ops_to_profile",
 ]
@@ -41,41 +40,42 @@ PATIENCE = 3
 _REASONS = tuple(REASON_TEXT)
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineFigures:
-    """What every rank of the pipeline agrees on for one iteration."""
-
-    time_s: float
-    energy_j: float
-    held_ops: int
-    held_reasons: tuple[str, ...]
-    host_overruns: int
-
-
 def agree_iteration(
+    ended: EndedIteration,
+    span_s: tuple[float, float, float],
     energy_j: float,
-    time_s: float,
     delivery: ClockDelivery | None,
     host_overruns: int,
-    rank: int,
-    num_ranks: int,
-    group: Any,
-) -> PipelineFigures:
-    """Sum this rank's energy, held ops (by reason) and host overruns over the pipeline, and
-    take the longest rank's ``time_s`` as the pipeline's: one all-reduce over ``group`` (each
-    rank's time in its own slot of the sum)."""
+    ranks: tuple[int, int, Any],
+) -> IterationStats:
+    """An ended iteration's figures, agreed over the pipeline in one all-reduce (``ranks``:
+    this rank, the pipeline's ranks and its group): this rank's energy, held ops (by reason)
+    and host overruns summed, and the longest rank's window as the pipeline's time (each
+    rank's in its own slot of the sum). ``span_s``: this rank's start, last op's end and end."""
+    rank, num_ranks, group = ranks
+    start_s, own_end_s, end_s = span_s
     held = delivery.held if delivery is not None else ()
     by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
     windows = [0.0] * num_ranks
-    windows[rank] = float(time_s)
+    windows[rank] = float(end_s - start_s)
     energy, held_sum, overruns, *rest = all_reduce_sum(
         [float(energy_j), float(len(held)), float(host_overruns), *by_reason, *windows], group
     )
     reasons = rest[: len(_REASONS)]
-    return PipelineFigures(
+    point = ended.frontier.points[ended.point_index] if ended.frontier is not None else None
+    return IterationStats(
+        iteration=ended.iteration,
+        phase="profile" if ended.profiling else "run",
+        point_index=None if ended.profiling else ended.point_index,
         time_s=max(rest[len(_REASONS) :]),
-        energy_j=energy,
-        held_ops=round(held_sum),
+        energy_j=energy_j,
+        compute_time_s=max(0.0, own_end_s - start_s),
+        pipeline_energy_j=energy,
+        predicted_time_s=None if point is None else point.time_s,
+        predicted_energy_j=None if point is None else point.energy_j,
+        clock_share_at_plan=None if delivery is None else delivery.share_at_plan,
+        held_ops=held,
+        pipeline_held_ops=round(held_sum),
         held_reasons=tuple(r for r, n in zip(_REASONS, reasons, strict=True) if n > 0),
         host_overruns=round(overruns),
     )

@@ -35,7 +35,6 @@ from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
-from perseus.runtime.collectives import all_reduce_max
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
 from perseus.runtime.engines.base import EngineAdapter, ManualEngine
@@ -44,11 +43,11 @@ from perseus.runtime.planning import (
     PlanContext,
     PlanLike,
     Planned,
-    check_frontier,
     plan_source,
 )
 from perseus.runtime.profiling.energy_windows import counter_period_s
-from perseus.runtime.session_sweep import SessionSweep
+from perseus.runtime.session_hooks import BoundaryHooks
+from perseus.runtime.session_sweep import SessionSweep, clock_control_kept
 from perseus.runtime.session_types import (
     BoundaryHook,
     EndedIteration,
@@ -132,13 +131,12 @@ class RankSession:
         self.clocks_profiled: dict[tuple[int, Any], int] = {}
         self.summary: RunSummary | None = None
         self._state = SessionState.NEW
-        self._hooks: list[BoundaryHook] = []
+        self._boundary = BoundaryHooks(schedule, engine.rank)
         self._agent: RankAgent | None = None
         self._sweep: SessionSweep | None = None
         self._run = DeviceRun()
         self._detach: Callable[[], None] | None = None
         self._pending: tuple[Frontier, int] | None = None
-        self._ops_checked: Frontier | None = None  # the last frontier whose stage ops matched
         self._window: tuple[float, int] | CounterMark | None = None
         self._last_mark: tuple[float, int] | CounterMark | None = None  # the last end
         self._ended: deque[EndedIteration] = deque()  # figures not read yet (oldest first)
@@ -284,12 +282,11 @@ class RankSession:
         ``follow_frontier(frontier)`` method (a straggler runtime) gets each plan the session
         makes from its own (re-)profile, on every rank alike. The power hook
         (:attr:`power`) is asked first, so the others' plans go on it, within its cap."""
-        self._hooks.append(hook)
+        self._boundary.add(hook)
 
     def remove_boundary_hook(self, hook: BoundaryHook) -> None:
         """Stop calling ``hook`` (no error if it was not added)."""
-        if hook in self._hooks:
-            self._hooks.remove(hook)
+        self._boundary.remove(hook)
 
     @property
     def emulation_overruns(self) -> int:
@@ -302,7 +299,7 @@ class RankSession:
         Raises:
             PlanError: a frontier of another schedule, an index out of range, a running sweep.
         """
-        self._check_frontier(frontier, point_index)
+        self._boundary.check(frontier, point_index)
         if self._agent is None:
             self._install_frontier(frontier, point_index, sweep=False)
         elif self._sweep is not None:
@@ -451,27 +448,10 @@ class RankSession:
             end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
             self._last_mark = (end_s, mj)
         energy_j = (mj - e0) / 1000.0
-        overruns = self._run.take_overruns()
-        pipeline = agree_iteration(
-            energy_j, end_s - t0, delivery, overruns, self.rank, self.schedule.num_ranks, self.group
-        )
-        point = ended.frontier.points[ended.point_index] if ended.frontier is not None else None
-        stats = IterationStats(
-            iteration=ended.iteration,
-            phase="profile" if ended.profiling else "run",
-            point_index=None if ended.profiling else ended.point_index,
-            time_s=pipeline.time_s,
-            energy_j=energy_j,
-            compute_time_s=max(0.0, own_end_s - t0),
-            pipeline_energy_j=pipeline.energy_j,
-            predicted_time_s=None if point is None else point.time_s,
-            predicted_energy_j=None if point is None else point.energy_j,
-            clock_share_at_plan=None if delivery is None else delivery.share_at_plan,
-            held_ops=() if delivery is None else delivery.held,
-            pipeline_held_ops=pipeline.held_ops,
-            held_reasons=pipeline.held_reasons,
-            host_overruns=pipeline.host_overruns,
-        )
+        stats = agree_iteration(
+            ended, (t0, own_end_s, end_s), energy_j, delivery, self._run.take_overruns(),
+            (self.rank, self.schedule.num_ranks, self.group),
+        )  # fmt: skip
         self.history.append(stats)
         if len(self.history) >= 2 * self.options.history_kept:  # one cut per `kept` iterations
             del self.history[: -self.options.history_kept]
@@ -499,29 +479,15 @@ class RankSession:
             self._sweep is None
             and self._drift.update(stats)
             and isinstance(self.source, OnlineProfile)
+            and clock_control_kept(self._agent, self.rank, self.group)  # the sweep sets clocks
         ):
-            self._reprofile(self.source)  # what drifted, re-plan: every rank alike
-        hooks, power = tuple(self._hooks), self.power  # a hook may remove or add one as it runs
-        if power in hooks:  # first, whenever it was attached: the others' plans go on it
-            hooks = (power, *(hook for hook in hooks if hook is not power))
-        for hook in hooks:
-            decision = hook(stats)
-            if decision is None:
-                continue
-            if self._sweep is not None or stats.phase == "profile":
-                # The sweep sets the clocks it measures (and its end, the plan made from
-                # them): another plan here would run its first step at clocks it never set.
-                _log.debug(
-                    "rank %d: a boundary hook's plan is not deployed while profiling", self.rank
-                )
-                continue
-            self._check_frontier(*decision)
+            self._start_sweep(self.source)  # what drifted, re-plan: every rank alike
+        profiling = self._sweep is not None or stats.phase == "profile"
+        decision = self._boundary.decide(stats, self.power, profiling)
+        if decision is not None:
             self._pending = decision
-        power = self.power
-        if self._pending is not None and power in self._hooks and self._sweep is None:
-            # Whichever hook decided last, no plan runs above the power cap in force (the
-            # power hook acknowledged it: it holds from the next iteration, on every rank).
-            self._pending = power.within_cap(*self._pending)
+        if self._pending is not None and self._sweep is None:  # whichever hook decided last
+            self._pending = self._boundary.within_cap(self._pending, self.power)
 
     def _abort_iteration(self) -> None:
         self._window = None
@@ -575,16 +541,8 @@ class RankSession:
             self.profiled = planned.profiled
         self._install_frontier(planned.frontier, self.point_index, sweep=False)
 
-    def _check_frontier(self, frontier: Frontier, point_index: int) -> None:
-        """:func:`check_frontier`, the stage ops compared once per frontier: a hook may return
-        its frontier every iteration (1F1B 64 x 1024: 131,072 actions, 19 ms each time)."""
-        check_frontier(
-            self.schedule, frontier, point_index, ops_checked=frontier is self._ops_checked
-        )
-        self._ops_checked = frontier
-
     def _install_frontier(self, frontier: Frontier, point_index: int, sweep: bool) -> None:
-        self._check_frontier(frontier, point_index)
+        self._boundary.check(frontier, point_index)
         if not sweep:  # a sweep "plan" is not a deployed frontier
             self.frontier, self.point_index = frontier, point_index
         if self._agent is not None:  # the running agent switches at the next iteration
@@ -600,20 +558,6 @@ class RankSession:
         )  # fmt: skip
         agent.start()
         self._agent = agent
-
-    def _reprofile(self, options: OnlineProfile) -> None:
-        """Profile again after a drift, unless a rank lost clock control (one all-reduce): the
-        sweep needs to set clocks, and an observe-only run goes on as it is."""
-        agent = self._agent
-        (lost,) = all_reduce_max([float(agent is not None and agent.observe_only)], self.group)
-        if lost:
-            if self.rank == 0:
-                _log.warning(
-                    "perseus: not profiling again: clock control was lost (observe-only) on a "
-                    "rank; the run goes on at the clocks its GPUs run"
-                )
-            return
-        self._start_sweep(options)
 
     def _start_sweep(self, options: OnlineProfile) -> None:
         agent, previous, only = self._agent, self.profiled, None
@@ -649,8 +593,5 @@ class RankSession:
         # frontier replaced names another point of this one, or none (fewer points).
         self.point_index = self.options.point_index
         self._install(sweep.options.plan_measured(self._context(), rows))
-        frontier = self.frontier
-        for hook in tuple(self._hooks):  # their plans of the frontier replaced would undo it
-            follow = getattr(hook, "follow_frontier", None)
-            if follow is not None and frontier is not None:
-                follow(frontier)
+        if self.frontier is not None:
+            self._boundary.follow(self.frontier)

@@ -23,9 +23,21 @@ from perseus.runtime.profiling.pair_sweep import PairProfileRow, PairSweep
 from perseus.runtime.profiling.sweep import MAX_FIT_ERROR, ClockSweep, ProfileRow, check_fit
 from perseus.schedule.actions import Kind, Schedule
 
-__all__ = ["SessionSweep"]
+__all__ = ["SessionSweep", "clock_control_kept"]
 
 _log = logging.getLogger("perseus.runtime.session")
+
+
+def clock_control_kept(agent: RankAgent | None, rank: int, group: Any) -> bool:
+    """Whether every rank still sets clocks (one all-reduce): a sweep to profile again needs
+    to, and an observe-only run goes on as it is (said on rank 0)."""
+    (lost,) = all_reduce_max([float(agent is not None and agent.observe_only)], group)
+    if lost and rank == 0:
+        _log.warning(
+            "perseus: not profiling again: clock control was lost (observe-only) on a rank; "
+            "the run goes on at the clocks its GPUs run"
+        )
+    return not lost
 
 
 class SessionSweep:

@@ -1,0 +1,79 @@
+"""A session's boundary hooks (:data:`~perseus.runtime.session_types.BoundaryHook`): asked at
+each iteration boundary with the power hook first, the plan they choose held within its cap,
+and each plan they return checked against the session's schedule."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from perseus.plan import Frontier
+from perseus.runtime.planning import check_frontier
+from perseus.runtime.session_types import BoundaryHook
+from perseus.runtime.summary import IterationStats
+from perseus.schedule.actions import Schedule
+
+__all__ = ["BoundaryHooks"]
+
+_log = logging.getLogger("perseus.runtime.session")
+
+
+class BoundaryHooks:
+    """The hooks in the order attached (a hook may add or remove one as it runs)."""
+
+    def __init__(self, schedule: Schedule, rank: int) -> None:
+        self.hooks: list[BoundaryHook] = []
+        self._schedule, self._rank = schedule, rank
+        self._ops_checked: Frontier | None = None  # the last frontier whose stage ops matched
+
+    def add(self, hook: BoundaryHook) -> None:
+        self.hooks.append(hook)
+
+    def remove(self, hook: BoundaryHook) -> None:
+        if hook in self.hooks:
+            self.hooks.remove(hook)
+
+    def check(self, frontier: Frontier, point_index: int) -> None:
+        """:func:`check_frontier`, the stage ops compared once per frontier: a hook may return
+        its frontier every iteration (1F1B 64 x 1024: 131,072 actions, 19 ms each time)."""
+        ops_checked = frontier is self._ops_checked
+        check_frontier(self._schedule, frontier, point_index, ops_checked=ops_checked)
+        self._ops_checked = frontier
+
+    def decide(
+        self, stats: IterationStats, power: Any, profiling: bool
+    ) -> tuple[Frontier, int] | None:
+        """Ask every hook, ``power`` (the power hook) first wherever it was attached: the last
+        plan returned, checked (None: none). While ``profiling`` none is taken: the sweep sets
+        the clocks it measures (and its end, the plan made from them), and another plan would
+        run its first step at clocks the sweep never set."""
+        hooks = tuple(self.hooks)
+        if power in hooks:  # the others' plans go on it
+            hooks = (power, *(hook for hook in hooks if hook is not power))
+        chosen = None
+        for hook in hooks:
+            decision = hook(stats)
+            if decision is None:
+                continue
+            if profiling:
+                _log.debug(
+                    "rank %d: a boundary hook's plan is not deployed while profiling", self._rank
+                )
+                continue
+            self.check(*decision)
+            chosen = decision
+        return chosen
+
+    def within_cap(self, plan: tuple[Frontier, int], power: Any) -> tuple[Frontier, int]:
+        """``plan`` within the power hook's cap while that hook is attached (it acknowledged
+        the cap: it holds from the next iteration, on every rank)."""
+        return power.within_cap(*plan) if power in self.hooks else plan
+
+    def follow(self, frontier: Frontier) -> None:
+        """Hand a plan the session made from its own (re-)profile to each hook that follows
+        one (``follow_frontier``: a straggler runtime), whose plans of the frontier replaced
+        would undo it."""
+        for hook in tuple(self.hooks):
+            follow = getattr(hook, "follow_frontier", None)
+            if follow is not None:
+                follow(frontier)
