@@ -22,6 +22,9 @@ __all__ = ["Timeline", "build_timeline", "plot_timelines"]
 
 _CMAP = "YlOrRd"
 _KIND_LETTERS = "FBW"
+#: Most rank rows a panel gives full height (and op letters, and a label each); more ranks share
+#: that height, so a 4,096-rank chart stays a few thousand pixels tall, not 400,000.
+_MAX_TALL_ROWS = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +98,7 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
         colors = [cmap(norm(float(tl.power_w[i]))) for i in ids]
         ax.broken_barh(bars, row, facecolors=colors, edgecolor="black", lw=0.3)
         # Letters only where they fit (a glyph needs ~0.8 % of the axis at report size).
-        for i in ids:
+        for i in ids if tl.num_ranks <= _MAX_TALL_ROWS else ():
             width = float(tl.end_s[i] - tl.start_s[i])
             if width > 0.008 * t_max:
                 x, letter = float(tl.start_s[i]) + width / 2, _KIND_LETTERS[int(tl.kind[i])]
@@ -106,7 +109,8 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
         f"blocking {100 * idle / (tl.num_ranks * tl.time_s):.0f} % of GPU time",
         loc="left",
     )
-    ax.set_yticks(range(tl.num_ranks), [f"rank {r}" for r in range(tl.num_ranks)])
+    labelled = range(0, tl.num_ranks, -(-tl.num_ranks // _MAX_TALL_ROWS))
+    ax.set_yticks(labelled, [f"rank {r}" for r in labelled])
     ax.set_ylim(tl.num_ranks - 0.5, -0.5)
     ax.set_xlim(0, t_max * 1.01)
     ax.grid(False)
@@ -119,7 +123,7 @@ def plot_timelines(timelines: Sequence[Timeline]) -> bytes:
     hi = max(float(tl.power_w.max()) for tl in timelines)
     norm = Normalize(vmin=lo, vmax=max(hi, lo + 1.0))
     t_max = max(tl.time_s for tl in timelines)
-    rows = max(tl.num_ranks for tl in timelines)
+    rows = min(max(tl.num_ranks for tl in timelines), _MAX_TALL_ROWS)
     with new_figure((12.0, 1.2 + 0.42 * rows * len(timelines) + 0.6 * len(timelines))) as fig:
         axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
         for ax, tl in zip(axes, timelines, strict=True):

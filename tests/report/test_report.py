@@ -90,6 +90,27 @@ def test_plots_are_report_sized_pngs(job: PlanningJob, frontier: Frontier) -> No
         assert width >= 1000 and height >= 600
 
 
+def test_timeline_of_many_ranks_stays_a_viewable_png() -> None:
+    """Rows share a bounded height past 64 ranks: 100 ranks drew a 1440 x 10,400-pixel PNG,
+    4,096 (the stage limit) about 400,000 pixels tall; 8 ranks keep their size."""
+    import numpy as np
+
+    from perseus.report.timeline import Timeline
+
+    def timeline(ranks: int) -> Timeline:
+        ones = np.ones(ranks)
+        return Timeline(
+            label="x", time_s=1.0, energy_j=1.0, blocking_power_w=80.0, num_ranks=ranks,
+            rank=np.arange(ranks), kind=np.zeros(ranks, dtype=np.int64), start_s=0 * ones,
+            end_s=ones, power_w=300.0 * ones,
+        )  # fmt: skip
+
+    small = _png_size(plot_timelines([timeline(8), timeline(8)]))[1]
+    tall = _png_size(plot_timelines([timeline(64), timeline(64)]))[1]
+    many = _png_size(plot_timelines([timeline(100), timeline(100)]))[1]
+    assert small < tall == many < 8000
+
+
 def test_timeline_matches_the_evaluator(job: PlanningJob, frontier: Frontier) -> None:
     tl = build_timeline(job, frontier.fastest, "Perseus")
     assert tl.time_s == pytest.approx(frontier.fastest.time_s)
