@@ -90,6 +90,9 @@ def _idle_segments(tl: Timeline, r: int) -> list[tuple[float, float]]:
 
 def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float) -> None:
     idle_color = cmap(norm(tl.blocking_power_w))
+    # Fixed limits first: autoscaling after each row's bars rescans every bar drawn so far.
+    ax.set_ylim(tl.num_ranks - 0.5, -0.5)
+    ax.set_xlim(0, t_max * 1.01)
     for r in range(tl.num_ranks):
         row = (r - 0.4, 0.8)
         ax.broken_barh(_idle_segments(tl, r), row, fc=idle_color, ec="0.6", hatch="///", lw=0.3)
@@ -111,8 +114,6 @@ def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float)
     )
     labelled = range(0, tl.num_ranks, -(-tl.num_ranks // _MAX_TALL_ROWS))
     ax.set_yticks(labelled, [f"rank {r}" for r in labelled])
-    ax.set_ylim(tl.num_ranks - 0.5, -0.5)
-    ax.set_xlim(0, t_max * 1.01)
     ax.grid(False)
 
 
