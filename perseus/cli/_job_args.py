@@ -221,15 +221,28 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
         )
     if args.schedule == "interleaved":
         _check_interleaved(stages, args.microbatches, args.virtual_stages, sources)
-    return build_checked_job(
-        profile,
-        args.schedule,
-        stages,
-        args.microbatches,
-        profile_name=path.stem,
-        size_source=sources["microbatches"],
-        **{name: getattr(args, name) for name in _MAKE_JOB_KEYWORDS},
-    )
+    try:
+        return build_checked_job(
+            profile,
+            args.schedule,
+            stages,
+            args.microbatches,
+            profile_name=path.stem,
+            size_source=sources["microbatches"],
+            **{name: getattr(args, name) for name in _MAKE_JOB_KEYWORDS},
+        )
+    except ConfigError as e:
+        raise ConfigError(_blamed(str(e), sources)) from None
+
+
+def _blamed(message: str, sources: dict[str, str]) -> str:
+    """A job error that opens with a field's name (``layers_per_stage has 2 entries ...``, from
+    the two-clock checks), that name replaced by where its value came from: the flag, or
+    ``"<config>: key <name>"``."""
+    name = message.partition(" ")[0].partition("[")[0]
+    if name not in CONFIG_FIELDS:
+        return message
+    return sources[name] + message[len(name) :]
 
 
 def _check_interleaved(

@@ -145,9 +145,19 @@ def run_budget(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     import dataclasses
+    import os
 
     from perseus.fleet.registry import FleetRegistry
+    from perseus.recurring.database import parse_url
 
+    target = parse_url(args.db)
+    if target.engine == "sqlite" and not os.path.lexists(target.path):
+        # A status look reads a fleet; it does not create an empty one at a mistyped path.
+        raise ConfigError(
+            f"--db {args.db}: no fleet database at {os.path.abspath(target.path)}; check the "
+            "path (an absolute one is sqlite:////PATH, four slashes), or create the fleet with "
+            "`perseus fleet budget` or `perseus fleet serve`"
+        )
     with FleetRegistry(args.db) as fleet:
         budget_w, epoch, members = fleet.status()
     if args.json:

@@ -112,7 +112,11 @@ def _log_level(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting (tests call this)."""
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports every command module: a tenth of a second
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     argv = list(sys.argv[1:] if argv is None else argv)
     args: argparse.Namespace | None = None
     try:

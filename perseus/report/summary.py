@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io._errors import describe_validation_error
-from perseus.plan import Frontier, JobSpec, PlanPoint, same_figures
+from perseus.plan import MAX_ENERGY_J, MAX_TIME_S, Frontier, JobSpec, PlanPoint, same_figures
 from perseus.runtime.straggler.sweep import StragglerCase
 
 __all__ = [
@@ -136,8 +136,8 @@ class MeasuredFigures(BaseModel):
 
     model_config = _LOOSE
 
-    time_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    energy_j: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    time_s: Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy_j: Annotated[float, Field(gt=0, le=MAX_ENERGY_J, allow_inf_nan=False)]
 
 
 class _PredictedMeasured(BaseModel):

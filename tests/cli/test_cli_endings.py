@@ -58,3 +58,18 @@ def test_full_stdout_is_one_error_line(args: list[str]) -> None:
         os.close(fd)
     assert proc.returncode == 1
     assert proc.stderr == "error: No space left on device; nothing was written\n"
+
+
+def test_interrupt_while_commands_load_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in the first tenth of a second (the parser imports every command's module) ends
+    as any other interrupt does: "interrupted", exit 130, no traceback."""
+    from perseus.cli import main as cli_main
+
+    def interrupted(name: str) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", interrupted)
+    assert cli_main.main(["profile", "show", "a100"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

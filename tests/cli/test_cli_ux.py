@@ -237,3 +237,14 @@ def test_logging_follows_a_replaced_stderr(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(sys, "stderr", second)
     get_logger("device.ownership").warning("previous owner died")
     assert "WARNING perseus.device.ownership: previous owner died" in second.getvalue()
+
+
+def test_fleet_status_does_not_create_a_fleet(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`perseus fleet status` at a path with no database (sqlite:/// with three slashes makes
+    an absolute path relative) is one error line, and creates nothing; before, it created the
+    directories and an empty database and printed "budget none, plan 0"."""
+    missing = tmp_path / "no" / "fleet.db"
+    assert main(["fleet", "status", "--db", f"sqlite:///{missing}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --db sqlite:///{missing}: no fleet database at {missing}; ")
+    assert err.count("\n") == 1 and not (tmp_path / "no").exists()

@@ -48,3 +48,30 @@ def test_a_library_error_reaches_the_terminal_with_the_flag(tmp_path, capsys) ->
         "error: two clocks per op need the job's --layers-per-stage; give it or use "
         "--max-clocks-per-op=1\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("keys", "flags", "said"),
+    [
+        ("layers_per_stage = [1, 2]", [], "{key} layers_per_stage has 2 entries but the job"),
+        ("", ["--layers-per-stage", "1,2"], "--layers-per-stage has 2 entries but the job"),
+        ("layer_time_fractions = [[1.0]]", [], "{key} layer_time_fractions needs layers_per_stage"),
+        (
+            "layers_per_stage = 2\nlayer_time_fractions = [[1.0]]",
+            [],
+            "{key} layer_time_fractions has 1 stages, the job has 8",
+        ),
+    ],
+)
+def test_a_two_clock_error_names_the_config_key_or_flag(
+    tmp_path, capsys, keys: str, flags: list[str], said: str
+) -> None:
+    """The job's two-clock checks (layer counts and weights against the stages) name the
+    config file and key, or the flag, that gave the bad value; before, only the bare name."""
+    config = tmp_path / "job.toml"
+    config.write_text(f'profile = "a100"\nmicrobatches = 4\n{keys}\n')
+    argv = ["frontier", "--config", str(config), "-o", str(tmp_path / "f.json"), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + said.format(key=f"{config}: key")), err
+    assert err.count("\n") == 1

@@ -132,3 +132,21 @@ def test_bad_summary_file_exit_2(
     err = capsys.readouterr().err
     assert str(bad) in err and "expected" in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("field", ["time_s", "energy_j"])
+def test_summary_figure_past_the_plan_files_bound_exit_2(
+    tmp_path: Path, frontier_file: Path, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    """A measured figure beyond what a plan file accepts (1e7 s, 1e15 J: a corrupted file) is
+    one error line naming the field; before, 1e308 was plotted (numpy's overflow warnings on
+    stderr) and the report written with exit 0."""
+    run = _run_summary(tmp_path, frontier_file)
+    doc = json.loads(run.read_text())
+    doc["measured"][field] = 1e308
+    run.write_text(json.dumps(doc))
+    out = tmp_path / "r"
+    assert main(["report", str(frontier_file), "--summary", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run}: field measured.{field}: ") and err.count("\n") == 1
+    assert not out.exists()
