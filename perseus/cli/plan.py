@@ -147,6 +147,10 @@ def _pick_by_time(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[st
 
 def _pick_under_power(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[str]]:
     peak = args.peak_power_w is not None
+    if (args.off_frontier or args.profile is not None) and not peak:
+        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
+    if args.profile is not None and not args.off_frontier:
+        raise ConfigError("--profile: only with --off-frontier; add it or drop --profile")
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given

@@ -278,3 +278,10 @@ def test_peak_pick_off_the_frontier_on_a_small_job(
         main(["plan", "pick", str(path), "--slowdown", "1.1", "--off-frontier", "-o", str(out)])
         == 2
     )
+    # An average cap has no off-frontier search, and --profile serves only that search: both
+    # were taken and ignored.
+    cap = ["plan", "pick", str(path), "--power-cap-w", repr(budget), "-o", str(out)]
+    assert main([*cap, "--off-frontier"]) == 2
+    assert main([*cap, "--profile", str(profile)]) == 2
+    assert main([*argv, "--profile", str(profile)]) == 2
+    assert "--profile: only with --off-frontier" in capsys.readouterr().err
