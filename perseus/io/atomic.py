@@ -456,15 +456,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
     Raises:
         ConfigError: what :func:`check_output_path` refuses, or a FIFO nobody reads.
-        OSError: the write itself failed (disk full, permissions); nothing is left behind.
+        OSError: the write itself failed (disk full, permissions), naming ``path`` (but for
+            standard output); nothing is left behind.
     """
     target = check_output_path(path)
     if target.kind == "fd":
         _write_all(target.fd, data)
-    elif target.kind == "stream":
-        _write_stream(target.path, data)
-    else:
-        _write_file(target.entry, data)
+        return
+    try:
+        if target.kind == "stream":
+            _write_stream(target.path, data)
+        else:
+            _write_file(target.entry, data)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from None
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
