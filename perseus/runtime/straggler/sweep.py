@@ -190,7 +190,7 @@ def parse_factors(text: str, name: str = "factors") -> tuple[float, ...]:
         raise bad(f"{len(factors)} factors is too many (at most {_MAX_FACTORS:,})", "")
     for f in factors:
         if not 1.0 <= f <= MAX_FACTOR:
-            raise bad(f"factor {f:g} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)", "")
+            raise bad(f"factor {f!r} is outside [1, {MAX_FACTOR:g}] (1 = no straggler)", "")
     return factors
 
 
