@@ -46,6 +46,36 @@ def _iterate(session: RankSession) -> None:
                 pass
 
 
+def _stale_session(tmp_path: Path, **options: Any) -> RankSession:
+    """A one-GPU session (stages 0 and 1) planned from a cache whose stage 1 is stale: the
+    first iterations drift and profile it again."""
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    cache = cache_dir / "profile.csv"
+    write_profile_csv(_profile(stale_stage=1), cache)
+    os.chmod(cache, 0o600)
+    gpu = SimulatedGPU.from_profile(
+        _profile(),
+        blocking_power_w=BLOCKING_W,
+        state_dir=tmp_path / "sim",
+        set_latency_s=0.0,
+        publish_interval_s=0.01,
+    )
+    return RankSession(
+        build_schedule("interleaved", 2, 2, virtual_stages=2),
+        0,
+        gpu=gpu,
+        plan=OnlineProfile(cache=cache, patience=1),
+        options=SessionOptions(watchdog=False, handle_signals=False, **options),
+    )
+
+
+def _until_profiled_again(session: RankSession) -> None:
+    while not any(h.phase == "profile" for h in session.history) or session.profiling:
+        _iterate(session)
+        assert len(session.history) < 400
+
+
 def test_a_drift_on_one_stage_profiles_that_stage_again_and_keeps_the_others_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -228,27 +258,7 @@ def test_a_hooks_plan_at_the_drift_does_not_replace_the_sweeps_clocks(tmp_path: 
     where a drift starts the sweep again: every profiling iteration still runs the sweep's
     clocks (before, the first ran the hook's plan while the sweep recorded its op times as
     measured at the clocks it meant to set)."""
-    truth = _profile()
-    cache_dir = tmp_path / "cache"
-    cache_dir.mkdir(mode=0o700)
-    cache = cache_dir / "profile.csv"
-    write_profile_csv(_profile(stale_stage=1), cache)
-    os.chmod(cache, 0o600)
-    gpu = SimulatedGPU.from_profile(
-        truth,
-        blocking_power_w=BLOCKING_W,
-        state_dir=tmp_path / "sim",
-        set_latency_s=0.0,
-        publish_interval_s=0.01,
-    )
-    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
-    session = RankSession(
-        schedule,
-        0,
-        gpu=gpu,
-        plan=OnlineProfile(cache=cache, patience=1),
-        options=SessionOptions(watchdog=False, handle_signals=False),
-    )
+    session = _stale_session(tmp_path)
     ran_at_profiling: list[bool] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -279,27 +289,7 @@ def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path
     hands the hook its new frontier."""
     from perseus.runtime.straggler.switching import StragglerRuntime
 
-    truth = _profile()
-    cache_dir = tmp_path / "cache"
-    cache_dir.mkdir(mode=0o700)
-    cache = cache_dir / "profile.csv"
-    write_profile_csv(_profile(stale_stage=1), cache)
-    os.chmod(cache, 0o600)
-    gpu = SimulatedGPU.from_profile(
-        truth,
-        blocking_power_w=BLOCKING_W,
-        state_dir=tmp_path / "sim",
-        set_latency_s=0.0,
-        publish_interval_s=0.01,
-    )
-    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
-    session = RankSession(
-        schedule,
-        0,
-        gpu=gpu,
-        plan=OnlineProfile(cache=cache, patience=1),
-        options=SessionOptions(watchdog=False, handle_signals=False),
-    )
+    session = _stale_session(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with session:
@@ -308,9 +298,7 @@ def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path
             assert stale is not None
             straggler = StragglerRuntime(stale, pipeline_index=0, num_pipelines=1)
             session.add_boundary_hook(straggler)
-            while not any(h.phase == "profile" for h in session.history) or session.profiling:
-                _iterate(session)
-                assert len(session.history) < 400
+            _until_profiled_again(session)
             replanned = session.frontier
             assert replanned is not None and replanned is not stale
             for _ in range(3):
@@ -331,28 +319,8 @@ def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) 
 
     from perseus.runtime.power import set_cap
 
-    truth = _profile()
-    cache_dir = tmp_path / "cache"
-    cache_dir.mkdir(mode=0o700)
-    cache = cache_dir / "profile.csv"
-    write_profile_csv(_profile(stale_stage=1), cache)
-    os.chmod(cache, 0o600)
-    gpu = SimulatedGPU.from_profile(
-        truth,
-        blocking_power_w=BLOCKING_W,
-        state_dir=tmp_path / "sim",
-        set_latency_s=0.0,
-        publish_interval_s=0.01,
-    )
     store = dist.HashStore()
-    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
-    session = RankSession(
-        schedule,
-        0,
-        gpu=gpu,
-        plan=OnlineProfile(cache=cache, patience=1),
-        options=SessionOptions(watchdog=False, handle_signals=False, power_store=store),
-    )
+    session = _stale_session(tmp_path, power_store=store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with session:
@@ -361,9 +329,7 @@ def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) 
             assert stale is not None and len(stale.points) > 2
             cap_w = stale.points[len(stale.points) // 2].avg_power_w
             set_cap(store, cap_w)
-            while not any(h.phase == "profile" for h in session.history) or session.profiling:
-                _iterate(session)
-                assert len(session.history) < 400
+            _until_profiled_again(session)
             replanned = session.frontier
             assert replanned is not None and replanned is not stale
             cap_w = stale.points[-2].avg_power_w  # a lower cap, decided on the new frontier
@@ -383,27 +349,7 @@ def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
     frontier names another point, or none: here 167 of ~134 points, a PlanError out of the
     training loop at the sweep's end. The new plan starts at the options' point, as the
     first one did."""
-    truth = _profile()
-    cache_dir = tmp_path / "cache"
-    cache_dir.mkdir(mode=0o700)
-    cache = cache_dir / "profile.csv"
-    write_profile_csv(_profile(stale_stage=1), cache)
-    os.chmod(cache, 0o600)
-    gpu = SimulatedGPU.from_profile(
-        truth,
-        blocking_power_w=BLOCKING_W,
-        state_dir=tmp_path / "sim",
-        set_latency_s=0.0,
-        publish_interval_s=0.01,
-    )
-    schedule = build_schedule("interleaved", 2, 2, virtual_stages=2)
-    session = RankSession(
-        schedule,
-        0,
-        gpu=gpu,
-        plan=OnlineProfile(cache=cache, patience=1),
-        options=SessionOptions(watchdog=False, handle_signals=False),
-    )
+    session = _stale_session(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with session:
@@ -411,9 +357,7 @@ def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
             stale = session.frontier
             assert stale is not None
             session.deploy(stale, len(stale.points) - 1)
-            while not any(h.phase == "profile" for h in session.history) or session.profiling:
-                _iterate(session)
-                assert len(session.history) < 400
+            _until_profiled_again(session)
             replanned = session.frontier
             assert replanned is not None and replanned is not stale
             _iterate(session)
