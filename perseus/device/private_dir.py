@@ -310,6 +310,7 @@ def check_private_file(
     what: str,
     siblings: tuple[str, ...] = (),
     create_dir: bool = True,
+    shared_dir_ok: bool = True,
 ) -> bool:
     """Verify a file another library opens itself (a SQLite store) before it is opened: its
     directory private, and it and each ``path + suffix`` of ``siblings`` (``"-wal"``), where
@@ -319,6 +320,10 @@ def check_private_file(
         what: What it is, for the message ("recurring store").
         siblings: Suffixes of files that are opened with it.
         create_dir: Create a missing directory; False: a missing directory means no file.
+        shared_dir_ok: Accept a sticky directory of ours that others may write (``/tmp``).
+            False for a file the other library creates or opens by name after this check
+            (SQLite's database and siblings, each open following links): another user could
+            plant one there between this check and that open.
 
     Raises:
         ConfigError: the directory or a file is refused.
@@ -330,6 +335,16 @@ def check_private_file(
         folder = verify_private_dir(p.parent, create=create_dir, what=f"{what} directory")
     except FileNotFoundError:
         return False
+    if not shared_dir_ok:
+        st = os.lstat(folder)
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o002 or (mode & 0o020 and not _private_group(st)):
+            raise _error(
+                f"{what} directory {folder} is writable by others (sticky, {_describe(st)}); "
+                f"another user could plant the {what}'s files there between perseus's check "
+                "and their open: pass a path in a directory of yours with mode 0700 "
+                "(mkdir -m 700 DIR)"
+            )
     exists = False
     for suffix in ("", *siblings):
         entry = folder / f"{p.name}{suffix}"

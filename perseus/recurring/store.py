@@ -386,7 +386,9 @@ class SQLiteStore(SQLStore):
     def _open(self, timeout_s: float) -> sqlite3.Connection:
         # SQLite opens the file and its siblings itself, following links and waiting on FIFOs:
         # the directory must be private and what is there already our own regular files.
-        check_private_file(self.path, what="recurring store", siblings=_SQLITE_SIBLINGS)
+        check_private_file(
+            self.path, what="recurring store", siblings=_SQLITE_SIBLINGS, shared_dir_ok=False
+        )
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

@@ -180,3 +180,33 @@ def test_the_emulation_timeline_lives_in_a_fresh_private_directory(tmp_path: Pat
         assert folder.st_uid == os.getuid() and not path.is_symlink()
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("name", ["jobs.db", "jobs.db-wal"])
+def test_a_store_in_a_shared_sticky_directory_is_refused(
+    attacker: Attacker,
+    public_tmp: Path,
+    victim: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    """``/tmp/jobs.db``: root's sticky ``/tmp`` passed the directory check, and SQLite then
+    creates the database and its ``-wal`` by name, following links: the attacker's link,
+    planted between perseus's check and SQLite's open (played here right after the check),
+    was opened as root's store or its log (a forged database of the attacker's, planted the
+    same way, would steer root's power limits). A store needs a directory nobody else writes."""
+    tmp_path.chmod(0o755)  # the attacker must reach the victim to aim a link at it
+    import perseus.recurring.store as store_module
+
+    real_check = store_module.check_private_file
+
+    def check_then_lose_the_race(*args: object, **kwargs: object) -> bool:
+        exists = real_check(*args, **kwargs)  # type: ignore[arg-type]
+        attacker.sh(f"ln -sf {victim} {public_tmp}/{name}")
+        return exists
+
+    monkeypatch.setattr(store_module, "check_private_file", check_then_lose_the_race)
+    with pytest.raises(ConfigError) as e:
+        _use(SQLiteStore(public_tmp / "jobs.db"))
+    _one_line(e.value, str(public_tmp), "writable by others", "mkdir -m 700")
