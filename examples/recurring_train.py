@@ -8,7 +8,7 @@ preset) on a virtual clock: every training step is one op whose time grows with 
 and whose time and power follow the power limit (effective clock = largest clock whose power
 fits under the cap). The history lives in SQLite, so running the script again continues it.
 
-    python examples/recurring_train.py --runs 8 --db /tmp/recurring.sqlite
+    python examples/recurring_train.py --runs 8 --db runs/recurring.sqlite
 """
 
 from __future__ import annotations
