@@ -577,6 +577,9 @@ from perseus.device import nvml as nvml_backend
 from perseus.device.fake_nvml import FakeDevice, FakeNvml
 
 log = open(sys.argv[1], "a", buffering=1)
+# Its default action, as under a terminal: a parent run under nohup passes SIGHUP ignored,
+# and an ignored signal stays ignored.
+signal.signal(int(sys.argv[2]), signal.SIG_DFL)
 
 
 class Nvml(FakeNvml):
