@@ -72,17 +72,21 @@ class PolicyState:
 
 
 class _Table:
-    """Sorted times and each prefix's cheapest point (O(K) to build)."""
+    """Sorted times and each prefix's cheapest point (O(K) to build):
+    :meth:`~perseus.plan.Frontier.cheapest_within`'s rule, the lowest ``(energy_j, -time_s)``
+    (same energy: the slower point, more slack left for the straggler), the first of equals."""
 
     __slots__ = ("best_index", "energies", "times")
 
     def __init__(self, frontier: Frontier) -> None:
-        self.times = [p.time_s for p in frontier.points]
-        self.energies = [p.energy_j for p in frontier.points]
+        points = frontier.points
+        self.times = [p.time_s for p in points]
+        self.energies = [p.energy_j for p in points]
         best: list[int] = []
-        for i, e in enumerate(self.energies):
-            # Ties go to the slower point: same energy, more slack left for the straggler.
-            best.append(i if not best or e <= self.energies[best[-1]] else best[-1])
+        for i, p in enumerate(points):
+            old = points[best[-1]] if best else None
+            better = old is None or (p.energy_j, -p.time_s) < (old.energy_j, -old.time_s)
+            best.append(i if better else best[-1])
         self.best_index = best
 
     def choose(self, deadline_s: float) -> int:

@@ -12,13 +12,13 @@ everywhere (the straggler adaptation alone).
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
 from perseus.plan import Frontier
+from perseus.runtime.straggler.policy import _Table
 from perseus.validate import show_value
 
 __all__ = ["MAX_FACTOR", "StragglerCase", "parse_factors", "straggler_sweep"]
@@ -104,15 +104,11 @@ def straggler_sweep(
     fastest = frontier.fastest
     allmax = frontier.baseline
     others = pipelines - 1
-    times, cheapest = _cheapest_prefixes(frontier)
+    table = _Table(frontier)
     cases = []
     for s in factor_list:
         t_prime = s * fastest.time_s
-        # Frontier.cheapest_within's point and rule, found by bisection (points sorted by time).
-        within = bisect.bisect_right(times, t_prime * (1 + 1e-12))
-        if not within:
-            frontier.cheapest_within(t_prime)  # raises InfeasibleError
-        index = cheapest[within - 1]
+        index = table.choose(t_prime)  # Frontier.cheapest_within's point (s >= 1: feasible)
         plan = frontier.points[index]
         job_time = max(t_prime, allmax.time_s, plan.time_s)
 
@@ -137,24 +133,6 @@ def straggler_sweep(
         )
         cases.append(case)
     return tuple(cases)
-
-
-def _cheapest_prefixes(frontier: Frontier) -> tuple[list[float], list[int]]:
-    """The points' times, and for each ``k`` the index of
-    :meth:`~perseus.plan.Frontier.cheapest_within`'s choice among ``points[: k + 1]``: the
-    lowest ``(energy_j, -time_s)``, the first of equals."""
-    points = frontier.points
-    times = [p.time_s for p in points]
-    cheapest: list[int] = []
-    best: tuple[float, float] | None = None
-    for i, p in enumerate(points):
-        key = (p.energy_j, -p.time_s)
-        if best is None or key < best:
-            best = key
-            cheapest.append(i)
-        else:
-            cheapest.append(cheapest[-1])
-    return times, cheapest
 
 
 #: Largest slowdown factor accepted (a pipeline 1000x slower is a hang, not a straggler).
