@@ -160,10 +160,8 @@ class RankSession:
         return self._state is SessionState.IN_ITERATION
 
     def start(self: _Session) -> _Session:
-        """Attach the engine, place the simulated GPU, obtain a plan and start the agent (and
-        the power runtime, when the options ask for one).
-
-        Collective over the pipeline's group. Idempotent while open.
+        """Start the session (see the class docstring; the power runtime too when the options
+        ask for one). Collective over the pipeline's group; idempotent while open.
 
         Raises:
             ConfigError: after :meth:`close`.
@@ -388,8 +386,7 @@ class RankSession:
                 raise
 
     def _end(self) -> None:
-        """The iteration ends on the host: marked on the device, its figures read now or at
-        the next end."""
+        """The iteration's end: marked on the device, its figures read now or at the next."""
         agent, start = self._agent, self._window
         assert start is not None  # set by _begin
         last_op, end = None, None
@@ -412,8 +409,8 @@ class RankSession:
         self._deliver(keep=1 if defer else 0)
 
     def flush(self) -> None:
-        """Read every ended iteration's figures now and deliver them (:attr:`history`, the
-        boundary hooks). Collective: call it on every rank, between iterations.
+        """Deliver every ended iteration's figures now (:attr:`history`, the boundary hooks).
+        Collective: call it on every rank, between iterations.
 
         Raises:
             ConfigError: inside an iteration.

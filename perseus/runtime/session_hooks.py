@@ -1,6 +1,5 @@
-"""A session's boundary hooks (:data:`~perseus.runtime.session_types.BoundaryHook`): asked at
-each iteration boundary with the power hook first, the plan they choose held within its cap,
-and each plan they return checked against the session's schedule."""
+"""A session's boundary hooks (:data:`~perseus.runtime.session_types.BoundaryHook`); the rules
+they follow: :meth:`~perseus.runtime.session.RankSession.add_boundary_hook`."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ class BoundaryHooks:
     def decide(
         self, stats: IterationStats, power: Any, profiling: bool
     ) -> tuple[Frontier, int] | None:
-        """Ask every hook, ``power`` (the power hook) first wherever it was attached: the last
-        plan returned, checked (None: none). While ``profiling`` none is taken: the sweep sets
-        the clocks it measures (and its end, the plan made from them), and another plan would
-        run its first step at clocks the sweep never set."""
+        """Ask every hook, ``power`` first: the last plan returned, checked (None: none, and
+        none is taken while ``profiling``: the sweep sets the clocks it measures)."""
         hooks = tuple(self.hooks)
         if power in hooks:  # the others' plans go on it
             hooks = (power, *(hook for hook in hooks if hook is not power))
@@ -65,14 +62,12 @@ class BoundaryHooks:
         return chosen
 
     def within_cap(self, plan: tuple[Frontier, int], power: Any) -> tuple[Frontier, int]:
-        """``plan`` within the power hook's cap while that hook is attached (it acknowledged
-        the cap: it holds from the next iteration, on every rank)."""
+        """``plan`` within the power hook's cap while that hook is attached."""
         return power.within_cap(*plan) if power in self.hooks else plan
 
     def follow(self, frontier: Frontier) -> None:
-        """Hand a plan the session made from its own (re-)profile to each hook that follows
-        one (``follow_frontier``: a straggler runtime), whose plans of the frontier replaced
-        would undo it."""
+        """Hand a plan the session made from its own (re-)profile to each hook with a
+        ``follow_frontier`` method."""
         for hook in tuple(self.hooks):
             follow = getattr(hook, "follow_frontier", None)
             if follow is not None:
