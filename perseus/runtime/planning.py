@@ -73,9 +73,8 @@ def check_gpu(
     source: str,
     allow_other_gpu: bool = False,
 ) -> None:
-    """Check that ``what`` (``"profile a100.csv"``), recording GPU ``described`` (None: an
-    older file, unchecked), describes ``running`` (None: unknown); ``source`` names the plan
-    source in the message; ``allow_other_gpu`` runs it as an estimate, with one warning.
+    """Check that ``what`` (``"profile a100.csv"``), of GPU ``described`` (None: an older file,
+    unchecked), describes ``running`` (None: unknown); ``source``: the plan source's name.
 
     Raises:
         PlanError: another GPU without the opt-in.
@@ -289,9 +288,8 @@ def job_for_schedule(
     blocking_power_w: float,
     job_options: dict[str, Any] | None = None,
 ) -> PlanningJob:
-    """The planning job of a schedule read from an engine: :func:`perseus.job.make_job`'s (with
-    ``job_options``) for a schedule perseus builds, so ``perseus frontier`` plans fit it; else a
-    job of ``schedule`` itself.
+    """The planning job of a schedule read from an engine: :func:`perseus.job.make_job`'s for a
+    schedule perseus builds (so ``perseus frontier`` plans fit it), else one of ``schedule``.
 
     Raises:
         ConfigError: ``job_options`` for a schedule perseus does not build.
@@ -347,9 +345,8 @@ def job_spec(
 def check_frontier(
     schedule: Schedule, frontier: Frontier, point_index: int, *, ops_checked: bool = False
 ) -> None:
-    """Raise :class:`PlanError` unless ``frontier`` was computed for ``schedule``
-    (``ops_checked``: its stage ops were found to be the schedule's before; only the point is
-    checked).
+    """Check that ``frontier`` was computed for ``schedule`` (``ops_checked``: its stage ops
+    were found to be the schedule's before; only the point is checked).
 
     Raises:
         PlanError: other stage ops, or ``point_index`` out of range.

@@ -1,12 +1,10 @@
 """Never leave a GPU at a low clock or power limit: ownership, exit hooks and a watchdog process.
 
-A clock lock (docs/hardware.md#sharing) or a power limit outlives the process that set it, so
-three layers reset the GPU (docs/safety.md): :class:`~perseus.device.ownership.GpuOwnership`
-(one owner per GPU; the next owner resets a GPU whose owner died without doing so),
-:class:`ExitGuard` (``atexit`` plus SIGTERM/SIGINT, resetting only when the signal ends the
-process) and :class:`Watchdog` (a separate process that resets when the owner's pipe reaches
-EOF, even after SIGKILL). Forked children close the lock and pipe descriptors, and their
-inherited handlers check the pid.
+A clock lock or a power limit outlives the process that set it, so three layers reset the GPU
+(``docs/safety.md``): :class:`~perseus.device.ownership.GpuOwnership` (the next owner resets
+after a dead one), :class:`ExitGuard` (``atexit``, SIGTERM/SIGINT) and :class:`Watchdog` (a
+process that resets at its owner pipe's EOF, even after SIGKILL). Forked children close the
+lock and pipe descriptors, and their inherited handlers check the pid.
 """
 
 from __future__ import annotations
@@ -184,14 +182,13 @@ _CHAIN = _SignalChain()
 
 
 class ExitGuard:
-    """Runs ``callback`` once when the process ends: at exit, or on a SIGTERM/SIGINT that ends it.
+    """Runs ``callback`` once when the process ends: at exit, or on a SIGTERM/SIGINT that ends it
+    (the previous handler decides: ``docs/safety.md#signals-the-process-survives``).
 
-    A signal goes first to the previous handler; ``callback`` runs if that handler raises or
-    the default action terminates, and a handler that returns (or an ignored signal) leaves it
-    for the real end. Off the main thread only the ``atexit`` hook (and multiprocessing's
-    finalizer) is installed. ``callback`` may run inside a signal handler at any bytecode: it
-    must reset the device directly, never wait for a lock the interrupted code may hold, and
-    finish within milliseconds (exceptions are swallowed; the watchdog remains the backstop).
+    Off the main thread only the ``atexit`` hook (and multiprocessing's finalizer) is
+    installed. ``callback`` may run inside a signal handler at any bytecode: it must reset the
+    device directly, never wait for a lock the interrupted code may hold, and finish within
+    milliseconds (exceptions are swallowed; the watchdog remains the backstop).
     """
 
     DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
