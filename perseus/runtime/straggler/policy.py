@@ -1,13 +1,10 @@
-"""Which frontier plan a pipeline runs when another pipeline straggles (pure, deterministic).
+"""Which frontier plan a pipeline runs when another pipeline straggles (the rule:
+``docs/straggler.md``); pure and deterministic, so all ranks fed the same observed T′ agree.
 
-Pipelines wait for the slowest at the gradient all-reduce, so when one straggles at T′ the
-others run the cheapest plan with time <= T′, capped at the minimum-energy plan T*; the
-straggler keeps its fastest plan. The decision is a pure function of the frontier and the
-observed T′ sequence, so all ranks fed the same observations agree. Against noise, T′ is
-smoothed (an EMA of weight ``smoothing``) and a decision fixes a deadline ``D``, picking the
-cheapest plan within ``D·(1 − h)``; the plan is kept while the smoothed T′ stays inside
-``[D·(1 − h), D·(1 + h)]``, so keeping it never slows the job. :func:`step_policy` is the pure
-step over a frozen :class:`PolicyState`; :class:`StragglerPolicy` holds the state.
+Against noise, T′ is smoothed (an EMA of weight ``smoothing``) and a decision fixes a deadline
+``D``, picking the cheapest plan within ``D·(1 − h)``; the plan is kept while the smoothed T′
+stays inside ``[D·(1 − h), D·(1 + h)]``, so keeping it never slows the job. :func:`step_policy`
+is the pure step over a frozen :class:`PolicyState`; :class:`StragglerPolicy` holds the state.
 """
 
 from __future__ import annotations
@@ -95,11 +92,8 @@ class _Table:
 
 
 def choose_plan_index(frontier: Frontier, straggler_time_s: float) -> int:
-    """Index of the cheapest plan no slower than ``straggler_time_s`` (stateless rule).
-
-    Like :meth:`perseus.plan.Frontier.cheapest_within`, but below T_min the fastest plan
-    (index 0) instead of an error. Complexity: O(K) for K points.
-    """
+    """Index of :meth:`perseus.plan.Frontier.cheapest_within`'s plan, but below T_min the
+    fastest (index 0) instead of an error. O(K) for K points."""
     return _Table(frontier).choose(straggler_time_s)
 
 

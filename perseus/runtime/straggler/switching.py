@@ -1,9 +1,6 @@
-"""Straggler-aware plan switching at run time, the same decision on every rank of a pipeline.
-
-At every iteration boundary :class:`StragglerRuntime` exchanges every pipeline's time and
-global rank 0's store hints (``perseus straggler set``) in one all-reduce (MAX) and feeds
-:class:`~perseus.runtime.straggler.policy.StragglerPolicy`: every rank holds the same numbers
-and so derives the same plan (docs/straggler.md).
+"""Straggler-aware plan switching at run time (``docs/straggler.md``): at every iteration
+boundary :class:`StragglerRuntime` exchanges every pipeline's time and global rank 0's store
+hints (``perseus straggler set``) in one all-reduce (MAX), so every rank derives the same plan.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ DECISIONS_KEPT = 10_000
 
 
 def hint_key(pipeline_index: int) -> str:
-    """The store key holding pipeline ``pipeline_index``'s declared iteration time."""
+    """The store key of pipeline ``pipeline_index``'s declared iteration time."""
     return f"{HINT_PREFIX}{pipeline_index}"
 
 
@@ -123,8 +120,7 @@ def write_ack(store: Any, key: str, token: str | None, iteration: int | None) ->
 
 
 def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None:
-    """Pipeline ``pipeline_index``'s declared time and token (``""`` for a value written
-    without one), or None (never blocks)."""
+    """Pipeline ``pipeline_index``'s declared time and token (``""``: none), or None."""
     fields = (read_text(store, hint_key(pipeline_index)) or "").split()
     try:
         value = float(fields[0])
@@ -136,7 +132,7 @@ def read_hint_entry(store: Any, pipeline_index: int) -> tuple[float, str] | None
 
 
 def read_hint(store: Any, pipeline_index: int) -> float | None:
-    """The declared time of pipeline ``pipeline_index``, or None (never blocks)."""
+    """The declared time of pipeline ``pipeline_index``, or None."""
     entry = read_hint_entry(store, pipeline_index)
     return None if entry is None else entry[0]
 
@@ -259,8 +255,7 @@ class StragglerRuntime:
         return compute_time_s * points[0].time_s / points[ran].time_s
 
     def __call__(self, stats: Any) -> tuple[Frontier, int] | None:
-        """The :data:`perseus.runtime.session.BoundaryHook` interface (``stats`` may be one
-        iteration late; the decision applies from the next iteration to start)."""
+        """The :data:`perseus.runtime.session.BoundaryHook` interface."""
         if stats.phase != "run":
             return None
         # Scaled by the plan the iteration ran: one decided a boundary earlier (figures one
