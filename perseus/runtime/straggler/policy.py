@@ -156,23 +156,16 @@ def step_policy(
     hysteresis: float = 0.01,
     smoothing: float = 0.5,
 ) -> tuple[PolicyState, PlanChoice]:
-    """One decision: fold ``observed_time_s`` (the straggler's T′) into ``state`` and choose.
+    """One decision: fold ``observed_time_s`` (the slowest pipeline's latest T′) into ``state``
+    (:func:`initial_state` at first) and choose; neither input is modified.
 
-    Args:
-        frontier: The job's frontier (points sorted by time).
-        state: The previous state (:func:`initial_state` at first).
-        observed_time_s: The slowest pipeline's latest iteration time T′.
-        is_straggler: True on the straggling pipeline itself, which keeps its fastest plan.
-        hysteresis: Relative half-width ``h`` of the band in which the plan is kept.
-        smoothing: Weight of the newest observation in the moving average (1: none).
-
-    Returns:
-        The new state and the choice (neither input is modified).
+    ``is_straggler``: on the straggling pipeline itself, which keeps its fastest plan;
+    ``hysteresis``: the band's relative half-width ``h``; ``smoothing``: the newest
+    observation's weight in the moving average (1: none). O(K) for K points
+    (:class:`StragglerPolicy` keeps the table: O(log K)).
 
     Raises:
         ConfigError: on a non-positive observation or parameters out of range.
-
-    Complexity: O(K) for K points (:class:`StragglerPolicy` keeps the table: O(log K)).
     """
     _check_params(hysteresis, smoothing)
     return _step(_Table(frontier), state, observed_time_s, is_straggler, hysteresis, smoothing)

@@ -81,21 +81,13 @@ def _check(pipelines: int, factors: list[float]) -> None:
 def straggler_sweep(
     frontier: Frontier, *, pipelines: int, factors: Iterable[float]
 ) -> tuple[StragglerCase, ...]:
-    """Job-level energy with and without Perseus for each straggler slowdown factor.
-
-    Args:
-        frontier: One pipeline's frontier; its job gives ``R`` (ranks) and ``P_b``.
-        pipelines: ``N``, the number of data-parallel pipelines (at least 2).
-        factors: Slowdown factors ``s >= 1`` of the one straggling pipeline.
-
-    Returns:
-        One :class:`StragglerCase` per factor, in the given order.
+    """Job-level energy with and without Perseus for each slowdown factor ``s`` of the one
+    straggler among ``pipelines`` (``N``), one case per factor in the given order;
+    ``frontier``'s job gives ``R`` and ``P_b``. O(K + F·log K) for F factors and K points.
 
     Raises:
         ConfigError: if ``pipelines < 2``, no factor is given or one is outside
             [1, MAX_FACTOR].
-
-    Complexity: O(K + F·log K) for F factors and K frontier points.
     """
     factor_list = [float(f) for f in factors]
     _check(pipelines, factor_list)
