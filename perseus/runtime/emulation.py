@@ -290,8 +290,8 @@ def take_stages(profile: Profile, num_stages: int) -> Profile:
 
 
 def _rebuilt(profile: Profile, source: str, stages: dict[int, int], factor: float = 1.0) -> Profile:
-    """``profile``'s rows of the ``stages`` kept (old -> new index; empty: all), times and
-    energies multiplied by ``factor``."""
+    """``profile``'s rows of ``stages`` (old -> new index; empty: all), times and energies
+    multiplied by ``factor``."""
     rows = [
         (stages.get(s, s), kind, o.freq_mhz, o.time_s * factor, o.energy_j * factor, o.mem_freq_mhz)
         for (s, kind), op in profile.ops.items()
@@ -304,13 +304,9 @@ def _rebuilt(profile: Profile, source: str, stages: dict[int, int], factor: floa
 class VirtualTimeline:
     """When each action's inputs exist on the simulated GPUs, shared by a pipeline's processes.
 
-    Every rank publishes each action's device end time (one float per DAG node) in a
-    memory-mapped file before torch sends the output, so a consumer reads a fresh value.
-
-    Args:
-        path: The shared file (created by :meth:`create`).
-        node_of: Maps an action to its DAG node id.
-        dependencies: Maps an action to the actions it needs (data edges).
+    Every rank publishes each action's device end time (one float per DAG node, ``node_of``)
+    in a memory-mapped file (made by :meth:`create`) before torch sends the output, so a
+    consumer reads a fresh value.
     """
 
     def __init__(
@@ -343,14 +339,13 @@ class VirtualTimeline:
 def start_emulation(
     gpu: EmulatedGPU, schedule: Schedule, rank: int, group: Any
 ) -> tuple[EmulatedGPU, StreamEmulator]:
-    """Place this process's simulated GPU and join its pipeline's timeline (collective).
+    """Place this process's simulated GPU and join its pipeline's timeline (collective): the
+    placed GPU and the emulator that launches actions on it.
 
     Each process gets its own simulated GPU (index = its global rank) in the job's directory
     unless ``gpu`` has its own, its backward split into ``B`` and ``W`` (the default split)
-    where the schedule needs it. At exit each process removes its files, the last one out the directory.
-
-    Returns:
-        The placed GPU and the emulator that launches actions on it.
+    where the schedule needs it. At exit each process removes its files, the last one out the
+    directory.
     """
     index = global_rank()
     made = tempfile.mkdtemp(prefix="perseus-job-") if index == 0 else None
@@ -391,8 +386,7 @@ def start_emulation(
 
 
 def _remove_job_files(job_dir: Path, names: list[str]) -> None:
-    """Remove this process's files from an emulated job's directory, then the directory if
-    empty."""
+    """Remove ``names`` from ``job_dir``, then the directory if empty."""
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(job_dir / name)

@@ -255,7 +255,7 @@ class MetricsSink:
         self.close()
 
     def __call__(self, stats: IterationStats) -> None:
-        """The boundary hook: build the record and write it to every output."""
+        """The boundary hook: write the iteration's record to every output."""
         session = self.session
         pipeline_j = None
         if self._pipeline:
@@ -427,15 +427,15 @@ def _csv_row(r: IterationMetrics) -> list[Any]:
 
 
 def _held_text(h: HeldOp) -> str:
-    """One held op as the CSV writes it (the form :class:`IterationMetrics` gives)."""
+    """One held op as the CSV writes it (see :class:`IterationMetrics`)."""
     held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
     mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
     return f"{h.op}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
 
 
 def _open_log(path: Path) -> TextIO:
-    """Open ``path`` for writing from its start without following a link (created if needed);
-    refuse anything but a regular file this user owns with one link."""
+    """Open ``path`` truncated, without following a link; refuse anything but a regular file
+    this user owns with one link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         dfd = open_output_dir(path.parent)
@@ -469,7 +469,7 @@ _OWN_LABELS = ("rank", "scope", "bound")
 def _check_arguments(
     jsonl: object, csv: object, registry: object, port: object, addr: object, labels: object
 ) -> None:
-    """One :class:`ConfigError` line for the first bad argument of :class:`MetricsSink`."""
+    """Raise one :class:`ConfigError` line for :class:`MetricsSink`'s first bad argument."""
     if jsonl is None and csv is None and registry is None and port is None:
         raise ConfigError(
             "MetricsSink needs an output: `jsonl`, `csv`, `prometheus_registry` or "

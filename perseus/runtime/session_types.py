@@ -71,9 +71,8 @@ class SessionOptions:
         clock: The host's clock, read where the device has no timeline of its own.
         wait_for_figures: Read each iteration's figures at its own end, waiting for the
             device there (default on a real GPU: one iteration later).
-        history_kept: Iterations kept in the session's ``history``, oldest dropped first
-            (it holds up to twice as many between cuts; ``MetricsSink`` streams them all).
-            The agent keeps its own records, capped by ``RankAgent(max_op_records=)``.
+        history_kept: Iterations kept in the session's ``history`` (``docs/training.md``,
+            Results); the agent caps its own records (``RankAgent(max_op_records=)``).
 
     Raises:
         ConfigError: a negative ``blocking_power_w``/``point_index``, ``history_kept`` below
