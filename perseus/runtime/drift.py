@@ -1,9 +1,7 @@
-"""Does the run measure its plan? Every iteration, on every rank alike.
-
-The ranks agree on an iteration's figures in one all-reduce (:func:`agree_iteration`), so
-every rank reaches the same verdict; :class:`DriftMonitor` says once when predicted and
-measured differ for :data:`PATIENCE` iterations, and an online-profiled session profiles the
-drifted ops again (:func:`ops_to_profile`).
+"""Does the run measure its plan? Judged every iteration, the same on every rank: the ranks
+agree on an iteration's figures in one all-reduce (:func:`agree_iteration`), :class:`DriftMonitor`
+reports a drift that lasts, and an online-profiled session profiles the drifted ops again
+(:func:`ops_to_profile`).
 """
 
 from __future__ import annotations
@@ -48,10 +46,10 @@ def agree_iteration(
     host_overruns: int,
     ranks: tuple[int, int, Any],
 ) -> IterationStats:
-    """An ended iteration's figures, agreed over the pipeline in one all-reduce (``ranks``:
-    this rank, the pipeline's ranks and its group): this rank's energy, held ops (by reason)
-    and host overruns summed, and the longest rank's window as the pipeline's time (each
-    rank's in its own slot of the sum). ``span_s``: this rank's start, last op's end and end."""
+    """An ended iteration's figures, agreed over the pipeline in one all-reduce: energy, held
+    ops (by reason) and host overruns summed, the longest rank's window as the pipeline's time
+    (each rank's in its own slot of the sum). ``span_s``: this rank's start, last op's end and
+    end; ``ranks``: this rank, the pipeline's ranks and its group."""
     rank, num_ranks, group = ranks
     start_s, own_end_s, end_s = span_s
     held = delivery.held if delivery is not None else ()
