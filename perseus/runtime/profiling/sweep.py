@@ -163,11 +163,8 @@ class ClockSweep(StepSweep):
         return all(s.stopped for s in self.sweeps.values())
 
     def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The clock the next op of (stage, kind) should run at: one clock per sweep step
-        for the whole rank (docs/timing.md), so no change happens inside an iteration."""
-        sweep = self.sweeps.get((stage_index, kind))  # None: an op not swept (kept rows)
-        if sweep is not None and not sweep.stopped:
-            return sweep.clock_mhz
+        """The clock the next op of (stage, kind) should run at: the step's, one for the whole
+        rank (docs/timing.md), so no change happens inside an iteration."""
         return self.step_clock_mhz()
 
     #: The plan op that runs the current step for (stage, kind): its clock.
