@@ -35,8 +35,7 @@ class CudaEvent:
         self._event.synchronize()
 
     def device_time_s(self) -> float:
-        """Read once (by the worker, as the event completes), then kept: no CUDA call on the
-        training thread."""
+        """Read once (by the worker), then kept: no CUDA call on the training thread."""
         time_s = self._time_s
         if time_s is None:
             self._event.synchronize()  # returns at once when already complete
@@ -55,7 +54,6 @@ class CudaEventSource:
         self.device = torch.device("cuda", index)
         self._index = index  # current_stream(int) skips parsing a device (~10 us a record)
         self._current_stream: Any = torch.cuda.current_stream
-        # Looked up again only when the raw stream (one cheap C call) changed: a stream switch.
         self._raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._stream_key: int | None = None
         self._stream: Any = None
