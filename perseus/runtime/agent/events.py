@@ -9,6 +9,7 @@ stream changed, so an op launched on another stream is timed on it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource
@@ -17,16 +18,14 @@ from perseus.device.nvml import NvmlGPU
 __all__ = ["CudaEvent", "CudaEventSource", "event_source_for"]
 
 
+@dataclass(slots=True, eq=False)
 class CudaEvent:
     """A ``torch.cuda.Event`` (timing enabled) as a :class:`~perseus.device.base.DeviceEvent`."""
 
-    __slots__ = ("_event", "_source", "_time_s", "energy_mj")
-
-    def __init__(self, event: Any, source: CudaEventSource) -> None:
-        self._event = event
-        self._source = source
-        self._time_s: float | None = None
-        self.energy_mj: int | None = None
+    _event: Any
+    _source: CudaEventSource
+    _time_s: float | None = None
+    energy_mj: int | None = None
 
     def query(self) -> bool:
         return bool(self._event.query())

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU
@@ -49,13 +50,11 @@ def _no_energy() -> int:  # no GPU, or per-op reads off: no counter read
     return 0
 
 
+@dataclass(slots=True, eq=False)
 class _OpScope:
     """The context manager ``agent.op(...)`` returns; one instance reused for every op."""
 
-    __slots__ = ("_agent",)
-
-    def __init__(self, agent: RankAgent) -> None:
-        self._agent = agent
+    _agent: RankAgent
 
     def __enter__(self) -> None:
         self._agent._enter_op()
