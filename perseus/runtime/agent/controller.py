@@ -1,12 +1,10 @@
-"""Apply clocks (SM, and memory where a plan sets one) off the training thread, on the
-device's timeline.
+"""Apply clocks (SM, and memory where a plan sets one) off the training thread: a set call
+blocks ~5 ms, so the agent only posts work and a worker makes the driver calls.
 
-A set call blocks its caller for ~5 ms, so the agent only posts work and a worker makes the
-driver calls. Device-timed (:meth:`FrequencyController.post`): the worker waits for an op's
-start event, issues the next clocks to land as the op ends, reads the clock back inside each
-op and stamps events with the energy counter. Host-timed (:meth:`FrequencyController.request`):
-the latest request is applied as soon as possible. On a virtual clock there is no thread: the
-work is done inline, in order (``docs/timing.md``).
+Device-timed (:meth:`FrequencyController.post`): the worker waits for an op's start event,
+issues the next clocks to land as the op ends, reads the clock back inside each op and stamps
+events with the energy counter. Host-timed (:meth:`FrequencyController.request`): the latest
+request, as soon as possible. On a virtual clock the work is done inline (``docs/timing.md``).
 """
 
 from __future__ import annotations
