@@ -1,15 +1,12 @@
 """Per-op power from energy-counter windows and the ops' device-time spans (docs/timing.md).
 
-For each counter window ``k`` (:mod:`perseus.runtime.profiling.energy_windows`) and op group
-``g`` (a (stage, kind) at one clock during a sweep step), ``d[k, g]`` is ``g``'s device time in
-the window, ``gap`` the time inside an iteration covered by no op (bubbles, P2P waits) and
-``outside`` the rest (optimizer, data loading). :func:`fit_group_power` solves
+With ``d[k, g]`` op group ``g``'s device time in counter window ``k``, ``gap`` the time inside
+an iteration covered by no op and ``outside`` the rest, :func:`fit_group_power` solves
 
     E_k = sum_g p_g d[k, g] + p_gap d[k, gap] + p_out d[k, outside]
 
-for ``p >= 0`` (``scipy.optimize.nnls``) with a light ridge: op groups the windows cannot tell
-apart are pulled to their common mean, and with ``idle_power_w`` the non-op columns lightly
-towards it (the planner prices the gap, its bubbles, at the blocking power).
+for ``p >= 0`` with a light ridge: groups the windows cannot tell apart are pulled to their
+common mean, and with ``idle_power_w`` the non-op columns lightly towards it.
 """
 
 from __future__ import annotations
