@@ -66,8 +66,7 @@ class _OpScope:
 class RankAgent:
     """Applies one rank's clocks from a plan and measures the rank's ops and iterations.
 
-    The constructor validates and does no I/O; :meth:`start` (or ``with``) takes ownership of
-    the GPU, starts the watchdog and the clock worker, and installs exit hooks.
+    The constructor validates and does no I/O: :meth:`start` (or ``with``) does.
 
     Args:
         plan: A plan (a frontier with one point) or a frontier.
