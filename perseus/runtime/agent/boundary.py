@@ -7,7 +7,7 @@ the worker writes only its :class:`OpReport`: each field has one writer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perseus.device.base import DeviceEvent
@@ -88,27 +88,21 @@ class OpReport:
 NO_REPORT = OpReport()
 
 
+@dataclass(slots=True, eq=False)
 class Boundary:
     """One op on the device's timeline, posted by the agent when the host enters it.
 
-    Args:
+    Attributes:
         request: What the worker is asked to do.
         end: The op's end event, when already recorded (else the agent sets it once).
         then: Run by the worker once it has handled the boundary, before waiters are told.
+        report: The worker's (:data:`NO_REPORT` until it takes the boundary).
     """
 
-    __slots__ = ("end", "report", "request", "then")
-
-    def __init__(
-        self,
-        request: OpRequest,
-        end: DeviceEvent | None = None,
-        then: Callable[[], None] | None = None,
-    ) -> None:
-        self.request = request
-        self.end = end
-        self.then = then
-        self.report = NO_REPORT
+    request: OpRequest
+    end: DeviceEvent | None = None
+    then: Callable[[], None] | None = None
+    report: OpReport = field(default_factory=lambda: NO_REPORT, init=False)
 
     @property
     def start(self) -> DeviceEvent:

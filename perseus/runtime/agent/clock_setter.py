@@ -41,10 +41,9 @@ def _not_refused(e: Exception) -> bool:
 class DeviceLock:
     """The lock held around each driver call, knowing its holder.
 
-    A reset at exit waits for a set call in flight (:meth:`acquire_for_reset`). It never
-    waits for the main thread: when a signal interrupts the main thread inside a window
-    where it holds the lock (an emulated op's launch, a power pause), no driver call is in
-    flight, and waiting for the main thread would only wait for the handler itself.
+    A reset at exit waits for a set call in flight, never for the main thread: a signal
+    handler that interrupted the main thread holding it (an emulated op's launch, a power
+    pause) would only wait for itself, and no driver call is in flight then.
     """
 
     def __init__(self) -> None:
@@ -216,8 +215,8 @@ class ClockSetter:
         self.done_mhz = freq_mhz
 
     def _retrying(self, call: Callable[[], float | None]) -> float | None:
-        """``call()`` (its return time; None: stopped), retried on transient errors; None
-        after switching to observe-only."""
+        """``call()``'s return time, retried on transient errors (None: stopped, or gone
+        observe-only)."""
         waits_s = [0.001 * (attempt + 1) for attempt in range(RETRIES)]
         try:  # a transient error (NVML timeout) or a backend bug is retried
             return retry(call, transient=_not_refused, backoff_s=waits_s, clock=self._clock)
@@ -249,7 +248,7 @@ class ClockSetter:
         return t1
 
     def _set_sm(self, freq_mhz: int) -> float | None:
-        """One SM-clock call; its landing as the device reports it when it can."""
+        """One SM-clock call; its landing as the device reports it where it can."""
         events, applied, now = self._events, self._clock_applied, self._clock.now
         with self.device_lock:
             if self._stopped():
@@ -293,8 +292,7 @@ class ClockSetter:
         return lat[len(lat) // 2] if lat else None
 
     def landing_s(self) -> float | None:
-        """Median time from issuing a set call to the new clock taking effect (None before
-        the first)."""
+        """Median time from a set call's issue to its clock in effect (None before one)."""
         q = self._landing_quantiles()
         return q[len(q) // 2] if q else None
 
@@ -328,8 +326,7 @@ class ClockSetter:
         return _issue_offset_cached_s(landings, gap_s, errors)
 
     def stats(self, stale: int) -> ApplyStats:
-        """Apply-delay statistics over the recent history (``stale``: requests overwritten
-        before they were applied)."""
+        """Recent apply delays (``stale``: requests overwritten before they were applied)."""
         delays = sorted(self._delays_s)
         latency = self.set_latency_s() or 0.0
         if not delays:

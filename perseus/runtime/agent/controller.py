@@ -1,12 +1,10 @@
-"""Apply clocks (SM, and memory where a plan sets one) off the training thread, on the
-device's timeline.
+"""Apply clocks (SM, and memory where a plan sets one) off the training thread: a set call
+blocks ~5 ms, so the agent only posts work and a worker makes the driver calls.
 
-A set call blocks its caller for ~5 ms, so the agent only posts work and a worker makes the
-driver calls. Device-timed (:meth:`FrequencyController.post`): the worker waits for an op's
-start event, issues the next clocks to land as the op ends, reads the clock back inside each
-op and stamps events with the energy counter. Host-timed (:meth:`FrequencyController.request`):
-the latest request is applied as soon as possible. On a virtual clock there is no thread: the
-work is done inline, in order (``docs/timing.md``).
+Device-timed (:meth:`FrequencyController.post`): the worker waits for an op's start event,
+issues the next clocks to land as the op ends, reads the clock back inside each op and stamps
+events with the energy counter. Host-timed (:meth:`FrequencyController.request`): the latest
+request, as soon as possible. On a virtual clock the work is done inline (``docs/timing.md``).
 """
 
 from __future__ import annotations
@@ -47,11 +45,9 @@ class FrequencyController:
         gpu: The device to drive.
         events: Where device time comes from (None: host-timed requests only).
         control: False only observes (stamps events with the counter; never sets clocks).
-        stamp_ops: Read the energy counter at every op boundary whose event carries no reading.
-            False for NVML: its counter publishes every 100 ms and a read costs ~3 ms
-            (benchmarks/README.md), so only iteration ends are read.
-        clock: Where the worker reads the time and sleeps; when virtual, the device's events
-            share its timeline and the work is done inline.
+        stamp_ops: Read the energy counter at every op boundary whose event carries no reading
+            (False for NVML, whose reads cost ~3 ms: only iteration ends are read).
+        clock: Where the worker reads the time and sleeps (virtual: the work is done inline).
     """
 
     def __init__(
@@ -93,7 +89,7 @@ class FrequencyController:
         self._failures = 0  # ops whose handling raised
 
     def start(self) -> None:
-        """Start the worker thread (idempotent; no thread when not ``threaded``)."""
+        """Start the worker thread (idempotent; none when not ``threaded``)."""
         if self._thread is not None:
             return
         self._closed = False
@@ -173,7 +169,6 @@ class FrequencyController:
         return self._wait(self._drained, timeout_s)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait (inline: work) until ``done()``, the worker is gone or the timeout passed."""
         if not self._threaded:
             self._drain()
         with self._cond:
@@ -231,7 +226,7 @@ class FrequencyController:
     # Worker
 
     def _take(self) -> tuple[tuple[int, int | None] | None, float, Boundary | None]:
-        """Under the lock: the pending request (first), else the oldest posted boundary."""
+        """Under the lock: the pending request, else the oldest posted boundary."""
         pair, since = self._pending, self._pending_since
         self._pending = None
         job = self._jobs[0] if pair is None and self._jobs else None
@@ -250,9 +245,8 @@ class FrequencyController:
                 self._jobs.popleft()
 
     def _failed(self, error: Exception) -> None:
-        """An op's handling raised: its boundary is dropped and no clock is set any more
-        (observe-only, said once), instead of the worker dying with boundaries still posted to
-        it (they queued for good and every iteration's end waited out its flush timeout)."""
+        """An op's handling raised: drop its boundary and go observe-only (said once), rather
+        than let the worker die with boundaries posted to it."""
         if self._failures == 0:  # the traceback is the bug's report
             _log.error("clock worker on %s: an op's handling raised", self.gpu.name, exc_info=error)
             self.setter.degrade(f"the clock worker failed on {self.gpu.name}: {error!r}")
@@ -260,7 +254,7 @@ class FrequencyController:
         self._failures += 1
 
     def _drain(self) -> None:
-        """Inline mode: do everything posted so far on this thread, in the worker's order."""
+        """Inline mode: do everything posted so far, in the worker's order."""
         while not self._closed:
             with self._cond:
                 pair, since, job = self._take()
@@ -304,8 +298,7 @@ class FrequencyController:
                 self._cond.notify_all()  # wait_applied(), also mid-way through a job
 
     def _wait_event(self, event: DeviceEvent, stamp: bool) -> int | None:
-        """Poll until ``event`` completed (or we close); its counter reading. On a virtual
-        clock the work is inline: wait for the event at once."""
+        """Poll until ``event`` completed (or we close); its counter reading."""
         sleep = self.clock.sleep
         if not self.clock.real_time:
             event.synchronize()
@@ -322,13 +315,12 @@ class FrequencyController:
         return mj
 
     def _ended(self, job: Boundary) -> bool:
-        """True when ``job``'s op ended on the device (or we close)."""
         end = job.end
         return self._closed or (end is not None and end.query())
 
     def _wait_end(self, job: Boundary, until_s: float | None) -> bool:
         """Wait for ``job``'s end event, or until device-clock time ``until_s``; True if the
-        end event completed. On a virtual clock the simulator's event waits in one step."""
+        end event completed."""
         wait: Callable[[float], bool] | None = getattr(job.end, "wait", None)  # SimEvent.wait
         if wait is not None and not self.clock.real_time:
             return wait(math.inf if until_s is None else until_s)
@@ -358,9 +350,8 @@ class FrequencyController:
             sleep(left - FINAL_POLL_S if left > FINAL_POLL_S and self.clock.real_time else left)
 
     def _handle(self, job: Boundary) -> None:
-        """One op on the device's timeline: its start reading, the mid-op changes of a
-        phased op, its clock read back, the next op's clocks, its end reading and prediction
-        error."""
+        """One op: its start reading, mid-op changes, clock read back, the next op's clocks,
+        its end reading and prediction error."""
         request = job.request
         job.report = report = OpReport()
         report.start_mj = self._wait_event(job.start, stamp=self._stamp_ops or request.stamp)
@@ -379,9 +370,8 @@ class FrequencyController:
         self._finish(job)
 
     def _issue_mids(self, job: Boundary) -> None:
-        """Phased op: each later phase's clocks issued a median landing time before its
-        planned layer boundary (two for an SM and memory change); once the op ends, the rest
-        are skipped (and counted), and from a phase with no boundary time on, none is issued."""
+        """Phased op: each later phase's clocks issued a landing time before its boundary;
+        once the op ends the rest are skipped (counted); none from an untimed phase on."""
         events, mids, report = self.events, job.request.mids, job.report
         for i, mid in enumerate(mids):
             if mid.at_s is None or events is None:
@@ -403,9 +393,9 @@ class FrequencyController:
         return True
 
     def _read_back(self, job: Boundary, gpu: ClockReadbackGPU) -> None:
-        """Read the clock the GPU runs inside ``job``'s op: mid-way when its time is known,
-        else as soon as it runs (idle readings are retried); nothing when the op ended first
-        or, not observe-only, no clock of ours is applied. The memory clock too where set."""
+        """Read the clocks the GPU runs inside ``job``'s op: mid-way when its time is known,
+        else as soon as it runs (idle readings retried); not when the op ended first or,
+        controlling, no clock of ours is applied."""
         asked, observed = self.setter.applied_mhz, self.observe_only
         read_mem = job.request.mem_next_mhz is not None
         if asked is None and not observed:
@@ -455,8 +445,8 @@ class FrequencyController:
         return (last_s is not None and now >= last_s) or self._wait_end(job, now + 5 * POLL_S)
 
     def _issue_next(self, job: Boundary, freq_mhz: int, mem_freq_mhz: int | None = None) -> None:
-        """The next op's clocks: at the aim (predicted end plus the learnt offset), else at the
-        op's end event."""
+        """The next op's clocks: at the aim (predicted end plus the learnt offset), else at
+        the end event."""
         events, report = self.events, job.report
         until = self._aim_s(job, freq_mhz, mem_freq_mhz)
         report.aim_s = until
@@ -490,7 +480,7 @@ class FrequencyController:
         return job.start.device_time_s() + expected + offset
 
     def _finish(self, job: Boundary) -> None:
-        """Wait for the op's end: its counter reading and how far its time was predicted."""
+        """Wait for the op's end: its counter reading and prediction error."""
         sleep = self.clock.sleep
         while job.end is None and not self._closed:
             sleep(POLL_S)

@@ -9,6 +9,7 @@ stream changed, so an op launched on another stream is timed on it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource
@@ -17,16 +18,14 @@ from perseus.device.nvml import NvmlGPU
 __all__ = ["CudaEvent", "CudaEventSource", "event_source_for"]
 
 
+@dataclass(slots=True, eq=False)
 class CudaEvent:
     """A ``torch.cuda.Event`` (timing enabled) as a :class:`~perseus.device.base.DeviceEvent`."""
 
-    __slots__ = ("_event", "_source", "_time_s", "energy_mj")
-
-    def __init__(self, event: Any, source: CudaEventSource) -> None:
-        self._event = event
-        self._source = source
-        self._time_s: float | None = None
-        self.energy_mj: int | None = None
+    _event: Any
+    _source: CudaEventSource
+    _time_s: float | None = None
+    energy_mj: int | None = None
 
     def query(self) -> bool:
         return bool(self._event.query())
@@ -35,8 +34,7 @@ class CudaEvent:
         self._event.synchronize()
 
     def device_time_s(self) -> float:
-        """Read once (by the worker, as the event completes), then kept: no CUDA call on the
-        training thread."""
+        """Read once (by the worker), then kept: no CUDA call on the training thread."""
         time_s = self._time_s
         if time_s is None:
             self._event.synchronize()  # returns at once when already complete
@@ -55,7 +53,6 @@ class CudaEventSource:
         self.device = torch.device("cuda", index)
         self._index = index  # current_stream(int) skips parsing a device (~10 us a record)
         self._current_stream: Any = torch.cuda.current_stream
-        # Looked up again only when the raw stream (one cheap C call) changed: a stream switch.
         self._raw_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._stream_key: int | None = None
         self._stream: Any = None

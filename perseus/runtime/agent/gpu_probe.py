@@ -52,8 +52,7 @@ def warn_no_memory_clocks(rank: int, gpu: GPU | None) -> None:
 
 
 def reset_clocks(gpu: GPU, ctl: FrequencyController | None) -> DeviceError | None:
-    """Reset the GPU's clocks once a set call in flight returned (waits up to 2 s for the
-    controller's device lock, never for the main thread: see
+    """Reset the GPU's clocks once a set call in flight returned (up to 2 s: see
     :class:`~perseus.runtime.agent.clock_setter.DeviceLock`); the error, if the reset failed
     for a reason other than missing privilege (observe-only: nothing was locked by us)."""
     lock = ctl.device_lock if ctl is not None else None

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource, ObserveOnlyGPU
@@ -49,13 +50,11 @@ def _no_energy() -> int:  # no GPU, or per-op reads off: no counter read
     return 0
 
 
+@dataclass(slots=True, eq=False)
 class _OpScope:
     """The context manager ``agent.op(...)`` returns; one instance reused for every op."""
 
-    __slots__ = ("_agent",)
-
-    def __init__(self, agent: RankAgent) -> None:
-        self._agent = agent
+    _agent: RankAgent
 
     def __enter__(self) -> None:
         self._agent._enter_op()
@@ -67,8 +66,7 @@ class _OpScope:
 class RankAgent:
     """Applies one rank's clocks from a plan and measures the rank's ops and iterations.
 
-    The constructor validates and does no I/O; :meth:`start` (or ``with``) takes ownership of
-    the GPU, starts the watchdog and the clock worker, and installs exit hooks.
+    The constructor validates and does no I/O: :meth:`start` (or ``with``) does.
 
     Args:
         plan: A plan (a frontier with one point) or a frontier.
@@ -78,20 +76,17 @@ class RankAgent:
         enabled: False measures time and energy but never changes clocks (no ownership).
         watchdog: Start the watchdog process (needs a GPU with ``watchdog_spec``).
         handle_signals: Install SIGTERM/SIGINT handlers (main thread only) besides atexit.
-        measure_op_energy: Host timing: read the energy counter as each op starts and ends
-            (off: per-op energy 0). Device timing ignores it: the clock worker reads the
-            counter at op boundaries (``FrequencyController(stamp_ops=)``).
+        measure_op_energy: Host timing: read the energy counter around each op (off: per-op
+            energy 0). Device timing ignores it (``FrequencyController(stamp_ops=)``).
         max_op_records: Per-op records kept, and as many iteration records (oldest first out).
         timing: ``"device"`` (clocks and times on device events when the GPU has them) or
             ``"host"`` (the host's view; :mod:`perseus.runtime.agent.timing`).
         events: The event source (default: :func:`~perseus.runtime.agent.events.event_source_for`).
-        op_time_s: Predicted device time of a whole op at a clock (from the plan's profile;
-            :data:`~perseus.runtime.agent.rank_plan.OpTimeFn`); times a phased op's mid-op
-            switches. Without it they are predicted from earlier iterations, and the first
-            iteration runs two-clock ops at their first clock only.
+        op_time_s: :data:`~perseus.runtime.agent.rank_plan.OpTimeFn`, to time a phased op's
+            mid-op switches (without it: from earlier iterations; the first runs two-clock
+            ops at their first clock only).
         clock: Where host times are read and the clock worker sleeps (default: the GPU's
-            own timeline). A virtual one runs the worker inline, on the training thread:
-            every timing decision is then deterministic (tests).
+            own). A virtual one runs the worker inline, on the training thread (tests).
 
     Raises:
         PlanError: if ``rank`` or ``point_index`` is out of range, ``timing`` is neither, or
@@ -165,8 +160,6 @@ class RankAgent:
         self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
-        """The plan's phases snapped to this GPU's clocks (memory clocks None where unset or
-        not lockable)."""
         rank_plan = self._rank_plan
         mem = self._mem_clocks if rank_plan.uses_memory_clocks else ()
         if rank_plan.uses_memory_clocks and self._clocks and self.enabled and not mem:
@@ -188,18 +181,15 @@ class RankAgent:
 
     @property
     def planned_clocks_mhz(self) -> tuple[int, ...]:
-        """This rank's SM clock per op (a phased op's first), snapped to the GPU's supported
-        list once started."""
+        """This rank's SM clock per op (a phased op's first), snapped once started."""
         return self._freqs
 
     @property
     def planned_phases(self) -> tuple[tuple[OpPhase, ...], ...]:
-        """Each op's phases as this agent runs them: SM clocks snapped, memory clocks
-        snapped (None: not set, the plan sets none or the GPU cannot lock them)."""
+        """Each op's phases as run: clocks snapped (memory None: not set or not lockable)."""
         return self._phases
 
     def _mid_time_s(self, j: int, i: int) -> float | None:
-        """Predicted device time from op ``j``'s start to the start of its phase ``i``."""
         phases = self._phases[j]
         if self._op_time_fn is not None:
             return self._rank_plan.phase_start_s(j, i, phases, self._op_time_fn)
@@ -272,7 +262,6 @@ class RankAgent:
         return self
 
     def _probe(self, gpu: GPU) -> None:
-        """What this GPU offers: its clock lists, events, whether clocks can be set."""
         self._clocks = tuple(sorted(gpu.supported_clocks_mhz()))  # opens an NVML device
         reason = gpu.observe_only_reason if isinstance(gpu, ObserveOnlyGPU) else None
         if self.enabled and reason is not None:
@@ -297,7 +286,6 @@ class RankAgent:
         )
 
     def _install_mode(self) -> None:
-        """Time ops on device events when there are any, else on the host's clock."""
         mode: DeviceTiming | HostTiming
         if self._device_timed:
             events = self._events
@@ -339,16 +327,15 @@ class RankAgent:
             raise error
 
     def _emergency_close(self) -> None:
-        """atexit / signal path: like close() but never raises and takes no lock that the
-        interrupted thread may hold."""
+        """atexit / signal path: close() that never raises nor takes a lock the interrupted
+        thread may hold."""
         if self._started:
             self._started = False
             with contextlib.suppress(Exception):
                 self._teardown(reset=True, emergency=True)
 
     def _teardown(self, reset: bool, emergency: bool = False) -> DeviceError | None:
-        """Stop the worker, reset the clocks (``reset``), release the claim; the reset's
-        error, returned once all is released."""
+        """Stop the worker, reset the clocks (``reset``), release the claim; the reset's error."""
         ctl = self._controller
         if ctl is not None:
             if emergency:
@@ -416,11 +403,8 @@ class RankAgent:
         self._in_step = True
 
     def step_end(self) -> IterationRecord:
-        """End the iteration and return its record (reading first any left unread before it).
-
-        Raises:
-            PlanError: if the iteration ran fewer ops than the plan has for this rank.
-        """
+        """End the iteration and return its record (reading first any left unread before it);
+        raises as :meth:`step_close`."""
         self.step_close()
         return [self.finish_iteration() for _ in range(len(self._closed))][-1]
 
@@ -497,10 +481,7 @@ class RankAgent:
         return self._device_timed
 
     def step_abort(self) -> None:
-        """Discard the current iteration (the training loop raised inside it); no record.
-
-        The next :meth:`step_begin` starts afresh; a no-op outside an iteration.
-        """
+        """Discard the current iteration (the loop raised inside it; no-op outside one)."""
         self._in_step = False
         self._cursor = 0
         self._mode.abort()
@@ -516,16 +497,13 @@ class RankAgent:
         microbatch_index: int | None = None,
         stage_index: int | None = None,
     ) -> _OpScope:
-        """Context manager around one op: checks it is the planned op and times it (host
-        timing requests its clock on entry; on device timing the clock worker set it as the
-        previous op ended).
+        """Context manager around one op: checks it is the planned op and times it.
 
         Args:
             kind: The op (an :class:`~perseus.schedule.Action`, its stage checked) or its kind
                 (``"F"``, ``"B"``, ``"W"`` or a :class:`Kind`).
             microbatch_index: The op's microbatch (with a kind).
-            stage_index: The op's stage; checked when given (needed only to tell apart ops of
-                ranks holding several stages, which the microbatch order already does).
+            stage_index: The op's stage; checked when given.
 
         Raises:
             TypeError: for a kind without a microbatch.
@@ -575,8 +553,7 @@ class RankAgent:
         )
 
     def recent_ops(self, count: int) -> tuple[OpRecord, ...]:
-        """The last ``count`` per-op records (or all kept), oldest first: the end of
-        :attr:`records`, without building the rest (up to ``max_op_records``)."""
+        """The last ``count`` per-op records, oldest first (without building :attr:`records`)."""
         rows = list(itertools.islice(reversed(self._ops), count))
         return tuple(OpRecord(*r) for r in reversed(rows))
 

@@ -136,15 +136,12 @@ def describe_reasons(reasons: Sequence[str]) -> str:
 
 
 class SharedHolds:
-    """One object for each held op and reason set that iterations repeat, and the previous
-    iteration's held ops and delivery where an iteration repeats them: shared by every record
-    holding them (all are frozen).
+    """One object for each held op, reason set and delivery that iterations repeat, shared
+    by every record holding it (all are frozen): under a steady power cap, made afresh per
+    iteration, they cost over 1 GB per rank in 100,000 iteration records.
 
-    Under a steady power cap every iteration holds the same ops at the same clocks; made
-    afresh each time they cost about 11 KB per iteration of 64 held ops, kept by the agent's
-    iteration records (100,000) and the session's history: over 1 GB per rank. At most
-    :data:`_SHARED_LIMIT` held ops and reason sets are kept (then afresh); safe from two
-    threads (a race at worst makes an equal second object).
+    At most :data:`_SHARED_LIMIT` are kept (then afresh); safe from two threads (a race at
+    worst makes an equal second object).
     """
 
     def __init__(self) -> None:
@@ -167,8 +164,7 @@ class SharedHolds:
     def delivery(
         self, share: float, held: tuple[HeldOp, ...], ops_read: int, reasons: frozenset[str]
     ) -> ClockDelivery:
-        """A delivery of these figures: the previous one's held ops where equal, the previous
-        one itself where equal."""
+        """A delivery of these figures (the previous one, or its held ops, where equal)."""
         last = self._last
         if last is not None and held == last.held:  # its ops shared: compared by identity
             held = last.held
@@ -186,9 +182,8 @@ def clock_delivery(
 
     Readings taken while another clock was applied, or with the idle reason, are left out.
     An op is held when its SM clock ran below the plan's or its memory clock is not the
-    plan's (``memory_not_locked`` when no memory lock was in force). Observe-only readings
-    come with the plan's clock as asked; an op run above it is neither held nor at the plan.
-    With ``shared``, values equal to ones it made before are those objects.
+    plan's (``memory_not_locked`` when no memory lock was in force); one run above the plan
+    (observe-only) is neither held nor at the plan.
     """
     at_plan_s = total_s = 0.0
     ops_read = 0
@@ -216,7 +211,6 @@ def clock_delivery(
 
 
 def _held(r: OpReading, read_mhz: int) -> HeldOp | None:
-    """The op as held, when its reading is off the plan (else None)."""
     sm_held = read_mhz < r.planned_mhz * (1.0 - _TOLERANCE)
     plan_mem, read_mem = r.planned_mem_mhz, r.read_mem_mhz
     mem_held = (
@@ -245,8 +239,7 @@ class HeldClockReport:
         self._reported: set[str] = set()
 
     def update(self, delivery: ClockDelivery | None, iteration: int) -> str | None:
-        """Warn (:class:`ClockHeldWarning`) when clocks are held for a new reason; returns the
-        message."""
+        """Warn (:class:`ClockHeldWarning`) when held for a new reason; the message."""
         if delivery is None:
             return None
         reasons = delivery.reasons

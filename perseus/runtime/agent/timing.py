@@ -43,10 +43,9 @@ MidTimeFn = Callable[[int, int], "float | None"]
 
 
 class CounterMark:
-    """A point on the device's timeline marked without waiting for the device: the worker
-    reads the counter as the device passes it (an NVML read costs ~3 ms; without a worker
-    ``read_mj`` reads it now, or when the worker could not); :meth:`resolve` gives its time
-    and reading. ``then`` is run by the worker once it has passed the mark.
+    """A point on the device's timeline marked without waiting: the worker reads the counter
+    as the device passes it and then runs ``then`` (without a worker ``read_mj`` reads it
+    now); :meth:`resolve` gives its time and reading.
     """
 
     __slots__ = ("_controller", "_event", "_mj", "_read_mj", "_resolved", "_stamp")
@@ -102,9 +101,8 @@ class _Figures(NamedTuple):
 
 @dataclass(slots=True)
 class _Closed:
-    """An iteration ended on the host whose figures are not read yet, and the plan it ran.
-    Its figures are worked out once, under :attr:`lock`: by the worker as it passes the
-    iteration's end, else by the training thread."""
+    """An iteration ended on the host, figures unread, and the plan it ran. Its figures are
+    worked out once, under :attr:`lock`: by the worker at its end, else the training thread."""
 
     iteration: int
     begin: CounterMark
@@ -211,7 +209,6 @@ class DeviceTiming(_Clocks):
         self._shared = SharedHolds()  # the held ops iterations repeat, made once
 
     def begin(self, iteration: int) -> None:
-        """The iteration starts: apply its first clock, mark its start on the device."""
         ctl = self.controller
         if ctl is not None and self.freqs:
             ctl.apply_now(self.freqs[0], self.mems[0])
@@ -222,7 +219,6 @@ class DeviceTiming(_Clocks):
         self._post = ctl.post if ctl is not None and wanted else None
 
     def enter(self, j: int) -> None:
-        """Op ``j`` starts: record its start event and post its boundary."""
         phases = self.phases[j]
         nxt, nxt_mem = self.succ[j]
         # The op's device time and idle gap after it: the worker aims the change's landing there.
@@ -253,18 +249,15 @@ class DeviceTiming(_Clocks):
         return tuple(p.start_share for p in self.phases[len(jobs) - 1][1 : timed + 1])
 
     def mark_end(self) -> None:
-        """Record the current op's end event now (emulation: the op is launched)."""
         jobs = self.jobs
         if jobs and jobs[-1].end is None:
             jobs[-1].end = self._events.record_event()
 
     def exit(self, j: int) -> None:
-        """Op ``j`` ends on the host: record its end event (unless marked already)."""
         self.mark_end()
 
     def close(self, iteration: int) -> CounterMark:
-        """The iteration ends on the host: record its end event (the worker stamps it with the
-        counter); nothing waits. Returns that end."""
+        """The iteration ends on the host: its end, marked on the device; nothing waits."""
         ctl = self.controller
         if ctl is not None and not ctl.threaded:
             # Inline controller (virtual time): its work runs here, while the device runs the
@@ -282,7 +275,7 @@ class DeviceTiming(_Clocks):
 
     def finish(self) -> tuple[float, float]:
         """The oldest closed iteration's ``(time_s, energy_j)``, its ops recorded and learnt
-        from; waits until the worker is past its end."""
+        from (waits for the worker to pass its end)."""
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
@@ -299,8 +292,7 @@ class DeviceTiming(_Clocks):
         return end_s - begin_s, (mj - begin_mj) / 1000.0
 
     def _work_out(self, closed: _Closed) -> None:
-        """On the worker, as it passes the iteration's end: its figures, off the training
-        thread (which works them out itself when this fails)."""
+        """On the worker, at the iteration's end: its figures, off the training thread."""
         with closed.lock:
             if closed.figures is not None:  # a late worker: the training thread took them
                 return
@@ -310,8 +302,6 @@ class DeviceTiming(_Clocks):
                 _log.debug("iteration %d: figures left to the training thread", closed.iteration)
 
     def _figures(self, closed: _Closed) -> _Figures:
-        """Each op's row (the timing history learns from them), the mid-op changes made and
-        the clocks delivered."""
         jobs, freqs, actions, phases = closed.jobs, closed.freqs, closed.actions, closed.phases
         iteration = closed.iteration
         rows: list[OpRow] = []
@@ -356,8 +346,8 @@ class DeviceTiming(_Clocks):
         )
 
     def abort(self) -> None:
-        """The iteration was abandoned: forget its ops (an op still open ends here: the
-        worker, in order, waits for each posted op's end)."""
+        """Forget the abandoned iteration's ops (an open op ends here: the worker waits for
+        each posted op's end)."""
         with contextlib.suppress(Exception):  # a device that cannot record one is lost anyway
             self.mark_end()
         self.jobs = []
@@ -365,7 +355,6 @@ class DeviceTiming(_Clocks):
 
     @property
     def last_end_event(self) -> DeviceEvent | None:
-        """The end event of the op the host left last."""
         return self.jobs[-1].end if self.jobs else None
 
 
@@ -460,12 +449,10 @@ class HostTiming(_Clocks):
             self.controller.request(self.freqs[j + 1], self.mems[j + 1])
 
     def close(self, iteration: int) -> None:
-        """The iteration ends: its figures on the host's clock, now (no device timeline)."""
         figures = self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
         self._figures.append(figures)
 
     def finish(self) -> tuple[float, float]:
-        """The oldest closed iteration's ``(time_s, energy_j)``."""
         return self._figures.popleft()
 
     def abort(self) -> None:

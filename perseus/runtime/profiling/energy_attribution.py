@@ -1,15 +1,12 @@
 """Per-op power from energy-counter windows and the ops' device-time spans (docs/timing.md).
 
-For each counter window ``k`` (:mod:`perseus.runtime.profiling.energy_windows`) and op group
-``g`` (a (stage, kind) at one clock during a sweep step), ``d[k, g]`` is ``g``'s device time in
-the window, ``gap`` the time inside an iteration covered by no op (bubbles, P2P waits) and
-``outside`` the rest (optimizer, data loading). :func:`fit_group_power` solves
+With ``d[k, g]`` op group ``g``'s device time in counter window ``k``, ``gap`` the time inside
+an iteration covered by no op and ``outside`` the rest, :func:`fit_group_power` solves
 
     E_k = sum_g p_g d[k, g] + p_gap d[k, gap] + p_out d[k, outside]
 
-for ``p >= 0`` (``scipy.optimize.nnls``) with a light ridge: op groups the windows cannot tell
-apart are pulled to their common mean, and with ``idle_power_w`` the non-op columns lightly
-towards it (the planner prices the gap, its bubbles, at the blocking power).
+for ``p >= 0`` with a light ridge: groups the windows cannot tell apart are pulled to their
+common mean, and with ``idle_power_w`` the non-op columns lightly towards it.
 """
 
 from __future__ import annotations
@@ -85,9 +82,8 @@ def _overlaps(
     a: np.ndarray, b: np.ndarray, s: np.ndarray, e: np.ndarray, disjoint: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The positive overlaps of windows ``[a, b)`` and spans ``[s, e)``: window rows, span
-    columns and seconds. Windows in time order and disjoint (``disjoint``, as a sampler's
-    are): each span's windows by binary search, O((windows + spans) log windows + overlaps);
-    otherwise every pair, O(windows x spans)."""
+    columns and seconds (``disjoint``: windows in time order and disjoint, found by binary
+    search)."""
     if disjoint:
         first = np.searchsorted(b, s, side="right")  # the first window ending after the start
         stop = np.searchsorted(a, e, side="left")  # past the last one starting before the end
@@ -107,7 +103,8 @@ def time_shares(
 ) -> tuple[list[Hashable], np.ndarray]:
     """The groups (first-seen order) and the matrix of device time per window (rows) and
     column (each group, then ``gap``, then ``outside``), in seconds. O((windows + spans) log
-    windows) for windows in time order and disjoint (a sampler's), else O(windows x spans)."""
+    windows + overlaps) for windows in time order and disjoint (a sampler's), else
+    O(windows x spans)."""
     groups = list(dict.fromkeys(s.group for s in spans))
     col = {g: j for j, g in enumerate(groups)}
     n_groups = len(groups)
@@ -150,6 +147,7 @@ def fit_group_power(
     idle_power_w: float | None = None,
     ridge: float = DEFAULT_RIDGE,
     outlier_w: float = _OUTLIER_W,
+    known_shares: tuple[list[Hashable], np.ndarray] | None = None,
 ) -> PowerFit:
     """Fit each op group's mean power to the counter windows (see the module docstring).
 
@@ -161,30 +159,19 @@ def fit_group_power(
         idle_power_w: Prior for the non-op columns (the nominal blocking power), or None.
         ridge: Regularisation weight (0: plain non-negative least squares).
         outlier_w: Residual power (W) below which no window counts as an outlier.
+        known_shares: :func:`time_shares` of these windows and spans, if already computed.
 
     Raises:
         ConfigError: without windows or spans, or for a negative ridge.
 
-    Complexity: O(windows x spans) to build the matrix, then NNLS on (windows + groups + 2)
-    rows and groups + 2 columns, 8 times.
+    Complexity: :func:`time_shares`, then NNLS on (windows + groups + 2) rows and groups + 2
+    columns, 8 times.
     """
-    return _fit(intervals, spans, None, idle_power_w, ridge, outlier_w)
-
-
-def _fit(
-    intervals: Sequence[CounterInterval],
-    spans: Sequence[OpSpan],
-    shared: tuple[list[Hashable], np.ndarray] | None,
-    idle_power_w: float | None,
-    ridge: float,
-    outlier_w: float,
-) -> PowerFit:
-    """:func:`fit_group_power`, given its :func:`time_shares` when already computed."""
     if not intervals or not spans:
         raise ConfigError("fit_group_power needs at least one counter window and one op span")
     if ridge < 0:
         raise ConfigError(f"ridge must be >= 0, got {ridge}")
-    groups, shares = time_shares(intervals, spans) if shared is None else shared
+    groups, shares = time_shares(intervals, spans) if known_shares is None else known_shares
     energy = np.asarray([w.energy_j for w in intervals], dtype=float)
     lengths = shares.sum(axis=1)
     n = len(groups)
@@ -362,9 +349,14 @@ class SweepWindow:
         shared = time_shares(intervals, self.spans)
         if windows < 2 * needed and int(_inside(shared[1]).sum()) < needed:
             return False
-        # One fit per call, on the windows and shares just computed (each is O(windows x
-        # spans), and the step's spans grow with its iterations); fit() then returns it.
-        fit = _fit(intervals, self.spans, shared, self.idle_power_w, self.ridge, _OUTLIER_W)
+        # One fit per call, on the shares just computed (the step's spans grow); fit() reuses it.
+        fit = fit_group_power(
+            intervals,
+            self.spans,
+            idle_power_w=self.idle_power_w,
+            ridge=self.ridge,
+            known_shares=shared,
+        )
         self._judged = (self._fit_key(), fit)
         return fit.worst_relative_error() <= self.max_fit_error
 

@@ -72,11 +72,9 @@ class CounterInterval:
 
 
 def publish_times(brackets: Sequence[tuple[float, float]], *, grid: bool = True) -> list[float]:
-    """Estimated publish instants from their brackets ``(lo, hi)`` (publish in ``(lo, hi]``).
-
-    With ``grid`` and at least three brackets, the latest point of a grid ``t0 + P * n``
-    fitted to the brackets inside each one, when it exists; otherwise the bracket middles.
-    """
+    """Estimated publish instants from their brackets ``(lo, hi)`` (publish in ``(lo, hi]``):
+    with ``grid`` and at least three brackets, the latest point inside each of a grid
+    ``t0 + P * n`` fitted to them, when it exists; otherwise the bracket middles."""
     mids = [0.5 * (lo + hi) for lo, hi in brackets]
     if not grid or len(brackets) < 3:
         return mids
@@ -168,8 +166,8 @@ def counter_intervals(
 
 
 class CounterSampler:
-    """Reads a GPU's energy counter periodically on a background thread (or as a
-    :class:`~perseus.device.clock.VirtualClock`'s timer); the constructor does no I/O.
+    """Reads a GPU's energy counter periodically on a background thread (or a virtual
+    clock's timer); the constructor does no I/O.
 
     Args:
         read_mj: The counter (``GPU.energy_mj``).
@@ -177,7 +175,7 @@ class CounterSampler:
         period_s: Time between reads: well under the publish period and, on NVML, well over
             a read's ~3 ms.
         max_samples: Reads kept (oldest dropped first).
-        clock: What paces the reads (default the monotonic clock; the simulated GPU's own).
+        clock: What paces the reads.
 
     Raises:
         ConfigError: for a non-positive period, or ``max_samples`` below 2.

@@ -1,14 +1,9 @@
-"""Online (just-in-time) profiling: measure every (stage, kind) at each clock during training.
+"""Online (just-in-time) profiling: measure every (stage, kind) at each clock during training
+(``docs/timing.md``; :mod:`perseus.runtime.session_sweep` wires it into a session).
 
-In sweep step ``i`` every op of a (stage, kind) runs at its ``i``-th clock (high to low); the
-median device time of its ops and their fitted mean power
-(:mod:`perseus.runtime.profiling.energy_attribution`) give the row for that clock. An op stops
-once, past the first ``min_fraction`` of its clocks, its energy stayed above the lowest so far
-for ``patience`` clocks in a row (below the energy-optimal clock nothing can be on the
-frontier; comparing with the best so far rather than the previous clock is robust to noise).
-Saved to a file named by the configuration (:func:`profile_cache_path`, passed as
-``OnlineProfile(cache=...)``), the profile spares the next run its sweep;
-:mod:`perseus.runtime.session_sweep` wires the sweep into a session.
+An op stops once, past the first ``min_fraction`` of its clocks, its energy stayed above the
+lowest so far for ``patience`` clocks in a row (below the energy-optimal clock nothing can be
+on the frontier). :func:`profile_cache_path` names the file that spares the next run its sweep.
 """
 
 from __future__ import annotations
@@ -163,11 +158,8 @@ class ClockSweep(StepSweep):
         return all(s.stopped for s in self.sweeps.values())
 
     def clock_for(self, stage_index: int, kind: Kind) -> int:
-        """The clock the next op of (stage, kind) should run at: one clock per sweep step
-        for the whole rank (docs/timing.md), so no change happens inside an iteration."""
-        sweep = self.sweeps.get((stage_index, kind))  # None: an op not swept (kept rows)
-        if sweep is not None and not sweep.stopped:
-            return sweep.clock_mhz
+        """The clock the next op of (stage, kind) should run at: the step's, one for the whole
+        rank (docs/timing.md), so no change happens inside an iteration."""
         return self.step_clock_mhz()
 
     #: The plan op that runs the current step for (stage, kind): its clock.
