@@ -165,16 +165,10 @@ _installed: list[bool] = []  # guards against nesting (the hooks are module glob
 
 
 def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
-    """The forward a ``forward_step`` call runs, from its ``current_microbatch`` and
-    ``vp_stage`` (the model chunk)."""
     if kwargs.get("current_microbatch") is None:
         raise ScheduleError("Megatron's forward_step was called without current_microbatch")
     chunk = kwargs.get("vp_stage") or 0
     return Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
-
-
-def _keep_nothing(action: Action) -> None:
-    """``instrument_megatron(record=False)``'s note of an action run: none."""
 
 
 @contextmanager
@@ -194,12 +188,8 @@ def instrument_megatron(
     forward returned. Evaluation (``forward_only=True`` or no gradients) is not instrumented,
     and is refused inside a training iteration.
 
-    Args:
-        factory: Called with each action about to run; returns a context manager.
-        record: Append each action run to the yielded list (False: nothing kept per op).
-
     Yields:
-        The actions seen so far (appended as they run).
+        The actions run so far, appended as they run (none kept when not ``record``).
 
     Raises:
         ConfigError: if the hooks are already installed in this process; from an evaluation
@@ -210,17 +200,13 @@ def instrument_megatron(
         raise ConfigError("instrument_megatron is already active in this process")
     original_fwd, original_bwd = schedules.forward_step, schedules.backward_step
     seen: list[Action] = []
-    note: Callable[[Action], None] = seen.append if record else _keep_nothing
+    note: Callable[[Action], None] = seen.append if record else (lambda _: None)
     pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
 
     @functools.wraps(original_fwd)
     def forward_step(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        forward_only = _calling_forward_only(schedules)
-        if forward_only or not torch.is_grad_enabled():
-            # refused here too: a schedule function taken before the hooks does not refuse
-            _refuse_eval(in_iteration, {"forward_only": forward_only})
+        # refused here too: a schedule function taken before the hooks does not refuse
+        if _refuse_eval(in_iteration, _calling_forward_only(schedules)):
             return original_fwd(*args, **kwargs)
         action = _forward_action(kwargs, num_ranks, rank)
         if action.microbatch_index == 0 and action.stage_index == rank:
@@ -259,13 +245,16 @@ def instrument_megatron(
         _installed.clear()
 
 
-def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> None:
-    """Refuse an evaluation pass (``forward_only`` or no gradients) inside a training iteration."""
+def _refuse_eval(in_iteration: Callable[[], bool], forward_only: bool) -> bool:
+    """Whether this is an evaluation pass (``forward_only`` or no gradients); refused inside a
+    training iteration."""
     import torch
 
-    if kwargs.get("forward_only") or not torch.is_grad_enabled():
-        flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
-        refuse_eval(in_iteration, f"forward_backward_func(..., {flag})")
+    if not (forward_only or not torch.is_grad_enabled()):
+        return False
+    flag = "forward_only=True" if forward_only else "under torch.no_grad()"
+    refuse_eval(in_iteration, f"forward_backward_func(..., {flag})")
+    return True
 
 
 def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:
@@ -273,7 +262,7 @@ def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
-        _refuse_eval(in_iteration, kwargs)
+        _refuse_eval(in_iteration, bool(kwargs.get("forward_only")))
         return original(*args, **kwargs)
 
     return run
