@@ -1,10 +1,9 @@
 """Adapter for DeepSpeed's ``PipelineEngine`` (no fork, no edit of DeepSpeed's files).
 
-The only module that touches DeepSpeed names that are not documented API
-(``PipelineEngine._INSTRUCTION_MAP``, ``_exec_forward_pass``, ``_exec_backward_pass``,
-``_exec_schedule``), checked once by :func:`check_deepspeed_version`. Each stage runs its
-forwards and its backwards in microbatch order, so its ``k``-th ``ForwardPass`` is microbatch
-``k``; stage ``s`` is rank ``s``. The hooks live on the engine *instance*, never its class.
+The only module that touches DeepSpeed names that are not documented API, checked once by
+:func:`check_deepspeed_version`. Each stage runs its forwards and its backwards in microbatch
+order, so its ``k``-th ``ForwardPass`` is microbatch ``k``; stage ``s`` is rank ``s``. The
+hooks live on the engine *instance*, never its class.
 """
 
 from __future__ import annotations

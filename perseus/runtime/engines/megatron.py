@@ -1,11 +1,10 @@
 """Adapter for Megatron-Core's pipeline schedules (no fork, no edit of Megatron's files).
 
-The only module that touches Megatron-Core names that are not documented API (the module
-globals ``schedules.forward_step``/``backward_step``, ``P2PCommunicator._communicate``,
-``p2p_communication._p2p_ops``), checked once by :func:`check_megatron_version`. The schedule
-is rebuilt from Megatron's own ``get_pp_rank_microbatches`` and ``get_schedule_table``; model
-chunk ``c`` of rank ``r`` is stage ``c * R + r``. :func:`cpu_communication` and
-:func:`cuda_to_cpu` run Megatron on CPUs for emulation, never on a GPU.
+The only module that touches Megatron-Core names that are not documented API, checked once
+by :func:`check_megatron_version`. The schedule is rebuilt from Megatron's own
+``get_pp_rank_microbatches`` and ``get_schedule_table``; model chunk ``c`` of rank ``r`` is
+stage ``c * R + r``. :func:`cpu_communication` and :func:`cuda_to_cpu` run Megatron on CPUs
+for emulation, never on a GPU.
 """
 
 from __future__ import annotations
