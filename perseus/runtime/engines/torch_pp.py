@@ -285,7 +285,6 @@ def build_torch_schedule(
     runtime loaded with ``schedule``'s per-rank actions, as torch runs custom schedules.
 
     Args:
-        schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
         stages: This rank's ``PipelineStage`` objects, in stage order.
         **kwargs: Passed to the torch schedule constructor (e.g. ``scale_grads``).
 
