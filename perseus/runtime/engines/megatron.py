@@ -142,10 +142,10 @@ def megatron_schedule(
 def _schedule_table(
     mc: types.SimpleNamespace, R: int, M: int, V: int, group: int
 ) -> list[tuple[int, int]]:
-    """Megatron's (microbatch, chunk) order of forward steps, after Megatron's own checks."""
+    """Megatron's (microbatch, chunk) order of forward steps, after the checks of Megatron's
+    ``forward_backward_pipelining_with_interleaving``."""
     if V == 1:
         return [(m, 0) for m in range(M)]
-    # Megatron's checks in forward_backward_pipelining_with_interleaving.
     if not R <= group <= M:
         raise ScheduleError(
             f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
@@ -324,11 +324,9 @@ class MegatronEngine:
 
 @functools.cache
 def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
-    """A ``P2PCommunicator`` subclass whose receive buffers are CPU tensors."""
+    """Megatron's ``P2PCommunicator`` with CPU receive buffers (gloo), Megatron's own ops."""
 
     class CpuP2PCommunicator(base):  # type: ignore[misc]
-        """Megatron's P2P communicator with CPU receive buffers (gloo), Megatron's own ops."""
-
         def _communicate(
             self,
             *,
