@@ -1,10 +1,9 @@
 """Adapter for DeepSpeed's ``PipelineEngine`` (no fork, no edit of DeepSpeed's files).
 
-The only module that touches DeepSpeed names that are not documented API
-(``PipelineEngine._INSTRUCTION_MAP``, ``_exec_forward_pass``, ``_exec_backward_pass``,
-``_exec_schedule``), checked once by :func:`check_deepspeed_version`. Each stage runs its
-forwards and its backwards in microbatch order, so its ``k``-th ``ForwardPass`` is microbatch
-``k``; stage ``s`` is rank ``s``. The hooks live on the engine *instance*, never its class.
+The only module that touches DeepSpeed names that are not documented API, checked once by
+:func:`check_deepspeed_version`. Each stage runs its forwards and its backwards in microbatch
+order, so its ``k``-th ``ForwardPass`` is microbatch ``k``; stage ``s`` is rank ``s``. The
+hooks live on the engine *instance*, never its class.
 """
 
 from __future__ import annotations
@@ -143,16 +142,11 @@ def instrument_deepspeed(
 ) -> Iterator[list[Action]]:
     """Run every forward/backward pass of a ``PipelineEngine``'s training batches in ``factory``.
 
-    Args:
-        engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
-        factory: Called with each action about to run; returns a context manager.
-        in_iteration: Whether a training iteration is open: an evaluation batch then is
-            refused before it communicates.
-        record: Append each action run to the yielded list (False: it stays empty, so a run
-            of any length keeps nothing per op; the engine adapter's way).
+    ``engine`` is the ``PipelineEngine`` returned by ``deepspeed.initialize``; an evaluation
+    batch while ``in_iteration()`` is refused before it communicates.
 
     Yields:
-        The actions seen so far (appended as they run).
+        The actions run so far, appended as they run (none kept when not ``record``).
 
     Raises:
         ConfigError: if ``engine`` is not a ``PipelineEngine`` or is already instrumented; from
@@ -208,9 +202,7 @@ def instrument_deepspeed(
 class DeepSpeedEngine:
     """The engine adapter for DeepSpeed's ``PipelineEngine`` (see :mod:`.base`).
 
-    Args:
-        engine: The ``PipelineEngine`` returned by ``deepspeed.initialize``.
-        group: The pipeline's process group (default: the default group).
+    ``group``: the pipeline's process group (default: the default group).
 
     Raises:
         ConfigError: if ``engine`` is not a ``PipelineEngine``.

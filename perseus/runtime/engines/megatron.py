@@ -1,11 +1,10 @@
 """Adapter for Megatron-Core's pipeline schedules (no fork, no edit of Megatron's files).
 
-The only module that touches Megatron-Core names that are not documented API (the module
-globals ``schedules.forward_step``/``backward_step``, ``P2PCommunicator._communicate``,
-``p2p_communication._p2p_ops``), checked once by :func:`check_megatron_version`. The schedule
-is rebuilt from Megatron's own ``get_pp_rank_microbatches`` and ``get_schedule_table``; model
-chunk ``c`` of rank ``r`` is stage ``c * R + r``. :func:`cpu_communication` and
-:func:`cuda_to_cpu` run Megatron on CPUs for emulation, never on a GPU.
+The only module that touches Megatron-Core names that are not documented API, checked once
+by :func:`check_megatron_version`. The schedule is rebuilt from Megatron's own
+``get_pp_rank_microbatches`` and ``get_schedule_table``; model chunk ``c`` of rank ``r`` is
+stage ``c * R + r``. :func:`cpu_communication` and :func:`cuda_to_cpu` run Megatron on CPUs
+for emulation, never on a GPU.
 """
 
 from __future__ import annotations
@@ -143,10 +142,10 @@ def megatron_schedule(
 def _schedule_table(
     mc: types.SimpleNamespace, R: int, M: int, V: int, group: int
 ) -> list[tuple[int, int]]:
-    """Megatron's (microbatch, chunk) order of forward steps, after Megatron's own checks."""
+    """Megatron's (microbatch, chunk) order of forward steps, after the checks of Megatron's
+    ``forward_backward_pipelining_with_interleaving``."""
     if V == 1:
         return [(m, 0) for m in range(M)]
-    # Megatron's checks in forward_backward_pipelining_with_interleaving.
     if not R <= group <= M:
         raise ScheduleError(
             f"Megatron's interleaved schedule needs microbatch_group_size_per_vp_stage "
@@ -165,16 +164,10 @@ _installed: list[bool] = []  # guards against nesting (the hooks are module glob
 
 
 def _forward_action(kwargs: dict[str, Any], num_ranks: int, rank: int) -> Action:
-    """The forward a ``forward_step`` call runs, from its ``current_microbatch`` and
-    ``vp_stage`` (the model chunk)."""
     if kwargs.get("current_microbatch") is None:
         raise ScheduleError("Megatron's forward_step was called without current_microbatch")
     chunk = kwargs.get("vp_stage") or 0
     return Action(int(chunk) * num_ranks + rank, Kind.F, int(kwargs["current_microbatch"]))
-
-
-def _keep_nothing(action: Action) -> None:
-    """``instrument_megatron(record=False)``'s note of an action run: none."""
 
 
 @contextmanager
@@ -194,12 +187,8 @@ def instrument_megatron(
     forward returned. Evaluation (``forward_only=True`` or no gradients) is not instrumented,
     and is refused inside a training iteration.
 
-    Args:
-        factory: Called with each action about to run; returns a context manager.
-        record: Append each action run to the yielded list (False: nothing kept per op).
-
     Yields:
-        The actions seen so far (appended as they run).
+        The actions run so far, appended as they run (none kept when not ``record``).
 
     Raises:
         ConfigError: if the hooks are already installed in this process; from an evaluation
@@ -210,17 +199,13 @@ def instrument_megatron(
         raise ConfigError("instrument_megatron is already active in this process")
     original_fwd, original_bwd = schedules.forward_step, schedules.backward_step
     seen: list[Action] = []
-    note: Callable[[Action], None] = seen.append if record else _keep_nothing
+    note: Callable[[Action], None] = seen.append if record else (lambda _: None)
     pending: dict[int, tuple[Any, Action]] = {}  # id(output) -> (output kept alive, forward)
 
     @functools.wraps(original_fwd)
     def forward_step(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        forward_only = _calling_forward_only(schedules)
-        if forward_only or not torch.is_grad_enabled():
-            # refused here too: a schedule function taken before the hooks does not refuse
-            _refuse_eval(in_iteration, {"forward_only": forward_only})
+        # refused here too: a schedule function taken before the hooks does not refuse
+        if _refuse_eval(in_iteration, _calling_forward_only(schedules)):
             return original_fwd(*args, **kwargs)
         action = _forward_action(kwargs, num_ranks, rank)
         if action.microbatch_index == 0 and action.stage_index == rank:
@@ -259,13 +244,16 @@ def instrument_megatron(
         _installed.clear()
 
 
-def _refuse_eval(in_iteration: Callable[[], bool], kwargs: dict[str, Any]) -> None:
-    """Refuse an evaluation pass (``forward_only`` or no gradients) inside a training iteration."""
+def _refuse_eval(in_iteration: Callable[[], bool], forward_only: bool) -> bool:
+    """Whether this is an evaluation pass (``forward_only`` or no gradients); refused inside a
+    training iteration."""
     import torch
 
-    if kwargs.get("forward_only") or not torch.is_grad_enabled():
-        flag = "forward_only=True" if kwargs.get("forward_only") else "under torch.no_grad()"
-        refuse_eval(in_iteration, f"forward_backward_func(..., {flag})")
+    if not (forward_only or not torch.is_grad_enabled()):
+        return False
+    flag = "forward_only=True" if forward_only else "under torch.no_grad()"
+    refuse_eval(in_iteration, f"forward_backward_func(..., {flag})")
+    return True
 
 
 def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:
@@ -273,7 +261,7 @@ def _refusing_eval(original: Any, in_iteration: Callable[[], bool]) -> Any:
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
-        _refuse_eval(in_iteration, kwargs)
+        _refuse_eval(in_iteration, bool(kwargs.get("forward_only")))
         return original(*args, **kwargs)
 
     return run
@@ -336,11 +324,9 @@ class MegatronEngine:
 
 @functools.cache
 def _cpu_communicator_class(base: type, p2p: types.ModuleType) -> type:
-    """A ``P2PCommunicator`` subclass whose receive buffers are CPU tensors."""
+    """Megatron's ``P2PCommunicator`` with CPU receive buffers (gloo), Megatron's own ops."""
 
     class CpuP2PCommunicator(base):  # type: ignore[misc]
-        """Megatron's P2P communicator with CPU receive buffers (gloo), Megatron's own ops."""
-
         def _communicate(
             self,
             *,

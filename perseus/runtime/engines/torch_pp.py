@@ -87,19 +87,18 @@ def _convert(torch_action: Any, sched_mod: types.ModuleType) -> list[tuple[Actio
     """Compute actions of one torch ``_Action``: ``(action, is_split_backward)`` pairs."""
     ct = sched_mod._ComputationType
     kind_of = {
-        ct.FORWARD: Kind.F,
-        ct.FULL_BACKWARD: Kind.B,
-        ct.BACKWARD_INPUT: Kind.B,
-        ct.BACKWARD_WEIGHT: Kind.W,
+        ct.FORWARD: (Kind.F, False),
+        ct.FULL_BACKWARD: (Kind.B, False),
+        ct.BACKWARD_INPUT: (Kind.B, True),
+        ct.BACKWARD_WEIGHT: (Kind.W, True),
     }
     if torch_action is None:
         return []
     if torch_action.computation_type == ct.OVERLAP_F_B:
         return [pair for sub in torch_action.sub_actions or () for pair in _convert(sub, sched_mod)]
-    kind = kind_of.get(torch_action.computation_type)
-    if kind is None:  # communication, (un)shard, reduce-grad: not compute
+    if torch_action.computation_type not in kind_of:  # communication, (un)shard, reduce-grad
         return []
-    split = torch_action.computation_type in (ct.BACKWARD_INPUT, ct.BACKWARD_WEIGHT)
+    kind, split = kind_of[torch_action.computation_type]
     return [(Action(torch_action.stage_index, kind, torch_action.microbatch_index), split)]
 
 
@@ -286,7 +285,6 @@ def build_torch_schedule(
     runtime loaded with ``schedule``'s per-rank actions, as torch runs custom schedules.
 
     Args:
-        schedule: The perseus schedule (e.g. from :func:`perseus.schedule.build_schedule`).
         stages: This rank's ``PipelineStage`` objects, in stage order.
         **kwargs: Passed to the torch schedule constructor (e.g. ``scale_grads``).
 
@@ -345,7 +343,6 @@ def stages_of(torch_schedule: Any, model_parts: Sequence[Any] | None = None) -> 
     """This rank's ``PipelineStage`` objects of a torch schedule, in stage order.
 
     Args:
-        torch_schedule: A torch pipelining schedule (single- or multi-stage).
         model_parts: The modules the trainer keeps (torchtitan's ``model_parts``): checked to
             be the stages' submodules, in order.
 
@@ -383,8 +380,8 @@ class TorchPipelining:
 
     Args:
         torch_schedule: The torch schedule object the training loop steps.
-        stages: This rank's ``PipelineStage`` objects (default: read from the schedule).
-        model_parts: torchtitan's ``model_parts``, checked against the schedule's stages.
+        stages: This rank's ``PipelineStage`` objects (default: :func:`stages_of` the schedule
+            and ``model_parts``).
         group: The pipeline's process group (default: the stages' group).
 
     Raises:

@@ -155,10 +155,8 @@ class CostMeter:
             self._first_s = start_s
 
     def report(self, schedule: ScheduleFile) -> IncurredCost:
-        """The cost so far against ``schedule``'s for the same time.
-
-        Each interval change reports (a year of minutes: 525,600 intervals): the intervals
-        passed whole are summed once over the run, not again at every report."""
+        """The cost so far against ``schedule``'s for the same time (the intervals passed
+        whole are summed once over the run, not at every report: one each interval change)."""
         now = self.elapsed_s
         idle_w = schedule.idle_power_w
         ivs = schedule.intervals
@@ -166,11 +164,6 @@ class CostMeter:
         if walk is None or walk[0] is not schedule or walk[4] > now:
             walk = (schedule, 0, 0.0, 0.0, now)
         _, first, scheduled, inside_s, _ = walk
-        while first < len(ivs) and ivs[first].start_s < now and ivs[first].end_s <= now:
-            cost, passed = _scheduled(ivs[first], now, idle_w)  # whole: the same from now on
-            scheduled += cost
-            inside_s += passed
-            first += 1
         self._walk = (schedule, first, scheduled, inside_s, now)
         for k in range(first, len(ivs)):
             iv = ivs[k]
@@ -179,6 +172,9 @@ class CostMeter:
             cost, passed = _scheduled(iv, now, idle_w)
             scheduled += cost
             inside_s += passed
+            if k == first and iv.end_s <= now:  # passed whole: the same from now on
+                first += 1
+                self._walk = (schedule, first, scheduled, inside_s, now)
         start = self._first_s if self._first_s is not None else now
         outside_s = max(0.0, now - start - inside_s)
         return IncurredCost(now, self.incurred, scheduled, self.outside_j, idle_w * outside_s)

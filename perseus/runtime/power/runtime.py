@@ -240,9 +240,8 @@ class PowerRuntime:
         return decision
 
     def follow_frontier(self, frontier: Frontier) -> None:
-        """Decide on ``frontier`` from now on: a session calls it with each plan it makes from
-        its own (re-)profile (never with a schedule: it indexes the frontier it was made for,
-        and a schedule is refused with online profiling)."""
+        """Decide on ``frontier`` (a session's own (re-)profiled plan) from now on; a schedule
+        keeps the frontier it indexes."""
         if self.schedule is not None:
             return
         self.frontier, self._cap_plan, self.point_index = frontier, None, 0
@@ -301,8 +300,6 @@ def attach_power(
     schedule's first plan; the schedule's iteration 0 is the session's next iteration.
 
     Args:
-        session: The started session.
-        schedule: The schedule to follow (a file or its model), or None.
         store: The job's store, for run-time caps, or None.
         forecast: The signal the schedule was made from (a CSV or a
             :class:`~perseus.io.power_files.Signal`), for re-planning.
