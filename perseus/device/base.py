@@ -130,8 +130,7 @@ class ClockReadbackGPU(Protocol):
     """A device that reads back the clocks it runs now and why: a lock is a request, the
     read-back says what the GPU delivered."""
 
-    def current_clock_mhz(self) -> int:
-        """The SM clock the GPU runs at now."""
+    def current_clock_mhz(self) -> int: ...
 
     def clock_event_reasons(self) -> int:
         """NVML's bit mask of clock event reasons (0x4: the SW power cap)."""

@@ -42,12 +42,10 @@ class DeviceInfo:
         locked_mhz: The current lock (None: unlocked, or unknown to NVML).
         lock_known: False when the lock cannot be read back (NVML).
         owner_pid: The live owner's pid, or None.
-        current_clock_mhz: The SM clock now.
         detail: Backend-specific extras (model source, slowdown, persistence mode).
         dead_owner_pid: The pid of an owner that died without resetting the GPU.
         power_limit_w: The power limit in force (None: unknown).
         default_power_limit_w: The board's default power limit (None: unknown).
-        lock_path: Where the GPU's ownership lock lives.
         owner_unknown: Why this user cannot know the owner (empty when it can).
     """
 

@@ -314,7 +314,6 @@ class GpuOwnership:
 
     Args:
         uuid: The GPU's UUID (for messages).
-        lock_path: The lock file (per GPU UUID).
         spec: The ``watchdog_spec()`` of the GPU this process opened, for resetting after a
             dead previous owner (default: inferred from ``uuid`` and ``lock_path``).
         reset: Called instead of :func:`reset_from_spec` for that reset.

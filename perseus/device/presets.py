@@ -42,14 +42,8 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class BlockingPower:
-    """A GPU family's power while blocked on P2P/collectives, and its source.
-
-    Attributes:
-        family: The GPU family (``"A100 SXM4"``).
-        power_w: Power while blocked, in watts.
-        source: Where the number comes from.
-        estimated: True when nobody measured it (``perseus doctor`` does).
-    """
+    """A GPU family's (``"A100 SXM4"``) power while blocked on P2P/collectives, in watts, and
+    its source; ``estimated`` when nobody measured it (``perseus doctor`` does)."""
 
     family: str
     power_w: float
@@ -91,7 +85,6 @@ class GPUPreset:
         key: Short name used on the command line (``a100``).
         name: The name NVML would report.
         clocks_mhz: Supported SM clocks, highest first.
-        power: Power model.
         time: Op-time model (reference: the highest clock).
         power_cap_w: Default enforced power limit (None: uncapped).
         activity: Default activity ``u`` of a forward/backward op.
@@ -127,12 +120,10 @@ class GPUPreset:
 
 @dataclass(frozen=True, slots=True)
 class SwitchCost:
-    """What one clock change costs on an architecture, and its source.
+    """What one clock change costs on an architecture (``"ampere"``), and its source.
 
     Attributes:
-        architecture: ``"ampere"``, ``"hopper"``, ``"blackwell"``.
         latency_s: Median length of a locked-clock set call; the old clocks run meanwhile.
-        source: Where the figure comes from.
         estimated: True when nobody measured it.
     """
 

@@ -44,8 +44,7 @@ def profile_costs(
     """
     clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
     # An SM clock alone means the default (highest) memory clock: OpProfile.at, i.e. the
-    # first option at that clock in the options' order; one pass per op (a lookup per clock
-    # rescanned the options: quadratic in them).
+    # first option at that clock in the options' order.
     tables: dict[tuple[int, Kind], dict[int, tuple[float, float]]] = {}
     for key, op in profile.ops.items():
         table = tables[key] = {}

@@ -213,13 +213,14 @@ class SimStream:
     def _published_mj(self) -> int:
         return math.floor(self._tick_energy_j * 1000.0 * self._gain)
 
-    def _commit(self, now: float) -> None:
-        """Run the queue from the committed time up to ``now`` at the current clock."""
+    def _commit(self) -> float:
+        """Run the queue from the committed time up to now at the current clock; returns now."""
+        now = self._now()
         self._start(now)
         t = self._t_dev
         assert t is not None
         if now <= t:
-            return
+            return now
         _VERSION[0] += 1
         queue = self._queue
         idle_w = self._idle_w
@@ -245,6 +246,7 @@ class SimStream:
         if t < now:  # idle (nothing queued): blocking power
             self._integrate(t, now, idle_w)
         self._t_dev = now
+        return now
 
     def _run_wait(self, item: _Wait, t: float, now: float, idle_w: float) -> tuple[float, bool]:
         """Wait from ``t`` towards ``now``: ``(time reached, whether the wait is over)``."""
@@ -368,8 +370,7 @@ class SimStream:
             if op.seq < 0:
                 op.seq = self._seq
                 self._seq += 1
-            now = self._now()
-            self._commit(now)
+            now = self._commit()
             start = self._backdate
             if start is not None and self._observed_s > start:
                 # A counter read since backdate() fixed a later publish: the op starts there,
@@ -423,11 +424,9 @@ class SimStream:
         self._dev._update(change, now)
 
     def backdate(self, ready_s: float) -> None:
-        """Let the next op start once the stream was free and its inputs ready (``ready_s``),
-        reusing only past idle time after the stream's last completed event."""
+        """See :meth:`.SimulatedGPU.backdate`."""
         with self._lock:
-            now = self._now()
-            self._commit(now)
+            now = self._commit()
             if self._queue:
                 return  # busy: the op will start after the queued work anyway
             start = max(ready_s, self._idle_since, self._floor_s, self._observed_s)
@@ -447,7 +446,7 @@ class SimStream:
 
     def _enqueue_wait(self, wait: _Wait) -> None:
         with self._lock:
-            self._commit(self._now())
+            self._commit()
             _VERSION[0] += 1
             self._queue.append(wait)
             self._idle = False
@@ -456,8 +455,7 @@ class SimStream:
         event = SimEvent(self)
         self._part = None  # an op's parts are launched back to back
         with self._lock:
-            now = self._now()
-            self._commit(now)
+            now = self._commit()
             _VERSION[0] += 1
             self._last_backdated = None
             if self._queue:
@@ -479,8 +477,7 @@ class SimStream:
         """Run the queue up to now (yielded), let the caller change the stream, and publish
         the re-planned future."""
         with self._lock:
-            now = self._now()
-            self._commit(now)
+            now = self._commit()
             _VERSION[0] += 1  # the queued ops' prices may change: predictions are stale
             yield now
             self._publish(now, lock_changed=lock_changed)
@@ -503,15 +500,14 @@ class SimStream:
 
     def poll(self) -> None:
         with self._lock:
-            self._commit(self._now())
+            self._commit()
 
     def wait_for(self, event: SimEvent, until_s: float = math.inf) -> bool:
         """Wait until ``event`` completed (True) or the clock reads ``until_s`` (False)."""
         clock = self._dev.clock
         while True:
             with self._lock:
-                now = self._now()
-                self._commit(now)
+                now = self._commit()
                 if event._time_s is not None:
                     return True
                 if now >= until_s:
