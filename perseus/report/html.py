@@ -57,9 +57,8 @@ def render_html(
     measured: MeasuredRun | None = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The report page: ``images`` are PNG bytes by name (``frontier``, ``timeline``, ``power``,
-    ``straggler``; any may be absent), ``details`` the job table's rows, ``sweep`` the cases
-    tabled under the straggler plot, ``notes`` extra lines (e.g. why a plot is missing)."""
+    """The report page: ``images`` are PNG bytes by name (any of ``_FIGURES`` may be absent),
+    ``details`` the job table's rows."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
