@@ -164,8 +164,7 @@ def diagnose(
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
     missing or failing GPU."""
-    from perseus.device import nvml as nvml_backend
-    from perseus.device.nvml import call_nvml
+    from perseus.device.nvml import call_nvml, import_nvml
 
     report: dict[str, Any] = {
         "perseus": _version("perseus-energy"),
@@ -176,7 +175,7 @@ def diagnose(
         "simulated": None,
     }
     try:
-        nvml = nvml_module if nvml_module is not None else nvml_backend.import_nvml()
+        nvml = nvml_module if nvml_module is not None else import_nvml()
         call_nvml(nvml, "nvmlInit")
     except Exception as e:
         return _without_gpu(report, e)
