@@ -63,19 +63,13 @@ def measure_power_w(
     return (e1 - e0) / 1000.0 / (t1 - t0), len(publishes)
 
 
-def spin_wait(gpu: NvmlGPU) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A ``busy`` callback keeping the GPU's CUDA device in spin-wait kernels (at most
-    ``_SPIN_QUEUE`` queued), and a function draining them; DeviceError if torch sees no CUDA
-    device or has no spin kernel."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise DeviceError(f"torch {torch.__version__} sees no CUDA device for the spin kernel")
-    device = torch.device("cuda", cuda_device_for(torch, gpu))
+def spin_wait(torch: Any, device: Any, max_clock_mhz: int) -> tuple[Callable[[], None], Any]:
+    """A ``busy`` callback keeping ``device`` in spin-wait kernels (at most ``_SPIN_QUEUE``
+    queued), and a function draining them; DeviceError if this torch has none."""
     sleep_kernel = getattr(torch.cuda, "_sleep", None)
     if sleep_kernel is None:
         raise DeviceError(f"torch {torch.__version__} has no torch.cuda._sleep spin kernel")
-    cycles = int(_SPIN_CHUNK_S * max(gpu.supported_clocks_mhz()) * 1e6)
+    cycles = int(_SPIN_CHUNK_S * max_clock_mhz * 1e6)
     queued: deque[Any] = deque()
     stream = torch.cuda.Stream(device=device)
 
@@ -128,7 +122,7 @@ def check_blocking_power(
         )
         return Check(name, "skip", summary, data)
     try:
-        busy, drain = (spin or spin_wait)(gpu)
+        busy, drain = (spin or _torch_spin)(gpu)
     except (ImportError, DeviceError) as e:
         summary = f"idle {idle_w:.1f} W; blocked power unavailable ({e}){known}"
         fix = "install a CUDA build of torch to measure blocked power"
@@ -149,3 +143,12 @@ def check_blocking_power(
         status = "warn"
         summary += " (more than 20 % off the table: pass the measured value)"
     return Check(name, status, summary, data)
+
+
+def _torch_spin(gpu: NvmlGPU) -> tuple[Callable[[], None], Callable[[], None]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError(f"torch {torch.__version__} sees no CUDA device for the spin kernel")
+    device = torch.device("cuda", cuda_device_for(torch, gpu))
+    return spin_wait(torch, device, max(gpu.supported_clocks_mhz()))
