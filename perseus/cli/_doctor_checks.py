@@ -197,10 +197,9 @@ def _lock_and_read_back(gpu: NvmlGPU, data: dict[str, Any], app_hint: str) -> Ch
 
 
 def _lock_and_watch(gpu: NvmlGPU, target_mhz: int) -> tuple[int, float, float | None, int]:
-    """Lock ``target_mhz``, then read the clock back until it shows the lock or ``_SETTLE_S``
-    passed since the call returned: ``(snapped, call_s, seen_s, read)``, the time the set call
-    took, when (from its start) the clock first read as the lock (None: not within
-    ``_SETTLE_S``) and the last clock read."""
+    """Lock ``target_mhz`` and read the clock back until it shows the lock, at most
+    ``_SETTLE_S``: ``(snapped, call_s, seen_s, read)``; ``seen_s`` (from the call's start) is
+    None when the lock was not seen."""
     t0 = REAL_CLOCK.now()
     snapped = gpu.set_locked_clock(target_mhz)
     t1 = REAL_CLOCK.now()
@@ -217,10 +216,9 @@ def _lock_and_watch(gpu: NvmlGPU, target_mhz: int) -> tuple[int, float, float | 
 def check_memory_clock_locking(
     gpu: NvmlGPU, clock_locking_ok: bool, *, not_tried: str | None = None
 ) -> Check:
-    """Lock the memory clock to its second-highest value and reset it (when clock locking is
-    allowed and the GPU lists several): whether (SM, memory) clock pairs can run here.
-    ``not_tried``: why clock locking was not tried, when not because it is refused (a running
-    process owns the GPU)."""
+    """Whether (SM, memory) clock pairs can run here: lock the memory clock to its
+    second-highest value and reset it. ``not_tried``: why clock locking was not tried, other
+    than a refusal."""
     name = "memory clock locking"
     mem = gpu.supported_memory_clocks_mhz()
     data: dict[str, Any] = {"memory_clocks_mhz": list(mem)}

@@ -40,9 +40,8 @@ def measure_power_w(
 ) -> tuple[float, int]:
     """Mean power (W) between the first and the last counter publish seen in ``window_s``
     (opened after ``settle_s``: power ramps after work starts), and how many publishes were
-    seen; ``busy`` is called before every poll to hold the device in the state measured.
-    DeviceError if the counter changed fewer than twice (no whole publish interval to divide
-    by) or went backwards."""
+    seen; ``busy`` is called before every poll. DeviceError if the counter changed fewer than
+    twice (no whole publish interval) or went backwards."""
     start = clock.now()
     while clock.now() - start < settle_s:
         if busy is not None:

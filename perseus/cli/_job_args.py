@@ -178,9 +178,8 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
 
 def job_from_args(args: argparse.Namespace) -> PlanningJob:
     """Load the profile and build the job (the blocking power defaults to the bundled value);
-    resolved values are written back to ``args``. A ConfigError (no profile or microbatch
-    count, a bad config, a job too large, no blocking power known) names the flag or config
-    key at fault."""
+    resolved values are written back to ``args``. A ConfigError names the flag or config key
+    at fault."""
     from perseus.io.bundled import default_blocking_power_w, load_profile, resolve_profile_path
 
     sources = _merge(args)
@@ -236,9 +235,8 @@ def job_from_args(args: argparse.Namespace) -> PlanningJob:
 
 
 def _blamed(message: str, sources: dict[str, str]) -> str:
-    """A job error that opens with a field's name (``layers_per_stage has 2 entries ...``, from
-    the two-clock checks), that name replaced by where its value came from: the flag, or
-    ``"<config>: key <name>"``."""
+    """A job error that opens with a field's name (``layers_per_stage has 2 entries ...``), that
+    name replaced by where its value came from (``sources``)."""
     name = message.partition(" ")[0].partition("[")[0]
     if name not in CONFIG_FIELDS:
         return message

@@ -1,8 +1,5 @@
-"""Progress bars for long CLI steps: a tqdm bar on a terminal, log lines (``-v``) otherwise.
-
-The bar's label follows the phases the library announces (:func:`perseus.log.phase`); a first
-solve in a fresh environment is labelled as the one-time compile of the solver kernels.
-"""
+"""Progress bars for long CLI steps: a tqdm bar on a terminal, log lines (``-v``) otherwise;
+the bar's label follows the phases the library announces (:func:`perseus.log.phase`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``perseus demo``: frontier, baselines, straggler what-if and report for the bundled GPT-3
-175B A100 profile (or ``--config``), no GPU needed.
-
-Where the solver's kernels are not compiled yet (no C compiler at install, nothing in numba's
-cache: :func:`~perseus.cli._progress.solver_kernels_cached`), the demo compiles them on a small
-job first (:func:`_compile_kernels`), and its printed time leaves that out.
-"""
+175B A100 profile (or ``--config``), no GPU needed."""
 
 from __future__ import annotations
 
@@ -137,8 +132,8 @@ def _took(started: float, compile_s: float) -> str:
 
 
 def _compile_kernels(job: PlanningJob, enabled: bool) -> float:
-    """Seconds spent compiling the solver kernels on a small 1F1B job of the same stages, 0
-    when they need no compiling."""
+    """Seconds spent compiling the solver kernels (when not built at install nor in numba's
+    cache) on a small 1F1B job of the same stages, so the demo's printed time leaves it out."""
     from perseus.cli._progress import solver_kernels_cached
     from perseus.job import make_job
     from perseus.solver import trace_frontier

@@ -106,11 +106,10 @@ class _Ended(BaseException):
 
 @contextlib.contextmanager
 def _resets_before_signal_ends() -> Iterator[None]:
-    """Within the block, a SIGTERM or SIGHUP that would end the process (default action) is
-    raised as :class:`_Ended`, so each check's reset runs (the clock-lock checks lock the clock
-    with no agent, no ownership claim and no watchdog: killed there, the GPU stayed locked);
-    then the process ends by that signal as before. Later signals during the resets are
-    ignored, so a second one cannot cut a reset short."""
+    """Within the block, a SIGTERM or SIGHUP that would end the process is raised as
+    :class:`_Ended`, so each check's reset runs (the lock checks have no agent or watchdog to
+    undo a lock), then the process ends by that signal; a second signal cannot cut a reset
+    short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -164,9 +163,8 @@ def diagnose(
     nvml_module: Any = None,
 ) -> dict[str, Any]:
     """Run every check; returns the report (what ``--json`` prints). Never raises for a
-    missing or failing GPU: that is what the report is for."""
-    from perseus.device import nvml as nvml_backend
-    from perseus.device.nvml import call_nvml
+    missing or failing GPU."""
+    from perseus.device.nvml import call_nvml, import_nvml
 
     report: dict[str, Any] = {
         "perseus": _version("perseus-energy"),
@@ -177,7 +175,7 @@ def diagnose(
         "simulated": None,
     }
     try:
-        nvml = nvml_module if nvml_module is not None else nvml_backend.import_nvml()
+        nvml = nvml_module if nvml_module is not None else import_nvml()
         call_nvml(nvml, "nvmlInit")
     except Exception as e:
         return _without_gpu(report, e)
@@ -383,9 +381,8 @@ def _gpu_checks(gpu: NvmlGPU, options: _Options, cuda: bool) -> list[Check]:
 
 
 def _running_owner(gpu: NvmlGPU) -> str | None:
-    """``"pid N owns this GPU (lock PATH)"`` when a live process (a training run's agent, a
-    recurring job) or one in another PID namespace is recorded as the GPU's owner; else None.
-    Reads the lock file only (never takes the lock)."""
+    """``"pid N owns this GPU (lock PATH)"`` when a live process, or one in another PID
+    namespace, is recorded as the GPU's owner; else None. Never takes the lock."""
     from perseus.device.ownership import recorded_owner
 
     try:

@@ -113,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_file(args.out)
     frontier = read_frontier(args.frontier)
-    if args.power_cap_w is not None or args.peak_power_w is not None:
+    by_power = args.power_cap_w is not None or args.peak_power_w is not None
+    if args.per_gpu and not by_power:
+        raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
+    if (args.off_frontier or args.profile is not None) and args.peak_power_w is None:
+        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
+    if by_power:
         point, lines = _pick_under_power(args, frontier)
     else:
         point, lines = _pick_by_time(args, frontier)
@@ -123,10 +128,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pick_by_time(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[str]]:
-    if args.per_gpu:
-        raise ConfigError("--per-gpu: only with --power-cap-w or --peak-power-w; drop it")
-    if args.off_frontier or args.profile is not None:
-        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
     from perseus.cli.export import select_point
 
     if args.slowdown is not None:
@@ -147,8 +148,6 @@ def _pick_by_time(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[st
 
 def _pick_under_power(args: argparse.Namespace, frontier: Any) -> tuple[Any, list[str]]:
     peak = args.peak_power_w is not None
-    if (args.off_frontier or args.profile is not None) and not peak:
-        raise ConfigError("--off-frontier/--profile: only with --peak-power-w; drop them")
     if args.profile is not None and not args.off_frontier:
         raise ConfigError("--profile: only with --off-frontier; add it or drop --profile")
     given = args.peak_power_w if peak else args.power_cap_w

@@ -107,7 +107,9 @@ def connect_store(address: str, timeout_s: float = 10.0) -> Any:
     """A client of the TCP store at ``HOST:PORT``, connected within ``timeout_s`` (ConfigError
     for a malformed address, PerseusError if nothing answers in time)."""
     host, port = _parse_address(address)
-    _quiet_torch_env()
+    # torch's C++ side logs each failed connection attempt to stderr (read when torch loads).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
     except ImportError as e:
@@ -151,12 +153,6 @@ def _probe(host: str, port: int, timeout_s: float, address: str) -> None:
         raise _unreachable(address, timeout_s, reason) from None
 
 
-def _quiet_torch_env() -> None:
-    # torch's C++ side logs each failed connection attempt to stderr (read when torch loads).
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
-
-
 @contextlib.contextmanager
 def _silenced_stderr_fd() -> Iterator[None]:
     """Send file descriptor 2 (C++ code writes there directly) to /dev/null, then restore it;
@@ -191,10 +187,9 @@ def await_ack(
     token: str,
     reader: str,
 ) -> int:
-    """Wait up to ``--wait-s`` for the running job to acknowledge ``token`` (``read()`` gives
-    the job's last acknowledgement and its iteration) and print which happened, ``what``
-    first: 0 when it did, 1 when no running job has read it (``reader`` says which jobs read
-    it, and when)."""
+    """Wait up to ``--wait-s`` for the job to acknowledge ``token`` (``read()``: its last
+    acknowledgement and iteration) and print ``what`` and the outcome: 0 when it did, 1 when
+    no running job has read it (``reader`` says which jobs read it, and when)."""
     if args.wait_s == 0:
         print(f"{what} (not waiting for the job's acknowledgement: --wait-s 0)")
         return 0

@@ -44,14 +44,11 @@ class ReportInputs:
     """What a report is built from.
 
     Attributes:
-        frontier: The frontier (its fastest and minimum-energy plans are the headline).
         job: The job the frontier was computed for; without it there is no timeline.
         baselines: Baseline plans by name (``perseus.solver.baseline_plans``).
         global_clock: One-clock-for-all plans, drawn as a curve.
         sweep: Straggler sweep cases (empty: no straggler plot), of ``pipelines`` pipelines.
-        measured: A run's predicted vs measured figures, if any.
-        title: The page's title and heading.
-        details: Extra rows for the job table (e.g. solve time, profile description).
+        details: Extra rows for the job table (e.g. solve time).
         notes: Lines shown at the end (e.g. why a plot is missing).
     """
 

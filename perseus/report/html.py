@@ -57,9 +57,8 @@ def render_html(
     measured: MeasuredRun | None = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The report page: ``images`` are PNG bytes by name (``frontier``, ``timeline``, ``power``,
-    ``straggler``; any may be absent), ``details`` the job table's rows, ``sweep`` the cases
-    tabled under the straggler plot, ``notes`` extra lines (e.g. why a plot is missing)."""
+    """The report page: ``images`` are PNG bytes by name (any of ``_FIGURES`` may be absent),
+    ``details`` the job table's rows."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -77,7 +76,14 @@ def render_html(
             img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(heading)}">'
             parts += [f"<h2>{heading}</h2>", img, f'<p class="note">{caption}</p>']
     if sweep:
-        parts.append(_sweep_table(sweep))
+        headers = [
+            "slowdown s",
+            "T′ (s)",
+            "plan time (s)",
+            "saving vs all-max",
+            "saving vs fastest",
+        ]
+        parts.append(_table(headers, [c.cells() for c in sweep]))
     if measured is not None:
         parts += ["<h2>Predicted vs measured</h2>", _measured_table(measured)]
     if notes:
@@ -140,12 +146,6 @@ def _plans_table(summary: Summary) -> str:
         for name, p in plans
     ]
     return _table(["plan", "time (s)", "energy (kJ)", "time vs all-max", "energy vs all-max"], rows)
-
-
-def _sweep_table(sweep: Sequence[StragglerCase]) -> str:
-    headers = ["slowdown s", "T′ (s)", "plan time (s)", "saving vs all-max", "saving vs fastest"]
-    rows = [c.cells() for c in sweep]
-    return _table(headers, rows)
 
 
 def _measured_table(measured: MeasuredRun) -> str:

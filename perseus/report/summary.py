@@ -76,7 +76,7 @@ def summarize(
     pipelines: int | None = None,
 ) -> Summary:
     """The report's figures of a frontier, its baselines and a straggler sweep (the case whose
-    factor is closest to 1.2). Complexity: O(K + B + F) for K points, B baselines, F cases."""
+    factor is closest to ``SUMMARY_STRAGGLER_FACTOR``)."""
     base = frontier.baseline
 
     def figures(point: PlanPoint | Any) -> PlanFigures:
@@ -149,8 +149,7 @@ class _PredictedMeasured(BaseModel):
 
 class MeasuredRun(BaseModel):
     """An emulated or real run's summary: the plan's predicted and measured figures (extra keys
-    ignored; ``kind``, ``job`` and ``allmax`` optional: ``kind`` must name a run's summary,
-    ``job`` and ``allmax`` are checked by :meth:`check_frontier` when present)."""
+    ignored; ``kind``, ``job`` and ``allmax`` optional)."""
 
     model_config = _LOOSE
 

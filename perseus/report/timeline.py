@@ -29,17 +29,8 @@ _MAX_TALL_ROWS = 64
 
 @dataclass(frozen=True, eq=False)
 class Timeline:
-    """One iteration of one plan, op by op (arrays indexed by DAG node).
-
-    Attributes:
-        label: Panel title (e.g. ``"All-max"``).
-        time_s, energy_j: The plan's iteration time and energy.
-        blocking_power_w: Power drawn while a rank waits.
-        num_ranks: Ranks (rows of the chart).
-        rank, kind: Per-op rank and kind code (0 F, 1 B, 2 W).
-        start_s, end_s: Per-op start and end.
-        power_w: Per-op average power (energy / time).
-    """
+    """One iteration of one plan, op by op: ``label`` is the panel's title, the arrays are
+    indexed by DAG node (``kind``: 0 F, 1 B, 2 W; ``power_w``: the op's average power)."""
 
     label: str
     time_s: float
@@ -80,8 +71,7 @@ def _rank_ops(tl: Timeline) -> list[IntArray]:
 
 
 def _idle_segments(tl: Timeline, ids: IntArray) -> list[tuple[float, float]]:
-    """(start, width) of every gap between 0 and the iteration's end on the rank that runs the
-    ops ``ids``."""
+    """(start, width) of every gap in the iteration on the rank that runs the ops ``ids``."""
     order = ids[np.argsort(tl.start_s[ids], kind="stable")]
     gaps = []
     t = 0.0
