@@ -143,9 +143,7 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     runs, whenever a rank is free, a ready ``B`` first, then an ``F`` if fewer than ``S - r``
     microbatches are in flight, then a pending ``W``.
 
-    Complexity: O(A log A) for A actions: a rank's choice depends only on its own state and
-    its neighbours' finished actions, so only the ranks next to the one that ran choose again,
-    and a heap gives the earliest choice.
+    Complexity: O(A log A) for A actions (a heap of the ranks' choices; see ``choice``).
     """
     _check_sizes(stages, microbatches)
     S, M = stages, microbatches

@@ -54,9 +54,13 @@ def _rank_freqs(job: PlanningJob, freqs_mhz: list[int]) -> IntArray:
     return out
 
 
+def _global_freqs(job: PlanningJob) -> list[IntArray]:
+    return [_rank_freqs(job, [f] * job.graph.num_ranks) for f in _all_clocks(job)]
+
+
 def global_clock_plans(job: PlanningJob) -> list[PlanPoint]:
     """One exact plan per profiled clock (every GPU at that clock), highest clock first."""
-    return [job.point(_rank_freqs(job, [f] * job.graph.num_ranks)) for f in _all_clocks(job)]
+    return [job.point(freqs) for freqs in _global_freqs(job)]
 
 
 def _per_stage_freqs(job: PlanningJob) -> IntArray:
@@ -116,11 +120,7 @@ def _envpipe_freqs(job: PlanningJob) -> IntArray:
 
 def baseline_freq_plans(job: PlanningJob) -> list[IntArray]:
     """Per-node clocks of every baseline: all-max, each global clock, per-stage, EnvPipe."""
-    plans = [job.allmax()]
-    plans.extend(_rank_freqs(job, [f] * job.graph.num_ranks) for f in _all_clocks(job))
-    plans.append(_per_stage_freqs(job))
-    plans.append(_envpipe_freqs(job))
-    return plans
+    return [job.allmax(), *_global_freqs(job), _per_stage_freqs(job), _envpipe_freqs(job)]
 
 
 def baseline_plans(job: PlanningJob) -> dict[str, PlanPoint]:

@@ -166,12 +166,8 @@ class _Segments:
 
 
 def _costs(jobs: Sequence[FleetJob]) -> list[FloatArray]:
-    """Each job's weight x slowdown per choice (its fastest time found once, not per choice)."""
-    out = []
-    for j in jobs:
-        fastest_s = j._fastest_s()
-        out.append(np.asarray([j.weight * (t / fastest_s - 1.0) for t in j.time_s], np.float64))
-    return out
+    """Each job's weight x slowdown per choice."""
+    return [j.weight * (np.asarray(j.time_s, np.float64) / j._fastest_s() - 1.0) for j in jobs]
 
 
 def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[int], _Segments]:

@@ -3,9 +3,8 @@
 The walk's time grows with the square of the microbatch count, but a schedule's middle is
 periodic: the same schedule with ``stages + FOLD_EXTRA_MICROBATCHES`` microbatches is walked,
 and each of its plans lifted rank by rank (the ends kept, the middle repeating the folded
-sequence's last period before its midpoint), also with every rank's period capped at the
-bottleneck's and sped up to keep its share of all-max time. Lifted plans are reclaimed and
-evaluated exactly, so every point is a real, exact plan, but no longer the full job's
+sequence's last period before its midpoint; :func:`lift_plans`). Lifted plans are reclaimed
+and evaluated exactly, so every point is a real, exact plan, but no longer the full job's
 relaxation optimum.
 
 Complexity: O(N·P) for the map (P periods tried), the walk on the folded job, and per lifted

@@ -12,7 +12,7 @@ How and why: ``docs/planning.md``. Complexity: O(B·(N + E)) in practice for B b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -301,22 +301,18 @@ def _select(
 ) -> list[PlanPoint]:
     """Search around the (reclaimed) candidates, evaluate, Pareto-filter and thin them
     (:func:`_thinned`)."""
-    types = model.node_type
     rec = np.unique(np.stack(cand), axis=0)  # reclaimed by every walk already: idempotent
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
-    times, energies = _evaluate_rows(job, model, rec)
+    figures = [
+        evaluate_many(job.graph, t, e, model.blocking_power_w) for _, t, e in _chunks(model, rec)
+    ]
+    times, energies = (np.concatenate(f) for f in zip(*figures, strict=True))
     kept = pareto_indices(times, energies).tolist()
     if gap > 0 and len(kept) > 2:
         kept = _thinned(kept, times, gap, allmax_time_s)
     points: list[PlanPoint] = []
-    for lo in range(0, len(kept), 64):
-        chunk = rec[kept[lo : lo + 64]]
-        evs = evaluations(
-            job.graph,
-            model.opt_time_s[types, chunk],
-            model.opt_energy_j[types, chunk],
-            blocking_power_w=model.blocking_power_w,
-        )
+    for chunk, t, e in _chunks(model, rec[kept]):
+        evs = evaluations(job.graph, t, e, blocking_power_w=model.blocking_power_w)
         for idx, ev in zip(chunk, evs, strict=True):
             freqs = job.nested(model.plan_ops(idx))
             points.append(PlanPoint(time_s=ev.time_s, energy_j=ev.energy_j, freqs_mhz=freqs))
@@ -339,20 +335,9 @@ def _thinned(kept: list[int], times: FloatArray, gap: float, allmax_time_s: floa
     return thinned
 
 
-def _evaluate_rows(
-    job: PlanningJob, model: CostModel, rows: IntArray
-) -> tuple[FloatArray, FloatArray]:
-    """Exact time and energy of each row of option indices (64 plans at a time: memory)."""
+def _chunks(model: CostModel, rows: IntArray) -> Iterator[tuple[IntArray, FloatArray, FloatArray]]:
+    """Rows of option indices 64 at a time (memory), with their per-node times and energies."""
     types = model.node_type
-    times = np.empty(len(rows))
-    energies = np.empty(len(rows))
     for lo in range(0, len(rows), 64):
         chunk = rows[lo : lo + 64]
-        t, e = evaluate_many(
-            job.graph,
-            model.opt_time_s[types, chunk],
-            model.opt_energy_j[types, chunk],
-            model.blocking_power_w,
-        )
-        times[lo : lo + 64], energies[lo : lo + 64] = t, e
-    return times, energies
+        yield chunk, model.opt_time_s[types, chunk], model.opt_energy_j[types, chunk]

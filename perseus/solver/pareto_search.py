@@ -36,7 +36,6 @@ def search_neighbours(
     Args:
         num_ranks: GPUs that draw blocking power while idle.
         plans: (K, N) option indices to start from.
-        work_budget: Node-and-edge visits the search may spend in all.
 
     Returns:
         The plans no other plan found dominates, sorted by time (every input plan is in it or

@@ -2,11 +2,8 @@
 
 At every instant a GPU running an op draws that op's power (its energy / time at the plan's
 clock; a two-clock op its mix's average), a GPU between ops the blocking power, as in the exact
-evaluator. :func:`power_timeline` builds the pipeline's summed power as a step function from the
-evaluator's op starts and ends; :func:`plan_power` summarises it: average (energy / time), peak,
-minimum, and the largest step change (ends and starts at one instant netted). The iteration is
-taken on its own. :func:`fastest_under_power` picks the fastest frontier point whose average
-(or peak) power fits a budget. Complexity: O(N log N) per plan (one sort of 2N events).
+evaluator; the iteration is taken on its own. Complexity: O(N log N) per plan (one sort of 2N
+events).
 """
 
 from __future__ import annotations
@@ -59,9 +56,7 @@ class PowerTimeline:
 
 
 def power_timeline(job: PlanningJob, point: PlanPoint) -> PowerTimeline:
-    """The summed power of ``job``'s ranks over one iteration of ``point`` (its integral is
-    the exact evaluator's energy). Complexity: O(N + E) plus an O(N log N) sort.
-    """
+    """The summed power of ``job``'s ranks over one iteration of ``point``."""
     return power_timelines(job, [point])[0]
 
 
@@ -89,7 +84,7 @@ def timeline_of(
     ranks: int,
 ) -> PowerTimeline:
     """The summed power step function from each op's start, end, time and energy; the
-    iteration ends at the last op's end. Complexity: O(N log N)."""
+    iteration ends at the last op's end."""
     block = blocking_power_w
     total_s = float(end_s.max())
     busy = op_time_s > 0
@@ -121,7 +116,7 @@ def timeline_of(
 
 def plan_power(job: PlanningJob, point: PlanPoint) -> PointPower:
     """Average (from the point's exact figures), peak and minimum summed power of ``point``,
-    and its largest step change."""
+    and its largest step change (ends and starts at one instant netted)."""
     return _point_power(point, power_timeline(job, point))
 
 
@@ -153,7 +148,7 @@ def fastest_under_power(
     measure: Literal["average", "peak"] = "average",
 ) -> PlanPoint:
     """The fastest point (then the lower energy) whose average (or peak) summed power is at
-    most ``budget_w``. Complexity: O(P) for P points.
+    most ``budget_w``.
 
     Raises:
         InfeasibleError: if no point fits, naming the lowest figure any point reaches.
@@ -202,8 +197,7 @@ class TimeShare:
 def time_share_under_power(points: Sequence[PlanPoint], budget_w: float) -> TimeShare | None:
     """The fastest mix of two plans, alternated across iterations, whose average power is at
     most ``budget_w``: where the line ``E = budget_w · t`` crosses the lower convex hull in
-    (time, energy). None when one plan is as fast, or when no plan fits. Complexity:
-    O(P log P) for P points.
+    (time, energy). None when one plan is as fast, or when no plan fits.
     """
     from perseus.solver.power_schedule import lower_hull_indices
 

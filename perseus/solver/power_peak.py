@@ -258,9 +258,7 @@ def fastest_under_peak(
     """The fastest plan whose peak summed power is at most ``budget_w`` (see module).
 
     Args:
-        job: The job the frontier ``points`` belong to.
-        points: Its frontier points (with power figures or without).
-        budget_w: The peak budget for the pipeline's summed power.
+        points: ``job``'s frontier points (with power figures or without).
         max_plans: Most plans ``"auto"`` enumerates.
         max_bases: Most frontier plans the search shaves from.
         bound_intervals: Intervals of the search's lower-bound LP (more: tighter, slower).

@@ -47,9 +47,7 @@ class PowerSchedule:
         busy_s: Per interval, the time its iterations take (the rest idles).
         energy_j: Their energy.
         idle_energy_j: The idle GPUs' energy over the rest of the interval.
-        iterations: ``N``.
-        deadline_s: ``D``.
-        idle_power_w: The job's summed idle power ``P0``.
+        iterations, deadline_s, idle_power_w: As given to :func:`schedule_plans`.
         cost: Total cost of the whole-iteration schedule, idle included (value × kWh).
         lp_cost: The exact fractional optimum (≤ ``cost``).
         baseline_index: The no-slowdown plan (the cheapest as fast as all-max).
