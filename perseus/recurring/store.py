@@ -153,8 +153,14 @@ class SQLStore:
         self._clock = clock
         self._lock = threading.RLock()
 
-    def _connection(self) -> Any:
+    def _connect(self) -> Any:
+        """A new connection, its schema created or migrated."""
         raise NotImplementedError
+
+    def _connection(self) -> Any:
+        if self._con is None or self._pid != os.getpid():
+            self._con, self._pid = self._connect(), os.getpid()
+        return self._con
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
@@ -395,16 +401,13 @@ class SQLiteStore(SQLStore):
         con.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         return con
 
-    def _connection(self) -> sqlite3.Connection:
-        con: sqlite3.Connection | None = self._con
-        if con is None or self._pid != os.getpid():
-            with self._errors():
-                con = self._open(self.busy_timeout_s)
-                con.execute("PRAGMA journal_mode = WAL")
-                con.execute("PRAGMA synchronous = NORMAL")
-                self._migrate(con)
-                con.execute("PRAGMA foreign_keys = ON")
-            self._con, self._pid = con, os.getpid()
+    def _connect(self) -> sqlite3.Connection:
+        with self._errors():
+            con = self._open(self.busy_timeout_s)
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = NORMAL")
+            self._migrate(con)
+            con.execute("PRAGMA foreign_keys = ON")
         return con
 
     def _migrate(self, con: sqlite3.Connection) -> None:
