@@ -177,9 +177,8 @@ class BatchSizeOptimizer:
     def decide_from(
         self, tally: HistoryTally, rng: np.random.Generator, *, pending: Sequence[int] = ()
     ) -> Decision:
-        """:meth:`decide` from a :class:`HistoryTally` of the history instead of the history:
-        O(len(batch_sizes)²) whatever the history's length (the trace replay decides after
-        every run of a growing history)."""
+        """:meth:`decide` from a :class:`HistoryTally` of the history: O(len(batch_sizes)²)
+        whatever the history's length."""
         if tally.policy is not self:
             raise ConfigError("decide_from: the tally was made by another policy")
         tried = tally.tried | set(pending)
@@ -266,9 +265,8 @@ class BatchSizeOptimizer:
 
 class HistoryTally:
     """What :meth:`BatchSizeOptimizer.decide` reads of a history, kept one run at a time
-    (:meth:`add`, O(1)) for :meth:`BatchSizeOptimizer.decide_from`: for a caller that appends
-    to one history and decides after each run (the trace replay), so that each decision does
-    not re-read every run before it. The bandit's means and spreads are running sums
+    (:meth:`add`, O(1)), so that a caller deciding after each run of a growing history (the
+    trace replay) does not re-read it. The bandit's means and spreads are running sums
     (Welford's for the spread), equal to :meth:`~BatchSizeOptimizer.decide`'s up to float
     rounding; the rest is exact.
     """

@@ -145,9 +145,8 @@ def replay_optimizer(
     profile_share: float = 1.0,
     policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
-    """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
-    The optimizer decides from a :class:`~perseus.recurring.policy.HistoryTally` kept run by
-    run (O(batch sizes²) a run); another policy is handed the whole history each run.
+    """The batch-size optimizer (or another ``policy``, handed the whole history each run)
+    with the JIT power-limit profiler.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
