@@ -89,7 +89,7 @@ class RecurringStore(Protocol):
     """What a recurring job needs from its database (SQLite here; PostgreSQL for clusters)."""
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create the job, or check that ``config`` matches the stored one."""
+        """Create the job, or :class:`ConfigError` if it is stored with another ``config``."""
 
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         """Atomically: expire dead runs, ``decide`` from history and pending runs, record the
@@ -264,7 +264,6 @@ class SQLStore:
             self._x(con, _ABANDON.format("seq"), (reason, now, row["seq"]))
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create ``job``, or :class:`ConfigError` if it is stored with another config."""
         text = json.dumps(dict(config), sort_keys=True)
         with self._write() as con:
             self._x(
