@@ -5,7 +5,6 @@ unchanged). A file without one still reads; it is logged as unchecked.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -31,23 +30,20 @@ def gpu_record_path(profile_path: str | os.PathLike[str]) -> Path:
     return p.with_name(f"{p.stem}.gpu.json")
 
 
-def read_gpu_record(profile_path: str | os.PathLike[str], text: str) -> GpuIdentity | None:
-    """The GPU record of the profile at ``profile_path`` whose content is ``text``; None,
-    logged as unchecked, when there is none.
+def read_gpu_record(profile_path: str | os.PathLike[str]) -> GpuIdentity | None:
+    """The GPU record beside the CSV profile at ``profile_path``; None, logged as unchecked,
+    when there is none.
 
     Raises:
         ProfileError: a record that is not valid, naming its file and field.
     """
-    p = Path(profile_path)
-    where, raw = p, None
-    if p.suffix.lower() == ".json":
-        raw = json.loads(text).get("gpu")
-    elif (where := gpu_record_path(p)).is_file():
+    where, raw = gpu_record_path(profile_path), None
+    if where.is_file():
         raw = read_json_document(
             where, "the GPU record written with the profile", ProfileError, _MAX_BYTES
         )
     if raw is None:
-        return note_missing_gpu_record(p, None)
+        return note_missing_gpu_record(profile_path, None)
     try:
         return GpuIdentity.model_validate(raw)
     except ValidationError as e:

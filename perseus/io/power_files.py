@@ -8,7 +8,7 @@ import itertools
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Literal
@@ -160,9 +160,7 @@ def read_signal(*paths: str | os.PathLike[str]) -> Signal:
     aligned: list[SignalSeries] = []
     for s, cols in ((s1, c1), (s2, c2)):
         at = np.searchsorted(s, union, side="right") - 1
-        aligned += [
-            SignalSeries(c.column, c.quantity, c.unit, c.basis, c.values_per_kwh[at]) for c in cols
-        ]
+        aligned += [replace(c, values_per_kwh=c.values_per_kwh[at]) for c in cols]
     origin = None if common is None else common + timedelta(seconds=float(start))
     return Signal(union - start, tuple(aligned), origin)
 
@@ -453,8 +451,7 @@ def schedule_json(
         origin_utc=origin,
         intervals=(),
         segments=(),
-    ).model_dump(mode="json")
-    del head["intervals"], head["segments"]
+    ).model_dump(mode="json", exclude={"intervals", "segments"})
     # One interval per line, written by json's C encoder (indent= would use the Python one).
     text = json.dumps(head, indent=1, allow_nan=False)[: -len("\n}")]
     lines = ",\n  ".join(json.dumps(r, allow_nan=False) for r in records)

@@ -95,12 +95,12 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
     p = Path(path)
     text = _read_text(p)
     if p.suffix.lower() != ".json" and _is_phase_csv(text):
-        return _phase_profile(p, text).profile.with_gpu(read_gpu_record(p, text))
+        return _phase_profile(p, text).profile.with_gpu(read_gpu_record(p))
     if p.suffix.lower() == ".json":
         rows, gpu = _parse_json(p, text)  # the text is parsed twice (syntax, schema), not again
         gpu = note_missing_gpu_record(p, gpu)
     else:
-        rows, gpu = _parse_csv(p, text), read_gpu_record(p, text)
+        rows, gpu = _parse_csv(p, text), read_gpu_record(p)
     profile = build_profile(rows, source=str(p), gpu=gpu)
     logger.debug("read profile %s: %d stages, %d rows", p, profile.num_stages, len(rows))
     return profile

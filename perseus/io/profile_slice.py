@@ -15,7 +15,7 @@ from perseus.profile.model import Profile, ProfileRow, build_profile
 __all__ = ["slice_profile"]
 
 
-def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profile:
+def slice_profile(profile: Profile, stages: int) -> Profile:
     """``profile`` re-cut to ``stages`` stages.
 
     Raises:
@@ -24,16 +24,16 @@ def slice_profile(profile: Profile, stages: int, name: str = "stages") -> Profil
     """
     old = profile.num_stages
     if stages < 1:
-        raise ConfigError(f"`{name}`: must be >= 1, got {stages}")
+        raise ConfigError(f"`stages`: must be >= 1, got {stages}")
     if stages >= old and stages % old:
         raise ConfigError(
-            f"`{name}`: {stages} stages is more than the profile's {old} and not a multiple of "
+            f"`stages`: {stages} stages is more than the profile's {old} and not a multiple of "
             f"it; pass a multiple of {old} (each stage split evenly) or at most {old}"
         )
     if stages >= old:
         rows, how = _split(profile, stages), "split"
     else:
-        rows, how = _merge(profile, stages, name), "merged"
+        rows, how = _merge(profile, stages), "merged"
     sliced = build_profile(rows, source=f"{profile.source} ({how} to {stages} stages)")
     return sliced.with_gpu(profile.gpu)  # still that GPU's measurements
 
@@ -48,7 +48,7 @@ def _split(profile: Profile, stages: int) -> list[ProfileRow]:
     ]
 
 
-def _merge(profile: Profile, stages: int, name: str) -> list[ProfileRow]:
+def _merge(profile: Profile, stages: int) -> list[ProfileRow]:
     old = profile.num_stages
     rows: list[ProfileRow] = []
     for new in range(stages):
@@ -60,7 +60,7 @@ def _merge(profile: Profile, stages: int, name: str) -> list[ProfileRow]:
             common = set.intersection(*(set(options) for options in by_clock))
             if not common:
                 raise ConfigError(
-                    f"`{name}` {stages}: stages {block.start}..{block.stop - 1} of "
+                    f"`stages` {stages}: stages {block.start}..{block.stop - 1} of "
                     f"{profile.source} share no {kind.profile_name} clock; cannot merge them"
                 )
             for freq, mem in sorted(common, key=lambda c: (-c[0], -(c[1] or 0))):

@@ -66,18 +66,20 @@ class Observation:
 def evidence(history: Sequence[Observation]) -> list[Observation]:
     """Every finished run, and each streak of :data:`MAX_PREEMPTIONS` preemptions of one
     size as one failed run (its last preemption); shorter streaks are left out. O(n)."""
-    out: list[Observation] = []
     streak: dict[int, int] = {}
-    for o in history:
-        if not o.preempted:
-            streak.pop(o.batch_size, None)
-            out.append(o)
-            continue
-        streak[o.batch_size] = streak.get(o.batch_size, 0) + 1
-        if streak[o.batch_size] >= MAX_PREEMPTIONS:  # now a failed run (idempotent)
-            streak.pop(o.batch_size)
-            out.append(replace(o, preempted=False, reached=False))
-    return out
+    return [e for o in history if (e := _as_evidence(o, streak)) is not None]
+
+
+def _as_evidence(o: Observation, streak: dict[int, int]) -> Observation | None:
+    """``o`` as :func:`evidence` counts it, given (and updating) each size's preemption streak."""
+    if not o.preempted:
+        streak.pop(o.batch_size, None)
+        return o
+    streak[o.batch_size] = streak.get(o.batch_size, 0) + 1
+    if streak[o.batch_size] < MAX_PREEMPTIONS:
+        return None
+    streak.pop(o.batch_size)  # now a failed run (idempotent)
+    return replace(o, preempted=False, reached=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +177,8 @@ class BatchSizeOptimizer:
     def decide_from(
         self, tally: HistoryTally, rng: np.random.Generator, *, pending: Sequence[int] = ()
     ) -> Decision:
-        """:meth:`decide` from a :class:`HistoryTally` of the history instead of the history:
-        O(len(batch_sizes)²) whatever the history's length (the trace replay decides after
-        every run of a growing history)."""
+        """:meth:`decide` from a :class:`HistoryTally` of the history: O(len(batch_sizes)²)
+        whatever the history's length."""
         if tally.policy is not self:
             raise ConfigError("decide_from: the tally was made by another policy")
         tried = tally.tried | set(pending)
@@ -264,9 +265,8 @@ class BatchSizeOptimizer:
 
 class HistoryTally:
     """What :meth:`BatchSizeOptimizer.decide` reads of a history, kept one run at a time
-    (:meth:`add`, O(1)) for :meth:`BatchSizeOptimizer.decide_from`: for a caller that appends
-    to one history and decides after each run (the trace replay), so that each decision does
-    not re-read every run before it. The bandit's means and spreads are running sums
+    (:meth:`add`, O(1)), so that a caller deciding after each run of a growing history (the
+    trace replay) does not re-read it. The bandit's means and spreads are running sums
     (Welford's for the spread), equal to :meth:`~BatchSizeOptimizer.decide`'s up to float
     rounding; the rest is exact.
     """
@@ -288,15 +288,10 @@ class HistoryTally:
 
     def add(self, o: Observation) -> None:
         """Count ``o``, the history's next run (a preemption as :func:`evidence` counts it)."""
-        if o.preempted:
-            streak = self._streak[o.batch_size] = self._streak.get(o.batch_size, 0) + 1
-            if streak < MAX_PREEMPTIONS:
-                return
-            self._streak.pop(o.batch_size)
-            o = replace(o, preempted=False, reached=False)
-        else:
-            self._streak.pop(o.batch_size, None)
-        b = o.batch_size
+        counted = _as_evidence(o, self._streak)
+        if counted is None:
+            return
+        o, b = counted, counted.batch_size
         self.runs += 1
         self.tried.add(b)
         if o.reached:  # as arm_costs: a failed run is penalised against the best so far

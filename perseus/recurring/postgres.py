@@ -119,18 +119,16 @@ class PostgresStore(SQLStore):
         self.conninfo = conninfo
         self.connect_timeout_s = connect_timeout_s
 
-    def _connection(self) -> Any:
-        if self._con is None or self._pid != os.getpid():
-            con = connect(
-                self.conninfo, timeout_s=self.connect_timeout_s, lock_timeout_s=self.busy_timeout_s
-            )
-            try:
-                self._migrate(con)
-            except BaseException:
-                con.close()
-                raise
-            self._con, self._pid = con, os.getpid()
-        return self._con
+    def _connect(self) -> Any:
+        con = connect(
+            self.conninfo, timeout_s=self.connect_timeout_s, lock_timeout_s=self.busy_timeout_s
+        )
+        try:
+            self._migrate(con)
+        except BaseException:
+            con.close()
+            raise
+        return con
 
     def _migrate(self, con: Any) -> None:
         with self._transaction(con):

@@ -98,8 +98,8 @@ def _run(
     *,
     cost_limit: float | None,
     profile_share: float,
-) -> tuple[float, float, bool, bool, int]:
-    """Replay one run: ``(energy_j, time_s, reached, started, epochs)``."""
+) -> tuple[float, float, float, bool, bool, int]:
+    """Replay one run: ``(energy_j, time_s, cost, reached, started, epochs)``."""
     paths = workload.paths[batch_size]
     target = paths[int(rng.integers(len(paths)))]
     epoch = workload.epochs[(batch_size, power_limit_w)]
@@ -120,10 +120,11 @@ def _run(
         )
     epochs = target if target is not None and target <= budget else budget
     if epochs == 0:
-        return 0.0, 0.0, False, False, 0
+        return 0.0, 0.0, 0.0, False, False, 0
     energy = e_first + epoch.energy_j * (epochs - 1)
     time_s = t_first + epoch.time_s * (epochs - 1)
-    return energy, time_s, target is not None and target <= budget, True, epochs
+    cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
+    return energy, time_s, cost, target is not None and target <= budget, True, epochs
 
 
 def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
@@ -144,9 +145,8 @@ def replay_optimizer(
     profile_share: float = 1.0,
     policy: BatchSizePolicy | None = None,
 ) -> PolicyRun:
-    """The batch-size optimizer (or another ``policy``) with the JIT power-limit profiler.
-    The optimizer decides from a :class:`~perseus.recurring.policy.HistoryTally` kept run by
-    run (O(batch sizes²) a run); another policy is handed the whole history each run.
+    """The batch-size optimizer (or another ``policy``, handed the whole history each run)
+    with the JIT power-limit profiler.
 
     Raises:
         InfeasibleError: if a recurrence needs more than 50 runs to reach the target.
@@ -156,23 +156,22 @@ def replay_optimizer(
     history: list[Observation] = []
     # The optimizer's own decide (not a subclass's) reads the history through a tally: each
     # run's decision re-read every run before it, O(N^2) over N recurrences.
-    optimizer: BatchSizeOptimizer | None = None
+    tally = None
     if isinstance(policy, BatchSizeOptimizer) and type(policy).decide is BatchSizeOptimizer.decide:
-        optimizer = policy
-    tally = optimizer.tally() if optimizer is not None else None
+        tally = policy.tally()
     profiled: dict[int, int] = {}
     runs: list[RunRecord] = []
     for rec in range(recurrences):
         for tries in range(_MAX_TRIES):
-            if optimizer is not None and tally is not None:
-                decision = optimizer.decide_from(tally, rng)
+            if tally is not None:
+                decision = tally.policy.decide_from(tally, rng)
             else:
                 decision = policy.decide(history, rng)
             bs = decision.batch_size
             cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
-            energy, time_s, reached, started, epochs = _run(
+            energy, time_s, cost, reached, started, epochs = _run(
                 workload,
                 bs,
                 pl,
@@ -183,7 +182,6 @@ def replay_optimizer(
             )
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
-            cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
             observation = Observation(bs, pl, energy, time_s, cost, reached, epochs)
             if tally is not None:
                 tally.add(observation)
@@ -222,10 +220,9 @@ def replay_fixed(
     runs: list[RunRecord] = []
     for rec in range(recurrences):
         while True:
-            energy, time_s, reached, _, _ = _run(
+            energy, time_s, cost, reached, _, _ = _run(
                 workload, batch_size, power_limit_w, eta, rng, cost_limit=None, profile_share=0.0
             )
-            cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
             runs.append(
                 RunRecord(rec, batch_size, power_limit_w, energy, time_s, cost, reached, phase)
             )

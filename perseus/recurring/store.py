@@ -89,7 +89,7 @@ class RecurringStore(Protocol):
     """What a recurring job needs from its database (SQLite here; PostgreSQL for clusters)."""
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create the job, or check that ``config`` matches the stored one."""
+        """Create the job, or :class:`ConfigError` if it is stored with another ``config``."""
 
     def begin_run(self, job: str, decide: Decide) -> StartedRun:
         """Atomically: expire dead runs, ``decide`` from history and pending runs, record the
@@ -153,8 +153,14 @@ class SQLStore:
         self._clock = clock
         self._lock = threading.RLock()
 
-    def _connection(self) -> Any:
+    def _connect(self) -> Any:
+        """A new connection, its schema created or migrated."""
         raise NotImplementedError
+
+    def _connection(self) -> Any:
+        if self._con is None or self._pid != os.getpid():
+            self._con, self._pid = self._connect(), os.getpid()
+        return self._con
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
@@ -258,7 +264,6 @@ class SQLStore:
             self._x(con, _ABANDON.format("seq"), (reason, now, row["seq"]))
 
     def register_job(self, job: str, config: Mapping[str, Any]) -> None:
-        """Create ``job``, or :class:`ConfigError` if it is stored with another config."""
         text = json.dumps(dict(config), sort_keys=True)
         with self._write() as con:
             self._x(
@@ -395,16 +400,13 @@ class SQLiteStore(SQLStore):
         con.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         return con
 
-    def _connection(self) -> sqlite3.Connection:
-        con: sqlite3.Connection | None = self._con
-        if con is None or self._pid != os.getpid():
-            with self._errors():
-                con = self._open(self.busy_timeout_s)
-                con.execute("PRAGMA journal_mode = WAL")
-                con.execute("PRAGMA synchronous = NORMAL")
-                self._migrate(con)
-                con.execute("PRAGMA foreign_keys = ON")
-            self._con, self._pid = con, os.getpid()
+    def _connect(self) -> sqlite3.Connection:
+        with self._errors():
+            con = self._open(self.busy_timeout_s)
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA synchronous = NORMAL")
+            self._migrate(con)
+            con.execute("PRAGMA foreign_keys = ON")
         return con
 
     def _migrate(self, con: sqlite3.Connection) -> None:
