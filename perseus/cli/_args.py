@@ -222,9 +222,15 @@ def add_output_arg(
 ) -> None:
     """``-o/--out/--output``: required unless ``default`` is given."""
     parser.add_argument(
-        "-o", "--out", "--output", dest="out", required=default is None, default=default,
-        metavar=metavar, help=help,
-    )  # fmt: skip
+        "-o",
+        "--out",
+        "--output",
+        dest="out",
+        required=default is None,
+        default=default,
+        metavar=metavar,
+        help=help,
+    )
 
 
 def add_store_command(

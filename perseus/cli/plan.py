@@ -176,7 +176,9 @@ def _power_point(
     try:
         if peak and args.off_frontier:
             return _off_frontier(args, frontier, budget_w)
-        point = fastest_under_power(frontier.points, budget_w, measure="peak" if peak else "average")  # fmt: skip
+        point = fastest_under_power(
+            frontier.points, budget_w, measure="peak" if peak else "average"
+        )
     except InfeasibleError as e:
         if not peak:
             raise
@@ -202,7 +204,9 @@ def _power_point(
     ]
 
 
-def _off_frontier(args: argparse.Namespace, frontier: Any, budget_w: float) -> tuple[Any, list[str]]:  # fmt: skip
+def _off_frontier(
+    args: argparse.Namespace, frontier: Any, budget_w: float
+) -> tuple[Any, list[str]]:
     from perseus.cli._job_args import job_from_frontier
     from perseus.solver.power_peak import fastest_under_peak
 

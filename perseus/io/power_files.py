@@ -500,9 +500,11 @@ def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:
     """
     p = Path(path)
     doc = read_json_document(
-        p, "a schedule JSON written by `perseus plan schedule`", PlanError,
+        p,
+        "a schedule JSON written by `perseus plan schedule`",
+        PlanError,
         limit_bytes=INPUT_LIMITS["schedule"],
-    )  # fmt: skip
+    )
     try:
         return ScheduleFile.model_validate(doc)
     except ValidationError as e:

@@ -37,7 +37,7 @@ from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.timing import CounterMark
 from perseus.runtime.drift import DriftMonitor, agree_iteration, ops_to_profile
 from perseus.runtime.emulation import DeviceRun, EmulatedGPU, start_emulation
-from perseus.runtime.engines.base import EngineAdapter, ManualEngine
+from perseus.runtime.engines.base import EngineAdapter, adapter_for
 from perseus.runtime.planning import (
     OnlineProfile,
     PlanContext,
@@ -99,19 +99,8 @@ class RankSession:
         options: SessionOptions | None = None,
     ) -> None:
         options = options if options is not None else SessionOptions()
-        if isinstance(engine, Schedule):
-            if rank is None:
-                raise ConfigError("RankSession(schedule, rank, ...): pass this process's rank")
-            engine = ManualEngine(engine, rank, options.group)
-        elif rank is not None and rank != engine.rank:
-            raise ConfigError(
-                f"rank={rank} differs from the engine adapter's rank {engine.rank}; drop rank="
-            )
+        engine = adapter_for(engine, rank, options.group)
         schedule = engine.schedule
-        if not 0 <= engine.rank < schedule.num_ranks:
-            raise ConfigError(
-                f"rank {engine.rank} is out of range: the schedule has {schedule.num_ranks} ranks"
-            )
         self._emulated = gpu if isinstance(gpu, EmulatedGPU) else None
         self.source = plan_source(plan)
         if isinstance(self.source, OnlineProfile) and options.power_schedule is not None:
@@ -189,9 +178,13 @@ class RankSession:
                 from perseus.runtime.power.runtime import attach_power
 
                 self.power = attach_power(
-                    self, o.power_schedule, o.power_store, forecast=o.power_forecast,
-                    realised=o.power_realised, objective=o.power_objective,
-                )  # fmt: skip
+                    self,
+                    o.power_schedule,
+                    o.power_store,
+                    forecast=o.power_forecast,
+                    realised=o.power_realised,
+                    objective=o.power_objective,
+                )
         except BaseException:
             self.close()
             raise
@@ -445,10 +438,9 @@ class RankSession:
             end_s, mj = end.resolve() if isinstance(end, CounterMark) else end
             self._last_mark = (end_s, mj)
         energy_j = (mj - e0) / 1000.0
-        stats = agree_iteration(
-            ended, (t0, own_end_s, end_s), energy_j, delivery, self._run.take_overruns(),
-            (self.rank, self.schedule.num_ranks, self.group),
-        )  # fmt: skip
+        times, who = (t0, own_end_s, end_s), (self.rank, self.schedule.num_ranks, self.group)
+        overruns = self._run.take_overruns()
+        stats = agree_iteration(ended, times, energy_j, delivery, overruns, who)
         self.history.append(stats)
         if len(self.history) >= 2 * self.options.history_kept:  # one cut per `kept` iterations
             del self.history[: -self.options.history_kept]
@@ -547,12 +539,18 @@ class RankSession:
             return
         o = self.options
         agent = RankAgent(
-            frontier, self.gpu, self.rank, point_index=point_index, measure_op_energy=False,
-            watchdog=o.watchdog, handle_signals=o.handle_signals, events=o.events,
+            frontier,
+            self.gpu,
+            self.rank,
+            point_index=point_index,
+            measure_op_energy=False,
+            watchdog=o.watchdog,
+            handle_signals=o.handle_signals,
+            events=o.events,
             clock=clock_of(self.gpu, o.clock),  # the device's timeline, when it has one
             # Times a two-clock op's mid-op switch from the profile the plan was made for.
             op_time_s=profiled_op_time_s(self.job.profile) if self.job is not None else None,
-        )  # fmt: skip
+        )
         agent.start()
         self._agent = agent
 

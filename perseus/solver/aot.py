@@ -47,7 +47,7 @@ __all__ = [
 #: The extension module ``setup.py`` builds.
 MODULE = "perseus.solver._kernels"
 #: The modules the kernels are built from: a change to any of them needs a new build.
-SOURCES = ("aot", "cut_network", "plan_kernels", "compiled")
+SOURCES = ("aot", "cut_network", "cut_capacities", "plan_kernels", "compiled")
 
 # Argument types: (dtype, ndim) for a C-contiguous writable array, a name for a scalar, a
 # tuple of them for a tuple.

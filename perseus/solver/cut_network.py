@@ -94,7 +94,7 @@ def _log_change(k, changed):
 @jit_noalloc
 def _cancel(
     x, amount, toward_sink, sink_or_source, ptr, to, twin, is_fwd, res, stack_n, stack_a, changed
-):  # fmt: skip
+):
     """Remove ``amount`` of flow passing through ``x`` on its way to the sink (or from the
     source), following arcs that carry flow. The flow is acyclic (the network is a DAG), so
     this ends at the terminal. A forward slot holds its arc's residual, the twin its flow."""
@@ -133,9 +133,24 @@ def _cancel(
 
 @jit_noalloc
 def set_capacity(
-    k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res, source, sink, stack_n,
-    stack_a, changed,
-):  # fmt: skip
+    k,
+    new_cap,
+    a_src,
+    a_dst,
+    capa,
+    ptr,
+    to,
+    twin,
+    is_fwd,
+    fs,
+    rs,
+    res,
+    source,
+    sink,
+    stack_n,
+    stack_a,
+    changed,
+):
     """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it (the
     slots changed are noted in ``changed``, :func:`search_arrays`' last)."""
     flow = res[rs[k]]
@@ -352,7 +367,7 @@ def _move(a, b, res, seen_res, twin):
 
 
 @jit_inline
-def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):  # fmt: skip
+def _adopt(ptr, to, twin, res, tree, parent, dist, stamp, queued, queue, orphans, counters):
     """Give each orphan a new parent in its tree whose chain reaches the root along residual
     arcs (the nearest to the root), or free it: its tree neighbours that had an arc to it are
     searched again and its children become orphans."""

@@ -106,9 +106,14 @@ def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
     lp = _floor_lp(job, build_cost_model(job))
     bounds = [(0.0, None)] * (lp.num_vars - 1) + [(0.0, float(deadline_s))]
     res = linprog(
-        lp.cost, A_ub=lp.a_ub, b_ub=lp.b_ub, A_eq=lp.a_eq, b_eq=lp.b_eq, bounds=bounds,
+        lp.cost,
+        A_ub=lp.a_ub,
+        b_ub=lp.b_ub,
+        A_eq=lp.a_eq,
+        b_eq=lp.b_eq,
+        bounds=bounds,
         method="highs",
-    )  # fmt: skip
+    )
     if res.status == 2:
         raise InfeasibleError(f"no plan, even mixing clocks, finishes within {deadline_s:.6g} s")
     if res.status != 0:
@@ -117,9 +122,14 @@ def lp_energy_floor_j(job: PlanningJob, deadline_s: float) -> float:
 
 
 def _peak_feasible(
-    job: PlanningJob, lp: _FloorLP, head: FloatArray, tail: FloatArray, budget_w: float,
-    time_s: float, intervals: int,
-) -> bool:  # fmt: skip
+    job: PlanningJob,
+    lp: _FloorLP,
+    head: FloatArray,
+    tail: FloatArray,
+    budget_w: float,
+    time_s: float,
+    intervals: int,
+) -> bool:
     """Whether the peak LP (module docstring) has a solution with makespan at most ``time_s``."""
     g = job.graph
     width = time_s / intervals
@@ -134,10 +144,15 @@ def _peak_feasible(
     tau_col = n0 + np.arange(n_tau)
     # Σ_j τ_ikj − λ_ik t_ik = 0
     link = sp.csr_array(
-        (np.concatenate([np.ones(n_tau), -lp.lam_t]),
-         (np.concatenate([tau_lam, np.arange(node.size)]), np.concatenate([tau_col, np.arange(node.size)]))),
+        (
+            np.concatenate([np.ones(n_tau), -lp.lam_t]),
+            (
+                np.concatenate([tau_lam, np.arange(node.size)]),
+                np.concatenate([tau_col, np.arange(node.size)]),
+            ),
+        ),
         shape=(node.size, n0 + n_tau),
-    )  # fmt: skip
+    )
     power = sp.csr_array((excess_w[tau_lam], (tau_j, tau_col)), shape=(intervals, n0 + n_tau))
     rank_row = g.rank[node[tau_lam]] * intervals + tau_j
     busy = sp.csr_array(
@@ -147,21 +162,35 @@ def _peak_feasible(
     a_eq = sp.vstack([sp.hstack([lp.a_eq, sp.csr_array((lp.b_eq.size, n_tau))]), link])
     excess_budget_w = budget_w - job.blocking_power_w * g.num_ranks
     b_ub = np.concatenate(
-        [lp.b_ub, np.full(intervals, excess_budget_w * width), np.full(g.num_ranks * intervals, width)]
-    )  # fmt: skip
+        [
+            lp.b_ub,
+            np.full(intervals, excess_budget_w * width),
+            np.full(g.num_ranks * intervals, width),
+        ]
+    )
     b_eq = np.concatenate([lp.b_eq, np.zeros(node.size)])
     bounds = [(0.0, None)] * (n0 - 1) + [(0.0, time_s)] + [(0.0, None)] * n_tau
     res = linprog(
-        np.zeros(n0 + n_tau), A_ub=sp.csr_array(a_ub), b_ub=b_ub, A_eq=sp.csr_array(a_eq),
-        b_eq=b_eq, bounds=bounds, method="highs-ipm",
-    )  # fmt: skip
+        np.zeros(n0 + n_tau),
+        A_ub=sp.csr_array(a_ub),
+        b_ub=b_ub,
+        A_eq=sp.csr_array(a_eq),
+        b_eq=b_eq,
+        bounds=bounds,
+        method="highs-ipm",
+    )
     return bool(res.status != 2)  # only a proof of infeasibility counts
 
 
 def lp_peak_time_bound_s(
-    job: PlanningJob, budget_w: float, upper_s: float, *, intervals: int = 64,
-    rel_tol: float = 1e-3, max_time_vars: int = 2_000_000,
-) -> float:  # fmt: skip
+    job: PlanningJob,
+    budget_w: float,
+    upper_s: float,
+    *,
+    intervals: int = 64,
+    rel_tol: float = 1e-3,
+    max_time_vars: int = 2_000_000,
+) -> float:
     """A lower bound on the time of any plan of ``job`` whose peak summed power is at most
     ``budget_w``: the largest makespan, bisected between the fastest plan's and ``upper_s`` to
     ``rel_tol``, at which the peak LP has no solution. Large jobs get fewer ``intervals`` (at

@@ -108,17 +108,35 @@ def reclaim_kernel(
     work = np.empty((4, plans.shape[1]))
     for p in range(plans.shape[0]):
         _reclaim_row(
-            order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t,
-            out[p], work,
-        )  # fmt: skip
+            order,
+            pred_ptr,
+            pred_idx,
+            pred_lat,
+            succ_ptr,
+            succ_idx,
+            succ_lat,
+            node_type,
+            opt_t,
+            out[p],
+            work,
+        )
     return out
 
 
 @_jit
 def tighten_kernel(
-    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, plans,
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    plans,
     targets_s,
-):  # fmt: skip
+):
     """Each row of ``plans`` (K, N), sped up until it finishes by ``targets_s[k]``.
 
     A round moves every critical op not at its fastest option one option faster, until the
@@ -176,17 +194,39 @@ def evaluate_kernel(
     work = np.empty((3, n))
     for p in range(k_plans):
         time_s[p], energy_j[p] = _time_and_energy(
-            order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks,
-            plans[p], work,
-        )  # fmt: skip
+            order,
+            pred_ptr,
+            pred_idx,
+            pred_lat,
+            node_type,
+            opt_t,
+            opt_c,
+            power_ranks,
+            plans[p],
+            work,
+        )
     return time_s, energy_j
 
 
 @_jit
 def neighbour_kernel(
-    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, opt_c,
-    num_opts, power_ranks, plans, archive_t, archive_e, pairs,
-):  # fmt: skip
+    order,
+    pred_ptr,
+    pred_idx,
+    pred_lat,
+    succ_ptr,
+    succ_idx,
+    succ_lat,
+    node_type,
+    opt_t,
+    opt_c,
+    num_opts,
+    power_ranks,
+    plans,
+    archive_t,
+    archive_e,
+    pairs,
+):
     """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
     dominate (to a relative 1e-12).
 
@@ -231,9 +271,18 @@ def _try_move(topo, costs, plan, i, k, j, kj, row, work, kept):
     row[i] = k
     row[j] = kj
     _reclaim_row(
-        order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat,
-        node_type, opt_t, row, work,
-    )  # fmt: skip
+        order,
+        pred_ptr,
+        pred_idx,
+        pred_lat,
+        succ_ptr,
+        succ_idx,
+        succ_lat,
+        node_type,
+        opt_t,
+        row,
+        work,
+    )
     t, e = _time_and_energy(
         order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
     )

@@ -81,9 +81,12 @@ class _Clocks:
         table = np.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=np.float64)
         time_s, energy_j = table[:, :, 1], table[:, :, 2]
         return cls(
-            table[:, :, 0].astype(np.int64), time_s, energy_j, energy_j / time_s,
+            table[:, :, 0].astype(np.int64),
+            time_s,
+            energy_j,
+            energy_j / time_s,
             np.array([len(r) for r in rows], dtype=np.int64),
-        )  # fmt: skip
+        )
 
     def index_of(self, freqs_mhz: IntArray) -> IntArray:
         """Column of each node's clock."""
@@ -94,7 +97,9 @@ class _Clocks:
         out: IntArray = self.freq_mhz[np.arange(index.size), index]
         return out
 
-    def moved_times_s(self, job: PlanningJob, index: IntArray, nodes: IntArray, step: int) -> FloatArray:  # fmt: skip
+    def moved_times_s(
+        self, job: PlanningJob, index: IntArray, nodes: IntArray, step: int
+    ) -> FloatArray:
         """The makespan of plan ``index`` with each of ``nodes`` in turn ``step`` clocks lower."""
         trial = np.tile(self.time_s[np.arange(index.size), index], (nodes.size, 1))
         trial[np.arange(nodes.size), nodes] = self.time_s[nodes, index[nodes] + step]
@@ -107,7 +112,9 @@ def _priced(job: PlanningJob, freqs: IntArray) -> PlanPoint:
     return point.model_copy(update={"power": plan_power(job, point)})
 
 
-def _peak_of(job: PlanningJob, clocks: _Clocks, index: IntArray) -> tuple[float, PowerTimeline, FloatArray, FloatArray]:  # fmt: skip
+def _peak_of(
+    job: PlanningJob, clocks: _Clocks, index: IntArray
+) -> tuple[float, PowerTimeline, FloatArray, FloatArray]:
     """Makespan, power timeline, op starts and ends of the plan ``index``."""
     rows = np.arange(index.size)
     t, e = clocks.time_s[rows, index], clocks.energy_j[rows, index]
@@ -116,7 +123,15 @@ def _peak_of(job: PlanningJob, clocks: _Clocks, index: IntArray) -> tuple[float,
     return float(end.max()), tl, start, end
 
 
-def _lowering(job: PlanningJob, clocks: _Clocks, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray) -> tuple[int | None, int]:  # fmt: skip
+def _lowering(
+    job: PlanningJob,
+    clocks: _Clocks,
+    index: IntArray,
+    lo: float,
+    hi: float,
+    start: FloatArray,
+    end: FloatArray,
+) -> tuple[int | None, int]:
     """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
     (ties: the larger power drop, then the lower node; None if none can go lower), and the
     plans timed."""
@@ -202,11 +217,17 @@ def _exhaustive(
 
 
 def _search(
-    job: PlanningJob, clocks: _Clocks, priced: Sequence[PlanPoint], budget_w: float,
-    best: PlanPoint | None, max_bases: int,
-) -> tuple[PlanPoint | None, int, float]:  # fmt: skip
+    job: PlanningJob,
+    clocks: _Clocks,
+    priced: Sequence[PlanPoint],
+    budget_w: float,
+    best: PlanPoint | None,
+    max_bases: int,
+) -> tuple[PlanPoint | None, int, float]:
     """Shave from frontier plans faster than ``best``; below every one, a uniform power level."""
-    faster = sorted((p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s)  # fmt: skip
+    faster = sorted(
+        (p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s
+    )
     step = max(1, math.ceil(len(faster) / max_bases))  # evenly spread, from the fastest
     timed = 0
     for base in faster[::step]:
@@ -301,6 +322,9 @@ def _frontier_pick(
     job: PlanningJob, points: Sequence[PlanPoint], budget_w: float
 ) -> tuple[list[PlanPoint], PlanPoint | None]:
     """The points with their power figures, and the fastest whose peak fits (or None)."""
-    priced = [p if p.power is not None else p.model_copy(update={"power": plan_power(job, p)}) for p in points]  # fmt: skip
+    priced = [
+        p if p.power is not None else p.model_copy(update={"power": plan_power(job, p)})
+        for p in points
+    ]
     fits = [p for p in priced if p.power is not None and p.power.peak_power_w <= budget_w]
     return priced, min(fits, key=lambda p: (p.time_s, p.energy_j)) if fits else None

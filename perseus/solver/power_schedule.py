@@ -91,7 +91,9 @@ class PowerSchedule:
         busy_end = self.starts_s + self.busy_s
         run_s = np.clip(np.minimum(b_s, busy_end) - np.maximum(a_s, self.starts_s), 0.0, None)
         idle_s = np.clip(np.minimum(b_s, self.ends_s) - np.maximum(a_s, busy_end), 0.0, None)
-        run_w = np.divide(self.energy_j, self.busy_s, out=np.zeros_like(self.busy_s), where=self.busy_s > 0)  # fmt: skip
+        run_w = np.divide(
+            self.energy_j, self.busy_s, out=np.zeros_like(self.busy_s), where=self.busy_s > 0
+        )
         out: FloatArray = run_w * run_s + self.idle_power_w * idle_s
         return out
 
@@ -290,16 +292,26 @@ def schedule_plans(
     idle_j = idle_power_w * np.maximum(prob.d - busy, 0.0)
     no_slow = _no_slowdown(times, energies, baseline_time_s)
     return PowerSchedule(
-        starts_s=bounds[:-1], ends_s=bounds[1:], values=prob.v,
-        fast_index=fast_i, fast_iterations=fast_n, slow_index=slow_i, slow_iterations=slow_n,
-        busy_s=busy, energy_j=energy, idle_energy_j=idle_j,
-        iterations=iterations, deadline_s=deadline_s, idle_power_w=idle_power_w,
-        cost=float(np.sum(prob.v * (energy + idle_j))) / J_PER_KWH, lp_cost=lp_cost,
+        starts_s=bounds[:-1],
+        ends_s=bounds[1:],
+        values=prob.v,
+        fast_index=fast_i,
+        fast_iterations=fast_n,
+        slow_index=slow_i,
+        slow_iterations=slow_n,
+        busy_s=busy,
+        energy_j=energy,
+        idle_energy_j=idle_j,
+        iterations=iterations,
+        deadline_s=deadline_s,
+        idle_power_w=idle_power_w,
+        cost=float(np.sum(prob.v * (energy + idle_j))) / J_PER_KWH,
+        lp_cost=lp_cost,
         baseline_index=no_slow,
         baseline_cost=_back_to_back_cost(
             times[no_slow], energies[no_slow], bounds, prob.v, iterations, idle_power_w
         ),
-    )  # fmt: skip
+    )
 
 
 def _no_slowdown(times: FloatArray, energies: FloatArray, baseline_time_s: float | None) -> int:

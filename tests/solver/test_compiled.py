@@ -143,11 +143,12 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed, log_slots):
 
 
 _SIGNATURES = """
-from perseus.solver import compiled, cut_network, trace
+from perseus.solver import compiled, cut_capacities, cut_network, trace
 from tests.solver.conftest import small_job
 trace(small_job("1f1b", 3, 5, seed=2))
 helpers = [compiled._apply, compiled._emit, cut_network._cancel, cut_network.set_capacity]
-helpers += [compiled._price_op, compiled._set_op_capacities, compiled._forward_again]
+helpers += [cut_capacities._price_op, cut_capacities._set_op_capacities]
+helpers += [compiled._forward_again]
 print([len(h.signatures) for h in helpers])
 """
 

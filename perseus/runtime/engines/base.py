@@ -22,6 +22,7 @@ __all__ = [
     "EngineAdapter",
     "ManualEngine",
     "OpContextFactory",
+    "adapter_for",
     "attach_hooks",
     "check_engine_version",
     "refuse_eval",
@@ -69,6 +70,29 @@ class ManualEngine:
     def attach(self, op: OpContextFactory, in_iteration: Callable[[], bool]) -> Callable[[], None]:
         """Nothing to hook: the caller enters ``session.op`` itself."""
         return lambda: None
+
+
+def adapter_for(engine: EngineAdapter | Schedule, rank: int | None, group: Any) -> EngineAdapter:
+    """``engine``, or a :class:`ManualEngine` for a bare schedule and ``rank``; the rank checked.
+
+    Raises:
+        ConfigError: a bare schedule without ``rank``, an adapter with another one, or a rank
+            out of the schedule's range.
+    """
+    if isinstance(engine, Schedule):
+        if rank is None:
+            raise ConfigError("RankSession(schedule, rank, ...): pass this process's rank")
+        engine = ManualEngine(engine, rank, group)
+    elif rank is not None and rank != engine.rank:
+        raise ConfigError(
+            f"rank={rank} differs from the engine adapter's rank {engine.rank}; drop rank="
+        )
+    if not 0 <= engine.rank < engine.schedule.num_ranks:
+        raise ConfigError(
+            f"rank {engine.rank} is out of range: the schedule has "
+            f"{engine.schedule.num_ranks} ranks"
+        )
+    return engine
 
 
 def attach_hooks(hooks: AbstractContextManager[Any]) -> Callable[[], None]:

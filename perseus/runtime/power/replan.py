@@ -115,9 +115,13 @@ class Replanner:
     ) -> None:
         self.points = frontier.points
         self.original = schedule_plans(
-            self.points, starts_s, forecast, iterations=schedule.iterations,
-            deadline_s=schedule.deadline_s, idle_power_w=schedule.idle_power_w,
-        )  # fmt: skip
+            self.points,
+            starts_s,
+            forecast,
+            iterations=schedule.iterations,
+            deadline_s=schedule.deadline_s,
+            idle_power_w=schedule.idle_power_w,
+        )
         if not _same(self.original, schedule):
             raise ConfigError(
                 "forecast: the schedule was not made from this signal (its plans differ from "
@@ -202,10 +206,14 @@ class Replanner:
             return None
         try:
             new = schedule_plans(
-                self.points, self.starts_s, self.values, iterations=left,
-                deadline_s=self.original.deadline_s, idle_power_w=self.original.idle_power_w,
+                self.points,
+                self.starts_s,
+                self.values,
+                iterations=left,
+                deadline_s=self.original.deadline_s,
+                idle_power_w=self.original.idle_power_w,
                 from_s=from_s,
-            )  # fmt: skip
+            )
         except InfeasibleError as e:
             _log.warning("re-plan at %.6g s skipped, the schedule in force stays: %s", elapsed_s, e)
             return None

@@ -193,8 +193,11 @@ class PowerRuntime:
         _log.info(
             "power schedule: re-planned %d iterations at %.6g s (interval %d's realised value "
             "differs from the forecast): stated cost %.6g",
-            new.iterations, elapsed_s, self.replanner.replans[-1].interval, new.cost,
-        )  # fmt: skip
+            new.iterations,
+            elapsed_s,
+            self.replanner.replans[-1].interval,
+            new.cost,
+        )
 
     def scheduled_index(self, iteration: int) -> int:
         """The plan the schedule gives session iteration ``iteration`` (pure)."""

@@ -19,7 +19,6 @@ import numpy.typing as npt
 
 from perseus.dag.graph import BoolArray, FloatArray, IntArray
 from perseus.solver.compiled import (
-    _BUDGET,
     _MAX_NEWTON,
     _MAX_STALL,
     DONE_FASTEST,
@@ -31,6 +30,7 @@ from perseus.solver.compiled import (
     S_LAST_EMIT,
     S_STALLED,
 )
+from perseus.solver.cut_capacities import _BUDGET
 from perseus.solver.cut_network import INF_CAP
 from perseus.solver.paths import Topology
 from tests.solver.oracles.maxflow import minimal_source_side
@@ -118,8 +118,8 @@ class _Walk:
         return float(np.cumsum(op_cost)[-1]) if op_cost.size else 0.0
 
     def _price(self, end: FloatArray, late_finish: FloatArray) -> None:
-        """The critical ops and their prices (as ``compiled._update_network`` marks them and
-        ``compiled._price_op`` prices them)."""
+        """The critical ops and their prices (as ``cut_capacities._update_network`` marks them and
+        ``cut_capacities._price_op`` prices them)."""
         ht, hs, _, nh = self.hull
         r, dv, tol = self._rows, self.dur, self.tol
         self._crit = (late_finish - end) <= 100.0 * tol
