@@ -37,7 +37,8 @@ class FleetMember:
         weight: The value of one unit of the job's progress.
         gpus: The job's GPUs (a multiple of the frontier's ranks; default: the ranks).
         lease_s: The job loses its share this long after its last read; a started member
-            that reads again after that registers again (its share comes with the next plan).
+            that reads again after that registers again (its share comes with the next plan;
+            meanwhile, its lowest-power plan).
         clock: The wall clock (tests inject one).
     """
 
@@ -69,7 +70,8 @@ class FleetMember:
         self._lapsed = False
 
     def start(self) -> FleetMember:
-        """Register (or re-register) the job; its first plan comes with the next re-solve."""
+        """Register (or re-register) the job; its first plan comes with the next re-solve, and
+        until then it runs its lowest-power plan."""
         self.registry.register(self.job, lease_s=self.lease_s)
         self._started, self._answered_s = True, self._clock.now()
         return self
@@ -94,7 +96,7 @@ class FleetMember:
         if CAP_KEY in keys:
             if self._retry_at is None or self._clock.now() >= self._retry_at:
                 self._read_plan()
-            return self.assignment is not None
+            return self.assignment is not None or self._started
         return ACK_KEY in keys and bool(self._ack)
 
     def _read_plan(self) -> None:
@@ -133,11 +135,14 @@ class FleetMember:
         if key == ACK_KEY:
             return self._ack
         a = self.assignment
-        if key != CAP_KEY or a is None:
+        if key != CAP_KEY or (a is None and not self._started):
             raise ConfigError(f"fleet member {self.name!r}: no value under {key!r}")
-        if self._lapsed:  # its lease ran out unrenewed: the plan's power may be the others'
+        # No share of its own yet (joined, or joined again), or its lease ran out unrenewed
+        # (the plan's power may be the others'): the lowest-power plan, not an uncapped one.
+        if a is None or self._lapsed:
             lowest_w = min(self.job.average_power_w) / self.replicas * (1 + _CAP_SLACK)
-            return f"{lowest_w!r} pipeline lapsed-{a.epoch}".encode()
+            token = "pending" if a is None else f"lapsed-{a.epoch}"
+            return f"{lowest_w!r} pipeline {token}".encode()
         cap_w = a.cap_w / self.replicas * (1 + _CAP_SLACK)
         return f"{cap_w!r} pipeline {a.epoch}".encode()
 

@@ -92,7 +92,9 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
 ) -> None:
     """A job paused past its lease (a long checkpoint) is expired by the planner; at its next
     read it registers again and gets a share of the next plan, instead of running uncapped on
-    power the plan gave the others."""
+    power the plan gave the others. Until a plan gives it a share (joined, or joined again),
+    it runs its lowest-power plan: it ran uncapped."""
+    from perseus.fleet.member import _CAP_SLACK
     from perseus.runtime.power.cap import CAP_KEY
 
     _, _, frontier = small
@@ -101,6 +103,13 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
     with FleetRegistry(url, clock=clock) as planner:
         member = FleetMember(url, "a", frontier, lease_s=30.0, clock=clock).start()
         other = FleetMember(url, "b", frontier, lease_s=600.0, clock=clock).start()
+        # Joined, before the planner's first plan: the lowest-power plan (per replica)
+        lowest_w = min(p.avg_power_w for p in frontier.points) * (1 + _CAP_SLACK)
+        lowest = f"{lowest_w!r} pipeline pending".encode()
+        assert member.check([CAP_KEY]) and member.get(CAP_KEY) == lowest
+        idle = FleetMember(url, "c", frontier, clock=clock)  # not started: no cap of its own
+        assert not idle.check([CAP_KEY])
+        idle.registry.close()
         planner.set_budget(2 * min(p.avg_power_w for p in frontier.points) * 1.5)
         assert planner.replan() == 1
         assert member.check([CAP_KEY]) and other.check([CAP_KEY])
@@ -108,7 +117,9 @@ def test_a_live_member_whose_lease_ran_out_joins_again(
         other.check([CAP_KEY])
         assert planner.replan() == 2
         assert planner.assignment("a") is None
-        assert not member.check([CAP_KEY])  # no plan yet: it registered again
+        # no share yet (it registered again): its lowest-power plan, not an uncapped one
+        assert member.check([CAP_KEY]) and member.assignment is None
+        assert member.get(CAP_KEY) == lowest
         assert {m.name: m.status for m in planner.status()[2]} == {"a": "running", "b": "running"}
         assert planner.replan() == 3
         assert member.check([CAP_KEY]) and member.assignment is not None
