@@ -18,7 +18,7 @@ from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.agent.readback import REASON_TEXT, ClockDelivery
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum
 from perseus.runtime.session_types import EndedIteration
-from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause
+from perseus.runtime.summary import DRIFT_TOLERANCE, IterationStats, drift_cause, waited_share
 from perseus.schedule.actions import Kind, Schedule
 
 __all__ = [
@@ -48,26 +48,27 @@ def agree_iteration(
 ) -> IterationStats:
     """An ended iteration's figures, agreed over the pipeline in one all-reduce: energy, held
     ops (by reason) and host overruns summed, the longest rank's window as the pipeline's time
-    (each rank's in its own slot of the sum). ``span_s``: this rank's start, last op's end and
+    and the longest compute time as its ops' own (each rank's in its own slot of the sum). ``span_s``: this rank's start, last op's end and
     end; ``ranks``: this rank, the pipeline's ranks and its group."""
     rank, num_ranks, group = ranks
     start_s, own_end_s, end_s = span_s
     held = delivery.held if delivery is not None else ()
     by_reason = [float(sum(1 for h in held if r in h.reasons)) for r in _REASONS]
-    windows = [0.0] * num_ranks
+    windows = [0.0] * (2 * num_ranks)  # per rank: its window, then its compute time
     windows[rank] = float(end_s - start_s)
+    compute_s = windows[num_ranks + rank] = max(0.0, own_end_s - start_s)
     energy, held_sum, overruns, *rest = all_reduce_sum(
         [float(energy_j), float(len(held)), float(host_overruns), *by_reason, *windows], group
     )
-    reasons = rest[: len(_REASONS)]
+    reasons, spans = rest[: len(_REASONS)], rest[len(_REASONS) :]
     point = ended.frontier.points[ended.point_index] if ended.frontier is not None else None
     return IterationStats(
         iteration=ended.iteration,
         phase="profile" if ended.profiling else "run",
         point_index=None if ended.profiling else ended.point_index,
-        time_s=max(rest[len(_REASONS) :]),
+        time_s=max(spans[:num_ranks]),
         energy_j=energy_j,
-        compute_time_s=max(0.0, own_end_s - start_s),
+        compute_time_s=compute_s,
         pipeline_energy_j=energy,
         predicted_time_s=None if point is None else point.time_s,
         predicted_energy_j=None if point is None else point.energy_j,
@@ -76,6 +77,7 @@ def agree_iteration(
         pipeline_held_ops=round(held_sum),
         held_reasons=tuple(r for r, n in zip(_REASONS, reasons, strict=True) if n > 0),
         host_overruns=round(overruns),
+        pipeline_compute_time_s=max(spans[num_ranks:]),
     )
 
 
@@ -168,6 +170,7 @@ class DriftMonitor:
             return False
         self._reported = True
         stale = not any(s.pipeline_held_ops or s.host_overruns for s in self._streak)
+        stale = stale and waited_share(self._streak) is None  # a straggler: not the profile
         reprofile = stale and self._reprofile
         self._reprofile = self._reprofile and not reprofile  # a re-plan's drift is not chased
         if self._rank == 0:

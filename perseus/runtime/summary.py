@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from perseus.plan import Frontier
 from perseus.runtime.agent.readback import HeldOp, describe_reasons
 
-__all__ = ["DRIFT_TOLERANCE", "IterationStats", "RunSummary", "drift_cause", "summarize"]
+__all__ = [
+    "DRIFT_TOLERANCE",
+    "IterationStats",
+    "RunSummary",
+    "drift_cause",
+    "summarize",
+    "waited_share",
+]
 
 #: Measured time or energy further than this from the prediction: the run drifts from its plan.
 DRIFT_TOLERANCE = 0.05
@@ -30,6 +37,10 @@ class IterationStats:
         time_s: The pipeline's iteration: the longest of its ranks' windows.
         energy_j: This rank's GPU energy over the iteration.
         compute_time_s: From the start to the end of this rank's last action.
+        pipeline_compute_time_s: The longest of its ranks' ``compute_time_s``: ``time_s``
+            less the time after the pipeline's last op (the optimizer step, the data-parallel
+            all-reduce, waiting for a slower pipeline), which the plan does not predict (None:
+            not agreed).
         pipeline_energy_j: All the pipeline's ranks' energy over the iteration.
         predicted_time_s: The deployed point's iteration time (None while profiling).
         predicted_energy_j: The deployed point's energy of the whole pipeline.
@@ -56,6 +67,7 @@ class IterationStats:
     pipeline_held_ops: int = 0
     held_reasons: tuple[str, ...] = ()
     host_overruns: int = 0
+    pipeline_compute_time_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +125,33 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
             f"{overruns} host overruns in emulation (the CPU computes ops slower than the "
             "simulated GPU runs them)"
         )
+    elif (after := waited_share(runs)) is not None:
+        cause = (
+            f"{after:.1%} of the time came after the pipeline's last op (a slower data-parallel "
+            "pipeline, or the optimizer step); the ops themselves ran as planned"
+        )
     else:
         cause = off
     return "these figures do not measure the plan: " + cause
+
+
+def waited_share(runs: Sequence[IterationStats]) -> float | None:
+    """The mean share of ``runs``' time after the pipeline's last op when its ops' own time
+    is on the prediction (within :data:`DRIFT_TOLERANCE`) and that share is beyond it, else
+    None: a pipeline that waits for a straggler is off its plan's time, not its plan."""
+    own = [
+        (
+            s.pipeline_compute_time_s / s.predicted_time_s - 1.0,
+            1.0 - s.pipeline_compute_time_s / s.time_s,
+        )
+        for s in runs
+        if s.predicted_time_s and s.pipeline_compute_time_s is not None and s.time_s > 0
+    ]
+    if not own or len(own) < len(runs):
+        return None
+    off = statistics.fmean(o[0] for o in own)
+    after = statistics.fmean(o[1] for o in own)
+    return after if abs(off) <= DRIFT_TOLERANCE and after > DRIFT_TOLERANCE else None
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:

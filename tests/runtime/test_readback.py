@@ -370,6 +370,35 @@ def test_drift_cause_names_held_clocks_overruns_or_a_stale_profile():
     assert stale is not None and "time -50.0% and energy -70.0%" in stale
 
 
+def test_a_pipeline_waiting_for_a_straggler_is_not_profiled_again(caplog):
+    """A data-parallel peer 1.3x slower holds this pipeline's iterations 30 % over its plan
+    while its own ops run as planned: the drift is said with that cause, and an online-profiled
+    session does not profile every op again (it did: no op drifted, so all were swept)."""
+    monitor = DriftMonitor(0, reprofile=True)
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.session"):
+        said = [
+            monitor.update(_stats(i, 1.3, 120.0, pipeline_compute_time_s=1.01)) for i in range(5)
+        ]
+    assert said == [False] * 5
+    (record,) = caplog.records
+    assert "22.3% of the time came after the pipeline's last op" in record.message
+    assert "profiling again" not in record.message
+    # Its own ops off the plan as well: the profile is stale, whatever the wait.
+    stale = DriftMonitor(0, reprofile=True)
+    assert [stale.update(_stats(i, 1.3, 120.0, pipeline_compute_time_s=1.2)) for i in range(3)][-1]
+
+
+def test_the_ranks_agree_on_the_pipelines_own_time():
+    from perseus.runtime.drift import agree_iteration
+    from perseus.runtime.session_types import EndedIteration
+
+    ended = EndedIteration(4, (0.0, 0), None, None, False, 0, None)
+    # rank 1 of 3, alone in this process: its window is 1.5 s, its last op ends at 1.2 s
+    stats = agree_iteration(ended, (0.25, 1.45, 1.75), 10.0, None, 0, (1, 3, None))
+    assert (stats.time_s, stats.compute_time_s) == (1.5, 1.2)
+    assert stats.pipeline_compute_time_s == 1.2
+
+
 def test_the_summary_says_when_its_figures_do_not_measure_the_plan():
     from tests.runtime.plans import tiny_plan
 
