@@ -133,7 +133,7 @@ def _set_op_capacities(v, topo, paths, crit, deadline, crit_tol, scale, tie_unit
     arcs = ((v, op_cap), (n + v, term_cap), (2 * n + v, term_cap))  # op, 2 terminals
     for k, new in (*arcs, (3 * n + n_edges + v, src_cap), (4 * n + n_edges + v, snk_cap)):
         if capa[k] != new:
-            ok &= _set_arc(k, new, flow)
+            ok &= _set_capacity(k, new, flow)
     return ok
 
 
@@ -156,7 +156,7 @@ def _set_edge_capacities(topo, paths, crit, crit_tol, was_crit, full, flow):
             if crit[v] & crit[w] & (late_start[w] - (end[v] + succ_lat[e]) <= crit_tol):
                 c = _INF_CAP
             if capa[3 * n + e] != c:
-                ok &= _set_arc(3 * n + e, c, flow)
+                ok &= _set_capacity(3 * n + e, c, flow)
     return ok
 
 
@@ -241,31 +241,3 @@ def _min_cut(net, capa, res, ok, trees, side):
         trees[-1][0] = -1  # every slot changed
     n_net = ptr.size - 1  # _augment writes every entry of side
     return _augment(n_net - 2, n_net - 1, ptr, to, twin, res, trees, side)
-
-
-@_jit_inline
-def _set_arc(k, new, flow):
-    """Arc ``k``'s capacity set to ``new`` on ``flow``'s network; False when a cancellation
-    overflowed its stack."""
-    net, capa, res, stack_n, stack_a, changed = flow
-    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
-    source, sink = ptr.size - 3, ptr.size - 2  # 2n and 2n + 1: the network has 2n + 2 nodes
-    return _set_capacity(
-        k,
-        new,
-        a_src,
-        a_dst,
-        capa,
-        ptr,
-        to,
-        twin,
-        is_fwd,
-        fs,
-        rs,
-        res,
-        source,
-        sink,
-        stack_n,
-        stack_a,
-        changed,
-    )

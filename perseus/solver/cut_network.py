@@ -132,27 +132,14 @@ def _cancel(
 
 
 @jit_noalloc
-def set_capacity(
-    k,
-    new_cap,
-    a_src,
-    a_dst,
-    capa,
-    ptr,
-    to,
-    twin,
-    is_fwd,
-    fs,
-    rs,
-    res,
-    source,
-    sink,
-    stack_n,
-    stack_a,
-    changed,
-):
-    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it (the
-    slots changed are noted in ``changed``, :func:`search_arrays`' last)."""
+def set_capacity(k, new_cap, cut):
+    """Give forward arc ``k`` capacity ``new_cap``, first cancelling any flow above it; False
+    when a cancellation overflowed its stack. ``cut``: ``(network, capa, res, stack_n,
+    stack_a, changed)``, the network :func:`build_network`'s, the slots changed noted in
+    ``changed`` (:func:`search_arrays`' last)."""
+    net, capa, res, stack_n, stack_a, changed = cut
+    a_src, a_dst, ptr, to, twin, is_fwd, fs, rs = net
+    source, sink = ptr.size - 3, ptr.size - 2  # 2n and 2n + 1: the network has 2n + 2 nodes
     flow = res[rs[k]]
     if flow > new_cap:
         over = flow - new_cap

@@ -71,11 +71,11 @@ backward_pass = ahead_of_time("backward_pass", _backward)
 
 
 @_jit
-def _reclaim_row(
-    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, row, work
-):
-    """Slack reclaiming (:mod:`perseus.solver.reclaim`) of one plan, in place; ``work`` is
-    (4, N) scratch. Returns the plan's makespan (unchanged by reclaiming)."""
+def _reclaim_row(topo, node_type, opt_t, row, work):
+    """Slack reclaiming (:mod:`perseus.solver.reclaim`) of one plan, in place; ``topo`` is
+    ``(order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)``, ``work`` (4, N)
+    scratch. Returns the plan's makespan (unchanged by reclaiming)."""
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat = topo
     n = row.size
     start, end, dur, late_start = work[0], work[1], work[2], work[3]
     for v in range(n):
@@ -106,20 +106,9 @@ def reclaim_kernel(
     """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of every row of ``plans`` (K, N)."""
     out = plans.copy()
     work = np.empty((4, plans.shape[1]))
+    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
     for p in range(plans.shape[0]):
-        _reclaim_row(
-            order,
-            pred_ptr,
-            pred_idx,
-            pred_lat,
-            succ_ptr,
-            succ_idx,
-            succ_lat,
-            node_type,
-            opt_t,
-            out[p],
-            work,
-        )
+        _reclaim_row(topo, node_type, opt_t, out[p], work)
     return out
 
 
@@ -170,10 +159,10 @@ def tighten_kernel(
 
 
 @_jit
-def _time_and_energy(
-    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
-):
-    """Makespan and energy (``Σ effective cost + P·R·T``) of one plan; ``work`` is (3+, N)."""
+def _time_and_energy(preds, node_type, opt_t, opt_c, power_ranks, row, work):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of one plan; ``preds`` is ``(order,
+    pred_ptr, pred_idx, pred_lat)``, ``work`` (3+, N) scratch."""
+    order, pred_ptr, pred_idx, pred_lat = preds
     cost = 0.0
     dur = work[2]
     for v in range(row.size):
@@ -194,10 +183,7 @@ def evaluate_kernel(
     work = np.empty((3, n))
     for p in range(k_plans):
         time_s[p], energy_j[p] = _time_and_energy(
-            order,
-            pred_ptr,
-            pred_idx,
-            pred_lat,
+            (order, pred_ptr, pred_idx, pred_lat),
             node_type,
             opt_t,
             opt_c,
@@ -262,7 +248,6 @@ def _try_move(topo, costs, plan, i, k, j, kj, row, work, kept):
     """``plan`` with op ``i`` at option ``k`` and op ``j`` at ``kj`` (``j == i``: one op),
     reclaimed, appended to ``kept`` = (plans, time_s, energy_j, count) unless the archive
     dominates it; returns the new ``kept``."""
-    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat = topo
     node_type, opt_t, opt_c, power_ranks, archive_t, archive_e = costs
     out, out_t, out_e, n_out = kept
     n = plan.size
@@ -270,22 +255,8 @@ def _try_move(topo, costs, plan, i, k, j, kj, row, work, kept):
         row[v] = plan[v]
     row[i] = k
     row[j] = kj
-    _reclaim_row(
-        order,
-        pred_ptr,
-        pred_idx,
-        pred_lat,
-        succ_ptr,
-        succ_idx,
-        succ_lat,
-        node_type,
-        opt_t,
-        row,
-        work,
-    )
-    t, e = _time_and_energy(
-        order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, row, work
-    )
+    _reclaim_row(topo, node_type, opt_t, row, work)
+    t, e = _time_and_energy(topo[:4], node_type, opt_t, opt_c, power_ranks, row, work)
     a = np.searchsorted(archive_t, t * (1 + 1e-12), side="right") - 1
     if a >= 0 and archive_e[a] <= e * (1 + 1e-12):
         return kept

@@ -112,10 +112,8 @@ def test_warm_started_min_cut_matches_scipy_after_every_change(seed, log_slots):
         # Change a random handful of capacities (up and down), as a walk iteration does.
         for k in rng.choice(np.flatnonzero(usable), size=min(6, int(usable.sum())), replace=False):
             new_cap = np.int64(rng.integers(0, 20))
-            ok = cut_network.set_capacity(
-                k, new_cap, a_src, a_dst, capa, ptr, to, twin, is_fwd, fs, rs, res,
-                source, sink, *stack, search[-1],
-            )  # fmt: skip
+            network = (a_src, a_dst, ptr, to, twin, is_fwd, fs, rs)
+            ok = cut_network.set_capacity(k, new_cap, (network, capa, res, *stack, search[-1]))
             assert ok
         side[:] = False
         assert cut_network.augment(source, sink, ptr, to, twin, res, search, side)
