@@ -50,7 +50,7 @@ MODULE = "perseus.solver._kernels"
 SOURCES = ("aot", "cut_network", "cut_capacities", "plan_kernels", "compiled")
 
 # Argument types: (dtype, ndim) for a C-contiguous writable array, a name for a scalar, a
-# tuple of them for a tuple.
+# tuple of them for a tuple (of arrays, scalars or both).
 _I1, _F1, _I2, _F2, _B1 = ("int64", 1), ("float64", 1), ("int64", 2), ("float64", 2), ("bool", 1)
 _F, _I, _B = "float64", "int64", "boolean"
 _TOPO = (_I1, _I1, _I1, _F1, _I1, _I1, _F1)  # order, preds (ptr, idx, lat), succs (same)
@@ -61,21 +61,18 @@ ArgType = Any  # a (dtype, ndim) pair, a scalar name, or a tuple of ArgTypes
 KERNELS: dict[str, tuple[str, tuple[ArgType, ...]]] = {
     "forward_pass": ("plan_kernels", (*_TOPO[:4], _F1, _F1, _F1)),
     "backward_pass": ("plan_kernels", (_I1, *_TOPO[4:], _F1, _F, _F1, _F1)),
-    "evaluate_kernel": ("plan_kernels", (*_TOPO[:4], _I1, _F2, _F2, _F, _I2)),
-    "reclaim_kernel": ("plan_kernels", (*_TOPO, *_COSTS, _I2)),
-    "tighten_kernel": ("plan_kernels", (*_TOPO, *_COSTS, _I2, _F1)),
-    "neighbour_kernel": (
-        "plan_kernels",
-        (*_TOPO, _I1, _F2, _F2, _I1, _F, _I2, _F1, _F1, _B),
-    ),
+    "evaluate_kernel": ("plan_kernels", (_TOPO[:4], _I1, _F2, _F2, _F, _I2)),
+    "reclaim_kernel": ("plan_kernels", (_TOPO, *_COSTS, _I2)),
+    "tighten_kernel": ("plan_kernels", (_TOPO, *_COSTS, _I2, _F1)),
+    "neighbour_kernel": ("plan_kernels", (_TOPO, _I1, _F2, _F2, _I1, _F, _I2, _F1, _F1, _B)),
     "walk_kernel": (
         "compiled",
         (
-            *_TOPO,
-            *(_F2, _F2, _F2, _I1),  # hull: vertex times, slopes, costs, vertex counts
+            _TOPO,
+            (_F2, _F2, _F2, _I1),  # hull: vertex times, slopes, costs, vertex counts
             *_COSTS,
             *(_F1, _F1),  # durations, state
-            *(_F, _F, _F, _B, _F, _I, _I, _F),  # tol ... anchor_s
+            (_F, _F, _F, _B, _F, _I, _I, _F),  # tol ... anchor_s
             (_I1, _I1, _I1, _I1, _I1, _B1, _I1, _I1),  # the cut network
         ),
     ),
@@ -206,10 +203,14 @@ def dispatchers() -> None:
                     setattr(module, key, value._dispatcher)
 
 
+def _is_array(kind: ArgType) -> bool:
+    return len(kind) == 2 and isinstance(kind[0], str) and isinstance(kind[1], int)
+
+
 def _matches(value: Any, kind: ArgType) -> bool:
     if isinstance(kind, str):
         return type(value) in _SCALARS[kind]
-    if isinstance(kind[0], str):
+    if _is_array(kind):
         return (
             type(value) is np.ndarray
             and value.dtype == kind[0]
@@ -228,7 +229,7 @@ def numba_types(kinds: tuple[ArgType, ...]) -> tuple[Any, ...]:
     def one(kind: ArgType) -> Any:
         if isinstance(kind, str):
             return getattr(types, kind)
-        if isinstance(kind[0], str):
+        if _is_array(kind):
             return types.Array(from_dtype(np.dtype(kind[0])), kind[1], "C")
         return types.Tuple([one(k) for k in kind])  # type: ignore[no-untyped-call]
 

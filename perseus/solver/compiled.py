@@ -271,53 +271,28 @@ def _advance(dur, move, n_fwd, n_bwd, step, hull, tol, trial, op_cost, prices, s
 
 
 @_jit
-def walk_kernel(
-    order,
-    pred_ptr,
-    pred_idx,
-    pred_lat,
-    succ_ptr,
-    succ_idx,
-    succ_lat,
-    ht,
-    hs,
-    hc,
-    nh,
-    node_type,
-    opt_t,
-    dur,
-    state,
-    tol,
-    quantum,
-    gap,
-    every_breakpoint,
-    power_ranks,
-    max_iterations,
-    tie_units,
-    anchor_s,
-    net,
-):
+def walk_kernel(topo, hull, node_type, opt_t, dur, state, limits, net):
     """Run up to ``max_iterations`` Phillips–Dessouky steps from ``dur`` (updated in place).
 
-    Returns ``(emitted option indices (K, N) int16, lp_time_s, lp_energy_j, iterations)``;
-    emitted rows come in pairs per fractional plan (rounded down, rounded up). ``tie_units``
-    (0 or :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards moving fewer ops.
+    ``topo``: :meth:`~perseus.solver.paths.Topology.csr`; ``hull``: the per-op hull tables
+    ``(ht, hs, hc, nh)``; ``limits``: ``(tol, quantum, gap, every_breakpoint, power_ranks,
+    max_iterations, tie_units, anchor_s)``; ``net``: ``build_network``'s. Returns ``(emitted
+    option indices (K, N) int16, lp_time_s, lp_energy_j, iterations)``; emitted rows come in
+    pairs per fractional plan (rounded down, rounded up). ``tie_units`` (0 or
+    :data:`TIE_UNITS`) breaks ties between equally cheap cuts towards moving fewer ops.
     ``state[S_DONE]`` is set when the walk ends (``DONE_*``). The fractional plan at
-    ``anchor_s`` (the no-slowdown time) is always emitted. ``net``: ``build_network``'s.
+    ``anchor_s`` (the no-slowdown time) is always emitted.
     """
-    n = dur.size
-    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
-    hull = (ht, hs, hc, nh)
+    n, order, max_iterations = dur.size, topo[0], limits[5]
     prices = (np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))  # up, low, rooms red/len
-    op_cost = _op_state(hull, dur, tol, prices)
+    op_cost = _op_state(hull, dur, limits[0], prices)
     # The longest-path pass recomputes only what changed since the last one (_forward_again).
     pos = np.empty(n, dtype=np.int64)
     for i in range(n):
         pos[order[i]] = i
     kept = (pos, np.full(n, np.nan), np.zeros(n, np.int8))
     rounded, rounded_up = np.empty(n, dtype=np.int16), np.empty(n, dtype=np.int16)
-    em = (node_type, opt_t, tol, rounded, rounded_up, np.full(n, -1, dtype=np.int16))
-    limits = (tol, quantum, gap, every_breakpoint, power_ranks, max_iterations, tie_units, anchor_s)
+    em = (node_type, opt_t, limits[0], rounded, rounded_up, np.full(n, -1, dtype=np.int16))
     paths = (np.empty(n), np.empty(n), np.empty(n), np.empty(n))  # start, end, late s/f
     move = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n))
     # trial, room_of, mark, crit, side, stale (see _update_network)
@@ -327,7 +302,7 @@ def walk_kernel(
     capa, res, stack_n, stack_a, trees = _flow_arrays(net, n)
     flow = (net, capa, res, stack_n, stack_a, trees[-1])
     lp = (np.empty(max_iterations + 1), np.empty(max_iterations + 1))
-    costs = (op_cost, prices, _capacity_scale(hs))
+    costs = (op_cost, prices, _capacity_scale(hull[1]))
     return _walk(
         topo, hull, dur, state, costs, kept, em, limits, paths, move, work, flow, trees, lp
     )

@@ -127,7 +127,7 @@ def lift_plans(
     small_allmax_s = float(small.evaluate(small.allmax()).time_s)
     lifted = np.ascontiguousarray(rows[:, lift.node_map])
     targets = np.ascontiguousarray(small_times / small_allmax_s * allmax_time_s)
-    tightened = tighten_kernel(*topo.csr(), model.node_type, model.opt_time_s, lifted, targets)
+    tightened = tighten_kernel(topo.csr(), model.node_type, model.opt_time_s, lifted, targets)
     out: IntArray = np.concatenate([lifted, tightened])
     return out
 

@@ -69,7 +69,7 @@ def search_neighbours(
         sources = archive[picked]
         spent += len(sources) * per_plan
         found, found_t, found_e = neighbour_kernel(
-            *topo.csr(), *tables, model.num_opts, power_ranks, sources, arch_t, arch_e, pairs
+            topo.csr(), *tables, model.num_opts, power_ranks, sources, arch_t, arch_e, pairs
         )
         if len(found) == 0:
             break
@@ -91,6 +91,6 @@ def plan_figures(
     tables = (model.node_type, model.opt_time_s, model.opt_cost_j)
     rows = np.ascontiguousarray(plans, dtype=np.int64)
     times, energies = evaluate_kernel(
-        *topo.csr()[:4], *tables, model.blocking_power_w * num_ranks, rows
+        topo.csr()[:4], *tables, model.blocking_power_w * num_ranks, rows
     )
     return times, energies

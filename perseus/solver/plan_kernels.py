@@ -100,38 +100,25 @@ def _reclaim_row(topo, node_type, opt_t, row, work):
 
 
 @_jit
-def reclaim_kernel(
-    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat, node_type, opt_t, plans
-):
-    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of every row of ``plans`` (K, N)."""
+def reclaim_kernel(topo, node_type, opt_t, plans):
+    """Slack reclaiming (see :mod:`perseus.solver.reclaim`) of every row of ``plans`` (K, N);
+    ``topo``: :meth:`~perseus.solver.paths.Topology.csr`, as for every kernel here."""
     out = plans.copy()
     work = np.empty((4, plans.shape[1]))
-    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
     for p in range(plans.shape[0]):
         _reclaim_row(topo, node_type, opt_t, out[p], work)
     return out
 
 
 @_jit
-def tighten_kernel(
-    order,
-    pred_ptr,
-    pred_idx,
-    pred_lat,
-    succ_ptr,
-    succ_idx,
-    succ_lat,
-    node_type,
-    opt_t,
-    plans,
-    targets_s,
-):
+def tighten_kernel(topo, node_type, opt_t, plans, targets_s):
     """Each row of ``plans`` (K, N), sped up until it finishes by ``targets_s[k]``.
 
     A round moves every critical op not at its fastest option one option faster, until the
     plan meets its target or no critical op can go faster. Blunt, so the result goes through
     the reclaim pass.
     """
+    order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat = topo
     k_plans, n = plans.shape
     out = plans.copy()
     start = np.empty(n)
@@ -173,45 +160,23 @@ def _time_and_energy(preds, node_type, opt_t, opt_c, power_ranks, row, work):
 
 
 @_jit
-def evaluate_kernel(
-    order, pred_ptr, pred_idx, pred_lat, node_type, opt_t, opt_c, power_ranks, plans
-):
-    """Makespan and energy (``Σ effective cost + P·R·T``) of every row of ``plans`` (K, N)."""
+def evaluate_kernel(preds, node_type, opt_t, opt_c, power_ranks, plans):
+    """Makespan and energy (``Σ effective cost + P·R·T``) of every row of ``plans`` (K, N);
+    ``preds``: the first four of :meth:`~perseus.solver.paths.Topology.csr`."""
     k_plans, n = plans.shape
     time_s = np.empty(k_plans)
     energy_j = np.empty(k_plans)
     work = np.empty((3, n))
     for p in range(k_plans):
         time_s[p], energy_j[p] = _time_and_energy(
-            (order, pred_ptr, pred_idx, pred_lat),
-            node_type,
-            opt_t,
-            opt_c,
-            power_ranks,
-            plans[p],
-            work,
+            preds, node_type, opt_t, opt_c, power_ranks, plans[p], work
         )
     return time_s, energy_j
 
 
 @_jit
 def neighbour_kernel(
-    order,
-    pred_ptr,
-    pred_idx,
-    pred_lat,
-    succ_ptr,
-    succ_idx,
-    succ_lat,
-    node_type,
-    opt_t,
-    opt_c,
-    num_opts,
-    power_ranks,
-    plans,
-    archive_t,
-    archive_e,
-    pairs,
+    topo, node_type, opt_t, opt_c, num_opts, power_ranks, plans, archive_t, archive_e, pairs
 ):
     """Every plan one move away from a row of ``plans``, reclaimed, that the archive does not
     dominate (to a relative 1e-12).
@@ -221,7 +186,6 @@ def neighbour_kernel(
     Returns ``(plans, time_s, energy_j)`` of the kept neighbours (duplicates possible).
     """
     k_plans, n = plans.shape
-    topo = (order, pred_ptr, pred_idx, pred_lat, succ_ptr, succ_idx, succ_lat)
     costs = (node_type, opt_t, opt_c, power_ranks, archive_t, archive_e)
     kept = (np.empty((64, n), dtype=np.int64), np.empty(64), np.empty(64), np.int64(0))
     row = np.empty(n, dtype=np.int64)

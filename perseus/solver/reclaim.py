@@ -29,5 +29,5 @@ def reclaim_slack(model: CostModel, topo: Topology, plans: IntArray) -> IntArray
     from perseus.solver.plan_kernels import reclaim_kernel
 
     rows = np.ascontiguousarray(np.atleast_2d(plans), dtype=np.int64)
-    out: IntArray = reclaim_kernel(*topo.csr(), model.node_type, model.opt_time_s, rows)
+    out: IntArray = reclaim_kernel(topo.csr(), model.node_type, model.opt_time_s, rows)
     return out[0] if np.ndim(plans) == 1 else out

@@ -93,7 +93,7 @@ def _rounded_candidates(
     rows = np.asarray(emitted, dtype=np.int64)
     down, up = rows[0::2], np.ascontiguousarray(rows[1::2])
     targets, _ = plan_figures(model, topo, job.graph.num_ranks, down)
-    up = tighten_kernel(*topo.csr(), model.node_type, model.opt_time_s, up, targets)
+    up = tighten_kernel(topo.csr(), model.node_type, model.opt_time_s, up, targets)
     return pareto_within(job, model, topo, np.concatenate([down, up]))
 
 
@@ -124,14 +124,14 @@ def _walk(
     state[compiled.S_BEST_DEADLINE] = math.inf
     power_ranks = model.blocking_power_w * job.graph.num_ranks
     anchor_s = float(job.evaluate(job.allmax()).time_s)
-    tables = (ht, hs, hc, nh, types, model.opt_time_s)
-    knobs = (tol, quantum, gap, every_breakpoint, power_ranks, _CHUNK_ITERATIONS, tie_units)
+    knobs = (tol, quantum, gap, every_breakpoint, power_ranks)
+    limits = (*knobs, _CHUNK_ITERATIONS, tie_units, anchor_s)
     lp_t: list[float] = []
     lp_e: list[float] = []
     iterations = 0
     while state[compiled.S_DONE] == 0.0:
         emitted, chunk_t, chunk_e, done = kernel(
-            *topo.csr(), *tables, d, state, *knobs, anchor_s, net
+            topo.csr(), (ht, hs, hc, nh), types, model.opt_time_s, d, state, limits, net
         )
         iterations += int(done)
         if len(emitted):

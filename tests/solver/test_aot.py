@@ -46,6 +46,15 @@ def test_the_native_kernel_is_called_only_for_the_types_it_was_built_for() -> No
         assert _dispatch(types, *wrong) == "jitted"
 
 
+def test_a_tuple_of_scalars_is_not_taken_for_an_array() -> None:
+    # ("float64", "int64") names two scalars; ("float64", 1) a one-dimensional array.
+    limits = ("float64", "int64")
+    assert _dispatch((limits,), (1.0, 2)) == "native"
+    assert _dispatch((limits,), (1.0, 2.0)) == "jitted"
+    assert _dispatch((limits,), np.zeros(2)) == "jitted"
+    assert _dispatch((F1,), np.zeros(2)) == "native"
+
+
 def test_without_the_built_module_the_names_are_numbas_dispatchers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

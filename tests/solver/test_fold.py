@@ -115,7 +115,7 @@ def test_tighten_meets_each_target_without_slowing_any_op():
     plans = rng.integers(0, model.num_opts[types], size=(20, types.size))
     allmax_s = float(topo.forward(model.opt_time_s[types, 0])[1].max())
     targets = allmax_s * rng.uniform(1.0, 1.3, size=20)
-    out = tighten_kernel(*topo.csr(), types, model.opt_time_s, plans, targets)
+    out = tighten_kernel(topo.csr(), types, model.opt_time_s, plans, targets)
     assert np.all(out <= plans)
     for row, target in zip(out, targets, strict=True):
         assert topo.forward(model.opt_time_s[types, row])[1].max() <= target * (1 + 1e-12)

@@ -42,9 +42,8 @@ _Move = tuple[IntArray, IntArray, FloatArray]  # shortened ops, lengthened ops, 
 
 def walk_chunk(*args: Any) -> tuple[npt.NDArray[np.int16], FloatArray, FloatArray, int]:
     """:func:`perseus.solver.compiled.walk_kernel`, in numpy."""
-    topo, hull = args[0:7], args[7:11]
-    node_type, opt_t, dur, state, tol, quantum, gap, every_breakpoint, power_ranks = args[11:20]
-    max_iterations, tie_units, anchor_s, net = args[20:]
+    topo, hull, node_type, opt_t, dur, state, limits, net = args
+    tol, quantum, gap, every_breakpoint, power_ranks, max_iterations, tie_units, anchor_s = limits
     walk = _Walk(topo, hull, dur, tol, tie_units, net)
     em = _Emitter(node_type, opt_t, tol)
     lp_t: list[float] = []
