@@ -171,6 +171,12 @@ def _merge(args: argparse.Namespace) -> dict[str, str]:
         job = JobConfig.model_validate({"profile": args.profile, **values})
     except ValidationError as e:
         raise ConfigError(describe_job_error(e, sources)) from None
+    where = sources["max_clocks_per_op"]  # the flag's error is the cost model's, in its words
+    if (job.max_clocks_per_op or 1) > 1 and job.layers_per_stage is None and where[0] != "-":
+        raise ConfigError(
+            f"{where}: {job.max_clocks_per_op} clocks per op need the job's layers_per_stage; "
+            "add layers_per_stage = N (or --layers-per-stage N), or set max_clocks_per_op = 1"
+        )
     for name in CONFIG_FIELDS:
         setattr(args, name, getattr(job, name))
     return sources

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from perseus.errors import ConfigError
+from perseus.validate import show_value
 
 if TYPE_CHECKING:
     from perseus.recurring.store import SQLStore
@@ -50,8 +51,10 @@ def parse_url(url: str) -> DatabaseTarget:
                 "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"
             )
         return DatabaseTarget("postgresql", "", url)
+    netloc, slash, path = rest.partition("/")
+    shown = show_value(f"{prefix}://{netloc.rpartition('@')[2]}{slash}{path}")  # no user, password
     raise ConfigError(
-        f"`db` {prefix!r}:// is not a database this store speaks; pass "
+        f"`db` {shown} is not a database this store speaks; pass "
         "sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"
     )
 

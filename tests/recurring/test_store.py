@@ -134,3 +134,27 @@ def test_two_processes_on_one_store_lose_and_double_nothing(store_url: str) -> N
     # Exploration never ran one batch size twice (a pending run counts as tried).
     explore = [r for r in rows if r["phase"] == "explore"]
     assert len({r["batch_size"] for r in explore}) == len(explore)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("mysql://fleet@db.example/perseus", "'mysql://db.example/perseus'"),
+        ("MySQL://fleet:secret@db.example:3306/p", "'MySQL://db.example:3306/p'"),
+        ("redis://cache", "'redis://cache'"),
+    ],
+)
+def test_an_unknown_database_url_is_named_as_written(
+    url: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL is quoted whole (no repr of its scheme inside it: "'mysql'://"), without its
+    user or password, with the forms the store takes; the CLI says it with its flag."""
+    from perseus.cli.main import main
+
+    said = f"{shown} is not a database this store speaks; pass sqlite:///FILE or "
+    said += "postgresql://USER@HOST[:PORT]/DB"
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    assert str(info.value) == f"`db` {said}"
+    assert main(["fleet", "status", "--db", url]) == 2
+    assert capsys.readouterr().err == f"error: --db {said}\n"

@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -211,7 +211,7 @@ class _Recorded(subprocess.Popen):  # type: ignore[type-arg]
         _Recorded.made.append(self)
 
 
-@pytest.mark.parametrize("failure", ["no ready line", "interrupted"])
+@pytest.mark.parametrize("failure", ["no ready line", "interrupted", "select", "read"])
 def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
@@ -233,16 +233,44 @@ def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
             raise KeyboardInterrupt
 
         monkeypatch.setattr(guard, "_read_line", interrupted)
+    elif failure in ("select", "read"):
+        _fail_the_ready_pipe(monkeypatch, guard, failure)
     before = set(ownership._FORK_CLOSE)
     watchdog = guard.Watchdog({"backend": "sim"}, tmp_path / "lock")
-    with pytest.raises(KeyboardInterrupt if failure == "interrupted" else DeviceError):
+    with pytest.raises(KeyboardInterrupt if failure == "interrupted" else DeviceError) as info:
         watchdog.start(timeout_s=0.2)
+    if failure in ("select", "read"):  # one line, like every other failed start
+        assert str(info.value) == (
+            "the clock watchdog could not be started: reading its ready line failed "
+            f"([Errno {errno.EBADF if failure == 'select' else errno.EIO}] boom)"
+        )
     (proc,) = _Recorded.made
     assert proc.returncode is not None  # killed and reaped
     assert proc.stdin is not None and proc.stdin.closed
     assert proc.stdout is not None and proc.stdout.closed
     assert set(ownership._FORK_CLOSE) == before
     assert watchdog.pid is None
+
+
+def _fail_the_ready_pipe(monkeypatch: pytest.MonkeyPatch, guard: Any, call: str) -> None:
+    """``select`` on the watchdog's stdout raises EBADF, or it is readable and ``os.read`` of it
+    raises EIO (other descriptors read as usual: Popen reads its own pipe)."""
+    real_read = os.read
+    watched: list[int] = []
+
+    def select(r: list[int], w: list[int], x: list[int], timeout: float) -> tuple[list[int], ...]:
+        if call == "select":
+            raise OSError(errno.EBADF, "boom")
+        watched.extend(r)
+        return r, [], []
+
+    def read(fd: int, n: int) -> bytes:
+        if fd in watched:
+            raise OSError(errno.EIO, "boom")
+        return real_read(fd, n)
+
+    monkeypatch.setattr(guard.select, "select", select)
+    monkeypatch.setattr(guard.os, "read", read)
 
 
 @pytest.mark.parametrize("errno_", [errno.EAGAIN, errno.EMFILE])

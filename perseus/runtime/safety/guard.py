@@ -266,7 +266,8 @@ class Watchdog:
 
         Raises:
             DeviceError: if it could not be started (no descriptor or process left: EMFILE,
-                EAGAIN) or did not come up within ``timeout_s``.
+                EAGAIN), its ready pipe could not be read, or it did not come up within
+                ``timeout_s``.
         """
         if self._proc is not None:
             return
@@ -328,10 +329,13 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        readable, _, _ = select.select([fd], [], [], left)
-        if not readable:
-            break
-        chunk = os.read(fd, 64)
+        try:
+            readable, _, _ = select.select([fd], [], [], left)
+            chunk = os.read(fd, 64) if readable else b""
+        except OSError as e:  # EBADF, EIO: a DeviceError as any failed start (start cleans up)
+            raise DeviceError(
+                f"the clock watchdog could not be started: reading its ready line failed ({e})"
+            ) from e
         if not chunk:
             break
         data += chunk
