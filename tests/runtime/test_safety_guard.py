@@ -211,7 +211,7 @@ class _Recorded(subprocess.Popen):  # type: ignore[type-arg]
         _Recorded.made.append(self)
 
 
-@pytest.mark.parametrize("failure", ["no ready line", "interrupted", "select", "read"])
+@pytest.mark.parametrize("failure", ["no ready line", "interrupted", "poll", "read"])
 def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
@@ -233,16 +233,16 @@ def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
             raise KeyboardInterrupt
 
         monkeypatch.setattr(guard, "_read_line", interrupted)
-    elif failure in ("select", "read"):
+    elif failure in ("poll", "read"):
         _fail_the_ready_pipe(monkeypatch, guard, failure)
     before = set(ownership._FORK_CLOSE)
     watchdog = guard.Watchdog({"backend": "sim"}, tmp_path / "lock")
     with pytest.raises(KeyboardInterrupt if failure == "interrupted" else DeviceError) as info:
         watchdog.start(timeout_s=0.2)
-    if failure in ("select", "read"):  # one line, like every other failed start
+    if failure in ("poll", "read"):  # one line, like every other failed start
         assert str(info.value) == (
             "the clock watchdog could not be started: reading its ready line failed "
-            f"([Errno {errno.EBADF if failure == 'select' else errno.EIO}] boom)"
+            f"([Errno {errno.EBADF if failure == 'poll' else errno.EIO}] boom)"
         )
     (proc,) = _Recorded.made
     assert proc.returncode is not None  # killed and reaped
@@ -253,24 +253,50 @@ def test_a_watchdog_that_fails_to_start_leaves_no_process_pipe_or_fork_hook(
 
 
 def _fail_the_ready_pipe(monkeypatch: pytest.MonkeyPatch, guard: Any, call: str) -> None:
-    """``select`` on the watchdog's stdout raises EBADF, or it is readable and ``os.read`` of it
+    """Polling the watchdog's stdout raises EBADF, or it is readable and ``os.read`` of it
     raises EIO (other descriptors read as usual: Popen reads its own pipe)."""
     real_read = os.read
     watched: list[int] = []
 
-    def select(r: list[int], w: list[int], x: list[int], timeout: float) -> tuple[list[int], ...]:
-        if call == "select":
-            raise OSError(errno.EBADF, "boom")
-        watched.extend(r)
-        return r, [], []
+    class Poll:
+        def register(self, fd: int, events: int) -> None:
+            watched.append(fd)
+
+        def poll(self, timeout_ms: float) -> list[tuple[int, int]]:
+            if call == "poll":
+                raise OSError(errno.EBADF, "boom")
+            return [(watched[-1], guard.select.POLLIN)]
 
     def read(fd: int, n: int) -> bytes:
         if fd in watched:
             raise OSError(errno.EIO, "boom")
         return real_read(fd, n)
 
-    monkeypatch.setattr(guard.select, "select", select)
+    monkeypatch.setattr(guard.select, "poll", Poll)
     monkeypatch.setattr(guard.os, "read", read)
+
+
+def test_the_ready_line_is_read_from_a_descriptor_above_1024() -> None:
+    """A training process with many files, sockets and DataLoader pipes open gets a descriptor
+    from 1024 up for the watchdog's stdout: ``select.select`` refused it (ValueError: a
+    traceback out of the claim); the ready line must be read all the same."""
+    import resource
+
+    from perseus.runtime.safety import guard
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1500:
+        pytest.skip(f"the descriptor limit ({hard}) is below 1500")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1501), hard))
+    r, w = os.pipe()
+    try:
+        os.dup2(r, 1500)
+        os.write(w, b"ready\n")
+        assert guard._read_line(1500, 1.0) == b"ready"
+    finally:
+        for fd in (r, w, 1500):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize("errno_", [errno.EAGAIN, errno.EMFILE])

@@ -325,13 +325,14 @@ class Watchdog:
 def _read_line(fd: int, timeout_s: float) -> bytes:
     data = b""
     deadline = time.monotonic() + timeout_s
+    pipe = select.poll()  # not select.select: it refuses descriptors from 1024 up
+    pipe.register(fd, select.POLLIN)
     while b"\n" not in data:
         left = deadline - time.monotonic()
         if left <= 0:
             break
         try:
-            readable, _, _ = select.select([fd], [], [], left)
-            chunk = os.read(fd, 64) if readable else b""
+            chunk = os.read(fd, 64) if pipe.poll(left * 1000.0) else b""
         except OSError as e:  # EBADF, EIO: a DeviceError as any failed start (start cleans up)
             raise DeviceError(
                 f"the clock watchdog could not be started: reading its ready line failed ({e})"
