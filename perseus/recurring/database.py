@@ -31,7 +31,8 @@ def parse_url(url: str) -> DatabaseTarget:
     """The engine and target of ``url``.
 
     Raises:
-        ConfigError: an unknown scheme, an empty path, or a password in the URL.
+        ConfigError: an unknown scheme, an empty path, a malformed PostgreSQL URL, or a
+            password in the URL.
     """
     if "://" not in url:
         if not url:
@@ -45,7 +46,13 @@ def parse_url(url: str) -> DatabaseTarget:
             )
         return DatabaseTarget("sqlite", rest[1:], "")
     if prefix.lower() in ("postgresql", "postgres"):
-        if urlsplit(url).password is not None:
+        try:
+            password = urlsplit(url).password
+        except ValueError as e:  # an IPv6 bracket not closed
+            raise ConfigError(
+                f"`db`: not a PostgreSQL URL ({e}); pass postgresql://USER@HOST[:PORT]/DB"
+            ) from None
+        if password is not None:
             raise ConfigError(
                 "`db`: the URL carries a password; drop it from the URL and give it in "
                 "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"

@@ -158,3 +158,17 @@ def test_an_unknown_database_url_is_named_as_written(
     assert str(info.value) == f"`db` {said}"
     assert main(["fleet", "status", "--db", url]) == 2
     assert capsys.readouterr().err == f"error: --db {said}\n"
+
+
+@pytest.mark.parametrize("url", ["postgresql://[x/db", "postgres://fleet@[::1/perseus"])
+def test_a_malformed_postgres_url_is_a_config_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """urllib's ValueError (a bracket not closed) was an internal error."""
+    from perseus.cli.main import main
+
+    with pytest.raises(ConfigError, match=r"^`db`: not a PostgreSQL URL \("):
+        open_store(url)
+    assert main(["fleet", "status", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --db: not a PostgreSQL URL (") and err.count("\n") == 1
