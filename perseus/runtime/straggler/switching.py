@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +177,9 @@ class StragglerRuntime:
 
     Attributes:
         decisions: The latest :data:`DECISIONS_KEPT` decisions, oldest first.
+        next_iteration: The session's next iteration to start, set when the hook is added
+            (None: the stats' iteration + 1): a hint read at a boundary is acknowledged at the
+            iteration before it, the one that ended (a real GPU's stats are one older).
 
     Raises:
         ConfigError: for an index outside ``0..num_pipelines-1``.
@@ -205,6 +209,7 @@ class StragglerRuntime:
         self.decisions: deque[StragglerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = 0
         self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
+        self.next_iteration: Callable[[], int] | None = None
 
     def exchange(self, compute_time_s: float, iteration: int | None = None) -> tuple[float, ...]:
         """Every pipeline's time: this rank's compute time and rank 0's hints, all-reduced
@@ -264,6 +269,7 @@ class StragglerRuntime:
         if ran is None or not 0 <= ran < len(self.frontier.points):
             ran = None
         intrinsic_s = self.intrinsic_time_s(stats.compute_time_s, ran)
-        times = self.exchange(intrinsic_s, stats.iteration)
+        upcoming = stats.iteration + 1 if self.next_iteration is None else self.next_iteration()
+        times = self.exchange(intrinsic_s, upcoming - 1)  # in force from `upcoming` on
         decision = self.decide(stats.iteration, times)
         return (self.frontier, decision.point_index) if self.adaptive else None
