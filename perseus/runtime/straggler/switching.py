@@ -226,14 +226,13 @@ class StragglerRuntime:
         values = [0.0] * (2 * d)
         values[self.pipeline_index] = float(compute_time_s)
         if self.store is not None and global_rank() == 0:
-            values[d:] = self._read_hints(iteration)
+            values[d:] = self._read_hints(self.store, iteration)
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
 
-    def _read_hints(self, iteration: int | None) -> list[float]:
+    def _read_hints(self, store: Any, iteration: int | None) -> list[float]:
         """Every pipeline's hint (0.0: none), read again when :data:`HINTS_VERSION_KEY` moved;
         each new hint or clearing acknowledged with ``iteration``."""
-        store = self.store
         version = int(store.add(HINTS_VERSION_KEY, 0))
         if version != self._version:  # read before the hints: a change while reading moves it
             self._version = version
