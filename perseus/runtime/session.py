@@ -120,7 +120,7 @@ class RankSession:
         self.clocks_profiled: dict[tuple[int, Any], int] = {}
         self.summary: RunSummary | None = None
         self._state = SessionState.NEW
-        self._boundary = BoundaryHooks(schedule, engine.rank)
+        self._boundary = BoundaryHooks(schedule, engine.rank, lambda: self.next_iteration)
         self._agent: RankAgent | None = None
         self._sweep: SessionSweep | None = None
         self._run = DeviceRun()

@@ -4,6 +4,7 @@ they follow: :meth:`~perseus.runtime.session.RankSession.add_boundary_hook`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from perseus.plan import Frontier
@@ -18,14 +19,22 @@ _log = logging.getLogger("perseus.runtime.session")
 
 
 class BoundaryHooks:
-    """The hooks in the order attached (a hook may add or remove one as it runs)."""
+    """The hooks in the order attached (a hook may add or remove one as it runs).
+    ``next_iteration``: the session's next iteration to start, handed to each hook added with
+    a ``next_iteration`` of None (a straggler runtime acknowledges a hint at the iteration
+    before it: on a real GPU the stats are one iteration older than the boundary)."""
 
-    def __init__(self, schedule: Schedule, rank: int) -> None:
+    def __init__(
+        self, schedule: Schedule, rank: int, next_iteration: Callable[[], int] | None = None
+    ) -> None:
         self.hooks: list[BoundaryHook] = []
         self._schedule, self._rank = schedule, rank
+        self._next_iteration = next_iteration
         self._ops_checked: Frontier | None = None  # the last frontier whose stage ops matched
 
     def add(self, hook: BoundaryHook) -> None:
+        if self._next_iteration is not None and getattr(hook, "next_iteration", 0) is None:
+            hook.next_iteration = self._next_iteration  # type: ignore[attr-defined]
         self.hooks.append(hook)
 
     def remove(self, hook: BoundaryHook) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "ACK_PREFIX",
     "CLEARED",
     "DECISIONS_KEPT",
+    "HINTS_VERSION_KEY",
     "HINT_PREFIX",
     "StragglerDecision",
     "StragglerRuntime",
@@ -41,6 +43,9 @@ __all__ = [
 HINT_PREFIX = "perseus/straggler/"
 #: Store key prefix of the job's acknowledgements: ``perseus/straggler/ack/<pipeline>``.
 ACK_PREFIX = HINT_PREFIX + "ack/"
+#: Counts the changes :func:`set_hint` and :func:`clear_hint` make: the job reads the hints
+#: again only when it moved (one store round trip per boundary, not two per pipeline).
+HINTS_VERSION_KEY = HINT_PREFIX + "version"
 #: The acknowledgement of a cleared hint names this instead of a token.
 CLEARED = "-"
 #: How many of the latest decisions a runtime keeps (a run of weeks makes one per iteration).
@@ -77,12 +82,14 @@ def set_hint(store: Any, pipeline_index: int, time_s: float) -> str:
         )
     token = secrets.token_hex(6)
     store.set(hint_key(pipeline_index), f"{float(time_s)!r} {token}")
+    store.add(HINTS_VERSION_KEY, 1)
     return token
 
 
 def clear_hint(store: Any, pipeline_index: int) -> None:
     """Remove pipeline ``pipeline_index``'s hint (no error if there is none)."""
     clear_key(store, hint_key(pipeline_index))
+    store.add(HINTS_VERSION_KEY, 1)
 
 
 def clear_key(store: Any, key: str) -> None:
@@ -176,6 +183,9 @@ class StragglerRuntime:
 
     Attributes:
         decisions: The latest :data:`DECISIONS_KEPT` decisions, oldest first.
+        next_iteration: The session's next iteration to start, set when the hook is added
+            (None: the stats' iteration + 1): a hint read at a boundary is acknowledged at the
+            iteration before it, the one that ended (a real GPU's stats are one older).
 
     Raises:
         ConfigError: for an index outside ``0..num_pipelines-1``.
@@ -205,6 +215,9 @@ class StragglerRuntime:
         self.decisions: deque[StragglerDecision] = deque(maxlen=DECISIONS_KEPT)
         self.point_index = 0
         self._acked: dict[int, str | None] = {}  # pipeline -> token last acknowledged
+        self._hints: list[float] = [0.0] * num_pipelines  # as read at `_version` (0: none)
+        self._version: int | None = None
+        self.next_iteration: Callable[[], int] | None = None
 
     def exchange(self, compute_time_s: float, iteration: int | None = None) -> tuple[float, ...]:
         """Every pipeline's time: this rank's compute time and rank 0's hints, all-reduced
@@ -213,14 +226,23 @@ class StragglerRuntime:
         values = [0.0] * (2 * d)
         values[self.pipeline_index] = float(compute_time_s)
         if self.store is not None and global_rank() == 0:
-            for k in range(d):
-                entry = read_hint_entry(self.store, k)
-                values[d + k], token = entry if entry is not None else (0.0, None)
-                if token != self._acked.get(k):  # None: never acknowledged, or cleared
-                    self._acked[k] = token
-                    write_ack(self.store, ack_key(k), token, iteration)
+            values[d:] = self._read_hints(self.store, iteration)
         reduced = all_reduce_max(values, self.group)
         return tuple(max(reduced[k], reduced[d + k]) for k in range(d))
+
+    def _read_hints(self, store: Any, iteration: int | None) -> list[float]:
+        """Every pipeline's hint (0.0: none), read again when :data:`HINTS_VERSION_KEY` moved;
+        each new hint or clearing acknowledged with ``iteration``."""
+        version = int(store.add(HINTS_VERSION_KEY, 0))
+        if version != self._version:  # read before the hints: a change while reading moves it
+            self._version = version
+            for k in range(self.num_pipelines):
+                entry = read_hint_entry(store, k)
+                self._hints[k], token = entry if entry is not None else (0.0, None)
+                if token != self._acked.get(k):  # None: never acknowledged, or cleared
+                    self._acked[k] = token
+                    write_ack(store, ack_key(k), token, iteration)
+        return self._hints
 
     def decide(self, iteration: int, times_s: tuple[float, ...]) -> StragglerDecision:
         """The policy's choice for this pipeline given every pipeline's time (pure)."""
@@ -264,6 +286,7 @@ class StragglerRuntime:
         if ran is None or not 0 <= ran < len(self.frontier.points):
             ran = None
         intrinsic_s = self.intrinsic_time_s(stats.compute_time_s, ran)
-        times = self.exchange(intrinsic_s, stats.iteration)
+        upcoming = stats.iteration + 1 if self.next_iteration is None else self.next_iteration()
+        times = self.exchange(intrinsic_s, upcoming - 1)  # in force from `upcoming` on
         decision = self.decide(stats.iteration, times)
         return (self.frontier, decision.point_index) if self.adaptive else None
