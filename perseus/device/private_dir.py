@@ -277,6 +277,8 @@ def _file_problem(st: os.stat_result) -> str | None:
     """Why a file with status ``st`` is not one of ours to open, or None."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory"
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_uid != os.geteuid():
