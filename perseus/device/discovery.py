@@ -15,6 +15,7 @@ from typing import Any
 
 from perseus.device.nvml import list_nvml_gpus, probe_privilege
 from perseus.device.ownership import default_lock_dir, owner_lock_path, recorded_owner
+from perseus.device.private_dir import read_private
 from perseus.device.sim_state import default_state_dir, enforced_limit_w, list_states
 from perseus.device.simulated import SimulatedGPU, sim_uuid
 from perseus.errors import ConfigError, DeviceError
@@ -98,6 +99,18 @@ def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
     return (found.pid, None) if state != "gone" else (None, found.pid)
 
 
+def _lock_refused(lock_path: Path) -> str:
+    """Why ``perseus device reset`` would refuse ``lock_path`` (a FIFO, directory or link
+    planted there, another user's file), or ``""``."""
+    try:
+        read_private(lock_path, 0)
+    except ConfigError as e:
+        return f"lock file refused: {e}"
+    except OSError:
+        return ""  # missing (free), or unreadable: told as no owner, as before
+    return ""
+
+
 def nvml_devices(
     nvml_module: Any = None, lock_dir: Path | None = None, root_lock_dir: Path | None = None
 ) -> list[DeviceInfo]:
@@ -142,7 +155,9 @@ def nvml_devices(
                     power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementLimit"),
                     default_power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementDefaultLimit"),
                     lock_path=str(lock_path),
-                    owner_unknown=hidden if live is None and dead is None else "",
+                    owner_unknown=(_lock_refused(lock_path) or hidden)
+                    if live is None and dead is None
+                    else "",
                 )
             )
     return infos
@@ -155,7 +170,8 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
     for state in list_states(directory):
         locked = state.get("locked_mhz")
         uuid = str(state.get("uuid", ""))
-        live, dead = owner_status(owner_lock_path(directory, uuid))
+        lock_path = owner_lock_path(directory, uuid)
+        live, dead = owner_status(lock_path)
         cap = state.get("power_cap_w")
         default = state.get("default_power_limit_w", cap)
         # No limit set: the board's default, as the simulator's reset restores.
@@ -178,7 +194,8 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
                 dead_owner_pid=dead,
                 power_limit_w=None if limit is None else float(limit),
                 default_power_limit_w=None if default is None else float(default),
-                lock_path=str(owner_lock_path(directory, uuid)),
+                lock_path=str(lock_path),
+                owner_unknown=_lock_refused(lock_path) if live is None and dead is None else "",
             )
         )
     return infos

@@ -207,11 +207,17 @@ def sim_dir() -> Path:
     return verify_private_dir(path, what="simulated GPU directory", env=SIM_DIR_ENV)
 
 
+_DEVICE = "is a device node, not a regular file"
+
+
 def _refuse_file(path: Path, why: str) -> Exception:
     rm = "rm -r" if why == "is a directory" else "rm"
+    fix = f"remove it ({rm} {path}) and check who put it there"
+    if why == _DEVICE:  # never advise removing a device node
+        fix = f"point ${LOCK_DIR_ENV} or ${SIM_DIR_ENV} at a directory of yours (mkdir -m 700 DIR)"
     return _error(
         f"{path} {why}; perseus opens its lock and state files only when they are its own "
-        f"regular files: remove it ({rm} {path}) and check who put it there"
+        f"regular files: {fix}"
     )
 
 
@@ -277,6 +283,10 @@ def _file_problem(st: os.stat_result) -> str | None:
     """Why a file with status ``st`` is not one of ours to open, or None."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return _DEVICE
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_uid != os.geteuid():
@@ -354,9 +364,22 @@ def check_private_file(
             continue
         why = _file_problem(st)
         if why is not None:
+            fix = "pass the path of a new file in a directory of yours"
+            if _removable(st, os.lstat(folder)):
+                fix = f"remove it (rm {entry}) or pass a path in a directory of yours"
             raise _error(
                 f"{what} file {entry} {why}; perseus opens it only when it is its own regular "
-                f"file: remove it (rm {entry}) or pass a path in a directory of yours"
+                f"file: {fix}"
             )
         exists = exists or suffix == ""
     return exists
+
+
+def _removable(st: os.stat_result, folder: os.stat_result) -> bool:
+    """Whether to advise removing an entry a user named (status ``st``) in ``folder``: never
+    a directory or device node, only in a directory of this user's (as root, a private one:
+    never a system directory such as ``/dev`` or ``/etc``)."""
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return False
+    me = os.geteuid()
+    return folder.st_uid == me and not (me == 0 and stat.S_IMODE(folder.st_mode) & 0o077)

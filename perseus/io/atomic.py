@@ -76,6 +76,13 @@ def _umask() -> int:
     return mask
 
 
+def _dir_mode() -> int:
+    """The mode of a directory perseus creates: as the umask says, but never writable by
+    others (a umask that lets others write, such as 0, keeps the group out too)."""
+    mask = _umask()
+    return 0o777 & ~(mask if mask & 0o002 else mask | 0o022)
+
+
 def _std_fd(text: str) -> int | None:
     m = _FD_PATH.match(text)
     return int(m.group(1)) if m else _STD_NAMES.get(text)
@@ -299,7 +306,7 @@ def _walk_dir(folder: Path, *, create: bool) -> int | None:
                     os.close(fd)
                     return None
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o777, dir_fd=fd)
+                    os.mkdir(name, _dir_mode(), dir_fd=fd)
                 parts.insert(0, name)  # open it (or what raced us to the name) as above
                 continue
             except OSError as e:
@@ -489,7 +496,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = check_output_directory(path)
     with _temp_sibling(target, directory=True) as (dfd, tmp, _):
-        os.chmod(tmp, 0o777 & ~_umask(), dir_fd=dfd)
+        os.chmod(tmp, _dir_mode(), dir_fd=dfd)
         yield target.parent / tmp
         _replace_directory(dfd, tmp, target.name)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,6 +76,20 @@ def test_report_with_measured_run(
     assert "Predicted vs measured" in page
     assert page.count("data:image/png;base64,") == 4  # frontier, timeline, power, straggler
     assert "energy saved at T*" in capsys.readouterr().out
+
+
+def test_report_directories_under_umask_0_are_not_writable_by_others(
+    tmp_path: Path, frontier_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mkdir -p`` under umask 0 makes 0777 directories; the report's and its missing
+    parent are 0755."""
+    mask = os.umask(0)
+    try:
+        assert main(["report", str(frontier_file), "--out", str(tmp_path / "p" / "r")]) == 0
+    finally:
+        os.umask(mask)
+    for made in (tmp_path / "p", tmp_path / "p" / "r"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o755
 
 
 def test_report_without_profile_skips_timeline(tmp_path: Path, frontier_file: Path) -> None:

@@ -213,3 +213,38 @@ def test_info_tells_how_to_fix_a_gpu_left_off_its_defaults_without_an_owner(
     assert main(["device", "--sim-dir", str(tmp_path), "info"]) == 0
     out = capsys.readouterr().out
     assert "not at its defaults: run `perseus device reset --uuid GPU-aaaa`" in out
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("fifo", "is not a regular file"), ("dir", "is a directory"), ("link", "is a symbolic link")],
+)
+def test_info_says_reset_refuses_a_planted_lock_file(
+    no_driver: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    why: str,
+) -> None:
+    """A FIFO, directory or link planted at a GPU's lock path: ``reset`` refuses it, and
+    ``info`` says so (and why) instead of ``owner: none`` and advice to run that reset."""
+    gpu = SimulatedGPU.from_preset("a40", state_dir=tmp_path / "sim", set_latency_s=0.0)
+    gpu.set_locked_clock(900)
+    lock = gpu.owner_lock_path()
+    lock.unlink(missing_ok=True)
+    plant = {"fifo": os.mkfifo, "dir": os.mkdir, "link": lambda p: p.symlink_to(tmp_path)}[kind]
+    plant(lock)
+    fake = FakeNvml(devices=[FakeDevice("GPU-aaaa", power_limit_mw=250_000)])
+    monkeypatch.setattr("perseus.device.nvml.import_nvml", lambda: fake)
+    monkeypatch.setenv("PERSEUS_LOCK_DIR", str(tmp_path / "locks"))
+    nvml_lock = tmp_path / "locks" / "GPU-aaaa.owner"
+    (tmp_path / "locks").mkdir(mode=0o700)
+    plant(nvml_lock)
+    assert main(["device", "--sim-dir", str(tmp_path / "sim"), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "owner: none" not in out and "not at its defaults" not in out
+    for path in (lock, nvml_lock):
+        assert f"owner: unknown: lock file refused: {path} {why}; " in out
+    assert main(["device", "--sim-dir", str(tmp_path / "sim"), "reset", "--sim", "0"]) == 2
+    assert f"{lock} {why}; " in capsys.readouterr().err

@@ -153,3 +153,40 @@ def test_loads_alone_by_path(tmp_path: Path) -> None:
     loaded, refused = proc.stdout.split("\n")[:2]
     assert loaded == ""
     assert refused in ("ConfigError", "PermissionError")
+
+
+@pytest.mark.parametrize("path", ["/dev/null", "/dev/full", "/dev", "/dev/"])
+def test_a_device_node_or_system_directory_is_never_advised_removed(
+    path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--db sqlite:////dev/full`` or a store at ``/dev/null``: say what to pass instead,
+    never ``rm`` a device node or a system path."""
+    from perseus.cli.main import main
+
+    if not os.path.exists(path):
+        pytest.skip(f"no {path} here")
+    with pytest.raises(ConfigError) as e:
+        private_dir.check_private_file(path, what="recurring store", shared_dir_ok=False)
+    assert "rm " not in str(e.value) and "remove" not in str(e.value)
+    assert str(e.value).endswith(": pass the path of a new file in a directory of yours")
+    assert main(["fleet", "budget", "--db", f"sqlite:///{path}", "--set-w", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "pass the path of a new file" in err and "rm " not in err
+    if path.startswith("/dev/") and len(path) > 5:
+        with pytest.raises(ConfigError, match="is a device node, not a regular file") as e:
+            open_private(path, os.O_RDONLY, create=False)
+        assert "rm " not in str(e.value) and "$PERSEUS_LOCK_DIR" in str(e.value)
+
+
+def test_removing_a_planted_link_is_advised_only_in_a_directory_of_ours(tmp_path: Path) -> None:
+    """A link beside a store in the user's own directory: ``rm`` it. As root, only in a
+    private directory (a root-owned 0755 one may be a system directory)."""
+    for mode in (0o700, 0o755):
+        folder = tmp_path / f"d{mode:o}"
+        folder.mkdir(mode=mode)
+        folder.chmod(mode)
+        (folder / "jobs.db").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(ConfigError) as e:
+            private_dir.check_private_file(folder / "jobs.db", what="recurring store")
+        advised = f"remove it (rm {folder / 'jobs.db'}) or pass a path" in str(e.value)
+        assert advised == (mode == 0o700 or os.geteuid() != 0), str(e.value)

@@ -71,6 +71,32 @@ def test_outputs_get_ordinary_permissions(tmp_path: Path) -> None:
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
 
 
+@pytest.mark.parametrize(
+    ("umask", "dir_mode"),
+    [(0, 0o755), (0o020, 0o755), (0o002, 0o775), (0o022, 0o755), (0o077, 0o700)],
+)
+def test_created_directories_are_never_writable_by_others(
+    tmp_path: Path, umask: int, dir_mode: int
+) -> None:
+    """Report directories and an output's missing parents: the umask's mode, but never
+    writable by others (under umask 0 ``mkdir -p`` would make them 0777); a directory that
+    was there keeps its mode."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    kept.chmod(0o777)
+    mask = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a" / "b" / "f.txt", "x")
+        atomic_write_text(kept / "f.txt", "x")
+        with atomic_directory(tmp_path / "c" / "report") as tmp:
+            (tmp / "a").write_text("y")
+    finally:
+        os.umask(mask)
+    for made in ("a", "a/b", "c", "c/report"):
+        assert stat.S_IMODE((tmp_path / made).stat().st_mode) == dir_mode, made
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o777
+
+
 def test_a_failed_write_leaves_no_temporary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
