@@ -77,8 +77,9 @@ def _umask() -> int:
 
 
 def _dir_mode() -> int:
-    """The mode of a directory perseus creates: as the umask says, but never writable by
-    others (a umask that lets others write, such as 0, keeps the group out too)."""
+    """The mode of a directory perseus creates (and, without its execute bits, of a file): as
+    the umask says, but never writable by others (a umask that lets others write, such as 0,
+    keeps the group out too)."""
     mask = _umask()
     return 0o777 & ~(mask if mask & 0o002 else mask | 0o022)
 
@@ -433,8 +434,9 @@ def _write_file(entry: Path, data: bytes) -> None:
         try:
             _write_all(fd, data)
             os.fsync(fd)
-            # O_EXCL created it 0600; give it the permissions a plain open() would.
-            os.fchmod(fd, 0o666 & ~_umask())
+            # O_EXCL created it 0600; give it the permissions a plain open() would, but never
+            # writable by others.
+            os.fchmod(fd, _dir_mode() & 0o666)
         finally:
             os.close(fd)
         _entry_mode(dfd, entry.name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))

@@ -80,7 +80,7 @@ def test_created_directories_are_never_writable_by_others(
 ) -> None:
     """Report directories and an output's missing parents: the umask's mode, but never
     writable by others (under umask 0 ``mkdir -p`` would make them 0777); a directory that
-    was there keeps its mode."""
+    was there keeps its mode. Files written likewise (under umask 0 they were 0666)."""
     kept = tmp_path / "kept"
     kept.mkdir()
     kept.chmod(0o777)
@@ -95,6 +95,8 @@ def test_created_directories_are_never_writable_by_others(
     for made in ("a", "a/b", "c", "c/report"):
         assert stat.S_IMODE((tmp_path / made).stat().st_mode) == dir_mode, made
     assert stat.S_IMODE(kept.stat().st_mode) == 0o777
+    for written in ("a/b/f.txt", "kept/f.txt"):
+        assert stat.S_IMODE((tmp_path / written).stat().st_mode) == dir_mode & 0o666, written
 
 
 def test_a_failed_write_leaves_no_temporary(
