@@ -137,12 +137,14 @@ def drift_cause(runs: Sequence[IterationStats]) -> str | None:
 
 def waited_share(runs: Sequence[IterationStats]) -> float | None:
     """The mean share of ``runs``' time after the pipeline's last op when its ops' own time
-    is on the prediction (within :data:`DRIFT_TOLERANCE`) and that share is beyond it, else
-    None: a pipeline that waits for a straggler is off its plan's time, not its plan."""
+    is on the prediction (within :data:`DRIFT_TOLERANCE`), that share is beyond it and so is
+    the time, else None: a pipeline that waits for a straggler is off its plan's time, not
+    its plan."""
     own = [
         (
             s.pipeline_compute_time_s / s.predicted_time_s - 1.0,
             1.0 - s.pipeline_compute_time_s / s.time_s,
+            s.time_s / s.predicted_time_s - 1.0,
         )
         for s in runs
         if s.predicted_time_s and s.pipeline_compute_time_s is not None and s.time_s > 0
@@ -151,7 +153,9 @@ def waited_share(runs: Sequence[IterationStats]) -> float | None:
         return None
     off = statistics.fmean(o[0] for o in own)
     after = statistics.fmean(o[1] for o in own)
-    return after if abs(off) <= DRIFT_TOLERANCE and after > DRIFT_TOLERANCE else None
+    late = statistics.fmean(o[2] for o in own)  # an energy-only drift is no wait's doing
+    waited = abs(off) <= DRIFT_TOLERANCE and min(after, late) > DRIFT_TOLERANCE
+    return after if waited else None
 
 
 def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:

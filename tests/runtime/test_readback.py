@@ -28,7 +28,7 @@ from perseus.runtime.agent.readback import (
 from perseus.runtime.drift import PATIENCE, DriftMonitor
 from perseus.runtime.emulation import scale_profile, take_stages
 from perseus.runtime.metrics import CSV_FIELDS, _csv_row, iteration_metrics
-from perseus.runtime.summary import IterationStats, drift_cause, summarize
+from perseus.runtime.summary import IterationStats, drift_cause, summarize, waited_share
 from perseus.schedule import Kind, build_schedule
 
 BLOCKING_W = 83.64
@@ -632,3 +632,19 @@ def run_one_op(ctl: Any, op_s: float, mem_next_mhz: int | None = None) -> Any:
     assert ctl.flush(timeout_s=2.0)
     ctl.close()
     return job
+
+
+def test_an_energy_drift_with_the_time_on_the_plan_is_not_put_on_a_wait(caplog):
+    """Time on the prediction (+1 %), energy 20 % over it: only the energy drifted, and the
+    profile is stale. The ops ran 4.5 % fast and the optimizer step took the rest (5.4 % of
+    the time after the last op): the drift was put on a wait ("the ops themselves ran as
+    planned") and an online-profiled session never profiled again."""
+    runs = [_stats(i, 1.01, 120.0, pipeline_compute_time_s=0.955) for i in range(3)]
+    assert waited_share(runs) is None  # the time is not off: nothing to put on a wait
+    cause = drift_cause(runs)
+    assert cause is not None and "stale profile" in cause and "last op" not in cause
+    monitor = DriftMonitor(0, reprofile=True)
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime.session"):
+        assert [monitor.update(s) for s in runs][-1]  # every op profiled again (energy only)
+    (record,) = caplog.records
+    assert "profiling again" in record.message
