@@ -18,11 +18,24 @@ __all__ = ["BoundaryHooks"]
 _log = logging.getLogger("perseus.runtime.session")
 
 
+class _SessionCounter:
+    """A session's ``next_iteration`` as handed to a hook (replaced when it joins another)."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def __call__(self) -> int:
+        return self.read()
+
+
 class BoundaryHooks:
     """The hooks in the order attached (a hook may add or remove one as it runs).
     ``next_iteration``: the session's next iteration to start, handed to each hook added with
-    a ``next_iteration`` of None (a straggler runtime acknowledges a hint at the iteration
-    before it: on a real GPU the stats are one iteration older than the boundary)."""
+    a ``next_iteration`` of None or another session's (a straggler runtime acknowledges a hint
+    at the iteration before it: on a real GPU the stats are one iteration older than the
+    boundary)."""
 
     def __init__(
         self, schedule: Schedule, rank: int, next_iteration: Callable[[], int] | None = None
@@ -33,8 +46,12 @@ class BoundaryHooks:
         self._ops_checked: Frontier | None = None  # the last frontier whose stage ops matched
 
     def add(self, hook: BoundaryHook) -> None:
-        if self._next_iteration is not None and getattr(hook, "next_iteration", 0) is None:
-            hook.next_iteration = self._next_iteration  # type: ignore[attr-defined]
+        # None, or another session's (a hook kept across a restart): this session's from now on
+        current = getattr(hook, "next_iteration", 0)
+        if self._next_iteration is not None and (
+            current is None or isinstance(current, _SessionCounter)
+        ):
+            hook.next_iteration = _SessionCounter(self._next_iteration)  # type: ignore[attr-defined]
         self.hooks.append(hook)
 
     def remove(self, hook: BoundaryHook) -> None:

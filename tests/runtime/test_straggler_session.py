@@ -64,3 +64,31 @@ def test_an_emulated_hint_is_acknowledged_at_the_iteration_that_ended(tmp_path: 
     token = _run(session, store)
     assert read_ack(store, 1) == (token, 3)
     assert [s.point_index for s in session.history] == [0, 0, 0, 0, 1, 1]
+
+
+def test_a_runtime_moved_to_a_new_session_acknowledges_that_sessions_iteration(
+    tmp_path: Path,
+) -> None:
+    """A straggler runtime kept across a restart (a new session, the same hook: its decisions
+    kept) counted the closed session's iterations: a hint read at the new session's
+    iteration 1 was acknowledged at the old one's last (5)."""
+    from tests.runtime.test_rank_session import _iteration, _session
+
+    profile = scale_profile(take_stages(load_profile("a100"), 2), 0.02)
+    store = torch_dist.HashStore()
+    for run in range(2):
+        gpu = SimulatedGPU.from_profile(
+            profile, blocking_power_w=BLOCKING_W, state_dir=tmp_path / str(run), set_latency_s=0.0
+        )
+        with _session(gpu, profile) as session:
+            assert session.frontier is not None
+            if run == 0:
+                runtime = StragglerRuntime(
+                    session.frontier, pipeline_index=0, num_pipelines=2, store=store
+                )
+            session.add_boundary_hook(runtime)
+            for i in range(6 if run == 0 else 3):
+                if run == 1 and i == 1:
+                    token = set_hint(store, 1, 10 * session.frontier.points[0].time_s)
+                _iteration(session)
+    assert read_ack(store, 1) == (token, 1)
