@@ -58,8 +58,10 @@ def parse_url(url: str) -> DatabaseTarget:
                 "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"
             )
         return DatabaseTarget("postgresql", "", url)
-    netloc, slash, path = rest.partition("/")
-    shown = show_value(f"{prefix}://{netloc.rpartition('@')[2]}{slash}{path}")  # no user, password
+    # No user or password (the last '@' ends them, whatever they hold), no query or fragment
+    # (``?password=...``).
+    where = rest.rpartition("@")[2].partition("?")[0].partition("#")[0]
+    shown = show_value(f"{prefix}://{where}")
     raise ConfigError(
         f"`db` {shown} is not a database this store speaks; pass "
         "sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"

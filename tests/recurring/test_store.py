@@ -142,6 +142,9 @@ def test_two_processes_on_one_store_lose_and_double_nothing(store_url: str) -> N
         ("mysql://fleet@db.example/perseus", "'mysql://db.example/perseus'"),
         ("MySQL://fleet:secret@db.example:3306/p", "'MySQL://db.example:3306/p'"),
         ("redis://cache", "'redis://cache'"),
+        # Never a password: in the query, or with a '/' that urllib would take for the path.
+        ("mysql://fleet@db.example/p?password=secret", "'mysql://db.example/p'"),
+        ("mysql://fleet:se/cret@db.example/p#x", "'mysql://db.example/p'"),
     ],
 )
 def test_an_unknown_database_url_is_named_as_written(
