@@ -70,7 +70,12 @@ class OutputTarget:
 
 
 def _umask() -> int:
-    # os.umask can only be read by setting it; restore it at once.
+    # Linux says it (4.7+); os.umask can only read it by setting it, which for that instant
+    # applies to every thread's new files (a training run's checkpoints beside its metrics).
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from perseus.errors import ConfigError
 from perseus.validate import show_value
@@ -47,19 +47,22 @@ def parse_url(url: str) -> DatabaseTarget:
         return DatabaseTarget("sqlite", rest[1:], "")
     if prefix.lower() in ("postgresql", "postgres"):
         try:
-            password = urlsplit(url).password
+            split = urlsplit(url)
+            password = split.password
         except ValueError as e:  # an IPv6 bracket not closed
             raise ConfigError(
                 f"`db`: not a PostgreSQL URL ({e}); pass postgresql://USER@HOST[:PORT]/DB"
             ) from None
-        if password is not None:
+        if password is not None or "password" in parse_qs(split.query):  # libpq takes both
             raise ConfigError(
                 "`db`: the URL carries a password; drop it from the URL and give it in "
                 "PGPASSWORD or ~/.pgpass (a URL shows up in ps, shell history and logs)"
             )
         return DatabaseTarget("postgresql", "", url)
-    netloc, slash, path = rest.partition("/")
-    shown = show_value(f"{prefix}://{netloc.rpartition('@')[2]}{slash}{path}")  # no user, password
+    # No user or password (the last '@' ends them, whatever they hold), no query or fragment
+    # (``?password=...``).
+    where = rest.rpartition("@")[2].partition("?")[0].partition("#")[0]
+    shown = show_value(f"{prefix}://{where}")
     raise ConfigError(
         f"`db` {shown} is not a database this store speaks; pass "
         "sqlite:///FILE or postgresql://USER@HOST[:PORT]/DB"

@@ -24,6 +24,7 @@ from perseus.io.atomic import (
     atomic_write_text,
     check_output_directory,
     check_output_path,
+    open_output_dir,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +98,33 @@ def test_created_directories_are_never_writable_by_others(
     assert stat.S_IMODE(kept.stat().st_mode) == 0o777
     for written in ("a/b/f.txt", "kept/f.txt"):
         assert stat.S_IMODE((tmp_path / written).stat().st_mode) == dir_mode & 0o666, written
+
+
+def test_the_umask_is_read_without_setting_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Setting the umask to read it applies, for that instant, to every thread's new files:
+    a training run's metrics sink (open_output_dir) making its directory would let a
+    checkpoint or event-file thread create a 0666 file. Linux says the umask in
+    /proc/self/status."""
+    if not Path("/proc/self/status").read_text().count("\nUmask:"):
+        pytest.skip("no Umask line in /proc/self/status (Linux before 4.7)")
+    set_to: list[int] = []
+    real = os.umask
+    mask = real(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", lambda m: set_to.append(m) or real(m))
+        fd = open_output_dir(tmp_path / "metrics" / "run")
+        os.close(fd)
+        atomic_write_text(tmp_path / "metrics" / "f.txt", "x")
+        with atomic_directory(tmp_path / "report"):
+            pass
+    finally:
+        real(mask)
+    assert set_to == []
+    assert stat.S_IMODE((tmp_path / "metrics" / "run").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "metrics" / "f.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "report").stat().st_mode) == 0o750
 
 
 def test_a_failed_write_leaves_no_temporary(

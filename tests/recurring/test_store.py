@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.recurring.database import open_store
+from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.policy import BatchSizeOptimizer, Observation
 from perseus.recurring.store import RecurringStore, SQLiteStore
 
@@ -142,6 +142,9 @@ def test_two_processes_on_one_store_lose_and_double_nothing(store_url: str) -> N
         ("mysql://fleet@db.example/perseus", "'mysql://db.example/perseus'"),
         ("MySQL://fleet:secret@db.example:3306/p", "'MySQL://db.example:3306/p'"),
         ("redis://cache", "'redis://cache'"),
+        # Never a password: in the query, or with a '/' that urllib would take for the path.
+        ("mysql://fleet@db.example/p?password=secret", "'mysql://db.example/p'"),
+        ("mysql://fleet:se/cret@db.example/p#x", "'mysql://db.example/p'"),
     ],
 )
 def test_an_unknown_database_url_is_named_as_written(
@@ -172,3 +175,14 @@ def test_a_malformed_postgres_url_is_a_config_error(
     assert main(["fleet", "status", "--db", url]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --db: not a PostgreSQL URL (") and err.count("\n") == 1
+
+
+def test_a_postgres_password_in_the_query_is_refused_as_in_the_user_part() -> None:
+    """libpq takes ``?password=`` as it takes ``user:password@``: both show up in ps."""
+    for url in (
+        "postgresql://fleet:secret@db/p",
+        "postgres://fleet@db/p?sslmode=require&password=s",
+    ):
+        with pytest.raises(ConfigError, match=r"^`db`: the URL carries a password; .*PGPASSWORD"):
+            open_store(url)
+    assert parse_url("postgresql://fleet@db/p?sslmode=require").conninfo.endswith("=require")
