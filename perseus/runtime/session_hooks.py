@@ -33,7 +33,7 @@ class _SessionCounter:
 class BoundaryHooks:
     """The hooks in the order attached (a hook may add or remove one as it runs).
     ``next_iteration``: the session's next iteration to start, handed to each hook added with
-    a ``next_iteration`` of None or another session's (a straggler runtime acknowledges a hint
+    a ``next_iteration`` of None or another session's (a straggler or power runtime acknowledges
     at the iteration before it: on a real GPU the stats are one iteration older than the
     boundary)."""
 

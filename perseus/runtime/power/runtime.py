@@ -338,8 +338,7 @@ def attach_power(
         release=lambda: release_clocks(session),
         replanner=replanner,
     )
-    runtime.next_iteration = lambda: session.next_iteration
-    session.add_boundary_hook(runtime)
+    session.add_boundary_hook(runtime)  # which hands it the session's next_iteration
     session.power = runtime  # its cap holds over the other hooks' plans
     runtime.wait_for(session.next_iteration)  # the first interval may open later
     # The first plan, of the schedule in force after the wait (a re-plan may come on the way).
