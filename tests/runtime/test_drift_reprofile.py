@@ -3,8 +3,10 @@ again; the other rows are kept as they were, and the re-plan is made from the me
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,17 @@ def _stale_session(tmp_path: Path, **options: Any) -> RankSession:
         plan=OnlineProfile(cache=cache, patience=1),
         options=SessionOptions(watchdog=False, handle_signals=False, **options),
     )
+
+
+@contextlib.contextmanager
+def _opened(session: RankSession) -> Iterator[RankSession]:
+    """``with session``, its warnings silenced and its host overruns not counted: a drift is
+    the profile's alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with session:
+            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
+            yield session
 
 
 def _until_profiled_again(session: RankSession) -> None:
@@ -162,20 +175,17 @@ def test_a_drift_after_clock_control_was_lost_does_not_end_the_run(
         plan=OnlineProfile(cache=cache, patience=1),
         options=SessionOptions(watchdog=False, handle_signals=False),
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with session:
-            assert session.frontier is not None and session.agent is not None
-            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
-            for _ in range(3):
-                _iterate(session)  # the fastest point: the GPU locked high
-            placed = session.gpu
-            assert isinstance(placed, SimulatedGPU)
-            placed.inject_error("set_locked_clock", DeviceError("set failed"), times=10)
-            session.deploy(session.frontier, len(session.frontier.points) - 1)  # the slowest
-            for _ in range(12):
-                _iterate(session)
-            assert session.agent.observe_only and not session.profiling
+    with _opened(session):
+        assert session.frontier is not None and session.agent is not None
+        for _ in range(3):
+            _iterate(session)  # the fastest point: the GPU locked high
+        placed = session.gpu
+        assert isinstance(placed, SimulatedGPU)
+        placed.inject_error("set_locked_clock", DeviceError("set failed"), times=10)
+        session.deploy(session.frontier, len(session.frontier.points) - 1)  # the slowest
+        for _ in range(12):
+            _iterate(session)
+        assert session.agent.observe_only and not session.profiling
     assert "profiling again to re-plan" in caplog.text  # the drift was there
     assert "not profiling again: clock control was lost" in caplog.text
     assert {h.phase for h in session.history} == {"run"}
@@ -260,25 +270,22 @@ def test_a_hooks_plan_at_the_drift_does_not_replace_the_sweeps_clocks(tmp_path: 
     measured at the clocks it meant to set)."""
     session = _stale_session(tmp_path)
     ran_at_profiling: list[bool] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with session:
-            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
-            planned = session.frontier
-            assert planned is not None
-            session.add_boundary_hook(lambda stats: (planned, 0))  # every iteration, any phase
-            while not any(h.phase == "profile" for h in session.history) or session.profiling:
-                sweep = session._sweep
-                with session.iteration():
-                    agent = session.agent
-                    assert agent is not None
-                    if sweep is not None:  # the clocks the sweep measures next
-                        wanted = sweep.sweep_plan().points[0].freqs_mhz
-                        ran_at_profiling.append(agent.plan.points[0].freqs_mhz == wanted)
-                    for action in session.schedule.rank_actions[session.rank]:
-                        with session.op(action):
-                            pass
-                assert len(session.history) < 400
+    with _opened(session):
+        planned = session.frontier
+        assert planned is not None
+        session.add_boundary_hook(lambda stats: (planned, 0))  # every iteration, any phase
+        while not any(h.phase == "profile" for h in session.history) or session.profiling:
+            sweep = session._sweep
+            with session.iteration():
+                agent = session.agent
+                assert agent is not None
+                if sweep is not None:  # the clocks the sweep measures next
+                    wanted = sweep.sweep_plan().points[0].freqs_mhz
+                    ran_at_profiling.append(agent.plan.points[0].freqs_mhz == wanted)
+                for action in session.schedule.rank_actions[session.rank]:
+                    with session.op(action):
+                        pass
+            assert len(session.history) < 400
     assert ran_at_profiling and all(ran_at_profiling)
 
 
@@ -290,23 +297,20 @@ def test_a_straggler_runtime_follows_the_plan_made_from_a_profile_again(tmp_path
     from perseus.runtime.straggler.switching import StragglerRuntime
 
     session = _stale_session(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with session:
-            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
-            stale = session.frontier
-            assert stale is not None
-            straggler = StragglerRuntime(stale, pipeline_index=0, num_pipelines=1)
-            session.add_boundary_hook(straggler)
-            _until_profiled_again(session)
-            replanned = session.frontier
-            assert replanned is not None and replanned is not stale
-            for _ in range(3):
-                _iterate(session)
-            agent = session.agent
-            assert agent is not None
-            assert session.frontier is replanned and agent.plan is replanned
-            assert straggler.frontier is replanned
+    with _opened(session):
+        stale = session.frontier
+        assert stale is not None
+        straggler = StragglerRuntime(stale, pipeline_index=0, num_pipelines=1)
+        session.add_boundary_hook(straggler)
+        _until_profiled_again(session)
+        replanned = session.frontier
+        assert replanned is not None and replanned is not stale
+        for _ in range(3):
+            _iterate(session)
+        agent = session.agent
+        assert agent is not None
+        assert session.frontier is replanned and agent.plan is replanned
+        assert straggler.frontier is replanned
     assert session.history[-1].predicted_time_s == replanned.points[0].time_s
 
 
@@ -321,24 +325,21 @@ def test_a_power_cap_follows_the_plan_made_from_a_profile_again(tmp_path: Path) 
 
     store = dist.HashStore()
     session = _stale_session(tmp_path, power_store=store)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with session:
-            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
-            stale = session.frontier
-            assert stale is not None and len(stale.points) > 2
-            cap_w = stale.points[len(stale.points) // 2].avg_power_w
-            set_cap(store, cap_w)
-            _until_profiled_again(session)
-            replanned = session.frontier
-            assert replanned is not None and replanned is not stale
-            cap_w = stale.points[-2].avg_power_w  # a lower cap, decided on the new frontier
-            set_cap(store, cap_w)
-            for _ in range(3):
-                _iterate(session)
-            agent = session.agent
-            assert agent is not None and agent.plan is replanned
-            assert replanned.points[agent.point_index].avg_power_w <= cap_w
+    with _opened(session):
+        stale = session.frontier
+        assert stale is not None and len(stale.points) > 2
+        cap_w = stale.points[len(stale.points) // 2].avg_power_w
+        set_cap(store, cap_w)
+        _until_profiled_again(session)
+        replanned = session.frontier
+        assert replanned is not None and replanned is not stale
+        cap_w = stale.points[-2].avg_power_w  # a lower cap, decided on the new frontier
+        set_cap(store, cap_w)
+        for _ in range(3):
+            _iterate(session)
+        agent = session.agent
+        assert agent is not None and agent.plan is replanned
+        assert replanned.points[agent.point_index].avg_power_w <= cap_w
 
 
 def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
@@ -350,16 +351,13 @@ def test_a_plan_made_again_runs_the_options_point_not_the_index_deployed_before(
     training loop at the sweep's end. The new plan starts at the options' point, as the
     first one did."""
     session = _stale_session(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with session:
-            session._run.take_overruns = lambda: 0  # type: ignore[method-assign]
-            stale = session.frontier
-            assert stale is not None
-            session.deploy(stale, len(stale.points) - 1)
-            _until_profiled_again(session)
-            replanned = session.frontier
-            assert replanned is not None and replanned is not stale
-            _iterate(session)
+    with _opened(session):
+        stale = session.frontier
+        assert stale is not None
+        session.deploy(stale, len(stale.points) - 1)
+        _until_profiled_again(session)
+        replanned = session.frontier
+        assert replanned is not None and replanned is not stale
+        _iterate(session)
     assert session.point_index == 0 and session.history[-1].point_index == 0
     assert session.history[-1].predicted_time_s == replanned.points[0].time_s
