@@ -28,6 +28,28 @@ def test_no_module_or_function_is_longer_than_the_limits() -> None:
     assert not long, "split these: " + "; ".join(long)
 
 
+def test_time_is_read_through_the_clock_seam() -> None:
+    # Code that decides when reads perseus.device.clock, so tests run it on virtual time. Left
+    # out: the seam itself; sim_state (the watchdog loads it by path: it imports no perseus);
+    # log (below the device layer) and the CLI's printed durations, which decide nothing.
+    allowed = {
+        "perseus/device/clock.py",
+        "perseus/device/sim_state.py",
+        "perseus/log.py",
+        "perseus/cli/demo.py",
+        "perseus/cli/frontier.py",
+    }
+    read = re.compile(r"\btime\.(time|monotonic|perf_counter|sleep)(_ns)?\(")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "perseus").rglob("*.py"))
+        if str(path.relative_to(REPO)) not in allowed
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if read.search(line)
+    ]
+    assert not found, "read the time through perseus.device.clock: " + ", ".join(found)
+
+
 def test_the_formatter_lays_out_every_line() -> None:
     # `# fmt: skip` on a call packs its arguments into fewer lines than ruff would: the limits
     # above would then count lines the formatter never wrote.

@@ -1,18 +1,19 @@
 """Device events for the agent: the simulated device's own, or ``torch.cuda.Event`` on a GPU.
 
 A CUDA event's time is ``elapsed_time`` against a reference event recorded (and synchronised
-once) when the source is created, mapped onto :func:`time.perf_counter`. CUDA events are pooled
+once) when the source is created, mapped onto the real clock
+(:data:`~perseus.device.clock.REAL_CLOCK`). CUDA events are pooled
 (:meth:`CudaEventSource.recycle`) and the current stream is looked up again only when the raw
 stream changed, so an op launched on another stream is timed on it.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from perseus.device.base import GPU, DeviceEvent, EventSource
+from perseus.device.clock import REAL_CLOCK
 from perseus.device.nvml import NvmlGPU
 
 __all__ = ["CudaEvent", "CudaEventSource", "event_source_for"]
@@ -64,7 +65,7 @@ class CudaEventSource:
         self.ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self.ref.record(torch.cuda.current_stream(self.device))
         self.ref.synchronize()  # once, at start: the anchor of the device timeline
-        self.ref_host_s = time.perf_counter()
+        self.ref_host_s = REAL_CLOCK.now()
         self._free: list[CudaEvent] = []  # events nobody reads any more
         self._recorded: list[CudaEvent] = []  # recorded in this iteration
         self._retiring: list[CudaEvent] = []  # recorded in the previous one
@@ -94,7 +95,7 @@ class CudaEventSource:
         self._retiring, self._recorded = self._recorded, []
 
     def timeline_now_s(self) -> float:
-        return time.perf_counter()
+        return REAL_CLOCK.now()
 
 
 def _cuda_available() -> bool:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from multiprocessing.util import Finalize
 from pathlib import Path
@@ -26,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from perseus.device.base import GPU, ManagedGPU, PowerLimitGPU
+from perseus.device.clock import REAL_CLOCK
 from perseus.device.ownership import (
     GpuOwnership,
     close_on_fork,
@@ -174,7 +174,7 @@ class _SignalChain:
             return  # a handler of the program's decides, on the main thread (_on_signal)
         # Default action: reset, let the main thread die by the signal, else exit ourselves.
         self._run_guards(signum)
-        time.sleep(self.grace_s)
+        REAL_CLOCK.sleep(self.grace_s)
         os._exit(128 + signum)
 
 
@@ -324,11 +324,11 @@ class Watchdog:
 
 def _read_line(fd: int, timeout_s: float) -> bytes:
     data = b""
-    deadline = time.monotonic() + timeout_s
+    deadline = REAL_CLOCK.now() + timeout_s
     pipe = select.poll()  # not select.select: it refuses descriptors from 1024 up
     pipe.register(fd, select.POLLIN)
     while b"\n" not in data:
-        left = deadline - time.monotonic()
+        left = deadline - REAL_CLOCK.now()
         if left <= 0:
             break
         try:
