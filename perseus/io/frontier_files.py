@@ -86,23 +86,25 @@ def read_json_document(
         raise error(f"{p}: invalid JSON ({clip_message(str(e), 120)}); pass {what}") from None
 
 
+def _stale(where: object, field: str, why: str) -> PlanError:
+    """``"<where>: field <field>: <why>; regenerate it ..."``: a file not as perseus wrote it."""
+    return PlanError(f"{where}: field {field}: {why}; {_REGENERATE}")
+
+
 def _check_counts(p: Path, doc: Any) -> None:
     """Refuse more points or ops than any plan holds before building models of them."""
     if not isinstance(doc, dict):
         return
     points, ops = doc.get("points"), doc.get("stage_ops")
     if isinstance(points, list) and len(points) > MAX_POINTS:
-        raise PlanError(
-            f"{p}: field points: {len(points):,} points, more than the {MAX_POINTS:,} a "
-            f"frontier may hold; {_REGENERATE}"
+        raise _stale(
+            p, "points", f"{len(points):,} points, more than the {MAX_POINTS:,} a frontier may hold"
         )
     if isinstance(ops, list):
         total = sum(len(r) for r in ops if isinstance(r, list))
         if total > MAX_JOB_OPS:
-            raise PlanError(
-                f"{p}: field stage_ops: {total:,} ops, more than the {MAX_JOB_OPS:,} of the "
-                f"largest job perseus plans; {_REGENERATE}"
-            )
+            why = f"{total:,} ops, more than the {MAX_JOB_OPS:,} of the largest job perseus plans"
+            raise _stale(p, "stage_ops", why)
 
 
 def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
@@ -143,10 +145,8 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
         "read %s: %d points, schema version %d", p, len(frontier.points), frontier.schema_version
     )
     if frontier.schema_version >= 2 and frontier.points_sha256 is None:
-        raise PlanError(
-            f"{p}: field points_sha256: missing (schema_version 2+ files carry a digest of their "
-            f"points); {_REGENERATE}"
-        )
+        why = "missing (schema_version 2+ files carry a digest of their points)"
+        raise _stale(p, "points_sha256", why)
     check_frontier_job(frontier, os.fspath(path))
     return frontier
 
@@ -165,40 +165,37 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
     sizes = (j.schedule, j.stages, j.microbatches)
     check_job_size(f"{source}: field job", *sizes, j.virtual_stages)
     if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
-        raise PlanError(
-            f"{source}: field job.backward_split: set for schedule {j.schedule!r}, which does not "
-            f"split backwards; {_REGENERATE}"
-        )
+        why = f"set for schedule {j.schedule!r}, which does not split backwards"
+        raise _stale(source, "job.backward_split", why)
     if j.schedule in SCHEDULE_NAMES:
         try:
             sched = build_schedule(*sizes, virtual_stages=j.virtual_stages)
         except ConfigError as e:  # a ScheduleError: the sizes do not fit the schedule
             why = str(e).partition("\n")[0]
-            raise PlanError(f"{source}: field job: {why}; {_REGENERATE}") from None
+            raise _stale(source, "job", why) from None
         expected = sched.stage_ops()
         if sched.num_ranks != j.ranks:
-            raise PlanError(
-                f"{source}: field job.ranks: {j.ranks}, but {j.schedule} with {j.stages} stages "
-                f"and {j.virtual_stages} virtual stages has {sched.num_ranks}; {_REGENERATE}"
+            raise _stale(
+                source,
+                "job.ranks",
+                f"{j.ranks}, but {j.schedule} with {j.stages} stages and {j.virtual_stages} "
+                f"virtual stages has {sched.num_ranks}",
             )
         if frontier.stage_ops != expected:
             where = _first_difference(frontier.stage_ops, expected)
-            raise PlanError(
-                f"{source}: field stage_ops{where}: does not match job ({j.schedule}, {j.stages} "
-                f"stages x {j.microbatches} microbatches); {_REGENERATE}"
-            )
+            job = f"{j.schedule}, {j.stages} stages x {j.microbatches} microbatches"
+            raise _stale(source, f"stage_ops{where}", f"does not match job ({job})")
         return
     if not _TORCH_NAME_RE.match(j.schedule):
-        raise PlanError(
-            f"{source}: field job.schedule: {show_value(j.schedule)} is neither a perseus "
-            f"schedule ({', '.join(SCHEDULE_NAMES)}) nor a torch schedule class (Schedule...); "
-            f"{_REGENERATE}"
+        raise _stale(
+            source,
+            "job.schedule",
+            f"{show_value(j.schedule)} is neither a perseus schedule "
+            f"({', '.join(SCHEDULE_NAMES)}) nor a torch schedule class (Schedule...)",
         )
     if j.ranks * j.virtual_stages != j.stages:
-        raise PlanError(
-            f"{source}: field job.stages: {j.stages}, but {j.ranks} ranks x {j.virtual_stages} "
-            f"virtual stages = {j.ranks * j.virtual_stages}; {_REGENERATE}"
-        )
+        why = f"{j.ranks} ranks x {j.virtual_stages} virtual stages = {j.ranks * j.virtual_stages}"
+        raise _stale(source, "job.stages", f"{j.stages}, but {why}")
     _check_generic_ops(frontier, source)
 
 
@@ -221,9 +218,8 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
             if outside or action in seen:
                 why = f"is outside the job ({j.stages} stages x {j.microbatches} microbatches)"
                 op = show_value(frontier.stage_ops[r][i])
-                raise PlanError(
-                    f"{source}: field stage_ops[{r}][{i}]: {op} "
-                    f"{why if outside else 'appears twice'}; {_REGENERATE}"
+                raise _stale(
+                    source, f"stage_ops[{r}][{i}]", f"{op} {why if outside else 'appears twice'}"
                 )
             seen.add(action)
     kinds = {a.kind for a in seen}
@@ -231,10 +227,8 @@ def _check_generic_ops(frontier: Frontier, source: str) -> None:
     for kind in (Kind.F, Kind.B) + ((Kind.W,) if Kind.W in kinds else ()):
         count = sum(1 for a in seen if a.kind is kind)
         if count != per_kind:
-            raise PlanError(
-                f"{source}: field stage_ops: {count} {kind.value} ops, the job ({j.stages} stages "
-                f"x {j.microbatches} microbatches) has {per_kind}; {_REGENERATE}"
-            )
+            why = f"the job ({j.stages} stages x {j.microbatches} microbatches) has {per_kind}"
+            raise _stale(source, "stage_ops", f"{count} {kind.value} ops, {why}")
 
 
 def write_frontier(frontier: Frontier, path: str | os.PathLike[str]) -> None:
