@@ -453,11 +453,8 @@ def _write_file(entry: Path, data: bytes) -> None:
 def _entry_mode(dfd: int, name: str, shown: object, ok: Callable[[int], bool]) -> int | None:
     """The mode of ``name`` in ``dfd`` (None when missing), refused unless ``ok(mode)``: what
     is about to be replaced changed while perseus worked."""
-    try:
-        mode = os.lstat(name, dir_fd=dfd).st_mode
-    except FileNotFoundError:
-        return None
-    if not ok(mode):
+    mode = _mode_at(dfd, name)
+    if mode is not None and not ok(mode):
         raise ConfigError(
             f"{shown}: became {describe_file_type(mode)} while perseus worked; nothing was "
             "written; pass another path"
@@ -508,12 +505,12 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         _replace_directory(dfd, tmp, target.name)
 
 
-def _exists_at(dfd: int, name: str) -> bool:
+def _mode_at(dfd: int, name: str) -> int | None:
+    """The mode of ``name`` in directory ``dfd``, None when nothing is there."""
     try:
-        os.lstat(name, dir_fd=dfd)
+        return os.lstat(name, dir_fd=dfd).st_mode
     except FileNotFoundError:
-        return False
-    return True
+        return None
 
 
 def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
@@ -535,9 +532,9 @@ def _replace_directory(dfd: int, tmp_name: str, name: str) -> None:
             os.rename(name, old_name, src_dir_fd=dfd, dst_dir_fd=dfd)
             os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
-            if not _exists_at(dfd, name):
+            if _mode_at(dfd, name) is None:
                 restore()
-            if _exists_at(dfd, name):  # else old_name holds the only copy: leave it
+            if _mode_at(dfd, name) is not None:  # else old_name holds the only copy: leave it
                 _rmtree_at(dfd, old_name)
             raise
     _rmtree_at(dfd, old_name)
