@@ -6,6 +6,7 @@ Every problem is one :class:`ProfileError` line naming the file and line (CSV) o
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -54,6 +55,12 @@ _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 MEM_COLUMN = "mem_freq_mhz"
 PHASE_COLUMNS = ("first_layer", "last_layer")
 MAX_LAYERS = 4096
+#: What a cell of a layer or memory clock column must be (in the message when it is not).
+_LAYER = f"a layer index in 0..{MAX_LAYERS - 1}"
+_MEM_CLOCK = (
+    f"an integer memory clock in 1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's "
+    "default memory clock"
+)
 #: Every column perseus reads; each may be named once (case and spaces ignored).
 _KNOWN_COLUMNS = (*REQUIRED_COLUMNS, *RANK_COLUMNS, MEM_COLUMN, *PHASE_COLUMNS)
 
@@ -170,14 +177,6 @@ def _read_header(p: Path, reader: Any, phase: bool) -> list[str]:
     return header
 
 
-def _parse_layer(where: str, name: str, text: str) -> int:
-    if not (text.isdecimal() and len(text) <= 5) or not int(text) < MAX_LAYERS:
-        raise ProfileError(
-            f"{where}: {name} {show_value(text)} is not a layer index in 0..{MAX_LAYERS - 1}"
-        )
-    return int(text)
-
-
 def _records(p: Path, text: str, phase: bool) -> Iterator[tuple[int, list[str], dict[str, int]]]:
     """The data records after the header: line number, cells stripped and each known column's
     index; blank lines skipped, short and malformed lines and a file without data refused."""
@@ -212,7 +211,9 @@ def _parse_phase_rows(p: Path, text: str) -> list[PhaseRow]:
     for line, record, col in _records(p, text, phase=True):
         where = f"{p}:{line}"
         stage, kind, freq, time_s, energy_j, mem = _parse_fields(where, record, col)
-        first, last = (_parse_layer(where, c, record[col[c]]) for c in PHASE_COLUMNS)
+        first, last = (
+            _cell(where, c, record[col[c]], _LAYER, 5, MAX_LAYERS) for c in PHASE_COLUMNS
+        )
         if last < first:
             raise ProfileError(
                 f"{where}: last_layer {last} is before first_layer {first}; a phase is the "
@@ -299,7 +300,8 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
     for line, record, col in _records(p, text, phase=False):
         where = f"{p}:{line}"
         row = _parse_fields(where, record, col)
-        ranks = {k: _parse_rank(where, k, record[col[k]]) for k in RANK_COLUMNS if k in col}
+        rank = "an integer rank >= 0"
+        ranks = {k: _cell(where, k, record[col[k]], rank, 7) for k in RANK_COLUMNS if k in col}
         if ranks.get("pp_rank", row[0]) != row[0]:
             raise ProfileError(
                 f"{where}: pp_rank {ranks['pp_rank']} differs from stage {row[0]}; a "
@@ -317,20 +319,22 @@ def _parse_csv(p: Path, text: str) -> list[Row]:
     return _aggregate_ranks(p, rows, row_ranks) if "rank" in col else rows
 
 
-def _clock_mhz(text: str) -> int | None:
-    """``text`` as an integer clock in 1..MAX_FREQ_MHZ MHz (``1410`` or ``1410.0``), else None."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    ok = math.isfinite(value) and value == int(value) and 1 <= value <= MAX_FREQ_MHZ
-    return int(value) if ok else None
-
-
-def _parse_rank(where: str, name: str, text: str) -> int:
-    if not (text.isdecimal() and len(text) <= 7):
-        raise ProfileError(f"{where}: {name} {show_value(text)} is not an integer rank >= 0")
-    return int(text)
+def _cell(
+    where: str, name: str, text: str, what: str, digits: int = 0, below: float = math.inf
+) -> int:
+    """The cell ``text`` as an integer of at most ``digits`` digits below ``below``, or (no
+    ``digits``) as an integer clock in 1..MAX_FREQ_MHZ MHz (``1410`` or ``1410.0``); else
+    ``"<where>: <name> <text> is not <what>"``."""
+    clock = math.nan
+    if digits:
+        ok = text.isdecimal() and len(text) <= digits and int(text) < below
+    else:
+        with contextlib.suppress(ValueError):
+            clock = float(text)
+        ok = math.isfinite(clock) and clock == int(clock) and 1 <= clock <= MAX_FREQ_MHZ
+    if not ok:
+        raise ProfileError(f"{where}: {name} {show_value(text)} is not {what}")
+    return int(text) if digits else int(clock)
 
 
 def _aggregate_ranks(p: Path, rows: list[Row], ranks: list[int]) -> list[Row]:
@@ -381,23 +385,13 @@ def _parse_fields(where: str, record: list[str], col: dict[str, int]) -> Row:
         raise ProfileError(
             f"{where}: unknown instruction {show_value(name)}; use one of {_KIND_NAMES}"
         ) from None
-    freq = _clock_mhz(freq_text)
-    if freq is None:
-        raise ProfileError(
-            f"{where}: frequency {show_value(freq_text)} is not an integer clock in "
-            f"1..{MAX_FREQ_MHZ} MHz"
-        )
+    freq = _cell(where, "frequency", freq_text, f"an integer clock in 1..{MAX_FREQ_MHZ} MHz")
     time_s = _parse_number(where, "time", time_text, MAX_TIME_S, "s")
     energy_j = _parse_number(where, "energy", energy_text, MAX_ENERGY_J, "J")
     if not 0 <= int(stage) < MAX_STAGES:
         raise ProfileError(f"{where}: stage must be in 0..{MAX_STAGES - 1}, got {int(stage)}")
     mem_text = record[col[MEM_COLUMN]] if MEM_COLUMN in col else ""
-    mem = _clock_mhz(mem_text) if mem_text else None
-    if mem_text and mem is None:
-        raise ProfileError(
-            f"{where}: {MEM_COLUMN} {show_value(mem_text)} is not an integer memory clock in "
-            f"1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's default memory clock"
-        )
+    mem = _cell(where, MEM_COLUMN, mem_text, _MEM_CLOCK) if mem_text else None
     return int(stage), kind, freq, time_s, energy_j, mem
 
 
