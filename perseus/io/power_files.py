@@ -297,16 +297,15 @@ def _parse_starts(
     out = np.empty(len(raw), dtype=np.float64)
     origin: datetime | None = None
     for k, (number, cell) in enumerate(zip(numbers, raw, strict=True)):
-        when = None if seconds else _iso_or_none(cell)
-        if when is None:
-            other = _iso_or_none(cell) is not None if seconds else _is_number(cell)
-            if other:
+        when = _iso_or_none(cell)
+        if seconds and when is None and _is_number(cell):
+            continue
+        if seconds or when is None:
+            if when is not None or _is_number(cell):
                 raise ConfigError(
                     f"{p}:{number}: start {show_value(cell)} mixes seconds and ISO times; use "
                     "one kind for every row"
                 )
-            if seconds and _is_number(cell):
-                continue
             raise ConfigError(
                 f"{p}:{number}: start {show_value(cell)} is neither seconds nor an ISO 8601 "
                 f"time; pass {_SIGNAL_WHAT}"
