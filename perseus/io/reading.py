@@ -53,34 +53,26 @@ def describe_file_type(mode: int) -> str:
     return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
 
 
-def _refuse_kind(p: Path, mode: int, what: str, error: type[ConfigError]) -> ConfigError:
-    if stat.S_ISDIR(mode):
-        return error(f"{p}: is a directory; pass {what}")
-    return error(
-        f"{p}: is {describe_file_type(mode)}, not a regular file; perseus reads inputs only from regular files "
-        f"(copy the data to a file first); pass {what}"
-    )
-
-
 def _open_regular(p: Path, what: str, error: type[ConfigError]) -> tuple[int, int]:
     """A read-only descriptor of the regular file ``p`` and its size."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
     o_path = getattr(os, "O_PATH", 0)
-    if o_path and os.path.isdir("/proc/self/fd"):
-        handle = os.open(p, o_path | os.O_CLOEXEC)
-        try:
-            st = os.fstat(handle)
-            if not stat.S_ISREG(st.st_mode):
-                raise _refuse_kind(p, st.st_mode, what, error)
-            # Re-open the very inode the O_PATH handle holds (no second path lookup).
-            fd = os.open(f"/proc/self/fd/{handle}", flags)
-        finally:
-            os.close(handle)
-    else:  # pragma: no cover - non-Linux: stat, open, and check it is still the same file
-        st = os.stat(p)
+    # Linux: check the inode an O_PATH handle holds, then re-open that very inode (no second
+    # path lookup); elsewhere stat, open, and check below that it is still the same file.
+    handle = os.open(p, o_path | os.O_CLOEXEC) if o_path and os.path.isdir("/proc/self/fd") else -1
+    try:
+        st = os.fstat(handle) if handle >= 0 else os.stat(p)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"{p}: is a directory; pass {what}")
         if not stat.S_ISREG(st.st_mode):
-            raise _refuse_kind(p, st.st_mode, what, error)
-        fd = os.open(p, flags)
+            raise error(
+                f"{p}: is {describe_file_type(st.st_mode)}, not a regular file; perseus reads "
+                f"inputs only from regular files (copy the data to a file first); pass {what}"
+            )
+        fd = os.open(f"/proc/self/fd/{handle}" if handle >= 0 else p, flags)
+    finally:
+        if handle >= 0:
+            os.close(handle)
     try:
         st2 = os.fstat(fd)
         if not stat.S_ISREG(st2.st_mode) or (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
@@ -111,8 +103,6 @@ def read_bounded(
         fd, size = _open_regular(p, what, error)
     except FileNotFoundError:
         raise error(f"{p}: {name} not found; pass {what}") from None
-    except IsADirectoryError:
-        raise error(f"{p}: is a directory; pass {what}") from None
     except OSError as e:
         raise error(f"{p}: cannot read file ({e.strerror}); pass {what}") from None
     want = limit_bytes + 1
