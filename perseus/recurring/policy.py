@@ -22,8 +22,6 @@ from perseus.errors import ConfigError
 from perseus.recurring.bandit import (
     ArmPosterior,
     GaussianPrior,
-    pooled_rel_std,
-    posteriors,
     thompson_sample,
 )
 
@@ -149,26 +147,17 @@ class BatchSizeOptimizer:
         *,
         pending: Sequence[int] = (),
     ) -> Decision:
-        """The next run's batch size given the finished runs so far, oldest first.
+        """The next run's batch size given the finished runs so far, oldest first (read
+        through a :class:`HistoryTally`, as :meth:`decide_from`).
 
         ``pending``: sizes of runs started but not finished; they count as tried, so two
         concurrent runs never explore the same size. O(len(history) + len(batch_sizes)²)
         (the converged arms' neighbours are looked up by position).
         """
-        history = evidence(history)
-        limit = self.cost_limit(history)
-        tried = {o.batch_size for o in history} | set(pending)
-        converged: dict[int, list[float]] = {}
+        tally = self.tally()
         for o in history:
-            if o.reached:
-                converged.setdefault(o.batch_size, []).append(o.cost)
-        if not converged:
-            return self._start(bool(history), tried, limit)
-        costs = self.arm_costs(history)
-        post = posteriors({b: costs[b] for b in converged}, self.prior, noise_samples=converged)
-        rel_std = pooled_rel_std(converged, self.prior)
-        shared = self._epoch_shared(history) if self.share_epochs else {}
-        return self._choose(post, rel_std, shared, tried, limit, rng)
+            tally.add(o)
+        return self.decide_from(tally, rng, pending=pending)
 
     def tally(self) -> HistoryTally:
         """An empty :class:`HistoryTally` of this policy, for :meth:`decide_from`."""
@@ -187,18 +176,7 @@ class BatchSizeOptimizer:
             return self._start(tally.runs > 0, tried, limit)
         post, rel_std = tally.posteriors()
         shared = tally.epoch_shared() if self.share_epochs else {}
-        return self._choose(post, rel_std, shared, tried, limit, rng)
-
-    def _choose(
-        self,
-        post: Mapping[int, ArmPosterior],
-        rel_std: float,
-        shared: Mapping[int, float],
-        tried: set[int],
-        limit: float | None,
-        rng: np.random.Generator,
-    ) -> Decision:
-        """Rules 2 and 3, from the converged arms' posteriors."""
+        # Rules 2 and 3, from the converged arms' posteriors.
         means = {b: p.mean for b, p in post.items()}
         for arm in self._close_arms(means, rel_std, shared):
             if (neighbour := self._untried_neighbour(arm, tried)) is not None:
@@ -222,36 +200,11 @@ class BatchSizeOptimizer:
         self, means: Mapping[int, float], rel_std: float, shared: Mapping[int, float]
     ) -> list[int]:
         """Rule 2: the arms not clearly worse than the best, cheapest first (``shared``:
-        :meth:`_epoch_shared`'s costs, empty without ``share_epochs``)."""
+        :meth:`HistoryTally.epoch_shared`'s costs, empty without ``share_epochs``)."""
         bar = min(means.values()) * (1.0 + self.margin_std * rel_std)
         close = [b for b in means if means[b] <= bar]
         close += [b for b, c in shared.items() if b not in close and b in means and c <= bar]
         return sorted(close, key=lambda b: (means[b], b))
-
-    def _epoch_shared(self, history: Sequence[Observation]) -> dict[int, float]:
-        """Optimistic cost of each converged arm with known epochs: its cheapest cost per
-        epoch times the smallest mean epoch count among it and its adjacent sizes (epochs to
-        the target change smoothly with the batch size). O(len(history))."""
-        per_epoch: dict[int, float] = {}
-        epochs: dict[int, list[int]] = {}
-        for o in history:
-            if o.reached and o.epochs:
-                b = o.batch_size
-                per_epoch[b] = min(per_epoch.get(b, math.inf), o.cost / o.epochs)
-                epochs.setdefault(b, []).append(o.epochs)
-        means = {b: sum(e) / len(e) for b, e in epochs.items()}
-        return self._shared(per_epoch, means)
-
-    def _shared(
-        self, per_epoch: Mapping[int, float], epochs: Mapping[int, float]
-    ) -> dict[int, float]:
-        """Each arm's cost per epoch times the least mean epochs of it and its neighbours."""
-        sizes = self.batch_sizes
-        out = {}
-        for b, c in per_epoch.items():
-            i = sizes.index(b)
-            out[b] = c * min(epochs[x] for x in sizes[max(0, i - 1) : i + 2] if x in epochs)
-        return out
 
     def _untried_neighbour(self, arm: int, tried: set[int]) -> int | None:
         """The smaller, else the larger, immediate neighbour of ``arm`` that never ran."""
@@ -267,8 +220,8 @@ class HistoryTally:
     """What :meth:`BatchSizeOptimizer.decide` reads of a history, kept one run at a time
     (:meth:`add`, O(1)), so that a caller deciding after each run of a growing history (the
     trace replay) does not re-read it. The bandit's means and spreads are running sums
-    (Welford's for the spread), equal to :meth:`~BatchSizeOptimizer.decide`'s up to float
-    rounding; the rest is exact.
+    (Welford's for the spread), equal to :func:`~perseus.recurring.bandit.posteriors`' up to
+    float rounding; the rest is exact.
     """
 
     def __init__(self, policy: BatchSizeOptimizer) -> None:
@@ -331,6 +284,13 @@ class HistoryTally:
         return out, rel
 
     def epoch_shared(self) -> dict[int, float]:
-        """:meth:`BatchSizeOptimizer._epoch_shared` of the history."""
+        """Optimistic cost of each converged arm with known epochs: its cheapest cost per
+        epoch times the smallest mean epoch count among it and its adjacent sizes (epochs to
+        the target change smoothly with the batch size)."""
         means = {b: total / count for b, (total, count) in self._epochs.items()}
-        return self.policy._shared(self._per_epoch, means)
+        sizes = self.policy.batch_sizes
+        out = {}
+        for b, c in self._per_epoch.items():
+            i = sizes.index(b)
+            out[b] = c * min(means[x] for x in sizes[max(0, i - 1) : i + 2] if x in means)
+        return out

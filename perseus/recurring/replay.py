@@ -9,7 +9,8 @@ A recurrence is one submission, over when a run reaches the target (Zeus's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,19 +155,18 @@ def replay_optimizer(
     if policy is None:
         policy = BatchSizeOptimizer(workload.batch_sizes, workload.default_batch_size, beta=beta)
     history: list[Observation] = []
-    # The optimizer's own decide (not a subclass's) reads the history through a tally: each
+    decide: Callable[[], Decision] = functools.partial(policy.decide, history, rng)
+    record: Callable[[Observation], None] = history.append
+    # The optimizer's own decide (not a subclass's) keeps one tally of the history: each
     # run's decision re-read every run before it, O(N^2) over N recurrences.
-    tally = None
     if isinstance(policy, BatchSizeOptimizer) and type(policy).decide is BatchSizeOptimizer.decide:
         tally = policy.tally()
+        decide, record = functools.partial(policy.decide_from, tally, rng), tally.add
     profiled: dict[int, int] = {}
     runs: list[RunRecord] = []
     for rec in range(recurrences):
         for tries in range(_MAX_TRIES):
-            if tally is not None:
-                decision = tally.policy.decide_from(tally, rng)
-            else:
-                decision = policy.decide(history, rng)
+            decision = decide()
             bs = decision.batch_size
             cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
             first = bs not in profiled
@@ -182,11 +182,7 @@ def replay_optimizer(
             )
             if started:
                 profiled[bs] = pl  # the profile survives a failed run
-            observation = Observation(bs, pl, energy, time_s, cost, reached, epochs)
-            if tally is not None:
-                tally.add(observation)
-            else:
-                history.append(observation)
+            record(Observation(bs, pl, energy, time_s, cost, reached, epochs))
             runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
             if reached:
                 break
