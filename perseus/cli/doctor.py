@@ -269,14 +269,12 @@ def _verdict(
 ) -> str:
     if not indices:
         return "NVML found no GPU" + (" with those indices" if gpus else "")
+    locks = [(g, c) for g in report["gpus"] for c in g["checks"] if c["name"] == "clock locking"]
     if report["usable"]:
         if no_clock_changes:
             return "perseus can run here, observe-only as asked (no clock changes)"
         owned = [
-            f"GPU {g['index']}: {c['data']['owner']}"
-            for g in report["gpus"]
-            for c in g["checks"]
-            if c["name"] == "clock locking" and "owner" in c["data"]
+            f"GPU {g['index']}: {c['data']['owner']}" for g, c in locks if "owner" in c["data"]
         ]
         if owned:
             return (
@@ -286,11 +284,7 @@ def _verdict(
             )
         return "perseus can run here and change clocks"
     bad = [f"GPU {g['index']}: {g['blocking']}" for g in report["gpus"] if not g["usable"]]
-    no_locks = any(
-        c["name"] == "clock locking" and c["status"] == "fail"
-        for g in report["gpus"]
-        for c in g["checks"]
-    )
+    no_locks = any(c["status"] == "fail" for _, c in locks)
     head = "perseus cannot change clocks here" if no_locks else "perseus cannot run for real here"
     return f"{head}: " + "; ".join(bad)
 
