@@ -154,11 +154,6 @@ class SimSharedState:
         self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
         self.set_return_lag_s = float(set_return_lag_s)
 
-    def _op_at(
-        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
-    ) -> tuple[int, float, float]:
-        return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
-
     @property
     def explicit_state_dir(self) -> bool:
         """Whether the state directory was chosen (argument or ``$PERSEUS_SIM_DIR``)."""
