@@ -99,6 +99,19 @@ def owner_status(lock_path: Path) -> tuple[int | None, int | None]:
     return (found.pid, None) if state != "gone" else (None, found.pid)
 
 
+def _owner_fields(lock_path: Path, hidden: str = "") -> dict[str, Any]:
+    """The :class:`DeviceInfo` fields about the owner recorded in ``lock_path`` (``hidden``:
+    why no owner may show, when nothing else says)."""
+    live, dead = owner_status(lock_path)
+    unknown = (_lock_refused(lock_path) or hidden) if live is None and dead is None else ""
+    return {
+        "owner_pid": live,
+        "dead_owner_pid": dead,
+        "lock_path": str(lock_path),
+        "owner_unknown": unknown,
+    }
+
+
 def _lock_refused(lock_path: Path) -> str:
     """Why ``perseus device reset`` would refuse ``lock_path`` (a FIFO, directory or link
     planted there, another user's file), or ``""``."""
@@ -130,13 +143,11 @@ def nvml_devices(
         hidden = hidden_owners_note(locks, root_lock_dir)
         for i, gpu in enumerate(gpus):
             reason = gpu.observe_only_reason
-            lock_path = owner_lock_path(locks, gpu.uuid)
             try:
                 current: int | None = gpu.current_clock_mhz()
             except DeviceError:
                 current = None
             persistence = {True: "on", False: "OFF (enable it: nvidia-smi -pm 1)", None: "n/a"}
-            live, dead = owner_status(lock_path)
             infos.append(
                 DeviceInfo(
                     backend="nvml",
@@ -148,16 +159,11 @@ def nvml_devices(
                     privilege=why if reason is None else reason,
                     locked_mhz=None,
                     lock_known=False,
-                    owner_pid=live,
                     current_clock_mhz=current,
                     detail=f"persistence mode {persistence[gpu.persistence_mode]}",
-                    dead_owner_pid=dead,
                     power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementLimit"),
                     default_power_limit_w=gpu.query_w("nvmlDeviceGetPowerManagementDefaultLimit"),
-                    lock_path=str(lock_path),
-                    owner_unknown=(_lock_refused(lock_path) or hidden)
-                    if live is None and dead is None
-                    else "",
+                    **_owner_fields(owner_lock_path(locks, gpu.uuid), hidden),
                 )
             )
     return infos
@@ -170,8 +176,6 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
     for state in list_states(directory):
         locked = state.get("locked_mhz")
         uuid = str(state.get("uuid", ""))
-        lock_path = owner_lock_path(directory, uuid)
-        live, dead = owner_status(lock_path)
         cap = state.get("power_cap_w")
         default = state.get("default_power_limit_w", cap)
         # No limit set: the board's default, as the simulator's reset restores.
@@ -188,14 +192,11 @@ def simulated_devices(state_dir: Path | None = None) -> list[DeviceInfo]:
                 privilege="simulated",
                 locked_mhz=None if locked is None else int(locked),
                 lock_known=True,
-                owner_pid=live,
                 current_clock_mhz=None,
                 detail=f"{state.get('source', '')}; slowdown {float(state.get('slowdown', 1.0)):g}",
-                dead_owner_pid=dead,
                 power_limit_w=None if limit is None else float(limit),
                 default_power_limit_w=None if default is None else float(default),
-                lock_path=str(lock_path),
-                owner_unknown=_lock_refused(lock_path) if live is None and dead is None else "",
+                **_owner_fields(owner_lock_path(directory, uuid)),
             )
         )
     return infos

@@ -5,17 +5,14 @@
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
-from perseus.errors import ConfigError
-
 if TYPE_CHECKING:
     from perseus.device.sim_shared import SimSharedState
 
-__all__ = ["SetCall", "recorded_set_call", "set_call_log"]
+__all__ = ["SetCall", "recorded_set_call"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +41,6 @@ class SetCall:
     def ok(self) -> bool:
         """Whether the call succeeded."""
         return self.error is None
-
-
-def set_call_log(max_calls: int, return_lag_s: float) -> deque[SetCall] | None:
-    """The bounded record for ``record_set_calls=max_calls`` (None: 0, off); a negative
-    count or lag raises ConfigError."""
-    if max_calls < 0 or return_lag_s < 0:
-        raise ConfigError(
-            f"record_set_calls and set_return_lag_s must be >= 0, got {max_calls}, {return_lag_s}"
-        )
-    return deque(maxlen=max_calls) if max_calls else None
 
 
 _G = TypeVar("_G", bound="SimSharedState")

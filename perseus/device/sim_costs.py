@@ -44,12 +44,11 @@ def profile_costs(
     """
     clocks = sorted({o.freq_mhz for op in profile.ops.values() for o in op.options})
     # An SM clock alone means the default (highest) memory clock: OpProfile.at, i.e. the
-    # first option at that clock in the options' order.
-    tables: dict[tuple[int, Kind], dict[int, tuple[float, float]]] = {}
-    for key, op in profile.ops.items():
-        table = tables[key] = {}
-        for o in op.options:
-            table.setdefault(o.freq_mhz, (o.time_s, o.energy_j))
+    # first option at that clock in the options' order (a later one, reversed, gives way).
+    tables = {
+        key: {o.freq_mhz: (o.time_s, o.energy_j) for o in reversed(op.options)}
+        for key, op in profile.ops.items()
+    }
     pairs = {
         key: {o.clocks: (o.time_s, o.energy_j) for o in op.options}
         for key, op in profile.ops.items()

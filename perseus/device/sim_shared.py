@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import uuid as _uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from perseus.device.base import nearest_clock_mhz
 from perseus.device.clock import WALL_CLOCK, Clock, RealClock, WallClock
 from perseus.device.ownership import owner_lock_path
 from perseus.device.private_dir import SIM_DIR_ENV
-from perseus.device.sim_calls import recorded_set_call, set_call_log
+from perseus.device.sim_calls import SetCall, recorded_set_call
 from perseus.device.sim_costs import MemCostFn, OpCostFn, OpPricer, SimNoise
 from perseus.device.sim_state import (
     SimStateFile,
@@ -151,13 +152,15 @@ class SimSharedState:
         self._stream = SimStream(self)
         if trace_ops:
             self._stream.trace = []
-        self._set_calls = set_call_log(record_set_calls, set_return_lag_s)
+        if record_set_calls < 0 or set_return_lag_s < 0:
+            raise ConfigError(
+                "record_set_calls and set_return_lag_s must be >= 0, got "
+                f"{record_set_calls}, {set_return_lag_s}"
+            )
+        self._set_calls: deque[SetCall] | None = (
+            deque(maxlen=record_set_calls) if record_set_calls else None
+        )
         self.set_return_lag_s = float(set_return_lag_s)
-
-    def _op_at(
-        self, stage_index: int, kind: Kind, freq_mhz: int, cap_w: float | None
-    ) -> tuple[int, float, float]:
-        return self._pricer.price(stage_index, kind, freq_mhz, cap_w, self._mem_locked)
 
     @property
     def explicit_state_dir(self) -> bool:

@@ -175,7 +175,9 @@ class SimStream:
         """``(clock, time_s, power_w)`` of ``op`` run entirely at the current lock."""
         dev = self._dev
         target = self._top_mhz if self._lock_mhz is None else self._lock_mhz
-        f_eff, t, e = dev._op_at(op.stage_index, op.kind, target, self._cap_w)
+        f_eff, t, e = dev._pricer.price(
+            op.stage_index, op.kind, target, self._cap_w, dev._mem_locked
+        )
         return f_eff, t * op.time_mult, (e / t) * op.power_mult
 
     def _start(self, now: float) -> None:

@@ -244,7 +244,7 @@ class SimulatedGPU(SimSharedState):
     ) -> tuple[int, float, float]:
         locked = state["locked_mhz"]
         f = self._clocks[0] if locked is None else locked
-        return self._op_at(stage_index, kind, f, self._cap_w(state))
+        return self._pricer.price(stage_index, kind, f, self._cap_w(state), self._mem_locked)
 
     def op_cost(self, stage_index: int, kind: Kind) -> tuple[float, float]:
         """``(time_s, energy_j)`` of one op at the current effective clock, with slowdown
