@@ -440,9 +440,7 @@ class RankAgent:
         if not self._closed:
             raise PlanError(f"rank {self.rank}: finish_iteration() with no iteration left unread")
         iteration, point_index, n, planned_time_s = self._closed.popleft()
-        mode = self._mode
-        time_s, energy_j = mode.finish()
-        delivery = mode.delivery
+        time_s, energy_j, mid_switches, mid_missed, delivery = self._mode.finish()
         if self._held_report is not None:
             self._held_report.update(delivery, iteration)
         record = IterationRecord(
@@ -452,8 +450,8 @@ class RankAgent:
             energy_j=energy_j,
             num_ops=n,
             planned_time_s=planned_time_s,
-            mid_op_switches=mode.mid_switches,
-            mid_op_switches_missed=mode.mid_switches_missed,
+            mid_op_switches=mid_switches,
+            mid_op_switches_missed=mid_missed,
             clock_delivery=delivery,
         )
         self._iterations.append(record)
