@@ -99,15 +99,14 @@ class DeviceRun:
 
     def mark(
         self, agent: RankAgent, events: EventSource, read_mj: Callable[[], int]
-    ) -> tuple[float, int] | CounterMark:
-        """A boundary on the device's timeline: ``(device time, counter mJ)``, or on a real GPU
-        a :class:`CounterMark` the worker reads as the device passes it (no wait here)."""
-        if self.defers_start:
-            return CounterMark(events.record_event(), agent.controller, read_mj)
+    ) -> CounterMark:
+        """A boundary on the device's timeline; on a real GPU the worker reads it as the device
+        passes it (no wait here)."""
         event = events.record_event()
+        if self.defers_start:
+            return CounterMark(event, agent.controller, read_mj)
         event.synchronize()  # emulation: the device is idle here, completes at once
-        mj = event.energy_mj
-        return event.device_time_s(), int(read_mj() if mj is None else mj)
+        return CounterMark(event, None, read_mj)
 
     def first_clock(self, agent: RankAgent) -> None:
         """The iteration has begun on ``agent``: settle a new plan's first clock if needed."""

@@ -157,7 +157,6 @@ class RankAgent:
         self._rank_plan = rank_plan
         self._actions = rank_plan.actions
         self._snap_plan()
-        self._mode.set(self._actions, self._phases)
 
     def _snap_plan(self) -> None:
         rank_plan = self._rank_plan
@@ -166,8 +165,7 @@ class RankAgent:
             if not self._mem_warned:
                 warn_no_memory_clocks(self.rank, self.gpu)
             self._mem_warned = True
-        self._phases = rank_plan.snapped(self._clocks, mem)
-        self._freqs = tuple(op[0].freq_mhz for op in self._phases)
+        self._mode.set(self._actions, rank_plan.snapped(self._clocks, mem))
 
     def _host_timing(self) -> HostTiming:
         return HostTiming(
@@ -182,15 +180,15 @@ class RankAgent:
     @property
     def planned_clocks_mhz(self) -> tuple[int, ...]:
         """This rank's SM clock per op (a phased op's first), snapped once started."""
-        return self._freqs
+        return self._mode.freqs
 
     @property
     def planned_phases(self) -> tuple[tuple[OpPhase, ...], ...]:
         """Each op's phases as run: clocks snapped (memory None: not set or not lockable)."""
-        return self._phases
+        return self._mode.phases
 
     def _mid_time_s(self, j: int, i: int) -> float | None:
-        phases = self._phases[j]
+        phases = self._mode.phases[j]
         if self._op_time_fn is not None:
             return self._rank_plan.phase_start_s(j, i, phases, self._op_time_fn)
         mode = self._mode
@@ -304,7 +302,7 @@ class RankAgent:
         else:
             mode = self._mode if isinstance(self._mode, HostTiming) else self._host_timing()
             mode.controller = self._controller
-        mode.set(self._actions, self._phases)
+        mode.set(self._actions, self._mode.phases)
         self._mode = mode
 
     def close(self) -> None:
@@ -367,10 +365,11 @@ class RankAgent:
             return True
         if not self._device_timed:
             return ctl.flush(timeout_s)
-        if not self._freqs or (not self._in_step and self._iteration == 0):
+        phases = self._mode.phases
+        if not phases or (not self._in_step and self._iteration == 0):
             return True  # no clock is set before the first step_begin()
-        j = min(self._cursor, len(self._freqs) - 1) if self._in_step else 0
-        return ctl.wait_applied(self._phases[j][phase].freq_mhz, timeout_s)
+        j = min(self._cursor, len(phases) - 1) if self._in_step else 0
+        return ctl.wait_applied(phases[j][phase].freq_mhz, timeout_s)
 
     def switch_shares(self) -> tuple[float, ...]:
         """Inside a device-timed phased op: the shares of its work at which the clock worker
@@ -441,9 +440,7 @@ class RankAgent:
         if not self._closed:
             raise PlanError(f"rank {self.rank}: finish_iteration() with no iteration left unread")
         iteration, point_index, n, planned_time_s = self._closed.popleft()
-        mode = self._mode
-        time_s, energy_j = mode.finish()
-        delivery = mode.delivery
+        time_s, energy_j, mid_switches, mid_missed, delivery = self._mode.finish()
         if self._held_report is not None:
             self._held_report.update(delivery, iteration)
         record = IterationRecord(
@@ -453,8 +450,8 @@ class RankAgent:
             energy_j=energy_j,
             num_ops=n,
             planned_time_s=planned_time_s,
-            mid_op_switches=mode.mid_switches,
-            mid_op_switches_missed=mode.mid_switches_missed,
+            mid_op_switches=mid_switches,
+            mid_op_switches_missed=mid_missed,
             clock_delivery=delivery,
         )
         self._iterations.append(record)

@@ -41,6 +41,9 @@ OpRow = tuple[int, int, Action, int, float, float, int | None, float | None, flo
 #: Predicted time from an op's start to the start of its phase: ``(op index, phase) -> time_s``.
 MidTimeFn = Callable[[int, int], "float | None"]
 
+#: An iteration's ``(time_s, energy_j, mid-op changes made, missed, clocks as read back)``.
+Finished = tuple[float, float, int, int, "ClockDelivery | None"]
+
 
 class CounterMark:
     """A point on the device's timeline marked without waiting: the worker reads the counter
@@ -121,11 +124,8 @@ class _Clocks:
     __slots__ = (
         "actions",
         "controller",
-        "delivery",
         "freqs",
         "mems",
-        "mid_switches",
-        "mid_switches_missed",
         "phases",
         "succ",
     )
@@ -139,10 +139,6 @@ class _Clocks:
         self.actions: tuple[Action, ...] = ()
         #: Per op, once per plan: the next op's SM clock (None: no change) and memory clock.
         self.succ: tuple[tuple[int | None, int | None], ...] = ()
-        #: The last iteration's mid-op changes made and missed, and its clocks as read back.
-        self.mid_switches = 0
-        self.mid_switches_missed = 0
-        self.delivery: ClockDelivery | None = None
 
     def set(self, actions: Sequence[Action], phases: Sequence[tuple[OpPhase, ...]]) -> None:
         self.actions = tuple(actions)
@@ -273,9 +269,9 @@ class DeviceTiming(_Clocks):
         self.jobs = []
         return end
 
-    def finish(self) -> tuple[float, float]:
-        """The oldest closed iteration's ``(time_s, energy_j)``, its ops recorded and learnt
-        from (waits for the worker to pass its end)."""
+    def finish(self) -> Finished:
+        """The oldest closed iteration's figures, its ops recorded and learnt from (waits for
+        the worker to pass its end)."""
         closed = self._closed.popleft()
         end_s, mj = closed.end.resolve()
         begin_s, begin_mj = closed.begin.resolve()  # read by the worker before the end
@@ -283,13 +279,11 @@ class DeviceTiming(_Clocks):
             if closed.figures is None:
                 closed.figures = self._figures(closed)
             figures = closed.figures
-        self.mid_switches = figures.mid_switches
-        self.mid_switches_missed = figures.mid_switches_missed
-        self.delivery = figures.delivery
         self._record_ops(figures.rows)
         if self._recycle is not None:
             self._recycle()
-        return end_s - begin_s, (mj - begin_mj) / 1000.0
+        time_s, energy_j = end_s - begin_s, (mj - begin_mj) / 1000.0
+        return time_s, energy_j, figures.mid_switches, figures.mid_switches_missed, figures.delivery
 
     def _work_out(self, closed: _Closed) -> None:
         """On the worker, at the iteration's end: its figures, off the training thread."""
@@ -452,8 +446,8 @@ class HostTiming(_Clocks):
         figures = self._now() - self._t_step, (self._energy_iter_mj() - self._e_step) / 1000.0
         self._figures.append(figures)
 
-    def finish(self) -> tuple[float, float]:
-        return self._figures.popleft()
+    def finish(self) -> Finished:
+        return (*self._figures.popleft(), 0, 0, None)
 
     def abort(self) -> None:
         """Nothing to forget."""
