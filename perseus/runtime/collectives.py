@@ -15,6 +15,7 @@ __all__ = [
     "broadcast_object",
     "collective_device",
     "global_rank",
+    "group_rank",
     "group_size",
     "is_distributed",
     "uses_nccl",
@@ -32,11 +33,17 @@ def is_distributed() -> bool:
 
 def global_rank() -> int:
     """This process's rank in the default group (0 when not distributed)."""
+    return group_rank()
+
+
+def group_rank(group: Any = None) -> int:
+    """This process's rank in ``group`` (the default group's by default; 0 when not
+    distributed)."""
     if not is_distributed():
         return 0
     import torch.distributed as dist
 
-    return int(dist.get_rank())
+    return int(dist.get_rank(group))
 
 
 def uses_nccl(group: Any = None) -> bool:

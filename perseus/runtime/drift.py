@@ -12,6 +12,8 @@ import statistics
 from collections import defaultdict, deque
 from typing import Any
 
+import numpy as np
+
 from perseus.profile.model import Profile
 from perseus.runtime.agent.op_timing import profiled_op_time_s
 from perseus.runtime.agent.rank_agent import RankAgent
@@ -116,8 +118,8 @@ class DriftMonitor:
         self._reprofile = reprofile
         self._window_s = ENERGY_WINDOW_PERIODS * counter_period_s
         # The energy window: (time, measured and predicted pipeline energy) per iteration.
-        self._recent: deque[tuple[float, float, float]] = deque()
-        self._totals = (0.0, 0.0, 0.0)  # their sums
+        self._recent: deque[np.ndarray] = deque()
+        self._totals = np.zeros(3)  # their sums
         # The latest iterations beyond the tolerance in a row (judged together), and the first.
         self._streak: deque[IterationStats] = deque(maxlen=PATIENCE)
         self._streak_from = 0
@@ -127,7 +129,7 @@ class DriftMonitor:
         """A new plan runs: watch it afresh."""
         self._streak.clear()
         self._recent.clear()
-        self._totals = (0.0, 0.0, 0.0)
+        self._totals = np.zeros(3)
         self._reported = False
 
     def _judged(self, stats: IterationStats) -> float | None:
@@ -136,17 +138,12 @@ class DriftMonitor:
         if self._window_s <= 0 or energy_j is None or not predicted_j:
             return energy_j
         recent = self._recent
-        recent.append((stats.time_s, energy_j, predicted_j))
-        time_s, measured_j, planned_j = self._totals  # kept, not summed again: every iteration
-        time_s, measured_j, planned_j = (
-            time_s + stats.time_s,
-            measured_j + energy_j,
-            planned_j + predicted_j,
-        )
-        while len(recent) > 1 and time_s - recent[0][0] >= self._window_s:
-            old = recent.popleft()  # the window stays full without its oldest iteration
-            time_s, measured_j, planned_j = time_s - old[0], measured_j - old[1], planned_j - old[2]
-        self._totals = time_s, measured_j, planned_j
+        recent.append(np.array((stats.time_s, energy_j, predicted_j)))
+        totals = self._totals + recent[-1]  # kept, not summed again: every iteration
+        while len(recent) > 1 and totals[0] - recent[0][0] >= self._window_s:
+            totals = totals - recent.popleft()  # the window stays full without its oldest iteration
+        self._totals = totals
+        time_s, measured_j, planned_j = (float(x) for x in totals)
         return predicted_j * measured_j / planned_j if time_s >= self._window_s else predicted_j
 
     def update(self, stats: IterationStats) -> bool:

@@ -366,17 +366,11 @@ class _Gauges:
                 name: self._made_one(client.Gauge(name, doc, [*names, *extra], registry=registry))
                 for name, (doc, extra) in _GAUGES.items()
             }
-            self.energy_total = self._made_one(
-                client.Counter(
-                    "perseus_energy_joules",
-                    "This GPU's energy over all iterations",
-                    names,
-                    registry=registry,
-                )
-            )
-            self.iterations_total = self._made_one(
-                client.Counter(
-                    "perseus_iterations", "Iterations measured", names, registry=registry
+            self.energy_total, self.iterations_total = (
+                self._made_one(client.Counter(name, doc, names, registry=registry))
+                for name, doc in (
+                    ("perseus_energy_joules", "This GPU's energy over all iterations"),
+                    ("perseus_iterations", "Iterations measured"),
                 )
             )
         except BaseException:

@@ -16,6 +16,7 @@ import numpy as np
 
 from perseus.dag.graph import FloatArray
 from perseus.io.power_files import ScheduleFile, ScheduleIntervalRecord
+from perseus.runtime.profiling.energy_attribution import _overlaps
 from perseus.solver.power_schedule import J_PER_KWH
 
 __all__ = ["SPANS_KEPT", "CostMeter", "IncurredCost", "ScheduleClock"]
@@ -142,12 +143,8 @@ class CostMeter:
         span_s = end_s - start_s
         if not span_s > 0:
             return
-        near = slice(None)
-        if self._ordered:
-            first = int(np.searchsorted(self.ends_s, start_s, side="right"))
-            near = slice(first, max(first, int(np.searchsorted(self.starts_s, end_s))))
-        starts, ends = self.starts_s[near], self.ends_s[near]
-        overlap = np.clip(np.minimum(end_s, ends) - np.maximum(start_s, starts), 0.0, None)
+        span = np.array([start_s]), np.array([end_s])
+        near, _, overlap = _overlaps(self.starts_s, self.ends_s, *span, self._ordered)
         self.incurred += float(self.values[near] @ overlap) * drawn_j / span_s / J_PER_KWH
         self.outside_j += drawn_j * max(0.0, span_s - float(overlap.sum())) / span_s
         self.spans.append((start_s, end_s, drawn_j))

@@ -19,7 +19,7 @@ from perseus.device.clock import Clock, clock_of
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
-from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, is_distributed
+from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, group_rank
 from perseus.runtime.power.cap import ACK_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
@@ -47,14 +47,6 @@ class PowerDecision:
     cap_w: float | None
     point_index: int
     reason: str
-
-
-def _group_rank(group: Any) -> int:
-    if not is_distributed():
-        return 0
-    import torch.distributed as dist  # get_rank(None): the default group's rank
-
-    return int(dist.get_rank(group))
 
 
 class PowerRuntime:
@@ -209,7 +201,7 @@ class PowerRuntime:
         """The pipeline cap every rank agrees on (one all-reduce), or None; rank 0 of the
         group reads the store and acknowledges each new cap or clearing with ``iteration``."""
         value = 0.0
-        if self.store is not None and _group_rank(self.group) == 0:
+        if self.store is not None and group_rank(self.group) == 0:
             entry = read_cap(self.store)
             token = None
             if entry is not None:
