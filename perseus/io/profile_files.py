@@ -28,7 +28,7 @@ from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
 from perseus.schedule.actions import Kind
-from perseus.validate import show_value
+from perseus.validate import clip_message, show_value
 
 logger = get_logger(__name__)
 
@@ -377,7 +377,8 @@ def _parse_fields(where: str, record: list[str], col: dict[str, int]) -> Row:
     """One op-level row of a CSV record; the checks run in column order, the stage's range
     after the other fields and the memory clock last."""
     stage, name, freq_text, time_text, energy_text = (record[col[c]] for c in REQUIRED_COLUMNS)
-    if not (stage.lstrip("+-").isdecimal() and len(stage) <= 12):
+    digits = stage[1:] if stage[:1] in ("+", "-") else stage  # one sign at most, as int() takes
+    if not (digits.isdecimal() and len(stage) <= 12):
         raise ProfileError(f"{where}: stage {show_value(stage)} is not an integer")
     try:
         kind = Kind.from_profile_name(name.lower())
@@ -456,6 +457,8 @@ def _check_json_syntax(p: Path, text: str) -> None:
         raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
     except RecursionError:
         raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits
+        raise ProfileError(f"{p}: invalid JSON ({clip_message(str(e), 120)})") from None
 
 
 def _rows(profile: Profile) -> list[Row]:

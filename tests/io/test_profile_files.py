@@ -70,6 +70,10 @@ def test_good_csv_with_extra_columns(tmp_path):
             GOOD.replace("0,forward,1410,0.1,10.0", "0,forward,1410,fast,10.0"),
             r"p\.csv:2: time 'fast' is not a number",
         ),
+        (
+            GOOD.replace("0,forward,1410", "+-0,forward,1410"),
+            r"p\.csv:2: stage '\+-0' is not an integer",
+        ),
     ],
     ids=[
         "missing-column",
@@ -86,6 +90,7 @@ def test_good_csv_with_extra_columns(tmp_path):
         "short-row",
         "bad-stage",
         "non-numeric-time",
+        "two-signs-stage",
     ],
 )
 def test_bad_csv_is_one_line_naming_file_and_line(tmp_path, text, match):
@@ -104,6 +109,13 @@ def test_binary_junk(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ProfileError, match="file not found"):
         read_profile(tmp_path / "nope.csv")
+
+
+def test_json_integer_of_thousands_of_digits_is_one_line(tmp_path):
+    path = _write(tmp_path, '{"rows": [{"stage": ' + "9" * 5000 + "}]}", "p.json")
+    with pytest.raises(ProfileError, match=r"p\.json: invalid JSON \(") as info:
+        read_profile(path)
+    assert "\n" not in str(info.value)
 
 
 def test_bad_json_names_field(tmp_path):
