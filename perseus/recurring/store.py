@@ -403,10 +403,14 @@ class SQLiteStore(SQLStore):
     def _connect(self) -> sqlite3.Connection:
         with self._errors():
             con = self._open(self.busy_timeout_s)
-            con.execute("PRAGMA journal_mode = WAL")
-            con.execute("PRAGMA synchronous = NORMAL")
-            self._migrate(con)
-            con.execute("PRAGMA foreign_keys = ON")
+            try:
+                con.execute("PRAGMA journal_mode = WAL")
+                con.execute("PRAGMA synchronous = NORMAL")
+                self._migrate(con)
+                con.execute("PRAGMA foreign_keys = ON")
+            except BaseException:  # a refused schema: not one open file per try
+                con.close()
+                raise
         return con
 
     def _migrate(self, con: sqlite3.Connection) -> None:

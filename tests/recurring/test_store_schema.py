@@ -317,6 +317,22 @@ def test_a_newer_schema_and_a_non_file_are_refused(tmp_path: Path) -> None:
         SQLiteStore(tmp_path / "fifo.db").history("j")
 
 
+def test_a_refused_schema_leaves_no_connection_open(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "new.db"
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    con.close()
+    store = SQLiteStore(path)
+    for _ in range(3):  # a caller that retries: each try opened one more
+        with pytest.raises(ConfigError, match="written by a newer perseus"):
+            store.history("j")
+    fds = Path("/proc/self/fd")
+    held = [fd for fd in fds.iterdir() if os.path.realpath(fd) == os.path.realpath(path)]
+    assert held == []
+
+
 def test_a_cached_limit_outside_the_gpus_range_is_named(tmp_path: Path) -> None:
     store, _con = _v2(tmp_path)
     check: Callable[[], float | None] = lambda: store.cached_power_limit_w(  # noqa: E731
