@@ -120,10 +120,8 @@ def _edges(
             if dep not in index:
                 raise ScheduleError(f"action {a} depends on {dep}, which no rank runs")
             edges.add((index[dep], i))
-    ordered = sorted(edges)
-    src = np.array([u for u, _ in ordered], dtype=np.int64)
-    dst = np.array([v for _, v in ordered], dtype=np.int64)
-    return src, dst
+    ordered = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
+    return ordered[:, 0].copy(), ordered[:, 1].copy()
 
 
 def _generation_edges(

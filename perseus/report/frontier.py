@@ -3,13 +3,13 @@ savings at T_min (no slowdown) and at T* written on the plot."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
 
 from perseus.plan import Baseline, Frontier, PlanPoint
+from perseus.profile.pareto import pareto_indices
 from perseus.report._figure import new_figure, to_png
 from perseus.report.summary import MeasuredRun, summarize
 
@@ -66,11 +66,9 @@ def _draw_global_clock(ax: Axes, global_clock: Sequence[PlanPoint]) -> None:
     # many clocks run equally fast, and a line through all of them zigzags).
     gc = sorted(global_clock, key=lambda p: (p.time_s, p.energy_j))
     ax.plot(*_xy(gc), ".", color="tab:gray", ms=5, zorder=2)
-    efficient, least_j = [], math.inf  # each setting cheaper than every faster one
-    for p in gc:
-        if p.energy_j < least_j:
-            efficient.append(p)
-            least_j = p.energy_j
+    # Each setting cheaper than every faster one.
+    keep = pareto_indices([p.time_s for p in gc], [p.energy_j for p in gc], 0.0)
+    efficient = [gc[i] for i in keep.tolist()]
     label = "Global clock, every setting (line: efficient ones)"
     ax.plot(*_xy(efficient), "--", color="tab:gray", marker=".", lw=1.2, label=label, zorder=2)
 

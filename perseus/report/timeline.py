@@ -73,15 +73,11 @@ def _rank_ops(tl: Timeline) -> list[IntArray]:
 def _idle_segments(tl: Timeline, ids: IntArray) -> list[tuple[float, float]]:
     """(start, width) of every gap in the iteration on the rank that runs the ops ``ids``."""
     order = ids[np.argsort(tl.start_s[ids], kind="stable")]
-    gaps = []
-    t = 0.0
-    for i in order:
-        if tl.start_s[i] > t + 1e-9:
-            gaps.append((t, float(tl.start_s[i]) - t))
-        t = max(t, float(tl.end_s[i]))
-    if tl.time_s > t + 1e-9:
-        gaps.append((t, tl.time_s - t))
-    return gaps
+    # Each op's start, then the iteration's end, against when every op before it has ended.
+    starts = np.append(tl.start_s[order], tl.time_s)
+    ended = np.concatenate([[0.0], np.maximum.accumulate(tl.end_s[order])])
+    gap = starts > ended + 1e-9
+    return list(zip(ended[gap].tolist(), (starts - ended)[gap].tolist(), strict=True))
 
 
 def _draw(ax: Axes, tl: Timeline, cmap: Colormap, norm: Normalize, t_max: float) -> None:

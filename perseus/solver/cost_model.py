@@ -174,10 +174,9 @@ def build_cost_model(
             "give it or use `max_clocks_per_op`=1"
         )
     graph, power = job.graph, job.blocking_power_w
-    stage_kind = list(zip(graph.stage.tolist(), graph.kind.tolist(), strict=True))
-    keys = sorted(set(stage_kind))
-    type_of = {key: i for i, key in enumerate(keys)}
-    node_type = np.array([type_of[key] for key in stage_kind], dtype=np.int64)
+    # One type per (stage, kind), numbered in that order.
+    codes, node_type = np.unique(graph.stage * len(Kind) + graph.kind, return_inverse=True)
+    keys = [divmod(code, len(Kind)) for code in codes.tolist()]
     options, hulls = _type_options(job, keys, min_vertex_gap_fraction, max_clocks_per_op)
     tables = _option_tables(options, power)
     hull_t, hull_c, slope = _hull_tables(tables["opt_time_s"], tables["opt_cost_j"], hulls)

@@ -9,7 +9,6 @@ points, plus O(K' x grid) for the K' points in the dynamic program.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -176,21 +175,16 @@ def _start(jobs: Sequence[FleetJob], costs: Sequence[FloatArray]) -> tuple[list[
     for k, (job, cost) in enumerate(zip(jobs, costs, strict=True)):
         power = np.asarray(job.average_power_w, dtype=np.float64)
         # Cheapest first: power falling, cost rising, cost per watt saved rising.
-        hull = convex_front(power, cost)[::-1].tolist()
-        start.append(hull[0])
-        for a, b in itertools.pairwise(hull):
-            seg_job.append(k)
-            seg_to.append(b)
-            seg_w.append(power[a] - power[b])
-            seg_c.append(cost[b] - cost[a])
-    saved = np.asarray(seg_w, dtype=np.float64)
-    added = np.asarray(seg_c, dtype=np.float64)
-    order = np.argsort(added / saved, kind="stable") if saved.size else np.zeros(0, np.int64)
+        hull = convex_front(power, cost)[::-1]
+        start.append(int(hull[0]))
+        seg_job.append(np.full(hull.size - 1, k, dtype=np.int64))
+        seg_to.append(hull[1:])
+        seg_w.append(-np.diff(power[hull]))
+        seg_c.append(np.diff(cost[hull]))
+    saved, added = np.concatenate(seg_w), np.concatenate(seg_c)
+    order = np.argsort(added / saved, kind="stable")
     return start, _Segments(
-        np.asarray(seg_job, dtype=np.int64)[order],
-        np.asarray(seg_to, dtype=np.int64)[order],
-        saved[order],
-        added[order],
+        np.concatenate(seg_job)[order], np.concatenate(seg_to)[order], saved[order], added[order]
     )
 
 

@@ -76,22 +76,19 @@ class Topology:
         return late_finish
 
 
-def _csr(lists: list[list[tuple[int, float]]]) -> tuple[IntArray, IntArray, FloatArray]:
-    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in lists], out=ptr[1:])
-    idx = np.array([v for items in lists for v, _ in items], dtype=np.int64)
-    lat = np.array([w for items in lists for _, w in items], dtype=np.float64)
-    return ptr, idx, lat
+def _csr(
+    n: int, key: IntArray, other: IntArray, lat: FloatArray
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """Per node ``v``, the ``other`` ends (and latencies) of the edges whose ``key`` end is
+    ``v``, in edge order."""
+    order = np.argsort(key, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key, minlength=n), out=ptr[1:])
+    return ptr, other[order], lat[order]
 
 
 def build_topology(graph: OpGraph) -> Topology:
-    """The CSR adjacency of ``graph``. Complexity: O(N + E)."""
-    n = graph.num_nodes
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    edges = (graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_latency_s.tolist())
-    for u, v, w in zip(*edges, strict=True):
-        preds[v].append((u, w))
-        succs[u].append((v, w))
-    order = np.array([int(v) for gen in graph.generations for v in gen.tolist()], dtype=np.int64)
-    return Topology(n, order, *_csr(preds), *_csr(succs))
+    """The CSR adjacency of ``graph``. Complexity: O(N + E log E)."""
+    n, src, dst, lat = graph.num_nodes, graph.edge_src, graph.edge_dst, graph.edge_latency_s
+    order = np.concatenate([np.zeros(0, dtype=np.int64), *graph.generations])
+    return Topology(n, order, *_csr(n, dst, src, lat), *_csr(n, src, dst, lat))

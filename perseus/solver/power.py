@@ -95,10 +95,7 @@ def timeline_of(
     order = np.argsort(times, kind="stable")
     times, deltas = times[order], deltas[order]
     # One instant per cluster of event times within float noise of each other.
-    new_instant = np.empty(times.size, dtype=bool)
-    if times.size:
-        new_instant[0] = True
-        new_instant[1:] = np.diff(times) > _SAME_INSTANT * total_s
+    new_instant = np.diff(times, prepend=-np.inf) > _SAME_INSTANT * total_s
     ids = np.cumsum(new_instant) - 1
     instants = times[new_instant]
     net = np.bincount(ids, weights=deltas, minlength=instants.size) if times.size else deltas

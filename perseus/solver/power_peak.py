@@ -107,163 +107,138 @@ class _Clocks:
         return out
 
 
-def _priced(job: PlanningJob, freqs: IntArray) -> PlanPoint:
-    point = job.point(freqs)
-    return point.model_copy(update={"power": plan_power(job, point)})
+@dataclass(slots=True)
+class _Search:
+    """One search under a peak budget: the job, its clocks, the budget (slack included), the
+    plans timed so far and the lowest peak seen by :meth:`exhaustive` and :meth:`uniform_level`."""
 
+    job: PlanningJob
+    clocks: _Clocks
+    budget_w: float
+    timed: int = 0
+    lowest: float = math.inf
 
-def _peak_of(
-    job: PlanningJob, clocks: _Clocks, index: IntArray
-) -> tuple[float, PowerTimeline, FloatArray, FloatArray]:
-    """Makespan, power timeline, op starts and ends of the plan ``index``."""
-    rows = np.arange(index.size)
-    t, e = clocks.time_s[rows, index], clocks.energy_j[rows, index]
-    start, end = longest_path(job.graph, t)
-    tl = timeline_of(start, end, t, e, job.blocking_power_w, job.graph.num_ranks)
-    return float(end.max()), tl, start, end
+    def point(self, index: IntArray) -> PlanPoint:
+        point = self.job.point(self.clocks.freqs(index))
+        return point.model_copy(update={"power": plan_power(self.job, point)})
 
+    def peak_of(self, index: IntArray) -> tuple[float, PowerTimeline, FloatArray, FloatArray]:
+        """Makespan, power timeline, op starts and ends of the plan ``index``."""
+        job, rows = self.job, np.arange(index.size)
+        t, e = self.clocks.time_s[rows, index], self.clocks.energy_j[rows, index]
+        start, end = longest_path(job.graph, t)
+        tl = timeline_of(start, end, t, e, job.blocking_power_w, job.graph.num_ranks)
+        return float(end.max()), tl, start, end
 
-def _lowering(
-    job: PlanningJob,
-    clocks: _Clocks,
-    index: IntArray,
-    lo: float,
-    hi: float,
-    start: FloatArray,
-    end: FloatArray,
-) -> tuple[int | None, int]:
-    """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
-    (ties: the larger power drop, then the lower node; None if none can go lower), and the
-    plans timed."""
-    active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < clocks.count))
-    if not active.size:
-        return None, 0
-    times = clocks.moved_times_s(job, index, active, 1)
-    drop = clocks.power_w[active, index[active]] - clocks.power_w[active, index[active] + 1]
-    return int(active[np.lexsort((active, -drop, times))[0]]), int(active.size)
+    def lowering(
+        self, index: IntArray, lo: float, hi: float, start: FloatArray, end: FloatArray
+    ) -> int | None:
+        """The op running in ``[lo, hi)`` whose next lower clock costs the least iteration time
+        (ties: the larger power drop, then the lower node; None if none can go lower)."""
+        c = self.clocks
+        active = np.flatnonzero((start < hi) & (end > lo) & (end > start) & (index + 1 < c.count))
+        if not active.size:
+            return None
+        times = c.moved_times_s(self.job, index, active, 1)
+        self.timed += int(active.size)
+        drop = c.power_w[active, index[active]] - c.power_w[active, index[active] + 1]
+        return int(active[np.lexsort((active, -drop, times))[0]])
 
+    def shave(self, index: IntArray, best_s: float) -> IntArray | None:
+        """Greedy peak shaving from one plan (:meth:`lowering` while the peak is over budget):
+        the plan that fits (None: gave up, or no faster than ``best_s``)."""
+        index = index.copy()
+        while True:
+            total_s, tl, start, end = self.peak_of(index)
+            self.timed += 1
+            if total_s >= best_s:
+                return None
+            step = int(np.argmax(tl.power_w))
+            if tl.power_w[step] <= self.budget_w:
+                return index
+            node = self.lowering(index, tl.times_s[step], tl.times_s[step + 1], start, end)
+            if node is None:
+                return None
+            index[node] += 1
 
-def _shave(
-    job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float, best_s: float
-) -> tuple[IntArray | None, int]:
-    """Greedy peak shaving from one plan (:func:`_lowering` while the peak is over budget).
-    Returns the plan that fits (None: gave up, or no faster than ``best_s``), plans timed."""
-    index = index.copy()
-    timed = 0
-    while True:
-        total_s, tl, start, end = _peak_of(job, clocks, index)
-        timed += 1
-        if total_s >= best_s:
-            return None, timed
-        step = int(np.argmax(tl.power_w))
-        if tl.power_w[step] <= budget_w:
-            return index, timed
-        lo, hi = tl.times_s[step], tl.times_s[step + 1]
-        node, tried = _lowering(job, clocks, index, lo, hi, start, end)
-        timed += tried
-        if node is None:
-            return None, timed
-        index[node] += 1
+    def raise_back(self, index: IntArray) -> IntArray:
+        """Hill-climb a plan that fits: raise by one clock the op that shortens the iteration
+        most while the peak stays within budget."""
+        index = index.copy()
+        rows = np.arange(index.size)
+        while True:
+            now_s = float(longest_path(self.job.graph, self.clocks.time_s[rows, index])[1].max())
+            up = np.flatnonzero(index > 0)
+            times = self.clocks.moved_times_s(self.job, index, up, -1) if up.size else np.zeros(0)
+            self.timed += 1 + up.size
+            for r in np.argsort(times, kind="stable").tolist():
+                if times[r] >= now_s * (1 - 1e-12):
+                    return index
+                index[up[r]] -= 1
+                self.timed += 1
+                if self.peak_of(index)[1].power_w.max() <= self.budget_w:
+                    break
+                index[up[r]] += 1
+            else:
+                return index
 
+    def exhaustive(self, best: PlanPoint | None) -> PlanPoint | None:
+        """Every plan, tried fastest first (exact): the best."""
+        c = self.clocks
+        choices = itertools.product(*[range(int(n)) for n in c.count])
+        rows = np.arange(c.count.size)
+        while batch := list(itertools.islice(choices, 4096)):
+            index = np.array(batch, dtype=np.int64)
+            t, e = c.time_s[rows, index], c.energy_j[rows, index]
+            times, energies = evaluate_many(self.job.graph, t, e, self.job.blocking_power_w)
+            self.timed += len(batch)
+            for r in np.lexsort((energies, times)).tolist():
+                if best is not None and (times[r], energies[r]) >= (best.time_s, best.energy_j):
+                    break
+                if self._fits(index[r]):
+                    best = self.point(index[r])
+                    break
+        return best
 
-def _raise_back(
-    job: PlanningJob, clocks: _Clocks, index: IntArray, budget_w: float
-) -> tuple[IntArray, int]:
-    """Hill-climb a plan that fits: raise by one clock the op that shortens the iteration most
-    while the peak stays within budget. Returns the plan and the plans timed."""
-    index = index.copy()
-    rows = np.arange(index.size)
-    timed = 0
-    while True:
-        t = clocks.time_s[rows, index]
-        now_s = float(longest_path(job.graph, t)[1].max())
-        up = np.flatnonzero(index > 0)
-        times = clocks.moved_times_s(job, index, up, -1) if up.size else np.zeros(0)
-        timed += 1 + up.size
-        for r in np.argsort(times, kind="stable").tolist():
-            if times[r] >= now_s * (1 - 1e-12):
-                return index, timed
-            index[up[r]] -= 1
-            timed += 1
-            if _peak_of(job, clocks, index)[1].power_w.max() <= budget_w:
+    def _fits(self, index: IntArray) -> bool:
+        """Whether the plan's peak is within budget (the lowest peak seen kept)."""
+        peak = self.peak_of(index)[1].power_w.max()
+        self.lowest = min(self.lowest, float(peak))
+        return bool(peak <= self.budget_w)
+
+    def search(
+        self, priced: Sequence[PlanPoint], best: PlanPoint | None, max_bases: int
+    ) -> PlanPoint | None:
+        """Shave from frontier plans faster than ``best``; below every one, a uniform power
+        level."""
+        faster = sorted(
+            (p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s
+        )
+        step = max(1, math.ceil(len(faster) / max_bases))  # evenly spread, from the fastest
+        for base in faster[::step]:
+            if best is not None and base.time_s >= best.time_s:
                 break
-            index[up[r]] += 1
-        else:
-            return index, timed
+            flat = self.job.flat(base)
+            if not isinstance(flat, np.ndarray) or flat.ndim != 1:
+                continue
+            best_s = best.time_s if best is not None else math.inf
+            index = self.shave(self.clocks.index_of(flat), best_s)
+            if index is not None:
+                best = self.point(self.raise_back(index))
+        return best if best is not None else self.uniform_level()
 
-
-def _exhaustive(
-    job: PlanningJob, clocks: _Clocks, budget_w: float, best: PlanPoint | None
-) -> tuple[PlanPoint | None, int, float]:
-    """Every plan, tried fastest first (exact): the best, the plans timed, the lowest peak."""
-    choices = itertools.product(*[range(int(c)) for c in clocks.count])
-    rows = np.arange(clocks.count.size)
-    lowest, timed = math.inf, 0
-    while batch := list(itertools.islice(choices, 4096)):
-        index = np.array(batch, dtype=np.int64)
-        t = clocks.time_s[rows, index]
-        e = clocks.energy_j[rows, index]
-        times, energies = evaluate_many(job.graph, t, e, job.blocking_power_w)
-        timed += len(batch)
-        for r in np.lexsort((energies, times)).tolist():
-            if best is not None and (times[r], energies[r]) >= (best.time_s, best.energy_j):
-                break
-            _, tl, _, _ = _peak_of(job, clocks, index[r])
-            lowest = min(lowest, float(tl.power_w.max()))
-            if tl.power_w.max() <= budget_w:
-                best = _priced(job, clocks.freqs(index[r]))
-                break
-    return best, timed, lowest
-
-
-def _search(
-    job: PlanningJob,
-    clocks: _Clocks,
-    priced: Sequence[PlanPoint],
-    budget_w: float,
-    best: PlanPoint | None,
-    max_bases: int,
-) -> tuple[PlanPoint | None, int, float]:
-    """Shave from frontier plans faster than ``best``; below every one, a uniform power level."""
-    faster = sorted(
-        (p for p in priced if best is None or p.time_s < best.time_s), key=lambda p: p.time_s
-    )
-    step = max(1, math.ceil(len(faster) / max_bases))  # evenly spread, from the fastest
-    timed = 0
-    for base in faster[::step]:
-        if best is not None and base.time_s >= best.time_s:
-            break
-        flat = job.flat(base)
-        if not isinstance(flat, np.ndarray) or flat.ndim != 1:
-            continue
-        best_s = best.time_s if best is not None else math.inf
-        index, n = _shave(job, clocks, clocks.index_of(flat), budget_w, best_s)
-        timed += n
-        if index is not None:
-            index, n = _raise_back(job, clocks, index, budget_w)
-            timed += n
-            best = _priced(job, clocks.freqs(index))
-    if best is not None:
-        return best, timed, math.inf
-    return _uniform_level(job, clocks, budget_w, timed)
-
-
-def _uniform_level(
-    job: PlanningJob, clocks: _Clocks, budget_w: float, timed: int
-) -> tuple[PlanPoint | None, int, float]:
-    """The fastest plan of a uniform per-op power level (each op at its highest clock within
-    it) whose peak fits, levels from the highest down."""
-    lowest = math.inf
-    last = clocks.count - 1
-    for level in np.unique(clocks.power_w)[::-1].tolist():
-        fits = (clocks.power_w <= level) & (np.arange(clocks.power_w.shape[1]) <= last[:, None])
-        index = np.where(fits.any(axis=1), np.argmax(fits, axis=1), last)
-        _, tl, _, _ = _peak_of(job, clocks, index)
-        timed += 1
-        lowest = min(lowest, float(tl.power_w.max()))
-        if tl.power_w.max() <= budget_w:
-            return _priced(job, clocks.freqs(index)), timed, lowest
-    return None, timed, lowest
+    def uniform_level(self) -> PlanPoint | None:
+        """The fastest plan of a uniform per-op power level (each op at its highest clock
+        within it) whose peak fits, levels from the highest down."""
+        c = self.clocks
+        last = c.count - 1
+        for level in np.unique(c.power_w)[::-1].tolist():
+            fits = (c.power_w <= level) & (np.arange(c.power_w.shape[1]) <= last[:, None])
+            index = np.where(fits.any(axis=1), np.argmax(fits, axis=1), last)
+            self.timed += 1
+            if self._fits(index):
+                return self.point(index)
+        return None
 
 
 def fastest_under_peak(
@@ -292,29 +267,31 @@ def fastest_under_peak(
     if method == "auto":
         small = clocks is not None and math.prod(clocks.count.tolist()) <= max_plans
         method = "exhaustive" if small else "search"
-    priced, frontier_best = _frontier_pick(job, points, budget)
-    best, timed, lowest = frontier_best, 0, math.inf
-    if clocks is not None and method == "exhaustive":
-        best, timed, lowest = _exhaustive(job, clocks, budget, frontier_best)
-    elif clocks is not None:
-        best, timed, lowest = _search(job, clocks, priced, budget, frontier_best, max_bases)
+    priced, best = _frontier_pick(job, points, budget)
+    frontier_time_s = None if best is None else best.time_s
+    found = _Search(job, clocks, budget) if clocks is not None else None
+    exact = found is not None and method == "exhaustive"
+    if found is not None:
+        best = found.exhaustive(best) if exact else found.search(priced, best, max_bases)
     if best is None:
-        lowest = min([lowest] + [p.power.peak_power_w for p in priced if p.power is not None])
+        lowest = min(
+            [found.lowest if found is not None else math.inf]
+            + [p.power.peak_power_w for p in priced if p.power is not None]
+        )
         raise InfeasibleError(
             f"no plan found whose peak power is at most {budget_w:.6g} W; the lowest seen is "
             f"{lowest:.6g} W"
         )
-    exact = method == "exhaustive" and clocks is not None
     return PeakPick(
         point=best,
         method=method,
-        frontier_time_s=None if frontier_best is None else frontier_best.time_s,
+        frontier_time_s=frontier_time_s,
         bound_time_s=(
             best.time_s
             if exact
             else lp_peak_time_bound_s(job, budget_w, best.time_s, intervals=bound_intervals)
         ),
-        evaluated=timed,
+        evaluated=0 if found is None else found.timed,
     )
 
 
