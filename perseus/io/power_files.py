@@ -24,7 +24,7 @@ from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import read_json_document
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
-from perseus.solver.power_schedule import MAX_SIGNAL_VALUE, PowerSchedule
+from perseus.solver.power_schedule import _MAX_HORIZON_S, MAX_SIGNAL_VALUE, PowerSchedule
 from perseus.validate import show_value
 
 __all__ = [
@@ -150,6 +150,11 @@ def read_signal(*paths: str | os.PathLike[str]) -> Signal:
         )
     common = None
     if o1 is not None and o2 is not None:
+        if (o1.tzinfo is None) != (o2.tzinfo is None):
+            raise ConfigError(
+                f"{paths[1]}: one signal's times have a time zone and the other's do not; give "
+                "both the same form"
+            )
         common = min(o1, o2)
         s1 = s1 + (o1 - common).total_seconds()
         s2 = s2 + (o2 - common).total_seconds()
@@ -319,8 +324,21 @@ def _parse_starts(
                 f"{p}:{number}: start {show_value(cell)} mixes times with and without a time "
                 "zone; give every row the same form"
             ) from None
+    far = np.flatnonzero(~(out <= _MAX_HORIZON_S))
+    if far.size:
+        k = int(far[0])
+        raise ConfigError(
+            f"{p}:{numbers[k]}: start {show_value(raw[k])} is more than 1000 years after the "
+            "first row's; fix the time"
+        )
     if origin is not None and origin.tzinfo is not None:
-        origin = origin.astimezone(timezone.utc)
+        try:
+            origin = origin.astimezone(timezone.utc)
+        except OverflowError:
+            raise ConfigError(
+                f"{p}:{numbers[0]}: start {show_value(raw[0])} is before year 1 or after 9999 "
+                "in UTC; fix the time"
+            ) from None
     return out, origin
 
 

@@ -49,7 +49,10 @@ def parse_url(url: str) -> DatabaseTarget:
         try:
             split = urlsplit(url)
             password = split.password
-        except ValueError as e:  # an IPv6 bracket not closed
+            _ = split.port  # a port that is not a number in 0-65535
+            if any(c < " " or c == "\x7f" for c in url):
+                raise ValueError("a control character")
+        except ValueError as e:  # an IPv6 bracket not closed, a bad port, a control character
             raise ConfigError(
                 f"`db`: not a PostgreSQL URL ({e}); pass postgresql://USER@HOST[:PORT]/DB"
             ) from None

@@ -52,14 +52,20 @@ def _rows(
         raise ConfigError(f"{path}:{reader.line_num}: malformed CSV ({e}); fix the row") from None
 
 
-def _number(path: Path, line: int, row: dict[str, str], name: str, *, integer: bool) -> float:
+def _number(
+    path: Path, line: int, row: dict[str, str], name: str, *, integer: bool, low: float = 0.0
+) -> float:
+    """The field as a number >= ``low`` (with ``low`` > 0: also at most 1e9, so that costs
+    stay finite and nonzero)."""
     text = (row.get(name) or "").strip()
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or (integer and value != int(value)) or value < 0:
+    high = 1e9 if low > 0 else math.inf
+    if not (math.isfinite(value) and low <= value <= high) or (integer and value != int(value)):
         kind = "a non-negative integer" if integer else "a finite non-negative number"
+        kind = f"a number in [{low:g}, {high:g}]" if low > 0 else kind
         raise ConfigError(f"{path}:{line}: field {name}={text!r} must be {kind}; fix the row")
     return value
 
@@ -109,18 +115,14 @@ def _read_power(path: Path, jobs: Iterable[JobSpec]) -> tuple[_Epochs, float]:
     out: _Epochs = {}
     max_power_w = 0.0
     for line, row in _rows(path, _POWER_FIELDS, "trace", _TRACE_WHAT):
-        limit = _number(path, line, row, "power_limit", integer=False)
+        limit = _number(path, line, row, "power_limit", integer=False, low=1.0)
         max_power_w = max(max_power_w, limit)
         job = by_name.get((row["dataset"], row["network"], row["optimizer"]))
         if job is None:
             continue
         bs = int(_number(path, line, row, "batch_size", integer=True))
-        time_s = _number(path, line, row, "time_per_epoch", integer=False)
-        power_w = _number(path, line, row, "average_power", integer=False)
-        if time_s <= 0 or limit <= 0:
-            raise ConfigError(
-                f"{path}:{line}: time_per_epoch and power_limit must be > 0; fix the row"
-            )
+        time_s = _number(path, line, row, "time_per_epoch", integer=False, low=1e-3)
+        power_w = _number(path, line, row, "average_power", integer=False, low=1e-3)
         out.setdefault(job.key, {})[(bs, round(limit))] = EpochCost(time_s, power_w)
     if max_power_w <= 0:
         raise ConfigError(f"{path}: no power-limit rows; the power trace is empty")

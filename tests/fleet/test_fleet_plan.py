@@ -204,6 +204,9 @@ def test_bad_jobs_files_name_the_entry(fleet_frontiers: Frontiers, tmp_path: Pat
     bad.write_text(json.dumps([{"name": "x", "frontier": str(path)}] * 2))
     with pytest.raises(ConfigError, match="appears twice"):
         read_fleet_jobs(bad)
+    bad.write_text(json.dumps([{"name": "x", "frontier": "a\u0000.json"}]))
+    with pytest.raises(ConfigError, match=r"bad.json: entry 0\.frontier: .*NUL"):
+        read_fleet_jobs(bad)
     assert main(["fleet", "plan", str(bad), "--budget-w", "100"]) == 2
     with pytest.raises(ConfigError, match="budget_w"):
         plan_fleet([fleet_job("x", frontier)], float("nan"))

@@ -63,6 +63,8 @@ def test_signal_in_iso_times(tmp_path: Path) -> None:
         ("0,1\n2026-11-23T00:00:00,2\n", r":2: start .* mixes seconds and ISO times"),
         ("0,1\n10,2\n10,3\n", r"row 3: start is not after the previous row's"),
         ("start,value\n", r"no rows"),
+        ("0001-01-01T00:00:00+14:00,1\n", r":1: start .* is before year 1 or after 9999 in UTC"),
+        ("0001-01-01T00:00:00,1\n9999-12-31T00:00:00,2\n", r":2: start .* 1000 years after"),
     ],
 )
 def test_bad_signals_are_one_line_config_errors(tmp_path: Path, text: str, match: str) -> None:
@@ -71,6 +73,15 @@ def test_bad_signals_are_one_line_config_errors(tmp_path: Path, text: str, match
     with pytest.raises(ConfigError, match=match) as e:
         read_signal(p)
     assert "\n" not in str(e.value) and str(p) in str(e.value)
+
+
+def test_two_signals_with_and_without_a_time_zone_are_a_config_error(tmp_path: Path) -> None:
+    aware, naive = tmp_path / "aware.csv", tmp_path / "naive.csv"
+    aware.write_text("2026-11-23T00:00:00Z,1\n")
+    naive.write_text("2026-11-23T00:00:00,1\n")
+    with pytest.raises(ConfigError, match=r"naive.csv: .*time zone") as e:
+        read_signal(aware, naive)
+    assert "\n" not in str(e.value)
 
 
 def test_signal_is_a_bounded_read_of_a_regular_file(tmp_path: Path) -> None:

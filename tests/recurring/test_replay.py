@@ -264,6 +264,34 @@ def test_bad_trace_rows_name_file_line_and_field(tmp_path: Path) -> None:
         load_workloads(tmp_path, "y")
 
 
+@pytest.mark.parametrize(
+    ("cells", "field"),
+    [
+        ("8,adamw,100,5e-324,90", "time_per_epoch"),  # costs of inf epochs: an internal error
+        ("8,adamw,100,10,0", "average_power"),  # a zero cost at eta 1: division by zero
+        ("8,adamw,1e300,10,90", "power_limit"),  # an overflow in the statistics
+        ("inf,adamw,100,10,90", "batch_size"),  # int(inf) overflows
+    ],
+)
+def test_power_trace_numbers_keep_costs_finite_and_nonzero(
+    tmp_path: Path, cells: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "summary_train.csv").write_text(
+        "dataset,network,batch_size,optimizer,learning_rate,run,target_metric,target_epoch\n"
+        "squad,bert_base_uncased,8,adamw,1e-6,1,84.0,4\n"
+        "squad,bert_base_uncased,8,adamw,1e-6,2,84.0,5\n"
+    )
+    (tmp_path / "summary_power_x.csv").write_text(
+        "dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n"
+        f"squad,bert_base_uncased,{cells}\nsquad,bert_base_uncased,8,adamw,150,8,120\n"
+    )
+    args = ["recurring", "simulate", "--trace", str(tmp_path), "--gpu", "x", "--eta", "1"]
+    assert main([*args, "--seeds", "2", "--recurrences", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'summary_power_x.csv'}:2: field {field}=")
+    assert err.count("\n") == 1 and "must be a" in err
+
+
 def test_cli_json_shape_and_bad_input_exit_codes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

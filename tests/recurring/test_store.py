@@ -163,7 +163,16 @@ def test_an_unknown_database_url_is_named_as_written(
     assert capsys.readouterr().err == f"error: --db {said}\n"
 
 
-@pytest.mark.parametrize("url", ["postgresql://[x/db", "postgres://fleet@[::1/perseus"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://[x/db",
+        "postgres://fleet@[::1/perseus",
+        "postgresql://fleet@db:99999/perseus",  # these three were "cannot connect", exit 1
+        "postgresql://fleet@db:port/perseus",
+        "postgresql://fleet@db/perseus\n",  # and this one a message of two lines
+    ],
+)
 def test_a_malformed_postgres_url_is_a_config_error(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
