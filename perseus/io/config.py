@@ -77,6 +77,9 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
         ) from None
     except RecursionError:
         raise ConfigError(f"{p}: invalid TOML (nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits
+        why = clip_message(str(e).partition(";")[0], 200)
+        raise ConfigError(f"{p}: invalid TOML ({why}); shorten the number") from None
     try:
         config = JobConfig.model_validate(raw)
     except ValidationError as e:

@@ -82,6 +82,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('profile = "a100"\nmicrobatches = 8\nschedule = "1f2b"\n', "key schedule"),
         ('profile = "a100"\nmicrobatches = 8\nblocking_power_w = -1\n', "key blocking_power_w"),
         ('profile = "a100"\nmicrobatches = [8\n', "invalid TOML"),
+        # Python's int limit (4300 digits) raises a plain ValueError from tomllib.
+        ('profile = "a100"\nmicrobatches = ' + "9" * 5000 + "\n", "invalid TOML .*digits"),
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path: Path, text: str, match: str) -> None:
