@@ -75,6 +75,14 @@ def test_missing_and_directory_inputs(tmp_path: Path) -> None:
         read_job_config(tmp_path / "nope.toml")
 
 
+def test_a_path_with_a_nul_byte_is_one_line(tmp_path: Path) -> None:
+    """os.open raises ValueError for a NUL byte (an in-process caller's path, a --plan flag)."""
+    with pytest.raises(PlanError, match=r"^'.*plan\\x00.json': .*NUL byte; pass a plan"):
+        read_frontier(f"{tmp_path}/plan\0.json")
+    with pytest.raises(ConfigError, match="NUL byte"):
+        read_job_config("job\0.toml")
+
+
 def test_caps_refuse_oversized_inputs_of_every_kind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
