@@ -137,7 +137,13 @@ def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
             "on the command line as PROFILE"
         )
     candidate = config_path.parent / rel
-    if candidate.exists():
+    try:
+        found = candidate.exists()
+    except OSError as e:  # a name too long for the file system
+        raise ConfigError(
+            f"{where}: {show_value(name)} cannot be looked up ({e.strerror}); fix the name"
+        ) from None
+    if found:
         return str(candidate)
     if bundled_profile_path(name) is not None:
         return name
