@@ -10,18 +10,27 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from perseus.errors import ProfileError
+from perseus.errors import ConfigError, ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
 from perseus.io.frontier_files import read_json_document
 from perseus.log import get_logger
+from perseus.validate import show_value
 
 logger = get_logger(__name__)
 
-__all__ = ["gpu_record_path", "note_missing_gpu_record", "read_gpu_record", "write_gpu_record"]
+__all__ = [
+    "check_gpu_record_name",
+    "gpu_record_path",
+    "note_missing_gpu_record",
+    "read_gpu_record",
+    "write_gpu_record",
+]
 
 _MAX_BYTES = 1 << 20
+#: Longest file name (bytes) on Linux file systems.
+_NAME_MAX = 255
 
 
 def gpu_record_path(profile_path: str | os.PathLike[str]) -> Path:
@@ -38,7 +47,11 @@ def read_gpu_record(profile_path: str | os.PathLike[str]) -> GpuIdentity | None:
         ProfileError: a record that is not valid, naming its file and field.
     """
     where, raw = gpu_record_path(profile_path), None
-    if where.is_file():
+    try:
+        present = where.is_file()
+    except OSError:  # a name too long for the file system: no record can have it
+        present = False
+    if present:
         raw = read_json_document(
             where, "the GPU record written with the profile", ProfileError, _MAX_BYTES
         )
@@ -62,6 +75,21 @@ def note_missing_gpu_record(
             "%s: no GPU record (%s): the GPU it was measured on is unchecked", p, where.name
         )
     return gpu
+
+
+def check_gpu_record_name(profile_path: str | os.PathLike[str]) -> None:
+    """Refuse, before anything is written, a CSV profile path whose record's name is longer
+    than a file name may be.
+
+    Raises:
+        ConfigError: naming the path and the fix.
+    """
+    name = gpu_record_path(profile_path).name
+    if len(os.fsencode(name)) > _NAME_MAX:
+        raise ConfigError(
+            f"{profile_path}: its GPU record {show_value(name)} would be longer than the "
+            f"{_NAME_MAX} bytes of a file name; choose a shorter name (nothing was written)"
+        )
 
 
 def write_gpu_record(gpu: GpuIdentity, profile_path: str | os.PathLike[str]) -> None:

@@ -23,7 +23,12 @@ from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_bytes
-from perseus.io.gpu_record import note_missing_gpu_record, read_gpu_record, write_gpu_record
+from perseus.io.gpu_record import (
+    check_gpu_record_name,
+    note_missing_gpu_record,
+    read_gpu_record,
+    write_gpu_record,
+)
 from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
@@ -506,7 +511,10 @@ def write_profile_csv(
     Raises:
         ProfileError: the file would be larger than ``max_bytes`` (``MAX_FILE_BYTES``: more
             than perseus reads back); nothing is written.
+        ConfigError: a path whose GPU record's name is too long; nothing is written.
     """
+    if profile.gpu is not None:
+        check_gpu_record_name(path)
     records: list[_Cells] = [
         ([s, k.profile_name, f, repr(t), repr(e)], m) for s, k, f, t, e, m in _rows(profile)
     ]
