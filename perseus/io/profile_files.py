@@ -150,7 +150,11 @@ def _read_text(p: Path) -> str:
 
 def _is_phase_csv(text: str) -> bool:
     """Either phase column makes a phase-level file (whose header then needs both)."""
-    header = {h.strip().lower() for h in text.split("\n", 1)[0].split(",")}
+    try:
+        cells = next(csv.reader([text.split("\n", 1)[0]]), [])
+    except csv.Error:  # a cell past the csv module's limit: _read_header reports it
+        return False
+    header = {h.strip().lower() for h in cells}
     return any(c in header for c in PHASE_COLUMNS)
 
 
