@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from perseus.errors import ConfigError, ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
-from perseus.io.atomic import atomic_write_text
+from perseus.io.atomic import atomic_write_text, check_output_path
 from perseus.io.frontier_files import read_json_document
 from perseus.log import get_logger
 from perseus.validate import show_value
@@ -21,8 +21,8 @@ from perseus.validate import show_value
 logger = get_logger(__name__)
 
 __all__ = [
-    "check_gpu_record_name",
     "gpu_record_path",
+    "gpu_record_target",
     "note_missing_gpu_record",
     "read_gpu_record",
     "write_gpu_record",
@@ -77,19 +77,31 @@ def note_missing_gpu_record(
     return gpu
 
 
-def check_gpu_record_name(profile_path: str | os.PathLike[str]) -> None:
-    """Refuse, before anything is written, a CSV profile path whose record's name is longer
-    than a file name may be.
+def gpu_record_target(profile_path: str | os.PathLike[str]) -> Path | None:
+    """Where the record of a CSV profile written to ``profile_path`` goes, checked before
+    anything is written: None when the profile goes to a stream (a device, FIFO or
+    descriptor), which has nothing beside it.
 
     Raises:
-        ConfigError: naming the path and the fix.
+        ConfigError: a record name longer than a file name may be, or a record path that
+            perseus must not write (a directory, a FIFO, a link out of its directory).
     """
-    name = gpu_record_path(profile_path).name
-    if len(os.fsencode(name)) > _NAME_MAX:
+    if check_output_path(profile_path).kind != "file":
+        return None
+    where = gpu_record_path(profile_path)
+    why = f"{len(os.fsencode(where.name))} bytes, more than the {_NAME_MAX} of a file name"
+    if len(os.fsencode(where.name)) <= _NAME_MAX:
+        try:
+            ok = check_output_path(where).kind == "file"
+            why = "" if ok else f"{where} is not a regular file"
+        except ConfigError as e:
+            why = str(e).partition("; ")[0]
+    if why:
         raise ConfigError(
-            f"{profile_path}: its GPU record {show_value(name)} would be longer than the "
-            f"{_NAME_MAX} bytes of a file name; choose a shorter name (nothing was written)"
+            f"{profile_path}: cannot write its GPU record {show_value(where.name)} beside it "
+            f"({why}); remove that or choose another name (nothing was written)"
         )
+    return where
 
 
 def write_gpu_record(gpu: GpuIdentity, profile_path: str | os.PathLike[str]) -> None:

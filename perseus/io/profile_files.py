@@ -24,7 +24,7 @@ from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_bytes
 from perseus.io.gpu_record import (
-    check_gpu_record_name,
+    gpu_record_target,
     note_missing_gpu_record,
     read_gpu_record,
     write_gpu_record,
@@ -510,20 +510,20 @@ def write_profile_csv(
     profile: Profile, path: str | os.PathLike[str], *, max_bytes: int | None = None
 ) -> None:
     """Write ``profile`` in the Zeus/lowtime CSV format (atomically), and its GPU record
-    beside it when it has one (:mod:`perseus.io.gpu_record`).
+    beside it when it has one (:mod:`perseus.io.gpu_record`; none beside a device or FIFO).
 
     Raises:
         ProfileError: the file would be larger than ``max_bytes`` (``MAX_FILE_BYTES``: more
             than perseus reads back); nothing is written.
-        ConfigError: a path whose GPU record's name is too long; nothing is written.
+        ConfigError: the GPU record cannot be written beside ``path``
+            (:func:`~perseus.io.gpu_record.gpu_record_target`); nothing is written.
     """
-    if profile.gpu is not None:
-        check_gpu_record_name(path)
+    record = None if profile.gpu is None else gpu_record_target(path)
     records: list[_Cells] = [
         ([s, k.profile_name, f, repr(t), repr(e)], m) for s, k, f, t, e, m in _rows(profile)
     ]
     _write_csv(path, REQUIRED_COLUMNS, records, max_bytes)
-    if profile.gpu is not None:
+    if profile.gpu is not None and record is not None:
         write_gpu_record(profile.gpu, path)
 
 

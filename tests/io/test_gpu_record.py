@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -161,5 +162,25 @@ def test_a_csv_name_too_long_for_its_record_reads_and_is_not_half_written(
     assert read_profile(long).gpu is None  # no record can have that name: unchecked
     assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(long)]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "choose a shorter name" in err
+    assert len(err.splitlines()) == 1 and "more than the 255 of a file name" in err
     assert long.read_bytes() == source.read_bytes()
+
+
+def test_a_record_that_cannot_be_written_is_refused_before_the_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory at `<stem>.gpu.json` left the CSV written and exit 2; `-o /dev/stdout`
+    (or /dev/null) wrote /dev/stdout.gpu.json."""
+    (tmp_path / "x.gpu.json").mkdir()
+    out = tmp_path / "x.csv"
+    assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "x.gpu.json' beside it (" in err
+    assert not out.exists()
+    read, write = os.pipe()
+    try:
+        assert main(["profile", "slice", "a100", "--stages", "2", "-o", f"/dev/fd/{write}"]) == 0
+        os.close(write)
+        assert os.read(read, 1 << 16).startswith(b"stage,instruction,frequency")
+    finally:
+        os.close(read)
