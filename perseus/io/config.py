@@ -69,8 +69,9 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
     p = Path(path)
     what = "a TOML job config (see configs/)"
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["config"], what=what, name="config file")
+    text = decode_text(p, data, what, ConfigError)
     try:
-        raw = tomllib.loads(decode_text(p, data, what, ConfigError))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(
             f"{p}: invalid TOML ({clip_message(str(e), 200)}); fix the syntax"
