@@ -466,6 +466,8 @@ def _check_json_syntax(p: Path, text: str) -> None:
         raise ProfileError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
     except RecursionError:
         raise ProfileError(f"{p}: invalid JSON (nested too deeply)") from None
+    except ProfileError:  # a key named twice (a ValueError too)
+        raise
     except ValueError as e:  # an integer of thousands of digits
         raise ProfileError(f"{p}: invalid JSON ({clip_message(str(e), 120)})") from None
 
