@@ -67,7 +67,10 @@ def resolve_profile_path(arg: str | os.PathLike[str]) -> Path:
         ConfigError: if ``arg`` is neither an existing file nor a bundled name.
     """
     p = Path(arg)
-    if p.exists():
+    try:
+        if p.exists():
+            return p
+    except OSError:  # a name too long for the file system: the read names the error
         return p
     bundled = bundled_profile_path(str(arg))
     if bundled is not None:

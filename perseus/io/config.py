@@ -69,14 +69,18 @@ def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:
     p = Path(path)
     what = "a TOML job config (see configs/)"
     data = read_bounded(p, limit_bytes=INPUT_LIMITS["config"], what=what, name="config file")
+    text = decode_text(p, data, what, ConfigError)
     try:
-        raw = tomllib.loads(decode_text(p, data, what, ConfigError))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(
             f"{p}: invalid TOML ({clip_message(str(e), 200)}); fix the syntax"
         ) from None
     except RecursionError:
         raise ConfigError(f"{p}: invalid TOML (nested too deeply)") from None
+    except ValueError as e:  # an integer of thousands of digits
+        why = clip_message(str(e).partition(";")[0], 200)
+        raise ConfigError(f"{p}: invalid TOML ({why}); shorten the number") from None
     try:
         config = JobConfig.model_validate(raw)
     except ValidationError as e:
@@ -134,7 +138,13 @@ def resolve_config_profile(config: JobConfig, config_path: Path) -> str:
             "on the command line as PROFILE"
         )
     candidate = config_path.parent / rel
-    if candidate.exists():
+    try:
+        found = candidate.exists()
+    except OSError as e:  # a name too long for the file system
+        raise ConfigError(
+            f"{where}: {show_value(name)} cannot be looked up ({e.strerror}); fix the name"
+        ) from None
+    if found:
         return str(candidate)
     if bundled_profile_path(name) is not None:
         return name

@@ -23,7 +23,12 @@ from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_bytes
-from perseus.io.gpu_record import note_missing_gpu_record, read_gpu_record, write_gpu_record
+from perseus.io.gpu_record import (
+    gpu_record_target,
+    note_missing_gpu_record,
+    read_gpu_record,
+    write_gpu_record,
+)
 from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
@@ -145,7 +150,11 @@ def _read_text(p: Path) -> str:
 
 def _is_phase_csv(text: str) -> bool:
     """Either phase column makes a phase-level file (whose header then needs both)."""
-    header = {h.strip().lower() for h in text.split("\n", 1)[0].split(",")}
+    try:
+        cells = next(csv.reader([text.split("\n", 1)[0]]), [])
+    except csv.Error:  # a cell past the csv module's limit: _read_header reports it
+        return False
+    header = {h.strip().lower() for h in cells}
     return any(c in header for c in PHASE_COLUMNS)
 
 
@@ -503,17 +512,20 @@ def write_profile_csv(
     profile: Profile, path: str | os.PathLike[str], *, max_bytes: int | None = None
 ) -> None:
     """Write ``profile`` in the Zeus/lowtime CSV format (atomically), and its GPU record
-    beside it when it has one (:mod:`perseus.io.gpu_record`).
+    beside it when it has one (:mod:`perseus.io.gpu_record`; none beside a device or FIFO).
 
     Raises:
         ProfileError: the file would be larger than ``max_bytes`` (``MAX_FILE_BYTES``: more
             than perseus reads back); nothing is written.
+        ConfigError: the GPU record cannot be written beside ``path``
+            (:func:`~perseus.io.gpu_record.gpu_record_target`); nothing is written.
     """
+    record = None if profile.gpu is None else gpu_record_target(path)
     records: list[_Cells] = [
         ([s, k.profile_name, f, repr(t), repr(e)], m) for s, k, f, t, e, m in _rows(profile)
     ]
     _write_csv(path, REQUIRED_COLUMNS, records, max_bytes)
-    if profile.gpu is not None:
+    if profile.gpu is not None and record is not None:
         write_gpu_record(profile.gpu, path)
 
 

@@ -10,7 +10,8 @@ old stages ``floor(i*S/N)`` to ``floor((i+1)*S/N) - 1``.
 from __future__ import annotations
 
 from perseus.errors import ConfigError
-from perseus.profile.model import Profile, ProfileRow, build_profile
+from perseus.io.profile_files import MAX_ENERGY_J, MAX_TIME_S, MIN_VALUE
+from perseus.profile.model import Profile, ProfileRow, build_profile, clock_label
 
 __all__ = ["slice_profile"]
 
@@ -34,8 +35,25 @@ def slice_profile(profile: Profile, stages: int) -> Profile:
         rows, how = _split(profile, stages), "split"
     else:
         rows, how = _merge(profile, stages), "merged"
+    _check_figures(rows, stages, how)
     sliced = build_profile(rows, source=f"{profile.source} ({how} to {stages} stages)")
     return sliced.with_gpu(profile.gpu)  # still that GPU's measurements
+
+
+def _check_figures(rows: list[ProfileRow], stages: int, how: str) -> None:
+    """Refuse a time or energy that a profile file cannot hold (it would not read back)."""
+    for stage, kind, freq, time_s, energy_j, *mem in rows:
+        for name, value, top, unit in (
+            ("time", time_s, MAX_TIME_S, "s"),
+            ("energy", energy_j, MAX_ENERGY_J, "J"),
+        ):
+            if not MIN_VALUE <= value <= top:
+                raise ConfigError(
+                    f"`stages` {stages}: {how} stage {stage} {kind.profile_name} at "
+                    f"{clock_label(freq, mem[0] if mem else None)} has {name} {value:g} {unit}, outside the "
+                    f"[{MIN_VALUE:g}, {top:g}] {unit} a profile holds; slice to "
+                    f"{'more' if value > top else 'fewer'} stages"
+                )
 
 
 def _split(profile: Profile, stages: int) -> list[ProfileRow]:

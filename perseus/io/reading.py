@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from perseus.errors import ConfigError
+from perseus.validate import show_value
 
 __all__ = ["INPUT_LIMITS", "MB", "decode_text", "describe_file_type", "read_bounded"]
 
@@ -99,6 +100,8 @@ def read_bounded(
         error: one line naming the file: missing, unreadable, not a regular file, or too large.
     """
     p = Path(path)
+    if "\0" in str(p):  # os.open would raise ValueError
+        raise error(f"{show_value(str(p), 200)}: a path cannot hold a NUL byte; pass {what}")
     try:
         fd, size = _open_regular(p, what, error)
     except FileNotFoundError:

@@ -66,7 +66,7 @@ def test_without_config_profile_and_microbatches_are_required(
 
 def _write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "job.toml"
-    p.write_text(text)
+    p.write_bytes(text.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff
     return p
 
 
@@ -82,6 +82,12 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('profile = "a100"\nmicrobatches = 8\nschedule = "1f2b"\n', "key schedule"),
         ('profile = "a100"\nmicrobatches = 8\nblocking_power_w = -1\n', "key blocking_power_w"),
         ('profile = "a100"\nmicrobatches = [8\n', "invalid TOML"),
+        # Python's int limit (4300 digits) raises a plain ValueError from tomllib.
+        ('profile = "a100"\nmicrobatches = ' + "9" * 5000 + "\n", "invalid TOML .*digits"),
+        (
+            'profile = "a100"\nmicrobatches = 4 # \udcff\n',
+            r"job\.toml:2: not valid UTF-8 text; pass",
+        ),
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path: Path, text: str, match: str) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from perseus.cli.main import main
 from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
 from perseus.io import load_profile, read_frontier, write_frontier
@@ -145,3 +147,40 @@ def test_a_json_profile_is_parsed_once_by_the_stdlib(
     assert parses == [path.stat().st_size]
     assert again.gpu == (H100 if with_gpu else None) and again.sha256 == profile.sha256
     assert ("no GPU record (p.json)" in caplog.text) is not with_gpu
+
+
+def test_a_csv_name_too_long_for_its_record_reads_and_is_not_half_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`<stem>.gpu.json` is 5 bytes longer than `<stem>.csv`: at a 251-byte name, reading the
+    profile failed (ENAMETOOLONG from is_file) and writing one left the CSV without its record
+    and exit 2."""
+    source = bundled_profile_path("a100")
+    assert source is not None
+    long = tmp_path / ("p" * 251 + ".csv")
+    shutil.copy(source, long)
+    assert read_profile(long).gpu is None  # no record can have that name: unchecked
+    assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(long)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "more than the 255 of a file name" in err
+    assert long.read_bytes() == source.read_bytes()
+
+
+def test_a_record_that_cannot_be_written_is_refused_before_the_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory at `<stem>.gpu.json` left the CSV written and exit 2; `-o /dev/stdout`
+    (or /dev/null) wrote /dev/stdout.gpu.json."""
+    (tmp_path / "x.gpu.json").mkdir()
+    out = tmp_path / "x.csv"
+    assert main(["profile", "slice", "a100", "--stages", "2", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "x.gpu.json' beside it (" in err
+    assert not out.exists()
+    read, write = os.pipe()
+    try:
+        assert main(["profile", "slice", "a100", "--stages", "2", "-o", f"/dev/fd/{write}"]) == 0
+        os.close(write)
+        assert os.read(read, 1 << 16).startswith(b"stage,instruction,frequency")
+    finally:
+        os.close(read)

@@ -137,3 +137,16 @@ def test_an_op_level_file_is_not_a_phase_profile(tmp_path):
     path.write_text("stage,instruction,frequency,time,energy\n0,forward,1410,0.1,20\n")
     with pytest.raises(ProfileError, match="not a phase-level profile"):
         read_phase_profile(path)
+
+
+def test_a_quoted_header_is_still_a_phase_profile(tmp_path):
+    """A header of quoted names (as some CSV writers quote every cell) was taken for an
+    op-level file: "not a phase-level profile", or each phase a "duplicate row"."""
+    path = tmp_path / "quoted.csv"
+    header, rest = _rows().split("\n", 1)
+    path.write_text(",".join(f'"{name}"' for name in header.split(",")) + "\n" + rest)
+    assert read_phase_profile(path).layers_per_stage == (6, 6)
+    assert read_profile(path).ops == read_phase_profile(path).profile.ops
+    path.write_text("x" * 200_000 + "\n" + rest)  # one cell past the csv module's limit
+    with pytest.raises(ProfileError, match=r"quoted.csv:1: cannot read the CSV header"):
+        read_profile(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,32 @@ def test_slice_refuses_to_write_a_profile_perseus_cannot_read(tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []
     assert main(["profile", "slice", "a100", "--stages", "512", "-o", str(out)]) == 0
     assert read_profile(out).num_stages == 512  # what is written reads back
+
+
+@pytest.mark.parametrize(
+    ("rows", "stages", "match"),
+    [
+        (
+            "0,forward,1410,9e5,9e8\n1,forward,1410,9e5,9e8\n",
+            "1",
+            r"time 1\.8e\+06 s, .*more stages",
+        ),
+        ("0,forward,1410,1e-8,1e-3\n", "100", r"time 1e-10 s, .*fewer stages"),
+    ],
+)
+def test_slice_refuses_figures_a_profile_cannot_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, stages: str, match: str
+) -> None:
+    """Merged sums past 1e6 s / 1e9 J, or split shares below 1 ns / 1 nJ, were written (exit
+    0) as a profile that every command then refused."""
+    src, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    src.write_text(
+        "stage,instruction,frequency,time,energy\n" + rows.replace("forward", "backward") + rows
+    )
+    assert main(["profile", "slice", str(src), "--stages", stages, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --stages {stages}: ")
+    assert re.search(match, err) and not out.exists()
 
 
 @pytest.mark.parametrize("write", [write_profile_csv, write_profile_json])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from perseus.cli.main import main
 from perseus.errors import ConfigError, PlanError, ProfileError
 from perseus.io import load_profile, read_frontier, read_profile, write_frontier
 from perseus.io.bundled import resolve_plan_profile
@@ -73,6 +74,14 @@ def test_missing_and_directory_inputs(tmp_path: Path) -> None:
         read_profile(tmp_path)
     with pytest.raises(ConfigError, match="config file not found"):
         read_job_config(tmp_path / "nope.toml")
+
+
+def test_a_path_with_a_nul_byte_is_one_line(tmp_path: Path) -> None:
+    """os.open raises ValueError for a NUL byte (an in-process caller's path, a --plan flag)."""
+    with pytest.raises(PlanError, match=r"^'.*plan\\x00.json': .*NUL byte; pass a plan"):
+        read_frontier(f"{tmp_path}/plan\0.json")
+    with pytest.raises(ConfigError, match="NUL byte"):
+        read_job_config("job\0.toml")
 
 
 def test_caps_refuse_oversized_inputs_of_every_kind(
@@ -143,3 +152,15 @@ def test_a_configs_profile_stays_under_its_directory(tmp_path: Path) -> None:
             resolve_config_profile(JobConfig(profile=name, microbatches=4), config)
     with pytest.raises(ConfigError, match=r"key profile: 'nope\.csv' is neither"):
         resolve_config_profile(JobConfig(profile="nope.csv", microbatches=4), config)
+
+
+def test_a_profile_name_too_long_for_the_file_system_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Path.exists() raises ENAMETOOLONG: the message named neither the config nor its key
+    (a config), or said "choose another path" (PROFILE)."""
+    name = "a" * 300
+    with pytest.raises(ConfigError, match=r"job\.toml: key profile: 'a{20}.*File name too long"):
+        resolve_config_profile(JobConfig(profile=name, microbatches=4), tmp_path / "job.toml")
+    assert main(["profile", "show", name]) == 2
+    assert "cannot read file (File name too long); pass a profile" in capsys.readouterr().err
