@@ -253,8 +253,9 @@ def _check_shape(grouped: _Grouped, source: str) -> int:
     stages = {s for s, _ in grouped}
     num_stages = max(stages) + 1
     if missing := sorted(set(range(num_stages)) - stages):
+        shown = missing if len(missing) <= 8 else f"{missing[:8]} and {len(missing) - 8} more"
         raise ProfileError(
-            f"{source}: stage(s) {missing} have no rows (stages must be numbered "
+            f"{source}: stage(s) {shown} have no rows (stages must be numbered "
             f"0..{num_stages - 1} without gaps)"
         )
     kinds = sorted({k for _, k in grouped}, key=lambda k: k.value)

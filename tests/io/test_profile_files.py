@@ -99,6 +99,15 @@ def test_bad_csv_is_one_line_naming_file_and_line(tmp_path, text, match):
     assert "\n" not in str(info.value)
 
 
+def test_many_missing_stages_are_counted_not_listed(tmp_path):
+    text = HEADER + "4095,forward,1410,0.1,10.0\n4095,backward,1410,0.2,20.0\n"
+    with pytest.raises(ProfileError) as info:
+        read_profile(_write(tmp_path, text))
+    message = str(info.value)
+    assert "stage(s) [0, 1, 2, 3, 4, 5, 6, 7] and 4087 more have no rows" in message
+    assert message.endswith("without gaps)") and len(message) < 300
+
+
 def test_binary_junk(tmp_path):
     with pytest.raises(ProfileError, match=r"p\.csv: file is binary"):
         read_profile(_write(tmp_path, bytes(range(256)) * 4))
