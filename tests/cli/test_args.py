@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from perseus.cli._args import float_arg, int_arg
+from perseus.cli.main import main
 from perseus.errors import ConfigError
 from perseus.validate import (
     MAX_JOB_OPS,
@@ -58,3 +60,21 @@ def test_messages_and_values_are_cut() -> None:
     assert len(clip_message("x" * 8_000_000)) <= 600
     shown = show_value("y" * 5000)
     assert len(shown) < 80 and "(5002 characters)" in shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sim-dir", "", "info"], ["--sim-dir", " ", "info"], ["reset", "--uuid", " "]],
+)
+def test_device_refuses_a_blank_directory_or_uuid(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--sim-dir '' was the current directory and ' ' a new directory named ' ' there."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["device", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected a non-empty value" in err
+    assert not list(tmp_path.iterdir())
