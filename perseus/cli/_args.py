@@ -93,7 +93,7 @@ def first_line(error: BaseException) -> str:
 def nonempty_arg(text: str) -> str:
     """An argparse ``type``: a non-blank string (a path or a name)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+        raise argparse.ArgumentTypeError(f"expected a non-empty value, got {show_value(text)}")
     return text
 
 

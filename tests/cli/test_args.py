@@ -76,5 +76,6 @@ def test_device_refuses_a_blank_directory_or_uuid(
     monkeypatch.chdir(tmp_path)
     assert main(["device", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "expected a non-empty value" in err
+    blank = argv[1] if argv[0] == "--sim-dir" else argv[2]
+    assert err.count("\n") == 1 and f"expected a non-empty value, got {blank!r}" in err
     assert not list(tmp_path.iterdir())
