@@ -111,7 +111,7 @@ def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import read_frontier, write_frontier
 
-    check_output_file(args.out)
+    check_output_file(args.out, inputs={"FRONTIER.json": args.frontier, "--profile": args.profile})
     frontier = read_frontier(args.frontier)
     by_power = args.power_cap_w is not None or args.peak_power_w is not None
     if args.per_gpu and not by_power:
@@ -250,7 +250,7 @@ def run_schedule(args: argparse.Namespace) -> int:
     from perseus.io.power_files import read_signal, write_schedule
     from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
-    check_output_file(args.out)
+    check_output_file(args.out, inputs={"FRONTIER.json": args.frontier, "--signal": args.signal})
     frontier = read_frontier(args.frontier)
     gpu_idle_w, idle_source = _idle_power_w(args, frontier)
     signal = read_signal(*args.signal)
