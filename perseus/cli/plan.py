@@ -180,8 +180,8 @@ def _power_point(
             frontier.points, budget_w, measure="peak" if peak else "average"
         )
     except InfeasibleError as e:
-        if not peak:
-            raise
+        if not peak or any(p.power is None for p in frontier.points):
+            raise  # no fallback without the points' peaks (an --off-frontier search's frontier)
         # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
         # which holds each GPU, and so the sum, under the budget.
         limit_w = budget_w / frontier.job.ranks
