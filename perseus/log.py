@@ -44,7 +44,7 @@ def get_logger(name: str) -> logging.Logger:
 def rank_from_env() -> int | None:
     """The process's global rank from torchrun's ``RANK`` variable (None when not set/invalid)."""
     value = os.environ.get("RANK", "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]

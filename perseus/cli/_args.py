@@ -93,7 +93,7 @@ def first_line(error: BaseException) -> str:
 def nonempty_arg(text: str) -> str:
     """An argparse ``type``: a non-blank string (a path or a name)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+        raise argparse.ArgumentTypeError(f"expected a non-empty value, got {show_value(text)}")
     return text
 
 
@@ -139,9 +139,13 @@ def _not_empty(path_arg: str | os.PathLike[str], flag: str, example: str) -> Non
         raise ConfigError(f"{flag}: empty path; pass a {example}")
 
 
-def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Path:
+def check_output_file(
+    path_arg: str | os.PathLike[str], flag: str = "-o", inputs: dict[str, Any] | None = None
+) -> Path:
     """Refuse an output file path that cannot or must not be written (the rule is
-    :func:`perseus.io.atomic.check_output_path`'s): ConfigError ``"<flag> <path>: ..."``."""
+    :func:`perseus.io.atomic.check_output_path`'s), or that is one of the command's
+    ``inputs`` (name in messages -> path, list of paths or None): ConfigError
+    ``"<flag> <path>: ..."``."""
     _not_empty(path_arg, flag, f"file name, e.g. {flag} out.json")
     if str(path_arg).endswith(("/", os.sep)):
         raise ConfigError(f"{flag} {path_arg}: ends with a separator; pass a file path")
@@ -150,7 +154,27 @@ def check_output_file(path_arg: str | os.PathLike[str], flag: str = "-o") -> Pat
     target = _flagged(flag, lambda: check_output_path(path_arg))
     if target.kind == "file":
         _check_parents(target.entry, flag)
+        _check_not_input(path_arg, flag, inputs or {})
     return Path(path_arg)
+
+
+def _check_not_input(path_arg: str | os.PathLike[str], flag: str, inputs: dict[str, Any]) -> None:
+    """Refuse an output that is an existing input file (a link or hard link included)."""
+    try:
+        out = os.stat(path_arg)
+    except OSError:
+        return  # not there yet: it is no input
+    for name, given in inputs.items():
+        for item in given if isinstance(given, (list, tuple)) else [given]:
+            try:
+                same = item is not None and os.path.samestat(out, os.stat(item))
+            except (OSError, ValueError):  # missing, a bundled name, a NUL byte
+                same = False
+            if same:
+                raise ConfigError(
+                    f"{flag} {path_arg}: the same file as the input {name} {item}; "
+                    "write the output to another path"
+                )
 
 
 def check_output_dir(path_arg: str | os.PathLike[str], known_files: Iterable[str]) -> Path:

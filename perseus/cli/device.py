@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perseus.cli._args import add_command, first_line, float_arg
+from perseus.cli._args import add_command, first_line, float_arg, nonempty_arg
 from perseus.errors import ConfigError
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("device", help="list GPUs, their clocks, locks and owners")
     p.add_argument(
         "--sim-dir",
-        type=Path,
+        type=lambda text: Path(nonempty_arg(text)),
         help="simulated GPUs' state directory (default: $PERSEUS_SIM_DIR or a per-user temp dir)",
     )
     actions = p.add_subparsers(dest="device_command", metavar="ACTION", required=True)
@@ -34,7 +34,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--sim", type=int, metavar="INDEX", help="a simulated GPU")
-    target.add_argument("--uuid", help="a real GPU, by UUID (needs root or CAP_SYS_ADMIN)")
+    target.add_argument(
+        "--uuid", type=nonempty_arg, help="a real GPU, by UUID (needs root or CAP_SYS_ADMIN)"
+    )
     reset.add_argument(
         "--force",
         action="store_true",

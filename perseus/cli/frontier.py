@@ -71,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
     from perseus.solver import trace
     from perseus.solver.power import with_power
 
-    check_output_file(args.out)
+    inputs = {"--config": args.config, "PROFILE": args.profile}
+    check_output_file(args.out, inputs=inputs)
     if args.power_curve is not None:
-        check_output_file(args.power_curve, flag="--power-curve")
+        check_output_file(args.power_curve, flag="--power-curve", inputs=inputs)
     check_distinct_outputs({"-o": args.out, "--power-curve": args.power_curve})
     job = job_from_args(args)
     s = job.spec

@@ -111,7 +111,7 @@ def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import read_frontier, write_frontier
 
-    check_output_file(args.out)
+    check_output_file(args.out, inputs={"FRONTIER.json": args.frontier, "--profile": args.profile})
     frontier = read_frontier(args.frontier)
     by_power = args.power_cap_w is not None or args.peak_power_w is not None
     if args.per_gpu and not by_power:
@@ -180,8 +180,8 @@ def _power_point(
             frontier.points, budget_w, measure="peak" if peak else "average"
         )
     except InfeasibleError as e:
-        if not peak:
-            raise
+        if not peak or any(p.power is None for p in frontier.points):
+            raise  # no fallback without the points' peaks (an --off-frontier search's frontier)
         # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
         # which holds each GPU, and so the sum, under the budget.
         limit_w = budget_w / frontier.job.ranks
@@ -250,7 +250,7 @@ def run_schedule(args: argparse.Namespace) -> int:
     from perseus.io.power_files import read_signal, write_schedule
     from perseus.solver.power_schedule import J_PER_KWH, schedule_plans
 
-    check_output_file(args.out)
+    check_output_file(args.out, inputs={"FRONTIER.json": args.frontier, "--signal": args.signal})
     frontier = read_frontier(args.frontier)
     gpu_idle_w, idle_source = _idle_power_w(args, frontier)
     signal = read_signal(*args.signal)

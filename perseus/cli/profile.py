@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from perseus.io.profile_slice import slice_profile
 
     if args.profile_action == "slice":
-        out = check_output_file(args.out)
+        out = check_output_file(args.out, inputs={"PROFILE": args.profile})
     path = resolve_profile_path(args.profile)
     profile = load_profile(path)
     power = default_blocking_power_w(profile)

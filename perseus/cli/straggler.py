@@ -61,6 +61,13 @@ def _parse_address(address: str) -> tuple[str, int]:
         )
     if not 1 <= int(port) <= 65535:
         raise ConfigError(f"--store {show_value(address)}: port {int(port)} is outside 1..65535")
+    try:
+        host.encode("idna")  # what the resolver does: an empty or 64-character label fails
+    except UnicodeError:
+        raise ConfigError(
+            f"--store {show_value(address)}: {show_value(host)} is not a host name or address "
+            "(a dot-separated name of 1-63 character labels, or an IP address)"
+        ) from None
     return host, int(port)
 
 

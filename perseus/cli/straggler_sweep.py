@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from perseus.io.frontier_files import read_frontier
     from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
 
-    check_output_file(args.out)
+    check_output_file(args.out, inputs={"FRONTIER.json": args.frontier})
     factors = parse_factors(args.factors)
     frontier = read_frontier(args.frontier)
     say = message_stream(args.out)

@@ -193,17 +193,26 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"perseus-{os.geteuid()}"
 
 
+def _env_path(name: str) -> Path | None:
+    """``$name`` as a path, None when unset or empty; a blank one (spaces) is refused."""
+    env = os.environ.get(name)
+    if env and not env.strip():
+        raise _error(
+            f"${name} is blank ({env!r}); unset it or point it at a directory of yours with "
+            "mode 0700 (mkdir -m 700 DIR)"
+        )
+    return Path(env) if env else None
+
+
 def lock_dir() -> Path:
     """``$PERSEUS_LOCK_DIR`` or ``<runtime_dir>/locks``, verified (and created)."""
-    env = os.environ.get(LOCK_DIR_ENV)
-    path = Path(env) if env else runtime_dir() / "locks"
+    path = _env_path(LOCK_DIR_ENV) or runtime_dir() / "locks"
     return verify_private_dir(path, what="lock directory", env=LOCK_DIR_ENV)
 
 
 def sim_dir() -> Path:
     """``$PERSEUS_SIM_DIR`` or ``<runtime_dir>/sim``, verified (and created)."""
-    env = os.environ.get(SIM_DIR_ENV)
-    path = Path(env) if env else runtime_dir() / "sim"
+    path = _env_path(SIM_DIR_ENV) or runtime_dir() / "sim"
     return verify_private_dir(path, what="simulated GPU directory", env=SIM_DIR_ENV)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from perseus.cli._args import float_arg, int_arg
+from perseus.cli.main import main
 from perseus.errors import ConfigError
 from perseus.validate import (
     MAX_JOB_OPS,
@@ -58,3 +60,86 @@ def test_messages_and_values_are_cut() -> None:
     assert len(clip_message("x" * 8_000_000)) <= 600
     shown = show_value("y" * 5000)
     assert len(shown) < 80 and "(5002 characters)" in shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sim-dir", "", "info"], ["--sim-dir", " ", "info"], ["reset", "--uuid", " "]],
+)
+def test_device_refuses_a_blank_directory_or_uuid(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--sim-dir '' was the current directory and ' ' a new directory named ' ' there."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["device", *argv]) == 2
+    err = capsys.readouterr().err
+    blank = argv[1] if argv[0] == "--sim-dir" else argv[2]
+    assert err.count("\n") == 1 and f"expected a non-empty value, got {blank!r}" in err
+    assert not list(tmp_path.iterdir())
+
+
+def _frontier_command(tmp_path: Path, out: Path) -> list[str]:
+    config = tmp_path / "job.toml"
+    config.write_text('profile = "a100"\nmicrobatches = 4\n')
+    return ["frontier", "--config", str(config), "--no-progress", "-o", str(out)]
+
+
+def test_an_input_named_as_the_output_is_refused_and_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan pick F -o F` (and each command writing a file) replaced its input with its
+    output: the frontier, profile, signal or config was lost."""
+    frontier = tmp_path / "f.json"
+    assert main(_frontier_command(tmp_path, frontier)) == 0
+    config = tmp_path / "job.toml"
+    profile = tmp_path / "p.csv"
+    assert main(["profile", "slice", "a100", "--stages", "4", "-o", str(profile)]) == 0
+    signal = tmp_path / "signal.csv"
+    signal.write_text("start,price_per_mwh\n0,10\n3600,20\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(frontier)
+    f, c = str(frontier), str(config)
+    runs = [
+        (["plan", "pick", f, "--slowdown", "1.1", "-o", f], frontier, "FRONTIER.json"),
+        (["plan", "pick", f, "--slowdown", "1.1", "-o", str(link)], frontier, "FRONTIER.json"),
+        (["straggler-sweep", f, "--pipelines", "2", "-o", f], frontier, "FRONTIER.json"),
+        (
+            ["profile", "slice", str(profile), "--stages", "2", "-o", str(profile)],
+            profile,
+            "PROFILE",
+        ),
+        (
+            [*_schedule(f, signal), "-o", str(signal)],
+            signal,
+            "--signal",
+        ),
+        (
+            [*_frontier_command(tmp_path, tmp_path / "g.json"), "--power-curve", c],
+            config,
+            "--config",
+        ),
+    ]
+    for argv, kept, name in runs:
+        before = kept.read_bytes()
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the same file as the input {name} " in err, err
+        assert kept.read_bytes() == before
+
+
+def _schedule(frontier: str, signal: Path) -> list[str]:
+    return [
+        "plan",
+        "schedule",
+        frontier,
+        "--signal",
+        str(signal),
+        "--iterations",
+        "1",
+        "--deadline-s",
+        "3600",
+    ]

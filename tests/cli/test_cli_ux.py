@@ -103,6 +103,18 @@ def test_rank_prefix_and_phases() -> None:
     assert "perseus.phase: tracing: done in" in text
 
 
+@pytest.mark.parametrize("rank", ["9" * 5000, "\u00b2", "\u0663", "-1", " 3"])
+def test_a_junk_rank_variable_is_no_rank(
+    monkeypatch: pytest.MonkeyPatch, rank: str, tmp_path: Path
+) -> None:
+    """``RANK`` of 5,000 digits (past Python's int limit) or a superscript digit was an
+    internal error of every command; a rank perseus cannot read is no rank."""
+    monkeypatch.setenv("RANK", rank)
+    out = tmp_path / "s.csv"
+    assert main(["profile", "slice", "a100", "--stages", "4", "-o", str(out)]) == 0
+    assert out.is_file()
+
+
 def test_progress_labels_the_first_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     import perseus.cli._progress as prog
 

@@ -86,3 +86,22 @@ def test_missing_frontier_file_is_exit_2(tmp_path):
         )
         == 2
     )
+
+
+def test_off_frontier_below_every_peak_without_power_figures_is_one_line(tmp_path, capsys):
+    """A frontier without power figures (`perseus demo`'s) under an --off-frontier peak
+    budget below every plan fell back to the points' peaks: an internal error."""
+    path = tmp_path / "f.json"
+    assert main(["frontier", "a100", "--microbatches", "4", "--no-progress", "-o", str(path)]) == 0
+    frontier = read_frontier(path)
+    points = tuple(p.model_copy(update={"power": None}) for p in frontier.points)
+    write_frontier(frontier.model_copy(update={"points": points}), path)
+    capsys.readouterr()
+    argv = ["plan", "pick", str(path), "--peak-power-w", "1", "--off-frontier"]
+    assert main([*argv, "-o", str(tmp_path / "p.json")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: no plan found whose peak power is at most 1 W")
+        and err.count("\n") == 1
+    )
+    assert not (tmp_path / "p.json").exists()

@@ -184,3 +184,14 @@ def test_bad_address_and_value_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
         == 2
     )
     assert "--wait-s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["a" * 300, "a..b", "."])
+def test_a_host_name_the_resolver_refuses_is_exit_2(
+    host: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 300-character or empty label made getaddrinfo raise UnicodeError: an internal error."""
+    argv = ["power", "set", "--store", f"{host}:1", "--cap-w", "100", "--timeout-s", "0.5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is not a host name or address" in err and err.count("\n") == 1

@@ -90,6 +90,18 @@ def test_environment_overrides_are_verified(
     assert sim_dir() == tmp_path / "fine" and _mode(tmp_path / "fine") == 0o700
 
 
+@pytest.mark.parametrize("env", ["PERSEUS_LOCK_DIR", "PERSEUS_SIM_DIR"])
+def test_a_blank_environment_override_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str
+) -> None:
+    """A value of spaces made a directory named ' ' in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env, "  ")
+    with pytest.raises(ConfigError, match=rf"^\${env} is blank \('  '\); unset it"):
+        (lock_dir if env == "PERSEUS_LOCK_DIR" else sim_dir)()
+    assert not list(tmp_path.iterdir())
+
+
 def test_default_runtime_dir_per_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0:
         pytest.skip("plays another uid with chown: needs root")
