@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--min-gap-fraction",
         type=float_arg(ge=0, lt=1),
         default=1e-3,
-        help="keep points at least this fraction of the fastest time apart (default 0.001)",
+        help="keep points at least this fraction of the fastest time apart (default 0.001; "
+        "0: every breakpoint; else at least 1e-6)",
     )
     p.add_argument("--all-points", action="store_true", help="keep every Pareto point found")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

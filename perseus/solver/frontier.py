@@ -41,6 +41,9 @@ DEFAULT_HULL_GAP_FRACTION = 0.02
 #: A folded walk emits points at least this far apart (fraction of T_min): every lifted plan
 #: is a full-size array.
 _FOLD_MIN_GAP_FRACTION = 1e-4
+#: The smallest gap fraction above 0: the walk samples about 1/gap plans, each decade below this
+#: ~8x the time for under 1 % more points (A100 8x24: 2.9 s at 1e-6, 22 s at 1e-7).
+MIN_GAP_FRACTION = 1e-6
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def trace_frontier(
         time_quantum_s: Minimum step (lowtime's quantum); default: exact steps from
             breakpoint to breakpoint.
         min_gap_fraction: Round the walk's fractional plans this fraction of the fastest time
-            apart (0: at every breakpoint), and keep output points that far apart (both ends
+            apart (0: at every breakpoint; else at least 1e-6), and keep output points that far apart (both ends
             and the no-slowdown plan always kept).
         all_points: Keep every Pareto point of the same search instead of thinning.
         progress: Called with the fraction done in [0, 1] now and then.
@@ -197,6 +200,11 @@ def _checked(
     if not (math.isfinite(min_gap_fraction) and min_gap_fraction >= 0):
         raise ConfigError(
             f"minimum gap fraction must be a finite number >= 0, got {min_gap_fraction}"
+        )
+    if 0 < min_gap_fraction < MIN_GAP_FRACTION:
+        raise ConfigError(
+            f"minimum gap fraction (--min-gap-fraction) {min_gap_fraction:g} would sample about "
+            f"1/gap plans; use 0 (every breakpoint) or at least {MIN_GAP_FRACTION:g}"
         )
     if max_clocks_per_op is None:
         max_clocks_per_op = 1 if job.spec.layers_per_stage is None else 2

@@ -59,7 +59,7 @@ FLAG_TABLE: dict[str, tuple[list[str], dict[str, list[str]]]] = {
             "--p2p-latency-s": NONNEG_FLOAT,
             "--backward-split": FRACTION,
             "--time-quantum-s": POSITIVE_FLOAT,
-            "--min-gap-fraction": ["nan", "inf", "-1", "1", "abc", ""],
+            "--min-gap-fraction": ["nan", "inf", "-1", "1", "abc", "", "1e-8"],
             "--schedule": ["bogus", "", "1F1B "],
             "--fold": ["sometimes", ""],
         },

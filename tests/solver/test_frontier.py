@@ -79,6 +79,13 @@ def test_baselines_have_the_promised_names_and_are_exact(traced):
     assert plans["envpipe"].energy_j <= base.energy_j
 
 
+def test_a_gap_fraction_between_0_and_the_floor_is_refused():
+    # Each decade below 1e-6 cost ~8x the time for under 1 % more points (1e-12: hours).
+    job = small_job("1f1b", 2, 4, seed=2)
+    with pytest.raises(ConfigError, match=r"1e-07 would sample .* use 0 .* or at least 1e-06"):
+        trace_frontier(job, min_gap_fraction=1e-7)
+
+
 def test_gap_thinning_keeps_both_ends():
     job = small_job("1f1b", 4, 8, seed=2)
     full = trace_frontier(job, all_points=True)
