@@ -11,6 +11,7 @@ real plans at most one layer step off the hull. Complexity: O(K log K) per type 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,16 @@ _Labelled = tuple[OpOption, tuple[Phase, ...]]
 
 #: The most phases per op the option tables enumerate.
 MAX_PHASES_PER_OP = 4
+#: The most phased options a job's tables price (8-16 µs each on a 2-core VM: ~15 s).
+MAX_PHASED_OPTIONS = 1_000_000
+
+
+def _phased_count(hull_size: int, layers: int, max_phases: int) -> int:
+    """How many phased options :func:`_phased_options` prices for one op."""
+    return sum(
+        max(0, hull_size - p + 1) * 2 * math.comb(layers - 1, p - 1)
+        for p in range(2, max_phases + 1)
+    )
 
 
 def _one(o: OpOption) -> _Labelled:
@@ -201,16 +212,21 @@ def _type_options(
 ) -> tuple[list[list[_Labelled]], list[IntArray]]:
     """Per (stage, kind): its labelled options and the indices of its (thinned) hull's
     vertices among them."""
-    kinds, split, power = list(Kind), job.layer_split, job.blocking_power_w
-    options: list[list[_Labelled]] = []
-    hulls: list[IntArray] = []
+    kinds, power = list(Kind), job.blocking_power_w
+    split = job.layer_split if max_clocks_per_op >= 2 else None  # None: one clock per op
+    types = []
     for stage, kind in keys:
         opts = pareto_options(job.profile.op(stage, kinds[kind]).options, power)
         t = np.array([o.time_s for o in opts])
         c = np.array([o.energy_j - power * o.time_s for o in opts])
         true_hull = lower_hull(t, c)
-        thinned = _thin_hull(t, true_hull, min_vertex_gap_fraction)
-        if max_clocks_per_op >= 2 and split is not None:
+        types.append((stage, opts, true_hull, _thin_hull(t, true_hull, min_vertex_gap_fraction)))
+    if split is not None:
+        _check_phased_size([(s, len(h)) for s, _, h, _ in types], split, max_clocks_per_op)
+    options: list[list[_Labelled]] = []
+    hulls: list[IntArray] = []
+    for stage, opts, true_hull, thinned in types:
+        if split is not None:
             labelled = _phased_options(opts, true_hull, stage, split, power, max_clocks_per_op)
             # Hull vertices are one-clock options, all kept by the filter: re-index them.
             where = {o.clocks: i for i, (o, ph) in enumerate(labelled) if len(ph) == 1}
@@ -220,6 +236,19 @@ def _type_options(
         options.append(labelled)
         hulls.append(thinned)
     return options, hulls
+
+
+def _check_phased_size(hulls: list[tuple[int, int]], split: LayerSplit, max_phases: int) -> None:
+    """Refuse tables of over :data:`MAX_PHASED_OPTIONS` phased options (``hulls``: each
+    type's stage and hull size) before any is priced."""
+    total = sum(_phased_count(size, split.num_layers(s), max_phases) for s, size in hulls)
+    if total > MAX_PHASED_OPTIONS:
+        layers = max(split.num_layers(s) for s, _ in hulls)
+        raise ConfigError(
+            f"`max_clocks_per_op`={max_phases} with up to {layers} layers per stage: {total:,} "
+            f"phased options to price, over the {MAX_PHASED_OPTIONS:,} a job may (about 15 s "
+            "per million); use fewer clocks per op or fewer layers per stage"
+        )
 
 
 def _option_tables(options: list[list[_Labelled]], power_w: float) -> dict[str, npt.NDArray[Any]]:

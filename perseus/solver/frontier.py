@@ -203,7 +203,7 @@ def _checked(
         )
     if 0 < min_gap_fraction < MIN_GAP_FRACTION:
         raise ConfigError(
-            f"minimum gap fraction (--min-gap-fraction) {min_gap_fraction:g} would sample about "
+            f"`min_gap_fraction`={min_gap_fraction:g} would sample about "
             f"1/gap plans; use 0 (every breakpoint) or at least {MIN_GAP_FRACTION:g}"
         )
     if max_clocks_per_op is None:

@@ -180,6 +180,23 @@ def test_bad_two_clock_settings_are_config_errors():
         trace(make_job(profile, "1f1b", 8, 4, blocking_power_w=83.64), max_clocks_per_op=2)
 
 
+def test_phased_tables_over_the_limit_are_refused_before_pricing(monkeypatch):
+    from perseus.solver import cost_model
+
+    # 64 layers x 4 clocks: 10.7 million options (minutes and GBs); here 12 layers x 3 clocks
+    # against a small limit, so the test is quick either way.
+    job = make_job(load_profile("a100"), "1f1b", 8, 8, blocking_power_w=83.64, layers_per_stage=12)
+    priced = []
+    monkeypatch.setattr(cost_model, "phased_cost", lambda *a: priced.append(a) or (1.0, 1.0))
+    monkeypatch.setattr(cost_model, "MAX_PHASED_OPTIONS", 1000)
+    with pytest.raises(
+        ConfigError, match=r"`max_clocks_per_op`=3 with up to 12 layers per stage: "
+    ):
+        cost_model.build_cost_model(job, 0.0, 3)
+    assert priced == []  # refused before any is priced
+    cost_model.build_cost_model(job, 0.0, 1)  # one clock per op: no phased option
+
+
 def test_cli_flags_and_toml_config_give_two_clock_plans(tmp_path, capsys):
     from perseus.cli.main import main
 
