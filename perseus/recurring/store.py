@@ -394,6 +394,10 @@ class SQLiteStore(SQLStore):
         check_private_file(
             self.path, what="recurring store", siblings=_SQLITE_SIBLINGS, shared_dir_ok=False
         )
+        # SQLite takes a file shorter than its header for a new database and writes over it.
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as file:
+            if file.read(16) not in (b"", b"SQLite format 3\x00"):
+                raise sqlite3.DatabaseError("file is not a database")
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

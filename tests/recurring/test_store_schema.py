@@ -317,6 +317,17 @@ def test_a_newer_schema_and_a_non_file_are_refused(tmp_path: Path) -> None:
         SQLiteStore(tmp_path / "fifo.db").history("j")
 
 
+def test_a_file_shorter_than_sqlites_header_is_refused_not_overwritten(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_bytes(b"x")  # SQLite alone took it for a new database and wrote over it
+    with pytest.raises(ConfigError, match="not a usable SQLite database"):
+        SQLiteStore(notes).history("j")
+    assert notes.read_bytes() == b"x"
+    empty = tmp_path / "empty.db"
+    empty.touch()  # an empty file is a new database, as SQLite has it
+    assert SQLiteStore(empty).history("j") == []
+
+
 def test_a_refused_schema_leaves_no_connection_open(tmp_path: Path) -> None:
     import os
 
