@@ -20,6 +20,7 @@ from perseus.report.straggler import plot_straggler
 from perseus.report.summary import MeasuredRun, Summary, summarize
 from perseus.report.timeline import build_timeline, plot_timelines
 from perseus.runtime.straggler.sweep import StragglerCase
+from perseus.solver.power import with_power
 
 logger = get_logger(__name__)
 
@@ -110,7 +111,8 @@ def write_report(inputs: ReportInputs, directory: str | Path) -> Summary:
     for name, png in images.items():
         atomic_write_bytes(out / f"{name}.png", png)
         logger.debug("wrote %s.png (%d bytes)", name, len(png))
-    write_frontier(f, out / "frontier.json")
+    # With power figures where the job is known, so `plan pick --peak-power-w` reads it.
+    write_frontier(f if job is None else with_power(job, f), out / "frontier.json")
     summary_json = json.dumps(summary.to_json_dict(), indent=2) + "\n"
     atomic_write_text(out / "report-summary.json", summary_json)
     details = _job_details(inputs, summary)

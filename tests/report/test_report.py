@@ -25,6 +25,7 @@ from perseus.report.frontier import plot_frontier
 from perseus.report.straggler import plot_straggler
 from perseus.report.timeline import Timeline, build_timeline, plot_timelines
 from perseus.runtime.straggler.sweep import parse_factors, straggler_sweep
+from perseus.solver.power import with_power
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -180,7 +181,10 @@ def test_write_report(tmp_path: Path, job: PlanningJob, frontier: Frontier) -> N
         tmp_path,
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(REPORT_FILES)
-    assert read_frontier(tmp_path / "frontier.json").points == frontier.points
+    # With the power figures `plan pick --peak-power-w` reads (a demo's frontier had none).
+    written = read_frontier(tmp_path / "frontier.json")
+    assert written.points == with_power(job, frontier).points
+    assert all(p.power is not None for p in written.points)
     on_disk = json.loads((tmp_path / "report-summary.json").read_text())
     assert on_disk["fastest"]["energy_saving"] == pytest.approx(summary.fastest.energy_saving)
     page = (tmp_path / "report.html").read_text()
