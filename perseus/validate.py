@@ -92,11 +92,13 @@ def show_value(value: object, limit: int = 40) -> str:
 
 
 def clip_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """``text`` cut to ``limit`` characters (the error handler's last guard)."""
+    """``text`` cut to ``limit`` characters in the middle (the error handler's last guard):
+    its start names the source, its end the reason and the fix."""
     if len(text) <= limit:
         return text
-    note = f"... [message cut, {len(text)} characters]"
-    return text[: max(0, limit - len(note))] + note
+    note = f" ...[message cut, {len(text)} characters]... "
+    keep = max(0, limit - len(note))
+    return text[: keep - keep // 3] + note + text[len(text) - keep // 3 :]
 
 
 def check_job_size(

@@ -58,6 +58,12 @@ def test_size_bound_names_the_source_and_memory() -> None:
 
 def test_messages_and_values_are_cut() -> None:
     assert len(clip_message("x" * 8_000_000)) <= 600
+    # A path of thousands of characters keeps the reason and the fix after it.
+    clipped = clip_message(
+        "/" + "d" * 5000 + ": cannot read file (File name too long); pass a path"
+    )
+    assert clipped.startswith("/ddd") and clipped.endswith("(File name too long); pass a path")
+    assert "[message cut, 5053 characters]" in clipped and len(clipped) <= 600
     shown = show_value("y" * 5000)
     assert len(shown) < 80 and "(5002 characters)" in shown
 
