@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from perseus.device.clock import REAL_CLOCK, WALL_CLOCK, Clock
+from perseus.device.clock import REAL_CLOCK, WALL_CLOCK, Clock, retry
 from perseus.device.private_dir import check_private_file
 from perseus.errors import ConfigError, PerseusError
 from perseus.io.process_identity import ProcessRecord, liveness, pid_namespace, this_process
@@ -394,9 +394,11 @@ class SQLiteStore(SQLStore):
         check_private_file(
             self.path, what="recurring store", siblings=_SQLITE_SIBLINGS, shared_dir_ok=False
         )
-        # SQLite takes a file shorter than its header for a new database and writes over it.
-        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as file:
-            if file.read(16) not in (b"", b"SQLite format 3\x00"):
+        # SQLite takes a file shorter than its header for a new database and writes over it;
+        # no database is under one 512-byte page. By stat, not open: closing a descriptor of
+        # the file would drop the locks this process's SQLite connections hold on it.
+        with contextlib.suppress(FileNotFoundError):
+            if 0 < os.stat(self.path).st_size < 512:
                 raise sqlite3.DatabaseError("file is not a database")
         con = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
@@ -408,7 +410,15 @@ class SQLiteStore(SQLStore):
         with self._errors():
             con = self._open(self.busy_timeout_s)
             try:
-                con.execute("PRAGMA journal_mode = WAL")
+                # SQLite answers "locked" at once, not after its busy timeout, while another
+                # process switches the same new file to WAL: try again for that long.
+                retry(
+                    lambda: con.execute("PRAGMA journal_mode = WAL"),
+                    transient=lambda e: (
+                        isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+                    ),
+                    backoff_s=[0.01] * int(self.busy_timeout_s / 0.01),
+                )
                 con.execute("PRAGMA synchronous = NORMAL")
                 self._migrate(con)
                 con.execute("PRAGMA foreign_keys = ON")
