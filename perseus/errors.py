@@ -19,7 +19,19 @@ __all__ = [
 
 
 class PerseusError(Exception):
-    """Base class of every error perseus raises deliberately."""
+    """Base class of every error perseus raises deliberately.
+
+    Attributes:
+        message: What went wrong, in one line.
+        detail: Lines shown under it (a schedule's grid with the failing step marked).
+    """
+
+    def __init__(self, message: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.message, self.detail = message, detail
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.detail}" if self.detail else self.message
 
 
 class ConfigError(PerseusError, ValueError):

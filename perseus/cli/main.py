@@ -56,6 +56,7 @@ COMMANDS = (
 )
 
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a newline or escape in a path, shown as \n
 
 
 class _ArgumentError(Exception):
@@ -133,9 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error(str(e))
         return 2
     except PerseusError as e:
-        _print_error(as_flags(first_line(e), parser, args))
-        if isinstance(e, ConfigError) and "\n" in str(e).strip():
-            logger.info("details:\n%s", str(e).strip().partition("\n")[2])
+        _print_error(as_flags(e.message or type(e).__name__, parser, args))
+        if e.detail:
+            logger.info("details:\n%s", e.detail)
         return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -228,7 +229,8 @@ def _drop_stdout() -> None:
 
 
 def _print_error(message: str) -> None:
-    print(f"error: {clip_message(message)}", file=sys.stderr)
+    shown = _CONTROL.sub(lambda m: repr(m.group())[1:-1], message.strip())
+    print(f"error: {clip_message(shown)}", file=sys.stderr)
 
 
 def entry() -> None:

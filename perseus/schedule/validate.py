@@ -38,7 +38,7 @@ def validate_schedule(schedule: Schedule) -> None:
         )
 
     def fail(message: str, marked: Iterable[tuple[int, int]]) -> ScheduleError:
-        return ScheduleError(f"{message}\n{format_grid(acts, marked, window=_WINDOW_STEPS)}")
+        return ScheduleError(message, format_grid(acts, marked, window=_WINDOW_STEPS))
 
     counts = Counter(a for rank_acts in acts for a in rank_acts)
     for rank, rank_acts in enumerate(acts):

@@ -260,3 +260,34 @@ def test_fleet_status_does_not_create_a_fleet(tmp_path: Path, capsys) -> None:  
     err = capsys.readouterr().err
     assert err.startswith(f"error: --db sqlite:///{missing}: no fleet database at {missing}; ")
     assert err.count("\n") == 1 and not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("name", ["a\nb.json", "a\rb.json", "a\x1b[2Jb.json"])
+def test_control_characters_in_a_path_are_escaped_in_the_error(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file named with a newline or a terminal escape: the error is one line that keeps its
+    reason (before, it was cut at the newline: "error: a"), and nothing reaches the terminal
+    raw."""
+    (tmp_path / name).write_text("not json")
+    argv = ["frontier", str(tmp_path / name), "--microbatches", "4", "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    shown = repr(name)[1:-1]
+    assert err == f"error: {tmp_path}/{shown}:1:1: invalid JSON (Expecting value)\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_schedule_grid_is_the_detail_under_a_one_line_message() -> None:
+    """The validator's grid is the error's `detail`: `str(error)` shows it under the message,
+    the CLI prints the message alone (escaping any newline in it) and logs the grid."""
+    from perseus.errors import ScheduleError
+    from perseus.schedule import Action, Kind, one_f_one_b, schedule_from_actions
+
+    acts = [list(rank) for rank in one_f_one_b(2, 2).rank_actions]
+    acts[0].append(Action(0, Kind.F, 1))
+    with pytest.raises(ScheduleError) as info:
+        schedule_from_actions("x", acts, 2, 2)
+    error = info.value
+    assert "\n" not in error.message and "0F1 appears 2 times" in error.message
+    assert "0F1!" in error.detail and str(error) == f"{error.message}\n{error.detail}"

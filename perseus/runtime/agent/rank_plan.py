@@ -40,8 +40,8 @@ class OpOrderError(PlanError):
         ran: The op the training loop ran.
     """
 
-    def __init__(self, message: str, planned: Action | None, ran: Action) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, planned: Action | None, ran: Action, detail: str = "") -> None:
+        super().__init__(message, detail)
         self.planned = planned
         self.ran = ran
 
@@ -102,7 +102,7 @@ class RankPlan:
                     job.switch_energy_j,
                 )
             except ConfigError as e:
-                raise PlanError(f"plan job: {e}") from None
+                raise PlanError(f"plan job: {e.message}", e.detail) from None
             for j, op in enumerate(planned):
                 if len(op) > 1:
                     stage = actions[j].stage_index
@@ -178,7 +178,7 @@ class RankPlan:
                 f"op {actual} is op {j + 1} of iteration {iteration}, but the plan has only {n} "
                 "ops for this rank; call step_end() after the last"
             )
-            return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", None, ran)
+            return OpOrderError(f"rank {self.rank}: {text}", None, ran, self.order_grid(j, ran))
         planned = self.actions[j]
         window = " ".join(map(self.plan.op_name, self.actions[max(0, j - 2) : j + 3]))
         text = (
@@ -186,7 +186,7 @@ class RankPlan:
             f"but the training loop ran {actual} (plan ops around it: {window}); the plan was "
             "computed for another schedule or microbatch count"
         )
-        return OpOrderError(f"rank {self.rank}: {text}\n{self.order_grid(j, ran)}", planned, ran)
+        return OpOrderError(f"rank {self.rank}: {text}", planned, ran, self.order_grid(j, ran))
 
     def order_grid(self, j: int, ran: Action | str) -> str:
         """This rank's planned ops as a grid, op ``j`` and what ran in its place marked."""
