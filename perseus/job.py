@@ -6,6 +6,7 @@ evaluates plans the same way.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,14 +16,14 @@ import numpy as np
 from perseus.dag.evaluate import Evaluation, PlanArg, allmax_freqs, evaluate_freqs, op_costs
 from perseus.dag.graph import FloatArray, IntArray, OpGraph, build_dag
 from perseus.errors import ConfigError, PlanError
-from perseus.plan import Baseline, Frontier, JobSpec, PlanOp, PlanPoint
+from perseus.plan import MAX_ENERGY_J, Baseline, Frontier, JobSpec, PlanOp, PlanPoint
 from perseus.profile.model import Profile
 from perseus.profile.two_clock import LayerSplit, build_layer_split, op_phases, phases_op
 from perseus.schedule.actions import Schedule
 from perseus.schedule.builders import build_schedule
-from perseus.validate import JOB_DEFAULTS
+from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, Bounds, check_job_size, show_value
 
-__all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "make_job"]
+__all__ = ["DEFAULT_BACKWARD_SPLIT", "PlanningJob", "check_number", "make_job"]
 
 #: Share of a backward given to ``B`` when a profile without ``weight`` rows meets a ZB schedule.
 DEFAULT_BACKWARD_SPLIT = JOB_DEFAULTS.backward_split
@@ -127,6 +128,54 @@ class PlanningJob:
             )
 
 
+def _shown(value: object) -> str:
+    """:func:`show_value`, also for an int too long for ``repr`` (over 4,300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 1000:
+        return f"an integer of {value.bit_length():,} bits"
+    return show_value(value)
+
+
+def check_number(
+    name: str, value: object, bounds: Bounds | None = None, *, integer: bool = False
+) -> None:
+    """Raise :class:`ConfigError` naming `` `name` `` unless ``value`` is a number (an int
+    when ``integer``; never a bool or str) in ``bounds`` (default: ``JOB_BOUNDS[name]``)."""
+    gt, ge, lt, le = JOB_BOUNDS[name] if bounds is None else bounds
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, kind) and not isinstance(value, bool):
+        v: float = value  # type: ignore[assignment]
+        low_ok = v > gt if gt is not None else ge is None or v >= ge
+        high_ok = v < lt if lt is not None else le is None or v <= le
+        if low_ok and high_ok:  # NaN fails both
+            return
+    low = f"({gt:g}" if gt is not None else "(-inf" if ge is None else f"[{ge:g}"
+    high = f"{lt:g})" if lt is not None else "inf)" if le is None else f"{le:g}]"
+    raise ConfigError(
+        f"`{name}` must be {'an integer' if integer else 'a number'} in {low}, {high}, "
+        f"got {_shown(value)}; pass a value in that range"
+    )
+
+
+def _check_args(profile: object, profile_name: object, args: dict[str, object]) -> None:
+    """:func:`make_job`'s arguments, each of the right type and in its range."""
+    if not isinstance(profile, Profile):
+        raise ConfigError(f"`profile` must be a Profile (load_profile), got {_shown(profile)}")
+    if not (profile_name is None or isinstance(profile_name, str)):
+        raise ConfigError(f"`profile_name` must be a string or None, got {_shown(profile_name)}")
+    for name, value in args.items():
+        if name in JOB_BOUNDS and name not in ("layers_per_stage", "layer_time_fractions"):
+            # a file may record a switch energy past a config's range (as JobSpec allows)
+            bounds = Bounds(ge=0, le=MAX_ENERGY_J) if name == "switch_energy_j" else None
+            check_number(
+                name, value, bounds, integer=name in ("stages", "microbatches", "virtual_stages")
+            )
+    given = args["layers_per_stage"]
+    if given is not None:
+        many = isinstance(given, Sequence) and not isinstance(given, str)
+        for n in given if many and isinstance(given, Sequence) else [given]:
+            check_number("layers_per_stage", n, integer=True)
+
+
 def make_job(
     profile: Profile,
     schedule: str,
@@ -156,17 +205,17 @@ def make_job(
     (:mod:`perseus.profile.two_clock`).
 
     Raises:
-        ConfigError: if the profile's stage count differs from ``stages``,
-            ``blocking_power_w`` is negative, or the schedule name, sizes or two-clock settings
-            are bad.
+        ConfigError: if the profile's stage count differs from ``stages``, a number is of the
+            wrong type or out of its range (:data:`perseus.validate.JOB_BOUNDS`), the job is
+            too large to plan, or the schedule name, sizes or two-clock settings are bad.
     """
+    _check_args(profile, profile_name, locals())
     if profile.num_stages != stages:
         raise ConfigError(
             f"{profile.source}: profile has {profile.num_stages} stages but `stages` is {stages}; "
             f"use `stages`={profile.num_stages} or a profile with {stages} stages"
         )
-    if blocking_power_w < 0:
-        raise ConfigError(f"`blocking_power_w` must be >= 0, got {blocking_power_w}")
+    check_job_size("make_job", schedule, stages, microbatches, virtual_stages)
     layers = None
     if layers_per_stage is not None:  # checked with the fractions and switch costs
         given = [layers_per_stage] if isinstance(layers_per_stage, int) else layers_per_stage

@@ -10,7 +10,8 @@ switch"). Pure; O(phases) per op.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
@@ -207,12 +208,30 @@ def build_layer_split(
     )
 
 
+def _rows(value: object) -> bool:
+    """Whether ``value`` is a sequence of sequences (a list of lists, not a string)."""
+    return (
+        isinstance(value, Collection)
+        and not isinstance(value, str | bytes)
+        and all(isinstance(row, Collection) and not isinstance(row, str | bytes) for row in value)
+    )
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _fractions(
     layer_time_fractions: Sequence[Sequence[float]] | None, layers: list[int]
 ) -> tuple[tuple[float, ...], ...]:
     """Per-layer weights normalised per stage (one in (0, max] per layer), or the even split."""
     if layer_time_fractions is None:
         return tuple(tuple(1.0 / n for _ in range(n)) for n in layers)
+    if not _rows(layer_time_fractions):
+        raise ConfigError(
+            f"`layer_time_fractions` must be a list of per-layer weight lists, one per stage, "
+            f"got {show_value(layer_time_fractions)}"
+        )
     if len(layer_time_fractions) != len(layers):
         raise ConfigError(
             f"layer_time_fractions has {len(layer_time_fractions)} stages, the job has "
@@ -220,7 +239,11 @@ def _fractions(
         )
     rows = []
     for s, (weights, n) in enumerate(zip(layer_time_fractions, layers, strict=True)):
-        if len(weights) != n or any(not 0 < w <= MAX_LAYER_WEIGHT for w in weights):
+        if (
+            not _rows([weights])
+            or len(weights) != n
+            or any(not _real(w) or not 0 < w <= MAX_LAYER_WEIGHT for w in weights)
+        ):
             raise ConfigError(
                 f"layer_time_fractions[{s}] must hold {n} weights in (0, "
                 f"{MAX_LAYER_WEIGHT:g}] (one per layer of stage {s}), got "

@@ -227,6 +227,8 @@ def build_schedule(
     Raises:
         ScheduleError: for an unknown name, bad sizes, or ``virtual_stages`` on another one.
     """
+    if not isinstance(name, str):
+        raise ScheduleError(f"`schedule` must be a name (a string), got type {type(name).__name__}")
     if name not in _BUILDERS:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
     if name != "interleaved" and virtual_stages != 1:
