@@ -22,8 +22,8 @@ import numpy as np
 from perseus.dag.evaluate import PlanArg, evaluate_many, evaluations, op_costs
 from perseus.dag.graph import FloatArray, IntArray
 from perseus.errors import ConfigError
-from perseus.job import PlanningJob
-from perseus.plan import Frontier, PlanPoint
+from perseus.job import PlanningJob, check_number
+from perseus.plan import MAX_TIME_S, Frontier, PlanPoint
 from perseus.profile.pareto import pareto_indices
 from perseus.solver.baselines import baseline_freq_plans
 from perseus.solver.cost_model import CostModel, build_cost_model
@@ -32,6 +32,7 @@ from perseus.solver.pareto_search import search_neighbours
 from perseus.solver.paths import Topology, build_topology
 from perseus.solver.reclaim import reclaim_slack
 from perseus.solver.walk import METHODS, CoreFn, Lifter, Progress, core_of
+from perseus.validate import Bounds
 
 __all__ = ["DEFAULT_HULL_GAP_FRACTION", "FrontierTrace", "trace", "trace_frontier"]
 
@@ -156,7 +157,13 @@ def trace(
             latency, the one-clock frontier's plans seed this one.
     """
     max_clocks_per_op, hull_gap_fraction = _checked(
-        job, time_quantum_s, min_gap_fraction, hull_gap_fraction, method, max_clocks_per_op
+        job,
+        time_quantum_s,
+        min_gap_fraction,
+        hull_gap_fraction,
+        method,
+        max_clocks_per_op,
+        progress,
     )
     if fold is None:
         fold = job.graph.num_nodes > FOLD_ABOVE_OPS
@@ -189,18 +196,18 @@ def _checked(
     hull_gap_fraction: float | None,
     method: str | Callable[..., Any],
     max_clocks_per_op: int | None,
+    progress: object = None,
 ) -> tuple[int, float]:
     """:func:`trace`'s arguments checked; returns the clocks per op and hull gap to use."""
     if isinstance(method, str) and method not in METHODS:
         raise ConfigError(f"unknown solver method {method!r}; use one of {sorted(METHODS)}")
-    if time_quantum_s is not None and not (math.isfinite(time_quantum_s) and time_quantum_s > 0):
-        raise ConfigError(
-            f"time quantum must be a finite number of seconds > 0, got {time_quantum_s}"
-        )
-    if not (math.isfinite(min_gap_fraction) and min_gap_fraction >= 0):
-        raise ConfigError(
-            f"minimum gap fraction must be a finite number >= 0, got {min_gap_fraction}"
-        )
+    if progress is not None and not callable(progress):
+        raise ConfigError("`progress` must be a function of the fraction done or None")
+    if not isinstance(job, PlanningJob):
+        raise ConfigError(f"`job` must be a PlanningJob (make_job), got type {type(job).__name__}")
+    if time_quantum_s is not None:
+        check_number("time_quantum_s", time_quantum_s, Bounds(gt=0, le=MAX_TIME_S))
+    check_number("min_gap_fraction", min_gap_fraction, Bounds(ge=0, le=1e6))
     if 0 < min_gap_fraction < MIN_GAP_FRACTION:
         raise ConfigError(
             f"`min_gap_fraction`={min_gap_fraction:g} would sample about "
@@ -210,8 +217,7 @@ def _checked(
         max_clocks_per_op = 1 if job.spec.layers_per_stage is None else 2
     if hull_gap_fraction is None:
         hull_gap_fraction = DEFAULT_HULL_GAP_FRACTION if max_clocks_per_op == 1 else 0.0
-    if not (math.isfinite(hull_gap_fraction) and 0 <= hull_gap_fraction < 1):
-        raise ConfigError(f"hull gap fraction must be in [0, 1), got {hull_gap_fraction}")
+    check_number("hull_gap_fraction", hull_gap_fraction, Bounds(ge=0, lt=1))
     return max_clocks_per_op, hull_gap_fraction
 
 

@@ -76,3 +76,25 @@ def test_make_job_still_takes_numpy_numbers(profile) -> None:
 
     job = make_job(profile, "1f1b", np.int64(8), np.int64(4), blocking_power_w=np.float64(80))
     assert job.spec.microbatches == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"time_quantum_s": "0.1"}, "`time_quantum_s` must be a number in"),
+        ({"time_quantum_s": HUGE}, "`time_quantum_s` must be a number in"),
+        ({"time_quantum_s": float("nan")}, "`time_quantum_s` must be a number in"),
+        ({"min_gap_fraction": None}, "`min_gap_fraction` must be a number in"),
+        ({"min_gap_fraction": HUGE}, "`min_gap_fraction` must be a number in"),
+        ({"min_gap_fraction": -1}, "`min_gap_fraction` must be a number in"),
+        ({"progress": "bar"}, "`progress` must be a function"),
+        ({"job": "job"}, "`job` must be a PlanningJob"),
+    ],
+)
+def test_trace_frontier_refuses_bad_arguments(profile, args, match) -> None:
+    from perseus import trace_frontier
+
+    args = {name: _value(value) for name, value in args.items()}
+    job = args.pop("job", None) or make_job(profile, "1f1b", 8, 4, blocking_power_w=80.0)
+    with pytest.raises(ConfigError, match=match):
+        trace_frontier(job, **args)
