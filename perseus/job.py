@@ -128,13 +128,6 @@ class PlanningJob:
             )
 
 
-def _shown(value: object) -> str:
-    """:func:`show_value`, also for an int too long for ``repr`` (over 4,300 digits)."""
-    if isinstance(value, int) and value.bit_length() > 1000:
-        return f"an integer of {value.bit_length():,} bits"
-    return show_value(value)
-
-
 def check_number(
     name: str, value: object, bounds: Bounds | None = None, *, integer: bool = False
 ) -> None:
@@ -152,16 +145,18 @@ def check_number(
     high = f"{lt:g})" if lt is not None else "inf)" if le is None else f"{le:g}]"
     raise ConfigError(
         f"`{name}` must be {'an integer' if integer else 'a number'} in {low}, {high}, "
-        f"got {_shown(value)}; pass a value in that range"
+        f"got {show_value(value)}; pass a value in that range"
     )
 
 
 def _check_args(profile: object, profile_name: object, args: dict[str, object]) -> None:
     """:func:`make_job`'s arguments, each of the right type and in its range."""
     if not isinstance(profile, Profile):
-        raise ConfigError(f"`profile` must be a Profile (load_profile), got {_shown(profile)}")
+        raise ConfigError(f"`profile` must be a Profile (load_profile), got {show_value(profile)}")
     if not (profile_name is None or isinstance(profile_name, str)):
-        raise ConfigError(f"`profile_name` must be a string or None, got {_shown(profile_name)}")
+        raise ConfigError(
+            f"`profile_name` must be a string or None, got {show_value(profile_name)}"
+        )
     for name, value in args.items():
         if name in JOB_BOUNDS and name not in ("layers_per_stage", "layer_time_fractions"):
             # a file may record a switch energy past a config's range (as JobSpec allows)

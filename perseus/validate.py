@@ -84,8 +84,14 @@ JOB_DEFAULTS = JobDefaults()
 
 
 def show_value(value: object, limit: int = 40) -> str:
-    """``repr(value)``, cut to ``limit`` characters with a note of the full length."""
-    text = repr(value)
+    """``repr(value)``, cut to ``limit`` characters with a note of the full length (an int
+    past Python's 4,300-digit limit of ``repr`` by its size)."""
+    if isinstance(value, int) and value.bit_length() > 1000:
+        return f"an integer of {value.bit_length():,} bits"
+    try:
+        text = repr(value)
+    except ValueError:  # it holds such an int
+        return f"a {type(value).__name__} too long to show"
     if len(text) <= limit:
         return text
     return f"{text[: limit - 3]}... ({len(text)} characters)"

@@ -66,6 +66,9 @@ def test_messages_and_values_are_cut() -> None:
     assert "[message cut, 5053 characters]" in clipped and len(clipped) <= 600
     shown = show_value("y" * 5000)
     assert len(shown) < 80 and "(5002 characters)" in shown
+    # repr() refuses an int of over 4,300 digits, alone or inside a value (ValueError).
+    assert show_value(10**5000) == "an integer of 16,610 bits"
+    assert show_value((1.0, 10**5000)) == "a tuple too long to show"
 
 
 @pytest.mark.parametrize(
