@@ -172,7 +172,7 @@ def run_status(args: argparse.Namespace) -> int:
     planned = sum(m.cap_w or 0.0 for m in members if m.status == "running")
     print(f"budget {shown}, plan {epoch}, planned {planned:.1f} W")
     for m in members:
-        plan = "-" if m.point is None else f"point {m.point} ({m.cap_w:.1f} W)"
+        plan = "-" if m.point is None or m.cap_w is None else f"point {m.point} ({m.cap_w:.1f} W)"
         ack = "" if m.ack_point is None else f", running {m.ack_point} since {m.ack_iteration}"
         print(f"  {m.name}: {m.status}, {plan}{ack}, lease renewed {m.heartbeat_age_s:.0f} s ago")
     return 0

@@ -7,9 +7,11 @@ lease runs out or the budget changes. Every change is one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,12 +149,22 @@ class FleetRegistry:
         self.close()
 
     def _write(self) -> Any:
-        self._ensure()
-        return self.store._write()
+        return self._read(write=True)
 
-    def _read(self) -> Any:
+    @contextlib.contextmanager
+    def _read(self, *, write: bool = False) -> Iterator[Any]:
+        """The fleet's tables, rows decoded inside: one perseus did not write (text in a number
+        column, a curve that is not its JSON) fails as one line naming the database."""
         self._ensure()
-        return self.store._read()
+        with self.store._write() if write else self.store._read() as con:
+            try:
+                yield con
+            except (TypeError, ValueError, KeyError, OverflowError) as e:
+                raise ConfigError(
+                    f"{self.store._name}: a fleet row holds a value perseus did not write "
+                    f"({type(e).__name__}: {e}); this is a bug or a row edited by hand: repair "
+                    "or delete the row"
+                ) from e
 
     def _ensure(self) -> None:
         if not self._ready:
@@ -252,9 +264,9 @@ class FleetRegistry:
                 "status = 'running'",
                 (name,),
             ).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return Assignment(int(row[0]), float(row[1]), int(row[2]))
+            if row is None or row[0] is None:
+                return None
+            return Assignment(int(row[0]), float(row[1]), int(row[2]))
 
     def acknowledge(self, name: str, point: int, iteration: int | None) -> None:
         """Record that ``name`` runs ``point`` from ``iteration`` on."""
@@ -329,10 +341,20 @@ class FleetRegistry:
                 "SELECT name, status, point, cap_w, epoch, ack_point, ack_iteration, "
                 "heartbeat_s FROM fleet_members ORDER BY name",
             ).fetchall()
-        members = [
-            MemberStatus(name, status, point, cap_w, ep, ack, ack_from, now - float(beat))
-            for name, status, point, cap_w, ep, ack, ack_from, beat in rows
-        ]
+            n = _number
+            members = [
+                MemberStatus(
+                    str(name),
+                    str(status),
+                    n(point),
+                    n(cap),
+                    n(ep),
+                    n(ack),
+                    n(since),
+                    now - float(beat),
+                )
+                for name, status, point, cap, ep, ack, since, beat in rows
+            ]
         return budget_w, epoch, members
 
     def running(self) -> tuple[float | None, int]:
@@ -360,14 +382,19 @@ class FleetRegistry:
                     con, "SELECT name, weight, curve FROM fleet_members"
                 ).fetchall()
             }
-        out: list[tuple[float, float | None, dict[str, tuple[float, float]]]] = []
-        for t_s, _, name, budget_w, point, power_w in rows:
-            if name is None:
-                out.append((float(t_s), budget_w, {}))
-            elif name in curves and out:
-                job = curves[name]
-                out[-1][2][name] = (float(power_w), job.time_s[job.points.index(int(point))])
+            out: list[tuple[float, float | None, dict[str, tuple[float, float]]]] = []
+            for t_s, _, name, budget_w, point, power_w in rows:
+                if name is None:
+                    out.append((float(t_s), budget_w, {}))
+                elif name in curves and out:
+                    job = curves[name]
+                    out[-1][2][name] = (float(power_w), job.time_s[job.points.index(int(point))])
         return out
+
+
+def _number(value: Any) -> Any:
+    """A number column's value (or NULL); anything else raises ValueError."""
+    return value if value is None or type(value) in (int, float) else float(value)
 
 
 def _solve(jobs: list[FleetJob], budget_w: float) -> list[tuple[str, int, float]]:
