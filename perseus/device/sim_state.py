@@ -326,6 +326,31 @@ def reset_file(spec: dict[str, Any]) -> dict[str, Any]:
     return restored
 
 
+#: Fields the readers index, text ones, nullable ones: a file edited by hand may break them.
+_NEEDED = {"name", "clocks_mhz", "idle_clock_mhz", "t_last", "energy_j", "idle_power_w"}
+_NEEDED |= {"publish_interval_s", "pub_tick", "pub_mj", "locked_mhz"}
+_TEXT = {"uuid", "clock", "name", "source"}
+_NULLABLE = {"locked_mhz", "mem_locked_mhz", "power_limit_w", "power_cap_w"}
+_NULLABLE |= {"default_power_limit_w"}
+
+
+def _number(value: Any) -> bool:
+    """A finite number of sane size (not a bool, NaN, 1e308 or a 5,000-digit integer)."""
+    return type(value) in (int, float) and abs(value) < 1e18
+
+
+def _fits(key: str, v: Any) -> bool:
+    if key in _TEXT:
+        return isinstance(v, str)
+    if key == "segments":  # [start_s, end_s, power_w, clock_mhz] each
+        return isinstance(v, list) and all(
+            isinstance(x, list) and len(x) == 4 and all(map(_number, x)) for x in v
+        )
+    if key == "clocks_mhz":
+        return isinstance(v, list) and all(map(_number, v))
+    return _number(v) or (v is None and key in _NULLABLE)
+
+
 def write_info(state_dir: Path, uuid: str, info: State) -> None:
     """Write a GPU's static description to ``<uuid>.info.json`` atomically (kept out of the
     state file so every op does not re-encode the clock list)."""
@@ -377,10 +402,16 @@ def list_states(state_dir: Path) -> list[State]:
         try:
             state = store.read()
             info = json.loads(private.read_private(_file_in(state_dir, uuid, INFO_SUFFIX)))
-        except (OSError, ValueError):  # missing, torn, or refused (a link, another user's)
+            state = None if state is None else {**info, **state}
+        except (OSError, ValueError, TypeError):  # missing, torn, refused, not a JSON object
             state = None
         finally:
             store.close()
-        if state is not None:
-            states.append({**info, **state})
+        # A field missing or of the wrong type (edited by hand): taken for torn, as above.
+        if (
+            state is not None
+            and state.keys() >= _NEEDED
+            and all(_fits(*kv) for kv in state.items())
+        ):
+            states.append(state)
     return sorted(states, key=lambda s: (s.get("index", 0), s.get("uuid", "")))
