@@ -111,9 +111,10 @@ def _reset_owned(what: str, lock_path: Path, reset: Any, force: bool) -> dict[st
                 "cannot tell whether it still runs; stop that job, or, if you know it is gone, "
                 "run again with --force"
             )
-        if owner is not None and state != "gone":
+        if state != "gone":  # no record (emptied by hand): the lock's holder still runs
+            who = "a running process" if owner is None else f"the running process {owner}"
             raise ConfigError(
-                f"{what} is owned by the running process {owner} (lock {lock_path}); stop it "
+                f"{what} is owned by {who} (lock {lock_path}); stop it "
                 "first: it resets the GPU when it exits"
             )
     try:
