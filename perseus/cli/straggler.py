@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
-    if not (sep and host and port.isdecimal() and len(port) <= 5) or any(map(str.isspace, host)):
+    bad = any(c.isspace() or not c.isprintable() for c in host)  # a NUL, a tab: no host name
+    if not (sep and host and port.isascii() and port.isdecimal() and len(port) <= 5) or bad:
         raise ConfigError(
             f"--store {show_value(address)}: not HOST:PORT, e.g. --store 127.0.0.1:29500"
         )
