@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from perseus.validate import whole_number
 
 __all__ = ["ARCHITECTURES", "GpuIdentity", "architecture_name"]
 
@@ -50,7 +52,7 @@ class GpuIdentity(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = 1
+    schema_version: Annotated[Literal[1], BeforeValidator(whole_number)] = 1
     name: Annotated[str, Field(min_length=1, max_length=200)]
     architecture: Annotated[str, Field(max_length=100)] | None = None
     clocks_mhz: tuple[_Clock, ...] = Field(default=(), max_length=1000)

@@ -17,13 +17,21 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, Protocol, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from perseus.errors import InfeasibleError, PlanError, ScheduleError
 from perseus.identity import GpuIdentity
 from perseus.schedule.actions import Action, parse_op_name
-from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, MAX_LAYER_WEIGHT
+from perseus.validate import JOB_BOUNDS, JOB_DEFAULTS, MAX_LAYER_WEIGHT, whole_number
 
 __all__ = [
     "MAX_CLOCK_MHZ",
@@ -276,7 +284,7 @@ class Frontier(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Annotated[Literal[1, 2, 3], BeforeValidator(whole_number)] = SCHEMA_VERSION
     job: JobSpec
     stage_ops: tuple[tuple[str, ...], ...]
     baseline: Baseline

@@ -23,6 +23,7 @@ __all__ = [
     "check_job_size",
     "clip_message",
     "show_value",
+    "whole_number",
 ]
 
 #: Longest message an error carries (a value is shown cut, never a 7.9 MB line).
@@ -81,6 +82,14 @@ class JobDefaults:
 
 
 JOB_DEFAULTS = JobDefaults()
+
+
+def whole_number(value: object) -> object:
+    """A pydantic ``BeforeValidator`` of an integer field (a schema version): ``1``, not
+    ``true`` or ``1.0``, which pydantic's ``Literal[1]`` takes for 1."""
+    if type(value) is not int:
+        raise ValueError("must be an integer")  # the message adds ", got <value>"
+    return value
 
 
 def show_value(value: object, limit: int = 40) -> str:

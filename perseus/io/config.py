@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from perseus.errors import ConfigError
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import job_range as _within
-from perseus.validate import JOB_DEFAULTS, clip_message, show_value
+from perseus.validate import JOB_DEFAULTS, clip_message, show_value, whole_number
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,7 +37,7 @@ class JobConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    schema_version: Literal[1] = 1
+    schema_version: Annotated[Literal[1], BeforeValidator(whole_number)] = 1
     description: Annotated[str, Field(max_length=10_000)] | None = None
     profile: Annotated[str, Field(min_length=1, max_length=4096)]
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb"] = JOB_DEFAULTS.schedule
@@ -55,7 +55,7 @@ class JobConfig(BaseModel):
     switch_energy_j: Annotated[float, _within("switch_energy_j")] = JOB_DEFAULTS.switch_energy_j
     switch_stall_s: Annotated[float, _within("switch_stall_s")] = JOB_DEFAULTS.switch_stall_s
     # 1 clock per op, 2 (one switch at a layer boundary), or up to 4 phases per op
-    max_clocks_per_op: Literal[1, 2, 3, 4] | None = None
+    max_clocks_per_op: Annotated[Literal[1, 2, 3, 4], BeforeValidator(whole_number)] | None = None
 
 
 def read_job_config(path: str | os.PathLike[str]) -> tuple[JobConfig, Path]:

@@ -15,7 +15,14 @@ from typing import Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from perseus.dag.graph import FloatArray
 from perseus.errors import ConfigError, PlanError
@@ -25,7 +32,7 @@ from perseus.io.frontier_files import read_json_document
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
 from perseus.solver.power_schedule import _MAX_HORIZON_S, MAX_SIGNAL_VALUE, PowerSchedule
-from perseus.validate import show_value
+from perseus.validate import show_value, whole_number
 
 __all__ = [
     "MAX_SIGNAL_ROWS",
@@ -373,7 +380,9 @@ class ScheduleFile(BaseModel):
 
     model_config = _FROZEN
 
-    schema_version: Literal[1, 2] = SCHEDULE_SCHEMA_VERSION
+    schema_version: Annotated[Literal[1, 2], BeforeValidator(whole_number)] = (
+        SCHEDULE_SCHEMA_VERSION
+    )
     frontier_points_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     iterations: Annotated[int, Field(ge=1, le=10**15)]
     deadline_s: Annotated[float, Field(gt=0, le=1e11, allow_inf_nan=False)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from perseus.errors import ProfileError
 from perseus.identity import GpuIdentity
@@ -33,7 +33,7 @@ from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
 from perseus.schedule.actions import Kind
-from perseus.validate import clip_message, show_value
+from perseus.validate import clip_message, show_value, whole_number
 
 logger = get_logger(__name__)
 
@@ -419,7 +419,7 @@ class _JsonRow(BaseModel):
 class _JsonProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = 1
+    schema_version: Annotated[Literal[1], BeforeValidator(whole_number)] = 1
     rows: list[_JsonRow] = Field(min_length=1)
     gpu: GpuIdentity | None = None  # the GPU the rows were measured on (perseus.io.gpu_record)
 
