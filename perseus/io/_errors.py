@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from perseus.validate import show_value
 
-__all__ = ["describe_os_error", "describe_validation_error"]
+__all__ = ["FULL_DISK_ERRNOS", "describe_os_error", "describe_validation_error"]
 
 # Documents are validated as Python values; speak of their JSON/TOML shapes.
 _ARRAY, _OBJECT = "Input should be a valid array", "Input should be an object"
@@ -41,6 +41,7 @@ _FULL = {
     errno.EDQUOT: "the disk quota is exceeded (EDQUOT)",
     errno.EFBIG: "the file size limit is reached (EFBIG)",
 }
+FULL_DISK_ERRNOS = frozenset(_FULL)
 
 
 def describe_os_error(error: OSError) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from perseus.errors import ConfigError
+from perseus.io._errors import FULL_DISK_ERRNOS, describe_os_error
 from perseus.io._signal_cleanup import SignalCleanup
 from perseus.io.process_identity import pid_alive
 from perseus.io.reading import describe_file_type
@@ -467,7 +468,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
     Raises:
         ConfigError: what :func:`check_output_path` refuses, or a FIFO nobody reads.
-        OSError: the write itself failed (disk full, permissions), naming ``path`` (but for
+        ConfigError: the disk is full (or over quota, or past the file size limit), naming
+            ``path``; what was there is left as it was.
+        OSError: the write itself failed otherwise (permissions), naming ``path`` (but for
             standard output); nothing is left behind.
     """
     target = check_output_path(path)
@@ -480,9 +483,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         else:
             _write_file(target.entry, data)
     except OSError as e:
-        if e.filename is not None:
-            raise
-        raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+        if e.errno in FULL_DISK_ERRNOS or e.filename is None:
+            raise _full_disk(OSError(e.errno, e.strerror, os.fspath(path)), path) from None
+        raise
+
+
+def _full_disk(error: OSError, path: str | os.PathLike[str]) -> OSError | ConfigError:
+    """A full disk is one line naming ``path`` and the fix, not the system's words."""
+    if error.errno not in FULL_DISK_ERRNOS:
+        return error
+    fix = "raise the file size limit (ulimit -f)" if error.errno == errno.EFBIG else "free space"
+    return ConfigError(
+        f"{os.fspath(path)}: cannot write ({describe_os_error(error)}); nothing was written; "
+        f"{fix} or choose another path"
+    )
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -496,13 +510,34 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     exception or SIGTERM it is removed and ``path`` is left as it was).
 
     Raises:
-        ConfigError: what :func:`check_output_directory` refuses.
+        ConfigError: what :func:`check_output_directory` refuses, or a full disk (naming
+            ``path``, not the temporary directory).
     """
     target = check_output_directory(path)
     with _temp_sibling(target, directory=True) as (dfd, tmp, _):
         os.chmod(tmp, _dir_mode(), dir_fd=dfd)
-        yield target.parent / tmp
-        _replace_directory(dfd, tmp, target.name)
+        try:
+            yield target.parent / tmp
+        except (OSError, ConfigError) as e:
+            # Name the file as it would have been, not inside the removed temporary.
+            raise _renamed(e, os.fspath(target.parent / tmp), os.fspath(target)) from None
+        try:
+            _replace_directory(dfd, tmp, target.name)
+        except OSError as e:
+            raise _full_disk(e, path) from None
+
+
+def _renamed(error: Exception, tmp: str, final: str) -> Exception:
+    """``error`` with the temporary directory ``tmp`` in its path or message named ``final``."""
+    if isinstance(error, OSError):
+        name = os.fspath(error.filename) if error.filename is not None else ""
+        if not name.startswith(tmp):
+            return error
+        name = final + name[len(tmp) :]
+        return _full_disk(OSError(error.errno, error.strerror, name), name)
+    if tmp not in str(error):
+        return error
+    return type(error)(str(error).replace(tmp, final))
 
 
 def _mode_at(dfd: int, name: str) -> int | None:
