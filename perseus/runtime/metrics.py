@@ -194,6 +194,8 @@ class MetricsSink:
         self._labels = dict(labels or {})
         self._pipeline = pipeline
         self._files: dict[str, TextIO] = {}
+        #: Each file's size after its last whole record: a full disk cuts it back there.
+        self._whole: dict[str, int] = {}
         self._csv: Any = None
         self._gauges: _Gauges | None = None
         self._server: Any = None
@@ -218,6 +220,7 @@ class MetricsSink:
                 self._csv = csvlib.writer(self._files["csv"], lineterminator="\n")
                 try:
                     self._csv.writerow(CSV_FIELDS)
+                    self._mark_whole()
                 except OSError as e:
                     raise ConfigError(
                         f"{self._paths['csv']}: cannot write the metrics file "
@@ -285,8 +288,14 @@ class MetricsSink:
                 self._files["jsonl"].write(json.dumps(record.as_dict()) + "\n")
             if self._csv is not None:
                 self._csv.writerow(_csv_row(record))
+            self._mark_whole()
         except OSError as e:
             self._drop_files(e)
+
+    def _mark_whole(self) -> None:
+        # Line-buffered: each record (one line, one write) is in the file once written.
+        for kind, f in self._files.items():
+            self._whole[kind] = os.lseek(f.fileno(), 0, os.SEEK_CUR)
 
     def _drop_files(self, error: OSError | None = None) -> None:
         if error is not None:
@@ -295,7 +304,11 @@ class MetricsSink:
                 describe_os_error(error),
                 ", ".join(str(p) for p in self._paths.values()),
             )
-        for f in self._files.values():
+        for kind, f in self._files.items():
+            if error is not None and not f.closed:  # no half record at the end; what is
+                with contextlib.suppress(OSError, ValueError):  # still buffered is lost
+                    os.ftruncate(f.fileno(), self._whole.get(kind, 0))
+                    _discard_writes(f.fileno())
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
@@ -425,6 +438,15 @@ def _held_text(h: HeldOp) -> str:
     held_mem = None not in (h.planned_mem_mhz, h.applied_mem_mhz)
     mem = f",mem{h.planned_mem_mhz}>{h.applied_mem_mhz}" if held_mem else ""
     return f"{h.op}:{h.planned_mhz}>{h.applied_mhz}{mem}:{'+'.join(h.reasons)}"
+
+
+def _discard_writes(fd: int) -> None:
+    """Point ``fd`` at /dev/null: what its file object still buffers goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _open_log(path: Path) -> TextIO:
