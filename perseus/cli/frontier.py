@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.io.atomic import check_distinct_outputs
+    from perseus.io.atomic import atomic_outputs, check_distinct_outputs
     from perseus.io.frontier_files import write_frontier
     from perseus.io.power_files import write_power_curve
     from perseus.solver import trace
@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
         )
     elapsed = time.perf_counter() - started
     frontier = with_power(job, result.frontier)
-    write_frontier(frontier, args.out)
-    if args.power_curve is not None:
-        write_power_curve(frontier, args.power_curve)
+    with atomic_outputs():  # both or neither: a pair from one run
+        write_frontier(frontier, args.out)
+        if args.power_curve is not None:
+            write_power_curve(frontier, args.power_curve)
     print(_summary(args, frontier, result, elapsed), file=message_stream(args.out))
     return 0
 

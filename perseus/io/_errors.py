@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import errno
+import os
 
 from pydantic import ValidationError
 
+from perseus.errors import ConfigError
 from perseus.validate import show_value
 
-__all__ = ["FULL_DISK_ERRNOS", "describe_os_error", "describe_validation_error"]
+__all__ = [
+    "FULL_DISK_ERRNOS",
+    "describe_os_error",
+    "describe_validation_error",
+    "full_disk_error",
+]
 
 # Documents are validated as Python values; speak of their JSON/TOML shapes.
 _ARRAY, _OBJECT = "Input should be a valid array", "Input should be an object"
@@ -48,3 +55,15 @@ def describe_os_error(error: OSError) -> str:
     """What went wrong, naming a full disk as one: ``"the disk is full (ENOSPC)"``, else the
     system's own words (``"Permission denied"``)."""
     return _FULL.get(error.errno or 0) or error.strerror or str(error)
+
+
+def full_disk_error(error: OSError, path: str | os.PathLike[str]) -> ConfigError | None:
+    """``"<path>: cannot write (the disk is full (ENOSPC)); nothing was written; <fix>"`` for
+    an output that did not fit, None for another error."""
+    if error.errno not in FULL_DISK_ERRNOS:
+        return None
+    fix = "raise the file size limit (ulimit -f)" if error.errno == errno.EFBIG else "free space"
+    return ConfigError(
+        f"{os.fspath(path)}: cannot write ({describe_os_error(error)}); nothing was written; "
+        f"{fix} or choose another path"
+    )

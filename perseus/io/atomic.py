@@ -14,6 +14,7 @@ process is removed by the next write of the same name.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from perseus.errors import ConfigError
-from perseus.io._errors import FULL_DISK_ERRNOS, describe_os_error
+from perseus.io._errors import FULL_DISK_ERRNOS, full_disk_error
 from perseus.io._signal_cleanup import SignalCleanup
 from perseus.io.process_identity import pid_alive
 from perseus.io.reading import describe_file_type
@@ -35,6 +36,7 @@ from perseus.io.reading import describe_file_type
 __all__ = [
     "OutputTarget",
     "atomic_directory",
+    "atomic_outputs",
     "atomic_write_bytes",
     "atomic_write_text",
     "check_distinct_outputs",
@@ -435,7 +437,41 @@ def _temp_sibling(entry: Path, directory: bool = False) -> Iterator[tuple[int, s
         os.close(dfd)
 
 
+#: Inside :func:`atomic_outputs`: its exit stack and the renames it makes at the end.
+_STAGED: contextvars.ContextVar[tuple[contextlib.ExitStack, list[Callable[[], None]]] | None] = (
+    contextvars.ContextVar("perseus_staged_outputs", default=None)
+)
+
+
+@contextlib.contextmanager
+def atomic_outputs() -> Iterator[None]:
+    """The files the block writes (:func:`atomic_write_bytes`) replace their paths together
+    when it ends, so that a failed one (a full disk) leaves every one as it was."""
+    with contextlib.ExitStack() as stack:
+        commits: list[Callable[[], None]] = []
+        token = _STAGED.set((stack, commits))
+        try:
+            yield
+        finally:
+            _STAGED.reset(token)
+        for commit in commits:
+            commit()
+
+
 def _write_file(entry: Path, data: bytes) -> None:
+    staged = _STAGED.get()
+    if staged is None:
+        with _staged_file(entry, data) as commit:
+            commit()
+        return
+    stack, commits = staged
+    commits.append(stack.enter_context(_staged_file(entry, data)))
+
+
+@contextlib.contextmanager
+def _staged_file(entry: Path, data: bytes) -> Iterator[Callable[[], None]]:
+    """Yield the rename that puts a written, fsynced temporary sibling in ``entry``'s place
+    (the temporary is removed when the block fails)."""
     with _temp_sibling(entry) as (dfd, tmp, fd):
         try:
             _write_all(fd, data)
@@ -445,10 +481,14 @@ def _write_file(entry: Path, data: bytes) -> None:
             os.fchmod(fd, _dir_mode() & 0o666)
         finally:
             os.close(fd)
-        _entry_mode(dfd, entry.name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))
-        os.replace(tmp, entry.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        with contextlib.suppress(OSError):
-            os.fsync(dfd)  # the rename itself survives a crash
+
+        def commit() -> None:
+            _entry_mode(dfd, entry.name, entry, lambda m: stat.S_ISREG(m) or stat.S_ISLNK(m))
+            os.replace(tmp, entry.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            with contextlib.suppress(OSError):
+                os.fsync(dfd)  # the rename itself survives a crash
+
+        yield commit
 
 
 def _entry_mode(dfd: int, name: str, shown: object, ok: Callable[[int], bool]) -> int | None:
@@ -484,19 +524,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             _write_file(target.entry, data)
     except OSError as e:
         if e.errno in FULL_DISK_ERRNOS or e.filename is None:
-            raise _full_disk(OSError(e.errno, e.strerror, os.fspath(path)), path) from None
+            named = OSError(e.errno, e.strerror, os.fspath(path))
+            raise full_disk_error(named, path) or named from None
         raise
-
-
-def _full_disk(error: OSError, path: str | os.PathLike[str]) -> OSError | ConfigError:
-    """A full disk is one line naming ``path`` and the fix, not the system's words."""
-    if error.errno not in FULL_DISK_ERRNOS:
-        return error
-    fix = "raise the file size limit (ulimit -f)" if error.errno == errno.EFBIG else "free space"
-    return ConfigError(
-        f"{os.fspath(path)}: cannot write ({describe_os_error(error)}); nothing was written; "
-        f"{fix} or choose another path"
-    )
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -521,23 +551,17 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         except (OSError, ConfigError) as e:
             # Name the file as it would have been, not inside the removed temporary.
             raise _renamed(e, os.fspath(target.parent / tmp), os.fspath(target)) from None
-        try:
-            _replace_directory(dfd, tmp, target.name)
-        except OSError as e:
-            raise _full_disk(e, path) from None
+        _replace_directory(dfd, tmp, target.name)
 
 
 def _renamed(error: Exception, tmp: str, final: str) -> Exception:
     """``error`` with the temporary directory ``tmp`` in its path or message named ``final``."""
     if isinstance(error, OSError):
-        name = os.fspath(error.filename) if error.filename is not None else ""
-        if not name.startswith(tmp):
-            return error
-        name = final + name[len(tmp) :]
-        return _full_disk(OSError(error.errno, error.strerror, name), name)
-    if tmp not in str(error):
-        return error
-    return type(error)(str(error).replace(tmp, final))
+        name = str(error.filename)
+        return (
+            OSError(error.errno, error.strerror, name.replace(tmp, final)) if tmp in name else error
+        )
+    return type(error)(str(error).replace(tmp, final)) if tmp in str(error) else error
 
 
 def _mode_at(dfd: int, name: str) -> int | None:

@@ -101,3 +101,44 @@ def test_frontier_onto_a_full_tmpfs(
         assert sorted(p.name for p in disk.iterdir()) == sorted(
             ["front.json"] + (["filler"] if leave is not None else [])
         )
+
+
+def test_frontier_and_power_curve_are_written_both_or_neither(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o was replaced by the new frontier when --power-curve then did not fit, and the error
+    said "nothing was written": the pair on disk came from two runs."""
+    out, curve = tmp_path / "f.json", tmp_path / "p.csv"
+    out.write_text("OLD FRONTIER")
+    curve.write_text("OLD CURVE")
+    real_fsync, calls = os.fsync, []
+
+    def second_is_full(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            _full()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", second_is_full)
+    args = ["frontier", "--config", SMALL, "-o", str(out), "--power-curve", str(curve)]
+    code = main([*args, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err == f"error: {curve}: cannot write (the disk is full (ENOSPC)); {FIX}\n"
+    assert (out.read_text(), curve.read_text()) == ("OLD FRONTIER", "OLD CURVE")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json", "p.csv"]
+    monkeypatch.undo()
+    assert main([*args, "--no-progress"]) == 0
+    assert out.read_text().startswith("{") and curve.read_text() != "OLD CURVE"
+
+
+def test_an_interrupt_inside_atomic_outputs_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    from perseus.io.atomic import atomic_outputs
+
+    (tmp_path / "a").write_text("old a")
+    with pytest.raises(KeyboardInterrupt), atomic_outputs():
+        atomic_write_text(tmp_path / "a", "new a")
+        atomic_write_text(tmp_path / "b", "new b")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    assert (tmp_path / "a").read_text() == "old a"
