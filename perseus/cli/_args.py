@@ -105,25 +105,26 @@ def _check_parents(path: Path, flag: str) -> None:
                 raise ConfigError(
                     f"{flag} {path}: {ancestor} is a file, not a directory; choose another path"
                 )
-            if not _writable(ancestor):
-                raise ConfigError(
-                    f"{flag} {path}: directory {ancestor} is not writable; choose another path"
-                )
+            if why := _unwritable(ancestor):
+                raise ConfigError(f"{flag} {path}: directory {ancestor} {why}; choose another path")
             return
 
 
-def _writable(directory: Path) -> bool:
-    """Whether a file can be created there (permissions alone miss read-only mounts, /sys)."""
+def _unwritable(directory: Path) -> str:
+    """Why no file can be created there ("": one can; permissions alone miss read-only mounts,
+    /sys, a disk out of space or inodes)."""
     if not os.access(directory, os.W_OK | os.X_OK):
-        return False
+        return "is not writable"
     try:
         fd, probe = tempfile.mkstemp(prefix=".perseus-probe.", dir=directory)
-    except OSError:
-        return False
+    except OSError as e:
+        from perseus.io._errors import describe_os_error
+
+        return f"is not writable ({describe_os_error(e)})"
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(probe)
-    return True
+    return ""
 
 
 def _flagged(flag: str, check: Callable[[], T]) -> T:
@@ -209,8 +210,8 @@ def check_output_folder(path_arg: str | os.PathLike[str], flag: str) -> Path:
         _check_parents(path, flag)
         return path
     check_plain_directory(path, st.st_mode, f"{flag} ")
-    if not _writable(path):
-        raise ConfigError(f"{flag} {path}: directory is not writable; choose another path")
+    if why := _unwritable(path):
+        raise ConfigError(f"{flag} {path}: directory {why}; choose another path")
     return path
 
 

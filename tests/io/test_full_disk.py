@@ -57,13 +57,14 @@ def test_a_file_size_limit_says_how_to_raise_it(
 
 
 @contextlib.contextmanager
-def _small_disk(folder: Path, size: str = "64k") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted on ``folder`` (root only)."""
+def _small_disk(folder: Path, size: str = "64k", inodes: int = 0) -> Iterator[Path]:
+    """A tmpfs of ``size`` (and ``inodes``, when given) mounted on ``folder`` (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     folder.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")]
+        + ["tmpfs", str(folder)],
         capture_output=True,
         check=False,
     )
@@ -142,3 +143,19 @@ def test_an_interrupt_inside_atomic_outputs_leaves_every_file_as_it_was(tmp_path
         raise KeyboardInterrupt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     assert (tmp_path / "a").read_text() == "old a"
+
+
+def test_a_disk_out_of_inodes_is_named_full_not_unwritable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o into a new directory on a disk with no inode left said "directory ... is not
+    writable", as for a permission."""
+    with _small_disk(tmp_path / "disk", "1m", inodes=2) as disk:
+        (disk / "a").mkdir()  # the root and this take the two inodes
+        out = disk / "a" / "front.json"
+        assert main(["frontier", "--config", SMALL, "-o", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"error: -o {out}: directory {disk / 'a'} is not writable (the disk is full "
+            "(ENOSPC)); choose another path\n"
+        )
