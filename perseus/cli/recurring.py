@@ -171,9 +171,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     document = summary_json(args.gpu, summaries)
     if args.plot:
+        from perseus.io.atomic import atomic_outputs
         from perseus.recurring.report import write_plots
 
-        for s in summaries:
-            write_plots(s, args.gpu, Path(args.plot))
+        with atomic_outputs():  # every plot or none (a full disk)
+            for s in summaries:
+                write_plots(s, args.gpu, Path(args.plot))
     print(json.dumps(document, indent=1) if args.json else format_summary(args.gpu, document))
     return 0

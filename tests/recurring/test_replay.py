@@ -364,3 +364,28 @@ def test_unsupported_workload_is_skipped_with_a_warning_and_jobs_file(
     assert list(json.loads(captured.out)["workloads"]) == ["aa/net"]
     assert "warning: skipping bb/net" in captured.err
     assert main([*args, "--workload", "bb/net"]) == 2
+
+
+def test_plots_are_written_all_or_none_on_a_full_disk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second plot not fitting left the first written, and the error said "nothing was
+    written"."""
+    import errno
+    import os
+
+    real_fsync, calls = os.fsync, []
+
+    def second_is_full(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", second_is_full)
+    plots = tmp_path / "plots"
+    args = ["recurring", "simulate", "--trace", str(TRACE), "--gpu", "v100"]
+    args += ["--workload", "squad/bert_base_uncased", "--recurrences", "3", "--plot", str(plots)]
+    assert main(args) == 2
+    assert "the disk is full (ENOSPC)); nothing was written" in capsys.readouterr().err
+    assert list(plots.glob("*")) == []
