@@ -20,7 +20,8 @@ from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_bytes
 from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
-from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
+from perseus.plan import SCHEMA_VERSION, Frontier, JobSpec, PlanPoint, points_sha256
+from perseus.profile.two_clock import build_layer_split
 from perseus.schedule.actions import Action, Kind
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
 from perseus.validate import MAX_JOB_OPS, check_job_size, clip_message, show_value
@@ -167,6 +168,7 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
     if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
         why = f"set for schedule {j.schedule!r}, which does not split backwards"
         raise _stale(source, "job.backward_split", why)
+    _check_layers(j, source)
     if j.schedule in SCHEDULE_NAMES:
         try:
             sched = build_schedule(*sizes, virtual_stages=j.virtual_stages)
@@ -197,6 +199,19 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
         why = f"{j.ranks} ranks x {j.virtual_stages} virtual stages = {j.ranks * j.virtual_stages}"
         raise _stale(source, "job.stages", f"{j.stages}, but {why}")
     _check_generic_ops(frontier, source)
+
+
+def _check_layers(j: JobSpec, source: str) -> None:
+    """The job's layer split as :func:`perseus.job.make_job` would check it, blamed on the file."""
+    if j.layers_per_stage is None:
+        if j.layer_time_fractions is not None:
+            raise _stale(source, "job.layer_time_fractions", "set without job.layers_per_stage")
+        return
+    try:
+        build_layer_split(j.layers_per_stage, j.stages, j.layer_time_fractions)
+    except ConfigError as e:
+        why = clip_message(str(e).partition("; ")[0], 300)  # the fix a config needs is not it
+        raise _stale(source, "job.layers_per_stage", why) from None
 
 
 def _first_difference(got: tuple[tuple[str, ...], ...], want: tuple[tuple[str, ...], ...]) -> str:

@@ -1,0 +1,75 @@
+"""Bad plan/frontier files and flags of the commands that read them: one line naming the file,
+the field (or flag) and the fix, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perseus.cli.main import main
+from perseus.io.frontier_files import write_frontier
+from perseus.plan import Baseline, Frontier, JobSpec, PlanPoint, points_sha256
+
+
+def _frontier() -> Frontier:
+    job = JobSpec(
+        schedule="1f1b",
+        ranks=2,
+        stages=2,
+        microbatches=2,
+        blocking_power_w=80,
+        profile_sha256="0" * 64,
+    )
+    return Frontier(
+        job=job,
+        stage_ops=(("F0", "F1", "B0", "B1"), ("F0", "B0", "F1", "B1")),
+        baseline=Baseline(time_s=1.0, energy_j=100.0),
+        points=(
+            PlanPoint(time_s=1.0, energy_j=90.0, freqs_mhz=((1410,) * 4, (1410,) * 4)),
+            PlanPoint(time_s=1.2, energy_j=80.0, freqs_mhz=((1005,) * 4, (990,) * 4)),
+        ),
+    )
+
+
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    """``doc`` as a plan file with its points' digest brought up to date."""
+    points = [PlanPoint.model_validate(p) for p in doc["points"]]
+    doc["points_sha256"] = points_sha256(points)
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _doc(tmp_path: Path) -> dict[str, Any]:
+    write_frontier(_frontier(), tmp_path / "good.json")
+    doc: dict[str, Any] = json.loads((tmp_path / "good.json").read_text())
+    return doc
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("job", "field"),
+    [
+        ({"layers_per_stage": [1, 1, 1]}, "field job.layers_per_stage: layers_per_stage has 3"),
+        ({"layer_time_fractions": [[1.0]]}, "field job.layer_time_fractions: set without"),
+    ],
+)
+def test_layer_split_that_does_not_fit_the_job_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], job: dict[str, Any], field: str
+) -> None:
+    doc = _doc(tmp_path)
+    doc["job"].update(job)
+    path = _write(tmp_path, doc)
+    out = tmp_path / "plan.json"
+    err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
+    assert f"{path}: {field}" in err and "regenerate it" in err
+    assert not out.exists()
