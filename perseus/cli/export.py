@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from perseus.cli._args import add_command, add_output_arg, check_output_dir, float_arg
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PlanError
 from perseus.validate import show_value
 
 if TYPE_CHECKING:  # heavy modules load when the command runs, not for --help
@@ -82,8 +82,12 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, (*ZEUS_PFO_FILES, "point_solution.json"))
     frontier = read_frontier(args.frontier)
     index, point = select_point(frontier, args.plan, args.max_time_s, args.frontier)
-    with atomic_directory(out) as tmp:
-        write_zeus_pfo(frontier, point, tmp)
+    try:
+        with atomic_directory(out) as tmp:
+            write_zeus_pfo(frontier, point, tmp)
+    except PlanError as e:  # a two-clock op: name the file, the point and the flag that picks
+        where = f"{args.frontier}: field points.{index}.freqs_mhz"
+        raise PlanError(f"{where}: {e} (or pick another point with --plan)") from None
     print(
         f"plan {index} of {len(frontier.points)}: {point.time_s:.4f} s, {point.energy_j / 1e3:.3f} kJ "
         f"({100 * (1 - point.energy_j / frontier.baseline.energy_j):.1f} % less energy than all-max)"

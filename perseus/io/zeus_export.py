@@ -40,7 +40,10 @@ def zeus_frequency_schedules(frontier: Frontier, point: PlanPoint) -> list[dict[
     schedules = []
     for rank, freqs in enumerate(point.freqs_mhz):
         pairs = zip(frontier.rank_actions[rank], freqs, strict=True)
-        frequencies = [[a.kind.profile_name, _one_clock(frontier.op_name(a), f)] for a, f in pairs]
+        frequencies = [
+            [a.kind.profile_name, _one_clock(f"rank {rank} op {j} ({frontier.op_name(a)})", f)]
+            for j, (a, f) in enumerate(pairs)
+        ]
         schedules.append({"rank": rank, "frequencies": frequencies})
     if point.memory_clocks_mhz:
         logger.warning(
@@ -59,7 +62,7 @@ def _one_clock(op: str, freq: object) -> int:
             return int(next(iter(sm_clocks)))  # its memory clock is dropped (the caller warns)
     if isinstance(freq, bool) or not isinstance(freq, int):
         raise PlanError(
-            f"op {op} has a two-clock setting {json.dumps(freq)}; Zeus's schedules hold one "
+            f"{op} has a two-clock setting {json.dumps(freq)}; Zeus's schedules hold one "
             "clock per instruction, so export a plan computed without two-clock ops"
         )
     return freq

@@ -73,3 +73,19 @@ def test_layer_split_that_does_not_fit_the_job_names_the_file(
     err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
     assert f"{path}: {field}" in err and "regenerate it" in err
     assert not out.exists()
+
+
+def test_export_of_a_two_clock_point_names_the_file_point_and_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc(tmp_path)
+    doc["job"]["layers_per_stage"] = [2, 2]
+    doc["points"][1]["freqs_mhz"][1][2] = [990, 1005, 1]
+    path = _write(tmp_path, doc)
+    out = tmp_path / "zeus"
+    argv = ["export", str(path), "--format", "zeus-pfo", "-o", str(out), "--plan", "1"]
+    err = _one_line_error(capsys, argv)
+    assert f"{path}: field points.1.freqs_mhz: rank 1 op 2 (F1) has a two-clock setting" in err
+    assert "--plan" in err
+    assert not out.exists()
+    assert main([*argv[:-1], "0"]) == 0  # the one-clock point exports
