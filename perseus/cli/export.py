@@ -62,7 +62,7 @@ def select_point(
         point = frontier.min_energy
     else:
         text = plan.strip()
-        if not (text.isdecimal() and len(text) < 12):
+        if not (text.isascii() and text.isdecimal() and len(text) < 12):
             raise ConfigError(
                 f"--plan {show_value(plan)}: use fastest, min-energy or an index "
                 f"0..{len(points) - 1}"

@@ -89,3 +89,15 @@ def test_export_of_a_two_clock_point_names_the_file_point_and_flag(
     assert "--plan" in err
     assert not out.exists()
     assert main([*argv[:-1], "0"]) == 0  # the one-clock point exports
+
+
+@pytest.mark.parametrize("plan", ["\u0663", "\uff11", "-1", "+1", "9" * 5000])
+def test_export_plan_index_is_ascii_digits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], plan: str
+) -> None:
+    path = _write(tmp_path, _doc(tmp_path))
+    out = tmp_path / "zeus"
+    argv = ["export", str(path), "--format", "zeus-pfo", "-o", str(out), "--plan", plan]
+    err = _one_line_error(capsys, argv)
+    assert "--plan" in err and "use fastest, min-energy or an index 0..1" in err
+    assert not out.exists()
