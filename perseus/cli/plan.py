@@ -150,6 +150,13 @@ def _pick_under_power(args: argparse.Namespace, frontier: Any) -> tuple[Any, lis
     peak = args.peak_power_w is not None
     if args.profile is not None and not args.off_frontier:
         raise ConfigError("--profile: only with --off-frontier; add it or drop --profile")
+    missing = [i for i, p in enumerate(frontier.points) if p.power is None]
+    if peak and not args.off_frontier and missing:
+        raise ConfigError(
+            f"{args.frontier}: field points.{missing[0]}.power: missing (files before schema "
+            "version 3 carry none), so --peak-power-w has no peaks to compare; regenerate it with "
+            "`perseus frontier`, or pass --power-cap-w or --off-frontier"
+        )
     given = args.peak_power_w if peak else args.power_cap_w
     ranks = frontier.job.ranks
     budget_w = given * ranks if args.per_gpu else given

@@ -101,3 +101,18 @@ def test_export_plan_index_is_ascii_digits(
     err = _one_line_error(capsys, argv)
     assert "--plan" in err and "use fastest, min-energy or an index 0..1" in err
     assert not out.exists()
+
+
+def test_peak_pick_on_points_without_power_names_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc(tmp_path)
+    for point in doc["points"]:
+        point.pop("power", None)
+    doc["schema_version"] = 2
+    path = _write(tmp_path, doc)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "pick", str(path), "--peak-power-w", "500", "-o", str(out)]
+    err = _one_line_error(capsys, argv)
+    assert f"{path}: field points.0.power: missing" in err and "--power-cap-w" in err
+    assert not out.exists()
