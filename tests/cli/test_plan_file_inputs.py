@@ -116,3 +116,15 @@ def test_peak_pick_on_points_without_power_names_the_file_and_field(
     err = _one_line_error(capsys, argv)
     assert f"{path}: field points.0.power: missing" in err and "--power-cap-w" in err
     assert not out.exists()
+
+
+def test_report_of_a_profile_name_the_font_cannot_draw_warns_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc(tmp_path)
+    doc["job"]["profile_name"] = "\u6a21\u578b\x00"  # glyphs DejaVu Sans lacks
+    path = _write(tmp_path, doc)
+    out = tmp_path / "report"
+    assert main(["report", str(path), "-o", str(out)]) == 0  # warnings are errors under pytest
+    assert capsys.readouterr().err == ""
+    assert (out / "frontier.png").is_file() and (out / "report.html").is_file()
