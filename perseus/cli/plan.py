@@ -191,7 +191,14 @@ def _power_point(
             raise  # no fallback without the points' peaks (an --off-frontier search's frontier)
         # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
         # which holds each GPU, and so the sum, under the budget.
-        limit_w = budget_w / frontier.job.ranks
+        limit_w, floor_w = budget_w / frontier.job.ranks, frontier.job.blocking_power_w
+        if limit_w < floor_w:  # no GPU runs below what it draws while it waits
+            least = floor_w if args.per_gpu else floor_w * frontier.job.ranks
+            raise InfeasibleError(
+                f"{e}; nor does a uniform power limit: {limit_w:.6g} W per GPU is below the "
+                f"{floor_w:g} W a GPU of this job draws while it waits (job.blocking_power_w); "
+                f"pass --peak-power-w of at least {least:.6g} W"
+            ) from None
         point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
         return point, [
             f"fallback: {e}; falling back to a uniform power limit of {limit_w:.6g} W per GPU: "

@@ -128,3 +128,32 @@ def test_report_of_a_profile_name_the_font_cannot_draw_warns_nothing(
     assert main(["report", str(path), "-o", str(out)]) == 0  # warnings are errors under pytest
     assert capsys.readouterr().err == ""
     assert (out / "frontier.png").is_file() and (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize(
+    ("budget", "per_gpu", "least"), [("1", [], "160 W"), ("1", ["--per-gpu"], "80 W")]
+)
+def test_peak_budget_below_waiting_power_is_refused_not_advised(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    budget: str,
+    per_gpu: list[str],
+    least: str,
+) -> None:
+    doc = _doc(tmp_path)
+    for point in doc["points"]:
+        avg = point["energy_j"] / point["time_s"]
+        point["power"] = {
+            "avg_power_w": avg,
+            "peak_power_w": 200.0,
+            "min_power_w": 0,
+            "max_step_w": 0,
+        }
+    path = _write(tmp_path, doc)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "pick", str(path), "--peak-power-w", budget, *per_gpu, "-o", str(out)]
+    assert main(argv) == 1  # infeasible
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nvidia-smi" not in err
+    assert f"blocking_power_w); pass --peak-power-w of at least {least}" in err
+    assert not out.exists()
