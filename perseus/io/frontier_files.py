@@ -92,6 +92,12 @@ def _stale(where: object, field: str, why: str) -> PlanError:
     return PlanError(f"{where}: field {field}: {why}; {_REGENERATE}")
 
 
+def _schema_error(p: Path, e: ValidationError, loc: tuple[str | int, ...] = ()) -> PlanError:
+    """The first schema error, with the fix a file not as perseus wrote it needs."""
+    msg = describe_validation_error(str(p), e, loc=loc).replace(": Value error, ", ": ", 1)
+    return PlanError(msg if "regenerate" in msg else f"{msg}; {_REGENERATE}")
+
+
 def _check_counts(p: Path, doc: Any) -> None:
     """Refuse more points or ops than any plan holds before building models of them."""
     if not isinstance(doc, dict):
@@ -114,7 +120,7 @@ def _validate_points(p: Path, points: list[Any]) -> tuple[PlanPoint, ...]:
         try:
             points[i] = PlanPoint.model_validate(_as_tuples(point), strict=True)
         except ValidationError as e:
-            raise PlanError(describe_validation_error(str(p), e, loc=("points", i))) from None
+            raise _schema_error(p, e, ("points", i)) from None
     out = tuple(points)
     points.clear()
     return out
@@ -141,7 +147,7 @@ def read_frontier(path: str | os.PathLike[str]) -> Frontier:
             msg = first["msg"].removeprefix("Value error, ")
             msg = msg.replace("regenerate it (perseus frontier / perseus plan pick)", _REGENERATE)
             raise PlanError(f"{p}: field points: {msg}") from None
-        raise PlanError(describe_validation_error(str(p), e)) from None
+        raise _schema_error(p, e) from None
     logger.debug(
         "read %s: %d points, schema version %d", p, len(frontier.points), frontier.schema_version
     )

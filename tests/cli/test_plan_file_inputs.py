@@ -157,3 +157,31 @@ def test_peak_budget_below_waiting_power_is_refused_not_advised(
     assert err.count("\n") == 1 and "nvidia-smi" not in err
     assert f"blocking_power_w); pass --peak-power-w of at least {least}" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["points"].reverse(), "field <root>: points must be sorted by time_s"),
+        (lambda d: d["job"].update(ranks=10**18), "field job.ranks: Input should be less"),
+        (lambda d: d["points"][0].update(time_s="1"), "field points.0.time_s: Input should be"),
+    ],
+)
+def test_schema_errors_say_how_to_fix_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, field: str
+) -> None:
+    doc = _doc(tmp_path)
+    edit(doc)
+    doc.pop("points_sha256")
+    doc["schema_version"] = 1  # no digest to fail first
+    for point in doc["points"]:
+        point.pop("power", None)
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "plan.json"
+    err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
+    assert f"{path}: {field}" in err and "Value error" not in err
+    assert err.endswith(
+        "; regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)\n"
+    )
+    assert not out.exists()
