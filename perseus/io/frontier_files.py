@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,20 @@ def read_json_document(
         value = int(digits)
         return ints.setdefault(value, value)
 
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            key = next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+            raise error(
+                f"{p}: key {show_value(key)} appears twice in one object (which one counts "
+                f"would be a guess); keep one, or pass {what}"
+            )
+        return out
+
     try:
-        return json.loads(text, parse_int=parse_int)
+        return json.loads(text, parse_int=parse_int, object_pairs_hook=unique)
+    except error:  # a key named twice
+        raise
     except json.JSONDecodeError as e:
         raise error(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg}); pass {what}") from None
     except RecursionError:

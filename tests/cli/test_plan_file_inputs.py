@@ -185,3 +185,14 @@ def test_schema_errors_say_how_to_fix_the_file(
         "; regenerate it with `perseus frontier` (or `perseus plan pick` for a plan)\n"
     )
     assert not out.exists()
+
+
+def test_a_key_named_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc(tmp_path)
+    text = json.dumps(doc).replace('"ranks": 2,', '"ranks": 2, "ranks": 2,', 1)
+    path = tmp_path / "f.json"
+    path.write_text(text)
+    out = tmp_path / "plan.json"
+    err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
+    assert f"{path}: key 'ranks' appears twice in one object" in err and "keep one" in err
+    assert not out.exists()
