@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -28,7 +29,7 @@ from perseus.dag.graph import FloatArray
 from perseus.errors import ConfigError, PlanError
 from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_text
-from perseus.io.frontier_files import read_json_document
+from perseus.io.frontier_files import _as_tuples, read_json_document
 from perseus.io.reading import INPUT_LIMITS, decode_text, read_bounded
 from perseus.plan import MAX_TIME_S, Frontier, points_sha256
 from perseus.solver.power_schedule import _MAX_HORIZON_S, MAX_SIGNAL_VALUE, PowerSchedule
@@ -518,6 +519,9 @@ def write_schedule(
     atomic_write_text(path, text)
 
 
+_ISO_TIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
 def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:
     """Read and validate a schedule JSON.
 
@@ -531,10 +535,15 @@ def read_schedule(path: str | os.PathLike[str]) -> ScheduleFile:
         PlanError,
         limit_bytes=INPUT_LIMITS["schedule"],
     )
-    try:
-        return ScheduleFile.model_validate(doc)
+    loc: tuple[str, ...] = ()
+    try:  # strict, as plan files are read; the ISO time is the one text a datetime is read from
+        if isinstance(doc, dict) and isinstance(doc.get("origin_utc"), str):
+            loc = ("origin_utc",)
+            doc["origin_utc"] = _ISO_TIME.validate_python(doc["origin_utc"])
+        loc = ()
+        return ScheduleFile.model_validate(_as_tuples(doc), strict=True)
     except ValidationError as e:
-        raise PlanError(describe_validation_error(str(p), e)) from None
+        raise PlanError(describe_validation_error(str(p), e, loc=loc)) from None
 
 
 def power_curve_rows(frontier: Frontier) -> list[tuple[float, float, float | None, float | None]]:

@@ -4,6 +4,7 @@ the field (or flag) and the fix, exit code 2, nothing written."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,39 @@ def test_a_key_named_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
     assert f"{path}: key 'ranks' appears twice in one object" in err and "keep one" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("iterations", "10", "field iterations: Input should be a valid integer, got '10'"),
+        ("segments", [[False, True]], "field segments.0.0: Input should be a valid integer"),
+        ("origin_utc", "noon", "field origin_utc: Input should be a valid datetime"),
+    ],
+)
+def test_schedule_file_types_are_strict(tmp_path: Path, key: str, value: Any, field: str) -> None:
+    from perseus.errors import PlanError
+    from perseus.io.power_files import read_schedule
+
+    frontier = tmp_path / "f.json"
+    write_frontier(_frontier(), frontier)
+    (tmp_path / "signal.csv").write_text("start,value\n0,10\n3600,20\n")
+    schedule = tmp_path / "schedule.json"
+    argv = ["plan", "schedule", str(frontier), "--signal", str(tmp_path / "signal.csv")]
+    argv += [
+        "--iterations",
+        "10",
+        "--deadline-s",
+        "100",
+        "--idle-power-w",
+        "0",
+        "-o",
+        str(schedule),
+    ]
+    assert main(argv) == 0
+    assert read_schedule(schedule).iterations == 10
+    doc = json.loads(schedule.read_text())
+    doc[key] = value
+    schedule.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="^" + re.escape(f"{schedule}: {field}")):
+        read_schedule(schedule)
