@@ -21,7 +21,7 @@ from perseus.io._errors import describe_validation_error
 from perseus.io.atomic import atomic_write_bytes
 from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
-from perseus.plan import SCHEMA_VERSION, Frontier, JobSpec, PlanPoint, points_sha256
+from perseus.plan import SCHEMA_VERSION, Frontier, PlanPoint, points_sha256
 from perseus.profile.two_clock import build_layer_split
 from perseus.schedule.actions import Action, Kind
 from perseus.schedule.builders import SCHEDULE_NAMES, build_schedule
@@ -187,7 +187,7 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
     if j.backward_split is not None and j.schedule in SCHEDULE_NAMES and j.schedule != "zb":
         why = f"set for schedule {j.schedule!r}, which does not split backwards"
         raise _stale(source, "job.backward_split", why)
-    _check_layers(j, source)
+    _check_layers(frontier, source)
     if j.schedule in SCHEDULE_NAMES:
         try:
             sched = build_schedule(*sizes, virtual_stages=j.virtual_stages)
@@ -220,11 +220,16 @@ def check_frontier_job(frontier: Frontier, source: str) -> None:
     _check_generic_ops(frontier, source)
 
 
-def _check_layers(j: JobSpec, source: str) -> None:
+def _check_layers(frontier: Frontier, source: str) -> None:
     """The job's layer split as :func:`perseus.job.make_job` would check it, blamed on the file."""
+    j = frontier.job
     if j.layers_per_stage is None:
         if j.layer_time_fractions is not None:
             raise _stale(source, "job.layer_time_fractions", "set without job.layers_per_stage")
+        switching = (i for i, p in enumerate(frontier.points) if p.num_two_clock_ops)
+        if (i := next(switching, None)) is not None:
+            why = "switches clock inside an op, which needs job.layers_per_stage (not set)"
+            raise _stale(source, f"points.{i}.freqs_mhz", why)
         return
     try:
         build_layer_split(j.layers_per_stage, j.stages, j.layer_time_fractions)

@@ -233,3 +233,15 @@ def test_schedule_file_types_are_strict(tmp_path: Path, key: str, value: Any, fi
     schedule.write_text(json.dumps(doc))
     with pytest.raises(PlanError, match="^" + re.escape(f"{schedule}: {field}")):
         read_schedule(schedule)
+
+
+def test_a_clock_switch_inside_an_op_needs_layers_per_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc(tmp_path)
+    doc["points"][1]["freqs_mhz"][1][2] = [990, 1005, 1]  # the job has no layers_per_stage
+    path = _write(tmp_path, doc)
+    out = tmp_path / "plan.json"
+    err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
+    assert f"{path}: field points.1.freqs_mhz: switches clock inside an op" in err
+    assert not out.exists()
