@@ -70,7 +70,7 @@ def read_json_document(
     data = read_bounded(p, limit_bytes=limit_bytes, what=what, error=error)
     if not data.strip():
         raise error(f"{p}: file is empty; pass {what}")
-    text = decode_text(p, data, what, error)
+    text = decode_text(p, data, what, error, "utf-8-sig")  # a BOM, as profiles and signals
     del data
     ints: dict[int, int] = {}
 

@@ -245,3 +245,14 @@ def test_a_clock_switch_inside_an_op_needs_layers_per_stage(
     err = _one_line_error(capsys, ["plan", "pick", str(path), "--time-s", "5", "-o", str(out)])
     assert f"{path}: field points.1.freqs_mhz: switches clock inside an op" in err
     assert not out.exists()
+
+
+def test_a_byte_order_mark_is_read_past_as_in_profiles(tmp_path: Path) -> None:
+    write_frontier(_frontier(), tmp_path / "good.json")
+    path = tmp_path / "bom.json"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + (tmp_path / "good.json").read_bytes().replace(b"\n", b"\r\n")
+    )
+    out = tmp_path / "plan.json"
+    assert main(["plan", "pick", str(path), "--time-s", "5", "-o", str(out)]) == 0
+    assert out.is_file()
