@@ -322,6 +322,11 @@ def job_from_frontier(
     keywords = {name: getattr(j, name) for name in _MAKE_JOB_KEYWORDS}
     if j.backward_split is None:  # the job did not split backwards: any share gives it
         keywords["backward_split"] = JOB_DEFAULTS.backward_split
+    if j.schedule not in SCHEDULE_NAMES:  # a torch schedule's plan, planned in the runtime
+        raise ConfigError(
+            f"{source}: field job.schedule: {j.schedule!r} is not one of "
+            f"{', '.join(SCHEDULE_NAMES)}, the jobs this command rebuilds; pass a plan of one of those"
+        )
     job = build_checked_job(
         profile,
         j.schedule,

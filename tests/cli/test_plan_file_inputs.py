@@ -256,3 +256,22 @@ def test_a_byte_order_mark_is_read_past_as_in_profiles(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     assert main(["plan", "pick", str(path), "--time-s", "5", "-o", str(out)]) == 0
     assert out.is_file()
+
+
+def test_a_torch_schedule_plan_rebuilt_on_a_profile_names_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A frontier of a torch schedule (its name recorded as the job's schedule) said "unknown
+    schedule 'ScheduleFoo'; choose one of ..." without the file, from commands that rebuild
+    the job on a profile."""
+    frontier = tmp_path / "f.json"
+    assert main(["frontier", "a100", "--microbatches", "4", "-o", str(frontier)]) == 0
+    doc = json.loads(frontier.read_text())
+    doc["job"]["schedule"] = "ScheduleFoo"
+    frontier.write_text(json.dumps(doc))
+    capsys.readouterr()
+    out = tmp_path / "plan.json"
+    argv = ["plan", "pick", str(frontier), "--peak-power-w", "9000", "--off-frontier"]
+    err = _one_line_error(capsys, [*argv, "-o", str(out)])
+    assert err.startswith(f"error: {frontier}: field job.schedule: 'ScheduleFoo' is not one of")
+    assert not out.exists()
