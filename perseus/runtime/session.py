@@ -289,7 +289,11 @@ class RankSession:
 
         Raises:
             PlanError: a frontier of another schedule, an index out of range, a running sweep.
+            ConfigError: before :meth:`start` or after :meth:`close`.
         """
+        if self._state in (SessionState.NEW, SessionState.CLOSED):
+            when = "before start()" if self._state is SessionState.NEW else "after close()"
+            raise ConfigError(f"RankSession.deploy() {when}; deploy while the session is open")
         self._boundary.check(frontier, point_index)
         if self._agent is None:
             self._install_frontier(frontier, point_index, sweep=False)
@@ -338,12 +342,12 @@ class RankSession:
         self._begin()
         try:
             yield
-        except BaseException:
+            if self.in_iteration:  # not closed inside
+                self._end()
+        except BaseException:  # in the loop, or marking the end (a device error, a signal)
             if self.in_iteration:
                 self._abort_iteration()
             raise
-        if self.in_iteration:  # not closed inside
-            self._end()
 
     def _begin(self) -> None:
         agent = self._agent
@@ -450,10 +454,12 @@ class RankSession:
         planned = len(agent.planned_clocks_mhz)
         done = agent.ops_done_this_iteration
         if done < planned:
+            grid = agent.order_grid("iteration end")  # before the abort forgets where
             self._abort_iteration()
             raise PlanError(
                 f"rank {self.rank}: the iteration ran {done} of the {planned} actions of "
-                f"{self._one_step()} (evaluation and forward-only passes go between iterations)"
+                f"{self._one_step()} (evaluation and forward-only passes go between iterations)",
+                grid,
             )
 
     def _one_step(self) -> str:

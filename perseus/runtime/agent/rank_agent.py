@@ -423,8 +423,8 @@ class RankAgent:
             nxt = self.plan.op_name(self._actions[self._cursor])
             raise PlanError(
                 f"rank {self.rank}: iteration {self._iteration} ended after {self._cursor} of {n} "
-                f"planned ops; the next planned op was {nxt!r}\n"
-                + self._rank_plan.order_grid(self._cursor, "step_end()")
+                f"planned ops; the next planned op was {nxt!r}",
+                self.order_grid("step_end()"),
             )
         self.end_mark = self._mode.close(self._iteration)
         planned_time_s = self.plan.points[self.point_index].time_s
@@ -482,6 +482,11 @@ class RankAgent:
         self._in_step = False
         self._cursor = 0
         self._mode.abort()
+
+    def order_grid(self, ran: str) -> str:
+        """This rank's planned ops as a grid, the next one due and ``ran`` in its place
+        marked (an iteration cut short: ``ran`` says where it ended)."""
+        return self._rank_plan.order_grid(self._cursor, ran)
 
     @property
     def ops_done_this_iteration(self) -> int:
