@@ -125,6 +125,11 @@ class DriftMonitor:
         self._streak_from = 0
         self._reported = False
 
+    @property
+    def energy_window_s(self) -> float:
+        """The time over which the GPU's energy counter measures within the tolerance."""
+        return self._window_s
+
     def reset(self) -> None:
         """A new plan runs: watch it afresh."""
         self._streak.clear()

@@ -217,7 +217,7 @@ class RankSession:
     def _summarize(self) -> None:
         if self.frontier is not None:
             since = [s for s in self.history if s.iteration >= self._run_start]
-            self.summary = summarize(since, self.frontier)
+            self.summary = summarize(since, self.frontier, self._drift.energy_window_s)
             if self.summary is not None and self.rank == 0:
                 _log.info("%s", self.summary)
 

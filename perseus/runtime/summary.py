@@ -5,6 +5,8 @@ measure the plan when they do not (:attr:`RunSummary.caveat`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -170,15 +172,20 @@ def _off_prediction_cause(runs: Sequence[IterationStats]) -> str | None:
     de = statistics.fmean(e[1] for e in errors)
     if abs(dt) <= DRIFT_TOLERANCE and abs(de) <= DRIFT_TOLERANCE:
         return None
+    energy = f" and energy {de:+.1%}" if de else ""  # none: not measured, taken as predicted
     return (
-        f"time {dt:+.1%} and energy {de:+.1%} off the prediction with no clock held "
+        f"time {dt:+.1%}{energy} off the prediction with no clock held "
         "below the plan (another GPU than the profile's, or a stale profile)"
     )
 
 
-def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSummary | None:
+def summarize(
+    history: Sequence[IterationStats], frontier: Frontier, energy_window_s: float = 0.0
+) -> RunSummary | None:
     """The summary of the last stretch of ``history`` that ran one point of ``frontier``
-    (None: none ran)."""
+    (None: none ran). A stretch shorter than ``energy_window_s`` (the time the GPU's energy
+    counter needs to measure within the tolerance) is judged on its time alone, and its
+    caveat says its energy is not measured (a short run on a 100 ms counter reads 0 J)."""
     runs = _last_stretch(history)
     if not runs:
         return None
@@ -187,7 +194,17 @@ def summarize(history: Sequence[IterationStats], frontier: Frontier) -> RunSumma
         return None
     energy = statistics.fmean(float(s.pipeline_energy_j or 0.0) for s in runs)
     baseline_j = frontier.baseline.energy_j
+    span_s = math.fsum(s.time_s for s in runs)
+    if span_s < energy_window_s:  # energy taken as predicted, as DriftMonitor takes it
+        runs = [dataclasses.replace(s, pipeline_energy_j=s.predicted_energy_j) for s in runs]
     caveat = drift_cause(runs)
+    if span_s < energy_window_s:
+        short = (
+            f"the energy is not measured ({len(runs)} iterations span {span_s:.3g} s, under the "
+            f"{energy_window_s:.3g} s the GPU's energy counter needs); run longer"
+        )
+        prefix = "these figures do not measure the plan: "
+        caveat = prefix + short if caveat is None else f"{caveat}; {short}"
     return RunSummary(
         iterations=len(runs),
         point_index=int(last.point_index or 0),

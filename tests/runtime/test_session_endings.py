@@ -125,3 +125,17 @@ def test_the_agents_own_short_iteration_error_keeps_its_grid_in_the_detail(
         error = info.value
         assert "\n" not in error.message and "ended after 1 of 8" in error.message
         assert "Step 01  0F1!" in error.detail and "step_end()!" in error.detail
+
+
+def test_a_run_shorter_than_the_energy_counter_needs_says_its_energy_is_not_measured(
+    gpu: SimulatedGPU,
+) -> None:
+    """Three 11 ms iterations on a 100 ms counter read 0 J: the summary claimed a 100 %
+    saving, put down to another GPU or a stale profile."""
+    with _session(gpu) as session:
+        for _ in range(3):
+            _iteration(session)
+    summary = session.summary
+    assert summary is not None and summary.measured_energy_j == 0.0
+    assert summary.caveat is not None and "the energy is not measured" in summary.caveat
+    assert "energy -100" not in summary.caveat and "run longer" in summary.caveat
