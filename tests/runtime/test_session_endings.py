@@ -16,8 +16,10 @@ from perseus.job import make_job
 from perseus.plan import Frontier
 from perseus.runtime.agent.rank_agent import RankAgent
 from perseus.runtime.emulation import scale_profile, take_stages
+from perseus.runtime.engines.torch_hooks import instrument_stages
 from perseus.runtime.session import RankSession, SessionOptions, SessionState
 from perseus.schedule import build_schedule
+from tests.runtime._engines import Recorder
 
 BLOCKING_W = 83.64
 
@@ -139,3 +141,29 @@ def test_a_run_shorter_than_the_energy_counter_needs_says_its_energy_is_not_meas
     assert summary is not None and summary.measured_energy_j == 0.0
     assert summary.caveat is not None and "the energy is not measured" in summary.caveat
     assert "energy -100" not in summary.caveat and "run longer" in summary.caveat
+
+
+class _Stage:
+    """A pipeline stage's compute methods (what instrument_stages wraps)."""
+
+    stage_index = 0
+
+    def forward_one_chunk(self, chunk_id: int) -> None: ...
+
+    def backward_one_chunk(self, chunk_id: int, full_backward: bool = True) -> None: ...
+
+    def backward_weight_one_chunk(self, chunk_id: int) -> None: ...
+
+
+def test_a_second_session_on_the_same_stages_is_refused_and_the_first_keeps_its_hooks() -> None:
+    """A second PerseusPipeline on an open one's torch schedule (its start failing: the GPU
+    is owned) undid the first's wrappers with its own: the first's next iteration ran 0 of its
+    actions, a PlanError blaming the training loop."""
+    stage, first = _Stage(), Recorder()
+    undo = instrument_stages([stage], first)
+    with pytest.raises(ConfigError, match="stage 0 is already instrumented by another open"):
+        instrument_stages([stage], Recorder())
+    stage.forward_one_chunk(0)
+    assert first.events == [("enter", "0F0"), ("exit", "0F0")]
+    undo()
+    instrument_stages([stage], Recorder())()  # free again once the first let go

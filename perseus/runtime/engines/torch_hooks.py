@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from perseus.errors import ConfigError
 from perseus.runtime.engines.base import OpContextFactory
 from perseus.schedule.actions import Action, Kind
 
@@ -45,6 +46,7 @@ def _wrap(
                 pass
         return result
 
+    wrapper.perseus_op = kind  # type: ignore[attr-defined]  # instrumented (one session a stage)
     return wrapper
 
 
@@ -53,7 +55,16 @@ def instrument_stages(
 ) -> Callable[[], None]:
     """Run every compute call of this rank's ``stages`` inside ``factory(action)``; return a
     function that restores the original methods (idempotent). ``split_full_backward``: follow
-    each full backward with its ``W`` action (a mixed schedule planned split)."""
+    each full backward with its ``W`` action (a mixed schedule planned split).
+
+    Raises:
+        ConfigError: a stage another open session instruments."""
+    for stage in stages:  # a second session's undo would drop the first's wrappers too
+        if any(hasattr(vars(stage).get(name), "perseus_op") for name in STAGE_COMPUTE_METHODS):
+            raise ConfigError(
+                f"pipeline stage {stage.stage_index} is already instrumented by another open "
+                "perseus session; close that session first (one session per pipeline)"
+            )
     originals: list[tuple[Any, str]] = []
     for stage in stages:
         for name, kind in STAGE_COMPUTE_METHODS.items():
