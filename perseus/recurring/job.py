@@ -274,8 +274,10 @@ class RecurringJob:
         try:
             yield
         finally:
-            reset()
-            release()
+            try:
+                reset()
+            finally:
+                release()
 
     @contextlib.contextmanager
     def _lease(self, run_id: str, ended: threading.Event) -> Iterator[None]:

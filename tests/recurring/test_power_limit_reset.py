@@ -157,6 +157,33 @@ def test_a_clean_run_leaves_no_reset_due(tmp_path: Path) -> None:
     assert gpu.power_limit_w() == DEFAULT_W
 
 
+def test_ctrl_c_in_the_runs_reset_still_lets_the_gpu_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C landing in the end-of-run reset skipped the claim's release: the lock stayed
+    held, and the next run of a loop that caught the KeyboardInterrupt found the GPU owned."""
+    gpu, _ = _gpus(tmp_path)
+    job = RecurringJob(
+        "j",
+        batch_sizes=[32],
+        default_batch_size=32,
+        store=SQLiteStore(tmp_path / "j.db"),
+        gpu=gpu,
+        profiler_kwargs={"power_limits_w": [250.0], "warmup_steps": 1},
+    )
+    reset = gpu.reset_power_limit
+
+    def interrupted() -> None:
+        reset()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), job.run() as run:
+        run.step(32)
+        monkeypatch.setattr(gpu, "reset_power_limit", interrupted)
+    monkeypatch.undo()
+    GpuClaim(gpu, watchdog=False, handle_signals=False, on_exit=lambda: None).acquire().release()
+
+
 def test_a_recurring_run_that_finds_an_orphaned_gpu_resets_the_gpu_in_hand(
     tmp_path: Path,
 ) -> None:

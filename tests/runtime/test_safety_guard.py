@@ -322,3 +322,30 @@ def test_a_watchdog_that_cannot_be_spawned_fails_the_claim_with_a_device_error_a
     assert claim.watchdog is None
     again = guard.GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None)
     again.acquire().release()
+
+
+def test_ctrl_c_while_the_watchdog_is_reaped_still_lets_the_gpu_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C landing in the watchdog's reaping (12 in 60 trials) skipped the rest of the
+    release: the lock stayed held, and a loop that caught the KeyboardInterrupt and started its
+    next run found the GPU "already owned by another agent in this process"."""
+    from perseus.device.simulated import SimulatedGPU
+    from perseus.runtime.safety import guard
+
+    gpu = SimulatedGPU.from_preset("a100", state_dir=tmp_path / "sim", set_latency_s=0.0)
+    claim = guard.GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None)
+    claim.acquire()
+    stop = guard.Watchdog.stop
+
+    def interrupted(self: guard.Watchdog, timeout_s: float = 2.0) -> None:
+        stop(self, timeout_s)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(guard.Watchdog, "stop", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            claim.release()
+    assert claim.watchdog is None
+    again = guard.GpuClaim(gpu, watchdog=True, handle_signals=False, on_exit=lambda: None)
+    again.acquire().release()

@@ -413,12 +413,18 @@ class GpuClaim:
         return self
 
     def release(self) -> None:
-        """Stop the watchdog (no reset), give up ownership, remove the hooks (idempotent)."""
-        if self.watchdog is not None:
-            self.watchdog.stop()
-            self.watchdog = None
-        if self._hold_lock:
-            self.ownership.release()
-        else:
-            self.ownership.clear_due()
-        self._guard.uninstall()
+        """Stop the watchdog (no reset), give up ownership, remove the hooks (idempotent;
+        each step runs when the one before is interrupted: Ctrl-C in the watchdog's reaping
+        kept the lock, and a loop that goes on found its GPU owned)."""
+        watchdog, self.watchdog = self.watchdog, None
+        try:
+            if watchdog is not None:
+                watchdog.stop()
+        finally:
+            try:
+                if self._hold_lock:
+                    self.ownership.release()
+                else:
+                    self.ownership.clear_due()
+            finally:
+                self._guard.uninstall()
