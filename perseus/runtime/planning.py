@@ -137,10 +137,11 @@ class PlanFile:
 
     def plan(self, ctx: PlanContext) -> Planned:
         """Read and check the plan (no collective)."""
-        plan, source = self.frontier, str(self.frontier)[:200]
+        plan = self.frontier
         frontier = plan if isinstance(plan, Frontier) else read_frontier(plan)
+        source = "plan (object)" if frontier is plan else str(plan)[:200]
         described = frontier.job.gpu or (self.profile.gpu if self.profile else None)
-        what = "plan " + (source if frontier is not plan else "(object)")
+        what = source if frontier is plan else f"plan {source}"
         check_gpu(described, ctx.gpu, what, "PlanFile", self.allow_other_gpu)
         job = None
         if self.profile is not None:

@@ -701,3 +701,14 @@ def test_an_emulated_job_that_fails_to_start_leaves_no_directory(
     with pytest.raises(OSError, match="No space left"):
         start_emulation(gpu, build_schedule("1f1b", 1, 4), 0, None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_object_for_another_job_is_named_plan_object(gpu, profile):  # type: ignore[no-untyped-def]
+    """A Frontier object checked against another job's profile began its PlanError with 200
+    characters of the object's repr ("schema_version=3 job=JobSpec(...")."""
+    job = make_job(profile, "1f1b", 2, 8, blocking_power_w=BLOCKING_W)
+    plan = job.frontier([job.point(job.allmax())])  # 8 microbatches, the session runs 4
+    options = SessionOptions(blocking_power_w=BLOCKING_W, watchdog=False, handle_signals=False)
+    schedule = build_schedule("1f1b", 2, 4)
+    with pytest.raises(PlanError, match=r"^plan \(object\): "):
+        RankSession(schedule, 0, gpu=gpu, plan=PlanFile(plan, profile), options=options).start()
