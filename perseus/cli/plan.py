@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from perseus.cli._args import add_output_arg, check_output_file, float_arg, int_arg, message_stream
@@ -192,8 +193,9 @@ def _power_point(
         # Below every plan's peak: the lowest-peak plan under a uniform per-GPU power limit,
         # which holds each GPU, and so the sum, under the budget.
         limit_w, floor_w = budget_w / frontier.job.ranks, frontier.job.blocking_power_w
-        if limit_w < floor_w:  # no GPU runs below what it draws while it waits
-            least = floor_w if args.per_gpu else floor_w * frontier.job.ranks
+        whole_w = math.floor(limit_w)  # `nvidia-smi -pl` takes whole watts: round down
+        if whole_w < floor_w:  # no GPU runs below what it draws while it waits
+            least = math.ceil(floor_w) * (1 if args.per_gpu else frontier.job.ranks)
             raise InfeasibleError(
                 f"{e}; nor does a uniform power limit: {limit_w:.6g} W per GPU is below the "
                 f"{floor_w:g} W a GPU of this job draws while it waits (job.blocking_power_w); "
@@ -202,7 +204,7 @@ def _power_point(
         point = min(frontier.points, key=lambda p: (p.power.peak_power_w, p.time_s))
         return point, [
             f"fallback: {e}; falling back to a uniform power limit of {limit_w:.6g} W per GPU: "
-            f"set it with `nvidia-smi -pl {limit_w:.0f}` on every GPU of the job (the plan "
+            f"set it with `nvidia-smi -pl {whole_w}` on every GPU of the job (the plan "
             "written is the lowest-peak plan; the limit slows it further, by an amount the "
             "frontier does not model)"
         ]
