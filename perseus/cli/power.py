@@ -8,6 +8,7 @@ are bounded as in ``perseus straggler``.
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, Literal
 
 from perseus.cli._args import add_store_command, float_arg
@@ -33,7 +34,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from perseus.cli.straggler import await_ack, connect_store, within
-    from perseus.runtime.power.cap import CAP_KEY, CLEARED, clear_cap, read_cap_ack, set_cap
+    from perseus.errors import InfeasibleError
+    from perseus.runtime.power.cap import (
+        CAP_KEY,
+        CLEARED,
+        clear_cap,
+        read_cap_ack,
+        read_unheld,
+        set_cap,
+    )
 
     store = connect_store(args.store, args.timeout_s)
     if args.power_action == "set":
@@ -45,10 +54,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         within(args.timeout_s, "clearing the cap", args.store, lambda: clear_cap(store))
         what, token = f"{CAP_KEY} cleared", CLEARED
-    return await_ack(
+    acked = await_ack(
         args,
         what,
         lambda: read_cap_ack(store),
         token,
         "a job started with power_store= reads it at each iteration boundary",
+    )
+    unheld = read_unheld(store, token) if acked == 0 and args.power_action == "set" else None
+    if unheld is None:
+        return acked
+    lowest_w, ranks = unheld
+    least_w = math.ceil((lowest_w / ranks if args.per_gpu else lowest_w) * 100) / 100  # up
+    least = f"{least_w:.2f} W" + (" per GPU" if args.per_gpu else "")
+    raise InfeasibleError(
+        f"--cap-w {args.cap_w:g}: the job's lowest-power plan averages {least}, above the cap; "
+        f"it runs that plan, so the cap does not hold; pass --cap-w of at least {least}"
     )

@@ -48,3 +48,50 @@ def test_fallback_power_limit_command_holds_the_budget(
     said = capsys.readouterr().out
     limit = re.search(r"nvidia-smi -pl (\d+)", said)
     assert limit is not None and int(limit.group(1)) >= floor_w
+
+
+def test_power_set_below_every_plan_says_the_cap_does_not_hold(
+    frontier_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cap below the job's lowest-power plan is acknowledged, but the job runs that plan
+    above it: ``power set`` says so and exits 1 rather than reporting the cap as in force."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    dist = pytest.importorskip("torch.distributed")
+    from perseus.runtime.power import PowerRuntime
+
+    frontier = read_frontier(frontier_path)
+    lowest = min(p.avg_power_w for p in frontier.points)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False
+    )
+    runtime = PowerRuntime(frontier, store=store)
+    stop = threading.Event()
+
+    def job() -> None:  # global rank 0 at its iteration boundaries, every 20 ms
+        i = 0
+        while not stop.is_set():
+            runtime.read_cap_w(i)
+            i += 1
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{store.port}"
+    try:
+        assert main(["power", "set", "--store", address, "--cap-w", repr(0.5 * lowest)]) == 1
+        err = capsys.readouterr().err
+        assert f"{math.ceil(lowest * 100) / 100:.2f} W" in err and len(err.splitlines()) == 1
+        per_gpu = 0.5 * lowest / frontier.job.ranks
+        argv = ["power", "set", "--store", address, "--cap-w", repr(per_gpu), "--per-gpu"]
+        assert main(argv) == 1
+        least = math.ceil(lowest / frontier.job.ranks * 100) / 100
+        assert f"at least {least:.2f} W per GPU" in capsys.readouterr().err
+        # A cap the job can hold is acknowledged as before.
+        assert main(["power", "set", "--store", address, "--cap-w", repr(2 * lowest)]) == 0
+        assert "acknowledged by the job at iteration" in capsys.readouterr().out
+    finally:
+        stop.set()
+        thread.join(5)

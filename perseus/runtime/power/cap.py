@@ -2,7 +2,8 @@
 
 The value under :data:`CAP_KEY` is ``"<cap_w> <scope> <token>"``, the scope ``pipeline`` or
 ``gpu`` (per GPU: times the pipeline's ranks); the job acknowledges the token under
-:data:`ACK_KEY` at the iteration boundary where it reads it.
+:data:`ACK_KEY` at the iteration boundary where it reads it, after writing under
+:data:`UNHELD_KEY` ``"<token> <lowest_w> <ranks>"`` when the cap is below its lowest-power plan.
 """
 
 from __future__ import annotations
@@ -14,12 +15,24 @@ from typing import Any, Literal
 from perseus.errors import ConfigError
 from perseus.runtime.straggler.switching import CLEARED, clear_key, read_ack_at, read_text
 
-__all__ = ["ACK_KEY", "CAP_KEY", "CLEARED", "clear_cap", "read_cap", "read_cap_ack", "set_cap"]
+__all__ = [
+    "ACK_KEY",
+    "CAP_KEY",
+    "CLEARED",
+    "UNHELD_KEY",
+    "clear_cap",
+    "read_cap",
+    "read_cap_ack",
+    "read_unheld",
+    "set_cap",
+]
 
 #: Store key of the job's power cap.
 CAP_KEY = "perseus/power/cap"
 #: Store key of the job's acknowledgement.
 ACK_KEY = "perseus/power/ack"
+#: Store key of the last cap the job acknowledged but cannot hold.
+UNHELD_KEY = "perseus/power/unheld"
 
 Scope = Literal["pipeline", "gpu"]
 
@@ -60,3 +73,15 @@ def read_cap(store: Any) -> tuple[float, Scope, str] | None:
 def read_cap_ack(store: Any) -> tuple[str, int | None] | None:
     """The job's last acknowledgement of a cap (:func:`read_ack_at`)."""
     return read_ack_at(store, ACK_KEY)
+
+
+def read_unheld(store: Any, token: str) -> tuple[float, int] | None:
+    """The job's lowest plan power (pipeline watts) and ranks when the cap of ``token`` is
+    below it, or None (the cap holds, or the job did not say)."""
+    fields = (read_text(store, UNHELD_KEY) or "").split()
+    if len(fields) != 3 or fields[0] != token:
+        return None
+    try:
+        return float(fields[1]), int(fields[2])
+    except ValueError:
+        return None

@@ -20,7 +20,7 @@ from perseus.errors import ConfigError, InfeasibleError
 from perseus.io.power_files import ScheduleFile, read_schedule, schedule_document
 from perseus.plan import Frontier
 from perseus.runtime.collectives import all_reduce_max, all_reduce_sum, group_rank
-from perseus.runtime.power.cap import ACK_KEY, read_cap
+from perseus.runtime.power.cap import ACK_KEY, UNHELD_KEY, read_cap
 from perseus.runtime.power.follow import CostMeter, IncurredCost, ScheduleClock
 from perseus.runtime.power.replan import Realised, Replanner, SignalSource
 from perseus.runtime.straggler.switching import DECISIONS_KEPT, raw_store, write_ack
@@ -209,6 +209,10 @@ class PowerRuntime:
                 value = cap_w * (self.frontier.job.ranks if scope == "gpu" else 1)
             if token != self._acked:  # None: never acknowledged, or cleared
                 self._acked = token
+                lowest = min(p.avg_power_w for p in self.frontier.points)
+                if token is not None and value < lowest * (1 - 1e-12):  # said before the ack
+                    ranks = self.frontier.job.ranks
+                    self.store.set(UNHELD_KEY, f"{token} {lowest!r} {ranks}")
                 write_ack(self.store, ACK_KEY, token, iteration)
         (reduced,) = all_reduce_max([value], self.group)
         return reduced if reduced > 0 else None
