@@ -101,7 +101,7 @@ def _add_schedule(plan_sub: argparse._SubParsersAction[Any]) -> None:
     )
     sched.add_argument(
         "--deadline-s",
-        type=float_arg(gt=0, le=1e10, unit="s"),
+        type=float_arg(gt=0, le=31557600000.0, unit="s"),  # a thousand years, as the solver
         required=True,
         help="seconds from the signal's first row by which all iterations must finish",
     )

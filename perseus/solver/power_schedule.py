@@ -348,11 +348,16 @@ class _Problem:
         max_whole = np.floor(self.d / t0 * (1 + 1e-12)).astype(np.int64)
         capacity = int(max_whole.sum())
         if iterations > capacity:
+            needed = _needed_deadline_s(bounds[:-1], max_whole[:-1], t0, iterations)
+            fix = (
+                f"lower `iterations` or raise `deadline_s` to at least {needed}"
+                if float(needed) <= _MAX_HORIZON_S
+                else f"lower `iterations` (a deadline past {_MAX_HORIZON_S:.6g} s is refused)"
+            )
             raise InfeasibleError(
                 f"{iterations} iterations cannot finish by {deadline_s:g} s: at the fastest "
                 f"plan ({t0:.6g} s per iteration, whole iterations per signal interval) at most "
-                f"{capacity} fit; lower `iterations` or raise `deadline_s` to at least "
-                f"{_needed_deadline_s(bounds[:-1], max_whole[:-1], t0, iterations)}"
+                f"{capacity} fit; {fix}"
             )
         return max_whole
 

@@ -95,3 +95,23 @@ def test_power_set_below_every_plan_says_the_cap_does_not_hold(
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_schedule_never_suggests_a_deadline_it_refuses(
+    tmp_path: Path, frontier_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    signal = tmp_path / "s.csv"
+    signal.write_text("0,0.1\n")
+    out = tmp_path / "s.json"
+    for n, deadline in ((10**12, "1e10"), (4 * 10**9, "1e10")):
+        argv = ["plan", "schedule", str(frontier_path), "--signal", str(signal)]
+        argv += ["--iterations", str(n), "--deadline-s", deadline, "-o", str(out)]
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        suggested = re.search(r"raise --deadline-s to at least (\S+)$", err.strip())
+        if suggested is None:
+            assert "lower --iterations" in err
+            continue
+        argv[-3] = suggested.group(1)
+        assert main(argv) == 0, capsys.readouterr().err
+        assert out.exists()
