@@ -176,3 +176,18 @@ def test_gpt3_a100_8x96_16_pipelines_peaks_near_t_star() -> None:
     cases = straggler_sweep(f, pipelines=16, factors=parse_factors("1.05:1.5:0.05"))
     _peak_then_slow_decline(cases, f.min_energy.time_s / f.fastest.time_s)
     assert 0.2 < max(c.saving_vs_allmax for c in cases) < 0.4
+
+
+def test_all_max_job_waits_for_its_own_straggler_not_t_prime() -> None:
+    # A one-plan file (`perseus plan pick`) slower than all-max: with no straggler the saving
+    # vs all-max is the plan's own 1 - E/E_allmax; the all-max job's others used to wait until
+    # T' = s·T_plan (23.6 % printed for a 21.9 % plan).
+    f = _frontier()
+    plan = f.with_points([f.points[2]])  # 1.2 s, 740 J; all-max 1.0 s, 1000 J
+    no_straggler, slowed = straggler_sweep(plan, pipelines=3, factors=[1.0, 1.5])
+    assert no_straggler.saving_vs_allmax == pytest.approx(1 - 740 / 1000)
+    wait = RANKS * POWER_W
+    allmax = 2 * (1000 + wait * 0.5) + 1.5 * 1000  # all-max straggler: 1.5 s
+    perseus = 2 * (740 + wait * (1.8 - 1.2)) + 1.5 * 740  # T' = 1.8 s
+    assert slowed.allmax_energy_j == pytest.approx(allmax)
+    assert slowed.perseus_energy_j == pytest.approx(perseus)

@@ -3,11 +3,11 @@
 For ``N`` pipelines of ``R`` ranks planned with one frontier (blocking power ``P_b``), one
 slowed by ``s``: the straggler runs its fastest plan (Perseus) or all-max (baseline) ``s``
 times longer at unchanged power, so ``T′ = s·T_min``; the job's time is
-``T_job = max(T′, slowest other plan)``, and each of the ``N − 1`` others uses its plan's
-energy plus ``R·P_b·(T_job − t_plan)`` waiting. Perseus runs the cheapest plan within T′ capped
-at T* (:meth:`~perseus.plan.Frontier.cheapest_within`). "vs all-max" compares with all-max
-everywhere (the Perseus paper's Table 4 quantity), "vs fastest" with the fastest frontier plan
-everywhere (the straggler adaptation alone).
+``T_job = max(T′, slowest other plan)`` (all-max everywhere: ``s·T_allmax``), and each of the
+``N − 1`` others uses its plan's energy plus ``R·P_b·(T_job − t_plan)`` waiting. Perseus runs
+the cheapest plan within T′ capped at T* (:meth:`~perseus.plan.Frontier.cheapest_within`).
+"vs all-max" compares with all-max everywhere (the Perseus paper's Table 4 quantity), "vs
+fastest" with the fastest frontier plan everywhere (the straggler adaptation alone).
 """
 
 from __future__ import annotations
@@ -102,14 +102,15 @@ def straggler_sweep(
         t_prime = s * fastest.time_s
         index = table.choose(t_prime)  # Frontier.cheapest_within's point (s >= 1: feasible)
         plan = frontier.points[index]
-        job_time = max(t_prime, allmax.time_s, plan.time_s)
+        job_time = max(t_prime, plan.time_s)
 
-        def waited(energy_j: float, time_s: float, job_time: float = job_time) -> float:
-            return energy_j + ranks * power_w * (job_time - time_s)
+        def job(energy_j: float, time_s: float, straggler_j: float, end_s: float) -> float:
+            # each job waits for its own straggler: all-max's ends at s·T_allmax, not T′
+            return others * (energy_j + ranks * power_w * (end_s - time_s)) + straggler_j
 
-        allmax_total = others * waited(allmax.energy_j, allmax.time_s) + s * allmax.energy_j
-        fastest_total = others * waited(fastest.energy_j, fastest.time_s) + s * fastest.energy_j
-        perseus_total = others * waited(plan.energy_j, plan.time_s) + s * fastest.energy_j
+        allmax_total = job(allmax.energy_j, allmax.time_s, s * allmax.energy_j, s * allmax.time_s)
+        fastest_total = job(fastest.energy_j, fastest.time_s, s * fastest.energy_j, t_prime)
+        perseus_total = job(plan.energy_j, plan.time_s, s * fastest.energy_j, job_time)
         case = StragglerCase(
             factor=s,
             straggler_time_s=t_prime,
