@@ -177,3 +177,15 @@ def test_the_hints_are_read_again_only_when_one_changed(frontier):
     clear_hint(store, 1)
     assert rt.exchange(1.0, 6)[:3] == (1.0, 0.0, 3.0)
     assert read_ack(store, 1) == ("-", 6)
+
+
+def test_a_second_slowed_pipeline_keeps_a_plan_that_finishes_within_t_prime(frontier):
+    # Pipeline 2 straggles at 1.2x, pipeline 1 at 1.1x: the 1.15x plan would run 1.1 x 1.15 =
+    # 1.265x on pipeline 1, slowing the whole job past the straggler; pipeline 0 still slows.
+    t = frontier.fastest.time_s
+    times = (t, 1.1 * t, 1.2 * t)
+    pipes = [StragglerRuntime(frontier, pipeline_index=k, num_pipelines=3) for k in range(3)]
+    chosen = [p.decide(0, times).point_index for p in pipes]
+    assert chosen == [1, 0, 0]
+    for k, index in enumerate(chosen):
+        assert times[k] / t * frontier.points[index].time_s <= 1.2 * t

@@ -249,7 +249,11 @@ class StragglerRuntime:
         slowest = max(range(len(times_s)), key=lambda k: (times_s[k], -k))
         me = self.pipeline_index
         if self.adaptive:
-            choice = self.policy.decide(times_s[slowest], is_straggler=slowest == me)
+            # T′ in this pipeline's frontier time: a pipeline itself slowed (a second straggler,
+            # or every time above the frontier's) must finish its plan within T′ as it runs.
+            own, fastest = times_s[me], self.frontier.points[0].time_s
+            t_prime = times_s[slowest] * (fastest / own if own > fastest else 1.0)
+            choice = self.policy.decide(t_prime, is_straggler=slowest == me)
             self.point_index, reason = choice.point_index, str(choice.reason)
         else:
             reason = "fixed"
