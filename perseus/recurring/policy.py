@@ -7,7 +7,9 @@ smaller neighbour first; (3) then Thompson
 sampling among converged arms (:mod:`perseus.recurring.bandit`), exploring the drawn arm's
 untried neighbour once. A run past ``β ×`` the cheapest converged run stops and fails; a failed
 arm's cost is penalised with ``max(incurred, β × best)``; a preempted run is no evidence
-until :data:`MAX_PREEMPTIONS` in a row (:func:`evidence`).
+until :data:`MAX_PREEMPTIONS` in a row (:func:`evidence`). After :data:`UNSTOPPED_AFTER`
+failed runs in a row early stopping is off until a run converges (a lucky cheap run can set
+``β ×`` best below what most runs of every size need).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from perseus.recurring.bandit import (
 
 __all__ = [
     "MAX_PREEMPTIONS",
+    "UNSTOPPED_AFTER",
     "BatchSizeOptimizer",
     "Decision",
     "HistoryTally",
@@ -36,6 +39,8 @@ __all__ = [
 
 #: Preemptions in a row of one batch size that count as one failed run of it; fewer are retried.
 MAX_PREEMPTIONS = 3
+#: Failed runs in a row after which runs are not stopped early until one converges.
+UNSTOPPED_AFTER = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +128,12 @@ class BatchSizeOptimizer:
         object.__setattr__(self, "batch_sizes", sizes)
 
     def cost_limit(self, history: Sequence[Observation]) -> float | None:
-        """``β ×`` the cheapest converged run, or None before any run converged."""
-        best = min((o.cost for o in history if o.reached), default=None)
-        return None if best is None else self.beta * best
+        """``β ×`` the cheapest converged run, or None before any run converged or after
+        :data:`UNSTOPPED_AFTER` failed runs in a row."""
+        tally = self.tally()
+        for o in history:
+            tally.add(o)
+        return tally.cost_limit()
 
     def arm_costs(self, history: Sequence[Observation]) -> dict[int, list[float]]:
         """Every arm's costs, failed runs penalised (preemptions as :func:`evidence` counts)."""
@@ -171,7 +179,7 @@ class BatchSizeOptimizer:
         if tally.policy is not self:
             raise ConfigError("decide_from: the tally was made by another policy")
         tried = tally.tried | set(pending)
-        limit = self.beta * tally.best if tally.converged else None
+        limit = tally.cost_limit()
         if not tally.converged:
             return self._start(tally.runs > 0, tried, limit)
         post, rel_std = tally.posteriors()
@@ -232,6 +240,8 @@ class HistoryTally:
         self.tried: set[int] = set()
         self.best = math.inf
         self.converged = False
+        #: Failed runs since the last converged one.
+        self.failed_in_a_row = 0
         self._streak: dict[int, int] = {}
         self._cost_sum: dict[int, float] = {}  # penalised costs (arm_costs), per arm
         self._cost_n: dict[int, int] = {}
@@ -247,6 +257,7 @@ class HistoryTally:
         o, b = counted, counted.batch_size
         self.runs += 1
         self.tried.add(b)
+        self.failed_in_a_row = 0 if o.reached else self.failed_in_a_row + 1
         if o.reached:  # as arm_costs: a failed run is penalised against the best so far
             value = o.cost
             self.best = min(self.best, o.cost)
@@ -265,6 +276,12 @@ class HistoryTally:
             value = max(o.cost, self.policy.beta * best) if math.isfinite(best) else o.cost
         self._cost_sum[b] = self._cost_sum.get(b, 0.0) + value
         self._cost_n[b] = self._cost_n.get(b, 0) + 1
+
+    def cost_limit(self) -> float | None:
+        """:meth:`BatchSizeOptimizer.cost_limit` of the history counted so far."""
+        if not self.converged or self.failed_in_a_row >= UNSTOPPED_AFTER:
+            return None
+        return self.policy.beta * self.best
 
     def posteriors(self) -> tuple[dict[int, ArmPosterior], float]:
         """The converged arms' posteriors and the shared relative spread

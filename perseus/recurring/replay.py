@@ -18,7 +18,7 @@ import numpy as np
 
 from perseus.errors import ConfigError, InfeasibleError
 from perseus.recurring.cost import PowerLimitMeasurement, best_power_limit_w, zeus_cost
-from perseus.recurring.policy import BatchSizeOptimizer, Decision, Observation
+from perseus.recurring.policy import UNSTOPPED_AFTER, BatchSizeOptimizer, Decision, Observation
 from perseus.recurring.workload import Workload
 
 __all__ = [
@@ -38,9 +38,6 @@ __all__ = [
 
 POLICIES = ("optimizer", "default", "oracle")
 _MAX_TRIES = 50  # runs in one recurrence before giving up (Zeus: 20, then raises)
-# Failed runs in one recurrence after which early stopping is off (a lucky short run can set
-# β × best below what most runs of every size need).
-_UNLIMITED_AFTER = 10
 
 
 class BatchSizePolicy(Protocol):
@@ -168,7 +165,8 @@ def replay_optimizer(
         for tries in range(_MAX_TRIES):
             decision = decide()
             bs = decision.batch_size
-            cost_limit = decision.cost_limit if tries < _UNLIMITED_AFTER else None
+            # as the optimizer does, for any policy
+            cost_limit = decision.cost_limit if tries < UNSTOPPED_AFTER else None
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
             energy, time_s, cost, reached, started, epochs = _run(
