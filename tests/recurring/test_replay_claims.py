@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from perseus.recurring.policy import UNSTOPPED_AFTER, BatchSizeOptimizer, Observation
+from perseus.recurring.replay import replay_workload
+from perseus.recurring.workload import EpochCost, JobSpec, Workload
 
 
 def _obs(bs: int, cost: float, reached: bool) -> Observation:
@@ -25,3 +27,26 @@ def test_the_library_stops_early_no_more_than_the_replay_does() -> None:
     assert policy.cost_limit(history) is None
     history.append(_obs(32, 100.5, True))  # a converged run turns it back on
     assert policy.decide(history, rng).cost_limit == 101.0
+
+
+def _one_size_workload() -> Workload:
+    spec = JobSpec("ds", "net", "sgd", 0.5, 10, 64)
+    epochs = {(64, pl): EpochCost(100.0 * (300 / pl) ** 0.5, 0.9 * pl) for pl in (100, 200, 300)}
+    return Workload(spec, "g", 300.0, {64: (3, 4, 5)}, epochs, 64)
+
+
+def test_the_default_and_the_oracle_sample_the_same_paths() -> None:
+    # One batch size, the oracle's limit the highest: the default is the oracle, yet it
+    # printed '+6.5 % vs oracle' (each drew its own training paths).
+    w = _one_size_workload()
+    summary = replay_workload(w, recurrences=6, seeds=range(2))
+    assert summary.default_config == summary.oracle_config == (64, 300)
+    for metric in ("energy_j", "time_s", "cost"):
+        assert list(summary.final("default", metric)) == list(summary.final("oracle", metric))
+    # Same size, another limit: the figures differ by the epoch costs' ratio exactly.
+    mixed = replay_workload(w, recurrences=6, seeds=range(2), eta=1.0)
+    assert mixed.oracle_config == (64, 100)
+    ratio = w.epoch_cost(64, 100, 1.0) / w.epoch_cost(64, 300, 1.0)
+    np.testing.assert_allclose(
+        mixed.final("oracle", "cost"), ratio * mixed.final("default", "cost")
+    )
