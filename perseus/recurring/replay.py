@@ -96,8 +96,8 @@ def _run(
     *,
     cost_limit: float | None,
     profile_share: float,
-) -> tuple[float, float, float, bool, bool, int]:
-    """Replay one run: ``(energy_j, time_s, cost, reached, started, epochs)``."""
+) -> tuple[float, float, float, bool, int]:
+    """Replay one run: ``(energy_j, time_s, cost, reached, epochs)``."""
     paths = workload.paths[batch_size]
     target = paths[int(rng.integers(len(paths)))]
     epoch = workload.epochs[(batch_size, power_limit_w)]
@@ -112,17 +112,14 @@ def _run(
     c_epoch = workload.epoch_cost(batch_size, power_limit_w, eta)
     budget = workload.spec.max_epochs
     if cost_limit is not None:
-        # Stop before the first epoch that would cross the limit.
-        budget = (
-            0 if c_first > cost_limit else min(budget, 1 + int((cost_limit - c_first) // c_epoch))
-        )
+        # Stop before the first epoch that would cross the limit; the first always runs
+        # (a run cannot tell what it costs before it starts, and may reach the target in it).
+        budget = min(budget, 1 + max(0, int((cost_limit - c_first) // c_epoch)))
     epochs = target if target is not None and target <= budget else budget
-    if epochs == 0:
-        return 0.0, 0.0, 0.0, False, False, 0
     energy = e_first + epoch.energy_j * (epochs - 1)
     time_s = t_first + epoch.time_s * (epochs - 1)
     cost = zeus_cost(energy, time_s, eta, workload.max_power_w)
-    return energy, time_s, cost, target is not None and target <= budget, True, epochs
+    return energy, time_s, cost, target is not None and target <= budget, epochs
 
 
 def _totals(runs: list[RunRecord], recurrences: int) -> PolicyRun:
@@ -169,7 +166,7 @@ def replay_optimizer(
             cost_limit = decision.cost_limit if tries < UNSTOPPED_AFTER else None
             first = bs not in profiled
             pl = profiled[bs] if not first else jit_power_limit_w(workload, bs, eta)
-            energy, time_s, cost, reached, started, epochs = _run(
+            energy, time_s, cost, reached, epochs = _run(
                 workload,
                 bs,
                 pl,
@@ -178,8 +175,7 @@ def replay_optimizer(
                 cost_limit=cost_limit,
                 profile_share=profile_share if first else 0.0,
             )
-            if started:
-                profiled[bs] = pl  # the profile survives a failed run
+            profiled[bs] = pl  # the profile survives a failed run
             record(Observation(bs, pl, energy, time_s, cost, reached, epochs))
             runs.append(RunRecord(rec, bs, pl, energy, time_s, cost, reached, decision.phase))
             if reached:
@@ -214,7 +210,7 @@ def replay_fixed(
     runs: list[RunRecord] = []
     for rec in range(recurrences):
         while True:
-            energy, time_s, cost, reached, _, _ = _run(
+            energy, time_s, cost, reached, _ = _run(
                 workload, batch_size, power_limit_w, eta, rng, cost_limit=None, profile_share=0.0
             )
             runs.append(

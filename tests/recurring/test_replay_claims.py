@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from perseus.recurring.policy import UNSTOPPED_AFTER, BatchSizeOptimizer, Observation
 from perseus.recurring.replay import replay_workload
@@ -50,3 +51,19 @@ def test_the_default_and_the_oracle_sample_the_same_paths() -> None:
     np.testing.assert_allclose(
         mixed.final("oracle", "cost"), ratio * mixed.final("default", "cost")
     )
+
+
+def test_a_run_stopped_early_pays_its_first_epoch() -> None:
+    # Batch size 8's first epoch costs more than beta x the best run at 16: the replay charged
+    # its run 0 J in 0 s and pruned the size for free, where the library runs that epoch (and
+    # here reaches the target in it).
+    spec = JobSpec("ds", "net", "sgd", 0.5, 10, 16)
+    epochs = {
+        (b, pl): EpochCost(t, 0.9 * pl) for b, t in ((8, 100.0), (16, 10.0)) for pl in (100, 300)
+    }
+    w = Workload(spec, "g", 300.0, {8: (1, 1), 16: (1, 1)}, epochs, 16)
+    runs = replay_workload(w, recurrences=3, seeds=[0]).runs["optimizer"][0].runs
+    eight = [r for r in runs if r.batch_size == 8]
+    assert eight and all(r.energy_j > 0 and r.time_s > 0 for r in eight)
+    assert eight[0].reached  # its one-epoch path reaches the target, as in the library
+    assert eight[0].cost == pytest.approx(0.5 * 100.0 * (0.9 * 200) + 0.5 * 300.0 * 100.0)
