@@ -257,9 +257,10 @@ def replay_workload(
     O(len(seeds) · N · (runs per recurrence) · batch sizes²).
 
     Raises:
-        ConfigError: bad ``recurrences``/``seeds``/``profile_share``, or no converging size.
-        InfeasibleError: a recurrence of the optimizer needs more than 50 runs, or ``b0``
-            never reaches the target (:func:`replay_optimizer`, :func:`replay_fixed`).
+        ConfigError: bad ``recurrences``/``seeds``/``profile_share``, no converging size,
+            or ``b0`` never reaches the target (the default is not defined).
+        InfeasibleError: a recurrence of the optimizer needs more than 50 runs
+            (:func:`replay_optimizer`).
     """
     n = default_recurrences(workload) if recurrences is None else recurrences
     if n < 1 or not seeds:
@@ -268,6 +269,12 @@ def replay_workload(
         raise ConfigError(f"profile_share must be in [0, 1], got {profile_share}")
     oracle = workload.oracle(eta)
     b0 = workload.default_batch_size
+    if not any(e is not None for e in workload.paths[b0]):
+        raise ConfigError(
+            f"{workload.key} on {workload.gpu}: the default batch size {b0} never reaches the "
+            f"target {workload.spec.target_metric:g} in the trace, so there is no default to "
+            "compare with; define the job (`jobs`) with a `default_batch_size` that converges"
+        )
     default = (b0, workload.max_power_limit_w(b0))
     runs: dict[str, list[PolicyRun]] = {p: [] for p in POLICIES}
     for seed in seeds:

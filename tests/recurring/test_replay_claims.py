@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from perseus.cli.main import main
 from perseus.recurring.policy import UNSTOPPED_AFTER, BatchSizeOptimizer, Observation
 from perseus.recurring.replay import replay_workload
 from perseus.recurring.workload import EpochCost, JobSpec, Workload
@@ -67,3 +70,27 @@ def test_a_run_stopped_early_pays_its_first_epoch() -> None:
     assert eight and all(r.energy_j > 0 and r.time_s > 0 for r in eight)
     assert eight[0].reached  # its one-epoch path reaches the target, as in the library
     assert eight[0].cost == pytest.approx(0.5 * 100.0 * (0.9 * 200) + 0.5 * 300.0 * 100.0)
+
+
+def test_a_default_that_never_converges_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With --workload it was an InfeasibleError: exit 1 and no fix; without, exit 2.
+    train = ["dataset,network,batch_size,optimizer,learning_rate,run,target_metric,target_epoch"]
+    power = ["dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power"]
+    for b, path in ((16, "2"), (32, "nan")):
+        train += [f"ds,net,{b},sgd,0.1,{run},0.5,{path}" for run in (0, 1)]
+        power += [f"ds,net,{b},sgd,{pl},{100 / b},{0.9 * pl}" for pl in (100, 300)]
+    (tmp_path / "summary_train.csv").write_text("\n".join(train) + "\n")
+    (tmp_path / "summary_power_g.csv").write_text("\n".join(power) + "\n")
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text(
+        "dataset,network,optimizer,target_metric,max_epochs,default_batch_size\n"
+        "ds,net,sgd,0.5,10,32\n"
+    )
+    args = ["recurring", "simulate", "--trace", str(tmp_path), "--gpu", "g", "--jobs", str(jobs)]
+    for extra in ([], ["--workload", "ds/net"]):
+        assert main([*args, *extra, "--seeds", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "default batch size 32 never reaches the target 0.5" in err
+        assert "default_batch_size" in err.splitlines()[-1] or "see the warnings" in err
