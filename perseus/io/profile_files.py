@@ -33,7 +33,7 @@ from perseus.io.reading import INPUT_LIMITS, MB, decode_text, read_bounded
 from perseus.log import get_logger
 from perseus.profile.model import Profile, build_profile, clock_label
 from perseus.schedule.actions import Kind
-from perseus.validate import clip_message, show_value, whole_number
+from perseus.validate import MAX_LAYERS_PER_STAGE, clip_message, show_value, whole_number
 
 logger = get_logger(__name__)
 
@@ -59,9 +59,10 @@ MAX_FILE_BYTES = INPUT_LIMITS["profile"]
 _KIND_NAMES = ", ".join(k.profile_name for k in Kind)
 MEM_COLUMN = "mem_freq_mhz"
 PHASE_COLUMNS = ("first_layer", "last_layer")
-MAX_LAYERS = 4096
+#: A stage's layers: as many as a job plans with (``layers_per_stage``).
+MAX_LAYERS = MAX_LAYERS_PER_STAGE
 #: What a cell of a layer or memory clock column must be (in the message when it is not).
-_LAYER = f"a layer index in 0..{MAX_LAYERS - 1}"
+_LAYER = f"a layer index in 0..{MAX_LAYERS - 1} (a stage holds at most {MAX_LAYERS} layers)"
 _MEM_CLOCK = (
     f"an integer memory clock in 1..{MAX_FREQ_MHZ} MHz; leave the cell empty for the GPU's "
     "default memory clock"
