@@ -153,8 +153,8 @@ def trace(
         fold: Walk a job with fewer microbatches and lift its plans
             (:mod:`perseus.solver.fold`); default: above ``FOLD_ABOVE_OPS`` ops.
         max_clocks_per_op: 1, 2 (two-clock ops) or up to 4 phases per op; default: 2 when
-            the job has ``layers_per_stage``, else 1. When switches cost more than their
-            latency, the one-clock frontier's plans seed this one.
+            the job has ``layers_per_stage``, else 1. The plans of the frontier of one
+            phase fewer seed this one, so no point is worse than that frontier's.
     """
     max_clocks_per_op, hull_gap_fraction = _checked(
         job,
@@ -167,26 +167,29 @@ def trace(
     )
     if fold is None:
         fold = job.graph.num_nodes > FOLD_ABOVE_OPS
-    one_clock: list[PlanArg] = []
-    if max_clocks_per_op >= 2 and (job.spec.switch_stall_s > 0 or job.spec.switch_energy_j > 0):
-        # Costly switches put phased options above the hull, where rounding may take a
-        # switch that does not pay: one-clock seeds keep every point at least that good.
-        ones = trace(
-            job,
-            time_quantum_s=time_quantum_s,
-            min_gap_fraction=min_gap_fraction,
-            all_points=all_points,
-            method=method,
-            fold=fold,
-            max_clocks_per_op=1,
-        ).frontier.points
-        one_clock = [job.flat(p) for p in ones]
+    fewer: list[PlanArg] = []
+    if max_clocks_per_op >= 2:
+        # The phased options hold those of one phase fewer, but rounding and the local search
+        # may miss their plans (or, with costly switches, take a switch that does not pay):
+        # that frontier's plans as seeds keep every point at least as good as its.
+        fewer = [
+            job.flat(p)
+            for p in trace(
+                job,
+                time_quantum_s=time_quantum_s,
+                min_gap_fraction=min_gap_fraction,
+                all_points=all_points,
+                method=method,
+                fold=fold,
+                max_clocks_per_op=max_clocks_per_op - 1,
+            ).frontier.points
+        ]
     model = build_cost_model(job, hull_gap_fraction, max_clocks_per_op)
     folded = fold_job(job, model, hull_gap_fraction, max_clocks_per_op) if fold else None
     quantum = time_quantum_s if time_quantum_s is not None else 0.0
     core = METHODS[method] if isinstance(method, str) else core_of(method)
     walk = (core, quantum, min_gap_fraction, all_points, progress)
-    return _impl(job, model, folded, walk, one_clock)
+    return _impl(job, model, folded, walk, fewer)
 
 
 def _checked(
@@ -229,7 +232,8 @@ def _impl(
     extra_seeds: list[PlanArg],
 ) -> FrontierTrace:
     """Walk (``walk``: the core, quantum, gap fraction, ``all_points``, progress), add the
-    seeds, select the points."""
+    baselines, search around them, add ``extra_seeds`` (after the search: in it they would
+    take its budget from the walk's plans), select the points."""
     core, quantum, min_gap_fraction, all_points, progress = walk
     topo = build_topology(job.graph)
     allmax_time = float(job.evaluate(job.allmax()).time_s)
@@ -242,7 +246,7 @@ def _impl(
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="perseus-lift") as lane,
     ):
         try:
-            seeds = pool.submit(_seeds, job, model, extra_seeds)
+            seeds = pool.submit(_seeds, job, model)
             if folded is None:
                 cand, iterations, lp_t, lp_e, reason = core(
                     job, model, topo, 1e-9 * allmax_time, quantum, gap, gap == 0.0, progress, None
@@ -258,7 +262,9 @@ def _impl(
             for executor in (lane, pool):
                 executor.shutdown(wait=False, cancel_futures=True)
             raise
-    points = _select(job, model, topo, cand, 0.0 if all_points else gap, allmax_time)
+    extra = [_to_options(job, model, f) for f in extra_seeds]
+    after = reclaim_slack(model, topo, np.stack(extra)) if extra else None
+    points = _select(job, model, topo, cand, 0.0 if all_points else gap, allmax_time, after)
     if progress is not None:
         progress(1.0)
     return FrontierTrace(
@@ -291,15 +297,15 @@ def _walk_folded(
     )
 
 
-def _seeds(job: PlanningJob, model: CostModel, extra: list[PlanArg]) -> list[IntArray]:
-    """The baselines' plans and ``extra`` as option indices (:func:`_to_options`)."""
-    return [_to_options(job, model, f) for f in [*baseline_freq_plans(job), *extra]]
+def _seeds(job: PlanningJob, model: CostModel) -> list[IntArray]:
+    """The baselines' plans as option indices (:func:`_to_options`)."""
+    return [_to_options(job, model, f) for f in baseline_freq_plans(job)]
 
 
 def _to_options(job: PlanningJob, model: CostModel, freqs_mhz: PlanArg) -> IntArray:
     """Each node's slowest Pareto option no slower than its clock in ``freqs_mhz`` (at least
     as good in time and energy)."""
-    time_s, _ = op_costs(job.graph, job.profile, freqs_mhz)
+    time_s, _ = op_costs(job.graph, job.profile, freqs_mhz, job.layer_split)
     table = model.opt_time_s[model.node_type]
     idx: IntArray = np.maximum((table <= time_s[:, None]).sum(axis=1) - 1, 0).astype(np.int64)
     return idx
@@ -312,11 +318,14 @@ def _select(
     cand: list[IntArray],
     gap: float,
     allmax_time_s: float,
+    after: IntArray | None = None,
 ) -> list[PlanPoint]:
-    """Search around the (reclaimed) candidates, evaluate, Pareto-filter and thin them
-    (:func:`_thinned`)."""
+    """Search around the (reclaimed) candidates, add ``after``, evaluate, Pareto-filter and
+    thin them (:func:`_thinned`)."""
     rec = np.unique(np.stack(cand), axis=0)  # reclaimed by every walk already: idempotent
     rec = search_neighbours(model, topo, job.graph.num_ranks, rec)
+    if after is not None:
+        rec = np.unique(np.concatenate([rec, after]), axis=0)
     figures = [
         evaluate_many(job.graph, t, e, model.blocking_power_w) for _, t, e in _chunks(model, rec)
     ]
