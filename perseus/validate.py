@@ -58,7 +58,7 @@ JOB_BOUNDS: dict[str, Bounds] = {
     "backward_split": Bounds(gt=0, lt=1),
     "pipelines": Bounds(ge=2, le=1_000_000),
     "layers_per_stage": Bounds(ge=1, le=MAX_LAYERS_PER_STAGE),
-    "layer_time_fractions": Bounds(gt=0, le=1),
+    "layer_time_fractions": Bounds(gt=0, le=MAX_LAYER_WEIGHT),
     "switch_latency_s": Bounds(ge=0, le=60),
     "switch_energy_j": Bounds(ge=0, le=1e6),
     "switch_stall_s": Bounds(ge=0, le=60),

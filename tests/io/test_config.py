@@ -121,3 +121,20 @@ def test_config_is_frozen() -> None:
     config = JobConfig(profile="a100", microbatches=4)
     with pytest.raises(ValueError, match="frozen"):
         config.microbatches = 5  # type: ignore[misc]
+
+
+def test_layer_weights_above_one_are_relative_as_in_make_job(tmp_path: Path) -> None:
+    """A TOML's layer_time_fractions refused a weight above 1 ("less than or equal to 1"),
+    while make_job, plan files and the docs take relative weights in (0, 1e6]."""
+    fractions = "[" + ", ".join(["[2.0, 1.0]"] * 8) + "]"
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'profile = "a100"\nmicrobatches = 4\nlayers_per_stage = 2\nlayer_time_fractions = {fractions}\n'
+    )
+    config, _ = read_job_config(path)
+    assert config.layer_time_fractions == [[2.0, 1.0]] * 8
+    path.write_text(path.read_text().replace("2.0", "2e6", 1))
+    with pytest.raises(
+        ConfigError, match=r"key layer_time_fractions\[0\]\[0\]: .*less than or equal to 1000000"
+    ):
+        read_job_config(path)
