@@ -119,10 +119,18 @@ def _curve(job: FleetJob) -> str:
 
 
 def _job(name: str, weight: float, text: str) -> FleetJob:
-    c = json.loads(text)
+    try:
+        c = json.loads(text)
+    except RecursionError:
+        raise ValueError("curve nested too deep") from None
     curve = {key: tuple(map(float, c[key])) for key in _CURVE[1:4]}
+    fastest = c["fastest_time_s"]
+    fastest = None if fastest is None else float(fastest)
+    numbers = [*(v for values in curve.values() for v in values), *([fastest] if fastest else ())]
+    if not all(math.isfinite(v) and v > 0 for v in numbers) or fastest == 0:
+        raise ValueError(f"member {name!r}: curve times and powers must be finite numbers > 0")
     points = tuple(int(p) for p in c["points"])
-    return FleetJob(name, float(weight), points, **curve, fastest_time_s=c["fastest_time_s"])
+    return FleetJob(name, float(weight), points, **curve, fastest_time_s=fastest)
 
 
 class FleetRegistry:

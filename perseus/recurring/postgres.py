@@ -21,6 +21,7 @@ from perseus.recurring.schema import (
     too_new,
 )
 from perseus.recurring.store import SQLStore
+from perseus.validate import show_value
 
 __all__ = ["POSTGRES_MIGRATIONS", "PostgresStore", "connect"]
 
@@ -79,17 +80,25 @@ def connect(conninfo: str, *, timeout_s: float, lock_timeout_s: float) -> Any:
     """
     try:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
+        conninfo_to_dict(conninfo)
+    except ImportError as e:  # matched first: psycopg is then never looked up below
+        raise ConfigError(
+            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
+        ) from e
+    except (psycopg.ProgrammingError, ValueError) as e:  # %ff, %00, ?unknown=...
+        raise ConfigError(
+            f"`db` {_shown(conninfo)}: not a PostgreSQL URL ({_first_line(e)}); pass "
+            "postgresql://USER@HOST[:PORT]/DB"
+        ) from None
+    try:
         con = psycopg.connect(
             conninfo,
             autocommit=True,
             connect_timeout=max(1, round(timeout_s)),
             options=f"-c lock_timeout={int(lock_timeout_s * 1000)}",
         )
-    except ImportError as e:  # matched first: psycopg is then never looked up below
-        raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'perseus-energy[postgres]'"
-        ) from e
     except psycopg.OperationalError as e:
         raise PerseusError(f"{_shown(conninfo)}: cannot connect ({_first_line(e)})") from None
     return con
@@ -138,7 +147,12 @@ class PostgresStore(SQLStore):
             if con.execute("SELECT to_regclass('perseus_schema')").fetchone()[0] is None:
                 con.execute("CREATE TABLE IF NOT EXISTS perseus_schema (version INTEGER NOT NULL)")
             row = con.execute("SELECT version FROM perseus_schema").fetchone()
-            version = 0 if row is None else int(row[0])
+            version = 0 if row is None else row[0]
+            if type(version) is not int:  # a table of that name perseus did not create
+                raise ConfigError(
+                    f"{self._name}: perseus_schema holds version {show_value(version)}, not a "
+                    "perseus schema version; pass a database of perseus's own"
+                )
             latest = POSTGRES_MIGRATIONS[-1][0]
             if version > latest:
                 raise too_new(self._name, version, latest)
@@ -160,6 +174,18 @@ class PostgresStore(SQLStore):
             yield
         except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as e:
             raise self._refused(_first_line(e)) from e
+        except (
+            psycopg.errors.UndefinedColumn,
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.DuplicateTable,
+            psycopg.errors.DuplicateObject,
+            psycopg.errors.DuplicateFunction,
+            psycopg.errors.WrongObjectType,
+        ) as e:  # a table of the same name, not perseus's
+            raise ConfigError(
+                f"{self._name}: {_first_line(e)}; its tables are not perseus's (another "
+                "program's, or altered by hand): pass a database of perseus's own"
+            ) from e
         except psycopg.errors.LockNotAvailable as e:
             raise self._busy() from e
         except psycopg.Error as e:

@@ -1,0 +1,83 @@
+"""A fleet database at its limits: a URL libpq cannot parse, a database that is not perseus's,
+a member's curve edited by hand: one line naming the database, exit 2, never an internal
+error."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from perseus.cli.main import main
+from perseus.fleet.registry import FleetRegistry
+from perseus.solver.fleet import FleetJob
+
+GOOD = {
+    "points": [0, 1],
+    "time_s": [1.0, 1.05],
+    "average_power_w": [100.0, 40.0],
+    "peak_power_w": [100.0, 40.0],
+    "fastest_time_s": 1.0,
+}
+CURVES = [
+    json.dumps({**GOOD, "average_power_w": [float("nan"), 40.0]}),
+    json.dumps({**GOOD, "average_power_w": ["1e999", 40.0]}),
+    json.dumps({**GOOD, "average_power_w": [-100.0, -40.0]}),
+    json.dumps({**GOOD, "time_s": [0.0, 0.0]}),
+    json.dumps({**GOOD, "fastest_time_s": 0}),
+    "[" * 100_000 + "]" * 100_000,
+]
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], code: int, where: str) -> str:
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and where in err, err
+    return err
+
+
+@pytest.mark.parametrize("curve", CURVES, ids=range(len(CURVES)))
+def test_a_curve_edited_by_hand_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], curve: str
+) -> None:
+    db = tmp_path / "fleet.db"
+    with FleetRegistry(f"sqlite:///{db}") as fleet:
+        fleet.register(FleetJob("a", 1.0, (0, 1), (1.0, 1.05), (100.0, 40.0), (100.0, 40.0)))
+        fleet.set_budget(150.0)
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE fleet_members SET curve = ?", (curve,))
+    con.close()
+    code = main(["fleet", "serve", "--once", "--db", f"sqlite:///{db}"])
+    assert "edited by hand" in _one_line(capsys, code, str(db))
+
+
+@pytest.mark.parametrize("tail", ["%ff", "%00", "perseus?bogus=1"])
+def test_a_url_libpq_cannot_parse_is_one_line(
+    capsys: pytest.CaptureFixture[str], tail: str
+) -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[postgres]')")
+    code = main(["fleet", "status", "--db", f"postgresql://fleet@127.0.0.1:1/{tail}"])
+    assert "not a PostgreSQL URL" in _one_line(capsys, code, "--db postgresql://")
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [
+        ["CREATE TABLE jobs (id INTEGER, other TEXT)"],
+        ["CREATE TABLE fleet_state (id INTEGER, other TEXT)"],
+        ["CREATE TABLE perseus_schema (version TEXT)", "INSERT INTO perseus_schema VALUES ('x')"],
+    ],
+    ids=["jobs", "fleet_state", "version"],
+)
+def test_a_database_that_is_not_perseuss_is_one_line(
+    postgres_url: str, capsys: pytest.CaptureFixture[str], tables: list[str]
+) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as con:
+        for sql in tables:
+            con.execute(sql)
+    for command in (["status"], ["budget", "--set-w", "100"]):
+        code = main(["fleet", *command, "--db", postgres_url])
+        assert "perseus's own" in _one_line(capsys, code, postgres_url)
