@@ -81,6 +81,15 @@ class FleetMember:
         self._started = False
         try:
             self.registry.finish(self.name)
+        except ConfigError:
+            raise
+        except PerseusError as e:  # the training is done: its lease runs out instead
+            log.warning(
+                "fleet member %s: finished, but the fleet's database does not answer (%s); its "
+                "share goes back to the others when its lease runs out",
+                self.name,
+                e,
+            )
         finally:
             self.registry.close()
 

@@ -81,3 +81,26 @@ def test_a_database_that_is_not_perseuss_is_one_line(
     for command in (["status"], ["budget", "--set-w", "100"]):
         code = main(["fleet", *command, "--db", postgres_url])
         assert "perseus's own" in _one_line(capsys, code, postgres_url)
+
+
+def test_a_member_that_finishes_while_the_database_does_not_answer_ends_cleanly(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close()`` at the end of a training raised the database's error out of the training
+    program (a server stopped or restarted then): the lease gives the share back anyway."""
+    from perseus.fleet.member import FleetMember
+    from perseus.io import load_profile
+    from perseus.job import make_job
+    from perseus.runtime.emulation import take_stages
+    from perseus.solver import trace
+
+    job = make_job(take_stages(load_profile("a100"), 2), "1f1b", 2, 2, blocking_power_w=83.64)
+    frontier = trace(job, min_gap_fraction=0.05).frontier
+    member = FleetMember(store_url, "a", frontier, lease_s=60.0)
+    member.registry.store.busy_timeout_s = 0.2
+    member.start()
+    with FleetRegistry(store_url) as holder, holder._write() as con:
+        # SQLite: the write lock; PostgreSQL: the state row finish() locks
+        holder.store._x(con, "SELECT budget_w FROM fleet_state" + " FOR UPDATE" * holder._postgres)
+        member.close()
+    assert any("does not answer" in r.getMessage() for r in caplog.records)
