@@ -218,7 +218,13 @@ class FleetRegistry:
         sql = "SELECT budget_w, epoch, dirty FROM fleet_state WHERE id = 1"
         if lock and self._postgres:
             sql += " FOR UPDATE"
-        budget, epoch, dirty = self.store._x(con, sql).fetchone()
+        row = self.store._x(con, sql).fetchone()
+        if row is None:
+            raise ConfigError(
+                f"{self.store._name}: table fleet_state has no row (deleted by hand); set the "
+                "budget again with `perseus fleet budget --set-w W` (it adds the row back)"
+            )
+        budget, epoch, dirty = row
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
 
     def _many(self, con: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from perseus.cli.main import main
+from perseus.errors import ConfigError
 from perseus.fleet.registry import FleetRegistry
 from perseus.solver.fleet import FleetJob
 
@@ -104,3 +105,19 @@ def test_a_member_that_finishes_while_the_database_does_not_answer_ends_cleanly(
         holder.store._x(con, "SELECT budget_w FROM fleet_state" + " FOR UPDATE" * holder._postgres)
         member.close()
     assert any("does not answer" in r.getMessage() for r in caplog.records)
+
+
+def test_a_deleted_state_row_names_the_fix(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planner's state row deleted by hand under a running planner: it said 'repair or
+    delete the row' of a row that is gone; the budget command adds it back."""
+    with FleetRegistry(store_url) as fleet:
+        fleet.set_budget(150.0)
+        with fleet._write() as con:
+            fleet.store._x(con, "DELETE FROM fleet_state")
+        with pytest.raises(ConfigError, match=r"fleet_state has no row.*fleet budget"):
+            fleet.replan()
+    assert main(["fleet", "budget", "--db", store_url, "--set-w", "120"]) == 0
+    assert main(["fleet", "status", "--db", store_url]) == 0
+    assert "budget 120.0 W" in capsys.readouterr().out
