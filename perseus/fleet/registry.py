@@ -20,6 +20,7 @@ from perseus.errors import ConfigError, InfeasibleError
 from perseus.recurring.database import open_store, parse_url
 from perseus.recurring.store import SQLStore
 from perseus.solver.fleet import FleetJob, plan_fleet
+from perseus.validate import show_value
 
 __all__ = ["Assignment", "FleetRegistry", "MemberStatus"]
 
@@ -238,6 +239,12 @@ class FleetRegistry:
         """Add (or re-add) ``job`` as running, holding a lease of ``lease_s``."""
         if not (math.isfinite(lease_s) and lease_s > 0):
             raise ConfigError(f"`lease_s` must be a positive number of seconds, got {lease_s}")
+        name = job.name
+        if not (1 <= len(name) <= 200 and name.isprintable()):  # the table's CHECK, no NUL
+            raise ConfigError(
+                f"fleet member name {show_value(name)}: must be 1 to 200 printable characters "
+                "(a job's name in the fleet); pass another name"
+            )
         now = self._clock.now()
         with self._write() as con:
             self._state(con, lock=True)

@@ -121,3 +121,16 @@ def test_a_deleted_state_row_names_the_fix(
     assert main(["fleet", "budget", "--db", store_url, "--set-w", "120"]) == 0
     assert main(["fleet", "status", "--db", store_url]) == 0
     assert "budget 120.0 W" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["", "x" * 201, "a\x00b", "\udcff"], ids=range(4))
+def test_a_member_name_the_table_cannot_hold_is_named(store_url: str, name: str) -> None:
+    """A job's name (from its scheduler's environment) the table refuses was 'the database
+    refused a value ...; this is a bug or a row edited by hand'."""
+    job = FleetJob(name, 1.0, (0, 1), (1.0, 1.05), (100.0, 40.0), (100.0, 40.0))
+    with (
+        FleetRegistry(store_url) as fleet,
+        pytest.raises(ConfigError, match=r"fleet member name .*pass another name") as raised,
+    ):
+        fleet.register(job)
+    assert "by hand" not in str(raised.value)
