@@ -49,7 +49,8 @@ def parse_url(url: str) -> DatabaseTarget:
         try:
             split = urlsplit(url)
             password = split.password
-            _ = split.port  # a port that is not a number in 0-65535
+            if split.port == 0:  # a port that is not a number in 1-65535
+                raise ValueError("port 0")
             if any(c < " " or c == "\x7f" for c in url):
                 raise ValueError("a control character")
         except ValueError as e:  # an IPv6 bracket not closed, a bad port, a control character

@@ -186,6 +186,12 @@ class PostgresStore(SQLStore):
                 f"{self._name}: {_first_line(e)}; its tables are not perseus's (another "
                 "program's, or altered by hand): pass a database of perseus's own"
             ) from e
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise ConfigError(
+                f"{self._name}: {_first_line(e)}; grant the URL's role what docs/fleet.md lists "
+                "(CREATE on the schema for the first run, then SELECT, INSERT, UPDATE, DELETE "
+                "on perseus's tables), or pass another role"
+            ) from e
         except psycopg.errors.LockNotAvailable as e:
             raise self._busy() from e
         except psycopg.Error as e:

@@ -134,3 +134,19 @@ def test_a_member_name_the_table_cannot_hold_is_named(store_url: str, name: str)
     ):
         fleet.register(job)
     assert "by hand" not in str(raised.value)
+
+
+def test_port_zero_and_a_role_without_grants_are_input_errors(postgres_url: str) -> None:
+    """Both were exit 1 (a server fault), a role without grants without the fix."""
+    import psycopg
+
+    from perseus.recurring.database import open_store, parse_url
+
+    with pytest.raises(ConfigError, match="port 0"):
+        parse_url("postgresql://fleet@127.0.0.1:0/perseus")
+    with psycopg.connect(postgres_url, autocommit=True) as con:
+        con.execute("DROP ROLE IF EXISTS bare_role")
+        con.execute("CREATE ROLE bare_role LOGIN")
+    url = postgres_url.replace("perseus@", "bare_role@")
+    with pytest.raises(ConfigError, match=r"permission denied.*grant the URL's role"):
+        open_store(url, connect_timeout_s=5).history("j")
