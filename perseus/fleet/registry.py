@@ -223,7 +223,7 @@ class FleetRegistry:
         if row is None:
             raise ConfigError(
                 f"{self.store._name}: table fleet_state has no row (deleted by hand); set the "
-                "budget again with `perseus fleet budget --set-w W` (it adds the row back)"
+                "budget again with `perseus fleet budget` (it adds the row back)"
             )
         budget, epoch, dirty = row
         return (None if budget is None else float(budget)), int(epoch), bool(dirty)
