@@ -31,7 +31,7 @@ class FleetJobEntry(BaseModel):
         gpus: The job's GPUs, a multiple of the frontier's ranks (default: the ranks).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     frontier: Annotated[str, Field(min_length=1, max_length=4096)]
@@ -78,13 +78,15 @@ def read_fleet_jobs(
         frontier = kept.pop(path) if path in kept else read_frontier(path)
         if last[path] > i:
             kept[path] = frontier
-        out.append(
-            fleet_job(
+        try:
+            job = fleet_job(
                 entry.name,
                 frontier,
                 weight=entry.weight,
                 gpus=entry.gpus,
                 per_gpu_cap_w=per_gpu_cap_w,
             )
-        )
+        except ConfigError as e:  # gpus not a multiple of the frontier's ranks
+            raise ConfigError(f"{p}: entry {i}.gpus: {e}") from None
+        out.append(job)
     return out

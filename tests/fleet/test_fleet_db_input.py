@@ -150,3 +150,27 @@ def test_port_zero_and_a_role_without_grants_are_input_errors(postgres_url: str)
     url = postgres_url.replace("perseus@", "bare_role@")
     with pytest.raises(ConfigError, match=r"permission denied.*grant the URL's role"):
         open_store(url, connect_timeout_s=5).history("j")
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"gpus": 3}, "0.gpus: job 'a'"), ({"gpus": True}, "0.gpus"), ({"weight": "2"}, "0.weight")],
+    ids=["gpus 3", "gpus true", "weight text"],
+)
+def test_a_jobs_file_entry_is_read_strictly_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, object], field: str
+) -> None:
+    """gpus true ran as 1 GPU and weight "2" as 2.0; gpus 3 (of 2 ranks) did not name the
+    file: 'job 'a': gpus 3 is not a positive multiple ...'."""
+    from perseus.io import load_profile
+    from perseus.io.frontier_files import write_frontier
+    from perseus.job import make_job
+    from perseus.runtime.emulation import take_stages
+    from perseus.solver import trace
+
+    job = make_job(take_stages(load_profile("a100"), 2), "1f1b", 2, 2, blocking_power_w=83.64)
+    write_frontier(trace(job, min_gap_fraction=0.05).frontier, tmp_path / "f.json")
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"name": "a", "frontier": "f.json", **extra}]))
+    code = main(["fleet", "plan", str(jobs), "--budget-w", "1000"])
+    assert f"jobs.json: entry {field}" in _one_line(capsys, code, str(jobs))
