@@ -73,6 +73,8 @@ def read_fleet_jobs(
         if entry.name in seen:
             raise ConfigError(f"{p}: job name {entry.name!r} appears twice; names are unique")
         seen.add(entry.name)
+        if not entry.name.isprintable():  # printed as is in the plan's table
+            raise ConfigError(f"{p}: entry {i}.name: {entry.name!r} holds a control character")
         if "\0" in entry.frontier:
             raise ConfigError(f"{p}: entry {i}.frontier: the path holds a NUL character; fix it")
         frontier = kept.pop(path) if path in kept else read_frontier(path)

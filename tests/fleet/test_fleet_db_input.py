@@ -154,8 +154,13 @@ def test_port_zero_and_a_role_without_grants_are_input_errors(postgres_url: str)
 
 @pytest.mark.parametrize(
     ("extra", "field"),
-    [({"gpus": 3}, "0.gpus: job 'a'"), ({"gpus": True}, "0.gpus"), ({"weight": "2"}, "0.weight")],
-    ids=["gpus 3", "gpus true", "weight text"],
+    [
+        ({"gpus": 3}, "0.gpus: job 'a'"),
+        ({"gpus": True}, "0.gpus"),
+        ({"weight": "2"}, "0.weight"),
+        ({"name": "a\x1b[2J"}, "0.name"),
+    ],
+    ids=["gpus 3", "gpus true", "weight text", "name escape"],
 )
 def test_a_jobs_file_entry_is_read_strictly_and_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, object], field: str
