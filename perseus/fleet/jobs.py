@@ -74,7 +74,9 @@ def read_fleet_jobs(
             raise ConfigError(f"{p}: job name {entry.name!r} appears twice; names are unique")
         seen.add(entry.name)
         if not entry.name.isprintable():  # printed as is in the plan's table
-            raise ConfigError(f"{p}: entry {i}.name: {entry.name!r} holds a control character")
+            raise ConfigError(
+                f"{p}: entry {i}.name: {entry.name!r} holds a control character; rename the job"
+            )
         if "\0" in entry.frontier:
             raise ConfigError(f"{p}: entry {i}.frontier: the path holds a NUL character; fix it")
         frontier = kept.pop(path) if path in kept else read_frontier(path)
