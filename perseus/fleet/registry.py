@@ -287,7 +287,9 @@ class FleetRegistry:
             ).fetchone()
             if row is None or row[0] is None:
                 return None
-            return Assignment(int(row[0]), float(row[1]), int(row[2]))
+            if not math.isfinite(cap_w := float(row[1])):  # its job would run uncapped
+                raise ValueError(f"member {name!r}: cap_w {cap_w}")
+            return Assignment(int(row[0]), cap_w, int(row[2]))
 
     def acknowledge(self, name: str, point: int, iteration: int | None) -> None:
         """Record that ``name`` runs ``point`` from ``iteration`` on."""

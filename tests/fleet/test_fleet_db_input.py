@@ -179,3 +179,17 @@ def test_a_jobs_file_entry_is_read_strictly_and_named(
     jobs.write_text(json.dumps([{"name": "a", "frontier": "f.json", **extra}]))
     code = main(["fleet", "plan", str(jobs), "--budget-w", "1000"])
     assert f"jobs.json: entry {field}" in _one_line(capsys, code, str(jobs))
+
+
+def test_an_infinite_cap_edited_by_hand_is_not_served(store_url: str) -> None:
+    """A cap_w of infinity passes the table's CHECK (cap_w > 0); served, the power runtime
+    read it as no cap and the job ran uncapped on power planned for the others."""
+    with FleetRegistry(store_url) as fleet:
+        fleet.register(FleetJob("a", 1.0, (0, 1), (1.0, 1.05), (100.0, 40.0), (100.0, 40.0)))
+        fleet.set_budget(150.0)
+        fleet.replan()
+        infinity = "'Infinity'" if fleet._postgres else "9e999"
+        with fleet._write() as con:
+            fleet.store._x(con, f"UPDATE fleet_members SET cap_w = {infinity}")
+        with pytest.raises(ConfigError, match="edited by hand"):
+            fleet.assignment("a")
