@@ -110,7 +110,8 @@ class FleetMember:
 
     def _read_plan(self) -> None:
         """Renew the lease and read the plan. A database that does not answer (busy, down,
-        out of reach) must not stop the training: the last plan holds meanwhile."""
+        out of reach) or, once the job runs, holds rows perseus cannot use (edited by hand,
+        grants revoked) must not stop the training: the last plan holds meanwhile."""
         try:
             if not self.registry.heartbeat(self.name) and self._started:
                 # The planner expired the lease of this live job (a pause longer than the
@@ -121,9 +122,9 @@ class FleetMember:
                 )
                 self.registry.register(self.job, lease_s=self.lease_s)
             self.assignment = self.registry.assignment(self.name)
-        except ConfigError:
-            raise
         except PerseusError as e:
+            if isinstance(e, ConfigError) and not self._started:
+                raise
             if self._retry_at is None:
                 log.warning(
                     "fleet member %s: the fleet's database does not answer (%s); the last plan "

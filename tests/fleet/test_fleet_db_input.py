@@ -193,3 +193,31 @@ def test_an_infinite_cap_edited_by_hand_is_not_served(store_url: str) -> None:
             fleet.store._x(con, f"UPDATE fleet_members SET cap_w = {infinity}")
         with pytest.raises(ConfigError, match="edited by hand"):
             fleet.assignment("a")
+
+
+def test_a_running_member_holds_its_plan_when_its_row_is_edited_by_hand(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row perseus cannot use (a cap edited to infinity) ended the training with a
+    ConfigError once the member read it; a running member holds its last plan instead, as for
+    a database that does not answer."""
+    from perseus.fleet.member import FleetMember
+    from perseus.io.bundled import load_profile
+    from perseus.job import make_job
+    from perseus.runtime.emulation import take_stages
+    from perseus.runtime.power.cap import CAP_KEY
+    from perseus.solver import trace
+
+    job = make_job(take_stages(load_profile("a100"), 2), "1f1b", 2, 2, blocking_power_w=83.64)
+    member = FleetMember(store_url, "a", trace(job, min_gap_fraction=0.05).frontier)
+    with member:
+        with FleetRegistry(store_url) as fleet:
+            fleet.set_budget(1e6)
+            fleet.replan()
+        assert member.check([CAP_KEY])
+        held = member.get(CAP_KEY)
+        infinity = "'Infinity'" if "postgresql" in store_url else "9e999"
+        with FleetRegistry(store_url) as fleet, fleet._write() as con:
+            fleet.store._x(con, f"UPDATE fleet_members SET cap_w = {infinity}")
+        assert member.check([CAP_KEY]) and member.get(CAP_KEY) == held
+    assert any("edited by hand" in r.getMessage() for r in caplog.records)
