@@ -62,9 +62,9 @@ def _small_disk(folder: Path, size: str = "64k", inodes: int = 0) -> Iterator[Pa
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     folder.mkdir()
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")]
-        + ["tmpfs", str(folder)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
         capture_output=True,
         check=False,
     )
