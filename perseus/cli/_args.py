@@ -43,7 +43,8 @@ def float_arg(
     le: float | None = None,
     unit: str = "",
 ) -> Callable[[str], float]:
-    """An argparse ``type``: a finite float within the bounds."""
+    """An argparse ``type``: a finite float within the bounds, in ASCII digits (``٣``, which
+    ``float`` reads as 3, is refused)."""
     tests = (
         (">", operator.gt, gt),
         (">=", operator.ge, ge),
@@ -56,7 +57,7 @@ def float_arg(
 
     def parse(text: str) -> float:
         try:
-            value = float(text.strip())
+            value = float(text.strip()) if text.isascii() else math.nan
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or not all(test(value, b) for _, test, b in bounds):
@@ -68,14 +69,15 @@ def float_arg(
 
 
 def int_arg(*, ge: int | None = None, le: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type``: a decimal integer within ``[ge, le]`` (no ``1e3``, no ``1.0``)."""
+    """An argparse ``type``: a decimal integer within ``[ge, le]`` (no ``1e3``, no ``1.0``, no
+    ``٣``)."""
     rng = " and ".join(f"{op} {b}" for op, b in ((">=", ge), ("<=", le)) if b is not None)
     wanted = f"an integer{(' ' + rng) if rng else ''}"
 
     def parse(text: str) -> int:
         s = text.strip()
         body = s[1:] if s[:1] in "+-" else s
-        value = int(s) if body.isdecimal() and len(body) <= 30 else None
+        value = int(s) if body.isascii() and body.isdecimal() and len(body) <= 30 else None
         if value is None or (ge is not None and value < ge) or (le is not None and value > le):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {show_value(text)}")
         return value

@@ -48,6 +48,16 @@ def test_int_arg_refuses_non_integers(text: str) -> None:
         int_arg(ge=0)(text)
 
 
+@pytest.mark.parametrize("text", ["٣", "１", "3٣", "-٣"])
+def test_number_args_refuse_digits_other_than_ascii(text: str) -> None:
+    """int() and float() read an Arabic-Indic or fullwidth digit as its value: `--set-w ٣`
+    set a 3 W budget, and a fullwidth digit passed for another."""
+    with pytest.raises(argparse.ArgumentTypeError, match="expected an integer"):
+        int_arg()(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a finite number"):
+        float_arg()(text)
+
+
 def test_size_bound_names_the_source_and_memory() -> None:
     check_job_size("--microbatches", "1f1b", 32, 512, clocks=38)  # the largest benchmarked job
     with pytest.raises(ConfigError, match=r"--microbatches: job too large .* GB estimated"):
