@@ -319,7 +319,7 @@ class FleetRegistry:
         with self._write() as con:
             budget_w, epoch, dirty = self._state(con, lock=True)
             for name, beat, lease in self.store._x(con, _RUNNING).fetchall():
-                if beat >= now - lease:
+                if beat >= now - lease and math.isfinite(beat + lease):  # inf: edited by hand
                     continue
                 log.warning("fleet member %s missed its lease: its power is reassigned", name)
                 self.store._x(

@@ -221,3 +221,23 @@ def test_a_running_member_holds_its_plan_when_its_row_is_edited_by_hand(
             fleet.store._x(con, f"UPDATE fleet_members SET cap_w = {infinity}")
         assert member.check([CAP_KEY]) and member.get(CAP_KEY) == held
     assert any("edited by hand" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("column", ["lease_s", "heartbeat_s"])
+def test_a_lease_edited_to_infinity_still_lapses(store_url: str, column: str) -> None:
+    """A member's lease_s or heartbeat_s edited by hand to infinity never lapsed: a dead
+    member kept its share of the budget for good."""
+    from perseus.device.clock import VirtualClock
+
+    clock = VirtualClock(1000.0)
+    with FleetRegistry(store_url, clock=clock) as fleet:
+        fleet.register(FleetJob("a", 1.0, (0, 1), (1.0, 1.05), (100.0, 40.0), (100.0, 40.0)))
+        fleet.set_budget(150.0)
+        fleet.replan()
+        infinity = "'Infinity'" if fleet._postgres else "9e999"
+        with fleet._write() as con:
+            fleet.store._x(con, f"UPDATE fleet_members SET {column} = {infinity}")
+        clock.advance(3600.0)
+        fleet.replan()
+        assert fleet.assignment("a") is None
+        assert {m.name: m.status for m in fleet.status()[2]} == {"a": "expired"}
